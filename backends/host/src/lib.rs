@@ -1,0 +1,1 @@
+//! Host memory and the simulated device.

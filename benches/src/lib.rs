@@ -1,0 +1,1 @@
+//! Benchmarks and the memres command-line tool.

@@ -1,0 +1,1 @@
+//! Stream-ordered RAII containers.

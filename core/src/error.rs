@@ -1,0 +1,144 @@
+use core::fmt;
+
+/// Shorthand for `Result<T, memres_core::Error>`.
+pub type Result<T, E = Error> = core::result::Result<T, E>;
+
+/// Everything that can go wrong, as a value.
+///
+/// Every failure leaves the resource usable and its accounting exact: a
+/// failed call changes nothing.
+///
+/// # Examples
+///
+/// ```
+/// use memres_core::Error;
+/// let e = Error::OutOfMemory { requested: 4096, largest_free: 1024, pool_size: 8192, max_size: Some(8192) };
+/// assert_eq!(
+///     e.to_string(),
+///     "out of memory: requested 4096 bytes, largest free block 1024, pool size 8192, maximum 8192",
+/// );
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Error {
+    /// No block of the requested size could be found or made.
+    OutOfMemory {
+        /// Bytes asked for.
+        requested: u64,
+        /// Largest free block the resource holds.
+        largest_free: u64,
+        /// Bytes the resource holds from its upstream.
+        pool_size: u64,
+        /// The resource's maximum size, if it has one.
+        max_size: Option<u64>,
+    },
+    /// A size that cannot be served at all (above [`Request::MAX_SIZE`](crate::Request::MAX_SIZE),
+    /// or above what this resource ever hands out).
+    InvalidSize {
+        /// The size asked for.
+        size: u64,
+    },
+    /// An alignment that is not a power of two, or too large.
+    InvalidAlignment {
+        /// The alignment asked for.
+        align: u64,
+    },
+    /// A free of an address this resource never handed out (or that belongs
+    /// to another resource).
+    UnknownBlock {
+        /// The address given.
+        addr: u64,
+    },
+    /// A free of a block that is already free.
+    DoubleFree {
+        /// The address given.
+        addr: u64,
+    },
+    /// A free whose size does not match the allocation.
+    SizeMismatch {
+        /// The address given.
+        addr: u64,
+        /// The size of the allocation.
+        expected: u64,
+        /// The size given with the free.
+        given: u64,
+    },
+    /// A limiting adaptor refused the request.
+    LimitExceeded {
+        /// Bytes asked for.
+        requested: u64,
+        /// Bytes in use under the limit.
+        used: u64,
+        /// The limit.
+        limit: u64,
+    },
+    /// Fixed-capacity metadata storage is full.
+    CapacityExhausted {
+        /// How many entries the storage holds.
+        capacity: u32,
+    },
+    /// A configuration that makes no sense (the message says which).
+    InvalidConfig {
+        /// What is wrong.
+        what: &'static str,
+    },
+    /// The backend failed for a reason of its own.
+    Backend {
+        /// The backend's error code (a `CUresult` for CUDA).
+        code: i64,
+        /// The backend's name for it.
+        what: &'static str,
+    },
+}
+
+impl Error {
+    /// Whether this is an out-of-memory error (of any kind: a full pool, a
+    /// limit, an upstream out of memory).
+    ///
+    /// ```
+    /// # use memres_core::Error;
+    /// assert!(Error::LimitExceeded { requested: 1, used: 0, limit: 0 }.is_out_of_memory());
+    /// assert!(!Error::DoubleFree { addr: 0 }.is_out_of_memory());
+    /// ```
+    pub const fn is_out_of_memory(&self) -> bool {
+        matches!(self, Error::OutOfMemory { .. } | Error::LimitExceeded { .. })
+    }
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match *self {
+            Error::OutOfMemory { requested, largest_free, pool_size, max_size } => {
+                write!(
+                    f,
+                    "out of memory: requested {requested} bytes, largest free block {largest_free}, pool size {pool_size}"
+                )?;
+                match max_size {
+                    Some(m) => write!(f, ", maximum {m}"),
+                    None => write!(f, ", no maximum"),
+                }
+            }
+            Error::InvalidSize { size } => write!(f, "invalid size: {size} bytes"),
+            Error::InvalidAlignment { align } => {
+                write!(f, "invalid alignment: {align} (must be a power of two up to 2^40)")
+            }
+            Error::UnknownBlock { addr } => {
+                write!(f, "free of {addr:#x}, which this resource did not hand out")
+            }
+            Error::DoubleFree { addr } => write!(f, "double free of {addr:#x}"),
+            Error::SizeMismatch { addr, expected, given } => {
+                write!(f, "free of {addr:#x} with size {given}, but it was allocated with size {expected}")
+            }
+            Error::LimitExceeded { requested, used, limit } => {
+                write!(f, "limit exceeded: requested {requested} bytes with {used} in use, limit {limit}")
+            }
+            Error::CapacityExhausted { capacity } => {
+                write!(f, "metadata capacity exhausted ({capacity} entries)")
+            }
+            Error::InvalidConfig { what } => write!(f, "invalid configuration: {what}"),
+            Error::Backend { code, what } => write!(f, "backend error {code}: {what}"),
+        }
+    }
+}
+
+impl core::error::Error for Error {}

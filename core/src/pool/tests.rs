@@ -1,0 +1,262 @@
+extern crate std;
+
+use super::*;
+use crate::check::LiveBlocks;
+use crate::testing::{BumpUpstream, SplitMix64};
+use alloc::vec::Vec;
+
+fn pool(config: PoolConfig) -> CoalescingPool<BumpUpstream> {
+    CoalescingPool::with_config(BumpUpstream::new(1 << 40), config, &()).unwrap()
+}
+
+/// Random allocate/free with random sizes and alignments; the pool's checker
+/// and the caller's view checked after every step.
+fn randomized(config: PoolConfig, ops: usize, seed: u64) {
+    let mut p = pool(config);
+    let mut rng = SplitMix64::new(seed);
+    let mut live = LiveBlocks::new();
+    let mut blocks: Vec<Block> = Vec::new();
+    for step in 0..ops {
+        if blocks.is_empty() || rng.below(100) < 55 {
+            let size = match rng.below(4) {
+                0 => rng.below(512),
+                1 => rng.below(64 << 10),
+                2 => rng.below(4 << 20),
+                _ => 1 << rng.below(22),
+            };
+            let align = if rng.below(8) == 0 { 256 << rng.below(8) } else { 256 };
+            let req = Request::aligned(size, align).unwrap();
+            let b = p.allocate(req, &()).unwrap();
+            live.insert(b, req).unwrap_or_else(|v| panic!("step {step}: {v}"));
+            if !b.is_empty() {
+                blocks.push(b);
+            }
+        } else {
+            let i = rng.below(blocks.len() as u64) as usize;
+            let b = blocks.swap_remove(i);
+            // Every fourth free goes through the address-only path.
+            let b = if rng.below(4) == 0 { Block::from_addr(b.addr(), b.size()) } else { b };
+            p.deallocate(b, &()).unwrap();
+            live.remove(&b).unwrap();
+        }
+        if let Err(v) = p.check() {
+            panic!("step {step}: {v}");
+        }
+        if rng.below(5000) == 0 {
+            p.release(&()).unwrap();
+            p.check().unwrap();
+        }
+    }
+    for b in blocks.drain(..) {
+        p.deallocate(b, &()).unwrap();
+    }
+    p.check().unwrap();
+    assert_eq!(p.used_bytes(), 0);
+    p.release(&()).unwrap();
+    assert_eq!(p.pool_size(), 0);
+    assert_eq!(p.upstream().outstanding(), 0);
+}
+
+#[test]
+fn randomized_default_growth() {
+    randomized(PoolConfig::new(), 100_000, 1);
+}
+
+#[test]
+fn randomized_doubling_with_initial() {
+    randomized(PoolConfig::new().initial_size(1 << 20).growth(Growth::Double), 100_000, 2);
+}
+
+#[test]
+fn randomized_release_on_grow() {
+    randomized(PoolConfig::new().release_on_grow(true), 30_000, 3);
+}
+
+#[test]
+fn zero_byte_request_is_empty_and_free_is_noop() {
+    let mut p = pool(PoolConfig::new());
+    let b = p.allocate(Request::new(0).unwrap(), &()).unwrap();
+    assert!(b.is_empty());
+    assert_eq!(p.pool_size(), 0, "no memory taken for zero bytes");
+    p.deallocate(b, &()).unwrap();
+    p.check().unwrap();
+}
+
+#[test]
+fn huge_size_is_an_error_without_overflow() {
+    assert!(matches!(Request::new(u64::MAX), Err(Error::InvalidSize { .. })));
+    assert!(matches!(Request::aligned(u64::MAX - 255, 512), Err(Error::InvalidSize { .. })));
+    // The largest valid request fails cleanly as out of memory.
+    let mut p = CoalescingPool::new(BumpUpstream::new(1 << 30));
+    let e = p.allocate(Request::new(Request::MAX_SIZE).unwrap(), &()).unwrap_err();
+    assert!(matches!(e, Error::OutOfMemory { requested, .. } if requested == Request::MAX_SIZE));
+    p.check().unwrap();
+    let b = p.allocate(Request::new(4096).unwrap(), &()).unwrap();
+    p.deallocate(b, &()).unwrap();
+}
+
+#[test]
+fn alignment_not_power_of_two_is_an_error() {
+    assert!(matches!(Request::aligned(64, 384), Err(Error::InvalidAlignment { align: 384 })));
+    assert!(matches!(Request::aligned(64, 0), Err(Error::InvalidAlignment { align: 0 })));
+}
+
+#[test]
+fn large_alignments_are_honoured() {
+    let mut p = pool(PoolConfig::new());
+    let mut live = LiveBlocks::new();
+    let mut v = Vec::new();
+    for shift in 8..=24 {
+        let req = Request::aligned(1000, 1 << shift).unwrap();
+        let b = p.allocate(req, &()).unwrap();
+        live.insert(b, req).unwrap();
+        v.push(b);
+        p.check().unwrap();
+    }
+    for b in v {
+        p.deallocate(b, &()).unwrap();
+        p.check().unwrap();
+    }
+}
+
+#[test]
+fn bad_frees_are_errors_and_change_nothing() {
+    let mut p = pool(PoolConfig::new());
+    let a = p.allocate(Request::new(1000).unwrap(), &()).unwrap();
+    let b = p.allocate(Request::new(3000).unwrap(), &()).unwrap();
+    let used = p.used_bytes();
+    // An address never handed out, inside and outside the pool.
+    assert!(matches!(p.deallocate(Block::from_addr(3, 10), &()), Err(Error::UnknownBlock { addr: 3 })));
+    assert!(matches!(
+        p.deallocate(Block::from_addr(a.addr() + 256, 10), &()),
+        Err(Error::UnknownBlock { .. })
+    ));
+    // Wrong size.
+    let wrong = Block::new(a.addr(), 5000, a.tag());
+    assert!(matches!(p.deallocate(wrong, &()), Err(Error::SizeMismatch { expected: 1024, given: 5000, .. })));
+    let wrong = Block::from_addr(a.addr(), 5000);
+    assert!(matches!(p.deallocate(wrong, &()), Err(Error::SizeMismatch { .. })));
+    assert_eq!(p.used_bytes(), used);
+    p.check().unwrap();
+    // Double free, with the tag and by address, also after the memory was reused.
+    p.deallocate(a, &()).unwrap();
+    assert!(matches!(p.deallocate(a, &()), Err(Error::DoubleFree { .. })));
+    assert!(matches!(p.deallocate(Block::from_addr(a.addr(), 1000), &()), Err(Error::DoubleFree { .. })));
+    let c = p.allocate(Request::new(1000).unwrap(), &()).unwrap();
+    assert_eq!(c.addr(), a.addr(), "best fit reuses the hole");
+    assert!(matches!(p.deallocate(a, &()), Err(Error::DoubleFree { .. })), "stale tag of a reused address");
+    p.check().unwrap();
+    p.deallocate(c, &()).unwrap();
+    p.deallocate(b, &()).unwrap();
+    p.check().unwrap();
+    assert_eq!(p.used_bytes(), 0);
+}
+
+#[test]
+fn upstream_failure_while_growing_is_reported_and_pool_stays_usable() {
+    let up = BumpUpstream::new(1 << 30);
+    let mut p = CoalescingPool::new(up);
+    let a = p.allocate(Request::new(1 << 20).unwrap(), &()).unwrap();
+    let held = p.pool_size();
+    p.upstream().fail_after(0);
+    let e = p.allocate(Request::new(64 << 20).unwrap(), &()).unwrap_err();
+    assert!(matches!(e, Error::Backend { .. }), "{e:?}");
+    assert_eq!(p.pool_size(), held);
+    p.check().unwrap();
+    // Memory already held still serves.
+    let b = p.allocate(Request::new(4096).unwrap(), &()).unwrap();
+    p.upstream().fail_after(u64::MAX);
+    let c = p.allocate(Request::new(64 << 20).unwrap(), &()).unwrap();
+    for x in [a, b, c] {
+        p.deallocate(x, &()).unwrap();
+    }
+    p.check().unwrap();
+}
+
+#[test]
+fn upstream_out_of_memory_halves_then_reports_figures() {
+    // Upstream of 40 MiB: doubling wants more, halving finds what fits.
+    let mut p = CoalescingPool::with_config(
+        BumpUpstream::new(40 << 20),
+        PoolConfig::new().growth(Growth::Double),
+        &(),
+    )
+    .unwrap();
+    let a = p.allocate(Request::new(16 << 20).unwrap(), &()).unwrap();
+    let b = p.allocate(Request::new(16 << 20).unwrap(), &()).unwrap();
+    let e = p.allocate(Request::new(16 << 20).unwrap(), &()).unwrap_err();
+    match e {
+        Error::OutOfMemory { requested, pool_size, max_size, .. } => {
+            assert_eq!((requested, pool_size, max_size), (16 << 20, 32 << 20, None));
+        }
+        e => panic!("{e:?}"),
+    }
+    p.check().unwrap();
+    p.deallocate(a, &()).unwrap();
+    p.deallocate(b, &()).unwrap();
+}
+
+#[test]
+fn request_above_maximum_is_out_of_memory() {
+    let mut p = pool(PoolConfig::new().maximum_size(8 << 20));
+    let e = p.allocate(Request::new(9 << 20).unwrap(), &()).unwrap_err();
+    assert!(matches!(e, Error::OutOfMemory { max_size: Some(m), .. } if m == 8 << 20));
+    let mut v = Vec::new();
+    while let Ok(b) = p.allocate(Request::new(1 << 20).unwrap(), &()) {
+        v.push(b);
+        assert!(p.pool_size() <= 8 << 20);
+    }
+    assert_eq!(v.len(), 8);
+    p.check().unwrap();
+    for b in v {
+        p.deallocate(b, &()).unwrap();
+    }
+}
+
+#[test]
+fn invalid_configs_are_rejected() {
+    let up = || BumpUpstream::new(1 << 30);
+    for c in [
+        PoolConfig::new().initial_size(100),
+        PoolConfig::new().maximum_size(1000),
+        PoolConfig::new().initial_size(1 << 20).maximum_size(1 << 10),
+        PoolConfig::new().growth(Growth::Fraction { divisor: 0, granule: 256 }),
+    ] {
+        assert!(matches!(CoalescingPool::with_config(up(), c, &()), Err(Error::InvalidConfig { .. })));
+    }
+}
+
+#[test]
+fn chunks_never_coalesce_and_release_returns_free_chunks() {
+    let mut p = pool(PoolConfig::new().growth(Growth::Fraction { divisor: 1 << 30, granule: 256 }));
+    let a = p.allocate(Request::new(1 << 20).unwrap(), &()).unwrap();
+    let b = p.allocate(Request::new(1 << 20).unwrap(), &()).unwrap();
+    assert_eq!(p.chunk_count(), 2);
+    p.deallocate(a, &()).unwrap();
+    p.deallocate(b, &()).unwrap();
+    p.check().unwrap();
+    assert_eq!(p.largest_free(), 1 << 20, "two chunks stay two free ranges");
+    assert_eq!(p.release(&()).unwrap(), 2 << 20);
+    assert_eq!((p.pool_size(), p.upstream().outstanding()), (0, 0));
+}
+
+#[test]
+fn best_fit_in_own_class_reuses_exact_holes() {
+    let mut p = pool(PoolConfig::new().initial_size(64 << 20));
+    let sizes = [5000u64, 70_000, 300_000, 5000, 70_000];
+    let blocks: Vec<_> = sizes.iter().map(|&s| p.allocate(Request::new(s).unwrap(), &()).unwrap()).collect();
+    let spacer = p.allocate(Request::new(256).unwrap(), &()).unwrap();
+    let hole = blocks[2];
+    p.deallocate(hole, &()).unwrap();
+    let again = p.allocate(Request::new(300_000).unwrap(), &()).unwrap();
+    assert_eq!(again.addr(), hole.addr());
+    p.deallocate(again, &()).unwrap();
+    p.deallocate(spacer, &()).unwrap();
+    for (i, b) in blocks.into_iter().enumerate() {
+        if i != 2 {
+            p.deallocate(b, &()).unwrap();
+        }
+    }
+    p.check().unwrap();
+    assert_eq!(p.largest_free(), 64 << 20);
+}

@@ -1,0 +1,152 @@
+//! Where algorithms keep their metadata: a growable `Vec` (feature `alloc`),
+//! or fixed-capacity storage chosen by a const generic, for builds with no
+//! allocator at all.
+//!
+//! Running out of fixed capacity is its own error,
+//! [`Error::CapacityExhausted`](crate::Error::CapacityExhausted), never a panic.
+
+use core::ops::{Deref, DerefMut};
+
+/// A list of `T` that may refuse to grow.
+///
+/// # Examples
+///
+/// ```
+/// use memres_core::storage::{ArrayStorage, Storage};
+/// let mut s: ArrayStorage<u32, 2> = Default::default();
+/// assert!(s.try_push(1).is_ok() && s.try_push(2).is_ok());
+/// assert_eq!(s.try_push(3), Err(3));
+/// assert_eq!(&s[..], &[1, 2]);
+/// ```
+pub trait Storage<T>: Deref<Target = [T]> + DerefMut + Default {
+    /// Appends `value`, or gives it back if the storage is full.
+    fn try_push(&mut self, value: T) -> Result<(), T>;
+    /// Removes and returns the last element.
+    fn pop(&mut self) -> Option<T>;
+    /// Removes element `index`, moving the last element into its place.
+    ///
+    /// # Panics
+    ///
+    /// If `index` is out of bounds.
+    fn swap_remove(&mut self, index: usize) -> T;
+    /// How many elements the storage can ever hold (`u32::MAX` if unbounded).
+    fn max_len(&self) -> u32;
+}
+
+#[cfg(feature = "alloc")]
+impl<T> Storage<T> for alloc::vec::Vec<T> {
+    #[inline]
+    fn try_push(&mut self, value: T) -> Result<(), T> {
+        self.push(value);
+        Ok(())
+    }
+    #[inline]
+    fn pop(&mut self) -> Option<T> {
+        alloc::vec::Vec::pop(self)
+    }
+    #[inline]
+    fn swap_remove(&mut self, index: usize) -> T {
+        alloc::vec::Vec::swap_remove(self, index)
+    }
+    fn max_len(&self) -> u32 {
+        u32::MAX
+    }
+}
+
+#[cfg(feature = "heapless")]
+impl<T, const N: usize> Storage<T> for heapless::Vec<T, N> {
+    #[inline]
+    fn try_push(&mut self, value: T) -> Result<(), T> {
+        self.push(value)
+    }
+    #[inline]
+    fn pop(&mut self) -> Option<T> {
+        heapless::Vec::pop(self)
+    }
+    #[inline]
+    fn swap_remove(&mut self, index: usize) -> T {
+        heapless::Vec::swap_remove(self, index)
+    }
+    fn max_len(&self) -> u32 {
+        N as u32
+    }
+}
+
+/// Fixed-capacity storage of `N` copyable elements in an array: no allocator,
+/// no `unsafe`, no dependency.
+///
+/// # Examples
+///
+/// ```
+/// use memres_core::storage::{ArrayStorage, Storage};
+/// let mut s: ArrayStorage<u8, 4> = Default::default();
+/// s.try_push(7).unwrap();
+/// assert_eq!(s.pop(), Some(7));
+/// assert!(s.is_empty());
+/// ```
+#[derive(Clone, Copy, Debug)]
+pub struct ArrayStorage<T, const N: usize> {
+    items: [T; N],
+    /// Elements `..len` are live; the rest are `T::default()`.
+    len: usize,
+}
+
+impl<T: Copy + Default, const N: usize> Default for ArrayStorage<T, N> {
+    fn default() -> Self {
+        ArrayStorage { items: [T::default(); N], len: 0 }
+    }
+}
+
+impl<T, const N: usize> Deref for ArrayStorage<T, N> {
+    type Target = [T];
+    #[inline]
+    fn deref(&self) -> &[T] {
+        &self.items[..self.len]
+    }
+}
+
+impl<T, const N: usize> DerefMut for ArrayStorage<T, N> {
+    #[inline]
+    fn deref_mut(&mut self) -> &mut [T] {
+        &mut self.items[..self.len]
+    }
+}
+
+impl<T: Copy + Default, const N: usize> Storage<T> for ArrayStorage<T, N> {
+    #[inline]
+    fn try_push(&mut self, value: T) -> Result<(), T> {
+        if self.len == N {
+            return Err(value);
+        }
+        self.items[self.len] = value;
+        self.len += 1;
+        Ok(())
+    }
+    #[inline]
+    fn pop(&mut self) -> Option<T> {
+        if self.len == 0 {
+            return None;
+        }
+        self.len -= 1;
+        Some(core::mem::take(&mut self.items[self.len]))
+    }
+    fn swap_remove(&mut self, index: usize) -> T {
+        assert!(index < self.len, "swap_remove index {index} out of bounds {}", self.len);
+        let last = self.len - 1;
+        self.items.swap(index, last);
+        self.len = last;
+        core::mem::take(&mut self.items[last])
+    }
+    fn max_len(&self) -> u32 {
+        N.min(u32::MAX as usize) as u32
+    }
+}
+
+/// The storage the algorithms use unless told otherwise: `Vec` with the
+/// `alloc` feature, a 1024-element [`ArrayStorage`] without it.
+#[cfg(feature = "alloc")]
+pub type DefaultStorage<T> = alloc::vec::Vec<T>;
+/// The storage the algorithms use unless told otherwise: `Vec` with the
+/// `alloc` feature, a 1024-element [`ArrayStorage`] without it.
+#[cfg(not(feature = "alloc"))]
+pub type DefaultStorage<T> = ArrayStorage<T, 1024>;

@@ -1,0 +1,93 @@
+use crate::Result;
+
+/// The stream model of a backend: what the stream-ordered algorithms need to
+/// reuse memory safely across streams.
+///
+/// A block freed on stream A may be reused on A at once. Another stream B may
+/// take it only after B waits on an event recorded on A after the free. The
+/// core never blocks on a stream except in [`synchronize`](Stream::synchronize),
+/// its last resort before reporting out of memory.
+///
+/// `()` is the stream of resources for which streams mean nothing: all its
+/// operations succeed at once.
+///
+/// # Examples
+///
+/// ```
+/// use memres_core::Stream;
+/// let s = ();
+/// let e = s.record()?;
+/// s.wait(&e)?;
+/// assert!(s.query(&e)?);
+/// assert_eq!(s.id(), 0);
+/// # Ok::<(), memres_core::Error>(())
+/// ```
+pub trait Stream {
+    /// A point in the stream's work that others can wait on.
+    type Event;
+
+    /// A number that identifies the stream among those in use (the raw
+    /// handle of a CUDA stream). Free lists are kept per `id`.
+    fn id(&self) -> u64;
+
+    /// Records an event after all work submitted to the stream so far.
+    fn record(&self) -> Result<Self::Event>;
+
+    /// Makes all later work on this stream wait for `event`.
+    fn wait(&self, event: &Self::Event) -> Result<()>;
+
+    /// Whether the work before `event` has completed.
+    fn query(&self, event: &Self::Event) -> Result<bool>;
+
+    /// Blocks the calling thread until all work on the stream has completed.
+    fn synchronize(&self) -> Result<()>;
+}
+
+impl Stream for () {
+    type Event = ();
+
+    #[inline]
+    fn id(&self) -> u64 {
+        0
+    }
+    #[inline]
+    fn record(&self) -> Result<()> {
+        Ok(())
+    }
+    #[inline]
+    fn wait(&self, _: &()) -> Result<()> {
+        Ok(())
+    }
+    #[inline]
+    fn query(&self, _: &()) -> Result<bool> {
+        Ok(true)
+    }
+    #[inline]
+    fn synchronize(&self) -> Result<()> {
+        Ok(())
+    }
+}
+
+impl<S: Stream + ?Sized> Stream for &S {
+    type Event = S::Event;
+    #[inline]
+    fn id(&self) -> u64 {
+        (**self).id()
+    }
+    #[inline]
+    fn record(&self) -> Result<S::Event> {
+        (**self).record()
+    }
+    #[inline]
+    fn wait(&self, event: &S::Event) -> Result<()> {
+        (**self).wait(event)
+    }
+    #[inline]
+    fn query(&self, event: &S::Event) -> Result<bool> {
+        (**self).query(event)
+    }
+    #[inline]
+    fn synchronize(&self) -> Result<()> {
+        (**self).synchronize()
+    }
+}
