@@ -1,1 +1,13 @@
-//! Host memory and the simulated device.
+//! Host memory and a simulated device for memres.
+//!
+//! - [`SimDevice`]: an address space of a chosen capacity with no bytes
+//!   behind it, an upstream like `cuMemAlloc` whose chunks are separate; it
+//!   counts what it holds and can be told to fail.
+//!
+//! Everything here implements [`memres_core::MemoryResource`] for every
+//! stream type, so the core's algorithms can be tested, fuzzed and measured
+//! without a GPU.
+
+mod sim;
+
+pub use sim::SimDevice;
