@@ -188,8 +188,8 @@ impl<R, L: RawLock> Shared<R, L> {
     /// Puts `inner` behind a new lock of type `L`.
     ///
     /// ```
-    /// use memres_core::lock::{Shared, StdLock};
-    /// let s: Shared<u32, StdLock> = Shared::new_with_lock(5);
+    /// use memres_core::lock::{Shared, SpinLock};
+    /// let s: Shared<u32, SpinLock> = Shared::new_with_lock(5);
     /// assert_eq!(s.with(|v| *v), 5);
     /// ```
     pub fn new_with_lock(inner: R) -> Self {

@@ -68,8 +68,8 @@ fn randomized_doubling_with_initial() {
 }
 
 #[test]
-fn randomized_release_on_grow() {
-    randomized(PoolConfig::new().release_on_grow(true), 30_000, 3);
+fn randomized_without_release_on_grow() {
+    randomized(PoolConfig::new().release_on_grow(false), 30_000, 3);
 }
 
 #[test]
