@@ -6,8 +6,10 @@
 //! blocks of different chunks never coalesce; wholly free chunks go back
 //! upstream on [`release`](CoalescingPool::release).
 
-mod index;
 #[cfg(test)]
+mod capacity_tests;
+mod index;
+#[cfg(all(test, feature = "alloc"))]
 mod tests;
 
 pub use index::{Allocation, CoalescingIndex, Node};
@@ -541,6 +543,25 @@ where
         }
     }
 }
+
+/// A pool whose metadata lives in fixed-capacity `heapless::Vec`s: at most
+/// `NODES` ranges (free and used) and `CHUNKS` upstream chunks, no allocator.
+/// Running out is [`Error::CapacityExhausted`].
+///
+/// # Examples
+///
+/// ```
+/// use memres_core::pool::{HeaplessPool, PoolConfig};
+/// use memres_core::{MemoryResourceMut, Request};
+/// # use memres_core::testing::BumpUpstream;
+/// let mut pool: HeaplessPool<_, 64, 4> = HeaplessPool::with_config_in(BumpUpstream::new(1 << 30), PoolConfig::new(), &())?;
+/// let b = pool.allocate(Request::new(1000)?, &())?;
+/// pool.deallocate(b, &())?;
+/// # Ok::<(), memres_core::Error>(())
+/// ```
+#[cfg(feature = "heapless")]
+pub type HeaplessPool<U, const NODES: usize, const CHUNKS: usize> =
+    CoalescingPool<U, heapless::Vec<Node, NODES>, heapless::Vec<Chunk, CHUNKS>>;
 
 impl<U, N: Storage<Node>, C: Storage<Chunk>> fmt::Debug for CoalescingPool<U, N, C> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

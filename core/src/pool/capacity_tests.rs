@@ -1,0 +1,81 @@
+//! The pool with fixed-capacity metadata: no allocator needed.
+
+use super::*;
+use crate::storage::ArrayStorage;
+use crate::testing::BumpUpstream;
+
+type SmallPool = CoalescingPool<BumpUpstream, ArrayStorage<Node, 8>, ArrayStorage<Chunk, 2>>;
+
+fn small_pool() -> SmallPool {
+    let config =
+        PoolConfig::new().initial_size(1 << 20).growth(Growth::Fraction { divisor: 1, granule: 1 << 20 });
+    SmallPool::with_config_in(BumpUpstream::new(1 << 30), config, &()).unwrap()
+}
+
+#[test]
+fn node_capacity_exhausted_is_an_error_and_pool_stays_usable() {
+    let mut pool = small_pool();
+    let mut blocks = [Block::EMPTY; 16];
+    let mut n = 0;
+    let err = loop {
+        match pool.allocate(Request::new(256).unwrap(), &()) {
+            Ok(b) => {
+                blocks[n] = b;
+                n += 1;
+                pool.check().unwrap();
+            }
+            Err(e) => break e,
+        }
+    };
+    assert_eq!(err, Error::CapacityExhausted { capacity: 8 });
+    // Node slots: 8; a split keeps two spare, so fewer than 8 blocks fit.
+    assert!(n >= 5, "only {n} blocks");
+    pool.check().unwrap();
+    let used = pool.used_bytes();
+    assert_eq!(used, n as u64 * 256);
+    // Freeing makes room again.
+    pool.deallocate(blocks[n - 1], &()).unwrap();
+    n -= 1;
+    pool.check().unwrap();
+    let b = pool.allocate(Request::new(256).unwrap(), &()).unwrap();
+    pool.deallocate(b, &()).unwrap();
+    for b in &blocks[..n] {
+        pool.deallocate(*b, &()).unwrap();
+        pool.check().unwrap();
+    }
+    assert_eq!(pool.used_bytes(), 0);
+}
+
+#[test]
+fn chunk_capacity_exhausted_is_an_error_and_nothing_leaks() {
+    let mut pool = small_pool();
+    let a = pool.allocate(Request::new(1 << 20).unwrap(), &()).unwrap();
+    let b = pool.allocate(Request::new(1 << 20).unwrap(), &()).unwrap();
+    assert_eq!(pool.chunk_count(), 2);
+    let held = pool.upstream().outstanding();
+    let err = pool.allocate(Request::new(1 << 20).unwrap(), &()).unwrap_err();
+    assert_eq!(err, Error::CapacityExhausted { capacity: 2 });
+    assert_eq!(pool.upstream().outstanding(), held, "no upstream block stranded");
+    pool.check().unwrap();
+    pool.deallocate(a, &()).unwrap();
+    pool.deallocate(b, &()).unwrap();
+    pool.release(&()).unwrap();
+    assert_eq!(pool.upstream().outstanding(), 0);
+}
+
+#[cfg(feature = "heapless")]
+#[test]
+fn heapless_vec_storage() {
+    let mut pool: HeaplessPool<BumpUpstream, 32, 4> =
+        HeaplessPool::with_config_in(BumpUpstream::new(1 << 30), PoolConfig::new(), &()).unwrap();
+    let mut live = [Block::EMPTY; 8];
+    for (i, slot) in live.iter_mut().enumerate() {
+        *slot = pool.allocate(Request::new(1000 * (i as u64 + 1)).unwrap(), &()).unwrap();
+        pool.check().unwrap();
+    }
+    for b in live {
+        pool.deallocate(b, &()).unwrap();
+        pool.check().unwrap();
+    }
+    assert_eq!(pool.used_bytes(), 0);
+}
