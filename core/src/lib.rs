@@ -18,6 +18,7 @@
 //! | [`lock`] | [`RawLock`](lock::RawLock), [`SpinLock`](lock::SpinLock) and [`Shared`], which turns any `&mut self` algorithm into a `&self` resource |
 //! | [`pool`] | [`CoalescingPool`](pool::CoalescingPool): O(1) allocate and free over chunks from an upstream, and [`CoalescingIndex`](pool::CoalescingIndex), its two-level segregated-fit index over bare ranges |
 //! | [`check`] | the invariant checker that tests and fuzz targets run after every step |
+//! | [`copy`] | [`CopyEngine`](copy::CopyEngine): how containers move bytes to and from a backend's memory |
 //!
 //! # Features
 //!
@@ -57,6 +58,7 @@ mod resource;
 mod stream;
 
 pub mod check;
+pub mod copy;
 pub mod lock;
 pub mod pool;
 pub mod storage;

@@ -8,6 +8,8 @@
 //! stream type, so the core's algorithms can be tested, fuzzed and measured
 //! without a GPU.
 
+mod copy;
 mod sim;
 
+pub use copy::HostCopy;
 pub use sim::SimDevice;

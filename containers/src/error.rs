@@ -1,0 +1,61 @@
+use std::fmt;
+
+/// Shorthand for the containers' results.
+pub type Result<T, E = ContainerError> = std::result::Result<T, E>;
+
+/// What can go wrong with a container.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ContainerError {
+    /// The resource or the copy engine failed; the container is unchanged.
+    Memory(memres_core::Error),
+    /// An element index at or past the length.
+    IndexOutOfRange {
+        /// The index asked for.
+        index: usize,
+        /// The number of elements.
+        len: usize,
+    },
+    /// A byte length that is not a whole number of elements.
+    NotWholeElements {
+        /// The buffer's length in bytes.
+        bytes: u64,
+        /// The element size in bytes.
+        element_size: usize,
+    },
+    /// A length whose size in bytes overflows.
+    LengthOverflow {
+        /// The number of elements asked for.
+        len: usize,
+    },
+}
+
+impl From<memres_core::Error> for ContainerError {
+    fn from(e: memres_core::Error) -> Self {
+        ContainerError::Memory(e)
+    }
+}
+
+impl fmt::Display for ContainerError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ContainerError::Memory(e) => write!(f, "{e}"),
+            ContainerError::IndexOutOfRange { index, len } => {
+                write!(f, "index {index} out of range for length {len}")
+            }
+            ContainerError::NotWholeElements { bytes, element_size } => {
+                write!(f, "{bytes} bytes is not a whole number of {element_size}-byte elements")
+            }
+            ContainerError::LengthOverflow { len } => write!(f, "length {len} overflows in bytes"),
+        }
+    }
+}
+
+impl std::error::Error for ContainerError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            ContainerError::Memory(e) => Some(e),
+            _ => None,
+        }
+    }
+}
