@@ -11,7 +11,7 @@
 mod tests;
 
 use crate::check::Violation;
-use crate::{Block, Error, MemoryResourceMut, Request, Result, Stream};
+use crate::{Block, Error, MemoryResourceMut, Request, Result, Stream, DEFAULT_ALIGNMENT};
 use alloc::collections::{BTreeMap, VecDeque};
 use alloc::vec::Vec;
 use core::fmt;
@@ -105,7 +105,7 @@ pub struct Stats {
 ///   lists: stream id -> FreeList  -------------+
 ///          +------------------------------------------------------+
 ///          | stream: S             (to record, query, synchronize) |
-///          | by_size: (size, addr) -> (inner block, seq)           |
+///          | by_size: (footprint, addr) -> (inner block, seq)      |
 ///          | order:   seq, size, addr  in free order (FIFO)        |
 ///          | fence:   (event, seq)  covers blocks freed before seq |
 ///          +------------------------------------------------------+
@@ -160,9 +160,10 @@ pub struct StreamOrdered<A, S: Stream> {
     vacant: Vec<u32>,
     /// Number of live slots.
     live: usize,
-    /// Sum of the inner sizes of live blocks.
+    /// Sum of the footprints (sizes rounded up to 256) of the inner blocks
+    /// behind live blocks.
     live_bytes: u64,
-    /// Sum of the inner sizes of listed blocks.
+    /// Sum of the footprints of listed blocks.
     listed_bytes: u64,
     cross: CrossStream,
     stats: Stats,
@@ -182,7 +183,7 @@ struct Slot {
 
 struct FreeList<S: Stream> {
     stream: S,
-    /// Listed blocks by (inner size, address), with their free sequence number.
+    /// Listed blocks by (footprint, address), with their free sequence number.
     by_size: BTreeMap<(u64, u64), (Block, u64)>,
     /// (seq, size, addr) in free order; entries whose block has left the list
     /// are stale and skipped. At most `2 · by_size.len() + 16` entries.
@@ -192,6 +193,12 @@ struct FreeList<S: Stream> {
     /// An event recorded on `stream` when `next_seq` was this number: it
     /// covers the blocks with a lower seq.
     fence: Option<(S::Event, u64)>,
+}
+
+/// The bytes an inner block occupies: its size rounded up to the 256-byte
+/// granule every resource works in.
+fn footprint(block: &Block) -> u64 {
+    block.size().div_ceil(DEFAULT_ALIGNMENT) * DEFAULT_ALIGNMENT
 }
 
 impl<S: Stream> FreeList<S> {
@@ -214,8 +221,8 @@ impl<S: Stream> FreeList<S> {
     fn push(&mut self, block: Block) {
         let seq = self.next_seq;
         self.next_seq += 1;
-        self.by_size.insert((block.size(), block.addr()), (block, seq));
-        self.order.push_back((seq, block.size(), block.addr()));
+        self.by_size.insert((footprint(&block), block.addr()), (block, seq));
+        self.order.push_back((seq, footprint(&block), block.addr()));
         self.compact();
     }
 
@@ -272,12 +279,14 @@ impl<A, S: Stream> StreamOrdered<A, S> {
         self.live
     }
 
-    /// Bytes of the inner blocks behind live blocks.
+    /// Bytes of the inner blocks behind live blocks, each rounded up to 256
+    /// (what a pool counts as used).
     pub fn live_bytes(&self) -> u64 {
         self.live_bytes
     }
 
-    /// Bytes in the free lists (not in the inner algorithm).
+    /// Bytes in the free lists (not in the inner algorithm), each block
+    /// rounded up to 256.
     pub fn listed_bytes(&self) -> u64 {
         self.listed_bytes
     }
@@ -307,7 +316,7 @@ impl<A, S: Stream> StreamOrdered<A, S> {
             }
         };
         self.live += 1;
-        self.live_bytes += inner.size();
+        self.live_bytes += footprint(&inner);
         let generation = self.slots[index as usize].generation;
         Block::new(inner.addr(), request.size(), (u64::from(generation) << 32) | u64::from(index))
     }
@@ -337,7 +346,7 @@ impl<A, S: Stream> StreamOrdered<A, S> {
     fn take(&mut self, id: u64, key: (u64, u64)) -> Block {
         let list = self.lists.get_mut(&id).expect("list exists");
         let block = list.remove(key).expect("key found in the list");
-        self.listed_bytes -= block.size();
+        self.listed_bytes -= footprint(&block);
         block
     }
 }
@@ -378,7 +387,7 @@ impl<A: MemoryResourceMut<()>, S: Stream + Clone> StreamOrdered<A, S> {
                     }
                     self.inner.deallocate(block, &())?;
                     list.remove((size, addr));
-                    self.listed_bytes -= block.size();
+                    self.listed_bytes -= size;
                     self.stats.reclaimed += 1;
                     given += 1;
                 }
@@ -411,7 +420,7 @@ impl<A: MemoryResourceMut<()>, S: Stream + Clone> StreamOrdered<A, S> {
             while let Some((&key, &(block, _))) = list.by_size.iter().next() {
                 self.inner.deallocate(block, &())?;
                 list.by_size.remove(&key);
-                self.listed_bytes -= block.size();
+                self.listed_bytes -= key.0;
             }
             list.order.clear();
             list.fence = None;
@@ -487,11 +496,11 @@ impl<A: CheckInvariants, S: Stream> StreamOrdered<A, S> {
         let (mut live, mut live_bytes) = (0usize, 0u64);
         for s in self.slots.iter().filter(|s| s.live) {
             live += 1;
-            live_bytes += s.inner.size();
-            if s.size > s.inner.size() || s.inner.is_empty() {
+            live_bytes += footprint(&s.inner);
+            if s.size > footprint(&s.inner) || s.inner.is_empty() {
                 return Err(Violation::new("live block larger than its inner block, or empty"));
             }
-            ranges.push((s.inner.addr(), s.inner.size()));
+            ranges.push((s.inner.addr(), footprint(&s.inner)));
         }
         if live != self.live || live_bytes != self.live_bytes {
             return Err(Violation::new("live count or bytes disagree with the slots"));
@@ -510,7 +519,7 @@ impl<A: CheckInvariants, S: Stream> StreamOrdered<A, S> {
         let mut listed = 0u64;
         for list in self.lists.values() {
             for (&(size, addr), &(block, seq)) in &list.by_size {
-                if (block.size(), block.addr()) != (size, addr) || block.is_empty() {
+                if (footprint(&block), block.addr()) != (size, addr) || block.is_empty() {
                     return Err(Violation::new("listed block keyed wrongly"));
                 }
                 if seq >= list.next_seq {
@@ -593,8 +602,8 @@ impl<A: MemoryResourceMut<()>, S: Stream + Clone> MemoryResourceMut<S> for Strea
         let inner = slot.inner;
         self.vacant.push(index as u32);
         self.live -= 1;
-        self.live_bytes -= inner.size();
-        self.listed_bytes += inner.size();
+        self.live_bytes -= footprint(&inner);
+        self.listed_bytes += footprint(&inner);
         self.lists.entry(stream.id()).or_insert_with(|| FreeList::new(stream.clone())).push(inner);
         Ok(())
     }
