@@ -58,6 +58,8 @@ fn drive(rig: &Rig, seed: u64, steps: usize) -> usize {
     let mut live = LiveBlocks::new();
     // (block, stream index of its last use)
     let mut blocks: Vec<(Block, usize)> = Vec::new();
+    // Blocks freed already: freeing one again must fail and change nothing.
+    let mut stale: Vec<Block> = Vec::new();
     let n = rig.streams.len();
     for _ in 0..steps {
         let s = rng.below(n as u64) as usize;
@@ -91,6 +93,18 @@ fn drive(rig: &Rig, seed: u64, steps: usize) -> usize {
                 }
                 live.remove(&b).unwrap();
                 rig.res.deallocate(b, &rig.streams[on]).unwrap();
+                if stale.len() < 16 {
+                    stale.push(b);
+                } else {
+                    stale[rng.below(16) as usize] = b;
+                }
+            }
+            85 if !stale.is_empty() => {
+                let b = stale[rng.below(stale.len() as u64) as usize];
+                let before = rig.layer(|l| (l.live_count(), l.live_bytes(), l.listed_bytes()));
+                let err = rig.res.deallocate(b, stream).unwrap_err();
+                assert!(matches!(err, Error::DoubleFree { .. } | Error::UnknownBlock { .. }), "{err}");
+                assert_eq!(rig.layer(|l| (l.live_count(), l.live_bytes(), l.listed_bytes())), before);
             }
             85..=89 => {
                 stream.enqueue();
@@ -361,5 +375,42 @@ fn shared_layer_two_threads_each_on_its_own_stream() {
         }
     });
     assert_eq!(rig.res.violation_count(), 0);
+    assert!(rig.layer(|l| l.stats().steals) > 0);
     rig.check(&LiveBlocks::new());
+}
+
+#[test]
+fn legacy_default_stream_is_ordered_after_blocking_streams() {
+    // Even the layer that skips the wait is safe when the taker is the
+    // legacy default stream: its work waits for all blocking streams.
+    let rig = rig(1 << 20, 2, CrossStream::Unordered, true);
+    let a = &rig.streams[0];
+    let default = rig.world.default_stream();
+    let x = rig.res.allocate(req(4096), a).unwrap();
+    a.enqueue();
+    rig.res.deallocate(x, a).unwrap();
+    let y = rig.res.allocate(req(4096), &default).unwrap();
+    assert_eq!(y.addr(), x.addr());
+    assert_eq!(rig.res.ordered_cross_stream_reuses(), 1);
+    // And a blocking stream taking from the default stream is ordered too.
+    default.enqueue();
+    rig.res.deallocate(y, &default).unwrap();
+    let z = rig.res.allocate(req(4096), a).unwrap();
+    assert_eq!(z.addr(), x.addr());
+    assert_eq!(rig.res.violation_count(), 0);
+}
+
+#[test]
+fn non_blocking_streams_are_not_ordered_by_the_default_stream() {
+    let world = SimWorld::new();
+    let a = world.non_blocking_stream();
+    let device = Arc::new(SimDevice::new(1 << 20));
+    let layer: Layer = StreamOrdered::with_cross_stream(CoalescingPool::new(device), CrossStream::Unordered);
+    let res = HbChecked::new(Shared::new(layer));
+    let default = world.default_stream();
+    let x = res.allocate(req(4096), &a).unwrap();
+    res.deallocate(x, &a).unwrap();
+    let y = res.allocate(req(4096), &default).unwrap();
+    assert_eq!(y.addr(), x.addr());
+    assert_eq!(res.violation_count(), 1);
 }
