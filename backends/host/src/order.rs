@@ -241,3 +241,6 @@ impl<R: MemoryResource<SimStream>> MemoryResource<SimStream> for HbChecked<R> {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests;
