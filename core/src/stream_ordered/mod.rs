@@ -105,8 +105,8 @@ pub struct Stats {
 ///   lists: stream id -> FreeList  -------------+
 ///          +------------------------------------------------------+
 ///          | stream: S             (to record, query, synchronize) |
-///          | by_size: (footprint, addr) -> (inner block, seq)      |
-///          | order:   seq, size, addr  in free order (FIFO)        |
+///          | buckets: footprint -> [(inner block, seq), ...]       |
+///          |          (oldest free first, newest last)             |
 ///          | fence:   (event, seq)  covers blocks freed before seq |
 ///          +------------------------------------------------------+
 /// ```
@@ -114,11 +114,13 @@ pub struct Stats {
 /// - A user's block carries a *tag* naming its slot and the slot's
 ///   generation, so `deallocate` finds the inner block in O(1) and tells a
 ///   double free (older generation) from a foreign block.
-/// - `deallocate(b, s)` puts the inner block in `s`'s list (O(log n)); a
+/// - `deallocate(b, s)` puts the inner block at the back of its bucket in
+///   `s`'s list (O(log b)); a
 ///   block may be freed on another stream than the one it was allocated on.
-/// - `allocate(r, s)` tries, in order: `s`'s own list (best fit, O(log n));
+/// - `allocate(r, s)` tries, in order: `s`'s own list (the smallest bucket
+///   that fits, its newest block: O(log b) in the number of distinct sizes);
 ///   another stream's list (record an event on that stream, make `s` wait on
-///   it, O(streams · log n)); the inner algorithm; the blocks whose free is
+///   it, O(streams · log b)); the inner algorithm; the blocks whose free is
 ///   known complete given back to the inner algorithm and the inner tried
 ///   again; finally RMM's last resort: synchronize every stream known, give
 ///   every listed block back, try the inner algorithm once more.
@@ -126,7 +128,8 @@ pub struct Stats {
 ///   itself (`size <= 2 · max(request, 256)`), since listed blocks are not
 ///   split.
 /// - [`reclaim`](StreamOrdered::reclaim) gives back the blocks covered by a
-///   completed fence (one event query per stream) and fences the rest.
+///   completed fence (one event query per stream; they are the fronts of the
+///   buckets) and fences the rest.
 ///
 /// # Examples
 ///
@@ -183,11 +186,11 @@ struct Slot {
 
 struct FreeList<S: Stream> {
     stream: S,
-    /// Listed blocks by (footprint, address), with their free sequence number.
-    by_size: BTreeMap<(u64, u64), (Block, u64)>,
-    /// (seq, size, addr) in free order; entries whose block has left the list
-    /// are stale and skipped. At most `2 · by_size.len() + 16` entries.
-    order: VecDeque<(u64, u64, u64)>,
+    /// Listed blocks by footprint, each with its free sequence number; no
+    /// bucket is empty, and each is in increasing sequence order.
+    buckets: BTreeMap<u64, VecDeque<(Block, u64)>>,
+    /// Number of listed blocks.
+    len: usize,
     /// Sequence number of the next free; every listed block's seq is lower.
     next_seq: u64,
     /// An event recorded on `stream` when `next_seq` was this number: it
@@ -203,42 +206,36 @@ fn footprint(block: &Block) -> u64 {
 
 impl<S: Stream> FreeList<S> {
     fn new(stream: S) -> Self {
-        FreeList { stream, by_size: BTreeMap::new(), order: VecDeque::new(), next_seq: 0, fence: None }
+        FreeList { stream, buckets: BTreeMap::new(), len: 0, next_seq: 0, fence: None }
     }
 
-    /// Best fit for `request`: the smallest aligned block that wastes at
-    /// most half of itself.
-    fn find(&self, request: Request) -> Option<(u64, u64)> {
-        let limit = request.size().max(256).saturating_mul(2);
-        self.by_size
-            .range((request.size(), 0)..)
-            .take_while(|(&(size, _), _)| size <= limit)
-            .take(8)
-            .map(|(&k, _)| k)
-            .find(|&(_, addr)| addr % request.align() == 0)
+    /// A fit for `request` as (bucket, index): the smallest bucket that wastes
+    /// at most half of its blocks, its newest aligned block (of the newest
+    /// few; for the default alignment the newest).
+    fn find(&self, request: Request) -> Option<(u64, usize)> {
+        let need = request.rounded_size(DEFAULT_ALIGNMENT).max(DEFAULT_ALIGNMENT);
+        let limit = need.saturating_mul(2);
+        self.buckets.range(need..=limit).take(8).find_map(|(&size, q)| {
+            let back = q.iter().rev().take(8).position(|(b, _)| b.addr() % request.align() == 0)?;
+            Some((size, q.len() - 1 - back))
+        })
     }
 
     fn push(&mut self, block: Block) {
         let seq = self.next_seq;
         self.next_seq += 1;
-        self.by_size.insert((footprint(&block), block.addr()), (block, seq));
-        self.order.push_back((seq, footprint(&block), block.addr()));
-        self.compact();
+        self.buckets.entry(footprint(&block)).or_default().push_back((block, seq));
+        self.len += 1;
     }
 
-    fn remove(&mut self, key: (u64, u64)) -> Option<Block> {
-        let (block, _) = self.by_size.remove(&key)?;
-        self.compact();
-        Some(block)
-    }
-
-    /// Drops the stale entries of `order` once they outnumber the live ones:
-    /// amortized O(1) per free.
-    fn compact(&mut self) {
-        if self.order.len() > 2 * self.by_size.len() + 16 {
-            let by_size = &self.by_size;
-            self.order.retain(|&(seq, size, addr)| by_size.get(&(size, addr)).is_some_and(|e| e.1 == seq));
+    fn remove(&mut self, size: u64, index: usize) -> Block {
+        let q = self.buckets.get_mut(&size).expect("bucket found");
+        let (block, _) = q.remove(index).expect("index found");
+        if q.is_empty() {
+            self.buckets.remove(&size);
         }
+        self.len -= 1;
+        block
     }
 }
 
@@ -293,7 +290,7 @@ impl<A, S: Stream> StreamOrdered<A, S> {
 
     /// Number of blocks in the free lists.
     pub fn listed_count(&self) -> usize {
-        self.lists.values().map(|l| l.by_size.len()).sum()
+        self.lists.values().map(|l| l.len).sum()
     }
 
     /// Number of streams with a free list.
@@ -343,9 +340,9 @@ impl<A, S: Stream> StreamOrdered<A, S> {
         }
     }
 
-    fn take(&mut self, id: u64, key: (u64, u64)) -> Block {
+    fn take(&mut self, id: u64, (size, index): (u64, usize)) -> Block {
         let list = self.lists.get_mut(&id).expect("list exists");
-        let block = list.remove(key).expect("key found in the list");
+        let block = list.remove(size, index);
         self.listed_bytes -= footprint(&block);
         block
     }
@@ -376,24 +373,34 @@ impl<A: MemoryResourceMut<()>, S: Stream + Clone> StreamOrdered<A, S> {
                     continue;
                 }
                 let upto = *upto;
-                while let Some(&(seq, size, addr)) = list.order.front() {
-                    if seq >= upto {
-                        break;
+                let mut emptied = Vec::new();
+                let mut result = Ok(());
+                'buckets: for (&size, q) in list.buckets.iter_mut() {
+                    while let Some(&(block, seq)) = q.front() {
+                        if seq >= upto {
+                            break;
+                        }
+                        if let Err(e) = self.inner.deallocate(block, &()) {
+                            result = Err(e);
+                            break 'buckets;
+                        }
+                        q.pop_front();
+                        list.len -= 1;
+                        self.listed_bytes -= size;
+                        self.stats.reclaimed += 1;
+                        given += 1;
                     }
-                    list.order.pop_front();
-                    let Some(&(block, s)) = list.by_size.get(&(size, addr)) else { continue };
-                    if s != seq {
-                        continue;
+                    if q.is_empty() {
+                        emptied.push(size);
                     }
-                    self.inner.deallocate(block, &())?;
-                    list.remove((size, addr));
-                    self.listed_bytes -= size;
-                    self.stats.reclaimed += 1;
-                    given += 1;
                 }
+                for size in emptied {
+                    list.buckets.remove(&size);
+                }
+                result?;
                 list.fence = None;
             }
-            if !list.by_size.is_empty() {
+            if list.len > 0 {
                 list.fence = Some((list.stream.record()?, list.next_seq));
             }
         }
@@ -413,16 +420,21 @@ impl<A: MemoryResourceMut<()>, S: Stream + Clone> StreamOrdered<A, S> {
     /// One synchronize per stream, O(log n) per listed block.
     pub fn synchronize_and_merge(&mut self) -> Result<()> {
         for list in self.lists.values_mut() {
-            if list.by_size.is_empty() {
+            if list.len == 0 {
                 continue;
             }
             list.stream.synchronize()?;
-            while let Some((&key, &(block, _))) = list.by_size.iter().next() {
-                self.inner.deallocate(block, &())?;
-                list.by_size.remove(&key);
-                self.listed_bytes -= key.0;
+            while let Some(mut entry) = list.buckets.first_entry() {
+                let size = *entry.key();
+                let q = entry.get_mut();
+                while let Some(&(block, _)) = q.front() {
+                    self.inner.deallocate(block, &())?;
+                    q.pop_front();
+                    list.len -= 1;
+                    self.listed_bytes -= size;
+                }
+                entry.remove();
             }
-            list.order.clear();
             list.fence = None;
         }
         Ok(())
@@ -518,24 +530,31 @@ impl<A: CheckInvariants, S: Stream> StreamOrdered<A, S> {
         }
         let mut listed = 0u64;
         for list in self.lists.values() {
-            for (&(size, addr), &(block, seq)) in &list.by_size {
-                if (footprint(&block), block.addr()) != (size, addr) || block.is_empty() {
-                    return Err(Violation::new("listed block keyed wrongly"));
+            let mut count = 0;
+            for (&size, q) in &list.buckets {
+                if q.is_empty() {
+                    return Err(Violation::new("empty bucket kept"));
                 }
-                if seq >= list.next_seq {
-                    return Err(Violation::new("listed block with a sequence number from the future"));
+                if q.iter().zip(q.iter().skip(1)).any(|(a, b)| a.1 >= b.1) {
+                    return Err(Violation::new("bucket not in free order"));
                 }
-                listed += size;
-                ranges.push((addr, size));
+                for &(block, seq) in q {
+                    if footprint(&block) != size || block.is_empty() {
+                        return Err(Violation::new("listed block in the wrong bucket"));
+                    }
+                    if seq >= list.next_seq {
+                        return Err(Violation::new("listed block with a sequence number from the future"));
+                    }
+                    listed += size;
+                    count += 1;
+                    ranges.push((block.addr(), size));
+                }
+            }
+            if count != list.len {
+                return Err(Violation::new("list length disagrees with its buckets"));
             }
             if list.fence.as_ref().is_some_and(|f| f.1 > list.next_seq) {
                 return Err(Violation::new("fence beyond the list's next sequence number"));
-            }
-            if list.order.len() > 2 * list.by_size.len() + 16 {
-                return Err(Violation::new("free-order queue not compacted"));
-            }
-            if list.order.iter().zip(list.order.iter().skip(1)).any(|(a, b)| a.0 >= b.0) {
-                return Err(Violation::new("free-order queue out of order"));
             }
         }
         if listed != self.listed_bytes {
