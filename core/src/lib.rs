@@ -17,6 +17,7 @@
 //! | [`Error`] | every failure as a typed value; out of memory carries its figures |
 //! | [`lock`] | [`RawLock`](lock::RawLock), [`SpinLock`](lock::SpinLock) and [`Shared`], which turns any `&mut self` algorithm into a `&self` resource |
 //! | [`pool`] | [`CoalescingPool`](pool::CoalescingPool): O(1) allocate and free over chunks from an upstream, and [`CoalescingIndex`](pool::CoalescingIndex), its two-level segregated-fit index over bare ranges |
+//! | [`stream_ordered`] | [`StreamOrdered`]: RMM's stream-ordered layer, per-stream free lists over any stream-agnostic algorithm, with events to move blocks between streams |
 //! | [`check`] | the invariant checker that tests and fuzz targets run after every step |
 //! | [`copy`] | [`CopyEngine`](copy::CopyEngine): how containers move bytes to and from a backend's memory |
 //!
@@ -62,6 +63,8 @@ pub mod copy;
 pub mod lock;
 pub mod pool;
 pub mod storage;
+#[cfg(feature = "alloc")]
+pub mod stream_ordered;
 pub mod testing;
 
 pub use block::Block;
@@ -71,6 +74,8 @@ pub use range::Range;
 pub use request::Request;
 pub use resource::{MemoryResource, MemoryResourceMut};
 pub use stream::Stream;
+#[cfg(feature = "alloc")]
+pub use stream_ordered::StreamOrdered;
 
 /// The alignment every resource guarantees unless asked for more: 256 bytes,
 /// as RMM and the CUDA allocators.

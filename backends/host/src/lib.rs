@@ -3,13 +3,22 @@
 //! - [`SimDevice`]: an address space of a chosen capacity with no bytes
 //!   behind it, an upstream like `cuMemAlloc` whose chunks are separate; it
 //!   counts what it holds and can be told to fail.
+//! - [`HostCopy`]: the copy engine of host memory (plain `memcpy`).
+//! - [`SimWorld`], [`SimStream`], [`SimEvent`]: simulated streams and events
+//!   whose work completes only when a test says so, ordered by vector clocks.
+//! - [`HbChecked`]: a wrapper that checks every reuse of freed memory on
+//!   another stream is ordered after the free, reporting [`HbViolation`]s.
 //!
 //! Everything here implements [`memres_core::MemoryResource`] for every
 //! stream type, so the core's algorithms can be tested, fuzzed and measured
 //! without a GPU.
 
 mod copy;
+mod order;
 mod sim;
+mod stream;
 
 pub use copy::HostCopy;
+pub use order::{HbChecked, HbViolation};
 pub use sim::SimDevice;
+pub use stream::{SimEvent, SimStream, SimWorld};

@@ -1,0 +1,643 @@
+//! The stream-ordered layer: RMM's `stream_ordered_memory_resource` over any
+//! stream-agnostic algorithm.
+//!
+//! [`StreamOrdered`] keeps the blocks freed on each stream in a free list of
+//! that stream. A block freed on stream A is reused on A at once (stream
+//! order makes that safe); another stream B takes it only after B waits on an
+//! event recorded on A after the free. Blocks whose free has completed go
+//! back to the inner algorithm, where they coalesce.
+
+#[cfg(test)]
+mod tests;
+
+use crate::check::Violation;
+use crate::{Block, Error, MemoryResourceMut, Request, Result, Stream, DEFAULT_ALIGNMENT};
+use alloc::collections::{BTreeMap, VecDeque};
+use alloc::vec::Vec;
+use core::fmt;
+
+/// An inner algorithm whose invariants [`StreamOrdered::check`] can check
+/// too.
+///
+/// # Examples
+///
+/// ```
+/// use memres_core::pool::CoalescingPool;
+/// use memres_core::stream_ordered::CheckInvariants;
+/// # use memres_core::testing::BumpUpstream;
+/// let pool = CoalescingPool::new(BumpUpstream::new(1 << 20));
+/// assert!(CheckInvariants::check_invariants(&pool).is_ok());
+/// ```
+pub trait CheckInvariants {
+    /// Checks the algorithm's invariants; the first broken one is returned.
+    ///
+    /// # Errors
+    ///
+    /// The first broken invariant.
+    fn check_invariants(&self) -> core::result::Result<(), Violation>;
+}
+
+impl<U, N, C> CheckInvariants for crate::pool::CoalescingPool<U, N, C>
+where
+    N: crate::storage::Storage<crate::pool::Node>,
+    C: crate::storage::Storage<crate::pool::Chunk>,
+{
+    fn check_invariants(&self) -> core::result::Result<(), Violation> {
+        self.check()
+    }
+}
+
+/// How blocks move between streams.
+///
+/// # Examples
+///
+/// ```
+/// use memres_core::stream_ordered::CrossStream;
+/// assert_eq!(CrossStream::default(), CrossStream::Wait);
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum CrossStream {
+    /// The taker waits on an event recorded on the freeing stream (correct).
+    #[default]
+    Wait,
+    /// Deliberately wrong: take another stream's block without waiting.
+    /// It exists so that tests can show that a happens-before checker
+    /// catches the race; never use it for real work.
+    Unordered,
+}
+
+/// Counts of the paths allocations took.
+///
+/// # Examples
+///
+/// ```
+/// use memres_core::stream_ordered::Stats;
+/// assert_eq!(Stats::default().steals, 0);
+/// ```
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Stats {
+    /// Allocations served from the stream's own free list.
+    pub own_hits: u64,
+    /// Allocations served from another stream's free list (after a wait).
+    pub steals: u64,
+    /// Allocations served by the inner algorithm.
+    pub inner_allocations: u64,
+    /// Blocks given back to the inner algorithm because their free completed.
+    pub reclaimed: u64,
+    /// Times every stream was synchronized and every list merged back before
+    /// out of memory (RMM's last resort).
+    pub last_resorts: u64,
+}
+
+/// RMM's stream-ordered memory resource over a stream-agnostic algorithm `A`
+/// (any [`MemoryResourceMut<()>`], such as the
+/// [`CoalescingPool`](crate::pool::CoalescingPool)), on streams `S`.
+///
+/// # Data structure
+///
+/// ```text
+///            inner: A (stream-agnostic; coalesces what it gets back)
+///               ^  allocate                    ^ deallocate
+///               |                              | (free completed, or
+///   slots: [ inner block | size | gen ] ...    |  last resort)
+///          ^ tag = gen << 32 | slot            |
+///   lists: stream id -> FreeList  -------------+
+///          +------------------------------------------------------+
+///          | stream: S             (to record, query, synchronize) |
+///          | buckets: footprint -> [(inner block, seq), ...]       |
+///          |          (oldest free first, newest last)             |
+///          | fence:   (event, seq)  covers blocks freed before seq |
+///          +------------------------------------------------------+
+/// ```
+///
+/// - A user's block carries a *tag* naming its slot and the slot's
+///   generation, so `deallocate` finds the inner block in O(1) and tells a
+///   double free (older generation) from a foreign block.
+/// - `deallocate(b, s)` puts the inner block at the back of its bucket in
+///   `s`'s list (O(log b)); a
+///   block may be freed on another stream than the one it was allocated on.
+/// - `allocate(r, s)` tries, in order: `s`'s own list (the smallest bucket
+///   that fits, its newest block: O(log b) in the number of distinct sizes);
+///   another stream's list (record an event on that stream, make `s` wait on
+///   it, O(streams · log b)); the inner algorithm; the blocks whose free is
+///   known complete given back to the inner algorithm and the inner tried
+///   again; finally RMM's last resort: synchronize every stream known, give
+///   every listed block back, try the inner algorithm once more.
+/// - A listed block serves a request only if it wastes at most half of
+///   itself (`size <= 2 · max(request, 256)`), since listed blocks are not
+///   split.
+/// - [`reclaim`](StreamOrdered::reclaim) gives back the blocks covered by a
+///   completed fence (one event query per stream; they are the fronts of the
+///   buckets) and fences the rest.
+///
+/// # Examples
+///
+/// ```
+/// use memres_core::pool::CoalescingPool;
+/// use memres_core::stream_ordered::StreamOrdered;
+/// use memres_core::{MemoryResourceMut, Request};
+/// # use memres_core::testing::BumpUpstream;
+/// let mut so = StreamOrdered::<_, ()>::new(CoalescingPool::new(BumpUpstream::new(1 << 30)));
+/// let a = so.allocate(Request::new(1000)?, &())?;
+/// so.deallocate(a, &())?;
+/// // Freed on this stream: reused at once.
+/// let b = so.allocate(Request::new(1000)?, &())?;
+/// assert_eq!(a.addr(), b.addr());
+/// assert_eq!(so.stats().own_hits, 1);
+/// so.deallocate(b, &())?;
+/// so.check().unwrap();
+/// # Ok::<(), memres_core::Error>(())
+/// ```
+pub struct StreamOrdered<A, S: Stream> {
+    /// The algorithm that owns all memory; holds every block that is neither
+    /// live nor listed.
+    inner: A,
+    /// Free lists by stream id. Listed blocks are disjoint from each other
+    /// and from live blocks.
+    lists: BTreeMap<u64, FreeList<S>>,
+    /// Live blocks; a vacant slot has `live == false` and its index is in
+    /// `vacant`.
+    slots: Vec<Slot>,
+    /// Indices of vacant slots, each once.
+    vacant: Vec<u32>,
+    /// Number of live slots.
+    live: usize,
+    /// Sum of the footprints (sizes rounded up to 256) of the inner blocks
+    /// behind live blocks.
+    live_bytes: u64,
+    /// Sum of the footprints of listed blocks.
+    listed_bytes: u64,
+    cross: CrossStream,
+    stats: Stats,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Slot {
+    /// The block as the inner algorithm handed it out (its tag is the
+    /// inner's).
+    inner: Block,
+    /// The size the user asked for.
+    size: u64,
+    /// Bumped on each free; part of the user's tag.
+    generation: u32,
+    live: bool,
+}
+
+struct FreeList<S: Stream> {
+    stream: S,
+    /// Listed blocks by footprint, each with its free sequence number; no
+    /// bucket is empty, and each is in increasing sequence order.
+    buckets: BTreeMap<u64, VecDeque<(Block, u64)>>,
+    /// Number of listed blocks.
+    len: usize,
+    /// Sequence number of the next free; every listed block's seq is lower.
+    next_seq: u64,
+    /// An event recorded on `stream` when `next_seq` was this number: it
+    /// covers the blocks with a lower seq.
+    fence: Option<(S::Event, u64)>,
+}
+
+/// The bytes an inner block occupies: its size rounded up to the 256-byte
+/// granule every resource works in.
+fn footprint(block: &Block) -> u64 {
+    block.size().div_ceil(DEFAULT_ALIGNMENT) * DEFAULT_ALIGNMENT
+}
+
+impl<S: Stream> FreeList<S> {
+    fn new(stream: S) -> Self {
+        FreeList { stream, buckets: BTreeMap::new(), len: 0, next_seq: 0, fence: None }
+    }
+
+    /// A fit for `request` as (bucket, index): the smallest bucket that wastes
+    /// at most half of its blocks, its newest aligned block (of the newest
+    /// few; for the default alignment the newest).
+    fn find(&self, request: Request) -> Option<(u64, usize)> {
+        let need = request.rounded_size(DEFAULT_ALIGNMENT).max(DEFAULT_ALIGNMENT);
+        let limit = need.saturating_mul(2);
+        self.buckets.range(need..=limit).take(8).find_map(|(&size, q)| {
+            let back = q.iter().rev().take(8).position(|(b, _)| b.addr() % request.align() == 0)?;
+            Some((size, q.len() - 1 - back))
+        })
+    }
+
+    fn push(&mut self, block: Block) {
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        self.buckets.entry(footprint(&block)).or_default().push_back((block, seq));
+        self.len += 1;
+    }
+
+    fn remove(&mut self, size: u64, index: usize) -> Block {
+        let q = self.buckets.get_mut(&size).expect("bucket found");
+        let (block, _) = q.remove(index).expect("index found");
+        if q.is_empty() {
+            self.buckets.remove(&size);
+        }
+        self.len -= 1;
+        block
+    }
+}
+
+impl<A, S: Stream> StreamOrdered<A, S> {
+    /// A layer over `inner`, with no stream known yet.
+    pub fn new(inner: A) -> Self {
+        Self::with_cross_stream(inner, CrossStream::Wait)
+    }
+
+    /// A layer over `inner` that moves blocks between streams as `cross`
+    /// says ([`CrossStream::Unordered`] only to test checkers).
+    pub fn with_cross_stream(inner: A, cross: CrossStream) -> Self {
+        StreamOrdered {
+            inner,
+            lists: BTreeMap::new(),
+            slots: Vec::new(),
+            vacant: Vec::new(),
+            live: 0,
+            live_bytes: 0,
+            listed_bytes: 0,
+            cross,
+            stats: Stats::default(),
+        }
+    }
+
+    /// The inner algorithm.
+    pub fn inner(&self) -> &A {
+        &self.inner
+    }
+
+    /// Counts of the paths allocations took.
+    pub fn stats(&self) -> Stats {
+        self.stats
+    }
+
+    /// Number of live blocks.
+    pub fn live_count(&self) -> usize {
+        self.live
+    }
+
+    /// Bytes of the inner blocks behind live blocks, each rounded up to 256
+    /// (what a pool counts as used).
+    pub fn live_bytes(&self) -> u64 {
+        self.live_bytes
+    }
+
+    /// Bytes in the free lists (not in the inner algorithm), each block
+    /// rounded up to 256.
+    pub fn listed_bytes(&self) -> u64 {
+        self.listed_bytes
+    }
+
+    /// Number of blocks in the free lists.
+    pub fn listed_count(&self) -> usize {
+        self.lists.values().map(|l| l.len).sum()
+    }
+
+    /// Number of streams with a free list.
+    pub fn stream_count(&self) -> usize {
+        self.lists.len()
+    }
+
+    /// Hands out `inner` for `request` under a fresh tag.
+    fn hand_out(&mut self, inner: Block, request: Request) -> Block {
+        let slot = Slot { inner, size: request.size(), generation: 0, live: true };
+        let index = match self.vacant.pop() {
+            Some(i) => {
+                let s = &mut self.slots[i as usize];
+                *s = Slot { generation: s.generation, ..slot };
+                i
+            }
+            None => {
+                self.slots.push(slot);
+                (self.slots.len() - 1) as u32
+            }
+        };
+        self.live += 1;
+        self.live_bytes += footprint(&inner);
+        let generation = self.slots[index as usize].generation;
+        Block::new(inner.addr(), request.size(), (u64::from(generation) << 32) | u64::from(index))
+    }
+
+    /// The slot of a user's block.
+    fn slot_of(&self, block: &Block) -> Result<usize> {
+        let addr = block.addr();
+        let index = (block.tag() & 0xffff_ffff) as usize;
+        let generation = (block.tag() >> 32) as u32;
+        match self.slots.get(index) {
+            Some(s) if block.tag() != Block::NO_TAG && s.inner.addr() == addr => {
+                if s.live && s.generation == generation {
+                    if s.size != block.size() {
+                        return Err(Error::SizeMismatch { addr, expected: s.size, given: block.size() });
+                    }
+                    Ok(index)
+                } else if generation < s.generation {
+                    Err(Error::DoubleFree { addr })
+                } else {
+                    Err(Error::UnknownBlock { addr })
+                }
+            }
+            _ => Err(Error::UnknownBlock { addr }),
+        }
+    }
+
+    fn take(&mut self, id: u64, (size, index): (u64, usize)) -> Block {
+        let list = self.lists.get_mut(&id).expect("list exists");
+        let block = list.remove(size, index);
+        self.listed_bytes -= footprint(&block);
+        block
+    }
+}
+
+impl<A: MemoryResourceMut<()>, S: Stream + Clone> StreamOrdered<A, S> {
+    /// Gives back to the inner algorithm every listed block whose free is
+    /// known to have completed, then records a fence on each stream with
+    /// blocks not yet covered; returns the blocks given back.
+    ///
+    /// A block freed at a time `t` is given back by the first call after a
+    /// fence recorded after `t` has completed.
+    ///
+    /// # Errors
+    ///
+    /// A stream's error from query or record, or the inner algorithm's from
+    /// deallocate; what was done before stays done and consistent.
+    ///
+    /// # Time Complexity
+    ///
+    /// One query (and at most one record) per stream, plus O(log n) per
+    /// block given back.
+    pub fn reclaim(&mut self) -> Result<usize> {
+        let mut given = 0;
+        for list in self.lists.values_mut() {
+            if let Some((event, upto)) = &list.fence {
+                if !list.stream.query(event)? {
+                    continue;
+                }
+                let upto = *upto;
+                let mut emptied = Vec::new();
+                let mut result = Ok(());
+                'buckets: for (&size, q) in list.buckets.iter_mut() {
+                    while let Some(&(block, seq)) = q.front() {
+                        if seq >= upto {
+                            break;
+                        }
+                        if let Err(e) = self.inner.deallocate(block, &()) {
+                            result = Err(e);
+                            break 'buckets;
+                        }
+                        q.pop_front();
+                        list.len -= 1;
+                        self.listed_bytes -= size;
+                        self.stats.reclaimed += 1;
+                        given += 1;
+                    }
+                    if q.is_empty() {
+                        emptied.push(size);
+                    }
+                }
+                for size in emptied {
+                    list.buckets.remove(&size);
+                }
+                result?;
+                list.fence = None;
+            }
+            if list.len > 0 {
+                list.fence = Some((list.stream.record()?, list.next_seq));
+            }
+        }
+        Ok(given)
+    }
+
+    /// RMM's last resort: synchronizes every stream with a free list and
+    /// gives every listed block back to the inner algorithm.
+    ///
+    /// # Errors
+    ///
+    /// A stream's error from synchronize, or the inner algorithm's from
+    /// deallocate; the lists handled before stay merged.
+    ///
+    /// # Time Complexity
+    ///
+    /// One synchronize per stream, O(log n) per listed block.
+    pub fn synchronize_and_merge(&mut self) -> Result<()> {
+        for list in self.lists.values_mut() {
+            if list.len == 0 {
+                continue;
+            }
+            list.stream.synchronize()?;
+            while let Some(mut entry) = list.buckets.first_entry() {
+                let size = *entry.key();
+                let q = entry.get_mut();
+                while let Some(&(block, _)) = q.front() {
+                    self.inner.deallocate(block, &())?;
+                    q.pop_front();
+                    list.len -= 1;
+                    self.listed_bytes -= size;
+                }
+                entry.remove();
+            }
+            list.fence = None;
+        }
+        Ok(())
+    }
+
+    /// A fitting block from another stream's list, ordered after its free.
+    fn steal(&mut self, request: Request, stream: &S) -> Result<Option<Block>> {
+        let me = stream.id();
+        let found =
+            self.lists.iter().filter(|(&id, _)| id != me).find_map(|(&id, l)| Some((id, l.find(request)?)));
+        let Some((id, key)) = found else { return Ok(None) };
+        if self.cross == CrossStream::Wait {
+            // An event after the free (the block is in the list, so the free
+            // came before), then the taker waits on it. Either call failing
+            // leaves the block where it was.
+            let event = self.lists[&id].stream.record()?;
+            stream.wait(&event)?;
+        }
+        self.stats.steals += 1;
+        Ok(Some(self.take(id, key)))
+    }
+
+    fn inner_allocate(&mut self, request: Request) -> Result<Block> {
+        let block = self.inner.allocate(request, &())?;
+        self.stats.inner_allocations += 1;
+        Ok(block)
+    }
+
+    fn allocate_slow(&mut self, request: Request, stream: &S) -> Result<Block> {
+        if let Some(b) = self.steal(request, stream)? {
+            return Ok(b);
+        }
+        let err = match self.inner_allocate(request) {
+            Err(e) if e.is_out_of_memory() => e,
+            other => return other,
+        };
+        if self.listed_bytes == 0 {
+            return Err(err);
+        }
+        let err = match self.reclaim()? {
+            0 => err,
+            _ => match self.inner_allocate(request) {
+                Err(e) if e.is_out_of_memory() => e,
+                other => return other,
+            },
+        };
+        if self.listed_bytes == 0 {
+            return Err(err);
+        }
+        self.stats.last_resorts += 1;
+        self.synchronize_and_merge()?;
+        self.inner_allocate(request)
+    }
+}
+
+impl<A: CheckInvariants, S: Stream> StreamOrdered<A, S> {
+    /// Checks the layer's invariants and the inner algorithm's: slots and
+    /// counters agree, listed blocks are keyed by their size and address and
+    /// have a sequence number below their list's next one, live and listed
+    /// blocks are pairwise disjoint.
+    ///
+    /// # Errors
+    ///
+    /// The first broken invariant.
+    ///
+    /// # Time Complexity
+    ///
+    /// O(n log n) in the number of live and listed blocks.
+    pub fn check(&self) -> core::result::Result<(), Violation> {
+        let mut ranges = Vec::new();
+        let (mut live, mut live_bytes) = (0usize, 0u64);
+        for s in self.slots.iter().filter(|s| s.live) {
+            live += 1;
+            live_bytes += footprint(&s.inner);
+            if s.size > footprint(&s.inner) || s.inner.is_empty() {
+                return Err(Violation::new("live block larger than its inner block, or empty"));
+            }
+            ranges.push((s.inner.addr(), footprint(&s.inner)));
+        }
+        if live != self.live || live_bytes != self.live_bytes {
+            return Err(Violation::new("live count or bytes disagree with the slots"));
+        }
+        if live + self.vacant.len() != self.slots.len() {
+            return Err(Violation::new("vacant list does not match the vacant slots"));
+        }
+        let mut seen = Vec::from_iter(self.vacant.iter().copied());
+        seen.sort_unstable();
+        seen.dedup();
+        if seen.len() != self.vacant.len()
+            || seen.iter().any(|&i| self.slots.get(i as usize).is_none_or(|s| s.live))
+        {
+            return Err(Violation::new("vacant list names a live slot or one twice"));
+        }
+        let mut listed = 0u64;
+        for list in self.lists.values() {
+            let mut count = 0;
+            for (&size, q) in &list.buckets {
+                if q.is_empty() {
+                    return Err(Violation::new("empty bucket kept"));
+                }
+                if q.iter().zip(q.iter().skip(1)).any(|(a, b)| a.1 >= b.1) {
+                    return Err(Violation::new("bucket not in free order"));
+                }
+                for &(block, seq) in q {
+                    if footprint(&block) != size || block.is_empty() {
+                        return Err(Violation::new("listed block in the wrong bucket"));
+                    }
+                    if seq >= list.next_seq {
+                        return Err(Violation::new("listed block with a sequence number from the future"));
+                    }
+                    listed += size;
+                    count += 1;
+                    ranges.push((block.addr(), size));
+                }
+            }
+            if count != list.len {
+                return Err(Violation::new("list length disagrees with its buckets"));
+            }
+            if list.fence.as_ref().is_some_and(|f| f.1 > list.next_seq) {
+                return Err(Violation::new("fence beyond the list's next sequence number"));
+            }
+        }
+        if listed != self.listed_bytes {
+            return Err(Violation::new("listed bytes disagree with the lists"));
+        }
+        ranges.sort_unstable();
+        if ranges.windows(2).any(|w| w[0].0 + w[0].1 > w[1].0) {
+            return Err(Violation::new("live or listed blocks overlap"));
+        }
+        self.inner.check_invariants()
+    }
+}
+
+impl<A: CheckInvariants, S: Stream> CheckInvariants for StreamOrdered<A, S> {
+    fn check_invariants(&self) -> core::result::Result<(), Violation> {
+        self.check()
+    }
+}
+
+impl<A: MemoryResourceMut<()>, S: Stream + Clone> MemoryResourceMut<S> for StreamOrdered<A, S> {
+    /// # Errors
+    ///
+    /// The inner algorithm's out of memory after the last resort; a
+    /// stream's error from record, wait or synchronize; the inner's other
+    /// errors.
+    ///
+    /// # Time Complexity
+    ///
+    /// O(log n) from the own list; O(streams · log n) from another list;
+    /// plus the inner algorithm's cost, and on its failure one query per
+    /// stream, then one synchronize per stream.
+    fn allocate(&mut self, request: Request, stream: &S) -> Result<Block> {
+        if request.is_zero() {
+            return Ok(Block::EMPTY);
+        }
+        let own = self.lists.get(&stream.id()).and_then(|l| l.find(request));
+        let inner = match own {
+            Some(key) => {
+                self.stats.own_hits += 1;
+                self.take(stream.id(), key)
+            }
+            None => self.allocate_slow(request, stream)?,
+        };
+        Ok(self.hand_out(inner, request))
+    }
+
+    /// # Errors
+    ///
+    /// [`Error::UnknownBlock`] for a block this layer did not hand out
+    /// (blocks with [`Block::NO_TAG`] included), [`Error::DoubleFree`],
+    /// [`Error::SizeMismatch`]; nothing changes then.
+    ///
+    /// # Time Complexity
+    ///
+    /// O(log n) in the stream's list.
+    fn deallocate(&mut self, block: Block, stream: &S) -> Result<()> {
+        if block.is_empty() {
+            return Ok(());
+        }
+        let index = self.slot_of(&block)?;
+        let slot = &mut self.slots[index];
+        slot.live = false;
+        slot.generation = slot.generation.wrapping_add(1);
+        let inner = slot.inner;
+        self.vacant.push(index as u32);
+        self.live -= 1;
+        self.live_bytes -= footprint(&inner);
+        self.listed_bytes += footprint(&inner);
+        self.lists.entry(stream.id()).or_insert_with(|| FreeList::new(stream.clone())).push(inner);
+        Ok(())
+    }
+}
+
+impl<A: fmt::Debug, S: Stream> fmt::Debug for StreamOrdered<A, S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("StreamOrdered")
+            .field("inner", &self.inner)
+            .field("streams", &self.lists.len())
+            .field("live", &self.live)
+            .field("live_bytes", &self.live_bytes)
+            .field("listed_bytes", &self.listed_bytes)
+            .field("cross", &self.cross)
+            .field("stats", &self.stats)
+            .finish()
+    }
+}

@@ -1,0 +1,231 @@
+extern crate std;
+
+use super::*;
+use crate::pool::{CoalescingPool, PoolConfig};
+use crate::testing::BumpUpstream;
+use alloc::rc::Rc;
+use alloc::vec;
+use core::cell::RefCell;
+
+/// What the layer asked of the streams.
+#[derive(Debug, Default)]
+struct Log {
+    records: Vec<u64>,
+    waits: Vec<(u64, u64)>,
+    syncs: Vec<u64>,
+    /// What every query answers.
+    complete: bool,
+    fail_record: bool,
+}
+
+#[derive(Clone, Debug)]
+struct TestStream {
+    id: u64,
+    log: Rc<RefCell<Log>>,
+}
+
+impl Stream for TestStream {
+    /// The id of the stream it was recorded on.
+    type Event = u64;
+    fn id(&self) -> u64 {
+        self.id
+    }
+    fn record(&self) -> Result<u64> {
+        let mut log = self.log.borrow_mut();
+        if log.fail_record {
+            return Err(Error::Backend { code: 1, what: "record" });
+        }
+        log.records.push(self.id);
+        Ok(self.id)
+    }
+    fn wait(&self, e: &u64) -> Result<()> {
+        self.log.borrow_mut().waits.push((self.id, *e));
+        Ok(())
+    }
+    fn query(&self, _: &u64) -> Result<bool> {
+        Ok(self.log.borrow().complete)
+    }
+    fn synchronize(&self) -> Result<()> {
+        self.log.borrow_mut().syncs.push(self.id);
+        Ok(())
+    }
+}
+
+type Layer = StreamOrdered<CoalescingPool<BumpUpstream>, TestStream>;
+
+fn setup(max: Option<u64>) -> (Layer, TestStream, TestStream, Rc<RefCell<Log>>) {
+    let log = Rc::new(RefCell::new(Log::default()));
+    let config = match max {
+        Some(m) => PoolConfig::new().initial_size(m).maximum_size(m),
+        None => PoolConfig::new(),
+    };
+    let pool = CoalescingPool::with_config(BumpUpstream::new(1 << 30), config, &()).unwrap();
+    let a = TestStream { id: 1, log: log.clone() };
+    let b = TestStream { id: 2, log: log.clone() };
+    (StreamOrdered::new(pool), a, b, log)
+}
+
+fn req(n: u64) -> Request {
+    Request::new(n).unwrap()
+}
+
+#[test]
+fn own_stream_reuses_at_once_without_stream_calls() {
+    let (mut so, a, _, log) = setup(None);
+    let x = so.allocate(req(4096), &a).unwrap();
+    so.deallocate(x, &a).unwrap();
+    so.check().unwrap();
+    let y = so.allocate(req(4000), &a).unwrap();
+    assert_eq!((y.addr(), y.size()), (x.addr(), 4000));
+    assert_eq!(so.stats().own_hits, 1);
+    assert!(log.borrow().records.is_empty() && log.borrow().waits.is_empty());
+    so.check().unwrap();
+}
+
+#[test]
+fn other_stream_waits_on_an_event_of_the_freeing_stream() {
+    let (mut so, a, b, log) = setup(None);
+    let x = so.allocate(req(4096), &a).unwrap();
+    so.deallocate(x, &a).unwrap();
+    let y = so.allocate(req(4096), &b).unwrap();
+    assert_eq!(y.addr(), x.addr());
+    assert_eq!(log.borrow().records, vec![1]);
+    assert_eq!(log.borrow().waits, vec![(2, 1)]);
+    assert_eq!(so.stats().steals, 1);
+    so.check().unwrap();
+}
+
+#[test]
+fn unordered_variant_skips_the_wait() {
+    let (so, a, b, log) = setup(None);
+    let mut so = StreamOrdered::with_cross_stream(so.inner, CrossStream::Unordered);
+    let x = so.allocate(req(4096), &a).unwrap();
+    so.deallocate(x, &a).unwrap();
+    let y = so.allocate(req(4096), &b).unwrap();
+    assert_eq!(y.addr(), x.addr());
+    assert!(log.borrow().waits.is_empty());
+}
+
+#[test]
+fn much_larger_listed_blocks_are_not_wasted_on_small_requests() {
+    let (mut so, a, _, _) = setup(None);
+    let x = so.allocate(req(1 << 20), &a).unwrap();
+    so.deallocate(x, &a).unwrap();
+    let y = so.allocate(req(1000), &a).unwrap();
+    assert_ne!(y.addr(), x.addr());
+    assert_eq!(so.stats().own_hits, 0);
+    so.check().unwrap();
+}
+
+#[test]
+fn bad_frees_are_errors_and_change_nothing() {
+    let (mut so, a, b, _) = setup(None);
+    let x = so.allocate(req(512), &a).unwrap();
+    let before = (so.live_count(), so.live_bytes(), so.listed_bytes());
+    let foreign = Block::new(0xdead_0000, 512, 0);
+    assert_eq!(so.deallocate(foreign, &a), Err(Error::UnknownBlock { addr: 0xdead_0000 }));
+    assert_eq!(
+        so.deallocate(Block::from_addr(x.addr(), 512), &a),
+        Err(Error::UnknownBlock { addr: x.addr() })
+    );
+    assert!(matches!(so.deallocate(Block::new(x.addr(), 256, x.tag()), &a), Err(Error::SizeMismatch { .. })));
+    assert_eq!((so.live_count(), so.live_bytes(), so.listed_bytes()), before);
+    so.check().unwrap();
+    // Freed on another stream than its allocation's: allowed.
+    so.deallocate(x, &b).unwrap();
+    assert_eq!(so.deallocate(x, &b), Err(Error::DoubleFree { addr: x.addr() }));
+    // Reused on a: the stale tag is still a double free.
+    let y = so.allocate(req(512), &a).unwrap();
+    assert_eq!(y.addr(), x.addr());
+    assert_eq!(so.deallocate(x, &a), Err(Error::DoubleFree { addr: x.addr() }));
+    so.deallocate(y, &a).unwrap();
+    assert_eq!((so.live_count(), so.live_bytes()), (0, 0));
+    so.check().unwrap();
+}
+
+#[test]
+fn zero_byte_requests() {
+    let (mut so, a, _, _) = setup(None);
+    let z = so.allocate(req(0), &a).unwrap();
+    assert_eq!(z, Block::EMPTY);
+    so.deallocate(z, &a).unwrap();
+    assert_eq!(so.live_count(), 0);
+}
+
+#[test]
+fn reclaim_gives_back_blocks_whose_free_completed() {
+    let (mut so, a, _, log) = setup(None);
+    let xs: Vec<_> = (0..4).map(|_| so.allocate(req(1024), &a).unwrap()).collect();
+    for &x in &xs {
+        so.deallocate(x, &a).unwrap();
+    }
+    // First call fences; nothing is known complete yet.
+    assert_eq!(so.reclaim().unwrap(), 0);
+    assert_eq!(log.borrow().records, vec![1]);
+    assert_eq!(so.reclaim().unwrap(), 0);
+    log.borrow_mut().complete = true;
+    assert_eq!(so.reclaim().unwrap(), 4);
+    assert_eq!((so.listed_bytes(), so.inner().used_bytes()), (0, 0));
+    // Back in the pool, coalesced into one range.
+    assert_eq!(so.inner().largest_free(), so.inner().pool_size());
+    so.check().unwrap();
+}
+
+#[test]
+fn last_resort_synchronizes_and_merges_before_out_of_memory() {
+    let (mut so, a, b, log) = setup(Some(64 * 1024));
+    let xs: Vec<_> = (0..16).map(|_| so.allocate(req(4096), &a).unwrap()).collect();
+    for &x in &xs {
+        so.deallocate(x, &a).unwrap();
+    }
+    // No listed block fits; the pool is at its maximum and all of it listed.
+    let big = so.allocate(req(32 * 1024), &b).unwrap();
+    assert_eq!(log.borrow().syncs, vec![1]);
+    assert_eq!(so.stats().last_resorts, 1);
+    assert_eq!(so.listed_bytes(), 0);
+    so.check().unwrap();
+    // Too large even after merging: out of memory, nothing lost.
+    let err = so.allocate(req(64 * 1024), &b).unwrap_err();
+    assert!(err.is_out_of_memory());
+    so.deallocate(big, &b).unwrap();
+    so.check().unwrap();
+    assert_eq!(so.live_bytes() + so.listed_bytes(), so.inner().used_bytes());
+}
+
+#[test]
+fn failed_record_leaves_the_block_listed() {
+    let (mut so, a, b, log) = setup(None);
+    let x = so.allocate(req(4096), &a).unwrap();
+    so.deallocate(x, &a).unwrap();
+    log.borrow_mut().fail_record = true;
+    assert!(matches!(so.allocate(req(4096), &b), Err(Error::Backend { .. })));
+    assert_eq!((so.listed_bytes(), so.live_count()), (4096, 0));
+    so.check().unwrap();
+    log.borrow_mut().fail_record = false;
+    let y = so.allocate(req(4096), &b).unwrap();
+    assert_eq!(y.addr(), x.addr());
+}
+
+#[test]
+fn randomized_with_unit_stream() {
+    let mut rng = crate::testing::SplitMix64::new(7);
+    let mut so = StreamOrdered::<_, ()>::new(CoalescingPool::new(BumpUpstream::new(1 << 30)));
+    let mut live = crate::check::LiveBlocks::new();
+    let mut blocks = Vec::new();
+    for _ in 0..5_000 {
+        if blocks.is_empty() || rng.below(2) == 0 {
+            let r = req(rng.below(1 << 14));
+            let b = so.allocate(r, &()).unwrap();
+            live.insert(b, r).unwrap();
+            blocks.push(b);
+        } else {
+            let b = blocks.swap_remove(rng.below(blocks.len() as u64) as usize);
+            live.remove(&b).unwrap();
+            so.deallocate(b, &()).unwrap();
+        }
+        if rng.below(64) == 0 {
+            so.reclaim().unwrap();
+        }
+        so.check().unwrap();
+    }
+}
