@@ -7,8 +7,8 @@
 //! | lock | feature | for |
 //! | --- | --- | --- |
 //! | [`SpinLock`] | always | `no_std` targets with atomics; short critical sections |
-//! | [`StdLock`] | `std` | threads that should sleep, not spin, under contention |
-//! | [`CriticalSectionLock`] | `critical-section` | bare-metal targets without atomics |
+//! | `StdLock` | `std` | threads that should sleep, not spin, under contention |
+//! | `CriticalSectionLock` | `critical-section` | bare-metal targets without atomics |
 //!
 //! Under `cfg(loom)` the spin lock is built from loom's atomics, so loom
 //! explores every interleaving of the code that uses it.
