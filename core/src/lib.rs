@@ -18,6 +18,8 @@
 //! | [`lock`] | [`RawLock`](lock::RawLock), [`SpinLock`](lock::SpinLock) and [`Shared`], which turns any `&mut self` algorithm into a `&self` resource |
 //! | [`pool`] | [`CoalescingPool`](pool::CoalescingPool): O(1) allocate and free over chunks from an upstream, and [`CoalescingIndex`](pool::CoalescingIndex), its two-level segregated-fit index over bare ranges |
 //! | [`check`] | the invariant checker that tests and fuzz targets run after every step |
+//! | [`vmem`] | [`ReservableSpace`](vmem::ReservableSpace): reserve an address range once, commit and decommit granules of it (CUDA virtual memory, `mmap`) |
+//! | [`vpool`] | [`VirtualPool`](vpool::VirtualPool): the pool over one reserved range, physical memory mapped only where live blocks are (feature `alloc`) |
 //!
 //! # Features
 //!
@@ -61,6 +63,9 @@ pub mod lock;
 pub mod pool;
 pub mod storage;
 pub mod testing;
+pub mod vmem;
+#[cfg(feature = "alloc")]
+pub mod vpool;
 
 pub use block::Block;
 pub use error::{Error, Result};
