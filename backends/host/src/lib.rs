@@ -3,11 +3,15 @@
 //! - [`SimDevice`]: an address space of a chosen capacity with no bytes
 //!   behind it, an upstream like `cuMemAlloc` whose chunks are separate; it
 //!   counts what it holds and can be told to fail.
+//! - [`SimAddressSpace`]: a simulated virtual address space (reserve, commit,
+//!   decommit granules) for `memres_core::vpool::VirtualPool`.
 //!
 //! Everything here implements [`memres_core::MemoryResource`] for every
 //! stream type, so the core's algorithms can be tested, fuzzed and measured
 //! without a GPU.
 
 mod sim;
+mod vspace;
 
 pub use sim::SimDevice;
+pub use vspace::SimAddressSpace;
