@@ -39,13 +39,14 @@ pub struct VirtualConfig {
     reserve: u64,
     keep: u64,
     max_reservations: u32,
+    trim_on_commit: bool,
 }
 
 impl VirtualConfig {
     /// One reservation of `reserve` bytes (rounded up to the space's
     /// granule), no free committed memory kept, no growth.
     pub const fn new(reserve: u64) -> Self {
-        VirtualConfig { reserve, keep: 0, max_reservations: 1 }
+        VirtualConfig { reserve, keep: 0, max_reservations: 1, trim_on_commit: true }
     }
 
     /// The release threshold: up to `bytes` of committed memory that no
@@ -63,6 +64,25 @@ impl VirtualConfig {
     pub const fn max_reservations(mut self, n: u32) -> Self {
         self.max_reservations = n;
         self
+    }
+
+    /// Whether an allocation that needs fresh granules first decommits Idle
+    /// ones, as many as the commit would take committed memory beyond its
+    /// peak so far (default: yes). Kept free memory then never raises the
+    /// peak: committed memory goes beyond its peak only when nothing is
+    /// Idle, so the peak is that of the granules live blocks touch,
+    /// whatever `keep`. Below the peak, Idle granules stay, and blocks that
+    /// land on them need no map or unmap call, as with alternating allocate
+    /// and free of one size. Without it, up to `keep` bytes add to the peak
+    /// (the CUDA pool's behaviour).
+    pub const fn trim_on_commit(mut self, yes: bool) -> Self {
+        self.trim_on_commit = yes;
+        self
+    }
+
+    /// Whether [`trim_on_commit`](Self::trim_on_commit) is on.
+    pub const fn trims_on_commit(&self) -> bool {
+        self.trim_on_commit
     }
 
     /// The size of a reservation.
@@ -124,8 +144,9 @@ struct Reservation {
 ///              └──────────────────────────────────────────────────────────┘
 ///  idle list (oldest first): Idle ◄─► Idle ◄─► ...   at most `keep` bytes
 ///
-///  allocate: index (O(1)) ─► commit the block's Uncommitted granules
-///            (in runs), Idle ones leave the idle list ─► all Busy
+///  allocate: index (O(1)) ─► the block's Idle granules leave the idle
+///            list; beyond the peak, decommit as many other Idle ones as
+///            needed; commit its Uncommitted granules (in runs) ─► all Busy
 ///  free:     index (O(1)) returns the coalesced free range F; the block's
 ///            granules wholly inside F turn Idle (the others still touch a
 ///            live block) ─► over `keep`: decommit the oldest Idle granules
@@ -138,6 +159,12 @@ struct Reservation {
 ///   committed. Whether it is after a free needs no count of the blocks in
 ///   it: a granule of the freed block is untouched exactly when it lies
 ///   wholly inside the coalesced free range that the index returns.
+/// - Kept Idle memory never raises the peak of committed memory (with
+///   [`VirtualConfig::trim_on_commit`], the default): an allocation that
+///   would commit beyond the peak first decommits Idle granules.
+/// - A failed allocate hands out nothing and changes no block; it may have
+///   decommitted Idle memory (to stay under the peak, or to retry after the
+///   space ran out of physical memory).
 /// - At most `keep` bytes of committed memory are Idle after every call
 ///   (unless a decommit failed; the next free or [`trim`](Self::trim)
 ///   retries). Idle granules are decommitted oldest first (least recently
@@ -434,12 +461,34 @@ impl<V: ReservableSpace> VirtualPool<V> {
         self.idle -= 1;
     }
 
-    /// Commits every Uncommitted granule of `addr..addr + len` (in runs),
-    /// then marks them all Busy. On failure, decommits what this call
-    /// committed and changes no state.
-    fn commit_block(&mut self, addr: u64, len: u64) -> Result<()> {
+    /// Makes every granule of `addr..addr + len` Busy: its Idle granules
+    /// leave the idle list (pinned, so no trim takes them), then, under
+    /// `trim_on_commit`, as many Idle granules as there are Uncommitted ones
+    /// are decommitted (ordered on `stream`), then the Uncommitted ones are
+    /// committed in runs. If a commit fails, what this call committed is
+    /// decommitted and the error returned; the pinned granules stay Busy
+    /// until [`unpin`](Self::unpin).
+    fn commit_block<S: Stream + ?Sized>(&mut self, addr: u64, len: u64, stream: &S) -> Result<()> {
         let r = *self.reservation_of(addr).expect("the index hands out reserved addresses");
         let (lo, hi) = self.slots_touched(&r, addr, addr + len);
+        let mut fresh = 0;
+        for s in lo..hi {
+            match self.slots[s as usize].state {
+                State::Idle => self.unlink_idle(s, State::Busy),
+                State::Uncommitted => fresh += 1,
+                State::Busy => {}
+            }
+        }
+        if fresh == 0 {
+            return Ok(());
+        }
+        let excess = (self.committed + fresh).saturating_sub(self.peak_committed);
+        if self.config.trim_on_commit && self.idle > 0 && excess > 0 {
+            // Idle memory is a cache that never raises the peak: give back
+            // as much of it as the commit would go beyond the peak. A
+            // failed decommit only leaves more of it.
+            let _ = self.trim_to(self.idle.saturating_sub(excess) << self.shift, stream);
+        }
         let mut s = lo;
         while s < hi {
             if self.slots[s as usize].state != State::Uncommitted {
@@ -456,17 +505,34 @@ impl<V: ReservableSpace> VirtualPool<V> {
             }
         }
         for s in lo..hi {
-            match self.slots[s as usize].state {
-                State::Uncommitted => {
-                    self.slots[s as usize].state = State::Busy;
-                    self.committed += 1;
-                }
-                State::Idle => self.unlink_idle(s, State::Busy),
-                State::Busy => {}
+            if self.slots[s as usize].state == State::Uncommitted {
+                self.slots[s as usize].state = State::Busy;
+                self.committed += 1;
             }
         }
         self.peak_committed = self.peak_committed.max(self.committed);
         Ok(())
+    }
+
+    /// After the index freed the range `addr..addr + len` of reservation
+    /// `r` and returned the coalesced free range `free`: the granules of the
+    /// range wholly inside `free` are touched by no live block any more, so
+    /// the Busy ones turn Idle (newest in the list).
+    fn unpin(&mut self, r: &Reservation, addr: u64, len: u64, free: Range) {
+        let g = self.granule();
+        let (lo, hi) = self.slots_touched(r, addr, addr + len);
+        let start = free.start().next_multiple_of(g);
+        let end = free.end() & !(g - 1);
+        if end <= start {
+            return;
+        }
+        let (flo, _) = self.slots_touched(r, start, start);
+        let fhi = flo + ((end - start) >> self.shift) as u32;
+        for s in lo.max(flo)..hi.min(fhi) {
+            if self.slots[s as usize].state == State::Busy {
+                self.push_idle_back(s);
+            }
+        }
     }
 
     /// Decommits the granules of `lo..upto` that are still Uncommitted in
@@ -727,18 +793,20 @@ where
             None => self.grow_and_allocate(request)?,
         };
         let len = request.rounded_size(256);
-        let mut committed = self.commit_block(a.addr, len);
+        let mut committed = self.commit_block(a.addr, len, stream);
         if matches!(committed, Err(e) if e.is_out_of_memory())
             && self.idle > 0
             && self.trim_to(0, stream).is_ok()
         {
             // Out of physical memory: give the idle granules back and try
             // once more, as the CUDA pool trims before it fails.
-            committed = self.commit_block(a.addr, len);
+            committed = self.commit_block(a.addr, len, stream);
         }
         if let Err(e) = committed {
-            // The block touched nothing yet: the index takes it back whole.
-            self.index.free(a.tag, a.addr, request.size())?;
+            // The index takes the block back; granules it pinned turn Idle.
+            let free = self.index.free(a.tag, a.addr, request.size())?;
+            let r = *self.reservation_of(a.addr).expect("the index hands out reserved addresses");
+            self.unpin(&r, a.addr, len, free);
             return Err(e);
         }
         Ok(Block::new(a.addr, request.size(), a.tag))
@@ -759,24 +827,7 @@ where
             Err(e) => return Err(e),
         };
         let r = *self.reservation_of(block.addr()).expect("a freed block lies in a reservation");
-        let len = (block.size() + 255) & !255;
-        let (lo, hi) = self.slots_touched(&r, block.addr(), block.addr() + len);
-        // Granules wholly inside the coalesced free range: no live block
-        // touches them any more.
-        let (flo, fhi) = {
-            let g = self.granule();
-            let start = free.start().next_multiple_of(g).min(free.end());
-            let end = free.end() & !(g - 1);
-            if end > start {
-                let (a, _) = self.slots_touched(&r, start, start);
-                (a, a + ((end - start) >> self.shift) as u32)
-            } else {
-                (0, 0)
-            }
-        };
-        for s in lo.max(flo)..hi.min(fhi) {
-            self.push_idle_back(s);
-        }
+        self.unpin(&r, block.addr(), (block.size() + 255) & !255, free);
         if self.idle > self.config.keep >> self.shift {
             let _ = self.trim_to(self.config.keep, stream);
         }

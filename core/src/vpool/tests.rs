@@ -63,7 +63,7 @@ fn randomized(config: VirtualConfig, granule: u64, ops: usize, seed: u64) {
             if inject {
                 space.fail_nth(1 + rng.below(2));
             }
-            let before = figures(&p);
+            let (before, committed_before) = (figures(&p), p.committed_bytes());
             match p.allocate(r, &()) {
                 Ok(b) => {
                     live.insert(b, r).unwrap_or_else(|v| panic!("step {step}: {v}"));
@@ -84,7 +84,18 @@ fn randomized(config: VirtualConfig, granule: u64, ops: usize, seed: u64) {
                         }
                         e => panic!("step {step}: unexpected {e}"),
                     }
-                    assert_eq!(figures(&p), before, "step {step}: a failed allocate changed the pool");
+                    if config.trims_on_commit() {
+                        // It may have given idle memory back, nothing else.
+                        let busy = |f: (u64, u64, u64, u64, u64, usize)| (f.0, f.1, f.2 - f.3, f.4, f.5);
+                        assert_eq!(
+                            busy(figures(&p)),
+                            busy(before),
+                            "step {step}: a failed allocate changed the pool"
+                        );
+                        assert!(p.committed_bytes() <= committed_before);
+                    } else {
+                        assert_eq!(figures(&p), before, "step {step}: a failed allocate changed the pool");
+                    }
                 }
             }
             space.fail_nth(0);
@@ -125,6 +136,11 @@ fn randomized_keep_some() {
 }
 
 #[test]
+fn randomized_keep_some_without_trim_on_commit() {
+    randomized(VirtualConfig::new(256 * MIB).keep(5 * MIB + 4096).trim_on_commit(false), MIB, 30_000, 5);
+}
+
+#[test]
 fn randomized_keep_much_small_granules() {
     randomized(VirtualConfig::new(64 * MIB).keep(16 * MIB), 64 << 10, 30_000, 3);
 }
@@ -134,6 +150,12 @@ fn randomized_several_reservations() {
     // Small reservations: requests overflow into new ones, and some find
     // no room at all (out of memory with figures).
     randomized(VirtualConfig::new(24 * MIB).keep(2 * MIB).max_reservations(6), MIB, 30_000, 4);
+    randomized(
+        VirtualConfig::new(24 * MIB).keep(8 * MIB).max_reservations(6).trim_on_commit(false),
+        MIB,
+        30_000,
+        6,
+    );
 }
 
 #[test]
@@ -345,4 +367,43 @@ fn blocks_never_span_reservations() {
     }
     p.check().unwrap();
     assert_eq!(space.committed_bytes(), 0);
+}
+
+#[test]
+fn trim_on_commit_keeps_idle_memory_out_of_the_peak() {
+    for (trim, peak) in [(true, 7 * MIB), (false, 11 * MIB)] {
+        let space = CountingSpace::new(1 << 30, MIB);
+        let mut p = VirtualPool::with_config(
+            &space,
+            VirtualConfig::new(64 * MIB).keep(64 * MIB).trim_on_commit(trim),
+        )
+        .unwrap();
+        let a = p.allocate(req(4 * MIB), &()).unwrap();
+        let anchor = p.allocate(req(256), &()).unwrap();
+        p.deallocate(a, &()).unwrap();
+        assert_eq!(p.idle_bytes(), 4 * MIB);
+        // Too large for the hole: 6 fresh granules past the anchor.
+        let b = p.allocate(req(6 * MIB), &()).unwrap();
+        assert!(b.addr() > anchor.addr());
+        p.check().unwrap();
+        assert_eq!(
+            (p.peak_committed_bytes(), space.peak_committed_bytes()),
+            (peak, peak),
+            "trim_on_commit {trim}"
+        );
+        assert_eq!(p.idle_bytes(), if trim { 0 } else { 4 * MIB });
+        // `c` lands in the hole of `a`: Idle without trim on commit, else
+        // committed afresh in place of 3 of the 6 Idle granules of `b`.
+        let commits = space.call_counts().0;
+        p.deallocate(b, &()).unwrap();
+        assert_eq!(p.idle_bytes(), if trim { 6 * MIB } else { 10 * MIB });
+        let c = p.allocate(req(3 * MIB), &()).unwrap();
+        assert_eq!(c.addr(), a.addr());
+        assert_eq!(space.call_counts().0 - commits, trim as u64, "trim_on_commit {trim}");
+        assert_eq!(p.idle_bytes(), if trim { 3 * MIB } else { 7 * MIB });
+        assert_eq!(p.peak_committed_bytes(), peak);
+        p.deallocate(c, &()).unwrap();
+        p.deallocate(anchor, &()).unwrap();
+        p.check().unwrap();
+    }
 }
