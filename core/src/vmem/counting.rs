@@ -79,6 +79,11 @@ impl CountingSpace {
         }
     }
 
+    /// Bytes of physical memory.
+    pub fn physical_bytes(&self) -> u64 {
+        self.physical
+    }
+
     /// Bytes committed now.
     pub fn committed_bytes(&self) -> u64 {
         self.state.borrow().committed

@@ -58,7 +58,7 @@ use crate::{Range, Result, Stream};
 /// The caller's side of the stream contract: the `stream` given to
 /// `decommit` is one after whose submitted work no other work uses the
 /// range. A [`VirtualPool`](crate::vpool::VirtualPool) passes the stream of
-/// the `deallocate` call in progress, under the same rule as every plain
+/// the `allocate` or `deallocate` call in progress, under the same rule as every plain
 /// memres pool: memory freed on one stream is reused by the next request on
 /// any stream, so the caller (or a stream-ordered layer above the pool)
 /// orders the work on a freed block before the work on the stream of later

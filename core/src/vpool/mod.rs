@@ -835,6 +835,31 @@ where
     }
 }
 
+/// Decommits everything and releases every reservation. The decommits are
+/// ordered on no stream (`()`): synchronize the streams that used the pool
+/// before dropping it, as before freeing any device memory. Blocks still
+/// live dangle, as with every pool; errors of the space are ignored.
+impl<V: ReservableSpace> Drop for VirtualPool<V> {
+    fn drop(&mut self) {
+        for r in core::mem::take(&mut self.reservations) {
+            let end = r.base + (r.range.len() >> self.shift) as u32;
+            let mut s = r.base;
+            while s < end {
+                if self.slots[s as usize].state == State::Uncommitted {
+                    s += 1;
+                    continue;
+                }
+                let run = s;
+                while s < end && self.slots[s as usize].state != State::Uncommitted {
+                    s += 1;
+                }
+                let _ = self.space.decommit(self.slot_range(&r, run, s), &());
+            }
+            let _ = self.space.release(r.range);
+        }
+    }
+}
+
 impl<V: ReservableSpace> fmt::Debug for VirtualPool<V> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("VirtualPool")

@@ -38,8 +38,13 @@ fn figures<V: ReservableSpace>(p: &VirtualPool<V>) -> (u64, u64, u64, u64, u64, 
 /// Random allocate/free with random sizes, alignments and injected commit
 /// failures; the pool's checker, the caller's view and the space's own
 /// count of committed memory checked after every step.
-fn randomized(config: VirtualConfig, granule: u64, ops: usize, seed: u64) {
-    let space = CountingSpace::new(1 << 40, granule);
+fn randomized(config: VirtualConfig, granule: u64, ops: usize, seed: u64) -> u64 {
+    randomized_in(CountingSpace::new(1 << 40, granule), config, ops, seed)
+}
+
+/// Returns how many allocations failed for want of memory.
+fn randomized_in(space: CountingSpace, config: VirtualConfig, ops: usize, seed: u64) -> u64 {
+    let granule = space.granule();
     let mut p = VirtualPool::with_config(&space, config).unwrap();
     let mut rng = SplitMix64::new(seed);
     let mut live = LiveBlocks::new();
@@ -76,16 +81,32 @@ fn randomized(config: VirtualConfig, granule: u64, ops: usize, seed: u64) {
                     }
                 }
                 Err(e) => {
-                    match e {
-                        Error::Backend { .. } => failed_commits += 1,
-                        Error::OutOfMemory { requested, max_size, .. } => {
-                            assert_eq!((requested, max_size), (size, Some(p.reserved_bytes())));
+                    // Whether the call may have given idle memory back.
+                    let may_trim = match e {
+                        Error::Backend { .. } => {
+                            failed_commits += 1;
+                            // Trim on commit, or a retry after running out
+                            // of physical memory, may precede the failure.
+                            config.trims_on_commit() || space.physical_bytes() < 1 << 40
+                        }
+                        // Out of reserved room: the pool's figures.
+                        Error::OutOfMemory { requested, max_size, .. }
+                            if max_size == Some(p.reserved_bytes()) =>
+                        {
+                            assert_eq!(requested, size);
                             out_of_room += 1;
+                            false
+                        }
+                        // Out of physical memory: the space's; the pool
+                        // trimmed and retried.
+                        Error::OutOfMemory { max_size, .. } if max_size == Some(space.physical_bytes()) => {
+                            out_of_room += 1;
+                            true
                         }
                         e => panic!("step {step}: unexpected {e}"),
-                    }
-                    if config.trims_on_commit() {
-                        // It may have given idle memory back, nothing else.
+                    };
+                    if may_trim {
+                        // Idle memory may have gone, nothing else.
                         let busy = |f: (u64, u64, u64, u64, u64, usize)| (f.0, f.1, f.2 - f.3, f.4, f.5);
                         assert_eq!(
                             busy(figures(&p)),
@@ -112,7 +133,6 @@ fn randomized(config: VirtualConfig, granule: u64, ops: usize, seed: u64) {
     }
     // The test must have exercised the fault path.
     assert!(failed_commits > 0, "no commit failed");
-    let _ = out_of_room;
     for b in blocks.drain(..) {
         p.deallocate(b, &()).unwrap();
         p.check().unwrap();
@@ -123,6 +143,7 @@ fn randomized(config: VirtualConfig, granule: u64, ops: usize, seed: u64) {
     p.trim(&()).unwrap();
     assert_eq!((p.committed_bytes(), space.committed_bytes()), (0, 0));
     p.check().unwrap();
+    out_of_room
 }
 
 #[test]
@@ -138,6 +159,16 @@ fn randomized_keep_some() {
 #[test]
 fn randomized_keep_some_without_trim_on_commit() {
     randomized(VirtualConfig::new(256 * MIB).keep(5 * MIB + 4096).trim_on_commit(false), MIB, 30_000, 5);
+}
+
+#[test]
+fn randomized_short_of_physical_memory() {
+    // Commits fail for want of memory; the pool trims its idle granules
+    // and retries, and fails cleanly when even that is not enough.
+    for trim in [true, false] {
+        let config = VirtualConfig::new(256 * MIB).keep(16 * MIB).trim_on_commit(trim);
+        assert!(randomized_in(CountingSpace::new(40 * MIB, MIB), config, 20_000, 7) > 0);
+    }
 }
 
 #[test]
@@ -406,4 +437,20 @@ fn trim_on_commit_keeps_idle_memory_out_of_the_peak() {
         p.deallocate(anchor, &()).unwrap();
         p.check().unwrap();
     }
+}
+
+#[test]
+fn drop_decommits_and_releases_everything() {
+    let space = CountingSpace::new(1 << 30, MIB);
+    {
+        let config = VirtualConfig::new(8 * MIB).keep(4 * MIB).max_reservations(3);
+        let mut p = VirtualPool::with_config(&space, config).unwrap();
+        let a = p.allocate(req(6 * MIB), &()).unwrap();
+        let b = p.allocate(req(6 * MIB), &()).unwrap();
+        let _live = p.allocate(req(300), &()).unwrap();
+        p.deallocate(a, &()).unwrap();
+        p.deallocate(b, &()).unwrap();
+        assert_eq!((space.reservation_count(), space.committed_bytes()), (2, 5 * MIB));
+    }
+    assert_eq!((space.reservation_count(), space.committed_bytes()), (0, 0));
 }
