@@ -31,7 +31,7 @@ mod tests;
 /// use memres_host::SimAddressSpace;
 /// // 80 GiB of physical memory, 2 MiB granules; the pool reserves 64 GiB
 /// // of addresses and keeps up to 256 MiB of free memory committed.
-/// let space = SimAddressSpace::new(80 << 30, 2 << 20);
+/// let space = SimAddressSpace::new(80 << 30, SimAddressSpace::DEFAULT_GRANULE);
 /// let mut pool = VirtualPool::new(&space, 64 << 30, 256 << 20)?;
 /// let b = pool.allocate(Request::new(5 << 20)?, &())?;
 /// assert_eq!(space.committed_bytes(), 6 << 20);
@@ -85,6 +85,8 @@ impl SimAddressSpace {
     pub const BASE: u64 = 0x2000_0000_0000;
     /// The default size of the address space: 2^46 bytes (64 TiB).
     pub const DEFAULT_SPAN: u64 = 1 << 46;
+    /// The granule of CUDA's virtual memory on current GPUs: 2 MiB.
+    pub const DEFAULT_GRANULE: u64 = 2 << 20;
 
     /// A space with `physical` bytes of memory to commit, granules of
     /// `granule` bytes, and [`DEFAULT_SPAN`](Self::DEFAULT_SPAN) bytes of
