@@ -20,6 +20,8 @@
 //! | [`stream_ordered`] | [`StreamOrdered`]: RMM's stream-ordered layer, per-stream free lists over any stream-agnostic algorithm, with events to move blocks between streams |
 //! | [`check`] | the invariant checker that tests and fuzz targets run after every step |
 //! | [`copy`] | [`CopyEngine`](copy::CopyEngine): how containers move bytes to and from a backend's memory |
+//! | [`vmem`] | [`ReservableSpace`](vmem::ReservableSpace): reserve an address range once, commit and decommit granules of it (CUDA virtual memory, `mmap`) |
+//! | [`vpool`] | [`VirtualPool`](vpool::VirtualPool): the pool over one reserved range, physical memory mapped only where live blocks are (feature `alloc`) |
 //!
 //! # Features
 //!
@@ -66,6 +68,9 @@ pub mod storage;
 #[cfg(feature = "alloc")]
 pub mod stream_ordered;
 pub mod testing;
+pub mod vmem;
+#[cfg(feature = "alloc")]
+pub mod vpool;
 
 pub use block::Block;
 pub use error::{Error, Result};

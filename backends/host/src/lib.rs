@@ -8,6 +8,8 @@
 //!   whose work completes only when a test says so, ordered by vector clocks.
 //! - [`HbChecked`]: a wrapper that checks every reuse of freed memory on
 //!   another stream is ordered after the free, reporting [`HbViolation`]s.
+//! - [`SimAddressSpace`]: a simulated virtual address space (reserve, commit,
+//!   decommit granules) for `memres_core::vpool::VirtualPool`.
 //!
 //! Everything here implements [`memres_core::MemoryResource`] for every
 //! stream type, so the core's algorithms can be tested, fuzzed and measured
@@ -17,8 +19,10 @@ mod copy;
 mod order;
 mod sim;
 mod stream;
+mod vspace;
 
 pub use copy::HostCopy;
 pub use order::{HbChecked, HbViolation};
 pub use sim::SimDevice;
 pub use stream::{SimEvent, SimStream, SimWorld};
+pub use vspace::SimAddressSpace;

@@ -1,0 +1,182 @@
+use super::*;
+use memres_core::check::LiveBlocks;
+use memres_core::testing::SplitMix64;
+use memres_core::vpool::{VirtualConfig, VirtualPool};
+use memres_core::{Block, MemoryResource, MemoryResourceMut, Request, Shared};
+use std::cell::Cell;
+
+const MIB: u64 = 1 << 20;
+
+fn range(start: u64, len: u64) -> Range {
+    Range::new(start, len).unwrap()
+}
+
+#[test]
+fn reservations_beyond_the_address_space_are_errors() {
+    let space = SimAddressSpace::with_span(1 << 30, 2 * MIB, 64 * MIB);
+    let err = space.reserve(66 * MIB).unwrap_err();
+    assert_eq!(
+        err,
+        Error::OutOfMemory {
+            requested: 66 * MIB,
+            largest_free: 64 * MIB,
+            pool_size: 64 * MIB,
+            max_size: Some(64 * MIB)
+        }
+    );
+    assert_eq!(space.reserve(0), Err(Error::InvalidSize { size: 0 }));
+    assert_eq!(space.reserve(MIB), Err(Error::InvalidSize { size: MIB }));
+    let a = space.reserve(40 * MIB).unwrap();
+    // Room for 24 MiB only now.
+    assert!(space.reserve(26 * MIB).unwrap_err().is_out_of_memory());
+    let b = space.reserve(24 * MIB).unwrap();
+    assert!(!a.overlaps(&b));
+    assert_eq!(space.reserved_bytes(), 64 * MIB);
+    space.release(a).unwrap();
+    assert_eq!(space.release(a), Err(Error::UnknownBlock { addr: a.start() }));
+    // Released addresses are reused.
+    assert_eq!(space.reserve(40 * MIB).unwrap(), a);
+    // A pool whose reservation does not fit fails to build.
+    assert!(VirtualPool::new(&space, 1 << 40, 0).unwrap_err().is_out_of_memory());
+}
+
+#[test]
+fn misuse_is_an_error_and_counts_stay_exact() {
+    let space = SimAddressSpace::new(8 * MIB, 2 * MIB);
+    let r = space.reserve(16 * MIB).unwrap();
+    let g = |i: u64, n: u64| range(r.start() + i * 2 * MIB, n * 2 * MIB);
+    space.commit(g(0, 2)).unwrap();
+    assert!(matches!(space.commit(g(1, 2)), Err(Error::InvalidConfig { .. })), "partly committed");
+    assert!(matches!(space.decommit(g(1, 2), &()), Err(Error::InvalidConfig { .. })), "partly uncommitted");
+    assert!(matches!(space.commit(range(r.start() + 256, 2 * MIB)), Err(Error::InvalidConfig { .. })));
+    assert!(matches!(space.commit(range(r.end(), 2 * MIB)), Err(Error::InvalidConfig { .. })));
+    assert!(matches!(space.release(r), Err(Error::InvalidConfig { .. })), "memory still committed");
+    // Physical memory: 8 MiB.
+    assert!(space.commit(g(2, 3)).unwrap_err().is_out_of_memory());
+    space.fail_nth_commit(1);
+    assert!(matches!(space.commit(g(2, 1)), Err(Error::Backend { .. })));
+    space.commit(g(2, 2)).unwrap();
+    assert_eq!((space.committed_bytes(), space.peak_committed_bytes()), (8 * MIB, 8 * MIB));
+    assert!(space.is_committed(g(0, 4)) && !space.is_committed(g(0, 5)));
+    space.fail_nth_decommit(1);
+    assert!(matches!(space.decommit(g(0, 4), &()), Err(Error::Backend { .. })));
+    assert_eq!(space.committed_bytes(), 8 * MIB);
+    space.decommit(g(0, 4), &()).unwrap();
+    assert_eq!((space.committed_bytes(), space.call_counts()), (0, (2, 1)));
+    space.release(r).unwrap();
+}
+
+/// A stream that counts how often it was synchronized.
+#[derive(Debug, Default)]
+struct CountingStream {
+    syncs: Cell<u64>,
+}
+
+impl Stream for CountingStream {
+    type Event = ();
+    fn id(&self) -> u64 {
+        7
+    }
+    fn record(&self) -> Result<()> {
+        Ok(())
+    }
+    fn wait(&self, _: &()) -> Result<()> {
+        Ok(())
+    }
+    fn query(&self, _: &()) -> Result<bool> {
+        Ok(true)
+    }
+    fn synchronize(&self) -> Result<()> {
+        self.syncs.set(self.syncs.get() + 1);
+        Ok(())
+    }
+}
+
+#[test]
+fn decommits_are_ordered_on_the_stream_of_the_free() {
+    let space = SimAddressSpace::new(1 << 30, 2 * MIB);
+    let mut pool = VirtualPool::new(&space, 64 * MIB, 0).unwrap();
+    let (s1, s2) = (CountingStream::default(), CountingStream::default());
+    let a = pool.allocate(Request::new(3 * MIB).unwrap(), &s1).unwrap();
+    let b = pool.allocate(Request::new(1000).unwrap(), &s1).unwrap();
+    assert_eq!(s1.syncs.get(), 0, "commits need no stream order");
+    pool.deallocate(a, &s2).unwrap();
+    assert_eq!((s1.syncs.get(), s2.syncs.get()), (0, 1));
+    pool.deallocate(b, &s1).unwrap();
+    assert_eq!((s1.syncs.get(), s2.syncs.get()), (1, 1));
+    assert_eq!(space.committed_bytes(), 0);
+}
+
+#[test]
+fn a_failed_decommit_keeps_the_memory_counted_and_is_retried() {
+    let space = SimAddressSpace::new(1 << 30, 2 * MIB);
+    let mut pool = VirtualPool::new(&space, 64 * MIB, 2 * MIB).unwrap();
+    let a = pool.allocate(Request::new(8 * MIB).unwrap(), &()).unwrap();
+    space.fail_nth_decommit(1);
+    // The free succeeds; the decommit of the granules beyond `keep` fails.
+    pool.deallocate(a, &()).unwrap();
+    assert_eq!(
+        (pool.idle_bytes(), pool.committed_bytes(), space.committed_bytes()),
+        (8 * MIB, 8 * MIB, 8 * MIB)
+    );
+    pool.check().unwrap();
+    // The next free trims.
+    let b = pool.allocate(Request::new(256).unwrap(), &()).unwrap();
+    pool.deallocate(b, &()).unwrap();
+    assert_eq!((pool.idle_bytes(), space.committed_bytes()), (2 * MIB, 2 * MIB));
+    pool.check().unwrap();
+    space.fail_nth_decommit(1);
+    assert!(pool.trim(&()).is_err());
+    assert_eq!(space.committed_bytes(), 2 * MIB);
+    pool.check().unwrap();
+    assert_eq!(pool.trim(&()), Ok(2 * MIB));
+    assert_eq!(space.committed_bytes(), 0);
+}
+
+#[test]
+fn randomized_pool_over_the_sim_space_from_threads() {
+    let space = SimAddressSpace::new(1 << 34, 2 * MIB);
+    let config = VirtualConfig::new(1 << 30).keep(8 * MIB).max_reservations(2);
+    let pool = Shared::new(VirtualPool::with_config(&space, config).unwrap());
+    std::thread::scope(|scope| {
+        for t in 0..2u64 {
+            let pool = &pool;
+            let space = &space;
+            scope.spawn(move || {
+                let mut rng = SplitMix64::new(t + 10);
+                let mut live = LiveBlocks::new();
+                let mut blocks: Vec<Block> = Vec::new();
+                for step in 0..20_000 {
+                    if blocks.is_empty() || rng.below(100) < 52 {
+                        let size = if rng.below(8) == 0 { rng.below(12 * MIB) } else { rng.below(64 << 10) };
+                        let req = Request::new(size).unwrap();
+                        let b = pool.allocate(req, &()).unwrap();
+                        live.insert(b, req).unwrap_or_else(|v| panic!("step {step}: {v}"));
+                        if !b.is_empty() {
+                            let r = b.range();
+                            let g = Range::from_bounds(r.start() & !(2 * MIB - 1), r.end()).unwrap();
+                            assert!(space.is_committed(g), "step {step}: block over unmapped memory");
+                            blocks.push(b);
+                        }
+                    } else {
+                        let b = blocks.swap_remove(rng.below(blocks.len() as u64) as usize);
+                        pool.deallocate(b, &()).unwrap();
+                        live.remove(&b).unwrap();
+                    }
+                    if step % 64 == 0 {
+                        pool.with(|p| p.check()).unwrap_or_else(|v| panic!("step {step}: {v}"));
+                    }
+                }
+                for b in blocks {
+                    pool.deallocate(b, &()).unwrap();
+                }
+            });
+        }
+    });
+    pool.with(|p| {
+        p.check().unwrap();
+        assert_eq!(p.used_bytes(), 0);
+        assert_eq!(p.committed_bytes(), space.committed_bytes());
+        assert!(p.idle_bytes() <= 8 * MIB);
+    });
+}

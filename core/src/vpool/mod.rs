@@ -1,0 +1,876 @@
+//! The virtual-memory pool: one reserved address range, physical memory
+//! mapped only where live blocks are.
+//!
+//! A pool over separate upstream chunks strands the free space between
+//! chunks: blocks never span two chunks, so a large request may need a new
+//! chunk while the old ones hold enough free bytes in pieces. The CUDA
+//! driver's pool and PyTorch's expandable segments avoid this with virtual
+//! memory, and so does [`VirtualPool`]: it reserves one large range of a
+//! [`ReservableSpace`], suballocates it with the same O(1) index as the
+//! coalescing pool, commits the granules a new block touches and decommits
+//! granules that no live block touches, keeping a bounded amount of free
+//! committed memory so that alternating allocate and free does not map and
+//! unmap on every call.
+
+#[cfg(test)]
+mod tests;
+
+use crate::check::Violation;
+use crate::pool::CoalescingIndex;
+use crate::vmem::ReservableSpace;
+use crate::{Block, Error, MemoryResourceMut, Range, Request, Result, Stream};
+use alloc::vec::Vec;
+use core::fmt;
+
+/// "No granule" in the idle list's links.
+const NONE: u32 = u32::MAX;
+
+/// Sizes and policies of a [`VirtualPool`].
+///
+/// # Examples
+///
+/// ```
+/// use memres_core::vpool::VirtualConfig;
+/// let c = VirtualConfig::new(64 << 30).keep(256 << 20).max_reservations(4);
+/// assert_eq!((c.reserve_size(), c.keep_bytes()), (64 << 30, 256 << 20));
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct VirtualConfig {
+    reserve: u64,
+    keep: u64,
+    max_reservations: u32,
+    trim_on_commit: bool,
+}
+
+impl VirtualConfig {
+    /// One reservation of `reserve` bytes (rounded up to the space's
+    /// granule), no free committed memory kept, no growth.
+    pub const fn new(reserve: u64) -> Self {
+        VirtualConfig { reserve, keep: 0, max_reservations: 1, trim_on_commit: true }
+    }
+
+    /// The release threshold: up to `bytes` of committed memory that no
+    /// live block touches stay committed (the CUDA pool's
+    /// `cudaMemPoolAttrReleaseThreshold`). 0 decommits at once: correct,
+    /// just more map and unmap calls.
+    pub const fn keep(mut self, bytes: u64) -> Self {
+        self.keep = bytes;
+        self
+    }
+
+    /// How many reservations the pool may hold (at least 1). When the first
+    /// is full, the pool reserves another of the same size (or of the
+    /// request's size if larger); blocks never span reservations.
+    pub const fn max_reservations(mut self, n: u32) -> Self {
+        self.max_reservations = n;
+        self
+    }
+
+    /// Whether an allocation that needs fresh granules first decommits Idle
+    /// ones, as many as the commit would take committed memory beyond its
+    /// peak so far (default: yes). Kept free memory then never raises the
+    /// peak: committed memory goes beyond its peak only when nothing is
+    /// Idle, so the peak is that of the granules live blocks touch,
+    /// whatever `keep`. Below the peak, Idle granules stay, and blocks that
+    /// land on them need no map or unmap call, as with alternating allocate
+    /// and free of one size. Without it, up to `keep` bytes add to the peak
+    /// (the CUDA pool's behaviour).
+    pub const fn trim_on_commit(mut self, yes: bool) -> Self {
+        self.trim_on_commit = yes;
+        self
+    }
+
+    /// Whether [`trim_on_commit`](Self::trim_on_commit) is on.
+    pub const fn trims_on_commit(&self) -> bool {
+        self.trim_on_commit
+    }
+
+    /// The size of a reservation.
+    pub const fn reserve_size(&self) -> u64 {
+        self.reserve
+    }
+
+    /// The release threshold.
+    pub const fn keep_bytes(&self) -> u64 {
+        self.keep
+    }
+
+    /// The most reservations the pool holds.
+    pub const fn reservations(&self) -> u32 {
+        self.max_reservations
+    }
+}
+
+/// What a granule of a reservation holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum State {
+    /// Not committed; no live block touches it.
+    Uncommitted,
+    /// Committed, no live block touches it: on the idle list.
+    Idle,
+    /// Committed, touched by at least one live block.
+    Busy,
+}
+
+/// One granule's state and its links in the idle list.
+#[derive(Clone, Copy, Debug)]
+struct Slot {
+    state: State,
+    /// Neighbours in the idle list (`NONE` at the ends, or when not idle).
+    prev: u32,
+    next: u32,
+}
+
+/// One reservation of the space.
+#[derive(Clone, Copy, Debug)]
+struct Reservation {
+    range: Range,
+    /// The index node at the reservation's lowest address (never moves).
+    first: u32,
+    /// The slot of the reservation's first granule; its granules are the
+    /// slots `base .. base + range.len() / granule`.
+    base: u32,
+}
+
+/// A pool over one reserved address range that maps physical memory only
+/// where live blocks are: the design of the CUDA driver's pool and of
+/// PyTorch's expandable segments, with the O(1) index of
+/// [`CoalescingPool`](crate::pool::CoalescingPool).
+///
+/// ```text
+///  reservation ┌──────────────────────────────────────────────────────────┐
+///  index       │ used │  free  │used│used│          free          │ used  │
+///  granules    │ Busy │ Busy │ Idle │Busy│ Idle │ Unc. │ Unc. │Busy│ Busy │
+///              └──────────────────────────────────────────────────────────┘
+///  idle list (oldest first): Idle ◄─► Idle ◄─► ...   at most `keep` bytes
+///
+///  allocate: index (O(1)) ─► the block's Idle granules leave the idle
+///            list; beyond the peak, decommit as many other Idle ones as
+///            needed; commit its Uncommitted granules (in runs) ─► all Busy
+///  free:     index (O(1)) returns the coalesced free range F; the block's
+///            granules wholly inside F turn Idle (the others still touch a
+///            live block) ─► over `keep`: decommit the oldest Idle granules
+/// ```
+///
+/// - Every block is aligned to 256 bytes, or more when asked; sizes are
+///   rounded up to 256 bytes. Every granule a live block touches is
+///   committed before the block is handed out.
+/// - A granule is Busy exactly when a live block touches it; then it stays
+///   committed. Whether it is after a free needs no count of the blocks in
+///   it: a granule of the freed block is untouched exactly when it lies
+///   wholly inside the coalesced free range that the index returns.
+/// - Kept Idle memory never raises the peak of committed memory (with
+///   [`VirtualConfig::trim_on_commit`], the default): an allocation that
+///   would commit beyond the peak first decommits Idle granules.
+/// - A failed allocate hands out nothing and changes no block; it may have
+///   decommitted Idle memory (to stay under the peak, or to retry after the
+///   space ran out of physical memory).
+/// - At most `keep` bytes of committed memory are Idle after every call
+///   (unless a decommit failed; the next free or [`trim`](Self::trim)
+///   retries). Idle granules are decommitted oldest first (least recently
+///   freed), with their Idle neighbours in one call.
+/// - Out of reserved room: another reservation when the configuration
+///   allows one, else [`Error::OutOfMemory`] with the request, the largest
+///   free block, the committed bytes and the bytes reserved.
+///
+/// **Streams.** A decommit is ordered on the stream of the call in progress
+/// (see [`ReservableSpace::decommit`]). As every plain memres pool, the
+/// pool reuses a freed block for the next request whatever its stream: with
+/// several streams it belongs under a stream-ordered layer.
+///
+/// # Time Complexity
+///
+/// Allocate and free are O(1) plus O(granules the block touches): a block
+/// within one granule costs O(1); a large one costs what mapping it costs.
+/// Each Idle granule is decommitted at most once per time it turns Idle, so
+/// trimming is O(1) amortized.
+///
+/// # Examples
+///
+/// ```
+/// use memres_core::vmem::CountingSpace;
+/// use memres_core::vpool::VirtualPool;
+/// use memres_core::{MemoryResourceMut, Request};
+/// let space = CountingSpace::new(1 << 30, 2 << 20);
+/// let mut pool = VirtualPool::new(&space, 64 << 20, 0)?;
+/// let a = pool.allocate(Request::new(3 << 20)?, &())?;
+/// assert_eq!(space.committed_bytes(), 4 << 20); // two granules
+/// let b = pool.allocate(Request::new(1000)?, &())?;
+/// pool.deallocate(a, &())?;
+/// assert_eq!(space.committed_bytes(), 2 << 20); // the one `b` touches
+/// pool.deallocate(b, &())?;
+/// assert_eq!((space.committed_bytes(), pool.peak_committed_bytes()), (0, 4 << 20));
+/// # Ok::<(), memres_core::Error>(())
+/// ```
+pub struct VirtualPool<V: ReservableSpace> {
+    space: V,
+    index: CoalescingIndex,
+    /// The live reservations, sorted by address; each is one region of the
+    /// index, covered exactly by its nodes.
+    reservations: Vec<Reservation>,
+    /// One slot per granule of every reservation; Idle slots are linked
+    /// oldest first from `idle_head` to `idle_tail`.
+    slots: Vec<Slot>,
+    idle_head: u32,
+    idle_tail: u32,
+    /// Number of Idle slots.
+    idle: u64,
+    /// Number of Idle and Busy slots.
+    committed: u64,
+    /// Highest `committed` ever.
+    peak_committed: u64,
+    /// log2 of the space's granule.
+    shift: u32,
+    config: VirtualConfig,
+    /// A decommit failed and Idle bytes may exceed `keep` until a trim
+    /// succeeds.
+    trim_pending: bool,
+}
+
+impl<V: ReservableSpace> VirtualPool<V> {
+    /// A pool over one reservation of `reserve` bytes of `space` (rounded up
+    /// to its granule), keeping up to `keep` bytes of free committed memory.
+    ///
+    /// # Errors
+    ///
+    /// The space's error if it cannot reserve `reserve` bytes;
+    /// [`Error::InvalidConfig`] for a reservation of zero bytes.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use memres_core::vmem::CountingSpace;
+    /// use memres_core::vpool::VirtualPool;
+    /// let space = CountingSpace::new(1 << 30, 2 << 20);
+    /// let pool = VirtualPool::new(&space, 64 << 30, 256 << 20)?;
+    /// assert_eq!((pool.reserved_bytes(), pool.committed_bytes()), (64 << 30, 0));
+    /// assert!(VirtualPool::new(&space, 1 << 60, 0).is_err()); // larger than the address space
+    /// # Ok::<(), memres_core::Error>(())
+    /// ```
+    pub fn new(space: V, reserve: u64, keep: u64) -> Result<Self> {
+        Self::with_config(space, VirtualConfig::new(reserve).keep(keep))
+    }
+
+    /// A pool over `space` with `config`; the first reservation is made now.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidConfig`] for a reservation of zero bytes or zero
+    /// reservations; the space's error if it cannot reserve.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use memres_core::vmem::CountingSpace;
+    /// use memres_core::vpool::{VirtualConfig, VirtualPool};
+    /// use memres_core::{MemoryResourceMut, Request};
+    /// let space = CountingSpace::new(1 << 30, 1 << 20);
+    /// let mut pool = VirtualPool::with_config(&space, VirtualConfig::new(4 << 20).max_reservations(2))?;
+    /// let a = pool.allocate(Request::new(3 << 20)?, &())?;
+    /// let b = pool.allocate(Request::new(3 << 20)?, &())?; // a second reservation
+    /// assert_eq!(pool.reserved_bytes(), 8 << 20);
+    /// assert!(pool.allocate(Request::new(3 << 20)?, &()).unwrap_err().is_out_of_memory());
+    /// # pool.deallocate(a, &())?; pool.deallocate(b, &())?;
+    /// # Ok::<(), memres_core::Error>(())
+    /// ```
+    pub fn with_config(space: V, config: VirtualConfig) -> Result<Self> {
+        let granule = space.granule();
+        if !granule.is_power_of_two() || granule < 256 {
+            return Err(Error::InvalidConfig { what: "space granule not a power of two >= 256" });
+        }
+        if config.reserve == 0 || config.max_reservations == 0 {
+            return Err(Error::InvalidConfig { what: "reservation of zero bytes or zero reservations" });
+        }
+        let mut pool = VirtualPool {
+            space,
+            index: CoalescingIndex::new(256),
+            reservations: Vec::new(),
+            slots: Vec::new(),
+            idle_head: NONE,
+            idle_tail: NONE,
+            idle: 0,
+            committed: 0,
+            peak_committed: 0,
+            shift: granule.trailing_zeros(),
+            config,
+            trim_pending: false,
+        };
+        pool.add_reservation(config.reserve)?;
+        Ok(pool)
+    }
+
+    /// The space.
+    pub fn space(&self) -> &V {
+        &self.space
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &VirtualConfig {
+        &self.config
+    }
+
+    /// The space's granule.
+    pub fn granule(&self) -> u64 {
+        1 << self.shift
+    }
+
+    /// Bytes reserved (committed or not).
+    pub fn reserved_bytes(&self) -> u64 {
+        self.slots.len() as u64 * self.granule()
+    }
+
+    /// Bytes committed now: the pool's physical footprint.
+    pub fn committed_bytes(&self) -> u64 {
+        self.committed << self.shift
+    }
+
+    /// The most bytes ever committed at once.
+    pub fn peak_committed_bytes(&self) -> u64 {
+        self.peak_committed << self.shift
+    }
+
+    /// Committed bytes that no live block touches (at most `keep`).
+    pub fn idle_bytes(&self) -> u64 {
+        self.idle << self.shift
+    }
+
+    /// Bytes handed out (sizes rounded up to 256).
+    pub fn used_bytes(&self) -> u64 {
+        self.index.used_bytes()
+    }
+
+    /// Reserved bytes not handed out, committed or not.
+    pub fn free_bytes(&self) -> u64 {
+        self.index.free_bytes()
+    }
+
+    /// The largest block that could be handed out without a new reservation.
+    pub fn largest_free(&self) -> u64 {
+        self.index.largest_free()
+    }
+
+    /// Number of reservations held.
+    pub fn reservation_count(&self) -> usize {
+        self.reservations.len()
+    }
+
+    fn out_of_memory(&self, requested: u64) -> Error {
+        Error::OutOfMemory {
+            requested,
+            largest_free: self.index.largest_free(),
+            pool_size: self.committed_bytes(),
+            max_size: Some(self.reserved_bytes()),
+        }
+    }
+
+    /// Reserves `bytes` (rounded up to the granule) and adds the range to
+    /// the index and the slots.
+    fn add_reservation(&mut self, bytes: u64) -> Result<()> {
+        let g = self.granule();
+        let len = bytes.checked_next_multiple_of(g).ok_or(Error::InvalidSize { size: bytes })?;
+        let granules = len >> self.shift;
+        if self.slots.len() as u64 + granules >= NONE as u64 {
+            return Err(Error::InvalidSize { size: bytes });
+        }
+        let range = self.space.reserve(len)?;
+        if range.len() != len || range.start() % g != 0 {
+            let _ = self.space.release(range);
+            return Err(Error::InvalidConfig { what: "space returned a reservation of the wrong shape" });
+        }
+        let first = match self.index.add_range(range) {
+            Ok(first) => first,
+            Err(e) => {
+                let _ = self.space.release(range);
+                return Err(e);
+            }
+        };
+        let base = self.slots.len() as u32;
+        self.slots.resize(
+            self.slots.len() + granules as usize,
+            Slot { state: State::Uncommitted, prev: NONE, next: NONE },
+        );
+        let at = self.reservations.partition_point(|r| r.range.start() < range.start());
+        self.reservations.insert(at, Reservation { range, first, base });
+        Ok(())
+    }
+
+    /// The reservation holding `addr`, by binary search.
+    #[inline]
+    fn reservation_of(&self, addr: u64) -> Option<&Reservation> {
+        let i = self.reservations.partition_point(|r| r.range.start() <= addr);
+        let r = self.reservations.get(i.checked_sub(1)?)?;
+        r.range.contains(addr).then_some(r)
+    }
+
+    /// The reservation holding slot `s`.
+    fn reservation_of_slot(&self, s: u32) -> &Reservation {
+        self.reservations
+            .iter()
+            .find(|r| s >= r.base && ((s - r.base) as u64) < r.range.len() >> self.shift)
+            .expect("every slot belongs to a reservation")
+    }
+
+    /// The slots of the granules that `start..end` (inside `r`) touches.
+    #[inline]
+    fn slots_touched(&self, r: &Reservation, start: u64, end: u64) -> (u32, u32) {
+        let lo = (start - r.range.start()) >> self.shift;
+        let hi = (end - r.range.start()).div_ceil(self.granule());
+        (r.base + lo as u32, r.base + hi as u32)
+    }
+
+    /// The address range of slots `lo..hi` of reservation `r`.
+    fn slot_range(&self, r: &Reservation, lo: u32, hi: u32) -> Range {
+        let start = r.range.start() + (((lo - r.base) as u64) << self.shift);
+        Range::new(start, ((hi - lo) as u64) << self.shift).unwrap_or_default()
+    }
+
+    fn push_idle_back(&mut self, s: u32) {
+        let tail = self.idle_tail;
+        self.slots[s as usize] = Slot { state: State::Idle, prev: tail, next: NONE };
+        match tail {
+            NONE => self.idle_head = s,
+            t => self.slots[t as usize].next = s,
+        }
+        self.idle_tail = s;
+        self.idle += 1;
+    }
+
+    fn push_idle_front(&mut self, s: u32) {
+        let head = self.idle_head;
+        self.slots[s as usize] = Slot { state: State::Idle, prev: NONE, next: head };
+        match head {
+            NONE => self.idle_tail = s,
+            h => self.slots[h as usize].prev = s,
+        }
+        self.idle_head = s;
+        self.idle += 1;
+    }
+
+    /// Takes Idle slot `s` off the idle list and gives it `state`.
+    fn unlink_idle(&mut self, s: u32, state: State) {
+        let Slot { prev, next, .. } = self.slots[s as usize];
+        match prev {
+            NONE => self.idle_head = next,
+            p => self.slots[p as usize].next = next,
+        }
+        match next {
+            NONE => self.idle_tail = prev,
+            n => self.slots[n as usize].prev = prev,
+        }
+        self.slots[s as usize] = Slot { state, prev: NONE, next: NONE };
+        self.idle -= 1;
+    }
+
+    /// Makes every granule of `addr..addr + len` Busy: its Idle granules
+    /// leave the idle list (pinned, so no trim takes them), then, under
+    /// `trim_on_commit`, as many Idle granules as there are Uncommitted ones
+    /// are decommitted (ordered on `stream`), then the Uncommitted ones are
+    /// committed in runs. If a commit fails, what this call committed is
+    /// decommitted and the error returned; the pinned granules stay Busy
+    /// until [`unpin`](Self::unpin).
+    fn commit_block<S: Stream + ?Sized>(&mut self, addr: u64, len: u64, stream: &S) -> Result<()> {
+        let r = *self.reservation_of(addr).expect("the index hands out reserved addresses");
+        let (lo, hi) = self.slots_touched(&r, addr, addr + len);
+        let mut fresh = 0;
+        for s in lo..hi {
+            match self.slots[s as usize].state {
+                State::Idle => self.unlink_idle(s, State::Busy),
+                State::Uncommitted => fresh += 1,
+                State::Busy => {}
+            }
+        }
+        if fresh == 0 {
+            return Ok(());
+        }
+        let excess = (self.committed + fresh).saturating_sub(self.peak_committed);
+        if self.config.trim_on_commit && self.idle > 0 && excess > 0 {
+            // Idle memory is a cache that never raises the peak: give back
+            // as much of it as the commit would go beyond the peak. A
+            // failed decommit only leaves more of it.
+            let _ = self.trim_to(self.idle.saturating_sub(excess) << self.shift, stream);
+        }
+        let mut s = lo;
+        while s < hi {
+            if self.slots[s as usize].state != State::Uncommitted {
+                s += 1;
+                continue;
+            }
+            let run = s;
+            while s < hi && self.slots[s as usize].state == State::Uncommitted {
+                s += 1;
+            }
+            if let Err(e) = self.space.commit(self.slot_range(&r, run, s)) {
+                self.undo_commits(&r, lo, run);
+                return Err(e);
+            }
+        }
+        for s in lo..hi {
+            if self.slots[s as usize].state == State::Uncommitted {
+                self.slots[s as usize].state = State::Busy;
+                self.committed += 1;
+            }
+        }
+        self.peak_committed = self.peak_committed.max(self.committed);
+        Ok(())
+    }
+
+    /// After the index freed the range `addr..addr + len` of reservation
+    /// `r` and returned the coalesced free range `free`: the granules of the
+    /// range wholly inside `free` are touched by no live block any more, so
+    /// the Busy ones turn Idle (newest in the list).
+    fn unpin(&mut self, r: &Reservation, addr: u64, len: u64, free: Range) {
+        let g = self.granule();
+        let (lo, hi) = self.slots_touched(r, addr, addr + len);
+        let start = free.start().next_multiple_of(g);
+        let end = free.end() & !(g - 1);
+        if end <= start {
+            return;
+        }
+        let (flo, _) = self.slots_touched(r, start, start);
+        let fhi = flo + ((end - start) >> self.shift) as u32;
+        for s in lo.max(flo)..hi.min(fhi) {
+            if self.slots[s as usize].state == State::Busy {
+                self.push_idle_back(s);
+            }
+        }
+    }
+
+    /// Decommits the granules of `lo..upto` that are still Uncommitted in
+    /// the slots: those a failed `commit_block` committed. Memory no block
+    /// ever used needs no stream order. If the space refuses, they stay
+    /// committed and Idle, counted, for a later trim.
+    fn undo_commits(&mut self, r: &Reservation, lo: u32, upto: u32) {
+        let mut s = lo;
+        while s < upto {
+            if self.slots[s as usize].state != State::Uncommitted {
+                s += 1;
+                continue;
+            }
+            let run = s;
+            while s < upto && self.slots[s as usize].state == State::Uncommitted {
+                s += 1;
+            }
+            if self.space.decommit(self.slot_range(r, run, s), &()).is_err() {
+                for t in run..s {
+                    self.push_idle_front(t);
+                    self.committed += 1;
+                }
+                self.peak_committed = self.peak_committed.max(self.committed);
+                self.trim_pending = true;
+            }
+        }
+    }
+
+    /// Decommits the oldest Idle granules, each with its Idle neighbours,
+    /// until at most `keep` bytes are Idle; the decommits are ordered on
+    /// `stream`. Returns the bytes decommitted.
+    ///
+    /// # Errors
+    ///
+    /// The space's error if a decommit fails; those granules stay
+    /// committed and Idle, and the pool stays usable.
+    fn trim_to<S: Stream + ?Sized>(&mut self, keep: u64, stream: &S) -> Result<u64> {
+        let limit = keep >> self.shift;
+        let mut freed = 0;
+        while self.idle > limit {
+            let s = self.idle_head;
+            let r = *self.reservation_of_slot(s);
+            let end = r.base + (r.range.len() >> self.shift) as u32;
+            self.unlink_idle(s, State::Uncommitted);
+            let (mut lo, mut hi) = (s, s + 1);
+            while hi < end && self.idle > limit && self.slots[hi as usize].state == State::Idle {
+                self.unlink_idle(hi, State::Uncommitted);
+                hi += 1;
+            }
+            while lo > r.base && self.idle > limit && self.slots[lo as usize - 1].state == State::Idle {
+                lo -= 1;
+                self.unlink_idle(lo, State::Uncommitted);
+            }
+            if let Err(e) = self.space.decommit(self.slot_range(&r, lo, hi), stream) {
+                for t in (lo..hi).rev() {
+                    self.push_idle_front(t);
+                }
+                self.trim_pending = true;
+                return Err(e);
+            }
+            self.committed -= (hi - lo) as u64;
+            freed += ((hi - lo) as u64) << self.shift;
+        }
+        self.trim_pending = false;
+        Ok(freed)
+    }
+
+    /// Decommits every committed granule that no live block touches,
+    /// ordered on `stream`, whatever the release threshold (the CUDA pool's
+    /// `cudaMemPoolTrimTo(pool, 0)`). Returns the bytes decommitted.
+    ///
+    /// # Errors
+    ///
+    /// The space's error if a decommit fails; those granules stay committed
+    /// and the pool stays usable.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use memres_core::vmem::CountingSpace;
+    /// use memres_core::vpool::VirtualPool;
+    /// use memres_core::{MemoryResourceMut, Request};
+    /// let space = CountingSpace::new(1 << 30, 2 << 20);
+    /// let mut pool = VirtualPool::new(&space, 64 << 20, 8 << 20)?;
+    /// let a = pool.allocate(Request::new(4 << 20)?, &())?;
+    /// pool.deallocate(a, &())?;
+    /// assert_eq!(pool.idle_bytes(), 4 << 20); // kept: under the threshold
+    /// assert_eq!(pool.trim(&())?, 4 << 20);
+    /// assert_eq!(space.committed_bytes(), 0);
+    /// # Ok::<(), memres_core::Error>(())
+    /// ```
+    pub fn trim<S: Stream + ?Sized>(&mut self, stream: &S) -> Result<u64> {
+        self.trim_to(0, stream)
+    }
+
+    /// Reserves another range so that `request` fits, then allocates it.
+    #[cold]
+    fn grow_and_allocate(&mut self, request: Request) -> Result<crate::pool::Allocation> {
+        if self.reservations.len() >= self.config.max_reservations as usize {
+            return Err(self.out_of_memory(request.size()));
+        }
+        // Reservations start on a granule: only alignment beyond it pads.
+        let pad = request.align().saturating_sub(self.granule());
+        let need = request.rounded_size(256) + pad;
+        self.add_reservation(need.max(self.config.reserve))?;
+        self.index
+            .allocate(request.size(), request.align())?
+            .ok_or_else(|| self.out_of_memory(request.size()))
+    }
+
+    /// Free of a block whose tag did not name a live node: look the address up.
+    #[cold]
+    fn free_by_address(&mut self, block: Block) -> Result<Range> {
+        let addr = block.addr();
+        let Some(r) = self.reservation_of(addr) else {
+            return Err(Error::UnknownBlock { addr });
+        };
+        let first = r.first;
+        match self.index.find_used(first, addr) {
+            Some(tag) if block.tag() == Block::NO_TAG => self.index.free(tag, addr, block.size()),
+            Some(_) => Err(Error::DoubleFree { addr }),
+            None if self.index.is_free_at(first, addr) => Err(Error::DoubleFree { addr }),
+            None => Err(Error::UnknownBlock { addr }),
+        }
+    }
+
+    /// Checks the pool's invariants and returns the first broken one.
+    ///
+    /// Checked: those of the index; reservations sorted, disjoint, each
+    /// covered exactly by its nodes, with slots for exactly its granules;
+    /// a granule is Busy exactly when a live block touches it (so every
+    /// granule a live block touches is committed); the idle list holds
+    /// exactly the Idle granules, linked both ways; the committed and idle
+    /// counts match the slots; at most `keep` bytes are Idle unless a
+    /// decommit failed; bytes used + free = bytes reserved; committed bytes
+    /// = used bytes + the free bytes of Busy granules + Idle bytes.
+    ///
+    /// # Time Complexity
+    ///
+    /// O(nodes + granules): for tests and fuzzing, not the hot path.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use memres_core::vmem::CountingSpace;
+    /// use memres_core::vpool::VirtualPool;
+    /// use memres_core::{MemoryResourceMut, Request};
+    /// let space = CountingSpace::new(1 << 30, 2 << 20);
+    /// let mut pool = VirtualPool::new(&space, 64 << 20, 0)?;
+    /// let a = pool.allocate(Request::new(5000)?, &())?;
+    /// assert_eq!(pool.check(), Ok(()));
+    /// # pool.deallocate(a, &())?;
+    /// # Ok::<(), memres_core::Error>(())
+    /// ```
+    pub fn check(&self) -> core::result::Result<(), Violation> {
+        self.index.check().map_err(Violation::new)?;
+        let g = self.granule();
+        let mut touched = alloc::vec![false; self.slots.len()];
+        let (mut reserved, mut last_end, mut granules) = (0u64, 0u64, 0usize);
+        let mut used_in_busy = 0u64;
+        let mut bases: Vec<(u32, u32)> = Vec::new();
+        for r in &self.reservations {
+            if r.range.start() < last_end {
+                return Err(Violation::new("reservations overlap or are not sorted"));
+            }
+            last_end = r.range.end();
+            if r.range.start() % g != 0 || r.range.len() % g != 0 {
+                return Err(Violation::new("reservation not aligned to the granule"));
+            }
+            bases.push((r.base, r.base + (r.range.len() / g) as u32));
+            granules += (r.range.len() / g) as usize;
+            let mut cursor = r.range.start();
+            let mut bad = false;
+            self.index.for_each_in_region(r.first, |n, free| {
+                bad |= n.start() != cursor;
+                cursor = n.end();
+                if !free && !bad {
+                    let (lo, hi) = self.slots_touched(r, n.start(), n.end());
+                    for t in &mut touched[lo as usize..hi as usize] {
+                        *t = true;
+                    }
+                    used_in_busy += n.len();
+                }
+            });
+            if bad || cursor != r.range.end() {
+                return Err(Violation::new("reservation not covered exactly by its nodes"));
+            }
+            reserved += r.range.len();
+        }
+        bases.sort_unstable();
+        if granules != self.slots.len() || bases.windows(2).any(|w| w[0].1 != w[1].0) {
+            return Err(Violation::new("slots do not match the reservations' granules"));
+        }
+        let (mut busy, mut idle) = (0u64, 0u64);
+        for (slot, &t) in self.slots.iter().zip(&touched) {
+            match (slot.state, t) {
+                (State::Busy, true) => busy += 1,
+                (State::Idle, false) => idle += 1,
+                (State::Uncommitted, false) => {}
+                (_, true) => return Err(Violation::new("a granule touched by a live block is not Busy")),
+                (State::Busy, false) => {
+                    return Err(Violation::new("a Busy granule is touched by no live block"))
+                }
+            }
+        }
+        let (mut listed, mut prev, mut s) = (0u64, NONE, self.idle_head);
+        while s != NONE {
+            let slot = &self.slots[s as usize];
+            if slot.state != State::Idle || slot.prev != prev {
+                return Err(Violation::new(
+                    "idle list holds a non-Idle granule or its links are not symmetric",
+                ));
+            }
+            listed += 1;
+            if listed > idle {
+                return Err(Violation::new("idle list longer than the Idle granules"));
+            }
+            prev = s;
+            s = slot.next;
+        }
+        if listed != idle || prev != self.idle_tail || idle != self.idle {
+            return Err(Violation::new("idle list or count does not match the Idle granules"));
+        }
+        if busy + idle != self.committed || self.committed > self.peak_committed {
+            return Err(Violation::new("committed count does not match the granules"));
+        }
+        if !self.trim_pending && self.idle_bytes() > self.config.keep {
+            return Err(Violation::new("more idle committed memory than the release threshold"));
+        }
+        if self.index.used_bytes() + self.index.free_bytes() != reserved || reserved != self.reserved_bytes()
+        {
+            return Err(Violation::new("bytes in use + bytes free != bytes reserved"));
+        }
+        if used_in_busy != self.index.used_bytes() || self.index.used_bytes() > (busy << self.shift) {
+            return Err(Violation::new("live bytes exceed the Busy granules"));
+        }
+        Ok(())
+    }
+}
+
+impl<S, V> MemoryResourceMut<S> for VirtualPool<V>
+where
+    S: Stream + ?Sized,
+    V: ReservableSpace,
+{
+    /// Allocates from the index, then commits the granules the block touches
+    /// that are not committed yet. Out of physical memory, it decommits the
+    /// Idle granules (ordered on `stream`) and tries once more. If a commit
+    /// still fails, what this call
+    /// committed is decommitted, the block goes back to the index, and the
+    /// error is returned: no block is ever handed out over unmapped memory.
+    fn allocate(&mut self, request: Request, stream: &S) -> Result<Block> {
+        if request.is_zero() {
+            return Ok(Block::EMPTY);
+        }
+        let a = match self.index.allocate(request.size(), request.align())? {
+            Some(a) => a,
+            None => self.grow_and_allocate(request)?,
+        };
+        let len = request.rounded_size(256);
+        let mut committed = self.commit_block(a.addr, len, stream);
+        if matches!(committed, Err(e) if e.is_out_of_memory())
+            && self.idle > 0
+            && self.trim_to(0, stream).is_ok()
+        {
+            // Out of physical memory: give the idle granules back and try
+            // once more, as the CUDA pool trims before it fails.
+            committed = self.commit_block(a.addr, len, stream);
+        }
+        if let Err(e) = committed {
+            // The index takes the block back; granules it pinned turn Idle.
+            let free = self.index.free(a.tag, a.addr, request.size())?;
+            let r = *self.reservation_of(a.addr).expect("the index hands out reserved addresses");
+            self.unpin(&r, a.addr, len, free);
+            return Err(e);
+        }
+        Ok(Block::new(a.addr, request.size(), a.tag))
+    }
+
+    /// Frees the block; its granules that no live block touches any more
+    /// turn Idle, and the oldest Idle granules beyond `keep` are decommitted,
+    /// ordered on `stream`. A failed decommit does not fail the free: the
+    /// granules stay committed and counted, and a later free or
+    /// [`trim`](VirtualPool::trim) retries.
+    fn deallocate(&mut self, block: Block, stream: &S) -> Result<()> {
+        if block.is_empty() {
+            return Ok(());
+        }
+        let free = match self.index.free(block.tag(), block.addr(), block.size()) {
+            Ok(f) => f,
+            Err(Error::UnknownBlock { .. }) => self.free_by_address(block)?,
+            Err(e) => return Err(e),
+        };
+        let r = *self.reservation_of(block.addr()).expect("a freed block lies in a reservation");
+        self.unpin(&r, block.addr(), (block.size() + 255) & !255, free);
+        if self.idle > self.config.keep >> self.shift {
+            let _ = self.trim_to(self.config.keep, stream);
+        }
+        Ok(())
+    }
+}
+
+/// Decommits everything and releases every reservation. The decommits are
+/// ordered on no stream (`()`): synchronize the streams that used the pool
+/// before dropping it, as before freeing any device memory. Blocks still
+/// live dangle, as with every pool; errors of the space are ignored.
+impl<V: ReservableSpace> Drop for VirtualPool<V> {
+    fn drop(&mut self) {
+        for r in core::mem::take(&mut self.reservations) {
+            let end = r.base + (r.range.len() >> self.shift) as u32;
+            let mut s = r.base;
+            while s < end {
+                if self.slots[s as usize].state == State::Uncommitted {
+                    s += 1;
+                    continue;
+                }
+                let run = s;
+                while s < end && self.slots[s as usize].state != State::Uncommitted {
+                    s += 1;
+                }
+                let _ = self.space.decommit(self.slot_range(&r, run, s), &());
+            }
+            let _ = self.space.release(r.range);
+        }
+    }
+}
+
+impl<V: ReservableSpace> fmt::Debug for VirtualPool<V> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("VirtualPool")
+            .field("granule", &self.granule())
+            .field("reserved_bytes", &self.reserved_bytes())
+            .field("committed_bytes", &self.committed_bytes())
+            .field("peak_committed_bytes", &self.peak_committed_bytes())
+            .field("idle_bytes", &self.idle_bytes())
+            .field("used_bytes", &self.index.used_bytes())
+            .field("reservations", &self.reservations.len())
+            .field("config", &self.config)
+            .finish()
+    }
+}

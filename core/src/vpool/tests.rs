@@ -1,0 +1,456 @@
+extern crate std;
+
+use super::*;
+use crate::check::LiveBlocks;
+use crate::testing::SplitMix64;
+use crate::vmem::CountingSpace;
+use alloc::vec::Vec;
+
+const MIB: u64 = 1 << 20;
+
+fn req(size: u64) -> Request {
+    Request::new(size).unwrap()
+}
+
+fn range(start: u64, len: u64) -> Range {
+    Range::new(start, len).unwrap()
+}
+
+/// The granules a block touches, as one range.
+fn granules_of(b: &Block, g: u64) -> Range {
+    let start = b.addr() & !(g - 1);
+    let end = (b.addr() + ((b.size() + 255) & !255)).next_multiple_of(g);
+    range(start, end - start)
+}
+
+/// Everything the pool reports that a failed call must leave as it was.
+fn figures<V: ReservableSpace>(p: &VirtualPool<V>) -> (u64, u64, u64, u64, u64, usize) {
+    (
+        p.used_bytes(),
+        p.free_bytes(),
+        p.committed_bytes(),
+        p.idle_bytes(),
+        p.reserved_bytes(),
+        p.reservation_count(),
+    )
+}
+
+/// Random allocate/free with random sizes, alignments and injected commit
+/// failures; the pool's checker, the caller's view and the space's own
+/// count of committed memory checked after every step.
+fn randomized(config: VirtualConfig, granule: u64, ops: usize, seed: u64) -> u64 {
+    randomized_in(CountingSpace::new(1 << 40, granule), config, ops, seed)
+}
+
+/// Returns how many allocations failed for want of memory.
+fn randomized_in(space: CountingSpace, config: VirtualConfig, ops: usize, seed: u64) -> u64 {
+    let granule = space.granule();
+    let mut p = VirtualPool::with_config(&space, config).unwrap();
+    let mut rng = SplitMix64::new(seed);
+    let mut live = LiveBlocks::new();
+    let mut blocks: Vec<Block> = Vec::new();
+    let (mut failed_commits, mut out_of_room) = (0, 0);
+    for step in 0..ops {
+        if blocks.is_empty() || rng.below(100) < 55 {
+            let size = match rng.below(4) {
+                0 => rng.below(512),
+                1 => rng.below(granule),
+                2 => rng.below(3 * granule),
+                _ => 1 << rng.below(24),
+            };
+            let align = match rng.below(16) {
+                0 => granule << rng.below(2),
+                1..=2 => 256 << rng.below(8),
+                _ => 256,
+            };
+            let r = Request::aligned(size, align).unwrap();
+            let inject = rng.below(20) == 0;
+            if inject {
+                space.fail_nth(1 + rng.below(2));
+            }
+            let (before, committed_before) = (figures(&p), p.committed_bytes());
+            match p.allocate(r, &()) {
+                Ok(b) => {
+                    live.insert(b, r).unwrap_or_else(|v| panic!("step {step}: {v}"));
+                    if !b.is_empty() {
+                        assert!(
+                            space.is_committed(granules_of(&b, granule)),
+                            "step {step}: block over unmapped memory"
+                        );
+                        blocks.push(b);
+                    }
+                }
+                Err(e) => {
+                    // Whether the call may have given idle memory back.
+                    let may_trim = match e {
+                        Error::Backend { .. } => {
+                            failed_commits += 1;
+                            // Trim on commit, or a retry after running out
+                            // of physical memory, may precede the failure.
+                            config.trims_on_commit() || space.physical_bytes() < 1 << 40
+                        }
+                        // Out of reserved room: the pool's figures.
+                        Error::OutOfMemory { requested, max_size, .. }
+                            if max_size == Some(p.reserved_bytes()) =>
+                        {
+                            assert_eq!(requested, size);
+                            out_of_room += 1;
+                            false
+                        }
+                        // Out of physical memory: the space's; the pool
+                        // trimmed and retried.
+                        Error::OutOfMemory { max_size, .. } if max_size == Some(space.physical_bytes()) => {
+                            out_of_room += 1;
+                            true
+                        }
+                        e => panic!("step {step}: unexpected {e}"),
+                    };
+                    if may_trim {
+                        // Idle memory may have gone, nothing else.
+                        let busy = |f: (u64, u64, u64, u64, u64, usize)| (f.0, f.1, f.2 - f.3, f.4, f.5);
+                        assert_eq!(
+                            busy(figures(&p)),
+                            busy(before),
+                            "step {step}: a failed allocate changed the pool"
+                        );
+                        assert!(p.committed_bytes() <= committed_before);
+                    } else {
+                        assert_eq!(figures(&p), before, "step {step}: a failed allocate changed the pool");
+                    }
+                }
+            }
+            space.fail_nth(0);
+        } else {
+            let i = rng.below(blocks.len() as u64) as usize;
+            let b = blocks.swap_remove(i);
+            let b = if rng.below(4) == 0 { Block::from_addr(b.addr(), b.size()) } else { b };
+            p.deallocate(b, &()).unwrap();
+            live.remove(&b).unwrap();
+        }
+        p.check().unwrap_or_else(|v| panic!("step {step}: {v}"));
+        assert_eq!(space.committed_bytes(), p.committed_bytes(), "step {step}");
+        assert!(p.used_bytes() >= live.bytes());
+    }
+    // The test must have exercised the fault path.
+    assert!(failed_commits > 0, "no commit failed");
+    for b in blocks.drain(..) {
+        p.deallocate(b, &()).unwrap();
+        p.check().unwrap();
+    }
+    assert_eq!(p.used_bytes(), 0);
+    assert_eq!(p.committed_bytes(), p.idle_bytes());
+    assert!(p.idle_bytes() <= config.keep_bytes());
+    p.trim(&()).unwrap();
+    assert_eq!((p.committed_bytes(), space.committed_bytes()), (0, 0));
+    p.check().unwrap();
+    out_of_room
+}
+
+#[test]
+fn randomized_keep_nothing() {
+    randomized(VirtualConfig::new(256 * MIB), MIB, 100_000, 1);
+}
+
+#[test]
+fn randomized_keep_some() {
+    randomized(VirtualConfig::new(256 * MIB).keep(5 * MIB + 4096), MIB, 30_000, 2);
+}
+
+#[test]
+fn randomized_keep_some_without_trim_on_commit() {
+    randomized(VirtualConfig::new(256 * MIB).keep(5 * MIB + 4096).trim_on_commit(false), MIB, 30_000, 5);
+}
+
+#[test]
+fn randomized_short_of_physical_memory() {
+    // Commits fail for want of memory; the pool trims its idle granules
+    // and retries, and fails cleanly when even that is not enough.
+    for trim in [true, false] {
+        let config = VirtualConfig::new(256 * MIB).keep(16 * MIB).trim_on_commit(trim);
+        assert!(randomized_in(CountingSpace::new(40 * MIB, MIB), config, 20_000, 7) > 0);
+    }
+}
+
+#[test]
+fn randomized_keep_much_small_granules() {
+    randomized(VirtualConfig::new(64 * MIB).keep(16 * MIB), 64 << 10, 30_000, 3);
+}
+
+#[test]
+fn randomized_several_reservations() {
+    // Small reservations: requests overflow into new ones, and some find
+    // no room at all (out of memory with figures).
+    randomized(VirtualConfig::new(24 * MIB).keep(2 * MIB).max_reservations(6), MIB, 30_000, 4);
+    randomized(
+        VirtualConfig::new(24 * MIB).keep(8 * MIB).max_reservations(6).trim_on_commit(false),
+        MIB,
+        30_000,
+        6,
+    );
+}
+
+#[test]
+fn reservation_larger_than_the_address_space() {
+    let space = CountingSpace::new(1 << 30, 2 * MIB);
+    let err = VirtualPool::new(&space, 1 << 50, 0).unwrap_err();
+    assert!(matches!(err, Error::OutOfMemory { requested, .. } if requested == 1 << 50), "{err}");
+    assert_eq!(space.reservation_count(), 0);
+    assert!(matches!(VirtualPool::new(&space, 0, 0), Err(Error::InvalidConfig { .. })));
+    // Growth that would need too large a reservation fails the same way and
+    // leaves the pool as it was.
+    let mut p = VirtualPool::with_config(&space, VirtualConfig::new(4 * MIB).max_reservations(2)).unwrap();
+    let err = p.allocate(req(1 << 49), &()).unwrap_err();
+    assert!(err.is_out_of_memory(), "{err}");
+    assert_eq!((p.reservation_count(), p.reserved_bytes()), (1, 4 * MIB));
+    p.check().unwrap();
+}
+
+#[test]
+fn reservation_full_is_out_of_memory_with_figures() {
+    let space = CountingSpace::new(1 << 30, MIB);
+    let mut p = VirtualPool::new(&space, 4 * MIB, 0).unwrap();
+    let a = p.allocate(req(3 * MIB), &()).unwrap();
+    let err = p.allocate(req(2 * MIB), &()).unwrap_err();
+    assert_eq!(
+        err,
+        Error::OutOfMemory {
+            requested: 2 * MIB,
+            largest_free: MIB,
+            pool_size: 3 * MIB,
+            max_size: Some(4 * MIB)
+        }
+    );
+    p.deallocate(a, &()).unwrap();
+    assert_eq!(space.committed_bytes(), 0);
+    p.check().unwrap();
+}
+
+/// Leaves granule 1 Idle between Uncommitted granules 0 and 2 (keep = one
+/// granule), so that a block over granules 0..3 needs two commits.
+fn idle_between_uncommitted(space: &CountingSpace) -> (VirtualPool<&CountingSpace>, Block) {
+    let mut p = VirtualPool::new(space, 64 * MIB, MIB).unwrap();
+    let base = p.reservations[0].range.start();
+    let a = p.allocate(req(MIB), &()).unwrap();
+    let b = p.allocate(req(MIB), &()).unwrap();
+    let c = p.allocate(req(MIB), &()).unwrap();
+    let anchor = p.allocate(req(256), &()).unwrap();
+    assert_eq!([a.addr(), b.addr(), c.addr(), anchor.addr()], [0, 1, 2, 3].map(|i| base + i * MIB));
+    p.deallocate(a, &()).unwrap(); // granule 0 Idle, kept
+    p.deallocate(c, &()).unwrap(); // granule 2 Idle; granule 0, the oldest, goes
+    p.deallocate(b, &()).unwrap(); // granule 1 Idle; granule 2, the oldest, goes
+    assert!(!space.is_committed(range(base, MIB)));
+    assert!(space.is_committed(range(base + MIB, MIB)));
+    assert!(!space.is_committed(range(base + 2 * MIB, MIB)));
+    assert_eq!(p.committed_bytes(), 2 * MIB); // granule 1 (Idle) and 3 (anchor)
+    p.check().unwrap();
+    (p, anchor)
+}
+
+#[test]
+fn commit_failing_half_way_hands_out_nothing() {
+    let space = CountingSpace::new(1 << 30, MIB);
+    let (mut p, anchor) = idle_between_uncommitted(&space);
+    let base = p.reservations[0].range.start();
+    let before = figures(&p);
+    let (commits, decommits) = space.call_counts();
+    // The first commit (granule 0) succeeds, the second (granule 2) fails.
+    space.fail_nth(2);
+    let err = p.allocate(req(3 * MIB), &()).unwrap_err();
+    assert!(matches!(err, Error::Backend { .. }), "{err}");
+    assert_eq!(space.call_counts(), (commits + 1, decommits + 1), "granule 0 committed, then decommitted");
+    assert_eq!(figures(&p), before);
+    assert_eq!(space.committed_bytes(), 2 * MIB);
+    assert!(!space.is_committed(range(base, MIB)));
+    assert!(space.is_committed(range(base + MIB, MIB)));
+    p.check().unwrap();
+    // The same request now succeeds in the same place, over mapped memory.
+    let b = p.allocate(req(3 * MIB), &()).unwrap();
+    assert_eq!(b.addr(), base);
+    assert!(space.is_committed(range(base, 4 * MIB)));
+    assert_eq!((p.idle_bytes(), p.committed_bytes()), (0, 4 * MIB));
+    p.check().unwrap();
+    p.deallocate(b, &()).unwrap();
+    p.deallocate(anchor, &()).unwrap();
+    p.check().unwrap();
+    assert_eq!(p.committed_bytes(), MIB);
+}
+
+#[test]
+fn out_of_physical_memory_trims_idle_granules_and_retries() {
+    let space = CountingSpace::new(5 * MIB, MIB);
+    let mut p = VirtualPool::new(&space, 64 * MIB, 4 * MIB).unwrap();
+    let a = p.allocate(req(2 * MIB), &()).unwrap();
+    let b = p.allocate(req(2 * MIB), &()).unwrap();
+    p.deallocate(a, &()).unwrap();
+    assert_eq!((p.idle_bytes(), space.committed_bytes()), (2 * MIB, 4 * MIB));
+    // 3 MiB do not fit in the 2 MiB hole: they need 3 fresh granules, and
+    // only 1 MiB of physical memory is left until the idle ones go.
+    let c = p.allocate(req(3 * MIB), &()).unwrap();
+    assert_eq!((p.idle_bytes(), space.committed_bytes(), p.committed_bytes()), (0, 5 * MIB, 5 * MIB));
+    assert!(space.is_committed(granules_of(&c, MIB)));
+    p.check().unwrap();
+    // Beyond the physical memory even then: an error, nothing changed.
+    let before = figures(&p);
+    assert!(p.allocate(req(MIB), &()).unwrap_err().is_out_of_memory());
+    assert_eq!(figures(&p), before);
+    p.deallocate(b, &()).unwrap();
+    p.deallocate(c, &()).unwrap();
+    p.check().unwrap();
+}
+
+#[test]
+fn keep_zero_decommits_every_time_and_keep_avoids_it() {
+    for (keep, commits) in [(0, 1000), (2 * MIB, 1)] {
+        let space = CountingSpace::new(1 << 30, 2 * MIB);
+        let mut p = VirtualPool::new(&space, 64 * MIB, keep).unwrap();
+        for _ in 0..1000 {
+            let b = p.allocate(req(100_000), &()).unwrap();
+            assert!(space.is_committed(granules_of(&b, 2 * MIB)));
+            p.deallocate(b, &()).unwrap();
+            p.check().unwrap();
+            assert_eq!(space.committed_bytes(), keep);
+        }
+        assert_eq!(space.call_counts().0, commits, "keep {keep}");
+    }
+}
+
+#[test]
+fn free_straddling_shared_granules_keeps_them_mapped() {
+    let space = CountingSpace::new(1 << 30, MIB);
+    let mut p = VirtualPool::new(&space, 64 * MIB, 0).unwrap();
+    let base = p.reservations[0].range.start();
+    let a = p.allocate(req(256), &()).unwrap();
+    // Starts in granule 0 (shared with `a`), covers granule 1, ends in granule 2.
+    let b = p.allocate(req(2 * MIB), &()).unwrap();
+    let c = p.allocate(req(256), &()).unwrap();
+    assert_eq!((a.addr(), b.addr(), c.addr()), (base, base + 256, base + 2 * MIB + 256));
+    assert_eq!(space.committed_bytes(), 3 * MIB);
+    p.deallocate(b, &()).unwrap();
+    p.check().unwrap();
+    assert!(space.is_committed(range(base, MIB)), "granule 0 holds a");
+    assert!(!space.is_committed(range(base + MIB, MIB)), "granule 1 is wholly free");
+    assert!(space.is_committed(range(base + 2 * MIB, MIB)), "granule 2 holds c");
+    assert_eq!(p.committed_bytes(), 2 * MIB);
+    p.deallocate(a, &()).unwrap();
+    assert_eq!(p.committed_bytes(), MIB);
+    p.deallocate(c, &()).unwrap();
+    assert_eq!((p.committed_bytes(), space.committed_bytes(), p.peak_committed_bytes()), (0, 0, 3 * MIB));
+    p.check().unwrap();
+}
+
+#[test]
+fn bad_frees_are_errors_and_change_nothing() {
+    let space = CountingSpace::new(1 << 30, MIB);
+    let mut p = VirtualPool::new(&space, 64 * MIB, 0).unwrap();
+    let a = p.allocate(req(5000), &()).unwrap();
+    let b = p.allocate(req(5000), &()).unwrap();
+    let before = figures(&p);
+    assert_eq!(p.deallocate(Block::from_addr(1, 256), &()), Err(Error::UnknownBlock { addr: 1 }));
+    let inside = a.addr() + 256;
+    assert_eq!(p.deallocate(Block::from_addr(inside, 256), &()), Err(Error::UnknownBlock { addr: inside }));
+    assert!(matches!(
+        p.deallocate(Block::new(a.addr(), 100_000, a.tag()), &()),
+        Err(Error::SizeMismatch { .. })
+    ));
+    assert_eq!(figures(&p), before);
+    p.deallocate(a, &()).unwrap();
+    assert_eq!(p.deallocate(a, &()), Err(Error::DoubleFree { addr: a.addr() }));
+    assert_eq!(
+        p.deallocate(Block::from_addr(a.addr(), a.size()), &()),
+        Err(Error::DoubleFree { addr: a.addr() })
+    );
+    // Address-only free of a live block works.
+    p.deallocate(Block::from_addr(b.addr(), b.size()), &()).unwrap();
+    assert_eq!((p.used_bytes(), space.committed_bytes()), (0, 0));
+    p.check().unwrap();
+}
+
+#[test]
+fn blocks_never_span_reservations() {
+    let space = CountingSpace::new(1 << 30, MIB);
+    let mut p = VirtualPool::with_config(&space, VirtualConfig::new(4 * MIB).max_reservations(8)).unwrap();
+    // Two 3 MiB blocks never fit in one 4 MiB reservation, even where two
+    // reservations are adjacent in the address space.
+    let mut blocks = Vec::new();
+    for n in 1..=8 {
+        blocks.push(p.allocate(req(3 * MIB), &()).unwrap());
+        assert_eq!(p.reservation_count(), n);
+    }
+    let err = p.allocate(req(3 * MIB), &()).unwrap_err();
+    assert_eq!(
+        err,
+        Error::OutOfMemory {
+            requested: 3 * MIB,
+            largest_free: MIB,
+            pool_size: 24 * MIB,
+            max_size: Some(32 * MIB)
+        }
+    );
+    // A 1 MiB block still fits in the tail of a reservation.
+    blocks.push(p.allocate(req(MIB), &()).unwrap());
+    for b in &blocks {
+        let r = p.reservation_of(b.addr()).unwrap();
+        assert!(r.range.contains_range(&b.range()));
+    }
+    p.check().unwrap();
+    for b in blocks.drain(..) {
+        p.deallocate(b, &()).unwrap();
+    }
+    p.check().unwrap();
+    assert_eq!(space.committed_bytes(), 0);
+}
+
+#[test]
+fn trim_on_commit_keeps_idle_memory_out_of_the_peak() {
+    for (trim, peak) in [(true, 7 * MIB), (false, 11 * MIB)] {
+        let space = CountingSpace::new(1 << 30, MIB);
+        let mut p = VirtualPool::with_config(
+            &space,
+            VirtualConfig::new(64 * MIB).keep(64 * MIB).trim_on_commit(trim),
+        )
+        .unwrap();
+        let a = p.allocate(req(4 * MIB), &()).unwrap();
+        let anchor = p.allocate(req(256), &()).unwrap();
+        p.deallocate(a, &()).unwrap();
+        assert_eq!(p.idle_bytes(), 4 * MIB);
+        // Too large for the hole: 6 fresh granules past the anchor.
+        let b = p.allocate(req(6 * MIB), &()).unwrap();
+        assert!(b.addr() > anchor.addr());
+        p.check().unwrap();
+        assert_eq!(
+            (p.peak_committed_bytes(), space.peak_committed_bytes()),
+            (peak, peak),
+            "trim_on_commit {trim}"
+        );
+        assert_eq!(p.idle_bytes(), if trim { 0 } else { 4 * MIB });
+        // `c` lands in the hole of `a`: Idle without trim on commit, else
+        // committed afresh in place of 3 of the 6 Idle granules of `b`.
+        let commits = space.call_counts().0;
+        p.deallocate(b, &()).unwrap();
+        assert_eq!(p.idle_bytes(), if trim { 6 * MIB } else { 10 * MIB });
+        let c = p.allocate(req(3 * MIB), &()).unwrap();
+        assert_eq!(c.addr(), a.addr());
+        assert_eq!(space.call_counts().0 - commits, trim as u64, "trim_on_commit {trim}");
+        assert_eq!(p.idle_bytes(), if trim { 3 * MIB } else { 7 * MIB });
+        assert_eq!(p.peak_committed_bytes(), peak);
+        p.deallocate(c, &()).unwrap();
+        p.deallocate(anchor, &()).unwrap();
+        p.check().unwrap();
+    }
+}
+
+#[test]
+fn drop_decommits_and_releases_everything() {
+    let space = CountingSpace::new(1 << 30, MIB);
+    {
+        let config = VirtualConfig::new(8 * MIB).keep(4 * MIB).max_reservations(3);
+        let mut p = VirtualPool::with_config(&space, config).unwrap();
+        let a = p.allocate(req(6 * MIB), &()).unwrap();
+        let b = p.allocate(req(6 * MIB), &()).unwrap();
+        let _live = p.allocate(req(300), &()).unwrap();
+        p.deallocate(a, &()).unwrap();
+        p.deallocate(b, &()).unwrap();
+        assert_eq!((space.reservation_count(), space.committed_bytes()), (2, 5 * MIB));
+    }
+    assert_eq!((space.reservation_count(), space.committed_bytes()), (0, 0));
+}
