@@ -135,6 +135,12 @@ extern "C" {
     pub fn cuStreamWaitEvent(stream: CUstream, event: CUevent, flags: c_uint) -> CuResult;
     pub fn cuStreamGetCtx(stream: CUstream, ctx: *mut CUcontext) -> CuResult;
 
+    pub fn cuLaunchHostFunc(
+        stream: CUstream,
+        f: Option<unsafe extern "C" fn(data: *mut c_void)>,
+        data: *mut c_void,
+    ) -> CuResult;
+
     pub fn cuEventCreate(event: *mut CUevent, flags: c_uint) -> CuResult;
     pub fn cuEventRecord(event: CUevent, stream: CUstream) -> CuResult;
     pub fn cuEventQuery(event: CUevent) -> CuResult;
