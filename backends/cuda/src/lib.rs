@@ -98,3 +98,41 @@ pub fn default_resource(device: Device) -> Result<CudaAsyncMemory, memres_core::
 pub fn default_stream(device: Device) -> Result<CudaStream, memres_core::Error> {
     device.default_stream()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn everything_is_shareable_between_threads() {
+        fn send_sync<T: Send + Sync>() {}
+        send_sync::<CudaMemory>();
+        send_sync::<CudaAsyncMemory>();
+        send_sync::<ManagedMemory>();
+        send_sync::<Prefetch<ManagedMemory>>();
+        send_sync::<PinnedMemory>();
+        send_sync::<CudaStream>();
+        send_sync::<CudaEvent>();
+        send_sync::<StreamPool>();
+        send_sync::<Context>();
+    }
+
+    #[test]
+    fn without_a_gpu_there_are_no_devices_and_no_panics() {
+        // On a machine with a GPU this checks nothing about absence: it
+        // checks that the calls agree with each other.
+        match init() {
+            Ok(()) => assert!(Device::count().is_ok()),
+            Err(e) => {
+                assert!(matches!(e, memres_core::Error::Backend { .. }), "{e:?}");
+                if e == error_from_code(sys::CUDA_ERROR_NO_DEVICE) {
+                    assert_eq!(Device::count(), Ok(0));
+                } else {
+                    assert!(Device::count().is_err());
+                }
+                assert!(Device::get(0).is_err());
+                assert!(Device::current().is_err());
+            }
+        }
+    }
+}

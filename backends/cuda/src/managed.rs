@@ -28,7 +28,8 @@ use memres_core::{Block, MemoryResource, Request, Result, Stream};
 /// use memres_cuda::{Device, ManagedMemory};
 /// let mr = ManagedMemory::new(Device::get(0)?)?;
 /// let b = mr.allocate(Request::new(4096)?, &())?;
-/// // The host may touch managed memory directly.
+/// // SAFETY: managed memory is host-accessible; the block is live and
+/// // no device work uses it.
 /// unsafe { (b.addr() as *mut u8).write(7) };
 /// mr.deallocate(b, &())?;
 /// # Ok::<(), memres_core::Error>(())

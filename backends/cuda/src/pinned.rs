@@ -29,6 +29,7 @@ use memres_core::{Block, MemoryResource, Request, Result, Stream};
 /// use memres_cuda::{Device, PinnedMemory};
 /// let mr = PinnedMemory::new(Device::get(0)?)?;
 /// let b = mr.allocate(Request::new(4096)?, &())?;
+/// // SAFETY: a live pinned block of 4096 bytes is plain host memory.
 /// unsafe { core::ptr::write_bytes(b.addr() as *mut u8, 0, 4096) };
 /// mr.deallocate(b, &())?;
 /// # Ok::<(), memres_core::Error>(())

@@ -160,8 +160,8 @@ impl CudaStream {
         CudaStream { raw: sys::CU_STREAM_PER_THREAD as sys::CUstream, owned: false, context: None }
     }
 
-    /// Names a stream made elsewhere (by `cust`, another library); it is not
-    /// destroyed on drop. `context` is the stream's context if known; when
+    /// Names a stream made elsewhere (by another library; for a `cust`
+    /// stream pass `stream.as_inner()`); it is not destroyed on drop. `context` is the stream's context if known; when
     /// it is `None`, calls that need a context ask the driver for the
     /// stream's (`cuStreamGetCtx`).
     ///
