@@ -158,7 +158,8 @@ impl Device {
     }
 
     /// Free and total memory of the device now (`cuMemGetInfo` in its
-    /// primary context).
+    /// primary context). Cheap while something (a resource, a stream) holds
+    /// the context; otherwise the driver sets the context up for the call.
     ///
     /// # Errors
     ///
@@ -288,7 +289,9 @@ impl Context {
     }
 
     /// Makes this context current on the calling thread (`cuCtxSetCurrent`),
-    /// for driver calls made outside this crate.
+    /// for driver calls made outside this crate. Keep `self` (or another
+    /// retain of the context: a resource, a stream) alive while it is bound:
+    /// the driver resets a primary context when its last retain goes.
     ///
     /// # Errors
     ///

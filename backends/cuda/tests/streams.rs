@@ -77,11 +77,13 @@ fn borrowed_and_default_streams() {
     assert!(legacy.query(&e).unwrap());
 
     // The per-thread stream uses the current context: bind one first.
-    device.primary_context().unwrap().bind().unwrap();
+    let context = device.primary_context().unwrap();
+    context.bind().unwrap();
     let pt = CudaStream::per_thread();
     let e = pt.record().unwrap();
     pt.synchronize().unwrap();
     assert!(pt.query(&e).unwrap());
+    drop(context); // kept retained while bound
 }
 
 #[test]
