@@ -6,6 +6,7 @@ use crate::sys;
 use memres_core::{Error, Result, Stream};
 use std::ptr;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 
 /// A stream that names a raw `CUstream`: what the stream-ordered CUDA
 /// resources ([`CudaAsyncMemory`](crate::CudaAsyncMemory),
@@ -59,7 +60,9 @@ pub struct StreamOptions {
 ///
 /// ```text
 ///  CudaStream { raw: CUstream, owned, context }
-///    record() ── cuEventCreate + cuEventRecord ──► CudaEvent
+///    record() ── cuEventRecord on an idle event of the context
+///                (cuEventCreate when there is none) ──► CudaEvent
+///    drop(CudaEvent) ── back to the idle events (or cuEventDestroy)
 ///    wait(e)  ── cuStreamWaitEvent
 ///    query(e) ── cuEventQuery (CUDA_ERROR_NOT_READY: false)
 ///    synchronize() ── cuStreamSynchronize
@@ -99,6 +102,8 @@ pub struct CudaStream {
     owned: bool,
     /// The stream's context, if known (always for owned streams).
     context: Option<Context>,
+    /// Idle events of `context` (present exactly when `context` is).
+    events: Option<Arc<EventCache>>,
 }
 
 // SAFETY: stream handles may be used from any thread (the driver serializes
@@ -140,24 +145,29 @@ impl CudaStream {
             check(unsafe { sys::cuStreamCreateWithPriority(&mut raw, flags, options.priority) })?;
             Ok(raw)
         })?;
-        Ok(CudaStream { raw, owned: true, context: Some(context) })
+        Ok(CudaStream::make(raw, true, Some(context)))
     }
 
     /// The legacy default stream of whatever context is current when it is
     /// used (the null stream). Its [`id`](Stream::id) is 0.
     pub const fn legacy() -> CudaStream {
-        CudaStream { raw: ptr::null_mut(), owned: false, context: None }
+        CudaStream { raw: ptr::null_mut(), owned: false, context: None, events: None }
     }
 
     /// The legacy default stream of `context`.
     pub fn legacy_in(context: Context) -> CudaStream {
-        CudaStream { raw: ptr::null_mut(), owned: false, context: Some(context) }
+        CudaStream::make(ptr::null_mut(), false, Some(context))
     }
 
     /// The calling thread's default stream (`CU_STREAM_PER_THREAD`) of the
     /// current context: each thread that uses it uses its own stream.
     pub const fn per_thread() -> CudaStream {
-        CudaStream { raw: sys::CU_STREAM_PER_THREAD as sys::CUstream, owned: false, context: None }
+        CudaStream {
+            raw: sys::CU_STREAM_PER_THREAD as sys::CUstream,
+            owned: false,
+            context: None,
+            events: None,
+        }
     }
 
     /// Names a stream made elsewhere (by another library; for a `cust`
@@ -171,7 +181,13 @@ impl CudaStream {
     /// stream handle that stays valid for as long as the returned value and
     /// everything it is given to (a resource, an event) use it.
     pub unsafe fn from_raw(raw: sys::CUstream, context: Option<Context>) -> CudaStream {
-        CudaStream { raw, owned: false, context }
+        CudaStream::make(raw, false, context)
+    }
+
+    fn make(raw: sys::CUstream, owned: bool, context: Option<Context>) -> CudaStream {
+        let events =
+            context.clone().map(|c| Arc::new(EventCache { _context: c, idle: Mutex::new(Vec::new()) }));
+        CudaStream { raw, owned, context, events }
     }
 
     /// The driver's handle.
@@ -249,9 +265,13 @@ impl Stream for CudaStream {
 
     fn record(&self) -> Result<CudaEvent> {
         self.scope(|| {
-            let event = CudaEvent::new()?;
-            // SAFETY: both handles are valid: the event was just made in the
-            // current context, the stream is ours or promised valid.
+            let event = match self.events.as_ref().and_then(|c| c.take()) {
+                Some(event) => event,
+                None => CudaEvent::new(self.events.clone())?,
+            };
+            // SAFETY: both handles are valid: the event belongs to the current
+            // context (made in it now, or idle in its cache), and no one else
+            // holds it; the stream is ours or promised valid.
             check(unsafe { sys::cuEventRecord(event.raw, self.raw) })?;
             Ok(event)
         })
@@ -281,7 +301,9 @@ impl AsRawStream for CudaStream {
     }
 }
 
-/// A CUDA event (made without timing, the cheap kind), destroyed on drop.
+/// A CUDA event (made without timing, the cheap kind). Dropped, it goes back
+/// to its stream's idle events for the next [`record`](Stream::record), or
+/// is destroyed.
 ///
 /// # Examples
 ///
@@ -295,8 +317,10 @@ impl AsRawStream for CudaStream {
 /// ```
 #[derive(Debug)]
 pub struct CudaEvent {
-    /// Valid until `Drop` destroys it.
+    /// Valid until `Drop` destroys it or hands it to `home`.
     raw: sys::CUevent,
+    /// The idle events of the context `raw` belongs to, if it has them.
+    home: Option<Arc<EventCache>>,
 }
 
 // SAFETY: event handles may be used from any thread; the handle is
@@ -306,13 +330,14 @@ unsafe impl Send for CudaEvent {}
 unsafe impl Sync for CudaEvent {}
 
 impl CudaEvent {
-    /// An event in the current context. Callers make the context current.
-    fn new() -> Result<CudaEvent> {
+    /// An event in the current context, to go back to `home` (the current
+    /// context's idle events) when dropped. Callers make the context current.
+    fn new(home: Option<Arc<EventCache>>) -> Result<CudaEvent> {
         let mut raw = ptr::null_mut();
         // SAFETY: the out parameter points at a live local; the driver
         // reports a missing context as an error.
         check(unsafe { sys::cuEventCreate(&mut raw, sys::CU_EVENT_DISABLE_TIMING) })?;
-        Ok(CudaEvent { raw })
+        Ok(CudaEvent { raw, home })
     }
 
     /// The driver's handle, valid while `self` lives.
@@ -348,10 +373,65 @@ impl CudaEvent {
 
 impl Drop for CudaEvent {
     fn drop(&mut self) {
+        if self.home.as_ref().is_some_and(|h| h.give(self.raw)) {
+            return;
+        }
         // SAFETY: the handle was made by `cuEventCreate` and is destroyed
         // only here; the driver defers the release if the event is still
         // pending. An error leaves nothing to undo.
         let _ = unsafe { sys::cuEventDestroy_v2(self.raw) };
+    }
+}
+
+/// Events of one context that no one holds, ready to be recorded again:
+/// recording an event per free, as stream-ordered pools do, then costs no
+/// create and destroy. Re-recording an idle event is safe: a stream that
+/// waited on it captured the record it waited for when it called
+/// `cuStreamWaitEvent`.
+#[derive(Debug)]
+struct EventCache {
+    /// Keeps the events' context alive until they are destroyed.
+    _context: Context,
+    /// At most [`EventCache::MAX`] idle events of `context`.
+    idle: Mutex<Vec<sys::CUevent>>,
+}
+
+// SAFETY: event handles may be used from any thread; each idle handle is
+// owned by the cache alone (taken out before use, destroyed once in `Drop`).
+unsafe impl Send for EventCache {}
+// SAFETY: as above; the handles are only reached through the mutex.
+unsafe impl Sync for EventCache {}
+
+impl EventCache {
+    /// Idle events kept per stream; more are destroyed.
+    const MAX: usize = 64;
+
+    /// An idle event, now owned by the caller.
+    fn take(self: &Arc<Self>) -> Option<CudaEvent> {
+        let raw = self.idle.lock().unwrap_or_else(|p| p.into_inner()).pop()?;
+        Some(CudaEvent { raw, home: Some(self.clone()) })
+    }
+
+    /// Keeps `raw` for reuse; `false` if the cache is full (the caller
+    /// destroys it then).
+    fn give(&self, raw: sys::CUevent) -> bool {
+        let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
+        if idle.len() >= Self::MAX {
+            return false;
+        }
+        idle.push(raw);
+        true
+    }
+}
+
+impl Drop for EventCache {
+    fn drop(&mut self) {
+        let idle = self.idle.get_mut().unwrap_or_else(|p| p.into_inner());
+        for raw in idle.drain(..) {
+            // SAFETY: idle events are owned by the cache alone; the context
+            // they belong to is retained by `self._context` until after this.
+            let _ = unsafe { sys::cuEventDestroy_v2(raw) };
+        }
     }
 }
 

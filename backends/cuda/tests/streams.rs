@@ -36,6 +36,13 @@ fn an_event_of_an_idle_stream_is_complete_after_synchronize() {
     assert!(s.query(&e).unwrap());
     e.synchronize().unwrap();
     assert!(e.query().unwrap());
+    // A dropped event is recorded again by the next `record`, not remade.
+    let raw = e.raw();
+    drop(e);
+    let again = s.record().unwrap();
+    assert_eq!(again.raw(), raw);
+    s.synchronize().unwrap();
+    assert!(s.query(&again).unwrap());
 }
 
 #[test]
