@@ -48,8 +48,10 @@ impl IpcHandle {
 /// use memres_cuda::AsyncConfig;
 /// let c = AsyncConfig::new().initial_size(1 << 30).release_threshold(4 << 30);
 /// assert_eq!(c.initial(), Some(1 << 30));
+/// assert_eq!(AsyncConfig::default(), AsyncConfig::new());
+/// assert_eq!(AsyncConfig::rmm().initial(), None); // half the free memory
 /// ```
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct AsyncConfig {
     /// Bytes to reserve when the pool is made; `None`: half the device's free memory.
     initial_size: Option<u64>,
@@ -58,6 +60,13 @@ pub struct AsyncConfig {
     release_threshold: Option<u64>,
     /// Export handle type of the pool's memory.
     ipc: IpcHandle,
+}
+
+impl Default for AsyncConfig {
+    /// [`AsyncConfig::new`].
+    fn default() -> Self {
+        AsyncConfig::new()
+    }
 }
 
 impl AsyncConfig {

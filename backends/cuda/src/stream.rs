@@ -171,15 +171,16 @@ impl CudaStream {
     }
 
     /// Names a stream made elsewhere (by another library; for a `cust`
-    /// stream pass `stream.as_inner()`); it is not destroyed on drop. `context` is the stream's context if known; when
-    /// it is `None`, calls that need a context ask the driver for the
-    /// stream's (`cuStreamGetCtx`).
+    /// stream pass `stream.as_inner()`); it is not destroyed on drop.
+    /// `context` is the stream's context if known; when it is `None`, calls
+    /// that need a context ask the driver for the stream's (`cuStreamGetCtx`).
     ///
     /// # Safety
     ///
     /// `raw` must be null, `CU_STREAM_LEGACY`, `CU_STREAM_PER_THREAD` or a
     /// stream handle that stays valid for as long as the returned value and
-    /// everything it is given to (a resource, an event) use it.
+    /// everything it is given to (a resource, an event) use it; `context`,
+    /// if given, must be the context the stream belongs to.
     pub unsafe fn from_raw(raw: sys::CUstream, context: Option<Context>) -> CudaStream {
         CudaStream::make(raw, false, context)
     }

@@ -1,5 +1,5 @@
-//! What every GPU test needs: a device or a clear "skipped", and helpers to
-//! write and read memory.
+//! What every GPU test needs: a device or a clear "skipped", and the means
+//! to write and read memory.
 #![allow(dead_code, unreachable_pub)]
 
 use memres_core::Block;
