@@ -46,9 +46,12 @@ fn async_memory_out_of_memory_reports_the_pool_size() {
     let mr =
         CudaAsyncMemory::with_config(device, memres_cuda::AsyncConfig::new().initial_size(4 << 20)).unwrap();
     let stream = CudaStream::new(device).unwrap();
+    // A live block: the pool cannot hand its memory back while it fails.
+    let held = mr.allocate(Request::new(4 << 20).unwrap(), &stream).unwrap();
     let err = too_much_then_fine(&mr, device, &stream);
     let Error::OutOfMemory { pool_size, .. } = err else { unreachable!("checked above") };
     assert!(pool_size >= 4 << 20, "the pool's reserved bytes, got {pool_size}");
+    mr.deallocate(held, &stream).unwrap();
 }
 
 #[test]
