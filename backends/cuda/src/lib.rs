@@ -1,1 +1,138 @@
-//! The CUDA backend of memres.
+//! The CUDA backend of memres: device, stream-ordered, managed and pinned
+//! memory from the CUDA driver, and CUDA streams and events as the core's
+//! [`Stream`](memres_core::Stream) model.
+//!
+//! | type | driver calls | RMM counterpart |
+//! | --- | --- | --- |
+//! | [`CudaMemory`] | `cuMemAlloc` / `cuMemFree` | `cuda_memory_resource` |
+//! | [`CudaAsyncMemory`] | `cuMemAllocFromPoolAsync` / `cuMemFreeAsync` on its own pool, the device's default pool, or a pool made elsewhere | `cuda_async_memory_resource`, `cuda_async_view_memory_resource` |
+//! | [`ManagedMemory`] | `cuMemAllocManaged` | `managed_memory_resource` |
+//! | [`Prefetch`] | `cuMemPrefetchAsync` on each allocation | `prefetch_resource_adaptor` |
+//! | [`PinnedMemory`] | `cuMemHostAlloc` / `cuMemFreeHost` | `pinned_memory_resource` |
+//! | [`CudaStream`], [`CudaEvent`], [`StreamPool`] | `cuStream*`, `cuEvent*` | `cuda_stream`, `cuda_stream_pool` |
+//! | [`Device`], [`Context`] | `cuDevice*`, primary contexts | `cuda_device_id` |
+//!
+//! Every resource implements [`memres_core::MemoryResource`] and so stacks
+//! under the core's algorithms (a [`CoalescingPool`](memres_core::pool::CoalescingPool)
+//! over [`CudaAsyncMemory`], say). Every block is aligned to 256 bytes, or
+//! more when asked. Driver errors are [`memres_core::Error`] values: out of
+//! memory with its figures, a free of an unknown address as
+//! [`UnknownBlock`](memres_core::Error::UnknownBlock), anything else as
+//! [`Backend`](memres_core::Error::Backend) with the `CUresult` code and its
+//! name. Nothing here panics, and drops ignore driver errors.
+//!
+//! # Contexts
+//!
+//! Each resource and stream retains its device's primary context and makes
+//! it current for the calls that need one, restoring the caller's context
+//! afterwards: any thread may use any resource, with no set-up.
+//!
+//! # Building
+//!
+//! The crate links `libcuda` through `cust` (whose build script reads
+//! `CUDA_LIBRARY_PATH`, or finds a CUDA toolkit in the usual places). A
+//! machine without a GPU can build and run it: [`init`] then fails with
+//! `CUDA_ERROR_NO_DEVICE` and [`Device::count`] is 0.
+//!
+//! # Example
+//!
+//! ```no_run
+//! use memres_core::{MemoryResource, Request, Stream};
+//! use memres_cuda::{default_resource, CudaStream, Device};
+//! let device = Device::get(0)?;
+//! let mr = default_resource(device)?;
+//! let stream = CudaStream::new(device)?;
+//! let block = mr.allocate(Request::new(1 << 20)?, &stream)?;
+//! mr.deallocate(block, &stream)?;
+//! stream.synchronize()?;
+//! # Ok::<(), memres_core::Error>(())
+//! ```
+#![warn(missing_docs)]
+
+mod async_memory;
+mod context;
+mod device_memory;
+mod error;
+mod managed;
+mod pinned;
+mod place;
+mod stream;
+
+pub mod ops;
+pub mod sys;
+
+pub use async_memory::{AsyncConfig, CudaAsyncMemory, IpcHandle};
+pub use context::{driver_version, init, Context, Device, MemoryInfo};
+pub use device_memory::CudaMemory;
+pub use error::{error_from_code, error_name};
+pub use managed::{ManagedMemory, Prefetch};
+pub use pinned::PinnedMemory;
+pub use stream::{AsRawStream, CudaEvent, CudaStream, StreamOptions, StreamPool};
+
+/// The resource a device starts with: stream-ordered allocation from a new
+/// pool of its own ([`CudaAsyncMemory`] with [`AsyncConfig::new`]: starts
+/// empty, keeps what it reserves). This is what a per-device registry hands
+/// out until the user sets another.
+///
+/// # Errors
+///
+/// As [`CudaAsyncMemory::with_config`].
+///
+/// # Examples
+///
+/// ```no_run
+/// let mr = memres_cuda::default_resource(memres_cuda::Device::current()?)?;
+/// # Ok::<(), memres_core::Error>(())
+/// ```
+pub fn default_resource(device: Device) -> Result<CudaAsyncMemory, memres_core::Error> {
+    CudaAsyncMemory::new(device)
+}
+
+/// The default stream of `device`: its legacy default stream, bound to the
+/// device's primary context (the stream that `()` stands for when the
+/// device's context is current).
+///
+/// # Errors
+///
+/// The driver's error as [`Backend`](memres_core::Error::Backend).
+pub fn default_stream(device: Device) -> Result<CudaStream, memres_core::Error> {
+    device.default_stream()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn everything_is_shareable_between_threads() {
+        fn send_sync<T: Send + Sync>() {}
+        send_sync::<CudaMemory>();
+        send_sync::<CudaAsyncMemory>();
+        send_sync::<ManagedMemory>();
+        send_sync::<Prefetch<ManagedMemory>>();
+        send_sync::<PinnedMemory>();
+        send_sync::<CudaStream>();
+        send_sync::<CudaEvent>();
+        send_sync::<StreamPool>();
+        send_sync::<Context>();
+    }
+
+    #[test]
+    fn without_a_gpu_there_are_no_devices_and_no_panics() {
+        // On a machine with a GPU this checks nothing about absence: it
+        // checks that the calls agree with each other.
+        match init() {
+            Ok(()) => assert!(Device::count().is_ok()),
+            Err(e) => {
+                assert!(matches!(e, memres_core::Error::Backend { .. }), "{e:?}");
+                if e == error_from_code(sys::CUDA_ERROR_NO_DEVICE) {
+                    assert_eq!(Device::count(), Ok(0));
+                } else {
+                    assert!(Device::count().is_err());
+                }
+                assert!(Device::get(0).is_err());
+                assert!(Device::current().is_err());
+            }
+        }
+    }
+}

@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Builds, lints and tests memres-cuda. Arguments go to `cargo test`.
+#
+# With a CUDA toolkit (or CUDA_LIBRARY_PATH) it links against that; without
+# one it fetches the driver library with .ci/libcuda.sh. On a machine with no
+# GPU every GPU test prints SKIPPED and passes having tested nothing; set
+# MEMRES_REQUIRE_GPU=1 to make a missing GPU a failure instead.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+
+have_cuda() {
+  [ -n "${CUDA_LIBRARY_PATH:-}" ] && return 0
+  for d in /opt/cuda /usr/local/cuda /usr/local/cuda-*; do
+    [ -e "$d/lib64/libcuda.so" ] || [ -e "$d/lib64/stubs/libcuda.so" ] && return 0
+  done
+  return 1
+}
+if ! have_cuda; then
+  eval "$(bash .ci/libcuda.sh)"
+fi
+
+cargo fmt -p memres-cuda --check
+cargo clippy -p memres-cuda --all-targets -- -D warnings
+cargo test -p memres-cuda "$@"

@@ -1,0 +1,409 @@
+//! Stream-ordered allocation from a driver memory pool: RMM's
+//! `cuda_async_memory_resource` and `cuda_async_view_memory_resource`.
+
+use crate::context::{Context, Device};
+use crate::error::{check, check_free};
+use crate::place::{allocate_with, base_of};
+use crate::stream::AsRawStream;
+use crate::sys;
+use memres_core::{Block, Error, MemoryResource, Request, Result};
+use std::ffi::c_void;
+use std::ptr;
+
+/// The kind of handle a pool's memory can be exported as, for sharing with
+/// other processes (`CUmemAllocationHandleType`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum IpcHandle {
+    /// No export (the default).
+    #[default]
+    None,
+    /// A POSIX file descriptor.
+    PosixFileDescriptor,
+    /// A Win32 NT handle.
+    Win32,
+    /// A Win32 KMT handle.
+    Win32Kmt,
+    /// A fabric handle (CUDA 12.3 and later, on systems with a fabric).
+    Fabric,
+}
+
+impl IpcHandle {
+    fn code(self) -> i32 {
+        match self {
+            IpcHandle::None => 0,
+            IpcHandle::PosixFileDescriptor => 1,
+            IpcHandle::Win32 => 2,
+            IpcHandle::Win32Kmt => 4,
+            IpcHandle::Fabric => 8,
+        }
+    }
+}
+
+/// How [`CudaAsyncMemory::with_config`] makes its pool.
+///
+/// # Examples
+///
+/// ```
+/// use memres_cuda::AsyncConfig;
+/// let c = AsyncConfig::new().initial_size(1 << 30).release_threshold(4 << 30);
+/// assert_eq!(c.initial(), Some(1 << 30));
+/// assert_eq!(AsyncConfig::default(), AsyncConfig::new());
+/// assert_eq!(AsyncConfig::rmm().initial(), None); // half the free memory
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AsyncConfig {
+    /// Bytes to reserve when the pool is made; `None`: half the device's free memory.
+    initial_size: Option<u64>,
+    /// Bytes the pool keeps reserved across synchronizations; `None`: the
+    /// device's memory (keep everything).
+    release_threshold: Option<u64>,
+    /// Export handle type of the pool's memory.
+    ipc: IpcHandle,
+}
+
+impl Default for AsyncConfig {
+    /// [`AsyncConfig::new`].
+    fn default() -> Self {
+        AsyncConfig::new()
+    }
+}
+
+impl AsyncConfig {
+    /// A pool that starts empty, keeps what it reserves (release threshold:
+    /// the device's memory) and is not exportable.
+    pub const fn new() -> Self {
+        AsyncConfig { initial_size: Some(0), release_threshold: None, ipc: IpcHandle::None }
+    }
+
+    /// RMM's defaults: reserve half the device's free memory up front, keep
+    /// everything, no export.
+    pub const fn rmm() -> Self {
+        AsyncConfig { initial_size: None, release_threshold: None, ipc: IpcHandle::None }
+    }
+
+    /// Reserve `bytes` when the pool is made (allocated and freed once, as
+    /// RMM primes its pool).
+    pub const fn initial_size(mut self, bytes: u64) -> Self {
+        self.initial_size = Some(bytes);
+        self
+    }
+
+    /// Keep at most `bytes` reserved when the pool's memory is idle at a
+    /// synchronization (`CU_MEMPOOL_ATTR_RELEASE_THRESHOLD`); the rest goes
+    /// back to the device.
+    pub const fn release_threshold(mut self, bytes: u64) -> Self {
+        self.release_threshold = Some(bytes);
+        self
+    }
+
+    /// Make the pool's memory exportable as `handle`.
+    pub const fn ipc_handle(mut self, handle: IpcHandle) -> Self {
+        self.ipc = handle;
+        self
+    }
+
+    /// The initial size, if set (`None`: half the free memory).
+    pub const fn initial(&self) -> Option<u64> {
+        self.initial_size
+    }
+}
+
+/// Stream-ordered device memory from a driver memory pool
+/// (`cuMemAllocFromPoolAsync` / `cuMemFreeAsync`): RMM's
+/// `cuda_async_memory_resource`, or, made by [`default_pool`](Self::default_pool)
+/// or [`from_pool`](Self::from_pool), its `cuda_async_view_memory_resource`.
+///
+/// ```text
+///  CudaAsyncMemory { pool: CUmemoryPool, owned }
+///    allocate(req, stream)   ──► cuMemAllocFromPoolAsync(pool, stream)
+///    deallocate(b, stream)   ──► cuMemFreeAsync(stream)
+///    the driver reuses freed memory on the same stream at once, on other
+///    streams once they are ordered after the free
+/// ```
+///
+/// The pool is the driver's: this type only names it, and destroys it on
+/// drop if it made it. Blocks are aligned to 256 bytes (or more when asked).
+/// It serves every stream that names a raw `CUstream` ([`AsRawStream`]):
+/// [`CudaStream`](crate::CudaStream), and `()` for the legacy default stream.
+///
+/// # Errors
+///
+/// - [`Error::OutOfMemory`] when the pool cannot grow to hold the block:
+///   `pool_size` is what the pool has reserved, `largest_free` the device's
+///   free memory (an upper bound), `max_size` the device's memory.
+/// - [`Error::UnknownBlock`] when the driver does not know the address freed.
+/// - Other driver errors as [`Error::Backend`].
+///
+/// # Examples
+///
+/// ```no_run
+/// use memres_core::{MemoryResource, Request};
+/// use memres_cuda::{AsyncConfig, CudaAsyncMemory, CudaStream, Device};
+/// let device = Device::get(0)?;
+/// let mr = CudaAsyncMemory::with_config(device, AsyncConfig::new().initial_size(1 << 28))?;
+/// let stream = CudaStream::new(device)?;
+/// let b = mr.allocate(Request::new(1000)?, &stream)?;
+/// mr.deallocate(b, &stream)?;
+/// assert!(mr.reserved_bytes()? >= 1 << 28);
+/// # Ok::<(), memres_core::Error>(())
+/// ```
+#[derive(Debug)]
+pub struct CudaAsyncMemory {
+    /// Valid while `self` lives: made here (`owned`) or promised by the caller.
+    pool: sys::CUmemoryPool,
+    /// Whether `pool` was made here and is destroyed on drop.
+    owned: bool,
+    /// The pool's device's primary context, retained while the resource lives.
+    context: Context,
+}
+
+// SAFETY: a memory pool handle may be used from any thread (the driver
+// locks what it must); an owned pool is destroyed exactly once, by `Drop`.
+unsafe impl Send for CudaAsyncMemory {}
+// SAFETY: as above; every method takes `&self` and only passes handles on.
+unsafe impl Sync for CudaAsyncMemory {}
+
+impl CudaAsyncMemory {
+    /// A resource over a new pool on `device` with [`AsyncConfig::new`]:
+    /// starts empty, keeps what it reserves.
+    ///
+    /// # Errors
+    ///
+    /// As [`with_config`](Self::with_config).
+    pub fn new(device: Device) -> Result<CudaAsyncMemory> {
+        Self::with_config(device, AsyncConfig::new())
+    }
+
+    /// A resource over a new pool on `device` made as `config` says.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidConfig`] if the device has no memory pools; out of
+    /// memory if the initial size cannot be reserved; the driver's other
+    /// errors as [`Error::Backend`]. Nothing is left behind on failure.
+    pub fn with_config(device: Device, config: AsyncConfig) -> Result<CudaAsyncMemory> {
+        if !device.supports_memory_pools()? {
+            return Err(Error::InvalidConfig { what: "the device does not support memory pools" });
+        }
+        let context = device.primary_context()?;
+        let pool = context.scope(|| {
+            let props = sys::CuMemPoolProps {
+                alloc_type: sys::CU_MEM_ALLOCATION_TYPE_PINNED,
+                handle_types: config.ipc.code(),
+                location: sys::CuMemLocation { type_: sys::CU_MEM_LOCATION_TYPE_DEVICE, id: device.raw() },
+                win32_security_attributes: ptr::null_mut(),
+                reserved: [0; 64],
+            };
+            let mut pool = ptr::null_mut();
+            // SAFETY: a context is current; `props` is a fully initialized
+            // `CUmemPoolProps` (reserved bytes zero); the out parameter is a live local.
+            check(unsafe { sys::cuMemPoolCreate(&mut pool, &props) })?;
+            Ok(pool)
+        })?;
+        // From here on, dropping `mr` destroys the pool: early returns leave nothing.
+        let mr = CudaAsyncMemory { pool, owned: true, context };
+        let info = mr.context.memory_info()?;
+        if driver_version_below(11050) {
+            // Drivers before 11.5 reuse opportunistically in ways that break
+            // stream ordering (RMM turns it off there too).
+            mr.set_attribute_i32(sys::CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC, 0)?;
+        }
+        mr.set_release_threshold(config.release_threshold.unwrap_or(info.total))?;
+        let initial = config.initial_size.unwrap_or(info.free / 2) & !255;
+        if initial > 0 {
+            let block = mr.allocate(Request::new(initial)?, &())?;
+            mr.deallocate(block, &())?;
+        }
+        Ok(mr)
+    }
+
+    /// A view of `device`'s default memory pool (`cuDeviceGetDefaultMemPool`,
+    /// the one `cuMemAllocAsync` uses): RMM's async view resource. The pool
+    /// is the driver's and is not destroyed on drop; its attributes are left
+    /// as they are.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidConfig`] if the device has no memory pools; the
+    /// driver's other errors as [`Error::Backend`].
+    pub fn default_pool(device: Device) -> Result<CudaAsyncMemory> {
+        if !device.supports_memory_pools()? {
+            return Err(Error::InvalidConfig { what: "the device does not support memory pools" });
+        }
+        let context = device.primary_context()?;
+        let mut pool = ptr::null_mut();
+        // SAFETY: the driver is initialized (a context was retained); the
+        // out parameter is a live local.
+        check(unsafe { sys::cuDeviceGetDefaultMemPool(&mut pool, device.raw()) })?;
+        Ok(CudaAsyncMemory { pool, owned: false, context })
+    }
+
+    /// A view of a pool made elsewhere; it is not destroyed on drop.
+    ///
+    /// # Safety
+    ///
+    /// `pool` must be a memory pool of `device` that stays valid while the
+    /// returned resource, and every block it handed out, lives.
+    ///
+    /// # Errors
+    ///
+    /// The driver's error as [`Error::Backend`].
+    pub unsafe fn from_pool(device: Device, pool: sys::CUmemoryPool) -> Result<CudaAsyncMemory> {
+        Ok(CudaAsyncMemory { pool, owned: false, context: device.primary_context()? })
+    }
+
+    /// The driver's pool handle.
+    pub fn pool_handle(&self) -> sys::CUmemoryPool {
+        self.pool
+    }
+
+    /// Whether the pool was made by this resource (and is destroyed with it).
+    pub fn owns_pool(&self) -> bool {
+        self.owned
+    }
+
+    /// The device.
+    pub fn device(&self) -> Device {
+        self.context.device()
+    }
+
+    /// The context the memory lives in.
+    pub fn context(&self) -> &Context {
+        &self.context
+    }
+
+    /// Bytes the pool has reserved from the device now
+    /// (`CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT`).
+    ///
+    /// # Errors
+    ///
+    /// The driver's error as [`Error::Backend`].
+    pub fn reserved_bytes(&self) -> Result<u64> {
+        self.attribute_u64(sys::CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT)
+    }
+
+    /// The most bytes the pool has had reserved (`CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH`).
+    ///
+    /// # Errors
+    ///
+    /// The driver's error as [`Error::Backend`].
+    pub fn peak_reserved_bytes(&self) -> Result<u64> {
+        self.attribute_u64(sys::CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH)
+    }
+
+    /// Bytes of the pool in use by allocations now (`CU_MEMPOOL_ATTR_USED_MEM_CURRENT`).
+    ///
+    /// # Errors
+    ///
+    /// The driver's error as [`Error::Backend`].
+    pub fn used_bytes(&self) -> Result<u64> {
+        self.attribute_u64(sys::CU_MEMPOOL_ATTR_USED_MEM_CURRENT)
+    }
+
+    /// The release threshold (`CU_MEMPOOL_ATTR_RELEASE_THRESHOLD`).
+    ///
+    /// # Errors
+    ///
+    /// The driver's error as [`Error::Backend`].
+    pub fn release_threshold(&self) -> Result<u64> {
+        self.attribute_u64(sys::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD)
+    }
+
+    /// Sets the release threshold: bytes the pool keeps reserved when idle
+    /// at a synchronization.
+    ///
+    /// # Errors
+    ///
+    /// The driver's error as [`Error::Backend`].
+    pub fn set_release_threshold(&self, bytes: u64) -> Result<()> {
+        let mut v = bytes;
+        // SAFETY: the threshold attribute takes a `cuuint64_t`, which `v` is.
+        check(unsafe {
+            sys::cuMemPoolSetAttribute(
+                self.pool,
+                sys::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
+                ptr::from_mut(&mut v).cast(),
+            )
+        })
+    }
+
+    /// Gives reserved memory the pool does not use back to the device,
+    /// keeping at least `keep` bytes reserved (`cuMemPoolTrimTo`).
+    ///
+    /// # Errors
+    ///
+    /// The driver's error as [`Error::Backend`].
+    pub fn trim_to(&self, keep: u64) -> Result<()> {
+        let keep = usize::try_from(keep).unwrap_or(usize::MAX);
+        // SAFETY: the pool is valid while `self` lives.
+        check(unsafe { sys::cuMemPoolTrimTo(self.pool, keep) })
+    }
+
+    fn attribute_u64(&self, attr: i32) -> Result<u64> {
+        let mut v: u64 = 0;
+        // SAFETY: the byte-count attributes are `cuuint64_t`, which `v` is;
+        // the pool is valid while `self` lives.
+        check(unsafe {
+            sys::cuMemPoolGetAttribute(self.pool, attr, ptr::from_mut(&mut v).cast::<c_void>())
+        })?;
+        Ok(v)
+    }
+
+    fn set_attribute_i32(&self, attr: i32, value: i32) -> Result<()> {
+        let mut v = value;
+        // SAFETY: the reuse attributes are `int`, which `v` is.
+        check(unsafe { sys::cuMemPoolSetAttribute(self.pool, attr, ptr::from_mut(&mut v).cast::<c_void>()) })
+    }
+}
+
+fn driver_version_below(version: i32) -> bool {
+    crate::context::driver_version().is_ok_and(|v| v < version)
+}
+
+impl<S: AsRawStream + ?Sized> MemoryResource<S> for CudaAsyncMemory {
+    fn allocate(&self, request: Request, stream: &S) -> Result<Block> {
+        if request.is_zero() {
+            return Ok(Block::EMPTY);
+        }
+        let raw = stream.as_raw_stream();
+        stream.context().unwrap_or(&self.context).scope(|| {
+            allocate_with(
+                &self.context,
+                request,
+                // SAFETY: a context is current; the pool is valid while `self`
+                // lives and the stream while borrowed; the out parameter is a live local.
+                |bytes, base| unsafe { sys::cuMemAllocFromPoolAsync(base, bytes, self.pool, raw) },
+                // SAFETY: `base` was just allocated on `raw` and is handed out to no one.
+                |base| unsafe { sys::cuMemFreeAsync(base, raw) },
+                || self.reserved_bytes().ok(),
+            )
+        })
+    }
+
+    fn deallocate(&self, block: Block, stream: &S) -> Result<()> {
+        if block.is_empty() {
+            return Ok(());
+        }
+        let base = base_of(block)?;
+        let raw = stream.as_raw_stream();
+        stream
+            .context()
+            .unwrap_or(&self.context)
+            // SAFETY: the driver checks the address (an unknown one is an
+            // error); the stream is valid while borrowed.
+            .scope(|| check_free(unsafe { sys::cuMemFreeAsync(base, raw) }, block.addr()))
+    }
+}
+
+impl Drop for CudaAsyncMemory {
+    fn drop(&mut self) {
+        if self.owned {
+            // SAFETY: the pool was made by `cuMemPoolCreate` and is destroyed
+            // only here. Blocks still out, or frees still queued, keep its
+            // memory alive in the driver until they are done. An error
+            // (driver shut down) leaves nothing to undo.
+            let _ = self.context.scope(|| Ok(unsafe { sys::cuMemPoolDestroy(self.pool) }));
+        }
+    }
+}

@@ -1,0 +1,362 @@
+//! Driver initialization, devices and their primary contexts.
+
+use crate::error::check;
+use crate::stream::CudaStream;
+use crate::sys;
+use memres_core::{Error, Result};
+use std::ptr;
+use std::sync::{Arc, OnceLock};
+
+/// Initializes the CUDA driver (`cuInit`) once per process; later calls
+/// return the first call's result. Every constructor in this crate calls it.
+///
+/// # Errors
+///
+/// The driver's error, e.g. `CUDA_ERROR_NO_DEVICE` on a machine without a
+/// GPU, as [`Error::Backend`].
+///
+/// # Examples
+///
+/// ```
+/// match memres_cuda::init() {
+///     Ok(()) => println!("CUDA is ready"),
+///     Err(e) => println!("no CUDA here: {e}"),
+/// }
+/// ```
+pub fn init() -> Result<()> {
+    static INIT: OnceLock<Result<()>> = OnceLock::new();
+    // SAFETY: `cuInit` takes flags only (0 is the one valid value) and is
+    // safe to call from any thread, any number of times.
+    *INIT.get_or_init(|| check(unsafe { sys::cuInit(0) }))
+}
+
+/// The driver's version as `1000 * major + 10 * minor` (12080 for 12.8).
+///
+/// # Errors
+///
+/// The driver's error as [`Error::Backend`].
+pub fn driver_version() -> Result<i32> {
+    let mut v = 0;
+    // SAFETY: the out parameter points at a live local.
+    check(unsafe { sys::cuDriverGetVersion(&mut v) })?;
+    Ok(v)
+}
+
+/// Free and total memory of a device, in bytes (`cuMemGetInfo`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MemoryInfo {
+    /// Bytes free on the device now (taken by no one, in no pool).
+    pub free: u64,
+    /// Bytes of memory on the device.
+    pub total: u64,
+}
+
+/// A CUDA device, by ordinal.
+///
+/// # Examples
+///
+/// ```no_run
+/// use memres_cuda::Device;
+/// for i in 0..Device::count()? {
+///     let d = Device::get(i)?;
+///     let m = d.memory_info()?;
+///     println!("{}: {} of {} bytes free", d.name()?, m.free, m.total);
+/// }
+/// # Ok::<(), memres_core::Error>(())
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Device {
+    ordinal: u32,
+    raw: sys::CUdevice,
+}
+
+impl Device {
+    /// How many CUDA devices this process can use; 0 when the driver finds
+    /// none (`CUDA_ERROR_NO_DEVICE`).
+    ///
+    /// # Errors
+    ///
+    /// Any other driver error, as [`Error::Backend`].
+    pub fn count() -> Result<u32> {
+        match init() {
+            Err(Error::Backend { code, .. }) if code == i64::from(sys::CUDA_ERROR_NO_DEVICE) => return Ok(0),
+            r => r?,
+        }
+        let mut n = 0;
+        // SAFETY: the driver is initialized; the out parameter points at a live local.
+        check(unsafe { sys::cuDeviceGetCount(&mut n) })?;
+        Ok(u32::try_from(n).unwrap_or(0))
+    }
+
+    /// The device of ordinal `ordinal` (0 to `count() - 1`).
+    ///
+    /// # Errors
+    ///
+    /// `CUDA_ERROR_INVALID_DEVICE` for an ordinal out of range, or the
+    /// driver's initialization error, as [`Error::Backend`].
+    pub fn get(ordinal: u32) -> Result<Device> {
+        init()?;
+        let ord =
+            i32::try_from(ordinal).map_err(|_| Error::InvalidConfig { what: "device ordinal too large" })?;
+        let mut raw = 0;
+        // SAFETY: the driver is initialized; the out parameter points at a live local.
+        check(unsafe { sys::cuDeviceGet(&mut raw, ord) })?;
+        Ok(Device { ordinal, raw })
+    }
+
+    /// The device of the calling thread's current context, or device 0 when
+    /// the thread has none (as the runtime API's `cudaGetDevice`).
+    ///
+    /// # Errors
+    ///
+    /// The driver's error as [`Error::Backend`].
+    pub fn current() -> Result<Device> {
+        init()?;
+        let mut raw = 0;
+        // SAFETY: the driver is initialized; the out parameter points at a live local.
+        match unsafe { sys::cuCtxGetDevice(&mut raw) } {
+            sys::CUDA_SUCCESS => Ok(Device { ordinal: u32::try_from(raw).unwrap_or(0), raw }),
+            sys::CUDA_ERROR_INVALID_CONTEXT => Device::get(0),
+            code => Err(crate::error::error_from_code(code)),
+        }
+    }
+
+    /// The device's ordinal.
+    pub fn ordinal(&self) -> u32 {
+        self.ordinal
+    }
+
+    /// The driver's handle (`CUdevice`).
+    pub fn raw(&self) -> sys::CUdevice {
+        self.raw
+    }
+
+    /// The device's name, such as `"NVIDIA H100 80GB HBM3"`.
+    ///
+    /// # Errors
+    ///
+    /// The driver's error as [`Error::Backend`].
+    pub fn name(&self) -> Result<String> {
+        let mut buf = [0 as core::ffi::c_char; 256];
+        // SAFETY: the buffer is live and its length is passed; the driver
+        // writes at most that many bytes, NUL included.
+        check(unsafe { sys::cuDeviceGetName(buf.as_mut_ptr(), buf.len() as i32, self.raw) })?;
+        let bytes: Vec<u8> = buf.iter().take_while(|&&c| c != 0).map(|&c| c as u8).collect();
+        Ok(String::from_utf8_lossy(&bytes).into_owned())
+    }
+
+    /// Bytes of memory on the device (`cuDeviceTotalMem`); needs no context.
+    ///
+    /// # Errors
+    ///
+    /// The driver's error as [`Error::Backend`].
+    pub fn total_memory(&self) -> Result<u64> {
+        let mut bytes = 0usize;
+        // SAFETY: the out parameter points at a live local.
+        check(unsafe { sys::cuDeviceTotalMem_v2(&mut bytes, self.raw) })?;
+        Ok(bytes as u64)
+    }
+
+    /// Free and total memory of the device now (`cuMemGetInfo` in its
+    /// primary context). Cheap while something (a resource, a stream) holds
+    /// the context; otherwise the driver sets the context up for the call.
+    ///
+    /// # Errors
+    ///
+    /// The driver's error as [`Error::Backend`].
+    pub fn memory_info(&self) -> Result<MemoryInfo> {
+        self.primary_context()?.memory_info()
+    }
+
+    /// The value of a device attribute (`cuDeviceGetAttribute`; `attribute`
+    /// is a `CUdevice_attribute` code).
+    ///
+    /// # Errors
+    ///
+    /// `CUDA_ERROR_INVALID_VALUE` for an attribute the driver does not know,
+    /// as [`Error::Backend`].
+    pub fn attribute(&self, attribute: i32) -> Result<i32> {
+        let mut v = 0;
+        // SAFETY: the out parameter points at a live local; the driver
+        // checks `attribute`.
+        check(unsafe { sys::cuDeviceGetAttribute(&mut v, attribute, self.raw) })?;
+        Ok(v)
+    }
+
+    /// Whether the device supports stream-ordered memory pools
+    /// (`cuMemAllocFromPoolAsync`), which [`CudaAsyncMemory`](crate::CudaAsyncMemory) needs.
+    ///
+    /// # Errors
+    ///
+    /// The driver's error as [`Error::Backend`].
+    pub fn supports_memory_pools(&self) -> Result<bool> {
+        Ok(self.attribute(sys::CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED)? != 0)
+    }
+
+    /// Whether the device can access managed memory concurrently with the
+    /// host (needed to prefetch managed memory to it).
+    ///
+    /// # Errors
+    ///
+    /// The driver's error as [`Error::Backend`].
+    pub fn concurrent_managed_access(&self) -> Result<bool> {
+        Ok(self.attribute(sys::CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS)? != 0)
+    }
+
+    /// The device's primary context, retained until the returned handle and
+    /// all its clones are dropped.
+    ///
+    /// # Errors
+    ///
+    /// The driver's error as [`Error::Backend`].
+    pub fn primary_context(&self) -> Result<Context> {
+        Context::retain(*self)
+    }
+
+    /// The device's legacy default stream (the null stream of its primary
+    /// context). Work on it is ordered with all blocking streams of the
+    /// context.
+    ///
+    /// # Errors
+    ///
+    /// The driver's error as [`Error::Backend`].
+    pub fn default_stream(&self) -> Result<CudaStream> {
+        Ok(CudaStream::legacy_in(self.primary_context()?))
+    }
+}
+
+/// A device's primary context, retained (`cuDevicePrimaryCtxRetain`) for as
+/// long as this handle or a clone of it lives.
+///
+/// Every resource and stream of this crate holds one, so the context (and
+/// the memory in it) outlives them. Calls that need a current context make
+/// this one current for the call and restore the caller's afterwards, so
+/// resources of several devices can be used from any thread in any order.
+///
+/// # Examples
+///
+/// ```no_run
+/// let ctx = memres_cuda::Device::get(0)?.primary_context()?;
+/// ctx.bind()?; // current on this thread from now on
+/// # Ok::<(), memres_core::Error>(())
+/// ```
+#[derive(Clone, Debug)]
+pub struct Context {
+    inner: Arc<Retained>,
+}
+
+#[derive(Debug)]
+struct Retained {
+    device: Device,
+    /// Valid while retained: released in `Drop`.
+    raw: sys::CUcontext,
+}
+
+// SAFETY: a `CUcontext` is a handle the driver lets every thread use; the
+// retain count it stands for is released exactly once, by `Drop`.
+unsafe impl Send for Retained {}
+// SAFETY: as above; `Retained` has no interior mutability of its own.
+unsafe impl Sync for Retained {}
+
+impl Drop for Retained {
+    fn drop(&mut self) {
+        // SAFETY: this value holds one retain of the device's primary
+        // context; releasing it once is what `cuDevicePrimaryCtxRetain`
+        // asks. An error (the driver already shut down at process exit)
+        // leaves nothing to undo, so it is ignored.
+        let _ = unsafe { sys::cuDevicePrimaryCtxRelease_v2(self.device.raw) };
+    }
+}
+
+impl Context {
+    fn retain(device: Device) -> Result<Context> {
+        init()?;
+        let mut raw = ptr::null_mut();
+        // SAFETY: the driver is initialized and `device` came from `cuDeviceGet`;
+        // the out parameter points at a live local.
+        check(unsafe { sys::cuDevicePrimaryCtxRetain(&mut raw, device.raw) })?;
+        Ok(Context { inner: Arc::new(Retained { device, raw }) })
+    }
+
+    /// The device of the context.
+    pub fn device(&self) -> Device {
+        self.inner.device
+    }
+
+    /// The driver's handle (`CUcontext`), valid while `self` lives.
+    pub fn raw(&self) -> sys::CUcontext {
+        self.inner.raw
+    }
+
+    /// Makes this context current on the calling thread (`cuCtxSetCurrent`),
+    /// for driver calls made outside this crate. Keep `self` (or another
+    /// retain of the context: a resource, a stream) alive while it is bound:
+    /// the driver resets a primary context when its last retain goes.
+    ///
+    /// # Errors
+    ///
+    /// The driver's error as [`Error::Backend`].
+    pub fn bind(&self) -> Result<()> {
+        // SAFETY: the context is retained while `self` lives.
+        check(unsafe { sys::cuCtxSetCurrent(self.raw()) })
+    }
+
+    /// Free and total memory of the device now (`cuMemGetInfo`).
+    ///
+    /// # Errors
+    ///
+    /// The driver's error as [`Error::Backend`].
+    pub fn memory_info(&self) -> Result<MemoryInfo> {
+        let _current = Current::enter(self.raw())?;
+        let (mut free, mut total) = (0usize, 0usize);
+        // SAFETY: a context is current; both out parameters point at live locals.
+        check(unsafe { sys::cuMemGetInfo_v2(&mut free, &mut total) })?;
+        Ok(MemoryInfo { free: free as u64, total: total as u64 })
+    }
+
+    /// Runs `f` with this context current, then makes the caller's current
+    /// again.
+    pub(crate) fn scope<T>(&self, f: impl FnOnce() -> Result<T>) -> Result<T> {
+        let _current = Current::enter(self.raw())?;
+        f()
+    }
+}
+
+/// Makes a context current on this thread until dropped, then restores the
+/// one that was current before. Costs one `cuCtxGetCurrent` when the context
+/// is current already, the common case.
+pub(crate) struct Current {
+    /// The context to restore, when another was current.
+    restore: Option<sys::CUcontext>,
+}
+
+impl Current {
+    /// Makes `ctx` current (a null `ctx` leaves the thread's context as it is).
+    pub(crate) fn enter(ctx: sys::CUcontext) -> Result<Current> {
+        if ctx.is_null() {
+            return Ok(Current { restore: None });
+        }
+        let mut now = ptr::null_mut();
+        // SAFETY: the out parameter points at a live local.
+        check(unsafe { sys::cuCtxGetCurrent(&mut now) })?;
+        if now == ctx {
+            return Ok(Current { restore: None });
+        }
+        // SAFETY: callers pass a context they keep retained for the life of
+        // the guard.
+        check(unsafe { sys::cuCtxSetCurrent(ctx) })?;
+        Ok(Current { restore: Some(now) })
+    }
+}
+
+impl Drop for Current {
+    fn drop(&mut self) {
+        if let Some(prev) = self.restore {
+            // SAFETY: `prev` was current on this thread when the guard was
+            // made (or null, which unbinds). If the caller destroyed it
+            // meanwhile the driver reports an error, ignored: there is
+            // nothing better to restore.
+            let _ = unsafe { sys::cuCtxSetCurrent(prev) };
+        }
+    }
+}

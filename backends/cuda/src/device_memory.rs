@@ -1,0 +1,98 @@
+//! `cuMemAlloc` / `cuMemFree`: RMM's `cuda_memory_resource`.
+
+use crate::context::{Context, Device};
+use crate::error::check_free;
+use crate::place::{allocate_with, base_of};
+use crate::sys;
+use memres_core::{Block, MemoryResource, Request, Result, Stream};
+
+/// Device memory straight from the driver (`cuMemAlloc` / `cuMemFree`):
+/// RMM's `cuda_memory_resource`.
+///
+/// ```text
+///  allocate(req, _) ──► cuMemAlloc(size [+ padding above 256-byte alignment])
+///  deallocate(b, _) ──► cuMemFree (synchronizes the device, as in RMM)
+/// ```
+///
+/// Each block is its own driver allocation, aligned to 256 bytes (or more
+/// when asked). Streams mean nothing to it: it serves every [`Stream`] type.
+/// The driver is slow (microseconds per call, and every free waits for the
+/// device): this is the upstream that pools are built on, not the one to
+/// allocate from in a loop.
+///
+/// # Errors
+///
+/// - [`Error::OutOfMemory`](memres_core::Error::OutOfMemory) when the device
+///   cannot hold the block: `largest_free` is the device's free memory
+///   (an upper bound), `pool_size` the device's memory in use by everyone,
+///   `max_size` the device's memory.
+/// - [`Error::UnknownBlock`](memres_core::Error::UnknownBlock) when the
+///   driver does not know the address freed (never handed out, or freed already).
+/// - Other driver errors as [`Error::Backend`](memres_core::Error::Backend).
+///
+/// # Examples
+///
+/// ```no_run
+/// use memres_core::{MemoryResource, Request};
+/// use memres_cuda::{CudaMemory, Device};
+/// let mr = CudaMemory::new(Device::get(0)?)?;
+/// let b = mr.allocate(Request::new(1 << 20)?, &())?;
+/// assert_eq!(b.addr() % 256, 0);
+/// mr.deallocate(b, &())?;
+/// # Ok::<(), memres_core::Error>(())
+/// ```
+#[derive(Clone, Debug)]
+pub struct CudaMemory {
+    /// The device's primary context, retained while the resource lives.
+    context: Context,
+}
+
+impl CudaMemory {
+    /// A resource allocating on `device` (in its primary context).
+    ///
+    /// # Errors
+    ///
+    /// The driver's error as [`Error::Backend`](memres_core::Error::Backend).
+    pub fn new(device: Device) -> Result<CudaMemory> {
+        Ok(CudaMemory { context: device.primary_context()? })
+    }
+
+    /// The device.
+    pub fn device(&self) -> Device {
+        self.context.device()
+    }
+
+    /// The context the memory lives in.
+    pub fn context(&self) -> &Context {
+        &self.context
+    }
+}
+
+impl<S: Stream + ?Sized> MemoryResource<S> for CudaMemory {
+    fn allocate(&self, request: Request, _stream: &S) -> Result<Block> {
+        if request.is_zero() {
+            return Ok(Block::EMPTY);
+        }
+        self.context.scope(|| {
+            allocate_with(
+                &self.context,
+                request,
+                // SAFETY: our context is current; the out parameter is a live local.
+                |bytes, base| unsafe { sys::cuMemAlloc_v2(base, bytes) },
+                // SAFETY: `base` was just allocated and is handed out to no one.
+                |base| unsafe { sys::cuMemFree_v2(base) },
+                || None,
+            )
+        })
+    }
+
+    fn deallocate(&self, block: Block, _stream: &S) -> Result<()> {
+        if block.is_empty() {
+            return Ok(());
+        }
+        let base = base_of(block)?;
+        // SAFETY: the driver checks the address and answers one it did not
+        // hand out (or freed already) with an error, never corruption.
+        self.context.scope(|| check_free(unsafe { sys::cuMemFree_v2(base) }, block.addr()))
+    }
+}

@@ -1,0 +1,173 @@
+//! Managed (unified) memory and the prefetching adaptor.
+
+use crate::context::{Context, Device};
+use crate::error::{check_free, error_from_code};
+use crate::place::{allocate_with, base_of};
+use crate::stream::AsRawStream;
+use crate::sys;
+use memres_core::{Block, MemoryResource, Request, Result, Stream};
+
+/// Managed memory (`cuMemAllocManaged`, attached globally): RMM's
+/// `managed_memory_resource`. The driver migrates its pages between host
+/// and device on demand; [`Prefetch`] moves them ahead of use.
+///
+/// Blocks are separate driver allocations aligned to 256 bytes (or more
+/// when asked); their addresses are valid on the host and on every device.
+/// Streams mean nothing to it. Freeing is `cuMemFree`.
+///
+/// # Errors
+///
+/// As [`CudaMemory`](crate::CudaMemory): out of memory with figures,
+/// unknown addresses as [`Error::UnknownBlock`](memres_core::Error::UnknownBlock),
+/// other driver errors as [`Error::Backend`](memres_core::Error::Backend).
+///
+/// # Examples
+///
+/// ```no_run
+/// use memres_core::{MemoryResource, Request};
+/// use memres_cuda::{Device, ManagedMemory};
+/// let mr = ManagedMemory::new(Device::get(0)?)?;
+/// let b = mr.allocate(Request::new(4096)?, &())?;
+/// // SAFETY: managed memory is host-accessible; the block is live and
+/// // no device work uses it.
+/// unsafe { (b.addr() as *mut u8).write(7) };
+/// mr.deallocate(b, &())?;
+/// # Ok::<(), memres_core::Error>(())
+/// ```
+#[derive(Clone, Debug)]
+pub struct ManagedMemory {
+    /// The device's primary context, retained while the resource lives.
+    context: Context,
+}
+
+impl ManagedMemory {
+    /// A resource allocating managed memory in `device`'s primary context.
+    ///
+    /// # Errors
+    ///
+    /// The driver's error as [`Error::Backend`](memres_core::Error::Backend).
+    pub fn new(device: Device) -> Result<ManagedMemory> {
+        Ok(ManagedMemory { context: device.primary_context()? })
+    }
+
+    /// The device whose context the memory was allocated in.
+    pub fn device(&self) -> Device {
+        self.context.device()
+    }
+}
+
+impl<S: Stream + ?Sized> MemoryResource<S> for ManagedMemory {
+    fn allocate(&self, request: Request, _stream: &S) -> Result<Block> {
+        if request.is_zero() {
+            return Ok(Block::EMPTY);
+        }
+        self.context.scope(|| {
+            allocate_with(
+                &self.context,
+                request,
+                // SAFETY: our context is current; the out parameter is a live local.
+                |bytes, base| unsafe { sys::cuMemAllocManaged(base, bytes, sys::CU_MEM_ATTACH_GLOBAL) },
+                // SAFETY: `base` was just allocated and is handed out to no one.
+                |base| unsafe { sys::cuMemFree_v2(base) },
+                || None,
+            )
+        })
+    }
+
+    fn deallocate(&self, block: Block, _stream: &S) -> Result<()> {
+        if block.is_empty() {
+            return Ok(());
+        }
+        let base = base_of(block)?;
+        // SAFETY: the driver checks the address and answers one it did not
+        // hand out (or freed already) with an error.
+        self.context.scope(|| check_free(unsafe { sys::cuMemFree_v2(base) }, block.addr()))
+    }
+}
+
+/// Prefetches every block it hands out to its device, on the allocation's
+/// stream (`cuMemPrefetchAsync`): RMM's `prefetch_resource_adaptor`.
+///
+/// Meant over [`ManagedMemory`]. A block the driver cannot prefetch because
+/// it is not managed memory (`CUDA_ERROR_INVALID_VALUE`) is handed out as it
+/// is, as RMM does: prefetching is a hint. Any other prefetch error frees the
+/// block again and is returned.
+///
+/// # Examples
+///
+/// ```no_run
+/// use memres_core::{MemoryResource, Request};
+/// use memres_cuda::{CudaStream, Device, ManagedMemory, Prefetch};
+/// let device = Device::get(0)?;
+/// let mr = Prefetch::new(ManagedMemory::new(device)?, device)?;
+/// let stream = CudaStream::new(device)?;
+/// let b = mr.allocate(Request::new(1 << 20)?, &stream)?; // resident on the device once `stream` gets there
+/// mr.deallocate(b, &stream)?;
+/// # Ok::<(), memres_core::Error>(())
+/// ```
+#[derive(Debug)]
+pub struct Prefetch<R> {
+    upstream: R,
+    /// The prefetch target's primary context (for the legacy stream).
+    context: Context,
+}
+
+impl<R> Prefetch<R> {
+    /// Prefetches what `upstream` hands out to `device`.
+    ///
+    /// # Errors
+    ///
+    /// The driver's error as [`Error::Backend`](memres_core::Error::Backend).
+    pub fn new(upstream: R, device: Device) -> Result<Prefetch<R>> {
+        Ok(Prefetch { upstream, context: device.primary_context()? })
+    }
+
+    /// The upstream resource.
+    pub fn upstream(&self) -> &R {
+        &self.upstream
+    }
+
+    /// The device blocks are prefetched to.
+    pub fn device(&self) -> Device {
+        self.context.device()
+    }
+
+    /// The upstream resource, giving up the adaptor.
+    pub fn into_inner(self) -> R {
+        self.upstream
+    }
+}
+
+impl<S: AsRawStream + ?Sized, R: MemoryResource<S>> MemoryResource<S> for Prefetch<R> {
+    fn allocate(&self, request: Request, stream: &S) -> Result<Block> {
+        let block = self.upstream.allocate(request, stream)?;
+        if block.is_empty() {
+            return Ok(block);
+        }
+        let ctx = stream.context().unwrap_or(&self.context);
+        let device = self.context.device().raw();
+        let prefetched = ctx.scope(|| {
+            // SAFETY: the block is live (just handed out by upstream) and
+            // `size` bytes long; the stream is valid while borrowed.
+            let code = unsafe {
+                sys::cuMemPrefetchAsync(block.addr(), block.size() as usize, device, stream.as_raw_stream())
+            };
+            match code {
+                sys::CUDA_SUCCESS | sys::CUDA_ERROR_INVALID_VALUE => Ok(()),
+                code => Err(error_from_code(code)),
+            }
+        });
+        match prefetched {
+            Ok(()) => Ok(block),
+            Err(e) => {
+                // A failed call changes nothing: give the block back.
+                let _ = self.upstream.deallocate(block, stream);
+                Err(e)
+            }
+        }
+    }
+
+    fn deallocate(&self, block: Block, stream: &S) -> Result<()> {
+        self.upstream.deallocate(block, stream)
+    }
+}

@@ -1,0 +1,537 @@
+//! CUDA streams and events as the core's [`Stream`] model.
+
+use crate::context::{Context, Current, Device};
+use crate::error::{check, error_from_code};
+use crate::sys;
+use memres_core::{Error, Result, Stream};
+use std::ptr;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+/// A stream that names a raw `CUstream`: what the stream-ordered CUDA
+/// resources ([`CudaAsyncMemory`](crate::CudaAsyncMemory),
+/// [`Prefetch`](crate::Prefetch)) need of the stream they are given.
+///
+/// `()` is the legacy default stream of the current context.
+///
+/// # Examples
+///
+/// ```
+/// use memres_cuda::AsRawStream;
+/// assert!(().as_raw_stream().is_null());
+/// ```
+pub trait AsRawStream: Stream {
+    /// The driver's handle of the stream.
+    fn as_raw_stream(&self) -> sys::CUstream;
+
+    /// The context the stream belongs to, when known: made current for the
+    /// calls that need one.
+    fn context(&self) -> Option<&Context> {
+        None
+    }
+}
+
+impl AsRawStream for () {
+    fn as_raw_stream(&self) -> sys::CUstream {
+        ptr::null_mut()
+    }
+}
+
+impl<S: AsRawStream + ?Sized> AsRawStream for &S {
+    fn as_raw_stream(&self) -> sys::CUstream {
+        (**self).as_raw_stream()
+    }
+    fn context(&self) -> Option<&Context> {
+        (**self).context()
+    }
+}
+
+/// Options of a stream made by [`CudaStream::with_options`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct StreamOptions {
+    /// Work on the stream does not wait for the legacy default stream
+    /// (`CU_STREAM_NON_BLOCKING`).
+    pub non_blocking: bool,
+    /// Scheduling priority: lower numbers are higher priorities; 0 is the default.
+    pub priority: i32,
+}
+
+/// A CUDA stream: the [`Stream`] of the CUDA resources.
+///
+/// ```text
+///  CudaStream { raw: CUstream, owned, context }
+///    record() ── cuEventRecord on an idle event of the context
+///                (cuEventCreate when there is none) ──► CudaEvent
+///    drop(CudaEvent) ── back to the idle events (or cuEventDestroy)
+///    wait(e)  ── cuStreamWaitEvent
+///    query(e) ── cuEventQuery (CUDA_ERROR_NOT_READY: false)
+///    synchronize() ── cuStreamSynchronize
+/// ```
+///
+/// A stream made by [`new`](CudaStream::new) is owned and destroyed on drop;
+/// [`legacy`](CudaStream::legacy), [`per_thread`](CudaStream::per_thread)
+/// and [`from_raw`](CudaStream::from_raw) only name a stream.
+///
+/// [`id`](Stream::id) is the raw handle as a number, with two exceptions:
+/// the legacy default stream is 0 whether it is named by the null handle or
+/// by `CU_STREAM_LEGACY`, and the per-thread default stream, a different
+/// stream on every thread, is `CU_STREAM_PER_THREAD` (2) with the top bit
+/// and a number of the calling thread added (so that free lists kept per
+/// stream never mix two threads' streams).
+///
+/// # Examples
+///
+/// ```no_run
+/// use memres_core::Stream;
+/// use memres_cuda::{CudaStream, Device};
+/// let device = Device::get(0)?;
+/// let (a, b) = (CudaStream::new(device)?, CudaStream::new(device)?);
+/// let e = a.record()?; // after all work queued on `a` so far
+/// b.wait(&e)?;         // later work on `b` runs after it
+/// b.synchronize()?;
+/// assert!(a.query(&e)?);
+/// # Ok::<(), memres_core::Error>(())
+/// ```
+#[derive(Debug)]
+pub struct CudaStream {
+    /// Null or `CU_STREAM_LEGACY`: the legacy stream; `CU_STREAM_PER_THREAD`:
+    /// the thread's; otherwise a stream handle, valid while `self` lives
+    /// (owned) or as the maker of a borrowed one promised.
+    raw: sys::CUstream,
+    /// Whether `raw` was created here and is destroyed on drop.
+    owned: bool,
+    /// The stream's context, if known (always for owned streams).
+    context: Option<Context>,
+    /// Idle events of `context` (present exactly when `context` is).
+    events: Option<Arc<EventCache>>,
+}
+
+// SAFETY: stream handles may be used from any thread (the driver serializes
+// what needs it); an owned handle is destroyed exactly once, by `Drop`.
+unsafe impl Send for CudaStream {}
+// SAFETY: as above; every method takes `&self` and only passes the handle on.
+unsafe impl Sync for CudaStream {}
+
+impl CudaStream {
+    /// A new stream on `device`'s primary context, created blocking
+    /// (ordered with the legacy default stream) at the default priority.
+    ///
+    /// # Errors
+    ///
+    /// The driver's error as [`Error::Backend`].
+    pub fn new(device: Device) -> Result<CudaStream> {
+        Self::with_options(device, StreamOptions::default())
+    }
+
+    /// A new stream on `device`'s primary context with `options`.
+    ///
+    /// # Errors
+    ///
+    /// The driver's error as [`Error::Backend`].
+    pub fn with_options(device: Device, options: StreamOptions) -> Result<CudaStream> {
+        Self::in_context(device.primary_context()?, options)
+    }
+
+    /// A new stream in `context`.
+    ///
+    /// # Errors
+    ///
+    /// The driver's error as [`Error::Backend`].
+    pub fn in_context(context: Context, options: StreamOptions) -> Result<CudaStream> {
+        let flags = if options.non_blocking { sys::CU_STREAM_NON_BLOCKING } else { sys::CU_STREAM_DEFAULT };
+        let raw = context.scope(|| {
+            let mut raw = ptr::null_mut();
+            // SAFETY: a context is current; the out parameter points at a live local.
+            check(unsafe { sys::cuStreamCreateWithPriority(&mut raw, flags, options.priority) })?;
+            Ok(raw)
+        })?;
+        Ok(CudaStream::make(raw, true, Some(context)))
+    }
+
+    /// The legacy default stream of whatever context is current when it is
+    /// used (the null stream). Its [`id`](Stream::id) is 0.
+    pub const fn legacy() -> CudaStream {
+        CudaStream { raw: ptr::null_mut(), owned: false, context: None, events: None }
+    }
+
+    /// The legacy default stream of `context`.
+    pub fn legacy_in(context: Context) -> CudaStream {
+        CudaStream::make(ptr::null_mut(), false, Some(context))
+    }
+
+    /// The calling thread's default stream (`CU_STREAM_PER_THREAD`) of the
+    /// current context: each thread that uses it uses its own stream.
+    pub const fn per_thread() -> CudaStream {
+        CudaStream {
+            raw: sys::CU_STREAM_PER_THREAD as sys::CUstream,
+            owned: false,
+            context: None,
+            events: None,
+        }
+    }
+
+    /// Names a stream made elsewhere (by another library; for a `cust`
+    /// stream pass `stream.as_inner()`); it is not destroyed on drop.
+    /// `context` is the stream's context if known; when it is `None`, calls
+    /// that need a context ask the driver for the stream's (`cuStreamGetCtx`).
+    ///
+    /// # Safety
+    ///
+    /// `raw` must be null, `CU_STREAM_LEGACY`, `CU_STREAM_PER_THREAD` or a
+    /// stream handle that stays valid for as long as the returned value and
+    /// everything it is given to (a resource, an event) use it; `context`,
+    /// if given, must be the context the stream belongs to.
+    pub unsafe fn from_raw(raw: sys::CUstream, context: Option<Context>) -> CudaStream {
+        CudaStream::make(raw, false, context)
+    }
+
+    fn make(raw: sys::CUstream, owned: bool, context: Option<Context>) -> CudaStream {
+        let events =
+            context.clone().map(|c| Arc::new(EventCache { _context: c, idle: Mutex::new(Vec::new()) }));
+        CudaStream { raw, owned, context, events }
+    }
+
+    /// The driver's handle.
+    pub fn raw(&self) -> sys::CUstream {
+        self.raw
+    }
+
+    /// Whether this is one of the default streams (legacy or per-thread),
+    /// named by a special handle rather than made.
+    pub fn is_default(&self) -> bool {
+        matches!(self.raw as usize, 0 | sys::CU_STREAM_LEGACY | sys::CU_STREAM_PER_THREAD)
+    }
+
+    /// The context to make current for calls on this stream: the known
+    /// one, else the stream's own as the driver reports it, else none
+    /// (default streams of an unknown context use whatever is current).
+    fn call_context(&self) -> Result<sys::CUcontext> {
+        if let Some(c) = &self.context {
+            return Ok(c.raw());
+        }
+        if self.is_default() {
+            return Ok(ptr::null_mut());
+        }
+        let mut ctx = ptr::null_mut();
+        // SAFETY: `raw` is a valid stream handle (the promise of `from_raw`);
+        // the out parameter points at a live local.
+        check(unsafe { sys::cuStreamGetCtx(self.raw, &mut ctx) })?;
+        Ok(ctx)
+    }
+
+    /// Runs `f` with the stream's context current.
+    pub(crate) fn scope<T>(&self, f: impl FnOnce() -> Result<T>) -> Result<T> {
+        let _current = Current::enter(self.call_context()?)?;
+        f()
+    }
+}
+
+impl Drop for CudaStream {
+    fn drop(&mut self) {
+        if self.owned {
+            // SAFETY: an owned handle was created by `cuStreamCreateWithPriority`
+            // and is destroyed only here. The driver lets queued work finish
+            // first. An error (driver shut down) leaves nothing to undo.
+            let _ = unsafe { sys::cuStreamDestroy_v2(self.raw) };
+        }
+    }
+}
+
+/// A number for the calling thread, for the id of its per-thread stream.
+fn thread_number() -> u64 {
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    std::thread_local! {
+        static NUMBER: u64 = NEXT.fetch_add(1, Ordering::Relaxed);
+    }
+    NUMBER.with(|n| *n)
+}
+
+/// The [`Stream::id`] of a raw handle; see [`CudaStream`].
+pub(crate) fn stream_id(raw: sys::CUstream) -> u64 {
+    match raw as usize {
+        0 | sys::CU_STREAM_LEGACY => 0,
+        // User-space pointers stay below 2^47: an id with the top bit set
+        // is never a real handle.
+        sys::CU_STREAM_PER_THREAD => (1 << 63) | (thread_number() << 2) | sys::CU_STREAM_PER_THREAD as u64,
+        h => h as u64,
+    }
+}
+
+impl Stream for CudaStream {
+    type Event = CudaEvent;
+
+    fn id(&self) -> u64 {
+        stream_id(self.raw)
+    }
+
+    fn record(&self) -> Result<CudaEvent> {
+        self.scope(|| {
+            let event = match self.events.as_ref().and_then(|c| c.take()) {
+                Some(event) => event,
+                None => CudaEvent::new(self.events.clone())?,
+            };
+            // SAFETY: both handles are valid: the event belongs to the current
+            // context (made in it now, or idle in its cache), and no one else
+            // holds it; the stream is ours or promised valid.
+            check(unsafe { sys::cuEventRecord(event.raw, self.raw) })?;
+            Ok(event)
+        })
+    }
+
+    fn wait(&self, event: &CudaEvent) -> Result<()> {
+        // SAFETY: both handles are valid while borrowed; flags must be 0.
+        self.scope(|| check(unsafe { sys::cuStreamWaitEvent(self.raw, event.raw, 0) }))
+    }
+
+    fn query(&self, event: &CudaEvent) -> Result<bool> {
+        event.query()
+    }
+
+    fn synchronize(&self) -> Result<()> {
+        // SAFETY: the handle is valid while `self` lives.
+        self.scope(|| check(unsafe { sys::cuStreamSynchronize(self.raw) }))
+    }
+}
+
+impl AsRawStream for CudaStream {
+    fn as_raw_stream(&self) -> sys::CUstream {
+        self.raw
+    }
+    fn context(&self) -> Option<&Context> {
+        self.context.as_ref()
+    }
+}
+
+/// A CUDA event (made without timing, the cheap kind). Dropped, it goes back
+/// to its stream's idle events for the next [`record`](Stream::record), or
+/// is destroyed.
+///
+/// # Examples
+///
+/// ```no_run
+/// use memres_core::Stream;
+/// let s = memres_cuda::CudaStream::new(memres_cuda::Device::get(0)?)?;
+/// let e = s.record()?;
+/// e.synchronize()?;
+/// assert!(e.query()?);
+/// # Ok::<(), memres_core::Error>(())
+/// ```
+#[derive(Debug)]
+pub struct CudaEvent {
+    /// Valid until `Drop` destroys it or hands it to `home`.
+    raw: sys::CUevent,
+    /// The idle events of the context `raw` belongs to, if it has them.
+    home: Option<Arc<EventCache>>,
+}
+
+// SAFETY: event handles may be used from any thread; the handle is
+// destroyed exactly once, by `Drop`.
+unsafe impl Send for CudaEvent {}
+// SAFETY: as above; methods take `&self` and only pass the handle on.
+unsafe impl Sync for CudaEvent {}
+
+impl CudaEvent {
+    /// An event in the current context, to go back to `home` (the current
+    /// context's idle events) when dropped. Callers make the context current.
+    fn new(home: Option<Arc<EventCache>>) -> Result<CudaEvent> {
+        let mut raw = ptr::null_mut();
+        // SAFETY: the out parameter points at a live local; the driver
+        // reports a missing context as an error.
+        check(unsafe { sys::cuEventCreate(&mut raw, sys::CU_EVENT_DISABLE_TIMING) })?;
+        Ok(CudaEvent { raw, home })
+    }
+
+    /// The driver's handle, valid while `self` lives.
+    pub fn raw(&self) -> sys::CUevent {
+        self.raw
+    }
+
+    /// Whether the work before the event has completed (`cuEventQuery`).
+    ///
+    /// # Errors
+    ///
+    /// Any driver error but `CUDA_ERROR_NOT_READY` (which is `false`), as
+    /// [`Error::Backend`].
+    pub fn query(&self) -> Result<bool> {
+        // SAFETY: the handle is valid while `self` lives.
+        match unsafe { sys::cuEventQuery(self.raw) } {
+            sys::CUDA_SUCCESS => Ok(true),
+            sys::CUDA_ERROR_NOT_READY => Ok(false),
+            code => Err(error_from_code(code)),
+        }
+    }
+
+    /// Blocks until the work before the event has completed.
+    ///
+    /// # Errors
+    ///
+    /// The driver's error as [`Error::Backend`].
+    pub fn synchronize(&self) -> Result<()> {
+        // SAFETY: the handle is valid while `self` lives.
+        check(unsafe { sys::cuEventSynchronize(self.raw) })
+    }
+}
+
+impl Drop for CudaEvent {
+    fn drop(&mut self) {
+        if self.home.as_ref().is_some_and(|h| h.give(self.raw)) {
+            return;
+        }
+        // SAFETY: the handle was made by `cuEventCreate` and is destroyed
+        // only here; the driver defers the release if the event is still
+        // pending. An error leaves nothing to undo.
+        let _ = unsafe { sys::cuEventDestroy_v2(self.raw) };
+    }
+}
+
+/// Events of one context that no one holds, ready to be recorded again:
+/// recording an event per free, as stream-ordered pools do, then costs no
+/// create and destroy. Re-recording an idle event is safe: a stream that
+/// waited on it captured the record it waited for when it called
+/// `cuStreamWaitEvent`.
+#[derive(Debug)]
+struct EventCache {
+    /// Keeps the events' context alive until they are destroyed.
+    _context: Context,
+    /// At most [`EventCache::MAX`] idle events of `context`.
+    idle: Mutex<Vec<sys::CUevent>>,
+}
+
+// SAFETY: event handles may be used from any thread; each idle handle is
+// owned by the cache alone (taken out before use, destroyed once in `Drop`).
+unsafe impl Send for EventCache {}
+// SAFETY: as above; the handles are only reached through the mutex.
+unsafe impl Sync for EventCache {}
+
+impl EventCache {
+    /// Idle events kept per stream; more are destroyed.
+    const MAX: usize = 64;
+
+    /// An idle event, now owned by the caller.
+    fn take(self: &Arc<Self>) -> Option<CudaEvent> {
+        let raw = self.idle.lock().unwrap_or_else(|p| p.into_inner()).pop()?;
+        Some(CudaEvent { raw, home: Some(self.clone()) })
+    }
+
+    /// Keeps `raw` for reuse; `false` if the cache is full (the caller
+    /// destroys it then).
+    fn give(&self, raw: sys::CUevent) -> bool {
+        let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
+        if idle.len() >= Self::MAX {
+            return false;
+        }
+        idle.push(raw);
+        true
+    }
+}
+
+impl Drop for EventCache {
+    fn drop(&mut self) {
+        let idle = self.idle.get_mut().unwrap_or_else(|p| p.into_inner());
+        for raw in idle.drain(..) {
+            // SAFETY: idle events are owned by the cache alone; the context
+            // they belong to is retained by `self._context` until after this.
+            let _ = unsafe { sys::cuEventDestroy_v2(raw) };
+        }
+    }
+}
+
+/// A fixed set of streams handed out round robin: RMM's `cuda_stream_pool`.
+///
+/// # Examples
+///
+/// ```no_run
+/// use memres_core::Stream;
+/// let pool = memres_cuda::StreamPool::new(memres_cuda::Device::get(0)?, 4)?;
+/// let (a, b) = (pool.get(), pool.get());
+/// assert_ne!(a.id(), b.id());
+/// assert_eq!(pool.get_at(5).id(), pool.get_at(1).id());
+/// # Ok::<(), memres_core::Error>(())
+/// ```
+#[derive(Debug)]
+pub struct StreamPool {
+    /// Never empty.
+    streams: Vec<CudaStream>,
+    /// Index of the next stream [`get`](StreamPool::get) hands out (mod len).
+    next: AtomicUsize,
+}
+
+impl StreamPool {
+    /// RMM's default pool size.
+    pub const DEFAULT_SIZE: usize = 16;
+
+    /// `size` new streams on `device` (blocking, default priority).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidConfig`] for a size of 0; the driver's error as
+    /// [`Error::Backend`].
+    pub fn new(device: Device, size: usize) -> Result<StreamPool> {
+        Self::with_options(device, size, StreamOptions::default())
+    }
+
+    /// `size` new streams on `device` with `options`.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidConfig`] for a size of 0; the driver's error as
+    /// [`Error::Backend`].
+    pub fn with_options(device: Device, size: usize, options: StreamOptions) -> Result<StreamPool> {
+        if size == 0 {
+            return Err(Error::InvalidConfig { what: "a stream pool needs at least one stream" });
+        }
+        let context = device.primary_context()?;
+        let streams = (0..size)
+            .map(|_| CudaStream::in_context(context.clone(), options))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(StreamPool { streams, next: AtomicUsize::new(0) })
+    }
+
+    /// The next stream, round robin.
+    pub fn get(&self) -> &CudaStream {
+        let i = self.next.fetch_add(1, Ordering::Relaxed);
+        &self.streams[i % self.streams.len()]
+    }
+
+    /// The stream at `index` modulo the pool's size.
+    pub fn get_at(&self, index: usize) -> &CudaStream {
+        &self.streams[index % self.streams.len()]
+    }
+
+    /// Number of streams.
+    pub fn len(&self) -> usize {
+        self.streams.len()
+    }
+
+    /// Always `false`: a pool has at least one stream.
+    pub fn is_empty(&self) -> bool {
+        false
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn default_stream_ids() {
+        assert_eq!(CudaStream::legacy().id(), 0);
+        // SAFETY: `CU_STREAM_LEGACY` is one of the handles `from_raw` accepts.
+        let legacy = unsafe { CudaStream::from_raw(sys::CU_STREAM_LEGACY as sys::CUstream, None) };
+        assert_eq!(legacy.id(), 0);
+        assert!(legacy.is_default() && CudaStream::per_thread().is_default());
+        let mine = CudaStream::per_thread().id();
+        assert_eq!(mine, CudaStream::per_thread().id(), "stable on one thread");
+        assert_eq!(mine & 3, 2);
+        assert!(mine >= 1 << 63);
+        let other = std::thread::spawn(|| CudaStream::per_thread().id()).join().unwrap();
+        assert_ne!(mine, other, "each thread's per-thread stream is its own");
+        assert_eq!(stream_id(0x7f00_1234_5600 as sys::CUstream), 0x7f00_1234_5600);
+    }
+
+    #[test]
+    fn unit_stream_is_the_null_stream() {
+        assert!(().as_raw_stream().is_null());
+        assert!(().context().is_none());
+    }
+}

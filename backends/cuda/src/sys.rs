@@ -1,0 +1,149 @@
+//! The CUDA driver API functions this crate calls, declared with plain
+//! integer results.
+//!
+//! `cust::sys` declares `CUresult` as a Rust `enum` generated from the CUDA
+//! 11.4 headers. A newer driver may return a code that enum does not list,
+//! and a Rust `enum` holding an undeclared value is undefined behaviour. So
+//! the functions used here are declared again with `c_int` results (the ABI
+//! is the same: `CUresult` is a C `enum`, an `int`); the handle types are
+//! `cust::sys`'s, so handles pass freely between `cust` and this crate.
+//! Linking goes through `cust`'s build script (`CUDA_LIBRARY_PATH`).
+//!
+//! Every function here is a raw driver call: read the CUDA driver API
+//! documentation of the function of the same name before calling it.
+#![allow(non_snake_case, missing_docs)]
+
+use core::ffi::{c_char, c_int, c_uint, c_void};
+
+pub use cust::sys::{CUcontext, CUdevice, CUdeviceptr, CUevent, CUmemoryPool, CUstream};
+
+/// A driver result code (`CUresult`), kept as a plain integer.
+pub type CuResult = c_int;
+
+pub const CUDA_SUCCESS: CuResult = 0;
+pub const CUDA_ERROR_INVALID_VALUE: CuResult = 1;
+pub const CUDA_ERROR_OUT_OF_MEMORY: CuResult = 2;
+pub const CUDA_ERROR_NO_DEVICE: CuResult = 100;
+pub const CUDA_ERROR_INVALID_CONTEXT: CuResult = 201;
+pub const CUDA_ERROR_NOT_READY: CuResult = 600;
+
+/// `CU_STREAM_LEGACY`: the legacy default stream, whatever the build's default.
+pub const CU_STREAM_LEGACY: usize = 0x1;
+/// `CU_STREAM_PER_THREAD`: the calling thread's default stream.
+pub const CU_STREAM_PER_THREAD: usize = 0x2;
+
+pub const CU_STREAM_DEFAULT: c_uint = 0x0;
+pub const CU_STREAM_NON_BLOCKING: c_uint = 0x1;
+pub const CU_EVENT_DISABLE_TIMING: c_uint = 0x2;
+pub const CU_MEM_ATTACH_GLOBAL: c_uint = 0x1;
+pub const CU_MEMHOSTALLOC_PORTABLE: c_uint = 0x1;
+pub const CU_MEMHOSTALLOC_DEVICEMAP: c_uint = 0x2;
+pub const CU_MEMHOSTALLOC_WRITECOMBINED: c_uint = 0x4;
+
+pub const CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS: c_int = 89;
+pub const CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED: c_int = 115;
+
+pub const CU_MEM_ALLOCATION_TYPE_PINNED: c_int = 1;
+pub const CU_MEM_LOCATION_TYPE_DEVICE: c_int = 1;
+
+pub const CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC: c_int = 2;
+pub const CU_MEMPOOL_ATTR_RELEASE_THRESHOLD: c_int = 4;
+pub const CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT: c_int = 5;
+pub const CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH: c_int = 6;
+pub const CU_MEMPOOL_ATTR_USED_MEM_CURRENT: c_int = 7;
+
+/// `CUmemLocation`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct CuMemLocation {
+    pub type_: c_int,
+    pub id: c_int,
+}
+
+/// `CUmemPoolProps` (88 bytes; fields added by later drivers live in
+/// `reserved` and must be zero).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct CuMemPoolProps {
+    pub alloc_type: c_int,
+    pub handle_types: c_int,
+    pub location: CuMemLocation,
+    pub win32_security_attributes: *mut c_void,
+    pub reserved: [u8; 64],
+}
+
+const _: () = assert!(core::mem::size_of::<CuMemPoolProps>() == 88);
+
+#[link(name = "cuda")]
+extern "C" {
+    pub fn cuInit(flags: c_uint) -> CuResult;
+    pub fn cuDriverGetVersion(version: *mut c_int) -> CuResult;
+    pub fn cuGetErrorName(error: CuResult, name: *mut *const c_char) -> CuResult;
+
+    pub fn cuDeviceGetCount(count: *mut c_int) -> CuResult;
+    pub fn cuDeviceGet(device: *mut CUdevice, ordinal: c_int) -> CuResult;
+    pub fn cuDeviceGetName(name: *mut c_char, len: c_int, dev: CUdevice) -> CuResult;
+    pub fn cuDeviceTotalMem_v2(bytes: *mut usize, dev: CUdevice) -> CuResult;
+    pub fn cuDeviceGetAttribute(value: *mut c_int, attrib: c_int, dev: CUdevice) -> CuResult;
+    pub fn cuDeviceGetDefaultMemPool(pool: *mut CUmemoryPool, dev: CUdevice) -> CuResult;
+
+    pub fn cuDevicePrimaryCtxRetain(ctx: *mut CUcontext, dev: CUdevice) -> CuResult;
+    pub fn cuDevicePrimaryCtxRelease_v2(dev: CUdevice) -> CuResult;
+    pub fn cuCtxGetCurrent(ctx: *mut CUcontext) -> CuResult;
+    pub fn cuCtxSetCurrent(ctx: CUcontext) -> CuResult;
+    pub fn cuCtxGetDevice(device: *mut CUdevice) -> CuResult;
+
+    pub fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) -> CuResult;
+    pub fn cuMemAlloc_v2(dptr: *mut CUdeviceptr, bytes: usize) -> CuResult;
+    pub fn cuMemFree_v2(dptr: CUdeviceptr) -> CuResult;
+    pub fn cuMemAllocManaged(dptr: *mut CUdeviceptr, bytes: usize, flags: c_uint) -> CuResult;
+    pub fn cuMemHostAlloc(pp: *mut *mut c_void, bytes: usize, flags: c_uint) -> CuResult;
+    pub fn cuMemFreeHost(p: *mut c_void) -> CuResult;
+    pub fn cuMemPrefetchAsync(dptr: CUdeviceptr, count: usize, dst: CUdevice, stream: CUstream) -> CuResult;
+
+    pub fn cuMemPoolCreate(pool: *mut CUmemoryPool, props: *const CuMemPoolProps) -> CuResult;
+    pub fn cuMemPoolDestroy(pool: CUmemoryPool) -> CuResult;
+    pub fn cuMemPoolSetAttribute(pool: CUmemoryPool, attr: c_int, value: *mut c_void) -> CuResult;
+    pub fn cuMemPoolGetAttribute(pool: CUmemoryPool, attr: c_int, value: *mut c_void) -> CuResult;
+    pub fn cuMemPoolTrimTo(pool: CUmemoryPool, keep: usize) -> CuResult;
+    pub fn cuMemAllocFromPoolAsync(
+        dptr: *mut CUdeviceptr,
+        bytes: usize,
+        pool: CUmemoryPool,
+        stream: CUstream,
+    ) -> CuResult;
+    pub fn cuMemFreeAsync(dptr: CUdeviceptr, stream: CUstream) -> CuResult;
+
+    pub fn cuMemsetD32Async(dst: CUdeviceptr, value: c_uint, count: usize, stream: CUstream) -> CuResult;
+    pub fn cuMemcpyAsync(dst: CUdeviceptr, src: CUdeviceptr, bytes: usize, stream: CUstream) -> CuResult;
+    pub fn cuMemcpyDtoHAsync_v2(
+        dst: *mut c_void,
+        src: CUdeviceptr,
+        bytes: usize,
+        stream: CUstream,
+    ) -> CuResult;
+    pub fn cuMemcpyHtoDAsync_v2(
+        dst: CUdeviceptr,
+        src: *const c_void,
+        bytes: usize,
+        stream: CUstream,
+    ) -> CuResult;
+
+    pub fn cuStreamCreateWithPriority(stream: *mut CUstream, flags: c_uint, priority: c_int) -> CuResult;
+    pub fn cuStreamDestroy_v2(stream: CUstream) -> CuResult;
+    pub fn cuStreamSynchronize(stream: CUstream) -> CuResult;
+    pub fn cuStreamWaitEvent(stream: CUstream, event: CUevent, flags: c_uint) -> CuResult;
+    pub fn cuStreamGetCtx(stream: CUstream, ctx: *mut CUcontext) -> CuResult;
+
+    pub fn cuLaunchHostFunc(
+        stream: CUstream,
+        f: Option<unsafe extern "C" fn(data: *mut c_void)>,
+        data: *mut c_void,
+    ) -> CuResult;
+
+    pub fn cuEventCreate(event: *mut CUevent, flags: c_uint) -> CuResult;
+    pub fn cuEventRecord(event: CUevent, stream: CUstream) -> CuResult;
+    pub fn cuEventQuery(event: CUevent) -> CuResult;
+    pub fn cuEventSynchronize(event: CUevent) -> CuResult;
+    pub fn cuEventDestroy_v2(event: CUevent) -> CuResult;
+}

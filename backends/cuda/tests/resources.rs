@@ -1,0 +1,181 @@
+//! Every CUDA resource: allocate, write a pattern, read it back, free.
+//! Each test reports itself SKIPPED (and tests nothing) without a GPU.
+
+mod common;
+
+use common::{expect_filled, fill, gpu, pattern};
+use memres_core::{Block, MemoryResource, Request};
+use memres_cuda::{
+    ops, sys, AsyncConfig, CudaAsyncMemory, CudaMemory, CudaStream, ManagedMemory, PinnedMemory, Prefetch,
+};
+
+/// Sizes with the odd ones a pool never sees: 4 bytes, not a multiple of
+/// 256, just over a 2 MiB page.
+const SIZES: [u64; 5] = [4, 1000, 4096, 1 << 20, (2 << 20) + 4];
+
+/// Allocates each size from `mr`, fills every block with its own pattern,
+/// reads all back, frees them: the round trip every resource must pass.
+fn round_trip<R: MemoryResource<CudaStream>>(mr: &R, stream: &CudaStream) {
+    let blocks: Vec<Block> = SIZES
+        .iter()
+        .map(|&s| {
+            let b = mr.allocate(Request::new(s).unwrap(), stream).expect("allocate");
+            assert_eq!(b.addr() % 256, 0, "256-byte alignment");
+            assert_eq!(b.size(), s);
+            b
+        })
+        .collect();
+    for (i, b) in blocks.iter().enumerate() {
+        fill(stream, b, pattern(i as u64));
+    }
+    for (i, b) in blocks.iter().enumerate() {
+        expect_filled(stream, b, pattern(i as u64));
+    }
+    // Over-aligned requests keep their alignment and free cleanly.
+    for align in [4096u64, 1 << 16, 1 << 21] {
+        let b = mr.allocate(Request::aligned(3000, align).unwrap(), stream).expect("aligned allocate");
+        assert_eq!(b.addr() % align, 0, "alignment {align}");
+        fill(stream, &b, 0xA11C_0000 | align as u32 >> 8);
+        expect_filled(stream, &b, 0xA11C_0000 | align as u32 >> 8);
+        mr.deallocate(b, stream).expect("aligned free");
+    }
+    assert_eq!(mr.allocate(Request::new(0).unwrap(), stream), Ok(Block::EMPTY));
+    mr.deallocate(Block::EMPTY, stream).expect("free of the empty block");
+    for b in blocks {
+        mr.deallocate(b, stream).expect("free");
+    }
+    memres_core::Stream::synchronize(stream).expect("synchronize");
+}
+
+#[test]
+fn device_memory_round_trip() {
+    let Some(device) = gpu("device_memory_round_trip") else { return };
+    let mr = CudaMemory::new(device).unwrap();
+    let stream = CudaStream::new(device).unwrap();
+    round_trip(&mr, &stream);
+}
+
+#[test]
+fn async_memory_round_trip_and_pool_attributes() {
+    let Some(device) = gpu("async_memory_round_trip_and_pool_attributes") else { return };
+    let config = AsyncConfig::new().initial_size(16 << 20).release_threshold(64 << 20);
+    let mr = CudaAsyncMemory::with_config(device, config).unwrap();
+    assert!(mr.owns_pool());
+    assert_eq!(mr.release_threshold().unwrap(), 64 << 20);
+    assert!(mr.reserved_bytes().unwrap() >= 16 << 20, "the initial size was reserved");
+    let stream = CudaStream::new(device).unwrap();
+    round_trip(&mr, &stream);
+    let b = mr.allocate(Request::new(8 << 20).unwrap(), &stream).unwrap();
+    assert!(mr.used_bytes().unwrap() >= 8 << 20);
+    mr.deallocate(b, &stream).unwrap();
+    memres_core::Stream::synchronize(&stream).unwrap();
+    assert_eq!(mr.used_bytes().unwrap(), 0, "every block freed");
+    mr.trim_to(0).unwrap();
+}
+
+#[test]
+fn async_memory_on_the_legacy_stream() {
+    let Some(device) = gpu("async_memory_on_the_legacy_stream") else { return };
+    let mr = CudaAsyncMemory::new(device).unwrap();
+    // `()` is the legacy stream of the resource's context.
+    let b = mr.allocate(Request::new(1 << 20).unwrap(), &()).unwrap();
+    let legacy = device.default_stream().unwrap();
+    fill(&legacy, &b, 0x1E6A_C700);
+    expect_filled(&legacy, &b, 0x1E6A_C700);
+    mr.deallocate(b, &()).unwrap();
+}
+
+#[test]
+fn default_pool_view_leaves_the_pool_alive() {
+    let Some(device) = gpu("default_pool_view_leaves_the_pool_alive") else { return };
+    let stream = CudaStream::new(device).unwrap();
+    let first = CudaAsyncMemory::default_pool(device).unwrap();
+    assert!(!first.owns_pool());
+    round_trip(&first, &stream);
+    let handle = first.pool_handle();
+    drop(first);
+    let second = CudaAsyncMemory::default_pool(device).unwrap();
+    assert_eq!(second.pool_handle(), handle, "the same driver pool, not destroyed");
+    round_trip(&second, &stream);
+}
+
+#[test]
+fn managed_memory_round_trip_and_host_access() {
+    let Some(device) = gpu("managed_memory_round_trip_and_host_access") else { return };
+    let mr = ManagedMemory::new(device).unwrap();
+    let stream = CudaStream::new(device).unwrap();
+    round_trip(&mr, &stream);
+    let b = mr.allocate(Request::new(4096).unwrap(), &stream).unwrap();
+    fill(&stream, &b, 0x4D41_4E47);
+    memres_core::Stream::synchronize(&stream).unwrap();
+    // SAFETY: managed memory is host-accessible once the device work on it
+    // has completed (the stream was synchronized); the block is 4096 bytes.
+    let words = unsafe { std::slice::from_raw_parts(b.addr() as *const u32, 1024) };
+    assert!(words.iter().all(|&w| w == 0x4D41_4E47));
+    mr.deallocate(b, &stream).unwrap();
+}
+
+#[test]
+fn prefetched_managed_memory_round_trip() {
+    let Some(device) = gpu("prefetched_managed_memory_round_trip") else { return };
+    if !device.concurrent_managed_access().unwrap() {
+        eprintln!("SKIPPED prefetched_managed_memory_round_trip: the device cannot prefetch managed memory");
+        return;
+    }
+    let mr = Prefetch::new(ManagedMemory::new(device).unwrap(), device).unwrap();
+    assert_eq!(mr.device(), device);
+    let stream = CudaStream::new(device).unwrap();
+    round_trip(&mr, &stream);
+    // Over memory that is not managed, prefetching is skipped, not an error.
+    let plain = Prefetch::new(CudaMemory::new(device).unwrap(), device).unwrap();
+    round_trip(&plain, &stream);
+}
+
+#[test]
+fn pinned_memory_round_trip_through_the_device() {
+    let Some(device) = gpu("pinned_memory_round_trip_through_the_device") else { return };
+    let pinned = PinnedMemory::new(device).unwrap();
+    let dmem = CudaMemory::new(device).unwrap();
+    let stream = CudaStream::new(device).unwrap();
+    for (i, &size) in SIZES.iter().enumerate() {
+        let h = pinned.allocate(Request::new(size).unwrap(), &stream).unwrap();
+        assert_eq!(h.addr() % 256, 0);
+        let words = (size / 4) as usize;
+        // SAFETY: a live pinned block of `size` bytes, host memory that
+        // nothing else uses.
+        let host = unsafe { std::slice::from_raw_parts_mut(h.addr() as *mut u32, words) };
+        host.fill(pattern(i as u64));
+        let d = dmem.allocate(Request::new(size).unwrap(), &stream).unwrap();
+        // SAFETY: both blocks are live and `size` bytes long until freed below,
+        // after the stream is synchronized by `expect_filled`.
+        unsafe { ops::copy(&stream, d.addr(), h.addr(), words * 4) }.unwrap();
+        expect_filled(&stream, &Block::new(d.addr(), words as u64 * 4, d.tag()), pattern(i as u64));
+        dmem.deallocate(d, &stream).unwrap();
+        pinned.deallocate(h, &stream).unwrap();
+    }
+    let aligned = pinned.allocate(Request::aligned(100, 1 << 16).unwrap(), &stream).unwrap();
+    assert_eq!(aligned.addr() % (1 << 16), 0);
+    pinned.deallocate(aligned, &stream).unwrap();
+}
+
+#[test]
+fn any_thread_without_setup_and_the_callers_context_is_restored() {
+    let Some(device) = gpu("any_thread_without_setup_and_the_callers_context_is_restored") else { return };
+    let mr = CudaAsyncMemory::new(device).unwrap();
+    let stream = CudaStream::new(device).unwrap();
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            // A fresh thread has no current context; the resource needs none.
+            let b = mr.allocate(Request::new(1 << 16).unwrap(), &stream).unwrap();
+            fill(&stream, &b, 7);
+            expect_filled(&stream, &b, 7);
+            mr.deallocate(b, &stream).unwrap();
+            let b = mr.allocate(Request::new(256).unwrap(), &()).unwrap();
+            mr.deallocate(b, &()).unwrap();
+            let mut current = std::ptr::null_mut();
+            // SAFETY: the out parameter is a live local.
+            assert_eq!(unsafe { sys::cuCtxGetCurrent(&mut current) }, 0);
+            assert!(current.is_null(), "the thread's (empty) context was restored");
+        });
+    });
+}
