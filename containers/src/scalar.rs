@@ -50,7 +50,9 @@ where
     ///
     /// The resource's or the copy engine's error.
     pub fn from_value(value: &T, stream: S, resource: R, engine: E) -> Result<Self> {
-        Ok(DeviceScalar { inner: DeviceUVector::from_slice(std::slice::from_ref(value), stream, resource, engine)? })
+        Ok(DeviceScalar {
+            inner: DeviceUVector::from_slice(std::slice::from_ref(value), stream, resource, engine)?,
+        })
     }
 
     /// Writes `value`, ordered on the scalar's stream.

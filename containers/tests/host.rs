@@ -100,7 +100,10 @@ fn uvector_elements_and_growth() {
     }
     assert_eq!(v.to_vec().unwrap(), vec![0.0, 1.5, 3.0]);
     assert!(matches!(v.element(3), Err(ContainerError::IndexOutOfRange { index: 3, len: 3 })));
-    assert!(matches!(v.set_element_async(7, &1.0), Err(ContainerError::IndexOutOfRange { index: 7, len: 3 })));
+    assert!(matches!(
+        v.set_element_async(7, &1.0),
+        Err(ContainerError::IndexOutOfRange { index: 7, len: 3 })
+    ));
     // Resize by doubling keeps the elements.
     let mut n = 3;
     while n < 3000 {

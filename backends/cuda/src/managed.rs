@@ -88,10 +88,10 @@ impl<S: Stream + ?Sized> MemoryResource<S> for ManagedMemory {
 /// Prefetches every block it hands out to its device, on the allocation's
 /// stream (`cuMemPrefetchAsync`): RMM's `prefetch_resource_adaptor`.
 ///
-/// Meant over [`ManagedMemory`]. A block the driver cannot prefetch because
-/// it is not managed memory (`CUDA_ERROR_INVALID_VALUE`) is handed out as it
-/// is, as RMM does: prefetching is a hint. Any other prefetch error frees the
-/// block again and is returned.
+/// Meant over [`ManagedMemory`]. A block that is not managed memory (asked of
+/// the driver with `cuPointerGetAttribute`) is handed out as it is, as RMM
+/// does: prefetching is a hint. A prefetch error frees the block again and is
+/// returned.
 ///
 /// # Examples
 ///
@@ -147,13 +147,35 @@ impl<S: AsRawStream + ?Sized, R: MemoryResource<S>> MemoryResource<S> for Prefet
         let ctx = stream.context().unwrap_or(&self.context);
         let device = self.context.device().raw();
         let prefetched = ctx.scope(|| {
-            // SAFETY: the block is live (just handed out by upstream) and
-            // `size` bytes long; the stream is valid while borrowed.
+            // Prefetching is a hint that only managed memory takes: ask first,
+            // so that plain device memory costs no failing driver call.
+            let mut managed: std::ffi::c_uint = 0;
+            // SAFETY: `managed` is a valid out-pointer of the attribute's type
+            // (unsigned int); the address is a live block of this context.
             let code = unsafe {
-                sys::cuMemPrefetchAsync(block.addr(), block.size() as usize, device, stream.as_raw_stream())
+                sys::cuPointerGetAttribute(
+                    (&mut managed as *mut std::ffi::c_uint).cast(),
+                    sys::CU_POINTER_ATTRIBUTE_IS_MANAGED,
+                    block.addr(),
+                )
+            };
+            if code != sys::CUDA_SUCCESS || managed == 0 {
+                return Ok(());
+            }
+            let location = sys::CuMemLocation { type_: sys::CU_MEM_LOCATION_TYPE_DEVICE, id: device };
+            // SAFETY: the block is live (just handed out by upstream) and
+            // `size` bytes long; the stream is valid while borrowed; flags must be 0.
+            let code = unsafe {
+                sys::cuMemPrefetchAsync_v2(
+                    block.addr(),
+                    block.size() as usize,
+                    location,
+                    0,
+                    stream.as_raw_stream(),
+                )
             };
             match code {
-                sys::CUDA_SUCCESS | sys::CUDA_ERROR_INVALID_VALUE => Ok(()),
+                sys::CUDA_SUCCESS => Ok(()),
                 code => Err(error_from_code(code)),
             }
         });

@@ -47,6 +47,8 @@ pub const CU_MEM_ALLOCATION_TYPE_PINNED: c_int = 1;
 pub const CU_MEM_LOCATION_TYPE_DEVICE: c_int = 1;
 
 pub const CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC: c_int = 2;
+/// `CU_POINTER_ATTRIBUTE_IS_MANAGED`.
+pub const CU_POINTER_ATTRIBUTE_IS_MANAGED: c_int = 8;
 pub const CU_MEMPOOL_ATTR_RELEASE_THRESHOLD: c_int = 4;
 pub const CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT: c_int = 5;
 pub const CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH: c_int = 6;
@@ -99,7 +101,16 @@ extern "C" {
     pub fn cuMemAllocManaged(dptr: *mut CUdeviceptr, bytes: usize, flags: c_uint) -> CuResult;
     pub fn cuMemHostAlloc(pp: *mut *mut c_void, bytes: usize, flags: c_uint) -> CuResult;
     pub fn cuMemFreeHost(p: *mut c_void) -> CuResult;
-    pub fn cuMemPrefetchAsync(dptr: CUdeviceptr, count: usize, dst: CUdevice, stream: CUstream) -> CuResult;
+    /// The CUDA 12.2+ form (the only one CUDA 13 keeps): the destination is
+    /// a `CUmemLocation`.
+    pub fn cuMemPrefetchAsync_v2(
+        dptr: CUdeviceptr,
+        count: usize,
+        location: CuMemLocation,
+        flags: c_uint,
+        stream: CUstream,
+    ) -> CuResult;
+    pub fn cuPointerGetAttribute(data: *mut c_void, attribute: c_int, ptr: CUdeviceptr) -> CuResult;
 
     pub fn cuMemPoolCreate(pool: *mut CUmemoryPool, props: *const CuMemPoolProps) -> CuResult;
     pub fn cuMemPoolDestroy(pool: CUmemoryPool) -> CuResult;

@@ -7,9 +7,16 @@ mod common;
 use common::{expect_filled, fill, gpu, Gate};
 use memres_core::{MemoryResource, Request, Stream};
 use memres_cuda::{CudaAsyncMemory, CudaStream, StreamOptions, StreamPool};
+use std::sync::Mutex;
+
+/// These tests hold streams with gates and use the legacy default stream,
+/// which orders every blocking stream of the device: run one at a time so
+/// that one test's gate does not hold another's work.
+static SERIAL: Mutex<()> = Mutex::new(());
 
 #[test]
 fn record_query_and_wait_follow_stream_order() {
+    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
     let Some(device) = gpu("record_query_and_wait_follow_stream_order") else { return };
     let a = CudaStream::new(device).unwrap();
     let b = CudaStream::with_options(device, StreamOptions { non_blocking: true, priority: 0 }).unwrap();
@@ -29,6 +36,7 @@ fn record_query_and_wait_follow_stream_order() {
 
 #[test]
 fn an_event_of_an_idle_stream_is_complete_after_synchronize() {
+    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
     let Some(device) = gpu("an_event_of_an_idle_stream_is_complete_after_synchronize") else { return };
     let s = CudaStream::new(device).unwrap();
     let e = s.record().unwrap();
@@ -47,6 +55,7 @@ fn an_event_of_an_idle_stream_is_complete_after_synchronize() {
 
 #[test]
 fn memory_freed_on_one_stream_is_safe_on_another_after_wait() {
+    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
     let Some(device) = gpu("memory_freed_on_one_stream_is_safe_on_another_after_wait") else { return };
     let mr = CudaAsyncMemory::new(device).unwrap();
     let (a, b) = (CudaStream::new(device).unwrap(), CudaStream::new(device).unwrap());
@@ -64,6 +73,7 @@ fn memory_freed_on_one_stream_is_safe_on_another_after_wait() {
 
 #[test]
 fn borrowed_and_default_streams() {
+    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
     let Some(device) = gpu("borrowed_and_default_streams") else { return };
     let owned = CudaStream::new(device).unwrap();
     // SAFETY: `owned` outlives `borrowed`.
@@ -95,6 +105,7 @@ fn borrowed_and_default_streams() {
 
 #[test]
 fn stream_pool_hands_streams_out_round_robin() {
+    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
     let Some(device) = gpu("stream_pool_hands_streams_out_round_robin") else { return };
     let pool = StreamPool::new(device, 4).unwrap();
     assert_eq!(pool.len(), 4);
