@@ -17,6 +17,7 @@
 //! | [`Error`] | every failure as a typed value; out of memory carries its figures |
 //! | [`lock`] | [`RawLock`](lock::RawLock), [`SpinLock`](lock::SpinLock) and [`Shared`], which turns any `&mut self` algorithm into a `&self` resource |
 //! | [`pool`] | [`CoalescingPool`](pool::CoalescingPool): O(1) allocate and free over chunks from an upstream, and [`CoalescingIndex`](pool::CoalescingIndex), its two-level segregated-fit index over bare ranges |
+//! | [`fixed`] | [`FixedSizeResource`](fixed::FixedSizeResource): blocks of one size carved from upstream chunks, O(1) allocate and free on an index stack outside the managed memory |
 //! | [`check`] | the invariant checker that tests and fuzz targets run after every step |
 //!
 //! # Features
@@ -57,6 +58,7 @@ mod resource;
 mod stream;
 
 pub mod check;
+pub mod fixed;
 pub mod lock;
 pub mod pool;
 pub mod storage;

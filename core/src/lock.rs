@@ -188,9 +188,11 @@ impl<R, L: RawLock> Shared<R, L> {
     /// Puts `inner` behind a new lock of type `L`.
     ///
     /// ```
+    /// # #[cfg(feature = "std")] {
     /// use memres_core::lock::{Shared, StdLock};
     /// let s: Shared<u32, StdLock> = Shared::new_with_lock(5);
     /// assert_eq!(s.with(|v| *v), 5);
+    /// # }
     /// ```
     pub fn new_with_lock(inner: R) -> Self {
         Shared { lock: L::default(), inner: UnsafeCell::new(inner) }

@@ -7,7 +7,7 @@
 //! upstream on [`release`](CoalescingPool::release).
 
 mod index;
-#[cfg(test)]
+#[cfg(all(test, feature = "alloc"))]
 mod tests;
 
 pub use index::{Allocation, CoalescingIndex, Node};
