@@ -327,9 +327,57 @@ impl<U> FixedSizeResource<U> {
     {
         Self::with_config_in(upstream, config, stream)
     }
+
+    /// A resource over `upstream` with `config` that takes nothing from
+    /// upstream until the first request (so it needs no stream now).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidConfig`] as [`with_config`](FixedSizeResource::with_config),
+    /// and for a configuration that asks for initial chunks (taking them
+    /// needs a stream: use `with_config`).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use memres_core::fixed::{FixedConfig, FixedSizeResource};
+    /// # use memres_core::testing::BumpUpstream;
+    /// let fixed = FixedSizeResource::try_new(BumpUpstream::new(1 << 20), FixedConfig::new(512))?;
+    /// assert_eq!((fixed.block_size(), fixed.pool_size()), (512, 0));
+    /// assert!(FixedSizeResource::try_new(BumpUpstream::new(0), FixedConfig::new(512).initial_chunks(1)).is_err());
+    /// # Ok::<(), memres_core::Error>(())
+    /// ```
+    pub fn try_new(upstream: U, config: FixedConfig) -> Result<Self> {
+        Self::try_new_in(upstream, config)
+    }
 }
 
 impl<U, C: Storage<Chunk>, L: Storage<Slot>> FixedSizeResource<U, C, L> {
+    /// [`try_new`](FixedSizeResource::try_new) for any metadata storage.
+    ///
+    /// # Errors
+    ///
+    /// As [`try_new`](FixedSizeResource::try_new).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use memres_core::fixed::{Chunk, FixedConfig, FixedSizeResource, Slot};
+    /// use memres_core::storage::ArrayStorage;
+    /// # use memres_core::testing::BumpUpstream;
+    /// type Small<U> = FixedSizeResource<U, ArrayStorage<Chunk, 2>, ArrayStorage<Slot, 8>>;
+    /// let fixed = Small::try_new_in(BumpUpstream::new(1 << 20), FixedConfig::new(256).blocks_per_chunk(4))?;
+    /// assert_eq!(fixed.pool_size(), 0);
+    /// # Ok::<(), memres_core::Error>(())
+    /// ```
+    pub fn try_new_in(upstream: U, config: FixedConfig) -> Result<Self> {
+        config.validate()?;
+        if config.initial_chunks > 0 {
+            return Err(Error::InvalidConfig { what: "initial chunks need a stream: use with_config" });
+        }
+        Ok(Self::empty(upstream, config))
+    }
+
     fn empty(upstream: U, config: FixedConfig) -> Self {
         FixedSizeResource {
             upstream,
