@@ -164,7 +164,7 @@ impl<'a, U, S: Stream + ?Sized> BinningResource<'a, U, S> {
     /// ```
     pub fn with_exponents(upstream: U, min_exponent: u32, max_exponent: u32) -> Result<Self>
     where
-        U: MemoryResource<S> + Clone + Send + 'a,
+        U: MemoryResource<S> + Clone,
     {
         if min_exponent > max_exponent {
             return Err(Error::InvalidConfig { what: "smallest bin exponent above the largest" });
@@ -209,7 +209,7 @@ impl<'a, U, S: Stream + ?Sized> BinningResource<'a, U, S> {
     /// ```
     pub fn from_histogram(upstream: U, histogram: &SizeHistogram, plan: &BinPlan) -> Result<Self>
     where
-        U: MemoryResource<S> + Clone + Send + 'a,
+        U: MemoryResource<S> + Clone,
     {
         let mut bins = Self::new(upstream);
         for size in plan.choose(histogram) {
@@ -275,7 +275,7 @@ impl<'a, U, S: Stream + ?Sized> BinningResource<'a, U, S> {
     /// ```
     pub fn add_fixed_bin(&mut self, config: FixedConfig) -> Result<()>
     where
-        U: MemoryResource<S> + Clone + Send + 'a,
+        U: MemoryResource<S> + Clone,
     {
         let size = config.block_size();
         self.vacancy(size)?;
