@@ -51,8 +51,18 @@ impl Default for FixedConfig {
 
 impl FixedConfig {
     /// RMM's default block size: 1 MiB.
+    ///
+    /// ```
+    /// # use memres_core::fixed::FixedConfig;
+    /// assert_eq!(FixedConfig::default().block_size(), FixedConfig::DEFAULT_BLOCK_SIZE);
+    /// ```
     pub const DEFAULT_BLOCK_SIZE: u64 = 1 << 20;
     /// RMM's default number of blocks per upstream chunk.
+    ///
+    /// ```
+    /// # use memres_core::fixed::FixedConfig;
+    /// assert_eq!(FixedConfig::new(256).blocks(), FixedConfig::DEFAULT_BLOCKS_PER_CHUNK);
+    /// ```
     pub const DEFAULT_BLOCKS_PER_CHUNK: u32 = 128;
 
     /// Blocks of `block_size` bytes (a multiple of 256), 128 to a chunk.
@@ -185,7 +195,19 @@ impl FixedConfig {
 
 /// Metadata of one block: where it is, and whether it is free.
 ///
-/// Kept outside the managed memory; one per block of every chunk held.
+/// Kept outside the managed memory; one per block of every chunk held. It is
+/// public only to name the slot storage of a [`FixedSizeResource`].
+///
+/// # Examples
+///
+/// ```
+/// use memres_core::fixed::{Chunk, FixedSizeResource, Slot};
+/// use memres_core::storage::ArrayStorage;
+/// # use memres_core::testing::BumpUpstream;
+/// // Metadata for at most 4 chunks and 512 blocks, with no allocator.
+/// type NoHeap = FixedSizeResource<BumpUpstream, ArrayStorage<Chunk, 4>, ArrayStorage<Slot, 512>>;
+/// assert_eq!(Slot::default(), Slot::default());
+/// ```
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Slot {
     /// The block's address (meaningless while vacant).
@@ -198,7 +220,18 @@ pub struct Slot {
     generation: u32,
 }
 
-/// One chunk taken from upstream.
+/// One chunk taken from upstream: the block to give back and the index of
+/// its first slot. Public only to name the chunk storage of a
+/// [`FixedSizeResource`].
+///
+/// # Examples
+///
+/// ```
+/// use memres_core::fixed::Chunk;
+/// use memres_core::storage::{ArrayStorage, Storage};
+/// let table: ArrayStorage<Chunk, 8> = Default::default();
+/// assert_eq!(table.max_len(), 8);
+/// ```
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Chunk {
     /// The block the upstream handed out (to give back); its address is the
