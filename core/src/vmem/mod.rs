@@ -76,6 +76,8 @@ use crate::{Range, Result, Stream};
 /// # Examples
 ///
 /// ```
+/// # #[cfg(not(feature = "alloc"))] fn main() {}
+/// # #[cfg(feature = "alloc")] fn main() -> Result<(), memres_core::Error> {
 /// use memres_core::vmem::{CountingSpace, ReservableSpace};
 /// let space = CountingSpace::new(1 << 30, 2 << 20);
 /// let r = space.reserve(8 << 20)?;
@@ -85,7 +87,8 @@ use crate::{Range, Result, Stream};
 /// assert_eq!(space.committed_bytes(), 4 << 20);
 /// space.decommit(first, &())?;
 /// space.release(r)?;
-/// # Ok::<(), memres_core::Error>(())
+/// # Ok(())
+/// # }
 /// ```
 pub trait ReservableSpace {
     /// The granule: the unit of reservation, commit and decommit (a power of

@@ -1,0 +1,489 @@
+//! The binning resource: RMM's `binning_memory_resource`, with bins that can
+//! be chosen from a measured size histogram.
+//!
+//! [`BinningResource`] routes each request to the smallest bin whose size
+//! holds it and everything larger to its upstream. Bins are
+//! [`FixedSizeResource`]s over the same upstream (one per power of two, as
+//! RMM's constructor makes them, or sizes picked by a [`BinPlan`] from a
+//! [`SizeHistogram`]), or any resource added with
+//! [`add_bin`](BinningResource::add_bin).
+
+mod plan;
+#[cfg(test)]
+mod tests;
+
+pub use plan::{BinPlan, SizeHistogram};
+
+use crate::check::Violation;
+use crate::fixed::{FixedConfig, FixedSizeResource};
+use crate::{Block, Error, MemoryResource, Request, Result, Shared, Stream};
+use alloc::boxed::Box;
+use alloc::vec::Vec;
+use core::fmt;
+
+/// One bin: a fixed-size resource made by the binning resource (which it can
+/// release and check), or a resource given by the caller.
+enum Bin<'a, U, S: Stream + ?Sized> {
+    Fixed(Shared<FixedSizeResource<U>>),
+    Other(Box<dyn MemoryResource<S> + Send + Sync + 'a>),
+}
+
+impl<U, S: Stream + ?Sized> Bin<'_, U, S>
+where
+    U: MemoryResource<S>,
+{
+    #[inline]
+    fn allocate(&self, request: Request, stream: &S) -> Result<Block> {
+        match self {
+            Bin::Fixed(f) => f.allocate(request, stream),
+            Bin::Other(r) => r.allocate(request, stream),
+        }
+    }
+
+    #[inline]
+    fn deallocate(&self, block: Block, stream: &S) -> Result<()> {
+        match self {
+            Bin::Fixed(f) => f.deallocate(block, stream),
+            Bin::Other(r) => r.deallocate(block, stream),
+        }
+    }
+}
+
+impl<U, S: Stream + ?Sized> fmt::Debug for Bin<'_, U, S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Bin::Fixed(fixed) => fixed.fmt(f),
+            Bin::Other(_) => f.write_str("MemoryResource"),
+        }
+    }
+}
+
+/// Routes each request by size to the smallest bin that holds it, and
+/// everything larger to its upstream: RMM's `binning_memory_resource`.
+///
+/// ```text
+///   request(size) ──► sizes: [ 256 | 512 | 1024 | 3000 | 4096 ]   (sorted)
+///                        smallest bin >= size (binary search)
+///                  ┌───────┬──────┬──────┬──────┬──────┐
+///                  ▼       ▼      ▼      ▼      ▼      │ none: larger
+///                 bin     bin    bin    bin    bin     ▼ than every bin
+///                 Fixed   Fixed  Fixed  Other  Fixed   upstream U
+///                (own lock each)               │
+///                  └── chunks from upstream U ─┘  (bins share U: U: Clone)
+///   deallocate(block) ──► the same route, by block.size()
+/// ```
+///
+/// - **Routing.** A request goes to the smallest bin whose size is at least
+///   the request's size; a request larger than every bin goes to the
+///   upstream. A free takes the same route by the block's size (the size as
+///   requested), so a block goes back to the bin it came from. Alignment
+///   does not route: a bin that cannot give the alignment asked refuses it
+///   ([`Error::InvalidAlignment`] for fixed-size bins).
+/// - **Bins and upstream share the upstream.** The bins the resource makes
+///   are [`FixedSizeResource`]s over clones of `U`, so `U` is a handle:
+///   `&R` or `Arc<R>` of a shareable resource (a `SimDevice`, a
+///   [`Shared`] pool...). They take nothing until first used (RMM takes one
+///   chunk per bin up front).
+/// - **Thread safety: `&self`, a lock per bin.** The binning resource is a
+///   [`MemoryResource`] (not a `&mut self` algorithm): routing reads only the
+///   bin table, which is fixed once the resource is shared (adding a bin
+///   takes `&mut self`). Each bin it makes sits behind its own
+///   [`SpinLock`](crate::lock::SpinLock) (its critical section is a pop or
+///   a push), so threads working on different sizes never contend, and
+///   the large path takes whatever lock the upstream has. Bins given by the
+///   caller must be `Send + Sync` and bring their own locking. The resource
+///   is `Send + Sync` when `U` is.
+/// - **Bins from a histogram.** [`from_histogram`](Self::from_histogram)
+///   picks the bin sizes from measured request sizes with a [`BinPlan`]:
+///   bins for the sizes that are frequent enough, covering as many requests
+///   as a padding budget allows, with the least padding.
+///
+/// # Examples
+///
+/// ```
+/// use memres_core::binning::BinningResource;
+/// use memres_core::{MemoryResource, Request};
+/// # use memres_core::testing::BumpUpstream;
+/// let upstream = BumpUpstream::new(1 << 40);
+/// // Bins of 256 B, 512 B, ... 1 MiB (2^8 ..= 2^20), larger requests upstream.
+/// let bins = BinningResource::with_exponents(&upstream, 8, 20)?;
+/// let small = bins.allocate(Request::new(600)?, &())?; // the 1 KiB bin
+/// let large = bins.allocate(Request::new(3 << 20)?, &())?; // upstream
+/// assert_eq!(upstream.outstanding(), (128 << 10) + (3 << 20));
+/// bins.deallocate(small, &())?;
+/// bins.deallocate(large, &())?;
+/// bins.release(&())?;
+/// assert_eq!(upstream.outstanding(), 0);
+/// # Ok::<(), memres_core::Error>(())
+/// ```
+pub struct BinningResource<'a, U, S: Stream + ?Sized = ()> {
+    upstream: U,
+    /// Bin sizes: ascending, distinct, non-zero; `sizes[i]` is `bins[i]`'s.
+    sizes: Vec<u64>,
+    /// The bins, in the order of `sizes`.
+    bins: Vec<Bin<'a, U, S>>,
+}
+
+impl<'a, U, S: Stream + ?Sized> BinningResource<'a, U, S> {
+    /// A resource with no bins: everything goes to `upstream` until bins are
+    /// added.
+    ///
+    /// ```
+    /// use memres_core::binning::BinningResource;
+    /// # use memres_core::testing::BumpUpstream;
+    /// let bins: BinningResource<_> = BinningResource::new(BumpUpstream::new(1 << 20));
+    /// assert!(bins.bin_sizes().is_empty());
+    /// ```
+    pub fn new(upstream: U) -> Self {
+        BinningResource { upstream, sizes: Vec::new(), bins: Vec::new() }
+    }
+
+    /// RMM's constructor: one [`FixedSizeResource`] bin (128 blocks per
+    /// chunk) for each power of two from `2^min_exponent` to
+    /// `2^max_exponent`, over clones of `upstream`, which also serves every
+    /// request above `2^max_exponent`.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidConfig`] if `min_exponent > max_exponent`,
+    /// `min_exponent < 8` (blocks are multiples of 256 bytes: the 256-byte
+    /// bin already serves every smaller request) or a bin's chunk would
+    /// overflow.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use memres_core::binning::BinningResource;
+    /// use memres_core::Error;
+    /// # use memres_core::testing::BumpUpstream;
+    /// let up = BumpUpstream::new(1 << 30);
+    /// let bins = BinningResource::<_>::with_exponents(&up, 10, 12)?;
+    /// assert_eq!(bins.bin_sizes(), &[1024, 2048, 4096]);
+    /// assert!(matches!(BinningResource::<_>::with_exponents(&up, 12, 10), Err(Error::InvalidConfig { .. })));
+    /// # Ok::<(), Error>(())
+    /// ```
+    pub fn with_exponents(upstream: U, min_exponent: u32, max_exponent: u32) -> Result<Self>
+    where
+        U: MemoryResource<S> + Clone,
+    {
+        if min_exponent > max_exponent {
+            return Err(Error::InvalidConfig { what: "smallest bin exponent above the largest" });
+        }
+        if min_exponent < 8 {
+            return Err(Error::InvalidConfig {
+                what: "smallest bin exponent below 8 (bins hold multiples of 256 bytes)",
+            });
+        }
+        if max_exponent > 62 {
+            return Err(Error::InvalidConfig { what: "largest bin exponent above 62" });
+        }
+        let mut bins = Self::new(upstream);
+        for e in min_exponent..=max_exponent {
+            bins.add_fixed_bin(FixedConfig::new(1 << e))?;
+        }
+        Ok(bins)
+    }
+
+    /// Bins chosen by `plan` from a histogram of request sizes (see
+    /// [`BinPlan::choose`]): one [`FixedSizeResource`] per chosen size over
+    /// clones of `upstream`, which also serves everything larger.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidConfig`] if a chosen bin's chunk would overflow (only
+    /// with a plan whose largest bin size is absurd).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use memres_core::binning::{BinPlan, BinningResource, SizeHistogram};
+    /// # use memres_core::testing::BumpUpstream;
+    /// // A workload of 512-byte and 4 KiB requests, and a few odd sizes:
+    /// // 1000 rides in the 4 KiB bin, 70 000 goes upstream.
+    /// let sample = [512; 900].into_iter().chain([4096; 900]).chain([1000, 70_000]);
+    /// let hist: SizeHistogram = sample.collect();
+    /// let up = BumpUpstream::new(1 << 30);
+    /// let bins = BinningResource::<_>::from_histogram(&up, &hist, &BinPlan::new())?;
+    /// assert_eq!(bins.bin_sizes(), &[512, 4096]);
+    /// # Ok::<(), memres_core::Error>(())
+    /// ```
+    pub fn from_histogram(upstream: U, histogram: &SizeHistogram, plan: &BinPlan) -> Result<Self>
+    where
+        U: MemoryResource<S> + Clone,
+    {
+        let mut bins = Self::new(upstream);
+        for size in plan.choose(histogram) {
+            bins.add_fixed_bin(FixedConfig::new(size).blocks_per_chunk(plan.blocks()))?;
+        }
+        Ok(bins)
+    }
+
+    /// Adds a bin of `size` bytes served by `resource`: requests of up to
+    /// `size` bytes that no smaller bin holds go to it.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidConfig`] if `size` is zero or above
+    /// [`Request::MAX_SIZE`], or a bin of that size exists; the resource
+    /// is unchanged.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use memres_core::binning::BinningResource;
+    /// use memres_core::pool::CoalescingPool;
+    /// use memres_core::{Error, MemoryResource, Request, Shared};
+    /// # use memres_core::testing::BumpUpstream;
+    /// let up = BumpUpstream::new(1 << 30);
+    /// let mut bins: BinningResource<_> = BinningResource::new(&up);
+    /// bins.add_bin(64 << 10, Shared::new(CoalescingPool::new(&up)))?;
+    /// assert!(matches!(bins.add_bin(64 << 10, Shared::new(CoalescingPool::new(&up))), Err(Error::InvalidConfig { .. })));
+    /// let b = bins.allocate(Request::new(5000)?, &())?; // the pool bin
+    /// bins.deallocate(b, &())?;
+    /// # Ok::<(), Error>(())
+    /// ```
+    pub fn add_bin<R>(&mut self, size: u64, resource: R) -> Result<()>
+    where
+        R: MemoryResource<S> + Send + Sync + 'a,
+    {
+        self.insert(size, Bin::Other(Box::new(resource)))
+    }
+
+    /// Adds a [`FixedSizeResource`] bin over a clone of the upstream, of
+    /// `config`'s block size (RMM's `add_bin(size)` with no resource).
+    ///
+    /// # Errors
+    ///
+    /// As [`add_bin`](Self::add_bin), and [`Error::InvalidConfig`] for a
+    /// configuration [`FixedSizeResource`] refuses.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use memres_core::binning::BinningResource;
+    /// use memres_core::fixed::FixedConfig;
+    /// use memres_core::{MemoryResource, Request};
+    /// # use memres_core::testing::BumpUpstream;
+    /// let up = BumpUpstream::new(1 << 30);
+    /// let mut bins: BinningResource<_> = BinningResource::new(&up);
+    /// bins.add_fixed_bin(FixedConfig::new(768).blocks_per_chunk(16))?;
+    /// let b = bins.allocate(Request::new(700)?, &())?;
+    /// assert_eq!(up.outstanding(), 768 * 16);
+    /// assert_eq!(bins.fixed_bin(768).unwrap().with(|f| f.used_blocks()), 1);
+    /// bins.deallocate(b, &())?;
+    /// # Ok::<(), memres_core::Error>(())
+    /// ```
+    pub fn add_fixed_bin(&mut self, config: FixedConfig) -> Result<()>
+    where
+        U: MemoryResource<S> + Clone,
+    {
+        let size = config.block_size();
+        self.vacancy(size)?;
+        let fixed = FixedSizeResource::try_new(self.upstream.clone(), config.initial_chunks(0))?;
+        self.insert(size, Bin::Fixed(Shared::new(fixed)))
+    }
+
+    /// Where a bin of `size` goes in the table.
+    fn vacancy(&self, size: u64) -> Result<usize> {
+        if size == 0 || size > Request::MAX_SIZE {
+            return Err(Error::InvalidConfig { what: "bin size is zero or too large" });
+        }
+        match self.sizes.binary_search(&size) {
+            Ok(_) => Err(Error::InvalidConfig { what: "a bin of this size exists" }),
+            Err(i) => Ok(i),
+        }
+    }
+
+    fn insert(&mut self, size: u64, bin: Bin<'a, U, S>) -> Result<()> {
+        let i = self.vacancy(size)?;
+        self.sizes.insert(i, size);
+        self.bins.insert(i, bin);
+        Ok(())
+    }
+
+    /// The bin sizes, ascending.
+    ///
+    /// ```
+    /// # use memres_core::binning::BinningResource;
+    /// # use memres_core::testing::BumpUpstream;
+    /// let up = BumpUpstream::new(1 << 30);
+    /// assert_eq!(BinningResource::<_>::with_exponents(&up, 8, 9)?.bin_sizes(), &[256, 512]);
+    /// # Ok::<(), memres_core::Error>(())
+    /// ```
+    pub fn bin_sizes(&self) -> &[u64] {
+        &self.sizes
+    }
+
+    /// The upstream (the large path, and the source of the bins it made).
+    ///
+    /// ```
+    /// # use memres_core::binning::BinningResource;
+    /// # use memres_core::testing::BumpUpstream;
+    /// let bins: BinningResource<_> = BinningResource::new(BumpUpstream::new(1 << 20));
+    /// assert_eq!(bins.upstream().outstanding(), 0);
+    /// ```
+    pub fn upstream(&self) -> &U {
+        &self.upstream
+    }
+
+    /// The fixed-size bin of `size` bytes that this resource made, if any
+    /// (to read its figures or check it).
+    ///
+    /// ```
+    /// # use memres_core::binning::BinningResource;
+    /// # use memres_core::testing::BumpUpstream;
+    /// let up = BumpUpstream::new(1 << 30);
+    /// let bins = BinningResource::<_>::with_exponents(&up, 8, 9)?;
+    /// assert_eq!(bins.fixed_bin(512).unwrap().with(|f| f.block_size()), 512);
+    /// assert!(bins.fixed_bin(1024).is_none());
+    /// # Ok::<(), memres_core::Error>(())
+    /// ```
+    pub fn fixed_bin(&self, size: u64) -> Option<&Shared<FixedSizeResource<U>>> {
+        match &self.bins[self.sizes.binary_search(&size).ok()?] {
+            Bin::Fixed(f) => Some(f),
+            Bin::Other(_) => None,
+        }
+    }
+
+    /// The index of the bin that serves `size` bytes, or `None` for the
+    /// upstream.
+    #[inline]
+    fn route(&self, size: u64) -> Option<usize> {
+        let i = self.sizes.partition_point(|&s| s < size);
+        (i < self.sizes.len()).then_some(i)
+    }
+
+    /// The size of the bin that serves a request of `size` bytes, or `None`
+    /// if the upstream serves it.
+    ///
+    /// ```
+    /// # use memres_core::binning::BinningResource;
+    /// # use memres_core::testing::BumpUpstream;
+    /// let up = BumpUpstream::new(1 << 30);
+    /// let bins = BinningResource::<_>::with_exponents(&up, 8, 10)?;
+    /// assert_eq!(bins.bin_for(300), Some(512));
+    /// assert_eq!(bins.bin_for(1025), None);
+    /// # Ok::<(), memres_core::Error>(())
+    /// ```
+    pub fn bin_for(&self, size: u64) -> Option<u64> {
+        self.route(size).map(|i| self.sizes[i])
+    }
+
+    /// Gives every wholly free chunk of the fixed-size bins this resource
+    /// made back to the upstream; returns the bytes given back.
+    ///
+    /// # Errors
+    ///
+    /// The first error of a bin's [`release`](FixedSizeResource::release);
+    /// the other bins are still released.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use memres_core::binning::BinningResource;
+    /// # use memres_core::{MemoryResource, Request};
+    /// # use memres_core::testing::BumpUpstream;
+    /// let up = BumpUpstream::new(1 << 30);
+    /// let bins = BinningResource::with_exponents(&up, 8, 8)?;
+    /// let b = bins.allocate(Request::new(10)?, &())?;
+    /// bins.deallocate(b, &())?;
+    /// assert_eq!(bins.release(&())?, 256 * 128);
+    /// # Ok::<(), memres_core::Error>(())
+    /// ```
+    pub fn release(&self, stream: &S) -> Result<u64>
+    where
+        U: MemoryResource<S>,
+    {
+        let mut freed = 0;
+        let mut first_error = None;
+        for bin in &self.bins {
+            if let Bin::Fixed(f) = bin {
+                match f.with(|f| f.release(stream)) {
+                    Ok(n) => freed += n,
+                    Err(e) => first_error = first_error.or(Some(e)),
+                }
+            }
+        }
+        first_error.map_or(Ok(freed), Err)
+    }
+
+    /// Runs the invariant checker of every fixed-size bin this resource
+    /// made, and checks the bin table (sizes ascending, distinct, non-zero).
+    ///
+    /// ```
+    /// # use memres_core::binning::BinningResource;
+    /// # use memres_core::testing::BumpUpstream;
+    /// let up = BumpUpstream::new(1 << 30);
+    /// assert!(BinningResource::<_>::with_exponents(&up, 8, 12)?.check().is_ok());
+    /// # Ok::<(), memres_core::Error>(())
+    /// ```
+    pub fn check(&self) -> core::result::Result<(), Violation> {
+        if self.sizes.len() != self.bins.len() {
+            return Err(Violation::new("bin table and bin sizes differ in length"));
+        }
+        if self.sizes.first() == Some(&0) || self.sizes.windows(2).any(|w| w[0] >= w[1]) {
+            return Err(Violation::new("bin sizes not ascending, distinct and non-zero"));
+        }
+        for (size, bin) in self.sizes.iter().zip(&self.bins) {
+            if let Bin::Fixed(f) = bin {
+                f.with(|f| {
+                    if f.block_size() < *size {
+                        return Err(Violation::new("fixed-size bin smaller than its size"));
+                    }
+                    f.check()
+                })?;
+            }
+        }
+        Ok(())
+    }
+}
+
+impl<U, S> MemoryResource<S> for BinningResource<'_, U, S>
+where
+    S: Stream + ?Sized,
+    U: MemoryResource<S>,
+{
+    /// # Errors
+    ///
+    /// The bin's or the upstream's error.
+    ///
+    /// # Time Complexity
+    ///
+    /// O(log bins) to route, plus the bin's or upstream's cost.
+    #[inline]
+    fn allocate(&self, request: Request, stream: &S) -> Result<Block> {
+        if request.is_zero() {
+            return Ok(Block::EMPTY);
+        }
+        match self.route(request.size()) {
+            Some(i) => self.bins[i].allocate(request, stream),
+            None => self.upstream.allocate(request, stream),
+        }
+    }
+
+    /// # Errors
+    ///
+    /// The bin's or the upstream's error (a block freed with another size
+    /// than it was asked for may reach the wrong one: the error is then the
+    /// one that resource gives to a foreign block).
+    #[inline]
+    fn deallocate(&self, block: Block, stream: &S) -> Result<()> {
+        if block.is_empty() {
+            return Ok(());
+        }
+        match self.route(block.size()) {
+            Some(i) => self.bins[i].deallocate(block, stream),
+            None => self.upstream.deallocate(block, stream),
+        }
+    }
+}
+
+impl<U, S: Stream + ?Sized> fmt::Debug for BinningResource<'_, U, S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut m = f.debug_map();
+        for (size, bin) in self.sizes.iter().zip(&self.bins) {
+            m.entry(size, bin);
+        }
+        m.finish()
+    }
+}

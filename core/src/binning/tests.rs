@@ -1,0 +1,414 @@
+extern crate std;
+
+use super::plan::coarsened;
+use super::*;
+use crate::check::LiveBlocks;
+use crate::pool::CoalescingPool;
+use crate::testing::{BumpUpstream, SplitMix64};
+use std::collections::BTreeMap;
+
+type Pool = Shared<CoalescingPool<BumpUpstream>>;
+
+fn pool() -> Pool {
+    Shared::new(CoalescingPool::new(BumpUpstream::new(1 << 40)))
+}
+
+/// Everything a failed call must leave as it was: the upstream pool's
+/// figures and each fixed bin's.
+fn figures(b: &BinningResource<'_, &Pool>) -> std::vec::Vec<u64> {
+    let mut v = b.upstream().with(|p| std::vec![p.used_bytes(), p.pool_size(), p.upstream().outstanding()]);
+    for &s in b.bin_sizes() {
+        if let Some(f) = b.fixed_bin(s) {
+            f.with(|f| v.extend([f.pool_size(), f.used_blocks()]));
+        }
+    }
+    v
+}
+
+/// Random allocate and free over power-of-two bins, a custom bin and the
+/// pool as upstream and large path, with bad frees and upstream failures;
+/// every bin's checker, the pool's checker, the caller's view and the
+/// accounting checked after every step.
+#[test]
+fn randomized_over_fixed_bins_and_pool() {
+    let pool = pool();
+    // A bin of a size that is no power of two, served by its own fixed resource.
+    let custom =
+        Shared::new(FixedSizeResource::try_new(&pool, FixedConfig::new(3072).blocks_per_chunk(8)).unwrap());
+    let mut bins = BinningResource::with_exponents(&pool, 8, 14).unwrap();
+    bins.add_bin(3000, &custom).unwrap();
+    let mut rng = SplitMix64::new(11);
+    let mut live = LiveBlocks::new();
+    let mut blocks: std::vec::Vec<Block> = std::vec::Vec::new();
+    // Blocks live per route (bin size, or 0 for upstream) and large bytes.
+    let mut per_route: BTreeMap<u64, u64> = BTreeMap::new();
+    let mut large_bytes = 0u64;
+    let mut seen = [0u64; 3];
+    for step in 0..100_000 {
+        let before = figures(&bins);
+        match rng.below(100) {
+            0..=53 if blocks.len() < 800 => {
+                let size = match rng.below(10) {
+                    0 => 0,
+                    1..=3 => rng.below(1024),
+                    4..=7 => rng.below(20_000),
+                    8 => 1 << rng.below(16),
+                    _ => rng.below(1 << 20),
+                };
+                let req = Request::new(size).unwrap();
+                let starved = bins
+                    .bin_for(size)
+                    .is_none_or(|s| bins.fixed_bin(s).is_some_and(|f| f.with(|f| f.free_blocks() == 0)));
+                if starved && rng.below(16) == 0 {
+                    pool.with(|p| p.upstream().fail_after(0));
+                }
+                match bins.allocate(req, &()) {
+                    Ok(b) => {
+                        live.insert(b, req).unwrap_or_else(|v| panic!("step {step}: {v}"));
+                        if !b.is_empty() {
+                            blocks.push(b);
+                            let route = bins.bin_for(size).unwrap_or(0);
+                            *per_route.entry(route).or_insert(0) += 1;
+                            if route == 0 {
+                                large_bytes += req.rounded_size(256);
+                            }
+                        }
+                    }
+                    Err(e) => {
+                        assert!(
+                            e.is_out_of_memory() || matches!(e, Error::Backend { .. }),
+                            "step {step}: {e}"
+                        );
+                        seen[0] += 1;
+                        assert_eq!(before, figures(&bins), "step {step}");
+                    }
+                }
+                pool.with(|p| p.upstream().fail_after(u64::MAX));
+            }
+            // A double free, or a block of another resource.
+            54..=56 if !blocks.is_empty() => {
+                let b = blocks[rng.below(blocks.len() as u64) as usize];
+                let bad = if rng.below(2) == 0 {
+                    seen[1] += 1;
+                    Block::new(b.addr() + (1 << 36), b.size(), b.tag())
+                } else {
+                    // Free it for real, then once more.
+                    bins.deallocate(b, &()).unwrap();
+                    live.remove(&b).unwrap();
+                    blocks.retain(|x| x.addr() != b.addr());
+                    let route = bins.bin_for(b.size()).unwrap_or(0);
+                    *per_route.get_mut(&route).unwrap() -= 1;
+                    if route == 0 {
+                        large_bytes -= (b.size() + 255) & !255;
+                    }
+                    seen[2] += 1;
+                    b
+                };
+                let before = figures(&bins);
+                let e = bins.deallocate(bad, &()).unwrap_err();
+                assert!(
+                    matches!(e, Error::DoubleFree { .. } | Error::UnknownBlock { .. }),
+                    "step {step}: {e}"
+                );
+                assert_eq!(before, figures(&bins), "step {step}");
+            }
+            57 => {
+                bins.release(&()).unwrap();
+            }
+            _ if !blocks.is_empty() => {
+                let b = blocks.swap_remove(rng.below(blocks.len() as u64) as usize);
+                bins.deallocate(b, &()).unwrap_or_else(|e| panic!("step {step}: {e}"));
+                live.remove(&b).unwrap();
+                let route = bins.bin_for(b.size()).unwrap_or(0);
+                *per_route.get_mut(&route).unwrap() -= 1;
+                if route == 0 {
+                    large_bytes -= (b.size() + 255) & !255;
+                }
+            }
+            _ => {}
+        }
+        if let Err(v) =
+            bins.check().and_then(|()| pool.with(|p| p.check())).and_then(|()| custom.with(|f| f.check()))
+        {
+            panic!("step {step}: {v}");
+        }
+        // Exact accounting: the pool's bytes in use are the chunks of the
+        // bins plus the large blocks; each bin holds its live blocks.
+        let mut held = custom.with(|f| f.pool_size());
+        for &s in bins.bin_sizes() {
+            let used = bins
+                .fixed_bin(s)
+                .map_or_else(|| custom.with(|f| f.used_blocks()), |f| f.with(|f| f.used_blocks()));
+            assert_eq!(used, per_route.get(&s).copied().unwrap_or(0), "step {step}: bin {s}");
+            held += bins.fixed_bin(s).map_or(0, |f| f.with(|f| f.pool_size()));
+        }
+        assert_eq!(pool.with(|p| p.used_bytes()), held + large_bytes, "step {step}");
+    }
+    assert!(seen.iter().all(|&n| n > 0), "a path never ran: {seen:?}");
+    for b in blocks.drain(..) {
+        bins.deallocate(b, &()).unwrap();
+    }
+    bins.release(&()).unwrap();
+    custom.with(|f| f.release(&())).unwrap();
+    bins.check().unwrap();
+    pool.with(|p| {
+        p.check().unwrap();
+        assert_eq!(p.used_bytes(), 0);
+    });
+}
+
+#[test]
+fn routes_to_smallest_bin_that_holds_the_size() {
+    let up = BumpUpstream::new(1 << 40);
+    let mut bins = BinningResource::with_exponents(&up, 8, 12).unwrap();
+    bins.add_fixed_bin(FixedConfig::new(768)).unwrap();
+    assert_eq!(bins.bin_sizes(), &[256, 512, 768, 1024, 2048, 4096]);
+    for (size, bin) in [
+        (1, Some(256)),
+        (256, Some(256)),
+        (257, Some(512)),
+        (600, Some(768)),
+        (769, Some(1024)),
+        (4096, Some(4096)),
+        (4097, None),
+    ] {
+        assert_eq!(bins.bin_for(size), bin, "{size}");
+        let b = bins.allocate(Request::new(size).unwrap(), &()).unwrap();
+        if let Some(s) = bin {
+            assert_eq!(bins.fixed_bin(s).unwrap().with(|f| f.used_blocks()), 1, "{size}");
+        }
+        bins.deallocate(b, &()).unwrap();
+        if let Some(s) = bin {
+            assert_eq!(bins.fixed_bin(s).unwrap().with(|f| f.used_blocks()), 0, "{size}");
+        }
+    }
+    // Zero bytes: nothing anywhere.
+    assert!(bins.allocate(Request::new(0).unwrap(), &()).unwrap().is_empty());
+    bins.release(&()).unwrap();
+    assert_eq!(up.outstanding(), 0);
+}
+
+#[test]
+fn bad_bin_configurations_are_refused_and_change_nothing() {
+    let up = BumpUpstream::new(1 << 40);
+    let mut bins = BinningResource::with_exponents(&up, 8, 10).unwrap();
+    let other = || Shared::new(CoalescingPool::new(&up));
+    assert!(matches!(bins.add_bin(512, other()), Err(Error::InvalidConfig { .. })), "twice");
+    assert!(matches!(bins.add_bin(0, other()), Err(Error::InvalidConfig { .. })), "zero");
+    assert!(matches!(bins.add_bin(u64::MAX, other()), Err(Error::InvalidConfig { .. })), "too large");
+    assert!(matches!(bins.add_fixed_bin(FixedConfig::new(1024)), Err(Error::InvalidConfig { .. })), "twice");
+    assert!(
+        matches!(bins.add_fixed_bin(FixedConfig::new(1000)), Err(Error::InvalidConfig { .. })),
+        "not 256s"
+    );
+    assert_eq!(bins.bin_sizes(), &[256, 512, 1024]);
+    bins.check().unwrap();
+    for (min, max) in [(10, 9), (7, 9), (8, 63), (8, 60)] {
+        assert!(
+            matches!(BinningResource::<_>::with_exponents(&up, min, max), Err(Error::InvalidConfig { .. })),
+            "{min}..={max}"
+        );
+    }
+    // A working resource after all that.
+    let b = bins.allocate(Request::new(300).unwrap(), &()).unwrap();
+    bins.deallocate(b, &()).unwrap();
+    assert_eq!(up.outstanding(), 512 * 128);
+}
+
+#[test]
+fn foreign_and_double_frees_are_errors_in_bins_and_upstream() {
+    let pool = pool();
+    let bins = BinningResource::with_exponents(&pool, 8, 10).unwrap();
+    let other = BinningResource::with_exponents(&pool, 8, 10).unwrap();
+    let r_small = Request::new(500).unwrap();
+    let r_large = Request::new(5000).unwrap();
+    let small = bins.allocate(r_small, &()).unwrap();
+    let large = bins.allocate(r_large, &()).unwrap();
+    let foreign = other.allocate(r_small, &()).unwrap();
+    let before = figures(&bins);
+    assert_eq!(bins.deallocate(foreign, &()), Err(Error::UnknownBlock { addr: foreign.addr() }));
+    assert_eq!(before, figures(&bins));
+    bins.deallocate(small, &()).unwrap();
+    bins.deallocate(large, &()).unwrap();
+    let before = figures(&bins);
+    assert_eq!(bins.deallocate(small, &()), Err(Error::DoubleFree { addr: small.addr() }));
+    assert!(bins.deallocate(large, &()).is_err());
+    assert_eq!(before, figures(&bins));
+    // Too aligned for the bin: refused, not misrouted.
+    let e = bins.allocate(Request::aligned(300, 4096).unwrap(), &()).unwrap_err();
+    assert_eq!(e, Error::InvalidAlignment { align: 4096 });
+    bins.check().unwrap();
+    other.deallocate(foreign, &()).unwrap();
+}
+
+#[test]
+fn upstream_failure_while_a_bin_grows_leaves_everything_usable() {
+    let up = BumpUpstream::new(1 << 40);
+    let bins = BinningResource::with_exponents(&up, 8, 9).unwrap();
+    up.fail_after(0);
+    assert!(matches!(bins.allocate(Request::new(256).unwrap(), &()), Err(Error::Backend { .. })));
+    assert!(matches!(bins.allocate(Request::new(4096).unwrap(), &()), Err(Error::Backend { .. })));
+    assert_eq!(up.outstanding(), 0);
+    bins.check().unwrap();
+    up.fail_after(u64::MAX);
+    let b = bins.allocate(Request::new(256).unwrap(), &()).unwrap();
+    bins.deallocate(b, &()).unwrap();
+    assert_eq!(bins.fixed_bin(256).unwrap().with(|f| (f.used_blocks(), f.pool_size())), (0, 256 * 128));
+}
+
+#[test]
+fn shared_between_threads_with_a_lock_per_bin() {
+    fn assert_send_sync<T: Send + Sync>(_: &T) {}
+    let pool = pool();
+    let bins = BinningResource::with_exponents(&pool, 8, 12).unwrap();
+    assert_send_sync(&bins);
+    std::thread::scope(|s| {
+        for t in 0..2u64 {
+            let bins = &bins;
+            s.spawn(move || {
+                let mut rng = SplitMix64::new(t);
+                let mut mine = std::vec::Vec::new();
+                for _ in 0..5_000 {
+                    if mine.len() < 50 && rng.below(2) == 0 {
+                        mine.push(bins.allocate(Request::new(rng.below(10_000)).unwrap(), &()).unwrap());
+                    } else if let Some(b) = mine.pop() {
+                        bins.deallocate(b, &()).unwrap();
+                    }
+                }
+                for b in mine {
+                    bins.deallocate(b, &()).unwrap();
+                }
+            });
+        }
+    });
+    bins.check().unwrap();
+    bins.release(&()).unwrap();
+    pool.with(|p| assert_eq!(p.used_bytes(), 0));
+}
+
+#[test]
+fn bins_from_a_histogram_serve_the_hot_sizes() {
+    let mut rng = SplitMix64::new(5);
+    let hot = [512u64, 1536, 8192, 65536];
+    let sample: std::vec::Vec<u64> = (0..20_000)
+        .map(|_| match rng.below(10) {
+            0..=7 => hot[rng.below(4) as usize] - rng.below(200),
+            _ => 1 + rng.below(1 << 24),
+        })
+        .collect();
+    let hist: SizeHistogram = sample.iter().copied().collect();
+    let plan = BinPlan::new().max_bins(6);
+    let up = BumpUpstream::new(1 << 44);
+    let bins = BinningResource::<_>::from_histogram(&up, &hist, &plan).unwrap();
+    for h in hot {
+        assert!(bins.bin_sizes().contains(&h), "{h} not a bin: {:?}", bins.bin_sizes());
+    }
+    assert!(bins.bin_sizes().len() <= 6);
+    // The waste the bins cause on the sample is within the budget.
+    let (mut waste, mut asked) = (0u64, 0u64);
+    for &s in &sample {
+        if let Some(b) = bins.bin_for(s) {
+            waste += b - ((s + 255) & !255);
+            asked += (s + 255) & !255;
+        }
+    }
+    assert!(waste * 100 <= asked * 10, "waste {waste} of {asked}");
+    // And they work.
+    let blocks: std::vec::Vec<Block> =
+        sample[..1000].iter().map(|&s| bins.allocate(Request::new(s).unwrap(), &()).unwrap()).collect();
+    bins.check().unwrap();
+    for b in blocks {
+        bins.deallocate(b, &()).unwrap();
+    }
+    bins.release(&()).unwrap();
+    assert_eq!(up.outstanding(), 0);
+}
+
+/// The plan's choice against a brute force over every subset of sizes, on
+/// small random histograms: same top, same number of bins, same waste.
+#[test]
+fn plan_matches_brute_force() {
+    let mut rng = SplitMix64::new(9);
+    for case in 0..400 {
+        let mut hist = SizeHistogram::new();
+        for _ in 0..1 + rng.below(8) {
+            hist.record_n(256 * (1 + rng.below(40)), 1 + rng.below(50));
+        }
+        let plan = BinPlan::new()
+            .max_bins(1 + rng.below(4) as u32)
+            .max_waste_percent(rng.below(40) as u32)
+            .min_share_percent(rng.below(30) as u32)
+            .max_bin_size(256 * (1 + rng.below(45)));
+        let points = coarsened(&hist, plan.max_bin_size & !255, usize::MAX);
+        let waste_of = |bins: &[u64]| -> Option<(u128, u128)> {
+            let (mut w, mut asked) = (0u128, 0u128);
+            for &(s, c) in &points {
+                if let Some(&b) = bins.iter().find(|&&b| b >= s) {
+                    w += (b - s) as u128 * c as u128;
+                    asked += s as u128 * c as u128;
+                }
+            }
+            Some((w, asked))
+        };
+        // Brute force: over all subsets whose top is a point, the largest
+        // top, then the least waste, then the fewest bins, within budget.
+        let n = points.len();
+        let mut best: Option<(u64, usize, u128)> = None;
+        for mask in 1u32..(1 << n) {
+            let set: std::vec::Vec<u64> =
+                (0..n).filter(|i| mask & (1 << i) != 0).map(|i| points[i].0).collect();
+            if set.len() > plan.max_bins as usize {
+                continue;
+            }
+            let top = *set.last().unwrap();
+            // Requests each bin serves: those above the next smaller bin.
+            let mut lower = 0;
+            let too_few = set.iter().any(|&b| {
+                let n: u64 = points.iter().filter(|&&(s, _)| s > lower && s <= b).map(|p| p.1).sum();
+                lower = b;
+                n * 100 < hist.total() * plan.min_share_percent as u64
+            });
+            if too_few {
+                continue;
+            }
+            let (w, asked) = waste_of(&set).unwrap();
+            if w > asked * plan.max_waste_percent as u128 / 100 {
+                continue;
+            }
+            let key = (top, set.len(), w);
+            let better = match best {
+                None => true,
+                Some((t, m, bw)) => top > t || (top == t && (w < bw || (w == bw && set.len() < m))),
+            };
+            if better {
+                best = Some(key);
+            }
+        }
+        let chosen = plan.choose(&hist);
+        let got = chosen.last().map(|&top| (top, chosen.len(), waste_of(&chosen).unwrap().0));
+        assert_eq!(got, best, "case {case}: {hist:?} {plan:?} chose {chosen:?}");
+    }
+}
+
+#[test]
+fn large_histograms_are_coarsened_and_still_chosen() {
+    let mut rng = SplitMix64::new(3);
+    let hist: SizeHistogram = (0..50_000).map(|_| 1 + rng.below(1 << 20)).collect();
+    assert!(hist.len() > 1024);
+    let points = coarsened(&hist, 1 << 20, 1024);
+    assert!(points.len() <= 1024);
+    assert_eq!(points.iter().map(|p| p.1).sum::<u64>(), hist.total(), "no request lost");
+    assert!(points.windows(2).all(|w| w[0].0 < w[1].0) && points.last().unwrap().0 <= 1 << 20);
+    let chosen = BinPlan::new().choose(&hist);
+    assert!(!chosen.is_empty() && chosen.len() <= 16);
+    assert!(chosen.iter().all(|&b| b % 256 == 0 && b <= 1 << 20));
+}
+
+#[test]
+fn debug_lists_bins() {
+    let up = BumpUpstream::new(1 << 30);
+    let mut bins = BinningResource::<_>::with_exponents(&up, 8, 8).unwrap();
+    bins.add_bin(1024, Shared::new(CoalescingPool::new(&up))).unwrap();
+    let s = std::format!("{bins:?}");
+    assert!(s.contains("256: Shared") && s.contains("1024: MemoryResource"), "{s}");
+}

@@ -1,0 +1,405 @@
+extern crate std;
+
+use super::*;
+use crate::storage::ArrayStorage;
+use crate::testing::{BumpUpstream, SplitMix64};
+use std::collections::BTreeMap;
+use std::vec::Vec;
+
+type Fixed = FixedSizeResource<BumpUpstream>;
+/// Metadata with no allocator: 64 chunks, 1024 slots.
+type ArrayFixed = FixedSizeResource<BumpUpstream, ArrayStorage<Chunk, 64>, ArrayStorage<Slot, 1024>>;
+
+fn fixed(config: FixedConfig) -> Fixed {
+    Fixed::with_config(BumpUpstream::new(1 << 40), config, &()).unwrap()
+}
+
+/// Everything a failed call must leave as it was.
+fn figures<U: core::borrow::Borrow<BumpUpstream>, C: Storage<Chunk>, L: Storage<Slot>>(
+    f: &FixedSizeResource<U, C, L>,
+) -> [u64; 5] {
+    [
+        f.pool_size(),
+        f.used_blocks(),
+        f.free_blocks(),
+        f.chunk_count() as u64,
+        f.upstream().borrow().outstanding(),
+    ]
+}
+
+/// Random allocate and free (by tag and by address), bad requests and bad
+/// frees, releases and upstream failures; the resource's checker and the
+/// caller's view checked after every step.
+fn randomized<C: Storage<Chunk>, L: Storage<Slot>>(
+    mut f: FixedSizeResource<BumpUpstream, C, L>,
+    ops: usize,
+    seed: u64,
+) {
+    let bs = f.block_size();
+    let mut rng = SplitMix64::new(seed);
+    // Live blocks by address (the caller's view): no two share an address,
+    // and blocks are whole slots, so none overlap.
+    let mut live: BTreeMap<u64, Block> = BTreeMap::new();
+    let mut blocks: Vec<Block> = Vec::new();
+    let mut freed: Vec<Block> = Vec::new();
+    // How often each path ran: double frees, foreign frees, upstream
+    // failures, releases that gave bytes back, address-only frees.
+    let mut seen = [0u64; 5];
+    for step in 0..ops {
+        let before = figures(&f);
+        match rng.below(100) {
+            // Allocate, unless too many are live.
+            0..=51 if blocks.len() < 600 => {
+                let size = match rng.below(8) {
+                    0 => 0,
+                    1 => bs,
+                    _ => 1 + rng.below(bs),
+                };
+                let align = if rng.below(8) == 0 { 256 << rng.below(4) } else { 256 };
+                let req = Request::aligned(size, align).unwrap();
+                if f.free_blocks() == 0 && rng.below(8) == 0 {
+                    f.upstream().fail_after(0);
+                }
+                match f.allocate(req, &()) {
+                    Ok(b) if size == 0 => assert!(b.is_empty(), "step {step}"),
+                    Ok(b) => {
+                        assert_eq!((b.size(), b.addr() % align), (size, 0), "step {step}");
+                        assert!(live.insert(b.addr(), b).is_none(), "step {step}: address handed out twice");
+                        blocks.push(b);
+                    }
+                    Err(Error::InvalidAlignment { align: a }) => {
+                        assert!(a > f.alignment() && a == align, "step {step}");
+                        assert_eq!(before, figures(&f), "step {step}");
+                    }
+                    Err(Error::Backend { .. }) => {
+                        seen[2] += 1;
+                        assert_eq!(f.free_blocks(), 0, "step {step}: grew with free blocks");
+                        assert_eq!(before, figures(&f), "step {step}");
+                    }
+                    Err(e) => panic!("step {step}: {e}"),
+                }
+                f.upstream().fail_after(u64::MAX);
+            }
+            // A request above the block size.
+            52 => {
+                let req = Request::new(bs + 1 + rng.below(bs)).unwrap();
+                assert!(matches!(f.allocate(req, &()), Err(Error::InvalidSize { .. })), "step {step}");
+                assert_eq!(before, figures(&f), "step {step}");
+            }
+            // A double free (stale tag, or address only) or a foreign block.
+            53..=55 => {
+                let (b, double) = match (freed.is_empty(), rng.below(3)) {
+                    (false, 0) => (freed[rng.below(freed.len() as u64) as usize], true),
+                    (false, 1) => {
+                        let b = freed[rng.below(freed.len() as u64) as usize];
+                        (Block::from_addr(b.addr(), b.size()), true)
+                    }
+                    _ => (Block::new(rng.next_u64() & !255, 256, rng.next_u64()), false),
+                };
+                if live.contains_key(&b.addr()) && b.tag() == Block::NO_TAG {
+                    // Address-only free of a live block: legitimately frees it.
+                    continue;
+                }
+                let r = f.deallocate(b, &());
+                match r {
+                    Err(Error::DoubleFree { .. }) => {
+                        assert!(double, "step {step}");
+                        seen[0] += 1;
+                    }
+                    Err(Error::UnknownBlock { .. }) => seen[1] += 1,
+                    other => panic!("step {step}: {other:?} for {b:?}"),
+                }
+                assert_eq!(before, figures(&f), "step {step}");
+            }
+            // Release wholly free chunks.
+            56 => {
+                let given = f.release(&()).unwrap();
+                seen[3] += (given > 0) as u64;
+                assert_eq!(before[0] - given, f.pool_size(), "step {step}");
+                assert_eq!(f.pool_size(), f.upstream().outstanding(), "step {step}");
+            }
+            _ if !blocks.is_empty() => {
+                let b = blocks.swap_remove(rng.below(blocks.len() as u64) as usize);
+                let by_addr = rng.below(4) == 0;
+                let given = if by_addr { Block::from_addr(b.addr(), b.size()) } else { b };
+                seen[4] += by_addr as u64;
+                f.deallocate(given, &()).unwrap_or_else(|e| panic!("step {step}: {e}"));
+                live.remove(&b.addr()).unwrap();
+                if freed.len() < 64 {
+                    freed.push(b);
+                } else {
+                    freed[rng.below(64) as usize] = b;
+                }
+                // A freed address may be handed out again: keep only stale
+                // blocks whose address is not live.
+                freed.retain(|x| !live.contains_key(&x.addr()));
+            }
+            _ => {}
+        }
+        if let Err(v) = f.check() {
+            panic!("step {step}: {v}");
+        }
+        assert_eq!(f.used_blocks(), live.len() as u64, "step {step}");
+        assert_eq!(f.pool_size(), f.upstream().outstanding(), "step {step}");
+        // Stale blocks whose address came back live are no longer stale.
+        freed.retain(|x| !live.contains_key(&x.addr()));
+    }
+    assert!(seen.iter().all(|&n| n > 0), "a path never ran: {seen:?}");
+    for b in blocks.drain(..) {
+        f.deallocate(b, &()).unwrap();
+    }
+    f.check().unwrap();
+    assert_eq!(f.used_bytes(), 0);
+    f.release(&()).unwrap();
+    f.check().unwrap();
+    assert_eq!((f.pool_size(), f.upstream().outstanding()), (0, 0));
+}
+
+#[test]
+fn randomized_default_storage() {
+    let config = FixedConfig::new(1024).blocks_per_chunk(16);
+    randomized(fixed(config), 100_000, 1);
+}
+
+#[test]
+fn randomized_array_storage_no_allocator() {
+    let config = FixedConfig::new(768).blocks_per_chunk(8).chunk_alignment(1024);
+    let f = ArrayFixed::with_config_in(BumpUpstream::new(1 << 40), config, &()).unwrap();
+    randomized(f, 100_000, 2);
+}
+
+#[test]
+fn randomized_one_block_per_chunk() {
+    let config = FixedConfig::new(256).blocks_per_chunk(1).initial_chunks(3);
+    randomized(fixed(config), 30_000, 3);
+}
+
+#[test]
+fn blocks_are_consecutive_lowest_first_and_reused_lifo() {
+    let mut f = fixed(FixedConfig::new(512).blocks_per_chunk(4));
+    let r = Request::new(512).unwrap();
+    let b: Vec<Block> = (0..4).map(|_| f.allocate(r, &()).unwrap()).collect();
+    for w in b.windows(2) {
+        assert_eq!(w[1].addr() - w[0].addr(), 512);
+    }
+    assert_eq!(f.chunk_count(), 1);
+    f.deallocate(b[2], &()).unwrap();
+    f.deallocate(b[0], &()).unwrap();
+    assert_eq!(f.allocate(r, &()).unwrap().addr(), b[0].addr());
+    assert_eq!(f.allocate(r, &()).unwrap().addr(), b[2].addr());
+    // The stack is empty: the next request takes a second chunk.
+    f.allocate(r, &()).unwrap();
+    assert_eq!((f.chunk_count(), f.pool_size(), f.used_blocks()), (2, 4096, 5));
+    f.check().unwrap();
+}
+
+#[test]
+fn request_above_block_size_or_alignment_is_an_error() {
+    let mut f = fixed(FixedConfig::new(1024).chunk_alignment(256));
+    assert_eq!(f.allocate(Request::new(1025).unwrap(), &()), Err(Error::InvalidSize { size: 1025 }));
+    assert_eq!(
+        f.allocate(Request::aligned(16, 512).unwrap(), &()),
+        Err(Error::InvalidAlignment { align: 512 })
+    );
+    assert_eq!(f.pool_size(), 0, "nothing taken for a refused request");
+    // Chunks aligned to 4096 and 1024-byte blocks guarantee 1024.
+    let mut g = fixed(FixedConfig::new(1024).chunk_alignment(4096));
+    assert_eq!(g.alignment(), 1024);
+    let b = g.allocate(Request::aligned(16, 1024).unwrap(), &()).unwrap();
+    assert_eq!(b.addr() % 1024, 0);
+    assert!(g.allocate(Request::aligned(16, 2048).unwrap(), &()).is_err());
+    g.check().unwrap();
+}
+
+#[test]
+fn zero_byte_request_takes_nothing() {
+    let mut f = fixed(FixedConfig::default());
+    let b = f.allocate(Request::new(0).unwrap(), &()).unwrap();
+    assert!(b.is_empty());
+    f.deallocate(b, &()).unwrap();
+    assert_eq!(f.pool_size(), 0);
+}
+
+#[test]
+fn bad_frees_are_errors_and_change_nothing() {
+    // Both over one address space, so that their addresses differ.
+    let up = BumpUpstream::new(1 << 30);
+    let mut f = FixedSizeResource::with_config(&up, FixedConfig::new(256).blocks_per_chunk(4), &()).unwrap();
+    let mut other =
+        FixedSizeResource::with_config(&up, FixedConfig::new(256).blocks_per_chunk(4), &()).unwrap();
+    let r = Request::new(200).unwrap();
+    let a = f.allocate(r, &()).unwrap();
+    let foreign = other.allocate(r, &()).unwrap();
+    let before = figures(&f);
+    // Another resource's block: its tag names a slot here, with another address.
+    assert_eq!(f.deallocate(foreign, &()), Err(Error::UnknownBlock { addr: foreign.addr() }));
+    // An address inside a chunk but not at a block boundary.
+    assert_eq!(
+        f.deallocate(Block::from_addr(a.addr() + 16, 200), &()),
+        Err(Error::UnknownBlock { addr: a.addr() + 16 })
+    );
+    // A size above the block size.
+    let big = Block::from_addr(a.addr(), 257);
+    assert!(matches!(f.deallocate(big, &()), Err(Error::SizeMismatch { expected: 256, given: 257, .. })));
+    assert_eq!(before, figures(&f));
+    f.deallocate(a, &()).unwrap();
+    let before = figures(&f);
+    assert_eq!(f.deallocate(a, &()), Err(Error::DoubleFree { addr: a.addr() }));
+    assert_eq!(f.deallocate(Block::from_addr(a.addr(), 200), &()), Err(Error::DoubleFree { addr: a.addr() }));
+    assert_eq!(before, figures(&f));
+    // The slot handed out again: the old tag is stale, the new one works.
+    let b = f.allocate(r, &()).unwrap();
+    assert_eq!(b.addr(), a.addr());
+    assert_eq!(f.deallocate(a, &()), Err(Error::DoubleFree { addr: a.addr() }));
+    f.deallocate(b, &()).unwrap();
+    f.check().unwrap();
+    assert_eq!(f.used_blocks(), 0);
+}
+
+#[test]
+fn upstream_failure_while_growing_leaves_resource_usable() {
+    let mut f = fixed(FixedConfig::new(256).blocks_per_chunk(2));
+    let r = Request::new(256).unwrap();
+    let a = f.allocate(r, &()).unwrap();
+    let b = f.allocate(r, &()).unwrap();
+    f.upstream().fail_after(0);
+    let before = figures(&f);
+    assert!(matches!(f.allocate(r, &()), Err(Error::Backend { .. })));
+    assert_eq!(before, figures(&f));
+    f.check().unwrap();
+    // Frees still work and their blocks are reused without upstream.
+    f.deallocate(a, &()).unwrap();
+    assert_eq!(f.allocate(r, &()).unwrap().addr(), a.addr());
+    f.upstream().fail_after(u64::MAX);
+    f.allocate(r, &()).unwrap();
+    assert_eq!(f.chunk_count(), 2);
+    f.deallocate(b, &()).unwrap();
+    f.check().unwrap();
+}
+
+#[test]
+fn upstream_out_of_memory_reports_figures() {
+    let mut f =
+        Fixed::with_config(BumpUpstream::new(1024), FixedConfig::new(512).blocks_per_chunk(2), &()).unwrap();
+    let r = Request::new(512).unwrap();
+    f.allocate(r, &()).unwrap();
+    f.allocate(r, &()).unwrap();
+    let e = f.allocate(r, &()).unwrap_err();
+    assert_eq!(e, Error::OutOfMemory { requested: 512, largest_free: 0, pool_size: 1024, max_size: None });
+    f.check().unwrap();
+}
+
+#[test]
+fn failed_initial_chunks_hold_nothing() {
+    let up = BumpUpstream::new(1 << 30);
+    up.fail_after(2);
+    let config = FixedConfig::new(256).blocks_per_chunk(4).initial_chunks(3);
+    let e = FixedSizeResource::with_config(&up, config, &()).unwrap_err();
+    assert!(matches!(e, Error::Backend { .. }));
+    assert_eq!(up.outstanding(), 0);
+}
+
+#[test]
+fn release_gives_back_only_wholly_free_chunks() {
+    let mut f = fixed(FixedConfig::new(256).blocks_per_chunk(2));
+    let r = Request::new(256).unwrap();
+    let b: Vec<Block> = (0..6).map(|_| f.allocate(r, &()).unwrap()).collect();
+    // Chunk 0 wholly free, chunk 1 half free, chunk 2 used.
+    f.deallocate(b[0], &()).unwrap();
+    f.deallocate(b[1], &()).unwrap();
+    f.deallocate(b[2], &()).unwrap();
+    assert_eq!(f.release(&()).unwrap(), 512);
+    f.check().unwrap();
+    assert_eq!((f.chunk_count(), f.pool_size(), f.upstream().outstanding()), (2, 1024, 1024));
+    assert_eq!(f.free_blocks(), 1);
+    // The released chunk's address is unknown now.
+    assert_eq!(f.deallocate(b[0], &()), Err(Error::UnknownBlock { addr: b[0].addr() }));
+    // Its slot group is reused by the next grow.
+    let c = f.allocate(r, &()).unwrap();
+    assert_eq!(c.addr(), b[2].addr());
+    f.allocate(r, &()).unwrap();
+    assert_eq!(f.chunk_count(), 3);
+    f.check().unwrap();
+    assert_eq!(f.release(&()).unwrap(), 0);
+    assert_eq!(f.peak_pool_size(), 1536);
+}
+
+#[test]
+fn fixed_capacity_exhausted_is_an_error_and_changes_nothing() {
+    type Tiny = FixedSizeResource<BumpUpstream, ArrayStorage<Chunk, 2>, ArrayStorage<Slot, 6>>;
+    let mut f =
+        Tiny::with_config_in(BumpUpstream::new(1 << 20), FixedConfig::new(256).blocks_per_chunk(2), &())
+            .unwrap();
+    let r = Request::new(256).unwrap();
+    let b: Vec<Block> = (0..4).map(|_| f.allocate(r, &()).unwrap()).collect();
+    let before = figures(&f);
+    assert_eq!(f.allocate(r, &()), Err(Error::CapacityExhausted { capacity: 2 }));
+    assert_eq!(before, figures(&f));
+    f.check().unwrap();
+    f.deallocate(b[0], &()).unwrap();
+    f.deallocate(b[1], &()).unwrap();
+    f.release(&()).unwrap();
+    // The vacant slot group is reused: no new slots are needed.
+    f.allocate(r, &()).unwrap();
+    f.allocate(r, &()).unwrap();
+    assert_eq!(f.chunk_count(), 2);
+    f.check().unwrap();
+
+    // Slots run out before chunks do.
+    type FewSlots = FixedSizeResource<BumpUpstream, ArrayStorage<Chunk, 8>, ArrayStorage<Slot, 5>>;
+    let mut g =
+        FewSlots::with_config_in(BumpUpstream::new(1 << 20), FixedConfig::new(256).blocks_per_chunk(2), &())
+            .unwrap();
+    for _ in 0..4 {
+        g.allocate(r, &()).unwrap();
+    }
+    assert_eq!(g.allocate(r, &()), Err(Error::CapacityExhausted { capacity: 5 }));
+    assert_eq!(g.upstream().outstanding(), 1024, "nothing stranded upstream");
+    g.check().unwrap();
+}
+
+#[test]
+fn invalid_configs_are_rejected() {
+    let up = BumpUpstream::new(1 << 30);
+    for config in [
+        FixedConfig::new(0),
+        FixedConfig::new(100),
+        FixedConfig::new(256).blocks_per_chunk(0),
+        FixedConfig::new(256).chunk_alignment(100),
+        FixedConfig::new(256).chunk_alignment(128),
+        FixedConfig::new(1 << 40).blocks_per_chunk(1 << 30),
+    ] {
+        assert!(
+            matches!(FixedSizeResource::with_config(&up, config, &()), Err(Error::InvalidConfig { .. })),
+            "{config:?}"
+        );
+    }
+    assert_eq!(up.outstanding(), 0);
+}
+
+#[test]
+fn shared_between_threads() {
+    let f = crate::Shared::new(fixed(FixedConfig::new(256).blocks_per_chunk(8)));
+    std::thread::scope(|s| {
+        for _ in 0..2 {
+            s.spawn(|| {
+                let r = Request::new(256).unwrap();
+                for _ in 0..1000 {
+                    let b = crate::MemoryResource::allocate(&f, r, &()).unwrap();
+                    crate::MemoryResource::deallocate(&f, b, &()).unwrap();
+                }
+            });
+        }
+    });
+    f.with(|f| {
+        f.check().unwrap();
+        assert_eq!(f.used_blocks(), 0);
+    });
+}
+
+#[test]
+fn debug_shows_figures() {
+    let f = fixed(FixedConfig::new(512));
+    let s = std::format!("{f:?}");
+    assert!(s.contains("block_size: 512") && s.contains("pool_size: 0"), "{s}");
+}
