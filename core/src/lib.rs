@@ -56,13 +56,20 @@ mod request;
 mod resource;
 mod stream;
 
+pub mod adaptor;
 pub mod check;
+#[cfg(feature = "std")]
+pub mod device;
 pub mod lock;
 pub mod pool;
+#[cfg(feature = "alloc")]
+pub mod stack;
 pub mod storage;
 pub mod testing;
 
 pub use block::Block;
+#[cfg(feature = "alloc")]
+pub use adaptor::DynResource;
 pub use error::{Error, Result};
 pub use lock::Shared;
 pub use range::Range;
