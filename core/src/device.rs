@@ -179,8 +179,11 @@ fn downcast<T: 'static>(b: Box<dyn Any + Send + Sync>) -> T {
     *b.downcast::<T>().expect("registry entries have the type their key names")
 }
 
-fn downcast_ref<T: 'static>(b: &(dyn Any + Send + Sync)) -> &T {
-    b.downcast_ref::<T>().expect("registry entries have the type their key names")
+// Takes the box, not `&dyn Any`: a `&Box<dyn Any>` would coerce to a
+// `&dyn Any` whose type is the box itself.
+#[allow(clippy::borrowed_box)]
+fn downcast_ref<T: 'static>(b: &Box<dyn Any + Send + Sync>) -> &T {
+    (**b).downcast_ref::<T>().expect("registry entries have the type their key names")
 }
 
 static GLOBAL: Registry = Registry::new();

@@ -44,7 +44,7 @@ fn malformed_strings_name_the_position() {
         ("stats(sim,)", 10, StackErrorKind::EmptyName),
         ("pool(sim, max=)", 14, StackErrorKind::EmptyName),
         ("pool(sim, =4G)", 10, StackErrorKind::EmptyName),
-        ("pool(sim max=4G)", 10, StackErrorKind::Expected("`,` or `)`")),
+        ("pool(sim max=4G)", 9, StackErrorKind::Expected("`,` or `)`")),
         ("4G(sim)", 0, StackErrorKind::Expected("a resource name before `(`")),
         ("pool(sim, 1x=4G)", 10, StackErrorKind::Expected("a key name before `=`")),
         ("2GiB", 0, StackErrorKind::WrongKind("a resource name")),
@@ -59,7 +59,7 @@ fn malformed_strings_name_the_position() {
 fn bad_sizes_unknown_and_duplicate_keys() {
     let c = parse("pool(sim, initial=12XB, max=4G, max=5G, extra=1, 7)").unwrap();
     let e = c.size_arg("initial").unwrap_err();
-    assert_eq!((e.pos, e.kind), (18, StackErrorKind::BadSize("12XB".into())));
+    assert_eq!((e.pos, e.kind.clone()), (18, StackErrorKind::BadSize("12XB".into())));
     assert_eq!(e.to_string(), "at byte 18: bad size `12XB` (a number with B, K, KiB, M, MiB, G, GiB, T or TiB)");
     let e = c.expect_args(1, &["initial", "max"]).unwrap_err();
     assert_eq!((e.pos, e.kind), (32, StackErrorKind::DuplicateKey("max".into())));
