@@ -8,6 +8,10 @@
 //! stream type, so the core's algorithms can be tested, fuzzed and measured
 //! without a GPU.
 
+mod log;
 mod sim;
+mod stack;
 
+pub use log::{parse_log, Action, LogRecord, Logging, LOG_HEADER};
 pub use sim::SimDevice;
+pub use stack::{Constructor, Context, StackBuilder, DEFAULT_SIM_CAPACITY};

@@ -1,0 +1,241 @@
+//! Builds resource stacks from descriptions such as
+//! `limit(stats(pool(sim, initial=1GiB, max=4GiB)), 2GiB)`.
+//!
+//! The parser is [`memres_core::stack`]; this module turns its tree into
+//! resources through a registry of constructors, one per name:
+//!
+//! | name | arguments | resource |
+//! | --- | --- | --- |
+//! | `sim` | `[capacity]` (default 80 GiB) | [`SimDevice`] |
+//! | `pool` | `upstream, initial=, max=, growth=double\|default\|N` | [`CoalescingPool`] behind [`Shared`] (`N`: grow by 1/N of the pool in 2 MiB steps) |
+//! | `stats` | `upstream` | [`Statistics`] |
+//! | `track` | `upstream` | [`Tracking`] |
+//! | `limit` | `upstream, bytes` (or `bytes=`) | [`Limiting`] |
+//! | `align` | `upstream, alignment=, threshold=` | [`Aligned`] |
+//! | `log` | `upstream, file=` | [`Logging`] to a file |
+//!
+//! Other resources join with one [`StackBuilder::register`] call each.
+//!
+//! # Examples
+//!
+//! ```
+//! use memres_core::{MemoryResource, Request};
+//! use memres_host::StackBuilder;
+//! let stack = StackBuilder::<()>::new().build("limit(stats(pool(sim, initial=1MiB)), 2MiB)", &())?;
+//! let b = stack.allocate(Request::new(1 << 20)?, &())?;
+//! assert!(stack.allocate(Request::new(2 << 20)?, &()).is_err());
+//! stack.deallocate(b, &())?;
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+
+use crate::{Logging, SimDevice};
+use memres_core::adaptor::{Aligned, Limiting, Statistics, Tracking};
+use memres_core::pool::{CoalescingPool, Growth, PoolConfig};
+use memres_core::stack::{parse, Call, StackError, StackErrorKind};
+use memres_core::{DynResource, Shared, Stream};
+use std::collections::BTreeMap;
+use std::fmt;
+use std::sync::Arc;
+
+/// What a constructor gets besides its call: the builder (to build its
+/// upstream) and the stream to make initial allocations on.
+pub struct Context<'a, S: ?Sized> {
+    /// The builder, with every registered name.
+    pub builder: &'a StackBuilder<S>,
+    /// The stream a resource that allocates when made (a pool's initial
+    /// size) allocates on.
+    pub stream: &'a S,
+}
+
+impl<S: ?Sized> fmt::Debug for Context<'_, S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Context").field("builder", &self.builder).finish_non_exhaustive()
+    }
+}
+
+impl<S: Stream + ?Sized + 'static> Context<'_, S> {
+    /// Builds the `i`th positional argument of `call` as a resource.
+    ///
+    /// # Errors
+    ///
+    /// A missing or malformed argument, or the upstream's own error.
+    pub fn upstream(&self, call: &Call, i: usize) -> Result<DynResource<S>, StackError> {
+        self.builder.build_call(call.resource(i)?, self.stream)
+    }
+}
+
+/// Makes one resource from its call.
+pub type Constructor<S> =
+    Arc<dyn Fn(&Call, &Context<'_, S>) -> Result<DynResource<S>, StackError> + Send + Sync>;
+
+/// A registry of constructors by name, which builds stacks for streams of
+/// type `S`.
+///
+/// # Examples
+///
+/// ```
+/// use memres_core::adaptor::Statistics;
+/// use memres_core::stack::StackErrorKind;
+/// use memres_core::DynResource;
+/// use memres_host::StackBuilder;
+/// use std::sync::Arc;
+/// let mut b = StackBuilder::<()>::new();
+/// let e = b.build("stats(counted(sim))", &()).unwrap_err();
+/// assert_eq!((e.pos, e.kind), (6, StackErrorKind::UnknownName("counted".into())));
+/// // One line adds a resource:
+/// b.register("counted", |call, cx| Ok(Arc::new(Statistics::new(cx.upstream(call, 0)?)) as DynResource));
+/// assert!(b.build("stats(counted(sim))", &()).is_ok());
+/// ```
+pub struct StackBuilder<S: ?Sized> {
+    constructors: BTreeMap<String, Constructor<S>>,
+}
+
+impl<S: ?Sized> fmt::Debug for StackBuilder<S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("StackBuilder").field("names", &self.constructors.keys().collect::<Vec<_>>()).finish()
+    }
+}
+
+impl<S: Stream + ?Sized + 'static> Default for StackBuilder<S> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// The capacity of `sim` when none is given: an 80 GiB device, as an H100.
+pub const DEFAULT_SIM_CAPACITY: u64 = 80 << 30;
+
+fn resource_error(call: &Call, e: memres_core::Error) -> StackError {
+    call.error(StackErrorKind::Resource(e))
+}
+
+impl<S: Stream + ?Sized + 'static> StackBuilder<S> {
+    /// A builder with no names.
+    pub fn empty() -> Self {
+        StackBuilder { constructors: BTreeMap::new() }
+    }
+
+    /// A builder with the standard names (see the module's table).
+    pub fn new() -> Self {
+        let mut b = Self::empty();
+        b.register("sim", |call, _| {
+            call.expect_args(1, &["capacity"])?;
+            let capacity = match (call.positional(0), call.keyed("capacity")) {
+                (Some(_), Some(v)) => return Err(StackError::new(v.pos(), StackErrorKind::DuplicateKey("capacity".into()))),
+                (Some(v), None) | (None, Some(v)) => v.size()?,
+                (None, None) => DEFAULT_SIM_CAPACITY,
+            };
+            Ok(Arc::new(SimDevice::new(capacity)))
+        });
+        // `host` (real host memory) joins here once that backend exists.
+        b.register("pool", |call, cx| {
+            call.expect_args(1, &["initial", "max", "growth"])?;
+            let mut config = PoolConfig::new();
+            if let Some(initial) = call.size_arg("initial")? {
+                config = config.initial_size(initial);
+            }
+            if let Some(max) = call.size_arg("max")? {
+                config = config.maximum_size(max);
+            }
+            if let Some(g) = call.keyed("growth") {
+                let growth = match g.text()? {
+                    "double" => Growth::Double,
+                    "default" => Growth::DEFAULT,
+                    text => match text.parse::<u32>() {
+                        Ok(divisor) if divisor > 0 => Growth::Fraction { divisor, granule: 2 << 20 },
+                        _ => {
+                            return Err(StackError::new(
+                                g.pos(),
+                                StackErrorKind::BadValue(format!("growth `{text}`: double, default or a divisor > 0")),
+                            ))
+                        }
+                    },
+                };
+                config = config.growth(growth);
+            }
+            let upstream = cx.upstream(call, 0)?;
+            let pool = CoalescingPool::with_config(upstream, config, cx.stream).map_err(|e| resource_error(call, e))?;
+            Ok(Arc::new(Shared::new(pool)))
+        });
+        b.register("stats", |call, cx| {
+            call.expect_args(1, &[])?;
+            Ok(Arc::new(Statistics::new(cx.upstream(call, 0)?)))
+        });
+        b.register("track", |call, cx| {
+            call.expect_args(1, &[])?;
+            Ok(Arc::new(Tracking::new(cx.upstream(call, 0)?)))
+        });
+        b.register("limit", |call, cx| {
+            call.expect_args(2, &["bytes"])?;
+            let bytes = match (call.positional(1), call.keyed("bytes")) {
+                (Some(_), Some(v)) => return Err(StackError::new(v.pos(), StackErrorKind::DuplicateKey("bytes".into()))),
+                (Some(v), None) | (None, Some(v)) => v.size()?,
+                (None, None) => return Err(call.error(StackErrorKind::MissingArg("the limit in bytes"))),
+            };
+            Ok(Arc::new(Limiting::new(cx.upstream(call, 0)?, bytes)))
+        });
+        b.register("align", |call, cx| {
+            call.expect_args(1, &["alignment", "threshold"])?;
+            let alignment = call.size_arg("alignment")?.unwrap_or(Aligned::<()>::DEFAULT_ALIGNMENT);
+            let threshold = call.size_arg("threshold")?.unwrap_or(Aligned::<()>::DEFAULT_THRESHOLD);
+            let upstream = cx.upstream(call, 0)?;
+            let aligned = Aligned::new(upstream, alignment, threshold).map_err(|e| {
+                let pos = call.keyed("alignment").map_or(call.pos, |v| v.pos());
+                StackError::new(pos, StackErrorKind::Resource(e))
+            })?;
+            Ok(Arc::new(aligned))
+        });
+        b.register("log", |call, cx| {
+            call.expect_args(1, &["file"])?;
+            let file = call.keyed("file").ok_or_else(|| call.error(StackErrorKind::MissingArg("file=")))?;
+            let upstream = cx.upstream(call, 0)?;
+            let log = Logging::to_file(upstream, file.text()?).map_err(|e| {
+                StackError::new(file.pos(), StackErrorKind::Io(format!("cannot log to `{}`: {e}", file.text().unwrap_or(""))))
+            })?;
+            Ok(Arc::new(log))
+        });
+        b
+    }
+
+    /// Registers (or replaces) the constructor of `name`.
+    pub fn register(
+        &mut self,
+        name: &str,
+        constructor: impl Fn(&Call, &Context<'_, S>) -> Result<DynResource<S>, StackError> + Send + Sync + 'static,
+    ) -> &mut Self {
+        self.constructors.insert(name.to_string(), Arc::new(constructor));
+        self
+    }
+
+    /// The registered names, sorted.
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.constructors.keys().map(String::as_str)
+    }
+
+    /// Parses `text` and builds the stack; `stream` is the stream of
+    /// allocations made while building (a pool's initial size).
+    ///
+    /// # Errors
+    ///
+    /// A [`StackError`] that names the byte position: a parse error, an
+    /// unknown name, a bad argument, or a resource that could not be made.
+    pub fn build(&self, text: &str, stream: &S) -> Result<DynResource<S>, StackError> {
+        self.build_call(&parse(text)?, stream)
+    }
+
+    /// Builds a parsed stack.
+    ///
+    /// # Errors
+    ///
+    /// As [`build`](Self::build), less the parse errors.
+    pub fn build_call(&self, call: &Call, stream: &S) -> Result<DynResource<S>, StackError> {
+        let constructor = self
+            .constructors
+            .get(&call.name)
+            .ok_or_else(|| call.error(StackErrorKind::UnknownName(call.name.clone())))?;
+        constructor(call, &Context { builder: self, stream })
+    }
+}
+
+#[cfg(test)]
+mod tests;
