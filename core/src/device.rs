@@ -105,7 +105,11 @@ impl Registry {
     /// assert!(reg.set::<()>(0, r.clone()).is_none());
     /// assert!(reg.set::<()>(0, r).is_some());
     /// ```
-    pub fn set<S: Stream + ?Sized + 'static>(&self, device: DeviceId, resource: DynResource<S>) -> Option<DynResource<S>> {
+    pub fn set<S: Stream + ?Sized + 'static>(
+        &self,
+        device: DeviceId,
+        resource: DynResource<S>,
+    ) -> Option<DynResource<S>> {
         let mut map = self.resources.write().unwrap_or_else(|p| p.into_inner());
         map.insert((TypeId::of::<S>(), device), Box::new(resource)).map(downcast::<DynResource<S>>)
     }
@@ -134,7 +138,9 @@ impl Registry {
             .unwrap_or_else(|p| p.into_inner())
             .get(&TypeId::of::<S>())
             .map(|f| *downcast_ref::<Factory<S>>(f))
-            .ok_or(Error::InvalidConfig { what: "no resource set for this device and no default factory registered" })?;
+            .ok_or(Error::InvalidConfig {
+                what: "no resource set for this device and no default factory registered",
+            })?;
         // Made outside the lock (a factory may be slow, or use the registry);
         // if two threads race, the first one stored wins and both return it.
         let made = factory(device)?;

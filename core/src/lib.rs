@@ -67,9 +67,9 @@ pub mod stack;
 pub mod storage;
 pub mod testing;
 
-pub use block::Block;
 #[cfg(feature = "alloc")]
 pub use adaptor::DynResource;
+pub use block::Block;
 pub use error::{Error, Result};
 pub use lock::Shared;
 pub use range::Range;

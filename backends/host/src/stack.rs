@@ -80,7 +80,7 @@ pub type Constructor<S> =
 /// use memres_host::StackBuilder;
 /// use std::sync::Arc;
 /// let mut b = StackBuilder::<()>::new();
-/// let e = b.build("stats(counted(sim))", &()).unwrap_err();
+/// let e = b.build("stats(counted(sim))", &()).err().unwrap();
 /// assert_eq!((e.pos, e.kind), (6, StackErrorKind::UnknownName("counted".into())));
 /// // One line adds a resource:
 /// b.register("counted", |call, cx| Ok(Arc::new(Statistics::new(cx.upstream(call, 0)?)) as DynResource));
@@ -121,7 +121,9 @@ impl<S: Stream + ?Sized + 'static> StackBuilder<S> {
         b.register("sim", |call, _| {
             call.expect_args(1, &["capacity"])?;
             let capacity = match (call.positional(0), call.keyed("capacity")) {
-                (Some(_), Some(v)) => return Err(StackError::new(v.pos(), StackErrorKind::DuplicateKey("capacity".into()))),
+                (Some(_), Some(v)) => {
+                    return Err(StackError::new(v.pos(), StackErrorKind::DuplicateKey("capacity".into())))
+                }
                 (Some(v), None) | (None, Some(v)) => v.size()?,
                 (None, None) => DEFAULT_SIM_CAPACITY,
             };
@@ -146,7 +148,9 @@ impl<S: Stream + ?Sized + 'static> StackBuilder<S> {
                         _ => {
                             return Err(StackError::new(
                                 g.pos(),
-                                StackErrorKind::BadValue(format!("growth `{text}`: double, default or a divisor > 0")),
+                                StackErrorKind::BadValue(format!(
+                                    "growth `{text}`: double, default or a divisor > 0"
+                                )),
                             ))
                         }
                     },
@@ -154,7 +158,8 @@ impl<S: Stream + ?Sized + 'static> StackBuilder<S> {
                 config = config.growth(growth);
             }
             let upstream = cx.upstream(call, 0)?;
-            let pool = CoalescingPool::with_config(upstream, config, cx.stream).map_err(|e| resource_error(call, e))?;
+            let pool = CoalescingPool::with_config(upstream, config, cx.stream)
+                .map_err(|e| resource_error(call, e))?;
             Ok(Arc::new(Shared::new(pool)))
         });
         b.register("stats", |call, cx| {
@@ -167,8 +172,11 @@ impl<S: Stream + ?Sized + 'static> StackBuilder<S> {
         });
         b.register("limit", |call, cx| {
             call.expect_args(2, &["bytes"])?;
+            call.resource(0)?;
             let bytes = match (call.positional(1), call.keyed("bytes")) {
-                (Some(_), Some(v)) => return Err(StackError::new(v.pos(), StackErrorKind::DuplicateKey("bytes".into()))),
+                (Some(_), Some(v)) => {
+                    return Err(StackError::new(v.pos(), StackErrorKind::DuplicateKey("bytes".into())))
+                }
                 (Some(v), None) | (None, Some(v)) => v.size()?,
                 (None, None) => return Err(call.error(StackErrorKind::MissingArg("the limit in bytes"))),
             };
@@ -190,7 +198,10 @@ impl<S: Stream + ?Sized + 'static> StackBuilder<S> {
             let file = call.keyed("file").ok_or_else(|| call.error(StackErrorKind::MissingArg("file=")))?;
             let upstream = cx.upstream(call, 0)?;
             let log = Logging::to_file(upstream, file.text()?).map_err(|e| {
-                StackError::new(file.pos(), StackErrorKind::Io(format!("cannot log to `{}`: {e}", file.text().unwrap_or(""))))
+                StackError::new(
+                    file.pos(),
+                    StackErrorKind::Io(format!("cannot log to `{}`: {e}", file.text().unwrap_or(""))),
+                )
             })?;
             Ok(Arc::new(log))
         });

@@ -60,5 +60,5 @@ pub use tracking::{LeakReport, Outstanding, Tracking};
 #[cfg(feature = "alloc")]
 pub type DynResource<S = ()> = alloc::sync::Arc<dyn crate::MemoryResource<S> + Send + Sync>;
 
-#[cfg(all(test, not(loom)))]
+#[cfg(all(test, feature = "std", not(loom)))]
 mod tests;

@@ -258,7 +258,6 @@ impl<R> Statistics<R> {
     pub fn allocations(&self) -> Counter {
         self.count.counter(self.bases().1)
     }
-
 }
 
 #[cfg(feature = "alloc")]
@@ -293,8 +292,10 @@ impl<R> Statistics<R> {
     pub fn push_counters(&self) -> (Counter, Counter) {
         self.levels.with(|levels| {
             let before = self.both_at(levels.last().copied());
-            let bytes = Base { current: self.bytes.current.load(Relaxed), total: self.bytes.total.load(Relaxed) };
-            let count = Base { current: self.count.current.load(Relaxed), total: self.count.total.load(Relaxed) };
+            let bytes =
+                Base { current: self.bytes.current.load(Relaxed), total: self.bytes.total.load(Relaxed) };
+            let count =
+                Base { current: self.count.current.load(Relaxed), total: self.count.total.load(Relaxed) };
             let outer_peak_bytes = self.bytes.peak.swap(bytes.current, Relaxed);
             let outer_peak_count = self.count.peak.swap(count.current, Relaxed);
             // Allocations that landed between the loads and the swaps.

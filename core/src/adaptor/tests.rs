@@ -149,8 +149,9 @@ fn statistics_peak_is_exact_under_concurrency() {
             for t in 0..THREADS {
                 let (s, barrier) = (&s, &barrier);
                 scope.spawn(move || {
-                    let blocks: Vec<Block> =
-                        (0..PER).map(|i| s.allocate(req(256 * (1 + (i + t + round) % 3)), &()).unwrap()).collect();
+                    let blocks: Vec<Block> = (0..PER)
+                        .map(|i| s.allocate(req(256 * (1 + (i + t + round) % 3)), &()).unwrap())
+                        .collect();
                     barrier.wait();
                     for b in blocks {
                         s.deallocate(b, &()).unwrap();
@@ -158,9 +159,16 @@ fn statistics_peak_is_exact_under_concurrency() {
                 });
             }
         });
-        let expected_bytes: u64 = (0..THREADS).flat_map(|t| (0..PER).map(move |i| 256 * (1 + (i + t + round) % 3))).sum();
-        assert_eq!(s.bytes(), Counter { value: 0, peak: expected_bytes as i64, total: expected_bytes as i64 });
-        assert_eq!(s.allocations(), Counter { value: 0, peak: (THREADS * PER) as i64, total: (THREADS * PER) as i64 });
+        let expected_bytes: u64 =
+            (0..THREADS).flat_map(|t| (0..PER).map(move |i| 256 * (1 + (i + t + round) % 3))).sum();
+        assert_eq!(
+            s.bytes(),
+            Counter { value: 0, peak: expected_bytes as i64, total: expected_bytes as i64 }
+        );
+        assert_eq!(
+            s.allocations(),
+            Counter { value: 0, peak: (THREADS * PER) as i64, total: (THREADS * PER) as i64 }
+        );
     }
 }
 
@@ -435,7 +443,8 @@ fn adaptors_wrap_by_value_reference_and_arc() {
 fn stats_over_limit_over_pool_randomized() {
     const LIMIT: u64 = 64 << 20;
     let pool = Shared::new(
-        CoalescingPool::with_config(BumpUpstream::new(1 << 40), PoolConfig::new().initial_size(8 << 20), &()).unwrap(),
+        CoalescingPool::with_config(BumpUpstream::new(1 << 40), PoolConfig::new().initial_size(8 << 20), &())
+            .unwrap(),
     );
     let limit = Limiting::new(&pool, LIMIT);
     let stats = Statistics::new(&limit);
@@ -473,7 +482,11 @@ fn stats_over_limit_over_pool_randomized() {
         }
         peak = peak.max(live.bytes());
         let c = stats.bytes();
-        assert_eq!((c.value, c.peak, c.total), (live.bytes() as i64, peak as i64, total as i64), "step {step}");
+        assert_eq!(
+            (c.value, c.peak, c.total),
+            (live.bytes() as i64, peak as i64, total as i64),
+            "step {step}"
+        );
         assert_eq!(stats.allocations().value, live.len() as i64);
         assert_eq!(stats.allocations().total, count_total as i64);
         assert_eq!(limit.used(), pool.with(|p| p.used_bytes()), "step {step}");

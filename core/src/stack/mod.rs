@@ -110,7 +110,7 @@ pub enum Value {
 /// ```
 /// use memres_core::stack::{parse, StackErrorKind};
 /// let e = parse("pool(sim").unwrap_err();
-/// assert_eq!((e.pos, e.kind), (8, StackErrorKind::Expected("`,` or `)`")));
+/// assert_eq!((e.pos, &e.kind), (8, &StackErrorKind::Expected("`,` or `)`")));
 /// assert_eq!(e.to_string(), "at byte 8: expected `,` or `)`");
 /// ```
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -169,7 +169,9 @@ impl fmt::Display for StackErrorKind {
             StackErrorKind::EmptyName => f.write_str("empty name"),
             StackErrorKind::UnbalancedParen => f.write_str("unbalanced `)`"),
             StackErrorKind::TrailingInput => f.write_str("unexpected text after the stack"),
-            StackErrorKind::BadSize(t) => write!(f, "bad size `{t}` (a number with B, K, KiB, M, MiB, G, GiB, T or TiB)"),
+            StackErrorKind::BadSize(t) => {
+                write!(f, "bad size `{t}` (a number with B, K, KiB, M, MiB, G, GiB, T or TiB)")
+            }
             StackErrorKind::UnknownName(n) => write!(f, "unknown resource `{n}`"),
             StackErrorKind::UnknownKey(k) => write!(f, "unknown key `{k}`"),
             StackErrorKind::DuplicateKey(k) => write!(f, "key `{k}` given twice"),
@@ -222,7 +224,11 @@ pub fn parse(text: &str) -> Result<Call, StackError> {
     let value = p.value()?;
     p.skip_ws();
     if p.at < p.text.len() {
-        let kind = if p.text[p.at] == b')' { StackErrorKind::UnbalancedParen } else { StackErrorKind::TrailingInput };
+        let kind = if p.text[p.at] == b')' {
+            StackErrorKind::UnbalancedParen
+        } else {
+            StackErrorKind::TrailingInput
+        };
         return Err(StackError::new(p.at, kind));
     }
     match value {
@@ -390,7 +396,9 @@ impl Value {
         match self {
             Value::Word { text, .. } => Ok(text),
             Value::Call(c) if c.args.is_empty() => Ok(&c.name),
-            Value::Call(c) => Err(StackError::new(c.pos, StackErrorKind::WrongKind("a word, not a resource"))),
+            Value::Call(c) => {
+                Err(StackError::new(c.pos, StackErrorKind::WrongKind("a word, not a resource")))
+            }
         }
     }
 
@@ -518,7 +526,9 @@ impl Call {
     /// # Ok::<(), memres_core::stack::StackError>(())
     /// ```
     pub fn resource(&self, i: usize) -> Result<&Call, StackError> {
-        self.positional(i).ok_or_else(|| self.error(StackErrorKind::MissingArg("an upstream resource")))?.call()
+        self.positional(i)
+            .ok_or_else(|| self.error(StackErrorKind::MissingArg("an upstream resource")))?
+            .call()
     }
 
     /// The size given as `key=...`, if any.

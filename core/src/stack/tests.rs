@@ -60,7 +60,10 @@ fn bad_sizes_unknown_and_duplicate_keys() {
     let c = parse("pool(sim, initial=12XB, max=4G, max=5G, extra=1, 7)").unwrap();
     let e = c.size_arg("initial").unwrap_err();
     assert_eq!((e.pos, e.kind.clone()), (18, StackErrorKind::BadSize("12XB".into())));
-    assert_eq!(e.to_string(), "at byte 18: bad size `12XB` (a number with B, K, KiB, M, MiB, G, GiB, T or TiB)");
+    assert_eq!(
+        e.to_string(),
+        "at byte 18: bad size `12XB` (a number with B, K, KiB, M, MiB, G, GiB, T or TiB)"
+    );
     let e = c.expect_args(1, &["initial", "max"]).unwrap_err();
     assert_eq!((e.pos, e.kind), (32, StackErrorKind::DuplicateKey("max".into())));
     let e = c.expect_args(1, &["initial", "max", "extra"]).unwrap_err();

@@ -132,10 +132,10 @@ fn file_errors_at_construction_and_file_round_trip() {
     }
     let rows = parse_log(io::BufReader::new(File::open(&path).unwrap())).unwrap();
     std::fs::remove_file(&path).unwrap();
-    assert_eq!(rows.iter().map(|r| (r.action, r.size, r.stream)).collect::<Vec<_>>(), [
-        (Action::Allocate, 300, 0),
-        (Action::Free, 300, 0)
-    ]);
+    assert_eq!(
+        rows.iter().map(|r| (r.action, r.size, r.stream)).collect::<Vec<_>>(),
+        [(Action::Allocate, 300, 0), (Action::Free, 300, 0)]
+    );
 }
 
 #[test]
@@ -144,14 +144,17 @@ fn parser_accepts_the_shared_trace_format_and_rejects_junk() {
                  0,1795342502440678,allocate,0x7fed29500000,37632,0\n\
                  0,1795342503172834,free,0x7febcb2daa00,4,0\n";
     let rows = parse_log(trace.as_bytes()).unwrap();
-    assert_eq!(rows[0], LogRecord {
-        thread: 0,
-        time: 1795342502440678,
-        action: Action::Allocate,
-        addr: 0x7fed29500000,
-        size: 37632,
-        stream: 0
-    });
+    assert_eq!(
+        rows[0],
+        LogRecord {
+            thread: 0,
+            time: 1795342502440678,
+            action: Action::Allocate,
+            addr: 0x7fed29500000,
+            size: 37632,
+            stream: 0
+        }
+    );
     assert_eq!(rows[1].action, Action::Free);
     for (text, needle) in [
         ("0,1,allocate,0x10,1,0\n", "header"),
