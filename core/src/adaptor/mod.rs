@@ -62,3 +62,5 @@ pub type DynResource<S = ()> = alloc::sync::Arc<dyn crate::MemoryResource<S> + S
 
 #[cfg(all(test, feature = "std", not(loom)))]
 mod tests;
+#[cfg(all(test, feature = "std", loom))]
+mod loom_tests;
