@@ -14,4 +14,4 @@ mod stack;
 
 pub use log::{parse_log, Action, LogRecord, Logging, LOG_HEADER};
 pub use sim::SimDevice;
-pub use stack::{Constructor, Context, StackBuilder, DEFAULT_SIM_CAPACITY};
+pub use stack::{Built, Constructor, Context, StackBuilder, DEFAULT_SIM_CAPACITY};

@@ -15,6 +15,8 @@
 //! | `log` | `upstream, file=` | [`Logging`] to a file |
 //!
 //! Other resources join with one [`StackBuilder::register`] call each.
+//! [`StackBuilder::build_with_handles`] also hands back the typed
+//! resources (to read a `stats` adaptor's figures, a `sim`'s peak...).
 //!
 //! # Examples
 //!
@@ -32,7 +34,9 @@ use crate::{Logging, SimDevice};
 use memres_core::adaptor::{Aligned, Limiting, Statistics, Tracking};
 use memres_core::pool::{CoalescingPool, Growth, PoolConfig};
 use memres_core::stack::{parse, Call, StackError, StackErrorKind};
-use memres_core::{DynResource, Shared, Stream};
+use memres_core::{DynResource, MemoryResource, Shared, Stream};
+use std::any::Any;
+use std::cell::RefCell;
 use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::Arc;
@@ -45,6 +49,15 @@ pub struct Context<'a, S: ?Sized> {
     /// The stream a resource that allocates when made (a pool's initial
     /// size) allocates on.
     pub stream: &'a S,
+    /// Typed handles kept so far (see [`Context::keep`]).
+    handles: RefCell<Vec<Handle>>,
+}
+
+/// A typed resource of a built stack, kept so that its figures can be read.
+struct Handle {
+    name: String,
+    pos: usize,
+    resource: Arc<dyn Any + Send + Sync>,
 }
 
 impl<S: ?Sized> fmt::Debug for Context<'_, S> {
@@ -60,7 +73,74 @@ impl<S: Stream + ?Sized + 'static> Context<'_, S> {
     ///
     /// A missing or malformed argument, or the upstream's own error.
     pub fn upstream(&self, call: &Call, i: usize) -> Result<DynResource<S>, StackError> {
-        self.builder.build_call(call.resource(i)?, self.stream)
+        self.builder.build_in(call.resource(i)?, self)
+    }
+
+    /// Keeps `resource` as the typed handle of `call` and returns it as a
+    /// [`DynResource`], so that [`Built::get`] can hand it back.
+    pub fn keep<T: MemoryResource<S> + Send + Sync + 'static>(
+        &self,
+        call: &Call,
+        resource: T,
+    ) -> DynResource<S> {
+        let resource = Arc::new(resource);
+        self.handles.borrow_mut().push(Handle {
+            name: call.name.clone(),
+            pos: call.pos,
+            resource: resource.clone(),
+        });
+        resource
+    }
+}
+
+/// A built stack and the typed handles of its resources.
+///
+/// # Examples
+///
+/// ```
+/// use memres_core::adaptor::Statistics;
+/// use memres_core::{DynResource, MemoryResource, Request};
+/// use memres_host::{SimDevice, StackBuilder};
+/// let built = StackBuilder::<()>::new().build_with_handles("stats(pool(sim))", &())?;
+/// let b = built.resource.allocate(Request::new(1000)?, &())?;
+/// let stats = built.get::<Statistics<DynResource>>("stats").unwrap();
+/// assert_eq!(stats.bytes().value, 1000);
+/// let sim = built.get::<SimDevice>("sim").unwrap();
+/// assert!(sim.held_bytes() >= 1024);
+/// # built.resource.deallocate(b, &())?;
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub struct Built<S: ?Sized> {
+    /// The stack.
+    pub resource: DynResource<S>,
+    /// Sorted by position in the text: outermost first.
+    handles: Vec<Handle>,
+}
+
+impl<S: ?Sized> fmt::Debug for Built<S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let names: Vec<(&str, usize)> = self.handles.iter().map(|h| (h.name.as_str(), h.pos)).collect();
+        f.debug_struct("Built").field("handles", &names).finish_non_exhaustive()
+    }
+}
+
+impl<S: ?Sized> Built<S> {
+    /// The outermost resource named `name`, if it has type `T`. The
+    /// standard names keep these types (`D` is [`DynResource<S>`]): `sim`
+    /// [`SimDevice`], `pool` `Shared<CoalescingPool<D>>`, `stats`
+    /// `Statistics<D>`, `track` `Tracking<D>`, `limit` `Limiting<D>`,
+    /// `align` `Aligned<D>`, `log` `Logging<D>`.
+    pub fn get<T: Any + Send + Sync>(&self, name: &str) -> Option<Arc<T>> {
+        self.all(name).into_iter().next()
+    }
+
+    /// Every resource named `name` of type `T`, outermost first.
+    pub fn all<T: Any + Send + Sync>(&self, name: &str) -> Vec<Arc<T>> {
+        self.handles
+            .iter()
+            .filter(|h| h.name == name)
+            .filter_map(|h| h.resource.clone().downcast::<T>().ok())
+            .collect()
     }
 }
 
@@ -118,7 +198,7 @@ impl<S: Stream + ?Sized + 'static> StackBuilder<S> {
     /// A builder with the standard names (see the module's table).
     pub fn new() -> Self {
         let mut b = Self::empty();
-        b.register("sim", |call, _| {
+        b.register("sim", |call, cx| {
             call.expect_args(1, &["capacity"])?;
             let capacity = match (call.positional(0), call.keyed("capacity")) {
                 (Some(_), Some(v)) => {
@@ -127,7 +207,7 @@ impl<S: Stream + ?Sized + 'static> StackBuilder<S> {
                 (Some(v), None) | (None, Some(v)) => v.size()?,
                 (None, None) => DEFAULT_SIM_CAPACITY,
             };
-            Ok(Arc::new(SimDevice::new(capacity)))
+            Ok(cx.keep(call, SimDevice::new(capacity)))
         });
         // `host` (real host memory) joins here once that backend exists.
         b.register("pool", |call, cx| {
@@ -160,15 +240,15 @@ impl<S: Stream + ?Sized + 'static> StackBuilder<S> {
             let upstream = cx.upstream(call, 0)?;
             let pool = CoalescingPool::with_config(upstream, config, cx.stream)
                 .map_err(|e| resource_error(call, e))?;
-            Ok(Arc::new(Shared::new(pool)))
+            Ok(cx.keep(call, Shared::new(pool)))
         });
         b.register("stats", |call, cx| {
             call.expect_args(1, &[])?;
-            Ok(Arc::new(Statistics::new(cx.upstream(call, 0)?)))
+            Ok(cx.keep(call, Statistics::new(cx.upstream(call, 0)?)))
         });
         b.register("track", |call, cx| {
             call.expect_args(1, &[])?;
-            Ok(Arc::new(Tracking::new(cx.upstream(call, 0)?)))
+            Ok(cx.keep(call, Tracking::new(cx.upstream(call, 0)?)))
         });
         b.register("limit", |call, cx| {
             call.expect_args(2, &["bytes"])?;
@@ -180,7 +260,7 @@ impl<S: Stream + ?Sized + 'static> StackBuilder<S> {
                 (Some(v), None) | (None, Some(v)) => v.size()?,
                 (None, None) => return Err(call.error(StackErrorKind::MissingArg("the limit in bytes"))),
             };
-            Ok(Arc::new(Limiting::new(cx.upstream(call, 0)?, bytes)))
+            Ok(cx.keep(call, Limiting::new(cx.upstream(call, 0)?, bytes)))
         });
         b.register("align", |call, cx| {
             call.expect_args(1, &["alignment", "threshold"])?;
@@ -191,7 +271,7 @@ impl<S: Stream + ?Sized + 'static> StackBuilder<S> {
                 let pos = call.keyed("alignment").map_or(call.pos, |v| v.pos());
                 StackError::new(pos, StackErrorKind::Resource(e))
             })?;
-            Ok(Arc::new(aligned))
+            Ok(cx.keep(call, aligned))
         });
         b.register("log", |call, cx| {
             call.expect_args(1, &["file"])?;
@@ -203,7 +283,7 @@ impl<S: Stream + ?Sized + 'static> StackBuilder<S> {
                     StackErrorKind::Io(format!("cannot log to `{}`: {e}", file.text().unwrap_or(""))),
                 )
             })?;
-            Ok(Arc::new(log))
+            Ok(cx.keep(call, log))
         });
         b
     }
@@ -240,11 +320,40 @@ impl<S: Stream + ?Sized + 'static> StackBuilder<S> {
     ///
     /// As [`build`](Self::build), less the parse errors.
     pub fn build_call(&self, call: &Call, stream: &S) -> Result<DynResource<S>, StackError> {
+        Ok(self.build_call_with_handles(call, stream)?.resource)
+    }
+
+    /// Parses `text` and builds the stack, with the typed handles of its
+    /// resources.
+    ///
+    /// # Errors
+    ///
+    /// As [`build`](Self::build).
+    pub fn build_with_handles(&self, text: &str, stream: &S) -> Result<Built<S>, StackError> {
+        self.build_call_with_handles(&parse(text)?, stream)
+    }
+
+    /// Builds a parsed stack, with the typed handles of its resources.
+    ///
+    /// # Errors
+    ///
+    /// As [`build_call`](Self::build_call).
+    pub fn build_call_with_handles(&self, call: &Call, stream: &S) -> Result<Built<S>, StackError> {
+        let cx = Context { builder: self, stream, handles: RefCell::new(Vec::new()) };
+        let resource = self.build_in(call, &cx)?;
+        let mut handles = cx.handles.into_inner();
+        // A call's upstreams are written after its name: by position is
+        // outermost first.
+        handles.sort_by_key(|h| h.pos);
+        Ok(Built { resource, handles })
+    }
+
+    fn build_in(&self, call: &Call, cx: &Context<'_, S>) -> Result<DynResource<S>, StackError> {
         let constructor = self
             .constructors
             .get(&call.name)
             .ok_or_else(|| call.error(StackErrorKind::UnknownName(call.name.clone())))?;
-        constructor(call, &Context { builder: self, stream })
+        constructor(call, cx)
     }
 }
 

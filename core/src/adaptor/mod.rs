@@ -60,7 +60,7 @@ pub use tracking::{LeakReport, Outstanding, Tracking};
 #[cfg(feature = "alloc")]
 pub type DynResource<S = ()> = alloc::sync::Arc<dyn crate::MemoryResource<S> + Send + Sync>;
 
-#[cfg(all(test, feature = "std", not(loom)))]
-mod tests;
 #[cfg(all(test, feature = "std", loom))]
 mod loom_tests;
+#[cfg(all(test, feature = "std", not(loom)))]
+mod tests;

@@ -225,3 +225,24 @@ fn all_adaptors_stacked_randomized() {
     let rows = parse_log(&log.into_parts().1[..]).unwrap();
     assert_eq!(rows.len(), ops);
 }
+
+#[test]
+fn handles_give_typed_access() {
+    let built = StackBuilder::<()>::new()
+        .build_with_handles("stats(limit(stats(pool(sim(1GiB), initial=1MiB)), 4MiB))", &())
+        .unwrap();
+    let r = &built.resource;
+    let b = r.allocate(req(1000), &()).unwrap();
+    let all = built.all::<Statistics<DynResource>>("stats");
+    assert_eq!(all.len(), 2);
+    assert_eq!((all[0].bytes().value, all[1].bytes().value), (1000, 1000));
+    assert_eq!(built.get::<Limiting<DynResource>>("limit").unwrap().used(), 1024);
+    let pool = built.get::<Shared<CoalescingPool<DynResource>>>("pool").unwrap();
+    assert_eq!(pool.with(|p| (p.pool_size(), p.used_bytes())), (1 << 20, 1024));
+    assert_eq!(built.get::<SimDevice>("sim").unwrap().held_bytes(), 1 << 20);
+    // Wrong type or absent name: none.
+    assert!(built.get::<SimDevice>("stats").is_none());
+    assert!(built.get::<SimDevice>("track").is_none());
+    r.deallocate(b, &()).unwrap();
+    assert_eq!(all[0].bytes(), Counter { value: 0, peak: 1000, total: 1000 });
+}
