@@ -39,9 +39,27 @@ use core::any::{Any, TypeId};
 use std::sync::RwLock;
 
 /// A device id (a CUDA device ordinal, or any number a backend chooses).
+///
+/// ```
+/// let first_gpu: memres_core::device::DeviceId = 0;
+/// # let _ = first_gpu;
+/// ```
 pub type DeviceId = u32;
 
-/// Makes the default resource of a device for one stream type.
+/// Makes the default resource of a device for one stream type (a backend's
+/// registration: a plain function, so that it can be stored for any `S`).
+///
+/// ```
+/// use memres_core::device::{DeviceId, Factory};
+/// use memres_core::{DynResource, Error};
+/// # use memres_core::testing::BumpUpstream;
+/// # use std::sync::Arc;
+/// fn make(device: DeviceId) -> Result<DynResource, Error> {
+///     Ok(Arc::new(BumpUpstream::new(1 << 30)))
+/// }
+/// let f: Factory<()> = make;
+/// assert!(f(0).is_ok());
+/// ```
 pub type Factory<S> = fn(DeviceId) -> Result<DynResource<S>>;
 
 /// Resources per (stream type, device id) and default factories per stream
