@@ -16,29 +16,27 @@ fn req(size: u64) -> Request {
 }
 
 /// An upstream whose frees can be made to fail, to test roll-backs.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct FlakyFree {
-    inner: BumpUpstream2,
+    inner: BumpUpstream,
     fail_frees: std::sync::atomic::AtomicBool,
 }
 
-#[derive(Debug)]
-struct BumpUpstream2(BumpUpstream);
-impl Default for BumpUpstream2 {
+impl Default for FlakyFree {
     fn default() -> Self {
-        BumpUpstream2(BumpUpstream::new(1 << 30))
+        FlakyFree { inner: BumpUpstream::new(1 << 30), fail_frees: Default::default() }
     }
 }
 
 impl MemoryResource for FlakyFree {
     fn allocate(&self, request: Request, s: &()) -> crate::Result<Block> {
-        self.inner.0.allocate(request, s)
+        self.inner.allocate(request, s)
     }
     fn deallocate(&self, block: Block, s: &()) -> crate::Result<()> {
         if self.fail_frees.load(Ordering::Relaxed) {
             return Err(Error::Backend { code: 9, what: "free refused" });
         }
-        self.inner.0.deallocate(block, s)
+        self.inner.deallocate(block, s)
     }
 }
 
@@ -376,7 +374,7 @@ fn tracking_table_and_errors() {
     assert_eq!(t.deallocate(a, &()), Err(Error::UnknownBlock { addr: a.addr() }));
     t.deallocate(b, &()).unwrap();
     assert!(t.report().is_empty());
-    assert_eq!(t.upstream().inner.0.outstanding(), 0);
+    assert_eq!(t.upstream().inner.outstanding(), 0);
 }
 
 #[test]
