@@ -62,13 +62,18 @@ mod request;
 mod resource;
 mod stream;
 
+pub mod adaptor;
 #[cfg(feature = "alloc")]
 pub mod binning;
 pub mod check;
 pub mod copy;
+#[cfg(feature = "std")]
+pub mod device;
 pub mod fixed;
 pub mod lock;
 pub mod pool;
+#[cfg(feature = "alloc")]
+pub mod stack;
 pub mod storage;
 #[cfg(feature = "alloc")]
 pub mod stream_ordered;
@@ -77,6 +82,8 @@ pub mod vmem;
 #[cfg(feature = "alloc")]
 pub mod vpool;
 
+#[cfg(feature = "alloc")]
+pub use adaptor::DynResource;
 pub use block::Block;
 pub use error::{Error, Result};
 pub use lock::Shared;

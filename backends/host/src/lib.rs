@@ -16,13 +16,17 @@
 //! without a GPU.
 
 mod copy;
+mod log;
 mod order;
 mod sim;
+mod stack;
 mod stream;
 mod vspace;
 
 pub use copy::HostCopy;
+pub use log::{parse_log, Action, LogRecord, Logging, LOG_HEADER};
 pub use order::{HbChecked, HbViolation};
 pub use sim::SimDevice;
+pub use stack::{Built, Constructor, Context, StackBuilder, DEFAULT_SIM_CAPACITY};
 pub use stream::{SimEvent, SimStream, SimWorld};
 pub use vspace::SimAddressSpace;

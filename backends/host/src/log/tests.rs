@@ -1,0 +1,194 @@
+use super::*;
+use crate::SimDevice;
+use memres_core::{Error, Request};
+use std::collections::{HashMap, HashSet};
+
+/// A stream known only by its id.
+#[derive(Debug)]
+struct Id(u64);
+impl Stream for Id {
+    type Event = ();
+    fn id(&self) -> u64 {
+        self.0
+    }
+    fn record(&self) -> Result<()> {
+        Ok(())
+    }
+    fn wait(&self, _: &()) -> Result<()> {
+        Ok(())
+    }
+    fn query(&self, _: &()) -> Result<bool> {
+        Ok(true)
+    }
+    fn synchronize(&self) -> Result<()> {
+        Ok(())
+    }
+}
+
+type Op = (Action, u64, u64, u64);
+
+fn ops_of(rows: &[LogRecord]) -> Vec<Op> {
+    rows.iter().map(|r| (r.action, r.addr, r.size, r.stream)).collect()
+}
+
+#[test]
+fn round_trip_yields_the_same_operations() {
+    let log = Logging::new(SimDevice::new(1 << 30), Vec::new()).unwrap();
+    let mut expected: Vec<Op> = Vec::new();
+    let mut live = Vec::new();
+    let mut rng = memres_core::testing::SplitMix64::new(11);
+    for i in 0..2000u64 {
+        let stream = Id(rng.below(3) * 0x1000);
+        if live.is_empty() || rng.below(2) == 0 {
+            // Some requests are too large: logged as failures.
+            let size = if i % 97 == 0 { 2 << 30 } else { rng.below(1 << 20) };
+            match log.allocate(Request::new(size).unwrap(), &stream) {
+                Ok(b) => {
+                    expected.push((Action::Allocate, b.addr(), size, stream.0));
+                    live.push(b);
+                }
+                Err(e) => {
+                    assert!(matches!(e, Error::OutOfMemory { .. }));
+                    expected.push((Action::AllocateFailure, 0, size, stream.0));
+                }
+            }
+        } else {
+            let b = live.swap_remove(rng.below(live.len() as u64) as usize);
+            log.deallocate(b, &stream).unwrap();
+            expected.push((Action::Free, b.addr(), b.size(), stream.0));
+        }
+    }
+    // A refused free is not logged.
+    assert!(log.deallocate(Block::from_addr(1, 256), &Id(0)).is_err());
+    assert_eq!(log.write_errors(), 0);
+    let (_, bytes) = log.into_parts();
+    let text = String::from_utf8(bytes).unwrap();
+    assert!(text.starts_with("Thread,Time,Action,Pointer,Size,Stream\n"));
+    let rows = parse_log(text.as_bytes()).unwrap();
+    assert_eq!(ops_of(&rows), expected);
+    assert!(rows.iter().any(|r| r.action == Action::AllocateFailure));
+    // One thread, monotonic time, and every row prints back as written.
+    assert!(rows.iter().all(|r| r.thread == rows[0].thread));
+    assert!(rows.windows(2).all(|w| w[0].time <= w[1].time));
+    for (row, line) in rows.iter().zip(text.lines().skip(1)) {
+        assert_eq!(row.to_string(), line);
+    }
+}
+
+#[test]
+fn rows_use_rmm_format() {
+    let log = Logging::new(SimDevice::new(1 << 30), Vec::new()).unwrap();
+    let b = log.allocate(Request::new(16 << 20).unwrap(), &Id(7)).unwrap();
+    let _ = log.allocate(Request::new(4 << 30).unwrap(), &Id(7));
+    log.deallocate(b, &Id(7)).unwrap();
+    let (_, bytes) = log.into_parts();
+    let text = String::from_utf8(bytes).unwrap();
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), 4);
+    let fields: Vec<&str> = lines[1].split(',').collect();
+    assert_eq!(fields[2..], ["allocate", &format!("{:#x}", b.addr()), "16777216", "7"]);
+    assert!(fields[3].starts_with("0x7f"));
+    // Microseconds since the epoch: 16 digits in this century.
+    assert_eq!(fields[1].len(), 16, "{}", fields[1]);
+    assert!(lines[2].ends_with(",allocate failure,0x0,4294967296,7"), "{}", lines[2]);
+    assert!(lines[3].contains(",free,"));
+}
+
+#[test]
+fn threads_get_distinct_small_numbers() {
+    let log = Logging::new(SimDevice::new(1 << 30), Vec::new()).unwrap();
+    std::thread::scope(|s| {
+        for t in 0..3u64 {
+            let log = &log;
+            s.spawn(move || {
+                for _ in 0..50 {
+                    let b = log.allocate(Request::new(256).unwrap(), &Id(t)).unwrap();
+                    log.deallocate(b, &Id(t)).unwrap();
+                }
+            });
+        }
+    });
+    let rows = parse_log(&log.into_parts().1[..]).unwrap();
+    assert_eq!(rows.len(), 300);
+    let mut thread_of: HashMap<u64, u64> = HashMap::new();
+    for r in &rows {
+        assert_eq!(*thread_of.entry(r.stream).or_insert(r.thread), r.thread);
+    }
+    assert_eq!(thread_of.values().collect::<HashSet<_>>().len(), 3);
+    assert!(rows.windows(2).all(|w| w[0].time <= w[1].time));
+}
+
+#[test]
+fn file_errors_at_construction_and_file_round_trip() {
+    let err = Logging::to_file(SimDevice::new(1 << 20), "/nonexistent-dir/x/log.csv").unwrap_err();
+    assert_eq!(err.kind(), io::ErrorKind::NotFound);
+    let path = std::env::temp_dir().join(format!("memres-log-test-{}.csv", std::process::id()));
+    {
+        let log = Logging::to_file(SimDevice::new(1 << 20), &path).unwrap();
+        // The header is on disk before any allocation.
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), format!("{LOG_HEADER}\n"));
+        let b = log.allocate(Request::new(300).unwrap(), &()).unwrap();
+        log.deallocate(b, &()).unwrap();
+    }
+    let rows = parse_log(io::BufReader::new(File::open(&path).unwrap())).unwrap();
+    std::fs::remove_file(&path).unwrap();
+    assert_eq!(
+        rows.iter().map(|r| (r.action, r.size, r.stream)).collect::<Vec<_>>(),
+        [(Action::Allocate, 300, 0), (Action::Free, 300, 0)]
+    );
+}
+
+#[test]
+fn parser_accepts_the_shared_trace_format_and_rejects_junk() {
+    let trace = "Thread,Time,Action,Pointer,Size,Stream\n\
+                 0,1795342502440678,allocate,0x7fed29500000,37632,0\n\
+                 0,1795342503172834,free,0x7febcb2daa00,4,0\n";
+    let rows = parse_log(trace.as_bytes()).unwrap();
+    assert_eq!(
+        rows[0],
+        LogRecord {
+            thread: 0,
+            time: 1795342502440678,
+            action: Action::Allocate,
+            addr: 0x7fed29500000,
+            size: 37632,
+            stream: 0
+        }
+    );
+    assert_eq!(rows[1].action, Action::Free);
+    for (text, needle) in [
+        ("0,1,allocate,0x10,1,0\n", "header"),
+        ("Thread,Time,Action,Pointer,Size,Stream\n0,1,alloc,0x10,1,0\n", "line 2: unknown action"),
+        ("Thread,Time,Action,Pointer,Size,Stream\n0,1,free,10,1,0\n", "pointer without 0x"),
+        ("Thread,Time,Action,Pointer,Size,Stream\n0,1,free,0x10,1\n", "not six fields"),
+        ("Thread,Time,Action,Pointer,Size,Stream\n0,x,free,0x10,1,0\n", "bad time"),
+        ("Thread,Time,Action,Pointer,Size,Stream\n0,1,free,0xzz,1,0\n", "bad pointer"),
+    ] {
+        let e = parse_log(text.as_bytes()).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::InvalidData);
+        assert!(e.to_string().contains(needle), "{e}");
+    }
+}
+
+#[test]
+fn write_errors_are_counted_not_returned() {
+    struct Broken(bool);
+    impl Write for Broken {
+        fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+            if self.0 {
+                Err(io::Error::other("disk full"))
+            } else {
+                Ok(buf.len())
+            }
+        }
+        fn flush(&mut self) -> io::Result<()> {
+            Ok(())
+        }
+    }
+    let log = Logging::new(SimDevice::new(1 << 20), Broken(false)).unwrap();
+    log.out.lock().unwrap().0 = true;
+    let b = log.allocate(Request::new(10).unwrap(), &()).unwrap();
+    log.deallocate(b, &()).unwrap();
+    assert_eq!(log.write_errors(), 2);
+    assert!(Logging::new(SimDevice::new(1 << 20), Broken(true)).is_err());
+}

@@ -1,0 +1,361 @@
+//! Builds resource stacks from descriptions such as
+//! `limit(stats(pool(sim, initial=1GiB, max=4GiB)), 2GiB)`.
+//!
+//! The parser is [`memres_core::stack`]; this module turns its tree into
+//! resources through a registry of constructors, one per name:
+//!
+//! | name | arguments | resource |
+//! | --- | --- | --- |
+//! | `sim` | `[capacity]` (default 80 GiB) | [`SimDevice`] |
+//! | `pool` | `upstream, initial=, max=, growth=double\|default\|N` | [`CoalescingPool`] behind [`Shared`] (`N`: grow by 1/N of the pool in 2 MiB steps) |
+//! | `stats` | `upstream` | [`Statistics`] |
+//! | `track` | `upstream` | [`Tracking`] |
+//! | `limit` | `upstream, bytes` (or `bytes=`) | [`Limiting`] |
+//! | `align` | `upstream, alignment=, threshold=` | [`Aligned`] |
+//! | `log` | `upstream, file=` | [`Logging`] to a file |
+//!
+//! Other resources join with one [`StackBuilder::register`] call each.
+//! [`StackBuilder::build_with_handles`] also hands back the typed
+//! resources (to read a `stats` adaptor's figures, a `sim`'s peak...).
+//!
+//! # Examples
+//!
+//! ```
+//! use memres_core::{MemoryResource, Request};
+//! use memres_host::StackBuilder;
+//! let stack = StackBuilder::<()>::new().build("limit(stats(pool(sim, initial=1MiB)), 2MiB)", &())?;
+//! let b = stack.allocate(Request::new(1 << 20)?, &())?;
+//! assert!(stack.allocate(Request::new(2 << 20)?, &()).is_err());
+//! stack.deallocate(b, &())?;
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+
+use crate::{Logging, SimDevice};
+use memres_core::adaptor::{Aligned, Limiting, Statistics, Tracking};
+use memres_core::pool::{CoalescingPool, Growth, PoolConfig};
+use memres_core::stack::{parse, Call, StackError, StackErrorKind};
+use memres_core::{DynResource, MemoryResource, Shared, Stream};
+use std::any::Any;
+use std::cell::RefCell;
+use std::collections::BTreeMap;
+use std::fmt;
+use std::sync::Arc;
+
+/// What a constructor gets besides its call: the builder (to build its
+/// upstream) and the stream to make initial allocations on.
+pub struct Context<'a, S: ?Sized> {
+    /// The builder, with every registered name.
+    pub builder: &'a StackBuilder<S>,
+    /// The stream a resource that allocates when made (a pool's initial
+    /// size) allocates on.
+    pub stream: &'a S,
+    /// Typed handles kept so far (see [`Context::keep`]).
+    handles: RefCell<Vec<Handle>>,
+}
+
+/// A typed resource of a built stack, kept so that its figures can be read.
+struct Handle {
+    name: String,
+    pos: usize,
+    resource: Arc<dyn Any + Send + Sync>,
+}
+
+impl<S: ?Sized> fmt::Debug for Context<'_, S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Context").field("builder", &self.builder).finish_non_exhaustive()
+    }
+}
+
+impl<S: Stream + ?Sized + 'static> Context<'_, S> {
+    /// Builds the `i`th positional argument of `call` as a resource.
+    ///
+    /// # Errors
+    ///
+    /// A missing or malformed argument, or the upstream's own error.
+    pub fn upstream(&self, call: &Call, i: usize) -> Result<DynResource<S>, StackError> {
+        self.builder.build_in(call.resource(i)?, self)
+    }
+
+    /// Keeps `resource` as the typed handle of `call` and returns it as a
+    /// [`DynResource`], so that [`Built::get`] can hand it back.
+    pub fn keep<T: MemoryResource<S> + Send + Sync + 'static>(
+        &self,
+        call: &Call,
+        resource: T,
+    ) -> DynResource<S> {
+        let resource = Arc::new(resource);
+        self.handles.borrow_mut().push(Handle {
+            name: call.name.clone(),
+            pos: call.pos,
+            resource: resource.clone(),
+        });
+        resource
+    }
+}
+
+/// A built stack and the typed handles of its resources.
+///
+/// # Examples
+///
+/// ```
+/// use memres_core::adaptor::Statistics;
+/// use memres_core::{DynResource, MemoryResource, Request};
+/// use memres_host::{SimDevice, StackBuilder};
+/// let built = StackBuilder::<()>::new().build_with_handles("stats(pool(sim))", &())?;
+/// let b = built.resource.allocate(Request::new(1000)?, &())?;
+/// let stats = built.get::<Statistics<DynResource>>("stats").unwrap();
+/// assert_eq!(stats.bytes().value, 1000);
+/// let sim = built.get::<SimDevice>("sim").unwrap();
+/// assert!(sim.held_bytes() >= 1024);
+/// # built.resource.deallocate(b, &())?;
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub struct Built<S: ?Sized> {
+    /// The stack.
+    pub resource: DynResource<S>,
+    /// Sorted by position in the text: outermost first.
+    handles: Vec<Handle>,
+}
+
+impl<S: ?Sized> fmt::Debug for Built<S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let names: Vec<(&str, usize)> = self.handles.iter().map(|h| (h.name.as_str(), h.pos)).collect();
+        f.debug_struct("Built").field("handles", &names).finish_non_exhaustive()
+    }
+}
+
+impl<S: ?Sized> Built<S> {
+    /// The outermost resource named `name`, if it has type `T`. The
+    /// standard names keep these types (`D` is [`DynResource<S>`]): `sim`
+    /// [`SimDevice`], `pool` `Shared<CoalescingPool<D>>`, `stats`
+    /// `Statistics<D>`, `track` `Tracking<D>`, `limit` `Limiting<D>`,
+    /// `align` `Aligned<D>`, `log` `Logging<D>`.
+    pub fn get<T: Any + Send + Sync>(&self, name: &str) -> Option<Arc<T>> {
+        self.all(name).into_iter().next()
+    }
+
+    /// Every resource named `name` of type `T`, outermost first.
+    pub fn all<T: Any + Send + Sync>(&self, name: &str) -> Vec<Arc<T>> {
+        self.handles
+            .iter()
+            .filter(|h| h.name == name)
+            .filter_map(|h| h.resource.clone().downcast::<T>().ok())
+            .collect()
+    }
+}
+
+/// Makes one resource from its call.
+pub type Constructor<S> =
+    Arc<dyn Fn(&Call, &Context<'_, S>) -> Result<DynResource<S>, StackError> + Send + Sync>;
+
+/// A registry of constructors by name, which builds stacks for streams of
+/// type `S`.
+///
+/// # Examples
+///
+/// ```
+/// use memres_core::adaptor::Statistics;
+/// use memres_core::stack::StackErrorKind;
+/// use memres_core::DynResource;
+/// use memres_host::StackBuilder;
+/// use std::sync::Arc;
+/// let mut b = StackBuilder::<()>::new();
+/// let e = b.build("stats(counted(sim))", &()).err().unwrap();
+/// assert_eq!((e.pos, e.kind), (6, StackErrorKind::UnknownName("counted".into())));
+/// // One line adds a resource:
+/// b.register("counted", |call, cx| Ok(Arc::new(Statistics::new(cx.upstream(call, 0)?)) as DynResource));
+/// assert!(b.build("stats(counted(sim))", &()).is_ok());
+/// ```
+pub struct StackBuilder<S: ?Sized> {
+    constructors: BTreeMap<String, Constructor<S>>,
+}
+
+impl<S: ?Sized> fmt::Debug for StackBuilder<S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("StackBuilder").field("names", &self.constructors.keys().collect::<Vec<_>>()).finish()
+    }
+}
+
+impl<S: Stream + ?Sized + 'static> Default for StackBuilder<S> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// The capacity of `sim` when none is given: an 80 GiB device, as an H100.
+pub const DEFAULT_SIM_CAPACITY: u64 = 80 << 30;
+
+fn resource_error(call: &Call, e: memres_core::Error) -> StackError {
+    call.error(StackErrorKind::Resource(e))
+}
+
+impl<S: Stream + ?Sized + 'static> StackBuilder<S> {
+    /// A builder with no names.
+    pub fn empty() -> Self {
+        StackBuilder { constructors: BTreeMap::new() }
+    }
+
+    /// A builder with the standard names (see the module's table).
+    pub fn new() -> Self {
+        let mut b = Self::empty();
+        b.register("sim", |call, cx| {
+            call.expect_args(1, &["capacity"])?;
+            let capacity = match (call.positional(0), call.keyed("capacity")) {
+                (Some(_), Some(v)) => {
+                    return Err(StackError::new(v.pos(), StackErrorKind::DuplicateKey("capacity".into())))
+                }
+                (Some(v), None) | (None, Some(v)) => v.size()?,
+                (None, None) => DEFAULT_SIM_CAPACITY,
+            };
+            Ok(cx.keep(call, SimDevice::new(capacity)))
+        });
+        // `host` (real host memory) joins here once that backend exists.
+        b.register("pool", |call, cx| {
+            call.expect_args(1, &["initial", "max", "growth"])?;
+            let mut config = PoolConfig::new();
+            if let Some(initial) = call.size_arg("initial")? {
+                config = config.initial_size(initial);
+            }
+            if let Some(max) = call.size_arg("max")? {
+                config = config.maximum_size(max);
+            }
+            if let Some(g) = call.keyed("growth") {
+                let growth = match g.text()? {
+                    "double" => Growth::Double,
+                    "default" => Growth::DEFAULT,
+                    text => match text.parse::<u32>() {
+                        Ok(divisor) if divisor > 0 => Growth::Fraction { divisor, granule: 2 << 20 },
+                        _ => {
+                            return Err(StackError::new(
+                                g.pos(),
+                                StackErrorKind::BadValue(format!(
+                                    "growth `{text}`: double, default or a divisor > 0"
+                                )),
+                            ))
+                        }
+                    },
+                };
+                config = config.growth(growth);
+            }
+            let upstream = cx.upstream(call, 0)?;
+            let pool = CoalescingPool::with_config(upstream, config, cx.stream)
+                .map_err(|e| resource_error(call, e))?;
+            Ok(cx.keep(call, Shared::new(pool)))
+        });
+        b.register("stats", |call, cx| {
+            call.expect_args(1, &[])?;
+            Ok(cx.keep(call, Statistics::new(cx.upstream(call, 0)?)))
+        });
+        b.register("track", |call, cx| {
+            call.expect_args(1, &[])?;
+            Ok(cx.keep(call, Tracking::new(cx.upstream(call, 0)?)))
+        });
+        b.register("limit", |call, cx| {
+            call.expect_args(2, &["bytes"])?;
+            call.resource(0)?;
+            let bytes = match (call.positional(1), call.keyed("bytes")) {
+                (Some(_), Some(v)) => {
+                    return Err(StackError::new(v.pos(), StackErrorKind::DuplicateKey("bytes".into())))
+                }
+                (Some(v), None) | (None, Some(v)) => v.size()?,
+                (None, None) => return Err(call.error(StackErrorKind::MissingArg("the limit in bytes"))),
+            };
+            Ok(cx.keep(call, Limiting::new(cx.upstream(call, 0)?, bytes)))
+        });
+        b.register("align", |call, cx| {
+            call.expect_args(1, &["alignment", "threshold"])?;
+            let alignment = call.size_arg("alignment")?.unwrap_or(Aligned::<()>::DEFAULT_ALIGNMENT);
+            let threshold = call.size_arg("threshold")?.unwrap_or(Aligned::<()>::DEFAULT_THRESHOLD);
+            let upstream = cx.upstream(call, 0)?;
+            let aligned = Aligned::new(upstream, alignment, threshold).map_err(|e| {
+                let pos = call.keyed("alignment").map_or(call.pos, |v| v.pos());
+                StackError::new(pos, StackErrorKind::Resource(e))
+            })?;
+            Ok(cx.keep(call, aligned))
+        });
+        b.register("log", |call, cx| {
+            call.expect_args(1, &["file"])?;
+            let file = call.keyed("file").ok_or_else(|| call.error(StackErrorKind::MissingArg("file=")))?;
+            let upstream = cx.upstream(call, 0)?;
+            let log = Logging::to_file(upstream, file.text()?).map_err(|e| {
+                StackError::new(
+                    file.pos(),
+                    StackErrorKind::Io(format!("cannot log to `{}`: {e}", file.text().unwrap_or(""))),
+                )
+            })?;
+            Ok(cx.keep(call, log))
+        });
+        b
+    }
+
+    /// Registers (or replaces) the constructor of `name`.
+    pub fn register(
+        &mut self,
+        name: &str,
+        constructor: impl Fn(&Call, &Context<'_, S>) -> Result<DynResource<S>, StackError> + Send + Sync + 'static,
+    ) -> &mut Self {
+        self.constructors.insert(name.to_string(), Arc::new(constructor));
+        self
+    }
+
+    /// The registered names, sorted.
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.constructors.keys().map(String::as_str)
+    }
+
+    /// Parses `text` and builds the stack; `stream` is the stream of
+    /// allocations made while building (a pool's initial size).
+    ///
+    /// # Errors
+    ///
+    /// A [`StackError`] that names the byte position: a parse error, an
+    /// unknown name, a bad argument, or a resource that could not be made.
+    pub fn build(&self, text: &str, stream: &S) -> Result<DynResource<S>, StackError> {
+        self.build_call(&parse(text)?, stream)
+    }
+
+    /// Builds a parsed stack.
+    ///
+    /// # Errors
+    ///
+    /// As [`build`](Self::build), less the parse errors.
+    pub fn build_call(&self, call: &Call, stream: &S) -> Result<DynResource<S>, StackError> {
+        Ok(self.build_call_with_handles(call, stream)?.resource)
+    }
+
+    /// Parses `text` and builds the stack, with the typed handles of its
+    /// resources.
+    ///
+    /// # Errors
+    ///
+    /// As [`build`](Self::build).
+    pub fn build_with_handles(&self, text: &str, stream: &S) -> Result<Built<S>, StackError> {
+        self.build_call_with_handles(&parse(text)?, stream)
+    }
+
+    /// Builds a parsed stack, with the typed handles of its resources.
+    ///
+    /// # Errors
+    ///
+    /// As [`build_call`](Self::build_call).
+    pub fn build_call_with_handles(&self, call: &Call, stream: &S) -> Result<Built<S>, StackError> {
+        let cx = Context { builder: self, stream, handles: RefCell::new(Vec::new()) };
+        let resource = self.build_in(call, &cx)?;
+        let mut handles = cx.handles.into_inner();
+        // A call's upstreams are written after its name: by position is
+        // outermost first.
+        handles.sort_by_key(|h| h.pos);
+        Ok(Built { resource, handles })
+    }
+
+    fn build_in(&self, call: &Call, cx: &Context<'_, S>) -> Result<DynResource<S>, StackError> {
+        let constructor = self
+            .constructors
+            .get(&call.name)
+            .ok_or_else(|| call.error(StackErrorKind::UnknownName(call.name.clone())))?;
+        constructor(call, cx)
+    }
+}
+
+#[cfg(test)]
+mod tests;

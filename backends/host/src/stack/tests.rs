@@ -1,0 +1,248 @@
+use super::*;
+use crate::parse_log;
+use memres_core::adaptor::Counter;
+use memres_core::check::LiveBlocks;
+use memres_core::testing::SplitMix64;
+use memres_core::{Block, Error, MemoryResource, Request};
+
+fn req(size: u64) -> Request {
+    Request::new(size).unwrap()
+}
+
+fn build(text: &str) -> Result<DynResource, StackError> {
+    StackBuilder::<()>::new().build(text, &())
+}
+
+fn build_err(text: &str) -> StackError {
+    build(text).err().unwrap_or_else(|| panic!("{text} built"))
+}
+
+fn exercise(r: &DynResource) {
+    let blocks: Vec<Block> = (0..100).map(|i| r.allocate(req(1000 * i), &()).unwrap()).collect();
+    for b in blocks {
+        r.deallocate(b, &()).unwrap();
+    }
+}
+
+#[test]
+fn builds_the_documented_stacks() {
+    for text in [
+        "sim",
+        "sim(1GiB)",
+        "sim(capacity=1G)",
+        "stats(pool(sim, initial=1GiB, max=4GiB))",
+        "limit(stats(pool(sim)), 2GiB)",
+        "limit(pool(sim, growth=double), bytes=2GiB)",
+        "track(align(pool(sim, growth=4), alignment=64KiB, threshold=1MiB))",
+        "pool(sim, growth=default)",
+    ] {
+        let r = build(text).unwrap_or_else(|e| panic!("{text}: {e}"));
+        exercise(&r);
+    }
+}
+
+#[test]
+fn limit_and_pool_maximum_apply() {
+    let r = build("limit(pool(sim(1GiB), max=8MiB), 4MiB)").unwrap();
+    let a = r.allocate(req(3 << 20), &()).unwrap();
+    assert!(
+        matches!(r.allocate(req(2 << 20), &()), Err(Error::LimitExceeded { limit, .. }) if limit == 4 << 20)
+    );
+    r.deallocate(a, &()).unwrap();
+    let r = build("pool(sim(1GiB), max=8MiB)").unwrap();
+    assert!(matches!(r.allocate(req(9 << 20), &()), Err(Error::OutOfMemory { .. })));
+    let r = build("align(sim, alignment=1MiB)").unwrap();
+    let b = r.allocate(req(10), &()).unwrap();
+    assert_eq!(b.addr() % (1 << 20), 0);
+    r.deallocate(b, &()).unwrap();
+}
+
+#[test]
+fn log_stack_writes_the_file() {
+    let path = std::env::temp_dir().join(format!("memres-stack-test-{}.csv", std::process::id()));
+    {
+        let r = build(&format!("log(pool(sim), file={})", path.display())).unwrap();
+        let b = r.allocate(req(4096), &()).unwrap();
+        r.deallocate(b, &()).unwrap();
+    }
+    let rows = parse_log(std::io::BufReader::new(std::fs::File::open(&path).unwrap())).unwrap();
+    std::fs::remove_file(&path).unwrap();
+    assert_eq!(rows.len(), 2);
+    assert_eq!((rows[0].size, rows[1].addr), (4096, rows[0].addr));
+}
+
+#[test]
+fn errors_name_the_position() {
+    let cases: &[(&str, usize, StackErrorKind)] = &[
+        ("log(pool(host), file=/tmp/x.csv)", 9, StackErrorKind::UnknownName("host".into())),
+        ("stats(pool(sim, initial=1QiB))", 24, StackErrorKind::BadSize("1QiB".into())),
+        ("stats(pool(sim, colour=red))", 16, StackErrorKind::UnknownKey("colour".into())),
+        ("stats(sim, sim)", 11, StackErrorKind::ExtraArg),
+        ("stats()", 0, StackErrorKind::MissingArg("an upstream resource")),
+        ("limit(sim)", 0, StackErrorKind::MissingArg("the limit in bytes")),
+        ("limit(sim, 1G, bytes=2G)", 21, StackErrorKind::DuplicateKey("bytes".into())),
+        ("limit(2G, sim)", 6, StackErrorKind::WrongKind("a resource")),
+        (
+            "pool(sim, growth=0)",
+            17,
+            StackErrorKind::BadValue("growth `0`: double, default or a divisor > 0".into()),
+        ),
+        (
+            "pool(sim, initial=1000)",
+            0,
+            StackErrorKind::Resource(Error::InvalidConfig {
+                what: "initial pool size is not a multiple of 256",
+            }),
+        ),
+        (
+            "pool(sim(1MiB), initial=1GiB)",
+            0,
+            StackErrorKind::Resource(Error::OutOfMemory {
+                requested: 1 << 30,
+                largest_free: 1 << 20,
+                pool_size: 1 << 20,
+                max_size: Some(1 << 20),
+            }),
+        ),
+        (
+            "align(sim, alignment=3K)",
+            21,
+            StackErrorKind::Resource(Error::InvalidAlignment { align: 3 << 10 }),
+        ),
+        ("log(sim)", 0, StackErrorKind::MissingArg("file=")),
+        ("stats(pool(sim)", 15, StackErrorKind::Expected("`,` or `)`")),
+    ];
+    for (text, pos, kind) in cases {
+        let e = build_err(text);
+        assert_eq!((e.pos, &e.kind), (*pos, kind), "{text}: {e}");
+    }
+    let e = build_err("log(sim, file=/nonexistent-dir/x/y.csv)");
+    assert_eq!(e.pos, 14);
+    assert!(matches!(&e.kind, StackErrorKind::Io(m) if m.contains("/nonexistent-dir/x/y.csv")), "{e}");
+    assert_eq!(build_err("stats(fixed(sim))").to_string(), "at byte 6: unknown resource `fixed`");
+}
+
+#[test]
+fn registry_takes_new_names_and_works_for_other_streams() {
+    #[derive(Debug)]
+    struct MyStream;
+    impl Stream for MyStream {
+        type Event = ();
+        fn id(&self) -> u64 {
+            3
+        }
+        fn record(&self) -> memres_core::Result<()> {
+            Ok(())
+        }
+        fn wait(&self, _: &()) -> memres_core::Result<()> {
+            Ok(())
+        }
+        fn query(&self, _: &()) -> memres_core::Result<bool> {
+            Ok(true)
+        }
+        fn synchronize(&self) -> memres_core::Result<()> {
+            Ok(())
+        }
+    }
+    let mut b = StackBuilder::<MyStream>::new();
+    assert_eq!(b.names().collect::<Vec<_>>(), ["align", "limit", "log", "pool", "sim", "stats", "track"]);
+    // A resource that refuses everything, registered with one call.
+    b.register("refuse", |call, _| {
+        call.expect_args(0, &[])?;
+        Ok(Arc::new(Limiting::new(SimDevice::new(0), 0)))
+    });
+    let r = b.build("stats(refuse)", &MyStream).unwrap();
+    assert!(r.allocate(req(1), &MyStream).is_err());
+    let r = b.build("pool(sim, initial=1MiB)", &MyStream).unwrap();
+    let x = r.allocate(req(1), &MyStream).unwrap();
+    r.deallocate(x, &MyStream).unwrap();
+    assert_eq!(b.build("refuse(sim)", &MyStream).err().unwrap().kind, StackErrorKind::ExtraArg);
+    assert!(StackBuilder::<()>::empty().build("sim", &()).is_err());
+}
+
+/// Every adaptor stacked over a pool over the simulated device, 10^5 random
+/// operations: after every step the statistics agree exactly with the
+/// caller's view, the tracking table with the live blocks, the limit's count
+/// with the pool's bytes in use, and the pool's checker passes; the log
+/// replays to the same operations.
+#[test]
+fn all_adaptors_stacked_randomized() {
+    const LIMIT: u64 = 256 << 20;
+    let pool = Shared::new(CoalescingPool::new(SimDevice::new(1 << 30)));
+    let aligned = Aligned::new(&pool, 64 << 10, 1 << 20).unwrap();
+    let limited = Limiting::new(&aligned, LIMIT);
+    let stats = Statistics::new(&limited);
+    let tracked = Tracking::new(&stats);
+    let log = Logging::new(&tracked, Vec::new()).unwrap();
+    let mut rng = SplitMix64::new(42);
+    let mut live = LiveBlocks::new();
+    let mut blocks: Vec<Block> = Vec::new();
+    let (mut peak, mut total, mut ops) = (0u64, 0u64, 0usize);
+    for step in 0..100_000 {
+        if blocks.is_empty() || rng.below(100) < 52 {
+            let size = match rng.below(4) {
+                0 => rng.below(512),
+                1 => rng.below(64 << 10),
+                2 => rng.below(2 << 20),
+                _ => rng.below(16 << 20),
+            };
+            let r = req(size);
+            ops += 1;
+            match log.allocate(r, &()) {
+                Ok(b) => {
+                    let want = if size >= 1 << 20 { Request::aligned(size, 64 << 10).unwrap() } else { r };
+                    live.insert(b, want).unwrap_or_else(|v| panic!("step {step}: {v}"));
+                    if !b.is_empty() {
+                        blocks.push(b);
+                        total += size;
+                    }
+                }
+                Err(Error::LimitExceeded { .. }) => {}
+                Err(e) => panic!("step {step}: {e}"),
+            }
+        } else {
+            let b = blocks.swap_remove(rng.below(blocks.len() as u64) as usize);
+            log.deallocate(b, &()).unwrap();
+            live.remove(&b).unwrap();
+            ops += 1;
+        }
+        peak = peak.max(live.bytes());
+        assert_eq!(
+            stats.bytes(),
+            Counter { value: live.bytes() as i64, peak: peak as i64, total: total as i64 }
+        );
+        assert_eq!(tracked.outstanding_count(), live.len());
+        assert_eq!(limited.used(), pool.with(|p| p.used_bytes()));
+        pool.with(|p| p.check()).unwrap_or_else(|v| panic!("step {step}: {v}"));
+    }
+    assert_eq!(tracked.outstanding_bytes(), live.bytes());
+    for b in blocks.drain(..) {
+        log.deallocate(b, &()).unwrap();
+        ops += 1;
+    }
+    assert!(tracked.report().is_empty());
+    assert_eq!(pool.with(|p| p.pool_size()), pool.with(|p| p.upstream().held_bytes()));
+    let rows = parse_log(&log.into_parts().1[..]).unwrap();
+    assert_eq!(rows.len(), ops);
+}
+
+#[test]
+fn handles_give_typed_access() {
+    let built = StackBuilder::<()>::new()
+        .build_with_handles("stats(limit(stats(pool(sim(1GiB), initial=1MiB)), 4MiB))", &())
+        .unwrap();
+    let r = &built.resource;
+    let b = r.allocate(req(1000), &()).unwrap();
+    let all = built.all::<Statistics<DynResource>>("stats");
+    assert_eq!(all.len(), 2);
+    assert_eq!((all[0].bytes().value, all[1].bytes().value), (1000, 1000));
+    assert_eq!(built.get::<Limiting<DynResource>>("limit").unwrap().used(), 1024);
+    let pool = built.get::<Shared<CoalescingPool<DynResource>>>("pool").unwrap();
+    assert_eq!(pool.with(|p| (p.pool_size(), p.used_bytes())), (1 << 20, 1024));
+    assert_eq!(built.get::<SimDevice>("sim").unwrap().held_bytes(), 1 << 20);
+    // Wrong type or absent name: none.
+    assert!(built.get::<SimDevice>("stats").is_none());
+    assert!(built.get::<SimDevice>("track").is_none());
+    r.deallocate(b, &()).unwrap();
+    assert_eq!(all[0].bytes(), Counter { value: 0, peak: 1000, total: 1000 });
+}

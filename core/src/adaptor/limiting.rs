@@ -1,0 +1,130 @@
+//! RMM's `limiting_resource_adaptor`: a byte limit.
+
+use crate::primitive::{AtomicU64, Ordering::Relaxed};
+use crate::{Block, Error, MemoryResource, Request, Result, Stream};
+
+/// Refuses allocations that would take the bytes in use above a limit: RMM's
+/// `limiting_resource_adaptor`.
+///
+/// ```text
+///  allocate(req) ─► used + round(req) <= limit ? ─no─► Error::LimitExceeded
+///                     │ yes: reserve (compare-exchange)
+///                     ▼
+///                  upstream ─error─► give the reservation back, return the error
+/// ```
+///
+/// Bytes are counted as RMM counts them: each size rounded up to the
+/// granule (256 bytes, the alignment every resource guarantees). The
+/// reservation is made before the upstream is asked, with a compare-exchange
+/// loop, so concurrent callers can never take the total above the limit
+/// together, and a refused or failed request changes nothing: there is
+/// never a partial allocation. A limit of zero is valid and refuses every
+/// request but zero-byte ones.
+///
+/// # Examples
+///
+/// ```
+/// use memres_core::adaptor::Limiting;
+/// use memres_core::{Error, MemoryResource, Request};
+/// # use memres_core::testing::BumpUpstream;
+/// let limited = Limiting::new(BumpUpstream::new(1 << 30), 4096);
+/// let a = limited.allocate(Request::new(4000)?, &())?;
+/// assert_eq!(limited.used(), 4096);
+/// let err = limited.allocate(Request::new(1)?, &()).unwrap_err();
+/// assert_eq!(err, Error::LimitExceeded { requested: 1, used: 4096, limit: 4096 });
+/// limited.deallocate(a, &())?;
+/// assert_eq!(limited.used(), 0);
+/// # Ok::<(), Error>(())
+/// ```
+#[derive(Debug)]
+pub struct Limiting<R> {
+    upstream: R,
+    /// The most bytes that may be in use at once.
+    limit: u64,
+    /// Rounded bytes of live allocations plus reservations of calls in
+    /// flight; never above `limit`.
+    used: AtomicU64,
+}
+
+impl<R> Limiting<R> {
+    /// The granule sizes are rounded up to before they count.
+    pub const GRANULE: u64 = crate::DEFAULT_ALIGNMENT;
+
+    /// At most `limit` bytes in use through this adaptor.
+    ///
+    /// ```
+    /// # use memres_core::adaptor::Limiting;
+    /// let l = Limiting::new((), 1 << 20);
+    /// assert_eq!(l.limit(), 1 << 20);
+    /// ```
+    pub fn new(upstream: R, limit: u64) -> Self {
+        Limiting { upstream, limit, used: AtomicU64::new(0) }
+    }
+
+    /// The limit in bytes.
+    ///
+    /// ```
+    /// # use memres_core::adaptor::Limiting;
+    /// assert_eq!(Limiting::new((), 0).limit(), 0);
+    /// ```
+    pub fn limit(&self) -> u64 {
+        self.limit
+    }
+
+    /// Bytes in use (sizes rounded up to [`GRANULE`](Self::GRANULE)),
+    /// including requests in flight.
+    ///
+    /// ```
+    /// # use memres_core::adaptor::Limiting;
+    /// assert_eq!(Limiting::new((), 10).used(), 0);
+    /// ```
+    pub fn used(&self) -> u64 {
+        self.used.load(Relaxed)
+    }
+
+    /// The upstream resource.
+    ///
+    /// ```
+    /// # use memres_core::adaptor::Limiting;
+    /// # use memres_core::testing::BumpUpstream;
+    /// let l = Limiting::new(BumpUpstream::new(1 << 20), 10);
+    /// assert_eq!(l.upstream().outstanding(), 0);
+    /// ```
+    pub fn upstream(&self) -> &R {
+        &self.upstream
+    }
+
+    fn charge(size: u64) -> u64 {
+        size.div_ceil(Self::GRANULE) * Self::GRANULE
+    }
+}
+
+impl<S: Stream + ?Sized, R: MemoryResource<S>> MemoryResource<S> for Limiting<R> {
+    fn allocate(&self, request: Request, stream: &S) -> Result<Block> {
+        if request.is_zero() {
+            return self.upstream.allocate(request, stream);
+        }
+        let charge = Self::charge(request.size());
+        let mut used = self.used.load(Relaxed);
+        loop {
+            if charge > self.limit - used {
+                return Err(Error::LimitExceeded { requested: request.size(), used, limit: self.limit });
+            }
+            match self.used.compare_exchange_weak(used, used + charge, Relaxed, Relaxed) {
+                Ok(_) => break,
+                Err(actual) => used = actual,
+            }
+        }
+        self.upstream.allocate(request, stream).inspect_err(|_| {
+            self.used.fetch_sub(charge, Relaxed);
+        })
+    }
+
+    fn deallocate(&self, block: Block, stream: &S) -> Result<()> {
+        self.upstream.deallocate(block, stream)?;
+        if !block.is_empty() {
+            self.used.fetch_sub(Self::charge(block.size()), Relaxed);
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,388 @@
+//! RMM's `statistics_resource_adaptor`: counts bytes and allocations.
+
+#[cfg(feature = "alloc")]
+use crate::lock::Shared;
+use crate::primitive::{AtomicU64, Ordering::Relaxed};
+use crate::{Block, MemoryResource, Request, Result, Stream};
+#[cfg(feature = "alloc")]
+use alloc::vec::Vec;
+
+/// One figure as [`Statistics`] reports it: what is live now, its peak and
+/// the running total, all counted from the start of the current counter
+/// level (see [`Statistics::push_counters`]).
+///
+/// The figures are signed, as RMM's: inside a pushed level, freeing a block
+/// allocated before the push makes `value` negative.
+///
+/// # Examples
+///
+/// ```
+/// use memres_core::adaptor::Counter;
+/// let c = Counter { value: 10, peak: 30, total: 50 };
+/// assert!(c.value <= c.peak && c.peak <= c.total);
+/// ```
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Counter {
+    /// Live now (bytes, or allocations).
+    pub value: i64,
+    /// The highest `value` since the level began.
+    pub peak: i64,
+    /// Sum of everything allocated since the level began (frees do not
+    /// subtract).
+    pub total: i64,
+}
+
+/// Three atomics for one figure.
+#[derive(Debug, Default)]
+struct Figure {
+    /// Live now, absolute (since the adaptor was made). Wraps rather than
+    /// panics if a caller frees what it never allocated here.
+    current: AtomicU64,
+    /// The highest `current` since the last push (or since creation):
+    /// always `>=` every value `current` took since then, and equal to one.
+    peak: AtomicU64,
+    /// Everything ever allocated, absolute.
+    total: AtomicU64,
+}
+
+impl Figure {
+    #[inline]
+    fn add(&self, n: u64) {
+        let now = self.current.fetch_add(n, Relaxed).wrapping_add(n);
+        self.total.fetch_add(n, Relaxed);
+        raise(&self.peak, now);
+    }
+
+    #[inline]
+    fn sub(&self, n: u64) {
+        self.current.fetch_sub(n, Relaxed);
+    }
+
+    fn counter(&self, base: Base) -> Counter {
+        let current = self.current.load(Relaxed);
+        Counter {
+            value: current.wrapping_sub(base.current) as i64,
+            peak: self.peak.load(Relaxed).max(current).wrapping_sub(base.current) as i64,
+            total: self.total.load(Relaxed).wrapping_sub(base.total) as i64,
+        }
+    }
+}
+
+/// Raises `peak` to at least `now`.
+///
+/// This is what makes the peak exact under concurrency: every value that
+/// `current` ever takes is the result of exactly one `fetch_add`, whose
+/// thread then runs this loop with that value. The loop only ends once
+/// `peak >= now` (a failed exchange reloads the newer peak; peaks only grow),
+/// so the peak is the maximum of all values `current` took, no more (nobody
+/// stores a value `current` did not take) and no less.
+#[inline]
+fn raise(peak: &AtomicU64, now: u64) {
+    let mut seen = peak.load(Relaxed);
+    while now > seen {
+        match peak.compare_exchange_weak(seen, now, Relaxed, Relaxed) {
+            Ok(_) => return,
+            Err(actual) => seen = actual,
+        }
+    }
+}
+
+/// The six counters the hot path touches, on one cache line of their own:
+/// one line to bring in per call, and no false sharing with the upstream.
+#[derive(Debug, Default)]
+#[repr(align(64))]
+struct Hot {
+    /// Bytes requested by live allocations.
+    bytes: Figure,
+    /// Number of live allocations.
+    count: Figure,
+}
+
+/// Where a counter level began.
+#[derive(Clone, Copy, Debug, Default)]
+struct Base {
+    current: u64,
+    total: u64,
+}
+
+/// A pushed counter level: where it began and the peak of the level below,
+/// to merge back when it is popped.
+#[cfg(feature = "alloc")]
+#[derive(Clone, Copy, Debug)]
+struct Level {
+    bytes: Base,
+    count: Base,
+    /// The enclosing level's peaks at the push.
+    outer_peak_bytes: u64,
+    outer_peak_count: u64,
+}
+
+/// Counts the bytes and allocations that pass through it: RMM's
+/// `statistics_resource_adaptor`.
+///
+/// ```text
+///            allocate ─► upstream ─ok─► bytes.current += size   (3 relaxed
+///                                       bytes.total   += size    atomics and
+///                                       bytes.peak = max(..)     a CAS loop
+///                                       (same for the count)     that rarely
+///          deallocate ─► bytes.current -= size ─► upstream       runs)
+///                                       └ error: add it back
+///
+///  levels (alloc): [ base 0 ] [ pushed at current=c1 ] [ pushed at c2 ]  ◄─ top
+///                  every figure is reported relative to the top's base
+/// ```
+///
+/// Sizes are the requested sizes ([`Block::size`]); zero-byte requests
+/// (answered with [`Block::EMPTY`]) are not allocations and are not
+/// counted. Failed calls count nothing.
+///
+/// The hot path is a few relaxed atomics: figures read while other threads
+/// allocate are each exact but need not be a consistent snapshot of one
+/// another. The peak is exact (see the compare-exchange loop in the source).
+///
+/// # Counter levels
+///
+/// As RMM's `push_counters`/`pop_counters`, [`push_counters`](Self::push_counters)
+/// starts a new level whose figures start at zero;
+/// [`pop_counters`](Self::pop_counters) ends it, returns its figures, and
+/// merges it into the level below (the value and total add up, the peak is
+/// the higher of the two, measured from the lower level's base). The base
+/// level cannot be popped: popping it is an error and changes nothing, so
+/// more pops than pushes fail harmlessly, and pushes never popped simply stay
+/// (the figures are then reported for the innermost level). A push or pop
+/// while other threads allocate is safe and keeps all figures exact, but an
+/// allocation in flight during it may count in either level.
+///
+/// # Examples
+///
+/// ```
+/// use memres_core::adaptor::Statistics;
+/// use memres_core::{MemoryResource, Request};
+/// # use memres_core::testing::BumpUpstream;
+/// let stats = Statistics::new(BumpUpstream::new(1 << 20));
+/// let a = stats.allocate(Request::new(1000)?, &())?;
+/// stats.push_counters();
+/// let b = stats.allocate(Request::new(24)?, &())?;
+/// let (bytes, count) = stats.pop_counters()?;
+/// assert_eq!((bytes.value, count.value), (24, 1));
+/// assert_eq!(stats.bytes().value, 1024);
+/// assert!(stats.pop_counters().is_err()); // the base level stays
+/// stats.deallocate(a, &())?;
+/// stats.deallocate(b, &())?;
+/// assert_eq!(stats.bytes().peak, 1024);
+/// assert_eq!(stats.allocations().total, 2);
+/// # Ok::<(), memres_core::Error>(())
+/// ```
+#[derive(Debug)]
+pub struct Statistics<R> {
+    upstream: R,
+    /// The hot counters, on a cache line of their own.
+    hot: Hot,
+    /// Pushed levels, innermost last; empty means only the base level. Only
+    /// push and pop take its lock; the hot path never does.
+    #[cfg(feature = "alloc")]
+    levels: Shared<Vec<Level>>,
+}
+
+impl<R> Statistics<R> {
+    /// Counts what passes through to `upstream`.
+    ///
+    /// ```
+    /// # use memres_core::adaptor::Statistics;
+    /// # use memres_core::testing::BumpUpstream;
+    /// let s = Statistics::new(BumpUpstream::new(1 << 20));
+    /// assert_eq!(s.bytes().value, 0);
+    /// ```
+    pub fn new(upstream: R) -> Self {
+        Statistics {
+            upstream,
+            hot: Hot::default(),
+            #[cfg(feature = "alloc")]
+            levels: Shared::new(Vec::new()),
+        }
+    }
+
+    /// The upstream resource.
+    ///
+    /// ```
+    /// # use memres_core::adaptor::Statistics;
+    /// # use memres_core::testing::BumpUpstream;
+    /// let s = Statistics::new(BumpUpstream::new(1 << 20));
+    /// assert_eq!(s.upstream().outstanding(), 0);
+    /// ```
+    pub fn upstream(&self) -> &R {
+        &self.upstream
+    }
+
+    /// The upstream resource, by value.
+    ///
+    /// ```
+    /// # use memres_core::adaptor::Statistics;
+    /// # use memres_core::testing::BumpUpstream;
+    /// let up = Statistics::new(BumpUpstream::new(1 << 20)).into_inner();
+    /// assert_eq!(up.outstanding(), 0);
+    /// ```
+    pub fn into_inner(self) -> R {
+        self.upstream
+    }
+
+    fn bases(&self) -> (Base, Base) {
+        #[cfg(feature = "alloc")]
+        if let Some(top) = self.levels.with(|l| l.last().copied()) {
+            return (top.bytes, top.count);
+        }
+        (Base::default(), Base::default())
+    }
+
+    /// Bytes (requested sizes) of the current level: live now, peak, total.
+    ///
+    /// ```
+    /// # use memres_core::adaptor::Statistics;
+    /// # use memres_core::{MemoryResource, Request};
+    /// # use memres_core::testing::BumpUpstream;
+    /// let s = Statistics::new(BumpUpstream::new(1 << 20));
+    /// let b = s.allocate(Request::new(100)?, &())?;
+    /// s.deallocate(b, &())?;
+    /// let c = s.bytes();
+    /// assert_eq!((c.value, c.peak, c.total), (0, 100, 100));
+    /// # Ok::<(), memres_core::Error>(())
+    /// ```
+    pub fn bytes(&self) -> Counter {
+        self.hot.bytes.counter(self.bases().0)
+    }
+
+    /// Number of allocations of the current level: live now, peak, total.
+    ///
+    /// ```
+    /// # use memres_core::adaptor::Statistics;
+    /// # use memres_core::{MemoryResource, Request};
+    /// # use memres_core::testing::BumpUpstream;
+    /// let s = Statistics::new(BumpUpstream::new(1 << 20));
+    /// let b = s.allocate(Request::new(100)?, &())?;
+    /// assert_eq!(s.allocations().value, 1);
+    /// # s.deallocate(b, &())?;
+    /// # Ok::<(), memres_core::Error>(())
+    /// ```
+    pub fn allocations(&self) -> Counter {
+        self.hot.count.counter(self.bases().1)
+    }
+}
+
+#[cfg(feature = "alloc")]
+impl<R> Statistics<R> {
+    /// Number of pushed levels (0: only the base level).
+    ///
+    /// ```
+    /// # use memres_core::adaptor::Statistics;
+    /// let s = Statistics::new(());
+    /// s.push_counters();
+    /// assert_eq!(s.depth(), 1);
+    /// ```
+    pub fn depth(&self) -> usize {
+        self.levels.with(|l| l.len())
+    }
+
+    /// Starts a new counter level whose figures start at zero, and returns
+    /// the figures (bytes, allocations) of the level it covers.
+    ///
+    /// ```
+    /// # use memres_core::adaptor::Statistics;
+    /// # use memres_core::{MemoryResource, Request};
+    /// # use memres_core::testing::BumpUpstream;
+    /// let s = Statistics::new(BumpUpstream::new(1 << 20));
+    /// let a = s.allocate(Request::new(256)?, &())?;
+    /// let (outer, _) = s.push_counters();
+    /// assert_eq!(outer.value, 256);
+    /// assert_eq!(s.bytes().value, 0);
+    /// # s.deallocate(a, &())?;
+    /// # Ok::<(), memres_core::Error>(())
+    /// ```
+    pub fn push_counters(&self) -> (Counter, Counter) {
+        self.levels.with(|levels| {
+            let before = self.both_at(levels.last().copied());
+            let bytes = Base {
+                current: self.hot.bytes.current.load(Relaxed),
+                total: self.hot.bytes.total.load(Relaxed),
+            };
+            let count = Base {
+                current: self.hot.count.current.load(Relaxed),
+                total: self.hot.count.total.load(Relaxed),
+            };
+            let outer_peak_bytes = self.hot.bytes.peak.swap(bytes.current, Relaxed);
+            let outer_peak_count = self.hot.count.peak.swap(count.current, Relaxed);
+            // Allocations that landed between the loads and the swaps.
+            raise(&self.hot.bytes.peak, self.hot.bytes.current.load(Relaxed));
+            raise(&self.hot.count.peak, self.hot.count.current.load(Relaxed));
+            levels.push(Level { bytes, count, outer_peak_bytes, outer_peak_count });
+            before
+        })
+    }
+
+    /// Ends the innermost counter level: returns its figures (bytes,
+    /// allocations) and merges them into the level below.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidConfig`](crate::Error::InvalidConfig) when no level
+    /// was pushed; nothing changes.
+    ///
+    /// ```
+    /// # use memres_core::adaptor::Statistics;
+    /// # use memres_core::{MemoryResource, Request};
+    /// # use memres_core::testing::BumpUpstream;
+    /// let s = Statistics::new(BumpUpstream::new(1 << 20));
+    /// s.push_counters();
+    /// let a = s.allocate(Request::new(512)?, &())?;
+    /// s.deallocate(a, &())?;
+    /// let (bytes, count) = s.pop_counters()?;
+    /// assert_eq!((bytes.value, bytes.peak, count.total), (0, 512, 1));
+    /// assert_eq!(s.bytes().peak, 512);
+    /// # Ok::<(), memres_core::Error>(())
+    /// ```
+    pub fn pop_counters(&self) -> Result<(Counter, Counter)> {
+        self.levels.with(|levels| {
+            let Some(top) = levels.pop() else {
+                return Err(crate::Error::InvalidConfig { what: "pop of counters with no pushed level" });
+            };
+            let popped = self.both_at(Some(top));
+            raise(&self.hot.bytes.peak, top.outer_peak_bytes);
+            raise(&self.hot.count.peak, top.outer_peak_count);
+            Ok(popped)
+        })
+    }
+
+    fn both_at(&self, level: Option<Level>) -> (Counter, Counter) {
+        let (b, c) = level.map_or((Base::default(), Base::default()), |l| (l.bytes, l.count));
+        (self.hot.bytes.counter(b), self.hot.count.counter(c))
+    }
+}
+
+impl<S: Stream + ?Sized, R: MemoryResource<S>> MemoryResource<S> for Statistics<R> {
+    #[inline]
+    fn allocate(&self, request: Request, stream: &S) -> Result<Block> {
+        let block = self.upstream.allocate(request, stream)?;
+        if !block.is_empty() {
+            self.hot.bytes.add(block.size());
+            self.hot.count.add(1);
+        }
+        Ok(block)
+    }
+
+    #[inline]
+    fn deallocate(&self, block: Block, stream: &S) -> Result<()> {
+        if block.is_empty() {
+            return self.upstream.deallocate(block, stream);
+        }
+        // Uncount first: the block is counted only while the caller holds
+        // it, so another thread that gets the same memory from upstream
+        // right after the free cannot make the peak overshoot.
+        self.hot.bytes.sub(block.size());
+        self.hot.count.sub(1);
+        let result = self.upstream.deallocate(block, stream);
+        if result.is_err() {
+            self.hot.bytes.current.fetch_add(block.size(), Relaxed);
+            self.hot.count.current.fetch_add(1, Relaxed);
+        }
+        result
+    }
+}

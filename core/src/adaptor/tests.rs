@@ -1,0 +1,499 @@
+extern crate std;
+
+use super::*;
+use crate::check::LiveBlocks;
+use crate::pool::{CoalescingPool, PoolConfig};
+use crate::testing::{BumpUpstream, SplitMix64};
+use crate::{Block, Error, MemoryResource, Request, Shared};
+use alloc::string::ToString;
+use alloc::sync::Arc;
+use alloc::vec::Vec;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Barrier, Mutex};
+
+fn req(size: u64) -> Request {
+    Request::new(size).unwrap()
+}
+
+/// An upstream whose frees can be made to fail, to test roll-backs.
+#[derive(Debug)]
+struct FlakyFree {
+    inner: BumpUpstream,
+    fail_frees: std::sync::atomic::AtomicBool,
+}
+
+impl Default for FlakyFree {
+    fn default() -> Self {
+        FlakyFree { inner: BumpUpstream::new(1 << 30), fail_frees: Default::default() }
+    }
+}
+
+impl MemoryResource for FlakyFree {
+    fn allocate(&self, request: Request, s: &()) -> crate::Result<Block> {
+        self.inner.allocate(request, s)
+    }
+    fn deallocate(&self, block: Block, s: &()) -> crate::Result<()> {
+        if self.fail_frees.load(Ordering::Relaxed) {
+            return Err(Error::Backend { code: 9, what: "free refused" });
+        }
+        self.inner.deallocate(block, s)
+    }
+}
+
+// ---------------------------------------------------------------- statistics
+
+#[test]
+fn statistics_counts_bytes_and_allocations() {
+    let s = Statistics::new(BumpUpstream::new(1 << 20));
+    let a = s.allocate(req(100), &()).unwrap();
+    let b = s.allocate(req(300), &()).unwrap();
+    let z = s.allocate(req(0), &()).unwrap();
+    assert_eq!(s.bytes(), Counter { value: 400, peak: 400, total: 400 });
+    assert_eq!(s.allocations(), Counter { value: 2, peak: 2, total: 2 });
+    s.deallocate(a, &()).unwrap();
+    s.deallocate(z, &()).unwrap();
+    let c = s.allocate(req(50), &()).unwrap();
+    assert_eq!(s.bytes(), Counter { value: 350, peak: 400, total: 450 });
+    assert_eq!(s.allocations(), Counter { value: 2, peak: 2, total: 3 });
+    s.deallocate(b, &()).unwrap();
+    s.deallocate(c, &()).unwrap();
+    assert_eq!(s.bytes().value, 0);
+    assert_eq!(s.upstream().outstanding(), 0);
+}
+
+#[test]
+fn statistics_failed_calls_count_nothing() {
+    let s = Statistics::new(FlakyFree::default());
+    let a = s.allocate(req(1000), &()).unwrap();
+    assert!(s.allocate(req(2 << 30), &()).is_err());
+    assert_eq!(s.bytes(), Counter { value: 1000, peak: 1000, total: 1000 });
+    s.upstream().fail_frees.store(true, Ordering::Relaxed);
+    assert!(s.deallocate(a, &()).is_err());
+    assert_eq!(s.bytes(), Counter { value: 1000, peak: 1000, total: 1000 });
+    assert_eq!(s.allocations().value, 1);
+    s.upstream().fail_frees.store(false, Ordering::Relaxed);
+    s.deallocate(a, &()).unwrap();
+    assert_eq!(s.bytes(), Counter { value: 0, peak: 1000, total: 1000 });
+}
+
+#[test]
+fn statistics_push_pop_nest_and_merge_as_rmm() {
+    let s = Statistics::new(BumpUpstream::new(1 << 30));
+    let a = s.allocate(req(1000), &()).unwrap();
+    let (outer, outer_count) = s.push_counters();
+    assert_eq!(outer, Counter { value: 1000, peak: 1000, total: 1000 });
+    assert_eq!(outer_count.value, 1);
+    assert_eq!(s.bytes(), Counter::default());
+    assert_eq!(s.depth(), 1);
+
+    let b = s.allocate(req(500), &()).unwrap();
+    s.push_counters();
+    let c = s.allocate(req(2000), &()).unwrap();
+    s.deallocate(c, &()).unwrap();
+    // Frees a block of the base level from inside: a negative value.
+    s.deallocate(a, &()).unwrap();
+    assert_eq!(s.bytes(), Counter { value: -1000, peak: 2000, total: 2000 });
+    let (inner, inner_count) = s.pop_counters().unwrap();
+    assert_eq!(inner, Counter { value: -1000, peak: 2000, total: 2000 });
+    assert_eq!(inner_count, Counter { value: -1, peak: 1, total: 1 });
+    // Merged: value and total add up; the peak is measured from the
+    // level's base (500 live when the inner level peaked at +2000).
+    assert_eq!(s.bytes(), Counter { value: -500, peak: 2500, total: 2500 });
+    let (level1, _) = s.pop_counters().unwrap();
+    assert_eq!(level1, Counter { value: -500, peak: 2500, total: 2500 });
+    // Base level: 1000 live before, 3500 at the inner peak.
+    assert_eq!(s.bytes(), Counter { value: 500, peak: 3500, total: 3500 });
+    assert_eq!(s.allocations(), Counter { value: 1, peak: 3, total: 3 });
+    s.deallocate(b, &()).unwrap();
+}
+
+#[test]
+fn statistics_uneven_push_pop() {
+    let s = Statistics::new(BumpUpstream::new(1 << 30));
+    // More pops than pushes: an error that changes nothing.
+    let a = s.allocate(req(256), &()).unwrap();
+    assert!(matches!(s.pop_counters(), Err(Error::InvalidConfig { .. })));
+    assert_eq!(s.bytes(), Counter { value: 256, peak: 256, total: 256 });
+    s.push_counters();
+    s.pop_counters().unwrap();
+    assert!(s.pop_counters().is_err());
+    assert_eq!(s.depth(), 0);
+    assert_eq!(s.bytes(), Counter { value: 256, peak: 256, total: 256 });
+    // Pushes never popped: figures are those of the innermost level, and the
+    // allocations keep counting below it when it is popped later.
+    s.push_counters();
+    s.push_counters();
+    let b = s.allocate(req(512), &()).unwrap();
+    assert_eq!(s.bytes(), Counter { value: 512, peak: 512, total: 512 });
+    assert_eq!(s.depth(), 2);
+    s.pop_counters().unwrap();
+    s.pop_counters().unwrap();
+    assert_eq!(s.bytes(), Counter { value: 768, peak: 768, total: 768 });
+    s.deallocate(a, &()).unwrap();
+    s.deallocate(b, &()).unwrap();
+}
+
+#[test]
+fn statistics_peak_is_exact_under_concurrency() {
+    // Every thread holds all its blocks at the barrier, so the true peak is
+    // exactly the sum of everything; nothing is live at any other time
+    // beyond that. A lost peak update would show as a lower peak.
+    const THREADS: u64 = 4;
+    const PER: u64 = 500;
+    for round in 0..5 {
+        let s = Statistics::new(BumpUpstream::new(1 << 40));
+        let barrier = Barrier::new(THREADS as usize);
+        std::thread::scope(|scope| {
+            for t in 0..THREADS {
+                let (s, barrier) = (&s, &barrier);
+                scope.spawn(move || {
+                    let blocks: Vec<Block> = (0..PER)
+                        .map(|i| s.allocate(req(256 * (1 + (i + t + round) % 3)), &()).unwrap())
+                        .collect();
+                    barrier.wait();
+                    for b in blocks {
+                        s.deallocate(b, &()).unwrap();
+                    }
+                });
+            }
+        });
+        let expected_bytes: u64 =
+            (0..THREADS).flat_map(|t| (0..PER).map(move |i| 256 * (1 + (i + t + round) % 3))).sum();
+        assert_eq!(
+            s.bytes(),
+            Counter { value: 0, peak: expected_bytes as i64, total: expected_bytes as i64 }
+        );
+        assert_eq!(
+            s.allocations(),
+            Counter { value: 0, peak: (THREADS * PER) as i64, total: (THREADS * PER) as i64 }
+        );
+    }
+}
+
+// ---------------------------------------------------------------- limiting
+
+#[test]
+fn limiting_zero_limit_refuses_all_but_zero_bytes() {
+    let l = Limiting::new(BumpUpstream::new(1 << 30), 0);
+    assert_eq!(l.allocate(req(0), &()).unwrap(), Block::EMPTY);
+    assert_eq!(l.allocate(req(1), &()), Err(Error::LimitExceeded { requested: 1, used: 0, limit: 0 }));
+    assert_eq!(l.used(), 0);
+    assert_eq!(l.upstream().outstanding(), 0);
+    l.deallocate(Block::EMPTY, &()).unwrap();
+}
+
+#[test]
+fn limiting_exact_limit_and_rollback() {
+    let l = Limiting::new(BumpUpstream::new(1 << 30), 1024);
+    let a = l.allocate(req(1000), &()).unwrap();
+    assert_eq!(l.used(), 1024);
+    assert!(matches!(l.allocate(req(1), &()), Err(Error::LimitExceeded { used: 1024, .. })));
+    l.deallocate(a, &()).unwrap();
+    // Upstream failure: the reservation is given back.
+    l.upstream().fail_after(0);
+    assert!(matches!(l.allocate(req(512), &()), Err(Error::Backend { .. })));
+    assert_eq!(l.used(), 0);
+    l.upstream().fail_after(u64::MAX);
+    let b = l.allocate(req(1024), &()).unwrap();
+    l.deallocate(b, &()).unwrap();
+    assert_eq!((l.used(), l.upstream().outstanding()), (0, 0));
+}
+
+#[test]
+fn limiting_never_exceeded_by_concurrent_callers() {
+    let up = BumpUpstream::new(1 << 40);
+    let l = Limiting::new(&up, 64 * 1024);
+    let max_seen = AtomicU64::new(0);
+    std::thread::scope(|scope| {
+        for t in 0..4 {
+            let (l, max_seen, up) = (&l, &max_seen, &up);
+            scope.spawn(move || {
+                let mut rng = SplitMix64::new(t);
+                let mut held = Vec::new();
+                for _ in 0..5000 {
+                    if held.is_empty() || rng.below(2) == 0 {
+                        match l.allocate(req(256 * (1 + rng.below(16))), &()) {
+                            Ok(b) => held.push(b),
+                            Err(e) => assert!(matches!(e, Error::LimitExceeded { .. })),
+                        }
+                    } else {
+                        l.deallocate(held.swap_remove(0), &()).unwrap();
+                    }
+                    max_seen.fetch_max(up.outstanding(), Ordering::Relaxed);
+                }
+                for b in held {
+                    l.deallocate(b, &()).unwrap();
+                }
+            });
+        }
+    });
+    assert!(max_seen.load(Ordering::Relaxed) <= 64 * 1024);
+    assert_eq!((l.used(), up.outstanding()), (0, 0));
+}
+
+// ---------------------------------------------------------------- aligned
+
+#[test]
+fn aligned_large_allocations_only() {
+    let a = Aligned::new(BumpUpstream::new(1 << 40), 1 << 20, 1 << 16).unwrap();
+    let mut blocks = Vec::new();
+    let mut small_unaligned = false;
+    for i in 0..64 {
+        let small = a.allocate(req(1000 + i), &()).unwrap();
+        small_unaligned |= small.addr() % (1 << 20) != 0;
+        let big = a.allocate(req((1 << 16) + i * 256), &()).unwrap();
+        assert_eq!(big.addr() % (1 << 20), 0);
+        assert_eq!(big.size(), (1 << 16) + i * 256);
+        // A request asking for more than the adaptor's alignment keeps it.
+        let bigger = a.allocate(Request::aligned(1 << 16, 1 << 22).unwrap(), &()).unwrap();
+        assert_eq!(bigger.addr() % (1 << 22), 0);
+        blocks.extend([small, big, bigger]);
+    }
+    assert!(small_unaligned, "small requests must not be given the large alignment");
+    for b in blocks {
+        a.deallocate(b, &()).unwrap();
+    }
+    assert_eq!(a.upstream().outstanding(), 0);
+    assert_eq!(Aligned::new((), 3 << 10, 0).unwrap_err(), Error::InvalidAlignment { align: 3 << 10 });
+    assert_eq!(Aligned::new((), 1 << 41, 0).unwrap_err(), Error::InvalidAlignment { align: 1 << 41 });
+}
+
+#[test]
+fn aligned_over_pool_gives_back_the_right_blocks() {
+    let pool = Shared::new(CoalescingPool::new(BumpUpstream::new(1 << 40)));
+    let a = Aligned::new(&pool, 1 << 16, 4096).unwrap();
+    let mut rng = SplitMix64::new(5);
+    let mut live = LiveBlocks::new();
+    let mut blocks = Vec::new();
+    for _ in 0..5000 {
+        if blocks.is_empty() || rng.below(2) == 0 {
+            let size = rng.below(64 << 10);
+            let b = a.allocate(req(size), &()).unwrap();
+            let align = if size >= 4096 { 1 << 16 } else { 256 };
+            live.insert(b, Request::aligned(size, align).unwrap()).unwrap();
+            if !b.is_empty() {
+                blocks.push(b);
+            }
+        } else {
+            let b = blocks.swap_remove(rng.below(blocks.len() as u64) as usize);
+            a.deallocate(b, &()).unwrap();
+            live.remove(&b).unwrap();
+        }
+        pool.with(|p| p.check()).unwrap();
+    }
+    for b in blocks {
+        a.deallocate(b, &()).unwrap();
+    }
+    assert_eq!(pool.with(|p| p.used_bytes()), 0);
+}
+
+// ---------------------------------------------------------------- failure callback
+
+#[test]
+fn failure_callback_retry_forever_is_bounded() {
+    let calls = AtomicU64::new(0);
+    let r = FailureCallback::new(BumpUpstream::new(1 << 20), &calls, |bytes, calls: &&AtomicU64| {
+        assert_eq!(bytes, 2 << 20);
+        calls.fetch_add(1, Ordering::Relaxed);
+        true
+    });
+    let err = r.allocate(req(2 << 20), &()).unwrap_err();
+    assert!(matches!(err, Error::OutOfMemory { requested, .. } if requested == 2 << 20));
+    // Called once per failure: the first attempt and each retry.
+    let cap = u64::from(r.max_retries());
+    assert_eq!(calls.load(Ordering::Relaxed), cap + 1);
+    let r = r.with_max_retries(0);
+    calls.store(0, Ordering::Relaxed);
+    assert!(r.allocate(req(2 << 20), &()).is_err());
+    assert_eq!(calls.load(Ordering::Relaxed), 1);
+}
+
+#[test]
+fn failure_callback_frees_then_retries() {
+    let up = BumpUpstream::new(1 << 20);
+    let cache = Mutex::new(Vec::new());
+    for _ in 0..4 {
+        cache.lock().unwrap().push(up.allocate(req(256 << 10), &()).unwrap());
+    }
+    let r = FailureCallback::new(&up, &cache, |_bytes, cache: &&Mutex<Vec<Block>>| {
+        // Free one cached block per call; give up when none is left.
+        match cache.lock().unwrap().pop() {
+            Some(b) => {
+                up.deallocate(b, &()).unwrap();
+                true
+            }
+            None => false,
+        }
+    });
+    let b = r.allocate(req(512 << 10), &()).unwrap();
+    assert_eq!(cache.lock().unwrap().len(), 2);
+    assert!(r.allocate(req(2 << 20), &()).is_err());
+    assert!(cache.lock().unwrap().is_empty());
+    r.deallocate(b, &()).unwrap();
+    assert_eq!(up.outstanding(), 0);
+}
+
+#[test]
+fn failure_callback_ignores_other_errors() {
+    let up = BumpUpstream::new(1 << 20);
+    up.fail_after(0);
+    let calls = AtomicU64::new(0);
+    let r = FailureCallback::new(&up, (), |_, _| {
+        calls.fetch_add(1, Ordering::Relaxed);
+        true
+    });
+    assert!(matches!(r.allocate(req(256), &()), Err(Error::Backend { .. })));
+    assert_eq!(calls.load(Ordering::Relaxed), 0);
+}
+
+// ---------------------------------------------------------------- tracking
+
+#[test]
+fn tracking_table_and_errors() {
+    let t = Tracking::new(FlakyFree::default());
+    let a = t.allocate(req(100), &()).unwrap();
+    let b = t.allocate(req(200), &()).unwrap();
+    assert_eq!(t.allocate(req(0), &()).unwrap(), Block::EMPTY);
+    assert_eq!((t.outstanding_count(), t.outstanding_bytes()), (2, 300));
+    assert_eq!(t.size_of(a.addr()), Some(100));
+    let report = t.report();
+    let mut want = [(a.addr(), 100), (b.addr(), 200)];
+    want.sort();
+    assert_eq!(report.allocations.iter().map(|o| (o.addr, o.size)).collect::<Vec<_>>(), want);
+    assert_eq!(
+        t.deallocate(Block::from_addr(a.addr(), 99), &()),
+        Err(Error::SizeMismatch { addr: a.addr(), expected: 100, given: 99 })
+    );
+    assert_eq!(t.deallocate(Block::from_addr(1, 1), &()), Err(Error::UnknownBlock { addr: 1 }));
+    // An upstream failure keeps the block tracked.
+    t.upstream().fail_frees.store(true, Ordering::Relaxed);
+    assert!(t.deallocate(a, &()).is_err());
+    assert_eq!(t.outstanding_count(), 2);
+    t.upstream().fail_frees.store(false, Ordering::Relaxed);
+    t.deallocate(a, &()).unwrap();
+    assert_eq!(t.deallocate(a, &()), Err(Error::UnknownBlock { addr: a.addr() }));
+    t.deallocate(b, &()).unwrap();
+    assert!(t.report().is_empty());
+    assert_eq!(t.upstream().inner.outstanding(), 0);
+}
+
+#[test]
+fn tracking_reports_leaks_at_drop() {
+    let seen = Arc::new(Mutex::new(None));
+    let up = BumpUpstream::new(1 << 20);
+    {
+        let s = seen.clone();
+        let t = Tracking::new(&up).on_leak(move |r| *s.lock().unwrap() = Some((r.count(), r.bytes())));
+        let a = t.allocate(req(64), &()).unwrap();
+        t.allocate(req(128), &()).unwrap();
+        t.deallocate(a, &()).unwrap();
+    }
+    assert_eq!(*seen.lock().unwrap(), Some((1, 128)));
+    // No leak, no call.
+    let seen = Arc::new(Mutex::new(false));
+    {
+        let s = seen.clone();
+        let t = Tracking::new(&up).on_leak(move |_| *s.lock().unwrap() = true);
+        let a = t.allocate(req(64), &()).unwrap();
+        t.deallocate(a, &()).unwrap();
+    }
+    assert!(!*seen.lock().unwrap());
+}
+
+#[test]
+fn tracking_backtraces_off_by_default() {
+    let t = Tracking::new(BumpUpstream::new(1 << 20));
+    let a = t.allocate(req(64), &()).unwrap();
+    assert!(t.report().allocations[0].backtrace.is_none());
+    t.deallocate(a, &()).unwrap();
+    let t = t.with_backtraces(true);
+    let a = t.allocate(req(64), &()).unwrap();
+    let report = t.report();
+    assert!(report.allocations[0].backtrace.is_some());
+    assert!(report.to_string().contains(&std::format!("{:#x}: 64 bytes", a.addr())));
+    t.deallocate(a, &()).unwrap();
+}
+
+// ---------------------------------------------------------------- composition
+
+#[test]
+fn adaptors_wrap_by_value_reference_and_arc() {
+    let up = Arc::new(BumpUpstream::new(1 << 20));
+    let by_arc = Statistics::new(up.clone());
+    let by_ref = Limiting::new(&by_arc, 4096);
+    let by_value = Tracking::new(Aligned::new(by_ref, 4096, 0).unwrap());
+    let dynamic: &dyn MemoryResource = &by_value;
+    let b = dynamic.allocate(req(100), &()).unwrap();
+    assert_eq!(b.addr() % 4096, 0);
+    assert_eq!(by_arc.bytes().value, 100);
+    dynamic.deallocate(b, &()).unwrap();
+    assert_eq!(up.outstanding(), 0);
+    let erased: DynResource = Arc::new(Statistics::new(up.clone()));
+    let b = erased.allocate(req(1), &()).unwrap();
+    erased.deallocate(b, &()).unwrap();
+}
+
+/// Statistics over limiting over a pool over a bump upstream: 10^5 random
+/// operations; after every step the statistics agree exactly with the
+/// caller's view and the limit's count with the pool's, and the pool's
+/// invariant checker passes.
+#[test]
+fn stats_over_limit_over_pool_randomized() {
+    const LIMIT: u64 = 64 << 20;
+    let pool = Shared::new(
+        CoalescingPool::with_config(BumpUpstream::new(1 << 40), PoolConfig::new().initial_size(8 << 20), &())
+            .unwrap(),
+    );
+    let limit = Limiting::new(&pool, LIMIT);
+    let stats = Statistics::new(&limit);
+    let mut rng = SplitMix64::new(0x5eed);
+    let mut live = LiveBlocks::new();
+    let mut blocks: Vec<Block> = Vec::new();
+    let (mut refused, mut peak, mut total, mut count_total) = (0u64, 0u64, 0u64, 0u64);
+    for step in 0..100_000 {
+        if blocks.is_empty() || rng.below(100) < 52 {
+            let size = match rng.below(3) {
+                0 => rng.below(1024),
+                1 => rng.below(256 << 10),
+                _ => rng.below(4 << 20),
+            };
+            match stats.allocate(req(size), &()) {
+                Ok(b) => {
+                    live.insert(b, req(size)).unwrap_or_else(|v| panic!("step {step}: {v}"));
+                    if !b.is_empty() {
+                        blocks.push(b);
+                        total += size;
+                        count_total += 1;
+                    }
+                }
+                Err(Error::LimitExceeded { used, limit: l, .. }) => {
+                    assert_eq!(l, LIMIT);
+                    assert!(used + size.div_ceil(256) * 256 > LIMIT);
+                    refused += 1;
+                }
+                Err(e) => panic!("step {step}: {e}"),
+            }
+        } else {
+            let b = blocks.swap_remove(rng.below(blocks.len() as u64) as usize);
+            stats.deallocate(b, &()).unwrap();
+            live.remove(&b).unwrap();
+        }
+        peak = peak.max(live.bytes());
+        let c = stats.bytes();
+        assert_eq!(
+            (c.value, c.peak, c.total),
+            (live.bytes() as i64, peak as i64, total as i64),
+            "step {step}"
+        );
+        assert_eq!(stats.allocations().value, live.len() as i64);
+        assert_eq!(stats.allocations().total, count_total as i64);
+        assert_eq!(limit.used(), pool.with(|p| p.used_bytes()), "step {step}");
+        assert!(limit.used() <= LIMIT);
+        pool.with(|p| p.check()).unwrap_or_else(|v| panic!("step {step}: {v}"));
+    }
+    assert!(refused > 0, "the limit was never reached");
+    for b in blocks.drain(..) {
+        stats.deallocate(b, &()).unwrap();
+    }
+    assert_eq!((stats.bytes().value, limit.used(), pool.with(|p| p.used_bytes())), (0, 0, 0));
+}

@@ -1,0 +1,330 @@
+//! RMM's `tracking_resource_adaptor`: every outstanding allocation.
+
+use crate::lock::Shared;
+use crate::{Block, Error, MemoryResource, Request, Result, Stream};
+use alloc::boxed::Box;
+use alloc::collections::BTreeMap;
+use alloc::vec::Vec;
+use core::fmt;
+
+/// One allocation that has not been freed.
+///
+/// # Examples
+///
+/// ```
+/// use memres_core::adaptor::Outstanding;
+/// let o = Outstanding { addr: 0x1000, size: 64, #[cfg(feature = "std")] backtrace: None };
+/// assert_eq!(o.size, 64);
+/// ```
+#[derive(Clone, Debug)]
+pub struct Outstanding {
+    /// Its address.
+    pub addr: u64,
+    /// Its requested size.
+    pub size: u64,
+    /// Where it was allocated, when backtraces are on.
+    #[cfg(feature = "std")]
+    pub backtrace: Option<alloc::sync::Arc<std::backtrace::Backtrace>>,
+}
+
+/// The outstanding allocations of a [`Tracking`] adaptor, sorted by
+/// address. Its `Display` lists them (with backtraces when captured).
+///
+/// # Examples
+///
+/// ```
+/// use memres_core::adaptor::Tracking;
+/// use memres_core::{MemoryResource, Request};
+/// # use memres_core::testing::BumpUpstream;
+/// let t = Tracking::new(BumpUpstream::new(1 << 20));
+/// let b = t.allocate(Request::new(100)?, &())?;
+/// let report = t.report();
+/// assert_eq!((report.count(), report.bytes()), (1, 100));
+/// assert!(report.to_string().starts_with("1 outstanding allocation(s), 100 bytes"));
+/// # t.deallocate(b, &())?;
+/// # Ok::<(), memres_core::Error>(())
+/// ```
+#[derive(Clone, Debug, Default)]
+pub struct LeakReport {
+    /// Sorted by address.
+    pub allocations: Vec<Outstanding>,
+}
+
+impl LeakReport {
+    /// Number of outstanding allocations.
+    ///
+    /// ```
+    /// # use memres_core::adaptor::LeakReport;
+    /// assert_eq!(LeakReport::default().count(), 0);
+    /// ```
+    pub fn count(&self) -> usize {
+        self.allocations.len()
+    }
+
+    /// Sum of their requested sizes.
+    ///
+    /// ```
+    /// # use memres_core::adaptor::LeakReport;
+    /// assert_eq!(LeakReport::default().bytes(), 0);
+    /// ```
+    pub fn bytes(&self) -> u64 {
+        self.allocations.iter().map(|o| o.size).sum()
+    }
+
+    /// Whether nothing is outstanding.
+    ///
+    /// ```
+    /// # use memres_core::adaptor::LeakReport;
+    /// assert!(LeakReport::default().is_empty());
+    /// ```
+    pub fn is_empty(&self) -> bool {
+        self.allocations.is_empty()
+    }
+}
+
+impl fmt::Display for LeakReport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(f, "{} outstanding allocation(s), {} bytes", self.count(), self.bytes())?;
+        for o in &self.allocations {
+            writeln!(f, "  {:#x}: {} bytes", o.addr, o.size)?;
+            #[cfg(feature = "std")]
+            if let Some(bt) = &o.backtrace {
+                writeln!(f, "{bt}")?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// What a [`Tracking`] adaptor does with the leaks it finds when dropped.
+type LeakHandler = Box<dyn Fn(&LeakReport) + Send + Sync>;
+
+/// An entry of the table: the requested size and, when on, a backtrace.
+#[derive(Clone, Debug)]
+struct Entry {
+    size: u64,
+    #[cfg(feature = "std")]
+    backtrace: Option<alloc::sync::Arc<std::backtrace::Backtrace>>,
+}
+
+/// Keeps every outstanding allocation (address → size) and reports the
+/// ones still outstanding: RMM's `tracking_resource_adaptor`.
+///
+/// ```text
+///  allocate ─► upstream ─ok─► table.insert(addr, size [, backtrace])
+///  deallocate ─► table.remove(addr) ─► upstream ─error─► table.insert back
+///                └ not there: Error::UnknownBlock   └ wrong size: Error::SizeMismatch
+///  drop ─► leaks? ─► the leak handler, or (std) a report on stderr
+/// ```
+///
+/// A free of a block the table does not hold is refused before it reaches
+/// the upstream. Zero-byte requests are not tracked. With `std`,
+/// [`with_backtraces`](Self::with_backtraces) records a
+/// `std::backtrace::Backtrace::capture()` with every allocation (off by
+/// default; `capture` records frames only when `RUST_BACKTRACE` or
+/// `RUST_LIB_BACKTRACE` is set).
+///
+/// # Examples
+///
+/// ```
+/// use memres_core::adaptor::Tracking;
+/// use memres_core::{Error, MemoryResource, Request};
+/// # use memres_core::testing::BumpUpstream;
+/// let t = Tracking::new(BumpUpstream::new(1 << 20));
+/// let b = t.allocate(Request::new(100)?, &())?;
+/// assert_eq!(t.outstanding_bytes(), 100);
+/// t.deallocate(b, &())?;
+/// assert_eq!(t.deallocate(b, &()), Err(Error::UnknownBlock { addr: b.addr() }));
+/// assert!(t.report().is_empty());
+/// # Ok::<(), Error>(())
+/// ```
+pub struct Tracking<R> {
+    upstream: R,
+    /// Live blocks handed out through this adaptor, by address.
+    table: Shared<BTreeMap<u64, Entry>>,
+    /// Called at drop when something is outstanding.
+    on_leak: Option<LeakHandler>,
+    #[cfg(feature = "std")]
+    backtraces: bool,
+}
+
+impl<R> Tracking<R> {
+    /// Tracks what passes through to `upstream`.
+    ///
+    /// ```
+    /// # use memres_core::adaptor::Tracking;
+    /// assert_eq!(Tracking::new(()).outstanding_count(), 0);
+    /// ```
+    pub fn new(upstream: R) -> Self {
+        Tracking {
+            upstream,
+            table: Shared::new(BTreeMap::new()),
+            on_leak: None,
+            #[cfg(feature = "std")]
+            backtraces: false,
+        }
+    }
+
+    /// Calls `handler` with the report when the adaptor is dropped with
+    /// allocations outstanding (instead of printing it to stderr).
+    ///
+    /// ```
+    /// # use memres_core::adaptor::Tracking;
+    /// # use memres_core::{MemoryResource, Request};
+    /// # use memres_core::testing::BumpUpstream;
+    /// use std::sync::{Arc, Mutex};
+    /// let seen = Arc::new(Mutex::new(0));
+    /// let s = seen.clone();
+    /// let up = BumpUpstream::new(1 << 20);
+    /// let t = Tracking::new(&up).on_leak(move |r| *s.lock().unwrap() = r.bytes());
+    /// t.allocate(Request::new(10)?, &())?;
+    /// drop(t);
+    /// assert_eq!(*seen.lock().unwrap(), 10);
+    /// # Ok::<(), memres_core::Error>(())
+    /// ```
+    pub fn on_leak(mut self, handler: impl Fn(&LeakReport) + Send + Sync + 'static) -> Self {
+        self.on_leak = Some(Box::new(handler));
+        self
+    }
+
+    /// Records a backtrace with every allocation (std only, off by default).
+    ///
+    /// ```
+    /// # use memres_core::adaptor::Tracking;
+    /// # use memres_core::{MemoryResource, Request};
+    /// # use memres_core::testing::BumpUpstream;
+    /// let t = Tracking::new(BumpUpstream::new(1 << 20)).with_backtraces(true);
+    /// let b = t.allocate(Request::new(10)?, &())?;
+    /// assert!(t.report().allocations[0].backtrace.is_some());
+    /// # t.deallocate(b, &())?;
+    /// # Ok::<(), memres_core::Error>(())
+    /// ```
+    #[cfg(feature = "std")]
+    pub fn with_backtraces(mut self, on: bool) -> Self {
+        self.backtraces = on;
+        self
+    }
+
+    /// Number of outstanding allocations.
+    ///
+    /// ```
+    /// # use memres_core::adaptor::Tracking;
+    /// assert_eq!(Tracking::new(()).outstanding_count(), 0);
+    /// ```
+    pub fn outstanding_count(&self) -> usize {
+        self.table.with(|t| t.len())
+    }
+
+    /// Sum of the requested sizes of outstanding allocations.
+    ///
+    /// ```
+    /// # use memres_core::adaptor::Tracking;
+    /// assert_eq!(Tracking::new(()).outstanding_bytes(), 0);
+    /// ```
+    pub fn outstanding_bytes(&self) -> u64 {
+        self.table.with(|t| t.values().map(|e| e.size).sum())
+    }
+
+    /// The size of the outstanding allocation at `addr`, if any.
+    ///
+    /// ```
+    /// # use memres_core::adaptor::Tracking;
+    /// assert_eq!(Tracking::new(()).size_of(0x1000), None);
+    /// ```
+    pub fn size_of(&self, addr: u64) -> Option<u64> {
+        self.table.with(|t| t.get(&addr).map(|e| e.size))
+    }
+
+    /// Every outstanding allocation, sorted by address (the leak report, on
+    /// demand).
+    ///
+    /// ```
+    /// # use memres_core::adaptor::Tracking;
+    /// assert!(Tracking::new(()).report().is_empty());
+    /// ```
+    pub fn report(&self) -> LeakReport {
+        let allocations = self.table.with(|t| {
+            t.iter()
+                .map(|(&addr, e)| Outstanding {
+                    addr,
+                    size: e.size,
+                    #[cfg(feature = "std")]
+                    backtrace: e.backtrace.clone(),
+                })
+                .collect()
+        });
+        LeakReport { allocations }
+    }
+
+    /// The upstream resource.
+    ///
+    /// ```
+    /// # use memres_core::adaptor::Tracking;
+    /// assert_eq!(*Tracking::new(3u8).upstream(), 3);
+    /// ```
+    pub fn upstream(&self) -> &R {
+        &self.upstream
+    }
+
+    fn entry(&self, size: u64) -> Entry {
+        Entry {
+            size,
+            #[cfg(feature = "std")]
+            backtrace: self.backtraces.then(|| alloc::sync::Arc::new(std::backtrace::Backtrace::capture())),
+        }
+    }
+}
+
+impl<R> Drop for Tracking<R> {
+    fn drop(&mut self) {
+        if self.table.with(|t| t.is_empty()) {
+            return;
+        }
+        let report = self.report();
+        match &self.on_leak {
+            Some(handler) => handler(&report),
+            #[cfg(feature = "std")]
+            None => std::eprint!("memres: tracking adaptor dropped with {report}"),
+            #[cfg(not(feature = "std"))]
+            None => {}
+        }
+    }
+}
+
+impl<R: fmt::Debug> fmt::Debug for Tracking<R> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Tracking")
+            .field("upstream", &self.upstream)
+            .field("outstanding", &self.outstanding_count())
+            .finish_non_exhaustive()
+    }
+}
+
+impl<S: Stream + ?Sized, R: MemoryResource<S>> MemoryResource<S> for Tracking<R> {
+    fn allocate(&self, request: Request, stream: &S) -> Result<Block> {
+        let block = self.upstream.allocate(request, stream)?;
+        if !block.is_empty() {
+            let entry = self.entry(block.size());
+            self.table.with(|t| t.insert(block.addr(), entry));
+        }
+        Ok(block)
+    }
+
+    fn deallocate(&self, block: Block, stream: &S) -> Result<()> {
+        if block.is_empty() {
+            return self.upstream.deallocate(block, stream);
+        }
+        let entry = self.table.with(|t| match t.get(&block.addr()) {
+            None => Err(Error::UnknownBlock { addr: block.addr() }),
+            Some(e) if e.size != block.size() => {
+                Err(Error::SizeMismatch { addr: block.addr(), expected: e.size, given: block.size() })
+            }
+            // Removed before the upstream frees it: once freed, another
+            // thread may get the same address and insert it.
+            Some(_) => Ok(t.remove(&block.addr()).expect("present")),
+        })?;
+        self.upstream.deallocate(block, stream).inspect_err(|_| {
+            self.table.with(|t| t.insert(block.addr(), entry));
+        })
+    }
+}

@@ -1,0 +1,283 @@
+//! The current resource of each device: RMM's `set_current_device_resource`
+//! and `get_per_device_resource` (feature `std`).
+//!
+//! A [`Registry`] maps (stream type, device id) to a
+//! [`DynResource<S>`](crate::DynResource). One process-wide registry is
+//! reached through the free functions ([`set_current_device_resource`],
+//! [`get_per_device_resource`], [`set_default_factory`]); separate
+//! registries can be made for tests or subsystems.
+//!
+//! # Default
+//!
+//! A `get` for a device nobody set a resource for asks the default factory
+//! registered for that stream type ([`Registry::set_default_factory`]; a
+//! backend registers its own, as RMM's CUDA resource is the default),
+//! stores what it makes as that device's resource and returns it, so later
+//! `get`s return the same resource. With no factory registered, the `get`
+//! is an error ([`Error::InvalidConfig`]) and nothing is stored.
+//!
+//! # Examples
+//!
+//! ```
+//! use memres_core::device::{get_per_device_resource, set_current_device_resource};
+//! use memres_core::{DynResource, MemoryResource, Request};
+//! # use memres_core::testing::BumpUpstream;
+//! use std::sync::Arc;
+//! let r: DynResource = Arc::new(BumpUpstream::new(1 << 20));
+//! set_current_device_resource::<()>(7, r.clone());
+//! let got = get_per_device_resource::<()>(7)?;
+//! assert!(Arc::ptr_eq(&got, &r));
+//! let b = got.allocate(Request::new(64)?, &())?;
+//! got.deallocate(b, &())?;
+//! # Ok::<(), memres_core::Error>(())
+//! ```
+
+use crate::{DynResource, Error, Result, Stream};
+use alloc::boxed::Box;
+use alloc::collections::BTreeMap;
+use core::any::{Any, TypeId};
+use std::sync::RwLock;
+
+/// A device id (a CUDA device ordinal, or any number a backend chooses).
+///
+/// ```
+/// let first_gpu: memres_core::device::DeviceId = 0;
+/// # let _ = first_gpu;
+/// ```
+pub type DeviceId = u32;
+
+/// Makes the default resource of a device for one stream type (a backend's
+/// registration: a plain function, so that it can be stored for any `S`).
+///
+/// ```
+/// use memres_core::device::{DeviceId, Factory};
+/// use memres_core::{DynResource, Error};
+/// # use memres_core::testing::BumpUpstream;
+/// # use std::sync::Arc;
+/// fn make(device: DeviceId) -> Result<DynResource, Error> {
+///     Ok(Arc::new(BumpUpstream::new(1 << 30)))
+/// }
+/// let f: Factory<()> = make;
+/// assert!(f(0).is_ok());
+/// ```
+pub type Factory<S> = fn(DeviceId) -> Result<DynResource<S>>;
+
+/// Resources per (stream type, device id) and default factories per stream
+/// type, behind one reader-writer lock.
+///
+/// ```text
+///  resources: (TypeId of S, device) ─► Box<DynResource<S>>   (as dyn Any)
+///  factories:  TypeId of S          ─► Box<Factory<S>>       (as dyn Any)
+/// ```
+///
+/// # Examples
+///
+/// ```
+/// use memres_core::device::Registry;
+/// use memres_core::{DynResource, Error};
+/// # use memres_core::testing::BumpUpstream;
+/// use std::sync::Arc;
+/// let reg = Registry::new();
+/// assert!(matches!(reg.get::<()>(0), Err(Error::InvalidConfig { .. })));
+/// reg.set_default_factory::<()>(|_device| Ok(Arc::new(BumpUpstream::new(1 << 20)) as DynResource));
+/// let a = reg.get::<()>(0)?;
+/// assert!(Arc::ptr_eq(&a, &reg.get::<()>(0)?)); // made once, then kept
+/// # Ok::<(), Error>(())
+/// ```
+#[derive(Debug)]
+pub struct Registry {
+    /// Each value is a `DynResource<S>` for the `S` whose `TypeId` is in
+    /// its key.
+    resources: RwLock<BTreeMap<(TypeId, DeviceId), Box<dyn Any + Send + Sync>>>,
+    /// Each value is a `Factory<S>` for the `S` whose `TypeId` is its key.
+    factories: RwLock<BTreeMap<TypeId, Box<dyn Any + Send + Sync>>>,
+}
+
+impl Default for Registry {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Registry {
+    /// An empty registry: no resources, no factories.
+    ///
+    /// ```
+    /// # use memres_core::device::Registry;
+    /// assert!(Registry::new().get::<()>(0).is_err());
+    /// ```
+    pub const fn new() -> Self {
+        Registry { resources: RwLock::new(BTreeMap::new()), factories: RwLock::new(BTreeMap::new()) }
+    }
+
+    /// Makes `resource` the current resource of `device` for streams of
+    /// type `S`, and returns the one it replaces.
+    ///
+    /// ```
+    /// # use memres_core::device::Registry;
+    /// # use memres_core::DynResource;
+    /// # use memres_core::testing::BumpUpstream;
+    /// # use std::sync::Arc;
+    /// let reg = Registry::new();
+    /// let r: DynResource = Arc::new(BumpUpstream::new(1 << 20));
+    /// assert!(reg.set::<()>(0, r.clone()).is_none());
+    /// assert!(reg.set::<()>(0, r).is_some());
+    /// ```
+    pub fn set<S: Stream + ?Sized + 'static>(
+        &self,
+        device: DeviceId,
+        resource: DynResource<S>,
+    ) -> Option<DynResource<S>> {
+        let mut map = self.resources.write().unwrap_or_else(|p| p.into_inner());
+        map.insert((TypeId::of::<S>(), device), Box::new(resource)).map(downcast::<DynResource<S>>)
+    }
+
+    /// The current resource of `device` for streams of type `S`; if none
+    /// was set, the one the default factory makes (then kept).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidConfig`] when none was set and no default factory is
+    /// registered for `S`; the factory's error if it fails (nothing is
+    /// stored then).
+    ///
+    /// ```
+    /// # use memres_core::device::Registry;
+    /// assert!(Registry::new().get::<()>(3).is_err());
+    /// ```
+    pub fn get<S: Stream + ?Sized + 'static>(&self, device: DeviceId) -> Result<DynResource<S>> {
+        let key = (TypeId::of::<S>(), device);
+        if let Some(r) = self.resources.read().unwrap_or_else(|p| p.into_inner()).get(&key) {
+            return Ok(downcast_ref::<DynResource<S>>(r).clone());
+        }
+        let factory = self
+            .factories
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&TypeId::of::<S>())
+            .map(|f| *downcast_ref::<Factory<S>>(f))
+            .ok_or(Error::InvalidConfig {
+                what: "no resource set for this device and no default factory registered",
+            })?;
+        // Made outside the lock (a factory may be slow, or use the registry);
+        // if two threads race, the first one stored wins and both return it.
+        let made = factory(device)?;
+        let mut map = self.resources.write().unwrap_or_else(|p| p.into_inner());
+        let stored = map.entry(key).or_insert_with(|| Box::new(made));
+        Ok(downcast_ref::<DynResource<S>>(stored).clone())
+    }
+
+    /// Registers the factory that makes a device's resource for streams of
+    /// type `S` when none was set; returns whether one was replaced.
+    ///
+    /// ```
+    /// # use memres_core::device::Registry;
+    /// # use memres_core::DynResource;
+    /// # use memres_core::testing::BumpUpstream;
+    /// # use std::sync::Arc;
+    /// let reg = Registry::new();
+    /// assert!(!reg.set_default_factory::<()>(|_| Ok(Arc::new(BumpUpstream::new(256)) as DynResource)));
+    /// assert!(reg.get::<()>(1).is_ok());
+    /// ```
+    pub fn set_default_factory<S: Stream + ?Sized + 'static>(&self, factory: Factory<S>) -> bool {
+        let mut map = self.factories.write().unwrap_or_else(|p| p.into_inner());
+        map.insert(TypeId::of::<S>(), Box::new(factory)).is_some()
+    }
+
+    /// Forgets the resource of `device` for streams of type `S` (the next
+    /// `get` asks the factory again), and returns it.
+    ///
+    /// ```
+    /// # use memres_core::device::Registry;
+    /// assert!(Registry::new().reset::<()>(0).is_none());
+    /// ```
+    pub fn reset<S: Stream + ?Sized + 'static>(&self, device: DeviceId) -> Option<DynResource<S>> {
+        let mut map = self.resources.write().unwrap_or_else(|p| p.into_inner());
+        map.remove(&(TypeId::of::<S>(), device)).map(downcast::<DynResource<S>>)
+    }
+}
+
+/// Every value under a key with `TypeId::of::<S>()` was stored as the type
+/// the key names, so these downcasts cannot fail.
+fn downcast<T: 'static>(b: Box<dyn Any + Send + Sync>) -> T {
+    *b.downcast::<T>().expect("registry entries have the type their key names")
+}
+
+// Takes the box, not `&dyn Any`: a `&Box<dyn Any>` would coerce to a
+// `&dyn Any` whose type is the box itself.
+#[allow(clippy::borrowed_box)]
+fn downcast_ref<T: 'static>(b: &Box<dyn Any + Send + Sync>) -> &T {
+    (**b).downcast_ref::<T>().expect("registry entries have the type their key names")
+}
+
+static GLOBAL: Registry = Registry::new();
+
+/// The process-wide registry.
+///
+/// ```
+/// # use memres_core::device::global;
+/// let _ = global().get::<()>(1234);
+/// ```
+pub fn global() -> &'static Registry {
+    &GLOBAL
+}
+
+/// Makes `resource` the current resource of `device` (streams of type `S`)
+/// in the process-wide registry; returns the one it replaces.
+///
+/// ```
+/// # use memres_core::device::{set_current_device_resource, get_per_device_resource};
+/// # use memres_core::DynResource;
+/// # use memres_core::testing::BumpUpstream;
+/// # use std::sync::Arc;
+/// set_current_device_resource::<()>(42, Arc::new(BumpUpstream::new(256)) as DynResource);
+/// assert!(get_per_device_resource::<()>(42).is_ok());
+/// ```
+pub fn set_current_device_resource<S: Stream + ?Sized + 'static>(
+    device: DeviceId,
+    resource: DynResource<S>,
+) -> Option<DynResource<S>> {
+    GLOBAL.set(device, resource)
+}
+
+/// The current resource of `device` (streams of type `S`) in the
+/// process-wide registry; see [`Registry::get`].
+///
+/// # Errors
+///
+/// As [`Registry::get`].
+///
+/// ```
+/// # use memres_core::device::get_per_device_resource;
+/// struct NeverRegistered;
+/// # impl memres_core::Stream for NeverRegistered {
+/// #     type Event = ();
+/// #     fn id(&self) -> u64 { 0 }
+/// #     fn record(&self) -> memres_core::Result<()> { Ok(()) }
+/// #     fn wait(&self, _: &()) -> memres_core::Result<()> { Ok(()) }
+/// #     fn query(&self, _: &()) -> memres_core::Result<bool> { Ok(true) }
+/// #     fn synchronize(&self) -> memres_core::Result<()> { Ok(()) }
+/// # }
+/// assert!(get_per_device_resource::<NeverRegistered>(0).is_err());
+/// ```
+pub fn get_per_device_resource<S: Stream + ?Sized + 'static>(device: DeviceId) -> Result<DynResource<S>> {
+    GLOBAL.get(device)
+}
+
+/// Registers the default factory for streams of type `S` in the
+/// process-wide registry; see [`Registry::set_default_factory`].
+///
+/// ```
+/// # use memres_core::device::{set_default_factory, get_per_device_resource};
+/// # use memres_core::DynResource;
+/// # use memres_core::testing::BumpUpstream;
+/// # use std::sync::Arc;
+/// set_default_factory::<()>(|_| Ok(Arc::new(BumpUpstream::new(1 << 20)) as DynResource));
+/// assert!(get_per_device_resource::<()>(99).is_ok());
+/// ```
+pub fn set_default_factory<S: Stream + ?Sized + 'static>(factory: Factory<S>) -> bool {
+    GLOBAL.set_default_factory(factory)
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests;

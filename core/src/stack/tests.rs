@@ -1,0 +1,115 @@
+use super::*;
+use alloc::string::ToString;
+
+fn err(text: &str) -> StackError {
+    parse(text).expect_err(text)
+}
+
+#[test]
+fn nested_calls_and_arguments() {
+    let c = parse(" limit( stats(pool(sim, initial=1GiB, max = 4GiB)) , 2GiB )").unwrap();
+    assert_eq!((c.name.as_str(), c.pos), ("limit", 1));
+    let stats = c.resource(0).unwrap();
+    assert_eq!((stats.name.as_str(), stats.pos), ("stats", 8));
+    let pool = stats.resource(0).unwrap();
+    assert_eq!(pool.name, "pool");
+    assert_eq!(pool.resource(0).unwrap().name, "sim");
+    assert_eq!(pool.resource(0).unwrap().args, Vec::new());
+    assert_eq!(pool.size_arg("initial").unwrap(), Some(1 << 30));
+    assert_eq!(pool.size_arg("max").unwrap(), Some(4 << 30));
+    assert_eq!(c.positional(1).unwrap().size().unwrap(), 2 << 30);
+    pool.expect_args(1, &["initial", "max", "growth"]).unwrap();
+}
+
+#[test]
+fn words_keep_paths_and_empty_parens() {
+    let c = parse("log(pool(host), file=/tmp/x.csv)").unwrap();
+    assert_eq!(c.keyed("file").unwrap().text().unwrap(), "/tmp/x.csv");
+    let c = parse("sim()").unwrap();
+    assert_eq!((c.name.as_str(), c.args.len()), ("sim", 0));
+    let c = parse("sim").unwrap();
+    assert_eq!((c.name.as_str(), c.args.len()), ("sim", 0));
+}
+
+#[test]
+fn malformed_strings_name_the_position() {
+    let cases: &[(&str, usize, StackErrorKind)] = &[
+        ("", 0, StackErrorKind::EmptyName),
+        ("   ", 3, StackErrorKind::EmptyName),
+        ("(sim)", 0, StackErrorKind::EmptyName),
+        ("stats(pool(sim)", 15, StackErrorKind::Expected("`,` or `)`")),
+        ("stats(sim))", 10, StackErrorKind::UnbalancedParen),
+        ("stats(sim) x", 11, StackErrorKind::TrailingInput),
+        ("stats(,sim)", 6, StackErrorKind::EmptyName),
+        ("stats(sim,)", 10, StackErrorKind::EmptyName),
+        ("pool(sim, max=)", 14, StackErrorKind::EmptyName),
+        ("pool(sim, =4G)", 10, StackErrorKind::EmptyName),
+        ("pool(sim max=4G)", 9, StackErrorKind::Expected("`,` or `)`")),
+        ("4G(sim)", 0, StackErrorKind::Expected("a resource name before `(`")),
+        ("pool(sim, 1x=4G)", 10, StackErrorKind::Expected("a key name before `=`")),
+        ("2GiB", 0, StackErrorKind::WrongKind("a resource name")),
+    ];
+    for (text, pos, kind) in cases {
+        let e = err(text);
+        assert_eq!((e.pos, &e.kind), (*pos, kind), "{text:?}: {e}");
+    }
+}
+
+#[test]
+fn bad_sizes_unknown_and_duplicate_keys() {
+    let c = parse("pool(sim, initial=12XB, max=4G, max=5G, extra=1, 7)").unwrap();
+    let e = c.size_arg("initial").unwrap_err();
+    assert_eq!((e.pos, e.kind.clone()), (18, StackErrorKind::BadSize("12XB".into())));
+    assert_eq!(
+        e.to_string(),
+        "at byte 18: bad size `12XB` (a number with B, K, KiB, M, MiB, G, GiB, T or TiB)"
+    );
+    let e = c.expect_args(1, &["initial", "max"]).unwrap_err();
+    assert_eq!((e.pos, e.kind), (32, StackErrorKind::DuplicateKey("max".into())));
+    let e = c.expect_args(1, &["initial", "max", "extra"]).unwrap_err();
+    assert_eq!(e.pos, 32);
+    let c = parse("pool(sim, extra=1, 7)").unwrap();
+    let e = c.expect_args(1, &["initial"]).unwrap_err();
+    assert_eq!((e.pos, e.kind), (10, StackErrorKind::UnknownKey("extra".into())));
+    let e = c.expect_args(1, &["extra"]).unwrap_err();
+    assert_eq!((e.pos, e.kind), (19, StackErrorKind::ExtraArg));
+    // A resource where a size is wanted, a size where a resource is.
+    let c = parse("limit(2G, stats(sim))").unwrap();
+    assert_eq!(c.resource(0).unwrap_err().pos, 6);
+    assert_eq!(c.positional(1).unwrap().size().unwrap_err().pos, 10);
+    assert_eq!(c.resource(2).unwrap_err().kind, StackErrorKind::MissingArg("an upstream resource"));
+}
+
+#[test]
+fn sizes() {
+    for (text, want) in [
+        ("0", Some(0)),
+        ("17", Some(17)),
+        ("17B", Some(17)),
+        ("3K", Some(3 << 10)),
+        ("3KiB", Some(3 << 10)),
+        ("3M", Some(3 << 20)),
+        ("3MiB", Some(3 << 20)),
+        ("3G", Some(3 << 30)),
+        ("3GiB", Some(3 << 30)),
+        ("3T", Some(3 << 40)),
+        ("3TiB", Some(3 << 40)),
+        ("18446744073709551615", Some(u64::MAX)),
+        ("18446744073709551616", None),
+        ("16777216TiB", None),
+        ("", None),
+        ("G", None),
+        ("_1", None),
+        ("3gib", None),
+        ("3 G", None),
+        ("-1", None),
+    ] {
+        assert_eq!(parse_size(text), want, "{text:?}");
+    }
+}
+
+#[test]
+fn non_ascii_text_is_kept_whole() {
+    let c = parse("log(sim, file=/tmp/é.csv)").unwrap();
+    assert_eq!(c.keyed("file").unwrap().text().unwrap(), "/tmp/é.csv");
+}
