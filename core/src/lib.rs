@@ -17,6 +17,7 @@
 //! | [`Error`] | every failure as a typed value; out of memory carries its figures |
 //! | [`lock`] | [`RawLock`](lock::RawLock), [`SpinLock`](lock::SpinLock) and [`Shared`], which turns any `&mut self` algorithm into a `&self` resource |
 //! | [`pool`] | [`CoalescingPool`](pool::CoalescingPool): O(1) allocate and free over chunks from an upstream, and [`CoalescingIndex`](pool::CoalescingIndex), its two-level segregated-fit index over bare ranges |
+//! | [`arena`] | [`ArenaResource`](arena::ArenaResource): RMM's arena, a global arena of superblocks lent to per-thread and per-stream arenas, built to scale with threads (feature `alloc`) |
 //! | [`check`] | the invariant checker that tests and fuzz targets run after every step |
 //!
 //! # Features
@@ -56,6 +57,8 @@ mod request;
 mod resource;
 mod stream;
 
+#[cfg(feature = "alloc")]
+pub mod arena;
 pub mod check;
 pub mod lock;
 pub mod pool;
