@@ -559,9 +559,9 @@ impl<U, L: RawLock> ArenaResource<U, L> {
     ///
     /// ```
     /// use memres_core::arena::{ArenaConfig, ArenaResource};
-    /// use memres_core::lock::StdLock;
+    /// use memres_core::lock::SpinLock;
     /// # use memres_core::testing::BumpUpstream;
-    /// let arena: ArenaResource<_, StdLock> =
+    /// let arena: ArenaResource<_, SpinLock> =
     ///     ArenaResource::with_config_and_lock(BumpUpstream::new(1 << 30), ArenaConfig::new(), &())?;
     /// # let _ = arena;
     /// # Ok::<(), memres_core::Error>(())
