@@ -110,15 +110,22 @@ impl<U> Global<U> {
 
     /// Grows by at least `need` bytes: `max(need, chunk size)` under the
     /// maximum, halved towards `need` while the upstream is out of memory.
+    /// At the maximum, wholly free chunks go back upstream first.
     /// `Ok(false)` when the maximum or the upstream leaves no room.
     fn grow<S: Stream + ?Sized>(&mut self, need: u64, stream: &S) -> Result<bool>
     where
         U: MemoryResource<S>,
     {
         let need = (need + 255) & !255;
-        let room = self.maximum.map_or(u64::MAX, |m| m - self.held);
+        let mut room = self.maximum.map_or(u64::MAX, |m| m - self.held);
         if need > room {
-            return Ok(false);
+            // Wholly free chunks cannot hold a range larger than themselves:
+            // give them back so that one chunk large enough can replace them.
+            let _ = self.release(stream);
+            room = self.maximum.map_or(u64::MAX, |m| m - self.held);
+            if need > room {
+                return Ok(false);
+            }
         }
         let mut size = need.max(self.chunk_size).min(room);
         loop {

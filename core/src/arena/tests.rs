@@ -475,3 +475,25 @@ fn resource_is_send_and_sync() {
     #[cfg(feature = "std")]
     assert_send_sync::<ArenaResource<BumpUpstream, crate::lock::StdLock>>();
 }
+
+#[test]
+fn free_chunks_go_upstream_to_make_room_for_a_larger_one_under_the_maximum() {
+    let config = small_config().chunk_size(1 << 20).maximum_size(2 << 20);
+    let arena = ArenaResource::with_config(BumpUpstream::new(1 << 30), config, &()).unwrap();
+    let s = TestStream::new(3);
+    // A superblock in one chunk, a large block in the other.
+    let a = arena.allocate(req(1000), &s).unwrap();
+    let b = arena.allocate(req(700 << 10), &s).unwrap();
+    assert_eq!((arena.held_bytes(), arena.dump().chunks, arena.dump().large_blocks), (2 << 20, 2, 1));
+    // Two 1 MiB chunks can never hold a 2 MiB block, even when free.
+    assert!(matches!(arena.allocate(req(2 << 20), &s), Err(Error::OutOfMemory { .. })));
+    for x in [a, b] {
+        arena.deallocate(x, &s).unwrap();
+    }
+    let big = arena.allocate(req(2 << 20), &s).unwrap();
+    assert_eq!((arena.held_bytes(), arena.dump().chunks), (2 << 20, 1));
+    assert_eq!(arena.upstream_with(|u| u.outstanding()), 2 << 20);
+    arena.check().unwrap();
+    arena.deallocate(big, &s).unwrap();
+    arena.check().unwrap();
+}
