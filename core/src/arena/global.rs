@@ -108,8 +108,8 @@ impl<U> Global<U> {
         Ok(())
     }
 
-    /// Grows by at least `need` bytes: `max(need, chunk size)` under the
-    /// maximum, halved towards `need` while the upstream is out of memory.
+    /// Grows by at least `need` bytes: `max(need, chunk size, held / 8)`
+    /// under the maximum, halved towards `need` while the upstream is out of memory.
     /// At the maximum, wholly free chunks go back upstream first.
     /// `Ok(false)` when the maximum or the upstream leaves no room.
     fn grow<S: Stream + ?Sized>(&mut self, need: u64, stream: &S) -> Result<bool>
@@ -127,7 +127,10 @@ impl<U> Global<U> {
                 return Ok(false);
             }
         }
-        let mut size = need.max(self.chunk_size).min(room);
+        // Geometric growth (ratio 9/8) in whole superblocks: the unused tail
+        // of the newest chunk stays under 1/8 of what is held.
+        let step = self.chunk_size.max(self.held / 8).div_ceil(self.superblock_size) * self.superblock_size;
+        let mut size = need.max(step).min(room);
         loop {
             match self.add_chunk(size, stream) {
                 Ok(()) => return Ok(true),

@@ -62,7 +62,7 @@ pub enum DumpTarget {
 /// | --- | --- | --- |
 /// | `initial_size` | 0 | RMM takes half the device's free memory up front; only the backend knows that figure, so the caller passes it here |
 /// | `maximum_size` | none | the most bytes ever held from upstream |
-/// | `chunk_size` | 256 MiB | the global arena grows by `max(request, chunk_size)`; superblocks never span two chunks |
+/// | `chunk_size` | 32 MiB | the global arena grows by `max(request, chunk_size, held / 8)` (in whole superblocks): few chunks, yet the unused tail of the newest one stays under 1/8 of what is held; superblocks never span two chunks |
 /// | `superblock_size` | 8 MiB | at least 8 blocks of the 1 MiB threshold per superblock: the tail left when a superblock fills is at most 1/8 of it, and an arena goes to the global arena once per 8 MiB of growth, not once per block (RMM's 1 MiB superblocks hold a single 1 MiB block) |
 /// | `large_threshold` | 1 MiB | RMM's: larger requests are served by the global arena directly |
 /// | `max_arenas` | 64 | slots of the arena table (per-thread plus per-stream arenas), at most [`MAX_ARENAS`] |
@@ -100,7 +100,7 @@ impl ArenaConfig {
         ArenaConfig {
             initial_size: 0,
             maximum_size: None,
-            chunk_size: 256 << 20,
+            chunk_size: 32 << 20,
             superblock_size: 8 << 20,
             large_threshold: 1 << 20,
             max_arenas: 64,
@@ -122,8 +122,8 @@ impl ArenaConfig {
         self
     }
 
-    /// Growth step of the global arena (a multiple of 256, at least the
-    /// superblock size).
+    /// Smallest growth step of the global arena (a multiple of 256, at
+    /// least the superblock size).
     pub const fn chunk_size(mut self, bytes: u64) -> Self {
         self.chunk_size = bytes;
         self
@@ -411,25 +411,27 @@ mod thread_no {
 /// per-thread and per-stream arenas, written to scale with threads.
 ///
 /// ```text
-///  upstream ──chunks (initial, then max(request, chunk_size))──┐
-///                                                              ▼
-///  global arena  [Shared<Global, L>]  one lock, touched rarely
-///  ┌──────── chunk 0 ────────────────────────┐ ┌──── chunk 1 ─────┐
-///  │ sb → T1 │ sb → S7 │ LARGE │ free │ sb → T2 │ │ LARGE │   free   │
-///  └────┬──────────┬─────────────────────────┘ └──────────────────┘
-///       │ lend / take back whole superblocks (never spanning chunks)
+///  upstream ── chunks: initial size, then max(request, chunk_size, held/8)
+///     │
+///     ▼
+///  global arena  [Shared<Global, L>]: one lock, touched rarely
+///  ┌──────────────── chunk 0 ─────────────────┐ ┌──── chunk 1 ──────┐
+///  │ sb → T1 │ sb → S7 │ LARGE │ free │ sb → T2 │ │ LARGE │   free    │
+///  └────┬─────────┬──────────────────────┬─────┘ └───────────────────┘
+///       │ superblocks lent and taken back whole (never spanning chunks)
+///       ▼         ▼                      ▼
 ///  arena table: slot keys (read-only once claimed) + padded arenas
-///  ┌────────────────────┐ ┌────────────────────┐ ┌──────────────────┐
-///  │ thread 1 (stream 0)│ │ stream 7           │ │ thread 2 ...     │
-///  │ lock + index over  │ │ lock + index over  │ │                  │
-///  │ its superblocks    │ │ its superblocks    │ │                  │
-///  └────────────────────┘ └────────────────────┘ └──────────────────┘
+///  ┌────────────────────┐ ┌────────────────────┐ ┌────────────────────┐
+///  │ thread 1, stream 0 │ │ stream 7           │ │ thread 2, stream 0 │
+///  │ lock + index over  │ │ lock + index over  │ │ lock + index over  │
+///  │ its superblocks    │ │ its superblocks    │ │ its superblocks    │
+///  └────────────────────┘ └────────────────────┘ └────────────────────┘
 ///  allocate(req, stream):
-///    size > large_threshold ─────────────► global arena (own block)
-///    else size_class(size) ─► arena of (stream 0 ? this thread : stream)
+///    size > large_threshold ──────► global arena (a range of its own)
+///    else size_class(size) ──► arena of (stream 0 ? this thread : stream)
 ///         └ no room: one superblock from the global arena (grows upstream)
 ///         └ still none: take back wholly free superblocks, retry, else OOM
-///  deallocate(block, stream): the tag names the arena ─► that arena, O(1)
+///  deallocate(block, stream): the tag names the arena ──► that arena, O(1)
 /// ```
 ///
 /// - **Arenas.** Stream id 0 is the default stream: each thread gets an
