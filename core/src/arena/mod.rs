@@ -434,9 +434,11 @@ mod thread_no {
 ///  deallocate(block, stream): the tag names the arena ──► that arena, O(1)
 /// ```
 ///
-/// - **Arenas.** Stream id 0 is the default stream: each thread gets an
+/// - **Arenas.** Stream id 0 is the default stream, one stream for all
+///   threads (the legacy default stream, or `()`): each thread gets an
 ///   arena of its own for it (with `std`; without it, all threads share
-///   one). Every other stream id gets an arena of its own. Arenas live in a
+///   one), and a thread's number, with its arena, passes to the next new
+///   thread when it exits. Every other stream id gets an arena of its own. Arenas live in a
 ///   fixed table of `max_arenas` slots found by hashing the id: the lookup
 ///   reads two atomics of a slot that is written once, so it takes no lock.
 ///   Each arena has its own lock and index (the O(1) two-level segregated
@@ -467,6 +469,10 @@ mod thread_no {
 ///   Then it retries once, and reports [`Error::OutOfMemory`] with the
 ///   largest free range anywhere, the bytes held and the maximum (and dumps
 ///   its state if configured).
+/// - **Giving memory back.** Wholly free chunks go back upstream when the
+///   global arena needs room under its maximum for a larger chunk, and on
+///   [`release`](ArenaResource::release). Dropping the resource does not
+///   give its chunks back (that needs a stream): call `release` first.
 ///
 /// # Examples
 ///
