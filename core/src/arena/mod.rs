@@ -65,7 +65,7 @@ pub enum DumpTarget {
 /// | `chunk_size` | 32 MiB | the global arena grows by `max(request, chunk_size, held / 8)` (in whole superblocks): few chunks, yet the unused tail of the newest one stays under 1/8 of what is held; superblocks never span two chunks |
 /// | `superblock_size` | 8 MiB | at least 8 blocks of the 1 MiB threshold per superblock: the tail left when a superblock fills is at most 1/8 of it, and an arena goes to the global arena once per 8 MiB of growth, not once per block (RMM's 1 MiB superblocks hold a single 1 MiB block) |
 /// | `large_threshold` | 1 MiB | RMM's: larger requests are served by the global arena directly |
-/// | `max_arenas` | 64 | slots of the arena table (per-thread plus per-stream arenas), at most [`MAX_ARENAS`] |
+/// | `max_arenas` | 64 | slots of the arena table (per-thread plus per-stream arenas), at most [`MAX_ARENAS`]; each slot costs about 8 KiB of metadata up front; a stream beyond them gets [`Error::CapacityExhausted`] (sharing an arena between two streams would break stream order) |
 /// | `size_classes` | on | small requests rounded up to [`size_class`] |
 ///
 /// # Examples
