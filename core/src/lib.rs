@@ -20,6 +20,7 @@
 //! | [`stream_ordered`] | [`StreamOrdered`]: RMM's stream-ordered layer, per-stream free lists over any stream-agnostic algorithm, with events to move blocks between streams |
 //! | [`fixed`] | [`FixedSizeResource`](fixed::FixedSizeResource): blocks of one size carved from upstream chunks, O(1) allocate and free on an index stack outside the managed memory |
 //! | `binning` (feature `alloc`) | `BinningResource`: routes each size to the smallest bin that holds it (fixed-size bins per power of two, bins picked from a measured size histogram, or any resource), the rest to upstream |
+//! | [`arena`] | [`ArenaResource`](arena::ArenaResource): RMM's arena, a global arena of superblocks lent to per-thread and per-stream arenas, built to scale with threads (feature `alloc`) |
 //! | [`check`] | the invariant checker that tests and fuzz targets run after every step |
 //! | [`copy`] | [`CopyEngine`](copy::CopyEngine): how containers move bytes to and from a backend's memory |
 //! | [`vmem`] | [`ReservableSpace`](vmem::ReservableSpace): reserve an address range once, commit and decommit granules of it (CUDA virtual memory, `mmap`) |
@@ -65,6 +66,8 @@ mod stream;
 pub mod adaptor;
 #[cfg(feature = "alloc")]
 pub mod binning;
+#[cfg(feature = "alloc")]
+pub mod arena;
 pub mod check;
 pub mod copy;
 #[cfg(feature = "std")]

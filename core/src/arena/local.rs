@@ -1,0 +1,107 @@
+//! A per-thread or per-stream arena: superblocks and the blocks cut from them.
+
+use crate::check::Violation;
+use crate::pool::{Allocation, CoalescingIndex};
+use crate::{Error, Range, Result};
+use alloc::vec::Vec;
+
+/// A superblock held by an arena.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Held {
+    pub(super) range: Range,
+    /// The arena index's node at the superblock's lowest address.
+    first: u32,
+}
+
+/// One arena's state (behind its own lock in `ArenaResource`).
+///
+/// Each superblock is one region of `index`: blocks never coalesce across
+/// superblocks, so a wholly free superblock can leave whole.
+#[derive(Debug)]
+pub(super) struct Local {
+    /// Free and used ranges of the superblocks held.
+    pub(super) index: CoalescingIndex,
+    /// Superblocks held, in the order they came.
+    pub(super) supers: Vec<Held>,
+    /// Sum of the superblocks' lengths.
+    pub(super) held: u64,
+}
+
+impl Local {
+    pub(super) fn new() -> Self {
+        Local { index: CoalescingIndex::new(256), supers: Vec::new(), held: 0 }
+    }
+
+    #[inline]
+    pub(super) fn allocate(&mut self, size: u64, align: u64) -> Result<Option<Allocation>> {
+        self.index.allocate(size, align)
+    }
+
+    /// Adds a superblock.
+    pub(super) fn add(&mut self, range: Range) -> Result<()> {
+        let first = self.index.add_range(range)?;
+        self.supers.push(Held { range, first });
+        self.held += range.len();
+        Ok(())
+    }
+
+    /// Moves every wholly free superblock into `out`, tagged with `slot`.
+    pub(super) fn take_free(&mut self, slot: usize, out: &mut Vec<(usize, Range)>) {
+        let mut i = 0;
+        while i < self.supers.len() {
+            let h = self.supers[i];
+            if self.index.is_region_free(h.first) && self.index.remove_range(h.first).is_ok() {
+                self.supers.swap_remove(i);
+                self.held -= h.range.len();
+                out.push((slot, h.range));
+            } else {
+                i += 1;
+            }
+        }
+    }
+
+    /// Frees a block known by its address, inside the superblock that starts
+    /// at `start`. `tag` is the caller's index tag (`None`: unknown).
+    pub(super) fn free_at(&mut self, start: u64, addr: u64, size: u64, tag: Option<u64>) -> Result<()> {
+        let Some(h) = self.supers.iter().find(|h| h.range.start() == start) else {
+            return Err(Error::UnknownBlock { addr });
+        };
+        let first = h.first;
+        match self.index.find_used(first, addr) {
+            Some(t) if tag.is_none() => self.index.free(t, addr, size).map(|_| ()),
+            // The block at this address is a newer one: the caller's was freed.
+            Some(_) => Err(Error::DoubleFree { addr }),
+            None if self.index.is_free_at(first, addr) => Err(Error::DoubleFree { addr }),
+            None => Err(Error::UnknownBlock { addr }),
+        }
+    }
+
+    /// Wholly free superblocks.
+    pub(super) fn free_supers(&self) -> usize {
+        self.supers.iter().filter(|h| self.index.is_region_free(h.first)).count()
+    }
+
+    /// The arena's own invariants: its index, each superblock covered exactly
+    /// by its ranges, used + free = held.
+    pub(super) fn check(&self) -> core::result::Result<(), Violation> {
+        self.index.check().map_err(Violation::new)?;
+        let mut total = 0;
+        for h in &self.supers {
+            let mut cursor = h.range.start();
+            self.index.for_each_in_region(h.first, |r, _| {
+                cursor = if r.start() == cursor { r.end() } else { u64::MAX };
+            });
+            if cursor != h.range.end() {
+                return Err(Violation::new("arena: superblock not covered exactly by its blocks"));
+            }
+            total += h.range.len();
+        }
+        if total != self.held {
+            return Err(Violation::new("arena: superblock lengths do not add up"));
+        }
+        if self.index.used_bytes() + self.index.free_bytes() != self.held {
+            return Err(Violation::new("arena: bytes in use + bytes free != bytes of its superblocks"));
+        }
+        Ok(())
+    }
+}

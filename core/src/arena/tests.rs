@@ -1,0 +1,499 @@
+extern crate std;
+
+use super::*;
+use crate::check::LiveBlocks;
+use crate::testing::{BumpUpstream, SplitMix64};
+use core::sync::atomic::AtomicUsize;
+use std::string::ToString;
+use std::sync::atomic::AtomicBool;
+use std::sync::Barrier;
+use std::vec;
+
+/// A stream with an id that counts its synchronizations and can be told to
+/// fail them.
+#[derive(Debug, Default)]
+struct TestStream {
+    id: u64,
+    syncs: AtomicUsize,
+    fail: AtomicBool,
+}
+
+impl TestStream {
+    fn new(id: u64) -> Self {
+        TestStream { id, ..Default::default() }
+    }
+    fn syncs(&self) -> usize {
+        self.syncs.load(Ordering::Relaxed)
+    }
+}
+
+impl Stream for TestStream {
+    type Event = ();
+    fn id(&self) -> u64 {
+        self.id
+    }
+    fn record(&self) -> Result<()> {
+        Ok(())
+    }
+    fn wait(&self, _: &()) -> Result<()> {
+        Ok(())
+    }
+    fn query(&self, _: &()) -> Result<bool> {
+        Ok(true)
+    }
+    fn synchronize(&self) -> Result<()> {
+        if self.fail.load(Ordering::Relaxed) {
+            return Err(Error::Backend { code: 9, what: "injected synchronize failure" });
+        }
+        self.syncs.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+}
+
+fn small_config() -> ArenaConfig {
+    ArenaConfig::new().superblock_size(1 << 20).chunk_size(4 << 20).large_threshold(256 << 10).max_arenas(8)
+}
+
+fn req(size: u64) -> Request {
+    Request::new(size).unwrap()
+}
+
+#[test]
+fn randomized_ops_on_several_streams_with_checker_every_step() {
+    let streams = [TestStream::new(0), TestStream::new(1), TestStream::new(2), TestStream::new(0xdead_beef)];
+    let config = small_config().maximum_size(48 << 20);
+    let arena = ArenaResource::with_config(BumpUpstream::new(1 << 40), config, &()).unwrap();
+    let mut rng = SplitMix64::new(42);
+    let mut live = LiveBlocks::new();
+    let mut blocks: Vec<(Block, usize)> = Vec::new();
+    let (mut ooms, mut large, mut by_addr, mut cross) = (0, 0, 0, 0);
+    for step in 0..100_000u32 {
+        let s = rng.below(streams.len() as u64) as usize;
+        if blocks.is_empty() || rng.below(100) < 52 {
+            let size = match rng.below(10) {
+                0 => 0,
+                1..=6 => 1 + rng.below(16 << 10),
+                7 | 8 => 1 + rng.below(256 << 10),
+                _ => (256 << 10) + rng.below(4 << 20),
+            };
+            let align = if rng.below(8) == 0 { 256 << rng.below(8) } else { 256 };
+            let request = Request::aligned(size, align).unwrap();
+            let used = arena.used_bytes();
+            match arena.allocate(request, &streams[s]) {
+                Ok(b) => {
+                    live.insert(b, request).unwrap_or_else(|v| panic!("step {step}: {v}"));
+                    if !b.is_empty() {
+                        large += (size > 256 << 10) as u32;
+                        blocks.push((b, s));
+                    }
+                }
+                Err(Error::OutOfMemory { requested, pool_size, max_size, .. }) => {
+                    assert_eq!((requested, max_size), (size, Some(48 << 20)));
+                    assert!(pool_size <= 48 << 20);
+                    assert_eq!(arena.used_bytes(), used, "a failed allocation changed nothing");
+                    ooms += 1;
+                }
+                Err(e) => panic!("step {step}: {e}"),
+            }
+        } else {
+            let (b, from) = blocks.swap_remove(rng.below(blocks.len() as u64) as usize);
+            let on = if rng.below(4) == 0 { rng.below(streams.len() as u64) as usize } else { from };
+            cross += (streams[on].id != streams[from].id) as u32;
+            let b = if rng.below(8) == 0 {
+                by_addr += 1;
+                Block::from_addr(b.addr(), b.size())
+            } else {
+                b
+            };
+            arena.deallocate(b, &streams[on]).unwrap_or_else(|e| panic!("step {step}: {e}"));
+            live.remove(&b).unwrap();
+        }
+        arena.check().unwrap_or_else(|v| panic!("step {step}: {v}"));
+    }
+    assert!(ooms > 0 && large > 1000 && by_addr > 1000 && cross > 1000, "{ooms} {large} {by_addr} {cross}");
+    assert_eq!(arena.arena_count(), 4);
+    for (b, s) in blocks.drain(..) {
+        arena.deallocate(b, &streams[s]).unwrap();
+        live.remove(&b).unwrap();
+    }
+    assert_eq!(arena.used_bytes(), 0);
+    // Each stream takes back its own arenas' superblocks.
+    for s in &streams {
+        arena.release(s).unwrap();
+    }
+    arena.check().unwrap();
+    assert_eq!(arena.held_bytes(), 0);
+    assert_eq!(arena.upstream_with(|u| u.outstanding()), 0);
+}
+
+#[test]
+fn threads_on_their_own_arenas_then_check() {
+    let config = small_config().max_arenas(16);
+    let arena = ArenaResource::with_config(BumpUpstream::new(1 << 40), config, &()).unwrap();
+    let streams: Vec<TestStream> =
+        vec![TestStream::new(0), TestStream::new(0), TestStream::new(5), TestStream::new(6)];
+    let barrier = Barrier::new(streams.len());
+    let leftovers: Vec<Vec<Block>> = std::thread::scope(|s| {
+        let handles: Vec<_> = streams
+            .iter()
+            .enumerate()
+            .map(|(t, stream)| {
+                let arena = &arena;
+                let barrier = &barrier;
+                s.spawn(move || {
+                    let mut rng = SplitMix64::new(t as u64);
+                    let mut mine = Vec::new();
+                    barrier.wait();
+                    for _ in 0..20_000 {
+                        if mine.is_empty() || rng.below(2) == 0 {
+                            let size = if rng.below(50) == 0 { 300 << 10 } else { 1 + rng.below(64 << 10) };
+                            mine.push(arena.allocate(req(size), stream).unwrap());
+                        } else {
+                            let b = mine.swap_remove(rng.below(mine.len() as u64) as usize);
+                            arena.deallocate(b, stream).unwrap();
+                        }
+                    }
+                    // All threads live at once: each default-stream thread has its arena.
+                    barrier.wait();
+                    mine
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    arena.check().unwrap();
+    // Two per-thread arenas for the default stream, one per other stream.
+    let owners: Vec<Owner> = arena.dump().arenas.iter().map(|a| a.owner).collect();
+    // Without `std` there is no thread identity: one arena for the default stream.
+    let per_thread = if cfg!(feature = "std") { 2 } else { 1 };
+    assert_eq!(owners.iter().filter(|o| matches!(o, Owner::Thread(_))).count(), per_thread, "{owners:?}");
+    assert!(owners.contains(&Owner::Stream(5)) && owners.contains(&Owner::Stream(6)));
+    // Free everything from this thread on the default stream: blocks go back
+    // to the arenas they came from; other streams' blocks make it synchronize.
+    let main = TestStream::new(0);
+    let n: usize = leftovers.iter().map(Vec::len).sum();
+    let from_streams: usize = leftovers[2].len() + leftovers[3].len();
+    for b in leftovers.into_iter().flatten() {
+        arena.deallocate(b, &main).unwrap();
+    }
+    assert!(n > 0);
+    assert!(main.syncs() >= from_streams, "{} < {from_streams}", main.syncs());
+    arena.check().unwrap();
+    assert_eq!(arena.used_bytes(), 0);
+}
+
+#[test]
+fn a_block_goes_back_to_its_arena_and_cross_stream_frees_synchronize() {
+    let arena = ArenaResource::with_config(BumpUpstream::new(1 << 30), small_config(), &()).unwrap();
+    let (a, b) = (TestStream::new(1), TestStream::new(2));
+    let x = arena.allocate(req(1000), &a).unwrap();
+    let y = arena.allocate(req(1000), &b).unwrap();
+    // Different arenas: different superblocks.
+    assert!(x.addr().abs_diff(y.addr()) >= 1 << 20);
+    arena.deallocate(x, &a).unwrap();
+    assert_eq!(a.syncs(), 0, "a free on the block's own stream needs no synchronization");
+    arena.deallocate(y, &a).unwrap();
+    assert_eq!(a.syncs(), 1, "a free on another stream synchronizes it");
+    // Stream 2's arena got its block back: it reuses the same address.
+    let y2 = arena.allocate(req(1000), &b).unwrap();
+    assert_eq!(y2.addr(), y.addr());
+    let dump = arena.dump();
+    let s2 = dump.arenas.iter().find(|s| s.owner == Owner::Stream(2)).unwrap();
+    assert_eq!(s2.used, 1024);
+    // Large blocks come from the global arena; their free synchronizes.
+    let big = arena.allocate(req(2 << 20), &b).unwrap();
+    assert_eq!(arena.dump().large_blocks, 1);
+    arena.deallocate(big, &b).unwrap();
+    assert_eq!(b.syncs(), 1);
+    arena.deallocate(y2, &b).unwrap();
+    arena.check().unwrap();
+}
+
+#[test]
+fn failed_synchronize_changes_nothing() {
+    let arena = ArenaResource::with_config(BumpUpstream::new(1 << 30), small_config(), &()).unwrap();
+    let (a, b) = (TestStream::new(1), TestStream::new(2));
+    let x = arena.allocate(req(5000), &a).unwrap();
+    let big = arena.allocate(req(3 << 20), &a).unwrap();
+    b.fail.store(true, Ordering::Relaxed);
+    assert!(matches!(arena.deallocate(x, &b), Err(Error::Backend { code: 9, .. })));
+    assert!(matches!(arena.deallocate(big, &b), Err(Error::Backend { code: 9, .. })));
+    assert_eq!(arena.used_bytes(), 5120 + (3 << 20));
+    arena.check().unwrap();
+    arena.deallocate(x, &a).unwrap();
+    arena.deallocate(big, &a).unwrap();
+    assert_eq!(arena.used_bytes(), 0);
+}
+
+#[test]
+fn size_classes_and_thresholds() {
+    let arena = ArenaResource::new(BumpUpstream::new(1 << 30));
+    let s = TestStream::new(3);
+    let a = arena.allocate(req(2049), &s).unwrap();
+    assert_eq!(arena.used_bytes(), 2560);
+    let b = arena.allocate(req(1 << 20), &s).unwrap();
+    assert_eq!(arena.dump().large_blocks, 0, "1 MiB is still served by the arena, as in RMM");
+    let c = arena.allocate(req((1 << 20) + 1), &s).unwrap();
+    assert_eq!(arena.dump().large_blocks, 1);
+    assert_eq!(arena.used_bytes(), 2560 + (1 << 20) + (1 << 20) + 256);
+    // A small size with a large alignment that cannot fit a superblock goes global.
+    let d = arena.allocate(Request::aligned(4096, 16 << 20).unwrap(), &s).unwrap();
+    assert_eq!(d.addr() % (16 << 20), 0);
+    assert_eq!(arena.dump().large_blocks, 2);
+    for x in [a, b, c, d] {
+        arena.deallocate(x, &s).unwrap();
+    }
+    arena.check().unwrap();
+    let plain =
+        ArenaResource::with_config(BumpUpstream::new(1 << 30), ArenaConfig::new().size_classes(false), &())
+            .unwrap();
+    let e = plain.allocate(req(2049), &s).unwrap();
+    assert_eq!(plain.used_bytes(), 2304);
+    plain.deallocate(e, &s).unwrap();
+}
+
+#[test]
+fn double_free_foreign_block_and_size_mismatch() {
+    let arena = ArenaResource::with_config(BumpUpstream::new(1 << 30), small_config(), &()).unwrap();
+    let s = TestStream::new(0);
+    let a = arena.allocate(req(1000), &s).unwrap();
+    let keep = arena.allocate(req(1000), &s).unwrap();
+    let big = arena.allocate(req(2 << 20), &s).unwrap();
+    arena.deallocate(a, &s).unwrap();
+    assert_eq!(arena.deallocate(a, &s), Err(Error::DoubleFree { addr: a.addr() }));
+    assert_eq!(
+        arena.deallocate(Block::from_addr(a.addr(), 1000), &s),
+        Err(Error::DoubleFree { addr: a.addr() })
+    );
+    arena.deallocate(big, &s).unwrap();
+    assert_eq!(arena.deallocate(big, &s), Err(Error::DoubleFree { addr: big.addr() }));
+    // Foreign: an address no chunk holds, a forged tag naming an unused arena,
+    // a forged "large" tag on a superblock's first address.
+    assert_eq!(arena.deallocate(Block::from_addr(12, 1000), &s), Err(Error::UnknownBlock { addr: 12 }));
+    let forged = Block::new(keep.addr() + 256, 256, 7 << SLOT_SHIFT);
+    assert_eq!(arena.deallocate(forged, &s), Err(Error::UnknownBlock { addr: keep.addr() + 256 }));
+    let first = arena.dump();
+    let sb = Block::new(keep.addr(), 1 << 20, 0xff << SLOT_SHIFT);
+    assert!(arena.deallocate(sb, &s).is_err());
+    assert_eq!(arena.dump(), first);
+    assert_eq!(
+        arena.deallocate(Block::new(keep.addr(), 5000, keep.tag()), &s),
+        Err(Error::SizeMismatch { addr: keep.addr(), expected: 1024, given: 5000 })
+    );
+    assert_eq!(
+        arena.deallocate(Block::new(keep.addr(), u64::MAX, keep.tag()), &s),
+        Err(Error::UnknownBlock { addr: keep.addr() })
+    );
+    arena.check().unwrap();
+    assert_eq!(arena.used_bytes(), 1024);
+    arena.deallocate(keep, &s).unwrap();
+    assert_eq!(arena.used_bytes(), 0);
+    arena.check().unwrap();
+}
+
+#[test]
+fn zero_and_huge_sizes() {
+    let arena = ArenaResource::new(BumpUpstream::new(1 << 30));
+    let s = TestStream::new(4);
+    assert_eq!(arena.allocate(req(0), &s), Ok(Block::EMPTY));
+    assert_eq!(arena.deallocate(Block::EMPTY, &s), Ok(()));
+    let err = arena.allocate(req(Request::MAX_SIZE), &s).unwrap_err();
+    assert!(matches!(err, Error::OutOfMemory { requested, .. } if requested == Request::MAX_SIZE), "{err}");
+    assert_eq!(arena.held_bytes(), 0);
+    arena.check().unwrap();
+    let b = arena.allocate(req(100), &s).unwrap();
+    arena.deallocate(b, &s).unwrap();
+}
+
+#[test]
+fn upstream_failure_while_growing_changes_nothing() {
+    let config = small_config().initial_size(4 << 20);
+    let arena = ArenaResource::with_config(BumpUpstream::new(1 << 30), config, &()).unwrap();
+    let s = TestStream::new(0);
+    let mut blocks = Vec::new();
+    // Fill the first chunk (4 superblocks of 1 MiB, 4 blocks each).
+    for _ in 0..16 {
+        blocks.push(arena.allocate(req(200 << 10), &s).unwrap());
+    }
+    assert_eq!(arena.held_bytes(), 4 << 20);
+    arena.upstream_with(|u| u.fail_after(0));
+    let before = arena.dump();
+    assert!(matches!(arena.allocate(req(200 << 10), &s), Err(Error::Backend { .. })));
+    assert!(matches!(arena.allocate(req(3 << 20), &s), Err(Error::Backend { .. })));
+    assert_eq!(arena.dump(), before);
+    arena.check().unwrap();
+    arena.upstream_with(|u| u.fail_after(u64::MAX));
+    blocks.push(arena.allocate(req(200 << 10), &s).unwrap());
+    assert_eq!(arena.held_bytes(), 8 << 20);
+    for b in blocks {
+        arena.deallocate(b, &s).unwrap();
+    }
+    arena.check().unwrap();
+}
+
+static DUMPS: AtomicUsize = AtomicUsize::new(0);
+fn count_dump(d: &ArenaDump) {
+    assert!(d.requested.is_some() && !d.arenas.is_empty());
+    assert!(d.to_string().contains("out of memory"));
+    DUMPS.fetch_add(1, Ordering::Relaxed);
+}
+
+#[test]
+fn out_of_memory_with_figures_and_dump_then_usable_again() {
+    let config = small_config().maximum_size(4 << 20).dump_on_failure(DumpTarget::Callback(count_dump));
+    let arena = ArenaResource::with_config(BumpUpstream::new(1 << 30), config, &()).unwrap();
+    let s = TestStream::new(0);
+    let mut blocks = Vec::new();
+    for _ in 0..16 {
+        blocks.push(arena.allocate(req(200 << 10), &s).unwrap());
+    }
+    let err = arena.allocate(req(200 << 10), &s).unwrap_err();
+    assert_eq!(
+        err,
+        Error::OutOfMemory {
+            requested: 200 << 10,
+            largest_free: 128 << 10,
+            pool_size: 4 << 20,
+            max_size: Some(4 << 20)
+        }
+    );
+    assert_eq!(DUMPS.load(Ordering::Relaxed), 1);
+    let dump = arena.dump();
+    assert_eq!(dump.arenas[0].superblocks, 4);
+    // 224 KiB classes: 4 superblocks, each with a 128 KiB tail: fragmentation 1 - 128/512.
+    assert!((dump.arenas[0].fragmentation() - 0.75).abs() < 1e-9);
+    arena.check().unwrap();
+    for b in blocks.drain(..8) {
+        arena.deallocate(b, &s).unwrap();
+    }
+    // Two superblocks are wholly free again: a 2 MiB large block needs them
+    // back in the global arena, coalesced.
+    let big = arena.allocate(req(2 << 20), &s).unwrap();
+    assert_eq!(arena.dump().arenas[0].superblocks, 2);
+    arena.check().unwrap();
+    arena.deallocate(big, &s).unwrap();
+    for b in blocks {
+        arena.deallocate(b, &s).unwrap();
+    }
+    assert_eq!(arena.used_bytes(), 0);
+    arena.check().unwrap();
+}
+
+#[test]
+fn default_stream_threads_take_back_each_others_free_superblocks() {
+    let config = small_config().maximum_size(4 << 20);
+    let arena = ArenaResource::with_config(BumpUpstream::new(1 << 30), config, &()).unwrap();
+    // A thread fills everything on the default stream, then frees it: its
+    // arena keeps the superblocks.
+    std::thread::scope(|sc| {
+        sc.spawn(|| {
+            let blocks: Vec<Block> = (0..16).map(|_| arena.allocate(req(200 << 10), &()).unwrap()).collect();
+            for b in blocks {
+                arena.deallocate(b, &()).unwrap();
+            }
+        });
+    });
+    assert_eq!(arena.dump().arenas[0].free_superblocks, 4);
+    // Another thread (this one) can still allocate: the free superblocks come back.
+    let b = arena.allocate(req(3 << 20), &()).unwrap();
+    arena.check().unwrap();
+    arena.deallocate(b, &()).unwrap();
+}
+
+static SYNC_ALL: AtomicUsize = AtomicUsize::new(0);
+fn sync_all() -> Result<()> {
+    SYNC_ALL.fetch_add(1, Ordering::Relaxed);
+    Ok(())
+}
+
+#[test]
+fn other_streams_superblocks_only_with_synchronize_all() {
+    for with_hook in [false, true] {
+        let mut config = small_config().maximum_size(2 << 20);
+        if with_hook {
+            config = config.synchronize_all(sync_all);
+        }
+        let arena = ArenaResource::with_config(BumpUpstream::new(1 << 30), config, &()).unwrap();
+        let (a, b) = (TestStream::new(1), TestStream::new(2));
+        let blocks: Vec<Block> = (0..8).map(|_| arena.allocate(req(200 << 10), &a).unwrap()).collect();
+        for x in blocks {
+            arena.deallocate(x, &a).unwrap();
+        }
+        let r = arena.allocate(req(1000), &b);
+        assert_eq!(r.is_ok(), with_hook, "{r:?}");
+        arena.check().unwrap();
+        if let Ok(x) = r {
+            assert_eq!(SYNC_ALL.load(Ordering::Relaxed), 1);
+            arena.deallocate(x, &b).unwrap();
+        }
+        // Stream 1 takes back its own superblocks (and, with the hook, stream 2's).
+        let big = arena.allocate(req(2 << 20), &a).unwrap();
+        arena.deallocate(big, &a).unwrap();
+        arena.check().unwrap();
+    }
+}
+
+#[test]
+fn arena_table_full_is_a_typed_error() {
+    let arena =
+        ArenaResource::with_config(BumpUpstream::new(1 << 30), small_config().max_arenas(2), &()).unwrap();
+    let s: Vec<TestStream> = (1..=3).map(TestStream::new).collect();
+    let a = arena.allocate(req(10), &s[0]).unwrap();
+    let b = arena.allocate(req(10), &s[1]).unwrap();
+    assert_eq!(arena.allocate(req(10), &s[2]), Err(Error::CapacityExhausted { capacity: 2 }));
+    // Large requests need no arena.
+    let c = arena.allocate(req(2 << 20), &s[2]).unwrap();
+    for (x, st) in [(a, &s[0]), (b, &s[1]), (c, &s[2])] {
+        arena.deallocate(x, st).unwrap();
+    }
+    arena.check().unwrap();
+}
+
+#[test]
+fn invalid_configs_are_refused() {
+    let up = || BumpUpstream::new(1 << 30);
+    for c in [
+        ArenaConfig::new().superblock_size(512 << 10),
+        ArenaConfig::new().superblock_size((1 << 20) + 1),
+        ArenaConfig::new().chunk_size(1 << 20),
+        ArenaConfig::new().initial_size(8 << 20).maximum_size(4 << 20),
+        ArenaConfig::new().large_threshold(16 << 20),
+        ArenaConfig::new().max_arenas(0),
+        ArenaConfig::new().max_arenas(256),
+    ] {
+        assert!(
+            matches!(ArenaResource::with_config(up(), c, &()), Err(Error::InvalidConfig { .. })),
+            "{c:?}"
+        );
+    }
+}
+
+#[test]
+fn resource_is_send_and_sync() {
+    fn assert_send_sync<T: Send + Sync>() {}
+    assert_send_sync::<ArenaResource<BumpUpstream>>();
+    #[cfg(feature = "std")]
+    assert_send_sync::<ArenaResource<BumpUpstream, crate::lock::StdLock>>();
+}
+
+#[test]
+fn free_chunks_go_upstream_to_make_room_for_a_larger_one_under_the_maximum() {
+    let config = small_config().chunk_size(1 << 20).maximum_size(2 << 20);
+    let arena = ArenaResource::with_config(BumpUpstream::new(1 << 30), config, &()).unwrap();
+    let s = TestStream::new(3);
+    // A superblock in one chunk, a large block in the other.
+    let a = arena.allocate(req(1000), &s).unwrap();
+    let b = arena.allocate(req(700 << 10), &s).unwrap();
+    assert_eq!((arena.held_bytes(), arena.dump().chunks, arena.dump().large_blocks), (2 << 20, 2, 1));
+    // Two 1 MiB chunks can never hold a 2 MiB block, even when free.
+    assert!(matches!(arena.allocate(req(2 << 20), &s), Err(Error::OutOfMemory { .. })));
+    for x in [a, b] {
+        arena.deallocate(x, &s).unwrap();
+    }
+    let big = arena.allocate(req(2 << 20), &s).unwrap();
+    assert_eq!((arena.held_bytes(), arena.dump().chunks), (2 << 20, 1));
+    assert_eq!(arena.upstream_with(|u| u.outstanding()), 2 << 20);
+    arena.check().unwrap();
+    arena.deallocate(big, &s).unwrap();
+    arena.check().unwrap();
+}
