@@ -8,6 +8,8 @@
 //! stream type, so the core's algorithms can be tested, fuzzed and measured
 //! without a GPU.
 
+mod host;
 mod sim;
 
+pub use host::HostMemory;
 pub use sim::SimDevice;
