@@ -1,1 +1,3 @@
 //! Benchmarks and the memres command-line tool.
+
+pub mod workload;
