@@ -1,0 +1,181 @@
+//! The replay engine: drives one resource through a decoded [`Workload`].
+//!
+//! The loop is generic over the resource ([`Replayer`]), so each
+//! resource's allocate and free are direct, inlinable calls; it walks the
+//! ops with a table of handles indexed by id and does no parsing, hashing
+//! or I/O. One untimed warm-up pass runs first (a pool grows to its working
+//! size there, as in RMM's harness), then the timed pass.
+
+use crate::workload::Workload;
+use memres_core::Error;
+use std::fmt;
+use std::time::{Duration, Instant};
+
+#[cfg(test)]
+mod tests;
+
+/// Sizes are rounded up to this many bytes for every resource.
+pub const GRANULE: u64 = 256;
+
+/// A resource as the replay loop sees it.
+pub trait Replayer {
+    /// What an allocation hands back and its free takes, kept per id.
+    type Handle: Copy;
+
+    /// The handle of an id not allocated yet.
+    fn vacant(&self) -> Self::Handle;
+
+    /// Allocates `size` bytes (rounded up to [`GRANULE`]) on `stream`.
+    ///
+    /// # Errors
+    ///
+    /// The resource's error, e.g. [`Error::OutOfMemory`].
+    fn allocate(&mut self, size: u64, stream: u16) -> Result<Self::Handle, Error>;
+
+    /// Frees what `allocate(size, ..)` handed back, on `stream`.
+    ///
+    /// # Errors
+    ///
+    /// The resource's error.
+    fn deallocate(&mut self, handle: Self::Handle, size: u64, stream: u16) -> Result<(), Error>;
+
+    /// The most bytes held from upstream at once so far: for a resource
+    /// over an upstream, the upstream's peak; for one that manages offsets
+    /// in a range of its own, the highest end offset it handed out.
+    fn peak_upstream(&self) -> u64;
+}
+
+/// What one replay measured.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Measurement {
+    /// Ops in the timed pass.
+    pub ops: u64,
+    /// Wall time of the timed pass.
+    pub elapsed: Duration,
+    /// The most bytes (as requested) live at once.
+    pub peak_live: u64,
+    /// The most bytes held from upstream at once (warm-up included).
+    pub peak_upstream: u64,
+}
+
+impl Measurement {
+    /// Nanoseconds per op of the timed pass.
+    pub fn ns_per_op(&self) -> f64 {
+        if self.ops == 0 {
+            return 0.0;
+        }
+        self.elapsed.as_secs_f64() * 1e9 / self.ops as f64
+    }
+
+    /// Peak bytes held from upstream per peak byte live (`None` when
+    /// nothing was ever live).
+    pub fn footprint(&self) -> Option<f64> {
+        (self.peak_live > 0).then(|| self.peak_upstream as f64 / self.peak_live as f64)
+    }
+}
+
+/// A replay that stopped: the op that failed and why.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ReplayError {
+    /// Index of the failing op in the workload.
+    pub op: usize,
+    /// Whether it was an allocation.
+    pub alloc: bool,
+    /// Its size.
+    pub size: u64,
+    /// The resource's error.
+    pub error: Error,
+}
+
+impl fmt::Display for ReplayError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let what = if self.alloc { "allocation" } else { "free" };
+        write!(f, "op {} ({what} of {} bytes) failed: {}", self.op, self.size, self.error)
+    }
+}
+
+impl std::error::Error for ReplayError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&self.error)
+    }
+}
+
+/// Ops between two calls of the progress callback (and two clock reads).
+pub const CHUNK: usize = 1 << 16;
+
+/// Replays `workload` on `resource`: a warm-up pass, then the timed pass.
+/// `progress` is told how many ops each chunk of [`CHUNK`] ops did, outside
+/// the timed regions.
+///
+/// # Errors
+///
+/// The first op that fails, with the resource's error; the resource may
+/// then hold blocks of the workload.
+pub fn replay<R: Replayer>(
+    resource: &mut R,
+    workload: &Workload,
+    progress: &mut dyn FnMut(usize),
+) -> Result<Measurement, ReplayError> {
+    let mut handles = vec![resource.vacant(); workload.ids as usize];
+    run_pass(resource, workload, &mut handles, progress)?;
+    let elapsed = run_pass(resource, workload, &mut handles, progress)?;
+    Ok(Measurement {
+        ops: workload.ops.len() as u64,
+        elapsed,
+        peak_live: workload.peak_live,
+        peak_upstream: resource.peak_upstream(),
+    })
+}
+
+/// One pass over the ops, timed in chunks of [`CHUNK`].
+///
+/// # Errors
+///
+/// As [`replay`].
+pub fn run_pass<R: Replayer>(
+    resource: &mut R,
+    workload: &Workload,
+    handles: &mut [R::Handle],
+    progress: &mut dyn FnMut(usize),
+) -> Result<Duration, ReplayError> {
+    let mut elapsed = Duration::ZERO;
+    for (c, chunk) in workload.ops.chunks(CHUNK).enumerate() {
+        let start = Instant::now();
+        for (i, op) in chunk.iter().enumerate() {
+            let slot = &mut handles[op.id as usize];
+            let done = if op.alloc {
+                resource.allocate(op.size, op.stream).map(|h| *slot = h)
+            } else {
+                resource.deallocate(*slot, op.size, op.stream)
+            };
+            if let Err(error) = done {
+                return Err(ReplayError { op: c * CHUNK + i, alloc: op.alloc, size: op.size, error });
+            }
+        }
+        elapsed += start.elapsed();
+        progress(chunk.len());
+    }
+    Ok(elapsed)
+}
+
+/// A replay pass with no progress and no timing, for benchmarks: the ops
+/// of `workload` in order.
+///
+/// # Errors
+///
+/// As [`replay`].
+#[inline]
+pub fn pass<R: Replayer>(resource: &mut R, workload: &Workload, handles: &mut [R::Handle]) -> Result<(), ReplayError> {
+    for (i, op) in workload.ops.iter().enumerate() {
+        let slot = &mut handles[op.id as usize];
+        let done = if op.alloc {
+            resource.allocate(op.size, op.stream).map(|h| *slot = h)
+        } else {
+            resource.deallocate(*slot, op.size, op.stream)
+        };
+        if let Err(error) = done {
+            return Err(ReplayError { op: i, alloc: op.alloc, size: op.size, error });
+        }
+    }
+    Ok(())
+}
