@@ -165,7 +165,11 @@ pub fn run_pass<R: Replayer>(
 ///
 /// As [`replay`].
 #[inline]
-pub fn pass<R: Replayer>(resource: &mut R, workload: &Workload, handles: &mut [R::Handle]) -> Result<(), ReplayError> {
+pub fn pass<R: Replayer>(
+    resource: &mut R,
+    workload: &Workload,
+    handles: &mut [R::Handle],
+) -> Result<(), ReplayError> {
     for (i, op) in workload.ops.iter().enumerate() {
         let slot = &mut handles[op.id as usize];
         let done = if op.alloc {

@@ -5,6 +5,9 @@ use crate::replay::Measurement;
 use crate::resources::UpstreamKind;
 use std::fmt::Write;
 
+#[cfg(test)]
+mod tests;
+
 /// One (workload, resource) result.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Row {
@@ -38,7 +41,8 @@ pub fn human_bytes(bytes: u64) -> String {
 
 /// The rows as an aligned text table; a failed replay's row says why.
 pub fn table(rows: &[Row]) -> String {
-    let header = ["resource", "workload", "ops", "ns/op", "peak live", "peak upstream", "footprint", "stray frees"];
+    let header =
+        ["resource", "workload", "ops", "ns/op", "peak live", "peak upstream", "footprint", "stray frees"];
     let mut cells: Vec<Vec<String>> = vec![header.iter().map(|s| s.to_string()).collect()];
     let mut errors = Vec::new();
     for row in rows {
@@ -114,11 +118,8 @@ fn json_f64(x: f64) -> String {
 /// for a failed replay), `upstream`, `skipped_frees`, and `error` for a
 /// failed replay.
 pub fn json_line(row: &Row) -> String {
-    let mut out = format!(
-        "{{\"resource\":{},\"workload\":{},",
-        json_string(&row.resource),
-        json_string(&row.workload)
-    );
+    let mut out =
+        format!("{{\"resource\":{},\"workload\":{},", json_string(&row.resource), json_string(&row.workload));
     match &row.outcome {
         Ok(m) => {
             let _ = write!(

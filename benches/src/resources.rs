@@ -95,6 +95,10 @@ fn run<B: Build>(
     }
 }
 
+/// Replays a workload on a fresh resource over an upstream, telling a
+/// progress callback how many ops each chunk did.
+pub type RunFn = fn(&Workload, UpstreamKind, &mut dyn FnMut(usize)) -> Result<Measurement, ReplayError>;
+
 /// One entry of the registry.
 #[derive(Clone, Copy)]
 pub struct Resource {
@@ -103,7 +107,7 @@ pub struct Resource {
     /// One line on what it is.
     pub about: &'static str,
     /// Replays a workload on a fresh instance over an upstream.
-    pub run: fn(&Workload, UpstreamKind, &mut dyn FnMut(usize)) -> Result<Measurement, ReplayError>,
+    pub run: RunFn,
 }
 
 impl fmt::Debug for Resource {
@@ -197,10 +201,7 @@ impl Build for OffsetAllocator {
     fn build<U: Upstream>(_: U, workload: &Workload) -> OffsetReplayer {
         // Each live allocation and each free gap between them is a node.
         let nodes = (workload.peak_live_count as u64 * 2 + 1024).min(u32::MAX as u64 - 2) as u32;
-        OffsetReplayer {
-            inner: offset_allocator::Allocator::with_max_allocs(u32::MAX, nodes),
-            peak_end: 0,
-        }
+        OffsetReplayer { inner: offset_allocator::Allocator::with_max_allocs(u32::MAX, nodes), peak_end: 0 }
     }
 }
 

@@ -90,7 +90,9 @@ impl fmt::Display for WorkloadError {
         match self {
             WorkloadError::Spec { spec, what } => write!(f, "bad workload `{spec}`: {what}"),
             WorkloadError::Io { path, error } => write!(f, "cannot read trace {path}: {error}"),
-            WorkloadError::Malformed { path, line, what } => write!(f, "{path}:{line}: malformed line: {what}"),
+            WorkloadError::Malformed { path, line, what } => {
+                write!(f, "{path}:{line}: malformed line: {what}")
+            }
         }
     }
 }
@@ -241,7 +243,10 @@ pub fn generate(
             next += 1;
         } else {
             if live.is_empty() {
-                return Err(spec_error(name, format!("a size of {size} bytes exceeds the live cap of {cap}")));
+                return Err(spec_error(
+                    name,
+                    format!("a size of {size} bytes exceeds the live cap of {cap}"),
+                ));
             }
             let i = (rng.next_u64() % live.len() as u64) as usize;
             let (id, size) = live.swap_remove(i);
@@ -288,8 +293,7 @@ pub fn load_trace(path: &Path) -> Result<Workload, WorkloadError> {
 ///
 /// As [`load_trace`].
 pub fn parse_trace(name: &str, reader: impl BufRead) -> Result<Workload, WorkloadError> {
-    let malformed =
-        |line: u64, what: String| WorkloadError::Malformed { path: name.to_owned(), line, what };
+    let malformed = |line: u64, what: String| WorkloadError::Malformed { path: name.to_owned(), line, what };
     let mut ops = Vec::new();
     let mut live: HashMap<u64, (u32, u64, u16)> = HashMap::new();
     let mut replaced: Vec<(u32, u64, u16)> = Vec::new();
@@ -322,8 +326,9 @@ pub fn parse_trace(name: &str, reader: impl BufRead) -> Result<Workload, Workloa
         };
         match action {
             "allocate" => {
-                let size =
-                    size.parse::<u64>().map_err(|_| malformed(number, format!("size `{size}` is not a number")))?;
+                let size = size
+                    .parse::<u64>()
+                    .map_err(|_| malformed(number, format!("size `{size}` is not a number")))?;
                 if next == u32::MAX {
                     return Err(malformed(number, "more than 2^32 - 1 allocations".into()));
                 }

@@ -19,7 +19,12 @@ impl Replayer for Recorder {
     }
     fn allocate(&mut self, size: u64, stream: u16) -> Result<u64, Error> {
         if self.fail_at_call == Some(self.calls.len()) {
-            return Err(Error::OutOfMemory { requested: size, largest_free: 0, pool_size: 0, max_size: None });
+            return Err(Error::OutOfMemory {
+                requested: size,
+                largest_free: 0,
+                pool_size: 0,
+                max_size: None,
+            });
         }
         self.calls.push((true, size, stream));
         self.next += 1;
@@ -27,7 +32,11 @@ impl Replayer for Recorder {
         Ok(self.next)
     }
     fn deallocate(&mut self, handle: u64, size: u64, stream: u16) -> Result<(), Error> {
-        assert_eq!(self.live.remove(&handle), Some(size), "free of handle {handle} that is not live with this size");
+        assert_eq!(
+            self.live.remove(&handle),
+            Some(size),
+            "free of handle {handle} that is not live with this size"
+        );
         self.calls.push((false, size, stream));
         Ok(())
     }

@@ -27,7 +27,12 @@ fn check_well_formed(w: &Workload, cap: u64) {
             live += op.size;
             count += 1;
         } else {
-            assert_eq!(sizes[op.id as usize].take(), Some(op.size), "id {} freed twice or with another size", op.id);
+            assert_eq!(
+                sizes[op.id as usize].take(),
+                Some(op.size),
+                "id {} freed twice or with another size",
+                op.id
+            );
             live -= op.size;
             count -= 1;
         }
@@ -158,7 +163,11 @@ fn reused_pointer_replaces_the_live_one() {
 fn malformed_lines_name_their_line() {
     let cases = [
         ("0,1,allocate,0x10,12\n", 1, "expected 6 fields"),
-        ("Thread,Time,Action,Pointer,Size,Stream\n0,1,allocate,0x10,12,0\n0,2,allocate,zz,12,0\n", 3, "not a hex"),
+        (
+            "Thread,Time,Action,Pointer,Size,Stream\n0,1,allocate,0x10,12,0\n0,2,allocate,zz,12,0\n",
+            3,
+            "not a hex",
+        ),
         ("0,1,allocate,0x10,12,0\n0,1,allocate,0x20,-5,0\n", 2, "not a number"),
         ("0,1,allocate,0x10,12,0\n\n0,1,resize,0x10,12,0\n", 3, "unknown action `resize`"),
     ];
