@@ -4,7 +4,9 @@
 //! resource's allocate and free are direct, inlinable calls; it walks the
 //! ops with a table of handles indexed by id and does no parsing, hashing
 //! or I/O. One untimed warm-up pass runs first (a pool grows to its working
-//! size there, as in RMM's harness), then the timed pass.
+//! size there, as in RMM's harness), then the timed passes: one by default,
+//! as in RMM's harness; more give the median pass, which a busy machine
+//! disturbs less on short workloads.
 
 use crate::workload::Workload;
 use memres_core::Error;
@@ -48,9 +50,11 @@ pub trait Replayer {
 /// What one replay measured.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Measurement {
-    /// Ops in the timed pass.
+    /// Ops in one pass.
     pub ops: u64,
-    /// Wall time of the timed pass.
+    /// Timed passes run.
+    pub passes: u32,
+    /// Wall time of the median timed pass.
     pub elapsed: Duration,
     /// The most bytes (as requested) live at once.
     pub peak_live: u64,
@@ -59,7 +63,7 @@ pub struct Measurement {
 }
 
 impl Measurement {
-    /// Nanoseconds per op of the timed pass.
+    /// Nanoseconds per op of the median timed pass.
     pub fn ns_per_op(&self) -> f64 {
         if self.ops == 0 {
             return 0.0;
@@ -103,9 +107,9 @@ impl std::error::Error for ReplayError {
 /// Ops between two calls of the progress callback (and two clock reads).
 pub const CHUNK: usize = 1 << 16;
 
-/// Replays `workload` on `resource`: a warm-up pass, then the timed pass.
-/// `progress` is told how many ops each chunk of [`CHUNK`] ops did, outside
-/// the timed regions.
+/// Replays `workload` on `resource`: a warm-up pass, then `passes` timed
+/// passes (at least one). `progress` is told how many ops each chunk of
+/// [`CHUNK`] ops did, outside the timed regions.
 ///
 /// # Errors
 ///
@@ -114,14 +118,21 @@ pub const CHUNK: usize = 1 << 16;
 pub fn replay<R: Replayer>(
     resource: &mut R,
     workload: &Workload,
+    passes: u32,
     progress: &mut dyn FnMut(usize),
 ) -> Result<Measurement, ReplayError> {
+    let passes = passes.max(1);
     let mut handles = vec![resource.vacant(); workload.ids as usize];
     run_pass(resource, workload, &mut handles, progress)?;
-    let elapsed = run_pass(resource, workload, &mut handles, progress)?;
+    let mut times = Vec::with_capacity(passes as usize);
+    for _ in 0..passes {
+        times.push(run_pass(resource, workload, &mut handles, progress)?);
+    }
+    times.sort_unstable();
     Ok(Measurement {
         ops: workload.ops.len() as u64,
-        elapsed,
+        passes,
+        elapsed: times[times.len() / 2],
         peak_live: workload.peak_live,
         peak_upstream: resource.peak_upstream(),
     })

@@ -69,6 +69,21 @@ impl fmt::Display for UpstreamKind {
     }
 }
 
+/// How the tool runs each replay.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RunOptions {
+    /// Where memres resources take memory from.
+    pub upstream: UpstreamKind,
+    /// Timed passes after the warm-up (the median is reported).
+    pub passes: u32,
+}
+
+impl Default for RunOptions {
+    fn default() -> Self {
+        RunOptions { upstream: UpstreamKind::Sim, passes: 1 }
+    }
+}
+
 /// Builds a resource for one workload over an upstream.
 pub trait Build {
     /// The resource over an upstream of type `U`.
@@ -84,20 +99,22 @@ pub trait Build {
 /// upstream.
 fn run<B: Build>(
     workload: &Workload,
-    upstream: UpstreamKind,
+    options: &RunOptions,
     progress: &mut dyn FnMut(usize),
 ) -> Result<Measurement, ReplayError> {
-    match upstream {
+    let passes = options.passes;
+    match options.upstream {
         UpstreamKind::Sim => {
-            replay(&mut B::build(SimDevice::new(UpstreamKind::SIM_CAPACITY), workload), workload, progress)
+            let upstream = SimDevice::new(UpstreamKind::SIM_CAPACITY);
+            replay(&mut B::build(upstream, workload), workload, passes, progress)
         }
-        UpstreamKind::Host => replay(&mut B::build(HostMemory::new(), workload), workload, progress),
+        UpstreamKind::Host => replay(&mut B::build(HostMemory::new(), workload), workload, passes, progress),
     }
 }
 
-/// Replays a workload on a fresh resource over an upstream, telling a
+/// Replays a workload on a fresh resource as the options say, telling a
 /// progress callback how many ops each chunk did.
-pub type RunFn = fn(&Workload, UpstreamKind, &mut dyn FnMut(usize)) -> Result<Measurement, ReplayError>;
+pub type RunFn = fn(&Workload, &RunOptions, &mut dyn FnMut(usize)) -> Result<Measurement, ReplayError>;
 
 /// One entry of the registry.
 #[derive(Clone, Copy)]
@@ -106,7 +123,7 @@ pub struct Resource {
     pub name: &'static str,
     /// One line on what it is.
     pub about: &'static str,
-    /// Replays a workload on a fresh instance over an upstream.
+    /// Replays a workload on a fresh instance.
     pub run: RunFn,
 }
 

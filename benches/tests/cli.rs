@@ -158,3 +158,14 @@ fn resources_are_listed() {
         assert!(out.lines().any(|l| l.starts_with(name)), "{out}");
     }
 }
+
+#[test]
+fn passes_are_counted_and_must_be_positive() {
+    let o = memres(&["replay", "--json", "--passes", "3", "-r", "pool", "random:300:5000:2"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let rows = json_rows(&o);
+    assert_eq!((rows[0]["passes"].as_u64(), rows[0]["ops"].as_u64()), (Some(3), Some(600)));
+    let o = memres(&["replay", "--passes", "0", "random:300:5000:2"]);
+    assert!(!o.status.success());
+    assert_eq!(stdout(&o), "");
+}

@@ -4,7 +4,7 @@
 use clap::{Parser, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
 use memres_bench::report::{json_line, table, Row};
-use memres_bench::resources::{find, Resource, UpstreamKind, RESOURCES};
+use memres_bench::resources::{find, Resource, RunOptions, UpstreamKind, RESOURCES};
 use memres_bench::workload::Workload;
 use std::io::IsTerminal;
 use std::process::ExitCode;
@@ -33,6 +33,9 @@ enum Command {
         /// 1 TiB device) or `host` (real host memory).
         #[arg(long, default_value = "sim")]
         upstream: UpstreamKind,
+        /// Timed passes after the warm-up pass; ns/op is the median pass's.
+        #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
+        passes: u32,
         /// Print JSON lines instead of a table.
         #[arg(long)]
         json: bool,
@@ -53,8 +56,8 @@ fn main() -> ExitCode {
             }
             ExitCode::SUCCESS
         }
-        Command::Replay { resource, upstream, json, workloads } => {
-            match replay(&resource, upstream, json, &workloads) {
+        Command::Replay { resource, upstream, passes, json, workloads } => {
+            match replay(&resource, RunOptions { upstream, passes }, json, &workloads) {
                 Ok(true) => ExitCode::SUCCESS,
                 Ok(false) => ExitCode::FAILURE,
                 Err(message) => {
@@ -68,7 +71,7 @@ fn main() -> ExitCode {
 
 /// Runs every replay, then prints every row. `Ok(false)`: some replay
 /// failed (its row says why); `Err`: nothing ran.
-fn replay(names: &[String], upstream: UpstreamKind, json: bool, specs: &[String]) -> Result<bool, String> {
+fn replay(names: &[String], options: RunOptions, json: bool, specs: &[String]) -> Result<bool, String> {
     let resources: Vec<&Resource> = if names.is_empty() {
         RESOURCES.iter().collect()
     } else {
@@ -83,7 +86,7 @@ fn replay(names: &[String], upstream: UpstreamKind, json: bool, specs: &[String]
     for w in &workloads {
         for r in &resources {
             let bar = if show_progress && w.ops.len() >= 1 << 20 {
-                let bar = ProgressBar::new(2 * w.ops.len() as u64)
+                let bar = ProgressBar::new((1 + options.passes as u64) * w.ops.len() as u64)
                     .with_message(format!("{} on {}", r.name, w.name));
                 if let Ok(style) = ProgressStyle::with_template("{msg} [{bar:40}] {pos}/{len} ops ({eta})") {
                     bar.set_style(style.progress_chars("=> "));
@@ -92,12 +95,12 @@ fn replay(names: &[String], upstream: UpstreamKind, json: bool, specs: &[String]
             } else {
                 ProgressBar::hidden()
             };
-            let outcome = (r.run)(w, upstream, &mut |n| bar.inc(n as u64)).map_err(|e| e.to_string());
+            let outcome = (r.run)(w, &options, &mut |n| bar.inc(n as u64)).map_err(|e| e.to_string());
             bar.finish_and_clear();
             rows.push(Row {
                 resource: r.name.to_owned(),
                 workload: w.name.clone(),
-                upstream,
+                upstream: options.upstream,
                 skipped_frees: w.skipped_frees,
                 outcome,
             });

@@ -55,7 +55,7 @@ fn replay_runs_warm_up_then_timed_pass_in_op_order() {
     let w = small();
     let mut r = Recorder::default();
     let mut seen = Vec::new();
-    let m = replay(&mut r, &w, &mut |n| seen.push(n)).unwrap();
+    let m = replay(&mut r, &w, 1, &mut |n| seen.push(n)).unwrap();
     let once: Vec<_> = w.ops.iter().map(|o| (o.alloc, o.size, o.stream)).collect();
     assert_eq!(r.calls, [once.clone(), once].concat());
     assert!(r.live.is_empty());
@@ -68,7 +68,7 @@ fn replay_runs_warm_up_then_timed_pass_in_op_order() {
 fn progress_comes_in_chunks() {
     let w = Workload::load("random:70000:1000:3").unwrap();
     let mut seen = Vec::new();
-    replay(&mut Recorder::default(), &w, &mut |n| seen.push(n)).unwrap();
+    replay(&mut Recorder::default(), &w, 1, &mut |n| seen.push(n)).unwrap();
     let tail = w.ops.len() - 2 * CHUNK;
     assert_eq!(w.ops.len(), 140_000);
     assert_eq!(seen, [CHUNK, CHUNK, tail, CHUNK, CHUNK, tail]);
@@ -78,7 +78,7 @@ fn progress_comes_in_chunks() {
 fn a_failing_op_stops_the_replay_with_its_index() {
     let w = small();
     let mut r = Recorder { fail_at_call: Some(6 + 3), ..Recorder::default() };
-    let err = replay(&mut r, &w, &mut |_| {}).unwrap_err();
+    let err = replay(&mut r, &w, 1, &mut |_| {}).unwrap_err();
     // Call 8 is the timed pass's op 3 (the warm-up made 6 calls).
     assert_eq!((err.op, err.alloc, err.size), (3, true, 300));
     assert!(err.to_string().starts_with("op 3 (allocation of 300 bytes) failed: out of memory"), "{err}");
@@ -96,8 +96,28 @@ fn pass_replays_once() {
 
 #[test]
 fn figures_of_an_empty_workload() {
-    let m = Measurement { ops: 0, elapsed: Duration::ZERO, peak_live: 0, peak_upstream: 0 };
+    let m = Measurement { ops: 0, passes: 1, elapsed: Duration::ZERO, peak_live: 0, peak_upstream: 0 };
     assert_eq!((m.ns_per_op(), m.footprint()), (0.0, None));
-    let m = Measurement { ops: 4, elapsed: Duration::from_nanos(100), peak_live: 10, peak_upstream: 20 };
+    let m = Measurement {
+        ops: 4,
+        passes: 1,
+        elapsed: Duration::from_nanos(100),
+        peak_live: 10,
+        peak_upstream: 20,
+    };
     assert_eq!((m.ns_per_op(), m.footprint()), (25.0, Some(2.0)));
+}
+
+#[test]
+fn more_passes_replay_more_and_report_one_pass() {
+    let w = small();
+    let mut r = Recorder::default();
+    let mut seen = 0;
+    let m = replay(&mut r, &w, 4, &mut |n| seen += n).unwrap();
+    assert_eq!(r.calls.len(), 5 * w.ops.len());
+    assert_eq!(seen, 5 * w.ops.len());
+    assert_eq!((m.ops, m.passes), (w.ops.len() as u64, 4));
+    // Zero passes means one.
+    let m = replay(&mut Recorder::default(), &w, 0, &mut |_| {}).unwrap();
+    assert_eq!(m.passes, 1);
 }

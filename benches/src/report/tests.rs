@@ -14,11 +14,17 @@ fn row(outcome: Result<Measurement, String>) -> Row {
 
 #[test]
 fn json_lines_escape_and_carry_every_key() {
-    let m = Measurement { ops: 10, elapsed: Duration::from_nanos(250), peak_live: 1000, peak_upstream: 1500 };
+    let m = Measurement {
+        ops: 10,
+        passes: 1,
+        elapsed: Duration::from_nanos(250),
+        peak_live: 1000,
+        peak_upstream: 1500,
+    };
     let line = json_line(&row(Ok(m)));
     assert_eq!(
         line,
-        r#"{"resource":"pool","workload":"a \"quoted\"\\path\n","ops":10,"ns_per_op":25,"peak_live":1000,"peak_upstream":1500,"footprint":1.5,"upstream":"sim","skipped_frees":7}"#
+        r#"{"resource":"pool","workload":"a \"quoted\"\\path\n","ops":10,"ns_per_op":25,"peak_live":1000,"peak_upstream":1500,"footprint":1.5,"passes":1,"upstream":"sim","skipped_frees":7}"#
     );
     let line = json_line(&row(Err("out of memory".into())));
     assert!(
@@ -30,8 +36,13 @@ fn json_lines_escape_and_carry_every_key() {
 
 #[test]
 fn table_aligns_columns_and_lists_errors() {
-    let m =
-        Measurement { ops: 10, elapsed: Duration::from_nanos(250), peak_live: 1000, peak_upstream: 3 << 20 };
+    let m = Measurement {
+        ops: 10,
+        passes: 1,
+        elapsed: Duration::from_nanos(250),
+        peak_live: 1000,
+        peak_upstream: 3 << 20,
+    };
     let mut rows = [row(Ok(m)), row(Err("boom".into()))];
     for r in &mut rows {
         r.workload = "random:1:2:3".into();

@@ -111,10 +111,11 @@ fn registry_runs_every_resource_and_failures_are_errors() {
     for r in RESOURCES {
         assert_eq!(find(r.name).unwrap().name, r.name);
         for up in [UpstreamKind::Sim, UpstreamKind::Host] {
-            let m = (r.run)(&w, up, &mut |_| {}).unwrap();
-            assert_eq!((m.ops, m.peak_live), (w.ops.len() as u64, w.peak_live));
+            let options = RunOptions { upstream: up, passes: 2 };
+            let m = (r.run)(&w, &options, &mut |_| {}).unwrap();
+            assert_eq!((m.ops, m.passes, m.peak_live), (w.ops.len() as u64, 2, w.peak_live));
             assert!(m.footprint().unwrap() >= 1.0);
-            let err = (r.run)(&huge, up, &mut |_| {}).unwrap_err();
+            let err = (r.run)(&huge, &options, &mut |_| {}).unwrap_err();
             assert_eq!((err.op, err.alloc), (0, true), "{}: {err}", r.name);
         }
     }
