@@ -133,7 +133,9 @@ impl fmt::Debug for Resource {
     }
 }
 
-const fn entry<B: Build>(name: &'static str, about: &'static str) -> Resource {
+/// A registry entry for a resource built by `B` and replayed by the generic
+/// engine over the chosen upstream.
+pub const fn entry<B: Build>(name: &'static str, about: &'static str) -> Resource {
     Resource { name, about, run: run::<B> }
 }
 
