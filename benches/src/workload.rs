@@ -315,13 +315,17 @@ pub fn parse_trace(name: &str, reader: impl BufRead) -> Result<Workload, Workloa
         let digits = pointer.strip_prefix("0x").or_else(|| pointer.strip_prefix("0X")).unwrap_or(pointer);
         let ptr = u64::from_str_radix(digits, 16)
             .map_err(|_| malformed(number, format!("pointer `{pointer}` is not a hex number")))?;
-        let stream = match streams.get(stream) {
-            Some(&s) => s,
+        // Streams are numbered when an op first uses them, so that skipped
+        // lines leave no gaps.
+        let mut intern = |name: &str| match streams.get(name) {
+            Some(&s) => Ok(s),
             None => {
                 let s = u16::try_from(streams.len())
-                    .map_err(|_| malformed(number, "more than 65536 distinct streams".into()))?;
-                streams.insert(stream.to_owned(), s);
-                s
+                    .ok()
+                    .filter(|&s| s < u16::MAX)
+                    .ok_or_else(|| malformed(number, "more than 65535 distinct streams".into()))?;
+                streams.insert(name.to_owned(), s);
+                Ok(s)
             }
         };
         match action {
@@ -332,6 +336,7 @@ pub fn parse_trace(name: &str, reader: impl BufRead) -> Result<Workload, Workloa
                 if next == u32::MAX {
                     return Err(malformed(number, "more than 2^32 - 1 allocations".into()));
                 }
+                let stream = intern(stream)?;
                 if let Some(old) = live.insert(ptr, (next, size, stream)) {
                     replaced.push(old);
                 }
@@ -341,7 +346,7 @@ pub fn parse_trace(name: &str, reader: impl BufRead) -> Result<Workload, Workloa
             "free" => match live.remove(&ptr) {
                 // The free's own stream, which may differ from its
                 // allocation's: RMM lets a block be freed on another stream.
-                Some((id, size, _)) => ops.push(Op { size, id, stream, alloc: false }),
+                Some((id, size, _)) => ops.push(Op { size, id, stream: intern(stream)?, alloc: false }),
                 None => skipped += 1,
             },
             "allocate failure" => {}

@@ -216,3 +216,24 @@ fn shipped_traces_decode() {
         assert!(w.ids > 1000 && w.peak_live > 0);
     }
 }
+
+#[test]
+fn streams_are_numbered_by_first_use() {
+    // The stray free on stream `z` and the failed allocation on `y` use no
+    // stream number.
+    let t = "0,1,free,0x5,1,z\n0,2,allocate failure,0x0,9,y\n0,3,allocate,0x10,1,b\n0,4,allocate,0x20,1,a\n0,5,free,0x10,1,a\n";
+    let w = parse_trace("t", t.as_bytes()).unwrap();
+    let streams: Vec<u16> = w.ops.iter().map(|o| o.stream).collect();
+    assert_eq!(streams, [0, 1, 1, 1]);
+    assert_eq!((w.streams, w.skipped_frees), (2, 1));
+}
+
+#[test]
+fn too_many_streams_is_an_error() {
+    let mut t = String::new();
+    for i in 0..70_000u32 {
+        t.push_str(&format!("0,{i},allocate,{:#x},256,s{i}\n", 0x1000 + i as u64 * 256));
+    }
+    let err = parse_trace("many", t.as_bytes()).unwrap_err();
+    assert!(matches!(err, WorkloadError::Malformed { line: 65536, .. }), "{err}");
+}
