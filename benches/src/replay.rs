@@ -56,6 +56,9 @@ pub struct Measurement {
     pub passes: u32,
     /// Wall time of the median timed pass.
     pub elapsed: Duration,
+    /// Wall time of the fastest timed pass: on a busy machine, the one
+    /// least disturbed.
+    pub fastest: Duration,
     /// The most bytes (as requested) live at once.
     pub peak_live: u64,
     /// The most bytes held from upstream at once (warm-up included).
@@ -68,7 +71,15 @@ impl Measurement {
         if self.ops == 0 {
             return 0.0;
         }
-        self.elapsed.as_secs_f64() * 1e9 / self.ops as f64
+        self.elapsed.as_nanos() as f64 / self.ops as f64
+    }
+
+    /// Nanoseconds per op of the fastest timed pass.
+    pub fn best_ns_per_op(&self) -> f64 {
+        if self.ops == 0 {
+            return 0.0;
+        }
+        self.fastest.as_nanos() as f64 / self.ops as f64
     }
 
     /// Peak bytes held from upstream per peak byte live (`None` when
@@ -133,6 +144,7 @@ pub fn replay<R: Replayer>(
         ops: workload.ops.len() as u64,
         passes,
         elapsed: times[times.len() / 2],
+        fastest: times[0],
         peak_live: workload.peak_live,
         peak_upstream: resource.peak_upstream(),
     })

@@ -115,7 +115,8 @@ fn json_f64(x: f64) -> String {
 
 /// The row as one JSON object on one line: `resource`, `workload`, `ops`,
 /// `ns_per_op`, `peak_live`, `peak_upstream`, `footprint` (figures `null`
-/// for a failed replay), `passes` (timed passes, for a replay that ran),
+/// for a failed replay), `passes` and `best_ns_per_op` (the fastest
+/// pass's figure) for a replay that ran,
 /// `upstream`, `skipped_frees`, and `error` for a failed replay.
 pub fn json_line(row: &Row) -> String {
     let mut out =
@@ -124,13 +125,14 @@ pub fn json_line(row: &Row) -> String {
         Ok(m) => {
             let _ = write!(
                 out,
-                "\"ops\":{},\"ns_per_op\":{},\"peak_live\":{},\"peak_upstream\":{},\"footprint\":{},\"passes\":{},",
+                "\"ops\":{},\"ns_per_op\":{},\"peak_live\":{},\"peak_upstream\":{},\"footprint\":{},\"passes\":{},\"best_ns_per_op\":{},",
                 m.ops,
                 json_f64(m.ns_per_op()),
                 m.peak_live,
                 m.peak_upstream,
                 m.footprint().map_or("null".into(), json_f64),
-                m.passes
+                m.passes,
+                json_f64(m.best_ns_per_op())
             );
         }
         Err(_) => out.push_str(

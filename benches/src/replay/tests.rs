@@ -96,16 +96,24 @@ fn pass_replays_once() {
 
 #[test]
 fn figures_of_an_empty_workload() {
-    let m = Measurement { ops: 0, passes: 1, elapsed: Duration::ZERO, peak_live: 0, peak_upstream: 0 };
+    let m = Measurement {
+        ops: 0,
+        passes: 1,
+        elapsed: Duration::ZERO,
+        fastest: Duration::ZERO,
+        peak_live: 0,
+        peak_upstream: 0,
+    };
     assert_eq!((m.ns_per_op(), m.footprint()), (0.0, None));
     let m = Measurement {
         ops: 4,
         passes: 1,
         elapsed: Duration::from_nanos(100),
+        fastest: Duration::from_nanos(60),
         peak_live: 10,
         peak_upstream: 20,
     };
-    assert_eq!((m.ns_per_op(), m.footprint()), (25.0, Some(2.0)));
+    assert_eq!((m.ns_per_op(), m.best_ns_per_op(), m.footprint()), (25.0, 15.0, Some(2.0)));
 }
 
 #[test]
@@ -117,6 +125,7 @@ fn more_passes_replay_more_and_report_one_pass() {
     assert_eq!(r.calls.len(), 5 * w.ops.len());
     assert_eq!(seen, 5 * w.ops.len());
     assert_eq!((m.ops, m.passes), (w.ops.len() as u64, 4));
+    assert!(m.fastest <= m.elapsed);
     // Zero passes means one.
     let m = replay(&mut Recorder::default(), &w, 0, &mut |_| {}).unwrap();
     assert_eq!(m.passes, 1);

@@ -18,13 +18,14 @@ fn json_lines_escape_and_carry_every_key() {
         ops: 10,
         passes: 1,
         elapsed: Duration::from_nanos(250),
+        fastest: Duration::from_nanos(200),
         peak_live: 1000,
         peak_upstream: 1500,
     };
     let line = json_line(&row(Ok(m)));
     assert_eq!(
         line,
-        r#"{"resource":"pool","workload":"a \"quoted\"\\path\n","ops":10,"ns_per_op":25,"peak_live":1000,"peak_upstream":1500,"footprint":1.5,"passes":1,"upstream":"sim","skipped_frees":7}"#
+        r#"{"resource":"pool","workload":"a \"quoted\"\\path\n","ops":10,"ns_per_op":25,"peak_live":1000,"peak_upstream":1500,"footprint":1.5,"passes":1,"best_ns_per_op":20,"upstream":"sim","skipped_frees":7}"#
     );
     let line = json_line(&row(Err("out of memory".into())));
     assert!(
@@ -40,6 +41,7 @@ fn table_aligns_columns_and_lists_errors() {
         ops: 10,
         passes: 1,
         elapsed: Duration::from_nanos(250),
+        fastest: Duration::from_nanos(200),
         peak_live: 1000,
         peak_upstream: 3 << 20,
     };
