@@ -41,8 +41,17 @@ pub fn human_bytes(bytes: u64) -> String {
 
 /// The rows as an aligned text table; a failed replay's row says why.
 pub fn table(rows: &[Row]) -> String {
-    let header =
-        ["resource", "workload", "ops", "ns/op", "peak live", "peak upstream", "footprint", "stray frees"];
+    let header = [
+        "resource",
+        "workload",
+        "ops",
+        "ns/op",
+        "cpu ns/op",
+        "peak live",
+        "peak upstream",
+        "footprint",
+        "stray frees",
+    ];
     let mut cells: Vec<Vec<String>> = vec![header.iter().map(|s| s.to_string()).collect()];
     let mut errors = Vec::new();
     for row in rows {
@@ -51,12 +60,15 @@ pub fn table(rows: &[Row]) -> String {
             Ok(m) => line.extend([
                 m.ops.to_string(),
                 format!("{:.1}", m.ns_per_op()),
+                m.cpu_ns_per_op().map_or("-".into(), |c| format!("{c:.1}")),
                 human_bytes(m.peak_live),
                 human_bytes(m.peak_upstream),
                 m.footprint().map_or("-".into(), |f| format!("{f:.3}")),
             ]),
             Err(e) => {
-                line.extend(["FAILED".to_string(), "-".into(), "-".into(), "-".into(), "-".into()]);
+                // Every figure but the stray frees (the last column) is void.
+                line.push("FAILED".to_string());
+                line.extend(std::iter::repeat_n("-".to_string(), header.len() - 4));
                 errors.push(format!("{} on {}: {e}", row.resource, row.workload));
             }
         }
@@ -115,8 +127,9 @@ fn json_f64(x: f64) -> String {
 
 /// The row as one JSON object on one line: `resource`, `workload`, `ops`,
 /// `ns_per_op`, `peak_live`, `peak_upstream`, `footprint` (figures `null`
-/// for a failed replay), `passes` and `best_ns_per_op` (the fastest
-/// pass's figure) for a replay that ran,
+/// for a failed replay), `passes`, `best_ns_per_op` (the fastest pass's
+/// figure) and `cpu_ns_per_op` (`null` where not measured) for a replay
+/// that ran,
 /// `upstream`, `skipped_frees`, and `error` for a failed replay.
 pub fn json_line(row: &Row) -> String {
     let mut out =
@@ -125,14 +138,15 @@ pub fn json_line(row: &Row) -> String {
         Ok(m) => {
             let _ = write!(
                 out,
-                "\"ops\":{},\"ns_per_op\":{},\"peak_live\":{},\"peak_upstream\":{},\"footprint\":{},\"passes\":{},\"best_ns_per_op\":{},",
+                "\"ops\":{},\"ns_per_op\":{},\"peak_live\":{},\"peak_upstream\":{},\"footprint\":{},\"passes\":{},\"best_ns_per_op\":{},\"cpu_ns_per_op\":{},",
                 m.ops,
                 json_f64(m.ns_per_op()),
                 m.peak_live,
                 m.peak_upstream,
                 m.footprint().map_or("null".into(), json_f64),
                 m.passes,
-                json_f64(m.best_ns_per_op())
+                json_f64(m.best_ns_per_op()),
+                m.cpu_ns_per_op().map_or("null".into(), json_f64)
             );
         }
         Err(_) => out.push_str(

@@ -101,6 +101,7 @@ fn figures_of_an_empty_workload() {
         passes: 1,
         elapsed: Duration::ZERO,
         fastest: Duration::ZERO,
+        cpu: None,
         peak_live: 0,
         peak_upstream: 0,
     };
@@ -110,10 +111,12 @@ fn figures_of_an_empty_workload() {
         passes: 1,
         elapsed: Duration::from_nanos(100),
         fastest: Duration::from_nanos(60),
+        cpu: Some(Duration::from_nanos(80)),
         peak_live: 10,
         peak_upstream: 20,
     };
     assert_eq!((m.ns_per_op(), m.best_ns_per_op(), m.footprint()), (25.0, 15.0, Some(2.0)));
+    assert_eq!(m.cpu_ns_per_op(), Some(20.0));
 }
 
 #[test]
@@ -129,4 +132,20 @@ fn more_passes_replay_more_and_report_one_pass() {
     // Zero passes means one.
     let m = replay(&mut Recorder::default(), &w, 0, &mut |_| {}).unwrap();
     assert_eq!(m.passes, 1);
+}
+
+#[cfg(target_os = "linux")]
+#[test]
+fn cpu_time_is_measured_on_linux() {
+    let a = thread_cpu_time().unwrap();
+    // Burn a little CPU: the thread's clock moves forward.
+    let mut x = 0u64;
+    for i in 0..2_000_000u64 {
+        x = std::hint::black_box(x.wrapping_mul(31).wrapping_add(i));
+    }
+    let b = thread_cpu_time().unwrap();
+    assert!(b > a, "{a:?} -> {b:?} ({x})");
+    let w = Workload::load("random:1000:5000:1").unwrap();
+    let m = replay(&mut Recorder::default(), &w, 3, &mut |_| {}).unwrap();
+    assert!(m.cpu.is_some());
 }

@@ -19,13 +19,14 @@ fn json_lines_escape_and_carry_every_key() {
         passes: 1,
         elapsed: Duration::from_nanos(250),
         fastest: Duration::from_nanos(200),
+        cpu: Some(Duration::from_nanos(150)),
         peak_live: 1000,
         peak_upstream: 1500,
     };
     let line = json_line(&row(Ok(m)));
     assert_eq!(
         line,
-        r#"{"resource":"pool","workload":"a \"quoted\"\\path\n","ops":10,"ns_per_op":25,"peak_live":1000,"peak_upstream":1500,"footprint":1.5,"passes":1,"best_ns_per_op":20,"upstream":"sim","skipped_frees":7}"#
+        r#"{"resource":"pool","workload":"a \"quoted\"\\path\n","ops":10,"ns_per_op":25,"peak_live":1000,"peak_upstream":1500,"footprint":1.5,"passes":1,"best_ns_per_op":20,"cpu_ns_per_op":15,"upstream":"sim","skipped_frees":7}"#
     );
     let line = json_line(&row(Err("out of memory".into())));
     assert!(
@@ -42,6 +43,7 @@ fn table_aligns_columns_and_lists_errors() {
         passes: 1,
         elapsed: Duration::from_nanos(250),
         fastest: Duration::from_nanos(200),
+        cpu: Some(Duration::from_nanos(150)),
         peak_live: 1000,
         peak_upstream: 3 << 20,
     };
@@ -56,7 +58,10 @@ fn table_aligns_columns_and_lists_errors() {
     // Right-aligned figures: every line of the table is as long as the header.
     assert!(lines[..3].iter().all(|l| l.len() == lines[0].len()), "{text}");
     let cells: Vec<&str> = lines[1].split_whitespace().collect();
-    assert_eq!(cells, ["pool", "random:1:2:3", "10", "25.0", "1000", "B", "3.00", "MiB", "3145.728", "7"]);
+    assert_eq!(
+        cells,
+        ["pool", "random:1:2:3", "10", "25.0", "15.0", "1000", "B", "3.00", "MiB", "3145.728", "7"]
+    );
     assert!(lines[2].contains("FAILED"), "{text}");
     assert_eq!(lines[3], "error: pool on random:1:2:3: boom");
 }
