@@ -5,14 +5,18 @@
 //! has run before timing starts, as in the `memres replay` tool), so the
 //! figure per element is the cost of one op. Adding a resource is one line
 //! in `bench_workload`.
+//!
+//! With `MEMRES_BENCH_CLOCK=cpu` in the environment the benches time the
+//! thread's CPU time instead of wall time (Linux): on a machine shared
+//! with other work, wall time counts the waits for a core.
 
 use criterion::{criterion_group, criterion_main, BenchmarkGroup, Criterion, Throughput};
-use memres_bench::replay::{pass, Replayer};
+use memres_bench::replay::{pass, thread_cpu_time, Replayer};
 use memres_bench::resources::{Build, OffsetAllocator, Pool, RangeAlloc};
 use memres_bench::workload::Workload;
 use memres_host::SimDevice;
 use std::hint::black_box;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 const WORKLOADS: &[&str] = &[
     "random:100000:1048576:42",
@@ -31,8 +35,18 @@ fn bench_resource<B: Build>(
     let mut resource = B::build(SimDevice::new(1 << 40), w);
     let mut handles = vec![resource.vacant(); w.ids as usize];
     pass(&mut resource, w, &mut handles).expect("warm-up pass");
+    let cpu_clock = std::env::var("MEMRES_BENCH_CLOCK").is_ok_and(|c| c == "cpu");
     group.bench_function(name, |b| {
-        b.iter(|| pass(black_box(&mut resource), black_box(w), &mut handles).expect("replay pass"))
+        b.iter_custom(|iters| {
+            let (wall, cpu) = (Instant::now(), thread_cpu_time());
+            for _ in 0..iters {
+                pass(black_box(&mut resource), black_box(w), &mut handles).expect("replay pass");
+            }
+            match (cpu_clock, cpu, thread_cpu_time()) {
+                (true, Some(a), Some(b)) => b.saturating_sub(a),
+                _ => wall.elapsed(),
+            }
+        })
     });
 }
 
