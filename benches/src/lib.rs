@@ -1,1 +1,27 @@
 //! Benchmarks and the memres command-line tool.
+//!
+//! - [`workload`]: allocation sequences (generated as RMM's replay harness
+//!   does, or read from RMM log traces), decoded once into flat op lists.
+//! - [`replay`]: the engine that drives one resource through a workload and
+//!   measures ns per op, peak live bytes and peak upstream bytes.
+//! - [`resources`]: the resources compared and the registry naming them.
+//! - [`report`]: the rows the tool prints, as a table or JSON lines.
+//!
+//! # Example
+//!
+//! ```
+//! use memres_bench::resources::{find, RunOptions};
+//! use memres_bench::workload::Workload;
+//! let w = Workload::load("random:1000:65536:42")?;
+//! assert_eq!(w.ops.len(), 2000);
+//! let pool = find("pool")?;
+//! let m = (pool.run)(&w, &RunOptions::default(), &mut |_ops| {})?;
+//! assert_eq!(m.peak_live, w.peak_live);
+//! assert!(m.footprint().unwrap() >= 1.0);
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+
+pub mod replay;
+pub mod report;
+pub mod resources;
+pub mod workload;

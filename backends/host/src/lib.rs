@@ -16,6 +16,7 @@
 //! without a GPU.
 
 mod copy;
+mod host;
 mod log;
 mod order;
 mod sim;
@@ -24,6 +25,7 @@ mod stream;
 mod vspace;
 
 pub use copy::HostCopy;
+pub use host::HostMemory;
 pub use log::{parse_log, Action, LogRecord, Logging, LOG_HEADER};
 pub use order::{HbChecked, HbViolation};
 pub use sim::SimDevice;

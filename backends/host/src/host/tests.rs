@@ -1,0 +1,112 @@
+use super::HostMemory;
+use memres_core::testing::SplitMix64;
+use memres_core::{Block, Error, MemoryResource, Request};
+
+#[test]
+fn blocks_are_aligned_writable_and_counted() {
+    let host = HostMemory::new();
+    let mut blocks = Vec::new();
+    for (i, &(size, align)) in
+        [(1u64, 256u64), (256, 256), (257, 512), (5000, 1 << 16), (1 << 20, 4096)].iter().enumerate()
+    {
+        let b = host.allocate(Request::aligned(size, align).unwrap(), &()).unwrap();
+        assert_eq!(b.addr() % align, 0);
+        assert_eq!(b.size(), size);
+        // SAFETY: the block is `size` bytes of live memory from the global
+        // allocator that nothing else refers to.
+        let bytes = unsafe { std::slice::from_raw_parts_mut(b.addr() as *mut u8, size as usize) };
+        bytes.fill(i as u8);
+        blocks.push(b);
+    }
+    let held: u64 = [256u64, 256, 512, 5120, 1 << 20].iter().sum();
+    assert_eq!(host.held_bytes(), held);
+    assert_eq!(host.outstanding(), 5);
+    for (i, b) in blocks.iter().enumerate() {
+        // SAFETY: still live, as above.
+        let bytes = unsafe { std::slice::from_raw_parts(b.addr() as *const u8, b.size() as usize) };
+        assert!(bytes.iter().all(|&x| x == i as u8), "block {i} was overwritten");
+    }
+    for b in blocks {
+        host.deallocate(b, &()).unwrap();
+    }
+    assert_eq!((host.held_bytes(), host.peak_held_bytes(), host.outstanding()), (0, held, 0));
+    assert_eq!(host.call_counts(), (5, 5));
+}
+
+#[test]
+fn zero_sized_requests_take_nothing() {
+    let host = HostMemory::new();
+    let b = host.allocate(Request::new(0).unwrap(), &()).unwrap();
+    assert!(b.is_empty());
+    host.deallocate(b, &()).unwrap();
+    assert_eq!(host.call_counts(), (0, 0));
+}
+
+#[test]
+fn bad_frees_are_errors_and_change_nothing() {
+    let host = HostMemory::new();
+    let b = host.allocate(Request::new(1000).unwrap(), &()).unwrap();
+    let stray = Block::from_addr(b.addr() + 256, 256);
+    assert_eq!(host.deallocate(stray, &()), Err(Error::UnknownBlock { addr: b.addr() + 256 }));
+    let wrong_size = Block::from_addr(b.addr(), 999);
+    assert_eq!(
+        host.deallocate(wrong_size, &()),
+        Err(Error::SizeMismatch { addr: b.addr(), expected: 1000, given: 999 })
+    );
+    assert_eq!((host.held_bytes(), host.outstanding()), (1024, 1));
+    host.deallocate(b, &()).unwrap();
+    assert_eq!(host.deallocate(b, &()), Err(Error::UnknownBlock { addr: b.addr() }));
+    assert_eq!((host.held_bytes(), host.outstanding()), (0, 0));
+}
+
+#[test]
+fn impossible_requests_fail_cleanly() {
+    let host = HostMemory::new();
+    // Larger than any address space: the layout is refused or alloc fails.
+    let err = host.allocate(Request::new(Request::MAX_SIZE).unwrap(), &()).unwrap_err();
+    assert!(matches!(err, Error::InvalidSize { .. } | Error::OutOfMemory { .. }), "{err:?}");
+    assert_eq!((host.held_bytes(), host.outstanding()), (0, 0));
+    let b = host.allocate(Request::new(10).unwrap(), &()).unwrap();
+    host.deallocate(b, &()).unwrap();
+}
+
+#[test]
+fn random_sequence_keeps_exact_accounting() {
+    let host = HostMemory::new();
+    let mut rng = SplitMix64::new(3);
+    let mut live: Vec<Block> = Vec::new();
+    let mut expect_held = 0u64;
+    let mut peak = 0u64;
+    for _ in 0..2000 {
+        if live.is_empty() || rng.below(2) == 0 {
+            let size = 1 + rng.below(1 << 16);
+            let align = 256u64 << rng.below(5);
+            let b = host.allocate(Request::aligned(size, align).unwrap(), &()).unwrap();
+            assert_eq!(b.addr() % align, 0);
+            assert!(live.iter().all(|o| b.addr() + b.size() <= o.addr() || o.addr() + o.size() <= b.addr()));
+            expect_held += size.div_ceil(256) * 256;
+            live.push(b);
+        } else {
+            let b = live.swap_remove(rng.below(live.len() as u64) as usize);
+            host.deallocate(b, &()).unwrap();
+            expect_held -= b.size().div_ceil(256) * 256;
+        }
+        peak = peak.max(expect_held);
+        assert_eq!(host.held_bytes(), expect_held);
+        assert_eq!(host.outstanding(), live.len());
+    }
+    assert_eq!(host.peak_held_bytes(), peak);
+    // Dropping with blocks outstanding frees them (Miri/ASan would flag a leak).
+    drop(host);
+}
+
+#[test]
+fn reset_peak_restarts_from_held() {
+    let host = HostMemory::new();
+    let a = host.allocate(Request::new(4096).unwrap(), &()).unwrap();
+    let b = host.allocate(Request::new(256).unwrap(), &()).unwrap();
+    host.deallocate(a, &()).unwrap();
+    host.reset_peak();
+    assert_eq!(host.peak_held_bytes(), 256);
+    host.deallocate(b, &()).unwrap();
+}

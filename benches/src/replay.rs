@@ -1,0 +1,253 @@
+//! The replay engine: drives one resource through a decoded [`Workload`].
+//!
+//! The loop is generic over the resource ([`Replayer`]), so each
+//! resource's allocate and free are direct, inlinable calls; it walks the
+//! ops with a table of handles indexed by id and does no parsing, hashing
+//! or I/O. One untimed warm-up pass runs first (a pool grows to its working
+//! size there, as in RMM's harness), then the timed passes: one by default,
+//! as in RMM's harness; more give the median pass, which a busy machine
+//! disturbs less on short workloads.
+
+use crate::workload::Workload;
+use memres_core::Error;
+use std::fmt;
+use std::time::{Duration, Instant};
+
+#[cfg(test)]
+mod tests;
+
+/// Sizes are rounded up to this many bytes for every resource.
+pub const GRANULE: u64 = 256;
+
+/// A resource as the replay loop sees it.
+pub trait Replayer {
+    /// What an allocation hands back and its free takes, kept per id.
+    type Handle: Copy;
+
+    /// The handle of an id not allocated yet.
+    fn vacant(&self) -> Self::Handle;
+
+    /// Allocates `size` bytes (rounded up to [`GRANULE`]) on `stream`.
+    ///
+    /// # Errors
+    ///
+    /// The resource's error, e.g. [`Error::OutOfMemory`].
+    fn allocate(&mut self, size: u64, stream: u16) -> Result<Self::Handle, Error>;
+
+    /// Frees what `allocate(size, ..)` handed back, on `stream`.
+    ///
+    /// # Errors
+    ///
+    /// The resource's error.
+    fn deallocate(&mut self, handle: Self::Handle, size: u64, stream: u16) -> Result<(), Error>;
+
+    /// The most bytes held from upstream at once so far: for a resource
+    /// over an upstream, the upstream's peak; for one that manages offsets
+    /// in a range of its own, the highest end offset it handed out.
+    fn peak_upstream(&self) -> u64;
+}
+
+/// What one replay measured.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Measurement {
+    /// Ops in one pass.
+    pub ops: u64,
+    /// Timed passes run.
+    pub passes: u32,
+    /// Wall time of the median timed pass.
+    pub elapsed: Duration,
+    /// Wall time of the fastest timed pass: on a busy machine, the one
+    /// least disturbed.
+    pub fastest: Duration,
+    /// CPU time the replaying thread spent in the median timed pass (by
+    /// CPU time), where the platform tells it (Linux): unlike wall time,
+    /// it leaves out the time the thread waited for a core.
+    pub cpu: Option<Duration>,
+    /// The most bytes (as requested) live at once.
+    pub peak_live: u64,
+    /// The most bytes held from upstream at once (warm-up included).
+    pub peak_upstream: u64,
+}
+
+impl Measurement {
+    /// Nanoseconds per op of the median timed pass.
+    pub fn ns_per_op(&self) -> f64 {
+        if self.ops == 0 {
+            return 0.0;
+        }
+        self.elapsed.as_nanos() as f64 / self.ops as f64
+    }
+
+    /// CPU nanoseconds per op of the median timed pass (see
+    /// [`Measurement::cpu`]).
+    pub fn cpu_ns_per_op(&self) -> Option<f64> {
+        let cpu = self.cpu?;
+        Some(if self.ops == 0 { 0.0 } else { cpu.as_nanos() as f64 / self.ops as f64 })
+    }
+
+    /// Nanoseconds per op of the fastest timed pass.
+    pub fn best_ns_per_op(&self) -> f64 {
+        if self.ops == 0 {
+            return 0.0;
+        }
+        self.fastest.as_nanos() as f64 / self.ops as f64
+    }
+
+    /// Peak bytes held from upstream per peak byte live (`None` when
+    /// nothing was ever live).
+    pub fn footprint(&self) -> Option<f64> {
+        (self.peak_live > 0).then(|| self.peak_upstream as f64 / self.peak_live as f64)
+    }
+}
+
+/// A replay that stopped: the op that failed and why.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ReplayError {
+    /// Index of the failing op in the workload.
+    pub op: usize,
+    /// Whether it was an allocation.
+    pub alloc: bool,
+    /// Its size.
+    pub size: u64,
+    /// The resource's error.
+    pub error: Error,
+}
+
+impl fmt::Display for ReplayError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let what = if self.alloc { "allocation" } else { "free" };
+        write!(f, "op {} ({what} of {} bytes) failed: {}", self.op, self.size, self.error)
+    }
+}
+
+impl std::error::Error for ReplayError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&self.error)
+    }
+}
+
+/// Ops between two calls of the progress callback (and two clock reads).
+pub const CHUNK: usize = 1 << 16;
+
+/// Replays `workload` on `resource`: a warm-up pass, then `passes` timed
+/// passes (at least one). `progress` is told how many ops each chunk of
+/// [`CHUNK`] ops did, outside the timed regions.
+///
+/// # Errors
+///
+/// The first op that fails, with the resource's error; the resource may
+/// then hold blocks of the workload.
+pub fn replay<R: Replayer>(
+    resource: &mut R,
+    workload: &Workload,
+    passes: u32,
+    progress: &mut dyn FnMut(usize),
+) -> Result<Measurement, ReplayError> {
+    let passes = passes.max(1);
+    let mut handles = vec![resource.vacant(); workload.ids as usize];
+    run_pass(resource, workload, &mut handles, progress)?;
+    let mut times = Vec::with_capacity(passes as usize);
+    let mut cpu_times = Vec::with_capacity(passes as usize);
+    for _ in 0..passes {
+        let (wall, cpu) = run_pass(resource, workload, &mut handles, progress)?;
+        times.push(wall);
+        cpu_times.push(cpu);
+    }
+    times.sort_unstable();
+    let cpu = cpu_times.iter().copied().collect::<Option<Vec<Duration>>>().map(|mut c| {
+        c.sort_unstable();
+        c[c.len() / 2]
+    });
+    Ok(Measurement {
+        ops: workload.ops.len() as u64,
+        passes,
+        elapsed: times[times.len() / 2],
+        fastest: times[0],
+        cpu,
+        peak_live: workload.peak_live,
+        peak_upstream: resource.peak_upstream(),
+    })
+}
+
+/// One pass over the ops, timed in chunks of [`CHUNK`]: its wall time and,
+/// where the platform tells it, the CPU time the thread spent.
+///
+/// # Errors
+///
+/// As [`replay`].
+pub fn run_pass<R: Replayer>(
+    resource: &mut R,
+    workload: &Workload,
+    handles: &mut [R::Handle],
+    progress: &mut dyn FnMut(usize),
+) -> Result<(Duration, Option<Duration>), ReplayError> {
+    let mut elapsed = Duration::ZERO;
+    let mut cpu = Some(Duration::ZERO);
+    for (c, chunk) in workload.ops.chunks(CHUNK).enumerate() {
+        let cpu_start = thread_cpu_time();
+        let start = Instant::now();
+        for (i, op) in chunk.iter().enumerate() {
+            let slot = &mut handles[op.id as usize];
+            let done = if op.alloc {
+                resource.allocate(op.size, op.stream).map(|h| *slot = h)
+            } else {
+                resource.deallocate(*slot, op.size, op.stream)
+            };
+            if let Err(error) = done {
+                return Err(ReplayError { op: c * CHUNK + i, alloc: op.alloc, size: op.size, error });
+            }
+        }
+        elapsed += start.elapsed();
+        cpu = match (cpu, cpu_start, thread_cpu_time()) {
+            (Some(sum), Some(a), Some(b)) => Some(sum + b.saturating_sub(a)),
+            _ => None,
+        };
+        progress(chunk.len());
+    }
+    Ok((elapsed, cpu))
+}
+
+/// CPU time the calling thread has used, where the platform tells it.
+pub fn thread_cpu_time() -> Option<Duration> {
+    #[cfg(target_os = "linux")]
+    {
+        let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+        // SAFETY: `ts` is a live, writable `timespec`, the only memory
+        // `clock_gettime` writes; the clock id is a valid constant.
+        let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+        if rc != 0 {
+            return None;
+        }
+        Some(Duration::new(u64::try_from(ts.tv_sec).ok()?, u32::try_from(ts.tv_nsec).ok()?))
+    }
+    #[cfg(not(target_os = "linux"))]
+    {
+        None
+    }
+}
+
+/// A replay pass with no progress and no timing, for benchmarks: the ops
+/// of `workload` in order.
+///
+/// # Errors
+///
+/// As [`replay`].
+#[inline]
+pub fn pass<R: Replayer>(
+    resource: &mut R,
+    workload: &Workload,
+    handles: &mut [R::Handle],
+) -> Result<(), ReplayError> {
+    for (i, op) in workload.ops.iter().enumerate() {
+        let slot = &mut handles[op.id as usize];
+        let done = if op.alloc {
+            resource.allocate(op.size, op.stream).map(|h| *slot = h)
+        } else {
+            resource.deallocate(*slot, op.size, op.stream)
+        };
+        if let Err(error) = done {
+            return Err(ReplayError { op: i, alloc: op.alloc, size: op.size, error });
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,151 @@
+use super::*;
+use crate::workload::{parse_trace, Workload};
+use memres_core::Error;
+
+/// Hands out handles `1, 2, 3, ...` and checks that every free gets back the
+/// handle its allocation got, with its size.
+#[derive(Default)]
+struct Recorder {
+    next: u64,
+    live: std::collections::HashMap<u64, u64>,
+    calls: Vec<(bool, u64, u16)>,
+    fail_at_call: Option<usize>,
+}
+
+impl Replayer for Recorder {
+    type Handle = u64;
+    fn vacant(&self) -> u64 {
+        0
+    }
+    fn allocate(&mut self, size: u64, stream: u16) -> Result<u64, Error> {
+        if self.fail_at_call == Some(self.calls.len()) {
+            return Err(Error::OutOfMemory {
+                requested: size,
+                largest_free: 0,
+                pool_size: 0,
+                max_size: None,
+            });
+        }
+        self.calls.push((true, size, stream));
+        self.next += 1;
+        self.live.insert(self.next, size);
+        Ok(self.next)
+    }
+    fn deallocate(&mut self, handle: u64, size: u64, stream: u16) -> Result<(), Error> {
+        assert_eq!(
+            self.live.remove(&handle),
+            Some(size),
+            "free of handle {handle} that is not live with this size"
+        );
+        self.calls.push((false, size, stream));
+        Ok(())
+    }
+    fn peak_upstream(&self) -> u64 {
+        12345
+    }
+}
+
+fn small() -> Workload {
+    let t = "0,1,allocate,0x10,100,s0\n0,2,allocate,0x20,200,s1\n0,3,free,0x10,100,s1\n0,4,allocate,0x30,300,s0\n";
+    parse_trace("t", t.as_bytes()).unwrap()
+}
+
+#[test]
+fn replay_runs_warm_up_then_timed_pass_in_op_order() {
+    let w = small();
+    let mut r = Recorder::default();
+    let mut seen = Vec::new();
+    let m = replay(&mut r, &w, 1, &mut |n| seen.push(n)).unwrap();
+    let once: Vec<_> = w.ops.iter().map(|o| (o.alloc, o.size, o.stream)).collect();
+    assert_eq!(r.calls, [once.clone(), once].concat());
+    assert!(r.live.is_empty());
+    assert_eq!(seen, [w.ops.len(), w.ops.len()]);
+    assert_eq!((m.ops, m.peak_live, m.peak_upstream), (w.ops.len() as u64, 500, 12345));
+    assert_eq!(m.footprint(), Some(12345.0 / 500.0));
+}
+
+#[test]
+fn progress_comes_in_chunks() {
+    let w = Workload::load("random:70000:1000:3").unwrap();
+    let mut seen = Vec::new();
+    replay(&mut Recorder::default(), &w, 1, &mut |n| seen.push(n)).unwrap();
+    let tail = w.ops.len() - 2 * CHUNK;
+    assert_eq!(w.ops.len(), 140_000);
+    assert_eq!(seen, [CHUNK, CHUNK, tail, CHUNK, CHUNK, tail]);
+}
+
+#[test]
+fn a_failing_op_stops_the_replay_with_its_index() {
+    let w = small();
+    let mut r = Recorder { fail_at_call: Some(6 + 3), ..Recorder::default() };
+    let err = replay(&mut r, &w, 1, &mut |_| {}).unwrap_err();
+    // Call 8 is the timed pass's op 3 (the warm-up made 6 calls).
+    assert_eq!((err.op, err.alloc, err.size), (3, true, 300));
+    assert!(err.to_string().starts_with("op 3 (allocation of 300 bytes) failed: out of memory"), "{err}");
+}
+
+#[test]
+fn pass_replays_once() {
+    let w = small();
+    let mut r = Recorder::default();
+    let mut handles = vec![0; w.ids as usize];
+    pass(&mut r, &w, &mut handles).unwrap();
+    assert_eq!(r.calls.len(), w.ops.len());
+    assert!(r.live.is_empty());
+}
+
+#[test]
+fn figures_of_an_empty_workload() {
+    let m = Measurement {
+        ops: 0,
+        passes: 1,
+        elapsed: Duration::ZERO,
+        fastest: Duration::ZERO,
+        cpu: None,
+        peak_live: 0,
+        peak_upstream: 0,
+    };
+    assert_eq!((m.ns_per_op(), m.footprint()), (0.0, None));
+    let m = Measurement {
+        ops: 4,
+        passes: 1,
+        elapsed: Duration::from_nanos(100),
+        fastest: Duration::from_nanos(60),
+        cpu: Some(Duration::from_nanos(80)),
+        peak_live: 10,
+        peak_upstream: 20,
+    };
+    assert_eq!((m.ns_per_op(), m.best_ns_per_op(), m.footprint()), (25.0, 15.0, Some(2.0)));
+    assert_eq!(m.cpu_ns_per_op(), Some(20.0));
+}
+
+#[test]
+fn more_passes_replay_more_and_report_one_pass() {
+    let w = small();
+    let mut r = Recorder::default();
+    let mut seen = 0;
+    let m = replay(&mut r, &w, 4, &mut |n| seen += n).unwrap();
+    assert_eq!(r.calls.len(), 5 * w.ops.len());
+    assert_eq!(seen, 5 * w.ops.len());
+    assert_eq!((m.ops, m.passes), (w.ops.len() as u64, 4));
+    assert!(m.fastest <= m.elapsed);
+    // Zero passes means one.
+    let m = replay(&mut Recorder::default(), &w, 0, &mut |_| {}).unwrap();
+    assert_eq!(m.passes, 1);
+}
+
+#[cfg(target_os = "linux")]
+#[test]
+fn cpu_time_is_measured_on_linux() {
+    let a = thread_cpu_time().unwrap();
+    // Burn a little CPU: the thread's clock moves forward.
+    let mut x = 0u64;
+    for i in 0..2_000_000u64 {
+        x = std::hint::black_box(x.wrapping_mul(31).wrapping_add(i));
+    }
+    let b = thread_cpu_time().unwrap();
+    assert!(b > a, "{a:?} -> {b:?} ({x})");
+    let w = Workload::load("random:1000:5000:1").unwrap();
+    let m = replay(&mut Recorder::default(), &w, 3, &mut |_| {}).unwrap();
+    assert!(m.cpu.is_some());
+}

@@ -1,0 +1,162 @@
+//! The rows the replay tool prints: a table for people, JSON lines for
+//! scripts.
+
+use crate::replay::Measurement;
+use crate::resources::UpstreamKind;
+use std::fmt::Write;
+
+#[cfg(test)]
+mod tests;
+
+/// One (workload, resource) result.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Row {
+    /// The resource's registry name.
+    pub resource: String,
+    /// The workload's spec or path.
+    pub workload: String,
+    /// The upstream the memres resources used.
+    pub upstream: UpstreamKind,
+    /// Frees the workload skipped (pointers its trace never allocated).
+    pub skipped_frees: u64,
+    /// The figures, or why the replay failed.
+    pub outcome: Result<Measurement, String>,
+}
+
+/// Bytes in binary units, e.g. `12.50 MiB`.
+pub fn human_bytes(bytes: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut value = bytes as f64;
+    let mut unit = 0;
+    while value >= 1024.0 && unit + 1 < UNITS.len() {
+        value /= 1024.0;
+        unit += 1;
+    }
+    if unit == 0 {
+        format!("{bytes} B")
+    } else {
+        format!("{value:.2} {}", UNITS[unit])
+    }
+}
+
+/// The rows as an aligned text table; a failed replay's row says why.
+pub fn table(rows: &[Row]) -> String {
+    let header = [
+        "resource",
+        "workload",
+        "ops",
+        "ns/op",
+        "cpu ns/op",
+        "peak live",
+        "peak upstream",
+        "footprint",
+        "stray frees",
+    ];
+    let mut cells: Vec<Vec<String>> = vec![header.iter().map(|s| s.to_string()).collect()];
+    let mut errors = Vec::new();
+    for row in rows {
+        let mut line = vec![row.resource.clone(), row.workload.clone()];
+        match &row.outcome {
+            Ok(m) => line.extend([
+                m.ops.to_string(),
+                format!("{:.1}", m.ns_per_op()),
+                m.cpu_ns_per_op().map_or("-".into(), |c| format!("{c:.1}")),
+                human_bytes(m.peak_live),
+                human_bytes(m.peak_upstream),
+                m.footprint().map_or("-".into(), |f| format!("{f:.3}")),
+            ]),
+            Err(e) => {
+                // Every figure but the stray frees (the last column) is void.
+                line.push("FAILED".to_string());
+                line.extend(std::iter::repeat_n("-".to_string(), header.len() - 4));
+                errors.push(format!("{} on {}: {e}", row.resource, row.workload));
+            }
+        }
+        line.push(row.skipped_frees.to_string());
+        cells.push(line);
+    }
+    let widths: Vec<usize> =
+        (0..header.len()).map(|c| cells.iter().map(|l| l[c].chars().count()).max().unwrap_or(0)).collect();
+    let mut out = String::new();
+    for line in &cells {
+        for (c, cell) in line.iter().enumerate() {
+            let sep = if c == 0 { "" } else { "  " };
+            // Names to the left, figures to the right.
+            if c < 2 {
+                let _ = write!(out, "{sep}{cell:<w$}", w = widths[c]);
+            } else {
+                let _ = write!(out, "{sep}{cell:>w$}", w = widths[c]);
+            }
+        }
+        out.push('\n');
+    }
+    for e in errors {
+        let _ = writeln!(out, "error: {e}");
+    }
+    out
+}
+
+/// `s` as a JSON string literal.
+pub fn json_string(s: &str) -> String {
+    let mut out = String::with_capacity(s.len() + 2);
+    out.push('"');
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            c if (c as u32) < 0x20 => {
+                let _ = write!(out, "\\u{:04x}", c as u32);
+            }
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out
+}
+
+fn json_f64(x: f64) -> String {
+    if x.is_finite() {
+        format!("{x}")
+    } else {
+        "null".into()
+    }
+}
+
+/// The row as one JSON object on one line: `resource`, `workload`, `ops`,
+/// `ns_per_op`, `peak_live`, `peak_upstream`, `footprint` (figures `null`
+/// for a failed replay), `passes`, `best_ns_per_op` (the fastest pass's
+/// figure) and `cpu_ns_per_op` (`null` where not measured) for a replay
+/// that ran,
+/// `upstream`, `skipped_frees`, and `error` for a failed replay.
+pub fn json_line(row: &Row) -> String {
+    let mut out =
+        format!("{{\"resource\":{},\"workload\":{},", json_string(&row.resource), json_string(&row.workload));
+    match &row.outcome {
+        Ok(m) => {
+            let _ = write!(
+                out,
+                "\"ops\":{},\"ns_per_op\":{},\"peak_live\":{},\"peak_upstream\":{},\"footprint\":{},\"passes\":{},\"best_ns_per_op\":{},\"cpu_ns_per_op\":{},",
+                m.ops,
+                json_f64(m.ns_per_op()),
+                m.peak_live,
+                m.peak_upstream,
+                m.footprint().map_or("null".into(), json_f64),
+                m.passes,
+                json_f64(m.best_ns_per_op()),
+                m.cpu_ns_per_op().map_or("null".into(), json_f64)
+            );
+        }
+        Err(_) => out.push_str(
+            "\"ops\":null,\"ns_per_op\":null,\"peak_live\":null,\"peak_upstream\":null,\"footprint\":null,",
+        ),
+    }
+    let _ = write!(out, "\"upstream\":\"{}\",\"skipped_frees\":{}", row.upstream, row.skipped_frees);
+    if let Err(e) = &row.outcome {
+        let _ = write!(out, ",\"error\":{}", json_string(e));
+    }
+    out.push('}');
+    out
+}

@@ -1,0 +1,360 @@
+//! Workloads: allocation sequences decoded once into a flat list of [`Op`]s.
+//!
+//! A workload comes from a spec string, generated exactly as RMM's replay
+//! harness generates it, or from a trace in RMM's log format:
+//!
+//! | spec | what |
+//! | --- | --- |
+//! | `random:N:MAXBYTES:SEED` | `N` allocations of uniform sizes in `1..=MAXBYTES` |
+//! | `lograndom:N:MINB:MAXB:SEED` | `N` allocations of log-uniform sizes in `MINB..=MAXB` |
+//! | anything else | a path to a CSV trace (`Thread,Time,Action,Pointer,Size,Stream`), plain or gzip |
+//!
+//! Every allocation gets a fresh id (`0, 1, 2, ...`); every id is freed
+//! exactly once, ids still live at the end of the sequence are freed then.
+
+use memres_core::testing::SplitMix64;
+use std::collections::HashMap;
+use std::fmt;
+use std::io::{BufRead, BufReader, Read};
+use std::path::Path;
+
+#[cfg(test)]
+mod tests;
+
+/// The most bytes a generated workload keeps live at once (RMM's harness
+/// caps them at 8 GiB): an allocation that would pass it becomes a free.
+pub const LIVE_CAP: u64 = 8 << 30;
+
+/// One step of a workload.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Op {
+    /// Bytes requested (a free repeats its allocation's size).
+    pub size: u64,
+    /// The allocation's id: an index into a table of live blocks.
+    pub id: u32,
+    /// Index of the stream the step runs on (`0..Workload::streams`).
+    pub stream: u16,
+    /// Allocate (`true`) or free (`false`) `id`.
+    pub alloc: bool,
+}
+
+/// A decoded workload and the figures that do not depend on the resource.
+#[derive(Clone, Debug)]
+pub struct Workload {
+    /// The spec or path it came from.
+    pub name: String,
+    /// The steps, in order.
+    pub ops: Vec<Op>,
+    /// Number of ids (allocations): ids are `0..ids`.
+    pub ids: u32,
+    /// Number of distinct streams (at least 1).
+    pub streams: u16,
+    /// Frees of pointers the trace never allocated, skipped.
+    pub skipped_frees: u64,
+    /// The most bytes (as requested) live at once.
+    pub peak_live: u64,
+    /// The most allocations live at once.
+    pub peak_live_count: u32,
+}
+
+/// Why a workload could not be decoded.
+#[derive(Debug)]
+pub enum WorkloadError {
+    /// A generator spec with bad fields.
+    Spec {
+        /// The spec.
+        spec: String,
+        /// What is wrong with it.
+        what: String,
+    },
+    /// The trace could not be opened or read.
+    Io {
+        /// The trace's path.
+        path: String,
+        /// The failure.
+        error: std::io::Error,
+    },
+    /// A line of the trace that is not a valid record.
+    Malformed {
+        /// The trace's path.
+        path: String,
+        /// The line number, counted from 1.
+        line: u64,
+        /// What is wrong with it.
+        what: String,
+    },
+}
+
+impl fmt::Display for WorkloadError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            WorkloadError::Spec { spec, what } => write!(f, "bad workload `{spec}`: {what}"),
+            WorkloadError::Io { path, error } => write!(f, "cannot read trace {path}: {error}"),
+            WorkloadError::Malformed { path, line, what } => {
+                write!(f, "{path}:{line}: malformed line: {what}")
+            }
+        }
+    }
+}
+
+impl std::error::Error for WorkloadError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            WorkloadError::Io { error, .. } => Some(error),
+            _ => None,
+        }
+    }
+}
+
+impl Workload {
+    /// Decodes a spec: a generator (`random:...`, `lograndom:...`) or a
+    /// trace path.
+    ///
+    /// # Errors
+    ///
+    /// [`WorkloadError`] for a bad spec, a missing or unreadable file or a
+    /// malformed line (with its number).
+    pub fn load(spec: &str) -> Result<Workload, WorkloadError> {
+        if let Some(rest) = spec.strip_prefix("random:") {
+            let [n, max, seed] = fields(spec, rest)?;
+            if max == 0 {
+                return Err(spec_error(spec, "MAXBYTES must be at least 1"));
+            }
+            generate(spec, n, 1, max, seed, SizeLaw::Uniform, LIVE_CAP)
+        } else if let Some(rest) = spec.strip_prefix("lograndom:") {
+            let [n, min, max, seed] = fields(spec, rest)?;
+            if min == 0 || min > max {
+                return Err(spec_error(spec, "need 1 <= MINB <= MAXB"));
+            }
+            generate(spec, n, min, max, seed, SizeLaw::LogUniform, LIVE_CAP)
+        } else {
+            load_trace(Path::new(spec))
+        }
+    }
+
+    /// Builds a workload from ops, computing its figures.
+    ///
+    /// # Panics
+    ///
+    /// If the ops do not allocate ids `0..n` in order, each freed once after
+    /// its allocation with its size.
+    pub fn from_ops(name: String, ops: Vec<Op>, skipped_frees: u64) -> Workload {
+        let mut live = 0u64;
+        let mut peak_live = 0u64;
+        let mut count = 0u32;
+        let mut peak_live_count = 0u32;
+        let mut ids = 0u32;
+        let mut streams = 1u16;
+        let mut sizes: Vec<Option<u64>> = Vec::new();
+        for op in &ops {
+            streams = streams.max(op.stream + 1);
+            if op.alloc {
+                assert_eq!(op.id, ids, "ids are allocated in order");
+                ids += 1;
+                sizes.push(Some(op.size));
+                live += op.size;
+                count += 1;
+                peak_live = peak_live.max(live);
+                peak_live_count = peak_live_count.max(count);
+            } else {
+                let size = sizes.get_mut(op.id as usize).and_then(Option::take);
+                assert_eq!(size, Some(op.size), "free of id {} that is live with this size", op.id);
+                live -= op.size;
+                count -= 1;
+            }
+        }
+        Workload { name, ops, ids, streams, skipped_frees, peak_live, peak_live_count }
+    }
+}
+
+fn spec_error(spec: &str, what: impl Into<String>) -> WorkloadError {
+    WorkloadError::Spec { spec: spec.to_owned(), what: what.into() }
+}
+
+fn fields<const K: usize>(spec: &str, rest: &str) -> Result<[u64; K], WorkloadError> {
+    let parts: Vec<&str> = rest.split(':').collect();
+    if parts.len() != K {
+        return Err(spec_error(spec, format!("expected {K} numbers after the kind, found {}", parts.len())));
+    }
+    let mut out = [0u64; K];
+    for (o, p) in out.iter_mut().zip(parts) {
+        *o = p.parse().map_err(|_| spec_error(spec, format!("`{p}` is not a non-negative integer")))?;
+    }
+    Ok(out)
+}
+
+/// How a generator draws sizes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SizeLaw {
+    /// `min + r % (max - min + 1)`.
+    Uniform,
+    /// `exp(ln min + u (ln max - ln min))`, truncated, with `u` the top 53
+    /// bits of `r` as a fraction.
+    LogUniform,
+}
+
+/// Generates `n` allocations and their frees, step for step as RMM's replay
+/// harness does (`gen_random`): the same generator calls in the same order,
+/// the same floating-point formula, the same live cap.
+///
+/// Each step: unless nothing is live, a coin (`r % 2 == 0`: allocate);
+/// then a size (drawn for frees too); an allocation that would take live
+/// bytes past `cap` becomes a free; a free takes a live id at a random
+/// index and moves the last one into its place. The ids still live are
+/// freed at the end, in that list's order.
+///
+/// # Errors
+///
+/// [`WorkloadError::Spec`] when a size alone exceeds `cap` with nothing
+/// live (RMM's harness has undefined behaviour there) or `n` does not fit
+/// ids of 32 bits.
+pub fn generate(
+    name: &str,
+    n: u64,
+    min: u64,
+    max: u64,
+    seed: u64,
+    law: SizeLaw,
+    cap: u64,
+) -> Result<Workload, WorkloadError> {
+    let n = u32::try_from(n).map_err(|_| spec_error(name, "N must fit in 32 bits"))?;
+    let mut rng = SplitMix64::new(seed);
+    let mut ops = Vec::with_capacity(2 * n as usize);
+    let mut live: Vec<(u32, u64)> = Vec::new();
+    let mut live_bytes = 0u64;
+    let mut next = 0u32;
+    let (ln_min, ln_max) = ((min as f64).ln(), (max as f64).ln());
+    while next < n {
+        let mut alloc = live.is_empty() || rng.next_u64() % 2 == 0;
+        let size = match law {
+            SizeLaw::LogUniform => {
+                let u = (rng.next_u64() >> 11) as f64 * (1.0 / (1u64 << 53) as f64);
+                (ln_min + u * (ln_max - ln_min)).exp() as u64
+            }
+            SizeLaw::Uniform => min + rng.next_u64() % (max - min).wrapping_add(1).max(1),
+        };
+        if alloc && live_bytes.saturating_add(size) > cap {
+            alloc = false;
+        }
+        if alloc {
+            ops.push(Op { size, id: next, stream: 0, alloc: true });
+            live.push((next, size));
+            live_bytes += size;
+            next += 1;
+        } else {
+            if live.is_empty() {
+                return Err(spec_error(
+                    name,
+                    format!("a size of {size} bytes exceeds the live cap of {cap}"),
+                ));
+            }
+            let i = (rng.next_u64() % live.len() as u64) as usize;
+            let (id, size) = live.swap_remove(i);
+            ops.push(Op { size, id, stream: 0, alloc: false });
+            live_bytes -= size;
+        }
+    }
+    ops.extend(live.iter().map(|&(id, size)| Op { size, id, stream: 0, alloc: false }));
+    Ok(Workload::from_ops(name.to_owned(), ops, 0))
+}
+
+/// Loads a trace in RMM's log format, plain or gzip (told by its first
+/// bytes, not its name).
+///
+/// The first line is skipped if it is the header. Blank lines are skipped;
+/// `allocate failure` records (an allocation that did not happen) too. A
+/// free of a pointer that is not live is skipped and counted in
+/// [`Workload::skipped_frees`]. An allocation of a pointer that is already
+/// live replaces it (as RMM's harness does); the replaced id and every id
+/// still live at the end are freed at the end, in id order. Each distinct
+/// value of the Stream column is one stream, numbered by first appearance;
+/// a free runs on its own line's stream, an end-of-trace free on its
+/// allocation's.
+///
+/// # Errors
+///
+/// [`WorkloadError::Io`] when the file cannot be opened or read,
+/// [`WorkloadError::Malformed`] for a line with fewer than six fields, an
+/// unknown action, a pointer that is not hex or a size that is not a number.
+pub fn load_trace(path: &Path) -> Result<Workload, WorkloadError> {
+    let name = path.display().to_string();
+    let io = |error| WorkloadError::Io { path: name.clone(), error };
+    let file = std::fs::File::open(path).map_err(io)?;
+    let mut reader = BufReader::new(file);
+    let gzip = reader.fill_buf().map_err(io)?.starts_with(&[0x1f, 0x8b]);
+    let reader: Box<dyn Read> =
+        if gzip { Box::new(flate2::read::MultiGzDecoder::new(reader)) } else { Box::new(reader) };
+    parse_trace(&name, BufReader::new(reader))
+}
+
+/// [`load_trace`] over any reader; `name` names it in errors.
+///
+/// # Errors
+///
+/// As [`load_trace`].
+pub fn parse_trace(name: &str, reader: impl BufRead) -> Result<Workload, WorkloadError> {
+    let malformed = |line: u64, what: String| WorkloadError::Malformed { path: name.to_owned(), line, what };
+    let mut ops = Vec::new();
+    let mut live: HashMap<u64, (u32, u64, u16)> = HashMap::new();
+    let mut replaced: Vec<(u32, u64, u16)> = Vec::new();
+    let mut streams: HashMap<String, u16> = HashMap::new();
+    let mut next = 0u32;
+    let mut skipped = 0u64;
+    for (i, line) in reader.lines().enumerate() {
+        let number = i as u64 + 1;
+        let line = line.map_err(|error| WorkloadError::Io { path: name.to_owned(), error })?;
+        let line = line.trim_end_matches('\r');
+        if line.trim().is_empty() || (number == 1 && line.starts_with("Thread,")) {
+            continue;
+        }
+        let cols: Vec<&str> = line.split(',').map(str::trim).collect();
+        if cols.len() < 6 {
+            return Err(malformed(number, format!("expected 6 fields, found {}", cols.len())));
+        }
+        let (action, pointer, size, stream) = (cols[2], cols[3], cols[4], cols[5]);
+        let digits = pointer.strip_prefix("0x").or_else(|| pointer.strip_prefix("0X")).unwrap_or(pointer);
+        let ptr = u64::from_str_radix(digits, 16)
+            .map_err(|_| malformed(number, format!("pointer `{pointer}` is not a hex number")))?;
+        // Streams are numbered when an op first uses them, so that skipped
+        // lines leave no gaps.
+        let mut intern = |name: &str| match streams.get(name) {
+            Some(&s) => Ok(s),
+            None => {
+                let s = u16::try_from(streams.len())
+                    .ok()
+                    .filter(|&s| s < u16::MAX)
+                    .ok_or_else(|| malformed(number, "more than 65535 distinct streams".into()))?;
+                streams.insert(name.to_owned(), s);
+                Ok(s)
+            }
+        };
+        match action {
+            "allocate" => {
+                let size = size
+                    .parse::<u64>()
+                    .map_err(|_| malformed(number, format!("size `{size}` is not a number")))?;
+                if next == u32::MAX {
+                    return Err(malformed(number, "more than 2^32 - 1 allocations".into()));
+                }
+                let stream = intern(stream)?;
+                if let Some(old) = live.insert(ptr, (next, size, stream)) {
+                    replaced.push(old);
+                }
+                ops.push(Op { size, id: next, stream, alloc: true });
+                next += 1;
+            }
+            "free" => match live.remove(&ptr) {
+                // The free's own stream, which may differ from its
+                // allocation's: RMM lets a block be freed on another stream.
+                Some((id, size, _)) => ops.push(Op { size, id, stream: intern(stream)?, alloc: false }),
+                None => skipped += 1,
+            },
+            "allocate failure" => {}
+            other => return Err(malformed(number, format!("unknown action `{other}`"))),
+        }
+    }
+    let mut rest: Vec<(u32, u64, u16)> = live.into_values().chain(replaced).collect();
+    rest.sort_unstable_by_key(|&(id, ..)| id);
+    ops.extend(rest.into_iter().map(|(id, size, stream)| Op { size, id, stream, alloc: false }));
+    Ok(Workload::from_ops(name.to_owned(), ops, skipped))
+}

@@ -1,0 +1,239 @@
+use super::*;
+use std::io::Write;
+
+/// FNV-1a over (alloc, id, size) of every op, the fingerprint the reference
+/// values below were taken with from RMM's harness's generator.
+fn fingerprint(ops: &[Op]) -> u64 {
+    let mut h = 0xcbf2_9ce4_8422_2325u64;
+    for o in ops {
+        for x in [o.alloc as u64, o.id as u64, o.size] {
+            h ^= x;
+            h = h.wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+    h
+}
+
+/// Every id allocated once, in order, then freed once with its size; live
+/// bytes never above `cap`; the figures of the workload agree.
+fn check_well_formed(w: &Workload, cap: u64) {
+    let mut sizes: Vec<Option<u64>> = Vec::new();
+    let (mut live, mut peak, mut count, mut peak_count) = (0u64, 0u64, 0u32, 0u32);
+    for op in &w.ops {
+        assert!(op.stream < w.streams);
+        if op.alloc {
+            assert_eq!(op.id as usize, sizes.len());
+            sizes.push(Some(op.size));
+            live += op.size;
+            count += 1;
+        } else {
+            assert_eq!(
+                sizes[op.id as usize].take(),
+                Some(op.size),
+                "id {} freed twice or with another size",
+                op.id
+            );
+            live -= op.size;
+            count -= 1;
+        }
+        assert!(live <= cap);
+        peak = peak.max(live);
+        peak_count = peak_count.max(count);
+    }
+    assert!(sizes.iter().all(Option::is_none), "some id never freed");
+    assert_eq!(sizes.len(), w.ids as usize);
+    assert_eq!((w.peak_live, w.peak_live_count), (peak, peak_count));
+}
+
+#[test]
+fn generators_match_rmm_harness() {
+    // (spec, op count, fingerprint) from RMM's harness's `gen_random`.
+    let cases = [
+        ("random:100000:1048576:42", 200_000, 0x6cf7_5287_387f_86a3u64),
+        ("lograndom:100000:256:16777216:7", 200_000, 0x8075_a091_8333_2e37),
+        ("random:20:1000:42", 40, 0xfa59_91c2_4dac_9237),
+        ("lograndom:20:256:16777216:7", 40, 0xe31b_7543_fd95_a601),
+    ];
+    for (spec, count, print) in cases {
+        let w = Workload::load(spec).unwrap();
+        assert_eq!(w.ops.len(), count, "{spec}");
+        assert_eq!(fingerprint(&w.ops), print, "{spec}");
+        check_well_formed(&w, LIVE_CAP);
+    }
+    let w = Workload::load("lograndom:20:256:16777216:7").unwrap();
+    assert_eq!((w.ops[0].size, w.ops[1].size), (19312, 5_581_304));
+}
+
+#[test]
+fn live_cap_turns_allocations_into_frees() {
+    // 1 GiB sizes under a 4 GiB cap: the cap binds often.
+    let w = generate("capped", 5000, 1, 1 << 30, 1, SizeLaw::Uniform, 4 << 30).unwrap();
+    assert_eq!(w.ops.len(), 10_000);
+    assert_eq!(fingerprint(&w.ops), 0x2d51_f3ce_68fb_f3ed);
+    check_well_formed(&w, 4 << 30);
+    assert!(w.peak_live > 3 << 30);
+}
+
+#[test]
+fn generated_sizes_stay_in_bounds_and_seeds_decide() {
+    for seed in 0..20 {
+        let u = Workload::load(&format!("random:300:5000:{seed}")).unwrap();
+        assert_eq!(u.ops.len(), 600);
+        assert!(u.ops.iter().all(|o| (1..=5000).contains(&o.size)));
+        check_well_formed(&u, LIVE_CAP);
+        let l = Workload::load(&format!("lograndom:300:300:70000:{seed}")).unwrap();
+        assert!(l.ops.iter().all(|o| (300..=70000).contains(&o.size)));
+        check_well_formed(&l, LIVE_CAP);
+        // Log-uniform: about as many sizes below the geometric mean as above.
+        let small = l.ops.iter().filter(|o| o.alloc && o.size < 4583).count();
+        assert!((90..=210).contains(&small), "{small} of 300 below the geometric mean");
+    }
+    let a = Workload::load("random:1000:4096:9").unwrap();
+    let b = Workload::load("random:1000:4096:9").unwrap();
+    let c = Workload::load("random:1000:4096:10").unwrap();
+    assert_eq!(a.ops, b.ops);
+    assert_ne!(a.ops, c.ops);
+}
+
+#[test]
+fn bad_specs_are_refused() {
+    for spec in [
+        "random:10:0:1",
+        "random:10:100",
+        "random:10:100:1:2",
+        "random:x:100:1",
+        "random:-1:100:1",
+        "lograndom:10:0:100:1",
+        "lograndom:10:200:100:1",
+        "random:5000000000:100:1",
+    ] {
+        let err = Workload::load(spec).unwrap_err();
+        assert!(matches!(err, WorkloadError::Spec { .. }), "{spec}: {err}");
+        assert!(err.to_string().contains(spec));
+    }
+    let err = generate("huge", 10, 1, 1 << 40, 1, SizeLaw::Uniform, 1 << 30).unwrap_err();
+    assert!(err.to_string().contains("exceeds the live cap"), "{err}");
+}
+
+const TRACE: &str = "Thread,Time,Action,Pointer,Size,Stream
+0,1,allocate,0x1000,100,0
+0,2,allocate,0x2000,300,0x7f01
+0,3,free,0x9999,64,0
+0,4,free,0x1000,100,0x7f01
+0,5,allocate failure,0x0,1000000,0
+
+0,6,allocate,0x1000,50,0
+0,7,allocate,0x3000,70,0
+0,8,free,0x3000,70,0
+0,9,free,0x3000,70,0
+";
+
+#[test]
+fn trace_decodes_with_stray_frees_skipped_and_live_ids_freed_at_end() {
+    let w = parse_trace("t.csv", TRACE.as_bytes()).unwrap();
+    let op = |alloc, id, size, stream| Op { size, id, stream, alloc };
+    assert_eq!(
+        w.ops,
+        [
+            op(true, 0, 100, 0),
+            op(true, 1, 300, 1),
+            op(false, 0, 100, 1),
+            op(true, 2, 50, 0),
+            op(true, 3, 70, 0),
+            op(false, 3, 70, 0),
+            op(false, 1, 300, 1),
+            op(false, 2, 50, 0),
+        ]
+    );
+    assert_eq!((w.ids, w.streams, w.skipped_frees), (4, 2, 2));
+    assert_eq!((w.peak_live, w.peak_live_count), (420, 3));
+    check_well_formed(&w, u64::MAX);
+}
+
+#[test]
+fn reused_pointer_replaces_the_live_one() {
+    let t = "0,1,allocate,0xa0,10,0\n0,2,allocate,0xa0,20,0\n0,3,free,0xa0,20,0\n";
+    let w = parse_trace("t", t.as_bytes()).unwrap();
+    check_well_formed(&w, u64::MAX);
+    assert_eq!(w.ops[2], Op { size: 20, id: 1, stream: 0, alloc: false });
+    assert_eq!(w.ops[3], Op { size: 10, id: 0, stream: 0, alloc: false });
+}
+
+#[test]
+fn malformed_lines_name_their_line() {
+    let cases = [
+        ("0,1,allocate,0x10,12\n", 1, "expected 6 fields"),
+        (
+            "Thread,Time,Action,Pointer,Size,Stream\n0,1,allocate,0x10,12,0\n0,2,allocate,zz,12,0\n",
+            3,
+            "not a hex",
+        ),
+        ("0,1,allocate,0x10,12,0\n0,1,allocate,0x20,-5,0\n", 2, "not a number"),
+        ("0,1,allocate,0x10,12,0\n\n0,1,resize,0x10,12,0\n", 3, "unknown action `resize`"),
+    ];
+    for (text, line, what) in cases {
+        let err = parse_trace("bad.csv", text.as_bytes()).unwrap_err();
+        match &err {
+            WorkloadError::Malformed { path, line: l, what: w } => {
+                assert_eq!((path.as_str(), *l), ("bad.csv", line), "{err}");
+                assert!(w.contains(what), "{err}");
+            }
+            other => panic!("{other}"),
+        }
+        assert!(err.to_string().starts_with(&format!("bad.csv:{line}: malformed line")), "{err}");
+    }
+}
+
+#[test]
+fn traces_load_plain_and_gzip_and_missing_files_fail() {
+    let dir = std::env::temp_dir().join(format!("memres-trace-test-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let plain = dir.join("t.csv");
+    std::fs::write(&plain, TRACE).unwrap();
+    // A gzip trace under a name that does not say so: told by its bytes.
+    let gz = dir.join("t.data");
+    let mut enc = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+    enc.write_all(TRACE.as_bytes()).unwrap();
+    std::fs::write(&gz, enc.finish().unwrap()).unwrap();
+    let a = Workload::load(plain.to_str().unwrap()).unwrap();
+    let b = Workload::load(gz.to_str().unwrap()).unwrap();
+    assert_eq!(a.ops, b.ops);
+    assert_eq!(a.ops.len(), 8);
+    let missing = dir.join("missing.csv");
+    let err = Workload::load(missing.to_str().unwrap()).unwrap_err();
+    assert!(matches!(err, WorkloadError::Io { .. }));
+    assert!(err.to_string().contains("missing.csv"), "{err}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn shipped_traces_decode() {
+    let data = concat!(env!("CARGO_MANIFEST_DIR"), "/data/");
+    for name in ["resnet_train.csv.gz", "gpt_train.csv.gz"] {
+        let w = Workload::load(&format!("{data}{name}")).unwrap();
+        check_well_formed(&w, u64::MAX);
+        assert_eq!(w.ops.len() as u64 % 2, 0);
+        assert!(w.ids > 1000 && w.peak_live > 0);
+    }
+}
+
+#[test]
+fn streams_are_numbered_by_first_use() {
+    // The stray free on stream `z` and the failed allocation on `y` use no
+    // stream number.
+    let t = "0,1,free,0x5,1,z\n0,2,allocate failure,0x0,9,y\n0,3,allocate,0x10,1,b\n0,4,allocate,0x20,1,a\n0,5,free,0x10,1,a\n";
+    let w = parse_trace("t", t.as_bytes()).unwrap();
+    let streams: Vec<u16> = w.ops.iter().map(|o| o.stream).collect();
+    assert_eq!(streams, [0, 1, 1, 1]);
+    assert_eq!((w.streams, w.skipped_frees), (2, 1));
+}
+
+#[test]
+fn too_many_streams_is_an_error() {
+    let mut t = String::new();
+    for i in 0..70_000u32 {
+        t.push_str(&format!("0,{i},allocate,{:#x},256,s{i}\n", 0x1000 + i as u64 * 256));
+    }
+    let err = parse_trace("many", t.as_bytes()).unwrap_err();
+    assert!(matches!(err, WorkloadError::Malformed { line: 65536, .. }), "{err}");
+}

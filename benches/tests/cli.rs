@@ -1,0 +1,171 @@
+//! End-to-end tests of the `memres` binary.
+
+use memres_bench::workload::Workload;
+use serde_json::Value;
+use std::path::PathBuf;
+use std::process::{Command, Output};
+
+const RESNET: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/data/resnet_train.csv.gz");
+
+fn memres(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_memres")).args(args).output().expect("the binary runs")
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8(o.stdout.clone()).unwrap()
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8(o.stderr.clone()).unwrap()
+}
+
+/// A file in a directory of its own, removed on drop.
+struct Fixture(PathBuf);
+
+impl Fixture {
+    fn new(name: &str, text: &str) -> Fixture {
+        let dir = std::env::temp_dir().join(format!("memres-cli-{}-{name}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join(name);
+        std::fs::write(&path, text).unwrap();
+        Fixture(path)
+    }
+    fn path(&self) -> &str {
+        self.0.to_str().unwrap()
+    }
+}
+
+impl Drop for Fixture {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(self.0.parent().unwrap());
+    }
+}
+
+fn json_rows(o: &Output) -> Vec<Value> {
+    stdout(o).lines().map(|l| serde_json::from_str(l).expect("each line is JSON")).collect()
+}
+
+#[test]
+fn json_rows_for_every_workload_and_resource() {
+    let trace = Fixture::new(
+        "stray.csv",
+        "Thread,Time,Action,Pointer,Size,Stream\n0,1,allocate,0x100,1000,0\n0,2,free,0x999,10,0\n0,3,allocate,0x200,5000,1\n0,4,free,0x100,1000,0\n0,5,free,0x555,1,1\n",
+    );
+    let o = memres(&[
+        "replay",
+        "--json",
+        "--resource",
+        "pool,offset-allocator,range-alloc",
+        RESNET,
+        trace.path(),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let rows = json_rows(&o);
+    assert_eq!(rows.len(), 6);
+    let resnet = Workload::load(RESNET).unwrap();
+    let names = ["pool", "offset-allocator", "range-alloc"];
+    for (i, row) in rows.iter().enumerate() {
+        assert_eq!(row["resource"], names[i % 3]);
+        let (workload, ops, peak_live, skipped) = if i < 3 {
+            (RESNET, resnet.ops.len() as u64, resnet.peak_live, resnet.skipped_frees)
+        } else {
+            (trace.path(), 4, 6000, 2)
+        };
+        assert_eq!(row["workload"], workload);
+        assert_eq!(row["ops"], ops);
+        assert_eq!(row["peak_live"], peak_live);
+        assert_eq!(row["skipped_frees"], skipped);
+        let peak_upstream = row["peak_upstream"].as_u64().unwrap();
+        assert!(peak_upstream >= peak_live);
+        let footprint = row["footprint"].as_f64().unwrap();
+        assert!((footprint - peak_upstream as f64 / peak_live as f64).abs() < 1e-9);
+        assert!(row["ns_per_op"].as_f64().unwrap() > 0.0);
+    }
+    // The small trace's two rounded blocks side by side: 1024 + 5120 bytes.
+    assert_eq!(rows[4]["peak_upstream"], 6144);
+}
+
+#[test]
+fn table_has_a_header_and_one_row_per_pair() {
+    let o = memres(&["replay", "--upstream", "host", "random:500:70000:3", "lograndom:500:256:1000000:4"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = stdout(&o);
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines.len(), 1 + 2 * 3, "{out}");
+    assert!(
+        lines[0].starts_with("resource")
+            && lines[0].contains("footprint")
+            && lines[0].contains("stray frees")
+    );
+    assert!(
+        lines[1].starts_with("pool ")
+            && lines[1].contains("random:500:70000:3")
+            && lines[1].contains(" 1000 ")
+    );
+    assert!(lines[6].starts_with("range-alloc ") && lines[6].contains("lograndom:500:256:1000000:4"));
+}
+
+#[test]
+fn bad_input_fails_without_a_table() {
+    let bad = Fixture::new(
+        "bad.csv",
+        "Thread,Time,Action,Pointer,Size,Stream\n0,1,allocate,0x100,1000,0\n0,2,free,0x100\n",
+    );
+    let missing = bad.0.with_file_name("missing.csv");
+    let cases: [(Vec<&str>, String); 4] = [
+        (vec!["replay", "random:10:100:1", bad.path()], format!("{}:3: malformed line", bad.path())),
+        (vec!["replay", missing.to_str().unwrap()], "cannot read trace".into()),
+        (vec!["replay", "--resource", "pool,nope", "random:10:100:1"], "unknown resource `nope`".into()),
+        (vec!["replay", "lograndom:10:0:5:1"], "bad workload".into()),
+    ];
+    for (args, message) in cases {
+        let o = memres(&args);
+        assert!(!o.status.success(), "{args:?}");
+        assert_eq!(stdout(&o), "", "{args:?}");
+        assert!(stderr(&o).contains(&message), "{args:?}: {}", stderr(&o));
+    }
+    let o = memres(&["replay", "--upstream", "gpu", "random:10:100:1"]);
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains("unknown upstream `gpu`"));
+}
+
+#[test]
+fn a_failed_replay_is_an_error_row() {
+    // 2 TiB at once: more than the simulated device and either peer holds.
+    let huge = Fixture::new("huge.csv", "0,1,allocate,0x100,2199023255552,0\n0,2,allocate,0x200,100,0\n");
+    let o = memres(&["replay", huge.path(), "random:100:1000:1"]);
+    assert!(!o.status.success());
+    let out = stdout(&o);
+    let failed: Vec<&str> = out.lines().filter(|l| l.contains(" FAILED ")).collect();
+    assert_eq!(failed.len(), 3, "{out}");
+    assert!(failed.iter().all(|l| l.contains("huge.csv")));
+    assert_eq!(out.lines().filter(|l| l.starts_with("error: ")).count(), 3, "{out}");
+    assert!(out.contains("op 0 (allocation of 2199023255552 bytes) failed"), "{out}");
+    let o = memres(&["replay", "--json", "-r", "pool", huge.path(), "random:100:1000:1"]);
+    let rows = json_rows(&o);
+    assert_eq!(rows.len(), 2);
+    assert!(rows[0]["error"].as_str().unwrap().contains("out of memory"));
+    assert!(rows[0]["ns_per_op"].is_null() && rows[0]["footprint"].is_null());
+    assert!(rows[1].get("error").is_none() && rows[1]["ops"] == 200);
+}
+
+#[test]
+fn resources_are_listed() {
+    let o = memres(&["resources"]);
+    assert!(o.status.success());
+    let out = stdout(&o);
+    for name in ["pool", "offset-allocator", "range-alloc"] {
+        assert!(out.lines().any(|l| l.starts_with(name)), "{out}");
+    }
+}
+
+#[test]
+fn passes_are_counted_and_must_be_positive() {
+    let o = memres(&["replay", "--json", "--passes", "3", "-r", "pool", "random:300:5000:2"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let rows = json_rows(&o);
+    assert_eq!((rows[0]["passes"].as_u64(), rows[0]["ops"].as_u64()), (Some(3), Some(600)));
+    let o = memres(&["replay", "--passes", "0", "random:300:5000:2"]);
+    assert!(!o.status.success());
+    assert_eq!(stdout(&o), "");
+}
