@@ -78,7 +78,7 @@ impl PoolConfig {
     /// A pool that starts empty, has no maximum, grows by
     /// [`Growth::DEFAULT`] and gives wholly free chunks back before growing.
     pub const fn new() -> Self {
-        PoolConfig { initial_size: 0, maximum_size: None, growth: Growth::DEFAULT, release_on_grow: false }
+        PoolConfig { initial_size: 0, maximum_size: None, growth: Growth::DEFAULT, release_on_grow: true }
     }
 
     /// Bytes taken from upstream when the pool is made (a multiple of 256).
