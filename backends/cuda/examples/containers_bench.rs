@@ -5,7 +5,8 @@
 //!
 //! Each pass ends with a stream synchronization, so the copies of the
 //! growth are inside its time. The figure is the median pass of several
-//! (the first, which fills the pools, is not timed).
+//! (PASSES for the churn, ten times as many of the short growth; the first
+//! pass, which fills the pools, is not timed).
 //!
 //! ```text
 //! cargo run --release -p memres-cuda --example containers_bench [-- PASSES]
@@ -87,9 +88,13 @@ fn main() {
         (
             &grow_label,
             "memres pool over async",
-            time(passes, DOUBLINGS, stream, || grow(stream, &pool, &engine)),
+            time(10 * passes, DOUBLINGS, stream, || grow(stream, &pool, &engine)),
         ),
-        (&grow_label, "CudaAsyncMemory", time(passes, DOUBLINGS, stream, || grow(stream, &plain, &engine))),
+        (
+            &grow_label,
+            "CudaAsyncMemory",
+            time(10 * passes, DOUBLINGS, stream, || grow(stream, &plain, &engine)),
+        ),
         (
             &churn_label,
             "memres pool over async",
