@@ -256,47 +256,24 @@ pub fn scalar_round_trip<T: Setup>(t: &T) {
 /// (a function from the test's name to `Option<impl Setup>`; `None`: skipped).
 macro_rules! container_suite {
     ($make:expr) => {
-        #[test]
-        fn buffer_round_trip_resize_reserve_shrink() {
-            if let Some(t) = $make("buffer_round_trip_resize_reserve_shrink") {
-                $crate::suite::buffer_round_trip_resize_reserve_shrink(&t);
+        container_suite!(@tests $make;
+            buffer_round_trip_resize_reserve_shrink,
+            zero_length_containers_allocate_nothing,
+            resize_beyond_the_limit_is_an_error_and_leaves_the_container_unchanged,
+            uvector_elements_and_growth,
+            buffer_vector_conversions,
+            deep_copy_and_stream_change,
+            scalar_round_trip
+        );
+    };
+    (@tests $make:expr; $($name:ident),*) => {
+        $(
+            #[test]
+            fn $name() {
+                if let Some(t) = $make(concat!(module_path!(), "::", stringify!($name))) {
+                    $crate::suite::$name(&t);
+                }
             }
-        }
-        #[test]
-        fn zero_length_containers_allocate_nothing() {
-            if let Some(t) = $make("zero_length_containers_allocate_nothing") {
-                $crate::suite::zero_length_containers_allocate_nothing(&t);
-            }
-        }
-        #[test]
-        fn resize_beyond_the_limit_is_an_error_and_leaves_the_container_unchanged() {
-            if let Some(t) = $make("resize_beyond_the_limit_is_an_error_and_leaves_the_container_unchanged") {
-                $crate::suite::resize_beyond_the_limit_is_an_error_and_leaves_the_container_unchanged(&t);
-            }
-        }
-        #[test]
-        fn uvector_elements_and_growth() {
-            if let Some(t) = $make("uvector_elements_and_growth") {
-                $crate::suite::uvector_elements_and_growth(&t);
-            }
-        }
-        #[test]
-        fn buffer_vector_conversions() {
-            if let Some(t) = $make("buffer_vector_conversions") {
-                $crate::suite::buffer_vector_conversions(&t);
-            }
-        }
-        #[test]
-        fn deep_copy_and_stream_change() {
-            if let Some(t) = $make("deep_copy_and_stream_change") {
-                $crate::suite::deep_copy_and_stream_change(&t);
-            }
-        }
-        #[test]
-        fn scalar_round_trip() {
-            if let Some(t) = $make("scalar_round_trip") {
-                $crate::suite::scalar_round_trip(&t);
-            }
-        }
+        )*
     };
 }
