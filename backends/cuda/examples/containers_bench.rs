@@ -71,7 +71,13 @@ fn churn<R: MemoryResource<&'static CudaStream> + Copy>(
 fn main() {
     // A first argument that is not a number (a test runner's flag) leaves the default.
     let passes: usize = std::env::args().nth(1).and_then(|a| a.parse().ok()).filter(|&n| n > 0).unwrap_or(7);
-    let device = Device::get(0).expect("a CUDA device");
+    let device = match Device::get(0) {
+        Ok(d) => d,
+        Err(e) => {
+            eprintln!("containers_bench: no CUDA device ({e}); nothing was measured");
+            std::process::exit(2);
+        }
+    };
     // One stream for the whole run: leaked so that the containers can borrow it for 'static.
     let stream: &'static CudaStream = Box::leak(Box::new(
         CudaStream::with_options(device, StreamOptions { non_blocking: true, priority: 0 }).unwrap(),
