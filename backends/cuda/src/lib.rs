@@ -8,6 +8,7 @@
 //! | [`CudaAsyncMemory`] | `cuMemAllocFromPoolAsync` / `cuMemFreeAsync` on its own pool, the device's default pool, or a pool made elsewhere | `cuda_async_memory_resource`, `cuda_async_view_memory_resource` |
 //! | [`ManagedMemory`] | `cuMemAllocManaged` | `managed_memory_resource` |
 //! | [`Prefetch`] | `cuMemPrefetchAsync` on each allocation | `prefetch_resource_adaptor` |
+//! | [`CudaCopy`] | `cuMemcpy*Async`, `cuMemsetD8Async` | the copies inside `device_buffer`, `device_uvector` |
 //! | [`PinnedMemory`] | `cuMemHostAlloc` / `cuMemFreeHost` | `pinned_memory_resource` |
 //! | [`CudaStream`], [`CudaEvent`], [`StreamPool`] | `cuStream*`, `cuEvent*` | `cuda_stream`, `cuda_stream_pool` |
 //! | [`Device`], [`Context`] | `cuDevice*`, primary contexts | `cuda_device_id` |
@@ -51,6 +52,7 @@
 
 mod async_memory;
 mod context;
+mod copy;
 mod device_memory;
 mod error;
 mod managed;
@@ -63,6 +65,7 @@ pub mod sys;
 
 pub use async_memory::{AsyncConfig, CudaAsyncMemory, IpcHandle};
 pub use context::{driver_version, init, Context, Device, MemoryInfo};
+pub use copy::CudaCopy;
 pub use device_memory::CudaMemory;
 pub use error::{error_from_code, error_name};
 pub use managed::{ManagedMemory, Prefetch};
@@ -115,6 +118,7 @@ mod tests {
         send_sync::<CudaEvent>();
         send_sync::<StreamPool>();
         send_sync::<Context>();
+        send_sync::<CudaCopy>();
     }
 
     #[test]

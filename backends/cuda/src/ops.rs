@@ -54,15 +54,8 @@ pub unsafe fn copy(stream: &CudaStream, dst: u64, src: u64, bytes: usize) -> Res
 ///
 /// The driver's error as [`Error::Backend`](memres_core::Error::Backend).
 pub unsafe fn copy_to_host(stream: &CudaStream, dst: &mut [u8], src: u64) -> Result<()> {
-    stream.scope(|| {
-        // SAFETY: `dst` is borrowed mutably until this call returns, which is
-        // after the stream (and so the copy) has finished; the caller vouches for `src`.
-        check(unsafe {
-            sys::cuMemcpyDtoHAsync_v2(dst.as_mut_ptr().cast::<c_void>(), src, dst.len(), stream.raw())
-        })?;
-        // SAFETY: the stream is valid while borrowed.
-        check(unsafe { sys::cuStreamSynchronize(stream.raw()) })
-    })
+    // SAFETY: the caller vouches for `src`; the stream is valid while borrowed.
+    stream.scope(|| unsafe { device_to_host(stream.raw(), dst, src) })
 }
 
 /// Copies `src` into device memory at `dst` after the work queued on
@@ -77,13 +70,34 @@ pub unsafe fn copy_to_host(stream: &CudaStream, dst: &mut [u8], src: u64) -> Res
 ///
 /// The driver's error as [`Error::Backend`](memres_core::Error::Backend).
 pub unsafe fn copy_from_host(stream: &CudaStream, dst: u64, src: &[u8]) -> Result<()> {
-    stream.scope(|| {
-        // SAFETY: `src` is borrowed until this call returns, after the copy;
-        // the caller vouches for `dst`.
-        check(unsafe {
-            sys::cuMemcpyHtoDAsync_v2(dst, src.as_ptr().cast::<c_void>(), src.len(), stream.raw())
-        })?;
-        // SAFETY: the stream is valid while borrowed.
-        check(unsafe { sys::cuStreamSynchronize(stream.raw()) })
-    })
+    // SAFETY: the caller vouches for `dst`; the stream is valid while borrowed.
+    stream.scope(|| unsafe { host_to_device(stream.raw(), dst, src) })
+}
+
+/// [`copy_to_host`] on a raw stream, in the current context.
+///
+/// # Safety
+///
+/// As [`copy_to_host`]; `raw` must be a valid stream of the current context
+/// (or a default stream handle).
+pub(crate) unsafe fn device_to_host(raw: sys::CUstream, dst: &mut [u8], src: u64) -> Result<()> {
+    // SAFETY: `dst` is borrowed mutably until this call returns, which is
+    // after the stream (and so the copy) has finished; the caller vouches for `src`.
+    check(unsafe { sys::cuMemcpyDtoHAsync_v2(dst.as_mut_ptr().cast::<c_void>(), src, dst.len(), raw) })?;
+    // SAFETY: the caller vouches for the stream.
+    check(unsafe { sys::cuStreamSynchronize(raw) })
+}
+
+/// [`copy_from_host`] on a raw stream, in the current context.
+///
+/// # Safety
+///
+/// As [`copy_from_host`]; `raw` must be a valid stream of the current
+/// context (or a default stream handle).
+pub(crate) unsafe fn host_to_device(raw: sys::CUstream, dst: u64, src: &[u8]) -> Result<()> {
+    // SAFETY: `src` is borrowed until this call returns, after the copy;
+    // the caller vouches for `dst`.
+    check(unsafe { sys::cuMemcpyHtoDAsync_v2(dst, src.as_ptr().cast::<c_void>(), src.len(), raw) })?;
+    // SAFETY: the caller vouches for the stream.
+    check(unsafe { sys::cuStreamSynchronize(raw) })
 }

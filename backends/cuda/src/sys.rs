@@ -126,6 +126,7 @@ extern "C" {
     pub fn cuMemFreeAsync(dptr: CUdeviceptr, stream: CUstream) -> CuResult;
 
     pub fn cuMemsetD32Async(dst: CUdeviceptr, value: c_uint, count: usize, stream: CUstream) -> CuResult;
+    pub fn cuMemsetD8Async(dst: CUdeviceptr, value: u8, count: usize, stream: CUstream) -> CuResult;
     pub fn cuMemcpyAsync(dst: CUdeviceptr, src: CUdeviceptr, bytes: usize, stream: CUstream) -> CuResult;
     pub fn cuMemcpyDtoHAsync_v2(
         dst: *mut c_void,
