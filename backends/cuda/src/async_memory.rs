@@ -3,7 +3,8 @@
 
 use crate::context::{Context, Device};
 use crate::error::{check, check_free};
-use crate::place::{allocate_with, base_of};
+use crate::live::LiveAllocations;
+use crate::place::{allocate_with, base_of, out_of_memory, padded_size};
 use crate::stream::AsRawStream;
 use crate::sys;
 use memres_core::{Block, Error, MemoryResource, Request, Result};
@@ -156,6 +157,8 @@ pub struct CudaAsyncMemory {
     owned: bool,
     /// The pool's device's primary context, retained while the resource lives.
     context: Context,
+    /// The allocations handed out and not yet freed.
+    live: LiveAllocations,
 }
 
 // SAFETY: a memory pool handle may be used from any thread (the driver
@@ -202,7 +205,7 @@ impl CudaAsyncMemory {
             Ok(pool)
         })?;
         // From here on, dropping `mr` destroys the pool: early returns leave nothing.
-        let mr = CudaAsyncMemory { pool, owned: true, context };
+        let mr = CudaAsyncMemory { pool, owned: true, context, live: LiveAllocations::default() };
         let info = mr.context.memory_info()?;
         if driver_version_below(11050) {
             // Drivers before 11.5 reuse opportunistically in ways that break
@@ -236,7 +239,7 @@ impl CudaAsyncMemory {
         // SAFETY: the driver is initialized (a context was retained); the
         // out parameter is a live local.
         check(unsafe { sys::cuDeviceGetDefaultMemPool(&mut pool, device.raw()) })?;
-        Ok(CudaAsyncMemory { pool, owned: false, context })
+        Ok(CudaAsyncMemory { pool, owned: false, context, live: LiveAllocations::default() })
     }
 
     /// A view of a pool made elsewhere; it is not destroyed on drop.
@@ -250,7 +253,12 @@ impl CudaAsyncMemory {
     ///
     /// The driver's error as [`Error::Backend`].
     pub unsafe fn from_pool(device: Device, pool: sys::CUmemoryPool) -> Result<CudaAsyncMemory> {
-        Ok(CudaAsyncMemory { pool, owned: false, context: device.primary_context()? })
+        Ok(CudaAsyncMemory {
+            pool,
+            owned: false,
+            context: device.primary_context()?,
+            live: LiveAllocations::default(),
+        })
     }
 
     /// The driver's pool handle.
@@ -366,10 +374,14 @@ impl<S: AsRawStream + ?Sized> MemoryResource<S> for CudaAsyncMemory {
         if request.is_zero() {
             return Ok(Block::EMPTY);
         }
+        if padded_size(request)? as u64 > self.live.device_total(&self.context) {
+            return Err(out_of_memory(&self.context, request.size(), self.reserved_bytes().ok()));
+        }
         let raw = stream.as_raw_stream();
         stream.context().unwrap_or(&self.context).scope(|| {
             allocate_with(
                 &self.context,
+                &self.live,
                 request,
                 // SAFETY: a context is current; the pool is valid while `self`
                 // lives and the stream while borrowed; the out parameter is a live local.
@@ -386,13 +398,19 @@ impl<S: AsRawStream + ?Sized> MemoryResource<S> for CudaAsyncMemory {
             return Ok(());
         }
         let base = base_of(block)?;
+        self.live.remove(base, block.addr(), block.size())?;
         let raw = stream.as_raw_stream();
-        stream
+        let freed = stream
             .context()
             .unwrap_or(&self.context)
-            // SAFETY: the driver checks the address (an unknown one is an
-            // error); the stream is valid while borrowed.
-            .scope(|| check_free(unsafe { sys::cuMemFreeAsync(base, raw) }, block.addr()))
+            // SAFETY: `base` is a live allocation of this pool (just taken out
+            // of the table, so no one frees it twice); the stream is valid
+            // while borrowed.
+            .scope(|| check_free(unsafe { sys::cuMemFreeAsync(base, raw) }, block.addr()));
+        if freed.is_err() {
+            self.live.restore(base, block.size());
+        }
+        freed
     }
 }
 

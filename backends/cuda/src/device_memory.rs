@@ -2,9 +2,11 @@
 
 use crate::context::{Context, Device};
 use crate::error::check_free;
-use crate::place::{allocate_with, base_of};
+use crate::live::LiveAllocations;
+use crate::place::{allocate_with, base_of, out_of_memory, padded_size};
 use crate::sys;
 use memres_core::{Block, MemoryResource, Request, Result, Stream};
+use std::sync::Arc;
 
 /// Device memory straight from the driver (`cuMemAlloc` / `cuMemFree`):
 /// RMM's `cuda_memory_resource`.
@@ -45,6 +47,8 @@ use memres_core::{Block, MemoryResource, Request, Result, Stream};
 pub struct CudaMemory {
     /// The device's primary context, retained while the resource lives.
     context: Context,
+    /// The allocations handed out and not yet freed (shared by clones).
+    live: Arc<LiveAllocations>,
 }
 
 impl CudaMemory {
@@ -54,7 +58,7 @@ impl CudaMemory {
     ///
     /// The driver's error as [`Error::Backend`](memres_core::Error::Backend).
     pub fn new(device: Device) -> Result<CudaMemory> {
-        Ok(CudaMemory { context: device.primary_context()? })
+        Ok(CudaMemory { context: device.primary_context()?, live: Arc::default() })
     }
 
     /// The device.
@@ -73,9 +77,13 @@ impl<S: Stream + ?Sized> MemoryResource<S> for CudaMemory {
         if request.is_zero() {
             return Ok(Block::EMPTY);
         }
+        if padded_size(request)? as u64 > self.live.device_total(&self.context) {
+            return Err(out_of_memory(&self.context, request.size(), None));
+        }
         self.context.scope(|| {
             allocate_with(
                 &self.context,
+                &self.live,
                 request,
                 // SAFETY: our context is current; the out parameter is a live local.
                 |bytes, base| unsafe { sys::cuMemAlloc_v2(base, bytes) },
@@ -91,8 +99,13 @@ impl<S: Stream + ?Sized> MemoryResource<S> for CudaMemory {
             return Ok(());
         }
         let base = base_of(block)?;
-        // SAFETY: the driver checks the address and answers one it did not
-        // hand out (or freed already) with an error, never corruption.
-        self.context.scope(|| check_free(unsafe { sys::cuMemFree_v2(base) }, block.addr()))
+        self.live.remove(base, block.addr(), block.size())?;
+        // SAFETY: `base` is a live allocation of ours (just taken out of the
+        // table, so no one frees it twice); our context is made current.
+        let freed = self.context.scope(|| check_free(unsafe { sys::cuMemFree_v2(base) }, block.addr()));
+        if freed.is_err() {
+            self.live.restore(base, block.size());
+        }
+        freed
     }
 }

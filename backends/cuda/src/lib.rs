@@ -55,6 +55,7 @@ mod context;
 mod copy;
 mod device_memory;
 mod error;
+mod live;
 mod managed;
 mod pinned;
 mod place;

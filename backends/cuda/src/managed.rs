@@ -2,10 +2,12 @@
 
 use crate::context::{Context, Device};
 use crate::error::{check_free, error_from_code};
+use crate::live::LiveAllocations;
 use crate::place::{allocate_with, base_of};
 use crate::stream::AsRawStream;
 use crate::sys;
 use memres_core::{Block, MemoryResource, Request, Result, Stream};
+use std::sync::Arc;
 
 /// Managed memory (`cuMemAllocManaged`, attached globally): RMM's
 /// `managed_memory_resource`. The driver migrates its pages between host
@@ -38,6 +40,8 @@ use memres_core::{Block, MemoryResource, Request, Result, Stream};
 pub struct ManagedMemory {
     /// The device's primary context, retained while the resource lives.
     context: Context,
+    /// The allocations handed out and not yet freed (shared by clones).
+    live: Arc<LiveAllocations>,
 }
 
 impl ManagedMemory {
@@ -47,7 +51,7 @@ impl ManagedMemory {
     ///
     /// The driver's error as [`Error::Backend`](memres_core::Error::Backend).
     pub fn new(device: Device) -> Result<ManagedMemory> {
-        Ok(ManagedMemory { context: device.primary_context()? })
+        Ok(ManagedMemory { context: device.primary_context()?, live: Arc::default() })
     }
 
     /// The device whose context the memory was allocated in.
@@ -64,6 +68,7 @@ impl<S: Stream + ?Sized> MemoryResource<S> for ManagedMemory {
         self.context.scope(|| {
             allocate_with(
                 &self.context,
+                &self.live,
                 request,
                 // SAFETY: our context is current; the out parameter is a live local.
                 |bytes, base| unsafe { sys::cuMemAllocManaged(base, bytes, sys::CU_MEM_ATTACH_GLOBAL) },
@@ -79,9 +84,14 @@ impl<S: Stream + ?Sized> MemoryResource<S> for ManagedMemory {
             return Ok(());
         }
         let base = base_of(block)?;
-        // SAFETY: the driver checks the address and answers one it did not
-        // hand out (or freed already) with an error.
-        self.context.scope(|| check_free(unsafe { sys::cuMemFree_v2(base) }, block.addr()))
+        self.live.remove(base, block.addr(), block.size())?;
+        // SAFETY: `base` is a live allocation of ours (just taken out of the
+        // table, so no one frees it twice); our context is made current.
+        let freed = self.context.scope(|| check_free(unsafe { sys::cuMemFree_v2(base) }, block.addr()));
+        if freed.is_err() {
+            self.live.restore(base, block.size());
+        }
+        freed
     }
 }
 

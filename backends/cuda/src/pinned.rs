@@ -2,9 +2,11 @@
 
 use crate::context::{Context, Device};
 use crate::error::check_free;
+use crate::live::LiveAllocations;
 use crate::place::{allocate_with, base_of};
 use crate::sys;
 use memres_core::{Block, MemoryResource, Request, Result, Stream};
+use std::sync::Arc;
 
 /// Page-locked (pinned) host memory (`cuMemHostAlloc` / `cuMemFreeHost`):
 /// RMM's `pinned_memory_resource`. Copies between it and the device run
@@ -40,6 +42,8 @@ pub struct PinnedMemory {
     context: Context,
     /// `cuMemHostAlloc` flags.
     flags: u32,
+    /// The allocations handed out and not yet freed (shared by clones).
+    live: Arc<LiveAllocations>,
 }
 
 impl PinnedMemory {
@@ -60,7 +64,7 @@ impl PinnedMemory {
     /// The driver's error as [`Error::Backend`](memres_core::Error::Backend);
     /// invalid flags are reported by the first allocation.
     pub fn with_flags(device: Device, flags: u32) -> Result<PinnedMemory> {
-        Ok(PinnedMemory { context: device.primary_context()?, flags })
+        Ok(PinnedMemory { context: device.primary_context()?, flags, live: Arc::default() })
     }
 }
 
@@ -72,6 +76,7 @@ impl<S: Stream + ?Sized> MemoryResource<S> for PinnedMemory {
         self.context.scope(|| {
             allocate_with(
                 &self.context,
+                &self.live,
                 request,
                 |bytes, base| {
                     let mut p = core::ptr::null_mut();
@@ -92,10 +97,15 @@ impl<S: Stream + ?Sized> MemoryResource<S> for PinnedMemory {
             return Ok(());
         }
         let base = base_of(block)?;
-        // SAFETY: the driver looks the address up among its pinned
-        // allocations and answers an unknown one with an error, without
-        // touching it.
-        self.context
-            .scope(|| check_free(unsafe { sys::cuMemFreeHost(base as *mut core::ffi::c_void) }, block.addr()))
+        self.live.remove(base, block.addr(), block.size())?;
+        let freed = self.context.scope(|| {
+            // SAFETY: `base` is a live pinned allocation of ours (just taken
+            // out of the table, so no one frees it twice).
+            check_free(unsafe { sys::cuMemFreeHost(base as *mut core::ffi::c_void) }, block.addr())
+        });
+        if freed.is_err() {
+            self.live.restore(base, block.size());
+        }
+        freed
     }
 }

@@ -3,6 +3,7 @@
 
 use crate::context::Context;
 use crate::error::error_from_code;
+use crate::live::LiveAllocations;
 use crate::sys;
 use memres_core::{Block, Error, Request, Result};
 
@@ -52,6 +53,7 @@ pub(crate) const MISALIGNED: Error =
 /// Callers make the context current first.
 pub(crate) fn allocate_with(
     context: &Context,
+    live: &LiveAllocations,
     request: Request,
     alloc: impl FnOnce(usize, &mut u64) -> sys::CuResult,
     free: impl FnOnce(u64) -> sys::CuResult,
@@ -68,7 +70,10 @@ pub(crate) fn allocate_with(
         code => return Err(error_from_code(code)),
     }
     match place(base, bytes, request) {
-        Some(block) => Ok(block),
+        Some(block) => {
+            live.insert(base, request.size());
+            Ok(block)
+        }
         None => {
             // Nothing to do if giving it back fails too: report the first error.
             let _ = free(base);
