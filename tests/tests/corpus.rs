@@ -1,0 +1,69 @@
+//! Replays the committed fuzz corpus (`fuzz/corpus/<target>/`) through the
+//! harness on stable Rust, and runs each target over a few hundred
+//! pseudo-random inputs.
+
+use memres_core::testing::SplitMix64;
+use memres_tests::fuzz;
+use std::path::PathBuf;
+
+/// Every fuzz target, by the name of its `fuzz/fuzz_targets/<name>.rs`.
+const TARGETS: &[(&str, fn(&[u8]))] =
+    &[("index", fuzz::run_index), ("pool", fuzz::run_pool), ("pool_stack", fuzz::run_pool_stack)];
+
+fn corpus_dir(target: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../fuzz/corpus").join(target)
+}
+
+fn replay(target: &str, run: fn(&[u8])) {
+    let dir = corpus_dir(target);
+    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .unwrap_or_else(|e| panic!("target {target} has no corpus at {}: {e}", dir.display()))
+        .map(|e| e.expect("corpus entry").path())
+        .filter(|p| p.is_file())
+        .collect();
+    files.sort();
+    assert!(!files.is_empty(), "target {target} has an empty corpus at {}", dir.display());
+    for file in &files {
+        let data = std::fs::read(file).expect("read corpus file");
+        let got = std::panic::catch_unwind(|| run(&data));
+        assert!(got.is_ok(), "target {target}: corpus file {} fails", file.display());
+    }
+}
+
+#[test]
+fn corpus_index() {
+    replay("index", fuzz::run_index);
+}
+
+#[test]
+fn corpus_pool() {
+    replay("pool", fuzz::run_pool);
+}
+
+#[test]
+fn corpus_pool_stack() {
+    replay("pool_stack", fuzz::run_pool_stack);
+}
+
+#[test]
+fn every_fuzz_target_is_replayed() {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../fuzz/fuzz_targets");
+    for entry in std::fs::read_dir(&dir).expect("fuzz_targets folder") {
+        let path = entry.expect("entry").path();
+        let name = path.file_stem().and_then(|s| s.to_str()).expect("target name");
+        assert!(TARGETS.iter().any(|(t, _)| *t == name), "fuzz target {name} is missing from corpus.rs");
+        assert!(corpus_dir(name).is_dir(), "fuzz target {name} has no corpus");
+    }
+}
+
+#[test]
+fn random_inputs() {
+    let mut rng = SplitMix64::new(0x5eed);
+    for &(_, run) in TARGETS {
+        for _ in 0..200 {
+            let len = rng.below(2048) as usize;
+            let data: Vec<u8> = (0..len).map(|_| rng.next_u64() as u8).collect();
+            run(&data);
+        }
+    }
+}
