@@ -473,7 +473,9 @@ impl<N: Storage<Node>> CoalescingIndex<N> {
             self.insert_free(front);
         }
         if self.node(i).size > bytes {
-            let tail = self.split_after(i, bytes);
+            // Off unless built with the planted bug: the tail one granule early.
+            let at = if cfg!(memres_plant = "split_off_by_one") { bytes - self.granule() } else { bytes };
+            let tail = self.split_after(i, at);
             self.insert_free(tail);
         }
         let node = self.node_mut(i);
@@ -549,7 +551,9 @@ impl<N: Storage<Node>> CoalescingIndex<N> {
         self.used_bytes -= n.size;
         self.used_count -= 1;
         let mut i = i;
-        if n.next_phys != NONE && self.node(n.next_phys).state == State::Free {
+        // Off unless built with the planted bug: no merge with the next range.
+        let plant = cfg!(memres_plant = "skip_coalesce");
+        if n.next_phys != NONE && self.node(n.next_phys).state == State::Free && !plant {
             let j = n.next_phys;
             self.remove_free(j);
             self.absorb_next(i, j);

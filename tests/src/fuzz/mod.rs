@@ -21,7 +21,9 @@ mod ops;
 pub mod targets;
 
 pub use ops::{Op, SizeClass};
-pub use targets::{run_index, run_pool, run_pool_stack, run_stack, LayerCheck, LayerJudge, Layers, SharedPool};
+pub use targets::{
+    run_index, run_pool, run_pool_stack, run_stack, LayerCheck, LayerJudge, Layers, SharedPool,
+};
 
 use arbitrary::Unstructured;
 use memres_core::check::LiveBlocks;
@@ -277,7 +279,11 @@ fn apply<R: FuzzResource>(r: &mut R, m: &mut Model, op: Op) {
             let i = index % m.live.len();
             let b = m.live[i].block;
             let size = wrong_size(b.size(), delta);
-            let block = if by_address { Block::from_addr(b.addr(), size) } else { Block::new(b.addr(), size, b.tag()) };
+            let block = if by_address {
+                Block::from_addr(b.addr(), size)
+            } else {
+                Block::new(b.addr(), size, b.tag())
+            };
             m.note(format_args!("free live {b:?} with size {size}"));
             let (fp_old, fp_new) = (m.live[i].footprint, r.footprint(size));
             let before = r.summary();
@@ -319,7 +325,8 @@ fn apply<R: FuzzResource>(r: &mut R, m: &mut Model, op: Op) {
             if m.live.iter().any(|l| l.block.addr() == addr) || addr.checked_add(256).is_none() {
                 return; // handed out: not foreign
             }
-            let block = if tag == Block::NO_TAG { Block::from_addr(addr, 256) } else { Block::new(addr, 256, tag) };
+            let block =
+                if tag == Block::NO_TAG { Block::from_addr(addr, 256) } else { Block::new(addr, 256, tag) };
             m.note(format_args!("foreign free {block:?}"));
             stale_or_foreign_free(r, m, block, true, false);
         }
@@ -388,7 +395,13 @@ fn allocate<R: FuzzResource>(r: &mut R, m: &mut Model, size: u64, align: u64) {
 /// A free of a block that is not live (stale: freed before; foreign: never
 /// handed out). By address, a stale address that is live again is a valid
 /// free of that live block.
-fn stale_or_foreign_free<R: FuzzResource>(r: &mut R, m: &mut Model, block: Block, gave_back: bool, stale: bool) {
+fn stale_or_foreign_free<R: FuzzResource>(
+    r: &mut R,
+    m: &mut Model,
+    block: Block,
+    gave_back: bool,
+    stale: bool,
+) {
     let addr = block.addr();
     let before = r.summary();
     if let Some(i) = m.live.iter().position(|l| l.block.addr() == addr) {
@@ -397,7 +410,14 @@ fn stale_or_foreign_free<R: FuzzResource>(r: &mut R, m: &mut Model, block: Block
         if tagged_stale {
             // A stale tag for an address handed out again: never the new block.
             let got = r.deallocate(block);
-            expect_unchanged_err(r, m, got, &[Error::DoubleFree { addr }], &before, "stale free of a reused address");
+            expect_unchanged_err(
+                r,
+                m,
+                got,
+                &[Error::DoubleFree { addr }],
+                &before,
+                "stale free of a reused address",
+            );
         } else if r.footprint(block.size()) == live.footprint {
             if let Err(e) = r.deallocate(block) {
                 m.fail(&format!("address-only free of live {:?} failed: {e:?}", live.block));

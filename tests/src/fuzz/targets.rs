@@ -120,6 +120,8 @@ impl FuzzResource for IndexTarget {
 
     fn check(&self, model: &Model) -> std::result::Result<(), String> {
         self.index.check().map_err(String::from)?;
+        let mut live: Vec<(u64, u64)> = model.live().iter().map(|l| (l.block.addr(), l.footprint)).collect();
+        live.sort_unstable();
         let mut free = 0;
         let mut largest = 0;
         for &(region, first) in &self.regions {
@@ -134,7 +136,7 @@ impl FuzzResource for IndexTarget {
                 if is_free && gi.next() != Some(&r) {
                     bad = Some(r);
                 }
-                if !is_free && model.live().iter().all(|l| l.block.addr() != r.start() || l.footprint != r.len()) {
+                if !is_free && live.binary_search(&(r.start(), r.len())).is_err() {
                     bad = Some(r);
                 }
             });
@@ -149,16 +151,25 @@ impl FuzzResource for IndexTarget {
             return Err(format!("index counts {} bytes free, the model {free}", self.index.free_bytes()));
         }
         if self.index.largest_free() != largest {
-            return Err(format!("largest_free() = {}, the model's largest gap {largest}", self.index.largest_free()));
+            return Err(format!(
+                "largest_free() = {}, the model's largest gap {largest}",
+                self.index.largest_free()
+            ));
         }
         if self.index.used_count() != model.live().len() as u64 {
-            return Err(format!("used_count() = {}, {} live blocks", self.index.used_count(), model.live().len()));
+            return Err(format!(
+                "used_count() = {}, {} live blocks",
+                self.index.used_count(),
+                model.live().len()
+            ));
         }
         if let Some((addr, range)) = self.last_free.take() {
             let region = self.region_of(addr).ok_or("freed address in no region")?.0;
             let gap = model.gaps_in(region).into_iter().find(|g| g.contains(addr));
             if gap != Some(range) {
-                return Err(format!("free of {addr:#x} coalesced into {range:?}, the model's gap is {gap:?}"));
+                return Err(format!(
+                    "free of {addr:#x} coalesced into {range:?}, the model's gap is {gap:?}"
+                ));
             }
         }
         Ok(())
@@ -174,7 +185,12 @@ impl FuzzResource for IndexTarget {
     }
 
     fn summary(&self) -> Vec<u64> {
-        vec![self.index.used_bytes(), self.index.free_bytes(), self.index.used_count(), self.regions.len() as u64]
+        vec![
+            self.index.used_bytes(),
+            self.index.free_bytes(),
+            self.index.used_count(),
+            self.regions.len() as u64,
+        ]
     }
 
     fn give_backs(&self) -> u64 {
@@ -200,7 +216,10 @@ impl FuzzResource for IndexTarget {
         for &(region, _) in &self.regions {
             for gap in model.gaps_in(region) {
                 if gap.len() / g >= sure {
-                    return Err(format!("free range {gap:?} of {} granules surely fits {need} granules", gap.len() / g));
+                    return Err(format!(
+                        "free range {gap:?} of {} granules surely fits {need} granules",
+                        gap.len() / g
+                    ));
                 }
             }
         }
@@ -294,9 +313,12 @@ fn build_pool(u: &mut Unstructured<'_>) -> arbitrary::Result<(Pool, Spy)> {
     config = config.growth(match u.int_in_range(0..=3u8)? {
         0 | 1 => Growth::DEFAULT,
         2 => Growth::Double,
-        _ => Growth::Fraction { divisor: u.int_in_range(1..=16)?, granule: 256 << u.int_in_range(0..=16u32)? },
+        _ => {
+            Growth::Fraction { divisor: u.int_in_range(1..=16)?, granule: 256 << u.int_in_range(0..=16u32)? }
+        }
     });
-    let pool = CoalescingPool::with_config(spy.clone(), config, &()).expect("a valid configuration over a roomy device");
+    let pool = CoalescingPool::with_config(spy.clone(), config, &())
+        .expect("a valid configuration over a roomy device");
     Ok((pool, spy))
 }
 
@@ -333,7 +355,10 @@ fn judge_pool_failure(
             if max_forbids || upstream_refused {
                 Ok(())
             } else {
-                Err(format!("need {need} bytes; the maximum allows it and the upstream refused only {:?}", log.refused))
+                Err(format!(
+                    "need {need} bytes; the maximum allows it and the upstream refused only {:?}",
+                    log.refused
+                ))
             }
         }
         Error::Backend { .. } if log.failed_other => Ok(()),
@@ -344,7 +369,11 @@ fn judge_pool_failure(
 fn check_pool(pool: &Pool, spy: &Spy) -> std::result::Result<(), String> {
     pool.check().map_err(|v| v.to_string())?;
     if spy.inner.held_bytes() != pool.pool_size() {
-        return Err(format!("upstream holds {} bytes for the pool, the pool says {}", spy.inner.held_bytes(), pool.pool_size()));
+        return Err(format!(
+            "upstream holds {} bytes for the pool, the pool says {}",
+            spy.inner.held_bytes(),
+            pool.pool_size()
+        ));
     }
     Ok(())
 }
@@ -406,7 +435,13 @@ impl FuzzResource for PoolTarget {
     fn begin_allocate(&mut self) {
         self.spy.take_log();
     }
-    fn judge_alloc_failure(&self, request: &Request, err: &Error, before: &[u64], _: &Model) -> std::result::Result<(), String> {
+    fn judge_alloc_failure(
+        &self,
+        request: &Request,
+        err: &Error,
+        before: &[u64],
+        _: &Model,
+    ) -> std::result::Result<(), String> {
         judge_pool_failure(&self.pool, &self.spy, request, err, before)
     }
 }
@@ -499,7 +534,13 @@ impl FuzzResource for StackTarget {
     fn begin_allocate(&mut self) {
         self.spy.take_log();
     }
-    fn judge_alloc_failure(&self, request: &Request, err: &Error, before: &[u64], model: &Model) -> std::result::Result<(), String> {
+    fn judge_alloc_failure(
+        &self,
+        request: &Request,
+        err: &Error,
+        before: &[u64],
+        model: &Model,
+    ) -> std::result::Result<(), String> {
         if let Some(verdict) = (self.layers.judge)(request, err, model) {
             return verdict;
         }
