@@ -20,16 +20,16 @@ cd "$(dirname "$0")/.." || exit 2
 # A build of its own, so that the clean fuzz build stays as it is.
 export CARGO_TARGET_DIR=${PLANT_TARGET_DIR:-$PWD/target/plant-$bug}
 export RUSTFLAGS="${RUSTFLAGS:-} --cfg memres_plant=\"$bug\""
-cargo +nightly fuzz build -s none "$target" || exit 2
+cargo +nightly fuzz build -s none --no-trace-compares "$target" || exit 2
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 mkdir -p "$work/corpus"
 start=$(date +%s.%N)
-cargo +nightly fuzz run -s none "$target" "$work/corpus" -- \
+cargo +nightly fuzz run -s none --no-trace-compares "$target" "$work/corpus" -- \
   -max_total_time=60 -artifact_prefix="$work/" -print_final_stats=1 >"$work/log" 2>&1
 status=$?
 end=$(date +%s.%N)
-secs=$(echo "$end - $start" | bc)
+secs=$(printf "%.2f" "$(echo "$end - $start" | bc)")
 runs=$(grep -o 'stat::number_of_executed_units: *[0-9]*' "$work/log" | grep -o '[0-9]*$')
 if [ $status -ne 0 ] && grep -q 'fuzz oracle\|panicked' "$work/log"; then
   echo "plant $bug: caught by target $target after ${secs} s (${runs:-?} executions):"

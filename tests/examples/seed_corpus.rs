@@ -8,9 +8,7 @@ use memres_tests::fuzz;
 
 fn main() {
     let root = std::env::args().nth(1).unwrap_or_else(|| "fuzz/corpus".into());
-    let targets: [(&str, fn(&[u8])); 3] =
-        [("index", fuzz::run_index), ("pool", fuzz::run_pool), ("pool_stack", fuzz::run_pool_stack)];
-    for (t, (name, run)) in targets.into_iter().enumerate() {
+    for (t, &(name, run)) in fuzz::TARGETS.iter().enumerate() {
         let dir = std::path::Path::new(&root).join(name);
         std::fs::create_dir_all(&dir).expect("create corpus folder");
         let mut rng = SplitMix64::new(0xc0ffee + t as u64);

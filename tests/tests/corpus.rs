@@ -6,15 +6,13 @@ use memres_core::testing::SplitMix64;
 use memres_tests::fuzz;
 use std::path::PathBuf;
 
-/// Every fuzz target, by the name of its `fuzz/fuzz_targets/<name>.rs`.
-const TARGETS: &[(&str, fn(&[u8]))] =
-    &[("index", fuzz::run_index), ("pool", fuzz::run_pool), ("pool_stack", fuzz::run_pool_stack)];
+use fuzz::TARGETS;
 
 fn corpus_dir(target: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../fuzz/corpus").join(target)
 }
 
-fn replay(target: &str, run: fn(&[u8])) {
+fn replay(target: &str, run: fuzz::Target) {
     let dir = corpus_dir(target);
     let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
         .unwrap_or_else(|e| panic!("target {target} has no corpus at {}: {e}", dir.display()))

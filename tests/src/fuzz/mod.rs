@@ -30,6 +30,14 @@ use memres_core::check::LiveBlocks;
 use memres_core::{Block, Error, Range, Request, Result};
 use std::fmt::Write as _;
 
+/// A fuzz target: runs one input, panics on a finding.
+pub type Target = fn(&[u8]);
+
+/// Every fuzz target, by the name of its `fuzz/fuzz_targets/<name>.rs` and
+/// corpus folder `fuzz/corpus/<name>/`.
+pub const TARGETS: &[(&str, Target)] =
+    &[("index", run_index), ("pool", run_pool), ("pool_stack", run_pool_stack)];
+
 /// Most operations decoded from one input: keeps each run short.
 pub const MAX_STEPS: usize = 400;
 /// Freed blocks remembered for double frees.

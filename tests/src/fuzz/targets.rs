@@ -332,6 +332,12 @@ fn judge_pool_failure(
 ) -> std::result::Result<(), String> {
     let log = spy.log();
     let pool_size = pool.pool_size();
+    if !log.granted.is_empty() {
+        return Err(format!(
+            "the pool took chunks of {:?} bytes from upstream and still failed",
+            log.granted
+        ));
+    }
     if pool_size > before[2] {
         return Err(format!("the pool grew from {} to {pool_size} and still failed", before[2]));
     }
