@@ -39,6 +39,11 @@ fn corpus_pool() {
 }
 
 #[test]
+fn corpus_pool_fixed() {
+    replay("pool_fixed", fuzz::run_pool_fixed);
+}
+
+#[test]
 fn corpus_pool_stack() {
     replay("pool_stack", fuzz::run_pool_stack);
 }

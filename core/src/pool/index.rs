@@ -228,6 +228,28 @@ impl<N: Storage<Node>> CoalescingIndex<N> {
         Ok(())
     }
 
+    /// Makes sure `n` more ranges can be made (by splits or
+    /// [`add_range`](Self::add_range)) without running out of metadata: a
+    /// caller that must not fail halfway (a pool about to take a chunk from
+    /// upstream) asks first.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::CapacityExhausted`] if the storage cannot hold `n` more.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use memres_core::pool::{CoalescingIndex, Node};
+    /// use memres_core::storage::ArrayStorage;
+    /// let mut index: CoalescingIndex<ArrayStorage<Node, 2>> = CoalescingIndex::new(256);
+    /// assert!(index.reserve(2).is_ok());
+    /// assert!(index.reserve(3).is_err());
+    /// ```
+    pub fn reserve(&mut self, n: u32) -> Result<()> {
+        self.reserve_nodes(n)
+    }
+
     /// Takes a vacant slot; `reserve_nodes` must have made sure there is one.
     #[inline]
     fn take_vacant(&mut self) -> u32 {

@@ -401,6 +401,9 @@ impl<U, N: Storage<Node>, C: Storage<Chunk>> CoalescingPool<U, N, C> {
         if self.config.release_on_grow {
             self.release(stream)?;
         }
+        // Slots for the chunk's range and the split of the block out of it,
+        // before taking anything from upstream: a failed call changes nothing.
+        self.index.reserve(3)?;
         let mut size = self.growth_size(need);
         let first = loop {
             match self.add_chunk(size, stream) {

@@ -22,7 +22,8 @@ pub mod targets;
 
 pub use ops::{Op, SizeClass};
 pub use targets::{
-    run_index, run_pool, run_pool_stack, run_stack, LayerCheck, LayerJudge, Layers, SharedPool,
+    run_index, run_pool, run_pool_fixed, run_pool_stack, run_stack, LayerCheck, LayerJudge, Layers,
+    SharedPool,
 };
 
 use arbitrary::Unstructured;
@@ -35,8 +36,12 @@ pub type Target = fn(&[u8]);
 
 /// Every fuzz target, by the name of its `fuzz/fuzz_targets/<name>.rs` and
 /// corpus folder `fuzz/corpus/<name>/`.
-pub const TARGETS: &[(&str, Target)] =
-    &[("index", run_index), ("pool", run_pool), ("pool_stack", run_pool_stack)];
+pub const TARGETS: &[(&str, Target)] = &[
+    ("index", run_index),
+    ("pool", run_pool),
+    ("pool_fixed", run_pool_fixed),
+    ("pool_stack", run_pool_stack),
+];
 
 /// Most operations decoded from one input: keeps each run short.
 pub const MAX_STEPS: usize = 400;

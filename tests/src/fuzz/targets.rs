@@ -2,7 +2,8 @@
 
 use super::{drive, FuzzResource, Model};
 use arbitrary::Unstructured;
-use memres_core::pool::{CoalescingIndex, CoalescingPool, Growth, PoolConfig};
+use memres_core::pool::{Chunk, CoalescingIndex, CoalescingPool, Growth, Node, PoolConfig};
+use memres_core::storage::{ArrayStorage, Storage};
 use memres_core::{Block, Error, MemoryResource, MemoryResourceMut, Range, Request, Result, Shared, Stream};
 use memres_host::SimDevice;
 use std::cell::Cell;
@@ -293,9 +294,11 @@ impl<S: Stream + ?Sized> MemoryResource<S> for Spy {
 
 // ---------------------------------------------------------------- pool
 
-type Pool = CoalescingPool<Spy>;
+type Pool<N = Vec<Node>, C = Vec<Chunk>> = CoalescingPool<Spy, N, C>;
 
-fn build_pool(u: &mut Unstructured<'_>) -> arbitrary::Result<(Pool, Spy)> {
+fn build_pool<N: Storage<Node>, C: Storage<Chunk>>(
+    u: &mut Unstructured<'_>,
+) -> arbitrary::Result<(Pool<N, C>, Spy)> {
     let capacity = *u.choose(&[64u64 << 20, 1 << 30, 1 << 44])?;
     let spy = Spy::new(capacity);
     let initial = match u.int_in_range(0..=3u8)? {
@@ -317,14 +320,14 @@ fn build_pool(u: &mut Unstructured<'_>) -> arbitrary::Result<(Pool, Spy)> {
             Growth::Fraction { divisor: u.int_in_range(1..=16)?, granule: 256 << u.int_in_range(0..=16u32)? }
         }
     });
-    let pool = CoalescingPool::with_config(spy.clone(), config, &())
+    let pool = CoalescingPool::with_config_in(spy.clone(), config, &())
         .expect("a valid configuration over a roomy device");
     Ok((pool, spy))
 }
 
 /// What the pool's answers are judged by, for the pool alone or under a stack.
-fn judge_pool_failure(
-    pool: &Pool,
+fn judge_pool_failure<N: Storage<Node>, C: Storage<Chunk>>(
+    pool: &Pool<N, C>,
     spy: &Spy,
     request: &Request,
     err: &Error,
@@ -332,17 +335,17 @@ fn judge_pool_failure(
 ) -> std::result::Result<(), String> {
     let log = spy.log();
     let pool_size = pool.pool_size();
-    if !log.granted.is_empty() {
-        return Err(format!(
-            "the pool took chunks of {:?} bytes from upstream and still failed",
-            log.granted
-        ));
-    }
     if pool_size > before[2] {
         return Err(format!("the pool grew from {} to {pool_size} and still failed", before[2]));
     }
     match *err {
         Error::OutOfMemory { requested, largest_free, pool_size: ps, max_size } => {
+            if !log.granted.is_empty() {
+                return Err(format!(
+                    "the pool took chunks of {:?} bytes from upstream and still failed",
+                    log.granted
+                ));
+            }
             if requested != request.size()
                 || largest_free != pool.largest_free()
                 || ps != pool_size
@@ -368,11 +371,25 @@ fn judge_pool_failure(
             }
         }
         Error::Backend { .. } if log.failed_other => Ok(()),
+        // Fixed-capacity metadata: legitimate only once every slot is made.
+        Error::CapacityExhausted { capacity } => {
+            let nodes_full =
+                capacity == N::default().max_len() && pool.index().node_slots() as u32 == capacity;
+            let chunks_full = capacity == C::default().max_len() && pool.chunk_count() as u32 == capacity;
+            if nodes_full || chunks_full {
+                Ok(())
+            } else {
+                Err(format!("{} node slots, {} chunks", pool.index().node_slots(), pool.chunk_count()))
+            }
+        }
         _ => Err(format!("unexpected error; upstream log {log:?}")),
     }
 }
 
-fn check_pool(pool: &Pool, spy: &Spy) -> std::result::Result<(), String> {
+fn check_pool<N: Storage<Node>, C: Storage<Chunk>>(
+    pool: &Pool<N, C>,
+    spy: &Spy,
+) -> std::result::Result<(), String> {
     pool.check().map_err(|v| v.to_string())?;
     if spy.inner.held_bytes() != pool.pool_size() {
         return Err(format!(
@@ -384,11 +401,11 @@ fn check_pool(pool: &Pool, spy: &Spy) -> std::result::Result<(), String> {
     Ok(())
 }
 
-fn pool_summary(pool: &Pool) -> Vec<u64> {
+fn pool_summary<N: Storage<Node>, C: Storage<Chunk>>(pool: &Pool<N, C>) -> Vec<u64> {
     vec![pool.used_bytes(), pool.free_bytes(), pool.pool_size(), pool.chunk_count() as u64]
 }
 
-fn released(pool: &Pool, got: Result<u64>) -> Result<u64> {
+fn released<N: Storage<Node>, C: Storage<Chunk>>(pool: &Pool<N, C>, got: Result<u64>) -> Result<u64> {
     if let Ok(bytes) = got {
         // Every wholly free chunk is gone: with nothing in use, nothing is held.
         assert!(
@@ -403,12 +420,12 @@ fn released(pool: &Pool, got: Result<u64>) -> Result<u64> {
 /// `CoalescingPool` over a `SimDevice`, with or without a maximum, default
 /// or doubling growth.
 #[derive(Debug)]
-struct PoolTarget {
-    pool: Pool,
+struct PoolTarget<N: Storage<Node> = Vec<Node>, C: Storage<Chunk> = Vec<Chunk>> {
+    pool: Pool<N, C>,
     spy: Spy,
 }
 
-impl FuzzResource for PoolTarget {
+impl<N: Storage<Node>, C: Storage<Chunk>> FuzzResource for PoolTarget<N, C> {
     fn allocate(&mut self, request: Request) -> Result<Block> {
         self.pool.allocate(request, &())
     }
@@ -455,7 +472,17 @@ impl FuzzResource for PoolTarget {
 /// Fuzz target `pool`: [`CoalescingPool`] over a [`SimDevice`].
 pub fn run_pool(data: &[u8]) {
     let mut u = Unstructured::new(data);
-    let Ok((pool, spy)) = build_pool(&mut u) else { return };
+    let Ok((pool, spy)) = build_pool::<Vec<Node>, Vec<Chunk>>(&mut u) else { return };
+    drive(&mut PoolTarget { pool, spy }, &mut u);
+}
+
+/// Fuzz target `pool_fixed`: [`CoalescingPool`] with fixed-capacity metadata
+/// (32 nodes, 4 chunks), where running out is `CapacityExhausted`.
+pub fn run_pool_fixed(data: &[u8]) {
+    let mut u = Unstructured::new(data);
+    let Ok((pool, spy)) = build_pool::<ArrayStorage<Node, 32>, ArrayStorage<Chunk, 4>>(&mut u) else {
+        return;
+    };
     drive(&mut PoolTarget { pool, spy }, &mut u);
 }
 
@@ -566,7 +593,7 @@ impl FuzzResource for StackTarget {
 /// ```
 pub fn run_stack(data: &[u8], wrap: impl FnOnce(Arc<SharedPool>) -> Layers) {
     let mut u = Unstructured::new(data);
-    let Ok((pool, spy)) = build_pool(&mut u) else { return };
+    let Ok((pool, spy)) = build_pool::<Vec<Node>, Vec<Chunk>>(&mut u) else { return };
     let pool = Arc::new(Shared::new(pool));
     let layers = wrap(Arc::clone(&pool));
     drive(&mut StackTarget { layers, pool, spy }, &mut u);
