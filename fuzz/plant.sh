@@ -8,7 +8,9 @@
 #   fuzz/plant.sh missing_wait       # stream layer: reuse across streams without the event wait
 #
 # An optional second argument names the target (default: the one the bug is
-# in). Exit status 0 if the bug was caught, 1 if not.
+# in). With MEMRES_FUZZ_ORACLE=model in the environment the resources' own
+# invariant checkers are skipped: only the model and LiveBlocks judge.
+# Exit status 0 if the bug was caught, 1 if not.
 set -u
 bug=${1:?usage: fuzz/plant.sh BUG [TARGET]}
 case $bug in
