@@ -28,24 +28,12 @@ fn replay(target: &str, run: fuzz::Target) {
     }
 }
 
+/// Every committed input of every target in `fuzz::TARGETS`.
 #[test]
-fn corpus_index() {
-    replay("index", fuzz::run_index);
-}
-
-#[test]
-fn corpus_pool() {
-    replay("pool", fuzz::run_pool);
-}
-
-#[test]
-fn corpus_pool_fixed() {
-    replay("pool_fixed", fuzz::run_pool_fixed);
-}
-
-#[test]
-fn corpus_pool_stack() {
-    replay("pool_stack", fuzz::run_pool_stack);
+fn corpus_of_every_target() {
+    for &(name, run) in TARGETS {
+        replay(name, run);
+    }
 }
 
 #[test]
