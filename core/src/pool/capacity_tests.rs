@@ -79,3 +79,24 @@ fn heapless_vec_storage() {
     }
     assert_eq!(pool.used_bytes(), 0);
 }
+
+#[test]
+fn growth_with_too_few_node_slots_takes_nothing_from_upstream() {
+    let mut pool = small_pool();
+    let mut blocks = [Block::EMPTY; 16];
+    let mut n = 0;
+    // Fill the node table with small blocks of the initial chunk.
+    while let Ok(b) = pool.allocate(Request::new(256).unwrap(), &()) {
+        blocks[n] = b;
+        n += 1;
+    }
+    // Freeing the last block merges it into the free tail: two vacant slots,
+    // enough for a search but not for a new chunk's range and a split.
+    pool.deallocate(blocks[n - 1], &()).unwrap();
+    let held = pool.pool_size();
+    let err = pool.allocate(Request::new(2 << 20).unwrap(), &()).unwrap_err();
+    assert_eq!(err, Error::CapacityExhausted { capacity: 8 });
+    assert_eq!(pool.pool_size(), held, "a failed allocation kept a chunk");
+    assert_eq!(pool.upstream().outstanding(), held);
+    pool.check().unwrap();
+}

@@ -228,6 +228,28 @@ impl<N: Storage<Node>> CoalescingIndex<N> {
         Ok(())
     }
 
+    /// Makes sure `n` more ranges can be made (by splits or
+    /// [`add_range`](Self::add_range)) without running out of metadata: a
+    /// caller that must not fail halfway (a pool about to take a chunk from
+    /// upstream) asks first.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::CapacityExhausted`] if the storage cannot hold `n` more.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use memres_core::pool::{CoalescingIndex, Node};
+    /// use memres_core::storage::ArrayStorage;
+    /// let mut index: CoalescingIndex<ArrayStorage<Node, 2>> = CoalescingIndex::new(256);
+    /// assert!(index.reserve(2).is_ok());
+    /// assert!(index.reserve(3).is_err());
+    /// ```
+    pub fn reserve(&mut self, n: u32) -> Result<()> {
+        self.reserve_nodes(n)
+    }
+
     /// Takes a vacant slot; `reserve_nodes` must have made sure there is one.
     #[inline]
     fn take_vacant(&mut self) -> u32 {
@@ -394,6 +416,45 @@ impl<N: Storage<Node>> CoalescingIndex<N> {
         Ok(Some(self.carve(found, units << self.shift, align)))
     }
 
+    /// Allocates `size` bytes at `align` from the free range whose node is
+    /// `node` (a region's first node, as [`add_range`](Self::add_range)
+    /// returns it), whatever its size class. `Ok(None)` if that range is not
+    /// free or does not hold the request.
+    ///
+    /// A pool that grows by a chunk of exactly the bytes a request needs
+    /// allocates from it with this: [`allocate`](Self::allocate) looks only
+    /// in classes whose every range fits, which a range of exactly the
+    /// needed size may be just below.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::CapacityExhausted`] when the metadata storage is full.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use memres_core::pool::CoalescingIndex;
+    /// use memres_core::Range;
+    /// let mut index: CoalescingIndex = CoalescingIndex::new(256);
+    /// // 33 granules: the request (32) plus the worst-case padding (1).
+    /// let first = index.add_range(Range::new(256, 33 * 256).unwrap())?;
+    /// let a = index.allocate_in(first, 32 * 256, 512)?.unwrap();
+    /// assert_eq!(a.addr, 512);
+    /// # Ok::<(), memres_core::Error>(())
+    /// ```
+    pub fn allocate_in(&mut self, node: u32, size: u64, align: u64) -> Result<Option<Allocation>> {
+        debug_assert!(size > 0 && align.is_power_of_two());
+        let Some(n) = self.nodes.get(node as usize) else { return Ok(None) };
+        let bytes = ((size + self.granule() - 1) >> self.shift) << self.shift;
+        let align = align.max(self.granule());
+        let start = (n.addr + align - 1) & !(align - 1);
+        if n.state != State::Free || start + bytes > n.addr + n.size {
+            return Ok(None);
+        }
+        self.reserve_nodes(2)?;
+        Ok(Some(self.carve(node, bytes, align)))
+    }
+
     /// Looks at up to `SCAN_LIMIT` ranges of the request's own bin and picks
     /// the smallest that fits (an exact fit at once).
     #[inline]
@@ -434,7 +495,9 @@ impl<N: Storage<Node>> CoalescingIndex<N> {
             self.insert_free(front);
         }
         if self.node(i).size > bytes {
-            let tail = self.split_after(i, bytes);
+            // Off unless built with the planted bug: the tail one granule early.
+            let at = if cfg!(memres_plant = "split_off_by_one") { bytes - self.granule() } else { bytes };
+            let tail = self.split_after(i, at);
             self.insert_free(tail);
         }
         let node = self.node_mut(i);
@@ -510,7 +573,9 @@ impl<N: Storage<Node>> CoalescingIndex<N> {
         self.used_bytes -= n.size;
         self.used_count -= 1;
         let mut i = i;
-        if n.next_phys != NONE && self.node(n.next_phys).state == State::Free {
+        // Off unless built with the planted bug: no merge with the next range.
+        let plant = cfg!(memres_plant = "skip_coalesce");
+        if n.next_phys != NONE && self.node(n.next_phys).state == State::Free && !plant {
             let j = n.next_phys;
             self.remove_free(j);
             self.absorb_next(i, j);

@@ -314,8 +314,9 @@ impl<U, N: Storage<Node>, C: Storage<Chunk>> CoalescingPool<U, N, C> {
         }
     }
 
-    /// Takes a chunk of `bytes` from upstream and adds it to the index.
-    fn add_chunk<S: Stream + ?Sized>(&mut self, bytes: u64, stream: &S) -> Result<()>
+    /// Takes a chunk of `bytes` from upstream and adds it to the index;
+    /// returns its first node.
+    fn add_chunk<S: Stream + ?Sized>(&mut self, bytes: u64, stream: &S) -> Result<u32>
     where
         U: MemoryResource<S>,
     {
@@ -348,7 +349,7 @@ impl<U, N: Storage<Node>, C: Storage<Chunk>> CoalescingPool<U, N, C> {
         }
         self.held += bytes;
         self.peak_held = self.peak_held.max(self.held);
-        Ok(())
+        Ok(chunk.first)
     }
 
     /// The chunk sizes to try, largest first, for a request needing `need`
@@ -382,6 +383,11 @@ impl<U, N: Storage<Node>, C: Storage<Chunk>> CoalescingPool<U, N, C> {
         // (upstream chunks are 256-aligned).
         let pad = request.align() - 256;
         let need = request.rounded_size(256) + pad;
+        if need > Request::MAX_SIZE {
+            // No upstream can be asked for such a chunk: out of memory, not
+            // an invalid request (the request itself is valid).
+            return Err(self.out_of_memory(request.size()));
+        }
         if let Some(max) = self.config.maximum_size {
             if need > max - self.held {
                 if self.config.release_on_grow {
@@ -395,10 +401,13 @@ impl<U, N: Storage<Node>, C: Storage<Chunk>> CoalescingPool<U, N, C> {
         if self.config.release_on_grow {
             self.release(stream)?;
         }
+        // Slots for the chunk's range and the split of the block out of it,
+        // before taking anything from upstream: a failed call changes nothing.
+        self.index.reserve(3)?;
         let mut size = self.growth_size(need);
-        loop {
+        let first = loop {
             match self.add_chunk(size, stream) {
-                Ok(()) => break,
+                Ok(first) => break first,
                 Err(e) if e.is_out_of_memory() && size > need => {
                     // Halve towards the request, as RMM does.
                     size = ((size / 2).max(need) + 255) & !255;
@@ -408,8 +417,10 @@ impl<U, N: Storage<Node>, C: Storage<Chunk>> CoalescingPool<U, N, C> {
                 }
                 Err(e) => return Err(e),
             }
-        }
-        match self.index.allocate(request.size(), request.align())? {
+        };
+        // From the new chunk itself: one of exactly `need` bytes may sit in a
+        // size class that the index's class search skips.
+        match self.index.allocate_in(first, request.size(), request.align())? {
             Some(a) => Ok(Block::new(a.addr, request.size(), a.tag)),
             None => Err(self.out_of_memory(request.size())),
         }

@@ -260,3 +260,31 @@ fn best_fit_in_own_class_reuses_exact_holes() {
     p.check().unwrap();
     assert_eq!(p.largest_free(), 64 << 20);
 }
+
+/// A chunk of exactly the bytes a request needs (request + worst-case
+/// padding) sits in a size class below the one the index searches: the
+/// pool must still allocate from it, not report out of memory.
+#[test]
+fn grows_by_exactly_the_need_and_allocates_from_it() {
+    let config = PoolConfig::new().growth(Growth::Fraction { divisor: 8, granule: 256 });
+    let mut p = pool(config);
+    let req = Request::aligned(3_899_031, 512 << 10).unwrap();
+    let b = p.allocate(req, &()).unwrap();
+    assert_eq!(p.pool_size(), req.rounded_size(256) + req.align() - 256);
+    assert_eq!(b.addr() % req.align(), 0);
+    p.check().unwrap();
+    p.deallocate(b, &()).unwrap();
+    assert_eq!(p.used_bytes(), 0);
+}
+
+/// A valid request whose worst-case chunk exceeds `Request::MAX_SIZE` is out
+/// of memory, not an invalid size.
+#[test]
+fn request_near_max_size_with_large_alignment_is_out_of_memory() {
+    let mut p = pool(PoolConfig::new());
+    let req = Request::aligned(Request::MAX_SIZE - 4096, 1 << 33).unwrap();
+    let err = p.allocate(req, &()).unwrap_err();
+    assert!(matches!(err, Error::OutOfMemory { requested, .. } if requested == req.size()), "{err:?}");
+    assert_eq!(p.pool_size(), 0);
+    p.check().unwrap();
+}
