@@ -81,6 +81,11 @@ size_t memres_last_error(char *buf, size_t len);
  * as memres_last_error does; returns its length. */
 size_t memres_stack(int device, char *buf, size_t len);
 
+/* Writes out what the log adaptors of every device hold in their buffers
+ * (also done when the process exits). Returns 0, or -1 with a message when
+ * a write failed. */
+int memres_flush(void);
+
 #ifdef __cplusplus
 }
 #endif

@@ -9,6 +9,7 @@
 //! | `int memres_stats(int device, memres_stats_t* out)` | the figures of a device's stack |
 //! | `size_t memres_last_error(char* buf, size_t len)` | the latest error message |
 //! | `size_t memres_stack(int device, char* buf, size_t len)` | the stack a device runs |
+//! | `int memres_flush(void)` | writes out the buffers of `log` adaptors (also done at exit) |
 //!
 //! `alloc` and `free` have the signatures PyTorch's
 //! `torch.cuda.memory.CUDAPluggableAllocator` loads; the header is
@@ -79,7 +80,7 @@ use leaves::{checking_builder, register_cuda, Counted, UpstreamCounter};
 use memres_core::adaptor::Statistics;
 use memres_core::{DynResource, MemoryResource, Request};
 use memres_cuda::{CudaAsyncMemory, CudaStream, Device};
-use memres_host::StackBuilder;
+use memres_host::{Logging, StackBuilder};
 use std::ffi::{c_char, c_int, c_void, CStr};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -149,6 +150,8 @@ struct DeviceState {
     upstream: Arc<UpstreamCounter>,
     /// The `async` leaves, to ask the driver what their pools reserve.
     pools: Vec<Arc<Counted<CudaAsyncMemory>>>,
+    /// The `log` adaptors, flushed by `memres_flush` and at exit.
+    logs: Vec<Arc<Logging<DynResource<CudaStream>>>>,
 }
 
 static DEVICES: [OnceLock<DeviceState>; MAX_DEVICES] = [const { OnceLock::new() }; MAX_DEVICES];
@@ -228,6 +231,7 @@ fn build(d: usize, stack: &str) -> Result<DeviceState, String> {
     Ok(DeviceState {
         stats: built.get("stats"),
         pools: built.all("async"),
+        logs: built.all("log"),
         resource: built.resource,
         stack: stack.to_string(),
         table: Table::new(),
@@ -246,7 +250,48 @@ fn state(d: usize) -> Result<&'static DeviceState, String> {
         return Ok(s);
     }
     let made = build(d, &stack_text(&config))?;
+    if !made.logs.is_empty() {
+        flush_at_exit();
+    }
     Ok(slot.get_or_init(|| made))
+}
+
+/// Flushes every device's `log` adaptors.
+///
+/// # Errors
+///
+/// The first write error, as a message; every log is flushed regardless.
+pub fn flush() -> Result<(), String> {
+    let mut result = Ok(());
+    for (d, slot) in DEVICES.iter().enumerate() {
+        for log in slot.get().map_or(&[][..], |s| &s.logs[..]) {
+            if let Err(e) = log.flush() {
+                result = result.and(Err(format!("memres: device {d}: flushing a log: {e}")));
+            }
+        }
+    }
+    result
+}
+
+/// Makes the process flush the logs when it exits (once): a device's
+/// resource lives as long as the process and is never dropped, so its
+/// log's buffer would otherwise be lost.
+fn flush_at_exit() {
+    extern "C" {
+        fn atexit(callback: extern "C" fn()) -> c_int;
+    }
+    extern "C" fn at_exit() {
+        guard((), flush);
+    }
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        // SAFETY: `atexit` is the C library's; the callback is a plain
+        // function that lives as long as the program, takes no arguments
+        // and lets no panic out (`guard`).
+        if unsafe { atexit(at_exit) } != 0 {
+            set_error("memres: cannot flush the logs at exit; call memres_flush".into());
+        }
+    });
 }
 
 /// Checks `stack` and makes it the stack of every device used from now on:
@@ -446,6 +491,14 @@ pub unsafe extern "C" fn memres_stats(device: c_int, out: *mut MemresStats) -> c
         unsafe { out.write(s) };
         Ok(0)
     })
+}
+
+/// Writes out what the `log` adaptors of every device hold in their
+/// buffers (also done when the process exits). Returns 0, or -1 with a
+/// message when a write failed.
+#[no_mangle]
+pub extern "C" fn memres_flush() -> c_int {
+    guard(-1, || flush().map(|()| 0))
 }
 
 /// Copies the latest error message of any thread into `buf` (at most

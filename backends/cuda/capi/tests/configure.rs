@@ -85,6 +85,9 @@ fn configure_checks_the_stack_and_reports_errors() {
     assert_eq!(unsafe { memres_stats(1000, &mut s) }, -1);
     assert!(last_error().contains("out of range"), "{}", last_error());
 
+    // No device, no log: nothing to flush.
+    assert_eq!(memres::memres_flush(), 0);
+
     // A message longer than the buffer is cut and terminated.
     let mut small = [0x41 as c_char; 8];
     // SAFETY: `small` holds 8 bytes.

@@ -4,11 +4,14 @@
 const HEADER: &str = include_str!("../include/memres.h");
 const SOURCE: &str = include_str!("../src/lib.rs");
 
-/// Names that follow `marker` up to the next `(`.
-fn names_after(text: &str, marker: &str) -> Vec<String> {
-    text.match_indices(marker)
+/// The functions the library exports: each `#[no_mangle]` item's name.
+fn exported_names(source: &str) -> Vec<String> {
+    source
+        .match_indices("#[no_mangle]")
         .map(|(i, _)| {
-            let rest = &text[i + marker.len()..];
+            let rest = &source[i..];
+            let rest = &rest[rest.find(" fn ").unwrap() + 4..];
+            assert!(source[i..].find(" fn ") < source[i..].find('{'), "#[no_mangle] on a function");
             rest[..rest.find('(').unwrap()].trim().to_string()
         })
         .collect()
@@ -16,7 +19,7 @@ fn names_after(text: &str, marker: &str) -> Vec<String> {
 
 #[test]
 fn the_header_declares_every_exported_function() {
-    let mut exported = names_after(SOURCE, "extern \"C\" fn ");
+    let mut exported = exported_names(SOURCE);
     exported.sort();
     assert!(exported.len() >= 6, "{exported:?}");
     // Declarations in the header: `memres_xxx(` at the start of a line or
@@ -33,8 +36,10 @@ fn the_header_declares_every_exported_function() {
         .collect();
     declared.sort();
     assert_eq!(declared, exported);
-    // Every exported function is `#[no_mangle]`.
-    assert_eq!(SOURCE.matches("#[no_mangle]").count(), exported.len());
+    // And each is `extern "C"`.
+    for name in &exported {
+        assert!(SOURCE.contains(&format!("extern \"C\" fn {name}(")), "{name}");
+    }
 }
 
 #[test]
