@@ -37,6 +37,11 @@
 //! refuses address-only frees. A pointer not in the table (never allocated
 //! here, or freed already) is refused before it reaches a resource.
 //!
+//! Over a simulated device, an allocate and free pair with the free by
+//! address alone costs 0.24, 1.1 and 19 µs with 100, 1000 and 10 000 blocks
+//! live in one chunk; with the table, 0.16, 0.14 and 0.11 µs (the
+//! `free_by_address` example; one busy machine, so read the trend).
+//!
 //! # Streams
 //!
 //! The stream is the caller's `cudaStream_t`, named by a borrowed
