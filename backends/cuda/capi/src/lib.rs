@@ -331,6 +331,10 @@ fn stream_of(stream: *mut c_void) -> CudaStream {
 fn allocate(size: isize, device: c_int, stream: *mut c_void) -> Result<*mut c_void, String> {
     let size = u64::try_from(size).map_err(|_| format!("memres: negative size {size}"))?;
     let d = device_index(device)?;
+    if size == 0 {
+        // Nothing to allocate: the device is not even set up for it.
+        return Ok(std::ptr::null_mut());
+    }
     let st = state(d)?;
     let request = Request::new(size).map_err(|e| format!("memres: {size} bytes: {e}"))?;
     let block = st

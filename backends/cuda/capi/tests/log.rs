@@ -31,9 +31,11 @@ fn a_logged_stack_writes_every_allocation_and_free() {
     assert_eq!(text.lines().next(), Some(memres_host::LOG_HEADER));
     assert_eq!(rows.len(), 6, "{text}");
     for (i, (&p, &s)) in ptrs.iter().zip(&sizes).enumerate() {
-        let (a, f) = (&rows[2 * i], &rows[2 * i + 1]);
+        // All allocations come first, then the frees in the same order.
+        let (a, f) = (&rows[i], &rows[sizes.len() + i]);
         assert_eq!((a[2], f[2]), ("allocate", "free"));
         assert_eq!(a[3], format!("{:#x}", p as usize));
+        assert_eq!(f[3], a[3]);
         assert_eq!((a[4], f[4]), (s.to_string().as_str(), s.to_string().as_str()));
         assert_eq!(a[5], "0", "the legacy stream");
     }
