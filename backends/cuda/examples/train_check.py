@@ -55,7 +55,7 @@ def worker(args):
         torch.cuda.memory.change_current_allocator(allocator)
 
     torch.manual_seed(SEED)
-    torch.use_deterministic_algorithms(True)
+    torch.use_deterministic_algorithms(True, warn_only=True)
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     try:

@@ -32,6 +32,7 @@ fn stack_of(device: i32) -> String {
 // One test: the configuration is process-wide, so the steps run in order.
 #[test]
 fn configure_checks_the_stack_and_reports_errors() {
+    std::env::remove_var(memres::STACK_VAR);
     assert_eq!(stack_of(0), memres::DEFAULT_STACK, "nothing configured, MEMRES_STACK unset");
 
     for good in [
