@@ -46,16 +46,22 @@
 //!
 //! The stream is the caller's `cudaStream_t`, named by a borrowed
 //! [`CudaStream`] (0 is the legacy default stream). A stack whose pool
-//! ignores streams (`pool(async)`) lets a block freed on one stream be
-//! handed to another at once: right for PyTorch and CuPy as they use it
-//! here (one stream; blocks freed on the stream they were allocated on).
+//! ignores streams (`pool(async)`, `pool(cuda)`) hands a freed block to the
+//! next request whatever its stream: right when the program works on one
+//! stream (as the checks in `examples/` do) or frees a block only once every
+//! stream that used it is done with it. A pluggable allocator never sees
+//! PyTorch's `record_stream`, so a program that shares tensors between
+//! streams needs the latter.
 //!
 //! # Errors
 //!
 //! No Rust panic crosses into C: every entry point catches unwinding and
 //! turns it into an error return with a message. Out of memory is NULL
 //! from `memres_alloc`; the message says how much was asked and what the
-//! stack held.
+//! stack held. (PyTorch's `CUDAPluggableAllocator`, in the versions read
+//! while writing this, stores the pointer without checking it: a NULL
+//! there surfaces as a failing kernel rather than PyTorch's out-of-memory
+//! error.)
 //!
 //! # Examples
 //!
