@@ -26,6 +26,12 @@
 //! `memres_stats` reports the bytes held from the device whatever the
 //! stack.
 //!
+//! The built resource is also set as the device's resource in
+//! [`memres_core::device`]'s registry, so Rust code in the same process
+//! shares it; the C functions themselves find it in a fixed array of
+//! per-device cells (one atomic load) rather than through the registry's
+//! lock, map lookup and reference count on every call.
+//!
 //! # Frees by address
 //!
 //! A C caller frees with a pointer; the resources want the [`Block`](memres_core::Block) they
