@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Builds, lints and tests memres-cuda. Arguments go to `cargo test`.
+# Builds, lints and tests memres-cuda and memres-cuda-capi (libmemres.so).
+# Arguments go to `cargo test`.
 #
 # With a CUDA toolkit (or CUDA_LIBRARY_PATH) it links against that; without
 # one it fetches the driver library with .ci/libcuda.sh. On a machine with no
@@ -19,6 +20,6 @@ if ! have_cuda; then
   eval "$(bash .ci/libcuda.sh)"
 fi
 
-cargo fmt -p memres-cuda --check
-cargo clippy -p memres-cuda --all-targets -- -D warnings
-cargo test -p memres-cuda "$@"
+cargo fmt -p memres-cuda -p memres-cuda-capi --check
+cargo clippy -p memres-cuda -p memres-cuda-capi --all-targets -- -D warnings
+cargo test -p memres-cuda -p memres-cuda-capi "$@"

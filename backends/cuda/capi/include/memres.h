@@ -1,0 +1,93 @@
+/*
+ * memres: a GPU memory manager, as a C library (libmemres.so).
+ *
+ * memres_alloc and memres_free have the signatures that PyTorch's
+ * torch.cuda.memory.CUDAPluggableAllocator loads:
+ *
+ *   alloc = torch.cuda.memory.CUDAPluggableAllocator(
+ *       "libmemres.so", "memres_alloc", "memres_free")
+ *   torch.cuda.memory.change_current_allocator(alloc)
+ *
+ * Each device gets its own resource, built the first time the device is
+ * used, from the stack set by memres_configure, else the environment
+ * variable MEMRES_STACK, else "stats(pool(async))". A stack is written as
+ * nested calls, outermost first, for example
+ *
+ *   stats(pool(async, initial=1GiB, max=60GiB))
+ *   log(pool(async), file=/tmp/trace.csv)
+ *
+ * Leaves: async (stream-ordered, on a driver pool of its own; initial=,
+ * release_threshold=), cuda (cuMemAlloc), managed (cuMemAllocManaged).
+ * Adaptors and algorithms: pool, stats, track, limit, align, log.
+ *
+ * No function aborts or lets an exception through; failures are return
+ * values, with a message for memres_last_error.
+ */
+#ifndef MEMRES_H
+#define MEMRES_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h> /* ssize_t */
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* The figures of a device's stack (all bytes unless named counts). */
+typedef struct memres_stats_t {
+    int64_t bytes_current;    /* live now, per the outermost stats adaptor (0 without one) */
+    int64_t bytes_peak;       /* most live at once, per stats */
+    int64_t bytes_total;      /* ever allocated, per stats */
+    int64_t count_current;    /* live allocations, per stats */
+    int64_t count_peak;       /* most live allocations at once, per stats */
+    int64_t count_total;      /* allocations ever made, per stats */
+    int64_t upstream_current; /* held from the device by the CUDA leaves now */
+    int64_t upstream_peak;    /* most held from the device at once */
+    int64_t upstream_total;   /* ever taken from the device */
+    int64_t reserved_current; /* reserved by the driver pools of async leaves now */
+    int64_t reserved_peak;    /* most reserved by those pools */
+    int64_t live_blocks;      /* blocks from memres_alloc not yet freed */
+    int64_t has_stats;        /* 1 when the stack has a stats adaptor, else 0 */
+} memres_stats_t;
+
+/* Allocates size bytes on device (negative: the current device), ordered
+ * on stream (NULL: the legacy default stream). Returns NULL when size is 0,
+ * and NULL with a message when the memory cannot be had or the device's
+ * stack cannot be built. stream (a cudaStream_t) must be NULL or valid. */
+void *memres_alloc(ssize_t size, int device, void *stream);
+
+/* Frees ptr, allocated by memres_alloc with size bytes on device, ordered
+ * on stream. NULL is ignored. A pointer not allocated here, or a size that
+ * differs from the allocation's (a negative size skips that check), is
+ * refused with a message. */
+void memres_free(void *ptr, ssize_t size, int device, void *stream);
+
+/* Sets the stack of every device used from now on. Returns 0, or -1 with a
+ * message: a bad stack (the message names the byte position), NULL, or a
+ * device in use already. */
+int memres_configure(const char *stack);
+
+/* Fills *out with the figures of device's stack. Returns 0, or -1 with a
+ * message (the device has not been used yet, out is NULL). */
+int memres_stats(int device, memres_stats_t *out);
+
+/* Copies the latest error message of any thread into buf (at most len - 1
+ * bytes and a NUL) and returns its full length: 0 when there was none.
+ * buf may be NULL to ask for the length. */
+size_t memres_last_error(char *buf, size_t len);
+
+/* Copies the stack device runs (or would run if first used now) into buf
+ * as memres_last_error does; returns its length. */
+size_t memres_stack(int device, char *buf, size_t len);
+
+/* Writes out what the log adaptors of every device hold in their buffers
+ * (also done when the process exits). Returns 0, or -1 with a message when
+ * a write failed. */
+int memres_flush(void);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* MEMRES_H */

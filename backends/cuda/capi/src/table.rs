@@ -1,0 +1,168 @@
+//! The blocks a device has handed out through the C functions, by address.
+//!
+//! A C caller frees with a pointer (and a size); the resources want the
+//! [`Block`] they handed out, tag included: the pool frees a tagged block in
+//! O(1) but an address-only one by walking its chunk, and the stream-ordered
+//! layer refuses address-only frees. So every live block is kept here and
+//! frees carry the real tag, whatever the stack.
+//!
+//! ```text
+//!  Table { shards: [Mutex<HashMap<addr, (size, tag)>>; 64] }
+//!    shard = top 6 bits of (addr >> 8) * K   (blocks are 256-aligned)
+//!    insert on allocate, remove on free: O(1), one uncontended lock
+//! ```
+
+use memres_core::Block;
+use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
+use std::sync::Mutex;
+
+const SHARD_BITS: u32 = 6;
+const SHARDS: usize = 1 << SHARD_BITS;
+
+/// Hashes an address: blocks are at least 256-aligned, so the low byte
+/// carries nothing; a multiplication spreads the rest into the high bits
+/// the hash table reads.
+#[derive(Default)]
+struct AddrHasher(u64);
+
+impl Hasher for AddrHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0.rotate_left(8) ^ u64::from(b)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        }
+    }
+
+    fn write_u64(&mut self, addr: u64) {
+        self.0 = (addr >> 8).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    }
+}
+
+type Map = HashMap<u64, (u64, u64), BuildHasherDefault<AddrHasher>>;
+
+/// One shard on cache lines of its own, so that threads working on
+/// different shards do not share a line.
+#[repr(align(128))]
+#[derive(Default)]
+struct Shard(Mutex<Map>);
+
+/// Live blocks by address, in shards.
+///
+/// # Examples
+///
+/// ```
+/// use memres::table::Table;
+/// use memres_core::Block;
+/// let t = Table::new();
+/// t.insert(Block::new(0x1000, 64, 7));
+/// assert_eq!(t.len(), 1);
+/// assert_eq!(t.remove(0x1000), Some(Block::new(0x1000, 64, 7)));
+/// assert_eq!(t.remove(0x1000), None);
+/// ```
+pub struct Table {
+    /// Every live block is in exactly one shard: the one its address picks.
+    shards: Box<[Shard]>,
+}
+
+impl std::fmt::Debug for Table {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Table").field("live", &self.len()).finish()
+    }
+}
+
+impl Default for Table {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Table {
+    /// An empty table.
+    pub fn new() -> Self {
+        Table { shards: (0..SHARDS).map(|_| Shard::default()).collect() }
+    }
+
+    fn shard(&self, addr: u64) -> &Mutex<Map> {
+        // A different multiplier from the hasher's: the shard and the
+        // bucket within it are chosen by independent bits.
+        let i = (addr >> 8).wrapping_mul(0xD6E8_FEB8_6659_FD93) >> (64 - SHARD_BITS);
+        &self.shards[i as usize].0
+    }
+
+    /// Records a live block; returns the block that was recorded at the
+    /// same address, if any (which a correct resource never leaves).
+    pub fn insert(&self, block: Block) -> Option<Block> {
+        let mut map = self.shard(block.addr()).lock().unwrap_or_else(|p| p.into_inner());
+        map.insert(block.addr(), (block.size(), block.tag()))
+            .map(|(size, tag)| Block::new(block.addr(), size, tag))
+    }
+
+    /// Takes the block at `addr` out of the table.
+    pub fn remove(&self, addr: u64) -> Option<Block> {
+        let mut map = self.shard(addr).lock().unwrap_or_else(|p| p.into_inner());
+        map.remove(&addr).map(|(size, tag)| Block::new(addr, size, tag))
+    }
+
+    /// The number of live blocks (locks each shard in turn: not a snapshot
+    /// while other threads allocate).
+    pub fn len(&self) -> usize {
+        self.shards.iter().map(|s| s.0.lock().unwrap_or_else(|p| p.into_inner()).len()).sum()
+    }
+
+    /// Whether no block is live.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use memres_core::testing::SplitMix64;
+
+    #[test]
+    fn matches_a_plain_map_under_random_inserts_and_removes() {
+        let t = Table::new();
+        let mut model = std::collections::BTreeMap::new();
+        let mut rng = SplitMix64::new(7);
+        for step in 0..20_000u64 {
+            let addr = (rng.next_u64() % 4096) << 8;
+            if rng.next_u64() % 2 == 0 {
+                let b = Block::new(addr, step, step ^ 0xABC);
+                let old = model.insert(addr, b);
+                assert_eq!(t.insert(b), old);
+            } else {
+                assert_eq!(t.remove(addr), model.remove(&addr));
+            }
+        }
+        assert_eq!(t.len(), model.len());
+        // Every shard is used: addresses spread.
+        let used = t.shards.iter().filter(|s| !s.0.lock().unwrap().is_empty()).count();
+        assert_eq!(used, SHARDS);
+    }
+
+    #[test]
+    fn threads_see_each_others_blocks() {
+        let t = Table::new();
+        std::thread::scope(|s| {
+            for k in 0..4u64 {
+                let t = &t;
+                s.spawn(move || {
+                    for i in 0..1000u64 {
+                        t.insert(Block::new(((i * 4 + k) << 8) + (1 << 40), 256, i));
+                    }
+                });
+            }
+        });
+        assert_eq!(t.len(), 4000);
+        for a in 0..4000u64 {
+            let b = t.remove((a << 8) + (1 << 40)).expect("inserted by some thread");
+            assert_eq!(b.tag(), a / 4);
+        }
+        assert!(t.is_empty());
+    }
+}

@@ -1,0 +1,93 @@
+//! `include/memres.h` declares exactly the functions the library exports,
+//! and its `memres_stats_t` has the fields of `MemresStats` in order.
+
+const HEADER: &str = include_str!("../include/memres.h");
+const SOURCE: &str = include_str!("../src/lib.rs");
+
+/// The functions the library exports: each `#[no_mangle]` item's name.
+fn exported_names(source: &str) -> Vec<String> {
+    source
+        .match_indices("#[no_mangle]")
+        .map(|(i, _)| {
+            let rest = &source[i..];
+            let rest = &rest[rest.find(" fn ").unwrap() + 4..];
+            assert!(source[i..].find(" fn ") < source[i..].find('{'), "#[no_mangle] on a function");
+            rest[..rest.find('(').unwrap()].trim().to_string()
+        })
+        .collect()
+}
+
+#[test]
+fn the_header_declares_every_exported_function() {
+    let mut exported = exported_names(SOURCE);
+    exported.sort();
+    assert!(exported.len() >= 6, "{exported:?}");
+    // Declarations in the header: `memres_xxx(` at the start of a line or
+    // after a return type, outside comments.
+    let code: String = strip_comments(HEADER);
+    let mut declared: Vec<String> = code
+        .split(';')
+        .filter_map(|decl| {
+            let open = decl.find('(')?;
+            let head = &decl[..open];
+            let name = head.rsplit(|c: char| !(c.is_alphanumeric() || c == '_')).next()?;
+            name.starts_with("memres_").then(|| name.to_string())
+        })
+        .collect();
+    declared.sort();
+    assert_eq!(declared, exported);
+    // And each is `extern "C"`.
+    for name in &exported {
+        assert!(SOURCE.contains(&format!("extern \"C\" fn {name}(")), "{name}");
+    }
+}
+
+#[test]
+fn the_stats_struct_matches() {
+    let code = strip_comments(HEADER);
+    let body = &code[code.find("typedef struct memres_stats_t {").unwrap()..];
+    let body = &body[body.find('{').unwrap() + 1..body.find('}').unwrap()];
+    let c_fields: Vec<(String, String)> = body
+        .split(';')
+        .map(str::trim)
+        .filter(|f| !f.is_empty())
+        .map(|f| {
+            let (ty, name) = f.rsplit_once(' ').unwrap();
+            (ty.trim().to_string(), name.to_string())
+        })
+        .collect();
+    let src = &SOURCE[SOURCE.find("pub struct MemresStats {").unwrap()..];
+    let src = &src[..src.find("\n}").unwrap()];
+    let rust_fields: Vec<(String, String)> = src
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("pub "))
+        .filter_map(|l| l.strip_suffix(','))
+        .map(|l| {
+            let (name, ty) = l.split_once(':').unwrap();
+            (ty.trim().to_string(), name.trim().to_string())
+        })
+        .collect();
+    let as_c: Vec<(String, String)> = rust_fields
+        .into_iter()
+        .map(|(ty, name)| {
+            let c = match ty.as_str() {
+                "i64" => "int64_t",
+                other => panic!("no C type for {other}"),
+            };
+            (c.to_string(), name)
+        })
+        .collect();
+    assert_eq!(c_fields, as_c);
+    assert_eq!(std::mem::size_of::<memres::MemresStats>(), as_c.len() * 8);
+}
+
+fn strip_comments(text: &str) -> String {
+    let mut out = String::new();
+    let mut rest = text;
+    while let Some(i) = rest.find("/*") {
+        out.push_str(&rest[..i]);
+        rest = &rest[i + rest[i..].find("*/").unwrap() + 2..];
+    }
+    out.push_str(rest);
+    out.lines().filter(|l| !l.trim_start().starts_with('#')).collect::<Vec<_>>().join("\n")
+}

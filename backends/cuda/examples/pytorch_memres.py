@@ -1,0 +1,74 @@
+"""PyTorch on memres: switch PyTorch's CUDA allocator to libmemres.so, train a
+small network for a few steps, and print what memres held.
+
+    python3 pytorch_memres.py path/to/libmemres.so [--stack 'stats(pool(async))']
+
+The stack is --stack, else the environment variable MEMRES_STACK, else
+memres's default, stats(pool(async)). The allocator must be switched before
+PyTorch allocates anything on the GPU.
+"""
+
+import argparse
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from memres_ctypes import Memres, fmt_bytes  # noqa: E402
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("so", help="path of libmemres.so")
+    p.add_argument("--stack", help="memres stack description (default: MEMRES_STACK or stats(pool(async)))")
+    p.add_argument("--steps", type=int, default=20)
+    args = p.parse_args()
+
+    lib = Memres(args.so)
+    if args.stack:
+        lib.configure(args.stack)
+
+    import torch
+
+    allocator = torch.cuda.memory.CUDAPluggableAllocator(lib.path, "memres_alloc", "memres_free")
+    torch.cuda.memory.change_current_allocator(allocator)
+
+    torch.manual_seed(0)
+    device = torch.device("cuda")
+    model = torch.nn.Sequential(
+        torch.nn.Linear(1024, 4096),
+        torch.nn.GELU(),
+        torch.nn.Linear(4096, 1024),
+    ).to(device)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    for step in range(args.steps):
+        x = torch.randn(256, 1024, device=device)
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = (model(x).float() - x).pow(2).mean()
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        if step % 5 == 0 or step == args.steps - 1:
+            print(f"step {step:3d}  loss {loss.item():.6f}")
+    # Tensors of many sizes, freed at once: the pool reuses and coalesces.
+    scratch = [torch.empty(1 + 997 * i, dtype=torch.uint8, device=device) for i in range(500)]
+    del scratch
+    torch.cuda.synchronize()
+
+    stats = lib.stats(torch.cuda.current_device())
+    print(f"memres stack: {lib.stack(torch.cuda.current_device())}")
+    if stats["has_stats"]:
+        print(
+            f"  live now {fmt_bytes(stats['bytes_current'])} in {stats['count_current']} blocks; "
+            f"peak live {fmt_bytes(stats['bytes_peak'])}; {stats['count_total']} allocations in all"
+        )
+    print(
+        f"  held from the device: now {fmt_bytes(stats['upstream_current'])}, "
+        f"peak {fmt_bytes(stats['upstream_peak'])}; driver pools reserved at peak "
+        f"{fmt_bytes(stats['reserved_peak'])}"
+    )
+    print("STATS " + json.dumps(stats))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,270 @@
+"""PyTorch training on memres against PyTorch's own allocator.
+
+Driver (runs each worker in a process of its own and compares):
+
+    python3 train_check.py --so path/to/libmemres.so [--log /tmp/torch.csv] [--json out.json]
+
+It runs a small transformer (TransformerEncoder, bf16 autocast) for 50
+steps on random data with a fixed seed: twice on PyTorch's native caching
+allocator (to see that the run is deterministic at all), once on memres
+with the stack `pool(async)`, and, with --log, once more on memres with
+MEMRES_STACK='log(pool(async), file=PATH)' so the run is recorded as an
+RMM-format trace, which it then checks (every free matches a live
+allocation of the same size). It prints per-step losses, the median step
+time and the peak memory held from the device of each run, and compares:
+losses identical, step time ratio, peak ratio (memres's bytes held from the
+device at peak / torch.cuda.max_memory_reserved()). Exit status 0 when
+every check passes.
+
+Worker (one run, prints one line `RESULT {json}`):
+
+    python3 train_check.py --worker native
+    python3 train_check.py --worker memres --so path/to/libmemres.so [--stack 'pool(async)']
+"""
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+# Before torch loads cuBLAS: a deterministic workspace configuration.
+os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+SEED = 1234
+MEMRES_STACK = "pool(async)"
+
+
+def worker(args):
+    lib = None
+    if args.worker == "memres":
+        from memres_ctypes import Memres
+
+        lib = Memres(args.so)
+        if args.stack:
+            lib.configure(args.stack)
+    import torch
+    import torch.nn.functional as F
+
+    if lib is not None:
+        allocator = torch.cuda.memory.CUDAPluggableAllocator(lib.path, "memres_alloc", "memres_free")
+        torch.cuda.memory.change_current_allocator(allocator)
+
+    torch.manual_seed(SEED)
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    try:
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        attention = lambda: sdpa_kernel(SDPBackend.MATH)  # noqa: E731 (deterministic backward)
+    except ImportError:
+        import contextlib
+
+        attention = contextlib.nullcontext
+
+    d_model, heads, layers, vocab, batch, seq = args.d_model, 8, args.layers, 1024, args.batch, args.seq
+    layer = torch.nn.TransformerEncoderLayer(
+        d_model, heads, dim_feedforward=4 * d_model, dropout=0.0, batch_first=True, norm_first=True
+    )
+
+    class Model(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.encoder = torch.nn.TransformerEncoder(layer, layers, enable_nested_tensor=False)
+            self.head = torch.nn.Linear(d_model, vocab)
+
+        def forward(self, x):
+            return self.head(self.encoder(x))
+
+    # Parameters and data come from the CPU generator: the same in every run.
+    model = Model()
+    gen = torch.Generator().manual_seed(SEED)
+    device = torch.device("cuda")
+    model = model.to(device)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-4)
+
+    losses, times = [], []
+    for _ in range(args.steps):
+        x = torch.randn(batch, seq, d_model, generator=gen)
+        y = torch.randint(0, vocab, (batch, seq), generator=gen)
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        x, y = x.to(device), y.to(device)
+        with torch.autocast("cuda", dtype=torch.bfloat16), attention():
+            logits = model(x)
+        loss = F.cross_entropy(logits.float().view(-1, vocab), y.view(-1))
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        torch.cuda.synchronize()
+        times.append(time.perf_counter() - t0)
+        losses.append(loss.item())
+
+    result = {
+        "mode": args.worker,
+        "torch": torch.__version__,
+        "gpu": torch.cuda.get_device_name(),
+        "losses": losses,
+        "step_ms_median": statistics.median(times[5:] or times) * 1e3,
+    }
+    if lib is None:
+        result["peak_reserved"] = torch.cuda.max_memory_reserved()
+        result["peak_allocated"] = torch.cuda.max_memory_allocated()
+    else:
+        dev = torch.cuda.current_device()
+        stats = lib.stats(dev)
+        lib.flush()
+        result["stack"] = lib.stack(dev)
+        result["peak_reserved"] = stats["upstream_peak"]
+        result["memres"] = stats
+    print("RESULT " + json.dumps(result), flush=True)
+
+
+def run_worker(name, argv, env=None):
+    cmd = [sys.executable, os.path.abspath(__file__)] + argv
+    print(f"-- {name}: {' '.join(cmd)}", flush=True)
+    p = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    lines = [line for line in p.stdout.splitlines() if line.startswith("RESULT ")]
+    if p.returncode != 0 or not lines:
+        sys.stdout.write(p.stdout[-4000:])
+        sys.stdout.write(p.stderr[-4000:])
+        raise SystemExit(f"{name}: worker failed (exit {p.returncode})")
+    return json.loads(lines[-1][len("RESULT "):])
+
+
+def check_trace(path):
+    """Replays an RMM-format log: every free matches a live allocation."""
+    live, rows, allocs, frees, bad, peak, now = {}, 0, 0, 0, [], 0, 0
+    with open(path) as f:
+        header = f.readline().strip()
+        if header != "Thread,Time,Action,Pointer,Size,Stream":
+            return {"ok": False, "why": f"header {header!r}"}
+        for n, line in enumerate(f, 2):
+            rows += 1
+            _thread, _time, action, ptr, size, _stream = line.rstrip("\n").split(",")
+            ptr, size = int(ptr, 16), int(size)
+            if action == "allocate":
+                allocs += 1
+                if ptr in live:
+                    bad.append(f"line {n}: {ptr:#x} allocated while live")
+                live[ptr] = size
+                now += size
+                peak = max(peak, now)
+            elif action == "free":
+                frees += 1
+                if live.get(ptr) != size:
+                    bad.append(f"line {n}: free of {ptr:#x} ({size} bytes) not matching a live allocation")
+                else:
+                    del live[ptr]
+                    now -= size
+            elif action == "allocate failure":
+                bad.append(f"line {n}: allocation failure of {size} bytes")
+    return {
+        "ok": not bad and allocs > 0,
+        "rows": rows,
+        "allocations": allocs,
+        "frees": frees,
+        "live_at_end": len(live),
+        "peak_live_bytes": peak,
+        "problems": bad[:10],
+    }
+
+
+def driver(args):
+    common = ["--steps", str(args.steps), "--layers", str(args.layers), "--d-model", str(args.d_model),
+              "--batch", str(args.batch), "--seq", str(args.seq)]
+    native = run_worker("native", ["--worker", "native"] + common)
+    native2 = run_worker("native (again)", ["--worker", "native"] + common)
+    memres = run_worker("memres", ["--worker", "memres", "--so", args.so, "--stack", args.stack] + common)
+    runs = {"native": native, "native_again": native2, "memres": memres}
+    logged = trace = None
+    if args.log:
+        env = dict(os.environ, MEMRES_STACK=f"log({args.stack}, file={args.log})")
+        logged = run_worker("memres, logged", ["--worker", "memres", "--so", args.so] + common, env=env)
+        runs["memres_logged"] = logged
+        trace = check_trace(args.log)
+
+    for name, r in runs.items():
+        print(f"{name:14s} losses: " + " ".join(f"{x:.6f}" for x in r["losses"]))
+
+    def max_diff(a, b):
+        return max(abs(x - y) for x, y in zip(a["losses"], b["losses"]))
+
+    deterministic = native["losses"] == native2["losses"]
+    identical = memres["losses"] == native["losses"]
+    summary = {
+        "gpu": native["gpu"],
+        "torch": native["torch"],
+        "steps": args.steps,
+        "native_deterministic": deterministic,
+        "losses_identical": identical,
+        "max_loss_diff": max_diff(memres, native),
+        "native_repeat_max_loss_diff": max_diff(native2, native),
+        "step_ms_native": native["step_ms_median"],
+        "step_ms_native_again": native2["step_ms_median"],
+        "step_ms_memres": memres["step_ms_median"],
+        "step_time_ratio": memres["step_ms_median"] / native["step_ms_median"],
+        "peak_native_reserved": native["peak_reserved"],
+        "peak_native_allocated": native["peak_allocated"],
+        "peak_memres_held": memres["peak_reserved"],
+        "peak_memres_driver_reserved": memres["memres"]["reserved_peak"],
+        "peak_ratio": memres["peak_reserved"] / native["peak_reserved"],
+        "memres_stack": memres["stack"],
+    }
+    if logged is not None:
+        summary["logged_losses_identical"] = logged["losses"] == native["losses"]
+        summary["logged_stack"] = logged["stack"]
+        summary["step_ms_memres_logged"] = logged["step_ms_median"]
+        summary["trace"] = trace
+    ok = (identical or not deterministic) and (trace is None or trace["ok"])
+    if logged is not None and deterministic:
+        ok = ok and summary["logged_losses_identical"]
+    summary["ok"] = ok
+    print("SUMMARY " + json.dumps(summary))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"summary": summary, "runs": runs}, f, indent=1)
+    mib = 1 << 20
+    print(
+        f"SUMMARY train_check: losses {'identical' if identical else 'DIFFER'} "
+        f"(native repeat {'identical' if deterministic else 'differs: not deterministic'}); "
+        f"step {summary['step_ms_memres']:.2f} ms memres vs {summary['step_ms_native']:.2f} ms native "
+        f"(x{summary['step_time_ratio']:.3f}); peak held {summary['peak_memres_held'] / mib:.0f} MiB memres vs "
+        f"{summary['peak_native_reserved'] / mib:.0f} MiB native reserved (x{summary['peak_ratio']:.3f})"
+        + (f"; trace {trace['rows']} rows, {'ok' if trace['ok'] else 'BAD'}" if trace else "")
+    )
+    if not deterministic:
+        print("SUMMARY train_check: the native run is not deterministic; loss equality is not checked")
+    return 0 if ok else 1
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--worker", choices=["native", "memres"], help="run one configuration and print RESULT")
+    p.add_argument("--so", help="path of libmemres.so")
+    p.add_argument("--stack", default=None, help=f"memres stack (driver default: {MEMRES_STACK})")
+    p.add_argument("--log", help="also run with MEMRES_STACK='log(STACK, file=LOG)' and check the trace")
+    p.add_argument("--json", help="write the summary and every run here")
+    p.add_argument("--steps", type=int, default=50)
+    p.add_argument("--layers", type=int, default=4)
+    p.add_argument("--d-model", type=int, default=512)
+    p.add_argument("--batch", type=int, default=16)
+    p.add_argument("--seq", type=int, default=256)
+    args = p.parse_args()
+    if args.worker:
+        if args.worker == "memres" and not args.so:
+            p.error("--worker memres needs --so")
+        return worker(args)
+    if not args.so:
+        p.error("--so is needed")
+    args.stack = args.stack or MEMRES_STACK
+    return driver(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
