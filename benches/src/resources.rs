@@ -393,29 +393,11 @@ pub fn select(spec: &str) -> Result<(&'static Resource, Option<u64>), String> {
         (Param::Size, None) => {
             Err(format!("resource `{name}` needs a size: `{name}:SIZE`, e.g. `{name}:1MiB`"))
         }
-        (Param::Size, Some(p)) => match parse_size(p) {
+        (Param::Size, Some(p)) => match memres_core::stack::parse_size(p) {
             Some(size) if size > 0 => Ok((r, Some(size))),
             _ => Err(format!("bad size `{p}` in `{spec}` (e.g. 1MiB, 65536)")),
         },
     }
-}
-
-/// A size such as `65536`, `64KiB`, `1MiB`, `2GiB` (also `K`, `M`, `G`,
-/// `KB`...: binary units all).
-pub fn parse_size(text: &str) -> Option<u64> {
-    let t = text.trim();
-    let digits = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
-    let (n, unit) = t.split_at(digits);
-    let n: u64 = n.parse().ok()?;
-    let shift = match unit.trim().to_ascii_lowercase().as_str() {
-        "" | "b" => 0,
-        "k" | "kb" | "kib" => 10,
-        "m" | "mb" | "mib" => 20,
-        "g" | "gb" | "gib" => 30,
-        "t" | "tb" | "tib" => 40,
-        _ => return None,
-    };
-    n.checked_mul(1 << shift)
 }
 
 /// A resource of `&self` calls, replayed on `()`.

@@ -69,6 +69,7 @@ impl<S: ?Sized> Drop for Gated<S> {
 /// the replay (see the module's documentation).
 pub fn builder() -> StackBuilder<SimStream> {
     let mut b = StackBuilder::<SimStream>::new();
+    b.register_stream_layer();
     b.register("log", |call, cx| {
         call.expect_args(1, &["file"])?;
         let file = call.keyed("file").ok_or_else(|| call.error(StackErrorKind::MissingArg("file=")))?;
