@@ -5,6 +5,7 @@
 //! - [`replay`]: the engine that drives one resource through a workload and
 //!   measures ns per op, peak live bytes and peak upstream bytes.
 //! - [`resources`]: the resources compared and the registry naming them.
+//! - `cuda` (feature `cuda`): the CUDA upstreams and plain CUDA resources.
 //! - [`stack`]: replays through a stack built from its text.
 //! - [`report`]: the rows the tool prints, as a table or JSON lines.
 //!
@@ -22,6 +23,8 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
+#[cfg(feature = "cuda")]
+pub mod cuda;
 pub mod replay;
 pub mod report;
 pub mod resources;

@@ -266,7 +266,8 @@ pub fn pass<R: Replayer>(
 /// which every thread replays the whole op sequence on its own stream,
 /// with its own table of handles, through `resource`. ns per op is a
 /// round's wall time over `ops × threads`; CPU time is summed over the
-/// threads. The peak live figure is `threads ×` the workload's (the most
+/// threads. `setup(i)` runs first on each thread that replays (`i`: the
+/// thread's index; the warm-up runs on the calling thread as index 0). The peak live figure is `threads ×` the workload's (the most
 /// the threads can hold at once). `peak` reads the peak upstream bytes
 /// after the run (warm-up included).
 ///
@@ -278,6 +279,7 @@ pub fn replay_threads<R, S>(
     streams: Vec<S>,
     workload: &Workload,
     passes: u32,
+    setup: &(dyn Fn(usize) + Sync),
     peak: impl Fn(&R) -> u64,
 ) -> Result<Measurement, ReplayError>
 where
@@ -287,6 +289,7 @@ where
     let threads = streams.len().max(1);
     let passes = passes.max(1);
     if let Some(first) = streams.first() {
+        setup(0);
         let mut handles = vec![Block::EMPTY; workload.ids as usize];
         shared_pass(resource, first, workload, &mut handles)?;
     }
@@ -297,9 +300,11 @@ where
         let (wall, results) = std::thread::scope(|scope| {
             let workers: Vec<_> = streams
                 .iter()
-                .map(|stream| {
+                .enumerate()
+                .map(|(i, stream)| {
                     let barrier = &barrier;
                     scope.spawn(move || {
+                        setup(i);
                         let mut handles = vec![Block::EMPTY; workload.ids as usize];
                         barrier.wait();
                         let cpu_start = thread_cpu_time();

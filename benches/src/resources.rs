@@ -251,13 +251,13 @@ fn run_shared<B: BuildShared>(
                 .map_err(RunError::Unsupported)?;
             let world = SimWorld::new();
             let streams = (0..threads).map(|_| world.non_blocking_stream()).collect();
-            Ok(replay_threads(&r, streams, workload, options.passes, |r| B::peak(r))?)
+            Ok(replay_threads(&r, streams, workload, options.passes, &|_| {}, |r| B::peak(r))?)
         }
         UpstreamKind::Host => {
             let r = B::build_shared(HostMemory::new(), workload, options).map_err(RunError::Unsupported)?;
             let world = SimWorld::new();
             let streams = (0..threads).map(|_| world.non_blocking_stream()).collect();
-            Ok(replay_threads(&r, streams, workload, options.passes, |r| B::peak(r))?)
+            Ok(replay_threads(&r, streams, workload, options.passes, &|_| {}, |r| B::peak(r))?)
         }
         UpstreamKind::Cuda | UpstreamKind::Async => run_shared_cuda::<B>(workload, options),
     }
@@ -300,6 +300,9 @@ pub struct Resource {
     /// Replays a workload on [`RunOptions::threads`] threads through one
     /// shared instance, where the resource can be shared.
     pub shared: Option<RunFn>,
+    /// A plain CUDA resource: left out of the default list without the
+    /// feature `cuda`.
+    pub cuda: bool,
 }
 
 impl Resource {
@@ -336,12 +339,19 @@ impl fmt::Debug for Resource {
 /// A registry entry for a resource built by `B` and replayed by the generic
 /// engine over the chosen upstream, on one thread only.
 pub const fn entry<B: Build>(name: &'static str, about: &'static str) -> Resource {
-    Resource { name, about, param: Param::None, single: Some(run::<B>), shared: None }
+    Resource { name, about, param: Param::None, single: Some(run::<B>), shared: None, cuda: false }
 }
 
 /// A registry entry for a resource that also runs shared between threads.
 pub const fn shared_entry<B: Build, T: BuildShared>(name: &'static str, about: &'static str) -> Resource {
-    Resource { name, about, param: Param::None, single: Some(run::<B>), shared: Some(run_shared::<T>) }
+    Resource {
+        name,
+        about,
+        param: Param::None,
+        single: Some(run::<B>),
+        shared: Some(run_shared::<T>),
+        cuda: false,
+    }
 }
 
 /// Every resource the tool knows, by name.
@@ -358,7 +368,59 @@ pub const RESOURCES: &[Resource] = &[
     shared_entry::<StatsPool, StatsPool>("stats-pool", "memres Statistics over a shared CoalescingPool (the cost of the counters)"),
     entry::<OffsetAllocator>("offset-allocator", "crate offset-allocator 0.2 (peer, 256-byte units)"),
     entry::<RangeAlloc>("range-alloc", "crate range-alloc 0.1 (peer, 256-byte units)"),
+    Resource {
+        name: "cuda",
+        about: "cuMemAlloc itself, whatever --upstream says (feature cuda)",
+        param: Param::None,
+        single: Some(run_plain_cuda),
+        shared: Some(run_plain_cuda),
+        cuda: true,
+    },
+    Resource {
+        name: "async",
+        about: "cuMemAllocAsync's pool itself, whatever --upstream says (feature cuda)",
+        param: Param::None,
+        single: Some(run_plain_async),
+        shared: Some(run_plain_async),
+        cuda: true,
+    },
 ];
+
+fn run_plain_cuda(
+    w: &Workload,
+    options: &RunOptions,
+    progress: &mut dyn FnMut(usize),
+) -> Result<Measurement, RunError> {
+    run_plain(UpstreamKind::Cuda, w, options, progress)
+}
+
+fn run_plain_async(
+    w: &Workload,
+    options: &RunOptions,
+    progress: &mut dyn FnMut(usize),
+) -> Result<Measurement, RunError> {
+    run_plain(UpstreamKind::Async, w, options, progress)
+}
+
+#[cfg(feature = "cuda")]
+fn run_plain(
+    kind: UpstreamKind,
+    w: &Workload,
+    options: &RunOptions,
+    progress: &mut dyn FnMut(usize),
+) -> Result<Measurement, RunError> {
+    crate::cuda::run_plain(kind, w, options, progress)
+}
+
+#[cfg(not(feature = "cuda"))]
+fn run_plain(
+    kind: UpstreamKind,
+    _: &Workload,
+    _: &RunOptions,
+    _: &mut dyn FnMut(usize),
+) -> Result<Measurement, RunError> {
+    Err(RunError::Unsupported(format!("resource `{kind}` needs the tool built with `--features cuda`")))
+}
 
 /// Looks a resource up by name (without its parameter).
 ///
@@ -405,6 +467,13 @@ pub struct RefReplayer<R> {
     /// The resource.
     pub inner: R,
     peak: fn(&R) -> u64,
+}
+
+impl<R> RefReplayer<R> {
+    /// `inner`, whose peak upstream `peak` reads.
+    pub fn new(inner: R, peak: fn(&R) -> u64) -> Self {
+        RefReplayer { inner, peak }
+    }
 }
 
 impl<R> fmt::Debug for RefReplayer<R> {

@@ -180,7 +180,7 @@ pub fn run_stack(
                 ));
             }
             let streams = (0..k.max(1)).map(|_| world.non_blocking_stream()).collect();
-            Ok(replay_threads(&built.resource, streams, workload, options.passes, |_| peak())?)
+            Ok(replay_threads(&built.resource, streams, workload, options.passes, &|_| {}, |_| peak())?)
         }
     }
 }

@@ -102,7 +102,7 @@ fn replay(
     }
     let mut targets: Vec<Target> = Vec::new();
     if names.is_empty() && stacks.is_empty() {
-        for r in RESOURCES.iter().filter(|r| r.param == Param::None) {
+        for r in RESOURCES.iter().filter(|r| r.param == Param::None && (!r.cuda || cfg!(feature = "cuda"))) {
             targets.push(Target::Resource(r, None, r.name.to_string()));
         }
     }
