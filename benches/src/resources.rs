@@ -303,6 +303,9 @@ pub struct Resource {
     /// A plain CUDA resource: left out of the default list without the
     /// feature `cuda`.
     pub cuda: bool,
+    /// Runs only over the simulated device (left out of the default list
+    /// for other upstreams).
+    pub sim_only: bool,
 }
 
 impl Resource {
@@ -339,7 +342,15 @@ impl fmt::Debug for Resource {
 /// A registry entry for a resource built by `B` and replayed by the generic
 /// engine over the chosen upstream, on one thread only.
 pub const fn entry<B: Build>(name: &'static str, about: &'static str) -> Resource {
-    Resource { name, about, param: Param::None, single: Some(run::<B>), shared: None, cuda: false }
+    Resource {
+        name,
+        about,
+        param: Param::None,
+        single: Some(run::<B>),
+        shared: None,
+        cuda: false,
+        sim_only: false,
+    }
 }
 
 /// A registry entry for a resource that also runs shared between threads.
@@ -351,6 +362,7 @@ pub const fn shared_entry<B: Build, T: BuildShared>(name: &'static str, about: &
         single: Some(run::<B>),
         shared: Some(run_shared::<T>),
         cuda: false,
+        sim_only: false,
     }
 }
 
@@ -363,7 +375,10 @@ pub const RESOURCES: &[Resource] = &[
     },
     shared_entry::<Binning, Binning>("binning", "memres BinningResource as in RMM's harness: fixed bins 256 KiB..4 MiB, larger requests straight to the upstream"),
     shared_entry::<Arena, Arena>("arena", "memres ArenaResource over the upstream"),
-    shared_entry::<VPool, VPool>("vpool", "memres VirtualPool: 64 GiB reserved in 2 MiB granules, 256 MiB kept committed (sim only; footprint: peak committed)"),
+    Resource {
+        sim_only: true,
+        ..shared_entry::<VPool, VPool>("vpool", "memres VirtualPool: 64 GiB reserved in 2 MiB granules, 256 MiB kept committed (sim only; footprint: peak committed)")
+    },
     shared_entry::<StreamPool, StreamPool>("stream-pool", "memres StreamOrdered over a CoalescingPool, one simulated stream per workload stream or thread"),
     shared_entry::<StatsPool, StatsPool>("stats-pool", "memres Statistics over a shared CoalescingPool (the cost of the counters)"),
     entry::<OffsetAllocator>("offset-allocator", "crate offset-allocator 0.2 (peer, 256-byte units)"),
@@ -375,6 +390,7 @@ pub const RESOURCES: &[Resource] = &[
         single: Some(run_plain_cuda),
         shared: Some(run_plain_cuda),
         cuda: true,
+        sim_only: false,
     },
     Resource {
         name: "async",
@@ -383,6 +399,7 @@ pub const RESOURCES: &[Resource] = &[
         single: Some(run_plain_async),
         shared: Some(run_plain_async),
         cuda: true,
+        sim_only: false,
     },
 ];
 

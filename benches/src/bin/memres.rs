@@ -102,7 +102,12 @@ fn replay(
     }
     let mut targets: Vec<Target> = Vec::new();
     if names.is_empty() && stacks.is_empty() {
-        for r in RESOURCES.iter().filter(|r| r.param == Param::None && (!r.cuda || cfg!(feature = "cuda"))) {
+        let applies = |r: &&Resource| {
+            r.param == Param::None
+                && (!r.cuda || cfg!(feature = "cuda"))
+                && (!r.sim_only || options.upstream == UpstreamKind::Sim)
+        };
+        for r in RESOURCES.iter().filter(applies) {
             targets.push(Target::Resource(r, None, r.name.to_string()));
         }
     }
