@@ -220,6 +220,7 @@ fn no_cuda(options: &RunOptions) -> RunError {
 }
 
 #[cfg(not(feature = "cuda"))]
+#[allow(clippy::extra_unused_type_parameters)] // used with the feature
 fn run_cuda<B: Build>(
     _: &Workload,
     options: &RunOptions,
@@ -264,6 +265,7 @@ fn run_shared<B: BuildShared>(
 }
 
 #[cfg(not(feature = "cuda"))]
+#[allow(clippy::extra_unused_type_parameters)] // used with the feature
 fn run_shared_cuda<B: BuildShared>(_: &Workload, options: &RunOptions) -> Result<Measurement, RunError> {
     Err(no_cuda(options))
 }
@@ -617,8 +619,7 @@ impl BuildShared for SharedPool {
 pub struct Fixed;
 
 impl Fixed {
-    fn check<U>(workload: &Workload, options: &RunOptions) -> Result<FixedConfig, String> {
-        let _ = std::marker::PhantomData::<U>;
+    fn check(workload: &Workload, options: &RunOptions) -> Result<FixedConfig, String> {
         let size = options.param.ok_or("fixed needs a block size: fixed:SIZE")?;
         if let Some((i, op)) = workload.ops.iter().enumerate().find(|(_, op)| op.alloc && op.size > size) {
             return Err(format!(
@@ -638,7 +639,7 @@ impl Build for Fixed {
         w: &Workload,
         options: &RunOptions,
     ) -> Result<Self::Resource<U>, String> {
-        let config = Self::check::<U>(w, options)?;
+        let config = Self::check(w, options)?;
         let inner =
             FixedSizeResource::with_config(upstream, config, &()).map_err(|e| format!("fixed: {e}"))?;
         Ok(MutReplayer { inner, peak: |r| r.upstream().peak_held_bytes() })
@@ -652,7 +653,7 @@ impl BuildShared for Fixed {
         w: &Workload,
         options: &RunOptions,
     ) -> Result<Self::Resource<U>, String> {
-        let config = Self::check::<U>(w, options)?;
+        let config = Self::check(w, options)?;
         let inner =
             FixedSizeResource::with_config(upstream, config, &()).map_err(|e| format!("fixed: {e}"))?;
         Ok(Shared::new(inner))
@@ -746,7 +747,7 @@ impl VPool {
     /// Granule: 2 MiB.
     pub const GRANULE: u64 = 2 << 20;
 
-    fn make<U: Upstream>(options: &RunOptions) -> Result<VirtualPool<SimAddressSpace>, String> {
+    fn make(options: &RunOptions) -> Result<VirtualPool<SimAddressSpace>, String> {
         if options.upstream != UpstreamKind::Sim {
             return Err(format!(
                 "vpool maps granules of a simulated address space: it runs only with --upstream sim, not {}",
@@ -761,7 +762,7 @@ impl VPool {
 impl Build for VPool {
     type Resource<U: Upstream> = MutReplayer<VirtualPool<SimAddressSpace>>;
     fn build<U: Upstream>(_: U, _: &Workload, options: &RunOptions) -> Result<Self::Resource<U>, String> {
-        Ok(MutReplayer { inner: Self::make::<U>(options)?, peak: |r| r.peak_committed_bytes() })
+        Ok(MutReplayer { inner: Self::make(options)?, peak: |r| r.peak_committed_bytes() })
     }
 }
 
@@ -772,7 +773,7 @@ impl BuildShared for VPool {
         _: &Workload,
         options: &RunOptions,
     ) -> Result<Self::Resource<U>, String> {
-        Ok(Shared::new(Self::make::<U>(options)?))
+        Ok(Shared::new(Self::make(options)?))
     }
     fn peak<U: Upstream>(r: &Self::Resource<U>) -> u64 {
         r.with(|v| v.peak_committed_bytes())
