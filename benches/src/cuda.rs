@@ -5,10 +5,10 @@
 //!
 //! The upstream sits under a [`Statistics`] adaptor, whose peak is the
 //! row's peak upstream (as RMM's harness puts `statistics_resource_adaptor`
-//! over its upstream). On one thread every call goes to the legacy default
-//! stream; with `--streams K` each thread makes its own non-blocking
-//! [`CudaStream`] and every upstream call of that thread goes to it, as in
-//! RMM's harness.
+//! over its upstream). Every replaying thread makes a non-blocking
+//! [`CudaStream`] of its own and every upstream call of that thread goes to
+//! it, as in RMM's harness (whose single thread also replays on a
+//! non-blocking stream).
 
 use crate::replay::{replay, replay_threads, Measurement};
 use crate::resources::{Build, BuildShared, RunError, RunOptions, Upstream, UpstreamKind};
@@ -104,8 +104,8 @@ fn make(kind: UpstreamKind, device: Device) -> Result<Made, RunError> {
     }
 }
 
-/// Replays on one thread, on the legacy default stream, a resource built by
-/// `B` over the CUDA upstream of `options`.
+/// Replays on one thread, on a non-blocking stream, a resource built by `B`
+/// over the CUDA upstream of `options`.
 ///
 /// # Errors
 ///
@@ -116,6 +116,7 @@ pub fn run<B: Build>(
     progress: &mut dyn FnMut(usize),
 ) -> Result<Measurement, RunError> {
     let device = device()?;
+    let _stream = OwnStream::new(device);
     match make(options.upstream, device)? {
         Made::Cuda(u) => {
             let mut r = B::build(u, w, options).map_err(RunError::Unsupported)?;
@@ -128,11 +129,32 @@ pub fn run<B: Build>(
     }
 }
 
+/// Gives the calling thread a non-blocking CUDA stream of its own (none if
+/// the driver refuses one: the legacy default stream then).
+fn set_stream(device: Device) {
+    let stream = CudaStream::with_options(device, StreamOptions { non_blocking: true, priority: 0 }).ok();
+    STREAM.with(|s| *s.borrow_mut() = stream);
+}
+
 /// Each replaying thread's setup: a non-blocking CUDA stream of its own.
 fn per_thread_stream(device: Device) -> impl Fn(usize) + Sync {
-    move |_| {
-        let stream = CudaStream::with_options(device, StreamOptions { non_blocking: true, priority: 0 }).ok();
-        STREAM.with(|s| *s.borrow_mut() = stream);
+    move |_| set_stream(device)
+}
+
+/// The calling thread's own stream while it lives; back to none after
+/// (declared before the resource, so dropped after it).
+struct OwnStream;
+
+impl OwnStream {
+    fn new(device: Device) -> OwnStream {
+        set_stream(device);
+        OwnStream
+    }
+}
+
+impl Drop for OwnStream {
+    fn drop(&mut self) {
+        STREAM.with(|s| s.borrow_mut().take());
     }
 }
 
@@ -144,6 +166,7 @@ fn per_thread_stream(device: Device) -> impl Fn(usize) + Sync {
 /// As [`run`].
 pub fn run_shared<B: BuildShared>(w: &Workload, options: &RunOptions) -> Result<Measurement, RunError> {
     let device = device()?;
+    let _stream = OwnStream::new(device); // the warm-up's, on this thread
     let threads = options.threads.unwrap_or(1);
     let world = SimWorld::new();
     let streams: Vec<SimStream> = (0..threads).map(|_| world.non_blocking_stream()).collect();
@@ -173,6 +196,7 @@ pub fn run_plain(
     progress: &mut dyn FnMut(usize),
 ) -> Result<Measurement, RunError> {
     let device = device()?;
+    let _stream = OwnStream::new(device);
     match make(kind, device)? {
         Made::Cuda(u) => plain(u, device, w, options, progress),
         Made::Async(u) => plain(u, device, w, options, progress),
