@@ -6,16 +6,26 @@
 //! figure per element is the cost of one op. Adding a resource is one line
 //! in `bench_workload`.
 //!
+//! The group `arena-threads` replays `random:100000:1048576:42` through
+//! one arena on 1 and on 2 threads (each thread the whole sequence on its
+//! own stream, as `memres replay --streams K`): the figure per element is
+//! the aggregate cost of one op, so the scaling ratio reads off one run.
+//!
 //! With `MEMRES_BENCH_CLOCK=cpu` in the environment the benches time the
 //! thread's CPU time instead of wall time (Linux): on a machine shared
 //! with other work, wall time counts the waits for a core.
 
 use criterion::{criterion_group, criterion_main, BenchmarkGroup, Criterion, Throughput};
-use memres_bench::replay::{pass, thread_cpu_time, Replayer};
-use memres_bench::resources::{Build, OffsetAllocator, Pool, RangeAlloc};
+use memres_bench::replay::{pass, shared_pass, thread_cpu_time, Replayer};
+use memres_bench::resources::{
+    Arena, Binning, Build, Fixed, OffsetAllocator, Pool, RangeAlloc, RunOptions, StatsPool,
+};
 use memres_bench::workload::Workload;
-use memres_host::SimDevice;
+use memres_core::arena::ArenaResource;
+use memres_core::Block;
+use memres_host::{SimDevice, SimWorld};
 use std::hint::black_box;
+use std::sync::Barrier;
 use std::time::{Duration, Instant};
 
 const WORKLOADS: &[&str] = &[
@@ -31,8 +41,11 @@ fn bench_resource<B: Build>(
     group: &mut BenchmarkGroup<'_, criterion::measurement::WallTime>,
     name: &str,
     w: &Workload,
+    options: &RunOptions,
 ) {
-    let mut resource = B::build(SimDevice::new(1 << 40), w);
+    let Ok(mut resource) = B::build(SimDevice::new(1 << 40), w, options) else {
+        return; // e.g. fixed-size blocks too small for the workload
+    };
     let mut handles = vec![resource.vacant(); w.ids as usize];
     pass(&mut resource, w, &mut handles).expect("warm-up pass");
     let cpu_clock = std::env::var("MEMRES_BENCH_CLOCK").is_ok_and(|c| c == "cpu");
@@ -56,9 +69,68 @@ fn bench_workload(c: &mut Criterion, spec: &str) {
     let mut group = c.benchmark_group(short);
     group.throughput(Throughput::Elements(w.ops.len() as u64));
     group.sample_size(20).warm_up_time(Duration::from_millis(500)).measurement_time(Duration::from_secs(3));
-    bench_resource::<Pool>(&mut group, "pool", &w);
-    bench_resource::<OffsetAllocator>(&mut group, "offset-allocator", &w);
-    bench_resource::<RangeAlloc>(&mut group, "range-alloc", &w);
+    let plain = RunOptions::default();
+    bench_resource::<Pool>(&mut group, "pool", &w, &plain);
+    // Only where every request fits a 1 MiB block.
+    bench_resource::<Fixed>(&mut group, "fixed-1MiB", &w, &RunOptions { param: Some(1 << 20), ..plain });
+    bench_resource::<Binning>(&mut group, "binning", &w, &plain);
+    bench_resource::<Arena>(&mut group, "arena", &w, &plain);
+    bench_resource::<StatsPool>(&mut group, "stats-pool", &w, &plain);
+    bench_resource::<OffsetAllocator>(&mut group, "offset-allocator", &w, &plain);
+    bench_resource::<RangeAlloc>(&mut group, "range-alloc", &w, &plain);
+    group.finish();
+}
+
+/// One arena, `threads` threads each replaying the whole workload on its
+/// own stream per iteration; wall time (or, with `MEMRES_BENCH_CLOCK=cpu`,
+/// CPU time summed over the threads) over `ops × threads` elements.
+fn arena_threads(c: &mut Criterion) {
+    let w = Workload::load("random:100000:1048576:42").expect("workload decodes");
+    let mut group = c.benchmark_group("arena-threads");
+    group.sample_size(10).warm_up_time(Duration::from_millis(500)).measurement_time(Duration::from_secs(3));
+    let cpu_clock = std::env::var("MEMRES_BENCH_CLOCK").is_ok_and(|c| c == "cpu");
+    for threads in [1usize, 2] {
+        group.throughput(Throughput::Elements(w.ops.len() as u64 * threads as u64));
+        let arena = ArenaResource::new(SimDevice::new(1 << 40));
+        let world = SimWorld::new();
+        let streams: Vec<_> = (0..threads).map(|_| world.non_blocking_stream()).collect();
+        let mut warm = vec![Block::EMPTY; w.ids as usize];
+        shared_pass(&arena, &streams[0], &w, &mut warm).expect("warm-up pass");
+        group.bench_function(format!("{threads}-thread"), |b| {
+            b.iter_custom(|iters| {
+                let barrier = Barrier::new(threads + 1);
+                std::thread::scope(|scope| {
+                    let workers: Vec<_> = streams
+                        .iter()
+                        .map(|stream| {
+                            let (arena, w, barrier) = (&arena, &w, &barrier);
+                            scope.spawn(move || {
+                                let mut handles = vec![Block::EMPTY; w.ids as usize];
+                                barrier.wait();
+                                let cpu = thread_cpu_time();
+                                for _ in 0..iters {
+                                    shared_pass(black_box(arena), stream, w, &mut handles)
+                                        .expect("replay pass");
+                                }
+                                cpu.zip(thread_cpu_time()).map(|(a, b)| b.saturating_sub(a))
+                            })
+                        })
+                        .collect();
+                    barrier.wait();
+                    let wall = Instant::now();
+                    let cpu: Option<Duration> = workers
+                        .into_iter()
+                        .map(|t| t.join().expect("replay thread"))
+                        .try_fold(Duration::ZERO, |sum, c| c.map(|c| sum + c));
+                    let wall = wall.elapsed();
+                    match (cpu_clock, cpu) {
+                        (true, Some(c)) => c,
+                        _ => wall,
+                    }
+                })
+            })
+        });
+    }
     group.finish();
 }
 
@@ -68,5 +140,5 @@ fn replay(c: &mut Criterion) {
     }
 }
 
-criterion_group!(benches, replay);
+criterion_group!(benches, replay, arena_threads);
 criterion_main!(benches);

@@ -5,6 +5,8 @@
 //! - [`replay`]: the engine that drives one resource through a workload and
 //!   measures ns per op, peak live bytes and peak upstream bytes.
 //! - [`resources`]: the resources compared and the registry naming them.
+//! - `cuda` (feature `cuda`): the CUDA upstreams and plain CUDA resources.
+//! - [`stack`]: replays through a stack built from its text.
 //! - [`report`]: the rows the tool prints, as a table or JSON lines.
 //!
 //! # Example
@@ -15,13 +17,16 @@
 //! let w = Workload::load("random:1000:65536:42")?;
 //! assert_eq!(w.ops.len(), 2000);
 //! let pool = find("pool")?;
-//! let m = (pool.run)(&w, &RunOptions::default(), &mut |_ops| {})?;
+//! let m = pool.run(&w, &RunOptions::default(), &mut |_ops| {})?;
 //! assert_eq!(m.peak_live, w.peak_live);
 //! assert!(m.footprint().unwrap() >= 1.0);
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
+#[cfg(feature = "cuda")]
+pub mod cuda;
 pub mod replay;
 pub mod report;
 pub mod resources;
+pub mod stack;
 pub mod workload;

@@ -9,8 +9,9 @@
 //! disturbs less on short workloads.
 
 use crate::workload::Workload;
-use memres_core::Error;
+use memres_core::{Block, Error, MemoryResource, Request, Stream};
 use std::fmt;
+use std::sync::Barrier;
 use std::time::{Duration, Instant};
 
 #[cfg(test)]
@@ -45,6 +46,11 @@ pub trait Replayer {
     /// over an upstream, the upstream's peak; for one that manages offsets
     /// in a range of its own, the highest end offset it handed out.
     fn peak_upstream(&self) -> u64;
+
+    /// Called before each pass: `0` is the warm-up, `1` the first timed
+    /// pass. Does nothing unless a resource needs to know (a log that
+    /// records one pass).
+    fn begin_pass(&mut self, _pass: usize) {}
 }
 
 /// What one replay measured.
@@ -145,14 +151,17 @@ pub fn replay<R: Replayer>(
 ) -> Result<Measurement, ReplayError> {
     let passes = passes.max(1);
     let mut handles = vec![resource.vacant(); workload.ids as usize];
+    resource.begin_pass(0);
     run_pass(resource, workload, &mut handles, progress)?;
     let mut times = Vec::with_capacity(passes as usize);
     let mut cpu_times = Vec::with_capacity(passes as usize);
-    for _ in 0..passes {
+    for p in 0..passes {
+        resource.begin_pass(p as usize + 1);
         let (wall, cpu) = run_pass(resource, workload, &mut handles, progress)?;
         times.push(wall);
         cpu_times.push(cpu);
     }
+    resource.begin_pass(passes as usize + 1);
     times.sort_unstable();
     let cpu = cpu_times.iter().copied().collect::<Option<Vec<Duration>>>().map(|mut c| {
         c.sort_unstable();
@@ -244,6 +253,122 @@ pub fn pass<R: Replayer>(
             resource.allocate(op.size, op.stream).map(|h| *slot = h)
         } else {
             resource.deallocate(*slot, op.size, op.stream)
+        };
+        if let Err(error) = done {
+            return Err(ReplayError { op: i, alloc: op.alloc, size: op.size, error });
+        }
+    }
+    Ok(())
+}
+
+/// Replays `workload` as RMM's harness does with `streams.len()` threads:
+/// one untimed warm-up pass on one thread, then `passes` timed rounds in
+/// which every thread replays the whole op sequence on its own stream,
+/// with its own table of handles, through `resource`. ns per op is a
+/// round's wall time over `ops × threads`; CPU time is summed over the
+/// threads. `setup(i)` runs first on each thread that replays (`i`: the
+/// thread's index; the warm-up runs on the calling thread as index 0). The peak live figure is `threads ×` the workload's (the most
+/// the threads can hold at once). `peak` reads the peak upstream bytes
+/// after the run (warm-up included).
+///
+/// # Errors
+///
+/// The first op that fails (on any thread).
+pub fn replay_threads<R, S>(
+    resource: &R,
+    streams: Vec<S>,
+    workload: &Workload,
+    passes: u32,
+    setup: &(dyn Fn(usize) + Sync),
+    peak: impl Fn(&R) -> u64,
+) -> Result<Measurement, ReplayError>
+where
+    R: MemoryResource<S> + Sync,
+    S: Stream + Send + Sync,
+{
+    let threads = streams.len().max(1);
+    let passes = passes.max(1);
+    if let Some(first) = streams.first() {
+        setup(0);
+        let mut handles = vec![Block::EMPTY; workload.ids as usize];
+        shared_pass(resource, first, workload, &mut handles)?;
+    }
+    let mut times = Vec::with_capacity(passes as usize);
+    let mut cpu_times = Vec::with_capacity(passes as usize);
+    for _ in 0..passes {
+        let barrier = Barrier::new(streams.len() + 1);
+        let (wall, results) = std::thread::scope(|scope| {
+            let workers: Vec<_> = streams
+                .iter()
+                .enumerate()
+                .map(|(i, stream)| {
+                    let barrier = &barrier;
+                    scope.spawn(move || {
+                        setup(i);
+                        let mut handles = vec![Block::EMPTY; workload.ids as usize];
+                        barrier.wait();
+                        let cpu_start = thread_cpu_time();
+                        let done = shared_pass(resource, stream, workload, &mut handles);
+                        let cpu = match (cpu_start, thread_cpu_time()) {
+                            (Some(a), Some(b)) => Some(b.saturating_sub(a)),
+                            _ => None,
+                        };
+                        done.map(|()| cpu)
+                    })
+                })
+                .collect();
+            barrier.wait();
+            let start = Instant::now();
+            let results: Vec<_> =
+                workers.into_iter().map(|w| w.join().expect("a replay thread panicked")).collect();
+            (start.elapsed(), results)
+        });
+        let mut cpu = Some(Duration::ZERO);
+        for r in results {
+            let c = r?;
+            cpu = cpu.zip(c).map(|(a, b)| a + b);
+        }
+        times.push(wall);
+        cpu_times.push(cpu);
+    }
+    times.sort_unstable();
+    let cpu = cpu_times.iter().copied().collect::<Option<Vec<Duration>>>().map(|mut c| {
+        c.sort_unstable();
+        c[c.len() / 2]
+    });
+    Ok(Measurement {
+        ops: workload.ops.len() as u64 * threads as u64,
+        passes,
+        elapsed: times[times.len() / 2],
+        fastest: times[0],
+        cpu,
+        peak_live: workload.peak_live * threads as u64,
+        peak_upstream: peak(resource),
+    })
+}
+
+/// One pass of `workload` on `stream` through a shared resource.
+///
+/// # Errors
+///
+/// As [`replay`].
+#[inline]
+pub fn shared_pass<R, S>(
+    resource: &R,
+    stream: &S,
+    workload: &Workload,
+    handles: &mut [Block],
+) -> Result<(), ReplayError>
+where
+    R: MemoryResource<S> + ?Sized,
+    S: Stream + ?Sized,
+{
+    for (i, op) in workload.ops.iter().enumerate() {
+        let slot = &mut handles[op.id as usize];
+        let done = if op.alloc {
+            Request::new(op.size).and_then(|r| resource.allocate(r, stream)).map(|b| *slot = b)
+        } else {
+            resource.deallocate(*slot, stream)
         };
         if let Err(error) = done {
             return Err(ReplayError { op: i, alloc: op.alloc, size: op.size, error });

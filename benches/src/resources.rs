@@ -4,20 +4,27 @@
 //! Adding a resource: implement [`Build`] (construct a [`Replayer`] over
 //! an upstream) and add one line to [`RESOURCES`].
 
-use crate::replay::{replay, Measurement, ReplayError, Replayer, GRANULE};
+use crate::replay::{replay, replay_threads, Measurement, ReplayError, Replayer, GRANULE};
 use crate::workload::Workload;
+use memres_core::adaptor::Statistics;
+use memres_core::arena::ArenaResource;
+use memres_core::binning::BinningResource;
+use memres_core::fixed::{FixedConfig, FixedSizeResource};
 use memres_core::pool::CoalescingPool;
-use memres_core::{Block, Error, MemoryResource, MemoryResourceMut, Request};
-use memres_host::{HostMemory, SimDevice};
+use memres_core::vpool::VirtualPool;
+use memres_core::{Block, Error, MemoryResource, MemoryResourceMut, Request, Shared, StreamOrdered};
+use memres_host::{HostMemory, SimAddressSpace, SimDevice, SimStream, SimWorld};
 use std::fmt;
 use std::str::FromStr;
+use std::sync::Arc;
 
 #[cfg(test)]
 mod tests;
 
 /// An upstream a memres resource can take memory from, with the figure
-/// the replay reports.
-pub trait Upstream: MemoryResource + fmt::Debug {
+/// the replay reports. Upstreams serve every stream type the replays use:
+/// `()` on one thread, [`SimStream`]s on many.
+pub trait Upstream: MemoryResource + MemoryResource<SimStream> + fmt::Debug + Send + Sync + 'static {
     /// The most bytes it handed out at once.
     fn peak_held_bytes(&self) -> u64;
 }
@@ -34,6 +41,12 @@ impl Upstream for HostMemory {
     }
 }
 
+impl<U: Upstream> Upstream for Arc<U> {
+    fn peak_held_bytes(&self) -> u64 {
+        U::peak_held_bytes(self)
+    }
+}
+
 /// Which upstream the memres resources take memory from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum UpstreamKind {
@@ -42,11 +55,20 @@ pub enum UpstreamKind {
     Sim,
     /// [`HostMemory`]: real host bytes.
     Host,
+    /// CUDA device memory from `cuMemAlloc` (feature `cuda`).
+    Cuda,
+    /// CUDA's stream-ordered pool, `cuMemAllocAsync` (feature `cuda`).
+    Async,
 }
 
 impl UpstreamKind {
     /// The capacity of the simulated device: 1 TiB.
     pub const SIM_CAPACITY: u64 = 1 << 40;
+
+    /// Whether it is one of the CUDA upstreams.
+    pub fn is_cuda(self) -> bool {
+        matches!(self, UpstreamKind::Cuda | UpstreamKind::Async)
+    }
 }
 
 impl FromStr for UpstreamKind {
@@ -55,7 +77,9 @@ impl FromStr for UpstreamKind {
         match s {
             "sim" => Ok(UpstreamKind::Sim),
             "host" => Ok(UpstreamKind::Host),
-            _ => Err(format!("unknown upstream `{s}` (expected sim or host)")),
+            "cuda" => Ok(UpstreamKind::Cuda),
+            "async" => Ok(UpstreamKind::Async),
+            _ => Err(format!("unknown upstream `{s}` (expected sim, host, cuda or async)")),
         }
     }
 }
@@ -65,6 +89,8 @@ impl fmt::Display for UpstreamKind {
         f.write_str(match self {
             UpstreamKind::Sim => "sim",
             UpstreamKind::Host => "host",
+            UpstreamKind::Cuda => "cuda",
+            UpstreamKind::Async => "async",
         })
     }
 }
@@ -76,11 +102,51 @@ pub struct RunOptions {
     pub upstream: UpstreamKind,
     /// Timed passes after the warm-up (the median is reported).
     pub passes: u32,
+    /// `Some(k)`: `k` threads, each replaying the whole workload on a
+    /// stream of its own through one shared resource (RMM's harness with
+    /// `k` threads); `None`: one thread, the workload's own streams.
+    pub threads: Option<u32>,
+    /// The resource's parameter (`fixed:SIZE`: the block size).
+    pub param: Option<u64>,
 }
 
 impl Default for RunOptions {
     fn default() -> Self {
-        RunOptions { upstream: UpstreamKind::Sim, passes: 1 }
+        RunOptions { upstream: UpstreamKind::Sim, passes: 1, threads: None, param: None }
+    }
+}
+
+/// Why a replay gave no figures.
+#[derive(Clone, Debug, PartialEq)]
+pub enum RunError {
+    /// The resource cannot run this replay (a bad parameter, an upstream
+    /// or a mode it does not support, a workload it cannot serve).
+    Unsupported(String),
+    /// An op failed.
+    Replay(ReplayError),
+}
+
+impl fmt::Display for RunError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            RunError::Unsupported(what) => f.write_str(what),
+            RunError::Replay(e) => e.fmt(f),
+        }
+    }
+}
+
+impl std::error::Error for RunError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            RunError::Unsupported(_) => None,
+            RunError::Replay(e) => Some(e),
+        }
+    }
+}
+
+impl From<ReplayError> for RunError {
+    fn from(e: ReplayError) -> Self {
+        RunError::Replay(e)
     }
 }
 
@@ -92,7 +158,35 @@ pub trait Build {
     /// The resource over `upstream`, sized for `workload` where it needs a
     /// capacity up front. Resources that manage a range of their own drop
     /// the upstream.
-    fn build<U: Upstream>(upstream: U, workload: &Workload) -> Self::Resource<U>;
+    ///
+    /// # Errors
+    ///
+    /// Why it cannot be made for these options.
+    fn build<U: Upstream>(
+        upstream: U,
+        workload: &Workload,
+        options: &RunOptions,
+    ) -> Result<Self::Resource<U>, String>;
+}
+
+/// Builds a resource that threads share, each on its own [`SimStream`].
+pub trait BuildShared {
+    /// The shared resource over an upstream of type `U`.
+    type Resource<U: Upstream>: MemoryResource<SimStream> + Send + Sync;
+
+    /// The resource over `upstream`.
+    ///
+    /// # Errors
+    ///
+    /// Why it cannot be made for these options.
+    fn build_shared<U: Upstream>(
+        upstream: U,
+        workload: &Workload,
+        options: &RunOptions,
+    ) -> Result<Self::Resource<U>, String>;
+
+    /// The most bytes held from upstream at once so far.
+    fn peak<U: Upstream>(resource: &Self::Resource<U>) -> u64;
 }
 
 /// Replays `workload` on a fresh resource: monomorphized per resource and
@@ -101,20 +195,98 @@ fn run<B: Build>(
     workload: &Workload,
     options: &RunOptions,
     progress: &mut dyn FnMut(usize),
-) -> Result<Measurement, ReplayError> {
+) -> Result<Measurement, RunError> {
     let passes = options.passes;
     match options.upstream {
         UpstreamKind::Sim => {
             let upstream = SimDevice::new(UpstreamKind::SIM_CAPACITY);
-            replay(&mut B::build(upstream, workload), workload, passes, progress)
+            let mut r = B::build(upstream, workload, options).map_err(RunError::Unsupported)?;
+            Ok(replay(&mut r, workload, passes, progress)?)
         }
-        UpstreamKind::Host => replay(&mut B::build(HostMemory::new(), workload), workload, passes, progress),
+        UpstreamKind::Host => {
+            let mut r = B::build(HostMemory::new(), workload, options).map_err(RunError::Unsupported)?;
+            Ok(replay(&mut r, workload, passes, progress)?)
+        }
+        UpstreamKind::Cuda | UpstreamKind::Async => run_cuda::<B>(workload, options, progress),
     }
+}
+
+#[cfg(not(feature = "cuda"))]
+fn no_cuda(options: &RunOptions) -> RunError {
+    RunError::Unsupported(format!(
+        "upstream `{}` needs the tool built with `--features cuda`",
+        options.upstream
+    ))
+}
+
+#[cfg(not(feature = "cuda"))]
+#[allow(clippy::extra_unused_type_parameters)] // used with the feature
+fn run_cuda<B: Build>(
+    _: &Workload,
+    options: &RunOptions,
+    _: &mut dyn FnMut(usize),
+) -> Result<Measurement, RunError> {
+    Err(no_cuda(options))
+}
+
+#[cfg(feature = "cuda")]
+fn run_cuda<B: Build>(
+    w: &Workload,
+    options: &RunOptions,
+    progress: &mut dyn FnMut(usize),
+) -> Result<Measurement, RunError> {
+    crate::cuda::run::<B>(w, options, progress)
+}
+
+/// Replays `workload` on `threads` threads through one fresh shared
+/// resource.
+fn run_shared<B: BuildShared>(
+    workload: &Workload,
+    options: &RunOptions,
+    _progress: &mut dyn FnMut(usize),
+) -> Result<Measurement, RunError> {
+    let threads = options.threads.unwrap_or(1);
+    match options.upstream {
+        UpstreamKind::Sim => {
+            let r = B::build_shared(SimDevice::new(UpstreamKind::SIM_CAPACITY), workload, options)
+                .map_err(RunError::Unsupported)?;
+            let world = SimWorld::new();
+            let streams = (0..threads).map(|_| world.non_blocking_stream()).collect();
+            Ok(replay_threads(&r, streams, workload, options.passes, &|_| {}, |r| B::peak(r))?)
+        }
+        UpstreamKind::Host => {
+            let r = B::build_shared(HostMemory::new(), workload, options).map_err(RunError::Unsupported)?;
+            let world = SimWorld::new();
+            let streams = (0..threads).map(|_| world.non_blocking_stream()).collect();
+            Ok(replay_threads(&r, streams, workload, options.passes, &|_| {}, |r| B::peak(r))?)
+        }
+        UpstreamKind::Cuda | UpstreamKind::Async => run_shared_cuda::<B>(workload, options),
+    }
+}
+
+#[cfg(not(feature = "cuda"))]
+#[allow(clippy::extra_unused_type_parameters)] // used with the feature
+fn run_shared_cuda<B: BuildShared>(_: &Workload, options: &RunOptions) -> Result<Measurement, RunError> {
+    Err(no_cuda(options))
+}
+
+#[cfg(feature = "cuda")]
+fn run_shared_cuda<B: BuildShared>(w: &Workload, options: &RunOptions) -> Result<Measurement, RunError> {
+    crate::cuda::run_shared::<B>(w, options)
 }
 
 /// Replays a workload on a fresh resource as the options say, telling a
 /// progress callback how many ops each chunk did.
-pub type RunFn = fn(&Workload, &RunOptions, &mut dyn FnMut(usize)) -> Result<Measurement, ReplayError>;
+pub type RunFn = fn(&Workload, &RunOptions, &mut dyn FnMut(usize)) -> Result<Measurement, RunError>;
+
+/// How an entry's parameter is written after its name and a colon.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Param {
+    /// No parameter.
+    None,
+    /// A size in bytes (`1MiB`, `65536`), required.
+    Size,
+}
 
 /// One entry of the registry.
 #[derive(Clone, Copy)]
@@ -123,8 +295,44 @@ pub struct Resource {
     pub name: &'static str,
     /// One line on what it is.
     pub about: &'static str,
-    /// Replays a workload on a fresh instance.
-    pub run: RunFn,
+    /// The parameter after `name:`.
+    pub param: Param,
+    /// Replays a workload on a fresh instance on one thread.
+    pub single: Option<RunFn>,
+    /// Replays a workload on [`RunOptions::threads`] threads through one
+    /// shared instance, where the resource can be shared.
+    pub shared: Option<RunFn>,
+    /// A plain CUDA resource: left out of the default list without the
+    /// feature `cuda`.
+    pub cuda: bool,
+    /// Runs only over the simulated device (left out of the default list
+    /// for other upstreams).
+    pub sim_only: bool,
+}
+
+impl Resource {
+    /// Replays `workload` as `options` say: on threads when
+    /// [`RunOptions::threads`] is set.
+    ///
+    /// # Errors
+    ///
+    /// [`RunError::Unsupported`] for a mode the resource has no run for;
+    /// the run's error.
+    pub fn run(
+        &self,
+        workload: &Workload,
+        options: &RunOptions,
+        progress: &mut dyn FnMut(usize),
+    ) -> Result<Measurement, RunError> {
+        let (run, mode) = match options.threads {
+            Some(_) => (self.shared, "cannot be shared between threads (--streams)"),
+            None => (self.single, "runs only with --streams"),
+        };
+        match run {
+            Some(run) => run(workload, options, progress),
+            None => Err(RunError::Unsupported(format!("{} {mode}", self.name))),
+        }
+    }
 }
 
 impl fmt::Debug for Resource {
@@ -134,28 +342,502 @@ impl fmt::Debug for Resource {
 }
 
 /// A registry entry for a resource built by `B` and replayed by the generic
-/// engine over the chosen upstream.
+/// engine over the chosen upstream, on one thread only.
 pub const fn entry<B: Build>(name: &'static str, about: &'static str) -> Resource {
-    Resource { name, about, run: run::<B> }
+    Resource {
+        name,
+        about,
+        param: Param::None,
+        single: Some(run::<B>),
+        shared: None,
+        cuda: false,
+        sim_only: false,
+    }
+}
+
+/// A registry entry for a resource that also runs shared between threads.
+pub const fn shared_entry<B: Build, T: BuildShared>(name: &'static str, about: &'static str) -> Resource {
+    Resource {
+        name,
+        about,
+        param: Param::None,
+        single: Some(run::<B>),
+        shared: Some(run_shared::<T>),
+        cuda: false,
+        sim_only: false,
+    }
 }
 
 /// Every resource the tool knows, by name.
 pub const RESOURCES: &[Resource] = &[
-    entry::<Pool>("pool", "memres CoalescingPool, grown from zero over the upstream"),
+    shared_entry::<Pool, SharedPool>("pool", "memres CoalescingPool, grown from zero over the upstream (behind a spin lock with --streams)"),
+    Resource {
+        param: Param::Size,
+        ..shared_entry::<Fixed, Fixed>("fixed", "memres FixedSizeResource, fixed:SIZE blocks of SIZE bytes (128 per chunk); larger requests are an error")
+    },
+    shared_entry::<Binning, Binning>("binning", "memres BinningResource as in RMM's harness: fixed bins 256 KiB..4 MiB, larger requests straight to the upstream"),
+    shared_entry::<Arena, Arena>("arena", "memres ArenaResource over the upstream"),
+    Resource {
+        sim_only: true,
+        ..shared_entry::<VPool, VPool>("vpool", "memres VirtualPool: 64 GiB reserved in 2 MiB granules, 256 MiB kept committed (sim only; footprint: peak committed)")
+    },
+    shared_entry::<StreamPool, StreamPool>("stream-pool", "memres StreamOrdered over a CoalescingPool, one simulated stream per workload stream or thread"),
+    shared_entry::<StatsPool, StatsPool>("stats-pool", "memres Statistics over a shared CoalescingPool (the cost of the counters)"),
     entry::<OffsetAllocator>("offset-allocator", "crate offset-allocator 0.2 (peer, 256-byte units)"),
     entry::<RangeAlloc>("range-alloc", "crate range-alloc 0.1 (peer, 256-byte units)"),
+    Resource {
+        name: "cuda",
+        about: "cuMemAlloc itself, whatever --upstream says (feature cuda)",
+        param: Param::None,
+        single: Some(run_plain_cuda),
+        shared: Some(run_plain_cuda),
+        cuda: true,
+        sim_only: false,
+    },
+    Resource {
+        name: "async",
+        about: "cuMemAllocAsync's pool itself, whatever --upstream says (feature cuda)",
+        param: Param::None,
+        single: Some(run_plain_async),
+        shared: Some(run_plain_async),
+        cuda: true,
+        sim_only: false,
+    },
 ];
 
-/// Looks a resource up by name.
+fn run_plain_cuda(
+    w: &Workload,
+    options: &RunOptions,
+    progress: &mut dyn FnMut(usize),
+) -> Result<Measurement, RunError> {
+    run_plain(UpstreamKind::Cuda, w, options, progress)
+}
+
+fn run_plain_async(
+    w: &Workload,
+    options: &RunOptions,
+    progress: &mut dyn FnMut(usize),
+) -> Result<Measurement, RunError> {
+    run_plain(UpstreamKind::Async, w, options, progress)
+}
+
+#[cfg(feature = "cuda")]
+fn run_plain(
+    kind: UpstreamKind,
+    w: &Workload,
+    options: &RunOptions,
+    progress: &mut dyn FnMut(usize),
+) -> Result<Measurement, RunError> {
+    crate::cuda::run_plain(kind, w, options, progress)
+}
+
+#[cfg(not(feature = "cuda"))]
+fn run_plain(
+    kind: UpstreamKind,
+    _: &Workload,
+    _: &RunOptions,
+    _: &mut dyn FnMut(usize),
+) -> Result<Measurement, RunError> {
+    Err(RunError::Unsupported(format!("resource `{kind}` needs the tool built with `--features cuda`")))
+}
+
+/// Looks a resource up by name (without its parameter).
 ///
 /// # Errors
 ///
 /// A message that lists the known names.
 pub fn find(name: &str) -> Result<&'static Resource, String> {
     RESOURCES.iter().find(|r| r.name == name).ok_or_else(|| {
-        let known: Vec<_> = RESOURCES.iter().map(|r| r.name).collect();
+        let known: Vec<_> = RESOURCES
+            .iter()
+            .map(|r| if r.param == Param::Size { format!("{}:SIZE", r.name) } else { r.name.to_string() })
+            .collect();
         format!("unknown resource `{name}` (known: {})", known.join(", "))
     })
+}
+
+/// Parses a resource spec, `NAME` or `NAME:PARAM` (e.g. `fixed:1MiB`):
+/// the entry and its parameter.
+///
+/// # Errors
+///
+/// An unknown name, a missing, unexpected or malformed parameter.
+pub fn select(spec: &str) -> Result<(&'static Resource, Option<u64>), String> {
+    let (name, param) = match spec.split_once(':') {
+        Some((n, p)) => (n, Some(p)),
+        None => (spec, None),
+    };
+    let r = find(name)?;
+    match (r.param, param) {
+        (Param::None, None) => Ok((r, None)),
+        (Param::None, Some(_)) => Err(format!("resource `{name}` takes no parameter (`{spec}`)")),
+        (Param::Size, None) => {
+            Err(format!("resource `{name}` needs a size: `{name}:SIZE`, e.g. `{name}:1MiB`"))
+        }
+        (Param::Size, Some(p)) => match memres_core::stack::parse_size(p) {
+            Some(size) if size > 0 => Ok((r, Some(size))),
+            _ => Err(format!("bad size `{p}` in `{spec}` (e.g. 1MiB, 65536)")),
+        },
+    }
+}
+
+/// A resource of `&self` calls, replayed on `()`.
+pub struct RefReplayer<R> {
+    /// The resource.
+    pub inner: R,
+    peak: fn(&R) -> u64,
+}
+
+impl<R> RefReplayer<R> {
+    /// `inner`, whose peak upstream `peak` reads.
+    pub fn new(inner: R, peak: fn(&R) -> u64) -> Self {
+        RefReplayer { inner, peak }
+    }
+}
+
+impl<R> fmt::Debug for RefReplayer<R> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RefReplayer").finish_non_exhaustive()
+    }
+}
+
+impl<R: MemoryResource> Replayer for RefReplayer<R> {
+    type Handle = Block;
+
+    fn vacant(&self) -> Block {
+        Block::EMPTY
+    }
+
+    #[inline]
+    fn allocate(&mut self, size: u64, _stream: u16) -> Result<Block, Error> {
+        self.inner.allocate(Request::new(size)?, &())
+    }
+
+    #[inline]
+    fn deallocate(&mut self, block: Block, _size: u64, _stream: u16) -> Result<(), Error> {
+        self.inner.deallocate(block, &())
+    }
+
+    fn peak_upstream(&self) -> u64 {
+        (self.peak)(&self.inner)
+    }
+}
+
+/// A resource of `&mut self` calls, replayed on `()`.
+pub struct MutReplayer<R> {
+    /// The resource.
+    pub inner: R,
+    peak: fn(&R) -> u64,
+}
+
+impl<R> fmt::Debug for MutReplayer<R> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MutReplayer").finish_non_exhaustive()
+    }
+}
+
+impl<R: MemoryResourceMut> Replayer for MutReplayer<R> {
+    type Handle = Block;
+
+    fn vacant(&self) -> Block {
+        Block::EMPTY
+    }
+
+    #[inline]
+    fn allocate(&mut self, size: u64, _stream: u16) -> Result<Block, Error> {
+        self.inner.allocate(Request::new(size)?, &())
+    }
+
+    #[inline]
+    fn deallocate(&mut self, block: Block, _size: u64, _stream: u16) -> Result<(), Error> {
+        self.inner.deallocate(block, &())
+    }
+
+    fn peak_upstream(&self) -> u64 {
+        (self.peak)(&self.inner)
+    }
+}
+
+/// A resource replayed on simulated streams, one per stream of the
+/// workload.
+pub struct StreamReplayer<R> {
+    /// The resource.
+    pub inner: R,
+    /// The workload's streams by index.
+    pub streams: Vec<SimStream>,
+    peak: fn(&R) -> u64,
+}
+
+impl<R> fmt::Debug for StreamReplayer<R> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("StreamReplayer").field("streams", &self.streams.len()).finish_non_exhaustive()
+    }
+}
+
+impl<R: MemoryResourceMut<SimStream>> Replayer for StreamReplayer<R> {
+    type Handle = Block;
+
+    fn vacant(&self) -> Block {
+        Block::EMPTY
+    }
+
+    #[inline]
+    fn allocate(&mut self, size: u64, stream: u16) -> Result<Block, Error> {
+        self.inner.allocate(Request::new(size)?, &self.streams[stream as usize])
+    }
+
+    #[inline]
+    fn deallocate(&mut self, block: Block, _size: u64, stream: u16) -> Result<(), Error> {
+        self.inner.deallocate(block, &self.streams[stream as usize])
+    }
+
+    fn peak_upstream(&self) -> u64 {
+        (self.peak)(&self.inner)
+    }
+}
+
+/// The pool behind a spin lock, for threads.
+#[derive(Debug)]
+pub struct SharedPool;
+
+impl BuildShared for SharedPool {
+    type Resource<U: Upstream> = Shared<CoalescingPool<U>>;
+    fn build_shared<U: Upstream>(
+        upstream: U,
+        _: &Workload,
+        _: &RunOptions,
+    ) -> Result<Self::Resource<U>, String> {
+        Ok(Shared::new(CoalescingPool::new(upstream)))
+    }
+    fn peak<U: Upstream>(r: &Self::Resource<U>) -> u64 {
+        r.with(|p| p.upstream().peak_held_bytes())
+    }
+}
+
+/// `fixed:SIZE`: [`FixedSizeResource`] with blocks of SIZE bytes.
+#[derive(Debug)]
+pub struct Fixed;
+
+impl Fixed {
+    fn check(workload: &Workload, options: &RunOptions) -> Result<FixedConfig, String> {
+        let size = options.param.ok_or("fixed needs a block size: fixed:SIZE")?;
+        if let Some((i, op)) = workload.ops.iter().enumerate().find(|(_, op)| op.alloc && op.size > size) {
+            return Err(format!(
+                "fixed: blocks of {size} bytes ({}) serve no larger request, but op {i} of the workload asks for {} bytes",
+                crate::report::human_bytes(size),
+                op.size
+            ));
+        }
+        Ok(FixedConfig::new(size))
+    }
+}
+
+impl Build for Fixed {
+    type Resource<U: Upstream> = MutReplayer<FixedSizeResource<U>>;
+    fn build<U: Upstream>(
+        upstream: U,
+        w: &Workload,
+        options: &RunOptions,
+    ) -> Result<Self::Resource<U>, String> {
+        let config = Self::check(w, options)?;
+        let inner =
+            FixedSizeResource::with_config(upstream, config, &()).map_err(|e| format!("fixed: {e}"))?;
+        Ok(MutReplayer { inner, peak: |r| r.upstream().peak_held_bytes() })
+    }
+}
+
+impl BuildShared for Fixed {
+    type Resource<U: Upstream> = Shared<FixedSizeResource<U>>;
+    fn build_shared<U: Upstream>(
+        upstream: U,
+        w: &Workload,
+        options: &RunOptions,
+    ) -> Result<Self::Resource<U>, String> {
+        let config = Self::check(w, options)?;
+        let inner =
+            FixedSizeResource::with_config(upstream, config, &()).map_err(|e| format!("fixed: {e}"))?;
+        Ok(Shared::new(inner))
+    }
+    fn peak<U: Upstream>(r: &Self::Resource<U>) -> u64 {
+        r.with(|f| f.upstream().peak_held_bytes())
+    }
+}
+
+/// RMM's harness's binning: fixed bins of 2^18..=2^22 bytes, larger
+/// requests to the upstream.
+#[derive(Debug)]
+pub struct Binning;
+
+impl Binning {
+    /// The smallest bin: 256 KiB.
+    pub const MIN_EXPONENT: u32 = 18;
+    /// The largest bin: 4 MiB.
+    pub const MAX_EXPONENT: u32 = 22;
+
+    fn make<U: Upstream, S: memres_core::Stream + ?Sized>(
+        upstream: U,
+    ) -> Result<BinningResource<'static, Arc<U>, S>, String>
+    where
+        Arc<U>: MemoryResource<S>,
+    {
+        BinningResource::with_exponents(Arc::new(upstream), Self::MIN_EXPONENT, Self::MAX_EXPONENT)
+            .map_err(|e| format!("binning: {e}"))
+    }
+}
+
+impl Build for Binning {
+    type Resource<U: Upstream> = RefReplayer<BinningResource<'static, Arc<U>>>;
+    fn build<U: Upstream>(upstream: U, _: &Workload, _: &RunOptions) -> Result<Self::Resource<U>, String> {
+        Ok(RefReplayer { inner: Self::make(upstream)?, peak: |r| r.upstream().peak_held_bytes() })
+    }
+}
+
+impl BuildShared for Binning {
+    type Resource<U: Upstream> = BinningResource<'static, Arc<U>, SimStream>;
+    fn build_shared<U: Upstream>(
+        upstream: U,
+        _: &Workload,
+        _: &RunOptions,
+    ) -> Result<Self::Resource<U>, String> {
+        Self::make(upstream)
+    }
+    fn peak<U: Upstream>(r: &Self::Resource<U>) -> u64 {
+        r.upstream().peak_held_bytes()
+    }
+}
+
+/// [`ArenaResource`] with its default configuration.
+#[derive(Debug)]
+pub struct Arena;
+
+impl Build for Arena {
+    type Resource<U: Upstream> = RefReplayer<ArenaResource<U>>;
+    fn build<U: Upstream>(upstream: U, _: &Workload, _: &RunOptions) -> Result<Self::Resource<U>, String> {
+        Ok(RefReplayer {
+            inner: ArenaResource::new(upstream),
+            peak: |r| r.upstream_with(|u| u.peak_held_bytes()),
+        })
+    }
+}
+
+impl BuildShared for Arena {
+    type Resource<U: Upstream> = ArenaResource<U>;
+    fn build_shared<U: Upstream>(
+        upstream: U,
+        _: &Workload,
+        _: &RunOptions,
+    ) -> Result<Self::Resource<U>, String> {
+        Ok(ArenaResource::new(upstream))
+    }
+    fn peak<U: Upstream>(r: &Self::Resource<U>) -> u64 {
+        r.upstream_with(|u| u.peak_held_bytes())
+    }
+}
+
+/// [`VirtualPool`] over a [`SimAddressSpace`]: the upstream is the
+/// simulated address space itself, so only `--upstream sim` runs it.
+#[derive(Debug)]
+pub struct VPool;
+
+impl VPool {
+    /// Bytes reserved: 64 GiB.
+    pub const RESERVE: u64 = 64 << 30;
+    /// Bytes kept committed when free: 256 MiB.
+    pub const KEEP: u64 = 256 << 20;
+    /// Granule: 2 MiB.
+    pub const GRANULE: u64 = 2 << 20;
+
+    fn make(options: &RunOptions) -> Result<VirtualPool<SimAddressSpace>, String> {
+        if options.upstream != UpstreamKind::Sim {
+            return Err(format!(
+                "vpool maps granules of a simulated address space: it runs only with --upstream sim, not {}",
+                options.upstream
+            ));
+        }
+        let space = SimAddressSpace::new(UpstreamKind::SIM_CAPACITY, Self::GRANULE);
+        VirtualPool::new(space, Self::RESERVE, Self::KEEP).map_err(|e| format!("vpool: {e}"))
+    }
+}
+
+impl Build for VPool {
+    type Resource<U: Upstream> = MutReplayer<VirtualPool<SimAddressSpace>>;
+    fn build<U: Upstream>(_: U, _: &Workload, options: &RunOptions) -> Result<Self::Resource<U>, String> {
+        Ok(MutReplayer { inner: Self::make(options)?, peak: |r| r.peak_committed_bytes() })
+    }
+}
+
+impl BuildShared for VPool {
+    type Resource<U: Upstream> = Shared<VirtualPool<SimAddressSpace>>;
+    fn build_shared<U: Upstream>(
+        _: U,
+        _: &Workload,
+        options: &RunOptions,
+    ) -> Result<Self::Resource<U>, String> {
+        Ok(Shared::new(Self::make(options)?))
+    }
+    fn peak<U: Upstream>(r: &Self::Resource<U>) -> u64 {
+        r.with(|v| v.peak_committed_bytes())
+    }
+}
+
+/// [`StreamOrdered`] over a [`CoalescingPool`], on simulated streams.
+#[derive(Debug)]
+pub struct StreamPool;
+
+impl Build for StreamPool {
+    type Resource<U: Upstream> = StreamReplayer<StreamOrdered<CoalescingPool<U>, SimStream>>;
+    fn build<U: Upstream>(upstream: U, w: &Workload, _: &RunOptions) -> Result<Self::Resource<U>, String> {
+        let world = SimWorld::new();
+        let streams = (0..w.streams.max(1)).map(|_| world.stream()).collect();
+        Ok(StreamReplayer {
+            inner: StreamOrdered::new(CoalescingPool::new(upstream)),
+            streams,
+            peak: |r| r.inner().upstream().peak_held_bytes(),
+        })
+    }
+}
+
+impl BuildShared for StreamPool {
+    type Resource<U: Upstream> = Shared<StreamOrdered<CoalescingPool<U>, SimStream>>;
+    fn build_shared<U: Upstream>(
+        upstream: U,
+        _: &Workload,
+        _: &RunOptions,
+    ) -> Result<Self::Resource<U>, String> {
+        Ok(Shared::new(StreamOrdered::new(CoalescingPool::new(upstream))))
+    }
+    fn peak<U: Upstream>(r: &Self::Resource<U>) -> u64 {
+        r.with(|s| s.inner().upstream().peak_held_bytes())
+    }
+}
+
+/// [`Statistics`] over a [`CoalescingPool`] behind a spin lock: against
+/// `pool` with `--streams`, the cost of the counters.
+#[derive(Debug)]
+pub struct StatsPool;
+
+impl Build for StatsPool {
+    type Resource<U: Upstream> = RefReplayer<Statistics<Shared<CoalescingPool<U>>>>;
+    fn build<U: Upstream>(upstream: U, _: &Workload, _: &RunOptions) -> Result<Self::Resource<U>, String> {
+        Ok(RefReplayer {
+            inner: Statistics::new(Shared::new(CoalescingPool::new(upstream))),
+            peak: |r| r.upstream().with(|p| p.upstream().peak_held_bytes()),
+        })
+    }
+}
+
+impl BuildShared for StatsPool {
+    type Resource<U: Upstream> = Statistics<Shared<CoalescingPool<U>>>;
+    fn build_shared<U: Upstream>(
+        upstream: U,
+        _: &Workload,
+        _: &RunOptions,
+    ) -> Result<Self::Resource<U>, String> {
+        Ok(Statistics::new(Shared::new(CoalescingPool::new(upstream))))
+    }
+    fn peak<U: Upstream>(r: &Self::Resource<U>) -> u64 {
+        r.upstream().with(|p| p.upstream().peak_held_bytes())
+    }
 }
 
 /// The memres pool, used through [`MemoryResourceMut`] directly.
@@ -164,8 +846,8 @@ pub struct Pool;
 
 impl Build for Pool {
     type Resource<U: Upstream> = PoolReplayer<U>;
-    fn build<U: Upstream>(upstream: U, _: &Workload) -> PoolReplayer<U> {
-        PoolReplayer(CoalescingPool::new(upstream))
+    fn build<U: Upstream>(upstream: U, _: &Workload, _: &RunOptions) -> Result<PoolReplayer<U>, String> {
+        Ok(PoolReplayer(CoalescingPool::new(upstream)))
     }
 }
 
@@ -217,10 +899,13 @@ pub struct OffsetAllocator;
 
 impl Build for OffsetAllocator {
     type Resource<U: Upstream> = OffsetReplayer;
-    fn build<U: Upstream>(_: U, workload: &Workload) -> OffsetReplayer {
+    fn build<U: Upstream>(_: U, workload: &Workload, _: &RunOptions) -> Result<OffsetReplayer, String> {
         // Each live allocation and each free gap between them is a node.
         let nodes = (workload.peak_live_count as u64 * 2 + 1024).min(u32::MAX as u64 - 2) as u32;
-        OffsetReplayer { inner: offset_allocator::Allocator::with_max_allocs(u32::MAX, nodes), peak_end: 0 }
+        Ok(OffsetReplayer {
+            inner: offset_allocator::Allocator::with_max_allocs(u32::MAX, nodes),
+            peak_end: 0,
+        })
     }
 }
 
@@ -275,8 +960,8 @@ pub struct RangeAlloc;
 
 impl Build for RangeAlloc {
     type Resource<U: Upstream> = RangeReplayer;
-    fn build<U: Upstream>(_: U, _: &Workload) -> RangeReplayer {
-        RangeReplayer { inner: range_alloc::RangeAllocator::new(0..Self::CAPACITY), peak_end: 0 }
+    fn build<U: Upstream>(_: U, _: &Workload, _: &RunOptions) -> Result<RangeReplayer, String> {
+        Ok(RangeReplayer { inner: range_alloc::RangeAllocator::new(0..Self::CAPACITY), peak_end: 0 })
     }
 }
 

@@ -87,7 +87,15 @@ fn json_rows_for_every_workload_and_resource() {
 
 #[test]
 fn table_has_a_header_and_one_row_per_pair() {
-    let o = memres(&["replay", "--upstream", "host", "random:500:70000:3", "lograndom:500:256:1000000:4"]);
+    let o = memres(&[
+        "replay",
+        "--upstream",
+        "host",
+        "-r",
+        "pool,offset-allocator,range-alloc",
+        "random:500:70000:3",
+        "lograndom:500:256:1000000:4",
+    ]);
     assert!(o.status.success(), "{}", stderr(&o));
     let out = stdout(&o);
     let lines: Vec<&str> = out.lines().collect();
@@ -133,7 +141,7 @@ fn bad_input_fails_without_a_table() {
 fn a_failed_replay_is_an_error_row() {
     // 2 TiB at once: more than the simulated device and either peer holds.
     let huge = Fixture::new("huge.csv", "0,1,allocate,0x100,2199023255552,0\n0,2,allocate,0x200,100,0\n");
-    let o = memres(&["replay", huge.path(), "random:100:1000:1"]);
+    let o = memres(&["replay", "-r", "pool,offset-allocator,range-alloc", huge.path(), "random:100:1000:1"]);
     assert!(!o.status.success());
     let out = stdout(&o);
     let failed: Vec<&str> = out.lines().filter(|l| l.contains(" FAILED ")).collect();
@@ -168,4 +176,143 @@ fn passes_are_counted_and_must_be_positive() {
     let o = memres(&["replay", "--passes", "0", "random:300:5000:2"]);
     assert!(!o.status.success());
     assert_eq!(stdout(&o), "");
+}
+
+#[test]
+fn each_new_resource_replays_a_tiny_workload() {
+    let o = memres(&[
+        "replay",
+        "--json",
+        "--resource",
+        "fixed:1MiB,binning,arena,vpool,stream-pool,stats-pool",
+        "random:300:1000000:3",
+        "lograndom:300:256:1000000:5",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let rows = json_rows(&o);
+    assert_eq!(rows.len(), 12);
+    for (row, name) in rows
+        .iter()
+        .zip(["fixed:1MiB", "binning", "arena", "vpool", "stream-pool", "stats-pool"].iter().cycle())
+    {
+        assert_eq!(row["resource"], *name);
+        assert!(row["footprint"].as_f64().unwrap() >= 1.0, "{row}");
+    }
+}
+
+#[test]
+fn resources_that_cannot_run_give_error_rows() {
+    // Requests above the block size; vpool off the simulated device; a
+    // peer on threads; CUDA without the feature (or the device).
+    let o = memres(&[
+        "replay",
+        "--json",
+        "--resource",
+        "fixed:4KiB,vpool",
+        "--upstream",
+        "host",
+        "random:50:100000:1",
+    ]);
+    assert!(!o.status.success());
+    let rows = json_rows(&o);
+    let err = |i: usize| rows[i]["error"].as_str().unwrap().to_string();
+    assert!(err(0).contains("blocks of 4096 bytes") && err(0).contains("asks for"), "{}", err(0));
+    assert!(err(1).contains("only with --upstream sim"), "{}", err(1));
+    let o =
+        memres(&["replay", "--json", "--streams", "2", "--resource", "range-alloc", "random:50:100000:1"]);
+    assert!(json_rows(&o)[0]["error"].as_str().unwrap().contains("cannot be shared between threads"));
+    let o = memres(&["replay", "--json", "--resource", "async", "random:50:100000:1"]);
+    assert!(!o.status.success());
+    assert!(json_rows(&o)[0]["error"].is_string());
+    let o = memres(&["replay", "--resource", "fixed", "random:50:100000:1"]);
+    assert!(!o.status.success() && stdout(&o).is_empty());
+    assert!(stderr(&o).contains("needs a size"), "{}", stderr(&o));
+}
+
+#[test]
+fn stacks_replay_and_name_their_rows() {
+    let o = memres(&[
+        "replay",
+        "--json",
+        "--stack",
+        "stats(binning(pool(sim)))",
+        "--stack",
+        "pool(sim)",
+        "--resource",
+        "pool",
+        "random:500:2000000:4",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let rows = json_rows(&o);
+    let names: Vec<_> = rows.iter().map(|r| r["resource"].as_str().unwrap().to_string()).collect();
+    assert_eq!(names, ["pool", "stats(binning(pool(sim)))", "pool(sim)"]);
+    // The same algorithm from the stack and the registry: the same footprint.
+    assert_eq!(rows[0]["peak_upstream"], rows[2]["peak_upstream"]);
+    assert!(rows[1]["peak_upstream"].as_u64().unwrap() >= rows[1]["peak_live"].as_u64().unwrap());
+    // A stack that does not parse stops the run; one that does not build is an error row.
+    let o = memres(&["replay", "--stack", "pool(sim", "random:5:100:1"]);
+    assert!(!o.status.success() && stdout(&o).is_empty(), "{}", stdout(&o));
+    let o = memres(&["replay", "--json", "--stack", "binning(sim, min=x)", "random:5:100:1"]);
+    assert!(json_rows(&o)[0]["error"].as_str().unwrap().contains("whole number"));
+}
+
+#[test]
+fn streams_run_threads_through_one_resource() {
+    let o = memres(&[
+        "replay",
+        "--json",
+        "--streams",
+        "2",
+        "--resource",
+        "arena,pool",
+        "--stack",
+        "arena(sim)",
+        "random:500:2000000:4",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let w = Workload::load("random:500:2000000:4").unwrap();
+    let rows = json_rows(&o);
+    let names: Vec<_> = rows.iter().map(|r| r["resource"].as_str().unwrap().to_string()).collect();
+    assert_eq!(names, ["arena x2", "pool x2", "arena(sim) x2"]);
+    for r in &rows {
+        assert_eq!(r["ops"].as_u64(), Some(2 * w.ops.len() as u64));
+        assert_eq!(r["peak_live"].as_u64(), Some(2 * w.peak_live));
+        assert!(r["peak_upstream"].as_u64().unwrap() >= w.peak_live);
+    }
+}
+
+#[test]
+fn a_logged_replay_replays_to_the_same_table() {
+    let dir = Fixture::new("placeholder", "");
+    let log = dir.0.with_file_name("replay.csv");
+    let log = log.to_str().unwrap();
+    let spec = "lograndom:400:256:4000000:9";
+    let stack = format!("log(pool(sim), file={log})");
+    let first = memres(&["replay", "--json", "--passes", "2", "--stack", &stack, spec]);
+    assert!(first.status.success(), "{}", stderr(&first));
+    let again = memres(&["replay", "--json", "--stack", "pool(sim)", "--resource", "pool", log]);
+    assert!(again.status.success(), "{}", stderr(&again));
+    let (a, b) = (json_rows(&first), json_rows(&again));
+    for row in &b {
+        for key in ["ops", "peak_live", "peak_upstream", "footprint", "skipped_frees"] {
+            assert_eq!(row[key], a[0][key], "{key}: {row} vs {}", a[0]);
+        }
+    }
+    // The log holds one pass: every op once.
+    let w = Workload::load(spec).unwrap();
+    let text = std::fs::read_to_string(log).unwrap();
+    assert_eq!(text.lines().count(), 1 + w.ops.len());
+}
+
+#[test]
+fn the_default_list_is_every_resource_that_runs_on_the_upstream() {
+    for (upstream, vpool) in [("sim", true), ("host", false)] {
+        let o = memres(&["replay", "--json", "--upstream", upstream, "random:100:5000:2"]);
+        assert!(o.status.success(), "{}", stderr(&o));
+        let names: Vec<_> =
+            json_rows(&o).iter().map(|r| r["resource"].as_str().unwrap().to_string()).collect();
+        assert!(names.iter().any(|n| n == "arena") && names.iter().any(|n| n == "range-alloc"), "{names:?}");
+        assert_eq!(names.iter().any(|n| n == "vpool"), vpool, "{names:?}");
+        assert!(!names.iter().any(|n| n.starts_with("fixed") || n == "async" || n == "cuda"), "{names:?}");
+    }
 }

@@ -29,6 +29,6 @@ pub use host::HostMemory;
 pub use log::{parse_log, Action, LogRecord, Logging, LOG_HEADER};
 pub use order::{HbChecked, HbViolation};
 pub use sim::SimDevice;
-pub use stack::{Built, Constructor, Context, StackBuilder, DEFAULT_SIM_CAPACITY};
+pub use stack::{Built, Constructor, Context, OnStream, StackBuilder, DEFAULT_SIM_CAPACITY};
 pub use stream::{SimEvent, SimStream, SimWorld};
 pub use vspace::SimAddressSpace;

@@ -13,6 +13,12 @@
 //! | `limit` | `upstream, bytes` (or `bytes=`) | [`Limiting`] |
 //! | `align` | `upstream, alignment=, threshold=` | [`Aligned`] |
 //! | `log` | `upstream, file=` | [`Logging`] to a file |
+//! | `host` | | [`HostMemory`] |
+//! | `fixed` | `upstream, size` (or `size=`, default 1 MiB), `blocks=` (per chunk, default 128) | [`FixedSizeResource`] behind [`Shared`] |
+//! | `binning` | `upstream, min=, max=` (bin exponents, default 18 and 22: 256 KiB..4 MiB) | [`BinningResource::with_exponents`] |
+//! | `arena` | `upstream, initial=, max=, superblock=` | [`ArenaResource`] |
+//! | `vpool` | `sim` or `sim(physical)`, `reserve=` (64 GiB), `keep=` (256 MiB), `granule=` (2 MiB) | [`VirtualPool`] over a [`SimAddressSpace`], behind [`Shared`] |
+//! | `stream` | `upstream` | [`StreamOrdered`] behind [`Shared`], inner calls on the build stream (registered by [`StackBuilder::register_stream_layer`], for stream types that clone) |
 //!
 //! Other resources join with one [`StackBuilder::register`] call each.
 //! [`StackBuilder::build_with_handles`] also hands back the typed
@@ -30,11 +36,17 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
-use crate::{Logging, SimDevice};
+use crate::{HostMemory, Logging, SimAddressSpace, SimDevice};
 use memres_core::adaptor::{Aligned, Limiting, Statistics, Tracking};
+use memres_core::arena::{ArenaConfig, ArenaResource};
+use memres_core::binning::BinningResource;
+use memres_core::fixed::{FixedConfig, FixedSizeResource};
 use memres_core::pool::{CoalescingPool, Growth, PoolConfig};
 use memres_core::stack::{parse, Call, StackError, StackErrorKind};
-use memres_core::{DynResource, MemoryResource, Shared, Stream};
+use memres_core::vpool::{VirtualConfig, VirtualPool};
+use memres_core::{
+    Block, DynResource, MemoryResource, MemoryResourceMut, Request, Shared, Stream, StreamOrdered,
+};
 use std::any::Any;
 use std::cell::RefCell;
 use std::collections::BTreeMap;
@@ -129,7 +141,11 @@ impl<S: ?Sized> Built<S> {
     /// standard names keep these types (`D` is [`DynResource<S>`]): `sim`
     /// [`SimDevice`], `pool` `Shared<CoalescingPool<D>>`, `stats`
     /// `Statistics<D>`, `track` `Tracking<D>`, `limit` `Limiting<D>`,
-    /// `align` `Aligned<D>`, `log` `Logging<D>`.
+    /// `align` `Aligned<D>`, `log` `Logging<D>`, `host` [`HostMemory`],
+    /// `fixed` `Shared<FixedSizeResource<D>>`, `binning`
+    /// `BinningResource<'static, D, S>`, `arena` `ArenaResource<D>`,
+    /// `vpool` `Shared<VirtualPool<SimAddressSpace>>`, `stream`
+    /// `Shared<StreamOrdered<OnStream<S>, S>>`.
     pub fn get<T: Any + Send + Sync>(&self, name: &str) -> Option<Arc<T>> {
         self.all(name).into_iter().next()
     }
@@ -209,7 +225,83 @@ impl<S: Stream + ?Sized + 'static> StackBuilder<S> {
             };
             Ok(cx.keep(call, SimDevice::new(capacity)))
         });
-        // `host` (real host memory) joins here once that backend exists.
+        b.register("host", |call, cx| {
+            call.expect_args(0, &[])?;
+            Ok(cx.keep(call, HostMemory::new()))
+        });
+        b.register("fixed", |call, cx| {
+            call.expect_args(2, &["size", "blocks"])?;
+            call.resource(0)?;
+            let size = match (call.positional(1), call.keyed("size")) {
+                (Some(_), Some(v)) => {
+                    return Err(StackError::new(v.pos(), StackErrorKind::DuplicateKey("size".into())))
+                }
+                (Some(v), None) | (None, Some(v)) => v.size()?,
+                (None, None) => FixedConfig::DEFAULT_BLOCK_SIZE,
+            };
+            let mut config = FixedConfig::new(size);
+            if let Some(v) = call.keyed("blocks") {
+                config = config.blocks_per_chunk(number(v)?);
+            }
+            let upstream = cx.upstream(call, 0)?;
+            let fixed = FixedSizeResource::with_config(upstream, config, cx.stream)
+                .map_err(|e| resource_error(call, e))?;
+            Ok(cx.keep(call, Shared::new(fixed)))
+        });
+        b.register("binning", |call, cx| {
+            call.expect_args(1, &["min", "max"])?;
+            let min = call.keyed("min").map(number).transpose()?.unwrap_or(18);
+            let max = call.keyed("max").map(number).transpose()?.unwrap_or(22);
+            let upstream = cx.upstream(call, 0)?;
+            let bins = BinningResource::<'static, DynResource<S>, S>::with_exponents(upstream, min, max)
+                .map_err(|e| resource_error(call, e))?;
+            Ok(cx.keep(call, bins))
+        });
+        b.register("arena", |call, cx| {
+            call.expect_args(1, &["initial", "max", "superblock"])?;
+            let mut config = ArenaConfig::new();
+            if let Some(initial) = call.size_arg("initial")? {
+                config = config.initial_size(initial);
+            }
+            if let Some(max) = call.size_arg("max")? {
+                config = config.maximum_size(max);
+            }
+            if let Some(sb) = call.size_arg("superblock")? {
+                config = config.superblock_size(sb);
+            }
+            let upstream = cx.upstream(call, 0)?;
+            let arena = ArenaResource::with_config(upstream, config, cx.stream)
+                .map_err(|e| resource_error(call, e))?;
+            Ok(cx.keep(call, arena))
+        });
+        b.register("vpool", |call, cx| {
+            call.expect_args(1, &["reserve", "keep", "granule"])?;
+            let space = call.resource(0)?;
+            if space.name != "sim" {
+                return Err(space.error(StackErrorKind::BadValue(format!(
+                    "vpool maps granules of a simulated address space: its upstream is `sim`, not `{}`",
+                    space.name
+                ))));
+            }
+            space.expect_args(1, &[])?;
+            let physical = space.positional(0).map(|v| v.size()).transpose()?.unwrap_or(DEFAULT_SIM_CAPACITY);
+            let granule = call.size_arg("granule")?.unwrap_or(SimAddressSpace::DEFAULT_GRANULE);
+            if !granule.is_power_of_two() || granule < 256 {
+                let pos = call.keyed("granule").map_or(call.pos, |v| v.pos());
+                return Err(StackError::new(
+                    pos,
+                    StackErrorKind::BadValue(format!("granule {granule}: a power of two of at least 256")),
+                ));
+            }
+            let reserve = call.size_arg("reserve")?.unwrap_or(64 << 30);
+            let keep = call.size_arg("keep")?.unwrap_or(256 << 20);
+            let pool = VirtualPool::with_config(
+                SimAddressSpace::new(physical, granule),
+                VirtualConfig::new(reserve).keep(keep),
+            )
+            .map_err(|e| resource_error(call, e))?;
+            Ok(cx.keep(call, Shared::new(pool)))
+        });
         b.register("pool", |call, cx| {
             call.expect_args(1, &["initial", "max", "growth"])?;
             let mut config = PoolConfig::new();
@@ -288,6 +380,38 @@ impl<S: Stream + ?Sized + 'static> StackBuilder<S> {
         b
     }
 
+    /// Registers `stream(UP)`: RMM's stream-ordered layer
+    /// ([`StreamOrdered`]) over the stack `UP`, which it reaches on the
+    /// stream the stack is built on (see [`OnStream`]).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use memres_core::{MemoryResource, Request};
+    /// use memres_host::{SimWorld, StackBuilder};
+    /// let world = SimWorld::new();
+    /// let (s1, s2) = (world.stream(), world.stream());
+    /// let mut b = StackBuilder::new();
+    /// b.register_stream_layer();
+    /// let stack = b.build("stream(pool(sim))", &world.default_stream())?;
+    /// let x = stack.allocate(Request::new(1000)?, &s1)?;
+    /// stack.deallocate(x, &s1)?;
+    /// let y = stack.allocate(Request::new(1000)?, &s2)?;
+    /// stack.deallocate(y, &s2)?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn register_stream_layer(&mut self) -> &mut Self
+    where
+        S: Clone + Send + Sync,
+        StreamOrdered<OnStream<S>, S>: Send,
+    {
+        self.register("stream", |call, cx| {
+            call.expect_args(1, &[])?;
+            let inner = OnStream { upstream: cx.upstream(call, 0)?, stream: cx.stream.clone() };
+            Ok(cx.keep(call, Shared::new(StreamOrdered::new(inner))))
+        })
+    }
+
     /// Registers (or replaces) the constructor of `name`.
     pub fn register(
         &mut self,
@@ -355,6 +479,36 @@ impl<S: Stream + ?Sized + 'static> StackBuilder<S> {
             .ok_or_else(|| call.error(StackErrorKind::UnknownName(call.name.clone())))?;
         constructor(call, cx)
     }
+}
+
+/// A resource of stream `S` reached on one fixed stream: the stream-agnostic
+/// inner algorithm that [`StreamOrdered`] expects.
+pub struct OnStream<S: ?Sized> {
+    upstream: DynResource<S>,
+    stream: S,
+}
+
+impl<S: fmt::Debug> fmt::Debug for OnStream<S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("OnStream").field("stream", &self.stream).finish_non_exhaustive()
+    }
+}
+
+impl<S: Stream> MemoryResourceMut for OnStream<S> {
+    fn allocate(&mut self, request: Request, _: &()) -> memres_core::Result<Block> {
+        self.upstream.allocate(request, &self.stream)
+    }
+
+    fn deallocate(&mut self, block: Block, _: &()) -> memres_core::Result<()> {
+        self.upstream.deallocate(block, &self.stream)
+    }
+}
+
+/// A small whole number (a count or an exponent).
+fn number(v: &memres_core::stack::Value) -> Result<u32, StackError> {
+    let text = v.text()?;
+    text.parse::<u32>()
+        .map_err(|_| StackError::new(v.pos(), StackErrorKind::BadValue(format!("`{text}`: a whole number"))))
 }
 
 #[cfg(test)]

@@ -4,7 +4,8 @@
 use clap::{Parser, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
 use memres_bench::report::{json_line, table, Row};
-use memres_bench::resources::{find, Resource, RunOptions, UpstreamKind, RESOURCES};
+use memres_bench::resources::{select, Param, Resource, RunOptions, UpstreamKind, RESOURCES};
+use memres_bench::stack::run_stack;
 use memres_bench::workload::Workload;
 use std::io::IsTerminal;
 use std::process::ExitCode;
@@ -25,14 +26,26 @@ enum Command {
     /// RMM's replay harness does, or the path of a trace in RMM's log
     /// format (CSV `Thread,Time,Action,Pointer,Size,Stream`, plain or gzip).
     Replay {
-        /// Resources to compare, comma separated (default: all; see
-        /// `memres resources`).
+        /// Resources to compare, comma separated (default: all but those
+        /// that need a parameter; see `memres resources`), e.g.
+        /// `pool,fixed:1MiB,arena`.
         #[arg(long, short, value_delimiter = ',')]
         resource: Vec<String>,
+        /// Stacks to replay through, e.g. `stats(binning(pool(sim)))`
+        /// (repeatable); the row is named by the stack's text.
+        #[arg(long)]
+        stack: Vec<String>,
         /// Where memres resources take memory from: `sim` (a simulated
-        /// 1 TiB device) or `host` (real host memory).
+        /// 1 TiB device), `host` (real host memory), `cuda` (cuMemAlloc)
+        /// or `async` (cuMemAllocAsync; `cuda` and `async` need the
+        /// feature `cuda`).
         #[arg(long, default_value = "sim")]
         upstream: UpstreamKind,
+        /// K threads, each replaying the whole workload on its own stream
+        /// through one shared resource (RMM's harness with K threads);
+        /// ns/op is wall time over ops x K.
+        #[arg(long, value_parser = clap::value_parser!(u32).range(1..=1024))]
+        streams: Option<u32>,
         /// Timed passes after the warm-up pass; ns/op is the median pass's.
         #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
         passes: u32,
@@ -50,14 +63,19 @@ enum Command {
 fn main() -> ExitCode {
     match Cli::parse().command {
         Command::Resources => {
-            let width = RESOURCES.iter().map(|r| r.name.len()).max().unwrap_or(0);
+            let name = |r: &Resource| match r.param {
+                Param::None => r.name.to_string(),
+                Param::Size => format!("{}:SIZE", r.name),
+            };
+            let width = RESOURCES.iter().map(|r| name(r).len()).max().unwrap_or(0);
             for r in RESOURCES {
-                println!("{:<width$}  {}", r.name, r.about);
+                println!("{:<width$}  {}", name(r), r.about);
             }
             ExitCode::SUCCESS
         }
-        Command::Replay { resource, upstream, passes, json, workloads } => {
-            match replay(&resource, RunOptions { upstream, passes }, json, &workloads) {
+        Command::Replay { resource, stack, upstream, streams, passes, json, workloads } => {
+            let options = RunOptions { upstream, passes, threads: streams, param: None };
+            match replay(&resource, &stack, options, json, &workloads) {
                 Ok(true) => ExitCode::SUCCESS,
                 Ok(false) => ExitCode::FAILURE,
                 Err(message) => {
@@ -71,12 +89,37 @@ fn main() -> ExitCode {
 
 /// Runs every replay, then prints every row. `Ok(false)`: some replay
 /// failed (its row says why); `Err`: nothing ran.
-fn replay(names: &[String], options: RunOptions, json: bool, specs: &[String]) -> Result<bool, String> {
-    let resources: Vec<&Resource> = if names.is_empty() {
-        RESOURCES.iter().collect()
-    } else {
-        names.iter().map(|n| find(n.trim())).collect::<Result<_, _>>()?
-    };
+fn replay(
+    names: &[String],
+    stacks: &[String],
+    options: RunOptions,
+    json: bool,
+    specs: &[String],
+) -> Result<bool, String> {
+    enum Target {
+        Resource(&'static Resource, Option<u64>, String),
+        Stack(String),
+    }
+    let mut targets: Vec<Target> = Vec::new();
+    if names.is_empty() && stacks.is_empty() {
+        let applies = |r: &&Resource| {
+            r.param == Param::None
+                && (!r.cuda || cfg!(feature = "cuda"))
+                && (!r.sim_only || options.upstream == UpstreamKind::Sim)
+        };
+        for r in RESOURCES.iter().filter(applies) {
+            targets.push(Target::Resource(r, None, r.name.to_string()));
+        }
+    }
+    for n in names {
+        let (r, param) = select(n.trim())?;
+        targets.push(Target::Resource(r, param, n.trim().to_string()));
+    }
+    for s in stacks {
+        // A stack that does not parse stops the run before anything runs.
+        memres_core::stack::parse(s).map_err(|e| format!("stack `{s}`: {e}"))?;
+        targets.push(Target::Stack(s.clone()));
+    }
     // Decode every workload before replaying any: a bad one stops the run
     // before it prints anything.
     let workloads: Vec<Workload> =
@@ -84,10 +127,13 @@ fn replay(names: &[String], options: RunOptions, json: bool, specs: &[String]) -
     let show_progress = std::io::stderr().is_terminal();
     let mut rows = Vec::new();
     for w in &workloads {
-        for r in &resources {
+        for t in &targets {
+            let name = match t {
+                Target::Resource(_, _, name) | Target::Stack(name) => name,
+            };
             let bar = if show_progress && w.ops.len() >= 1 << 20 {
                 let bar = ProgressBar::new((1 + options.passes as u64) * w.ops.len() as u64)
-                    .with_message(format!("{} on {}", r.name, w.name));
+                    .with_message(format!("{name} on {}", w.name));
                 if let Ok(style) = ProgressStyle::with_template("{msg} [{bar:40}] {pos}/{len} ops ({eta})") {
                     bar.set_style(style.progress_chars("=> "));
                 }
@@ -95,10 +141,20 @@ fn replay(names: &[String], options: RunOptions, json: bool, specs: &[String]) -
             } else {
                 ProgressBar::hidden()
             };
-            let outcome = (r.run)(w, &options, &mut |n| bar.inc(n as u64)).map_err(|e| e.to_string());
+            let mut progress = |n: usize| bar.inc(n as u64);
+            let outcome = match t {
+                Target::Resource(r, param, _) => {
+                    r.run(w, &RunOptions { param: *param, ..options }, &mut progress)
+                }
+                Target::Stack(text) => run_stack(text, w, &options, &mut progress),
+            }
+            .map_err(|e| e.to_string());
             bar.finish_and_clear();
             rows.push(Row {
-                resource: r.name.to_owned(),
+                resource: match options.threads {
+                    Some(k) => format!("{name} x{k}"),
+                    None => name.clone(),
+                },
                 workload: w.name.clone(),
                 upstream: options.upstream,
                 skipped_frees: w.skipped_frees,

@@ -81,8 +81,9 @@ fn check_replays<R: Replayer>(make: impl Fn(&Workload) -> R, range: fn(&R::Handl
 #[test]
 fn pool_replays_correctly_over_both_upstreams() {
     let range = |b: &Block, size: u64| (b.addr(), b.addr() + size.div_ceil(256) * 256);
-    check_replays(|w| Pool::build(SimDevice::new(1 << 40), w), range);
-    check_replays(|w| Pool::build(HostMemory::new(), w), range);
+    let o = RunOptions::default();
+    check_replays(|w| Pool::build(SimDevice::new(1 << 40), w, &o).unwrap(), range);
+    check_replays(|w| Pool::build(HostMemory::new(), w, &o).unwrap(), range);
     // The pool's own checker agrees, and it is empty after a replay.
     let w = Workload::load("random:3000:300000:5").unwrap();
     let mut r = PoolReplayer(CoalescingPool::new(SimDevice::new(1 << 40)));
@@ -99,8 +100,63 @@ fn peers_replay_correctly() {
         let start = a.map_or(0, |a| a.offset as u64 * 256);
         (start, start + size.div_ceil(256) * 256)
     }
-    check_replays(|w| OffsetAllocator::build(SimDevice::new(1), w), offset);
-    check_replays(|w| RangeAlloc::build(SimDevice::new(1), w), |&(s, e), _| (s * 256, e * 256));
+    let o = RunOptions::default();
+    check_replays(|w| OffsetAllocator::build(SimDevice::new(1), w, &o).unwrap(), offset);
+    check_replays(|w| RangeAlloc::build(SimDevice::new(1), w, &o).unwrap(), |&(s, e), _| (s * 256, e * 256));
+}
+
+fn block_range(b: &Block, size: u64) -> (u64, u64) {
+    (b.addr(), b.addr() + size.div_ceil(256) * 256)
+}
+
+#[test]
+fn new_resources_replay_correctly() {
+    let o = RunOptions::default();
+    let fixed = RunOptions { param: Some(1 << 20), ..o };
+    check_replays(|w| Fixed::build(SimDevice::new(1 << 40), w, &fixed).unwrap(), block_range);
+    check_replays(|w| Binning::build(SimDevice::new(1 << 40), w, &o).unwrap(), block_range);
+    check_replays(|w| Binning::build(HostMemory::new(), w, &o).unwrap(), block_range);
+    check_replays(|w| Arena::build(SimDevice::new(1 << 40), w, &o).unwrap(), block_range);
+    check_replays(|w| VPool::build(SimDevice::new(1), w, &o).unwrap(), block_range);
+    check_replays(|w| StreamPool::build(SimDevice::new(1 << 40), w, &o).unwrap(), block_range);
+    check_replays(|w| StatsPool::build(SimDevice::new(1 << 40), w, &o).unwrap(), block_range);
+}
+
+#[test]
+fn fixed_needs_a_size_that_fits_and_vpool_needs_sim() {
+    let w = Workload::load("random:100:5000:1").unwrap();
+    let small = RunOptions { param: Some(4096), ..RunOptions::default() };
+    let e = Fixed::build(SimDevice::new(1 << 40), &w, &small).unwrap_err();
+    assert!(e.contains("blocks of 4096 bytes") && e.contains("asks for"), "{e}");
+    assert!(Fixed::build(SimDevice::new(1 << 40), &w, &RunOptions::default())
+        .unwrap_err()
+        .contains("fixed:SIZE"));
+    let host = RunOptions { upstream: UpstreamKind::Host, ..RunOptions::default() };
+    assert!(VPool::build(HostMemory::new(), &w, &host).unwrap_err().contains("--upstream sim"));
+    assert_eq!(select("fixed:1MiB").unwrap().1, Some(1 << 20));
+    assert!(select("fixed").unwrap_err().contains("needs a size"));
+    assert!(select("fixed:0").unwrap_err().contains("bad size"));
+    assert!(select("pool:1MiB").unwrap_err().contains("takes no parameter"));
+}
+
+#[test]
+fn shared_entries_run_on_threads_and_the_rest_say_why_not() {
+    let w = Workload::load("random:2000:100000:8").unwrap();
+    for r in RESOURCES.iter().filter(|r| !r.cuda) {
+        let options = RunOptions { threads: Some(2), param: Some(1 << 20), ..RunOptions::default() };
+        match r.run(&w, &options, &mut |_| {}) {
+            Ok(m) => {
+                assert!(r.shared.is_some(), "{}", r.name);
+                assert_eq!((m.ops, m.peak_live), (2 * w.ops.len() as u64, 2 * w.peak_live), "{}", r.name);
+                assert!(m.peak_upstream >= w.peak_live, "{}", r.name);
+            }
+            Err(RunError::Unsupported(e)) => {
+                assert!(r.shared.is_none(), "{}: {e}", r.name);
+                assert!(e.contains("cannot be shared between threads"), "{e}");
+            }
+            Err(e) => panic!("{}: {e}", r.name),
+        }
+    }
 }
 
 #[test]
@@ -111,12 +167,23 @@ fn registry_runs_every_resource_and_failures_are_errors() {
     for r in RESOURCES {
         assert_eq!(find(r.name).unwrap().name, r.name);
         for up in [UpstreamKind::Sim, UpstreamKind::Host] {
-            let options = RunOptions { upstream: up, passes: 2 };
-            let m = (r.run)(&w, &options, &mut |_| {}).unwrap();
+            let options = RunOptions { upstream: up, passes: 2, threads: None, param: Some(1 << 20) };
+            if r.cuda {
+                let err = r.run(&w, &options, &mut |_| {}).unwrap_err();
+                assert!(matches!(err, RunError::Unsupported(_)), "{}: {err}", r.name);
+                continue;
+            }
+            if r.name == "vpool" && up == UpstreamKind::Host {
+                assert!(matches!(r.run(&w, &options, &mut |_| {}), Err(RunError::Unsupported(_))));
+                continue;
+            }
+            let m = r.run(&w, &options, &mut |_| {}).unwrap();
             assert_eq!((m.ops, m.passes, m.peak_live), (w.ops.len() as u64, 2, w.peak_live));
             assert!(m.footprint().unwrap() >= 1.0);
-            let err = (r.run)(&huge, &options, &mut |_| {}).unwrap_err();
-            assert_eq!((err.op, err.alloc), (0, true), "{}: {err}", r.name);
+            match r.run(&huge, &options, &mut |_| {}).unwrap_err() {
+                RunError::Replay(err) => assert_eq!((err.op, err.alloc), (0, true), "{}: {err}", r.name),
+                RunError::Unsupported(e) => assert_eq!(r.name, "fixed", "{e}"),
+            }
         }
     }
     let err = find("nope").unwrap_err();

@@ -74,7 +74,7 @@ fn log_stack_writes_the_file() {
 #[test]
 fn errors_name_the_position() {
     let cases: &[(&str, usize, StackErrorKind)] = &[
-        ("log(pool(host), file=/tmp/x.csv)", 9, StackErrorKind::UnknownName("host".into())),
+        ("log(pool(gpu), file=/tmp/x.csv)", 9, StackErrorKind::UnknownName("gpu".into())),
         ("stats(pool(sim, initial=1QiB))", 24, StackErrorKind::BadSize("1QiB".into())),
         ("stats(pool(sim, colour=red))", 16, StackErrorKind::UnknownKey("colour".into())),
         ("stats(sim, sim)", 11, StackErrorKind::ExtraArg),
@@ -119,7 +119,7 @@ fn errors_name_the_position() {
     let e = build_err("log(sim, file=/nonexistent-dir/x/y.csv)");
     assert_eq!(e.pos, 14);
     assert!(matches!(&e.kind, StackErrorKind::Io(m) if m.contains("/nonexistent-dir/x/y.csv")), "{e}");
-    assert_eq!(build_err("stats(fixed(sim))").to_string(), "at byte 6: unknown resource `fixed`");
+    assert_eq!(build_err("stats(slab(sim))").to_string(), "at byte 6: unknown resource `slab`");
 }
 
 #[test]
@@ -145,7 +145,13 @@ fn registry_takes_new_names_and_works_for_other_streams() {
         }
     }
     let mut b = StackBuilder::<MyStream>::new();
-    assert_eq!(b.names().collect::<Vec<_>>(), ["align", "limit", "log", "pool", "sim", "stats", "track"]);
+    assert_eq!(
+        b.names().collect::<Vec<_>>(),
+        [
+            "align", "arena", "binning", "fixed", "host", "limit", "log", "pool", "sim", "stats", "track",
+            "vpool"
+        ]
+    );
     // A resource that refuses everything, registered with one call.
     b.register("refuse", |call, _| {
         call.expect_args(0, &[])?;
@@ -245,4 +251,95 @@ fn handles_give_typed_access() {
     assert!(built.get::<SimDevice>("track").is_none());
     r.deallocate(b, &()).unwrap();
     assert_eq!(all[0].bytes(), Counter { value: 0, peak: 1000, total: 1000 });
+}
+
+#[test]
+fn builds_the_new_resources() {
+    for text in [
+        "host",
+        "fixed(sim, 1MiB)",
+        "fixed(pool(sim), size=64KiB, blocks=16)",
+        "binning(sim)",
+        "binning(pool(sim), min=10, max=20)",
+        "arena(sim)",
+        "arena(sim, initial=64MiB, superblock=1MiB)",
+        "vpool(sim)",
+        "vpool(sim(8GiB), reserve=1GiB, keep=16MiB, granule=64KiB)",
+        "pool(vpool(sim))",
+        "stats(binning(pool(sim)))",
+    ] {
+        let built =
+            StackBuilder::<()>::new().build_with_handles(text, &()).unwrap_or_else(|e| panic!("{text}: {e}"));
+        if text.starts_with("fixed") {
+            // Fixed blocks serve up to their size only.
+            let b = built.resource.allocate(req(1000), &()).unwrap();
+            built.resource.deallocate(b, &()).unwrap();
+            assert!(matches!(built.resource.allocate(req(2 << 20), &()), Err(Error::InvalidSize { .. })));
+        } else {
+            exercise(&built.resource);
+        }
+    }
+}
+
+#[test]
+fn new_resources_keep_typed_handles_and_route_as_configured() {
+    let built =
+        StackBuilder::<()>::new().build_with_handles("binning(sim(1GiB), min=10, max=12)", &()).unwrap();
+    let bins = built.get::<BinningResource<'static, DynResource, ()>>("binning").unwrap();
+    assert_eq!(bins.bin_sizes(), &[1024, 2048, 4096]);
+    let sim = built.get::<SimDevice>("sim").unwrap();
+    let big = built.resource.allocate(req(1 << 20), &()).unwrap();
+    assert_eq!(sim.held_bytes(), 1 << 20); // above the bins: straight upstream
+    built.resource.deallocate(big, &()).unwrap();
+
+    let built =
+        StackBuilder::<()>::new().build_with_handles("vpool(sim, reserve=1GiB, keep=0)", &()).unwrap();
+    let v = built.get::<Shared<VirtualPool<SimAddressSpace>>>("vpool").unwrap();
+    let b = built.resource.allocate(req(3 << 20), &()).unwrap();
+    assert_eq!(v.with(|v| (v.reserved_bytes(), v.committed_bytes())), (1 << 30, 4 << 20));
+    built.resource.deallocate(b, &()).unwrap();
+
+    let built = StackBuilder::<()>::new().build_with_handles("arena(host)", &()).unwrap();
+    let b = built.resource.allocate(req(5000), &()).unwrap();
+    assert!(built.get::<HostMemory>("host").unwrap().held_bytes() >= 5000);
+    assert!(built.get::<ArenaResource<DynResource>>("arena").unwrap().used_bytes() >= 5000);
+    built.resource.deallocate(b, &()).unwrap();
+}
+
+#[test]
+fn new_resources_reject_bad_arguments_where_they_are() {
+    for (text, pos) in [
+        ("binning(sim, min=x)", 17),
+        ("binning(sim, min=22, max=18)", 0),
+        ("fixed(sim, size=lots)", 16),
+        ("fixed(sim, 1MiB, size=1MiB)", 22),
+        ("vpool(pool(sim))", 6),
+        ("vpool(sim, granule=3000)", 19),
+        ("host(1GiB)", 5),
+    ] {
+        let e = build_err(text);
+        assert_eq!(e.pos, pos, "{text}: {e}");
+    }
+}
+
+#[test]
+fn the_stream_layer_orders_reuse_across_streams() {
+    use crate::SimWorld;
+    let world = SimWorld::new();
+    let (a, b) = (world.stream(), world.stream());
+    let mut builder = StackBuilder::new();
+    assert!(builder.build("stream(pool(sim))", &world.default_stream()).is_err());
+    builder.register_stream_layer();
+    let built = builder.build_with_handles("stream(pool(sim))", &world.default_stream()).unwrap();
+    let x = built.resource.allocate(req(1 << 20), &a).unwrap();
+    built.resource.deallocate(x, &a).unwrap();
+    // Freed on `a`: `a` takes it back at once.
+    let y = built.resource.allocate(req(1 << 20), &a).unwrap();
+    assert_eq!(x.addr(), y.addr());
+    built.resource.deallocate(y, &a).unwrap();
+    let z = built.resource.allocate(req(1 << 20), &b).unwrap();
+    built.resource.deallocate(z, &b).unwrap();
+    let so =
+        built.get::<Shared<StreamOrdered<OnStream<crate::SimStream>, crate::SimStream>>>("stream").unwrap();
+    assert!(so.with(|s| s.stats().own_hits) >= 1);
 }
