@@ -170,7 +170,12 @@ extern "C" {
         flags: u64,
     ) -> CuResult;
     pub fn cuMemUnmap(ptr: CUdeviceptr, size: usize) -> CuResult;
-    pub fn cuMemSetAccess(ptr: CUdeviceptr, size: usize, desc: *const CuMemAccessDesc, count: usize) -> CuResult;
+    pub fn cuMemSetAccess(
+        ptr: CUdeviceptr,
+        size: usize,
+        desc: *const CuMemAccessDesc,
+        count: usize,
+    ) -> CuResult;
 
     pub fn cuMemPoolCreate(pool: *mut CUmemoryPool, props: *const CuMemPoolProps) -> CuResult;
     pub fn cuMemPoolDestroy(pool: CUmemoryPool) -> CuResult;

@@ -183,17 +183,27 @@ impl CudaVirtualSpace {
         }
         let context = device.primary_context()?;
         let prop = Self::prop_of(device);
-        let mut granule = 0usize;
-        // SAFETY: `prop` is a fully initialized `CUmemAllocationProp` (zero
-        // where the driver wants zero); the out parameter is a live local.
-        check(unsafe {
-            sys::cuMemGetAllocationGranularity(&mut granule, &prop, sys::CU_MEM_ALLOC_GRANULARITY_MINIMUM)
+        let granule = context.scope(|| {
+            let mut granule = 0usize;
+            // SAFETY: `prop` is a fully initialized `CUmemAllocationProp`
+            // (zero where the driver wants zero); the out parameter is a
+            // live local.
+            check(unsafe {
+                sys::cuMemGetAllocationGranularity(&mut granule, &prop, sys::CU_MEM_ALLOC_GRANULARITY_MINIMUM)
+            })?;
+            Ok(granule as u64)
         })?;
-        let granule = granule as u64;
         if !granule.is_power_of_two() || granule < 256 {
-            return Err(Error::InvalidConfig { what: "the driver's granularity is not a power of two >= 256" });
+            return Err(Error::InvalidConfig {
+                what: "the driver's granularity is not a power of two >= 256",
+            });
         }
-        Ok(CudaVirtualSpace { context, granule, handle_granules: granules, state: Mutex::new(State::default()) })
+        Ok(CudaVirtualSpace {
+            context,
+            granule,
+            handle_granules: granules,
+            state: Mutex::new(State::default()),
+        })
     }
 
     /// Pinned device memory on `device`, no handle types to export.
@@ -201,7 +211,10 @@ impl CudaVirtualSpace {
         sys::CuMemAllocationProp {
             type_: sys::CU_MEM_ALLOCATION_TYPE_PINNED,
             requested_handle_types: 0,
-            location: sys::CuMemLocation { type_: sys::CU_MEM_LOCATION_TYPE_DEVICE, id: device.ordinal() as i32 },
+            location: sys::CuMemLocation {
+                type_: sys::CU_MEM_LOCATION_TYPE_DEVICE,
+                id: device.ordinal() as i32,
+            },
             win32_handle_meta_data: core::ptr::null_mut(),
             alloc_flags: [0; 8],
         }
@@ -324,7 +337,12 @@ impl CudaVirtualSpace {
     /// Maps `start..start + len` (no mapping there) in handles of up to
     /// `handle_granules` granules and makes it read/write for the device.
     /// On failure, unmaps what it mapped. Call with the context current.
-    fn map_fresh(&self, start: u64, len: u64, made: &mut Vec<(u64, u64, u64)>) -> core::result::Result<(), i32> {
+    fn map_fresh(
+        &self,
+        start: u64,
+        len: u64,
+        made: &mut Vec<(u64, u64, u64)>,
+    ) -> core::result::Result<(), i32> {
         let chunk = u64::from(self.handle_granules) * self.granule;
         let first = made.len();
         let undo = |made: &mut Vec<(u64, u64, u64)>| {
@@ -345,7 +363,10 @@ impl CudaVirtualSpace {
             at += l;
         }
         let desc = sys::CuMemAccessDesc {
-            location: sys::CuMemLocation { type_: sys::CU_MEM_LOCATION_TYPE_DEVICE, id: self.device().ordinal() as i32 },
+            location: sys::CuMemLocation {
+                type_: sys::CU_MEM_LOCATION_TYPE_DEVICE,
+                id: self.device().ordinal() as i32,
+            },
             flags: sys::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
         };
         // SAFETY: `start..start + len` is wholly mapped by the handles just
@@ -423,9 +444,11 @@ impl ReservableSpace for CudaVirtualSpace {
         if Self::overlapping(&st, range).next().is_some() {
             return Err(Error::InvalidConfig { what: "release of a reservation with committed memory" });
         }
-        // SAFETY: `range` is exactly a live reservation of this space, with
-        // nothing mapped in it.
-        self.context.scope(|| check(unsafe { sys::cuMemAddressFree(range.start(), range.len() as usize) }))?;
+        self.context.scope(|| {
+            // SAFETY: `range` is exactly a live reservation of this space,
+            // with nothing mapped in it.
+            check(unsafe { sys::cuMemAddressFree(range.start(), range.len() as usize) })
+        })?;
         st.reservations.remove(&range.start());
         Ok(())
     }
@@ -626,7 +649,10 @@ mod tests {
         // Device::get fails without a GPU; with one, the check comes first.
         if let Ok(d) = Device::get(0) {
             assert!(matches!(CudaVirtualSpace::with_handle_granules(d, 0), Err(Error::InvalidConfig { .. })));
-            assert!(matches!(CudaVirtualSpace::with_handle_granules(d, 65), Err(Error::InvalidConfig { .. })));
+            assert!(matches!(
+                CudaVirtualSpace::with_handle_granules(d, 65),
+                Err(Error::InvalidConfig { .. })
+            ));
         }
     }
 }

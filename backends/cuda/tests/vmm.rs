@@ -68,7 +68,9 @@ fn commit_write_read_and_decommit_granules_of_a_large_reservation() {
 #[test]
 fn a_partial_decommit_keeps_the_rest_of_the_handle_and_its_contents() {
     let _serial = serial();
-    let Some(device) = gpu("a_partial_decommit_keeps_the_rest_of_the_handle_and_its_contents") else { return };
+    let Some(device) = gpu("a_partial_decommit_keeps_the_rest_of_the_handle_and_its_contents") else {
+        return;
+    };
     let stream = CudaStream::new(device).unwrap();
     for handle_granules in [1, 4, 64] {
         let space = CudaVirtualSpace::with_handle_granules(device, handle_granules).unwrap();
@@ -173,8 +175,7 @@ fn decommit_waits_for_the_work_on_its_stream() {
 #[test]
 fn committing_more_than_the_device_holds_is_out_of_memory_and_commits_nothing() {
     let _serial = serial();
-    let Some(device) =
-        gpu("committing_more_than_the_device_holds_is_out_of_memory_and_commits_nothing")
+    let Some(device) = gpu("committing_more_than_the_device_holds_is_out_of_memory_and_commits_nothing")
     else {
         return;
     };
@@ -271,7 +272,10 @@ fn pool_run(device: memres_cuda::Device, handle_granules: u32, config: VirtualCo
     }
     assert_eq!(pool.used_bytes(), 0);
     assert!(pool.committed_bytes() <= config.keep_bytes());
-    assert!(pool.peak_committed_bytes() <= peak_live_granules * g, "peak committed beyond the granules live blocks touched");
+    assert!(
+        pool.peak_committed_bytes() <= peak_live_granules * g,
+        "peak committed beyond the granules live blocks touched"
+    );
     assert_eq!(space.peak_committed_bytes(), pool.peak_committed_bytes());
     pool.trim(&stream).unwrap();
     assert_eq!((space.committed_bytes(), space.mapped_bytes()), (0, 0));
@@ -282,8 +286,15 @@ fn pool_run(device: memres_cuda::Device, handle_granules: u32, config: VirtualCo
 #[test]
 fn a_virtual_pool_on_device_memory_keeps_its_invariants_and_contents() {
     let _serial = serial();
-    let Some(device) = gpu("a_virtual_pool_on_device_memory_keeps_its_invariants_and_contents") else { return };
-    pool_run(device, CudaVirtualSpace::DEFAULT_HANDLE_GRANULES, VirtualConfig::new(64 << 30).keep(64 << 20), 1);
+    let Some(device) = gpu("a_virtual_pool_on_device_memory_keeps_its_invariants_and_contents") else {
+        return;
+    };
+    pool_run(
+        device,
+        CudaVirtualSpace::DEFAULT_HANDLE_GRANULES,
+        VirtualConfig::new(64 << 30).keep(64 << 20),
+        1,
+    );
     pool_run(device, 1, VirtualConfig::new(64 << 30), 2);
     pool_run(device, 8, VirtualConfig::new(1 << 30).keep(16 << 20).max_reservations(8), 3);
 }
