@@ -2,9 +2,14 @@
 //! `cuMemMap`) as the core's [`ReservableSpace`], so that a
 //! [`VirtualPool`](memres_core::vpool::VirtualPool) runs on device memory.
 
-use crate::context::{Context, Device};
-use crate::error::{check, error_from_code};
+mod driver;
+#[cfg(test)]
+mod tests;
+
+use crate::context::Device;
+use crate::error::error_from_code;
 use crate::sys;
+use driver::{CudaDriver, Driver};
 use memres_core::vmem::ReservableSpace;
 use memres_core::{Error, Range, Result, Stream};
 use std::collections::BTreeMap;
@@ -88,8 +93,10 @@ const MAX_HANDLE_GRANULES: u32 = 64;
 /// ```
 #[derive(Debug)]
 pub struct CudaVirtualSpace {
-    /// The device's primary context, retained while the space lives.
-    context: Context,
+    /// The device's primary context (retained while the space lives) and
+    /// the calls made in it.
+    driver: Box<dyn Driver>,
+    device: Device,
     /// The driver's minimum granularity for pinned memory on the device.
     granule: u64,
     /// The most granules per physical handle (1 to 64).
@@ -102,7 +109,7 @@ pub struct CudaVirtualSpace {
 struct Mapping {
     /// Bytes mapped (a multiple of the granule, at most 64 granules).
     len: u64,
-    handle: sys::CuMemGenericAllocationHandle,
+    handle: u64,
     /// Bit `i`: granule `i` of the mapping is committed. Never 0: a mapping
     /// whose last granule is decommitted is unmapped and released.
     committed: u64,
@@ -124,13 +131,20 @@ struct State {
 }
 
 /// How many driver calls of each kind a [`CudaVirtualSpace`] made.
+///
+/// # Examples
+///
+/// ```
+/// let calls = memres_cuda::DriverCalls::default();
+/// assert_eq!(calls.maps + calls.unmaps, 0);
+/// ```
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct DriverCalls {
-    /// `cuMemCreate` + `cuMemMap` pairs that succeeded.
+    /// `cuMemCreate` + `cuMemMap` pairs that succeeded: handles made.
     pub maps: u64,
     /// `cuMemSetAccess` calls that succeeded.
     pub set_access: u64,
-    /// `cuMemUnmap` + `cuMemRelease` pairs.
+    /// `cuMemUnmap` + `cuMemRelease` pairs: handles given back.
     pub unmaps: u64,
     /// Stream synchronizations made by `decommit`.
     pub syncs: u64,
@@ -181,53 +195,28 @@ impl CudaVirtualSpace {
         if granules == 0 || granules > MAX_HANDLE_GRANULES {
             return Err(Error::InvalidConfig { what: "handle granules must be 1 to 64" });
         }
-        let context = device.primary_context()?;
-        let prop = Self::prop_of(device);
-        let granule = context.scope(|| {
-            let mut granule = 0usize;
-            // SAFETY: `prop` is a fully initialized `CUmemAllocationProp`
-            // (zero where the driver wants zero); the out parameter is a
-            // live local.
-            check(unsafe {
-                sys::cuMemGetAllocationGranularity(&mut granule, &prop, sys::CU_MEM_ALLOC_GRANULARITY_MINIMUM)
-            })?;
-            Ok(granule as u64)
-        })?;
+        let driver = CudaDriver { context: device.primary_context()? };
+        let granule = driver.granularity()?;
+        Self::with_driver(Box::new(driver), device, granule, granules)
+    }
+
+    fn with_driver(
+        driver: Box<dyn Driver>,
+        device: Device,
+        granule: u64,
+        handle_granules: u32,
+    ) -> Result<CudaVirtualSpace> {
         if !granule.is_power_of_two() || granule < 256 {
             return Err(Error::InvalidConfig {
                 what: "the driver's granularity is not a power of two >= 256",
             });
         }
-        Ok(CudaVirtualSpace {
-            context,
-            granule,
-            handle_granules: granules,
-            state: Mutex::new(State::default()),
-        })
-    }
-
-    /// Pinned device memory on `device`, no handle types to export.
-    fn prop_of(device: Device) -> sys::CuMemAllocationProp {
-        sys::CuMemAllocationProp {
-            type_: sys::CU_MEM_ALLOCATION_TYPE_PINNED,
-            requested_handle_types: 0,
-            location: sys::CuMemLocation {
-                type_: sys::CU_MEM_LOCATION_TYPE_DEVICE,
-                id: device.ordinal() as i32,
-            },
-            win32_handle_meta_data: core::ptr::null_mut(),
-            alloc_flags: [0; 8],
-        }
+        Ok(CudaVirtualSpace { driver, device, granule, handle_granules, state: Mutex::new(State::default()) })
     }
 
     /// The device.
     pub fn device(&self) -> Device {
-        self.context.device()
-    }
-
-    /// The context the memory lives in.
-    pub fn context(&self) -> &Context {
-        &self.context
+        self.device
     }
 
     /// The most granules one physical handle spans.
@@ -287,7 +276,7 @@ impl CudaVirtualSpace {
 
     /// Out of memory for a commit of `requested` bytes, with the device's figures.
     fn out_of_memory(&self, requested: u64, mapped: u64) -> Error {
-        let info = self.context.memory_info().ok();
+        let info = self.driver.memory_info();
         Error::OutOfMemory {
             requested,
             largest_free: info.map_or(0, |i| i.free),
@@ -296,47 +285,10 @@ impl CudaVirtualSpace {
         }
     }
 
-    /// Creates and maps one handle of `len` bytes at `start` (no access set
-    /// yet). Call with the context current.
-    fn map_one(&self, start: u64, len: u64) -> core::result::Result<sys::CuMemGenericAllocationHandle, i32> {
-        let prop = Self::prop_of(self.device());
-        let mut handle = 0;
-        // SAFETY: `prop` is fully initialized; `len` is a multiple of the
-        // granularity the driver gave for these properties; the out
-        // parameter is a live local.
-        let rc = unsafe { sys::cuMemCreate(&mut handle, len as usize, &prop, 0) };
-        if rc != sys::CUDA_SUCCESS {
-            return Err(rc);
-        }
-        // SAFETY: `start..start + len` lies in a live reservation of this
-        // space and no mapping covers it (the caller checked under the
-        // lock); `handle` was just made, `len` long; offset and flags 0.
-        let rc = unsafe { sys::cuMemMap(start, len as usize, 0, handle, 0) };
-        if rc != sys::CUDA_SUCCESS {
-            // SAFETY: the handle was just made and is mapped nowhere.
-            let _ = unsafe { sys::cuMemRelease(handle) };
-            return Err(rc);
-        }
-        Ok(handle)
-    }
-
-    /// Unmaps `start..start + len` (one whole mapping) and releases its
-    /// handle. Call with the context current.
-    fn unmap_one(start: u64, len: u64, handle: sys::CuMemGenericAllocationHandle) -> sys::CuResult {
-        // SAFETY: `start..start + len` is exactly one mapping made by
-        // `map_one`; the caller has ordered the unmap after all work that
-        // may use it.
-        let rc = unsafe { sys::cuMemUnmap(start, len as usize) };
-        if rc != sys::CUDA_SUCCESS {
-            return rc;
-        }
-        // SAFETY: the handle's one mapping is gone; it is released once.
-        unsafe { sys::cuMemRelease(handle) }
-    }
-
-    /// Maps `start..start + len` (no mapping there) in handles of up to
-    /// `handle_granules` granules and makes it read/write for the device.
-    /// On failure, unmaps what it mapped. Call with the context current.
+    /// Maps `start..start + len` (nothing mapped there) in handles of up to
+    /// `handle_granules` granules, pushed on `made`, and makes it read/write
+    /// for the device. On failure, unmaps what it mapped. Call with the
+    /// context current.
     fn map_fresh(
         &self,
         start: u64,
@@ -347,13 +299,13 @@ impl CudaVirtualSpace {
         let first = made.len();
         let undo = |made: &mut Vec<(u64, u64, u64)>| {
             for (s, l, h) in made.drain(first..).rev() {
-                let _ = Self::unmap_one(s, l, h);
+                let _ = self.driver.unmap(s, l, h);
             }
         };
         let mut at = start;
         while at < start + len {
             let l = chunk.min(start + len - at);
-            match self.map_one(at, l) {
+            match self.driver.map(at, l) {
                 Ok(h) => made.push((at, l, h)),
                 Err(rc) => {
                     undo(made);
@@ -362,24 +314,16 @@ impl CudaVirtualSpace {
             }
             at += l;
         }
-        let desc = sys::CuMemAccessDesc {
-            location: sys::CuMemLocation {
-                type_: sys::CU_MEM_LOCATION_TYPE_DEVICE,
-                id: self.device().ordinal() as i32,
-            },
-            flags: sys::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
-        };
-        // SAFETY: `start..start + len` is wholly mapped by the handles just
-        // made; one descriptor is passed, and it lives across the call.
-        let rc = unsafe { sys::cuMemSetAccess(start, len as usize, &desc, 1) };
-        if rc != sys::CUDA_SUCCESS {
-            undo(made);
-            return Err(rc);
+        match self.driver.set_access(start, len) {
+            sys::CUDA_SUCCESS => Ok(()),
+            rc => {
+                undo(made);
+                Err(rc)
+            }
         }
-        Ok(())
     }
 
-    /// The start and length of the reservation holding `range`, wholly.
+    /// Checks that `range` lies wholly in one reservation.
     fn reservation_of(st: &State, range: Range) -> Result<()> {
         match st.reservations.range(..=range.start()).next_back() {
             Some((&s, &l)) if s + l >= range.end() => Ok(()),
@@ -387,8 +331,7 @@ impl CudaVirtualSpace {
         }
     }
 
-    /// Calls `f(start, mapping)` for each mapping overlapping `range`, in
-    /// address order.
+    /// The mappings overlapping `range`, in address order.
     fn overlapping(st: &State, range: Range) -> impl Iterator<Item = (u64, &Mapping)> {
         let from = match st.mappings.range(..=range.start()).next_back() {
             Some((&s, m)) if s + m.len > range.start() => s,
@@ -411,27 +354,27 @@ impl ReservableSpace for CudaVirtualSpace {
     }
 
     fn reserve(&self, len: u64) -> Result<Range> {
-        if len == 0 || len % self.granule != 0 {
+        if len == 0 || len % self.granule != 0 || usize::try_from(len).is_err() {
             return Err(Error::InvalidSize { size: len });
         }
-        let size = usize::try_from(len).map_err(|_| Error::InvalidSize { size: len })?;
         let mut st = self.lock();
-        let start = self.context.scope(|| {
-            let mut ptr = 0;
-            // SAFETY: the out parameter is a live local; a fixed address of
-            // 0 lets the driver choose; alignment is the granularity.
-            match unsafe { sys::cuMemAddressReserve(&mut ptr, size, self.granule as usize, 0, 0) } {
-                sys::CUDA_SUCCESS => Ok(ptr),
-                sys::CUDA_ERROR_OUT_OF_MEMORY => Err(Error::OutOfMemory {
+        let _current = self.driver.enter()?;
+        let start = match self.driver.reserve(len, self.granule) {
+            Ok(start) => start,
+            Err(sys::CUDA_ERROR_OUT_OF_MEMORY) => {
+                return Err(Error::OutOfMemory {
                     requested: len,
                     largest_free: 0,
                     pool_size: st.reservations.values().sum(),
                     max_size: None,
-                }),
-                rc => Err(error_from_code(rc)),
+                })
             }
-        })?;
-        let range = Range::new(start, len).ok_or(Error::InvalidSize { size: len })?;
+            Err(rc) => return Err(error_from_code(rc)),
+        };
+        let Some(range) = Range::new(start, len) else {
+            let _ = self.driver.free(start, len);
+            return Err(Error::InvalidSize { size: len });
+        };
         st.reservations.insert(start, len);
         Ok(range)
     }
@@ -444,11 +387,11 @@ impl ReservableSpace for CudaVirtualSpace {
         if Self::overlapping(&st, range).next().is_some() {
             return Err(Error::InvalidConfig { what: "release of a reservation with committed memory" });
         }
-        self.context.scope(|| {
-            // SAFETY: `range` is exactly a live reservation of this space,
-            // with nothing mapped in it.
-            check(unsafe { sys::cuMemAddressFree(range.start(), range.len() as usize) })
-        })?;
+        let _current = self.driver.enter()?;
+        match self.driver.free(range.start(), range.len()) {
+            sys::CUDA_SUCCESS => {}
+            rc => return Err(error_from_code(rc)),
+        }
         st.reservations.remove(&range.start());
         Ok(())
     }
@@ -475,39 +418,27 @@ impl ReservableSpace for CudaVirtualSpace {
         }
         let mut made = Vec::new();
         if pieces.iter().any(|p| matches!(p, Piece::Fresh { .. })) {
-            let rc = self.context.scope(|| {
-                for p in &pieces {
-                    if let Piece::Fresh { start, len } = *p {
-                        if let Err(rc) = self.map_fresh(start, len, &mut made) {
-                            return Ok(rc);
-                        }
-                    }
-                }
-                Ok(sys::CUDA_SUCCESS)
-            })?;
-            if rc != sys::CUDA_SUCCESS {
-                // `map_fresh` undid its own piece; undo the earlier ones.
-                // SAFETY of the calls inside: see `unmap_one`; nothing used
-                // the memory, which was never handed out.
-                let _ = self.context.scope(|| {
+            let _current = self.driver.enter()?;
+            for p in &pieces {
+                let Piece::Fresh { start, len } = *p else { continue };
+                if let Err(rc) = self.map_fresh(start, len, &mut made) {
+                    // `map_fresh` undid its own piece; undo the earlier ones.
                     for (s, l, h) in made.drain(..).rev() {
-                        let _ = Self::unmap_one(s, l, h);
+                        let _ = self.driver.unmap(s, l, h);
                     }
-                    Ok(())
-                });
-                return Err(if rc == sys::CUDA_ERROR_OUT_OF_MEMORY {
-                    self.out_of_memory(range.len(), st.mapped)
-                } else {
-                    error_from_code(rc)
-                });
+                    return Err(if rc == sys::CUDA_ERROR_OUT_OF_MEMORY {
+                        self.out_of_memory(range.len(), st.mapped)
+                    } else {
+                        error_from_code(rc)
+                    });
+                }
             }
         }
         let st = &mut *st;
         for p in &pieces {
             match *p {
                 Piece::Revive { start, bits } => {
-                    let m = st.mappings.get_mut(&start).expect("planned under the lock");
-                    m.committed |= bits;
+                    st.mappings.get_mut(&start).expect("planned under the lock").committed |= bits;
                 }
                 Piece::Fresh { len, .. } => {
                     st.calls.set_access += 1;
@@ -515,9 +446,8 @@ impl ReservableSpace for CudaVirtualSpace {
                 }
             }
         }
-        for (s, l, handle) in made {
-            let committed = mask(0, l / self.granule);
-            st.mappings.insert(s, Mapping { len: l, handle, committed });
+        for (s, len, handle) in made {
+            st.mappings.insert(s, Mapping { len, handle, committed: mask(0, len / self.granule) });
             st.calls.maps += 1;
         }
         st.committed += range.len();
@@ -529,7 +459,7 @@ impl ReservableSpace for CudaVirtualSpace {
     fn decommit<S: Stream + ?Sized>(&self, range: Range, stream: &S) -> Result<()> {
         self.check_shape(range)?;
         let mut st = self.lock();
-        // Plan: (start, bits) per mapping; `range` must be wholly committed.
+        // Per mapping: its start, the bits `range` covers, whether it empties.
         let mut plan = Vec::new();
         let mut cursor = range.start();
         for (s, m) in Self::overlapping(&st, range) {
@@ -543,49 +473,41 @@ impl ReservableSpace for CudaVirtualSpace {
         if cursor < range.end() {
             return Err(Error::InvalidConfig { what: "decommit of uncommitted memory" });
         }
-        if plan.iter().any(|&(_, _, unmap)| unmap) {
+        if plan.iter().any(|&(_, _, empties)| empties) {
             // The unmaps follow the work submitted to `stream` so far.
             stream.synchronize()?;
+            let _current = self.driver.enter()?;
             if stream.id() == 0 {
-                // SAFETY: the null handle names the legacy default stream of
-                // the current context, made current by `scope`.
-                self.context.scope(|| check(unsafe { sys::cuStreamSynchronize(core::ptr::null_mut()) }))?;
+                match self.driver.sync_legacy() {
+                    sys::CUDA_SUCCESS => {}
+                    rc => return Err(error_from_code(rc)),
+                }
             }
             st.calls.syncs += 1;
-            let mut failed = None;
             let mut done = Vec::new();
-            self.context.scope(|| {
-                for &(s, _, unmap) in &plan {
-                    if !unmap {
-                        continue;
-                    }
-                    let m = &st.mappings[&s];
-                    let rc = Self::unmap_one(s, m.len, m.handle);
-                    if rc != sys::CUDA_SUCCESS {
-                        failed = Some(rc);
-                        break;
-                    }
-                    done.push(s);
+            for &(s, _, empties) in &plan {
+                if !empties {
+                    continue;
                 }
-                Ok(())
-            })?;
-            if let Some(rc) = failed {
-                // Put back what was unmapped (its contents are free memory,
-                // not worth keeping), so that the whole range stays committed.
-                let _ = self.context.scope(|| {
-                    let mut scratch = Vec::new();
-                    for &s in &done {
-                        let m = st.mappings.get_mut(&s).expect("planned under the lock");
-                        scratch.clear();
-                        // `map_fresh` maps `len` in handles of up to
-                        // `handle_granules` granules: exactly one here.
-                        if self.map_fresh(s, m.len, &mut scratch).is_ok() {
-                            m.handle = scratch[0].2;
+                let m = &st.mappings[&s];
+                match self.driver.unmap(s, m.len, m.handle) {
+                    sys::CUDA_SUCCESS => done.push(s),
+                    rc => {
+                        // Map again what was unmapped (its contents were
+                        // free memory), so that the whole range stays
+                        // committed.
+                        let mut again = Vec::new();
+                        for &s in &done {
+                            let m = st.mappings.get_mut(&s).expect("planned under the lock");
+                            again.clear();
+                            // Within one mapping's length: exactly one handle.
+                            if self.map_fresh(s, m.len, &mut again).is_ok() {
+                                m.handle = again[0].2;
+                            }
                         }
+                        return Err(error_from_code(rc));
                     }
-                    Ok(())
-                });
-                return Err(error_from_code(rc));
+                }
             }
             for s in done {
                 let m = st.mappings.remove(&s).expect("planned under the lock");
@@ -613,46 +535,15 @@ impl Drop for CudaVirtualSpace {
         if st.mappings.is_empty() && st.reservations.is_empty() {
             return;
         }
-        let _ = self.context.scope(|| {
-            if !st.mappings.is_empty() {
-                // SAFETY: the null handle names the current context's legacy stream.
-                let _ = unsafe { sys::cuStreamSynchronize(core::ptr::null_mut()) };
-            }
-            for (&s, m) in &st.mappings {
-                let _ = Self::unmap_one(s, m.len, m.handle);
-            }
-            for (&s, &l) in &st.reservations {
-                // SAFETY: a live reservation of this space, nothing mapped in
-                // it any more; freed once.
-                let _ = unsafe { sys::cuMemAddressFree(s, l as usize) };
-            }
-            Ok(())
-        });
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn masks_cover_the_granules_asked() {
-        assert_eq!(mask(0, 0), 0);
-        assert_eq!(mask(0, 1), 1);
-        assert_eq!(mask(2, 5), 0b11100);
-        assert_eq!(mask(0, 64), u64::MAX);
-        assert_eq!(mask(63, 64), 1 << 63);
-    }
-
-    #[test]
-    fn handle_sizes_out_of_range_are_refused_before_any_driver_call() {
-        // Device::get fails without a GPU; with one, the check comes first.
-        if let Ok(d) = Device::get(0) {
-            assert!(matches!(CudaVirtualSpace::with_handle_granules(d, 0), Err(Error::InvalidConfig { .. })));
-            assert!(matches!(
-                CudaVirtualSpace::with_handle_granules(d, 65),
-                Err(Error::InvalidConfig { .. })
-            ));
+        let Ok(_current) = self.driver.enter() else { return };
+        if !st.mappings.is_empty() {
+            let _ = self.driver.sync_legacy();
+        }
+        for (&s, m) in &st.mappings {
+            let _ = self.driver.unmap(s, m.len, m.handle);
+        }
+        for (&s, &l) in &st.reservations {
+            let _ = self.driver.free(s, l);
         }
     }
 }
