@@ -5,8 +5,12 @@
 //! footprint (peak mapped / peak live).
 //!
 //! ```text
-//! vpool_replay [--keep BYTES] [--handle-granules N] [--no-trim] TRACE...
+//! vpool_replay [--keep BYTES|all] [--handle-granules N] [--no-trim] [TRACE.csv[.gz]...]
 //! ```
+//!
+//! Without traces it replays the `*.csv.gz` files of `traces/`,
+//! `../traces/` or `benches/data/`, the first of them that has any; without
+//! a GPU it says SKIPPED.
 //!
 //! `--keep` is the pool's release threshold (default 256 MiB; `all` keeps
 //! every committed granule, as a pool that never gives memory back).
@@ -113,15 +117,40 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 handle_granules = args.next().ok_or("--handle-granules needs a value")?.parse()?
             }
             "--no-trim" => trim = false,
-            _ => traces.push(a),
+            _ if a.ends_with(".csv") || a.ends_with(".csv.gz") => traces.push(a),
+            // Arguments meant for test binaries run beside this one.
+            _ => eprintln!("vpool_replay: ignoring argument {a:?}"),
         }
     }
     if traces.is_empty() {
-        return Err(
-            "usage: vpool_replay [--keep BYTES|all] [--handle-granules N] [--no-trim] TRACE...".into()
-        );
+        // The traces beside the binary, or the repository's.
+        for dir in ["traces", "../traces", "benches/data"] {
+            let Ok(entries) = std::fs::read_dir(dir) else { continue };
+            let mut found: Vec<String> = entries
+                .filter_map(|e| e.ok().map(|e| e.path().to_string_lossy().into_owned()))
+                .filter(|p| p.ends_with(".csv.gz"))
+                .collect();
+            found.sort();
+            traces = found;
+            if !traces.is_empty() {
+                break;
+            }
+        }
     }
-    let device = Device::get(0)?;
+    if traces.is_empty() {
+        eprintln!("SKIPPED vpool_replay: no trace given or found (traces/, ../traces/, benches/data/)");
+        eprintln!(
+            "usage: vpool_replay [--keep BYTES|all] [--handle-granules N] [--no-trim] TRACE.csv[.gz]..."
+        );
+        return Ok(());
+    }
+    let device = match memres_cuda::Device::count() {
+        Ok(n) if n > 0 => Device::get(0)?,
+        other => {
+            eprintln!("SKIPPED vpool_replay: no CUDA device ({other:?})");
+            return Ok(());
+        }
+    };
     let stream = CudaStream::new(device)?;
     for path in &traces {
         let (ops, blocks) = load(path)?;
