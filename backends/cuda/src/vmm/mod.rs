@@ -56,6 +56,14 @@ const MAX_HANDLE_GRANULES: u32 = 64;
 /// [`with_handle_granules`](Self::with_handle_granules)`(device, 1)` every
 /// decommit is exact.
 ///
+/// **Costs.** The driver's time goes by handles, not bytes: on an H100
+/// (driver 580), committing 2 GiB took 53 ms in 1024 handles of one
+/// granule and 1.8 ms in 32 handles of 32 (about 15 µs `cuMemCreate`, 4 µs
+/// `cuMemMap` and 35 µs of `cuMemSetAccess` per handle); giving it back,
+/// 39 ms and 2.8 ms (`cuMemUnmap` about 23 µs and `cuMemRelease` 15 µs per
+/// handle). A pool over this space is fast only while it rarely commits or
+/// decommits: give it a release threshold above the swing of its live bytes.
+///
 /// **Stream order.** `decommit` synchronizes the stream it is given before
 /// it unmaps (as PyTorch's expandable segments do): the unmap follows all
 /// work submitted to that stream. A stream whose [`id`](Stream::id) is 0
