@@ -71,6 +71,12 @@ pub struct Device {
 }
 
 impl Device {
+    /// A device value that names no driver device, for models of the driver.
+    #[cfg(test)]
+    pub(crate) const fn fake(ordinal: u32) -> Device {
+        Device { ordinal, raw: ordinal as sys::CUdevice }
+    }
+
     /// How many CUDA devices this process can use; 0 when the driver finds
     /// none (`CUDA_ERROR_NO_DEVICE`).
     ///

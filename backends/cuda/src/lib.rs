@@ -10,6 +10,7 @@
 //! | [`Prefetch`] | `cuMemPrefetchAsync` on each allocation | `prefetch_resource_adaptor` |
 //! | [`CudaCopy`] | `cuMemcpy*Async`, `cuMemsetD8Async` | the copies inside `device_buffer`, `device_uvector` |
 //! | [`PinnedMemory`] | `cuMemHostAlloc` / `cuMemFreeHost` | `pinned_memory_resource` |
+//! | [`CudaVirtualSpace`] | `cuMemAddressReserve`, `cuMemCreate` / `cuMemMap`: the reservable space of a [`VirtualPool`](memres_core::vpool::VirtualPool) | (the driver pool's and PyTorch's expandable segments' virtual memory) |
 //! | [`CudaStream`], [`CudaEvent`], [`StreamPool`] | `cuStream*`, `cuEvent*` | `cuda_stream`, `cuda_stream_pool` |
 //! | [`Device`], [`Context`] | `cuDevice*`, primary contexts | `cuda_device_id` |
 //!
@@ -60,6 +61,7 @@ mod managed;
 mod pinned;
 mod place;
 mod stream;
+mod vmm;
 
 pub mod ops;
 pub mod sys;
@@ -72,6 +74,7 @@ pub use error::{error_from_code, error_name};
 pub use managed::{ManagedMemory, Prefetch};
 pub use pinned::PinnedMemory;
 pub use stream::{AsRawStream, CudaEvent, CudaStream, StreamOptions, StreamPool};
+pub use vmm::{CudaVirtualSpace, DriverCalls};
 
 /// The resource a device starts with: stream-ordered allocation from a new
 /// pool of its own ([`CudaAsyncMemory`] with [`AsyncConfig::new`]: starts
@@ -120,6 +123,7 @@ mod tests {
         send_sync::<StreamPool>();
         send_sync::<Context>();
         send_sync::<CudaCopy>();
+        send_sync::<CudaVirtualSpace>();
     }
 
     #[test]

@@ -45,6 +45,8 @@ pub const CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED: c_int = 115;
 
 pub const CU_MEM_ALLOCATION_TYPE_PINNED: c_int = 1;
 pub const CU_MEM_LOCATION_TYPE_DEVICE: c_int = 1;
+pub const CU_MEM_ALLOC_GRANULARITY_MINIMUM: c_int = 0;
+pub const CU_MEM_ACCESS_FLAGS_PROT_READWRITE: c_int = 3;
 
 pub const CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC: c_int = 2;
 /// `CU_POINTER_ATTRIBUTE_IS_MANAGED`.
@@ -75,6 +77,34 @@ pub struct CuMemPoolProps {
 }
 
 const _: () = assert!(core::mem::size_of::<CuMemPoolProps>() == 88);
+
+/// `CUmemGenericAllocationHandle`: a handle of physical memory made by `cuMemCreate`.
+pub type CuMemGenericAllocationHandle = u64;
+
+/// `CUmemAllocationProp` (32 bytes; the `allocFlags` of later drivers
+/// must be zero).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct CuMemAllocationProp {
+    pub type_: c_int,
+    pub requested_handle_types: c_int,
+    pub location: CuMemLocation,
+    pub win32_handle_meta_data: *mut c_void,
+    /// `compressionType`, `gpuDirectRDMACapable`, `usage`, `reserved[4]`.
+    pub alloc_flags: [u8; 8],
+}
+
+const _: () = assert!(core::mem::size_of::<CuMemAllocationProp>() == 32);
+
+/// `CUmemAccessDesc`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct CuMemAccessDesc {
+    pub location: CuMemLocation,
+    pub flags: c_int,
+}
+
+const _: () = assert!(core::mem::size_of::<CuMemAccessDesc>() == 12);
 
 #[link(name = "cuda")]
 extern "C" {
@@ -111,6 +141,41 @@ extern "C" {
         stream: CUstream,
     ) -> CuResult;
     pub fn cuPointerGetAttribute(data: *mut c_void, attribute: c_int, ptr: CUdeviceptr) -> CuResult;
+
+    pub fn cuMemGetAllocationGranularity(
+        granularity: *mut usize,
+        prop: *const CuMemAllocationProp,
+        option: c_int,
+    ) -> CuResult;
+    pub fn cuMemAddressReserve(
+        ptr: *mut CUdeviceptr,
+        size: usize,
+        alignment: usize,
+        addr: CUdeviceptr,
+        flags: u64,
+    ) -> CuResult;
+    pub fn cuMemAddressFree(ptr: CUdeviceptr, size: usize) -> CuResult;
+    pub fn cuMemCreate(
+        handle: *mut CuMemGenericAllocationHandle,
+        size: usize,
+        prop: *const CuMemAllocationProp,
+        flags: u64,
+    ) -> CuResult;
+    pub fn cuMemRelease(handle: CuMemGenericAllocationHandle) -> CuResult;
+    pub fn cuMemMap(
+        ptr: CUdeviceptr,
+        size: usize,
+        offset: usize,
+        handle: CuMemGenericAllocationHandle,
+        flags: u64,
+    ) -> CuResult;
+    pub fn cuMemUnmap(ptr: CUdeviceptr, size: usize) -> CuResult;
+    pub fn cuMemSetAccess(
+        ptr: CUdeviceptr,
+        size: usize,
+        desc: *const CuMemAccessDesc,
+        count: usize,
+    ) -> CuResult;
 
     pub fn cuMemPoolCreate(pool: *mut CUmemoryPool, props: *const CuMemPoolProps) -> CuResult;
     pub fn cuMemPoolDestroy(pool: CUmemoryPool) -> CuResult;

@@ -1,0 +1,185 @@
+//! Replays allocation traces (`Thread,Time,Action,Pointer,Size,Stream` CSV,
+//! gzipped or not) through a `VirtualPool` over `CudaVirtualSpace`: one
+//! warm-up pass, then a timed pass on the same pool, and prints time per
+//! operation, peak live bytes, peak committed and mapped bytes, and the
+//! footprint (peak mapped / peak live).
+//!
+//! ```text
+//! vpool_replay [--keep BYTES|all] [--handle-granules N] [--no-trim] [TRACE.csv[.gz]...]
+//! ```
+//!
+//! Without traces it replays the `*.csv.gz` files of `traces/`,
+//! `../traces/` or `benches/data/`, the first of them that has any; without
+//! a GPU it says SKIPPED.
+//!
+//! `--keep` is the pool's release threshold (default 256 MiB; `all` keeps
+//! every committed granule, as a pool that never gives memory back).
+//! Frees of pointers the trace never allocated are skipped; blocks still
+//! live at the end of a pass are freed then (untimed).
+
+use flate2::read::GzDecoder;
+use memres_core::vpool::{VirtualConfig, VirtualPool};
+use memres_core::{Block, MemoryResourceMut, Request, Stream};
+use memres_cuda::{CudaStream, CudaVirtualSpace, Device};
+use std::collections::HashMap;
+use std::io::{BufRead, BufReader, Read};
+use std::time::Instant;
+
+#[derive(Clone, Copy, Debug)]
+enum Op {
+    Allocate { id: usize, size: u64 },
+    Free { id: usize },
+}
+
+/// The trace's operations, pointers mapped to block numbers.
+fn load(path: &str) -> Result<(Vec<Op>, usize), String> {
+    let file = std::fs::File::open(path).map_err(|e| format!("{path}: {e}"))?;
+    let reader: Box<dyn Read> =
+        if path.ends_with(".gz") { Box::new(GzDecoder::new(file)) } else { Box::new(file) };
+    let mut ops = Vec::new();
+    let mut ids: HashMap<String, usize> = HashMap::new();
+    let mut blocks = 0;
+    for (n, line) in BufReader::new(reader).lines().enumerate() {
+        let line = line.map_err(|e| format!("{path}: {e}"))?;
+        let f: Vec<&str> = line.split(',').collect();
+        if n == 0 || f.len() < 5 {
+            continue;
+        }
+        match f[2] {
+            "allocate" => {
+                let size = f[4].trim().parse().map_err(|e| format!("{path}:{}: {e}", n + 1))?;
+                ids.insert(f[3].to_string(), blocks);
+                ops.push(Op::Allocate { id: blocks, size });
+                blocks += 1;
+            }
+            "free" => {
+                if let Some(id) = ids.remove(f[3]) {
+                    ops.push(Op::Free { id });
+                }
+            }
+            _ => {}
+        }
+    }
+    Ok((ops, blocks))
+}
+
+/// Bytes live at the trace's peak (sizes as asked).
+fn peak_live(ops: &[Op], blocks: usize) -> u64 {
+    let mut size = vec![0u64; blocks];
+    let (mut live, mut peak) = (0u64, 0u64);
+    for op in ops {
+        match *op {
+            Op::Allocate { id, size: s } => {
+                size[id] = s;
+                live += s;
+                peak = peak.max(live);
+            }
+            Op::Free { id } => live -= size[id],
+        }
+    }
+    peak
+}
+
+/// One pass; returns the nanoseconds the trace's operations took.
+fn pass(
+    pool: &mut VirtualPool<&CudaVirtualSpace>,
+    stream: &CudaStream,
+    ops: &[Op],
+    live: &mut [Block],
+) -> Result<f64, memres_core::Error> {
+    let t = Instant::now();
+    for op in ops {
+        match *op {
+            Op::Allocate { id, size } => live[id] = pool.allocate(Request::new(size)?, stream)?,
+            Op::Free { id } => pool.deallocate(std::mem::replace(&mut live[id], Block::EMPTY), stream)?,
+        }
+    }
+    let ns = t.elapsed().as_nanos() as f64;
+    for b in live.iter_mut() {
+        pool.deallocate(std::mem::replace(b, Block::EMPTY), stream)?;
+    }
+    Ok(ns)
+}
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let mut keep: u64 = 256 << 20;
+    let mut handle_granules = CudaVirtualSpace::DEFAULT_HANDLE_GRANULES;
+    let mut trim = true;
+    let mut traces = Vec::new();
+    let mut args = std::env::args().skip(1);
+    while let Some(a) = args.next() {
+        match a.as_str() {
+            "--keep" => {
+                let v = args.next().ok_or("--keep needs a value")?;
+                keep = if v == "all" { u64::MAX } else { v.parse()? };
+            }
+            "--handle-granules" => {
+                handle_granules = args.next().ok_or("--handle-granules needs a value")?.parse()?
+            }
+            "--no-trim" => trim = false,
+            _ if a.ends_with(".csv") || a.ends_with(".csv.gz") => traces.push(a),
+            // Arguments meant for test binaries run beside this one.
+            _ => eprintln!("vpool_replay: ignoring argument {a:?}"),
+        }
+    }
+    if traces.is_empty() {
+        // The traces beside the binary, or the repository's.
+        for dir in ["traces", "../traces", "benches/data"] {
+            let Ok(entries) = std::fs::read_dir(dir) else { continue };
+            let mut found: Vec<String> = entries
+                .filter_map(|e| e.ok().map(|e| e.path().to_string_lossy().into_owned()))
+                .filter(|p| p.ends_with(".csv.gz"))
+                .collect();
+            found.sort();
+            traces = found;
+            if !traces.is_empty() {
+                break;
+            }
+        }
+    }
+    if traces.is_empty() {
+        eprintln!("SKIPPED vpool_replay: no trace given or found (traces/, ../traces/, benches/data/)");
+        eprintln!(
+            "usage: vpool_replay [--keep BYTES|all] [--handle-granules N] [--no-trim] TRACE.csv[.gz]..."
+        );
+        return Ok(());
+    }
+    let device = match memres_cuda::Device::count() {
+        Ok(n) if n > 0 => Device::get(0)?,
+        other => {
+            eprintln!("SKIPPED vpool_replay: no CUDA device ({other:?})");
+            return Ok(());
+        }
+    };
+    let stream = CudaStream::new(device)?;
+    for path in &traces {
+        let (ops, blocks) = load(path)?;
+        let peak = peak_live(&ops, blocks);
+        let space = CudaVirtualSpace::with_handle_granules(device, handle_granules)?;
+        let config = VirtualConfig::new(64 << 30).keep(keep).trim_on_commit(trim);
+        let mut pool = VirtualPool::with_config(&space, config)?;
+        let mut live = vec![Block::EMPTY; blocks];
+        pass(&mut pool, &stream, &ops, &mut live)?;
+        let warm = space.driver_calls();
+        let ns = pass(&mut pool, &stream, &ops, &mut live)?;
+        let timed = space.driver_calls();
+        stream.synchronize()?;
+        let name = path.rsplit('/').next().unwrap_or(path);
+        println!(
+            "trace={name} ops={} keep={} handle_granules={handle_granules} trim_on_commit={trim} \
+             ns_per_op={:.1} peak_live={peak} peak_committed={} peak_mapped={} footprint={:.3} \
+             committed_over_live={:.3} timed_pass_maps={} timed_pass_unmaps={} timed_pass_syncs={}",
+            ops.len(),
+            if keep == u64::MAX { "all".to_string() } else { keep.to_string() },
+            ns / ops.len() as f64,
+            pool.peak_committed_bytes(),
+            space.peak_mapped_bytes(),
+            space.peak_mapped_bytes() as f64 / peak as f64,
+            pool.peak_committed_bytes() as f64 / peak as f64,
+            timed.maps - warm.maps,
+            timed.unmaps - warm.unmaps,
+            timed.syncs - warm.syncs,
+        );
+    }
+    Ok(())
+}

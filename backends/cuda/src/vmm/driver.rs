@@ -1,0 +1,148 @@
+//! The driver calls of [`CudaVirtualSpace`](super::CudaVirtualSpace),
+//! behind a trait so that the space's bookkeeping is tested on any machine
+//! against a model of the driver (`tests.rs`).
+
+use crate::context::{Context, Current, MemoryInfo};
+use crate::sys;
+use memres_core::Result;
+use std::fmt;
+
+/// A result code of the driver (`CUDA_SUCCESS` is 0).
+pub(super) type Code = sys::CuResult;
+
+/// The virtual memory calls the space makes. Addresses and lengths are the
+/// space's: granule-aligned, inside live reservations, checked under the
+/// space's lock before any call.
+pub(super) trait Driver: Send + Sync + fmt::Debug {
+    /// Makes the driver's context current until the guard drops.
+    fn enter(&self) -> Result<Option<Current>>;
+    /// `cuMemAddressReserve` of `len` bytes aligned to `align`.
+    fn reserve(&self, len: u64, align: u64) -> core::result::Result<u64, Code>;
+    /// `cuMemAddressFree` of a whole reservation with nothing mapped in it.
+    fn free(&self, start: u64, len: u64) -> Code;
+    /// `cuMemCreate` of a handle of `len` bytes and `cuMemMap` of it at
+    /// `start`, where nothing is mapped; nothing is left on failure.
+    fn map(&self, start: u64, len: u64) -> core::result::Result<u64, Code>;
+    /// `cuMemSetAccess` read/write for the device over mapped memory.
+    fn set_access(&self, start: u64, len: u64) -> Code;
+    /// `cuMemUnmap` of one whole mapping, then `cuMemRelease` of its handle.
+    fn unmap(&self, start: u64, len: u64, handle: u64) -> Code;
+    /// `cuStreamSynchronize` of the legacy default stream of the context.
+    fn sync_legacy(&self) -> Code;
+    /// The device's free and total memory, if the driver tells.
+    fn memory_info(&self) -> Option<MemoryInfo>;
+}
+
+/// The CUDA driver, in a device's primary context.
+#[derive(Debug)]
+pub(super) struct CudaDriver {
+    pub(super) context: Context,
+}
+
+impl CudaDriver {
+    /// Pinned device memory on the context's device, no handle types to export.
+    pub(super) fn prop(&self) -> sys::CuMemAllocationProp {
+        sys::CuMemAllocationProp {
+            type_: sys::CU_MEM_ALLOCATION_TYPE_PINNED,
+            requested_handle_types: 0,
+            location: self.location(),
+            win32_handle_meta_data: core::ptr::null_mut(),
+            alloc_flags: [0; 8],
+        }
+    }
+
+    fn location(&self) -> sys::CuMemLocation {
+        sys::CuMemLocation {
+            type_: sys::CU_MEM_LOCATION_TYPE_DEVICE,
+            id: self.context.device().ordinal() as i32,
+        }
+    }
+
+    /// The minimum granularity of [`prop`](Self::prop) memory.
+    pub(super) fn granularity(&self) -> Result<u64> {
+        let _current = self.enter()?;
+        let prop = self.prop();
+        let mut granule = 0usize;
+        // SAFETY: `prop` is a fully initialized `CUmemAllocationProp` (zero
+        // where the driver wants zero); the out parameter is a live local.
+        crate::error::check(unsafe {
+            sys::cuMemGetAllocationGranularity(&mut granule, &prop, sys::CU_MEM_ALLOC_GRANULARITY_MINIMUM)
+        })?;
+        Ok(granule as u64)
+    }
+}
+
+impl Driver for CudaDriver {
+    fn enter(&self) -> Result<Option<Current>> {
+        Current::enter(self.context.raw()).map(Some)
+    }
+
+    fn reserve(&self, len: u64, align: u64) -> core::result::Result<u64, Code> {
+        let mut ptr = 0;
+        // SAFETY: the out parameter is a live local; a fixed address of 0
+        // lets the driver choose; flags must be 0.
+        match unsafe { sys::cuMemAddressReserve(&mut ptr, len as usize, align as usize, 0, 0) } {
+            sys::CUDA_SUCCESS => Ok(ptr),
+            rc => Err(rc),
+        }
+    }
+
+    fn free(&self, start: u64, len: u64) -> Code {
+        // SAFETY: the caller passes exactly a live reservation with nothing
+        // mapped in it, freed once.
+        unsafe { sys::cuMemAddressFree(start, len as usize) }
+    }
+
+    fn map(&self, start: u64, len: u64) -> core::result::Result<u64, Code> {
+        let prop = self.prop();
+        let mut handle = 0;
+        // SAFETY: `prop` is fully initialized; `len` is a multiple of the
+        // granularity the driver gave for these properties; the out
+        // parameter is a live local; flags must be 0.
+        let rc = unsafe { sys::cuMemCreate(&mut handle, len as usize, &prop, 0) };
+        if rc != sys::CUDA_SUCCESS {
+            return Err(rc);
+        }
+        // SAFETY: `start..start + len` lies in a live reservation with
+        // nothing mapped there (the caller checked under its lock);
+        // `handle` was just made, `len` long; offset and flags must be 0.
+        let rc = unsafe { sys::cuMemMap(start, len as usize, 0, handle, 0) };
+        if rc != sys::CUDA_SUCCESS {
+            // SAFETY: the handle was just made and is mapped nowhere.
+            let _ = unsafe { sys::cuMemRelease(handle) };
+            return Err(rc);
+        }
+        Ok(handle)
+    }
+
+    fn set_access(&self, start: u64, len: u64) -> Code {
+        let desc = sys::CuMemAccessDesc {
+            location: self.location(),
+            flags: sys::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+        };
+        // SAFETY: the caller passes a range wholly mapped by this space's
+        // handles; one descriptor, live across the call.
+        unsafe { sys::cuMemSetAccess(start, len as usize, &desc, 1) }
+    }
+
+    fn unmap(&self, start: u64, len: u64, handle: u64) -> Code {
+        // SAFETY: the caller passes exactly one mapping made by `map`, and
+        // has ordered the unmap after all work that may use it.
+        let rc = unsafe { sys::cuMemUnmap(start, len as usize) };
+        if rc != sys::CUDA_SUCCESS {
+            return rc;
+        }
+        // SAFETY: the handle's one mapping is gone; it is released once.
+        unsafe { sys::cuMemRelease(handle) }
+    }
+
+    fn sync_legacy(&self) -> Code {
+        // SAFETY: the null handle names the legacy default stream of the
+        // current context (the caller entered ours).
+        unsafe { sys::cuStreamSynchronize(core::ptr::null_mut()) }
+    }
+
+    fn memory_info(&self) -> Option<MemoryInfo> {
+        self.context.memory_info().ok()
+    }
+}

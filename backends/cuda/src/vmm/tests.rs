@@ -1,0 +1,333 @@
+//! The space's bookkeeping against a model of the driver that checks every
+//! call (what a GPU test cannot do: fail the Nth call, run out of memory
+//! at will, see every mapping), with the `VirtualPool` on top.
+
+use super::driver::{Code, Driver};
+use super::*;
+use crate::context::{Current, MemoryInfo};
+use memres_core::testing::SplitMix64;
+use memres_core::vpool::{VirtualConfig, VirtualPool};
+use memres_core::{Block, MemoryResourceMut, Request};
+use std::sync::Arc;
+
+const G: u64 = 2 << 20;
+const FAILED: Code = 999;
+
+/// The driver's virtual memory as a model: reservations, mappings with
+/// their handles and access, physical memory in use. Misuse panics.
+#[derive(Debug, Default)]
+struct Model {
+    next: u64,
+    reservations: BTreeMap<u64, u64>,
+    /// start -> (len, handle, accessible)
+    maps: BTreeMap<u64, (u64, u64, bool)>,
+    capacity: u64,
+    used: u64,
+    handles: u64,
+    syncs: u64,
+    /// Calls of each kind to let through before one fails (0: none).
+    fail_map: u64,
+    fail_access: u64,
+    fail_unmap: u64,
+}
+
+#[derive(Debug)]
+struct Fake(Mutex<Model>);
+
+fn countdown(n: &mut u64) -> bool {
+    if *n > 0 {
+        *n -= 1;
+        return *n == 0;
+    }
+    false
+}
+
+impl Driver for Arc<Fake> {
+    fn enter(&self) -> Result<Option<Current>> {
+        Ok(None)
+    }
+
+    fn reserve(&self, len: u64, align: u64) -> core::result::Result<u64, Code> {
+        let mut m = self.0.lock().unwrap();
+        assert!(len % align == 0 && align == G);
+        let start = (1 << 40) + m.next;
+        m.next += len + G;
+        m.reservations.insert(start, len);
+        Ok(start)
+    }
+
+    fn free(&self, start: u64, len: u64) -> Code {
+        let mut m = self.0.lock().unwrap();
+        assert_eq!(m.reservations.remove(&start), Some(len), "free of no reservation");
+        assert!(m.maps.range(start..start + len).next().is_none(), "free with memory mapped");
+        sys::CUDA_SUCCESS
+    }
+
+    fn map(&self, start: u64, len: u64) -> core::result::Result<u64, Code> {
+        let mut m = self.0.lock().unwrap();
+        assert!(len > 0 && len % G == 0 && start % G == 0);
+        let (&rs, &rl) = m.reservations.range(..=start).next_back().expect("map outside the reservations");
+        assert!(start + len <= rs + rl, "map outside the reservations");
+        let before = m.maps.range(..start).next_back().map_or(0, |(&s, &(l, ..))| s + l);
+        assert!(before <= start && m.maps.range(start..start + len).next().is_none(), "map over a mapping");
+        if countdown(&mut m.fail_map) {
+            return Err(FAILED);
+        }
+        if m.used + len > m.capacity {
+            return Err(sys::CUDA_ERROR_OUT_OF_MEMORY);
+        }
+        m.used += len;
+        m.handles += 1;
+        let h = m.handles;
+        m.maps.insert(start, (len, h, false));
+        Ok(h)
+    }
+
+    fn set_access(&self, start: u64, len: u64) -> Code {
+        let mut m = self.0.lock().unwrap();
+        if countdown(&mut m.fail_access) {
+            return FAILED;
+        }
+        let mut cursor = start;
+        for (&s, v) in m.maps.range_mut(start..start + len) {
+            assert_eq!(s, cursor, "access over unmapped memory");
+            cursor = s + v.0;
+            v.2 = true;
+        }
+        assert_eq!(cursor, start + len, "access over unmapped memory");
+        sys::CUDA_SUCCESS
+    }
+
+    fn unmap(&self, start: u64, len: u64, handle: u64) -> Code {
+        let mut m = self.0.lock().unwrap();
+        assert_eq!(m.maps.get(&start).map(|v| (v.0, v.1)), Some((len, handle)), "unmap of no mapping");
+        if countdown(&mut m.fail_unmap) {
+            return FAILED;
+        }
+        m.maps.remove(&start);
+        m.used -= len;
+        sys::CUDA_SUCCESS
+    }
+
+    fn sync_legacy(&self) -> Code {
+        self.0.lock().unwrap().syncs += 1;
+        sys::CUDA_SUCCESS
+    }
+
+    fn memory_info(&self) -> Option<MemoryInfo> {
+        let m = self.0.lock().unwrap();
+        Some(MemoryInfo { free: m.capacity - m.used, total: m.capacity })
+    }
+}
+
+fn space(capacity: u64, handle_granules: u32) -> (CudaVirtualSpace, Arc<Fake>) {
+    let fake = Arc::new(Fake(Mutex::new(Model { capacity, ..Model::default() })));
+    let space =
+        CudaVirtualSpace::with_driver(Box::new(fake.clone()), Device::fake(0), G, handle_granules).unwrap();
+    (space, fake)
+}
+
+fn sub(r: Range, from: u64, len: u64) -> Range {
+    Range::new(r.start() + from * G, len * G).unwrap()
+}
+
+/// The space's mappings are the model's, every one accessible, and the
+/// counts add up.
+fn agree(space: &CudaVirtualSpace, fake: &Fake) {
+    let st = space.lock();
+    let m = fake.0.lock().unwrap();
+    let ours: Vec<_> = st.mappings.iter().map(|(&s, v)| (s, v.len, v.handle)).collect();
+    let theirs: Vec<_> = m.maps.iter().map(|(&s, &(l, h, _))| (s, l, h)).collect();
+    assert_eq!(ours, theirs);
+    assert!(m.maps.values().all(|v| v.2), "a mapping without access");
+    assert!(st.mappings.values().all(|v| v.committed != 0 && v.len <= 64 * G));
+    assert_eq!(st.mapped, m.used);
+    let committed: u64 = st.mappings.values().map(|v| u64::from(v.committed.count_ones()) * G).sum();
+    assert_eq!(st.committed, committed);
+    assert_eq!(st.reservations, m.reservations);
+}
+
+#[test]
+fn masks_cover_the_granules_asked() {
+    assert_eq!(mask(0, 0), 0);
+    assert_eq!(mask(0, 1), 1);
+    assert_eq!(mask(2, 5), 0b11100);
+    assert_eq!(mask(0, 64), u64::MAX);
+    assert_eq!(mask(63, 64), 1 << 63);
+}
+
+#[test]
+fn runs_are_committed_in_handles_and_partial_decommits_retain_until_the_last_granule() {
+    let (space, fake) = space(1 << 40, 4);
+    let r = space.reserve(64 * G).unwrap();
+    space.commit(sub(r, 0, 8)).unwrap();
+    assert_eq!((space.handle_count(), space.driver_calls().set_access), (2, 1));
+    space.decommit(sub(r, 2, 4), &()).unwrap();
+    // Both handles keep a committed granule: nothing unmapped, no wait.
+    assert_eq!((space.committed_bytes(), space.mapped_bytes()), (4 * G, 8 * G));
+    assert_eq!((space.driver_calls().syncs, fake.0.lock().unwrap().syncs), (0, 0));
+    agree(&space, &fake);
+    space.decommit(sub(r, 0, 2), &()).unwrap();
+    assert_eq!((space.committed_bytes(), space.mapped_bytes(), space.handle_count()), (2 * G, 4 * G, 1));
+    // `()` is the legacy default stream: waited for before the unmap.
+    assert_eq!(fake.0.lock().unwrap().syncs, 1);
+    // Committed again: a fresh handle where nothing is mapped, the
+    // retained granules of the other handle at no cost.
+    let maps = space.driver_calls().maps;
+    space.commit(sub(r, 1, 5)).unwrap();
+    assert_eq!(space.driver_calls().maps, maps + 1);
+    assert_eq!((space.committed_bytes(), space.mapped_bytes()), (7 * G, 7 * G));
+    agree(&space, &fake);
+    assert!(matches!(space.commit(sub(r, 0, 2)), Err(Error::InvalidConfig { .. })));
+    assert!(matches!(space.decommit(sub(r, 0, 2), &()), Err(Error::InvalidConfig { .. })));
+    space.decommit(sub(r, 1, 7), &()).unwrap();
+    assert_eq!((space.committed_bytes(), space.mapped_bytes()), (0, 0));
+    assert_eq!((space.peak_committed_bytes(), space.peak_mapped_bytes()), (8 * G, 8 * G));
+    space.release(r).unwrap();
+    agree(&space, &fake);
+}
+
+#[test]
+fn a_commit_failing_half_way_leaves_nothing_committed() {
+    for (fail_map, fail_access) in [(1, 0), (2, 0), (0, 1)] {
+        let (space, fake) = space(1 << 40, 2);
+        let r = space.reserve(64 * G).unwrap();
+        // Retained granules at both ends of what is committed next: 3 and 7.
+        space.commit(sub(r, 2, 2)).unwrap();
+        space.decommit(sub(r, 3, 1), &()).unwrap();
+        space.commit(sub(r, 7, 2)).unwrap();
+        space.decommit(sub(r, 7, 1), &()).unwrap();
+        let before = (space.committed_bytes(), space.mapped_bytes(), space.driver_calls());
+        {
+            let mut m = fake.0.lock().unwrap();
+            (m.fail_map, m.fail_access) = (fail_map, fail_access);
+        }
+        // Granule 3 revived, 4..7 mapped in two handles, 7 revived.
+        let e = space.commit(sub(r, 3, 5)).unwrap_err();
+        assert_eq!(e, Error::Backend { code: 999, what: "CUDA_ERROR_UNKNOWN" });
+        assert_eq!(before, (space.committed_bytes(), space.mapped_bytes(), space.driver_calls()));
+        agree(&space, &fake);
+        space.commit(sub(r, 3, 5)).unwrap();
+        assert_eq!(space.driver_calls().maps, before.2.maps + 2);
+        agree(&space, &fake);
+        space.decommit(sub(r, 2, 7), &()).unwrap();
+        agree(&space, &fake);
+        assert_eq!(fake.0.lock().unwrap().used, 0);
+    }
+}
+
+#[test]
+fn out_of_physical_memory_is_out_of_memory_with_figures_and_commits_nothing() {
+    let (space, fake) = space(10 * G, 4);
+    let r = space.reserve(64 * G).unwrap();
+    space.commit(sub(r, 0, 3)).unwrap();
+    let e = space.commit(sub(r, 8, 12)).unwrap_err();
+    assert_eq!(
+        e,
+        Error::OutOfMemory {
+            requested: 12 * G,
+            largest_free: 7 * G,
+            pool_size: 3 * G,
+            max_size: Some(10 * G)
+        }
+    );
+    agree(&space, &fake);
+    assert_eq!((space.committed_bytes(), space.mapped_bytes()), (3 * G, 3 * G));
+    space.commit(sub(r, 8, 6)).unwrap();
+    agree(&space, &fake);
+}
+
+#[test]
+fn a_failed_unmap_leaves_the_range_committed() {
+    let (space, fake) = space(1 << 40, 1);
+    let r = space.reserve(8 * G).unwrap();
+    space.commit(sub(r, 0, 3)).unwrap();
+    fake.0.lock().unwrap().fail_unmap = 2;
+    let e = space.decommit(sub(r, 0, 3), &()).unwrap_err();
+    assert!(matches!(e, Error::Backend { code: 999, .. }));
+    assert_eq!((space.committed_bytes(), space.mapped_bytes()), (3 * G, 3 * G));
+    agree(&space, &fake);
+    space.decommit(sub(r, 0, 3), &()).unwrap();
+    agree(&space, &fake);
+    assert_eq!(space.mapped_bytes(), 0);
+}
+
+#[test]
+fn misuse_is_refused_before_any_driver_call() {
+    let (space, fake) = space(1 << 40, 4);
+    assert!(matches!(space.reserve(0), Err(Error::InvalidSize { .. })));
+    assert!(matches!(space.reserve(G + 256), Err(Error::InvalidSize { .. })));
+    let r = space.reserve(8 * G).unwrap();
+    for bad in [Range::new(r.end(), G).unwrap(), Range::new(r.start() + 256, G).unwrap(), sub(r, 7, 2)] {
+        assert!(matches!(space.commit(bad), Err(Error::InvalidConfig { .. })), "{bad:?}");
+        assert!(matches!(space.decommit(bad, &()), Err(Error::InvalidConfig { .. })), "{bad:?}");
+    }
+    space.commit(sub(r, 2, 2)).unwrap();
+    assert!(matches!(space.release(r), Err(Error::InvalidConfig { .. })));
+    assert!(matches!(space.release(sub(r, 0, 1)), Err(Error::UnknownBlock { .. })));
+    agree(&space, &fake);
+    assert!(matches!(
+        CudaVirtualSpace::with_driver(Box::new(fake.clone()), Device::fake(0), 3 << 20, 4),
+        Err(Error::InvalidConfig { .. })
+    ));
+}
+
+#[test]
+fn dropping_the_space_gives_everything_back() {
+    let (space, fake) = space(1 << 40, 8);
+    let r = space.reserve(64 * G).unwrap();
+    space.reserve(4 * G).unwrap();
+    space.commit(sub(r, 3, 20)).unwrap();
+    space.decommit(sub(r, 5, 2), &()).unwrap();
+    drop(space);
+    let m = fake.0.lock().unwrap();
+    assert!(m.maps.is_empty() && m.reservations.is_empty() && m.used == 0, "{m:?}");
+}
+
+/// Randomized allocate and free through a `VirtualPool`, with commits that
+/// fail now and then: the pool's checker and the space's agreement with
+/// the driver after every step.
+#[test]
+fn a_virtual_pool_over_the_space_keeps_everything_consistent() {
+    for (seed, handle_granules, keep) in [(1, 1, 0), (2, 4, 8 * G), (3, 32, 64 * G), (4, 64, 1 << 40)] {
+        let (space, fake) = space(400 * G, handle_granules);
+        let mut rng = SplitMix64::new(seed);
+        {
+            let config = VirtualConfig::new(256 * G).keep(keep).max_reservations(4);
+            let mut pool = VirtualPool::with_config(&space, config).unwrap();
+            let mut live: Vec<Block> = Vec::new();
+            for step in 0..3000 {
+                if rng.below(50) == 0 {
+                    fake.0.lock().unwrap().fail_map = 1 + rng.below(3);
+                }
+                if live.is_empty() || rng.below(100) < 52 {
+                    let bits = rng.below(27);
+                    let size = 1 + rng.below(1 << bits);
+                    match pool.allocate(Request::new(size).unwrap(), &()) {
+                        Ok(b) => live.push(b),
+                        Err(e) => assert!(
+                            e.is_out_of_memory() || matches!(e, Error::Backend { code: 999, .. }),
+                            "step {step}: {e:?}"
+                        ),
+                    }
+                } else {
+                    let b = live.swap_remove(rng.below(live.len() as u64) as usize);
+                    pool.deallocate(b, &()).unwrap();
+                }
+                pool.check().unwrap_or_else(|v| panic!("step {step}: {v}"));
+                agree(&space, &fake);
+                assert_eq!(pool.committed_bytes(), space.committed_bytes(), "step {step}");
+                let retained = space.mapped_bytes() - space.committed_bytes();
+                assert!(retained <= space.handle_count() as u64 * u64::from(handle_granules - 1) * G);
+            }
+            fake.0.lock().unwrap().fail_map = 0;
+            for b in live.drain(..) {
+                pool.deallocate(b, &()).unwrap();
+            }
+            pool.trim(&()).unwrap();
+            assert_eq!((space.committed_bytes(), space.mapped_bytes()), (0, 0));
+        }
+        let m = fake.0.lock().unwrap();
+        assert!(m.maps.is_empty() && m.reservations.is_empty(), "{m:?}");
+    }
+}
