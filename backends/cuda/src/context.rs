@@ -329,8 +329,8 @@ impl Context {
 }
 
 /// Makes a context current on this thread until dropped, then restores the
-/// one that was current before. Costs one `cuCtxGetCurrent` when the context
-/// is current already, the common case.
+/// one that was current before (a thread that had none keeps it). Costs one
+/// `cuCtxGetCurrent` when the context is current already, the common case.
 pub(crate) struct Current {
     /// The context to restore, when another was current.
     restore: Option<sys::CUcontext>,
@@ -351,7 +351,10 @@ impl Current {
         // SAFETY: callers pass a context they keep retained for the life of
         // the guard.
         check(unsafe { sys::cuCtxSetCurrent(ctx) })?;
-        Ok(Current { restore: Some(now) })
+        // A thread with no context keeps ours, as the CUDA runtime binds the
+        // primary context to a thread on first use: restoring "none" would
+        // cost two driver calls on every later call for nothing.
+        Ok(Current { restore: (!now.is_null()).then_some(now) })
     }
 }
 
