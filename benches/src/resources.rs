@@ -10,7 +10,7 @@ use memres_core::adaptor::Statistics;
 use memres_core::arena::ArenaResource;
 use memres_core::binning::BinningResource;
 use memres_core::fixed::{FixedConfig, FixedSizeResource};
-use memres_core::pool::CoalescingPool;
+use memres_core::pool::{CoalescingPool, PoolConfig};
 use memres_core::vpool::VirtualPool;
 use memres_core::{Block, Error, MemoryResource, MemoryResourceMut, Request, Shared, StreamOrdered};
 use memres_host::{HostMemory, SimAddressSpace, SimDevice, SimStream, SimWorld};
@@ -286,6 +286,8 @@ pub enum Param {
     None,
     /// A size in bytes (`1MiB`, `65536`), required.
     Size,
+    /// A size in bytes that may be left out (`pool` or `pool:1GiB`).
+    OptionalSize,
 }
 
 /// One entry of the registry.
@@ -370,7 +372,10 @@ pub const fn shared_entry<B: Build, T: BuildShared>(name: &'static str, about: &
 
 /// Every resource the tool knows, by name.
 pub const RESOURCES: &[Resource] = &[
-    shared_entry::<Pool, SharedPool>("pool", "memres CoalescingPool, grown from zero over the upstream (behind a spin lock with --streams)"),
+    Resource {
+        param: Param::OptionalSize,
+        ..shared_entry::<Pool, SharedPool>("pool", "memres CoalescingPool, grown from zero over the upstream, or pool:SIZE with an initial size as RMM's harness's pool (behind a spin lock with --streams)")
+    },
     Resource {
         param: Param::Size,
         ..shared_entry::<Fixed, Fixed>("fixed", "memres FixedSizeResource, fixed:SIZE blocks of SIZE bytes (128 per chunk); larger requests are an error")
@@ -450,7 +455,11 @@ pub fn find(name: &str) -> Result<&'static Resource, String> {
     RESOURCES.iter().find(|r| r.name == name).ok_or_else(|| {
         let known: Vec<_> = RESOURCES
             .iter()
-            .map(|r| if r.param == Param::Size { format!("{}:SIZE", r.name) } else { r.name.to_string() })
+            .map(|r| match r.param {
+                Param::Size => format!("{}:SIZE", r.name),
+                Param::OptionalSize => format!("{}[:SIZE]", r.name),
+                Param::None => r.name.to_string(),
+            })
             .collect();
         format!("unknown resource `{name}` (known: {})", known.join(", "))
     })
@@ -474,7 +483,8 @@ pub fn select(spec: &str) -> Result<(&'static Resource, Option<u64>), String> {
         (Param::Size, None) => {
             Err(format!("resource `{name}` needs a size: `{name}:SIZE`, e.g. `{name}:1MiB`"))
         }
-        (Param::Size, Some(p)) => match memres_core::stack::parse_size(p) {
+        (Param::OptionalSize, None) => Ok((r, None)),
+        (Param::Size | Param::OptionalSize, Some(p)) => match memres_core::stack::parse_size(p) {
             Some(size) if size > 0 => Ok((r, Some(size))),
             _ => Err(format!("bad size `{p}` in `{spec}` (e.g. 1MiB, 65536)")),
         },
@@ -605,9 +615,9 @@ impl BuildShared for SharedPool {
     fn build_shared<U: Upstream>(
         upstream: U,
         _: &Workload,
-        _: &RunOptions,
+        options: &RunOptions,
     ) -> Result<Self::Resource<U>, String> {
-        Ok(Shared::new(CoalescingPool::new(upstream)))
+        pool_with_initial(upstream, options).map(Shared::new)
     }
     fn peak<U: Upstream>(r: &Self::Resource<U>) -> u64 {
         r.with(|p| p.upstream().peak_held_bytes())
@@ -840,14 +850,24 @@ impl BuildShared for StatsPool {
     }
 }
 
+/// The pool of `pool[:INITIAL]`: grown from zero, or with an initial size.
+fn pool_with_initial<U: Upstream>(upstream: U, options: &RunOptions) -> Result<CoalescingPool<U>, String> {
+    let config = PoolConfig::new().initial_size(options.param.unwrap_or(0).next_multiple_of(256));
+    CoalescingPool::with_config(upstream, config, &()).map_err(|e| format!("pool: {e}"))
+}
+
 /// The memres pool, used through [`MemoryResourceMut`] directly.
 #[derive(Debug)]
 pub struct Pool;
 
 impl Build for Pool {
     type Resource<U: Upstream> = PoolReplayer<U>;
-    fn build<U: Upstream>(upstream: U, _: &Workload, _: &RunOptions) -> Result<PoolReplayer<U>, String> {
-        Ok(PoolReplayer(CoalescingPool::new(upstream)))
+    fn build<U: Upstream>(
+        upstream: U,
+        _: &Workload,
+        options: &RunOptions,
+    ) -> Result<PoolReplayer<U>, String> {
+        pool_with_initial(upstream, options).map(PoolReplayer)
     }
 }
 

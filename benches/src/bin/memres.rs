@@ -66,6 +66,7 @@ fn main() -> ExitCode {
             let name = |r: &Resource| match r.param {
                 Param::None => r.name.to_string(),
                 Param::Size => format!("{}:SIZE", r.name),
+                Param::OptionalSize => format!("{}[:SIZE]", r.name),
             };
             let width = RESOURCES.iter().map(|r| name(r).len()).max().unwrap_or(0);
             for r in RESOURCES {
