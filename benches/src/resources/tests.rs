@@ -136,7 +136,9 @@ fn fixed_needs_a_size_that_fits_and_vpool_needs_sim() {
     assert_eq!(select("fixed:1MiB").unwrap().1, Some(1 << 20));
     assert!(select("fixed").unwrap_err().contains("needs a size"));
     assert!(select("fixed:0").unwrap_err().contains("bad size"));
-    assert!(select("pool:1MiB").unwrap_err().contains("takes no parameter"));
+    assert_eq!(select("pool:1MiB").unwrap().1, Some(1 << 20), "the pool's initial size");
+    assert_eq!(select("pool").unwrap().1, None);
+    assert!(select("arena:1MiB").unwrap_err().contains("takes no parameter"));
 }
 
 #[test]
