@@ -65,9 +65,9 @@ mod stream;
 
 pub mod adaptor;
 #[cfg(feature = "alloc")]
-pub mod binning;
-#[cfg(feature = "alloc")]
 pub mod arena;
+#[cfg(feature = "alloc")]
+pub mod binning;
 pub mod check;
 pub mod copy;
 #[cfg(feature = "std")]
