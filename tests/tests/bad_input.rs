@@ -7,10 +7,10 @@ use memres_core::adaptor::{Limiting, Tracking};
 use memres_core::arena::{ArenaConfig, ArenaResource};
 use memres_core::binning::BinningResource;
 use memres_core::fixed::{FixedConfig, FixedSizeResource};
-use memres_core::pool::{CoalescingPool, PoolConfig};
+use memres_core::pool::CoalescingPool;
 use memres_core::stream_ordered::StreamOrdered;
 use memres_core::vpool::{VirtualConfig, VirtualPool};
-use memres_core::{Block, Error, MemoryResource, Request, Shared, Stream};
+use memres_core::{Block, Error, MemoryResource, Request, Shared};
 use memres_host::{HostMemory, SimAddressSpace, SimDevice, SimStream, SimWorld};
 use std::sync::Arc;
 
@@ -30,10 +30,15 @@ impl Subject {
     /// The resource is consistent, counts `used` bytes, serves a new block
     /// and takes it back to the same count.
     fn usable(&self, used: u64, s: &SimStream) {
+        self.usable_with(used, 1000, s);
+    }
+
+    /// As [`usable`](Self::usable), with a new block of `size` bytes.
+    fn usable_with(&self, used: u64, size: u64, s: &SimStream) {
         let name = self.name;
         (self.check)().unwrap_or_else(|e| panic!("{name}: {e}"));
         assert_eq!((self.used)(), used, "{name}: bytes in use changed");
-        let b = self.alloc(1000, s).unwrap_or_else(|e| panic!("{name}: {e}"));
+        let b = self.alloc(size, s).unwrap_or_else(|e| panic!("{name}: {e}"));
         assert!((self.used)() > used, "{name}: a new block is counted");
         self.res.deallocate(b, s).unwrap_or_else(|e| panic!("{name}: {e}"));
         assert_eq!((self.used)(), used, "{name}: the new block's bytes came back");
@@ -166,7 +171,8 @@ fn make_subjects(dev: &Arc<SimDevice>, space: &Arc<SimAddressSpace>, world: &Sim
 }
 
 struct Setup {
-    world: SimWorld,
+    dev: Arc<SimDevice>,
+    space: Arc<SimAddressSpace>,
     s1: SimStream,
     s2: SimStream,
     subjects: Vec<Subject>,
@@ -176,13 +182,19 @@ struct Setup {
 }
 
 fn setup() -> Setup {
-    let dev = Arc::new(SimDevice::new(64 << 30));
-    let space = Arc::new(SimAddressSpace::new(64 << 30, 2 << 20));
+    setup_with(64 << 30, 2 << 20)
+}
+
+/// Resources over a device of `capacity` bytes and a virtual space of as
+/// much physical memory in granules of `granule` bytes.
+fn setup_with(capacity: u64, granule: u64) -> Setup {
+    let dev = Arc::new(SimDevice::new(capacity));
+    let space = Arc::new(SimAddressSpace::new(capacity, granule));
     let world = SimWorld::new();
     let (s1, s2) = (world.stream(), world.stream());
     let subjects = make_subjects(&dev, &space, &world);
     let others = make_subjects(&dev, &space, &world);
-    Setup { world, s1, s2, subjects, others }
+    Setup { dev, space, s1, s2, subjects, others }
 }
 
 fn all(f: impl Fn(&Setup, &Subject)) {
@@ -273,7 +285,12 @@ fn unknown_free_everywhere() {
     all(|st, x| {
         with_live_block(st, x, |a| {
             let never = Block::from_addr(0x1234_5600, 256);
-            assert_eq!(x.res.deallocate(never, &st.s1), Err(Error::UnknownBlock { addr: 0x1234_5600 }), "{}", x.name);
+            assert_eq!(
+                x.res.deallocate(never, &st.s1),
+                Err(Error::UnknownBlock { addr: 0x1234_5600 }),
+                "{}",
+                x.name
+            );
             // Inside a live block, with its tag.
             let inside = Block::new(a.addr() + 256, 256, a.tag());
             let e = x.res.deallocate(inside, &st.s1).unwrap_err();
@@ -290,7 +307,8 @@ fn double_free_everywhere() {
             x.res.deallocate(b, &st.s1).unwrap();
             let by_tag = x.res.deallocate(b, &st.s1).unwrap_err();
             let by_addr = x.res.deallocate(Block::from_addr(b.addr(), b.size()), &st.s1).unwrap_err();
-            let (double, unknown) = (Error::DoubleFree { addr: b.addr() }, Error::UnknownBlock { addr: b.addr() });
+            let (double, unknown) =
+                (Error::DoubleFree { addr: b.addr() }, Error::UnknownBlock { addr: b.addr() });
             let expected = match x.name {
                 // A table of live blocks only: a freed one is unknown.
                 "HostMemory" | "Tracking" => (unknown, unknown),
@@ -364,7 +382,12 @@ fn block_of_another_resource_everywhere() {
             let e = x.res.deallocate(o, &st.s1).unwrap_err();
             assert_eq!(e, Error::UnknownBlock { addr: o.addr() }, "{}", x.name);
             let o2 = Block::from_addr(o.addr(), o.size());
-            assert_eq!(x.res.deallocate(o2, &st.s1), Err(Error::UnknownBlock { addr: o.addr() }), "{}", x.name);
+            assert_eq!(
+                x.res.deallocate(o2, &st.s1),
+                Err(Error::UnknownBlock { addr: o.addr() }),
+                "{}",
+                x.name
+            );
             other.res.deallocate(o, &st.s1).unwrap();
         });
         other.usable(0, &st.s1);
@@ -386,5 +409,91 @@ fn free_on_another_stream_than_the_allocation() {
             x.res.deallocate(d, &st.s1).unwrap();
         })
     });
-    let _ = setup().world;
+}
+
+#[test]
+fn out_of_memory_everywhere() {
+    // A device of its own for each: the others' chunks are not in the way.
+    for i in 0..setup().subjects.len() {
+        let st = setup_with(16 << 20, 64 << 10);
+        let x = &st.subjects[i];
+        if x.name == "HostMemory" {
+            continue;
+        }
+        let s = &st.s1;
+        // Blocks the resource serves: fixed-size and binned blocks are small.
+        let unit = match x.name {
+            "FixedSizeResource" | "BinningResource" => 4096,
+            _ => 64 << 10,
+        };
+        let mut held = Vec::new();
+        let e = loop {
+            match x.alloc(unit, s) {
+                Ok(b) => held.push(b),
+                Err(e) => break e,
+            }
+            assert!(held.len() < 100_000, "{}: never out of memory", x.name);
+        };
+        assert!(
+            matches!(e, Error::OutOfMemory { requested, largest_free: 0, .. } if requested == unit),
+            "{}: {e:?}",
+            x.name
+        );
+        assert!(!held.is_empty(), "{}", x.name);
+        let used = (x.used)();
+        (x.check)().unwrap_or_else(|v| panic!("{}: {v}", x.name));
+        // A failed call changed nothing; once a block is back, one fits.
+        assert_eq!((x.used)(), used, "{}", x.name);
+        let last = held.pop().unwrap();
+        x.res.deallocate(last, s).unwrap();
+        held.push(x.alloc(unit, s).unwrap_or_else(|e| panic!("{}: {e}", x.name)));
+        assert_eq!((x.used)(), used, "{}", x.name);
+        for b in held {
+            x.res.deallocate(b, s).unwrap();
+        }
+        // (A bin keeps its chunks until released: the same size again.)
+        x.usable_with(0, unit, s);
+    }
+}
+
+#[test]
+fn upstream_failure_while_growing_everywhere() {
+    for i in 0..setup().subjects.len() {
+        let st = setup();
+        let x = &st.subjects[i];
+        if x.name == "HostMemory" {
+            continue;
+        }
+        let s = &st.s1;
+        // A first block: the resource holds memory from its upstream.
+        let a = x.alloc(1000, s).unwrap();
+        let used = (x.used)();
+        // Then a request that needs more from the upstream, which fails.
+        st.dev.fail_nth(1);
+        st.space.fail_nth_commit(1);
+        let big = match x.name {
+            "FixedSizeResource" | "BinningResource" => 4096,
+            _ => 64 << 20,
+        };
+        let mut blocks = Vec::new();
+        let e = loop {
+            match x.alloc(big, s) {
+                Ok(b) => blocks.push(b),
+                Err(e) => break e,
+            }
+            assert!(blocks.len() < 1000, "{}: the upstream was never asked", x.name);
+        };
+        assert!(matches!(e, Error::Backend { .. }), "{}: {e:?}", x.name);
+        st.dev.fail_nth(0);
+        st.space.fail_nth_commit(0);
+        for b in blocks {
+            x.res.deallocate(b, s).unwrap();
+        }
+        // What was held still serves, and the upstream works again.
+        x.usable(used, s);
+        let b = x.alloc(big, s).unwrap_or_else(|e| panic!("{}: {e}", x.name));
+        x.res.deallocate(b, s).unwrap();
+        x.res.deallocate(a, s).unwrap();
+        x.usable(0, s);
+    }
 }
