@@ -3,15 +3,16 @@
 //! with exact accounting and its invariant checker passes. The README's
 //! "Bad input" table names these tests.
 
-use memres_core::adaptor::{Limiting, Tracking};
+use memres_core::adaptor::{Aligned, FailureCallback, Limiting, Statistics, Tracking};
 use memres_core::arena::{ArenaConfig, ArenaResource};
 use memres_core::binning::BinningResource;
 use memres_core::fixed::{FixedConfig, FixedSizeResource};
 use memres_core::pool::CoalescingPool;
+use memres_core::stack::StackErrorKind;
 use memres_core::stream_ordered::StreamOrdered;
 use memres_core::vpool::{VirtualConfig, VirtualPool};
 use memres_core::{Block, Error, MemoryResource, Request, Shared};
-use memres_host::{HostMemory, SimAddressSpace, SimDevice, SimStream, SimWorld};
+use memres_host::{HostMemory, Logging, SimAddressSpace, SimDevice, SimStream, SimWorld, StackBuilder};
 use std::sync::Arc;
 
 /// A resource under test, with its figure of bytes in use and its checker.
@@ -496,4 +497,81 @@ fn upstream_failure_while_growing_everywhere() {
         x.res.deallocate(a, s).unwrap();
         x.usable(0, s);
     }
+}
+
+#[test]
+fn failure_callback_that_always_retries_gives_up_and_stays_usable() {
+    let dev = Arc::new(SimDevice::new(4 << 20));
+    let calls = std::sync::atomic::AtomicU64::new(0);
+    let r = FailureCallback::new(dev.clone(), &calls, |_, calls: &&std::sync::atomic::AtomicU64| {
+        calls.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        true // "try again", forever
+    });
+    let a = r.allocate(Request::new(3 << 20).unwrap(), &()).unwrap();
+    let e = r.allocate(Request::new(2 << 20).unwrap(), &()).unwrap_err();
+    assert!(matches!(e, Error::OutOfMemory { requested, .. } if requested == 2 << 20), "{e:?}");
+    // The first attempt and each of the bounded retries.
+    assert_eq!(calls.load(std::sync::atomic::Ordering::Relaxed), u64::from(r.max_retries()) + 1);
+    assert_eq!(dev.held_bytes(), 3 << 20);
+    let b = r.allocate(Request::new(1 << 20).unwrap(), &()).unwrap();
+    r.deallocate(a, &()).unwrap();
+    r.deallocate(b, &()).unwrap();
+    assert_eq!(dev.held_bytes(), 0);
+}
+
+#[test]
+fn aligned_adaptor_refuses_an_impossible_alignment() {
+    let dev = Arc::new(SimDevice::new(1 << 30));
+    for align in [0, 3000, Request::MAX_ALIGN * 2] {
+        assert_eq!(Aligned::new(dev.clone(), align, 0).unwrap_err(), Error::InvalidAlignment { align });
+    }
+    let a = Aligned::new(dev.clone(), 1 << 20, 4096).unwrap();
+    let b = a.allocate(Request::new(8192).unwrap(), &()).unwrap();
+    assert_eq!(b.addr() % (1 << 20), 0);
+    a.deallocate(b, &()).unwrap();
+    assert_eq!(dev.held_bytes(), 0);
+}
+
+#[test]
+fn statistics_counters_popped_unevenly_change_nothing() {
+    let dev = Arc::new(SimDevice::new(1 << 30));
+    let s = Statistics::new(dev.clone());
+    let a = s.allocate(Request::new(1000).unwrap(), &()).unwrap();
+    let before = (s.bytes(), s.allocations(), s.depth());
+    assert!(matches!(s.pop_counters(), Err(Error::InvalidConfig { .. })));
+    assert_eq!((s.bytes(), s.allocations(), s.depth()), before);
+    s.push_counters();
+    s.pop_counters().unwrap();
+    assert!(matches!(s.pop_counters(), Err(Error::InvalidConfig { .. })));
+    assert_eq!((s.bytes(), s.allocations(), s.depth()), before);
+    s.deallocate(a, &()).unwrap();
+    assert_eq!((s.bytes().value, dev.held_bytes()), (0, 0));
+}
+
+#[test]
+fn malformed_stack_string_builds_nothing() {
+    let builder = StackBuilder::<()>::new();
+    let build_err = |text: &str| builder.build(text, &()).err().expect("a malformed stack");
+    let e = build_err("stats(pool(sim)");
+    assert_eq!((e.pos, e.kind), (15, StackErrorKind::Expected("`,` or `)`")));
+    let e = build_err("pool(sim, initial=1000)");
+    assert!(matches!(e.kind, StackErrorKind::Resource(Error::InvalidConfig { .. })), "{e}");
+    let e = build_err("stats(pool(sim, colour=red))");
+    assert_eq!((e.pos, e.kind), (16, StackErrorKind::UnknownKey("colour".into())));
+    // The builder still builds.
+    let r = builder.build("stats(pool(sim))", &()).unwrap();
+    let b = r.allocate(Request::new(1000).unwrap(), &()).unwrap();
+    r.deallocate(b, &()).unwrap();
+}
+
+#[test]
+fn log_file_that_cannot_be_opened_is_an_error_at_construction() {
+    let dev = Arc::new(SimDevice::new(1 << 30));
+    let e = Logging::to_file(dev.clone(), "/nonexistent-dir/memres/log.csv").unwrap_err();
+    assert_eq!(e.kind(), std::io::ErrorKind::NotFound);
+    // Nothing was taken from the upstream, which still serves.
+    assert_eq!(dev.held_bytes(), 0);
+    let b = dev.allocate(Request::new(1000).unwrap(), &()).unwrap();
+    dev.deallocate(b, &()).unwrap();
+    assert_eq!(dev.held_bytes(), 0);
 }
