@@ -2,6 +2,10 @@
 //! arena. Run with
 //! `RUSTFLAGS="--cfg loom" cargo test -p memres-core --release --test arena_loom`.
 //!
+//! The tests' names start with `loom` so that one filter picks them and the
+//! library's loom tests in a single run:
+//! `RUSTFLAGS="--cfg loom" cargo test -p memres-core --features std --release --lib --test arena_loom loom`.
+//!
 //! Preemption bound: 3 (about 3 s in release; unbounded, the spin locks
 //! and the growth path make too many interleavings).
 #![cfg(loom)]
@@ -59,7 +63,7 @@ fn spawn<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> loom::thr
 /// clean out of memory, the invariants hold, and once the other stream is
 /// done the large block can be had.
 #[test]
-fn superblocks_return_to_the_global_arena_under_contention() {
+fn loom_superblocks_return_to_the_global_arena_under_contention() {
     model(|| {
         let config = ArenaConfig::new()
             .superblock_size(1 << 20)
@@ -103,7 +107,7 @@ fn superblocks_return_to_the_global_arena_under_contention() {
 /// thread goes back to its own arena, concurrently with that arena's own
 /// allocations.
 #[test]
-fn cross_thread_free_into_a_busy_arena() {
+fn loom_cross_thread_free_into_a_busy_arena() {
     model(|| {
         let config = ArenaConfig::new().superblock_size(1 << 20).chunk_size(1 << 20).max_arenas(2);
         let arena = Arc::new(ArenaResource::with_config(BumpUpstream::new(1 << 30), config, &()).unwrap());
