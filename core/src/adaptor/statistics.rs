@@ -156,6 +156,8 @@ struct Level {
 /// # Examples
 ///
 /// ```
+/// # #[cfg(not(feature = "alloc"))] fn main() {}
+/// # #[cfg(feature = "alloc")] fn main() -> Result<(), memres_core::Error> {
 /// use memres_core::adaptor::Statistics;
 /// use memres_core::{MemoryResource, Request};
 /// # use memres_core::testing::BumpUpstream;
@@ -171,7 +173,8 @@ struct Level {
 /// stats.deallocate(b, &())?;
 /// assert_eq!(stats.bytes().peak, 1024);
 /// assert_eq!(stats.allocations().total, 2);
-/// # Ok::<(), memres_core::Error>(())
+/// # Ok(())
+/// # }
 /// ```
 #[derive(Debug)]
 pub struct Statistics<R> {
