@@ -165,7 +165,7 @@ fn resource_error(call: &Call, e: memres_core::Error) -> StackError {
 /// | `async` | `initial=`, `release_threshold=` | [`CudaAsyncMemory`] on its own pool (`Counted<CudaAsyncMemory>`) |
 /// | `cuda` | none | [`CudaMemory`] (`Counted<CudaMemory>`) |
 /// | `managed` | none | [`ManagedMemory`] (`Counted<ManagedMemory>`) |
-/// | `vmm` | `reserve=`, `keep=`, `granules=` | a [`VirtualPool`](memres_core::vpool::VirtualPool) over [`CudaVirtualSpace`](memres_cuda::CudaVirtualSpace) ([`VmmPool`](crate::vmm::VmmPool)), counted by the bytes it maps (see [`crate::vmm`]) |
+/// | `vmm` | `reserve=`, `keep=`, `granules=`, `trim_on_commit=` | a [`VirtualPool`](memres_core::vpool::VirtualPool) over [`CudaVirtualSpace`](memres_cuda::CudaVirtualSpace) ([`VmmPool`](crate::vmm::VmmPool)), counted by the bytes it maps (see [`crate::vmm`]) |
 ///
 /// # Examples
 ///

@@ -42,6 +42,7 @@ fn configure_checks_the_stack_and_reports_errors() {
         "log(track(managed), file=/nonexistent/dir/never-opened.csv)",
         "align(async, alignment=4096)",
         "stats(vmm(reserve=64GiB, keep=256MiB, granules=32))",
+        "stats(vmm(keep=1TiB, trim_on_commit=false))",
     ] {
         assert_eq!(configure(good), 0, "{good}: {}", last_error());
         assert_eq!(stack_of(0), good);

@@ -10,7 +10,12 @@ fn config(text: &str) -> std::result::Result<VmmConfig, StackError> {
 
 #[test]
 fn options_are_read_with_their_defaults() {
-    assert_eq!(config("vmm").unwrap(), VmmConfig { reserve: None, keep: 256 << 20, granules: 32 });
+    assert_eq!(
+        config("vmm").unwrap(),
+        VmmConfig { reserve: None, keep: 256 << 20, granules: 32, trim_on_commit: true }
+    );
+    assert!(!config("vmm(trim_on_commit=false)").unwrap().trim_on_commit);
+    assert!(config("vmm(trim_on_commit=true)").unwrap().trim_on_commit);
     assert_eq!(config("vmm(reserve=64GiB)").unwrap().reserve, Some(64 << 30));
     assert_eq!(config("vmm(keep=0)").unwrap().keep, 0);
     assert_eq!(config("vmm(keep=64GiB)").unwrap().keep, 64 << 30);
@@ -32,6 +37,9 @@ fn bad_options_are_refused_at_their_position() {
     let e = config("vmm(reserve=0)").unwrap_err();
     assert_eq!(e.pos, 12);
     assert!(matches!(&e.kind, StackErrorKind::BadValue(m) if m.contains("reserve=0")), "{e}");
+    let e = config("vmm(trim_on_commit=no)").unwrap_err();
+    assert_eq!(e.pos, 19);
+    assert!(matches!(&e.kind, StackErrorKind::BadValue(m) if m.contains("true or false")), "{e}");
     for bad in ["0", "65", "-1", "many", "1.5"] {
         let text = format!("vmm(granules={bad})");
         let e = config(&text).unwrap_err();
@@ -50,6 +58,8 @@ fn the_reservation_defaults_to_twice_the_device() {
     let c = config("vmm(reserve=1GiB, keep=1MiB)").unwrap().virtual_config(80 << 30);
     assert_eq!((c.reserve_size(), c.keep_bytes()), (1 << 30, 1 << 20));
     assert!(c.trims_on_commit(), "kept memory never raises the peak");
+    let c = config("vmm(trim_on_commit=false)").unwrap().virtual_config(1 << 30);
+    assert!(!c.trims_on_commit());
 }
 
 fn counted(counter: &Arc<UpstreamCounter>) -> CountedSpace<CountingSpace> {
