@@ -26,6 +26,12 @@
 //! it is a fault on unmapped memory. A pluggable allocator never sees
 //! PyTorch's `record_stream`, so programs that share tensors between streams
 //! must synchronize before they drop them, whatever the stack.
+//!
+//! A decommit that unmaps holds the pool's lock while it waits for the
+//! stream, so other threads' calls wait too; with `keep=` above the
+//! device's memory and `trim_on_commit=false` the pool unmaps nothing
+//! unless the device runs out of memory (then it gives its idle granules
+//! back, ordered on the allocating stream, and retries once).
 
 use crate::leaves::UpstreamCounter;
 use memres_core::lock::StdLock;
