@@ -10,6 +10,13 @@
 # out-dir (default /tmp/memres-gpu-check) receives each check's log, the
 # JSON results and the RMM-format trace of the logged PyTorch run
 # (torch.csv). Exit status 0 when every check passed.
+#
+# The training check runs PyTorch on each memres stack of $TRAIN_STACKS
+# (separated by `;`), each against the same two native runs, and prints one
+# SUMMARY line per stack. By default: the C library's default stack, and
+# the virtual-memory pool keeping all the memory it has mapped (keep= above
+# the device's memory and no trimming before a commit, so that steps after
+# the first map and unmap nothing: see the `vmm` leaf's options).
 set -u
 if [ $# -lt 1 ] || [ ! -f "$1" ]; then
   echo "usage: $0 path/to/libmemres.so [out-dir]" >&2
@@ -19,6 +26,7 @@ so=$(realpath "$1")
 out=$(realpath -m "${2:-/tmp/memres-gpu-check}")
 here=$(dirname "$(realpath "$0")")
 py=${PYTHON:-python3}
+train_stacks=${TRAIN_STACKS:-"stats(pool(async));stats(vmm(keep=1TiB, trim_on_commit=false))"}
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1
 
@@ -46,7 +54,10 @@ check() {
 
 check pytorch_example "$py" "$here/pytorch_memres.py" "$so"
 check cupy_example "$py" "$here/cupy_memres.py" "$so"
-check train_check "$py" "$here/train_check.py" --so "$so" --log "$out/torch.csv" --json "$out/train_check.json"
+stack_args=()
+IFS=';' read -ra stacks <<<"$train_stacks"
+for s in "${stacks[@]}"; do stack_args+=(--stack "$s"); done
+check train_check "$py" "$here/train_check.py" --so "$so" "${stack_args[@]}" --log "$out/torch.csv" --json "$out/train_check.json"
 check cupy_check "$py" "$here/cupy_check.py" --so "$so" --json "$out/cupy_check.json"
 
 echo

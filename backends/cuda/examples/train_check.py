@@ -2,24 +2,26 @@
 
 Driver (runs each worker in a process of its own and compares):
 
-    python3 train_check.py --so path/to/libmemres.so [--log /tmp/torch.csv] [--json out.json]
+    python3 train_check.py --so path/to/libmemres.so [--stack STACK]... [--log /tmp/torch.csv] [--json out.json]
 
 It runs a small transformer (TransformerEncoder, bf16 autocast) for 50
 steps on random data with a fixed seed: twice on PyTorch's native caching
-allocator (to see that the run is deterministic at all), once on memres
-with the stack `pool(async)`, and, with --log, once more on memres with
-MEMRES_STACK='log(pool(async), file=PATH)' so the run is recorded as an
-RMM-format trace, which it then checks (every free matches a live
-allocation of the same size). It prints per-step losses, the median step
-time and the peak memory held from the device of each run, and compares:
-losses identical, step time ratio, peak ratio (memres's bytes held from the
-device at peak / torch.cuda.max_memory_reserved()). Exit status 0 when
-every check passes.
+allocator (to see that the run is deterministic at all), then once on
+memres per stack to test (`--stack`, repeatable; else the stacks in
+$MEMRES_TRAIN_STACKS, separated by `;`; else `stats(pool(async))`), and,
+with --log, once more on memres with MEMRES_STACK='log(STACK, file=PATH)'
+(the first stack) so the run is recorded as an RMM-format trace, which it
+then checks (every free matches a live allocation of the same size). It
+prints per-step losses, the median step time and the peak memory held from
+the device of each run, and compares, per stack: losses identical, step
+time ratio, peak ratio (memres's bytes held from the device at peak /
+torch.cuda.max_memory_reserved()). One line `SUMMARY train_check [STACK]:
+...` per stack. Exit status 0 when every check passes.
 
 Worker (one run, prints one line `RESULT {json}`):
 
     python3 train_check.py --worker native
-    python3 train_check.py --worker memres --so path/to/libmemres.so [--stack 'pool(async)']
+    python3 train_check.py --worker memres --so path/to/libmemres.so [--stack 'stats(pool(async))']
 """
 
 import argparse
@@ -36,7 +38,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 SEED = 1234
-MEMRES_STACK = "pool(async)"
+MEMRES_STACK = "stats(pool(async))"
+STACKS_VAR = "MEMRES_TRAIN_STACKS"
 
 
 def worker(args):
@@ -46,7 +49,7 @@ def worker(args):
 
         lib = Memres(args.so)
         if args.stack:
-            lib.configure(args.stack)
+            lib.configure(args.stack[-1])
     import torch
     import torch.nn.functional as F
 
@@ -180,11 +183,15 @@ def driver(args):
               "--batch", str(args.batch), "--seq", str(args.seq)]
     native = run_worker("native", ["--worker", "native"] + common)
     native2 = run_worker("native (again)", ["--worker", "native"] + common)
-    memres = run_worker("memres", ["--worker", "memres", "--so", args.so, "--stack", args.stack] + common)
-    runs = {"native": native, "native_again": native2, "memres": memres}
+    runs = {"native": native, "native_again": native2}
+    memres_runs = []
+    for i, stack in enumerate(args.stack):
+        r = run_worker(f"memres {stack}", ["--worker", "memres", "--so", args.so, "--stack", stack] + common)
+        memres_runs.append(r)
+        runs[f"memres{i}"] = r
     logged = trace = None
     if args.log:
-        env = dict(os.environ, MEMRES_STACK=f"log({args.stack}, file={args.log})")
+        env = dict(os.environ, MEMRES_STACK=f"log({args.stack[0]}, file={args.log})")
         logged = run_worker("memres, logged", ["--worker", "memres", "--so", args.so] + common, env=env)
         runs["memres_logged"] = logged
         trace = check_trace(args.log)
@@ -196,32 +203,39 @@ def driver(args):
         return max(abs(x - y) for x, y in zip(a["losses"], b["losses"]))
 
     deterministic = native["losses"] == native2["losses"]
-    identical = memres["losses"] == native["losses"]
+    per_stack = []
+    for memres in memres_runs:
+        per_stack.append({
+            "memres_stack": memres["stack"],
+            "losses_identical": memres["losses"] == native["losses"],
+            "max_loss_diff": max_diff(memres, native),
+            "step_ms_memres": memres["step_ms_median"],
+            "step_time_ratio": memres["step_ms_median"] / native["step_ms_median"],
+            "peak_memres_held": memres["peak_reserved"],
+            "peak_memres_driver_reserved": memres["memres"]["reserved_peak"],
+            "peak_memres_live": memres["memres"]["bytes_peak"] if memres["memres"]["has_stats"] else None,
+            "peak_ratio": memres["peak_reserved"] / native["peak_reserved"],
+        })
     summary = {
         "gpu": native["gpu"],
         "torch": native["torch"],
         "steps": args.steps,
         "native_deterministic": deterministic,
-        "losses_identical": identical,
-        "max_loss_diff": max_diff(memres, native),
         "native_repeat_max_loss_diff": max_diff(native2, native),
         "step_ms_native": native["step_ms_median"],
         "step_ms_native_again": native2["step_ms_median"],
-        "step_ms_memres": memres["step_ms_median"],
-        "step_time_ratio": memres["step_ms_median"] / native["step_ms_median"],
         "peak_native_reserved": native["peak_reserved"],
         "peak_native_allocated": native["peak_allocated"],
-        "peak_memres_held": memres["peak_reserved"],
-        "peak_memres_driver_reserved": memres["memres"]["reserved_peak"],
-        "peak_ratio": memres["peak_reserved"] / native["peak_reserved"],
-        "memres_stack": memres["stack"],
+        "stacks": per_stack,
+        # The first stack's figures at the top level, as before.
+        **per_stack[0],
     }
     if logged is not None:
         summary["logged_losses_identical"] = logged["losses"] == native["losses"]
         summary["logged_stack"] = logged["stack"]
         summary["step_ms_memres_logged"] = logged["step_ms_median"]
         summary["trace"] = trace
-    ok = (identical or not deterministic) and (trace is None or trace["ok"])
+    ok = (all(p["losses_identical"] for p in per_stack) or not deterministic) and (trace is None or trace["ok"])
     if logged is not None and deterministic:
         ok = ok and summary["logged_losses_identical"]
     summary["ok"] = ok
@@ -230,14 +244,15 @@ def driver(args):
         with open(args.json, "w") as f:
             json.dump({"summary": summary, "runs": runs}, f, indent=1)
     mib = 1 << 20
-    print(
-        f"SUMMARY train_check: losses {'identical' if identical else 'DIFFER'} "
-        f"(native repeat {'identical' if deterministic else 'differs: not deterministic'}); "
-        f"step {summary['step_ms_memres']:.2f} ms memres vs {summary['step_ms_native']:.2f} ms native "
-        f"(x{summary['step_time_ratio']:.3f}); peak held {summary['peak_memres_held'] / mib:.0f} MiB memres vs "
-        f"{summary['peak_native_reserved'] / mib:.0f} MiB native reserved (x{summary['peak_ratio']:.3f})"
-        + (f"; trace {trace['rows']} rows, {'ok' if trace['ok'] else 'BAD'}" if trace else "")
-    )
+    for i, p in enumerate(per_stack):
+        print(
+            f"SUMMARY train_check [{p['memres_stack']}]: losses {'identical' if p['losses_identical'] else 'DIFFER'} "
+            f"(native repeat {'identical' if deterministic else 'differs: not deterministic'}); "
+            f"step {p['step_ms_memres']:.2f} ms memres vs {summary['step_ms_native']:.2f} ms native "
+            f"(x{p['step_time_ratio']:.3f}); peak held {p['peak_memres_held'] / mib:.0f} MiB memres vs "
+            f"{summary['peak_native_reserved'] / mib:.0f} MiB native reserved (x{p['peak_ratio']:.3f})"
+            + (f"; trace {trace['rows']} rows, {'ok' if trace['ok'] else 'BAD'}" if trace and i == 0 else "")
+        )
     if not deterministic:
         print("SUMMARY train_check: the native run is not deterministic; loss equality is not checked")
     return 0 if ok else 1
@@ -247,7 +262,9 @@ def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--worker", choices=["native", "memres"], help="run one configuration and print RESULT")
     p.add_argument("--so", help="path of libmemres.so")
-    p.add_argument("--stack", default=None, help=f"memres stack (driver default: {MEMRES_STACK})")
+    p.add_argument("--stack", action="append", default=None,
+                   help=f"memres stack to test, repeatable (driver default: ${STACKS_VAR} split at `;`, "
+                        f"else {MEMRES_STACK}); a worker runs the last")
     p.add_argument("--log", help="also run with MEMRES_STACK='log(STACK, file=LOG)' and check the trace")
     p.add_argument("--json", help="write the summary and every run here")
     p.add_argument("--steps", type=int, default=50)
@@ -262,7 +279,9 @@ def main():
         return worker(args)
     if not args.so:
         p.error("--so is needed")
-    args.stack = args.stack or MEMRES_STACK
+    if not args.stack:
+        from_env = [x.strip() for x in os.environ.get(STACKS_VAR, "").split(";") if x.strip()]
+        args.stack = from_env or [MEMRES_STACK]
     return driver(args)
 
 

@@ -17,7 +17,12 @@
  *   log(pool(async), file=/tmp/trace.csv)
  *
  * Leaves: async (stream-ordered, on a driver pool of its own; initial=,
- * release_threshold=), cuda (cuMemAlloc), managed (cuMemAllocManaged).
+ * release_threshold=), cuda (cuMemAlloc), managed (cuMemAllocManaged),
+ * vmm (a pool over one reserved address range that maps memory where live
+ * blocks are, through cuMemCreate/cuMemMap; reserve=, keep=, granules=,
+ * trim_on_commit=; it unmaps only after synchronizing the stream of the
+ * call, which is safe when the program frees a block only once every
+ * stream that used it is done, as with every pool here).
  * Adaptors and algorithms: pool, stats, track, limit, align, log.
  *
  * No function aborts or lets an exception through; failures are return
@@ -42,7 +47,7 @@ typedef struct memres_stats_t {
     int64_t count_current;    /* live allocations, per stats */
     int64_t count_peak;       /* most live allocations at once, per stats */
     int64_t count_total;      /* allocations ever made, per stats */
-    int64_t upstream_current; /* held from the device by the CUDA leaves now */
+    int64_t upstream_current; /* held from the device by the CUDA leaves now (vmm: mapped) */
     int64_t upstream_peak;    /* most held from the device at once */
     int64_t upstream_total;   /* ever taken from the device */
     int64_t reserved_current; /* reserved by the driver pools of async leaves now */

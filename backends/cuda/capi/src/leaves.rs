@@ -1,6 +1,7 @@
-//! The CUDA resources as names of a [`StackBuilder`]: `async`, `cuda` and
-//! `managed`, each counted on the way to the device.
+//! The CUDA resources as names of a [`StackBuilder`]: `async`, `cuda`,
+//! `managed` and `vmm`, each counted on the way to the device.
 
+use crate::vmm::vmm_config;
 use memres_core::stack::{Call, StackError, StackErrorKind};
 use memres_core::{Block, DynResource, MemoryResource, Request, Result};
 use memres_cuda::{AsyncConfig, CudaAsyncMemory, CudaMemory, CudaStream, Device, ManagedMemory};
@@ -164,6 +165,7 @@ fn resource_error(call: &Call, e: memres_core::Error) -> StackError {
 /// | `async` | `initial=`, `release_threshold=` | [`CudaAsyncMemory`] on its own pool (`Counted<CudaAsyncMemory>`) |
 /// | `cuda` | none | [`CudaMemory`] (`Counted<CudaMemory>`) |
 /// | `managed` | none | [`ManagedMemory`] (`Counted<ManagedMemory>`) |
+/// | `vmm` | `reserve=`, `keep=`, `granules=`, `trim_on_commit=` | a [`VirtualPool`](memres_core::vpool::VirtualPool) over [`CudaVirtualSpace`](memres_cuda::CudaVirtualSpace) ([`VmmPool`](crate::vmm::VmmPool)), counted by the bytes it maps (see [`crate::vmm`]) |
 ///
 /// # Examples
 ///
@@ -192,10 +194,15 @@ pub fn register_cuda(builder: &mut StackBuilder<CudaStream>, device: Device, cou
         let mr = CudaMemory::new(device).map_err(|e| resource_error(call, e))?;
         Ok(cx.keep(call, Counted::new(mr, c.clone())))
     });
+    let c = counter.clone();
     builder.register("managed", move |call, cx| {
         call.expect_args(0, &[])?;
         let mr = ManagedMemory::new(device).map_err(|e| resource_error(call, e))?;
-        Ok(cx.keep(call, Counted::new(mr, counter.clone())))
+        Ok(cx.keep(call, Counted::new(mr, c.clone())))
+    });
+    builder.register("vmm", move |call, cx| {
+        let pool = vmm_config(call)?.build(device, counter.clone()).map_err(|e| resource_error(call, e))?;
+        Ok(cx.keep(call, pool))
     });
 }
 
@@ -226,6 +233,10 @@ pub fn checking_builder() -> StackBuilder<CudaStream> {
             Ok(cx.keep(call, SimDevice::new(CAPACITY)))
         });
     }
+    b.register("vmm", |call, cx| {
+        vmm_config(call)?;
+        Ok(cx.keep(call, SimDevice::new(CAPACITY)))
+    });
     b.register("log", |call, cx| {
         call.expect_args(1, &["file"])?;
         let file = call.keyed("file").ok_or_else(|| call.error(StackErrorKind::MissingArg("file=")))?;

@@ -21,10 +21,10 @@
 //! used, from the stack description (`stats(pool(async, initial=1GiB))`,
 //! see [`memres_host::StackBuilder`]) set by `memres_configure`, else the
 //! environment variable `MEMRES_STACK` as it is then, else
-//! [`DEFAULT_STACK`]. The CUDA leaves are `async`, `cuda` and `managed`
-//! ([`leaves::register_cuda`]); every leaf counts the bytes it holds, so
-//! `memres_stats` reports the bytes held from the device whatever the
-//! stack.
+//! [`DEFAULT_STACK`]. The CUDA leaves are `async`, `cuda`, `managed` and
+//! `vmm` ([`leaves::register_cuda`]); every leaf counts the bytes it holds
+//! (`vmm`: the bytes it has mapped, see [`vmm`]), so `memres_stats` reports
+//! the bytes held from the device whatever the stack.
 //!
 //! The built resource is also set as the device's resource in
 //! [`memres_core::device`]'s registry, so Rust code in the same process
@@ -58,6 +58,9 @@
 //! stream that used it is done with it. A pluggable allocator never sees
 //! PyTorch's `record_stream`, so a program that shares tensors between
 //! streams needs the latter.
+//! `vmm` also gives memory back to the device: it unmaps only after
+//! synchronizing the stream of the call in progress, which makes that safe
+//! under the same condition (see [`vmm`]'s *Streams*).
 //!
 //! # Errors
 //!
@@ -92,6 +95,7 @@
 
 pub mod leaves;
 pub mod table;
+pub mod vmm;
 
 use leaves::{checking_builder, register_cuda, Counted, UpstreamCounter};
 use memres_core::adaptor::Statistics;

@@ -41,6 +41,8 @@ fn configure_checks_the_stack_and_reports_errors() {
         "limit(stats(pool(cuda, max=2GiB, growth=double)), 1GiB)",
         "log(track(managed), file=/nonexistent/dir/never-opened.csv)",
         "align(async, alignment=4096)",
+        "stats(vmm(reserve=64GiB, keep=256MiB, granules=32))",
+        "stats(vmm(keep=1TiB, trim_on_commit=false))",
     ] {
         assert_eq!(configure(good), 0, "{good}: {}", last_error());
         assert_eq!(stack_of(0), good);
@@ -58,6 +60,8 @@ fn configure_checks_the_stack_and_reports_errors() {
         ("log(async)", "missing argument: file="),
         ("pool(async, growth=fast)", "growth `fast`"),
         ("", "empty name"),
+        ("stats(vmm(granules=99))", "granules `99`"),
+        ("vmm(reserve=0)", "reserve=0"),
     ] {
         assert_eq!(configure(bad), -1, "{bad}");
         let e = last_error();

@@ -2,6 +2,7 @@
 //! driver's error at the leaf's position without one.
 
 use memres::leaves::{register_cuda, Counted, UpstreamCounter};
+use memres::vmm::VmmPool;
 use memres_core::stack::StackErrorKind;
 use memres_core::{MemoryResource, Request};
 use memres_cuda::{CudaAsyncMemory, CudaStream, Device};
@@ -10,29 +11,26 @@ use std::sync::Arc;
 
 #[test]
 fn every_leaf_builds_serves_and_counts() {
-    let Some(device) = (match Device::count() {
-        Ok(n) if n > 0 => Some(Device::get(0).unwrap()),
-        _ => None,
-    }) else {
-        let required = std::env::var("MEMRES_REQUIRE_GPU").is_ok_and(|v| !v.is_empty() && v != "0");
-        assert!(!required, "no GPU and MEMRES_REQUIRE_GPU is set");
-        // Without a device there is nothing to register the leaves for;
-        // the driver's refusal is what `memres_alloc` reports (see alloc.rs).
-        assert!(Device::get(0).is_err());
-        eprintln!("SKIPPED every_leaf_builds_serves_and_counts: no GPU; nothing was tested");
-        return;
-    };
+    // Without a device there is nothing to register the leaves for; the
+    // driver's refusal is what `memres_alloc` reports (see alloc.rs).
+    let Some(device) = gpu("every_leaf_builds_serves_and_counts") else { return };
     let counter = Arc::new(UpstreamCounter::default());
     let mut b = StackBuilder::<CudaStream>::new();
     register_cuda(&mut b, device, counter.clone());
     let names: Vec<&str> = b.names().collect();
-    for n in ["async", "cuda", "managed", "pool", "stats", "log"] {
+    for n in ["async", "cuda", "managed", "vmm", "pool", "stats", "log"] {
         assert!(names.contains(&n), "{names:?}");
     }
     let stream = CudaStream::new(device).unwrap();
-    for text in
-        ["async(initial=1MiB, release_threshold=0)", "cuda", "managed", "pool(cuda)", "stats(pool(async))"]
-    {
+    for text in [
+        "async(initial=1MiB, release_threshold=0)",
+        "cuda",
+        "managed",
+        "vmm(reserve=1GiB, keep=0)",
+        "pool(cuda)",
+        "stats(pool(async))",
+        "stats(vmm)",
+    ] {
         let built = b.build_with_handles(text, &stream).unwrap_or_else(|e| panic!("{text}: {e}"));
         let before = counter.current();
         let blk = built.resource.allocate(Request::new(3000).unwrap(), &stream).unwrap();
@@ -40,6 +38,7 @@ fn every_leaf_builds_serves_and_counts() {
         built.resource.deallocate(blk, &stream).unwrap();
         memres_core::Stream::synchronize(&stream).unwrap();
         if !text.starts_with("pool") && !text.starts_with("stats") {
+            // (`vmm` with keep=0 unmaps the granule of the block at once.)
             assert_eq!(counter.current(), before, "{text}: uncounted");
         }
     }
@@ -49,6 +48,53 @@ fn every_leaf_builds_serves_and_counts() {
 
     let e = b.build("pool(async(bogus=1))", &stream).err().unwrap();
     assert_eq!((e.pos, e.kind), (11, StackErrorKind::UnknownKey("bogus".into())));
+}
+
+/// `vmm` counts what it maps: the counter is the space's mapped bytes after
+/// every call, retained granules of a partly freed handle included.
+#[test]
+fn vmm_counts_its_mapped_bytes() {
+    let Some(device) = gpu("vmm_counts_its_mapped_bytes") else { return };
+    let counter = Arc::new(UpstreamCounter::default());
+    let mut b = StackBuilder::<CudaStream>::new();
+    register_cuda(&mut b, device, counter.clone());
+    let stream = CudaStream::new(device).unwrap();
+    let built = b.build_with_handles("vmm(reserve=4GiB, keep=0, granules=4)", &stream).unwrap();
+    let pool = built.get::<VmmPool>("vmm").expect("typed handle");
+    let mapped = || pool.with(|p| p.space().inner().mapped_bytes());
+    let granule = pool.with(|p| p.granule());
+    assert_eq!(pool.with(|p| p.reserved_bytes()), 4 << 30);
+    assert_eq!(counter.current(), 0);
+    // Three granules in one handle, then a block of its own after them.
+    let a = built.resource.allocate(Request::new(3 * granule).unwrap(), &stream).unwrap();
+    let c = built.resource.allocate(Request::new(granule).unwrap(), &stream).unwrap();
+    assert_eq!((counter.current(), mapped()), (4 * granule, 4 * granule));
+    // Freeing `a` decommits its granules, but the handle stays mapped for `c`.
+    built.resource.deallocate(a, &stream).unwrap();
+    assert_eq!(pool.with(|p| p.committed_bytes()), granule);
+    assert_eq!(counter.current(), mapped());
+    built.resource.deallocate(c, &stream).unwrap();
+    assert_eq!((counter.current(), mapped(), counter.peak()), (0, 0, 4 * granule));
+    assert_eq!(counter.peak(), pool.with(|p| p.space().inner().peak_mapped_bytes()));
+
+    let e = b.build("vmm(granules=0)", &stream).err().unwrap();
+    assert_eq!(e.pos, 13);
+    drop(built);
+    assert_eq!(counter.current(), 0);
+}
+
+/// The device, or `None` after saying the test is skipped.
+fn gpu(name: &str) -> Option<Device> {
+    match Device::count() {
+        Ok(n) if n > 0 => Some(Device::get(0).unwrap()),
+        _ => {
+            let required = std::env::var("MEMRES_REQUIRE_GPU").is_ok_and(|v| !v.is_empty() && v != "0");
+            assert!(!required, "no GPU and MEMRES_REQUIRE_GPU is set");
+            assert!(Device::get(0).is_err());
+            eprintln!("SKIPPED {name}: no GPU; nothing was tested");
+            None
+        }
+    }
 }
 
 #[test]
@@ -64,4 +110,9 @@ fn the_checking_builder_refuses_what_the_real_one_would() {
     // Sizes the simulated stand-in could never hold are still accepted:
     // only the device knows its memory.
     assert!(b.build("pool(async(initial=64GiB), initial=60GiB, max=1TiB)", &s).is_ok());
+    assert!(b.build("stats(vmm(reserve=1TiB, keep=64GiB, granules=1, trim_on_commit=false))", &s).is_ok());
+    let e = b.build("stats(vmm(granules=65))", &s).err().unwrap();
+    assert_eq!(e.pos, 19);
+    let e = b.build("pool(vmm(1GiB))", &s).err().unwrap();
+    assert_eq!((e.pos, e.kind), (9, StackErrorKind::ExtraArg));
 }
