@@ -11,10 +11,13 @@
 
 use flate2::read::GzDecoder;
 use memres_core::vpool::{VirtualConfig, VirtualPool};
-use memres_core::{Block, MemoryResourceMut, Request};
+use memres_core::vmem::ReservableSpace;
+use memres_core::{Block, MemoryResourceMut, Range, Request, Stream};
 use memres_host::SimAddressSpace;
+use std::cell::Cell;
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader};
+use std::time::Instant;
 
 const MIB: u64 = 1 << 20;
 
@@ -62,36 +65,98 @@ fn decode(path: &str) -> std::io::Result<(Vec<Op>, usize, usize)> {
     Ok((ops, ids, skipped))
 }
 
-struct Outcome {
-    peak_live: u64,
-    peak_committed: u64,
-    commits: u64,
-    decommits: u64,
+/// Counts the calls a pool makes, and the physical handles a CUDA space
+/// would map for them (one per run of at most `HANDLE_GRANULES` granules).
+struct Counted<'a> {
+    space: &'a SimAddressSpace,
+    commits: Cell<u64>,
+    handles: Cell<u64>,
+    decommits: Cell<u64>,
 }
 
-fn replay(ops: &[Op], ids: usize, config: VirtualConfig) -> memres_core::Result<Outcome> {
-    let space = SimAddressSpace::new(80 << 30, 2 * MIB);
+/// The CUDA space's default handle size, in granules.
+const HANDLE_GRANULES: u64 = 32;
+
+impl ReservableSpace for Counted<'_> {
+    fn granule(&self) -> u64 {
+        self.space.granule()
+    }
+    fn reserve(&self, len: u64) -> memres_core::Result<Range> {
+        self.space.reserve(len)
+    }
+    fn release(&self, range: Range) -> memres_core::Result<()> {
+        self.space.release(range)
+    }
+    fn commit(&self, range: Range) -> memres_core::Result<()> {
+        self.space.commit(range)?;
+        self.commits.set(self.commits.get() + 1);
+        let granules = range.len() / self.space.granule();
+        self.handles.set(self.handles.get() + granules.div_ceil(HANDLE_GRANULES));
+        Ok(())
+    }
+    fn decommit<S: Stream + ?Sized>(&self, range: Range, stream: &S) -> memres_core::Result<()> {
+        self.space.decommit(range, stream)?;
+        self.decommits.set(self.decommits.get() + 1);
+        Ok(())
+    }
+}
+
+struct Pass {
+    commits: u64,
+    handles: u64,
+    decommits: u64,
+    ns_per_op: f64,
+}
+
+struct Outcome {
+    peak_live: u64,
+    peak_busy: u64,
+    peak_committed: u64,
+    passes: Vec<Pass>,
+}
+
+/// Replays `ops` `passes` times on one pool; per pass, the calls it made
+/// to the space and the pool's time per operation.
+fn replay(ops: &[Op], ids: usize, config: VirtualConfig, passes: usize) -> memres_core::Result<Outcome> {
+    let sim = SimAddressSpace::new(80 << 30, 2 * MIB);
+    let space = Counted { space: &sim, commits: Cell::new(0), handles: Cell::new(0), decommits: Cell::new(0) };
     let mut pool = VirtualPool::with_config(&space, config)?;
     let mut blocks = vec![Block::EMPTY; ids];
     let (mut live, mut peak_live) = (0u64, 0u64);
-    for op in ops {
-        match *op {
-            Op::Allocate { id, size } => {
-                blocks[id] = pool.allocate(Request::new(size)?, &())?;
-                live += size;
-                peak_live = peak_live.max(live);
-            }
-            Op::Free { id } => {
-                let b = std::mem::replace(&mut blocks[id], Block::EMPTY);
-                live -= b.size();
-                pool.deallocate(b, &())?;
+    let mut out = Vec::new();
+    for _ in 0..passes {
+        let before = (space.commits.get(), space.handles.get(), space.decommits.get());
+        let t = Instant::now();
+        for op in ops {
+            match *op {
+                Op::Allocate { id, size } => {
+                    blocks[id] = pool.allocate(Request::new(size)?, &())?;
+                    live += size;
+                    peak_live = peak_live.max(live);
+                }
+                Op::Free { id } => {
+                    let b = std::mem::replace(&mut blocks[id], Block::EMPTY);
+                    live -= b.size();
+                    pool.deallocate(b, &())?;
+                }
             }
         }
+        let ns = t.elapsed().as_nanos() as f64;
+        assert_eq!(pool.used_bytes(), 0);
+        pool.check().map_err(|_| memres_core::Error::InvalidConfig { what: "pool invariant broken" })?;
+        out.push(Pass {
+            commits: space.commits.get() - before.0,
+            handles: space.handles.get() - before.1,
+            decommits: space.decommits.get() - before.2,
+            ns_per_op: ns / ops.len() as f64,
+        });
     }
-    assert_eq!(pool.used_bytes(), 0);
-    pool.check().map_err(|_| memres_core::Error::InvalidConfig { what: "pool invariant broken" })?;
-    let (commits, decommits) = space.call_counts();
-    Ok(Outcome { peak_live, peak_committed: pool.peak_committed_bytes(), commits, decommits })
+    Ok(Outcome {
+        peak_live,
+        peak_busy: pool.peak_busy_bytes(),
+        peak_committed: pool.peak_committed_bytes(),
+        passes: out,
+    })
 }
 
 fn main() {
@@ -100,8 +165,11 @@ fn main() {
         eprintln!("usage: vpool_footprint TRACE.csv.gz...");
         std::process::exit(2);
     }
-    println!("| trace | keep | trim on commit | peak live (MiB) | peak committed (MiB) | footprint | commits | decommits |");
-    println!("| --- | --- | --- | --- | --- | --- | --- | --- |");
+    println!(
+        "| trace | keep | trim on commit | slack (‰) | candidates | peak live (MiB) | peak busy (MiB) | peak committed (MiB) \
+         | footprint | commits (handles) pass 1 | commits (handles) pass 2 | decommits pass 2 | pass 2 ns/op |"
+    );
+    println!("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |");
     for path in &paths {
         let (ops, ids, skipped) = decode(path).unwrap_or_else(|e| panic!("{path}: {e}"));
         let name =
@@ -109,20 +177,38 @@ fn main() {
         if skipped > 0 {
             eprintln!("{name}: skipped {skipped} frees of unknown pointers");
         }
-        for (keep, trim) in
-            [(0, true), (64 * MIB, true), (256 * MIB, true), (64 * MIB, false), (256 * MIB, false)]
-        {
-            let config = VirtualConfig::new(64 << 30).keep(keep).trim_on_commit(trim);
-            let o = replay(&ops, ids, config).unwrap_or_else(|e| panic!("{name}: {e}"));
+        let all = u64::MAX;
+        let mut policies =
+            vec![(0, true, 0, 1), (256 * MIB, true, 0, 1), (256 * MIB, false, 0, 1), (all, false, 0, 1)];
+        for cand in [1, 4, 8, 16] {
+            for slack in [0, 20, 30, 40] {
+                policies.push((all, true, slack, cand));
+            }
+        }
+        policies.push((all, false, 0, 8));
+        policies.push((256 * MIB, true, 30, 8));
+        for (keep, trim, slack, cand) in policies {
+            let config = VirtualConfig::new(64 << 30)
+                .keep(keep)
+                .trim_on_commit(trim)
+                .slack_permille(slack)
+                .candidates(cand);
+            let o = replay(&ops, ids, config, 2).unwrap_or_else(|e| panic!("{name}: {e}"));
+            let mib = |b: u64| b as f64 / MIB as f64;
             println!(
-                "| {name} | {} MiB | {} | {:.1} | {:.1} | {:.4} | {} | {} |",
-                keep / MIB,
+                "| {name} | {} | {} | {slack} | {cand} | {:.1} | {:.1} | {:.1} | {:.4} | {} ({}) | {} ({}) | {} | {:.0} |",
+                if keep == all { "all".to_string() } else { format!("{} MiB", keep / MIB) },
                 if trim { "yes" } else { "no" },
-                o.peak_live as f64 / MIB as f64,
-                o.peak_committed as f64 / MIB as f64,
+                mib(o.peak_live),
+                mib(o.peak_busy),
+                mib(o.peak_committed),
                 o.peak_committed as f64 / o.peak_live as f64,
-                o.commits,
-                o.decommits,
+                o.passes[0].commits,
+                o.passes[0].handles,
+                o.passes[1].commits,
+                o.passes[1].handles,
+                o.passes[1].decommits,
+                o.passes[1].ns_per_op,
             );
         }
     }

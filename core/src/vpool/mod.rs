@@ -25,6 +25,9 @@ use core::fmt;
 /// "No granule" in the idle list's links.
 const NONE: u32 = u32::MAX;
 
+/// The most free ranges an allocation looks at ([`VirtualConfig::candidates`]).
+pub const MAX_CANDIDATES: u32 = 16;
+
 /// Sizes and policies of a [`VirtualPool`].
 ///
 /// # Examples
@@ -40,13 +43,15 @@ pub struct VirtualConfig {
     keep: u64,
     max_reservations: u32,
     trim_on_commit: bool,
+    slack_permille: u32,
+    candidates: u32,
 }
 
 impl VirtualConfig {
     /// One reservation of `reserve` bytes (rounded up to the space's
     /// granule), no free committed memory kept, no growth.
     pub const fn new(reserve: u64) -> Self {
-        VirtualConfig { reserve, keep: 0, max_reservations: 1, trim_on_commit: true }
+        VirtualConfig { reserve, keep: 0, max_reservations: 1, trim_on_commit: true, slack_permille: 0, candidates: 1 }
     }
 
     /// The release threshold: up to `bytes` of committed memory that no
@@ -78,6 +83,60 @@ impl VirtualConfig {
     pub const fn trim_on_commit(mut self, yes: bool) -> Self {
         self.trim_on_commit = yes;
         self
+    }
+
+    /// How far committed memory may go beyond the peak of the granules live
+    /// blocks touch before [`trim_on_commit`](Self::trim_on_commit) gives
+    /// Idle memory back, in thousandths of that peak (default 0).
+    ///
+    /// With a slack of 0, any allocation that needs fresh granules beyond
+    /// the peak decommits Idle ones, even when the same bytes are committed
+    /// again a moment later: a replayed workload whose blocks land on
+    /// different granules each time then maps and unmaps on every pass.
+    /// A slack of a few percent lets the Idle memory stay while committed
+    /// memory is within `(1 + slack) ×` the peak of touched granules, so
+    /// that steady state commits almost nothing, at the price of at most
+    /// that much more footprint.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use memres_core::vpool::VirtualConfig;
+    /// let c = VirtualConfig::new(64 << 30).keep(u64::MAX).slack_permille(40); // 4 %
+    /// assert_eq!(c.slack(), 40);
+    /// ```
+    pub const fn slack_permille(mut self, permille: u32) -> Self {
+        self.slack_permille = permille;
+        self
+    }
+
+    /// How many free ranges an allocation that would commit fresh granules
+    /// looks at while Idle memory exists (1 to [`MAX_CANDIDATES`], default
+    /// 1): it takes the index's next choices too and keeps the one that
+    /// needs the fewest fresh granules, so that blocks land on committed
+    /// memory rather than map more. Only allocations that would commit pay
+    /// for it (a few index operations, against a map call).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use memres_core::vpool::VirtualConfig;
+    /// let c = VirtualConfig::new(64 << 30).candidates(4);
+    /// assert_eq!(c.candidate_count(), 4);
+    /// ```
+    pub const fn candidates(mut self, n: u32) -> Self {
+        self.candidates = n;
+        self
+    }
+
+    /// How many free ranges an allocation that would commit looks at.
+    pub const fn candidate_count(&self) -> u32 {
+        self.candidates
+    }
+
+    /// The slack in thousandths of the peak of touched granules.
+    pub const fn slack(&self) -> u32 {
+        self.slack_permille
     }
 
     /// Whether [`trim_on_commit`](Self::trim_on_commit) is on.
@@ -219,6 +278,8 @@ pub struct VirtualPool<V: ReservableSpace> {
     committed: u64,
     /// Highest `committed` ever.
     peak_committed: u64,
+    /// Highest number of Busy slots ever (at most `peak_committed`).
+    peak_busy: u64,
     /// log2 of the space's granule.
     shift: u32,
     config: VirtualConfig,
@@ -281,6 +342,9 @@ impl<V: ReservableSpace> VirtualPool<V> {
         if config.reserve == 0 || config.max_reservations == 0 {
             return Err(Error::InvalidConfig { what: "reservation of zero bytes or zero reservations" });
         }
+        if config.candidates == 0 || config.candidates > MAX_CANDIDATES {
+            return Err(Error::InvalidConfig { what: "candidates must be 1 to MAX_CANDIDATES" });
+        }
         let mut pool = VirtualPool {
             space,
             index: CoalescingIndex::new(256),
@@ -291,6 +355,7 @@ impl<V: ReservableSpace> VirtualPool<V> {
             idle: 0,
             committed: 0,
             peak_committed: 0,
+            peak_busy: 0,
             shift: granule.trailing_zeros(),
             config,
             trim_pending: false,
@@ -480,13 +545,15 @@ impl<V: ReservableSpace> VirtualPool<V> {
             }
         }
         if fresh == 0 {
+            self.peak_busy = self.peak_busy.max(self.committed - self.idle);
             return Ok(());
         }
-        let excess = (self.committed + fresh).saturating_sub(self.peak_committed);
+        let busy = self.committed - self.idle + fresh;
+        let excess = (self.committed + fresh).saturating_sub(self.commit_limit(self.peak_busy.max(busy)));
         if self.config.trim_on_commit && self.idle > 0 && excess > 0 {
-            // Idle memory is a cache that never raises the peak: give back
-            // as much of it as the commit would go beyond the peak. A
-            // failed decommit only leaves more of it.
+            // Idle memory is a cache that raises the peak by at most the
+            // slack: give back as much of it as the commit would go beyond
+            // that. A failed decommit only leaves more of it.
             let _ = self.trim_to(self.idle.saturating_sub(excess) << self.shift, stream);
         }
         let mut s = lo;
@@ -511,7 +578,75 @@ impl<V: ReservableSpace> VirtualPool<V> {
             }
         }
         self.peak_committed = self.peak_committed.max(self.committed);
+        self.peak_busy = self.peak_busy.max(busy);
         Ok(())
+    }
+
+    /// Granules of `addr..addr + len` that are not committed.
+    fn fresh_granules(&self, addr: u64, len: u64) -> u32 {
+        let r = self.reservation_of(addr).expect("the index hands out reserved addresses");
+        let (lo, hi) = self.slots_touched(r, addr, addr + len);
+        (lo..hi).filter(|&s| self.slots[s as usize].state == State::Uncommitted).count() as u32
+    }
+
+    /// If block `a` would commit fresh granules, takes up to
+    /// `candidates - 1` more of the index's choices for the same request
+    /// and keeps the one that needs the fewest (the first on a tie); the
+    /// others go back to the index. Holding each choice while asking for
+    /// the next makes the index offer another free range every time.
+    #[cold]
+    fn better_candidate(&mut self, a: crate::pool::Allocation, request: Request, len: u64) -> crate::pool::Allocation {
+        let mut fresh = self.fresh_granules(a.addr, len);
+        if fresh == 0 {
+            return a;
+        }
+        let mut held = [a; MAX_CANDIDATES as usize];
+        let (mut n, mut best) = (1, 0);
+        while n < self.config.candidates as usize && fresh > 0 {
+            let Ok(Some(c)) = self.index.allocate(request.size(), request.align()) else { break };
+            held[n] = c;
+            let f = self.fresh_granules(c.addr, len);
+            if f < fresh {
+                (fresh, best) = (f, n);
+            }
+            n += 1;
+        }
+        for (i, c) in held[..n].iter().enumerate().rev() {
+            if i != best {
+                // Never committed nor pinned: the index alone takes it back.
+                let freed = self.index.free(c.tag, c.addr, request.size());
+                debug_assert!(freed.is_ok());
+            }
+        }
+        held[best]
+    }
+
+    /// Under `trim_on_commit`, the most granules committed while some are
+    /// Idle: the peak of Busy granules plus the slack.
+    #[inline]
+    fn commit_limit(&self, peak_busy: u64) -> u64 {
+        let slack = peak_busy.saturating_mul(self.config.slack_permille as u64) / 1000;
+        peak_busy.saturating_add(slack)
+    }
+
+    /// The most bytes ever touched by live blocks at once (whole granules):
+    /// the peak committed bytes would have been with nothing kept Idle.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use memres_core::vmem::CountingSpace;
+    /// use memres_core::vpool::VirtualPool;
+    /// use memres_core::{MemoryResourceMut, Request};
+    /// let space = CountingSpace::new(1 << 30, 2 << 20);
+    /// let mut pool = VirtualPool::new(&space, 64 << 20, 64 << 20)?;
+    /// let a = pool.allocate(Request::new(3 << 20)?, &())?;
+    /// pool.deallocate(a, &())?;
+    /// assert_eq!(pool.peak_busy_bytes(), 4 << 20);
+    /// # Ok::<(), memres_core::Error>(())
+    /// ```
+    pub fn peak_busy_bytes(&self) -> u64 {
+        self.peak_busy << self.shift
     }
 
     /// After the index freed the range `addr..addr + len` of reservation
@@ -756,7 +891,11 @@ impl<V: ReservableSpace> VirtualPool<V> {
         if listed != idle || prev != self.idle_tail || idle != self.idle {
             return Err(Violation::new("idle list or count does not match the Idle granules"));
         }
-        if busy + idle != self.committed || self.committed > self.peak_committed {
+        if busy + idle != self.committed
+            || self.committed > self.peak_committed
+            || busy > self.peak_busy
+            || self.peak_busy > self.peak_committed
+        {
             return Err(Violation::new("committed count does not match the granules"));
         }
         if !self.trim_pending && self.idle_bytes() > self.config.keep {
@@ -788,11 +927,14 @@ where
         if request.is_zero() {
             return Ok(Block::EMPTY);
         }
-        let a = match self.index.allocate(request.size(), request.align())? {
+        let mut a = match self.index.allocate(request.size(), request.align())? {
             Some(a) => a,
             None => self.grow_and_allocate(request)?,
         };
         let len = request.rounded_size(256);
+        if self.config.candidates > 1 && self.idle > 0 {
+            a = self.better_candidate(a, request, len);
+        }
         let mut committed = self.commit_block(a.addr, len, stream);
         if matches!(committed, Err(e) if e.is_out_of_memory())
             && self.idle > 0
