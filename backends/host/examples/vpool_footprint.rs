@@ -14,8 +14,8 @@ use memres_core::vpool::{VirtualConfig, VirtualPool};
 use memres_core::vmem::ReservableSpace;
 use memres_core::{Block, MemoryResourceMut, Range, Request, Stream};
 use memres_host::SimAddressSpace;
-use std::cell::Cell;
-use std::collections::HashMap;
+use std::cell::{Cell, RefCell};
+use std::collections::{BTreeMap, HashMap};
 use std::io::{BufRead, BufReader};
 use std::time::Instant;
 
@@ -65,13 +65,43 @@ fn decode(path: &str) -> std::io::Result<(Vec<Op>, usize, usize)> {
     Ok((ops, ids, skipped))
 }
 
-/// Counts the calls a pool makes, and the physical handles a CUDA space
-/// would map for them (one per run of at most `HANDLE_GRANULES` granules).
+/// Counts the calls a pool makes, and the handles the CUDA space would map
+/// and unmap for them: it maps each fresh run in handles of at most
+/// `HANDLE_GRANULES` granules, keeps a handle mapped while any of its
+/// granules is committed (a decommitted granule of it is *retained*, and
+/// committing it again costs no driver call), and unmaps a handle when its
+/// last granule is decommitted.
 struct Counted<'a> {
     space: &'a SimAddressSpace,
     commits: Cell<u64>,
     handles: Cell<u64>,
     decommits: Cell<u64>,
+    unmaps: Cell<u64>,
+    /// Granules mapped (committed or retained) now, and their peak.
+    mapped: Cell<u64>,
+    peak_mapped: Cell<u64>,
+    /// Mapped handles by first granule: (granules, committed-granule mask).
+    mappings: RefCell<BTreeMap<u64, (u64, u64)>>,
+}
+
+impl Counted<'_> {
+    fn new(space: &SimAddressSpace) -> Counted<'_> {
+        Counted {
+            space,
+            commits: Cell::new(0),
+            handles: Cell::new(0),
+            decommits: Cell::new(0),
+            unmaps: Cell::new(0),
+            mapped: Cell::new(0),
+            peak_mapped: Cell::new(0),
+            mappings: RefCell::new(BTreeMap::new()),
+        }
+    }
+
+    /// The mapping holding granule `g`, if any.
+    fn mapping_of(m: &BTreeMap<u64, (u64, u64)>, g: u64) -> Option<u64> {
+        m.range(..=g).next_back().filter(|(&s, &(len, _))| g < s + len).map(|(&s, _)| s)
+    }
 }
 
 /// The CUDA space's default handle size, in granules.
@@ -90,13 +120,46 @@ impl ReservableSpace for Counted<'_> {
     fn commit(&self, range: Range) -> memres_core::Result<()> {
         self.space.commit(range)?;
         self.commits.set(self.commits.get() + 1);
-        let granules = range.len() / self.space.granule();
-        self.handles.set(self.handles.get() + granules.div_ceil(HANDLE_GRANULES));
+        let gs = self.space.granule();
+        let (lo, hi) = (range.start() / gs, range.end() / gs);
+        let mut m = self.mappings.borrow_mut();
+        let mut g = lo;
+        while g < hi {
+            if let Some(s) = Self::mapping_of(&m, g) {
+                m.get_mut(&s).expect("found").1 |= 1 << (g - s);
+                g += 1;
+                continue;
+            }
+            // A fresh run up to the next mapping or the range's end.
+            let end = m.range(g..hi).next().map_or(hi, |(&s, _)| s);
+            let mut s = g;
+            while s < end {
+                let len = (end - s).min(HANDLE_GRANULES);
+                m.insert(s, (len, (1u64 << len) - 1));
+                self.handles.set(self.handles.get() + 1);
+                self.mapped.set(self.mapped.get() + len);
+                self.peak_mapped.set(self.peak_mapped.get().max(self.mapped.get()));
+                s += len;
+            }
+            g = end;
+        }
         Ok(())
     }
     fn decommit<S: Stream + ?Sized>(&self, range: Range, stream: &S) -> memres_core::Result<()> {
         self.space.decommit(range, stream)?;
         self.decommits.set(self.decommits.get() + 1);
+        let gs = self.space.granule();
+        let mut m = self.mappings.borrow_mut();
+        for g in range.start() / gs..range.end() / gs {
+            let s = Self::mapping_of(&m, g).expect("a committed granule is mapped");
+            let e = m.get_mut(&s).expect("found");
+            e.1 &= !(1 << (g - s));
+            if e.1 == 0 {
+                self.mapped.set(self.mapped.get() - e.0);
+                m.remove(&s);
+                self.unmaps.set(self.unmaps.get() + 1);
+            }
+        }
         Ok(())
     }
 }
@@ -105,6 +168,7 @@ struct Pass {
     commits: u64,
     handles: u64,
     decommits: u64,
+    unmaps: u64,
     ns_per_op: f64,
 }
 
@@ -112,6 +176,7 @@ struct Outcome {
     peak_live: u64,
     peak_busy: u64,
     peak_committed: u64,
+    peak_mapped: u64,
     passes: Vec<Pass>,
 }
 
@@ -119,13 +184,13 @@ struct Outcome {
 /// to the space and the pool's time per operation.
 fn replay(ops: &[Op], ids: usize, config: VirtualConfig, passes: usize) -> memres_core::Result<Outcome> {
     let sim = SimAddressSpace::new(80 << 30, 2 * MIB);
-    let space = Counted { space: &sim, commits: Cell::new(0), handles: Cell::new(0), decommits: Cell::new(0) };
+    let space = Counted::new(&sim);
     let mut pool = VirtualPool::with_config(&space, config)?;
     let mut blocks = vec![Block::EMPTY; ids];
     let (mut live, mut peak_live) = (0u64, 0u64);
     let mut out = Vec::new();
     for _ in 0..passes {
-        let before = (space.commits.get(), space.handles.get(), space.decommits.get());
+        let before = (space.commits.get(), space.handles.get(), space.decommits.get(), space.unmaps.get());
         let t = Instant::now();
         for op in ops {
             match *op {
@@ -148,6 +213,7 @@ fn replay(ops: &[Op], ids: usize, config: VirtualConfig, passes: usize) -> memre
             commits: space.commits.get() - before.0,
             handles: space.handles.get() - before.1,
             decommits: space.decommits.get() - before.2,
+            unmaps: space.unmaps.get() - before.3,
             ns_per_op: ns / ops.len() as f64,
         });
     }
@@ -155,6 +221,7 @@ fn replay(ops: &[Op], ids: usize, config: VirtualConfig, passes: usize) -> memre
         peak_live,
         peak_busy: pool.peak_busy_bytes(),
         peak_committed: pool.peak_committed_bytes(),
+        peak_mapped: space.peak_mapped.get() * sim.granule(),
         passes: out,
     })
 }
@@ -167,9 +234,9 @@ fn main() {
     }
     println!(
         "| trace | keep | trim on commit | slack (‰) | candidates | peak live (MiB) | peak busy (MiB) | peak committed (MiB) \
-         | footprint | commits (handles) pass 1 | commits (handles) pass 2 | decommits pass 2 | pass 2 ns/op |"
+         | footprint | mapped / live | commits (maps) pass 1 | commits (maps) pass 2 | decommits (unmaps) pass 2 | pass 2 ns/op |"
     );
-    println!("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |");
+    println!("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |");
     for path in &paths {
         let (ops, ids, skipped) = decode(path).unwrap_or_else(|e| panic!("{path}: {e}"));
         let name =
@@ -196,18 +263,20 @@ fn main() {
             let o = replay(&ops, ids, config, 2).unwrap_or_else(|e| panic!("{name}: {e}"));
             let mib = |b: u64| b as f64 / MIB as f64;
             println!(
-                "| {name} | {} | {} | {slack} | {cand} | {:.1} | {:.1} | {:.1} | {:.4} | {} ({}) | {} ({}) | {} | {:.0} |",
+                "| {name} | {} | {} | {slack} | {cand} | {:.1} | {:.1} | {:.1} | {:.4} | {:.4} | {} ({}) | {} ({}) | {} ({}) | {:.0} |",
                 if keep == all { "all".to_string() } else { format!("{} MiB", keep / MIB) },
                 if trim { "yes" } else { "no" },
                 mib(o.peak_live),
                 mib(o.peak_busy),
                 mib(o.peak_committed),
                 o.peak_committed as f64 / o.peak_live as f64,
+                o.peak_mapped as f64 / o.peak_live as f64,
                 o.passes[0].commits,
                 o.passes[0].handles,
                 o.passes[1].commits,
                 o.passes[1].handles,
                 o.passes[1].decommits,
+                o.passes[1].unmaps,
                 o.passes[1].ns_per_op,
             );
         }

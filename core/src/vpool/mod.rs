@@ -280,6 +280,9 @@ pub struct VirtualPool<V: ReservableSpace> {
     peak_committed: u64,
     /// Highest number of Busy slots ever (at most `peak_committed`).
     peak_busy: u64,
+    /// Highest bytes handed out at once (sizes rounded up to 256), counted
+    /// when a block is handed out.
+    peak_used: u64,
     /// log2 of the space's granule.
     shift: u32,
     config: VirtualConfig,
@@ -356,6 +359,7 @@ impl<V: ReservableSpace> VirtualPool<V> {
             committed: 0,
             peak_committed: 0,
             peak_busy: 0,
+            peak_used: 0,
             shift: granule.trailing_zeros(),
             config,
             trim_pending: false,
@@ -546,10 +550,12 @@ impl<V: ReservableSpace> VirtualPool<V> {
         }
         if fresh == 0 {
             self.peak_busy = self.peak_busy.max(self.committed - self.idle);
+            self.peak_used = self.peak_used.max(self.index.used_bytes());
             return Ok(());
         }
         let busy = self.committed - self.idle + fresh;
-        let excess = (self.committed + fresh).saturating_sub(self.commit_limit(self.peak_busy.max(busy)));
+        let used = self.peak_used.max(self.index.used_bytes());
+        let excess = (self.committed + fresh).saturating_sub(self.commit_limit(self.peak_busy.max(busy), used));
         if self.config.trim_on_commit && self.idle > 0 && excess > 0 {
             // Idle memory is a cache that raises the peak by at most the
             // slack: give back as much of it as the commit would go beyond
@@ -579,6 +585,7 @@ impl<V: ReservableSpace> VirtualPool<V> {
         }
         self.peak_committed = self.peak_committed.max(self.committed);
         self.peak_busy = self.peak_busy.max(busy);
+        self.peak_used = used;
         Ok(())
     }
 
@@ -622,11 +629,13 @@ impl<V: ReservableSpace> VirtualPool<V> {
     }
 
     /// Under `trim_on_commit`, the most granules committed while some are
-    /// Idle: the peak of Busy granules plus the slack.
+    /// Idle: the peak of bytes in use plus the slack, in whole granules, or
+    /// the peak of Busy granules if more (so that a slack of 0 never raises
+    /// the peak of committed memory).
     #[inline]
-    fn commit_limit(&self, peak_busy: u64) -> u64 {
-        let slack = peak_busy.saturating_mul(self.config.slack_permille as u64) / 1000;
-        peak_busy.saturating_add(slack)
+    fn commit_limit(&self, peak_busy: u64, peak_used: u64) -> u64 {
+        let slack = peak_used.saturating_mul(self.config.slack_permille as u64) / 1000;
+        (peak_used.saturating_add(slack) >> self.shift).max(peak_busy)
     }
 
     /// The most bytes ever touched by live blocks at once (whole granules):
