@@ -10,8 +10,8 @@
 //! ```
 
 use flate2::read::GzDecoder;
-use memres_core::vpool::{VirtualConfig, VirtualPool};
 use memres_core::vmem::ReservableSpace;
+use memres_core::vpool::{VirtualConfig, VirtualPool};
 use memres_core::{Block, MemoryResourceMut, Range, Request, Stream};
 use memres_host::SimAddressSpace;
 use std::cell::{Cell, RefCell};
@@ -67,12 +67,13 @@ fn decode(path: &str) -> std::io::Result<(Vec<Op>, usize, usize)> {
 
 /// Counts the calls a pool makes, and the handles the CUDA space would map
 /// and unmap for them: it maps each fresh run in handles of at most
-/// `HANDLE_GRANULES` granules, keeps a handle mapped while any of its
+/// `handle_granules` granules, keeps a handle mapped while any of its
 /// granules is committed (a decommitted granule of it is *retained*, and
 /// committing it again costs no driver call), and unmaps a handle when its
 /// last granule is decommitted.
 struct Counted<'a> {
     space: &'a SimAddressSpace,
+    handle_granules: u64,
     commits: Cell<u64>,
     handles: Cell<u64>,
     decommits: Cell<u64>,
@@ -85,9 +86,10 @@ struct Counted<'a> {
 }
 
 impl Counted<'_> {
-    fn new(space: &SimAddressSpace) -> Counted<'_> {
+    fn new(space: &SimAddressSpace, handle_granules: u64) -> Counted<'_> {
         Counted {
             space,
+            handle_granules,
             commits: Cell::new(0),
             handles: Cell::new(0),
             decommits: Cell::new(0),
@@ -105,7 +107,7 @@ impl Counted<'_> {
 }
 
 /// The CUDA space's default handle size, in granules.
-const HANDLE_GRANULES: u64 = 32;
+const DEFAULT_HANDLE_GRANULES: u64 = 32;
 
 impl ReservableSpace for Counted<'_> {
     fn granule(&self) -> u64 {
@@ -134,8 +136,8 @@ impl ReservableSpace for Counted<'_> {
             let end = m.range(g..hi).next().map_or(hi, |(&s, _)| s);
             let mut s = g;
             while s < end {
-                let len = (end - s).min(HANDLE_GRANULES);
-                m.insert(s, (len, (1u64 << len) - 1));
+                let len = (end - s).min(self.handle_granules);
+                m.insert(s, (len, u64::MAX >> (64 - len)));
                 self.handles.set(self.handles.get() + 1);
                 self.mapped.set(self.mapped.get() + len);
                 self.peak_mapped.set(self.peak_mapped.get().max(self.mapped.get()));
@@ -182,9 +184,15 @@ struct Outcome {
 
 /// Replays `ops` `passes` times on one pool; per pass, the calls it made
 /// to the space and the pool's time per operation.
-fn replay(ops: &[Op], ids: usize, config: VirtualConfig, passes: usize) -> memres_core::Result<Outcome> {
+fn replay(
+    ops: &[Op],
+    ids: usize,
+    config: VirtualConfig,
+    handle_granules: u64,
+    passes: usize,
+) -> memres_core::Result<Outcome> {
     let sim = SimAddressSpace::new(80 << 30, 2 * MIB);
-    let space = Counted::new(&sim);
+    let space = Counted::new(&sim, handle_granules);
     let mut pool = VirtualPool::with_config(&space, config)?;
     let mut blocks = vec![Block::EMPTY; ids];
     let (mut live, mut peak_live) = (0u64, 0u64);
@@ -227,16 +235,31 @@ fn replay(ops: &[Op], ids: usize, config: VirtualConfig, passes: usize) -> memre
 }
 
 fn main() {
-    let paths: Vec<String> = std::env::args().skip(1).collect();
+    let mut handle_granules = DEFAULT_HANDLE_GRANULES;
+    let mut paths = Vec::new();
+    let mut args = std::env::args().skip(1);
+    while let Some(a) = args.next() {
+        if a == "--handle-granules" {
+            handle_granules =
+                args.next().and_then(|v| v.parse().ok()).filter(|&n| (1..=64).contains(&n)).unwrap_or_else(
+                    || {
+                        eprintln!("--handle-granules needs a number from 1 to 64");
+                        std::process::exit(2);
+                    },
+                );
+        } else {
+            paths.push(a);
+        }
+    }
     if paths.is_empty() {
-        eprintln!("usage: vpool_footprint TRACE.csv.gz...");
+        eprintln!("usage: vpool_footprint [--handle-granules N] TRACE.csv.gz...");
         std::process::exit(2);
     }
     println!(
-        "| trace | keep | trim on commit | slack (‰) | candidates | peak live (MiB) | peak busy (MiB) | peak committed (MiB) \
+        "| trace | keep | trim on commit | slack (‰) | peak live (MiB) | peak busy (MiB) | peak committed (MiB) \
          | footprint | mapped / live | commits (maps) pass 1 | commits (maps) pass 2 | decommits (unmaps) pass 2 | pass 2 ns/op |"
     );
-    println!("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |");
+    println!("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |");
     for path in &paths {
         let (ops, ids, skipped) = decode(path).unwrap_or_else(|e| panic!("{path}: {e}"));
         let name =
@@ -245,25 +268,17 @@ fn main() {
             eprintln!("{name}: skipped {skipped} frees of unknown pointers");
         }
         let all = u64::MAX;
-        let mut policies =
-            vec![(0, true, 0, 1), (256 * MIB, true, 0, 1), (256 * MIB, false, 0, 1), (all, false, 0, 1)];
-        for cand in [1, 4, 8, 16] {
-            for slack in [0, 20, 30, 40] {
-                policies.push((all, true, slack, cand));
-            }
+        let mut policies = vec![(0, true, 0), (256 * MIB, true, 0), (256 * MIB, false, 0), (all, false, 0)];
+        for slack in [0, 10, 20, 30, 40, 50] {
+            policies.push((all, true, slack));
         }
-        policies.push((all, false, 0, 8));
-        policies.push((256 * MIB, true, 30, 8));
-        for (keep, trim, slack, cand) in policies {
-            let config = VirtualConfig::new(64 << 30)
-                .keep(keep)
-                .trim_on_commit(trim)
-                .slack_permille(slack)
-                .candidates(cand);
-            let o = replay(&ops, ids, config, 2).unwrap_or_else(|e| panic!("{name}: {e}"));
+        policies.push((256 * MIB, true, 40));
+        for (keep, trim, slack) in policies {
+            let config = VirtualConfig::new(64 << 30).keep(keep).trim_on_commit(trim).slack_permille(slack);
+            let o = replay(&ops, ids, config, handle_granules, 2).unwrap_or_else(|e| panic!("{name}: {e}"));
             let mib = |b: u64| b as f64 / MIB as f64;
             println!(
-                "| {name} | {} | {} | {slack} | {cand} | {:.1} | {:.1} | {:.1} | {:.4} | {:.4} | {} ({}) | {} ({}) | {} ({}) | {:.0} |",
+                "| {name} | {} | {} | {slack} | {:.1} | {:.1} | {:.1} | {:.4} | {:.4} | {} ({}) | {} ({}) | {} ({}) | {:.0} |",
                 if keep == all { "all".to_string() } else { format!("{} MiB", keep / MIB) },
                 if trim { "yes" } else { "no" },
                 mib(o.peak_live),
