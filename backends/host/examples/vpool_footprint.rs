@@ -1,12 +1,18 @@
 //! Footprint of the virtual-memory pool on allocation traces.
 //!
 //! Replays each trace (RMM's replay log, gzipped CSV:
-//! `Thread,Time,Action,Pointer,Size,Stream`) through a `VirtualPool` over a
-//! simulated address space with 2 MiB granules, for several release
-//! thresholds, and prints peak committed bytes / peak live bytes.
+//! `Thread,Time,Action,Pointer,Size,Stream`) twice on one `VirtualPool` over
+//! a simulated address space with 2 MiB granules, for several release
+//! thresholds and slacks, and prints peak committed bytes / peak live bytes,
+//! and per pass the pool's commit and decommit calls and the maps and unmaps
+//! of physical handles that the CUDA space would make for them (handles of
+//! up to 32 granules, or `--handle-granules N`; a handle stays mapped, and
+//! holds its memory, until its last granule is decommitted, so "mapped /
+//! live" is the footprint on a GPU). The second pass is the steady state
+//! that `vpool_replay` times on a GPU; its maps there matched these.
 //!
 //! ```text
-//! cargo run --release -p memres-host --example vpool_footprint -- TRACE.csv.gz...
+//! cargo run --release -p memres-host --example vpool_footprint -- [--handle-granules N] TRACE.csv.gz...
 //! ```
 
 use flate2::read::GzDecoder;
