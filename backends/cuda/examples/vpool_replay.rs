@@ -5,15 +5,19 @@
 //! footprint (peak mapped / peak live).
 //!
 //! ```text
-//! vpool_replay [--keep BYTES|all] [--handle-granules N] [--no-trim] [TRACE.csv[.gz]...]
+//! vpool_replay [--keep BYTES|all] [--slack PERMILLE] [--handle-granules N] [--no-trim]
+//!              [TRACE.csv[.gz]...]
 //! ```
 //!
 //! Without traces it replays the `*.csv.gz` files of `traces/`,
 //! `../traces/` or `benches/data/`, the first of them that has any; without
 //! a GPU it says SKIPPED.
 //!
-//! `--keep` is the pool's release threshold (default 256 MiB; `all` keeps
-//! every committed granule, as a pool that never gives memory back).
+//! `--keep` is the pool's release threshold (default `all`: every committed
+//! granule is kept, and only `--slack` bounds it). `--slack` lets committed
+//! memory exceed the peak of bytes in use by that many thousandths before
+//! an allocation decommits kept memory (default 40; 0 with `--keep 0` or a
+//! small keep is the old behaviour). See `VirtualConfig::slack_permille`.
 //! Frees of pointers the trace never allocated are skipped; blocks still
 //! live at the end of a pass are freed then (untimed).
 
@@ -102,9 +106,10 @@ fn pass(
 }
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let mut keep: u64 = 256 << 20;
+    let mut keep: u64 = u64::MAX;
     let mut handle_granules = CudaVirtualSpace::DEFAULT_HANDLE_GRANULES;
     let mut trim = true;
+    let mut slack = 40;
     let mut traces = Vec::new();
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
@@ -117,6 +122,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 handle_granules = args.next().ok_or("--handle-granules needs a value")?.parse()?
             }
             "--no-trim" => trim = false,
+            "--slack" => slack = args.next().ok_or("--slack needs a value")?.parse()?,
             _ if a.ends_with(".csv") || a.ends_with(".csv.gz") => traces.push(a),
             // Arguments meant for test binaries run beside this one.
             _ => eprintln!("vpool_replay: ignoring argument {a:?}"),
@@ -140,7 +146,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     if traces.is_empty() {
         eprintln!("SKIPPED vpool_replay: no trace given or found (traces/, ../traces/, benches/data/)");
         eprintln!(
-            "usage: vpool_replay [--keep BYTES|all] [--handle-granules N] [--no-trim] TRACE.csv[.gz]..."
+            "usage: vpool_replay [--keep BYTES|all] [--slack PERMILLE] [--handle-granules N] [--no-trim] \
+             TRACE.csv[.gz]..."
         );
         return Ok(());
     }
@@ -156,7 +163,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let (ops, blocks) = load(path)?;
         let peak = peak_live(&ops, blocks);
         let space = CudaVirtualSpace::with_handle_granules(device, handle_granules)?;
-        let config = VirtualConfig::new(64 << 30).keep(keep).trim_on_commit(trim);
+        let config = VirtualConfig::new(64 << 30).keep(keep).trim_on_commit(trim).slack_permille(slack);
         let mut pool = VirtualPool::with_config(&space, config)?;
         let mut live = vec![Block::EMPTY; blocks];
         pass(&mut pool, &stream, &ops, &mut live)?;
@@ -167,6 +174,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let name = path.rsplit('/').next().unwrap_or(path);
         println!(
             "trace={name} ops={} keep={} handle_granules={handle_granules} trim_on_commit={trim} \
+             slack={slack} \
              ns_per_op={:.1} peak_live={peak} peak_committed={} peak_mapped={} footprint={:.3} \
              committed_over_live={:.3} timed_pass_maps={} timed_pass_unmaps={} timed_pass_syncs={}",
             ops.len(),

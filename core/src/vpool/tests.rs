@@ -454,3 +454,152 @@ fn drop_decommits_and_releases_everything() {
     }
     assert_eq!((space.reservation_count(), space.committed_bytes()), (0, 0));
 }
+
+/// The peak of committed memory that trim on commit allows: the peak of
+/// bytes in use plus the slack, in whole granules, or the peak of granules
+/// live blocks touched if more.
+fn committed_bound<V: ReservableSpace>(p: &VirtualPool<V>) -> u64 {
+    let used = p.peak_used_bytes();
+    let limit = (used + used * p.config().slack() as u64 / 1000) & !(p.granule() - 1);
+    limit.max(p.peak_busy_bytes())
+}
+
+#[test]
+fn slack_keeps_idle_memory_up_to_its_bound() {
+    // Without slack the 4 Idle granules of `a` go before `b` commits; with
+    // a slack of 100 % of the peak in use (4 MiB + 256 bytes), they stay.
+    for (slack, idle, peak) in [(0, 0, 7 * MIB), (1000, 4 * MIB, 11 * MIB)] {
+        let space = CountingSpace::new(1 << 30, MIB);
+        let config = VirtualConfig::new(64 * MIB).keep(u64::MAX).slack_permille(slack);
+        let mut p = VirtualPool::with_config(&space, config).unwrap();
+        let a = p.allocate(req(4 * MIB), &()).unwrap();
+        let anchor = p.allocate(req(256), &()).unwrap();
+        p.deallocate(a, &()).unwrap();
+        let decommits = space.call_counts().1;
+        let b = p.allocate(req(6 * MIB), &()).unwrap();
+        assert!(b.addr() > anchor.addr());
+        p.check().unwrap();
+        assert_eq!((p.idle_bytes(), p.peak_committed_bytes()), (idle, peak), "slack {slack}");
+        assert_eq!(space.call_counts().1 - decommits, (slack == 0) as u64, "slack {slack}");
+        assert!(p.peak_committed_bytes() <= committed_bound(&p));
+        p.deallocate(b, &()).unwrap();
+        p.deallocate(anchor, &()).unwrap();
+        p.check().unwrap();
+    }
+    // A slack too small for the Idle memory: only the excess goes.
+    let space = CountingSpace::new(1 << 30, MIB);
+    let config = VirtualConfig::new(64 * MIB).keep(u64::MAX).slack_permille(500);
+    let mut p = VirtualPool::with_config(&space, config).unwrap();
+    let a = p.allocate(req(8 * MIB), &()).unwrap();
+    let anchor = p.allocate(req(256), &()).unwrap();
+    p.deallocate(a, &()).unwrap();
+    // `b` (too large for the hole) takes the peak in use to 9 MiB + 256:
+    // the bound is 13 granules. 9 are committed (8 Idle); `b` touches the
+    // anchor's granule and 9 fresh ones: 5 Idle ones go, 3 stay.
+    let b = p.allocate(req(9 * MIB), &()).unwrap();
+    assert!(b.addr() > anchor.addr());
+    p.check().unwrap();
+    assert_eq!((p.committed_bytes(), p.idle_bytes()), (13 * MIB, 3 * MIB));
+    assert_eq!(p.peak_committed_bytes(), committed_bound(&p));
+    p.deallocate(b, &()).unwrap();
+    p.deallocate(anchor, &()).unwrap();
+}
+
+/// A random trace of allocations and frees (`Some(size)`: allocate, `None`
+/// with an index: free the `i`th live block).
+fn random_trace(seed: u64, ops: usize) -> Vec<(u64, usize)> {
+    let mut rng = SplitMix64::new(seed);
+    let (mut trace, mut live) = (Vec::new(), 0usize);
+    for _ in 0..ops {
+        if live == 0 || rng.below(100) < 52 {
+            let size = match rng.below(3) {
+                0 => 256 + rng.below(MIB),
+                1 => MIB + rng.below(8 * MIB),
+                _ => 1 << rng.below(22),
+            };
+            trace.push((size, 0));
+            live += 1;
+        } else {
+            trace.push((0, rng.below(live as u64) as usize));
+            live -= 1;
+        }
+    }
+    trace
+}
+
+/// Replays `trace` `passes` times on one pool (freeing what is left after
+/// each pass), checking the pool after every step; returns the commit
+/// calls of each pass.
+fn replay(space: &CountingSpace, config: VirtualConfig, trace: &[(u64, usize)], passes: usize) -> Vec<u64> {
+    let mut p = VirtualPool::with_config(space, config).unwrap();
+    let mut out = Vec::new();
+    let mut first_pass: Vec<u64> = Vec::new();
+    for pass in 0..passes {
+        let commits = space.call_counts().0;
+        let mut live: Vec<Block> = Vec::new();
+        let mut addrs = Vec::new();
+        for (step, &(size, i)) in trace.iter().enumerate() {
+            if size > 0 {
+                let b = p.allocate(req(size), &()).unwrap();
+                addrs.push(b.addr());
+                live.push(b);
+            } else {
+                p.deallocate(live.swap_remove(i), &()).unwrap();
+            }
+            p.check().unwrap_or_else(|v| panic!("pass {pass} step {step}: {v}"));
+            if config.trims_on_commit() {
+                assert!(p.peak_committed_bytes() <= committed_bound(&p), "pass {pass} step {step}");
+            }
+        }
+        for b in live.drain(..) {
+            p.deallocate(b, &()).unwrap();
+        }
+        p.check().unwrap();
+        // Everything freed, the index is one free range again: every pass
+        // places its blocks as the first did.
+        if pass == 0 {
+            first_pass = addrs;
+        } else {
+            assert_eq!(addrs, first_pass, "pass {pass} placed blocks elsewhere");
+        }
+        out.push(space.call_counts().0 - commits);
+    }
+    out
+}
+
+#[test]
+fn replay_with_slack_commits_nothing_in_later_passes() {
+    let trace = random_trace(11, 4000);
+    // Without slack, Idle memory that later blocks land on is decommitted
+    // whenever committed memory would pass its peak: every pass commits.
+    let space = CountingSpace::new(1 << 40, MIB);
+    let none = replay(&space, VirtualConfig::new(1 << 30).keep(u64::MAX), &trace, 3);
+    assert!(none[1] > 0 && none[2] > 0, "{none:?}");
+    // With enough slack for every granule the trace ever touches, the
+    // first pass commits them all and the later ones nothing.
+    let space = CountingSpace::new(1 << 40, MIB);
+    let all = replay(&space, VirtualConfig::new(1 << 30).keep(u64::MAX).slack_permille(1000), &trace, 3);
+    assert_eq!(&all[1..], &[0, 0], "{all:?}");
+    // Without trim on commit, the same (and no bound on the peak).
+    let space = CountingSpace::new(1 << 40, MIB);
+    let no_trim = replay(&space, VirtualConfig::new(1 << 30).keep(u64::MAX).trim_on_commit(false), &trace, 2);
+    assert_eq!(no_trim[1], 0);
+}
+
+#[test]
+fn replay_with_a_small_slack_stays_within_its_bound() {
+    let trace = random_trace(12, 4000);
+    for slack in [10, 40, 100] {
+        let space = CountingSpace::new(1 << 40, MIB);
+        let config = VirtualConfig::new(1 << 30).keep(u64::MAX).slack_permille(slack);
+        replay(&space, config, &trace, 2);
+        // With a release threshold too.
+        let space = CountingSpace::new(1 << 40, MIB);
+        replay(&space, config.keep(16 * MIB), &trace, 2);
+    }
+}
+
+#[test]
+fn randomized_keep_all_with_slack() {
+    randomized(VirtualConfig::new(256 * MIB).keep(u64::MAX).slack_permille(40), MIB, 30_000, 6);
+}
