@@ -11,7 +11,7 @@ use memres_core::arena::ArenaResource;
 use memres_core::binning::BinningResource;
 use memres_core::fixed::{FixedConfig, FixedSizeResource};
 use memres_core::pool::{CoalescingPool, PoolConfig};
-use memres_core::vpool::VirtualPool;
+use memres_core::vpool::{VirtualConfig, VirtualPool};
 use memres_core::{Block, Error, MemoryResource, MemoryResourceMut, Request, Shared, StreamOrdered};
 use memres_host::{HostMemory, SimAddressSpace, SimDevice, SimStream, SimWorld};
 use std::fmt;
@@ -384,7 +384,7 @@ pub const RESOURCES: &[Resource] = &[
     shared_entry::<Arena, Arena>("arena", "memres ArenaResource over the upstream"),
     Resource {
         sim_only: true,
-        ..shared_entry::<VPool, VPool>("vpool", "memres VirtualPool: 64 GiB reserved in 2 MiB granules, 256 MiB kept committed (sim only; footprint: peak committed)")
+        ..shared_entry::<VPool, VPool>("vpool", "memres VirtualPool: 64 GiB reserved in 2 MiB granules, free memory kept mapped up to 1.04x the peak in use (sim only; footprint: peak committed)")
     },
     shared_entry::<StreamPool, StreamPool>("stream-pool", "memres StreamOrdered over a CoalescingPool, one simulated stream per workload stream or thread"),
     shared_entry::<StatsPool, StatsPool>("stats-pool", "memres Statistics over a shared CoalescingPool (the cost of the counters)"),
@@ -752,8 +752,10 @@ pub struct VPool;
 impl VPool {
     /// Bytes reserved: 64 GiB.
     pub const RESERVE: u64 = 64 << 30;
-    /// Bytes kept committed when free: 256 MiB.
-    pub const KEEP: u64 = 256 << 20;
+    /// Bytes kept committed when free: all of them, under the slack.
+    pub const KEEP: u64 = u64::MAX;
+    /// Free committed memory is trimmed above 1.04x the peak in use.
+    pub const SLACK_PERMILLE: u32 = 40;
     /// Granule: 2 MiB.
     pub const GRANULE: u64 = 2 << 20;
 
@@ -765,7 +767,8 @@ impl VPool {
             ));
         }
         let space = SimAddressSpace::new(UpstreamKind::SIM_CAPACITY, Self::GRANULE);
-        VirtualPool::new(space, Self::RESERVE, Self::KEEP).map_err(|e| format!("vpool: {e}"))
+        let config = VirtualConfig::new(Self::RESERVE).keep(Self::KEEP).slack_permille(Self::SLACK_PERMILLE);
+        VirtualPool::with_config(space, config).map_err(|e| format!("vpool: {e}"))
     }
 }
 

@@ -26,7 +26,7 @@ so=$(realpath "$1")
 out=$(realpath -m "${2:-/tmp/memres-gpu-check}")
 here=$(dirname "$(realpath "$0")")
 py=${PYTHON:-python3}
-train_stacks=${TRAIN_STACKS:-"stats(pool(async));stats(vmm(keep=1TiB, trim_on_commit=false))"}
+train_stacks=${TRAIN_STACKS:-"stats(pool(async));stats(vmm)"}
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1
 

@@ -17,7 +17,7 @@
 //! | `fixed` | `upstream, size` (or `size=`, default 1 MiB), `blocks=` (per chunk, default 128) | [`FixedSizeResource`] behind [`Shared`] |
 //! | `binning` | `upstream, min=, max=` (bin exponents, default 18 and 22: 256 KiB..4 MiB) | [`BinningResource::with_exponents`] |
 //! | `arena` | `upstream, initial=, max=, superblock=` | [`ArenaResource`] |
-//! | `vpool` | `sim` or `sim(physical)`, `reserve=` (64 GiB), `keep=` (256 MiB), `granule=` (2 MiB) | [`VirtualPool`] over a [`SimAddressSpace`], behind [`Shared`] |
+//! | `vpool` | `sim` or `sim(physical)`, `reserve=` (64 GiB), `keep=` (all), `slack=` (40 permille), `granule=` (2 MiB) | [`VirtualPool`] over a [`SimAddressSpace`], behind [`Shared`] |
 //! | `stream` | `upstream` | [`StreamOrdered`] behind [`Shared`], inner calls on the build stream (registered by [`StackBuilder::register_stream_layer`], for stream types that clone) |
 //!
 //! Other resources join with one [`StackBuilder::register`] call each.
@@ -275,7 +275,7 @@ impl<S: Stream + ?Sized + 'static> StackBuilder<S> {
             Ok(cx.keep(call, arena))
         });
         b.register("vpool", |call, cx| {
-            call.expect_args(1, &["reserve", "keep", "granule"])?;
+            call.expect_args(1, &["reserve", "keep", "granule", "slack"])?;
             let space = call.resource(0)?;
             if space.name != "sim" {
                 return Err(space.error(StackErrorKind::BadValue(format!(
@@ -294,10 +294,24 @@ impl<S: Stream + ?Sized + 'static> StackBuilder<S> {
                 ));
             }
             let reserve = call.size_arg("reserve")?.unwrap_or(64 << 30);
-            let keep = call.size_arg("keep")?.unwrap_or(256 << 20);
+            // Keep free memory mapped under a 4 % slack above the peak in
+            // use: steady-state replays of the PyTorch traces then map nothing.
+            let keep = call.size_arg("keep")?.unwrap_or(u64::MAX);
+            let slack = match call.keyed("slack") {
+                Some(v) => {
+                    let text = v.text()?;
+                    text.parse::<u32>().map_err(|_| {
+                        StackError::new(
+                            v.pos(),
+                            StackErrorKind::BadValue(format!("slack `{text}`: a whole number of permille")),
+                        )
+                    })?
+                }
+                None => 40,
+            };
             let pool = VirtualPool::with_config(
                 SimAddressSpace::new(physical, granule),
-                VirtualConfig::new(reserve).keep(keep),
+                VirtualConfig::new(reserve).keep(keep).slack_permille(slack),
             )
             .map_err(|e| resource_error(call, e))?;
             Ok(cx.keep(call, Shared::new(pool)))

@@ -12,8 +12,10 @@ fn config(text: &str) -> std::result::Result<VmmConfig, StackError> {
 fn options_are_read_with_their_defaults() {
     assert_eq!(
         config("vmm").unwrap(),
-        VmmConfig { reserve: None, keep: 256 << 20, granules: 32, trim_on_commit: true }
+        VmmConfig { reserve: None, keep: u64::MAX, granules: 32, trim_on_commit: true, slack_permille: 40 }
     );
+    assert_eq!(config("vmm(slack=0)").unwrap().slack_permille, 0);
+    assert_eq!(config("vmm(slack=100)").unwrap().virtual_config(1 << 30).slack(), 100);
     assert!(!config("vmm(trim_on_commit=false)").unwrap().trim_on_commit);
     assert!(config("vmm(trim_on_commit=true)").unwrap().trim_on_commit);
     assert_eq!(config("vmm(reserve=64GiB)").unwrap().reserve, Some(64 << 30));
@@ -37,6 +39,9 @@ fn bad_options_are_refused_at_their_position() {
     let e = config("vmm(reserve=0)").unwrap_err();
     assert_eq!(e.pos, 12);
     assert!(matches!(&e.kind, StackErrorKind::BadValue(m) if m.contains("reserve=0")), "{e}");
+    let e = config("vmm(slack=lots)").unwrap_err();
+    assert_eq!(e.pos, 10);
+    assert!(matches!(&e.kind, StackErrorKind::BadValue(m) if m.contains("permille")), "{e}");
     let e = config("vmm(trim_on_commit=no)").unwrap_err();
     assert_eq!(e.pos, 19);
     assert!(matches!(&e.kind, StackErrorKind::BadValue(m) if m.contains("true or false")), "{e}");
@@ -51,13 +56,10 @@ fn bad_options_are_refused_at_their_position() {
 #[test]
 fn the_reservation_defaults_to_twice_the_device() {
     let c = VmmConfig::default().virtual_config(80 << 30);
-    assert_eq!(
-        (c.reserve_size(), c.keep_bytes(), c.reservations()),
-        (160 << 30, 256 << 20, VMM_RESERVATIONS)
-    );
+    assert_eq!((c.reserve_size(), c.keep_bytes(), c.reservations()), (160 << 30, u64::MAX, VMM_RESERVATIONS));
     let c = config("vmm(reserve=1GiB, keep=1MiB)").unwrap().virtual_config(80 << 30);
     assert_eq!((c.reserve_size(), c.keep_bytes()), (1 << 30, 1 << 20));
-    assert!(c.trims_on_commit(), "kept memory never raises the peak");
+    assert!(c.trims_on_commit(), "kept memory raises the peak by the slack at most");
     let c = config("vmm(trim_on_commit=false)").unwrap().virtual_config(1 << 30);
     assert!(!c.trims_on_commit());
 }
