@@ -7,7 +7,7 @@
 use crate::replay::{replay, replay_threads, Measurement, ReplayError, Replayer, GRANULE};
 use crate::workload::Workload;
 use memres_core::adaptor::Statistics;
-use memres_core::arena::ArenaResource;
+use memres_core::arena::{ArenaConfig, ArenaResource};
 use memres_core::binning::BinningResource;
 use memres_core::fixed::{FixedConfig, FixedSizeResource};
 use memres_core::pool::{CoalescingPool, PoolConfig};
@@ -381,7 +381,10 @@ pub const RESOURCES: &[Resource] = &[
         ..shared_entry::<Fixed, Fixed>("fixed", "memres FixedSizeResource, fixed:SIZE blocks of SIZE bytes (128 per chunk); larger requests are an error")
     },
     shared_entry::<Binning, Binning>("binning", "memres BinningResource as in RMM's harness: fixed bins 256 KiB..4 MiB, larger requests straight to the upstream"),
-    shared_entry::<Arena, Arena>("arena", "memres ArenaResource over the upstream"),
+    Resource {
+        param: Param::OptionalSize,
+        ..shared_entry::<Arena, Arena>("arena", "memres ArenaResource over the upstream, or arena:SIZE with an initial global arena of SIZE bytes (RMM's takes half the device up front)")
+    },
     Resource {
         sim_only: true,
         ..shared_entry::<VPool, VPool>("vpool", "memres VirtualPool: 64 GiB reserved in 2 MiB granules, free memory kept mapped up to 1.04x the peak in use (sim only; footprint: peak committed)")
@@ -720,11 +723,22 @@ impl BuildShared for Binning {
 #[derive(Debug)]
 pub struct Arena;
 
+/// The arena of `arena[:INITIAL]`: grown from zero, or with an initial
+/// global arena as RMM's (which takes half the device's free memory).
+fn arena_with_initial<U: Upstream>(upstream: U, options: &RunOptions) -> Result<ArenaResource<U>, String> {
+    let config = ArenaConfig::new().initial_size(options.param.unwrap_or(0).next_multiple_of(256));
+    ArenaResource::with_config(upstream, config, &()).map_err(|e| format!("arena: {e}"))
+}
+
 impl Build for Arena {
     type Resource<U: Upstream> = RefReplayer<ArenaResource<U>>;
-    fn build<U: Upstream>(upstream: U, _: &Workload, _: &RunOptions) -> Result<Self::Resource<U>, String> {
+    fn build<U: Upstream>(
+        upstream: U,
+        _: &Workload,
+        options: &RunOptions,
+    ) -> Result<Self::Resource<U>, String> {
         Ok(RefReplayer {
-            inner: ArenaResource::new(upstream),
+            inner: arena_with_initial(upstream, options)?,
             peak: |r| r.upstream_with(|u| u.peak_held_bytes()),
         })
     }
@@ -735,9 +749,9 @@ impl BuildShared for Arena {
     fn build_shared<U: Upstream>(
         upstream: U,
         _: &Workload,
-        _: &RunOptions,
+        options: &RunOptions,
     ) -> Result<Self::Resource<U>, String> {
-        Ok(ArenaResource::new(upstream))
+        arena_with_initial(upstream, options)
     }
     fn peak<U: Upstream>(r: &Self::Resource<U>) -> u64 {
         r.upstream_with(|u| u.peak_held_bytes())

@@ -104,7 +104,7 @@ fn replay(
     let mut targets: Vec<Target> = Vec::new();
     if names.is_empty() && stacks.is_empty() {
         let applies = |r: &&Resource| {
-            r.param == Param::None
+            r.param != Param::Size
                 && (!r.cuda || cfg!(feature = "cuda"))
                 && (!r.sim_only || options.upstream == UpstreamKind::Sim)
         };

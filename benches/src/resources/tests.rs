@@ -138,7 +138,8 @@ fn fixed_needs_a_size_that_fits_and_vpool_needs_sim() {
     assert!(select("fixed:0").unwrap_err().contains("bad size"));
     assert_eq!(select("pool:1MiB").unwrap().1, Some(1 << 20), "the pool's initial size");
     assert_eq!(select("pool").unwrap().1, None);
-    assert!(select("arena:1MiB").unwrap_err().contains("takes no parameter"));
+    assert_eq!(select("arena:1MiB").unwrap().1, Some(1 << 20), "the arena's initial size");
+    assert!(select("binning:1MiB").unwrap_err().contains("takes no parameter"));
 }
 
 #[test]
