@@ -425,7 +425,13 @@ impl ReservableSpace for CudaVirtualSpace {
             pieces.push(Piece::Fresh { start: cursor, len: range.end() - cursor });
         }
         let mut made = Vec::new();
-        if pieces.iter().any(|p| matches!(p, Piece::Fresh { .. })) {
+        let fresh: u64 = pieces.iter().map(|p| if let Piece::Fresh { len, .. } = *p { len } else { 0 }).sum();
+        if fresh > 0 {
+            // More than the device has free cannot be mapped: answer without
+            // a `cuMemCreate` that fails (which tools report as an error).
+            if self.driver.memory_info().is_some_and(|i| fresh > i.free) {
+                return Err(self.out_of_memory(range.len(), st.mapped));
+            }
             let _current = self.driver.enter()?;
             for p in &pieces {
                 let Piece::Fresh { start, len } = *p else { continue };
