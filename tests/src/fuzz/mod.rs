@@ -22,7 +22,7 @@ pub mod targets;
 
 pub use ops::{Op, SizeClass};
 pub use targets::{
-    run_fixed, run_index, run_pool, run_pool_fixed, run_pool_stack, run_stack, LayerCheck, LayerJudge, Layers,
+    run_binning, run_fixed, run_index, run_pool, run_pool_fixed, run_pool_stack, run_stack, LayerCheck, LayerJudge, Layers,
     SharedPool,
 };
 
@@ -42,6 +42,7 @@ pub const TARGETS: &[(&str, Target)] = &[
     ("pool_fixed", run_pool_fixed),
     ("pool_stack", run_pool_stack),
     ("fixed", run_fixed),
+    ("binning", run_binning),
 ];
 
 /// Whether the resources' own invariant checkers run (the default). With
@@ -128,6 +129,13 @@ pub trait FuzzResource {
     /// [`Error::DoubleFree`], and a stale tag may reach a stale slot.
     fn forgets(&self, _block: &Block) -> bool {
         false
+    }
+
+    /// Further errors allowed for a stale free of a block the resource
+    /// [`forgets`](Self::forgets) (e.g. the upstream's answer for memory it
+    /// handed out again to the resource itself).
+    fn stale_errors(&self, _block: &Block) -> Vec<Error> {
+        Vec::new()
     }
 
     /// Whether a block known only by its address can be freed (`false`: such
@@ -487,6 +495,7 @@ fn stale_or_foreign_free<R: FuzzResource>(
             let mut allowed = vec![Error::DoubleFree { addr }];
             if forgets {
                 allowed.push(Error::UnknownBlock { addr });
+                allowed.extend(r.stale_errors(&block));
             }
             expect_unchanged_err(r, m, got, &allowed, &before, "stale free of a reused address");
         } else if !r.frees_by_address() {
@@ -518,11 +527,15 @@ fn stale_or_foreign_free<R: FuzzResource>(
         // Still in memory the resource holds, and free there.
         expect_unchanged_err(r, m, got, &[Error::DoubleFree { addr }], &before, "double free");
     } else {
+        let mut allowed = vec![Error::DoubleFree { addr }, Error::UnknownBlock { addr }];
+        if forgets {
+            allowed.extend(r.stale_errors(&block));
+        }
         expect_unchanged_err(
             r,
             m,
             got,
-            &[Error::DoubleFree { addr }, Error::UnknownBlock { addr }],
+            &allowed,
             &before,
             if stale { "double free after memory went back upstream" } else { "free of a foreign address" },
         );
