@@ -22,7 +22,7 @@ pub mod targets;
 
 pub use ops::{Op, SizeClass};
 pub use targets::{
-    run_binning, run_fixed, run_index, run_pool, run_pool_fixed, run_pool_stack, run_stack, LayerCheck, LayerJudge, Layers,
+    run_binning, run_fixed, run_index, run_stack_adaptors, run_stream, run_pool, run_pool_fixed, run_pool_stack, run_stack, LayerCheck, LayerJudge, Layers,
     SharedPool,
 };
 
@@ -43,6 +43,8 @@ pub const TARGETS: &[(&str, Target)] = &[
     ("pool_stack", run_pool_stack),
     ("fixed", run_fixed),
     ("binning", run_binning),
+    ("stack", run_stack_adaptors),
+    ("stream", run_stream),
 ];
 
 /// Whether the resources' own invariant checkers run (the default). With

@@ -285,3 +285,294 @@ pub fn run_binning(data: &[u8]) {
     let bins = BinningResource::with_exponents(spy.clone(), 8, max_exponent).expect("valid exponents");
     drive(&mut BinningTarget { bins, spy, released_any: false }, &mut u);
 }
+
+// ---------------------------------------------------------------- stack
+
+/// What the caller handed out and freed through the top of a stack, to
+/// judge the statistics (which count sizes as the caller states them).
+#[derive(Debug, Default)]
+struct Ledger {
+    sizes: HashMap<u64, u64>,
+    /// Sizes of every allocation, summed.
+    allocated: u64,
+    /// Allocations made.
+    count: u64,
+    /// Sum of the sizes the frees stated.
+    freed: u64,
+}
+
+/// The top of the stack: forwards, and writes the ledger.
+struct Recorder<R> {
+    inner: R,
+    ledger: Arc<Mutex<Ledger>>,
+}
+
+impl<R: MemoryResource> MemoryResource for Recorder<R> {
+    fn allocate(&self, request: Request, stream: &()) -> Result<Block> {
+        let block = self.inner.allocate(request, stream)?;
+        if !block.is_empty() {
+            let mut l = self.ledger.lock().expect("ledger");
+            l.sizes.insert(block.addr(), block.size());
+            l.allocated += block.size();
+            l.count += 1;
+        }
+        Ok(block)
+    }
+    fn deallocate(&self, block: Block, stream: &()) -> Result<()> {
+        self.inner.deallocate(block, stream)?;
+        if !block.is_empty() {
+            let mut l = self.ledger.lock().expect("ledger");
+            l.sizes.remove(&block.addr());
+            l.freed += block.size();
+        }
+        Ok(())
+    }
+}
+
+type Limited = Limiting<Arc<SharedPool>>;
+
+/// Fuzz target `stack`: `Statistics` over `Limiting` over a shared pool,
+/// through `dyn MemoryResource`. The statistics agree with what was handed
+/// out and freed; the limit refuses exactly when the model's bytes in use
+/// plus the request's footprint exceed it.
+pub fn run_stack_adaptors(data: &[u8]) {
+    let limit = match data.first() {
+        None => return,
+        Some(&b) => match b % 4 {
+            0 => 0,
+            1 => 256 * (u64::from(b) + 1),
+            2 => 64 << 20,
+            _ => 1 << 40,
+        },
+    };
+    super::run_stack(&data[1..], |pool| {
+        let limited: Arc<Limited> = Arc::new(Limiting::new(pool, limit));
+        let stats = Arc::new(Statistics::new(Arc::clone(&limited)));
+        let ledger = Arc::new(Mutex::new(Ledger::default()));
+        let top = Recorder { inner: Arc::clone(&stats), ledger: Arc::clone(&ledger) };
+        let (l2, s2) = (Arc::clone(&limited), Arc::clone(&stats));
+        let check = move |model: &Model| -> std::result::Result<(), String> {
+            if l2.used() != model.used() {
+                return Err(format!("Limiting counts {} bytes, the model {}", l2.used(), model.used()));
+            }
+            if l2.used() > limit {
+                return Err(format!("Limiting lets {} bytes be used over a limit of {limit}", l2.used()));
+            }
+            let l = ledger.lock().expect("ledger");
+            let (bytes, count) = (s2.bytes(), s2.allocations());
+            let live = model.live().len() as i64;
+            let live_bytes = l.allocated as i64 - l.freed as i64;
+            let want_bytes: u64 = model.live().iter().map(|x| x.block.size()).sum();
+            if l.sizes.len() as i64 != live || l.sizes.values().sum::<u64>() != want_bytes {
+                return Err("the ledger lost track of the live blocks".into());
+            }
+            if count.value != live || count.total != l.count as i64 || count.peak < count.value {
+                return Err(format!("allocation counter {count:?}, {live} live of {} made", l.count));
+            }
+            if bytes.value != live_bytes || bytes.total != l.allocated as i64 || bytes.peak < bytes.value {
+                return Err(format!(
+                    "byte counter {bytes:?}; {} allocated, {} freed as stated",
+                    l.allocated, l.freed
+                ));
+            }
+            Ok(())
+        };
+        let l3 = Arc::clone(&limited);
+        let judge = move |request: &Request, err: &Error, model: &Model| {
+            let fp = request.size().div_ceil(256) * 256;
+            let over = fp > limit || model.used() > limit - fp;
+            match (err, over) {
+                (Error::LimitExceeded { requested, used, limit: lim }, true) => {
+                    Some(if *requested == request.size() && *used == model.used() && *lim == limit {
+                        Ok(())
+                    } else {
+                        Err(format!("wrong figures; used {}", l3.used()))
+                    })
+                }
+                (Error::LimitExceeded { .. }, false) => {
+                    Some(Err(format!("{} + {fp} bytes fit the limit {limit}", model.used())))
+                }
+                (_, true) => Some(Err(format!("{} + {fp} bytes exceed the limit {limit}", model.used()))),
+                (_, false) => None,
+            }
+        };
+        Layers { top: Box::new(top), check: Box::new(check), judge: Box::new(judge) }
+    });
+}
+
+// --------------------------------------------------------------- stream
+
+type Ordered = StreamOrdered<Pool, SimStream>;
+
+/// `StreamOrdered` over a pool, on a few `SimStream`s of one `SimWorld`,
+/// behind the happens-before checker.
+struct StreamTarget {
+    hb: HbChecked<Shared<Ordered>>,
+    spy: Spy,
+    world: SimWorld,
+    streams: Vec<SimStream>,
+    current: usize,
+    /// Footprints of the blocks handed out and not freed.
+    handed: u64,
+    /// Whether a stream call was made to fail (a backend error is then
+    /// legitimate).
+    stream_failure_armed: bool,
+}
+
+impl std::fmt::Debug for StreamTarget {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StreamTarget").field("current", &self.current).finish_non_exhaustive()
+    }
+}
+
+impl StreamTarget {
+    fn with<T>(&self, f: impl FnOnce(&mut Ordered) -> T) -> T {
+        self.hb.inner().with(f)
+    }
+}
+
+fn round256(size: u64) -> u64 {
+    size.div_ceil(256) * 256
+}
+
+impl FuzzResource for StreamTarget {
+    fn allocate(&mut self, request: Request) -> Result<Block> {
+        let block = self.hb.allocate(request, &self.streams[self.current])?;
+        self.handed += round256(block.size());
+        Ok(block)
+    }
+    fn deallocate(&mut self, block: Block) -> Result<()> {
+        self.hb.deallocate(block, &self.streams[self.current])?;
+        self.handed -= round256(block.size());
+        Ok(())
+    }
+    fn release(&mut self) -> Option<Result<u64>> {
+        // Blocks whose free completed go back to the pool, the pool's free
+        // chunks upstream.
+        match self.with(|so| so.reclaim()) {
+            Ok(n) => Some(Ok(n as u64)),
+            // An injected failure of the event it records: the lists stay.
+            Err(Error::Backend { .. }) if self.stream_failure_armed => Some(Ok(0)),
+            Err(e) => Some(Err(e)),
+        }
+    }
+    fn fail_nth(&mut self, n: u64) -> bool {
+        self.spy.inner.fail_nth(n);
+        true
+    }
+    fn check(&self, model: &Model) -> std::result::Result<(), String> {
+        if let Some(v) = self.hb.violations().first() {
+            return Err(format!("happens-before violation: {v}"));
+        }
+        self.with(|so| {
+            if super::super::invariant_checker_on() {
+                so.check().map_err(|v| v.to_string())?;
+            }
+            let pool = so.inner();
+            if self.spy.inner.held_bytes() != pool.pool_size() {
+                return Err(format!(
+                    "upstream holds {} bytes, the pool says {}",
+                    self.spy.inner.held_bytes(),
+                    pool.pool_size()
+                ));
+            }
+            if pool.used_bytes() != so.live_bytes() + so.listed_bytes() {
+                return Err(format!(
+                    "the pool has {} bytes in use, the layer {} live and {} listed",
+                    pool.used_bytes(),
+                    so.live_bytes(),
+                    so.listed_bytes()
+                ));
+            }
+            if so.live_count() != model.live().len() {
+                return Err(format!("{} live in the layer, {} in the model", so.live_count(), model.live().len()));
+            }
+            // A listed block serves a request only if it wastes at most half.
+            if so.live_bytes() < model.used() || so.live_bytes() > 2 * model.used() {
+                return Err(format!("{} bytes live behind {} bytes handed out", so.live_bytes(), model.used()));
+            }
+            Ok(())
+        })
+    }
+    fn used_bytes(&self) -> u64 {
+        self.handed
+    }
+    fn footprint(&self, size: u64) -> u64 {
+        round256(size)
+    }
+    fn size_class(&self, size: u64) -> u64 {
+        // The layer checks the exact size a block was asked with.
+        size
+    }
+    fn forgets(&self, _block: &Block) -> bool {
+        // A stale tag names a slot that may hold another address by now.
+        true
+    }
+    fn frees_by_address(&self) -> bool {
+        false
+    }
+    fn summary(&self) -> Vec<u64> {
+        self.with(|so| {
+            vec![
+                self.handed,
+                so.live_count() as u64,
+                so.inner().pool_size(),
+                so.live_bytes(),
+                so.listed_bytes(),
+                so.inner().used_bytes(),
+            ]
+        })
+    }
+    fn give_backs(&self) -> u64 {
+        self.spy.frees()
+    }
+    fn begin_allocate(&mut self) {
+        self.spy.take_log();
+    }
+    fn streams(&self) -> u8 {
+        self.streams.len() as u8
+    }
+    fn stream_op(&mut self, op: Op) {
+        match op {
+            Op::Stream { which } => self.current = which as usize % self.streams.len(),
+            Op::Advance => self.world.advance(),
+            Op::Synchronize => self.world.synchronize(),
+            Op::FailStream { n } => {
+                self.world.fail_nth(n);
+                self.stream_failure_armed = true;
+            }
+            _ => {}
+        }
+    }
+    fn judge_alloc_failure(
+        &self,
+        request: &Request,
+        err: &Error,
+        before: &[u64],
+        _: &Model,
+    ) -> std::result::Result<(), String> {
+        if matches!(err, Error::Backend { .. }) && self.stream_failure_armed {
+            return Ok(());
+        }
+        let pool_before = [0, 0, before[2]];
+        self.with(|so| judge_pool_failure(so.inner(), &self.spy, request, err, &pool_before))
+    }
+}
+
+/// Fuzz target `stream`: [`StreamOrdered`] over a pool on two to four
+/// streams of one `SimWorld` (the legacy default stream among them), with
+/// the happens-before checker, which must find nothing.
+pub fn run_stream(data: &[u8]) {
+    let mut u = Unstructured::new(data);
+    let Ok((pool, spy)) = super::build_pool::<Vec<_>, Vec<_>>(&mut u) else { return };
+    let Ok(count) = u.int_in_range(2..=4usize) else { return };
+    let world = SimWorld::new();
+    let mut streams = vec![world.default_stream()];
+    for i in 1..count {
+        streams.push(if i == 3 { world.non_blocking_stream() } else { world.stream() });
+    }
+    let hb = HbChecked::new(Shared::new(StreamOrdered::new(pool)));
+    let mut target =
+        StreamTarget { hb, spy, world, streams, current: 1, handed: 0, stream_failure_armed: false };
+    drive(&mut target, &mut u);
+}
