@@ -22,7 +22,7 @@ pub mod targets;
 
 pub use ops::{Op, SizeClass};
 pub use targets::{
-    run_binning, run_fixed, run_index, run_stack_adaptors, run_stream, run_pool, run_pool_fixed, run_pool_stack, run_stack, LayerCheck, LayerJudge, Layers,
+    run_binning, run_fixed, run_index, run_stack_adaptors, run_stream, run_vpool, run_pool, run_pool_fixed, run_pool_stack, run_stack, LayerCheck, LayerJudge, Layers,
     SharedPool,
 };
 
@@ -45,6 +45,7 @@ pub const TARGETS: &[(&str, Target)] = &[
     ("binning", run_binning),
     ("stack", run_stack_adaptors),
     ("stream", run_stream),
+    ("vpool", run_vpool),
 ];
 
 /// Whether the resources' own invariant checkers run (the default). With

@@ -10,7 +10,8 @@ use memres_core::fixed::{FixedConfig, FixedSizeResource};
 use memres_core::pool::{CoalescingPool, Growth, PoolConfig};
 use memres_core::stream_ordered::StreamOrdered;
 use memres_core::{Block, Error, MemoryResource, MemoryResourceMut, Request, Result, Shared, Stream};
-use memres_host::{HbChecked, SimStream, SimWorld};
+use memres_core::vpool::{VirtualConfig, VirtualPool};
+use memres_host::{HbChecked, SimAddressSpace, SimStream, SimWorld};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
@@ -575,4 +576,179 @@ pub fn run_stream(data: &[u8]) {
     let mut target =
         StreamTarget { hb, spy, world, streams, current: 1, handed: 0, stream_failure_armed: false };
     drive(&mut target, &mut u);
+}
+
+// ---------------------------------------------------------------- vpool
+
+/// `VirtualPool` over a `SimAddressSpace`.
+#[derive(Debug)]
+struct VpoolTarget {
+    pool: VirtualPool<SimAddressSpace>,
+    /// Whether a commit was made to fail (a backend error is then
+    /// legitimate).
+    commit_failure_armed: bool,
+    /// Whether a decommit was made to fail (idle memory may then stay above
+    /// `keep` until a later call retries).
+    decommit_failure_armed: bool,
+}
+
+impl VpoolTarget {
+    /// Bytes of the granules that live blocks touch.
+    fn busy_bytes(&self, model: &Model) -> u64 {
+        let g = self.pool.granule();
+        let mut spans: Vec<(u64, u64)> = model
+            .live()
+            .iter()
+            .map(|l| (l.block.addr() / g, (l.block.addr() + l.footprint - 1) / g + 1))
+            .collect();
+        spans.sort_unstable();
+        let (mut total, mut end) = (0, 0);
+        for (s, e) in spans {
+            let s = s.max(end);
+            if e > s {
+                total += e - s;
+            }
+            end = end.max(e);
+        }
+        total * g
+    }
+}
+
+impl FuzzResource for VpoolTarget {
+    fn allocate(&mut self, request: Request) -> Result<Block> {
+        self.pool.allocate(request, &())
+    }
+    fn deallocate(&mut self, block: Block) -> Result<()> {
+        self.pool.deallocate(block, &())
+    }
+    fn release(&mut self) -> Option<Result<u64>> {
+        match self.pool.trim(&()) {
+            Err(Error::Backend { .. }) if self.decommit_failure_armed => Some(Ok(0)),
+            got => Some(got),
+        }
+    }
+    fn fail_nth(&mut self, n: u64) -> bool {
+        if n <= 2 {
+            self.pool.space().fail_nth_commit(n);
+            self.commit_failure_armed = true;
+        } else {
+            self.pool.space().fail_nth_decommit(n - 2);
+            self.decommit_failure_armed = true;
+        }
+        true
+    }
+    fn check(&self, model: &Model) -> std::result::Result<(), String> {
+        if super::super::invariant_checker_on() {
+            self.pool.check().map_err(|v| v.to_string())?;
+        }
+        let space = self.pool.space();
+        for l in model.live() {
+            let range = memres_core::Range::new(l.block.addr(), l.footprint).expect("live range");
+            if !space.is_committed(range) {
+                return Err(format!("{:?} lies over memory that is not committed", l.block));
+            }
+        }
+        if space.committed_bytes() != self.pool.committed_bytes()
+            || space.reserved_bytes() != self.pool.reserved_bytes()
+        {
+            return Err(format!(
+                "the space has {} bytes committed and {} reserved, the pool says {} and {}",
+                space.committed_bytes(),
+                space.reserved_bytes(),
+                self.pool.committed_bytes(),
+                self.pool.reserved_bytes()
+            ));
+        }
+        let busy = self.busy_bytes(model);
+        if self.pool.committed_bytes() - self.pool.idle_bytes() != busy {
+            return Err(format!(
+                "{} bytes committed, {} idle; live blocks touch {busy} bytes of granules",
+                self.pool.committed_bytes(),
+                self.pool.idle_bytes()
+            ));
+        }
+        if !self.decommit_failure_armed && self.pool.idle_bytes() > self.pool.config().keep_bytes() {
+            return Err(format!(
+                "{} bytes idle, more than the {} kept",
+                self.pool.idle_bytes(),
+                self.pool.config().keep_bytes()
+            ));
+        }
+        Ok(())
+    }
+    fn used_bytes(&self) -> u64 {
+        self.pool.used_bytes()
+    }
+    fn footprint(&self, size: u64) -> u64 {
+        round256(size)
+    }
+    fn summary(&self) -> Vec<u64> {
+        // Idle memory may be decommitted by any call: not in the summary.
+        vec![self.pool.used_bytes(), self.pool.free_bytes(), self.pool.reserved_bytes()]
+    }
+    fn judge_alloc_failure(
+        &self,
+        request: &Request,
+        err: &Error,
+        before: &[u64],
+        model: &Model,
+    ) -> std::result::Result<(), String> {
+        let g = self.pool.granule();
+        let reserved = self.pool.reserved_bytes();
+        let need = request.rounded_size(256) + request.align().saturating_sub(g);
+        let at_max = self.pool.reservation_count() >= self.pool.config().reservations() as usize;
+        match err {
+            Error::Backend { .. } if self.commit_failure_armed => Ok(()),
+            Error::InvalidSize { .. } if reserved / g + need.div_ceil(g) >= u64::from(u32::MAX) => Ok(()),
+            // Out of physical memory, the space's error comes through as it
+            // is: `requested` is then the bytes of the commit.
+            Error::OutOfMemory { .. } => {
+                if reserved != before[2] {
+                    return Err("a failed allocation kept a new reservation".into());
+                }
+                // Reserved room: the index's promise as in the `index` target.
+                let granules = request.size().div_ceil(256) + request.align() / 256 - 1;
+                let room_short = self.pool.largest_free() < 256 * (granules + granules / 32);
+                let no_more = at_max || need.max(self.pool.config().reserve_size()) > SimAddressSpace::DEFAULT_SPAN - reserved;
+                // Physical memory: what live blocks touch, plus the granules
+                // the block would touch.
+                let physical = self.busy_bytes(model) + (need.div_ceil(g) + 1) * g
+                    > self.pool.space().physical_bytes();
+                if (room_short && no_more) || physical {
+                    Ok(())
+                } else {
+                    Err(format!(
+                        "largest free {}, {} reservations, {} bytes busy of {}",
+                        self.pool.largest_free(),
+                        self.pool.reservation_count(),
+                        self.busy_bytes(model),
+                        self.pool.space().physical_bytes()
+                    ))
+                }
+            }
+            _ => Err("unexpected error".into()),
+        }
+    }
+}
+
+/// Fuzz target `vpool`: [`VirtualPool`] over a `SimAddressSpace` of a few
+/// granule sizes, physical sizes, reservation sizes and release thresholds;
+/// commits and decommits made to fail.
+pub fn run_vpool(data: &[u8]) {
+    let mut u = Unstructured::new(data);
+    let Ok((granule, physical, config)) = (|| -> arbitrary::Result<(u64, u64, VirtualConfig)> {
+        let granule = *u.choose(&[4096u64, 64 << 10, 2 << 20])?;
+        let physical = *u.choose(&[granule * 8, 64 << 20, 1 << 36])?;
+        let reserve = *u.choose(&[granule * 16, 256 << 20, 1 << 40])?;
+        let keep = *u.choose(&[0, granule * 2, 1 << 30])?;
+        let config = VirtualConfig::new(reserve)
+            .keep(keep)
+            .max_reservations(u.int_in_range(1..=3)?)
+            .trim_on_commit(u.arbitrary()?);
+        Ok((granule, physical, config))
+    })() else {
+        return;
+    };
+    let pool = VirtualPool::with_config(SimAddressSpace::new(physical, granule), config).expect("a valid configuration");
+    drive(&mut VpoolTarget { pool, commit_failure_armed: false, decommit_failure_armed: false }, &mut u);
 }
