@@ -454,3 +454,18 @@ fn drop_decommits_and_releases_everything() {
     }
     assert_eq!((space.reservation_count(), space.committed_bytes()), (0, 0));
 }
+
+#[test]
+fn a_reservation_made_for_a_request_serves_it() {
+    // The new reservation is exactly what the request needs at its
+    // alignment: a size class that the index's search skips.
+    let space = CountingSpace::new(1 << 36, 64 << 10);
+    let config = VirtualConfig::new(MIB).max_reservations(2);
+    let mut pool = VirtualPool::with_config(&space, config).unwrap();
+    let r = Request::aligned(12_825_811, 512 * MIB).unwrap();
+    let b = pool.allocate(r, &()).unwrap();
+    assert_eq!(b.addr() % (512 * MIB), 0);
+    assert_eq!(pool.reservation_count(), 2);
+    pool.check().unwrap();
+    pool.deallocate(b, &()).unwrap();
+}
