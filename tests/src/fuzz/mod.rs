@@ -22,8 +22,8 @@ pub mod targets;
 
 pub use ops::{Op, SizeClass};
 pub use targets::{
-    run_binning, run_fixed, run_index, run_stack_adaptors, run_stream, run_vpool, run_pool, run_pool_fixed, run_pool_stack, run_stack, LayerCheck, LayerJudge, Layers,
-    SharedPool,
+    run_binning, run_fixed, run_index, run_pool, run_pool_fixed, run_pool_stack, run_stack,
+    run_stack_adaptors, run_stream, run_vpool, LayerCheck, LayerJudge, Layers, SharedPool,
 };
 
 use arbitrary::Unstructured;

@@ -9,8 +9,8 @@ use memres_core::binning::BinningResource;
 use memres_core::fixed::{FixedConfig, FixedSizeResource};
 use memres_core::pool::{CoalescingPool, Growth, PoolConfig};
 use memres_core::stream_ordered::StreamOrdered;
-use memres_core::{Block, Error, MemoryResource, MemoryResourceMut, Request, Result, Shared, Stream};
 use memres_core::vpool::{VirtualConfig, VirtualPool};
+use memres_core::{Block, Error, MemoryResource, MemoryResourceMut, Request, Result, Shared, Stream};
 use memres_host::{HbChecked, SimAddressSpace, SimStream, SimWorld};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -86,7 +86,12 @@ impl FuzzResource for FixedTarget {
         }
     }
     fn summary(&self) -> Vec<u64> {
-        vec![self.fixed.used_bytes(), self.fixed.free_bytes(), self.fixed.pool_size(), self.fixed.chunk_count() as u64]
+        vec![
+            self.fixed.used_bytes(),
+            self.fixed.free_bytes(),
+            self.fixed.pool_size(),
+            self.fixed.chunk_count() as u64,
+        ]
     }
     fn give_backs(&self) -> u64 {
         self.spy.frees()
@@ -107,7 +112,9 @@ impl FuzzResource for FixedTarget {
             Error::InvalidSize { size } if want_size && *size == request.size() => Ok(()),
             Error::InvalidAlignment { align } if want_align && *align == request.align() => Ok(()),
             _ if want_size || want_align => Err("expected InvalidSize or InvalidAlignment".into()),
-            _ if self.fixed.pool_size() != before[2] => Err("a failed allocation changed the bytes held".into()),
+            _ if self.fixed.pool_size() != before[2] => {
+                Err("a failed allocation changed the bytes held".into())
+            }
             _ if before[1] != 0 => Err(format!("{} bytes free in blocks and still failed", before[1])),
             _ => upstream_explains(&self.spy, err),
         }
@@ -228,7 +235,11 @@ impl FuzzResource for BinningTarget {
     fn stale_errors(&self, block: &Block) -> Vec<Error> {
         // The upstream may have given the address to a bin as a chunk.
         let (addr, given) = (block.addr(), block.size());
-        self.bins.bin_sizes().iter().map(|&bin| Error::SizeMismatch { addr, expected: bin * 128, given }).collect()
+        self.bins
+            .bin_sizes()
+            .iter()
+            .map(|&bin| Error::SizeMismatch { addr, expected: bin * 128, given })
+            .collect()
     }
     fn mismatch_errors(&self, addr: u64, expected: u64, given: u64) -> Vec<Error> {
         let expected_route = self.bins.bin_for(expected);
@@ -504,11 +515,19 @@ impl FuzzResource for StreamTarget {
                 ));
             }
             if so.live_count() != model.live().len() {
-                return Err(format!("{} live in the layer, {} in the model", so.live_count(), model.live().len()));
+                return Err(format!(
+                    "{} live in the layer, {} in the model",
+                    so.live_count(),
+                    model.live().len()
+                ));
             }
             // A listed block serves a request only if it wastes at most half.
             if so.live_bytes() < model.used() || so.live_bytes() > 2 * model.used() {
-                return Err(format!("{} bytes live behind {} bytes handed out", so.live_bytes(), model.used()));
+                return Err(format!(
+                    "{} bytes live behind {} bytes handed out",
+                    so.live_bytes(),
+                    model.used()
+                ));
             }
             Ok(())
         })
@@ -591,8 +610,16 @@ pub fn run_stream(data: &[u8]) {
         streams.push(if i == 3 { world.non_blocking_stream() } else { world.stream() });
     }
     let hb = HbChecked::new(Shared::new(StreamOrdered::new(pool)));
-    let mut target =
-        StreamTarget { hb, spy, world, streams, current: 1, handed: 0, allocated_on: HashMap::new(), stream_failure_armed: false };
+    let mut target = StreamTarget {
+        hb,
+        spy,
+        world,
+        streams,
+        current: 1,
+        handed: 0,
+        allocated_on: HashMap::new(),
+        stream_failure_armed: false,
+    };
     drive(&mut target, &mut u);
 }
 
@@ -728,11 +755,13 @@ impl FuzzResource for VpoolTarget {
                 // Reserved room: the index's promise as in the `index` target.
                 let granules = request.size().div_ceil(256) + request.align() / 256 - 1;
                 let room_short = self.pool.largest_free() < 256 * (granules + granules / 32);
-                let no_more = at_max || need.max(self.pool.config().reserve_size()).next_multiple_of(g) > (g << SPAN_GRANULES_LOG2) - reserved;
+                let no_more = at_max
+                    || need.max(self.pool.config().reserve_size()).next_multiple_of(g)
+                        > (g << SPAN_GRANULES_LOG2) - reserved;
                 // Physical memory: what live blocks touch, plus the granules
                 // the block would touch.
-                let physical = self.busy_bytes(model) + (need.div_ceil(g) + 1) * g
-                    > self.pool.space().physical_bytes();
+                let physical =
+                    self.busy_bytes(model) + (need.div_ceil(g) + 1) * g > self.pool.space().physical_bytes();
                 let grew = reserved != before[2];
                 if (room_short && no_more && !grew) || physical {
                     Ok(())
@@ -769,6 +798,10 @@ pub fn run_vpool(data: &[u8]) {
     })() else {
         return;
     };
-    let pool = VirtualPool::with_config(SimAddressSpace::with_span(physical, granule, granule << SPAN_GRANULES_LOG2), config).expect("a valid configuration");
+    let pool = VirtualPool::with_config(
+        SimAddressSpace::with_span(physical, granule, granule << SPAN_GRANULES_LOG2),
+        config,
+    )
+    .expect("a valid configuration");
     drive(&mut VpoolTarget { pool, commit_failure_armed: false, decommit_failure_armed: false }, &mut u);
 }
