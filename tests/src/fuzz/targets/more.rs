@@ -2,12 +2,11 @@
 //! the stream-ordered layer, and a stack of adaptors.
 
 use super::super::{drive, FuzzResource, Model, Op};
-use super::{judge_pool_failure, pool_summary, released, Layers, Pool, SharedPool, Spy};
+use super::{judge_pool_failure, Layers, Pool, SharedPool, Spy};
 use arbitrary::Unstructured;
 use memres_core::adaptor::{Limiting, Statistics};
 use memres_core::binning::BinningResource;
 use memres_core::fixed::{FixedConfig, FixedSizeResource};
-use memres_core::pool::{CoalescingPool, Growth, PoolConfig};
 use memres_core::stream_ordered::StreamOrdered;
 use memres_core::vpool::{VirtualConfig, VirtualPool};
 use memres_core::{Block, Error, MemoryResource, MemoryResourceMut, Request, Result, Shared, Stream};
