@@ -231,6 +231,17 @@ impl FuzzResource for BinningTarget {
     fn forgets(&self, block: &Block) -> bool {
         self.bins.bin_for(block.size()).is_none() || self.released_any
     }
+    fn undetected_bad_free(&self, block: &Block) -> bool {
+        // Open issue: a size that routes upstream, at the address of a bin's
+        // chunk, frees the whole chunk when the sizes round alike.
+        self.bins.bin_for(block.size()).is_none()
+            && self.bins.bin_sizes().iter().any(|&s| {
+                let probe = Block::from_addr(block.addr(), s + 1);
+                self.bins
+                    .fixed_bin(s)
+                    .is_some_and(|f| matches!(f.deallocate(probe, &()), Err(Error::SizeMismatch { .. })))
+            })
+    }
     fn stale_errors(&self, block: &Block) -> Vec<Error> {
         // The upstream may have given the address to a bin as a chunk.
         let (addr, given) = (block.addr(), block.size());
