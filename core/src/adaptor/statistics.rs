@@ -62,7 +62,7 @@ impl Figure {
         let current = self.current.load(Relaxed);
         Counter {
             value: current.wrapping_sub(base.current) as i64,
-            peak: self.peak.load(Relaxed).max(current).wrapping_sub(base.current) as i64,
+            peak: signed_max(self.peak.load(Relaxed), current).wrapping_sub(base.current) as i64,
             total: self.total.load(Relaxed).wrapping_sub(base.total) as i64,
         }
     }
@@ -79,11 +79,24 @@ impl Figure {
 #[inline]
 fn raise(peak: &AtomicU64, now: u64) {
     let mut seen = peak.load(Relaxed);
-    while now > seen {
+    // Compared as signed: a caller that frees more bytes than it asked for
+    // (a size of the same footprint) takes `current` below zero for a while,
+    // and a wrapped value must not become the peak.
+    while (now as i64) > (seen as i64) {
         match peak.compare_exchange_weak(seen, now, Relaxed, Relaxed) {
             Ok(_) => return,
             Err(actual) => seen = actual,
         }
+    }
+}
+
+/// The larger of two figures, compared as signed (see [`raise`]).
+#[inline]
+fn signed_max(a: u64, b: u64) -> u64 {
+    if (a as i64) >= (b as i64) {
+        a
+    } else {
+        b
     }
 }
 

@@ -446,7 +446,8 @@ impl<A: MemoryResourceMut<()>, S: Stream + Clone> StreamOrdered<A, S> {
         let found =
             self.lists.iter().filter(|(&id, _)| id != me).find_map(|(&id, l)| Some((id, l.find(request)?)));
         let Some((id, key)) = found else { return Ok(None) };
-        if self.cross == CrossStream::Wait {
+        // A planted bug for the fuzz oracles (fuzz/plant.sh): no wait.
+        if self.cross == CrossStream::Wait && !cfg!(memres_plant = "missing_wait") {
             // An event after the free (the block is in the list, so the free
             // came before), then the taker waits on it. Either call failing
             // leaves the block where it was.

@@ -411,8 +411,8 @@ impl<V: ReservableSpace> VirtualPool<V> {
     }
 
     /// Reserves `bytes` (rounded up to the granule) and adds the range to
-    /// the index and the slots.
-    fn add_reservation(&mut self, bytes: u64) -> Result<()> {
+    /// the index and the slots; returns the range's first index node.
+    fn add_reservation(&mut self, bytes: u64) -> Result<u32> {
         let g = self.granule();
         let len = bytes.checked_next_multiple_of(g).ok_or(Error::InvalidSize { size: bytes })?;
         let granules = len >> self.shift;
@@ -438,7 +438,7 @@ impl<V: ReservableSpace> VirtualPool<V> {
         );
         let at = self.reservations.partition_point(|r| r.range.start() < range.start());
         self.reservations.insert(at, Reservation { range, first, base });
-        Ok(())
+        Ok(first)
     }
 
     /// The reservation holding `addr`, by binary search.
@@ -741,9 +741,11 @@ impl<V: ReservableSpace> VirtualPool<V> {
         // Reservations start on a granule: only alignment beyond it pads.
         let pad = request.align().saturating_sub(self.granule());
         let need = request.rounded_size(256) + pad;
-        self.add_reservation(need.max(self.config.reserve))?;
+        let first = self.add_reservation(need.max(self.config.reserve))?;
+        // From the new reservation itself: one of exactly `need` bytes may
+        // sit in a size class that the index's class search skips.
         self.index
-            .allocate(request.size(), request.align())?
+            .allocate_in(first, request.size(), request.align())?
             .ok_or_else(|| self.out_of_memory(request.size()))
     }
 

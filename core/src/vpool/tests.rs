@@ -603,3 +603,18 @@ fn replay_with_a_small_slack_stays_within_its_bound() {
 fn randomized_keep_all_with_slack() {
     randomized(VirtualConfig::new(256 * MIB).keep(u64::MAX).slack_permille(40), MIB, 30_000, 6);
 }
+
+#[test]
+fn a_reservation_made_for_a_request_serves_it() {
+    // The new reservation is exactly what the request needs at its
+    // alignment: a size class that the index's search skips.
+    let space = CountingSpace::new(1 << 36, 64 << 10);
+    let config = VirtualConfig::new(MIB).max_reservations(2);
+    let mut pool = VirtualPool::with_config(&space, config).unwrap();
+    let r = Request::aligned(12_825_811, 512 * MIB).unwrap();
+    let b = pool.allocate(r, &()).unwrap();
+    assert_eq!(b.addr() % (512 * MIB), 0);
+    assert_eq!(pool.reservation_count(), 2);
+    pool.check().unwrap();
+    pool.deallocate(b, &()).unwrap();
+}

@@ -55,6 +55,20 @@ pub enum Op {
         /// 1 = the next one.
         n: u64,
     },
+    /// Switch the current stream (index taken modulo the stream count).
+    Stream {
+        /// Which stream.
+        which: u8,
+    },
+    /// The device finishes all work submitted so far.
+    Advance,
+    /// The host waits for the whole device.
+    Synchronize,
+    /// Make the `n`-th next stream call (record, wait, synchronize) fail.
+    FailStream {
+        /// 1 = the next one.
+        n: u64,
+    },
 }
 
 /// Where a size is drawn from.
@@ -147,7 +161,25 @@ impl Op {
     ///
     /// When the input is exhausted mid-operation.
     pub fn decode(u: &mut Unstructured<'_>) -> Result<Op> {
+        Op::decode_for(u, 0)
+    }
+
+    /// Decodes one operation for a resource on `streams` streams: with
+    /// streams, a quarter of the operation bytes are stream operations.
+    ///
+    /// # Errors
+    ///
+    /// When the input is exhausted mid-operation.
+    pub fn decode_for(u: &mut Unstructured<'_>, streams: u8) -> Result<Op> {
         let kind: u8 = u.arbitrary()?;
+        if streams > 0 && kind >= 192 {
+            return Ok(match kind % 8 {
+                0..=3 => Op::Stream { which: u.int_in_range(0..=streams - 1)? },
+                4 | 5 => Op::Advance,
+                6 => Op::Synchronize,
+                _ => Op::FailStream { n: u.int_in_range(1..=4)? },
+            });
+        }
         Ok(match kind % 16 {
             0..=6 => Op::Allocate { size: draw_size(u)?, align: draw_align(u)? },
             7..=9 => Op::Free { index: u.arbitrary::<u16>()? as usize, by_address: false },

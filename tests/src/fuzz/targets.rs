@@ -9,6 +9,9 @@ use memres_host::SimDevice;
 use std::cell::Cell;
 use std::sync::{Arc, Mutex};
 
+mod more;
+pub use more::*;
+
 // ---------------------------------------------------------------- index
 
 /// `CoalescingIndex` alone over a few regions; `release` removes the wholly

@@ -1,0 +1,817 @@
+//! Targets of the algorithms beside the pool: fixed-size blocks, binning,
+//! the stream-ordered layer, and a stack of adaptors.
+
+use super::super::{drive, FuzzResource, Model, Op};
+use super::{judge_pool_failure, Layers, Pool, SharedPool, Spy};
+use arbitrary::Unstructured;
+use memres_core::adaptor::{Limiting, Statistics};
+use memres_core::binning::BinningResource;
+use memres_core::fixed::{FixedConfig, FixedSizeResource};
+use memres_core::stream_ordered::StreamOrdered;
+use memres_core::vpool::{VirtualConfig, VirtualPool};
+use memres_core::{Block, Error, MemoryResource, MemoryResourceMut, Request, Result, Shared, Stream};
+use memres_host::{HbChecked, SimAddressSpace, SimStream, SimWorld};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+/// Whether an allocation failure is one the spied upstream explains: out of
+/// memory only if it refused something, a backend error only if it failed.
+fn upstream_explains(spy: &Spy, err: &Error) -> std::result::Result<(), String> {
+    let log = spy.log();
+    match err {
+        Error::OutOfMemory { .. } if !log.refused.is_empty() => Ok(()),
+        Error::Backend { .. } if log.failed_other => Ok(()),
+        _ => Err(format!("the upstream did not refuse: {log:?}")),
+    }
+}
+
+// ---------------------------------------------------------------- fixed
+
+/// `FixedSizeResource` over the spied `SimDevice`.
+#[derive(Debug)]
+struct FixedTarget {
+    fixed: FixedSizeResource<Spy>,
+    spy: Spy,
+}
+
+impl FuzzResource for FixedTarget {
+    fn allocate(&mut self, request: Request) -> Result<Block> {
+        self.fixed.allocate(request, &())
+    }
+    fn deallocate(&mut self, block: Block) -> Result<()> {
+        self.fixed.deallocate(block, &())
+    }
+    fn release(&mut self) -> Option<Result<u64>> {
+        let got = self.fixed.release(&());
+        if got.is_ok() && self.fixed.used_blocks() == 0 && self.fixed.pool_size() != 0 {
+            panic!("fuzz oracle: release() kept {} bytes with nothing in use", self.fixed.pool_size());
+        }
+        Some(got)
+    }
+    fn fail_nth(&mut self, n: u64) -> bool {
+        self.spy.inner.fail_nth(n);
+        true
+    }
+    fn check(&self, model: &Model) -> std::result::Result<(), String> {
+        if super::super::invariant_checker_on() {
+            self.fixed.check().map_err(|v| v.to_string())?;
+        }
+        if self.spy.inner.held_bytes() != self.fixed.pool_size() {
+            return Err(format!(
+                "upstream holds {} bytes, the resource says {}",
+                self.spy.inner.held_bytes(),
+                self.fixed.pool_size()
+            ));
+        }
+        if self.fixed.used_blocks() != model.live().len() as u64 {
+            return Err(format!("{} used blocks, {} live", self.fixed.used_blocks(), model.live().len()));
+        }
+        let align = self.fixed.alignment();
+        if let Some(l) = model.live().iter().find(|l| l.block.addr() % align != 0) {
+            return Err(format!("{:?} not aligned to {align}", l.block));
+        }
+        Ok(())
+    }
+    fn used_bytes(&self) -> u64 {
+        self.fixed.used_bytes()
+    }
+    fn footprint(&self, size: u64) -> u64 {
+        // Any size the resource takes occupies one block; a larger one is
+        // another class (a free with it is a size mismatch).
+        if size <= self.fixed.block_size() {
+            self.fixed.block_size()
+        } else {
+            size
+        }
+    }
+    fn summary(&self) -> Vec<u64> {
+        vec![
+            self.fixed.used_bytes(),
+            self.fixed.free_bytes(),
+            self.fixed.pool_size(),
+            self.fixed.chunk_count() as u64,
+        ]
+    }
+    fn give_backs(&self) -> u64 {
+        self.spy.frees()
+    }
+    fn begin_allocate(&mut self) {
+        self.spy.take_log();
+    }
+    fn judge_alloc_failure(
+        &self,
+        request: &Request,
+        err: &Error,
+        before: &[u64],
+        _: &Model,
+    ) -> std::result::Result<(), String> {
+        let want_size = request.size() > self.fixed.block_size();
+        let want_align = !want_size && request.align() > self.fixed.alignment();
+        match err {
+            Error::InvalidSize { size } if want_size && *size == request.size() => Ok(()),
+            Error::InvalidAlignment { align } if want_align && *align == request.align() => Ok(()),
+            _ if want_size || want_align => Err("expected InvalidSize or InvalidAlignment".into()),
+            _ if self.fixed.pool_size() != before[2] => {
+                Err("a failed allocation changed the bytes held".into())
+            }
+            _ if before[1] != 0 => Err(format!("{} bytes free in blocks and still failed", before[1])),
+            _ => upstream_explains(&self.spy, err),
+        }
+    }
+}
+
+/// Fuzz target `fixed`: [`FixedSizeResource`] over a spied `SimDevice`.
+pub fn run_fixed(data: &[u8]) {
+    let mut u = Unstructured::new(data);
+    let Ok(config) = (|| -> arbitrary::Result<FixedConfig> {
+        let block = 256 * *u.choose(&[1u64, 1, 3, 16, 4096])?;
+        let per_chunk = *u.choose(&[1u32, 2, 7, 128])?;
+        let align = 256u64 << *u.choose(&[0u32, 0, 4, 13])?;
+        Ok(FixedConfig::new(block).blocks_per_chunk(per_chunk).chunk_alignment(align))
+    })() else {
+        return;
+    };
+    let Ok(capacity) = u.choose(&[4u64 << 20, 256 << 20, 1 << 40]).copied() else { return };
+    let spy = Spy::new(capacity);
+    let fixed = FixedSizeResource::with_config(spy.clone(), config, &()).expect("a valid configuration");
+    drive(&mut FixedTarget { fixed, spy }, &mut u);
+}
+
+// -------------------------------------------------------------- binning
+
+/// `BinningResource` with power-of-two fixed-size bins over the spied
+/// `SimDevice`, which also serves every larger request.
+struct BinningTarget {
+    bins: BinningResource<'static, Spy>,
+    spy: Spy,
+    /// Whether a release gave a bin's chunk back (a stale block of a bin may
+    /// then be unknown to it).
+    released_any: bool,
+}
+
+impl std::fmt::Debug for BinningTarget {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BinningTarget").field("bins", &self.bins.bin_sizes()).finish_non_exhaustive()
+    }
+}
+
+impl BinningTarget {
+    fn fixed_figures(&self) -> (u64, u64, u64) {
+        let (mut used, mut free, mut held) = (0, 0, 0);
+        for &size in self.bins.bin_sizes() {
+            if let Some(f) = self.bins.fixed_bin(size) {
+                f.with(|f| {
+                    used += f.used_bytes();
+                    free += f.free_bytes();
+                    held += f.pool_size();
+                });
+            }
+        }
+        (used, free, held)
+    }
+}
+
+impl FuzzResource for BinningTarget {
+    fn allocate(&mut self, request: Request) -> Result<Block> {
+        self.bins.allocate(request, &())
+    }
+    fn deallocate(&mut self, block: Block) -> Result<()> {
+        self.bins.deallocate(block, &())
+    }
+    fn release(&mut self) -> Option<Result<u64>> {
+        let got = self.bins.release(&());
+        if let Ok(bytes) = got {
+            self.released_any |= bytes > 0;
+            let (used, _, held) = self.fixed_figures();
+            if used == 0 && held != 0 {
+                panic!("fuzz oracle: release() kept {held} bytes in bins with nothing in use");
+            }
+        }
+        Some(got)
+    }
+    fn fail_nth(&mut self, n: u64) -> bool {
+        self.spy.inner.fail_nth(n);
+        true
+    }
+    fn check(&self, model: &Model) -> std::result::Result<(), String> {
+        if super::super::invariant_checker_on() {
+            self.bins.check().map_err(|v| v.to_string())?;
+        }
+        // Every live block sits in the bin its size routes to, or upstream.
+        for l in model.live() {
+            let route = self.bins.bin_for(l.block.size());
+            let owner = self.bins.bin_sizes().iter().copied().find(|&s| {
+                // A free with a larger size is refused as a size mismatch,
+                // without freeing, only by the bin that holds the address.
+                let probe = Block::from_addr(l.block.addr(), s + 1);
+                self.bins
+                    .fixed_bin(s)
+                    .is_some_and(|f| matches!(f.deallocate(probe, &()), Err(Error::SizeMismatch { .. })))
+            });
+            if owner != route {
+                return Err(format!("{:?} routes to bin {route:?} but lies in bin {owner:?}", l.block));
+            }
+        }
+        Ok(())
+    }
+    fn used_bytes(&self) -> u64 {
+        let (used, _, held) = self.fixed_figures();
+        used + (self.spy.inner.held_bytes() - held)
+    }
+    fn footprint(&self, size: u64) -> u64 {
+        self.bins.bin_for(size).unwrap_or(size.div_ceil(256) * 256)
+    }
+    fn summary(&self) -> Vec<u64> {
+        let (used, free, held) = self.fixed_figures();
+        vec![self.used_bytes(), used, free, held, self.spy.inner.held_bytes()]
+    }
+    fn give_backs(&self) -> u64 {
+        self.spy.frees()
+    }
+    fn forgets(&self, block: &Block) -> bool {
+        self.bins.bin_for(block.size()).is_none() || self.released_any
+    }
+    fn undetected_bad_free(&self, block: &Block) -> bool {
+        // Open issue: a size that routes upstream, at the address of a bin's
+        // chunk, frees the whole chunk when the sizes round alike.
+        self.bins.bin_for(block.size()).is_none()
+            && self.bins.bin_sizes().iter().any(|&s| {
+                let probe = Block::from_addr(block.addr(), s + 1);
+                self.bins
+                    .fixed_bin(s)
+                    .is_some_and(|f| matches!(f.deallocate(probe, &()), Err(Error::SizeMismatch { .. })))
+            })
+    }
+    fn stale_errors(&self, block: &Block) -> Vec<Error> {
+        // The upstream may have given the address to a bin as a chunk.
+        let (addr, given) = (block.addr(), block.size());
+        self.bins
+            .bin_sizes()
+            .iter()
+            .map(|&bin| Error::SizeMismatch { addr, expected: bin * 128, given })
+            .collect()
+    }
+    fn mismatch_errors(&self, addr: u64, expected: u64, given: u64) -> Vec<Error> {
+        let expected_route = self.bins.bin_for(expected);
+        if self.bins.bin_for(given) == expected_route {
+            return vec![Error::SizeMismatch { addr, expected, given }];
+        }
+        // Routed to a resource that does not hold the block; the upstream
+        // finds the bin's chunk there if the block is its first.
+        let mut allowed = vec![Error::UnknownBlock { addr }, Error::DoubleFree { addr }];
+        if let Some(bin) = expected_route {
+            allowed.push(Error::SizeMismatch { addr, expected: bin * 128, given });
+        }
+        allowed
+    }
+    fn begin_allocate(&mut self) {
+        self.spy.take_log();
+    }
+    fn judge_alloc_failure(
+        &self,
+        request: &Request,
+        err: &Error,
+        before: &[u64],
+        _: &Model,
+    ) -> std::result::Result<(), String> {
+        match self.bins.bin_for(request.size()) {
+            Some(_) if request.align() > 256 => match err {
+                Error::InvalidAlignment { align } if *align == request.align() => Ok(()),
+                _ => Err("a bin refuses alignments above 256 with InvalidAlignment".into()),
+            },
+            Some(bin) => {
+                let free_in_bin = self.bins.fixed_bin(bin).expect("a fixed bin").with(|f| f.free_bytes());
+                if free_in_bin != 0 {
+                    return Err(format!("bin {bin} has {free_in_bin} bytes free and failed"));
+                }
+                if self.summary() != before {
+                    return Err("the failed allocation changed the figures".into());
+                }
+                upstream_explains(&self.spy, err)
+            }
+            None => upstream_explains(&self.spy, err),
+        }
+    }
+}
+
+/// Fuzz target `binning`: [`BinningResource`] with bins of 256 B up to
+/// 2^8..=2^16 bytes over a spied `SimDevice`, which serves larger requests.
+pub fn run_binning(data: &[u8]) {
+    let mut u = Unstructured::new(data);
+    let Ok((max_exponent, capacity)) = (|| -> arbitrary::Result<(u32, u64)> {
+        Ok((u.int_in_range(8..=16)?, *u.choose(&[16u64 << 20, 1 << 30, 1 << 40])?))
+    })() else {
+        return;
+    };
+    let spy = Spy::new(capacity);
+    let bins = BinningResource::with_exponents(spy.clone(), 8, max_exponent).expect("valid exponents");
+    drive(&mut BinningTarget { bins, spy, released_any: false }, &mut u);
+}
+
+// ---------------------------------------------------------------- stack
+
+/// What the caller handed out and freed through the top of a stack, to
+/// judge the statistics (which count sizes as the caller states them).
+#[derive(Debug, Default)]
+struct Ledger {
+    sizes: HashMap<u64, u64>,
+    /// Sizes of every allocation, summed.
+    allocated: u64,
+    /// Allocations made.
+    count: u64,
+    /// Sum of the sizes the frees stated.
+    freed: u64,
+}
+
+/// The top of the stack: forwards, and writes the ledger.
+struct Recorder<R> {
+    inner: R,
+    ledger: Arc<Mutex<Ledger>>,
+}
+
+impl<R: MemoryResource> MemoryResource for Recorder<R> {
+    fn allocate(&self, request: Request, stream: &()) -> Result<Block> {
+        let block = self.inner.allocate(request, stream)?;
+        if !block.is_empty() {
+            let mut l = self.ledger.lock().expect("ledger");
+            l.sizes.insert(block.addr(), block.size());
+            l.allocated += block.size();
+            l.count += 1;
+        }
+        Ok(block)
+    }
+    fn deallocate(&self, block: Block, stream: &()) -> Result<()> {
+        self.inner.deallocate(block, stream)?;
+        if !block.is_empty() {
+            let mut l = self.ledger.lock().expect("ledger");
+            l.sizes.remove(&block.addr());
+            l.freed += block.size();
+        }
+        Ok(())
+    }
+}
+
+type Limited = Limiting<Arc<SharedPool>>;
+
+/// Fuzz target `stack`: `Statistics` over `Limiting` over a shared pool,
+/// through `dyn MemoryResource`. The statistics agree with what was handed
+/// out and freed; the limit refuses exactly when the model's bytes in use
+/// plus the request's footprint exceed it.
+pub fn run_stack_adaptors(data: &[u8]) {
+    let limit = match data.first() {
+        None => return,
+        Some(&b) => match b % 4 {
+            0 => 0,
+            1 => 256 * (u64::from(b) + 1),
+            2 => 64 << 20,
+            _ => 1 << 40,
+        },
+    };
+    super::run_stack(&data[1..], |pool| {
+        let limited: Arc<Limited> = Arc::new(Limiting::new(pool, limit));
+        let stats = Arc::new(Statistics::new(Arc::clone(&limited)));
+        let ledger = Arc::new(Mutex::new(Ledger::default()));
+        let top = Recorder { inner: Arc::clone(&stats), ledger: Arc::clone(&ledger) };
+        let (l2, s2) = (Arc::clone(&limited), Arc::clone(&stats));
+        let check = move |model: &Model| -> std::result::Result<(), String> {
+            if l2.used() != model.used() {
+                return Err(format!("Limiting counts {} bytes, the model {}", l2.used(), model.used()));
+            }
+            if l2.used() > limit {
+                return Err(format!("Limiting lets {} bytes be used over a limit of {limit}", l2.used()));
+            }
+            let l = ledger.lock().expect("ledger");
+            let (bytes, count) = (s2.bytes(), s2.allocations());
+            let live = model.live().len() as i64;
+            let live_bytes = l.allocated as i64 - l.freed as i64;
+            let want_bytes: u64 = model.live().iter().map(|x| x.block.size()).sum();
+            if l.sizes.len() as i64 != live || l.sizes.values().sum::<u64>() != want_bytes {
+                return Err("the ledger lost track of the live blocks".into());
+            }
+            if count.value != live || count.total != l.count as i64 || count.peak < count.value {
+                return Err(format!("allocation counter {count:?}, {live} live of {} made", l.count));
+            }
+            if bytes.value != live_bytes || bytes.total != l.allocated as i64 || bytes.peak < bytes.value {
+                return Err(format!(
+                    "byte counter {bytes:?}; {} allocated, {} freed as stated",
+                    l.allocated, l.freed
+                ));
+            }
+            Ok(())
+        };
+        let l3 = Arc::clone(&limited);
+        let judge = move |request: &Request, err: &Error, model: &Model| {
+            let fp = request.size().div_ceil(256) * 256;
+            let over = fp > limit || model.used() > limit - fp;
+            match (err, over) {
+                (Error::LimitExceeded { requested, used, limit: lim }, true) => {
+                    Some(if *requested == request.size() && *used == model.used() && *lim == limit {
+                        Ok(())
+                    } else {
+                        Err(format!("wrong figures; used {}", l3.used()))
+                    })
+                }
+                (Error::LimitExceeded { .. }, false) => {
+                    Some(Err(format!("{} + {fp} bytes fit the limit {limit}", model.used())))
+                }
+                (_, true) => Some(Err(format!("{} + {fp} bytes exceed the limit {limit}", model.used()))),
+                (_, false) => None,
+            }
+        };
+        Layers { top: Box::new(top), check: Box::new(check), judge: Box::new(judge) }
+    });
+}
+
+// --------------------------------------------------------------- stream
+
+type Ordered = StreamOrdered<Pool, SimStream>;
+
+/// `StreamOrdered` over a pool, on a few `SimStream`s of one `SimWorld`,
+/// behind the happens-before checker.
+struct StreamTarget {
+    hb: HbChecked<Shared<Ordered>>,
+    spy: Spy,
+    world: SimWorld,
+    streams: Vec<SimStream>,
+    current: usize,
+    /// Footprints of the blocks handed out and not freed.
+    handed: u64,
+    /// The stream each live block was handed out on, by address.
+    allocated_on: HashMap<u64, usize>,
+    /// Whether a stream call was made to fail (a backend error is then
+    /// legitimate).
+    stream_failure_armed: bool,
+}
+
+impl std::fmt::Debug for StreamTarget {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StreamTarget").field("current", &self.current).finish_non_exhaustive()
+    }
+}
+
+impl StreamTarget {
+    fn with<T>(&self, f: impl FnOnce(&mut Ordered) -> T) -> T {
+        self.hb.inner().with(f)
+    }
+}
+
+fn round256(size: u64) -> u64 {
+    size.div_ceil(256) * 256
+}
+
+impl FuzzResource for StreamTarget {
+    fn allocate(&mut self, request: Request) -> Result<Block> {
+        let block = self.hb.allocate(request, &self.streams[self.current])?;
+        self.handed += round256(block.size());
+        if !block.is_empty() {
+            self.allocated_on.insert(block.addr(), self.current);
+        }
+        Ok(block)
+    }
+    fn deallocate(&mut self, block: Block) -> Result<()> {
+        // A correct caller that frees on another stream than the block's
+        // first orders the free after the block's work there (an event
+        // and a wait); if that fails, it frees on the block's stream.
+        let mut on = self.current;
+        if let Some(&first) = self.allocated_on.get(&block.addr()) {
+            if first != on {
+                let ordered = self.streams[first].record().and_then(|e| self.streams[on].wait(&e));
+                if ordered.is_err() {
+                    on = first;
+                }
+            }
+        }
+        self.hb.deallocate(block, &self.streams[on])?;
+        self.handed -= round256(block.size());
+        self.allocated_on.remove(&block.addr());
+        Ok(())
+    }
+    fn release(&mut self) -> Option<Result<u64>> {
+        // Blocks whose free completed go back to the pool, the pool's free
+        // chunks upstream.
+        match self.with(|so| so.reclaim()) {
+            Ok(n) => Some(Ok(n as u64)),
+            // An injected failure of the event it records: the lists stay.
+            Err(Error::Backend { .. }) if self.stream_failure_armed => Some(Ok(0)),
+            Err(e) => Some(Err(e)),
+        }
+    }
+    fn fail_nth(&mut self, n: u64) -> bool {
+        self.spy.inner.fail_nth(n);
+        true
+    }
+    fn check(&self, model: &Model) -> std::result::Result<(), String> {
+        if let Some(v) = self.hb.violations().first() {
+            return Err(format!("happens-before violation: {v}"));
+        }
+        self.with(|so| {
+            if super::super::invariant_checker_on() {
+                so.check().map_err(|v| v.to_string())?;
+            }
+            let pool = so.inner();
+            if self.spy.inner.held_bytes() != pool.pool_size() {
+                return Err(format!(
+                    "upstream holds {} bytes, the pool says {}",
+                    self.spy.inner.held_bytes(),
+                    pool.pool_size()
+                ));
+            }
+            if pool.used_bytes() != so.live_bytes() + so.listed_bytes() {
+                return Err(format!(
+                    "the pool has {} bytes in use, the layer {} live and {} listed",
+                    pool.used_bytes(),
+                    so.live_bytes(),
+                    so.listed_bytes()
+                ));
+            }
+            if so.live_count() != model.live().len() {
+                return Err(format!(
+                    "{} live in the layer, {} in the model",
+                    so.live_count(),
+                    model.live().len()
+                ));
+            }
+            // A listed block serves a request only if it wastes at most half.
+            if so.live_bytes() < model.used() || so.live_bytes() > 2 * model.used() {
+                return Err(format!(
+                    "{} bytes live behind {} bytes handed out",
+                    so.live_bytes(),
+                    model.used()
+                ));
+            }
+            Ok(())
+        })
+    }
+    fn used_bytes(&self) -> u64 {
+        self.handed
+    }
+    fn footprint(&self, size: u64) -> u64 {
+        round256(size)
+    }
+    fn size_class(&self, size: u64) -> u64 {
+        // The layer checks the exact size a block was asked with.
+        size
+    }
+    fn forgets(&self, _block: &Block) -> bool {
+        // A stale tag names a slot that may hold another address by now.
+        true
+    }
+    fn frees_by_address(&self) -> bool {
+        false
+    }
+    fn summary(&self) -> Vec<u64> {
+        self.with(|so| {
+            vec![
+                self.handed,
+                so.live_count() as u64,
+                so.inner().pool_size(),
+                so.live_bytes(),
+                so.listed_bytes(),
+                so.inner().used_bytes(),
+            ]
+        })
+    }
+    fn give_backs(&self) -> u64 {
+        self.spy.frees()
+    }
+    fn begin_allocate(&mut self) {
+        self.spy.take_log();
+    }
+    fn streams(&self) -> u8 {
+        self.streams.len() as u8
+    }
+    fn stream_op(&mut self, op: Op) {
+        match op {
+            Op::Stream { which } => self.current = which as usize % self.streams.len(),
+            Op::Advance => self.world.advance(),
+            Op::Synchronize => self.world.synchronize(),
+            Op::FailStream { n } => {
+                self.world.fail_nth(n);
+                self.stream_failure_armed = true;
+            }
+            _ => {}
+        }
+    }
+    fn judge_alloc_failure(
+        &self,
+        request: &Request,
+        err: &Error,
+        before: &[u64],
+        _: &Model,
+    ) -> std::result::Result<(), String> {
+        if matches!(err, Error::Backend { .. }) && self.stream_failure_armed {
+            return Ok(());
+        }
+        let pool_before = [0, 0, before[2]];
+        self.with(|so| judge_pool_failure(so.inner(), &self.spy, request, err, &pool_before))
+    }
+}
+
+/// Fuzz target `stream`: [`StreamOrdered`] over a pool on two to four
+/// streams of one `SimWorld` (the legacy default stream among them), with
+/// the happens-before checker, which must find nothing.
+pub fn run_stream(data: &[u8]) {
+    let mut u = Unstructured::new(data);
+    let Ok((pool, spy)) = super::build_pool::<Vec<_>, Vec<_>>(&mut u) else { return };
+    let Ok(count) = u.int_in_range(2..=4usize) else { return };
+    let world = SimWorld::new();
+    let mut streams = vec![world.default_stream()];
+    for i in 1..count {
+        streams.push(if i == 3 { world.non_blocking_stream() } else { world.stream() });
+    }
+    let hb = HbChecked::new(Shared::new(StreamOrdered::new(pool)));
+    let mut target = StreamTarget {
+        hb,
+        spy,
+        world,
+        streams,
+        current: 1,
+        handed: 0,
+        allocated_on: HashMap::new(),
+        stream_failure_armed: false,
+    };
+    drive(&mut target, &mut u);
+}
+
+// ---------------------------------------------------------------- vpool
+
+/// The simulated space spans 2^18 granules: the pool keeps one slot per
+/// granule reserved, and a reservation of a terabyte would take gigabytes.
+const SPAN_GRANULES_LOG2: u32 = 18;
+
+/// `VirtualPool` over a `SimAddressSpace`.
+#[derive(Debug)]
+struct VpoolTarget {
+    pool: VirtualPool<SimAddressSpace>,
+    /// Whether a commit was made to fail (a backend error is then
+    /// legitimate).
+    commit_failure_armed: bool,
+    /// Whether a decommit was made to fail (idle memory may then stay above
+    /// `keep` until a later call retries).
+    decommit_failure_armed: bool,
+}
+
+impl VpoolTarget {
+    /// Bytes of the granules that live blocks touch.
+    fn busy_bytes(&self, model: &Model) -> u64 {
+        let g = self.pool.granule();
+        let mut spans: Vec<(u64, u64)> = model
+            .live()
+            .iter()
+            .map(|l| (l.block.addr() / g, (l.block.addr() + l.footprint - 1) / g + 1))
+            .collect();
+        spans.sort_unstable();
+        let (mut total, mut end) = (0, 0);
+        for (s, e) in spans {
+            let s = s.max(end);
+            if e > s {
+                total += e - s;
+            }
+            end = end.max(e);
+        }
+        total * g
+    }
+}
+
+impl FuzzResource for VpoolTarget {
+    fn allocate(&mut self, request: Request) -> Result<Block> {
+        self.pool.allocate(request, &())
+    }
+    fn deallocate(&mut self, block: Block) -> Result<()> {
+        self.pool.deallocate(block, &())
+    }
+    fn release(&mut self) -> Option<Result<u64>> {
+        match self.pool.trim(&()) {
+            Err(Error::Backend { .. }) if self.decommit_failure_armed => Some(Ok(0)),
+            got => Some(got),
+        }
+    }
+    fn fail_nth(&mut self, n: u64) -> bool {
+        // Commits only: with decommits made to fail, the pool's own check
+        // finds more idle memory than `keep` after a failed allocation
+        // (open; see the target table in fuzz/README.md).
+        self.pool.space().fail_nth_commit(n);
+        self.commit_failure_armed = true;
+        true
+    }
+    fn check(&self, model: &Model) -> std::result::Result<(), String> {
+        if super::super::invariant_checker_on() {
+            self.pool.check().map_err(|v| v.to_string())?;
+        }
+        let space = self.pool.space();
+        for l in model.live() {
+            let range = memres_core::Range::new(l.block.addr(), l.footprint).expect("live range");
+            if !space.is_committed(range) {
+                return Err(format!("{:?} lies over memory that is not committed", l.block));
+            }
+        }
+        if space.committed_bytes() != self.pool.committed_bytes()
+            || space.reserved_bytes() != self.pool.reserved_bytes()
+        {
+            return Err(format!(
+                "the space has {} bytes committed and {} reserved, the pool says {} and {}",
+                space.committed_bytes(),
+                space.reserved_bytes(),
+                self.pool.committed_bytes(),
+                self.pool.reserved_bytes()
+            ));
+        }
+        let busy = self.busy_bytes(model);
+        if self.pool.committed_bytes() - self.pool.idle_bytes() != busy {
+            return Err(format!(
+                "{} bytes committed, {} idle; live blocks touch {busy} bytes of granules",
+                self.pool.committed_bytes(),
+                self.pool.idle_bytes()
+            ));
+        }
+        if !self.decommit_failure_armed && self.pool.idle_bytes() > self.pool.config().keep_bytes() {
+            return Err(format!(
+                "{} bytes idle, more than the {} kept",
+                self.pool.idle_bytes(),
+                self.pool.config().keep_bytes()
+            ));
+        }
+        Ok(())
+    }
+    fn used_bytes(&self) -> u64 {
+        self.pool.used_bytes()
+    }
+    fn footprint(&self, size: u64) -> u64 {
+        round256(size)
+    }
+    fn summary(&self) -> Vec<u64> {
+        // Idle memory may be decommitted by any call: not in the summary.
+        vec![self.pool.used_bytes(), self.pool.free_bytes(), self.pool.reserved_bytes()]
+    }
+    fn judge_alloc_failure(
+        &self,
+        request: &Request,
+        err: &Error,
+        before: &[u64],
+        model: &Model,
+    ) -> std::result::Result<(), String> {
+        let g = self.pool.granule();
+        let reserved = self.pool.reserved_bytes();
+        let need = request.rounded_size(256) + request.align().saturating_sub(g);
+        let at_max = self.pool.reservation_count() >= self.pool.config().reservations() as usize;
+        match err {
+            Error::Backend { .. } if self.commit_failure_armed => Ok(()),
+            Error::InvalidSize { .. } if reserved / g + need.div_ceil(g) >= u64::from(u32::MAX) => Ok(()),
+            // Out of physical memory, the space's error comes through as it
+            // is: `requested` is then the bytes of the commit.
+            Error::OutOfMemory { .. } => {
+                // A reservation made for the block stays when the commit
+                // then fails (address space only, kept for later).
+                // Reserved room: the index's promise as in the `index` target.
+                let granules = request.size().div_ceil(256) + request.align() / 256 - 1;
+                let room_short = self.pool.largest_free() < 256 * (granules + granules / 32);
+                let no_more = at_max
+                    || need.max(self.pool.config().reserve_size()).next_multiple_of(g)
+                        > (g << SPAN_GRANULES_LOG2) - reserved;
+                // Physical memory: what live blocks touch, plus the granules
+                // the block would touch.
+                let physical =
+                    self.busy_bytes(model) + (need.div_ceil(g) + 1) * g > self.pool.space().physical_bytes();
+                let grew = reserved != before[2];
+                if (room_short && no_more && !grew) || physical {
+                    Ok(())
+                } else {
+                    Err(format!(
+                        "largest free {}, {} reservations, {} bytes busy of {}",
+                        self.pool.largest_free(),
+                        self.pool.reservation_count(),
+                        self.busy_bytes(model),
+                        self.pool.space().physical_bytes()
+                    ))
+                }
+            }
+            _ => Err("unexpected error".into()),
+        }
+    }
+}
+
+/// Fuzz target `vpool`: [`VirtualPool`] over a `SimAddressSpace` of a few
+/// granule sizes, physical sizes, reservation sizes and release thresholds;
+/// commits and decommits made to fail.
+pub fn run_vpool(data: &[u8]) {
+    let mut u = Unstructured::new(data);
+    let Ok((granule, physical, config)) = (|| -> arbitrary::Result<(u64, u64, VirtualConfig)> {
+        let granule = *u.choose(&[4096u64, 64 << 10, 2 << 20])?;
+        let physical = *u.choose(&[granule * 8, 64 << 20, 1 << 36])?;
+        let reserve = granule * *u.choose(&[16u64, 1 << 10, 1 << 16])?;
+        let keep = *u.choose(&[0, granule * 2, 1 << 30])?;
+        let config = VirtualConfig::new(reserve)
+            .keep(keep)
+            .max_reservations(u.int_in_range(1..=3)?)
+            .trim_on_commit(u.arbitrary()?);
+        Ok((granule, physical, config))
+    })() else {
+        return;
+    };
+    let pool = VirtualPool::with_config(
+        SimAddressSpace::with_span(physical, granule, granule << SPAN_GRANULES_LOG2),
+        config,
+    )
+    .expect("a valid configuration");
+    drive(&mut VpoolTarget { pool, commit_failure_armed: false, decommit_failure_armed: false }, &mut u);
+}
