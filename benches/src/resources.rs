@@ -390,7 +390,7 @@ pub const RESOURCES: &[Resource] = &[
         ..shared_entry::<VPool, VPool>("vpool", "memres VirtualPool: 64 GiB reserved in 2 MiB granules, free memory kept mapped up to 1.04x the peak in use (sim only; footprint: peak committed)")
     },
     shared_entry::<StreamPool, StreamPool>("stream-pool", "memres StreamOrdered over a CoalescingPool, one simulated stream per workload stream or thread"),
-    shared_entry::<StatsPool, StatsPool>("stats-pool", "memres Statistics over a shared CoalescingPool (the cost of the counters)"),
+    shared_entry::<StatsPool, StatsPool>("stats-pool", "memres Statistics over a CoalescingPool, inside its lock with --streams (the cost of the counters)"),
     entry::<OffsetAllocator>("offset-allocator", "crate offset-allocator 0.2 (peer, 256-byte units)"),
     entry::<RangeAlloc>("range-alloc", "crate range-alloc 0.1 (peer, 256-byte units)"),
     Resource {
@@ -838,32 +838,33 @@ impl BuildShared for StreamPool {
     }
 }
 
-/// [`Statistics`] over a [`CoalescingPool`] behind a spin lock: against
-/// `pool` with `--streams`, the cost of the counters.
+/// [`Statistics`] over a [`CoalescingPool`], inside the pool's spin lock
+/// with `--streams` (the counters then need no atomic read-modify-write):
+/// against `pool`, the cost of the counters.
 #[derive(Debug)]
 pub struct StatsPool;
 
 impl Build for StatsPool {
-    type Resource<U: Upstream> = RefReplayer<Statistics<Shared<CoalescingPool<U>>>>;
+    type Resource<U: Upstream> = MutReplayer<Statistics<CoalescingPool<U>>>;
     fn build<U: Upstream>(upstream: U, _: &Workload, _: &RunOptions) -> Result<Self::Resource<U>, String> {
-        Ok(RefReplayer {
-            inner: Statistics::new(Shared::new(CoalescingPool::new(upstream))),
-            peak: |r| r.upstream().with(|p| p.upstream().peak_held_bytes()),
+        Ok(MutReplayer {
+            inner: Statistics::new(CoalescingPool::new(upstream)),
+            peak: |r| r.upstream().upstream().peak_held_bytes(),
         })
     }
 }
 
 impl BuildShared for StatsPool {
-    type Resource<U: Upstream> = Statistics<Shared<CoalescingPool<U>>>;
+    type Resource<U: Upstream> = Shared<Statistics<CoalescingPool<U>>>;
     fn build_shared<U: Upstream>(
         upstream: U,
         _: &Workload,
         _: &RunOptions,
     ) -> Result<Self::Resource<U>, String> {
-        Ok(Statistics::new(Shared::new(CoalescingPool::new(upstream))))
+        Ok(Shared::new(Statistics::new(CoalescingPool::new(upstream))))
     }
     fn peak<U: Upstream>(r: &Self::Resource<U>) -> u64 {
-        r.upstream().with(|p| p.upstream().peak_held_bytes())
+        r.with(|s| s.upstream().upstream().peak_held_bytes())
     }
 }
 

@@ -58,6 +58,25 @@ impl Figure {
         self.current.fetch_sub(n, Relaxed);
     }
 
+    /// [`add`](Self::add) for a caller with exclusive access: plain loads
+    /// and stores, no read-modify-write (which costs ~20 cycles each even
+    /// uncontended), so that counting inside a lock is nearly free.
+    #[inline]
+    fn add_exclusive(&mut self, n: u64) {
+        let now = self.current.load(Relaxed).wrapping_add(n);
+        self.current.store(now, Relaxed);
+        self.total.store(self.total.load(Relaxed).wrapping_add(n), Relaxed);
+        if (now as i64) > (self.peak.load(Relaxed) as i64) {
+            self.peak.store(now, Relaxed);
+        }
+    }
+
+    /// [`sub`](Self::sub) for a caller with exclusive access.
+    #[inline]
+    fn sub_exclusive(&mut self, n: u64) {
+        self.current.store(self.current.load(Relaxed).wrapping_sub(n), Relaxed);
+    }
+
     fn counter(&self, base: Base) -> Counter {
         let current = self.current.load(Relaxed);
         Counter {
@@ -370,6 +389,43 @@ impl<R> Statistics<R> {
     fn both_at(&self, level: Option<Level>) -> (Counter, Counter) {
         let (b, c) = level.map_or((Base::default(), Base::default()), |l| (l.bytes, l.count));
         (self.hot.bytes.counter(b), self.hot.count.counter(c))
+    }
+}
+
+/// The exclusive form, over a plain algorithm: put it inside the lock
+/// (`Shared<Statistics<CoalescingPool<_>>>`) and the counters cost a few
+/// plain stores instead of atomic read-modify-writes.
+///
+/// ```
+/// use memres_core::adaptor::Statistics;
+/// use memres_core::pool::CoalescingPool;
+/// use memres_core::{MemoryResource, Request, Shared};
+/// # use memres_core::testing::BumpUpstream;
+/// let pool = Shared::new(Statistics::new(CoalescingPool::new(BumpUpstream::new(1 << 20))));
+/// let b = pool.allocate(Request::new(1000)?, &())?;
+/// pool.deallocate(b, &())?;
+/// assert_eq!(pool.with(|s| (s.bytes().peak, s.bytes().value)), (1000, 0));
+/// # Ok::<(), memres_core::Error>(())
+/// ```
+impl<S: Stream + ?Sized, R: crate::MemoryResourceMut<S>> crate::MemoryResourceMut<S> for Statistics<R> {
+    #[inline]
+    fn allocate(&mut self, request: Request, stream: &S) -> Result<Block> {
+        let block = self.upstream.allocate(request, stream)?;
+        if !block.is_empty() {
+            self.hot.bytes.add_exclusive(block.size());
+            self.hot.count.add_exclusive(1);
+        }
+        Ok(block)
+    }
+
+    #[inline]
+    fn deallocate(&mut self, block: Block, stream: &S) -> Result<()> {
+        self.upstream.deallocate(block, stream)?;
+        if !block.is_empty() {
+            self.hot.bytes.sub_exclusive(block.size());
+            self.hot.count.sub_exclusive(1);
+        }
+        Ok(())
     }
 }
 

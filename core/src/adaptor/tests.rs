@@ -512,3 +512,54 @@ fn stats_over_limit_over_pool_randomized() {
     }
     assert_eq!((stats.bytes().value, limit.used(), pool.with(|p| p.used_bytes())), (0, 0, 0));
 }
+
+/// The exclusive form inside the pool's lock: 10^5 random operations,
+/// failed ones included; after every step the counters agree exactly with
+/// the caller's view and the pool's checker passes.
+#[test]
+fn stats_inside_the_lock_randomized() {
+    let config = PoolConfig::new().maximum_size(256 << 20);
+    let shared = Shared::new(Statistics::new(
+        CoalescingPool::with_config(BumpUpstream::new(1 << 40), config, &()).unwrap(),
+    ));
+    let mut rng = SplitMix64::new(0x1c0c);
+    let mut live = LiveBlocks::new();
+    let mut blocks: Vec<Block> = Vec::new();
+    let (mut peak, mut total, mut failed) = (0u64, 0u64, 0u64);
+    for step in 0..100_000 {
+        if blocks.is_empty() || rng.below(100) < 53 {
+            let size = rng.below(4 << 20);
+            match shared.allocate(req(size), &()) {
+                Ok(b) => {
+                    live.insert(b, req(size)).unwrap_or_else(|v| panic!("step {step}: {v}"));
+                    if !b.is_empty() {
+                        blocks.push(b);
+                        total += size;
+                    }
+                }
+                Err(Error::OutOfMemory { .. }) => failed += 1,
+                Err(e) => panic!("step {step}: {e}"),
+            }
+        } else if rng.below(50) == 0 {
+            // A bad free is refused and counts nothing.
+            let b = blocks[rng.below(blocks.len() as u64) as usize];
+            assert!(shared.deallocate(Block::from_addr(b.addr() + 256, 1), &()).is_err());
+        } else {
+            let b = blocks.swap_remove(rng.below(blocks.len() as u64) as usize);
+            shared.deallocate(b, &()).unwrap();
+            live.remove(&b).unwrap();
+        }
+        peak = peak.max(live.bytes());
+        shared.with(|s| {
+            let c = s.bytes();
+            assert_eq!(
+                (c.value, c.peak, c.total),
+                (live.bytes() as i64, peak as i64, total as i64),
+                "step {step}"
+            );
+            assert_eq!(s.allocations().value, live.len() as i64);
+            s.upstream().check().unwrap_or_else(|v| panic!("step {step}: {v}"));
+        });
+    }
+    assert!(failed > 0, "the maximum was never reached");
+}
