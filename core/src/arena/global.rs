@@ -86,7 +86,8 @@ impl<U> Global<U> {
     }
 
     /// Takes a chunk of `bytes` from upstream.
-    pub(super) fn add_chunk<S: Stream + ?Sized>(&mut self, bytes: u64, stream: &S) -> Result<()>
+    /// Returns the chunk's first index node.
+    pub(super) fn add_chunk<S: Stream + ?Sized>(&mut self, bytes: u64, stream: &S) -> Result<u32>
     where
         U: MemoryResource<S>,
     {
@@ -105,14 +106,18 @@ impl<U> Global<U> {
         self.chunks.insert(at, Chunk { range, block, first });
         self.held += bytes;
         self.peak_held = self.peak_held.max(self.held);
-        Ok(())
+        Ok(first)
     }
 
     /// Grows by at least `need` bytes: `max(need, chunk size, held / 8)`
     /// under the maximum, halved towards `need` while the upstream is out of memory.
     /// At the maximum, wholly free chunks go back upstream first.
-    /// `Ok(false)` when the maximum or the upstream leaves no room.
-    fn grow<S: Stream + ?Sized>(&mut self, need: u64, stream: &S) -> Result<bool>
+    /// Returns the new chunk's first node: callers allocate from it
+    /// directly, since a chunk of exactly `need` bytes lands in a size class
+    /// below the one the index searches for `need` (found by fuzzing the pool,
+    /// whose growth had the same flaw). `Ok(None)` when the maximum or the
+    /// upstream leaves no room.
+    fn grow<S: Stream + ?Sized>(&mut self, need: u64, stream: &S) -> Result<Option<u32>>
     where
         U: MemoryResource<S>,
     {
@@ -124,7 +129,7 @@ impl<U> Global<U> {
             let _ = self.release(stream);
             room = self.maximum.map_or(u64::MAX, |m| m - self.held);
             if need > room {
-                return Ok(false);
+                return Ok(None);
             }
         }
         // Geometric growth (ratio 9/8) in whole superblocks: the unused tail
@@ -133,9 +138,9 @@ impl<U> Global<U> {
         let mut size = need.max(step).min(room);
         loop {
             match self.add_chunk(size, stream) {
-                Ok(()) => return Ok(true),
+                Ok(first) => return Ok(Some(first)),
                 Err(e) if e.is_out_of_memory() && size > need => size = ((size / 2).max(need) + 255) & !255,
-                Err(e) if e.is_out_of_memory() => return Ok(false),
+                Err(e) if e.is_out_of_memory() => return Ok(None),
                 Err(e) => return Err(e),
             }
         }
@@ -155,8 +160,10 @@ impl<U> Global<U> {
     {
         let full = self.superblock_size.max((need + 255) & !255);
         let mut got = self.index.allocate(full, 256)?.map(|a| (a, full));
-        if got.is_none() && self.grow(full, stream)? {
-            got = self.index.allocate(full, 256)?.map(|a| (a, full));
+        if got.is_none() {
+            if let Some(first) = self.grow(full, stream)? {
+                got = self.index.allocate_in(first, full, 256)?.map(|a| (a, full));
+            }
         }
         if got.is_none() {
             // At the maximum: a smaller superblock out of what is left.
@@ -190,8 +197,10 @@ impl<U> Global<U> {
         U: MemoryResource<S>,
     {
         let mut got = self.index.allocate(size, align)?;
-        if got.is_none() && self.grow(((size + 255) & !255) + align - 256, stream)? {
-            got = self.index.allocate(size, align)?;
+        if got.is_none() {
+            if let Some(first) = self.grow(((size + 255) & !255) + align - 256, stream)? {
+                got = self.index.allocate_in(first, size, align)?;
+            }
         }
         if got.is_some() {
             self.large_bytes += (size + 255) & !255;

@@ -497,3 +497,20 @@ fn free_chunks_go_upstream_to_make_room_for_a_larger_one_under_the_maximum() {
     arena.deallocate(big, &s).unwrap();
     arena.check().unwrap();
 }
+
+/// A request whose alignment makes it large: the global arena grows by a
+/// chunk of exactly what it needs, and serves it from that chunk (a chunk
+/// of exactly `need` bytes lands in a size class below the one searched).
+#[test]
+fn a_chunk_grown_for_an_aligned_request_serves_it() {
+    let up = crate::testing::BumpUpstream::new(1 << 40);
+    let config = ArenaConfig::new().superblock_size(1 << 20).chunk_size(8 << 20);
+    let arena = ArenaResource::with_config(&up, config, &()).unwrap();
+    let r = Request::aligned(547_534, 256 << 20).unwrap();
+    let b = arena.allocate(r, &()).unwrap();
+    assert_eq!(b.addr() % (256 << 20), 0);
+    arena.check().unwrap();
+    arena.deallocate(b, &()).unwrap();
+    arena.check().unwrap();
+    assert_eq!(arena.used_bytes(), 0);
+}
