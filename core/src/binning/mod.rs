@@ -473,7 +473,23 @@ where
         }
         match self.route(block.size()) {
             Some(i) => self.bins[i].deallocate(block, stream),
-            None => self.upstream.deallocate(block, stream),
+            None => {
+                // A size too large for every bin, at the start of a bin's
+                // chunk: the upstream knows that chunk as one of its blocks
+                // and would free it whole from under the bin.
+                for (size, bin) in self.sizes.iter().zip(&self.bins) {
+                    if let Bin::Fixed(f) = bin {
+                        if f.with(|f| f.has_chunk_at(block.addr())) {
+                            return Err(Error::SizeMismatch {
+                                addr: block.addr(),
+                                expected: *size,
+                                given: block.size(),
+                            });
+                        }
+                    }
+                }
+                self.upstream.deallocate(block, stream)
+            }
         }
     }
 }

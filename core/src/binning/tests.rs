@@ -412,3 +412,24 @@ fn debug_lists_bins() {
     let s = std::format!("{bins:?}");
     assert!(s.contains("256: Shared") && s.contains("1024: MemoryResource"), "{s}");
 }
+
+/// A free known only by its address, at the start of a bin's chunk, with a
+/// size too large for every bin: the upstream must not get it (it would
+/// free the bin's whole chunk).
+#[test]
+fn a_wrong_size_free_never_hands_a_bin_chunk_upstream() {
+    let up = BumpUpstream::new(1 << 30);
+    let bins = BinningResource::<_>::with_exponents(&up, 9, 9).unwrap();
+    let b = bins.allocate(Request::new(300).unwrap(), &()).unwrap();
+    let held = up.outstanding();
+    let chunk = bins.fixed_bin(512).unwrap().with(|f| f.config().chunk_size());
+    let wrong = Block::from_addr(b.addr(), chunk - 1);
+    assert_eq!(
+        bins.deallocate(wrong, &()),
+        Err(Error::SizeMismatch { addr: b.addr(), expected: 512, given: chunk - 1 })
+    );
+    assert_eq!(up.outstanding(), held, "the chunk stays with the bin");
+    bins.check().unwrap();
+    bins.deallocate(b, &()).unwrap();
+    bins.check().unwrap();
+}

@@ -592,6 +592,27 @@ impl<U, C: Storage<Chunk>, L: Storage<Slot>> FixedSizeResource<U, C, L> {
         self.chunks.len() as u64 * self.config.blocks_per_chunk as u64 - self.used
     }
 
+    /// Whether a chunk held from upstream starts at `addr` (the upstream
+    /// knows that address as one of its blocks).
+    ///
+    /// # Time Complexity
+    ///
+    /// O(log chunks).
+    ///
+    /// ```
+    /// # use memres_core::fixed::{FixedConfig, FixedSizeResource};
+    /// # use memres_core::{MemoryResourceMut, Request};
+    /// # use memres_core::testing::BumpUpstream;
+    /// let mut f = FixedSizeResource::with_config(BumpUpstream::new(1 << 20), FixedConfig::new(256), &())?;
+    /// let a = f.allocate(Request::new(10)?, &())?;
+    /// let b = f.allocate(Request::new(10)?, &())?;
+    /// assert!(f.has_chunk_at(a.addr()) && !f.has_chunk_at(b.addr()));
+    /// # Ok::<(), memres_core::Error>(())
+    /// ```
+    pub fn has_chunk_at(&self, addr: u64) -> bool {
+        self.chunks.binary_search_by_key(&addr, |c| c.block.addr()).is_ok()
+    }
+
     /// Number of chunks held from upstream.
     ///
     /// ```

@@ -231,24 +231,20 @@ impl FuzzResource for BinningTarget {
     fn forgets(&self, block: &Block) -> bool {
         self.bins.bin_for(block.size()).is_none() || self.released_any
     }
-    fn undetected_bad_free(&self, block: &Block) -> bool {
-        // Open issue: a size that routes upstream, at the address of a bin's
-        // chunk, frees the whole chunk when the sizes round alike.
-        self.bins.bin_for(block.size()).is_none()
-            && self.bins.bin_sizes().iter().any(|&s| {
-                let probe = Block::from_addr(block.addr(), s + 1);
-                self.bins
-                    .fixed_bin(s)
-                    .is_some_and(|f| matches!(f.deallocate(probe, &()), Err(Error::SizeMismatch { .. })))
-            })
-    }
     fn stale_errors(&self, block: &Block) -> Vec<Error> {
-        // The upstream may have given the address to a bin as a chunk.
+        // The upstream may have given the address to a bin as a chunk: the
+        // binning resource (naming the bin) or the upstream (naming the
+        // chunk) refuses the size.
         let (addr, given) = (block.addr(), block.size());
         self.bins
             .bin_sizes()
             .iter()
-            .map(|&bin| Error::SizeMismatch { addr, expected: bin * 128, given })
+            .flat_map(|&bin| {
+                [
+                    Error::SizeMismatch { addr, expected: bin * 128, given },
+                    Error::SizeMismatch { addr, expected: bin, given },
+                ]
+            })
             .collect()
     }
     fn mismatch_errors(&self, addr: u64, expected: u64, given: u64) -> Vec<Error> {
@@ -261,6 +257,9 @@ impl FuzzResource for BinningTarget {
         let mut allowed = vec![Error::UnknownBlock { addr }, Error::DoubleFree { addr }];
         if let Some(bin) = expected_route {
             allowed.push(Error::SizeMismatch { addr, expected: bin * 128, given });
+            // A size for the upstream at an address in a bin's chunk: the
+            // binning resource refuses it, naming the bin.
+            allowed.push(Error::SizeMismatch { addr, expected: bin, given });
         }
         allowed
     }
