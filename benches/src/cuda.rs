@@ -212,7 +212,8 @@ fn plain<U: Upstream>(
 ) -> Result<Measurement, RunError> {
     match options.threads {
         None => {
-            let mut r = crate::resources::RefReplayer::new(u, |u: &U| u.peak_held_bytes());
+            let mut r =
+                crate::resources::RefReplayer::new(crate::resources::Owned(u), |u| u.0.peak_held_bytes());
             Ok(replay(&mut r, w, options.passes, progress)?)
         }
         Some(k) => {

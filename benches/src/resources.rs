@@ -12,7 +12,7 @@ use memres_core::binning::BinningResource;
 use memres_core::fixed::{FixedConfig, FixedSizeResource};
 use memres_core::pool::{CoalescingPool, PoolConfig};
 use memres_core::vpool::{VirtualConfig, VirtualPool};
-use memres_core::{Block, Error, MemoryResource, MemoryResourceMut, Request, Shared, StreamOrdered};
+use memres_core::{Block, Error, MemoryResource, MemoryResourceMut, Request, Shared, Stream, StreamOrdered};
 use memres_host::{HostMemory, SimAddressSpace, SimDevice, SimStream, SimWorld};
 use std::fmt;
 use std::str::FromStr;
@@ -494,53 +494,37 @@ pub fn select(spec: &str) -> Result<(&'static Resource, Option<u64>), String> {
     }
 }
 
+/// A `&self` resource owned by a replayer and driven through `&mut self`
+/// calls, so that one [`MutReplayer`] serves both kinds.
+#[derive(Debug)]
+pub struct Owned<R>(pub R);
+
+impl<S: Stream + ?Sized, R: MemoryResource<S>> MemoryResourceMut<S> for Owned<R> {
+    #[inline]
+    fn allocate(&mut self, request: Request, stream: &S) -> Result<Block, Error> {
+        self.0.allocate(request, stream)
+    }
+    #[inline]
+    fn deallocate(&mut self, block: Block, stream: &S) -> Result<(), Error> {
+        self.0.deallocate(block, stream)
+    }
+}
+
 /// A resource of `&self` calls, replayed on `()`.
-pub struct RefReplayer<R> {
-    /// The resource.
-    pub inner: R,
-    peak: fn(&R) -> u64,
-}
-
-impl<R> RefReplayer<R> {
-    /// `inner`, whose peak upstream `peak` reads.
-    pub fn new(inner: R, peak: fn(&R) -> u64) -> Self {
-        RefReplayer { inner, peak }
-    }
-}
-
-impl<R> fmt::Debug for RefReplayer<R> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("RefReplayer").finish_non_exhaustive()
-    }
-}
-
-impl<R: MemoryResource> Replayer for RefReplayer<R> {
-    type Handle = Block;
-
-    fn vacant(&self) -> Block {
-        Block::EMPTY
-    }
-
-    #[inline]
-    fn allocate(&mut self, size: u64, _stream: u16) -> Result<Block, Error> {
-        self.inner.allocate(Request::new(size)?, &())
-    }
-
-    #[inline]
-    fn deallocate(&mut self, block: Block, _size: u64, _stream: u16) -> Result<(), Error> {
-        self.inner.deallocate(block, &())
-    }
-
-    fn peak_upstream(&self) -> u64 {
-        (self.peak)(&self.inner)
-    }
-}
+pub type RefReplayer<R> = MutReplayer<Owned<R>>;
 
 /// A resource of `&mut self` calls, replayed on `()`.
 pub struct MutReplayer<R> {
     /// The resource.
     pub inner: R,
     peak: fn(&R) -> u64,
+}
+
+impl<R> MutReplayer<R> {
+    /// `inner`, whose peak upstream `peak` reads.
+    pub fn new(inner: R, peak: fn(&R) -> u64) -> Self {
+        MutReplayer { inner, peak }
+    }
 }
 
 impl<R> fmt::Debug for MutReplayer<R> {
@@ -701,7 +685,7 @@ impl Binning {
 impl Build for Binning {
     type Resource<U: Upstream> = RefReplayer<BinningResource<'static, Arc<U>>>;
     fn build<U: Upstream>(upstream: U, _: &Workload, _: &RunOptions) -> Result<Self::Resource<U>, String> {
-        Ok(RefReplayer { inner: Self::make(upstream)?, peak: |r| r.upstream().peak_held_bytes() })
+        Ok(MutReplayer::new(Owned(Self::make(upstream)?), |r| r.0.upstream().peak_held_bytes()))
     }
 }
 
@@ -737,10 +721,9 @@ impl Build for Arena {
         _: &Workload,
         options: &RunOptions,
     ) -> Result<Self::Resource<U>, String> {
-        Ok(RefReplayer {
-            inner: arena_with_initial(upstream, options)?,
-            peak: |r| r.upstream_with(|u| u.peak_held_bytes()),
-        })
+        Ok(MutReplayer::new(Owned(arena_with_initial(upstream, options)?), |r| {
+            r.0.upstream_with(|u| u.peak_held_bytes())
+        }))
     }
 }
 
@@ -885,35 +868,12 @@ impl Build for Pool {
         _: &Workload,
         options: &RunOptions,
     ) -> Result<PoolReplayer<U>, String> {
-        pool_with_initial(upstream, options).map(PoolReplayer)
+        pool_with_initial(upstream, options).map(|p| MutReplayer::new(p, |p| p.upstream().peak_held_bytes()))
     }
 }
 
 /// [`CoalescingPool`] as a [`Replayer`].
-#[derive(Debug)]
-pub struct PoolReplayer<U>(pub CoalescingPool<U>);
-
-impl<U: Upstream> Replayer for PoolReplayer<U> {
-    type Handle = Block;
-
-    fn vacant(&self) -> Block {
-        Block::EMPTY
-    }
-
-    #[inline]
-    fn allocate(&mut self, size: u64, _stream: u16) -> Result<Block, Error> {
-        self.0.allocate(Request::new(size)?, &())
-    }
-
-    #[inline]
-    fn deallocate(&mut self, block: Block, _size: u64, _stream: u16) -> Result<(), Error> {
-        self.0.deallocate(block, &())
-    }
-
-    fn peak_upstream(&self) -> u64 {
-        self.0.upstream().peak_held_bytes()
-    }
-}
+pub type PoolReplayer<U> = MutReplayer<CoalescingPool<U>>;
 
 /// Sizes in 256-byte units, checked to fit `u32`.
 #[inline]

@@ -157,8 +157,8 @@ pub struct CudaAsyncMemory {
     owned: bool,
     /// The pool's device's primary context, retained while the resource lives.
     context: Context,
-    /// The allocations handed out and not yet freed.
-    live: LiveAllocations,
+    /// The allocations handed out and not yet freed (boxed: 16 shards).
+    live: Box<LiveAllocations>,
 }
 
 // SAFETY: a memory pool handle may be used from any thread (the driver
@@ -205,7 +205,7 @@ impl CudaAsyncMemory {
             Ok(pool)
         })?;
         // From here on, dropping `mr` destroys the pool: early returns leave nothing.
-        let mr = CudaAsyncMemory { pool, owned: true, context, live: LiveAllocations::default() };
+        let mr = CudaAsyncMemory { pool, owned: true, context, live: Box::default() };
         let info = mr.context.memory_info()?;
         if driver_version_below(11050) {
             // Drivers before 11.5 reuse opportunistically in ways that break
@@ -239,7 +239,7 @@ impl CudaAsyncMemory {
         // SAFETY: the driver is initialized (a context was retained); the
         // out parameter is a live local.
         check(unsafe { sys::cuDeviceGetDefaultMemPool(&mut pool, device.raw()) })?;
-        Ok(CudaAsyncMemory { pool, owned: false, context, live: LiveAllocations::default() })
+        Ok(CudaAsyncMemory { pool, owned: false, context, live: Box::default() })
     }
 
     /// A view of a pool made elsewhere; it is not destroyed on drop.
@@ -253,12 +253,7 @@ impl CudaAsyncMemory {
     ///
     /// The driver's error as [`Error::Backend`].
     pub unsafe fn from_pool(device: Device, pool: sys::CUmemoryPool) -> Result<CudaAsyncMemory> {
-        Ok(CudaAsyncMemory {
-            pool,
-            owned: false,
-            context: device.primary_context()?,
-            live: LiveAllocations::default(),
-        })
+        Ok(CudaAsyncMemory { pool, owned: false, context: device.primary_context()?, live: Box::default() })
     }
 
     /// The driver's pool handle.

@@ -86,12 +86,13 @@ fn pool_replays_correctly_over_both_upstreams() {
     check_replays(|w| Pool::build(HostMemory::new(), w, &o).unwrap(), range);
     // The pool's own checker agrees, and it is empty after a replay.
     let w = Workload::load("random:3000:300000:5").unwrap();
-    let mut r = PoolReplayer(CoalescingPool::new(SimDevice::new(1 << 40)));
+    let mut r: PoolReplayer<_> =
+        MutReplayer::new(CoalescingPool::new(SimDevice::new(1 << 40)), |p| p.upstream().peak_held_bytes());
     let mut handles = vec![Block::EMPTY; w.ids as usize];
     pass(&mut r, &w, &mut handles).unwrap();
-    r.0.check().unwrap();
-    assert_eq!(r.0.used_bytes(), 0);
-    assert_eq!(r.peak_upstream(), r.0.peak_pool_size());
+    r.inner.check().unwrap();
+    assert_eq!(r.inner.used_bytes(), 0);
+    assert_eq!(r.peak_upstream(), r.inner.peak_pool_size());
 }
 
 #[test]
