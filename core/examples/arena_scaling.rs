@@ -27,8 +27,8 @@
 //! processes share the machine.
 
 use memres_core::arena::{ArenaConfig, ArenaResource};
-use memres_core::testing::{BumpUpstream, SplitMix64};
-use memres_core::{Block, MemoryResource, Request, Result, Stream};
+use memres_core::testing::{BumpUpstream, IdStream, SplitMix64};
+use memres_core::{Block, MemoryResource, Request};
 use std::sync::Barrier;
 use std::time::Instant;
 
@@ -70,33 +70,11 @@ fn workload(spec: &str) -> Vec<Op> {
     ops
 }
 
-/// A stream that is only an id (0: the default stream).
-struct Id(u64);
-
-impl Stream for Id {
-    type Event = ();
-    fn id(&self) -> u64 {
-        self.0
-    }
-    fn record(&self) -> Result<()> {
-        Ok(())
-    }
-    fn wait(&self, _: &()) -> Result<()> {
-        Ok(())
-    }
-    fn query(&self, _: &()) -> Result<bool> {
-        Ok(true)
-    }
-    fn synchronize(&self) -> Result<()> {
-        Ok(())
-    }
-}
-
 fn replay(
     arena: &ArenaResource<BumpUpstream>,
     ops: &[Op],
     requests: &[Request],
-    stream: &Id,
+    stream: &IdStream,
     blocks: &mut [Block],
 ) {
     for (op, r) in ops.iter().zip(requests) {
@@ -173,7 +151,7 @@ fn run(ops: &[Op], threads: usize, mode: Mode) -> (f64, f64, u64) {
                 let arena = &arenas[if mode == Mode::Separate { t } else { 0 }];
                 let (requests, barrier) = (&requests, &barrier);
                 s.spawn(move || {
-                    let stream = Id(if mode == Mode::Default { 0 } else { t as u64 + 1 });
+                    let stream = IdStream(if mode == Mode::Default { 0 } else { t as u64 + 1 });
                     let mut blocks = vec![Block::EMPTY; ids];
                     replay(arena, ops, requests, &stream, &mut blocks); // warm-up
                     barrier.wait();

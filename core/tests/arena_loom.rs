@@ -12,29 +12,8 @@
 
 use loom::sync::Arc;
 use memres_core::arena::{ArenaConfig, ArenaResource};
-use memres_core::testing::BumpUpstream;
-use memres_core::{Error, MemoryResource, Request, Result, Stream};
-
-struct Id(u64);
-
-impl Stream for Id {
-    type Event = ();
-    fn id(&self) -> u64 {
-        self.0
-    }
-    fn record(&self) -> Result<()> {
-        Ok(())
-    }
-    fn wait(&self, _: &()) -> Result<()> {
-        Ok(())
-    }
-    fn query(&self, _: &()) -> Result<bool> {
-        Ok(true)
-    }
-    fn synchronize(&self) -> Result<()> {
-        Ok(())
-    }
-}
+use memres_core::testing::{BumpUpstream, IdStream};
+use memres_core::{Error, MemoryResource, Request, Result};
 
 fn synchronize_all() -> Result<()> {
     Ok(())
@@ -75,7 +54,7 @@ fn loom_superblocks_return_to_the_global_arena_under_contention() {
         let arena = Arc::new(ArenaResource::with_config(BumpUpstream::new(1 << 30), config, &()).unwrap());
         let other = arena.clone();
         let t = spawn(move || {
-            let s = Id(2);
+            let s = IdStream(2);
             // Out of memory only while the other thread holds everything.
             match other.allocate(Request::new(1000).unwrap(), &s) {
                 Ok(b) => other.deallocate(b, &s).unwrap(),
@@ -83,7 +62,7 @@ fn loom_superblocks_return_to_the_global_arena_under_contention() {
                 Err(e) => panic!("{e}"),
             }
         });
-        let s = Id(1);
+        let s = IdStream(1);
         let b = arena.allocate(Request::new(1000).unwrap(), &s).unwrap();
         arena.deallocate(b, &s).unwrap();
         let large = match arena.allocate(Request::new(2 << 20).unwrap(), &s) {
@@ -111,10 +90,10 @@ fn loom_cross_thread_free_into_a_busy_arena() {
     model(|| {
         let config = ArenaConfig::new().superblock_size(1 << 20).chunk_size(1 << 20).max_arenas(2);
         let arena = Arc::new(ArenaResource::with_config(BumpUpstream::new(1 << 30), config, &()).unwrap());
-        let s1 = Id(1);
+        let s1 = IdStream(1);
         let b = arena.allocate(Request::new(1000).unwrap(), &s1).unwrap();
         let other = arena.clone();
-        let t = spawn(move || other.deallocate(b, &Id(2)).unwrap());
+        let t = spawn(move || other.deallocate(b, &IdStream(2)).unwrap());
         let c = arena.allocate(Request::new(1000).unwrap(), &s1).unwrap();
         t.join().unwrap();
         arena.check().unwrap();

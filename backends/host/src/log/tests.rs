@@ -1,29 +1,8 @@
 use super::*;
 use crate::SimDevice;
+use memres_core::testing::IdStream;
 use memres_core::{Error, Request};
 use std::collections::{HashMap, HashSet};
-
-/// A stream known only by its id.
-#[derive(Debug)]
-struct Id(u64);
-impl Stream for Id {
-    type Event = ();
-    fn id(&self) -> u64 {
-        self.0
-    }
-    fn record(&self) -> Result<()> {
-        Ok(())
-    }
-    fn wait(&self, _: &()) -> Result<()> {
-        Ok(())
-    }
-    fn query(&self, _: &()) -> Result<bool> {
-        Ok(true)
-    }
-    fn synchronize(&self) -> Result<()> {
-        Ok(())
-    }
-}
 
 type Op = (Action, u64, u64, u64);
 
@@ -38,7 +17,7 @@ fn round_trip_yields_the_same_operations() {
     let mut live = Vec::new();
     let mut rng = memres_core::testing::SplitMix64::new(11);
     for i in 0..2000u64 {
-        let stream = Id(rng.below(3) * 0x1000);
+        let stream = IdStream(rng.below(3) * 0x1000);
         if live.is_empty() || rng.below(2) == 0 {
             // Some requests are too large: logged as failures.
             let size = if i % 97 == 0 { 2 << 30 } else { rng.below(1 << 20) };
@@ -59,7 +38,7 @@ fn round_trip_yields_the_same_operations() {
         }
     }
     // A refused free is not logged.
-    assert!(log.deallocate(Block::from_addr(1, 256), &Id(0)).is_err());
+    assert!(log.deallocate(Block::from_addr(1, 256), &IdStream(0)).is_err());
     assert_eq!(log.write_errors(), 0);
     let (_, bytes) = log.into_parts();
     let text = String::from_utf8(bytes).unwrap();
@@ -78,9 +57,9 @@ fn round_trip_yields_the_same_operations() {
 #[test]
 fn rows_use_rmm_format() {
     let log = Logging::new(SimDevice::new(1 << 30), Vec::new()).unwrap();
-    let b = log.allocate(Request::new(16 << 20).unwrap(), &Id(7)).unwrap();
-    let _ = log.allocate(Request::new(4 << 30).unwrap(), &Id(7));
-    log.deallocate(b, &Id(7)).unwrap();
+    let b = log.allocate(Request::new(16 << 20).unwrap(), &IdStream(7)).unwrap();
+    let _ = log.allocate(Request::new(4 << 30).unwrap(), &IdStream(7));
+    log.deallocate(b, &IdStream(7)).unwrap();
     let (_, bytes) = log.into_parts();
     let text = String::from_utf8(bytes).unwrap();
     let lines: Vec<&str> = text.lines().collect();
@@ -102,8 +81,8 @@ fn threads_get_distinct_small_numbers() {
             let log = &log;
             s.spawn(move || {
                 for _ in 0..50 {
-                    let b = log.allocate(Request::new(256).unwrap(), &Id(t)).unwrap();
-                    log.deallocate(b, &Id(t)).unwrap();
+                    let b = log.allocate(Request::new(256).unwrap(), &IdStream(t)).unwrap();
+                    log.deallocate(b, &IdStream(t)).unwrap();
                 }
             });
         }
