@@ -42,6 +42,9 @@ pub struct Node {
     next_free: u32,
     /// Bumped on every allocation and vacancy, so a stale tag never matches.
     gen: u32,
+    /// The bin list holding the node while it is free (fits in the padding
+    /// after `state`; saves recomputing the class on removal).
+    bin: u16,
     state: State,
 }
 
@@ -103,6 +106,8 @@ pub struct CoalescingIndex<N: Storage<Node> = DefaultStorage<Node>> {
     nodes: N,
     /// Head of the vacant-slot list, or `NONE`.
     vacant: u32,
+    /// Length of the vacant-slot list.
+    vacant_len: u32,
     /// Bit `f` set iff some bin of first level `f` is non-empty.
     fl_bitmap: u64,
     /// Bit `s` of `sl_bitmap[f]` set iff bin `f * SL_COUNT + s` is non-empty.
@@ -121,16 +126,16 @@ pub struct CoalescingIndex<N: Storage<Node> = DefaultStorage<Node>> {
 
 /// The bin of a size in granules, rounded down: every range in a bin is at
 /// least the bin's lower bound.
+///
+/// Sizes below `2 * SL_COUNT` map to themselves (one bin per granule); above,
+/// the top `SL_BITS + 1` bits of the size name the bin. Written without a
+/// branch: random sizes would mispredict one.
 #[inline]
 fn bin_floor(units: u64) -> usize {
-    if units < SL_COUNT as u64 {
-        units as usize
-    } else {
-        let e = 63 - units.leading_zeros();
-        let fl = (e - SL_BITS + 1) as usize;
-        let sl = ((units >> (e - SL_BITS)) as usize) & (SL_COUNT - 1);
-        fl * SL_COUNT + sl
-    }
+    // `e` is at least SL_BITS; then `units >> s` is below 2 * SL_COUNT.
+    let e = 63 - (units | SL_COUNT as u64).leading_zeros();
+    let s = e - SL_BITS;
+    ((s as usize) << SL_BITS) + (units >> s) as usize
 }
 
 /// The first bin whose every range holds `units` granules.
@@ -157,6 +162,7 @@ impl<N: Storage<Node>> CoalescingIndex<N> {
         CoalescingIndex {
             nodes: N::default(),
             vacant: NONE,
+            vacant_len: 0,
             fl_bitmap: 0,
             sl_bitmap: [0; FL_COUNT],
             heads: [NONE; BIN_COUNT],
@@ -198,12 +204,29 @@ impl<N: Storage<Node>> CoalescingIndex<N> {
 
     #[inline]
     fn node(&self, i: u32) -> &Node {
-        &self.nodes[i as usize]
+        debug_assert!((i as usize) < self.nodes.len(), "node {i} out of range");
+        // SAFETY: every `i` that reaches here is in range. It is a list head,
+        // a link read from a node, the vacant-list head, or a slot index that
+        // the public entry points checked against `nodes.len()` (`resolve`,
+        // `allocate_in`, `remove_range`, `is_region_free`, the region walks).
+        // Links are only ever written from indices of existing slots, and
+        // slots are never removed (the storage only grows), so a link stays
+        // in range for the index's life; `check` verifies it.
+        unsafe { self.nodes.get_unchecked(i as usize) }
     }
 
     #[inline]
     fn node_mut(&mut self, i: u32) -> &mut Node {
-        &mut self.nodes[i as usize]
+        debug_assert!((i as usize) < self.nodes.len(), "node {i} out of range");
+        // SAFETY: as in `node`: `i` is a head, a link or a checked index.
+        unsafe { self.nodes.get_unchecked_mut(i as usize) }
+    }
+
+    /// Whether `i` names a slot: the check at the public entry points that
+    /// take a node index from the caller.
+    #[inline]
+    fn in_range(&self, i: u32) -> bool {
+        (i as usize) < self.nodes.len()
     }
 
     /// Makes sure `n` node slots can be had without failing.
@@ -223,6 +246,7 @@ impl<N: Storage<Node>> CoalescingIndex<N> {
             let node = self.node_mut(i);
             node.next_free = vacant;
             self.vacant = i;
+            self.vacant_len += 1;
             have += 1;
         }
         Ok(())
@@ -256,6 +280,7 @@ impl<N: Storage<Node>> CoalescingIndex<N> {
         let i = self.vacant;
         debug_assert!(i != NONE, "take_vacant without reserve_nodes");
         self.vacant = self.node(i).next_free;
+        self.vacant_len -= 1;
         i
     }
 
@@ -268,6 +293,7 @@ impl<N: Storage<Node>> CoalescingIndex<N> {
         node.next_free = vacant;
         node.prev_free = NONE;
         self.vacant = i;
+        self.vacant_len += 1;
     }
 
     #[inline]
@@ -277,6 +303,7 @@ impl<N: Storage<Node>> CoalescingIndex<N> {
         {
             let node = self.node_mut(i);
             node.state = State::Free;
+            node.bin = bin as u16;
             node.prev_free = NONE;
             node.next_free = head;
         }
@@ -291,11 +318,11 @@ impl<N: Storage<Node>> CoalescingIndex<N> {
 
     #[inline]
     fn remove_free(&mut self, i: u32) {
-        let Node { prev_free, next_free, size, .. } = *self.node(i);
+        let Node { prev_free, next_free, size, bin, .. } = *self.node(i);
         if prev_free != NONE {
             self.node_mut(prev_free).next_free = next_free;
         } else {
-            let bin = bin_floor(size >> self.shift);
+            let bin = bin as usize;
             self.heads[bin] = next_free;
             if next_free == NONE {
                 let (fl, sl) = (bin / SL_COUNT, bin % SL_COUNT);
@@ -355,6 +382,7 @@ impl<N: Storage<Node>> CoalescingIndex<N> {
             prev_free: NONE,
             next_free: NONE,
             gen,
+            bin: 0,
             state: State::Free,
         };
         self.insert_free(i);
@@ -363,6 +391,9 @@ impl<N: Storage<Node>> CoalescingIndex<N> {
 
     /// Whether the region whose first node is `first` is wholly free.
     pub fn is_region_free(&self, first: u32) -> bool {
+        if !self.in_range(first) {
+            return false;
+        }
         let n = self.node(first);
         n.state == State::Free && n.next_phys == NONE && n.prev_phys == NONE
     }
@@ -373,7 +404,7 @@ impl<N: Storage<Node>> CoalescingIndex<N> {
     ///
     /// [`Error::InvalidConfig`] if the region is not wholly free.
     pub fn remove_range(&mut self, first: u32) -> Result<Range> {
-        if (first as usize) >= self.nodes.len() || !self.is_region_free(first) {
+        if !self.is_region_free(first) {
             return Err(Error::InvalidConfig { what: "region is not wholly free" });
         }
         let n = *self.node(first);
@@ -401,7 +432,7 @@ impl<N: Storage<Node>> CoalescingIndex<N> {
         // Worst-case padding to reach the alignment.
         let pad_units = (align >> self.shift) - 1;
         // A split may need two new nodes (front padding and tail).
-        if self.vacant == NONE || self.node(self.vacant).next_free == NONE {
+        if self.vacant_len < 2 {
             self.reserve_nodes(2)?;
         }
         let found = match self.scan_own_bin(units, align) {
@@ -524,6 +555,7 @@ impl<N: Storage<Node>> CoalescingIndex<N> {
             prev_free: NONE,
             next_free: NONE,
             gen,
+            bin: 0,
             state: State::Used,
         };
         if n.next_phys != NONE {
@@ -612,6 +644,9 @@ impl<N: Storage<Node>> CoalescingIndex<N> {
     ///
     /// O(number of ranges in the region).
     pub fn find_used(&self, first: u32, addr: u64) -> Option<u64> {
+        if !self.in_range(first) {
+            return None;
+        }
         let mut i = first;
         while i != NONE {
             let n = self.node(i);
@@ -629,6 +664,9 @@ impl<N: Storage<Node>> CoalescingIndex<N> {
     /// Whether `addr` lies inside a free range of the region whose first node
     /// is `first` (to tell a double free from a foreign address).
     pub fn is_free_at(&self, first: u32, addr: u64) -> bool {
+        if !self.in_range(first) {
+            return false;
+        }
         let mut i = first;
         while i != NONE {
             let n = self.node(i);
@@ -663,12 +701,20 @@ impl<N: Storage<Node>> CoalescingIndex<N> {
     /// Visits the ranges of the region whose first node is `first`, in address
     /// order, with whether each is free.
     pub fn for_each_in_region(&self, first: u32, mut f: impl FnMut(Range, bool)) {
+        if !self.in_range(first) {
+            return;
+        }
         let mut i = first;
         while i != NONE {
             let n = self.node(i);
             f(Range::new(n.addr, n.size).unwrap_or_default(), n.state == State::Free);
             i = n.next_phys;
         }
+    }
+
+    /// A node by a link that [`check`](Self::check) has not verified yet.
+    fn checked(&self, i: u32) -> core::result::Result<&Node, &'static str> {
+        self.nodes.get(i as usize).ok_or("link out of range")
     }
 
     /// Checks every invariant of the index and returns the first broken one.
@@ -699,7 +745,7 @@ impl<N: Storage<Node>> CoalescingIndex<N> {
                 return Err("node size or address not a granule multiple");
             }
             if n.next_phys != NONE {
-                let m = self.node(n.next_phys);
+                let m = self.checked(n.next_phys)?;
                 if m.prev_phys != i || m.state == State::Vacant {
                     return Err("physical links not symmetric");
                 }
@@ -710,7 +756,7 @@ impl<N: Storage<Node>> CoalescingIndex<N> {
                     return Err("free neighbours not coalesced");
                 }
             }
-            if n.prev_phys != NONE && self.node(n.prev_phys).next_phys != i {
+            if n.prev_phys != NONE && self.checked(n.prev_phys)?.next_phys != i {
                 return Err("physical links not symmetric");
             }
         }
@@ -723,11 +769,11 @@ impl<N: Storage<Node>> CoalescingIndex<N> {
             let mut i = self.heads[bin];
             let mut prev = NONE;
             while i != NONE {
-                let n = self.node(i);
+                let n = self.checked(i)?;
                 if n.state != State::Free {
                     return Err("non-free node in a bin list");
                 }
-                if bin_floor(n.size >> self.shift) != bin {
+                if bin_floor(n.size >> self.shift) != bin || n.bin as usize != bin {
                     return Err("free node in the wrong bin");
                 }
                 if n.prev_free != prev {
@@ -745,6 +791,22 @@ impl<N: Storage<Node>> CoalescingIndex<N> {
             if (self.fl_bitmap >> fl & 1 == 1) != (self.sl_bitmap[fl] != 0) {
                 return Err("first-level bitmap does not match its row");
             }
+        }
+        let vacant = self.nodes.iter().filter(|n| n.state == State::Vacant).count();
+        let (mut i, mut on_list) = (self.vacant, 0usize);
+        while i != NONE {
+            let n = self.checked(i)?;
+            if n.state != State::Vacant {
+                return Err("non-vacant node on the vacant list");
+            }
+            on_list += 1;
+            if on_list > vacant {
+                return Err("cycle in the vacant list");
+            }
+            i = n.next_free;
+        }
+        if on_list != vacant || vacant != self.vacant_len as usize {
+            return Err("vacant-slot count does not match the nodes");
         }
         let free_nodes = self.nodes.iter().filter(|n| n.state == State::Free).count();
         if listed != free_nodes {
@@ -772,6 +834,27 @@ impl<N: Storage<Node>> fmt::Debug for CoalescingIndex<N> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The class map as TLSF states it: one bin per granule below
+    /// `SL_COUNT`, then `SL_COUNT` bins per power of two.
+    fn bin_reference(units: u64) -> usize {
+        if units < SL_COUNT as u64 {
+            units as usize
+        } else {
+            let e = 63 - units.leading_zeros();
+            let fl = (e - SL_BITS + 1) as usize;
+            fl * SL_COUNT + ((units >> (e - SL_BITS)) as usize & (SL_COUNT - 1))
+        }
+    }
+
+    #[test]
+    fn branchless_bins_equal_the_reference() {
+        let mut rng = crate::testing::SplitMix64::new(7);
+        for u in (1..5_000u64).chain((0..100_000).map(|_| rng.next_u64() >> (rng.next_u64() % 64))) {
+            let u = u.clamp(1, u64::MAX >> 8);
+            assert_eq!(bin_floor(u), bin_reference(u), "units {u}");
+        }
+    }
 
     #[test]
     fn bins_are_monotonic_and_ceil_fits() {
