@@ -108,6 +108,8 @@ pub struct CoalescingIndex<N: Storage<Node> = DefaultStorage<Node>> {
     vacant: u32,
     /// Length of the vacant-slot list.
     vacant_len: u32,
+    /// Where link updates aimed at `NONE` land; never read.
+    scratch: u32,
     /// Bit `f` set iff some bin of first level `f` is non-empty.
     fl_bitmap: u64,
     /// Bit `s` of `sl_bitmap[f]` set iff bin `f * SL_COUNT + s` is non-empty.
@@ -163,6 +165,7 @@ impl<N: Storage<Node>> CoalescingIndex<N> {
             nodes: N::default(),
             vacant: NONE,
             vacant_len: 0,
+            scratch: NONE,
             fl_bitmap: 0,
             sl_bitmap: [0; FL_COUNT],
             heads: [NONE; BIN_COUNT],
@@ -220,6 +223,33 @@ impl<N: Storage<Node>> CoalescingIndex<N> {
         debug_assert!((i as usize) < self.nodes.len(), "node {i} out of range");
         // SAFETY: as in `node`: `i` is a head, a link or a checked index.
         unsafe { self.nodes.get_unchecked_mut(i as usize) }
+    }
+
+    /// The `prev_free` link of node `i`, or a scratch word when `i` is
+    /// `NONE`: list updates then store without a branch that random sizes
+    /// would mispredict.
+    #[inline]
+    fn prev_free_of(&mut self, i: u32) -> &mut u32 {
+        if i != NONE {
+            debug_assert!(self.in_range(i), "node {i} out of range");
+            // SAFETY: `i` is a link (see `node`).
+            unsafe { &mut self.nodes.get_unchecked_mut(i as usize).prev_free }
+        } else {
+            &mut self.scratch
+        }
+    }
+
+    /// The `prev_phys` link of node `i`, or the scratch word when `i` is
+    /// `NONE` (see [`prev_free_of`](Self::prev_free_of)).
+    #[inline]
+    fn prev_phys_of(&mut self, i: u32) -> &mut u32 {
+        if i != NONE {
+            debug_assert!(self.in_range(i), "node {i} out of range");
+            // SAFETY: `i` is a link (see `node`).
+            unsafe { &mut self.nodes.get_unchecked_mut(i as usize).prev_phys }
+        } else {
+            &mut self.scratch
+        }
     }
 
     /// Whether `i` names a slot: the check at the public entry points that
@@ -307,9 +337,7 @@ impl<N: Storage<Node>> CoalescingIndex<N> {
             node.prev_free = NONE;
             node.next_free = head;
         }
-        if head != NONE {
-            self.node_mut(head).prev_free = i;
-        }
+        *self.prev_free_of(head) = i;
         self.heads[bin] = i;
         self.fl_bitmap |= 1 << (bin / SL_COUNT);
         self.sl_bitmap[bin / SL_COUNT] |= 1 << (bin % SL_COUNT);
@@ -319,22 +347,20 @@ impl<N: Storage<Node>> CoalescingIndex<N> {
     #[inline]
     fn remove_free(&mut self, i: u32) {
         let Node { prev_free, next_free, size, bin, .. } = *self.node(i);
-        if prev_free != NONE {
-            self.node_mut(prev_free).next_free = next_free;
+        let bin = bin as usize;
+        // Which word points at `i`: its predecessor's link or the bin's head.
+        let to_i = if prev_free != NONE {
+            // SAFETY: `prev_free` is a link (see `node`).
+            unsafe { &mut self.nodes.get_unchecked_mut(prev_free as usize).next_free }
         } else {
-            let bin = bin as usize;
-            self.heads[bin] = next_free;
-            if next_free == NONE {
-                let (fl, sl) = (bin / SL_COUNT, bin % SL_COUNT);
-                self.sl_bitmap[fl] &= !(1 << sl);
-                if self.sl_bitmap[fl] == 0 {
-                    self.fl_bitmap &= !(1 << fl);
-                }
-            }
-        }
-        if next_free != NONE {
-            self.node_mut(next_free).prev_free = prev_free;
-        }
+            &mut self.heads[bin]
+        };
+        *to_i = next_free;
+        *self.prev_free_of(next_free) = prev_free;
+        // Clear the bin's bits if it became empty, without a branch.
+        let (fl, sl) = (bin / SL_COUNT, bin % SL_COUNT);
+        self.sl_bitmap[fl] &= !(((self.heads[bin] == NONE) as u32) << sl);
+        self.fl_bitmap &= !(((self.sl_bitmap[fl] == 0) as u64) << fl);
         self.free_bytes -= size;
     }
 
@@ -558,9 +584,7 @@ impl<N: Storage<Node>> CoalescingIndex<N> {
             bin: 0,
             state: State::Used,
         };
-        if n.next_phys != NONE {
-            self.node_mut(n.next_phys).prev_phys = j;
-        }
+        *self.prev_phys_of(n.next_phys) = j;
         let node = self.node_mut(i);
         node.size = at;
         node.next_phys = j;
@@ -630,9 +654,7 @@ impl<N: Storage<Node>> CoalescingIndex<N> {
         let node = self.node_mut(i);
         node.size += nj.size;
         node.next_phys = nj.next_phys;
-        if nj.next_phys != NONE {
-            self.node_mut(nj.next_phys).prev_phys = i;
-        }
+        *self.prev_phys_of(nj.next_phys) = i;
         self.make_vacant(j);
     }
 
