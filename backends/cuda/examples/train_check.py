@@ -5,11 +5,13 @@ Driver (runs each worker in a process of its own and compares):
     python3 train_check.py --so path/to/libmemres.so [--stack STACK]... [--log /tmp/torch.csv] [--json out.json]
 
 It runs a small transformer (TransformerEncoder, bf16 autocast) for 50
-steps on random data with a fixed seed: twice on PyTorch's native caching
-allocator (to see that the run is deterministic at all), then once on
-memres per stack to test (`--stack`, repeatable; else the stacks in
-$MEMRES_TRAIN_STACKS, separated by `;`; else `stats(pool(async))`), and,
-with --log, once more on memres with MEMRES_STACK='log(STACK, file=PATH)'
+steps on random data with a fixed seed, on PyTorch's native caching
+allocator and on memres per stack to test, in `--rounds` interleaved rounds
+(default 3; native at least twice, to see that the run is deterministic at
+all). Step times are medians over steps 6 to 50, then over rounds. The
+stacks come from `--stack` (repeatable), else from $MEMRES_TRAIN_STACKS
+(separated by `;`), else `stats(pool(async))`. With --log it runs once
+more on memres with MEMRES_STACK='log(STACK, file=PATH)'
 (the first stack) so the run is recorded as an RMM-format trace, which it
 then checks (every free matches a live allocation of the same size). It
 prints per-step losses, the median step time and the peak memory held from
@@ -114,6 +116,7 @@ def worker(args):
         "gpu": torch.cuda.get_device_name(),
         "losses": losses,
         "step_ms_median": statistics.median(times[5:] or times) * 1e3,
+        "step_ms": [t * 1e3 for t in times],
     }
     if lib is None:
         result["peak_reserved"] = torch.cuda.max_memory_reserved()
@@ -181,14 +184,25 @@ def check_trace(path):
 def driver(args):
     common = ["--steps", str(args.steps), "--layers", str(args.layers), "--d-model", str(args.d_model),
               "--batch", str(args.batch), "--seq", str(args.seq)]
-    native = run_worker("native", ["--worker", "native"] + common)
-    native2 = run_worker("native (again)", ["--worker", "native"] + common)
-    runs = {"native": native, "native_again": native2}
-    memres_runs = []
-    for i, stack in enumerate(args.stack):
-        r = run_worker(f"memres {stack}", ["--worker", "memres", "--so", args.so, "--stack", stack] + common)
-        memres_runs.append(r)
-        runs[f"memres{i}"] = r
+    # Rounds interleave the configurations (native, each stack, native, ...)
+    # so that a slow spell of the machine hits all of them alike; a
+    # configuration's step time is the median over its rounds.
+    natives, per_stack_runs, runs = [], [[] for _ in args.stack], {}
+    rounds = max(args.rounds, 1)
+    # Native runs at least twice: the second tells whether the run is
+    # deterministic at all.
+    for r in range(max(rounds, 2)):
+        n = run_worker(f"native, round {r}", ["--worker", "native"] + common)
+        natives.append(n)
+        runs[f"native_r{r}"] = n
+        if r >= rounds:
+            continue
+        for i, stack in enumerate(args.stack):
+            argv = ["--worker", "memres", "--so", args.so, "--stack", stack] + common
+            m = run_worker(f"memres {stack}, round {r}", argv)
+            per_stack_runs[i].append(m)
+            runs[f"memres{i}_r{r}"] = m
+    native = natives[0]
     logged = trace = None
     if args.log:
         env = dict(os.environ, MEMRES_STACK=f"log({args.stack[0]}, file={args.log})")
@@ -202,29 +216,36 @@ def driver(args):
     def max_diff(a, b):
         return max(abs(x - y) for x, y in zip(a["losses"], b["losses"]))
 
-    deterministic = native["losses"] == native2["losses"]
+    deterministic = all(n["losses"] == native["losses"] for n in natives)
+    step_native = statistics.median(n["step_ms_median"] for n in natives)
+    peak_native = max(n["peak_reserved"] for n in natives)
     per_stack = []
-    for memres in memres_runs:
+    for rounds in per_stack_runs:
+        memres = rounds[0]
+        step = statistics.median(m["step_ms_median"] for m in rounds)
+        peak = max(m["peak_reserved"] for m in rounds)
         per_stack.append({
             "memres_stack": memres["stack"],
-            "losses_identical": memres["losses"] == native["losses"],
-            "max_loss_diff": max_diff(memres, native),
-            "step_ms_memres": memres["step_ms_median"],
-            "step_time_ratio": memres["step_ms_median"] / native["step_ms_median"],
-            "peak_memres_held": memres["peak_reserved"],
+            "losses_identical": all(m["losses"] == native["losses"] for m in rounds),
+            "max_loss_diff": max(max_diff(m, native) for m in rounds),
+            "rounds": len(rounds),
+            "step_ms_memres": step,
+            "step_ms_memres_rounds": [m["step_ms_median"] for m in rounds],
+            "step_time_ratio": step / step_native,
+            "peak_memres_held": peak,
             "peak_memres_driver_reserved": memres["memres"]["reserved_peak"],
             "peak_memres_live": memres["memres"]["bytes_peak"] if memres["memres"]["has_stats"] else None,
-            "peak_ratio": memres["peak_reserved"] / native["peak_reserved"],
+            "peak_ratio": peak / peak_native,
         })
     summary = {
         "gpu": native["gpu"],
         "torch": native["torch"],
         "steps": args.steps,
         "native_deterministic": deterministic,
-        "native_repeat_max_loss_diff": max_diff(native2, native),
-        "step_ms_native": native["step_ms_median"],
-        "step_ms_native_again": native2["step_ms_median"],
-        "peak_native_reserved": native["peak_reserved"],
+        "native_repeat_max_loss_diff": max(max_diff(n, native) for n in natives),
+        "step_ms_native": step_native,
+        "step_ms_native_rounds": [n["step_ms_median"] for n in natives],
+        "peak_native_reserved": peak_native,
         "peak_native_allocated": native["peak_allocated"],
         "stacks": per_stack,
         # The first stack's figures at the top level, as before.
@@ -267,6 +288,8 @@ def main():
                         f"else {MEMRES_STACK}); a worker runs the last")
     p.add_argument("--log", help="also run with MEMRES_STACK='log(STACK, file=LOG)' and check the trace")
     p.add_argument("--json", help="write the summary and every run here")
+    p.add_argument("--rounds", type=int, default=3,
+                   help="runs of each configuration, interleaved; step times are medians over rounds (native runs at least twice)")
     p.add_argument("--steps", type=int, default=50)
     p.add_argument("--layers", type=int, default=4)
     p.add_argument("--d-model", type=int, default=512)
