@@ -282,11 +282,48 @@ fn double_free_foreign_block_and_size_mismatch() {
     );
     assert_eq!(
         arena.deallocate(Block::new(keep.addr(), u64::MAX, keep.tag()), &s),
-        Err(Error::UnknownBlock { addr: keep.addr() })
+        Err(Error::SizeMismatch { addr: keep.addr(), expected: 1024, given: u64::MAX })
     );
     arena.check().unwrap();
     assert_eq!(arena.used_bytes(), 1024);
     arena.deallocate(keep, &s).unwrap();
+    assert_eq!(arena.used_bytes(), 0);
+    arena.check().unwrap();
+}
+
+/// A free with a size above `Request::MAX_SIZE` is a wrong size like any
+/// other: `SizeMismatch` for a live block, small or large, by tag or by
+/// address; `DoubleFree` for a freed one; `UnknownBlock` for an address the
+/// arena never handed out. It used to be `UnknownBlock` for every block
+/// (found by the `arena` fuzz target).
+#[test]
+fn a_free_with_a_size_above_the_largest_request_is_a_wrong_size() {
+    let arena = ArenaResource::with_config(BumpUpstream::new(1 << 30), small_config(), &()).unwrap();
+    let (s, other) = (TestStream::new(1), TestStream::new(2));
+    let small = arena.allocate(req(1000), &s).unwrap();
+    let large = arena.allocate(req(2 << 20), &s).unwrap();
+    let gone = arena.allocate(req(3000), &s).unwrap();
+    arena.deallocate(gone, &s).unwrap();
+    let before = arena.dump();
+    for huge in [Request::MAX_SIZE + 1, u64::MAX - 1, u64::MAX] {
+        for (b, expected) in [(small, 1024), (large, 2 << 20)] {
+            for x in [Block::new(b.addr(), huge, b.tag()), Block::from_addr(b.addr(), huge)] {
+                for on in [&s, &other] {
+                    let want = Err(Error::SizeMismatch { addr: b.addr(), expected, given: huge });
+                    assert_eq!(arena.deallocate(x, on), want, "{x:?}");
+                }
+            }
+        }
+        for x in [Block::new(gone.addr(), huge, gone.tag()), Block::from_addr(gone.addr(), huge)] {
+            assert_eq!(arena.deallocate(x, &s), Err(Error::DoubleFree { addr: gone.addr() }));
+        }
+        assert_eq!(arena.deallocate(Block::from_addr(12, huge), &s), Err(Error::UnknownBlock { addr: 12 }));
+    }
+    assert_eq!(arena.dump(), before);
+    arena.check().unwrap();
+    for b in [small, large] {
+        arena.deallocate(b, &s).unwrap();
+    }
     assert_eq!(arena.used_bytes(), 0);
     arena.check().unwrap();
 }
