@@ -468,7 +468,9 @@ mod thread_no {
 ///   aligned), however small. A block of the caller's arena occupies its
 ///   size class (256-byte multiples with `size_classes(false)`); a block of
 ///   the global arena (a *large* block) its size rounded up to 256 bytes:
-///   that is what [`used_bytes`](ArenaResource::used_bytes) counts.
+///   that is what [`used_bytes`](ArenaResource::used_bytes) counts. A valid
+///   request that needs a chunk above [`Request::MAX_SIZE`] (a size near it
+///   with its alignment's padding) is [`Error::OutOfMemory`].
 /// - **Superblocks** are `superblock_size` (8 MiB) unless the global arena
 ///   is at its maximum and only smaller room is left (never below 1 MiB);
 ///   a superblock never spans two upstream chunks.

@@ -328,6 +328,31 @@ fn a_free_with_a_size_above_the_largest_request_is_a_wrong_size() {
     arena.check().unwrap();
 }
 
+/// A valid request whose alignment takes the chunk it needs above
+/// `Request::MAX_SIZE` is out of memory, with or without a maximum. It used
+/// to be the upstream's `InvalidSize` for that chunk, a size the caller
+/// never asked for (found by the `arena` fuzz target).
+#[test]
+fn a_request_whose_alignment_needs_more_than_the_largest_size_is_out_of_memory() {
+    for config in [small_config(), small_config().maximum_size(64 << 20)] {
+        let arena = ArenaResource::with_config(BumpUpstream::new(1 << 30), config, &()).unwrap();
+        let s = TestStream::new(1);
+        let keep = arena.allocate(req(1000), &s).unwrap();
+        let held = arena.held_bytes();
+        for (size, align) in [(Request::MAX_SIZE, 1 << 20), (Request::MAX_SIZE - 4096, Request::MAX_ALIGN)] {
+            let err = arena.allocate(Request::aligned(size, align).unwrap(), &s).unwrap_err();
+            assert!(matches!(err, Error::OutOfMemory { requested, .. } if requested == size), "{err}");
+        }
+        assert_eq!((arena.held_bytes(), arena.used_bytes()), (held, 1024));
+        arena.check().unwrap();
+        let b = arena.allocate(Request::aligned(2 << 20, 4 << 20).unwrap(), &s).unwrap();
+        for x in [b, keep] {
+            arena.deallocate(x, &s).unwrap();
+        }
+        arena.check().unwrap();
+    }
+}
+
 #[test]
 fn zero_and_huge_sizes() {
     let arena = ArenaResource::new(BumpUpstream::new(1 << 30));
