@@ -22,7 +22,7 @@ pub mod targets;
 
 pub use ops::{Op, SizeClass};
 pub use targets::{
-    run_binning, run_fixed, run_index, run_pool, run_pool_fixed, run_pool_stack, run_stack,
+    run_arena, run_binning, run_fixed, run_index, run_pool, run_pool_fixed, run_pool_stack, run_stack,
     run_stack_adaptors, run_stream, run_vpool, LayerCheck, LayerJudge, Layers, SharedPool,
 };
 
@@ -46,6 +46,7 @@ pub const TARGETS: &[(&str, Target)] = &[
     ("stack", run_stack_adaptors),
     ("stream", run_stream),
     ("vpool", run_vpool),
+    ("arena", run_arena),
 ];
 
 /// Whether the resources' own invariant checkers run (the default). With
