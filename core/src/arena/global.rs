@@ -116,12 +116,18 @@ impl<U> Global<U> {
     /// directly, since a chunk of exactly `need` bytes lands in a size class
     /// below the one the index searches for `need` (found by fuzzing the pool,
     /// whose growth had the same flaw). `Ok(None)` when the maximum or the
-    /// upstream leaves no room.
+    /// upstream leaves no room, or `need` is more than any request may ask
+    /// (a valid size whose alignment padding takes it above
+    /// `Request::MAX_SIZE`: out of memory, not the upstream's `InvalidSize`
+    /// for a size the caller never asked for).
     fn grow<S: Stream + ?Sized>(&mut self, need: u64, stream: &S) -> Result<Option<u32>>
     where
         U: MemoryResource<S>,
     {
         let need = (need + 255) & !255;
+        if need > Request::MAX_SIZE {
+            return Ok(None);
+        }
         let mut room = self.maximum.map_or(u64::MAX, |m| m - self.held);
         if need > room {
             // Wholly free chunks cannot hold a range larger than themselves:

@@ -64,7 +64,7 @@ pub enum DumpTarget {
 /// | `maximum_size` | none | the most bytes ever held from upstream |
 /// | `chunk_size` | 32 MiB | the global arena grows by `max(request, chunk_size, held / 8)` (in whole superblocks): few chunks, yet the unused tail of the newest one stays under 1/8 of what is held; superblocks never span two chunks |
 /// | `superblock_size` | 8 MiB | at least 8 blocks of the 1 MiB threshold per superblock: the tail left when a superblock fills is at most 1/8 of it, and an arena goes to the global arena once per 8 MiB of growth, not once per block (RMM's 1 MiB superblocks hold a single 1 MiB block) |
-/// | `large_threshold` | 1 MiB | RMM's: larger requests are served by the global arena directly |
+/// | `large_threshold` | 1 MiB | RMM's: larger requests are served by the global arena directly (so is one whose size class plus its alignment less 256 bytes exceeds the superblock size) |
 /// | `max_arenas` | 64 | slots of the arena table (per-thread plus per-stream arenas), at most [`MAX_ARENAS`]; each slot costs about 8 KiB of metadata up front; a stream beyond them gets [`Error::CapacityExhausted`] (sharing an arena between two streams would break stream order) |
 /// | `size_classes` | on | small requests rounded up to [`size_class`] |
 ///
@@ -345,6 +345,20 @@ const SLOT_SHIFT: u32 = 24;
 const SLOT_MASK: u64 = 0xff << SLOT_SHIFT;
 const GLOBAL_SLOT: usize = 0xff;
 
+/// What a free with a size above [`Request::MAX_SIZE`] is checked as: a
+/// multiple of 256 that no block has (and that rounds without overflow).
+const NO_SIZE: u64 = !255;
+
+/// The size a free of a large block is checked with.
+#[inline]
+fn free_size(size: u64) -> u64 {
+    if size > Request::MAX_SIZE {
+        NO_SIZE
+    } else {
+        size
+    }
+}
+
 #[inline]
 fn pack(slot: usize, index_tag: u64) -> Option<u64> {
     (index_tag & SLOT_MASK == 0).then_some(index_tag | (slot as u64) << SLOT_SHIFT)
@@ -449,7 +463,14 @@ mod thread_no {
 /// - **Size classes.** Requests up to `large_threshold` (1 MiB) are rounded
 ///   up to a [`size_class`] (RMM's jemalloc-style classes) and served by the
 ///   caller's arena; larger ones get a range of their own from the global
-///   arena, as RMM's.
+///   arena, as RMM's. So does a request whose size class plus its alignment
+///   less 256 bytes exceeds `superblock_size` (no superblock could hold it
+///   aligned), however small. A block of the caller's arena occupies its
+///   size class (256-byte multiples with `size_classes(false)`); a block of
+///   the global arena (a *large* block) its size rounded up to 256 bytes:
+///   that is what [`used_bytes`](ArenaResource::used_bytes) counts. A valid
+///   request that needs a chunk above [`Request::MAX_SIZE`] (a size near it
+///   with its alignment's padding) is [`Error::OutOfMemory`].
 /// - **Superblocks** are `superblock_size` (8 MiB) unless the global arena
 ///   is at its maximum and only smaller room is left (never below 1 MiB);
 ///   a superblock never spans two upstream chunks.
@@ -460,6 +481,16 @@ mod thread_no {
 ///   the arena's stream may reuse the block at once. Large blocks may be
 ///   reused by any stream: their free synchronizes the freeing stream, as
 ///   RMM's global arena does.
+/// - **Sizes of frees.** A free is checked against what the block occupies:
+///   a small block is freed by any size of its size class, a large block by
+///   any size that rounds up to the same multiple of 256; another size,
+///   one above [`Request::MAX_SIZE`] included, is [`Error::SizeMismatch`]
+///   naming the class or rounded size as `expected` and the size given, and
+///   frees nothing. The size is checked once the block is found: a free of
+///   a block already freed is [`Error::DoubleFree`], one of an address that
+///   is no block's [`Error::UnknownBlock`], whatever the size. A size of 0
+///   is an empty block ([`Block::is_empty`]): its free does nothing, as
+///   with every resource.
 /// - **Running dry.** When an arena cannot get a superblock, the resource
 ///   takes every wholly free superblock back to the global arena from the
 ///   arenas of the caller's stream id (all per-thread arenas for the default
@@ -718,6 +749,17 @@ impl<U, L: RawLock> ArenaResource<U, L> {
         }
     }
 
+    /// The size class a free of a small block of `size` bytes is checked
+    /// with.
+    #[inline]
+    fn free_class(&self, size: u64) -> u64 {
+        if size > Request::MAX_SIZE {
+            NO_SIZE
+        } else {
+            self.class_of(size)
+        }
+    }
+
     #[inline]
     fn is_large(&self, request: &Request) -> bool {
         request.size() > self.config.large_threshold
@@ -880,13 +922,16 @@ impl<U, L: RawLock> ArenaResource<U, L> {
                 if self.stream_of(owner) != stream.id() {
                     stream.synchronize()?;
                 }
-                let class = self.class_of(block.size());
+                let class = self.free_class(block.size());
                 self.arenas[owner].0.with(|a| a.free_at(start, addr, class, tag)).map_err(|e| given(e, block))
             }
             Located::Large { .. } if tag.is_some() => Err(Error::DoubleFree { addr }),
             Located::Large { tag } => {
                 stream.synchronize()?;
-                self.global.0.with(|g| g.free_large(tag, addr, block.size()))
+                self.global
+                    .0
+                    .with(|g| g.free_large(tag, addr, free_size(block.size())))
+                    .map_err(|e| given(e, block))
             }
             Located::Free => Err(Error::DoubleFree { addr }),
             Located::Unknown => Err(Error::UnknownBlock { addr }),
@@ -1052,9 +1097,6 @@ where
             return Ok(());
         }
         let addr = block.addr();
-        if block.size() > Request::MAX_SIZE {
-            return Err(Error::UnknownBlock { addr });
-        }
         let tag = block.tag();
         if tag == Block::NO_TAG {
             return self.free_by_address(block, stream, None);
@@ -1063,14 +1105,14 @@ where
         let inner = tag & !SLOT_MASK;
         let freed = if slot == GLOBAL_SLOT {
             stream.synchronize()?;
-            self.global.0.with(|g| g.free_large(inner, addr, block.size()))
+            self.global.0.with(|g| g.free_large(inner, addr, free_size(block.size())))
         } else if slot < self.arenas.len()
             && matches!(self.keys[slot].state.load(Ordering::Acquire), STREAM | THREAD)
         {
             if self.stream_of(slot) != stream.id() {
                 stream.synchronize()?;
             }
-            let class = self.class_of(block.size());
+            let class = self.free_class(block.size());
             self.arenas[slot].0.with(|a| a.index.free(inner, addr, class).map(|_| ()))
         } else {
             Err(Error::UnknownBlock { addr })

@@ -282,13 +282,75 @@ fn double_free_foreign_block_and_size_mismatch() {
     );
     assert_eq!(
         arena.deallocate(Block::new(keep.addr(), u64::MAX, keep.tag()), &s),
-        Err(Error::UnknownBlock { addr: keep.addr() })
+        Err(Error::SizeMismatch { addr: keep.addr(), expected: 1024, given: u64::MAX })
     );
     arena.check().unwrap();
     assert_eq!(arena.used_bytes(), 1024);
     arena.deallocate(keep, &s).unwrap();
     assert_eq!(arena.used_bytes(), 0);
     arena.check().unwrap();
+}
+
+/// A free with a size above `Request::MAX_SIZE` is a wrong size like any
+/// other: `SizeMismatch` for a live block, small or large, by tag or by
+/// address; `DoubleFree` for a freed one; `UnknownBlock` for an address the
+/// arena never handed out. It used to be `UnknownBlock` for every block
+/// (found by the `arena` fuzz target).
+#[test]
+fn a_free_with_a_size_above_the_largest_request_is_a_wrong_size() {
+    let arena = ArenaResource::with_config(BumpUpstream::new(1 << 30), small_config(), &()).unwrap();
+    let (s, other) = (TestStream::new(1), TestStream::new(2));
+    let small = arena.allocate(req(1000), &s).unwrap();
+    let large = arena.allocate(req(2 << 20), &s).unwrap();
+    let gone = arena.allocate(req(3000), &s).unwrap();
+    arena.deallocate(gone, &s).unwrap();
+    let before = arena.dump();
+    for huge in [Request::MAX_SIZE + 1, u64::MAX - 1, u64::MAX] {
+        for (b, expected) in [(small, 1024), (large, 2 << 20)] {
+            for x in [Block::new(b.addr(), huge, b.tag()), Block::from_addr(b.addr(), huge)] {
+                for on in [&s, &other] {
+                    let want = Err(Error::SizeMismatch { addr: b.addr(), expected, given: huge });
+                    assert_eq!(arena.deallocate(x, on), want, "{x:?}");
+                }
+            }
+        }
+        for x in [Block::new(gone.addr(), huge, gone.tag()), Block::from_addr(gone.addr(), huge)] {
+            assert_eq!(arena.deallocate(x, &s), Err(Error::DoubleFree { addr: gone.addr() }));
+        }
+        assert_eq!(arena.deallocate(Block::from_addr(12, huge), &s), Err(Error::UnknownBlock { addr: 12 }));
+    }
+    assert_eq!(arena.dump(), before);
+    arena.check().unwrap();
+    for b in [small, large] {
+        arena.deallocate(b, &s).unwrap();
+    }
+    assert_eq!(arena.used_bytes(), 0);
+    arena.check().unwrap();
+}
+
+/// A valid request whose alignment takes the chunk it needs above
+/// `Request::MAX_SIZE` is out of memory, with or without a maximum. It used
+/// to be the upstream's `InvalidSize` for that chunk, a size the caller
+/// never asked for (found by the `arena` fuzz target).
+#[test]
+fn a_request_whose_alignment_needs_more_than_the_largest_size_is_out_of_memory() {
+    for config in [small_config(), small_config().maximum_size(64 << 20)] {
+        let arena = ArenaResource::with_config(BumpUpstream::new(1 << 30), config, &()).unwrap();
+        let s = TestStream::new(1);
+        let keep = arena.allocate(req(1000), &s).unwrap();
+        let held = arena.held_bytes();
+        for (size, align) in [(Request::MAX_SIZE, 1 << 20), (Request::MAX_SIZE - 4096, Request::MAX_ALIGN)] {
+            let err = arena.allocate(Request::aligned(size, align).unwrap(), &s).unwrap_err();
+            assert!(matches!(err, Error::OutOfMemory { requested, .. } if requested == size), "{err}");
+        }
+        assert_eq!((arena.held_bytes(), arena.used_bytes()), (held, 1024));
+        arena.check().unwrap();
+        let b = arena.allocate(Request::aligned(2 << 20, 4 << 20).unwrap(), &s).unwrap();
+        for x in [b, keep] {
+            arena.deallocate(x, &s).unwrap();
+        }
+        arena.check().unwrap();
+    }
 }
 
 #[test]

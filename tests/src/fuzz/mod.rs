@@ -22,7 +22,7 @@ pub mod targets;
 
 pub use ops::{Op, SizeClass};
 pub use targets::{
-    run_binning, run_fixed, run_index, run_pool, run_pool_fixed, run_pool_stack, run_stack,
+    run_arena, run_binning, run_fixed, run_index, run_pool, run_pool_fixed, run_pool_stack, run_stack,
     run_stack_adaptors, run_stream, run_vpool, LayerCheck, LayerJudge, Layers, SharedPool,
 };
 
@@ -46,6 +46,7 @@ pub const TARGETS: &[(&str, Target)] = &[
     ("stack", run_stack_adaptors),
     ("stream", run_stream),
     ("vpool", run_vpool),
+    ("arena", run_arena),
 ];
 
 /// Whether the resources' own invariant checkers run (the default). With
@@ -95,6 +96,14 @@ pub trait FuzzResource {
     /// the resource's granule).
     fn footprint(&self, size: u64) -> u64;
 
+    /// Bytes the block handed out for `request` occupies: by default the
+    /// [`footprint`](Self::footprint) of its size; a resource whose blocks
+    /// occupy what depends on the alignment too (which path served them)
+    /// says so here.
+    fn footprint_of(&self, request: &Request) -> u64 {
+        self.footprint(request.size())
+    }
+
     /// A few figures that no failed free may change (used bytes, free bytes,
     /// bytes held from upstream, ...).
     fn summary(&self) -> Vec<u64> {
@@ -118,6 +127,21 @@ pub trait FuzzResource {
     /// resource that checks it.
     fn size_class(&self, size: u64) -> u64 {
         self.footprint(size)
+    }
+
+    /// [`size_class`](Self::size_class) of `size` for a free of the live
+    /// `block`: for a resource whose size rule differs between its blocks
+    /// (by the path that served them). The size class of `block.size()` is
+    /// what [`Error::SizeMismatch`] names as `expected`.
+    fn size_class_of(&self, _block: &Block, size: u64) -> u64 {
+        self.size_class(size)
+    }
+
+    /// Whether frees with sizes no block has are tried too: 0 (which frees
+    /// nothing: [`Block::is_empty`]) and sizes above `Request::MAX_SIZE`
+    /// (a wrong size as any other). Off by default.
+    fn odd_free_sizes(&self) -> bool {
+        false
     }
 
     /// The errors allowed for a free of the live block at `addr` (of size
@@ -362,14 +386,25 @@ fn apply<R: FuzzResource>(r: &mut R, m: &mut Model, op: Op) {
             }
             let i = index % m.live.len();
             let b = m.live[i].block;
-            let size = wrong_size(b.size(), delta);
+            let size = wrong_size(b.size(), delta, r.odd_free_sizes());
             let block = if by_address {
                 Block::from_addr(b.addr(), size)
             } else {
                 Block::new(b.addr(), size, b.tag())
             };
             m.note(format_args!("free live {b:?} with size {size}"));
-            let (fp_old, fp_new) = (r.size_class(b.size()), r.size_class(size));
+            if size == 0 {
+                // An empty block: its free does nothing, the block stays live.
+                let before = r.summary();
+                if let Err(e) = r.deallocate(block) {
+                    m.fail(&format!("free of {block:?} (size 0) failed: {e:?}"));
+                }
+                if r.summary() != before {
+                    m.fail(&format!("free of {block:?} (size 0) changed the resource"));
+                }
+                return;
+            }
+            let (fp_old, fp_new) = (r.size_class_of(&b, b.size()), r.size_class_of(&b, size));
             if fp_new != fp_old && r.undetected_bad_free(&block) {
                 m.note(format_args!("skipped: a bad free the resource does not detect"));
                 return;
@@ -469,7 +504,7 @@ fn allocate<R: FuzzResource>(r: &mut R, m: &mut Model, size: u64, align: u64) {
     match r.allocate(request) {
         Ok(block) => {
             m.note(format_args!("allocate({size}, {align}) = {block:?}"));
-            let fp = if block.is_empty() { 0 } else { r.footprint(size) };
+            let fp = if block.is_empty() { 0 } else { r.footprint_of(&request) };
             m.add(block, request, fp);
         }
         Err(e) => {
@@ -520,7 +555,9 @@ fn stale_or_foreign_free<R: FuzzResource>(
             let got = r.deallocate(block);
             let want = Error::UnknownBlock { addr };
             expect_unchanged_err(r, m, got, &[want], &before, "address-only free (unsupported)");
-        } else if r.size_class(block.size()) == r.size_class(live.block.size()) {
+        } else if r.size_class_of(&live.block, block.size())
+            == r.size_class_of(&live.block, live.block.size())
+        {
             if let Err(e) = r.deallocate(block) {
                 m.fail(&format!("address-only free of live {:?} failed: {e:?}", live.block));
             }
@@ -528,7 +565,7 @@ fn stale_or_foreign_free<R: FuzzResource>(
             m.remove(i, gb);
         } else {
             let got = r.deallocate(block);
-            let want = r.mismatch_errors(addr, r.size_class(live.block.size()), block.size());
+            let want = r.mismatch_errors(addr, r.size_class_of(&live.block, live.block.size()), block.size());
             expect_unchanged_err(r, m, got, &want, &before, "address-only free with another size");
         }
         return;
@@ -587,7 +624,16 @@ fn expect_unchanged_err<R: FuzzResource>(
     }
 }
 
-fn wrong_size(size: u64, delta: u8) -> u64 {
+/// A size other than `size`, picked by `delta`; with `odd`, a quarter of
+/// the picks are sizes no block has (0, above `Request::MAX_SIZE`).
+fn wrong_size(size: u64, delta: u8, odd: bool) -> u64 {
+    if odd && delta & 0x60 == 0x60 {
+        return match delta % 3 {
+            0 => 0,
+            1 => Request::MAX_SIZE + 1 + u64::from(delta),
+            _ => u64::MAX - u64::from(delta & 1),
+        };
+    }
     let d = match delta % 6 {
         0 => 1,
         1 => 255,

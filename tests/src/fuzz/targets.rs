@@ -9,7 +9,9 @@ use memres_host::SimDevice;
 use std::cell::Cell;
 use std::sync::{Arc, Mutex};
 
+mod arena;
 mod more;
+pub use arena::*;
 pub use more::*;
 
 // ---------------------------------------------------------------- index

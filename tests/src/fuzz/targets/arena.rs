@@ -1,0 +1,702 @@
+//! The arena target: `ArenaResource` over the spied `SimDevice`, on four
+//! stream ids and two threads.
+//!
+//! The model follows the arena's documented rules (`memres_core::arena`):
+//!
+//! - a request is *large* (served by the global arena) when its size is
+//!   above `large_threshold`, or when its size class plus its alignment less
+//!   256 bytes exceeds `superblock_size`; else it is *small* and served by
+//!   the caller's arena (one per stream id, one per thread on stream 0);
+//! - a small block occupies its size class, a large one its size rounded up
+//!   to 256 bytes, and a free is checked against that: any size of the same
+//!   class (small) or the same multiple of 256 (large) frees the block,
+//!   another is `SizeMismatch`, a size above `Request::MAX_SIZE` too;
+//! - a free synchronizes the freeing stream when the block is large or its
+//!   arena serves another stream id; a failed synchronization fails the call
+//!   and changes nothing;
+//! - the table of arenas has `max_arenas` slots: a small request of a stream
+//!   or thread with no arena yet claims one, and with none left it is
+//!   `CapacityExhausted`;
+//! - out of memory only when no free range of the caller's arena or of the
+//!   global arena could serve, and the maximum or the upstream forbids
+//!   growing.
+
+use super::super::{drive, FuzzResource, Model, Op};
+use super::Spy;
+use arbitrary::Unstructured;
+use memres_core::arena::{size_class, ArenaConfig, ArenaDump, ArenaResource, DumpTarget, Owner};
+use memres_core::{Block, Error, MemoryResource, Request, Result, Stream};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::{mpsc, Arc};
+
+type Arena = ArenaResource<Spy>;
+
+/// The error of an injected synchronize failure.
+const SYNC_FAILURE: Error =
+    Error::Backend { code: 4, what: "injected failure of a fuzz stream's synchronize" };
+
+/// What the streams of one run count and inject.
+#[derive(Debug, Default)]
+struct Faults {
+    /// Synchronizations to let through before one fails (0: none pending).
+    fail_in: AtomicU64,
+    /// Synchronizations that succeeded.
+    syncs: AtomicU64,
+    /// Synchronizations made to fail.
+    injected: AtomicU64,
+}
+
+/// A stream with an id whose `synchronize` can be made to fail.
+#[derive(Clone, Debug)]
+struct FuzzStream {
+    id: u64,
+    faults: Arc<Faults>,
+}
+
+impl Stream for FuzzStream {
+    type Event = ();
+    fn id(&self) -> u64 {
+        self.id
+    }
+    fn record(&self) -> Result<()> {
+        Ok(())
+    }
+    fn wait(&self, _: &()) -> Result<()> {
+        Ok(())
+    }
+    fn query(&self, _: &()) -> Result<bool> {
+        Ok(true)
+    }
+    fn synchronize(&self) -> Result<()> {
+        let f = &self.faults;
+        let n = f.fail_in.load(Relaxed);
+        if n > 0 {
+            f.fail_in.store(n - 1, Relaxed);
+            if n == 1 {
+                f.injected.fetch_add(1, Relaxed);
+                return Err(SYNC_FAILURE);
+            }
+        }
+        f.syncs.fetch_add(1, Relaxed);
+        Ok(())
+    }
+}
+
+/// The lanes operations run on: a stream id, and whether the call is made
+/// from the helper thread (stream 0 has an arena per thread).
+const LANES: [(u64, bool); 5] = [(0, false), (0, true), (1, false), (2, false), (0xdead_beef, false)];
+
+/// Which arena a small request goes to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+enum Key {
+    /// Stream 0, on the main thread (`false`) or the helper thread.
+    Thread(bool),
+    /// Any other stream id.
+    Stream(u64),
+}
+
+/// A live block as the model placed it.
+#[derive(Clone, Copy, Debug)]
+struct Placed {
+    large: bool,
+    key: Key,
+    stream: u64,
+    footprint: u64,
+}
+
+type Job = Box<dyn FnOnce() + Send>;
+
+/// A second thread that runs calls handed to it, one at a time.
+#[derive(Debug)]
+struct Helper {
+    jobs: Option<mpsc::Sender<Job>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Helper {
+    fn spawn() -> Self {
+        let (tx, rx) = mpsc::channel::<Job>();
+        let thread = std::thread::spawn(move || {
+            for job in rx {
+                job();
+            }
+        });
+        Helper { jobs: Some(tx), thread: Some(thread) }
+    }
+
+    fn run<T: Send + 'static>(&self, f: impl FnOnce() -> T + Send + 'static) -> T {
+        let (tx, rx) = mpsc::sync_channel(1);
+        let job: Job = Box::new(move || {
+            let _ = tx.send(f());
+        });
+        self.jobs.as_ref().expect("helper running").send(job).expect("helper thread alive");
+        rx.recv().expect("fuzz oracle: the call on the helper thread panicked")
+    }
+}
+
+impl Drop for Helper {
+    fn drop(&mut self) {
+        self.jobs.take();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// The configuration as the model knows it (`ArenaConfig` has no getters
+/// for most of it).
+#[derive(Clone, Copy, Debug)]
+struct Params {
+    superblock: u64,
+    threshold: u64,
+    max_arenas: u32,
+    size_classes: bool,
+    maximum: Option<u64>,
+    synchronize_all: bool,
+}
+
+impl Params {
+    /// The size class of a small block of `size` bytes.
+    fn class(&self, size: u64) -> u64 {
+        if self.size_classes {
+            size_class(size)
+        } else {
+            round256(size.max(1))
+        }
+    }
+
+    /// Whether the global arena serves `request` (documented routing).
+    fn is_large(&self, request: &Request) -> bool {
+        request.size() > self.threshold
+            || self.class(request.size()) + request.align() - 256 > self.superblock
+    }
+}
+
+fn round256(size: u64) -> u64 {
+    size.div_ceil(256) * 256
+}
+
+/// Bytes of a free range that surely serve `size` bytes at `align` in a
+/// `CoalescingIndex` of 256-byte granules (its promise, as the `index`
+/// target judges it).
+fn sure_fit(size: u64, align: u64) -> u64 {
+    let need = size.div_ceil(256) + align / 256 - 1;
+    256 * (need + need / 32)
+}
+
+/// What the model expected of the last allocation call.
+#[derive(Clone, Copy, Debug, Default)]
+struct Attempt {
+    large: bool,
+    key: Option<Key>,
+    /// The caller had no arena and the table was full.
+    table_full: bool,
+    /// A synchronization failed during the call.
+    stream_failed: bool,
+}
+
+fn dump_seen(dump: &ArenaDump) {
+    assert!(dump.requested.is_some(), "fuzz oracle: a failure dump names no request");
+    let _ = dump.to_string();
+}
+
+fn sync_all() -> Result<()> {
+    Ok(())
+}
+
+/// `ArenaResource` over a spied `SimDevice`, driven on [`LANES`].
+#[derive(Debug)]
+struct ArenaTarget {
+    arena: Arc<Arena>,
+    spy: Spy,
+    params: Params,
+    faults: Arc<Faults>,
+    lanes: Vec<FuzzStream>,
+    current: usize,
+    helper: Option<Helper>,
+    /// Live blocks by address.
+    placed: HashMap<u64, Placed>,
+    /// Arenas claimed, as the model counts them.
+    keys: Vec<Key>,
+    /// The arena's numbers of the main and the helper thread, learned
+    /// when their arenas appear.
+    threads: [Option<u64>; 2],
+    last: Attempt,
+}
+
+impl ArenaTarget {
+    fn key_of(&self, lane: usize) -> Key {
+        match LANES[lane] {
+            (0, helper) => Key::Thread(helper),
+            (id, _) => Key::Stream(id),
+        }
+    }
+
+    /// Runs `f` with the current lane's stream, on the lane's thread.
+    fn on_lane<T: Send + 'static>(&mut self, f: impl FnOnce(&Arena, &FuzzStream) -> T + Send + 'static) -> T {
+        let stream = self.lanes[self.current].clone();
+        if LANES[self.current].1 {
+            let arena = Arc::clone(&self.arena);
+            self.helper.get_or_insert_with(Helper::spawn).run(move || f(&arena, &stream))
+        } else {
+            f(&self.arena, &stream)
+        }
+    }
+
+    fn injected(&self) -> u64 {
+        self.faults.injected.load(Relaxed)
+    }
+
+    /// The key of a dump's arena.
+    fn key_of_owner(&self, owner: Owner) -> Option<Key> {
+        match owner {
+            Owner::Stream(id) => Some(Key::Stream(id)),
+            Owner::Thread(n) if self.threads[0] == Some(n) => Some(Key::Thread(false)),
+            Owner::Thread(n) if self.threads[1] == Some(n) => Some(Key::Thread(true)),
+            _ => None,
+        }
+    }
+
+    /// Releases on every stream id with no failure armed: everything goes
+    /// back upstream once nothing is live (a release on stream 0 takes back
+    /// the superblocks of every thread's arena).
+    fn release_everywhere(&mut self) {
+        self.faults.fail_in.store(0, Relaxed);
+        self.spy.inner.fail_nth(0);
+        for lane in (0..LANES.len()).filter(|&l| !LANES[l].1) {
+            self.current = lane;
+            if let Err(e) = self.on_lane(|a, s| a.release(s)) {
+                panic!("fuzz oracle: release on lane {lane} failed: {e:?}");
+            }
+        }
+        if self.arena.used_bytes() == 0 && (self.arena.held_bytes() != 0 || self.spy.inner.held_bytes() != 0)
+        {
+            panic!(
+                "fuzz oracle: nothing in use and released on every stream, yet {} bytes held ({} upstream)",
+                self.arena.held_bytes(),
+                self.spy.inner.held_bytes()
+            );
+        }
+    }
+}
+
+impl FuzzResource for ArenaTarget {
+    fn allocate(&mut self, request: Request) -> Result<Block> {
+        let key = self.key_of(self.current);
+        let large = self.params.is_large(&request);
+        let small = !request.is_zero() && !large;
+        let claims = small && !self.keys.contains(&key);
+        let table_full = claims && self.keys.len() >= self.params.max_arenas as usize;
+        let injected = self.injected();
+        let got = self.on_lane(move |a, s| a.allocate(request, s));
+        let stream_failed = self.injected() != injected;
+        self.last = Attempt { large, key: small.then_some(key), table_full, stream_failed };
+        if claims && !table_full {
+            // The slot is claimed before the arena is asked, whatever it answers.
+            self.keys.push(key);
+            if let Key::Thread(helper) = key {
+                let known = self.threads;
+                let new = self.arena.dump().arenas.iter().find_map(|a| match a.owner {
+                    Owner::Thread(n) if !known.contains(&Some(n)) => Some(n),
+                    _ => None,
+                });
+                match new {
+                    Some(n) => self.threads[helper as usize] = Some(n),
+                    None => panic!("fuzz oracle: a small request on stream 0 made no arena for its thread"),
+                }
+            }
+        }
+        if let Ok(block) = got {
+            if table_full {
+                panic!("fuzz oracle: {request:?} on a full arena table got {block:?}");
+            }
+            if stream_failed || self.spy.log().failed_other {
+                panic!("fuzz oracle: {request:?} succeeded though a synchronization or the upstream failed");
+            }
+            if !block.is_empty() {
+                let footprint = self.footprint_of(&request);
+                let stream = LANES[self.current].0;
+                self.placed.insert(block.addr(), Placed { large, key, stream, footprint });
+            }
+        }
+        got
+    }
+
+    fn deallocate(&mut self, block: Block) -> Result<()> {
+        loop {
+            let before = self.summary();
+            let (injected, syncs) = (self.injected(), self.faults.syncs.load(Relaxed));
+            let got = self.on_lane(move |a, s| a.deallocate(block, s));
+            if self.injected() != injected {
+                // The synchronization failed: so must the free, changing
+                // nothing; the caller tries again.
+                if got != Err(SYNC_FAILURE) {
+                    panic!(
+                        "fuzz oracle: free of {block:?}: a synchronization failed and the free gave {got:?}"
+                    );
+                }
+                let after = self.summary();
+                if after != before {
+                    panic!("fuzz oracle: free of {block:?} failed to synchronize and changed {before:?} -> {after:?}");
+                }
+                continue;
+            }
+            if got.is_ok() && !block.is_empty() {
+                if let Some(p) = self.placed.remove(&block.addr()) {
+                    // A free synchronizes when the block may be reused by
+                    // another stream than the freeing one.
+                    let on = LANES[self.current].0;
+                    let want = u64::from(p.large || p.stream != on);
+                    let made = self.faults.syncs.load(Relaxed) - syncs;
+                    if made != want {
+                        panic!(
+                            "fuzz oracle: free of {block:?} ({p:?}) on stream {on:#x} synchronized {made} times, expected {want}"
+                        );
+                    }
+                }
+            }
+            return got;
+        }
+    }
+
+    fn release(&mut self) -> Option<Result<u64>> {
+        let before = self.summary();
+        let held = self.arena.held_bytes();
+        let injected = self.injected();
+        let got = self.on_lane(|a, s| a.release(s));
+        if self.injected() != injected {
+            let after = self.summary();
+            if got != Err(SYNC_FAILURE) || after != before {
+                panic!("fuzz oracle: release failed to synchronize: {got:?}, {before:?} -> {after:?}");
+            }
+            return Some(Ok(0));
+        }
+        if let Ok(bytes) = got {
+            let dump = self.arena.dump();
+            if held - bytes != dump.global.held {
+                panic!(
+                    "fuzz oracle: release gave back {bytes} bytes of {held}, {} held now",
+                    dump.global.held
+                );
+            }
+            let on = LANES[self.current].0;
+            for a in &dump.arenas {
+                let reclaims = self.params.synchronize_all
+                    || matches!(a.owner, Owner::Stream(id) if id == on)
+                    || (on == 0 && matches!(a.owner, Owner::Thread(_)));
+                if reclaims && a.free_superblocks != 0 {
+                    panic!("fuzz oracle: release on stream {on:#x} left wholly free superblocks: {a:?}");
+                }
+            }
+            if dump.global.used == 0 && dump.global.held != 0 {
+                panic!("fuzz oracle: release kept {} bytes with nothing lent or live", dump.global.held);
+            }
+        }
+        Some(got)
+    }
+
+    fn fail_nth(&mut self, n: u64) -> bool {
+        self.spy.inner.fail_nth(n);
+        true
+    }
+
+    fn check(&self, model: &Model) -> std::result::Result<(), String> {
+        if super::super::invariant_checker_on() {
+            self.arena.check().map_err(|v| v.to_string())?;
+        }
+        let held = self.arena.held_bytes();
+        if self.spy.inner.held_bytes() != held {
+            return Err(format!(
+                "upstream holds {} bytes, the arena says {held}",
+                self.spy.inner.held_bytes()
+            ));
+        }
+        if let Some(max) = self.params.maximum {
+            if self.arena.peak_held_bytes() > max {
+                return Err(format!(
+                    "{} bytes held at the peak, above the maximum {max}",
+                    self.arena.peak_held_bytes()
+                ));
+            }
+        }
+        // The model's blocks are the arena's: large ones in the global
+        // arena, small ones in the arena of the stream or thread that asked.
+        if self.placed.len() != model.live().len()
+            || model
+                .live()
+                .iter()
+                .any(|l| self.placed.get(&l.block.addr()).is_none_or(|p| p.footprint != l.footprint))
+        {
+            return Err("the target's record of live blocks differs from the model's".into());
+        }
+        let (mut large_blocks, mut large_bytes) = (0, 0);
+        let mut used: HashMap<Key, u64> = HashMap::new();
+        for p in self.placed.values() {
+            if p.large {
+                large_blocks += 1;
+                large_bytes += p.footprint;
+            } else {
+                *used.entry(p.key).or_default() += p.footprint;
+            }
+        }
+        let dump = self.arena.dump();
+        if (dump.large_blocks, dump.large_bytes) != (large_blocks, large_bytes) {
+            return Err(format!(
+                "{} large blocks of {} bytes in the global arena, the model has {large_blocks} of {large_bytes}",
+                dump.large_blocks, dump.large_bytes
+            ));
+        }
+        if dump.arenas.len() != self.keys.len() {
+            return Err(format!("{} arenas, the model claimed {:?}", dump.arenas.len(), self.keys));
+        }
+        for a in &dump.arenas {
+            let key = self
+                .key_of_owner(a.owner)
+                .ok_or_else(|| format!("arena of an unknown owner {:?}", a.owner))?;
+            if !self.keys.contains(&key) {
+                return Err(format!("arena {key:?} was never claimed"));
+            }
+            let want = used.get(&key).copied().unwrap_or(0);
+            if a.used != want || a.used + a.free != a.held {
+                return Err(format!("arena {key:?}: {a:?}, the model has {want} bytes in use there"));
+            }
+        }
+        Ok(())
+    }
+
+    fn used_bytes(&self) -> u64 {
+        self.arena.used_bytes()
+    }
+
+    fn footprint(&self, size: u64) -> u64 {
+        self.params.class(size)
+    }
+
+    fn footprint_of(&self, request: &Request) -> u64 {
+        if self.params.is_large(request) {
+            round256(request.size())
+        } else {
+            self.params.class(request.size())
+        }
+    }
+
+    fn size_class_of(&self, block: &Block, size: u64) -> u64 {
+        if size > Request::MAX_SIZE {
+            return u64::MAX; // no block's
+        }
+        match self.placed.get(&block.addr()) {
+            Some(p) if p.large => round256(size),
+            _ => self.params.class(size),
+        }
+    }
+
+    fn odd_free_sizes(&self) -> bool {
+        true
+    }
+
+    fn summary(&self) -> Vec<u64> {
+        let d = self.arena.dump();
+        let g = &d.global;
+        let mut v = vec![
+            self.arena.used_bytes(),
+            g.held,
+            d.chunks as u64,
+            d.large_blocks,
+            d.large_bytes,
+            g.superblocks as u64,
+            g.used,
+            g.free,
+            g.largest_free,
+        ];
+        for a in &d.arenas {
+            v.extend([
+                a.superblocks as u64,
+                a.free_superblocks as u64,
+                a.held,
+                a.used,
+                a.free,
+                a.largest_free,
+            ]);
+        }
+        v
+    }
+
+    fn give_backs(&self) -> u64 {
+        self.spy.frees()
+    }
+
+    fn begin_allocate(&mut self) {
+        self.spy.take_log();
+    }
+
+    fn streams(&self) -> u8 {
+        LANES.len() as u8
+    }
+
+    fn stream_op(&mut self, op: Op) {
+        match op {
+            Op::Stream { which } => self.current = which as usize % LANES.len(),
+            Op::FailStream { n } => self.faults.fail_in.store(n, Relaxed),
+            // The fuzz streams have no work to advance or wait for.
+            _ => {}
+        }
+    }
+
+    fn judge_alloc_failure(
+        &self,
+        request: &Request,
+        err: &Error,
+        _before: &[u64],
+        _: &Model,
+    ) -> std::result::Result<(), String> {
+        let last = self.last;
+        let log = self.spy.log();
+        if last.table_full {
+            return match err {
+                Error::CapacityExhausted { capacity } if *capacity == self.params.max_arenas => Ok(()),
+                _ => Err(format!(
+                    "expected CapacityExhausted: the table of {} arenas is full",
+                    self.params.max_arenas
+                )),
+            };
+        }
+        if last.stream_failed {
+            return match *err == SYNC_FAILURE {
+                true => Ok(()),
+                false => Err("a synchronization failed: expected its error".into()),
+            };
+        }
+        let Error::OutOfMemory { requested, largest_free, pool_size, max_size } = *err else {
+            return match err {
+                Error::Backend { .. } if log.failed_other => Ok(()),
+                _ => Err(format!("unexpected error; upstream log {log:?}")),
+            };
+        };
+        if !log.granted.is_empty() {
+            return Err(format!("the arena took chunks of {:?} bytes and still failed", log.granted));
+        }
+        let dump = self.arena.dump();
+        let largest = dump.arenas.iter().map(|a| a.largest_free).fold(dump.global.largest_free, u64::max);
+        if requested != request.size()
+            || pool_size != dump.global.held
+            || max_size != self.params.maximum
+            || largest_free != largest
+        {
+            return Err(format!(
+                "wrong figures: {} held, largest free {largest}, maximum {:?}",
+                dump.global.held, self.params.maximum
+            ));
+        }
+        let room = self.params.maximum.map_or(u64::MAX, |m| m - dump.global.held);
+        let (size, align) = (request.size(), request.align());
+        // The chunk the global arena would grow by at least.
+        let need = if last.large {
+            if dump.global.largest_free >= sure_fit(size, align) {
+                return Err(format!(
+                    "the global arena's free range of {} bytes fits it",
+                    dump.global.largest_free
+                ));
+            }
+            round256(size) + align - 256
+        } else {
+            let class = self.params.class(size);
+            let key = last.key.expect("a small request has an arena");
+            let mine = dump.arenas.iter().find(|a| self.key_of_owner(a.owner) == Some(key));
+            let mine = mine.ok_or_else(|| format!("no arena {key:?}"))?;
+            if mine.largest_free >= sure_fit(class, align) {
+                return Err(format!(
+                    "arena {key:?} has a free range of {} bytes that fits it",
+                    mine.largest_free
+                ));
+            }
+            // A superblock of the configured size, or at the maximum the
+            // largest that fits, down to max(need, 1 MiB).
+            let smallest = (class + align - 256).max(1 << 20);
+            if dump.global.largest_free >= smallest {
+                return Err(format!(
+                    "the global arena's free range of {} bytes holds a superblock for it",
+                    dump.global.largest_free
+                ));
+            }
+            self.params.superblock.max(class + align - 256)
+        };
+        let can_grow = need <= Request::MAX_SIZE && need <= room;
+        if can_grow && !log.refused.contains(&need) {
+            return Err(format!(
+                "a chunk of {need} bytes fits under the maximum and the upstream refused only {:?}",
+                log.refused
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Fuzz target `arena`: [`ArenaResource`] over a spied `SimDevice`, with
+/// superblocks of 1 to 8 MiB, thresholds from 0 to 8 MiB, one to 64 arena
+/// slots, with or without size classes, a maximum, an initial size,
+/// `synchronize_all` and a failure dump; calls on streams 0 (from two
+/// threads), 1, 2 and a large id, whose synchronizations can be made to fail.
+pub fn run_arena(data: &[u8]) {
+    let mut u = Unstructured::new(data);
+    let Ok((params, config, capacity)) = (|| -> arbitrary::Result<(Params, ArenaConfig, u64)> {
+        let superblock = (1u64 << 20) * *u.choose(&[1u64, 1, 2, 8])?;
+        let chunk = superblock * *u.choose(&[1u64, 2, 4])?;
+        let threshold =
+            (*u.choose(&[0u64, 1000, 4096, 256 << 10, 300_000, 1 << 20, 8 << 20])?).min(superblock);
+        let max_arenas = *u.choose(&[1u32, 2, 3, 8, 64])?;
+        let size_classes = u.arbitrary::<u8>()? % 8 != 0;
+        let capacity = *u.choose(&[16u64 << 20, 256 << 20, 1 << 40])?;
+        let initial = match u.int_in_range(0..=3u8)? {
+            0 => 0,
+            1 => 256 * u.int_in_range(1..=64u64)?,
+            2 => chunk,
+            _ => 4 * chunk,
+        }
+        .min(capacity);
+        let maximum =
+            if u.arbitrary()? { Some(initial + 256 * u.int_in_range(0..=1u64 << 18)?) } else { None };
+        let synchronize_all = u.arbitrary()?;
+        let mut config = ArenaConfig::new()
+            .superblock_size(superblock)
+            .chunk_size(chunk)
+            .large_threshold(threshold)
+            .max_arenas(max_arenas)
+            .size_classes(size_classes)
+            .initial_size(initial);
+        if let Some(m) = maximum {
+            config = config.maximum_size(m);
+        }
+        if synchronize_all {
+            config = config.synchronize_all(sync_all);
+        }
+        if u.arbitrary()? {
+            config = config.dump_on_failure(DumpTarget::Callback(dump_seen));
+        }
+        let params = Params { superblock, threshold, max_arenas, size_classes, maximum, synchronize_all };
+        Ok((params, config, capacity))
+    })() else {
+        return;
+    };
+    let spy = Spy::new(capacity);
+    let faults = Arc::new(Faults::default());
+    let lanes = LANES.iter().map(|&(id, _)| FuzzStream { id, faults: Arc::clone(&faults) }).collect();
+    let lanes: Vec<FuzzStream> = lanes;
+    let arena = ArenaResource::with_config(spy.clone(), config, &lanes[0])
+        .expect("a valid configuration over a roomy device");
+    let mut target = ArenaTarget {
+        arena: Arc::new(arena),
+        spy,
+        params,
+        faults,
+        lanes,
+        current: 0,
+        helper: None,
+        placed: HashMap::new(),
+        keys: Vec::new(),
+        threads: [None; 2],
+        last: Attempt::default(),
+    };
+    drive(&mut target, &mut u);
+    target.release_everywhere();
+}
