@@ -307,18 +307,6 @@ impl<V: ReservableSpace> ReservableSpace for CountedSpace<V> {
     }
 }
 
-impl CountedSpace<CudaVirtualSpace> {
-    /// Waits for the handles of the space that are pending an unmap, unmaps
-    /// them and counts it ([`CudaVirtualSpace::release_pending`]).
-    ///
-    /// # Errors
-    ///
-    /// As [`CudaVirtualSpace::release_pending`].
-    pub fn release_pending(&self) -> Result<u64> {
-        self.counting(|s| s.release_pending())
-    }
-}
-
 /// What the space still holds is given back when it drops.
 impl<V> Drop for CountedSpace<V> {
     fn drop(&mut self) {
