@@ -51,9 +51,7 @@ fn commit_write_read_and_decommit_granules_of_a_large_reservation() {
     expect_filled(&stream, &block(a), pattern(1));
     expect_filled(&stream, &block(b), pattern(2));
     space.decommit(a, &stream).unwrap();
-    // Its handles stay mapped until the stream's work is done.
-    assert_eq!(space.committed_bytes(), g);
-    assert_eq!(space.mapped_bytes(), g + space.pending_bytes());
+    assert_eq!((space.committed_bytes(), space.mapped_bytes()), (g, g));
     // Committed again, the range is usable again.
     space.commit(a).unwrap();
     fill(&stream, &block(a), pattern(3));
@@ -61,7 +59,6 @@ fn commit_write_read_and_decommit_granules_of_a_large_reservation() {
     expect_filled(&stream, &block(b), pattern(2));
     space.decommit(a, &stream).unwrap();
     space.decommit(b, &stream).unwrap();
-    space.release_pending().unwrap();
     assert_eq!((space.committed_bytes(), space.mapped_bytes(), space.handle_count()), (0, 0, 0));
     assert_eq!(space.peak_committed_bytes(), 4 * g);
     space.release(r).unwrap();
@@ -90,7 +87,7 @@ fn a_partial_decommit_keeps_the_rest_of_the_handle_and_its_contents() {
         space.decommit(middle, &stream).unwrap();
         assert_eq!(space.committed_bytes(), 5 * g);
         // Retained at most handle_granules - 1 granules per handle touched.
-        let retained = space.mapped_bytes() - space.committed_bytes() - space.pending_bytes();
+        let retained = space.mapped_bytes() - space.committed_bytes();
         assert!(retained <= 2 * u64::from(handle_granules - 1) * g, "{retained} retained");
         if handle_granules == 1 {
             assert_eq!(retained, 0);
@@ -114,7 +111,6 @@ fn a_partial_decommit_keeps_the_rest_of_the_handle_and_its_contents() {
         expect_filled(&stream, &block(sub(r, 0, g)), pattern(0));
         expect_filled(&stream, &block(sub(r, 7 * g, g)), pattern(7));
         space.decommit(all, &stream).unwrap();
-        space.release_pending().unwrap();
         assert_eq!((space.committed_bytes(), space.mapped_bytes(), space.handle_count()), (0, 0, 0));
         space.release(r).unwrap();
     }
@@ -147,12 +143,19 @@ fn misuse_is_an_error_and_changes_nothing() {
     assert!(matches!(space.release(r), Err(Error::UnknownBlock { .. })));
 }
 
-/// Work queued on `stream` behind a gate that a thread opens after 200 ms;
-/// the flag tells whether it has.
-fn gated_fill(stream: &CudaStream, range: Range) -> (Arc<AtomicBool>, std::thread::JoinHandle<()>) {
-    let gate = Gate::block(stream);
+#[test]
+fn decommit_waits_for_the_work_on_its_stream() {
+    let _serial = serial();
+    let Some(device) = gpu("decommit_waits_for_the_work_on_its_stream") else { return };
+    let space = CudaVirtualSpace::with_handle_granules(device, 1).unwrap();
+    let g = space.granule();
+    let stream = CudaStream::new(device).unwrap();
+    let r = space.reserve(4 * g).unwrap();
+    let a = sub(r, 0, 2 * g);
+    space.commit(a).unwrap();
+    let gate = Gate::block(&stream);
     // Queued behind the gate: runs only once it opens.
-    fill(stream, &block(range), pattern(5));
+    fill(&stream, &block(a), pattern(5));
     let opened = Arc::new(AtomicBool::new(false));
     let opener = {
         let opened = opened.clone();
@@ -162,50 +165,7 @@ fn gated_fill(stream: &CudaStream, range: Range) -> (Arc<AtomicBool>, std::threa
             gate.open();
         })
     };
-    (opened, opener)
-}
-
-#[test]
-fn decommit_unmaps_only_after_the_work_on_its_stream_without_waiting() {
-    let _serial = serial();
-    let Some(device) = gpu("decommit_unmaps_only_after_the_work_on_its_stream_without_waiting") else {
-        return;
-    };
-    let space = CudaVirtualSpace::with_handle_granules(device, 1).unwrap();
-    let g = space.granule();
-    let stream = CudaStream::new(device).unwrap();
-    let r = space.reserve(4 * g).unwrap();
-    let a = sub(r, 0, 2 * g);
-    space.commit(a).unwrap();
-    let (opened, opener) = gated_fill(&stream, a);
     space.decommit(a, &stream).unwrap();
-    // Returned at once, the memory still mapped for the queued work.
-    assert!(!opened.load(Ordering::SeqCst), "decommit waited for the stream");
-    assert_eq!((space.committed_bytes(), space.mapped_bytes(), space.pending_bytes()), (0, 2 * g, 2 * g));
-    assert_eq!(space.driver_calls().syncs, 0);
-    // Unmapped once the work is done: release_pending waits for it.
-    assert_eq!(space.release_pending().unwrap(), 2 * g);
-    assert!(opened.load(Ordering::SeqCst), "unmapped before the stream's work could run");
-    opener.join().unwrap();
-    assert_eq!(space.mapped_bytes(), 0);
-    space.release(r).unwrap();
-}
-
-#[test]
-fn decommit_on_a_stream_without_a_handle_waits_for_the_legacy_stream() {
-    let _serial = serial();
-    let Some(device) = gpu("decommit_on_a_stream_without_a_handle_waits_for_the_legacy_stream") else {
-        return;
-    };
-    let space = CudaVirtualSpace::with_handle_granules(device, 1).unwrap();
-    let g = space.granule();
-    let stream = CudaStream::legacy();
-    let r = space.reserve(4 * g).unwrap();
-    let a = sub(r, 0, 2 * g);
-    space.commit(a).unwrap();
-    let (opened, opener) = gated_fill(&stream, a);
-    // `()` stands for the legacy default stream: synchronized, then unmapped.
-    space.decommit(a, &()).unwrap();
     assert!(opened.load(Ordering::SeqCst), "decommit returned before the stream's work could run");
     opener.join().unwrap();
     assert_eq!(space.mapped_bytes(), 0);
@@ -318,7 +278,6 @@ fn pool_run(device: memres_cuda::Device, handle_granules: u32, config: VirtualCo
     );
     assert_eq!(space.peak_committed_bytes(), pool.peak_committed_bytes());
     pool.trim(&stream).unwrap();
-    space.release_pending().unwrap();
     assert_eq!((space.committed_bytes(), space.mapped_bytes()), (0, 0));
     drop(pool);
     assert_eq!(space.reservation_count(), 0);
