@@ -41,23 +41,6 @@ pub trait Stream {
 
     /// Blocks the calling thread until all work on the stream has completed.
     fn synchronize(&self) -> Result<()>;
-
-    /// The backend's own handle of the stream (a CUDA stream's `CUstream`),
-    /// for a resource of that backend that orders its own driver work on
-    /// the stream rather than blocking on it: the CUDA virtual-memory space
-    /// records an event there and unmaps once it has completed. `None`, the
-    /// default, for streams with no such handle; such resources then fall
-    /// back to [`synchronize`](Self::synchronize).
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use memres_core::Stream;
-    /// assert_eq!(().native_handle(), None);
-    /// ```
-    fn native_handle(&self) -> Option<u64> {
-        None
-    }
 }
 
 impl Stream for () {
@@ -106,9 +89,5 @@ impl<S: Stream + ?Sized> Stream for &S {
     #[inline]
     fn synchronize(&self) -> Result<()> {
         (**self).synchronize()
-    }
-    #[inline]
-    fn native_handle(&self) -> Option<u64> {
-        (**self).native_handle()
     }
 }

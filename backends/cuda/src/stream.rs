@@ -291,12 +291,6 @@ impl Stream for CudaStream {
         // SAFETY: the handle is valid while `self` lives.
         self.scope(|| check(unsafe { sys::cuStreamSynchronize(self.raw) }))
     }
-
-    /// The `CUstream` (null or `CU_STREAM_LEGACY` for the legacy default
-    /// stream, `CU_STREAM_PER_THREAD` for the calling thread's).
-    fn native_handle(&self) -> Option<u64> {
-        Some(self.raw as u64)
-    }
 }
 
 impl AsRawStream for CudaStream {

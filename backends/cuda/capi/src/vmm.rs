@@ -6,16 +6,14 @@
 //!
 //! The pool unmaps memory only in a decommit, which [`CudaVirtualSpace`]
 //! orders after the work submitted so far to the stream of the call in
-//! progress, without blocking: it records an event on that stream and
-//! unmaps once the event has completed, when a later call finds it so (a
-//! commit short of device memory waits for it). Through the C functions
-//! that stream is the caller's: PyTorch's `CUDAPluggableAllocator` passes to
+//! progress (it synchronizes that stream first; the legacy default stream
+//! too when the stream is the legacy one). Through the C functions that
+//! stream is the caller's: PyTorch's `CUDAPluggableAllocator` passes to
 //! `memres_free` the stream that was current when the block was allocated,
-//! and to `memres_alloc` the current stream. So an unmap follows every
+//! and to `memres_alloc` the current stream. So a decommit waits for every
 //! kernel queued on that stream, and in a program that works on one stream
 //! (the default stream, as a plain training loop does) no kernel can touch
-//! memory after it is unmapped. Memory decommitted and committed again
-//! before its event completes is never unmapped at all.
+//! memory after it is unmapped.
 //!
 //! The granules a decommit unmaps may have been freed earlier, by a free on
 //! another stream, and the decommit is ordered on the stream of the call
@@ -28,6 +26,12 @@
 //! it is a fault on unmapped memory. A pluggable allocator never sees
 //! PyTorch's `record_stream`, so programs that share tensors between streams
 //! must synchronize before they drop them, whatever the stack.
+//!
+//! A decommit that unmaps holds the pool's lock while it waits for the
+//! stream, so other threads' calls wait too; with `keep=` above the
+//! device's memory and `trim_on_commit=false` the pool unmaps nothing
+//! unless the device runs out of memory (then it gives its idle granules
+//! back, ordered on the allocating stream, and retries once).
 
 use crate::leaves::UpstreamCounter;
 use memres_core::lock::StdLock;

@@ -29,16 +29,6 @@ pub(super) trait Driver: Send + Sync + fmt::Debug {
     fn unmap(&self, start: u64, len: u64, handle: u64) -> Code;
     /// `cuStreamSynchronize` of the legacy default stream of the context.
     fn sync_legacy(&self) -> Code;
-    /// `cuEventCreate` (no timing) and `cuEventRecord` on the stream whose
-    /// `CUstream` is `stream`; nothing is left on failure.
-    fn record(&self, stream: u64) -> core::result::Result<u64, Code>;
-    /// `cuEventQuery`: `CUDA_SUCCESS` once the work before the event has
-    /// completed, `CUDA_ERROR_NOT_READY` before.
-    fn query(&self, event: u64) -> Code;
-    /// `cuEventSynchronize`.
-    fn wait(&self, event: u64) -> Code;
-    /// `cuEventDestroy` of an event made by `record`.
-    fn destroy(&self, event: u64);
     /// The device's free and total memory, if the driver tells.
     fn memory_info(&self) -> Option<MemoryInfo>;
 }
@@ -150,40 +140,6 @@ impl Driver for CudaDriver {
         // SAFETY: the null handle names the legacy default stream of the
         // current context (the caller entered ours).
         unsafe { sys::cuStreamSynchronize(core::ptr::null_mut()) }
-    }
-
-    fn record(&self, stream: u64) -> core::result::Result<u64, Code> {
-        let mut event: sys::CUevent = core::ptr::null_mut();
-        // SAFETY: `event` is a live out-pointer; the flags are valid.
-        let rc = unsafe { sys::cuEventCreate(&mut event, sys::CU_EVENT_DISABLE_TIMING) };
-        if rc != sys::CUDA_SUCCESS {
-            return Err(rc);
-        }
-        // SAFETY: the event was just made in the current context (ours);
-        // `stream` is the `CUstream` of a stream of that context, valid for
-        // the call (the caller's stream, borrowed while it calls us).
-        let rc = unsafe { sys::cuEventRecord(event, stream as usize as sys::CUstream) };
-        if rc != sys::CUDA_SUCCESS {
-            // SAFETY: made above, not recorded, destroyed once.
-            let _ = unsafe { sys::cuEventDestroy_v2(event) };
-            return Err(rc);
-        }
-        Ok(event as usize as u64)
-    }
-
-    fn query(&self, event: u64) -> Code {
-        // SAFETY: the space passes events made by `record` and not destroyed.
-        unsafe { sys::cuEventQuery(event as usize as sys::CUevent) }
-    }
-
-    fn wait(&self, event: u64) -> Code {
-        // SAFETY: as in `query`.
-        unsafe { sys::cuEventSynchronize(event as usize as sys::CUevent) }
-    }
-
-    fn destroy(&self, event: u64) {
-        // SAFETY: as in `query`; the space forgets the event after this.
-        let _ = unsafe { sys::cuEventDestroy_v2(event as usize as sys::CUevent) };
     }
 
     fn memory_info(&self) -> Option<MemoryInfo> {

@@ -9,7 +9,7 @@ mod tests;
 use crate::context::Device;
 use crate::error::error_from_code;
 use crate::sys;
-use driver::{Code, CudaDriver, Driver};
+use driver::{CudaDriver, Driver};
 use memres_core::vmem::ReservableSpace;
 use memres_core::{Error, Range, Result, Stream};
 use std::collections::BTreeMap;
@@ -28,10 +28,8 @@ const MAX_HANDLE_GRANULES: u32 = 64;
 ///  commit(r)     ── for each uncommitted run of r, in handles of at most
 ///                   `handle_granules` granules: cuMemCreate + cuMemMap,
 ///                   then one cuMemSetAccess (read/write, this device)
-///  decommit(r,s) ── every handle none of whose granules is committed now:
-///                   cuEventRecord on s, and cuMemUnmap + cuMemRelease once
-///                   that event has completed (s.synchronize() first, then
-///                   unmap, for a stream with no native handle)
+///  decommit(r,s) ── s.synchronize(), then cuMemUnmap + cuMemRelease of
+///                   every handle none of whose granules is committed now
 ///  release(r)    ── cuMemAddressFree
 ///
 ///  reservation ┌───────────────────────────────────────────────────────┐
@@ -66,24 +64,13 @@ const MAX_HANDLE_GRANULES: u32 = 64;
 /// handle). A pool over this space is fast only while it rarely commits or
 /// decommits: give it a release threshold above the swing of its live bytes.
 ///
-/// **Stream order.** An unmap follows all work submitted to the stream of
-/// the `decommit` so far, without blocking the caller: for a stream with a
-/// [native handle](Stream::native_handle) (every [`CudaStream`](crate::CudaStream)),
-/// `decommit` records an event on it and leaves the emptied handles mapped,
-/// *pending*; a later call of the space unmaps those whose event has
-/// completed ([`cuEventQuery`], never waiting), and a commit that finds the
-/// device short of memory waits for them. Committing a pending handle's
-/// granules again before then revives it at no cost, so a pool that gives
-/// memory back and takes it again within a step maps nothing.
-/// Pending handles are part of [`mapped_bytes`](Self::mapped_bytes) until
-/// unmapped; [`release_pending`](Self::release_pending) waits for them.
-/// A stream without a native handle (`()`) is synchronized before the
-/// unmap instead (as PyTorch's expandable segments do), and since `()`
-/// stands for the legacy default stream of the device's primary context in
-/// this crate, that stream is synchronized too. Retained granules are not
-/// unmapped, so their decommit does not wait at all.
-///
-/// [`cuEventQuery`]: https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__EVENT.html
+/// **Stream order.** `decommit` synchronizes the stream it is given before
+/// it unmaps (as PyTorch's expandable segments do): the unmap follows all
+/// work submitted to that stream. A stream whose [`id`](Stream::id) is 0
+/// (`()`, or the legacy default stream) also synchronizes the legacy
+/// default stream of the device's primary context, which `()` stands for in
+/// this crate. Retained granules are not unmapped, so their decommit does
+/// not wait at all.
 ///
 /// Every method takes an internal lock; the driver calls are made with the
 /// device's primary context current (and the caller's restored).
@@ -131,14 +118,9 @@ struct Mapping {
     /// Bytes mapped (a multiple of the granule, at most 64 granules).
     len: u64,
     handle: u64,
-    /// Bit `i`: granule `i` of the mapping is committed. 0 only while
-    /// `pending`: a mapping whose last granule is decommitted is unmapped
-    /// and released, at once or once its event has completed.
+    /// Bit `i`: granule `i` of the mapping is committed. Never 0: a mapping
+    /// whose last granule is decommitted is unmapped and released.
     committed: u64,
-    /// The event after which the mapping, wholly decommitted, is unmapped:
-    /// `Some` iff `committed` is 0, and then its start is in
-    /// `State::pending`.
-    pending: Option<u64>,
 }
 
 #[derive(Debug, Default)]
@@ -147,8 +129,6 @@ struct State {
     reservations: BTreeMap<u64, u64>,
     /// Live mappings, by start; each lies inside one reservation, none overlap.
     mappings: BTreeMap<u64, Mapping>,
-    /// Starts of the pending mappings (each once), oldest first.
-    pending: Vec<u64>,
     /// Bytes of committed granules (the bits set in `mappings`).
     committed: u64,
     peak_committed: u64,
@@ -176,12 +156,6 @@ pub struct DriverCalls {
     pub unmaps: u64,
     /// Stream synchronizations made by `decommit`.
     pub syncs: u64,
-    /// Handles left pending on an event by `decommit` instead of a
-    /// synchronization.
-    pub deferred: u64,
-    /// Pending handles committed again before their unmap (no driver call
-    /// but `cuEventDestroy`).
-    pub revived: u64,
 }
 
 /// A part of a range to commit.
@@ -283,69 +257,6 @@ impl CudaVirtualSpace {
     /// physical footprint.
     pub fn peak_mapped_bytes(&self) -> u64 {
         self.lock().peak_mapped
-    }
-
-    /// Bytes of pending handles: wholly decommitted, mapped until the work
-    /// their event follows has completed.
-    pub fn pending_bytes(&self) -> u64 {
-        let st = self.lock();
-        st.pending.iter().map(|s| st.mappings[s].len).sum()
-    }
-
-    /// Waits for the events of the pending handles and unmaps them; returns
-    /// the bytes unmapped.
-    ///
-    /// # Errors
-    ///
-    /// The driver's error when the context cannot be entered; a handle whose
-    /// event or unmap fails stays pending (and mapped).
-    pub fn release_pending(&self) -> Result<u64> {
-        let mut st = self.lock();
-        if st.pending.is_empty() {
-            return Ok(0);
-        }
-        let _current = self.driver.enter()?;
-        match self.reap(&mut st, true, &[]) {
-            (freed, None) => Ok(freed),
-            (_, Some(rc)) => Err(error_from_code(rc)),
-        }
-    }
-
-    /// Unmaps the pending handles whose events have completed (waiting for
-    /// each with `wait`), except those starting at `keep`; returns the bytes
-    /// unmapped and the first failure of the driver (not-ready aside). A
-    /// handle whose event or unmap fails stays pending, to be tried again.
-    /// Call with the context current.
-    fn reap(&self, st: &mut State, wait: bool, keep: &[u64]) -> (u64, Option<Code>) {
-        let (mut freed, mut failed) = (0, None);
-        let mut i = 0;
-        while i < st.pending.len() {
-            let s = st.pending[i];
-            let m = &st.mappings[&s];
-            let event = m.pending.expect("listed mappings are pending");
-            if keep.contains(&s) {
-                i += 1;
-                continue;
-            }
-            let mut rc = if wait { self.driver.wait(event) } else { self.driver.query(event) };
-            if rc == sys::CUDA_SUCCESS {
-                rc = self.driver.unmap(s, m.len, m.handle);
-            }
-            if rc != sys::CUDA_SUCCESS {
-                if rc != sys::CUDA_ERROR_NOT_READY {
-                    failed = failed.or(Some(rc));
-                }
-                i += 1;
-                continue;
-            }
-            self.driver.destroy(event);
-            let m = st.mappings.remove(&s).expect("listed mappings exist");
-            st.pending.remove(i);
-            st.mapped -= m.len;
-            st.calls.unmaps += 1;
-            freed += m.len;
-        }
-        (freed, failed)
     }
 
     /// Number of live reservations.
@@ -481,15 +392,10 @@ impl ReservableSpace for CudaVirtualSpace {
         if st.reservations.get(&range.start()) != Some(&range.len()) {
             return Err(Error::UnknownBlock { addr: range.start() });
         }
-        if Self::overlapping(&st, range).any(|(_, m)| m.pending.is_none()) {
+        if Self::overlapping(&st, range).next().is_some() {
             return Err(Error::InvalidConfig { what: "release of a reservation with committed memory" });
         }
         let _current = self.driver.enter()?;
-        // Pending handles of the reservation go first, once their work is done.
-        let others: Vec<u64> = st.pending.iter().copied().filter(|&s| !range.contains(s)).collect();
-        if let (_, Some(rc)) = self.reap(&mut st, true, &others) {
-            return Err(error_from_code(rc));
-        }
         match self.driver.free(range.start(), range.len()) {
             sys::CUDA_SUCCESS => {}
             rc => return Err(error_from_code(rc)),
@@ -520,33 +426,13 @@ impl ReservableSpace for CudaVirtualSpace {
         }
         let mut made = Vec::new();
         let fresh: u64 = pieces.iter().map(|p| if let Piece::Fresh { len, .. } = *p { len } else { 0 }).sum();
-        // Pending handles this commit revives stay; the others go if done.
-        let revived: Vec<u64> = pieces
-            .iter()
-            .filter_map(|p| match *p {
-                Piece::Revive { start, .. } if st.mappings[&start].pending.is_some() => Some(start),
-                _ => None,
-            })
-            .collect();
-        let _current = if fresh > 0 || !revived.is_empty() || !st.pending.is_empty() {
-            Some(self.driver.enter()?)
-        } else {
-            None
-        };
-        if !st.pending.is_empty() {
-            self.reap(&mut st, false, &revived);
-        }
         if fresh > 0 {
             // More than the device has free cannot be mapped: answer without
             // a `cuMemCreate` that fails (which tools report as an error).
-            // Pending handles are waited for first: their memory is ours.
-            let short = |this: &Self| this.driver.memory_info().is_some_and(|i| fresh > i.free);
-            if short(self) && st.pending.len() > revived.len() {
-                self.reap(&mut st, true, &revived);
-            }
-            if short(self) {
+            if self.driver.memory_info().is_some_and(|i| fresh > i.free) {
                 return Err(self.out_of_memory(range.len(), st.mapped));
             }
+            let _current = self.driver.enter()?;
             for p in &pieces {
                 let Piece::Fresh { start, len } = *p else { continue };
                 if let Err(rc) = self.map_fresh(start, len, &mut made) {
@@ -566,13 +452,7 @@ impl ReservableSpace for CudaVirtualSpace {
         for p in &pieces {
             match *p {
                 Piece::Revive { start, bits } => {
-                    let m = st.mappings.get_mut(&start).expect("planned under the lock");
-                    m.committed |= bits;
-                    if let Some(event) = m.pending.take() {
-                        self.driver.destroy(event);
-                        st.pending.retain(|&p| p != start);
-                        st.calls.revived += 1;
-                    }
+                    st.mappings.get_mut(&start).expect("planned under the lock").committed |= bits;
                 }
                 Piece::Fresh { len, .. } => {
                     st.calls.set_access += 1;
@@ -581,8 +461,7 @@ impl ReservableSpace for CudaVirtualSpace {
             }
         }
         for (s, len, handle) in made {
-            st.mappings
-                .insert(s, Mapping { len, handle, committed: mask(0, len / self.granule), pending: None });
+            st.mappings.insert(s, Mapping { len, handle, committed: mask(0, len / self.granule) });
             st.calls.maps += 1;
         }
         st.committed += range.len();
@@ -608,41 +487,7 @@ impl ReservableSpace for CudaVirtualSpace {
         if cursor < range.end() {
             return Err(Error::InvalidConfig { what: "decommit of uncommitted memory" });
         }
-        if !st.pending.is_empty() {
-            let _current = self.driver.enter()?;
-            self.reap(&mut st, false, &[]);
-        }
-        let empties = plan.iter().filter(|&&(_, _, empties)| empties).count();
-        if let (Some(raw), true) = (stream.native_handle(), empties > 0) {
-            // The unmaps will follow the work submitted to `stream` so far:
-            // an event per emptied handle, checked by later calls.
-            let _current = self.driver.enter()?;
-            let mut events = Vec::with_capacity(empties);
-            for _ in 0..empties {
-                match self.driver.record(raw) {
-                    Ok(event) => events.push(event),
-                    Err(rc) => {
-                        for event in events {
-                            self.driver.destroy(event);
-                        }
-                        return Err(error_from_code(rc));
-                    }
-                }
-            }
-            let st = &mut *st;
-            for &(s, bits, empties) in &plan {
-                let m = st.mappings.get_mut(&s).expect("planned under the lock");
-                m.committed &= !bits;
-                if empties {
-                    m.pending = events.pop();
-                    st.pending.push(s);
-                }
-            }
-            st.calls.deferred += empties as u64;
-            st.committed -= range.len();
-            return Ok(());
-        }
-        if empties > 0 {
+        if plan.iter().any(|&(_, _, empties)| empties) {
             // The unmaps follow the work submitted to `stream` so far.
             stream.synchronize()?;
             let _current = self.driver.enter()?;
@@ -696,9 +541,8 @@ impl ReservableSpace for CudaVirtualSpace {
 
 /// Unmaps and releases everything, then frees every reservation, after the
 /// work on the legacy default stream of the device's primary context (and
-/// so on its blocking streams) and the events of pending handles:
-/// synchronize other streams that used the memory before. Driver errors are
-/// ignored.
+/// so on its blocking streams): synchronize other streams that used the
+/// memory before. Driver errors are ignored.
 impl Drop for CudaVirtualSpace {
     fn drop(&mut self) {
         let st = std::mem::take(&mut *self.lock());
@@ -710,10 +554,6 @@ impl Drop for CudaVirtualSpace {
             let _ = self.driver.sync_legacy();
         }
         for (&s, m) in &st.mappings {
-            if let Some(event) = m.pending {
-                let _ = self.driver.wait(event);
-                self.driver.destroy(event);
-            }
             let _ = self.driver.unmap(s, m.len, m.handle);
         }
         for (&s, &l) in &st.reservations {
