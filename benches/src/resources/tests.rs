@@ -166,8 +166,9 @@ fn shared_entries_run_on_threads_and_the_rest_say_why_not() {
 #[test]
 fn registry_runs_every_resource_and_failures_are_errors() {
     let w = Workload::load("random:2000:100000:8").unwrap();
-    // One allocation of 2 TiB: more than any resource's capacity.
-    let huge = generate("huge", 3, 1 << 41, 1 << 41, 1, SizeLaw::Uniform, u64::MAX).unwrap();
+    // One allocation of 1 PiB: more than any resource's capacity, and more
+    // than a host that overcommits its memory can map.
+    let huge = generate("huge", 3, 1 << 50, 1 << 50, 1, SizeLaw::Uniform, u64::MAX).unwrap();
     for r in RESOURCES {
         assert_eq!(find(r.name).unwrap().name, r.name);
         for up in [UpstreamKind::Sim, UpstreamKind::Host] {
