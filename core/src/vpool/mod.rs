@@ -204,11 +204,14 @@ struct Reservation {
 ///   decommits Idle granules.
 /// - A failed allocate hands out nothing and changes no block; it may have
 ///   decommitted Idle memory (to stay under the peak, or to retry after the
-///   space ran out of physical memory).
+///   space ran out of physical memory), and granules that it committed and
+///   then failed to decommit stay committed and Idle.
 /// - At most `keep` bytes of committed memory are Idle after every call
-///   (unless a decommit failed; the next free or [`trim`](Self::trim)
-///   retries). Idle granules are decommitted oldest first (least recently
-///   freed), with their Idle neighbours in one call.
+///   unless a decommit failed: its granules stay committed, Idle and
+///   counted, and the next free, failed allocate or [`trim`](Self::trim)
+///   retries (`trim` returns the space's error). Idle granules are
+///   decommitted oldest first (least recently freed), with their Idle
+///   neighbours in one call.
 /// - Out of reserved room: another reservation when the configuration
 ///   allows one, else [`Error::OutOfMemory`] with the request, the largest
 ///   free block, the committed bytes and the bytes reserved.
@@ -268,7 +271,7 @@ pub struct VirtualPool<V: ReservableSpace> {
     shift: u32,
     config: VirtualConfig,
     /// A decommit failed and Idle bytes may exceed `keep` until a trim
-    /// succeeds.
+    /// brings them down to it.
     trim_pending: bool,
 }
 
@@ -700,7 +703,8 @@ impl<V: ReservableSpace> VirtualPool<V> {
             self.committed -= (hi - lo) as u64;
             freed += ((hi - lo) as u64) << self.shift;
         }
-        self.trim_pending = false;
+        // A trim to more than `keep` (on commit) leaves a failed one pending.
+        self.trim_pending &= self.idle_bytes() > self.config.keep;
         Ok(freed)
     }
 
@@ -917,6 +921,12 @@ where
             let free = self.index.free(a.tag, a.addr, request.size())?;
             let r = *self.reservation_of(a.addr).expect("the index hands out reserved addresses");
             self.unpin(&r, a.addr, len, free);
+            // The pinned granules are Idle again: beyond `keep` only if an
+            // earlier decommit failed (a trim of this call may have cleared
+            // that); retry it as a free does.
+            if self.idle > self.config.keep >> self.shift {
+                let _ = self.trim_to(self.config.keep, stream);
+            }
             return Err(e);
         }
         Ok(Block::new(a.addr, request.size(), a.tag))
