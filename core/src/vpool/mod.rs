@@ -22,7 +22,7 @@ use crate::{Block, Error, MemoryResourceMut, Range, Request, Result, Stream};
 use alloc::vec::Vec;
 use core::fmt;
 
-/// "No granule" in the idle list's links.
+/// "No run" in the idle list's links.
 const NONE: u32 = u32::MAX;
 
 /// Sizes and policies of a [`VirtualPool`].
@@ -138,22 +138,41 @@ impl VirtualConfig {
     }
 }
 
-/// What a granule of a reservation holds.
+/// What a granule of a reservation holds: [`UNCOMMITTED`](Self::UNCOMMITTED),
+/// [`BUSY`](Self::BUSY), or Idle in one [`Run`] of the idle list.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum State {
+struct Slot(u32);
+
+impl Slot {
     /// Not committed; no live block touches it.
-    Uncommitted,
-    /// Committed, no live block touches it: on the idle list.
-    Idle,
+    const UNCOMMITTED: Slot = Slot(0);
     /// Committed, touched by at least one live block.
-    Busy,
+    const BUSY: Slot = Slot(1);
+
+    /// Committed, no live block touches it: in idle run `run`.
+    #[inline]
+    const fn idle(run: u32) -> Slot {
+        Slot(run + 2)
+    }
+
+    /// The idle run that holds the granule, if it is Idle.
+    #[inline]
+    const fn run(self) -> Option<u32> {
+        self.0.checked_sub(2)
+    }
 }
 
-/// One granule's state and its links in the idle list.
+/// Granules that turned Idle in one call, or what is left of them: one
+/// entry of the idle list. A large block turns Idle, and is taken again, at
+/// the cost of one entry, not one per granule.
 #[derive(Clone, Copy, Debug)]
-struct Slot {
-    state: State,
-    /// Neighbours in the idle list (`NONE` at the ends, or when not idle).
+struct Run {
+    /// The run's slots are `start..end` (never empty, in one reservation),
+    /// each `Slot::idle` of this run.
+    start: u32,
+    end: u32,
+    /// Neighbours in the idle list (`NONE` at the ends); a free record's
+    /// `next` is the next free record.
     prev: u32,
     next: u32,
 }
@@ -179,14 +198,18 @@ struct Reservation {
 ///  index       │ used │  free  │used│used│          free          │ used  │
 ///  granules    │ Busy │ Busy │ Idle │Busy│ Idle │ Unc. │ Unc. │Busy│ Busy │
 ///              └──────────────────────────────────────────────────────────┘
-///  idle list (oldest first): Idle ◄─► Idle ◄─► ...   at most `keep` bytes
+///  idle list (oldest first): run ◄─► run ◄─► ...   at most `keep` bytes
+///            (a run: the Idle granules that one free left, or what is
+///            left of them)
 ///
 ///  allocate: index (O(1)) ─► the block's Idle granules leave the idle
-///            list; beyond the peak (+ slack), decommit as many other Idle
-///            ones as needed; commit its Uncommitted granules (in runs) ─► all Busy
+///            list, a run at a time; beyond the peak (+ slack), decommit as
+///            many other Idle ones as needed; commit its Uncommitted
+///            granules (in runs) ─► all Busy
 ///  free:     index (O(1)) returns the coalesced free range F; the block's
-///            granules wholly inside F turn Idle (the others still touch a
-///            live block) ─► over `keep`: decommit the oldest Idle granules
+///            granules wholly inside F turn Idle, one run (the others still
+///            touch a live block) ─► over `keep`: decommit the oldest Idle
+///            granules
 /// ```
 ///
 /// - Every block is aligned to 256 bytes, or more when asked; sizes are
@@ -223,8 +246,9 @@ struct Reservation {
 ///
 /// # Time Complexity
 ///
-/// Allocate and free are O(1) plus O(granules the block touches): a block
-/// within one granule costs O(1); a large one costs what mapping it costs.
+/// Allocate and free are O(1) plus the idle runs a new block takes, plus
+/// rewriting the slots of the granules that change state (a fill): a block
+/// within one granule costs O(1); mapping a large one costs more.
 /// Each Idle granule is decommitted at most once per time it turns Idle, so
 /// trimming is O(1) amortized.
 ///
@@ -251,11 +275,18 @@ pub struct VirtualPool<V: ReservableSpace> {
     /// The live reservations, sorted by address; each is one region of the
     /// index, covered exactly by its nodes.
     reservations: Vec<Reservation>,
-    /// One slot per granule of every reservation; Idle slots are linked
-    /// oldest first from `idle_head` to `idle_tail`.
+    /// One slot per granule of every reservation.
     slots: Vec<Slot>,
+    /// The records of the idle runs, and free records linked from
+    /// `free_run`. The runs linked from `idle_head` to `idle_tail` hold every
+    /// Idle granule once; their granules, each run in ascending order, in
+    /// list order, are the Idle granules oldest first (least recently
+    /// freed).
+    runs: Vec<Run>,
     idle_head: u32,
     idle_tail: u32,
+    /// The first free record of `runs` (`NONE`: none).
+    free_run: u32,
     /// Number of Idle slots.
     idle: u64,
     /// Number of Idle and Busy slots.
@@ -334,8 +365,10 @@ impl<V: ReservableSpace> VirtualPool<V> {
             index: CoalescingIndex::new(256),
             reservations: Vec::new(),
             slots: Vec::new(),
+            runs: Vec::new(),
             idle_head: NONE,
             idle_tail: NONE,
+            free_run: NONE,
             idle: 0,
             committed: 0,
             peak_committed: 0,
@@ -435,10 +468,7 @@ impl<V: ReservableSpace> VirtualPool<V> {
             }
         };
         let base = self.slots.len() as u32;
-        self.slots.resize(
-            self.slots.len() + granules as usize,
-            Slot { state: State::Uncommitted, prev: NONE, next: NONE },
-        );
+        self.slots.resize(self.slots.len() + granules as usize, Slot::UNCOMMITTED);
         let at = self.reservations.partition_point(|r| r.range.start() < range.start());
         self.reservations.insert(at, Reservation { range, first, base });
         Ok(first)
@@ -474,66 +504,174 @@ impl<V: ReservableSpace> VirtualPool<V> {
         Range::new(start, ((hi - lo) as u64) << self.shift).unwrap_or_default()
     }
 
-    fn push_idle_back(&mut self, s: u32) {
-        let tail = self.idle_tail;
-        self.slots[s as usize] = Slot { state: State::Idle, prev: tail, next: NONE };
-        match tail {
-            NONE => self.idle_head = s,
-            t => self.slots[t as usize].next = s,
+    /// Makes slots `start..end` Idle, as one run at the back of the idle
+    /// list (the newest) or at its front (the oldest).
+    fn push_idle(&mut self, start: u32, end: u32, front: bool) {
+        let id = self.new_run(start, end);
+        if front {
+            self.link(id, NONE, self.idle_head);
+        } else {
+            self.link(id, self.idle_tail, NONE);
         }
-        self.idle_tail = s;
-        self.idle += 1;
+        self.idle += (end - start) as u64;
     }
 
-    fn push_idle_front(&mut self, s: u32) {
-        let head = self.idle_head;
-        self.slots[s as usize] = Slot { state: State::Idle, prev: NONE, next: head };
-        match head {
-            NONE => self.idle_tail = s,
-            h => self.slots[h as usize].prev = s,
-        }
-        self.idle_head = s;
-        self.idle += 1;
+    /// A record for the run of slots `start..end`, not linked yet; marks
+    /// the slots Idle in it.
+    fn new_run(&mut self, start: u32, end: u32) -> u32 {
+        let run = Run { start, end, prev: NONE, next: NONE };
+        let id = match self.free_run {
+            NONE => {
+                self.runs.push(run);
+                (self.runs.len() - 1) as u32
+            }
+            id => {
+                self.free_run = self.runs[id as usize].next;
+                self.runs[id as usize] = run;
+                id
+            }
+        };
+        self.slots[start as usize..end as usize].fill(Slot::idle(id));
+        id
     }
 
-    /// Takes Idle slot `s` off the idle list and gives it `state`.
-    fn unlink_idle(&mut self, s: u32, state: State) {
-        let Slot { prev, next, .. } = self.slots[s as usize];
+    /// Links run `id` between `prev` and `next` (`NONE`: an end).
+    #[inline]
+    fn link(&mut self, id: u32, prev: u32, next: u32) {
+        let run = &mut self.runs[id as usize];
+        (run.prev, run.next) = (prev, next);
+        match prev {
+            NONE => self.idle_head = id,
+            p => self.runs[p as usize].next = id,
+        }
+        match next {
+            NONE => self.idle_tail = id,
+            n => self.runs[n as usize].prev = id,
+        }
+    }
+
+    /// Takes run `id` out of the list and frees its record.
+    #[inline]
+    fn drop_run(&mut self, id: u32) {
+        let Run { prev, next, .. } = self.runs[id as usize];
         match prev {
             NONE => self.idle_head = next,
-            p => self.slots[p as usize].next = next,
+            p => self.runs[p as usize].next = next,
         }
         match next {
             NONE => self.idle_tail = prev,
-            n => self.slots[n as usize].prev = prev,
+            n => self.runs[n as usize].prev = prev,
         }
-        self.slots[s as usize] = Slot { state, prev: NONE, next: NONE };
-        self.idle -= 1;
+        self.runs[id as usize].next = self.free_run;
+        self.free_run = id;
     }
 
-    /// Makes every granule of `addr..addr + len` Busy: its Idle granules
-    /// leave the idle list (pinned, so no trim takes them), then, under
-    /// `trim_on_commit`, as many Idle granules as there are Uncommitted ones
-    /// are decommitted (ordered on `stream`), then the Uncommitted ones are
-    /// committed in runs. If a commit fails, what this call committed is
-    /// decommitted and the error returned; the pinned granules stay Busy
-    /// until [`unpin`](Self::unpin).
-    fn commit_block<S: Stream + ?Sized>(&mut self, addr: u64, len: u64, stream: &S) -> Result<()> {
-        let r = *self.reservation_of(addr).expect("the index hands out reserved addresses");
-        let (lo, hi) = self.slots_touched(&r, addr, addr + len);
-        let mut fresh = 0;
-        for s in lo..hi {
-            match self.slots[s as usize].state {
-                State::Idle => self.unlink_idle(s, State::Busy),
-                State::Uncommitted => fresh += 1,
-                State::Busy => {}
+    /// Takes the Idle slots from `s` up to `hi` or the end of their run `id`
+    /// off the idle list and marks them `to`; returns where they end. What
+    /// is left of the run on either side keeps its place in the list.
+    #[inline]
+    fn take_idle(&mut self, id: u32, s: u32, hi: u32, to: Slot) -> u32 {
+        let Run { start, end, prev, next } = self.runs[id as usize];
+        let e = end.min(hi);
+        match (start < s, e < end) {
+            (false, false) => self.drop_run(id),
+            (true, false) => self.runs[id as usize].end = s,
+            (false, true) => self.runs[id as usize].start = e,
+            (true, true) => {
+                // Both sides stay: the record keeps the larger one, the
+                // smaller one gets a record of its own (its slots rewritten)
+                // next to it, the left one older as before.
+                if s - start <= end - e {
+                    self.runs[id as usize].start = e;
+                    let left = self.new_run(start, s);
+                    self.link(left, prev, id);
+                } else {
+                    self.runs[id as usize].end = s;
+                    let right = self.new_run(e, end);
+                    self.link(right, id, next);
+                }
             }
         }
-        if fresh == 0 {
-            self.peak_busy = self.peak_busy.max(self.committed - self.idle);
-            self.peak_used = self.peak_used.max(self.index.used_bytes());
-            return Ok(());
+        self.slots[s as usize..e as usize].fill(to);
+        self.idle -= (e - s) as u64;
+        e
+    }
+
+    /// Pins the granules of slots `lo..hi`, those of a block just carved:
+    /// its Idle ones turn Busy, off the idle list, so that no trim takes
+    /// them. Returns how many are Uncommitted.
+    #[inline]
+    fn pin(&mut self, lo: u32, hi: u32) -> u64 {
+        // Only the first and last granule may be Busy (shared with another
+        // block); the others are Idle, a run at a time, or Uncommitted.
+        let (mut fresh, mut s) = (0, lo);
+        while s < hi {
+            let slot = self.slots[s as usize];
+            match slot.run() {
+                Some(id) => s = self.take_idle(id, s, hi, Slot::BUSY),
+                None => {
+                    fresh += (slot == Slot::UNCOMMITTED) as u64;
+                    s += 1;
+                }
+            }
         }
+        fresh
+    }
+
+    /// The rest of an allocate whose block `a` (of `request`, in slots
+    /// `lo..hi` of `r`, pinned) has Uncommitted granules: commits them. Out
+    /// of physical memory, it decommits the Idle granules and tries once
+    /// more. If that fails too, the block goes back to the index, its
+    /// granules that no live block touches turn Idle, and the error is
+    /// returned.
+    #[inline(never)]
+    fn commit_fresh<S: Stream + ?Sized>(
+        &mut self,
+        r: &Reservation,
+        a: &crate::pool::Allocation,
+        request: Request,
+        (lo, hi): (u32, u32),
+        stream: &S,
+    ) -> Result<()> {
+        let mut committed = self.commit_pinned(r, lo, hi, stream);
+        if matches!(committed, Err(e) if e.is_out_of_memory())
+            && self.idle > 0
+            && self.trim_to(0, stream).is_ok()
+        {
+            // Out of physical memory: give the idle granules back and try
+            // once more, as the CUDA pool trims before it fails.
+            committed = self.commit_pinned(r, lo, hi, stream);
+        }
+        if let Err(e) = committed {
+            // The index takes the block back; granules it pinned turn Idle.
+            let free = self.index.free(a.tag, a.addr, request.size())?;
+            self.unpin_failed(r, a.addr, request.rounded_size(256), free);
+            // The pinned granules are Idle again: beyond `keep` only if an
+            // earlier decommit failed (a trim of this call may have cleared
+            // that); retry it as a free does.
+            if self.idle > self.config.keep >> self.shift {
+                let _ = self.trim_to(self.config.keep, stream);
+            }
+            return Err(e);
+        }
+        Ok(())
+    }
+
+    /// Commits the Uncommitted granules of slots `lo..hi` of `r` (the
+    /// others pinned): under `trim_on_commit`, first decommits as many Idle
+    /// granules as the commit would take committed memory beyond its limit
+    /// (ordered on `stream`), then commits in runs. If a commit fails, what
+    /// this call committed is decommitted and the error returned; the
+    /// pinned granules stay Busy until [`unpin_failed`](Self::unpin_failed).
+    fn commit_pinned<S: Stream + ?Sized>(
+        &mut self,
+        r: &Reservation,
+        lo: u32,
+        hi: u32,
+        stream: &S,
+    ) -> Result<()> {
+        let slots = &self.slots[lo as usize..hi as usize];
+        let fresh = slots.iter().filter(|&&t| t == Slot::UNCOMMITTED).count() as u64;
         let busy = self.committed - self.idle + fresh;
         let used = self.peak_used.max(self.index.used_bytes());
         let excess =
@@ -546,25 +684,25 @@ impl<V: ReservableSpace> VirtualPool<V> {
         }
         let mut s = lo;
         while s < hi {
-            if self.slots[s as usize].state != State::Uncommitted {
+            if self.slots[s as usize] != Slot::UNCOMMITTED {
                 s += 1;
                 continue;
             }
             let run = s;
-            while s < hi && self.slots[s as usize].state == State::Uncommitted {
+            while s < hi && self.slots[s as usize] == Slot::UNCOMMITTED {
                 s += 1;
             }
-            if let Err(e) = self.space.commit(self.slot_range(&r, run, s)) {
-                self.undo_commits(&r, lo, run);
+            if let Err(e) = self.space.commit(self.slot_range(r, run, s)) {
+                self.undo_commits(r, lo, run);
                 return Err(e);
             }
         }
-        for s in lo..hi {
-            if self.slots[s as usize].state == State::Uncommitted {
-                self.slots[s as usize].state = State::Busy;
-                self.committed += 1;
+        for slot in &mut self.slots[lo as usize..hi as usize] {
+            if *slot == Slot::UNCOMMITTED {
+                *slot = Slot::BUSY;
             }
         }
+        self.committed += fresh;
         self.peak_committed = self.peak_committed.max(self.committed);
         self.peak_busy = self.peak_busy.max(busy);
         self.peak_used = used;
@@ -622,23 +760,49 @@ impl<V: ReservableSpace> VirtualPool<V> {
     }
 
     /// After the index freed the range `addr..addr + len` of reservation
-    /// `r` and returned the coalesced free range `free`: the granules of the
-    /// range wholly inside `free` are touched by no live block any more, so
-    /// the Busy ones turn Idle (newest in the list).
-    fn unpin(&mut self, r: &Reservation, addr: u64, len: u64, free: Range) {
+    /// `r` and returned the coalesced free range `free`: the slots of the
+    /// granules of the range wholly inside `free`, which no live block
+    /// touches any more (empty when `lo >= hi`).
+    #[inline]
+    fn untouched(&self, r: &Reservation, addr: u64, len: u64, free: Range) -> (u32, u32) {
         let g = self.granule();
         let (lo, hi) = self.slots_touched(r, addr, addr + len);
         let start = free.start().next_multiple_of(g);
         let end = free.end() & !(g - 1);
         if end <= start {
-            return;
+            return (lo, lo);
         }
         let (flo, _) = self.slots_touched(r, start, start);
         let fhi = flo + ((end - start) >> self.shift) as u32;
-        for s in lo.max(flo)..hi.min(fhi) {
-            if self.slots[s as usize].state == State::Busy {
-                self.push_idle_back(s);
+        (lo.max(flo), hi.min(fhi))
+    }
+
+    /// After a free: the granules of the block that no live block touches
+    /// any more, all Busy, turn Idle as one run (the newest).
+    #[inline]
+    fn unpin(&mut self, r: &Reservation, addr: u64, len: u64, free: Range) {
+        let (lo, hi) = self.untouched(r, addr, len, free);
+        if lo < hi {
+            self.push_idle(lo, hi, false);
+        }
+    }
+
+    /// After a failed allocate gave its block back: as [`unpin`](Self::unpin),
+    /// but only the Busy granules turn Idle (in runs, oldest first); the
+    /// others the call did not commit, or failed to decommit (Idle).
+    #[cold]
+    fn unpin_failed(&mut self, r: &Reservation, addr: u64, len: u64, free: Range) {
+        let (mut s, hi) = self.untouched(r, addr, len, free);
+        while s < hi {
+            if self.slots[s as usize] != Slot::BUSY {
+                s += 1;
+                continue;
             }
+            let run = s;
+            while s < hi && self.slots[s as usize] == Slot::BUSY {
+                s += 1;
+            }
+            self.push_idle(run, s, false);
         }
     }
 
@@ -649,19 +813,17 @@ impl<V: ReservableSpace> VirtualPool<V> {
     fn undo_commits(&mut self, r: &Reservation, lo: u32, upto: u32) {
         let mut s = lo;
         while s < upto {
-            if self.slots[s as usize].state != State::Uncommitted {
+            if self.slots[s as usize] != Slot::UNCOMMITTED {
                 s += 1;
                 continue;
             }
             let run = s;
-            while s < upto && self.slots[s as usize].state == State::Uncommitted {
+            while s < upto && self.slots[s as usize] == Slot::UNCOMMITTED {
                 s += 1;
             }
             if self.space.decommit(self.slot_range(r, run, s), &()).is_err() {
-                for t in run..s {
-                    self.push_idle_front(t);
-                    self.committed += 1;
-                }
+                self.push_idle(run, s, true);
+                self.committed += (s - run) as u64;
                 self.peak_committed = self.peak_committed.max(self.committed);
                 self.trim_pending = true;
             }
@@ -679,24 +841,29 @@ impl<V: ReservableSpace> VirtualPool<V> {
     fn trim_to<S: Stream + ?Sized>(&mut self, keep: u64, stream: &S) -> Result<u64> {
         let limit = keep >> self.shift;
         let mut freed = 0;
+        // How many more granules to take (at most all of them: a u32).
+        let excess = |p: &Self| (p.idle - limit) as u32;
         while self.idle > limit {
-            let s = self.idle_head;
+            // The oldest granule, the first of the head run, then its Idle
+            // neighbours above, then below, as many as needed.
+            let head = self.idle_head;
+            let s = self.runs[head as usize].start;
             let r = *self.reservation_of_slot(s);
             let end = r.base + (r.range.len() >> self.shift) as u32;
-            self.unlink_idle(s, State::Uncommitted);
-            let (mut lo, mut hi) = (s, s + 1);
-            while hi < end && self.idle > limit && self.slots[hi as usize].state == State::Idle {
-                self.unlink_idle(hi, State::Uncommitted);
-                hi += 1;
+            let mut hi = self.take_idle(head, s, s.saturating_add(excess(self)), Slot::UNCOMMITTED);
+            while hi < end && self.idle > limit {
+                let Some(id) = self.slots[hi as usize].run() else { break };
+                hi = self.take_idle(id, hi, hi.saturating_add(excess(self)), Slot::UNCOMMITTED);
             }
-            while lo > r.base && self.idle > limit && self.slots[lo as usize - 1].state == State::Idle {
-                lo -= 1;
-                self.unlink_idle(lo, State::Uncommitted);
+            let mut lo = s;
+            while lo > r.base && self.idle > limit {
+                let Some(id) = self.slots[lo as usize - 1].run() else { break };
+                let from = self.runs[id as usize].start.max(lo - excess(self).min(lo));
+                self.take_idle(id, from, lo, Slot::UNCOMMITTED);
+                lo = from;
             }
             if let Err(e) = self.space.decommit(self.slot_range(&r, lo, hi), stream) {
-                for t in (lo..hi).rev() {
-                    self.push_idle_front(t);
-                }
+                self.push_idle(lo, hi, true);
                 self.trim_pending = true;
                 return Err(e);
             }
@@ -836,35 +1003,59 @@ impl<V: ReservableSpace> VirtualPool<V> {
         if granules != self.slots.len() || bases.windows(2).any(|w| w[0].1 != w[1].0) {
             return Err(Violation::new("slots do not match the reservations' granules"));
         }
+        // Every listed run once, linked both ways, its granules Idle in it
+        // and in one reservation; then every Idle granule in a listed run.
+        let mut listed_run = alloc::vec![false; self.runs.len()];
+        let (mut listed, mut runs, mut prev, mut id) = (0u64, 0usize, NONE, self.idle_head);
+        while id != NONE {
+            let Some(run) = self.runs.get(id as usize) else {
+                return Err(Violation::new("idle list names no run record"));
+            };
+            if core::mem::replace(&mut listed_run[id as usize], true) || run.prev != prev {
+                return Err(Violation::new("idle list holds a run twice or its links are not symmetric"));
+            }
+            let in_one_reservation = bases.iter().any(|&(lo, hi)| lo <= run.start && run.end <= hi);
+            if run.start >= run.end
+                || !in_one_reservation
+                || self.slots[run.start as usize..run.end as usize].iter().any(|&t| t != Slot::idle(id))
+            {
+                return Err(Violation::new("idle run empty, across reservations, or not Idle in it"));
+            }
+            listed += (run.end - run.start) as u64;
+            runs += 1;
+            prev = id;
+            id = run.next;
+        }
+        if prev != self.idle_tail {
+            return Err(Violation::new("idle list does not end at its tail"));
+        }
+        let mut free = 0;
+        let mut id = self.free_run;
+        while id != NONE && free <= self.runs.len() {
+            if listed_run.get(id as usize) != Some(&false) {
+                return Err(Violation::new("a free run record is listed or out of range"));
+            }
+            free += 1;
+            id = self.runs[id as usize].next;
+        }
+        if runs + free != self.runs.len() {
+            return Err(Violation::new("run records neither listed nor free, or free ones in a cycle"));
+        }
         let (mut busy, mut idle) = (0u64, 0u64);
-        for (slot, &t) in self.slots.iter().zip(&touched) {
-            match (slot.state, t) {
-                (State::Busy, true) => busy += 1,
-                (State::Idle, false) => idle += 1,
-                (State::Uncommitted, false) => {}
-                (_, true) => return Err(Violation::new("a granule touched by a live block is not Busy")),
-                (State::Busy, false) => {
+        for (&slot, &t) in self.slots.iter().zip(&touched) {
+            match (slot, slot.run(), t) {
+                (Slot::BUSY, _, true) => busy += 1,
+                (_, Some(id), false) if listed_run.get(id as usize) == Some(&true) => idle += 1,
+                (Slot::UNCOMMITTED, _, false) => {}
+                (_, _, true) => return Err(Violation::new("a granule touched by a live block is not Busy")),
+                (Slot::BUSY, _, false) => {
                     return Err(Violation::new("a Busy granule is touched by no live block"))
                 }
+                _ => return Err(Violation::new("an Idle granule names a run not in the idle list")),
             }
         }
-        let (mut listed, mut prev, mut s) = (0u64, NONE, self.idle_head);
-        while s != NONE {
-            let slot = &self.slots[s as usize];
-            if slot.state != State::Idle || slot.prev != prev {
-                return Err(Violation::new(
-                    "idle list holds a non-Idle granule or its links are not symmetric",
-                ));
-            }
-            listed += 1;
-            if listed > idle {
-                return Err(Violation::new("idle list longer than the Idle granules"));
-            }
-            prev = s;
-            s = slot.next;
-        }
-        if listed != idle || prev != self.idle_tail || idle != self.idle {
-            return Err(Violation::new("idle list or count does not match the Idle granules"));
+        if listed != idle || idle != self.idle {
+            return Err(Violation::new("idle runs or count do not match the Idle granules"));
         }
         if busy + idle != self.committed
             || self.committed > self.peak_committed
@@ -906,29 +1097,13 @@ where
             Some(a) => a,
             None => self.grow_and_allocate(request)?,
         };
-        let len = request.rounded_size(256);
-        let mut committed = self.commit_block(a.addr, len, stream);
-        if matches!(committed, Err(e) if e.is_out_of_memory())
-            && self.idle > 0
-            && self.trim_to(0, stream).is_ok()
-        {
-            // Out of physical memory: give the idle granules back and try
-            // once more, as the CUDA pool trims before it fails.
-            committed = self.commit_block(a.addr, len, stream);
+        let r = *self.reservation_of(a.addr).expect("the index hands out reserved addresses");
+        let touched = self.slots_touched(&r, a.addr, a.addr + request.rounded_size(256));
+        if self.pin(touched.0, touched.1) > 0 {
+            self.commit_fresh(&r, &a, request, touched, stream)?;
         }
-        if let Err(e) = committed {
-            // The index takes the block back; granules it pinned turn Idle.
-            let free = self.index.free(a.tag, a.addr, request.size())?;
-            let r = *self.reservation_of(a.addr).expect("the index hands out reserved addresses");
-            self.unpin(&r, a.addr, len, free);
-            // The pinned granules are Idle again: beyond `keep` only if an
-            // earlier decommit failed (a trim of this call may have cleared
-            // that); retry it as a free does.
-            if self.idle > self.config.keep >> self.shift {
-                let _ = self.trim_to(self.config.keep, stream);
-            }
-            return Err(e);
-        }
+        self.peak_busy = self.peak_busy.max(self.committed - self.idle);
+        self.peak_used = self.peak_used.max(self.index.used_bytes());
         Ok(Block::new(a.addr, request.size(), a.tag))
     }
 
@@ -965,12 +1140,12 @@ impl<V: ReservableSpace> Drop for VirtualPool<V> {
             let end = r.base + (r.range.len() >> self.shift) as u32;
             let mut s = r.base;
             while s < end {
-                if self.slots[s as usize].state == State::Uncommitted {
+                if self.slots[s as usize] == Slot::UNCOMMITTED {
                     s += 1;
                     continue;
                 }
                 let run = s;
-                while s < end && self.slots[s as usize].state != State::Uncommitted {
+                while s < end && self.slots[s as usize] != Slot::UNCOMMITTED {
                     s += 1;
                 }
                 let _ = self.space.decommit(self.slot_range(&r, run, s), &());
