@@ -12,6 +12,7 @@
 //! committed memory so that alternating allocate and free does not map and
 //! unmap on every call.
 
+mod bits;
 #[cfg(test)]
 mod tests;
 
@@ -20,10 +21,15 @@ use crate::pool::CoalescingIndex;
 use crate::vmem::ReservableSpace;
 use crate::{Block, Error, MemoryResourceMut, Range, Request, Result, Stream};
 use alloc::vec::Vec;
+use bits::Bits;
 use core::fmt;
 
-/// "No run" in the idle list's links.
+/// "None": the `start` of a record that holds no run, the end of the list
+/// of free records.
 const NONE: u32 = u32::MAX;
+/// The record that heads the idle list (a circle through it); it holds no
+/// run.
+const SENTINEL: u32 = 0;
 
 /// Sizes and policies of a [`VirtualPool`].
 ///
@@ -138,41 +144,17 @@ impl VirtualConfig {
     }
 }
 
-/// What a granule of a reservation holds: [`UNCOMMITTED`](Self::UNCOMMITTED),
-/// [`BUSY`](Self::BUSY), or Idle in one [`Run`] of the idle list.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-struct Slot(u32);
-
-impl Slot {
-    /// Not committed; no live block touches it.
-    const UNCOMMITTED: Slot = Slot(0);
-    /// Committed, touched by at least one live block.
-    const BUSY: Slot = Slot(1);
-
-    /// Committed, no live block touches it: in idle run `run`.
-    #[inline]
-    const fn idle(run: u32) -> Slot {
-        Slot(run + 2)
-    }
-
-    /// The idle run that holds the granule, if it is Idle.
-    #[inline]
-    const fn run(self) -> Option<u32> {
-        self.0.checked_sub(2)
-    }
-}
-
 /// Granules that turned Idle in one call, or what is left of them: one
 /// entry of the idle list. A large block turns Idle, and is taken again, at
 /// the cost of one entry, not one per granule.
 #[derive(Clone, Copy, Debug)]
 struct Run {
-    /// The run's slots are `start..end` (never empty, in one reservation),
-    /// each `Slot::idle` of this run.
+    /// The run's granules are the slots `start..end`, never empty, in one
+    /// reservation; `start` is `NONE` in a free record and the sentinel.
     start: u32,
     end: u32,
-    /// Neighbours in the idle list (`NONE` at the ends); a free record's
-    /// `next` is the next free record.
+    /// Neighbours in the idle list, a circle through the sentinel; a free
+    /// record's `next` is the next free record.
     prev: u32,
     next: u32,
 }
@@ -205,20 +187,21 @@ struct Reservation {
 ///  allocate: index (O(1)) ─► the block's Idle granules leave the idle
 ///            list, a run at a time; beyond the peak (+ slack), decommit as
 ///            many other Idle ones as needed; commit its Uncommitted
-///            granules (in runs) ─► all Busy
-///  free:     index (O(1)) returns the coalesced free range F; the block's
-///            granules wholly inside F turn Idle, one run (the others still
-///            touch a live block) ─► over `keep`: decommit the oldest Idle
-///            granules
+///            granules (in runs) ─► all Busy; count the block at its
+///            first and last granule
+///  free:     index (O(1)) ─► uncount the block; its granules that no
+///            other live block counts turn Idle, one run ─► over `keep`:
+///            decommit the oldest Idle granules
 /// ```
 ///
 /// - Every block is aligned to 256 bytes, or more when asked; sizes are
 ///   rounded up to 256 bytes. Every granule a live block touches is
 ///   committed before the block is handed out.
 /// - A granule is Busy exactly when a live block touches it; then it stays
-///   committed. Whether it is after a free needs no count of the blocks in
-///   it: a granule of the freed block is untouched exactly when it lies
-///   wholly inside the coalesced free range that the index returns.
+///   committed. Each granule counts the live blocks that begin or end in
+///   it: a block touches other blocks' granules only there, so a new or
+///   freed block updates two counts, whatever its size, and its granules
+///   in between change state as runs, never one by one.
 /// - Kept Idle memory never raises the peak of committed memory beyond the
 ///   [slack](VirtualConfig::slack_permille) (with
 ///   [`VirtualConfig::trim_on_commit`], the default): an allocation that
@@ -246,10 +229,12 @@ struct Reservation {
 ///
 /// # Time Complexity
 ///
-/// Allocate and free are O(1) plus the idle runs a new block takes, plus
-/// rewriting the slots of the granules that change state (a fill): a block
-/// within one granule costs O(1); mapping a large one costs more.
-/// Each Idle granule is decommitted at most once per time it turns Idle, so
+/// When no granule needs mapping or unmapping, allocate and free are O(1)
+/// whatever the block's size, plus O(1) per idle run a new block takes
+/// (usually one). A call that maps or unmaps costs what that costs, plus
+/// O(granules / 64) over the bitmap of committed granules. A block placed
+/// at an alignment inside an idle run first looks up the run's start:
+/// O(granules of the run). Each Idle granule is decommitted at most once per time it turns Idle, so
 /// trimming is O(1) amortized.
 ///
 /// # Examples
@@ -275,25 +260,36 @@ pub struct VirtualPool<V: ReservableSpace> {
     /// The live reservations, sorted by address; each is one region of the
     /// index, covered exactly by its nodes.
     reservations: Vec<Reservation>,
-    /// One slot per granule of every reservation.
-    slots: Vec<Slot>,
-    /// The records of the idle runs, and free records linked from
-    /// `free_run`. The runs linked from `idle_head` to `idle_tail` hold every
-    /// Idle granule once; their granules, each run in ascending order, in
-    /// list order, are the Idle granules oldest first (least recently
-    /// freed).
+    /// Per granule of every reservation (its slot): how many live blocks
+    /// have their first or last granule there (a block within one granule
+    /// counts once). A granule is touched by a live block exactly when its
+    /// count is not 0 or it lies strictly inside one.
+    edges: Vec<u32>,
+    /// Per slot: whether the granule is committed. A committed granule is
+    /// Busy (touched by a live block), Idle (in exactly one run of the idle
+    /// list), or, only inside an allocate, pinned for the block being
+    /// committed.
+    committed_bits: Bits,
+    /// Per slot: the record of the idle run that starts or ends there;
+    /// meaningful only where a run does (checked against its record),
+    /// stale elsewhere, so that no call rewrites a run's granules.
+    tags: Vec<u32>,
+    /// The records of the idle runs: the sentinel, the runs, free records
+    /// linked from `free_run`. The runs in the list, from the sentinel's
+    /// `next` to its `prev`, hold every Idle granule once; their granules,
+    /// each run in ascending order, in list order, are the Idle granules
+    /// oldest first (least recently freed).
     runs: Vec<Run>,
-    idle_head: u32,
-    idle_tail: u32,
-    /// The first free record of `runs` (`NONE`: none).
+    /// The first free record (`NONE`: none).
     free_run: u32,
-    /// Number of Idle slots.
+    /// Number of Idle granules.
     idle: u64,
-    /// Number of Idle and Busy slots.
+    /// Number of committed granules.
     committed: u64,
     /// Highest `committed` ever.
     peak_committed: u64,
-    /// Highest number of Busy slots ever (at most `peak_committed`).
+    /// Highest number of committed granules not Idle ever (at most
+    /// `peak_committed`).
     peak_busy: u64,
     /// Highest bytes handed out at once (sizes rounded up to 256), counted
     /// when a block is handed out.
@@ -304,6 +300,8 @@ pub struct VirtualPool<V: ReservableSpace> {
     /// A decommit failed and Idle bytes may exceed `keep` until a trim
     /// brings them down to it.
     trim_pending: bool,
+    /// Whole granules in `config.keep`: the most Idle granules after a call.
+    keep: u64,
 }
 
 impl<V: ReservableSpace> VirtualPool<V> {
@@ -364,10 +362,10 @@ impl<V: ReservableSpace> VirtualPool<V> {
             space,
             index: CoalescingIndex::new(256),
             reservations: Vec::new(),
-            slots: Vec::new(),
-            runs: Vec::new(),
-            idle_head: NONE,
-            idle_tail: NONE,
+            edges: Vec::new(),
+            committed_bits: Bits::default(),
+            tags: Vec::new(),
+            runs: alloc::vec![Run { start: NONE, end: NONE, prev: SENTINEL, next: SENTINEL }],
             free_run: NONE,
             idle: 0,
             committed: 0,
@@ -377,6 +375,7 @@ impl<V: ReservableSpace> VirtualPool<V> {
             shift: granule.trailing_zeros(),
             config,
             trim_pending: false,
+            keep: config.keep >> granule.trailing_zeros(),
         };
         pool.add_reservation(config.reserve)?;
         Ok(pool)
@@ -399,7 +398,7 @@ impl<V: ReservableSpace> VirtualPool<V> {
 
     /// Bytes reserved (committed or not).
     pub fn reserved_bytes(&self) -> u64 {
-        self.slots.len() as u64 * self.granule()
+        self.edges.len() as u64 * self.granule()
     }
 
     /// Bytes committed now: the pool's physical footprint.
@@ -452,7 +451,7 @@ impl<V: ReservableSpace> VirtualPool<V> {
         let g = self.granule();
         let len = bytes.checked_next_multiple_of(g).ok_or(Error::InvalidSize { size: bytes })?;
         let granules = len >> self.shift;
-        if self.slots.len() as u64 + granules >= NONE as u64 {
+        if self.edges.len() as u64 + granules >= NONE as u64 {
             return Err(Error::InvalidSize { size: bytes });
         }
         let range = self.space.reserve(len)?;
@@ -467,16 +466,22 @@ impl<V: ReservableSpace> VirtualPool<V> {
                 return Err(e);
             }
         };
-        let base = self.slots.len() as u32;
-        self.slots.resize(self.slots.len() + granules as usize, Slot::UNCOMMITTED);
+        let base = self.edges.len() as u32;
+        let slots = self.edges.len() + granules as usize;
+        self.edges.resize(slots, 0);
+        self.tags.resize(slots, SENTINEL);
+        self.committed_bits.grow(slots);
         let at = self.reservations.partition_point(|r| r.range.start() < range.start());
         self.reservations.insert(at, Reservation { range, first, base });
         Ok(first)
     }
 
     /// The reservation holding `addr`, by binary search.
-    #[inline]
+    #[inline(always)]
     fn reservation_of(&self, addr: u64) -> Option<&Reservation> {
+        if let [r] = &self.reservations[..] {
+            return r.range.contains(addr).then_some(r);
+        }
         let i = self.reservations.partition_point(|r| r.range.start() <= addr);
         let r = self.reservations.get(i.checked_sub(1)?)?;
         r.range.contains(addr).then_some(r)
@@ -488,6 +493,17 @@ impl<V: ReservableSpace> VirtualPool<V> {
             .iter()
             .find(|r| s >= r.base && ((s - r.base) as u64) < r.range.len() >> self.shift)
             .expect("every slot belongs to a reservation")
+    }
+
+    /// The slots of the granules that `len` bytes at `addr` touch, in the
+    /// reservation that holds them (as every block the index hands out).
+    #[inline(always)]
+    fn slots_of(&self, addr: u64, len: u64) -> (u32, u32) {
+        let r = self.reservation_of(addr).expect("the index hands out reserved addresses");
+        let offset = addr - r.range.start();
+        let lo = (offset >> self.shift) as u32;
+        let hi = ((offset + len - 1) >> self.shift) as u32 + 1;
+        (r.base + lo, r.base + hi)
     }
 
     /// The slots of the granules that `start..end` (inside `r`) touches.
@@ -504,20 +520,41 @@ impl<V: ReservableSpace> VirtualPool<V> {
         Range::new(start, ((hi - lo) as u64) << self.shift).unwrap_or_default()
     }
 
-    /// Makes slots `start..end` Idle, as one run at the back of the idle
-    /// list (the newest) or at its front (the oldest).
+    /// The idle run that starts at slot `s`, if one does.
+    #[inline(always)]
+    fn run_starting(&self, s: u32) -> Option<u32> {
+        let id = self.tags[s as usize];
+        (self.runs[id as usize].start == s).then_some(id)
+    }
+
+    /// The idle run that ends at slot `s` (its last granule), if one does.
+    #[inline]
+    fn run_ending(&self, s: u32) -> Option<u32> {
+        let id = self.tags[s as usize];
+        let r = self.runs[id as usize];
+        (r.start != NONE && r.end == s + 1).then_some(id)
+    }
+
+    /// The idle run that holds slot `s`, an Idle granule: the first run
+    /// start at or below it. Only a block placed at an alignment inside a
+    /// run starts inside one.
+    #[cold]
+    fn run_holding(&self, s: u32) -> u32 {
+        (0..=s).rev().find_map(|t| self.run_starting(t)).expect("an Idle granule lies in a run")
+    }
+
+    /// Makes the committed slots `start..end` Idle, as one run at the back
+    /// of the idle list (the newest) or at its front (the oldest).
+    #[inline(always)]
     fn push_idle(&mut self, start: u32, end: u32, front: bool) {
         let id = self.new_run(start, end);
-        if front {
-            self.link(id, NONE, self.idle_head);
-        } else {
-            self.link(id, self.idle_tail, NONE);
-        }
+        let after = if front { SENTINEL } else { self.runs[SENTINEL as usize].prev };
+        self.link_after(id, after);
         self.idle += (end - start) as u64;
     }
 
-    /// A record for the run of slots `start..end`, not linked yet; marks
-    /// the slots Idle in it.
+    /// A record for the run `start..end`, not linked yet.
+    #[inline(always)]
     fn new_run(&mut self, start: u32, end: u32) -> u32 {
         let run = Run { start, end, prev: NONE, next: NONE };
         let id = match self.free_run {
@@ -531,95 +568,94 @@ impl<V: ReservableSpace> VirtualPool<V> {
                 id
             }
         };
-        self.slots[start as usize..end as usize].fill(Slot::idle(id));
+        self.tags[start as usize] = id;
+        self.tags[end as usize - 1] = id;
         id
     }
 
-    /// Links run `id` between `prev` and `next` (`NONE`: an end).
-    #[inline]
-    fn link(&mut self, id: u32, prev: u32, next: u32) {
+    /// Links run `id` into the idle list after `prev` (the sentinel: first).
+    #[inline(always)]
+    fn link_after(&mut self, id: u32, prev: u32) {
+        let next = self.runs[prev as usize].next;
         let run = &mut self.runs[id as usize];
         (run.prev, run.next) = (prev, next);
-        match prev {
-            NONE => self.idle_head = id,
-            p => self.runs[p as usize].next = id,
-        }
-        match next {
-            NONE => self.idle_tail = id,
-            n => self.runs[n as usize].prev = id,
-        }
+        self.runs[prev as usize].next = id;
+        self.runs[next as usize].prev = id;
     }
 
-    /// Takes run `id` out of the list and frees its record.
-    #[inline]
-    fn drop_run(&mut self, id: u32) {
-        let Run { prev, next, .. } = self.runs[id as usize];
-        match prev {
-            NONE => self.idle_head = next,
-            p => self.runs[p as usize].next = next,
-        }
-        match next {
-            NONE => self.idle_tail = prev,
-            n => self.runs[n as usize].prev = prev,
-        }
-        self.runs[id as usize].next = self.free_run;
-        self.free_run = id;
-    }
-
-    /// Takes the Idle slots from `s` up to `hi` or the end of their run `id`
-    /// off the idle list and marks them `to`; returns where they end. What
-    /// is left of the run on either side keeps its place in the list.
-    #[inline]
-    fn take_idle(&mut self, id: u32, s: u32, hi: u32, to: Slot) -> u32 {
+    /// Takes the granules from slot `s` up to `hi` or the end of their run
+    /// `id` off the idle list; returns where they end. What is left of the
+    /// run on either side keeps its place in the list.
+    #[inline(always)]
+    fn take_idle(&mut self, id: u32, s: u32, hi: u32) -> u32 {
         let Run { start, end, prev, next } = self.runs[id as usize];
         let e = end.min(hi);
         match (start < s, e < end) {
-            (false, false) => self.drop_run(id),
-            (true, false) => self.runs[id as usize].end = s,
-            (false, true) => self.runs[id as usize].start = e,
+            (false, false) => {
+                self.runs[prev as usize].next = next;
+                self.runs[next as usize].prev = prev;
+                let run = &mut self.runs[id as usize];
+                (run.start, run.next) = (NONE, self.free_run);
+                self.free_run = id;
+            }
+            (true, false) => {
+                self.runs[id as usize].end = s;
+                self.tags[s as usize - 1] = id;
+            }
+            (false, true) => {
+                self.runs[id as usize].start = e;
+                self.tags[e as usize] = id;
+            }
             (true, true) => {
-                // Both sides stay: the record keeps the larger one, the
-                // smaller one gets a record of its own (its slots rewritten)
-                // next to it, the left one older as before.
-                if s - start <= end - e {
-                    self.runs[id as usize].start = e;
-                    let left = self.new_run(start, s);
-                    self.link(left, prev, id);
-                } else {
-                    self.runs[id as usize].end = s;
-                    let right = self.new_run(e, end);
-                    self.link(right, id, next);
-                }
+                // Both sides stay, the right one (newer) in a record of its
+                // own just after this one.
+                self.runs[id as usize].end = s;
+                self.tags[s as usize - 1] = id;
+                let right = self.new_run(e, end);
+                self.link_after(right, id);
             }
         }
-        self.slots[s as usize..e as usize].fill(to);
         self.idle -= (e - s) as u64;
         e
     }
 
-    /// Pins the granules of slots `lo..hi`, those of a block just carved:
-    /// its Idle ones turn Busy, off the idle list, so that no trim takes
-    /// them. Returns how many are Uncommitted.
-    #[inline]
-    fn pin(&mut self, lo: u32, hi: u32) -> u64 {
-        // Only the first and last granule may be Busy (shared with another
-        // block); the others are Idle, a run at a time, or Uncommitted.
-        let (mut fresh, mut s) = (0, lo);
+    /// The slots of the granules a block of `lo..hi` shares with no other
+    /// live block: all but the first and last if other blocks count there.
+    #[inline(always)]
+    fn own_slots(&self, lo: u32, hi: u32) -> (u32, u32) {
+        let first = lo + (self.edges[lo as usize] != 0) as u32;
+        (first, hi - (self.edges[hi as usize - 1] != 0) as u32)
+    }
+
+    /// Pins the granules of slots `s..hi` that a block just carved shares
+    /// with no other live block: the Idle ones, a run at a time, leave the
+    /// idle list, so that no trim takes them. Returns whether some are
+    /// Uncommitted.
+    #[inline(always)]
+    fn pin(&mut self, mut s: u32, hi: u32) -> bool {
+        let mut fresh = false;
         while s < hi {
-            let slot = self.slots[s as usize];
-            match slot.run() {
-                Some(id) => s = self.take_idle(id, s, hi, Slot::BUSY),
-                None => {
-                    fresh += (slot == Slot::UNCOMMITTED) as u64;
-                    s += 1;
-                }
+            if let Some(id) = self.run_starting(s) {
+                s = self.take_idle(id, s, hi);
+            } else if self.committed_bits.get(s) {
+                s = self.take_idle(self.run_holding(s), s, hi);
+            } else {
+                fresh = true;
+                s = self.committed_bits.find(s, hi, true);
             }
         }
         fresh
     }
 
+    /// Counts a new block of slots `lo..hi` at its first and last granule.
+    #[inline(always)]
+    fn count_edges(&mut self, lo: u32, hi: u32) {
+        self.edges[lo as usize] += 1;
+        self.edges[hi as usize - 1] += (hi - 1 != lo) as u32;
+    }
+
     /// The rest of an allocate whose block `a` (of `request`, in slots
-    /// `lo..hi` of `r`, pinned) has Uncommitted granules: commits them. Out
+    /// `lo..hi`, pinned) has Uncommitted granules: commits them. Out
     /// of physical memory, it decommits the Idle granules and tries once
     /// more. If that fails too, the block goes back to the index, its
     /// granules that no live block touches turn Idle, and the error is
@@ -627,12 +663,12 @@ impl<V: ReservableSpace> VirtualPool<V> {
     #[inline(never)]
     fn commit_fresh<S: Stream + ?Sized>(
         &mut self,
-        r: &Reservation,
         a: &crate::pool::Allocation,
         request: Request,
         (lo, hi): (u32, u32),
         stream: &S,
     ) -> Result<()> {
+        let r = &self.reservation_of(a.addr).copied().expect("the index hands out reserved addresses");
         let mut committed = self.commit_pinned(r, lo, hi, stream);
         if matches!(committed, Err(e) if e.is_out_of_memory())
             && self.idle > 0
@@ -643,13 +679,20 @@ impl<V: ReservableSpace> VirtualPool<V> {
             committed = self.commit_pinned(r, lo, hi, stream);
         }
         if let Err(e) = committed {
-            // The index takes the block back; granules it pinned turn Idle.
-            let free = self.index.free(a.tag, a.addr, request.size())?;
-            self.unpin_failed(r, a.addr, request.rounded_size(256), free);
-            // The pinned granules are Idle again: beyond `keep` only if an
-            // earlier decommit failed (a trim of this call may have cleared
-            // that); retry it as a free does.
-            if self.idle > self.config.keep >> self.shift {
+            // The index takes the block back; the granules it pinned, or
+            // committed and failed to decommit, turn Idle.
+            self.index.free(a.tag, a.addr, request.size())?;
+            let (mut s, hi) = self.own_slots(lo, hi);
+            while s < hi {
+                let run = self.committed_bits.find(s, hi, true);
+                s = self.committed_bits.find(run, hi, false);
+                if run < s {
+                    self.push_idle(run, s, false);
+                }
+            }
+            // Beyond `keep` only if an earlier decommit failed (a trim of
+            // this call may have cleared that); retry it as a free does.
+            if self.idle > self.keep {
                 let _ = self.trim_to(self.config.keep, stream);
             }
             return Err(e);
@@ -658,11 +701,11 @@ impl<V: ReservableSpace> VirtualPool<V> {
     }
 
     /// Commits the Uncommitted granules of slots `lo..hi` of `r` (the
-    /// others pinned): under `trim_on_commit`, first decommits as many Idle
-    /// granules as the commit would take committed memory beyond its limit
-    /// (ordered on `stream`), then commits in runs. If a commit fails, what
-    /// this call committed is decommitted and the error returned; the
-    /// pinned granules stay Busy until [`unpin_failed`](Self::unpin_failed).
+    /// others pinned or Busy): under `trim_on_commit`, first decommits as
+    /// many Idle granules as the commit would take committed memory beyond
+    /// its limit (ordered on `stream`), then commits in runs. If a commit
+    /// fails, what this call committed is decommitted and the error
+    /// returned; the pinned granules stay pinned.
     fn commit_pinned<S: Stream + ?Sized>(
         &mut self,
         r: &Reservation,
@@ -670,8 +713,7 @@ impl<V: ReservableSpace> VirtualPool<V> {
         hi: u32,
         stream: &S,
     ) -> Result<()> {
-        let slots = &self.slots[lo as usize..hi as usize];
-        let fresh = slots.iter().filter(|&&t| t == Slot::UNCOMMITTED).count() as u64;
+        let fresh = (hi - lo - self.committed_bits.count(lo, hi)) as u64;
         let busy = self.committed - self.idle + fresh;
         let used = self.peak_used.max(self.index.used_bytes());
         let excess =
@@ -684,24 +726,17 @@ impl<V: ReservableSpace> VirtualPool<V> {
         }
         let mut s = lo;
         while s < hi {
-            if self.slots[s as usize] != Slot::UNCOMMITTED {
-                s += 1;
+            let run = self.committed_bits.find(s, hi, false);
+            s = self.committed_bits.find(run, hi, true);
+            if run == s {
                 continue;
-            }
-            let run = s;
-            while s < hi && self.slots[s as usize] == Slot::UNCOMMITTED {
-                s += 1;
             }
             if let Err(e) = self.space.commit(self.slot_range(r, run, s)) {
                 self.undo_commits(r, lo, run);
                 return Err(e);
             }
         }
-        for slot in &mut self.slots[lo as usize..hi as usize] {
-            if *slot == Slot::UNCOMMITTED {
-                *slot = Slot::BUSY;
-            }
-        }
+        self.committed_bits.set(lo, hi, true);
         self.committed += fresh;
         self.peak_committed = self.peak_committed.max(self.committed);
         self.peak_busy = self.peak_busy.max(busy);
@@ -759,70 +794,30 @@ impl<V: ReservableSpace> VirtualPool<V> {
         self.peak_used
     }
 
-    /// After the index freed the range `addr..addr + len` of reservation
-    /// `r` and returned the coalesced free range `free`: the slots of the
-    /// granules of the range wholly inside `free`, which no live block
-    /// touches any more (empty when `lo >= hi`).
-    #[inline]
-    fn untouched(&self, r: &Reservation, addr: u64, len: u64, free: Range) -> (u32, u32) {
-        let g = self.granule();
-        let (lo, hi) = self.slots_touched(r, addr, addr + len);
-        let start = free.start().next_multiple_of(g);
-        let end = free.end() & !(g - 1);
-        if end <= start {
-            return (lo, lo);
-        }
-        let (flo, _) = self.slots_touched(r, start, start);
-        let fhi = flo + ((end - start) >> self.shift) as u32;
-        (lo.max(flo), hi.min(fhi))
-    }
-
-    /// After a free: the granules of the block that no live block touches
-    /// any more, all Busy, turn Idle as one run (the newest).
-    #[inline]
-    fn unpin(&mut self, r: &Reservation, addr: u64, len: u64, free: Range) {
-        let (lo, hi) = self.untouched(r, addr, len, free);
+    /// After a free of a block of slots `lo..hi`: uncounts it; its granules
+    /// that no other live block counts, all committed, turn Idle as one run
+    /// (the newest).
+    #[inline(always)]
+    fn unpin(&mut self, lo: u32, hi: u32) {
+        self.edges[lo as usize] -= 1;
+        self.edges[hi as usize - 1] -= (hi - 1 != lo) as u32;
+        let (lo, hi) = self.own_slots(lo, hi);
         if lo < hi {
             self.push_idle(lo, hi, false);
         }
     }
 
-    /// After a failed allocate gave its block back: as [`unpin`](Self::unpin),
-    /// but only the Busy granules turn Idle (in runs, oldest first); the
-    /// others the call did not commit, or failed to decommit (Idle).
-    #[cold]
-    fn unpin_failed(&mut self, r: &Reservation, addr: u64, len: u64, free: Range) {
-        let (mut s, hi) = self.untouched(r, addr, len, free);
-        while s < hi {
-            if self.slots[s as usize] != Slot::BUSY {
-                s += 1;
-                continue;
-            }
-            let run = s;
-            while s < hi && self.slots[s as usize] == Slot::BUSY {
-                s += 1;
-            }
-            self.push_idle(run, s, false);
-        }
-    }
-
-    /// Decommits the granules of `lo..upto` that are still Uncommitted in
-    /// the slots: those a failed `commit_block` committed. Memory no block
+    /// Decommits the granules of `lo..upto` that are not committed in the
+    /// bitmap: those a failed `commit_pinned` committed. Memory no block
     /// ever used needs no stream order. If the space refuses, they stay
-    /// committed and Idle, counted, for a later trim.
+    /// committed and counted, pinned with the block's other granules.
     fn undo_commits(&mut self, r: &Reservation, lo: u32, upto: u32) {
         let mut s = lo;
         while s < upto {
-            if self.slots[s as usize] != Slot::UNCOMMITTED {
-                s += 1;
-                continue;
-            }
-            let run = s;
-            while s < upto && self.slots[s as usize] == Slot::UNCOMMITTED {
-                s += 1;
-            }
-            if self.space.decommit(self.slot_range(r, run, s), &()).is_err() {
-                self.push_idle(run, s, true);
+            let run = self.committed_bits.find(s, upto, false);
+            s = self.committed_bits.find(run, upto, true);
+            if run < s && self.space.decommit(self.slot_range(r, run, s), &()).is_err() {
+                self.committed_bits.set(run, s, true);
                 self.committed += (s - run) as u64;
                 self.peak_committed = self.peak_committed.max(self.committed);
                 self.trim_pending = true;
@@ -846,20 +841,20 @@ impl<V: ReservableSpace> VirtualPool<V> {
         while self.idle > limit {
             // The oldest granule, the first of the head run, then its Idle
             // neighbours above, then below, as many as needed.
-            let head = self.idle_head;
+            let head = self.runs[SENTINEL as usize].next;
             let s = self.runs[head as usize].start;
             let r = *self.reservation_of_slot(s);
             let end = r.base + (r.range.len() >> self.shift) as u32;
-            let mut hi = self.take_idle(head, s, s.saturating_add(excess(self)), Slot::UNCOMMITTED);
+            let mut hi = self.take_idle(head, s, s.saturating_add(excess(self)));
             while hi < end && self.idle > limit {
-                let Some(id) = self.slots[hi as usize].run() else { break };
-                hi = self.take_idle(id, hi, hi.saturating_add(excess(self)), Slot::UNCOMMITTED);
+                let Some(id) = self.run_starting(hi) else { break };
+                hi = self.take_idle(id, hi, hi.saturating_add(excess(self)));
             }
             let mut lo = s;
             while lo > r.base && self.idle > limit {
-                let Some(id) = self.slots[lo as usize - 1].run() else { break };
+                let Some(id) = self.run_ending(lo - 1) else { break };
                 let from = self.runs[id as usize].start.max(lo - excess(self).min(lo));
-                self.take_idle(id, from, lo, Slot::UNCOMMITTED);
+                self.take_idle(id, from, lo);
                 lo = from;
             }
             if let Err(e) = self.space.decommit(self.slot_range(&r, lo, hi), stream) {
@@ -867,6 +862,7 @@ impl<V: ReservableSpace> VirtualPool<V> {
                 self.trim_pending = true;
                 return Err(e);
             }
+            self.committed_bits.set(lo, hi, false);
             self.committed -= (hi - lo) as u64;
             freed += ((hi - lo) as u64) << self.shift;
         }
@@ -922,14 +918,14 @@ impl<V: ReservableSpace> VirtualPool<V> {
 
     /// Free of a block whose tag did not name a live node: look the address up.
     #[cold]
-    fn free_by_address(&mut self, block: Block) -> Result<Range> {
+    fn free_by_address(&mut self, block: Block) -> Result<()> {
         let addr = block.addr();
         let Some(r) = self.reservation_of(addr) else {
             return Err(Error::UnknownBlock { addr });
         };
         let first = r.first;
         match self.index.find_used(first, addr) {
-            Some(tag) if block.tag() == Block::NO_TAG => self.index.free(tag, addr, block.size()),
+            Some(tag) if block.tag() == Block::NO_TAG => self.index.free(tag, addr, block.size()).map(|_| ()),
             Some(_) => Err(Error::DoubleFree { addr }),
             None if self.index.is_free_at(first, addr) => Err(Error::DoubleFree { addr }),
             None => Err(Error::UnknownBlock { addr }),
@@ -940,12 +936,15 @@ impl<V: ReservableSpace> VirtualPool<V> {
     ///
     /// Checked: those of the index; reservations sorted, disjoint, each
     /// covered exactly by its nodes, with slots for exactly its granules;
-    /// a granule is Busy exactly when a live block touches it (so every
-    /// granule a live block touches is committed); the idle list holds
-    /// exactly the Idle granules, linked both ways; the committed and idle
-    /// counts match the slots; at most `keep` bytes are Idle unless a
-    /// decommit failed; bytes used + free = bytes reserved; committed bytes
-    /// = used bytes + the free bytes of Busy granules + Idle bytes.
+    /// each granule counts the live blocks that begin or end in it; every
+    /// granule a live block touches is committed; the runs of the idle
+    /// list, linked both ways, disjoint, each in one reservation and found
+    /// from its first and last granule, hold exactly the committed granules
+    /// that no live block touches; the committed and idle counts match;
+    /// every run record is listed or free; at most `keep` bytes are Idle
+    /// unless a decommit failed; bytes used + free = bytes reserved;
+    /// committed bytes = used bytes + the free bytes of Busy granules +
+    /// Idle bytes.
     ///
     /// # Time Complexity
     ///
@@ -967,7 +966,9 @@ impl<V: ReservableSpace> VirtualPool<V> {
     pub fn check(&self) -> core::result::Result<(), Violation> {
         self.index.check().map_err(Violation::new)?;
         let g = self.granule();
-        let mut touched = alloc::vec![false; self.slots.len()];
+        let slots = self.edges.len();
+        let mut touched = alloc::vec![false; slots];
+        let mut edges = alloc::vec![0u32; slots];
         let (mut reserved, mut last_end, mut granules) = (0u64, 0u64, 0usize);
         let mut used_in_busy = 0u64;
         let mut bases: Vec<(u32, u32)> = Vec::new();
@@ -991,6 +992,8 @@ impl<V: ReservableSpace> VirtualPool<V> {
                     for t in &mut touched[lo as usize..hi as usize] {
                         *t = true;
                     }
+                    edges[lo as usize] += 1;
+                    edges[hi as usize - 1] += (hi - 1 != lo) as u32;
                     used_in_busy += n.len();
                 }
             });
@@ -1000,62 +1003,87 @@ impl<V: ReservableSpace> VirtualPool<V> {
             reserved += r.range.len();
         }
         bases.sort_unstable();
-        if granules != self.slots.len() || bases.windows(2).any(|w| w[0].1 != w[1].0) {
-            return Err(Violation::new("slots do not match the reservations' granules"));
+        if granules != slots
+            || bases.windows(2).any(|w| w[0].1 != w[1].0)
+            || self.tags.len() != slots
+            || self.committed_bits.count(0, slots as u32) as u64 != self.committed
+        {
+            return Err(Violation::new("slots or committed count do not match the reservations' granules"));
         }
-        // Every listed run once, linked both ways, its granules Idle in it
-        // and in one reservation; then every Idle granule in a listed run.
+        if edges != self.edges {
+            return Err(Violation::new("a granule's count of blocks beginning or ending there is wrong"));
+        }
+        let (mut busy, mut untouched) = (0u64, 0u64);
+        for (i, &t) in touched.iter().enumerate() {
+            match (self.committed_bits.get(i as u32), t) {
+                (true, true) => busy += 1,
+                (true, false) => untouched += 1,
+                (false, true) => {
+                    return Err(Violation::new("a granule touched by a live block is not committed"))
+                }
+                (false, false) => {}
+            }
+        }
+        // Every listed run once, linked both ways, on committed granules
+        // that no live block touches, in one reservation, found from both
+        // ends; runs disjoint.
         let mut listed_run = alloc::vec![false; self.runs.len()];
-        let (mut listed, mut runs, mut prev, mut id) = (0u64, 0usize, NONE, self.idle_head);
-        while id != NONE {
+        let mut in_run = alloc::vec![false; slots];
+        let (mut idle, mut runs, mut prev) = (0u64, 0usize, SENTINEL);
+        let mut id = self.runs[SENTINEL as usize].next;
+        while id != SENTINEL {
             let Some(run) = self.runs.get(id as usize) else {
                 return Err(Violation::new("idle list names no run record"));
             };
             if core::mem::replace(&mut listed_run[id as usize], true) || run.prev != prev {
                 return Err(Violation::new("idle list holds a run twice or its links are not symmetric"));
             }
-            let in_one_reservation = bases.iter().any(|&(lo, hi)| lo <= run.start && run.end <= hi);
             if run.start >= run.end
-                || !in_one_reservation
-                || self.slots[run.start as usize..run.end as usize].iter().any(|&t| t != Slot::idle(id))
+                || !bases.iter().any(|&(lo, hi)| lo <= run.start && run.end <= hi)
+                || self.run_starting(run.start) != Some(id)
+                || self.run_ending(run.end - 1) != Some(id)
             {
-                return Err(Violation::new("idle run empty, across reservations, or not Idle in it"));
+                return Err(Violation::new(
+                    "idle run empty, across reservations, or not found from its ends",
+                ));
             }
-            listed += (run.end - run.start) as u64;
+            for s in run.start..run.end {
+                if touched[s as usize]
+                    || !self.committed_bits.get(s)
+                    || core::mem::replace(&mut in_run[s as usize], true)
+                {
+                    return Err(Violation::new(
+                        "idle run over a Busy or Uncommitted granule, or over another run",
+                    ));
+                }
+            }
+            idle += (run.end - run.start) as u64;
             runs += 1;
             prev = id;
             id = run.next;
         }
-        if prev != self.idle_tail {
-            return Err(Violation::new("idle list does not end at its tail"));
+        if self.runs[SENTINEL as usize].prev != prev || self.runs[SENTINEL as usize].start != NONE {
+            return Err(Violation::new("idle list does not end at the sentinel's tail"));
         }
         let mut free = 0;
         let mut id = self.free_run;
         while id != NONE && free <= self.runs.len() {
-            if listed_run.get(id as usize) != Some(&false) {
-                return Err(Violation::new("a free run record is listed or out of range"));
+            if id == SENTINEL
+                || listed_run.get(id as usize) != Some(&false)
+                || self.runs[id as usize].start != NONE
+            {
+                return Err(Violation::new("a free run record is listed, holds a run, or is out of range"));
             }
             free += 1;
             id = self.runs[id as usize].next;
         }
-        if runs + free != self.runs.len() {
+        if 1 + runs + free != self.runs.len() {
             return Err(Violation::new("run records neither listed nor free, or free ones in a cycle"));
         }
-        let (mut busy, mut idle) = (0u64, 0u64);
-        for (&slot, &t) in self.slots.iter().zip(&touched) {
-            match (slot, slot.run(), t) {
-                (Slot::BUSY, _, true) => busy += 1,
-                (_, Some(id), false) if listed_run.get(id as usize) == Some(&true) => idle += 1,
-                (Slot::UNCOMMITTED, _, false) => {}
-                (_, _, true) => return Err(Violation::new("a granule touched by a live block is not Busy")),
-                (Slot::BUSY, _, false) => {
-                    return Err(Violation::new("a Busy granule is touched by no live block"))
-                }
-                _ => return Err(Violation::new("an Idle granule names a run not in the idle list")),
-            }
-        }
-        if listed != idle || idle != self.idle {
-            return Err(Violation::new("idle runs or count do not match the Idle granules"));
+        if idle != untouched || idle != self.idle {
+            return Err(Violation::new(
+                "idle runs or count do not match the committed granules no block touches",
+            ));
         }
         if busy + idle != self.committed
             || self.committed > self.peak_committed
@@ -1097,12 +1125,15 @@ where
             Some(a) => a,
             None => self.grow_and_allocate(request)?,
         };
-        let r = *self.reservation_of(a.addr).expect("the index hands out reserved addresses");
-        let touched = self.slots_touched(&r, a.addr, a.addr + request.rounded_size(256));
-        if self.pin(touched.0, touched.1) > 0 {
-            self.commit_fresh(&r, &a, request, touched, stream)?;
+        let (lo, hi) = self.slots_of(a.addr, request.rounded_size(256));
+        let (s, e) = self.own_slots(lo, hi);
+        if s < e {
+            if self.pin(s, e) {
+                self.commit_fresh(&a, request, (lo, hi), stream)?;
+            }
+            self.peak_busy = self.peak_busy.max(self.committed - self.idle);
         }
-        self.peak_busy = self.peak_busy.max(self.committed - self.idle);
+        self.count_edges(lo, hi);
         self.peak_used = self.peak_used.max(self.index.used_bytes());
         Ok(Block::new(a.addr, request.size(), a.tag))
     }
@@ -1116,14 +1147,14 @@ where
         if block.is_empty() {
             return Ok(());
         }
-        let free = match self.index.free(block.tag(), block.addr(), block.size()) {
-            Ok(f) => f,
+        match self.index.free(block.tag(), block.addr(), block.size()) {
+            Ok(_) => {}
             Err(Error::UnknownBlock { .. }) => self.free_by_address(block)?,
             Err(e) => return Err(e),
-        };
-        let r = *self.reservation_of(block.addr()).expect("a freed block lies in a reservation");
-        self.unpin(&r, block.addr(), (block.size() + 255) & !255, free);
-        if self.idle > self.config.keep >> self.shift {
+        }
+        let (lo, hi) = self.slots_of(block.addr(), (block.size() + 255) & !255);
+        self.unpin(lo, hi);
+        if self.idle > self.keep {
             let _ = self.trim_to(self.config.keep, stream);
         }
         Ok(())
@@ -1140,15 +1171,11 @@ impl<V: ReservableSpace> Drop for VirtualPool<V> {
             let end = r.base + (r.range.len() >> self.shift) as u32;
             let mut s = r.base;
             while s < end {
-                if self.slots[s as usize] == Slot::UNCOMMITTED {
-                    s += 1;
-                    continue;
+                let run = self.committed_bits.find(s, end, true);
+                s = self.committed_bits.find(run, end, false);
+                if run < s {
+                    let _ = self.space.decommit(self.slot_range(&r, run, s), &());
                 }
-                let run = s;
-                while s < end && self.slots[s as usize] != Slot::UNCOMMITTED {
-                    s += 1;
-                }
-                let _ = self.space.decommit(self.slot_range(&r, run, s), &());
             }
             let _ = self.space.release(r.range);
         }

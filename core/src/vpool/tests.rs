@@ -770,3 +770,40 @@ fn a_failed_allocate_retries_a_failed_trim() {
     p.deallocate(anchor, &()).unwrap();
     p.check().unwrap();
 }
+
+#[test]
+fn a_block_aligned_inside_an_idle_run_takes_its_middle() {
+    let space = CountingSpace::new(1 << 30, MIB);
+    let mut p = VirtualPool::new(&space, 64 * MIB, 64 * MIB).unwrap();
+    let base = p.reservations[0].range.start();
+    let x = p.allocate(req(256), &()).unwrap();
+    let a = p.allocate(req(8 * MIB), &()).unwrap();
+    let anchor = p.allocate(req(256), &()).unwrap();
+    assert_eq!([x, a, anchor].map(|b| b.addr() - base), [0, 256, 8 * MIB + 256]);
+    // Granules 1..8 are `a`'s alone: one idle run.
+    p.deallocate(a, &()).unwrap();
+    assert_eq!(p.idle_bytes(), 7 * MIB);
+    let calls = space.call_counts();
+    // Aligned to 4 MiB, `b` starts in granule 4, inside the run.
+    let b = p.allocate(Request::aligned(MIB, 4 * MIB).unwrap(), &()).unwrap();
+    assert_eq!(b.addr() - base, 4 * MIB);
+    p.check().unwrap();
+    assert_eq!((p.idle_bytes(), space.call_counts()), (6 * MIB, calls));
+    p.deallocate(b, &()).unwrap();
+    p.check().unwrap();
+    assert_eq!(p.idle_bytes(), 7 * MIB);
+    // Oldest first: the left side (granules 1..4), then its Idle neighbour
+    // above (granule 4, the newest), in one call; the right side stays.
+    let decommits = space.call_counts().1;
+    assert_eq!(p.trim_to(3 * MIB, &()), Ok(4 * MIB));
+    assert_eq!(space.call_counts().1, decommits + 1);
+    assert!(!space.is_committed(range(base + MIB, 4 * MIB)));
+    assert!(space.is_committed(range(base + 5 * MIB, 3 * MIB)));
+    p.check().unwrap();
+    for blk in [x, anchor] {
+        p.deallocate(blk, &()).unwrap();
+        p.check().unwrap();
+    }
+    let idle = p.idle_bytes();
+    assert_eq!((p.trim(&()), p.committed_bytes(), space.committed_bytes()), (Ok(idle), 0, 0));
+}
