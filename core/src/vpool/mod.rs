@@ -544,8 +544,10 @@ impl<V: ReservableSpace> VirtualPool<V> {
     }
 
     /// Makes the committed slots `start..end` Idle, as one run at the back
-    /// of the idle list (the newest) or at its front (the oldest).
-    #[inline(always)]
+    /// of the idle list (the newest) or at its front (the oldest). Out of
+    /// line: half the frees of a training trace leave no granule Idle, and
+    /// a free without it is small enough to inline into its caller.
+    #[inline(never)]
     fn push_idle(&mut self, start: u32, end: u32, front: bool) {
         let id = self.new_run(start, end);
         let after = if front { SENTINEL } else { self.runs[SENTINEL as usize].prev };
@@ -630,8 +632,8 @@ impl<V: ReservableSpace> VirtualPool<V> {
     /// Pins the granules of slots `s..hi` that a block just carved shares
     /// with no other live block: the Idle ones, a run at a time, leave the
     /// idle list, so that no trim takes them. Returns whether some are
-    /// Uncommitted.
-    #[inline(always)]
+    /// Uncommitted. Out of line, as [`push_idle`](Self::push_idle).
+    #[inline(never)]
     fn pin(&mut self, mut s: u32, hi: u32) -> bool {
         let mut fresh = false;
         while s < hi {
@@ -833,6 +835,7 @@ impl<V: ReservableSpace> VirtualPool<V> {
     ///
     /// The space's error if a decommit fails; those granules stay
     /// committed and Idle, and the pool stays usable.
+    #[inline(never)]
     fn trim_to<S: Stream + ?Sized>(&mut self, keep: u64, stream: &S) -> Result<u64> {
         let limit = keep >> self.shift;
         let mut freed = 0;
@@ -1117,6 +1120,7 @@ where
     /// still fails, what this call
     /// committed is decommitted, the block goes back to the index, and the
     /// error is returned: no block is ever handed out over unmapped memory.
+    #[inline]
     fn allocate(&mut self, request: Request, stream: &S) -> Result<Block> {
         if request.is_zero() {
             return Ok(Block::EMPTY);
@@ -1143,6 +1147,7 @@ where
     /// ordered on `stream`. A failed decommit does not fail the free: the
     /// granules stay committed and counted, and a later free or
     /// [`trim`](VirtualPool::trim) retries.
+    #[inline]
     fn deallocate(&mut self, block: Block, stream: &S) -> Result<()> {
         if block.is_empty() {
             return Ok(());
