@@ -234,8 +234,8 @@ struct Reservation {
 /// (usually one). A call that maps or unmaps costs what that costs, plus
 /// O(granules / 64) over the bitmap of committed granules. A block placed
 /// at an alignment inside an idle run first looks up the run's start:
-/// O(granules of the run). Each Idle granule is decommitted at most once per time it turns Idle, so
-/// trimming is O(1) amortized.
+/// O(granules of the run). Each Idle granule is decommitted at most once
+/// per time it turns Idle, so trimming is O(1) amortized.
 ///
 /// # Examples
 ///
