@@ -10,8 +10,8 @@ use core::cell::RefCell;
 /// bitmap of its committed granules, so a commit of committed memory or a
 /// decommit of uncommitted memory is an error, not a silent miscount. It
 /// counts committed bytes and their peak, holds at most `physical` bytes
-/// committed, and can be told to fail the Nth commit from now. It is not
-/// `Sync` (a `RefCell` inside).
+/// committed, and can be told to fail the Nth commit or decommit from now.
+/// It is not `Sync` (a `RefCell` inside).
 ///
 /// # Examples
 ///
@@ -48,6 +48,8 @@ struct State {
     decommits: u64,
     /// Commits to let through before one fails (0: none pending).
     fail_in: u64,
+    /// Decommits to let through before one fails (0: none pending).
+    fail_decommit_in: u64,
 }
 
 impl CountingSpace {
@@ -75,6 +77,7 @@ impl CountingSpace {
                 commits: 0,
                 decommits: 0,
                 fail_in: 0,
+                fail_decommit_in: 0,
             }),
         }
     }
@@ -123,6 +126,30 @@ impl CountingSpace {
     /// injected backend error; `n = 0` cancels.
     pub fn fail_nth(&self, n: u64) {
         self.state.borrow_mut().fail_in = n;
+    }
+
+    /// Makes the `n`th decommit from now fail (`n = 1`: the next one) with
+    /// an injected backend error, the memory left committed; `n = 0`
+    /// cancels.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use memres_core::vmem::{CountingSpace, ReservableSpace};
+    /// use memres_core::Range;
+    /// let space = CountingSpace::new(4 << 20, 1 << 20);
+    /// let r = space.reserve(4 << 20)?;
+    /// let first = Range::new(r.start(), 1 << 20).unwrap();
+    /// space.commit(first)?;
+    /// space.fail_nth_decommit(1);
+    /// assert!(space.decommit(first, &()).is_err());
+    /// assert!(space.is_committed(first));
+    /// space.decommit(first, &())?; // the next one goes through
+    /// assert_eq!(space.committed_bytes(), 0);
+    /// # Ok::<(), memres_core::Error>(())
+    /// ```
+    pub fn fail_nth_decommit(&self, n: u64) {
+        self.state.borrow_mut().fail_decommit_in = n;
     }
 
     /// Flips the committed bits of `range`, which must all be `!to` first.
@@ -211,6 +238,12 @@ impl ReservableSpace for CountingSpace {
 
     fn decommit<S: Stream + ?Sized>(&self, range: Range, _stream: &S) -> Result<()> {
         let mut s = self.state.borrow_mut();
+        if s.fail_decommit_in > 0 {
+            s.fail_decommit_in -= 1;
+            if s.fail_decommit_in == 0 {
+                return Err(Error::Backend { code: 2, what: "injected decommit failure" });
+            }
+        }
         self.flip(&mut s, range, false)?;
         s.committed -= range.len();
         s.decommits += 1;

@@ -12,6 +12,7 @@
 //! committed memory so that alternating allocate and free does not map and
 //! unmap on every call.
 
+mod bits;
 #[cfg(test)]
 mod tests;
 
@@ -20,10 +21,15 @@ use crate::pool::CoalescingIndex;
 use crate::vmem::ReservableSpace;
 use crate::{Block, Error, MemoryResourceMut, Range, Request, Result, Stream};
 use alloc::vec::Vec;
+use bits::Bits;
 use core::fmt;
 
-/// "No granule" in the idle list's links.
+/// "None": the `start` of a record that holds no run, the end of the list
+/// of free records.
 const NONE: u32 = u32::MAX;
+/// The record that heads the idle list (a circle through it); it holds no
+/// run.
+const SENTINEL: u32 = 0;
 
 /// Sizes and policies of a [`VirtualPool`].
 ///
@@ -138,22 +144,17 @@ impl VirtualConfig {
     }
 }
 
-/// What a granule of a reservation holds.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum State {
-    /// Not committed; no live block touches it.
-    Uncommitted,
-    /// Committed, no live block touches it: on the idle list.
-    Idle,
-    /// Committed, touched by at least one live block.
-    Busy,
-}
-
-/// One granule's state and its links in the idle list.
+/// Granules that turned Idle in one call, or what is left of them: one
+/// entry of the idle list. A large block turns Idle, and is taken again, at
+/// the cost of one entry, not one per granule.
 #[derive(Clone, Copy, Debug)]
-struct Slot {
-    state: State,
-    /// Neighbours in the idle list (`NONE` at the ends, or when not idle).
+struct Run {
+    /// The run's granules are the slots `start..end`, never empty, in one
+    /// reservation; `start` is `NONE` in a free record and the sentinel.
+    start: u32,
+    end: u32,
+    /// Neighbours in the idle list, a circle through the sentinel; a free
+    /// record's `next` is the next free record.
     prev: u32,
     next: u32,
 }
@@ -179,23 +180,28 @@ struct Reservation {
 ///  index       │ used │  free  │used│used│          free          │ used  │
 ///  granules    │ Busy │ Busy │ Idle │Busy│ Idle │ Unc. │ Unc. │Busy│ Busy │
 ///              └──────────────────────────────────────────────────────────┘
-///  idle list (oldest first): Idle ◄─► Idle ◄─► ...   at most `keep` bytes
+///  idle list (oldest first): run ◄─► run ◄─► ...   at most `keep` bytes
+///            (a run: the Idle granules that one free left, or what is
+///            left of them)
 ///
 ///  allocate: index (O(1)) ─► the block's Idle granules leave the idle
-///            list; beyond the peak (+ slack), decommit as many other Idle
-///            ones as needed; commit its Uncommitted granules (in runs) ─► all Busy
-///  free:     index (O(1)) returns the coalesced free range F; the block's
-///            granules wholly inside F turn Idle (the others still touch a
-///            live block) ─► over `keep`: decommit the oldest Idle granules
+///            list, a run at a time; beyond the peak (+ slack), decommit as
+///            many other Idle ones as needed; commit its Uncommitted
+///            granules (in runs) ─► all Busy; count the block at its
+///            first and last granule
+///  free:     index (O(1)) ─► uncount the block; its granules that no
+///            other live block counts turn Idle, one run ─► over `keep`:
+///            decommit the oldest Idle granules
 /// ```
 ///
 /// - Every block is aligned to 256 bytes, or more when asked; sizes are
 ///   rounded up to 256 bytes. Every granule a live block touches is
 ///   committed before the block is handed out.
 /// - A granule is Busy exactly when a live block touches it; then it stays
-///   committed. Whether it is after a free needs no count of the blocks in
-///   it: a granule of the freed block is untouched exactly when it lies
-///   wholly inside the coalesced free range that the index returns.
+///   committed. Each granule counts the live blocks that begin or end in
+///   it: a block touches other blocks' granules only there, so a new or
+///   freed block updates two counts, whatever its size, and its granules
+///   in between change state as runs, never one by one.
 /// - Kept Idle memory never raises the peak of committed memory beyond the
 ///   [slack](VirtualConfig::slack_permille) (with
 ///   [`VirtualConfig::trim_on_commit`], the default): an allocation that
@@ -204,11 +210,14 @@ struct Reservation {
 ///   decommits Idle granules.
 /// - A failed allocate hands out nothing and changes no block; it may have
 ///   decommitted Idle memory (to stay under the peak, or to retry after the
-///   space ran out of physical memory).
+///   space ran out of physical memory), and granules that it committed and
+///   then failed to decommit stay committed and Idle.
 /// - At most `keep` bytes of committed memory are Idle after every call
-///   (unless a decommit failed; the next free or [`trim`](Self::trim)
-///   retries). Idle granules are decommitted oldest first (least recently
-///   freed), with their Idle neighbours in one call.
+///   unless a decommit failed: its granules stay committed, Idle and
+///   counted, and the next free, failed allocate or [`trim`](Self::trim)
+///   retries (`trim` returns the space's error). Idle granules are
+///   decommitted oldest first (least recently freed), with their Idle
+///   neighbours in one call.
 /// - Out of reserved room: another reservation when the configuration
 ///   allows one, else [`Error::OutOfMemory`] with the request, the largest
 ///   free block, the committed bytes and the bytes reserved.
@@ -220,10 +229,13 @@ struct Reservation {
 ///
 /// # Time Complexity
 ///
-/// Allocate and free are O(1) plus O(granules the block touches): a block
-/// within one granule costs O(1); a large one costs what mapping it costs.
-/// Each Idle granule is decommitted at most once per time it turns Idle, so
-/// trimming is O(1) amortized.
+/// When no granule needs mapping or unmapping, allocate and free are O(1)
+/// whatever the block's size, plus O(1) per idle run a new block takes
+/// (usually one). A call that maps or unmaps costs what that costs, plus
+/// O(granules / 64) over the bitmap of committed granules. A block placed
+/// at an alignment inside an idle run first looks up the run's start:
+/// O(granules of the run). Each Idle granule is decommitted at most once
+/// per time it turns Idle, so trimming is O(1) amortized.
 ///
 /// # Examples
 ///
@@ -248,18 +260,36 @@ pub struct VirtualPool<V: ReservableSpace> {
     /// The live reservations, sorted by address; each is one region of the
     /// index, covered exactly by its nodes.
     reservations: Vec<Reservation>,
-    /// One slot per granule of every reservation; Idle slots are linked
-    /// oldest first from `idle_head` to `idle_tail`.
-    slots: Vec<Slot>,
-    idle_head: u32,
-    idle_tail: u32,
-    /// Number of Idle slots.
+    /// Per granule of every reservation (its slot): how many live blocks
+    /// have their first or last granule there (a block within one granule
+    /// counts once). A granule is touched by a live block exactly when its
+    /// count is not 0 or it lies strictly inside one.
+    edges: Vec<u32>,
+    /// Per slot: whether the granule is committed. A committed granule is
+    /// Busy (touched by a live block), Idle (in exactly one run of the idle
+    /// list), or, only inside an allocate, pinned for the block being
+    /// committed.
+    committed_bits: Bits,
+    /// Per slot: the record of the idle run that starts or ends there;
+    /// meaningful only where a run does (checked against its record),
+    /// stale elsewhere, so that no call rewrites a run's granules.
+    tags: Vec<u32>,
+    /// The records of the idle runs: the sentinel, the runs, free records
+    /// linked from `free_run`. The runs in the list, from the sentinel's
+    /// `next` to its `prev`, hold every Idle granule once; their granules,
+    /// each run in ascending order, in list order, are the Idle granules
+    /// oldest first (least recently freed).
+    runs: Vec<Run>,
+    /// The first free record (`NONE`: none).
+    free_run: u32,
+    /// Number of Idle granules.
     idle: u64,
-    /// Number of Idle and Busy slots.
+    /// Number of committed granules.
     committed: u64,
     /// Highest `committed` ever.
     peak_committed: u64,
-    /// Highest number of Busy slots ever (at most `peak_committed`).
+    /// Highest number of committed granules not Idle ever (at most
+    /// `peak_committed`).
     peak_busy: u64,
     /// Highest bytes handed out at once (sizes rounded up to 256), counted
     /// when a block is handed out.
@@ -268,8 +298,10 @@ pub struct VirtualPool<V: ReservableSpace> {
     shift: u32,
     config: VirtualConfig,
     /// A decommit failed and Idle bytes may exceed `keep` until a trim
-    /// succeeds.
+    /// brings them down to it.
     trim_pending: bool,
+    /// Whole granules in `config.keep`: the most Idle granules after a call.
+    keep: u64,
 }
 
 impl<V: ReservableSpace> VirtualPool<V> {
@@ -330,9 +362,11 @@ impl<V: ReservableSpace> VirtualPool<V> {
             space,
             index: CoalescingIndex::new(256),
             reservations: Vec::new(),
-            slots: Vec::new(),
-            idle_head: NONE,
-            idle_tail: NONE,
+            edges: Vec::new(),
+            committed_bits: Bits::default(),
+            tags: Vec::new(),
+            runs: alloc::vec![Run { start: NONE, end: NONE, prev: SENTINEL, next: SENTINEL }],
+            free_run: NONE,
             idle: 0,
             committed: 0,
             peak_committed: 0,
@@ -341,6 +375,7 @@ impl<V: ReservableSpace> VirtualPool<V> {
             shift: granule.trailing_zeros(),
             config,
             trim_pending: false,
+            keep: config.keep >> granule.trailing_zeros(),
         };
         pool.add_reservation(config.reserve)?;
         Ok(pool)
@@ -363,7 +398,7 @@ impl<V: ReservableSpace> VirtualPool<V> {
 
     /// Bytes reserved (committed or not).
     pub fn reserved_bytes(&self) -> u64 {
-        self.slots.len() as u64 * self.granule()
+        self.edges.len() as u64 * self.granule()
     }
 
     /// Bytes committed now: the pool's physical footprint.
@@ -416,7 +451,7 @@ impl<V: ReservableSpace> VirtualPool<V> {
         let g = self.granule();
         let len = bytes.checked_next_multiple_of(g).ok_or(Error::InvalidSize { size: bytes })?;
         let granules = len >> self.shift;
-        if self.slots.len() as u64 + granules >= NONE as u64 {
+        if self.edges.len() as u64 + granules >= NONE as u64 {
             return Err(Error::InvalidSize { size: bytes });
         }
         let range = self.space.reserve(len)?;
@@ -431,19 +466,22 @@ impl<V: ReservableSpace> VirtualPool<V> {
                 return Err(e);
             }
         };
-        let base = self.slots.len() as u32;
-        self.slots.resize(
-            self.slots.len() + granules as usize,
-            Slot { state: State::Uncommitted, prev: NONE, next: NONE },
-        );
+        let base = self.edges.len() as u32;
+        let slots = self.edges.len() + granules as usize;
+        self.edges.resize(slots, 0);
+        self.tags.resize(slots, SENTINEL);
+        self.committed_bits.grow(slots);
         let at = self.reservations.partition_point(|r| r.range.start() < range.start());
         self.reservations.insert(at, Reservation { range, first, base });
         Ok(first)
     }
 
     /// The reservation holding `addr`, by binary search.
-    #[inline]
+    #[inline(always)]
     fn reservation_of(&self, addr: u64) -> Option<&Reservation> {
+        if let [r] = &self.reservations[..] {
+            return r.range.contains(addr).then_some(r);
+        }
         let i = self.reservations.partition_point(|r| r.range.start() <= addr);
         let r = self.reservations.get(i.checked_sub(1)?)?;
         r.range.contains(addr).then_some(r)
@@ -455,6 +493,17 @@ impl<V: ReservableSpace> VirtualPool<V> {
             .iter()
             .find(|r| s >= r.base && ((s - r.base) as u64) < r.range.len() >> self.shift)
             .expect("every slot belongs to a reservation")
+    }
+
+    /// The slots of the granules that `len` bytes at `addr` touch, in the
+    /// reservation that holds them (as every block the index hands out).
+    #[inline(always)]
+    fn slots_of(&self, addr: u64, len: u64) -> (u32, u32) {
+        let r = self.reservation_of(addr).expect("the index hands out reserved addresses");
+        let offset = addr - r.range.start();
+        let lo = (offset >> self.shift) as u32;
+        let hi = ((offset + len - 1) >> self.shift) as u32 + 1;
+        (r.base + lo, r.base + hi)
     }
 
     /// The slots of the granules that `start..end` (inside `r`) touches.
@@ -471,66 +520,202 @@ impl<V: ReservableSpace> VirtualPool<V> {
         Range::new(start, ((hi - lo) as u64) << self.shift).unwrap_or_default()
     }
 
-    fn push_idle_back(&mut self, s: u32) {
-        let tail = self.idle_tail;
-        self.slots[s as usize] = Slot { state: State::Idle, prev: tail, next: NONE };
-        match tail {
-            NONE => self.idle_head = s,
-            t => self.slots[t as usize].next = s,
-        }
-        self.idle_tail = s;
-        self.idle += 1;
+    /// The idle run that starts at slot `s`, if one does.
+    #[inline(always)]
+    fn run_starting(&self, s: u32) -> Option<u32> {
+        let id = self.tags[s as usize];
+        (self.runs[id as usize].start == s).then_some(id)
     }
 
-    fn push_idle_front(&mut self, s: u32) {
-        let head = self.idle_head;
-        self.slots[s as usize] = Slot { state: State::Idle, prev: NONE, next: head };
-        match head {
-            NONE => self.idle_tail = s,
-            h => self.slots[h as usize].prev = s,
-        }
-        self.idle_head = s;
-        self.idle += 1;
+    /// The idle run that ends at slot `s` (its last granule), if one does.
+    #[inline]
+    fn run_ending(&self, s: u32) -> Option<u32> {
+        let id = self.tags[s as usize];
+        let r = self.runs[id as usize];
+        (r.start != NONE && r.end == s + 1).then_some(id)
     }
 
-    /// Takes Idle slot `s` off the idle list and gives it `state`.
-    fn unlink_idle(&mut self, s: u32, state: State) {
-        let Slot { prev, next, .. } = self.slots[s as usize];
-        match prev {
-            NONE => self.idle_head = next,
-            p => self.slots[p as usize].next = next,
-        }
-        match next {
-            NONE => self.idle_tail = prev,
-            n => self.slots[n as usize].prev = prev,
-        }
-        self.slots[s as usize] = Slot { state, prev: NONE, next: NONE };
-        self.idle -= 1;
+    /// The idle run that holds slot `s`, an Idle granule: the first run
+    /// start at or below it. Only a block placed at an alignment inside a
+    /// run starts inside one.
+    #[cold]
+    fn run_holding(&self, s: u32) -> u32 {
+        (0..=s).rev().find_map(|t| self.run_starting(t)).expect("an Idle granule lies in a run")
     }
 
-    /// Makes every granule of `addr..addr + len` Busy: its Idle granules
-    /// leave the idle list (pinned, so no trim takes them), then, under
-    /// `trim_on_commit`, as many Idle granules as there are Uncommitted ones
-    /// are decommitted (ordered on `stream`), then the Uncommitted ones are
-    /// committed in runs. If a commit fails, what this call committed is
-    /// decommitted and the error returned; the pinned granules stay Busy
-    /// until [`unpin`](Self::unpin).
-    fn commit_block<S: Stream + ?Sized>(&mut self, addr: u64, len: u64, stream: &S) -> Result<()> {
-        let r = *self.reservation_of(addr).expect("the index hands out reserved addresses");
-        let (lo, hi) = self.slots_touched(&r, addr, addr + len);
-        let mut fresh = 0;
-        for s in lo..hi {
-            match self.slots[s as usize].state {
-                State::Idle => self.unlink_idle(s, State::Busy),
-                State::Uncommitted => fresh += 1,
-                State::Busy => {}
+    /// Makes the committed slots `start..end` Idle, as one run at the back
+    /// of the idle list (the newest) or at its front (the oldest). Out of
+    /// line: half the frees of a training trace leave no granule Idle, and
+    /// a free without it is small enough to inline into its caller.
+    #[inline(never)]
+    fn push_idle(&mut self, start: u32, end: u32, front: bool) {
+        let id = self.new_run(start, end);
+        let after = if front { SENTINEL } else { self.runs[SENTINEL as usize].prev };
+        self.link_after(id, after);
+        self.idle += (end - start) as u64;
+    }
+
+    /// A record for the run `start..end`, not linked yet.
+    #[inline(always)]
+    fn new_run(&mut self, start: u32, end: u32) -> u32 {
+        let run = Run { start, end, prev: NONE, next: NONE };
+        let id = match self.free_run {
+            NONE => {
+                self.runs.push(run);
+                (self.runs.len() - 1) as u32
+            }
+            id => {
+                self.free_run = self.runs[id as usize].next;
+                self.runs[id as usize] = run;
+                id
+            }
+        };
+        self.tags[start as usize] = id;
+        self.tags[end as usize - 1] = id;
+        id
+    }
+
+    /// Links run `id` into the idle list after `prev` (the sentinel: first).
+    #[inline(always)]
+    fn link_after(&mut self, id: u32, prev: u32) {
+        let next = self.runs[prev as usize].next;
+        let run = &mut self.runs[id as usize];
+        (run.prev, run.next) = (prev, next);
+        self.runs[prev as usize].next = id;
+        self.runs[next as usize].prev = id;
+    }
+
+    /// Takes the granules from slot `s` up to `hi` or the end of their run
+    /// `id` off the idle list; returns where they end. What is left of the
+    /// run on either side keeps its place in the list.
+    #[inline(always)]
+    fn take_idle(&mut self, id: u32, s: u32, hi: u32) -> u32 {
+        let Run { start, end, prev, next } = self.runs[id as usize];
+        let e = end.min(hi);
+        match (start < s, e < end) {
+            (false, false) => {
+                self.runs[prev as usize].next = next;
+                self.runs[next as usize].prev = prev;
+                let run = &mut self.runs[id as usize];
+                (run.start, run.next) = (NONE, self.free_run);
+                self.free_run = id;
+            }
+            (true, false) => {
+                self.runs[id as usize].end = s;
+                self.tags[s as usize - 1] = id;
+            }
+            (false, true) => {
+                self.runs[id as usize].start = e;
+                self.tags[e as usize] = id;
+            }
+            (true, true) => {
+                // Both sides stay, the right one (newer) in a record of its
+                // own just after this one.
+                self.runs[id as usize].end = s;
+                self.tags[s as usize - 1] = id;
+                let right = self.new_run(e, end);
+                self.link_after(right, id);
             }
         }
-        if fresh == 0 {
-            self.peak_busy = self.peak_busy.max(self.committed - self.idle);
-            self.peak_used = self.peak_used.max(self.index.used_bytes());
-            return Ok(());
+        self.idle -= (e - s) as u64;
+        e
+    }
+
+    /// The slots of the granules a block of `lo..hi` shares with no other
+    /// live block: all but the first and last if other blocks count there.
+    #[inline(always)]
+    fn own_slots(&self, lo: u32, hi: u32) -> (u32, u32) {
+        let first = lo + (self.edges[lo as usize] != 0) as u32;
+        (first, hi - (self.edges[hi as usize - 1] != 0) as u32)
+    }
+
+    /// Pins the granules of slots `s..hi` that a block just carved shares
+    /// with no other live block: the Idle ones, a run at a time, leave the
+    /// idle list, so that no trim takes them. Returns whether some are
+    /// Uncommitted. Out of line, as [`push_idle`](Self::push_idle).
+    #[inline(never)]
+    fn pin(&mut self, mut s: u32, hi: u32) -> bool {
+        let mut fresh = false;
+        while s < hi {
+            if let Some(id) = self.run_starting(s) {
+                s = self.take_idle(id, s, hi);
+            } else if self.committed_bits.get(s) {
+                s = self.take_idle(self.run_holding(s), s, hi);
+            } else {
+                fresh = true;
+                s = self.committed_bits.find(s, hi, true);
+            }
         }
+        fresh
+    }
+
+    /// Counts a new block of slots `lo..hi` at its first and last granule.
+    #[inline(always)]
+    fn count_edges(&mut self, lo: u32, hi: u32) {
+        self.edges[lo as usize] += 1;
+        self.edges[hi as usize - 1] += (hi - 1 != lo) as u32;
+    }
+
+    /// The rest of an allocate whose block `a` (of `request`, in slots
+    /// `lo..hi`, pinned) has Uncommitted granules: commits them. Out
+    /// of physical memory, it decommits the Idle granules and tries once
+    /// more. If that fails too, the block goes back to the index, its
+    /// granules that no live block touches turn Idle, and the error is
+    /// returned.
+    #[inline(never)]
+    fn commit_fresh<S: Stream + ?Sized>(
+        &mut self,
+        a: &crate::pool::Allocation,
+        request: Request,
+        (lo, hi): (u32, u32),
+        stream: &S,
+    ) -> Result<()> {
+        let r = &self.reservation_of(a.addr).copied().expect("the index hands out reserved addresses");
+        let mut committed = self.commit_pinned(r, lo, hi, stream);
+        if matches!(committed, Err(e) if e.is_out_of_memory())
+            && self.idle > 0
+            && self.trim_to(0, stream).is_ok()
+        {
+            // Out of physical memory: give the idle granules back and try
+            // once more, as the CUDA pool trims before it fails.
+            committed = self.commit_pinned(r, lo, hi, stream);
+        }
+        if let Err(e) = committed {
+            // The index takes the block back; the granules it pinned, or
+            // committed and failed to decommit, turn Idle.
+            self.index.free(a.tag, a.addr, request.size())?;
+            let (mut s, hi) = self.own_slots(lo, hi);
+            while s < hi {
+                let run = self.committed_bits.find(s, hi, true);
+                s = self.committed_bits.find(run, hi, false);
+                if run < s {
+                    self.push_idle(run, s, false);
+                }
+            }
+            // Beyond `keep` only if an earlier decommit failed (a trim of
+            // this call may have cleared that); retry it as a free does.
+            if self.idle > self.keep {
+                let _ = self.trim_to(self.config.keep, stream);
+            }
+            return Err(e);
+        }
+        Ok(())
+    }
+
+    /// Commits the Uncommitted granules of slots `lo..hi` of `r` (the
+    /// others pinned or Busy): under `trim_on_commit`, first decommits as
+    /// many Idle granules as the commit would take committed memory beyond
+    /// its limit (ordered on `stream`), then commits in runs. If a commit
+    /// fails, what this call committed is decommitted and the error
+    /// returned; the pinned granules stay pinned.
+    fn commit_pinned<S: Stream + ?Sized>(
+        &mut self,
+        r: &Reservation,
+        lo: u32,
+        hi: u32,
+        stream: &S,
+    ) -> Result<()> {
+        let fresh = (hi - lo - self.committed_bits.count(lo, hi)) as u64;
         let busy = self.committed - self.idle + fresh;
         let used = self.peak_used.max(self.index.used_bytes());
         let excess =
@@ -543,25 +728,18 @@ impl<V: ReservableSpace> VirtualPool<V> {
         }
         let mut s = lo;
         while s < hi {
-            if self.slots[s as usize].state != State::Uncommitted {
-                s += 1;
+            let run = self.committed_bits.find(s, hi, false);
+            s = self.committed_bits.find(run, hi, true);
+            if run == s {
                 continue;
             }
-            let run = s;
-            while s < hi && self.slots[s as usize].state == State::Uncommitted {
-                s += 1;
-            }
-            if let Err(e) = self.space.commit(self.slot_range(&r, run, s)) {
-                self.undo_commits(&r, lo, run);
+            if let Err(e) = self.space.commit(self.slot_range(r, run, s)) {
+                self.undo_commits(r, lo, run);
                 return Err(e);
             }
         }
-        for s in lo..hi {
-            if self.slots[s as usize].state == State::Uncommitted {
-                self.slots[s as usize].state = State::Busy;
-                self.committed += 1;
-            }
-        }
+        self.committed_bits.set(lo, hi, true);
+        self.committed += fresh;
         self.peak_committed = self.peak_committed.max(self.committed);
         self.peak_busy = self.peak_busy.max(busy);
         self.peak_used = used;
@@ -618,47 +796,31 @@ impl<V: ReservableSpace> VirtualPool<V> {
         self.peak_used
     }
 
-    /// After the index freed the range `addr..addr + len` of reservation
-    /// `r` and returned the coalesced free range `free`: the granules of the
-    /// range wholly inside `free` are touched by no live block any more, so
-    /// the Busy ones turn Idle (newest in the list).
-    fn unpin(&mut self, r: &Reservation, addr: u64, len: u64, free: Range) {
-        let g = self.granule();
-        let (lo, hi) = self.slots_touched(r, addr, addr + len);
-        let start = free.start().next_multiple_of(g);
-        let end = free.end() & !(g - 1);
-        if end <= start {
-            return;
-        }
-        let (flo, _) = self.slots_touched(r, start, start);
-        let fhi = flo + ((end - start) >> self.shift) as u32;
-        for s in lo.max(flo)..hi.min(fhi) {
-            if self.slots[s as usize].state == State::Busy {
-                self.push_idle_back(s);
-            }
+    /// After a free of a block of slots `lo..hi`: uncounts it; its granules
+    /// that no other live block counts, all committed, turn Idle as one run
+    /// (the newest).
+    #[inline(always)]
+    fn unpin(&mut self, lo: u32, hi: u32) {
+        self.edges[lo as usize] -= 1;
+        self.edges[hi as usize - 1] -= (hi - 1 != lo) as u32;
+        let (lo, hi) = self.own_slots(lo, hi);
+        if lo < hi {
+            self.push_idle(lo, hi, false);
         }
     }
 
-    /// Decommits the granules of `lo..upto` that are still Uncommitted in
-    /// the slots: those a failed `commit_block` committed. Memory no block
+    /// Decommits the granules of `lo..upto` that are not committed in the
+    /// bitmap: those a failed `commit_pinned` committed. Memory no block
     /// ever used needs no stream order. If the space refuses, they stay
-    /// committed and Idle, counted, for a later trim.
+    /// committed and counted, pinned with the block's other granules.
     fn undo_commits(&mut self, r: &Reservation, lo: u32, upto: u32) {
         let mut s = lo;
         while s < upto {
-            if self.slots[s as usize].state != State::Uncommitted {
-                s += 1;
-                continue;
-            }
-            let run = s;
-            while s < upto && self.slots[s as usize].state == State::Uncommitted {
-                s += 1;
-            }
-            if self.space.decommit(self.slot_range(r, run, s), &()).is_err() {
-                for t in run..s {
-                    self.push_idle_front(t);
-                    self.committed += 1;
-                }
+            let run = self.committed_bits.find(s, upto, false);
+            s = self.committed_bits.find(run, upto, true);
+            if run < s && self.space.decommit(self.slot_range(r, run, s), &()).is_err() {
+                self.committed_bits.set(run, s, true);
+                self.committed += (s - run) as u64;
                 self.peak_committed = self.peak_committed.max(self.committed);
                 self.trim_pending = true;
             }
@@ -673,34 +835,42 @@ impl<V: ReservableSpace> VirtualPool<V> {
     ///
     /// The space's error if a decommit fails; those granules stay
     /// committed and Idle, and the pool stays usable.
+    #[inline(never)]
     fn trim_to<S: Stream + ?Sized>(&mut self, keep: u64, stream: &S) -> Result<u64> {
         let limit = keep >> self.shift;
         let mut freed = 0;
+        // How many more granules to take (at most all of them: a u32).
+        let excess = |p: &Self| (p.idle - limit) as u32;
         while self.idle > limit {
-            let s = self.idle_head;
+            // The oldest granule, the first of the head run, then its Idle
+            // neighbours above, then below, as many as needed.
+            let head = self.runs[SENTINEL as usize].next;
+            let s = self.runs[head as usize].start;
             let r = *self.reservation_of_slot(s);
             let end = r.base + (r.range.len() >> self.shift) as u32;
-            self.unlink_idle(s, State::Uncommitted);
-            let (mut lo, mut hi) = (s, s + 1);
-            while hi < end && self.idle > limit && self.slots[hi as usize].state == State::Idle {
-                self.unlink_idle(hi, State::Uncommitted);
-                hi += 1;
+            let mut hi = self.take_idle(head, s, s.saturating_add(excess(self)));
+            while hi < end && self.idle > limit {
+                let Some(id) = self.run_starting(hi) else { break };
+                hi = self.take_idle(id, hi, hi.saturating_add(excess(self)));
             }
-            while lo > r.base && self.idle > limit && self.slots[lo as usize - 1].state == State::Idle {
-                lo -= 1;
-                self.unlink_idle(lo, State::Uncommitted);
+            let mut lo = s;
+            while lo > r.base && self.idle > limit {
+                let Some(id) = self.run_ending(lo - 1) else { break };
+                let from = self.runs[id as usize].start.max(lo - excess(self).min(lo));
+                self.take_idle(id, from, lo);
+                lo = from;
             }
             if let Err(e) = self.space.decommit(self.slot_range(&r, lo, hi), stream) {
-                for t in (lo..hi).rev() {
-                    self.push_idle_front(t);
-                }
+                self.push_idle(lo, hi, true);
                 self.trim_pending = true;
                 return Err(e);
             }
+            self.committed_bits.set(lo, hi, false);
             self.committed -= (hi - lo) as u64;
             freed += ((hi - lo) as u64) << self.shift;
         }
-        self.trim_pending = false;
+        // A trim to more than `keep` (on commit) leaves a failed one pending.
+        self.trim_pending &= self.idle_bytes() > self.config.keep;
         Ok(freed)
     }
 
@@ -751,14 +921,14 @@ impl<V: ReservableSpace> VirtualPool<V> {
 
     /// Free of a block whose tag did not name a live node: look the address up.
     #[cold]
-    fn free_by_address(&mut self, block: Block) -> Result<Range> {
+    fn free_by_address(&mut self, block: Block) -> Result<()> {
         let addr = block.addr();
         let Some(r) = self.reservation_of(addr) else {
             return Err(Error::UnknownBlock { addr });
         };
         let first = r.first;
         match self.index.find_used(first, addr) {
-            Some(tag) if block.tag() == Block::NO_TAG => self.index.free(tag, addr, block.size()),
+            Some(tag) if block.tag() == Block::NO_TAG => self.index.free(tag, addr, block.size()).map(|_| ()),
             Some(_) => Err(Error::DoubleFree { addr }),
             None if self.index.is_free_at(first, addr) => Err(Error::DoubleFree { addr }),
             None => Err(Error::UnknownBlock { addr }),
@@ -769,12 +939,15 @@ impl<V: ReservableSpace> VirtualPool<V> {
     ///
     /// Checked: those of the index; reservations sorted, disjoint, each
     /// covered exactly by its nodes, with slots for exactly its granules;
-    /// a granule is Busy exactly when a live block touches it (so every
-    /// granule a live block touches is committed); the idle list holds
-    /// exactly the Idle granules, linked both ways; the committed and idle
-    /// counts match the slots; at most `keep` bytes are Idle unless a
-    /// decommit failed; bytes used + free = bytes reserved; committed bytes
-    /// = used bytes + the free bytes of Busy granules + Idle bytes.
+    /// each granule counts the live blocks that begin or end in it; every
+    /// granule a live block touches is committed; the runs of the idle
+    /// list, linked both ways, disjoint, each in one reservation and found
+    /// from its first and last granule, hold exactly the committed granules
+    /// that no live block touches; the committed and idle counts match;
+    /// every run record is listed or free; at most `keep` bytes are Idle
+    /// unless a decommit failed; bytes used + free = bytes reserved;
+    /// committed bytes = used bytes + the free bytes of Busy granules +
+    /// Idle bytes.
     ///
     /// # Time Complexity
     ///
@@ -796,7 +969,9 @@ impl<V: ReservableSpace> VirtualPool<V> {
     pub fn check(&self) -> core::result::Result<(), Violation> {
         self.index.check().map_err(Violation::new)?;
         let g = self.granule();
-        let mut touched = alloc::vec![false; self.slots.len()];
+        let slots = self.edges.len();
+        let mut touched = alloc::vec![false; slots];
+        let mut edges = alloc::vec![0u32; slots];
         let (mut reserved, mut last_end, mut granules) = (0u64, 0u64, 0usize);
         let mut used_in_busy = 0u64;
         let mut bases: Vec<(u32, u32)> = Vec::new();
@@ -820,6 +995,8 @@ impl<V: ReservableSpace> VirtualPool<V> {
                     for t in &mut touched[lo as usize..hi as usize] {
                         *t = true;
                     }
+                    edges[lo as usize] += 1;
+                    edges[hi as usize - 1] += (hi - 1 != lo) as u32;
                     used_in_busy += n.len();
                 }
             });
@@ -829,38 +1006,87 @@ impl<V: ReservableSpace> VirtualPool<V> {
             reserved += r.range.len();
         }
         bases.sort_unstable();
-        if granules != self.slots.len() || bases.windows(2).any(|w| w[0].1 != w[1].0) {
-            return Err(Violation::new("slots do not match the reservations' granules"));
+        if granules != slots
+            || bases.windows(2).any(|w| w[0].1 != w[1].0)
+            || self.tags.len() != slots
+            || self.committed_bits.count(0, slots as u32) as u64 != self.committed
+        {
+            return Err(Violation::new("slots or committed count do not match the reservations' granules"));
         }
-        let (mut busy, mut idle) = (0u64, 0u64);
-        for (slot, &t) in self.slots.iter().zip(&touched) {
-            match (slot.state, t) {
-                (State::Busy, true) => busy += 1,
-                (State::Idle, false) => idle += 1,
-                (State::Uncommitted, false) => {}
-                (_, true) => return Err(Violation::new("a granule touched by a live block is not Busy")),
-                (State::Busy, false) => {
-                    return Err(Violation::new("a Busy granule is touched by no live block"))
+        if edges != self.edges {
+            return Err(Violation::new("a granule's count of blocks beginning or ending there is wrong"));
+        }
+        let (mut busy, mut untouched) = (0u64, 0u64);
+        for (i, &t) in touched.iter().enumerate() {
+            match (self.committed_bits.get(i as u32), t) {
+                (true, true) => busy += 1,
+                (true, false) => untouched += 1,
+                (false, true) => {
+                    return Err(Violation::new("a granule touched by a live block is not committed"))
                 }
+                (false, false) => {}
             }
         }
-        let (mut listed, mut prev, mut s) = (0u64, NONE, self.idle_head);
-        while s != NONE {
-            let slot = &self.slots[s as usize];
-            if slot.state != State::Idle || slot.prev != prev {
+        // Every listed run once, linked both ways, on committed granules
+        // that no live block touches, in one reservation, found from both
+        // ends; runs disjoint.
+        let mut listed_run = alloc::vec![false; self.runs.len()];
+        let mut in_run = alloc::vec![false; slots];
+        let (mut idle, mut runs, mut prev) = (0u64, 0usize, SENTINEL);
+        let mut id = self.runs[SENTINEL as usize].next;
+        while id != SENTINEL {
+            let Some(run) = self.runs.get(id as usize) else {
+                return Err(Violation::new("idle list names no run record"));
+            };
+            if core::mem::replace(&mut listed_run[id as usize], true) || run.prev != prev {
+                return Err(Violation::new("idle list holds a run twice or its links are not symmetric"));
+            }
+            if run.start >= run.end
+                || !bases.iter().any(|&(lo, hi)| lo <= run.start && run.end <= hi)
+                || self.run_starting(run.start) != Some(id)
+                || self.run_ending(run.end - 1) != Some(id)
+            {
                 return Err(Violation::new(
-                    "idle list holds a non-Idle granule or its links are not symmetric",
+                    "idle run empty, across reservations, or not found from its ends",
                 ));
             }
-            listed += 1;
-            if listed > idle {
-                return Err(Violation::new("idle list longer than the Idle granules"));
+            for s in run.start..run.end {
+                if touched[s as usize]
+                    || !self.committed_bits.get(s)
+                    || core::mem::replace(&mut in_run[s as usize], true)
+                {
+                    return Err(Violation::new(
+                        "idle run over a Busy or Uncommitted granule, or over another run",
+                    ));
+                }
             }
-            prev = s;
-            s = slot.next;
+            idle += (run.end - run.start) as u64;
+            runs += 1;
+            prev = id;
+            id = run.next;
         }
-        if listed != idle || prev != self.idle_tail || idle != self.idle {
-            return Err(Violation::new("idle list or count does not match the Idle granules"));
+        if self.runs[SENTINEL as usize].prev != prev || self.runs[SENTINEL as usize].start != NONE {
+            return Err(Violation::new("idle list does not end at the sentinel's tail"));
+        }
+        let mut free = 0;
+        let mut id = self.free_run;
+        while id != NONE && free <= self.runs.len() {
+            if id == SENTINEL
+                || listed_run.get(id as usize) != Some(&false)
+                || self.runs[id as usize].start != NONE
+            {
+                return Err(Violation::new("a free run record is listed, holds a run, or is out of range"));
+            }
+            free += 1;
+            id = self.runs[id as usize].next;
+        }
+        if 1 + runs + free != self.runs.len() {
+            return Err(Violation::new("run records neither listed nor free, or free ones in a cycle"));
+        }
+        if idle != untouched || idle != self.idle {
+            return Err(Violation::new(
+                "idle runs or count do not match the committed granules no block touches",
+            ));
         }
         if busy + idle != self.committed
             || self.committed > self.peak_committed
@@ -894,6 +1120,7 @@ where
     /// still fails, what this call
     /// committed is decommitted, the block goes back to the index, and the
     /// error is returned: no block is ever handed out over unmapped memory.
+    #[inline]
     fn allocate(&mut self, request: Request, stream: &S) -> Result<Block> {
         if request.is_zero() {
             return Ok(Block::EMPTY);
@@ -902,23 +1129,16 @@ where
             Some(a) => a,
             None => self.grow_and_allocate(request)?,
         };
-        let len = request.rounded_size(256);
-        let mut committed = self.commit_block(a.addr, len, stream);
-        if matches!(committed, Err(e) if e.is_out_of_memory())
-            && self.idle > 0
-            && self.trim_to(0, stream).is_ok()
-        {
-            // Out of physical memory: give the idle granules back and try
-            // once more, as the CUDA pool trims before it fails.
-            committed = self.commit_block(a.addr, len, stream);
+        let (lo, hi) = self.slots_of(a.addr, request.rounded_size(256));
+        let (s, e) = self.own_slots(lo, hi);
+        if s < e {
+            if self.pin(s, e) {
+                self.commit_fresh(&a, request, (lo, hi), stream)?;
+            }
+            self.peak_busy = self.peak_busy.max(self.committed - self.idle);
         }
-        if let Err(e) = committed {
-            // The index takes the block back; granules it pinned turn Idle.
-            let free = self.index.free(a.tag, a.addr, request.size())?;
-            let r = *self.reservation_of(a.addr).expect("the index hands out reserved addresses");
-            self.unpin(&r, a.addr, len, free);
-            return Err(e);
-        }
+        self.count_edges(lo, hi);
+        self.peak_used = self.peak_used.max(self.index.used_bytes());
         Ok(Block::new(a.addr, request.size(), a.tag))
     }
 
@@ -927,18 +1147,19 @@ where
     /// ordered on `stream`. A failed decommit does not fail the free: the
     /// granules stay committed and counted, and a later free or
     /// [`trim`](VirtualPool::trim) retries.
+    #[inline]
     fn deallocate(&mut self, block: Block, stream: &S) -> Result<()> {
         if block.is_empty() {
             return Ok(());
         }
-        let free = match self.index.free(block.tag(), block.addr(), block.size()) {
-            Ok(f) => f,
+        match self.index.free(block.tag(), block.addr(), block.size()) {
+            Ok(_) => {}
             Err(Error::UnknownBlock { .. }) => self.free_by_address(block)?,
             Err(e) => return Err(e),
-        };
-        let r = *self.reservation_of(block.addr()).expect("a freed block lies in a reservation");
-        self.unpin(&r, block.addr(), (block.size() + 255) & !255, free);
-        if self.idle > self.config.keep >> self.shift {
+        }
+        let (lo, hi) = self.slots_of(block.addr(), (block.size() + 255) & !255);
+        self.unpin(lo, hi);
+        if self.idle > self.keep {
             let _ = self.trim_to(self.config.keep, stream);
         }
         Ok(())
@@ -955,15 +1176,11 @@ impl<V: ReservableSpace> Drop for VirtualPool<V> {
             let end = r.base + (r.range.len() >> self.shift) as u32;
             let mut s = r.base;
             while s < end {
-                if self.slots[s as usize].state == State::Uncommitted {
-                    s += 1;
-                    continue;
+                let run = self.committed_bits.find(s, end, true);
+                s = self.committed_bits.find(run, end, false);
+                if run < s {
+                    let _ = self.space.decommit(self.slot_range(&r, run, s), &());
                 }
-                let run = s;
-                while s < end && self.slots[s as usize].state != State::Uncommitted {
-                    s += 1;
-                }
-                let _ = self.space.decommit(self.slot_range(&r, run, s), &());
             }
             let _ = self.space.release(r.range);
         }

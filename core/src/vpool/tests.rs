@@ -35,8 +35,8 @@ fn figures<V: ReservableSpace>(p: &VirtualPool<V>) -> (u64, u64, u64, u64, u64, 
     )
 }
 
-/// Random allocate/free with random sizes, alignments and injected commit
-/// failures; the pool's checker, the caller's view and the space's own
+/// Random allocate/free/trim with random sizes, alignments and injected
+/// commit and decommit failures; the pool's checker, the caller's view and the space's own
 /// count of committed memory checked after every step.
 fn randomized(config: VirtualConfig, granule: u64, ops: usize, seed: u64) -> u64 {
     randomized_in(CountingSpace::new(1 << 40, granule), config, ops, seed)
@@ -49,7 +49,7 @@ fn randomized_in(space: CountingSpace, config: VirtualConfig, ops: usize, seed: 
     let mut rng = SplitMix64::new(seed);
     let mut live = LiveBlocks::new();
     let mut blocks: Vec<Block> = Vec::new();
-    let (mut failed_commits, mut out_of_room) = (0, 0);
+    let (mut failed_commits, mut out_of_room, mut decommit_failures) = (0, 0, 0);
     for step in 0..ops {
         if blocks.is_empty() || rng.below(100) < 55 {
             let size = match rng.below(4) {
@@ -68,7 +68,14 @@ fn randomized_in(space: CountingSpace, config: VirtualConfig, ops: usize, seed: 
             if inject {
                 space.fail_nth(1 + rng.below(2));
             }
-            let (before, committed_before) = (figures(&p), p.committed_bytes());
+            // A failed decommit (of a trim on commit, of the retry after
+            // running out of physical memory, or of the undo of a failed
+            // commit) leaves its granules committed and Idle.
+            let decommit_fails = rng.below(20) == 0;
+            if decommit_fails {
+                space.fail_nth_decommit(1 + rng.below(2));
+            }
+            let before = figures(&p);
             match p.allocate(r, &()) {
                 Ok(b) => {
                     live.insert(b, r).unwrap_or_else(|v| panic!("step {step}: {v}"));
@@ -105,34 +112,64 @@ fn randomized_in(space: CountingSpace, config: VirtualConfig, ops: usize, seed: 
                         }
                         e => panic!("step {step}: unexpected {e}"),
                     };
-                    if may_trim {
+                    // No block changed. A reservation made for the request
+                    // stays when its commit then fails (address space only).
+                    let now = figures(&p);
+                    let grown = now.4 - before.4;
+                    let out_of_room_now =
+                        matches!(e, Error::OutOfMemory { max_size, .. } if max_size == Some(now.4));
+                    assert!(grown == 0 || !out_of_room_now, "step {step}: {r:?} {e}: grew");
+                    assert_eq!(
+                        (now.0, now.1 - grown, now.2 - now.3, now.4 - grown),
+                        (before.0, before.1, before.2 - before.3, before.4),
+                        "step {step}: a failed allocate changed the pool: {r:?} {e}"
+                    );
+                    if decommit_fails {
+                        // Granules whose decommit failed stay Idle.
+                    } else if may_trim {
                         // Idle memory may have gone, nothing else.
-                        let busy = |f: (u64, u64, u64, u64, u64, usize)| (f.0, f.1, f.2 - f.3, f.4, f.5);
-                        assert_eq!(
-                            busy(figures(&p)),
-                            busy(before),
-                            "step {step}: a failed allocate changed the pool"
-                        );
-                        assert!(p.committed_bytes() <= committed_before);
+                        assert!(now.2 <= before.2, "step {step}");
                     } else {
-                        assert_eq!(figures(&p), before, "step {step}: a failed allocate changed the pool");
+                        assert_eq!((now.2, now.3), (before.2, before.3), "step {step}: {r:?} {e}");
                     }
                 }
             }
             space.fail_nth(0);
+        } else if rng.below(50) == 0 {
+            // A trim whose decommit may fail: the error comes back, the
+            // granules stay committed and Idle.
+            let fails = rng.below(2) == 0;
+            if fails {
+                space.fail_nth_decommit(1 + rng.below(2));
+            }
+            let idle = p.idle_bytes();
+            match p.trim(&()) {
+                Ok(freed) => assert_eq!((freed, p.idle_bytes()), (idle, 0), "step {step}"),
+                Err(e) => {
+                    assert!(fails && matches!(e, Error::Backend { .. }), "step {step}: {e}");
+                    assert!(p.idle_bytes() > 0, "step {step}");
+                    decommit_failures += 1;
+                }
+            }
         } else {
             let i = rng.below(blocks.len() as u64) as usize;
             let b = blocks.swap_remove(i);
             let b = if rng.below(4) == 0 { Block::from_addr(b.addr(), b.size()) } else { b };
+            // A failed decommit does not fail the free.
+            if rng.below(20) == 0 {
+                space.fail_nth_decommit(1);
+            }
             p.deallocate(b, &()).unwrap();
             live.remove(&b).unwrap();
         }
+        space.fail_nth_decommit(0);
         p.check().unwrap_or_else(|v| panic!("step {step}: {v}"));
         assert_eq!(space.committed_bytes(), p.committed_bytes(), "step {step}");
         assert!(p.used_bytes() >= live.bytes());
     }
     // The test must have exercised the fault path.
     assert!(failed_commits > 0, "no commit failed");
+    assert!(decommit_failures > 0, "no trim failed");
     for b in blocks.drain(..) {
         p.deallocate(b, &()).unwrap();
         p.check().unwrap();
@@ -617,4 +654,156 @@ fn a_reservation_made_for_a_request_serves_it() {
     assert_eq!(pool.reservation_count(), 2);
     pool.check().unwrap();
     pool.deallocate(b, &()).unwrap();
+}
+
+#[test]
+fn a_failed_decommit_keeps_the_granules_committed_idle_and_counted() {
+    let space = CountingSpace::new(1 << 30, MIB);
+    let mut p = VirtualPool::new(&space, 64 * MIB, 0).unwrap();
+    let a = p.allocate(req(3 * MIB), &()).unwrap();
+    let anchor = p.allocate(req(256), &()).unwrap();
+    // The free succeeds; its trim fails and leaves the granules Idle.
+    space.fail_nth_decommit(1);
+    p.deallocate(a, &()).unwrap();
+    p.check().unwrap();
+    assert_eq!((p.idle_bytes(), p.committed_bytes(), space.committed_bytes()), (3 * MIB, 4 * MIB, 4 * MIB));
+    assert!(space.is_committed(granules_of(&a, MIB)));
+    // A trim that fails again says so, with the space's error.
+    space.fail_nth_decommit(1);
+    assert!(matches!(p.trim(&()), Err(Error::Backend { .. })));
+    p.check().unwrap();
+    assert_eq!((p.idle_bytes(), p.committed_bytes(), space.committed_bytes()), (3 * MIB, 4 * MIB, 4 * MIB));
+    // The next one gives them back.
+    assert_eq!(p.trim(&()), Ok(3 * MIB));
+    p.check().unwrap();
+    assert_eq!((p.idle_bytes(), p.committed_bytes(), space.committed_bytes()), (0, MIB, MIB));
+    p.deallocate(anchor, &()).unwrap();
+    assert_eq!(space.committed_bytes(), 0);
+}
+
+#[test]
+fn a_trim_on_commit_leaves_a_failed_trim_pending() {
+    // keep 0: 4 Idle granules left by a failed decommit; the commit of `b`
+    // decommits only one of them (the excess over the peak in use, 6 MiB +
+    // 256, plus a slack of 70 %: 10 granules), so the pool is still beyond
+    // `keep` until the next free retries.
+    let space = CountingSpace::new(1 << 30, MIB);
+    let mut p = VirtualPool::with_config(&space, VirtualConfig::new(64 * MIB).slack_permille(700)).unwrap();
+    let a = p.allocate(req(4 * MIB), &()).unwrap();
+    let anchor = p.allocate(req(256), &()).unwrap();
+    space.fail_nth_decommit(1);
+    p.deallocate(a, &()).unwrap();
+    assert_eq!(p.idle_bytes(), 4 * MIB);
+    let b = p.allocate(req(6 * MIB), &()).unwrap();
+    assert!(b.addr() > anchor.addr());
+    assert_eq!(p.idle_bytes(), 3 * MIB);
+    p.check().unwrap();
+    assert_eq!(space.committed_bytes(), p.committed_bytes());
+    p.deallocate(b, &()).unwrap();
+    assert_eq!((p.idle_bytes(), space.committed_bytes()), (0, MIB));
+    p.deallocate(anchor, &()).unwrap();
+    p.check().unwrap();
+}
+
+/// A [`CountingSpace`] whose next commit can be made to run out of
+/// physical memory.
+struct ShortOnce<'a> {
+    inner: &'a CountingSpace,
+    out_of_memory: core::cell::Cell<bool>,
+}
+
+impl ReservableSpace for ShortOnce<'_> {
+    fn granule(&self) -> u64 {
+        self.inner.granule()
+    }
+    fn reserve(&self, len: u64) -> Result<Range> {
+        self.inner.reserve(len)
+    }
+    fn release(&self, range: Range) -> Result<()> {
+        self.inner.release(range)
+    }
+    fn commit(&self, range: Range) -> Result<()> {
+        if self.out_of_memory.replace(false) {
+            return Err(Error::OutOfMemory {
+                requested: range.len(),
+                largest_free: 0,
+                pool_size: 0,
+                max_size: None,
+            });
+        }
+        self.inner.commit(range)
+    }
+    fn decommit<S: Stream + ?Sized>(&self, range: Range, stream: &S) -> Result<()> {
+        self.inner.decommit(range, stream)
+    }
+}
+
+#[test]
+fn a_failed_allocate_retries_a_failed_trim() {
+    // Granules 0 and 1 Idle after a failed decommit, granule 5 too; an
+    // allocation over granules 0..3 pins 0 and 1, runs out of physical
+    // memory, trims granule 5 and retries, then fails: 0 and 1 turn Idle
+    // again, beyond `keep`, and the call gives them back.
+    let space = CountingSpace::new(1 << 30, MIB);
+    let short = ShortOnce { inner: &space, out_of_memory: core::cell::Cell::new(false) };
+    let mut p = VirtualPool::new(&short, 64 * MIB, 0).unwrap();
+    let base = p.reservations[0].range.start();
+    let mib = |size| Request::aligned(size, MIB).unwrap();
+    let a = p.allocate(mib(2 * MIB), &()).unwrap();
+    let b = p.allocate(mib(2 * MIB), &()).unwrap();
+    let anchor = p.allocate(mib(MIB), &()).unwrap();
+    let f = p.allocate(mib(MIB), &()).unwrap();
+    assert_eq!([a, b, anchor, f].map(|x| x.addr()), [0, 2, 4, 5].map(|i| base + i * MIB));
+    p.deallocate(b, &()).unwrap();
+    space.fail_nth_decommit(1);
+    p.deallocate(a, &()).unwrap();
+    space.fail_nth_decommit(1);
+    p.deallocate(f, &()).unwrap();
+    assert_eq!((p.idle_bytes(), p.committed_bytes()), (3 * MIB, 4 * MIB));
+    p.check().unwrap();
+    short.out_of_memory.set(true);
+    space.fail_nth(1);
+    let err = p.allocate(mib(3 * MIB), &()).unwrap_err();
+    assert!(matches!(err, Error::Backend { .. }), "{err}");
+    p.check().unwrap();
+    assert_eq!((p.idle_bytes(), p.committed_bytes(), space.committed_bytes()), (0, MIB, MIB));
+    p.deallocate(anchor, &()).unwrap();
+    p.check().unwrap();
+}
+
+#[test]
+fn a_block_aligned_inside_an_idle_run_takes_its_middle() {
+    let space = CountingSpace::new(1 << 30, MIB);
+    let mut p = VirtualPool::new(&space, 64 * MIB, 64 * MIB).unwrap();
+    let base = p.reservations[0].range.start();
+    let x = p.allocate(req(256), &()).unwrap();
+    let a = p.allocate(req(8 * MIB), &()).unwrap();
+    let anchor = p.allocate(req(256), &()).unwrap();
+    assert_eq!([x, a, anchor].map(|b| b.addr() - base), [0, 256, 8 * MIB + 256]);
+    // Granules 1..8 are `a`'s alone: one idle run.
+    p.deallocate(a, &()).unwrap();
+    assert_eq!(p.idle_bytes(), 7 * MIB);
+    let calls = space.call_counts();
+    // Aligned to 4 MiB, `b` starts in granule 4, inside the run.
+    let b = p.allocate(Request::aligned(MIB, 4 * MIB).unwrap(), &()).unwrap();
+    assert_eq!(b.addr() - base, 4 * MIB);
+    p.check().unwrap();
+    assert_eq!((p.idle_bytes(), space.call_counts()), (6 * MIB, calls));
+    p.deallocate(b, &()).unwrap();
+    p.check().unwrap();
+    assert_eq!(p.idle_bytes(), 7 * MIB);
+    // Oldest first: the left side (granules 1..4), then its Idle neighbour
+    // above (granule 4, the newest), in one call; the right side stays.
+    let decommits = space.call_counts().1;
+    assert_eq!(p.trim_to(3 * MIB, &()), Ok(4 * MIB));
+    assert_eq!(space.call_counts().1, decommits + 1);
+    assert!(!space.is_committed(range(base + MIB, 4 * MIB)));
+    assert!(space.is_committed(range(base + 5 * MIB, 3 * MIB)));
+    p.check().unwrap();
+    for blk in [x, anchor] {
+        p.deallocate(blk, &()).unwrap();
+        p.check().unwrap();
+    }
+    let idle = p.idle_bytes();
+    assert_eq!((p.trim(&()), p.committed_bytes(), space.committed_bytes()), (Ok(idle), 0, 0));
 }

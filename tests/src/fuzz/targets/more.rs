@@ -686,11 +686,13 @@ impl FuzzResource for VpoolTarget {
         }
     }
     fn fail_nth(&mut self, n: u64) -> bool {
-        // Commits only: with decommits made to fail, the pool's own check
-        // finds more idle memory than `keep` after a failed allocation
-        // (open; see the target table in fuzz/README.md).
+        // The `n`th commit and the `n`th decommit from now: a commit that
+        // fails, the undo of one, a trim and the retry after running out of
+        // physical memory all meet failures, alone and together.
         self.pool.space().fail_nth_commit(n);
+        self.pool.space().fail_nth_decommit(n);
         self.commit_failure_armed = true;
+        self.decommit_failure_armed = true;
         true
     }
     fn check(&self, model: &Model) -> std::result::Result<(), String> {

@@ -1,0 +1,82 @@
+//! A bitmap with operations on ranges of bits, a word at a time.
+
+use alloc::vec::Vec;
+
+/// One bit per slot, packed in words.
+#[derive(Clone, Debug, Default)]
+pub(super) struct Bits(Vec<u64>);
+
+/// The bits of word `w` that fall in `lo..hi`.
+#[inline]
+fn mask(w: usize, lo: usize, hi: usize) -> u64 {
+    let from = lo.saturating_sub(w * 64);
+    let to = (hi - w * 64).min(64);
+    (u64::MAX >> (64 - (to - from))) << from
+}
+
+impl Bits {
+    /// Room for `n` bits; those added are clear.
+    pub(super) fn grow(&mut self, n: usize) {
+        self.0.resize(n.div_ceil(64), 0);
+    }
+
+    /// Bit `i`.
+    #[inline]
+    pub(super) fn get(&self, i: u32) -> bool {
+        self.0[i as usize / 64] >> (i % 64) & 1 == 1
+    }
+
+    /// Sets the bits of `lo..hi` (non-empty) to `to`.
+    pub(super) fn set(&mut self, lo: u32, hi: u32, to: bool) {
+        let (lo, hi) = (lo as usize, hi as usize);
+        for w in lo / 64..=(hi - 1) / 64 {
+            let m = mask(w, lo, hi);
+            self.0[w] = if to { self.0[w] | m } else { self.0[w] & !m };
+        }
+    }
+
+    /// The first bit in `lo..hi` that is `want`, or `hi` if none is.
+    pub(super) fn find(&self, lo: u32, hi: u32, want: bool) -> u32 {
+        let (mut i, hi) = (lo as usize, hi as usize);
+        while i < hi {
+            let word = if want { self.0[i / 64] } else { !self.0[i / 64] };
+            let rest = word >> (i % 64);
+            if rest != 0 {
+                return (i + rest.trailing_zeros() as usize).min(hi) as u32;
+            }
+            i = (i / 64 + 1) * 64;
+        }
+        hi as u32
+    }
+
+    /// How many bits of `lo..hi` are set.
+    pub(super) fn count(&self, lo: u32, hi: u32) -> u32 {
+        let (lo, hi) = (lo as usize, hi as usize);
+        if lo >= hi {
+            return 0;
+        }
+        (lo / 64..=(hi - 1) / 64).map(|w| (self.0[w] & mask(w, lo, hi)).count_ones()).sum()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Bits;
+
+    #[test]
+    fn ranges_across_words() {
+        let mut b = Bits::default();
+        b.grow(300);
+        b.set(3, 200, true);
+        b.set(64, 128, false);
+        let naive = |i: u32| (3..64).contains(&i) || (128..200).contains(&i);
+        for i in 0..300 {
+            assert_eq!(b.get(i), naive(i), "bit {i}");
+        }
+        assert_eq!((b.count(0, 300), b.count(60, 130), b.count(5, 5)), (61 + 72, 4 + 2, 0));
+        assert_eq!((b.find(0, 300, true), b.find(10, 300, false), b.find(64, 300, true)), (3, 64, 128));
+        assert_eq!((b.find(200, 300, true), b.find(70, 100, true), b.find(3, 50, false)), (300, 100, 50));
+        b.set(0, 300, true);
+        assert_eq!((b.count(0, 300), b.find(0, 300, false)), (300, 300));
+    }
+}
