@@ -218,6 +218,13 @@ struct Reservation {
 ///   retries (`trim` returns the space's error). Idle granules are
 ///   decommitted oldest first (least recently freed), with their Idle
 ///   neighbours in one call.
+/// - Out of physical memory (the space's [`Error::OutOfMemory`] on a
+///   commit): the pool decommits its Idle granules and tries once more, as
+///   the CUDA pool trims before it fails; the space's error if it still
+///   does not fit. If a decommit of that trim fails, it retries only if
+///   the other decommits gave memory back, and an allocation that still
+///   does not fit fails with the decommit's error, not out of memory: the
+///   Idle granules the space kept committed might have made room.
 /// - Out of reserved room: another reservation when the configuration
 ///   allows one, else [`Error::OutOfMemory`] with the request, the largest
 ///   free block, the committed bytes and the bytes reserved.
@@ -659,9 +666,12 @@ impl<V: ReservableSpace> VirtualPool<V> {
     /// The rest of an allocate whose block `a` (of `request`, in slots
     /// `lo..hi`, pinned) has Uncommitted granules: commits them. Out
     /// of physical memory, it decommits the Idle granules and tries once
-    /// more. If that fails too, the block goes back to the index, its
-    /// granules that no live block touches turn Idle, and the error is
-    /// returned.
+    /// more, also when a decommit failed after others gave memory back. If
+    /// that fails too, the block goes back to the index, its granules that
+    /// no live block touches turn Idle, and the error is returned: the
+    /// failed decommit's if the pool is still out of physical memory after
+    /// a trim that could not give back all its Idle granules (it is then
+    /// not out of memory for want of memory but because the space failed).
     #[inline(never)]
     fn commit_fresh<S: Stream + ?Sized>(
         &mut self,
@@ -672,13 +682,22 @@ impl<V: ReservableSpace> VirtualPool<V> {
     ) -> Result<()> {
         let r = &self.reservation_of(a.addr).copied().expect("the index hands out reserved addresses");
         let mut committed = self.commit_pinned(r, lo, hi, stream);
-        if matches!(committed, Err(e) if e.is_out_of_memory())
-            && self.idle > 0
-            && self.trim_to(0, stream).is_ok()
-        {
+        if matches!(committed, Err(e) if e.is_out_of_memory()) && self.idle > 0 {
             // Out of physical memory: give the idle granules back and try
-            // once more, as the CUDA pool trims before it fails.
-            committed = self.commit_pinned(r, lo, hi, stream);
+            // once more, as the CUDA pool trims before it fails. A trim
+            // that fails part way may still have made room.
+            let before = self.committed;
+            let trimmed = self.trim_to(0, stream);
+            if self.committed < before {
+                committed = self.commit_pinned(r, lo, hi, stream);
+            }
+            // Still out of memory with Idle granules left committed: the
+            // space's failure to decommit them is why.
+            if let (Err(e), Err(t)) = (committed, trimmed) {
+                if e.is_out_of_memory() {
+                    committed = Err(t);
+                }
+            }
         }
         if let Err(e) = committed {
             // The index takes the block back; the granules it pinned, or
@@ -1117,9 +1136,11 @@ where
     /// Allocates from the index, then commits the granules the block touches
     /// that are not committed yet. Out of physical memory, it decommits the
     /// Idle granules (ordered on `stream`) and tries once more. If a commit
-    /// still fails, what this call
-    /// committed is decommitted, the block goes back to the index, and the
-    /// error is returned: no block is ever handed out over unmapped memory.
+    /// still fails, what this call committed is decommitted, the block goes
+    /// back to the index, and the error is returned (a failed decommit's if
+    /// the trim could not give every Idle granule back and the pool is
+    /// still out of physical memory): no block is ever handed out over
+    /// unmapped memory.
     #[inline]
     fn allocate(&mut self, request: Request, stream: &S) -> Result<Block> {
         if request.is_zero() {

@@ -336,6 +336,48 @@ fn out_of_physical_memory_trims_idle_granules_and_retries() {
 }
 
 #[test]
+fn out_of_physical_memory_with_a_failing_trim_is_the_decommit_failure() {
+    // 6 granules of physical memory; blocks on granules 0 to 3, then 0 and
+    // 2 freed: two Idle runs, 4 granules committed. 3 MiB need 3 fresh
+    // granules and only 2 are free until the Idle ones go.
+    let space = CountingSpace::new(6 * MIB, MIB);
+    let config = VirtualConfig::new(64 * MIB).keep(4 * MIB).trim_on_commit(false);
+    let mut p = VirtualPool::with_config(&space, config).unwrap();
+    let base = p.reservations[0].range.start();
+    let [a, x, b, y] = [0; 4].map(|_| p.allocate(req(MIB), &()).unwrap());
+    assert_eq!([a, x, b, y].map(|k| k.addr()), [0, 1, 2, 3].map(|i| base + i * MIB));
+    p.deallocate(a, &()).unwrap();
+    p.deallocate(b, &()).unwrap();
+    assert_eq!((p.idle_bytes(), space.committed_bytes()), (2 * MIB, 4 * MIB));
+    // The trim's first decommit fails: nothing was given back, no retry,
+    // and the call fails with the space's error, not out of memory (the
+    // Idle granules would have made room).
+    let before = figures(&p);
+    space.fail_nth_decommit(1);
+    let err = p.allocate(req(3 * MIB), &()).unwrap_err();
+    assert!(matches!(err, Error::Backend { what: "injected decommit failure", .. }), "{err}");
+    assert_eq!(figures(&p), before);
+    p.check().unwrap();
+    // Its second decommit fails: the first made room enough, the retry
+    // succeeds, the granule whose decommit failed stays Idle.
+    space.fail_nth_decommit(2);
+    let c = p.allocate(req(3 * MIB), &()).unwrap();
+    assert_eq!(c.addr(), base + 4 * MIB);
+    assert!(space.is_committed(granules_of(&c, MIB)));
+    assert_eq!((p.idle_bytes(), p.committed_bytes(), space.committed_bytes()), (MIB, 6 * MIB, 6 * MIB));
+    p.check().unwrap();
+    // With every Idle granule given back and still no room: out of memory.
+    space.fail_nth_decommit(0);
+    assert!(p.allocate(req(2 * MIB), &()).unwrap_err().is_out_of_memory());
+    assert_eq!((p.idle_bytes(), space.committed_bytes()), (0, 5 * MIB));
+    p.check().unwrap();
+    for k in [x, y, c] {
+        p.deallocate(k, &()).unwrap();
+    }
+    p.check().unwrap();
+}
+
+#[test]
 fn keep_zero_decommits_every_time_and_keep_avoids_it() {
     for (keep, commits) in [(0, 1000), (2 * MIB, 1)] {
         let space = CountingSpace::new(1 << 30, 2 * MIB);

@@ -756,7 +756,11 @@ impl FuzzResource for VpoolTarget {
         let need = request.rounded_size(256) + request.align().saturating_sub(g);
         let at_max = self.pool.reservation_count() >= self.pool.config().reservations() as usize;
         match err {
-            Error::Backend { .. } if self.commit_failure_armed => Ok(()),
+            // An injected commit failure, or a decommit failure of the trim
+            // after running out of physical memory (its Idle granules stay
+            // committed: the allocation fails with that error, never with
+            // out of memory).
+            Error::Backend { .. } if self.commit_failure_armed || self.decommit_failure_armed => Ok(()),
             Error::InvalidSize { .. } if reserved / g + need.div_ceil(g) >= u64::from(u32::MAX) => Ok(()),
             // Out of physical memory, the space's error comes through as it
             // is: `requested` is then the bytes of the commit.
@@ -770,7 +774,9 @@ impl FuzzResource for VpoolTarget {
                     || need.max(self.pool.config().reserve_size()).next_multiple_of(g)
                         > (g << SPAN_GRANULES_LOG2) - reserved;
                 // Physical memory: what live blocks touch, plus the granules
-                // the block would touch.
+                // the block would touch. Idle granules do not count: the
+                // pool gives them back before it fails, and if a decommit
+                // fails, the error is that failure.
                 let physical =
                     self.busy_bytes(model) + (need.div_ceil(g) + 1) * g > self.pool.space().physical_bytes();
                 let grew = reserved != before[2];
