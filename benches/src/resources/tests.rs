@@ -177,10 +177,10 @@ fn registry_runs_every_resource_and_failures_are_errors() {
                 // Runs only with the feature `cuda` and a device; without
                 // either it says why, never an op failure.
                 match r.run(&w, &options, &mut |_| {}) {
-                    Ok(m) => {
-                        assert!(cfg!(feature = "cuda"), "{} ran without the feature", r.name);
+                    Ok(m) if cfg!(feature = "cuda") => {
                         assert_eq!((m.ops, m.peak_live), (w.ops.len() as u64, w.peak_live), "{}", r.name);
                     }
+                    Ok(_) => panic!("{} ran without the feature `cuda`", r.name),
                     Err(RunError::Unsupported(e)) => {
                         assert!(!cfg!(feature = "cuda") || e.contains("no CUDA device"), "{}: {e}", r.name)
                     }
