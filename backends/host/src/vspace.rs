@@ -1,5 +1,5 @@
 use memres_core::pool::CoalescingIndex;
-use memres_core::vmem::ReservableSpace;
+use memres_core::vmem::{CommitLedger, ReservableSpace};
 use memres_core::{Error, Range, Result, Stream};
 use std::collections::BTreeMap;
 use std::sync::Mutex;
@@ -42,7 +42,6 @@ mod tests;
 #[derive(Debug)]
 pub struct SimAddressSpace {
     granule: u64,
-    physical: u64,
     span: u64,
     state: Mutex<State>,
 }
@@ -54,14 +53,8 @@ struct State {
     /// Live reservations by start address: their index tag and a bitmap of
     /// committed granules.
     reservations: BTreeMap<u64, Reservation>,
-    committed: u64,
-    peak: u64,
-    commits: u64,
-    decommits: u64,
-    /// Commits to let through before one fails (0: none pending).
-    fail_commit_in: u64,
-    /// Decommits to let through before one fails (0: none pending).
-    fail_decommit_in: u64,
+    /// Committed bytes, physical memory, counts and injected failures.
+    ledger: CommitLedger,
 }
 
 #[derive(Debug)]
@@ -71,13 +64,14 @@ struct Reservation {
     committed: Vec<u64>,
 }
 
-/// Counts down an injected failure; true when this call must fail.
-fn injected(counter: &mut u64) -> bool {
-    if *counter == 0 {
-        return false;
-    }
-    *counter -= 1;
-    *counter == 0
+/// The reservation `range` lies in, with its bitmap.
+fn reservation_of(
+    reservations: &mut BTreeMap<u64, Reservation>,
+    range: Range,
+) -> Option<(&mut [u64], Range)> {
+    let (&start, r) = reservations.range_mut(..=range.start()).next_back()?;
+    let whole = Range::new(start, r.len)?;
+    whole.contains_range(&range).then_some((r.committed.as_mut_slice(), whole))
 }
 
 impl SimAddressSpace {
@@ -112,17 +106,11 @@ impl SimAddressSpace {
         space.add_range(Range::new(Self::BASE, span).expect("the span fits above BASE")).expect("one node");
         SimAddressSpace {
             granule,
-            physical,
             span,
             state: Mutex::new(State {
                 space,
                 reservations: BTreeMap::new(),
-                committed: 0,
-                peak: 0,
-                commits: 0,
-                decommits: 0,
-                fail_commit_in: 0,
-                fail_decommit_in: 0,
+                ledger: CommitLedger::new(physical, granule),
             }),
         }
     }
@@ -133,7 +121,7 @@ impl SimAddressSpace {
 
     /// Bytes of physical memory.
     pub fn physical_bytes(&self) -> u64 {
-        self.physical
+        self.lock().ledger.physical_bytes()
     }
 
     /// Bytes of addresses.
@@ -143,18 +131,17 @@ impl SimAddressSpace {
 
     /// Bytes committed now.
     pub fn committed_bytes(&self) -> u64 {
-        self.lock().committed
+        self.lock().ledger.committed_bytes()
     }
 
     /// The most bytes ever committed at once.
     pub fn peak_committed_bytes(&self) -> u64 {
-        self.lock().peak
+        self.lock().ledger.peak_committed_bytes()
     }
 
     /// Forgets the peak: it restarts from what is committed now.
     pub fn reset_peak(&self) {
-        let mut s = self.lock();
-        s.peak = s.committed;
+        self.lock().ledger.reset_peak();
     }
 
     /// Bytes of addresses reserved now.
@@ -164,59 +151,27 @@ impl SimAddressSpace {
 
     /// Successful commit and decommit calls so far.
     pub fn call_counts(&self) -> (u64, u64) {
-        let s = self.lock();
-        (s.commits, s.decommits)
+        self.lock().ledger.call_counts()
     }
 
     /// Whether every granule of `range` is committed (false for a range that
     /// is not inside one reservation).
     pub fn is_committed(&self, range: Range) -> bool {
-        let s = self.lock();
-        let Some((&start, r)) = s.reservations.range(..=range.start()).next_back() else {
-            return false;
-        };
-        if range.end() > start + r.len {
-            return false;
-        }
-        let first = (range.start() - start) / self.granule;
-        let last = (range.end() - start).div_ceil(self.granule);
-        (first..last).all(|i| r.committed[i as usize / 64] >> (i % 64) & 1 == 1)
+        let s = &mut *self.lock();
+        reservation_of(&mut s.reservations, range)
+            .is_some_and(|(bits, r)| s.ledger.is_committed(bits, r, range))
     }
 
     /// Makes the `n`th commit from now fail (`n = 1`: the next one) with an
     /// injected backend error; `n = 0` cancels.
     pub fn fail_nth_commit(&self, n: u64) {
-        self.lock().fail_commit_in = n;
+        self.lock().ledger.fail_nth_commit(n);
     }
 
     /// Makes the `n`th decommit from now fail with an injected backend
     /// error; `n = 0` cancels.
     pub fn fail_nth_decommit(&self, n: u64) {
-        self.lock().fail_decommit_in = n;
-    }
-
-    /// Sets the committed bits of `range` to `to`; they must all be `!to`.
-    fn flip(&self, s: &mut State, range: Range, to: bool) -> Result<()> {
-        let g = self.granule;
-        if range.is_empty() || range.start() % g != 0 || range.len() % g != 0 {
-            return Err(Error::InvalidConfig { what: "range empty or not aligned to the granule" });
-        }
-        let Some((&start, r)) = s.reservations.range_mut(..=range.start()).next_back() else {
-            return Err(Error::InvalidConfig { what: "range outside the reservations" });
-        };
-        if range.end() > start + r.len {
-            return Err(Error::InvalidConfig { what: "range outside the reservations" });
-        }
-        let granules = (range.start() - start) / g..(range.end() - start) / g;
-        if granules.clone().any(|i| (r.committed[i as usize / 64] >> (i % 64) & 1 == 1) == to) {
-            return Err(Error::InvalidConfig {
-                what: if to { "commit of committed memory" } else { "decommit of uncommitted memory" },
-            });
-        }
-        for i in granules {
-            r.committed[i as usize / 64] ^= 1 << (i % 64);
-        }
-        Ok(())
+        self.lock().ledger.fail_nth_decommit(n);
     }
 }
 
@@ -264,35 +219,14 @@ impl ReservableSpace for SimAddressSpace {
     }
 
     fn commit(&self, range: Range) -> Result<()> {
-        let mut s = self.lock();
-        if injected(&mut s.fail_commit_in) {
-            return Err(Error::Backend { code: 2, what: "injected commit failure of the simulated space" });
-        }
-        if range.len() > self.physical - s.committed {
-            return Err(Error::OutOfMemory {
-                requested: range.len(),
-                largest_free: self.physical - s.committed,
-                pool_size: self.physical,
-                max_size: Some(self.physical),
-            });
-        }
-        self.flip(&mut s, range, true)?;
-        s.committed += range.len();
-        s.peak = s.peak.max(s.committed);
-        s.commits += 1;
-        Ok(())
+        let s = &mut *self.lock();
+        s.ledger.commit(reservation_of(&mut s.reservations, range), range)
     }
 
     fn decommit<S: Stream + ?Sized>(&self, range: Range, stream: &S) -> Result<()> {
         // As a CUDA backend may: let the stream's work finish, then unmap.
         stream.synchronize()?;
-        let mut s = self.lock();
-        if injected(&mut s.fail_decommit_in) {
-            return Err(Error::Backend { code: 2, what: "injected decommit failure of the simulated space" });
-        }
-        self.flip(&mut s, range, false)?;
-        s.committed -= range.len();
-        s.decommits += 1;
-        Ok(())
+        let s = &mut *self.lock();
+        s.ledger.decommit(reservation_of(&mut s.reservations, range), range)
     }
 }

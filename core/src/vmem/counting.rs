@@ -1,4 +1,4 @@
-use super::ReservableSpace;
+use super::{CommitLedger, ReservableSpace};
 use crate::{Error, Range, Result, Stream};
 use alloc::vec::Vec;
 use core::cell::RefCell;
@@ -31,8 +31,6 @@ use core::cell::RefCell;
 /// ```
 #[derive(Debug)]
 pub struct CountingSpace {
-    granule: u64,
-    physical: u64,
     state: RefCell<State>,
 }
 
@@ -42,14 +40,13 @@ struct State {
     next: u64,
     /// Live reservations and their committed-granule bitmaps.
     reservations: Vec<(Range, Vec<u64>)>,
-    committed: u64,
-    peak: u64,
-    commits: u64,
-    decommits: u64,
-    /// Commits to let through before one fails (0: none pending).
-    fail_in: u64,
-    /// Decommits to let through before one fails (0: none pending).
-    fail_decommit_in: u64,
+    ledger: CommitLedger,
+}
+
+/// The reservation `range` lies in, with its bitmap.
+fn reservation_of(reservations: &mut [(Range, Vec<u64>)], range: Range) -> Option<(&mut [u64], Range)> {
+    let (r, bits) = reservations.iter_mut().find(|(r, _)| r.contains_range(&range))?;
+    Some((bits.as_mut_slice(), *r))
 }
 
 impl CountingSpace {
@@ -65,42 +62,28 @@ impl CountingSpace {
     ///
     /// If `granule` is not a power of two of at least 256.
     pub fn new(physical: u64, granule: u64) -> Self {
-        assert!(granule.is_power_of_two() && granule >= 256, "granule {granule} not a power of two >= 256");
-        CountingSpace {
-            granule,
-            physical,
-            state: RefCell::new(State {
-                next: Self::BASE,
-                reservations: Vec::new(),
-                committed: 0,
-                peak: 0,
-                commits: 0,
-                decommits: 0,
-                fail_in: 0,
-                fail_decommit_in: 0,
-            }),
-        }
+        let ledger = CommitLedger::new(physical, granule);
+        CountingSpace { state: RefCell::new(State { next: Self::BASE, reservations: Vec::new(), ledger }) }
     }
 
     /// Bytes of physical memory.
     pub fn physical_bytes(&self) -> u64 {
-        self.physical
+        self.state.borrow().ledger.physical_bytes()
     }
 
     /// Bytes committed now.
     pub fn committed_bytes(&self) -> u64 {
-        self.state.borrow().committed
+        self.state.borrow().ledger.committed_bytes()
     }
 
     /// The most bytes ever committed at once.
     pub fn peak_committed_bytes(&self) -> u64 {
-        self.state.borrow().peak
+        self.state.borrow().ledger.peak_committed_bytes()
     }
 
     /// Successful commit and decommit calls so far.
     pub fn call_counts(&self) -> (u64, u64) {
-        let s = self.state.borrow();
-        (s.commits, s.decommits)
+        self.state.borrow().ledger.call_counts()
     }
 
     /// Number of live reservations.
@@ -112,20 +95,16 @@ impl CountingSpace {
     /// outside the reservations).
     pub fn is_committed(&self, range: Range) -> bool {
         let s = self.state.borrow();
-        let g = self.granule;
-        match s.reservations.iter().find(|(r, _)| r.contains_range(&range)) {
-            Some((r, bits)) => {
-                let first = (range.start() - r.start()) / g;
-                (first..first + range.len().div_ceil(g)).all(|i| bits[i as usize / 64] >> (i % 64) & 1 == 1)
-            }
-            None => false,
-        }
+        s.reservations
+            .iter()
+            .find(|(r, _)| r.contains_range(&range))
+            .is_some_and(|(r, bits)| s.ledger.is_committed(bits, *r, range))
     }
 
     /// Makes the `n`th commit from now fail (`n = 1`: the next one) with an
     /// injected backend error; `n = 0` cancels.
     pub fn fail_nth(&self, n: u64) {
-        self.state.borrow_mut().fail_in = n;
+        self.state.borrow_mut().ledger.fail_nth_commit(n);
     }
 
     /// Makes the `n`th decommit from now fail (`n = 1`: the next one) with
@@ -149,42 +128,21 @@ impl CountingSpace {
     /// # Ok::<(), memres_core::Error>(())
     /// ```
     pub fn fail_nth_decommit(&self, n: u64) {
-        self.state.borrow_mut().fail_decommit_in = n;
-    }
-
-    /// Flips the committed bits of `range`, which must all be `!to` first.
-    fn flip(&self, s: &mut State, range: Range, to: bool) -> Result<()> {
-        let g = self.granule;
-        if range.is_empty() || range.start() % g != 0 || range.len() % g != 0 {
-            return Err(Error::InvalidConfig { what: "range empty or not aligned to the granule" });
-        }
-        let Some((r, bits)) = s.reservations.iter_mut().find(|(r, _)| r.contains_range(&range)) else {
-            return Err(Error::InvalidConfig { what: "range outside the reservations" });
-        };
-        let first = (range.start() - r.start()) / g;
-        let granules = first..first + range.len() / g;
-        if granules.clone().any(|i| (bits[i as usize / 64] >> (i % 64) & 1 == 1) == to) {
-            return Err(Error::InvalidConfig {
-                what: if to { "commit of committed memory" } else { "decommit of uncommitted memory" },
-            });
-        }
-        for i in granules {
-            bits[i as usize / 64] ^= 1 << (i % 64);
-        }
-        Ok(())
+        self.state.borrow_mut().ledger.fail_nth_decommit(n);
     }
 }
 
 impl ReservableSpace for CountingSpace {
     fn granule(&self) -> u64 {
-        self.granule
+        self.state.borrow().ledger.granule()
     }
 
     fn reserve(&self, len: u64) -> Result<Range> {
-        if len == 0 || len % self.granule != 0 {
+        let mut s = self.state.borrow_mut();
+        let g = s.ledger.granule();
+        if len == 0 || len % g != 0 {
             return Err(Error::InvalidSize { size: len });
         }
-        let mut s = self.state.borrow_mut();
         let room = Self::END - s.next;
         if len > room {
             return Err(Error::OutOfMemory {
@@ -196,8 +154,7 @@ impl ReservableSpace for CountingSpace {
         }
         let range = Range::new(s.next, len).ok_or(Error::InvalidSize { size: len })?;
         s.next += len;
-        let words = (len / self.granule).div_ceil(64) as usize;
-        s.reservations.push((range, alloc::vec![0; words]));
+        s.reservations.push((range, alloc::vec![0; CommitLedger::words(len / g)]));
         Ok(range)
     }
 
@@ -214,39 +171,12 @@ impl ReservableSpace for CountingSpace {
     }
 
     fn commit(&self, range: Range) -> Result<()> {
-        let mut s = self.state.borrow_mut();
-        if s.fail_in > 0 {
-            s.fail_in -= 1;
-            if s.fail_in == 0 {
-                return Err(Error::Backend { code: 2, what: "injected commit failure" });
-            }
-        }
-        if range.len() > self.physical - s.committed {
-            return Err(Error::OutOfMemory {
-                requested: range.len(),
-                largest_free: self.physical - s.committed,
-                pool_size: self.physical,
-                max_size: Some(self.physical),
-            });
-        }
-        self.flip(&mut s, range, true)?;
-        s.committed += range.len();
-        s.peak = s.peak.max(s.committed);
-        s.commits += 1;
-        Ok(())
+        let s = &mut *self.state.borrow_mut();
+        s.ledger.commit(reservation_of(&mut s.reservations, range), range)
     }
 
     fn decommit<S: Stream + ?Sized>(&self, range: Range, _stream: &S) -> Result<()> {
-        let mut s = self.state.borrow_mut();
-        if s.fail_decommit_in > 0 {
-            s.fail_decommit_in -= 1;
-            if s.fail_decommit_in == 0 {
-                return Err(Error::Backend { code: 2, what: "injected decommit failure" });
-            }
-        }
-        self.flip(&mut s, range, false)?;
-        s.committed -= range.len();
-        s.decommits += 1;
-        Ok(())
+        let s = &mut *self.state.borrow_mut();
+        s.ledger.decommit(reservation_of(&mut s.reservations, range), range)
     }
 }

@@ -8,12 +8,15 @@
 //! are no chunks, only granules mapped where live blocks are.
 //!
 //! [`ReservableSpace`] is the trait a backend implements; [`CountingSpace`]
-//! is a space of bare numbers that checks every call, for examples and tests.
+//! is a space of bare numbers that checks every call, for examples and tests,
+//! on the bookkeeping of [`CommitLedger`], which simulated spaces share.
 
 #[cfg(feature = "alloc")]
 mod counting;
+mod ledger;
 #[cfg(feature = "alloc")]
 pub use counting::CountingSpace;
+pub use ledger::CommitLedger;
 
 use crate::{Range, Result, Stream};
 

@@ -1,0 +1,208 @@
+use crate::{Error, Range, Result};
+
+/// The checked bookkeeping of a simulated [`ReservableSpace`](super::ReservableSpace):
+/// which granules of a reservation are committed, the committed bytes and
+/// their peak, a budget of physical memory, call counts, and injected
+/// failures. A space finds the reservation a range lies in (its own way:
+/// [`CountingSpace`](super::CountingSpace) hands addresses out from a
+/// counter, `memres-host`'s `SimAddressSpace` from an index, behind a lock)
+/// and lets the ledger judge and count the call.
+///
+/// A reservation's committed granules are a bitmap of `u64` words, one bit
+/// per granule from its start ([`words`](Self::words) says how many).
+///
+/// # Examples
+///
+/// ```
+/// use memres_core::vmem::CommitLedger;
+/// use memres_core::Range;
+/// let mut ledger = CommitLedger::new(4 << 20, 1 << 20);
+/// let reservation = Range::new(1 << 30, 8 << 20).unwrap();
+/// let mut bits = vec![0; CommitLedger::words(8)];
+/// let two = Range::new(1 << 30, 2 << 20).unwrap();
+/// ledger.commit(Some((&mut bits, reservation)), two)?;
+/// assert!(ledger.commit(Some((&mut bits, reservation)), two).is_err()); // committed already
+/// assert!(ledger.is_committed(&bits, reservation, two));
+/// assert!(ledger.decommit(None, two).is_err()); // in no reservation
+/// ledger.decommit(Some((&mut bits, reservation)), two)?;
+/// assert_eq!((ledger.committed_bytes(), ledger.peak_committed_bytes()), (0, 2 << 20));
+/// # Ok::<(), memres_core::Error>(())
+/// ```
+#[derive(Debug)]
+pub struct CommitLedger {
+    granule: u64,
+    physical: u64,
+    /// Bytes committed: the bits set over all reservations, in bytes.
+    committed: u64,
+    peak: u64,
+    commits: u64,
+    decommits: u64,
+    /// Commits to let through before one fails (0: none pending).
+    fail_commit_in: u64,
+    /// Decommits to let through before one fails (0: none pending).
+    fail_decommit_in: u64,
+}
+
+/// Counts down an injected failure; true when this call must fail.
+fn injected(counter: &mut u64) -> bool {
+    if *counter == 0 {
+        return false;
+    }
+    *counter -= 1;
+    *counter == 0
+}
+
+impl CommitLedger {
+    /// A ledger of `physical` bytes to commit in granules of `granule` bytes.
+    ///
+    /// # Panics
+    ///
+    /// If `granule` is not a power of two of at least 256.
+    pub fn new(physical: u64, granule: u64) -> Self {
+        assert!(granule.is_power_of_two() && granule >= 256, "granule {granule} not a power of two >= 256");
+        CommitLedger {
+            granule,
+            physical,
+            committed: 0,
+            peak: 0,
+            commits: 0,
+            decommits: 0,
+            fail_commit_in: 0,
+            fail_decommit_in: 0,
+        }
+    }
+
+    /// Words of the bitmap of a reservation of `granules` granules.
+    pub const fn words(granules: u64) -> usize {
+        granules.div_ceil(64) as usize
+    }
+
+    /// The granule.
+    pub fn granule(&self) -> u64 {
+        self.granule
+    }
+
+    /// Bytes of physical memory.
+    pub fn physical_bytes(&self) -> u64 {
+        self.physical
+    }
+
+    /// Bytes committed now.
+    pub fn committed_bytes(&self) -> u64 {
+        self.committed
+    }
+
+    /// The most bytes ever committed at once.
+    pub fn peak_committed_bytes(&self) -> u64 {
+        self.peak
+    }
+
+    /// Forgets the peak: it restarts from what is committed now.
+    pub fn reset_peak(&mut self) {
+        self.peak = self.committed;
+    }
+
+    /// Successful commit and decommit calls so far.
+    pub fn call_counts(&self) -> (u64, u64) {
+        (self.commits, self.decommits)
+    }
+
+    /// Makes the `n`th commit from now fail (`n = 1`: the next one) with an
+    /// injected backend error; `n = 0` cancels.
+    pub fn fail_nth_commit(&mut self, n: u64) {
+        self.fail_commit_in = n;
+    }
+
+    /// Makes the `n`th decommit from now fail with an injected backend
+    /// error, the memory left committed; `n = 0` cancels.
+    pub fn fail_nth_decommit(&mut self, n: u64) {
+        self.fail_decommit_in = n;
+    }
+
+    /// Checks that `range` is granule-aligned and not empty.
+    fn check_shape(&self, range: Range) -> Result<()> {
+        let g = self.granule;
+        if range.is_empty() || range.start() % g != 0 || range.len() % g != 0 {
+            return Err(Error::InvalidConfig { what: "range empty or not aligned to the granule" });
+        }
+        Ok(())
+    }
+
+    /// Whether every granule `range` touches is committed in `bits`, the
+    /// bitmap of `reservation` (false for a range not inside it).
+    pub fn is_committed(&self, bits: &[u64], reservation: Range, range: Range) -> bool {
+        if !reservation.contains_range(&range) {
+            return false;
+        }
+        let first = (range.start() - reservation.start()) / self.granule;
+        let last = (range.end() - reservation.start()).div_ceil(self.granule);
+        (first..last).all(|i| bits[i as usize / 64] >> (i % 64) & 1 == 1)
+    }
+
+    /// Commits `range` in the reservation the space found for it (its
+    /// bitmap and range; `None` when it lies in none): an injected failure
+    /// first, then the physical budget, then the bits, which must all be
+    /// clear.
+    ///
+    /// # Errors
+    ///
+    /// An injected [`Error::Backend`]; [`Error::OutOfMemory`] beyond the
+    /// physical memory; [`Error::InvalidConfig`] for a misshapen range, one
+    /// outside `reservation`, or one partly committed. Nothing changes on
+    /// error.
+    pub fn commit(&mut self, reservation: Option<(&mut [u64], Range)>, range: Range) -> Result<()> {
+        if injected(&mut self.fail_commit_in) {
+            return Err(Error::Backend { code: 2, what: "injected commit failure" });
+        }
+        if range.len() > self.physical - self.committed {
+            return Err(Error::OutOfMemory {
+                requested: range.len(),
+                largest_free: self.physical - self.committed,
+                pool_size: self.physical,
+                max_size: Some(self.physical),
+            });
+        }
+        self.flip(reservation, range, true)?;
+        self.committed += range.len();
+        self.peak = self.peak.max(self.committed);
+        self.commits += 1;
+        Ok(())
+    }
+
+    /// Decommits `range` in the reservation the space found for it; every
+    /// bit must be set.
+    ///
+    /// # Errors
+    ///
+    /// An injected [`Error::Backend`] (the memory stays committed);
+    /// [`Error::InvalidConfig`] as for [`commit`](Self::commit). Nothing
+    /// changes on error.
+    pub fn decommit(&mut self, reservation: Option<(&mut [u64], Range)>, range: Range) -> Result<()> {
+        if injected(&mut self.fail_decommit_in) {
+            return Err(Error::Backend { code: 2, what: "injected decommit failure" });
+        }
+        self.flip(reservation, range, false)?;
+        self.committed -= range.len();
+        self.decommits += 1;
+        Ok(())
+    }
+
+    /// Sets the bits of `range` to `to`; they must all be `!to`.
+    fn flip(&self, reservation: Option<(&mut [u64], Range)>, range: Range, to: bool) -> Result<()> {
+        self.check_shape(range)?;
+        let Some((bits, reservation)) = reservation.filter(|(_, r)| r.contains_range(&range)) else {
+            return Err(Error::InvalidConfig { what: "range outside the reservations" });
+        };
+        let first = (range.start() - reservation.start()) / self.granule;
+        let granules = first..first + range.len() / self.granule;
+        if granules.clone().any(|i| (bits[i as usize / 64] >> (i % 64) & 1 == 1) == to) {
+            return Err(Error::InvalidConfig {
+                what: if to { "commit of committed memory" } else { "decommit of uncommitted memory" },
+            });
+        }
+        for i in granules {
+            bits[i as usize / 64] ^= 1 << (i % 64);
+        }
+        Ok(())
+    }
+}
