@@ -616,6 +616,16 @@ impl BuildShared for SharedPool {
 pub struct Fixed;
 
 impl Fixed {
+    /// The resource, once the workload's requests are known to fit its blocks.
+    fn make<U: Upstream>(
+        upstream: U,
+        w: &Workload,
+        options: &RunOptions,
+    ) -> Result<FixedSizeResource<U>, String> {
+        let config = Self::check(w, options)?;
+        FixedSizeResource::with_config(upstream, config, &()).map_err(|e| format!("fixed: {e}"))
+    }
+
     fn check(workload: &Workload, options: &RunOptions) -> Result<FixedConfig, String> {
         let size = options.param.ok_or("fixed needs a block size: fixed:SIZE")?;
         if let Some((i, op)) = workload.ops.iter().enumerate().find(|(_, op)| op.alloc && op.size > size) {
@@ -636,10 +646,7 @@ impl Build for Fixed {
         w: &Workload,
         options: &RunOptions,
     ) -> Result<Self::Resource<U>, String> {
-        let config = Self::check(w, options)?;
-        let inner =
-            FixedSizeResource::with_config(upstream, config, &()).map_err(|e| format!("fixed: {e}"))?;
-        Ok(MutReplayer { inner, peak: |r| r.upstream().peak_held_bytes() })
+        Ok(MutReplayer { inner: Self::make(upstream, w, options)?, peak: |r| r.upstream().peak_held_bytes() })
     }
 }
 
@@ -650,10 +657,7 @@ impl BuildShared for Fixed {
         w: &Workload,
         options: &RunOptions,
     ) -> Result<Self::Resource<U>, String> {
-        let config = Self::check(w, options)?;
-        let inner =
-            FixedSizeResource::with_config(upstream, config, &()).map_err(|e| format!("fixed: {e}"))?;
-        Ok(Shared::new(inner))
+        Self::make(upstream, w, options).map(Shared::new)
     }
     fn peak<U: Upstream>(r: &Self::Resource<U>) -> u64 {
         r.with(|f| f.upstream().peak_held_bytes())
