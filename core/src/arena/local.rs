@@ -67,13 +67,7 @@ impl Local {
             return Err(Error::UnknownBlock { addr });
         };
         let first = h.first;
-        match self.index.find_used(first, addr) {
-            Some(t) if tag.is_none() => self.index.free(t, addr, size).map(|_| ()),
-            // The block at this address is a newer one: the caller's was freed.
-            Some(_) => Err(Error::DoubleFree { addr }),
-            None if self.index.is_free_at(first, addr) => Err(Error::DoubleFree { addr }),
-            None => Err(Error::UnknownBlock { addr }),
-        }
+        self.index.free_by_address(first, addr, size, tag.is_some()).map(|_| ())
     }
 
     /// Wholly free superblocks.

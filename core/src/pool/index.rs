@@ -683,6 +683,45 @@ impl<N: Storage<Node>> CoalescingIndex<N> {
         None
     }
 
+    /// Frees the block at `addr` in the region whose first node is `first`,
+    /// found by its address: the slow path when a caller's tag names no
+    /// live range. `had_tag` says whether the caller held a tag (one that
+    /// no longer matched: its block was freed, and the range now at `addr`
+    /// is another's) or only the address ([`Block::NO_TAG`](crate::Block::NO_TAG)).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::DoubleFree`] if `addr` is in a free range, or if the caller
+    /// held a stale tag for a used range there; [`Error::UnknownBlock`] if no
+    /// range starts at `addr`; as [`free`](Self::free) otherwise.
+    ///
+    /// # Time Complexity
+    ///
+    /// O(number of ranges in the region).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use memres_core::pool::CoalescingIndex;
+    /// use memres_core::{Error, Range};
+    /// let mut index: CoalescingIndex = CoalescingIndex::new(256);
+    /// let first = index.add_range(Range::new(0, 4096).unwrap())?;
+    /// let a = index.allocate(1000, 256)?.unwrap();
+    /// assert!(matches!(index.free_by_address(first, a.addr, 1000, true), Err(Error::DoubleFree { .. })));
+    /// index.free_by_address(first, a.addr, 1000, false)?;
+    /// assert!(matches!(index.free_by_address(first, a.addr, 1000, false), Err(Error::DoubleFree { .. })));
+    /// # Ok::<(), memres_core::Error>(())
+    /// ```
+    pub fn free_by_address(&mut self, first: u32, addr: u64, size: u64, had_tag: bool) -> Result<Range> {
+        match self.find_used(first, addr) {
+            Some(tag) if !had_tag => self.free(tag, addr, size),
+            // A tag that no longer matches: this block was freed before.
+            Some(_) => Err(Error::DoubleFree { addr }),
+            None if self.is_free_at(first, addr) => Err(Error::DoubleFree { addr }),
+            None => Err(Error::UnknownBlock { addr }),
+        }
+    }
+
     /// Whether `addr` lies inside a free range of the region whose first node
     /// is `first` (to tell a double free from a foreign address).
     pub fn is_free_at(&self, first: u32, addr: u64) -> bool {

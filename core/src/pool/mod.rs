@@ -477,13 +477,8 @@ impl<U, N: Storage<Node>, C: Storage<Chunk>> CoalescingPool<U, N, C> {
             return Err(Error::UnknownBlock { addr });
         };
         let first = chunk.first;
-        match self.index.find_used(first, addr) {
-            Some(tag) if block.tag() == Block::NO_TAG => self.index.free(tag, addr, block.size()).map(|_| ()),
-            // A tag that no longer matches: this block was freed before.
-            Some(_) => Err(Error::DoubleFree { addr }),
-            None if self.index.is_free_at(first, addr) => Err(Error::DoubleFree { addr }),
-            None => Err(Error::UnknownBlock { addr }),
-        }
+        let had_tag = block.tag() != Block::NO_TAG;
+        self.index.free_by_address(first, addr, block.size(), had_tag).map(|_| ())
     }
 
     /// Checks the pool's invariants: those of its index, plus every chunk

@@ -946,12 +946,8 @@ impl<V: ReservableSpace> VirtualPool<V> {
             return Err(Error::UnknownBlock { addr });
         };
         let first = r.first;
-        match self.index.find_used(first, addr) {
-            Some(tag) if block.tag() == Block::NO_TAG => self.index.free(tag, addr, block.size()).map(|_| ()),
-            Some(_) => Err(Error::DoubleFree { addr }),
-            None if self.index.is_free_at(first, addr) => Err(Error::DoubleFree { addr }),
-            None => Err(Error::UnknownBlock { addr }),
-        }
+        let had_tag = block.tag() != Block::NO_TAG;
+        self.index.free_by_address(first, addr, block.size(), had_tag).map(|_| ())
     }
 
     /// Checks the pool's invariants and returns the first broken one.
