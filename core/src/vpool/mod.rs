@@ -507,10 +507,7 @@ impl<V: ReservableSpace> VirtualPool<V> {
     #[inline(always)]
     fn slots_of(&self, addr: u64, len: u64) -> (u32, u32) {
         let r = self.reservation_of(addr).expect("the index hands out reserved addresses");
-        let offset = addr - r.range.start();
-        let lo = (offset >> self.shift) as u32;
-        let hi = ((offset + len - 1) >> self.shift) as u32 + 1;
-        (r.base + lo, r.base + hi)
+        self.slots_touched(r, addr, addr + len)
     }
 
     /// The slots of the granules that `start..end` (inside `r`) touches.
