@@ -114,12 +114,23 @@ pub trait FuzzResource {
     /// free may be answered [`Error::UnknownBlock`] instead of
     /// [`Error::DoubleFree`] (the resource no longer knows the address).
     fn give_backs(&self) -> u64 {
-        0
+        self.spy().map_or(0, targets::Spy::frees)
     }
 
     /// Called before each allocation, so that the resource can reset what it
     /// records about its upstream calls.
-    fn begin_allocate(&mut self) {}
+    fn begin_allocate(&mut self) {
+        if let Some(spy) = self.spy() {
+            spy.clear_log();
+        }
+    }
+
+    /// The spy on the resource's upstream, if it has one: then the
+    /// upstream's frees are the give-backs, and its log restarts at each
+    /// allocation.
+    fn spy(&self) -> Option<&targets::Spy> {
+        None
+    }
 
     /// What a free compares sizes by: two sizes of the same class free the
     /// same block, and [`Error::SizeMismatch`] names the class of the block

@@ -268,13 +268,17 @@ impl Spy {
     fn new(capacity: u64) -> Self {
         Spy { inner: Arc::new(SimDevice::new(capacity)), log: Arc::default(), frees: Arc::default() }
     }
+    /// Forgets what the upstream answered so far.
+    pub(super) fn clear_log(&self) {
+        self.take_log();
+    }
     fn take_log(&self) -> SpyLog {
         std::mem::take(&mut *self.log.lock().expect("spy lock"))
     }
     fn log(&self) -> SpyLog {
         self.log.lock().expect("spy lock").clone()
     }
-    fn frees(&self) -> u64 {
+    pub(super) fn frees(&self) -> u64 {
         *self.frees.lock().expect("spy lock")
     }
 }
@@ -461,11 +465,8 @@ impl<N: Storage<Node>, C: Storage<Chunk>> FuzzResource for PoolTarget<N, C> {
     fn summary(&self) -> Vec<u64> {
         pool_summary(&self.pool)
     }
-    fn give_backs(&self) -> u64 {
-        self.spy.frees()
-    }
-    fn begin_allocate(&mut self) {
-        self.spy.take_log();
+    fn spy(&self) -> Option<&Spy> {
+        Some(&self.spy)
     }
     fn judge_alloc_failure(
         &self,
@@ -570,11 +571,8 @@ impl FuzzResource for StackTarget {
     fn summary(&self) -> Vec<u64> {
         self.pool.with(|p| pool_summary(p))
     }
-    fn give_backs(&self) -> u64 {
-        self.spy.frees()
-    }
-    fn begin_allocate(&mut self) {
-        self.spy.take_log();
+    fn spy(&self) -> Option<&Spy> {
+        Some(&self.spy)
     }
     fn judge_alloc_failure(
         &self,

@@ -522,12 +522,8 @@ impl FuzzResource for ArenaTarget {
         v
     }
 
-    fn give_backs(&self) -> u64 {
-        self.spy.frees()
-    }
-
-    fn begin_allocate(&mut self) {
-        self.spy.take_log();
+    fn spy(&self) -> Option<&Spy> {
+        Some(&self.spy)
     }
 
     fn streams(&self) -> u8 {

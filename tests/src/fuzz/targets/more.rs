@@ -92,11 +92,8 @@ impl FuzzResource for FixedTarget {
             self.fixed.chunk_count() as u64,
         ]
     }
-    fn give_backs(&self) -> u64 {
-        self.spy.frees()
-    }
-    fn begin_allocate(&mut self) {
-        self.spy.take_log();
+    fn spy(&self) -> Option<&Spy> {
+        Some(&self.spy)
     }
     fn judge_alloc_failure(
         &self,
@@ -225,8 +222,8 @@ impl FuzzResource for BinningTarget {
         let (used, free, held) = self.fixed_figures();
         vec![self.used_bytes(), used, free, held, self.spy.inner.held_bytes()]
     }
-    fn give_backs(&self) -> u64 {
-        self.spy.frees()
+    fn spy(&self) -> Option<&Spy> {
+        Some(&self.spy)
     }
     fn forgets(&self, block: &Block) -> bool {
         self.bins.bin_for(block.size()).is_none() || self.released_any
@@ -262,9 +259,6 @@ impl FuzzResource for BinningTarget {
             allowed.push(Error::SizeMismatch { addr, expected: bin, given });
         }
         allowed
-    }
-    fn begin_allocate(&mut self) {
-        self.spy.take_log();
     }
     fn judge_alloc_failure(
         &self,
@@ -570,11 +564,8 @@ impl FuzzResource for StreamTarget {
             ]
         })
     }
-    fn give_backs(&self) -> u64 {
-        self.spy.frees()
-    }
-    fn begin_allocate(&mut self) {
-        self.spy.take_log();
+    fn spy(&self) -> Option<&Spy> {
+        Some(&self.spy)
     }
     fn streams(&self) -> u8 {
         self.streams.len() as u8
