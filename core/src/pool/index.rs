@@ -225,28 +225,15 @@ impl<N: Storage<Node>> CoalescingIndex<N> {
         unsafe { self.nodes.get_unchecked_mut(i as usize) }
     }
 
-    /// The `prev_free` link of node `i`, or a scratch word when `i` is
-    /// `NONE`: list updates then store without a branch that random sizes
-    /// would mispredict.
-    #[inline]
-    fn prev_free_of(&mut self, i: u32) -> &mut u32 {
+    /// The link `field` picks out of node `i`, or a scratch word when `i` is
+    /// `NONE`: list and neighbour updates then store without a branch that
+    /// random sizes would mispredict.
+    #[inline(always)]
+    fn link_of(&mut self, i: u32, field: fn(&mut Node) -> &mut u32) -> &mut u32 {
         if i != NONE {
             debug_assert!(self.in_range(i), "node {i} out of range");
             // SAFETY: `i` is a link (see `node`).
-            unsafe { &mut self.nodes.get_unchecked_mut(i as usize).prev_free }
-        } else {
-            &mut self.scratch
-        }
-    }
-
-    /// The `prev_phys` link of node `i`, or the scratch word when `i` is
-    /// `NONE` (see [`prev_free_of`](Self::prev_free_of)).
-    #[inline]
-    fn prev_phys_of(&mut self, i: u32) -> &mut u32 {
-        if i != NONE {
-            debug_assert!(self.in_range(i), "node {i} out of range");
-            // SAFETY: `i` is a link (see `node`).
-            unsafe { &mut self.nodes.get_unchecked_mut(i as usize).prev_phys }
+            field(unsafe { self.nodes.get_unchecked_mut(i as usize) })
         } else {
             &mut self.scratch
         }
@@ -337,7 +324,7 @@ impl<N: Storage<Node>> CoalescingIndex<N> {
             node.prev_free = NONE;
             node.next_free = head;
         }
-        *self.prev_free_of(head) = i;
+        *self.link_of(head, |n| &mut n.prev_free) = i;
         self.heads[bin] = i;
         self.fl_bitmap |= 1 << (bin / SL_COUNT);
         self.sl_bitmap[bin / SL_COUNT] |= 1 << (bin % SL_COUNT);
@@ -356,7 +343,7 @@ impl<N: Storage<Node>> CoalescingIndex<N> {
             &mut self.heads[bin]
         };
         *to_i = next_free;
-        *self.prev_free_of(next_free) = prev_free;
+        *self.link_of(next_free, |n| &mut n.prev_free) = prev_free;
         // Clear the bin's bits if it became empty, without a branch.
         let (fl, sl) = (bin / SL_COUNT, bin % SL_COUNT);
         self.sl_bitmap[fl] &= !(((self.heads[bin] == NONE) as u32) << sl);
@@ -584,7 +571,7 @@ impl<N: Storage<Node>> CoalescingIndex<N> {
             bin: 0,
             state: State::Used,
         };
-        *self.prev_phys_of(n.next_phys) = j;
+        *self.link_of(n.next_phys, |n| &mut n.prev_phys) = j;
         let node = self.node_mut(i);
         node.size = at;
         node.next_phys = j;
@@ -654,7 +641,7 @@ impl<N: Storage<Node>> CoalescingIndex<N> {
         let node = self.node_mut(i);
         node.size += nj.size;
         node.next_phys = nj.next_phys;
-        *self.prev_phys_of(nj.next_phys) = i;
+        *self.link_of(nj.next_phys, |n| &mut n.prev_phys) = i;
         self.make_vacant(j);
     }
 
