@@ -1,9 +1,8 @@
 //! `cuMemAlloc` / `cuMemFree`: RMM's `cuda_memory_resource`.
 
 use crate::context::{Context, Device};
-use crate::error::check_free;
 use crate::live::LiveAllocations;
-use crate::place::{allocate_with, base_of, out_of_memory, padded_size};
+use crate::place::{allocate_with, deallocate_with, out_of_memory, padded_size};
 use crate::sys;
 use memres_core::{Block, MemoryResource, Request, Result, Stream};
 use std::sync::Arc;
@@ -95,17 +94,8 @@ impl<S: Stream + ?Sized> MemoryResource<S> for CudaMemory {
     }
 
     fn deallocate(&self, block: Block, _stream: &S) -> Result<()> {
-        if block.is_empty() {
-            return Ok(());
-        }
-        let base = base_of(block)?;
-        self.live.remove(base, block.addr(), block.size())?;
-        // SAFETY: `base` is a live allocation of ours (just taken out of the
-        // table, so no one frees it twice); our context is made current.
-        let freed = self.context.scope(|| check_free(unsafe { sys::cuMemFree_v2(base) }, block.addr()));
-        if freed.is_err() {
-            self.live.restore(base, block.size());
-        }
-        freed
+        // SAFETY: `base` is a live allocation of ours, just taken out of the
+        // table (so no one frees it twice); our context is current.
+        deallocate_with(&self.context, &self.live, block, |base| unsafe { sys::cuMemFree_v2(base) })
     }
 }

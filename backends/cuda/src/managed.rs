@@ -1,9 +1,9 @@
 //! Managed (unified) memory and the prefetching adaptor.
 
 use crate::context::{Context, Device};
-use crate::error::{check_free, error_from_code};
+use crate::error::error_from_code;
 use crate::live::LiveAllocations;
-use crate::place::{allocate_with, base_of};
+use crate::place::{allocate_with, deallocate_with};
 use crate::stream::AsRawStream;
 use crate::sys;
 use memres_core::{Block, MemoryResource, Request, Result, Stream};
@@ -80,18 +80,9 @@ impl<S: Stream + ?Sized> MemoryResource<S> for ManagedMemory {
     }
 
     fn deallocate(&self, block: Block, _stream: &S) -> Result<()> {
-        if block.is_empty() {
-            return Ok(());
-        }
-        let base = base_of(block)?;
-        self.live.remove(base, block.addr(), block.size())?;
-        // SAFETY: `base` is a live allocation of ours (just taken out of the
-        // table, so no one frees it twice); our context is made current.
-        let freed = self.context.scope(|| check_free(unsafe { sys::cuMemFree_v2(base) }, block.addr()));
-        if freed.is_err() {
-            self.live.restore(base, block.size());
-        }
-        freed
+        // SAFETY: `base` is a live allocation of ours, just taken out of the
+        // table (so no one frees it twice); our context is current.
+        deallocate_with(&self.context, &self.live, block, |base| unsafe { sys::cuMemFree_v2(base) })
     }
 }
 

@@ -1,9 +1,8 @@
 //! Page-locked host memory: RMM's `pinned_memory_resource`.
 
 use crate::context::{Context, Device};
-use crate::error::check_free;
 use crate::live::LiveAllocations;
-use crate::place::{allocate_with, base_of};
+use crate::place::{allocate_with, deallocate_with};
 use crate::sys;
 use memres_core::{Block, MemoryResource, Request, Result, Stream};
 use std::sync::Arc;
@@ -93,19 +92,10 @@ impl<S: Stream + ?Sized> MemoryResource<S> for PinnedMemory {
     }
 
     fn deallocate(&self, block: Block, _stream: &S) -> Result<()> {
-        if block.is_empty() {
-            return Ok(());
-        }
-        let base = base_of(block)?;
-        self.live.remove(base, block.addr(), block.size())?;
-        let freed = self.context.scope(|| {
-            // SAFETY: `base` is a live pinned allocation of ours (just taken
-            // out of the table, so no one frees it twice).
-            check_free(unsafe { sys::cuMemFreeHost(base as *mut core::ffi::c_void) }, block.addr())
-        });
-        if freed.is_err() {
-            self.live.restore(base, block.size());
-        }
-        freed
+        // SAFETY: `base` is a live pinned allocation of ours, just taken out
+        // of the table (so no one frees it twice).
+        deallocate_with(&self.context, &self.live, block, |base| unsafe {
+            sys::cuMemFreeHost(base as *mut core::ffi::c_void)
+        })
     }
 }

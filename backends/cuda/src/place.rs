@@ -2,7 +2,7 @@
 //! tag that remembers the padding, and the out-of-memory figures.
 
 use crate::context::Context;
-use crate::error::error_from_code;
+use crate::error::{check_free, error_from_code};
 use crate::live::LiveAllocations;
 use crate::sys;
 use memres_core::{Block, Error, Request, Result};
@@ -80,6 +80,33 @@ pub(crate) fn allocate_with(
             Err(MISALIGNED)
         }
     }
+}
+
+/// The free of a resource that keeps its blocks in `live`: takes `block`'s
+/// allocation out of the table (so no one frees it twice), gives it back
+/// with `free` (called with our context current, on the base address), and
+/// puts it back in the table if the driver refuses, so that the block stays
+/// live and accounted.
+///
+/// # Errors
+///
+/// The table's answer to a block it does not hold; the driver's error.
+pub(crate) fn deallocate_with(
+    context: &Context,
+    live: &LiveAllocations,
+    block: Block,
+    free: impl FnOnce(u64) -> sys::CuResult,
+) -> Result<()> {
+    if block.is_empty() {
+        return Ok(());
+    }
+    let base = base_of(block)?;
+    live.remove(base, block.addr(), block.size())?;
+    let freed = context.scope(|| check_free(free(base), block.addr()));
+    if freed.is_err() {
+        live.restore(base, block.size());
+    }
+    freed
 }
 
 /// [`Error::OutOfMemory`] for `requested` bytes: the largest free block is
