@@ -16,7 +16,8 @@ more on memres with MEMRES_STACK='log(STACK, file=PATH)'
 then checks (every free matches a live allocation of the same size). It
 prints per-step losses, the median step time and the peak memory held from
 the device of each run, and compares, per stack: losses identical, step
-time ratio, peak ratio (memres's bytes held from the device at peak /
+time ratio, peak ratio (memres's bytes held from the device at peak, the
+larger of the stack's upstream peak and its driver pools' reserved peak /
 torch.cuda.max_memory_reserved()). One line `SUMMARY train_check [STACK]:
 ...` per stack. Exit status 0 when every check passes.
 
@@ -126,7 +127,11 @@ def worker(args):
         stats = lib.stats(dev)
         lib.flush()
         result["stack"] = lib.stack(dev)
-        result["peak_reserved"] = stats["upstream_peak"]
+        # Bytes held from the device at peak: what the stack took from its
+        # leaves, or, through an `async` leaf, what the driver's pool had
+        # reserved, when more: the driver maps its pool in large units and
+        # keeps chunks the stack gave back.
+        result["peak_reserved"] = max(stats["upstream_peak"], stats["reserved_peak"])
         result["memres"] = stats
     print("RESULT " + json.dumps(result), flush=True)
 
@@ -233,6 +238,7 @@ def driver(args):
             "step_ms_memres_rounds": [m["step_ms_median"] for m in rounds],
             "step_time_ratio": step / step_native,
             "peak_memres_held": peak,
+            "peak_memres_upstream": max(m["memres"]["upstream_peak"] for m in rounds),
             "peak_memres_driver_reserved": memres["memres"]["reserved_peak"],
             "peak_memres_live": memres["memres"]["bytes_peak"] if memres["memres"]["has_stats"] else None,
             "peak_ratio": peak / peak_native,
