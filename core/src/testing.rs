@@ -1,10 +1,15 @@
-//! Small upstreams for examples, tests and fuzzing inside the core.
+//! Small upstreams and streams for examples, tests and fuzzing inside the
+//! core.
 //!
-//! The real ones live in the backends (`memres-host`'s `SimDevice`,
-//! `memres-cuda`); these need nothing but the core.
+//! The real ones live in the backends (`memres-host`'s `SimDevice` and
+//! `SimStream`, `memres-cuda`); these need nothing but the core.
 
+#[cfg(feature = "alloc")]
+use crate::primitive::AtomicBool;
 use crate::primitive::{AtomicU64, Ordering};
 use crate::{Block, Error, MemoryResource, Request, Result, Stream};
+#[cfg(feature = "alloc")]
+use alloc::sync::Arc;
 
 /// An upstream that hands out fresh, never-reused address ranges from a
 /// counter, up to a capacity, and counts the bytes outstanding. Frees are
@@ -163,5 +168,251 @@ impl Stream for IdStream {
     }
     fn synchronize(&self) -> Result<()> {
         Ok(())
+    }
+}
+
+/// The error of a [`TestStream`]'s injected `synchronize` failure: a backend
+/// error of its own, so that a test tells it from an upstream's.
+///
+/// # Examples
+///
+/// ```
+/// use memres_core::testing::{TestStream, SYNC_FAILURE};
+/// use memres_core::Stream;
+/// let s = TestStream::new(1);
+/// s.faults().fail_nth(1);
+/// assert_eq!(s.synchronize(), Err(SYNC_FAILURE));
+/// ```
+#[cfg(feature = "alloc")]
+pub const SYNC_FAILURE: Error =
+    Error::Backend { code: 5, what: "injected failure of a test stream's synchronize" };
+
+/// What [`TestStream`]s count and inject: their `synchronize` calls, and
+/// the failures of those calls. Streams that share one (through an `Arc`)
+/// share counts and faults, as streams of one device share its failures
+/// (feature `alloc`, as [`TestStream`]).
+///
+/// A call fails, with [`SYNC_FAILURE`], while failing is on
+/// ([`set_failing`](Self::set_failing)) or when it is the one armed by
+/// [`fail_nth`](Self::fail_nth); a failed call is counted apart from the
+/// ones that succeeded.
+///
+/// # Examples
+///
+/// ```
+/// use memres_core::testing::{SyncFaults, TestStream};
+/// use memres_core::Stream;
+/// use std::sync::Arc;
+/// let faults = Arc::new(SyncFaults::new());
+/// let (a, b) = (TestStream::with_faults(1, faults.clone()), TestStream::with_faults(2, faults.clone()));
+/// a.synchronize()?;
+/// faults.fail_nth(2);
+/// b.synchronize()?;
+/// assert!(a.synchronize().is_err());
+/// assert_eq!((faults.syncs(), faults.failed_syncs()), (2, 1));
+/// # Ok::<(), memres_core::Error>(())
+/// ```
+#[cfg(feature = "alloc")]
+#[derive(Debug)]
+pub struct SyncFaults {
+    /// Every call fails while set.
+    failing: AtomicBool,
+    /// Calls to go until the one that fails (1: the next; 0: none armed).
+    fail_in: AtomicU64,
+    /// Calls that succeeded.
+    syncs: AtomicU64,
+    /// Calls made to fail.
+    failed: AtomicU64,
+}
+
+#[cfg(feature = "alloc")]
+impl SyncFaults {
+    /// Nothing counted, no failure armed.
+    ///
+    /// ```
+    /// let f = memres_core::testing::SyncFaults::new();
+    /// assert_eq!((f.syncs(), f.failed_syncs()), (0, 0));
+    /// ```
+    pub fn new() -> Self {
+        SyncFaults {
+            failing: AtomicBool::new(false),
+            fail_in: AtomicU64::new(0),
+            syncs: AtomicU64::new(0),
+            failed: AtomicU64::new(0),
+        }
+    }
+
+    /// Makes every `synchronize` fail from now on (`true`) or lets them
+    /// succeed again (`false`; a call armed by [`fail_nth`](Self::fail_nth)
+    /// still fails).
+    ///
+    /// ```
+    /// use memres_core::{testing::TestStream, Stream};
+    /// let s = TestStream::new(0);
+    /// s.faults().set_failing(true);
+    /// assert!(s.synchronize().is_err() && s.synchronize().is_err());
+    /// s.faults().set_failing(false);
+    /// assert!(s.synchronize().is_ok());
+    /// ```
+    pub fn set_failing(&self, on: bool) {
+        self.failing.store(on, Ordering::Relaxed);
+    }
+
+    /// Makes the `n`th `synchronize` from now fail (`n = 1`: the next one),
+    /// once; `n = 0` cancels.
+    ///
+    /// ```
+    /// use memres_core::{testing::TestStream, Stream};
+    /// let s = TestStream::new(0);
+    /// s.faults().fail_nth(2);
+    /// assert!(s.synchronize().is_ok());
+    /// assert!(s.synchronize().is_err());
+    /// assert!(s.synchronize().is_ok());
+    /// ```
+    pub fn fail_nth(&self, n: u64) {
+        self.fail_in.store(n, Ordering::Relaxed);
+    }
+
+    /// The `synchronize` calls that succeeded.
+    ///
+    /// ```
+    /// use memres_core::{testing::TestStream, Stream};
+    /// let s = TestStream::new(0);
+    /// s.synchronize()?;
+    /// assert_eq!(s.faults().syncs(), 1);
+    /// # Ok::<(), memres_core::Error>(())
+    /// ```
+    pub fn syncs(&self) -> u64 {
+        self.syncs.load(Ordering::Relaxed)
+    }
+
+    /// The `synchronize` calls made to fail.
+    ///
+    /// ```
+    /// use memres_core::{testing::TestStream, Stream};
+    /// let s = TestStream::new(0);
+    /// s.faults().fail_nth(1);
+    /// assert!(s.synchronize().is_err());
+    /// assert_eq!((s.faults().syncs(), s.faults().failed_syncs()), (0, 1));
+    /// ```
+    pub fn failed_syncs(&self) -> u64 {
+        self.failed.load(Ordering::Relaxed)
+    }
+
+    /// One `synchronize`: counts it and fails it if asked to.
+    fn synchronize(&self) -> Result<()> {
+        // The armed call counts down on every call, failed or not.
+        let armed = self.fail_in.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1));
+        if self.failing.load(Ordering::Relaxed) || armed == Ok(1) {
+            self.failed.fetch_add(1, Ordering::Relaxed);
+            return Err(SYNC_FAILURE);
+        }
+        self.syncs.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+}
+
+#[cfg(feature = "alloc")]
+impl Default for SyncFaults {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// A stream with an id whose work is always complete, and whose
+/// `synchronize` calls are counted and can be made to fail, through its
+/// [`SyncFaults`] (feature `alloc`).
+///
+/// A clone shares the original's faults; so do streams made by
+/// [`with_faults`](Self::with_faults) from one `Arc`. `KIND` only makes
+/// distinct stream types, for what is keyed by stream type (the device
+/// registry): [`new`](TestStream::new) and
+/// [`with_faults`](TestStream::with_faults) make kind 0 (so that it need not
+/// be named), `default` any kind, of id 0.
+///
+/// # Examples
+///
+/// ```
+/// use memres_core::{testing::TestStream, Stream};
+/// let s = TestStream::new(7);
+/// assert_eq!(s.id(), 7);
+/// assert!(s.query(&s.record()?)?);
+/// s.synchronize()?;
+/// assert_eq!(s.faults().syncs(), 1);
+/// // Another type, of id 0.
+/// let other = TestStream::<1>::default();
+/// assert_eq!(other.id(), 0);
+/// # Ok::<(), memres_core::Error>(())
+/// ```
+#[cfg(feature = "alloc")]
+#[derive(Clone, Debug, Default)]
+pub struct TestStream<const KIND: u32 = 0> {
+    id: u64,
+    faults: Arc<SyncFaults>,
+}
+
+#[cfg(feature = "alloc")]
+impl TestStream {
+    /// A stream of id `id` with faults of its own.
+    ///
+    /// ```
+    /// use memres_core::{testing::TestStream, Stream};
+    /// assert_eq!(TestStream::new(3).id(), 3);
+    /// ```
+    pub fn new(id: u64) -> Self {
+        Self::with_faults(id, Arc::default())
+    }
+
+    /// A stream of id `id` that counts and fails with `faults`, which other
+    /// streams may share.
+    ///
+    /// ```
+    /// use memres_core::testing::{SyncFaults, TestStream};
+    /// use memres_core::Stream;
+    /// use std::sync::Arc;
+    /// let faults = Arc::new(SyncFaults::new());
+    /// let s = TestStream::with_faults(1, faults.clone());
+    /// faults.set_failing(true);
+    /// assert!(s.synchronize().is_err());
+    /// ```
+    pub fn with_faults(id: u64, faults: Arc<SyncFaults>) -> Self {
+        TestStream { id, faults }
+    }
+}
+
+#[cfg(feature = "alloc")]
+impl<const KIND: u32> TestStream<KIND> {
+    /// What this stream counts and injects.
+    ///
+    /// ```
+    /// use memres_core::{testing::TestStream, Stream};
+    /// let s = TestStream::new(1);
+    /// let t = s.clone();
+    /// t.synchronize()?;
+    /// assert_eq!(s.faults().syncs(), 1);
+    /// # Ok::<(), memres_core::Error>(())
+    /// ```
+    pub fn faults(&self) -> &Arc<SyncFaults> {
+        &self.faults
+    }
+}
+
+#[cfg(feature = "alloc")]
+impl<const KIND: u32> Stream for TestStream<KIND> {
+    type Event = ();
+    fn id(&self) -> u64 {
+        self.id
+    }
+    fn record(&self) -> Result<()> {
+        Ok(())
+    }
+    fn wait(&self, _: &()) -> Result<()> {
+        Ok(())
+    }
+    fn query(&self, _: &()) -> Result<bool> {
+        Ok(true)
+    }
+    fn synchronize(&self) -> Result<()> {
+        self.faults.synchronize()
     }
 }
