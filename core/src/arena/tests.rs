@@ -2,53 +2,11 @@ extern crate std;
 
 use super::*;
 use crate::check::LiveBlocks;
-use crate::testing::{BumpUpstream, SplitMix64};
+use crate::testing::{BumpUpstream, SplitMix64, TestStream, SYNC_FAILURE};
 use core::sync::atomic::AtomicUsize;
 use std::string::ToString;
-use std::sync::atomic::AtomicBool;
 use std::sync::Barrier;
 use std::vec;
-
-/// A stream with an id that counts its synchronizations and can be told to
-/// fail them.
-#[derive(Debug, Default)]
-struct TestStream {
-    id: u64,
-    syncs: AtomicUsize,
-    fail: AtomicBool,
-}
-
-impl TestStream {
-    fn new(id: u64) -> Self {
-        TestStream { id, ..Default::default() }
-    }
-    fn syncs(&self) -> usize {
-        self.syncs.load(Ordering::Relaxed)
-    }
-}
-
-impl Stream for TestStream {
-    type Event = ();
-    fn id(&self) -> u64 {
-        self.id
-    }
-    fn record(&self) -> Result<()> {
-        Ok(())
-    }
-    fn wait(&self, _: &()) -> Result<()> {
-        Ok(())
-    }
-    fn query(&self, _: &()) -> Result<bool> {
-        Ok(true)
-    }
-    fn synchronize(&self) -> Result<()> {
-        if self.fail.load(Ordering::Relaxed) {
-            return Err(Error::Backend { code: 9, what: "injected synchronize failure" });
-        }
-        self.syncs.fetch_add(1, Ordering::Relaxed);
-        Ok(())
-    }
-}
 
 fn small_config() -> ArenaConfig {
     ArenaConfig::new().superblock_size(1 << 20).chunk_size(4 << 20).large_threshold(256 << 10).max_arenas(8)
@@ -98,7 +56,7 @@ fn randomized_ops_on_several_streams_with_checker_every_step() {
         } else {
             let (b, from) = blocks.swap_remove(rng.below(blocks.len() as u64) as usize);
             let on = if rng.below(4) == 0 { rng.below(streams.len() as u64) as usize } else { from };
-            cross += (streams[on].id != streams[from].id) as u32;
+            cross += (streams[on].id() != streams[from].id()) as u32;
             let b = if rng.below(8) == 0 {
                 by_addr += 1;
                 Block::from_addr(b.addr(), b.size())
@@ -177,7 +135,8 @@ fn threads_on_their_own_arenas_then_check() {
         arena.deallocate(b, &main).unwrap();
     }
     assert!(n > 0);
-    assert!(main.syncs() >= from_streams, "{} < {from_streams}", main.syncs());
+    let syncs = main.faults().syncs();
+    assert!(syncs >= from_streams as u64, "{syncs} < {from_streams}");
     arena.check().unwrap();
     assert_eq!(arena.used_bytes(), 0);
 }
@@ -191,9 +150,9 @@ fn a_block_goes_back_to_its_arena_and_cross_stream_frees_synchronize() {
     // Different arenas: different superblocks.
     assert!(x.addr().abs_diff(y.addr()) >= 1 << 20);
     arena.deallocate(x, &a).unwrap();
-    assert_eq!(a.syncs(), 0, "a free on the block's own stream needs no synchronization");
+    assert_eq!(a.faults().syncs(), 0, "a free on the block's own stream needs no synchronization");
     arena.deallocate(y, &a).unwrap();
-    assert_eq!(a.syncs(), 1, "a free on another stream synchronizes it");
+    assert_eq!(a.faults().syncs(), 1, "a free on another stream synchronizes it");
     // Stream 2's arena got its block back: it reuses the same address.
     let y2 = arena.allocate(req(1000), &b).unwrap();
     assert_eq!(y2.addr(), y.addr());
@@ -204,7 +163,7 @@ fn a_block_goes_back_to_its_arena_and_cross_stream_frees_synchronize() {
     let big = arena.allocate(req(2 << 20), &b).unwrap();
     assert_eq!(arena.dump().large_blocks, 1);
     arena.deallocate(big, &b).unwrap();
-    assert_eq!(b.syncs(), 1);
+    assert_eq!(b.faults().syncs(), 1);
     arena.deallocate(y2, &b).unwrap();
     arena.check().unwrap();
 }
@@ -215,9 +174,10 @@ fn failed_synchronize_changes_nothing() {
     let (a, b) = (TestStream::new(1), TestStream::new(2));
     let x = arena.allocate(req(5000), &a).unwrap();
     let big = arena.allocate(req(3 << 20), &a).unwrap();
-    b.fail.store(true, Ordering::Relaxed);
-    assert!(matches!(arena.deallocate(x, &b), Err(Error::Backend { code: 9, .. })));
-    assert!(matches!(arena.deallocate(big, &b), Err(Error::Backend { code: 9, .. })));
+    b.faults().set_failing(true);
+    assert_eq!(arena.deallocate(x, &b), Err(SYNC_FAILURE));
+    assert_eq!(arena.deallocate(big, &b), Err(SYNC_FAILURE));
+    assert_eq!((b.faults().syncs(), b.faults().failed_syncs()), (0, 2));
     assert_eq!(arena.used_bytes(), 5120 + (3 << 20));
     arena.check().unwrap();
     arena.deallocate(x, &a).unwrap();
