@@ -2,32 +2,13 @@ extern crate std;
 
 use super::*;
 use crate::adaptor::Statistics;
-use crate::testing::BumpUpstream;
+use crate::testing::{BumpUpstream, TestStream};
 use crate::{MemoryResource, Request};
 use alloc::sync::Arc;
 use alloc::vec::Vec;
 
 /// A second stream type, to check that registrations do not mix.
-#[derive(Debug)]
-struct OtherStream;
-impl Stream for OtherStream {
-    type Event = ();
-    fn id(&self) -> u64 {
-        1
-    }
-    fn record(&self) -> Result<()> {
-        Ok(())
-    }
-    fn wait(&self, _: &()) -> Result<()> {
-        Ok(())
-    }
-    fn query(&self, _: &()) -> Result<bool> {
-        Ok(true)
-    }
-    fn synchronize(&self) -> Result<()> {
-        Ok(())
-    }
-}
+type OtherStream = TestStream<1>;
 
 fn bump(cap: u64) -> DynResource {
     Arc::new(BumpUpstream::new(cap))
@@ -67,8 +48,9 @@ fn default_factory_makes_once_per_device() {
     assert_eq!(reg.get::<OtherStream>(9).err(), Some(Error::Backend { code: 100, what: "no such device" }));
     // The unit stream has no factory in this registry.
     assert!(reg.get::<()>(0).is_err());
-    let b = d0.allocate(Request::new(10).unwrap(), &OtherStream).unwrap();
-    d0.deallocate(b, &OtherStream).unwrap();
+    let s = OtherStream::default();
+    let b = d0.allocate(Request::new(10).unwrap(), &s).unwrap();
+    d0.deallocate(b, &s).unwrap();
 }
 
 #[test]
@@ -86,25 +68,8 @@ fn concurrent_gets_agree() {
 
 #[test]
 fn global_functions() {
-    struct GlobalOnly;
-    impl Stream for GlobalOnly {
-        type Event = ();
-        fn id(&self) -> u64 {
-            0
-        }
-        fn record(&self) -> Result<()> {
-            Ok(())
-        }
-        fn wait(&self, _: &()) -> Result<()> {
-            Ok(())
-        }
-        fn query(&self, _: &()) -> Result<bool> {
-            Ok(true)
-        }
-        fn synchronize(&self) -> Result<()> {
-            Ok(())
-        }
-    }
+    // A stream type of its own: no other test may register it globally.
+    type GlobalOnly = TestStream<2>;
     assert!(get_per_device_resource::<GlobalOnly>(0).is_err());
     let r: DynResource<GlobalOnly> = Arc::new(BumpUpstream::new(1 << 20));
     assert!(set_current_device_resource::<GlobalOnly>(0, r.clone()).is_none());
