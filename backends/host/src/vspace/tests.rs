@@ -1,9 +1,8 @@
 use super::*;
 use memres_core::check::LiveBlocks;
-use memres_core::testing::SplitMix64;
+use memres_core::testing::{SplitMix64, TestStream};
 use memres_core::vpool::{VirtualConfig, VirtualPool};
 use memres_core::{Block, MemoryResource, MemoryResourceMut, Request, Shared};
-use std::cell::Cell;
 
 const MIB: u64 = 1 << 20;
 
@@ -66,44 +65,18 @@ fn misuse_is_an_error_and_counts_stay_exact() {
     space.release(r).unwrap();
 }
 
-/// A stream that counts how often it was synchronized.
-#[derive(Debug, Default)]
-struct CountingStream {
-    syncs: Cell<u64>,
-}
-
-impl Stream for CountingStream {
-    type Event = ();
-    fn id(&self) -> u64 {
-        7
-    }
-    fn record(&self) -> Result<()> {
-        Ok(())
-    }
-    fn wait(&self, _: &()) -> Result<()> {
-        Ok(())
-    }
-    fn query(&self, _: &()) -> Result<bool> {
-        Ok(true)
-    }
-    fn synchronize(&self) -> Result<()> {
-        self.syncs.set(self.syncs.get() + 1);
-        Ok(())
-    }
-}
-
 #[test]
 fn decommits_are_ordered_on_the_stream_of_the_free() {
     let space = SimAddressSpace::new(1 << 30, 2 * MIB);
     let mut pool = VirtualPool::new(&space, 64 * MIB, 0).unwrap();
-    let (s1, s2) = (CountingStream::default(), CountingStream::default());
+    let (s1, s2) = (TestStream::new(7), TestStream::new(7));
     let a = pool.allocate(Request::new(3 * MIB).unwrap(), &s1).unwrap();
     let b = pool.allocate(Request::new(1000).unwrap(), &s1).unwrap();
-    assert_eq!(s1.syncs.get(), 0, "commits need no stream order");
+    assert_eq!(s1.faults().syncs(), 0, "commits need no stream order");
     pool.deallocate(a, &s2).unwrap();
-    assert_eq!((s1.syncs.get(), s2.syncs.get()), (0, 1));
+    assert_eq!((s1.faults().syncs(), s2.faults().syncs()), (0, 1));
     pool.deallocate(b, &s1).unwrap();
-    assert_eq!((s1.syncs.get(), s2.syncs.get()), (1, 1));
+    assert_eq!((s1.faults().syncs(), s2.faults().syncs()), (1, 1));
     assert_eq!(space.committed_bytes(), 0);
 }
 
