@@ -25,63 +25,12 @@ use super::super::{drive, FuzzResource, Model, Op};
 use super::Spy;
 use arbitrary::Unstructured;
 use memres_core::arena::{size_class, ArenaConfig, ArenaDump, ArenaResource, DumpTarget, Owner};
-use memres_core::{Block, Error, MemoryResource, Request, Result, Stream};
+use memres_core::testing::{SyncFaults, TestStream, SYNC_FAILURE};
+use memres_core::{Block, Error, MemoryResource, Request, Result};
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{mpsc, Arc};
 
 type Arena = ArenaResource<Spy>;
-
-/// The error of an injected synchronize failure.
-const SYNC_FAILURE: Error =
-    Error::Backend { code: 4, what: "injected failure of a fuzz stream's synchronize" };
-
-/// What the streams of one run count and inject.
-#[derive(Debug, Default)]
-struct Faults {
-    /// Synchronizations to let through before one fails (0: none pending).
-    fail_in: AtomicU64,
-    /// Synchronizations that succeeded.
-    syncs: AtomicU64,
-    /// Synchronizations made to fail.
-    injected: AtomicU64,
-}
-
-/// A stream with an id whose `synchronize` can be made to fail.
-#[derive(Clone, Debug)]
-struct FuzzStream {
-    id: u64,
-    faults: Arc<Faults>,
-}
-
-impl Stream for FuzzStream {
-    type Event = ();
-    fn id(&self) -> u64 {
-        self.id
-    }
-    fn record(&self) -> Result<()> {
-        Ok(())
-    }
-    fn wait(&self, _: &()) -> Result<()> {
-        Ok(())
-    }
-    fn query(&self, _: &()) -> Result<bool> {
-        Ok(true)
-    }
-    fn synchronize(&self) -> Result<()> {
-        let f = &self.faults;
-        let n = f.fail_in.load(Relaxed);
-        if n > 0 {
-            f.fail_in.store(n - 1, Relaxed);
-            if n == 1 {
-                f.injected.fetch_add(1, Relaxed);
-                return Err(SYNC_FAILURE);
-            }
-        }
-        f.syncs.fetch_add(1, Relaxed);
-        Ok(())
-    }
-}
 
 /// The lanes operations run on: a stream id, and whether the call is made
 /// from the helper thread (stream 0 has an arena per thread).
@@ -211,8 +160,8 @@ struct ArenaTarget {
     arena: Arc<Arena>,
     spy: Spy,
     params: Params,
-    faults: Arc<Faults>,
-    lanes: Vec<FuzzStream>,
+    faults: Arc<SyncFaults>,
+    lanes: Vec<TestStream>,
     current: usize,
     helper: Option<Helper>,
     /// Live blocks by address.
@@ -234,7 +183,7 @@ impl ArenaTarget {
     }
 
     /// Runs `f` with the current lane's stream, on the lane's thread.
-    fn on_lane<T: Send + 'static>(&mut self, f: impl FnOnce(&Arena, &FuzzStream) -> T + Send + 'static) -> T {
+    fn on_lane<T: Send + 'static>(&mut self, f: impl FnOnce(&Arena, &TestStream) -> T + Send + 'static) -> T {
         let stream = self.lanes[self.current].clone();
         if LANES[self.current].1 {
             let arena = Arc::clone(&self.arena);
@@ -245,7 +194,7 @@ impl ArenaTarget {
     }
 
     fn injected(&self) -> u64 {
-        self.faults.injected.load(Relaxed)
+        self.faults.failed_syncs()
     }
 
     /// The key of a dump's arena.
@@ -262,7 +211,7 @@ impl ArenaTarget {
     /// back upstream once nothing is live (a release on stream 0 takes back
     /// the superblocks of every thread's arena).
     fn release_everywhere(&mut self) {
-        self.faults.fail_in.store(0, Relaxed);
+        self.faults.fail_nth(0);
         self.spy.inner.fail_nth(0);
         for lane in (0..LANES.len()).filter(|&l| !LANES[l].1) {
             self.current = lane;
@@ -326,7 +275,7 @@ impl FuzzResource for ArenaTarget {
     fn deallocate(&mut self, block: Block) -> Result<()> {
         loop {
             let before = self.summary();
-            let (injected, syncs) = (self.injected(), self.faults.syncs.load(Relaxed));
+            let (injected, syncs) = (self.injected(), self.faults.syncs());
             let got = self.on_lane(move |a, s| a.deallocate(block, s));
             if self.injected() != injected {
                 // The synchronization failed: so must the free, changing
@@ -348,7 +297,7 @@ impl FuzzResource for ArenaTarget {
                     // another stream than the freeing one.
                     let on = LANES[self.current].0;
                     let want = u64::from(p.large || p.stream != on);
-                    let made = self.faults.syncs.load(Relaxed) - syncs;
+                    let made = self.faults.syncs() - syncs;
                     if made != want {
                         panic!(
                             "fuzz oracle: free of {block:?} ({p:?}) on stream {on:#x} synchronized {made} times, expected {want}"
@@ -533,7 +482,7 @@ impl FuzzResource for ArenaTarget {
     fn stream_op(&mut self, op: Op) {
         match op {
             Op::Stream { which } => self.current = which as usize % LANES.len(),
-            Op::FailStream { n } => self.faults.fail_in.store(n, Relaxed),
+            Op::FailStream { n } => self.faults.fail_nth(n),
             // The fuzz streams have no work to advance or wait for.
             _ => {}
         }
@@ -675,9 +624,9 @@ pub fn run_arena(data: &[u8]) {
         return;
     };
     let spy = Spy::new(capacity);
-    let faults = Arc::new(Faults::default());
-    let lanes = LANES.iter().map(|&(id, _)| FuzzStream { id, faults: Arc::clone(&faults) }).collect();
-    let lanes: Vec<FuzzStream> = lanes;
+    let faults = Arc::new(SyncFaults::new());
+    let lanes = LANES.iter().map(|&(id, _)| TestStream::with_faults(id, Arc::clone(&faults))).collect();
+    let lanes: Vec<TestStream> = lanes;
     let arena = ArenaResource::with_config(spy.clone(), config, &lanes[0])
         .expect("a valid configuration over a roomy device");
     let mut target = ArenaTarget {
