@@ -2,7 +2,7 @@ use super::*;
 use crate::parse_log;
 use memres_core::adaptor::Counter;
 use memres_core::check::LiveBlocks;
-use memres_core::testing::SplitMix64;
+use memres_core::testing::{IdStream, SplitMix64};
 use memres_core::{Block, Error, MemoryResource, Request};
 
 fn req(size: u64) -> Request {
@@ -124,27 +124,9 @@ fn errors_name_the_position() {
 
 #[test]
 fn registry_takes_new_names_and_works_for_other_streams() {
-    #[derive(Debug)]
-    struct MyStream;
-    impl Stream for MyStream {
-        type Event = ();
-        fn id(&self) -> u64 {
-            3
-        }
-        fn record(&self) -> memres_core::Result<()> {
-            Ok(())
-        }
-        fn wait(&self, _: &()) -> memres_core::Result<()> {
-            Ok(())
-        }
-        fn query(&self, _: &()) -> memres_core::Result<bool> {
-            Ok(true)
-        }
-        fn synchronize(&self) -> memres_core::Result<()> {
-            Ok(())
-        }
-    }
-    let mut b = StackBuilder::<MyStream>::new();
+    // Any stream type other than the simulated one.
+    let s = IdStream(3);
+    let mut b = StackBuilder::<IdStream>::new();
     assert_eq!(
         b.names().collect::<Vec<_>>(),
         [
@@ -157,12 +139,12 @@ fn registry_takes_new_names_and_works_for_other_streams() {
         call.expect_args(0, &[])?;
         Ok(Arc::new(Limiting::new(SimDevice::new(0), 0)))
     });
-    let r = b.build("stats(refuse)", &MyStream).unwrap();
-    assert!(r.allocate(req(1), &MyStream).is_err());
-    let r = b.build("pool(sim, initial=1MiB)", &MyStream).unwrap();
-    let x = r.allocate(req(1), &MyStream).unwrap();
-    r.deallocate(x, &MyStream).unwrap();
-    assert_eq!(b.build("refuse(sim)", &MyStream).err().unwrap().kind, StackErrorKind::ExtraArg);
+    let r = b.build("stats(refuse)", &s).unwrap();
+    assert!(r.allocate(req(1), &s).is_err());
+    let r = b.build("pool(sim, initial=1MiB)", &s).unwrap();
+    let x = r.allocate(req(1), &s).unwrap();
+    r.deallocate(x, &s).unwrap();
+    assert_eq!(b.build("refuse(sim)", &s).err().unwrap().kind, StackErrorKind::ExtraArg);
     assert!(StackBuilder::<()>::empty().build("sim", &()).is_err());
 }
 
