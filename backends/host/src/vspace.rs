@@ -154,6 +154,29 @@ impl SimAddressSpace {
         self.lock().ledger.call_counts()
     }
 
+    /// Injected commit and decommit failures delivered so far: an armed
+    /// failure fires in a later call, or never.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use memres_core::vmem::{CommitLedger, ReservableSpace};
+    /// use memres_core::Range;
+    /// use memres_host::SimAddressSpace;
+    /// let space = SimAddressSpace::new(1 << 30, 1 << 20);
+    /// let r = space.reserve(4 << 20)?;
+    /// let one = Range::new(r.start(), 1 << 20).unwrap();
+    /// space.commit(one)?;
+    /// space.fail_nth_decommit(1);
+    /// assert_eq!(space.decommit(one, &()), Err(CommitLedger::INJECTED_DECOMMIT_FAILURE));
+    /// assert_eq!(space.injected_failures(), (0, 1));
+    /// # space.decommit(one, &())?;
+    /// # Ok::<(), memres_core::Error>(())
+    /// ```
+    pub fn injected_failures(&self) -> (u64, u64) {
+        self.lock().ledger.injected_failures()
+    }
+
     /// Whether every granule of `range` is committed (false for a range that
     /// is not inside one reservation).
     pub fn is_committed(&self, range: Range) -> bool {

@@ -86,6 +86,25 @@ impl CountingSpace {
         self.state.borrow().ledger.call_counts()
     }
 
+    /// Injected commit and decommit failures delivered so far (see
+    /// [`CommitLedger::injected_failures`]).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use memres_core::vmem::{CountingSpace, ReservableSpace};
+    /// use memres_core::Range;
+    /// let space = CountingSpace::new(4 << 20, 1 << 20);
+    /// let r = space.reserve(4 << 20)?;
+    /// space.fail_nth(1);
+    /// assert!(space.commit(Range::new(r.start(), 1 << 20).unwrap()).is_err());
+    /// assert_eq!(space.injected_failures(), (1, 0));
+    /// # Ok::<(), memres_core::Error>(())
+    /// ```
+    pub fn injected_failures(&self) -> (u64, u64) {
+        self.state.borrow().ledger.injected_failures()
+    }
+
     /// Number of live reservations.
     pub fn reservation_count(&self) -> usize {
         self.state.borrow().reservations.len()

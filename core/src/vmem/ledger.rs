@@ -41,6 +41,9 @@ pub struct CommitLedger {
     fail_commit_in: u64,
     /// Decommits to let through before one fails (0: none pending).
     fail_decommit_in: u64,
+    /// Injected commit and decommit failures delivered so far.
+    commit_failures: u64,
+    decommit_failures: u64,
 }
 
 /// Counts down an injected failure; true when this call must fail.
@@ -69,8 +72,16 @@ impl CommitLedger {
             decommits: 0,
             fail_commit_in: 0,
             fail_decommit_in: 0,
+            commit_failures: 0,
+            decommit_failures: 0,
         }
     }
+
+    /// The error of an injected commit failure.
+    pub const INJECTED_COMMIT_FAILURE: Error = Error::Backend { code: 2, what: "injected commit failure" };
+    /// The error of an injected decommit failure.
+    pub const INJECTED_DECOMMIT_FAILURE: Error =
+        Error::Backend { code: 2, what: "injected decommit failure" };
 
     /// Words of the bitmap of a reservation of `granules` granules.
     pub const fn words(granules: u64) -> usize {
@@ -105,6 +116,38 @@ impl CommitLedger {
     /// Successful commit and decommit calls so far.
     pub fn call_counts(&self) -> (u64, u64) {
         (self.commits, self.decommits)
+    }
+
+    /// Injected commit and decommit failures delivered so far: how many
+    /// calls failed with [`INJECTED_COMMIT_FAILURE`](Self::INJECTED_COMMIT_FAILURE)
+    /// and [`INJECTED_DECOMMIT_FAILURE`](Self::INJECTED_DECOMMIT_FAILURE). A
+    /// caller that compares them before and after a call knows whether an
+    /// error of that call is an injected one, since an armed failure may
+    /// fire in a later call or never.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use memres_core::vmem::CommitLedger;
+    /// use memres_core::Range;
+    /// let mut ledger = CommitLedger::new(4 << 20, 1 << 20);
+    /// let reservation = Range::new(1 << 30, 4 << 20).unwrap();
+    /// let mut bits = vec![0; CommitLedger::words(4)];
+    /// let one = Range::new(1 << 30, 1 << 20).unwrap();
+    /// ledger.fail_nth_commit(2);
+    /// ledger.commit(Some((&mut bits, reservation)), one)?;
+    /// assert_eq!(ledger.injected_failures(), (0, 0)); // armed, not delivered
+    /// let two = Range::new((1 << 30) + (1 << 20), 1 << 20).unwrap();
+    /// let err = ledger.commit(Some((&mut bits, reservation)), two).unwrap_err();
+    /// assert_eq!(err, CommitLedger::INJECTED_COMMIT_FAILURE);
+    /// ledger.fail_nth_decommit(1);
+    /// let err = ledger.decommit(Some((&mut bits, reservation)), one).unwrap_err();
+    /// assert_eq!(err, CommitLedger::INJECTED_DECOMMIT_FAILURE);
+    /// assert_eq!(ledger.injected_failures(), (1, 1));
+    /// # Ok::<(), memres_core::Error>(())
+    /// ```
+    pub fn injected_failures(&self) -> (u64, u64) {
+        (self.commit_failures, self.decommit_failures)
     }
 
     /// Makes the `n`th commit from now fail (`n = 1`: the next one) with an
@@ -152,7 +195,8 @@ impl CommitLedger {
     /// error.
     pub fn commit(&mut self, reservation: Option<(&mut [u64], Range)>, range: Range) -> Result<()> {
         if injected(&mut self.fail_commit_in) {
-            return Err(Error::Backend { code: 2, what: "injected commit failure" });
+            self.commit_failures += 1;
+            return Err(Self::INJECTED_COMMIT_FAILURE);
         }
         if range.len() > self.physical - self.committed {
             return Err(Error::OutOfMemory {
@@ -179,7 +223,8 @@ impl CommitLedger {
     /// changes on error.
     pub fn decommit(&mut self, reservation: Option<(&mut [u64], Range)>, range: Range) -> Result<()> {
         if injected(&mut self.fail_decommit_in) {
-            return Err(Error::Backend { code: 2, what: "injected decommit failure" });
+            self.decommit_failures += 1;
+            return Err(Self::INJECTED_DECOMMIT_FAILURE);
         }
         self.flip(reservation, range, false)?;
         self.committed -= range.len();

@@ -710,9 +710,7 @@ impl<V: ReservableSpace> VirtualPool<V> {
             }
             // Beyond `keep` only if an earlier decommit failed (a trim of
             // this call may have cleared that); retry it as a free does.
-            if self.idle > self.keep {
-                let _ = self.trim_to(self.config.keep, stream);
-            }
+            self.retry_trim(stream);
             return Err(e);
         }
         Ok(())
@@ -919,20 +917,41 @@ impl<V: ReservableSpace> VirtualPool<V> {
     }
 
     /// Reserves another range so that `request` fits, then allocates it.
+    /// If that fails, retries a pending trim (ordered on `stream`), as
+    /// every failed allocate does.
     #[cold]
-    fn grow_and_allocate(&mut self, request: Request) -> Result<crate::pool::Allocation> {
-        if self.reservations.len() >= self.config.max_reservations as usize {
-            return Err(self.out_of_memory(request.size()));
+    fn grow_and_allocate<S: Stream + ?Sized>(
+        &mut self,
+        request: Request,
+        stream: &S,
+    ) -> Result<crate::pool::Allocation> {
+        let grown = if self.reservations.len() >= self.config.max_reservations as usize {
+            Ok(None)
+        } else {
+            // Reservations start on a granule: only alignment beyond it pads.
+            let pad = request.align().saturating_sub(self.granule());
+            let need = request.rounded_size(256) + pad;
+            // From the new reservation itself: one of exactly `need` bytes
+            // may sit in a size class that the index's class search skips.
+            self.add_reservation(need.max(self.config.reserve))
+                .and_then(|first| self.index.allocate_in(first, request.size(), request.align()))
+        };
+        if let Ok(Some(a)) = grown {
+            return Ok(a);
         }
-        // Reservations start on a granule: only alignment beyond it pads.
-        let pad = request.align().saturating_sub(self.granule());
-        let need = request.rounded_size(256) + pad;
-        let first = self.add_reservation(need.max(self.config.reserve))?;
-        // From the new reservation itself: one of exactly `need` bytes may
-        // sit in a size class that the index's class search skips.
-        self.index
-            .allocate_in(first, request.size(), request.align())?
-            .ok_or_else(|| self.out_of_memory(request.size()))
+        self.retry_trim(stream);
+        // Out of room: the figures as the call leaves them.
+        Err(grown.err().unwrap_or_else(|| self.out_of_memory(request.size())))
+    }
+
+    /// After a failed allocate: decommits the oldest Idle granules beyond
+    /// `keep`, ordered on `stream`, if a failed decommit left some (a trim
+    /// pending). A failure of this trim leaves it pending.
+    #[cold]
+    fn retry_trim<S: Stream + ?Sized>(&mut self, stream: &S) {
+        if self.idle > self.keep {
+            let _ = self.trim_to(self.config.keep, stream);
+        }
     }
 
     /// Free of a block whose tag did not name a live node: look the address up.
@@ -1133,15 +1152,20 @@ where
     /// back to the index, and the error is returned (a failed decommit's if
     /// the trim could not give every Idle granule back and the pool is
     /// still out of physical memory): no block is ever handed out over
-    /// unmapped memory.
+    /// unmapped memory. Every failed allocate retries a trim that a failed
+    /// decommit left pending.
     #[inline]
     fn allocate(&mut self, request: Request, stream: &S) -> Result<Block> {
         if request.is_zero() {
             return Ok(Block::EMPTY);
         }
-        let a = match self.index.allocate(request.size(), request.align())? {
-            Some(a) => a,
-            None => self.grow_and_allocate(request)?,
+        let a = match self.index.allocate(request.size(), request.align()) {
+            Ok(Some(a)) => a,
+            Ok(None) => self.grow_and_allocate(request, stream)?,
+            Err(e) => {
+                self.retry_trim(stream);
+                return Err(e);
+            }
         };
         let (lo, hi) = self.slots_of(a.addr, request.rounded_size(256));
         let (s, e) = self.own_slots(lo, hi);

@@ -102,7 +102,9 @@ fn randomized_in(space: CountingSpace, config: VirtualConfig, ops: usize, seed: 
                         {
                             assert_eq!(requested, size);
                             out_of_room += 1;
-                            false
+                            // Nothing committed; a trim that a failed
+                            // decommit left pending is retried.
+                            before.3 > config.keep_bytes()
                         }
                         // Out of physical memory: the space's; the pool
                         // trimmed and retried.
@@ -127,8 +129,10 @@ fn randomized_in(space: CountingSpace, config: VirtualConfig, ops: usize, seed: 
                     if decommit_fails {
                         // Granules whose decommit failed stay Idle.
                     } else if may_trim {
-                        // Idle memory may have gone, nothing else.
+                        // Idle memory may have gone, nothing else; a
+                        // failed allocate retries a pending trim.
                         assert!(now.2 <= before.2, "step {step}");
+                        assert!(now.3 <= config.keep_bytes(), "step {step}: {r:?} {e}");
                     } else {
                         assert_eq!((now.2, now.3), (before.2, before.3), "step {step}: {r:?} {e}");
                     }
@@ -185,7 +189,10 @@ fn randomized_in(space: CountingSpace, config: VirtualConfig, ops: usize, seed: 
 
 #[test]
 fn randomized_keep_nothing() {
-    randomized(VirtualConfig::new(256 * MIB), MIB, 100_000, 1);
+    // Keeping nothing, a trim finds Idle memory only while a failed
+    // decommit is pending, and the next free or failed allocate retries
+    // it: a seed whose trims meet a few of those windows.
+    randomized(VirtualConfig::new(256 * MIB), MIB, 100_000, 6);
 }
 
 #[test]
@@ -811,6 +818,53 @@ fn a_failed_allocate_retries_a_failed_trim() {
     assert_eq!((p.idle_bytes(), p.committed_bytes(), space.committed_bytes()), (0, MIB, MIB));
     p.deallocate(anchor, &()).unwrap();
     p.check().unwrap();
+}
+
+#[test]
+fn a_failed_allocate_that_commits_nothing_retries_a_failed_trim() {
+    // Found by the vpool fuzz target once it judged idle memory above
+    // `keep` exactly: an allocate that failed before it committed anything
+    // (out of reserved room, or the space refusing a reservation) left a
+    // failed trim pending, though every failed allocate retries it.
+    let space = CountingSpace::new(1 << 30, MIB);
+    // No trim on commit: the commit of `b` below gives nothing back.
+    let config = VirtualConfig::new(64 * MIB).max_reservations(2).trim_on_commit(false);
+    let mut p = VirtualPool::with_config(&space, config).unwrap();
+    let a = p.allocate(req(3 * MIB), &()).unwrap();
+    let anchor = p.allocate(req(256), &()).unwrap();
+    space.fail_nth_decommit(1);
+    p.deallocate(a, &()).unwrap();
+    assert_eq!((p.idle_bytes(), p.committed_bytes()), (3 * MIB, 4 * MIB));
+    // The space refuses a reservation: the retry's decommit fails too, and
+    // the trim stays pending.
+    space.fail_nth_decommit(1);
+    let err = p.allocate(req(1 << 50), &()).unwrap_err();
+    let span = CountingSpace::END - CountingSpace::BASE;
+    assert!(matches!(err, Error::OutOfMemory { max_size, .. } if max_size == Some(span)), "{err}");
+    p.check().unwrap();
+    assert_eq!((p.idle_bytes(), p.committed_bytes(), space.committed_bytes()), (3 * MIB, 4 * MIB, 4 * MIB));
+    // A successful allocate does not retry.
+    let b = p.allocate(req(128 * MIB), &()).unwrap();
+    assert_eq!((p.reservation_count(), p.idle_bytes()), (2, 3 * MIB));
+    // Out of reserved room: the retry gives the granules back, and the
+    // error has the figures the call leaves.
+    let err = p.allocate(req(1 << 50), &()).unwrap_err();
+    p.check().unwrap();
+    assert_eq!((p.idle_bytes(), p.committed_bytes(), space.committed_bytes()), (0, 129 * MIB, 129 * MIB));
+    assert_eq!(
+        err,
+        Error::OutOfMemory {
+            requested: 1 << 50,
+            largest_free: p.largest_free(),
+            pool_size: 129 * MIB,
+            max_size: Some(p.reserved_bytes()),
+        }
+    );
+    for blk in [anchor, b] {
+        p.deallocate(blk, &()).unwrap();
+    }
+    p.check().unwrap();
+    assert_eq!(space.committed_bytes(), 0);
 }
 
 #[test]

@@ -8,6 +8,7 @@ use memres_core::adaptor::{Limiting, Statistics};
 use memres_core::binning::BinningResource;
 use memres_core::fixed::{FixedConfig, FixedSizeResource};
 use memres_core::stream_ordered::StreamOrdered;
+use memres_core::vmem::CommitLedger;
 use memres_core::vpool::{VirtualConfig, VirtualPool};
 use memres_core::{Block, Error, MemoryResource, MemoryResourceMut, Request, Result, Shared, Stream};
 use memres_host::{HbChecked, SimAddressSpace, SimStream, SimWorld};
@@ -630,15 +631,26 @@ pub fn run_stream(data: &[u8]) {
 const SPAN_GRANULES_LOG2: u32 = 18;
 
 /// `VirtualPool` over a `SimAddressSpace`.
+///
+/// Injected failures are judged by the call they fire in, not by whether one
+/// was armed: an armed failure fires in a later call or never. The space
+/// counts the failures it delivered; each call compares the counts before
+/// and after.
 #[derive(Debug)]
 struct VpoolTarget {
     pool: VirtualPool<SimAddressSpace>,
-    /// Whether a commit was made to fail (a backend error is then
-    /// legitimate).
-    commit_failure_armed: bool,
-    /// Whether a decommit was made to fail (idle memory may then stay above
-    /// `keep` until a later call retries).
-    decommit_failure_armed: bool,
+    /// Injected (commit, decommit) failures delivered during the last
+    /// allocate, for `judge_alloc_failure`.
+    delivered: (u64, u64),
+    /// The most idle bytes the pool may hold now. `keep` unless a decommit
+    /// failed: then unbounded after that call, and after later calls that
+    /// do not retry the trim (a successful allocate, which never adds Idle
+    /// granules, a failed free), the least idle seen since or `keep`. A
+    /// call that retries (a free, a failed allocate, a trim) and meets no
+    /// failure brings it back to `keep` (0 for a trim).
+    idle_ceiling: u64,
+    /// The first broken rule a call found (reported by `check`).
+    broken: Option<String>,
 }
 
 impl VpoolTarget {
@@ -661,19 +673,85 @@ impl VpoolTarget {
         }
         total * g
     }
+
+    /// The failures the space delivered since it had delivered `before`
+    /// (commits, decommits).
+    fn delivered_since(&self, before: (u64, u64)) -> (u64, u64) {
+        let now = self.pool.space().injected_failures();
+        (now.0 - before.0, now.1 - before.1)
+    }
+
+    /// Moves the idle ceiling after a call that `delivered` failures:
+    /// unbounded if a decommit failed in it; else `retried`, the ceiling of
+    /// a call that retries a pending trim; else (a call that adds no Idle
+    /// granules) the idle bytes now if fewer, never under `keep`.
+    fn settle(&mut self, delivered: (u64, u64), retried: Option<u64>) {
+        let keep = self.pool.config().keep_bytes();
+        self.idle_ceiling = match retried {
+            _ if delivered.1 > 0 => u64::MAX,
+            Some(ceiling) => ceiling,
+            None => self.idle_ceiling.min(self.pool.idle_bytes()).max(keep),
+        };
+    }
+
+    /// Records the first rule a call broke, for `check` to report.
+    fn broke(&mut self, why: String) {
+        self.broken.get_or_insert(why);
+    }
 }
 
 impl FuzzResource for VpoolTarget {
     fn allocate(&mut self, request: Request) -> Result<Block> {
-        self.pool.allocate(request, &())
+        let before = self.pool.space().injected_failures();
+        let got = self.pool.allocate(request, &());
+        self.delivered = self.delivered_since(before);
+        if got.is_ok() && self.delivered.0 > 0 {
+            // A failed commit is never retried: the allocate fails with it.
+            self.broke(format!("an allocate succeeded though a commit failed: {got:?}"));
+        }
+        // A failed allocate retries a pending trim; a successful one only
+        // takes Idle granules.
+        let keep = self.pool.config().keep_bytes();
+        self.settle(self.delivered, got.is_err().then_some(keep));
+        got
     }
     fn deallocate(&mut self, block: Block) -> Result<()> {
-        self.pool.deallocate(block, &())
+        let before = self.pool.space().injected_failures();
+        let got = self.pool.deallocate(block, &());
+        let delivered = self.delivered_since(before);
+        if delivered.0 > 0 {
+            self.broke(format!("a commit failed in a free of {block:?}, which commits nothing"));
+        }
+        // A free of a block retries a pending trim; a failed free, or one of
+        // an empty block, changes nothing.
+        let keep = self.pool.config().keep_bytes();
+        self.settle(delivered, (got.is_ok() && !block.is_empty()).then_some(keep));
+        got
     }
     fn release(&mut self) -> Option<Result<u64>> {
-        match self.pool.trim(&()) {
-            Err(Error::Backend { .. }) if self.decommit_failure_armed => Some(Ok(0)),
-            got => Some(got),
+        let before = self.pool.space().injected_failures();
+        let committed = self.pool.committed_bytes();
+        let got = self.pool.trim(&());
+        let delivered = self.delivered_since(before);
+        match got {
+            Ok(bytes) => {
+                // Every Idle granule decommitted, and counted.
+                if delivered != (0, 0) || bytes != committed - self.pool.committed_bytes() {
+                    self.broke(format!(
+                        "a trim returned {bytes} with {delivered:?} failures delivered; committed {committed} -> {}",
+                        self.pool.committed_bytes()
+                    ));
+                }
+                self.settle(delivered, Some(0));
+                Some(Ok(bytes))
+            }
+            // The decommit failure injected into this very trim, which stops
+            // at the first: its granules stay committed and Idle.
+            Err(e) if e == CommitLedger::INJECTED_DECOMMIT_FAILURE && delivered == (0, 1) => {
+                self.settle(delivered, None);
+                Some(Ok(0))
+            }
+            Err(e) => Some(Err(e)),
         }
     }
     fn fail_nth(&mut self, n: u64) -> bool {
@@ -682,8 +760,6 @@ impl FuzzResource for VpoolTarget {
         // physical memory all meet failures, alone and together.
         self.pool.space().fail_nth_commit(n);
         self.pool.space().fail_nth_decommit(n);
-        self.commit_failure_armed = true;
-        self.decommit_failure_armed = true;
         true
     }
     fn check(&self, model: &Model) -> std::result::Result<(), String> {
@@ -716,10 +792,14 @@ impl FuzzResource for VpoolTarget {
                 self.pool.idle_bytes()
             ));
         }
-        if !self.decommit_failure_armed && self.pool.idle_bytes() > self.pool.config().keep_bytes() {
+        if let Some(why) = &self.broken {
+            return Err(why.clone());
+        }
+        if self.pool.idle_bytes() > self.idle_ceiling {
             return Err(format!(
-                "{} bytes idle, more than the {} kept",
+                "{} bytes idle, more than the {} allowed now (keep {})",
                 self.pool.idle_bytes(),
+                self.idle_ceiling,
                 self.pool.config().keep_bytes()
             ));
         }
@@ -746,12 +826,24 @@ impl FuzzResource for VpoolTarget {
         let reserved = self.pool.reserved_bytes();
         let need = request.rounded_size(256) + request.align().saturating_sub(g);
         let at_max = self.pool.reservation_count() >= self.pool.config().reservations() as usize;
+        let (commits, decommits) = self.delivered;
         match err {
-            // An injected commit failure, or a decommit failure of the trim
-            // after running out of physical memory (its Idle granules stay
+            // A commit failure injected into this call comes through as it
+            // is: a failed commit is never retried.
+            _ if commits > 0 => {
+                if *err == CommitLedger::INJECTED_COMMIT_FAILURE {
+                    Ok(())
+                } else {
+                    Err(format!("{commits} injected commit failures in the call, not its error"))
+                }
+            }
+            // A decommit failure injected into this call, of the trim after
+            // running out of physical memory (its Idle granules stay
             // committed: the allocation fails with that error, never with
             // out of memory).
-            Error::Backend { .. } if self.commit_failure_armed || self.decommit_failure_armed => Ok(()),
+            Error::Backend { .. } if decommits > 0 && *err == CommitLedger::INJECTED_DECOMMIT_FAILURE => {
+                Ok(())
+            }
             Error::InvalidSize { .. } if reserved / g + need.div_ceil(g) >= u64::from(u32::MAX) => Ok(()),
             // Out of physical memory, the space's error comes through as it
             // is: `requested` is then the bytes of the commit.
@@ -811,5 +903,6 @@ pub fn run_vpool(data: &[u8]) {
         config,
     )
     .expect("a valid configuration");
-    drive(&mut VpoolTarget { pool, commit_failure_armed: false, decommit_failure_armed: false }, &mut u);
+    let idle_ceiling = config.keep_bytes();
+    drive(&mut VpoolTarget { pool, delivered: (0, 0), idle_ceiling, broken: None }, &mut u);
 }
