@@ -26,6 +26,13 @@ impl Bits {
         self.0[i as usize / 64] >> (i % 64) & 1 == 1
     }
 
+    /// Sets bit `i` to `to`.
+    #[inline(always)]
+    pub(super) fn put(&mut self, i: u32, to: bool) {
+        let (w, m) = (i as usize / 64, 1 << (i % 64));
+        self.0[w] = if to { self.0[w] | m } else { self.0[w] & !m };
+    }
+
     /// Sets the bits of `lo..hi` (non-empty) to `to`.
     pub(super) fn set(&mut self, lo: u32, hi: u32, to: bool) {
         let (lo, hi) = (lo as usize, hi as usize);
@@ -47,6 +54,23 @@ impl Bits {
             i = (i / 64 + 1) * 64;
         }
         hi as u32
+    }
+
+    /// The last bit in `lo..hi` that is `want`, if one is.
+    pub(super) fn find_back(&self, lo: u32, hi: u32, want: bool) -> Option<u32> {
+        let (lo, mut i) = (lo as usize, hi as usize);
+        while i > lo {
+            let w = (i - 1) / 64;
+            let word = if want { self.0[w] } else { !self.0[w] };
+            // The bits of word `w` below `i`.
+            let below = word & (u64::MAX >> (63 - (i - 1) % 64));
+            if below != 0 {
+                let at = w * 64 + 63 - below.leading_zeros() as usize;
+                return (at >= lo).then_some(at as u32);
+            }
+            i = w * 64;
+        }
+        None
     }
 
     /// How many bits of `lo..hi` are set.
@@ -78,5 +102,33 @@ mod tests {
         assert_eq!((b.find(200, 300, true), b.find(70, 100, true), b.find(3, 50, false)), (300, 100, 50));
         b.set(0, 300, true);
         assert_eq!((b.count(0, 300), b.find(0, 300, false)), (300, 300));
+    }
+
+    #[test]
+    fn single_bits_and_backward_search_against_a_naive_one() {
+        let mut b = Bits::default();
+        b.grow(300);
+        let set = [0, 1, 63, 64, 127, 130, 191, 192, 255, 299];
+        for i in set {
+            b.put(i, true);
+        }
+        b.put(1, false);
+        b.put(2, false); // clear already
+        let naive = |i: u32| set.contains(&i) && i != 1;
+        for i in 0..300 {
+            assert_eq!(b.get(i), naive(i), "bit {i}");
+        }
+        for lo in 0..=300 {
+            for hi in lo..=300 {
+                for want in [true, false] {
+                    let expected = (lo..hi).rev().find(|&i| naive(i) == want);
+                    assert_eq!(b.find_back(lo, hi, want), expected, "{lo}..{hi} {want}");
+                }
+            }
+        }
+        // Across many clear words to the one set bit at or below a slot.
+        assert_eq!((b.find_back(0, 299, true), b.find_back(193, 255, true)), (Some(255), None));
+        b.set(0, 300, false);
+        assert_eq!((b.find_back(0, 300, true), b.find_back(0, 300, false)), (None, Some(299)));
     }
 }
