@@ -80,9 +80,9 @@ pub trait FuzzResource {
     }
 
     /// Arms the upstream to fail its `n`-th next allocation (`false`: no
-    /// upstream that can fail).
-    fn fail_nth(&mut self, _n: u64) -> bool {
-        false
+    /// upstream that can fail). By default the spied upstream, if any.
+    fn fail_nth(&mut self, n: u64) -> bool {
+        self.spy().map(|spy| spy.fail_nth(n)).is_some()
     }
 
     /// Runs the invariant checker and every cross-check against the model

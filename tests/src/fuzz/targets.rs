@@ -281,6 +281,10 @@ impl Spy {
     pub(super) fn frees(&self) -> u64 {
         *self.frees.lock().expect("spy lock")
     }
+    /// Makes the upstream's `n`th allocation from now fail.
+    pub(super) fn fail_nth(&self, n: u64) {
+        self.inner.fail_nth(n);
+    }
 }
 
 impl<S: Stream + ?Sized> MemoryResource<S> for Spy {
@@ -449,10 +453,6 @@ impl<N: Storage<Node>, C: Storage<Chunk>> FuzzResource for PoolTarget<N, C> {
         let got = self.pool.release(&());
         Some(released(&self.pool, got))
     }
-    fn fail_nth(&mut self, n: u64) -> bool {
-        self.spy.inner.fail_nth(n);
-        true
-    }
     fn check(&self, _model: &Model) -> std::result::Result<(), String> {
         check_pool(&self.pool, &self.spy)
     }
@@ -553,10 +553,6 @@ impl FuzzResource for StackTarget {
             let got = p.release(&());
             released(p, got)
         }))
-    }
-    fn fail_nth(&mut self, n: u64) -> bool {
-        self.spy.inner.fail_nth(n);
-        true
     }
     fn check(&self, model: &Model) -> std::result::Result<(), String> {
         self.pool.with(|p| check_pool(p, &self.spy))?;

@@ -345,11 +345,6 @@ impl FuzzResource for ArenaTarget {
         Some(got)
     }
 
-    fn fail_nth(&mut self, n: u64) -> bool {
-        self.spy.inner.fail_nth(n);
-        true
-    }
-
     fn check(&self, model: &Model) -> std::result::Result<(), String> {
         if super::super::invariant_checker_on() {
             self.arena.check().map_err(|v| v.to_string())?;

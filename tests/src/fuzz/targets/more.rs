@@ -49,10 +49,6 @@ impl FuzzResource for FixedTarget {
         }
         Some(got)
     }
-    fn fail_nth(&mut self, n: u64) -> bool {
-        self.spy.inner.fail_nth(n);
-        true
-    }
     fn check(&self, model: &Model) -> std::result::Result<(), String> {
         if super::super::invariant_checker_on() {
             self.fixed.check().map_err(|v| v.to_string())?;
@@ -186,10 +182,6 @@ impl FuzzResource for BinningTarget {
             }
         }
         Some(got)
-    }
-    fn fail_nth(&mut self, n: u64) -> bool {
-        self.spy.inner.fail_nth(n);
-        true
     }
     fn check(&self, model: &Model) -> std::result::Result<(), String> {
         if super::super::invariant_checker_on() {
@@ -490,10 +482,6 @@ impl FuzzResource for StreamTarget {
             Err(e) => Some(Err(e)),
         }
     }
-    fn fail_nth(&mut self, n: u64) -> bool {
-        self.spy.inner.fail_nth(n);
-        true
-    }
     fn check(&self, model: &Model) -> std::result::Result<(), String> {
         if let Some(v) = self.hb.violations().first() {
             return Err(format!("happens-before violation: {v}"));
@@ -674,11 +662,13 @@ impl VpoolTarget {
         total * g
     }
 
-    /// The failures the space delivered since it had delivered `before`
-    /// (commits, decommits).
-    fn delivered_since(&self, before: (u64, u64)) -> (u64, u64) {
+    /// Runs `call` on the pool; returns what it returned and the injected
+    /// failures the space delivered during it (commits, decommits).
+    fn observe<T>(&mut self, call: impl FnOnce(&mut VirtualPool<SimAddressSpace>) -> T) -> (T, (u64, u64)) {
+        let before = self.pool.space().injected_failures();
+        let got = call(&mut self.pool);
         let now = self.pool.space().injected_failures();
-        (now.0 - before.0, now.1 - before.1)
+        (got, (now.0 - before.0, now.1 - before.1))
     }
 
     /// Moves the idle ceiling after a call that `delivered` failures:
@@ -702,9 +692,8 @@ impl VpoolTarget {
 
 impl FuzzResource for VpoolTarget {
     fn allocate(&mut self, request: Request) -> Result<Block> {
-        let before = self.pool.space().injected_failures();
-        let got = self.pool.allocate(request, &());
-        self.delivered = self.delivered_since(before);
+        let got;
+        (got, self.delivered) = self.observe(|pool| pool.allocate(request, &()));
         if got.is_ok() && self.delivered.0 > 0 {
             // A failed commit is never retried: the allocate fails with it.
             self.broke(format!("an allocate succeeded though a commit failed: {got:?}"));
@@ -716,9 +705,7 @@ impl FuzzResource for VpoolTarget {
         got
     }
     fn deallocate(&mut self, block: Block) -> Result<()> {
-        let before = self.pool.space().injected_failures();
-        let got = self.pool.deallocate(block, &());
-        let delivered = self.delivered_since(before);
+        let (got, delivered) = self.observe(|pool| pool.deallocate(block, &()));
         if delivered.0 > 0 {
             self.broke(format!("a commit failed in a free of {block:?}, which commits nothing"));
         }
@@ -729,10 +716,8 @@ impl FuzzResource for VpoolTarget {
         got
     }
     fn release(&mut self) -> Option<Result<u64>> {
-        let before = self.pool.space().injected_failures();
         let committed = self.pool.committed_bytes();
-        let got = self.pool.trim(&());
-        let delivered = self.delivered_since(before);
+        let (got, delivered) = self.observe(|pool| pool.trim(&()));
         match got {
             Ok(bytes) => {
                 // Every Idle granule decommitted, and counted.
