@@ -546,4 +546,29 @@ impl Call {
     pub fn size_arg(&self, key: &str) -> Result<Option<u64>, StackError> {
         self.keyed(key).map(Value::size).transpose()
     }
+
+    /// The flag given as `key=true` or `key=false`, if any.
+    ///
+    /// # Errors
+    ///
+    /// [`StackErrorKind::BadValue`] at the value if it is neither word.
+    ///
+    /// ```
+    /// let c = memres_core::stack::parse("pool(sim, release=false, x=yes)")?;
+    /// assert_eq!(c.bool_arg("release")?, Some(false));
+    /// assert_eq!(c.bool_arg("initial")?, None);
+    /// assert!(c.bool_arg("x").is_err());
+    /// # Ok::<(), memres_core::stack::StackError>(())
+    /// ```
+    pub fn bool_arg(&self, key: &str) -> Result<Option<bool>, StackError> {
+        let Some(v) = self.keyed(key) else { return Ok(None) };
+        match v.text()? {
+            "true" => Ok(Some(true)),
+            "false" => Ok(Some(false)),
+            text => Err(StackError::new(
+                v.pos(),
+                StackErrorKind::BadValue(alloc::format!("{key} `{text}`: true or false")),
+            )),
+        }
+    }
 }

@@ -198,17 +198,8 @@ pub fn vmm_config(call: &Call) -> std::result::Result<VmmConfig, StackError> {
             )
         })?;
     }
-    if let Some(v) = call.keyed("trim_on_commit") {
-        config.trim_on_commit = match v.text()? {
-            "true" => true,
-            "false" => false,
-            text => {
-                return Err(StackError::new(
-                    v.pos(),
-                    StackErrorKind::BadValue(format!("trim_on_commit `{text}`: true or false")),
-                ))
-            }
-        };
+    if let Some(trim) = call.bool_arg("trim_on_commit")? {
+        config.trim_on_commit = trim;
     }
     Ok(config)
 }
