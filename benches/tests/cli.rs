@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use std::process::{Command, Output};
 
 const RESNET: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/data/resnet_train.csv.gz");
+const TRANSFORMER: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/data/transformer_train.csv.gz");
 
 fn memres(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_memres")).args(args).output().expect("the binary runs")
@@ -315,4 +316,31 @@ fn the_default_list_is_every_resource_that_runs_on_the_upstream() {
         assert_eq!(names.iter().any(|n| n == "vpool"), vpool, "{names:?}");
         assert!(!names.iter().any(|n| n.starts_with("fixed") || n == "async" || n == "cuda"), "{names:?}");
     }
+}
+
+/// The transformer trace is `train_check.py`'s model (recorded through the
+/// `log` adaptor). PyTorch's own allocator reserved 832 to 848 MiB for it on
+/// an H100; the default pool must hold no more, and the 32 MiB granule is
+/// what gets it there (2 MiB steps strand 946 MiB).
+#[test]
+fn the_default_pool_holds_no_more_than_pytorch_on_the_transformer() {
+    let o = memres(&[
+        "replay",
+        "--json",
+        "--passes",
+        "1",
+        "--stack",
+        "pool(sim)",
+        "--stack",
+        "pool(sim, granule=32MiB)",
+        "--stack",
+        "pool(sim, granule=2MiB)",
+        TRANSFORMER,
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let rows = json_rows(&o);
+    let peak = |i: usize| rows[i]["peak_upstream"].as_u64().unwrap();
+    assert!(peak(0) <= 832 << 20, "{}", rows[0]);
+    assert_eq!(peak(0), peak(1), "the default granule is 32 MiB");
+    assert!(peak(2) > 900 << 20, "{}", rows[2]);
 }

@@ -7,7 +7,7 @@
 //! | name | arguments | resource |
 //! | --- | --- | --- |
 //! | `sim` | `[capacity]` (default 80 GiB) | [`SimDevice`] |
-//! | `pool` | `upstream, initial=, max=, growth=double\|default\|N` | [`CoalescingPool`] behind [`Shared`] (`N`: grow by 1/N of the pool in 2 MiB steps) |
+//! | `pool` | `upstream, initial=, max=, growth=double\|default\|N, granule=, release=true\|false` | [`CoalescingPool`] behind [`Shared`] (`N`: grow by 1/N of the pool in steps of `granule=`, default 32 MiB; `release=`: give wholly free chunks back before growing, default true) |
 //! | `stats` | `upstream` | [`Statistics`] |
 //! | `track` | `upstream` | [`Tracking`] |
 //! | `limit` | `upstream, bytes` (or `bytes=`) | [`Limiting`] |
@@ -317,7 +317,7 @@ impl<S: Stream + ?Sized + 'static> StackBuilder<S> {
             Ok(cx.keep(call, Shared::new(pool)))
         });
         b.register("pool", |call, cx| {
-            call.expect_args(1, &["initial", "max", "growth"])?;
+            call.expect_args(1, &["initial", "max", "growth", "granule", "release"])?;
             let mut config = PoolConfig::new();
             if let Some(initial) = call.size_arg("initial")? {
                 config = config.initial_size(initial);
@@ -325,12 +325,27 @@ impl<S: Stream + ?Sized + 'static> StackBuilder<S> {
             if let Some(max) = call.size_arg("max")? {
                 config = config.maximum_size(max);
             }
-            if let Some(g) = call.keyed("growth") {
-                let growth = match g.text()? {
+            let granule = call.size_arg("granule")?;
+            if let Some(granule) = granule {
+                if !granule.is_power_of_two() || granule < 256 {
+                    let pos = call.keyed("granule").map_or(call.pos, |v| v.pos());
+                    return Err(StackError::new(
+                        pos,
+                        StackErrorKind::BadValue(format!(
+                            "granule {granule}: a power of two of at least 256"
+                        )),
+                    ));
+                }
+            }
+            let growth = match call.keyed("growth") {
+                None => Growth::DEFAULT,
+                Some(g) => match g.text()? {
                     "double" => Growth::Double,
                     "default" => Growth::DEFAULT,
                     text => match text.parse::<u32>() {
-                        Ok(divisor) if divisor > 0 => Growth::Fraction { divisor, granule: 2 << 20 },
+                        Ok(divisor) if divisor > 0 => {
+                            Growth::Fraction { divisor, granule: Growth::DEFAULT_GRANULE }
+                        }
                         _ => {
                             return Err(StackError::new(
                                 g.pos(),
@@ -340,8 +355,24 @@ impl<S: Stream + ?Sized + 'static> StackBuilder<S> {
                             ))
                         }
                     },
-                };
-                config = config.growth(growth);
+                },
+            };
+            let growth = match (growth, granule) {
+                (Growth::Fraction { divisor, .. }, Some(granule)) => Growth::Fraction { divisor, granule },
+                (Growth::Double, Some(_)) => {
+                    let pos = call.keyed("granule").map_or(call.pos, |v| v.pos());
+                    return Err(StackError::new(
+                        pos,
+                        StackErrorKind::BadValue(
+                            "granule= sizes fractional growth, not growth=double".into(),
+                        ),
+                    ));
+                }
+                (growth, _) => growth,
+            };
+            config = config.growth(growth);
+            if let Some(release) = call.bool_arg("release")? {
+                config = config.release_on_grow(release);
             }
             let upstream = cx.upstream(call, 0)?;
             let pool = CoalescingPool::with_config(upstream, config, cx.stream)

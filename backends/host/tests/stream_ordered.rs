@@ -251,7 +251,7 @@ fn rig_other() -> Vec<Block> {
 
 #[test]
 fn device_failure_in_a_cross_stream_transfer_loses_nothing() {
-    let rig = rig(4 << 20, 2, CrossStream::Wait, true);
+    let rig = rig(64 << 20, 2, CrossStream::Wait, true);
     let (a, b) = (&rig.streams[0], &rig.streams[1]);
     let xs: Vec<_> = (0..8).map(|_| rig.res.allocate(req(64 << 10), a).unwrap()).collect();
     a.enqueue();
@@ -260,10 +260,11 @@ fn device_failure_in_a_cross_stream_transfer_loses_nothing() {
     }
     let listed = rig.layer(|l| l.listed_bytes());
     assert_eq!(listed, 8 * (64 << 10));
-    // b needs more than any listed block: the pool must grow, and the
-    // device fails.
+    // b needs more than the pool's first chunk holds: the pool must grow,
+    // and the device fails.
+    let held = rig.device.held_bytes();
     rig.device.fail_nth(1);
-    let err = rig.res.allocate(req(2 << 20), b).unwrap_err();
+    let err = rig.res.allocate(req(held), b).unwrap_err();
     assert!(matches!(err, Error::Backend { .. }), "{err}");
     assert_eq!(rig.layer(|l| l.listed_bytes()), listed);
     rig.check(&LiveBlocks::new());

@@ -209,7 +209,7 @@ fn traces_load_plain_and_gzip_and_missing_files_fail() {
 #[test]
 fn shipped_traces_decode() {
     let data = concat!(env!("CARGO_MANIFEST_DIR"), "/data/");
-    for name in ["resnet_train.csv.gz", "gpt_train.csv.gz"] {
+    for name in ["resnet_train.csv.gz", "gpt_train.csv.gz", "transformer_train.csv.gz"] {
         let w = Workload::load(&format!("{data}{name}")).unwrap();
         check_well_formed(&w, u64::MAX);
         assert_eq!(w.ops.len() as u64 % 2, 0);

@@ -236,6 +236,42 @@ fn handles_give_typed_access() {
 }
 
 #[test]
+fn pool_granule_and_release_apply() {
+    type Pool = Shared<CoalescingPool<DynResource>>;
+    let grow = |text: &str| {
+        let built = StackBuilder::<()>::new().build_with_handles(text, &()).unwrap();
+        let r = &built.resource;
+        let pool = built.get::<Pool>("pool").unwrap();
+        // A small block, then one too large for the first chunk: the
+        // first block's chunk is wholly free when the pool grows.
+        let a = r.allocate(req(1000), &()).unwrap();
+        let first = pool.with(|p| p.pool_size());
+        r.deallocate(a, &()).unwrap();
+        let b = r.allocate(req(first + 1), &()).unwrap();
+        let sizes = (first, pool.with(|p| (p.pool_size(), p.chunk_count())));
+        r.deallocate(b, &()).unwrap();
+        sizes
+    };
+    // The default granule is 32 MiB.
+    assert_eq!(grow("pool(sim)").0, 32 << 20);
+    assert_eq!(grow("pool(sim, growth=4)").0, 32 << 20);
+    // 1 MiB granules; the free first chunk goes back before the pool grows,
+    // unless release=false.
+    assert_eq!(grow("pool(sim, granule=1MiB)"), (1 << 20, (2 << 20, 1)));
+    assert_eq!(grow("pool(sim, granule=1MiB, release=true)"), (1 << 20, (2 << 20, 1)));
+    assert_eq!(grow("pool(sim, granule=1MiB, release=false)"), (1 << 20, (3 << 20, 2)));
+    for (text, pos, what) in [
+        ("pool(sim, granule=3000)", 18, "granule 3000: a power of two of at least 256"),
+        ("pool(sim, granule=128)", 18, "granule 128: a power of two of at least 256"),
+        ("pool(sim, growth=double, granule=1MiB)", 33, "granule= sizes fractional growth, not growth=double"),
+        ("pool(sim, release=no)", 18, "release `no`: true or false"),
+    ] {
+        let e = build_err(text);
+        assert_eq!((e.pos, e.kind), (pos, StackErrorKind::BadValue(what.into())), "{text}");
+    }
+}
+
+#[test]
 fn builds_the_new_resources() {
     for text in [
         "host",
