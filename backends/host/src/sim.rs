@@ -1,4 +1,5 @@
 use memres_core::pool::CoalescingIndex;
+use memres_core::testing::FailNth;
 use memres_core::{Block, Error, MemoryResource, Range, Request, Result, Stream};
 use std::sync::Mutex;
 
@@ -41,8 +42,8 @@ struct State {
     peak: u64,
     allocations: u64,
     frees: u64,
-    /// Allocation calls to let through before one fails (0: none pending).
-    fail_in: u64,
+    /// The injected allocation failure, armed or delivered.
+    fail: FailNth,
 }
 
 impl SimDevice {
@@ -58,7 +59,15 @@ impl SimDevice {
         let first = space.add_range(Range::new(Self::BASE, span).expect("span fits")).expect("one node");
         SimDevice {
             capacity,
-            state: Mutex::new(State { space, first, held: 0, peak: 0, allocations: 0, frees: 0, fail_in: 0 }),
+            state: Mutex::new(State {
+                space,
+                first,
+                held: 0,
+                peak: 0,
+                allocations: 0,
+                frees: 0,
+                fail: FailNth::new(),
+            }),
         }
     }
 
@@ -96,7 +105,7 @@ impl SimDevice {
     /// Makes the `n`th allocation from now fail (`n = 1`: the next one) with
     /// an injected backend error; `n = 0` cancels.
     pub fn fail_nth(&self, n: u64) {
-        self.lock().fail_in = n;
+        self.lock().fail.arm(n);
     }
 }
 
@@ -106,11 +115,8 @@ impl<S: Stream + ?Sized> MemoryResource<S> for SimDevice {
             return Ok(Block::EMPTY);
         }
         let mut s = self.lock();
-        if s.fail_in > 0 {
-            s.fail_in -= 1;
-            if s.fail_in == 0 {
-                return Err(Error::Backend { code: 2, what: "injected failure of the simulated device" });
-            }
+        if s.fail.fires() {
+            return Err(Error::Backend { code: 2, what: "injected failure of the simulated device" });
         }
         let size = request.rounded_size(256);
         let out_of_memory = |s: &State| Error::OutOfMemory {

@@ -27,6 +27,7 @@
 //! work after its earlier work. Streams from [`SimWorld::non_blocking_stream`]
 //! are not ordered with it.
 
+use memres_core::testing::FailNth;
 use memres_core::{Error, Result, Stream};
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -60,9 +61,8 @@ pub struct SimWorld {
 struct World {
     /// Indexed by stream id; entry 0 is the default stream.
     streams: Vec<StreamState>,
-    /// Stream calls (record, wait, synchronize) to let through before one
-    /// fails; 0: none pending.
-    fail_in: u64,
+    /// The injected failure of a stream call (record, wait, synchronize).
+    fail: FailNth,
 }
 
 #[derive(Debug)]
@@ -107,11 +107,8 @@ impl World {
     }
 
     fn fail_point(&mut self) -> Result<()> {
-        if self.fail_in > 0 {
-            self.fail_in -= 1;
-            if self.fail_in == 0 {
-                return Err(Error::Backend { code: 3, what: "injected failure of a simulated stream" });
-            }
+        if self.fail.fires() {
+            return Err(Error::Backend { code: 3, what: "injected failure of a simulated stream" });
         }
         Ok(())
     }
@@ -142,7 +139,7 @@ impl SimWorld {
     /// A world with only the default stream (id 0).
     pub fn new() -> Self {
         let default = StreamState { blocking: true, clock: vec![0], completed: 0, observed: 0 };
-        SimWorld { state: Arc::new(Mutex::new(World { streams: vec![default], fail_in: 0 })) }
+        SimWorld { state: Arc::new(Mutex::new(World { streams: vec![default], fail: FailNth::new() })) }
     }
 
     fn lock(&self) -> MutexGuard<'_, World> {
@@ -211,7 +208,7 @@ impl SimWorld {
     /// Makes the `n`th stream call (record, wait, synchronize) from now fail
     /// with a backend error (`n = 1`: the next one); `n = 0` cancels.
     pub fn fail_nth(&self, n: u64) {
-        self.lock().fail_in = n;
+        self.lock().fail.arm(n);
     }
 }
 

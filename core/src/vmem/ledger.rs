@@ -1,3 +1,4 @@
+use crate::testing::FailNth;
 use crate::{Error, Range, Result};
 
 /// The checked bookkeeping of a simulated [`ReservableSpace`](super::ReservableSpace):
@@ -37,22 +38,10 @@ pub struct CommitLedger {
     peak: u64,
     commits: u64,
     decommits: u64,
-    /// Commits to let through before one fails (0: none pending).
-    fail_commit_in: u64,
-    /// Decommits to let through before one fails (0: none pending).
-    fail_decommit_in: u64,
-    /// Injected commit and decommit failures delivered so far.
-    commit_failures: u64,
-    decommit_failures: u64,
-}
-
-/// Counts down an injected failure; true when this call must fail.
-fn injected(counter: &mut u64) -> bool {
-    if *counter == 0 {
-        return false;
-    }
-    *counter -= 1;
-    *counter == 0
+    /// The injected commit failure, armed or delivered.
+    fail_commit: FailNth,
+    /// The injected decommit failure, armed or delivered.
+    fail_decommit: FailNth,
 }
 
 impl CommitLedger {
@@ -70,10 +59,8 @@ impl CommitLedger {
             peak: 0,
             commits: 0,
             decommits: 0,
-            fail_commit_in: 0,
-            fail_decommit_in: 0,
-            commit_failures: 0,
-            decommit_failures: 0,
+            fail_commit: FailNth::new(),
+            fail_decommit: FailNth::new(),
         }
     }
 
@@ -147,19 +134,19 @@ impl CommitLedger {
     /// # Ok::<(), memres_core::Error>(())
     /// ```
     pub fn injected_failures(&self) -> (u64, u64) {
-        (self.commit_failures, self.decommit_failures)
+        (self.fail_commit.delivered(), self.fail_decommit.delivered())
     }
 
     /// Makes the `n`th commit from now fail (`n = 1`: the next one) with an
     /// injected backend error; `n = 0` cancels.
     pub fn fail_nth_commit(&mut self, n: u64) {
-        self.fail_commit_in = n;
+        self.fail_commit.arm(n);
     }
 
     /// Makes the `n`th decommit from now fail with an injected backend
     /// error, the memory left committed; `n = 0` cancels.
     pub fn fail_nth_decommit(&mut self, n: u64) {
-        self.fail_decommit_in = n;
+        self.fail_decommit.arm(n);
     }
 
     /// Checks that `range` is granule-aligned and not empty.
@@ -194,8 +181,7 @@ impl CommitLedger {
     /// outside `reservation`, or one partly committed. Nothing changes on
     /// error.
     pub fn commit(&mut self, reservation: Option<(&mut [u64], Range)>, range: Range) -> Result<()> {
-        if injected(&mut self.fail_commit_in) {
-            self.commit_failures += 1;
+        if self.fail_commit.fires() {
             return Err(Self::INJECTED_COMMIT_FAILURE);
         }
         if range.len() > self.physical - self.committed {
@@ -222,8 +208,7 @@ impl CommitLedger {
     /// [`Error::InvalidConfig`] as for [`commit`](Self::commit). Nothing
     /// changes on error.
     pub fn decommit(&mut self, reservation: Option<(&mut [u64], Range)>, range: Range) -> Result<()> {
-        if injected(&mut self.fail_decommit_in) {
-            self.decommit_failures += 1;
+        if self.fail_decommit.fires() {
             return Err(Self::INJECTED_DECOMMIT_FAILURE);
         }
         self.flip(reservation, range, false)?;
