@@ -33,6 +33,7 @@ const WORKLOADS: &[&str] = &[
     "lograndom:100000:256:16777216:7",
     concat!(env!("CARGO_MANIFEST_DIR"), "/data/resnet_train.csv.gz"),
     concat!(env!("CARGO_MANIFEST_DIR"), "/data/gpt_train.csv.gz"),
+    concat!(env!("CARGO_MANIFEST_DIR"), "/data/transformer_train.csv.gz"),
 ];
 
 /// Times whole passes of `workload` on one warm resource built by `B` over
