@@ -23,7 +23,10 @@
  * trim_on_commit=; it unmaps only after synchronizing the stream of the
  * call, which is safe when the program frees a block only once every
  * stream that used it is done, as with every pool here).
- * Adaptors and algorithms: pool, stats, track, limit, align, log.
+ * Adaptors and algorithms: pool (initial=, max=, growth=double|default|N,
+ * granule= (32MiB: chunks are multiples of it), release=true|false (give
+ * wholly free chunks back before growing; true)), stats, track, limit,
+ * align, log.
  *
  * No function aborts or lets an exception through; failures are return
  * values, with a message for memres_last_error.
