@@ -119,7 +119,7 @@ struct Entry {
 ///
 /// A free of a block the table does not hold is refused before it reaches
 /// the upstream. Zero-byte requests are not tracked. With `std`,
-/// [`with_backtraces`](Self::with_backtraces) records a
+/// `Tracking::with_backtraces` records a
 /// `std::backtrace::Backtrace::capture()` with every allocation (off by
 /// default; `capture` records frames only when `RUST_BACKTRACE` or
 /// `RUST_LIB_BACKTRACE` is set).
