@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Builds, lints and tests memres-cuda and memres-cuda-capi (libmemres.so).
+# Builds, lints, documents and tests memres-cuda and memres-cuda-capi (libmemres.so).
 # Arguments go to `cargo test`.
 #
 # With a CUDA toolkit (or CUDA_LIBRARY_PATH) it links against that; without
@@ -22,4 +22,5 @@ fi
 
 cargo fmt -p memres-cuda -p memres-cuda-capi --check
 cargo clippy -p memres-cuda -p memres-cuda-capi --all-targets -- -D warnings
+RUSTDOCFLAGS="-D warnings" cargo doc -p memres-cuda -p memres-cuda-capi --no-deps
 cargo test -p memres-cuda -p memres-cuda-capi "$@"
