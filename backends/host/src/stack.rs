@@ -285,14 +285,7 @@ impl<S: Stream + ?Sized + 'static> StackBuilder<S> {
             }
             space.expect_args(1, &[])?;
             let physical = space.positional(0).map(|v| v.size()).transpose()?.unwrap_or(DEFAULT_SIM_CAPACITY);
-            let granule = call.size_arg("granule")?.unwrap_or(SimAddressSpace::DEFAULT_GRANULE);
-            if !granule.is_power_of_two() || granule < 256 {
-                let pos = call.keyed("granule").map_or(call.pos, |v| v.pos());
-                return Err(StackError::new(
-                    pos,
-                    StackErrorKind::BadValue(format!("granule {granule}: a power of two of at least 256")),
-                ));
-            }
+            let granule = granule_arg(call, SimAddressSpace::DEFAULT_GRANULE)?;
             let reserve = call.size_arg("reserve")?.unwrap_or(64 << 30);
             // Keep free memory mapped under a 4 % slack above the peak in
             // use: steady-state replays of the PyTorch traces then map nothing.
@@ -325,50 +318,32 @@ impl<S: Stream + ?Sized + 'static> StackBuilder<S> {
             if let Some(max) = call.size_arg("max")? {
                 config = config.maximum_size(max);
             }
-            let granule = call.size_arg("granule")?;
-            if let Some(granule) = granule {
-                if !granule.is_power_of_two() || granule < 256 {
-                    let pos = call.keyed("granule").map_or(call.pos, |v| v.pos());
-                    return Err(StackError::new(
-                        pos,
-                        StackErrorKind::BadValue(format!(
-                            "granule {granule}: a power of two of at least 256"
-                        )),
-                    ));
-                }
-            }
-            let growth = match call.keyed("growth") {
-                None => Growth::DEFAULT,
-                Some(g) => match g.text()? {
-                    "double" => Growth::Double,
-                    "default" => Growth::DEFAULT,
-                    text => match text.parse::<u32>() {
-                        Ok(divisor) if divisor > 0 => {
-                            Growth::Fraction { divisor, granule: Growth::DEFAULT_GRANULE }
-                        }
-                        _ => {
-                            return Err(StackError::new(
-                                g.pos(),
-                                StackErrorKind::BadValue(format!(
-                                    "growth `{text}`: double, default or a divisor > 0"
-                                )),
-                            ))
-                        }
-                    },
+            let granule = granule_arg(call, Growth::DEFAULT_GRANULE)?;
+            let growth = call.keyed("growth").map(|g| g.text().map(|text| (g.pos(), text))).transpose()?;
+            let growth = match growth {
+                None | Some((_, "default")) => Growth::Fraction { divisor: Growth::DEFAULT_DIVISOR, granule },
+                Some((_, "double")) => match call.keyed("granule") {
+                    Some(v) => {
+                        return Err(StackError::new(
+                            v.pos(),
+                            StackErrorKind::BadValue(
+                                "granule= sizes fractional growth, not growth=double".into(),
+                            ),
+                        ))
+                    }
+                    None => Growth::Double,
                 },
-            };
-            let growth = match (growth, granule) {
-                (Growth::Fraction { divisor, .. }, Some(granule)) => Growth::Fraction { divisor, granule },
-                (Growth::Double, Some(_)) => {
-                    let pos = call.keyed("granule").map_or(call.pos, |v| v.pos());
-                    return Err(StackError::new(
-                        pos,
-                        StackErrorKind::BadValue(
-                            "granule= sizes fractional growth, not growth=double".into(),
-                        ),
-                    ));
-                }
-                (growth, _) => growth,
+                Some((pos, text)) => match text.parse::<u32>() {
+                    Ok(divisor) if divisor > 0 => Growth::Fraction { divisor, granule },
+                    _ => {
+                        return Err(StackError::new(
+                            pos,
+                            StackErrorKind::BadValue(format!(
+                                "growth `{text}`: double, default or a divisor > 0"
+                            )),
+                        ))
+                    }
+                },
             };
             config = config.growth(growth);
             if let Some(release) = call.bool_arg("release")? {
@@ -547,6 +522,24 @@ impl<S: Stream> MemoryResourceMut for OnStream<S> {
     fn deallocate(&mut self, block: Block, _: &()) -> memres_core::Result<()> {
         self.upstream.deallocate(block, &self.stream)
     }
+}
+
+/// The chunk or page granule given as `granule=`, else `default`.
+///
+/// # Errors
+///
+/// A bad size, or one that is not a power of two of at least 256, at the
+/// value.
+fn granule_arg(call: &Call, default: u64) -> Result<u64, StackError> {
+    let granule = call.size_arg("granule")?.unwrap_or(default);
+    if !granule.is_power_of_two() || granule < 256 {
+        let pos = call.keyed("granule").map_or(call.pos, |v| v.pos());
+        return Err(StackError::new(
+            pos,
+            StackErrorKind::BadValue(format!("granule {granule}: a power of two of at least 256")),
+        ));
+    }
+    Ok(granule)
 }
 
 /// A small whole number (a count or an exponent).

@@ -54,7 +54,11 @@ impl Growth {
     /// finer chunks save nothing there, and fewer, larger chunks strand less
     /// free space between them. The unused tail of the newest chunk is under
     /// `pool / 8 + 32 MiB`.
-    pub const DEFAULT: Growth = Growth::Fraction { divisor: 8, granule: Self::DEFAULT_GRANULE };
+    pub const DEFAULT: Growth =
+        Growth::Fraction { divisor: Self::DEFAULT_DIVISOR, granule: Self::DEFAULT_GRANULE };
+
+    /// The divisor of [`Growth::DEFAULT`]: the pool grows by at least 1/8.
+    pub const DEFAULT_DIVISOR: u32 = 8;
 
     /// The chunk granule of [`Growth::DEFAULT`]: 32 MiB.
     pub const DEFAULT_GRANULE: u64 = 32 << 20;

@@ -270,10 +270,7 @@ impl Spy {
     }
     /// Forgets what the upstream answered so far.
     pub(super) fn clear_log(&self) {
-        self.take_log();
-    }
-    fn take_log(&self) -> SpyLog {
-        std::mem::take(&mut *self.log.lock().expect("spy lock"))
+        *self.log.lock().expect("spy lock") = SpyLog::default();
     }
     fn log(&self) -> SpyLog {
         self.log.lock().expect("spy lock").clone()
