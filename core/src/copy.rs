@@ -112,9 +112,11 @@ impl<S: Stream + ?Sized, E: CopyEngine<S> + ?Sized> CopyEngine<S> for &E {
 /// the [fixed-size resource](crate::fixed::FixedSizeResource), the
 /// [arena](crate::arena::ArenaResource) and the
 /// [stream-ordered layer](crate::StreamOrdered). A resource of numbers with
-/// no bytes behind them (a simulated device) must not implement it. Where a
-/// resource is not covered (a stack chosen at run time), [`AssumeMemoryOf`]
-/// makes the promise by hand.
+/// no bytes behind them (a simulated device) must not implement it. Not
+/// covered: `BinningResource` (a bin may be any boxed resource),
+/// [`VirtualPool`](crate::vpool::VirtualPool) (its memory is whatever its
+/// space commits) and [`DynResource`](crate::DynResource) (a stack chosen at
+/// run time); for those [`AssumeMemoryOf`] makes the promise by hand.
 ///
 /// # Safety
 ///
