@@ -1,5 +1,5 @@
-use crate::Result;
-use memres_core::copy::CopyEngine;
+use crate::{ContainerError, Result};
+use memres_core::copy::{CopyEngine, MemoryOf};
 use memres_core::{Block, MemoryResource, Request, Stream};
 use std::fmt;
 
@@ -16,7 +16,10 @@ use std::fmt;
 /// A buffer of length zero holds no memory ([`Block::EMPTY`]). Growing past
 /// the capacity allocates a new block, copies the bytes in use on the
 /// buffer's stream and frees the old block on it; if the allocation fails
-/// the buffer is unchanged.
+/// the buffer is unchanged. The bytes in use have always been written:
+/// [`new`](Self::new) and [`resize`](Self::resize) write zeros, unless the
+/// caller takes that on with [`new_uninit`](Self::new_uninit) or
+/// [`resize_uninit`](Self::resize_uninit).
 ///
 /// # Examples
 ///
@@ -41,35 +44,83 @@ where
     /// The stream every operation of the buffer is ordered on, and the one
     /// its block is freed on.
     stream: S,
-    /// The memory; `block.size()` is the capacity.
+    /// The memory, from `resource`, live until this buffer gives it back;
+    /// its `size()` bytes are memory of `E` (the resource's `MemoryOf`
+    /// promise) and they are the capacity.
     block: Block,
-    /// Bytes in use, at most the capacity.
+    /// Bytes in use, at most the capacity, all written (zeros at least),
+    /// unless an `unsafe` uninitialized constructor's caller vouches for them.
     len: u64,
 }
 
 impl<R, E, S> DeviceBuffer<R, E, S>
 where
-    R: MemoryResource<S>,
+    R: MemoryResource<S> + MemoryOf<E::Kind>,
     E: CopyEngine<S>,
     S: Stream,
 {
-    /// A buffer of `len` uninitialized bytes from `resource`, on `stream`.
+    /// A block of at least `len` bytes from `resource`; a shorter one goes
+    /// back untouched, as an error.
+    fn allocate(resource: &R, len: u64, stream: &S) -> Result<Block> {
+        let block = resource.allocate(Request::new(len)?, stream)?;
+        if block.size() < len {
+            // Given back untouched, as if the call had failed.
+            let _ = resource.deallocate(block, stream);
+            return Err(ContainerError::BlockTooShort { requested: len, size: block.size() });
+        }
+        Ok(block)
+    }
+
+    /// A buffer of `len` bytes not written yet: each caller writes them
+    /// before the buffer is handed out, or passes the duty on (`unsafe`).
+    fn unwritten(len: u64, stream: S, resource: R, engine: E) -> Result<Self> {
+        let block = Self::allocate(&resource, len, &stream)?;
+        Ok(DeviceBuffer { resource, engine, stream, block, len })
+    }
+
+    /// A buffer of `len` zero bytes from `resource`, on `stream` (the zeros
+    /// are written on the stream).
     ///
     /// # Errors
     ///
-    /// The resource's error (out of memory, invalid size).
+    /// The resource's error (out of memory, invalid size),
+    /// [`ContainerError::BlockTooShort`], the copy engine's error.
     pub fn new(len: u64, stream: S, resource: R, engine: E) -> Result<Self> {
-        let block = resource.allocate(Request::new(len)?, &stream)?;
-        Ok(DeviceBuffer { resource, engine, stream, block, len })
+        let mut buf = Self::unwritten(len, stream, resource, engine)?;
+        buf.fill(0)?;
+        Ok(buf)
+    }
+
+    /// A buffer of `len` bytes that are not written, as RMM's
+    /// `device_buffer`: no fill on the stream.
+    ///
+    /// # Safety
+    ///
+    /// Every byte must be written (with [`write`](Self::write),
+    /// [`fill`](Self::fill), or device work at [`addr`](Self::addr) ordered on
+    /// the buffer's stream) before it is read to the host
+    /// ([`read`](Self::read), [`to_vec`](Self::to_vec), or the same calls on
+    /// a [`DeviceUVector`](crate::DeviceUVector) or
+    /// [`DeviceScalar`](crate::DeviceScalar) made from it) and before the
+    /// buffer is cloned ([`try_clone_on`](Self::try_clone_on)): until then
+    /// the bytes are uninitialized memory. The buffer may grow, shrink or
+    /// change stream meanwhile (its moves of unwritten bytes read nothing).
+    ///
+    /// # Errors
+    ///
+    /// As [`new`](Self::new), less the copy engine's.
+    pub unsafe fn new_uninit(len: u64, stream: S, resource: R, engine: E) -> Result<Self> {
+        Self::unwritten(len, stream, resource, engine)
     }
 
     /// A buffer holding a copy of `data`.
     ///
     /// # Errors
     ///
-    /// The resource's or the copy engine's error.
+    /// The resource's error, [`ContainerError::BlockTooShort`], the copy
+    /// engine's error.
     pub fn from_slice(data: &[u8], stream: S, resource: R, engine: E) -> Result<Self> {
-        let mut buf = Self::new(data.len() as u64, stream, resource, engine)?;
+        let mut buf = Self::unwritten(data.len() as u64, stream, resource, engine)?;
         buf.write(0, data)?;
         Ok(buf)
     }
@@ -126,7 +177,8 @@ where
             return Ok(());
         }
         // SAFETY: `offset..offset + data.len()` lies in `..len`, inside the
-        // live block this buffer owns; all its work is on `self.stream`.
+        // capacity: memory of `E` that the resource handed to this buffer
+        // alone (its `MemoryOf` promise); all its work is on `self.stream`.
         unsafe { self.engine.copy_from_host(self.block.addr() + offset, data, &self.stream)? };
         Ok(())
     }
@@ -142,7 +194,9 @@ where
         if out.is_empty() {
             return Ok(());
         }
-        // SAFETY: the range lies inside the live block this buffer owns.
+        // SAFETY: the range lies in `..len`, inside the capacity: memory of
+        // `E` that is this buffer's alone, as in `write`; its bytes were
+        // written (the invariant of `len`).
         unsafe { self.engine.copy_to_host(out, self.block.addr() + offset, &self.stream)? };
         Ok(())
     }
@@ -174,20 +228,32 @@ where
     ///
     /// The copy engine's error.
     pub fn fill(&mut self, value: u8) -> Result<()> {
-        if self.len > 0 {
-            // SAFETY: `..len` lies inside the live block this buffer owns.
-            unsafe { self.engine.fill(self.block.addr(), value, self.len, &self.stream)? };
+        self.fill_range(0, self.len, value)
+    }
+
+    /// Sets bytes `offset..offset + n` of the capacity to `value`.
+    fn fill_range(&mut self, offset: u64, n: u64, value: u8) -> Result<()> {
+        assert!(offset.checked_add(n).is_some_and(|end| end <= self.capacity()), "fill past the capacity");
+        if n > 0 {
+            // SAFETY: the range lies inside the capacity (asserted): the
+            // `block.size()` bytes of `E`'s memory that the resource handed
+            // to this buffer alone (its `MemoryOf` promise); all its work is
+            // on `self.stream`.
+            unsafe { self.engine.fill(self.block.addr() + offset, value, n, &self.stream)? };
         }
         Ok(())
     }
 
     /// Moves the bytes in use to a new block of `capacity` bytes.
     fn reallocate(&mut self, capacity: u64) -> Result<()> {
-        let new = self.resource.allocate(Request::new(capacity)?, &self.stream)?;
+        let new = Self::allocate(&self.resource, capacity, &self.stream)?;
         let keep = self.len.min(capacity);
         if keep > 0 {
-            // SAFETY: both blocks are live and owned by this buffer, `keep`
-            // bytes fit in each, and both are used on `self.stream` only.
+            // SAFETY: both blocks are live, this buffer's alone and memory of
+            // `E` for their `size()` bytes (the resource's `MemoryOf`
+            // promise); `keep` is at most the old length and at most
+            // `capacity`, which `allocate` checked `new` holds; both are used
+            // on `self.stream` only.
             let copied = unsafe { self.engine.copy(new.addr(), self.block.addr(), keep, &self.stream) };
             if let Err(e) = copied {
                 let _ = self.resource.deallocate(new, &self.stream);
@@ -200,26 +266,50 @@ where
         Ok(())
     }
 
-    /// Sets the length to `len` bytes, keeping the bytes in use up to it
-    /// (new bytes are uninitialized). Reallocates only past the capacity, to
-    /// exactly `len`.
+    /// Sets the length to `len` bytes, keeping the bytes in use up to it;
+    /// new bytes are zero (written on the stream). Reallocates only past the
+    /// capacity, to exactly `len`.
     ///
     /// # Errors
     ///
-    /// The resource's error; the buffer is then unchanged.
+    /// The resource's error, [`ContainerError::BlockTooShort`]: the buffer
+    /// is then unchanged. The copy engine's error: the length is then
+    /// unchanged.
     pub fn resize(&mut self, len: u64) -> Result<()> {
-        if len > self.capacity() {
-            self.reallocate(len)?;
+        self.reserve(len)?;
+        if len > self.len {
+            self.fill_range(self.len, len - self.len, 0)?;
         }
         self.len = len;
         Ok(())
     }
 
-    /// Makes the capacity at least `capacity` bytes.
+    /// Sets the length to `len` bytes, keeping the bytes in use up to it and
+    /// writing nothing: RMM's `device_buffer::resize`.
+    ///
+    /// # Safety
+    ///
+    /// As [`new_uninit`](Self::new_uninit), for the bytes past the old
+    /// length: each must be written before it is read to the host or the
+    /// buffer is cloned.
     ///
     /// # Errors
     ///
-    /// The resource's error; the buffer is then unchanged.
+    /// As [`resize`](Self::resize), less the copy engine's.
+    pub unsafe fn resize_uninit(&mut self, len: u64) -> Result<()> {
+        self.reserve(len)?;
+        self.len = len;
+        Ok(())
+    }
+
+    /// Makes the capacity at least `capacity` bytes. The length stays, and
+    /// so do the bytes that can be read: the spare capacity is written by
+    /// [`resize`](Self::resize) before it comes into use.
+    ///
+    /// # Errors
+    ///
+    /// The resource's error, [`ContainerError::BlockTooShort`]; the buffer
+    /// is then unchanged.
     pub fn reserve(&mut self, capacity: u64) -> Result<()> {
         if capacity > self.capacity() {
             self.reallocate(capacity)?;
@@ -231,7 +321,8 @@ where
     ///
     /// # Errors
     ///
-    /// The resource's error; the buffer is then unchanged.
+    /// The resource's error, [`ContainerError::BlockTooShort`]; the buffer
+    /// is then unchanged.
     pub fn shrink_to_fit(&mut self) -> Result<()> {
         if self.len < self.capacity() {
             self.reallocate(self.len)?;
@@ -257,12 +348,15 @@ where
         Ok(())
     }
 
-    /// A deep copy on `stream`, from the same resource (ordered after the
-    /// work submitted so far on this buffer's stream).
+    /// A deep copy on `stream`, from the same resource. The copy is ordered
+    /// after the work submitted so far on this buffer's stream, and this
+    /// buffer's later work (its free on drop included) after the copy.
     ///
     /// # Errors
     ///
-    /// The resource's, the stream's or the copy engine's error.
+    /// The resource's, the stream's or the copy engine's error,
+    /// [`ContainerError::BlockTooShort`]; the new buffer is then dropped
+    /// (freed on `stream`).
     pub fn try_clone_on(&self, stream: S) -> Result<Self>
     where
         R: Clone,
@@ -270,11 +364,17 @@ where
     {
         let done = self.stream.record()?;
         stream.wait(&done)?;
-        let copy = Self::new(self.len, stream, self.resource.clone(), self.engine.clone())?;
+        // Written below, byte for byte from this buffer's written bytes.
+        let copy = Self::unwritten(self.len, stream, self.resource.clone(), self.engine.clone())?;
         if self.len > 0 {
-            // SAFETY: both blocks are live; the source's work is ordered
-            // before the copy's stream by the wait above.
+            // SAFETY: both blocks are live, each its buffer's alone and
+            // memory of `E` for at least `len` bytes (the resource's
+            // `MemoryOf` promise and `allocate`'s check); the copy's stream
+            // waits for the source's work above, and the source's stream
+            // waits for the copy below.
             unsafe { copy.engine.copy(copy.block.addr(), self.block.addr(), self.len, &copy.stream)? };
+            let copied = copy.stream.record()?;
+            self.stream.wait(&copied)?;
         }
         Ok(copy)
     }
@@ -308,7 +408,7 @@ where
 
 impl<R, E, S> fmt::Debug for DeviceBuffer<R, E, S>
 where
-    R: MemoryResource<S>,
+    R: MemoryResource<S> + MemoryOf<E::Kind>,
     E: CopyEngine<S>,
     S: Stream,
 {

@@ -28,6 +28,15 @@ pub enum ContainerError {
         /// The number of elements asked for.
         len: usize,
     },
+    /// The resource handed out a block shorter than asked (a resource that
+    /// breaks its size promise); the block went back to it and the
+    /// container is unchanged.
+    BlockTooShort {
+        /// Bytes asked for.
+        requested: u64,
+        /// The block's size.
+        size: u64,
+    },
 }
 
 impl From<memres_core::Error> for ContainerError {
@@ -47,6 +56,9 @@ impl fmt::Display for ContainerError {
                 write!(f, "{bytes} bytes is not a whole number of {element_size}-byte elements")
             }
             ContainerError::LengthOverflow { len } => write!(f, "length {len} overflows in bytes"),
+            ContainerError::BlockTooShort { requested, size } => {
+                write!(f, "the resource handed out a block of {size} bytes for a request of {requested}")
+            }
         }
     }
 }

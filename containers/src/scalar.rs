@@ -1,6 +1,6 @@
 use crate::{DeviceUVector, Result};
 use bytemuck::Pod;
-use memres_core::copy::CopyEngine;
+use memres_core::copy::{CopyEngine, MemoryOf};
 use memres_core::{MemoryResource, Stream};
 use std::fmt;
 
@@ -31,17 +31,32 @@ where
 impl<T, R, E, S> DeviceScalar<T, R, E, S>
 where
     T: Pod,
-    R: MemoryResource<S>,
+    R: MemoryResource<S> + MemoryOf<E::Kind>,
     E: CopyEngine<S>,
     S: Stream,
 {
-    /// An uninitialized scalar.
+    /// A scalar holding zero (written on the stream).
     ///
     /// # Errors
     ///
-    /// The resource's error.
+    /// As [`DeviceBuffer::new`](crate::DeviceBuffer::new).
     pub fn new(stream: S, resource: R, engine: E) -> Result<Self> {
         Ok(DeviceScalar { inner: DeviceUVector::new(1, stream, resource, engine)? })
+    }
+
+    /// A scalar whose value is not written: RMM's `device_scalar(stream)`.
+    ///
+    /// # Safety
+    ///
+    /// As [`DeviceBuffer::new_uninit`](crate::DeviceBuffer::new_uninit): the
+    /// value must be written before it is read.
+    ///
+    /// # Errors
+    ///
+    /// As [`DeviceBuffer::new_uninit`](crate::DeviceBuffer::new_uninit).
+    pub unsafe fn new_uninit(stream: S, resource: R, engine: E) -> Result<Self> {
+        // SAFETY: the caller takes on the vector's contract for the value.
+        Ok(DeviceScalar { inner: unsafe { DeviceUVector::new_uninit(1, stream, resource, engine)? } })
     }
 
     /// A scalar holding `value`.
@@ -96,7 +111,7 @@ where
 impl<T, R, E, S> fmt::Debug for DeviceScalar<T, R, E, S>
 where
     T: Pod,
-    R: MemoryResource<S>,
+    R: MemoryResource<S> + MemoryOf<E::Kind>,
     E: CopyEngine<S>,
     S: Stream,
 {

@@ -1,13 +1,15 @@
 use crate::{ContainerError, DeviceBuffer, Result};
 use bytemuck::Pod;
-use memres_core::copy::CopyEngine;
+use memres_core::copy::{CopyEngine, MemoryOf};
 use memres_core::{MemoryResource, Stream};
 use std::fmt;
 use std::marker::PhantomData;
 
 /// A vector of plain-old-data `T` in a resource's memory: RMM's
-/// `device_uvector<T>`. Elements are uninitialized on creation and on
-/// growth, as in RMM: nothing is written that the caller did not write.
+/// `device_uvector<T>`. New elements are zero ([`new`](Self::new),
+/// [`resize`](Self::resize)); RMM's uninitialized creation and growth, which
+/// write nothing, are the `unsafe` [`new_uninit`](Self::new_uninit) and
+/// [`resize_uninit`](Self::resize_uninit).
 ///
 /// A thin typed view over a [`DeviceBuffer`] whose length is always a whole
 /// number of elements.
@@ -44,17 +46,33 @@ fn bytes_of_len<T>(len: usize) -> Result<u64> {
 impl<T, R, E, S> DeviceUVector<T, R, E, S>
 where
     T: Pod,
-    R: MemoryResource<S>,
+    R: MemoryResource<S> + MemoryOf<E::Kind>,
     E: CopyEngine<S>,
     S: Stream,
 {
-    /// `len` uninitialized elements.
+    /// `len` zero elements (written on the stream).
     ///
     /// # Errors
     ///
-    /// The resource's error.
+    /// As [`DeviceBuffer::new`]; [`ContainerError::LengthOverflow`].
     pub fn new(len: usize, stream: S, resource: R, engine: E) -> Result<Self> {
         let buf = DeviceBuffer::new(bytes_of_len::<T>(len)?, stream, resource, engine)?;
+        Ok(DeviceUVector { buf, _t: PhantomData })
+    }
+
+    /// `len` elements that are not written: RMM's `device_uvector(n, stream)`.
+    ///
+    /// # Safety
+    ///
+    /// As [`DeviceBuffer::new_uninit`]: every element must be written before
+    /// it is read to the host or the vector is cloned.
+    ///
+    /// # Errors
+    ///
+    /// As [`DeviceBuffer::new_uninit`]; [`ContainerError::LengthOverflow`].
+    pub unsafe fn new_uninit(len: usize, stream: S, resource: R, engine: E) -> Result<Self> {
+        // SAFETY: the caller takes on the buffer's contract for its elements.
+        let buf = unsafe { DeviceBuffer::new_uninit(bytes_of_len::<T>(len)?, stream, resource, engine)? };
         Ok(DeviceUVector { buf, _t: PhantomData })
     }
 
@@ -186,16 +204,34 @@ where
     }
 
     /// Sets the length to `len` elements, keeping those up to it; new
-    /// elements are uninitialized.
+    /// elements are zero (written on the stream).
     ///
     /// # Errors
     ///
-    /// The resource's error; the vector is then unchanged.
+    /// As [`DeviceBuffer::resize`]; [`ContainerError::LengthOverflow`].
     pub fn resize(&mut self, len: usize) -> Result<()> {
         self.buf.resize(bytes_of_len::<T>(len)?)
     }
 
-    /// Makes the capacity at least `capacity` elements.
+    /// Sets the length to `len` elements, keeping those up to it and
+    /// writing nothing: RMM's `device_uvector::resize`.
+    ///
+    /// # Safety
+    ///
+    /// As [`DeviceBuffer::resize_uninit`]: every element past the old
+    /// length must be written before it is read to the host or the vector is
+    /// cloned.
+    ///
+    /// # Errors
+    ///
+    /// As [`DeviceBuffer::resize_uninit`]; [`ContainerError::LengthOverflow`].
+    pub unsafe fn resize_uninit(&mut self, len: usize) -> Result<()> {
+        // SAFETY: the caller takes on the buffer's contract for the new elements.
+        unsafe { self.buf.resize_uninit(bytes_of_len::<T>(len)?) }
+    }
+
+    /// Makes the capacity at least `capacity` elements (see
+    /// [`DeviceBuffer::reserve`]: no element becomes readable).
     ///
     /// # Errors
     ///
@@ -222,7 +258,7 @@ where
 impl<T, R, E, S> fmt::Debug for DeviceUVector<T, R, E, S>
 where
     T: Pod,
-    R: MemoryResource<S>,
+    R: MemoryResource<S> + MemoryOf<E::Kind>,
     E: CopyEngine<S>,
     S: Stream,
 {

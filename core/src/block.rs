@@ -1,4 +1,4 @@
-use crate::Range;
+use crate::{Error, Range, Result};
 
 /// What an allocation hands back: an address, the size that was asked for,
 /// and an opaque tag that lets the resource free it without a search.
@@ -90,5 +90,15 @@ impl Block {
     /// ```
     pub fn range(&self) -> Range {
         Range::new(self.addr, self.size).unwrap_or_default()
+    }
+
+    /// The first `len` bytes of a block an upstream handed out for a request
+    /// of `len` bytes. A shorter block is an error: what lies past its size
+    /// is not the upstream's to give (see [`MemoryOf`](crate::copy::MemoryOf)).
+    pub(crate) fn upstream_range(&self, len: u64) -> Result<Range> {
+        if self.size < len {
+            return Err(Error::InvalidConfig { what: "upstream block shorter than asked" });
+        }
+        Range::new(self.addr, len).ok_or(Error::InvalidSize { size: len })
     }
 }

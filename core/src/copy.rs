@@ -1,7 +1,21 @@
 //! Moving bytes: the small trait a backend implements so that containers can
-//! fill and read the memory its resources hand out.
+//! fill and read the memory its resources hand out, and the promise a
+//! resource makes that its blocks are such memory.
+//!
+//! ```text
+//!  CopyEngine<S>            copies into, out of and within memory of one kind
+//!    type Kind              the engine that names that kind (Self, or E for &E)
+//!  unsafe MemoryOf<E>       a resource's promise: its blocks are memory E may touch
+//!  AssumeMemoryOf<R, E>     the same promise made by hand (an unsafe constructor)
+//! ```
+//!
+//! A container pairs a resource `R` with an engine `E` only where
+//! `R: MemoryOf<E::Kind>`: host memory with the host's `memcpy`, CUDA memory
+//! with CUDA's copies, never the numbers of a simulated device with either.
 
-use crate::{Result, Stream};
+use crate::{Block, MemoryResource, Request, Result, Stream};
+use core::fmt;
+use core::marker::PhantomData;
 
 /// Copies between host memory and a backend's memory, ordered on a stream.
 ///
@@ -29,6 +43,11 @@ use crate::{Result, Stream};
 /// }
 /// ```
 pub trait CopyEngine<S: Stream + ?Sized> {
+    /// The engine that names the memory this one may touch: `Self` for an
+    /// engine, the engine behind it for a reference. Containers ask their
+    /// resource for [`MemoryOf<Self::Kind>`](MemoryOf).
+    type Kind;
+
     /// Copies `src` to `dst..dst + src.len()`.
     ///
     /// # Safety
@@ -63,6 +82,7 @@ pub trait CopyEngine<S: Stream + ?Sized> {
 }
 
 impl<S: Stream + ?Sized, E: CopyEngine<S> + ?Sized> CopyEngine<S> for &E {
+    type Kind = E::Kind;
     unsafe fn copy_from_host(&self, dst: u64, src: &[u8], stream: &S) -> Result<()> {
         // SAFETY: forwarded with the caller's guarantees.
         unsafe { (**self).copy_from_host(dst, src, stream) }
@@ -80,3 +100,142 @@ impl<S: Stream + ?Sized, E: CopyEngine<S> + ?Sized> CopyEngine<S> for &E {
         unsafe { (**self).fill(dst, value, len, stream) }
     }
 }
+
+/// A resource whose blocks are memory that the copy engine `E` may read and
+/// write: what the containers ask of their resource.
+///
+/// Implemented by each backend for its own resources and engine (host memory
+/// for `memres_host::HostCopy`, the CUDA resources for `memres_cuda::CudaCopy`),
+/// and forwarded by everything that hands out its upstream's blocks or
+/// sub-ranges of them: `&R`, `Box<R>`, `Arc<R>`, [`Shared`](crate::Shared),
+/// the [adaptors](crate::adaptor), the [pool](crate::pool::CoalescingPool),
+/// the [fixed-size resource](crate::fixed::FixedSizeResource), the
+/// [arena](crate::arena::ArenaResource) and the
+/// [stream-ordered layer](crate::StreamOrdered). A resource of numbers with
+/// no bytes behind them (a simulated device) must not implement it. Not
+/// covered: `BinningResource` (a bin may be any boxed resource),
+/// [`VirtualPool`](crate::vpool::VirtualPool) (its memory is whatever its
+/// space commits) and [`DynResource`](crate::DynResource) (a stack chosen at
+/// run time); for those [`AssumeMemoryOf`] makes the promise by hand.
+///
+/// # Safety
+///
+/// Every block `b` that the resource's `allocate` hands out (through
+/// [`MemoryResource`] or [`MemoryResourceMut`](crate::MemoryResourceMut),
+/// on any stream) must be, from then until it is given to `deallocate` or
+/// the resource ends:
+///
+/// - live memory of `E`: the `b.size()` bytes at `b.addr()` are memory that
+///   `E`'s methods may read and write;
+/// - the holder's alone: no other live block of the resource overlaps them,
+///   and the resource itself does not touch them.
+///
+/// A block may be shorter than asked: what is promised is `b.size()` bytes,
+/// and users check that against their request (the containers do).
+///
+/// The promise ends with the resource (dropped, or moved out from under a
+/// [`Shared`](crate::Shared) lock through `with`) and with any `deallocate`
+/// of the block, whoever calls it. Its users hold the resource as long as
+/// they hold a block and free their blocks only once, but they cannot stop
+/// other code from freeing their blocks or ending the resource early.
+///
+/// # Examples
+///
+/// A resource that hands out its upstream's blocks unchanged forwards the
+/// promise:
+///
+/// ```
+/// use memres_core::copy::MemoryOf;
+/// use memres_core::{Block, MemoryResource, Request, Result, Stream};
+/// struct Counting<R>(R, std::sync::atomic::AtomicU64);
+/// impl<S: Stream + ?Sized, R: MemoryResource<S>> MemoryResource<S> for Counting<R> {
+///     fn allocate(&self, request: Request, stream: &S) -> Result<Block> {
+///         self.1.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+///         self.0.allocate(request, stream)
+///     }
+///     fn deallocate(&self, block: Block, stream: &S) -> Result<()> {
+///         self.0.deallocate(block, stream)
+///     }
+/// }
+/// // SAFETY: every block is one of `R`'s, unchanged, given back to it only
+/// // by `deallocate`.
+/// unsafe impl<E, R: MemoryOf<E>> MemoryOf<E> for Counting<R> {}
+/// ```
+pub unsafe trait MemoryOf<E> {}
+
+// SAFETY: the reference hands out `R`'s blocks unchanged and frees them only
+// through `R::deallocate`.
+unsafe impl<E, R: MemoryOf<E> + ?Sized> MemoryOf<E> for &R {}
+
+// SAFETY: as for `&R`: the box forwards both calls to `R`.
+#[cfg(feature = "alloc")]
+unsafe impl<E, R: MemoryOf<E> + ?Sized> MemoryOf<E> for alloc::boxed::Box<R> {}
+
+// SAFETY: as for `&R`: every clone of the `Arc` forwards to the same `R`.
+#[cfg(feature = "alloc")]
+unsafe impl<E, R: MemoryOf<E> + ?Sized> MemoryOf<E> for alloc::sync::Arc<R> {}
+
+/// A resource promised by hand to be [`MemoryOf<E>`]: the escape hatch for
+/// resources the types cannot vouch for, such as a stack built from a string
+/// (`Arc<dyn MemoryResource>`).
+///
+/// It forwards both calls to the resource unchanged. The containers' crate
+/// documentation shows it over a boxed host-memory resource.
+pub struct AssumeMemoryOf<R, E> {
+    resource: R,
+    _engine: PhantomData<fn(&E)>,
+}
+
+impl<R, E> AssumeMemoryOf<R, E> {
+    /// Wraps `resource`, promising what [`MemoryOf<E>`] promises.
+    ///
+    /// # Safety
+    ///
+    /// Every block `resource` hands out must meet the contract of
+    /// [`MemoryOf<E>`]: until it is deallocated, its `size()` bytes at its
+    /// `addr()` are live memory that `E` may read and write, and no other
+    /// live block of the resource overlaps them.
+    pub unsafe fn new(resource: R) -> Self {
+        AssumeMemoryOf { resource, _engine: PhantomData }
+    }
+
+    /// The wrapped resource.
+    pub fn inner(&self) -> &R {
+        &self.resource
+    }
+
+    /// The wrapped resource, giving up the wrapper.
+    pub fn into_inner(self) -> R {
+        self.resource
+    }
+}
+
+impl<R: Clone, E> Clone for AssumeMemoryOf<R, E> {
+    fn clone(&self) -> Self {
+        AssumeMemoryOf { resource: self.resource.clone(), _engine: PhantomData }
+    }
+}
+
+impl<R: fmt::Debug, E> fmt::Debug for AssumeMemoryOf<R, E> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("AssumeMemoryOf").field(&self.resource).finish()
+    }
+}
+
+impl<S: Stream + ?Sized, R: MemoryResource<S>, E> MemoryResource<S> for AssumeMemoryOf<R, E> {
+    #[inline]
+    fn allocate(&self, request: Request, stream: &S) -> Result<Block> {
+        self.resource.allocate(request, stream)
+    }
+    #[inline]
+    fn deallocate(&self, block: Block, stream: &S) -> Result<()> {
+        self.resource.deallocate(block, stream)
+    }
+}
+
+// SAFETY: the caller of `new` promised the contract for `resource`'s blocks,
+// which are handed out unchanged.
+unsafe impl<R, E> MemoryOf<E> for AssumeMemoryOf<R, E> {}
+
+#[cfg(all(test, feature = "alloc", not(loom)))]
+mod tests;

@@ -242,6 +242,11 @@ impl<S: Stream + ?Sized, R: MemoryResourceMut<S>, L: RawLock> MemoryResource<S> 
     }
 }
 
+// SAFETY: `Shared` hands out `R`'s blocks unchanged and gives them back only
+// through `R::deallocate`; `R` ends with the `Shared` or when moved out
+// through `with`, which ends it as a resource (the trait's promise stops there).
+unsafe impl<E, R: crate::copy::MemoryOf<E>, L: RawLock> crate::copy::MemoryOf<E> for Shared<R, L> {}
+
 #[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;

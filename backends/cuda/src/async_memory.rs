@@ -409,6 +409,15 @@ impl<S: AsRawStream + ?Sized> MemoryResource<S> for CudaAsyncMemory {
     }
 }
 
+// SAFETY: the block lies inside one driver allocation (`place` checks that
+// padding and size fit) that no other block shares: device memory from the
+// driver's pool (`cuMemAllocFromPoolAsync`), usable in the order of the
+// allocating stream, which `CudaCopy`'s driver copies reach by its unified
+// address. It stays until `deallocate` takes it out of the table and frees
+// it; dropping the resource destroys the pool, which the driver defers until
+// its outstanding blocks are freed.
+unsafe impl memres_core::copy::MemoryOf<crate::CudaCopy> for CudaAsyncMemory {}
+
 impl Drop for CudaAsyncMemory {
     fn drop(&mut self) {
         if self.owned {

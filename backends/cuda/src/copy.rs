@@ -86,6 +86,8 @@ fn bytes(len: u64) -> Result<usize> {
 }
 
 impl<S: AsRawStream + ?Sized> CopyEngine<S> for CudaCopy {
+    type Kind = CudaCopy;
+
     unsafe fn copy_from_host(&self, dst: u64, src: &[u8], stream: &S) -> Result<()> {
         if src.is_empty() {
             return Ok(());

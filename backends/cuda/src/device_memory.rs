@@ -99,3 +99,10 @@ impl<S: Stream + ?Sized> MemoryResource<S> for CudaMemory {
         deallocate_with(&self.context, &self.live, block, |base| unsafe { sys::cuMemFree_v2(base) })
     }
 }
+
+// SAFETY: the block lies inside one driver allocation (`place` checks
+// that padding and size fit) that no other block shares, live until
+// `deallocate` takes it out of the table and frees it (dropping the resource
+// frees nothing); it is device memory (`cuMemAlloc`), which
+// `CudaCopy`'s driver copies reach by its unified address.
+unsafe impl memres_core::copy::MemoryOf<crate::CudaCopy> for CudaMemory {}

@@ -86,6 +86,13 @@ impl<S: Stream + ?Sized> MemoryResource<S> for ManagedMemory {
     }
 }
 
+// SAFETY: the block lies inside one driver allocation (`place` checks
+// that padding and size fit) that no other block shares, live until
+// `deallocate` takes it out of the table and frees it (dropping the resource
+// frees nothing); it is managed memory (`cuMemAllocManaged`),
+// which `CudaCopy`'s driver copies reach by its unified address.
+unsafe impl memres_core::copy::MemoryOf<crate::CudaCopy> for ManagedMemory {}
+
 /// Prefetches every block it hands out to its device, on the allocation's
 /// stream (`cuMemPrefetchAsync`): RMM's `prefetch_resource_adaptor`.
 ///
@@ -194,3 +201,7 @@ impl<S: AsRawStream + ?Sized, R: MemoryResource<S>> MemoryResource<S> for Prefet
         self.upstream.deallocate(block, stream)
     }
 }
+
+// SAFETY: `Prefetch` hands out `R`'s blocks unchanged (a prefetch moves
+// pages, not data) and gives them back only through `R::deallocate`.
+unsafe impl<E, R: memres_core::copy::MemoryOf<E>> memres_core::copy::MemoryOf<E> for Prefetch<R> {}

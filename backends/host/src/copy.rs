@@ -6,7 +6,9 @@ use memres_core::{Result, Stream};
 ///
 /// Use it with memory from [`HostMemory`](crate::HostMemory) or a resource
 /// over it; never with [`SimDevice`](crate::SimDevice) addresses, which have
-/// no bytes behind them.
+/// no bytes behind them. The containers hold to this through
+/// [`MemoryOf<HostCopy>`](memres_core::copy::MemoryOf), which `HostMemory`
+/// implements and `SimDevice` does not.
 ///
 /// # Examples
 ///
@@ -25,6 +27,8 @@ use memres_core::{Result, Stream};
 pub struct HostCopy;
 
 impl<S: Stream + ?Sized> CopyEngine<S> for HostCopy {
+    type Kind = HostCopy;
+
     unsafe fn copy_from_host(&self, dst: u64, src: &[u8], _: &S) -> Result<()> {
         // SAFETY: the caller guarantees `dst..dst + src.len()` is live host
         // memory not used by anyone else; `src` is a distinct borrowed slice.

@@ -153,6 +153,13 @@ impl<S: Stream + ?Sized> MemoryResource<S> for HostMemory {
     }
 }
 
+// SAFETY: a block's `size()` bytes lie inside the allocation of
+// `request.rounded_size(256)` bytes that `alloc` returned for it: live host
+// memory, which `HostCopy` reads and writes by pointer, until `deallocate`
+// or the resource's drop gives it back. The global allocator hands out disjoint
+// allocations, and the resource keeps its table apart from them.
+unsafe impl memres_core::copy::MemoryOf<crate::HostCopy> for HostMemory {}
+
 impl Drop for HostMemory {
     fn drop(&mut self) {
         let s = self.state.get_mut().unwrap_or_else(|p| p.into_inner());

@@ -309,5 +309,9 @@ where
     }
 }
 
+// SAFETY: `Logging` hands out `R`'s blocks unchanged and gives them back only
+// through `R::deallocate`.
+unsafe impl<E, R: memres_core::copy::MemoryOf<E>, W: Write> memres_core::copy::MemoryOf<E> for Logging<R, W> {}
+
 #[cfg(test)]
 mod tests;

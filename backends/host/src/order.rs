@@ -242,5 +242,9 @@ impl<R: MemoryResource<SimStream>> MemoryResource<SimStream> for HbChecked<R> {
     }
 }
 
+// SAFETY: `HbChecked` hands out `R`'s blocks unchanged and gives them back
+// only through `R::deallocate`.
+unsafe impl<E, R: memres_core::copy::MemoryOf<E>> memres_core::copy::MemoryOf<E> for HbChecked<R> {}
+
 #[cfg(test)]
 mod tests;

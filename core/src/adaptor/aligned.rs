@@ -113,3 +113,7 @@ impl<S: Stream + ?Sized, R: MemoryResource<S>> MemoryResource<S> for Aligned<R> 
         self.upstream.deallocate(block, stream)
     }
 }
+
+// SAFETY: `Aligned` hands out `R`'s blocks unchanged (asked of `R` with a
+// larger alignment) and gives them back only through `R::deallocate`.
+unsafe impl<E, R: crate::copy::MemoryOf<E>> crate::copy::MemoryOf<E> for Aligned<R> {}

@@ -141,3 +141,7 @@ where
         self.upstream.deallocate(block, stream)
     }
 }
+
+// SAFETY: `FailureCallback` hands out `R`'s blocks unchanged and gives them back only through
+// `R::deallocate`.
+unsafe impl<E, R: crate::copy::MemoryOf<E>, T, F> crate::copy::MemoryOf<E> for FailureCallback<R, T, F> {}

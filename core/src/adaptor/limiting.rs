@@ -128,3 +128,7 @@ impl<S: Stream + ?Sized, R: MemoryResource<S>> MemoryResource<S> for Limiting<R>
         Ok(())
     }
 }
+
+// SAFETY: `Limiting` hands out `R`'s blocks unchanged and gives them back only through
+// `R::deallocate`.
+unsafe impl<E, R: crate::copy::MemoryOf<E>> crate::copy::MemoryOf<E> for Limiting<R> {}

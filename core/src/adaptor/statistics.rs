@@ -458,3 +458,8 @@ impl<S: Stream + ?Sized, R: MemoryResource<S>> MemoryResource<S> for Statistics<
         result
     }
 }
+
+// SAFETY: `Statistics` (as a `MemoryResource` and as a `MemoryResourceMut`)
+// hands out `R`'s blocks unchanged and gives them back only through
+// `R::deallocate`.
+unsafe impl<E, R: crate::copy::MemoryOf<E>> crate::copy::MemoryOf<E> for Statistics<R> {}

@@ -328,3 +328,7 @@ impl<S: Stream + ?Sized, R: MemoryResource<S>> MemoryResource<S> for Tracking<R>
         })
     }
 }
+
+// SAFETY: `Tracking` hands out `R`'s blocks unchanged and gives them back only through
+// `R::deallocate`.
+unsafe impl<E, R: crate::copy::MemoryOf<E>> crate::copy::MemoryOf<E> for Tracking<R> {}

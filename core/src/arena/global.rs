@@ -92,9 +92,7 @@ impl<U> Global<U> {
         U: MemoryResource<S>,
     {
         let block = self.upstream.allocate(Request::new(bytes)?, stream)?;
-        let added = Range::new(block.addr(), bytes)
-            .ok_or(Error::InvalidSize { size: bytes })
-            .and_then(|r| self.index.add_range(r).map(|first| (r, first)));
+        let added = block.upstream_range(bytes).and_then(|r| self.index.add_range(r).map(|first| (r, first)));
         let (range, first) = match added {
             Ok(x) => x,
             Err(e) => {

@@ -1124,6 +1124,15 @@ where
     }
 }
 
+// SAFETY: the arena hands out only ranges that its global index or a local
+// arena's index allocated, at least `request.size()` long, inside superblocks
+// lent from the global arena's chunks; each chunk range is the first bytes of
+// a block of `U` no shorter than it (`upstream_range` refuses a shorter one),
+// held until the chunk is wholly free and then freed only through
+// `U::deallocate`. The indexes keep live ranges disjoint, and all metadata
+// lives outside the managed memory.
+unsafe impl<E, U: crate::copy::MemoryOf<E>, L: RawLock> crate::copy::MemoryOf<E> for ArenaResource<U, L> {}
+
 impl<U, L: RawLock> fmt::Debug for ArenaResource<U, L> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ArenaResource")

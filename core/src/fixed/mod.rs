@@ -1026,6 +1026,20 @@ where
     }
 }
 
+// SAFETY: every block handed out is a slot `addr..addr + block_size` (the
+// request is at most `block_size`) of a chunk that is a block of `U` exactly
+// `chunk_size` long (`grow` refuses another), cut into `blocks_per_chunk`
+// disjoint slots; a slot is handed out only while free on the stack, chunks
+// go back through `U::deallocate` only when all their slots are free, and
+// the free stack lives outside the managed memory.
+unsafe impl<E, U, C, L> crate::copy::MemoryOf<E> for FixedSizeResource<U, C, L>
+where
+    U: crate::copy::MemoryOf<E>,
+    C: Storage<Chunk>,
+    L: Storage<Slot>,
+{
+}
+
 impl<U, C: Storage<Chunk>, L: Storage<Slot>> fmt::Debug for FixedSizeResource<U, C, L> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("FixedSizeResource")

@@ -339,7 +339,7 @@ impl<U, N: Storage<Node>, C: Storage<Chunk>> CoalescingPool<U, N, C> {
             return Err(Error::CapacityExhausted { capacity: self.chunks.max_len() });
         }
         let block = self.upstream.allocate(Request::new(bytes)?, stream)?;
-        let range = Range::new(block.addr(), bytes).ok_or(Error::InvalidSize { size: bytes });
+        let range = block.upstream_range(bytes);
         let first = match range.and_then(|r| self.index.add_range(r).map(|f| (r, f))) {
             Ok(x) => x,
             Err(e) => {
@@ -561,6 +561,21 @@ where
             Err(e) => Err(e),
         }
     }
+}
+
+// SAFETY: the pool hands out only ranges its index allocated, at least
+// `request.size()` long, inside the chunks' ranges; each chunk range is the
+// first bytes of a block of `U` no shorter than it (`upstream_range` refuses
+// a shorter one), which the pool holds until no block in it is live
+// (`release` gives back only wholly free chunks) and frees only through
+// `U::deallocate`. The index keeps live ranges disjoint, and the pool keeps
+// its metadata outside the managed memory, never touching it.
+unsafe impl<E, U, N, C> crate::copy::MemoryOf<E> for CoalescingPool<U, N, C>
+where
+    U: crate::copy::MemoryOf<E>,
+    N: Storage<Node>,
+    C: Storage<Chunk>,
+{
 }
 
 /// A pool whose metadata lives in fixed-capacity `heapless::Vec`s: at most

@@ -216,7 +216,10 @@ impl<S: Stream> FreeList<S> {
         let need = request.rounded_size(DEFAULT_ALIGNMENT).max(DEFAULT_ALIGNMENT);
         let limit = need.saturating_mul(2);
         self.buckets.range(need..=limit).take(8).find_map(|(&size, q)| {
-            let back = q.iter().rev().take(8).position(|(b, _)| b.addr() % request.align() == 0)?;
+            // Blocks in a bucket may be shorter than the request: only an
+            // inner block's own size is promised to be memory.
+            let fits = |b: &Block| b.addr() % request.align() == 0 && b.size() >= request.size();
+            let back = q.iter().rev().take(8).position(|(b, _)| fits(b))?;
             Some((size, q.len() - 1 - back))
         })
     }
@@ -460,6 +463,11 @@ impl<A: MemoryResourceMut<()>, S: Stream + Clone> StreamOrdered<A, S> {
 
     fn inner_allocate(&mut self, request: Request) -> Result<Block> {
         let block = self.inner.allocate(request, &())?;
+        if let Err(e) = block.upstream_range(request.size()) {
+            // Handed out whole as the request's block: it must hold it.
+            let _ = self.inner.deallocate(block, &());
+            return Err(e);
+        }
         self.stats.inner_allocations += 1;
         Ok(block)
     }
@@ -628,6 +636,13 @@ impl<A: MemoryResourceMut<()>, S: Stream + Clone> MemoryResourceMut<S> for Strea
         Ok(())
     }
 }
+
+// SAFETY: every block handed out starts at an inner block of `A` no shorter
+// than the request (fresh from `A`, checked by `inner_allocate`, or from a
+// free list, checked by `find`) and is `request.size()` long; an inner block is
+// handed out only while no block of it is live (off the lists, or taken off
+// them), and goes back to `A` only through `A::deallocate` once freed.
+unsafe impl<E, A: crate::copy::MemoryOf<E>, S: Stream> crate::copy::MemoryOf<E> for StreamOrdered<A, S> {}
 
 impl<A: fmt::Debug, S: Stream> fmt::Debug for StreamOrdered<A, S> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

@@ -1,0 +1,211 @@
+//! What the containers guarantee to safe code, over real host memory (these
+//! tests run under Miri too): a block shorter than asked is given back as an
+//! error, memory the container did not write is never read, and a deep copy
+//! orders its source's stream after it. (That a resource of another kind of
+//! memory cannot be paired with an engine is a `compile_fail` example in the
+//! crate's documentation.)
+
+use memres_containers::{ContainerError, DeviceBuffer, DeviceScalar, DeviceUVector};
+use memres_core::copy::{CopyEngine, MemoryOf};
+use memres_core::pool::CoalescingPool;
+use memres_core::{Block, MemoryResource, Request, Result as CoreResult, Shared, Stream};
+use memres_host::{HostCopy, HostMemory, SimStream, SimWorld};
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
+
+/// Host memory that hands out blocks of at most `max` bytes, whatever is
+/// asked: a safe resource that breaks the size promise, though every byte it
+/// does promise is real.
+struct Capped {
+    host: HostMemory,
+    max: u64,
+}
+
+impl<S: Stream + ?Sized> MemoryResource<S> for Capped {
+    fn allocate(&self, request: Request, stream: &S) -> CoreResult<Block> {
+        self.host.allocate(Request::new(request.size().min(self.max))?, stream)
+    }
+    fn deallocate(&self, block: Block, stream: &S) -> CoreResult<()> {
+        self.host.deallocate(block, stream)
+    }
+}
+
+// SAFETY: every block is one of `host`'s, unchanged (its `size()` is what
+// `host` was asked for), given back only through `host.deallocate`.
+unsafe impl MemoryOf<HostCopy> for Capped {}
+
+#[test]
+fn a_block_shorter_than_asked_goes_back_as_an_error() {
+    let mr = Capped { host: HostMemory::new(), max: 1 };
+    let e = DeviceBuffer::from_slice(b"hello", (), &mr, HostCopy).unwrap_err();
+    assert_eq!(e, ContainerError::BlockTooShort { requested: 5, size: 1 });
+    let e = DeviceUVector::<u64, _, _>::new(4, (), &mr, HostCopy).unwrap_err();
+    assert_eq!(e, ContainerError::BlockTooShort { requested: 32, size: 1 });
+    let e = DeviceScalar::from_value(&7u32, (), &mr, HostCopy).unwrap_err();
+    assert_eq!(e, ContainerError::BlockTooShort { requested: 4, size: 1 });
+    assert_eq!(mr.host.call_counts(), (3, 3), "each short block went back");
+    // A request the resource does honour works.
+    let b = DeviceBuffer::from_slice(b"x", (), &mr, HostCopy).unwrap();
+    assert_eq!(b.to_vec().unwrap(), b"x");
+    drop(b);
+    assert_eq!(mr.host.outstanding(), 0);
+}
+
+#[test]
+fn growth_into_a_short_block_leaves_the_container_unchanged() {
+    let mr = Capped { host: HostMemory::new(), max: 16 };
+    let mut v = DeviceUVector::from_slice(&[1u32, 2], (), &mr, HostCopy).unwrap();
+    assert_eq!(v.resize(5), Err(ContainerError::BlockTooShort { requested: 20, size: 16 }));
+    assert_eq!(v.reserve(100), Err(ContainerError::BlockTooShort { requested: 400, size: 16 }));
+    assert_eq!((v.len(), v.capacity()), (2, 2));
+    assert_eq!(v.to_vec().unwrap(), [1, 2]);
+    assert_eq!(mr.host.outstanding(), 1, "only the vector's own block is out");
+    v.resize(4).unwrap();
+    assert_eq!(v.to_vec().unwrap(), [1, 2, 0, 0]);
+    let w = v.as_buffer().try_clone_on(()).unwrap();
+    assert_eq!(w.len(), 16);
+    drop((v, w));
+    assert_eq!(mr.host.outstanding(), 0);
+}
+
+/// A pool over host memory whose first bytes held 0xEE: a block it hands
+/// out next starts where that junk is (checked), so stale bytes would show.
+fn dirty_pool() -> (Shared<CoalescingPool<HostMemory>>, u64) {
+    let pool = Shared::new(CoalescingPool::new(HostMemory::new()));
+    let junk = DeviceBuffer::from_slice(&[0xEE; 1024], (), &pool, HostCopy).unwrap();
+    let addr = junk.addr();
+    drop(junk);
+    (pool, addr)
+}
+
+#[test]
+fn new_containers_read_zeros_not_what_the_memory_held() {
+    // The case: fresh host memory, never written (Miri reports a read).
+    let host = HostMemory::new();
+    assert_eq!(DeviceUVector::<u64, _, _>::new(4, (), &host, HostCopy).unwrap().to_vec().unwrap(), [0; 4]);
+
+    let (pool, junk) = dirty_pool();
+    let b = DeviceBuffer::new(100, (), &pool, HostCopy).unwrap();
+    assert_eq!(b.addr(), junk, "the block reuses the junk");
+    assert_eq!(b.to_vec().unwrap(), [0; 100]);
+    drop(b);
+    let v = DeviceUVector::<u64, _, _>::new(8, (), &pool, HostCopy).unwrap();
+    assert_eq!(v.device_ptr(), junk);
+    assert_eq!(v.to_vec().unwrap(), [0; 8]);
+    drop(v);
+    let s = DeviceScalar::<u64, _, _>::new((), &pool, HostCopy).unwrap();
+    assert_eq!(s.device_ptr(), junk);
+    assert_eq!(s.value().unwrap(), 0);
+}
+
+#[test]
+fn growth_reads_zeros_past_the_old_length() {
+    let (pool, junk) = dirty_pool();
+    let mut v = DeviceUVector::from_slice(&[7u64; 8], (), &pool, HostCopy).unwrap();
+    // Within the capacity: the bytes past the length are stale, not new.
+    v.resize(2).unwrap();
+    v.resize(5).unwrap();
+    assert_eq!(v.to_vec().unwrap(), [7, 7, 0, 0, 0]);
+    v.clear();
+    v.resize(3).unwrap();
+    assert_eq!(v.to_vec().unwrap(), [0; 3]);
+    drop(v);
+    // Spare capacity from `reserve` is never readable, and reads as zeros
+    // once the length grows over it (here the new block lies in the junk).
+    let mut w = DeviceUVector::from_slice(&[9u64], (), &pool, HostCopy).unwrap();
+    w.reserve(64).unwrap();
+    assert!(w.device_ptr() >= junk && w.device_ptr() + 64 * 8 <= junk + 1024, "{:#x}", w.device_ptr());
+    assert_eq!((w.len(), w.capacity()), (1, 64));
+    w.resize(64).unwrap();
+    let all = w.to_vec().unwrap();
+    assert_eq!((all[0], &all[1..]), (9, &[0; 63][..]));
+    // Growth past the capacity keeps the elements and zeroes the rest.
+    w.resize(200).unwrap();
+    assert_eq!(w.element(0).unwrap(), 9);
+    assert!(w.to_vec().unwrap()[1..].iter().all(|&x| x == 0));
+}
+
+/// Host copies that are also operations on a simulated stream, as a GPU's
+/// would be (copies to and from the host wait for the stream), counting the
+/// fills they make.
+#[derive(Clone, Default)]
+struct Queued {
+    fills: Arc<AtomicU64>,
+}
+
+impl CopyEngine<SimStream> for Queued {
+    type Kind = HostCopy;
+
+    unsafe fn copy_from_host(&self, dst: u64, src: &[u8], stream: &SimStream) -> CoreResult<()> {
+        stream.enqueue();
+        stream.synchronize()?;
+        // SAFETY: forwarded with the caller's guarantees (memory of `HostCopy`).
+        unsafe { HostCopy.copy_from_host(dst, src, stream) }
+    }
+    unsafe fn copy_to_host(&self, dst: &mut [u8], src: u64, stream: &SimStream) -> CoreResult<()> {
+        stream.enqueue();
+        stream.synchronize()?;
+        // SAFETY: forwarded with the caller's guarantees.
+        unsafe { HostCopy.copy_to_host(dst, src, stream) }
+    }
+    unsafe fn copy(&self, dst: u64, src: u64, len: u64, stream: &SimStream) -> CoreResult<()> {
+        stream.enqueue();
+        // SAFETY: forwarded with the caller's guarantees.
+        unsafe { HostCopy.copy(dst, src, len, stream) }
+    }
+    unsafe fn fill(&self, dst: u64, value: u8, len: u64, stream: &SimStream) -> CoreResult<()> {
+        stream.enqueue();
+        self.fills.fetch_add(1, Relaxed);
+        // SAFETY: forwarded with the caller's guarantees.
+        unsafe { HostCopy.fill(dst, value, len, stream) }
+    }
+}
+
+#[test]
+fn a_deep_copy_orders_the_source_stream_after_it() {
+    let world = SimWorld::new();
+    let (sa, sb) = (world.non_blocking_stream(), world.non_blocking_stream());
+    let host = HostMemory::new();
+    let a = DeviceBuffer::from_slice(b"hello", sa.clone(), &host, Queued::default()).unwrap();
+    let b = a.try_clone_on(sb.clone()).unwrap();
+    let copy = sb.position();
+    assert!(sb.is_ordered_after(sa.id(), sa.position()), "the copy waits for the source's work");
+    assert!(!sa.is_observed(sb.id(), copy), "nothing waited on the host");
+    assert!(
+        sa.is_ordered_after(sb.id(), copy),
+        "the source's later work, its free on drop included, waits for the copy"
+    );
+    drop(a);
+    assert_eq!(b.to_vec().unwrap(), b"hello");
+}
+
+#[test]
+fn uninitialized_constructors_write_nothing_and_the_others_zero() {
+    let world = SimWorld::new();
+    let host = HostMemory::new();
+    let engine = Queued::default();
+    let fills = || engine.fills.load(Relaxed);
+    // SAFETY: every element is written below before anything reads it.
+    let mut v =
+        unsafe { DeviceUVector::<u32, _, _, _>::new_uninit(4, world.stream(), &host, engine.clone()) }
+            .unwrap();
+    v.copy_from_slice_at(0, &[1, 2, 3, 4]).unwrap();
+    // SAFETY: as above, for the two new elements.
+    unsafe { v.resize_uninit(6) }.unwrap();
+    v.copy_from_slice_at(4, &[5, 6]).unwrap();
+    // SAFETY: the value is set below before it is read.
+    let mut s =
+        unsafe { DeviceScalar::<u64, _, _, _>::new_uninit(world.stream(), &host, engine.clone()) }.unwrap();
+    s.set_value_async(&9).unwrap();
+    assert_eq!(fills(), 0, "no fill on the stream");
+    assert_eq!((v.to_vec().unwrap(), s.value().unwrap()), (vec![1, 2, 3, 4, 5, 6], 9));
+
+    let mut w = DeviceUVector::<u32, _, _, _>::new(4, world.stream(), &host, engine.clone()).unwrap();
+    assert_eq!(fills(), 1);
+    w.resize(6).unwrap();
+    assert_eq!(fills(), 2);
+    w.resize(3).unwrap();
+    w.reserve(100).unwrap();
+    assert_eq!(fills(), 2, "shrinking and reserving write nothing");
+    assert_eq!(w.to_vec().unwrap(), [0; 3]);
+}

@@ -1,0 +1,81 @@
+//! The premise of the composites' `MemoryOf` forwarding: a block their
+//! upstream hands out shorter than asked is given back, never managed.
+
+use crate::arena::ArenaResource;
+use crate::fixed::FixedSizeResource;
+use crate::pool::CoalescingPool;
+use crate::testing::{BumpUpstream, IdStream};
+use crate::{Block, Error, MemoryResource, MemoryResourceMut, Request, Result, StreamOrdered};
+use core::sync::atomic::{AtomicI64, AtomicU64, Ordering::Relaxed};
+
+/// Hands out blocks half as long as asked (a safe resource breaking the
+/// size promise) and counts those not given back.
+#[derive(Debug, Default)]
+struct Halving {
+    next: AtomicU64,
+    live: AtomicI64,
+}
+
+impl<S: crate::Stream + ?Sized> MemoryResource<S> for Halving {
+    fn allocate(&self, request: Request, _: &S) -> Result<Block> {
+        let addr = (1 << 20) + self.next.fetch_add(request.rounded_size(1 << 20), Relaxed);
+        self.live.fetch_add(1, Relaxed);
+        Ok(Block::new(addr, request.size() / 2, 0))
+    }
+    fn deallocate(&self, _: Block, _: &S) -> Result<()> {
+        self.live.fetch_sub(1, Relaxed);
+        Ok(())
+    }
+}
+
+const SHORT: Error = Error::InvalidConfig { what: "upstream block shorter than asked" };
+
+#[test]
+fn pool_gives_a_short_chunk_back() {
+    let up = Halving::default();
+    let mut pool = CoalescingPool::new(&up);
+    assert_eq!(pool.allocate(Request::new(1000).unwrap(), &()), Err(SHORT));
+    assert_eq!((up.live.load(Relaxed), pool.pool_size()), (0, 0));
+    pool.check().unwrap();
+}
+
+#[test]
+fn arena_gives_a_short_chunk_back() {
+    let up = Halving::default();
+    let arena = ArenaResource::new(&up);
+    assert!(arena.allocate(Request::new(1000).unwrap(), &()).is_err());
+    assert!(arena.allocate(Request::new(64 << 20).unwrap(), &()).is_err());
+    assert_eq!(up.live.load(Relaxed), 0);
+    arena.check().unwrap();
+}
+
+#[test]
+fn fixed_size_resource_gives_a_short_chunk_back() {
+    let up = Halving::default();
+    let mut fixed = FixedSizeResource::new(&up);
+    assert!(fixed.allocate(Request::new(100).unwrap(), &()).is_err());
+    assert_eq!(up.live.load(Relaxed), 0);
+}
+
+#[test]
+fn stream_ordered_layer_gives_a_short_block_back() {
+    let up = Halving::default();
+    let mut so: StreamOrdered<_, IdStream> = StreamOrdered::new(&up);
+    assert_eq!(so.allocate(Request::new(1000).unwrap(), &IdStream(1)), Err(SHORT));
+    assert_eq!((up.live.load(Relaxed), so.live_bytes()), (0, 0));
+}
+
+#[test]
+fn stream_ordered_layer_reuses_a_block_only_for_what_it_holds() {
+    let mut so: StreamOrdered<_, IdStream> =
+        StreamOrdered::new(CoalescingPool::new(BumpUpstream::new(1 << 20)));
+    let s = IdStream(1);
+    let a = so.allocate(Request::new(100).unwrap(), &s).unwrap();
+    so.deallocate(a, &s).unwrap();
+    // Same 256-byte bucket, but the listed block holds 100 bytes, not 200.
+    let b = so.allocate(Request::new(200).unwrap(), &s).unwrap();
+    assert_ne!(b.addr(), a.addr());
+    let c = so.allocate(Request::new(60).unwrap(), &s).unwrap();
+    assert_eq!(c.addr(), a.addr(), "it still serves what it holds");
+    so.check().unwrap();
+}
