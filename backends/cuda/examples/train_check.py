@@ -39,6 +39,7 @@ import time
 os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
+from rmm_log import check_trace  # noqa: E402
 
 SEED = 1234
 MEMRES_STACK = "stats(pool(async))"
@@ -146,44 +147,6 @@ def run_worker(name, argv, env=None):
         sys.stdout.write(p.stderr[-4000:])
         raise SystemExit(f"{name}: worker failed (exit {p.returncode})")
     return json.loads(lines[-1][len("RESULT "):])
-
-
-def check_trace(path):
-    """Replays an RMM-format log: every free matches a live allocation."""
-    live, rows, allocs, frees, bad, peak, now = {}, 0, 0, 0, [], 0, 0
-    with open(path) as f:
-        header = f.readline().strip()
-        if header != "Thread,Time,Action,Pointer,Size,Stream":
-            return {"ok": False, "why": f"header {header!r}"}
-        for n, line in enumerate(f, 2):
-            rows += 1
-            _thread, _time, action, ptr, size, _stream = line.rstrip("\n").split(",")
-            ptr, size = int(ptr, 16), int(size)
-            if action == "allocate":
-                allocs += 1
-                if ptr in live:
-                    bad.append(f"line {n}: {ptr:#x} allocated while live")
-                live[ptr] = size
-                now += size
-                peak = max(peak, now)
-            elif action == "free":
-                frees += 1
-                if live.get(ptr) != size:
-                    bad.append(f"line {n}: free of {ptr:#x} ({size} bytes) not matching a live allocation")
-                else:
-                    del live[ptr]
-                    now -= size
-            elif action == "allocate failure":
-                bad.append(f"line {n}: allocation failure of {size} bytes")
-    return {
-        "ok": not bad and allocs > 0,
-        "rows": rows,
-        "allocations": allocs,
-        "frees": frees,
-        "live_at_end": len(live),
-        "peak_live_bytes": peak,
-        "problems": bad[:10],
-    }
 
 
 def driver(args):

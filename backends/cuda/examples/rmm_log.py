@@ -1,0 +1,73 @@
+"""Checks a trace in RMM's log format (`Thread,Time,Action,Pointer,Size,Stream`),
+plain or gzip, as the `log` adaptor writes it.
+
+    from rmm_log import check_trace
+    report = check_trace("torch.csv")      # or "torch.csv.gz"
+    assert report["ok"], report["problems"]
+
+Every free must match a live allocation of the same size at that pointer
+(whatever its stream: a block may be freed on another stream), no pointer
+may be allocated twice while live, and no allocation may have failed.
+"""
+
+import gzip
+
+HEADER = "Thread,Time,Action,Pointer,Size,Stream"
+
+
+def _open(path):
+    with open(path, "rb") as f:
+        gz = f.read(2) == b"\x1f\x8b"
+    return gzip.open(path, "rt") if gz else open(path)
+
+
+def check_trace(path):
+    """Replays the trace's records; returns a dict of figures and problems.
+
+    `ok` is true when the trace has a header, at least one allocation and
+    no problem. `rows` counts records, `peak_live_bytes` the most bytes
+    live at once, `live_at_end` the allocations never freed, `streams` the
+    distinct values of the Stream column. `problems` holds the first ten.
+    """
+    live, rows, allocs, frees, bad, peak, now, streams = {}, 0, 0, 0, [], 0, 0, set()
+    with _open(path) as f:
+        header = f.readline().strip()
+        if header != HEADER:
+            return {"ok": False, "rows": 0, "problems": [f"header {header!r}"]}
+        for n, line in enumerate(f, 2):
+            fields = line.rstrip("\n").split(",")
+            if len(fields) != 6:
+                bad.append(f"line {n}: {len(fields)} fields")
+                continue
+            rows += 1
+            _thread, _time, action, ptr, size, stream = fields
+            ptr, size = int(ptr, 16), int(size)
+            streams.add(stream)
+            if action == "allocate":
+                allocs += 1
+                if ptr in live:
+                    bad.append(f"line {n}: {ptr:#x} allocated while live")
+                live[ptr] = size
+                now += size
+                peak = max(peak, now)
+            elif action == "free":
+                frees += 1
+                if live.get(ptr) != size:
+                    bad.append(f"line {n}: free of {ptr:#x} ({size} bytes) not matching a live allocation")
+                else:
+                    del live[ptr]
+                    now -= size
+            elif action == "allocate failure":
+                bad.append(f"line {n}: allocation failure of {size} bytes")
+            else:
+                bad.append(f"line {n}: unknown action {action!r}")
+    return {
+        "ok": not bad and allocs > 0,
+        "rows": rows,
+        "allocations": allocs,
+        "frees": frees,
+        "live_at_end": len(live),
+        "peak_live_bytes": peak,
+        "streams": len(streams),
+        "problems": bad[:10],
+    }

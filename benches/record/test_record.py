@@ -1,0 +1,130 @@
+"""Tests of the recording suite that need no GPU: the trace check, the
+registry, and the driver on the CPU (its array workloads on NumPy, where
+NumPy is installed).
+
+    python3 -m unittest discover -s benches/record
+"""
+
+import ast
+import gzip
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import unittest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(HERE, "..", "..", "backends", "cuda", "examples"))
+from rmm_log import HEADER, check_trace  # noqa: E402
+from workloads import WORKLOADS  # noqa: E402
+
+try:
+    import numpy
+except ImportError:
+    numpy = None
+
+
+def write(path, rows, gz=False):
+    text = HEADER + "\n" + "".join(r + "\n" for r in rows)
+    with (gzip.open(path, "wt") if gz else open(path, "w")) as f:
+        f.write(text)
+    return path
+
+
+class CheckTrace(unittest.TestCase):
+    def setUp(self):
+        self.dir = tempfile.TemporaryDirectory()
+
+    def tearDown(self):
+        self.dir.cleanup()
+
+    def path(self, name):
+        return os.path.join(self.dir.name, name)
+
+    def test_a_good_trace_plain_or_gzip(self):
+        rows = [
+            "0,1,allocate,0x100,64,0",
+            "0,2,allocate,0x200,32,7",
+            "1,3,free,0x200,32,0",  # freed on another stream: allowed
+            "0,4,allocate,0x200,16,0",  # the pointer again, once free
+            "0,5,free,0x100,64,0",
+        ]
+        for gz in (False, True):
+            r = check_trace(write(self.path(f"t{gz}.csv"), rows, gz))
+            self.assertTrue(r["ok"], r)
+            self.assertEqual((r["rows"], r["allocations"], r["frees"]), (5, 3, 2))
+            self.assertEqual((r["peak_live_bytes"], r["live_at_end"], r["streams"]), (96, 1, 2))
+
+    def test_problems_are_named(self):
+        rows = [
+            "0,1,allocate,0x100,64,0",
+            "0,2,free,0x100,65,0",  # wrong size
+            "0,3,allocate,0x100,8,0",  # still live
+            "0,4,free,0x900,8,0",  # never allocated
+            "0,5,allocate failure,0x0,4096,0",
+            "0,6,resize,0x100,8,0",
+            "0,7,free,0x100",
+        ]
+        r = check_trace(write(self.path("bad.csv"), rows))
+        self.assertFalse(r["ok"])
+        self.assertEqual(len(r["problems"]), 6, r["problems"])
+        for line, what in zip(range(3, 9), ["not matching", "allocated while live", "not matching",
+                                             "allocation failure", "unknown action", "fields"]):
+            self.assertIn(f"line {line}:", r["problems"][line - 3])
+            self.assertIn(what, r["problems"][line - 3])
+
+    def test_header_and_emptiness(self):
+        with open(self.path("h.csv"), "w") as f:
+            f.write("a,b\n0,1,allocate,0x100,64,0\n")
+        self.assertFalse(check_trace(self.path("h.csv"))["ok"])
+        self.assertFalse(check_trace(write(self.path("e.csv"), []))["ok"])
+
+
+class Registry(unittest.TestCase):
+    def test_names_targets_and_held_out(self):
+        names = [w.name for w in WORKLOADS]
+        self.assertEqual(len(names), len(set(names)))
+        self.assertGreaterEqual(len(names), 13)
+        for w in WORKLOADS:
+            self.assertIn(w.framework, ("torch", "cupy"))
+            module, function = w.target.split(":")
+            with open(os.path.join(HERE, "workloads", module + ".py")) as f:
+                defined = {n.name for n in ast.parse(f.read()).body if isinstance(n, ast.FunctionDef)}
+            self.assertIn(function, defined, w.name)
+        held = [w for w in WORKLOADS if w.held_out]
+        self.assertTrue(len(WORKLOADS) / 4 <= len(held) <= len(WORKLOADS) / 2, [w.name for w in held])
+        self.assertGreaterEqual(len({w.kind for w in held}), 3)
+        self.assertTrue(any(w.kind == "inference" and "dynamic" in w.name for w in held))
+        self.assertTrue(any(w.framework == "cupy" for w in held))
+
+
+@unittest.skipIf(numpy is None, "NumPy is not installed")
+class DryRun(unittest.TestCase):
+    """The driver end to end on the CPU, on the workloads that run on NumPy."""
+
+    def run_driver(self, out, *args):
+        cmd = [sys.executable, os.path.join(HERE, "record.py"), "--device", "cpu", "--dry-run", "--out", out, *args]
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+        with open(os.path.join(out, "summary.json")) as f:
+            return p, json.load(f)
+
+    def test_array_workloads_run(self):
+        cupy = [w.name for w in WORKLOADS if w.framework == "cupy"]
+        with tempfile.TemporaryDirectory() as out:
+            p, summary = self.run_driver(out, "--only", ",".join(cupy))
+            self.assertEqual(p.returncode, 0, p.stdout + p.stderr)
+            self.assertEqual([r["name"] for r in summary["workloads"]], cupy)
+            self.assertTrue(all(r["ok"] for r in summary["workloads"]))
+
+    def test_a_failure_does_not_stop_the_others(self):
+        with tempfile.TemporaryDirectory() as out:
+            p, summary = self.run_driver(out, "--only", "cupy_arrays,cupy_dataframe", "--timeout", "0")
+            self.assertEqual(p.returncode, 1)
+            self.assertEqual(summary["failed"], ["cupy_arrays", "cupy_dataframe"])
+            self.assertIn("timed out", summary["workloads"][1]["why"])
+
+
+if __name__ == "__main__":
+    unittest.main()
