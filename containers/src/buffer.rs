@@ -44,9 +44,10 @@ where
     /// The stream every operation of the buffer is ordered on, and the one
     /// its block is freed on.
     stream: S,
-    /// The memory, from `resource`, live until this buffer gives it back;
+    /// The memory, from `resource`, held until this buffer gives it back;
     /// its `size()` bytes are memory of `E` (the resource's `MemoryOf`
-    /// promise) and they are the capacity.
+    /// promise, which keeps the engine sound on them even if other code
+    /// frees them first) and they are the capacity.
     block: Block,
     /// Bytes in use, at most the capacity, all written (zeros at least),
     /// unless an `unsafe` uninitialized constructor's caller vouches for them.
@@ -177,8 +178,10 @@ where
             return Ok(());
         }
         // SAFETY: `offset..offset + data.len()` lies in `..len`, inside the
-        // capacity: memory of `E` that the resource handed to this buffer
-        // alone (its `MemoryOf` promise); all its work is on `self.stream`.
+        // capacity: the block the resource (`MemoryOf<E::Kind>`) handed to
+        // this buffer and that it holds, as the engine asks (if other code
+        // freed it, the promise keeps the call sound); all the buffer's work
+        // is on `self.stream`.
         unsafe { self.engine.copy_from_host(self.block.addr() + offset, data, &self.stream)? };
         Ok(())
     }
@@ -194,9 +197,9 @@ where
         if out.is_empty() {
             return Ok(());
         }
-        // SAFETY: the range lies in `..len`, inside the capacity: memory of
-        // `E` that is this buffer's alone, as in `write`; its bytes were
-        // written (the invariant of `len`).
+        // SAFETY: the range lies in `..len`, inside the capacity: memory the
+        // buffer holds, as in `write`; its bytes were written (the invariant
+        // of `len`).
         unsafe { self.engine.copy_to_host(out, self.block.addr() + offset, &self.stream)? };
         Ok(())
     }
@@ -235,10 +238,9 @@ where
     fn fill_range(&mut self, offset: u64, n: u64, value: u8) -> Result<()> {
         assert!(offset.checked_add(n).is_some_and(|end| end <= self.capacity()), "fill past the capacity");
         if n > 0 {
-            // SAFETY: the range lies inside the capacity (asserted): the
-            // `block.size()` bytes of `E`'s memory that the resource handed
-            // to this buffer alone (its `MemoryOf` promise); all its work is
-            // on `self.stream`.
+            // SAFETY: the range lies inside the capacity (asserted): memory
+            // the buffer holds, as in `write`; all its work is on
+            // `self.stream`.
             unsafe { self.engine.fill(self.block.addr() + offset, value, n, &self.stream)? };
         }
         Ok(())
@@ -249,11 +251,11 @@ where
         let new = Self::allocate(&self.resource, capacity, &self.stream)?;
         let keep = self.len.min(capacity);
         if keep > 0 {
-            // SAFETY: both blocks are live, this buffer's alone and memory of
-            // `E` for their `size()` bytes (the resource's `MemoryOf`
-            // promise); `keep` is at most the old length and at most
-            // `capacity`, which `allocate` checked `new` holds; both are used
-            // on `self.stream` only.
+            // SAFETY: both ranges lie in blocks the resource
+            // (`MemoryOf<E::Kind>`) handed to this buffer and that it holds:
+            // `keep` is at most the old length and at most `capacity`, which
+            // `allocate` checked `new` holds; both are used on `self.stream`
+            // only; they overlap only if other code freed the old block.
             let copied = unsafe { self.engine.copy(new.addr(), self.block.addr(), keep, &self.stream) };
             if let Err(e) = copied {
                 let _ = self.resource.deallocate(new, &self.stream);
@@ -367,11 +369,12 @@ where
         // Written below, byte for byte from this buffer's written bytes.
         let copy = Self::unwritten(self.len, stream, self.resource.clone(), self.engine.clone())?;
         if self.len > 0 {
-            // SAFETY: both blocks are live, each its buffer's alone and
-            // memory of `E` for at least `len` bytes (the resource's
-            // `MemoryOf` promise and `allocate`'s check); the copy's stream
-            // waits for the source's work above, and the source's stream
-            // waits for the copy below.
+            // SAFETY: both ranges lie in blocks the resource
+            // (`MemoryOf<E::Kind>`) handed out and their buffers hold, of at
+            // least `len` bytes (`allocate`'s check); they overlap only if
+            // other code freed the source's block; the copy's stream waits
+            // for the source's work above, and the source's stream waits for
+            // the copy below.
             unsafe { copy.engine.copy(copy.block.addr(), self.block.addr(), self.len, &copy.stream)? };
             let copied = copy.stream.record()?;
             self.stream.wait(&copied)?;

@@ -17,7 +17,8 @@
 //! # What holds
 //!
 //! In safe code, a container touches only memory its resource handed out
-//! for it, and only bytes that were written:
+//! for it (or, once other code has freed that, memory another holder has
+//! now: see the last point), and only bytes that were written:
 //!
 //! - **Resource and engine agree.** The constructors take a resource `R`
 //!   and an engine `E` only where `R:`
@@ -48,13 +49,29 @@
 //! - **Stream order.** A container's work is ordered on its stream; a change
 //!   of stream and a deep copy on another stream wait on events both ways,
 //!   so a block is freed on drop only after the work that used it.
+//! - **Blocks freed by other code.** The types cannot stop other code from
+//!   freeing a container's block through the resource itself (a copy of
+//!   [`block`](DeviceBuffer::block), a forged
+//!   [`Block`](memres_core::Block)) or ending the resource under it (a pool
+//!   moved out of its [`Shared`](memres_core::Shared) lock through `with`
+//!   and dropped). The resource's `MemoryOf` promise covers that too: an
+//!   engine of host-addressable memory checks every access against the
+//!   allocations live at that moment, under the lock they are freed under
+//!   ([checked access](memres_core::copy#checked-access)). The container's
+//!   later calls then fail with
+//!   [`Error::NotLive`](memres_core::Error::NotLive), touching nothing, or,
+//!   where the memory has been handed out again, read and write the new
+//!   holder's bytes: wrong data, never freed or uninitialized memory. Its
+//!   drop's free is refused by the resource (and ignored), or frees the
+//!   memory under its new holder, which then fares the same.
 //!
-//! What the types cannot see: other code that frees a container's block
-//! through the resource itself (a copy of [`block`](DeviceBuffer::block), a
-//! forged [`Block`](memres_core::Block)) or ends the resource under it (a
-//! pool moved out of its [`Shared`](memres_core::Shared) lock through
-//! `with`) while the container lives. Don't: over host memory the container
-//! would then touch freed memory.
+//! What remains outside these guarantees: unsafe code that reads or writes
+//! a block's bytes through its address (a kernel, a raw pointer) must keep
+//! the resource where no other code can free its blocks, since a stale
+//! container may write them; and over plain CUDA device memory, a block
+//! freed by other code after `CudaCopy` asked the driver about it and
+//! before the device ran the queued copy is written on the device anyway
+//! (device bytes of whoever holds them then, or a driver error), as in RMM.
 //!
 //! A resource the types cannot vouch for, such as a stack chosen at run
 //! time, is promised by hand with

@@ -1,14 +1,16 @@
 //! What the containers guarantee to safe code, over real host memory (these
 //! tests run under Miri too): a block shorter than asked is given back as an
-//! error, memory the container did not write is never read, and a deep copy
-//! orders its source's stream after it. (That a resource of another kind of
-//! memory cannot be paired with an engine is a `compile_fail` example in the
-//! crate's documentation.)
+//! error, memory the container did not write is never read, a deep copy
+//! orders its source's stream after it, and a block freed or a resource
+//! ended by other code under a live container is never touched again
+//! (`HostCopy` checks every access against the live allocations). (That a
+//! resource of another kind of memory cannot be paired with an engine is a
+//! `compile_fail` example in the crate's documentation.)
 
 use memres_containers::{ContainerError, DeviceBuffer, DeviceScalar, DeviceUVector};
 use memres_core::copy::{CopyEngine, MemoryOf};
-use memres_core::pool::CoalescingPool;
-use memres_core::{Block, MemoryResource, Request, Result as CoreResult, Shared, Stream};
+use memres_core::pool::{CoalescingPool, PoolConfig};
+use memres_core::{Block, Error, MemoryResource, Request, Result as CoreResult, Shared, Stream};
 use memres_host::{HostCopy, HostMemory, SimStream, SimWorld};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
@@ -208,4 +210,84 @@ fn uninitialized_constructors_write_nothing_and_the_others_zero() {
     w.reserve(100).unwrap();
     assert_eq!(fills(), 2, "shrinking and reserving write nothing");
     assert_eq!(w.to_vec().unwrap(), [0; 3]);
+}
+
+/// The error of an access to `len` bytes at `addr`, which are not live.
+fn not_live(addr: u64, len: u64) -> ContainerError {
+    ContainerError::Memory(Error::NotLive { addr, len })
+}
+
+#[test]
+fn a_block_freed_by_other_code_is_never_touched_again() {
+    // The case: a copy of `block()` freed through the resource.
+    let mem = HostMemory::new();
+    let mut buf = DeviceBuffer::from_slice(b"hello", (), &mem, HostCopy).unwrap();
+    let addr = buf.addr();
+    mem.deallocate(buf.block(), &()).unwrap();
+    assert_eq!(buf.to_vec(), Err(not_live(addr, 5)));
+    assert_eq!(buf.write(1, b"ELL"), Err(not_live(addr + 1, 3)));
+    assert_eq!(buf.fill(0), Err(not_live(addr, 5)));
+    // Growth allocates a new block, cannot copy from the freed one, and
+    // gives the new block back: the buffer is unchanged.
+    assert_eq!(buf.resize(1000), Err(not_live(addr, 5)));
+    assert_eq!((buf.addr(), buf.len(), mem.outstanding()), (addr, 5, 0));
+    assert_eq!(buf.try_clone_on(()).map(|_| ()), Err(not_live(addr, 5)));
+    assert_eq!(mem.outstanding(), 0, "the failed clone gave its block back");
+    drop(buf); // its free is refused (`UnknownBlock`), and ignored
+    assert_eq!(mem.call_counts(), (3, 3));
+
+    // A forged block, by address, frees a vector's and a scalar's memory.
+    let v = DeviceUVector::from_slice(&[1u64, 2, 3, 4], (), &mem, HostCopy).unwrap();
+    let s = DeviceScalar::from_value(&7u32, (), &mem, HostCopy).unwrap();
+    mem.deallocate(Block::from_addr(v.device_ptr(), 32), &()).unwrap();
+    mem.deallocate(Block::from_addr(s.device_ptr(), 4), &()).unwrap();
+    assert_eq!(v.element(2), Err(not_live(v.device_ptr() + 16, 8)));
+    assert_eq!(s.value(), Err(not_live(s.device_ptr(), 4)));
+    assert_eq!(mem.outstanding(), 0);
+}
+
+#[test]
+fn a_pool_ended_under_its_containers_leaves_them_nothing_to_touch() {
+    let pool = Shared::new(CoalescingPool::new(HostMemory::new()));
+    let mut v = DeviceUVector::from_slice(&[1u64, 2, 3], (), &pool, HostCopy).unwrap();
+    let addr = v.device_ptr();
+    // The pool that takes its place holds its memory already, so none of it
+    // can be where the old pool's was.
+    let config = PoolConfig::new().initial_size(1 << 20).maximum_size(1 << 20);
+    let new = CoalescingPool::with_config(HostMemory::new(), config, &()).unwrap();
+    // Moved out of its lock and dropped: its chunks go back to its
+    // `HostMemory`, which frees them.
+    drop(pool.with(|p| std::mem::replace(p, new)));
+    assert_eq!(v.to_vec(), Err(not_live(addr, 24)));
+    assert_eq!(v.set_element_async(0, &9), Err(not_live(addr, 8)));
+    assert_eq!(v.resize(100), Err(not_live(addr, 24)), "the copy out of the old block");
+    drop(v); // freed into the new pool, which refuses it
+    pool.with(|p| assert_eq!(p.used_bytes(), 0, "the refused growth gave its block back"));
+}
+
+#[test]
+fn a_block_freed_twice_over_is_shared_wrong_data_but_defined() {
+    // A forged free through a pool: it hands the same bytes to a second
+    // container. Both read and write memory the pool holds, so they see each
+    // other's bytes, but nothing touches freed memory (Miri checks).
+    let pool = Shared::new(CoalescingPool::new(HostMemory::new()));
+    let mut a = DeviceBuffer::from_slice(b"aaaa", (), &pool, HostCopy).unwrap();
+    pool.deallocate(a.block(), &()).unwrap();
+    let b = DeviceBuffer::from_slice(b"bbbb", (), &pool, HostCopy).unwrap();
+    assert_eq!(b.addr(), a.addr());
+    assert_eq!(a.to_vec().unwrap(), b"bbbb");
+    a.write(0, b"AA").unwrap();
+    assert_eq!(b.to_vec().unwrap(), b"AAbb");
+    drop(b);
+    // Growth into the bytes it still thinks it holds: the new block overlaps
+    // the old one, the copy between them is a `memmove`, and the free of the
+    // old block, now inside the new one, is refused by the pool.
+    let old = a.addr();
+    let refused = a.reserve(64).unwrap_err();
+    assert!(
+        matches!(refused, ContainerError::Memory(Error::DoubleFree { addr } | Error::UnknownBlock { addr }) if addr == old),
+        "{refused:?}"
+    );
+    assert_eq!((a.addr(), a.capacity()), (old, 64), "the new block starts at the old one");
+    assert_eq!(a.to_vec().unwrap(), b"AAbb");
 }

@@ -5,13 +5,27 @@
 //! ```text
 //!  CopyEngine<S>            copies into, out of and within memory of one kind
 //!    type Kind              the engine that names that kind (Self, or E for &E)
-//!  unsafe MemoryOf<E>       a resource's promise: its blocks are memory E may touch
+//!  unsafe MemoryOf<E>       a resource's promise: its blocks are memory E may touch,
+//!                           and E stays sound on them after others free them
 //!  AssumeMemoryOf<R, E>     the same promise made by hand (an unsafe constructor)
+//!  LiveRanges               the live allocations an engine checks its accesses against
 //! ```
 //!
 //! A container pairs a resource `R` with an engine `E` only where
 //! `R: MemoryOf<E::Kind>`: host memory with the host's `memcpy`, CUDA memory
 //! with CUDA's copies, never the numbers of a simulated device with either.
+//!
+//! # Checked access
+//!
+//! A container cannot stop other code from freeing its block through the
+//! resource ([`Block`] is `Copy`, `deallocate` is safe) or ending the
+//! resource under it. Where an engine's memory is host-addressable, it
+//! therefore touches a range only while the range lies in one allocation
+//! that is live at that moment, checked in a [`LiveRanges`] table under the
+//! same lock under which the resources free; anything else is an
+//! [`Error::NotLive`](crate::Error::NotLive) that touches nothing. A stale
+//! container then reads or writes at worst bytes that another holder now
+//! has (wrong data), never freed memory.
 
 use crate::{Block, MemoryResource, Request, Result, Stream};
 use core::fmt;
@@ -25,16 +39,24 @@ use core::marker::PhantomData;
 /// ([`copy`](Self::copy), [`fill`](Self::fill)) are only ordered on the
 /// stream: later work on the stream sees their result.
 ///
+/// The methods take ranges of memory the caller *holds*: inside a block that
+/// a resource `R:` [`MemoryOf<Self::Kind>`](MemoryOf) handed out to the
+/// caller and that the caller has not given back, or other live memory of
+/// the backend. Other code may have freed such a block meanwhile;
+/// [`MemoryOf`] makes the calls sound then too (an engine of host-addressable
+/// memory checks every access, see [checked access](self#checked-access)).
+///
 /// # Examples
 ///
-/// A host-memory backend can implement it with plain pointer copies; see
-/// `memres_host::HostCopy`. Calling it:
+/// A host-memory backend can implement it with plain pointer copies checked
+/// against its live allocations; see `memres_host::HostCopy`. Calling it:
 ///
 /// ```
 /// use memres_core::{copy::CopyEngine, Result, Stream};
 /// fn roundtrip<E: CopyEngine<S>, S: Stream>(e: &E, addr: u64, s: &S) -> Result<[u8; 4]> {
 ///     let mut out = [0u8; 4];
-///     // SAFETY: the caller hands us 4 bytes of live memory of this backend at `addr`.
+///     // SAFETY: the caller hands us 4 bytes of memory of this backend it
+///     // holds at `addr`, used by nothing else.
 ///     unsafe {
 ///         e.copy_from_host(addr, &[1, 2, 3, 4], s)?;
 ///         e.copy_to_host(&mut out, addr, s)?;
@@ -52,32 +74,35 @@ pub trait CopyEngine<S: Stream + ?Sized> {
     ///
     /// # Safety
     ///
-    /// The destination range must be memory of this backend that is live and
-    /// not used by other work that is not ordered with `stream`.
+    /// The destination range must be memory of this backend that the caller
+    /// holds (see the trait's documentation), not used by other work of the
+    /// caller's that is not ordered with `stream`.
     unsafe fn copy_from_host(&self, dst: u64, src: &[u8], stream: &S) -> Result<()>;
 
     /// Copies `src..src + dst.len()` into `dst`.
     ///
     /// # Safety
     ///
-    /// The source range must be live memory of this backend, not written by
-    /// other work that is not ordered with `stream`.
+    /// The source range must be memory of this backend that the caller
+    /// holds, not written by other work of the caller's that is not ordered
+    /// with `stream`.
     unsafe fn copy_to_host(&self, dst: &mut [u8], src: u64, stream: &S) -> Result<()>;
 
-    /// Copies `len` bytes from `src` to `dst` (ranges may not overlap).
+    /// Copies `len` bytes from `src` to `dst`.
     ///
     /// # Safety
     ///
-    /// Both ranges must be live memory of this backend, used only by work
-    /// ordered with `stream`.
+    /// Both ranges must be memory of this backend that the caller holds,
+    /// used only by work ordered with `stream`, and must not overlap (two
+    /// blocks the caller holds overlap only if other code freed one).
     unsafe fn copy(&self, dst: u64, src: u64, len: u64, stream: &S) -> Result<()>;
 
     /// Sets `len` bytes at `dst` to `value`.
     ///
     /// # Safety
     ///
-    /// The range must be live memory of this backend, used only by work
-    /// ordered with `stream`.
+    /// The range must be memory of this backend that the caller holds, used
+    /// only by work ordered with `stream`.
     unsafe fn fill(&self, dst: u64, value: u8, len: u64, stream: &S) -> Result<()>;
 }
 
@@ -133,11 +158,34 @@ impl<S: Stream + ?Sized, E: CopyEngine<S> + ?Sized> CopyEngine<S> for &E {
 /// A block may be shorter than asked: what is promised is `b.size()` bytes,
 /// and users check that against their request (the containers do).
 ///
-/// The promise ends with the resource (dropped, or moved out from under a
-/// [`Shared`](crate::Shared) lock through `with`) and with any `deallocate`
-/// of the block, whoever calls it. Its users hold the resource as long as
-/// they hold a block and free their blocks only once, but they cannot stop
-/// other code from freeing their blocks or ending the resource early.
+/// Its users hold the resource as long as they hold a block and free their
+/// blocks only once, but they cannot stop other code from freeing their
+/// blocks (a copy of the block, a forged [`Block`]) or ending the resource
+/// early (dropped, or moved out from under a [`Shared`](crate::Shared) lock
+/// through `with`). So the promise goes on: `E`'s methods called on ranges
+/// of a block that other code has freed, or whose resource has ended, must
+/// not reach undefined behaviour. What that takes depends on the memory:
+///
+/// - **Host-addressable memory** (`E`, or the driver it calls, reads and
+///   writes host pages): *checked access*. `E` touches a range only while
+///   it lies in one allocation that a resource of this kind holds at that
+///   moment, checked in a [`LiveRanges`] table under the lock under which
+///   those resources free, and completes the access before it lets go of
+///   the lock; any other range is [`Error::NotLive`](crate::Error::NotLive)
+///   and nothing is touched. The resources never give out references to
+///   their memory, and the bytes `E` reads from Rust are initialized (fresh
+///   allocations are zeroed), so the worst a stale holder does is read or
+///   write bytes another holder now has: wrong data, not undefined
+///   behaviour. Host memory (`memres_host::HostMemory` with `HostCopy`) and
+///   CUDA's pinned and managed memory (with `CudaCopy`) work so.
+/// - **Memory only the engine's device copies reach** (plain device memory):
+///   a stale address must name device memory or nothing, never host memory,
+///   at the moment the device uses it; `CudaCopy` asks the driver that the
+///   range is device memory before it queues the work.
+///
+/// Unsafe code that makes references to a block's bytes, or reads them
+/// through raw pointers, gets no such protection: it must keep the resource
+/// where no other code can free its blocks.
 ///
 /// # Examples
 ///
@@ -194,7 +242,10 @@ impl<R, E> AssumeMemoryOf<R, E> {
     /// Every block `resource` hands out must meet the contract of
     /// [`MemoryOf<E>`]: until it is deallocated, its `size()` bytes at its
     /// `addr()` are live memory that `E` may read and write, and no other
-    /// live block of the resource overlaps them.
+    /// live block of the resource overlaps them; and `E` stays sound on a
+    /// block that other code has freed (it checks its accesses, as
+    /// `memres_host::HostCopy` and `memres_cuda::CudaCopy` do, or the memory
+    /// is device memory only its device copies reach).
     pub unsafe fn new(resource: R) -> Self {
         AssumeMemoryOf { resource, _engine: PhantomData }
     }
@@ -236,6 +287,87 @@ impl<S: Stream + ?Sized, R: MemoryResource<S>, E> MemoryResource<S> for AssumeMe
 // SAFETY: the caller of `new` promised the contract for `resource`'s blocks,
 // which are handed out unchanged.
 unsafe impl<R, E> MemoryOf<E> for AssumeMemoryOf<R, E> {}
+
+/// The allocations of one kind of host-addressable memory that are live now:
+/// what an engine checks each access against ([checked access](self#checked-access)).
+///
+/// A backend keeps one table for all its resources of that kind, behind one
+/// lock: a resource inserts an allocation once it has it and removes it
+/// while holding the lock through the free itself; the engine checks a range
+/// and performs the access while holding the same lock. Allocations never
+/// overlap (they come from one allocator).
+///
+/// ```text
+///  start ──► end        check(addr, len): the last start <= addr, and addr + len <= its end
+/// ```
+///
+/// # Examples
+///
+/// ```
+/// use memres_core::{copy::LiveRanges, Error};
+/// let mut live = LiveRanges::new();
+/// live.insert(0x1000, 0x100);
+/// assert_eq!(live.check(0x1080, 0x80), Ok(()));
+/// assert_eq!(live.check(0x1080, 0x81), Err(Error::NotLive { addr: 0x1080, len: 0x81 }));
+/// assert_eq!(live.remove(0x1000), Some(0x100));
+/// assert_eq!(live.check(0x1000, 1), Err(Error::NotLive { addr: 0x1000, len: 1 }));
+/// ```
+#[cfg(feature = "alloc")]
+#[derive(Debug, Default)]
+pub struct LiveRanges {
+    /// Start of each live allocation to its end (exclusive).
+    ends: alloc::collections::BTreeMap<u64, u64>,
+}
+
+#[cfg(feature = "alloc")]
+impl LiveRanges {
+    /// An empty table (a `const fn`, for a `static`).
+    pub const fn new() -> Self {
+        LiveRanges { ends: alloc::collections::BTreeMap::new() }
+    }
+
+    /// Records the allocation `start..start + len` (nothing for `len` 0).
+    pub fn insert(&mut self, start: u64, len: u64) {
+        if len > 0 {
+            debug_assert!(self.check(start, 1).is_err(), "allocations overlap at {start:#x}");
+            self.ends.insert(start, start.saturating_add(len));
+        }
+    }
+
+    /// Forgets the allocation that starts at `start`, returning its length
+    /// (`None` if there is none).
+    pub fn remove(&mut self, start: u64) -> Option<u64> {
+        self.ends.remove(&start).map(|end| end - start)
+    }
+
+    /// Whether `addr..addr + len` lies in one live allocation (an empty range
+    /// always does: it touches nothing).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::NotLive`](crate::Error::NotLive) otherwise.
+    pub fn check(&self, addr: u64, len: u64) -> Result<()> {
+        let inside = len == 0
+            || addr.checked_add(len).is_some_and(|end| {
+                self.ends.range(..=addr).next_back().is_some_and(|(_, &live_end)| end <= live_end)
+            });
+        if inside {
+            Ok(())
+        } else {
+            Err(crate::Error::NotLive { addr, len })
+        }
+    }
+
+    /// Number of live allocations.
+    pub fn len(&self) -> usize {
+        self.ends.len()
+    }
+
+    /// Whether no allocation is live.
+    pub fn is_empty(&self) -> bool {
+        self.ends.is_empty()
+    }
+}
 
 #[cfg(all(test, feature = "alloc", not(loom)))]
 mod tests;

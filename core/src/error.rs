@@ -49,6 +49,15 @@ pub enum Error {
         /// The address given.
         addr: u64,
     },
+    /// A copy or fill of bytes that do not lie in one live allocation: a
+    /// copy engine that checks its accesses refused them, touching nothing
+    /// (the block was freed by other code, or its resource ended).
+    NotLive {
+        /// The first byte of the access.
+        addr: u64,
+        /// Bytes the access covers.
+        len: u64,
+    },
     /// A free of a block that is already free.
     DoubleFree {
         /// The address given.
@@ -124,6 +133,9 @@ impl fmt::Display for Error {
             }
             Error::UnknownBlock { addr } => {
                 write!(f, "free of {addr:#x}, which this resource did not hand out")
+            }
+            Error::NotLive { addr, len } => {
+                write!(f, "access to {len} bytes at {addr:#x}, which do not lie in one live allocation")
             }
             Error::DoubleFree { addr } => write!(f, "double free of {addr:#x}"),
             Error::SizeMismatch { addr, expected, given } => {

@@ -415,7 +415,10 @@ impl<S: AsRawStream + ?Sized> MemoryResource<S> for CudaAsyncMemory {
 // allocating stream, which `CudaCopy`'s driver copies reach by its unified
 // address. It stays until `deallocate` takes it out of the table and frees
 // it; dropping the resource destroys the pool, which the driver defers until
-// its outstanding blocks are freed.
+// its outstanding blocks are freed. Freed by other code, it is memory only
+// those copies reach: `CudaCopy` has the driver confirm each range is device
+// memory first (a pool of host memory made elsewhere is refused), and a
+// stale device address names device memory or nothing, never host memory.
 unsafe impl memres_core::copy::MemoryOf<crate::CudaCopy> for CudaAsyncMemory {}
 
 impl Drop for CudaAsyncMemory {

@@ -2,10 +2,11 @@
 
 use crate::context::{Context, Device};
 use crate::error::check;
+use crate::host_visible;
 use crate::ops;
 use crate::stream::AsRawStream;
 use crate::sys;
-use memres_core::copy::CopyEngine;
+use memres_core::copy::{CopyEngine, LiveRanges};
 use memres_core::{Error, Result};
 
 /// Copies into, out of and within CUDA memory (device, managed or pinned),
@@ -19,6 +20,10 @@ use memres_core::{Error, Result};
 ///    copy_to_host(dst, src, s)   ──► cuMemcpyDtoHAsync_v2(s) + cuStreamSynchronize(s)
 ///    copy(dst, src, n, s)        ──► cuMemcpyAsync(s)
 ///    fill(dst, v, n, s)          ──► cuMemsetD8Async(s)
+///  each range first: in a live pinned or managed allocation ─► the work under that
+///                      table's lock, and cuStreamSynchronize(s) before letting go
+///                    else device memory (cuPointerGetAttributes) ─► queued as above
+///                    else ─► Error::NotLive, nothing queued
 /// ```
 ///
 /// Each call runs with the stream's context current, or, for a stream that
@@ -27,10 +32,46 @@ use memres_core::{Error, Result};
 /// wait for the stream, as [`CopyEngine`] promises, so they also wait for
 /// the work queued on the stream before them.
 ///
+/// # Checked access
+///
+/// Every range is checked before the driver sees it, so that a container
+/// whose block was freed by other code never has the driver write freed
+/// host memory ([checked access](memres_core::copy#checked-access)):
+///
+/// - **Pinned and managed memory** ([`PinnedMemory`](crate::PinnedMemory),
+///   [`ManagedMemory`](crate::ManagedMemory)) is host memory the driver
+///   reads and writes, and once freed its address may be the process's
+///   heap. A range in it is touched only while it lies in one live
+///   allocation of those resources, under the lock under which they free,
+///   and the call waits for its stream before it lets go: `copy` and `fill`
+///   on such memory return only once done. Host-visible memory from
+///   elsewhere (`cuMemHostRegister`, another library's pinned memory) is
+///   refused.
+/// - **Device memory** is reached only by the driver's copies. A range in
+///   it must lie in one device allocation that is not managed, as the
+///   driver reports (`cuPointerGetAttributes`: memory type, range start and
+///   size). A stale device address names device memory or nothing: under
+///   unified addressing the driver keeps device addresses in ranges it
+///   reserves apart from the host's. The copies to and from a host slice
+///   are explicit (`HtoD`, `DtoH`) with the host side a Rust slice, but
+///   `copy` is `cuMemcpyAsync`, which infers each side's kind from its
+///   address, and `fill` may reach any address the device can (on systems
+///   with heterogeneous memory management, pageable host memory): hence the
+///   check rather than trust in the address.
+///
+/// Anything else, and two ranges that overlap, is [`Error::NotLive`],
+/// nothing queued. What is left: device memory freed by other code after
+/// the check and before the device runs the queued work is written on the
+/// device anyway (another holder's device bytes, or a driver error), as the
+/// stream-ordered model has it in RMM. The cost: one driver query per
+/// device range, and for pinned and managed memory one process-wide lock
+/// held while the stream drains.
+///
 /// # Errors
 ///
 /// Driver errors as [`Error::Backend`]; a length that does not fit a
-/// `usize` as [`Error::InvalidSize`].
+/// `usize` as [`Error::InvalidSize`]; a range that is not live memory as
+/// above as [`Error::NotLive`].
 ///
 /// # Examples
 ///
@@ -70,19 +111,82 @@ impl CudaCopy {
         &self.context
     }
 
-    /// Runs `f` on the raw stream with the right context current.
-    fn on<S: AsRawStream + ?Sized>(
+    /// Runs `work` on the raw stream with the right context current, once
+    /// every range of `ranges` (address, length; none empty) is checked:
+    /// with the table of host-visible allocations locked, and the stream
+    /// drained before it is unlocked, if any range is host-visible memory.
+    fn checked<S: AsRawStream + ?Sized>(
         &self,
         stream: &S,
-        f: impl FnOnce(sys::CUstream) -> Result<()>,
+        ranges: &[(u64, u64)],
+        work: impl FnOnce(sys::CUstream) -> Result<()>,
     ) -> Result<()> {
         let raw = stream.as_raw_stream();
-        stream.context().unwrap_or(&self.context).scope(|| f(raw))
+        stream.context().unwrap_or(&self.context).scope(|| {
+            let live = host_visible::lock();
+            let mut host = false;
+            for &(addr, len) in ranges {
+                host |= host_visible_or_device(&live, addr, len)?;
+            }
+            if let [(a, n), (b, _)] = *ranges {
+                if a < b.saturating_add(n) && b < a.saturating_add(n) {
+                    return Err(Error::NotLive { addr: b, len: n });
+                }
+            }
+            if !host {
+                // Device memory only: nothing a free of host memory can race.
+                drop(live);
+                return work(raw);
+            }
+            let queued = work(raw);
+            // SAFETY: `raw` is valid while `stream` is borrowed, in the
+            // context made current above. The work must be done before the
+            // lock lets a free of its host-visible memory through; if the
+            // stream fails here, the context has failed and runs no more work.
+            let done = check(unsafe { sys::cuStreamSynchronize(raw) });
+            drop(live);
+            queued.and(done)
+        })
     }
 }
 
 fn bytes(len: u64) -> Result<usize> {
     usize::try_from(len).map_err(|_| Error::InvalidSize { size: len })
+}
+
+/// Whether `addr..addr + len` is host-visible memory (in one live pinned or
+/// managed allocation of `live`) rather than device memory (in one device
+/// allocation that is not managed, as the driver reports).
+///
+/// # Errors
+///
+/// [`Error::NotLive`] if it is neither; the driver's error if it cannot say.
+fn host_visible_or_device(live: &LiveRanges, addr: u64, len: u64) -> Result<bool> {
+    if live.check(addr, len).is_ok() {
+        return Ok(true);
+    }
+    // Each attribute is written into the low bytes of a zeroed `u64` (all
+    // are at most 8 bytes; CUDA hosts are little-endian).
+    let mut attributes = [
+        sys::CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
+        sys::CU_POINTER_ATTRIBUTE_IS_MANAGED,
+        sys::CU_POINTER_ATTRIBUTE_RANGE_START_ADDR,
+        sys::CU_POINTER_ATTRIBUTE_RANGE_SIZE,
+    ];
+    let mut values = [0u64; 4];
+    let mut data = values.each_mut().map(|v| (v as *mut u64).cast::<core::ffi::c_void>());
+    // SAFETY: four attributes, each with a writable 8-byte slot that lives
+    // across the call; the driver only reads `addr` as a number (for memory
+    // it does not know it reports zeros).
+    check(unsafe { sys::cuPointerGetAttributes(4, attributes.as_mut_ptr(), data.as_mut_ptr(), addr) })?;
+    let [memory_type, managed, start, size] = values;
+    let device = memory_type as u32 == sys::CU_MEMORYTYPE_DEVICE && managed as u32 == 0;
+    let inside = addr >= start && addr.checked_add(len).is_some_and(|end| end <= start.saturating_add(size));
+    if device && inside {
+        Ok(false)
+    } else {
+        Err(Error::NotLive { addr, len })
+    }
 }
 
 impl<S: AsRawStream + ?Sized> CopyEngine<S> for CudaCopy {
@@ -92,18 +196,20 @@ impl<S: AsRawStream + ?Sized> CopyEngine<S> for CudaCopy {
         if src.is_empty() {
             return Ok(());
         }
-        // SAFETY: the caller vouches for `dst..dst + src.len()`; the stream
-        // is valid while borrowed and `on` makes its context current.
-        self.on(stream, |raw| unsafe { ops::host_to_device(raw, dst, src) })
+        // SAFETY: `dst..dst + src.len()` is checked live memory (see
+        // `CudaCopy`'s checked access) and `src` a Rust slice, so not in it
+        // (nothing makes references to such memory); the stream is valid
+        // while borrowed and `checked` makes its context current.
+        self.checked(stream, &[(dst, src.len() as u64)], |raw| unsafe { ops::host_to_device(raw, dst, src) })
     }
 
     unsafe fn copy_to_host(&self, dst: &mut [u8], src: u64, stream: &S) -> Result<()> {
         if dst.is_empty() {
             return Ok(());
         }
-        // SAFETY: the caller vouches for `src..src + dst.len()`; the stream
-        // is valid while borrowed and `on` makes its context current.
-        self.on(stream, |raw| unsafe { ops::device_to_host(raw, dst, src) })
+        let len = dst.len() as u64;
+        // SAFETY: as in `copy_from_host`, with the roles swapped.
+        self.checked(stream, &[(src, len)], |raw| unsafe { ops::device_to_host(raw, dst, src) })
     }
 
     unsafe fn copy(&self, dst: u64, src: u64, len: u64, stream: &S) -> Result<()> {
@@ -111,10 +217,12 @@ impl<S: AsRawStream + ?Sized> CopyEngine<S> for CudaCopy {
         if n == 0 {
             return Ok(());
         }
-        // SAFETY: the caller vouches that both ranges are live memory used
-        // only by work on `stream`; with unified addressing the driver finds
-        // the kind of each side from its address.
-        self.on(stream, |raw| check(unsafe { sys::cuMemcpyAsync(dst, src, n, raw) }))
+        self.checked(stream, &[(dst, len), (src, len)], |raw| {
+            // SAFETY: both ranges are checked live memory, apart from each
+            // other (see `CudaCopy`'s checked access); the stream is valid
+            // while borrowed and `checked` makes its context current.
+            check(unsafe { sys::cuMemcpyAsync(dst, src, n, raw) })
+        })
     }
 
     unsafe fn fill(&self, dst: u64, value: u8, len: u64, stream: &S) -> Result<()> {
@@ -122,8 +230,9 @@ impl<S: AsRawStream + ?Sized> CopyEngine<S> for CudaCopy {
         if n == 0 {
             return Ok(());
         }
-        // SAFETY: the caller vouches that the range is live memory used only
-        // by work on `stream`.
-        self.on(stream, |raw| check(unsafe { sys::cuMemsetD8Async(dst, value, n, raw) }))
+        // SAFETY: the range is checked live memory (see `CudaCopy`'s checked
+        // access); the stream is valid while borrowed and `checked` makes
+        // its context current.
+        self.checked(stream, &[(dst, len)], |raw| check(unsafe { sys::cuMemsetD8Async(dst, value, n, raw) }))
     }
 }

@@ -104,5 +104,8 @@ impl<S: Stream + ?Sized> MemoryResource<S> for CudaMemory {
 // that padding and size fit) that no other block shares, live until
 // `deallocate` takes it out of the table and frees it (dropping the resource
 // frees nothing); it is device memory (`cuMemAlloc`), which
-// `CudaCopy`'s driver copies reach by its unified address.
+// `CudaCopy`'s driver copies reach by its unified address. Freed by other
+// code, it is memory only those copies reach: `CudaCopy` has the driver
+// confirm each range is device memory first, and a stale device address
+// names device memory or nothing, never host memory.
 unsafe impl memres_core::copy::MemoryOf<crate::CudaCopy> for CudaMemory {}

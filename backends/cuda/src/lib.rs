@@ -56,6 +56,7 @@ mod context;
 mod copy;
 mod device_memory;
 mod error;
+mod host_visible;
 mod live;
 mod managed;
 mod pinned;

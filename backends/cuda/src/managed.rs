@@ -2,6 +2,7 @@
 
 use crate::context::{Context, Device};
 use crate::error::error_from_code;
+use crate::host_visible;
 use crate::live::LiveAllocations;
 use crate::place::{allocate_with, deallocate_with};
 use crate::stream::AsRawStream;
@@ -70,27 +71,57 @@ impl<S: Stream + ?Sized> MemoryResource<S> for ManagedMemory {
                 &self.context,
                 &self.live,
                 request,
-                // SAFETY: our context is current; the out parameter is a live local.
-                |bytes, base| unsafe { sys::cuMemAllocManaged(base, bytes, sys::CU_MEM_ATTACH_GLOBAL) },
-                // SAFETY: `base` was just allocated and is handed out to no one.
-                |base| unsafe { sys::cuMemFree_v2(base) },
+                |bytes, base| {
+                    // SAFETY: our context is current; the out parameter is a live local.
+                    let code = unsafe { sys::cuMemAllocManaged(base, bytes, sys::CU_MEM_ATTACH_GLOBAL) };
+                    if code == sys::CUDA_SUCCESS {
+                        host_visible::insert(*base, bytes);
+                    }
+                    code
+                },
+                // SAFETY: `base` was just allocated (and put in the table) and
+                // is handed out to no one; `host_visible::free` releases it
+                // under the table's lock, once it has left the table; our context is current.
+                |base| host_visible::free(base, |b| unsafe { free_managed(b) }),
                 || None,
             )
         })
     }
 
     fn deallocate(&self, block: Block, _stream: &S) -> Result<()> {
-        // SAFETY: `base` is a live allocation of ours, just taken out of the
-        // table (so no one frees it twice); our context is current.
-        deallocate_with(&self.context, &self.live, block, |base| unsafe { sys::cuMemFree_v2(base) })
+        deallocate_with(&self.context, &self.live, block, |base| {
+            // SAFETY: `deallocate_with` passes the base of a managed
+            // allocation of ours that it has just taken out of our table, so
+            // no one else frees it, with our context current;
+            // `host_visible::free` releases it under the table's lock, once
+            // it has left the table.
+            host_visible::free(base, |b| unsafe { free_managed(b) })
+        })
     }
+}
+
+/// `cuMemFree`, as `host_visible::free`'s release.
+///
+/// # Safety
+///
+/// `base` must be a managed allocation of ours that no one else frees, with
+/// its context current, and `host_visible::free` the caller (it has just
+/// taken `base` out of the table of host-visible allocations and holds its
+/// lock, so no `CudaCopy` access is under way in it or can start).
+unsafe fn free_managed(base: u64) -> sys::CuResult {
+    // SAFETY: as the caller promises.
+    unsafe { sys::cuMemFree_v2(base) }
 }
 
 // SAFETY: the block lies inside one driver allocation (`place` checks
 // that padding and size fit) that no other block shares, live until
 // `deallocate` takes it out of the table and frees it (dropping the resource
 // frees nothing); it is managed memory (`cuMemAllocManaged`),
-// which `CudaCopy`'s driver copies reach by its unified address.
+// which `CudaCopy`'s driver copies reach by its unified address. Checked
+// access, as for `PinnedMemory`: the allocation is in the table of
+// host-visible allocations from before its block is handed out until it is
+// freed under that table's lock, and `CudaCopy` touches host-visible memory
+// only inside one entry, under the lock, until its work has finished.
 unsafe impl memres_core::copy::MemoryOf<crate::CudaCopy> for ManagedMemory {}
 
 /// Prefetches every block it hands out to its device, on the allocation's

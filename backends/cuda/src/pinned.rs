@@ -1,6 +1,7 @@
 //! Page-locked host memory: RMM's `pinned_memory_resource`.
 
 use crate::context::{Context, Device};
+use crate::host_visible;
 use crate::live::LiveAllocations;
 use crate::place::{allocate_with, deallocate_with};
 use crate::sys;
@@ -82,27 +83,51 @@ impl<S: Stream + ?Sized> MemoryResource<S> for PinnedMemory {
                     // SAFETY: a context is current; the out parameter is a live local.
                     let code = unsafe { sys::cuMemHostAlloc(&mut p, bytes, self.flags) };
                     *base = p as u64;
+                    if code == sys::CUDA_SUCCESS {
+                        host_visible::insert(*base, bytes);
+                    }
                     code
                 },
-                // SAFETY: `base` was just allocated and is handed out to no one.
-                |base| unsafe { sys::cuMemFreeHost(base as *mut core::ffi::c_void) },
+                // SAFETY: `base` was just allocated (and put in the table) and
+                // is handed out to no one; `host_visible::free` releases it
+                // under the table's lock, once it has left the table.
+                |base| host_visible::free(base, |b| unsafe { free_host(b) }),
                 || None,
             )
         })
     }
 
     fn deallocate(&self, block: Block, _stream: &S) -> Result<()> {
-        // SAFETY: `base` is a live pinned allocation of ours, just taken out
-        // of the table (so no one frees it twice).
-        deallocate_with(&self.context, &self.live, block, |base| unsafe {
-            sys::cuMemFreeHost(base as *mut core::ffi::c_void)
+        deallocate_with(&self.context, &self.live, block, |base| {
+            // SAFETY: `deallocate_with` passes the base of a pinned
+            // allocation of ours that it has just taken out of our table, so
+            // no one else frees it; `host_visible::free` releases it under
+            // the table's lock, once it has left the table.
+            host_visible::free(base, |b| unsafe { free_host(b) })
         })
     }
+}
+
+/// `cuMemFreeHost`, as `host_visible::free`'s release.
+///
+/// # Safety
+///
+/// `base` must be a pinned allocation of ours that no one else frees, and
+/// `host_visible::free` the caller (it has just taken `base` out of the
+/// table of host-visible allocations and holds its lock, so no `CudaCopy`
+/// access is under way in it or can start).
+unsafe fn free_host(base: u64) -> sys::CuResult {
+    // SAFETY: as the caller promises.
+    unsafe { sys::cuMemFreeHost(base as *mut core::ffi::c_void) }
 }
 
 // SAFETY: the block lies inside one driver allocation (`place` checks
 // that padding and size fit) that no other block shares, live until
 // `deallocate` takes it out of the table and frees it (dropping the resource
 // frees nothing); it is page-locked host memory (`cuMemHostAlloc`), which
-// `CudaCopy`'s driver copies reach by its unified address.
+// `CudaCopy`'s driver copies reach by its unified address. Checked access:
+// the allocation is in the table of host-visible allocations from before its
+// block is handed out until it is freed under that table's lock, and
+// `CudaCopy` touches host-visible memory only inside one entry, under the
+// lock, waiting for the work to finish before it lets go.
 unsafe impl memres_core::copy::MemoryOf<crate::CudaCopy> for PinnedMemory {}

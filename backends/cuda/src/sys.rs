@@ -51,6 +51,11 @@ pub const CU_MEM_ACCESS_FLAGS_PROT_READWRITE: c_int = 3;
 pub const CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC: c_int = 2;
 /// `CU_POINTER_ATTRIBUTE_IS_MANAGED`.
 pub const CU_POINTER_ATTRIBUTE_IS_MANAGED: c_int = 8;
+pub const CU_POINTER_ATTRIBUTE_MEMORY_TYPE: c_int = 2;
+pub const CU_POINTER_ATTRIBUTE_RANGE_START_ADDR: c_int = 11;
+pub const CU_POINTER_ATTRIBUTE_RANGE_SIZE: c_int = 12;
+/// `CU_MEMORYTYPE_DEVICE`, a `CUmemorytype`.
+pub const CU_MEMORYTYPE_DEVICE: c_uint = 2;
 pub const CU_MEMPOOL_ATTR_RELEASE_THRESHOLD: c_int = 4;
 pub const CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT: c_int = 5;
 pub const CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH: c_int = 6;
@@ -141,6 +146,12 @@ extern "C" {
         stream: CUstream,
     ) -> CuResult;
     pub fn cuPointerGetAttribute(data: *mut c_void, attribute: c_int, ptr: CUdeviceptr) -> CuResult;
+    pub fn cuPointerGetAttributes(
+        num_attributes: c_uint,
+        attributes: *mut c_int,
+        data: *mut *mut c_void,
+        ptr: CUdeviceptr,
+    ) -> CuResult;
 
     pub fn cuMemGetAllocationGranularity(
         granularity: *mut usize,

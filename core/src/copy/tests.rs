@@ -79,3 +79,33 @@ fn stream_ordered_layer_reuses_a_block_only_for_what_it_holds() {
     assert_eq!(c.addr(), a.addr(), "it still serves what it holds");
     so.check().unwrap();
 }
+
+mod live_ranges {
+    use crate::copy::LiveRanges;
+    use crate::Error;
+
+    #[test]
+    fn a_range_is_live_only_inside_one_allocation() {
+        let mut live = LiveRanges::new();
+        live.insert(0x1000, 0x100);
+        live.insert(0x1100, 0x100); // adjacent, a separate allocation
+        live.insert(0x4000, 0);
+        assert_eq!(live.len(), 2, "an empty allocation is not recorded");
+        let not_live = |addr, len| Err(Error::NotLive { addr, len });
+        assert_eq!(live.check(0x1000, 0x100), Ok(()));
+        assert_eq!(live.check(0x10ff, 1), Ok(()));
+        assert_eq!(live.check(0x1100, 0x100), Ok(()));
+        assert_eq!(live.check(0x10ff, 2), not_live(0x10ff, 2), "across two allocations");
+        assert_eq!(live.check(0xfff, 1), not_live(0xfff, 1), "before the first");
+        assert_eq!(live.check(0x1200, 1), not_live(0x1200, 1), "past the last");
+        assert_eq!(live.check(u64::MAX, 2), not_live(u64::MAX, 2), "wrapping around");
+        assert_eq!(live.check(0x9999, 0), Ok(()), "an empty range touches nothing");
+        assert_eq!(live.remove(0x1000), Some(0x100));
+        assert_eq!(live.remove(0x1000), None);
+        assert_eq!(live.remove(0x1180), None, "only the start names an allocation");
+        assert_eq!(live.check(0x1000, 1), not_live(0x1000, 1), "freed");
+        assert_eq!(live.check(0x1180, 0x80), Ok(()));
+        assert_eq!(live.remove(0x1100), Some(0x100));
+        assert!(live.is_empty());
+    }
+}

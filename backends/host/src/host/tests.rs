@@ -110,3 +110,24 @@ fn reset_peak_restarts_from_held() {
     assert_eq!(host.peak_held_bytes(), 256);
     host.deallocate(b, &()).unwrap();
 }
+
+#[test]
+fn fresh_blocks_are_zeroed_even_in_reused_memory() {
+    // Heap memory full of 0xAB, freed: the allocator carves the next
+    // allocations out of it. A stale holder of a freed block may read a
+    // fresh one at its address, so every byte handed out is initialized.
+    let junk: Vec<Vec<u8>> = (0..64).map(|_| vec![0xAB; 4096]).collect();
+    drop(junk);
+    let host = HostMemory::new();
+    let blocks: Vec<Block> =
+        (0..64).map(|_| host.allocate(Request::new(1000).unwrap(), &()).unwrap()).collect();
+    for b in &blocks {
+        // SAFETY: a live block of 1000 bytes that nothing else refers to
+        // (the resource is this test's alone).
+        let bytes = unsafe { std::slice::from_raw_parts(b.addr() as *const u8, 1000) };
+        assert!(bytes.iter().all(|&x| x == 0), "block {:#x} holds old bytes", b.addr());
+    }
+    for b in blocks {
+        host.deallocate(b, &()).unwrap();
+    }
+}
