@@ -107,6 +107,9 @@ pub trait ChunkPool<S: Stream + ?Sized>: MemoryResourceMut<S> {
     /// Bytes held from upstream.
     fn pool_size(&self) -> u64;
 
+    /// Bytes handed out (sizes rounded up as the pool rounds them).
+    fn used_bytes(&self) -> u64;
+
     /// Calls `f` with each chunk's range.
     fn for_each_chunk(&self, f: &mut dyn FnMut(Range));
 
@@ -150,6 +153,9 @@ where
     }
     fn pool_size(&self) -> u64 {
         CoalescingPool::pool_size(self)
+    }
+    fn used_bytes(&self) -> u64 {
+        CoalescingPool::used_bytes(self)
     }
     fn for_each_chunk(&self, f: &mut dyn FnMut(Range)) {
         self.chunk_ranges().for_each(f)
@@ -377,6 +383,11 @@ impl<M: MakePool<S>, S: Stream + ?Sized> PerStreamPool<M, S> {
     /// Bytes held from upstream by all the pools.
     pub fn pool_size(&self) -> u64 {
         self.lanes.iter().map(|l| l.pool.pool_size()).sum()
+    }
+
+    /// Bytes handed out by all the pools.
+    pub fn used_bytes(&self) -> u64 {
+        self.lanes.iter().map(|l| l.pool.used_bytes()).sum()
     }
 
     /// Gives `stream` the pool `pool` (one made with an initial size, say)
