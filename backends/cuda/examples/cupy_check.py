@@ -8,7 +8,7 @@ Driver (each worker in a process of its own):
 Worker (prints one line `RESULT {json}`):
 
     python3 cupy_check.py --worker native
-    python3 cupy_check.py --worker memres --so path/to/libmemres.so [--stack 'stats(pool(async))']
+    python3 cupy_check.py --worker memres --so path/to/libmemres.so [--stack 'stats(pool(async, per_stream=true))']
 
 The workload (fixed seed): matrix products, FFTs, reductions, a sort, a
 cumulative sum, an elementwise chain, and many temporaries of assorted
@@ -26,7 +26,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-MEMRES_STACK = "stats(pool(async))"
+MEMRES_STACK = "stats(pool(async, per_stream=true))"
 
 
 def workload(cupy):
