@@ -397,37 +397,60 @@ impl<M: MakePool<S>, S: Stream + ?Sized> PerStreamPool<M, S> {
     ///
     /// [`Error::InvalidConfig`] if the stream has a pool already.
     pub fn insert(&mut self, stream: &S, pool: M::Pool) -> Result<()> {
-        if self.search(stream.id()).is_some() {
+        if self.find(stream.id()).is_some() {
             return Err(Error::InvalidConfig { what: "the stream has a pool already" });
         }
         self.push_lane(stream, pool);
         Ok(())
     }
 
-    /// The lane of stream `id`: the latest one first.
-    #[inline]
+    /// The lane of stream `id`.
     fn find(&self, id: u64) -> Option<usize> {
-        match self.lanes.get(self.last) {
-            Some(l) if l.id == id => Some(self.last),
-            _ => self.search(id),
-        }
-    }
-
-    /// The lane of stream `id`, not the latest one.
-    #[cold]
-    fn search(&self, id: u64) -> Option<usize> {
         self.lanes.iter().position(|l| l.id == id)
     }
 
-    /// The lane of `stream`, made now if it has none.
+    /// [`allocate`](MemoryResourceMut::allocate) on another stream than the
+    /// latest call's, or one to settle, or with no room: the stream's lane
+    /// (made now if it has none), settled, then its pool, then memory from
+    /// elsewhere.
     #[cold]
-    fn lane_or_make(&mut self, stream: &S) -> Result<usize> {
-        if let Some(i) = self.search(stream.id()) {
-            return Ok(i);
+    fn allocate_other(&mut self, request: Request, stream: &S) -> Result<Block> {
+        let i = match self.find(stream.id()) {
+            Some(i) => i,
+            None => {
+                let pool = self.make.make(stream)?;
+                self.stats.pools_made += 1;
+                self.push_lane(stream, pool)
+            }
+        };
+        self.last = i;
+        if self.lanes[i].settle_next {
+            self.settle(i, stream)?;
         }
-        let pool = self.make.make(stream)?;
-        self.stats.pools_made += 1;
-        Ok(self.push_lane(stream, pool))
+        let lane = &mut self.lanes[i];
+        match lane.pool.try_allocate(request)? {
+            Some(block) => Ok(block.with_tag(block.tag() ^ lane.stamp)),
+            None => self.allocate_slow(i, request, stream),
+        }
+    }
+
+    /// [`deallocate`](MemoryResourceMut::deallocate) on another stream than
+    /// the latest call's.
+    #[cold]
+    fn deallocate_other(&mut self, block: Block, stream: &S) -> Result<()> {
+        let Some(i) = self.find(stream.id()) else { return self.deallocate_cross(block, stream) };
+        self.last = i;
+        let lane = &mut self.lanes[i];
+        match lane.pool.deallocate_reporting(restamp(block, lane.stamp)) {
+            Ok(freed_chunk) => {
+                if freed_chunk {
+                    self.chunk_freed(i, stream);
+                }
+                Ok(())
+            }
+            Err(Error::UnknownBlock { .. }) => self.deallocate_cross(block, stream),
+            Err(e) => Err(e),
+        }
     }
 
     /// Adds a lane for `stream` with `pool`; returns its index.
@@ -439,10 +462,15 @@ impl<M: MakePool<S>, S: Stream + ?Sized> PerStreamPool<M, S> {
             pool,
             stamp,
             fence: None,
-            covered: true,
+            covered: false,
             settle_next: false,
             waits: Vec::new(),
         };
+        // Frees on a lone stream tell no chunk freed: the others' fences may
+        // not cover their free chunks now.
+        if let [alone] = &mut self.lanes[..] {
+            alone.covered = false;
+        }
         self.lanes.push(lane);
         let i = self.lanes.len() - 1;
         // A new pool may hold a free chunk (its initial size), taken from
@@ -674,20 +702,16 @@ impl<M: MakePool<S>, S: Stream + ?Sized> MemoryResourceMut<S> for PerStreamPool<
         if request.is_zero() {
             return Ok(Block::EMPTY);
         }
-        let i = match self.find(stream.id()) {
-            Some(i) => i,
-            None => self.lane_or_make(stream)?,
-        };
-        self.last = i;
-        if self.lanes[i].settle_next {
-            self.settle(i, stream)?;
+        // The stream of the latest call, with room and nothing to settle.
+        if let Some(lane) = self.lanes.get_mut(self.last) {
+            if lane.id == stream.id() && !lane.settle_next {
+                if let Some(block) = lane.pool.try_allocate(request)? {
+                    // A pool's tag is never `NO_TAG`.
+                    return Ok(block.with_tag(block.tag() ^ lane.stamp));
+                }
+            }
         }
-        let lane = &mut self.lanes[i];
-        match lane.pool.try_allocate(request)? {
-            // A pool's tag is never `NO_TAG`.
-            Some(block) => Ok(block.with_tag(block.tag() ^ lane.stamp)),
-            None => self.allocate_slow(i, request, stream),
-        }
+        self.allocate_other(request, stream)
     }
 
     /// # Errors
@@ -707,18 +731,29 @@ impl<M: MakePool<S>, S: Stream + ?Sized> MemoryResourceMut<S> for PerStreamPool<
         if block.is_empty() {
             return Ok(());
         }
-        let Some(i) = self.find(stream.id()) else { return self.deallocate_cross(block, stream) };
-        self.last = i;
-        let lane = &mut self.lanes[i];
-        match lane.pool.deallocate_reporting(restamp(block, lane.stamp)) {
-            Ok(false) => Ok(()),
-            Ok(true) => {
-                self.chunk_freed(i, stream);
-                Ok(())
+        let last = self.last;
+        let alone = self.lanes.len() == 1;
+        match self.lanes.get_mut(last) {
+            // One stream: no other would take a chunk, none to tell of.
+            Some(lane) if lane.id == stream.id() && alone => {
+                match lane.pool.deallocate(restamp(block, lane.stamp), stream) {
+                    Err(Error::UnknownBlock { .. }) => self.deallocate_cross(block, stream),
+                    other => other,
+                }
             }
-            // Not in this stream's pool: another's, or none's.
-            Err(Error::UnknownBlock { .. }) => self.deallocate_cross(block, stream),
-            Err(e) => Err(e),
+            Some(lane) if lane.id == stream.id() => {
+                match lane.pool.deallocate_reporting(restamp(block, lane.stamp)) {
+                    Ok(false) => Ok(()),
+                    Ok(true) => {
+                        self.chunk_freed(last, stream);
+                        Ok(())
+                    }
+                    // Not in this stream's pool: another's, or none's.
+                    Err(Error::UnknownBlock { .. }) => self.deallocate_cross(block, stream),
+                    Err(e) => Err(e),
+                }
+            }
+            _ => self.deallocate_other(block, stream),
         }
     }
 }
