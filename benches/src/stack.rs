@@ -133,7 +133,8 @@ impl Replayer for StackReplayer {
 /// `--upstream sim` (the default) leaves the leaves to the stack;
 /// `--upstream cuda|async` (feature `cuda`) makes its `cuda` and `async`
 /// leaves the CUDA resources, reached on each replaying thread's own CUDA
-/// stream (see [`crate::cuda`]); `--upstream host` does not apply.
+/// stream (the `cuda` module, with the feature); `--upstream host` does
+/// not apply.
 ///
 /// # Errors
 ///
