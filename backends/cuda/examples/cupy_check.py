@@ -20,12 +20,14 @@ import argparse
 import hashlib
 import json
 import os
-import subprocess
 import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
+from workers import run_worker  # noqa: E402
+
+SCRIPT = os.path.abspath(__file__)
 MEMRES_STACK = "stats(pool(async, per_stream=true))"
 
 
@@ -89,22 +91,10 @@ def worker(args):
     print("RESULT " + json.dumps(result), flush=True)
 
 
-def run_worker(name, argv):
-    cmd = [sys.executable, os.path.abspath(__file__)] + argv
-    print(f"-- {name}: {' '.join(cmd)}", flush=True)
-    p = subprocess.run(cmd, capture_output=True, text=True)
-    lines = [line for line in p.stdout.splitlines() if line.startswith("RESULT ")]
-    if p.returncode != 0 or not lines:
-        sys.stdout.write(p.stdout[-4000:])
-        sys.stdout.write(p.stderr[-4000:])
-        raise SystemExit(f"{name}: worker failed (exit {p.returncode})")
-    return json.loads(lines[-1][len("RESULT "):])
-
-
 def driver(args):
-    native = run_worker("native", ["--worker", "native"])
-    native2 = run_worker("native (again)", ["--worker", "native"])
-    memres = run_worker("memres", ["--worker", "memres", "--so", args.so, "--stack", args.stack])
+    native = run_worker(SCRIPT, "native", ["--worker", "native"])
+    native2 = run_worker(SCRIPT, "native (again)", ["--worker", "native"])
+    memres = run_worker(SCRIPT, "memres", ["--worker", "memres", "--so", args.so, "--stack", args.stack])
     deterministic = native["digests"] == native2["digests"]
     differ = sorted(k for k in native["digests"] if native["digests"][k] != memres["digests"].get(k))
     unstable = sorted(k for k in native["digests"] if native["digests"][k] != native2["digests"].get(k))

@@ -31,7 +31,6 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 
@@ -39,6 +38,9 @@ import time
 os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
+from workers import run_worker  # noqa: E402
+
+SCRIPT = os.path.abspath(__file__)
 
 SEED = 1234
 MEMRES_STACK = "stats(pool(async, per_stream=true))"
@@ -136,18 +138,6 @@ def worker(args):
     print("RESULT " + json.dumps(result), flush=True)
 
 
-def run_worker(name, argv, env=None):
-    cmd = [sys.executable, os.path.abspath(__file__)] + argv
-    print(f"-- {name}: {' '.join(cmd)}", flush=True)
-    p = subprocess.run(cmd, capture_output=True, text=True, env=env)
-    lines = [line for line in p.stdout.splitlines() if line.startswith("RESULT ")]
-    if p.returncode != 0 or not lines:
-        sys.stdout.write(p.stdout[-4000:])
-        sys.stdout.write(p.stderr[-4000:])
-        raise SystemExit(f"{name}: worker failed (exit {p.returncode})")
-    return json.loads(lines[-1][len("RESULT "):])
-
-
 def check_trace(path):
     """Replays an RMM-format log: every free matches a live allocation."""
     live, rows, allocs, frees, bad, peak, now = {}, 0, 0, 0, [], 0, 0
@@ -197,21 +187,21 @@ def driver(args):
     # Native runs at least twice: the second tells whether the run is
     # deterministic at all.
     for r in range(max(rounds, 2)):
-        n = run_worker(f"native, round {r}", ["--worker", "native"] + common)
+        n = run_worker(SCRIPT, f"native, round {r}", ["--worker", "native"] + common)
         natives.append(n)
         runs[f"native_r{r}"] = n
         if r >= rounds:
             continue
         for i, stack in enumerate(args.stack):
             argv = ["--worker", "memres", "--so", args.so, "--stack", stack] + common
-            m = run_worker(f"memres {stack}, round {r}", argv)
+            m = run_worker(SCRIPT, f"memres {stack}, round {r}", argv)
             per_stack_runs[i].append(m)
             runs[f"memres{i}_r{r}"] = m
     native = natives[0]
     logged = trace = None
     if args.log:
         env = dict(os.environ, MEMRES_STACK=f"log({args.stack[0]}, file={args.log})")
-        logged = run_worker("memres, logged", ["--worker", "memres", "--so", args.so] + common, env=env)
+        logged = run_worker(SCRIPT, "memres, logged", ["--worker", "memres", "--so", args.so] + common, env=env)
         runs["memres_logged"] = logged
         trace = check_trace(args.log)
 

@@ -39,11 +39,13 @@ the work on it is done shows as a use after free):
 import argparse
 import json
 import os
-import subprocess
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
+from workers import run_worker  # noqa: E402
+
+SCRIPT = os.path.abspath(__file__)
 
 STACK_AGNOSTIC = "stats(pool(async))"
 MIB = 1 << 20
@@ -131,26 +133,14 @@ def measure_cycles_per_ms(torch):
     return cycles / max(start.elapsed_time(end), 1e-3)
 
 
-def run_worker(name, argv):
-    cmd = [sys.executable, os.path.abspath(__file__)] + argv
-    print(f"-- {name}: {' '.join(cmd)}", flush=True)
-    p = subprocess.run(cmd, capture_output=True, text=True)
-    lines = [line for line in p.stdout.splitlines() if line.startswith("RESULT ")]
-    if p.returncode != 0 or not lines:
-        sys.stdout.write(p.stdout[-4000:])
-        sys.stdout.write(p.stderr[-4000:])
-        raise SystemExit(f"{name}: worker failed (exit {p.returncode})")
-    return json.loads(lines[-1][len("RESULT "):])
-
-
 def driver(args):
     common = ["--rounds", str(args.rounds), "--sleep-ms", str(args.sleep_ms)]
     runs = {
-        "native": run_worker("native", ["--worker", "native"] + common),
-        "agnostic": run_worker(
+        "native": run_worker(SCRIPT, "native", ["--worker", "native"] + common),
+        "agnostic": run_worker(SCRIPT, 
             f"memres {STACK_AGNOSTIC}", ["--worker", "memres", "--so", args.so, "--stack", STACK_AGNOSTIC] + common
         ),
-        "default": run_worker("memres default", ["--worker", "memres", "--so", args.so] + common),
+        "default": run_worker(SCRIPT, "memres default", ["--worker", "memres", "--so", args.so] + common),
     }
     for name, r in runs.items():
         what = r.get("stack", "PyTorch's allocator")
