@@ -25,7 +25,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from workers import run_worker  # noqa: E402
+from workers import open_memres, run_worker, worker_or_driver  # noqa: E402
 
 SCRIPT = os.path.abspath(__file__)
 MEMRES_STACK = "stats(pool(async, per_stream=true))"
@@ -61,17 +61,12 @@ def digests(results):
 
 
 def worker(args):
-    lib = None
-    if args.worker == "memres":
-        from memres_ctypes import Memres
-        from cupy_memres import use_memres
-
-        lib = Memres(args.so)
-        if args.stack:
-            lib.configure(args.stack)
+    lib = open_memres(args, args.stack)
     import cupy
 
     if lib is not None:
+        from cupy_memres import use_memres
+
         use_memres(lib)
     workload(cupy)  # warm up (plans, kernels)
     cupy.cuda.runtime.deviceSynchronize()
@@ -132,12 +127,8 @@ def main():
     p.add_argument("--stack", default=None, help=f"memres stack (default {MEMRES_STACK})")
     p.add_argument("--json", help="write the summary and every run here")
     args = p.parse_args()
-    if args.worker:
-        if args.worker == "memres" and not args.so:
-            p.error("--worker memres needs --so")
+    if worker_or_driver(p, args):
         return worker(args)
-    if not args.so:
-        p.error("--so is needed")
     args.stack = args.stack or MEMRES_STACK
     return driver(args)
 

@@ -38,7 +38,7 @@ import time
 os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from workers import run_worker  # noqa: E402
+from workers import open_memres, run_worker, worker_or_driver  # noqa: E402
 
 SCRIPT = os.path.abspath(__file__)
 
@@ -48,13 +48,7 @@ STACKS_VAR = "MEMRES_TRAIN_STACKS"
 
 
 def worker(args):
-    lib = None
-    if args.worker == "memres":
-        from memres_ctypes import Memres
-
-        lib = Memres(args.so)
-        if args.stack:
-            lib.configure(args.stack[-1])
+    lib = open_memres(args, args.stack[-1] if args.stack else None)
     import torch
     import torch.nn.functional as F
 
@@ -292,12 +286,8 @@ def main():
     p.add_argument("--batch", type=int, default=16)
     p.add_argument("--seq", type=int, default=256)
     args = p.parse_args()
-    if args.worker:
-        if args.worker == "memres" and not args.so:
-            p.error("--worker memres needs --so")
+    if worker_or_driver(p, args):
         return worker(args)
-    if not args.so:
-        p.error("--so is needed")
     if not args.stack:
         from_env = [x.strip() for x in os.environ.get(STACKS_VAR, "").split(";") if x.strip()]
         args.stack = from_env or [MEMRES_STACK]

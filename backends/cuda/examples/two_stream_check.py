@@ -43,7 +43,7 @@ import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from workers import run_worker  # noqa: E402
+from workers import open_memres, run_worker, worker_or_driver  # noqa: E402
 
 SCRIPT = os.path.abspath(__file__)
 
@@ -55,13 +55,7 @@ SIZES = [8 * MIB, 8 * MIB, 40 * MIB, 24 * MIB, 72 * MIB, 136 * MIB, 8 * MIB]
 
 
 def worker(args):
-    lib = None
-    if args.worker == "memres":
-        from memres_ctypes import Memres
-
-        lib = Memres(args.so)
-        if args.stack:
-            lib.configure(args.stack)
+    lib = open_memres(args, args.stack)
     import torch
 
     if lib is not None:
@@ -173,12 +167,8 @@ def main():
     p.add_argument("--sleep-ms", type=float, default=20.0, help="the sleep kernel queued before A's fill")
     p.add_argument("--json", help="write the summary and every run here")
     args = p.parse_args()
-    if args.worker:
-        if args.worker == "memres" and not args.so:
-            p.error("--worker memres needs --so")
+    if worker_or_driver(p, args):
         return worker(args)
-    if not args.so:
-        p.error("--so is needed")
     return driver(args)
 
 

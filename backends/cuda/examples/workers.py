@@ -19,3 +19,27 @@ def run_worker(script, name, argv, env=None):
         sys.stdout.write(p.stderr[-4000:])
         raise SystemExit(f"{name}: worker failed (exit {p.returncode})")
     return json.loads(lines[-1][len("RESULT "):])
+
+
+def worker_or_driver(parser, args):
+    """Refuses a memres worker or a driver without --so; says whether
+    `args` ask for a worker."""
+    if args.worker == "memres" and not args.so:
+        parser.error("--worker memres needs --so")
+    if not args.worker and not args.so:
+        parser.error("--so is needed")
+    return bool(args.worker)
+
+
+def open_memres(args, stack):
+    """For `--worker memres`, the bindings of libmemres.so (--so) with
+    `stack` configured, if given, before anything is allocated; None for
+    `--worker native`."""
+    if args.worker != "memres":
+        return None
+    from memres_ctypes import Memres
+
+    lib = Memres(args.so)
+    if stack:
+        lib.configure(stack)
+    return lib
