@@ -1,7 +1,8 @@
 //! The CUDA upstreams (feature `cuda`): `--upstream cuda` (`cuMemAlloc`,
 //! [`CudaMemory`]) and `--upstream async` (`cuMemAllocAsync`,
-//! [`CudaAsyncMemory`]), and the plain CUDA resources as rows of their own
-//! (`--resource cuda`, `--resource async`).
+//! [`CudaAsyncMemory`]), the plain CUDA resources as rows of their own
+//! (`--resource cuda`, `--resource async`), and the `cuda` and `async`
+//! leaves of a `--stack` replayed with `--upstream cuda|async`.
 //!
 //! The upstream sits under a [`Statistics`] adaptor, whose peak is the
 //! row's peak upstream (as RMM's harness puts `statistics_resource_adaptor`
@@ -14,9 +15,10 @@ use crate::replay::{replay, replay_threads, Measurement};
 use crate::resources::{Build, BuildShared, RunError, RunOptions, Upstream, UpstreamKind};
 use crate::workload::Workload;
 use memres_core::adaptor::Statistics;
+use memres_core::stack::StackErrorKind;
 use memres_core::{Block, MemoryResource, Request, Stream};
 use memres_cuda::{CudaAsyncMemory, CudaMemory, CudaStream, Device, StreamOptions};
-use memres_host::{SimStream, SimWorld};
+use memres_host::{Built, SimStream, SimWorld, StackBuilder};
 use std::cell::RefCell;
 use std::fmt;
 
@@ -137,16 +139,16 @@ fn set_stream(device: Device) {
 }
 
 /// Each replaying thread's setup: a non-blocking CUDA stream of its own.
-fn per_thread_stream(device: Device) -> impl Fn(usize) + Sync {
+pub(crate) fn per_thread_stream(device: Device) -> impl Fn(usize) + Sync {
     move |_| set_stream(device)
 }
 
 /// The calling thread's own stream while it lives; back to none after
 /// (declared before the resource, so dropped after it).
-struct OwnStream;
+pub(crate) struct OwnStream;
 
 impl OwnStream {
-    fn new(device: Device) -> OwnStream {
+    pub(crate) fn new(device: Device) -> OwnStream {
         set_stream(device);
         OwnStream
     }
@@ -223,4 +225,37 @@ fn plain<U: Upstream>(
             Ok(replay_threads(&u, streams, w, options.passes, &setup, |u| u.peak_held_bytes())?)
         }
     }
+}
+
+/// Registers the `cuda` and `async` leaves of a stack replayed with
+/// `--upstream cuda|async`: the CUDA resources of device 0, each under a
+/// statistics adaptor and reached on the replaying thread's CUDA stream
+/// whatever stream the stack passes, as the upstreams of the `--resource`
+/// rows are. Returns the device.
+///
+/// # Errors
+///
+/// No device.
+pub fn register_stack_leaves(builder: &mut StackBuilder<SimStream>) -> Result<Device, RunError> {
+    let device = device()?;
+    builder.register("async", move |call, cx| {
+        call.expect_args(0, &[])?;
+        let mr = CudaAsyncMemory::new(device).map_err(|e| call.error(StackErrorKind::Resource(e)))?;
+        Ok(cx.keep(call, CudaUpstream::new(mr)))
+    });
+    builder.register("cuda", move |call, cx| {
+        call.expect_args(0, &[])?;
+        let mr = CudaMemory::new(device).map_err(|e| call.error(StackErrorKind::Resource(e)))?;
+        Ok(cx.keep(call, CudaUpstream::new(mr)))
+    });
+    Ok(device)
+}
+
+/// The peak of the outermost CUDA leaf of a built stack, if it has one.
+pub fn stack_leaf_peak(built: &Built<SimStream>) -> Option<Box<dyn Fn() -> u64>> {
+    if let Some(leaf) = built.get::<CudaUpstream<CudaAsyncMemory>>("async") {
+        return Some(Box::new(move || leaf.peak_held_bytes()));
+    }
+    let leaf = built.get::<CudaUpstream<CudaMemory>>("cuda")?;
+    Some(Box::new(move || leaf.peak_held_bytes()))
 }

@@ -129,29 +129,29 @@ impl Replayer for StackReplayer {
     }
 }
 
-/// Builds `text` and replays `workload` through it as `options` say
-/// (`--upstream` does not apply: the stack names its leaf).
+/// Builds `text` and replays `workload` through it as `options` say.
+/// `--upstream sim` (the default) leaves the leaves to the stack;
+/// `--upstream cuda|async` (feature `cuda`) makes its `cuda` and `async`
+/// leaves the CUDA resources, reached on each replaying thread's own CUDA
+/// stream (the `cuda` module, with the feature); `--upstream host` does
+/// not apply.
 ///
 /// # Errors
 ///
 /// [`RunError::Unsupported`] for a stack that does not build (with the
-/// position of the fault) or has no leaf whose peak can be read; an op's
-/// failure.
+/// position of the fault) or has no leaf whose peak can be read, or an
+/// upstream that does not apply; an op's failure.
 pub fn run_stack(
     text: &str,
     workload: &Workload,
     options: &RunOptions,
     progress: &mut dyn FnMut(usize),
 ) -> Result<Measurement, RunError> {
-    if options.upstream != UpstreamKind::Sim {
-        return Err(RunError::Unsupported(format!(
-            "--upstream {} does not apply to a stack: its leaf names the upstream",
-            options.upstream
-        )));
-    }
+    let mut builder = builder();
+    let cuda = cuda_leaves(&mut builder, options)?;
     let world = SimWorld::new();
     let build_stream = world.default_stream();
-    let built = builder()
+    let built = builder
         .build_with_handles(text, &build_stream)
         .map_err(|e| RunError::Unsupported(format!("stack `{text}`: {e}")))?;
     let peak: Box<dyn Fn() -> u64> = if let Some(sim) = built.get::<SimDevice>("sim") {
@@ -160,14 +160,18 @@ pub fn run_stack(
         Box::new(move || host.peak_held_bytes())
     } else if let Some(v) = built.get::<Shared<VirtualPool<SimAddressSpace>>>("vpool") {
         Box::new(move || v.with(|v| v.peak_committed_bytes()))
+    } else if let Some(peak) = cuda.as_ref().and_then(|_| cuda_peak(&built)) {
+        peak
     } else {
         return Err(RunError::Unsupported(format!(
-            "stack `{text}` has no sim, host or vpool leaf whose peak the tool can read"
+            "stack `{text}` has no sim, host or vpool leaf (or cuda or async, with --upstream cuda|async) \
+             whose peak the tool can read"
         )));
     };
     let logs = built.all::<Gated<SimStream>>("log");
     match options.threads {
         None => {
+            let _stream = cuda.map(own_stream);
             let streams = (0..workload.streams.max(1)).map(|_| world.stream()).collect();
             let mut r = StackReplayer { resource: built.resource.clone(), streams, logs, peak };
             Ok(crate::replay::replay(&mut r, workload, options.passes, progress)?)
@@ -179,8 +183,71 @@ pub fn run_stack(
                         .into(),
                 ));
             }
+            let _stream = cuda.map(own_stream); // the warm-up's, on this thread
             let streams = (0..k.max(1)).map(|_| world.non_blocking_stream()).collect();
-            Ok(replay_threads(&built.resource, streams, workload, options.passes, &|_| {}, |_| peak())?)
+            let setup = thread_setup(cuda);
+            Ok(replay_threads(&built.resource, streams, workload, options.passes, &*setup, |_| peak())?)
         }
     }
+}
+
+/// The CUDA device whose resources are the stack's `cuda` and `async`
+/// leaves, with `--upstream cuda|async`; `None` with `--upstream sim`.
+#[cfg(feature = "cuda")]
+type CudaLeaves = Option<memres_cuda::Device>;
+#[cfg(not(feature = "cuda"))]
+type CudaLeaves = Option<std::convert::Infallible>;
+
+fn cuda_leaves(builder: &mut StackBuilder<SimStream>, options: &RunOptions) -> Result<CudaLeaves, RunError> {
+    match options.upstream {
+        UpstreamKind::Sim => Ok(None),
+        UpstreamKind::Host => Err(RunError::Unsupported(
+            "--upstream host does not apply to a stack: its leaf names the upstream".into(),
+        )),
+        #[cfg(feature = "cuda")]
+        UpstreamKind::Cuda | UpstreamKind::Async => crate::cuda::register_stack_leaves(builder).map(Some),
+        #[cfg(not(feature = "cuda"))]
+        UpstreamKind::Cuda | UpstreamKind::Async => {
+            let _ = builder;
+            Err(RunError::Unsupported(format!(
+                "--upstream {} needs the tool built with `--features cuda`",
+                options.upstream
+            )))
+        }
+    }
+}
+
+#[cfg(feature = "cuda")]
+fn cuda_peak(built: &memres_host::Built<SimStream>) -> Option<Box<dyn Fn() -> u64>> {
+    crate::cuda::stack_leaf_peak(built)
+}
+
+#[cfg(not(feature = "cuda"))]
+fn cuda_peak(_: &memres_host::Built<SimStream>) -> Option<Box<dyn Fn() -> u64>> {
+    None
+}
+
+/// The replaying thread's own CUDA stream while the guard lives.
+#[cfg(feature = "cuda")]
+fn own_stream(device: memres_cuda::Device) -> impl Drop {
+    crate::cuda::OwnStream::new(device)
+}
+
+#[cfg(not(feature = "cuda"))]
+fn own_stream(never: std::convert::Infallible) -> std::convert::Infallible {
+    never
+}
+
+/// Each replaying thread's setup: its own CUDA stream with CUDA leaves.
+#[cfg(feature = "cuda")]
+fn thread_setup(cuda: CudaLeaves) -> Box<dyn Fn(usize) + Sync> {
+    match cuda {
+        Some(device) => Box::new(crate::cuda::per_thread_stream(device)),
+        None => Box::new(|_| {}),
+    }
+}
+
+#[cfg(not(feature = "cuda"))]
+fn thread_setup(_: CudaLeaves) -> Box<dyn Fn(usize) + Sync> {
+    Box::new(|_| {})
 }

@@ -344,3 +344,35 @@ fn the_default_pool_holds_no_more_than_pytorch_on_the_transformer() {
     assert_eq!(peak(0), peak(1), "the default granule is 32 MiB");
     assert!(peak(2) > 900 << 20, "{}", rows[2]);
 }
+
+#[test]
+fn per_stream_pools_replay_as_the_pool_on_one_stream_and_take_cuda_leaves_only_with_the_feature() {
+    let spec = "random:500:2000000:4";
+    let o =
+        memres(&["replay", "--json", "--stack", "pool(sim)", "--stack", "pool(sim, per_stream=true)", spec]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let rows = json_rows(&o);
+    // One stream: one pool, the same chunks.
+    assert_eq!(rows[0]["peak_upstream"], rows[1]["peak_upstream"]);
+    let o = memres(&["replay", "--json", "--streams", "3", "--stack", "pool(sim, per_stream=true)", spec]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(json_rows(&o)[0]["error"].is_null(), "{}", stdout(&o));
+    let o = memres(&["replay", "--json", "--upstream", "host", "--stack", "pool(sim)", spec]);
+    assert!(json_rows(&o)[0]["error"]
+        .as_str()
+        .unwrap()
+        .contains("--upstream host does not apply to a stack"));
+    if !cfg!(feature = "cuda") {
+        let o = memres(&[
+            "replay",
+            "--json",
+            "--upstream",
+            "async",
+            "--stack",
+            "pool(async, per_stream=true)",
+            spec,
+        ]);
+        let rows = json_rows(&o);
+        assert!(rows[0]["error"].as_str().unwrap().contains("--features cuda"), "{}", stdout(&o));
+    }
+}

@@ -13,10 +13,11 @@
 //! | --- | --- |
 //! | [`Range`], [`Request`], [`Block`] | an address range; a validated allocation request (size, power-of-two alignment, 256 bytes by default); what an allocation hands back |
 //! | [`MemoryResource`], [`MemoryResourceMut`] | the stream-ordered resource trait (`&self`, shareable) and its `&mut self` form for plain algorithms |
-//! | [`Stream`] | record an event, wait on an event, query an event; `()` is the stream of resources for which streams mean nothing |
+//! | [`Stream`] | record an event, wait on an event, query an event, synchronize (the stream, or as a last resort the device); `()` is the stream of resources for which streams mean nothing |
 //! | [`Error`] | every failure as a typed value; out of memory carries its figures |
 //! | [`lock`] | [`RawLock`](lock::RawLock), [`SpinLock`](lock::SpinLock) and [`Shared`], which turns any `&mut self` algorithm into a `&self` resource |
 //! | [`pool`] | [`CoalescingPool`](pool::CoalescingPool): O(1) allocate and free over chunks from an upstream, and [`CoalescingIndex`](pool::CoalescingIndex), its two-level segregated-fit index over bare ranges |
+//! | [`per_stream`] | [`PerStreamPool`](per_stream::PerStreamPool): a pool per stream over one upstream, as PyTorch's allocator; memory moves between streams as whole chunks, ordered by events (feature `alloc`) |
 //! | [`stream_ordered`] | [`StreamOrdered`]: RMM's stream-ordered layer, per-stream free lists over any stream-agnostic algorithm, with events to move blocks between streams |
 //! | [`fixed`] | [`FixedSizeResource`](fixed::FixedSizeResource): blocks of one size carved from upstream chunks, O(1) allocate and free on an index stack outside the managed memory |
 //! | `binning` (feature `alloc`) | `BinningResource`: routes each size to the smallest bin that holds it (fixed-size bins per power of two, bins picked from a measured size histogram, or any resource), the rest to upstream |
@@ -74,6 +75,8 @@ pub mod copy;
 pub mod device;
 pub mod fixed;
 pub mod lock;
+#[cfg(feature = "alloc")]
+pub mod per_stream;
 pub mod pool;
 #[cfg(feature = "alloc")]
 pub mod stack;

@@ -20,6 +20,7 @@ use crate::Result;
 /// s.wait(&e)?;
 /// assert!(s.query(&e)?);
 /// assert_eq!(s.id(), 0);
+/// assert!(s.synchronize_device()?);
 /// # Ok::<(), memres_core::Error>(())
 /// ```
 pub trait Stream {
@@ -41,6 +42,15 @@ pub trait Stream {
 
     /// Blocks the calling thread until all work on the stream has completed.
     fn synchronize(&self) -> Result<()>;
+
+    /// Blocks the calling thread until all work on every stream of the
+    /// stream's device has completed (`cuCtxSynchronize`), and says whether
+    /// it could: the last resort, before out of memory, of resources that
+    /// keep no handle of the streams they served. The default cannot
+    /// (`Ok(false)`).
+    fn synchronize_device(&self) -> Result<bool> {
+        Ok(false)
+    }
 }
 
 impl Stream for () {
@@ -66,6 +76,10 @@ impl Stream for () {
     fn synchronize(&self) -> Result<()> {
         Ok(())
     }
+    #[inline]
+    fn synchronize_device(&self) -> Result<bool> {
+        Ok(true)
+    }
 }
 
 impl<S: Stream + ?Sized> Stream for &S {
@@ -89,5 +103,9 @@ impl<S: Stream + ?Sized> Stream for &S {
     #[inline]
     fn synchronize(&self) -> Result<()> {
         (**self).synchronize()
+    }
+    #[inline]
+    fn synchronize_device(&self) -> Result<bool> {
+        (**self).synchronize_device()
     }
 }

@@ -221,6 +221,9 @@ impl Stream for IdStream {
     fn synchronize(&self) -> Result<()> {
         Ok(())
     }
+    fn synchronize_device(&self) -> Result<bool> {
+        Ok(true)
+    }
 }
 
 /// The error of a [`TestStream`]'s injected `synchronize` failure: a backend

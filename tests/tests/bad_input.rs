@@ -7,7 +7,8 @@ use memres_core::adaptor::{Aligned, FailureCallback, Limiting, Statistics, Track
 use memres_core::arena::{ArenaConfig, ArenaResource};
 use memres_core::binning::BinningResource;
 use memres_core::fixed::{FixedConfig, FixedSizeResource};
-use memres_core::pool::CoalescingPool;
+use memres_core::per_stream::{PerStreamPool, PoolMaker};
+use memres_core::pool::{CoalescingPool, PoolConfig};
 use memres_core::stack::StackErrorKind;
 use memres_core::stream_ordered::StreamOrdered;
 use memres_core::vpool::{VirtualConfig, VirtualPool};
@@ -135,6 +136,17 @@ fn make_subjects(dev: &Arc<SimDevice>, space: &Arc<SimAddressSpace>, world: &Sim
             res: Box::new(so),
             used: Box::new(move || s1.with(|s| s.live_bytes())),
             check: Box::new(move || ok(s2.with(|s| s.check()))),
+        });
+    }
+    {
+        let maker = PoolMaker::new(dev.clone(), PoolConfig::new()).unwrap();
+        let ps = Arc::new(Shared::new(PerStreamPool::<_, SimStream>::new(maker)));
+        let (p1, p2) = (ps.clone(), ps.clone());
+        v.push(Subject {
+            name: "PerStreamPool",
+            res: Box::new(ps),
+            used: Box::new(move || p1.with(|p| p.used_bytes())),
+            check: Box::new(move || ok(p2.with(|p| p.check()))),
         });
     }
     {

@@ -8,7 +8,7 @@ Driver (each worker in a process of its own):
 Worker (prints one line `RESULT {json}`):
 
     python3 cupy_check.py --worker native
-    python3 cupy_check.py --worker memres --so path/to/libmemres.so [--stack 'stats(pool(async))']
+    python3 cupy_check.py --worker memres --so path/to/libmemres.so [--stack 'stats(pool(async, per_stream=true))']
 
 The workload (fixed seed): matrix products, FFTs, reductions, a sort, a
 cumulative sum, an elementwise chain, and many temporaries of assorted
@@ -20,13 +20,15 @@ import argparse
 import hashlib
 import json
 import os
-import subprocess
 import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-MEMRES_STACK = "stats(pool(async))"
+from workers import open_memres, run_worker, worker_or_driver  # noqa: E402
+
+SCRIPT = os.path.abspath(__file__)
+MEMRES_STACK = "stats(pool(async, per_stream=true))"
 
 
 def workload(cupy):
@@ -59,17 +61,12 @@ def digests(results):
 
 
 def worker(args):
-    lib = None
-    if args.worker == "memres":
-        from memres_ctypes import Memres
-        from cupy_memres import use_memres
-
-        lib = Memres(args.so)
-        if args.stack:
-            lib.configure(args.stack)
+    lib = open_memres(args, args.stack)
     import cupy
 
     if lib is not None:
+        from cupy_memres import use_memres
+
         use_memres(lib)
     workload(cupy)  # warm up (plans, kernels)
     cupy.cuda.runtime.deviceSynchronize()
@@ -89,22 +86,10 @@ def worker(args):
     print("RESULT " + json.dumps(result), flush=True)
 
 
-def run_worker(name, argv):
-    cmd = [sys.executable, os.path.abspath(__file__)] + argv
-    print(f"-- {name}: {' '.join(cmd)}", flush=True)
-    p = subprocess.run(cmd, capture_output=True, text=True)
-    lines = [line for line in p.stdout.splitlines() if line.startswith("RESULT ")]
-    if p.returncode != 0 or not lines:
-        sys.stdout.write(p.stdout[-4000:])
-        sys.stdout.write(p.stderr[-4000:])
-        raise SystemExit(f"{name}: worker failed (exit {p.returncode})")
-    return json.loads(lines[-1][len("RESULT "):])
-
-
 def driver(args):
-    native = run_worker("native", ["--worker", "native"])
-    native2 = run_worker("native (again)", ["--worker", "native"])
-    memres = run_worker("memres", ["--worker", "memres", "--so", args.so, "--stack", args.stack])
+    native = run_worker(SCRIPT, "native", ["--worker", "native"])
+    native2 = run_worker(SCRIPT, "native (again)", ["--worker", "native"])
+    memres = run_worker(SCRIPT, "memres", ["--worker", "memres", "--so", args.so, "--stack", args.stack])
     deterministic = native["digests"] == native2["digests"]
     differ = sorted(k for k in native["digests"] if native["digests"][k] != memres["digests"].get(k))
     unstable = sorted(k for k in native["digests"] if native["digests"][k] != native2["digests"].get(k))
@@ -142,12 +127,8 @@ def main():
     p.add_argument("--stack", default=None, help=f"memres stack (default {MEMRES_STACK})")
     p.add_argument("--json", help="write the summary and every run here")
     args = p.parse_args()
-    if args.worker:
-        if args.worker == "memres" and not args.so:
-            p.error("--worker memres needs --so")
+    if worker_or_driver(p, args):
         return worker(args)
-    if not args.so:
-        p.error("--so is needed")
     args.stack = args.stack or MEMRES_STACK
     return driver(args)
 

@@ -11,6 +11,13 @@
 # JSON results and the RMM-format trace of the logged PyTorch run
 # (torch.csv). Exit status 0 when every check passed.
 #
+# The two-stream check frees a tensor on one stream with a kernel still to
+# write it and allocates on another, with PyTorch's allocator, the former
+# stream-agnostic default (which must corrupt: else the check proves
+# nothing) and the library's default (which must not); with
+# compute-sanitizer on the PATH it also runs the default under memcheck's
+# stream-ordered race tracking.
+#
 # The training check runs PyTorch on each memres stack of $TRAIN_STACKS
 # (separated by `;`), each against the same two native runs, and prints one
 # SUMMARY line per stack. By default: the C library's default stack, and
@@ -26,7 +33,7 @@ so=$(realpath "$1")
 out=$(realpath -m "${2:-/tmp/memres-gpu-check}")
 here=$(dirname "$(realpath "$0")")
 py=${PYTHON:-python3}
-train_stacks=${TRAIN_STACKS:-"stats(pool(async));stats(vmm)"}
+train_stacks=${TRAIN_STACKS:-"stats(pool(async, per_stream=true));stats(vmm)"}
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1
 
@@ -59,6 +66,11 @@ IFS=';' read -ra stacks <<<"$train_stacks"
 for s in "${stacks[@]}"; do stack_args+=(--stack "$s"); done
 check train_check "$py" "$here/train_check.py" --so "$so" "${stack_args[@]}" --log "$out/torch.csv" --json "$out/train_check.json"
 check cupy_check "$py" "$here/cupy_check.py" --so "$so" --json "$out/cupy_check.json"
+check two_stream_check "$py" "$here/two_stream_check.py" --so "$so" --json "$out/two_stream_check.json"
+if command -v compute-sanitizer >/dev/null; then
+  check two_stream_memcheck compute-sanitizer --tool memcheck --track-stream-ordered-races all --error-exitcode 1 \
+    "$py" "$here/two_stream_check.py" --worker memres --so "$so" --rounds 1 --sleep-ms 2
+fi
 
 echo
 echo "== summary"

@@ -10,7 +10,7 @@ allocator and on memres per stack to test, in `--rounds` interleaved rounds
 (default 3; native at least twice, to see that the run is deterministic at
 all). Step times are medians over steps 6 to 50, then over rounds. The
 stacks come from `--stack` (repeatable), else from $MEMRES_TRAIN_STACKS
-(separated by `;`), else `stats(pool(async))`. With --log it runs once
+(separated by `;`), else `stats(pool(async, per_stream=true))`. With --log it runs once
 more on memres with MEMRES_STACK='log(STACK, file=PATH)'
 (the first stack) so the run is recorded as an RMM-format trace, which it
 then checks (every free matches a live allocation of the same size). It
@@ -24,14 +24,13 @@ torch.cuda.max_memory_reserved()). One line `SUMMARY train_check [STACK]:
 Worker (one run, prints one line `RESULT {json}`):
 
     python3 train_check.py --worker native
-    python3 train_check.py --worker memres --so path/to/libmemres.so [--stack 'stats(pool(async))']
+    python3 train_check.py --worker memres --so path/to/libmemres.so [--stack 'stats(pool(async, per_stream=true))']
 """
 
 import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 
@@ -40,20 +39,17 @@ os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 from rmm_log import check_trace  # noqa: E402
+from workers import open_memres, run_worker, worker_or_driver  # noqa: E402
+
+SCRIPT = os.path.abspath(__file__)
 
 SEED = 1234
-MEMRES_STACK = "stats(pool(async))"
+MEMRES_STACK = "stats(pool(async, per_stream=true))"
 STACKS_VAR = "MEMRES_TRAIN_STACKS"
 
 
 def worker(args):
-    lib = None
-    if args.worker == "memres":
-        from memres_ctypes import Memres
-
-        lib = Memres(args.so)
-        if args.stack:
-            lib.configure(args.stack[-1])
+    lib = open_memres(args, args.stack[-1] if args.stack else None)
     import torch
     import torch.nn.functional as F
 
@@ -137,16 +133,6 @@ def worker(args):
     print("RESULT " + json.dumps(result), flush=True)
 
 
-def run_worker(name, argv, env=None):
-    cmd = [sys.executable, os.path.abspath(__file__)] + argv
-    print(f"-- {name}: {' '.join(cmd)}", flush=True)
-    p = subprocess.run(cmd, capture_output=True, text=True, env=env)
-    lines = [line for line in p.stdout.splitlines() if line.startswith("RESULT ")]
-    if p.returncode != 0 or not lines:
-        sys.stdout.write(p.stdout[-4000:])
-        sys.stdout.write(p.stderr[-4000:])
-        raise SystemExit(f"{name}: worker failed (exit {p.returncode})")
-    return json.loads(lines[-1][len("RESULT "):])
 
 
 def driver(args):
@@ -160,21 +146,21 @@ def driver(args):
     # Native runs at least twice: the second tells whether the run is
     # deterministic at all.
     for r in range(max(rounds, 2)):
-        n = run_worker(f"native, round {r}", ["--worker", "native"] + common)
+        n = run_worker(SCRIPT, f"native, round {r}", ["--worker", "native"] + common)
         natives.append(n)
         runs[f"native_r{r}"] = n
         if r >= rounds:
             continue
         for i, stack in enumerate(args.stack):
             argv = ["--worker", "memres", "--so", args.so, "--stack", stack] + common
-            m = run_worker(f"memres {stack}, round {r}", argv)
+            m = run_worker(SCRIPT, f"memres {stack}, round {r}", argv)
             per_stack_runs[i].append(m)
             runs[f"memres{i}_r{r}"] = m
     native = natives[0]
     logged = trace = None
     if args.log:
         env = dict(os.environ, MEMRES_STACK=f"log({args.stack[0]}, file={args.log})")
-        logged = run_worker("memres, logged", ["--worker", "memres", "--so", args.so] + common, env=env)
+        logged = run_worker(SCRIPT, "memres, logged", ["--worker", "memres", "--so", args.so] + common, env=env)
         runs["memres_logged"] = logged
         trace = check_trace(args.log)
 
@@ -265,12 +251,8 @@ def main():
     p.add_argument("--batch", type=int, default=16)
     p.add_argument("--seq", type=int, default=256)
     args = p.parse_args()
-    if args.worker:
-        if args.worker == "memres" and not args.so:
-            p.error("--worker memres needs --so")
+    if worker_or_driver(p, args):
         return worker(args)
-    if not args.so:
-        p.error("--so is needed")
     if not args.stack:
         from_env = [x.strip() for x in os.environ.get(STACKS_VAR, "").split(";") if x.strip()]
         args.stack = from_env or [MEMRES_STACK]

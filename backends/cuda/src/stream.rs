@@ -66,6 +66,7 @@ pub struct StreamOptions {
 ///    wait(e)  ── cuStreamWaitEvent
 ///    query(e) ── cuEventQuery (CUDA_ERROR_NOT_READY: false)
 ///    synchronize() ── cuStreamSynchronize
+///    synchronize_device() ── cuCtxSynchronize
 /// ```
 ///
 /// A stream made by [`new`](CudaStream::new) is owned and destroyed on drop;
@@ -290,6 +291,14 @@ impl Stream for CudaStream {
     fn synchronize(&self) -> Result<()> {
         // SAFETY: the handle is valid while `self` lives.
         self.scope(|| check(unsafe { sys::cuStreamSynchronize(self.raw) }))
+    }
+
+    /// `cuCtxSynchronize` in the stream's context.
+    fn synchronize_device(&self) -> Result<bool> {
+        // SAFETY: takes no argument; the stream's context (or the current
+        // one) is current in the scope, and the driver reports none as an error.
+        self.scope(|| check(unsafe { sys::cuCtxSynchronize() }))?;
+        Ok(true)
     }
 }
 

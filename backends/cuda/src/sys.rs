@@ -220,6 +220,7 @@ extern "C" {
     pub fn cuStreamCreateWithPriority(stream: *mut CUstream, flags: c_uint, priority: c_int) -> CuResult;
     pub fn cuStreamDestroy_v2(stream: CUstream) -> CuResult;
     pub fn cuStreamSynchronize(stream: CUstream) -> CuResult;
+    pub fn cuCtxSynchronize() -> CuResult;
     pub fn cuStreamWaitEvent(stream: CUstream, event: CUevent, flags: c_uint) -> CuResult;
     pub fn cuStreamGetCtx(stream: CUstream, ctx: *mut CUcontext) -> CuResult;
 

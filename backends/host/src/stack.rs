@@ -7,7 +7,7 @@
 //! | name | arguments | resource |
 //! | --- | --- | --- |
 //! | `sim` | `[capacity]` (default 80 GiB) | [`SimDevice`] |
-//! | `pool` | `upstream, initial=, max=, growth=double\|default\|N, granule=, release=true\|false` | [`CoalescingPool`] behind [`Shared`] (`N`: grow by 1/N of the pool in steps of `granule=`, default 32 MiB; `release=`: give wholly free chunks back before growing, default true) |
+//! | `pool` | `upstream, initial=, max=, growth=double\|default\|N, granule=, release=true\|false, per_stream=true\|false` | [`CoalescingPool`] behind [`Shared`] (`N`: grow by 1/N of the pool in steps of `granule=`, default 32 MiB; `release=`: give wholly free chunks back before growing, default true); with `per_stream=true` a [`PerStreamPool`] of such pools behind [`Shared`], one per stream, stream-ordered (no `max=`: limit the upstream; `initial=` is the build stream's pool) |
 //! | `stats` | `upstream` | [`Statistics`] |
 //! | `track` | `upstream` | [`Tracking`] |
 //! | `limit` | `upstream, bytes` (or `bytes=`) | [`Limiting`] |
@@ -41,6 +41,7 @@ use memres_core::adaptor::{Aligned, Limiting, Statistics, Tracking};
 use memres_core::arena::{ArenaConfig, ArenaResource};
 use memres_core::binning::BinningResource;
 use memres_core::fixed::{FixedConfig, FixedSizeResource};
+use memres_core::per_stream::{PerStreamPool, PoolMaker};
 use memres_core::pool::{CoalescingPool, Growth, PoolConfig};
 use memres_core::stack::{parse, Call, StackError, StackErrorKind};
 use memres_core::vpool::{VirtualConfig, VirtualPool};
@@ -139,7 +140,8 @@ impl<S: ?Sized> fmt::Debug for Built<S> {
 impl<S: ?Sized> Built<S> {
     /// The outermost resource named `name`, if it has type `T`. The
     /// standard names keep these types (`D` is [`DynResource<S>`]): `sim`
-    /// [`SimDevice`], `pool` `Shared<CoalescingPool<D>>`, `stats`
+    /// [`SimDevice`], `pool` `Shared<CoalescingPool<D>>` (with
+    /// `per_stream=true`: `Shared<PerStreamPool<PoolMaker<D>, S>>`), `stats`
     /// `Statistics<D>`, `track` `Tracking<D>`, `limit` `Limiting<D>`,
     /// `align` `Aligned<D>`, `log` `Logging<D>`, `host` [`HostMemory`],
     /// `fixed` `Shared<FixedSizeResource<D>>`, `binning`
@@ -192,7 +194,10 @@ impl<S: ?Sized> fmt::Debug for StackBuilder<S> {
     }
 }
 
-impl<S: Stream + ?Sized + 'static> Default for StackBuilder<S> {
+impl<S: Stream + ?Sized + 'static> Default for StackBuilder<S>
+where
+    S::Event: Send,
+{
     fn default() -> Self {
         Self::new()
     }
@@ -212,7 +217,10 @@ impl<S: Stream + ?Sized + 'static> StackBuilder<S> {
     }
 
     /// A builder with the standard names (see the module's table).
-    pub fn new() -> Self {
+    pub fn new() -> Self
+    where
+        S::Event: Send,
+    {
         let mut b = Self::empty();
         b.register("sim", |call, cx| {
             call.expect_args(1, &["capacity"])?;
@@ -310,7 +318,7 @@ impl<S: Stream + ?Sized + 'static> StackBuilder<S> {
             Ok(cx.keep(call, Shared::new(pool)))
         });
         b.register("pool", |call, cx| {
-            call.expect_args(1, &["initial", "max", "growth", "granule", "release"])?;
+            call.expect_args(1, &["initial", "max", "growth", "granule", "release", "per_stream"])?;
             let mut config = PoolConfig::new();
             if let Some(initial) = call.size_arg("initial")? {
                 config = config.initial_size(initial);
@@ -350,6 +358,9 @@ impl<S: Stream + ?Sized + 'static> StackBuilder<S> {
                 config = config.release_on_grow(release);
             }
             let upstream = cx.upstream(call, 0)?;
+            if call.bool_arg("per_stream")? == Some(true) {
+                return per_stream_pool(call, cx, upstream, config);
+            }
             let pool = CoalescingPool::with_config(upstream, config, cx.stream)
                 .map_err(|e| resource_error(call, e))?;
             Ok(cx.keep(call, Shared::new(pool)))
@@ -522,6 +533,40 @@ impl<S: Stream> MemoryResourceMut for OnStream<S> {
     fn deallocate(&mut self, block: Block, _: &()) -> memres_core::Result<()> {
         self.upstream.deallocate(block, &self.stream)
     }
+}
+
+/// `pool(UP, per_stream=true, ...)`: a [`PerStreamPool`] of pools with
+/// `config` over `upstream`; the initial size, if any, is the pool of the
+/// build stream.
+fn per_stream_pool<S: Stream + ?Sized + 'static>(
+    call: &Call,
+    cx: &Context<'_, S>,
+    upstream: DynResource<S>,
+    config: PoolConfig,
+) -> Result<DynResource<S>, StackError>
+where
+    S::Event: Send,
+{
+    if let Some(v) = call.keyed("max") {
+        return Err(StackError::new(
+            v.pos(),
+            StackErrorKind::BadValue(
+                "max= bounds one pool, and per_stream=true makes one per stream: \
+                 limit the upstream instead, as in pool(limit(async, 4GiB), per_stream=true)"
+                    .into(),
+            ),
+        ));
+    }
+    let initial = call.size_arg("initial")?.unwrap_or(0);
+    let maker =
+        PoolMaker::new(upstream.clone(), config.initial_size(0)).map_err(|e| resource_error(call, e))?;
+    let mut pools = PerStreamPool::new(maker);
+    if initial > 0 {
+        let first =
+            CoalescingPool::with_config(upstream, config, cx.stream).map_err(|e| resource_error(call, e))?;
+        pools.insert(cx.stream, first).map_err(|e| resource_error(call, e))?;
+    }
+    Ok(cx.keep(call, Shared::new(pools)))
 }
 
 /// The chunk or page granule given as `granule=`, else `default`.

@@ -355,6 +355,13 @@ impl Stream for SimStream {
         w.complete(&c, true);
         Ok(())
     }
+
+    /// [`SimWorld::synchronize`], which can fail as the other calls can.
+    fn synchronize_device(&self) -> Result<bool> {
+        self.world.lock().fail_point()?;
+        self.world.synchronize();
+        Ok(true)
+    }
 }
 
 #[cfg(test)]

@@ -126,7 +126,7 @@ impl PoolConfig {
         self.maximum_size
     }
 
-    fn validate(&self) -> Result<()> {
+    pub(crate) fn validate(&self) -> Result<()> {
         if self.initial_size % 256 != 0 {
             return Err(Error::InvalidConfig { what: "initial pool size is not a multiple of 256" });
         }
@@ -158,6 +158,24 @@ pub struct Chunk {
     block: Block,
     /// The index node at the chunk's lowest address (never moves).
     first: u32,
+}
+
+/// A wholly free chunk taken out of a pool by
+/// [`take_free_chunk`](CoalescingPool::take_free_chunk), for another pool over
+/// the same upstream to [`adopt`](CoalescingPool::adopt_chunk): how the
+/// per-stream pools ([`crate::per_stream`]) move memory between streams.
+/// Only a pool makes one, so an adopted chunk is always a real upstream block.
+#[derive(Debug, PartialEq, Eq)]
+pub struct FreeChunk {
+    range: Range,
+    block: Block,
+}
+
+impl FreeChunk {
+    /// The chunk's addresses.
+    pub fn range(&self) -> Range {
+        self.range
+    }
 }
 
 /// A coalescing pool over chunks from an upstream resource: RMM's
@@ -213,6 +231,9 @@ pub struct CoalescingPool<
     held: u64,
     /// Highest `held` ever.
     peak_held: u64,
+    /// Length of the shortest chunk (`u64::MAX` with none): a free range
+    /// shorter than this is no whole chunk, with no search.
+    shortest_chunk: u64,
 }
 
 impl<U> CoalescingPool<U> {
@@ -247,6 +268,7 @@ impl<U, N: Storage<Node>, C: Storage<Chunk>> CoalescingPool<U, N, C> {
             config,
             held: 0,
             peak_held: 0,
+            shortest_chunk: u64::MAX,
         }
     }
 
@@ -339,30 +361,52 @@ impl<U, N: Storage<Node>, C: Storage<Chunk>> CoalescingPool<U, N, C> {
             return Err(Error::CapacityExhausted { capacity: self.chunks.max_len() });
         }
         let block = self.upstream.allocate(Request::new(bytes)?, stream)?;
-        let range = block.upstream_range(bytes);
-        let first = match range.and_then(|r| self.index.add_range(r).map(|f| (r, f))) {
-            Ok(x) => x,
-            Err(e) => {
-                // Upstream misbehaved or our metadata is full: give it back.
-                let _ = self.upstream.deallocate(block, stream);
-                return Err(e);
-            }
-        };
-        let chunk = Chunk { range: first.0, block, first: first.1 };
-        if self.chunks.try_push(chunk).is_err() {
-            let _ = self.index.remove_range(chunk.first);
+        let added = block.upstream_range(bytes).and_then(|range| self.insert_chunk(range, block));
+        if added.is_err() {
+            // Upstream misbehaved or our metadata is full: give it back.
             let _ = self.upstream.deallocate(block, stream);
+        }
+        added
+    }
+
+    /// Indexes `range`, upstream's `block`, as a chunk; returns its first
+    /// node. Changes nothing on error.
+    fn insert_chunk(&mut self, range: Range, block: Block) -> Result<u32> {
+        if self.chunks.len() as u64 >= self.chunks.max_len() as u64 {
+            return Err(Error::CapacityExhausted { capacity: self.chunks.max_len() });
+        }
+        let first = self.index.add_range(range)?;
+        let chunk = Chunk { range, block, first };
+        if self.chunks.try_push(chunk).is_err() {
+            let _ = self.index.remove_range(first);
             return Err(Error::CapacityExhausted { capacity: self.chunks.max_len() });
         }
         // Keep the table sorted by address for lookups by address.
         let mut i = self.chunks.len() - 1;
-        while i > 0 && self.chunks[i - 1].range.start() > chunk.range.start() {
+        while i > 0 && self.chunks[i - 1].range.start() > range.start() {
             self.chunks.swap(i - 1, i);
             i -= 1;
         }
-        self.held += bytes;
+        self.held += range.len();
         self.peak_held = self.peak_held.max(self.held);
-        Ok(chunk.first)
+        self.shortest_chunk = self.shortest_chunk.min(range.len());
+        Ok(first)
+    }
+
+    /// Takes the wholly free chunk at table index `i` out of the index and
+    /// the table (which stays sorted).
+    fn remove_chunk(&mut self, i: usize) -> Result<Chunk> {
+        let chunk = self.chunks[i];
+        self.index.remove_range(chunk.first)?;
+        for j in i..self.chunks.len() - 1 {
+            self.chunks.swap(j, j + 1);
+        }
+        self.chunks.pop();
+        self.held -= chunk.range.len();
+        if chunk.range.len() == self.shortest_chunk {
+            self.shortest_chunk = self.chunks.iter().map(|c| c.range.len()).min().unwrap_or(u64::MAX);
+        }
+        Ok(chunk)
     }
 
     /// The chunk sizes to try, largest first, for a request needing `need`
@@ -457,22 +501,77 @@ impl<U, N: Storage<Node>, C: Storage<Chunk>> CoalescingPool<U, N, C> {
                 i += 1;
                 continue;
             }
-            self.index.remove_range(chunk.first)?;
+            self.remove_chunk(i)?;
             if let Err(e) = self.upstream.deallocate(chunk.block, stream) {
-                // Keep the chunk: re-index it (its node slot was just vacated).
-                let first = self.index.add_range(chunk.range)?;
-                self.chunks[i].first = first;
+                // Keep the chunk: index it again (its slots were just vacated).
+                self.insert_chunk(chunk.range, chunk.block)?;
                 return Err(e);
             }
-            // Remove while keeping the table sorted.
-            for j in i..self.chunks.len() - 1 {
-                self.chunks.swap(j, j + 1);
-            }
-            self.chunks.pop();
-            self.held -= chunk.range.len();
             freed += chunk.range.len();
         }
         Ok(freed)
+    }
+
+    /// The address ranges of the chunks, by address.
+    pub fn chunk_ranges(&self) -> impl Iterator<Item = Range> + '_ {
+        self.chunks.iter().map(|c| c.range)
+    }
+
+    /// Whether `addr` lies in one of the pool's chunks.
+    pub fn holds(&self, addr: u64) -> bool {
+        self.chunk_of(addr).is_some()
+    }
+
+    /// The length of the shortest wholly free chunk of at least `min_len`
+    /// bytes, if any.
+    ///
+    /// # Time Complexity
+    ///
+    /// O(chunks).
+    pub fn shortest_free_chunk(&self, min_len: u64) -> Option<u64> {
+        self.free_chunk_index(min_len).map(|i| self.chunks[i].range.len())
+    }
+
+    /// The table index of the shortest wholly free chunk of at least `min_len` bytes.
+    fn free_chunk_index(&self, min_len: u64) -> Option<usize> {
+        (0..self.chunks.len())
+            .filter(|&i| {
+                self.chunks[i].range.len() >= min_len && self.index.is_region_free(self.chunks[i].first)
+            })
+            .min_by_key(|&i| self.chunks[i].range.len())
+    }
+
+    /// Takes the shortest wholly free chunk of at least `min_len` bytes out
+    /// of the pool, still held from upstream, for another pool over the same
+    /// upstream to [`adopt`](Self::adopt_chunk). The pool no longer counts it.
+    ///
+    /// # Time Complexity
+    ///
+    /// O(chunks).
+    pub fn take_free_chunk(&mut self, min_len: u64) -> Option<FreeChunk> {
+        let i = self.free_chunk_index(min_len)?;
+        let chunk = self.remove_chunk(i).ok()?;
+        Some(FreeChunk { range: chunk.range, block: chunk.block })
+    }
+
+    /// Makes `chunk`, taken from another pool over the same upstream, a free
+    /// chunk of this one; it goes back upstream from here.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::LimitExceeded`] when it would take the pool past its
+    /// maximum size, [`Error::CapacityExhausted`] when the metadata storage
+    /// is full; the chunk comes back with the error, and nothing changed.
+    #[allow(clippy::result_large_err)] // the chunk must come back
+    pub fn adopt_chunk(&mut self, chunk: FreeChunk) -> core::result::Result<(), (Error, FreeChunk)> {
+        let len = chunk.range.len();
+        if let Some(max) = self.config.maximum_size.filter(|&m| len > m - self.held) {
+            return Err((Error::LimitExceeded { requested: len, used: self.held, limit: max }, chunk));
+        }
+        match self.insert_chunk(chunk.range, chunk.block) {
+            Ok(_) => Ok(()),
+            Err(e) => Err((e, chunk)),
+        }
     }
 
     /// The chunk holding `addr`, by binary search.
@@ -484,14 +583,60 @@ impl<U, N: Storage<Node>, C: Storage<Chunk>> CoalescingPool<U, N, C> {
 
     /// Free of a block whose tag did not name a live node: look the address up.
     #[cold]
-    fn deallocate_by_address(&mut self, block: Block) -> Result<()> {
+    fn deallocate_by_address(&mut self, block: Block) -> Result<Range> {
         let addr = block.addr();
         let Some(chunk) = self.chunk_of(addr) else {
             return Err(Error::UnknownBlock { addr });
         };
         let first = chunk.first;
         let had_tag = block.tag() != Block::NO_TAG;
-        self.index.free_by_address(first, addr, block.size(), had_tag).map(|_| ())
+        self.index.free_by_address(first, addr, block.size(), had_tag)
+    }
+
+    /// Allocates `request` from the free ranges held now, without growing:
+    /// `Ok(None)` when none fits.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::CapacityExhausted`] when the metadata storage is full.
+    ///
+    /// # Time Complexity
+    ///
+    /// O(1).
+    #[inline]
+    pub fn try_allocate(&mut self, request: Request) -> Result<Option<Block>> {
+        if request.is_zero() {
+            return Ok(Some(Block::EMPTY));
+        }
+        Ok(self
+            .index
+            .allocate(request.size(), request.align())?
+            .map(|a| Block::new(a.addr, request.size(), a.tag)))
+    }
+
+    /// Frees `block` as [`deallocate`](MemoryResourceMut::deallocate) does,
+    /// and says whether that left its chunk wholly free.
+    ///
+    /// # Errors
+    ///
+    /// As `deallocate`; nothing changes then.
+    ///
+    /// # Time Complexity
+    ///
+    /// O(1), plus O(log chunks) when the free range it joins is at least as
+    /// long as the shortest chunk.
+    #[inline]
+    pub fn deallocate_reporting(&mut self, block: Block) -> Result<bool> {
+        if block.is_empty() {
+            return Ok(false);
+        }
+        let merged = match self.index.free(block.tag(), block.addr(), block.size()) {
+            Ok(r) => r,
+            Err(Error::UnknownBlock { .. }) => self.deallocate_by_address(block)?,
+            Err(e) => return Err(e),
+        };
+        Ok(merged.len() >= self.shortest_chunk
+            && self.chunk_of(merged.start()).is_some_and(|c| c.range == merged))
     }
 
     /// Checks the pool's invariants: those of its index, plus every chunk
@@ -522,6 +667,9 @@ impl<U, N: Storage<Node>, C: Storage<Chunk>> CoalescingPool<U, N, C> {
         if total != self.held {
             return Err(Violation::new("chunk lengths do not add up to the pool size"));
         }
+        if self.chunks.iter().map(|c| c.range.len()).min().unwrap_or(u64::MAX) != self.shortest_chunk {
+            return Err(Violation::new("shortest chunk length is stale"));
+        }
         if self.index.used_bytes() + self.index.free_bytes() != self.held {
             return Err(Violation::new("bytes in use + bytes free != bytes held from upstream"));
         }
@@ -541,11 +689,8 @@ where
 {
     #[inline]
     fn allocate(&mut self, request: Request, stream: &S) -> Result<Block> {
-        if request.is_zero() {
-            return Ok(Block::EMPTY);
-        }
-        match self.index.allocate(request.size(), request.align())? {
-            Some(a) => Ok(Block::new(a.addr, request.size(), a.tag)),
+        match self.try_allocate(request)? {
+            Some(b) => Ok(b),
             None => self.grow_and_allocate(request, stream),
         }
     }
@@ -557,7 +702,7 @@ where
         }
         match self.index.free(block.tag(), block.addr(), block.size()) {
             Ok(_) => Ok(()),
-            Err(Error::UnknownBlock { .. }) => self.deallocate_by_address(block),
+            Err(Error::UnknownBlock { .. }) => self.deallocate_by_address(block).map(|_| ()),
             Err(e) => Err(e),
         }
     }

@@ -288,3 +288,49 @@ fn request_near_max_size_with_large_alignment_is_out_of_memory() {
     assert_eq!(p.pool_size(), 0);
     p.check().unwrap();
 }
+
+#[test]
+fn wholly_free_chunks_move_between_pools_over_one_upstream() {
+    let up = BumpUpstream::new(1 << 30);
+    let config = PoolConfig::new().growth(Growth::Fraction { divisor: 8, granule: 1 << 20 });
+    let mut a = CoalescingPool::with_config(&up, config, &()).unwrap();
+    let mut b = CoalescingPool::with_config(&up, config, &()).unwrap();
+    let x = a.allocate(Request::new(1 << 20).unwrap(), &()).unwrap();
+    let y = a.allocate(Request::new(1 << 20).unwrap(), &()).unwrap();
+    assert!(a.holds(x.addr()) && !b.holds(x.addr()));
+    assert_eq!(a.try_allocate(Request::new(256).unwrap()).unwrap(), None, "full, and it does not grow");
+    assert_eq!(a.shortest_free_chunk(0), None);
+    assert!(a.deallocate_reporting(x).unwrap(), "x's chunk is now wholly free");
+    assert_eq!(a.shortest_free_chunk(0), Some(1 << 20));
+    assert!(a.take_free_chunk(2 << 20).is_none(), "none that long");
+    let chunk = a.take_free_chunk(1 << 20).unwrap();
+    assert_eq!(chunk.range().start(), x.addr());
+    assert_eq!((a.pool_size(), a.chunk_count()), (1 << 20, 1));
+    a.check().unwrap();
+    b.adopt_chunk(chunk).unwrap();
+    assert_eq!(b.pool_size(), 1 << 20);
+    let z = b.try_allocate(Request::new(1 << 20).unwrap()).unwrap().unwrap();
+    assert_eq!(z.addr(), x.addr());
+    b.check().unwrap();
+    // A free that empties a chunk says so; one that does not, not.
+    let w = b.allocate(Request::new(1000).unwrap(), &()).unwrap();
+    let w2 = b.allocate(Request::new(1000).unwrap(), &()).unwrap();
+    assert!(!b.deallocate_reporting(w).unwrap());
+    assert!(b.deallocate_reporting(w2).unwrap());
+    assert!(b.deallocate_reporting(z).unwrap());
+    assert!(a.deallocate_reporting(y).unwrap());
+    // A pool at its maximum refuses a chunk and hands it back.
+    let mut full = CoalescingPool::with_config(&up, config.maximum_size(1 << 20), &()).unwrap();
+    let v = full.allocate(Request::new(1000).unwrap(), &()).unwrap();
+    let chunk = b.take_free_chunk(0).unwrap();
+    let (e, chunk) = full.adopt_chunk(chunk).unwrap_err();
+    assert!(matches!(e, Error::LimitExceeded { .. }), "{e}");
+    b.adopt_chunk(chunk).unwrap();
+    full.deallocate(v, &()).unwrap();
+    for p in [&mut a, &mut b, &mut full] {
+        p.release(&()).unwrap();
+        p.check().unwrap();
+        assert_eq!(p.pool_size(), 0);
+    }
+    assert_eq!(up.outstanding(), 0, "every chunk went back upstream once");
+}

@@ -10,10 +10,10 @@
  *
  * Each device gets its own resource, built the first time the device is
  * used, from the stack set by memres_configure, else the environment
- * variable MEMRES_STACK, else "stats(pool(async))". A stack is written as
- * nested calls, outermost first, for example
+ * variable MEMRES_STACK, else "stats(pool(async, per_stream=true))". A
+ * stack is written as nested calls, outermost first, for example
  *
- *   stats(pool(async, initial=1GiB, max=60GiB))
+ *   stats(pool(async, per_stream=true, initial=1GiB))
  *   log(pool(async), file=/tmp/trace.csv)
  *
  * Leaves: async (stream-ordered, on a driver pool of its own; initial=,
@@ -21,12 +21,26 @@
  * vmm (a pool over one reserved address range that maps memory where live
  * blocks are, through cuMemCreate/cuMemMap; reserve=, keep=, granules=,
  * trim_on_commit=; it unmaps only after synchronizing the stream of the
- * call, which is safe when the program frees a block only once every
- * stream that used it is done, as with every pool here).
- * Adaptors and algorithms: pool (initial=, max=, growth=double|default|N,
- * granule= (32MiB: chunks are multiples of it), release=true|false (give
- * wholly free chunks back before growing; true)), stats, track, limit,
- * align, log.
+ * call). Adaptors and algorithms: pool (initial=, max=,
+ * growth=double|default|N, granule= (32MiB: chunks are multiples of it),
+ * release=true|false (give wholly free chunks back before growing; true),
+ * per_stream=true|false (a pool per stream; false)), stats, track, limit,
+ * align, log. sim, host and vpool (simulated or host memory) are refused.
+ *
+ * Streams. With per_stream=true (the default stack) the pool is
+ * stream-ordered, as PyTorch's own allocator is: a block freed on a stream
+ * is reused on that stream at once, and by another stream only once that
+ * stream is ordered after the free (memory moves between streams as whole
+ * chunks, after a wait on an event recorded after their frees; on out of
+ * memory the device is synchronized). A block freed on another stream than
+ * its allocation's is reused by the allocating stream only after it waits
+ * on the freeing one. Every other stack (pool without per_stream, vmm)
+ * hands a freed block to the next request whatever its stream: correct
+ * only when the program frees a block once every stream that used it is
+ * done with it. Streams are used only during the call that names them and
+ * may be destroyed at any time; a destroyed stream's handle reused by a new
+ * stream is taken for the same stream, so synchronize a stream before
+ * destroying it if its handle may come back.
  *
  * No function aborts or lets an exception through; failures are return
  * values, with a message for memres_last_error.
@@ -62,13 +76,16 @@ typedef struct memres_stats_t {
 /* Allocates size bytes on device (negative: the current device), ordered
  * on stream (NULL: the legacy default stream). Returns NULL when size is 0,
  * and NULL with a message when the memory cannot be had or the device's
- * stack cannot be built. stream (a cudaStream_t) must be NULL or valid. */
+ * stack cannot be built. stream (a cudaStream_t) must be NULL or valid
+ * for the call. */
 void *memres_alloc(ssize_t size, int device, void *stream);
 
 /* Frees ptr, allocated by memres_alloc with size bytes on device, ordered
- * on stream. NULL is ignored. A pointer not allocated here, or a size that
- * differs from the allocation's (a negative size skips that check), is
- * refused with a message. */
+ * on stream: work queued on stream before the free may still use it, work
+ * on other streams that uses it must be ordered before the free. NULL is
+ * ignored. A pointer not allocated here, or a size that differs from the
+ * allocation's (a negative size skips that check), is refused with a
+ * message. */
 void memres_free(void *ptr, ssize_t size, int device, void *stream);
 
 /* Sets the stack of every device used from now on. Returns 0, or -1 with a

@@ -206,9 +206,43 @@ pub fn register_cuda(builder: &mut StackBuilder<CudaStream>, device: Device, cou
     });
 }
 
+/// Makes the names of [`StackBuilder::new`] that stand for no device memory
+/// errors in `builder`: `sim` (a simulated device: made-up addresses),
+/// `host` (host memory, which kernels cannot use) and `vpool` (a pool over
+/// a simulated address space; `vmm` is the device's). Handed to PyTorch or
+/// CuPy, their pointers would crash the first kernel that used them.
+///
+/// # Examples
+///
+/// ```
+/// use memres::leaves::refuse_host_leaves;
+/// use memres_cuda::CudaStream;
+/// use memres_host::StackBuilder;
+/// let mut b = StackBuilder::<CudaStream>::new();
+/// assert!(b.build("pool(sim)", &CudaStream::legacy()).is_ok());
+/// refuse_host_leaves(&mut b);
+/// let e = b.build("stats(pool(sim))", &CudaStream::legacy()).err().unwrap();
+/// assert_eq!(e.pos, 11);
+/// assert!(e.to_string().contains("`sim` is a simulated device"), "{e}");
+/// ```
+pub fn refuse_host_leaves(builder: &mut StackBuilder<CudaStream>) {
+    for (name, what) in [
+        ("sim", "a simulated device, whose addresses are made up"),
+        ("host", "host memory, which kernels cannot use"),
+        ("vpool", "a pool over a simulated address space (`vmm` is the device's)"),
+    ] {
+        builder.register(name, move |call, _| {
+            Err(call.error(StackErrorKind::BadValue(format!(
+                "`{name}` is {what}: the C library hands out device memory (async, cuda, managed, vmm)"
+            ))))
+        });
+    }
+}
+
 /// A builder that checks a stack without touching a device: the CUDA
 /// leaves check their arguments and stand in as simulated devices, and
-/// `log` checks its arguments without opening its file.
+/// `log` checks its arguments without opening its file; `sim`, `host` and
+/// `vpool` are refused ([`refuse_host_leaves`]).
 ///
 /// # Examples
 ///
@@ -223,6 +257,7 @@ pub fn checking_builder() -> StackBuilder<CudaStream> {
     // Large enough for any initial size; a simulated device holds no bytes.
     const CAPACITY: u64 = 1 << 62;
     let mut b = StackBuilder::<CudaStream>::new();
+    refuse_host_leaves(&mut b);
     b.register("async", |call, cx| {
         async_config(call)?;
         Ok(cx.keep(call, SimDevice::new(CAPACITY)))

@@ -18,7 +18,7 @@
 //! # The stack of a device
 //!
 //! Each device gets its own resource, built the first time the device is
-//! used, from the stack description (`stats(pool(async, initial=1GiB))`,
+//! used, from the stack description (`stats(pool(async, per_stream=true, initial=1GiB))`,
 //! see [`memres_host::StackBuilder`]) set by `memres_configure`, else the
 //! environment variable `MEMRES_STACK` as it is then, else
 //! [`DEFAULT_STACK`]. The CUDA leaves are `async`, `cuda`, `managed` and
@@ -51,16 +51,35 @@
 //! # Streams
 //!
 //! The stream is the caller's `cudaStream_t`, named by a borrowed
-//! [`CudaStream`] (0 is the legacy default stream). A stack whose pool
-//! ignores streams (`pool(async)`, `pool(cuda)`) hands a freed block to the
-//! next request whatever its stream: right when the program works on one
-//! stream (as the checks in `examples/` do) or frees a block only once every
-//! stream that used it is done with it. A pluggable allocator never sees
-//! PyTorch's `record_stream`, so a program that shares tensors between
-//! streams needs the latter.
-//! `vmm` also gives memory back to the device: it unmaps only after
-//! synchronizing the stream of the call in progress, which makes that safe
-//! under the same condition (see [`vmm`]'s *Streams*).
+//! [`CudaStream`] (0 is the legacy default stream) for the call only.
+//!
+//! The default stack, `stats(pool(async, per_stream=true))`, is
+//! stream-ordered as PyTorch's own allocator and RMM's pool are: each
+//! stream has a pool of its own ([`memres_core::per_stream`]); a block
+//! freed on a stream is reused on that stream at once, and reaches another
+//! stream only once that stream is ordered after the free (it waits on an
+//! event recorded after it; a block freed on another stream than its
+//! allocation's is reused by its own stream only after a wait on the freeing
+//! stream). Memory moves between streams as whole free chunks; on out of
+//! memory the device is synchronized and every stream's free chunks go
+//! back. No stream handle is kept past the call, so streams may be
+//! destroyed at any time; a stream whose handle is reused by a new stream
+//! after it is destroyed is taken for the same stream (synchronize a stream
+//! before destroying it when that may happen, as with PyTorch's and RMM's
+//! pools). A pluggable allocator never sees PyTorch's `record_stream`: a
+//! tensor used on a side stream must be freed only once that use is ordered
+//! before the free on its stream.
+//!
+//! A stack whose pool ignores streams (`pool(async)`, `pool(cuda)`, `vmm`)
+//! hands a freed block to the next request whatever its stream: right only
+//! when the program works on one stream or frees a block only once every
+//! stream is done with it. `vmm` also gives memory back to the device: it
+//! unmaps only after synchronizing the stream of the call in progress,
+//! which makes that safe under the same condition (see [`vmm`]'s *Streams*).
+//!
+//! The `sim`, `host` and `vpool` names of [`memres_host::StackBuilder`]
+//! are refused here ([`leaves::refuse_host_leaves`]): their pointers are
+//! not device memory.
 //!
 //! # Errors
 //!
@@ -97,7 +116,7 @@ pub mod leaves;
 pub mod table;
 pub mod vmm;
 
-use leaves::{checking_builder, register_cuda, Counted, UpstreamCounter};
+use leaves::{checking_builder, refuse_host_leaves, register_cuda, Counted, UpstreamCounter};
 use memres_core::adaptor::Statistics;
 use memres_core::{DynResource, MemoryResource, Request};
 use memres_cuda::{CudaAsyncMemory, CudaStream, Device};
@@ -108,8 +127,9 @@ use std::sync::{Arc, Mutex, OnceLock};
 use table::Table;
 
 /// The stack a device runs when neither `memres_configure` nor
-/// `MEMRES_STACK` names one.
-pub const DEFAULT_STACK: &str = "stats(pool(async))";
+/// `MEMRES_STACK` names one: a pool per stream over the driver's
+/// stream-ordered allocator (see *Streams*).
+pub const DEFAULT_STACK: &str = "stats(pool(async, per_stream=true))";
 
 /// The environment variable read when a device is first used.
 pub const STACK_VAR: &str = "MEMRES_STACK";
@@ -242,6 +262,7 @@ fn build(d: usize, stack: &str) -> Result<DeviceState, String> {
     let context = device.primary_context().map_err(|e| format!("memres: device {d}: {e}"))?;
     let upstream = Arc::new(UpstreamCounter::default());
     let mut builder = StackBuilder::<CudaStream>::new();
+    refuse_host_leaves(&mut builder);
     register_cuda(&mut builder, device, upstream.clone());
     let stream = CudaStream::legacy_in(context);
     let built = builder
@@ -340,7 +361,8 @@ pub fn configure(stack: &str) -> Result<(), String> {
 fn stream_of(stream: *mut c_void) -> CudaStream {
     // SAFETY: the stream is null (the legacy stream) or valid for the call
     // (the entry points' contract); the borrowed handle is dropped before
-    // the call returns and never destroys the stream.
+    // the call returns and never destroys the stream, and no resource keeps
+    // it (the per-stream pools keep events recorded on it, not the stream).
     unsafe { CudaStream::from_raw(stream.cast(), None) }
 }
 

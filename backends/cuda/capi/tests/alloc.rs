@@ -60,7 +60,7 @@ fn alloc_and_free_through_the_c_functions() {
         return;
     };
 
-    assert_eq!(memres::configure("stats(pool(async, initial=64MiB))"), Ok(()));
+    assert_eq!(memres::configure("stats(pool(async, per_stream=true, initial=64MiB))"), Ok(()));
     let stream = CudaStream::new(device).unwrap();
     let sizes: Vec<isize> = (0..64).map(|i| 256 + i * 4099).collect();
     let ptrs: Vec<*mut c_void> = sizes.iter().map(|&s| alloc(s)).collect();
@@ -125,6 +125,30 @@ fn alloc_and_free_through_the_c_functions() {
     });
     let s = stats().unwrap();
     assert_eq!((s.count_current, s.live_blocks, s.count_total), (0, 0, 64 + 1 + 2000));
+
+    // Two streams: a block freed on another stream than its allocation's
+    // goes back to its own stream's pool, which waits on the freeing stream
+    // (events recorded on and waited by streams known only by handle).
+    let (a, b) = (CudaStream::new(device).unwrap(), CudaStream::new(device).unwrap());
+    let on = |s: &CudaStream| s.raw().cast::<c_void>();
+    // SAFETY: `a` is a valid stream of device 0.
+    let p = unsafe { memres_alloc(1 << 20, 0, on(&a)) };
+    assert!(!p.is_null(), "{}", memres::last_error());
+    // SAFETY: `p` is live for 1 MiB until freed below, after this on `a`.
+    unsafe { ops::memset_d32(&a, p as u64, 7, 1 << 18) }.unwrap();
+    use memres_core::Stream;
+    b.wait(&a.record().unwrap()).unwrap();
+    // SAFETY: `b` is valid and ordered after the use of `p` on `a`.
+    unsafe { memres_free(p, 1 << 20, 0, on(&b)) };
+    assert_eq!(stats().unwrap().live_blocks, 0, "{}", memres::last_error());
+    // SAFETY: `a` is valid.
+    let q = unsafe { memres_alloc(1 << 20, 0, on(&a)) };
+    assert_eq!(q, p, "back in the pool of `a`: {}", memres::last_error());
+    // SAFETY: `q` was last used by nothing; `a` is valid.
+    unsafe { memres_free(q, 1 << 20, 0, on(&a)) };
+    a.synchronize().unwrap();
+    b.synchronize().unwrap();
+    assert_eq!(stats().unwrap().live_blocks, 0);
 }
 
 fn configure_is_refused_now() {

@@ -43,6 +43,8 @@ fn configure_checks_the_stack_and_reports_errors() {
         "align(async, alignment=4096)",
         "stats(vmm(reserve=64GiB, keep=256MiB, granules=32))",
         "stats(vmm(keep=1TiB, trim_on_commit=false))",
+        memres::DEFAULT_STACK,
+        "pool(limit(async, 4GiB), per_stream=true, initial=1GiB, granule=64MiB)",
     ] {
         assert_eq!(configure(good), 0, "{good}: {}", last_error());
         assert_eq!(stack_of(0), good);
@@ -62,6 +64,14 @@ fn configure_checks_the_stack_and_reports_errors() {
         ("", "empty name"),
         ("stats(vmm(granules=99))", "granules `99`"),
         ("vmm(reserve=0)", "reserve=0"),
+        // Not device memory: a kernel would crash on these pointers.
+        (
+            "stats(pool(sim))",
+            "at byte 11: bad value: `sim` is a simulated device, whose addresses are made up",
+        ),
+        ("host", "at byte 0: bad value: `host` is host memory, which kernels cannot use"),
+        ("pool(vpool(sim))", "at byte 5: bad value: `vpool` is a pool over a simulated address space"),
+        ("pool(async, per_stream=true, max=1GiB)", "max= bounds one pool"),
     ] {
         assert_eq!(configure(bad), -1, "{bad}");
         let e = last_error();

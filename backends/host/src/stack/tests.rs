@@ -361,3 +361,55 @@ fn the_stream_layer_orders_reuse_across_streams() {
         built.get::<Shared<StreamOrdered<OnStream<crate::SimStream>, crate::SimStream>>>("stream").unwrap();
     assert!(so.with(|s| s.stats().own_hits) >= 1);
 }
+
+#[test]
+fn per_stream_pools_take_the_pool_options_and_refuse_a_maximum() {
+    use crate::{SimStream, SimWorld};
+    use memres_core::per_stream::{PerStreamPool, PoolMaker};
+    type Pools = Shared<PerStreamPool<PoolMaker<DynResource<SimStream>>, SimStream>>;
+    let world = SimWorld::new();
+    let (a, b) = (world.stream(), world.stream());
+    let text = "pool(sim, per_stream=true, initial=64MiB, granule=1MiB, growth=4)";
+    let built = StackBuilder::new().build_with_handles(text, &world.default_stream()).unwrap();
+    let pools = built.get::<Pools>("pool").unwrap();
+    // The initial size is the build stream's pool.
+    assert_eq!(pools.with(|p| (p.stream_count(), p.pool_size())), (1, 64 << 20));
+    assert!(pools.with(|p| p.pool_of(0).is_some()));
+    let x = built.resource.allocate(req(1000), &a).unwrap();
+    let y = built.resource.allocate(req(1000), &b).unwrap();
+    // One pool per stream, each growing by the granule given.
+    assert_eq!(pools.with(|p| (p.stream_count(), p.pool_size())), (3, (64 << 20) + (2 << 20)));
+    built.resource.deallocate(x, &a).unwrap();
+    built.resource.deallocate(y, &b).unwrap();
+    pools.with(|p| p.check()).unwrap();
+    // Without the key, or false: the pool that ignores streams.
+    for text in ["pool(sim)", "pool(sim, per_stream=false)"] {
+        let built =
+            StackBuilder::<SimStream>::new().build_with_handles(text, &world.default_stream()).unwrap();
+        assert!(built.get::<Shared<CoalescingPool<DynResource<SimStream>>>>("pool").is_some(), "{text}");
+    }
+    for (text, pos, what) in [
+        (
+            "pool(sim, per_stream=true, max=1GiB)",
+            31,
+            "max= bounds one pool, and per_stream=true makes one per stream: limit the upstream instead, \
+             as in pool(limit(async, 4GiB), per_stream=true)",
+        ),
+        ("pool(sim, per_stream=yes)", 21, "per_stream `yes`: true or false"),
+    ] {
+        let e = build_err(text);
+        assert_eq!((e.pos, e.kind), (pos, StackErrorKind::BadValue(what.into())), "{text}");
+    }
+    let e = build_err("pool(sim, per_stream=true, initial=100)");
+    assert_eq!(
+        (e.pos, e.kind),
+        (
+            0,
+            StackErrorKind::Resource(Error::InvalidConfig {
+                what: "initial pool size is not a multiple of 256"
+            })
+        )
+    );
+    // The limit goes on the upstream.
+    assert!(build("pool(limit(sim, 1GiB), per_stream=true)").is_ok());
+}

@@ -1,0 +1,770 @@
+//! Per-stream pools: PyTorch's model of stream-ordered reuse, with RMM's
+//! moves of memory between streams.
+//!
+//! [`PerStreamPool`] gives every stream a pool of its own (by default a
+//! [`CoalescingPool`]), all over one upstream. A block freed on the stream
+//! it was allocated on goes straight back to that stream's pool and is
+//! reused on that stream at once: stream order makes that safe, and a
+//! single stream costs one table lookup more than the bare pool. Memory
+//! reaches another stream only as whole chunks, and only after that stream
+//! is ordered after every free in them:
+//!
+//! - **A free on another stream** (a block of A's pool freed on B): an event
+//!   is recorded on B, and A waits on it before its next allocation; until
+//!   then no chunk is taken from A's pool.
+//! - **Fences.** When a free on A leaves a chunk of A's pool wholly free and
+//!   other streams have pools, an event is recorded on A, its *fence*: it
+//!   covers every wholly free chunk of the pool. With one stream nothing is
+//!   recorded; a stream that finds another's free chunks not covered asks
+//!   it for a fence at its next allocation.
+//! - **Growth.** When C's pool has no room, C takes the shortest wholly free
+//!   chunk that fits from another stream's pool (C waits on that pool's
+//!   fence); failing that, the covered wholly free chunks of every other
+//!   stream go back upstream (freed on C after a wait on their fence), and
+//!   C's pool grows from upstream, giving back its own wholly free chunks
+//!   first (the default of [`PoolConfig`]). Footprint with many streams thus
+//!   stays close to that of one pool.
+//! - **Out of memory.** C synchronizes the device
+//!   ([`Stream::synchronize_device`]), after which every pool's wholly free
+//!   chunks may go back upstream, and tries once more (PyTorch's last
+//!   resort; without a device synchronization, only C's own chunks go).
+//!
+//! No stream handle is kept: every event is recorded on, and every wait
+//! made by, the stream of the call in progress; what is kept are events. A
+//! stream destroyed after its last call is never touched again (its handle
+//! may even be reused for a new stream, which then finds the old pool: as in
+//! PyTorch and RMM, synchronize a stream before destroying it if its handle
+//! may come back).
+//!
+//! # Tags
+//!
+//! Each pool's tags are XORed with a number of its own before they reach
+//! the caller, so that a stale block of one pool, freed after its chunk moved
+//! to another pool, does not name a live node there by coincidence of two
+//! indexes' numbering.
+
+#[cfg(test)]
+mod tests;
+
+use crate::check::Violation;
+use crate::pool::{CoalescingPool, FreeChunk, PoolConfig};
+use crate::storage::Storage;
+use crate::testing::SplitMix64;
+use crate::{Block, Error, MemoryResource, MemoryResourceMut, Range, Request, Result, Stream};
+use alloc::vec::Vec;
+use core::fmt;
+use core::marker::PhantomData;
+
+/// What [`PerStreamPool`] needs of each stream's pool: a pool of chunks from
+/// an upstream that can allocate without growing, tell when a free leaves a
+/// chunk wholly free, and hand a wholly free chunk to another pool over the
+/// same upstream. [`CoalescingPool`] is one.
+pub trait ChunkPool<S: Stream + ?Sized>: MemoryResourceMut<S> {
+    /// Allocates from what the pool holds, without growing: `Ok(None)` when
+    /// nothing fits.
+    ///
+    /// # Errors
+    ///
+    /// The pool's own (metadata storage full).
+    fn try_allocate(&mut self, request: Request) -> Result<Option<Block>>;
+
+    /// Frees `block` (a free on the stream of the pool) and says whether
+    /// that left its chunk wholly free.
+    ///
+    /// # Errors
+    ///
+    /// As [`MemoryResourceMut::deallocate`]; nothing changes then.
+    fn deallocate_reporting(&mut self, block: Block) -> Result<bool>;
+
+    /// Whether `addr` lies in one of the pool's chunks.
+    fn holds(&self, addr: u64) -> bool;
+
+    /// The length of the shortest wholly free chunk of at least `min_len`
+    /// bytes.
+    fn shortest_free_chunk(&self, min_len: u64) -> Option<u64>;
+
+    /// Takes the shortest wholly free chunk of at least `min_len` bytes out
+    /// of the pool.
+    fn take_free_chunk(&mut self, min_len: u64) -> Option<FreeChunk>;
+
+    /// Adopts a chunk taken from another pool over the same upstream.
+    ///
+    /// # Errors
+    ///
+    /// Why it cannot (a maximum size, full metadata storage); the chunk
+    /// comes back and nothing changed.
+    #[allow(clippy::result_large_err)] // the chunk must come back
+    fn adopt_chunk(&mut self, chunk: FreeChunk) -> core::result::Result<(), (Error, FreeChunk)>;
+
+    /// Gives every wholly free chunk back upstream, freed on `stream`;
+    /// returns the bytes given back.
+    ///
+    /// # Errors
+    ///
+    /// The upstream's; the chunk it refused stays.
+    fn release(&mut self, stream: &S) -> Result<u64>;
+
+    /// Bytes held from upstream.
+    fn pool_size(&self) -> u64;
+
+    /// Bytes handed out (sizes rounded up as the pool rounds them).
+    fn used_bytes(&self) -> u64;
+
+    /// Calls `f` with each chunk's range.
+    fn for_each_chunk(&self, f: &mut dyn FnMut(Range));
+
+    /// Checks the pool's invariants.
+    ///
+    /// # Errors
+    ///
+    /// The first broken one.
+    fn check(&self) -> core::result::Result<(), Violation>;
+}
+
+impl<S, U, N, C> ChunkPool<S> for CoalescingPool<U, N, C>
+where
+    S: Stream + ?Sized,
+    U: MemoryResource<S>,
+    N: Storage<crate::pool::Node>,
+    C: Storage<crate::pool::Chunk>,
+{
+    #[inline]
+    fn try_allocate(&mut self, request: Request) -> Result<Option<Block>> {
+        CoalescingPool::try_allocate(self, request)
+    }
+    #[inline]
+    fn deallocate_reporting(&mut self, block: Block) -> Result<bool> {
+        CoalescingPool::deallocate_reporting(self, block)
+    }
+    fn holds(&self, addr: u64) -> bool {
+        CoalescingPool::holds(self, addr)
+    }
+    fn shortest_free_chunk(&self, min_len: u64) -> Option<u64> {
+        CoalescingPool::shortest_free_chunk(self, min_len)
+    }
+    fn take_free_chunk(&mut self, min_len: u64) -> Option<FreeChunk> {
+        CoalescingPool::take_free_chunk(self, min_len)
+    }
+    fn adopt_chunk(&mut self, chunk: FreeChunk) -> core::result::Result<(), (Error, FreeChunk)> {
+        CoalescingPool::adopt_chunk(self, chunk)
+    }
+    fn release(&mut self, stream: &S) -> Result<u64> {
+        CoalescingPool::release(self, stream)
+    }
+    fn pool_size(&self) -> u64 {
+        CoalescingPool::pool_size(self)
+    }
+    fn used_bytes(&self) -> u64 {
+        CoalescingPool::used_bytes(self)
+    }
+    fn for_each_chunk(&self, f: &mut dyn FnMut(Range)) {
+        self.chunk_ranges().for_each(f)
+    }
+    fn check(&self) -> core::result::Result<(), Violation> {
+        CoalescingPool::check(self)
+    }
+}
+
+/// Makes the pool of a stream the first time the stream allocates.
+pub trait MakePool<S: Stream + ?Sized> {
+    /// The pool of one stream.
+    type Pool: ChunkPool<S>;
+
+    /// A new, empty pool for `stream`.
+    ///
+    /// # Errors
+    ///
+    /// Why it cannot be made; the allocation that wanted it fails with it.
+    fn make(&mut self, stream: &S) -> Result<Self::Pool>;
+}
+
+impl<S: Stream + ?Sized, P: ChunkPool<S>, F: FnMut(&S) -> Result<P>> MakePool<S> for F {
+    type Pool = P;
+    fn make(&mut self, stream: &S) -> Result<P> {
+        self(stream)
+    }
+}
+
+/// Makes [`CoalescingPool`]s over clones of one upstream (an `Arc`, a
+/// `&R`, a [`DynResource`](crate::DynResource)), all with one
+/// configuration.
+///
+/// # Examples
+///
+/// ```
+/// use memres_core::per_stream::PoolMaker;
+/// use memres_core::pool::PoolConfig;
+/// # use memres_core::testing::BumpUpstream;
+/// let up = BumpUpstream::new(1 << 30);
+/// assert!(PoolMaker::new(&up, PoolConfig::new()).is_ok());
+/// assert!(PoolMaker::new(&up, PoolConfig::new().initial_size(100)).is_err());
+/// ```
+#[derive(Clone, Debug)]
+pub struct PoolMaker<U> {
+    upstream: U,
+    config: PoolConfig,
+}
+
+impl<U> PoolMaker<U> {
+    /// Pools over clones of `upstream` with `config` (each takes the
+    /// initial size, if any, when made).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidConfig`] for a configuration no pool accepts.
+    pub fn new(upstream: U, config: PoolConfig) -> Result<Self> {
+        config.validate()?;
+        Ok(PoolMaker { upstream, config })
+    }
+
+    /// The upstream every pool takes its chunks from.
+    pub fn upstream(&self) -> &U {
+        &self.upstream
+    }
+}
+
+impl<S: Stream + ?Sized, U: MemoryResource<S> + Clone> MakePool<S> for PoolMaker<U> {
+    type Pool = CoalescingPool<U>;
+    fn make(&mut self, stream: &S) -> Result<CoalescingPool<U>> {
+        CoalescingPool::with_config(self.upstream.clone(), self.config, stream)
+    }
+}
+
+/// Counts of the paths that moved memory between streams.
+///
+/// # Examples
+///
+/// ```
+/// assert_eq!(memres_core::per_stream::Stats::default().chunks_moved, 0);
+/// ```
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Stats {
+    /// Pools made, one per stream that allocated (again after its pool was
+    /// emptied and dropped).
+    pub pools_made: u64,
+    /// Frees of a block on another stream than its pool's.
+    pub cross_frees: u64,
+    /// Events recorded as fences.
+    pub fences: u64,
+    /// Wholly free chunks taken from another stream's pool.
+    pub chunks_moved: u64,
+    /// Bytes of other streams' wholly free chunks given back upstream
+    /// before a pool grew.
+    pub bytes_released: u64,
+    /// Times a pool gave back its wholly free chunks after upstream ran out
+    /// of memory, to try once more.
+    pub last_resorts: u64,
+}
+
+/// One stream's pool and what orders its memory for other streams.
+struct Lane<P, E> {
+    /// The stream's id.
+    id: u64,
+    pool: P,
+    /// XORed into the pool's tags (see the module's *Tags*).
+    stamp: u64,
+    /// An event recorded on the stream after the frees before it.
+    fence: Option<E>,
+    /// Whether `fence` covers every wholly free chunk of `pool` (every
+    /// free that left one wholly free came before it): a stream that waits
+    /// on it may take them.
+    covered: bool,
+    /// Whether the stream's next allocation (or free that leaves a chunk
+    /// wholly free) settles the lane: waits on `waits` and records a fence.
+    /// Set by a free of its block on another stream, by a stream that found
+    /// its wholly free chunks not covered, by a record that failed.
+    settle_next: bool,
+    /// Per stream that freed blocks of `pool` since the lane last settled,
+    /// an event recorded after the latest such free.
+    waits: Vec<(u64, E)>,
+}
+
+impl<P, E> Lane<P, E> {
+    /// The fence to wait on before taking this pool's wholly free chunks.
+    fn fence_for_takers(&self) -> Option<&E> {
+        self.fence.as_ref().filter(|_| self.covered)
+    }
+}
+
+/// A pool per stream over one upstream: see the [module](self)'s
+/// documentation.
+///
+/// ```text
+///  lanes: [ Lane { id, pool: P, stamp, fence, covered, settle_next, waits } ... ]
+///           ^ last: the lane of the latest call, looked at first
+///  allocate(r, s) ─ lane of s (made by M on first use) ─ settle if needed
+///                   ─ pool.try_allocate ─ none: a free chunk of another
+///                   lane, else release theirs and grow
+///  deallocate(b, s) ─ lane of s frees it ─ chunk now wholly free: fence
+///                     (if other streams have pools)
+///                   └ not its block: the owner's pool frees it; s records
+///                     an event the owner waits on first
+/// ```
+///
+/// # Examples
+///
+/// ```
+/// use memres_core::per_stream::{PerStreamPool, PoolMaker};
+/// use memres_core::pool::PoolConfig;
+/// use memres_core::testing::IdStream;
+/// use memres_core::{MemoryResourceMut, Request};
+/// # use memres_core::testing::BumpUpstream;
+/// let up = BumpUpstream::new(1 << 30);
+/// let mut pools = PerStreamPool::new(PoolMaker::new(&up, PoolConfig::new())?);
+/// let (a, b) = (IdStream(1), IdStream(2));
+/// let x = pools.allocate(Request::new(1000)?, &a)?;
+/// pools.deallocate(x, &a)?;
+/// // Freed on `a`: reused on `a` at once.
+/// let y = pools.allocate(Request::new(1000)?, &a)?;
+/// assert_eq!(x.addr(), y.addr());
+/// // `b` has a pool of its own: the chunk of `a` is not free.
+/// let z = pools.allocate(Request::new(1000)?, &b)?;
+/// assert_ne!(z.addr(), y.addr());
+/// assert_eq!(pools.stream_count(), 2);
+/// pools.deallocate(y, &a)?;
+/// pools.deallocate(z, &b)?;
+/// pools.check().unwrap();
+/// # Ok::<(), memres_core::Error>(())
+/// ```
+pub struct PerStreamPool<M: MakePool<S>, S: Stream + ?Sized> {
+    make: M,
+    /// Distinct ids; chunks of different lanes are disjoint.
+    lanes: Vec<Lane<M::Pool, S::Event>>,
+    /// The lane of the latest call (any value when there is none).
+    last: usize,
+    /// Lanes ever made: seeds the stamps.
+    serial: u64,
+    stats: Stats,
+    _stream: PhantomData<fn(&S)>,
+}
+
+/// The caller's tag of `block`, or the pool's tag of a caller's block.
+#[inline]
+fn restamp(block: Block, stamp: u64) -> Block {
+    if block.tag() == Block::NO_TAG {
+        return block;
+    }
+    block.with_tag(block.tag() ^ stamp)
+}
+
+impl<M: MakePool<S>, S: Stream + ?Sized> PerStreamPool<M, S> {
+    /// No stream has a pool yet; `make` makes each one's.
+    pub fn new(make: M) -> Self {
+        PerStreamPool {
+            make,
+            lanes: Vec::new(),
+            last: 0,
+            serial: 0,
+            stats: Stats::default(),
+            _stream: PhantomData,
+        }
+    }
+
+    /// What makes the pools.
+    pub fn maker(&self) -> &M {
+        &self.make
+    }
+
+    /// Counts of the paths that moved memory between streams.
+    pub fn stats(&self) -> Stats {
+        self.stats
+    }
+
+    /// Number of streams with a pool.
+    pub fn stream_count(&self) -> usize {
+        self.lanes.len()
+    }
+
+    /// The pool of stream `id`, if it has one.
+    pub fn pool_of(&self, id: u64) -> Option<&M::Pool> {
+        self.lanes.iter().find(|l| l.id == id).map(|l| &l.pool)
+    }
+
+    /// Bytes held from upstream by all the pools.
+    pub fn pool_size(&self) -> u64 {
+        self.lanes.iter().map(|l| l.pool.pool_size()).sum()
+    }
+
+    /// Bytes handed out by all the pools.
+    pub fn used_bytes(&self) -> u64 {
+        self.lanes.iter().map(|l| l.pool.used_bytes()).sum()
+    }
+
+    /// Gives `stream` the pool `pool` (one made with an initial size, say)
+    /// instead of one made on its first allocation.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidConfig`] if the stream has a pool already.
+    pub fn insert(&mut self, stream: &S, pool: M::Pool) -> Result<()> {
+        if self.find(stream.id()).is_some() {
+            return Err(Error::InvalidConfig { what: "the stream has a pool already" });
+        }
+        self.push_lane(stream, pool);
+        Ok(())
+    }
+
+    /// The lane of stream `id`.
+    fn find(&self, id: u64) -> Option<usize> {
+        self.lanes.iter().position(|l| l.id == id)
+    }
+
+    /// [`allocate`](MemoryResourceMut::allocate) on another stream than the
+    /// latest call's, or one to settle, or with no room: the stream's lane
+    /// (made now if it has none), settled, then its pool, then memory from
+    /// elsewhere.
+    #[cold]
+    fn allocate_other(&mut self, request: Request, stream: &S) -> Result<Block> {
+        let i = match self.find(stream.id()) {
+            Some(i) => i,
+            None => {
+                let pool = self.make.make(stream)?;
+                self.stats.pools_made += 1;
+                self.push_lane(stream, pool)
+            }
+        };
+        self.last = i;
+        if self.lanes[i].settle_next {
+            self.settle(i, stream)?;
+        }
+        let lane = &mut self.lanes[i];
+        match lane.pool.try_allocate(request)? {
+            Some(block) => Ok(block.with_tag(block.tag() ^ lane.stamp)),
+            None => self.allocate_slow(i, request, stream),
+        }
+    }
+
+    /// [`deallocate`](MemoryResourceMut::deallocate) on another stream than
+    /// the latest call's.
+    #[cold]
+    fn deallocate_other(&mut self, block: Block, stream: &S) -> Result<()> {
+        let Some(i) = self.find(stream.id()) else { return self.deallocate_cross(block, stream) };
+        self.last = i;
+        let lane = &mut self.lanes[i];
+        match lane.pool.deallocate_reporting(restamp(block, lane.stamp)) {
+            Ok(freed_chunk) => {
+                if freed_chunk {
+                    self.chunk_freed(i, stream);
+                }
+                Ok(())
+            }
+            Err(Error::UnknownBlock { .. }) => self.deallocate_cross(block, stream),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Adds a lane for `stream` with `pool`; returns its index.
+    fn push_lane(&mut self, stream: &S, pool: M::Pool) -> usize {
+        let stamp = SplitMix64::new(self.serial).next_u64();
+        self.serial += 1;
+        let lane = Lane {
+            id: stream.id(),
+            pool,
+            stamp,
+            fence: None,
+            covered: false,
+            settle_next: false,
+            waits: Vec::new(),
+        };
+        // Frees on a lone stream tell no chunk freed: the others' fences may
+        // not cover their free chunks now.
+        if let [alone] = &mut self.lanes[..] {
+            alone.covered = false;
+        }
+        self.lanes.push(lane);
+        let i = self.lanes.len() - 1;
+        // A new pool may hold a free chunk (its initial size), taken from
+        // upstream on this stream.
+        self.chunks_freed(i, stream);
+        i
+    }
+
+    /// Lane `i`'s pool may have a wholly free chunk its fence does not
+    /// cover; the call is on its stream.
+    fn chunks_freed(&mut self, i: usize, stream: &S) {
+        if self.lanes[i].pool.shortest_free_chunk(0).is_some() {
+            self.chunk_freed(i, stream);
+        }
+    }
+
+    /// A chunk of lane `i`'s pool is wholly free, perhaps not covered by its
+    /// fence; the call is on its stream. Records a fence if another stream
+    /// may want it (others have pools, or one asked).
+    #[cold]
+    fn chunk_freed(&mut self, i: usize, stream: &S) {
+        let lane = &mut self.lanes[i];
+        lane.covered = false;
+        if lane.settle_next || self.lanes.len() > 1 {
+            // On failure the lane stays to settle: nothing is lost.
+            let _ = self.settle(i, stream);
+        }
+    }
+
+    /// Orders lane `i`'s stream after the frees of its blocks on other
+    /// streams and records its fence; the call is on its stream.
+    ///
+    /// # Errors
+    ///
+    /// A wait's or the record's; the lane stays to settle (waiting again
+    /// is harmless).
+    #[cold]
+    fn settle(&mut self, i: usize, stream: &S) -> Result<()> {
+        let lane = &mut self.lanes[i];
+        lane.settle_next = true;
+        for (_, event) in &lane.waits {
+            stream.wait(event)?;
+        }
+        lane.fence = Some(stream.record()?);
+        lane.waits.clear();
+        lane.covered = true;
+        lane.settle_next = false;
+        self.stats.fences += 1;
+        Ok(())
+    }
+
+    /// Frees `block` of another stream's pool on `stream`.
+    #[cold]
+    fn deallocate_cross(&mut self, block: Block, stream: &S) -> Result<()> {
+        let (id, addr) = (stream.id(), block.addr());
+        let owner = self
+            .lanes
+            .iter()
+            .position(|l| l.id != id && l.pool.holds(addr))
+            .ok_or(Error::UnknownBlock { addr })?;
+        // After the free on `stream`: the owner's stream waits on it before
+        // reusing the block. Recorded first, so that a failure changes nothing.
+        let event = stream.record()?;
+        let lane = &mut self.lanes[owner];
+        lane.pool.deallocate_reporting(restamp(block, lane.stamp))?;
+        // A later event of one stream covers its earlier ones.
+        match lane.waits.iter_mut().find(|(s, _)| *s == id) {
+            Some(w) => w.1 = event,
+            None => lane.waits.push((id, event)),
+        }
+        lane.covered = false;
+        lane.settle_next = true;
+        self.stats.cross_frees += 1;
+        Ok(())
+    }
+
+    /// Lane `i`'s pool has no room for `request`: memory from other
+    /// streams, else growth. Returns the caller's block.
+    #[cold]
+    fn allocate_slow(&mut self, i: usize, request: Request, stream: &S) -> Result<Block> {
+        // Bytes that surely hold the request at its alignment in a chunk.
+        let need = request.rounded_size(256).saturating_add(request.align() - 256);
+        let result = match self.take_chunk(i, request, need, stream) {
+            Ok(Some(block)) => Ok(block),
+            Ok(None) => self.grow(i, request, stream),
+            Err(e) => Err(e),
+        };
+        // Chunks moved in, or growth left one wholly free.
+        self.chunks_freed(i, stream);
+        let stamp = self.lanes[i].stamp;
+        self.prune(i);
+        result.map(|b| restamp(b, stamp))
+    }
+
+    /// The fence of lane `j`'s wholly free chunks, for lane `i`; a lane
+    /// whose free chunks no fence covers is asked for one at its next call.
+    fn fence_of(&mut self, i: usize, j: usize) -> Option<&S::Event> {
+        let lane = &mut self.lanes[j];
+        if j == i || lane.pool.shortest_free_chunk(0).is_none() {
+            return None;
+        }
+        if !lane.covered {
+            lane.settle_next = true;
+        }
+        lane.fence_for_takers()
+    }
+
+    /// Moves the shortest wholly free chunk of at least `need` bytes from
+    /// another lane into lane `i` and allocates from it.
+    fn take_chunk(&mut self, i: usize, request: Request, need: u64, stream: &S) -> Result<Option<Block>> {
+        let mut best: Option<(u64, usize)> = None;
+        for j in 0..self.lanes.len() {
+            if self.fence_of(i, j).is_none() {
+                continue;
+            }
+            if let Some(len) = self.lanes[j].pool.shortest_free_chunk(need) {
+                if best.is_none_or(|(shortest, _)| len < shortest) {
+                    best = Some((len, j));
+                }
+            }
+        }
+        let Some((_, j)) = best else { return Ok(None) };
+        if let Some(fence) = self.lanes[j].fence_for_takers() {
+            stream.wait(fence)?;
+        }
+        let Some(chunk) = self.lanes[j].pool.take_free_chunk(need) else { return Ok(None) };
+        if let Err((e, chunk)) = self.lanes[i].pool.adopt_chunk(chunk) {
+            // Back where it came from, into the slots it just left.
+            return match self.lanes[j].pool.adopt_chunk(chunk) {
+                Ok(()) => Ok(None),
+                Err(_) => Err(e),
+            };
+        }
+        self.stats.chunks_moved += 1;
+        self.lanes[i].pool.try_allocate(request)
+    }
+
+    /// Gives the covered wholly free chunks of the other lanes back upstream
+    /// (on `stream`, after a wait on each one's fence), then grows lane
+    /// `i`'s pool; on out of memory, the last resort and once more.
+    fn grow(&mut self, i: usize, request: Request, stream: &S) -> Result<Block> {
+        for j in 0..self.lanes.len() {
+            if let Some(fence) = self.fence_of(i, j) {
+                stream.wait(fence)?;
+                self.stats.bytes_released += self.lanes[j].pool.release(stream)?;
+            }
+        }
+        let err = match self.lanes[i].pool.allocate(request, stream) {
+            Err(e) if e.is_out_of_memory() => e,
+            other => return other,
+        };
+        // The last resort: with the device idle, every stream's wholly free
+        // chunks may go back (on `stream`); else only this one's.
+        self.stats.last_resorts += 1;
+        let mut released = 0;
+        if stream.synchronize_device()? {
+            for j in (0..self.lanes.len()).filter(|&j| j != i) {
+                released += self.lanes[j].pool.release(stream)?;
+            }
+        }
+        released += self.lanes[i].pool.release(stream)?;
+        if released == 0 {
+            return Err(err);
+        }
+        self.lanes[i].pool.allocate(request, stream)
+    }
+
+    /// Drops the lanes other than `keep` that hold no chunk (streams whose
+    /// memory went elsewhere): they are made again if their stream comes back.
+    fn prune(&mut self, keep: usize) {
+        let id = self.lanes[keep].id;
+        self.lanes.retain(|l| l.id == id || l.pool.pool_size() > 0);
+        self.last = self.lanes.iter().position(|l| l.id == id).unwrap_or(0);
+    }
+
+    /// Checks the invariants: every pool's own; distinct stream ids; chunks
+    /// of different pools disjoint, so that every block is in exactly one
+    /// stream's pool; a pool said covered with a wholly free chunk has a
+    /// fence; pending waits only on a lane to settle, at most one per stream.
+    ///
+    /// # Errors
+    ///
+    /// The first broken invariant.
+    ///
+    /// # Time Complexity
+    ///
+    /// O(chunks · log chunks) plus each pool's check.
+    pub fn check(&self) -> core::result::Result<(), Violation> {
+        let mut chunks = Vec::new();
+        for (j, lane) in self.lanes.iter().enumerate() {
+            lane.pool.check()?;
+            if self.lanes[..j].iter().any(|l| l.id == lane.id) {
+                return Err(Violation::new("two pools for one stream"));
+            }
+            if lane.covered && lane.fence.is_none() && lane.pool.shortest_free_chunk(0).is_some() {
+                return Err(Violation::new("a wholly free chunk said covered with no fence"));
+            }
+            if !lane.waits.is_empty() && (lane.covered || !lane.settle_next) {
+                return Err(Violation::new("waits pending on a pool not to settle"));
+            }
+            if lane.waits.iter().enumerate().any(|(k, w)| lane.waits[..k].iter().any(|v| v.0 == w.0)) {
+                return Err(Violation::new("two pending waits for one stream"));
+            }
+            lane.pool.for_each_chunk(&mut |r| chunks.push(r));
+        }
+        chunks.sort_unstable();
+        if chunks.windows(2).any(|w| w[0].end() > w[1].start()) {
+            return Err(Violation::new("chunks of two pools overlap"));
+        }
+        Ok(())
+    }
+}
+
+impl<M: MakePool<S>, S: Stream + ?Sized> MemoryResourceMut<S> for PerStreamPool<M, S> {
+    /// # Errors
+    ///
+    /// The pool maker's error for a stream's first allocation; a stream's
+    /// from wait or record; the pool's out of memory after the last resort;
+    /// the pool's other errors. Nothing changes then (waits and records
+    /// made add only order).
+    ///
+    /// # Time Complexity
+    ///
+    /// O(1) when the stream's pool has room (one lookup of the stream,
+    /// the latest one first); otherwise O(streams · chunks) and the
+    /// upstream's calls.
+    #[inline]
+    fn allocate(&mut self, request: Request, stream: &S) -> Result<Block> {
+        if request.is_zero() {
+            return Ok(Block::EMPTY);
+        }
+        // The stream of the latest call, with room and nothing to settle.
+        if let Some(lane) = self.lanes.get_mut(self.last) {
+            if lane.id == stream.id() && !lane.settle_next {
+                if let Some(block) = lane.pool.try_allocate(request)? {
+                    // A pool's tag is never `NO_TAG`.
+                    return Ok(block.with_tag(block.tag() ^ lane.stamp));
+                }
+            }
+        }
+        self.allocate_other(request, stream)
+    }
+
+    /// # Errors
+    ///
+    /// [`Error::UnknownBlock`] for a block no pool holds,
+    /// [`Error::DoubleFree`], [`Error::SizeMismatch`]; for a block of
+    /// another stream's pool, the stream's error from record. Nothing
+    /// changes then.
+    ///
+    /// # Time Complexity
+    ///
+    /// O(1) on the stream the block was allocated on (O(log chunks) when
+    /// the free joins a range as long as the shortest chunk); O(streams ·
+    /// log chunks) on another.
+    #[inline]
+    fn deallocate(&mut self, block: Block, stream: &S) -> Result<()> {
+        if block.is_empty() {
+            return Ok(());
+        }
+        let last = self.last;
+        let alone = self.lanes.len() == 1;
+        match self.lanes.get_mut(last) {
+            // One stream: no other would take a chunk, none to tell of.
+            Some(lane) if lane.id == stream.id() && alone => {
+                match lane.pool.deallocate(restamp(block, lane.stamp), stream) {
+                    Err(Error::UnknownBlock { .. }) => self.deallocate_cross(block, stream),
+                    other => other,
+                }
+            }
+            Some(lane) if lane.id == stream.id() => {
+                match lane.pool.deallocate_reporting(restamp(block, lane.stamp)) {
+                    Ok(false) => Ok(()),
+                    Ok(true) => {
+                        self.chunk_freed(last, stream);
+                        Ok(())
+                    }
+                    // Not in this stream's pool: another's, or none's.
+                    Err(Error::UnknownBlock { .. }) => self.deallocate_cross(block, stream),
+                    Err(e) => Err(e),
+                }
+            }
+            _ => self.deallocate_other(block, stream),
+        }
+    }
+}
+
+impl<M: MakePool<S> + fmt::Debug, S: Stream + ?Sized> fmt::Debug for PerStreamPool<M, S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PerStreamPool")
+            .field("make", &self.make)
+            .field("streams", &self.lanes.iter().map(|l| l.id).collect::<Vec<_>>())
+            .field("pool_size", &self.pool_size())
+            .field("stats", &self.stats)
+            .finish()
+    }
+}
