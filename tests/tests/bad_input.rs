@@ -312,10 +312,10 @@ fn double_free_everywhere() {
                 (Error::DoubleFree { addr: b.addr() }, Error::UnknownBlock { addr: b.addr() });
             let expected = match x.name {
                 // A table of live blocks only: a freed one is unknown.
-                "HostMemory" | "Tracking" => (unknown, unknown),
-                // The device (and the limit over it, which forwards) tells
-                // a double free by the block's tag, the layer by its slot.
-                "SimDevice" | "Limiting" | "StreamOrdered" => (double, unknown),
+                "HostMemory" | "Tracking" | "Limiting" => (unknown, unknown),
+                // The device tells a double free by the block's tag, the
+                // layer by its slot.
+                "SimDevice" | "StreamOrdered" => (double, unknown),
                 _ => (double, double),
             };
             assert_eq!((by_tag, by_addr), expected, "{}", x.name);
@@ -373,9 +373,6 @@ fn block_of_another_resource_everywhere() {
         match x.name {
             // Two resources over one device: the device's own blocks.
             "SimDevice" => continue,
-            // No table of its own: what its upstream accepts, it counts
-            // off (wrap it in `Tracking` to refuse foreign blocks).
-            "Limiting" => continue,
             _ => {}
         }
         with_live_block(&st, x, |_| {

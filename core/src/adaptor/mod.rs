@@ -10,7 +10,7 @@
 //! | --- | --- | --- |
 //! | [`Statistics`] | `statistics_resource_adaptor` | current, peak and total bytes and allocation counts; a stack of counters for regions |
 //! | [`Tracking`] | `tracking_resource_adaptor` | every outstanding allocation, a leak report (alloc) |
-//! | [`Limiting`] | `limiting_resource_adaptor` | a byte limit |
+//! | [`Limiting`] | `limiting_resource_adaptor` | a byte limit (alloc: a table of what each block was charged) |
 //! | [`Aligned`] | `aligned_resource_adaptor` | a larger alignment for large allocations |
 //! | [`FailureCallback`] | `failure_callback_resource_adaptor` | a callback that decides whether to retry after out of memory |
 //!
@@ -30,6 +30,7 @@
 
 mod aligned;
 mod failure;
+#[cfg(feature = "alloc")]
 mod limiting;
 mod statistics;
 #[cfg(feature = "alloc")]
@@ -37,6 +38,7 @@ mod tracking;
 
 pub use aligned::Aligned;
 pub use failure::FailureCallback;
+#[cfg(feature = "alloc")]
 pub use limiting::Limiting;
 pub use statistics::{Counter, Statistics};
 #[cfg(feature = "alloc")]
