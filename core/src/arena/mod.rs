@@ -110,7 +110,8 @@ impl ArenaConfig {
         }
     }
 
-    /// Bytes taken from upstream when the resource is made (a multiple of 256).
+    /// Bytes taken from upstream when the resource is made (a multiple of
+    /// 256, at most [`Request::MAX_SIZE`]).
     pub const fn initial_size(mut self, bytes: u64) -> Self {
         self.initial_size = bytes;
         self
@@ -123,7 +124,7 @@ impl ArenaConfig {
     }
 
     /// Smallest growth step of the global arena (a multiple of 256, at
-    /// least the superblock size).
+    /// least the superblock size, at most [`Request::MAX_SIZE`]).
     pub const fn chunk_size(mut self, bytes: u64) -> Self {
         self.chunk_size = bytes;
         self
@@ -185,6 +186,11 @@ impl ArenaConfig {
         }
         if self.chunk_size < self.superblock_size {
             return bad("chunk size below the superblock size");
+        }
+        // Chunks are asked for with requests: above the largest, every
+        // growth would fail.
+        if self.chunk_size > Request::MAX_SIZE || self.initial_size > Request::MAX_SIZE {
+            return bad("chunk or initial size above the largest request");
         }
         if let Some(max) = self.maximum_size {
             if max % 256 != 0 || max < self.initial_size {

@@ -490,6 +490,30 @@ fn invalid_configs_are_refused() {
     }
 }
 
+/// A chunk size or an initial size above what a request may hold would make
+/// every growth fail with `InvalidSize`: refused when the resource is made,
+/// with nothing taken from upstream.
+#[test]
+fn configs_no_request_could_use_are_refused() {
+    let up = BumpUpstream::new(u64::MAX);
+    for c in [
+        ArenaConfig::new().chunk_size(Request::MAX_SIZE + 256),
+        ArenaConfig::new().chunk_size(u64::MAX & !255),
+        ArenaConfig::new().initial_size(Request::MAX_SIZE + 256),
+    ] {
+        let r = ArenaResource::with_config(&up, c, &());
+        assert!(matches!(r, Err(Error::InvalidConfig { .. })), "{c:?}: {:?}", r.map(|_| ()));
+        assert_eq!(up.outstanding(), 0);
+    }
+    // The largest chunk a request can hold, in superblocks that do not
+    // divide it: growth still asks for no more than a request may hold.
+    let c = ArenaConfig::new().superblock_size(3 << 20).chunk_size(Request::MAX_SIZE);
+    let arena = ArenaResource::with_config(&up, c, &()).unwrap();
+    let b = arena.allocate(req(1000), &()).unwrap();
+    arena.deallocate(b, &()).unwrap();
+    arena.check().unwrap();
+}
+
 #[test]
 fn resource_is_send_and_sync() {
     fn assert_send_sync<T: Send + Sync>() {}
