@@ -79,7 +79,11 @@ fn table_takes_names_of_any_length() {
     assert_eq!(lines.len(), 5);
     let lengths: Vec<usize> = lines.iter().map(|l| l.len()).collect();
     assert!(lengths[..3].iter().all(|&n| n == lengths[0]), "{lengths:?}");
-    assert!(lines[0].starts_with(&format!("resource{}  workload{}  ", " ".repeat(70_000 - 8), " ".repeat(70_000 - 8))));
+    assert!(lines[0].starts_with(&format!(
+        "resource{}  workload{}  ",
+        " ".repeat(70_000 - 8),
+        " ".repeat(70_000 - 8)
+    )));
     assert!(lines[1].starts_with(&format!("{long}  w ")));
     assert!(lines[2].starts_with(&format!("pool{}  {long}  ", " ".repeat(70_000 - 4))));
     assert_eq!(lines[3], format!("error: {long} on w: boom"));
