@@ -1,6 +1,6 @@
 //! A per-thread or per-stream arena: superblocks and the blocks cut from them.
 
-use super::Owner;
+use super::OwnerKey;
 use crate::check::Violation;
 use crate::pool::{Allocation, CoalescingIndex};
 use crate::{Error, Range, Result};
@@ -26,10 +26,10 @@ pub(super) struct Local {
     pub(super) supers: Vec<Held>,
     /// Sum of the superblocks' lengths.
     pub(super) held: u64,
-    /// Whose arena this is (`None`: the slot is free). The slot table's
+    /// Whose arena this is (`NOBODY`: the slot is free). The slot table's
     /// keys only point callers here; this, read under the arena's lock, is
     /// what serves a caller or not.
-    pub(super) owner: Option<Owner>,
+    pub(super) owner: OwnerKey,
     /// Superblocks taken out to go to the global arena once their stream is
     /// synchronized, or back here if that fails: the slot may not change
     /// hands meanwhile.
@@ -38,7 +38,13 @@ pub(super) struct Local {
 
 impl Local {
     pub(super) fn new() -> Self {
-        Local { index: CoalescingIndex::new(256), supers: Vec::new(), held: 0, owner: None, in_transit: 0 }
+        Local {
+            index: CoalescingIndex::new(256),
+            supers: Vec::new(),
+            held: 0,
+            owner: OwnerKey::NOBODY,
+            in_transit: 0,
+        }
     }
 
     /// Whether the arena can change hands: nothing live, no superblock held

@@ -227,21 +227,42 @@ pub enum Owner {
     Stream(u64),
 }
 
-impl Owner {
-    /// The stream id whose work the arena's frees are ordered on.
-    fn stream_id(self) -> u64 {
-        match self {
-            Owner::Stream(id) => id,
-            _ => 0,
+/// An arena's [`Owner`] as the slot table names it: (`STREAM`, stream id)
+/// or (`THREAD`, thread number); `NOBODY` for a free slot. Two words to
+/// compare on the hot path.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct OwnerKey {
+    kind: u64,
+    key: u64,
+}
+
+impl OwnerKey {
+    const NOBODY: OwnerKey = OwnerKey { kind: EMPTY, key: 0 };
+
+    /// The caller's: its thread on the default stream, else its stream.
+    #[inline]
+    fn of_caller(stream_id: u64) -> Self {
+        if stream_id == 0 {
+            OwnerKey { kind: THREAD, key: thread_no::current() }
+        } else {
+            OwnerKey { kind: STREAM, key: stream_id }
         }
     }
 
-    /// The slot state and key of the table entry that names this arena.
-    fn slot_key(self) -> (u64, u64) {
-        match self {
-            Owner::Stream(id) => (STREAM, id),
-            Owner::Thread(n) => (THREAD, n),
-            Owner::Global => (EMPTY, 0),
+    fn owner(self) -> Option<Owner> {
+        match self.kind {
+            STREAM => Some(Owner::Stream(self.key)),
+            THREAD => Some(Owner::Thread(self.key)),
+            _ => None,
+        }
+    }
+
+    /// The stream id whose work the arena's frees are ordered on.
+    fn stream_id(self) -> u64 {
+        if self.kind == STREAM {
+            self.key
+        } else {
+            0
         }
     }
 }
@@ -745,22 +766,11 @@ impl<U, L: RawLock> ArenaResource<U, L> {
         }
     }
 
-    /// The caller's arena's owner: its thread on the default stream, else
-    /// its stream.
-    #[inline]
-    fn me(stream_id: u64) -> Owner {
-        if stream_id == 0 {
-            Owner::Thread(thread_no::current())
-        } else {
-            Owner::Stream(stream_id)
-        }
-    }
-
     /// The slot the table names for `me`, if any: probes from the hash of
     /// `me`, past empty slots (slots are retired), so a miss reads them all.
     #[inline]
-    fn find_slot(&self, me: Owner) -> Option<usize> {
-        let (kind, key) = me.slot_key();
+    fn find_slot(&self, me: OwnerKey) -> Option<usize> {
+        let OwnerKey { kind, key } = me;
         let n = self.keys.len();
         let start = Self::home(kind, key, n);
         for probe in 0..n {
@@ -790,7 +800,7 @@ impl<U, L: RawLock> ArenaResource<U, L> {
     /// retiring idle arenas (after taking back the wholly free superblocks
     /// the caller's stream may take, as when running dry).
     #[cold]
-    fn claim_slot<S: Stream + ?Sized>(&self, me: Owner, stream: &S) -> Result<usize> {
+    fn claim_slot<S: Stream + ?Sized>(&self, me: OwnerKey, stream: &S) -> Result<usize> {
         for round in 0..2 {
             if let Some(i) = self.find_slot(me).or_else(|| self.claim_empty(me)) {
                 return Ok(i);
@@ -804,8 +814,8 @@ impl<U, L: RawLock> ArenaResource<U, L> {
     }
 
     /// Claims an empty slot for `me`, the first in `me`'s probe order.
-    fn claim_empty(&self, me: Owner) -> Option<usize> {
-        let (kind, key) = me.slot_key();
+    fn claim_empty(&self, me: OwnerKey) -> Option<usize> {
+        let OwnerKey { kind, key } = me;
         let n = self.keys.len();
         let start = Self::home(kind, key, n);
         for probe in 0..n {
@@ -818,7 +828,7 @@ impl<U, L: RawLock> ArenaResource<U, L> {
             }
             // An empty slot's arena is idle (it was retired so): it only
             // needs its owner.
-            self.arenas[i].0.with(|a| a.owner = Some(me));
+            self.arenas[i].0.with(|a| a.owner = me);
             k.key.store(key, Ordering::Relaxed);
             k.state.store(kind, Ordering::Release);
             return Some(i);
@@ -837,11 +847,11 @@ impl<U, L: RawLock> ArenaResource<U, L> {
             arena.0.with(|a| {
                 // Under the arena's lock, so no allocation of its owner is
                 // under way; a slot still being claimed is left alone.
-                if a.owner.is_some()
+                if a.owner != OwnerKey::NOBODY
                     && a.is_idle()
                     && matches!(k.state.load(Ordering::Acquire), STREAM | THREAD)
                 {
-                    a.owner = None;
+                    a.owner = OwnerKey::NOBODY;
                     k.state.store(EMPTY, Ordering::Release);
                     freed += 1;
                 }
@@ -881,7 +891,7 @@ impl<U, L: RawLock> ArenaResource<U, L> {
     #[inline]
     fn allocate_small<S: Stream + ?Sized>(
         &self,
-        me: Owner,
+        me: OwnerKey,
         request: Request,
         stream: &S,
     ) -> Result<Option<Block>>
@@ -906,7 +916,7 @@ impl<U, L: RawLock> ArenaResource<U, L> {
     fn allocate_in<S: Stream + ?Sized>(
         &self,
         slot: usize,
-        me: Owner,
+        me: OwnerKey,
         request: Request,
         stream: &S,
     ) -> Option<Result<Option<Block>>>
@@ -942,7 +952,7 @@ impl<U, L: RawLock> ArenaResource<U, L> {
                 }
             }
         };
-        self.arenas[slot].0.with(|a| (a.owner == Some(me)).then(|| serve(a)))
+        self.arenas[slot].0.with(|a| (a.owner == me).then(|| serve(a)))
     }
 
     /// A large block from the global arena. `Ok(None)`: no room.
@@ -980,7 +990,7 @@ impl<U, L: RawLock> ArenaResource<U, L> {
             // The owner as the arena's lock sees it: the slot may have
             // changed hands since the table was read.
             self.arenas[i].0.with(|a| {
-                if a.owner.is_some_and(|o| all.is_some() || o.stream_id() == sid) {
+                if a.owner != OwnerKey::NOBODY && (all.is_some() || a.owner.stream_id() == sid) {
                     a.take_free(i, &mut moved);
                 }
             });
@@ -1130,7 +1140,7 @@ impl<U, L: RawLock> ArenaResource<U, L> {
         });
         for i in self.claimed() {
             dump.arenas.extend(self.arenas[i].0.with(|a| {
-                a.owner.map(|owner| ArenaStats {
+                a.owner.owner().map(|owner| ArenaStats {
                     owner,
                     superblocks: a.supers.len(),
                     free_superblocks: a.free_supers(),
@@ -1174,13 +1184,13 @@ impl<U, L: RawLock> ArenaResource<U, L> {
             let k = &self.keys[i];
             let (state, key) = (k.state.load(Ordering::Acquire), k.key.load(Ordering::Relaxed));
             self.arenas[i].0.with(|a| {
-                let Some(owner) = a.owner else {
+                if a.owner == OwnerKey::NOBODY {
                     return match state == EMPTY && a.is_idle() {
                         true => Ok(()),
                         false => Err(Violation::new("an unclaimed arena slot is in use")),
                     };
-                };
-                if owner.slot_key() != (state, key) {
+                }
+                if a.owner != (OwnerKey { kind: state, key }) {
                     return Err(Violation::new("an arena's slot names another owner"));
                 }
                 if a.in_transit != 0 {
@@ -1228,7 +1238,7 @@ where
             if large {
                 self.allocate_large(request, stream)
             } else {
-                self.allocate_small(Self::me(stream.id()), request, stream)
+                self.allocate_small(OwnerKey::of_caller(stream.id()), request, stream)
             }
         };
         if let Some(b) = attempt()? {
