@@ -17,6 +17,8 @@
 //! # Examples
 //!
 //! ```
+//! # #[cfg(feature = "alloc")] // `Limiting` keeps a table
+//! # fn main() -> Result<(), memres_core::Error> {
 //! use memres_core::adaptor::{Limiting, Statistics};
 //! use memres_core::{pool::CoalescingPool, MemoryResource, Request, Shared};
 //! # use memres_core::testing::BumpUpstream;
@@ -25,7 +27,10 @@
 //! let b = stack.allocate(Request::new(1000)?, &())?;
 //! assert_eq!(stack.bytes().value, 1000);
 //! stack.deallocate(b, &())?;
-//! # Ok::<(), memres_core::Error>(())
+//! # Ok(())
+//! # }
+//! # #[cfg(not(feature = "alloc"))]
+//! # fn main() {}
 //! ```
 
 mod aligned;
