@@ -771,10 +771,7 @@ impl<U, L: RawLock> ArenaResource<U, L> {
     #[inline]
     fn find_slot(&self, me: OwnerKey) -> Option<usize> {
         let OwnerKey { kind, key } = me;
-        let n = self.keys.len();
-        let start = Self::home(kind, key, n);
-        for probe in 0..n {
-            let i = if start + probe >= n { start + probe - n } else { start + probe };
+        for i in self.probe_order(me) {
             let k = &self.keys[i];
             loop {
                 match k.state.load(Ordering::Acquire) {
@@ -791,9 +788,12 @@ impl<U, L: RawLock> ArenaResource<U, L> {
         None
     }
 
+    /// Every slot, from `me`'s home slot (found by hashing) on.
     #[inline]
-    fn home(kind: u64, key: u64, n: usize) -> usize {
-        ((key ^ kind).wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 32) as usize % n
+    fn probe_order(&self, me: OwnerKey) -> impl Iterator<Item = usize> {
+        let n = self.keys.len();
+        let start = ((me.key ^ me.kind).wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 32) as usize % n;
+        (0..n).map(move |p| if start + p >= n { start + p - n } else { start + p })
     }
 
     /// A slot for `me`, who has none: an empty one, else one freed by
@@ -816,10 +816,7 @@ impl<U, L: RawLock> ArenaResource<U, L> {
     /// Claims an empty slot for `me`, the first in `me`'s probe order.
     fn claim_empty(&self, me: OwnerKey) -> Option<usize> {
         let OwnerKey { kind, key } = me;
-        let n = self.keys.len();
-        let start = Self::home(kind, key, n);
-        for probe in 0..n {
-            let i = if start + probe >= n { start + probe - n } else { start + probe };
+        for i in self.probe_order(me) {
             let k = &self.keys[i];
             if k.state.load(Ordering::Relaxed) != EMPTY
                 || k.state.compare_exchange(EMPTY, CLAIMING, Ordering::Acquire, Ordering::Relaxed).is_err()
