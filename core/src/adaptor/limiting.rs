@@ -36,8 +36,10 @@ use alloc::collections::BTreeMap;
 /// what is in use. A block the table does not hold (never handed out by
 /// this adaptor, taken from the upstream directly, or freed already) is
 /// [`Error::UnknownBlock`] before the upstream sees it. A free the upstream
-/// refuses (a wrong size, say) keeps the block and its charge. The table
-/// costs one short lock per call; the reservation stays lock-free.
+/// refuses (a wrong size, say) keeps the block and its charge. A block
+/// freed straight to the upstream, behind the adaptor's back, stays counted
+/// until the upstream hands its address out again through the adaptor. The
+/// table costs one short lock per call; the reservation stays lock-free.
 ///
 /// # Examples
 ///

@@ -274,6 +274,18 @@ fn limiting_refuses_a_block_it_did_not_hand_out() {
     l.deallocate(a, &()).unwrap();
     assert_eq!(l.used(), 0);
     up.deallocate(theirs, &()).unwrap();
+    // A block freed behind the limit's back (straight to the upstream)
+    // stays counted until the upstream hands its address out again
+    // through the limit: then only the new block counts.
+    let pool = Shared::new(CoalescingPool::new(BumpUpstream::new(1 << 30)));
+    let l = Limiting::new(&pool, 4096);
+    let a = l.allocate(req(1000), &()).unwrap();
+    pool.deallocate(a, &()).unwrap();
+    assert_eq!(l.used(), 1024);
+    let b = l.allocate(req(3000), &()).unwrap();
+    assert_eq!((b.addr(), l.used()), (a.addr(), 3072));
+    l.deallocate(b, &()).unwrap();
+    assert_eq!(l.used(), 0);
 }
 
 #[test]
