@@ -80,12 +80,18 @@ pub fn table(rows: &[Row]) -> String {
     let mut out = String::new();
     for line in &cells {
         for (c, cell) in line.iter().enumerate() {
-            let sep = if c == 0 { "" } else { "  " };
-            // Names to the left, figures to the right.
+            if c > 0 {
+                out.push_str("  ");
+            }
+            // Padded by hand: a format width above u16::MAX panics, and a
+            // name may be longer. Names to the left, figures to the right.
+            let pad = " ".repeat(widths[c] - cell.chars().count());
             if c < 2 {
-                let _ = write!(out, "{sep}{cell:<w$}", w = widths[c]);
+                out.push_str(cell);
+                out.push_str(&pad);
             } else {
-                let _ = write!(out, "{sep}{cell:>w$}", w = widths[c]);
+                out.push_str(&pad);
+                out.push_str(cell);
             }
         }
         out.push('\n');

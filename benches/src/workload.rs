@@ -261,7 +261,9 @@ pub fn generate(
 /// Loads a trace in RMM's log format, plain or gzip (told by its first
 /// bytes, not its name).
 ///
-/// The first line is skipped if it is the header. Blank lines are skipped;
+/// Header lines (`Thread,...`) are skipped wherever they are, so traces
+/// concatenated by `cat` read as one (as do gzip files of several members,
+/// which every member of is read). Blank lines are skipped;
 /// `allocate failure` records (an allocation that did not happen) too. A
 /// free of a pointer that is not live is skipped and counted in
 /// [`Workload::skipped_frees`]. An allocation of a pointer that is already
@@ -304,7 +306,9 @@ pub fn parse_trace(name: &str, reader: impl BufRead) -> Result<Workload, Workloa
         let number = i as u64 + 1;
         let line = line.map_err(|error| WorkloadError::Io { path: name.to_owned(), error })?;
         let line = line.trim_end_matches('\r');
-        if line.trim().is_empty() || (number == 1 && line.starts_with("Thread,")) {
+        // Header lines anywhere: concatenated traces (`cat a.csv b.csv`, or
+        // gzip members) repeat it. A record starts with a thread number.
+        if line.trim().is_empty() || line.starts_with("Thread,") {
             continue;
         }
         let cols: Vec<&str> = line.split(',').map(str::trim).collect();

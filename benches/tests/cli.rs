@@ -257,6 +257,19 @@ fn stacks_replay_and_name_their_rows() {
     assert!(json_rows(&o)[0]["error"].as_str().unwrap().contains("whole number"));
 }
 
+/// `stats(` 8,000 times used to overflow the parser's stack and abort: now
+/// the depth limit's error, and an exit status of failure.
+#[test]
+fn a_stack_nested_too_deep_is_an_error_not_an_abort() {
+    let deep = format!("{}sim{}", "stats(".repeat(8000), ")".repeat(8000));
+    let o = memres(&["replay", "--stack", &deep, "random:5:100:1"]);
+    let err = stderr(&o);
+    let tail = &err[err.len().saturating_sub(200)..];
+    // An exit status, not a signal (an abort has none).
+    assert_eq!(o.status.code(), Some(1), "{tail}");
+    assert!(tail.ends_with("`: at byte 384: calls nested more than 64 deep\n"), "{tail}");
+}
+
 #[test]
 fn streams_run_threads_through_one_resource() {
     let o = memres(&[

@@ -78,13 +78,46 @@ impl Request {
         self.size == 0
     }
 
-    /// The size rounded up to `granule` (a power of two). Never overflows.
+    /// The size rounded up to a multiple of `granule` (usually a power of
+    /// two); a granule of 0 leaves it as it is. Never overflows: the size is
+    /// at most [`MAX_SIZE`](Self::MAX_SIZE), so the multiple is below
+    /// `size + granule` or is `granule` itself.
     ///
     /// ```
     /// # use memres_core::Request;
     /// assert_eq!(Request::new(1).unwrap().rounded_size(256), 256);
+    /// assert_eq!(Request::new(1000).unwrap().rounded_size(0), 1000);
+    /// assert_eq!(Request::new(1000).unwrap().rounded_size(3), 1002);
     /// ```
+    #[inline]
     pub const fn rounded_size(&self, granule: u64) -> u64 {
-        (self.size + granule - 1) & !(granule - 1)
+        if granule.is_power_of_two() {
+            (self.size + granule - 1) & !(granule - 1)
+        } else if granule == 0 {
+            self.size
+        } else {
+            self.size.div_ceil(granule) * granule
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Request;
+
+    /// Every granule, 0 and those no power of two included: the smallest
+    /// multiple at or above the size, with no overflow (a granule of 0 used
+    /// to underflow).
+    #[test]
+    fn rounded_size_is_defined_for_every_granule() {
+        for size in [0, 1, 255, 256, 1000, Request::MAX_SIZE - 1, Request::MAX_SIZE] {
+            let r = Request::new(size).unwrap();
+            assert_eq!(r.rounded_size(0), size);
+            assert_eq!(r.rounded_size(1), size);
+            for g in [3, 256, 1000, 1 << 40, 1 << 63, u64::MAX - 1, u64::MAX] {
+                let got = r.rounded_size(g);
+                assert!(got % g == 0 && got >= size && got - size < g, "{size} to {g}: {got}");
+            }
+        }
     }
 }

@@ -180,12 +180,19 @@ fn now_micros() -> u64 {
 /// - `Pointer` in hexadecimal, `Size` the requested bytes, `Stream` the
 ///   stream's [`Stream::id`].
 ///
-/// A row is written after the upstream answered, under the writer's lock,
-/// so rows are in time order and a replay of the log reproduces what
-/// happened. A free the upstream refused is not logged (RMM's format has no
-/// action for it). Write errors never fail an allocation: they are counted
-/// ([`write_errors`](Self::write_errors)). The file is flushed when the
-/// adaptor is dropped, or by [`flush`](Self::flush).
+/// Rows are written under the writer's lock, so they are in time order and
+/// a replay of the log reproduces what happened. An allocation's row is
+/// written once the upstream answered (with the address, or as a failure).
+/// A free's row is written *before* the upstream frees the block, as RMM
+/// does: once freed, the address may be handed out to another thread, whose
+/// `allocate` row must come after this `free`. So a free the upstream then
+/// refuses (a double free, a wrong size) is logged all the same: RMM's
+/// format has no row to take it back, and a replay treats the block as
+/// freed there (a later free of it is a free of a pointer not live, which
+/// replays skip). Such frees are counted
+/// ([`refused_frees`](Self::refused_frees)). Write errors never fail a
+/// call: they are counted ([`write_errors`](Self::write_errors)). The file
+/// is flushed when the adaptor is dropped, or by [`flush`](Self::flush).
 ///
 /// # Examples
 ///
@@ -208,6 +215,8 @@ pub struct Logging<R, W: Write = BufWriter<File>> {
     out: Mutex<W>,
     /// Rows that could not be written.
     write_errors: AtomicU64,
+    /// Frees logged that the upstream then refused.
+    refused_frees: AtomicU64,
 }
 
 impl<R> Logging<R> {
@@ -246,7 +255,12 @@ impl<R, W: Write> Logging<R, W> {
     /// ```
     pub fn new(upstream: R, mut writer: W) -> io::Result<Self> {
         writeln!(writer, "{LOG_HEADER}")?;
-        Ok(Logging { upstream, out: Mutex::new(writer), write_errors: AtomicU64::new(0) })
+        Ok(Logging {
+            upstream,
+            out: Mutex::new(writer),
+            write_errors: AtomicU64::new(0),
+            refused_frees: AtomicU64::new(0),
+        })
     }
 
     /// Flushes the writer.
@@ -261,6 +275,12 @@ impl<R, W: Write> Logging<R, W> {
     /// Rows that could not be written so far.
     pub fn write_errors(&self) -> u64 {
         self.write_errors.load(Ordering::Relaxed)
+    }
+
+    /// Frees logged so far that the upstream then refused (their `free`
+    /// rows are in the log: a free is logged before it is made).
+    pub fn refused_frees(&self) -> u64 {
+        self.refused_frees.load(Ordering::Relaxed)
     }
 
     /// The upstream resource.
@@ -303,9 +323,12 @@ where
     }
 
     fn deallocate(&self, block: Block, stream: &S) -> Result<()> {
-        self.upstream.deallocate(block, stream)?;
+        // Before the upstream frees it: after, another thread may get the
+        // address and log its allocation first.
         self.log(Action::Free, block.addr(), block.size(), stream.id());
-        Ok(())
+        self.upstream.deallocate(block, stream).inspect_err(|_| {
+            self.refused_frees.fetch_add(1, Ordering::Relaxed);
+        })
     }
 }
 

@@ -66,6 +66,30 @@ fn table_aligns_columns_and_lists_errors() {
     assert_eq!(lines[3], "error: pool on random:1:2:3: boom");
 }
 
+/// A name longer than a format width may be (65,535) used to panic the
+/// printer after the replay had run: the columns still align.
+#[test]
+fn table_takes_names_of_any_length() {
+    let long = "x".repeat(70_000);
+    let mut rows = [row(Err("boom".into())), row(Err("boom".into()))];
+    (rows[0].resource, rows[0].workload) = (long.clone(), "w".into());
+    rows[1].workload = long.clone();
+    let text = table(&rows);
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), 5);
+    let lengths: Vec<usize> = lines.iter().map(|l| l.len()).collect();
+    assert!(lengths[..3].iter().all(|&n| n == lengths[0]), "{lengths:?}");
+    assert!(lines[0].starts_with(&format!(
+        "resource{}  workload{}  ",
+        " ".repeat(70_000 - 8),
+        " ".repeat(70_000 - 8)
+    )));
+    assert!(lines[1].starts_with(&format!("{long}  w ")));
+    assert!(lines[2].starts_with(&format!("pool{}  {long}  ", " ".repeat(70_000 - 4))));
+    assert_eq!(lines[3], format!("error: {long} on w: boom"));
+    assert_eq!(lines[4], format!("error: pool on {long}: boom"));
+}
+
 #[test]
 fn bytes_in_binary_units() {
     assert_eq!(human_bytes(0), "0 B");

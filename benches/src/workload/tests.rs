@@ -206,6 +206,32 @@ fn traces_load_plain_and_gzip_and_missing_files_fail() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// `cat a.csv b.csv` and `cat a.csv.gz b.csv.gz`: the second file's header
+/// line is skipped, not a malformed line, and every gzip member is read.
+#[test]
+fn concatenated_traces_read_as_one() {
+    let body = TRACE.split_once('\n').unwrap().1;
+    let want = parse_trace("one", format!("{TRACE}{body}").as_bytes()).unwrap();
+    assert_eq!(want.ops.len(), 16);
+    let twice = format!("{TRACE}{TRACE}");
+    let plain = parse_trace("cat", twice.as_bytes()).unwrap();
+    assert_eq!((plain.ops, plain.skipped_frees), (want.ops.clone(), want.skipped_frees));
+
+    let dir = std::env::temp_dir().join(format!("memres-trace-cat-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let gz = dir.join("t.csv.gz");
+    let mut members = Vec::new();
+    for _ in 0..2 {
+        let mut enc = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+        enc.write_all(TRACE.as_bytes()).unwrap();
+        members.extend(enc.finish().unwrap());
+    }
+    std::fs::write(&gz, members).unwrap();
+    let w = Workload::load(gz.to_str().unwrap()).unwrap();
+    assert_eq!((w.ops, w.skipped_frees), (want.ops, want.skipped_frees));
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 #[test]
 fn shipped_traces_decode() {
     let data = concat!(env!("CARGO_MANIFEST_DIR"), "/data/");

@@ -1,7 +1,9 @@
 //! RMM's `limiting_resource_adaptor`: a byte limit.
 
+use crate::lock::Shared;
 use crate::primitive::{AtomicU64, Ordering::Relaxed};
 use crate::{Block, Error, MemoryResource, Request, Result, Stream};
+use alloc::collections::BTreeMap;
 
 /// Refuses allocations that would take the bytes in use above a limit: RMM's
 /// `limiting_resource_adaptor`.
@@ -11,6 +13,11 @@ use crate::{Block, Error, MemoryResource, Request, Result, Stream};
 ///                     │ yes: reserve (compare-exchange)
 ///                     ▼
 ///                  upstream ─error─► give the reservation back, return the error
+///                     │ ok
+///                     ▼
+///                  table.insert(addr, charge)
+///  deallocate(block) ─► table.remove(addr) ─► upstream ─ok─► used -= charge
+///                       └ not there: Error::UnknownBlock  └ error: table.insert back
 /// ```
 ///
 /// Bytes are counted as RMM counts them: each size rounded up to the
@@ -20,6 +27,19 @@ use crate::{Block, Error, MemoryResource, Request, Result, Stream};
 /// together, and a refused or failed request changes nothing: there is
 /// never a partial allocation. A limit of zero is valid and refuses every
 /// request but zero-byte ones.
+///
+/// A free counts off what the block was *charged* when it was handed out,
+/// kept in a table by address, never a figure derived from the size the
+/// free states: resources that free a block by a range of sizes (a
+/// fixed-size resource any size up to its block, the arena any size of the
+/// block's class) would otherwise let the count drift, below zero or under
+/// what is in use. A block the table does not hold (never handed out by
+/// this adaptor, taken from the upstream directly, or freed already) is
+/// [`Error::UnknownBlock`] before the upstream sees it. A free the upstream
+/// refuses (a wrong size, say) keeps the block and its charge. A block
+/// freed straight to the upstream, behind the adaptor's back, stays counted
+/// until the upstream hands its address out again through the adaptor. The
+/// table costs one short lock per call; the reservation stays lock-free.
 ///
 /// # Examples
 ///
@@ -44,6 +64,8 @@ pub struct Limiting<R> {
     /// Rounded bytes of live allocations plus reservations of calls in
     /// flight; never above `limit`.
     used: AtomicU64,
+    /// What each live block handed out was charged, by address.
+    charged: Shared<BTreeMap<u64, u64>>,
 }
 
 impl<R> Limiting<R> {
@@ -58,7 +80,7 @@ impl<R> Limiting<R> {
     /// assert_eq!(l.limit(), 1 << 20);
     /// ```
     pub fn new(upstream: R, limit: u64) -> Self {
-        Limiting { upstream, limit, used: AtomicU64::new(0) }
+        Limiting { upstream, limit, used: AtomicU64::new(0), charged: Shared::new(BTreeMap::new()) }
     }
 
     /// The limit in bytes.
@@ -115,16 +137,32 @@ impl<S: Stream + ?Sized, R: MemoryResource<S>> MemoryResource<S> for Limiting<R>
                 Err(actual) => used = actual,
             }
         }
-        self.upstream.allocate(request, stream).inspect_err(|_| {
+        let block = self.upstream.allocate(request, stream).inspect_err(|_| {
             self.used.fetch_sub(charge, Relaxed);
-        })
+        })?;
+        if block.is_empty() {
+            // Nothing handed out (an upstream outside the contract): nothing counts.
+            self.used.fetch_sub(charge, Relaxed);
+        } else if let Some(stale) = self.charged.with(|t| t.insert(block.addr(), charge)) {
+            // The upstream handed out an address this adaptor still counts:
+            // that block was freed behind its back, so its charge goes.
+            self.used.fetch_sub(stale, Relaxed);
+        }
+        Ok(block)
     }
 
     fn deallocate(&self, block: Block, stream: &S) -> Result<()> {
-        self.upstream.deallocate(block, stream)?;
-        if !block.is_empty() {
-            self.used.fetch_sub(Self::charge(block.size()), Relaxed);
+        if block.is_empty() {
+            return self.upstream.deallocate(block, stream);
         }
+        let addr = block.addr();
+        // Removed before the upstream frees it: once freed, another thread
+        // may get the same address and insert it.
+        let charge = self.charged.with(|t| t.remove(&addr)).ok_or(Error::UnknownBlock { addr })?;
+        self.upstream.deallocate(block, stream).inspect_err(|_| {
+            self.charged.with(|t| t.insert(addr, charge));
+        })?;
+        self.used.fetch_sub(charge, Relaxed);
         Ok(())
     }
 }

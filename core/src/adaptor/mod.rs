@@ -10,13 +10,15 @@
 //! | --- | --- | --- |
 //! | [`Statistics`] | `statistics_resource_adaptor` | current, peak and total bytes and allocation counts; a stack of counters for regions |
 //! | [`Tracking`] | `tracking_resource_adaptor` | every outstanding allocation, a leak report (alloc) |
-//! | [`Limiting`] | `limiting_resource_adaptor` | a byte limit |
+//! | [`Limiting`] | `limiting_resource_adaptor` | a byte limit (alloc: a table of what each block was charged) |
 //! | [`Aligned`] | `aligned_resource_adaptor` | a larger alignment for large allocations |
 //! | [`FailureCallback`] | `failure_callback_resource_adaptor` | a callback that decides whether to retry after out of memory |
 //!
 //! # Examples
 //!
 //! ```
+//! # #[cfg(feature = "alloc")] // `Limiting` keeps a table
+//! # fn main() -> Result<(), memres_core::Error> {
 //! use memres_core::adaptor::{Limiting, Statistics};
 //! use memres_core::{pool::CoalescingPool, MemoryResource, Request, Shared};
 //! # use memres_core::testing::BumpUpstream;
@@ -25,11 +27,15 @@
 //! let b = stack.allocate(Request::new(1000)?, &())?;
 //! assert_eq!(stack.bytes().value, 1000);
 //! stack.deallocate(b, &())?;
-//! # Ok::<(), memres_core::Error>(())
+//! # Ok(())
+//! # }
+//! # #[cfg(not(feature = "alloc"))]
+//! # fn main() {}
 //! ```
 
 mod aligned;
 mod failure;
+#[cfg(feature = "alloc")]
 mod limiting;
 mod statistics;
 #[cfg(feature = "alloc")]
@@ -37,6 +43,7 @@ mod tracking;
 
 pub use aligned::Aligned;
 pub use failure::FailureCallback;
+#[cfg(feature = "alloc")]
 pub use limiting::Limiting;
 pub use statistics::{Counter, Statistics};
 #[cfg(feature = "alloc")]

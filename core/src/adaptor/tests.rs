@@ -214,6 +214,80 @@ fn limiting_exact_limit_and_rollback() {
     assert_eq!((l.used(), l.upstream().outstanding()), (0, 0));
 }
 
+/// Resources that free a block by any size of a range (fixed-size: any
+/// size up to its block; arena: any size of the block's class): the limit
+/// counts off what the block was charged, never what the free states, so
+/// it neither wraps below zero nor lets the limit be overshot later.
+#[test]
+fn limiting_counts_off_what_a_block_was_charged_whatever_size_its_free_states() {
+    use crate::arena::ArenaResource;
+    use crate::fixed::{FixedConfig, FixedSizeResource};
+    let fixed = Shared::new(
+        FixedSizeResource::with_config(BumpUpstream::new(1 << 30), FixedConfig::new(4096), &()).unwrap(),
+    );
+    let arena = ArenaResource::new(BumpUpstream::new(1 << 30));
+    let ups: [(&dyn MemoryResource, u64, u64); 2] = [(&fixed, 100, 4000), (&arena, 2049, 2560)];
+    for (up, asked, stated) in ups {
+        let l = Limiting::new(up, 8192);
+        let a = l.allocate(req(asked), &()).unwrap();
+        let charged = asked.div_ceil(256) * 256;
+        assert_eq!(l.used(), charged);
+        // More than was charged: the upstream accepts it.
+        l.deallocate(Block::new(a.addr(), stated, a.tag()), &()).unwrap();
+        assert_eq!(l.used(), 0);
+        // Less than was charged.
+        let b = l.allocate(req(stated), &()).unwrap();
+        l.deallocate(Block::new(b.addr(), asked, b.tag()), &()).unwrap();
+        assert_eq!(l.used(), 0);
+        // The limit still holds exactly.
+        let c = l.allocate(req(4096), &()).unwrap();
+        let d = l.allocate(req(4096), &()).unwrap();
+        assert!(matches!(l.allocate(req(1), &()), Err(Error::LimitExceeded { used: 8192, .. })));
+        l.deallocate(c, &()).unwrap();
+        l.deallocate(d, &()).unwrap();
+        assert_eq!(l.used(), 0);
+    }
+}
+
+/// A block the limit never handed out (taken from its upstream directly, or
+/// freed already) is refused before the upstream sees it: nothing is freed
+/// and the count does not move.
+#[test]
+fn limiting_refuses_a_block_it_did_not_hand_out() {
+    let up = BumpUpstream::new(1 << 30);
+    let l = Limiting::new(&up, 4096);
+    let mine = l.allocate(req(1000), &()).unwrap();
+    let theirs = up.allocate(req(3000), &()).unwrap();
+    assert_eq!(l.deallocate(theirs, &()), Err(Error::UnknownBlock { addr: theirs.addr() }));
+    assert_eq!((l.used(), up.outstanding()), (1024, 4096));
+    l.deallocate(mine, &()).unwrap();
+    assert_eq!(l.deallocate(mine, &()), Err(Error::UnknownBlock { addr: mine.addr() }));
+    assert_eq!((l.used(), up.outstanding()), (0, 3072));
+    // An upstream that refuses the free: still counted, freed later.
+    let flaky = FlakyFree::default();
+    let l = Limiting::new(&flaky, 4096);
+    let a = l.allocate(req(300), &()).unwrap();
+    flaky.fail_frees.store(true, Ordering::Relaxed);
+    assert!(matches!(l.deallocate(a, &()), Err(Error::Backend { .. })));
+    assert_eq!(l.used(), 512);
+    flaky.fail_frees.store(false, Ordering::Relaxed);
+    l.deallocate(a, &()).unwrap();
+    assert_eq!(l.used(), 0);
+    up.deallocate(theirs, &()).unwrap();
+    // A block freed behind the limit's back (straight to the upstream)
+    // stays counted until the upstream hands its address out again
+    // through the limit: then only the new block counts.
+    let pool = Shared::new(CoalescingPool::new(BumpUpstream::new(1 << 30)));
+    let l = Limiting::new(&pool, 4096);
+    let a = l.allocate(req(1000), &()).unwrap();
+    pool.deallocate(a, &()).unwrap();
+    assert_eq!(l.used(), 1024);
+    let b = l.allocate(req(3000), &()).unwrap();
+    assert_eq!((b.addr(), l.used()), (a.addr(), 3072));
+    l.deallocate(b, &()).unwrap();
+    assert_eq!(l.used(), 0);
+}
+
 #[test]
 fn limiting_never_exceeded_by_concurrent_callers() {
     let up = BumpUpstream::new(1 << 40);

@@ -139,7 +139,8 @@ impl<U> Global<U> {
         // Geometric growth (ratio 9/8) in whole superblocks: the unused tail
         // of the newest chunk stays under 1/8 of what is held.
         let step = self.chunk_size.max(self.held / 8).div_ceil(self.superblock_size) * self.superblock_size;
-        let mut size = need.max(step).min(room);
+        // Rounded up to superblocks, the step may pass what a request holds.
+        let mut size = need.max(step).min(room).min(Request::MAX_SIZE);
         loop {
             match self.add_chunk(size, stream) {
                 Ok(first) => return Ok(Some(first)),

@@ -1,5 +1,6 @@
 //! A per-thread or per-stream arena: superblocks and the blocks cut from them.
 
+use super::OwnerKey;
 use crate::check::Violation;
 use crate::pool::{Allocation, CoalescingIndex};
 use crate::{Error, Range, Result};
@@ -25,11 +26,31 @@ pub(super) struct Local {
     pub(super) supers: Vec<Held>,
     /// Sum of the superblocks' lengths.
     pub(super) held: u64,
+    /// Whose arena this is (`NOBODY`: the slot is free). The slot table's
+    /// keys only point callers here; this, read under the arena's lock, is
+    /// what serves a caller or not.
+    pub(super) owner: OwnerKey,
+    /// Superblocks taken out to go to the global arena once their stream is
+    /// synchronized, or back here if that fails: the slot may not change
+    /// hands meanwhile.
+    pub(super) in_transit: usize,
 }
 
 impl Local {
     pub(super) fn new() -> Self {
-        Local { index: CoalescingIndex::new(256), supers: Vec::new(), held: 0 }
+        Local {
+            index: CoalescingIndex::new(256),
+            supers: Vec::new(),
+            held: 0,
+            owner: OwnerKey::NOBODY,
+            in_transit: 0,
+        }
+    }
+
+    /// Whether the arena can change hands: nothing live, no superblock held
+    /// or in transit (so nothing a stream may still be using).
+    pub(super) fn is_idle(&self) -> bool {
+        self.index.used_count() == 0 && self.supers.is_empty() && self.in_transit == 0
     }
 
     #[inline]
@@ -45,7 +66,8 @@ impl Local {
         Ok(())
     }
 
-    /// Moves every wholly free superblock into `out`, tagged with `slot`.
+    /// Moves every wholly free superblock into `out`, tagged with `slot`,
+    /// and counts them in transit.
     pub(super) fn take_free(&mut self, slot: usize, out: &mut Vec<(usize, Range)>) {
         let mut i = 0;
         while i < self.supers.len() {
@@ -53,6 +75,7 @@ impl Local {
             if self.index.is_region_free(h.first) && self.index.remove_range(h.first).is_ok() {
                 self.supers.swap_remove(i);
                 self.held -= h.range.len();
+                self.in_transit += 1;
                 out.push((slot, h.range));
             } else {
                 i += 1;

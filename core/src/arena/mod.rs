@@ -65,7 +65,7 @@ pub enum DumpTarget {
 /// | `chunk_size` | 32 MiB | the global arena grows by `max(request, chunk_size, held / 8)` (in whole superblocks): few chunks, yet the unused tail of the newest one stays under 1/8 of what is held; superblocks never span two chunks |
 /// | `superblock_size` | 8 MiB | at least 8 blocks of the 1 MiB threshold per superblock: the tail left when a superblock fills is at most 1/8 of it, and an arena goes to the global arena once per 8 MiB of growth, not once per block (RMM's 1 MiB superblocks hold a single 1 MiB block) |
 /// | `large_threshold` | 1 MiB | RMM's: larger requests are served by the global arena directly (so is one whose size class plus its alignment less 256 bytes exceeds the superblock size) |
-/// | `max_arenas` | 64 | slots of the arena table (per-thread plus per-stream arenas), at most [`MAX_ARENAS`]; each slot costs about 8 KiB of metadata up front; a stream beyond them gets [`Error::CapacityExhausted`] (sharing an arena between two streams would break stream order) |
+/// | `max_arenas` | 64 | slots of the arena table (per-thread plus per-stream arenas in use at once), at most [`MAX_ARENAS`]; each slot costs about 8 KiB of metadata up front; an idle arena gives its slot to a new stream or thread (see *Arenas* in [`ArenaResource`]); a stream that finds none gets [`Error::CapacityExhausted`] (sharing an arena between two streams would break stream order) |
 /// | `size_classes` | on | small requests rounded up to [`size_class`] |
 ///
 /// # Examples
@@ -110,7 +110,8 @@ impl ArenaConfig {
         }
     }
 
-    /// Bytes taken from upstream when the resource is made (a multiple of 256).
+    /// Bytes taken from upstream when the resource is made (a multiple of
+    /// 256, at most [`Request::MAX_SIZE`]).
     pub const fn initial_size(mut self, bytes: u64) -> Self {
         self.initial_size = bytes;
         self
@@ -123,7 +124,7 @@ impl ArenaConfig {
     }
 
     /// Smallest growth step of the global arena (a multiple of 256, at
-    /// least the superblock size).
+    /// least the superblock size, at most [`Request::MAX_SIZE`]).
     pub const fn chunk_size(mut self, bytes: u64) -> Self {
         self.chunk_size = bytes;
         self
@@ -186,6 +187,11 @@ impl ArenaConfig {
         if self.chunk_size < self.superblock_size {
             return bad("chunk size below the superblock size");
         }
+        // Chunks are asked for with requests: above the largest, every
+        // growth would fail.
+        if self.chunk_size > Request::MAX_SIZE || self.initial_size > Request::MAX_SIZE {
+            return bad("chunk or initial size above the largest request");
+        }
         if let Some(max) = self.maximum_size {
             if max % 256 != 0 || max < self.initial_size {
                 return bad("maximum size not a multiple of 256 or below the initial size");
@@ -219,6 +225,46 @@ pub enum Owner {
     Thread(u64),
     /// The arena of the stream with this id.
     Stream(u64),
+}
+
+/// An arena's [`Owner`] as the slot table names it: (`STREAM`, stream id)
+/// or (`THREAD`, thread number); `NOBODY` for a free slot. Two words to
+/// compare on the hot path.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct OwnerKey {
+    kind: u64,
+    key: u64,
+}
+
+impl OwnerKey {
+    const NOBODY: OwnerKey = OwnerKey { kind: EMPTY, key: 0 };
+
+    /// The caller's: its thread on the default stream, else its stream.
+    #[inline]
+    fn of_caller(stream_id: u64) -> Self {
+        if stream_id == 0 {
+            OwnerKey { kind: THREAD, key: thread_no::current() }
+        } else {
+            OwnerKey { kind: STREAM, key: stream_id }
+        }
+    }
+
+    fn owner(self) -> Option<Owner> {
+        match self.kind {
+            STREAM => Some(Owner::Stream(self.key)),
+            THREAD => Some(Owner::Thread(self.key)),
+            _ => None,
+        }
+    }
+
+    /// The stream id whose work the arena's frees are ordered on.
+    fn stream_id(self) -> u64 {
+        if self.kind == STREAM {
+            self.key
+        } else {
+            0
+        }
+    }
 }
 
 /// Figures of one arena (or of the global arena) in an [`ArenaDump`].
@@ -364,11 +410,15 @@ fn pack(slot: usize, index_tag: u64) -> Option<u64> {
     (index_tag & SLOT_MASK == 0).then_some(index_tag | (slot as u64) << SLOT_SHIFT)
 }
 
-/// One entry of the arena table: written once when claimed, then only read,
-/// so lookups by every thread share its cache line without contention.
+/// One entry of the arena table: written when claimed or retired, else
+/// only read, so lookups by every thread share its cache line without
+/// contention. It only points callers to an arena: the arena's `owner`,
+/// read under its lock, decides (a lookup racing with a change of hands may
+/// read a stale entry).
 #[derive(Debug)]
 struct SlotKey {
-    /// `EMPTY`, `CLAIMING`, `STREAM` or `THREAD`; never goes back.
+    /// `EMPTY`, `CLAIMING`, `STREAM` or `THREAD`; back to `EMPTY` when the
+    /// arena is retired (under its lock).
     state: AtomicU64,
     /// The stream id or thread number; valid once `state` is `STREAM` or `THREAD`.
     key: AtomicU64,
@@ -454,7 +504,25 @@ mod thread_no {
 ///   one), and a thread's number, with its arena, passes to the next new
 ///   thread when it exits. Every other stream id gets an arena of its own. Arenas live in a
 ///   fixed table of `max_arenas` slots found by hashing the id: the lookup
-///   reads two atomics of a slot that is written once, so it takes no lock.
+///   reads two atomics of a slot that is written only when it changes
+///   hands, so it takes no lock; under the arena's lock, the arena's owner
+///   is checked before it serves (a lookup racing with a change of hands
+///   looks again).
+/// - **Slots change hands.** An arena is *idle* when nothing is live in it
+///   and it holds no superblock. [`release`](ArenaResource::release) frees
+///   the slot of every idle arena (after taking back the superblocks it
+///   may, below). A stream or thread that finds the table full frees the
+///   slots of idle arenas; if there are none, it first takes back the
+///   wholly free superblocks it may (as when running dry: of its own stream
+///   id, or of every arena with `synchronize_all`, synchronizing first),
+///   then frees the slots of the arenas that left idle. An arena of another
+///   stream that holds free superblocks keeps them, and its slot, without
+///   `synchronize_all`: frees on that stream may still be pending there,
+///   and only that stream (its `release`) or `synchronize_all` orders them.
+///   So any number of streams and threads may use the resource over its
+///   life, `max_arenas` with blocks live at once; beyond that, or with every
+///   slot held by an arena of another stream keeping its superblocks, the
+///   request is [`Error::CapacityExhausted`].
 ///   Each arena has its own lock and index (the O(1) two-level segregated
 ///   fit [`CoalescingIndex`](crate::pool::CoalescingIndex)) over the
 ///   superblocks it holds, each a region of its own; the arena's state is
@@ -530,9 +598,9 @@ mod thread_no {
 pub struct ArenaResource<U, L: RawLock = SpinLock> {
     /// The global arena.
     global: Padded<Shared<Global<U>, L>>,
-    /// Which arena each slot is; claimed slots never change.
+    /// Where each caller's arena is (a hint: each arena's `owner` decides).
     keys: Box<[SlotKey]>,
-    /// The arenas; slot `i` is used only once `keys[i]` is claimed.
+    /// The arenas; slot `i` serves the owner set when `keys[i]` was claimed.
     arenas: Box<[Padded<Shared<Local, L>>]>,
     config: ArenaConfig,
 }
@@ -698,46 +766,95 @@ impl<U, L: RawLock> ArenaResource<U, L> {
         }
     }
 
-    fn owner_of(&self, i: usize) -> Owner {
-        let k = &self.keys[i];
-        match k.state.load(Ordering::Acquire) {
-            STREAM => Owner::Stream(k.key.load(Ordering::Relaxed)),
-            _ => Owner::Thread(k.key.load(Ordering::Relaxed)),
-        }
-    }
-
-    /// The slot of the caller's arena, claimed on first use.
+    /// The slot the table names for `me`, if any: probes from the hash of
+    /// `me`, past empty slots (slots are retired), so a miss reads them all.
     #[inline]
-    fn slot_for(&self, stream_id: u64) -> Result<usize> {
-        let (kind, key) = if stream_id == 0 { (THREAD, thread_no::current()) } else { (STREAM, stream_id) };
-        let n = self.keys.len();
-        let start = ((key ^ kind).wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 32) as usize % n;
-        for probe in 0..n {
-            let i = if start + probe >= n { start + probe - n } else { start + probe };
+    fn find_slot(&self, me: OwnerKey) -> Option<usize> {
+        let OwnerKey { kind, key } = me;
+        for i in self.probe_order(me) {
             let k = &self.keys[i];
             loop {
                 match k.state.load(Ordering::Acquire) {
-                    EMPTY => {
-                        if k.state
-                            .compare_exchange(EMPTY, CLAIMING, Ordering::Acquire, Ordering::Acquire)
-                            .is_ok()
-                        {
-                            k.key.store(key, Ordering::Relaxed);
-                            k.state.store(kind, Ordering::Release);
-                            return Ok(i);
-                        }
-                    }
                     CLAIMING => spin_loop(),
                     s => {
                         if s == kind && k.key.load(Ordering::Relaxed) == key {
-                            return Ok(i);
+                            return Some(i);
                         }
                         break;
                     }
                 }
             }
         }
-        Err(Error::CapacityExhausted { capacity: n as u32 })
+        None
+    }
+
+    /// Every slot, from `me`'s home slot (found by hashing) on.
+    #[inline]
+    fn probe_order(&self, me: OwnerKey) -> impl Iterator<Item = usize> {
+        let n = self.keys.len();
+        let start = ((me.key ^ me.kind).wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 32) as usize % n;
+        (0..n).map(move |p| if start + p >= n { start + p - n } else { start + p })
+    }
+
+    /// A slot for `me`, who has none: an empty one, else one freed by
+    /// retiring idle arenas (after taking back the wholly free superblocks
+    /// the caller's stream may take, as when running dry).
+    #[cold]
+    fn claim_slot<S: Stream + ?Sized>(&self, me: OwnerKey, stream: &S) -> Result<usize> {
+        for round in 0..2 {
+            if let Some(i) = self.find_slot(me).or_else(|| self.claim_empty(me)) {
+                return Ok(i);
+            }
+            if round == 0 && self.retire_idle() == 0 {
+                self.reclaim(stream)?;
+                self.retire_idle();
+            }
+        }
+        Err(Error::CapacityExhausted { capacity: self.keys.len() as u32 })
+    }
+
+    /// Claims an empty slot for `me`, the first in `me`'s probe order.
+    fn claim_empty(&self, me: OwnerKey) -> Option<usize> {
+        let OwnerKey { kind, key } = me;
+        for i in self.probe_order(me) {
+            let k = &self.keys[i];
+            if k.state.load(Ordering::Relaxed) != EMPTY
+                || k.state.compare_exchange(EMPTY, CLAIMING, Ordering::Acquire, Ordering::Relaxed).is_err()
+            {
+                continue;
+            }
+            // An empty slot's arena is idle (it was retired so): it only
+            // needs its owner.
+            self.arenas[i].0.with(|a| a.owner = me);
+            k.key.store(key, Ordering::Relaxed);
+            k.state.store(kind, Ordering::Release);
+            return Some(i);
+        }
+        None
+    }
+
+    /// Frees the slots of idle arenas (nothing live, no superblock): each
+    /// may serve a new stream or thread. Returns how many.
+    fn retire_idle(&self) -> usize {
+        let mut freed = 0;
+        for (k, arena) in self.keys.iter().zip(&self.arenas[..]) {
+            if !matches!(k.state.load(Ordering::Relaxed), STREAM | THREAD) {
+                continue;
+            }
+            arena.0.with(|a| {
+                // Under the arena's lock, so no allocation of its owner is
+                // under way; a slot still being claimed is left alone.
+                if a.owner != OwnerKey::NOBODY
+                    && a.is_idle()
+                    && matches!(k.state.load(Ordering::Acquire), STREAM | THREAD)
+                {
+                    a.owner = OwnerKey::NOBODY;
+                    k.state.store(EMPTY, Ordering::Release);
+                    freed += 1;
+                }
+            });
+        }
+        freed
     }
 
     #[inline]
@@ -766,20 +883,46 @@ impl<U, L: RawLock> ArenaResource<U, L> {
             || self.class_of(request.size()) + request.align() - 256 > self.config.superblock_size
     }
 
-    /// A small block from arena `slot`, with a superblock from the global
-    /// arena if it has no room. `Ok(None)`: no superblock to be had.
+    /// A small block from the arena of `me`, with a superblock from the
+    /// global arena if it has no room. `Ok(None)`: no superblock to be had.
+    #[inline]
     fn allocate_small<S: Stream + ?Sized>(
         &self,
-        slot: usize,
+        me: OwnerKey,
         request: Request,
         stream: &S,
     ) -> Result<Option<Block>>
     where
         U: MemoryResource<S>,
     {
+        loop {
+            let slot = match self.find_slot(me) {
+                Some(i) => i,
+                None => self.claim_slot(me, stream)?,
+            };
+            // `None`: the slot changed hands since it was looked up.
+            if let Some(got) = self.allocate_in(slot, me, request, stream) {
+                return got;
+            }
+        }
+    }
+
+    /// [`allocate_small`](Self::allocate_small) in arena `slot`, if it is
+    /// still `me`'s (else `None`).
+    #[inline]
+    fn allocate_in<S: Stream + ?Sized>(
+        &self,
+        slot: usize,
+        me: OwnerKey,
+        request: Request,
+        stream: &S,
+    ) -> Option<Result<Option<Block>>>
+    where
+        U: MemoryResource<S>,
+    {
         let class = self.class_of(request.size());
         let align = request.align();
-        self.arenas[slot].0.with(|a| {
+        let serve = |a: &mut Local| -> Result<Option<Block>> {
             let got = match a.allocate(class, align)? {
                 Some(got) => got,
                 None => {
@@ -805,7 +948,8 @@ impl<U, L: RawLock> ArenaResource<U, L> {
                     Err(Error::CapacityExhausted { capacity: 1 << SLOT_SHIFT })
                 }
             }
-        })
+        };
+        self.arenas[slot].0.with(|a| (a.owner == me).then(|| serve(a)))
     }
 
     /// A large block from the global arena. `Ok(None)`: no room.
@@ -840,9 +984,13 @@ impl<U, L: RawLock> ArenaResource<U, L> {
         let all = self.config.synchronize_all;
         let mut moved: Vec<(usize, Range)> = Vec::new();
         for i in self.claimed() {
-            if all.is_some() || self.stream_of(i) == sid {
-                self.arenas[i].0.with(|a| a.take_free(i, &mut moved));
-            }
+            // The owner as the arena's lock sees it: the slot may have
+            // changed hands since the table was read.
+            self.arenas[i].0.with(|a| {
+                if a.owner != OwnerKey::NOBODY && (all.is_some() || a.owner.stream_id() == sid) {
+                    a.take_free(i, &mut moved);
+                }
+            });
         }
         if moved.is_empty() {
             return Ok(0);
@@ -851,28 +999,29 @@ impl<U, L: RawLock> ArenaResource<U, L> {
             Some(f) => f(),
             None => stream.synchronize(),
         };
-        if let Err(e) = synced {
-            for &(i, r) in &moved {
-                if self.arenas[i].0.with(|a| a.add(r)).is_err() {
+        let bytes = match synced {
+            // Back to their arenas, which cannot have changed hands while
+            // they were in transit.
+            Err(_) => 0,
+            Ok(()) => self.global.0.with(|g| {
+                moved.iter().filter(|(_, r)| g.give_back(r.start()).is_ok()).map(|(_, r)| r.len()).sum()
+            }),
+        };
+        for &(i, r) in &moved {
+            self.arenas[i].0.with(|a| {
+                a.in_transit -= 1;
+                if synced.is_err() && a.add(r).is_err() {
                     let _ = self.global.0.with(|g| g.give_back(r.start()));
                 }
-            }
-            return Err(e);
+            });
         }
-        self.global.0.with(|g| {
-            let mut bytes = 0;
-            for &(_, r) in &moved {
-                if g.give_back(r.start()).is_ok() {
-                    bytes += r.len();
-                }
-            }
-            Ok(bytes)
-        })
+        synced.map(|()| bytes)
     }
 
     /// Gives every wholly free superblock (of the arenas [`reclaim`] may take
-    /// from, for this stream) back to the global arena, then every wholly
-    /// free chunk back to upstream; returns the bytes given upstream.
+    /// from, for this stream) back to the global arena, frees the slot of
+    /// every arena left idle (nothing live, no superblock), then gives every
+    /// wholly free chunk back to upstream; returns the bytes given upstream.
     ///
     /// # Errors
     ///
@@ -897,6 +1046,7 @@ impl<U, L: RawLock> ArenaResource<U, L> {
         U: MemoryResource<S>,
     {
         self.reclaim(stream)?;
+        self.retire_idle();
         self.global.0.with(|g| g.release(stream))
     }
 
@@ -986,15 +1136,16 @@ impl<U, L: RawLock> ArenaResource<U, L> {
             arenas: Vec::new(),
         });
         for i in self.claimed() {
-            let owner = self.owner_of(i);
-            dump.arenas.push(self.arenas[i].0.with(|a| ArenaStats {
-                owner,
-                superblocks: a.supers.len(),
-                free_superblocks: a.free_supers(),
-                held: a.held,
-                used: a.index.used_bytes(),
-                free: a.index.free_bytes(),
-                largest_free: a.index.largest_free(),
+            dump.arenas.extend(self.arenas[i].0.with(|a| {
+                a.owner.owner().map(|owner| ArenaStats {
+                    owner,
+                    superblocks: a.supers.len(),
+                    free_superblocks: a.free_supers(),
+                    held: a.held,
+                    used: a.index.used_bytes(),
+                    free: a.index.free_bytes(),
+                    largest_free: a.index.largest_free(),
+                })
             }));
         }
         dump
@@ -1027,13 +1178,20 @@ impl<U, L: RawLock> ArenaResource<U, L> {
         })?;
         let mut matched = 0;
         for i in 0..self.arenas.len() {
-            let claimed = matches!(self.keys[i].state.load(Ordering::Acquire), STREAM | THREAD);
+            let k = &self.keys[i];
+            let (state, key) = (k.state.load(Ordering::Acquire), k.key.load(Ordering::Relaxed));
             self.arenas[i].0.with(|a| {
-                if !claimed {
-                    return match a.supers.is_empty() && a.index.used_count() == 0 {
+                if a.owner == OwnerKey::NOBODY {
+                    return match state == EMPTY && a.is_idle() {
                         true => Ok(()),
-                        false => Err(Violation::new("an unclaimed arena slot holds superblocks")),
+                        false => Err(Violation::new("an unclaimed arena slot is in use")),
                     };
+                }
+                if a.owner != (OwnerKey { kind: state, key }) {
+                    return Err(Violation::new("an arena's slot names another owner"));
+                }
+                if a.in_transit != 0 {
+                    return Err(Violation::new("an arena's superblocks are in transit"));
                 }
                 a.check()?;
                 for h in &a.supers {
@@ -1073,12 +1231,11 @@ where
             return Ok(Block::EMPTY);
         }
         let large = self.is_large(&request);
-        let slot = if large { GLOBAL_SLOT } else { self.slot_for(stream.id())? };
         let attempt = || {
             if large {
                 self.allocate_large(request, stream)
             } else {
-                self.allocate_small(slot, request, stream)
+                self.allocate_small(OwnerKey::of_caller(stream.id()), request, stream)
             }
         };
         if let Some(b) = attempt()? {

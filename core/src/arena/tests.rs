@@ -471,6 +471,119 @@ fn arena_table_full_is_a_typed_error() {
     arena.check().unwrap();
 }
 
+/// The case: after `max_arenas` streams have come and gone (every
+/// block freed, each stream's superblocks taken back by its `release`),
+/// a new stream gets an arena; any number of streams over the resource's
+/// life, at most `max_arenas` at once.
+#[test]
+fn slots_of_released_arenas_go_to_new_streams() {
+    let arena =
+        ArenaResource::with_config(BumpUpstream::new(1 << 30), small_config().max_arenas(2), &()).unwrap();
+    for id in 1..=1000u64 {
+        let s = TestStream::new(id);
+        let b = arena.allocate(req(1000), &s).unwrap_or_else(|e| panic!("stream {id}: {e}"));
+        arena.deallocate(b, &s).unwrap();
+        arena.release(&s).unwrap();
+        assert!(arena.arena_count() <= 2);
+        arena.check().unwrap();
+    }
+    // Released, an idle arena gives up its slot at once.
+    assert_eq!((arena.arena_count(), arena.held_bytes()), (0, 0));
+}
+
+static SYNCED_ALL: AtomicUsize = AtomicUsize::new(0);
+fn count_sync_all() -> Result<()> {
+    SYNCED_ALL.fetch_add(1, Ordering::Relaxed);
+    Ok(())
+}
+
+/// With `synchronize_all`, idle arenas of other streams give their
+/// superblocks back (after the hook ran) and their slots when a new stream
+/// needs one: no `release` needed. Without it, an idle arena keeps its
+/// superblocks, whose frees its own stream may not have run yet, and its
+/// slot, until its stream releases them.
+#[test]
+fn idle_arenas_give_their_slots_to_new_streams() {
+    for with_hook in [false, true] {
+        let mut config = small_config().max_arenas(2);
+        if with_hook {
+            config = config.synchronize_all(count_sync_all);
+        }
+        let arena = ArenaResource::with_config(BumpUpstream::new(1 << 30), config, &()).unwrap();
+        let streams: Vec<TestStream> = (1..=300).map(TestStream::new).collect();
+        for (n, s) in streams.iter().enumerate() {
+            match arena.allocate(req(5000), s) {
+                Ok(b) => arena.deallocate(b, s).unwrap(),
+                Err(e) => {
+                    assert!(!with_hook && n == 2, "stream {n}: {e}");
+                    assert_eq!(e, Error::CapacityExhausted { capacity: 2 });
+                    // Its stream takes back its superblocks: the slot is free.
+                    arena.release(&streams[0]).unwrap();
+                    let b = arena.allocate(req(5000), s).unwrap();
+                    arena.deallocate(b, s).unwrap();
+                    break;
+                }
+            }
+            arena.check().unwrap();
+        }
+        if with_hook {
+            // One synchronization frees every idle slot: at most one per new stream.
+            assert!((1..=298).contains(&SYNCED_ALL.load(Ordering::Relaxed)));
+        }
+        assert!(arena.arena_count() <= 2);
+        arena.check().unwrap();
+    }
+}
+
+/// An arena with a live block keeps its slot; once the block is freed and
+/// its stream released, the slot serves another stream.
+#[test]
+fn a_live_block_keeps_its_arena() {
+    let arena =
+        ArenaResource::with_config(BumpUpstream::new(1 << 30), small_config().max_arenas(2), &()).unwrap();
+    let s: Vec<TestStream> = (1..=3).map(TestStream::new).collect();
+    let a = arena.allocate(req(10), &s[0]).unwrap();
+    let b = arena.allocate(req(10), &s[1]).unwrap();
+    arena.release(&s[0]).unwrap();
+    arena.release(&s[1]).unwrap();
+    assert_eq!(arena.allocate(req(10), &s[2]), Err(Error::CapacityExhausted { capacity: 2 }));
+    arena.deallocate(a, &s[0]).unwrap();
+    arena.release(&s[0]).unwrap();
+    let c = arena.allocate(req(10), &s[2]).unwrap();
+    let owners: Vec<Owner> = arena.dump().arenas.iter().map(|a| a.owner).collect();
+    assert!(owners.len() == 2 && owners.contains(&Owner::Stream(2)) && owners.contains(&Owner::Stream(3)));
+    for (x, st) in [(b, &s[1]), (c, &s[2])] {
+        arena.deallocate(x, st).unwrap();
+    }
+    arena.check().unwrap();
+}
+
+/// Threads on the default stream: more threads alive at once than slots,
+/// each done with its blocks. A new thread takes back the free superblocks
+/// of the others (its own stream, the default one, orders their frees) and
+/// a slot.
+#[test]
+fn idle_thread_arenas_give_their_slots_to_new_threads() {
+    let arena =
+        ArenaResource::with_config(BumpUpstream::new(1 << 30), small_config().max_arenas(2), &()).unwrap();
+    let (done, turn) = (Barrier::new(4), std::sync::Mutex::new(()));
+    std::thread::scope(|sc| {
+        for _ in 0..4 {
+            sc.spawn(|| {
+                // One thread at a time uses the arena; all stay alive (their
+                // thread numbers taken) until every one has had its turn.
+                let mine = turn.lock().unwrap();
+                let got = arena.allocate(req(3000), &()).map(|b| arena.deallocate(b, &()));
+                drop(mine);
+                done.wait();
+                assert_eq!(got, Ok(Ok(())));
+            });
+        }
+    });
+    arena.check().unwrap();
+    assert!(arena.arena_count() <= 2);
+}
+
 #[test]
 fn invalid_configs_are_refused() {
     let up = || BumpUpstream::new(1 << 30);
@@ -488,6 +601,30 @@ fn invalid_configs_are_refused() {
             "{c:?}"
         );
     }
+}
+
+/// A chunk size or an initial size above what a request may hold would make
+/// every growth fail with `InvalidSize`: refused when the resource is made,
+/// with nothing taken from upstream.
+#[test]
+fn configs_no_request_could_use_are_refused() {
+    let up = BumpUpstream::new(u64::MAX);
+    for c in [
+        ArenaConfig::new().chunk_size(Request::MAX_SIZE + 256),
+        ArenaConfig::new().chunk_size(!255),
+        ArenaConfig::new().initial_size(Request::MAX_SIZE + 256),
+    ] {
+        let r = ArenaResource::with_config(&up, c, &());
+        assert!(matches!(r, Err(Error::InvalidConfig { .. })), "{c:?}: {:?}", r.map(|_| ()));
+        assert_eq!(up.outstanding(), 0);
+    }
+    // The largest chunk a request can hold, in superblocks that do not
+    // divide it: growth still asks for no more than a request may hold.
+    let c = ArenaConfig::new().superblock_size(3 << 20).chunk_size(Request::MAX_SIZE);
+    let arena = ArenaResource::with_config(&up, c, &()).unwrap();
+    let b = arena.allocate(req(1000), &()).unwrap();
+    arena.deallocate(b, &()).unwrap();
+    arena.check().unwrap();
 }
 
 #[test]

@@ -37,7 +37,8 @@ pub enum Growth {
     Fraction {
         /// The pool grows by at least `1/divisor` of its size.
         divisor: u32,
-        /// Chunk sizes are multiples of this (a power of two, at least 256).
+        /// Chunk sizes are multiples of this (a power of two, at least 256,
+        /// at most [`Request::MAX_SIZE`]).
         granule: u64,
     },
 }
@@ -130,6 +131,9 @@ impl PoolConfig {
         if self.initial_size % 256 != 0 {
             return Err(Error::InvalidConfig { what: "initial pool size is not a multiple of 256" });
         }
+        if self.initial_size > Request::MAX_SIZE {
+            return Err(Error::InvalidConfig { what: "initial pool size above the largest request" });
+        }
         if let Some(max) = self.maximum_size {
             if max % 256 != 0 {
                 return Err(Error::InvalidConfig { what: "maximum pool size is not a multiple of 256" });
@@ -143,6 +147,10 @@ impl PoolConfig {
                 return Err(Error::InvalidConfig {
                     what: "growth divisor is zero or granule not a power of two >= 256",
                 });
+            }
+            // Every chunk would be asked with more bytes than a request holds.
+            if granule > Request::MAX_SIZE {
+                return Err(Error::InvalidConfig { what: "growth granule above the largest request" });
             }
         }
         Ok(())

@@ -226,6 +226,28 @@ fn invalid_configs_are_rejected() {
     }
 }
 
+/// A configuration under which no request could ever be served (every
+/// growth would ask the upstream for more than a request may hold) is
+/// refused when the pool is made, with nothing taken from upstream.
+#[test]
+fn configs_no_request_could_use_are_refused() {
+    let up = BumpUpstream::new(1 << 40);
+    let above = (Request::MAX_SIZE + 256).next_power_of_two();
+    for c in [
+        PoolConfig::new().growth(Growth::Fraction { divisor: 8, granule: above }),
+        PoolConfig::new().initial_size(Request::MAX_SIZE + 256),
+    ] {
+        let r = CoalescingPool::with_config(&up, c, &());
+        assert!(matches!(r, Err(Error::InvalidConfig { .. })), "{c:?}: {:?}", r.map(|_| ()));
+        assert_eq!(up.outstanding(), 0);
+    }
+    // The largest granule that a request can hold still serves.
+    let c = PoolConfig::new().growth(Growth::Fraction { divisor: 8, granule: Request::MAX_SIZE });
+    let mut p = CoalescingPool::with_config(BumpUpstream::new(u64::MAX), c, &()).unwrap();
+    let b = p.allocate(Request::new(1000).unwrap(), &()).unwrap();
+    p.deallocate(b, &()).unwrap();
+}
+
 #[test]
 fn chunks_never_coalesce_and_release_returns_free_chunks() {
     let mut p = pool(PoolConfig::new().growth(Growth::Fraction { divisor: 1 << 30, granule: 256 }));

@@ -160,6 +160,9 @@ pub enum StackErrorKind {
     Resource(crate::Error),
     /// An I/O error of a backend (opening a log file...).
     Io(String),
+    /// Parentheses nested more than [`MAX_DEPTH`] deep (`pos`: the call
+    /// that opens one too many).
+    TooDeep,
 }
 
 impl fmt::Display for StackErrorKind {
@@ -181,6 +184,7 @@ impl fmt::Display for StackErrorKind {
             StackErrorKind::BadValue(v) => write!(f, "bad value: {v}"),
             StackErrorKind::Resource(e) => write!(f, "{e}"),
             StackErrorKind::Io(e) => write!(f, "{e}"),
+            StackErrorKind::TooDeep => write!(f, "calls nested more than {MAX_DEPTH} deep"),
         }
     }
 }
@@ -205,13 +209,18 @@ impl StackError {
     }
 }
 
+/// The most calls nested inside each other's parentheses: the parser (and
+/// every walk of the tree) recurses once per level, so an unbounded depth
+/// would overflow the stack; real stacks are a handful deep.
+pub const MAX_DEPTH: usize = 64;
+
 /// Parses a stack description.
 ///
 /// # Errors
 ///
 /// A [`StackError`] naming the byte position of the first problem:
 /// unbalanced parentheses, an empty name, a missing `,` or `)`, a misplaced
-/// `=`, text after the end.
+/// `=`, text after the end, calls nested more than [`MAX_DEPTH`] deep.
 ///
 /// ```
 /// use memres_core::stack::{parse, StackErrorKind};
@@ -220,7 +229,7 @@ impl StackError {
 /// assert_eq!(parse("(sim)").unwrap_err().kind, StackErrorKind::EmptyName);
 /// ```
 pub fn parse(text: &str) -> Result<Call, StackError> {
-    let mut p = Parser { text: text.as_bytes(), src: text, at: 0 };
+    let mut p = Parser { text: text.as_bytes(), src: text, at: 0, depth: 0 };
     let value = p.value()?;
     p.skip_ws();
     if p.at < p.text.len() {
@@ -242,6 +251,8 @@ struct Parser<'a> {
     src: &'a str,
     /// Next byte to read.
     at: usize,
+    /// Calls whose `(` is open.
+    depth: usize,
 }
 
 fn is_word_byte(b: u8) -> bool {
@@ -288,8 +299,13 @@ impl<'a> Parser<'a> {
                 if !is_name(&word) {
                     return Err(StackError::new(pos, StackErrorKind::Expected("a resource name before `(`")));
                 }
+                if self.depth == MAX_DEPTH {
+                    return Err(StackError::new(pos, StackErrorKind::TooDeep));
+                }
                 self.at += 1;
+                self.depth += 1;
                 let args = self.args()?;
+                self.depth -= 1;
                 Ok(Value::Call(Call { name: word, pos, args }))
             }
             _ if word.is_empty() => Err(StackError::new(self.at, StackErrorKind::EmptyName)),

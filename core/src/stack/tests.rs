@@ -55,6 +55,28 @@ fn malformed_strings_name_the_position() {
     }
 }
 
+/// Parentheses nested past `MAX_DEPTH` are an error naming the call that
+/// opens one level too many, never a stack overflow; `MAX_DEPTH` parse.
+#[test]
+fn nesting_deeper_than_the_limit_is_an_error_not_an_overflow() {
+    let nested = |levels: usize| alloc::format!("{}sim{}", "stats(".repeat(levels), ")".repeat(levels));
+    let c = parse(&nested(MAX_DEPTH)).unwrap();
+    let mut opened = 0;
+    let mut call = &c;
+    while let Ok(inner) = call.resource(0) {
+        (call, opened) = (inner, opened + 1);
+    }
+    assert_eq!((opened, call.name.as_str()), (MAX_DEPTH, "sim"));
+    let e = err(&nested(MAX_DEPTH + 1));
+    assert_eq!((e.pos, &e.kind), (MAX_DEPTH * 6, &StackErrorKind::TooDeep), "{e}");
+    assert!(e.to_string().contains("nested more than 64 deep"), "{e}");
+    // Deep enough to overflow a thread's stack when parsed recursively, and
+    // unbalanced or keyed: still the depth error.
+    for text in [nested(8000), "stats(".repeat(8000), "pool(sim, x=".repeat(8000)] {
+        assert_eq!(err(&text).kind, StackErrorKind::TooDeep);
+    }
+}
+
 #[test]
 fn bad_sizes_unknown_and_duplicate_keys() {
     let c = parse("pool(sim, initial=12XB, max=4G, max=5G, extra=1, 7)").unwrap();

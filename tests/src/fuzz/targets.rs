@@ -514,12 +514,16 @@ pub struct Layers {
     pub check: LayerCheck,
     /// Judge of failures the layers cause.
     pub judge: LayerJudge,
+    /// Whether a layer keeps a table of the live blocks it handed out (as
+    /// `Limiting`): a block freed already is then unknown to it
+    /// ([`Error::UnknownBlock`] rather than the pool's `DoubleFree`).
+    pub forgets: bool,
 }
 
 impl Layers {
     /// Layers with no checks or failures of their own.
     pub fn new(top: Box<dyn MemoryResource>) -> Self {
-        Layers { top, check: Box::new(|_| Ok(())), judge: Box::new(|_, _, _| None) }
+        Layers { top, check: Box::new(|_| Ok(())), judge: Box::new(|_, _, _| None), forgets: false }
     }
 }
 
@@ -566,6 +570,9 @@ impl FuzzResource for StackTarget {
     }
     fn spy(&self) -> Option<&Spy> {
         Some(&self.spy)
+    }
+    fn forgets(&self, _block: &Block) -> bool {
+        self.layers.forgets
     }
     fn judge_alloc_failure(
         &self,

@@ -37,9 +37,10 @@ fn round_trip_yields_the_same_operations() {
             expected.push((Action::Free, b.addr(), b.size(), stream.0));
         }
     }
-    // A refused free is not logged.
+    // A refused free is logged all the same (before the upstream refused it) and counted.
     assert!(log.deallocate(Block::from_addr(1, 256), &IdStream(0)).is_err());
-    assert_eq!(log.write_errors(), 0);
+    expected.push((Action::Free, 1, 256, 0));
+    assert_eq!((log.write_errors(), log.refused_frees()), (0, 1));
     let (_, bytes) = log.into_parts();
     let text = String::from_utf8(bytes).unwrap();
     assert!(text.starts_with("Thread,Time,Action,Pointer,Size,Stream\n"));
@@ -71,6 +72,85 @@ fn rows_use_rmm_format() {
     assert_eq!(fields[1].len(), 16, "{}", fields[1]);
     assert!(lines[2].ends_with(",allocate failure,0x0,4294967296,7"), "{}", lines[2]);
     assert!(lines[3].contains(",free,"));
+}
+
+/// A writer whose bytes the test (and the upstream below) can read while
+/// the adaptor holds it.
+#[derive(Clone, Default)]
+struct SharedBuf(std::sync::Arc<Mutex<Vec<u8>>>);
+
+impl Write for SharedBuf {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+impl SharedBuf {
+    fn last_line(&self) -> String {
+        let text = String::from_utf8(self.0.lock().unwrap().clone()).unwrap();
+        text.lines().last().unwrap_or_default().to_string()
+    }
+}
+
+/// An upstream that, when asked to free, notes the log's last line (what
+/// another thread reusing the address at once would log after), and can be
+/// made to refuse frees.
+struct Peek {
+    inner: SimDevice,
+    log: SharedBuf,
+    seen: Mutex<Vec<String>>,
+    refuse: std::sync::atomic::AtomicBool,
+}
+
+impl MemoryResource for Peek {
+    fn allocate(&self, request: Request, s: &()) -> Result<Block> {
+        self.inner.allocate(request, s)
+    }
+    fn deallocate(&self, block: Block, s: &()) -> Result<()> {
+        self.seen.lock().unwrap().push(self.log.last_line());
+        if self.refuse.load(Ordering::Relaxed) {
+            return Err(Error::Backend { code: 1, what: "free refused" });
+        }
+        self.inner.deallocate(block, s)
+    }
+}
+
+/// RMM's order: the free's row is written before the upstream frees the
+/// block, so no reuse of the address by another thread can be logged
+/// before it. A free the upstream refuses stays logged, and is counted.
+#[test]
+fn a_free_is_logged_before_the_upstream_frees_it() {
+    let buf = SharedBuf::default();
+    let peek = Peek {
+        inner: SimDevice::new(1 << 30),
+        log: buf.clone(),
+        seen: Mutex::default(),
+        refuse: Default::default(),
+    };
+    let log = Logging::new(peek, buf.clone()).unwrap();
+    let a = log.allocate(Request::new(1000).unwrap(), &()).unwrap();
+    log.deallocate(a, &()).unwrap();
+    let free_row = |b: &Block| format!(",free,{:#x},{},0", b.addr(), b.size());
+    let seen = log.upstream().seen.lock().unwrap().clone();
+    assert_eq!(seen.len(), 1);
+    assert!(seen[0].ends_with(&free_row(&a)), "the upstream freed after the row {:?}", seen[0]);
+
+    let b = log.allocate(Request::new(2000).unwrap(), &()).unwrap();
+    log.upstream().refuse.store(true, Ordering::Relaxed);
+    assert_eq!(log.deallocate(b, &()), Err(Error::Backend { code: 1, what: "free refused" }));
+    assert_eq!((log.refused_frees(), log.write_errors()), (1, 0));
+    assert!(buf.last_line().ends_with(&free_row(&b)), "{}", buf.last_line());
+    log.upstream().refuse.store(false, Ordering::Relaxed);
+    log.deallocate(b, &()).unwrap();
+    assert_eq!(log.refused_frees(), 1);
+    let rows = parse_log(&buf.0.lock().unwrap()[..]).unwrap();
+    let actions: Vec<Action> = rows.iter().map(|r| r.action).collect();
+    use Action::{Allocate, Free};
+    assert_eq!(actions, [Allocate, Free, Allocate, Free, Free]);
 }
 
 #[test]

@@ -15,8 +15,11 @@
 //!   arena serves another stream id; a failed synchronization fails the call
 //!   and changes nothing;
 //! - the table of arenas has `max_arenas` slots: a small request of a stream
-//!   or thread with no arena yet claims one, and with none left it is
-//!   `CapacityExhausted`;
+//!   or thread with no arena yet claims one; with none left, the slots of
+//!   idle arenas (nothing live) are freed, if their superblocks (if any) can
+//!   be taken back by the caller (`synchronize_all`, or its own stream id),
+//!   and with none such it is `CapacityExhausted`; `release` frees the slot
+//!   of every arena left with nothing live and no superblock;
 //! - out of memory only when no free range of the caller's arena or of the
 //!   global arena could serve, and the maximum or the upstream forbids
 //!   growing.
@@ -24,7 +27,7 @@
 use super::super::{drive, FuzzResource, Model, Op};
 use super::Spy;
 use arbitrary::Unstructured;
-use memres_core::arena::{size_class, ArenaConfig, ArenaDump, ArenaResource, DumpTarget, Owner};
+use memres_core::arena::{size_class, ArenaConfig, ArenaDump, ArenaResource, ArenaStats, DumpTarget, Owner};
 use memres_core::testing::{SyncFaults, TestStream, SYNC_FAILURE};
 use memres_core::{Block, Error, MemoryResource, Request, Result};
 use std::collections::HashMap;
@@ -207,6 +210,51 @@ impl ArenaTarget {
         }
     }
 
+    /// Whether a claim on stream `on` may free the slot of arena `a`: nothing
+    /// live there, and its superblocks (if any) ones the caller may take back
+    /// (with `synchronize_all`, or of its own stream id).
+    fn retirable(&self, a: &ArenaStats, on: u64) -> bool {
+        let stream = match a.owner {
+            Owner::Stream(id) => id,
+            _ => 0,
+        };
+        a.used == 0 && (a.superblocks == 0 || self.params.synchronize_all || stream == on)
+    }
+
+    /// Takes the arenas of the dump as the model's after a call that may
+    /// claim a slot for `claimer` (learning its thread's number) or retire
+    /// idle arenas; returns whether `claimer` got one.
+    fn resync_keys(&mut self, claimer: Option<Key>) -> bool {
+        let dump = self.arena.dump();
+        if let Some(Key::Thread(helper)) = claimer {
+            if self.threads[helper as usize].is_none() {
+                let known = self.threads;
+                self.threads[helper as usize] = dump.arenas.iter().find_map(|a| match a.owner {
+                    Owner::Thread(n) if !known.contains(&Some(n)) => Some(n),
+                    _ => None,
+                });
+            }
+        }
+        let mut keys = Vec::new();
+        for a in &dump.arenas {
+            match self.key_of_owner(a.owner) {
+                Some(k) if !keys.contains(&k) => keys.push(k),
+                _ => panic!("fuzz oracle: arena of an unknown or second owner {:?}", a.owner),
+            }
+        }
+        for k in &self.keys {
+            if !keys.contains(k) && self.placed.values().any(|p| !p.large && p.key == *k) {
+                panic!("fuzz oracle: arena {k:?} gave up its slot with blocks live");
+            }
+        }
+        let claimed = claimer.is_some_and(|c| keys.contains(&c));
+        if keys.iter().any(|k| !self.keys.contains(k) && Some(*k) != claimer) {
+            panic!("fuzz oracle: arenas {keys:?} appeared; the model had {:?}", self.keys);
+        }
+        self.keys = keys;
+        claimed
+    }
+
     /// Releases on every stream id with no failure armed: everything goes
     /// back upstream once nothing is live (a release on stream 0 takes back
     /// the superblocks of every thread's arena).
@@ -236,24 +284,24 @@ impl FuzzResource for ArenaTarget {
         let large = self.params.is_large(&request);
         let small = !request.is_zero() && !large;
         let claims = small && !self.keys.contains(&key);
-        let table_full = claims && self.keys.len() >= self.params.max_arenas as usize;
+        // A full table frees the slots of idle arenas whose superblocks
+        // (if any) the caller may take back.
+        let full = claims && self.keys.len() >= self.params.max_arenas as usize;
+        let on = LANES[self.current].0;
+        let table_full = full && !self.arena.dump().arenas.iter().any(|a| self.retirable(a, on));
         let injected = self.injected();
         let got = self.on_lane(move |a, s| a.allocate(request, s));
         let stream_failed = self.injected() != injected;
         self.last = Attempt { large, key: small.then_some(key), table_full, stream_failed };
-        if claims && !table_full {
-            // The slot is claimed before the arena is asked, whatever it answers.
-            self.keys.push(key);
-            if let Key::Thread(helper) = key {
-                let known = self.threads;
-                let new = self.arena.dump().arenas.iter().find_map(|a| match a.owner {
-                    Owner::Thread(n) if !known.contains(&Some(n)) => Some(n),
-                    _ => None,
-                });
-                match new {
-                    Some(n) => self.threads[helper as usize] = Some(n),
-                    None => panic!("fuzz oracle: a small request on stream 0 made no arena for its thread"),
-                }
+        if claims {
+            let claimed = self.resync_keys(Some(key));
+            // The slot is claimed before the arena is asked, whatever it
+            // answers; only a failed synchronization (taking superblocks
+            // back to free a slot) keeps it from being claimed.
+            if (table_full && claimed) || (!table_full && !claimed && !stream_failed) {
+                panic!(
+                    "fuzz oracle: {request:?} claimed an arena: {claimed}; the table was full: {table_full}, a synchronization failed: {stream_failed}"
+                );
             }
         }
         if let Ok(block) = got {
@@ -321,6 +369,7 @@ impl FuzzResource for ArenaTarget {
             }
             return Some(Ok(0));
         }
+        self.resync_keys(None);
         if let Ok(bytes) = got {
             let dump = self.arena.dump();
             if held - bytes != dump.global.held {
@@ -336,6 +385,9 @@ impl FuzzResource for ArenaTarget {
                     || (on == 0 && matches!(a.owner, Owner::Thread(_)));
                 if reclaims && a.free_superblocks != 0 {
                     panic!("fuzz oracle: release on stream {on:#x} left wholly free superblocks: {a:?}");
+                }
+                if a.used == 0 && a.superblocks == 0 {
+                    panic!("fuzz oracle: release left an idle arena its slot: {a:?}");
                 }
             }
             if dump.global.used == 0 && dump.global.held != 0 {

@@ -404,7 +404,8 @@ pub fn run_stack_adaptors(data: &[u8]) {
                 (_, false) => None,
             }
         };
-        Layers { top: Box::new(top), check: Box::new(check), judge: Box::new(judge) }
+        // The limit's table of charges holds live blocks only.
+        Layers { top: Box::new(top), check: Box::new(check), judge: Box::new(judge), forgets: true }
     });
 }
 
