@@ -23,7 +23,7 @@ use memres_bench::resources::{
 use memres_bench::workload::Workload;
 use memres_core::arena::ArenaResource;
 use memres_core::Block;
-use memres_host::{SimDevice, SimWorld};
+use memres_sim::{SimDevice, SimWorld};
 use std::hint::black_box;
 use std::sync::Barrier;
 use std::time::{Duration, Instant};

@@ -18,7 +18,7 @@ use memres_core::adaptor::Statistics;
 use memres_core::stack::StackErrorKind;
 use memres_core::{Block, MemoryResource, Request, Stream};
 use memres_cuda::{CudaAsyncMemory, CudaMemory, CudaStream, Device, StreamOptions};
-use memres_host::{Built, SimStream, SimWorld, StackBuilder};
+use memres_sim::{Built, SimStream, SimWorld, StackBuilder};
 use std::cell::RefCell;
 use std::fmt;
 

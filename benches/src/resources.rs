@@ -13,7 +13,7 @@ use memres_core::fixed::{FixedConfig, FixedSizeResource};
 use memres_core::pool::{CoalescingPool, PoolConfig};
 use memres_core::vpool::{VirtualConfig, VirtualPool};
 use memres_core::{Block, Error, MemoryResource, MemoryResourceMut, Request, Shared, Stream, StreamOrdered};
-use memres_host::{HostMemory, SimAddressSpace, SimDevice, SimStream, SimWorld};
+use memres_sim::{HostMemory, SimAddressSpace, SimDevice, SimStream, SimWorld};
 use std::fmt;
 use std::str::FromStr;
 use std::sync::Arc;

@@ -1,5 +1,5 @@
 //! Replays through a stack built from its text by
-//! [`memres_host::StackBuilder`] (`memres replay --stack 'stats(binning(pool(sim)))'`).
+//! [`memres_sim::StackBuilder`] (`memres replay --stack 'stats(binning(pool(sim)))'`).
 //!
 //! The stack is built for [`SimStream`]s: one per stream of the workload on
 //! one thread, one per thread with `--streams`. Its peak upstream is the
@@ -16,7 +16,7 @@ use crate::workload::Workload;
 use memres_core::stack::StackErrorKind;
 use memres_core::vpool::VirtualPool;
 use memres_core::{Block, DynResource, Error, MemoryResource, Request, Shared};
-use memres_host::{HostMemory, Logging, SimAddressSpace, SimDevice, SimStream, SimWorld, StackBuilder};
+use memres_sim::{HostMemory, Logging, SimAddressSpace, SimDevice, SimStream, SimWorld, StackBuilder};
 use std::fmt;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -218,12 +218,12 @@ fn cuda_leaves(builder: &mut StackBuilder<SimStream>, options: &RunOptions) -> R
 }
 
 #[cfg(feature = "cuda")]
-fn cuda_peak(built: &memres_host::Built<SimStream>) -> Option<Box<dyn Fn() -> u64>> {
+fn cuda_peak(built: &memres_sim::Built<SimStream>) -> Option<Box<dyn Fn() -> u64>> {
     crate::cuda::stack_leaf_peak(built)
 }
 
 #[cfg(not(feature = "cuda"))]
-fn cuda_peak(_: &memres_host::Built<SimStream>) -> Option<Box<dyn Fn() -> u64>> {
+fn cuda_peak(_: &memres_sim::Built<SimStream>) -> Option<Box<dyn Fn() -> u64>> {
     None
 }
 

@@ -1,7 +1,7 @@
 //! Small upstreams and streams for examples, tests and fuzzing inside the
 //! core.
 //!
-//! The real ones live in the backends (`memres-host`'s `SimDevice` and
+//! The real ones live in the backends (`memres-sim`'s `SimDevice` and
 //! `SimStream`, `memres-cuda`); these need nothing but the core.
 
 #[cfg(feature = "alloc")]

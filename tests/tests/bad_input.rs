@@ -13,7 +13,7 @@ use memres_core::stack::StackErrorKind;
 use memres_core::stream_ordered::StreamOrdered;
 use memres_core::vpool::{VirtualConfig, VirtualPool};
 use memres_core::{Block, Error, MemoryResource, Request, Shared};
-use memres_host::{HostMemory, Logging, SimAddressSpace, SimDevice, SimStream, SimWorld, StackBuilder};
+use memres_sim::{HostMemory, Logging, SimAddressSpace, SimDevice, SimStream, SimWorld, StackBuilder};
 use std::sync::Arc;
 
 /// A resource under test, with its figure of bytes in use and its checker.

@@ -10,7 +10,7 @@ use memres::table::Table;
 use memres_core::pool::{CoalescingPool, PoolConfig};
 use memres_core::testing::SplitMix64;
 use memres_core::{Block, MemoryResource, Request, Shared};
-use memres_host::SimDevice;
+use memres_sim::SimDevice;
 use std::time::Instant;
 
 fn main() -> Result<(), memres_core::Error> {

@@ -5,7 +5,7 @@ use crate::vmm::vmm_config;
 use memres_core::stack::{Call, StackError, StackErrorKind};
 use memres_core::{Block, DynResource, MemoryResource, Request, Result};
 use memres_cuda::{AsyncConfig, CudaAsyncMemory, CudaMemory, CudaStream, Device, ManagedMemory};
-use memres_host::{SimDevice, StackBuilder};
+use memres_sim::{SimDevice, StackBuilder};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 
@@ -69,7 +69,7 @@ impl UpstreamCounter {
 /// ```
 /// use memres::leaves::{Counted, UpstreamCounter};
 /// use memres_core::{MemoryResource, Request};
-/// use memres_host::SimDevice;
+/// use memres_sim::SimDevice;
 /// use std::sync::Arc;
 /// let counter = Arc::new(UpstreamCounter::default());
 /// let leaf = Counted::new(SimDevice::new(1 << 20), counter.clone());
@@ -172,7 +172,7 @@ fn resource_error(call: &Call, e: memres_core::Error) -> StackError {
 /// ```no_run
 /// use memres::leaves::{register_cuda, UpstreamCounter};
 /// use memres_cuda::{CudaStream, Device};
-/// use memres_host::StackBuilder;
+/// use memres_sim::StackBuilder;
 /// use std::sync::Arc;
 /// let device = Device::get(0)?;
 /// let mut builder = StackBuilder::<CudaStream>::new();
@@ -217,7 +217,7 @@ pub fn register_cuda(builder: &mut StackBuilder<CudaStream>, device: Device, cou
 /// ```
 /// use memres::leaves::refuse_host_leaves;
 /// use memres_cuda::CudaStream;
-/// use memres_host::StackBuilder;
+/// use memres_sim::StackBuilder;
 /// let mut b = StackBuilder::<CudaStream>::new();
 /// assert!(b.build("pool(sim)", &CudaStream::legacy()).is_ok());
 /// refuse_host_leaves(&mut b);

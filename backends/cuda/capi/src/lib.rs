@@ -19,7 +19,7 @@
 //!
 //! Each device gets its own resource, built the first time the device is
 //! used, from the stack description (`stats(pool(async, per_stream=true, initial=1GiB))`,
-//! see [`memres_host::StackBuilder`]) set by `memres_configure`, else the
+//! see [`memres_sim::StackBuilder`]) set by `memres_configure`, else the
 //! environment variable `MEMRES_STACK` as it is then, else
 //! [`DEFAULT_STACK`]. The CUDA leaves are `async`, `cuda`, `managed` and
 //! `vmm` ([`leaves::register_cuda`]); every leaf counts the bytes it holds
@@ -77,7 +77,7 @@
 //! unmaps only after synchronizing the stream of the call in progress,
 //! which makes that safe under the same condition (see [`vmm`]'s *Streams*).
 //!
-//! The `sim`, `host` and `vpool` names of [`memres_host::StackBuilder`]
+//! The `sim`, `host` and `vpool` names of [`memres_sim::StackBuilder`]
 //! are refused here ([`leaves::refuse_host_leaves`]): their pointers are
 //! not device memory.
 //!
@@ -120,7 +120,7 @@ use leaves::{checking_builder, refuse_host_leaves, register_cuda, Counted, Upstr
 use memres_core::adaptor::Statistics;
 use memres_core::{DynResource, MemoryResource, Request};
 use memres_cuda::{CudaAsyncMemory, CudaStream, Device};
-use memres_host::{Logging, StackBuilder};
+use memres_sim::{Logging, StackBuilder};
 use std::ffi::{c_char, c_int, c_void, CStr};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::{Arc, Mutex, OnceLock};

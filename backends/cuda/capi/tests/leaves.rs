@@ -6,7 +6,7 @@ use memres::vmm::VmmPool;
 use memres_core::stack::StackErrorKind;
 use memres_core::{MemoryResource, Request};
 use memres_cuda::{CudaAsyncMemory, CudaStream, Device};
-use memres_host::StackBuilder;
+use memres_sim::StackBuilder;
 use std::sync::Arc;
 
 #[test]

@@ -15,7 +15,7 @@ use std::sync::Mutex;
 ///
 /// ```
 /// use memres_core::{MemoryResource, Request};
-/// use memres_host::SimDevice;
+/// use memres_sim::SimDevice;
 /// let dev = SimDevice::new(1 << 30);
 /// let b = dev.allocate(Request::new(1000)?, &())?;
 /// assert_eq!(dev.held_bytes(), 1024);

@@ -28,7 +28,7 @@
 //!
 //! ```
 //! use memres_core::{MemoryResource, Request};
-//! use memres_host::StackBuilder;
+//! use memres_sim::StackBuilder;
 //! let stack = StackBuilder::<()>::new().build("limit(stats(pool(sim, initial=1MiB)), 2MiB)", &())?;
 //! let b = stack.allocate(Request::new(1 << 20)?, &())?;
 //! assert!(stack.allocate(Request::new(2 << 20)?, &()).is_err());
@@ -113,7 +113,7 @@ impl<S: Stream + ?Sized + 'static> Context<'_, S> {
 /// ```
 /// use memres_core::adaptor::Statistics;
 /// use memres_core::{DynResource, MemoryResource, Request};
-/// use memres_host::{SimDevice, StackBuilder};
+/// use memres_sim::{SimDevice, StackBuilder};
 /// let built = StackBuilder::<()>::new().build_with_handles("stats(pool(sim))", &())?;
 /// let b = built.resource.allocate(Request::new(1000)?, &())?;
 /// let stats = built.get::<Statistics<DynResource>>("stats").unwrap();
@@ -175,7 +175,7 @@ pub type Constructor<S> =
 /// use memres_core::adaptor::Statistics;
 /// use memres_core::stack::StackErrorKind;
 /// use memres_core::DynResource;
-/// use memres_host::StackBuilder;
+/// use memres_sim::StackBuilder;
 /// use std::sync::Arc;
 /// let mut b = StackBuilder::<()>::new();
 /// let e = b.build("stats(counted(sim))", &()).err().unwrap();
@@ -419,7 +419,7 @@ impl<S: Stream + ?Sized + 'static> StackBuilder<S> {
     ///
     /// ```
     /// use memres_core::{MemoryResource, Request};
-    /// use memres_host::{SimWorld, StackBuilder};
+    /// use memres_sim::{SimWorld, StackBuilder};
     /// let world = SimWorld::new();
     /// let (s1, s2) = (world.stream(), world.stream());
     /// let mut b = StackBuilder::new();

@@ -12,14 +12,14 @@
 //! that `vpool_replay` times on a GPU; its maps there matched these.
 //!
 //! ```text
-//! cargo run --release -p memres-host --example vpool_footprint -- [--handle-granules N] TRACE.csv.gz...
+//! cargo run --release -p memres-sim --example vpool_footprint -- [--handle-granules N] TRACE.csv.gz...
 //! ```
 
 use flate2::read::GzDecoder;
 use memres_core::vmem::ReservableSpace;
 use memres_core::vpool::{VirtualConfig, VirtualPool};
 use memres_core::{Block, MemoryResourceMut, Range, Request, Stream};
-use memres_host::SimAddressSpace;
+use memres_sim::SimAddressSpace;
 use std::cell::{Cell, RefCell};
 use std::collections::{BTreeMap, HashMap};
 use std::io::{BufRead, BufReader};

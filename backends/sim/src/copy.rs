@@ -23,7 +23,7 @@ use memres_core::{Result, Stream};
 /// ```
 /// use memres_core::copy::CopyEngine;
 /// use memres_core::{Error, MemoryResource, Request};
-/// use memres_host::{HostCopy, HostMemory};
+/// use memres_sim::{HostCopy, HostMemory};
 /// let host = HostMemory::new();
 /// let b = host.allocate(Request::new(3)?, &())?;
 /// let mut out = [0u8; 3];

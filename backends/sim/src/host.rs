@@ -45,7 +45,7 @@ mod tests;
 ///
 /// ```
 /// use memres_core::{MemoryResource, Request};
-/// use memres_host::HostMemory;
+/// use memres_sim::HostMemory;
 /// let host = HostMemory::new();
 /// let b = host.allocate(Request::aligned(1000, 4096)?, &())?;
 /// assert_eq!(b.addr() % 4096, 0);

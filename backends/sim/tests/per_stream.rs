@@ -8,7 +8,7 @@ use memres_core::pool::{CoalescingPool, Growth, PoolConfig};
 use memres_core::stream_ordered::StreamOrdered;
 use memres_core::testing::SplitMix64;
 use memres_core::{Block, DynResource, Error, MemoryResource, Request, Shared, Stream};
-use memres_host::{HbChecked, SimDevice, SimStream, SimWorld, StackBuilder};
+use memres_sim::{HbChecked, SimDevice, SimStream, SimWorld, StackBuilder};
 use std::sync::Arc;
 
 const MIB: u64 = 1 << 20;

@@ -40,7 +40,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 ///
 /// ```
 /// use memres_core::Stream;
-/// use memres_host::SimWorld;
+/// use memres_sim::SimWorld;
 /// let world = SimWorld::new();
 /// let (a, b) = (world.stream(), world.stream());
 /// a.enqueue();
@@ -218,7 +218,7 @@ impl SimWorld {
 ///
 /// ```
 /// use memres_core::Stream;
-/// use memres_host::SimWorld;
+/// use memres_sim::SimWorld;
 /// let world = SimWorld::new();
 /// let s = world.stream();
 /// s.enqueue();
@@ -251,7 +251,7 @@ impl SimEvent {
 ///
 /// ```
 /// use memres_core::Stream;
-/// use memres_host::SimWorld;
+/// use memres_sim::SimWorld;
 /// let world = SimWorld::new();
 /// let s = world.stream();
 /// let p = s.enqueue(); // a kernel

@@ -4,7 +4,7 @@ use memres_core::binning::{BinPlan, BinningResource, SizeHistogram};
 use memres_core::pool::CoalescingPool;
 use memres_core::testing::SplitMix64;
 use memres_core::{Block, Error, MemoryResource, Request, Shared};
-use memres_host::SimDevice;
+use memres_sim::SimDevice;
 use std::sync::Arc;
 
 /// Bytes the binning resource's fixed bins hold from the device.

@@ -39,7 +39,7 @@ impl Action {
 /// # Examples
 ///
 /// ```
-/// use memres_host::{Action, LogRecord};
+/// use memres_sim::{Action, LogRecord};
 /// let r: LogRecord = "0,1795342456727905,allocate,0x7fed54800000,16777216,0".parse()?;
 /// assert_eq!((r.action, r.addr, r.size), (Action::Allocate, 0x7fed54800000, 16 << 20));
 /// assert_eq!(r.to_string(), "0,1795342456727905,allocate,0x7fed54800000,16777216,0");
@@ -117,7 +117,7 @@ impl std::str::FromStr for LogRecord {
 /// # Examples
 ///
 /// ```
-/// use memres_host::{parse_log, Action};
+/// use memres_sim::{parse_log, Action};
 /// let text = "Thread,Time,Action,Pointer,Size,Stream\n0,5,free,0x100,256,0\n";
 /// let rows = parse_log(text.as_bytes())?;
 /// assert_eq!(rows[0].action, Action::Free);
@@ -198,7 +198,7 @@ fn now_micros() -> u64 {
 ///
 /// ```
 /// use memres_core::{MemoryResource, Request};
-/// use memres_host::{parse_log, Action, Logging, SimDevice};
+/// use memres_sim::{parse_log, Action, Logging, SimDevice};
 /// let log = Logging::new(SimDevice::new(1 << 30), Vec::new())?;
 /// let b = log.allocate(Request::new(1000)?, &())?;
 /// log.deallocate(b, &())?;
@@ -228,7 +228,7 @@ impl<R> Logging<R> {
     /// construction, never at the first allocation.
     ///
     /// ```
-    /// # use memres_host::{Logging, SimDevice};
+    /// # use memres_sim::{Logging, SimDevice};
     /// assert!(Logging::to_file(SimDevice::new(1 << 20), "/no/such/dir/log.csv").is_err());
     /// ```
     pub fn to_file(upstream: R, path: impl AsRef<Path>) -> io::Result<Self> {
@@ -248,7 +248,7 @@ impl<R, W: Write> Logging<R, W> {
     /// The header cannot be written.
     ///
     /// ```
-    /// # use memres_host::{Logging, SimDevice};
+    /// # use memres_sim::{Logging, SimDevice};
     /// let log = Logging::new(SimDevice::new(1 << 20), Vec::new())?;
     /// assert_eq!(log.into_parts().1, b"Thread,Time,Action,Pointer,Size,Stream\n");
     /// # Ok::<(), std::io::Error>(())

@@ -6,7 +6,7 @@ use memres_core::pool::{CoalescingPool, PoolConfig};
 use memres_core::stream_ordered::{CrossStream, StreamOrdered};
 use memres_core::testing::SplitMix64;
 use memres_core::{Block, Error, MemoryResource, MemoryResourceMut, Request, Shared, Stream};
-use memres_host::{HbChecked, SimDevice, SimStream, SimWorld};
+use memres_sim::{HbChecked, SimDevice, SimStream, SimWorld};
 use std::sync::Arc;
 
 type Layer = StreamOrdered<CoalescingPool<Arc<SimDevice>>, SimStream>;

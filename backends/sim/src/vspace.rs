@@ -28,7 +28,7 @@ mod tests;
 /// ```
 /// use memres_core::vpool::VirtualPool;
 /// use memres_core::{MemoryResourceMut, Request};
-/// use memres_host::SimAddressSpace;
+/// use memres_sim::SimAddressSpace;
 /// // 80 GiB of physical memory, 2 MiB granules; the pool reserves 64 GiB
 /// // of addresses and keeps up to 256 MiB of free memory committed.
 /// let space = SimAddressSpace::new(80 << 30, SimAddressSpace::DEFAULT_GRANULE);
@@ -162,7 +162,7 @@ impl SimAddressSpace {
     /// ```
     /// use memres_core::vmem::{CommitLedger, ReservableSpace};
     /// use memres_core::Range;
-    /// use memres_host::SimAddressSpace;
+    /// use memres_sim::SimAddressSpace;
     /// let space = SimAddressSpace::new(1 << 30, 1 << 20);
     /// let r = space.reserve(4 << 20)?;
     /// let one = Range::new(r.start(), 1 << 20).unwrap();

@@ -14,7 +14,7 @@ use std::sync::{Mutex, MutexGuard};
 ///
 /// ```
 /// use memres_core::{Block, Range};
-/// use memres_host::HbViolation;
+/// use memres_sim::HbViolation;
 /// let v = HbViolation {
 ///     reuse: Block::from_addr(0x1000, 256),
 ///     reuse_stream: 2,
@@ -75,7 +75,7 @@ impl std::error::Error for HbViolation {}
 ///
 /// ```
 /// use memres_core::{MemoryResource, Request, Stream};
-/// use memres_host::{HbChecked, SimDevice, SimWorld};
+/// use memres_sim::{HbChecked, SimDevice, SimWorld};
 /// let world = SimWorld::new();
 /// let (a, b) = (world.stream(), world.stream());
 /// let dev = HbChecked::new(SimDevice::new(1 << 20));
