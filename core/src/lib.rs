@@ -33,6 +33,8 @@
 //! - `std`: a lock over `std::sync::Mutex`.
 //! - `heapless`: fixed-capacity metadata storage: no allocator at all.
 //! - `critical-section`: a lock for bare-metal targets.
+//! - `testing`: the test doubles of the `testing` module and the deliberately
+//!   wrong `CrossStream::Unordered`, for tests, examples and fuzzing.
 //!
 //! # Example
 //!
@@ -62,6 +64,8 @@ mod primitive;
 mod range;
 mod request;
 mod resource;
+#[cfg(any(feature = "alloc", test, feature = "testing"))]
+mod splitmix;
 mod stream;
 
 pub mod adaptor;
@@ -83,6 +87,7 @@ pub mod stack;
 pub mod storage;
 #[cfg(feature = "alloc")]
 pub mod stream_ordered;
+#[cfg(any(test, feature = "testing"))]
 pub mod testing;
 pub mod vmem;
 #[cfg(feature = "alloc")]

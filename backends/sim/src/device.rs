@@ -1,5 +1,5 @@
 use memres_core::pool::CoalescingIndex;
-use memres_core::testing::FailNth;
+use memres_core::check::FailNth;
 use memres_core::{Block, Error, MemoryResource, Range, Request, Result, Stream};
 use std::sync::Mutex;
 

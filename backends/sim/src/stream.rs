@@ -27,7 +27,7 @@
 //! work after its earlier work. Streams from [`SimWorld::non_blocking_stream`]
 //! are not ordered with it.
 
-use memres_core::testing::FailNth;
+use memres_core::check::FailNth;
 use memres_core::{Error, Result, Stream};
 use std::sync::{Arc, Mutex, MutexGuard};
 

@@ -1,4 +1,4 @@
-use crate::testing::FailNth;
+use crate::check::FailNth;
 use crate::{Error, Range, Result};
 
 /// The checked bookkeeping of a simulated [`ReservableSpace`](super::ReservableSpace):
