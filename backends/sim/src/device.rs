@@ -1,4 +1,5 @@
 use memres_core::pool::CoalescingIndex;
+use crate::tally::{accessors, Tally};
 use memres_core::check::FailNth;
 use memres_core::{Block, Error, MemoryResource, Range, Request, Result, Stream};
 use std::sync::Mutex;
@@ -37,11 +38,8 @@ struct State {
     space: CoalescingIndex,
     /// The first node of the space's one region.
     first: u32,
-    /// Bytes handed out (sizes rounded to 256).
-    held: u64,
-    peak: u64,
-    allocations: u64,
-    frees: u64,
+    /// Bytes handed out and calls.
+    tally: Tally,
     /// The injected allocation failure, armed or delivered.
     fail: FailNth,
 }
@@ -62,10 +60,7 @@ impl SimDevice {
             state: Mutex::new(State {
                 space,
                 first,
-                held: 0,
-                peak: 0,
-                allocations: 0,
-                frees: 0,
+                tally: Tally::default(),
                 fail: FailNth::new(),
             }),
         }
@@ -80,27 +75,7 @@ impl SimDevice {
         self.capacity
     }
 
-    /// Bytes held by callers now.
-    pub fn held_bytes(&self) -> u64 {
-        self.lock().held
-    }
-
-    /// The most bytes ever held at once.
-    pub fn peak_held_bytes(&self) -> u64 {
-        self.lock().peak
-    }
-
-    /// Forgets the peak: it restarts from what is held now.
-    pub fn reset_peak(&self) {
-        let mut s = self.lock();
-        s.peak = s.held;
-    }
-
-    /// Number of successful allocations and frees so far.
-    pub fn call_counts(&self) -> (u64, u64) {
-        let s = self.lock();
-        (s.allocations, s.frees)
-    }
+    accessors!();
 
     /// Makes the `n`th allocation from now fail (`n = 1`: the next one) with
     /// an injected backend error; `n = 0` cancels.
@@ -121,18 +96,16 @@ impl<S: Stream + ?Sized> MemoryResource<S> for SimDevice {
         let size = request.rounded_size(256);
         let out_of_memory = |s: &State| Error::OutOfMemory {
             requested: request.size(),
-            largest_free: self.capacity - s.held,
+            largest_free: self.capacity - s.tally.held,
             pool_size: self.capacity,
             max_size: Some(self.capacity),
         };
-        if size > self.capacity - s.held {
+        if size > self.capacity - s.tally.held {
             return Err(out_of_memory(&s));
         }
         match s.space.allocate(request.size(), request.align())? {
             Some(a) => {
-                s.held += size;
-                s.peak = s.peak.max(s.held);
-                s.allocations += 1;
+                s.tally.allocated(size);
                 Ok(Block::new(a.addr, request.size(), a.tag))
             }
             None => Err(out_of_memory(&s)),
@@ -152,12 +125,7 @@ impl<S: Stream + ?Sized> MemoryResource<S> for SimDevice {
         } else {
             s.space.free(block.tag(), block.addr(), block.size())?;
         }
-        s.held -= request_rounded(block.size());
-        s.frees += 1;
+        s.tally.freed(block.size().next_multiple_of(256));
         Ok(())
     }
-}
-
-fn request_rounded(size: u64) -> u64 {
-    (size + 255) & !255
 }

@@ -1,3 +1,4 @@
+use crate::tally::{accessors, Tally};
 use memres_core::copy::LiveRanges;
 use memres_core::{Block, Error, MemoryResource, Request, Result, Stream};
 use std::alloc::Layout;
@@ -65,12 +66,8 @@ struct State {
     /// Every allocation not yet freed: its address and the exact layout it
     /// was allocated with (the only layout `dealloc` may be given).
     outstanding: HashMap<u64, Outstanding>,
-    /// Sum of the layouts' sizes in `outstanding`.
-    held: u64,
-    /// Highest `held` ever (or since the last reset).
-    peak: u64,
-    allocations: u64,
-    frees: u64,
+    /// The sum of the layouts' sizes in `outstanding`, and calls.
+    tally: Tally,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -104,31 +101,11 @@ impl HostMemory {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Bytes held by callers now (sizes rounded to 256).
-    pub fn held_bytes(&self) -> u64 {
-        self.lock().held
-    }
-
-    /// The most bytes ever held at once.
-    pub fn peak_held_bytes(&self) -> u64 {
-        self.lock().peak
-    }
-
-    /// Forgets the peak: it restarts from what is held now.
-    pub fn reset_peak(&self) {
-        let mut s = self.lock();
-        s.peak = s.held;
-    }
+    accessors!();
 
     /// Number of allocations not yet freed.
     pub fn outstanding(&self) -> usize {
         self.lock().outstanding.len()
-    }
-
-    /// Number of successful allocations and frees so far.
-    pub fn call_counts(&self) -> (u64, u64) {
-        let s = self.lock();
-        (s.allocations, s.frees)
     }
 }
 
@@ -151,16 +128,14 @@ impl<S: Stream + ?Sized> MemoryResource<S> for HostMemory {
             return Err(Error::OutOfMemory {
                 requested: request.size(),
                 largest_free: 0,
-                pool_size: s.held,
+                pool_size: s.tally.held,
                 max_size: None,
             });
         }
         let addr = ptr as u64;
         s.outstanding.insert(addr, Outstanding { layout, requested: request.size() });
         live().insert(addr, size);
-        s.held += size;
-        s.peak = s.peak.max(s.held);
-        s.allocations += 1;
+        s.tally.allocated(size);
         Ok(Block::new(addr, request.size(), Block::NO_TAG))
     }
 
@@ -175,8 +150,7 @@ impl<S: Stream + ?Sized> MemoryResource<S> for HostMemory {
             return Err(Error::SizeMismatch { addr, expected: entry.requested, given: block.size() });
         }
         s.outstanding.remove(&addr);
-        s.held -= entry.layout.size() as u64;
-        s.frees += 1;
+        s.tally.freed(entry.layout.size() as u64);
         // SAFETY: `addr` was in `outstanding` with `entry.layout` and has
         // just been taken out, under the resource's lock.
         unsafe { free(&mut live(), addr, entry.layout) };

@@ -8,7 +8,7 @@ use memres_core::pool::{CoalescingPool, Growth, PoolConfig};
 use memres_core::stream_ordered::StreamOrdered;
 use memres_core::testing::SplitMix64;
 use memres_core::{Block, DynResource, Error, MemoryResource, Request, Shared, Stream};
-use memres_sim::{HbChecked, SimDevice, SimStream, SimWorld, StackBuilder};
+use memres_sim::{builder, HbChecked, SimDevice, SimStream, SimWorld};
 use std::sync::Arc;
 
 const MIB: u64 = 1 << 20;
@@ -72,7 +72,7 @@ fn the_stream_agnostic_default_races_and_the_per_stream_pool_does_not() {
         let world = SimWorld::new();
         let (a, b) = (world.non_blocking_stream(), world.non_blocking_stream());
         let built: DynResource<SimStream> =
-            StackBuilder::new().build(stack, &world.default_stream()).unwrap();
+            builder().build(stack, &world.default_stream()).unwrap();
         let res = HbChecked::new(built);
         // b has used the resource before: it has a pool of its own, whose
         // 32 MiB chunk is too small for what follows.

@@ -1,152 +1,20 @@
-//! RMM's `logging_resource_adaptor`: every call as a CSV row.
+//! RMM's `logging_resource_adaptor`: every call as a row of RMM's log
+//! format ([`crate::trace`]; feature `std`).
 
-use memres_core::{Block, MemoryResource, Request, Result, Stream};
-use std::fmt;
+use crate::trace::{Action, Record, HEADER};
+use crate::{Block, MemoryResource, Request, Result, Stream};
 use std::fs::File;
-use std::io::{self, BufRead, BufWriter, Write};
+use std::io::{self, BufWriter, Write};
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, OnceLock};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
-/// The header of RMM's log format, as this adaptor writes it.
-pub const LOG_HEADER: &str = "Thread,Time,Action,Pointer,Size,Stream";
-
-/// What a log row records.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Action {
-    /// A successful allocation (`allocate`).
-    Allocate,
-    /// A successful free (`free`).
-    Free,
-    /// A failed allocation (`allocate failure`; the pointer is `0x0`).
-    AllocateFailure,
-}
-
-impl Action {
-    /// The word RMM writes for it.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Action::Allocate => "allocate",
-            Action::Free => "free",
-            Action::AllocateFailure => "allocate failure",
-        }
-    }
-}
-
-/// One row of a log in RMM's format.
-///
-/// # Examples
-///
-/// ```
-/// use memres_sim::{Action, LogRecord};
-/// let r: LogRecord = "0,1795342456727905,allocate,0x7fed54800000,16777216,0".parse()?;
-/// assert_eq!((r.action, r.addr, r.size), (Action::Allocate, 0x7fed54800000, 16 << 20));
-/// assert_eq!(r.to_string(), "0,1795342456727905,allocate,0x7fed54800000,16777216,0");
-/// # Ok::<(), std::io::Error>(())
-/// ```
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct LogRecord {
-    /// A small number per thread, in order of each thread's first logged call.
-    pub thread: u64,
-    /// Microseconds since the Unix epoch, from a monotonic clock.
-    pub time: u64,
-    /// What happened.
-    pub action: Action,
-    /// The block's address (0 for a failure).
-    pub addr: u64,
-    /// The requested size in bytes.
-    pub size: u64,
-    /// The stream's [`Stream::id`].
-    pub stream: u64,
-}
-
-impl fmt::Display for LogRecord {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "{},{},{},{:#x},{},{}",
-            self.thread,
-            self.time,
-            self.action.as_str(),
-            self.addr,
-            self.size,
-            self.stream
-        )
-    }
-}
-
-fn bad(what: &str, line: &str) -> io::Error {
-    io::Error::new(io::ErrorKind::InvalidData, format!("{what} in log row `{line}`"))
-}
-
-impl std::str::FromStr for LogRecord {
-    type Err = io::Error;
-
-    fn from_str(line: &str) -> io::Result<Self> {
-        let fields: Vec<&str> = line.trim_end_matches(['\r', '\n']).split(',').collect();
-        let [thread, time, action, pointer, size, stream] = fields[..] else {
-            return Err(bad("not six fields", line));
-        };
-        let number = |s: &str, what: &str| s.parse::<u64>().map_err(|_| bad(what, line));
-        let action = match action {
-            "allocate" => Action::Allocate,
-            "free" => Action::Free,
-            "allocate failure" => Action::AllocateFailure,
-            _ => return Err(bad("unknown action", line)),
-        };
-        let hex = pointer.strip_prefix("0x").ok_or_else(|| bad("pointer without 0x", line))?;
-        Ok(LogRecord {
-            thread: number(thread, "bad thread")?,
-            time: number(time, "bad time")?,
-            action,
-            addr: u64::from_str_radix(hex, 16).map_err(|_| bad("bad pointer", line))?,
-            size: number(size, "bad size")?,
-            stream: number(stream, "bad stream")?,
-        })
-    }
-}
-
-/// Reads a log in RMM's format (header first, then one row per line).
-///
-/// # Errors
-///
-/// [`io::ErrorKind::InvalidData`] naming the line for a missing header or a
-/// malformed row; the reader's own errors.
-///
-/// # Examples
-///
-/// ```
-/// use memres_sim::{parse_log, Action};
-/// let text = "Thread,Time,Action,Pointer,Size,Stream\n0,5,free,0x100,256,0\n";
-/// let rows = parse_log(text.as_bytes())?;
-/// assert_eq!(rows[0].action, Action::Free);
-/// # Ok::<(), std::io::Error>(())
-/// ```
-pub fn parse_log(reader: impl BufRead) -> io::Result<Vec<LogRecord>> {
-    let mut lines = reader.lines();
-    match lines.next().transpose()? {
-        Some(h) if h.trim_end() == LOG_HEADER => {}
-        _ => return Err(io::Error::new(io::ErrorKind::InvalidData, "log does not start with the header")),
-    }
-    let mut rows = Vec::new();
-    for (i, line) in lines.enumerate() {
-        let line = line?;
-        if line.is_empty() {
-            continue;
-        }
-        rows.push(line.parse().map_err(|e: io::Error| {
-            io::Error::new(io::ErrorKind::InvalidData, format!("line {}: {e}", i + 2))
-        })?);
-    }
-    Ok(rows)
-}
-
 /// The number of the calling thread in logs: 0 for the first thread that
 /// logs, 1 for the next...
 fn thread_number() -> u64 {
     static NEXT: AtomicU64 = AtomicU64::new(0);
-    thread_local! {
+    std::thread_local! {
         static NUMBER: u64 = NEXT.fetch_add(1, Ordering::Relaxed);
     }
     NUMBER.with(|n| *n)
@@ -163,7 +31,8 @@ fn now_micros() -> u64 {
     micros + instant.elapsed().as_micros() as u64
 }
 
-/// Writes every allocation and free to a CSV log in RMM's format: RMM's
+/// Writes every allocation and free to a CSV log in RMM's format
+/// ([`crate::trace`], which also reads it back): RMM's
 /// `logging_resource_adaptor`.
 ///
 /// ```text
@@ -197,15 +66,17 @@ fn now_micros() -> u64 {
 /// # Examples
 ///
 /// ```
+/// use memres_core::adaptor::Logging;
+/// use memres_core::trace::{read_all, Action};
 /// use memres_core::{MemoryResource, Request};
-/// use memres_sim::{parse_log, Action, Logging, SimDevice};
-/// let log = Logging::new(SimDevice::new(1 << 30), Vec::new())?;
+/// # use memres_core::testing::BumpUpstream;
+/// let log = Logging::new(BumpUpstream::new(1 << 30), Vec::new())?;
 /// let b = log.allocate(Request::new(1000)?, &())?;
 /// log.deallocate(b, &())?;
 /// let (_, bytes) = log.into_parts();
-/// let rows = parse_log(&bytes[..])?;
+/// let rows = read_all(&bytes[..])?;
 /// assert_eq!(rows.iter().map(|r| r.action).collect::<Vec<_>>(), [Action::Allocate, Action::Free]);
-/// assert_eq!((rows[0].addr, rows[0].size), (b.addr(), 1000));
+/// assert_eq!((rows[0].pointer, rows[0].size), (b.addr(), 1000));
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 #[derive(Debug)]
@@ -228,8 +99,9 @@ impl<R> Logging<R> {
     /// construction, never at the first allocation.
     ///
     /// ```
-    /// # use memres_sim::{Logging, SimDevice};
-    /// assert!(Logging::to_file(SimDevice::new(1 << 20), "/no/such/dir/log.csv").is_err());
+    /// # use memres_core::adaptor::Logging;
+    /// # use memres_core::testing::BumpUpstream;
+    /// assert!(Logging::to_file(BumpUpstream::new(1 << 20), "/no/such/dir/log.csv").is_err());
     /// ```
     pub fn to_file(upstream: R, path: impl AsRef<Path>) -> io::Result<Self> {
         let mut log = Logging::new(upstream, BufWriter::new(File::create(path)?))?;
@@ -248,13 +120,14 @@ impl<R, W: Write> Logging<R, W> {
     /// The header cannot be written.
     ///
     /// ```
-    /// # use memres_sim::{Logging, SimDevice};
-    /// let log = Logging::new(SimDevice::new(1 << 20), Vec::new())?;
+    /// # use memres_core::adaptor::Logging;
+    /// # use memres_core::testing::BumpUpstream;
+    /// let log = Logging::new(BumpUpstream::new(1 << 20), Vec::new())?;
     /// assert_eq!(log.into_parts().1, b"Thread,Time,Action,Pointer,Size,Stream\n");
     /// # Ok::<(), std::io::Error>(())
     /// ```
     pub fn new(upstream: R, mut writer: W) -> io::Result<Self> {
-        writeln!(writer, "{LOG_HEADER}")?;
+        writeln!(writer, "{HEADER}")?;
         Ok(Logging {
             upstream,
             out: Mutex::new(writer),
@@ -296,7 +169,7 @@ impl<R, W: Write> Logging<R, W> {
     fn log(&self, action: Action, addr: u64, size: u64, stream: u64) {
         let thread = thread_number();
         let mut out = self.out.lock().unwrap_or_else(|p| p.into_inner());
-        let row = LogRecord { thread, time: now_micros(), action, addr, size, stream };
+        let row = Record { thread, time: now_micros(), action, pointer: addr, size, stream };
         if writeln!(out, "{row}").is_err() {
             self.write_errors.fetch_add(1, Ordering::Relaxed);
         }
@@ -334,7 +207,7 @@ where
 
 // SAFETY: `Logging` hands out `R`'s blocks unchanged and gives them back only
 // through `R::deallocate`.
-unsafe impl<E, R: memres_core::copy::MemoryOf<E>, W: Write> memres_core::copy::MemoryOf<E> for Logging<R, W> {}
+unsafe impl<E, R: crate::copy::MemoryOf<E>, W: Write> crate::copy::MemoryOf<E> for Logging<R, W> {}
 
 #[cfg(test)]
 mod tests;

@@ -1,16 +1,25 @@
-use super::*;
-use crate::parse_log;
-use memres_core::adaptor::Counter;
+//! Stacks of the core's names over this crate's leaves: every documented
+//! stack builds and serves, every error names its position.
+
+use memres_core::adaptor::{Aligned, Counter, Limiting, Logging, Statistics, Tracking};
+use memres_core::arena::ArenaResource;
+use memres_core::binning::BinningResource;
 use memres_core::check::LiveBlocks;
+use memres_core::pool::CoalescingPool;
+use memres_core::stack::{OnStream, StackBuilder, StackError, StackErrorKind};
 use memres_core::testing::{IdStream, SplitMix64};
-use memres_core::{Block, Error, MemoryResource, Request};
+use memres_core::trace::read_all;
+use memres_core::vpool::VirtualPool;
+use memres_core::{Block, DynResource, Error, MemoryResource, Request, Shared, StreamOrdered};
+use memres_sim::{builder, HostMemory, SimAddressSpace, SimDevice};
+use std::sync::Arc;
 
 fn req(size: u64) -> Request {
     Request::new(size).unwrap()
 }
 
 fn build(text: &str) -> Result<DynResource, StackError> {
-    StackBuilder::<()>::new().build(text, &())
+    builder::<()>().build(text, &())
 }
 
 fn build_err(text: &str) -> StackError {
@@ -65,10 +74,10 @@ fn log_stack_writes_the_file() {
         let b = r.allocate(req(4096), &()).unwrap();
         r.deallocate(b, &()).unwrap();
     }
-    let rows = parse_log(std::io::BufReader::new(std::fs::File::open(&path).unwrap())).unwrap();
+    let rows = read_all(std::io::BufReader::new(std::fs::File::open(&path).unwrap())).unwrap();
     std::fs::remove_file(&path).unwrap();
     assert_eq!(rows.len(), 2);
-    assert_eq!((rows[0].size, rows[1].addr), (4096, rows[0].addr));
+    assert_eq!((rows[0].size, rows[1].pointer), (4096, rows[0].pointer));
 }
 
 #[test]
@@ -126,7 +135,7 @@ fn errors_name_the_position() {
 fn registry_takes_new_names_and_works_for_other_streams() {
     // Any stream type other than the simulated one.
     let s = IdStream(3);
-    let mut b = StackBuilder::<IdStream>::new();
+    let mut b = builder::<IdStream>();
     assert_eq!(
         b.names().collect::<Vec<_>>(),
         [
@@ -146,6 +155,7 @@ fn registry_takes_new_names_and_works_for_other_streams() {
     r.deallocate(x, &s).unwrap();
     assert_eq!(b.build("refuse(sim)", &s).err().unwrap().kind, StackErrorKind::ExtraArg);
     assert!(StackBuilder::<()>::empty().build("sim", &()).is_err());
+    assert!(StackBuilder::<()>::new().build("sim", &()).is_err(), "the core knows no device");
 }
 
 /// Every adaptor stacked over a pool over the simulated device, 10^5 random
@@ -210,13 +220,13 @@ fn all_adaptors_stacked_randomized() {
     }
     assert!(tracked.report().is_empty());
     assert_eq!(pool.with(|p| p.pool_size()), pool.with(|p| p.upstream().held_bytes()));
-    let rows = parse_log(&log.into_parts().1[..]).unwrap();
+    let rows = read_all(&log.into_parts().1[..]).unwrap();
     assert_eq!(rows.len(), ops);
 }
 
 #[test]
 fn handles_give_typed_access() {
-    let built = StackBuilder::<()>::new()
+    let built = builder::<()>()
         .build_with_handles("stats(limit(stats(pool(sim(1GiB), initial=1MiB)), 4MiB))", &())
         .unwrap();
     let r = &built.resource;
@@ -239,7 +249,7 @@ fn handles_give_typed_access() {
 fn pool_granule_and_release_apply() {
     type Pool = Shared<CoalescingPool<DynResource>>;
     let grow = |text: &str| {
-        let built = StackBuilder::<()>::new().build_with_handles(text, &()).unwrap();
+        let built = builder::<()>().build_with_handles(text, &()).unwrap();
         let r = &built.resource;
         let pool = built.get::<Pool>("pool").unwrap();
         // A small block, then one too large for the first chunk: the
@@ -287,7 +297,7 @@ fn builds_the_new_resources() {
         "stats(binning(pool(sim)))",
     ] {
         let built =
-            StackBuilder::<()>::new().build_with_handles(text, &()).unwrap_or_else(|e| panic!("{text}: {e}"));
+            builder::<()>().build_with_handles(text, &()).unwrap_or_else(|e| panic!("{text}: {e}"));
         if text.starts_with("fixed") {
             // Fixed blocks serve up to their size only.
             let b = built.resource.allocate(req(1000), &()).unwrap();
@@ -302,7 +312,7 @@ fn builds_the_new_resources() {
 #[test]
 fn new_resources_keep_typed_handles_and_route_as_configured() {
     let built =
-        StackBuilder::<()>::new().build_with_handles("binning(sim(1GiB), min=10, max=12)", &()).unwrap();
+        builder::<()>().build_with_handles("binning(sim(1GiB), min=10, max=12)", &()).unwrap();
     let bins = built.get::<BinningResource<'static, DynResource, ()>>("binning").unwrap();
     assert_eq!(bins.bin_sizes(), &[1024, 2048, 4096]);
     let sim = built.get::<SimDevice>("sim").unwrap();
@@ -311,13 +321,13 @@ fn new_resources_keep_typed_handles_and_route_as_configured() {
     built.resource.deallocate(big, &()).unwrap();
 
     let built =
-        StackBuilder::<()>::new().build_with_handles("vpool(sim, reserve=1GiB, keep=0)", &()).unwrap();
+        builder::<()>().build_with_handles("vpool(sim, reserve=1GiB, keep=0)", &()).unwrap();
     let v = built.get::<Shared<VirtualPool<SimAddressSpace>>>("vpool").unwrap();
     let b = built.resource.allocate(req(3 << 20), &()).unwrap();
     assert_eq!(v.with(|v| (v.reserved_bytes(), v.committed_bytes())), (1 << 30, 4 << 20));
     built.resource.deallocate(b, &()).unwrap();
 
-    let built = StackBuilder::<()>::new().build_with_handles("arena(host)", &()).unwrap();
+    let built = builder::<()>().build_with_handles("arena(host)", &()).unwrap();
     let b = built.resource.allocate(req(5000), &()).unwrap();
     assert!(built.get::<HostMemory>("host").unwrap().held_bytes() >= 5000);
     assert!(built.get::<ArenaResource<DynResource>>("arena").unwrap().used_bytes() >= 5000);
@@ -342,10 +352,10 @@ fn new_resources_reject_bad_arguments_where_they_are() {
 
 #[test]
 fn the_stream_layer_orders_reuse_across_streams() {
-    use crate::SimWorld;
+    use memres_sim::SimWorld;
     let world = SimWorld::new();
     let (a, b) = (world.stream(), world.stream());
-    let mut builder = StackBuilder::new();
+    let mut builder = builder();
     assert!(builder.build("stream(pool(sim))", &world.default_stream()).is_err());
     builder.register_stream_layer();
     let built = builder.build_with_handles("stream(pool(sim))", &world.default_stream()).unwrap();
@@ -358,19 +368,19 @@ fn the_stream_layer_orders_reuse_across_streams() {
     let z = built.resource.allocate(req(1 << 20), &b).unwrap();
     built.resource.deallocate(z, &b).unwrap();
     let so =
-        built.get::<Shared<StreamOrdered<OnStream<crate::SimStream>, crate::SimStream>>>("stream").unwrap();
+        built.get::<Shared<StreamOrdered<OnStream<memres_sim::SimStream>, memres_sim::SimStream>>>("stream").unwrap();
     assert!(so.with(|s| s.stats().own_hits) >= 1);
 }
 
 #[test]
 fn per_stream_pools_take_the_pool_options_and_refuse_a_maximum() {
-    use crate::{SimStream, SimWorld};
+    use memres_sim::{SimStream, SimWorld};
     use memres_core::per_stream::{PerStreamPool, PoolMaker};
     type Pools = Shared<PerStreamPool<PoolMaker<DynResource<SimStream>>, SimStream>>;
     let world = SimWorld::new();
     let (a, b) = (world.stream(), world.stream());
     let text = "pool(sim, per_stream=true, initial=64MiB, granule=1MiB, growth=4)";
-    let built = StackBuilder::new().build_with_handles(text, &world.default_stream()).unwrap();
+    let built = builder().build_with_handles(text, &world.default_stream()).unwrap();
     let pools = built.get::<Pools>("pool").unwrap();
     // The initial size is the build stream's pool.
     assert_eq!(pools.with(|p| (p.stream_count(), p.pool_size())), (1, 64 << 20));
@@ -385,7 +395,7 @@ fn per_stream_pools_take_the_pool_options_and_refuse_a_maximum() {
     // Without the key, or false: the pool that ignores streams.
     for text in ["pool(sim)", "pool(sim, per_stream=false)"] {
         let built =
-            StackBuilder::<SimStream>::new().build_with_handles(text, &world.default_stream()).unwrap();
+            builder::<SimStream>().build_with_handles(text, &world.default_stream()).unwrap();
         assert!(built.get::<Shared<CoalescingPool<DynResource<SimStream>>>>("pool").is_some(), "{text}");
     }
     for (text, pos, what) in [

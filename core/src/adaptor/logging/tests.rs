@@ -1,21 +1,42 @@
+extern crate std;
+
 use super::*;
-use crate::SimDevice;
-use memres_core::testing::IdStream;
-use memres_core::{Error, Request};
+use crate::testing::{BumpUpstream, IdStream, SplitMix64};
+use crate::trace::read_all;
+use crate::Error;
+use alloc::format;
+use alloc::string::{String, ToString};
+use alloc::vec::Vec;
 use std::collections::{HashMap, HashSet};
 
 type Op = (Action, u64, u64, u64);
 
-fn ops_of(rows: &[LogRecord]) -> Vec<Op> {
-    rows.iter().map(|r| (r.action, r.addr, r.size, r.stream)).collect()
+/// The rows of a log as written: every one parses, fields as numbers.
+fn rows(bytes: &[u8]) -> Vec<Record<u64>> {
+    let number = |text: &str| text.parse::<u64>().unwrap();
+    let rows = read_all(bytes).unwrap();
+    rows.iter()
+        .map(|r| Record {
+            thread: number(&r.thread),
+            time: number(&r.time),
+            action: r.action,
+            pointer: r.pointer,
+            size: r.size,
+            stream: number(&r.stream),
+        })
+        .collect()
+}
+
+fn ops_of(rows: &[Record<u64>]) -> Vec<Op> {
+    rows.iter().map(|r| (r.action, r.pointer, r.size, r.stream)).collect()
 }
 
 #[test]
 fn round_trip_yields_the_same_operations() {
-    let log = Logging::new(SimDevice::new(1 << 30), Vec::new()).unwrap();
+    let log = Logging::new(BumpUpstream::new(1 << 30), Vec::new()).unwrap();
     let mut expected: Vec<Op> = Vec::new();
     let mut live = Vec::new();
-    let mut rng = memres_core::testing::SplitMix64::new(11);
+    let mut rng = SplitMix64::new(11);
     for i in 0..2000u64 {
         let stream = IdStream(rng.below(3) * 0x1000);
         if live.is_empty() || rng.below(2) == 0 {
@@ -37,14 +58,11 @@ fn round_trip_yields_the_same_operations() {
             expected.push((Action::Free, b.addr(), b.size(), stream.0));
         }
     }
-    // A refused free is logged all the same (before the upstream refused it) and counted.
-    assert!(log.deallocate(Block::from_addr(1, 256), &IdStream(0)).is_err());
-    expected.push((Action::Free, 1, 256, 0));
-    assert_eq!((log.write_errors(), log.refused_frees()), (0, 1));
+    assert_eq!((log.write_errors(), log.refused_frees()), (0, 0));
     let (_, bytes) = log.into_parts();
     let text = String::from_utf8(bytes).unwrap();
     assert!(text.starts_with("Thread,Time,Action,Pointer,Size,Stream\n"));
-    let rows = parse_log(text.as_bytes()).unwrap();
+    let rows = rows(text.as_bytes());
     assert_eq!(ops_of(&rows), expected);
     assert!(rows.iter().any(|r| r.action == Action::AllocateFailure));
     // One thread, monotonic time, and every row prints back as written.
@@ -57,7 +75,7 @@ fn round_trip_yields_the_same_operations() {
 
 #[test]
 fn rows_use_rmm_format() {
-    let log = Logging::new(SimDevice::new(1 << 30), Vec::new()).unwrap();
+    let log = Logging::new(BumpUpstream::new(1 << 30), Vec::new()).unwrap();
     let b = log.allocate(Request::new(16 << 20).unwrap(), &IdStream(7)).unwrap();
     let _ = log.allocate(Request::new(4 << 30).unwrap(), &IdStream(7));
     log.deallocate(b, &IdStream(7)).unwrap();
@@ -67,7 +85,7 @@ fn rows_use_rmm_format() {
     assert_eq!(lines.len(), 4);
     let fields: Vec<&str> = lines[1].split(',').collect();
     assert_eq!(fields[2..], ["allocate", &format!("{:#x}", b.addr()), "16777216", "7"]);
-    assert!(fields[3].starts_with("0x7f"));
+    assert!(fields[3].starts_with("0x"));
     // Microseconds since the epoch: 16 digits in this century.
     assert_eq!(fields[1].len(), 16, "{}", fields[1]);
     assert!(lines[2].ends_with(",allocate failure,0x0,4294967296,7"), "{}", lines[2]);
@@ -100,7 +118,7 @@ impl SharedBuf {
 /// another thread reusing the address at once would log after), and can be
 /// made to refuse frees.
 struct Peek {
-    inner: SimDevice,
+    inner: BumpUpstream,
     log: SharedBuf,
     seen: Mutex<Vec<String>>,
     refuse: std::sync::atomic::AtomicBool,
@@ -126,7 +144,7 @@ impl MemoryResource for Peek {
 fn a_free_is_logged_before_the_upstream_frees_it() {
     let buf = SharedBuf::default();
     let peek = Peek {
-        inner: SimDevice::new(1 << 30),
+        inner: BumpUpstream::new(1 << 30),
         log: buf.clone(),
         seen: Mutex::default(),
         refuse: Default::default(),
@@ -147,7 +165,7 @@ fn a_free_is_logged_before_the_upstream_frees_it() {
     log.upstream().refuse.store(false, Ordering::Relaxed);
     log.deallocate(b, &()).unwrap();
     assert_eq!(log.refused_frees(), 1);
-    let rows = parse_log(&buf.0.lock().unwrap()[..]).unwrap();
+    let rows = read_all(&buf.0.lock().unwrap()[..]).unwrap();
     let actions: Vec<Action> = rows.iter().map(|r| r.action).collect();
     use Action::{Allocate, Free};
     assert_eq!(actions, [Allocate, Free, Allocate, Free, Free]);
@@ -155,7 +173,7 @@ fn a_free_is_logged_before_the_upstream_frees_it() {
 
 #[test]
 fn threads_get_distinct_small_numbers() {
-    let log = Logging::new(SimDevice::new(1 << 30), Vec::new()).unwrap();
+    let log = Logging::new(BumpUpstream::new(1 << 30), Vec::new()).unwrap();
     std::thread::scope(|s| {
         for t in 0..3u64 {
             let log = &log;
@@ -167,7 +185,7 @@ fn threads_get_distinct_small_numbers() {
             });
         }
     });
-    let rows = parse_log(&log.into_parts().1[..]).unwrap();
+    let rows = rows(&log.into_parts().1[..]);
     assert_eq!(rows.len(), 300);
     let mut thread_of: HashMap<u64, u64> = HashMap::new();
     for r in &rows {
@@ -179,54 +197,22 @@ fn threads_get_distinct_small_numbers() {
 
 #[test]
 fn file_errors_at_construction_and_file_round_trip() {
-    let err = Logging::to_file(SimDevice::new(1 << 20), "/nonexistent-dir/x/log.csv").unwrap_err();
+    let err = Logging::to_file(BumpUpstream::new(1 << 20), "/nonexistent-dir/x/log.csv").unwrap_err();
     assert_eq!(err.kind(), io::ErrorKind::NotFound);
     let path = std::env::temp_dir().join(format!("memres-log-test-{}.csv", std::process::id()));
     {
-        let log = Logging::to_file(SimDevice::new(1 << 20), &path).unwrap();
+        let log = Logging::to_file(BumpUpstream::new(1 << 20), &path).unwrap();
         // The header is on disk before any allocation.
-        assert_eq!(std::fs::read_to_string(&path).unwrap(), format!("{LOG_HEADER}\n"));
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), format!("{HEADER}\n"));
         let b = log.allocate(Request::new(300).unwrap(), &()).unwrap();
         log.deallocate(b, &()).unwrap();
     }
-    let rows = parse_log(io::BufReader::new(File::open(&path).unwrap())).unwrap();
+    let rows = rows(&std::fs::read(&path).unwrap());
     std::fs::remove_file(&path).unwrap();
     assert_eq!(
         rows.iter().map(|r| (r.action, r.size, r.stream)).collect::<Vec<_>>(),
         [(Action::Allocate, 300, 0), (Action::Free, 300, 0)]
     );
-}
-
-#[test]
-fn parser_accepts_the_shared_trace_format_and_rejects_junk() {
-    let trace = "Thread,Time,Action,Pointer,Size,Stream\n\
-                 0,1795342502440678,allocate,0x7fed29500000,37632,0\n\
-                 0,1795342503172834,free,0x7febcb2daa00,4,0\n";
-    let rows = parse_log(trace.as_bytes()).unwrap();
-    assert_eq!(
-        rows[0],
-        LogRecord {
-            thread: 0,
-            time: 1795342502440678,
-            action: Action::Allocate,
-            addr: 0x7fed29500000,
-            size: 37632,
-            stream: 0
-        }
-    );
-    assert_eq!(rows[1].action, Action::Free);
-    for (text, needle) in [
-        ("0,1,allocate,0x10,1,0\n", "header"),
-        ("Thread,Time,Action,Pointer,Size,Stream\n0,1,alloc,0x10,1,0\n", "line 2: unknown action"),
-        ("Thread,Time,Action,Pointer,Size,Stream\n0,1,free,10,1,0\n", "pointer without 0x"),
-        ("Thread,Time,Action,Pointer,Size,Stream\n0,1,free,0x10,1\n", "not six fields"),
-        ("Thread,Time,Action,Pointer,Size,Stream\n0,x,free,0x10,1,0\n", "bad time"),
-        ("Thread,Time,Action,Pointer,Size,Stream\n0,1,free,0xzz,1,0\n", "bad pointer"),
-    ] {
-        let e = parse_log(text.as_bytes()).unwrap_err();
-        assert_eq!(e.kind(), io::ErrorKind::InvalidData);
-        assert!(e.to_string().contains(needle), "{e}");
-    }
 }
 
 #[test]
@@ -244,10 +230,10 @@ fn write_errors_are_counted_not_returned() {
             Ok(())
         }
     }
-    let log = Logging::new(SimDevice::new(1 << 20), Broken(false)).unwrap();
+    let log = Logging::new(BumpUpstream::new(1 << 20), Broken(false)).unwrap();
     log.out.lock().unwrap().0 = true;
     let b = log.allocate(Request::new(10).unwrap(), &()).unwrap();
     log.deallocate(b, &()).unwrap();
     assert_eq!(log.write_errors(), 2);
-    assert!(Logging::new(SimDevice::new(1 << 20), Broken(true)).is_err());
+    assert!(Logging::new(BumpUpstream::new(1 << 20), Broken(true)).is_err());
 }
