@@ -64,7 +64,7 @@ fn the_reservation_defaults_to_twice_the_device() {
     assert!(!c.trims_on_commit());
 }
 
-fn counted(counter: &Arc<UpstreamCounter>) -> CountedSpace<CountingSpace> {
+fn counted(counter: &Arc<Gauge>) -> CountedSpace<CountingSpace> {
     CountedSpace::new(CountingSpace::new(256 << 20, 1 << 20), CountingSpace::committed_bytes, counter.clone())
 }
 
@@ -75,7 +75,7 @@ fn counted(counter: &Arc<UpstreamCounter>) -> CountedSpace<CountingSpace> {
 fn the_counter_follows_the_space_under_a_random_workload() {
     let mut rng = SplitMix64::new(7);
     for keep in [0, 3 << 20, 1 << 30] {
-        let counter = Arc::new(UpstreamCounter::default());
+        let counter = Arc::new(Gauge::default());
         let mut pool = VirtualPool::new(counted(&counter), 64 << 20, keep).unwrap();
         let mut live: Vec<Block> = Vec::new();
         for step in 0..2000 {
@@ -105,7 +105,7 @@ fn the_counter_follows_the_space_under_a_random_workload() {
 
 #[test]
 fn a_failed_commit_counts_nothing() {
-    let counter = Arc::new(UpstreamCounter::default());
+    let counter = Arc::new(Gauge::default());
     let mut pool = VirtualPool::new(counted(&counter), 64 << 20, 0).unwrap();
     let a = pool.allocate(Request::new(1 << 20).unwrap(), &()).unwrap();
     assert_eq!(counter.current(), 1 << 20);
@@ -121,7 +121,7 @@ fn a_failed_commit_counts_nothing() {
 /// holds when the counting space drops is given back.
 #[test]
 fn held_bytes_are_counted_from_the_start_to_the_drop() {
-    let counter = Arc::new(UpstreamCounter::default());
+    let counter = Arc::new(Gauge::default());
     let inner = CountingSpace::new(256 << 20, 1 << 20);
     let r = inner.reserve(8 << 20).unwrap();
     inner.commit(Range::new(r.start(), 2 << 20).unwrap()).unwrap();

@@ -20,7 +20,7 @@
 //! that triggers it (a free over `keep=`, or an allocation that trims before
 //! it maps past the peak), not on the stream of the free that made them
 //! idle. The unmap is therefore safe under the same condition as reuse of a
-//! freed block by any plain memres pool (see the crate's *Streams*): one
+//! freed block by any plain memres pool (see the C library's *Streams*): one
 //! stream, or blocks freed only once every stream that used them is done.
 //! A breach of that condition is a data race with a plain pool; with `vmm`
 //! it is a fault on unmapped memory. A pluggable allocator never sees
@@ -33,13 +33,13 @@
 //! unless the device runs out of memory (then it gives its idle granules
 //! back, ordered on the allocating stream, and retries once).
 
-use crate::leaves::UpstreamCounter;
+use crate::{CudaVirtualSpace, Device};
+use memres_core::adaptor::Gauge;
 use memres_core::lock::StdLock;
 use memres_core::stack::{Call, StackError, StackErrorKind};
 use memres_core::vmem::ReservableSpace;
 use memres_core::vpool::{VirtualConfig, VirtualPool};
 use memres_core::{Range, Result, Shared, Stream};
-use memres_cuda::{CudaVirtualSpace, Device};
 use std::fmt;
 use std::sync::{Arc, Mutex};
 
@@ -49,32 +49,24 @@ pub type VmmPool = Shared<VirtualPool<CountedSpace<CudaVirtualSpace>>, StdLock>;
 
 /// The options of `vmm`: `reserve=` (bytes of addresses per reservation;
 /// default twice the device's memory), `keep=` (free committed bytes kept
-/// mapped, the release threshold; default 256 MiB), `granules=` (the most
-/// granules one physical handle spans, 1 to 64; default 32) and
-/// `trim_on_commit=` (`true`, the default, or `false`: see
-/// [`VirtualConfig::trim_on_commit`]).
+/// mapped, the release threshold; default all of them, under the slack),
+/// `slack=` (free committed memory is trimmed only above 1 + slack/1000
+/// times the peak in use; default 40), `granules=` (the most granules one
+/// physical handle spans, 1 to 64; default 32) and `trim_on_commit=`
+/// (`true`, the default, or `false`: see [`VirtualConfig::trim_on_commit`]).
 ///
-/// **Choosing them.** Replayed over a simulated space (2 MiB granules, one
-/// granule per handle), passes after the first of the two PyTorch training
-/// traces (resnet, gpt) made these commits and decommits per pass, with
-/// these peaks of committed memory over peak live bytes:
-///
-/// | keep, trim_on_commit | resnet_train | gpt_train |
-/// | --- | --- | --- |
-/// | 256 MiB, true | 256 + 254, 1.023x | 1393 + 2941, 1.004x |
-/// | 64 GiB, true | 173 + 173, 1.023x | 114 + 133, 1.004x |
-/// | 64 GiB, false | 0 + 0, 1.028x | 0 + 0, 1.076x |
-///
-/// (PyTorch's caching allocator: 1.11x and 1.09x.) A decommit that unmaps
-/// synchronizes the stream, so a training loop wants steady steps that map
-/// nothing: `keep=` above the device's memory with `trim_on_commit=false`
-/// maps only while the peak grows and never unmaps; the pool then holds
-/// its highest committed bytes, all of them mapped.
+/// **Choosing them.** A decommit that unmaps synchronizes the stream, so a
+/// training loop wants steady steps that map nothing: `keep=` above the
+/// device's memory with `trim_on_commit=false` maps only while the peak
+/// grows and never unmaps; the pool then holds its highest committed
+/// bytes, all of them mapped. The commits, decommits and footprints of
+/// each setting on the PyTorch traces are in the repository's
+/// `docs/measurements.md`.
 ///
 /// # Examples
 ///
 /// ```
-/// use memres::vmm::{vmm_config, VmmConfig};
+/// use memres_cuda::stack::{vmm_config, VmmConfig};
 /// use memres_core::stack::parse;
 /// let c = vmm_config(&parse("vmm(reserve=64GiB, keep=1GiB, granules=8, trim_on_commit=false)")?)?;
 /// assert_eq!(c, VmmConfig { reserve: Some(64 << 30), keep: 1 << 30, granules: 8, trim_on_commit: false, slack_permille: 40 });
@@ -104,9 +96,9 @@ impl Default for VmmConfig {
     fn default() -> Self {
         VmmConfig {
             reserve: None,
-            // Keep everything under the slack bound: replaying the PyTorch
-            // traces, a 4 % slack left steady-state steps mapping nothing
-            // while committed memory stayed at 1.03-1.04x the live peak.
+            // Keep everything under the slack bound: on the PyTorch traces
+            // a 4 % slack leaves steady-state steps mapping nothing
+            // (docs/measurements.md).
             keep: u64::MAX,
             granules: CudaVirtualSpace::DEFAULT_HANDLE_GRANULES,
             trim_on_commit: true,
@@ -125,7 +117,7 @@ impl VmmConfig {
     /// # Examples
     ///
     /// ```
-    /// use memres::vmm::VmmConfig;
+    /// use memres_cuda::stack::VmmConfig;
     /// let c = VmmConfig::default().virtual_config(80 << 30);
     /// assert_eq!((c.reserve_size(), c.keep_bytes(), c.slack()), (160 << 30, u64::MAX, 40));
     /// ```
@@ -138,16 +130,16 @@ impl VmmConfig {
             .slack_permille(self.slack_permille)
     }
 
-    /// Builds the pool on `device`, counting its mapped bytes in `counter`.
+    /// Builds the pool on `device`, counting its mapped bytes in `gauge`.
     ///
     /// # Errors
     ///
     /// The driver's error (no device, no virtual memory management), or
     /// the pool's when it cannot reserve.
-    pub fn build(&self, device: Device, counter: Arc<UpstreamCounter>) -> Result<VmmPool> {
+    pub fn build(&self, device: Device, gauge: Arc<Gauge>) -> Result<VmmPool> {
         let space = CudaVirtualSpace::with_handle_granules(device, self.granules)?;
         let config = self.virtual_config(device.total_memory()?);
-        let counted = CountedSpace::new(space, CudaVirtualSpace::mapped_bytes, counter);
+        let counted = CountedSpace::new(space, CudaVirtualSpace::mapped_bytes, gauge);
         Ok(Shared::new_with_lock(VirtualPool::with_config(counted, config)?))
     }
 }
@@ -205,8 +197,8 @@ pub fn vmm_config(call: &Call) -> std::result::Result<VmmConfig, StackError> {
 }
 
 /// A [`ReservableSpace`] that counts the physical memory it holds in an
-/// [`UpstreamCounter`]: after every commit and decommit, the change of
-/// `held(space)` is added to or taken from the counter.
+/// [`Gauge`]: after every commit and decommit, the change of `held(space)`
+/// is added to or taken from the gauge.
 ///
 /// For [`CudaVirtualSpace`], `held` is
 /// [`mapped_bytes`](CudaVirtualSpace::mapped_bytes): the memory of a handle
@@ -216,38 +208,38 @@ pub fn vmm_config(call: &Call) -> std::result::Result<VmmConfig, StackError> {
 /// # Examples
 ///
 /// ```
-/// use memres::leaves::UpstreamCounter;
-/// use memres::vmm::CountedSpace;
+/// use memres_core::adaptor::Gauge;
+/// use memres_cuda::stack::CountedSpace;
 /// use memres_core::vmem::CountingSpace;
 /// use memres_core::vpool::VirtualPool;
 /// use memres_core::{MemoryResourceMut, Request};
 /// use std::sync::Arc;
-/// let counter = Arc::new(UpstreamCounter::default());
-/// let space = CountedSpace::new(CountingSpace::new(1 << 30, 2 << 20), CountingSpace::committed_bytes, counter.clone());
+/// let gauge = Arc::new(Gauge::default());
+/// let space = CountedSpace::new(CountingSpace::new(1 << 30, 2 << 20), CountingSpace::committed_bytes, gauge.clone());
 /// let mut pool = VirtualPool::new(space, 64 << 20, 0)?;
 /// let b = pool.allocate(Request::new(3 << 20)?, &())?;
-/// assert_eq!(counter.current(), 4 << 20);
+/// assert_eq!(gauge.current(), 4 << 20);
 /// pool.deallocate(b, &())?;
-/// assert_eq!((counter.current(), counter.peak()), (0, 4 << 20));
+/// assert_eq!((gauge.current(), gauge.peak()), (0, 4 << 20));
 /// # Ok::<(), memres_core::Error>(())
 /// ```
 pub struct CountedSpace<V> {
     space: V,
     held: fn(&V) -> u64,
-    counter: Arc<UpstreamCounter>,
-    /// `held(space)` as last counted in `counter`. Its lock is held across
+    gauge: Arc<Gauge>,
+    /// `held(space)` as last counted in `gauge`. Its lock is held across
     /// each commit or decommit, so that the counts of concurrent calls
     /// never cross.
     counted: Mutex<u64>,
 }
 
 impl<V> CountedSpace<V> {
-    /// Counts the bytes `held` says `space` holds in `counter` (counted
+    /// Counts the bytes `held` says `space` holds in `gauge` (counted
     /// from now on: what it holds already is counted at once).
-    pub fn new(space: V, held: fn(&V) -> u64, counter: Arc<UpstreamCounter>) -> Self {
+    pub fn new(space: V, held: fn(&V) -> u64, gauge: Arc<Gauge>) -> Self {
         let now = held(&space);
-        counter.add(now);
-        CountedSpace { space, held, counter, counted: Mutex::new(now) }
+        gauge.add(now);
+        CountedSpace { space, held, gauge, counted: Mutex::new(now) }
     }
 
     /// The space.
@@ -261,9 +253,9 @@ impl<V> CountedSpace<V> {
         let r = f(&self.space);
         let now = (self.held)(&self.space);
         if now > *counted {
-            self.counter.add(now - *counted);
+            self.gauge.add(now - *counted);
         } else {
-            self.counter.sub(*counted - now);
+            self.gauge.sub(*counted - now);
         }
         *counted = now;
         r
@@ -306,7 +298,7 @@ impl<V: ReservableSpace> ReservableSpace for CountedSpace<V> {
 impl<V> Drop for CountedSpace<V> {
     fn drop(&mut self) {
         let counted = self.counted.get_mut().unwrap_or_else(|p| p.into_inner());
-        self.counter.sub(*counted);
+        self.gauge.sub(*counted);
         *counted = 0;
     }
 }
