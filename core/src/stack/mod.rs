@@ -61,7 +61,7 @@
 //! stack is only checked.
 //!
 //! The readers of each name's arguments ([`pool_config`],
-//! [`fixed_config`], [`binning_exponents`], [`arena_config`],
+//! [`fixed_config`], [`fixed_block_size`], [`binning_exponents`], [`arena_config`],
 //! [`log_file`], [`granule_arg`], [`one_of`]) are public, so that a leaf
 //! with the same keys reads them alike and code that builds the same
 //! resource typed (the replay tool's fast path) gives the keys the same
@@ -77,7 +77,8 @@ pub use error::{StackError, StackErrorKind};
 #[cfg(feature = "std")]
 pub use names::open_log;
 pub use names::{
-    arena_config, binning_exponents, fixed_config, granule_arg, log_file, one_of, pool_config, Unbacked,
+    arena_config, binning_exponents, fixed_block_size, fixed_config, granule_arg, log_file, one_of, pool_config,
+    Unbacked,
 };
 pub use parse::{parse, parse_size, Arg, Call, Value, MAX_DEPTH};
 

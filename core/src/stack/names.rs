@@ -234,12 +234,27 @@ pub fn granule_arg(call: &Call, default: u64) -> Result<u64, StackError> {
 pub fn fixed_config(call: &Call) -> Result<FixedConfig, StackError> {
     call.expect_args(2, &["size", "blocks"])?;
     call.resource(0)?;
-    let size = one_of(call, 1, "size")?.map(Value::size).transpose()?.unwrap_or(FixedConfig::DEFAULT_BLOCK_SIZE);
-    let mut config = FixedConfig::new(size);
+    let mut config = FixedConfig::new(fixed_block_size(call)?);
     if let Some(blocks) = call.u32_arg("blocks", "a whole number")? {
         config = config.blocks_per_chunk(blocks);
     }
     Ok(config)
+}
+
+/// The block size of a `fixed` call: its `size` or `size=`, else 1 MiB.
+///
+/// # Errors
+///
+/// A size given twice or a bad size, at its position.
+///
+/// ```
+/// use memres_core::stack::{fixed_block_size, parse};
+/// assert_eq!(fixed_block_size(&parse("fixed(sim, size=64KiB)")?)?, 64 << 10);
+/// assert_eq!(fixed_block_size(&parse("fixed(sim)")?)?, 1 << 20);
+/// # Ok::<(), memres_core::stack::StackError>(())
+/// ```
+pub fn fixed_block_size(call: &Call) -> Result<u64, StackError> {
+    Ok(one_of(call, 1, "size")?.map(Value::size).transpose()?.unwrap_or(FixedConfig::DEFAULT_BLOCK_SIZE))
 }
 
 /// The bin exponents of `binning(UP, min=, max=)`: defaults 18 and 22,
