@@ -18,7 +18,7 @@
 
 use crate::peers::{OffsetReplayer, RangeReplayer};
 use crate::replay::{replay, Measurement, ReplayError};
-use crate::stack::replay_stack;
+use crate::stack::run_stack;
 use crate::workload::Workload;
 use std::fmt;
 use std::str::FromStr;
@@ -29,10 +29,10 @@ mod tests;
 /// Which upstream the memres resources take memory from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum UpstreamKind {
-    /// A [`SimDevice`] of [`UpstreamKind::SIM_CAPACITY`] bytes: no bytes behind it.
+    /// A [`SimDevice`](memres_sim::SimDevice) of [`UpstreamKind::SIM_CAPACITY`] bytes: no bytes behind it.
     #[default]
     Sim,
-    /// [`HostMemory`]: real host bytes.
+    /// [`HostMemory`](memres_sim::HostMemory): real host bytes.
     Host,
     /// CUDA device memory from `cuMemAlloc` (feature `cuda`).
     Cuda,
@@ -277,18 +277,23 @@ impl Resource {
             )));
         }
         let peer = |r: &mut dyn FnMut() -> Result<Measurement, ReplayError>| match options.threads {
-            Some(_) => Err(RunError::Unsupported(format!("{} cannot be shared between threads (--streams)", self.name))),
+            Some(_) => Err(RunError::Unsupported(format!(
+                "{} cannot be shared between threads (--streams)",
+                self.name
+            ))),
             None => Ok(r()?),
         };
         match self.kind {
             Kind::Stack(..) => {
                 let text = self.stack(options.upstream, options.param).expect("a stack alias");
-                replay_stack(&text, workload, options, progress)
+                run_stack(&text, workload, options, progress)
             }
             Kind::OffsetAllocator => {
                 peer(&mut || replay(&mut OffsetReplayer::new(workload), workload, options.passes, progress))
             }
-            Kind::RangeAlloc => peer(&mut || replay(&mut RangeReplayer::new(), workload, options.passes, progress)),
+            Kind::RangeAlloc => {
+                peer(&mut || replay(&mut RangeReplayer::new(), workload, options.passes, progress))
+            }
             Kind::Cuda(kind) => run_plain(kind, workload, options, progress),
         }
     }

@@ -91,39 +91,18 @@ pub fn builder() -> StackBuilder<SimStream> {
     b
 }
 
-/// Replays `workload` through a stack given as `--stack`: its leaves name
-/// its upstream, so `--upstream host` does not apply; otherwise as
-/// [`replay_stack`].
-///
-/// # Errors
-///
-/// As [`replay_stack`]; `--upstream host`.
-pub fn run_stack(
-    text: &str,
-    workload: &Workload,
-    options: &RunOptions,
-    progress: &mut dyn FnMut(usize),
-) -> Result<Measurement, RunError> {
-    if options.upstream == UpstreamKind::Host {
-        return Err(RunError::Unsupported(
-            "--upstream host does not apply to a stack: its leaf names the upstream".into(),
-        ));
-    }
-    replay_stack(text, workload, options, progress)
-}
-
 /// Builds `text` and replays `workload` through it as `options` say:
 /// typed for the shapes of [`crate::typed`], else as the core's builder
 /// builds it. `--upstream cuda|async` (feature `cuda`) makes its `cuda` and
 /// `async` leaves the CUDA resources, reached on each replaying thread's own
-/// CUDA stream.
+/// CUDA stream; `sim` and `host` are there whatever the upstream.
 ///
 /// # Errors
 ///
 /// [`RunError::Unsupported`] for a stack that does not build (with the
 /// position of the fault) or has no leaf whose peak can be read, or an
 /// upstream that is not built in; an op's failure.
-pub fn replay_stack(
+pub fn run_stack(
     text: &str,
     workload: &Workload,
     options: &RunOptions,
@@ -235,7 +214,12 @@ impl Runner for Replay<'_> {
             return self.run(Owned(Shared::new(resource)), move |s| s.with(|r| peak(r)), |_| {});
         }
         let streams = (0..self.workload.streams.max(1)).map(|_| self.world.stream()).collect();
-        replay(&mut StreamReplayer::new(resource, streams, peak), self.workload, self.options.passes, self.progress)
+        replay(
+            &mut StreamReplayer::new(resource, streams, peak),
+            self.workload,
+            self.options.passes,
+            self.progress,
+        )
     }
 
     fn run_ref<R>(self, resource: R, peak: impl Fn(&R) -> u64 + Send + Sync + 'static) -> Self::Output

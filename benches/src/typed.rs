@@ -30,7 +30,7 @@ use memres_core::binning::BinningResource;
 use memres_core::fixed::{FixedConfig, FixedSizeResource};
 use memres_core::pool::{CoalescingPool, PoolConfig};
 use memres_core::stack::{
-    arena_config, binning_exponents, fixed_block_size, fixed_config, pool_config, Built, Call, StackBuilder,
+    arena_config, binning_exponents, fixed_block_size, fixed_config, pool_config, Call, StackBuilder,
     StackError,
 };
 use memres_core::{MemoryResource, MemoryResourceMut, StreamOrdered};
@@ -181,7 +181,8 @@ impl Shape<'_> {
             }
             Shape::StatsPool(config, _) | Shape::StreamPool(config, _) => {
                 let pool_call = call.resource(0)?;
-                let pool = CoalescingPool::with_config(leaf, config, stream).map_err(|e| made(pool_call, e))?;
+                let pool =
+                    CoalescingPool::with_config(leaf, config, stream).map_err(|e| made(pool_call, e))?;
                 if call.name == "stats" {
                     runner.run_mut(Statistics::new(pool), move |_| peak())
                 } else {
@@ -189,7 +190,8 @@ impl Shape<'_> {
                 }
             }
             Shape::Fixed(config, _, _) => {
-                let fixed = FixedSizeResource::with_config(leaf, config, stream).map_err(|e| made(call, e))?;
+                let fixed =
+                    FixedSizeResource::with_config(leaf, config, stream).map_err(|e| made(call, e))?;
                 runner.run_mut(fixed, move |_| peak())
             }
             Shape::Binning(min, max, _) => {
@@ -257,32 +259,15 @@ pub fn run_typed<K: Runner>(
     if let Some(host) = leaf.get::<memres_sim::HostMemory>("host").filter(|_| name == "host") {
         return shape.run(call, host, stream, runner).map(Ok);
     }
-    cuda(shape, call, &leaf, stream, runner).map(Ok)
-}
-
-#[cfg(feature = "cuda")]
-fn cuda<K: Runner>(
-    shape: Shape<'_>,
-    call: &Call,
-    leaf: &Built<SimStream>,
-    stream: &SimStream,
-    runner: K,
-) -> Result<K::Output, StackError> {
-    crate::cuda::run_typed(shape, call, leaf, stream, runner)
-}
-
-/// Without the feature the builder knows no CUDA leaf and has refused it
-/// before this is reached.
-#[cfg(not(feature = "cuda"))]
-fn cuda<K: Runner>(
-    shape: Shape<'_>,
-    _: &Call,
-    _: &Built<SimStream>,
-    _: &SimStream,
-    _: K,
-) -> Result<K::Output, StackError> {
-    let leaf = shape.leaf();
-    Err(leaf.error(memres_core::stack::StackErrorKind::UnknownName(leaf.name.clone())))
+    // The tool's `cuda` and `async`; without the feature the builder knows
+    // no CUDA leaf and has refused it before this.
+    #[cfg(feature = "cuda")]
+    return crate::cuda::run_typed(shape, call, &leaf, stream, runner).map(Ok);
+    #[cfg(not(feature = "cuda"))]
+    {
+        let leaf = shape.leaf();
+        Err(leaf.error(memres_core::stack::StackErrorKind::UnknownName(leaf.name.clone())))
+    }
 }
 
 /// Builds `vpool(sim...)` typed, a [`VirtualPool`](memres_core::vpool::VirtualPool)

@@ -12,8 +12,8 @@
 #[cfg(feature = "alloc")]
 use crate::primitive::AtomicBool;
 use crate::primitive::{AtomicU64, Ordering};
-use crate::{Block, Error, MemoryResource, Request, Result, Stream};
 pub use crate::splitmix::SplitMix64;
+use crate::{Block, Error, MemoryResource, Request, Result, Stream};
 #[cfg(feature = "alloc")]
 use alloc::sync::Arc;
 

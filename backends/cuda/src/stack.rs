@@ -112,6 +112,9 @@ pub fn register(
     })
 }
 
+/// Reads a leaf's arguments as its constructor does, and nothing more.
+type ArgCheck = fn(&Call) -> Result<(), StackError>;
+
 /// Registers the CUDA leaves for checking a stack without a device: each
 /// reads its arguments as [`register`]'s does, then stands in as an
 /// [`Unbacked`] leaf, which serves any size (only the device knows its
@@ -128,7 +131,7 @@ pub fn register(
 /// assert_eq!(b.build("pool(async(bogus=1))", &CudaStream::legacy()).err().unwrap().pos, 11);
 /// ```
 pub fn register_checking(builder: &mut StackBuilder<CudaStream>) -> &mut StackBuilder<CudaStream> {
-    let checks: [(&str, fn(&Call) -> Result<(), StackError>); 5] = [
+    let checks: [(&str, ArgCheck); 5] = [
         ("async", |call| async_config(call).map(drop)),
         ("cuda", |call| call.expect_args(0, &[])),
         ("managed", |call| call.expect_args(0, &[])),

@@ -1,6 +1,6 @@
-use memres_core::pool::CoalescingIndex;
 use crate::tally::{accessors, Tally};
 use memres_core::check::FailNth;
+use memres_core::pool::CoalescingIndex;
 use memres_core::{Block, Error, MemoryResource, Range, Request, Result, Stream};
 use std::sync::Mutex;
 
@@ -57,12 +57,7 @@ impl SimDevice {
         let first = space.add_range(Range::new(Self::BASE, span).expect("span fits")).expect("one node");
         SimDevice {
             capacity,
-            state: Mutex::new(State {
-                space,
-                first,
-                tally: Tally::default(),
-                fail: FailNth::new(),
-            }),
+            state: Mutex::new(State { space, first, tally: Tally::default(), fail: FailNth::new() }),
         }
     }
 

@@ -124,6 +124,11 @@ impl World {
         }
     }
 
+    /// Each stream's position: the clock of all work submitted so far.
+    fn positions(&self) -> Vec<u64> {
+        self.streams.iter().enumerate().map(|(i, s)| s.clock.get(i).copied().unwrap_or(0)).collect()
+    }
+
     fn is_complete(&self, clock: &[u64]) -> bool {
         self.streams.iter().zip(clock).all(|(s, &p)| s.completed >= p)
     }
@@ -179,12 +184,8 @@ impl SimWorld {
     /// learn of it until it queries or synchronizes.
     pub fn advance(&self) {
         let mut w = self.lock();
-        let n = w.streams.len();
-        for i in 0..n {
-            let pos = w.streams[i].clock.get(i).copied().unwrap_or(0);
-            let s = &mut w.streams[i];
-            s.completed = s.completed.max(pos);
-        }
+        let all = w.positions();
+        w.complete(&all, false);
     }
 
     /// The device finishes the work before `event` (and what it depends on);
@@ -196,13 +197,8 @@ impl SimWorld {
     /// The host waits for the whole device (`cudaDeviceSynchronize`).
     pub fn synchronize(&self) {
         let mut w = self.lock();
-        let n = w.streams.len();
-        for i in 0..n {
-            let pos = w.streams[i].clock.get(i).copied().unwrap_or(0);
-            let s = &mut w.streams[i];
-            s.completed = s.completed.max(pos);
-            s.observed = s.observed.max(pos);
-        }
+        let all = w.positions();
+        w.complete(&all, true);
     }
 
     /// Makes the `n`th stream call (record, wait, synchronize) from now fail

@@ -71,8 +71,7 @@ fn the_stream_agnostic_default_races_and_the_per_stream_pool_does_not() {
     for (stack, violations) in [("stats(pool(sim))", 1), ("stats(pool(sim, per_stream=true))", 0)] {
         let world = SimWorld::new();
         let (a, b) = (world.non_blocking_stream(), world.non_blocking_stream());
-        let built: DynResource<SimStream> =
-            builder().build(stack, &world.default_stream()).unwrap();
+        let built: DynResource<SimStream> = builder().build(stack, &world.default_stream()).unwrap();
         let res = HbChecked::new(built);
         // b has used the resource before: it has a pool of its own, whose
         // 32 MiB chunk is too small for what follows.

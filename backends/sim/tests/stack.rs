@@ -225,27 +225,6 @@ fn all_adaptors_stacked_randomized() {
 }
 
 #[test]
-fn handles_give_typed_access() {
-    let built = builder::<()>()
-        .build_with_handles("stats(limit(stats(pool(sim(1GiB), initial=1MiB)), 4MiB))", &())
-        .unwrap();
-    let r = &built.resource;
-    let b = r.allocate(req(1000), &()).unwrap();
-    let all = built.all::<Statistics<DynResource>>("stats");
-    assert_eq!(all.len(), 2);
-    assert_eq!((all[0].bytes().value, all[1].bytes().value), (1000, 1000));
-    assert_eq!(built.get::<Limiting<DynResource>>("limit").unwrap().used(), 1024);
-    let pool = built.get::<Shared<CoalescingPool<DynResource>>>("pool").unwrap();
-    assert_eq!(pool.with(|p| (p.pool_size(), p.used_bytes())), (1 << 20, 1024));
-    assert_eq!(built.get::<SimDevice>("sim").unwrap().held_bytes(), 1 << 20);
-    // Wrong type or absent name: none.
-    assert!(built.get::<SimDevice>("stats").is_none());
-    assert!(built.get::<SimDevice>("track").is_none());
-    r.deallocate(b, &()).unwrap();
-    assert_eq!(all[0].bytes(), Counter { value: 0, peak: 1000, total: 1000 });
-}
-
-#[test]
 fn pool_granule_and_release_apply() {
     type Pool = Shared<CoalescingPool<DynResource>>;
     let grow = |text: &str| {
@@ -296,8 +275,7 @@ fn builds_the_new_resources() {
         "pool(vpool(sim))",
         "stats(binning(pool(sim)))",
     ] {
-        let built =
-            builder::<()>().build_with_handles(text, &()).unwrap_or_else(|e| panic!("{text}: {e}"));
+        let built = builder::<()>().build_with_handles(text, &()).unwrap_or_else(|e| panic!("{text}: {e}"));
         if text.starts_with("fixed") {
             // Fixed blocks serve up to their size only.
             let b = built.resource.allocate(req(1000), &()).unwrap();
@@ -311,8 +289,7 @@ fn builds_the_new_resources() {
 
 #[test]
 fn new_resources_keep_typed_handles_and_route_as_configured() {
-    let built =
-        builder::<()>().build_with_handles("binning(sim(1GiB), min=10, max=12)", &()).unwrap();
+    let built = builder::<()>().build_with_handles("binning(sim(1GiB), min=10, max=12)", &()).unwrap();
     let bins = built.get::<BinningResource<'static, DynResource, ()>>("binning").unwrap();
     assert_eq!(bins.bin_sizes(), &[1024, 2048, 4096]);
     let sim = built.get::<SimDevice>("sim").unwrap();
@@ -320,8 +297,7 @@ fn new_resources_keep_typed_handles_and_route_as_configured() {
     assert_eq!(sim.held_bytes(), 1 << 20); // above the bins: straight upstream
     built.resource.deallocate(big, &()).unwrap();
 
-    let built =
-        builder::<()>().build_with_handles("vpool(sim, reserve=1GiB, keep=0)", &()).unwrap();
+    let built = builder::<()>().build_with_handles("vpool(sim, reserve=1GiB, keep=0)", &()).unwrap();
     let v = built.get::<Shared<VirtualPool<SimAddressSpace>>>("vpool").unwrap();
     let b = built.resource.allocate(req(3 << 20), &()).unwrap();
     assert_eq!(v.with(|v| (v.reserved_bytes(), v.committed_bytes())), (1 << 30, 4 << 20));
@@ -367,15 +343,16 @@ fn the_stream_layer_orders_reuse_across_streams() {
     built.resource.deallocate(y, &a).unwrap();
     let z = built.resource.allocate(req(1 << 20), &b).unwrap();
     built.resource.deallocate(z, &b).unwrap();
-    let so =
-        built.get::<Shared<StreamOrdered<OnStream<memres_sim::SimStream>, memres_sim::SimStream>>>("stream").unwrap();
+    let so = built
+        .get::<Shared<StreamOrdered<OnStream<memres_sim::SimStream>, memres_sim::SimStream>>>("stream")
+        .unwrap();
     assert!(so.with(|s| s.stats().own_hits) >= 1);
 }
 
 #[test]
 fn per_stream_pools_take_the_pool_options_and_refuse_a_maximum() {
-    use memres_sim::{SimStream, SimWorld};
     use memres_core::per_stream::{PerStreamPool, PoolMaker};
+    use memres_sim::{SimStream, SimWorld};
     type Pools = Shared<PerStreamPool<PoolMaker<DynResource<SimStream>>, SimStream>>;
     let world = SimWorld::new();
     let (a, b) = (world.stream(), world.stream());
@@ -394,8 +371,7 @@ fn per_stream_pools_take_the_pool_options_and_refuse_a_maximum() {
     pools.with(|p| p.check()).unwrap();
     // Without the key, or false: the pool that ignores streams.
     for text in ["pool(sim)", "pool(sim, per_stream=false)"] {
-        let built =
-            builder::<SimStream>().build_with_handles(text, &world.default_stream()).unwrap();
+        let built = builder::<SimStream>().build_with_handles(text, &world.default_stream()).unwrap();
         assert!(built.get::<Shared<CoalescingPool<DynResource<SimStream>>>>("pool").is_some(), "{text}");
     }
     for (text, pos, what) in [

@@ -4,7 +4,9 @@
 use clap::{Parser, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
 use memres_bench::report::{json_line, table, Row};
-use memres_bench::resources::{select, spelled, Kind, Param, Resource, RunOptions, UpstreamKind, RESOURCES};
+use memres_bench::resources::{
+    select, spelled, Kind, Param, Resource, RunError, RunOptions, UpstreamKind, RESOURCES,
+};
 use memres_bench::stack::run_stack;
 use memres_bench::workload::Workload;
 use std::io::IsTerminal;
@@ -149,6 +151,10 @@ fn replay(
                 Target::Resource(r, param, _) => {
                     r.run(w, &RunOptions { param: *param, ..options }, &mut progress)
                 }
+                // The stack's leaves name its upstream.
+                Target::Stack(_) if options.upstream == UpstreamKind::Host => Err(RunError::Unsupported(
+                    "--upstream host does not apply to a stack: its leaf names the upstream".into(),
+                )),
                 Target::Stack(text) => run_stack(text, w, &options, &mut progress),
             }
             .map_err(|e| e.to_string());

@@ -188,10 +188,8 @@ fn fixed_needs_a_size_that_fits_and_vpool_needs_sim() {
 
 #[test]
 fn aliases_are_stack_strings_over_the_upstream() {
-    let spelled: Vec<(String, Option<String>)> = RESOURCES
-        .iter()
-        .map(|r| (r.name.to_string(), r.stack(UpstreamKind::Host, Some(1000))))
-        .collect();
+    let spelled: Vec<(String, Option<String>)> =
+        RESOURCES.iter().map(|r| (r.name.to_string(), r.stack(UpstreamKind::Host, Some(1000)))).collect();
     let want = [
         ("pool", Some("pool(host, initial=1024)")),
         ("fixed", Some("fixed(host, 1000)")),
@@ -216,7 +214,9 @@ fn aliases_are_stack_strings_over_the_upstream() {
 #[test]
 fn an_alias_replays_as_its_stack_string() {
     let w = Workload::load("lograndom:2000:256:4000000:3").unwrap();
-    for (name, param) in [("pool", Some(1 << 20)), ("arena", None), ("stats-pool", None), ("fixed", Some(4 << 20))] {
+    for (name, param) in
+        [("pool", Some(1 << 20)), ("arena", None), ("stats-pool", None), ("fixed", Some(4 << 20))]
+    {
         let r = find(name).unwrap();
         let options = RunOptions { param, ..RunOptions::default() };
         let by_name = r.run(&w, &options, &mut |_| {}).unwrap();

@@ -1,10 +1,10 @@
 //! RMM's `statistics_resource_adaptor`: counts bytes and allocations.
 
 #[cfg(feature = "alloc")]
-use crate::lock::Shared;
-#[cfg(feature = "alloc")]
 use super::gauge::raise;
 use super::gauge::{signed_max, Gauge};
+#[cfg(feature = "alloc")]
+use crate::lock::Shared;
 use crate::primitive::Ordering::Relaxed;
 use crate::{Block, MemoryResource, Request, Result, Stream};
 #[cfg(feature = "alloc")]

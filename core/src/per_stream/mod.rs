@@ -48,8 +48,8 @@ mod tests;
 
 use crate::check::Violation;
 use crate::pool::{CoalescingPool, FreeChunk, PoolConfig};
-use crate::storage::Storage;
 use crate::splitmix::SplitMix64;
+use crate::storage::Storage;
 use crate::{Block, Error, MemoryResource, MemoryResourceMut, Range, Request, Result, Stream};
 use alloc::vec::Vec;
 use core::fmt;

@@ -77,8 +77,8 @@ pub use error::{StackError, StackErrorKind};
 #[cfg(feature = "std")]
 pub use names::open_log;
 pub use names::{
-    arena_config, binning_exponents, fixed_block_size, fixed_config, granule_arg, log_file, one_of, pool_config,
-    Unbacked,
+    arena_config, binning_exponents, fixed_block_size, fixed_config, granule_arg, log_file, one_of,
+    pool_config, Unbacked,
 };
 pub use parse::{parse, parse_size, Arg, Call, Value, MAX_DEPTH};
 

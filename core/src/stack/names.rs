@@ -9,9 +9,9 @@ use crate::binning::BinningResource;
 use crate::fixed::{FixedConfig, FixedSizeResource};
 use crate::per_stream::{PerStreamPool, PoolMaker};
 use crate::pool::{CoalescingPool, Growth, PoolConfig};
-use core::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use crate::{Block, DynResource, MemoryResource, Request, Result, Shared, Stream};
 use alloc::format;
+use core::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
 /// Registers the core's names in `b`.
 pub(super) fn register<S: Stream + ?Sized + 'static>(b: &mut StackBuilder<S>)
@@ -24,14 +24,15 @@ where
         if call.bool_arg("per_stream")? == Some(true) {
             return per_stream_pool(call, cx, upstream, config);
         }
-        let pool = CoalescingPool::with_config(upstream, config, cx.stream).map_err(|e| call.resource_error(e))?;
+        let pool =
+            CoalescingPool::with_config(upstream, config, cx.stream).map_err(|e| call.resource_error(e))?;
         Ok(cx.keep(call, Shared::new(pool)))
     });
     b.register("fixed", |call, cx| {
         let config = fixed_config(call)?;
         let upstream = cx.upstream(call, 0)?;
-        let fixed =
-            FixedSizeResource::with_config(upstream, config, cx.stream).map_err(|e| call.resource_error(e))?;
+        let fixed = FixedSizeResource::with_config(upstream, config, cx.stream)
+            .map_err(|e| call.resource_error(e))?;
         Ok(cx.keep(call, Shared::new(fixed)))
     });
     b.register("binning", |call, cx| {
@@ -182,10 +183,12 @@ where
         ));
     }
     let initial = call.size_arg("initial")?.unwrap_or(0);
-    let maker = PoolMaker::new(upstream.clone(), config.initial_size(0)).map_err(|e| call.resource_error(e))?;
+    let maker =
+        PoolMaker::new(upstream.clone(), config.initial_size(0)).map_err(|e| call.resource_error(e))?;
     let mut pools = PerStreamPool::new(maker);
     if initial > 0 {
-        let first = CoalescingPool::with_config(upstream, config, cx.stream).map_err(|e| call.resource_error(e))?;
+        let first =
+            CoalescingPool::with_config(upstream, config, cx.stream).map_err(|e| call.resource_error(e))?;
         pools.insert(cx.stream, first).map_err(|e| call.resource_error(e))?;
     }
     Ok(cx.keep(call, Shared::new(pools)))
@@ -376,14 +379,14 @@ impl<S: Stream + ?Sized> MemoryResource<S> for Unbacked {
             return Ok(Block::EMPTY);
         }
         let span = request.rounded_size(256) + request.align();
-        let start = self
-            .next
-            .fetch_update(Relaxed, Relaxed, |next| next.checked_add(span))
-            .map_err(|_| crate::Error::OutOfMemory {
-                requested: request.size(),
-                largest_free: 0,
-                pool_size: 0,
-                max_size: None,
+        let start =
+            self.next.fetch_update(Relaxed, Relaxed, |next| next.checked_add(span)).map_err(|_| {
+                crate::Error::OutOfMemory {
+                    requested: request.size(),
+                    largest_free: 0,
+                    pool_size: 0,
+                    max_size: None,
+                }
             })?;
         Ok(Block::new(start.next_multiple_of(request.align()), request.size(), 0))
     }

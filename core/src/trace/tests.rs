@@ -65,7 +65,10 @@ fn headers_blank_lines_and_spaces_are_skipped() {
         Ok(())
     })
     .unwrap();
-    assert_eq!(lines, [(2, Action::Allocate, 0x10, 256, "a".into()), (6, Action::Free, 0x10, 256, "a".into())]);
+    assert_eq!(
+        lines,
+        [(2, Action::Allocate, 0x10, 256, "a".into()), (6, Action::Free, 0x10, 256, "a".into())]
+    );
 }
 
 #[test]
@@ -74,7 +77,11 @@ fn malformed_rows_name_their_line() {
     for (text, line, what) in [
         (format!("{header}0,1,free,0x10,1\n"), 2, "expected 6 fields, found 5"),
         (format!("{header}0,1,alloc,0x10,1,0\n"), 2, "unknown action `alloc`"),
-        (format!("{header}0,1,allocate,0x10,1,0\n0,1,free,0xzz,1,0\n"), 3, "pointer `0xzz` is not a hex number"),
+        (
+            format!("{header}0,1,allocate,0x10,1,0\n0,1,free,0xzz,1,0\n"),
+            3,
+            "pointer `0xzz` is not a hex number",
+        ),
         (format!("{header}0,1,free,nil,1,0\n"), 2, "pointer `nil` is not a hex number"),
         (format!("{header}0,1,free,0x10,-5,0\n"), 2, "size `-5` is not a number"),
     ] {

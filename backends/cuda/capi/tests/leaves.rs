@@ -25,7 +25,10 @@ fn the_checking_builder_refuses_what_the_real_one_would() {
     // Names whose memory is not the device's are refused where they stand.
     for (text, pos) in [("pool(sim)", 5), ("stats(host)", 6), ("vpool(sim)", 0), ("pool(pinned)", 5)] {
         let e = b.build(text, &s).err().unwrap();
-        assert!(matches!(&e.kind, StackErrorKind::BadValue(m) if m.contains("hands out device memory")), "{e}");
+        assert!(
+            matches!(&e.kind, StackErrorKind::BadValue(m) if m.contains("hands out device memory")),
+            "{e}"
+        );
         assert_eq!(e.pos, pos, "{text}");
     }
 }

@@ -66,7 +66,9 @@ fn every_name_builds_and_serves() {
 
 #[test]
 fn handles_are_typed_and_outermost_first() {
-    let built = builder::<()>().build_with_handles("stats(limit(stats(pool(bump, initial=1MiB)), 4MiB))", &()).unwrap();
+    let built = builder::<()>()
+        .build_with_handles("stats(limit(stats(pool(bump, initial=1MiB)), 4MiB))", &())
+        .unwrap();
     let x = built.resource.allocate(req(1000), &()).unwrap();
     let all = built.all::<Statistics<DynResource>>("stats");
     assert_eq!(all.len(), 2);
@@ -79,6 +81,7 @@ fn handles_are_typed_and_outermost_first() {
     assert!(built.get::<BumpUpstream>("stats").is_none());
     assert!(built.get::<BumpUpstream>("track").is_none());
     built.resource.deallocate(x, &()).unwrap();
+    assert_eq!(all[0].bytes(), crate::adaptor::Counter { value: 0, peak: 1000, total: 1000 });
     let built = builder::<()>().build_with_handles("binning(arena(bump), min=10, max=12)", &()).unwrap();
     let bins = built.get::<BinningResource<'static, DynResource, ()>>("binning").unwrap();
     assert_eq!(bins.bin_sizes(), &[1024, 2048, 4096]);
@@ -99,7 +102,9 @@ fn registering_adds_or_replaces_a_name_for_any_stream() {
     assert!(b.build("stats(refuse)", &s).unwrap().allocate(req(1), &s).is_err());
     assert_eq!(b.build("refuse(bump)", &s).err().unwrap().kind, StackErrorKind::ExtraArg);
     // Replaced: the name now makes a pool over the test upstream.
-    b.register("refuse", |call, cx| Ok(cx.keep(call, Shared::new(CoalescingPool::new(BumpUpstream::new(1 << 30))))));
+    b.register("refuse", |call, cx| {
+        Ok(cx.keep(call, Shared::new(CoalescingPool::new(BumpUpstream::new(1 << 30)))))
+    });
     let r = b.build("stats(refuse)", &s).unwrap();
     let x = r.allocate(req(1), &s).unwrap();
     r.deallocate(x, &s).unwrap();
@@ -115,12 +120,16 @@ fn errors_name_the_position_and_build_nothing() {
         ("limit(bump, 1G, bytes=2G)", 22, StackErrorKind::DuplicateKey("bytes".into())),
         ("fixed(bump, 1MiB, size=1MiB)", 23, StackErrorKind::DuplicateKey("size".into())),
         ("binning(bump, min=x)", 18, StackErrorKind::BadValue("min `x`: a whole number".into())),
-        ("pool(bump(1MiB), initial=1GiB)", 0, StackErrorKind::Resource(Error::OutOfMemory {
-            requested: 1 << 30,
-            largest_free: 1 << 20,
-            pool_size: 1 << 20,
-            max_size: Some(1 << 20),
-        })),
+        (
+            "pool(bump(1MiB), initial=1GiB)",
+            0,
+            StackErrorKind::Resource(Error::OutOfMemory {
+                requested: 1 << 30,
+                largest_free: 1 << 20,
+                pool_size: 1 << 20,
+                max_size: Some(1 << 20),
+            }),
+        ),
         ("stats()", 0, StackErrorKind::MissingArg("an upstream resource")),
     ];
     for (text, pos, kind) in cases {
@@ -179,7 +188,8 @@ fn an_unbacked_leaf_serves_any_size_and_never_reuses_an_address() {
 fn log_writes_its_file_and_says_when_it_cannot() {
     let path = std::env::temp_dir().join(alloc::format!("memres-core-stack-log-{}.csv", std::process::id()));
     {
-        let r = builder::<()>().build(&alloc::format!("log(pool(bump), file={})", path.display()), &()).unwrap();
+        let r =
+            builder::<()>().build(&alloc::format!("log(pool(bump), file={})", path.display()), &()).unwrap();
         let x = r.allocate(req(4096), &()).unwrap();
         r.deallocate(x, &()).unwrap();
     }
