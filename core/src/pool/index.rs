@@ -213,8 +213,10 @@ impl<N: Storage<Node>> CoalescingIndex<N> {
         // the public entry points checked against `nodes.len()` (`resolve`,
         // `allocate_in`, `remove_range`, `is_region_free`, the region walks).
         // Links are only ever written from indices of existing slots, and
-        // slots are never removed (the storage only grows), so a link stays
-        // in range for the index's life; `check` verifies it.
+        // slots are never removed: the index only calls `try_push`, and the
+        // `unsafe trait Storage` promises that the length changes only there
+        // (by one, on `Ok`) and that the elements keep what was written, so
+        // a link stays in range for the index's life; `check` verifies it.
         unsafe { self.nodes.get_unchecked(i as usize) }
     }
 
