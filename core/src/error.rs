@@ -141,7 +141,9 @@ impl fmt::Display for Error {
                 write!(f, "metadata capacity exhausted ({capacity} entries)")
             }
             Error::InvalidConfig { what } => write!(f, "invalid configuration: {what}"),
-            Error::Reentrant => f.write_str("re-entrant call into a resource from inside its own call (refused)"),
+            Error::Reentrant => {
+                f.write_str("re-entrant call into a resource from inside its own call (refused)")
+            }
             Error::Backend { code, what } => write!(f, "backend error {code}: {what}"),
         }
     }
