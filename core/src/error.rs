@@ -91,6 +91,11 @@ pub enum Error {
         /// What is wrong.
         what: &'static str,
     },
+    /// A call into a resource behind a lock that refuses re-entry
+    /// ([`CriticalSectionLock`](crate::lock)), made from inside a call on the
+    /// same resource (an upstream that calls back into it): refused, and
+    /// nothing changed.
+    Reentrant,
     /// The backend failed for a reason of its own.
     Backend {
         /// The backend's error code (a `CUresult` for CUDA).
@@ -148,6 +153,9 @@ impl fmt::Display for Error {
                 write!(f, "metadata capacity exhausted ({capacity} entries)")
             }
             Error::InvalidConfig { what } => write!(f, "invalid configuration: {what}"),
+            Error::Reentrant => {
+                f.write_str("re-entrant call into a resource from inside its own call (refused)")
+            }
             Error::Backend { code, what } => write!(f, "backend error {code}: {what}"),
         }
     }

@@ -14,17 +14,34 @@
 //! explores every interleaving of the code that uses it.
 
 use crate::primitive::{spin_loop, AtomicBool, Ordering, UnsafeCell};
-use crate::{Block, MemoryResource, MemoryResourceMut, Request, Result, Stream};
+use crate::{Block, Error, MemoryResource, MemoryResourceMut, Request, Result, Stream};
 use core::fmt;
 
 /// A lock that runs a closure with exclusive access.
 ///
 /// # Safety
 ///
-/// While `with_lock` runs its closure for one caller, it must not run a
-/// closure for any other caller of the same lock (mutual exclusion), and the
-/// closure's effects must happen-before the next caller's closure. [`Shared`]
-/// relies on this to hand out `&mut` access.
+/// For each lock value, an implementation guarantees:
+///
+/// - **Mutual exclusion, re-entry included.** Neither method runs a closure
+///   while another closure of the same lock is running: one on another
+///   thread, or the very closure the call is made from (a call on the same
+///   thread from inside a closure of this lock). Such a call must wait until
+///   the running closure has returned (for a re-entrant call that is never:
+///   a deadlock), panic, or return `None` from
+///   [`try_with_lock`](Self::try_with_lock); it must never run its closure.
+///   A lock that lets its holder in again, as a re-entrant mutex or a bare
+///   `critical_section::with` does, is not a `RawLock`.
+/// - **Order.** Each closure's effects happen-before the start of the next
+///   closure of the same lock.
+///
+/// [`Shared`] relies on both to hand out `&mut` access to what it guards.
+///
+/// | lock | a re-entrant call |
+/// | --- | --- |
+/// | [`SpinLock`] | spins forever (deadlock) |
+/// | `StdLock` | deadlocks or panics (`std::sync::Mutex` leaves it open which) |
+/// | `CriticalSectionLock` | is refused: `None`, or a panic from [`with_lock`](Self::with_lock) |
 ///
 /// # Examples
 ///
@@ -32,10 +49,29 @@ use core::fmt;
 /// use memres_core::lock::{RawLock, SpinLock};
 /// let lock = SpinLock::default();
 /// assert_eq!(lock.with_lock(|| 1 + 1), 2);
+/// assert_eq!(lock.try_with_lock(|| 3), Some(3));
 /// ```
 pub unsafe trait RawLock: Default {
+    /// Runs `f` while holding the lock, or returns `None` without running it
+    /// when this is a re-entrant call that the lock refuses.
+    fn try_with_lock<T>(&self, f: impl FnOnce() -> T) -> Option<T>;
+
     /// Runs `f` while holding the lock.
-    fn with_lock<T>(&self, f: impl FnOnce() -> T) -> T;
+    ///
+    /// # Panics
+    ///
+    /// If the lock refuses this call as re-entrant (see the table above).
+    #[inline]
+    fn with_lock<T>(&self, f: impl FnOnce() -> T) -> T {
+        self.try_with_lock(f).unwrap_or_else(|| reentered())
+    }
+}
+
+/// The panic of a refused re-entrant call where there is no error to return.
+#[cold]
+#[inline(never)]
+fn reentered() -> ! {
+    panic!("re-entrant call into a lock from inside its own closure (refused: it would alias `&mut`)")
 }
 
 /// A test-and-test-and-set spin lock: `no_std`, no allocation, one byte.
@@ -75,25 +111,28 @@ impl Drop for SpinGuard<'_> {
 }
 
 // SAFETY: the compare-exchange from `false` to `true` succeeds for one caller
-// at a time (mutual exclusion); its `Acquire` pairs with the `Release` store
-// of the guard, so each closure's effects happen-before the next one's.
+// at a time (mutual exclusion); a re-entrant call finds `locked` set by its
+// own caller and spins forever, never reaching `f`. The `Acquire` pairs with
+// the `Release` store of the guard, so each closure's effects happen-before
+// the next one's.
 unsafe impl RawLock for SpinLock {
     #[inline]
-    fn with_lock<T>(&self, f: impl FnOnce() -> T) -> T {
+    fn try_with_lock<T>(&self, f: impl FnOnce() -> T) -> Option<T> {
         while self.locked.compare_exchange_weak(false, true, Ordering::Acquire, Ordering::Relaxed).is_err() {
             while self.locked.load(Ordering::Relaxed) {
                 spin_loop();
             }
         }
         let _guard = SpinGuard(&self.locked);
-        f()
+        Some(f())
     }
 }
 
 /// A lock over `std::sync::Mutex`: threads sleep under contention.
 ///
 /// A panic inside a closure does not poison the lock for later callers: the
-/// algorithms keep their invariants at every step that can panic.
+/// algorithms keep their invariants at every step that can panic. A
+/// re-entrant call deadlocks or panics.
 ///
 /// # Examples
 ///
@@ -105,13 +144,15 @@ unsafe impl RawLock for SpinLock {
 #[derive(Debug, Default)]
 pub struct StdLock(std::sync::Mutex<()>);
 
-// SAFETY: `Mutex` gives mutual exclusion and orders its critical sections.
+// SAFETY: `Mutex` gives mutual exclusion and orders its critical sections;
+// `Mutex::lock` from the thread that holds it "will not return" (std's
+// words: it deadlocks or panics), so a re-entrant call never reaches `f`.
 #[cfg(feature = "std")]
 unsafe impl RawLock for StdLock {
     #[inline]
-    fn with_lock<T>(&self, f: impl FnOnce() -> T) -> T {
+    fn try_with_lock<T>(&self, f: impl FnOnce() -> T) -> Option<T> {
         let _guard = self.0.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        f()
+        Some(f())
     }
 }
 
@@ -119,23 +160,76 @@ unsafe impl RawLock for StdLock {
 /// of the `critical-section` crate (interrupts off on a single core, or the
 /// platform's own implementation).
 ///
+/// Critical sections nest, so the lock keeps a flag of its own, set while
+/// one of its closures runs: a re-entrant call (from inside a closure of the
+/// same lock, through an upstream that calls back, say) is refused, never
+/// run. [`Shared`] turns the refusal into [`Error::Reentrant`] where it can
+/// return an error and into a panic in [`Shared::with`].
+///
 /// # Examples
 ///
 /// ```
 /// use memres_core::lock::{CriticalSectionLock, RawLock};
-/// assert_eq!(CriticalSectionLock::default().with_lock(|| 3), 3);
+/// let lock = CriticalSectionLock::default();
+/// assert_eq!(lock.with_lock(|| 3), 3);
+/// assert_eq!(lock.with_lock(|| lock.try_with_lock(|| 4)), None);
+///
+/// // Through `Shared`: the nested call is an error, and nothing ran.
+/// use memres_core::{lock::Shared, Error};
+/// let s: Shared<u32, CriticalSectionLock> = Shared::new_with_lock(5);
+/// assert_eq!(s.with(|_| s.try_with(|v| *v)), Err(Error::Reentrant));
 /// ```
 #[cfg(feature = "critical-section")]
-#[derive(Debug, Default)]
-pub struct CriticalSectionLock(());
+pub struct CriticalSectionLock {
+    /// `true` while a closure of this lock runs.
+    held: critical_section::Mutex<core::cell::Cell<bool>>,
+}
+
+#[cfg(feature = "critical-section")]
+impl Default for CriticalSectionLock {
+    fn default() -> Self {
+        CriticalSectionLock { held: critical_section::Mutex::new(core::cell::Cell::new(false)) }
+    }
+}
+
+#[cfg(feature = "critical-section")]
+impl fmt::Debug for CriticalSectionLock {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CriticalSectionLock").finish_non_exhaustive()
+    }
+}
+
+/// Clears the held flag when dropped, so a panicking closure does not leave
+/// the lock refusing every later call.
+#[cfg(feature = "critical-section")]
+struct HeldGuard<'a>(&'a core::cell::Cell<bool>);
+
+#[cfg(feature = "critical-section")]
+impl Drop for HeldGuard<'_> {
+    fn drop(&mut self) {
+        self.0.set(false);
+    }
+}
 
 // SAFETY: `critical_section::with` guarantees that no other critical section
-// runs at the same time on any core, and orders them.
+// runs at the same time on any core and orders them, so no other thread runs
+// a closure of this lock meanwhile. On this thread, `held` is set before `f`
+// runs and cleared after it returns or unwinds (the guard drops inside the
+// critical section), so a call from inside `f` finds it set and returns
+// `None` without running its closure. `held` is only touched inside critical
+// sections, which `critical_section::Mutex` enforces.
 #[cfg(feature = "critical-section")]
 unsafe impl RawLock for CriticalSectionLock {
     #[inline]
-    fn with_lock<T>(&self, f: impl FnOnce() -> T) -> T {
-        critical_section::with(|_| f())
+    fn try_with_lock<T>(&self, f: impl FnOnce() -> T) -> Option<T> {
+        critical_section::with(|cs| {
+            let held = self.held.borrow(cs);
+            if held.replace(true) {
+                return None;
+            }
+            let _guard = HeldGuard(held);
+            Some(f())
+        })
     }
 }
 
@@ -143,10 +237,13 @@ unsafe impl RawLock for CriticalSectionLock {
 /// putting it behind a lock of type `L`.
 ///
 /// `Shared<R, L>` is `Sync` when `R` is `Send`: every access to the inner
-/// algorithm happens inside `L::with_lock`.
+/// algorithm happens inside a closure of the lock.
 ///
 /// A resource must not call back into the same `Shared` from inside its own
-/// `allocate` (through its upstream, say): that would deadlock.
+/// `allocate` (through its upstream, say). The nested call never runs: it
+/// deadlocks under [`SpinLock`] (`StdLock`: deadlock or panic), and under a
+/// lock that refuses re-entry (`CriticalSectionLock`) it fails with
+/// [`Error::Reentrant`] (a panic from [`with`](Self::with)).
 ///
 /// # Examples
 ///
@@ -166,11 +263,11 @@ unsafe impl RawLock for CriticalSectionLock {
 /// ```
 pub struct Shared<R, L: RawLock = SpinLock> {
     lock: L,
-    /// Accessed only inside `lock.with_lock`.
+    /// Accessed only inside closures of `lock`.
     inner: UnsafeCell<R>,
 }
 
-// SAFETY: `inner` is only reached inside `with_lock`, which excludes other
+// SAFETY: `inner` is only reached inside closures of the lock, which exclude other
 // threads, so sharing `&Shared` across threads hands `&mut R` to one thread at
 // a time: that needs `R: Send`, like `Mutex<R>`.
 unsafe impl<R: Send, L: RawLock + Sync> Sync for Shared<R, L> {}
@@ -198,14 +295,40 @@ impl<R, L: RawLock> Shared<R, L> {
 
     /// Runs `f` with exclusive access to the inner algorithm (to read its
     /// figures, call `release()`, run the invariant checker...).
+    ///
+    /// # Panics
+    ///
+    /// If called from inside a closure of the same `Shared` under a lock
+    /// that refuses re-entry, as `RefCell::borrow_mut` would
+    /// ([`try_with`](Self::try_with) returns the error instead).
     #[inline]
     pub fn with<T>(&self, f: impl FnOnce(&mut R) -> T) -> T {
-        self.lock.with_lock(|| {
-            // SAFETY: `with_lock` excludes every other closure on this lock,
-            // and `inner` is only reached inside such closures, so this is the
-            // only reference to it for the closure's duration.
-            self.inner.with_mut(|p| f(unsafe { &mut *p }))
-        })
+        self.try_with(f).unwrap_or_else(|_| reentered())
+    }
+
+    /// Runs `f` with exclusive access to the inner algorithm.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Reentrant`], without running `f`, if called from inside a
+    /// closure of the same `Shared` under a lock that refuses re-entry.
+    ///
+    /// ```
+    /// use memres_core::lock::Shared;
+    /// let s = Shared::new(5u32);
+    /// assert_eq!(s.try_with(|v| *v), Ok(5));
+    /// ```
+    #[inline]
+    pub fn try_with<T>(&self, f: impl FnOnce(&mut R) -> T) -> Result<T> {
+        self.lock
+            .try_with_lock(|| {
+                // SAFETY: `RawLock`'s contract: no other closure of this lock
+                // runs now, on any thread, this one's callers included; and
+                // `inner` is only reached inside such closures, so this is the
+                // only reference to it for the closure's duration.
+                self.inner.with_mut(|p| f(unsafe { &mut *p }))
+            })
+            .ok_or(Error::Reentrant)
     }
 
     /// The inner algorithm, through exclusive access to the wrapper.
@@ -227,18 +350,21 @@ impl<R: Default, L: RawLock> Default for Shared<R, L> {
 
 impl<R: fmt::Debug, L: RawLock> fmt::Debug for Shared<R, L> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        self.with(|inner| f.debug_struct("Shared").field("inner", inner).finish())
+        match self.try_with(|inner| f.debug_struct("Shared").field("inner", inner).finish()) {
+            Ok(written) => written,
+            Err(_) => f.write_str("Shared { <in use by the caller> }"),
+        }
     }
 }
 
 impl<S: Stream + ?Sized, R: MemoryResourceMut<S>, L: RawLock> MemoryResource<S> for Shared<R, L> {
     #[inline]
     fn allocate(&self, request: Request, stream: &S) -> Result<Block> {
-        self.with(|r| r.allocate(request, stream))
+        self.try_with(|r| r.allocate(request, stream))?
     }
     #[inline]
     fn deallocate(&self, block: Block, stream: &S) -> Result<()> {
-        self.with(|r| r.deallocate(block, stream))
+        self.try_with(|r| r.deallocate(block, stream))?
     }
 }
 
@@ -278,5 +404,79 @@ mod tests {
         }));
         assert!(r.is_err());
         assert_eq!(shared.with(|v| *v), 1);
+    }
+}
+
+#[cfg(all(test, not(loom), feature = "critical-section"))]
+mod reentry_tests {
+    extern crate std;
+    use super::*;
+    use std::panic::{catch_unwind, AssertUnwindSafe};
+
+    /// Before the held flag, the nested closure ran: two `&mut` to one
+    /// value (Miri: a Stacked Borrows violation in `Shared::with`).
+    #[test]
+    fn nested_with_on_one_critical_section_lock_is_refused() {
+        let shared: Shared<u32, CriticalSectionLock> = Shared::new_with_lock(0);
+        let nested = catch_unwind(AssertUnwindSafe(|| {
+            shared.with(|outer| {
+                shared.with(|inner| *inner += 1);
+                *outer += 1;
+            })
+        }));
+        assert!(nested.is_err(), "the nested closure ran: two `&mut` to one value");
+        assert_eq!(shared.with(|v| *v), 0);
+        // The flag was cleared by the unwinding: the lock serves again.
+        shared.with(|v| *v += 1);
+        assert_eq!(shared.try_with(|v| *v), Ok(1));
+        // `Debug` from inside a closure says so instead of panicking.
+        let text = shared.with(|_| std::format!("{shared:?}"));
+        assert_eq!(text, "Shared { <in use by the caller> }");
+        assert_eq!(std::format!("{shared:?}"), "Shared { inner: 1 }");
+    }
+
+    /// A resource whose allocate and deallocate call back into the `Shared`
+    /// that holds it (as an upstream wired in a cycle would).
+    struct CallsBack<'a> {
+        target: Option<&'a dyn MemoryResource<()>>,
+        /// What the nested call answered.
+        nested: Option<Result<()>>,
+        /// Calls that ran to the end.
+        calls: u32,
+    }
+
+    impl MemoryResourceMut<()> for CallsBack<'_> {
+        fn allocate(&mut self, request: Request, stream: &()) -> Result<Block> {
+            if let Some(target) = self.target {
+                self.nested = Some(target.allocate(request, stream).map(|_| ()));
+            }
+            self.calls += 1;
+            Ok(Block::new(256 * u64::from(self.calls), request.size(), Block::NO_TAG))
+        }
+        fn deallocate(&mut self, block: Block, stream: &()) -> Result<()> {
+            if let Some(target) = self.target {
+                self.nested = Some(target.deallocate(block, stream));
+            }
+            self.calls += 1;
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn a_resource_calling_back_into_its_shared_gets_a_reentrant_error() {
+        let shared: Shared<CallsBack<'_>, CriticalSectionLock> =
+            Shared::new_with_lock(CallsBack { target: None, nested: None, calls: 0 });
+        shared.with(|r| r.target = Some(&shared));
+        let block = shared.allocate(Request::new(512).unwrap(), &()).unwrap();
+        assert_eq!(shared.with(|r| (r.nested.take(), r.calls)), (Some(Err(Error::Reentrant)), 1));
+        shared.deallocate(block, &()).unwrap();
+        assert_eq!(shared.with(|r| (r.nested.take(), r.calls)), (Some(Err(Error::Reentrant)), 2));
+    }
+
+    #[test]
+    fn two_critical_section_locks_nest() {
+        let (a, b): (Shared<u32, CriticalSectionLock>, Shared<u32, CriticalSectionLock>) =
+            (Shared::new_with_lock(1), Shared::new_with_lock(2));
+        assert_eq!(a.with(|x| b.with(|y| *x + *y)), 3);
     }
 }

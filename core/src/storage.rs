@@ -9,6 +9,48 @@ use core::ops::{Deref, DerefMut};
 
 /// A list of `T` that may refuse to grow.
 ///
+/// # Safety
+///
+/// The core indexes the slice of a `Storage` without bounds checks at
+/// indices it has pushed (the pool's index does, on its hot path), so an
+/// implementation must behave as `Vec<T>` does for these operations:
+///
+/// - `Default::default()` is empty.
+/// - `deref()` and `deref_mut()` view the same elements, the storage's
+///   contents, in order; an element keeps the value last written to it
+///   (by `try_push` or through `deref_mut`) until it is removed.
+/// - The contents change only through `&mut self` calls: `try_push`
+///   appends exactly its value when it returns `Ok` and changes nothing
+///   when it returns `Err`; `pop` removes the last element (none when
+///   empty); `swap_remove` does what `Vec::swap_remove` does. No other call
+///   (`deref`, `deref_mut`, `max_len`, `Clone`...) changes the length.
+///
+/// `max_len` is only a promise about `try_push`: getting it wrong gives
+/// wrong errors, never unsoundness.
+///
+/// A storage that breaks this could make the core read out of bounds, which
+/// is why implementing the trait takes `unsafe`:
+///
+/// ```compile_fail,E0200
+/// use memres_core::storage::Storage;
+/// // A storage whose `try_push` says `Ok` but stores nothing.
+/// #[derive(Default)]
+/// struct Lying(Vec<u32>);
+/// impl core::ops::Deref for Lying {
+///     type Target = [u32];
+///     fn deref(&self) -> &[u32] { &self.0 }
+/// }
+/// impl core::ops::DerefMut for Lying {
+///     fn deref_mut(&mut self) -> &mut [u32] { &mut self.0 }
+/// }
+/// impl Storage<u32> for Lying {
+///     fn try_push(&mut self, _: u32) -> Result<(), u32> { Ok(()) }
+///     fn pop(&mut self) -> Option<u32> { None }
+///     fn swap_remove(&mut self, i: usize) -> u32 { self.0.swap_remove(i) }
+///     fn max_len(&self) -> u32 { u32::MAX }
+/// }
+/// ```
+///
 /// # Examples
 ///
 /// ```
@@ -18,7 +60,7 @@ use core::ops::{Deref, DerefMut};
 /// assert_eq!(s.try_push(3), Err(3));
 /// assert_eq!(&s[..], &[1, 2]);
 /// ```
-pub trait Storage<T>: Deref<Target = [T]> + DerefMut + Default {
+pub unsafe trait Storage<T>: Deref<Target = [T]> + DerefMut + Default {
     /// Appends `value`, or gives it back if the storage is full.
     fn try_push(&mut self, value: T) -> Result<(), T>;
     /// Removes and returns the last element.
@@ -33,8 +75,10 @@ pub trait Storage<T>: Deref<Target = [T]> + DerefMut + Default {
     fn max_len(&self) -> u32;
 }
 
+// SAFETY: `Vec` is the model the contract describes; each method forwards
+// to `Vec`'s own.
 #[cfg(feature = "alloc")]
-impl<T> Storage<T> for alloc::vec::Vec<T> {
+unsafe impl<T> Storage<T> for alloc::vec::Vec<T> {
     #[inline]
     fn try_push(&mut self, value: T) -> Result<(), T> {
         self.push(value);
@@ -53,8 +97,11 @@ impl<T> Storage<T> for alloc::vec::Vec<T> {
     }
 }
 
+// SAFETY: `heapless::Vec` is a `Vec` with a fixed capacity: its `Deref`s view
+// its elements, `push` appends or gives the value back when full, and `pop`
+// and `swap_remove` are `Vec`'s; each method forwards to its own.
 #[cfg(feature = "heapless")]
-impl<T, const N: usize> Storage<T> for heapless::Vec<T, N> {
+unsafe impl<T, const N: usize> Storage<T> for heapless::Vec<T, N> {
     #[inline]
     fn try_push(&mut self, value: T) -> Result<(), T> {
         self.push(value)
@@ -112,7 +159,11 @@ impl<T, const N: usize> DerefMut for ArrayStorage<T, N> {
     }
 }
 
-impl<T: Copy + Default, const N: usize> Storage<T> for ArrayStorage<T, N> {
+// SAFETY: both `Deref`s view `items[..len]`; `len` starts at 0 and changes
+// only in `try_push` (+1 after writing the new last element, never past `N`:
+// it returns `Err` at `N`), `pop` and `swap_remove` (-1, after moving the
+// element out). The fields are private, so nothing else writes them.
+unsafe impl<T: Copy + Default, const N: usize> Storage<T> for ArrayStorage<T, N> {
     #[inline]
     fn try_push(&mut self, value: T) -> Result<(), T> {
         if self.len == N {

@@ -19,8 +19,17 @@ const NIL: u32 = u32::MAX;
 const USED: u32 = u32::MAX - 1;
 /// `Slot::link` of a slot whose chunk went back upstream.
 const VACANT: u32 = u32::MAX - 2;
+/// `Slot::link` of a slot of a held chunk whose generations are used up: its
+/// block is never handed out again.
+const RETIRED: u32 = u32::MAX - 3;
 /// Slot indices stay below the markers.
-const MAX_SLOTS: u64 = VACANT as u64;
+const MAX_SLOTS: u64 = RETIRED as u64;
+
+/// Whether a `Slot::link` is that of a free slot (on the stack).
+#[inline]
+fn is_free_link(link: u32) -> bool {
+    !matches!(link, USED | VACANT | RETIRED)
+}
 
 /// Sizes of a [`FixedSizeResource`].
 ///
@@ -213,10 +222,12 @@ pub struct Slot {
     /// The block's address (meaningless while vacant).
     addr: u64,
     /// The next free slot on the stack (`NIL` at the bottom) while free;
-    /// `USED` while handed out; `VACANT` while its chunk is not held.
+    /// `USED` while handed out; `VACANT` while its chunk is not held;
+    /// `RETIRED` once its generations are used up (while its chunk is held).
     link: u32,
     /// Bumped at every free, so that the tag of a block freed before does
-    /// not match the slot any more.
+    /// not match the slot any more; never wrapped: at `u32::MAX` the slot is
+    /// retired for good.
     generation: u32,
 }
 
@@ -269,6 +280,13 @@ pub struct Chunk {
 ///   [`Error::DoubleFree`], a block of another resource is
 ///   [`Error::UnknownBlock`]. A block known only by its address is looked up
 ///   by binary search over the chunks.
+/// - A slot's generation is bumped at every free and never wraps: after
+///   2^32 - 1 frees of one slot the slot is retired, its block held but
+///   never handed out again (nor counted free), so a stale tag stays a
+///   [`Error::DoubleFree`] for the life of the resource. The price is one
+///   block per 2^32 - 1 reuses of one slot; a chunk with retired blocks is
+///   still given back by [`release`](Self::release) once its other blocks
+///   are free, and its slot group, when reused, keeps the retirements.
 /// - Dropping the resource does not give its chunks back (that needs a
 ///   stream): call [`release`](Self::release) first.
 ///
@@ -312,6 +330,8 @@ pub struct FixedSizeResource<
     chunks: C,
     /// Number of `USED` slots.
     used: u64,
+    /// Number of `RETIRED` slots.
+    retired: u64,
     /// Bytes held from upstream: `chunks.len() * chunk size`.
     held: u64,
     /// Highest `held` ever.
@@ -420,6 +440,7 @@ impl<U, C: Storage<Chunk>, L: Storage<Slot>> FixedSizeResource<U, C, L> {
             slots: L::default(),
             chunks: C::default(),
             used: 0,
+            retired: 0,
             held: 0,
             peak_held: 0,
             config,
@@ -567,7 +588,7 @@ impl<U, C: Storage<Chunk>, L: Storage<Slot>> FixedSizeResource<U, C, L> {
     /// # Ok::<(), memres_core::Error>(())
     /// ```
     pub fn free_bytes(&self) -> u64 {
-        self.held - self.used_bytes()
+        self.free_blocks() * self.block_size
     }
 
     /// Blocks handed out.
@@ -589,7 +610,7 @@ impl<U, C: Storage<Chunk>, L: Storage<Slot>> FixedSizeResource<U, C, L> {
     /// assert_eq!(FixedSizeResource::new(BumpUpstream::new(0)).free_blocks(), 0);
     /// ```
     pub fn free_blocks(&self) -> u64 {
-        self.chunks.len() as u64 * self.config.blocks_per_chunk as u64 - self.used
+        self.chunks.len() as u64 * self.config.blocks_per_chunk as u64 - self.used - self.retired
     }
 
     /// Whether a chunk held from upstream starts at `addr` (the upstream
@@ -641,7 +662,11 @@ impl<U, C: Storage<Chunk>, L: Storage<Slot>> FixedSizeResource<U, C, L> {
         if self.chunks.len() as u64 >= self.chunks.max_len() as u64 {
             return Err(Error::CapacityExhausted { capacity: self.chunks.max_len() });
         }
-        let vacant = (0..self.slots.len() / bpc).find(|&g| self.slots[g * bpc].link == VACANT);
+        // A vacant group with a slot left to hand out (its retired slots stay so).
+        let vacant = (0..self.slots.len() / bpc).find(|&g| {
+            let group = &self.slots[g * bpc..(g + 1) * bpc];
+            group[0].link == VACANT && group.iter().any(|s| s.generation != u32::MAX)
+        });
         let first = match vacant {
             Some(g) => g * bpc,
             None => {
@@ -686,8 +711,13 @@ impl<U, C: Storage<Chunk>, L: Storage<Slot>> FixedSizeResource<U, C, L> {
         for k in (0..bpc).rev() {
             let slot = &mut self.slots[first + k];
             slot.addr = block.addr() + k as u64 * self.block_size;
-            slot.link = self.head;
-            self.head = (first + k) as u32;
+            if slot.generation == u32::MAX {
+                slot.link = RETIRED;
+                self.retired += 1;
+            } else {
+                slot.link = self.head;
+                self.head = (first + k) as u32;
+            }
         }
         self.held += chunk_size;
         self.peak_held = self.peak_held.max(self.held);
@@ -787,10 +817,20 @@ impl<U, C: Storage<Chunk>, L: Storage<Slot>> FixedSizeResource<U, C, L> {
     #[inline(always)]
     fn push(&mut self, i: usize) {
         let slot = &mut self.slots[i];
-        slot.link = self.head;
-        slot.generation = slot.generation.wrapping_add(1);
-        self.head = i as u32;
+        slot.generation += 1;
         self.used -= 1;
+        if slot.generation == u32::MAX {
+            return self.retire(i);
+        }
+        slot.link = self.head;
+        self.head = i as u32;
+    }
+
+    /// Keeps slot `i`, whose last tag was just freed, off the stack for good.
+    #[cold]
+    fn retire(&mut self, i: usize) {
+        self.slots[i].link = RETIRED;
+        self.retired += 1;
     }
 
     /// Gives every wholly free chunk back to upstream; returns the bytes
@@ -842,6 +882,7 @@ impl<U, C: Storage<Chunk>, L: Storage<Slot>> FixedSizeResource<U, C, L> {
                 break;
             }
             for s in &mut self.slots[c.first as usize..c.first as usize + bpc] {
+                self.retired -= (s.link == RETIRED) as u64;
                 s.link = VACANT;
             }
             // Remove while keeping the table sorted.
@@ -864,7 +905,7 @@ impl<U, C: Storage<Chunk>, L: Storage<Slot>> FixedSizeResource<U, C, L> {
         self.head = NIL;
         for i in (0..self.slots.len()).rev() {
             let slot = &mut self.slots[i];
-            if slot.link != USED && slot.link != VACANT {
+            if is_free_link(slot.link) {
                 slot.link = self.head;
                 self.head = i as u32;
             }
@@ -933,9 +974,13 @@ impl<U, C: Storage<Chunk>, L: Storage<Slot>> FixedSizeResource<U, C, L> {
             return Err(Violation::new("slot group neither held nor wholly vacant"));
         }
         let used = self.slots.iter().filter(|s| s.link == USED).count() as u64;
-        let free = self.slots.iter().filter(|s| s.link != USED && s.link != VACANT).count() as u64;
-        if used != self.used {
-            return Err(Violation::new("used count differs from the used slots"));
+        let free = self.slots.iter().filter(|s| is_free_link(s.link)).count() as u64;
+        let retired = self.slots.iter().filter(|s| s.link == RETIRED).count() as u64;
+        if used != self.used || retired != self.retired {
+            return Err(Violation::new("used or retired count differs from the slots"));
+        }
+        if self.slots.iter().any(|s| s.link != VACANT && (s.link == RETIRED) != (s.generation == u32::MAX)) {
+            return Err(Violation::new("slot retired with generations left, or in use with none"));
         }
         // A walk from the head that reaches NIL in exactly `free` steps
         // through free slots visits each free slot once.
@@ -945,8 +990,8 @@ impl<U, C: Storage<Chunk>, L: Storage<Slot>> FixedSizeResource<U, C, L> {
             let Some(s) = self.slots.get(i as usize) else {
                 return Err(Violation::new("free stack leads out of the slot table"));
             };
-            if s.link == USED || s.link == VACANT {
-                return Err(Violation::new("free stack holds a used or vacant slot"));
+            if !is_free_link(s.link) {
+                return Err(Violation::new("free stack holds a used, vacant or retired slot"));
             }
             steps += 1;
             if steps > free {
@@ -957,14 +1002,14 @@ impl<U, C: Storage<Chunk>, L: Storage<Slot>> FixedSizeResource<U, C, L> {
         if steps != free {
             return Err(Violation::new("free stack misses a free slot"));
         }
-        if free + used != owned as u64 * bpc as u64 {
-            return Err(Violation::new("free count + used count != blocks held"));
+        if free + used + retired != owned as u64 * bpc as u64 {
+            return Err(Violation::new("free + used + retired count != blocks held"));
         }
         if self.held != owned as u64 * chunk_size {
             return Err(Violation::new("bytes held != chunks held * chunk size"));
         }
-        if self.used_bytes() + free * self.block_size != self.held {
-            return Err(Violation::new("bytes in use + bytes free != bytes held from upstream"));
+        if self.used_bytes() + (free + retired) * self.block_size != self.held {
+            return Err(Violation::new("bytes in use + free + retired != bytes held from upstream"));
         }
         Ok(())
     }

@@ -256,6 +256,55 @@ fn bad_frees_are_errors_and_change_nothing() {
     assert_eq!(f.used_blocks(), 0);
 }
 
+/// A slot at the end of its generations is retired: a tag 2^32 - 1 frees
+/// old stays a double free (before, the generation wrapped, and the stale
+/// tag freed the block of the slot's next owner).
+#[test]
+fn a_used_up_slot_is_retired_and_its_stale_tags_stay_double_frees() {
+    let mut f = fixed(FixedConfig::new(256).blocks_per_chunk(2));
+    let r = Request::new(256).unwrap();
+    let a = f.allocate(r, &()).unwrap();
+    f.deallocate(a, &()).unwrap();
+    let i = a.tag() as u32 as usize;
+    // As after 2^32 - 3 more frees of this slot.
+    f.slots[i].generation = u32::MAX - 2;
+    for _ in 0..3 {
+        let b = f.allocate(r, &()).unwrap();
+        f.deallocate(b, &()).unwrap();
+        f.check().unwrap();
+    }
+    let c = f.allocate(r, &()).unwrap();
+    assert_eq!(f.deallocate(a, &()), Err(Error::DoubleFree { addr: a.addr() }));
+    assert_ne!(c.addr(), a.addr(), "the retired block was handed out again");
+    assert_eq!((f.used_blocks(), f.free_blocks(), f.free_bytes()), (1, 0, 0));
+    f.check().unwrap();
+    // The chunk goes back once its other block is free; its slot group,
+    // reused, keeps the retirement.
+    f.deallocate(c, &()).unwrap();
+    assert_eq!(f.free_blocks(), 1);
+    assert_eq!(f.release(&()).unwrap(), 512);
+    f.check().unwrap();
+    let d = f.allocate(r, &()).unwrap();
+    assert_eq!(d.tag() as u32, c.tag() as u32);
+    assert_eq!((f.pool_size(), f.used_blocks(), f.free_blocks()), (512, 1, 0));
+    f.check().unwrap();
+    f.deallocate(d, &()).unwrap();
+
+    // With one block per chunk, a group of only retired slots is not reused.
+    let mut f = fixed(FixedConfig::new(256).blocks_per_chunk(1));
+    let x = f.allocate(r, &()).unwrap();
+    f.deallocate(x, &()).unwrap();
+    f.slots[0].generation = u32::MAX - 1;
+    let a = f.allocate(r, &()).unwrap();
+    f.deallocate(a, &()).unwrap();
+    assert_eq!((f.used_blocks(), f.free_blocks()), (0, 0));
+    assert_eq!(f.release(&()).unwrap(), 256);
+    let b = f.allocate(r, &()).unwrap();
+    assert_eq!((b.tag() as u32, f.slots.len()), (1, 2));
+    assert_eq!(f.deallocate(a, &()), Err(Error::UnknownBlock { addr: a.addr() }));
+    f.check().unwrap();
+}
+
 #[test]
 fn upstream_failure_while_growing_leaves_resource_usable() {
     let mut f = fixed(FixedConfig::new(256).blocks_per_chunk(2));

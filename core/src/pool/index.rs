@@ -18,13 +18,18 @@ const NONE: u32 = u32::MAX;
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 enum State {
-    /// A slot on the vacant list, not describing any range.
-    #[default]
-    Vacant,
     /// A free range, in the bin list of its size class.
     Free,
     /// A range handed out.
     Used,
+    /// A slot on the vacant list, not describing any range.
+    #[default]
+    Vacant,
+    /// A slot whose generation is used up: never handed out or reused
+    /// again, so no tag of it can match. A region's first node retired this
+    /// way stays as the region's zero-length *header*: its `next_phys` leads
+    /// to the region's first range, so the region keeps its handle.
+    Retired,
 }
 
 /// One range of the index: free, used, or a vacant slot. Public only so that
@@ -40,7 +45,9 @@ pub struct Node {
     /// Bin list links (free nodes) or vacant-list link (`next_free`, vacant nodes).
     prev_free: u32,
     next_free: u32,
-    /// Bumped on every allocation and vacancy, so a stale tag never matches.
+    /// Bumped on every allocation, never wrapped: a slot whose generation
+    /// is used up is retired (see `relocate`), so a tag matches only the one
+    /// allocation it was made for.
     gen: u32,
     /// The bin list holding the node while it is free (fits in the padding
     /// after `state`; saves recomputing the class on removal).
@@ -83,8 +90,20 @@ pub struct Allocation {
 ///
 /// Freeing a range merges it with free neighbours in its region, so two free
 /// ranges are never adjacent. Metadata lives in the `N` storage, outside the
-/// managed ranges; the node at the lowest address of a region keeps its index
-/// for the region's whole life (splits keep the front, merges keep the lower).
+/// managed ranges; the index [`add_range`](Self::add_range) returns names the
+/// region for its whole life (splits keep the front, merges keep the lower).
+///
+/// A tag is a node's index and a 32-bit generation bumped at every
+/// allocation of the node, and a generation never wraps: the allocation
+/// after a node's last generation moves its range to another slot and
+/// retires the old slot for good (a region's first node stays behind as the
+/// region's zero-length header, so the region keeps its index). A stale tag
+/// therefore never matches a later allocation: its free is
+/// [`Error::DoubleFree`] or [`Error::UnknownBlock`], for the life of the
+/// index. The price is one slot per 2^32 allocations of one slot (40 bytes
+/// with `Vec` storage); with fixed-capacity storage a retired slot is lost
+/// to the capacity for good, so after as many retirements as there are
+/// slots the index answers [`Error::CapacityExhausted`].
 ///
 /// # Examples
 ///
@@ -213,8 +232,10 @@ impl<N: Storage<Node>> CoalescingIndex<N> {
         // the public entry points checked against `nodes.len()` (`resolve`,
         // `allocate_in`, `remove_range`, `is_region_free`, the region walks).
         // Links are only ever written from indices of existing slots, and
-        // slots are never removed (the storage only grows), so a link stays
-        // in range for the index's life; `check` verifies it.
+        // slots are never removed: the index only calls `try_push`, and the
+        // `unsafe trait Storage` promises that the length changes only there
+        // (by one, on `Ok`) and that the elements keep what was written, so
+        // a link stays in range for the index's life; `check` verifies it.
         unsafe { self.nodes.get_unchecked(i as usize) }
     }
 
@@ -301,16 +322,69 @@ impl<N: Storage<Node>> CoalescingIndex<N> {
         i
     }
 
+    /// Puts slot `i` on the vacant list, or retires it if its generation is
+    /// used up: a slot taken from the vacant list must be carvable without
+    /// moving (`carve` counts on it to stay within two slots).
     #[inline]
     fn make_vacant(&mut self, i: u32) {
+        if self.node(i).gen == u32::MAX {
+            self.retire(i);
+            return;
+        }
         let vacant = self.vacant;
         let node = self.node_mut(i);
         node.state = State::Vacant;
-        node.gen = node.gen.wrapping_add(1);
         node.next_free = vacant;
         node.prev_free = NONE;
         self.vacant = i;
         self.vacant_len += 1;
+    }
+
+    /// Takes slot `i` out of use for good.
+    #[cold]
+    fn retire(&mut self, i: u32) {
+        let node = self.node_mut(i);
+        *node = Node {
+            state: State::Retired,
+            prev_phys: NONE,
+            next_phys: NONE,
+            prev_free: NONE,
+            next_free: NONE,
+            size: 0,
+            ..*node
+        };
+    }
+
+    /// Moves free node `i` (in no list, its generation used up) to a vacant
+    /// slot and retires `i`, so that no tag of `i` ever matches again: the
+    /// price is one slot per 2^32 allocations of one slot. Returns the new
+    /// slot. A region's first node stays as the region's header (see
+    /// [`State::Retired`]).
+    #[cold]
+    fn relocate(&mut self, i: u32) -> u32 {
+        let j = self.take_vacant();
+        let n = *self.node(i);
+        let gen = self.node(j).gen;
+        *self.node_mut(j) = Node { gen, ..n };
+        *self.link_of(n.next_phys, |m| &mut m.prev_phys) = j;
+        self.retire(i);
+        if n.prev_phys == NONE {
+            self.node_mut(j).prev_phys = i;
+            self.node_mut(i).next_phys = j;
+        } else {
+            self.node_mut(n.prev_phys).next_phys = j;
+        }
+        j
+    }
+
+    /// The node where the region whose handle is `first` starts: `first`
+    /// itself, or the node after it if `first` is a retired header.
+    #[inline]
+    fn skip_header(&self, first: u32) -> u32 {
+        match self.nodes.get(first as usize) {
+            Some(n) if n.state == State::Retired => n.next_phys,
+            _ => first,
+        }
     }
 
     #[inline]
@@ -372,8 +446,8 @@ impl<N: Storage<Node>> CoalescingIndex<N> {
 
     /// Adds a free region. Regions are never merged with each other, even
     /// when adjacent: each is given back whole by [`remove_range`](Self::remove_range).
-    /// Returns the region's first node, which keeps its index while the
-    /// region lives.
+    /// Returns the region's handle: the index of its first node, which names
+    /// the region while it lives (if that node is retired, as its header).
     ///
     /// # Errors
     ///
@@ -404,11 +478,14 @@ impl<N: Storage<Node>> CoalescingIndex<N> {
 
     /// Whether the region whose first node is `first` is wholly free.
     pub fn is_region_free(&self, first: u32) -> bool {
-        if !self.in_range(first) {
+        let start = self.skip_header(first);
+        if !self.in_range(start) {
             return false;
         }
-        let n = self.node(first);
-        n.state == State::Free && n.next_phys == NONE && n.prev_phys == NONE
+        let n = self.node(start);
+        // Either `first` starts the region, or it is the header before it.
+        let starts = n.prev_phys == NONE || start != first;
+        n.state == State::Free && n.next_phys == NONE && starts
     }
 
     /// Removes a wholly free region and returns its range.
@@ -420,9 +497,14 @@ impl<N: Storage<Node>> CoalescingIndex<N> {
         if !self.is_region_free(first) {
             return Err(Error::InvalidConfig { what: "region is not wholly free" });
         }
-        let n = *self.node(first);
-        self.remove_free(first);
-        self.make_vacant(first);
+        let start = self.skip_header(first);
+        let n = *self.node(start);
+        self.remove_free(start);
+        self.make_vacant(start);
+        if start != first {
+            // The header goes with its region (it stays retired).
+            self.node_mut(first).next_phys = NONE;
+        }
         Ok(Range::new(n.addr, n.size).unwrap_or_default())
     }
 
@@ -488,6 +570,7 @@ impl<N: Storage<Node>> CoalescingIndex<N> {
     /// ```
     pub fn allocate_in(&mut self, node: u32, size: u64, align: u64) -> Result<Option<Allocation>> {
         debug_assert!(size > 0 && align.is_power_of_two());
+        let node = self.skip_header(node);
         let Some(n) = self.nodes.get(node as usize) else { return Ok(None) };
         let bytes = ((size + self.granule() - 1) >> self.shift) << self.shift;
         let align = align.max(self.granule());
@@ -544,9 +627,21 @@ impl<N: Storage<Node>> CoalescingIndex<N> {
             let tail = self.split_after(i, at);
             self.insert_free(tail);
         }
+        let gen = match self.node(i).gen.checked_add(1) {
+            Some(gen) => gen,
+            None => {
+                // Its last tag was handed out: move it to a fresh slot. Only
+                // a node carved without a front split can get here (a split
+                // takes a vacant slot, whose generation is never used up),
+                // so with the tail split this takes at most the two slots
+                // the callers reserve.
+                i = self.relocate(i);
+                self.node(i).gen + 1
+            }
+        };
         let node = self.node_mut(i);
         node.state = State::Used;
-        node.gen = node.gen.wrapping_add(1);
+        node.gen = gen;
         let tag = ((node.gen as u64) << 32) | i as u64;
         self.used_bytes += bytes;
         self.used_count += 1;
@@ -583,7 +678,8 @@ impl<N: Storage<Node>> CoalescingIndex<N> {
     fn resolve(&self, tag: u64, addr: u64) -> Option<u32> {
         let i = tag as u32;
         let n = self.nodes.get(i as usize)?;
-        (n.gen == (tag >> 32) as u32 && n.addr == addr && n.state != State::Vacant).then_some(i)
+        let live = matches!(n.state, State::Free | State::Used);
+        (n.gen == (tag >> 32) as u32 && n.addr == addr && live).then_some(i)
     }
 
     /// Frees the range handed out as `tag` at `addr`, of `size` bytes as asked
@@ -653,6 +749,7 @@ impl<N: Storage<Node>> CoalescingIndex<N> {
     ///
     /// O(number of ranges in the region).
     pub fn find_used(&self, first: u32, addr: u64) -> Option<u64> {
+        let first = self.skip_header(first);
         if !self.in_range(first) {
             return None;
         }
@@ -712,6 +809,7 @@ impl<N: Storage<Node>> CoalescingIndex<N> {
     /// Whether `addr` lies inside a free range of the region whose first node
     /// is `first` (to tell a double free from a foreign address).
     pub fn is_free_at(&self, first: u32, addr: u64) -> bool {
+        let first = self.skip_header(first);
         if !self.in_range(first) {
             return false;
         }
@@ -749,6 +847,7 @@ impl<N: Storage<Node>> CoalescingIndex<N> {
     /// Visits the ranges of the region whose first node is `first`, in address
     /// order, with whether each is free.
     pub fn for_each_in_region(&self, first: u32, mut f: impl FnMut(Range, bool)) {
+        let first = self.skip_header(first);
         if !self.in_range(first) {
             return;
         }
@@ -783,6 +882,19 @@ impl<N: Storage<Node>> CoalescingIndex<N> {
             let i = idx as u32;
             match n.state {
                 State::Vacant => continue,
+                State::Retired => {
+                    // A header leads to its region's first range, and back.
+                    let header_ok = n.next_phys == NONE
+                        || self.checked(n.next_phys).is_ok_and(|m| {
+                            m.prev_phys == i
+                                && m.addr == n.addr
+                                && matches!(m.state, State::Free | State::Used)
+                        });
+                    if !header_ok || n.prev_phys != NONE || n.size != 0 {
+                        return Err("retired slot linked into a region but as its header");
+                    }
+                    continue;
+                }
                 State::Free => free += n.size,
                 State::Used => {
                     used += n.size;
@@ -794,7 +906,7 @@ impl<N: Storage<Node>> CoalescingIndex<N> {
             }
             if n.next_phys != NONE {
                 let m = self.checked(n.next_phys)?;
-                if m.prev_phys != i || m.state == State::Vacant {
+                if m.prev_phys != i || !matches!(m.state, State::Free | State::Used) {
                     return Err("physical links not symmetric");
                 }
                 if n.addr + n.size != m.addr {
@@ -880,8 +992,101 @@ impl<N: Storage<Node>> fmt::Debug for CoalescingIndex<N> {
 }
 
 #[cfg(test)]
+impl<N: Storage<Node>> CoalescingIndex<N> {
+    /// Sets slot `i`'s generation, as 2^32 allocations would: for the tests
+    /// of what happens at the end of the generations.
+    pub(crate) fn set_generation(&mut self, i: u32, gen: u32) {
+        self.node_mut(i).gen = gen;
+    }
+}
+
+#[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The index of a tag.
+    fn slot(a: Allocation) -> u32 {
+        a.tag as u32
+    }
+
+    /// A region's first node at the end of its generations: moved, with the
+    /// region still named by its handle, and the stale tags of both slots
+    /// never free the new owner (before, the generation wrapped and a tag
+    /// 2^32 allocations old freed the block of whoever held the slot).
+    #[test]
+    fn a_used_up_first_node_moves_and_its_stale_tags_never_match() {
+        let mut index: CoalescingIndex = CoalescingIndex::new(256);
+        let first = index.add_range(Range::new(0, 4096).unwrap()).unwrap();
+        let a = index.allocate(4096, 256).unwrap().unwrap();
+        assert_eq!(slot(a), first);
+        index.free(a.tag, a.addr, 4096).unwrap();
+        // As after 2^32 - 2 more allocations of this slot: the next one gets
+        // its last generation; the one after that used to wrap to 0, and
+        // the next to `a`'s generation.
+        index.set_generation(first, u32::MAX - 1);
+        for _ in 0..2 {
+            let b = index.allocate(4096, 256).unwrap().unwrap();
+            index.check().unwrap();
+            index.free(b.tag, b.addr, 4096).unwrap();
+        }
+        let c = index.allocate(4096, 256).unwrap().unwrap();
+        assert_eq!(c.addr, a.addr);
+        assert_ne!(slot(c), first, "the used-up slot was handed out again");
+        assert_eq!(index.free(a.tag, a.addr, 4096), Err(Error::UnknownBlock { addr: 0 }));
+        assert_eq!(index.free_by_address(first, a.addr, 4096, true), Err(Error::DoubleFree { addr: 0 }));
+        let last_of_first = ((u32::MAX as u64) << 32) | first as u64;
+        assert_eq!(index.free(last_of_first, 0, 4096), Err(Error::UnknownBlock { addr: 0 }));
+        assert_eq!(index.used_count(), 1);
+        index.check().unwrap();
+        // The handle still names the region.
+        assert_eq!(index.find_used(first, 0), Some(c.tag));
+        assert!(!index.is_region_free(first));
+        index.free(c.tag, c.addr, 4096).unwrap();
+        assert!(index.is_region_free(first) && index.is_free_at(first, 256));
+        let mut seen = alloc::vec::Vec::new();
+        index.for_each_in_region(first, |r, free| seen.push((r, free)));
+        assert_eq!(seen, [(Range::new(0, 4096).unwrap(), true)]);
+        assert_eq!(index.remove_range(first), Ok(Range::new(0, 4096).unwrap()));
+        index.check().unwrap();
+        // The retired slot is never reused; the moved node's slot is.
+        let again = index.add_range(Range::new(0, 4096).unwrap()).unwrap();
+        assert_ne!(again, first);
+        assert_eq!(index.nodes[first as usize].state, State::Retired);
+        index.check().unwrap();
+    }
+
+    /// The same for a node inside a region, and for a used-up node that a
+    /// merge vacates: it is retired, not put on the vacant list.
+    #[test]
+    fn a_used_up_inner_node_moves_and_a_used_up_vacated_node_retires() {
+        let mut index: CoalescingIndex = CoalescingIndex::new(256);
+        index.add_range(Range::new(0, 8192).unwrap()).unwrap();
+        let front = index.allocate(1024, 256).unwrap().unwrap();
+        let a = index.allocate(1024, 256).unwrap().unwrap();
+        let inner = slot(a);
+        index.free(a.tag, a.addr, 1024).unwrap();
+        index.set_generation(inner, u32::MAX);
+        let b = index.allocate(1024, 256).unwrap().unwrap();
+        assert_eq!(b.addr, a.addr);
+        assert_ne!(slot(b), inner);
+        assert_eq!(index.nodes[inner as usize].state, State::Retired);
+        index.check().unwrap();
+        let stale = ((u32::MAX as u64) << 32) | inner as u64;
+        assert_eq!(index.free(stale, a.addr, 1024), Err(Error::UnknownBlock { addr: a.addr }));
+        assert_eq!(index.used_count(), 2);
+        // `b`'s slot at the end of its generations, freed: when the front's
+        // free absorbs it, it is retired instead of vacated.
+        index.free(b.tag, b.addr, 1024).unwrap();
+        index.set_generation(slot(b), u32::MAX);
+        index.free(front.tag, front.addr, 1024).unwrap();
+        assert_eq!(index.nodes[slot(b) as usize].state, State::Retired);
+        index.check().unwrap();
+        for _ in 0..8 {
+            let x = index.allocate(256, 256).unwrap().unwrap();
+            assert!(slot(x) != slot(b) && slot(x) != inner);
+        }
+        index.check().unwrap();
+    }
 
     /// The class map as TLSF states it: one bin per granule below
     /// `SL_COUNT`, then `SL_COUNT` bins per power of two.

@@ -152,6 +152,34 @@ fn bad_frees_are_errors_and_change_nothing() {
     assert_eq!(p.used_bytes(), 0);
 }
 
+/// A tag 2^32 allocations old: before, the generation wrapped and its free
+/// freed the block of the node's next owner.
+#[test]
+fn a_stale_tag_after_the_generations_run_out_is_a_double_free() {
+    let mut p = pool(PoolConfig::new());
+    let r = Request::new(1000).unwrap();
+    let a = p.allocate(r, &()).unwrap();
+    p.deallocate(a, &()).unwrap();
+    // As after 2^32 - 2 more allocations of the chunk's first node.
+    p.index.set_generation(a.tag() as u32, u32::MAX - 1);
+    for _ in 0..2 {
+        let b = p.allocate(r, &()).unwrap();
+        p.deallocate(b, &()).unwrap();
+        p.check().unwrap();
+    }
+    let c = p.allocate(r, &()).unwrap();
+    assert_eq!(c.addr(), a.addr());
+    assert_eq!(p.deallocate(a, &()), Err(Error::DoubleFree { addr: a.addr() }));
+    assert_eq!(p.used_bytes(), 1024);
+    p.check().unwrap();
+    p.deallocate(c, &()).unwrap();
+    // The chunk, whose first node moved, still goes back whole.
+    let held = p.pool_size();
+    assert_eq!(p.release(&()).unwrap(), held);
+    assert_eq!(p.upstream().outstanding(), 0);
+    p.check().unwrap();
+}
+
 #[test]
 fn upstream_failure_while_growing_is_reported_and_pool_stays_usable() {
     let up = BumpUpstream::new(1 << 30);

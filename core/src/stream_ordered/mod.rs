@@ -114,7 +114,9 @@ pub struct Stats {
 ///
 /// - A user's block carries a *tag* naming its slot and the slot's
 ///   generation, so `deallocate` finds the inner block in O(1) and tells a
-///   double free (older generation) from a foreign block.
+///   double free (older generation) from a foreign block. Generations never
+///   wrap: after 2^32 - 1 frees of one slot the slot is retired (one slot,
+///   40 bytes, per 2^32 - 1 reuses), so a stale tag stays a double free.
 /// - `deallocate(b, s)` puts the inner block at the back of its bucket in
 ///   `s`'s list (O(log b)); a
 ///   block may be freed on another stream than the one it was allocated on.
@@ -158,7 +160,7 @@ pub struct StreamOrdered<A, S: Stream> {
     /// and from live blocks.
     lists: BTreeMap<u64, FreeList<S>>,
     /// Live blocks; a vacant slot has `live == false` and its index is in
-    /// `vacant`.
+    /// `vacant`, unless its generations are used up (then it is retired).
     slots: Vec<Slot>,
     /// Indices of vacant slots, each once.
     vacant: Vec<u32>,
@@ -180,7 +182,8 @@ struct Slot {
     inner: Block,
     /// The size the user asked for.
     size: u64,
-    /// Bumped on each free; part of the user's tag.
+    /// Bumped on each free; part of the user's tag. At `u32::MAX` the slot
+    /// is retired: never on the vacant list again.
     generation: u32,
     live: bool,
 }
@@ -527,16 +530,19 @@ impl<A: CheckInvariants, S: Stream> StreamOrdered<A, S> {
         if live != self.live || live_bytes != self.live_bytes {
             return Err(Violation::new("live count or bytes disagree with the slots"));
         }
-        if live + self.vacant.len() != self.slots.len() {
+        let retired = self.slots.iter().filter(|s| s.generation == u32::MAX).count();
+        if live + self.vacant.len() + retired != self.slots.len() {
             return Err(Violation::new("vacant list does not match the vacant slots"));
         }
         let mut seen = Vec::from_iter(self.vacant.iter().copied());
         seen.sort_unstable();
         seen.dedup();
         if seen.len() != self.vacant.len()
-            || seen.iter().any(|&i| self.slots.get(i as usize).is_none_or(|s| s.live))
+            || seen
+                .iter()
+                .any(|&i| self.slots.get(i as usize).is_none_or(|s| s.live || s.generation == u32::MAX))
         {
-            return Err(Violation::new("vacant list names a live slot or one twice"));
+            return Err(Violation::new("vacant list names a live or retired slot, or one twice"));
         }
         let mut listed = 0u64;
         for list in self.lists.values() {
@@ -627,9 +633,13 @@ impl<A: MemoryResourceMut<()>, S: Stream + Clone> MemoryResourceMut<S> for Strea
         let index = self.slot_of(&block)?;
         let slot = &mut self.slots[index];
         slot.live = false;
-        slot.generation = slot.generation.wrapping_add(1);
+        slot.generation += 1;
         let inner = slot.inner;
-        self.vacant.push(index as u32);
+        // A slot whose generations are used up is never handed out again
+        // (never wrapped), so its tags stay double frees.
+        if slot.generation != u32::MAX {
+            self.vacant.push(index as u32);
+        }
         self.live -= 1;
         self.live_bytes -= footprint(&inner);
         self.listed_bytes += footprint(&inner);

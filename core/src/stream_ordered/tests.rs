@@ -143,6 +143,31 @@ fn bad_frees_are_errors_and_change_nothing() {
     so.check().unwrap();
 }
 
+/// A slot at the end of its generations is retired: a tag 2^32 - 1 frees
+/// old stays a double free (before, the generation wrapped, and the stale
+/// tag freed the block of the slot's next owner, at the same address).
+#[test]
+fn a_used_up_slot_is_retired_and_its_stale_tags_stay_double_frees() {
+    let (mut so, a, _, _) = setup(None);
+    let x = so.allocate(req(512), &a).unwrap();
+    so.deallocate(x, &a).unwrap();
+    // As after 2^32 - 2 more frees of this slot.
+    so.slots[x.tag() as u32 as usize].generation = u32::MAX - 1;
+    for _ in 0..2 {
+        let y = so.allocate(req(512), &a).unwrap();
+        so.deallocate(y, &a).unwrap();
+        so.check().unwrap();
+    }
+    let w = so.allocate(req(512), &a).unwrap();
+    assert_eq!(w.addr(), x.addr());
+    assert_eq!(so.deallocate(x, &a), Err(Error::DoubleFree { addr: x.addr() }));
+    assert_ne!(w.tag() as u32, x.tag() as u32, "the retired slot was handed out again");
+    assert_eq!(so.live_count(), 1);
+    so.check().unwrap();
+    so.deallocate(w, &a).unwrap();
+    so.check().unwrap();
+}
+
 #[test]
 fn zero_byte_requests() {
     let (mut so, a, _, _) = setup(None);
