@@ -120,16 +120,6 @@ fn errors_name_the_position_and_build_nothing() {
         ("limit(bump, 1G, bytes=2G)", 22, StackErrorKind::DuplicateKey("bytes".into())),
         ("fixed(bump, 1MiB, size=1MiB)", 23, StackErrorKind::DuplicateKey("size".into())),
         ("binning(bump, min=x)", 18, StackErrorKind::BadValue("min `x`: a whole number".into())),
-        (
-            "pool(bump(1MiB), initial=1GiB)",
-            0,
-            StackErrorKind::Resource(Error::OutOfMemory {
-                requested: 1 << 30,
-                largest_free: 1 << 20,
-                pool_size: 1 << 20,
-                max_size: Some(1 << 20),
-            }),
-        ),
         ("stats()", 0, StackErrorKind::MissingArg("an upstream resource")),
     ];
     for (text, pos, kind) in cases {
