@@ -69,6 +69,9 @@ struct Bench<'g, 'a> {
 
 impl Runner for Bench<'_, '_> {
     type Output = ();
+    fn shared(&self) -> bool {
+        false
+    }
     fn run_mut<R>(self, r: R, _: impl Fn(&R) -> u64 + Send + Sync + 'static)
     where
         R: MemoryResourceMut<SimStream> + Send + 'static,

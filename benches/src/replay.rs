@@ -70,6 +70,24 @@ impl<S: Stream + ?Sized, R: MemoryResource<S>> MemoryResourceMut<S> for Owned<R>
     }
 }
 
+/// A resource called on `()`, the stream of resources for which streams
+/// mean nothing (the default stream), whatever stream the replay names: how
+/// one thread replays the stream-agnostic resources (an arena then serves
+/// the thread's own arena, as a program on the default stream would).
+#[derive(Debug)]
+pub struct OnDefault<R>(pub R);
+
+impl<S: Stream + ?Sized, R: MemoryResourceMut> MemoryResourceMut<S> for OnDefault<R> {
+    #[inline]
+    fn allocate(&mut self, request: Request, _: &S) -> Result<Block, Error> {
+        self.0.allocate(request, &())
+    }
+    #[inline]
+    fn deallocate(&mut self, block: Block, _: &S) -> Result<(), Error> {
+        self.0.deallocate(block, &())
+    }
+}
+
 /// A memres resource as the replay loop sees it: each op on the simulated
 /// stream of its workload stream, the call direct (monomorphized) for a
 /// typed resource.

@@ -206,6 +206,10 @@ impl Replay<'_> {
 impl Runner for Replay<'_> {
     type Output = Result<Measurement, ReplayError>;
 
+    fn shared(&self) -> bool {
+        self.options.threads.is_some()
+    }
+
     fn run_mut<R>(self, resource: R, peak: impl Fn(&R) -> u64 + Send + Sync + 'static) -> Self::Output
     where
         R: MemoryResourceMut<SimStream> + Send + 'static,

@@ -21,8 +21,11 @@
 //! The leaf `L` is whatever the builder makes of the innermost call
 //! (`sim(1TiB)`, `host`, with the feature `cuda` the tool's `cuda` and
 //! `async`), kept typed. What to do with the resource once built is a
-//! [`Runner`]'s: the tool replays it, the criterion benches time it.
+//! [`Runner`]'s: the tool replays it, the criterion benches time it. One
+//! thread calls the resources on `()` ([`OnDefault`]; the stream-ordered
+//! layer aside), threads each on a simulated stream of its own.
 
+use crate::replay::{OnDefault, Owned};
 use crate::workload::Workload;
 use memres_core::adaptor::Statistics;
 use memres_core::arena::{ArenaConfig, ArenaResource};
@@ -41,6 +44,12 @@ use std::sync::Arc;
 pub trait Runner {
     /// What running gives.
     type Output;
+
+    /// Whether the resource will be shared between threads, each on a
+    /// stream of its own; if not, one thread calls it on `()` (see
+    /// [`OnDefault`]), all but the stream-ordered layer, which needs its
+    /// streams.
+    fn shared(&self) -> bool;
 
     /// Runs a resource of `&mut self` calls (shared between threads behind
     /// a lock); `peak` reads the most bytes it held from upstream.
@@ -177,14 +186,14 @@ impl Shape<'_> {
         Ok(match self {
             Shape::Pool(config, _) => {
                 let pool = CoalescingPool::with_config(leaf, config, stream).map_err(|e| made(call, e))?;
-                runner.run_mut(pool, move |_| peak())
+                run_mut(runner, pool, move |_| peak())
             }
             Shape::StatsPool(config, _) | Shape::StreamPool(config, _) => {
                 let pool_call = call.resource(0)?;
                 let pool =
                     CoalescingPool::with_config(leaf, config, stream).map_err(|e| made(pool_call, e))?;
                 if call.name == "stats" {
-                    runner.run_mut(Statistics::new(pool), move |_| peak())
+                    run_mut(runner, Statistics::new(pool), move |_| peak())
                 } else {
                     runner.run_mut(StreamOrdered::<_, SimStream>::new(pool), move |_| peak())
                 }
@@ -192,18 +201,44 @@ impl Shape<'_> {
             Shape::Fixed(config, _, _) => {
                 let fixed =
                     FixedSizeResource::with_config(leaf, config, stream).map_err(|e| made(call, e))?;
-                runner.run_mut(fixed, move |_| peak())
+                run_mut(runner, fixed, move |_| peak())
             }
-            Shape::Binning(min, max, _) => {
+            Shape::Binning(min, max, _) if runner.shared() => {
                 let bins = BinningResource::<'static, _, SimStream>::with_exponents(leaf, min, max)
                     .map_err(|e| made(call, e))?;
                 runner.run_ref(bins, move |_| peak())
             }
+            Shape::Binning(min, max, _) => {
+                let bins = BinningResource::<'static, _, ()>::with_exponents(leaf, min, max)
+                    .map_err(|e| made(call, e))?;
+                runner.run_mut(OnDefault(Owned(bins)), move |_| peak())
+            }
             Shape::Arena(config, _) => {
                 let arena = ArenaResource::with_config(leaf, config, stream).map_err(|e| made(call, e))?;
-                runner.run_ref(arena, move |_| peak())
+                if runner.shared() {
+                    runner.run_ref(arena, move |_| peak())
+                } else {
+                    runner.run_mut(OnDefault(Owned(arena)), move |_| peak())
+                }
             }
         })
+    }
+}
+
+/// Runs a stream-agnostic `&mut self` resource: shared as it is, or on `()`
+/// on one thread.
+fn run_mut<R, K: Runner>(
+    runner: K,
+    resource: R,
+    peak: impl Fn(&R) -> u64 + Send + Sync + 'static,
+) -> K::Output
+where
+    R: MemoryResourceMut + MemoryResourceMut<SimStream> + Send + 'static,
+{
+    if runner.shared() {
+        runner.run_mut(resource, peak)
+    } else {
+        runner.run_mut(OnDefault(resource), move |r| peak(&r.0))
     }
 }
 
@@ -226,6 +261,9 @@ impl Shape<'_> {
 /// struct Probe(SimStream);
 /// impl Runner for Probe {
 ///     type Output = u64;
+///     fn shared(&self) -> bool {
+///         true
+///     }
 ///     fn run_mut<R: MemoryResourceMut<SimStream> + Send + 'static>(self, mut r: R, peak: impl Fn(&R) -> u64) -> u64 {
 ///         r.allocate(Request::new(1000).unwrap(), &self.0).unwrap();
 ///         peak(&r)
@@ -277,7 +315,7 @@ pub fn run_typed<K: Runner>(
 ///
 /// As `memres_sim::vpool`.
 pub fn run_vpool<K: Runner>(call: &Call, runner: K) -> Result<K::Output, StackError> {
-    Ok(runner.run_mut(memres_sim::vpool(call)?, |v| v.peak_committed_bytes()))
+    Ok(run_mut(runner, memres_sim::vpool(call)?, |v| v.peak_committed_bytes()))
 }
 
 /// Why a `fixed` stack cannot replay `workload`: a request larger than its

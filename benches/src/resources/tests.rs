@@ -101,6 +101,9 @@ impl Check<'_> {
 
 impl Runner for Check<'_> {
     type Output = ();
+    fn shared(&self) -> bool {
+        false
+    }
     fn run_mut<R>(self, r: R, peak: impl Fn(&R) -> u64 + Send + Sync + 'static)
     where
         R: MemoryResourceMut<SimStream> + Send + 'static,
