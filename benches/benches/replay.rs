@@ -18,14 +18,14 @@
 
 use criterion::{criterion_group, criterion_main, BenchmarkGroup, Criterion, Throughput};
 use memres_bench::peers::{OffsetReplayer, RangeReplayer};
-use memres_bench::replay::{pass, shared_pass, thread_cpu_time, Owned, Replayer, StreamReplayer};
+use memres_bench::replay::{pass, shared_pass, thread_cpu_time, Replayer};
 use memres_bench::stack::builder;
-use memres_bench::typed::{fixed_misfit, run_typed, Runner};
+use memres_bench::typed::{fixed_misfit, run_typed, OneThread, WithReplayer};
 use memres_bench::workload::Workload;
 use memres_core::arena::ArenaResource;
 use memres_core::stack::{fixed_block_size, parse};
-use memres_core::{Block, MemoryResource, MemoryResourceMut};
-use memres_sim::{SimDevice, SimStream, SimWorld};
+use memres_core::Block;
+use memres_sim::{SimDevice, SimWorld};
 use std::hint::black_box;
 use std::sync::Barrier;
 use std::time::{Duration, Instant};
@@ -59,30 +59,17 @@ fn bench_replayer<R: Replayer>(group: &mut Group<'_>, name: &str, w: &Workload, 
     });
 }
 
-/// Benches the typed resource it is given, on the workload's streams.
+/// Benches the replayer it is given.
 struct Bench<'g, 'a> {
     group: &'g mut Group<'a>,
     name: &'g str,
     w: &'g Workload,
-    streams: Vec<SimStream>,
 }
 
-impl Runner for Bench<'_, '_> {
+impl WithReplayer for Bench<'_, '_> {
     type Output = ();
-    fn shared(&self) -> bool {
-        false
-    }
-    fn run_mut<R>(self, r: R, _: impl Fn(&R) -> u64 + Send + Sync + 'static)
-    where
-        R: MemoryResourceMut<SimStream> + Send + 'static,
-    {
-        bench_replayer(self.group, self.name, self.w, StreamReplayer::new(r, self.streams, |_| 0));
-    }
-    fn run_ref<R>(self, r: R, _: impl Fn(&R) -> u64 + Send + Sync + 'static)
-    where
-        R: MemoryResource<SimStream> + Send + Sync + 'static,
-    {
-        bench_replayer(self.group, self.name, self.w, StreamReplayer::new(Owned(r), self.streams, |_| 0));
+    fn with<R: Replayer<Handle = Block>>(self, r: R) {
+        bench_replayer(self.group, self.name, self.w, r);
     }
 }
 
@@ -95,7 +82,7 @@ fn bench_stack(group: &mut Group<'_>, name: &str, w: &Workload, text: &str) {
     }
     let world = SimWorld::new();
     let streams = (0..w.streams).map(|_| world.stream()).collect();
-    let bench = Bench { group, name, w, streams };
+    let bench = OneThread { streams, then: Bench { group, name, w } };
     if run_typed(&call, &builder(), &world.default_stream(), bench).expect("the stack builds").is_err() {
         panic!("{text} has no typed shape");
     }

@@ -294,29 +294,14 @@ impl Resource {
             Kind::RangeAlloc => {
                 peer(&mut || replay(&mut RangeReplayer::new(), workload, options.passes, progress))
             }
-            Kind::Cuda(kind) => run_plain(kind, workload, options, progress),
+            #[cfg(feature = "cuda")]
+            Kind::Cuda(kind) => crate::cuda::run_plain(kind, workload, options, progress),
+            #[cfg(not(feature = "cuda"))]
+            Kind::Cuda(kind) => Err(RunError::Unsupported(format!(
+                "resource `{kind}` needs the tool built with `--features cuda`"
+            ))),
         }
     }
-}
-
-#[cfg(feature = "cuda")]
-fn run_plain(
-    kind: UpstreamKind,
-    w: &Workload,
-    options: &RunOptions,
-    progress: &mut dyn FnMut(usize),
-) -> Result<Measurement, RunError> {
-    crate::cuda::run_plain(kind, w, options, progress)
-}
-
-#[cfg(not(feature = "cuda"))]
-fn run_plain(
-    kind: UpstreamKind,
-    _: &Workload,
-    _: &RunOptions,
-    _: &mut dyn FnMut(usize),
-) -> Result<Measurement, RunError> {
-    Err(RunError::Unsupported(format!("resource `{kind}` needs the tool built with `--features cuda`")))
 }
 
 /// The name as the tool lists it: `fixed:SIZE`, `pool[:SIZE]`.

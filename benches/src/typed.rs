@@ -25,7 +25,7 @@
 //! thread calls the resources on `()` ([`OnDefault`]; the stream-ordered
 //! layer aside), threads each on a simulated stream of its own.
 
-use crate::replay::{OnDefault, Owned};
+use crate::replay::{OnDefault, Owned, Replayer, StreamReplayer};
 use crate::workload::Workload;
 use memres_core::adaptor::Statistics;
 use memres_core::arena::{ArenaConfig, ArenaResource};
@@ -36,7 +36,7 @@ use memres_core::stack::{
     arena_config, binning_exponents, fixed_block_size, fixed_config, pool_config, Call, StackBuilder,
     StackError,
 };
-use memres_core::{MemoryResource, MemoryResourceMut, StreamOrdered};
+use memres_core::{Block, MemoryResource, MemoryResourceMut, StreamOrdered};
 use memres_sim::SimStream;
 use std::sync::Arc;
 
@@ -61,6 +61,48 @@ pub trait Runner {
     fn run_ref<R>(self, resource: R, peak: impl Fn(&R) -> u64 + Send + Sync + 'static) -> Self::Output
     where
         R: MemoryResource<SimStream> + Send + Sync + 'static;
+}
+
+/// What to do with a typed resource as a [`Replayer`] on one thread (see
+/// [`OneThread`]).
+pub trait WithReplayer {
+    /// What it gives.
+    type Output;
+
+    /// Does it with `replayer`.
+    fn with<R: Replayer<Handle = Block>>(self, replayer: R) -> Self::Output;
+}
+
+/// The [`Runner`] that hands each typed resource, on one thread, to `then`
+/// as a [`StreamReplayer`] on `streams` (the workload's).
+#[derive(Debug)]
+pub struct OneThread<F> {
+    /// The streams, one per stream of the workload.
+    pub streams: Vec<SimStream>,
+    /// What to do with the replayer.
+    pub then: F,
+}
+
+impl<F: WithReplayer> Runner for OneThread<F> {
+    type Output = F::Output;
+
+    fn shared(&self) -> bool {
+        false
+    }
+
+    fn run_mut<R>(self, resource: R, peak: impl Fn(&R) -> u64 + Send + Sync + 'static) -> F::Output
+    where
+        R: MemoryResourceMut<SimStream> + Send + 'static,
+    {
+        self.then.with(StreamReplayer::new(resource, self.streams, peak))
+    }
+
+    fn run_ref<R>(self, resource: R, peak: impl Fn(&R) -> u64 + Send + Sync + 'static) -> F::Output
+    where
+        R: MemoryResource<SimStream> + Send + Sync + 'static,
+    {
+        self.then.with(StreamReplayer::new(Owned(resource), self.streams, move |o| peak(&o.0)))
+    }
 }
 
 /// An upstream the typed resources take memory from, with its peak. It

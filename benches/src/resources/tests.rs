@@ -1,12 +1,12 @@
 use super::*;
-use crate::replay::{pass, Owned, Replayer, StreamReplayer};
+use crate::replay::{pass, Replayer, StreamReplayer};
 use crate::stack::builder;
-use crate::typed::{run_typed, Runner};
+use crate::typed::{run_typed, OneThread, WithReplayer};
 use crate::workload::{generate, parse_trace, SizeLaw};
 use memres_core::pool::CoalescingPool;
 use memres_core::stack::parse;
-use memres_core::{Block, Error, MemoryResource, MemoryResourceMut};
-use memres_sim::{SimDevice, SimStream, SimWorld};
+use memres_core::{Block, Error};
+use memres_sim::{SimDevice, SimWorld};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
@@ -92,29 +92,10 @@ fn block_range(b: &Block, size: u64) -> (u64, u64) {
 /// Checks a typed resource's replays of one workload.
 struct Check<'a>(&'a Workload);
 
-impl Check<'_> {
-    fn streams(&self) -> Vec<SimStream> {
-        let world = SimWorld::new();
-        (0..self.0.streams).map(|_| world.stream()).collect()
-    }
-}
-
-impl Runner for Check<'_> {
+impl WithReplayer for Check<'_> {
     type Output = ();
-    fn shared(&self) -> bool {
-        false
-    }
-    fn run_mut<R>(self, r: R, peak: impl Fn(&R) -> u64 + Send + Sync + 'static)
-    where
-        R: MemoryResourceMut<SimStream> + Send + 'static,
-    {
-        check_replay(StreamReplayer::new(r, self.streams(), peak), block_range, self.0);
-    }
-    fn run_ref<R>(self, r: R, peak: impl Fn(&R) -> u64 + Send + Sync + 'static)
-    where
-        R: MemoryResource<SimStream> + Send + Sync + 'static,
-    {
-        check_replay(StreamReplayer::new(Owned(r), self.streams(), move |o| peak(&o.0)), block_range, self.0);
+    fn with<R: Replayer<Handle = Block>>(self, r: R) {
+        check_replay(r, block_range, self.0);
     }
 }
 
@@ -123,7 +104,10 @@ fn check_typed(text: &str) {
     let (builder, world) = (builder(), SimWorld::new());
     for w in workloads() {
         let call = parse(text).unwrap();
-        let checked = run_typed(&call, &builder, &world.default_stream(), Check(&w)).unwrap();
+        let streams = (0..w.streams).map(|_| world.stream()).collect();
+        let checked =
+            run_typed(&call, &builder, &world.default_stream(), OneThread { streams, then: Check(&w) });
+        let checked = checked.unwrap();
         assert!(checked.is_ok(), "{text} has a typed shape");
     }
 }

@@ -36,8 +36,6 @@
 //! ```
 
 mod aligned;
-#[cfg(feature = "alloc")]
-mod counted;
 mod failure;
 mod gauge;
 #[cfg(feature = "alloc")]
@@ -49,9 +47,9 @@ mod statistics;
 mod tracking;
 
 pub use aligned::Aligned;
-#[cfg(feature = "alloc")]
-pub use counted::Counted;
 pub use failure::FailureCallback;
+#[cfg(feature = "alloc")]
+pub use gauge::Counted;
 pub use gauge::Gauge;
 #[cfg(feature = "alloc")]
 pub use limiting::Limiting;
