@@ -7,7 +7,7 @@
 //! | `cuda` | none | [`CudaMemory`] (`Counted<CudaMemory>`) |
 //! | `managed` | none | [`ManagedMemory`] (`Counted<ManagedMemory>`) |
 //! | `pinned` | none | [`PinnedMemory`], page-locked host memory (`Counted<PinnedMemory>`) |
-//! | `vmm` | `reserve=`, `keep=`, `slack=`, `granules=`, `trim_on_commit=` | a [`VirtualPool`](memres_core::vpool::VirtualPool) over [`CudaVirtualSpace`] ([`VmmPool`]), counted by the bytes it maps (see [`VmmConfig`]) |
+//! | `vmm` | `reserve=`, `keep=`, `slack=`, `granules=`, `trim_on_commit=` | a [`VirtualPool`](memres_core::vpool::VirtualPool) over [`CudaVirtualSpace`](crate::CudaVirtualSpace) ([`VmmPool`]), counted by the bytes it maps (see [`VmmConfig`]) |
 //!
 //! Every leaf counts what it holds from the device in one [`Gauge`] per
 //! stack ([`Counted`]; `vmm` its mapped bytes, [`CountedSpace`]), so that

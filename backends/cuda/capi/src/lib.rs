@@ -75,8 +75,8 @@
 //! when the program works on one stream or frees a block only once every
 //! stream is done with it. `vmm` also gives memory back to the device: it
 //! unmaps only after synchronizing the stream of the call in progress,
-//! which makes that safe under the same condition (see the *Streams* of
-//! [`memres_cuda::stack`]'s `vmm`).
+//! which makes that safe under the same condition (see
+//! [`VmmPool`](memres_cuda::stack::VmmPool)).
 //!
 //! The `sim`, `host` and `vpool` names of `memres-sim` and the CUDA
 //! crate's `pinned` are refused here ([`leaves::refuse_host_leaves`]):

@@ -1,37 +1,7 @@
 //! The `vmm` leaf: a [`VirtualPool`] over the driver's virtual memory
 //! management ([`CudaVirtualSpace`]), counted in the bytes held from the
-//! device by what it has mapped.
-//!
-//! # Streams
-//!
-//! The pool unmaps memory only in a decommit, which [`CudaVirtualSpace`]
-//! orders after the work submitted so far to the stream of the call in
-//! progress (it synchronizes that stream first; the legacy default stream
-//! too when the stream is the legacy one). Through the C functions that
-//! stream is the caller's: PyTorch's `CUDAPluggableAllocator` passes to
-//! `memres_free` the stream that was current when the block was allocated,
-//! and to `memres_alloc` the current stream. So a decommit waits for every
-//! kernel queued on that stream, and in a program that works on one stream
-//! (the default stream, as a plain training loop does) no kernel can touch
-//! memory after it is unmapped.
-//!
-//! The granules a decommit unmaps may have been freed earlier, by a free on
-//! another stream, and the decommit is ordered on the stream of the call
-//! that triggers it (a free over `keep=`, or an allocation that trims before
-//! it maps past the peak), not on the stream of the free that made them
-//! idle. The unmap is therefore safe under the same condition as reuse of a
-//! freed block by any plain memres pool (see the C library's *Streams*): one
-//! stream, or blocks freed only once every stream that used them is done.
-//! A breach of that condition is a data race with a plain pool; with `vmm`
-//! it is a fault on unmapped memory. A pluggable allocator never sees
-//! PyTorch's `record_stream`, so programs that share tensors between streams
-//! must synchronize before they drop them, whatever the stack.
-//!
-//! A decommit that unmaps holds the pool's lock while it waits for the
-//! stream, so other threads' calls wait too; with `keep=` above the
-//! device's memory and `trim_on_commit=false` the pool unmaps nothing
-//! unless the device runs out of memory (then it gives its idle granules
-//! back, ordered on the allocating stream, and retries once).
+//! device by what it has mapped; how it orders its unmaps on streams is in
+//! [`VmmPool`]'s documentation.
 
 use crate::{CudaVirtualSpace, Device};
 use memres_core::adaptor::Gauge;
@@ -45,6 +15,37 @@ use std::sync::{Arc, Mutex};
 
 /// The typed handle of a `vmm` leaf in a built stack
 /// (`built.get::<VmmPool>("vmm")`).
+///
+/// # Streams
+///
+/// The pool unmaps memory only in a decommit, which [`CudaVirtualSpace`]
+/// orders after the work submitted so far to the stream of the call in
+/// progress (it synchronizes that stream first; the legacy default stream
+/// too when the stream is the legacy one). Through the C functions that
+/// stream is the caller's: PyTorch's `CUDAPluggableAllocator` passes to
+/// `memres_free` the stream that was current when the block was allocated,
+/// and to `memres_alloc` the current stream. So a decommit waits for every
+/// kernel queued on that stream, and in a program that works on one stream
+/// (the default stream, as a plain training loop does) no kernel can touch
+/// memory after it is unmapped.
+///
+/// The granules a decommit unmaps may have been freed earlier, by a free on
+/// another stream, and the decommit is ordered on the stream of the call
+/// that triggers it (a free over `keep=`, or an allocation that trims before
+/// it maps past the peak), not on the stream of the free that made them
+/// idle. The unmap is therefore safe under the same condition as reuse of a
+/// freed block by any plain memres pool (see the C library's *Streams*): one
+/// stream, or blocks freed only once every stream that used them is done.
+/// A breach of that condition is a data race with a plain pool; with `vmm`
+/// it is a fault on unmapped memory. A pluggable allocator never sees
+/// PyTorch's `record_stream`, so programs that share tensors between streams
+/// must synchronize before they drop them, whatever the stack.
+///
+/// A decommit that unmaps holds the pool's lock while it waits for the
+/// stream, so other threads' calls wait too; with `keep=` above the
+/// device's memory and `trim_on_commit=false` the pool unmaps nothing
+/// unless the device runs out of memory (then it gives its idle granules
+/// back, ordered on the allocating stream, and retries once).
 pub type VmmPool = Shared<VirtualPool<CountedSpace<CudaVirtualSpace>>, StdLock>;
 
 /// The options of `vmm`: `reserve=` (bytes of addresses per reservation;
