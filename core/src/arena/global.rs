@@ -1,7 +1,7 @@
 //! The global arena: upstream chunks cut into superblocks and large blocks.
 
 use crate::check::Violation;
-use crate::pool::CoalescingIndex;
+use crate::index::CoalescingIndex;
 use crate::{Block, Error, MemoryResource, Range, Request, Result, Stream};
 use alloc::collections::BTreeMap;
 use alloc::vec::Vec;
@@ -197,7 +197,7 @@ impl<U> Global<U> {
         size: u64,
         align: u64,
         stream: &S,
-    ) -> Result<Option<crate::pool::Allocation>>
+    ) -> Result<Option<crate::index::Allocation>>
     where
         U: MemoryResource<S>,
     {

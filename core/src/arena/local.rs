@@ -2,7 +2,7 @@
 
 use super::OwnerKey;
 use crate::check::Violation;
-use crate::pool::{Allocation, CoalescingIndex};
+use crate::index::{Allocation, CoalescingIndex};
 use crate::{Error, Range, Result};
 use alloc::vec::Vec;
 

@@ -524,7 +524,7 @@ mod thread_no {
 ///   slot held by an arena of another stream keeping its superblocks, the
 ///   request is [`Error::CapacityExhausted`].
 ///   Each arena has its own lock and index (the O(1) two-level segregated
-///   fit [`CoalescingIndex`](crate::pool::CoalescingIndex)) over the
+///   fit [`CoalescingIndex`](crate::index::CoalescingIndex)) over the
 ///   superblocks it holds, each a region of its own; the arena's state is
 ///   padded to its own cache lines, so two threads on two arenas share
 ///   nothing written on the common path.

@@ -125,7 +125,7 @@ impl<S, U, N, C> ChunkPool<S> for CoalescingPool<U, N, C>
 where
     S: Stream + ?Sized,
     U: MemoryResource<S>,
-    N: Storage<crate::pool::Node>,
+    N: Storage<crate::index::Node>,
     C: Storage<crate::pool::Chunk>,
 {
     #[inline]

@@ -8,11 +8,12 @@
 
 #[cfg(test)]
 mod capacity_tests;
-mod index;
 #[cfg(all(test, feature = "alloc"))]
 mod tests;
 
-pub use index::{Allocation, CoalescingIndex, Node};
+/// The index the pool suballocates with, where the pool's users have always
+/// found it.
+pub use crate::index::{Allocation, CoalescingIndex, Node};
 
 use crate::check::Violation;
 use crate::storage::{DefaultStorage, Storage};

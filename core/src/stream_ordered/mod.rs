@@ -39,7 +39,7 @@ pub trait CheckInvariants {
 
 impl<U, N, C> CheckInvariants for crate::pool::CoalescingPool<U, N, C>
 where
-    N: crate::storage::Storage<crate::pool::Node>,
+    N: crate::storage::Storage<crate::index::Node>,
     C: crate::storage::Storage<crate::pool::Chunk>,
 {
     fn check_invariants(&self) -> core::result::Result<(), Violation> {
@@ -452,8 +452,7 @@ impl<A: MemoryResourceMut<()>, S: Stream + Clone> StreamOrdered<A, S> {
         let found =
             self.lists.iter().filter(|(&id, _)| id != me).find_map(|(&id, l)| Some((id, l.find(request)?)));
         let Some((id, key)) = found else { return Ok(None) };
-        // A planted bug for the fuzz oracles (fuzz/plant.sh): no wait.
-        if self.cross == CrossStream::Wait && !cfg!(memres_plant = "missing_wait") {
+        if self.cross == CrossStream::Wait && !crate::plant::MISSING_WAIT {
             // An event after the free (the block is in the list, so the free
             // came before), then the taker waits on it. Either call failing
             // leaves the block where it was.

@@ -17,7 +17,7 @@ mod bits;
 mod tests;
 
 use crate::check::Violation;
-use crate::pool::CoalescingIndex;
+use crate::index::CoalescingIndex;
 use crate::vmem::ReservableSpace;
 use crate::{Block, Error, MemoryResourceMut, Range, Request, Result, Stream};
 use alloc::vec::Vec;
@@ -711,7 +711,7 @@ impl<V: ReservableSpace> VirtualPool<V> {
     #[inline(never)]
     fn commit_fresh<S: Stream + ?Sized>(
         &mut self,
-        a: &crate::pool::Allocation,
+        a: &crate::index::Allocation,
         request: Request,
         (lo, hi): (u32, u32),
         stream: &S,
@@ -963,7 +963,7 @@ impl<V: ReservableSpace> VirtualPool<V> {
         &mut self,
         request: Request,
         stream: &S,
-    ) -> Result<crate::pool::Allocation> {
+    ) -> Result<crate::index::Allocation> {
         let grown = if self.reservations.len() >= self.config.max_reservations as usize {
             Ok(None)
         } else {
