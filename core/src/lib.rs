@@ -72,6 +72,7 @@ pub mod arena;
 #[cfg(feature = "alloc")]
 pub mod binning;
 pub mod check;
+pub mod chunks;
 pub mod copy;
 #[cfg(feature = "std")]
 pub mod device;

@@ -210,7 +210,6 @@ impl<N: Storage<Node>> CoalescingIndex<N> {
             _ => first,
         }
     }
-
 }
 
 #[cfg(test)]
