@@ -708,7 +708,7 @@ impl<U, L: RawLock> ArenaResource<U, L> {
     /// assert_eq!(ArenaResource::new(BumpUpstream::new(1 << 30)).held_bytes(), 0);
     /// ```
     pub fn held_bytes(&self) -> u64 {
-        self.global.0.with(|g| g.held)
+        self.global.0.with(|g| g.held())
     }
 
     /// The most bytes ever held from upstream at once.
@@ -719,7 +719,7 @@ impl<U, L: RawLock> ArenaResource<U, L> {
     /// assert_eq!(ArenaResource::new(BumpUpstream::new(1 << 30)).peak_held_bytes(), 0);
     /// ```
     pub fn peak_held_bytes(&self) -> u64 {
-        self.global.0.with(|g| g.peak_held)
+        self.global.0.with(|g| g.peak_held())
     }
 
     /// Bytes handed out (small blocks at their size class, large ones
@@ -736,8 +736,8 @@ impl<U, L: RawLock> ArenaResource<U, L> {
     /// # Ok::<(), memres_core::Error>(())
     /// ```
     pub fn used_bytes(&self) -> u64 {
-        let large = self.global.0.with(|g| g.large_bytes);
-        self.claimed().map(|i| self.arenas[i].0.with(|a| a.index.used_bytes())).sum::<u64>() + large
+        let large = self.global.0.with(|g| g.large().0);
+        self.claimed().map(|i| self.arenas[i].0.with(|a| a.used_bytes())).sum::<u64>() + large
     }
 
     /// Number of arenas in use (per-thread and per-stream).
@@ -825,7 +825,7 @@ impl<U, L: RawLock> ArenaResource<U, L> {
             }
             // An empty slot's arena is idle (it was retired so): it only
             // needs its owner.
-            self.arenas[i].0.with(|a| a.owner = me);
+            self.arenas[i].0.with(|a| a.set_owner(me));
             k.key.store(key, Ordering::Relaxed);
             k.state.store(kind, Ordering::Release);
             return Some(i);
@@ -844,11 +844,11 @@ impl<U, L: RawLock> ArenaResource<U, L> {
             arena.0.with(|a| {
                 // Under the arena's lock, so no allocation of its owner is
                 // under way; a slot still being claimed is left alone.
-                if a.owner != OwnerKey::NOBODY
+                if a.owner() != OwnerKey::NOBODY
                     && a.is_idle()
                     && matches!(k.state.load(Ordering::Acquire), STREAM | THREAD)
                 {
-                    a.owner = OwnerKey::NOBODY;
+                    a.set_owner(OwnerKey::NOBODY);
                     k.state.store(EMPTY, Ordering::Release);
                     freed += 1;
                 }
@@ -944,12 +944,12 @@ impl<U, L: RawLock> ArenaResource<U, L> {
             match pack(slot, got.tag) {
                 Some(tag) => Ok(Some(Block::new(got.addr, request.size(), tag))),
                 None => {
-                    let _ = a.index.free(got.tag, got.addr, class);
+                    let _ = a.free(got.tag, got.addr, class);
                     Err(Error::CapacityExhausted { capacity: 1 << SLOT_SHIFT })
                 }
             }
         };
-        self.arenas[slot].0.with(|a| (a.owner == me).then(|| serve(a)))
+        self.arenas[slot].0.with(|a| (a.owner() == me).then(|| serve(a)))
     }
 
     /// A large block from the global arena. `Ok(None)`: no room.
@@ -987,7 +987,7 @@ impl<U, L: RawLock> ArenaResource<U, L> {
             // The owner as the arena's lock sees it: the slot may have
             // changed hands since the table was read.
             self.arenas[i].0.with(|a| {
-                if a.owner != OwnerKey::NOBODY && (all.is_some() || a.owner.stream_id() == sid) {
+                if a.owner() != OwnerKey::NOBODY && (all.is_some() || a.owner().stream_id() == sid) {
                     a.take_free(i, &mut moved);
                 }
             });
@@ -1009,7 +1009,7 @@ impl<U, L: RawLock> ArenaResource<U, L> {
         };
         for &(i, r) in &moved {
             self.arenas[i].0.with(|a| {
-                a.in_transit -= 1;
+                a.arrived();
                 if synced.is_err() && a.add(r).is_err() {
                     let _ = self.global.0.with(|g| g.give_back(r.start()));
                 }
@@ -1059,7 +1059,7 @@ impl<U, L: RawLock> ArenaResource<U, L> {
     /// assert_eq!(arena.upstream_with(|u| u.outstanding()), 0);
     /// ```
     pub fn upstream_with<T>(&self, f: impl FnOnce(&U) -> T) -> T {
-        self.global.0.with(|g| f(&g.upstream))
+        self.global.0.with(|g| f(g.upstream()))
     }
 
     /// Frees a block found by its address: blocks with no tag, and those
@@ -1091,10 +1091,9 @@ impl<U, L: RawLock> ArenaResource<U, L> {
     /// The out-of-memory error with figures (and the dump, if configured).
     #[cold]
     fn out_of_memory(&self, requested: u64) -> Error {
-        let (held, max_size, mut largest) =
-            self.global.0.with(|g| (g.held, g.maximum, g.index.largest_free()));
+        let (held, max_size, mut largest) = self.global.0.with(|g| (g.held(), g.maximum(), g.largest_free()));
         for i in self.claimed() {
-            largest = largest.max(self.arenas[i].0.with(|a| a.index.largest_free()));
+            largest = largest.max(self.arenas[i].0.with(|a| a.largest_free()));
         }
         match self.config.dump_on_failure {
             DumpTarget::None => {}
@@ -1122,31 +1121,13 @@ impl<U, L: RawLock> ArenaResource<U, L> {
         let mut dump = self.global.0.with(|g| ArenaDump {
             requested,
             chunks: g.chunk_count(),
-            large_blocks: g.large_count,
-            large_bytes: g.large_bytes,
-            global: ArenaStats {
-                owner: Owner::Global,
-                superblocks: g.supers.len(),
-                free_superblocks: 0,
-                held: g.held,
-                used: g.index.used_bytes(),
-                free: g.index.free_bytes(),
-                largest_free: g.index.largest_free(),
-            },
+            large_blocks: g.large().1,
+            large_bytes: g.large().0,
+            global: g.stats(),
             arenas: Vec::new(),
         });
         for i in self.claimed() {
-            dump.arenas.extend(self.arenas[i].0.with(|a| {
-                a.owner.owner().map(|owner| ArenaStats {
-                    owner,
-                    superblocks: a.supers.len(),
-                    free_superblocks: a.free_supers(),
-                    held: a.held,
-                    used: a.index.used_bytes(),
-                    free: a.index.free_bytes(),
-                    largest_free: a.index.largest_free(),
-                })
-            }));
+            dump.arenas.extend(self.arenas[i].0.with(|a| a.stats()));
         }
         dump
     }
@@ -1174,29 +1155,29 @@ impl<U, L: RawLock> ArenaResource<U, L> {
     pub fn check(&self) -> core::result::Result<(), Violation> {
         let lent: Vec<(u64, u64, usize)> = self.global.0.with(|g| {
             g.check()?;
-            Ok::<_, Violation>(g.supers.iter().map(|(&s, o)| (s, o.len, o.owner)).collect())
+            Ok::<_, Violation>(g.lent().collect())
         })?;
         let mut matched = 0;
         for i in 0..self.arenas.len() {
             let k = &self.keys[i];
             let (state, key) = (k.state.load(Ordering::Acquire), k.key.load(Ordering::Relaxed));
             self.arenas[i].0.with(|a| {
-                if a.owner == OwnerKey::NOBODY {
+                if a.owner() == OwnerKey::NOBODY {
                     return match state == EMPTY && a.is_idle() {
                         true => Ok(()),
                         false => Err(Violation::new("an unclaimed arena slot is in use")),
                     };
                 }
-                if a.owner != (OwnerKey { kind: state, key }) {
+                if a.owner() != (OwnerKey { kind: state, key }) {
                     return Err(Violation::new("an arena's slot names another owner"));
                 }
-                if a.in_transit != 0 {
+                if a.in_transit() {
                     return Err(Violation::new("an arena's superblocks are in transit"));
                 }
                 a.check()?;
-                for h in &a.supers {
-                    match lent.binary_search_by_key(&h.range.start(), |l| l.0) {
-                        Ok(j) if lent[j].1 == h.range.len() && lent[j].2 == i => matched += 1,
+                for h in a.superblocks() {
+                    match lent.binary_search_by_key(&h.start(), |l| l.0) {
+                        Ok(j) if lent[j].1 == h.len() && lent[j].2 == i => matched += 1,
                         _ => return Err(Violation::new("an arena holds a superblock not lent to it")),
                     }
                 }
@@ -1270,7 +1251,7 @@ where
                 stream.synchronize()?;
             }
             let class = self.free_class(block.size());
-            self.arenas[slot].0.with(|a| a.index.free(inner, addr, class).map(|_| ()))
+            self.arenas[slot].0.with(|a| a.free(inner, addr, class))
         } else {
             Err(Error::UnknownBlock { addr })
         };
