@@ -143,6 +143,7 @@ impl<U, C: Storage<Chunk>> ChunkTable<U, C> {
         self.peak_held
     }
 
+    #[cfg(feature = "alloc")]
     pub(crate) fn maximum(&self) -> Option<u64> {
         self.maximum
     }
