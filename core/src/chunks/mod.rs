@@ -9,7 +9,7 @@
 //! could not record, gives wholly free chunks back upstream, and grows by a
 //! [`Growth`] policy, halving the size asked while the upstream is out of
 //! memory. What the chunks are cut into (a [`CoalescingIndex`], the
-//! fixed-size resource's slots) is the resource's, seen through [`Carve`].
+//! fixed-size resource's slots) is the resource's, seen through a crate-private `Carve` trait.
 
 mod growth;
 

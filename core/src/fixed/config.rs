@@ -3,7 +3,7 @@
 use super::slots::MAX_SLOTS;
 use crate::{Error, Request, Result, DEFAULT_ALIGNMENT};
 
-/// Sizes of a [`FixedSizeResource`].
+/// Sizes of a [`FixedSizeResource`](super::FixedSizeResource).
 ///
 /// # Examples
 ///

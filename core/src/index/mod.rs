@@ -60,11 +60,11 @@ pub struct Allocation {
 /// retires the old slot for good (a region's first node stays behind as the
 /// region's zero-length header, so the region keeps its index). A stale tag
 /// therefore never matches a later allocation: its free is
-/// [`Error::DoubleFree`] or [`Error::UnknownBlock`], for the life of the
+/// [`Error::DoubleFree`](crate::Error::DoubleFree) or [`Error::UnknownBlock`](crate::Error::UnknownBlock), for the life of the
 /// index. The price is one slot per 2^32 allocations of one slot (40 bytes
 /// with `Vec` storage); with fixed-capacity storage a retired slot is lost
 /// to the capacity for good, so after as many retirements as there are
-/// slots the index answers [`Error::CapacityExhausted`].
+/// slots the index answers [`Error::CapacityExhausted`](crate::Error::CapacityExhausted).
 ///
 /// # Examples
 ///
