@@ -442,14 +442,7 @@ impl<U, C: Storage<Chunk>, L: Storage<Slot>> FixedSizeResource<U, C, L> {
             }
             Err(e) => return Err(e),
         }
-        Ok(self.pop(request.size()))
-    }
-
-    /// Pops the free stack (not empty).
-    #[inline(always)]
-    fn pop(&mut self, size: u64) -> Block {
-        let (addr, tag) = self.slots.pop();
-        Block::new(addr, size, tag)
+        Ok(self.slots.pop(request.size()))
     }
 
     /// The checks that the hot path does not make: zero bytes, too large,
@@ -566,7 +559,7 @@ where
         if self.slots.head == NIL {
             return self.grow_and_allocate(request, stream);
         }
-        Ok(self.pop(request.size()))
+        Ok(self.slots.pop(request.size()))
     }
 
     /// # Errors

@@ -4,7 +4,7 @@
 
 use crate::chunks::{Carve, Chunk};
 use crate::storage::Storage;
-use crate::{Error, Range, Result};
+use crate::{Block, Error, Range, Result};
 
 /// `Slot::link` of the last free slot on the stack (and of an empty stack).
 pub(super) const NIL: u32 = u32::MAX;
@@ -90,13 +90,13 @@ impl<L: Storage<Slot>> Slots<L> {
 
     /// Pops the free stack (not empty) for a block of `size` bytes.
     #[inline(always)]
-    pub(super) fn pop(&mut self) -> (u64, u64) {
+    pub(super) fn pop(&mut self, size: u64) -> Block {
         let i = self.head;
         let slot = &mut self.table[i as usize];
         self.head = slot.link;
         slot.link = USED;
         self.used += 1;
-        (slot.addr, ((slot.generation as u64) << 32) | i as u64)
+        Block::new(slot.addr, size, ((slot.generation as u64) << 32) | i as u64)
     }
 
     /// Whether `tag` names slot `i`, used, at `addr`.

@@ -315,22 +315,8 @@ impl<N: Storage<Node>> CoalescingIndex<N> {
     ///
     /// O(number of ranges in the region).
     pub fn find_used(&self, first: u32, addr: u64) -> Option<u64> {
-        let first = self.skip_header(first);
-        if !self.in_range(first) {
-            return None;
-        }
-        let mut i = first;
-        while i != NONE {
-            let n = self.node(i);
-            if n.addr == addr {
-                return (n.state == State::Used).then_some(((n.gen as u64) << 32) | i as u64);
-            }
-            if n.addr > addr {
-                return None;
-            }
-            i = n.next_phys;
-        }
-        None
+        let (i, n) = self.region(first).find(|(_, n)| n.addr >= addr)?;
+        (n.addr == addr && n.state == State::Used).then_some(((n.gen as u64) << 32) | i as u64)
     }
 
     /// Frees the block at `addr` in the region whose first node is `first`,
@@ -375,33 +361,31 @@ impl<N: Storage<Node>> CoalescingIndex<N> {
     /// Whether `addr` lies inside a free range of the region whose first node
     /// is `first` (to tell a double free from a foreign address).
     pub fn is_free_at(&self, first: u32, addr: u64) -> bool {
-        let first = self.skip_header(first);
-        if !self.in_range(first) {
-            return false;
-        }
-        let mut i = first;
-        while i != NONE {
-            let n = self.node(i);
-            if addr >= n.addr && addr - n.addr < n.size {
-                return n.state == State::Free;
-            }
-            i = n.next_phys;
-        }
-        false
+        self.region(first)
+            .find(|(_, n)| addr >= n.addr && addr - n.addr < n.size)
+            .is_some_and(|(_, n)| n.state == State::Free)
     }
 
     /// Visits the ranges of the region whose first node is `first`, in address
     /// order, with whether each is free.
     pub fn for_each_in_region(&self, first: u32, mut f: impl FnMut(Range, bool)) {
-        let first = self.skip_header(first);
-        if !self.in_range(first) {
-            return;
-        }
-        let mut i = first;
-        while i != NONE {
-            let n = self.node(i);
+        for (_, n) in self.region(first) {
             f(Range::new(n.addr, n.size).unwrap_or_default(), n.state == State::Free);
-            i = n.next_phys;
         }
+    }
+
+    /// The nodes of the region whose first node is `first`, in address
+    /// order, with their indices (none for a handle out of range).
+    fn region(&self, first: u32) -> impl Iterator<Item = (u32, &Node)> + '_ {
+        let first = self.skip_header(first);
+        let mut i = if self.in_range(first) { first } else { NONE };
+        core::iter::from_fn(move || {
+            if i == NONE {
+                return None;
+            }
+            let (at, n) = (i, self.node(i));
+            i = n.next_phys;
+            Some((at, n))
+        })
     }
 }
