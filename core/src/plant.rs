@@ -18,15 +18,3 @@ pub(crate) const SPLIT_OFF_BY_ONE: bool = cfg!(memres_plant = "split_off_by_one"
 /// waiting on the event after its free (`missing_wait`).
 #[cfg(feature = "alloc")]
 pub(crate) const MISSING_WAIT: bool = cfg!(memres_plant = "missing_wait");
-
-#[cfg(test)]
-mod tests {
-    /// A build for tests or users never carries a planted bug: only
-    /// `fuzz/plant.sh` sets the cfg, and not for `cargo test`.
-    #[test]
-    fn no_bug_is_planted_in_an_ordinary_build() {
-        assert!(!(super::SKIP_COALESCE || super::SPLIT_OFF_BY_ONE));
-        #[cfg(feature = "alloc")]
-        assert!(!super::MISSING_WAIT);
-    }
-}
