@@ -2,7 +2,7 @@
 //! moves of memory between streams.
 //!
 //! [`PerStreamPool`] gives every stream a pool of its own (by default a
-//! [`CoalescingPool`]), all over one upstream. A block freed on the stream
+//! [`CoalescingPool`](crate::pool::CoalescingPool)), all over one upstream. A block freed on the stream
 //! it was allocated on goes straight back to that stream's pool and is
 //! reused on that stream at once: stream order makes that safe, and a
 //! single stream costs one table lookup more than the bare pool. Memory
@@ -22,7 +22,7 @@
 //!   fence); failing that, the covered wholly free chunks of every other
 //!   stream go back upstream (freed on C after a wait on their fence), and
 //!   C's pool grows from upstream, giving back its own wholly free chunks
-//!   first (the default of [`PoolConfig`]). Footprint with many streams thus
+//!   first (the default of [`PoolConfig`](crate::pool::PoolConfig)). Footprint with many streams thus
 //!   stays close to that of one pool.
 //! - **Out of memory.** C synchronizes the device
 //!   ([`Stream::synchronize_device`]), after which every pool's wholly free

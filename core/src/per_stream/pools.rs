@@ -7,7 +7,7 @@ use crate::pool::{CoalescingPool, FreeChunk, PoolConfig};
 use crate::storage::Storage;
 use crate::{Block, Error, MemoryResource, MemoryResourceMut, Range, Request, Result, Stream};
 
-/// What [`PerStreamPool`] needs of each stream's pool: a pool of chunks from
+/// What [`PerStreamPool`](super::PerStreamPool) needs of each stream's pool: a pool of chunks from
 /// an upstream that can allocate without growing, tell when a free leaves a
 /// chunk wholly free, and hand a wholly free chunk to another pool over the
 /// same upstream. [`CoalescingPool`] is one.
