@@ -2,3 +2,9 @@
 //! targets and the corpus replay (`tests/corpus.rs`).
 
 pub mod fuzz;
+
+/// The README's Rust blocks, compiled and run as doctests by `cargo test`
+/// (this crate depends on the core and the simulator, which they use).
+#[cfg(doctest)]
+#[doc = include_str!("../../README.md")]
+pub struct ReadmeDoctests;
