@@ -70,10 +70,9 @@ impl VirtualConfig {
     /// `(1 + s / 1000) ×` the peak of bytes in use (in whole granules), and
     /// the peak of committed memory is at most that or the peak of
     /// granules live blocks touch, whichever is more. With `keep(u64::MAX)`
-    /// the slack alone bounds the kept memory. Measured on the two training
-    /// traces of the benches (2 MiB granules, two passes): a slack of 40
-    /// left committed memory at 1.040 and 1.028 times the peak of bytes in
-    /// use and committed nothing new in the second pass.
+    /// the slack alone bounds the kept memory. The figures measured with
+    /// the slack on the replayed training traces are in
+    /// `docs/measurements.md`.
     ///
     /// # Examples
     ///
