@@ -16,7 +16,8 @@
 //! | [`Stream`] | record an event, wait on an event, query an event, synchronize (the stream, or as a last resort the device); `()` is the stream of resources for which streams mean nothing |
 //! | [`Error`] | every failure as a typed value; out of memory carries its figures |
 //! | [`lock`] | [`RawLock`](lock::RawLock), [`SpinLock`](lock::SpinLock) and [`Shared`], which turns any `&mut self` algorithm into a `&self` resource |
-//! | [`pool`] | [`CoalescingPool`](pool::CoalescingPool): O(1) allocate and free over chunks from an upstream, and [`CoalescingIndex`](pool::CoalescingIndex), its two-level segregated-fit index over bare ranges |
+//! | [`index`] | [`CoalescingIndex`](index::CoalescingIndex): the two-level segregated-fit index over bare ranges that the pools and the arena suballocate with |
+//! | [`pool`] | [`CoalescingPool`](pool::CoalescingPool): O(1) allocate and free over chunks from an upstream |
 //! | [`per_stream`] | [`PerStreamPool`](per_stream::PerStreamPool): a pool per stream over one upstream, as PyTorch's allocator; memory moves between streams as whole chunks, ordered by events (feature `alloc`) |
 //! | [`stream_ordered`] | [`StreamOrdered`]: RMM's stream-ordered layer, per-stream free lists over any stream-agnostic algorithm, with events to move blocks between streams |
 //! | [`fixed`] | [`FixedSizeResource`](fixed::FixedSizeResource): blocks of one size carved from upstream chunks, O(1) allocate and free on an index stack outside the managed memory |
@@ -63,6 +64,7 @@ extern crate std;
 
 mod block;
 mod error;
+mod plant;
 mod primitive;
 mod range;
 mod request;
@@ -77,10 +79,12 @@ pub mod arena;
 #[cfg(feature = "alloc")]
 pub mod binning;
 pub mod check;
+pub mod chunks;
 pub mod copy;
 #[cfg(feature = "std")]
 pub mod device;
 pub mod fixed;
+pub mod index;
 pub mod lock;
 #[cfg(feature = "alloc")]
 pub mod per_stream;

@@ -1,6 +1,6 @@
 use crate::tally::{accessors, Tally};
 use memres_core::check::FailNth;
-use memres_core::pool::CoalescingIndex;
+use memres_core::index::CoalescingIndex;
 use memres_core::{Block, Error, MemoryResource, Range, Request, Result, Stream};
 use std::sync::Mutex;
 

@@ -1,4 +1,4 @@
-use memres_core::pool::CoalescingIndex;
+use memres_core::index::CoalescingIndex;
 use memres_core::vmem::{CommitLedger, ReservableSpace};
 use memres_core::{Error, Range, Result, Stream};
 use std::collections::BTreeMap;

@@ -1,30 +1,20 @@
 //! The global arena: upstream chunks cut into superblocks and large blocks.
 
 use crate::check::Violation;
-use crate::pool::CoalescingIndex;
-use crate::{Block, Error, MemoryResource, Range, Request, Result, Stream};
+use crate::chunks::{ChunkTable, GiveBack, Growth};
+use crate::index::{Allocation, CoalescingIndex};
+use crate::{Error, MemoryResource, Range, Request, Result, Stream};
 use alloc::collections::BTreeMap;
-use alloc::vec::Vec;
 
 /// The smallest superblock the global arena ever hands out (RMM's minimum).
 pub(super) const MIN_SUPERBLOCK: u64 = 1 << 20;
 
-/// One chunk taken from upstream.
-#[derive(Clone, Copy, Debug)]
-struct Chunk {
-    range: Range,
-    /// The upstream's block, to give back.
-    block: Block,
-    /// The global index's node at the chunk's lowest address.
-    first: u32,
-}
-
 /// A superblock held by an arena.
 #[derive(Clone, Copy, Debug)]
-pub(super) struct SuperOut {
-    pub(super) len: u64,
+struct SuperOut {
+    len: u64,
     /// Slot of the arena that holds it.
-    pub(super) owner: usize,
+    owner: usize,
     /// The global index's tag for it.
     tag: u64,
 }
@@ -42,113 +32,108 @@ pub(super) enum Located {
     Unknown,
 }
 
-/// The global arena's state (behind its own lock in `ArenaResource`).
+/// The global arena's state (behind its own lock in `ArenaResource`): a
+/// chunk table and an index over it, as the coalescing pool, whose used
+/// ranges are superblocks lent to arenas and large blocks.
 ///
 /// Every byte of every chunk is in exactly one of: a free range of `index`,
 /// a superblock out (a used range of `index` recorded in `supers`), or a
 /// large block (a used range of `index` not in `supers`).
 #[derive(Debug)]
 pub(super) struct Global<U> {
-    pub(super) upstream: U,
     /// Free ranges, superblocks out and large blocks, over the chunks.
-    pub(super) index: CoalescingIndex,
-    /// Chunks held from upstream, sorted by address.
-    chunks: Vec<Chunk>,
+    index: CoalescingIndex,
+    /// Chunks held from upstream.
+    chunks: ChunkTable<U>,
     /// Superblocks held by arenas, by start address.
-    pub(super) supers: BTreeMap<u64, SuperOut>,
-    /// Sum of the chunks' lengths.
-    pub(super) held: u64,
-    /// Highest `held` ever.
-    pub(super) peak_held: u64,
+    supers: BTreeMap<u64, SuperOut>,
     /// Bytes (rounded to 256) and number of large blocks live.
-    pub(super) large_bytes: u64,
-    pub(super) large_count: u64,
-    pub(super) maximum: Option<u64>,
-    chunk_size: u64,
+    large_bytes: u64,
+    large_count: u64,
+    /// Chunks of `max(need, chunk size, held / 8)` in whole superblocks.
+    growth: Growth,
     superblock_size: u64,
 }
 
 impl<U> Global<U> {
     pub(super) fn new(upstream: U, maximum: Option<u64>, chunk_size: u64, superblock_size: u64) -> Self {
         Global {
-            upstream,
             index: CoalescingIndex::new(256),
-            chunks: Vec::new(),
+            chunks: ChunkTable::new(upstream, maximum),
             supers: BTreeMap::new(),
-            held: 0,
-            peak_held: 0,
             large_bytes: 0,
             large_count: 0,
-            maximum,
-            chunk_size,
+            // The unused tail of the newest chunk stays under 1/8 of what is held.
+            growth: Growth::Steps { minimum: chunk_size, divisor: 8, step: superblock_size },
             superblock_size,
         }
     }
 
-    /// Takes a chunk of `bytes` from upstream.
-    /// Returns the chunk's first index node.
-    pub(super) fn add_chunk<S: Stream + ?Sized>(&mut self, bytes: u64, stream: &S) -> Result<u32>
+    pub(super) fn upstream(&self) -> &U {
+        self.chunks.upstream()
+    }
+
+    /// Bytes held from upstream.
+    pub(super) fn held(&self) -> u64 {
+        self.chunks.held()
+    }
+
+    /// The most bytes ever held from upstream at once.
+    pub(super) fn peak_held(&self) -> u64 {
+        self.chunks.peak_held()
+    }
+
+    pub(super) fn maximum(&self) -> Option<u64> {
+        self.chunks.maximum()
+    }
+
+    /// The largest free range.
+    pub(super) fn largest_free(&self) -> u64 {
+        self.index.largest_free()
+    }
+
+    /// Bytes (rounded to 256) and number of large blocks live.
+    pub(super) fn large(&self) -> (u64, u64) {
+        (self.large_bytes, self.large_count)
+    }
+
+    /// The superblocks lent: start, length and the slot of the arena that
+    /// holds each, by address.
+    pub(super) fn lent(&self) -> impl Iterator<Item = (u64, u64, usize)> + '_ {
+        self.supers.iter().map(|(&s, o)| (s, o.len, o.owner))
+    }
+
+    /// The global arena's figures for a dump.
+    pub(super) fn stats(&self) -> super::ArenaStats {
+        super::ArenaStats {
+            owner: super::Owner::Global,
+            superblocks: self.supers.len(),
+            free_superblocks: 0,
+            held: self.chunks.held(),
+            used: self.index.used_bytes(),
+            free: self.index.free_bytes(),
+            largest_free: self.index.largest_free(),
+        }
+    }
+
+    /// Takes a chunk of `bytes` from upstream (the initial size).
+    pub(super) fn add_chunk<S: Stream + ?Sized>(&mut self, bytes: u64, stream: &S) -> Result<()>
     where
         U: MemoryResource<S>,
     {
-        let block = self.upstream.allocate(Request::new(bytes)?, stream)?;
-        let added = block.upstream_range(bytes).and_then(|r| self.index.add_range(r).map(|first| (r, first)));
-        let (range, first) = match added {
-            Ok(x) => x,
-            Err(e) => {
-                let _ = self.upstream.deallocate(block, stream);
-                return Err(e);
-            }
-        };
-        let at = self.chunks.partition_point(|c| c.range.start() < range.start());
-        self.chunks.insert(at, Chunk { range, block, first });
-        self.held += bytes;
-        self.peak_held = self.peak_held.max(self.held);
-        Ok(first)
+        self.chunks
+            .take(Request::new(bytes)?, stream, &mut self.index, |b| b.upstream_range(bytes))
+            .map(|_| ())
     }
 
-    /// Grows by at least `need` bytes: `max(need, chunk size, held / 8)`
-    /// under the maximum, halved towards `need` while the upstream is out of memory.
-    /// At the maximum, wholly free chunks go back upstream first.
-    /// Returns the new chunk's first node: callers allocate from it
-    /// directly, since a chunk of exactly `need` bytes lands in a size class
-    /// below the one the index searches for `need` (found by fuzzing the pool,
-    /// whose growth had the same flaw). `Ok(None)` when the maximum or the
-    /// upstream leaves no room, or `need` is more than any request may ask
-    /// (a valid size whose alignment padding takes it above
-    /// `Request::MAX_SIZE`: out of memory, not the upstream's `InvalidSize`
-    /// for a size the caller never asked for).
+    /// Grows by a chunk that holds `need` bytes (see [`ChunkTable::grow`]);
+    /// at the maximum, wholly free chunks go back upstream first. Returns
+    /// the new chunk's first node, to allocate from directly.
     fn grow<S: Stream + ?Sized>(&mut self, need: u64, stream: &S) -> Result<Option<u32>>
     where
         U: MemoryResource<S>,
     {
-        let need = (need + 255) & !255;
-        if need > Request::MAX_SIZE {
-            return Ok(None);
-        }
-        let mut room = self.maximum.map_or(u64::MAX, |m| m - self.held);
-        if need > room {
-            // Wholly free chunks cannot hold a range larger than themselves:
-            // give them back so that one chunk large enough can replace them.
-            let _ = self.release(stream);
-            room = self.maximum.map_or(u64::MAX, |m| m - self.held);
-            if need > room {
-                return Ok(None);
-            }
-        }
-        // Geometric growth (ratio 9/8) in whole superblocks: the unused tail
-        // of the newest chunk stays under 1/8 of what is held.
-        let step = self.chunk_size.max(self.held / 8).div_ceil(self.superblock_size) * self.superblock_size;
-        // Rounded up to superblocks, the step may pass what a request holds.
-        let mut size = need.max(step).min(room).min(Request::MAX_SIZE);
-        loop {
-            match self.add_chunk(size, stream) {
-                Ok(first) => return Ok(Some(first)),
-                Err(e) if e.is_out_of_memory() && size > need => size = ((size / 2).max(need) + 255) & !255,
-                Err(e) if e.is_out_of_memory() => return Ok(None),
-                Err(e) => return Err(e),
-            }
-        }
+        self.chunks.grow(need, self.growth, GiveBack::AtMaximum, stream, &mut self.index)
     }
 
     /// A superblock for arena `owner` that holds `need` bytes at 256-byte
@@ -197,7 +182,7 @@ impl<U> Global<U> {
         size: u64,
         align: u64,
         stream: &S,
-    ) -> Result<Option<crate::pool::Allocation>>
+    ) -> Result<Option<Allocation>>
     where
         U: MemoryResource<S>,
     {
@@ -226,12 +211,6 @@ impl<U> Global<U> {
         Ok(())
     }
 
-    fn chunk_of(&self, addr: u64) -> Option<&Chunk> {
-        let i = self.chunks.partition_point(|c| c.range.start() <= addr);
-        let c = self.chunks.get(i.checked_sub(1)?)?;
-        c.range.contains(addr).then_some(c)
-    }
-
     /// What `addr` is: for frees of blocks known only by their address.
     pub(super) fn locate(&self, addr: u64) -> Located {
         if let Some((&start, s)) = self.supers.range(..=addr).next_back() {
@@ -239,10 +218,10 @@ impl<U> Global<U> {
                 return Located::Super { owner: s.owner, start };
             }
         }
-        let Some(c) = self.chunk_of(addr) else { return Located::Unknown };
-        match self.index.find_used(c.first, addr) {
+        let Some(c) = self.chunks.chunk_of(addr) else { return Located::Unknown };
+        match self.index.find_used(c.first(), addr) {
             Some(tag) => Located::Large { tag },
-            None if self.index.is_free_at(c.first, addr) => Located::Free,
+            None if self.index.is_free_at(c.first(), addr) => Located::Free,
             None => Located::Unknown,
         }
     }
@@ -252,24 +231,7 @@ impl<U> Global<U> {
     where
         U: MemoryResource<S>,
     {
-        let mut freed = 0;
-        let mut i = 0;
-        while i < self.chunks.len() {
-            let c = self.chunks[i];
-            if !self.index.is_region_free(c.first) {
-                i += 1;
-                continue;
-            }
-            self.index.remove_range(c.first)?;
-            if let Err(e) = self.upstream.deallocate(c.block, stream) {
-                self.chunks[i].first = self.index.add_range(c.range)?;
-                return Err(e);
-            }
-            self.chunks.remove(i);
-            self.held -= c.range.len();
-            freed += c.range.len();
-        }
-        Ok(freed)
+        self.chunks.release(stream, &mut self.index)
     }
 
     pub(super) fn chunk_count(&self) -> usize {
@@ -279,29 +241,8 @@ impl<U> Global<U> {
     /// The global arena's own invariants (the arenas' are checked by the caller).
     pub(super) fn check(&self) -> core::result::Result<(), Violation> {
         self.index.check().map_err(Violation::new)?;
-        let mut total = 0;
-        let mut last_end = 0;
-        for c in &self.chunks {
-            if c.range.start() < last_end {
-                return Err(Violation::new("global: chunks overlap or are not sorted"));
-            }
-            last_end = c.range.end();
-            let mut cursor = c.range.start();
-            self.index.for_each_in_region(c.first, |r, _| {
-                cursor = if r.start() == cursor { r.end() } else { u64::MAX };
-            });
-            if cursor != c.range.end() {
-                return Err(Violation::new("global: chunk not covered exactly by its ranges"));
-            }
-            total += c.range.len();
-        }
-        if total != self.held {
-            return Err(Violation::new("global: chunk lengths do not add up to the bytes held"));
-        }
-        if self.maximum.is_some_and(|m| self.held > m) {
-            return Err(Violation::new("global: holds more than its maximum"));
-        }
-        if self.index.used_bytes() + self.index.free_bytes() != self.held {
+        self.chunks.check(&self.index)?;
+        if self.index.used_bytes() + self.index.free_bytes() != self.chunks.held() {
             return Err(Violation::new("global: bytes in use + bytes free != bytes held from upstream"));
         }
         let mut super_bytes = 0;
@@ -314,13 +255,13 @@ impl<U> Global<U> {
             if s.len < MIN_SUPERBLOCK {
                 return Err(Violation::new("global: superblock below the minimum size"));
             }
-            let Some(c) = self.chunk_of(start) else {
+            let Some(c) = self.chunks.chunk_of(start) else {
                 return Err(Violation::new("global: superblock outside every chunk"));
             };
-            if !c.range.contains_range(&Range::new(start, s.len).unwrap_or_default()) {
+            if !c.range().contains_range(&Range::new(start, s.len).unwrap_or_default()) {
                 return Err(Violation::new("global: superblock spans two chunks"));
             }
-            if self.index.find_used(c.first, start) != Some(s.tag) {
+            if self.index.find_used(c.first(), start) != Some(s.tag) {
                 return Err(Violation::new("global: superblock is not a used range of the index"));
             }
             super_bytes += s.len;

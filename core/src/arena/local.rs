@@ -2,14 +2,14 @@
 
 use super::OwnerKey;
 use crate::check::Violation;
-use crate::pool::{Allocation, CoalescingIndex};
+use crate::index::{Allocation, CoalescingIndex};
 use crate::{Error, Range, Result};
 use alloc::vec::Vec;
 
 /// A superblock held by an arena.
 #[derive(Clone, Copy, Debug)]
-pub(super) struct Held {
-    pub(super) range: Range,
+struct Held {
+    range: Range,
     /// The arena index's node at the superblock's lowest address.
     first: u32,
 }
@@ -21,19 +21,19 @@ pub(super) struct Held {
 #[derive(Debug)]
 pub(super) struct Local {
     /// Free and used ranges of the superblocks held.
-    pub(super) index: CoalescingIndex,
+    index: CoalescingIndex,
     /// Superblocks held, in the order they came.
-    pub(super) supers: Vec<Held>,
+    supers: Vec<Held>,
     /// Sum of the superblocks' lengths.
-    pub(super) held: u64,
+    held: u64,
     /// Whose arena this is (`NOBODY`: the slot is free). The slot table's
     /// keys only point callers here; this, read under the arena's lock, is
     /// what serves a caller or not.
-    pub(super) owner: OwnerKey,
+    owner: OwnerKey,
     /// Superblocks taken out to go to the global arena once their stream is
     /// synchronized, or back here if that fails: the slot may not change
     /// hands meanwhile.
-    pub(super) in_transit: usize,
+    in_transit: usize,
 }
 
 impl Local {
@@ -45,6 +45,62 @@ impl Local {
             owner: OwnerKey::NOBODY,
             in_transit: 0,
         }
+    }
+
+    /// Whose arena this is (`NOBODY`: the slot is free).
+    pub(super) fn owner(&self) -> OwnerKey {
+        self.owner
+    }
+
+    /// Hands the arena to `owner` (`NOBODY`: frees its slot).
+    pub(super) fn set_owner(&mut self, owner: OwnerKey) {
+        self.owner = owner;
+    }
+
+    /// Whether superblocks taken out by [`take_free`](Self::take_free) are
+    /// still in transit.
+    pub(super) fn in_transit(&self) -> bool {
+        self.in_transit != 0
+    }
+
+    /// One superblock taken out by [`take_free`](Self::take_free) reached
+    /// the global arena, or came back here.
+    pub(super) fn arrived(&mut self) {
+        self.in_transit -= 1;
+    }
+
+    /// Bytes handed out (at their size class).
+    pub(super) fn used_bytes(&self) -> u64 {
+        self.index.used_bytes()
+    }
+
+    /// The largest free range.
+    pub(super) fn largest_free(&self) -> u64 {
+        self.index.largest_free()
+    }
+
+    /// The superblocks held, in the order they came.
+    pub(super) fn superblocks(&self) -> impl Iterator<Item = Range> + '_ {
+        self.supers.iter().map(|h| h.range)
+    }
+
+    /// Frees a block by its index tag.
+    #[inline]
+    pub(super) fn free(&mut self, tag: u64, addr: u64, class: u64) -> Result<()> {
+        self.index.free(tag, addr, class).map(|_| ())
+    }
+
+    /// The arena's figures for a dump (`None` for a free slot).
+    pub(super) fn stats(&self) -> Option<super::ArenaStats> {
+        self.owner.owner().map(|owner| super::ArenaStats {
+            owner,
+            superblocks: self.supers.len(),
+            free_superblocks: self.free_supers(),
+            held: self.held,
+            used: self.index.used_bytes(),
+            free: self.index.free_bytes(),
+            largest_free: self.index.largest_free(),
+        })
     }
 
     /// Whether the arena can change hands: nothing live, no superblock held
@@ -94,7 +150,7 @@ impl Local {
     }
 
     /// Wholly free superblocks.
-    pub(super) fn free_supers(&self) -> usize {
+    fn free_supers(&self) -> usize {
         self.supers.iter().filter(|h| self.index.is_region_free(h.first)).count()
     }
 

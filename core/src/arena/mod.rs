@@ -8,382 +8,33 @@
 //! arena. Threads on different arenas share no lock and write no shared
 //! cache line on the common path.
 
+mod check;
 mod class;
+mod config;
+mod dump;
 mod global;
 mod local;
+mod reclaim;
+mod slots;
 #[cfg(test)]
 mod tests;
 
 pub use class::size_class;
+pub use config::{ArenaConfig, DumpTarget};
+pub use dump::{ArenaDump, ArenaStats, Owner};
 
-use crate::check::Violation;
 use crate::lock::{RawLock, Shared, SpinLock};
-use crate::primitive::{spin_loop, AtomicU64, Ordering};
-use crate::{Block, Error, MemoryResource, Range, Request, Result, Stream};
+use crate::primitive::{AtomicU64, Ordering};
+use crate::{Block, Error, MemoryResource, Request, Result, Stream};
 use alloc::boxed::Box;
-use alloc::vec::Vec;
 use core::fmt;
-use global::{Global, Located, MIN_SUPERBLOCK};
+use global::{Global, Located};
 use local::Local;
+use slots::{OwnerKey, SlotKey, EMPTY, STREAM, THREAD};
 
 /// The most arenas a resource can have: tags name an arena in 8 bits, and
 /// the value 255 names the global arena.
 pub const MAX_ARENAS: u32 = 255;
-
-/// Where the state dump goes when an allocation runs out of memory.
-///
-/// # Examples
-///
-/// ```
-/// use memres_core::arena::{ArenaConfig, ArenaDump, DumpTarget};
-/// fn log(dump: &ArenaDump) {
-///     let _ = dump.arenas.len();
-/// }
-/// let config = ArenaConfig::new().dump_on_failure(DumpTarget::Callback(log));
-/// # let _ = config;
-/// ```
-#[derive(Clone, Copy, Debug, Default)]
-#[non_exhaustive]
-pub enum DumpTarget {
-    /// No dump (the default).
-    #[default]
-    None,
-    /// Call this function with the dump (works without `std`; the dump
-    /// implements `Display`).
-    Callback(fn(&ArenaDump)),
-    /// Write the dump to standard error.
-    #[cfg(feature = "std")]
-    Stderr,
-}
-
-/// Sizes and policies of an [`ArenaResource`].
-///
-/// | setting | default | why |
-/// | --- | --- | --- |
-/// | `initial_size` | 0 | RMM takes half the device's free memory up front; only the backend knows that figure, so the caller passes it here |
-/// | `maximum_size` | none | the most bytes ever held from upstream |
-/// | `chunk_size` | 32 MiB | the global arena grows by `max(request, chunk_size, held / 8)` (in whole superblocks): few chunks, yet the unused tail of the newest one stays under 1/8 of what is held; superblocks never span two chunks |
-/// | `superblock_size` | 8 MiB | at least 8 blocks of the 1 MiB threshold per superblock: the tail left when a superblock fills is at most 1/8 of it, and an arena goes to the global arena once per 8 MiB of growth, not once per block (RMM's 1 MiB superblocks hold a single 1 MiB block) |
-/// | `large_threshold` | 1 MiB | RMM's: larger requests are served by the global arena directly (so is one whose size class plus its alignment less 256 bytes exceeds the superblock size) |
-/// | `max_arenas` | 64 | slots of the arena table (per-thread plus per-stream arenas in use at once), at most [`MAX_ARENAS`]; each slot costs about 8 KiB of metadata up front; an idle arena gives its slot to a new stream or thread (see *Arenas* in [`ArenaResource`]); a stream that finds none gets [`Error::CapacityExhausted`] (sharing an arena between two streams would break stream order) |
-/// | `size_classes` | on | small requests rounded up to [`size_class`] |
-///
-/// # Examples
-///
-/// ```
-/// use memres_core::arena::ArenaConfig;
-/// let c = ArenaConfig::new().initial_size(1 << 30).maximum_size(4 << 30).superblock_size(4 << 20);
-/// assert_eq!(c.maximum(), Some(4 << 30));
-/// ```
-#[derive(Clone, Copy, Debug)]
-pub struct ArenaConfig {
-    initial_size: u64,
-    maximum_size: Option<u64>,
-    chunk_size: u64,
-    superblock_size: u64,
-    large_threshold: u64,
-    max_arenas: u32,
-    size_classes: bool,
-    dump_on_failure: DumpTarget,
-    synchronize_all: Option<fn() -> Result<()>>,
-}
-
-impl Default for ArenaConfig {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
-impl ArenaConfig {
-    /// The defaults of the table above.
-    pub const fn new() -> Self {
-        ArenaConfig {
-            initial_size: 0,
-            maximum_size: None,
-            chunk_size: 32 << 20,
-            superblock_size: 8 << 20,
-            large_threshold: 1 << 20,
-            max_arenas: 64,
-            size_classes: true,
-            dump_on_failure: DumpTarget::None,
-            synchronize_all: None,
-        }
-    }
-
-    /// Bytes taken from upstream when the resource is made (a multiple of
-    /// 256, at most [`Request::MAX_SIZE`]).
-    pub const fn initial_size(mut self, bytes: u64) -> Self {
-        self.initial_size = bytes;
-        self
-    }
-
-    /// The most bytes ever held from upstream (a multiple of 256).
-    pub const fn maximum_size(mut self, bytes: u64) -> Self {
-        self.maximum_size = Some(bytes);
-        self
-    }
-
-    /// Smallest growth step of the global arena (a multiple of 256, at
-    /// least the superblock size, at most [`Request::MAX_SIZE`]).
-    pub const fn chunk_size(mut self, bytes: u64) -> Self {
-        self.chunk_size = bytes;
-        self
-    }
-
-    /// Size of the superblocks lent to arenas (a multiple of 256, at least 1 MiB).
-    pub const fn superblock_size(mut self, bytes: u64) -> Self {
-        self.superblock_size = bytes;
-        self
-    }
-
-    /// Requests above this many bytes go straight to the global arena (its
-    /// size class must fit in a superblock).
-    pub const fn large_threshold(mut self, bytes: u64) -> Self {
-        self.large_threshold = bytes;
-        self
-    }
-
-    /// Number of arena slots (1 to [`MAX_ARENAS`]).
-    pub const fn max_arenas(mut self, n: u32) -> Self {
-        self.max_arenas = n;
-        self
-    }
-
-    /// Whether small requests are rounded up to size classes (else to 256 bytes).
-    pub const fn size_classes(mut self, yes: bool) -> Self {
-        self.size_classes = yes;
-        self
-    }
-
-    /// Where to dump the state when an allocation runs out of memory.
-    pub const fn dump_on_failure(mut self, target: DumpTarget) -> Self {
-        self.dump_on_failure = target;
-        self
-    }
-
-    /// A function that waits for all work on every stream (RMM calls
-    /// `cudaDeviceSynchronize` here). With it, an arena that runs dry may
-    /// take wholly free superblocks from the arenas of *other* streams;
-    /// without it, only from arenas of its own stream id (the per-thread
-    /// arenas of the default stream), whose frees its own stream orders.
-    pub const fn synchronize_all(mut self, f: fn() -> Result<()>) -> Self {
-        self.synchronize_all = Some(f);
-        self
-    }
-
-    /// The maximum size, if any.
-    pub const fn maximum(&self) -> Option<u64> {
-        self.maximum_size
-    }
-
-    fn validate(&self) -> Result<()> {
-        let bad = |what| Err(Error::InvalidConfig { what });
-        if self.initial_size % 256 != 0 || self.chunk_size % 256 != 0 || self.superblock_size % 256 != 0 {
-            return bad("arena sizes must be multiples of 256");
-        }
-        if self.superblock_size < MIN_SUPERBLOCK || self.superblock_size > 1 << 40 {
-            return bad("superblock size must be between 1 MiB and 1 TiB");
-        }
-        if self.chunk_size < self.superblock_size {
-            return bad("chunk size below the superblock size");
-        }
-        // Chunks are asked for with requests: above the largest, every
-        // growth would fail.
-        if self.chunk_size > Request::MAX_SIZE || self.initial_size > Request::MAX_SIZE {
-            return bad("chunk or initial size above the largest request");
-        }
-        if let Some(max) = self.maximum_size {
-            if max % 256 != 0 || max < self.initial_size {
-                return bad("maximum size not a multiple of 256 or below the initial size");
-            }
-        }
-        if self.large_threshold > Request::MAX_SIZE || size_class(self.large_threshold) > self.superblock_size
-        {
-            return bad("the size class of the large threshold does not fit in a superblock");
-        }
-        if self.max_arenas == 0 || self.max_arenas > MAX_ARENAS {
-            return bad("max_arenas must be between 1 and 255");
-        }
-        Ok(())
-    }
-}
-
-/// Who holds the memory an [`ArenaStats`] describes.
-///
-/// # Examples
-///
-/// ```
-/// use memres_core::arena::Owner;
-/// assert_ne!(Owner::Thread(1), Owner::Stream(1));
-/// ```
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Owner {
-    /// The global arena.
-    Global,
-    /// The arena of one thread on the default stream (a small number that
-    /// identifies the thread while it lives; numbers are reused).
-    Thread(u64),
-    /// The arena of the stream with this id.
-    Stream(u64),
-}
-
-/// An arena's [`Owner`] as the slot table names it: (`STREAM`, stream id)
-/// or (`THREAD`, thread number); `NOBODY` for a free slot. Two words to
-/// compare on the hot path.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-struct OwnerKey {
-    kind: u64,
-    key: u64,
-}
-
-impl OwnerKey {
-    const NOBODY: OwnerKey = OwnerKey { kind: EMPTY, key: 0 };
-
-    /// The caller's: its thread on the default stream, else its stream.
-    #[inline]
-    fn of_caller(stream_id: u64) -> Self {
-        if stream_id == 0 {
-            OwnerKey { kind: THREAD, key: thread_no::current() }
-        } else {
-            OwnerKey { kind: STREAM, key: stream_id }
-        }
-    }
-
-    fn owner(self) -> Option<Owner> {
-        match self.kind {
-            STREAM => Some(Owner::Stream(self.key)),
-            THREAD => Some(Owner::Thread(self.key)),
-            _ => None,
-        }
-    }
-
-    /// The stream id whose work the arena's frees are ordered on.
-    fn stream_id(self) -> u64 {
-        if self.kind == STREAM {
-            self.key
-        } else {
-            0
-        }
-    }
-}
-
-/// Figures of one arena (or of the global arena) in an [`ArenaDump`].
-///
-/// # Examples
-///
-/// ```
-/// use memres_core::arena::{ArenaStats, Owner};
-/// let s = ArenaStats { owner: Owner::Stream(7), superblocks: 2, free_superblocks: 0, held: 4096, used: 1024, free: 3072, largest_free: 1024 };
-/// assert!((s.fragmentation() - 2.0 / 3.0).abs() < 1e-9);
-/// ```
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct ArenaStats {
-    /// Whose figures these are.
-    pub owner: Owner,
-    /// Superblocks held (for the global arena: superblocks lent to arenas).
-    pub superblocks: usize,
-    /// Superblocks with no block in use (0 for the global arena).
-    pub free_superblocks: usize,
-    /// Bytes held: the superblocks' sum (for the global arena: bytes from upstream).
-    pub held: u64,
-    /// Bytes in use (for the global arena: superblocks lent and large blocks).
-    pub used: u64,
-    /// Bytes free.
-    pub free: u64,
-    /// The largest free range.
-    pub largest_free: u64,
-}
-
-impl ArenaStats {
-    /// RMM's fragmentation: `1 - largest free / total free` (0 when nothing is free).
-    pub fn fragmentation(&self) -> f64 {
-        if self.free == 0 {
-            0.0
-        } else {
-            1.0 - self.largest_free as f64 / self.free as f64
-        }
-    }
-}
-
-/// A snapshot of an [`ArenaResource`]: the global arena and every arena.
-/// `Display` writes one line per arena.
-///
-/// # Examples
-///
-/// ```
-/// use memres_core::arena::ArenaResource;
-/// use memres_core::{MemoryResource, Request};
-/// # use memres_core::testing::BumpUpstream;
-/// let arena = ArenaResource::new(BumpUpstream::new(1 << 30));
-/// let b = arena.allocate(Request::new(1000)?, &())?;
-/// let dump = arena.dump();
-/// assert_eq!(dump.arenas.len(), 1);
-/// assert_eq!(dump.arenas[0].used, 1024);
-/// assert!(dump.to_string().contains("fragmentation"));
-/// # arena.deallocate(b, &())?;
-/// # Ok::<(), memres_core::Error>(())
-/// ```
-#[derive(Clone, Debug, PartialEq)]
-pub struct ArenaDump {
-    /// The request that failed, for a dump made on failure.
-    pub requested: Option<u64>,
-    /// Chunks held from upstream.
-    pub chunks: usize,
-    /// Large blocks live in the global arena, and their bytes.
-    pub large_blocks: u64,
-    /// Bytes of the large blocks (rounded to 256).
-    pub large_bytes: u64,
-    /// The global arena.
-    pub global: ArenaStats,
-    /// Every arena in use, in slot order.
-    pub arenas: Vec<ArenaStats>,
-}
-
-impl fmt::Display for ArenaDump {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        if let Some(r) = self.requested {
-            writeln!(f, "arena: out of memory allocating {r} bytes")?;
-        }
-        let g = &self.global;
-        writeln!(
-            f,
-            "global: {} bytes held in {} chunks, {} superblocks lent, {} large blocks ({} bytes), {} free, largest free {}, fragmentation {:.2}%",
-            g.held,
-            self.chunks,
-            g.superblocks,
-            self.large_blocks,
-            self.large_bytes,
-            g.free,
-            g.largest_free,
-            g.fragmentation() * 100.0
-        )?;
-        for a in &self.arenas {
-            match a.owner {
-                Owner::Thread(n) => write!(f, "thread {n}")?,
-                Owner::Stream(s) => write!(f, "stream {s:#x}")?,
-                Owner::Global => write!(f, "global")?,
-            }
-            writeln!(
-                f,
-                ": {} superblocks ({} wholly free), {} bytes held, {} in use, {} free, largest free {}, fragmentation {:.2}%",
-                a.superblocks,
-                a.free_superblocks,
-                a.held,
-                a.used,
-                a.free,
-                a.largest_free,
-                a.fragmentation() * 100.0
-            )?;
-        }
-        Ok(())
-    }
-}
-
-/// Slot states of the arena table.
-const EMPTY: u64 = 0;
-const CLAIMING: u64 = 1;
-const STREAM: u64 = 2;
-const THREAD: u64 = 3;
 
 /// Tags: `generation << 32 | slot << 24 | node`, so an arena's index may
 /// hold up to 2^24 ranges.
@@ -410,66 +61,10 @@ fn pack(slot: usize, index_tag: u64) -> Option<u64> {
     (index_tag & SLOT_MASK == 0).then_some(index_tag | (slot as u64) << SLOT_SHIFT)
 }
 
-/// One entry of the arena table: written when claimed or retired, else
-/// only read, so lookups by every thread share its cache line without
-/// contention. It only points callers to an arena: the arena's `owner`,
-/// read under its lock, decides (a lookup racing with a change of hands may
-/// read a stale entry).
-#[derive(Debug)]
-struct SlotKey {
-    /// `EMPTY`, `CLAIMING`, `STREAM` or `THREAD`; back to `EMPTY` when the
-    /// arena is retired (under its lock).
-    state: AtomicU64,
-    /// The stream id or thread number; valid once `state` is `STREAM` or `THREAD`.
-    key: AtomicU64,
-}
-
 /// Keeps each arena's lock and state on cache lines of its own.
 #[derive(Debug)]
 #[repr(align(128))]
 struct Padded<T>(T);
-
-/// The calling thread's number: small, unique among live threads, reused
-/// after a thread exits (so that its arena, and the superblocks it holds,
-/// go to the next new thread rather than being stranded).
-#[cfg(all(feature = "std", not(loom)))]
-mod thread_no {
-    use alloc::vec::Vec;
-    use core::sync::atomic::{AtomicU64, Ordering};
-    use std::sync::Mutex;
-
-    static NEXT: AtomicU64 = AtomicU64::new(1);
-    static FREED: Mutex<Vec<u64>> = Mutex::new(Vec::new());
-
-    struct No(u64);
-
-    impl Drop for No {
-        fn drop(&mut self) {
-            FREED.lock().unwrap_or_else(|p| p.into_inner()).push(self.0);
-        }
-    }
-
-    std::thread_local! {
-        static NO: No = No(FREED.lock().unwrap_or_else(|p| p.into_inner()).pop()
-            .unwrap_or_else(|| NEXT.fetch_add(1, Ordering::Relaxed)));
-    }
-
-    /// This thread's number (0 while its thread-locals are being destroyed).
-    #[inline]
-    pub(super) fn current() -> u64 {
-        NO.try_with(|n| n.0).unwrap_or(0)
-    }
-}
-
-/// Without `std` there is no thread identity: all threads share one arena
-/// for the default stream.
-#[cfg(not(all(feature = "std", not(loom))))]
-mod thread_no {
-    #[inline]
-    pub(super) fn current() -> u64 {
-        0
-    }
-}
 
 /// RMM's `arena_memory_resource`: a global arena of superblocks lent to
 /// per-thread and per-stream arenas, written to scale with threads.
@@ -524,7 +119,7 @@ mod thread_no {
 ///   slot held by an arena of another stream keeping its superblocks, the
 ///   request is [`Error::CapacityExhausted`].
 ///   Each arena has its own lock and index (the O(1) two-level segregated
-///   fit [`CoalescingIndex`](crate::pool::CoalescingIndex)) over the
+///   fit [`CoalescingIndex`](crate::index::CoalescingIndex)) over the
 ///   superblocks it holds, each a region of its own; the arena's state is
 ///   padded to its own cache lines, so two threads on two arenas share
 ///   nothing written on the common path.
@@ -708,7 +303,7 @@ impl<U, L: RawLock> ArenaResource<U, L> {
     /// assert_eq!(ArenaResource::new(BumpUpstream::new(1 << 30)).held_bytes(), 0);
     /// ```
     pub fn held_bytes(&self) -> u64 {
-        self.global.0.with(|g| g.held)
+        self.global.0.with(|g| g.held())
     }
 
     /// The most bytes ever held from upstream at once.
@@ -719,7 +314,7 @@ impl<U, L: RawLock> ArenaResource<U, L> {
     /// assert_eq!(ArenaResource::new(BumpUpstream::new(1 << 30)).peak_held_bytes(), 0);
     /// ```
     pub fn peak_held_bytes(&self) -> u64 {
-        self.global.0.with(|g| g.peak_held)
+        self.global.0.with(|g| g.peak_held())
     }
 
     /// Bytes handed out (small blocks at their size class, large ones
@@ -736,8 +331,8 @@ impl<U, L: RawLock> ArenaResource<U, L> {
     /// # Ok::<(), memres_core::Error>(())
     /// ```
     pub fn used_bytes(&self) -> u64 {
-        let large = self.global.0.with(|g| g.large_bytes);
-        self.claimed().map(|i| self.arenas[i].0.with(|a| a.index.used_bytes())).sum::<u64>() + large
+        let large = self.global.0.with(|g| g.large().0);
+        self.claimed().map(|i| self.arenas[i].0.with(|a| a.used_bytes())).sum::<u64>() + large
     }
 
     /// Number of arenas in use (per-thread and per-stream).
@@ -749,112 +344,6 @@ impl<U, L: RawLock> ArenaResource<U, L> {
     /// ```
     pub fn arena_count(&self) -> usize {
         self.claimed().count()
-    }
-
-    fn claimed(&self) -> impl Iterator<Item = usize> + '_ {
-        (0..self.keys.len())
-            .filter(|&i| matches!(self.keys[i].state.load(Ordering::Acquire), STREAM | THREAD))
-    }
-
-    /// The stream id that slot `i` serves (0 for per-thread arenas).
-    #[inline]
-    fn stream_of(&self, i: usize) -> u64 {
-        let k = &self.keys[i];
-        match k.state.load(Ordering::Acquire) {
-            STREAM => k.key.load(Ordering::Relaxed),
-            _ => 0,
-        }
-    }
-
-    /// The slot the table names for `me`, if any: probes from the hash of
-    /// `me`, past empty slots (slots are retired), so a miss reads them all.
-    #[inline]
-    fn find_slot(&self, me: OwnerKey) -> Option<usize> {
-        let OwnerKey { kind, key } = me;
-        for i in self.probe_order(me) {
-            let k = &self.keys[i];
-            loop {
-                match k.state.load(Ordering::Acquire) {
-                    CLAIMING => spin_loop(),
-                    s => {
-                        if s == kind && k.key.load(Ordering::Relaxed) == key {
-                            return Some(i);
-                        }
-                        break;
-                    }
-                }
-            }
-        }
-        None
-    }
-
-    /// Every slot, from `me`'s home slot (found by hashing) on.
-    #[inline]
-    fn probe_order(&self, me: OwnerKey) -> impl Iterator<Item = usize> {
-        let n = self.keys.len();
-        let start = ((me.key ^ me.kind).wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 32) as usize % n;
-        (0..n).map(move |p| if start + p >= n { start + p - n } else { start + p })
-    }
-
-    /// A slot for `me`, who has none: an empty one, else one freed by
-    /// retiring idle arenas (after taking back the wholly free superblocks
-    /// the caller's stream may take, as when running dry).
-    #[cold]
-    fn claim_slot<S: Stream + ?Sized>(&self, me: OwnerKey, stream: &S) -> Result<usize> {
-        for round in 0..2 {
-            if let Some(i) = self.find_slot(me).or_else(|| self.claim_empty(me)) {
-                return Ok(i);
-            }
-            if round == 0 && self.retire_idle() == 0 {
-                self.reclaim(stream)?;
-                self.retire_idle();
-            }
-        }
-        Err(Error::CapacityExhausted { capacity: self.keys.len() as u32 })
-    }
-
-    /// Claims an empty slot for `me`, the first in `me`'s probe order.
-    fn claim_empty(&self, me: OwnerKey) -> Option<usize> {
-        let OwnerKey { kind, key } = me;
-        for i in self.probe_order(me) {
-            let k = &self.keys[i];
-            if k.state.load(Ordering::Relaxed) != EMPTY
-                || k.state.compare_exchange(EMPTY, CLAIMING, Ordering::Acquire, Ordering::Relaxed).is_err()
-            {
-                continue;
-            }
-            // An empty slot's arena is idle (it was retired so): it only
-            // needs its owner.
-            self.arenas[i].0.with(|a| a.owner = me);
-            k.key.store(key, Ordering::Relaxed);
-            k.state.store(kind, Ordering::Release);
-            return Some(i);
-        }
-        None
-    }
-
-    /// Frees the slots of idle arenas (nothing live, no superblock): each
-    /// may serve a new stream or thread. Returns how many.
-    fn retire_idle(&self) -> usize {
-        let mut freed = 0;
-        for (k, arena) in self.keys.iter().zip(&self.arenas[..]) {
-            if !matches!(k.state.load(Ordering::Relaxed), STREAM | THREAD) {
-                continue;
-            }
-            arena.0.with(|a| {
-                // Under the arena's lock, so no allocation of its owner is
-                // under way; a slot still being claimed is left alone.
-                if a.owner != OwnerKey::NOBODY
-                    && a.is_idle()
-                    && matches!(k.state.load(Ordering::Acquire), STREAM | THREAD)
-                {
-                    a.owner = OwnerKey::NOBODY;
-                    k.state.store(EMPTY, Ordering::Release);
-                    freed += 1;
-                }
-            });
-        }
-        freed
     }
 
     #[inline]
@@ -944,12 +433,12 @@ impl<U, L: RawLock> ArenaResource<U, L> {
             match pack(slot, got.tag) {
                 Some(tag) => Ok(Some(Block::new(got.addr, request.size(), tag))),
                 None => {
-                    let _ = a.index.free(got.tag, got.addr, class);
+                    let _ = a.free(got.tag, got.addr, class);
                     Err(Error::CapacityExhausted { capacity: 1 << SLOT_SHIFT })
                 }
             }
         };
-        self.arenas[slot].0.with(|a| (a.owner == me).then(|| serve(a)))
+        self.arenas[slot].0.with(|a| (a.owner() == me).then(|| serve(a)))
     }
 
     /// A large block from the global arena. `Ok(None)`: no room.
@@ -971,85 +460,6 @@ impl<U, L: RawLock> ArenaResource<U, L> {
         })
     }
 
-    /// Takes wholly free superblocks back into the global arena: from the
-    /// arenas of the caller's stream id, or from all arenas when a
-    /// `synchronize_all` function is configured. Returns the bytes taken.
-    ///
-    /// Superblocks are taken out first and synchronized after, so that any
-    /// free into them happened before the synchronization; if it fails, they
-    /// go back to their arenas and nothing changes.
-    #[cold]
-    fn reclaim<S: Stream + ?Sized>(&self, stream: &S) -> Result<u64> {
-        let sid = stream.id();
-        let all = self.config.synchronize_all;
-        let mut moved: Vec<(usize, Range)> = Vec::new();
-        for i in self.claimed() {
-            // The owner as the arena's lock sees it: the slot may have
-            // changed hands since the table was read.
-            self.arenas[i].0.with(|a| {
-                if a.owner != OwnerKey::NOBODY && (all.is_some() || a.owner.stream_id() == sid) {
-                    a.take_free(i, &mut moved);
-                }
-            });
-        }
-        if moved.is_empty() {
-            return Ok(0);
-        }
-        let synced = match all {
-            Some(f) => f(),
-            None => stream.synchronize(),
-        };
-        let bytes = match synced {
-            // Back to their arenas, which cannot have changed hands while
-            // they were in transit.
-            Err(_) => 0,
-            Ok(()) => self.global.0.with(|g| {
-                moved.iter().filter(|(_, r)| g.give_back(r.start()).is_ok()).map(|(_, r)| r.len()).sum()
-            }),
-        };
-        for &(i, r) in &moved {
-            self.arenas[i].0.with(|a| {
-                a.in_transit -= 1;
-                if synced.is_err() && a.add(r).is_err() {
-                    let _ = self.global.0.with(|g| g.give_back(r.start()));
-                }
-            });
-        }
-        synced.map(|()| bytes)
-    }
-
-    /// Gives every wholly free superblock (of the arenas [`reclaim`] may take
-    /// from, for this stream) back to the global arena, frees the slot of
-    /// every arena left idle (nothing live, no superblock), then gives every
-    /// wholly free chunk back to upstream; returns the bytes given upstream.
-    ///
-    /// # Errors
-    ///
-    /// The stream's error if it cannot synchronize (nothing changes); the
-    /// upstream's error if it refuses a chunk (that chunk stays).
-    ///
-    /// ```
-    /// use memres_core::arena::ArenaResource;
-    /// use memres_core::{MemoryResource, Request};
-    /// use memres_core::testing::BumpUpstream;
-    /// let arena = ArenaResource::new(BumpUpstream::new(1 << 30));
-    /// let b = arena.allocate(Request::new(1000)?, &())?;
-    /// arena.deallocate(b, &())?;
-    /// assert!(arena.release(&())? > 0);
-    /// assert_eq!((arena.held_bytes(), arena.upstream_with(|u| u.outstanding())), (0, 0));
-    /// # Ok::<(), memres_core::Error>(())
-    /// ```
-    ///
-    /// [`reclaim`]: ArenaResource#running-dry
-    pub fn release<S: Stream + ?Sized>(&self, stream: &S) -> Result<u64>
-    where
-        U: MemoryResource<S>,
-    {
-        self.reclaim(stream)?;
-        self.retire_idle();
-        self.global.0.with(|g| g.release(stream))
-    }
-
     /// Runs `f` with the upstream resource (under the global arena's lock).
     ///
     /// ```
@@ -1059,7 +469,7 @@ impl<U, L: RawLock> ArenaResource<U, L> {
     /// assert_eq!(arena.upstream_with(|u| u.outstanding()), 0);
     /// ```
     pub fn upstream_with<T>(&self, f: impl FnOnce(&U) -> T) -> T {
-        self.global.0.with(|g| f(&g.upstream))
+        self.global.0.with(|g| f(g.upstream()))
     }
 
     /// Frees a block found by its address: blocks with no tag, and those
@@ -1086,127 +496,6 @@ impl<U, L: RawLock> ArenaResource<U, L> {
             Located::Free => Err(Error::DoubleFree { addr }),
             Located::Unknown => Err(Error::UnknownBlock { addr }),
         }
-    }
-
-    /// The out-of-memory error with figures (and the dump, if configured).
-    #[cold]
-    fn out_of_memory(&self, requested: u64) -> Error {
-        let (held, max_size, mut largest) =
-            self.global.0.with(|g| (g.held, g.maximum, g.index.largest_free()));
-        for i in self.claimed() {
-            largest = largest.max(self.arenas[i].0.with(|a| a.index.largest_free()));
-        }
-        match self.config.dump_on_failure {
-            DumpTarget::None => {}
-            DumpTarget::Callback(f) => f(&self.snapshot(Some(requested))),
-            #[cfg(feature = "std")]
-            DumpTarget::Stderr => std::eprint!("{}", self.snapshot(Some(requested))),
-        }
-        Error::OutOfMemory { requested, largest_free: largest, pool_size: held, max_size }
-    }
-
-    /// A snapshot of the global arena and every arena (RMM's failure dump:
-    /// superblocks, free bytes, fragmentation per arena). Locks each in turn.
-    ///
-    /// ```
-    /// # use memres_core::arena::ArenaResource;
-    /// # use memres_core::testing::BumpUpstream;
-    /// let dump = ArenaResource::new(BumpUpstream::new(1 << 30)).dump();
-    /// assert!(dump.arenas.is_empty() && dump.requested.is_none());
-    /// ```
-    pub fn dump(&self) -> ArenaDump {
-        self.snapshot(None)
-    }
-
-    fn snapshot(&self, requested: Option<u64>) -> ArenaDump {
-        let mut dump = self.global.0.with(|g| ArenaDump {
-            requested,
-            chunks: g.chunk_count(),
-            large_blocks: g.large_count,
-            large_bytes: g.large_bytes,
-            global: ArenaStats {
-                owner: Owner::Global,
-                superblocks: g.supers.len(),
-                free_superblocks: 0,
-                held: g.held,
-                used: g.index.used_bytes(),
-                free: g.index.free_bytes(),
-                largest_free: g.index.largest_free(),
-            },
-            arenas: Vec::new(),
-        });
-        for i in self.claimed() {
-            dump.arenas.extend(self.arenas[i].0.with(|a| {
-                a.owner.owner().map(|owner| ArenaStats {
-                    owner,
-                    superblocks: a.supers.len(),
-                    free_superblocks: a.free_supers(),
-                    held: a.held,
-                    used: a.index.used_bytes(),
-                    free: a.index.free_bytes(),
-                    largest_free: a.index.largest_free(),
-                })
-            }));
-        }
-        dump
-    }
-
-    /// Checks every invariant: the global arena's index and chunks; every
-    /// superblock lent is held by exactly the arena it was lent to, lies in
-    /// one chunk and overlaps no other superblock or large block; each
-    /// arena's blocks cover its superblocks exactly without overlap; and
-    /// bytes in use + bytes free = bytes held, for each arena and for the
-    /// global arena (whose bytes in use are the superblocks and large blocks).
-    ///
-    /// It locks the global arena and each arena in turn: run it while no
-    /// other thread uses the resource, or it may report a superblock in
-    /// transit.
-    ///
-    /// # Errors
-    ///
-    /// The first broken invariant.
-    ///
-    /// ```
-    /// # use memres_core::arena::ArenaResource;
-    /// # use memres_core::testing::BumpUpstream;
-    /// assert!(ArenaResource::new(BumpUpstream::new(1 << 30)).check().is_ok());
-    /// ```
-    pub fn check(&self) -> core::result::Result<(), Violation> {
-        let lent: Vec<(u64, u64, usize)> = self.global.0.with(|g| {
-            g.check()?;
-            Ok::<_, Violation>(g.supers.iter().map(|(&s, o)| (s, o.len, o.owner)).collect())
-        })?;
-        let mut matched = 0;
-        for i in 0..self.arenas.len() {
-            let k = &self.keys[i];
-            let (state, key) = (k.state.load(Ordering::Acquire), k.key.load(Ordering::Relaxed));
-            self.arenas[i].0.with(|a| {
-                if a.owner == OwnerKey::NOBODY {
-                    return match state == EMPTY && a.is_idle() {
-                        true => Ok(()),
-                        false => Err(Violation::new("an unclaimed arena slot is in use")),
-                    };
-                }
-                if a.owner != (OwnerKey { kind: state, key }) {
-                    return Err(Violation::new("an arena's slot names another owner"));
-                }
-                if a.in_transit != 0 {
-                    return Err(Violation::new("an arena's superblocks are in transit"));
-                }
-                a.check()?;
-                for h in &a.supers {
-                    match lent.binary_search_by_key(&h.range.start(), |l| l.0) {
-                        Ok(j) if lent[j].1 == h.range.len() && lent[j].2 == i => matched += 1,
-                        _ => return Err(Violation::new("an arena holds a superblock not lent to it")),
-                    }
-                }
-                Ok(())
-            })?;
-        }
-        if matched != lent.len() {
-            return Err(Violation::new("a superblock lent is held by no arena"));
-        }
-        Ok(())
     }
 }
 
@@ -1270,7 +559,7 @@ where
                 stream.synchronize()?;
             }
             let class = self.free_class(block.size());
-            self.arenas[slot].0.with(|a| a.index.free(inner, addr, class).map(|_| ()))
+            self.arenas[slot].0.with(|a| a.free(inner, addr, class))
         } else {
             Err(Error::UnknownBlock { addr })
         };

@@ -7,6 +7,7 @@ use core::sync::atomic::AtomicUsize;
 use std::string::ToString;
 use std::sync::Barrier;
 use std::vec;
+use std::vec::Vec;
 
 fn small_config() -> ArenaConfig {
     ArenaConfig::new().superblock_size(1 << 20).chunk_size(4 << 20).large_threshold(256 << 10).max_arenas(8)

@@ -5,252 +5,22 @@
 //! an index stack kept outside the managed memory; wholly free chunks go back
 //! upstream on [`release`](FixedSizeResource::release).
 
+mod check;
+mod config;
+mod slots;
 #[cfg(test)]
 mod tests;
 
-use crate::check::Violation;
+/// The chunk table's record, named where it always was.
+pub use crate::chunks::Chunk;
+pub use config::FixedConfig;
+pub use slots::Slot;
+
+use crate::chunks::ChunkTable;
 use crate::storage::{DefaultStorage, Storage};
-use crate::{Block, Error, MemoryResource, MemoryResourceMut, Request, Result, Stream, DEFAULT_ALIGNMENT};
+use crate::{Block, Error, MemoryResource, MemoryResourceMut, Range, Request, Result, Stream};
 use core::fmt;
-
-/// `Slot::link` of the last free slot on the stack (and of an empty stack).
-const NIL: u32 = u32::MAX;
-/// `Slot::link` of a slot handed out.
-const USED: u32 = u32::MAX - 1;
-/// `Slot::link` of a slot whose chunk went back upstream.
-const VACANT: u32 = u32::MAX - 2;
-/// `Slot::link` of a slot of a held chunk whose generations are used up: its
-/// block is never handed out again.
-const RETIRED: u32 = u32::MAX - 3;
-/// Slot indices stay below the markers.
-const MAX_SLOTS: u64 = RETIRED as u64;
-
-/// Whether a `Slot::link` is that of a free slot (on the stack).
-#[inline]
-fn is_free_link(link: u32) -> bool {
-    !matches!(link, USED | VACANT | RETIRED)
-}
-
-/// Sizes of a [`FixedSizeResource`].
-///
-/// # Examples
-///
-/// ```
-/// use memres_core::fixed::FixedConfig;
-/// let c = FixedConfig::new(4096).blocks_per_chunk(64).chunk_alignment(4096);
-/// assert_eq!(c.chunk_size(), 4096 * 64);
-/// assert_eq!(c.alignment(), 4096);
-/// assert_eq!(FixedConfig::default().block_size(), 1 << 20);
-/// ```
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct FixedConfig {
-    block_size: u64,
-    blocks_per_chunk: u32,
-    chunk_align: u64,
-    initial_chunks: u32,
-}
-
-impl Default for FixedConfig {
-    /// RMM's defaults: 1 MiB blocks, 128 blocks per chunk, 256-byte aligned
-    /// chunks, nothing taken up front.
-    fn default() -> Self {
-        FixedConfig::new(FixedConfig::DEFAULT_BLOCK_SIZE)
-    }
-}
-
-impl FixedConfig {
-    /// RMM's default block size: 1 MiB.
-    ///
-    /// ```
-    /// # use memres_core::fixed::FixedConfig;
-    /// assert_eq!(FixedConfig::default().block_size(), FixedConfig::DEFAULT_BLOCK_SIZE);
-    /// ```
-    pub const DEFAULT_BLOCK_SIZE: u64 = 1 << 20;
-    /// RMM's default number of blocks per upstream chunk.
-    ///
-    /// ```
-    /// # use memres_core::fixed::FixedConfig;
-    /// assert_eq!(FixedConfig::new(256).blocks(), FixedConfig::DEFAULT_BLOCKS_PER_CHUNK);
-    /// ```
-    pub const DEFAULT_BLOCKS_PER_CHUNK: u32 = 128;
-
-    /// Blocks of `block_size` bytes (a multiple of 256), 128 to a chunk.
-    ///
-    /// ```
-    /// # use memres_core::fixed::FixedConfig;
-    /// assert_eq!(FixedConfig::new(512).blocks(), 128);
-    /// ```
-    pub const fn new(block_size: u64) -> Self {
-        FixedConfig {
-            block_size,
-            blocks_per_chunk: Self::DEFAULT_BLOCKS_PER_CHUNK,
-            chunk_align: DEFAULT_ALIGNMENT,
-            initial_chunks: 0,
-        }
-    }
-
-    /// Blocks carved from each upstream chunk (at least 1).
-    ///
-    /// ```
-    /// # use memres_core::fixed::FixedConfig;
-    /// assert_eq!(FixedConfig::new(512).blocks_per_chunk(8).blocks(), 8);
-    /// ```
-    pub const fn blocks_per_chunk(mut self, n: u32) -> Self {
-        self.blocks_per_chunk = n;
-        self
-    }
-
-    /// The alignment asked of upstream for each chunk (a power of two, at
-    /// least 256; 256 by default, as RMM).
-    ///
-    /// ```
-    /// # use memres_core::fixed::FixedConfig;
-    /// assert_eq!(FixedConfig::new(8192).chunk_alignment(4096).alignment(), 4096);
-    /// ```
-    pub const fn chunk_alignment(mut self, align: u64) -> Self {
-        self.chunk_align = align;
-        self
-    }
-
-    /// Chunks taken from upstream when the resource is made (RMM takes one).
-    ///
-    /// ```
-    /// # use memres_core::fixed::FixedConfig;
-    /// assert_eq!(FixedConfig::new(512).initial_chunks(1).initial(), 1);
-    /// ```
-    pub const fn initial_chunks(mut self, n: u32) -> Self {
-        self.initial_chunks = n;
-        self
-    }
-
-    /// The block size.
-    ///
-    /// ```
-    /// # use memres_core::fixed::FixedConfig;
-    /// assert_eq!(FixedConfig::new(768).block_size(), 768);
-    /// ```
-    pub const fn block_size(&self) -> u64 {
-        self.block_size
-    }
-
-    /// Blocks per chunk.
-    ///
-    /// ```
-    /// # use memres_core::fixed::FixedConfig;
-    /// assert_eq!(FixedConfig::default().blocks(), 128);
-    /// ```
-    pub const fn blocks(&self) -> u32 {
-        self.blocks_per_chunk
-    }
-
-    /// Chunks taken up front.
-    ///
-    /// ```
-    /// # use memres_core::fixed::FixedConfig;
-    /// assert_eq!(FixedConfig::default().initial(), 0);
-    /// ```
-    pub const fn initial(&self) -> u32 {
-        self.initial_chunks
-    }
-
-    /// Bytes of one upstream chunk: block size times blocks per chunk
-    /// (saturating; a configuration where it overflows is refused).
-    ///
-    /// ```
-    /// # use memres_core::fixed::FixedConfig;
-    /// assert_eq!(FixedConfig::default().chunk_size(), 128 << 20);
-    /// ```
-    pub const fn chunk_size(&self) -> u64 {
-        self.block_size.saturating_mul(self.blocks_per_chunk as u64)
-    }
-
-    /// The alignment every block has: the chunk alignment, or the largest
-    /// power of two dividing the block size if that is smaller.
-    ///
-    /// ```
-    /// # use memres_core::fixed::FixedConfig;
-    /// assert_eq!(FixedConfig::new(768).chunk_alignment(4096).alignment(), 256);
-    /// ```
-    pub const fn alignment(&self) -> u64 {
-        let natural = self.block_size & self.block_size.wrapping_neg();
-        if natural != 0 && natural < self.chunk_align {
-            natural
-        } else {
-            self.chunk_align
-        }
-    }
-
-    fn validate(&self) -> Result<()> {
-        if self.block_size == 0 || self.block_size % 256 != 0 || self.block_size > Request::MAX_SIZE {
-            return Err(Error::InvalidConfig {
-                what: "block size is zero, not a multiple of 256 or too large",
-            });
-        }
-        if self.blocks_per_chunk == 0 || self.blocks_per_chunk as u64 >= MAX_SLOTS {
-            return Err(Error::InvalidConfig { what: "blocks per chunk is zero or too large" });
-        }
-        if self.block_size.checked_mul(self.blocks_per_chunk as u64).is_none_or(|c| c > Request::MAX_SIZE) {
-            return Err(Error::InvalidConfig { what: "chunk size overflows" });
-        }
-        if !self.chunk_align.is_power_of_two()
-            || self.chunk_align < 256
-            || self.chunk_align > Request::MAX_ALIGN
-        {
-            return Err(Error::InvalidConfig { what: "chunk alignment is not a power of two in 256..=2^40" });
-        }
-        Ok(())
-    }
-}
-
-/// Metadata of one block: where it is, and whether it is free.
-///
-/// Kept outside the managed memory; one per block of every chunk held. It is
-/// public only to name the slot storage of a [`FixedSizeResource`].
-///
-/// # Examples
-///
-/// ```
-/// use memres_core::fixed::{Chunk, FixedSizeResource, Slot};
-/// use memres_core::storage::ArrayStorage;
-/// # use memres_core::testing::BumpUpstream;
-/// // Metadata for at most 4 chunks and 512 blocks, with no allocator.
-/// type NoHeap = FixedSizeResource<BumpUpstream, ArrayStorage<Chunk, 4>, ArrayStorage<Slot, 512>>;
-/// assert_eq!(Slot::default(), Slot::default());
-/// ```
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Slot {
-    /// The block's address (meaningless while vacant).
-    addr: u64,
-    /// The next free slot on the stack (`NIL` at the bottom) while free;
-    /// `USED` while handed out; `VACANT` while its chunk is not held;
-    /// `RETIRED` once its generations are used up (while its chunk is held).
-    link: u32,
-    /// Bumped at every free, so that the tag of a block freed before does
-    /// not match the slot any more; never wrapped: at `u32::MAX` the slot is
-    /// retired for good.
-    generation: u32,
-}
-
-/// One chunk taken from upstream: the block to give back and the index of
-/// its first slot. Public only to name the chunk storage of a
-/// [`FixedSizeResource`].
-///
-/// # Examples
-///
-/// ```
-/// use memres_core::fixed::Chunk;
-/// use memres_core::storage::{ArrayStorage, Storage};
-/// let table: ArrayStorage<Chunk, 8> = Default::default();
-/// assert_eq!(table.max_len(), 8);
-/// ```
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Chunk {
-    /// The block the upstream handed out (to give back); its address is the
-    /// address of the chunk's first block.
-    block: Block,
-    /// Index of the chunk's first slot: a multiple of blocks per chunk.
-    first: u32,
-}
+use slots::{Slots, NIL};
 
 /// Blocks of one size carved from upstream chunks: RMM's
 /// `fixed_size_memory_resource`, with O(1) allocate and free.
@@ -315,27 +85,14 @@ pub struct FixedSizeResource<
     C: Storage<Chunk> = DefaultStorage<Chunk>,
     L: Storage<Slot> = DefaultStorage<Slot>,
 > {
-    upstream: U,
     /// Block size, from the configuration (cached for the hot path).
     block_size: u64,
     /// Alignment every block has (cached for the hot path).
     align: u64,
-    /// Top of the free stack: a free slot's index, or `NIL`.
-    head: u32,
-    /// One slot per block; slots `k * bpc .. (k + 1) * bpc` form group `k`,
-    /// owned by one chunk or all `VACANT`. Vacant groups are kept (with
-    /// their generations, so that old tags stay stale) for the next grow.
-    slots: L,
-    /// Chunks held, sorted by address, never overlapping.
-    chunks: C,
-    /// Number of `USED` slots.
-    used: u64,
-    /// Number of `RETIRED` slots.
-    retired: u64,
-    /// Bytes held from upstream: `chunks.len() * chunk size`.
-    held: u64,
-    /// Highest `held` ever.
-    peak_held: u64,
+    /// The slots of the blocks and the free stack.
+    slots: Slots<L>,
+    /// Chunks held, each `config.chunk_size()` long.
+    chunks: ChunkTable<U, C>,
     config: FixedConfig,
 }
 
@@ -425,7 +182,7 @@ impl<U, C: Storage<Chunk>, L: Storage<Slot>> FixedSizeResource<U, C, L> {
     /// ```
     pub fn try_new_in(upstream: U, config: FixedConfig) -> Result<Self> {
         config.validate()?;
-        if config.initial_chunks > 0 {
+        if config.initial() > 0 {
             return Err(Error::InvalidConfig { what: "initial chunks need a stream: use with_config" });
         }
         Ok(Self::empty(upstream, config))
@@ -433,16 +190,10 @@ impl<U, C: Storage<Chunk>, L: Storage<Slot>> FixedSizeResource<U, C, L> {
 
     fn empty(upstream: U, config: FixedConfig) -> Self {
         FixedSizeResource {
-            upstream,
-            block_size: config.block_size,
+            block_size: config.block_size(),
             align: config.alignment(),
-            head: NIL,
-            slots: L::default(),
-            chunks: C::default(),
-            used: 0,
-            retired: 0,
-            held: 0,
-            peak_held: 0,
+            slots: Slots::new(config.blocks(), config.block_size()),
+            chunks: ChunkTable::new(upstream, None),
             config,
         }
     }
@@ -479,7 +230,7 @@ impl<U, C: Storage<Chunk>, L: Storage<Slot>> FixedSizeResource<U, C, L> {
     {
         config.validate()?;
         let mut fixed = Self::empty(upstream, config);
-        for _ in 0..config.initial_chunks {
+        for _ in 0..config.initial() {
             if let Err(e) = fixed.grow(stream) {
                 // Give back what was taken so that a failed construction
                 // holds nothing.
@@ -499,7 +250,7 @@ impl<U, C: Storage<Chunk>, L: Storage<Slot>> FixedSizeResource<U, C, L> {
     /// assert_eq!(fixed.upstream().outstanding(), 0);
     /// ```
     pub fn upstream(&self) -> &U {
-        &self.upstream
+        self.chunks.upstream()
     }
 
     /// The configuration.
@@ -547,7 +298,7 @@ impl<U, C: Storage<Chunk>, L: Storage<Slot>> FixedSizeResource<U, C, L> {
     /// # Ok::<(), memres_core::Error>(())
     /// ```
     pub fn pool_size(&self) -> u64 {
-        self.held
+        self.chunks.held()
     }
 
     /// The most bytes ever held from upstream at once.
@@ -558,7 +309,7 @@ impl<U, C: Storage<Chunk>, L: Storage<Slot>> FixedSizeResource<U, C, L> {
     /// assert_eq!(FixedSizeResource::new(BumpUpstream::new(0)).peak_pool_size(), 0);
     /// ```
     pub fn peak_pool_size(&self) -> u64 {
-        self.peak_held
+        self.chunks.peak_held()
     }
 
     /// Bytes of the blocks handed out (whole blocks).
@@ -573,7 +324,7 @@ impl<U, C: Storage<Chunk>, L: Storage<Slot>> FixedSizeResource<U, C, L> {
     /// # Ok::<(), memres_core::Error>(())
     /// ```
     pub fn used_bytes(&self) -> u64 {
-        self.used * self.block_size
+        self.slots.used * self.block_size
     }
 
     /// Bytes held from upstream and free.
@@ -599,7 +350,7 @@ impl<U, C: Storage<Chunk>, L: Storage<Slot>> FixedSizeResource<U, C, L> {
     /// assert_eq!(FixedSizeResource::new(BumpUpstream::new(0)).used_blocks(), 0);
     /// ```
     pub fn used_blocks(&self) -> u64 {
-        self.used
+        self.slots.used
     }
 
     /// Blocks held and free.
@@ -610,7 +361,7 @@ impl<U, C: Storage<Chunk>, L: Storage<Slot>> FixedSizeResource<U, C, L> {
     /// assert_eq!(FixedSizeResource::new(BumpUpstream::new(0)).free_blocks(), 0);
     /// ```
     pub fn free_blocks(&self) -> u64 {
-        self.chunks.len() as u64 * self.config.blocks_per_chunk as u64 - self.used - self.retired
+        self.chunks.len() as u64 * self.config.blocks() as u64 - self.slots.used - self.slots.retired
     }
 
     /// Whether a chunk held from upstream starts at `addr` (the upstream
@@ -631,7 +382,7 @@ impl<U, C: Storage<Chunk>, L: Storage<Slot>> FixedSizeResource<U, C, L> {
     /// # Ok::<(), memres_core::Error>(())
     /// ```
     pub fn has_chunk_at(&self, addr: u64) -> bool {
-        self.chunks.binary_search_by_key(&addr, |c| c.block.addr()).is_ok()
+        self.chunks.starts_at(addr)
     }
 
     /// Number of chunks held from upstream.
@@ -645,10 +396,6 @@ impl<U, C: Storage<Chunk>, L: Storage<Slot>> FixedSizeResource<U, C, L> {
         self.chunks.len()
     }
 
-    fn bpc(&self) -> usize {
-        self.config.blocks_per_chunk as usize
-    }
-
     /// Takes one chunk from upstream and pushes its blocks on the stack,
     /// lowest address on top.
     #[cold]
@@ -656,79 +403,25 @@ impl<U, C: Storage<Chunk>, L: Storage<Slot>> FixedSizeResource<U, C, L> {
     where
         U: MemoryResource<S>,
     {
-        let bpc = self.bpc();
         // Room in the metadata first, so that a full table never strands an
-        // upstream block: a vacant slot group, or room for a new one.
-        if self.chunks.len() as u64 >= self.chunks.max_len() as u64 {
-            return Err(Error::CapacityExhausted { capacity: self.chunks.max_len() });
-        }
-        // A vacant group with a slot left to hand out (its retired slots stay so).
-        let vacant = (0..self.slots.len() / bpc).find(|&g| {
-            let group = &self.slots[g * bpc..(g + 1) * bpc];
-            group[0].link == VACANT && group.iter().any(|s| s.generation != u32::MAX)
-        });
-        let first = match vacant {
-            Some(g) => g * bpc,
-            None => {
-                let len = self.slots.len() as u64;
-                if len + bpc as u64 > self.slots.max_len() as u64 || len + bpc as u64 > MAX_SLOTS {
-                    return Err(Error::CapacityExhausted { capacity: self.slots.max_len() });
-                }
-                self.slots.len()
+        // upstream block.
+        self.chunks.has_room()?;
+        crate::chunks::Carve::reserve(&mut self.slots)?;
+        let chunk_size = self.config.chunk_size();
+        let align = self.config.chunk_align();
+        let shape = |block: &Block| {
+            let misplaced = block.addr() % align != 0
+                || block.addr().checked_add(chunk_size).is_none()
+                || block.size() != chunk_size;
+            match misplaced {
+                true => Err(Error::InvalidConfig { what: "upstream chunk not aligned or sized as asked" }),
+                false => Ok(Range::new(block.addr(), chunk_size).unwrap_or_default()),
             }
         };
-        let chunk_size = self.config.chunk_size();
-        let block = self.upstream.allocate(Request::aligned(chunk_size, self.config.chunk_align)?, stream)?;
-        let misplaced = block.addr() % self.config.chunk_align != 0
-            || block.addr().checked_add(chunk_size).is_none()
-            || block.size() != chunk_size;
-        if misplaced {
-            let _ = self.upstream.deallocate(block, stream);
-            return Err(Error::InvalidConfig { what: "upstream chunk not aligned or sized as asked" });
-        }
-        if vacant.is_none() {
-            for _ in 0..bpc {
-                if self.slots.try_push(Slot { addr: 0, link: VACANT, generation: 0 }).is_err() {
-                    // Checked above; undo anyway rather than trust it.
-                    self.trim_partial_group();
-                    let _ = self.upstream.deallocate(block, stream);
-                    return Err(Error::CapacityExhausted { capacity: self.slots.max_len() });
-                }
-            }
-        }
-        let chunk = Chunk { block, first: first as u32 };
-        if self.chunks.try_push(chunk).is_err() {
-            // The new group stays, vacant, for the next grow.
-            let _ = self.upstream.deallocate(block, stream);
-            return Err(Error::CapacityExhausted { capacity: self.chunks.max_len() });
-        }
-        // Keep the table sorted by address for lookups by address.
-        let mut i = self.chunks.len() - 1;
-        while i > 0 && self.chunks[i - 1].block.addr() > block.addr() {
-            self.chunks.swap(i - 1, i);
-            i -= 1;
-        }
-        for k in (0..bpc).rev() {
-            let slot = &mut self.slots[first + k];
-            slot.addr = block.addr() + k as u64 * self.block_size;
-            if slot.generation == u32::MAX {
-                slot.link = RETIRED;
-                self.retired += 1;
-            } else {
-                slot.link = self.head;
-                self.head = (first + k) as u32;
-            }
-        }
-        self.held += chunk_size;
-        self.peak_held = self.peak_held.max(self.held);
-        Ok(())
-    }
-
-    /// Drops the slots of a partly pushed group (a failed grow).
-    fn trim_partial_group(&mut self) {
-        while self.slots.len() % self.bpc() != 0 {
-            self.slots.pop();
-        }
+        let taken = self.chunks.take(Request::aligned(chunk_size, align)?, stream, &mut self.slots, shape);
+        // A chunk the table could not record left its group vacant.
+        self.slots.relink();
+        taken.map(|_| ())
     }
 
     /// Grows by one chunk, then allocates.
@@ -743,24 +436,13 @@ impl<U, C: Storage<Chunk>, L: Storage<Slot>> FixedSizeResource<U, C, L> {
                 return Err(Error::OutOfMemory {
                     requested: request.size(),
                     largest_free: 0,
-                    pool_size: self.held,
+                    pool_size: self.chunks.held(),
                     max_size: None,
                 })
             }
             Err(e) => return Err(e),
         }
-        Ok(self.pop(request.size()))
-    }
-
-    /// Pops the free stack (not empty).
-    #[inline(always)]
-    fn pop(&mut self, size: u64) -> Block {
-        let i = self.head;
-        let slot = &mut self.slots[i as usize];
-        self.head = slot.link;
-        slot.link = USED;
-        self.used += 1;
-        Block::new(slot.addr, size, ((slot.generation as u64) << 32) | i as u64)
+        Ok(self.slots.pop(request.size()))
     }
 
     /// The checks that the hot path does not make: zero bytes, too large,
@@ -778,13 +460,12 @@ impl<U, C: Storage<Chunk>, L: Storage<Slot>> FixedSizeResource<U, C, L> {
 
     /// The slot holding the block at `addr`, by binary search over chunks.
     fn slot_at(&self, addr: u64) -> Option<usize> {
-        let i = self.chunks.partition_point(|c| c.block.addr() <= addr);
-        let c = self.chunks.get(i.checked_sub(1)?)?;
-        let offset = addr - c.block.addr();
-        if offset >= self.config.chunk_size() || offset % self.block_size != 0 {
+        let c = self.chunks.chunk_of(addr)?;
+        let offset = addr - c.range().start();
+        if offset % self.block_size != 0 {
             return None;
         }
-        Some(c.first as usize + (offset / self.block_size) as usize)
+        Some(c.first() as usize + (offset / self.block_size) as usize)
     }
 
     /// A free that the tag did not settle: empty, stale, foreign or known
@@ -801,8 +482,8 @@ impl<U, C: Storage<Chunk>, L: Storage<Slot>> FixedSizeResource<U, C, L> {
         if block.size() > self.block_size {
             return Err(Error::SizeMismatch { addr, expected: self.block_size, given: block.size() });
         }
-        let slot = self.slots[i];
-        if slot.link != USED {
+        let slot = self.slots.table[i];
+        if slot.link != slots::USED {
             return Err(Error::DoubleFree { addr });
         }
         if block.tag() != Block::NO_TAG {
@@ -810,27 +491,8 @@ impl<U, C: Storage<Chunk>, L: Storage<Slot>> FixedSizeResource<U, C, L> {
             // freed before.
             return Err(Error::DoubleFree { addr });
         }
-        self.push(i);
+        self.slots.push(i);
         Ok(())
-    }
-
-    #[inline(always)]
-    fn push(&mut self, i: usize) {
-        let slot = &mut self.slots[i];
-        slot.generation += 1;
-        self.used -= 1;
-        if slot.generation == u32::MAX {
-            return self.retire(i);
-        }
-        slot.link = self.head;
-        self.head = i as u32;
-    }
-
-    /// Keeps slot `i`, whose last tag was just freed, off the stack for good.
-    #[cold]
-    fn retire(&mut self, i: usize) {
-        self.slots[i].link = RETIRED;
-        self.retired += 1;
     }
 
     /// Gives every wholly free chunk back to upstream; returns the bytes
@@ -865,153 +527,9 @@ impl<U, C: Storage<Chunk>, L: Storage<Slot>> FixedSizeResource<U, C, L> {
     where
         U: MemoryResource<S>,
     {
-        let bpc = self.bpc();
-        let chunk_size = self.config.chunk_size();
-        let mut freed = 0;
-        let mut result = Ok(());
-        let mut i = 0;
-        while i < self.chunks.len() {
-            let c = self.chunks[i];
-            let group = &self.slots[c.first as usize..c.first as usize + bpc];
-            if group.iter().any(|s| s.link == USED) {
-                i += 1;
-                continue;
-            }
-            if let Err(e) = self.upstream.deallocate(c.block, stream) {
-                result = Err(e);
-                break;
-            }
-            for s in &mut self.slots[c.first as usize..c.first as usize + bpc] {
-                self.retired -= (s.link == RETIRED) as u64;
-                s.link = VACANT;
-            }
-            // Remove while keeping the table sorted.
-            for j in i..self.chunks.len() - 1 {
-                self.chunks.swap(j, j + 1);
-            }
-            self.chunks.pop();
-            self.held -= chunk_size;
-            freed += chunk_size;
-        }
-        if freed > 0 {
-            self.relink_free_stack();
-        }
-        result.map(|()| freed)
-    }
-
-    /// Rebuilds the free stack from the free slots, lowest index on top
-    /// (the links of the slots just made vacant are gone).
-    fn relink_free_stack(&mut self) {
-        self.head = NIL;
-        for i in (0..self.slots.len()).rev() {
-            let slot = &mut self.slots[i];
-            if is_free_link(slot.link) {
-                slot.link = self.head;
-                self.head = i as u32;
-            }
-        }
-    }
-
-    /// Checks the invariants: chunks sorted, disjoint, aligned and each
-    /// owning one whole slot group whose slots hold its block addresses;
-    /// every other slot group vacant; the free stack a list without cycles
-    /// through exactly the free slots; free count + used count = blocks
-    /// held; bytes in use + bytes free = bytes held from upstream.
-    ///
-    /// # Time Complexity
-    ///
-    /// O(blocks held + chunks). Tests and fuzz targets run it after every
-    /// step; the hot path never does.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use memres_core::fixed::FixedSizeResource;
-    /// use memres_core::{MemoryResourceMut, Request};
-    /// # use memres_core::testing::BumpUpstream;
-    /// let mut f = FixedSizeResource::new(BumpUpstream::new(1 << 30));
-    /// f.allocate(Request::new(1)?, &())?;
-    /// assert!(f.check().is_ok());
-    /// # Ok::<(), memres_core::Error>(())
-    /// ```
-    pub fn check(&self) -> core::result::Result<(), Violation> {
-        let bpc = self.bpc();
-        let chunk_size = self.config.chunk_size();
-        if self.slots.len() % bpc != 0 {
-            return Err(Violation::new("slot table is not whole groups"));
-        }
-        let groups = self.slots.len() / bpc;
-        let mut last_end = 0u64;
-        let mut owned = 0usize;
-        for c in self.chunks.iter() {
-            let base = c.block.addr();
-            if base < last_end {
-                return Err(Violation::new("chunks overlap or are not sorted"));
-            }
-            if base % self.config.chunk_align != 0 || base % self.align != 0 {
-                return Err(Violation::new("chunk not aligned"));
-            }
-            last_end = base + chunk_size;
-            let first = c.first as usize;
-            if first % bpc != 0 || first + bpc > self.slots.len() {
-                return Err(Violation::new("chunk does not own a whole slot group"));
-            }
-            for (k, s) in self.slots[first..first + bpc].iter().enumerate() {
-                if s.link == VACANT {
-                    return Err(Violation::new("slot of a held chunk is vacant"));
-                }
-                if s.addr != base + k as u64 * self.block_size {
-                    return Err(Violation::new("slot address is not its place in its chunk"));
-                }
-            }
-            owned += 1;
-        }
-        // Held groups are non-vacant and each chunk owns a distinct one
-        // (distinct addresses, checked above), so the rest must be vacant.
-        let vacant_groups =
-            (0..groups).filter(|&g| self.slots[g * bpc..(g + 1) * bpc].iter().all(|s| s.link == VACANT));
-        if vacant_groups.count() + owned != groups {
-            return Err(Violation::new("slot group neither held nor wholly vacant"));
-        }
-        let used = self.slots.iter().filter(|s| s.link == USED).count() as u64;
-        let free = self.slots.iter().filter(|s| is_free_link(s.link)).count() as u64;
-        let retired = self.slots.iter().filter(|s| s.link == RETIRED).count() as u64;
-        if used != self.used || retired != self.retired {
-            return Err(Violation::new("used or retired count differs from the slots"));
-        }
-        if self.slots.iter().any(|s| s.link != VACANT && (s.link == RETIRED) != (s.generation == u32::MAX)) {
-            return Err(Violation::new("slot retired with generations left, or in use with none"));
-        }
-        // A walk from the head that reaches NIL in exactly `free` steps
-        // through free slots visits each free slot once.
-        let mut steps = 0u64;
-        let mut i = self.head;
-        while i != NIL {
-            let Some(s) = self.slots.get(i as usize) else {
-                return Err(Violation::new("free stack leads out of the slot table"));
-            };
-            if !is_free_link(s.link) {
-                return Err(Violation::new("free stack holds a used, vacant or retired slot"));
-            }
-            steps += 1;
-            if steps > free {
-                return Err(Violation::new("free stack has a cycle or misses a free slot"));
-            }
-            i = s.link;
-        }
-        if steps != free {
-            return Err(Violation::new("free stack misses a free slot"));
-        }
-        if free + used + retired != owned as u64 * bpc as u64 {
-            return Err(Violation::new("free + used + retired count != blocks held"));
-        }
-        if self.held != owned as u64 * chunk_size {
-            return Err(Violation::new("bytes held != chunks held * chunk size"));
-        }
-        if self.used_bytes() + (free + retired) * self.block_size != self.held {
-            return Err(Violation::new("bytes in use + free + retired != bytes held from upstream"));
-        }
-        Ok(())
+        let released = self.chunks.release(stream, &mut self.slots);
+        self.slots.relink();
+        released
     }
 }
 
@@ -1038,10 +556,10 @@ where
         if request.size().wrapping_sub(1) >= self.block_size || request.align() > self.align {
             return self.allocate_unusual(request);
         }
-        if self.head == NIL {
+        if self.slots.head == NIL {
             return self.grow_and_allocate(request, stream);
         }
-        Ok(self.pop(request.size()))
+        Ok(self.slots.pop(request.size()))
     }
 
     /// # Errors
@@ -1057,15 +575,10 @@ where
     #[inline]
     fn deallocate(&mut self, block: Block, _stream: &S) -> Result<()> {
         let i = block.tag() as u32 as usize;
-        if let Some(slot) = self.slots.get(i) {
-            if slot.addr == block.addr()
-                && slot.link == USED
-                && slot.generation == (block.tag() >> 32) as u32
-                && block.size().wrapping_sub(1) < self.block_size
-            {
-                self.push(i);
-                return Ok(());
-            }
+        if self.slots.is_live(i, block.addr(), block.tag()) && block.size().wrapping_sub(1) < self.block_size
+        {
+            self.slots.push(i);
+            return Ok(());
         }
         self.deallocate_unusual(block)
     }
@@ -1090,9 +603,9 @@ impl<U, C: Storage<Chunk>, L: Storage<Slot>> fmt::Debug for FixedSizeResource<U,
         f.debug_struct("FixedSizeResource")
             .field("block_size", &self.block_size)
             .field("alignment", &self.align)
-            .field("pool_size", &self.held)
-            .field("peak_pool_size", &self.peak_held)
-            .field("used_blocks", &self.used)
+            .field("pool_size", &self.chunks.held())
+            .field("peak_pool_size", &self.chunks.peak_held())
+            .field("used_blocks", &self.slots.used)
             .field("chunks", &self.chunks.len())
             .field("config", &self.config)
             .finish()

@@ -267,7 +267,7 @@ fn a_used_up_slot_is_retired_and_its_stale_tags_stay_double_frees() {
     f.deallocate(a, &()).unwrap();
     let i = a.tag() as u32 as usize;
     // As after 2^32 - 3 more frees of this slot.
-    f.slots[i].generation = u32::MAX - 2;
+    f.slots.table[i].generation = u32::MAX - 2;
     for _ in 0..3 {
         let b = f.allocate(r, &()).unwrap();
         f.deallocate(b, &()).unwrap();
@@ -294,13 +294,13 @@ fn a_used_up_slot_is_retired_and_its_stale_tags_stay_double_frees() {
     let mut f = fixed(FixedConfig::new(256).blocks_per_chunk(1));
     let x = f.allocate(r, &()).unwrap();
     f.deallocate(x, &()).unwrap();
-    f.slots[0].generation = u32::MAX - 1;
+    f.slots.table[0].generation = u32::MAX - 1;
     let a = f.allocate(r, &()).unwrap();
     f.deallocate(a, &()).unwrap();
     assert_eq!((f.used_blocks(), f.free_blocks()), (0, 0));
     assert_eq!(f.release(&()).unwrap(), 256);
     let b = f.allocate(r, &()).unwrap();
-    assert_eq!((b.tag() as u32, f.slots.len()), (1, 2));
+    assert_eq!((b.tag() as u32, f.slots.table.len()), (1, 2));
     assert_eq!(f.deallocate(a, &()), Err(Error::UnknownBlock { addr: a.addr() }));
     f.check().unwrap();
 }

@@ -1,7 +1,7 @@
 extern crate std;
 
 use super::*;
-use crate::pool::{Growth, PoolConfig};
+use crate::pool::{CoalescingPool, Growth, PoolConfig};
 use crate::testing::BumpUpstream;
 use alloc::rc::Rc;
 use alloc::sync::Arc;

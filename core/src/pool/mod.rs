@@ -8,68 +8,20 @@
 
 #[cfg(test)]
 mod capacity_tests;
-mod index;
 #[cfg(all(test, feature = "alloc"))]
 mod tests;
 
-pub use index::{Allocation, CoalescingIndex, Node};
+/// The chunk table's record and growth policy, named where they always were.
+pub use crate::chunks::{Chunk, Growth};
+/// The index the pool suballocates with, where the pool's users have always
+/// found it.
+pub use crate::index::{Allocation, CoalescingIndex, Node};
 
 use crate::check::Violation;
+use crate::chunks::{ChunkTable, GiveBack};
 use crate::storage::{DefaultStorage, Storage};
 use crate::{Block, Error, MemoryResource, MemoryResourceMut, Range, Request, Result, Stream};
 use core::fmt;
-
-/// How a pool sizes the chunks it takes from its upstream when it runs dry.
-///
-/// Footprint (peak bytes held from upstream / peak live bytes) depends on it:
-/// growth that doubles wastes up to the top half of the last chunk; growth in
-/// tiny steps strands free space between chunks, which never coalesce.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum Growth {
-    /// RMM's policy: grow by `max(request, current pool size)` without a
-    /// maximum (the pool doubles), and by up to half the room left under a
-    /// maximum. On upstream failure the attempt is halved down to the request.
-    Double,
-    /// Grow by `max(request, pool size / divisor)` rounded up to `granule`:
-    /// geometric growth with ratio `1 + 1/divisor`, so the unused tail of the
-    /// newest chunk is at most `1/divisor` of the pool.
-    Fraction {
-        /// The pool grows by at least `1/divisor` of its size.
-        divisor: u32,
-        /// Chunk sizes are multiples of this (a power of two, at least 256,
-        /// at most [`Request::MAX_SIZE`]).
-        granule: u64,
-    },
-}
-
-impl Growth {
-    /// The default policy: chunks of at least 1/8 of the pool, in 32 MiB
-    /// steps. With wholly free chunks given back before growing (the default
-    /// of [`PoolConfig`]), replaying the PyTorch training traces of the README
-    /// held 1.11x (resnet), 1.08x (gpt) and 1.13x (transformer) of the peak
-    /// live bytes, against 1.16x, 2.09x and 1.74x for [`Growth::Double`]
-    /// (RMM), and 1.13x, 1.08x and 1.28x in 2 MiB steps.
-    ///
-    /// Why 32 MiB: CUDA's stream-ordered pool maps memory in 32 MiB units, so
-    /// finer chunks save nothing there, and fewer, larger chunks strand less
-    /// free space between them. The unused tail of the newest chunk is under
-    /// `pool / 8 + 32 MiB`.
-    pub const DEFAULT: Growth =
-        Growth::Fraction { divisor: Self::DEFAULT_DIVISOR, granule: Self::DEFAULT_GRANULE };
-
-    /// The divisor of [`Growth::DEFAULT`]: the pool grows by at least 1/8.
-    pub const DEFAULT_DIVISOR: u32 = 8;
-
-    /// The chunk granule of [`Growth::DEFAULT`]: 32 MiB.
-    pub const DEFAULT_GRANULE: u64 = 32 << 20;
-}
-
-impl Default for Growth {
-    fn default() -> Self {
-        Growth::DEFAULT
-    }
-}
 
 /// Sizes and policies of a [`CoalescingPool`].
 ///
@@ -157,17 +109,6 @@ impl PoolConfig {
     }
 }
 
-/// One chunk taken from upstream.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct Chunk {
-    /// The addresses of the chunk.
-    range: Range,
-    /// The block the upstream handed out, to give back.
-    block: Block,
-    /// The index node at the chunk's lowest address (never moves).
-    first: u32,
-}
-
 /// A wholly free chunk taken out of a pool by
 /// [`take_free_chunk`](CoalescingPool::take_free_chunk), for another pool over
 /// the same upstream to [`adopt`](CoalescingPool::adopt_chunk): how the
@@ -230,18 +171,10 @@ pub struct CoalescingPool<
     N: Storage<Node> = DefaultStorage<Node>,
     C: Storage<Chunk> = DefaultStorage<Chunk>,
 > {
-    upstream: U,
     index: CoalescingIndex<N>,
-    /// Chunks held from upstream, sorted by address.
-    chunks: C,
+    /// Chunks held from upstream.
+    chunks: ChunkTable<U, C>,
     config: PoolConfig,
-    /// Sum of the chunks' lengths: bytes held from upstream.
-    held: u64,
-    /// Highest `held` ever.
-    peak_held: u64,
-    /// Length of the shortest chunk (`u64::MAX` with none): a free range
-    /// shorter than this is no whole chunk, with no search.
-    shortest_chunk: u64,
 }
 
 impl<U> CoalescingPool<U> {
@@ -270,13 +203,9 @@ impl<U> CoalescingPool<U> {
 impl<U, N: Storage<Node>, C: Storage<Chunk>> CoalescingPool<U, N, C> {
     fn empty(upstream: U, config: PoolConfig) -> Self {
         CoalescingPool {
-            upstream,
             index: CoalescingIndex::new(256),
-            chunks: C::default(),
+            chunks: ChunkTable::new(upstream, config.maximum_size),
             config,
-            held: 0,
-            peak_held: 0,
-            shortest_chunk: u64::MAX,
         }
     }
 
@@ -298,14 +227,15 @@ impl<U, N: Storage<Node>, C: Storage<Chunk>> CoalescingPool<U, N, C> {
         config.validate()?;
         let mut pool = Self::empty(upstream, config);
         if config.initial_size > 0 {
-            pool.add_chunk(config.initial_size, stream)?;
+            let size = config.initial_size;
+            pool.chunks.take(Request::new(size)?, stream, &mut pool.index, |b| b.upstream_range(size))?;
         }
         Ok(pool)
     }
 
     /// The upstream resource.
     pub fn upstream(&self) -> &U {
-        &self.upstream
+        self.chunks.upstream()
     }
 
     /// The configuration.
@@ -315,12 +245,12 @@ impl<U, N: Storage<Node>, C: Storage<Chunk>> CoalescingPool<U, N, C> {
 
     /// Bytes held from upstream (RMM's pool size).
     pub fn pool_size(&self) -> u64 {
-        self.held
+        self.chunks.held()
     }
 
     /// The most bytes ever held from upstream at once.
     pub fn peak_pool_size(&self) -> u64 {
-        self.peak_held
+        self.chunks.peak_held()
     }
 
     /// Bytes handed out (sizes rounded up to 256).
@@ -352,89 +282,8 @@ impl<U, N: Storage<Node>, C: Storage<Chunk>> CoalescingPool<U, N, C> {
         Error::OutOfMemory {
             requested,
             largest_free: self.index.largest_free(),
-            pool_size: self.held,
+            pool_size: self.chunks.held(),
             max_size: self.config.maximum_size,
-        }
-    }
-
-    /// Takes a chunk of `bytes` from upstream and adds it to the index;
-    /// returns its first node.
-    fn add_chunk<S: Stream + ?Sized>(&mut self, bytes: u64, stream: &S) -> Result<u32>
-    where
-        U: MemoryResource<S>,
-    {
-        // Room for the chunk record first, so that a full table never
-        // strands an upstream block.
-        if self.chunks.len() as u64 >= self.chunks.max_len() as u64 {
-            return Err(Error::CapacityExhausted { capacity: self.chunks.max_len() });
-        }
-        let block = self.upstream.allocate(Request::new(bytes)?, stream)?;
-        let added = block.upstream_range(bytes).and_then(|range| self.insert_chunk(range, block));
-        if added.is_err() {
-            // Upstream misbehaved or our metadata is full: give it back.
-            let _ = self.upstream.deallocate(block, stream);
-        }
-        added
-    }
-
-    /// Indexes `range`, upstream's `block`, as a chunk; returns its first
-    /// node. Changes nothing on error.
-    fn insert_chunk(&mut self, range: Range, block: Block) -> Result<u32> {
-        if self.chunks.len() as u64 >= self.chunks.max_len() as u64 {
-            return Err(Error::CapacityExhausted { capacity: self.chunks.max_len() });
-        }
-        let first = self.index.add_range(range)?;
-        let chunk = Chunk { range, block, first };
-        if self.chunks.try_push(chunk).is_err() {
-            let _ = self.index.remove_range(first);
-            return Err(Error::CapacityExhausted { capacity: self.chunks.max_len() });
-        }
-        // Keep the table sorted by address for lookups by address.
-        let mut i = self.chunks.len() - 1;
-        while i > 0 && self.chunks[i - 1].range.start() > range.start() {
-            self.chunks.swap(i - 1, i);
-            i -= 1;
-        }
-        self.held += range.len();
-        self.peak_held = self.peak_held.max(self.held);
-        self.shortest_chunk = self.shortest_chunk.min(range.len());
-        Ok(first)
-    }
-
-    /// Takes the wholly free chunk at table index `i` out of the index and
-    /// the table (which stays sorted).
-    fn remove_chunk(&mut self, i: usize) -> Result<Chunk> {
-        let chunk = self.chunks[i];
-        self.index.remove_range(chunk.first)?;
-        for j in i..self.chunks.len() - 1 {
-            self.chunks.swap(j, j + 1);
-        }
-        self.chunks.pop();
-        self.held -= chunk.range.len();
-        if chunk.range.len() == self.shortest_chunk {
-            self.shortest_chunk = self.chunks.iter().map(|c| c.range.len()).min().unwrap_or(u64::MAX);
-        }
-        Ok(chunk)
-    }
-
-    /// The chunk sizes to try, largest first, for a request needing `need`
-    /// bytes: the growth policy's choice, then halves down to `need`.
-    fn growth_size(&self, need: u64) -> u64 {
-        let room = self.config.maximum_size.map(|m| m - self.held);
-        let want = match self.config.growth {
-            Growth::Double => match room {
-                Some(room) => need.max(room / 2),
-                None => need.max(self.held),
-            },
-            Growth::Fraction { divisor, granule } => {
-                let g = need.max(self.held / divisor as u64);
-                (g + granule - 1) & !(granule - 1)
-            }
-        };
-        let want = (want + 255) & !255;
-        match room {
-            Some(room) => want.min(room),
-            None => want,
         }
     }
 
@@ -446,43 +295,10 @@ impl<U, N: Storage<Node>, C: Storage<Chunk>> CoalescingPool<U, N, C> {
     {
         // Bytes that surely hold the request at its alignment in a fresh chunk
         // (upstream chunks are 256-aligned).
-        let pad = request.align() - 256;
-        let need = request.rounded_size(256) + pad;
-        if need > Request::MAX_SIZE {
-            // No upstream can be asked for such a chunk: out of memory, not
-            // an invalid request (the request itself is valid).
-            return Err(self.out_of_memory(request.size()));
-        }
-        if let Some(max) = self.config.maximum_size {
-            if need > max - self.held {
-                if self.config.release_on_grow {
-                    self.release(stream)?;
-                }
-                if need > max - self.held {
-                    return Err(self.out_of_memory(request.size()));
-                }
-            }
-        }
-        if self.config.release_on_grow {
-            self.release(stream)?;
-        }
-        // Slots for the chunk's range and the split of the block out of it,
-        // before taking anything from upstream: a failed call changes nothing.
-        self.index.reserve(3)?;
-        let mut size = self.growth_size(need);
-        let first = loop {
-            match self.add_chunk(size, stream) {
-                Ok(first) => break first,
-                Err(e) if e.is_out_of_memory() && size > need => {
-                    // Halve towards the request, as RMM does.
-                    size = ((size / 2).max(need) + 255) & !255;
-                }
-                Err(Error::OutOfMemory { .. }) | Err(Error::LimitExceeded { .. }) => {
-                    return Err(self.out_of_memory(request.size()))
-                }
-                Err(e) => return Err(e),
-            }
-        };
+        let need = request.rounded_size(256) + (request.align() - 256);
+        let give_back = if self.config.release_on_grow { GiveBack::Always } else { GiveBack::Never };
+        let grown = self.chunks.grow(need, self.config.growth, give_back, stream, &mut self.index)?;
+        let Some(first) = grown else { return Err(self.out_of_memory(request.size())) };
         // From the new chunk itself: one of exactly `need` bytes may sit in a
         // size class that the index's class search skips.
         match self.index.allocate_in(first, request.size(), request.align())? {
@@ -501,33 +317,17 @@ impl<U, N: Storage<Node>, C: Storage<Chunk>> CoalescingPool<U, N, C> {
     where
         U: MemoryResource<S>,
     {
-        let mut freed = 0;
-        let mut i = 0;
-        while i < self.chunks.len() {
-            let chunk = self.chunks[i];
-            if !self.index.is_region_free(chunk.first) {
-                i += 1;
-                continue;
-            }
-            self.remove_chunk(i)?;
-            if let Err(e) = self.upstream.deallocate(chunk.block, stream) {
-                // Keep the chunk: index it again (its slots were just vacated).
-                self.insert_chunk(chunk.range, chunk.block)?;
-                return Err(e);
-            }
-            freed += chunk.range.len();
-        }
-        Ok(freed)
+        self.chunks.release(stream, &mut self.index)
     }
 
     /// The address ranges of the chunks, by address.
     pub fn chunk_ranges(&self) -> impl Iterator<Item = Range> + '_ {
-        self.chunks.iter().map(|c| c.range)
+        self.chunks.iter().map(|c| c.range())
     }
 
     /// Whether `addr` lies in one of the pool's chunks.
     pub fn holds(&self, addr: u64) -> bool {
-        self.chunk_of(addr).is_some()
+        self.chunks.chunk_of(addr).is_some()
     }
 
     /// The length of the shortest wholly free chunk of at least `min_len`
@@ -537,16 +337,7 @@ impl<U, N: Storage<Node>, C: Storage<Chunk>> CoalescingPool<U, N, C> {
     ///
     /// O(chunks).
     pub fn shortest_free_chunk(&self, min_len: u64) -> Option<u64> {
-        self.free_chunk_index(min_len).map(|i| self.chunks[i].range.len())
-    }
-
-    /// The table index of the shortest wholly free chunk of at least `min_len` bytes.
-    fn free_chunk_index(&self, min_len: u64) -> Option<usize> {
-        (0..self.chunks.len())
-            .filter(|&i| {
-                self.chunks[i].range.len() >= min_len && self.index.is_region_free(self.chunks[i].first)
-            })
-            .min_by_key(|&i| self.chunks[i].range.len())
+        self.chunks.shortest_free(min_len, &self.index)
     }
 
     /// Takes the shortest wholly free chunk of at least `min_len` bytes out
@@ -557,9 +348,8 @@ impl<U, N: Storage<Node>, C: Storage<Chunk>> CoalescingPool<U, N, C> {
     ///
     /// O(chunks).
     pub fn take_free_chunk(&mut self, min_len: u64) -> Option<FreeChunk> {
-        let i = self.free_chunk_index(min_len)?;
-        let chunk = self.remove_chunk(i).ok()?;
-        Some(FreeChunk { range: chunk.range, block: chunk.block })
+        let (range, block) = self.chunks.take_free(min_len, &mut self.index)?;
+        Some(FreeChunk { range, block })
     }
 
     /// Makes `chunk`, taken from another pool over the same upstream, a free
@@ -573,30 +363,26 @@ impl<U, N: Storage<Node>, C: Storage<Chunk>> CoalescingPool<U, N, C> {
     #[allow(clippy::result_large_err)] // the chunk must come back
     pub fn adopt_chunk(&mut self, chunk: FreeChunk) -> core::result::Result<(), (Error, FreeChunk)> {
         let len = chunk.range.len();
-        if let Some(max) = self.config.maximum_size.filter(|&m| len > m - self.held) {
-            return Err((Error::LimitExceeded { requested: len, used: self.held, limit: max }, chunk));
+        if let Some(max) = self.config.maximum_size.filter(|&m| len > m - self.chunks.held()) {
+            return Err((
+                Error::LimitExceeded { requested: len, used: self.chunks.held(), limit: max },
+                chunk,
+            ));
         }
-        match self.insert_chunk(chunk.range, chunk.block) {
+        match self.chunks.insert(chunk.range, chunk.block, &mut self.index) {
             Ok(_) => Ok(()),
             Err(e) => Err((e, chunk)),
         }
-    }
-
-    /// The chunk holding `addr`, by binary search.
-    fn chunk_of(&self, addr: u64) -> Option<&Chunk> {
-        let i = self.chunks.partition_point(|c| c.range.start() <= addr);
-        let c = self.chunks.get(i.checked_sub(1)?)?;
-        c.range.contains(addr).then_some(c)
     }
 
     /// Free of a block whose tag did not name a live node: look the address up.
     #[cold]
     fn deallocate_by_address(&mut self, block: Block) -> Result<Range> {
         let addr = block.addr();
-        let Some(chunk) = self.chunk_of(addr) else {
+        let Some(chunk) = self.chunks.chunk_of(addr) else {
             return Err(Error::UnknownBlock { addr });
         };
-        let first = chunk.first;
+        let first = chunk.first();
         let had_tag = block.tag() != Block::NO_TAG;
         self.index.free_by_address(first, addr, block.size(), had_tag)
     }
@@ -643,8 +429,8 @@ impl<U, N: Storage<Node>, C: Storage<Chunk>> CoalescingPool<U, N, C> {
             Err(Error::UnknownBlock { .. }) => self.deallocate_by_address(block)?,
             Err(e) => return Err(e),
         };
-        Ok(merged.len() >= self.shortest_chunk
-            && self.chunk_of(merged.start()).is_some_and(|c| c.range == merged))
+        Ok(merged.len() >= self.chunks.shortest()
+            && self.chunks.chunk_of(merged.start()).is_some_and(|c| c.range() == merged))
     }
 
     /// Checks the pool's invariants: those of its index, plus every chunk
@@ -652,37 +438,9 @@ impl<U, N: Storage<Node>, C: Storage<Chunk>> CoalescingPool<U, N, C> {
     /// in use + bytes free = bytes held from upstream.
     pub fn check(&self) -> core::result::Result<(), Violation> {
         self.index.check().map_err(Violation::new)?;
-        let mut total = 0u64;
-        let mut last_end = 0u64;
-        for c in self.chunks.iter() {
-            if c.range.start() < last_end {
-                return Err(Violation::new("chunks overlap or are not sorted"));
-            }
-            last_end = c.range.end();
-            let mut cursor = c.range.start();
-            self.index.for_each_in_region(c.first, |r, _| {
-                if r.start() == cursor {
-                    cursor = r.end();
-                } else {
-                    cursor = u64::MAX;
-                }
-            });
-            if cursor != c.range.end() {
-                return Err(Violation::new("chunk not covered exactly by its nodes"));
-            }
-            total += c.range.len();
-        }
-        if total != self.held {
-            return Err(Violation::new("chunk lengths do not add up to the pool size"));
-        }
-        if self.chunks.iter().map(|c| c.range.len()).min().unwrap_or(u64::MAX) != self.shortest_chunk {
-            return Err(Violation::new("shortest chunk length is stale"));
-        }
-        if self.index.used_bytes() + self.index.free_bytes() != self.held {
+        self.chunks.check(&self.index)?;
+        if self.index.used_bytes() + self.index.free_bytes() != self.chunks.held() {
             return Err(Violation::new("bytes in use + bytes free != bytes held from upstream"));
-        }
-        if self.config.maximum_size.is_some_and(|m| self.held > m) {
-            return Err(Violation::new("pool holds more than its maximum"));
         }
         Ok(())
     }
@@ -753,8 +511,8 @@ pub type HeaplessPool<U, const NODES: usize, const CHUNKS: usize> =
 impl<U, N: Storage<Node>, C: Storage<Chunk>> fmt::Debug for CoalescingPool<U, N, C> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("CoalescingPool")
-            .field("pool_size", &self.held)
-            .field("peak_pool_size", &self.peak_held)
+            .field("pool_size", &self.chunks.held())
+            .field("peak_pool_size", &self.chunks.peak_held())
             .field("used_bytes", &self.index.used_bytes())
             .field("free_bytes", &self.index.free_bytes())
             .field("chunks", &self.chunks.len())

@@ -7,45 +7,18 @@
 //! event recorded on A after the free. Blocks whose free has completed go
 //! back to the inner algorithm, where they coalesce.
 
+mod check;
+mod free_list;
 #[cfg(test)]
 mod tests;
 
-use crate::check::Violation;
-use crate::{Block, Error, MemoryResourceMut, Request, Result, Stream, DEFAULT_ALIGNMENT};
-use alloc::collections::{BTreeMap, VecDeque};
+pub use check::CheckInvariants;
+
+use crate::{Block, Error, MemoryResourceMut, Request, Result, Stream};
+use alloc::collections::BTreeMap;
 use alloc::vec::Vec;
 use core::fmt;
-
-/// An inner algorithm whose invariants [`StreamOrdered::check`] can check
-/// too.
-///
-/// # Examples
-///
-/// ```
-/// use memres_core::pool::CoalescingPool;
-/// use memres_core::stream_ordered::CheckInvariants;
-/// # use memres_core::testing::BumpUpstream;
-/// let pool = CoalescingPool::new(BumpUpstream::new(1 << 20));
-/// assert!(CheckInvariants::check_invariants(&pool).is_ok());
-/// ```
-pub trait CheckInvariants {
-    /// Checks the algorithm's invariants; the first broken one is returned.
-    ///
-    /// # Errors
-    ///
-    /// The first broken invariant.
-    fn check_invariants(&self) -> core::result::Result<(), Violation>;
-}
-
-impl<U, N, C> CheckInvariants for crate::pool::CoalescingPool<U, N, C>
-where
-    N: crate::storage::Storage<crate::pool::Node>,
-    C: crate::storage::Storage<crate::pool::Chunk>,
-{
-    fn check_invariants(&self) -> core::result::Result<(), Violation> {
-        self.check()
-    }
-}
+use free_list::{footprint, FreeList};
 
 /// How blocks move between streams.
 ///
@@ -186,64 +159,6 @@ struct Slot {
     /// is retired: never on the vacant list again.
     generation: u32,
     live: bool,
-}
-
-struct FreeList<S: Stream> {
-    stream: S,
-    /// Listed blocks by footprint, each with its free sequence number; no
-    /// bucket is empty, and each is in increasing sequence order.
-    buckets: BTreeMap<u64, VecDeque<(Block, u64)>>,
-    /// Number of listed blocks.
-    len: usize,
-    /// Sequence number of the next free; every listed block's seq is lower.
-    next_seq: u64,
-    /// An event recorded on `stream` when `next_seq` was this number: it
-    /// covers the blocks with a lower seq.
-    fence: Option<(S::Event, u64)>,
-}
-
-/// The bytes an inner block occupies: its size rounded up to the 256-byte
-/// granule every resource works in.
-fn footprint(block: &Block) -> u64 {
-    block.size().div_ceil(DEFAULT_ALIGNMENT) * DEFAULT_ALIGNMENT
-}
-
-impl<S: Stream> FreeList<S> {
-    fn new(stream: S) -> Self {
-        FreeList { stream, buckets: BTreeMap::new(), len: 0, next_seq: 0, fence: None }
-    }
-
-    /// A fit for `request` as (bucket, index): the smallest bucket that wastes
-    /// at most half of its blocks, its newest aligned block (of the newest
-    /// few; for the default alignment the newest).
-    fn find(&self, request: Request) -> Option<(u64, usize)> {
-        let need = request.rounded_size(DEFAULT_ALIGNMENT).max(DEFAULT_ALIGNMENT);
-        let limit = need.saturating_mul(2);
-        self.buckets.range(need..=limit).take(8).find_map(|(&size, q)| {
-            // Blocks in a bucket may be shorter than the request: only an
-            // inner block's own size is promised to be memory.
-            let fits = |b: &Block| b.addr() % request.align() == 0 && b.size() >= request.size();
-            let back = q.iter().rev().take(8).position(|(b, _)| fits(b))?;
-            Some((size, q.len() - 1 - back))
-        })
-    }
-
-    fn push(&mut self, block: Block) {
-        let seq = self.next_seq;
-        self.next_seq += 1;
-        self.buckets.entry(footprint(&block)).or_default().push_back((block, seq));
-        self.len += 1;
-    }
-
-    fn remove(&mut self, size: u64, index: usize) -> Block {
-        let q = self.buckets.get_mut(&size).expect("bucket found");
-        let (block, _) = q.remove(index).expect("index found");
-        if q.is_empty() {
-            self.buckets.remove(&size);
-        }
-        self.len -= 1;
-        block
-    }
 }
 
 impl<A, S: Stream> StreamOrdered<A, S> {
@@ -453,8 +368,7 @@ impl<A: MemoryResourceMut<()>, S: Stream + Clone> StreamOrdered<A, S> {
         let found =
             self.lists.iter().filter(|(&id, _)| id != me).find_map(|(&id, l)| Some((id, l.find(request)?)));
         let Some((id, key)) = found else { return Ok(None) };
-        // A planted bug for the fuzz oracles (fuzz/plant.sh): no wait.
-        if self.cross == CrossStream::Wait && !cfg!(memres_plant = "missing_wait") {
+        if self.cross == CrossStream::Wait && !crate::plant::MISSING_WAIT {
             // An event after the free (the block is in the list, so the free
             // came before), then the taker waits on it. Either call failing
             // leaves the block where it was.
@@ -500,93 +414,6 @@ impl<A: MemoryResourceMut<()>, S: Stream + Clone> StreamOrdered<A, S> {
         self.stats.last_resorts += 1;
         self.synchronize_and_merge()?;
         self.inner_allocate(request)
-    }
-}
-
-impl<A: CheckInvariants, S: Stream> StreamOrdered<A, S> {
-    /// Checks the layer's invariants and the inner algorithm's: slots and
-    /// counters agree, listed blocks are keyed by their size and address and
-    /// have a sequence number below their list's next one, live and listed
-    /// blocks are pairwise disjoint.
-    ///
-    /// # Errors
-    ///
-    /// The first broken invariant.
-    ///
-    /// # Time Complexity
-    ///
-    /// O(n log n) in the number of live and listed blocks.
-    pub fn check(&self) -> core::result::Result<(), Violation> {
-        let mut ranges = Vec::new();
-        let (mut live, mut live_bytes) = (0usize, 0u64);
-        for s in self.slots.iter().filter(|s| s.live) {
-            live += 1;
-            live_bytes += footprint(&s.inner);
-            if s.size > footprint(&s.inner) || s.inner.is_empty() {
-                return Err(Violation::new("live block larger than its inner block, or empty"));
-            }
-            ranges.push((s.inner.addr(), footprint(&s.inner)));
-        }
-        if live != self.live || live_bytes != self.live_bytes {
-            return Err(Violation::new("live count or bytes disagree with the slots"));
-        }
-        let retired = self.slots.iter().filter(|s| s.generation == u32::MAX).count();
-        if live + self.vacant.len() + retired != self.slots.len() {
-            return Err(Violation::new("vacant list does not match the vacant slots"));
-        }
-        let mut seen = Vec::from_iter(self.vacant.iter().copied());
-        seen.sort_unstable();
-        seen.dedup();
-        if seen.len() != self.vacant.len()
-            || seen
-                .iter()
-                .any(|&i| self.slots.get(i as usize).is_none_or(|s| s.live || s.generation == u32::MAX))
-        {
-            return Err(Violation::new("vacant list names a live or retired slot, or one twice"));
-        }
-        let mut listed = 0u64;
-        for list in self.lists.values() {
-            let mut count = 0;
-            for (&size, q) in &list.buckets {
-                if q.is_empty() {
-                    return Err(Violation::new("empty bucket kept"));
-                }
-                if q.iter().zip(q.iter().skip(1)).any(|(a, b)| a.1 >= b.1) {
-                    return Err(Violation::new("bucket not in free order"));
-                }
-                for &(block, seq) in q {
-                    if footprint(&block) != size || block.is_empty() {
-                        return Err(Violation::new("listed block in the wrong bucket"));
-                    }
-                    if seq >= list.next_seq {
-                        return Err(Violation::new("listed block with a sequence number from the future"));
-                    }
-                    listed += size;
-                    count += 1;
-                    ranges.push((block.addr(), size));
-                }
-            }
-            if count != list.len {
-                return Err(Violation::new("list length disagrees with its buckets"));
-            }
-            if list.fence.as_ref().is_some_and(|f| f.1 > list.next_seq) {
-                return Err(Violation::new("fence beyond the list's next sequence number"));
-            }
-        }
-        if listed != self.listed_bytes {
-            return Err(Violation::new("listed bytes disagree with the lists"));
-        }
-        ranges.sort_unstable();
-        if ranges.windows(2).any(|w| w[0].0 + w[0].1 > w[1].0) {
-            return Err(Violation::new("live or listed blocks overlap"));
-        }
-        self.inner.check_invariants()
-    }
-}
-
-impl<A: CheckInvariants, S: Stream> CheckInvariants for StreamOrdered<A, S> {
-    fn check_invariants(&self) -> core::result::Result<(), Violation> {
-        self.check()
     }
 }
 

@@ -1,5 +1,6 @@
 extern crate std;
 
+use super::idle::LONG_RUN;
 use super::*;
 use crate::check::LiveBlocks;
 use crate::testing::SplitMix64;

@@ -1,0 +1,183 @@
+//! The configuration of the arena resource.
+
+use super::global::MIN_SUPERBLOCK;
+use super::{size_class, ArenaDump, MAX_ARENAS};
+use crate::{Error, Request, Result};
+
+/// Where the state dump goes when an allocation runs out of memory.
+///
+/// # Examples
+///
+/// ```
+/// use memres_core::arena::{ArenaConfig, ArenaDump, DumpTarget};
+/// fn log(dump: &ArenaDump) {
+///     let _ = dump.arenas.len();
+/// }
+/// let config = ArenaConfig::new().dump_on_failure(DumpTarget::Callback(log));
+/// # let _ = config;
+/// ```
+#[derive(Clone, Copy, Debug, Default)]
+#[non_exhaustive]
+pub enum DumpTarget {
+    /// No dump (the default).
+    #[default]
+    None,
+    /// Call this function with the dump (works without `std`; the dump
+    /// implements `Display`).
+    Callback(fn(&ArenaDump)),
+    /// Write the dump to standard error.
+    #[cfg(feature = "std")]
+    Stderr,
+}
+
+/// Sizes and policies of an [`ArenaResource`](super::ArenaResource).
+///
+/// | setting | default | why |
+/// | --- | --- | --- |
+/// | `initial_size` | 0 | RMM takes half the device's free memory up front; only the backend knows that figure, so the caller passes it here |
+/// | `maximum_size` | none | the most bytes ever held from upstream |
+/// | `chunk_size` | 32 MiB | the global arena grows by `max(request, chunk_size, held / 8)` (in whole superblocks): few chunks, yet the unused tail of the newest one stays under 1/8 of what is held; superblocks never span two chunks |
+/// | `superblock_size` | 8 MiB | at least 8 blocks of the 1 MiB threshold per superblock: the tail left when a superblock fills is at most 1/8 of it, and an arena goes to the global arena once per 8 MiB of growth, not once per block (RMM's 1 MiB superblocks hold a single 1 MiB block) |
+/// | `large_threshold` | 1 MiB | RMM's: larger requests are served by the global arena directly (so is one whose size class plus its alignment less 256 bytes exceeds the superblock size) |
+/// | `max_arenas` | 64 | slots of the arena table (per-thread plus per-stream arenas in use at once), at most [`MAX_ARENAS`]; each slot costs about 8 KiB of metadata up front; an idle arena gives its slot to a new stream or thread (see *Arenas* in [`ArenaResource`](super::ArenaResource)); a stream that finds none gets [`Error::CapacityExhausted`] (sharing an arena between two streams would break stream order) |
+/// | `size_classes` | on | small requests rounded up to [`size_class`] |
+///
+/// # Examples
+///
+/// ```
+/// use memres_core::arena::ArenaConfig;
+/// let c = ArenaConfig::new().initial_size(1 << 30).maximum_size(4 << 30).superblock_size(4 << 20);
+/// assert_eq!(c.maximum(), Some(4 << 30));
+/// ```
+#[derive(Clone, Copy, Debug)]
+pub struct ArenaConfig {
+    pub(super) initial_size: u64,
+    pub(super) maximum_size: Option<u64>,
+    pub(super) chunk_size: u64,
+    pub(super) superblock_size: u64,
+    pub(super) large_threshold: u64,
+    pub(super) max_arenas: u32,
+    pub(super) size_classes: bool,
+    pub(super) dump_on_failure: DumpTarget,
+    pub(super) synchronize_all: Option<fn() -> Result<()>>,
+}
+
+impl Default for ArenaConfig {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl ArenaConfig {
+    /// The defaults of the table above.
+    pub const fn new() -> Self {
+        ArenaConfig {
+            initial_size: 0,
+            maximum_size: None,
+            chunk_size: 32 << 20,
+            superblock_size: 8 << 20,
+            large_threshold: 1 << 20,
+            max_arenas: 64,
+            size_classes: true,
+            dump_on_failure: DumpTarget::None,
+            synchronize_all: None,
+        }
+    }
+
+    /// Bytes taken from upstream when the resource is made (a multiple of
+    /// 256, at most [`Request::MAX_SIZE`]).
+    pub const fn initial_size(mut self, bytes: u64) -> Self {
+        self.initial_size = bytes;
+        self
+    }
+
+    /// The most bytes ever held from upstream (a multiple of 256).
+    pub const fn maximum_size(mut self, bytes: u64) -> Self {
+        self.maximum_size = Some(bytes);
+        self
+    }
+
+    /// Smallest growth step of the global arena (a multiple of 256, at
+    /// least the superblock size, at most [`Request::MAX_SIZE`]).
+    pub const fn chunk_size(mut self, bytes: u64) -> Self {
+        self.chunk_size = bytes;
+        self
+    }
+
+    /// Size of the superblocks lent to arenas (a multiple of 256, at least 1 MiB).
+    pub const fn superblock_size(mut self, bytes: u64) -> Self {
+        self.superblock_size = bytes;
+        self
+    }
+
+    /// Requests above this many bytes go straight to the global arena (its
+    /// size class must fit in a superblock).
+    pub const fn large_threshold(mut self, bytes: u64) -> Self {
+        self.large_threshold = bytes;
+        self
+    }
+
+    /// Number of arena slots (1 to [`MAX_ARENAS`]).
+    pub const fn max_arenas(mut self, n: u32) -> Self {
+        self.max_arenas = n;
+        self
+    }
+
+    /// Whether small requests are rounded up to size classes (else to 256 bytes).
+    pub const fn size_classes(mut self, yes: bool) -> Self {
+        self.size_classes = yes;
+        self
+    }
+
+    /// Where to dump the state when an allocation runs out of memory.
+    pub const fn dump_on_failure(mut self, target: DumpTarget) -> Self {
+        self.dump_on_failure = target;
+        self
+    }
+
+    /// A function that waits for all work on every stream (RMM calls
+    /// `cudaDeviceSynchronize` here). With it, an arena that runs dry may
+    /// take wholly free superblocks from the arenas of *other* streams;
+    /// without it, only from arenas of its own stream id (the per-thread
+    /// arenas of the default stream), whose frees its own stream orders.
+    pub const fn synchronize_all(mut self, f: fn() -> Result<()>) -> Self {
+        self.synchronize_all = Some(f);
+        self
+    }
+
+    /// The maximum size, if any.
+    pub const fn maximum(&self) -> Option<u64> {
+        self.maximum_size
+    }
+
+    pub(super) fn validate(&self) -> Result<()> {
+        let bad = |what| Err(Error::InvalidConfig { what });
+        if self.initial_size % 256 != 0 || self.chunk_size % 256 != 0 || self.superblock_size % 256 != 0 {
+            return bad("arena sizes must be multiples of 256");
+        }
+        if self.superblock_size < MIN_SUPERBLOCK || self.superblock_size > 1 << 40 {
+            return bad("superblock size must be between 1 MiB and 1 TiB");
+        }
+        if self.chunk_size < self.superblock_size {
+            return bad("chunk size below the superblock size");
+        }
+        // Chunks are asked for with requests: above the largest, every
+        // growth would fail.
+        if self.chunk_size > Request::MAX_SIZE || self.initial_size > Request::MAX_SIZE {
+            return bad("chunk or initial size above the largest request");
+        }
+        if let Some(max) = self.maximum_size {
+            if max % 256 != 0 || max < self.initial_size {
+                return bad("maximum size not a multiple of 256 or below the initial size");
+            }
+        }
+        if self.large_threshold > Request::MAX_SIZE || size_class(self.large_threshold) > self.superblock_size
+        {
+            return bad("the size class of the large threshold does not fit in a superblock");
+        }
+        if self.max_arenas == 0 || self.max_arenas > MAX_ARENAS {
+            return bad("max_arenas must be between 1 and 255");
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,387 @@
+//! Chunks taken from an upstream: the table that the pool, the fixed-size
+//! resource and the arena's global arena keep of the blocks their upstream
+//! lent them, and the policy that sizes new ones.
+//!
+//! The table keeps the chunks sorted by address (to find the chunk of an
+//! address by binary search), counts the bytes held and their peak, checks
+//! its metadata capacity before it asks the upstream for anything (so a
+//! full table never strands an upstream block), gives back a chunk it
+//! could not record, gives wholly free chunks back upstream, and grows by a
+//! [`Growth`] policy, halving the size asked while the upstream is out of
+//! memory. What the chunks are cut into (a [`CoalescingIndex`], the
+//! fixed-size resource's slots) is the resource's, seen through a crate-private `Carve` trait.
+
+mod growth;
+
+pub use growth::Growth;
+
+use crate::check::Violation;
+use crate::index::{CoalescingIndex, Node};
+use crate::storage::{DefaultStorage, Storage};
+use crate::{Block, Error, MemoryResource, Range, Request, Result, Stream};
+
+/// One chunk taken from upstream. Public only so that the chunk storage of
+/// a resource can be named; its fields are private.
+///
+/// # Examples
+///
+/// ```
+/// use memres_core::chunks::Chunk;
+/// use memres_core::storage::{ArrayStorage, Storage};
+/// let table: ArrayStorage<Chunk, 8> = Default::default();
+/// assert_eq!(table.max_len(), 8);
+/// ```
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Chunk {
+    /// The addresses of the chunk: the first bytes of `block`.
+    range: Range,
+    /// The block the upstream handed out, to give back.
+    block: Block,
+    /// What the resource carving the chunk names it by (the index node at
+    /// its lowest address, or its first slot): it never changes.
+    first: u32,
+}
+
+impl Chunk {
+    /// The chunk's addresses.
+    pub fn range(&self) -> Range {
+        self.range
+    }
+
+    /// The handle the carving resource gave the chunk.
+    pub(crate) fn first(&self) -> u32 {
+        self.first
+    }
+}
+
+/// When a growing table gives its wholly free chunks back upstream first,
+/// so that one new chunk replaces them rather than adding to them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum GiveBack {
+    /// Never (RMM's pool).
+    Never,
+    /// Only when the maximum leaves no room for the request (the arena).
+    AtMaximum,
+    /// Before every growth (the pool's default).
+    Always,
+}
+
+/// What a resource cuts its chunks into, as the chunk table needs to see it.
+pub(crate) trait Carve {
+    /// Makes sure that a chunk can be attached and a block carved from it
+    /// without running out of metadata: asked before the upstream is.
+    fn reserve(&mut self) -> Result<()>;
+    /// Starts carving `range`, a new chunk; returns the chunk's handle.
+    /// Changes nothing on error.
+    fn attach(&mut self, range: Range) -> Result<u32>;
+    /// Whether no block of the chunk is live.
+    fn is_free(&self, chunk: &Chunk) -> bool;
+    /// Stops carving a wholly free chunk (`is_free` said so).
+    fn detach(&mut self, chunk: &Chunk);
+    /// Whether the chunk is covered exactly by what is carved of it.
+    fn covers(&self, chunk: &Chunk) -> bool;
+}
+
+impl<N: Storage<Node>> Carve for CoalescingIndex<N> {
+    fn reserve(&mut self) -> Result<()> {
+        // The chunk's range, and the split of a block out of it.
+        CoalescingIndex::reserve(self, 3)
+    }
+    fn attach(&mut self, range: Range) -> Result<u32> {
+        self.add_range(range)
+    }
+    fn is_free(&self, chunk: &Chunk) -> bool {
+        self.is_region_free(chunk.first)
+    }
+    fn detach(&mut self, chunk: &Chunk) {
+        let removed = self.remove_range(chunk.first);
+        debug_assert!(removed.is_ok(), "detached a chunk that is not wholly free");
+    }
+    fn covers(&self, chunk: &Chunk) -> bool {
+        let mut cursor = chunk.range.start();
+        self.for_each_in_region(chunk.first, |r, _| {
+            cursor = if r.start() == cursor { r.end() } else { u64::MAX };
+        });
+        cursor == chunk.range.end()
+    }
+}
+
+/// Chunks held from an upstream, sorted by address, with the bytes they
+/// hold, their peak and the maximum.
+#[derive(Debug)]
+pub(crate) struct ChunkTable<U, C: Storage<Chunk> = DefaultStorage<Chunk>> {
+    upstream: U,
+    /// Sorted by address, never overlapping.
+    chunks: C,
+    /// Sum of the chunks' lengths: bytes held from upstream.
+    held: u64,
+    /// Highest `held` ever.
+    peak_held: u64,
+    /// The most bytes ever held.
+    maximum: Option<u64>,
+    /// Length of the shortest chunk (`u64::MAX` with none).
+    shortest: u64,
+}
+
+impl<U, C: Storage<Chunk>> ChunkTable<U, C> {
+    pub(crate) fn new(upstream: U, maximum: Option<u64>) -> Self {
+        ChunkTable { upstream, chunks: C::default(), held: 0, peak_held: 0, maximum, shortest: u64::MAX }
+    }
+
+    pub(crate) fn upstream(&self) -> &U {
+        &self.upstream
+    }
+
+    /// Bytes held from upstream.
+    #[inline]
+    pub(crate) fn held(&self) -> u64 {
+        self.held
+    }
+
+    /// The most bytes ever held at once.
+    pub(crate) fn peak_held(&self) -> u64 {
+        self.peak_held
+    }
+
+    #[cfg(feature = "alloc")]
+    pub(crate) fn maximum(&self) -> Option<u64> {
+        self.maximum
+    }
+
+    /// Bytes left under the maximum (`None`: no maximum).
+    pub(crate) fn room(&self) -> Option<u64> {
+        self.maximum.map(|m| m - self.held)
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.chunks.len()
+    }
+
+    /// The chunks, by address.
+    pub(crate) fn iter(&self) -> core::slice::Iter<'_, Chunk> {
+        self.chunks.iter()
+    }
+
+    /// Length of the shortest chunk (`u64::MAX` with none): a free range
+    /// shorter than this is no whole chunk, with no search.
+    #[inline]
+    pub(crate) fn shortest(&self) -> u64 {
+        self.shortest
+    }
+
+    /// The chunk holding `addr`, by binary search.
+    #[inline]
+    pub(crate) fn chunk_of(&self, addr: u64) -> Option<&Chunk> {
+        let i = self.chunks.partition_point(|c| c.range.start() <= addr);
+        let c = self.chunks.get(i.checked_sub(1)?)?;
+        c.range.contains(addr).then_some(c)
+    }
+
+    /// Whether a chunk starts at `addr`.
+    pub(crate) fn starts_at(&self, addr: u64) -> bool {
+        self.chunks.binary_search_by_key(&addr, |c| c.range.start()).is_ok()
+    }
+
+    /// [`Error::CapacityExhausted`] if the table is full.
+    pub(crate) fn has_room(&self) -> Result<()> {
+        if self.chunks.len() as u64 >= self.chunks.max_len() as u64 {
+            return Err(Error::CapacityExhausted { capacity: self.chunks.max_len() });
+        }
+        Ok(())
+    }
+
+    /// Takes a chunk of `request` from upstream, whose addresses `shape`
+    /// picks out of the upstream's block (or refuses), and attaches it to
+    /// `carve`; returns its handle. On error nothing is held: a block the
+    /// table could not record goes back upstream.
+    pub(crate) fn take<S: Stream + ?Sized>(
+        &mut self,
+        request: Request,
+        stream: &S,
+        carve: &mut impl Carve,
+        shape: impl FnOnce(&Block) -> Result<Range>,
+    ) -> Result<u32>
+    where
+        U: MemoryResource<S>,
+    {
+        // Room for the chunk record first, so that a full table never
+        // strands an upstream block.
+        self.has_room()?;
+        let block = self.upstream.allocate(request, stream)?;
+        let added = shape(&block).and_then(|range| self.insert(range, block, carve));
+        if added.is_err() {
+            // Upstream misbehaved or our metadata is full: give it back.
+            let _ = self.upstream.deallocate(block, stream);
+        }
+        added
+    }
+
+    /// Records `range`, upstream's `block`, as a chunk attached to `carve`;
+    /// returns its handle. Changes nothing on error.
+    pub(crate) fn insert(&mut self, range: Range, block: Block, carve: &mut impl Carve) -> Result<u32> {
+        self.has_room()?;
+        let first = carve.attach(range)?;
+        let chunk = Chunk { range, block, first };
+        if self.chunks.try_push(chunk).is_err() {
+            carve.detach(&chunk);
+            return Err(Error::CapacityExhausted { capacity: self.chunks.max_len() });
+        }
+        // Keep the table sorted by address for lookups by address.
+        let mut i = self.chunks.len() - 1;
+        while i > 0 && self.chunks[i - 1].range.start() > range.start() {
+            self.chunks.swap(i - 1, i);
+            i -= 1;
+        }
+        self.held += range.len();
+        self.peak_held = self.peak_held.max(self.held);
+        self.shortest = self.shortest.min(range.len());
+        Ok(first)
+    }
+
+    /// Takes the chunk at table index `i` out of the table (which stays
+    /// sorted); it is no longer counted.
+    fn remove(&mut self, i: usize) -> Chunk {
+        let chunk = self.chunks[i];
+        for j in i..self.chunks.len() - 1 {
+            self.chunks.swap(j, j + 1);
+        }
+        self.chunks.pop();
+        self.held -= chunk.range.len();
+        if chunk.range.len() == self.shortest {
+            self.shortest = self.chunks.iter().map(|c| c.range.len()).min().unwrap_or(u64::MAX);
+        }
+        chunk
+    }
+
+    /// The table index of the shortest wholly free chunk of at least
+    /// `min_len` bytes.
+    fn free_chunk_index(&self, min_len: u64, carve: &impl Carve) -> Option<usize> {
+        (0..self.chunks.len())
+            .filter(|&i| self.chunks[i].range.len() >= min_len && carve.is_free(&self.chunks[i]))
+            .min_by_key(|&i| self.chunks[i].range.len())
+    }
+
+    /// The length of the shortest wholly free chunk of at least `min_len`
+    /// bytes, if any. O(chunks).
+    pub(crate) fn shortest_free(&self, min_len: u64, carve: &impl Carve) -> Option<u64> {
+        self.free_chunk_index(min_len, carve).map(|i| self.chunks[i].range.len())
+    }
+
+    /// Detaches the shortest wholly free chunk of at least `min_len` bytes
+    /// and takes it out of the table, still held from upstream: for another
+    /// table over the same upstream to [`insert`](Self::insert). O(chunks).
+    pub(crate) fn take_free(&mut self, min_len: u64, carve: &mut impl Carve) -> Option<(Range, Block)> {
+        let i = self.free_chunk_index(min_len, carve)?;
+        carve.detach(&self.chunks[i]);
+        let chunk = self.remove(i);
+        Some((chunk.range, chunk.block))
+    }
+
+    /// Gives every wholly free chunk back to upstream, detached from
+    /// `carve`; returns the bytes given back.
+    ///
+    /// # Errors
+    ///
+    /// The upstream's error if it refuses a chunk; that chunk, and those
+    /// not yet visited, stay.
+    pub(crate) fn release<S: Stream + ?Sized>(&mut self, stream: &S, carve: &mut impl Carve) -> Result<u64>
+    where
+        U: MemoryResource<S>,
+    {
+        let mut freed = 0;
+        let mut i = 0;
+        while i < self.chunks.len() {
+            let chunk = self.chunks[i];
+            if !carve.is_free(&chunk) {
+                i += 1;
+                continue;
+            }
+            self.upstream.deallocate(chunk.block, stream)?;
+            carve.detach(&chunk);
+            self.remove(i);
+            freed += chunk.range.len();
+        }
+        Ok(freed)
+    }
+
+    /// Takes a chunk that holds `need` bytes (rounded up to 256): the size
+    /// `growth` picks under the maximum, halved towards `need` while the
+    /// upstream is out of memory, after giving wholly free chunks back as
+    /// `give_back` says. Returns the new chunk's handle: callers carve their
+    /// block from it, since a chunk of exactly `need` bytes may sit in a
+    /// size class below the one the index searches for `need`.
+    ///
+    /// `Ok(None)`: the maximum or the upstream leaves no room, or `need`
+    /// is more than any request may ask.
+    ///
+    /// # Errors
+    ///
+    /// The upstream's error if it refuses a chunk given back; any other
+    /// error of the upstream, or of `carve` running out of metadata.
+    #[cold]
+    pub(crate) fn grow<S: Stream + ?Sized>(
+        &mut self,
+        need: u64,
+        growth: Growth,
+        give_back: GiveBack,
+        stream: &S,
+        carve: &mut impl Carve,
+    ) -> Result<Option<u32>>
+    where
+        U: MemoryResource<S>,
+    {
+        let need = (need + 255) & !255;
+        if need > Request::MAX_SIZE {
+            // No upstream can be asked for such a chunk: out of memory, not
+            // an invalid request (the request itself is valid).
+            return Ok(None);
+        }
+        let no_room = |t: &Self| t.room().is_some_and(|room| need > room);
+        if give_back == GiveBack::Always || (give_back == GiveBack::AtMaximum && no_room(self)) {
+            self.release(stream, carve)?;
+        }
+        if no_room(self) {
+            return Ok(None);
+        }
+        // Slots for the chunk and the block carved from it, before taking
+        // anything from upstream: a failed call changes nothing.
+        carve.reserve()?;
+        let mut size = growth.chunk_size(need, self.held, self.room());
+        loop {
+            match self.take(Request::new(size)?, stream, carve, |b| b.upstream_range(size)) {
+                Ok(first) => return Ok(Some(first)),
+                Err(e) if e.is_out_of_memory() && size > need => size = ((size / 2).max(need) + 255) & !255,
+                Err(e) if e.is_out_of_memory() => return Ok(None),
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// Checks the table: chunks sorted and disjoint, each covered exactly
+    /// by what `carve` cut of it, their lengths adding up to the bytes held,
+    /// the shortest length current, and no more held than the maximum.
+    pub(crate) fn check(&self, carve: &impl Carve) -> core::result::Result<(), Violation> {
+        let mut total = 0u64;
+        let mut last_end = 0u64;
+        for c in self.chunks.iter() {
+            if c.range.start() < last_end {
+                return Err(Violation::new("chunks overlap or are not sorted"));
+            }
+            last_end = c.range.end();
+            if !carve.covers(c) {
+                return Err(Violation::new("chunk not covered exactly by what is carved of it"));
+            }
+            total += c.range.len();
+        }
+        if total != self.held {
+            return Err(Violation::new("chunk lengths do not add up to the bytes held"));
+        }
+        if self.chunks.iter().map(|c| c.range.len()).min().unwrap_or(u64::MAX) != self.shortest {
+            return Err(Violation::new("shortest chunk length is stale"));
+        }
+        if self.maximum.is_some_and(|m| self.held > m) {
+            return Err(Violation::new("holds more than its maximum"));
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,180 @@
+//! The configuration of the fixed-size resource.
+
+use super::slots::MAX_SLOTS;
+use crate::{Error, Request, Result, DEFAULT_ALIGNMENT};
+
+/// Sizes of a [`FixedSizeResource`](super::FixedSizeResource).
+///
+/// # Examples
+///
+/// ```
+/// use memres_core::fixed::FixedConfig;
+/// let c = FixedConfig::new(4096).blocks_per_chunk(64).chunk_alignment(4096);
+/// assert_eq!(c.chunk_size(), 4096 * 64);
+/// assert_eq!(c.alignment(), 4096);
+/// assert_eq!(FixedConfig::default().block_size(), 1 << 20);
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FixedConfig {
+    block_size: u64,
+    blocks_per_chunk: u32,
+    chunk_align: u64,
+    initial_chunks: u32,
+}
+
+impl Default for FixedConfig {
+    /// RMM's defaults: 1 MiB blocks, 128 blocks per chunk, 256-byte aligned
+    /// chunks, nothing taken up front.
+    fn default() -> Self {
+        FixedConfig::new(FixedConfig::DEFAULT_BLOCK_SIZE)
+    }
+}
+
+impl FixedConfig {
+    /// RMM's default block size: 1 MiB.
+    ///
+    /// ```
+    /// # use memres_core::fixed::FixedConfig;
+    /// assert_eq!(FixedConfig::default().block_size(), FixedConfig::DEFAULT_BLOCK_SIZE);
+    /// ```
+    pub const DEFAULT_BLOCK_SIZE: u64 = 1 << 20;
+    /// RMM's default number of blocks per upstream chunk.
+    ///
+    /// ```
+    /// # use memres_core::fixed::FixedConfig;
+    /// assert_eq!(FixedConfig::new(256).blocks(), FixedConfig::DEFAULT_BLOCKS_PER_CHUNK);
+    /// ```
+    pub const DEFAULT_BLOCKS_PER_CHUNK: u32 = 128;
+
+    /// Blocks of `block_size` bytes (a multiple of 256), 128 to a chunk.
+    ///
+    /// ```
+    /// # use memres_core::fixed::FixedConfig;
+    /// assert_eq!(FixedConfig::new(512).blocks(), 128);
+    /// ```
+    pub const fn new(block_size: u64) -> Self {
+        FixedConfig {
+            block_size,
+            blocks_per_chunk: Self::DEFAULT_BLOCKS_PER_CHUNK,
+            chunk_align: DEFAULT_ALIGNMENT,
+            initial_chunks: 0,
+        }
+    }
+
+    /// Blocks carved from each upstream chunk (at least 1).
+    ///
+    /// ```
+    /// # use memres_core::fixed::FixedConfig;
+    /// assert_eq!(FixedConfig::new(512).blocks_per_chunk(8).blocks(), 8);
+    /// ```
+    pub const fn blocks_per_chunk(mut self, n: u32) -> Self {
+        self.blocks_per_chunk = n;
+        self
+    }
+
+    /// The alignment asked of upstream for each chunk (a power of two, at
+    /// least 256; 256 by default, as RMM).
+    ///
+    /// ```
+    /// # use memres_core::fixed::FixedConfig;
+    /// assert_eq!(FixedConfig::new(8192).chunk_alignment(4096).alignment(), 4096);
+    /// ```
+    pub const fn chunk_alignment(mut self, align: u64) -> Self {
+        self.chunk_align = align;
+        self
+    }
+
+    /// Chunks taken from upstream when the resource is made (RMM takes one).
+    ///
+    /// ```
+    /// # use memres_core::fixed::FixedConfig;
+    /// assert_eq!(FixedConfig::new(512).initial_chunks(1).initial(), 1);
+    /// ```
+    pub const fn initial_chunks(mut self, n: u32) -> Self {
+        self.initial_chunks = n;
+        self
+    }
+
+    /// The block size.
+    ///
+    /// ```
+    /// # use memres_core::fixed::FixedConfig;
+    /// assert_eq!(FixedConfig::new(768).block_size(), 768);
+    /// ```
+    pub const fn block_size(&self) -> u64 {
+        self.block_size
+    }
+
+    /// Blocks per chunk.
+    ///
+    /// ```
+    /// # use memres_core::fixed::FixedConfig;
+    /// assert_eq!(FixedConfig::default().blocks(), 128);
+    /// ```
+    pub const fn blocks(&self) -> u32 {
+        self.blocks_per_chunk
+    }
+
+    /// Chunks taken up front.
+    ///
+    /// ```
+    /// # use memres_core::fixed::FixedConfig;
+    /// assert_eq!(FixedConfig::default().initial(), 0);
+    /// ```
+    pub const fn initial(&self) -> u32 {
+        self.initial_chunks
+    }
+
+    /// Bytes of one upstream chunk: block size times blocks per chunk
+    /// (saturating; a configuration where it overflows is refused).
+    ///
+    /// ```
+    /// # use memres_core::fixed::FixedConfig;
+    /// assert_eq!(FixedConfig::default().chunk_size(), 128 << 20);
+    /// ```
+    pub const fn chunk_size(&self) -> u64 {
+        self.block_size.saturating_mul(self.blocks_per_chunk as u64)
+    }
+
+    /// The alignment every block has: the chunk alignment, or the largest
+    /// power of two dividing the block size if that is smaller.
+    ///
+    /// ```
+    /// # use memres_core::fixed::FixedConfig;
+    /// assert_eq!(FixedConfig::new(768).chunk_alignment(4096).alignment(), 256);
+    /// ```
+    pub const fn alignment(&self) -> u64 {
+        let natural = self.block_size & self.block_size.wrapping_neg();
+        if natural != 0 && natural < self.chunk_align {
+            natural
+        } else {
+            self.chunk_align
+        }
+    }
+
+    /// The alignment asked of upstream for each chunk.
+    pub(super) const fn chunk_align(&self) -> u64 {
+        self.chunk_align
+    }
+
+    pub(super) fn validate(&self) -> Result<()> {
+        if self.block_size == 0 || self.block_size % 256 != 0 || self.block_size > Request::MAX_SIZE {
+            return Err(Error::InvalidConfig {
+                what: "block size is zero, not a multiple of 256 or too large",
+            });
+        }
+        if self.blocks_per_chunk == 0 || self.blocks_per_chunk as u64 >= MAX_SLOTS {
+            return Err(Error::InvalidConfig { what: "blocks per chunk is zero or too large" });
+        }
+        if self.block_size.checked_mul(self.blocks_per_chunk as u64).is_none_or(|c| c > Request::MAX_SIZE) {
+            return Err(Error::InvalidConfig { what: "chunk size overflows" });
+        }
+        if !self.chunk_align.is_power_of_two()
+            || self.chunk_align < 256
+            || self.chunk_align > Request::MAX_ALIGN
+        {
+            return Err(Error::InvalidConfig { what: "chunk alignment is not a power of two in 256..=2^40" });
+        }
+        Ok(())
+    }
+}

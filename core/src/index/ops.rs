@@ -1,0 +1,391 @@
+//! The index's operations: regions, allocate (class search and carving),
+//! free (coalescing), and the slow paths that find a block by its address.
+
+use super::bins::{bin_ceil, bin_floor};
+use super::nodes::{Node, State, NONE};
+use super::{Allocation, CoalescingIndex};
+use crate::plant;
+use crate::storage::Storage;
+use crate::{Error, Range, Result};
+
+/// How many blocks of the request's own class are looked at for a fit before
+/// falling back to a class that fits by construction.
+const SCAN_LIMIT: u32 = 8;
+
+impl<N: Storage<Node>> CoalescingIndex<N> {
+    /// Adds a free region. Regions are never merged with each other, even
+    /// when adjacent: each is given back whole by [`remove_range`](Self::remove_range).
+    /// Returns the region's handle: the index of its first node, which names
+    /// the region while it lives (if that node is retired, as its header).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidConfig`] if the range is empty or not granule-aligned;
+    /// [`Error::CapacityExhausted`] if there is no room for its node.
+    pub fn add_range(&mut self, range: Range) -> Result<u32> {
+        let g = self.granule();
+        if range.is_empty() || range.start() % g != 0 || range.len() % g != 0 {
+            return Err(Error::InvalidConfig { what: "region empty or not aligned to the granule" });
+        }
+        self.reserve_nodes(1)?;
+        let i = self.take_vacant();
+        let gen = self.node(i).gen;
+        *self.node_mut(i) = Node {
+            addr: range.start(),
+            size: range.len(),
+            prev_phys: NONE,
+            next_phys: NONE,
+            prev_free: NONE,
+            next_free: NONE,
+            gen,
+            bin: 0,
+            state: State::Free,
+        };
+        self.insert_free(i);
+        Ok(i)
+    }
+
+    /// Whether the region whose first node is `first` is wholly free.
+    pub fn is_region_free(&self, first: u32) -> bool {
+        let start = self.skip_header(first);
+        if !self.in_range(start) {
+            return false;
+        }
+        let n = self.node(start);
+        // Either `first` starts the region, or it is the header before it.
+        let starts = n.prev_phys == NONE || start != first;
+        n.state == State::Free && n.next_phys == NONE && starts
+    }
+
+    /// Removes a wholly free region and returns its range.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidConfig`] if the region is not wholly free.
+    pub fn remove_range(&mut self, first: u32) -> Result<Range> {
+        if !self.is_region_free(first) {
+            return Err(Error::InvalidConfig { what: "region is not wholly free" });
+        }
+        let start = self.skip_header(first);
+        let n = *self.node(start);
+        self.remove_free(start);
+        self.make_vacant(start);
+        if start != first {
+            // The header goes with its region (it stays retired).
+            self.node_mut(first).next_phys = NONE;
+        }
+        Ok(Range::new(n.addr, n.size).unwrap_or_default())
+    }
+
+    /// Allocates `size` bytes (rounded up to the granule) aligned to `align`
+    /// (a power of two). `Ok(None)` when no free range fits.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::CapacityExhausted`] when the metadata storage is full.
+    ///
+    /// # Time Complexity
+    ///
+    /// O(1): at most 8 list entries and two bitmap scans.
+    #[inline]
+    pub fn allocate(&mut self, size: u64, align: u64) -> Result<Option<Allocation>> {
+        debug_assert!(size > 0 && align.is_power_of_two());
+        let g_mask = self.granule() - 1;
+        let units = (size + g_mask) >> self.shift;
+        let align = align.max(self.granule());
+        // Worst-case padding to reach the alignment.
+        let pad_units = (align >> self.shift) - 1;
+        // A split may need two new nodes (front padding and tail).
+        if self.vacant_len < 2 {
+            self.reserve_nodes(2)?;
+        }
+        let found = match self.scan_own_bin(units, align) {
+            Some(i) => i,
+            None => {
+                let Some(bin) = self.find_bin_from(bin_ceil(units + pad_units)) else {
+                    return Ok(None);
+                };
+                self.heads[bin]
+            }
+        };
+        Ok(Some(self.carve(found, units << self.shift, align)))
+    }
+
+    /// Allocates `size` bytes at `align` from the free range whose node is
+    /// `node` (a region's first node, as [`add_range`](Self::add_range)
+    /// returns it), whatever its size class. `Ok(None)` if that range is not
+    /// free or does not hold the request.
+    ///
+    /// A pool that grows by a chunk of exactly the bytes a request needs
+    /// allocates from it with this: [`allocate`](Self::allocate) looks only
+    /// in classes whose every range fits, which a range of exactly the
+    /// needed size may be just below.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::CapacityExhausted`] when the metadata storage is full.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use memres_core::index::CoalescingIndex;
+    /// use memres_core::Range;
+    /// let mut index: CoalescingIndex = CoalescingIndex::new(256);
+    /// // 33 granules: the request (32) plus the worst-case padding (1).
+    /// let first = index.add_range(Range::new(256, 33 * 256).unwrap())?;
+    /// let a = index.allocate_in(first, 32 * 256, 512)?.unwrap();
+    /// assert_eq!(a.addr, 512);
+    /// # Ok::<(), memres_core::Error>(())
+    /// ```
+    pub fn allocate_in(&mut self, node: u32, size: u64, align: u64) -> Result<Option<Allocation>> {
+        debug_assert!(size > 0 && align.is_power_of_two());
+        let node = self.skip_header(node);
+        let Some(n) = self.nodes.get(node as usize) else { return Ok(None) };
+        let bytes = ((size + self.granule() - 1) >> self.shift) << self.shift;
+        let align = align.max(self.granule());
+        let start = (n.addr + align - 1) & !(align - 1);
+        if n.state != State::Free || start + bytes > n.addr + n.size {
+            return Ok(None);
+        }
+        self.reserve_nodes(2)?;
+        Ok(Some(self.carve(node, bytes, align)))
+    }
+
+    /// Looks at up to `SCAN_LIMIT` ranges of the request's own bin and picks
+    /// the smallest that fits (an exact fit at once).
+    #[inline]
+    fn scan_own_bin(&self, units: u64, align: u64) -> Option<u32> {
+        let bytes = units << self.shift;
+        let mut i = self.heads[bin_floor(units)];
+        let mut best = NONE;
+        let mut best_size = u64::MAX;
+        let mut seen = 0;
+        while i != NONE && seen < SCAN_LIMIT {
+            let n = self.node(i);
+            let start = (n.addr + align - 1) & !(align - 1);
+            let end = n.addr + n.size;
+            if start + bytes <= end && n.size < best_size {
+                if n.size == bytes {
+                    return Some(i);
+                }
+                best = i;
+                best_size = n.size;
+            }
+            i = n.next_free;
+            seen += 1;
+        }
+        (best != NONE).then_some(best)
+    }
+
+    /// Takes `bytes` at `align` out of free node `i`, splitting off the front
+    /// padding and the tail as free nodes.
+    #[inline]
+    fn carve(&mut self, mut i: u32, bytes: u64, align: u64) -> Allocation {
+        self.remove_free(i);
+        let addr = self.node(i).addr;
+        let aligned = (addr + align - 1) & !(align - 1);
+        if aligned != addr {
+            // The front keeps index `i` (a region's first node never moves).
+            let front = i;
+            i = self.split_after(front, aligned - addr);
+            self.insert_free(front);
+        }
+        if self.node(i).size > bytes {
+            let at = if plant::SPLIT_OFF_BY_ONE { bytes - self.granule() } else { bytes };
+            let tail = self.split_after(i, at);
+            self.insert_free(tail);
+        }
+        let gen = match self.node(i).gen.checked_add(1) {
+            Some(gen) => gen,
+            None => {
+                // Its last tag was handed out: move it to a fresh slot. Only
+                // a node carved without a front split can get here (a split
+                // takes a vacant slot, whose generation is never used up),
+                // so with the tail split this takes at most the two slots
+                // the callers reserve.
+                i = self.relocate(i);
+                self.node(i).gen + 1
+            }
+        };
+        let node = self.node_mut(i);
+        node.state = State::Used;
+        node.gen = gen;
+        let tag = ((node.gen as u64) << 32) | i as u64;
+        self.used_bytes += bytes;
+        self.used_count += 1;
+        Allocation { addr: aligned, tag }
+    }
+
+    /// Cuts node `i` after `at` bytes; the second part is a new node (not in
+    /// any list yet), returned.
+    #[inline]
+    fn split_after(&mut self, i: u32, at: u64) -> u32 {
+        let j = self.take_vacant();
+        let n = *self.node(i);
+        let gen = self.node(j).gen;
+        *self.node_mut(j) = Node {
+            addr: n.addr + at,
+            size: n.size - at,
+            prev_phys: i,
+            next_phys: n.next_phys,
+            prev_free: NONE,
+            next_free: NONE,
+            gen,
+            bin: 0,
+            state: State::Used,
+        };
+        *self.link_of(n.next_phys, |n| &mut n.prev_phys) = j;
+        let node = self.node_mut(i);
+        node.size = at;
+        node.next_phys = j;
+        j
+    }
+
+    /// The node a tag names, if it still describes the block at `addr`.
+    #[inline]
+    fn resolve(&self, tag: u64, addr: u64) -> Option<u32> {
+        let i = tag as u32;
+        let n = self.nodes.get(i as usize)?;
+        let live = matches!(n.state, State::Free | State::Used);
+        (n.gen == (tag >> 32) as u32 && n.addr == addr && live).then_some(i)
+    }
+
+    /// Frees the range handed out as `tag` at `addr`, of `size` bytes as asked
+    /// for at allocation, and merges it with its free neighbours. Returns the
+    /// free range it became part of.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::DoubleFree`] if the range is free already;
+    /// [`Error::UnknownBlock`] if the tag names no range at `addr`;
+    /// [`Error::SizeMismatch`] if `size` rounds to another size than the
+    /// allocation's. Nothing changes on error.
+    ///
+    /// # Time Complexity
+    ///
+    /// O(1).
+    #[inline]
+    pub fn free(&mut self, tag: u64, addr: u64, size: u64) -> Result<Range> {
+        let Some(i) = self.resolve(tag, addr) else {
+            return Err(Error::UnknownBlock { addr });
+        };
+        let n = *self.node(i);
+        if n.state == State::Free {
+            return Err(Error::DoubleFree { addr });
+        }
+        let g_mask = self.granule() - 1;
+        if (size + g_mask) & !g_mask != n.size {
+            return Err(Error::SizeMismatch { addr, expected: n.size, given: size });
+        }
+        self.used_bytes -= n.size;
+        self.used_count -= 1;
+        let mut i = i;
+        if n.next_phys != NONE && self.node(n.next_phys).state == State::Free && !plant::SKIP_COALESCE {
+            let j = n.next_phys;
+            self.remove_free(j);
+            self.absorb_next(i, j);
+        }
+        let prev = self.node(i).prev_phys;
+        if prev != NONE && self.node(prev).state == State::Free {
+            self.remove_free(prev);
+            self.absorb_next(prev, i);
+            i = prev;
+        }
+        self.insert_free(i);
+        let n = self.node(i);
+        Ok(Range::new(n.addr, n.size).unwrap_or_default())
+    }
+
+    /// Merges node `j` (the next neighbour of `i`) into `i` and vacates `j`.
+    #[inline]
+    fn absorb_next(&mut self, i: u32, j: u32) {
+        let nj = *self.node(j);
+        let node = self.node_mut(i);
+        node.size += nj.size;
+        node.next_phys = nj.next_phys;
+        *self.link_of(nj.next_phys, |n| &mut n.prev_phys) = i;
+        self.make_vacant(j);
+    }
+
+    /// Finds the used node that starts at `addr` in the region whose first
+    /// node is `first`, and returns its tag. A walk of the region: the slow
+    /// path for callers that only know the address.
+    ///
+    /// # Time Complexity
+    ///
+    /// O(number of ranges in the region).
+    pub fn find_used(&self, first: u32, addr: u64) -> Option<u64> {
+        let (i, n) = self.region(first).find(|(_, n)| n.addr >= addr)?;
+        (n.addr == addr && n.state == State::Used).then_some(((n.gen as u64) << 32) | i as u64)
+    }
+
+    /// Frees the block at `addr` in the region whose first node is `first`,
+    /// found by its address: the slow path when a caller's tag names no
+    /// live range. `had_tag` says whether the caller held a tag (one that
+    /// no longer matched: its block was freed, and the range now at `addr`
+    /// is another's) or only the address ([`Block::NO_TAG`](crate::Block::NO_TAG)).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::DoubleFree`] if `addr` is in a free range, or if the caller
+    /// held a stale tag for a used range there; [`Error::UnknownBlock`] if no
+    /// range starts at `addr`; as [`free`](Self::free) otherwise.
+    ///
+    /// # Time Complexity
+    ///
+    /// O(number of ranges in the region).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use memres_core::index::CoalescingIndex;
+    /// use memres_core::{Error, Range};
+    /// let mut index: CoalescingIndex = CoalescingIndex::new(256);
+    /// let first = index.add_range(Range::new(0, 4096).unwrap())?;
+    /// let a = index.allocate(1000, 256)?.unwrap();
+    /// assert!(matches!(index.free_by_address(first, a.addr, 1000, true), Err(Error::DoubleFree { .. })));
+    /// index.free_by_address(first, a.addr, 1000, false)?;
+    /// assert!(matches!(index.free_by_address(first, a.addr, 1000, false), Err(Error::DoubleFree { .. })));
+    /// # Ok::<(), memres_core::Error>(())
+    /// ```
+    pub fn free_by_address(&mut self, first: u32, addr: u64, size: u64, had_tag: bool) -> Result<Range> {
+        match self.find_used(first, addr) {
+            Some(tag) if !had_tag => self.free(tag, addr, size),
+            // A tag that no longer matches: this block was freed before.
+            Some(_) => Err(Error::DoubleFree { addr }),
+            None if self.is_free_at(first, addr) => Err(Error::DoubleFree { addr }),
+            None => Err(Error::UnknownBlock { addr }),
+        }
+    }
+
+    /// Whether `addr` lies inside a free range of the region whose first node
+    /// is `first` (to tell a double free from a foreign address).
+    pub fn is_free_at(&self, first: u32, addr: u64) -> bool {
+        self.region(first)
+            .find(|(_, n)| addr >= n.addr && addr - n.addr < n.size)
+            .is_some_and(|(_, n)| n.state == State::Free)
+    }
+
+    /// Visits the ranges of the region whose first node is `first`, in address
+    /// order, with whether each is free.
+    pub fn for_each_in_region(&self, first: u32, mut f: impl FnMut(Range, bool)) {
+        for (_, n) in self.region(first) {
+            f(Range::new(n.addr, n.size).unwrap_or_default(), n.state == State::Free);
+        }
+    }
+
+    /// The nodes of the region whose first node is `first`, in address
+    /// order, with their indices (none for a handle out of range).
+    fn region(&self, first: u32) -> impl Iterator<Item = (u32, &Node)> + '_ {
+        let first = self.skip_header(first);
+        let mut i = if self.in_range(first) { first } else { NONE };
+        core::iter::from_fn(move || {
+            if i == NONE {
+                return None;
+            }
+            let (at, n) = (i, self.node(i));
+            i = n.next_phys;
+            Some((at, n))
+        })
+    }
+}

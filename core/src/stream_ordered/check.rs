@@ -1,0 +1,125 @@
+//! The stream-ordered layer's invariant checker, and the checks it asks of
+//! the algorithm it sits on.
+
+use super::{footprint, StreamOrdered};
+use crate::check::Violation;
+use crate::Stream;
+use alloc::vec::Vec;
+
+/// An inner algorithm whose invariants [`StreamOrdered::check`] can check
+/// too.
+///
+/// # Examples
+///
+/// ```
+/// use memres_core::pool::CoalescingPool;
+/// use memres_core::stream_ordered::CheckInvariants;
+/// # use memres_core::testing::BumpUpstream;
+/// let pool = CoalescingPool::new(BumpUpstream::new(1 << 20));
+/// assert!(CheckInvariants::check_invariants(&pool).is_ok());
+/// ```
+pub trait CheckInvariants {
+    /// Checks the algorithm's invariants; the first broken one is returned.
+    ///
+    /// # Errors
+    ///
+    /// The first broken invariant.
+    fn check_invariants(&self) -> core::result::Result<(), Violation>;
+}
+
+impl<U, N, C> CheckInvariants for crate::pool::CoalescingPool<U, N, C>
+where
+    N: crate::storage::Storage<crate::index::Node>,
+    C: crate::storage::Storage<crate::pool::Chunk>,
+{
+    fn check_invariants(&self) -> core::result::Result<(), Violation> {
+        self.check()
+    }
+}
+
+impl<A: CheckInvariants, S: Stream> StreamOrdered<A, S> {
+    /// Checks the layer's invariants and the inner algorithm's: slots and
+    /// counters agree, listed blocks are keyed by their size and address and
+    /// have a sequence number below their list's next one, live and listed
+    /// blocks are pairwise disjoint.
+    ///
+    /// # Errors
+    ///
+    /// The first broken invariant.
+    ///
+    /// # Time Complexity
+    ///
+    /// O(n log n) in the number of live and listed blocks.
+    pub fn check(&self) -> core::result::Result<(), Violation> {
+        let mut ranges = Vec::new();
+        let (mut live, mut live_bytes) = (0usize, 0u64);
+        for s in self.slots.iter().filter(|s| s.live) {
+            live += 1;
+            live_bytes += footprint(&s.inner);
+            if s.size > footprint(&s.inner) || s.inner.is_empty() {
+                return Err(Violation::new("live block larger than its inner block, or empty"));
+            }
+            ranges.push((s.inner.addr(), footprint(&s.inner)));
+        }
+        if live != self.live || live_bytes != self.live_bytes {
+            return Err(Violation::new("live count or bytes disagree with the slots"));
+        }
+        let retired = self.slots.iter().filter(|s| s.generation == u32::MAX).count();
+        if live + self.vacant.len() + retired != self.slots.len() {
+            return Err(Violation::new("vacant list does not match the vacant slots"));
+        }
+        let mut seen = Vec::from_iter(self.vacant.iter().copied());
+        seen.sort_unstable();
+        seen.dedup();
+        if seen.len() != self.vacant.len()
+            || seen
+                .iter()
+                .any(|&i| self.slots.get(i as usize).is_none_or(|s| s.live || s.generation == u32::MAX))
+        {
+            return Err(Violation::new("vacant list names a live or retired slot, or one twice"));
+        }
+        let mut listed = 0u64;
+        for list in self.lists.values() {
+            let mut count = 0;
+            for (&size, q) in &list.buckets {
+                if q.is_empty() {
+                    return Err(Violation::new("empty bucket kept"));
+                }
+                if q.iter().zip(q.iter().skip(1)).any(|(a, b)| a.1 >= b.1) {
+                    return Err(Violation::new("bucket not in free order"));
+                }
+                for &(block, seq) in q {
+                    if footprint(&block) != size || block.is_empty() {
+                        return Err(Violation::new("listed block in the wrong bucket"));
+                    }
+                    if seq >= list.next_seq {
+                        return Err(Violation::new("listed block with a sequence number from the future"));
+                    }
+                    listed += size;
+                    count += 1;
+                    ranges.push((block.addr(), size));
+                }
+            }
+            if count != list.len {
+                return Err(Violation::new("list length disagrees with its buckets"));
+            }
+            if list.fence.as_ref().is_some_and(|f| f.1 > list.next_seq) {
+                return Err(Violation::new("fence beyond the list's next sequence number"));
+            }
+        }
+        if listed != self.listed_bytes {
+            return Err(Violation::new("listed bytes disagree with the lists"));
+        }
+        ranges.sort_unstable();
+        if ranges.windows(2).any(|w| w[0].0 + w[0].1 > w[1].0) {
+            return Err(Violation::new("live or listed blocks overlap"));
+        }
+        self.inner.check_invariants()
+    }
+}
+
+impl<A: CheckInvariants, S: Stream> CheckInvariants for StreamOrdered<A, S> {
+    fn check_invariants(&self) -> core::result::Result<(), Violation> {
+        self.check()
+    }
+}
