@@ -70,41 +70,58 @@ impl<S: Stream + ?Sized, R: MemoryResource<S>> MemoryResourceMut<S> for Owned<R>
     }
 }
 
-/// A resource called on `()`, the stream of resources for which streams
-/// mean nothing (the default stream), whatever stream the replay names: how
-/// one thread replays the stream-agnostic resources (an arena then serves
-/// the thread's own arena, as a program on the default stream would).
-#[derive(Debug)]
-pub struct OnDefault<R>(pub R);
+/// Where the replay loop finds each op's stream.
+pub trait Streams {
+    /// The stream type.
+    type Stream: Stream + ?Sized;
 
-impl<S: Stream + ?Sized, R: MemoryResourceMut> MemoryResourceMut<S> for OnDefault<R> {
+    /// The stream of the workload's stream `i`.
+    fn stream(&self, i: u16) -> &Self::Stream;
+}
+
+/// One simulated stream per stream of the workload.
+impl Streams for Vec<SimStream> {
+    type Stream = SimStream;
+
     #[inline]
-    fn allocate(&mut self, request: Request, _: &S) -> Result<Block, Error> {
-        self.0.allocate(request, &())
-    }
-    #[inline]
-    fn deallocate(&mut self, block: Block, _: &S) -> Result<(), Error> {
-        self.0.deallocate(block, &())
+    fn stream(&self, i: u16) -> &SimStream {
+        &self[i as usize]
     }
 }
 
-/// A memres resource as the replay loop sees it: each op on the simulated
-/// stream of its workload stream, the call direct (monomorphized) for a
-/// typed resource.
-pub struct StreamReplayer<R> {
+/// `()` for every op, the stream of resources for which streams mean
+/// nothing (the default stream), with nothing to look up: how one thread
+/// replays the stream-agnostic resources (an arena then serves the thread's
+/// own arena, as a program on the default stream would).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct DefaultStream;
+
+impl Streams for DefaultStream {
+    type Stream = ();
+
+    #[inline]
+    fn stream(&self, _: u16) -> &() {
+        &()
+    }
+}
+
+/// A memres resource as the replay loop sees it: each op on the stream
+/// `streams` gives for its workload stream, the call direct
+/// (monomorphized) for a typed resource.
+pub struct StreamReplayer<R, T = Vec<SimStream>> {
     /// The resource.
     pub inner: R,
-    /// The workload's streams by index.
-    pub streams: Vec<SimStream>,
+    /// The ops' streams.
+    pub streams: T,
     /// The most bytes held from upstream so far.
     peak: Box<dyn Fn(&R) -> u64>,
     /// Told of each pass before it runs (see [`Replayer::begin_pass`]).
     on_pass: Box<dyn FnMut(usize)>,
 }
 
-impl<R> StreamReplayer<R> {
+impl<R, T> StreamReplayer<R, T> {
     /// `inner` on `streams`, its peak upstream read by `peak`.
-    pub fn new(inner: R, streams: Vec<SimStream>, peak: impl Fn(&R) -> u64 + 'static) -> Self {
+    pub fn new(inner: R, streams: T, peak: impl Fn(&R) -> u64 + 'static) -> Self {
         StreamReplayer { inner, streams, peak: Box::new(peak), on_pass: Box::new(|_| {}) }
     }
 
@@ -115,13 +132,13 @@ impl<R> StreamReplayer<R> {
     }
 }
 
-impl<R> fmt::Debug for StreamReplayer<R> {
+impl<R, T> fmt::Debug for StreamReplayer<R, T> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("StreamReplayer").field("streams", &self.streams.len()).finish_non_exhaustive()
+        f.debug_struct("StreamReplayer").finish_non_exhaustive()
     }
 }
 
-impl<R: MemoryResourceMut<SimStream>> Replayer for StreamReplayer<R> {
+impl<R: MemoryResourceMut<T::Stream>, T: Streams> Replayer for StreamReplayer<R, T> {
     type Handle = Block;
 
     fn vacant(&self) -> Block {
@@ -130,12 +147,12 @@ impl<R: MemoryResourceMut<SimStream>> Replayer for StreamReplayer<R> {
 
     #[inline]
     fn allocate(&mut self, size: u64, stream: u16) -> Result<Block, Error> {
-        self.inner.allocate(Request::new(size)?, &self.streams[stream as usize])
+        self.inner.allocate(Request::new(size)?, self.streams.stream(stream))
     }
 
     #[inline]
     fn deallocate(&mut self, block: Block, _size: u64, stream: u16) -> Result<(), Error> {
-        self.inner.deallocate(block, &self.streams[stream as usize])
+        self.inner.deallocate(block, self.streams.stream(stream))
     }
 
     fn peak_upstream(&self) -> u64 {

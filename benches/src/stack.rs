@@ -21,7 +21,7 @@
 //! passes go straight to its upstream), so that the log of a replay replays
 //! to the same table: the same ops, peak live and footprint.
 
-use crate::replay::{replay, replay_threads, Measurement, Owned, ReplayError, StreamReplayer};
+use crate::replay::{replay, replay_threads, DefaultStream, Measurement, Owned, ReplayError, StreamReplayer};
 use crate::resources::{RunError, RunOptions, UpstreamKind};
 use crate::typed::{fixed_misfit, run_typed, Runner};
 use crate::workload::Workload;
@@ -191,7 +191,7 @@ impl Replay<'_> {
         let (w, passes) = (self.workload, self.options.passes);
         match self.options.threads {
             None => {
-                let streams = (0..w.streams.max(1)).map(|_| self.world.stream()).collect();
+                let streams: Vec<_> = (0..w.streams.max(1)).map(|_| self.world.stream()).collect();
                 let mut r = StreamReplayer::new(resource, streams, move |o| peak(&o.0)).on_pass(on_pass);
                 replay(&mut r, w, passes, self.progress)
             }
@@ -217,7 +217,7 @@ impl Runner for Replay<'_> {
         if self.options.threads.is_some() {
             return self.run(Owned(Shared::new(resource)), move |s| s.with(|r| peak(r)), |_| {});
         }
-        let streams = (0..self.workload.streams.max(1)).map(|_| self.world.stream()).collect();
+        let streams: Vec<_> = (0..self.workload.streams.max(1)).map(|_| self.world.stream()).collect();
         replay(
             &mut StreamReplayer::new(resource, streams, peak),
             self.workload,
@@ -231,6 +231,14 @@ impl Runner for Replay<'_> {
         R: MemoryResource<SimStream> + Send + Sync + 'static,
     {
         self.run(Owned(resource), peak, |_| {})
+    }
+
+    fn run_default<R>(self, resource: R, peak: impl Fn(&R) -> u64 + Send + Sync + 'static) -> Self::Output
+    where
+        R: MemoryResourceMut + Send + 'static,
+    {
+        let mut r = StreamReplayer::new(resource, DefaultStream, peak);
+        replay(&mut r, self.workload, self.options.passes, self.progress)
     }
 }
 

@@ -22,10 +22,10 @@
 //! (`sim(1TiB)`, `host`, with the feature `cuda` the tool's `cuda` and
 //! `async`), kept typed. What to do with the resource once built is a
 //! [`Runner`]'s: the tool replays it, the criterion benches time it. One
-//! thread calls the resources on `()` ([`OnDefault`]; the stream-ordered
+//! thread calls the resources on `()` ([`DefaultStream`]; the stream-ordered
 //! layer aside), threads each on a simulated stream of its own.
 
-use crate::replay::{OnDefault, Owned, Replayer, StreamReplayer};
+use crate::replay::{DefaultStream, Owned, Replayer, StreamReplayer};
 use crate::workload::Workload;
 use memres_core::adaptor::Statistics;
 use memres_core::arena::{ArenaConfig, ArenaResource};
@@ -46,21 +46,27 @@ pub trait Runner {
     type Output;
 
     /// Whether the resource will be shared between threads, each on a
-    /// stream of its own; if not, one thread calls it on `()` (see
-    /// [`OnDefault`]), all but the stream-ordered layer, which needs its
-    /// streams.
+    /// stream of its own; if not, one thread calls it, on `()`
+    /// ([`run_default`](Self::run_default)) but for the stream-ordered
+    /// layer, which needs its streams.
     fn shared(&self) -> bool;
 
-    /// Runs a resource of `&mut self` calls (shared between threads behind
-    /// a lock); `peak` reads the most bytes it held from upstream.
+    /// Runs a resource of `&mut self` calls on the workload's streams, or
+    /// shared between threads behind a lock; `peak` reads the most bytes it
+    /// held from upstream.
     fn run_mut<R>(self, resource: R, peak: impl Fn(&R) -> u64 + Send + Sync + 'static) -> Self::Output
     where
         R: MemoryResourceMut<SimStream> + Send + 'static;
 
-    /// Runs a resource of `&self` calls (shared as it is).
+    /// Runs a resource of `&self` calls shared as it is.
     fn run_ref<R>(self, resource: R, peak: impl Fn(&R) -> u64 + Send + Sync + 'static) -> Self::Output
     where
         R: MemoryResource<SimStream> + Send + Sync + 'static;
+
+    /// Runs a stream-agnostic resource on one thread, on `()`.
+    fn run_default<R>(self, resource: R, peak: impl Fn(&R) -> u64 + Send + Sync + 'static) -> Self::Output
+    where
+        R: MemoryResourceMut + Send + 'static;
 }
 
 /// What to do with a typed resource as a [`Replayer`] on one thread (see
@@ -102,6 +108,13 @@ impl<F: WithReplayer> Runner for OneThread<F> {
         R: MemoryResource<SimStream> + Send + Sync + 'static,
     {
         self.then.with(StreamReplayer::new(Owned(resource), self.streams, move |o| peak(&o.0)))
+    }
+
+    fn run_default<R>(self, resource: R, peak: impl Fn(&R) -> u64 + Send + Sync + 'static) -> F::Output
+    where
+        R: MemoryResourceMut + Send + 'static,
+    {
+        self.then.with(StreamReplayer::new(resource, DefaultStream, peak))
     }
 }
 
@@ -253,14 +266,14 @@ impl Shape<'_> {
             Shape::Binning(min, max, _) => {
                 let bins = BinningResource::<'static, _, ()>::with_exponents(leaf, min, max)
                     .map_err(|e| made(call, e))?;
-                runner.run_mut(OnDefault(Owned(bins)), move |_| peak())
+                runner.run_default(Owned(bins), move |_| peak())
             }
             Shape::Arena(config, _) => {
                 let arena = ArenaResource::with_config(leaf, config, stream).map_err(|e| made(call, e))?;
                 if runner.shared() {
                     runner.run_ref(arena, move |_| peak())
                 } else {
-                    runner.run_mut(OnDefault(Owned(arena)), move |_| peak())
+                    runner.run_default(Owned(arena), move |_| peak())
                 }
             }
         })
@@ -280,7 +293,7 @@ where
     if runner.shared() {
         runner.run_mut(resource, peak)
     } else {
-        runner.run_mut(OnDefault(resource), move |r| peak(&r.0))
+        runner.run_default(resource, peak)
     }
 }
 
@@ -312,6 +325,10 @@ where
 ///     }
 ///     fn run_ref<R: MemoryResource<SimStream> + Send + Sync + 'static>(self, r: R, peak: impl Fn(&R) -> u64) -> u64 {
 ///         r.allocate(Request::new(1000).unwrap(), &self.0).unwrap();
+///         peak(&r)
+///     }
+///     fn run_default<R: MemoryResourceMut + Send + 'static>(self, mut r: R, peak: impl Fn(&R) -> u64) -> u64 {
+///         r.allocate(Request::new(1000).unwrap(), &()).unwrap();
 ///         peak(&r)
 ///     }
 /// }
