@@ -10,7 +10,7 @@
 use memres_containers::{ContainerError, DeviceBuffer, DeviceScalar, DeviceUVector};
 use memres_core::copy::{CopyEngine, MemoryOf};
 use memres_core::pool::{CoalescingPool, PoolConfig};
-use memres_core::{Block, Error, MemoryResource, Request, Result as CoreResult, Shared, Stream};
+use memres_core::{Block, Error, Inspect, MemoryResource, Request, Result as CoreResult, Shared, Stream};
 use memres_sim::{HostCopy, HostMemory, SimStream, SimWorld};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
@@ -50,7 +50,7 @@ fn a_block_shorter_than_asked_goes_back_as_an_error() {
     let b = DeviceBuffer::from_slice(b"x", (), &mr, HostCopy).unwrap();
     assert_eq!(b.to_vec().unwrap(), b"x");
     drop(b);
-    assert_eq!(mr.host.outstanding(), 0);
+    assert_eq!(mr.host.live_count(), 0);
 }
 
 #[test]
@@ -61,13 +61,13 @@ fn growth_into_a_short_block_leaves_the_container_unchanged() {
     assert_eq!(v.reserve(100), Err(ContainerError::BlockTooShort { requested: 400, size: 16 }));
     assert_eq!((v.len(), v.capacity()), (2, 2));
     assert_eq!(v.to_vec().unwrap(), [1, 2]);
-    assert_eq!(mr.host.outstanding(), 1, "only the vector's own block is out");
+    assert_eq!(mr.host.live_count(), 1, "only the vector's own block is out");
     v.resize(4).unwrap();
     assert_eq!(v.to_vec().unwrap(), [1, 2, 0, 0]);
     let w = v.as_buffer().try_clone_on(()).unwrap();
     assert_eq!(w.len(), 16);
     drop((v, w));
-    assert_eq!(mr.host.outstanding(), 0);
+    assert_eq!(mr.host.live_count(), 0);
 }
 
 /// A pool over host memory whose first bytes held 0xEE: a block it hands
@@ -230,9 +230,9 @@ fn a_block_freed_by_other_code_is_never_touched_again() {
     // Growth allocates a new block, cannot copy from the freed one, and
     // gives the new block back: the buffer is unchanged.
     assert_eq!(buf.resize(1000), Err(not_live(addr, 5)));
-    assert_eq!((buf.addr(), buf.len(), mem.outstanding()), (addr, 5, 0));
+    assert_eq!((buf.addr(), buf.len(), mem.live_count()), (addr, 5, 0));
     assert_eq!(buf.try_clone_on(()).map(|_| ()), Err(not_live(addr, 5)));
-    assert_eq!(mem.outstanding(), 0, "the failed clone gave its block back");
+    assert_eq!(mem.live_count(), 0, "the failed clone gave its block back");
     drop(buf); // its free is refused (`UnknownBlock`), and ignored
     assert_eq!(mem.call_counts(), (3, 3));
 
@@ -243,7 +243,7 @@ fn a_block_freed_by_other_code_is_never_touched_again() {
     mem.deallocate(Block::from_addr(s.device_ptr(), 4), &()).unwrap();
     assert_eq!(v.element(2), Err(not_live(v.device_ptr() + 16, 8)));
     assert_eq!(s.value(), Err(not_live(s.device_ptr(), 4)));
-    assert_eq!(mem.outstanding(), 0);
+    assert_eq!(mem.live_count(), 0);
 }
 
 #[test]
@@ -262,7 +262,7 @@ fn a_pool_ended_under_its_containers_leaves_them_nothing_to_touch() {
     assert_eq!(v.set_element_async(0, &9), Err(not_live(addr, 8)));
     assert_eq!(v.resize(100), Err(not_live(addr, 24)), "the copy out of the old block");
     drop(v); // freed into the new pool, which refuses it
-    pool.with(|p| assert_eq!(p.used_bytes(), 0, "the refused growth gave its block back"));
+    pool.with(|p| assert_eq!(p.usage().used, 0, "the refused growth gave its block back"));
 }
 
 #[test]

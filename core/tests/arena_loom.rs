@@ -82,7 +82,7 @@ fn loom_superblocks_return_to_the_global_arena_under_contention() {
         };
         arena.deallocate(large, &s).unwrap();
         arena.check().unwrap();
-        assert_eq!(arena.used_bytes(), 0);
+        assert_eq!(arena.usage().used, 0);
     });
 }
 
@@ -102,7 +102,7 @@ fn loom_cross_thread_free_into_a_busy_arena() {
         t.join().unwrap();
         arena.check().unwrap();
         arena.deallocate(c, &s1).unwrap();
-        assert_eq!(arena.used_bytes(), 0);
+        assert_eq!(arena.usage().used, 0);
         arena.check().unwrap();
     });
 }
@@ -149,7 +149,7 @@ fn loom_an_idle_arena_changes_hands_under_its_former_owner() {
             "a block came from another stream's arena"
         );
         arena.check().unwrap();
-        assert_eq!(arena.used_bytes(), 0);
+        assert_eq!(arena.usage().used, 0);
     });
 }
 

@@ -13,6 +13,7 @@ mod suite;
 
 use common::gpu;
 use memres_core::pool::{CoalescingPool, PoolConfig};
+use memres_core::Inspect;
 use memres_core::{Shared, Stream};
 use memres_cuda::{CudaAsyncMemory, CudaCopy, CudaStream, Device, StreamOptions};
 use suite::Setup;
@@ -169,7 +170,7 @@ mod over_a_pool {
             stream.synchronize().unwrap();
             if !std::thread::panicking() {
                 given_back.unwrap();
-                assert_eq!(self.pool.with(|p| p.pool_size()), 0);
+                assert_eq!(self.pool.with(|p| p.usage().held), 0);
                 assert!(matches!(self.pool.with(|p| p.upstream().used_bytes()), None | Some(0)));
             }
         }
@@ -196,14 +197,14 @@ mod over_a_pool {
             self.streams.synchronize();
             self.pool.with(|p| {
                 p.check().unwrap();
-                p.used_bytes()
+                p.usage().used
             })
         }
         fn charge(&self, size: u64) -> Option<u64> {
             Some(size.div_ceil(256) * 256)
         }
         fn held(&self) -> u64 {
-            self.pool.with(|p| p.pool_size())
+            self.pool.with(|p| p.usage().held)
         }
         fn too_many_u64(&self) -> usize {
             (MAX / 8 + 1) as usize

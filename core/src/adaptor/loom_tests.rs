@@ -46,7 +46,7 @@ fn limiting_one_winner() {
         let mine = l.allocate(Request::new(512).unwrap(), &()).is_ok();
         let theirs = t.join().unwrap();
         assert!(mine ^ theirs);
-        assert_eq!(l.used(), 512);
-        assert_eq!(l.upstream().outstanding(), 512);
+        assert_eq!(l.get_allocated_bytes(), 512);
+        assert_eq!(l.upstream().usage().held, 512);
     });
 }

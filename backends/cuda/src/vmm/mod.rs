@@ -94,7 +94,7 @@ const MAX_HANDLE_GRANULES: u32 = 64;
 /// let space = CudaVirtualSpace::new(device)?;
 /// let stream = CudaStream::new(device)?;
 /// // 64 GiB of addresses, up to 256 MiB of unused memory kept mapped.
-/// let mut pool = VirtualPool::new(&space, 64 << 30, 256 << 20)?;
+/// let mut pool = VirtualPool::with_config(&space, VirtualConfig::new(64 << 30).release_threshold(256 << 20))?;
 /// let b = pool.allocate(Request::new(3 << 20)?, &stream)?;
 /// pool.deallocate(b, &stream)?;
 /// # Ok::<(), memres_core::Error>(())
