@@ -87,7 +87,7 @@ const MAX_HANDLE_GRANULES: u32 = 64;
 /// # Examples
 ///
 /// ```no_run
-/// use memres_core::vpool::VirtualPool;
+/// use memres_core::vpool::{VirtualConfig, VirtualPool};
 /// use memres_core::{MemoryResourceMut, Request};
 /// use memres_cuda::{CudaStream, CudaVirtualSpace, Device};
 /// let device = Device::get(0)?;
