@@ -13,7 +13,7 @@
 use loom::sync::Arc;
 use memres_core::arena::{ArenaConfig, ArenaResource};
 use memres_core::testing::{BumpUpstream, IdStream};
-use memres_core::{Error, MemoryResource, Request, Result};
+use memres_core::{Error, Inspect, MemoryResource, Request, Result};
 
 fn synchronize_all() -> Result<()> {
     Ok(())

@@ -7,7 +7,7 @@
 use loom::thread;
 use memres_core::pool::CoalescingPool;
 use memres_core::testing::BumpUpstream;
-use memres_core::{MemoryResource, Request, Shared};
+use memres_core::{Inspect, MemoryResource, Request, Shared};
 use std::sync::Arc;
 
 fn model(bound: usize, f: impl Fn() + Sync + Send + 'static) {
@@ -71,7 +71,7 @@ mod stream_ordered {
     use memres_core::pool::{CoalescingPool, PoolConfig};
     use memres_core::stream_ordered::{CrossStream, StreamOrdered};
     use memres_core::testing::BumpUpstream;
-    use memres_core::{Block, Error, MemoryResource, Request, Result, Shared, Stream};
+    use memres_core::{Block, Error, Inspect, MemoryResource, Request, Result, Shared, Stream};
     use std::sync::Arc;
 
     const STREAMS: usize = 3;
