@@ -127,37 +127,25 @@ pub trait Inspect {
     fn check(&self) -> Result<(), Violation>;
 }
 
-impl<R: Inspect + ?Sized> Inspect for &R {
-    #[inline]
-    fn usage(&self) -> Usage {
-        (**self).usage()
-    }
-    fn check(&self) -> Result<(), Violation> {
-        (**self).check()
-    }
+/// Implements [`Inspect`] for pointers to an `R: Inspect`: the figures and
+/// checker of what they point to.
+macro_rules! through_pointers {
+    ($($pointer:ty),*) => {$(
+        impl<R: Inspect + ?Sized> Inspect for $pointer {
+            #[inline]
+            fn usage(&self) -> Usage {
+                (**self).usage()
+            }
+            fn check(&self) -> Result<(), Violation> {
+                (**self).check()
+            }
+        }
+    )*};
 }
 
+through_pointers!(&R);
 #[cfg(feature = "alloc")]
-impl<R: Inspect + ?Sized> Inspect for alloc::boxed::Box<R> {
-    #[inline]
-    fn usage(&self) -> Usage {
-        (**self).usage()
-    }
-    fn check(&self) -> Result<(), Violation> {
-        (**self).check()
-    }
-}
-
-#[cfg(feature = "alloc")]
-impl<R: Inspect + ?Sized> Inspect for alloc::sync::Arc<R> {
-    #[inline]
-    fn usage(&self) -> Usage {
-        (**self).usage()
-    }
-    fn check(&self) -> Result<(), Violation> {
-        (**self).check()
-    }
-}
+through_pointers!(alloc::boxed::Box<R>, alloc::sync::Arc<R>);
 
 /// Implements [`Inspect`] for an adaptor over `R` by forwarding to the
 /// resource in its field `$field`.
