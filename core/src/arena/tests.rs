@@ -423,37 +423,80 @@ fn default_stream_threads_take_back_each_others_free_superblocks() {
     arena.deallocate(b, &()).unwrap();
 }
 
-static SYNC_ALL: AtomicUsize = AtomicUsize::new(0);
-fn sync_all() -> Result<()> {
-    SYNC_ALL.fetch_add(1, Ordering::Relaxed);
-    Ok(())
-}
-
+/// The case (#17): one stream's arena holds every superblock the
+/// maximum allows, all free; another stream's request used to be out of
+/// memory. It is served once the device is synchronized (RMM's last resort
+/// too); a stream that cannot synchronize the device still cannot take
+/// them, and gets out of memory with figures.
 #[test]
-fn other_streams_superblocks_only_with_synchronize_all() {
-    for with_hook in [false, true] {
-        let mut config = small_config().maximum_size(2 << 20);
-        if with_hook {
-            config = config.synchronize_all(sync_all);
-        }
+fn other_streams_free_superblocks_serve_after_a_device_synchronization() {
+    for device in [false, true] {
+        let config = small_config().maximum_size(2 << 20);
         let arena = ArenaResource::with_config(BumpUpstream::new(1 << 30), config, &()).unwrap();
-        let (a, b) = (TestStream::new(1), TestStream::new(2));
+        let (a, b) = (TestStream::new(1).device_sync(device), TestStream::new(2).device_sync(device));
         let blocks: Vec<Block> = (0..8).map(|_| arena.allocate(req(200 << 10), &a).unwrap()).collect();
         for x in blocks {
             arena.deallocate(x, &a).unwrap();
         }
         let r = arena.allocate(req(1000), &b);
-        assert_eq!(r.is_ok(), with_hook, "{r:?}");
         arena.check().unwrap();
-        if let Ok(x) = r {
-            assert_eq!(SYNC_ALL.load(Ordering::Relaxed), 1);
-            arena.deallocate(x, &b).unwrap();
+        match r {
+            Ok(x) => {
+                assert!(device);
+                assert_eq!((b.faults().device_syncs(), b.faults().syncs()), (1, 1));
+                assert_eq!(arena.dump().arenas.iter().map(|s| s.superblocks).sum::<usize>(), 1);
+                arena.deallocate(x, &b).unwrap();
+            }
+            Err(e) => {
+                assert!(!device, "{e}");
+                let want = Error::OutOfMemory {
+                    requested: 1000,
+                    largest_free: 1 << 20,
+                    pool_size: 2 << 20,
+                    max_size: Some(2 << 20),
+                };
+                assert_eq!(e, want);
+                // Nothing moved: stream 1's arena keeps its superblocks.
+                let dump = arena.dump();
+                let of_a = dump.arenas.iter().find(|s| s.owner == Owner::Stream(1)).unwrap();
+                assert_eq!(of_a.free_superblocks, 2);
+            }
         }
-        // Stream 1 takes back its own superblocks (and, with the hook, stream 2's).
+        // Stream 1 takes back its own superblocks (and, with the device
+        // synchronized, stream 2's).
         let big = arena.allocate(req(2 << 20), &a).unwrap();
         arena.deallocate(big, &a).unwrap();
         arena.check().unwrap();
     }
+}
+
+/// A failed device synchronization while running dry fails the request
+/// with the stream's error and leaves the superblocks where they were.
+#[test]
+fn a_failed_device_synchronization_changes_nothing() {
+    let config = small_config().maximum_size(2 << 20);
+    let arena = ArenaResource::with_config(BumpUpstream::new(1 << 30), config, &()).unwrap();
+    let (a, b) = (TestStream::new(1), TestStream::new(2).device_sync(true));
+    // Two superblocks of four blocks each; the first one wholly free again.
+    let mut blocks: Vec<Block> = (0..8).map(|_| arena.allocate(req(200 << 10), &a).unwrap()).collect();
+    for x in blocks.drain(..4) {
+        arena.deallocate(x, &a).unwrap();
+    }
+    let of_a = |d: &ArenaDump| *d.arenas.iter().find(|s| s.owner == Owner::Stream(1)).unwrap();
+    let before = arena.dump();
+    assert_eq!((of_a(&before).superblocks, of_a(&before).free_superblocks), (2, 1));
+    b.faults().fail_nth(1);
+    assert_eq!(arena.allocate(req(1000), &b), Err(SYNC_FAILURE));
+    let after = arena.dump();
+    assert_eq!((after.global, of_a(&after)), (before.global, of_a(&before)));
+    arena.check().unwrap();
+    let w = arena.allocate(req(1000), &b).unwrap();
+    assert_eq!(b.faults().device_syncs(), 1);
+    arena.deallocate(w, &b).unwrap();
+    for x in blocks {
+        arena.deallocate(x, &a).unwrap();
+    }
+    arena.check().unwrap();
 }
 
 #[test]
@@ -492,31 +535,24 @@ fn slots_of_released_arenas_go_to_new_streams() {
     assert_eq!((arena.arena_count(), arena.held_bytes()), (0, 0));
 }
 
-static SYNCED_ALL: AtomicUsize = AtomicUsize::new(0);
-fn count_sync_all() -> Result<()> {
-    SYNCED_ALL.fetch_add(1, Ordering::Relaxed);
-    Ok(())
-}
-
-/// With `synchronize_all`, idle arenas of other streams give their
-/// superblocks back (after the hook ran) and their slots when a new stream
-/// needs one: no `release` needed. Without it, an idle arena keeps its
-/// superblocks, whose frees its own stream may not have run yet, and its
-/// slot, until its stream releases them.
+/// Idle arenas of other streams give their superblocks back (after one
+/// device synchronization) and their slots when a new stream needs one: no
+/// `release` needed. A stream that cannot synchronize the device cannot
+/// take another stream's superblocks, whose frees that stream may not have
+/// run yet: the table stays full until their stream releases them.
 #[test]
 fn idle_arenas_give_their_slots_to_new_streams() {
-    for with_hook in [false, true] {
-        let mut config = small_config().max_arenas(2);
-        if with_hook {
-            config = config.synchronize_all(count_sync_all);
-        }
+    for device in [false, true] {
+        let config = small_config().max_arenas(2);
         let arena = ArenaResource::with_config(BumpUpstream::new(1 << 30), config, &()).unwrap();
-        let streams: Vec<TestStream> = (1..=300).map(TestStream::new).collect();
+        let faults = std::sync::Arc::new(crate::testing::SyncFaults::new());
+        let streams: Vec<TestStream> =
+            (1..=300).map(|id| TestStream::with_faults(id, faults.clone()).device_sync(device)).collect();
         for (n, s) in streams.iter().enumerate() {
             match arena.allocate(req(5000), s) {
                 Ok(b) => arena.deallocate(b, s).unwrap(),
                 Err(e) => {
-                    assert!(!with_hook && n == 2, "stream {n}: {e}");
+                    assert!(!device && n == 2, "stream {n}: {e}");
                     assert_eq!(e, Error::CapacityExhausted { capacity: 2 });
                     // Its stream takes back its superblocks: the slot is free.
                     arena.release(&streams[0]).unwrap();
@@ -527,13 +563,77 @@ fn idle_arenas_give_their_slots_to_new_streams() {
             }
             arena.check().unwrap();
         }
-        if with_hook {
-            // One synchronization frees every idle slot: at most one per new stream.
-            assert!((1..=298).contains(&SYNCED_ALL.load(Ordering::Relaxed)));
+        if device {
+            // One synchronization frees every idle slot: one per two new streams.
+            assert_eq!(faults.device_syncs(), 149);
         }
         assert!(arena.arena_count() <= 2);
         arena.check().unwrap();
     }
+}
+
+/// "Idle for long", with `idle_after(4)`: every 4th superblock request
+/// sweeps; an arena that served no allocation between two sweeps gives its
+/// wholly free superblocks back (after one device synchronization) and,
+/// left empty, its slot. Stream 1 uses its arena once; stream 2 keeps
+/// asking for superblocks (4 blocks of 200 KiB fill one of 1 MiB): the
+/// first sweep (request 4) finds both used, the second (request 8) finds
+/// stream 1's idle. Stream 1 kept busy, or `idle_after(0)`, keeps it.
+#[test]
+fn an_arena_idle_for_long_gives_its_superblocks_and_slot_back() {
+    for (idle_after, busy) in [(4, false), (4, true), (0, false)] {
+        let config = small_config().idle_after(idle_after);
+        let arena = ArenaResource::with_config(BumpUpstream::new(1 << 30), config, &()).unwrap();
+        let (a, b) = (TestStream::new(1).device_sync(true), TestStream::new(2).device_sync(true));
+        let x = arena.allocate(req(1000), &a).unwrap(); // request 1
+        arena.deallocate(x, &a).unwrap();
+        let mut blocks = Vec::new();
+        for n in 0..25 {
+            if busy {
+                let x = arena.allocate(req(1000), &a).unwrap();
+                arena.deallocate(x, &a).unwrap();
+            }
+            // Requests 2 to 8, at the 1st, 5th, ..., 25th block.
+            blocks.push(arena.allocate(req(200 << 10), &b).unwrap());
+            let gone = idle_after != 0 && !busy && n == 24;
+            assert_eq!(arena.arena_count(), if gone { 1 } else { 2 }, "after block {n}");
+            arena.check().unwrap();
+        }
+        let swept = idle_after != 0 && !busy;
+        assert_eq!(a.faults().syncs() + b.faults().syncs(), swept as u64);
+        assert_eq!(b.faults().device_syncs(), swept as u64);
+        // Stream 1's superblock went to the global arena (and on to stream 2).
+        let lent: usize = arena.dump().arenas.iter().map(|s| s.superblocks).sum();
+        assert_eq!(lent, 7 + !swept as usize);
+        for x in blocks {
+            arena.deallocate(x, &b).unwrap();
+        }
+        arena.check().unwrap();
+    }
+}
+
+/// Streams that come and go with no `release` (the case: only
+/// `max_arenas` distinct streams could ever use one arena): 1000 streams,
+/// each allocating and freeing in turn, 64 slots, all served; the slots
+/// and superblocks of the arenas of streams gone go to the next ones, so
+/// the memory held stays within a superblock per slot.
+#[test]
+fn a_thousand_streams_in_turn_share_sixty_four_slots() {
+    let config = ArenaConfig::new().max_arenas(64);
+    let arena = ArenaResource::with_config(BumpUpstream::new(1 << 40), config, &()).unwrap();
+    let faults = std::sync::Arc::new(crate::testing::SyncFaults::new());
+    for id in 1..=1000u64 {
+        let s = TestStream::with_faults(id, faults.clone()).device_sync(true);
+        let b = arena.allocate(req(1000), &s).unwrap_or_else(|e| panic!("stream {id}: {e}"));
+        arena.deallocate(b, &s).unwrap();
+        assert!(arena.arena_count() <= 64);
+    }
+    arena.check().unwrap();
+    // A superblock per slot and the claimer's, and the unused tail of the
+    // newest chunk (under 1/8 of what is held).
+    assert!(arena.peak_held_bytes() <= 65 * (8 << 20) * 9 / 8, "{}", arena.peak_held_bytes());
+    // One device synchronization per table of streams gone, not per stream.
+    assert!(faults.device_syncs() <= 1000 / 64 + 1, "{}", faults.device_syncs());
 }
 
 /// An arena with a live block keeps its slot; once the block is freed and
@@ -583,6 +683,33 @@ fn idle_thread_arenas_give_their_slots_to_new_threads() {
     });
     arena.check().unwrap();
     assert!(arena.arena_count() <= 2);
+}
+
+/// A maximum below one superblock: no small request could ever be served
+/// (the case, #17: it was accepted, then every small request was
+/// out of memory). `InvalidConfig`, with nothing taken from upstream; a
+/// maximum of one superblock serves.
+#[test]
+fn a_maximum_below_one_superblock_is_refused() {
+    let up = BumpUpstream::new(1 << 30);
+    for c in [
+        ArenaConfig::new().maximum_size(4 << 20),
+        ArenaConfig::new().maximum_size(0),
+        ArenaConfig::new().initial_size(1 << 20).maximum_size((8 << 20) - 256),
+        small_config().superblock_size(2 << 20).initial_size(1 << 20).maximum_size(1 << 20),
+    ] {
+        let r = ArenaResource::with_config(&up, c, &());
+        assert!(
+            matches!(r, Err(Error::InvalidConfig { what: "maximum size below the superblock size" })),
+            "{c:?}: {:?}",
+            r.map(|_| ())
+        );
+        assert_eq!(up.outstanding(), 0);
+    }
+    let arena = ArenaResource::with_config(&up, ArenaConfig::new().maximum_size(8 << 20), &()).unwrap();
+    let b = arena.allocate(req(1000), &TestStream::new(1)).unwrap();
+    arena.deallocate(b, &TestStream::new(1)).unwrap();
+    arena.check().unwrap();
 }
 
 #[test]
