@@ -3,8 +3,9 @@
 //!
 //! Each iteration replays a whole workload on a warm resource (one pass
 //! has run before timing starts, as in the `memres replay` tool), so the
-//! figure per element is the cost of one op. Adding a resource is one line
-//! in `bench_workload`.
+//! figure per element is the cost of one op. The memres resources are
+//! stack strings built typed as the tool builds them
+//! (`memres_bench::typed`); adding one is one line in `bench_workload`.
 //!
 //! The group `arena-threads` replays `random:100000:1048576:42` through
 //! one arena on 1 and on 2 threads (each thread the whole sequence on its
@@ -16,14 +17,15 @@
 //! with other work, wall time counts the waits for a core.
 
 use criterion::{criterion_group, criterion_main, BenchmarkGroup, Criterion, Throughput};
+use memres_bench::peers::{OffsetReplayer, RangeReplayer};
 use memres_bench::replay::{pass, shared_pass, thread_cpu_time, Replayer};
-use memres_bench::resources::{
-    Arena, Binning, Build, Fixed, OffsetAllocator, Pool, RangeAlloc, RunOptions, StatsPool,
-};
+use memres_bench::stack::builder;
+use memres_bench::typed::{fixed_misfit, run_typed, OneThread, WithReplayer};
 use memres_bench::workload::Workload;
 use memres_core::arena::ArenaResource;
+use memres_core::stack::{fixed_block_size, parse};
 use memres_core::Block;
-use memres_host::{SimDevice, SimWorld};
+use memres_sim::{SimDevice, SimWorld};
 use std::hint::black_box;
 use std::sync::Barrier;
 use std::time::{Duration, Instant};
@@ -36,17 +38,10 @@ const WORKLOADS: &[&str] = &[
     concat!(env!("CARGO_MANIFEST_DIR"), "/data/transformer_train.csv.gz"),
 ];
 
-/// Times whole passes of `workload` on one warm resource built by `B` over
-/// a simulated device.
-fn bench_resource<B: Build>(
-    group: &mut BenchmarkGroup<'_, criterion::measurement::WallTime>,
-    name: &str,
-    w: &Workload,
-    options: &RunOptions,
-) {
-    let Ok(mut resource) = B::build(SimDevice::new(1 << 40), w, options) else {
-        return; // e.g. fixed-size blocks too small for the workload
-    };
+type Group<'a> = BenchmarkGroup<'a, criterion::measurement::WallTime>;
+
+/// Times whole passes of `w` on one warm resource.
+fn bench_replayer<R: Replayer>(group: &mut Group<'_>, name: &str, w: &Workload, mut resource: R) {
     let mut handles = vec![resource.vacant(); w.ids as usize];
     pass(&mut resource, w, &mut handles).expect("warm-up pass");
     let cpu_clock = std::env::var("MEMRES_BENCH_CLOCK").is_ok_and(|c| c == "cpu");
@@ -64,21 +59,49 @@ fn bench_resource<B: Build>(
     });
 }
 
+/// Benches the replayer it is given.
+struct Bench<'g, 'a> {
+    group: &'g mut Group<'a>,
+    name: &'g str,
+    w: &'g Workload,
+}
+
+impl WithReplayer for Bench<'_, '_> {
+    type Output = ();
+    fn with<R: Replayer<Handle = Block>>(self, r: R) {
+        bench_replayer(self.group, self.name, self.w, r);
+    }
+}
+
+/// Times whole passes of `w` on the stack `text` over a simulated device,
+/// built typed as the tool builds it.
+fn bench_stack(group: &mut Group<'_>, name: &str, w: &Workload, text: &str) {
+    let call = parse(text).expect("a stack string");
+    if call.name == "fixed" && fixed_block_size(&call).ok().and_then(|b| fixed_misfit(b, w)).is_some() {
+        return; // fixed-size blocks too small for the workload
+    }
+    let world = SimWorld::new();
+    let streams = (0..w.streams).map(|_| world.stream()).collect();
+    let bench = OneThread { streams, then: Bench { group, name, w } };
+    if run_typed(&call, &builder(), &world.default_stream(), bench).expect("the stack builds").is_err() {
+        panic!("{text} has no typed shape");
+    }
+}
+
 fn bench_workload(c: &mut Criterion, spec: &str) {
     let w = Workload::load(spec).expect("workload decodes");
     let short = spec.rsplit('/').next().unwrap_or(spec);
     let mut group = c.benchmark_group(short);
     group.throughput(Throughput::Elements(w.ops.len() as u64));
     group.sample_size(20).warm_up_time(Duration::from_millis(500)).measurement_time(Duration::from_secs(3));
-    let plain = RunOptions::default();
-    bench_resource::<Pool>(&mut group, "pool", &w, &plain);
+    bench_stack(&mut group, "pool", &w, "pool(sim(1TiB))");
     // Only where every request fits a 1 MiB block.
-    bench_resource::<Fixed>(&mut group, "fixed-1MiB", &w, &RunOptions { param: Some(1 << 20), ..plain });
-    bench_resource::<Binning>(&mut group, "binning", &w, &plain);
-    bench_resource::<Arena>(&mut group, "arena", &w, &plain);
-    bench_resource::<StatsPool>(&mut group, "stats-pool", &w, &plain);
-    bench_resource::<OffsetAllocator>(&mut group, "offset-allocator", &w, &plain);
-    bench_resource::<RangeAlloc>(&mut group, "range-alloc", &w, &plain);
+    bench_stack(&mut group, "fixed-1MiB", &w, "fixed(sim(1TiB), 1MiB)");
+    bench_stack(&mut group, "binning", &w, "binning(sim(1TiB))");
+    bench_stack(&mut group, "arena", &w, "arena(sim(1TiB))");
+    bench_stack(&mut group, "stats-pool", &w, "stats(pool(sim(1TiB)))");
+    bench_replayer(&mut group, "offset-allocator", &w, OffsetReplayer::new(&w));
+    bench_replayer(&mut group, "range-alloc", &w, RangeReplayer::new());
     group.finish();
 }
 

@@ -1,8 +1,8 @@
-//! The CUDA upstreams (feature `cuda`): `--upstream cuda` (`cuMemAlloc`,
-//! [`CudaMemory`]) and `--upstream async` (`cuMemAllocAsync`,
-//! [`CudaAsyncMemory`]), the plain CUDA resources as rows of their own
-//! (`--resource cuda`, `--resource async`), and the `cuda` and `async`
-//! leaves of a `--stack` replayed with `--upstream cuda|async`.
+//! The CUDA upstreams (feature `cuda`): the `cuda` (`cuMemAlloc`,
+//! [`CudaMemory`]) and `async` (`cuMemAllocAsync`, [`CudaAsyncMemory`])
+//! leaves of the stacks replayed with `--upstream cuda|async` (the
+//! `--resource` aliases and `--stack`s alike), and the plain CUDA resources
+//! as rows of their own (`--resource cuda`, `--resource async`).
 //!
 //! The upstream sits under a [`Statistics`] adaptor, whose peak is the
 //! row's peak upstream (as RMM's harness puts `statistics_resource_adaptor`
@@ -11,14 +11,17 @@
 //! it, as in RMM's harness (whose single thread also replays on a
 //! non-blocking stream).
 
-use crate::replay::{replay, replay_threads, Measurement};
-use crate::resources::{Build, BuildShared, RunError, RunOptions, Upstream, UpstreamKind};
+use crate::replay::Measurement;
+use crate::resources::{RunError, RunOptions, UpstreamKind};
+use crate::stack::Replay;
+use crate::typed::{Runner, Shape, Upstream};
 use crate::workload::Workload;
 use memres_core::adaptor::Statistics;
-use memres_core::stack::StackErrorKind;
+use memres_core::stack::{Built, Call, StackBuilder, StackError};
 use memres_core::{Block, MemoryResource, Request, Stream};
+use memres_cuda::stack::async_config;
 use memres_cuda::{CudaAsyncMemory, CudaMemory, CudaStream, Device, StreamOptions};
-use memres_host::{Built, SimStream, SimWorld, StackBuilder};
+use memres_sim::{SimStream, SimWorld};
 use std::cell::RefCell;
 use std::fmt;
 
@@ -71,7 +74,7 @@ where
 
 impl<R> Upstream for CudaUpstream<R>
 where
-    R: MemoryResource<CudaStream> + MemoryResource<()> + fmt::Debug + Send + Sync + 'static,
+    R: MemoryResource<CudaStream> + MemoryResource<()> + Send + Sync + 'static,
 {
     fn peak_held_bytes(&self) -> u64 {
         self.inner.bytes().peak.max(0) as u64
@@ -106,31 +109,6 @@ fn make(kind: UpstreamKind, device: Device) -> Result<Made, RunError> {
     }
 }
 
-/// Replays on one thread, on a non-blocking stream, a resource built by `B`
-/// over the CUDA upstream of `options`.
-///
-/// # Errors
-///
-/// No device, a resource that cannot be made, an op's failure.
-pub fn run<B: Build>(
-    w: &Workload,
-    options: &RunOptions,
-    progress: &mut dyn FnMut(usize),
-) -> Result<Measurement, RunError> {
-    let device = device()?;
-    let _stream = OwnStream::new(device);
-    match make(options.upstream, device)? {
-        Made::Cuda(u) => {
-            let mut r = B::build(u, w, options).map_err(RunError::Unsupported)?;
-            Ok(replay(&mut r, w, options.passes, progress)?)
-        }
-        Made::Async(u) => {
-            let mut r = B::build(u, w, options).map_err(RunError::Unsupported)?;
-            Ok(replay(&mut r, w, options.passes, progress)?)
-        }
-    }
-}
-
 /// Gives the calling thread a non-blocking CUDA stream of its own (none if
 /// the driver refuses one: the legacy default stream then).
 fn set_stream(device: Device) {
@@ -157,31 +135,6 @@ impl OwnStream {
 impl Drop for OwnStream {
     fn drop(&mut self) {
         STREAM.with(|s| s.borrow_mut().take());
-    }
-}
-
-/// Replays on [`RunOptions::threads`] threads, each on its own CUDA stream,
-/// through one resource built by `B` over the CUDA upstream.
-///
-/// # Errors
-///
-/// As [`run`].
-pub fn run_shared<B: BuildShared>(w: &Workload, options: &RunOptions) -> Result<Measurement, RunError> {
-    let device = device()?;
-    let _stream = OwnStream::new(device); // the warm-up's, on this thread
-    let threads = options.threads.unwrap_or(1);
-    let world = SimWorld::new();
-    let streams: Vec<SimStream> = (0..threads).map(|_| world.non_blocking_stream()).collect();
-    let setup = per_thread_stream(device);
-    match make(options.upstream, device)? {
-        Made::Cuda(u) => {
-            let r = B::build_shared(u, w, options).map_err(RunError::Unsupported)?;
-            Ok(replay_threads(&r, streams, w, options.passes, &setup, |r| B::peak(r))?)
-        }
-        Made::Async(u) => {
-            let r = B::build_shared(u, w, options).map_err(RunError::Unsupported)?;
-            Ok(replay_threads(&r, streams, w, options.passes, &setup, |r| B::peak(r))?)
-        }
     }
 }
 
@@ -212,19 +165,10 @@ fn plain<U: Upstream>(
     options: &RunOptions,
     progress: &mut dyn FnMut(usize),
 ) -> Result<Measurement, RunError> {
-    match options.threads {
-        None => {
-            let mut r =
-                crate::resources::RefReplayer::new(crate::resources::Owned(u), |u| u.0.peak_held_bytes());
-            Ok(replay(&mut r, w, options.passes, progress)?)
-        }
-        Some(k) => {
-            let world = SimWorld::new();
-            let streams: Vec<SimStream> = (0..k).map(|_| world.non_blocking_stream()).collect();
-            let setup = per_thread_stream(device);
-            Ok(replay_threads(&u, streams, w, options.passes, &setup, |u| u.peak_held_bytes())?)
-        }
-    }
+    let world = SimWorld::new();
+    let setup = per_thread_stream(device);
+    let runner = Replay { workload: w, options, progress, world: &world, setup: &setup };
+    Ok(runner.run_ref(u, |u| u.peak_held_bytes())?)
 }
 
 /// Registers the `cuda` and `async` leaves of a stack replayed with
@@ -239,20 +183,40 @@ fn plain<U: Upstream>(
 pub fn register_stack_leaves(builder: &mut StackBuilder<SimStream>) -> Result<Device, RunError> {
     let device = device()?;
     builder.register("async", move |call, cx| {
-        call.expect_args(0, &[])?;
-        let mr = CudaAsyncMemory::new(device).map_err(|e| call.error(StackErrorKind::Resource(e)))?;
+        let config = async_config(call)?;
+        let mr = CudaAsyncMemory::with_config(device, config).map_err(|e| call.resource_error(e))?;
         Ok(cx.keep(call, CudaUpstream::new(mr)))
     });
     builder.register("cuda", move |call, cx| {
         call.expect_args(0, &[])?;
-        let mr = CudaMemory::new(device).map_err(|e| call.error(StackErrorKind::Resource(e)))?;
+        let mr = CudaMemory::new(device).map_err(|e| call.resource_error(e))?;
         Ok(cx.keep(call, CudaUpstream::new(mr)))
     });
     Ok(device)
 }
 
+/// Builds a typed shape over the CUDA leaf of `leaf` (built alone by the
+/// builder) and hands it to `runner`.
+///
+/// # Errors
+///
+/// As [`Shape::run`].
+pub(crate) fn run_typed<K: Runner>(
+    shape: Shape<'_>,
+    call: &Call,
+    leaf: &Built<SimStream>,
+    stream: &SimStream,
+    runner: K,
+) -> Result<K::Output, StackError> {
+    if let Some(u) = leaf.get::<CudaUpstream<CudaAsyncMemory>>("async") {
+        return shape.run(call, u, stream, runner);
+    }
+    let u = leaf.get::<CudaUpstream<CudaMemory>>("cuda").expect("the tool's cuda leaf");
+    shape.run(call, u, stream, runner)
+}
+
 /// The peak of the outermost CUDA leaf of a built stack, if it has one.
-pub fn stack_leaf_peak(built: &Built<SimStream>) -> Option<Box<dyn Fn() -> u64>> {
+pub fn stack_leaf_peak(built: &Built<SimStream>) -> Option<Box<dyn Fn() -> u64 + Send + Sync>> {
     if let Some(leaf) = built.get::<CudaUpstream<CudaAsyncMemory>>("async") {
         return Some(Box::new(move || leaf.peak_held_bytes()));
     }

@@ -4,9 +4,12 @@
 //!   does, or read from RMM log traces), decoded once into flat op lists.
 //! - [`replay`]: the engine that drives one resource through a workload and
 //!   measures ns per op, peak live bytes and peak upstream bytes.
-//! - [`resources`]: the resources compared and the registry naming them.
+//! - [`resources`]: the names `--resource` knows: aliases of stack strings,
+//!   the peers and the plain CUDA rows.
+//! - [`stack`]: replays through a stack built from its text by the core's
+//!   builder, or typed for the shapes of [`typed`] (the fast path).
+//! - [`peers`]: the allocators memres is compared with.
 //! - `cuda` (feature `cuda`): the CUDA upstreams and plain CUDA resources.
-//! - [`stack`]: replays through a stack built from its text.
 //! - [`report`]: the rows the tool prints, as a table or JSON lines.
 //!
 //! # Example
@@ -25,8 +28,10 @@
 
 #[cfg(feature = "cuda")]
 pub mod cuda;
+pub mod peers;
 pub mod replay;
 pub mod report;
 pub mod resources;
 pub mod stack;
+pub mod typed;
 pub mod workload;

@@ -9,7 +9,8 @@
 //! disturbs less on short workloads.
 
 use crate::workload::Workload;
-use memres_core::{Block, Error, MemoryResource, Request, Stream};
+use memres_core::{Block, Error, MemoryResource, MemoryResourceMut, Request, Stream};
+use memres_sim::SimStream;
 use std::fmt;
 use std::sync::Barrier;
 use std::time::{Duration, Instant};
@@ -51,6 +52,116 @@ pub trait Replayer {
     /// pass. Does nothing unless a resource needs to know (a log that
     /// records one pass).
     fn begin_pass(&mut self, _pass: usize) {}
+}
+
+/// A `&self` resource driven through `&mut self` calls, so that one
+/// [`StreamReplayer`] serves both kinds.
+#[derive(Debug)]
+pub struct Owned<R>(pub R);
+
+impl<S: Stream + ?Sized, R: MemoryResource<S>> MemoryResourceMut<S> for Owned<R> {
+    #[inline]
+    fn allocate(&mut self, request: Request, stream: &S) -> Result<Block, Error> {
+        self.0.allocate(request, stream)
+    }
+    #[inline]
+    fn deallocate(&mut self, block: Block, stream: &S) -> Result<(), Error> {
+        self.0.deallocate(block, stream)
+    }
+}
+
+/// Where the replay loop finds each op's stream.
+pub trait Streams {
+    /// The stream type.
+    type Stream: Stream + ?Sized;
+
+    /// The stream of the workload's stream `i`.
+    fn stream(&self, i: u16) -> &Self::Stream;
+}
+
+/// One simulated stream per stream of the workload.
+impl Streams for Vec<SimStream> {
+    type Stream = SimStream;
+
+    #[inline]
+    fn stream(&self, i: u16) -> &SimStream {
+        &self[i as usize]
+    }
+}
+
+/// `()` for every op, the stream of resources for which streams mean
+/// nothing (the default stream), with nothing to look up: how one thread
+/// replays the stream-agnostic resources (an arena then serves the thread's
+/// own arena, as a program on the default stream would).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct DefaultStream;
+
+impl Streams for DefaultStream {
+    type Stream = ();
+
+    #[inline]
+    fn stream(&self, _: u16) -> &() {
+        &()
+    }
+}
+
+/// A memres resource as the replay loop sees it: each op on the stream
+/// `streams` gives for its workload stream, the call direct
+/// (monomorphized) for a typed resource.
+pub struct StreamReplayer<R, T = Vec<SimStream>> {
+    /// The resource.
+    pub inner: R,
+    /// The ops' streams.
+    pub streams: T,
+    /// The most bytes held from upstream so far.
+    peak: Box<dyn Fn(&R) -> u64>,
+    /// Told of each pass before it runs (see [`Replayer::begin_pass`]).
+    on_pass: Box<dyn FnMut(usize)>,
+}
+
+impl<R, T> StreamReplayer<R, T> {
+    /// `inner` on `streams`, its peak upstream read by `peak`.
+    pub fn new(inner: R, streams: T, peak: impl Fn(&R) -> u64 + 'static) -> Self {
+        StreamReplayer { inner, streams, peak: Box::new(peak), on_pass: Box::new(|_| {}) }
+    }
+
+    /// Calls `on_pass` before each pass.
+    pub fn on_pass(mut self, on_pass: impl FnMut(usize) + 'static) -> Self {
+        self.on_pass = Box::new(on_pass);
+        self
+    }
+}
+
+impl<R, T> fmt::Debug for StreamReplayer<R, T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("StreamReplayer").finish_non_exhaustive()
+    }
+}
+
+impl<R: MemoryResourceMut<T::Stream>, T: Streams> Replayer for StreamReplayer<R, T> {
+    type Handle = Block;
+
+    fn vacant(&self) -> Block {
+        Block::EMPTY
+    }
+
+    #[inline]
+    fn allocate(&mut self, size: u64, stream: u16) -> Result<Block, Error> {
+        self.inner.allocate(Request::new(size)?, self.streams.stream(stream))
+    }
+
+    #[inline]
+    fn deallocate(&mut self, block: Block, _size: u64, stream: u16) -> Result<(), Error> {
+        self.inner.deallocate(block, self.streams.stream(stream))
+    }
+
+    fn peak_upstream(&self) -> u64 {
+        (self.peak)(&self.inner)
+    }
+
+    fn begin_pass(&mut self, pass: usize) {
+        (self.on_pass)(pass);
+    }
 }
 
 /// What one replay measured.

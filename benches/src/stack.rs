@@ -1,25 +1,37 @@
-//! Replays through a stack built from its text by
-//! [`memres_host::StackBuilder`] (`memres replay --stack 'stats(binning(pool(sim)))'`).
+//! Replays through a stack described by its text
+//! (`memres replay --stack 'stats(binning(pool(sim)))'`, and every
+//! `--resource` name but the peers and the plain CUDA rows, which are
+//! aliases of stack strings).
 //!
-//! The stack is built for [`SimStream`]s: one per stream of the workload on
-//! one thread, one per thread with `--streams`. Its peak upstream is the
-//! peak of its leaf: the outermost `sim` or `host` device, else a `vpool`'s
-//! peak committed bytes.
+//! The stack is built by the core's builder with `memres-sim`'s leaves
+//! (`sim`, `host`, `vpool`), the stream layer `stream`, and with
+//! `--upstream cuda|async` the tool's `cuda` and `async` leaves (the
+//! `cuda` module, feature `cuda`). A stack of one of the shapes the tool
+//! compares (a pool, a pool under statistics or the stream layer, fixed,
+//! binning, arena over a leaf, a virtual pool) is built typed instead, with
+//! the same readers of its arguments ([`crate::typed`]), so that its ops are
+//! direct calls. Either way each op runs on the simulated stream of its
+//! workload stream on one thread, on the thread's own stream with
+//! `--streams`.
+//!
+//! Its peak upstream is the peak of its leaf: the outermost `sim` or
+//! `host` device, else a `vpool`'s peak committed bytes, else a CUDA leaf's.
 //!
 //! A `log` layer records only the first timed pass (the warm-up and later
 //! passes go straight to its upstream), so that the log of a replay replays
 //! to the same table: the same ops, peak live and footprint.
 
-use crate::replay::{replay_threads, Measurement, Replayer};
+use crate::replay::{replay, replay_threads, DefaultStream, Measurement, Owned, ReplayError, StreamReplayer};
 use crate::resources::{RunError, RunOptions, UpstreamKind};
+use crate::typed::{fixed_misfit, run_typed, Runner};
 use crate::workload::Workload;
-use memres_core::stack::StackErrorKind;
+use memres_core::adaptor::Logging;
+use memres_core::stack::{fixed_block_size, log_file, open_log, parse, Built, StackBuilder, StackError};
 use memres_core::vpool::VirtualPool;
-use memres_core::{Block, DynResource, Error, MemoryResource, Request, Shared};
-use memres_host::{HostMemory, Logging, SimAddressSpace, SimDevice, SimStream, SimWorld, StackBuilder};
+use memres_core::{Block, DynResource, MemoryResource, MemoryResourceMut, Request, Shared};
+use memres_sim::{HostMemory, SimAddressSpace, SimDevice, SimStream, SimWorld};
 use std::fmt;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
 
 /// A logging layer that logs only while switched on.
 pub struct Gated<S: ?Sized> {
@@ -65,129 +77,168 @@ impl<S: ?Sized> Drop for Gated<S> {
     }
 }
 
-/// The builder the tool uses: the standard names, with `log` switched by
-/// the replay (see the module's documentation).
+/// The builder the tool uses: the core's names, `memres-sim`'s leaves and
+/// the stream layer, with `log` switched by the replay (see the module's
+/// documentation).
 pub fn builder() -> StackBuilder<SimStream> {
-    let mut b = StackBuilder::<SimStream>::new();
+    let mut b = memres_sim::builder::<SimStream>();
     b.register_stream_layer();
     b.register("log", |call, cx| {
-        call.expect_args(1, &["file"])?;
-        let file = call.keyed("file").ok_or_else(|| call.error(StackErrorKind::MissingArg("file=")))?;
-        let upstream = cx.upstream(call, 0)?;
-        let path = file.text()?;
-        let log = Logging::to_file(upstream, path).map_err(|e| {
-            memres_core::stack::StackError::new(
-                file.pos(),
-                StackErrorKind::Io(format!("cannot log to `{path}`: {e}")),
-            )
-        })?;
+        let file = log_file(call)?;
+        let log = open_log(file, cx.upstream(call, 0)?)?;
         Ok(cx.keep(call, Gated { log, on: AtomicBool::new(false) }))
     });
     b
 }
 
-/// A built stack as the replay loop sees it.
-pub struct StackReplayer {
-    resource: DynResource<SimStream>,
-    streams: Vec<SimStream>,
-    logs: Vec<Arc<Gated<SimStream>>>,
-    peak: Box<dyn Fn() -> u64>,
-}
-
-impl fmt::Debug for StackReplayer {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("StackReplayer").field("streams", &self.streams.len()).finish_non_exhaustive()
-    }
-}
-
-impl Replayer for StackReplayer {
-    type Handle = Block;
-
-    fn vacant(&self) -> Block {
-        Block::EMPTY
-    }
-
-    #[inline]
-    fn allocate(&mut self, size: u64, stream: u16) -> Result<Block, Error> {
-        self.resource.allocate(Request::new(size)?, &self.streams[stream as usize])
-    }
-
-    #[inline]
-    fn deallocate(&mut self, block: Block, _size: u64, stream: u16) -> Result<(), Error> {
-        self.resource.deallocate(block, &self.streams[stream as usize])
-    }
-
-    fn peak_upstream(&self) -> u64 {
-        (self.peak)()
-    }
-
-    fn begin_pass(&mut self, pass: usize) {
-        // Pass 0 is the warm-up: log pass 1 only.
-        for log in &self.logs {
-            log.set(pass == 1);
-        }
-    }
-}
-
-/// Builds `text` and replays `workload` through it as `options` say.
-/// `--upstream sim` (the default) leaves the leaves to the stack;
-/// `--upstream cuda|async` (feature `cuda`) makes its `cuda` and `async`
-/// leaves the CUDA resources, reached on each replaying thread's own CUDA
-/// stream (the `cuda` module, with the feature); `--upstream host` does
-/// not apply.
+/// Builds `text` and replays `workload` through it as `options` say:
+/// typed for the shapes of [`crate::typed`], else as the core's builder
+/// builds it. `--upstream cuda|async` (feature `cuda`) makes its `cuda` and
+/// `async` leaves the CUDA resources, reached on each replaying thread's own
+/// CUDA stream; `sim` and `host` are there whatever the upstream.
 ///
 /// # Errors
 ///
 /// [`RunError::Unsupported`] for a stack that does not build (with the
 /// position of the fault) or has no leaf whose peak can be read, or an
-/// upstream that does not apply; an op's failure.
+/// upstream that is not built in; an op's failure.
 pub fn run_stack(
     text: &str,
     workload: &Workload,
     options: &RunOptions,
     progress: &mut dyn FnMut(usize),
 ) -> Result<Measurement, RunError> {
+    let fail = |e: StackError| RunError::Unsupported(format!("stack `{text}`: {e}"));
+    let call = parse(text).map_err(fail)?;
     let mut builder = builder();
     let cuda = cuda_leaves(&mut builder, options)?;
     let world = SimWorld::new();
     let build_stream = world.default_stream();
-    let built = builder
-        .build_with_handles(text, &build_stream)
-        .map_err(|e| RunError::Unsupported(format!("stack `{text}`: {e}")))?;
-    let peak: Box<dyn Fn() -> u64> = if let Some(sim) = built.get::<SimDevice>("sim") {
-        Box::new(move || sim.peak_held_bytes())
-    } else if let Some(host) = built.get::<HostMemory>("host") {
-        Box::new(move || host.peak_held_bytes())
-    } else if let Some(v) = built.get::<Shared<VirtualPool<SimAddressSpace>>>("vpool") {
-        Box::new(move || v.with(|v| v.peak_committed_bytes()))
-    } else if let Some(peak) = cuda.as_ref().and_then(|_| cuda_peak(&built)) {
-        peak
-    } else {
-        return Err(RunError::Unsupported(format!(
+    let setup = thread_setup(cuda);
+    let _stream = cuda.map(own_stream); // the calling thread's, for the warm-up
+    let runner = Replay { workload, options, progress, world: &world, setup: &*setup };
+    if call.name == "fixed" {
+        if let Some(misfit) = fixed_block_size(&call).ok().and_then(|block| fixed_misfit(block, workload)) {
+            return Err(RunError::Unsupported(misfit));
+        }
+    }
+    let runner = match run_typed(&call, &builder, &build_stream, runner).map_err(fail)? {
+        Ok(typed) => return Ok(typed?),
+        Err(runner) => runner,
+    };
+    let built = builder.build_call_with_handles(&call, &build_stream).map_err(fail)?;
+    let peak = leaf_peak(&built, cuda.is_some()).ok_or_else(|| {
+        RunError::Unsupported(format!(
             "stack `{text}` has no sim, host or vpool leaf (or cuda or async, with --upstream cuda|async) \
              whose peak the tool can read"
-        )));
-    };
+        ))
+    })?;
     let logs = built.all::<Gated<SimStream>>("log");
-    match options.threads {
-        None => {
-            let _stream = cuda.map(own_stream);
-            let streams = (0..workload.streams.max(1)).map(|_| world.stream()).collect();
-            let mut r = StackReplayer { resource: built.resource.clone(), streams, logs, peak };
-            Ok(crate::replay::replay(&mut r, workload, options.passes, progress)?)
+    if options.threads.is_some() && !logs.is_empty() {
+        return Err(RunError::Unsupported(
+            "a stack with `log` replays on one thread only (its log is the replay's op sequence)".into(),
+        ));
+    }
+    let on_pass = move |pass: usize| {
+        // Pass 0 is the warm-up: log pass 1 only.
+        for log in &logs {
+            log.set(pass == 1);
         }
-        Some(k) => {
-            if !logs.is_empty() {
-                return Err(RunError::Unsupported(
-                    "a stack with `log` replays on one thread only (its log is the replay's op sequence)"
-                        .into(),
-                ));
+    };
+    Ok(runner.run(Owned(built.resource), move |_| peak(), on_pass)?)
+}
+
+/// The peak upstream of a built stack: of its outermost `sim` or `host`,
+/// else of its `vpool`, else (with CUDA leaves) of its CUDA leaf.
+fn leaf_peak(built: &Built<SimStream>, cuda: bool) -> Option<Box<dyn Fn() -> u64 + Send + Sync>> {
+    if let Some(sim) = built.get::<SimDevice>("sim") {
+        Some(Box::new(move || sim.peak_held_bytes()))
+    } else if let Some(host) = built.get::<HostMemory>("host") {
+        Some(Box::new(move || host.peak_held_bytes()))
+    } else if let Some(v) = built.get::<Shared<VirtualPool<SimAddressSpace>>>("vpool") {
+        Some(Box::new(move || v.with(|v| v.peak_committed_bytes())))
+    } else if cuda {
+        cuda_peak(built)
+    } else {
+        None
+    }
+}
+
+/// Replays a resource as the options say: on one thread, each op on the
+/// simulated stream of its workload stream; on `--streams K` threads, each
+/// on its own stream, through the resource shared.
+pub(crate) struct Replay<'a> {
+    pub(crate) workload: &'a Workload,
+    pub(crate) options: &'a RunOptions,
+    pub(crate) progress: &'a mut dyn FnMut(usize),
+    pub(crate) world: &'a SimWorld,
+    /// Run first on each replaying thread (its own CUDA stream).
+    pub(crate) setup: &'a (dyn Fn(usize) + Sync),
+}
+
+impl Replay<'_> {
+    /// Replays a `&self` resource (shared as it is), telling `on_pass` of
+    /// each pass of a one-thread replay.
+    fn run<R>(
+        self,
+        resource: Owned<R>,
+        peak: impl Fn(&R) -> u64 + 'static,
+        on_pass: impl FnMut(usize) + 'static,
+    ) -> Result<Measurement, ReplayError>
+    where
+        R: MemoryResource<SimStream> + Sync,
+    {
+        let (w, passes) = (self.workload, self.options.passes);
+        match self.options.threads {
+            None => {
+                let streams: Vec<_> = (0..w.streams.max(1)).map(|_| self.world.stream()).collect();
+                let mut r = StreamReplayer::new(resource, streams, move |o| peak(&o.0)).on_pass(on_pass);
+                replay(&mut r, w, passes, self.progress)
             }
-            let _stream = cuda.map(own_stream); // the warm-up's, on this thread
-            let streams = (0..k.max(1)).map(|_| world.non_blocking_stream()).collect();
-            let setup = thread_setup(cuda);
-            Ok(replay_threads(&built.resource, streams, workload, options.passes, &*setup, |_| peak())?)
+            Some(k) => {
+                let streams = (0..k.max(1)).map(|_| self.world.non_blocking_stream()).collect();
+                replay_threads(&resource.0, streams, w, passes, self.setup, peak)
+            }
         }
+    }
+}
+
+impl Runner for Replay<'_> {
+    type Output = Result<Measurement, ReplayError>;
+
+    fn shared(&self) -> bool {
+        self.options.threads.is_some()
+    }
+
+    fn run_mut<R>(self, resource: R, peak: impl Fn(&R) -> u64 + Send + Sync + 'static) -> Self::Output
+    where
+        R: MemoryResourceMut<SimStream> + Send + 'static,
+    {
+        if self.options.threads.is_some() {
+            return self.run(Owned(Shared::new(resource)), move |s| s.with(|r| peak(r)), |_| {});
+        }
+        let streams: Vec<_> = (0..self.workload.streams.max(1)).map(|_| self.world.stream()).collect();
+        replay(
+            &mut StreamReplayer::new(resource, streams, peak),
+            self.workload,
+            self.options.passes,
+            self.progress,
+        )
+    }
+
+    fn run_ref<R>(self, resource: R, peak: impl Fn(&R) -> u64 + Send + Sync + 'static) -> Self::Output
+    where
+        R: MemoryResource<SimStream> + Send + Sync + 'static,
+    {
+        self.run(Owned(resource), peak, |_| {})
+    }
+
+    fn run_default<R>(self, resource: R, peak: impl Fn(&R) -> u64 + Send + Sync + 'static) -> Self::Output
+    where
+        R: MemoryResourceMut + Send + 'static,
+    {
+        let mut r = StreamReplayer::new(resource, DefaultStream, peak);
+        replay(&mut r, self.workload, self.options.passes, self.progress)
     }
 }
 
@@ -200,10 +251,7 @@ type CudaLeaves = Option<std::convert::Infallible>;
 
 fn cuda_leaves(builder: &mut StackBuilder<SimStream>, options: &RunOptions) -> Result<CudaLeaves, RunError> {
     match options.upstream {
-        UpstreamKind::Sim => Ok(None),
-        UpstreamKind::Host => Err(RunError::Unsupported(
-            "--upstream host does not apply to a stack: its leaf names the upstream".into(),
-        )),
+        UpstreamKind::Sim | UpstreamKind::Host => Ok(None),
         #[cfg(feature = "cuda")]
         UpstreamKind::Cuda | UpstreamKind::Async => crate::cuda::register_stack_leaves(builder).map(Some),
         #[cfg(not(feature = "cuda"))]
@@ -218,12 +266,12 @@ fn cuda_leaves(builder: &mut StackBuilder<SimStream>, options: &RunOptions) -> R
 }
 
 #[cfg(feature = "cuda")]
-fn cuda_peak(built: &memres_host::Built<SimStream>) -> Option<Box<dyn Fn() -> u64>> {
+fn cuda_peak(built: &Built<SimStream>) -> Option<Box<dyn Fn() -> u64 + Send + Sync>> {
     crate::cuda::stack_leaf_peak(built)
 }
 
 #[cfg(not(feature = "cuda"))]
-fn cuda_peak(_: &memres_host::Built<SimStream>) -> Option<Box<dyn Fn() -> u64>> {
+fn cuda_peak(_: &Built<SimStream>) -> Option<Box<dyn Fn() -> u64 + Send + Sync>> {
     None
 }
 

@@ -13,6 +13,7 @@
 //! exactly once, ids still live at the end of the sequence are freed then.
 
 use memres_core::testing::SplitMix64;
+use memres_core::trace::{self, Action, ReadError};
 use std::collections::HashMap;
 use std::fmt;
 use std::io::{BufRead, BufReader, Read};
@@ -261,9 +262,10 @@ pub fn generate(
 /// Loads a trace in RMM's log format, plain or gzip (told by its first
 /// bytes, not its name).
 ///
-/// Header lines (`Thread,...`) are skipped wherever they are, so traces
+/// Rows are read as [`memres_core::trace`] says (RMM's own logs and
+/// memres's): header lines are skipped wherever they are, so traces
 /// concatenated by `cat` read as one (as do gzip files of several members,
-/// which every member of is read). Blank lines are skipped;
+/// which every member of is read); blank lines are skipped;
 /// `allocate failure` records (an allocation that did not happen) too. A
 /// free of a pointer that is not live is skipped and counted in
 /// [`Workload::skipped_frees`]. An allocation of a pointer that is already
@@ -277,7 +279,8 @@ pub fn generate(
 ///
 /// [`WorkloadError::Io`] when the file cannot be opened or read,
 /// [`WorkloadError::Malformed`] for a line with fewer than six fields, an
-/// unknown action, a pointer that is not hex or a size that is not a number.
+/// unknown action, a pointer that is not hex or a size that is not a
+/// number, or more streams or allocations than an op can number.
 pub fn load_trace(path: &Path) -> Result<Workload, WorkloadError> {
     let name = path.display().to_string();
     let io = |error| WorkloadError::Io { path: name.clone(), error };
@@ -289,74 +292,60 @@ pub fn load_trace(path: &Path) -> Result<Workload, WorkloadError> {
     parse_trace(&name, BufReader::new(reader))
 }
 
-/// [`load_trace`] over any reader; `name` names it in errors.
+/// [`load_trace`] over any reader; `name` names it in errors. The rows are
+/// read by the core's one reader of RMM's format
+/// ([`memres_core::trace::read`]).
 ///
 /// # Errors
 ///
 /// As [`load_trace`].
 pub fn parse_trace(name: &str, reader: impl BufRead) -> Result<Workload, WorkloadError> {
-    let malformed = |line: u64, what: String| WorkloadError::Malformed { path: name.to_owned(), line, what };
     let mut ops = Vec::new();
     let mut live: HashMap<u64, (u32, u64, u16)> = HashMap::new();
     let mut replaced: Vec<(u32, u64, u16)> = Vec::new();
     let mut streams: HashMap<String, u16> = HashMap::new();
     let mut next = 0u32;
     let mut skipped = 0u64;
-    for (i, line) in reader.lines().enumerate() {
-        let number = i as u64 + 1;
-        let line = line.map_err(|error| WorkloadError::Io { path: name.to_owned(), error })?;
-        let line = line.trim_end_matches('\r');
-        // Header lines anywhere: concatenated traces (`cat a.csv b.csv`, or
-        // gzip members) repeat it. A record starts with a thread number.
-        if line.trim().is_empty() || line.starts_with("Thread,") {
-            continue;
+    // Streams are numbered when an op first uses them, so that skipped
+    // rows leave no gaps.
+    let mut intern = |stream: &str| match streams.get(stream) {
+        Some(&s) => Ok::<u16, String>(s),
+        None => {
+            let s = u16::try_from(streams.len())
+                .ok()
+                .filter(|&s| s < u16::MAX)
+                .ok_or_else(|| "more than 65535 distinct streams".to_string())?;
+            streams.insert(stream.to_owned(), s);
+            Ok(s)
         }
-        let cols: Vec<&str> = line.split(',').map(str::trim).collect();
-        if cols.len() < 6 {
-            return Err(malformed(number, format!("expected 6 fields, found {}", cols.len())));
-        }
-        let (action, pointer, size, stream) = (cols[2], cols[3], cols[4], cols[5]);
-        let digits = pointer.strip_prefix("0x").or_else(|| pointer.strip_prefix("0X")).unwrap_or(pointer);
-        let ptr = u64::from_str_radix(digits, 16)
-            .map_err(|_| malformed(number, format!("pointer `{pointer}` is not a hex number")))?;
-        // Streams are numbered when an op first uses them, so that skipped
-        // lines leave no gaps.
-        let mut intern = |name: &str| match streams.get(name) {
-            Some(&s) => Ok(s),
-            None => {
-                let s = u16::try_from(streams.len())
-                    .ok()
-                    .filter(|&s| s < u16::MAX)
-                    .ok_or_else(|| malformed(number, "more than 65535 distinct streams".into()))?;
-                streams.insert(name.to_owned(), s);
-                Ok(s)
-            }
-        };
-        match action {
-            "allocate" => {
-                let size = size
-                    .parse::<u64>()
-                    .map_err(|_| malformed(number, format!("size `{size}` is not a number")))?;
+    };
+    trace::read(reader, |_, row| {
+        match row.action {
+            Action::Allocate => {
                 if next == u32::MAX {
-                    return Err(malformed(number, "more than 2^32 - 1 allocations".into()));
+                    return Err("more than 2^32 - 1 allocations".into());
                 }
-                let stream = intern(stream)?;
-                if let Some(old) = live.insert(ptr, (next, size, stream)) {
+                let stream = intern(row.stream)?;
+                if let Some(old) = live.insert(row.pointer, (next, row.size, stream)) {
                     replaced.push(old);
                 }
-                ops.push(Op { size, id: next, stream, alloc: true });
+                ops.push(Op { size: row.size, id: next, stream, alloc: true });
                 next += 1;
             }
-            "free" => match live.remove(&ptr) {
+            Action::Free => match live.remove(&row.pointer) {
                 // The free's own stream, which may differ from its
                 // allocation's: RMM lets a block be freed on another stream.
-                Some((id, size, _)) => ops.push(Op { size, id, stream: intern(stream)?, alloc: false }),
+                Some((id, size, _)) => ops.push(Op { size, id, stream: intern(row.stream)?, alloc: false }),
                 None => skipped += 1,
             },
-            "allocate failure" => {}
-            other => return Err(malformed(number, format!("unknown action `{other}`"))),
+            Action::AllocateFailure => {}
         }
-    }
+        Ok(())
+    })
+    .map_err(|e| match e {
+        ReadError::Io(error) => WorkloadError::Io { path: name.to_owned(), error },
+        ReadError::Malformed { line, what } => WorkloadError::Malformed { path: name.to_owned(), line, what },
+    })?;
     let mut rest: Vec<(u32, u64, u16)> = live.into_values().chain(replaced).collect();
     rest.sort_unstable_by_key(|&(id, ..)| id);
     ops.extend(rest.into_iter().map(|(id, size, stream)| Op { size, id, stream, alloc: false }));

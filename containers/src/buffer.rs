@@ -25,7 +25,7 @@ use std::fmt;
 ///
 /// ```
 /// use memres_containers::DeviceBuffer;
-/// use memres_host::{HostCopy, HostMemory};
+/// use memres_sim::{HostCopy, HostMemory};
 /// let mem = HostMemory::new();
 /// let mut buf = DeviceBuffer::from_slice(b"hello", (), &mem, HostCopy)?;
 /// buf.resize(8)?;

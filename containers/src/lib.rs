@@ -31,7 +31,7 @@
 //!
 //! ```compile_fail,E0277
 //! use memres_containers::DeviceBuffer;
-//! use memres_host::{HostCopy, SimDevice};
+//! use memres_sim::{HostCopy, SimDevice};
 //! // `SimDevice: MemoryOf<HostCopy>` does not hold.
 //! let _ = DeviceBuffer::from_slice(b"hello", (), &SimDevice::new(1 << 30), HostCopy);
 //! ```
@@ -81,7 +81,7 @@
 //! use memres_containers::DeviceUVector;
 //! use memres_core::copy::AssumeMemoryOf;
 //! use memres_core::MemoryResource;
-//! use memres_host::{HostCopy, HostMemory};
+//! use memres_sim::{HostCopy, HostMemory};
 //! let stack: Box<dyn MemoryResource> = Box::new(HostMemory::new());
 //! // SAFETY: the box holds host memory, whose blocks `HostCopy` may touch.
 //! let mr = unsafe { AssumeMemoryOf::<_, HostCopy>::new(stack) };

@@ -10,7 +10,7 @@ use std::fmt;
 ///
 /// ```
 /// use memres_containers::DeviceScalar;
-/// use memres_host::{HostCopy, HostMemory};
+/// use memres_sim::{HostCopy, HostMemory};
 /// let mem = HostMemory::new();
 /// let mut s = DeviceScalar::from_value(&7u64, (), &mem, HostCopy)?;
 /// s.set_value_async(&42)?;

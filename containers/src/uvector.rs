@@ -18,7 +18,7 @@ use std::marker::PhantomData;
 ///
 /// ```
 /// use memres_containers::DeviceUVector;
-/// use memres_host::{HostCopy, HostMemory};
+/// use memres_sim::{HostCopy, HostMemory};
 /// let mem = HostMemory::new();
 /// let mut v = DeviceUVector::from_slice(&[1u32, 2, 3], (), &mem, HostCopy)?;
 /// v.set_element_async(1, &20)?;

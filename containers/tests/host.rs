@@ -7,7 +7,7 @@ mod suite;
 
 use memres_core::pool::{CoalescingPool, PoolConfig};
 use memres_core::Shared;
-use memres_host::{HostCopy, HostMemory};
+use memres_sim::{HostCopy, HostMemory};
 use suite::Setup;
 
 /// The pool's maximum size.

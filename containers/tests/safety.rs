@@ -11,7 +11,7 @@ use memres_containers::{ContainerError, DeviceBuffer, DeviceScalar, DeviceUVecto
 use memres_core::copy::{CopyEngine, MemoryOf};
 use memres_core::pool::{CoalescingPool, PoolConfig};
 use memres_core::{Block, Error, MemoryResource, Request, Result as CoreResult, Shared, Stream};
-use memres_host::{HostCopy, HostMemory, SimStream, SimWorld};
+use memres_sim::{HostCopy, HostMemory, SimStream, SimWorld};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 

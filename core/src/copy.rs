@@ -49,7 +49,7 @@ use core::marker::PhantomData;
 /// # Examples
 ///
 /// A host-memory backend can implement it with plain pointer copies checked
-/// against its live allocations; see `memres_host::HostCopy`. Calling it:
+/// against its live allocations; see `memres_sim::HostCopy`. Calling it:
 ///
 /// ```
 /// use memres_core::{copy::CopyEngine, Result, Stream};
@@ -130,7 +130,7 @@ impl<S: Stream + ?Sized, E: CopyEngine<S> + ?Sized> CopyEngine<S> for &E {
 /// write: what the containers ask of their resource.
 ///
 /// Implemented by each backend for its own resources and engine (host memory
-/// for `memres_host::HostCopy`, the CUDA resources for `memres_cuda::CudaCopy`),
+/// for `memres_sim::HostCopy`, the CUDA resources for `memres_cuda::CudaCopy`),
 /// and forwarded by everything that hands out its upstream's blocks or
 /// sub-ranges of them: `&R`, `Box<R>`, `Arc<R>`, [`Shared`](crate::Shared),
 /// the [adaptors](crate::adaptor), the [pool](crate::pool::CoalescingPool),
@@ -176,7 +176,7 @@ impl<S: Stream + ?Sized, E: CopyEngine<S> + ?Sized> CopyEngine<S> for &E {
 ///   their memory, and the bytes `E` reads from Rust are initialized (fresh
 ///   allocations are zeroed), so the worst a stale holder does is read or
 ///   write bytes another holder now has: wrong data, not undefined
-///   behaviour. Host memory (`memres_host::HostMemory` with `HostCopy`) and
+///   behaviour. Host memory (`memres_sim::HostMemory` with `HostCopy`) and
 ///   CUDA's pinned and managed memory (with `CudaCopy`) work so.
 /// - **Memory only the engine's device copies reach** (plain device memory):
 ///   a stale address must name device memory or nothing, never host memory,
@@ -244,7 +244,7 @@ impl<R, E> AssumeMemoryOf<R, E> {
     /// `addr()` are live memory that `E` may read and write, and no other
     /// live block of the resource overlaps them; and `E` stays sound on a
     /// block that other code has freed (it checks its accesses, as
-    /// `memres_host::HostCopy` and `memres_cuda::CudaCopy` do, or the memory
+    /// `memres_sim::HostCopy` and `memres_cuda::CudaCopy` do, or the memory
     /// is device memory only its device copies reach).
     pub unsafe fn new(resource: R) -> Self {
         AssumeMemoryOf { resource, _engine: PhantomData }

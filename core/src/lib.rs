@@ -27,13 +27,18 @@
 //! | [`copy`] | [`CopyEngine`](copy::CopyEngine): how containers move bytes to and from a backend's memory |
 //! | [`vmem`] | [`ReservableSpace`](vmem::ReservableSpace): reserve an address range once, commit and decommit granules of it (CUDA virtual memory, `mmap`) |
 //! | [`vpool`] | [`VirtualPool`](vpool::VirtualPool): the pool over one reserved range, physical memory mapped only where live blocks are (feature `alloc`) |
+//! | [`stack`] | stacks described by a string, `stats(pool(sim, initial=1GiB))`: the parser, and the builder that turns the text into resources, with a name registered for each (backends register their leaves) (feature `alloc`) |
+//! | `trace` | RMM's log format: the rows the logging adaptor writes and the one reader of traces (feature `std`) |
 //!
 //! # Features
 //!
 //! - `alloc` (default): metadata in `Vec`s, forwarding impls for `Box` and `Arc`.
-//! - `std`: a lock over `std::sync::Mutex`.
+//! - `std`: a lock over `std::sync::Mutex`, the per-device registry, the
+//!   logging adaptor and RMM's log format (`trace`).
 //! - `heapless`: fixed-capacity metadata storage: no allocator at all.
 //! - `critical-section`: a lock for bare-metal targets.
+//! - `testing`: the test doubles of the `testing` module and the deliberately
+//!   wrong `CrossStream::Unordered`, for tests, examples and fuzzing.
 //!
 //! # Example
 //!
@@ -64,6 +69,8 @@ mod primitive;
 mod range;
 mod request;
 mod resource;
+#[cfg(any(feature = "alloc", test, feature = "testing"))]
+mod splitmix;
 mod stream;
 
 pub mod adaptor;
@@ -87,7 +94,10 @@ pub mod stack;
 pub mod storage;
 #[cfg(feature = "alloc")]
 pub mod stream_ordered;
+#[cfg(any(test, feature = "testing"))]
 pub mod testing;
+#[cfg(feature = "std")]
+pub mod trace;
 pub mod vmem;
 #[cfg(feature = "alloc")]
 pub mod vpool;

@@ -1,12 +1,18 @@
-//! Small upstreams and streams for examples, tests and fuzzing inside the
-//! core.
+//! Test doubles for examples, tests and fuzzing (feature `testing`; the
+//! core's own unit tests have them always).
 //!
-//! The real ones live in the backends (`memres-host`'s `SimDevice` and
-//! `SimStream`, `memres-cuda`); these need nothing but the core.
+//! They need nothing but the core, so that the core's tests can use them:
+//! an upstream that hands out numbers ([`BumpUpstream`]), streams known by
+//! an id ([`IdStream`], [`TestStream`] with injected `synchronize`
+//! failures) and the deterministic generator of workloads and randomized
+//! tests ([`SplitMix64`]). The simulated device, streams with a
+//! happens-before checker and address space live in `memres-sim`; fault
+//! injection of those is [`FailNth`](crate::check::FailNth).
 
 #[cfg(feature = "alloc")]
 use crate::primitive::AtomicBool;
 use crate::primitive::{AtomicU64, Ordering};
+pub use crate::splitmix::SplitMix64;
 use crate::{Block, Error, MemoryResource, Request, Result, Stream};
 #[cfg(feature = "alloc")]
 use alloc::sync::Arc;
@@ -93,98 +99,6 @@ impl<S: Stream + ?Sized> MemoryResource<S> for BumpUpstream {
         let size = (block.size() + 255) & !255;
         self.outstanding.fetch_sub(size, Ordering::Relaxed);
         Ok(())
-    }
-}
-
-/// One armed failure: the `n`th call after [`arm`](FailNth::arm)`(n)` fails,
-/// once (`n = 1`: the next call); it counts the failures it delivered. The
-/// fault injection of the simulated devices, streams and address spaces.
-///
-/// # Examples
-///
-/// ```
-/// use memres_core::testing::FailNth;
-/// let mut f = FailNth::new();
-/// f.arm(2);
-/// assert_eq!([f.fires(), f.fires(), f.fires()], [false, true, false]);
-/// f.arm(1);
-/// f.arm(0); // cancels
-/// assert!(!f.fires());
-/// assert_eq!(f.delivered(), 1);
-/// ```
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct FailNth {
-    /// Calls to let through, the failing one included (0: none armed).
-    left: u64,
-    /// Calls made to fail so far.
-    delivered: u64,
-}
-
-impl FailNth {
-    /// Nothing armed, nothing delivered.
-    pub const fn new() -> Self {
-        FailNth { left: 0, delivered: 0 }
-    }
-
-    /// Makes the `n`th call from now fail; `n = 0` cancels.
-    pub fn arm(&mut self, n: u64) {
-        self.left = n;
-    }
-
-    /// Counts one call: true when it is the one to fail.
-    pub fn fires(&mut self) -> bool {
-        if self.left == 0 {
-            return false;
-        }
-        self.left -= 1;
-        let fire = self.left == 0;
-        self.delivered += fire as u64;
-        fire
-    }
-
-    /// The calls made to fail so far.
-    pub fn delivered(&self) -> u64 {
-        self.delivered
-    }
-}
-
-/// SplitMix64: the small, fast, deterministic generator the workload
-/// strings and randomized tests use (the same one as RMM's bench harness).
-///
-/// # Examples
-///
-/// ```
-/// use memres_core::testing::SplitMix64;
-/// let mut a = SplitMix64::new(42);
-/// let mut b = SplitMix64::new(42);
-/// assert_eq!(a.next_u64(), b.next_u64());
-/// assert!(a.below(10) < 10);
-/// ```
-#[derive(Clone, Debug)]
-pub struct SplitMix64 {
-    state: u64,
-}
-
-impl SplitMix64 {
-    /// A generator seeded with `seed`.
-    pub const fn new(seed: u64) -> Self {
-        SplitMix64 { state: seed }
-    }
-
-    /// The next 64 random bits.
-    #[inline]
-    pub fn next_u64(&mut self) -> u64 {
-        self.state = self.state.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.state;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-
-    /// A number in `0..n` (`n > 0`), by modulo as RMM's harness does.
-    #[inline]
-    pub fn below(&mut self, n: u64) -> u64 {
-        self.next_u64() % n
     }
 }
 
@@ -490,19 +404,20 @@ impl<const KIND: u32> TestStream<KIND> {
 }
 
 #[cfg(feature = "alloc")]
+/// An [`IdStream`] whose `synchronize` goes through its faults.
 impl<const KIND: u32> Stream for TestStream<KIND> {
     type Event = ();
     fn id(&self) -> u64 {
         self.id
     }
     fn record(&self) -> Result<()> {
-        Ok(())
+        IdStream(self.id).record()
     }
-    fn wait(&self, _: &()) -> Result<()> {
-        Ok(())
+    fn wait(&self, event: &()) -> Result<()> {
+        IdStream(self.id).wait(event)
     }
-    fn query(&self, _: &()) -> Result<bool> {
-        Ok(true)
+    fn query(&self, event: &()) -> Result<bool> {
+        IdStream(self.id).query(event)
     }
     fn synchronize(&self) -> Result<()> {
         self.faults.synchronize()

@@ -3,7 +3,7 @@
 //! with exact accounting and its invariant checker passes. The README's
 //! "Bad input" table names these tests.
 
-use memres_core::adaptor::{Aligned, FailureCallback, Limiting, Statistics, Tracking};
+use memres_core::adaptor::{Aligned, FailureCallback, Limiting, Logging, Statistics, Tracking};
 use memres_core::arena::{ArenaConfig, ArenaResource};
 use memres_core::binning::BinningResource;
 use memres_core::fixed::{FixedConfig, FixedSizeResource};
@@ -13,7 +13,7 @@ use memres_core::stack::StackErrorKind;
 use memres_core::stream_ordered::StreamOrdered;
 use memres_core::vpool::{VirtualConfig, VirtualPool};
 use memres_core::{Block, Error, MemoryResource, Request, Shared};
-use memres_host::{HostMemory, Logging, SimAddressSpace, SimDevice, SimStream, SimWorld, StackBuilder};
+use memres_sim::{HostMemory, SimAddressSpace, SimDevice, SimStream, SimWorld};
 use std::sync::Arc;
 
 /// A resource under test, with its figure of bytes in use and its checker.
@@ -558,7 +558,7 @@ fn statistics_counters_popped_unevenly_change_nothing() {
 
 #[test]
 fn malformed_stack_string_builds_nothing() {
-    let builder = StackBuilder::<()>::new();
+    let builder = memres_sim::builder::<()>();
     let build_err = |text: &str| builder.build(text, &()).err().expect("a malformed stack");
     let e = build_err("stats(pool(sim)");
     assert_eq!((e.pos, e.kind), (15, StackErrorKind::Expected("`,` or `)`")));

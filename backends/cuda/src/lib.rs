@@ -14,6 +14,9 @@
 //! | [`CudaStream`], [`CudaEvent`], [`StreamPool`] | `cuStream*`, `cuEvent*` | `cuda_stream`, `cuda_stream_pool` |
 //! | [`Device`], [`Context`] | `cuDevice*`, primary contexts | `cuda_device_id` |
 //!
+//! The resources are also the leaves `async`, `cuda`, `managed`, `pinned`
+//! and `vmm` of the core's stack strings ([`stack`]).
+//!
 //! Every resource implements [`memres_core::MemoryResource`] and so stacks
 //! under the core's algorithms (a [`CoalescingPool`](memres_core::pool::CoalescingPool)
 //! over [`CudaAsyncMemory`], say). Every block is aligned to 256 bytes, or
@@ -65,6 +68,7 @@ mod stream;
 mod vmm;
 
 pub mod ops;
+pub mod stack;
 pub mod sys;
 
 pub use async_memory::{AsyncConfig, CudaAsyncMemory, IpcHandle};

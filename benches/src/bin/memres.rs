@@ -4,7 +4,9 @@
 use clap::{Parser, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
 use memres_bench::report::{json_line, table, Row};
-use memres_bench::resources::{select, Param, Resource, RunOptions, UpstreamKind, RESOURCES};
+use memres_bench::resources::{
+    select, spelled, Kind, Param, Resource, RunError, RunOptions, UpstreamKind, RESOURCES,
+};
 use memres_bench::stack::run_stack;
 use memres_bench::workload::Workload;
 use std::io::IsTerminal;
@@ -28,7 +30,9 @@ enum Command {
     Replay {
         /// Resources to compare, comma separated (default: all but those
         /// that need a parameter; see `memres resources`), e.g.
-        /// `pool,fixed:1MiB,arena`.
+        /// `pool,fixed:1MiB,arena`: aliases of stack strings over the
+        /// upstream (`pool` is `pool(sim(1TiB))`), the peers, the plain
+        /// CUDA resources.
         #[arg(long, short, value_delimiter = ',')]
         resource: Vec<String>,
         /// Stacks to replay through, e.g. `stats(binning(pool(sim)))`
@@ -56,21 +60,21 @@ enum Command {
         #[arg(required = true, value_name = "WORKLOAD_OR_TRACE")]
         workloads: Vec<String>,
     },
-    /// List the resources `replay` knows.
+    /// List the resources `replay` knows, with the stack strings they stand for.
     Resources,
 }
 
 fn main() -> ExitCode {
     match Cli::parse().command {
         Command::Resources => {
-            let name = |r: &Resource| match r.param {
-                Param::None => r.name.to_string(),
-                Param::Size => format!("{}:SIZE", r.name),
-                Param::OptionalSize => format!("{}[:SIZE]", r.name),
-            };
-            let width = RESOURCES.iter().map(|r| name(r).len()).max().unwrap_or(0);
+            let width = RESOURCES.iter().map(|r| spelled(r).len()).max().unwrap_or(0);
             for r in RESOURCES {
-                println!("{:<width$}  {}", name(r), r.about);
+                let stack = match r.stack(UpstreamKind::Sim, Some(1 << 30)) {
+                    Some(text) if r.param == Param::None => format!(" (= {text})"),
+                    Some(text) => format!(" (= {text} with SIZE 1GiB)"),
+                    None => String::new(),
+                };
+                println!("{:<width$}  {}{stack}", spelled(r), r.about);
             }
             ExitCode::SUCCESS
         }
@@ -105,7 +109,7 @@ fn replay(
     if names.is_empty() && stacks.is_empty() {
         let applies = |r: &&Resource| {
             r.param != Param::Size
-                && (!r.cuda || cfg!(feature = "cuda"))
+                && (!matches!(r.kind, Kind::Cuda(_)) || cfg!(feature = "cuda"))
                 && (!r.sim_only || options.upstream == UpstreamKind::Sim)
         };
         for r in RESOURCES.iter().filter(applies) {
@@ -147,6 +151,10 @@ fn replay(
                 Target::Resource(r, param, _) => {
                     r.run(w, &RunOptions { param: *param, ..options }, &mut progress)
                 }
+                // The stack's leaves name its upstream.
+                Target::Stack(_) if options.upstream == UpstreamKind::Host => Err(RunError::Unsupported(
+                    "--upstream host does not apply to a stack: its leaf names the upstream".into(),
+                )),
                 Target::Stack(text) => run_stack(text, w, &options, &mut progress),
             }
             .map_err(|e| e.to_string());

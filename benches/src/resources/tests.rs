@@ -1,7 +1,14 @@
 use super::*;
-use crate::replay::pass;
+use crate::replay::{pass, Replayer, StreamReplayer};
+use crate::stack::builder;
+use crate::typed::{run_typed, OneThread, WithReplayer};
 use crate::workload::{generate, parse_trace, SizeLaw};
+use memres_core::pool::CoalescingPool;
+use memres_core::stack::parse;
+use memres_core::{Block, Error};
+use memres_sim::{SimDevice, SimWorld};
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 /// Wraps a resource and checks, at every step, that the byte ranges it
 /// hands out are aligned to 256 and never overlap a live one.
@@ -53,41 +60,69 @@ fn workloads() -> Vec<Workload> {
     ]
 }
 
-fn check_replays<R: Replayer>(make: impl Fn(&Workload) -> R, range: fn(&R::Handle, u64) -> (u64, u64)) {
-    for w in workloads() {
-        let mut r = Checked { inner: make(&w), range, live: BTreeMap::new() };
-        let mut handles = vec![r.vacant(); w.ids as usize];
-        for _ in 0..2 {
-            pass(&mut r, &w, &mut handles).unwrap();
-            assert!(r.live.is_empty());
-        }
-        let rounded_peak = {
-            let (mut live, mut peak) = (0u64, 0u64);
-            for op in &w.ops {
-                let s = op.size.div_ceil(256) * 256;
-                if op.alloc {
-                    live += s;
-                    peak = peak.max(live);
-                } else {
-                    live -= s;
-                }
+/// Two passes of `w` through `r`, checked; the peak upstream holds at
+/// least the rounded peak live.
+fn check_replay<R: Replayer>(r: R, range: fn(&R::Handle, u64) -> (u64, u64), w: &Workload) {
+    let mut r = Checked { inner: r, range, live: BTreeMap::new() };
+    let mut handles = vec![r.vacant(); w.ids as usize];
+    for _ in 0..2 {
+        pass(&mut r, w, &mut handles).unwrap();
+        assert!(r.live.is_empty());
+    }
+    let rounded_peak = {
+        let (mut live, mut peak) = (0u64, 0u64);
+        for op in &w.ops {
+            let s = op.size.div_ceil(256) * 256;
+            if op.alloc {
+                live += s;
+                peak = peak.max(live);
+            } else {
+                live -= s;
             }
-            peak
-        };
-        assert!(r.peak_upstream() >= rounded_peak, "{}: {} < {rounded_peak}", w.name, r.peak_upstream());
+        }
+        peak
+    };
+    assert!(r.peak_upstream() >= rounded_peak, "{}: {} < {rounded_peak}", w.name, r.peak_upstream());
+}
+
+fn block_range(b: &Block, size: u64) -> (u64, u64) {
+    (b.addr(), b.addr() + size.div_ceil(256) * 256)
+}
+
+/// Checks a typed resource's replays of one workload.
+struct Check<'a>(&'a Workload);
+
+impl WithReplayer for Check<'_> {
+    type Output = ();
+    fn with<R: Replayer<Handle = Block>>(self, r: R) {
+        check_replay(r, block_range, self.0);
+    }
+}
+
+/// Every workload through the typed stack of `text`.
+fn check_typed(text: &str) {
+    let (builder, world) = (builder(), SimWorld::new());
+    for w in workloads() {
+        let call = parse(text).unwrap();
+        let streams = (0..w.streams).map(|_| world.stream()).collect();
+        let checked =
+            run_typed(&call, &builder, &world.default_stream(), OneThread { streams, then: Check(&w) });
+        let checked = checked.unwrap();
+        assert!(checked.is_ok(), "{text} has a typed shape");
     }
 }
 
 #[test]
 fn pool_replays_correctly_over_both_upstreams() {
-    let range = |b: &Block, size: u64| (b.addr(), b.addr() + size.div_ceil(256) * 256);
-    let o = RunOptions::default();
-    check_replays(|w| Pool::build(SimDevice::new(1 << 40), w, &o).unwrap(), range);
-    check_replays(|w| Pool::build(HostMemory::new(), w, &o).unwrap(), range);
+    check_typed("pool(sim(1TiB))");
+    check_typed("pool(host)");
     // The pool's own checker agrees, and it is empty after a replay.
     let w = Workload::load("random:3000:300000:5").unwrap();
-    let mut r: PoolReplayer<_> =
-        MutReplayer::new(CoalescingPool::new(SimDevice::new(1 << 40)), |p| p.upstream().peak_held_bytes());
+    let device = Arc::new(SimDevice::new(1 << 40));
+    let leaf = device.clone();
+    let mut r = StreamReplayer::new(CoalescingPool::new(device), vec![SimWorld::new().stream()], move |_| {
+        leaf.peak_held_bytes()
+    });
     let mut handles = vec![Block::EMPTY; w.ids as usize];
     pass(&mut r, &w, &mut handles).unwrap();
     r.inner.check().unwrap();
@@ -101,39 +136,34 @@ fn peers_replay_correctly() {
         let start = a.map_or(0, |a| a.offset as u64 * 256);
         (start, start + size.div_ceil(256) * 256)
     }
-    let o = RunOptions::default();
-    check_replays(|w| OffsetAllocator::build(SimDevice::new(1), w, &o).unwrap(), offset);
-    check_replays(|w| RangeAlloc::build(SimDevice::new(1), w, &o).unwrap(), |&(s, e), _| (s * 256, e * 256));
-}
-
-fn block_range(b: &Block, size: u64) -> (u64, u64) {
-    (b.addr(), b.addr() + size.div_ceil(256) * 256)
+    for w in workloads() {
+        check_replay(OffsetReplayer::new(&w), offset, &w);
+        check_replay(RangeReplayer::new(), |&(s, e), _| (s * 256, e * 256), &w);
+    }
 }
 
 #[test]
-fn new_resources_replay_correctly() {
-    let o = RunOptions::default();
-    let fixed = RunOptions { param: Some(1 << 20), ..o };
-    check_replays(|w| Fixed::build(SimDevice::new(1 << 40), w, &fixed).unwrap(), block_range);
-    check_replays(|w| Binning::build(SimDevice::new(1 << 40), w, &o).unwrap(), block_range);
-    check_replays(|w| Binning::build(HostMemory::new(), w, &o).unwrap(), block_range);
-    check_replays(|w| Arena::build(SimDevice::new(1 << 40), w, &o).unwrap(), block_range);
-    check_replays(|w| VPool::build(SimDevice::new(1), w, &o).unwrap(), block_range);
-    check_replays(|w| StreamPool::build(SimDevice::new(1 << 40), w, &o).unwrap(), block_range);
-    check_replays(|w| StatsPool::build(SimDevice::new(1 << 40), w, &o).unwrap(), block_range);
+fn every_alias_replays_correctly_typed() {
+    for r in RESOURCES {
+        let Some(text) = r.stack(UpstreamKind::Sim, Some(1 << 20)) else { continue };
+        check_typed(&text);
+    }
+    check_typed("binning(host)");
+    check_typed("arena(host, initial=1MiB)");
 }
 
 #[test]
 fn fixed_needs_a_size_that_fits_and_vpool_needs_sim() {
     let w = Workload::load("random:100:5000:1").unwrap();
+    let fixed = find("fixed").unwrap();
     let small = RunOptions { param: Some(4096), ..RunOptions::default() };
-    let e = Fixed::build(SimDevice::new(1 << 40), &w, &small).unwrap_err();
+    let e = fixed.run(&w, &small, &mut |_| {}).unwrap_err().to_string();
     assert!(e.contains("blocks of 4096 bytes") && e.contains("asks for"), "{e}");
-    assert!(Fixed::build(SimDevice::new(1 << 40), &w, &RunOptions::default())
-        .unwrap_err()
-        .contains("fixed:SIZE"));
+    let e = fixed.run(&w, &RunOptions::default(), &mut |_| {}).unwrap_err().to_string();
+    assert!(e.contains("fixed:SIZE"), "{e}");
     let host = RunOptions { upstream: UpstreamKind::Host, ..RunOptions::default() };
-    assert!(VPool::build(HostMemory::new(), &w, &host).unwrap_err().contains("--upstream sim"));
+    let e = find("vpool").unwrap().run(&w, &host, &mut |_| {}).unwrap_err().to_string();
+    assert!(e.contains("--upstream sim"), "{e}");
     assert_eq!(select("fixed:1MiB").unwrap().1, Some(1 << 20));
     assert!(select("fixed").unwrap_err().contains("needs a size"));
     assert!(select("fixed:0").unwrap_err().contains("bad size"));
@@ -144,18 +174,58 @@ fn fixed_needs_a_size_that_fits_and_vpool_needs_sim() {
 }
 
 #[test]
+fn aliases_are_stack_strings_over_the_upstream() {
+    let spelled: Vec<(String, Option<String>)> =
+        RESOURCES.iter().map(|r| (r.name.to_string(), r.stack(UpstreamKind::Host, Some(1000)))).collect();
+    let want = [
+        ("pool", Some("pool(host, initial=1024)")),
+        ("fixed", Some("fixed(host, 1000)")),
+        ("binning", Some("binning(host)")),
+        ("arena", Some("arena(host, initial=1024)")),
+        ("vpool", Some("vpool(sim(1TiB))")),
+        ("stream-pool", Some("stream(pool(host))")),
+        ("stats-pool", Some("stats(pool(host))")),
+        ("offset-allocator", None),
+        ("range-alloc", None),
+        ("cuda", None),
+        ("async", None),
+    ];
+    let want: Vec<(String, Option<String>)> =
+        want.iter().map(|(n, s)| (n.to_string(), s.map(String::from))).collect();
+    assert_eq!(spelled, want);
+    assert_eq!(find("pool").unwrap().stack(UpstreamKind::Cuda, None).as_deref(), Some("pool(cuda)"));
+}
+
+/// An alias and its stack string, replayed by the tool: the same figures
+/// but the time.
+#[test]
+fn an_alias_replays_as_its_stack_string() {
+    let w = Workload::load("lograndom:2000:256:4000000:3").unwrap();
+    for (name, param) in
+        [("pool", Some(1 << 20)), ("arena", None), ("stats-pool", None), ("fixed", Some(4 << 20))]
+    {
+        let r = find(name).unwrap();
+        let options = RunOptions { param, ..RunOptions::default() };
+        let by_name = r.run(&w, &options, &mut |_| {}).unwrap();
+        let text = r.stack(UpstreamKind::Sim, param).unwrap();
+        let by_text = crate::stack::run_stack(&text, &w, &options, &mut |_| {}).unwrap();
+        assert_eq!((by_name.peak_upstream, by_name.ops), (by_text.peak_upstream, by_text.ops), "{name}");
+    }
+}
+
+#[test]
 fn shared_entries_run_on_threads_and_the_rest_say_why_not() {
     let w = Workload::load("random:2000:100000:8").unwrap();
-    for r in RESOURCES.iter().filter(|r| !r.cuda) {
+    for r in RESOURCES.iter().filter(|r| !matches!(r.kind, Kind::Cuda(_))) {
         let options = RunOptions { threads: Some(2), param: Some(1 << 20), ..RunOptions::default() };
         match r.run(&w, &options, &mut |_| {}) {
             Ok(m) => {
-                assert!(r.shared.is_some(), "{}", r.name);
+                assert!(matches!(r.kind, Kind::Stack(..)), "{}", r.name);
                 assert_eq!((m.ops, m.peak_live), (2 * w.ops.len() as u64, 2 * w.peak_live), "{}", r.name);
                 assert!(m.peak_upstream >= w.peak_live, "{}", r.name);
             }
             Err(RunError::Unsupported(e)) => {
-                assert!(r.shared.is_none(), "{}: {e}", r.name);
+                assert!(!matches!(r.kind, Kind::Stack(..)), "{}: {e}", r.name);
                 assert!(e.contains("cannot be shared between threads"), "{e}");
             }
             Err(e) => panic!("{}: {e}", r.name),
@@ -173,7 +243,7 @@ fn registry_runs_every_resource_and_failures_are_errors() {
         assert_eq!(find(r.name).unwrap().name, r.name);
         for up in [UpstreamKind::Sim, UpstreamKind::Host] {
             let options = RunOptions { upstream: up, passes: 2, threads: None, param: Some(1 << 20) };
-            if r.cuda {
+            if matches!(r.kind, Kind::Cuda(_)) {
                 // Runs only with the feature `cuda` and a device; without
                 // either it says why, never an op failure.
                 match r.run(&w, &options, &mut |_| {}) {

@@ -13,6 +13,8 @@
 //! | [`Limiting`] | `limiting_resource_adaptor` | a byte limit (alloc: a table of what each block was charged) |
 //! | [`Aligned`] | `aligned_resource_adaptor` | a larger alignment for large allocations |
 //! | [`FailureCallback`] | `failure_callback_resource_adaptor` | a callback that decides whether to retry after out of memory |
+//! | [`Counted`] | (the `upstream_*` figures of memres's C library) | counts what a leaf lends in a [`Gauge`] that the leaves of a stack share (alloc) |
+//! | `Logging` | `logging_resource_adaptor` | every call as a row of RMM's log format, `memres_core::trace` (feature `std`) |
 //!
 //! # Examples
 //!
@@ -35,8 +37,11 @@
 
 mod aligned;
 mod failure;
+mod gauge;
 #[cfg(feature = "alloc")]
 mod limiting;
+#[cfg(feature = "std")]
+mod logging;
 mod statistics;
 #[cfg(feature = "alloc")]
 mod tracking;
@@ -44,7 +49,12 @@ mod tracking;
 pub use aligned::Aligned;
 pub use failure::FailureCallback;
 #[cfg(feature = "alloc")]
+pub use gauge::Counted;
+pub use gauge::Gauge;
+#[cfg(feature = "alloc")]
 pub use limiting::Limiting;
+#[cfg(feature = "std")]
+pub use logging::Logging;
 pub use statistics::{Counter, Statistics};
 #[cfg(feature = "alloc")]
 pub use tracking::{LeakReport, Outstanding, Tracking};

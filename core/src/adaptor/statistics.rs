@@ -1,8 +1,11 @@
 //! RMM's `statistics_resource_adaptor`: counts bytes and allocations.
 
 #[cfg(feature = "alloc")]
+use super::gauge::raise;
+use super::gauge::{signed_max, Gauge};
+#[cfg(feature = "alloc")]
 use crate::lock::Shared;
-use crate::primitive::{AtomicU64, Ordering::Relaxed};
+use crate::primitive::Ordering::Relaxed;
 use crate::{Block, MemoryResource, Request, Result, Stream};
 #[cfg(feature = "alloc")]
 use alloc::vec::Vec;
@@ -32,51 +35,7 @@ pub struct Counter {
     pub total: i64,
 }
 
-/// Three atomics for one figure.
-#[derive(Debug, Default)]
-struct Figure {
-    /// Live now, absolute (since the adaptor was made). Wraps rather than
-    /// panics if a caller frees what it never allocated here.
-    current: AtomicU64,
-    /// The highest `current` since the last push (or since creation):
-    /// always `>=` every value `current` took since then, and equal to one.
-    peak: AtomicU64,
-    /// Everything ever allocated, absolute.
-    total: AtomicU64,
-}
-
-impl Figure {
-    #[inline]
-    fn add(&self, n: u64) {
-        let now = self.current.fetch_add(n, Relaxed).wrapping_add(n);
-        self.total.fetch_add(n, Relaxed);
-        raise(&self.peak, now);
-    }
-
-    #[inline]
-    fn sub(&self, n: u64) {
-        self.current.fetch_sub(n, Relaxed);
-    }
-
-    /// [`add`](Self::add) for a caller with exclusive access: plain loads
-    /// and stores, no read-modify-write (which costs ~20 cycles each even
-    /// uncontended), so that counting inside a lock is nearly free.
-    #[inline]
-    fn add_exclusive(&mut self, n: u64) {
-        let now = self.current.load(Relaxed).wrapping_add(n);
-        self.current.store(now, Relaxed);
-        self.total.store(self.total.load(Relaxed).wrapping_add(n), Relaxed);
-        if (now as i64) > (self.peak.load(Relaxed) as i64) {
-            self.peak.store(now, Relaxed);
-        }
-    }
-
-    /// [`sub`](Self::sub) for a caller with exclusive access.
-    #[inline]
-    fn sub_exclusive(&mut self, n: u64) {
-        self.current.store(self.current.load(Relaxed).wrapping_sub(n), Relaxed);
-    }
-
+impl Gauge {
     fn counter(&self, base: Base) -> Counter {
         let current = self.current.load(Relaxed);
         Counter {
@@ -87,47 +46,15 @@ impl Figure {
     }
 }
 
-/// Raises `peak` to at least `now`.
-///
-/// This is what makes the peak exact under concurrency: every value that
-/// `current` ever takes is the result of exactly one `fetch_add`, whose
-/// thread then runs this loop with that value. The loop only ends once
-/// `peak >= now` (a failed exchange reloads the newer peak; peaks only grow),
-/// so the peak is the maximum of all values `current` took, no more (nobody
-/// stores a value `current` did not take) and no less.
-#[inline]
-fn raise(peak: &AtomicU64, now: u64) {
-    let mut seen = peak.load(Relaxed);
-    // Compared as signed: a caller that frees more bytes than it asked for
-    // (a size of the same footprint) takes `current` below zero for a while,
-    // and a wrapped value must not become the peak.
-    while (now as i64) > (seen as i64) {
-        match peak.compare_exchange_weak(seen, now, Relaxed, Relaxed) {
-            Ok(_) => return,
-            Err(actual) => seen = actual,
-        }
-    }
-}
-
-/// The larger of two figures, compared as signed (see [`raise`]).
-#[inline]
-fn signed_max(a: u64, b: u64) -> u64 {
-    if (a as i64) >= (b as i64) {
-        a
-    } else {
-        b
-    }
-}
-
 /// The six counters the hot path touches, on one cache line of their own:
 /// one line to bring in per call, and no false sharing with the upstream.
 #[derive(Debug, Default)]
 #[repr(align(64))]
 struct Hot {
     /// Bytes requested by live allocations.
-    bytes: Figure,
+    bytes: Gauge,
     /// Number of live allocations.
-    count: Figure,
+    count: Gauge,
 }
 
 /// Where a counter level began.

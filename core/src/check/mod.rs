@@ -3,7 +3,8 @@
 //! Each algorithm has a `check()` method that walks its metadata (O(n), never
 //! on the hot path) and returns the first broken invariant as a
 //! [`Violation`]. [`LiveBlocks`] checks what a caller sees: every live block
-//! aligned as asked, no two overlapping.
+//! aligned as asked, no two overlapping. [`FailNth`] is the fault injection
+//! of the simulated devices, streams and address spaces.
 
 use core::fmt;
 
@@ -40,7 +41,9 @@ impl fmt::Display for Violation {
 
 impl core::error::Error for Violation {}
 
+mod fail;
 #[cfg(feature = "alloc")]
 mod live;
+pub use fail::FailNth;
 #[cfg(feature = "alloc")]
 pub use live::LiveBlocks;

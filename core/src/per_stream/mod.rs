@@ -50,7 +50,7 @@ mod tests;
 
 pub use pools::{ChunkPool, MakePool, PoolMaker};
 
-use crate::testing::SplitMix64;
+use crate::splitmix::SplitMix64;
 use crate::{Block, Error, MemoryResourceMut, Request, Result, Stream};
 use alloc::vec::Vec;
 use core::fmt;

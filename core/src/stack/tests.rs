@@ -1,5 +1,6 @@
 use super::*;
 use alloc::string::ToString;
+use alloc::vec::Vec;
 
 fn err(text: &str) -> StackError {
     parse(text).expect_err(text)

@@ -36,7 +36,8 @@ pub enum CrossStream {
     Wait,
     /// Deliberately wrong: take another stream's block without waiting.
     /// It exists so that tests can show that a happens-before checker
-    /// catches the race; never use it for real work.
+    /// catches the race (feature `testing`); never use it for real work.
+    #[cfg(any(test, feature = "testing"))]
     Unordered,
 }
 
@@ -167,7 +168,7 @@ impl<A, S: Stream> StreamOrdered<A, S> {
     }
 
     /// A layer over `inner` that moves blocks between streams as `cross`
-    /// says ([`CrossStream::Unordered`] only to test checkers).
+    /// says (`CrossStream::Unordered`, feature `testing`, only to test checkers).
     pub fn with_cross_stream(inner: A, cross: CrossStream) -> Self {
         StreamOrdered {
             inner,

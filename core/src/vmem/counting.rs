@@ -4,7 +4,7 @@ use alloc::vec::Vec;
 use core::cell::RefCell;
 
 /// A reservable space of bare numbers that checks every call: the space of
-/// examples and tests in the core (`memres-host` has a thread-safe one).
+/// examples and tests in the core (`memres-sim` has a thread-safe one).
 ///
 /// Reservations are handed out from a counter and never reused; each keeps a
 /// bitmap of its committed granules, so a commit of committed memory or a

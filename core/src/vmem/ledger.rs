@@ -1,4 +1,4 @@
-use crate::testing::FailNth;
+use crate::check::FailNth;
 use crate::{Error, Range, Result};
 
 /// The checked bookkeeping of a simulated [`ReservableSpace`](super::ReservableSpace):
@@ -6,7 +6,7 @@ use crate::{Error, Range, Result};
 /// their peak, a budget of physical memory, call counts, and injected
 /// failures. A space finds the reservation a range lies in (its own way:
 /// [`CountingSpace`](super::CountingSpace) hands addresses out from a
-/// counter, `memres-host`'s `SimAddressSpace` from an index, behind a lock)
+/// counter, `memres-sim`'s `SimAddressSpace` from an index, behind a lock)
 /// and lets the ledger judge and count the call.
 ///
 /// A reservation's committed granules are a bitmap of `u64` words, one bit

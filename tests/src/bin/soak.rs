@@ -34,7 +34,7 @@ use memres_core::stream_ordered::{CheckInvariants, StreamOrdered};
 use memres_core::testing::SplitMix64;
 use memres_core::vpool::VirtualPool;
 use memres_core::{Block, MemoryResource, MemoryResourceMut, Request, Shared, Stream};
-use memres_host::{HbChecked, SimAddressSpace, SimDevice, SimStream, SimWorld};
+use memres_sim::{HbChecked, SimAddressSpace, SimDevice, SimStream, SimWorld};
 use std::process::ExitCode;
 use std::sync::{Barrier, Mutex};
 use std::time::Instant;

@@ -5,7 +5,7 @@ use arbitrary::Unstructured;
 use memres_core::pool::{Chunk, CoalescingIndex, CoalescingPool, Growth, Node, PoolConfig};
 use memres_core::storage::{ArrayStorage, Storage};
 use memres_core::{Block, Error, MemoryResource, MemoryResourceMut, Range, Request, Result, Shared, Stream};
-use memres_host::SimDevice;
+use memres_sim::SimDevice;
 use std::cell::Cell;
 use std::sync::{Arc, Mutex};
 

@@ -1,6 +1,7 @@
 //! Why C frees go through an address table: the cost of freeing by
 //! address alone (the pool finds the block by walking its chunk) against a
-//! table lookup and a tagged free (O(1)), over a simulated device.
+//! table lookup and a tagged free (O(1)), over a leaf with no memory behind
+//! it (the pool never touches its blocks).
 //!
 //! ```sh
 //! cargo run --release -p memres-cuda-capi --example free_by_address
@@ -8,9 +9,9 @@
 
 use memres::table::Table;
 use memres_core::pool::{CoalescingPool, PoolConfig};
+use memres_core::stack::Unbacked;
 use memres_core::testing::SplitMix64;
 use memres_core::{Block, MemoryResource, Request, Shared};
-use memres_host::SimDevice;
 use std::time::Instant;
 
 fn main() -> Result<(), memres_core::Error> {
@@ -27,7 +28,7 @@ fn main() -> Result<(), memres_core::Error> {
 /// ns per allocate+free pair of `live` blocks, freed in random order.
 fn run(live: usize, table: bool) -> Result<f64, memres_core::Error> {
     let pool = Shared::new(CoalescingPool::with_config(
-        SimDevice::new(1 << 40),
+        Unbacked::new(),
         PoolConfig::new().initial_size(8 << 30),
         &(),
     )?);

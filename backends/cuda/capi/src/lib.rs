@@ -19,12 +19,13 @@
 //!
 //! Each device gets its own resource, built the first time the device is
 //! used, from the stack description (`stats(pool(async, per_stream=true, initial=1GiB))`,
-//! see [`memres_host::StackBuilder`]) set by `memres_configure`, else the
+//! see [`memres_core::stack`]) set by `memres_configure`, else the
 //! environment variable `MEMRES_STACK` as it is then, else
 //! [`DEFAULT_STACK`]. The CUDA leaves are `async`, `cuda`, `managed` and
-//! `vmm` ([`leaves::register_cuda`]); every leaf counts the bytes it holds
-//! (`vmm`: the bytes it has mapped, see [`vmm`]), so `memres_stats` reports
-//! the bytes held from the device whatever the stack.
+//! `vmm` ([`memres_cuda::stack`]); every leaf counts the bytes it holds
+//! (`vmm`: the bytes it has mapped, see [`VmmConfig`](memres_cuda::stack::VmmConfig)),
+//! so `memres_stats` reports the bytes held from the device whatever the
+//! stack.
 //!
 //! The built resource is also set as the device's resource in
 //! [`memres_core::device`]'s registry, so Rust code in the same process
@@ -43,10 +44,9 @@
 //! refuses address-only frees. A pointer not in the table (never allocated
 //! here, or freed already) is refused before it reaches a resource.
 //!
-//! Over a simulated device, an allocate and free pair with the free by
-//! address alone costs 0.24, 1.1 and 19 µs with 100, 1000 and 10 000 blocks
-//! live in one chunk; with the table, 0.16, 0.14 and 0.11 µs (the
-//! `free_by_address` example; one busy machine, so read the trend).
+//! A free by address alone costs more the more blocks are live in the
+//! chunk; a table lookup does not (the `free_by_address` example measures
+//! both; the figures are in the repository's `docs/measurements.md`).
 //!
 //! # Streams
 //!
@@ -75,11 +75,12 @@
 //! when the program works on one stream or frees a block only once every
 //! stream is done with it. `vmm` also gives memory back to the device: it
 //! unmaps only after synchronizing the stream of the call in progress,
-//! which makes that safe under the same condition (see [`vmm`]'s *Streams*).
+//! which makes that safe under the same condition (see
+//! [`VmmPool`](memres_cuda::stack::VmmPool)).
 //!
-//! The `sim`, `host` and `vpool` names of [`memres_host::StackBuilder`]
-//! are refused here ([`leaves::refuse_host_leaves`]): their pointers are
-//! not device memory.
+//! The `sim`, `host` and `vpool` names of `memres-sim` and the CUDA
+//! crate's `pinned` are refused here ([`leaves::refuse_host_leaves`]):
+//! their pointers are not device memory.
 //!
 //! # Errors
 //!
@@ -114,13 +115,12 @@
 
 pub mod leaves;
 pub mod table;
-pub mod vmm;
 
-use leaves::{checking_builder, refuse_host_leaves, register_cuda, Counted, UpstreamCounter};
-use memres_core::adaptor::Statistics;
+use leaves::{checking_builder, refuse_host_leaves};
+use memres_core::adaptor::{Counted, Gauge, Logging, Statistics};
+use memres_core::stack::StackBuilder;
 use memres_core::{DynResource, MemoryResource, Request};
 use memres_cuda::{CudaAsyncMemory, CudaStream, Device};
-use memres_host::{Logging, StackBuilder};
 use std::ffi::{c_char, c_int, c_void, CStr};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -188,7 +188,7 @@ struct DeviceState {
     /// The outermost `stats` adaptor, if any.
     stats: Option<Arc<Statistics<DynResource<CudaStream>>>>,
     /// Bytes held by all CUDA leaves.
-    upstream: Arc<UpstreamCounter>,
+    upstream: Arc<Gauge>,
     /// The `async` leaves, to ask the driver what their pools reserve.
     pools: Vec<Arc<Counted<CudaAsyncMemory>>>,
     /// The `log` adaptors, flushed by `memres_flush` and at exit.
@@ -260,10 +260,10 @@ fn stack_text(configured: &Option<String>) -> String {
 fn build(d: usize, stack: &str) -> Result<DeviceState, String> {
     let device = Device::get(d as u32).map_err(|e| format!("memres: device {d}: {e}"))?;
     let context = device.primary_context().map_err(|e| format!("memres: device {d}: {e}"))?;
-    let upstream = Arc::new(UpstreamCounter::default());
+    let upstream = Arc::new(Gauge::default());
     let mut builder = StackBuilder::<CudaStream>::new();
+    memres_cuda::stack::register(&mut builder, device, upstream.clone());
     refuse_host_leaves(&mut builder);
-    register_cuda(&mut builder, device, upstream.clone());
     let stream = CudaStream::legacy_in(context);
     let built = builder
         .build_with_handles(stack, &stream)

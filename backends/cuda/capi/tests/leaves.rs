@@ -1,101 +1,8 @@
-//! The CUDA leaves in a `StackBuilder`: built on a GPU, refused with the
-//! driver's error at the leaf's position without one.
+//! The C library's stack check: the CUDA leaves' arguments are read as the
+//! real leaves read them, without a device.
 
-use memres::leaves::{register_cuda, Counted, UpstreamCounter};
-use memres::vmm::VmmPool;
 use memres_core::stack::StackErrorKind;
-use memres_core::{MemoryResource, Request};
-use memres_cuda::{CudaAsyncMemory, CudaStream, Device};
-use memres_host::StackBuilder;
-use std::sync::Arc;
-
-#[test]
-fn every_leaf_builds_serves_and_counts() {
-    // Without a device there is nothing to register the leaves for; the
-    // driver's refusal is what `memres_alloc` reports (see alloc.rs).
-    let Some(device) = gpu("every_leaf_builds_serves_and_counts") else { return };
-    let counter = Arc::new(UpstreamCounter::default());
-    let mut b = StackBuilder::<CudaStream>::new();
-    register_cuda(&mut b, device, counter.clone());
-    let names: Vec<&str> = b.names().collect();
-    for n in ["async", "cuda", "managed", "vmm", "pool", "stats", "log"] {
-        assert!(names.contains(&n), "{names:?}");
-    }
-    let stream = CudaStream::new(device).unwrap();
-    for text in [
-        "async(initial=1MiB, release_threshold=0)",
-        "cuda",
-        "managed",
-        "vmm(reserve=1GiB, keep=0)",
-        "pool(cuda)",
-        "stats(pool(async))",
-        "stats(vmm)",
-    ] {
-        let built = b.build_with_handles(text, &stream).unwrap_or_else(|e| panic!("{text}: {e}"));
-        let before = counter.current();
-        let blk = built.resource.allocate(Request::new(3000).unwrap(), &stream).unwrap();
-        assert!(counter.current() > before, "{text}: counted");
-        built.resource.deallocate(blk, &stream).unwrap();
-        memres_core::Stream::synchronize(&stream).unwrap();
-        if !text.starts_with("pool") && !text.starts_with("stats") {
-            // (`vmm` with keep=0 unmaps the granule of the block at once.)
-            assert_eq!(counter.current(), before, "{text}: uncounted");
-        }
-    }
-    let built = b.build_with_handles("pool(async(initial=2MiB))", &stream).unwrap();
-    let leaf = built.get::<Counted<CudaAsyncMemory>>("async").expect("typed handle");
-    assert!(leaf.inner().reserved_bytes().unwrap() >= 2 << 20);
-
-    let e = b.build("pool(async(bogus=1))", &stream).err().unwrap();
-    assert_eq!((e.pos, e.kind), (11, StackErrorKind::UnknownKey("bogus".into())));
-}
-
-/// `vmm` counts what it maps: the counter is the space's mapped bytes after
-/// every call, retained granules of a partly freed handle included.
-#[test]
-fn vmm_counts_its_mapped_bytes() {
-    let Some(device) = gpu("vmm_counts_its_mapped_bytes") else { return };
-    let counter = Arc::new(UpstreamCounter::default());
-    let mut b = StackBuilder::<CudaStream>::new();
-    register_cuda(&mut b, device, counter.clone());
-    let stream = CudaStream::new(device).unwrap();
-    let built = b.build_with_handles("vmm(reserve=4GiB, keep=0, granules=4)", &stream).unwrap();
-    let pool = built.get::<VmmPool>("vmm").expect("typed handle");
-    let mapped = || pool.with(|p| p.space().inner().mapped_bytes());
-    let granule = pool.with(|p| p.granule());
-    assert_eq!(pool.with(|p| p.reserved_bytes()), 4 << 30);
-    assert_eq!(counter.current(), 0);
-    // Three granules in one handle, then a block of its own after them.
-    let a = built.resource.allocate(Request::new(3 * granule).unwrap(), &stream).unwrap();
-    let c = built.resource.allocate(Request::new(granule).unwrap(), &stream).unwrap();
-    assert_eq!((counter.current(), mapped()), (4 * granule, 4 * granule));
-    // Freeing `a` decommits its granules, but the handle stays mapped for `c`.
-    built.resource.deallocate(a, &stream).unwrap();
-    assert_eq!(pool.with(|p| p.committed_bytes()), granule);
-    assert_eq!(counter.current(), mapped());
-    built.resource.deallocate(c, &stream).unwrap();
-    assert_eq!((counter.current(), mapped(), counter.peak()), (0, 0, 4 * granule));
-    assert_eq!(counter.peak(), pool.with(|p| p.space().inner().peak_mapped_bytes()));
-
-    let e = b.build("vmm(granules=0)", &stream).err().unwrap();
-    assert_eq!(e.pos, 13);
-    drop(built);
-    assert_eq!(counter.current(), 0);
-}
-
-/// The device, or `None` after saying the test is skipped.
-fn gpu(name: &str) -> Option<Device> {
-    match Device::count() {
-        Ok(n) if n > 0 => Some(Device::get(0).unwrap()),
-        _ => {
-            let required = std::env::var("MEMRES_REQUIRE_GPU").is_ok_and(|v| !v.is_empty() && v != "0");
-            assert!(!required, "no GPU and MEMRES_REQUIRE_GPU is set");
-            assert!(Device::get(0).is_err());
-            eprintln!("SKIPPED {name}: no GPU; nothing was tested");
-            None
-        }
-    }
-}
+use memres_cuda::CudaStream;
 
 #[test]
 fn the_checking_builder_refuses_what_the_real_one_would() {
@@ -115,4 +22,13 @@ fn the_checking_builder_refuses_what_the_real_one_would() {
     assert_eq!(e.pos, 19);
     let e = b.build("pool(vmm(1GiB))", &s).err().unwrap();
     assert_eq!((e.pos, e.kind), (9, StackErrorKind::ExtraArg));
+    // Names whose memory is not the device's are refused where they stand.
+    for (text, pos) in [("pool(sim)", 5), ("stats(host)", 6), ("vpool(sim)", 0), ("pool(pinned)", 5)] {
+        let e = b.build(text, &s).err().unwrap();
+        assert!(
+            matches!(&e.kind, StackErrorKind::BadValue(m) if m.contains("hands out device memory")),
+            "{e}"
+        );
+        assert_eq!(e.pos, pos, "{text}");
+    }
 }

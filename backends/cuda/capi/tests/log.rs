@@ -28,7 +28,7 @@ fn a_logged_stack_writes_every_allocation_and_free() {
     let text = std::fs::read_to_string(&path).unwrap();
     let _ = std::fs::remove_file(&path);
     let rows: Vec<Vec<&str>> = text.lines().skip(1).map(|l| l.split(',').collect()).collect();
-    assert_eq!(text.lines().next(), Some(memres_host::LOG_HEADER));
+    assert_eq!(text.lines().next(), Some(memres_core::trace::HEADER));
     assert_eq!(rows.len(), 6, "{text}");
     for (i, (&p, &s)) in ptrs.iter().zip(&sizes).enumerate() {
         // All allocations come first, then the frees in the same order.

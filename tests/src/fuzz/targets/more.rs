@@ -11,7 +11,7 @@ use memres_core::stream_ordered::StreamOrdered;
 use memres_core::vmem::CommitLedger;
 use memres_core::vpool::{VirtualConfig, VirtualPool};
 use memres_core::{Block, Error, MemoryResource, MemoryResourceMut, Request, Result, Shared, Stream};
-use memres_host::{HbChecked, SimAddressSpace, SimStream, SimWorld};
+use memres_sim::{HbChecked, SimAddressSpace, SimStream, SimWorld};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 

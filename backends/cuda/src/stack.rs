@@ -1,0 +1,148 @@
+//! The CUDA resources as names of the core's
+//! [`StackBuilder`]: `async`, `cuda`, `managed`, `pinned` and `vmm`.
+//!
+//! | name | arguments | resource (typed handle) |
+//! | --- | --- | --- |
+//! | `async` | `initial=`, `release_threshold=` | [`CudaAsyncMemory`] on its own pool (`Counted<CudaAsyncMemory>`) |
+//! | `cuda` | none | [`CudaMemory`] (`Counted<CudaMemory>`) |
+//! | `managed` | none | [`ManagedMemory`] (`Counted<ManagedMemory>`) |
+//! | `pinned` | none | [`PinnedMemory`], page-locked host memory (`Counted<PinnedMemory>`) |
+//! | `vmm` | `reserve=`, `keep=`, `slack=`, `granules=`, `trim_on_commit=` | a [`VirtualPool`](memres_core::vpool::VirtualPool) over [`CudaVirtualSpace`](crate::CudaVirtualSpace) ([`VmmPool`]), counted by the bytes it maps (see [`VmmConfig`]) |
+//!
+//! Every leaf counts what it holds from the device in one [`Gauge`] per
+//! stack ([`Counted`]; `vmm` its mapped bytes, [`CountedSpace`]), so that
+//! the bytes a stack holds from the device are known whatever the stack.
+//! [`register_checking`] registers the same names for checking a stack
+//! without a device.
+//!
+//! # Examples
+//!
+//! ```no_run
+//! use memres_core::adaptor::Gauge;
+//! use memres_core::stack::StackBuilder;
+//! use memres_cuda::{CudaStream, Device};
+//! use std::sync::Arc;
+//! let device = Device::get(0)?;
+//! let gauge = Arc::new(Gauge::default());
+//! let mut builder = StackBuilder::<CudaStream>::new();
+//! memres_cuda::stack::register(&mut builder, device, gauge.clone());
+//! let stream = CudaStream::legacy_in(device.primary_context()?);
+//! let stack = builder.build("stats(pool(async, initial=1GiB))", &stream)?;
+//! assert!(gauge.current() >= 1 << 30);
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+
+mod vmm;
+
+pub use vmm::{vmm_config, CountedSpace, VmmConfig, VmmPool, VMM_RESERVATIONS};
+
+use crate::{AsyncConfig, CudaAsyncMemory, CudaMemory, CudaStream, Device, ManagedMemory, PinnedMemory};
+use memres_core::adaptor::{Counted, Gauge};
+use memres_core::stack::{Call, StackBuilder, StackError, Unbacked};
+use memres_core::MemoryResource;
+use std::sync::Arc;
+
+/// The options of `async`: `initial=` (bytes reserved when made, default 0)
+/// and `release_threshold=` (bytes kept reserved across synchronizations,
+/// default: all of them).
+///
+/// # Errors
+///
+/// An unknown key, a positional argument or a bad size, at its position.
+///
+/// # Examples
+///
+/// ```
+/// use memres_cuda::stack::async_config;
+/// use memres_core::stack::parse;
+/// let c = async_config(&parse("async(initial=1GiB, release_threshold=2GiB)")?)?;
+/// assert_eq!(c, memres_cuda::AsyncConfig::new().initial_size(1 << 30).release_threshold(2 << 30));
+/// assert!(async_config(&parse("async(initial=lots)")?).is_err());
+/// # Ok::<(), memres_core::stack::StackError>(())
+/// ```
+pub fn async_config(call: &Call) -> Result<AsyncConfig, StackError> {
+    call.expect_args(0, &["initial", "release_threshold"])?;
+    let mut config = AsyncConfig::new();
+    if let Some(initial) = call.size_arg("initial")? {
+        config = config.initial_size(initial);
+    }
+    if let Some(threshold) = call.size_arg("release_threshold")? {
+        config = config.release_threshold(threshold);
+    }
+    Ok(config)
+}
+
+/// A leaf of no arguments made by `make` on `device`, counted in `gauge`.
+fn plain_leaf<R>(
+    builder: &mut StackBuilder<CudaStream>,
+    name: &str,
+    device: Device,
+    gauge: &Arc<Gauge>,
+    make: fn(Device) -> memres_core::Result<R>,
+) where
+    R: MemoryResource<CudaStream> + Send + Sync + 'static,
+{
+    let gauge = gauge.clone();
+    builder.register(name, move |call, cx| {
+        call.expect_args(0, &[])?;
+        let leaf = make(device).map_err(|e| call.resource_error(e))?;
+        Ok(cx.keep(call, Counted::new(leaf, gauge.clone())))
+    });
+}
+
+/// Registers the CUDA leaves of `device` in `builder` (see the
+/// [module](self)), every one counted in `gauge`.
+pub fn register(
+    builder: &mut StackBuilder<CudaStream>,
+    device: Device,
+    gauge: Arc<Gauge>,
+) -> &mut StackBuilder<CudaStream> {
+    let g = gauge.clone();
+    builder.register("async", move |call, cx| {
+        let config = async_config(call)?;
+        let leaf = CudaAsyncMemory::with_config(device, config).map_err(|e| call.resource_error(e))?;
+        Ok(cx.keep(call, Counted::new(leaf, g.clone())))
+    });
+    plain_leaf(builder, "cuda", device, &gauge, CudaMemory::new);
+    plain_leaf(builder, "managed", device, &gauge, ManagedMemory::new);
+    plain_leaf(builder, "pinned", device, &gauge, PinnedMemory::new);
+    builder.register("vmm", move |call, cx| {
+        let pool = vmm_config(call)?.build(device, gauge.clone()).map_err(|e| call.resource_error(e))?;
+        Ok(cx.keep(call, pool))
+    })
+}
+
+/// Reads a leaf's arguments as its constructor does, and nothing more.
+type ArgCheck = fn(&Call) -> Result<(), StackError>;
+
+/// Registers the CUDA leaves for checking a stack without a device: each
+/// reads its arguments as [`register`]'s does, then stands in as an
+/// [`Unbacked`] leaf, which serves any size (only the device knows its
+/// memory).
+///
+/// # Examples
+///
+/// ```
+/// use memres_core::stack::StackBuilder;
+/// use memres_cuda::CudaStream;
+/// let mut b = StackBuilder::<CudaStream>::new();
+/// memres_cuda::stack::register_checking(&mut b);
+/// assert!(b.build("stats(pool(async(initial=64GiB), initial=60GiB))", &CudaStream::legacy()).is_ok());
+/// assert_eq!(b.build("pool(async(bogus=1))", &CudaStream::legacy()).err().unwrap().pos, 11);
+/// ```
+pub fn register_checking(builder: &mut StackBuilder<CudaStream>) -> &mut StackBuilder<CudaStream> {
+    let checks: [(&str, ArgCheck); 5] = [
+        ("async", |call| async_config(call).map(drop)),
+        ("cuda", |call| call.expect_args(0, &[])),
+        ("managed", |call| call.expect_args(0, &[])),
+        ("pinned", |call| call.expect_args(0, &[])),
+        ("vmm", |call| vmm_config(call).map(drop)),
+    ];
+    for (name, check) in checks {
+        builder.register(name, move |call, cx| {
+            check(call)?;
+            Ok(cx.keep(call, Unbacked::new()))
+        });
+    }
+    builder
+}

@@ -1,0 +1,308 @@
+//! The `vmm` leaf: a [`VirtualPool`] over the driver's virtual memory
+//! management ([`CudaVirtualSpace`]), counted in the bytes held from the
+//! device by what it has mapped; how it orders its unmaps on streams is in
+//! [`VmmPool`]'s documentation.
+
+use crate::{CudaVirtualSpace, Device};
+use memres_core::adaptor::Gauge;
+use memres_core::lock::StdLock;
+use memres_core::stack::{Call, StackError, StackErrorKind};
+use memres_core::vmem::ReservableSpace;
+use memres_core::vpool::{VirtualConfig, VirtualPool};
+use memres_core::{Range, Result, Shared, Stream};
+use std::fmt;
+use std::sync::{Arc, Mutex};
+
+/// The typed handle of a `vmm` leaf in a built stack
+/// (`built.get::<VmmPool>("vmm")`).
+///
+/// # Streams
+///
+/// The pool unmaps memory only in a decommit, which [`CudaVirtualSpace`]
+/// orders after the work submitted so far to the stream of the call in
+/// progress (it synchronizes that stream first; the legacy default stream
+/// too when the stream is the legacy one). Through the C functions that
+/// stream is the caller's: PyTorch's `CUDAPluggableAllocator` passes to
+/// `memres_free` the stream that was current when the block was allocated,
+/// and to `memres_alloc` the current stream. So a decommit waits for every
+/// kernel queued on that stream, and in a program that works on one stream
+/// (the default stream, as a plain training loop does) no kernel can touch
+/// memory after it is unmapped.
+///
+/// The granules a decommit unmaps may have been freed earlier, by a free on
+/// another stream, and the decommit is ordered on the stream of the call
+/// that triggers it (a free over `keep=`, or an allocation that trims before
+/// it maps past the peak), not on the stream of the free that made them
+/// idle. The unmap is therefore safe under the same condition as reuse of a
+/// freed block by any plain memres pool (see the C library's *Streams*): one
+/// stream, or blocks freed only once every stream that used them is done.
+/// A breach of that condition is a data race with a plain pool; with `vmm`
+/// it is a fault on unmapped memory. A pluggable allocator never sees
+/// PyTorch's `record_stream`, so programs that share tensors between streams
+/// must synchronize before they drop them, whatever the stack.
+///
+/// A decommit that unmaps holds the pool's lock while it waits for the
+/// stream, so other threads' calls wait too; with `keep=` above the
+/// device's memory and `trim_on_commit=false` the pool unmaps nothing
+/// unless the device runs out of memory (then it gives its idle granules
+/// back, ordered on the allocating stream, and retries once).
+pub type VmmPool = Shared<VirtualPool<CountedSpace<CudaVirtualSpace>>, StdLock>;
+
+/// The options of `vmm`: `reserve=` (bytes of addresses per reservation;
+/// default twice the device's memory), `keep=` (free committed bytes kept
+/// mapped, the release threshold; default all of them, under the slack),
+/// `slack=` (free committed memory is trimmed only above 1 + slack/1000
+/// times the peak in use; default 40), `granules=` (the most granules one
+/// physical handle spans, 1 to 64; default 32) and `trim_on_commit=`
+/// (`true`, the default, or `false`: see [`VirtualConfig::trim_on_commit`]).
+///
+/// **Choosing them.** A decommit that unmaps synchronizes the stream, so a
+/// training loop wants steady steps that map nothing: `keep=` above the
+/// device's memory with `trim_on_commit=false` maps only while the peak
+/// grows and never unmaps; the pool then holds its highest committed
+/// bytes, all of them mapped. The commits, decommits and footprints of
+/// each setting on the PyTorch traces are in the repository's
+/// `docs/measurements.md`.
+///
+/// # Examples
+///
+/// ```
+/// use memres_cuda::stack::{vmm_config, VmmConfig};
+/// use memres_core::stack::parse;
+/// let c = vmm_config(&parse("vmm(reserve=64GiB, keep=1GiB, granules=8, trim_on_commit=false)")?)?;
+/// assert_eq!(c, VmmConfig { reserve: Some(64 << 30), keep: 1 << 30, granules: 8, trim_on_commit: false, slack_permille: 40 });
+/// assert_eq!(vmm_config(&parse("vmm")?)?, VmmConfig::default());
+/// assert!(vmm_config(&parse("vmm(granules=65)")?).is_err());
+/// # Ok::<(), memres_core::stack::StackError>(())
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct VmmConfig {
+    /// Bytes of addresses per reservation; `None`: twice the device's
+    /// memory, so that the place of blocks in the range rarely fails a
+    /// request that physical memory could serve.
+    pub reserve: Option<u64>,
+    /// The release threshold: free committed bytes kept mapped.
+    pub keep: u64,
+    /// The most granules one physical handle spans (1 to 64).
+    pub granules: u32,
+    /// Whether an allocation that maps past the peak first decommits idle
+    /// granules ([`VirtualConfig::trim_on_commit`]).
+    pub trim_on_commit: bool,
+    /// Free committed memory is trimmed only above (1 + slack/1000) x the
+    /// peak of bytes in use ([`VirtualConfig::slack_permille`]).
+    pub slack_permille: u32,
+}
+
+impl Default for VmmConfig {
+    fn default() -> Self {
+        VmmConfig {
+            reserve: None,
+            // Keep everything under the slack bound: on the PyTorch traces
+            // a 4 % slack leaves steady-state steps mapping nothing
+            // (docs/measurements.md).
+            keep: u64::MAX,
+            granules: CudaVirtualSpace::DEFAULT_HANDLE_GRANULES,
+            trim_on_commit: true,
+            slack_permille: 40,
+        }
+    }
+}
+
+/// The most reservations a `vmm` pool takes: when one is full it reserves
+/// another, as large, rather than fail.
+pub const VMM_RESERVATIONS: u32 = 4;
+
+impl VmmConfig {
+    /// The pool's configuration on a device of `device_bytes` bytes.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use memres_cuda::stack::VmmConfig;
+    /// let c = VmmConfig::default().virtual_config(80 << 30);
+    /// assert_eq!((c.reserve_size(), c.keep_bytes(), c.slack()), (160 << 30, u64::MAX, 40));
+    /// ```
+    pub fn virtual_config(&self, device_bytes: u64) -> VirtualConfig {
+        let reserve = self.reserve.unwrap_or(device_bytes.saturating_mul(2));
+        VirtualConfig::new(reserve)
+            .keep(self.keep)
+            .max_reservations(VMM_RESERVATIONS)
+            .trim_on_commit(self.trim_on_commit)
+            .slack_permille(self.slack_permille)
+    }
+
+    /// Builds the pool on `device`, counting its mapped bytes in `gauge`.
+    ///
+    /// # Errors
+    ///
+    /// The driver's error (no device, no virtual memory management), or
+    /// the pool's when it cannot reserve.
+    pub fn build(&self, device: Device, gauge: Arc<Gauge>) -> Result<VmmPool> {
+        let space = CudaVirtualSpace::with_handle_granules(device, self.granules)?;
+        let config = self.virtual_config(device.total_memory()?);
+        let counted = CountedSpace::new(space, CudaVirtualSpace::mapped_bytes, gauge);
+        Ok(Shared::new_with_lock(VirtualPool::with_config(counted, config)?))
+    }
+}
+
+/// Reads the options of a `vmm` call (see [`VmmConfig`]).
+///
+/// # Errors
+///
+/// A positional argument, an unknown key, a bad size, a reservation of 0
+/// bytes, `granules=` not a whole number from 1 to 64, or
+/// `trim_on_commit=` neither `true` nor `false`, at its position.
+pub fn vmm_config(call: &Call) -> std::result::Result<VmmConfig, StackError> {
+    call.expect_args(0, &["reserve", "keep", "granules", "trim_on_commit", "slack"])?;
+    let mut config = VmmConfig::default();
+    if let Some(reserve) = call.size_arg("reserve")? {
+        if reserve == 0 {
+            let at = call.keyed("reserve").map_or(call.pos, |v| v.pos());
+            return Err(StackError::new(
+                at,
+                StackErrorKind::BadValue("reserve=0: no addresses to pool".into()),
+            ));
+        }
+        config.reserve = Some(reserve);
+    }
+    if let Some(keep) = call.size_arg("keep")? {
+        config.keep = keep;
+    }
+    if let Some(v) = call.keyed("granules") {
+        let text = v.text()?;
+        config.granules = match text.parse::<u32>() {
+            Ok(n) if (1..=64).contains(&n) => n,
+            _ => {
+                return Err(StackError::new(
+                    v.pos(),
+                    StackErrorKind::BadValue(format!(
+                        "granules `{text}`: a whole number of granules per handle, 1 to 64"
+                    )),
+                ))
+            }
+        };
+    }
+    if let Some(v) = call.keyed("slack") {
+        let text = v.text()?;
+        config.slack_permille = text.parse::<u32>().map_err(|_| {
+            StackError::new(
+                v.pos(),
+                StackErrorKind::BadValue(format!("slack `{text}`: a whole number of permille")),
+            )
+        })?;
+    }
+    if let Some(trim) = call.bool_arg("trim_on_commit")? {
+        config.trim_on_commit = trim;
+    }
+    Ok(config)
+}
+
+/// A [`ReservableSpace`] that counts the physical memory it holds in an
+/// [`Gauge`]: after every commit and decommit, the change of `held(space)`
+/// is added to or taken from the gauge.
+///
+/// For [`CudaVirtualSpace`], `held` is
+/// [`mapped_bytes`](CudaVirtualSpace::mapped_bytes): the memory of a handle
+/// stays with the process until its last granule is decommitted, so the
+/// mapped bytes, not the committed ones, are what the device has lent.
+///
+/// # Examples
+///
+/// ```
+/// use memres_core::adaptor::Gauge;
+/// use memres_cuda::stack::CountedSpace;
+/// use memres_core::vmem::CountingSpace;
+/// use memres_core::vpool::VirtualPool;
+/// use memres_core::{MemoryResourceMut, Request};
+/// use std::sync::Arc;
+/// let gauge = Arc::new(Gauge::default());
+/// let space = CountedSpace::new(CountingSpace::new(1 << 30, 2 << 20), CountingSpace::committed_bytes, gauge.clone());
+/// let mut pool = VirtualPool::new(space, 64 << 20, 0)?;
+/// let b = pool.allocate(Request::new(3 << 20)?, &())?;
+/// assert_eq!(gauge.current(), 4 << 20);
+/// pool.deallocate(b, &())?;
+/// assert_eq!((gauge.current(), gauge.peak()), (0, 4 << 20));
+/// # Ok::<(), memres_core::Error>(())
+/// ```
+pub struct CountedSpace<V> {
+    space: V,
+    held: fn(&V) -> u64,
+    gauge: Arc<Gauge>,
+    /// `held(space)` as last counted in `gauge`. Its lock is held across
+    /// each commit or decommit, so that the counts of concurrent calls
+    /// never cross.
+    counted: Mutex<u64>,
+}
+
+impl<V> CountedSpace<V> {
+    /// Counts the bytes `held` says `space` holds in `gauge` (counted
+    /// from now on: what it holds already is counted at once).
+    pub fn new(space: V, held: fn(&V) -> u64, gauge: Arc<Gauge>) -> Self {
+        let now = held(&space);
+        gauge.add(now);
+        CountedSpace { space, held, gauge, counted: Mutex::new(now) }
+    }
+
+    /// The space.
+    pub fn inner(&self) -> &V {
+        &self.space
+    }
+
+    /// Runs `f` on the space, then counts the change of its held bytes.
+    fn counting<T>(&self, f: impl FnOnce(&V) -> T) -> T {
+        let mut counted = self.counted.lock().unwrap_or_else(|p| p.into_inner());
+        let r = f(&self.space);
+        let now = (self.held)(&self.space);
+        if now > *counted {
+            self.gauge.add(now - *counted);
+        } else {
+            self.gauge.sub(*counted - now);
+        }
+        *counted = now;
+        r
+    }
+}
+
+impl<V: fmt::Debug> fmt::Debug for CountedSpace<V> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CountedSpace")
+            .field("space", &self.space)
+            .field("counted", &*self.counted.lock().unwrap_or_else(|p| p.into_inner()))
+            .finish_non_exhaustive()
+    }
+}
+
+impl<V: ReservableSpace> ReservableSpace for CountedSpace<V> {
+    fn granule(&self) -> u64 {
+        self.space.granule()
+    }
+
+    /// Addresses only: nothing to count.
+    fn reserve(&self, len: u64) -> Result<Range> {
+        self.space.reserve(len)
+    }
+
+    fn release(&self, range: Range) -> Result<()> {
+        self.space.release(range)
+    }
+
+    fn commit(&self, range: Range) -> Result<()> {
+        self.counting(|s| s.commit(range))
+    }
+
+    fn decommit<S: Stream + ?Sized>(&self, range: Range, stream: &S) -> Result<()> {
+        self.counting(|s| s.decommit(range, stream))
+    }
+}
+
+/// What the space still holds is given back when it drops.
+impl<V> Drop for CountedSpace<V> {
+    fn drop(&mut self) {
+        let counted = self.counted.get_mut().unwrap_or_else(|p| p.into_inner());
+        self.gauge.sub(*counted);
+        *counted = 0;
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,126 @@
+use crate::tally::{accessors, Tally};
+use memres_core::check::FailNth;
+use memres_core::index::CoalescingIndex;
+use memres_core::{Block, Error, MemoryResource, Range, Request, Result, Stream};
+use std::sync::Mutex;
+
+/// An address space of a chosen capacity with no bytes behind it: the
+/// upstream that stands in for device memory in tests, fuzzing and replays.
+///
+/// Like `cuMemAlloc`, every allocation is a separate range aligned to 256
+/// bytes (or more when asked); freed ranges are reused. It checks every free
+/// (unknown and double frees are errors), counts the bytes it holds and their
+/// peak, and can be told to fail the Nth allocation from now.
+///
+/// # Examples
+///
+/// ```
+/// use memres_core::{MemoryResource, Request};
+/// use memres_sim::SimDevice;
+/// let dev = SimDevice::new(1 << 30);
+/// let b = dev.allocate(Request::new(1000)?, &())?;
+/// assert_eq!(dev.held_bytes(), 1024);
+/// dev.fail_nth(1);
+/// assert!(dev.allocate(Request::new(1000)?, &()).is_err());
+/// dev.deallocate(b, &())?;
+/// assert_eq!((dev.held_bytes(), dev.peak_held_bytes()), (0, 1024));
+/// # Ok::<(), memres_core::Error>(())
+/// ```
+#[derive(Debug)]
+pub struct SimDevice {
+    capacity: u64,
+    state: Mutex<State>,
+}
+
+#[derive(Debug)]
+struct State {
+    /// Free and used ranges of the address space.
+    space: CoalescingIndex,
+    /// The first node of the space's one region.
+    first: u32,
+    /// Bytes handed out and calls.
+    tally: Tally,
+    /// The injected allocation failure, armed or delivered.
+    fail: FailNth,
+}
+
+impl SimDevice {
+    /// Where the simulated address space starts: far from 0, like a GPU's.
+    pub const BASE: u64 = 0x7f00_0000_0000;
+
+    /// A device that holds at most `capacity` bytes at once.
+    pub fn new(capacity: u64) -> Self {
+        // Twice the capacity in address space, so that fragmentation of the
+        // simulated space never limits what the capacity allows.
+        let span = capacity.saturating_mul(2).clamp(1 << 20, 1 << 46) & !255;
+        let mut space = CoalescingIndex::new(256);
+        let first = space.add_range(Range::new(Self::BASE, span).expect("span fits")).expect("one node");
+        SimDevice {
+            capacity,
+            state: Mutex::new(State { space, first, tally: Tally::default(), fail: FailNth::new() }),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The capacity in bytes.
+    pub fn capacity(&self) -> u64 {
+        self.capacity
+    }
+
+    accessors!();
+
+    /// Makes the `n`th allocation from now fail (`n = 1`: the next one) with
+    /// an injected backend error; `n = 0` cancels.
+    pub fn fail_nth(&self, n: u64) {
+        self.lock().fail.arm(n);
+    }
+}
+
+impl<S: Stream + ?Sized> MemoryResource<S> for SimDevice {
+    fn allocate(&self, request: Request, _stream: &S) -> Result<Block> {
+        if request.is_zero() {
+            return Ok(Block::EMPTY);
+        }
+        let mut s = self.lock();
+        if s.fail.fires() {
+            return Err(Error::Backend { code: 2, what: "injected failure of the simulated device" });
+        }
+        let size = request.rounded_size(256);
+        let out_of_memory = |s: &State| Error::OutOfMemory {
+            requested: request.size(),
+            largest_free: self.capacity - s.tally.held,
+            pool_size: self.capacity,
+            max_size: Some(self.capacity),
+        };
+        if size > self.capacity - s.tally.held {
+            return Err(out_of_memory(&s));
+        }
+        match s.space.allocate(request.size(), request.align())? {
+            Some(a) => {
+                s.tally.allocated(size);
+                Ok(Block::new(a.addr, request.size(), a.tag))
+            }
+            None => Err(out_of_memory(&s)),
+        }
+    }
+
+    fn deallocate(&self, block: Block, _stream: &S) -> Result<()> {
+        if block.is_empty() {
+            return Ok(());
+        }
+        let mut s = self.lock();
+        if block.tag() == Block::NO_TAG {
+            // Address-only free: find the node by address.
+            let tag =
+                s.space.find_used(s.first, block.addr()).ok_or(Error::UnknownBlock { addr: block.addr() })?;
+            s.space.free(tag, block.addr(), block.size())?;
+        } else {
+            s.space.free(block.tag(), block.addr(), block.size())?;
+        }
+        s.tally.freed(block.size().next_multiple_of(256));
+        Ok(())
+    }
+}

@@ -1,0 +1,201 @@
+use crate::tally::{accessors, Tally};
+use memres_core::copy::LiveRanges;
+use memres_core::{Block, Error, MemoryResource, Request, Result, Stream};
+use std::alloc::Layout;
+use std::collections::HashMap;
+use std::sync::{Mutex, MutexGuard};
+
+#[cfg(test)]
+mod tests;
+
+/// Real host memory from the global allocator: the upstream for containers,
+/// tests and replays that want bytes behind their addresses.
+///
+/// ```text
+///  allocate(req) ──► std::alloc::alloc_zeroed(size rounded to 256, req.align)
+///                     └ record addr ─► outstanding: addr → layout
+///                                      LIVE (every HostMemory): addr..addr + size
+///  deallocate(b) ──► look b.addr up in outstanding ── missing ─► UnknownBlock
+///                     └ found, sizes agree ─► under LIVE's lock: remove, dealloc
+/// ```
+///
+/// A block's address is the pointer as a number. Every free is checked
+/// against the table of outstanding allocations before memory goes back to
+/// the global allocator, so an unknown or repeated free is an
+/// [`Error::UnknownBlock`] value, never undefined behaviour. Whatever is
+/// still outstanding when the resource is dropped is freed then.
+///
+/// The live allocations of all `HostMemory`s are also listed in one
+/// process-wide table, [`LiveRanges`] under a lock, which
+/// [`HostCopy`](crate::HostCopy) checks each access against and performs it
+/// under; memory leaves the table under that lock as it is freed. Blocks are
+/// zeroed when allocated. So a container whose block other code freed, or
+/// whose `HostMemory` was dropped, gets [`Error::NotLive`] or, at worst, the
+/// bytes of whoever holds that memory now: never freed or uninitialized
+/// memory (see [checked access](memres_core::copy#checked-access)). The
+/// cost: one more lock taken by each allocation and free, and by each copy
+/// (process-wide: host copies do not run in parallel), and zeroing; this is
+/// the backend for tests and embedding, not for speed.
+///
+/// The resource never touches its blocks or makes references to them.
+/// Unsafe code that reads or writes a block's bytes through its address (as
+/// a test might) must hold the resource where no other code can free its
+/// blocks: the table guards `HostCopy`'s accesses, not raw ones.
+///
+/// # Examples
+///
+/// ```
+/// use memres_core::{MemoryResource, Request};
+/// use memres_sim::HostMemory;
+/// let host = HostMemory::new();
+/// let b = host.allocate(Request::aligned(1000, 4096)?, &())?;
+/// assert_eq!(b.addr() % 4096, 0);
+/// assert_eq!(host.held_bytes(), 1024);
+/// host.deallocate(b, &())?;
+/// assert!(host.deallocate(b, &()).is_err());
+/// assert_eq!((host.held_bytes(), host.peak_held_bytes()), (0, 1024));
+/// # Ok::<(), memres_core::Error>(())
+/// ```
+#[derive(Debug, Default)]
+pub struct HostMemory {
+    state: Mutex<State>,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    /// Every allocation not yet freed: its address and the exact layout it
+    /// was allocated with (the only layout `dealloc` may be given).
+    outstanding: HashMap<u64, Outstanding>,
+    /// The sum of the layouts' sizes in `outstanding`, and calls.
+    tally: Tally,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Outstanding {
+    layout: Layout,
+    /// The size the caller asked for, which its free must repeat.
+    requested: u64,
+}
+
+/// Every allocation of every `HostMemory` not yet freed: what `HostCopy`
+/// checks its accesses against. Memory is freed only while this lock is held
+/// and after its range has left the table.
+static LIVE: Mutex<LiveRanges> = Mutex::new(LiveRanges::new());
+
+/// The process-wide table of live host allocations, locked. Taken after a
+/// resource's own lock, never before.
+pub(crate) fn live() -> MutexGuard<'static, LiveRanges> {
+    // The table stays consistent across a panic: each update is one call.
+    LIVE.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl HostMemory {
+    /// An empty resource.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // The state stays consistent across a panic: every update of it is
+        // made after the fallible steps.
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    accessors!();
+
+    /// Number of allocations not yet freed.
+    pub fn outstanding(&self) -> usize {
+        self.lock().outstanding.len()
+    }
+}
+
+impl<S: Stream + ?Sized> MemoryResource<S> for HostMemory {
+    fn allocate(&self, request: Request, _stream: &S) -> Result<Block> {
+        if request.is_zero() {
+            return Ok(Block::EMPTY);
+        }
+        let size = request.rounded_size(256);
+        let too_big = Error::InvalidSize { size: request.size() };
+        let layout =
+            Layout::from_size_align(usize::try_from(size).map_err(|_| too_big)?, request.align() as usize)
+                .map_err(|_| too_big)?;
+        // SAFETY: `layout` has a non-zero size (the request is not zero and
+        // rounding up keeps it so), which is all `alloc_zeroed` requires.
+        // Zeroed: a stale holder of a freed block may read a fresh one.
+        let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
+        let mut s = self.lock();
+        if ptr.is_null() {
+            return Err(Error::OutOfMemory {
+                requested: request.size(),
+                largest_free: 0,
+                pool_size: s.tally.held,
+                max_size: None,
+            });
+        }
+        let addr = ptr as u64;
+        s.outstanding.insert(addr, Outstanding { layout, requested: request.size() });
+        live().insert(addr, size);
+        s.tally.allocated(size);
+        Ok(Block::new(addr, request.size(), Block::NO_TAG))
+    }
+
+    fn deallocate(&self, block: Block, _stream: &S) -> Result<()> {
+        if block.is_empty() {
+            return Ok(());
+        }
+        let mut s = self.lock();
+        let addr = block.addr();
+        let entry = *s.outstanding.get(&addr).ok_or(Error::UnknownBlock { addr })?;
+        if entry.requested != block.size() {
+            return Err(Error::SizeMismatch { addr, expected: entry.requested, given: block.size() });
+        }
+        s.outstanding.remove(&addr);
+        s.tally.freed(entry.layout.size() as u64);
+        // SAFETY: `addr` was in `outstanding` with `entry.layout` and has
+        // just been taken out, under the resource's lock.
+        unsafe { free(&mut live(), addr, entry.layout) };
+        Ok(())
+    }
+}
+
+/// Gives the allocation at `addr` back to the global allocator, taking it
+/// out of `live` (the locked [`LIVE`]) first.
+///
+/// # Safety
+///
+/// `addr` must be an entry the caller has just taken out of a resource's
+/// `outstanding`, with its `layout`.
+unsafe fn free(live: &mut LiveRanges, addr: u64, layout: Layout) {
+    live.remove(addr);
+    // SAFETY: `addr` came out of `outstanding`, so it is a pointer that
+    // `alloc_zeroed` returned with exactly `layout` and that has not been
+    // freed since (entries leave `outstanding` before their memory goes
+    // back, so no one frees it twice). It has left `LIVE` while its lock is
+    // held, so no `HostCopy` access is under way in it or will start in it.
+    unsafe { std::alloc::dealloc(addr as *mut u8, layout) };
+}
+
+// SAFETY: a block's `size()` bytes lie inside the allocation of
+// `request.rounded_size(256)` bytes that `alloc_zeroed` returned for it:
+// live, initialized host memory, which `HostCopy` reads and writes by
+// pointer, until `deallocate` or the resource's drop gives it back. The
+// global allocator hands out disjoint allocations, the resource keeps its
+// table apart from them and never touches them or makes references to
+// them. Checked access: every allocation is in `LIVE` from before its block
+// is handed out until it is freed, which happens under `LIVE`'s lock after
+// it left the table; `HostCopy` touches only ranges inside one entry of
+// `LIVE` and only while holding that lock. So a block freed by other code
+// or by the resource's drop is never touched again.
+unsafe impl memres_core::copy::MemoryOf<crate::HostCopy> for HostMemory {}
+
+impl Drop for HostMemory {
+    fn drop(&mut self) {
+        let s = self.state.get_mut().unwrap_or_else(|p| p.into_inner());
+        let mut live = live();
+        for (addr, entry) in s.outstanding.drain() {
+            // SAFETY: draining the table takes each entry out once, with
+            // its layout.
+            unsafe { free(&mut live, addr, entry.layout) };
+        }
+    }
+}

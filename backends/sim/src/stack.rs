@@ -1,0 +1,102 @@
+//! The leaves of this crate as names of a [`StackBuilder`]: `sim`, `host`
+//! and `vpool`.
+//!
+//! | name | arguments | resource (typed handle) |
+//! | --- | --- | --- |
+//! | `sim` | `[capacity]` (or `capacity=`; default 80 GiB) | [`SimDevice`] |
+//! | `host` | none | [`HostMemory`] |
+//! | `vpool` | `sim` or `sim(physical)`, `reserve=` (64 GiB), `keep=` (all), `slack=` (40 permille), `granule=` (2 MiB) | [`VirtualPool`] over a [`SimAddressSpace`], behind [`Shared`] (`Shared<VirtualPool<SimAddressSpace>>`) |
+//!
+//! # Examples
+//!
+//! ```
+//! use memres_core::{MemoryResource, Request};
+//! let stack = memres_sim::builder::<()>().build("limit(stats(pool(sim, initial=1MiB)), 2MiB)", &())?;
+//! let b = stack.allocate(Request::new(1 << 20)?, &())?;
+//! assert!(stack.allocate(Request::new(2 << 20)?, &()).is_err());
+//! stack.deallocate(b, &())?;
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+
+use crate::{HostMemory, SimAddressSpace, SimDevice};
+use memres_core::stack::{granule_arg, one_of, Call, StackBuilder, StackError, StackErrorKind};
+use memres_core::vpool::{VirtualConfig, VirtualPool};
+use memres_core::{Shared, Stream};
+
+/// The capacity of `sim` when none is given: an 80 GiB device, as an H100.
+pub const DEFAULT_SIM_CAPACITY: u64 = 80 << 30;
+
+/// Registers `sim`, `host` and `vpool` in `builder`.
+///
+/// ```
+/// use memres_core::stack::StackBuilder;
+/// let mut b = StackBuilder::<()>::new();
+/// assert!(b.build("pool(sim)", &()).is_err());
+/// memres_sim::register(&mut b);
+/// assert!(b.build("pool(sim)", &()).is_ok());
+/// ```
+pub fn register<S: Stream + ?Sized + 'static>(builder: &mut StackBuilder<S>) -> &mut StackBuilder<S> {
+    builder.register("sim", |call, cx| {
+        call.expect_args(1, &["capacity"])?;
+        let capacity = one_of(call, 0, "capacity")?.map(|v| v.size()).transpose()?;
+        Ok(cx.keep(call, SimDevice::new(capacity.unwrap_or(DEFAULT_SIM_CAPACITY))))
+    });
+    builder.register("host", |call, cx| {
+        call.expect_args(0, &[])?;
+        Ok(cx.keep(call, HostMemory::new()))
+    });
+    builder.register("vpool", |call, cx| Ok(cx.keep(call, Shared::new(vpool(call)?))))
+}
+
+/// A builder with the core's names and this crate's leaves.
+///
+/// ```
+/// let names: Vec<String> = memres_sim::builder::<()>().names().map(String::from).collect();
+/// assert!(["sim", "host", "vpool", "pool", "stats"].iter().all(|n| names.iter().any(|m| m == n)));
+/// ```
+pub fn builder<S: Stream + ?Sized + 'static>() -> StackBuilder<S>
+where
+    S::Event: Send,
+{
+    let mut b = StackBuilder::new();
+    register(&mut b);
+    b
+}
+
+/// The pool of a `vpool` call, typed (the replay tool builds it so).
+///
+/// # Errors
+///
+/// An upstream other than `sim`, an unknown key, a bad size, granule or
+/// slack, at its position; the pool's own refusal at the call.
+///
+/// ```
+/// use memres_core::stack::parse;
+/// let pool = memres_sim::vpool(&parse("vpool(sim(8GiB), reserve=1GiB, granule=64KiB)")?)?;
+/// assert_eq!((pool.reserved_bytes(), pool.granule()), (1 << 30, 64 << 10));
+/// assert!(memres_sim::vpool(&parse("vpool(pool(sim))")?).is_err());
+/// # Ok::<(), memres_core::stack::StackError>(())
+/// ```
+pub fn vpool(call: &Call) -> Result<VirtualPool<SimAddressSpace>, StackError> {
+    call.expect_args(1, &["reserve", "keep", "granule", "slack"])?;
+    let space = call.resource(0)?;
+    if space.name != "sim" {
+        return Err(space.error(StackErrorKind::BadValue(format!(
+            "vpool maps granules of a simulated address space: its upstream is `sim`, not `{}`",
+            space.name
+        ))));
+    }
+    space.expect_args(1, &[])?;
+    let physical = space.positional(0).map(|v| v.size()).transpose()?.unwrap_or(DEFAULT_SIM_CAPACITY);
+    let granule = granule_arg(call, SimAddressSpace::DEFAULT_GRANULE)?;
+    let reserve = call.size_arg("reserve")?.unwrap_or(64 << 30);
+    // Keep free memory mapped under a 4 % slack above the peak in use:
+    // steady-state replays of the PyTorch traces then map nothing.
+    let keep = call.size_arg("keep")?.unwrap_or(u64::MAX);
+    let slack = call.u32_arg("slack", "a whole number of permille")?.unwrap_or(40);
+    VirtualPool::with_config(
+        SimAddressSpace::new(physical, granule),
+        VirtualConfig::new(reserve).keep(keep).slack_permille(slack),
+    )
+    .map_err(|e| call.resource_error(e))
+}

@@ -1,0 +1,364 @@
+//! Simulated streams and events, with vector clocks.
+//!
+//! A [`SimWorld`] is the timeline of one simulated device. Each [`SimStream`]
+//! of it is a queue of work; nothing runs by itself. Work completes only
+//! when the test says so ([`SimWorld::advance`], [`SimWorld::complete`]) or
+//! when the host waits for it ([`Stream::synchronize`]), so every test is
+//! deterministic.
+//!
+//! # Model
+//!
+//! Stream `i` keeps a vector clock `clock_i`: `clock_i[i]` is the number of
+//! operations submitted to `i` (its *position*), and `clock_i[j]` is how much
+//! of stream `j`'s work the next operation on `i` is ordered after (through
+//! waits on events, directly or transitively). An event is a copy of the
+//! clock at the time it was recorded; waiting on it joins it into the
+//! waiter's clock.
+//!
+//! The world also keeps, per stream, the position up to which the device
+//! has *completed* the stream's work, and the position up to which the host
+//! has *observed* completion (a successful query, a synchronize). Memory freed
+//! on stream `a` at position `p` may be reused on stream `b` once
+//! `clock_b[a] >= p` or `observed[a] >= p`
+//! ([`SimStream::is_ordered_after`]).
+//!
+//! The default stream (id 0) is CUDA's legacy default stream: work on it is
+//! ordered after all earlier work of the *blocking* streams, and their later
+//! work after its earlier work. Streams from [`SimWorld::non_blocking_stream`]
+//! are not ordered with it.
+
+use memres_core::check::FailNth;
+use memres_core::{Error, Result, Stream};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+/// The timeline of one simulated device: its streams, what they have
+/// submitted, and what has completed.
+///
+/// Cheap to clone (a shared handle).
+///
+/// # Examples
+///
+/// ```
+/// use memres_core::Stream;
+/// use memres_sim::SimWorld;
+/// let world = SimWorld::new();
+/// let (a, b) = (world.stream(), world.stream());
+/// a.enqueue();
+/// let ev = a.record()?;
+/// assert!(!b.query(&ev)?); // nothing has run yet
+/// b.wait(&ev)?;
+/// assert!(b.is_ordered_after(a.id(), 1));
+/// world.advance(); // the device finishes all submitted work
+/// assert!(b.query(&ev)?);
+/// # Ok::<(), memres_core::Error>(())
+/// ```
+#[derive(Clone, Debug)]
+pub struct SimWorld {
+    state: Arc<Mutex<World>>,
+}
+
+#[derive(Debug)]
+struct World {
+    /// Indexed by stream id; entry 0 is the default stream.
+    streams: Vec<StreamState>,
+    /// The injected failure of a stream call (record, wait, synchronize).
+    fail: FailNth,
+}
+
+#[derive(Debug)]
+struct StreamState {
+    /// Whether the stream synchronizes with the legacy default stream.
+    blocking: bool,
+    /// The stream's vector clock; missing entries are 0.
+    clock: Vec<u64>,
+    /// Position up to which the device has finished this stream's work.
+    completed: u64,
+    /// Position up to which the host knows the work finished;
+    /// `observed <= completed`.
+    observed: u64,
+}
+
+/// `a := a ⊔ b`.
+fn join(a: &mut Vec<u64>, b: &[u64]) {
+    if a.len() < b.len() {
+        a.resize(b.len(), 0);
+    }
+    for (x, &y) in a.iter_mut().zip(b) {
+        *x = (*x).max(y);
+    }
+}
+
+impl World {
+    /// The clock that the next operation on stream `i` is ordered after,
+    /// implicit default-stream ordering included.
+    fn effective(&self, i: usize) -> Vec<u64> {
+        let s = &self.streams[i];
+        let mut c = s.clock.clone();
+        if s.blocking {
+            if i == 0 {
+                for t in self.streams.iter().filter(|t| t.blocking) {
+                    join(&mut c, &t.clock);
+                }
+            } else {
+                join(&mut c, &self.streams[0].clock);
+            }
+        }
+        c
+    }
+
+    fn fail_point(&mut self) -> Result<()> {
+        if self.fail.fires() {
+            return Err(Error::Backend { code: 3, what: "injected failure of a simulated stream" });
+        }
+        Ok(())
+    }
+
+    /// Marks the work of every clock entry as completed, and as observed by
+    /// the host when `observe`.
+    fn complete(&mut self, clock: &[u64], observe: bool) {
+        for (s, &p) in self.streams.iter_mut().zip(clock) {
+            s.completed = s.completed.max(p);
+            if observe {
+                s.observed = s.observed.max(p);
+            }
+        }
+    }
+
+    /// Each stream's position: the clock of all work submitted so far.
+    fn positions(&self) -> Vec<u64> {
+        self.streams.iter().enumerate().map(|(i, s)| s.clock.get(i).copied().unwrap_or(0)).collect()
+    }
+
+    fn is_complete(&self, clock: &[u64]) -> bool {
+        self.streams.iter().zip(clock).all(|(s, &p)| s.completed >= p)
+    }
+}
+
+impl Default for SimWorld {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl SimWorld {
+    /// A world with only the default stream (id 0).
+    pub fn new() -> Self {
+        let default = StreamState { blocking: true, clock: vec![0], completed: 0, observed: 0 };
+        SimWorld { state: Arc::new(Mutex::new(World { streams: vec![default], fail: FailNth::new() })) }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, World> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn add_stream(&self, blocking: bool) -> SimStream {
+        let mut w = self.lock();
+        let id = w.streams.len();
+        w.streams.push(StreamState { blocking, clock: vec![0; id + 1], completed: 0, observed: 0 });
+        SimStream { world: self.clone(), id: id as u64 }
+    }
+
+    /// The default stream, id 0 (CUDA's legacy stream).
+    pub fn default_stream(&self) -> SimStream {
+        SimStream { world: self.clone(), id: 0 }
+    }
+
+    /// A new blocking stream (as `cudaStreamCreate`): ordered with the
+    /// default stream.
+    pub fn stream(&self) -> SimStream {
+        self.add_stream(true)
+    }
+
+    /// A new non-blocking stream (`cudaStreamNonBlocking`): not ordered with
+    /// the default stream.
+    pub fn non_blocking_stream(&self) -> SimStream {
+        self.add_stream(false)
+    }
+
+    /// Number of streams, the default one included.
+    pub fn stream_count(&self) -> usize {
+        self.lock().streams.len()
+    }
+
+    /// The device finishes all work submitted so far. The host does not
+    /// learn of it until it queries or synchronizes.
+    pub fn advance(&self) {
+        let mut w = self.lock();
+        let all = w.positions();
+        w.complete(&all, false);
+    }
+
+    /// The device finishes the work before `event` (and what it depends on);
+    /// later work stays pending.
+    pub fn complete(&self, event: &SimEvent) {
+        self.lock().complete(&event.clock, false);
+    }
+
+    /// The host waits for the whole device (`cudaDeviceSynchronize`).
+    pub fn synchronize(&self) {
+        let mut w = self.lock();
+        let all = w.positions();
+        w.complete(&all, true);
+    }
+
+    /// Makes the `n`th stream call (record, wait, synchronize) from now fail
+    /// with a backend error (`n = 1`: the next one); `n = 0` cancels.
+    pub fn fail_nth(&self, n: u64) {
+        self.lock().fail.arm(n);
+    }
+}
+
+/// A point in a stream's work: a copy of its vector clock when recorded.
+///
+/// # Examples
+///
+/// ```
+/// use memres_core::Stream;
+/// use memres_sim::SimWorld;
+/// let world = SimWorld::new();
+/// let s = world.stream();
+/// s.enqueue();
+/// let ev = s.record()?;
+/// assert_eq!((ev.stream(), ev.position()), (s.id(), 1));
+/// # Ok::<(), memres_core::Error>(())
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SimEvent {
+    stream: u64,
+    clock: Vec<u64>,
+}
+
+impl SimEvent {
+    /// The stream it was recorded on.
+    pub fn stream(&self) -> u64 {
+        self.stream
+    }
+
+    /// The recording stream's position: the operations before the event.
+    pub fn position(&self) -> u64 {
+        self.clock.get(self.stream as usize).copied().unwrap_or(0)
+    }
+}
+
+/// A simulated stream of a [`SimWorld`]: a handle, cheap to clone,
+/// `Send + Sync`.
+///
+/// # Examples
+///
+/// ```
+/// use memres_core::Stream;
+/// use memres_sim::SimWorld;
+/// let world = SimWorld::new();
+/// let s = world.stream();
+/// let p = s.enqueue(); // a kernel
+/// let ev = s.record()?;
+/// assert!(!s.query(&ev)?);
+/// s.synchronize()?;
+/// assert!(s.query(&ev)? && s.is_observed(s.id(), p));
+/// # Ok::<(), memres_core::Error>(())
+/// ```
+#[derive(Clone, Debug)]
+pub struct SimStream {
+    world: SimWorld,
+    id: u64,
+}
+
+impl SimStream {
+    /// The world the stream belongs to.
+    pub fn world(&self) -> &SimWorld {
+        &self.world
+    }
+
+    /// Submits one operation (a kernel, a copy, a free) and returns its
+    /// position on the stream.
+    pub fn enqueue(&self) -> u64 {
+        let mut w = self.world.lock();
+        let i = self.id as usize;
+        let mut c = w.effective(i);
+        if c.len() <= i {
+            c.resize(i + 1, 0);
+        }
+        c[i] += 1;
+        let pos = c[i];
+        w.streams[i].clock = c;
+        pos
+    }
+
+    /// Operations submitted to the stream so far.
+    pub fn position(&self) -> u64 {
+        let w = self.world.lock();
+        w.streams[self.id as usize].clock.get(self.id as usize).copied().unwrap_or(0)
+    }
+
+    /// Whether this stream's next operation is ordered after position `pos`
+    /// of stream `other`: through waits (direct or transitive), the default
+    /// stream's implicit ordering, or because the host has observed that
+    /// work complete. Always true for `other == self.id()`.
+    pub fn is_ordered_after(&self, other: u64, pos: u64) -> bool {
+        if other == self.id {
+            return true;
+        }
+        let w = self.world.lock();
+        let observed = w.streams.get(other as usize).map_or(0, |s| s.observed);
+        observed >= pos || w.effective(self.id as usize).get(other as usize).copied().unwrap_or(0) >= pos
+    }
+
+    /// Whether the host has observed position `pos` of stream `other`
+    /// complete.
+    pub fn is_observed(&self, other: u64, pos: u64) -> bool {
+        let w = self.world.lock();
+        w.streams.get(other as usize).map_or(0, |s| s.observed) >= pos
+    }
+}
+
+impl Stream for SimStream {
+    type Event = SimEvent;
+
+    fn id(&self) -> u64 {
+        self.id
+    }
+
+    fn record(&self) -> Result<SimEvent> {
+        let mut w = self.world.lock();
+        w.fail_point()?;
+        Ok(SimEvent { stream: self.id, clock: w.effective(self.id as usize) })
+    }
+
+    fn wait(&self, event: &SimEvent) -> Result<()> {
+        let mut w = self.world.lock();
+        w.fail_point()?;
+        if event.clock.len() > w.streams.len() {
+            return Err(Error::Backend { code: 4, what: "event of another simulated world" });
+        }
+        join(&mut w.streams[self.id as usize].clock, &event.clock);
+        Ok(())
+    }
+
+    fn query(&self, event: &SimEvent) -> Result<bool> {
+        let mut w = self.world.lock();
+        if w.is_complete(&event.clock) {
+            w.complete(&event.clock, true);
+            Ok(true)
+        } else {
+            Ok(false)
+        }
+    }
+
+    fn synchronize(&self) -> Result<()> {
+        let mut w = self.world.lock();
+        w.fail_point()?;
+        let c = w.effective(self.id as usize);
+        w.complete(&c, true);
+        Ok(())
+    }
+
+    /// [`SimWorld::synchronize`], which can fail as the other calls can.
+    fn synchronize_device(&self) -> Result<bool> {
+        self.world.lock().fail_point()?;
+        self.world.synchronize();
+        Ok(true)
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,255 @@
+use memres_core::index::CoalescingIndex;
+use memres_core::vmem::{CommitLedger, ReservableSpace};
+use memres_core::{Error, Range, Result, Stream};
+use std::collections::BTreeMap;
+use std::sync::Mutex;
+
+#[cfg(test)]
+mod tests;
+
+/// A simulated virtual address space: reservations of addresses with no
+/// bytes behind them, and a budget of physical memory that commits draw on.
+/// The [`ReservableSpace`] that stands in for CUDA's virtual memory
+/// management (`cuMemAddressReserve`, `cuMemMap`, `cuMemUnmap`) in tests,
+/// fuzzing and replays.
+///
+/// It checks every call: a commit of committed memory, a decommit of
+/// uncommitted memory, a range outside the reservations, a release of a
+/// reservation with memory still committed are errors, never miscounts. It
+/// counts committed bytes and their peak, refuses commits beyond its
+/// physical memory ([`Error::OutOfMemory`]) and reservations beyond its
+/// address space, and can be told to fail the Nth commit or decommit. As the
+/// CUDA backend may, `decommit` synchronizes the stream before unmapping.
+/// It is `Sync`: one space can serve several pools and be inspected while
+/// they use it.
+///
+/// # Examples
+///
+/// ```
+/// use memres_core::vpool::VirtualPool;
+/// use memres_core::{MemoryResourceMut, Request};
+/// use memres_sim::SimAddressSpace;
+/// // 80 GiB of physical memory, 2 MiB granules; the pool reserves 64 GiB
+/// // of addresses and keeps up to 256 MiB of free memory committed.
+/// let space = SimAddressSpace::new(80 << 30, SimAddressSpace::DEFAULT_GRANULE);
+/// let mut pool = VirtualPool::new(&space, 64 << 30, 256 << 20)?;
+/// let b = pool.allocate(Request::new(5 << 20)?, &())?;
+/// assert_eq!(space.committed_bytes(), 6 << 20);
+/// pool.deallocate(b, &())?;
+/// assert_eq!((space.committed_bytes(), space.peak_committed_bytes()), (6 << 20, 6 << 20)); // kept
+/// # Ok::<(), memres_core::Error>(())
+/// ```
+#[derive(Debug)]
+pub struct SimAddressSpace {
+    granule: u64,
+    span: u64,
+    state: Mutex<State>,
+}
+
+#[derive(Debug)]
+struct State {
+    /// Free and reserved ranges of the address space.
+    space: CoalescingIndex,
+    /// Live reservations by start address: their index tag and a bitmap of
+    /// committed granules.
+    reservations: BTreeMap<u64, Reservation>,
+    /// Committed bytes, physical memory, counts and injected failures.
+    ledger: CommitLedger,
+}
+
+#[derive(Debug)]
+struct Reservation {
+    len: u64,
+    tag: u64,
+    committed: Vec<u64>,
+}
+
+/// The reservation `range` lies in, with its bitmap.
+fn reservation_of(
+    reservations: &mut BTreeMap<u64, Reservation>,
+    range: Range,
+) -> Option<(&mut [u64], Range)> {
+    let (&start, r) = reservations.range_mut(..=range.start()).next_back()?;
+    let whole = Range::new(start, r.len)?;
+    whole.contains_range(&range).then_some((r.committed.as_mut_slice(), whole))
+}
+
+impl SimAddressSpace {
+    /// Where the simulated address space starts.
+    pub const BASE: u64 = 0x2000_0000_0000;
+    /// The default size of the address space: 2^46 bytes (64 TiB).
+    pub const DEFAULT_SPAN: u64 = 1 << 46;
+    /// The granule of CUDA's virtual memory on current GPUs: 2 MiB.
+    pub const DEFAULT_GRANULE: u64 = 2 << 20;
+
+    /// A space with `physical` bytes of memory to commit, granules of
+    /// `granule` bytes, and [`DEFAULT_SPAN`](Self::DEFAULT_SPAN) bytes of
+    /// addresses.
+    ///
+    /// # Panics
+    ///
+    /// If `granule` is not a power of two of at least 256.
+    pub fn new(physical: u64, granule: u64) -> Self {
+        Self::with_span(physical, granule, Self::DEFAULT_SPAN)
+    }
+
+    /// A space as [`new`](Self::new) with `span` bytes of addresses
+    /// (rounded down to the granule, at least one granule).
+    ///
+    /// # Panics
+    ///
+    /// If `granule` is not a power of two of at least 256.
+    pub fn with_span(physical: u64, granule: u64, span: u64) -> Self {
+        assert!(granule.is_power_of_two() && granule >= 256, "granule {granule} not a power of two >= 256");
+        let span = (span & !(granule - 1)).max(granule);
+        let mut space = CoalescingIndex::new(granule);
+        space.add_range(Range::new(Self::BASE, span).expect("the span fits above BASE")).expect("one node");
+        SimAddressSpace {
+            granule,
+            span,
+            state: Mutex::new(State {
+                space,
+                reservations: BTreeMap::new(),
+                ledger: CommitLedger::new(physical, granule),
+            }),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Bytes of physical memory.
+    pub fn physical_bytes(&self) -> u64 {
+        self.lock().ledger.physical_bytes()
+    }
+
+    /// Bytes of addresses.
+    pub fn span(&self) -> u64 {
+        self.span
+    }
+
+    /// Bytes committed now.
+    pub fn committed_bytes(&self) -> u64 {
+        self.lock().ledger.committed_bytes()
+    }
+
+    /// The most bytes ever committed at once.
+    pub fn peak_committed_bytes(&self) -> u64 {
+        self.lock().ledger.peak_committed_bytes()
+    }
+
+    /// Forgets the peak: it restarts from what is committed now.
+    pub fn reset_peak(&self) {
+        self.lock().ledger.reset_peak();
+    }
+
+    /// Bytes of addresses reserved now.
+    pub fn reserved_bytes(&self) -> u64 {
+        self.lock().reservations.values().map(|r| r.len).sum()
+    }
+
+    /// Successful commit and decommit calls so far.
+    pub fn call_counts(&self) -> (u64, u64) {
+        self.lock().ledger.call_counts()
+    }
+
+    /// Injected commit and decommit failures delivered so far: an armed
+    /// failure fires in a later call, or never.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use memres_core::vmem::{CommitLedger, ReservableSpace};
+    /// use memres_core::Range;
+    /// use memres_sim::SimAddressSpace;
+    /// let space = SimAddressSpace::new(1 << 30, 1 << 20);
+    /// let r = space.reserve(4 << 20)?;
+    /// let one = Range::new(r.start(), 1 << 20).unwrap();
+    /// space.commit(one)?;
+    /// space.fail_nth_decommit(1);
+    /// assert_eq!(space.decommit(one, &()), Err(CommitLedger::INJECTED_DECOMMIT_FAILURE));
+    /// assert_eq!(space.injected_failures(), (0, 1));
+    /// # space.decommit(one, &())?;
+    /// # Ok::<(), memres_core::Error>(())
+    /// ```
+    pub fn injected_failures(&self) -> (u64, u64) {
+        self.lock().ledger.injected_failures()
+    }
+
+    /// Whether every granule of `range` is committed (false for a range that
+    /// is not inside one reservation).
+    pub fn is_committed(&self, range: Range) -> bool {
+        let s = &mut *self.lock();
+        reservation_of(&mut s.reservations, range)
+            .is_some_and(|(bits, r)| s.ledger.is_committed(bits, r, range))
+    }
+
+    /// Makes the `n`th commit from now fail (`n = 1`: the next one) with an
+    /// injected backend error; `n = 0` cancels.
+    pub fn fail_nth_commit(&self, n: u64) {
+        self.lock().ledger.fail_nth_commit(n);
+    }
+
+    /// Makes the `n`th decommit from now fail with an injected backend
+    /// error; `n = 0` cancels.
+    pub fn fail_nth_decommit(&self, n: u64) {
+        self.lock().ledger.fail_nth_decommit(n);
+    }
+}
+
+impl ReservableSpace for SimAddressSpace {
+    fn granule(&self) -> u64 {
+        self.granule
+    }
+
+    fn reserve(&self, len: u64) -> Result<Range> {
+        if len == 0 || len % self.granule != 0 {
+            return Err(Error::InvalidSize { size: len });
+        }
+        let mut s = self.lock();
+        let out_of_addresses = |s: &State| Error::OutOfMemory {
+            requested: len,
+            largest_free: s.space.largest_free(),
+            pool_size: self.span,
+            max_size: Some(self.span),
+        };
+        if len > self.span {
+            return Err(out_of_addresses(&s));
+        }
+        match s.space.allocate(len, self.granule)? {
+            Some(a) => {
+                let words = (len / self.granule).div_ceil(64) as usize;
+                s.reservations.insert(a.addr, Reservation { len, tag: a.tag, committed: vec![0; words] });
+                Ok(Range::new(a.addr, len).expect("inside the span"))
+            }
+            None => Err(out_of_addresses(&s)),
+        }
+    }
+
+    fn release(&self, range: Range) -> Result<()> {
+        let mut s = self.lock();
+        let Some(r) = s.reservations.get(&range.start()).filter(|r| r.len == range.len()) else {
+            return Err(Error::UnknownBlock { addr: range.start() });
+        };
+        if r.committed.iter().any(|&w| w != 0) {
+            return Err(Error::InvalidConfig { what: "release of a reservation with committed memory" });
+        }
+        let tag = r.tag;
+        s.space.free(tag, range.start(), range.len())?;
+        s.reservations.remove(&range.start());
+        Ok(())
+    }
+
+    fn commit(&self, range: Range) -> Result<()> {
+        let s = &mut *self.lock();
+        s.ledger.commit(reservation_of(&mut s.reservations, range), range)
+    }
+
+    fn decommit<S: Stream + ?Sized>(&self, range: Range, stream: &S) -> Result<()> {
+        // As a CUDA backend may: let the stream's work finish, then unmap.
+        stream.synchronize()?;
+        let s = &mut *self.lock();
+        s.ledger.decommit(reservation_of(&mut s.reservations, range), range)
+    }
+}

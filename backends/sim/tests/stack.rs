@@ -1,0 +1,401 @@
+//! Stacks of the core's names over this crate's leaves: every documented
+//! stack builds and serves, every error names its position.
+
+use memres_core::adaptor::{Aligned, Counter, Limiting, Logging, Statistics, Tracking};
+use memres_core::arena::ArenaResource;
+use memres_core::binning::BinningResource;
+use memres_core::check::LiveBlocks;
+use memres_core::pool::CoalescingPool;
+use memres_core::stack::{OnStream, StackBuilder, StackError, StackErrorKind};
+use memres_core::testing::{IdStream, SplitMix64};
+use memres_core::trace::read_all;
+use memres_core::vpool::VirtualPool;
+use memres_core::{Block, DynResource, Error, MemoryResource, Request, Shared, StreamOrdered};
+use memres_sim::{builder, HostMemory, SimAddressSpace, SimDevice};
+use std::sync::Arc;
+
+fn req(size: u64) -> Request {
+    Request::new(size).unwrap()
+}
+
+fn build(text: &str) -> Result<DynResource, StackError> {
+    builder::<()>().build(text, &())
+}
+
+fn build_err(text: &str) -> StackError {
+    build(text).err().unwrap_or_else(|| panic!("{text} built"))
+}
+
+fn exercise(r: &DynResource) {
+    let blocks: Vec<Block> = (0..100).map(|i| r.allocate(req(1000 * i), &()).unwrap()).collect();
+    for b in blocks {
+        r.deallocate(b, &()).unwrap();
+    }
+}
+
+#[test]
+fn builds_the_documented_stacks() {
+    for text in [
+        "sim",
+        "sim(1GiB)",
+        "sim(capacity=1G)",
+        "stats(pool(sim, initial=1GiB, max=4GiB))",
+        "limit(stats(pool(sim)), 2GiB)",
+        "limit(pool(sim, growth=double), bytes=2GiB)",
+        "track(align(pool(sim, growth=4), alignment=64KiB, threshold=1MiB))",
+        "pool(sim, growth=default)",
+    ] {
+        let r = build(text).unwrap_or_else(|e| panic!("{text}: {e}"));
+        exercise(&r);
+    }
+}
+
+#[test]
+fn limit_and_pool_maximum_apply() {
+    let r = build("limit(pool(sim(1GiB), max=8MiB), 4MiB)").unwrap();
+    let a = r.allocate(req(3 << 20), &()).unwrap();
+    assert!(
+        matches!(r.allocate(req(2 << 20), &()), Err(Error::LimitExceeded { limit, .. }) if limit == 4 << 20)
+    );
+    r.deallocate(a, &()).unwrap();
+    let r = build("pool(sim(1GiB), max=8MiB)").unwrap();
+    assert!(matches!(r.allocate(req(9 << 20), &()), Err(Error::OutOfMemory { .. })));
+    let r = build("align(sim, alignment=1MiB)").unwrap();
+    let b = r.allocate(req(10), &()).unwrap();
+    assert_eq!(b.addr() % (1 << 20), 0);
+    r.deallocate(b, &()).unwrap();
+}
+
+#[test]
+fn log_stack_writes_the_file() {
+    let path = std::env::temp_dir().join(format!("memres-stack-test-{}.csv", std::process::id()));
+    {
+        let r = build(&format!("log(pool(sim), file={})", path.display())).unwrap();
+        let b = r.allocate(req(4096), &()).unwrap();
+        r.deallocate(b, &()).unwrap();
+    }
+    let rows = read_all(std::io::BufReader::new(std::fs::File::open(&path).unwrap())).unwrap();
+    std::fs::remove_file(&path).unwrap();
+    assert_eq!(rows.len(), 2);
+    assert_eq!((rows[0].size, rows[1].pointer), (4096, rows[0].pointer));
+}
+
+#[test]
+fn errors_name_the_position() {
+    let cases: &[(&str, usize, StackErrorKind)] = &[
+        ("log(pool(gpu), file=/tmp/x.csv)", 9, StackErrorKind::UnknownName("gpu".into())),
+        ("stats(pool(sim, initial=1QiB))", 24, StackErrorKind::BadSize("1QiB".into())),
+        ("stats(pool(sim, colour=red))", 16, StackErrorKind::UnknownKey("colour".into())),
+        ("stats(sim, sim)", 11, StackErrorKind::ExtraArg),
+        ("stats()", 0, StackErrorKind::MissingArg("an upstream resource")),
+        ("limit(sim)", 0, StackErrorKind::MissingArg("the limit in bytes")),
+        ("limit(sim, 1G, bytes=2G)", 21, StackErrorKind::DuplicateKey("bytes".into())),
+        ("limit(2G, sim)", 6, StackErrorKind::WrongKind("a resource")),
+        (
+            "pool(sim, growth=0)",
+            17,
+            StackErrorKind::BadValue("growth `0`: double, default or a divisor > 0".into()),
+        ),
+        (
+            "pool(sim, initial=1000)",
+            0,
+            StackErrorKind::Resource(Error::InvalidConfig {
+                what: "initial pool size is not a multiple of 256",
+            }),
+        ),
+        (
+            "pool(sim(1MiB), initial=1GiB)",
+            0,
+            StackErrorKind::Resource(Error::OutOfMemory {
+                requested: 1 << 30,
+                largest_free: 1 << 20,
+                pool_size: 1 << 20,
+                max_size: Some(1 << 20),
+            }),
+        ),
+        (
+            "align(sim, alignment=3K)",
+            21,
+            StackErrorKind::Resource(Error::InvalidAlignment { align: 3 << 10 }),
+        ),
+        ("log(sim)", 0, StackErrorKind::MissingArg("file=")),
+        ("stats(pool(sim)", 15, StackErrorKind::Expected("`,` or `)`")),
+    ];
+    for (text, pos, kind) in cases {
+        let e = build_err(text);
+        assert_eq!((e.pos, &e.kind), (*pos, kind), "{text}: {e}");
+    }
+    let e = build_err("log(sim, file=/nonexistent-dir/x/y.csv)");
+    assert_eq!(e.pos, 14);
+    assert!(matches!(&e.kind, StackErrorKind::Io(m) if m.contains("/nonexistent-dir/x/y.csv")), "{e}");
+    assert_eq!(build_err("stats(slab(sim))").to_string(), "at byte 6: unknown resource `slab`");
+}
+
+#[test]
+fn registry_takes_new_names_and_works_for_other_streams() {
+    // Any stream type other than the simulated one.
+    let s = IdStream(3);
+    let mut b = builder::<IdStream>();
+    assert_eq!(
+        b.names().collect::<Vec<_>>(),
+        [
+            "align", "arena", "binning", "fixed", "host", "limit", "log", "pool", "sim", "stats", "track",
+            "vpool"
+        ]
+    );
+    // A resource that refuses everything, registered with one call.
+    b.register("refuse", |call, _| {
+        call.expect_args(0, &[])?;
+        Ok(Arc::new(Limiting::new(SimDevice::new(0), 0)))
+    });
+    let r = b.build("stats(refuse)", &s).unwrap();
+    assert!(r.allocate(req(1), &s).is_err());
+    let r = b.build("pool(sim, initial=1MiB)", &s).unwrap();
+    let x = r.allocate(req(1), &s).unwrap();
+    r.deallocate(x, &s).unwrap();
+    assert_eq!(b.build("refuse(sim)", &s).err().unwrap().kind, StackErrorKind::ExtraArg);
+    assert!(StackBuilder::<()>::empty().build("sim", &()).is_err());
+    assert!(StackBuilder::<()>::new().build("sim", &()).is_err(), "the core knows no device");
+}
+
+/// Every adaptor stacked over a pool over the simulated device, 10^5 random
+/// operations: after every step the statistics agree exactly with the
+/// caller's view, the tracking table with the live blocks, the limit's count
+/// with the pool's bytes in use, and the pool's checker passes; the log
+/// replays to the same operations.
+#[test]
+fn all_adaptors_stacked_randomized() {
+    const LIMIT: u64 = 256 << 20;
+    let pool = Shared::new(CoalescingPool::new(SimDevice::new(1 << 30)));
+    let aligned = Aligned::new(&pool, 64 << 10, 1 << 20).unwrap();
+    let limited = Limiting::new(&aligned, LIMIT);
+    let stats = Statistics::new(&limited);
+    let tracked = Tracking::new(&stats);
+    let log = Logging::new(&tracked, Vec::new()).unwrap();
+    let mut rng = SplitMix64::new(42);
+    let mut live = LiveBlocks::new();
+    let mut blocks: Vec<Block> = Vec::new();
+    let (mut peak, mut total, mut ops) = (0u64, 0u64, 0usize);
+    for step in 0..100_000 {
+        if blocks.is_empty() || rng.below(100) < 52 {
+            let size = match rng.below(4) {
+                0 => rng.below(512),
+                1 => rng.below(64 << 10),
+                2 => rng.below(2 << 20),
+                _ => rng.below(16 << 20),
+            };
+            let r = req(size);
+            ops += 1;
+            match log.allocate(r, &()) {
+                Ok(b) => {
+                    let want = if size >= 1 << 20 { Request::aligned(size, 64 << 10).unwrap() } else { r };
+                    live.insert(b, want).unwrap_or_else(|v| panic!("step {step}: {v}"));
+                    if !b.is_empty() {
+                        blocks.push(b);
+                        total += size;
+                    }
+                }
+                Err(Error::LimitExceeded { .. }) => {}
+                Err(e) => panic!("step {step}: {e}"),
+            }
+        } else {
+            let b = blocks.swap_remove(rng.below(blocks.len() as u64) as usize);
+            log.deallocate(b, &()).unwrap();
+            live.remove(&b).unwrap();
+            ops += 1;
+        }
+        peak = peak.max(live.bytes());
+        assert_eq!(
+            stats.bytes(),
+            Counter { value: live.bytes() as i64, peak: peak as i64, total: total as i64 }
+        );
+        assert_eq!(tracked.outstanding_count(), live.len());
+        assert_eq!(limited.used(), pool.with(|p| p.used_bytes()));
+        pool.with(|p| p.check()).unwrap_or_else(|v| panic!("step {step}: {v}"));
+    }
+    assert_eq!(tracked.outstanding_bytes(), live.bytes());
+    for b in blocks.drain(..) {
+        log.deallocate(b, &()).unwrap();
+        ops += 1;
+    }
+    assert!(tracked.report().is_empty());
+    assert_eq!(pool.with(|p| p.pool_size()), pool.with(|p| p.upstream().held_bytes()));
+    let rows = read_all(&log.into_parts().1[..]).unwrap();
+    assert_eq!(rows.len(), ops);
+}
+
+#[test]
+fn pool_granule_and_release_apply() {
+    type Pool = Shared<CoalescingPool<DynResource>>;
+    let grow = |text: &str| {
+        let built = builder::<()>().build_with_handles(text, &()).unwrap();
+        let r = &built.resource;
+        let pool = built.get::<Pool>("pool").unwrap();
+        // A small block, then one too large for the first chunk: the
+        // first block's chunk is wholly free when the pool grows.
+        let a = r.allocate(req(1000), &()).unwrap();
+        let first = pool.with(|p| p.pool_size());
+        r.deallocate(a, &()).unwrap();
+        let b = r.allocate(req(first + 1), &()).unwrap();
+        let sizes = (first, pool.with(|p| (p.pool_size(), p.chunk_count())));
+        r.deallocate(b, &()).unwrap();
+        sizes
+    };
+    // The default granule is 32 MiB.
+    assert_eq!(grow("pool(sim)").0, 32 << 20);
+    assert_eq!(grow("pool(sim, growth=4)").0, 32 << 20);
+    // 1 MiB granules; the free first chunk goes back before the pool grows,
+    // unless release=false.
+    assert_eq!(grow("pool(sim, granule=1MiB)"), (1 << 20, (2 << 20, 1)));
+    assert_eq!(grow("pool(sim, granule=1MiB, release=true)"), (1 << 20, (2 << 20, 1)));
+    assert_eq!(grow("pool(sim, granule=1MiB, release=false)"), (1 << 20, (3 << 20, 2)));
+    for (text, pos, what) in [
+        ("pool(sim, granule=3000)", 18, "granule 3000: a power of two of at least 256"),
+        ("pool(sim, granule=128)", 18, "granule 128: a power of two of at least 256"),
+        ("pool(sim, growth=double, granule=1MiB)", 33, "granule= sizes fractional growth, not growth=double"),
+        ("pool(sim, release=no)", 18, "release `no`: true or false"),
+    ] {
+        let e = build_err(text);
+        assert_eq!((e.pos, e.kind), (pos, StackErrorKind::BadValue(what.into())), "{text}");
+    }
+}
+
+#[test]
+fn builds_the_new_resources() {
+    for text in [
+        "host",
+        "fixed(sim, 1MiB)",
+        "fixed(pool(sim), size=64KiB, blocks=16)",
+        "binning(sim)",
+        "binning(pool(sim), min=10, max=20)",
+        "arena(sim)",
+        "arena(sim, initial=64MiB, superblock=1MiB)",
+        "vpool(sim)",
+        "vpool(sim(8GiB), reserve=1GiB, keep=16MiB, granule=64KiB)",
+        "pool(vpool(sim))",
+        "stats(binning(pool(sim)))",
+    ] {
+        let built = builder::<()>().build_with_handles(text, &()).unwrap_or_else(|e| panic!("{text}: {e}"));
+        if text.starts_with("fixed") {
+            // Fixed blocks serve up to their size only.
+            let b = built.resource.allocate(req(1000), &()).unwrap();
+            built.resource.deallocate(b, &()).unwrap();
+            assert!(matches!(built.resource.allocate(req(2 << 20), &()), Err(Error::InvalidSize { .. })));
+        } else {
+            exercise(&built.resource);
+        }
+    }
+}
+
+#[test]
+fn new_resources_keep_typed_handles_and_route_as_configured() {
+    let built = builder::<()>().build_with_handles("binning(sim(1GiB), min=10, max=12)", &()).unwrap();
+    let bins = built.get::<BinningResource<'static, DynResource, ()>>("binning").unwrap();
+    assert_eq!(bins.bin_sizes(), &[1024, 2048, 4096]);
+    let sim = built.get::<SimDevice>("sim").unwrap();
+    let big = built.resource.allocate(req(1 << 20), &()).unwrap();
+    assert_eq!(sim.held_bytes(), 1 << 20); // above the bins: straight upstream
+    built.resource.deallocate(big, &()).unwrap();
+
+    let built = builder::<()>().build_with_handles("vpool(sim, reserve=1GiB, keep=0)", &()).unwrap();
+    let v = built.get::<Shared<VirtualPool<SimAddressSpace>>>("vpool").unwrap();
+    let b = built.resource.allocate(req(3 << 20), &()).unwrap();
+    assert_eq!(v.with(|v| (v.reserved_bytes(), v.committed_bytes())), (1 << 30, 4 << 20));
+    built.resource.deallocate(b, &()).unwrap();
+
+    let built = builder::<()>().build_with_handles("arena(host)", &()).unwrap();
+    let b = built.resource.allocate(req(5000), &()).unwrap();
+    assert!(built.get::<HostMemory>("host").unwrap().held_bytes() >= 5000);
+    assert!(built.get::<ArenaResource<DynResource>>("arena").unwrap().used_bytes() >= 5000);
+    built.resource.deallocate(b, &()).unwrap();
+}
+
+#[test]
+fn new_resources_reject_bad_arguments_where_they_are() {
+    for (text, pos) in [
+        ("binning(sim, min=x)", 17),
+        ("binning(sim, min=22, max=18)", 0),
+        ("fixed(sim, size=lots)", 16),
+        ("fixed(sim, 1MiB, size=1MiB)", 22),
+        ("vpool(pool(sim))", 6),
+        ("vpool(sim, granule=3000)", 19),
+        ("host(1GiB)", 5),
+    ] {
+        let e = build_err(text);
+        assert_eq!(e.pos, pos, "{text}: {e}");
+    }
+}
+
+#[test]
+fn the_stream_layer_orders_reuse_across_streams() {
+    use memres_sim::SimWorld;
+    let world = SimWorld::new();
+    let (a, b) = (world.stream(), world.stream());
+    let mut builder = builder();
+    assert!(builder.build("stream(pool(sim))", &world.default_stream()).is_err());
+    builder.register_stream_layer();
+    let built = builder.build_with_handles("stream(pool(sim))", &world.default_stream()).unwrap();
+    let x = built.resource.allocate(req(1 << 20), &a).unwrap();
+    built.resource.deallocate(x, &a).unwrap();
+    // Freed on `a`: `a` takes it back at once.
+    let y = built.resource.allocate(req(1 << 20), &a).unwrap();
+    assert_eq!(x.addr(), y.addr());
+    built.resource.deallocate(y, &a).unwrap();
+    let z = built.resource.allocate(req(1 << 20), &b).unwrap();
+    built.resource.deallocate(z, &b).unwrap();
+    let so = built
+        .get::<Shared<StreamOrdered<OnStream<memres_sim::SimStream>, memres_sim::SimStream>>>("stream")
+        .unwrap();
+    assert!(so.with(|s| s.stats().own_hits) >= 1);
+}
+
+#[test]
+fn per_stream_pools_take_the_pool_options_and_refuse_a_maximum() {
+    use memres_core::per_stream::{PerStreamPool, PoolMaker};
+    use memres_sim::{SimStream, SimWorld};
+    type Pools = Shared<PerStreamPool<PoolMaker<DynResource<SimStream>>, SimStream>>;
+    let world = SimWorld::new();
+    let (a, b) = (world.stream(), world.stream());
+    let text = "pool(sim, per_stream=true, initial=64MiB, granule=1MiB, growth=4)";
+    let built = builder().build_with_handles(text, &world.default_stream()).unwrap();
+    let pools = built.get::<Pools>("pool").unwrap();
+    // The initial size is the build stream's pool.
+    assert_eq!(pools.with(|p| (p.stream_count(), p.pool_size())), (1, 64 << 20));
+    assert!(pools.with(|p| p.pool_of(0).is_some()));
+    let x = built.resource.allocate(req(1000), &a).unwrap();
+    let y = built.resource.allocate(req(1000), &b).unwrap();
+    // One pool per stream, each growing by the granule given.
+    assert_eq!(pools.with(|p| (p.stream_count(), p.pool_size())), (3, (64 << 20) + (2 << 20)));
+    built.resource.deallocate(x, &a).unwrap();
+    built.resource.deallocate(y, &b).unwrap();
+    pools.with(|p| p.check()).unwrap();
+    // Without the key, or false: the pool that ignores streams.
+    for text in ["pool(sim)", "pool(sim, per_stream=false)"] {
+        let built = builder::<SimStream>().build_with_handles(text, &world.default_stream()).unwrap();
+        assert!(built.get::<Shared<CoalescingPool<DynResource<SimStream>>>>("pool").is_some(), "{text}");
+    }
+    for (text, pos, what) in [
+        (
+            "pool(sim, per_stream=true, max=1GiB)",
+            31,
+            "max= bounds one pool, and per_stream=true makes one per stream: limit the upstream instead, \
+             as in pool(limit(async, 4GiB), per_stream=true)",
+        ),
+        ("pool(sim, per_stream=yes)", 21, "per_stream `yes`: true or false"),
+    ] {
+        let e = build_err(text);
+        assert_eq!((e.pos, e.kind), (pos, StackErrorKind::BadValue(what.into())), "{text}");
+    }
+    let e = build_err("pool(sim, per_stream=true, initial=100)");
+    assert_eq!(
+        (e.pos, e.kind),
+        (
+            0,
+            StackErrorKind::Resource(Error::InvalidConfig {
+                what: "initial pool size is not a multiple of 256"
+            })
+        )
+    );
+    // The limit goes on the upstream.
+    assert!(build("pool(limit(sim, 1GiB), per_stream=true)").is_ok());
+}

@@ -1,0 +1,213 @@
+//! RMM's `logging_resource_adaptor`: every call as a row of RMM's log
+//! format ([`crate::trace`]; feature `std`).
+
+use crate::trace::{Action, Record, HEADER};
+use crate::{Block, MemoryResource, Request, Result, Stream};
+use std::fs::File;
+use std::io::{self, BufWriter, Write};
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, OnceLock};
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+/// The number of the calling thread in logs: 0 for the first thread that
+/// logs, 1 for the next...
+fn thread_number() -> u64 {
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    std::thread_local! {
+        static NUMBER: u64 = NEXT.fetch_add(1, Ordering::Relaxed);
+    }
+    NUMBER.with(|n| *n)
+}
+
+/// Microseconds since the Unix epoch, read from a monotonic clock anchored
+/// once per process: never goes backwards, even when the wall clock does.
+fn now_micros() -> u64 {
+    static ANCHOR: OnceLock<(Instant, u64)> = OnceLock::new();
+    let (instant, micros) = *ANCHOR.get_or_init(|| {
+        let since_epoch = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default();
+        (Instant::now(), since_epoch.as_micros() as u64)
+    });
+    micros + instant.elapsed().as_micros() as u64
+}
+
+/// Writes every allocation and free to a CSV log in RMM's format
+/// ([`crate::trace`], which also reads it back): RMM's
+/// `logging_resource_adaptor`.
+///
+/// ```text
+///  Thread,Time,Action,Pointer,Size,Stream
+///  0,1795342456727905,allocate,0x7fed54800000,16777216,0
+///  0,1795342456728011,free,0x7fed54800000,16777216,0
+///  1,1795342456728313,allocate failure,0x0,1099511627776,0
+/// ```
+///
+/// - `Thread`: a small number per thread (0 for the first that logs).
+/// - `Time`: microseconds since the Unix epoch, from a monotonic clock (as
+///   in the shared traces).
+/// - `Action`: `allocate`, `free`, or `allocate failure` (pointer `0x0`).
+/// - `Pointer` in hexadecimal, `Size` the requested bytes, `Stream` the
+///   stream's [`Stream::id`].
+///
+/// Rows are written under the writer's lock, so they are in time order and
+/// a replay of the log reproduces what happened. An allocation's row is
+/// written once the upstream answered (with the address, or as a failure).
+/// A free's row is written *before* the upstream frees the block, as RMM
+/// does: once freed, the address may be handed out to another thread, whose
+/// `allocate` row must come after this `free`. So a free the upstream then
+/// refuses (a double free, a wrong size) is logged all the same: RMM's
+/// format has no row to take it back, and a replay treats the block as
+/// freed there (a later free of it is a free of a pointer not live, which
+/// replays skip). Such frees are counted
+/// ([`refused_frees`](Self::refused_frees)). Write errors never fail a
+/// call: they are counted ([`write_errors`](Self::write_errors)). The file
+/// is flushed when the adaptor is dropped, or by [`flush`](Self::flush).
+///
+/// # Examples
+///
+/// ```
+/// use memres_core::adaptor::Logging;
+/// use memres_core::trace::{read_all, Action};
+/// use memres_core::{MemoryResource, Request};
+/// # use memres_core::testing::BumpUpstream;
+/// let log = Logging::new(BumpUpstream::new(1 << 30), Vec::new())?;
+/// let b = log.allocate(Request::new(1000)?, &())?;
+/// log.deallocate(b, &())?;
+/// let (_, bytes) = log.into_parts();
+/// let rows = read_all(&bytes[..])?;
+/// assert_eq!(rows.iter().map(|r| r.action).collect::<Vec<_>>(), [Action::Allocate, Action::Free]);
+/// assert_eq!((rows[0].pointer, rows[0].size), (b.addr(), 1000));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Debug)]
+pub struct Logging<R, W: Write = BufWriter<File>> {
+    upstream: R,
+    /// The header is written; rows follow.
+    out: Mutex<W>,
+    /// Rows that could not be written.
+    write_errors: AtomicU64,
+    /// Frees logged that the upstream then refused.
+    refused_frees: AtomicU64,
+}
+
+impl<R> Logging<R> {
+    /// Logs to a new file at `path` (truncated if it exists).
+    ///
+    /// # Errors
+    ///
+    /// The file cannot be created, or the header not written: at
+    /// construction, never at the first allocation.
+    ///
+    /// ```
+    /// # use memres_core::adaptor::Logging;
+    /// # use memres_core::testing::BumpUpstream;
+    /// assert!(Logging::to_file(BumpUpstream::new(1 << 20), "/no/such/dir/log.csv").is_err());
+    /// ```
+    pub fn to_file(upstream: R, path: impl AsRef<Path>) -> io::Result<Self> {
+        let mut log = Logging::new(upstream, BufWriter::new(File::create(path)?))?;
+        // Make the header reach the file now, so that a file that accepts no
+        // writes fails here.
+        log.out.get_mut().unwrap_or_else(|p| p.into_inner()).flush()?;
+        Ok(log)
+    }
+}
+
+impl<R, W: Write> Logging<R, W> {
+    /// Logs to `writer`; writes the header now.
+    ///
+    /// # Errors
+    ///
+    /// The header cannot be written.
+    ///
+    /// ```
+    /// # use memres_core::adaptor::Logging;
+    /// # use memres_core::testing::BumpUpstream;
+    /// let log = Logging::new(BumpUpstream::new(1 << 20), Vec::new())?;
+    /// assert_eq!(log.into_parts().1, b"Thread,Time,Action,Pointer,Size,Stream\n");
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
+    pub fn new(upstream: R, mut writer: W) -> io::Result<Self> {
+        writeln!(writer, "{HEADER}")?;
+        Ok(Logging {
+            upstream,
+            out: Mutex::new(writer),
+            write_errors: AtomicU64::new(0),
+            refused_frees: AtomicU64::new(0),
+        })
+    }
+
+    /// Flushes the writer.
+    ///
+    /// # Errors
+    ///
+    /// The writer's.
+    pub fn flush(&self) -> io::Result<()> {
+        self.out.lock().unwrap_or_else(|p| p.into_inner()).flush()
+    }
+
+    /// Rows that could not be written so far.
+    pub fn write_errors(&self) -> u64 {
+        self.write_errors.load(Ordering::Relaxed)
+    }
+
+    /// Frees logged so far that the upstream then refused (their `free`
+    /// rows are in the log: a free is logged before it is made).
+    pub fn refused_frees(&self) -> u64 {
+        self.refused_frees.load(Ordering::Relaxed)
+    }
+
+    /// The upstream resource.
+    pub fn upstream(&self) -> &R {
+        &self.upstream
+    }
+
+    /// The upstream and the writer.
+    pub fn into_parts(self) -> (R, W) {
+        (self.upstream, self.out.into_inner().unwrap_or_else(|p| p.into_inner()))
+    }
+
+    fn log(&self, action: Action, addr: u64, size: u64, stream: u64) {
+        let thread = thread_number();
+        let mut out = self.out.lock().unwrap_or_else(|p| p.into_inner());
+        let row = Record { thread, time: now_micros(), action, pointer: addr, size, stream };
+        if writeln!(out, "{row}").is_err() {
+            self.write_errors.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
+impl<S, R, W> MemoryResource<S> for Logging<R, W>
+where
+    S: Stream + ?Sized,
+    R: MemoryResource<S>,
+    W: Write,
+{
+    fn allocate(&self, request: Request, stream: &S) -> Result<Block> {
+        match self.upstream.allocate(request, stream) {
+            Ok(b) => {
+                self.log(Action::Allocate, b.addr(), b.size(), stream.id());
+                Ok(b)
+            }
+            Err(e) => {
+                self.log(Action::AllocateFailure, 0, request.size(), stream.id());
+                Err(e)
+            }
+        }
+    }
+
+    fn deallocate(&self, block: Block, stream: &S) -> Result<()> {
+        // Before the upstream frees it: after, another thread may get the
+        // address and log its allocation first.
+        self.log(Action::Free, block.addr(), block.size(), stream.id());
+        self.upstream.deallocate(block, stream).inspect_err(|_| {
+            self.refused_frees.fetch_add(1, Ordering::Relaxed);
+        })
+    }
+}
+
+// SAFETY: `Logging` hands out `R`'s blocks unchanged and gives them back only
+// through `R::deallocate`.
+unsafe impl<E, R: crate::copy::MemoryOf<E>, W: Write> crate::copy::MemoryOf<E> for Logging<R, W> {}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,239 @@
+extern crate std;
+
+use super::*;
+use crate::testing::{BumpUpstream, IdStream, SplitMix64};
+use crate::trace::read_all;
+use crate::Error;
+use alloc::format;
+use alloc::string::{String, ToString};
+use alloc::vec::Vec;
+use std::collections::{HashMap, HashSet};
+
+type Op = (Action, u64, u64, u64);
+
+/// The rows of a log as written: every one parses, fields as numbers.
+fn rows(bytes: &[u8]) -> Vec<Record<u64>> {
+    let number = |text: &str| text.parse::<u64>().unwrap();
+    let rows = read_all(bytes).unwrap();
+    rows.iter()
+        .map(|r| Record {
+            thread: number(&r.thread),
+            time: number(&r.time),
+            action: r.action,
+            pointer: r.pointer,
+            size: r.size,
+            stream: number(&r.stream),
+        })
+        .collect()
+}
+
+fn ops_of(rows: &[Record<u64>]) -> Vec<Op> {
+    rows.iter().map(|r| (r.action, r.pointer, r.size, r.stream)).collect()
+}
+
+#[test]
+fn round_trip_yields_the_same_operations() {
+    let log = Logging::new(BumpUpstream::new(1 << 30), Vec::new()).unwrap();
+    let mut expected: Vec<Op> = Vec::new();
+    let mut live = Vec::new();
+    let mut rng = SplitMix64::new(11);
+    for i in 0..2000u64 {
+        let stream = IdStream(rng.below(3) * 0x1000);
+        if live.is_empty() || rng.below(2) == 0 {
+            // Some requests are too large: logged as failures.
+            let size = if i % 97 == 0 { 2 << 30 } else { rng.below(1 << 20) };
+            match log.allocate(Request::new(size).unwrap(), &stream) {
+                Ok(b) => {
+                    expected.push((Action::Allocate, b.addr(), size, stream.0));
+                    live.push(b);
+                }
+                Err(e) => {
+                    assert!(matches!(e, Error::OutOfMemory { .. }));
+                    expected.push((Action::AllocateFailure, 0, size, stream.0));
+                }
+            }
+        } else {
+            let b = live.swap_remove(rng.below(live.len() as u64) as usize);
+            log.deallocate(b, &stream).unwrap();
+            expected.push((Action::Free, b.addr(), b.size(), stream.0));
+        }
+    }
+    assert_eq!((log.write_errors(), log.refused_frees()), (0, 0));
+    let (_, bytes) = log.into_parts();
+    let text = String::from_utf8(bytes).unwrap();
+    assert!(text.starts_with("Thread,Time,Action,Pointer,Size,Stream\n"));
+    let rows = rows(text.as_bytes());
+    assert_eq!(ops_of(&rows), expected);
+    assert!(rows.iter().any(|r| r.action == Action::AllocateFailure));
+    // One thread, monotonic time, and every row prints back as written.
+    assert!(rows.iter().all(|r| r.thread == rows[0].thread));
+    assert!(rows.windows(2).all(|w| w[0].time <= w[1].time));
+    for (row, line) in rows.iter().zip(text.lines().skip(1)) {
+        assert_eq!(row.to_string(), line);
+    }
+}
+
+#[test]
+fn rows_use_rmm_format() {
+    let log = Logging::new(BumpUpstream::new(1 << 30), Vec::new()).unwrap();
+    let b = log.allocate(Request::new(16 << 20).unwrap(), &IdStream(7)).unwrap();
+    let _ = log.allocate(Request::new(4 << 30).unwrap(), &IdStream(7));
+    log.deallocate(b, &IdStream(7)).unwrap();
+    let (_, bytes) = log.into_parts();
+    let text = String::from_utf8(bytes).unwrap();
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), 4);
+    let fields: Vec<&str> = lines[1].split(',').collect();
+    assert_eq!(fields[2..], ["allocate", &format!("{:#x}", b.addr()), "16777216", "7"]);
+    assert!(fields[3].starts_with("0x"));
+    // Microseconds since the epoch: 16 digits in this century.
+    assert_eq!(fields[1].len(), 16, "{}", fields[1]);
+    assert!(lines[2].ends_with(",allocate failure,0x0,4294967296,7"), "{}", lines[2]);
+    assert!(lines[3].contains(",free,"));
+}
+
+/// A writer whose bytes the test (and the upstream below) can read while
+/// the adaptor holds it.
+#[derive(Clone, Default)]
+struct SharedBuf(std::sync::Arc<Mutex<Vec<u8>>>);
+
+impl Write for SharedBuf {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+impl SharedBuf {
+    fn last_line(&self) -> String {
+        let text = String::from_utf8(self.0.lock().unwrap().clone()).unwrap();
+        text.lines().last().unwrap_or_default().to_string()
+    }
+}
+
+/// An upstream that, when asked to free, notes the log's last line (what
+/// another thread reusing the address at once would log after), and can be
+/// made to refuse frees.
+struct Peek {
+    inner: BumpUpstream,
+    log: SharedBuf,
+    seen: Mutex<Vec<String>>,
+    refuse: std::sync::atomic::AtomicBool,
+}
+
+impl MemoryResource for Peek {
+    fn allocate(&self, request: Request, s: &()) -> Result<Block> {
+        self.inner.allocate(request, s)
+    }
+    fn deallocate(&self, block: Block, s: &()) -> Result<()> {
+        self.seen.lock().unwrap().push(self.log.last_line());
+        if self.refuse.load(Ordering::Relaxed) {
+            return Err(Error::Backend { code: 1, what: "free refused" });
+        }
+        self.inner.deallocate(block, s)
+    }
+}
+
+/// RMM's order: the free's row is written before the upstream frees the
+/// block, so no reuse of the address by another thread can be logged
+/// before it. A free the upstream refuses stays logged, and is counted.
+#[test]
+fn a_free_is_logged_before_the_upstream_frees_it() {
+    let buf = SharedBuf::default();
+    let peek = Peek {
+        inner: BumpUpstream::new(1 << 30),
+        log: buf.clone(),
+        seen: Mutex::default(),
+        refuse: Default::default(),
+    };
+    let log = Logging::new(peek, buf.clone()).unwrap();
+    let a = log.allocate(Request::new(1000).unwrap(), &()).unwrap();
+    log.deallocate(a, &()).unwrap();
+    let free_row = |b: &Block| format!(",free,{:#x},{},0", b.addr(), b.size());
+    let seen = log.upstream().seen.lock().unwrap().clone();
+    assert_eq!(seen.len(), 1);
+    assert!(seen[0].ends_with(&free_row(&a)), "the upstream freed after the row {:?}", seen[0]);
+
+    let b = log.allocate(Request::new(2000).unwrap(), &()).unwrap();
+    log.upstream().refuse.store(true, Ordering::Relaxed);
+    assert_eq!(log.deallocate(b, &()), Err(Error::Backend { code: 1, what: "free refused" }));
+    assert_eq!((log.refused_frees(), log.write_errors()), (1, 0));
+    assert!(buf.last_line().ends_with(&free_row(&b)), "{}", buf.last_line());
+    log.upstream().refuse.store(false, Ordering::Relaxed);
+    log.deallocate(b, &()).unwrap();
+    assert_eq!(log.refused_frees(), 1);
+    let rows = read_all(&buf.0.lock().unwrap()[..]).unwrap();
+    let actions: Vec<Action> = rows.iter().map(|r| r.action).collect();
+    use Action::{Allocate, Free};
+    assert_eq!(actions, [Allocate, Free, Allocate, Free, Free]);
+}
+
+#[test]
+fn threads_get_distinct_small_numbers() {
+    let log = Logging::new(BumpUpstream::new(1 << 30), Vec::new()).unwrap();
+    std::thread::scope(|s| {
+        for t in 0..3u64 {
+            let log = &log;
+            s.spawn(move || {
+                for _ in 0..50 {
+                    let b = log.allocate(Request::new(256).unwrap(), &IdStream(t)).unwrap();
+                    log.deallocate(b, &IdStream(t)).unwrap();
+                }
+            });
+        }
+    });
+    let rows = rows(&log.into_parts().1[..]);
+    assert_eq!(rows.len(), 300);
+    let mut thread_of: HashMap<u64, u64> = HashMap::new();
+    for r in &rows {
+        assert_eq!(*thread_of.entry(r.stream).or_insert(r.thread), r.thread);
+    }
+    assert_eq!(thread_of.values().collect::<HashSet<_>>().len(), 3);
+    assert!(rows.windows(2).all(|w| w[0].time <= w[1].time));
+}
+
+#[test]
+fn file_errors_at_construction_and_file_round_trip() {
+    let err = Logging::to_file(BumpUpstream::new(1 << 20), "/nonexistent-dir/x/log.csv").unwrap_err();
+    assert_eq!(err.kind(), io::ErrorKind::NotFound);
+    let path = std::env::temp_dir().join(format!("memres-log-test-{}.csv", std::process::id()));
+    {
+        let log = Logging::to_file(BumpUpstream::new(1 << 20), &path).unwrap();
+        // The header is on disk before any allocation.
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), format!("{HEADER}\n"));
+        let b = log.allocate(Request::new(300).unwrap(), &()).unwrap();
+        log.deallocate(b, &()).unwrap();
+    }
+    let rows = rows(&std::fs::read(&path).unwrap());
+    std::fs::remove_file(&path).unwrap();
+    assert_eq!(
+        rows.iter().map(|r| (r.action, r.size, r.stream)).collect::<Vec<_>>(),
+        [(Action::Allocate, 300, 0), (Action::Free, 300, 0)]
+    );
+}
+
+#[test]
+fn write_errors_are_counted_not_returned() {
+    struct Broken(bool);
+    impl Write for Broken {
+        fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+            if self.0 {
+                Err(io::Error::other("disk full"))
+            } else {
+                Ok(buf.len())
+            }
+        }
+        fn flush(&mut self) -> io::Result<()> {
+            Ok(())
+        }
+    }
+    let log = Logging::new(BumpUpstream::new(1 << 20), Broken(false)).unwrap();
+    log.out.lock().unwrap().0 = true;
+    let b = log.allocate(Request::new(10).unwrap(), &()).unwrap();
+    log.deallocate(b, &()).unwrap();
+    assert_eq!(log.write_errors(), 2);
+    assert!(Logging::new(BumpUpstream::new(1 << 20), Broken(true)).is_err());
+}

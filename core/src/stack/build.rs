@@ -1,0 +1,316 @@
+//! The builder: a registry of constructors by name, which turns a parsed
+//! stack into resources.
+
+use super::{parse, Call, StackError, StackErrorKind};
+use crate::{Block, DynResource, MemoryResource, MemoryResourceMut, Request, Shared, Stream, StreamOrdered};
+use alloc::collections::BTreeMap;
+use alloc::string::{String, ToString};
+use alloc::sync::Arc;
+use alloc::vec::Vec;
+use core::any::Any;
+use core::cell::RefCell;
+use core::fmt;
+
+/// What a constructor gets besides its call: the builder (to build its
+/// upstream) and the stream to make initial allocations on.
+pub struct Context<'a, S: ?Sized> {
+    /// The builder, with every registered name.
+    pub builder: &'a StackBuilder<S>,
+    /// The stream a resource that allocates when made (a pool's initial
+    /// size) allocates on.
+    pub stream: &'a S,
+    /// Typed handles kept so far (see [`Context::keep`]).
+    handles: RefCell<Vec<Handle>>,
+}
+
+/// A typed resource of a built stack, kept so that its figures can be read.
+struct Handle {
+    name: String,
+    pos: usize,
+    resource: Arc<dyn Any + Send + Sync>,
+}
+
+impl<S: ?Sized> fmt::Debug for Context<'_, S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Context").field("builder", &self.builder).finish_non_exhaustive()
+    }
+}
+
+impl<S: Stream + ?Sized + 'static> Context<'_, S> {
+    /// Builds the `i`th positional argument of `call` as a resource.
+    ///
+    /// # Errors
+    ///
+    /// A missing or malformed argument, or the upstream's own error.
+    pub fn upstream(&self, call: &Call, i: usize) -> Result<DynResource<S>, StackError> {
+        self.builder.build_in(call.resource(i)?, self)
+    }
+
+    /// Keeps `resource` as the typed handle of `call` and returns it as a
+    /// [`DynResource`], so that [`Built::get`] can hand it back.
+    pub fn keep<T: MemoryResource<S> + Send + Sync + 'static>(
+        &self,
+        call: &Call,
+        resource: T,
+    ) -> DynResource<S> {
+        let resource = Arc::new(resource);
+        self.handles.borrow_mut().push(Handle {
+            name: call.name.clone(),
+            pos: call.pos,
+            resource: resource.clone(),
+        });
+        resource
+    }
+}
+
+/// A built stack and the typed handles of its resources.
+///
+/// # Examples
+///
+/// ```
+/// use memres_core::adaptor::Statistics;
+/// use memres_core::stack::{StackBuilder, Unbacked};
+/// use memres_core::{DynResource, MemoryResource, Request};
+/// let mut builder = StackBuilder::<()>::new();
+/// builder.register("leaf", |call, cx| Ok(cx.keep(call, Unbacked::new())));
+/// let built = builder.build_with_handles("stats(pool(leaf))", &())?;
+/// let b = built.resource.allocate(Request::new(1000)?, &())?;
+/// let stats = built.get::<Statistics<DynResource>>("stats").unwrap();
+/// assert_eq!(stats.bytes().value, 1000);
+/// assert!(built.get::<Unbacked>("leaf").is_some());
+/// # built.resource.deallocate(b, &())?;
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub struct Built<S: ?Sized> {
+    /// The stack.
+    pub resource: DynResource<S>,
+    /// Sorted by position in the text: outermost first.
+    handles: Vec<Handle>,
+}
+
+impl<S: ?Sized> fmt::Debug for Built<S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let names: Vec<(&str, usize)> = self.handles.iter().map(|h| (h.name.as_str(), h.pos)).collect();
+        f.debug_struct("Built").field("handles", &names).finish_non_exhaustive()
+    }
+}
+
+impl<S: ?Sized> Built<S> {
+    /// The outermost resource named `name`, if it has type `T`. The core's
+    /// names keep these types (`D` is [`DynResource<S>`]): `pool`
+    /// `Shared<CoalescingPool<D>>` (with `per_stream=true`:
+    /// `Shared<PerStreamPool<PoolMaker<D>, S>>`), `stats` `Statistics<D>`,
+    /// `track` `Tracking<D>`, `limit` `Limiting<D>`, `align` `Aligned<D>`,
+    /// `log` `Logging<D>`, `fixed` `Shared<FixedSizeResource<D>>`, `binning`
+    /// `BinningResource<'static, D, S>`, `arena` `ArenaResource<D>`,
+    /// `stream` `Shared<StreamOrdered<OnStream<S>, S>>`; a backend's leaves
+    /// say theirs.
+    pub fn get<T: Any + Send + Sync>(&self, name: &str) -> Option<Arc<T>> {
+        self.all(name).into_iter().next()
+    }
+
+    /// Every resource named `name` of type `T`, outermost first.
+    pub fn all<T: Any + Send + Sync>(&self, name: &str) -> Vec<Arc<T>> {
+        self.handles
+            .iter()
+            .filter(|h| h.name == name)
+            .filter_map(|h| h.resource.clone().downcast::<T>().ok())
+            .collect()
+    }
+}
+
+/// Makes one resource from its call.
+pub type Constructor<S> =
+    Arc<dyn Fn(&Call, &Context<'_, S>) -> Result<DynResource<S>, StackError> + Send + Sync>;
+
+/// A registry of constructors by name, which builds stacks for streams of
+/// type `S`.
+///
+/// [`new`](Self::new) registers the core's names (see the
+/// [module](super)); backends register their leaves (`memres-sim`: `sim`,
+/// `host`, `vpool`; `memres-cuda`: `cuda`, `async`, `managed`, `pinned`,
+/// `vmm`), and any other resource joins with one [`register`](Self::register)
+/// call. [`build_with_handles`](Self::build_with_handles) also hands back
+/// the typed resources (to read a `stats` adaptor's figures, a device's
+/// peak...).
+///
+/// # Examples
+///
+/// ```
+/// use memres_core::stack::{StackBuilder, StackErrorKind, Unbacked};
+/// use memres_core::{MemoryResource, Request};
+/// let mut b = StackBuilder::<()>::new();
+/// let e = b.build("limit(stats(pool(leaf)), 2MiB)", &()).err().unwrap();
+/// assert_eq!((e.pos, e.kind), (17, StackErrorKind::UnknownName("leaf".into())));
+/// // One line adds a resource:
+/// b.register("leaf", |call, cx| {
+///     call.expect_args(0, &[])?;
+///     Ok(cx.keep(call, Unbacked::new()))
+/// });
+/// let stack = b.build("limit(stats(pool(leaf, initial=1MiB)), 2MiB)", &())?;
+/// let x = stack.allocate(Request::new(1 << 20)?, &())?;
+/// assert!(stack.allocate(Request::new(2 << 20)?, &()).is_err());
+/// stack.deallocate(x, &())?;
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub struct StackBuilder<S: ?Sized> {
+    constructors: BTreeMap<String, Constructor<S>>,
+}
+
+impl<S: ?Sized> fmt::Debug for StackBuilder<S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("StackBuilder").field("names", &self.constructors.keys().collect::<Vec<_>>()).finish()
+    }
+}
+
+impl<S: Stream + ?Sized + 'static> Default for StackBuilder<S>
+where
+    S::Event: Send,
+{
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl<S: Stream + ?Sized + 'static> StackBuilder<S> {
+    /// A builder with no names.
+    pub fn empty() -> Self {
+        StackBuilder { constructors: BTreeMap::new() }
+    }
+
+    /// A builder with the core's names (see the [module](super)).
+    pub fn new() -> Self
+    where
+        S::Event: Send,
+    {
+        let mut b = Self::empty();
+        super::names::register(&mut b);
+        b
+    }
+
+    /// Registers `stream(UP)`: RMM's stream-ordered layer
+    /// ([`StreamOrdered`]) over the stack `UP`, which it reaches on the
+    /// stream the stack is built on (see [`OnStream`]); for stream types
+    /// that clone.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use memres_core::stack::{StackBuilder, Unbacked};
+    /// use memres_core::testing::IdStream;
+    /// use memres_core::{MemoryResource, Request};
+    /// let mut b = StackBuilder::<IdStream>::new();
+    /// b.register("leaf", |call, cx| Ok(cx.keep(call, Unbacked::new())));
+    /// assert!(b.build("stream(pool(leaf))", &IdStream(0)).is_err());
+    /// b.register_stream_layer();
+    /// let stack = b.build("stream(pool(leaf))", &IdStream(0))?;
+    /// let x = stack.allocate(Request::new(1000)?, &IdStream(1))?;
+    /// stack.deallocate(x, &IdStream(1))?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn register_stream_layer(&mut self) -> &mut Self
+    where
+        S: Clone + Send + Sync,
+        StreamOrdered<OnStream<S>, S>: Send,
+    {
+        self.register("stream", |call, cx| {
+            call.expect_args(1, &[])?;
+            let inner = OnStream { upstream: cx.upstream(call, 0)?, stream: cx.stream.clone() };
+            Ok(cx.keep(call, Shared::new(StreamOrdered::new(inner))))
+        })
+    }
+
+    /// Registers (or replaces) the constructor of `name`.
+    pub fn register(
+        &mut self,
+        name: &str,
+        constructor: impl Fn(&Call, &Context<'_, S>) -> Result<DynResource<S>, StackError> + Send + Sync + 'static,
+    ) -> &mut Self {
+        self.constructors.insert(name.to_string(), Arc::new(constructor));
+        self
+    }
+
+    /// The registered names, sorted.
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.constructors.keys().map(String::as_str)
+    }
+
+    /// Parses `text` and builds the stack; `stream` is the stream of
+    /// allocations made while building (a pool's initial size).
+    ///
+    /// # Errors
+    ///
+    /// A [`StackError`] that names the byte position: a parse error, an
+    /// unknown name, a bad argument, or a resource that could not be made.
+    pub fn build(&self, text: &str, stream: &S) -> Result<DynResource<S>, StackError> {
+        self.build_call(&parse(text)?, stream)
+    }
+
+    /// Builds a parsed stack.
+    ///
+    /// # Errors
+    ///
+    /// As [`build`](Self::build), less the parse errors.
+    pub fn build_call(&self, call: &Call, stream: &S) -> Result<DynResource<S>, StackError> {
+        Ok(self.build_call_with_handles(call, stream)?.resource)
+    }
+
+    /// Parses `text` and builds the stack, with the typed handles of its
+    /// resources.
+    ///
+    /// # Errors
+    ///
+    /// As [`build`](Self::build).
+    pub fn build_with_handles(&self, text: &str, stream: &S) -> Result<Built<S>, StackError> {
+        self.build_call_with_handles(&parse(text)?, stream)
+    }
+
+    /// Builds a parsed stack, with the typed handles of its resources.
+    ///
+    /// # Errors
+    ///
+    /// As [`build_call`](Self::build_call).
+    pub fn build_call_with_handles(&self, call: &Call, stream: &S) -> Result<Built<S>, StackError> {
+        let cx = Context { builder: self, stream, handles: RefCell::new(Vec::new()) };
+        let resource = self.build_in(call, &cx)?;
+        let mut handles = cx.handles.into_inner();
+        // A call's upstreams are written after its name: by position is
+        // outermost first.
+        handles.sort_by_key(|h| h.pos);
+        Ok(Built { resource, handles })
+    }
+
+    fn build_in(&self, call: &Call, cx: &Context<'_, S>) -> Result<DynResource<S>, StackError> {
+        let constructor = self
+            .constructors
+            .get(&call.name)
+            .ok_or_else(|| call.error(StackErrorKind::UnknownName(call.name.clone())))?;
+        constructor(call, cx)
+    }
+}
+
+/// A resource of stream `S` reached on one fixed stream: the stream-agnostic
+/// inner algorithm that [`StreamOrdered`] expects.
+pub struct OnStream<S: ?Sized> {
+    upstream: DynResource<S>,
+    stream: S,
+}
+
+impl<S: fmt::Debug> fmt::Debug for OnStream<S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("OnStream").field("stream", &self.stream).finish_non_exhaustive()
+    }
+}
+
+impl<S: Stream> MemoryResourceMut for OnStream<S> {
+    fn allocate(&mut self, request: Request, _: &()) -> crate::Result<Block> {
+        self.upstream.allocate(request, &self.stream)
+    }
+
+    fn deallocate(&mut self, block: Block, _: &()) -> crate::Result<()> {
+        self.upstream.deallocate(block, &self.stream)
+    }
+}
+
+#[cfg(test)]
+mod tests;

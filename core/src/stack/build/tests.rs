@@ -1,0 +1,194 @@
+//! The builder with the core's names over a leaf of the test doubles (the
+//! backends' leaves are tested with them: `memres-sim`'s `tests/stack.rs`).
+
+extern crate std;
+
+use super::*;
+use crate::adaptor::{Limiting, Statistics};
+use crate::arena::ArenaResource;
+use crate::binning::BinningResource;
+use crate::per_stream::{PerStreamPool, PoolMaker};
+use crate::pool::CoalescingPool;
+use crate::stack::Unbacked;
+use crate::testing::{BumpUpstream, IdStream};
+use crate::{Error, Request};
+use alloc::vec;
+
+fn req(size: u64) -> Request {
+    Request::new(size).unwrap()
+}
+
+/// The core's names and `bump(capacity)`: a [`BumpUpstream`].
+fn builder<S: Stream + ?Sized + 'static>() -> StackBuilder<S>
+where
+    S::Event: Send,
+{
+    let mut b = StackBuilder::new();
+    b.register("bump", |call, cx| {
+        call.expect_args(1, &[])?;
+        let capacity = call.positional(0).map(|v| v.size()).transpose()?.unwrap_or(1 << 30);
+        Ok(cx.keep(call, BumpUpstream::new(capacity)))
+    });
+    b
+}
+
+#[test]
+fn the_core_registers_its_resources_and_adaptors() {
+    let b = StackBuilder::<()>::new();
+    let names: Vec<&str> = b.names().collect();
+    let mut want = vec!["align", "arena", "binning", "fixed", "limit", "pool", "stats", "track"];
+    if cfg!(feature = "std") {
+        want.push("log");
+        want.sort_unstable();
+    }
+    assert_eq!(names, want);
+    assert!(StackBuilder::<()>::empty().names().next().is_none());
+}
+
+#[test]
+fn every_name_builds_and_serves() {
+    let b = builder::<()>();
+    for text in [
+        "pool(bump, initial=1MiB, max=64MiB, growth=double)",
+        "pool(bump, growth=4, granule=1MiB, release=false)",
+        "fixed(bump, 64KiB, blocks=16)",
+        "binning(bump, min=10, max=20)",
+        "arena(bump, initial=64MiB, superblock=1MiB)",
+        "stats(track(limit(align(pool(bump), alignment=64KiB), 1GiB)))",
+    ] {
+        let r = b.build(text, &()).unwrap_or_else(|e| panic!("{text}: {e}"));
+        let blocks: Vec<_> = (1..50).map(|i| r.allocate(req(1000 * i), &()).unwrap()).collect();
+        for x in blocks {
+            r.deallocate(x, &()).unwrap();
+        }
+    }
+}
+
+#[test]
+fn handles_are_typed_and_outermost_first() {
+    let built = builder::<()>()
+        .build_with_handles("stats(limit(stats(pool(bump, initial=1MiB)), 4MiB))", &())
+        .unwrap();
+    let x = built.resource.allocate(req(1000), &()).unwrap();
+    let all = built.all::<Statistics<DynResource>>("stats");
+    assert_eq!(all.len(), 2);
+    assert_eq!((all[0].bytes().value, all[1].bytes().value), (1000, 1000));
+    assert_eq!(built.get::<Limiting<DynResource>>("limit").unwrap().used(), 1024);
+    let pool = built.get::<Shared<CoalescingPool<DynResource>>>("pool").unwrap();
+    assert_eq!(pool.with(|p| (p.pool_size(), p.used_bytes())), (1 << 20, 1024));
+    assert_eq!(built.get::<BumpUpstream>("bump").unwrap().outstanding(), 1 << 20);
+    // A wrong type or an absent name: none.
+    assert!(built.get::<BumpUpstream>("stats").is_none());
+    assert!(built.get::<BumpUpstream>("track").is_none());
+    built.resource.deallocate(x, &()).unwrap();
+    assert_eq!(all[0].bytes(), crate::adaptor::Counter { value: 0, peak: 1000, total: 1000 });
+    let built = builder::<()>().build_with_handles("binning(arena(bump), min=10, max=12)", &()).unwrap();
+    let bins = built.get::<BinningResource<'static, DynResource, ()>>("binning").unwrap();
+    assert_eq!(bins.bin_sizes(), &[1024, 2048, 4096]);
+    assert!(built.get::<ArenaResource<DynResource>>("arena").is_some());
+}
+
+#[test]
+fn registering_adds_or_replaces_a_name_for_any_stream() {
+    let mut b = builder::<IdStream>();
+    let s = IdStream(3);
+    let e = b.build("stats(refuse)", &s).err().unwrap();
+    assert_eq!((e.pos, e.kind), (6, StackErrorKind::UnknownName("refuse".into())));
+    // A resource that refuses everything, registered with one call.
+    b.register("refuse", |call, _| {
+        call.expect_args(0, &[])?;
+        Ok(Arc::new(Limiting::new(BumpUpstream::new(0), 0)))
+    });
+    assert!(b.build("stats(refuse)", &s).unwrap().allocate(req(1), &s).is_err());
+    assert_eq!(b.build("refuse(bump)", &s).err().unwrap().kind, StackErrorKind::ExtraArg);
+    // Replaced: the name now makes a pool over the test upstream.
+    b.register("refuse", |call, cx| {
+        Ok(cx.keep(call, Shared::new(CoalescingPool::new(BumpUpstream::new(1 << 30)))))
+    });
+    let r = b.build("stats(refuse)", &s).unwrap();
+    let x = r.allocate(req(1), &s).unwrap();
+    r.deallocate(x, &s).unwrap();
+}
+
+#[test]
+fn errors_name_the_position_and_build_nothing() {
+    let b = builder::<()>();
+    let cases: &[(&str, usize, StackErrorKind)] = &[
+        ("stats(pool(gpu))", 11, StackErrorKind::UnknownName("gpu".into())),
+        ("pool(bump, initial=1QiB)", 19, StackErrorKind::BadSize("1QiB".into())),
+        ("limit(bump)", 0, StackErrorKind::MissingArg("the limit in bytes")),
+        ("limit(bump, 1G, bytes=2G)", 22, StackErrorKind::DuplicateKey("bytes".into())),
+        ("fixed(bump, 1MiB, size=1MiB)", 23, StackErrorKind::DuplicateKey("size".into())),
+        ("binning(bump, min=x)", 18, StackErrorKind::BadValue("min `x`: a whole number".into())),
+        ("stats()", 0, StackErrorKind::MissingArg("an upstream resource")),
+    ];
+    for (text, pos, kind) in cases {
+        let e = b.build(text, &()).err().unwrap_or_else(|| panic!("{text} built"));
+        assert_eq!((e.pos, &e.kind), (*pos, kind), "{text}: {e}");
+    }
+}
+
+#[test]
+fn per_stream_pools_keep_one_pool_per_stream() {
+    type Pools = Shared<PerStreamPool<PoolMaker<DynResource<IdStream>>, IdStream>>;
+    let built = builder::<IdStream>()
+        .build_with_handles("pool(bump, per_stream=true, initial=1MiB, granule=1MiB)", &IdStream(0))
+        .unwrap();
+    let pools = built.get::<Pools>("pool").unwrap();
+    assert_eq!(pools.with(|p| (p.stream_count(), p.pool_size())), (1, 1 << 20));
+    let x = built.resource.allocate(req(1000), &IdStream(1)).unwrap();
+    assert_eq!(pools.with(|p| p.stream_count()), 2);
+    built.resource.deallocate(x, &IdStream(1)).unwrap();
+}
+
+#[test]
+fn the_stream_layer_joins_on_request() {
+    let mut b = builder::<IdStream>();
+    let e = b.build("stream(pool(bump))", &IdStream(0)).err().unwrap();
+    assert_eq!(e.kind, StackErrorKind::UnknownName("stream".into()));
+    b.register_stream_layer();
+    let built = b.build_with_handles("stream(pool(bump))", &IdStream(0)).unwrap();
+    let x = built.resource.allocate(req(1 << 20), &IdStream(1)).unwrap();
+    built.resource.deallocate(x, &IdStream(1)).unwrap();
+    let y = built.resource.allocate(req(1 << 20), &IdStream(1)).unwrap();
+    assert_eq!(x.addr(), y.addr());
+    built.resource.deallocate(y, &IdStream(1)).unwrap();
+    let so = built.get::<Shared<StreamOrdered<OnStream<IdStream>, IdStream>>>("stream").unwrap();
+    assert!(so.with(|s| s.stats().own_hits) >= 1);
+}
+
+#[test]
+fn an_unbacked_leaf_serves_any_size_and_never_reuses_an_address() {
+    let leaf = Unbacked::new();
+    let a = leaf.allocate(req(1 << 50), &()).unwrap();
+    let b = leaf.allocate(Request::aligned(10, 1 << 20).unwrap(), &()).unwrap();
+    assert!(b.addr() >= a.addr() + (1 << 50) && b.addr() % (1 << 20) == 0);
+    assert_eq!(leaf.allocate(req(0), &()).unwrap(), Block::EMPTY);
+    leaf.deallocate(a, &()).unwrap();
+    assert!(leaf.allocate(req(1 << 20), &()).unwrap().addr() > b.addr());
+    // The counter never wraps: past the end of the address space, out of memory.
+    let most = req(Request::MAX_SIZE);
+    let outcomes: Vec<bool> = (0..4).map(|_| leaf.allocate(most, &()).is_ok()).collect();
+    assert_eq!(outcomes, [true, true, true, false]);
+    assert!(matches!(leaf.allocate(most, &()), Err(Error::OutOfMemory { .. })));
+}
+
+#[cfg(feature = "std")]
+#[test]
+fn log_writes_its_file_and_says_when_it_cannot() {
+    let path = std::env::temp_dir().join(alloc::format!("memres-core-stack-log-{}.csv", std::process::id()));
+    {
+        let r =
+            builder::<()>().build(&alloc::format!("log(pool(bump), file={})", path.display()), &()).unwrap();
+        let x = r.allocate(req(4096), &()).unwrap();
+        r.deallocate(x, &()).unwrap();
+    }
+    let rows = crate::trace::read_all(std::io::BufReader::new(std::fs::File::open(&path).unwrap())).unwrap();
+    std::fs::remove_file(&path).unwrap();
+    assert_eq!((rows.len(), rows[0].size, rows[1].pointer), (2, 4096, rows[0].pointer));
+    let e = builder::<()>().build("log(bump, file=/nonexistent-dir/x/y.csv)", &()).err().unwrap();
+    assert_eq!(e.pos, 15);
+    assert!(matches!(&e.kind, StackErrorKind::Io(m) if m.contains("/nonexistent-dir/x/y.csv")), "{e}");
+    let e = builder::<()>().build("log(bump)", &()).err().unwrap();
+    assert_eq!((e.pos, e.kind), (0, StackErrorKind::MissingArg("file=")));
+}

@@ -1,0 +1,397 @@
+//! The core's names: its resources and adaptors as constructors of a
+//! [`StackBuilder`], and the readers of their arguments, which code that
+//! builds the same resources typed (the replay tool) shares.
+
+use super::{Call, Context, StackBuilder, StackError, StackErrorKind, Value};
+use crate::adaptor::{Aligned, Limiting, Statistics, Tracking};
+use crate::arena::{ArenaConfig, ArenaResource};
+use crate::binning::BinningResource;
+use crate::fixed::{FixedConfig, FixedSizeResource};
+use crate::per_stream::{PerStreamPool, PoolMaker};
+use crate::pool::{CoalescingPool, Growth, PoolConfig};
+use crate::{Block, DynResource, MemoryResource, Request, Result, Shared, Stream};
+use alloc::format;
+use core::sync::atomic::{AtomicU64, Ordering::Relaxed};
+
+/// Registers the core's names in `b`.
+pub(super) fn register<S: Stream + ?Sized + 'static>(b: &mut StackBuilder<S>)
+where
+    S::Event: Send,
+{
+    b.register("pool", |call, cx| {
+        let config = pool_config(call)?;
+        let upstream = cx.upstream(call, 0)?;
+        if call.bool_arg("per_stream")? == Some(true) {
+            return per_stream_pool(call, cx, upstream, config);
+        }
+        let pool =
+            CoalescingPool::with_config(upstream, config, cx.stream).map_err(|e| call.resource_error(e))?;
+        Ok(cx.keep(call, Shared::new(pool)))
+    });
+    b.register("fixed", |call, cx| {
+        let config = fixed_config(call)?;
+        let upstream = cx.upstream(call, 0)?;
+        let fixed = FixedSizeResource::with_config(upstream, config, cx.stream)
+            .map_err(|e| call.resource_error(e))?;
+        Ok(cx.keep(call, Shared::new(fixed)))
+    });
+    b.register("binning", |call, cx| {
+        let (min, max) = binning_exponents(call)?;
+        let upstream = cx.upstream(call, 0)?;
+        let bins = BinningResource::<'static, DynResource<S>, S>::with_exponents(upstream, min, max)
+            .map_err(|e| call.resource_error(e))?;
+        Ok(cx.keep(call, bins))
+    });
+    b.register("arena", |call, cx| {
+        let config = arena_config(call)?;
+        let upstream = cx.upstream(call, 0)?;
+        let arena =
+            ArenaResource::with_config(upstream, config, cx.stream).map_err(|e| call.resource_error(e))?;
+        Ok(cx.keep(call, arena))
+    });
+    b.register("stats", |call, cx| {
+        call.expect_args(1, &[])?;
+        Ok(cx.keep(call, Statistics::new(cx.upstream(call, 0)?)))
+    });
+    b.register("track", |call, cx| {
+        call.expect_args(1, &[])?;
+        Ok(cx.keep(call, Tracking::new(cx.upstream(call, 0)?)))
+    });
+    b.register("limit", |call, cx| {
+        call.expect_args(2, &["bytes"])?;
+        call.resource(0)?;
+        let bytes = one_of(call, 1, "bytes")?
+            .ok_or_else(|| call.error(StackErrorKind::MissingArg("the limit in bytes")))?
+            .size()?;
+        Ok(cx.keep(call, Limiting::new(cx.upstream(call, 0)?, bytes)))
+    });
+    b.register("align", |call, cx| {
+        call.expect_args(1, &["alignment", "threshold"])?;
+        let alignment = call.size_arg("alignment")?.unwrap_or(Aligned::<()>::DEFAULT_ALIGNMENT);
+        let threshold = call.size_arg("threshold")?.unwrap_or(Aligned::<()>::DEFAULT_THRESHOLD);
+        let upstream = cx.upstream(call, 0)?;
+        let aligned = Aligned::new(upstream, alignment, threshold).map_err(|e| {
+            let pos = call.keyed("alignment").map_or(call.pos, |v| v.pos());
+            StackError::new(pos, StackErrorKind::Resource(e))
+        })?;
+        Ok(cx.keep(call, aligned))
+    });
+    #[cfg(feature = "std")]
+    b.register("log", |call, cx| {
+        let file = log_file(call)?;
+        Ok(cx.keep(call, open_log(file, cx.upstream(call, 0)?)?))
+    });
+}
+
+/// The value given either as the `i`th positional argument or as `key=`,
+/// if either.
+///
+/// # Errors
+///
+/// [`StackErrorKind::DuplicateKey`] at the keyed value when both are given.
+///
+/// ```
+/// use memres_core::stack::{one_of, parse};
+/// let c = parse("limit(sim, bytes=2GiB)")?;
+/// assert_eq!(one_of(&c, 1, "bytes")?.unwrap().size()?, 2 << 30);
+/// assert!(one_of(&parse("limit(sim, 1G, bytes=2G)")?, 1, "bytes").is_err());
+/// # Ok::<(), memres_core::stack::StackError>(())
+/// ```
+pub fn one_of<'c>(call: &'c Call, i: usize, key: &str) -> Result<Option<&'c Value>, StackError> {
+    match (call.positional(i), call.keyed(key)) {
+        (Some(_), Some(v)) => Err(StackError::new(v.pos(), StackErrorKind::DuplicateKey(key.into()))),
+        (Some(v), None) | (None, Some(v)) => Ok(Some(v)),
+        (None, None) => Ok(None),
+    }
+}
+
+/// The configuration of `pool(UP, initial=, max=, growth=double|default|N,
+/// granule=, release=true|false, per_stream=true|false)`, its keys checked
+/// (`per_stream=` is the caller's to read).
+///
+/// # Errors
+///
+/// An unknown key, a bad size, growth or granule, at its position.
+///
+/// ```
+/// use memres_core::pool::{Growth, PoolConfig};
+/// use memres_core::stack::{parse, pool_config};
+/// let c = pool_config(&parse("pool(sim, initial=1GiB, growth=4, granule=1MiB)")?)?;
+/// assert_eq!(c, PoolConfig::new().initial_size(1 << 30).growth(Growth::Fraction { divisor: 4, granule: 1 << 20 }));
+/// assert!(pool_config(&parse("pool(sim, growth=0)")?).is_err());
+/// # Ok::<(), memres_core::stack::StackError>(())
+/// ```
+pub fn pool_config(call: &Call) -> Result<PoolConfig, StackError> {
+    call.expect_args(1, &["initial", "max", "growth", "granule", "release", "per_stream"])?;
+    let mut config = PoolConfig::new();
+    if let Some(initial) = call.size_arg("initial")? {
+        config = config.initial_size(initial);
+    }
+    if let Some(max) = call.size_arg("max")? {
+        config = config.maximum_size(max);
+    }
+    let granule = granule_arg(call, Growth::DEFAULT_GRANULE)?;
+    let growth = call.keyed("growth").map(|g| g.text().map(|text| (g.pos(), text))).transpose()?;
+    let growth = match growth {
+        None | Some((_, "default")) => Growth::Fraction { divisor: Growth::DEFAULT_DIVISOR, granule },
+        Some((_, "double")) => match call.keyed("granule") {
+            Some(v) => {
+                return Err(StackError::new(
+                    v.pos(),
+                    StackErrorKind::BadValue("granule= sizes fractional growth, not growth=double".into()),
+                ))
+            }
+            None => Growth::Double,
+        },
+        Some((pos, text)) => match text.parse::<u32>() {
+            Ok(divisor) if divisor > 0 => Growth::Fraction { divisor, granule },
+            _ => {
+                return Err(StackError::new(
+                    pos,
+                    StackErrorKind::BadValue(format!("growth `{text}`: double, default or a divisor > 0")),
+                ))
+            }
+        },
+    };
+    config = config.growth(growth);
+    if let Some(release) = call.bool_arg("release")? {
+        config = config.release_on_grow(release);
+    }
+    Ok(config)
+}
+
+/// `pool(UP, per_stream=true, ...)`: a [`PerStreamPool`] of pools with
+/// `config` over `upstream`; the initial size, if any, is the pool of the
+/// build stream.
+fn per_stream_pool<S: Stream + ?Sized + 'static>(
+    call: &Call,
+    cx: &Context<'_, S>,
+    upstream: DynResource<S>,
+    config: PoolConfig,
+) -> Result<DynResource<S>, StackError>
+where
+    S::Event: Send,
+{
+    if let Some(v) = call.keyed("max") {
+        return Err(StackError::new(
+            v.pos(),
+            StackErrorKind::BadValue(
+                "max= bounds one pool, and per_stream=true makes one per stream: \
+                 limit the upstream instead, as in pool(limit(async, 4GiB), per_stream=true)"
+                    .into(),
+            ),
+        ));
+    }
+    let initial = call.size_arg("initial")?.unwrap_or(0);
+    let maker =
+        PoolMaker::new(upstream.clone(), config.initial_size(0)).map_err(|e| call.resource_error(e))?;
+    let mut pools = PerStreamPool::new(maker);
+    if initial > 0 {
+        let first =
+            CoalescingPool::with_config(upstream, config, cx.stream).map_err(|e| call.resource_error(e))?;
+        pools.insert(cx.stream, first).map_err(|e| call.resource_error(e))?;
+    }
+    Ok(cx.keep(call, Shared::new(pools)))
+}
+
+/// The chunk or page granule given as `granule=`, else `default`.
+///
+/// # Errors
+///
+/// A bad size, or one that is not a power of two of at least 256, at the
+/// value.
+///
+/// ```
+/// use memres_core::stack::{granule_arg, parse};
+/// assert_eq!(granule_arg(&parse("pool(sim, granule=1MiB)")?, 4096)?, 1 << 20);
+/// assert_eq!(granule_arg(&parse("pool(sim)")?, 4096)?, 4096);
+/// assert!(granule_arg(&parse("pool(sim, granule=3000)")?, 4096).is_err());
+/// # Ok::<(), memres_core::stack::StackError>(())
+/// ```
+pub fn granule_arg(call: &Call, default: u64) -> Result<u64, StackError> {
+    let granule = call.size_arg("granule")?.unwrap_or(default);
+    if !granule.is_power_of_two() || granule < 256 {
+        let pos = call.keyed("granule").map_or(call.pos, |v| v.pos());
+        return Err(StackError::new(
+            pos,
+            StackErrorKind::BadValue(format!("granule {granule}: a power of two of at least 256")),
+        ));
+    }
+    Ok(granule)
+}
+
+/// The configuration of `fixed(UP, size, blocks=)`: blocks of `size` bytes
+/// (or `size=`; default 1 MiB), `blocks=` per chunk (default 128).
+///
+/// # Errors
+///
+/// A missing upstream, an unknown key, a size given twice, a bad size or
+/// count, at its position.
+///
+/// ```
+/// use memres_core::fixed::FixedConfig;
+/// use memres_core::stack::{fixed_config, parse};
+/// assert_eq!(fixed_config(&parse("fixed(sim, 64KiB, blocks=16)")?)?, FixedConfig::new(64 << 10).blocks_per_chunk(16));
+/// # Ok::<(), memres_core::stack::StackError>(())
+/// ```
+pub fn fixed_config(call: &Call) -> Result<FixedConfig, StackError> {
+    call.expect_args(2, &["size", "blocks"])?;
+    call.resource(0)?;
+    let mut config = FixedConfig::new(fixed_block_size(call)?);
+    if let Some(blocks) = call.u32_arg("blocks", "a whole number")? {
+        config = config.blocks_per_chunk(blocks);
+    }
+    Ok(config)
+}
+
+/// The block size of a `fixed` call: its `size` or `size=`, else 1 MiB.
+///
+/// # Errors
+///
+/// A size given twice or a bad size, at its position.
+///
+/// ```
+/// use memres_core::stack::{fixed_block_size, parse};
+/// assert_eq!(fixed_block_size(&parse("fixed(sim, size=64KiB)")?)?, 64 << 10);
+/// assert_eq!(fixed_block_size(&parse("fixed(sim)")?)?, 1 << 20);
+/// # Ok::<(), memres_core::stack::StackError>(())
+/// ```
+pub fn fixed_block_size(call: &Call) -> Result<u64, StackError> {
+    Ok(one_of(call, 1, "size")?.map(Value::size).transpose()?.unwrap_or(FixedConfig::DEFAULT_BLOCK_SIZE))
+}
+
+/// The bin exponents of `binning(UP, min=, max=)`: defaults 18 and 22,
+/// bins of 256 KiB to 4 MiB as RMM's harness.
+///
+/// # Errors
+///
+/// An unknown key or an exponent that is not a whole number, at its
+/// position.
+///
+/// ```
+/// use memres_core::stack::{binning_exponents, parse};
+/// assert_eq!(binning_exponents(&parse("binning(sim, max=20)")?)?, (18, 20));
+/// # Ok::<(), memres_core::stack::StackError>(())
+/// ```
+pub fn binning_exponents(call: &Call) -> Result<(u32, u32), StackError> {
+    call.expect_args(1, &["min", "max"])?;
+    let min = call.u32_arg("min", "a whole number")?.unwrap_or(18);
+    let max = call.u32_arg("max", "a whole number")?.unwrap_or(22);
+    Ok((min, max))
+}
+
+/// The configuration of `arena(UP, initial=, max=, superblock=)`.
+///
+/// # Errors
+///
+/// An unknown key or a bad size, at its position.
+///
+/// ```
+/// use memres_core::stack::{arena_config, parse};
+/// assert_eq!(arena_config(&parse("arena(sim, max=1GiB)")?)?.maximum(), Some(1 << 30));
+/// assert!(arena_config(&parse("arena(sim, superblock=lots)")?).is_err());
+/// # Ok::<(), memres_core::stack::StackError>(())
+/// ```
+pub fn arena_config(call: &Call) -> Result<ArenaConfig, StackError> {
+    call.expect_args(1, &["initial", "max", "superblock"])?;
+    let mut config = ArenaConfig::new();
+    if let Some(initial) = call.size_arg("initial")? {
+        config = config.initial_size(initial);
+    }
+    if let Some(max) = call.size_arg("max")? {
+        config = config.maximum_size(max);
+    }
+    if let Some(sb) = call.size_arg("superblock")? {
+        config = config.superblock_size(sb);
+    }
+    Ok(config)
+}
+
+/// The `file=` of `log(UP, file=)`, its arguments checked.
+///
+/// # Errors
+///
+/// An unknown key, a positional argument after the upstream, or no `file=`.
+///
+/// ```
+/// use memres_core::stack::{log_file, parse};
+/// assert_eq!(log_file(&parse("log(sim, file=/tmp/x.csv)")?)?.text()?, "/tmp/x.csv");
+/// assert!(log_file(&parse("log(sim)")?).is_err());
+/// # Ok::<(), memres_core::stack::StackError>(())
+/// ```
+pub fn log_file(call: &Call) -> Result<&Value, StackError> {
+    call.expect_args(1, &["file"])?;
+    call.keyed("file").ok_or_else(|| call.error(StackErrorKind::MissingArg("file=")))
+}
+
+/// [`Logging`](crate::adaptor::Logging) over `upstream` to the file named
+/// by `file` (the value of a `file=`; feature `std`).
+///
+/// # Errors
+///
+/// [`StackErrorKind::Io`] at the value when the file cannot be made.
+#[cfg(feature = "std")]
+pub fn open_log<R>(file: &Value, upstream: R) -> Result<crate::adaptor::Logging<R>, StackError> {
+    let path = file.text()?;
+    crate::adaptor::Logging::to_file(upstream, path)
+        .map_err(|e| StackError::new(file.pos(), StackErrorKind::Io(format!("cannot log to `{path}`: {e}"))))
+}
+
+/// A leaf with no memory behind it: it hands out addresses from a counter,
+/// never the same twice, and takes frees without looking. It stands in for
+/// a device while a stack is only checked (a C caller's stack before any
+/// device is touched), so that what a stack allocates as it is built (a
+/// pool's initial size) succeeds whatever the size.
+///
+/// # Examples
+///
+/// ```
+/// use memres_core::stack::Unbacked;
+/// use memres_core::{MemoryResource, Request};
+/// let leaf = Unbacked::new();
+/// let a = leaf.allocate(Request::aligned(1000, 4096)?, &())?;
+/// let b = leaf.allocate(Request::new(1 << 40)?, &())?;
+/// assert!(a.addr() % 4096 == 0 && b.addr() >= a.addr() + 1024);
+/// # Ok::<(), memres_core::Error>(())
+/// ```
+#[derive(Debug)]
+pub struct Unbacked {
+    /// The next address to hand out.
+    next: AtomicU64,
+}
+
+impl Unbacked {
+    /// Addresses from 4 GiB up, so that 0 is never one.
+    pub fn new() -> Self {
+        Unbacked { next: AtomicU64::new(1 << 32) }
+    }
+}
+
+impl Default for Unbacked {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl<S: Stream + ?Sized> MemoryResource<S> for Unbacked {
+    fn allocate(&self, request: Request, _: &S) -> Result<Block> {
+        if request.is_zero() {
+            return Ok(Block::EMPTY);
+        }
+        let span = request.rounded_size(256) + request.align();
+        let start =
+            self.next.fetch_update(Relaxed, Relaxed, |next| next.checked_add(span)).map_err(|_| {
+                crate::Error::OutOfMemory {
+                    requested: request.size(),
+                    largest_free: 0,
+                    pool_size: 0,
+                    max_size: None,
+                }
+            })?;
+        Ok(Block::new(start.next_multiple_of(request.align()), request.size(), 0))
+    }
+
+    fn deallocate(&self, _: Block, _: &S) -> Result<()> {
+        Ok(())
+    }
+}

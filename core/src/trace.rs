@@ -1,0 +1,257 @@
+//! RMM's log format: the trace of a run, one allocation or free a row
+//! (feature `std`).
+//!
+//! ```text
+//!  Thread,Time,Action,Pointer,Size,Stream
+//!  0,1795342456727905,allocate,0x7fed54800000,16777216,0
+//!  0,1795342456728011,free,0x7fed54800000,16777216,0
+//!  140245,14:03:21.123456,allocate failure,(nil),1099511627776,0x7f01
+//! ```
+//!
+//! [`Logging`](crate::adaptor::Logging) writes it; [`read`] is the one
+//! reader, of what memres writes and of what RMM's
+//! `logging_resource_adaptor` writes:
+//!
+//! - `Thread`, `Time` and `Stream` are kept as text: memres writes numbers
+//!   (a small number per thread, microseconds since the Unix epoch, the
+//!   stream's [`Stream::id`](crate::Stream::id)), RMM a thread id, a clock
+//!   time (`14:03:21.123456`) and the stream's handle (`0`, `0x7f01...`).
+//! - `Action` is `allocate`, `free` or `allocate failure`.
+//! - `Pointer` is hexadecimal, with or without `0x`; a failed allocation's
+//!   null pointer is `0x0` (memres, RMM through `fmt`) or `(nil)` (RMM
+//!   through `printf`'s `%p`).
+//! - `Size` is the requested bytes.
+//!
+//! Header lines are skipped wherever they are (traces concatenated by
+//! `cat` read as one), as are blank lines; fields are trimmed. A reader
+//! that wants gzip decodes it and hands the text over as a [`BufRead`].
+//!
+//! # Examples
+//!
+//! ```
+//! use memres_core::trace::{read_all, Action};
+//! let text = "Thread,Time,Action,Pointer,Size,Stream\n\
+//!             0,5,allocate,0x100,256,0\n\
+//!             7,10:00:00.000001,allocate failure,(nil),1024,0x7f01\n";
+//! let rows = read_all(text.as_bytes())?;
+//! assert_eq!((rows[0].action, rows[0].pointer, rows[0].size), (Action::Allocate, 0x100, 256));
+//! assert_eq!((rows[1].action, rows[1].pointer, rows[1].stream.as_str()), (Action::AllocateFailure, 0, "0x7f01"));
+//! assert_eq!(rows[0].to_string(), "0,5,allocate,0x100,256,0");
+//! # Ok::<(), memres_core::trace::ReadError>(())
+//! ```
+
+use alloc::string::{String, ToString};
+use alloc::vec::Vec;
+use core::fmt;
+use std::io::{self, BufRead};
+
+#[cfg(test)]
+mod tests;
+
+/// The header row.
+pub const HEADER: &str = "Thread,Time,Action,Pointer,Size,Stream";
+
+/// What a row records.
+///
+/// ```
+/// use memres_core::trace::Action;
+/// assert_eq!(Action::AllocateFailure.as_str(), "allocate failure");
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Action {
+    /// A successful allocation (`allocate`).
+    Allocate,
+    /// A free (`free`).
+    Free,
+    /// A failed allocation (`allocate failure`; the pointer is null).
+    AllocateFailure,
+}
+
+impl Action {
+    /// The words of the format.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Action::Allocate => "allocate",
+            Action::Free => "free",
+            Action::AllocateFailure => "allocate failure",
+        }
+    }
+}
+
+/// One row. `T` is the type of the three columns kept as they are: `&str`
+/// as read, numbers as [`Logging`](crate::adaptor::Logging) writes them,
+/// `String` for rows kept past their line ([`read_all`]).
+///
+/// Printed, a row is a line of the format (without its line break).
+///
+/// ```
+/// use memres_core::trace::{Action, Record};
+/// let r = Record::parse(" 3 , 99 ,free, 7F00 ,512, 1")?;
+/// assert_eq!((r.thread, r.time, r.action, r.pointer, r.size, r.stream), ("3", "99", Action::Free, 0x7f00, 512, "1"));
+/// assert_eq!(r.to_string(), "3,99,free,0x7f00,512,1");
+/// # Ok::<(), String>(())
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Record<T> {
+    /// Who made the call.
+    pub thread: T,
+    /// When.
+    pub time: T,
+    /// What happened.
+    pub action: Action,
+    /// The block's address (0 for a failure).
+    pub pointer: u64,
+    /// The requested size in bytes.
+    pub size: u64,
+    /// The stream of the call.
+    pub stream: T,
+}
+
+impl<T: fmt::Display> fmt::Display for Record<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let Record { thread, time, action, pointer, size, stream } = self;
+        write!(f, "{thread},{time},{},{pointer:#x},{size},{stream}", action.as_str())
+    }
+}
+
+impl<'a> Record<&'a str> {
+    /// Reads one row (not a header line: see [`is_skipped`]).
+    ///
+    /// # Errors
+    ///
+    /// What is wrong with it: fewer than six fields, an unknown action, a
+    /// pointer that is not hexadecimal, a size that is not a number.
+    pub fn parse(line: &'a str) -> Result<Self, String> {
+        let mut cols = line.trim_end_matches(['\r', '\n']).split(',').map(str::trim);
+        let mut field = || cols.next();
+        let (Some(thread), Some(time), Some(action), Some(pointer), Some(size), Some(stream)) =
+            (field(), field(), field(), field(), field(), field())
+        else {
+            return Err(alloc::format!("expected 6 fields, found {}", line.split(',').count()));
+        };
+        let action = match action {
+            "allocate" => Action::Allocate,
+            "free" => Action::Free,
+            "allocate failure" => Action::AllocateFailure,
+            other => return Err(alloc::format!("unknown action `{other}`")),
+        };
+        let pointer = match pointer {
+            "(nil)" => 0,
+            p => {
+                let digits = p.strip_prefix("0x").or_else(|| p.strip_prefix("0X")).unwrap_or(p);
+                u64::from_str_radix(digits, 16)
+                    .map_err(|_| alloc::format!("pointer `{p}` is not a hex number"))?
+            }
+        };
+        let size = size.parse::<u64>().map_err(|_| alloc::format!("size `{size}` is not a number"))?;
+        Ok(Record { thread, time, action, pointer, size, stream })
+    }
+
+    /// The row with its text copied.
+    pub fn to_owned(&self) -> Record<String> {
+        Record {
+            thread: self.thread.to_string(),
+            time: self.time.to_string(),
+            action: self.action,
+            pointer: self.pointer,
+            size: self.size,
+            stream: self.stream.to_string(),
+        }
+    }
+}
+
+/// Whether [`read`] skips `line`: blank, or a header.
+///
+/// ```
+/// use memres_core::trace::{is_skipped, HEADER};
+/// assert!(is_skipped(HEADER) && is_skipped("  ") && !is_skipped("0,1,free,0x100,256,0"));
+/// ```
+pub fn is_skipped(line: &str) -> bool {
+    line.trim().is_empty() || line.starts_with("Thread,")
+}
+
+/// Why a trace could not be read.
+#[derive(Debug)]
+pub enum ReadError {
+    /// The reader failed.
+    Io(io::Error),
+    /// A row that is not one of the format, or that the caller refused.
+    Malformed {
+        /// Its line number, counted from 1.
+        line: u64,
+        /// What is wrong with it.
+        what: String,
+    },
+}
+
+impl fmt::Display for ReadError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ReadError::Io(e) => write!(f, "{e}"),
+            ReadError::Malformed { line, what } => write!(f, "line {line}: {what}"),
+        }
+    }
+}
+
+impl std::error::Error for ReadError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            ReadError::Io(e) => Some(e),
+            ReadError::Malformed { .. } => None,
+        }
+    }
+}
+
+/// Hands every row of `reader` to `each`, in order, with its line number.
+///
+/// # Errors
+///
+/// [`ReadError::Io`] from the reader; [`ReadError::Malformed`] for a row
+/// that does not parse (see [`Record::parse`]) or that `each` refuses
+/// (its message), naming the line. Rows after the first error are not read.
+///
+/// ```
+/// use memres_core::trace::{read, ReadError};
+/// let mut sizes = Vec::new();
+/// read("0,1,allocate,0x100,256,0\n\n0,2,free,0x100,256,0\n".as_bytes(), |_, r| Ok(sizes.push(r.size)))?;
+/// assert_eq!(sizes, [256, 256]);
+/// let e = read("0,1,allocate,0x100,256,0\n0,2,resize,0x100,256,0\n".as_bytes(), |_, _| Ok(())).unwrap_err();
+/// assert_eq!(e.to_string(), "line 2: unknown action `resize`");
+/// # Ok::<(), ReadError>(())
+/// ```
+pub fn read(
+    reader: impl BufRead,
+    mut each: impl FnMut(u64, Record<&str>) -> Result<(), String>,
+) -> Result<(), ReadError> {
+    for (i, line) in reader.lines().enumerate() {
+        let number = i as u64 + 1;
+        let line = line.map_err(ReadError::Io)?;
+        if is_skipped(&line) {
+            continue;
+        }
+        Record::parse(&line)
+            .and_then(|record| each(number, record))
+            .map_err(|what| ReadError::Malformed { line: number, what })?;
+    }
+    Ok(())
+}
+
+/// Every row of `reader`, kept.
+///
+/// # Errors
+///
+/// As [`read`].
+///
+/// ```
+/// let rows = memres_core::trace::read_all("0,1,free,0x100,256,0\n".as_bytes())?;
+/// assert_eq!(rows[0].thread, "0");
+/// # Ok::<(), memres_core::trace::ReadError>(())
+/// ```
+pub fn read_all(reader: impl BufRead) -> Result<Vec<Record<String>>, ReadError> {
+    let mut rows = Vec::new();
+    read(reader, |_, r| {
+        rows.push(r.to_owned());
+        Ok(())
+    })?;
+    Ok(rows)
+}
