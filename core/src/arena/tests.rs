@@ -515,6 +515,44 @@ fn arena_table_full_is_a_typed_error() {
     arena.check().unwrap();
 }
 
+/// A full table whose arenas all have blocks live: no slot can be freed,
+/// so a new stream synchronizes nothing (its failure cannot turn the
+/// answer into the stream's error) and gets `CapacityExhausted`, even though
+/// those arenas hold wholly free superblocks (fuzz artifact of #15 item 10,
+/// `fuzz/corpus/arena/regression-full-table-synchronized-for-arenas-with-live-blocks`).
+#[test]
+fn a_full_table_of_busy_arenas_synchronizes_nothing() {
+    let config = small_config().max_arenas(2);
+    let arena = ArenaResource::with_config(BumpUpstream::new(1 << 30), config, &()).unwrap();
+    let faults = std::sync::Arc::new(crate::testing::SyncFaults::new());
+    let s: Vec<TestStream> =
+        (1..=3).map(|id| TestStream::with_faults(id, faults.clone()).device_sync(true)).collect();
+    // Each arena: two superblocks of four blocks, the first wholly free.
+    let mut live = Vec::new();
+    for st in &s[..2] {
+        let mut blocks: Vec<Block> = (0..8).map(|_| arena.allocate(req(200 << 10), st).unwrap()).collect();
+        for x in blocks.drain(..4) {
+            arena.deallocate(x, st).unwrap();
+        }
+        live.extend(blocks.into_iter().map(|x| (x, st)));
+    }
+    assert!(arena.dump().arenas.iter().all(|a| a.free_superblocks == 1 && a.used > 0));
+    let (before, syncs) = (arena.dump(), faults.syncs());
+    faults.fail_nth(1);
+    assert_eq!(arena.allocate(req(1000), &s[2]), Err(Error::CapacityExhausted { capacity: 2 }));
+    assert_eq!((faults.syncs() - syncs, faults.failed_syncs()), (0, 0));
+    faults.fail_nth(0);
+    assert_eq!(arena.dump().arenas, before.arenas);
+    arena.check().unwrap();
+    for (x, st) in live {
+        arena.deallocate(x, st).unwrap();
+    }
+    // With nothing live, the same request takes a slot.
+    let b = arena.allocate(req(1000), &s[2]).unwrap();
+    arena.deallocate(b, &s[2]).unwrap();
+    arena.check().unwrap();
+}
+
 /// The case: after `max_arenas` streams have come and gone (every
 /// block freed, each stream's superblocks taken back by its `release`),
 /// a new stream gets an arena; any number of streams over the resource's
