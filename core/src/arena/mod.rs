@@ -15,6 +15,8 @@ mod dump;
 mod global;
 mod local;
 mod reclaim;
+#[cfg(test)]
+mod slot_tests;
 mod slots;
 #[cfg(test)]
 mod tests;
