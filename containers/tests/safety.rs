@@ -39,15 +39,15 @@ unsafe impl MemoryOf<HostCopy> for Capped {}
 #[test]
 fn a_block_shorter_than_asked_goes_back_as_an_error() {
     let mr = Capped { host: HostMemory::new(), max: 1 };
-    let e = DeviceBuffer::from_slice(b"hello", (), &mr, HostCopy).unwrap_err();
+    let e = DeviceBuffer::from_slice_in(b"hello", (), &mr, HostCopy).unwrap_err();
     assert_eq!(e, ContainerError::BlockTooShort { requested: 5, size: 1 });
-    let e = DeviceUVector::<u64, _, _>::new(4, (), &mr, HostCopy).unwrap_err();
+    let e = DeviceUVector::<u64, _, _>::new_in(4, (), &mr, HostCopy).unwrap_err();
     assert_eq!(e, ContainerError::BlockTooShort { requested: 32, size: 1 });
-    let e = DeviceScalar::from_value(&7u32, (), &mr, HostCopy).unwrap_err();
+    let e = DeviceScalar::from_value_in(&7u32, (), &mr, HostCopy).unwrap_err();
     assert_eq!(e, ContainerError::BlockTooShort { requested: 4, size: 1 });
     assert_eq!(mr.host.call_counts(), (3, 3), "each short block went back");
     // A request the resource does honour works.
-    let b = DeviceBuffer::from_slice(b"x", (), &mr, HostCopy).unwrap();
+    let b = DeviceBuffer::from_slice_in(b"x", (), &mr, HostCopy).unwrap();
     assert_eq!(b.to_vec().unwrap(), b"x");
     drop(b);
     assert_eq!(mr.host.outstanding(), 0);
@@ -56,7 +56,7 @@ fn a_block_shorter_than_asked_goes_back_as_an_error() {
 #[test]
 fn growth_into_a_short_block_leaves_the_container_unchanged() {
     let mr = Capped { host: HostMemory::new(), max: 16 };
-    let mut v = DeviceUVector::from_slice(&[1u32, 2], (), &mr, HostCopy).unwrap();
+    let mut v = DeviceUVector::from_slice_in(&[1u32, 2], (), &mr, HostCopy).unwrap();
     assert_eq!(v.resize(5), Err(ContainerError::BlockTooShort { requested: 20, size: 16 }));
     assert_eq!(v.reserve(100), Err(ContainerError::BlockTooShort { requested: 400, size: 16 }));
     assert_eq!((v.len(), v.capacity()), (2, 2));
@@ -74,7 +74,7 @@ fn growth_into_a_short_block_leaves_the_container_unchanged() {
 /// out next starts where that junk is (checked), so stale bytes would show.
 fn dirty_pool() -> (Shared<CoalescingPool<HostMemory>>, u64) {
     let pool = Shared::new(CoalescingPool::new(HostMemory::new()));
-    let junk = DeviceBuffer::from_slice(&[0xEE; 1024], (), &pool, HostCopy).unwrap();
+    let junk = DeviceBuffer::from_slice_in(&[0xEE; 1024], (), &pool, HostCopy).unwrap();
     let addr = junk.addr();
     drop(junk);
     (pool, addr)
@@ -84,18 +84,18 @@ fn dirty_pool() -> (Shared<CoalescingPool<HostMemory>>, u64) {
 fn new_containers_read_zeros_not_what_the_memory_held() {
     // The case: fresh host memory, never written (Miri reports a read).
     let host = HostMemory::new();
-    assert_eq!(DeviceUVector::<u64, _, _>::new(4, (), &host, HostCopy).unwrap().to_vec().unwrap(), [0; 4]);
+    assert_eq!(DeviceUVector::<u64, _, _>::new_in(4, (), &host, HostCopy).unwrap().to_vec().unwrap(), [0; 4]);
 
     let (pool, junk) = dirty_pool();
-    let b = DeviceBuffer::new(100, (), &pool, HostCopy).unwrap();
+    let b = DeviceBuffer::new_in(100, (), &pool, HostCopy).unwrap();
     assert_eq!(b.addr(), junk, "the block reuses the junk");
     assert_eq!(b.to_vec().unwrap(), [0; 100]);
     drop(b);
-    let v = DeviceUVector::<u64, _, _>::new(8, (), &pool, HostCopy).unwrap();
+    let v = DeviceUVector::<u64, _, _>::new_in(8, (), &pool, HostCopy).unwrap();
     assert_eq!(v.device_ptr(), junk);
     assert_eq!(v.to_vec().unwrap(), [0; 8]);
     drop(v);
-    let s = DeviceScalar::<u64, _, _>::new((), &pool, HostCopy).unwrap();
+    let s = DeviceScalar::<u64, _, _>::new_in((), &pool, HostCopy).unwrap();
     assert_eq!(s.device_ptr(), junk);
     assert_eq!(s.value().unwrap(), 0);
 }
@@ -103,7 +103,7 @@ fn new_containers_read_zeros_not_what_the_memory_held() {
 #[test]
 fn growth_reads_zeros_past_the_old_length() {
     let (pool, junk) = dirty_pool();
-    let mut v = DeviceUVector::from_slice(&[7u64; 8], (), &pool, HostCopy).unwrap();
+    let mut v = DeviceUVector::from_slice_in(&[7u64; 8], (), &pool, HostCopy).unwrap();
     // Within the capacity: the bytes past the length are stale, not new.
     v.resize(2).unwrap();
     v.resize(5).unwrap();
@@ -114,7 +114,7 @@ fn growth_reads_zeros_past_the_old_length() {
     drop(v);
     // Spare capacity from `reserve` is never readable, and reads as zeros
     // once the length grows over it (here the new block lies in the junk).
-    let mut w = DeviceUVector::from_slice(&[9u64], (), &pool, HostCopy).unwrap();
+    let mut w = DeviceUVector::from_slice_in(&[9u64], (), &pool, HostCopy).unwrap();
     w.reserve(64).unwrap();
     assert!(w.device_ptr() >= junk && w.device_ptr() + 64 * 8 <= junk + 1024, "{:#x}", w.device_ptr());
     assert_eq!((w.len(), w.capacity()), (1, 64));
@@ -168,7 +168,7 @@ fn a_deep_copy_orders_the_source_stream_after_it() {
     let world = SimWorld::new();
     let (sa, sb) = (world.non_blocking_stream(), world.non_blocking_stream());
     let host = HostMemory::new();
-    let a = DeviceBuffer::from_slice(b"hello", sa.clone(), &host, Queued::default()).unwrap();
+    let a = DeviceBuffer::from_slice_in(b"hello", sa.clone(), &host, Queued::default()).unwrap();
     let b = a.try_clone_on(sb.clone()).unwrap();
     let copy = sb.position();
     assert!(sb.is_ordered_after(sa.id(), sa.position()), "the copy waits for the source's work");
@@ -189,20 +189,20 @@ fn uninitialized_constructors_write_nothing_and_the_others_zero() {
     let fills = || engine.fills.load(Relaxed);
     // SAFETY: every element is written below before anything reads it.
     let mut v =
-        unsafe { DeviceUVector::<u32, _, _, _>::new_uninit(4, world.stream(), &host, engine.clone()) }
+        unsafe { DeviceUVector::<u32, _, _, _>::new_uninit_in(4, world.stream(), &host, engine.clone()) }
             .unwrap();
     v.copy_from_slice_at(0, &[1, 2, 3, 4]).unwrap();
     // SAFETY: as above, for the two new elements.
     unsafe { v.resize_uninit(6) }.unwrap();
     v.copy_from_slice_at(4, &[5, 6]).unwrap();
     // SAFETY: the value is set below before it is read.
-    let mut s =
-        unsafe { DeviceScalar::<u64, _, _, _>::new_uninit(world.stream(), &host, engine.clone()) }.unwrap();
+    let mut s = unsafe { DeviceScalar::<u64, _, _, _>::new_uninit_in(world.stream(), &host, engine.clone()) }
+        .unwrap();
     s.set_value_async(&9).unwrap();
     assert_eq!(fills(), 0, "no fill on the stream");
     assert_eq!((v.to_vec().unwrap(), s.value().unwrap()), (vec![1, 2, 3, 4, 5, 6], 9));
 
-    let mut w = DeviceUVector::<u32, _, _, _>::new(4, world.stream(), &host, engine.clone()).unwrap();
+    let mut w = DeviceUVector::<u32, _, _, _>::new_in(4, world.stream(), &host, engine.clone()).unwrap();
     assert_eq!(fills(), 1);
     w.resize(6).unwrap();
     assert_eq!(fills(), 2);
@@ -221,7 +221,7 @@ fn not_live(addr: u64, len: u64) -> ContainerError {
 fn a_block_freed_by_other_code_is_never_touched_again() {
     // The case: a copy of `block()` freed through the resource.
     let mem = HostMemory::new();
-    let mut buf = DeviceBuffer::from_slice(b"hello", (), &mem, HostCopy).unwrap();
+    let mut buf = DeviceBuffer::from_slice_in(b"hello", (), &mem, HostCopy).unwrap();
     let addr = buf.addr();
     mem.deallocate(buf.block(), &()).unwrap();
     assert_eq!(buf.to_vec(), Err(not_live(addr, 5)));
@@ -237,8 +237,8 @@ fn a_block_freed_by_other_code_is_never_touched_again() {
     assert_eq!(mem.call_counts(), (3, 3));
 
     // A forged block, by address, frees a vector's and a scalar's memory.
-    let v = DeviceUVector::from_slice(&[1u64, 2, 3, 4], (), &mem, HostCopy).unwrap();
-    let s = DeviceScalar::from_value(&7u32, (), &mem, HostCopy).unwrap();
+    let v = DeviceUVector::from_slice_in(&[1u64, 2, 3, 4], (), &mem, HostCopy).unwrap();
+    let s = DeviceScalar::from_value_in(&7u32, (), &mem, HostCopy).unwrap();
     mem.deallocate(Block::from_addr(v.device_ptr(), 32), &()).unwrap();
     mem.deallocate(Block::from_addr(s.device_ptr(), 4), &()).unwrap();
     assert_eq!(v.element(2), Err(not_live(v.device_ptr() + 16, 8)));
@@ -249,7 +249,7 @@ fn a_block_freed_by_other_code_is_never_touched_again() {
 #[test]
 fn a_pool_ended_under_its_containers_leaves_them_nothing_to_touch() {
     let pool = Shared::new(CoalescingPool::new(HostMemory::new()));
-    let mut v = DeviceUVector::from_slice(&[1u64, 2, 3], (), &pool, HostCopy).unwrap();
+    let mut v = DeviceUVector::from_slice_in(&[1u64, 2, 3], (), &pool, HostCopy).unwrap();
     let addr = v.device_ptr();
     // The pool that takes its place holds its memory already, so none of it
     // can be where the old pool's was.
@@ -271,9 +271,9 @@ fn a_block_freed_twice_over_is_shared_wrong_data_but_defined() {
     // container. Both read and write memory the pool holds, so they see each
     // other's bytes, but nothing touches freed memory (Miri checks).
     let pool = Shared::new(CoalescingPool::new(HostMemory::new()));
-    let mut a = DeviceBuffer::from_slice(b"aaaa", (), &pool, HostCopy).unwrap();
+    let mut a = DeviceBuffer::from_slice_in(b"aaaa", (), &pool, HostCopy).unwrap();
     pool.deallocate(a.block(), &()).unwrap();
-    let b = DeviceBuffer::from_slice(b"bbbb", (), &pool, HostCopy).unwrap();
+    let b = DeviceBuffer::from_slice_in(b"bbbb", (), &pool, HostCopy).unwrap();
     assert_eq!(b.addr(), a.addr());
     assert_eq!(a.to_vec().unwrap(), b"bbbb");
     a.write(0, b"AA").unwrap();

@@ -235,7 +235,7 @@ fn containers_on_the_legacy_default_stream() {
     // `()` names the legacy stream of whatever context is current.
     let context = device.primary_context().unwrap();
     context.bind().unwrap();
-    let mut v = memres_containers::DeviceUVector::from_slice(&[1.5f64, 2.5], (), &mr, engine).unwrap();
+    let mut v = memres_containers::DeviceUVector::from_slice_in(&[1.5f64, 2.5], (), &mr, engine).unwrap();
     v.resize(1000).unwrap();
     v.set_element_async(999, &-1.0).unwrap();
     assert_eq!(v.element(0).unwrap(), 1.5);
