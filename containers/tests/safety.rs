@@ -12,8 +12,9 @@ use memres_core::copy::{CopyEngine, MemoryOf};
 use memres_core::pool::{CoalescingPool, PoolConfig};
 use memres_core::{Block, Error, MemoryResource, Request, Result as CoreResult, Shared, Stream};
 use memres_sim::{HostCopy, HostMemory, SimStream, SimWorld};
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 /// Host memory that hands out blocks of at most `max` bytes, whatever is
 /// asked: a safe resource that breaks the size promise, though every byte it
@@ -290,4 +291,118 @@ fn a_block_freed_twice_over_is_shared_wrong_data_but_defined() {
     );
     assert_eq!((a.addr(), a.capacity()), (old, 64), "the new block starts at the old one");
     assert_eq!(a.to_vec().unwrap(), b"AAbb");
+}
+
+/// Host memory that ignores the alignment asked for: every block starts 256
+/// bytes past a multiple of 512 (a resource that cannot align so far and
+/// does not say so).
+#[derive(Default)]
+struct Misaligning {
+    host: HostMemory,
+    /// Each handed-out block's address to the host block it is the tail of.
+    blocks: Mutex<HashMap<u64, Block>>,
+}
+
+impl<S: Stream + ?Sized> MemoryResource<S> for Misaligning {
+    fn allocate(&self, request: Request, stream: &S) -> CoreResult<Block> {
+        if request.is_zero() {
+            return Ok(Block::EMPTY);
+        }
+        let inner = self.host.allocate(Request::aligned(request.size() + 256, 512)?, stream)?;
+        let block = Block::new(inner.addr() + 256, request.size(), Block::NO_TAG);
+        self.blocks.lock().unwrap().insert(block.addr(), inner);
+        Ok(block)
+    }
+    fn deallocate(&self, block: Block, stream: &S) -> CoreResult<()> {
+        if block.is_empty() {
+            return Ok(());
+        }
+        let inner = self.blocks.lock().unwrap().remove(&block.addr());
+        self.host.deallocate(inner.ok_or(Error::UnknownBlock { addr: block.addr() })?, stream)
+    }
+}
+
+// SAFETY: every block is the tail of one of `host`'s blocks, past its first
+// 256 bytes and `size()` bytes long, handed out to one holder and given back
+// to `host` only through `deallocate`.
+unsafe impl MemoryOf<HostCopy> for Misaligning {}
+
+/// An element type aligned above the default 256 bytes.
+#[derive(Clone, Copy, Debug, PartialEq, bytemuck::Pod, bytemuck::Zeroable)]
+#[repr(C, align(512))]
+struct Big([u8; 512]);
+
+fn is_misaligned_512<T>(r: &Result<T, ContainerError>) -> bool {
+    matches!(r, Err(ContainerError::Misaligned { align: 512, addr }) if addr % 512 == 256)
+}
+
+#[test]
+fn an_alignment_the_resource_cannot_honour_is_an_error_never_a_misaligned_block() {
+    let mr = Misaligning::default();
+    // The case: a 512-aligned element type.
+    assert!(is_misaligned_512(&DeviceUVector::from_slice_in(&[Big([1; 512])], (), &mr, HostCopy)));
+    assert!(is_misaligned_512(&DeviceScalar::<Big, _, _>::new_in((), &mr, HostCopy)));
+    assert_eq!(mr.host.outstanding(), 0, "the misaligned blocks went back");
+    // A buffer of the default alignment is served; asked for more, it stays.
+    let mut b = DeviceBuffer::from_slice_in(&[5u8; 512], (), &mr, HostCopy).unwrap();
+    let addr = b.addr();
+    assert!(is_misaligned_512(&b.set_alignment(512)));
+    assert_eq!((b.addr(), b.alignment(), mr.host.outstanding()), (addr, 256, 1));
+    let (e, b) = b.try_into_uvector::<Big>().unwrap_err();
+    assert_eq!(e, ContainerError::Misaligned { align: 512, addr });
+    assert_eq!((b.addr(), b.to_vec().unwrap()), (addr, vec![5; 512]), "the buffer comes back unchanged");
+    let mut v: DeviceUVector<u64, _, _> = b.try_into_uvector().unwrap();
+    v.resize(1000).unwrap();
+    assert_eq!(v.element(0).unwrap(), u64::from_ne_bytes([5; 8]));
+    drop(v);
+    assert_eq!(mr.host.outstanding(), 0);
+}
+
+#[test]
+fn a_raw_pointer_copy_of_memory_that_is_not_live_is_refused_and_takes_nothing() {
+    let mem = HostMemory::new();
+    let stack = [1u8; 64];
+    let on_stack = stack.as_ptr() as u64;
+    let v = DeviceUVector::from_slice_in(&[7u64; 4], (), &mem, HostCopy).unwrap();
+    let freed = DeviceUVector::from_slice_in(&[8u64; 4], (), &mem, HostCopy).unwrap();
+    let gone = freed.device_ptr();
+    drop(freed);
+    // SAFETY: contracts broken on purpose: `HostCopy` checks every range
+    // against the live host allocations and refuses these, touching nothing.
+    unsafe {
+        let e = DeviceBuffer::from_device_ptr_in(on_stack, 64, (), &mem, HostCopy).map(|_| ());
+        assert_eq!(e, Err(not_live(on_stack, 64)), "a stack buffer");
+        let e = DeviceUVector::<u64, _, _>::from_device_ptr_in(gone, 4, (), &mem, HostCopy).map(|_| ());
+        assert_eq!(e, Err(not_live(gone, 32)), "a freed block");
+        let e = DeviceScalar::<[u64; 64], _, _>::from_device_ptr_in(v.device_ptr(), (), &mem, HostCopy)
+            .map(|_| ());
+        assert_eq!(e, Err(not_live(v.device_ptr(), 512)), "past the end of an allocation");
+        let e =
+            DeviceUVector::<u64, _, _>::from_device_ptr_in(v.device_ptr(), usize::MAX, (), &mem, HostCopy);
+        assert_eq!(e.map(|_| ()), Err(ContainerError::LengthOverflow { len: usize::MAX }));
+    }
+    assert_eq!(mem.outstanding(), 1, "each refused copy gave its block back");
+    assert_eq!(v.to_vec().unwrap(), [7; 4]);
+}
+
+#[test]
+fn the_host_view_of_a_block_freed_by_other_code_fails_cleanly() {
+    let mem = HostMemory::new();
+    let mut v = DeviceUVector::from_slice_in(&[1u32; 100], (), &mem, HostCopy).unwrap();
+    let mut s = DeviceScalar::from_value_in(&2u16, (), &mem, HostCopy).unwrap();
+    let addr = v.device_ptr();
+    mem.deallocate(Block::from_addr(addr, 400), &()).unwrap();
+    mem.deallocate(Block::from_addr(s.device_ptr(), 2), &()).unwrap();
+    let mut it = v.iter();
+    assert_eq!(it.next(), Some(Err(not_live(addr, 400))));
+    assert_eq!((it.next(), it.size_hint()), (None, (0, Some(0))), "the error ends the iteration");
+    assert_eq!(v.slice_to_vec(1..3), Err(not_live(addr + 4, 8)));
+    assert_eq!(v.back_element(), Err(not_live(addr + 396, 4)));
+    assert_eq!(v.element_ptr(5), Ok(addr + 20), "an address is only a number");
+    assert_eq!(v.fill_zero(), Err(not_live(addr, 400)));
+    assert_eq!(v.set_element_to_zero_async(3), Err(not_live(addr + 12, 4)));
+    assert_eq!(v.try_clone().map(|_| ()), Err(not_live(addr, 400)));
+    assert_eq!(s.set_value_to_zero_async(), Err(not_live(s.device_ptr(), 2)));
+    assert_eq!(s.try_clone().map(|_| ()), Err(not_live(s.device_ptr(), 2)));
+    assert_eq!(mem.outstanding(), 0, "the failed clones gave their blocks back");
 }
