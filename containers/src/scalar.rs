@@ -89,9 +89,8 @@ where
     /// As [`DeviceBuffer::from_device_ptr_in`](crate::DeviceBuffer::from_device_ptr_in).
     pub unsafe fn from_device_ptr_in(src: u64, stream: S, resource: R, engine: E) -> Result<Self> {
         // SAFETY: the caller's contract is the vector's, for one element.
-        Ok(DeviceScalar {
-            inner: unsafe { DeviceUVector::from_device_ptr_in(src, 1, stream, resource, engine)? },
-        })
+        let inner = unsafe { DeviceUVector::from_device_ptr_in(src, 1, stream, resource, engine)? };
+        Ok(DeviceScalar { inner })
     }
 
     /// Writes `value`, ordered on the scalar's stream.
