@@ -6,5 +6,5 @@ pub mod fuzz;
 /// The README's Rust blocks, compiled and run as doctests by `cargo test`
 /// (this crate depends on the core and the simulator, which they use).
 #[cfg(doctest)]
-#[doc = include_str!(concat!(env!("OUT_DIR"), "/README.md"))]
+#[doc = include_str!("../../README.md")]
 pub struct ReadmeDoctests;

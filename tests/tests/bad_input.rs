@@ -1,7 +1,7 @@
 //! Bad input against every resource: each misuse gets its typed error (or
 //! its documented behaviour), and afterwards the resource is still usable
-//! with exact accounting and its invariant checker passes. The README's
-//! "Bad input" table names these tests.
+//! with exact accounting and its invariant checker passes. The bad-input
+//! table (`docs/bad-input.md`) names these tests.
 
 use memres_core::adaptor::{Aligned, FailureCallback, Limiting, Logging, Statistics, Tracking};
 use memres_core::arena::{ArenaConfig, ArenaResource};
