@@ -1,7 +1,5 @@
-use crate::current::{current, Current};
 use crate::{ContainerError, Result};
 use memres_core::copy::{CopyEngine, MemoryOf};
-use memres_core::device::DeviceStream;
 use memres_core::{Block, MemoryResource, Request, Stream, DEFAULT_ALIGNMENT};
 use std::fmt;
 
@@ -547,81 +545,6 @@ where
         self,
     ) -> std::result::Result<crate::DeviceUVector<T, R, E, S>, (crate::ContainerError, Self)> {
         crate::DeviceUVector::try_from_buffer(self)
-    }
-}
-
-/// The constructors that take the current resource of the stream's device
-/// and the engine promised with it (see the [crate's documentation](crate#constructors)).
-impl<E, S> DeviceBuffer<Current<S, E>, E, S>
-where
-    E: CopyEngine<S, Kind = E> + Clone + Send + Sync + 'static,
-    S: DeviceStream,
-{
-    /// [`new_in`](Self::new_in) from the current resource of the stream's
-    /// device: RMM's `device_buffer(size, stream)`.
-    ///
-    /// ```
-    /// use memres_containers::DeviceBuffer;
-    /// use memres_core::device::set_per_device_resource_of;
-    /// use memres_sim::{HostCopy, HostMemory};
-    /// use std::sync::Arc;
-    /// // Device 0 (the device of `()`) serves from host memory.
-    /// set_per_device_resource_of::<(), _, _>(0, Arc::new(HostMemory::new()), HostCopy);
-    /// let buf: DeviceBuffer<_, HostCopy> = DeviceBuffer::new(64, ())?;
-    /// assert_eq!(buf.to_vec()?, [0; 64]);
-    /// # Ok::<(), memres_containers::ContainerError>(())
-    /// ```
-    ///
-    /// # Errors
-    ///
-    /// `InvalidConfig` (as [`ContainerError::Memory`]) when the device has
-    /// no current resource promised as memory of `E` (none set and no
-    /// default, or one set without the promise, such as a simulated
-    /// device); as [`new_in`](Self::new_in).
-    pub fn new(len: u64, stream: S) -> Result<Self> {
-        let (resource, engine) = current(&stream)?;
-        Self::new_in(len, stream, resource, engine)
-    }
-
-    /// [`new_uninit_in`](Self::new_uninit_in) from the current resource.
-    ///
-    /// # Safety
-    ///
-    /// As [`new_uninit_in`](Self::new_uninit_in).
-    ///
-    /// # Errors
-    ///
-    /// As [`new`](Self::new).
-    pub unsafe fn new_uninit(len: u64, stream: S) -> Result<Self> {
-        let (resource, engine) = current(&stream)?;
-        // SAFETY: the caller's contract is `new_uninit_in`'s.
-        unsafe { Self::new_uninit_in(len, stream, resource, engine) }
-    }
-
-    /// [`from_slice_in`](Self::from_slice_in) from the current resource.
-    ///
-    /// # Errors
-    ///
-    /// As [`new`](Self::new).
-    pub fn from_slice(data: &[u8], stream: S) -> Result<Self> {
-        let (resource, engine) = current(&stream)?;
-        Self::from_slice_in(data, stream, resource, engine)
-    }
-
-    /// [`from_device_ptr_in`](Self::from_device_ptr_in) from the current
-    /// resource.
-    ///
-    /// # Safety
-    ///
-    /// As [`from_device_ptr_in`](Self::from_device_ptr_in).
-    ///
-    /// # Errors
-    ///
-    /// As [`from_device_ptr_in`](Self::from_device_ptr_in) and [`new`](Self::new).
-    pub unsafe fn from_device_ptr(src: u64, len: u64, stream: S) -> Result<Self> {
-        let (resource, engine) = current(&stream)?;
-        // SAFETY: the caller's contract is `from_device_ptr_in`'s.
-        unsafe { Self::from_device_ptr_in(src, len, stream, resource, engine) }
     }
 }
 

@@ -1,8 +1,6 @@
-use crate::current::{current, Current};
 use crate::{DeviceUVector, Result};
 use bytemuck::Pod;
 use memres_core::copy::{CopyEngine, MemoryOf};
-use memres_core::device::DeviceStream;
 use memres_core::{MemoryResource, Stream};
 use std::fmt;
 
@@ -167,68 +165,6 @@ where
         E: Clone,
     {
         Ok(DeviceScalar { inner: self.inner.try_clone_on(stream)? })
-    }
-}
-
-/// The constructors that take the current resource of the stream's device
-/// and the engine promised with it (see the [crate's documentation](crate#constructors)).
-impl<T, E, S> DeviceScalar<T, Current<S, E>, E, S>
-where
-    T: Pod,
-    E: CopyEngine<S, Kind = E> + Clone + Send + Sync + 'static,
-    S: DeviceStream,
-{
-    /// [`new_in`](Self::new_in) from the current resource of the stream's
-    /// device, holding zero.
-    ///
-    /// # Errors
-    ///
-    /// As [`DeviceBuffer::new`](crate::DeviceBuffer::new).
-    pub fn new(stream: S) -> Result<Self> {
-        let (resource, engine) = current(&stream)?;
-        Self::new_in(stream, resource, engine)
-    }
-
-    /// [`new_uninit_in`](Self::new_uninit_in) from the current resource:
-    /// RMM's `device_scalar(stream)`.
-    ///
-    /// # Safety
-    ///
-    /// As [`new_uninit_in`](Self::new_uninit_in).
-    ///
-    /// # Errors
-    ///
-    /// As [`new`](Self::new).
-    pub unsafe fn new_uninit(stream: S) -> Result<Self> {
-        let (resource, engine) = current(&stream)?;
-        // SAFETY: the caller's contract is `new_uninit_in`'s.
-        unsafe { Self::new_uninit_in(stream, resource, engine) }
-    }
-
-    /// [`from_value_in`](Self::from_value_in) from the current resource.
-    ///
-    /// # Errors
-    ///
-    /// As [`new`](Self::new).
-    pub fn from_value(value: &T, stream: S) -> Result<Self> {
-        let (resource, engine) = current(&stream)?;
-        Self::from_value_in(value, stream, resource, engine)
-    }
-
-    /// [`from_device_ptr_in`](Self::from_device_ptr_in) from the current
-    /// resource.
-    ///
-    /// # Safety
-    ///
-    /// As [`from_device_ptr_in`](Self::from_device_ptr_in).
-    ///
-    /// # Errors
-    ///
-    /// As [`from_device_ptr_in`](Self::from_device_ptr_in) and [`new`](Self::new).
-    pub unsafe fn from_device_ptr(src: u64, stream: S) -> Result<Self> {
-        let (resource, engine) = current(&stream)?;
-        // SAFETY: the caller's contract is `from_device_ptr_in`'s.
-        unsafe { Self::from_device_ptr_in(src, stream, resource, engine) }
     }
 }
 

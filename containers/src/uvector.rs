@@ -1,8 +1,6 @@
-use crate::current::{current, Current};
 use crate::{ContainerError, DeviceBuffer, Result};
 use bytemuck::Pod;
 use memres_core::copy::{CopyEngine, MemoryOf};
-use memres_core::device::DeviceStream;
 use memres_core::{MemoryResource, Request, Stream, DEFAULT_ALIGNMENT};
 use std::fmt;
 use std::marker::PhantomData;
@@ -446,67 +444,6 @@ where
     /// Sets the length to zero, keeping the memory.
     pub fn clear(&mut self) {
         self.buf.clear();
-    }
-}
-
-/// The constructors that take the current resource of the stream's device
-/// and the engine promised with it (see the [crate's documentation](crate#constructors)).
-impl<T, E, S> DeviceUVector<T, Current<S, E>, E, S>
-where
-    T: Pod,
-    E: CopyEngine<S, Kind = E> + Clone + Send + Sync + 'static,
-    S: DeviceStream,
-{
-    /// [`new_in`](Self::new_in) from the current resource of the stream's
-    /// device: RMM's `device_uvector(n, stream)`, with its elements zero.
-    ///
-    /// # Errors
-    ///
-    /// As [`DeviceBuffer::new`]; [`ContainerError::LengthOverflow`].
-    pub fn new(len: usize, stream: S) -> Result<Self> {
-        let (resource, engine) = current(&stream)?;
-        Self::new_in(len, stream, resource, engine)
-    }
-
-    /// [`new_uninit_in`](Self::new_uninit_in) from the current resource.
-    ///
-    /// # Safety
-    ///
-    /// As [`new_uninit_in`](Self::new_uninit_in).
-    ///
-    /// # Errors
-    ///
-    /// As [`new`](Self::new).
-    pub unsafe fn new_uninit(len: usize, stream: S) -> Result<Self> {
-        let (resource, engine) = current(&stream)?;
-        // SAFETY: the caller's contract is `new_uninit_in`'s.
-        unsafe { Self::new_uninit_in(len, stream, resource, engine) }
-    }
-
-    /// [`from_slice_in`](Self::from_slice_in) from the current resource.
-    ///
-    /// # Errors
-    ///
-    /// As [`new`](Self::new).
-    pub fn from_slice(data: &[T], stream: S) -> Result<Self> {
-        let (resource, engine) = current(&stream)?;
-        Self::from_slice_in(data, stream, resource, engine)
-    }
-
-    /// [`from_device_ptr_in`](Self::from_device_ptr_in) from the current
-    /// resource.
-    ///
-    /// # Safety
-    ///
-    /// As [`from_device_ptr_in`](Self::from_device_ptr_in).
-    ///
-    /// # Errors
-    ///
-    /// As [`from_device_ptr_in`](Self::from_device_ptr_in) and [`new`](Self::new).
-    pub unsafe fn from_device_ptr(src: u64, len: usize, stream: S) -> Result<Self> {
-        let (resource, engine) = current(&stream)?;
-        // SAFETY: the caller's contract is `from_device_ptr_in`'s.
-        unsafe { Self::from_device_ptr_in(src, len, stream, resource, engine) }
     }
 }
 
