@@ -512,7 +512,11 @@ where
     ///
     /// The resource's, the stream's or the copy engine's error,
     /// [`ContainerError::BlockTooShort`], [`ContainerError::Misaligned`]; the
-    /// new buffer is then dropped (freed on `stream`).
+    /// new buffer is then dropped (freed on `stream`). If the copy was queued
+    /// but this buffer's stream cannot be ordered after it (an event that
+    /// fails to record or be waited on), the host waits for the copy's stream
+    /// before the error comes back, so that this buffer's free never
+    /// overtakes the copy.
     pub fn try_clone_on(&self, stream: S) -> Result<Self>
     where
         R: Clone,
@@ -528,9 +532,15 @@ where
         let copy =
             unsafe { Self::copied(self.len, self.align, self.block.addr(), stream, resource, engine)? };
         if self.len > 0 {
-            // The source's later work (its free included) after the copy.
-            let copied = copy.stream.record()?;
-            self.stream.wait(&copied)?;
+            // The source's later work (its free included) after the copy;
+            // where the streams cannot order that, the host waits for the
+            // copy before the error comes back (a stream that cannot
+            // synchronize either has failed and runs no more work).
+            let ordered = copy.stream.record().and_then(|copied| self.stream.wait(&copied));
+            if let Err(e) = ordered {
+                let _ = copy.stream.synchronize();
+                return Err(e.into());
+            }
         }
         Ok(copy)
     }

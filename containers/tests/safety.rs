@@ -182,6 +182,32 @@ fn a_deep_copy_orders_the_source_stream_after_it() {
     assert_eq!(b.to_vec().unwrap(), b"hello");
 }
 
+/// A deep copy on another stream whose ordering back fails (the event after
+/// the copy cannot be recorded, or the source's stream cannot wait on it)
+/// fails with the stream's error, but only once the copy has read the
+/// source: the source's free on drop never overtakes it (#15 item 7).
+#[test]
+fn a_deep_copy_that_cannot_order_the_source_after_it_waits_for_it() {
+    // Stream calls of `try_clone_on`: record on the source's stream, the
+    // copy's stream waits, the copy, record on the copy's stream (3rd), the
+    // source's stream waits (4th).
+    for nth in [3, 4] {
+        let world = SimWorld::new();
+        let (sa, sb) = (world.non_blocking_stream(), world.non_blocking_stream());
+        let host = HostMemory::new();
+        let a = DeviceBuffer::from_slice_in(b"hello", sa.clone(), &host, Queued::default()).unwrap();
+        world.fail_nth(nth);
+        let e = a.try_clone_on(sb.clone()).map(|_| ());
+        assert!(matches!(e, Err(ContainerError::Memory(Error::Backend { .. }))), "call {nth}: {e:?}");
+        assert!(
+            sa.is_ordered_after(sb.id(), sb.position()),
+            "call {nth}: the source's free waits for the copy"
+        );
+        assert_eq!(host.outstanding(), 1, "call {nth}: the clone's block went back");
+        drop(a);
+    }
+}
+
 #[test]
 fn uninitialized_constructors_write_nothing_and_the_others_zero() {
     let world = SimWorld::new();
