@@ -279,5 +279,11 @@ pub fn set_default_factory<S: Stream + ?Sized + 'static>(factory: Factory<S>) ->
     GLOBAL.set_default_factory(factory)
 }
 
+mod memory_of;
+pub use memory_of::{
+    get_per_device_resource_of, promise_memory_of, promise_memory_of_unchecked, set_per_device_resource_of,
+    CurrentResource, DeviceStream,
+};
+
 #[cfg(all(test, not(loom)))]
 mod tests;
