@@ -109,7 +109,7 @@ pub use error::{Error, Result};
 pub use lock::Shared;
 pub use range::Range;
 pub use request::Request;
-pub use resource::{MemoryResource, MemoryResourceMut};
+pub use resource::{MemoryResource, MemoryResourceMut, ResourceId};
 pub use stream::Stream;
 #[cfg(feature = "alloc")]
 pub use stream_ordered::StreamOrdered;

@@ -140,6 +140,13 @@ where
     fn deallocate(&self, block: Block, stream: &S) -> Result<()> {
         self.upstream.deallocate(block, stream)
     }
+
+    /// Equal to a `FailureCallback` over an equal upstream, whatever its
+    /// callback, as in RMM.
+    #[inline]
+    fn id(&self) -> crate::ResourceId {
+        crate::ResourceId::over::<Self>(self.upstream.id())
+    }
 }
 
 // SAFETY: `FailureCallback` hands out `R`'s blocks unchanged and gives them back only through
