@@ -71,9 +71,11 @@ fn adaptors_with_no_record_of_blocks_are_equal_over_an_equal_upstream() {
     );
     assert!(eq(&x, &y), "the callback does not matter, as in RMM");
     assert!(!eq(&x, &pool));
-    let other = FailureCallback::new(Arc::new(Shared::new(CoalescingPool::new(&device))), 1, |_, _: &i32| false);
+    let other =
+        FailureCallback::new(Arc::new(Shared::new(CoalescingPool::new(&device))), 1, |_, _: &i32| false);
     assert!(!eq(&x, &other), "over another pool");
-    let (p, q) = (Aligned::new(pool.clone(), 4096, 1).unwrap(), Aligned::new(pool.clone(), 512, 1 << 20).unwrap());
+    let (p, q) =
+        (Aligned::new(pool.clone(), 4096, 1).unwrap(), Aligned::new(pool.clone(), 512, 1 << 20).unwrap());
     assert!(eq(&p, &q), "a block of one goes back to the upstream unchanged through the other");
     assert!(!eq(&p, &x), "adaptors of different types");
     let block = p.allocate(req(5000), &()).unwrap();
