@@ -74,11 +74,15 @@
 
 mod build;
 mod error;
+#[cfg(feature = "std")]
+mod log_env;
 mod names;
 mod parse;
 
 pub use build::{Built, Constructor, Context, OnStream, StackBuilder};
 pub use error::{StackError, StackErrorKind};
+#[cfg(feature = "std")]
+pub use log_env::{check_log_file, log_file_of_device, log_from_env, LOG_FILE_VAR};
 #[cfg(feature = "std")]
 pub use names::open_log;
 pub use names::{
