@@ -1,6 +1,6 @@
 use super::CallbackResource;
 use crate::testing::BumpUpstream;
-use crate::{Block, Error, MemoryResource, Request};
+use crate::{Block, Error, MemoryResource, Request, Result};
 use core::sync::atomic::{AtomicU64, Ordering};
 
 fn req(size: u64) -> Request {
@@ -14,18 +14,17 @@ struct Calls {
     frees: AtomicU64,
 }
 
-fn counted() -> CallbackResource<
-    Calls,
-    impl Fn(Request, &(), &Calls) -> crate::Result<Block>,
-    impl Fn(Block, &(), &Calls) -> crate::Result<()>,
-> {
+type Counted =
+    CallbackResource<Calls, fn(Request, &(), &Calls) -> Result<Block>, fn(Block, &(), &Calls) -> Result<()>>;
+
+fn counted() -> Counted {
     CallbackResource::new(
         Calls { up: BumpUpstream::new(1 << 20), allocs: AtomicU64::new(0), frees: AtomicU64::new(0) },
-        |r, s: &(), c: &Calls| {
+        |r, s, c| {
             c.allocs.fetch_add(1, Ordering::Relaxed);
             c.up.allocate(r, s)
         },
-        |b, s: &(), c: &Calls| {
+        |b, s, c| {
             c.frees.fetch_add(1, Ordering::Relaxed);
             c.up.deallocate(b, s)
         },
