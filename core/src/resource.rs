@@ -141,6 +141,8 @@ pub trait MemoryResource<S: Stream + ?Sized = ()> {
     /// `MemoryResource::<()>::is_equal(&a, &b)` (or through `dyn`).
     ///
     /// ```
+    /// # #[cfg(feature = "alloc")] // the `Arc` handle
+    /// # fn main() {
     /// use memres_core::{pool::CoalescingPool, MemoryResource, Shared};
     /// # use memres_core::testing::BumpUpstream;
     /// use std::sync::Arc;
@@ -150,6 +152,9 @@ pub trait MemoryResource<S: Stream + ?Sized = ()> {
     /// assert!(pool.is_equal(&pool.clone()));
     /// assert!(!pool.is_equal(&up));
     /// assert!(!MemoryResource::<()>::is_equal(&other, &*pool));
+    /// # }
+    /// # #[cfg(not(feature = "alloc"))]
+    /// # fn main() {}
     /// ```
     #[inline]
     fn is_equal(&self, other: &dyn MemoryResource<S>) -> bool {
