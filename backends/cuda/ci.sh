@@ -22,5 +22,7 @@ fi
 
 cargo fmt -p memres-cuda -p memres-cuda-capi --check
 cargo clippy -p memres-cuda -p memres-cuda-capi --all-targets -- -D warnings
+# The Python package's CUDA side (memres._cuda); python/test.sh builds it.
+cargo clippy -p memres-python --features cuda --all-targets -- -D warnings
 RUSTDOCFLAGS="-D warnings" cargo doc -p memres-cuda -p memres-cuda-capi --no-deps
 cargo test -p memres-cuda -p memres-cuda-capi "$@"

@@ -4,9 +4,13 @@
 //! `memres._memres`, which serves the simulated device and host memory and
 //! never links the CUDA driver, so `import memres` works anywhere; with
 //! `cuda` it is `memres._cuda`, imported by the Python side only when a
-//! CUDA resource is first made ([`backend`] holds every difference). The
+//! CUDA resource is first made (the private module `backend` holds every difference). The
 //! Python modules (`python/memres/`) hold the API; this crate only builds
 //! stacks, allocates, copies and counts.
+
+// The simulated build's stream type is `()`: code written once for both
+// builds binds streams that are unit there.
+#![allow(clippy::let_unit_value)]
 
 mod backend;
 mod buffer;
