@@ -24,35 +24,42 @@ class Statistics:
     total_count: int = 0
 
 
-def _stats_mr():
-    mr = _mr.get_current_device_resource()
-    return mr if isinstance(mr, _mr.StatisticsResourceAdaptor) else None
+def _stats_native():
+    """The native stack of the current resource if its outermost resource
+    counts (a StatisticsResourceAdaptor, or a stack string with ``stats``
+    outermost), else None."""
+    native = _mr.get_current_device_resource()._native
+    return native if native.statistics() is not None else None
 
 
 def enable_statistics():
     """Puts a StatisticsResourceAdaptor over the current device resource
-    (unless it is one already)."""
-    if _stats_mr() is None:
+    (unless its outermost resource counts already)."""
+    if _stats_native() is None:
         _mr.set_current_device_resource(_mr.StatisticsResourceAdaptor(_mr.get_current_device_resource()))
+
+
+def _statistics(figures):
+    return Statistics(**_mr._counts(figures))
 
 
 def get_statistics():
     """The counts of the current level, or None when statistics are off."""
-    mr = _stats_mr()
-    return None if mr is None else Statistics(**mr.allocation_counts)
+    native = _stats_native()
+    return None if native is None else _statistics(native.statistics())
 
 
 def push_statistics():
     """Starts a new level of counts; returns those of the level left (None
     when statistics are off)."""
-    mr = _stats_mr()
-    return None if mr is None else Statistics(**mr.push_counters())
+    native = _stats_native()
+    return None if native is None else _statistics(native.push_statistics())
 
 
 def pop_statistics():
     """Ends the newest level; returns its counts (None when off)."""
-    mr = _stats_mr()
-    return None if mr is None else Statistics(**mr.pop_counters())
+    native = _stats_native()
+    return None if native is None else _statistics(native.pop_statistics())
 
 
 @contextlib.contextmanager
@@ -60,7 +67,7 @@ def statistics():
     """Counts the allocations of a block in a level of its own, enabling
     statistics for the block if they are off."""
     previous = None
-    if _stats_mr() is None:
+    if _stats_native() is None:
         previous = _mr.get_current_device_resource()
         enable_statistics()
     push_statistics()

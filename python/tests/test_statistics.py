@@ -81,3 +81,12 @@ def test_bytes_held_from_the_device():
     gc.collect()
     # The last owner of a pool gives its chunks back.
     assert statistics.get_device_statistics(backend="sim").current_bytes == before.current_bytes
+
+
+def test_a_stack_with_stats_outermost_counts():
+    memres.reinitialize(stack="stats(pool(host))")
+    buf = memres.DeviceBuffer(size=77)
+    assert statistics.get_statistics().current_bytes == 77
+    statistics.enable_statistics()  # counts already: not wrapped again
+    assert isinstance(mr.get_current_device_resource(), mr.StackMemoryResource)
+    del buf
