@@ -160,11 +160,17 @@ class CudaAsyncMemoryResource(DeviceMemoryResource):
 
 class VirtualMemoryResource(DeviceMemoryResource):
     """A pool over one reserved address range that maps physical memory
-    only under live blocks (CUDA VMM; the ``vmm`` leaf)."""
+    only under live blocks: CUDA VMM (the ``vmm`` leaf), or with
+    ``simulated_capacity=N`` the same pool over a simulated address space
+    of N physical bytes (``vpool``)."""
 
-    def __init__(self, reserve=None, device=None):
-        self._build("vmm", [], backend="cuda", device=device,
-                    reserve=None if reserve is None else _size(reserve, "reserve"))
+    def __init__(self, reserve=None, device=None, simulated_capacity=None):
+        reserve = None if reserve is None else _size(reserve, "reserve")
+        if simulated_capacity is None:
+            self._build("vmm", [], backend="cuda", device=device, reserve=reserve)
+        else:
+            space = f"sim({_size(simulated_capacity, 'simulated_capacity')})"
+            self._build("vpool", [space], backend="sim", device=device, reserve=reserve)
 
 
 class SimulatedMemoryResource(DeviceMemoryResource):
