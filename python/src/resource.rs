@@ -43,7 +43,9 @@ pub(crate) struct Resource {
 
 /// Whether every leaf under `call` is memory with bytes behind it
 /// (upstreams `upN` say for themselves); an algorithm or adaptor only
-/// hands out parts of its upstreams' blocks.
+/// hands out parts of its upstreams' blocks. Upstreams are positional
+/// arguments; a keyed one is an option even when it is a bare name
+/// (`per_stream=true`).
 fn bytes_of(call: &Call, upstreams: &[PyRef<'_, Resource>]) -> bool {
     if let Some(i) = call.name.strip_prefix("up").and_then(|i| i.parse::<usize>().ok()) {
         return upstreams.get(i).is_some_and(|u| u.has_bytes);
@@ -51,6 +53,7 @@ fn bytes_of(call: &Call, upstreams: &[PyRef<'_, Resource>]) -> bool {
     let inner: Vec<&Call> = call
         .args
         .iter()
+        .filter(|a| a.key.is_none())
         .filter_map(|a| match &a.value {
             Value::Call(c) => Some(c),
             Value::Word { .. } => None,

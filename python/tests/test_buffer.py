@@ -94,3 +94,12 @@ def test_out_of_memory_buffer():
     lim = mr.LimitingResourceAdaptor(mr.HostMemoryResource(), 100)
     with pytest.raises(memres.OutOfMemory):
         memres.DeviceBuffer(size=1000, mr=lim)
+
+
+def test_buffers_over_every_stack_of_host_memory():
+    for res in [mr.PoolMemoryResource(mr.HostMemoryResource(), per_stream=True),
+                mr.StackMemoryResource("pool(host, growth=double, release=true)", backend="sim"),
+                mr.BinningMemoryResource(mr.PoolMemoryResource(mr.HostMemoryResource())),
+                mr.LimitingResourceAdaptor(mr.FixedSizeMemoryResource(mr.HostMemoryResource(), 4096), 1 << 20)]:
+        buf = memres.DeviceBuffer.to_device(b"stack", mr=res)
+        assert buf.copy_to_host() == b"stack", res
