@@ -73,11 +73,12 @@ mod imp {
 
 #[cfg(feature = "cuda")]
 mod imp {
-    use super::gauge;
+    use super::{gauge, MAX_DEVICES};
     use crate::errors::backend_error;
     use memres_core::stack::StackBuilder;
-    use memres_cuda::{CudaCopy, CudaStream, Device};
+    use memres_cuda::{Context, CudaCopy, CudaStream, Device};
     use pyo3::PyResult;
+    use std::sync::OnceLock;
 
     /// The caller's `cudaStream_t`, borrowed.
     pub(crate) type Stream = CudaStream;
@@ -92,17 +93,38 @@ mod imp {
         Device::get(device).map_err(|e| backend_error(format!("device {device}: {e}")))
     }
 
-    /// Names the caller's stream (0: the legacy default stream).
-    pub(crate) fn stream(handle: u64, _device: u32) -> PyResult<Stream> {
+    /// The primary context of `device`, retained once per process.
+    fn context(device: u32) -> PyResult<Context> {
+        static CONTEXTS: [OnceLock<Context>; MAX_DEVICES] = [const { OnceLock::new() }; MAX_DEVICES];
+        let slot = CONTEXTS
+            .get(device as usize)
+            .ok_or_else(|| backend_error(format!("device {device} out of range")))?;
+        if let Some(c) = slot.get() {
+            return Ok(c.clone());
+        }
+        let made = device_of(device)?
+            .primary_context()
+            .map_err(|e| backend_error(format!("device {device}: {e}")))?;
+        Ok(slot.get_or_init(|| made).clone())
+    }
+
+    /// Names the caller's stream: 0 is the legacy default stream of the
+    /// device's primary context (the thread may have no current context);
+    /// any other handle is asked for its own context when one is needed.
+    pub(crate) fn stream(handle: u64, device: u32) -> PyResult<Stream> {
+        if handle == 0 {
+            return Ok(CudaStream::legacy_in(context(device)?));
+        }
         // SAFETY: a Python caller hands a `cudaStream_t` it owns, as RMM's
-        // Python API takes one: 0 or a stream that outlives the use made of
-        // it here (the call, or the life of the buffer that keeps it). The
-        // borrowed handle never destroys the stream.
+        // Python API takes one: a stream that outlives the use made of it
+        // here (the call, or the life of the buffer that keeps it). The
+        // borrowed handle never destroys the stream; no context is claimed
+        // for it (the driver is asked for the stream's own).
         Ok(unsafe { CudaStream::from_raw(handle as usize as *mut std::ffi::c_void as _, None) })
     }
 
     pub(crate) fn engine(device: u32) -> PyResult<Engine> {
-        CudaCopy::new(device_of(device)?).map_err(|e| backend_error(format!("device {device}: {e}")))
+        Ok(CudaCopy::in_context(context(device)?))
     }
 
     /// The core's names and the CUDA leaves of `device`, counted in its
