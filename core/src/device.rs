@@ -489,5 +489,11 @@ pub fn current_device<S: Stream + ?Sized + 'static>() -> Result<DeviceId> {
     GLOBAL.current_device::<S>()
 }
 
+mod memory_of;
+pub use memory_of::{
+    get_per_device_resource_of, promise_memory_of, promise_memory_of_unchecked, set_per_device_resource_of,
+    CurrentResource, DeviceStream,
+};
+
 #[cfg(all(test, not(loom)))]
 mod tests;

@@ -24,6 +24,7 @@
 //! | [`fixed`] | [`FixedSizeResource`](fixed::FixedSizeResource): blocks of one size carved from upstream chunks, O(1) allocate and free on an index stack outside the managed memory |
 //! | `binning` (feature `alloc`) | `BinningResource`: routes each size to the smallest bin that holds it (fixed-size bins per power of two, bins picked from a measured size histogram, or any resource), the rest to upstream |
 //! | [`arena`] | [`ArenaResource`](arena::ArenaResource): RMM's arena, a global arena of superblocks lent to per-thread and per-stream arenas, built to scale with threads (feature `alloc`) |
+//! | [`callback`] | [`CallbackResource`](callback::CallbackResource): allocate and free given as two closures with a context (RMM's `callback_memory_resource`) |
 //! | [`check`] | the invariant checker that tests and fuzz targets run after every step |
 //! | [`copy`] | [`CopyEngine`](copy::CopyEngine): how containers move bytes to and from a backend's memory |
 //! | [`vmem`] | [`ReservableSpace`](vmem::ReservableSpace): reserve an address range once, commit and decommit granules of it (CUDA virtual memory, `mmap`) |
@@ -80,6 +81,7 @@ pub mod adaptor;
 pub mod arena;
 #[cfg(feature = "alloc")]
 pub mod binning;
+pub mod callback;
 pub mod check;
 pub mod chunks;
 pub mod copy;
@@ -112,7 +114,7 @@ pub use inspect::{Inspect, Usage};
 pub use lock::Shared;
 pub use range::Range;
 pub use request::Request;
-pub use resource::{MemoryResource, MemoryResourceMut};
+pub use resource::{MemoryResource, MemoryResourceMut, ResourceId};
 pub use stream::Stream;
 #[cfg(feature = "alloc")]
 pub use stream_ordered::StreamOrdered;

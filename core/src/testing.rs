@@ -203,6 +203,8 @@ pub struct SyncFaults {
     syncs: AtomicU64,
     /// Calls made to fail.
     failed: AtomicU64,
+    /// `synchronize_device` calls that succeeded (also counted in `syncs`).
+    device_syncs: AtomicU64,
 }
 
 #[cfg(feature = "alloc")]
@@ -219,6 +221,7 @@ impl SyncFaults {
             fail_in: AtomicU64::new(0),
             syncs: AtomicU64::new(0),
             failed: AtomicU64::new(0),
+            device_syncs: AtomicU64::new(0),
         }
     }
 
@@ -279,6 +282,20 @@ impl SyncFaults {
         self.failed.load(Ordering::Relaxed)
     }
 
+    /// The `synchronize_device` calls that succeeded (of streams made with
+    /// [`TestStream::device_sync`]); each is also one of [`syncs`](Self::syncs).
+    ///
+    /// ```
+    /// use memres_core::{testing::TestStream, Stream};
+    /// let s = TestStream::new(1).device_sync(true);
+    /// assert!(s.synchronize_device()?);
+    /// assert_eq!((s.faults().syncs(), s.faults().device_syncs()), (1, 1));
+    /// # Ok::<(), memres_core::Error>(())
+    /// ```
+    pub fn device_syncs(&self) -> u64 {
+        self.device_syncs.load(Ordering::Relaxed)
+    }
+
     /// One `synchronize`: counts it and fails it if asked to.
     fn synchronize(&self) -> Result<()> {
         // The armed call counts down on every call, failed or not.
@@ -329,6 +346,8 @@ impl Default for SyncFaults {
 pub struct TestStream<const KIND: u32 = 0> {
     id: u64,
     faults: Arc<SyncFaults>,
+    /// Whether `synchronize_device` can.
+    device: bool,
 }
 
 #[cfg(feature = "alloc")]
@@ -356,7 +375,7 @@ impl TestStream {
     /// assert!(s.synchronize().is_err());
     /// ```
     pub fn with_faults(id: u64, faults: Arc<SyncFaults>) -> Self {
-        TestStream { id, faults }
+        TestStream { id, faults, device: false }
     }
 }
 
@@ -374,6 +393,24 @@ impl<const KIND: u32> TestStream<KIND> {
     /// ```
     pub fn faults(&self) -> &Arc<SyncFaults> {
         &self.faults
+    }
+
+    /// Whether [`synchronize_device`](Stream::synchronize_device) can (the
+    /// default: it cannot, and answers `Ok(false)`); when it can, it is
+    /// one more `synchronize` to its faults, counted and failed as those.
+    ///
+    /// ```
+    /// use memres_core::{testing::TestStream, Stream};
+    /// assert!(!TestStream::new(1).synchronize_device()?);
+    /// let s = TestStream::new(1).device_sync(true);
+    /// s.faults().fail_nth(1);
+    /// assert!(s.synchronize_device().is_err());
+    /// assert!(s.synchronize_device()?);
+    /// # Ok::<(), memres_core::Error>(())
+    /// ```
+    pub fn device_sync(mut self, can: bool) -> Self {
+        self.device = can;
+        self
     }
 }
 
@@ -395,5 +432,13 @@ impl<const KIND: u32> Stream for TestStream<KIND> {
     }
     fn synchronize(&self) -> Result<()> {
         self.faults.synchronize()
+    }
+    fn synchronize_device(&self) -> Result<bool> {
+        if !self.device {
+            return Ok(false);
+        }
+        self.faults.synchronize()?;
+        self.faults.device_syncs.fetch_add(1, Ordering::Relaxed);
+        Ok(true)
     }
 }

@@ -57,7 +57,7 @@ fn grow<R>(stream: &'static CudaStream, mr: R, engine: &CudaCopy)
 where
     R: MemoryResource<&'static CudaStream> + MemoryOf<CudaCopy>,
 {
-    let mut v = DeviceUVector::<f32, _, _, _>::from_slice(&[1.0], stream, mr, engine).unwrap();
+    let mut v = DeviceUVector::<f32, _, _, _>::from_slice_in(&[1.0], stream, mr, engine).unwrap();
     for d in 1..=DOUBLINGS {
         // SAFETY: the new elements are never read, nor the vector cloned.
         unsafe { v.resize_uninit(1 << d) }.unwrap();
@@ -72,7 +72,8 @@ where
 {
     for _ in 0..CHURN {
         // SAFETY: the elements are never read, nor the vector cloned.
-        let v = unsafe { DeviceUVector::<u8, _, _, _>::new_uninit(CHURN_BYTES, stream, mr, engine) }.unwrap();
+        let v =
+            unsafe { DeviceUVector::<u8, _, _, _>::new_uninit_in(CHURN_BYTES, stream, mr, engine) }.unwrap();
         std::hint::black_box(v.device_ptr());
     }
 }

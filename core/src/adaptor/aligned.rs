@@ -112,6 +112,14 @@ impl<S: Stream + ?Sized, R: MemoryResource<S>> MemoryResource<S> for Aligned<R> 
     fn deallocate(&self, block: Block, stream: &S) -> Result<()> {
         self.upstream.deallocate(block, stream)
     }
+
+    /// Equal to an `Aligned` over an equal upstream, whatever its
+    /// alignment (RMM compares that too, because its adaptor pads; this
+    /// one gives the upstream its very block back).
+    #[inline]
+    fn id(&self) -> crate::ResourceId {
+        crate::ResourceId::over::<Self>(self.upstream.id())
+    }
 }
 
 crate::inspect::forward_inspect!(Aligned<R>, upstream);

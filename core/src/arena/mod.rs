@@ -15,6 +15,8 @@ mod dump;
 mod global;
 mod local;
 mod reclaim;
+#[cfg(test)]
+mod slot_tests;
 mod slots;
 #[cfg(test)]
 mod tests;
@@ -27,6 +29,7 @@ use crate::lock::{RawLock, Shared, SpinLock};
 use crate::primitive::{AtomicU64, Ordering};
 use crate::{Block, Error, MemoryResource, Request, Result, Stream};
 use alloc::boxed::Box;
+use core::cell::Cell;
 use core::fmt;
 use global::{Global, Located};
 use local::Local;
@@ -61,6 +64,16 @@ fn pack(slot: usize, index_tag: u64) -> Option<u64> {
     (index_tag & SLOT_MASK == 0).then_some(index_tag | (slot as u64) << SLOT_SHIFT)
 }
 
+/// Where a small allocation stands with the idle sweep: its first
+/// superblock request counts (and may make a sweep due), later ones in the
+/// same call do not, so a call sweeps at most once.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Sweep {
+    NotAsked,
+    Due,
+    Done,
+}
+
 /// Keeps each arena's lock and state on cache lines of its own.
 #[derive(Debug)]
 #[repr(align(128))]
@@ -88,8 +101,9 @@ struct Padded<T>(T);
 ///  allocate(req, stream):
 ///    size > large_threshold ──────► global arena (a range of its own)
 ///    else size_class(size) ──► arena of (stream 0 ? this thread : stream)
-///         └ no room: one superblock from the global arena (grows upstream)
-///         └ still none: take back wholly free superblocks, retry, else OOM
+///         └ no room: one superblock from the global arena (grows upstream;
+///           every idle_after-th request first sweeps idle arenas)
+///    none: synchronize, take back every wholly free superblock, retry, else OOM
 ///  deallocate(block, stream): the tag names the arena ──► that arena, O(1)
 /// ```
 ///
@@ -106,18 +120,15 @@ struct Padded<T>(T);
 /// - **Slots change hands.** An arena is *idle* when nothing is live in it
 ///   and it holds no superblock. [`release`](ArenaResource::release) frees
 ///   the slot of every idle arena (after taking back the superblocks it
-///   may, below). A stream or thread that finds the table full frees the
-///   slots of idle arenas; if there are none, it first takes back the
-///   wholly free superblocks it may (as when running dry: of its own stream
-///   id, or of every arena with `synchronize_all`, synchronizing first),
-///   then frees the slots of the arenas that left idle. An arena of another
-///   stream that holds free superblocks keeps them, and its slot, without
-///   `synchronize_all`: frees on that stream may still be pending there,
-///   and only that stream (its `release`) or `synchronize_all` orders them.
+///   may, as when running dry). A stream or thread that finds the table
+///   full frees the slots of idle arenas; if there are none, it first takes
+///   back the wholly free superblocks of the arenas with nothing live (as
+///   when running dry), then frees the slots of the arenas that left idle.
 ///   So any number of streams and threads may use the resource over its
-///   life, `max_arenas` with blocks live at once; beyond that, or with every
-///   slot held by an arena of another stream keeping its superblocks, the
-///   request is [`Error::CapacityExhausted`].
+///   life, `max_arenas` with blocks live at once; beyond that the request is
+///   [`Error::CapacityExhausted`] (so it is, too, when the caller's stream
+///   cannot synchronize the device and every slot is held by an arena of
+///   another stream that keeps its free superblocks).
 ///   Each arena has its own lock and index (the O(1) two-level segregated
 ///   fit [`CoalescingIndex`](crate::index::CoalescingIndex)) over the
 ///   superblocks it holds, each a region of its own; the arena's state is
@@ -136,7 +147,9 @@ struct Padded<T>(T);
 ///   with its alignment's padding) is [`Error::OutOfMemory`].
 /// - **Superblocks** are `superblock_size` (8 MiB) unless the global arena
 ///   is at its maximum and only smaller room is left (never below 1 MiB);
-///   a superblock never spans two upstream chunks.
+///   a superblock never spans two upstream chunks. A maximum below
+///   `superblock_size` is [`Error::InvalidConfig`]: no superblock, so no
+///   small request, could ever be served.
 /// - **Frees.** A block's tag names the arena it came from, and the block
 ///   goes back there whatever stream frees it (as RMM, which looks the
 ///   block up in every arena). When the freeing stream is not the arena's
@@ -154,15 +167,30 @@ struct Padded<T>(T);
 ///   is no block's [`Error::UnknownBlock`], whatever the size. A size of 0
 ///   is an empty block ([`Block::is_empty`]): its free does nothing, as
 ///   with every resource.
-/// - **Running dry.** When an arena cannot get a superblock, the resource
-///   takes every wholly free superblock back to the global arena from the
-///   arenas of the caller's stream id (all per-thread arenas for the default
-///   stream), or from all arenas if a [`synchronize_all`](ArenaConfig::synchronize_all)
-///   function is configured; it synchronizes first (the caller's stream, or
-///   all), so superblocks enter the global arena with their work complete.
-///   Then it retries once, and reports [`Error::OutOfMemory`] with the
-///   largest free range anywhere, the bytes held and the maximum (and dumps
-///   its state if configured).
+/// - **Running dry.** When an arena cannot get a superblock, or a large
+///   request finds no room, the resource takes every wholly free superblock
+///   of every arena back to the global arena, then retries once, as RMM's
+///   arena. The superblocks go back ordered after every free into them:
+///   those of the caller's stream id (all per-thread arenas for the default
+///   stream) after the caller's stream is synchronized, those of other
+///   streams after the device is ([`Stream::synchronize_device`], as RMM's
+///   `cudaDeviceSynchronize`; an arena keeps no stream handle to wait on an
+///   event of its stream). A stream that cannot synchronize the device
+///   (`Ok(false)`) takes back only its own stream id's. A failed
+///   synchronization fails the request with its error and changes nothing.
+///   Then the request is [`Error::OutOfMemory`] with the largest free range
+///   anywhere, the bytes held and the maximum (and a dump of the state if
+///   configured).
+/// - **Idle arenas.** Every [`idle_after`](ArenaConfig::idle_after)
+///   superblock requests (64; requests of every arena count), the arena
+///   asking first sweeps: an arena that served no allocation since the
+///   previous sweep (between `idle_after` and twice that many requests)
+///   gives back its wholly free superblocks, ordered as when running dry,
+///   and, left idle, its slot. The arenas of streams that are gone, or
+///   unused for long, so give their memory to the others and their slots
+///   to new streams: neither waits for the table to fill or the memory to
+///   run out. A sweep locks every arena in turn; it synchronizes only when
+///   it has something to take back.
 /// - **Giving memory back.** Wholly free chunks go back upstream when the
 ///   global arena needs room under its maximum for a larger chunk, and on
 ///   [`release`](ArenaResource::release). Dropping the resource does not
@@ -331,7 +359,8 @@ impl<U, L: RawLock> ArenaResource<U, L> {
     }
 
     /// A small block from the arena of `me`, with a superblock from the
-    /// global arena if it has no room. `Ok(None)`: no superblock to be had.
+    /// global arena if it has no room (after the idle sweep, when one is
+    /// due). `Ok(None)`: no superblock to be had.
     #[inline]
     fn allocate_small<S: Stream + ?Sized>(
         &self,
@@ -342,20 +371,27 @@ impl<U, L: RawLock> ArenaResource<U, L> {
     where
         U: MemoryResource<S>,
     {
+        let sweep = Cell::new(Sweep::NotAsked);
         loop {
             let slot = match self.find_slot(me) {
                 Some(i) => i,
                 None => self.claim_slot(me, stream)?,
             };
             // `None`: the slot changed hands since it was looked up.
-            if let Some(got) = self.allocate_in(slot, me, request, stream) {
-                return got;
+            match self.allocate_in(slot, me, request, stream, &sweep) {
+                Some(Ok(None)) if sweep.get() == Sweep::Due => {
+                    sweep.set(Sweep::Done);
+                    self.sweep_idle(stream)?;
+                }
+                Some(got) => return got,
+                None => {}
             }
         }
     }
 
     /// [`allocate_small`](Self::allocate_small) in arena `slot`, if it is
-    /// still `me`'s (else `None`).
+    /// still `me`'s (else `None`). A superblock request that makes an idle
+    /// sweep due says so in `sweep` and answers `Ok(None)`.
     #[inline]
     fn allocate_in<S: Stream + ?Sized>(
         &self,
@@ -363,6 +399,7 @@ impl<U, L: RawLock> ArenaResource<U, L> {
         me: OwnerKey,
         request: Request,
         stream: &S,
+        sweep: &Cell<Sweep>,
     ) -> Option<Result<Option<Block>>>
     where
         U: MemoryResource<S>,
@@ -374,8 +411,17 @@ impl<U, L: RawLock> ArenaResource<U, L> {
                 Some(got) => got,
                 None => {
                     // Lock order: arena, then global (never the reverse).
-                    let Some(range) = self.global.0.with(|g| g.acquire(class + align - 256, slot, stream))?
-                    else {
+                    let range = self.global.0.with(|g| {
+                        if sweep.get() == Sweep::NotAsked {
+                            let due = g.tick(self.config.idle_after);
+                            sweep.set(if due { Sweep::Due } else { Sweep::Done });
+                            if due {
+                                return Ok(None);
+                            }
+                        }
+                        g.acquire(class + align - 256, slot, stream)
+                    })?;
+                    let Some(range) = range else {
                         return Ok(None);
                     };
                     if let Err(e) = a.add(range) {
@@ -494,7 +540,7 @@ where
         if let Some(b) = attempt()? {
             return Ok(b);
         }
-        if self.reclaim(stream)? > 0 {
+        if self.reclaim(stream, |_, _| true)? > 0 {
             if let Some(b) = attempt()? {
                 return Ok(b);
             }

@@ -230,6 +230,34 @@ impl<S: Stream + ?Sized + 'static> StackBuilder<S> {
         self
     }
 
+    /// Registers (or replaces) `name` as a leaf that is `resource`, made by
+    /// the program: every stack built with the name shares it. For what a
+    /// string cannot describe, such as a
+    /// [`CallbackResource`](crate::callback::CallbackResource) (its
+    /// closures are code).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use memres_core::stack::{StackBuilder, Unbacked};
+    /// use memres_core::{DynResource, MemoryResource, Request};
+    /// use std::sync::Arc;
+    /// let leaf: DynResource = Arc::new(Unbacked::new());
+    /// let mut b = StackBuilder::<()>::new();
+    /// b.register_resource("mine", leaf.clone());
+    /// let stack = b.build("stats(pool(mine))", &())?;
+    /// let x = stack.allocate(Request::new(1000)?, &())?;
+    /// stack.deallocate(x, &())?;
+    /// assert!(b.build("mine(1GiB)", &()).is_err(), "it takes no arguments");
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn register_resource(&mut self, name: &str, resource: DynResource<S>) -> &mut Self {
+        self.register(name, move |call, _| {
+            call.expect_args(0, &[])?;
+            Ok(resource.clone())
+        })
+    }
+
     /// The registered names, sorted.
     pub fn names(&self) -> impl Iterator<Item = &str> {
         self.constructors.keys().map(String::as_str)

@@ -54,6 +54,11 @@
 //! | `log` | `upstream, file=` | `Logging` to a file (feature `std`) |
 //! | `stream` | `upstream` | [`StreamOrdered`](crate::StreamOrdered) behind `Shared`, inner calls on the build stream (registered by [`StackBuilder::register_stream_layer`], for stream types that clone) |
 //!
+//! A resource the program made, which no string can describe (a
+//! [`CallbackResource`](crate::callback::CallbackResource): its closures
+//! are code), joins under a name of the program's with
+//! [`StackBuilder::register_resource`].
+//!
 //! # The keys
 //!
 //! A key means the same, in the same unit, in every name that takes it
@@ -93,11 +98,15 @@
 
 mod build;
 mod error;
+#[cfg(feature = "std")]
+mod log_env;
 mod names;
 mod parse;
 
 pub use build::{Built, Constructor, Context, OnStream, StackBuilder};
 pub use error::{StackError, StackErrorKind};
+#[cfg(feature = "std")]
+pub use log_env::{check_log_file, log_file_of_device, log_from_env, LOG_FILE_VAR};
 #[cfg(feature = "std")]
 pub use names::open_log;
 pub use names::{

@@ -27,6 +27,13 @@
  * per_stream=true|false (a pool per stream; false)), stats, track, limit,
  * align, log. sim, host and vpool (simulated or host memory) are refused.
  *
+ * When the environment variable MEMRES_LOG_FILE (RMM's RMM_LOG_FILE) names
+ * a file, each device's stack logs every call in RMM's CSV format to that
+ * name with ".dev<N>" before its extension (trace.csv: trace.dev0.csv).
+ * memres_configure checks the name (-1 when its directory is missing, it
+ * is a directory or read only); a file that cannot be made is the error
+ * of the device's first call.
+ *
  * Streams. With per_stream=true (the default stack) the pool is
  * stream-ordered, as PyTorch's own allocator is: a block freed on a stream
  * is reused on that stream at once, and by another stream only once that

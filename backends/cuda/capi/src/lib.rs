@@ -27,6 +27,16 @@
 //! so `memres_stats` reports the bytes held from the device whatever the
 //! stack.
 //!
+//! When the environment variable `MEMRES_LOG_FILE` ([`LOG_FILE_VAR`], RMM's
+//! `RMM_LOG_FILE`) names a file, the stack of each device is wrapped in the
+//! logging adaptor, writing RMM's CSV format to that name with `.dev<N>`
+//! before its extension (`trace.csv`: `trace.dev0.csv`, as RMM's Python
+//! names per-device logs), flushed as the `log` adaptors are
+//! ([`memres_core::stack::log_from_env`]). `memres_configure` checks the
+//! name (a missing directory, a directory, a read-only file: -1 with a
+//! message naming the variable); a file that cannot be made is the error
+//! of the device's first call (NULL with that message), never an abort.
+//!
 //! The built resource is also set as the device's resource in
 //! [`memres_core::device`]'s registry, so Rust code in the same process
 //! shares it; the C functions themselves find it in a fixed array of
@@ -118,7 +128,7 @@ pub mod table;
 
 use leaves::{checking_builder, refuse_host_leaves};
 use memres_core::adaptor::{Counted, Gauge, Logging, Statistics};
-use memres_core::stack::StackBuilder;
+use memres_core::stack::{check_log_file, log_from_env, StackBuilder, LOG_FILE_VAR};
 use memres_core::{DynResource, MemoryResource, Request};
 use memres_cuda::{CudaAsyncMemory, CudaStream, Device};
 use std::ffi::{c_char, c_int, c_void, CStr};
@@ -268,13 +278,21 @@ fn build(d: usize, stack: &str) -> Result<DeviceState, String> {
     let built = builder
         .build_with_handles(stack, &stream)
         .map_err(|e| format!("memres: device {d}: stack `{stack}`: {e}"))?;
+    let mut logs = built.all("log");
+    let mut resource = built.resource.clone();
+    if let Some(log) = log_from_env(&resource, std::env::var_os(LOG_FILE_VAR).as_deref(), d as u32)
+        .map_err(|e| format!("memres: device {d}: {e}"))?
+    {
+        resource = log.clone();
+        logs.push(log);
+    }
     // Rust code in this process sees the same resource through the registry.
-    memres_core::device::set_per_device_resource::<CudaStream>(d as u32, built.resource.clone());
+    memres_core::device::set_per_device_resource::<CudaStream>(d as u32, resource.clone());
     Ok(DeviceState {
         stats: built.get("stats"),
         pools: built.all("async"),
-        logs: built.all("log"),
-        resource: built.resource,
+        logs,
+        resource,
         stack: stack.to_string(),
         table: Table::new(),
         upstream,
@@ -342,13 +360,15 @@ fn flush_at_exit() {
 /// # Errors
 ///
 /// A message naming the byte position of what is wrong with the stack
-/// (checked without a device), or saying that a device was used already
-/// (its stack cannot change while blocks may be out).
+/// (checked without a device), naming `MEMRES_LOG_FILE` when its value
+/// cannot be logged to ([`check_log_file`]), or saying that a device was
+/// used already (its stack cannot change while blocks may be out).
 pub fn configure(stack: &str) -> Result<(), String> {
     let mut config = CONFIG.lock().unwrap_or_else(|p| p.into_inner());
     checking_builder()
         .build(stack, &CudaStream::legacy())
         .map_err(|e| format!("memres: stack `{stack}`: {e}"))?;
+    check_log_file(std::env::var_os(LOG_FILE_VAR).as_deref()).map_err(|e| format!("memres: {e}"))?;
     if let Some(d) = DEVICES.iter().position(|s| s.get().is_some()) {
         return Err(format!("memres: device {d} is in use already; configure before the first allocation"));
     }
