@@ -35,6 +35,13 @@ def _size(value, what):
     return str(value)
 
 
+def _bin(exponent, what):
+    """RMM's bin exponent as the stack's bin size in bytes (``min_bin=``, ``max_bin=``)."""
+    if isinstance(exponent, bool) or not isinstance(exponent, int) or not 0 <= exponent < 64:
+        raise ValueError(f"memres: {what} must be an int from 0 to 63, not {exponent!r}")
+    return str(1 << exponent)
+
+
 def _args(positional, **keys):
     parts = list(positional)
     parts += [f"{k}={v}" for k, v in keys.items() if v is not None]
@@ -229,8 +236,8 @@ class BinningMemoryResource(DeviceMemoryResource):
 
     def __init__(self, upstream_mr, min_size_exponent=None, max_size_exponent=None):
         self._build("binning", [], [upstream_mr],
-                    min=None if min_size_exponent in (None, -1) else _size(min_size_exponent, "min_size_exponent"),
-                    max=None if max_size_exponent in (None, -1) else _size(max_size_exponent, "max_size_exponent"))
+                    min_bin=None if min_size_exponent in (None, -1) else _bin(min_size_exponent, "min_size_exponent"),
+                    max_bin=None if max_size_exponent in (None, -1) else _bin(max_size_exponent, "max_size_exponent"))
 
 
 class FixedSizeMemoryResource(DeviceMemoryResource):
@@ -345,7 +352,7 @@ def set_per_device_resource(device, mr):
         raise TypeError(f"memres: {type(mr).__name__} is not a memres.mr resource")
     if mr.device_id != device:
         raise ValueError(f"memres: a resource of device {mr.device_id} set for device {device}")
-    _native.backend(mr._backend).set_current(device, mr._native)
+    _native.backend(mr._backend).set_per_device_resource(device, mr._native)
     previous = _current.get(device)
     _current[device] = mr
     return previous

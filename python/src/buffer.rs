@@ -70,8 +70,8 @@ impl Buffer {
         let (s, engine) = (backend::stream(stream, mr.device)?, backend::engine(mr.device)?);
         let inner = py
             .detach(|| match data {
-                Some(bytes) => Inner::from_slice(bytes, s, resource, engine),
-                None => Inner::new(size, s, resource, engine),
+                Some(bytes) => Inner::from_slice_in(bytes, s, resource, engine),
+                None => Inner::new_in(size, s, resource, engine),
             })
             .map_err(|e| container_error(e, "DeviceBuffer"))?;
         Ok(Buffer { inner: Mutex::new(inner) })

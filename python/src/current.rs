@@ -27,8 +27,8 @@ fn live(device: usize) -> Option<&'static Live> {
 /// Makes `mr` the current resource of `device` for the C functions (and
 /// Rust code).
 #[pyfunction]
-pub(crate) fn set_current(device: u32, mr: PyRef<'_, Resource>) {
-    memres_core::device::set_current_device_resource::<Stream>(device, mr.inner.clone());
+pub(crate) fn set_per_device_resource(device: u32, mr: PyRef<'_, Resource>) {
+    memres_core::device::set_per_device_resource::<Stream>(device, mr.inner.clone());
 }
 
 /// Blocks handed out by `memres_py_alloc` on `device` and not yet freed.
@@ -42,7 +42,7 @@ pub(crate) fn c_live_count(device: usize) -> usize {
 #[pyfunction]
 pub(crate) fn device_bytes(device: u32) -> PyResult<(u64, u64, u64)> {
     let g = backend::gauge(device)?;
-    Ok((g.current(), g.peak(), g.total()))
+    Ok((g.value(), g.peak(), g.total()))
 }
 
 fn alloc(size: isize, device: i32, stream: *mut c_void) -> Option<*mut c_void> {

@@ -29,7 +29,7 @@ fn native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("MAX_DEVICES", backend::MAX_DEVICES)?;
     m.add_class::<resource::Resource>()?;
     m.add_class::<buffer::Buffer>()?;
-    m.add_function(wrap_pyfunction!(current::set_current, m)?)?;
+    m.add_function(wrap_pyfunction!(current::set_per_device_resource, m)?)?;
     m.add_function(wrap_pyfunction!(current::c_live_count, m)?)?;
     m.add_function(wrap_pyfunction!(current::device_bytes, m)?)?;
     Ok(())

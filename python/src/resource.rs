@@ -13,7 +13,7 @@ use memres_core::adaptor::{Logging, Statistics, Tracking};
 use memres_core::pool::CoalescingPool;
 use memres_core::stack::{parse, Call, Value};
 use memres_core::Shared;
-use memres_core::{Block, DynResource, Request};
+use memres_core::{Block, DynResource, Inspect, Request};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use std::collections::HashMap;
@@ -170,7 +170,7 @@ impl Resource {
     #[allow(clippy::type_complexity)]
     fn statistics(&self) -> Option<((i64, i64, i64), (i64, i64, i64))> {
         self.stats.as_ref().map(|s| {
-            let (b, c) = (s.bytes(), s.allocations());
+            let (b, c) = (s.get_bytes_counter(), s.get_allocations_counter());
             ((b.value, b.peak, b.total), (c.value, c.peak, c.total))
         })
     }
@@ -194,7 +194,10 @@ impl Resource {
 
     /// `(count, bytes)` outstanding per the outermost `track` adaptor.
     fn outstanding(&self) -> Option<(usize, u64)> {
-        self.track.as_ref().map(|t| (t.outstanding_count(), t.outstanding_bytes()))
+        self.track.as_ref().map(|t| {
+            let live = t.get_outstanding_allocations();
+            (live.count(), live.bytes())
+        })
     }
 
     /// Writes out the buffers of the stack's `log` adaptors.
@@ -216,7 +219,7 @@ impl Resource {
 
     /// Bytes the stack's pools hold from their upstreams.
     fn pool_size(&self) -> u64 {
-        self.pools.iter().map(|p| p.with(|p| p.pool_size())).sum()
+        self.pools.iter().map(|p| p.with(|p| p.usage().held)).sum()
     }
 
     /// Blocks allocated through this object and not yet freed.

@@ -135,6 +135,15 @@ def test_every_algorithm_and_the_tracking_adaptor():
         assert track.get_outstanding_count() == 0
 
 
+def test_binning_takes_rmm_exponents_and_refuses_bad_ones():
+    # RMM's exponents become the stack's bin sizes in bytes (min_bin=, max_bin=).
+    b = mr.BinningMemoryResource(sim_pool(), 8, 22)
+    b.deallocate(b.allocate(1 << 22), 1 << 22)
+    for bad in [-2, 64, 1.5, True]:
+        with pytest.raises(ValueError, match="size_exponent"):
+            mr.BinningMemoryResource(sim_pool(), bad, 20)
+
+
 def test_logging_adaptor_writes_rmm_csv(tmp_path):
     path = tmp_path / "log.csv"
     log = mr.LoggingResourceAdaptor(sim_pool(), log_file_name=str(path))
