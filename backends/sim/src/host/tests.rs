@@ -1,5 +1,5 @@
 use super::HostMemory;
-use memres_core::testing::SplitMix64;
+use memres_core::testing::{steps, SplitMix64};
 use memres_core::{Block, Error, MemoryResource, Request};
 
 #[test]
@@ -77,7 +77,7 @@ fn random_sequence_keeps_exact_accounting() {
     let mut live: Vec<Block> = Vec::new();
     let mut expect_held = 0u64;
     let mut peak = 0u64;
-    for _ in 0..2000 {
+    for _ in 0..steps(2000) {
         if live.is_empty() || rng.below(2) == 0 {
             let size = 1 + rng.below(1 << 16);
             let align = 256u64 << rng.below(5);
