@@ -6,8 +6,10 @@ use memres_core::{Block, Error, MemoryResource, Request};
 fn blocks_are_aligned_writable_and_counted() {
     let host = HostMemory::new();
     let mut blocks = Vec::new();
+    // (Under Miri, which reads the bytes one by one, 64 KiB for 1 MiB.)
+    let big = if cfg!(miri) { 64 << 10 } else { 1 << 20 };
     for (i, &(size, align)) in
-        [(1u64, 256u64), (256, 256), (257, 512), (5000, 1 << 16), (1 << 20, 4096)].iter().enumerate()
+        [(1u64, 256u64), (256, 256), (257, 512), (5000, 1 << 16), (big, 4096)].iter().enumerate()
     {
         let b = host.allocate(Request::aligned(size, align).unwrap(), &()).unwrap();
         assert_eq!(b.addr() % align, 0);
@@ -18,7 +20,7 @@ fn blocks_are_aligned_writable_and_counted() {
         bytes.fill(i as u8);
         blocks.push(b);
     }
-    let held: u64 = [256u64, 256, 512, 5120, 1 << 20].iter().sum();
+    let held: u64 = [256u64, 256, 512, 5120, big].iter().sum();
     assert_eq!(host.held_bytes(), held);
     assert_eq!(host.outstanding(), 5);
     for (i, b) in blocks.iter().enumerate() {
@@ -59,6 +61,9 @@ fn bad_frees_are_errors_and_change_nothing() {
     assert_eq!((host.held_bytes(), host.outstanding()), (0, 0));
 }
 
+// Not under Miri: it stops at an allocation larger than memory instead of
+// failing it.
+#[cfg(not(miri))]
 #[test]
 fn impossible_requests_fail_cleanly() {
     let host = HostMemory::new();
