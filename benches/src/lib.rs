@@ -28,10 +28,12 @@
 
 #[cfg(feature = "cuda")]
 pub mod cuda;
+pub mod observe;
 pub mod peers;
 pub mod replay;
 pub mod report;
 pub mod resources;
 pub mod stack;
+pub mod timeline;
 pub mod typed;
 pub mod workload;
