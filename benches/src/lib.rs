@@ -28,6 +28,7 @@
 
 #[cfg(feature = "cuda")]
 pub mod cuda;
+pub mod map;
 pub mod observe;
 pub mod peers;
 pub mod replay;
