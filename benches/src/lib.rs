@@ -29,6 +29,7 @@
 #[cfg(feature = "cuda")]
 pub mod cuda;
 pub mod map;
+pub mod names;
 pub mod observe;
 pub mod peers;
 pub mod replay;
