@@ -108,7 +108,7 @@ pub mod vpool;
 #[cfg(feature = "alloc")]
 pub use adaptor::DynResource;
 pub use block::Block;
-pub use error::{Error, Result};
+pub use error::{Bytes, Error, Result};
 pub use lock::Shared;
 pub use range::Range;
 pub use request::Request;
