@@ -233,7 +233,7 @@ pub struct ReplayError {
 impl fmt::Display for ReplayError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let what = if self.alloc { "allocation" } else { "free" };
-        write!(f, "op {} ({what} of {} bytes) failed: {}", self.op, self.size, self.error)
+        write!(f, "op {} ({what} of {}) failed: {}", self.op, memres_core::Bytes(self.size), self.error)
     }
 }
 

@@ -6,7 +6,7 @@
 //! or `.csv` (the numbers). The charts are drawn by `plotters`.
 
 use crate::observe::Observation;
-use crate::report::human_bytes;
+use crate::report::{csv_field, human_bytes};
 use plotters::prelude::*;
 use std::fmt::Write as _;
 use std::path::Path;
@@ -63,14 +63,6 @@ pub fn csv(charts: &[Chart<'_>]) -> String {
         }
     }
     out
-}
-
-fn csv_field(s: &str) -> String {
-    if s.contains([',', '"', '\n']) {
-        format!("\"{}\"", s.replace('"', "\"\""))
-    } else {
-        s.to_string()
-    }
 }
 
 /// What the chart says of its peak (and of a failed op).

@@ -149,7 +149,7 @@ fn a_failed_replay_is_an_error_row() {
     assert_eq!(failed.len(), 3, "{out}");
     assert!(failed.iter().all(|l| l.contains("huge.csv")));
     assert_eq!(out.lines().filter(|l| l.starts_with("error: ")).count(), 3, "{out}");
-    assert!(out.contains("op 0 (allocation of 2199023255552 bytes) failed"), "{out}");
+    assert!(out.contains("op 0 (allocation of 2.00 TiB) failed"), "{out}");
     let o = memres(&["replay", "--json", "-r", "pool", huge.path(), "random:100:1000:1"]);
     let rows = json_rows(&o);
     assert_eq!(rows.len(), 2);
