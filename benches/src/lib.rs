@@ -38,4 +38,5 @@ pub mod resources;
 pub mod stack;
 pub mod timeline;
 pub mod typed;
+pub mod watch;
 pub mod workload;

@@ -133,7 +133,9 @@ fn build(text: &str, map: &Arc<Mutex<MemoryMap>>, stream: &SimStream) -> Result<
 ///
 /// # Errors
 ///
-/// [`RunError::Unsupported`] for a stack that does not build.
+/// [`RunError::Unsupported`] for a stack that does not build, or whose
+/// blocks come from no tapped leaf (a `vpool`, which maps granules of its
+/// own address space).
 pub fn observe(text: &str, workload: &Workload, stop_after: Option<u64>) -> Result<Observation, RunError> {
     let map = Arc::new(Mutex::new(MemoryMap::new(TRACE_ENTRIES)));
     let world = SimWorld::new();
@@ -167,6 +169,11 @@ pub fn observe(text: &str, workload: &Workload, stop_after: Option<u64>) -> Resu
         }
         let m = lock(&map);
         let (live, held) = (m.live_bytes(), m.held_bytes());
+        if live > 0 && held == 0 {
+            return Err(RunError::Unsupported(format!(
+                "stack `{text}` has no sim or host leaf whose allocations can be watched"
+            )));
+        }
         if held > peak.map_or(0, |p| p.held) {
             peak = Some(Peak { op: i as u64, held, live, size: op.size, id: op.id, alloc: op.alloc });
         }

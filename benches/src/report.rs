@@ -19,6 +19,8 @@ pub struct Row {
     pub upstream: UpstreamKind,
     /// Frees the workload skipped (pointers its trace never allocated).
     pub skipped_frees: u64,
+    /// Failed allocations the trace logged, skipped.
+    pub failed_allocations: u64,
     /// The figures, or why the replay failed.
     pub outcome: Result<Measurement, String>,
 }
@@ -93,7 +95,11 @@ pub fn table(rows: &[Row]) -> String {
             if let Ok(m) = &row.outcome {
                 let _ = write!(out, ": {} ops", m.ops);
             }
-            let _ = writeln!(out, ", {} stray frees", row.skipped_frees);
+            let _ = write!(out, ", {} stray frees", row.skipped_frees);
+            if row.failed_allocations > 0 {
+                let _ = write!(out, ", {} failed allocations skipped", row.failed_allocations);
+            }
+            out.push('\n');
         }
         out.push_str(&render(line));
     }
@@ -117,7 +123,7 @@ pub fn csv_field(s: &str) -> String {
 
 /// The header of [`csv_line`]'s lines.
 pub const CSV_HEADER: &str =
-    "resource,workload,ops,ns_per_op,peak_live,peak_upstream,footprint,passes,best_ns_per_op,cpu_ns_per_op,upstream,skipped_frees,error";
+    "resource,workload,ops,ns_per_op,peak_live,peak_upstream,footprint,passes,best_ns_per_op,cpu_ns_per_op,upstream,skipped_frees,failed_allocations,error";
 
 /// The row as a line of CSV with the fields of [`json_line`] (empty where
 /// JSON has `null`).
@@ -138,6 +144,7 @@ pub fn csv_line(row: &Row) -> String {
     }
     f.push(row.upstream.to_string());
     f.push(row.skipped_frees.to_string());
+    f.push(row.failed_allocations.to_string());
     f.push(row.outcome.as_ref().err().map_or(String::new(), |e| csv_field(e)));
     f.join(",")
 }
@@ -176,7 +183,8 @@ fn json_f64(x: f64) -> String {
 /// for a failed replay), `passes`, `best_ns_per_op` (the fastest pass's
 /// figure) and `cpu_ns_per_op` (`null` where not measured) for a replay
 /// that ran,
-/// `upstream`, `skipped_frees`, and `error` for a failed replay.
+/// `upstream`, `skipped_frees`, `failed_allocations`, and `error` for a
+/// failed replay.
 pub fn json_line(row: &Row) -> String {
     let mut out =
         format!("{{\"resource\":{},\"workload\":{},", json_string(&row.resource), json_string(&row.workload));
@@ -199,7 +207,11 @@ pub fn json_line(row: &Row) -> String {
             "\"ops\":null,\"ns_per_op\":null,\"peak_live\":null,\"peak_upstream\":null,\"footprint\":null,",
         ),
     }
-    let _ = write!(out, "\"upstream\":\"{}\",\"skipped_frees\":{}", row.upstream, row.skipped_frees);
+    let _ = write!(
+        out,
+        "\"upstream\":\"{}\",\"skipped_frees\":{},\"failed_allocations\":{}",
+        row.upstream, row.skipped_frees, row.failed_allocations
+    );
     if let Err(e) = &row.outcome {
         let _ = write!(out, ",\"error\":{}", json_string(e));
     }

@@ -52,6 +52,9 @@ pub struct Workload {
     pub streams: u16,
     /// Frees of pointers the trace never allocated, skipped.
     pub skipped_frees: u64,
+    /// Failed allocations of the trace (`allocate failure`, a null
+    /// pointer), skipped: nothing was allocated.
+    pub failed_allocations: u64,
     /// The most bytes (as requested) live at once.
     pub peak_live: u64,
     /// The most allocations live at once.
@@ -75,6 +78,13 @@ pub enum WorkloadError {
         /// The failure.
         error: std::io::Error,
     },
+    /// A workload with no operation to replay.
+    Empty {
+        /// The spec or path.
+        name: String,
+        /// What was skipped, if anything.
+        skipped: String,
+    },
     /// A line of the trace that is not a valid record.
     Malformed {
         /// The trace's path.
@@ -91,6 +101,9 @@ impl fmt::Display for WorkloadError {
         match self {
             WorkloadError::Spec { spec, what } => write!(f, "bad workload `{spec}`: {what}"),
             WorkloadError::Io { path, error } => write!(f, "cannot read trace {path}: {error}"),
+            WorkloadError::Empty { name, skipped } => {
+                write!(f, "workload `{name}` has no operation to replay{skipped}")
+            }
             WorkloadError::Malformed { path, line, what } => {
                 write!(f, "{path}:{line}: malformed line: {what}")
             }
@@ -113,9 +126,21 @@ impl Workload {
     ///
     /// # Errors
     ///
-    /// [`WorkloadError`] for a bad spec, a missing or unreadable file or a
-    /// malformed line (with its number).
+    /// [`WorkloadError`] for a bad spec, a missing or unreadable file, a
+    /// malformed line (with its number), or no operation to replay.
     pub fn load(spec: &str) -> Result<Workload, WorkloadError> {
+        let w = Self::decode(spec)?;
+        if w.ops.is_empty() {
+            let skipped = match (w.skipped_frees, w.failed_allocations) {
+                (0, 0) => String::new(),
+                (f, a) => format!(" ({f} stray frees and {a} failed allocations skipped)"),
+            };
+            return Err(WorkloadError::Empty { name: w.name, skipped });
+        }
+        Ok(w)
+    }
+
+    fn decode(spec: &str) -> Result<Workload, WorkloadError> {
         if let Some(rest) = spec.strip_prefix("random:") {
             let [n, max, seed] = fields(spec, rest)?;
             if max == 0 {
@@ -164,7 +189,7 @@ impl Workload {
                 count -= 1;
             }
         }
-        Workload { name, ops, ids, streams, skipped_frees, peak_live, peak_live_count }
+        Workload { name, ops, ids, streams, skipped_frees, failed_allocations: 0, peak_live, peak_live_count }
     }
 }
 
@@ -266,7 +291,8 @@ pub fn generate(
 /// memres's): header lines are skipped wherever they are, so traces
 /// concatenated by `cat` read as one (as do gzip files of several members,
 /// which every member of is read); blank lines are skipped;
-/// `allocate failure` records (an allocation that did not happen) too. A
+/// `allocate failure` records (an allocation that did not happen, logged
+/// with a null pointer) too, counted in [`Workload::failed_allocations`]. A
 /// free of a pointer that is not live is skipped and counted in
 /// [`Workload::skipped_frees`]. An allocation of a pointer that is already
 /// live replaces it (as RMM's harness does); the replaced id and every id
@@ -306,6 +332,7 @@ pub fn parse_trace(name: &str, reader: impl BufRead) -> Result<Workload, Workloa
     let mut streams: HashMap<String, u16> = HashMap::new();
     let mut next = 0u32;
     let mut skipped = 0u64;
+    let mut failed = 0u64;
     // Streams are numbered when an op first uses them, so that skipped
     // rows leave no gaps.
     let mut intern = |stream: &str| match streams.get(stream) {
@@ -338,7 +365,7 @@ pub fn parse_trace(name: &str, reader: impl BufRead) -> Result<Workload, Workloa
                 Some((id, size, _)) => ops.push(Op { size, id, stream: intern(row.stream)?, alloc: false }),
                 None => skipped += 1,
             },
-            Action::AllocateFailure => {}
+            Action::AllocateFailure => failed += 1,
         }
         Ok(())
     })
@@ -349,5 +376,7 @@ pub fn parse_trace(name: &str, reader: impl BufRead) -> Result<Workload, Workloa
     let mut rest: Vec<(u32, u64, u16)> = live.into_values().chain(replaced).collect();
     rest.sort_unstable_by_key(|&(id, ..)| id);
     ops.extend(rest.into_iter().map(|(id, size, stream)| Op { size, id, stream, alloc: false }));
-    Ok(Workload::from_ops(name.to_owned(), ops, skipped))
+    let mut w = Workload::from_ops(name.to_owned(), ops, skipped);
+    w.failed_allocations = failed;
+    Ok(w)
 }

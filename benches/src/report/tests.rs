@@ -8,6 +8,7 @@ fn row(outcome: Result<Measurement, String>) -> Row {
         workload: "a \"quoted\"\\path\n".into(),
         upstream: UpstreamKind::Sim,
         skipped_frees: 7,
+        failed_allocations: 0,
         outcome,
     }
 }
@@ -26,11 +27,11 @@ fn json_lines_escape_and_carry_every_key() {
     let line = json_line(&row(Ok(m)));
     assert_eq!(
         line,
-        r#"{"resource":"pool","workload":"a \"quoted\"\\path\n","ops":10,"ns_per_op":25,"peak_live":1000,"peak_upstream":1500,"footprint":1.5,"passes":1,"best_ns_per_op":20,"cpu_ns_per_op":15,"upstream":"sim","skipped_frees":7}"#
+        r#"{"resource":"pool","workload":"a \"quoted\"\\path\n","ops":10,"ns_per_op":25,"peak_live":1000,"peak_upstream":1500,"footprint":1.5,"passes":1,"best_ns_per_op":20,"cpu_ns_per_op":15,"upstream":"sim","skipped_frees":7,"failed_allocations":0}"#
     );
     let line = json_line(&row(Err("out of memory".into())));
     assert!(
-        line.contains(r#""ops":null,"#) && line.ends_with(r#""skipped_frees":7,"error":"out of memory"}"#),
+        line.contains(r#""ops":null,"#) && line.ends_with(r#""skipped_frees":7,"failed_allocations":0,"error":"out of memory"}"#),
         "{line}"
     );
     assert_eq!(json_string("\u{1}"), r#""\u0001""#);
@@ -95,9 +96,9 @@ fn table_takes_names_of_any_length() {
 fn csv_lines_carry_the_json_fields() {
     let line = csv_line(&row(Ok(measured(1500))));
     assert_eq!(line.matches(',').count(), CSV_HEADER.matches(',').count());
-    assert_eq!(line, "pool,\"a \"\"quoted\"\"\\path\n\",10,25,1000,1500,1.5,1,20,15,sim,7,");
+    assert_eq!(line, "pool,\"a \"\"quoted\"\"\\path\n\",10,25,1000,1500,1.5,1,20,15,sim,7,0,");
     let failed = csv_line(&row(Err("out of memory, sorry".into())));
-    assert!(failed.ends_with(",,,,,,,,sim,7,\"out of memory, sorry\""), "{failed}");
+    assert!(failed.ends_with(",,,,,,,,sim,7,0,\"out of memory, sorry\""), "{failed}");
 }
 
 #[test]
