@@ -101,7 +101,12 @@ fn lock(map: &Mutex<MemoryMap>) -> MutexGuard<'_, MemoryMap> {
 impl MemoryResource<SimStream> for Tap {
     fn allocate(&self, request: Request, stream: &SimStream) -> memres_core::Result<Block> {
         let block = self.leaf.allocate(request, stream)?;
-        lock(&self.map).segment_alloc(block.addr(), block.size(), stream.id(), None);
+        if !block.is_empty() {
+            // What the leaf holds for it: the request rounded to its
+            // alignment, as a device rounds (and the leaf's peak counts).
+            let held = request.rounded_size(request.align());
+            lock(&self.map).segment_alloc(block.addr(), held, stream.id(), None);
+        }
         Ok(block)
     }
 

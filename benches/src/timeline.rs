@@ -127,7 +127,8 @@ fn draw(area: &Area<'_>, c: &Chart<'_>) -> Result<(), Box<dyn std::error::Error>
         .margin(12)
         .x_label_area_size(36)
         .y_label_area_size(64)
-        .build_cartesian_2d(0u64..xmax, 0f64..y(ymax) * 1.08)?;
+        // Headroom above the data for the legend, so that it hides no line.
+        .build_cartesian_2d(0u64..xmax, 0f64..y(ymax) * 1.4)?;
     chart.configure_mesh().x_desc("operation").y_desc(unit).light_line_style(WHITE).draw()?;
     let series: [(&str, RGBColor, fn(&crate::observe::Sample) -> u64); 3] = [
         ("held from upstream", BLUE, |s| s.held),
@@ -145,7 +146,7 @@ fn draw(area: &Area<'_>, c: &Chart<'_>) -> Result<(), Box<dyn std::error::Error>
     }
     chart
         .configure_series_labels()
-        .position(SeriesLabelPosition::UpperLeft)
+        .position(SeriesLabelPosition::UpperRight)
         .background_style(WHITE.mix(0.85))
         .border_style(BLACK)
         .draw()?;
