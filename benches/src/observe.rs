@@ -21,6 +21,7 @@ use memres_core::snapshot::MemoryMap;
 use memres_core::stack::{parse, StackError};
 use memres_core::{Block, DynResource, MemoryResource, Request, Stream};
 use memres_sim::{SimStream, SimWorld};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 /// The most samples a series keeps.
@@ -40,6 +41,9 @@ pub struct Sample {
     pub held: u64,
     /// The largest free block at the bucket's end.
     pub largest_free: u64,
+    /// The trace's time of the bucket's last op, in microseconds, where the
+    /// trace has times.
+    pub time_us: Option<u64>,
 }
 
 /// The op after which the most bytes were held from the upstream (the
@@ -86,10 +90,18 @@ pub struct Observation {
     pub failure: Option<Failure>,
 }
 
-/// A leaf whose allocations are the map's segments.
+/// A leaf whose allocations are the map's segments, at the time of the op
+/// that the replay runs (`NO_TIME`: none).
 struct Tap {
     leaf: DynResource<SimStream>,
     map: Arc<Mutex<MemoryMap>>,
+    now: Arc<AtomicU64>,
+}
+
+const NO_TIME: u64 = u64::MAX;
+
+fn time(now: &AtomicU64) -> Option<u64> {
+    Some(now.load(Ordering::Relaxed)).filter(|&t| t != NO_TIME)
 }
 
 fn lock(map: &Mutex<MemoryMap>) -> MutexGuard<'_, MemoryMap> {
@@ -105,7 +117,7 @@ impl MemoryResource<SimStream> for Tap {
             // What the leaf holds for it: the request rounded to its
             // alignment, as a device rounds (and the leaf's peak counts).
             let held = request.rounded_size(request.align());
-            lock(&self.map).segment_alloc(block.addr(), held, stream.id(), None);
+            lock(&self.map).segment_alloc(block.addr(), held, stream.id(), time(&self.now));
         }
         Ok(block)
     }
@@ -113,21 +125,26 @@ impl MemoryResource<SimStream> for Tap {
     fn deallocate(&self, block: Block, stream: &SimStream) -> memres_core::Result<()> {
         let addr = block.addr();
         self.leaf.deallocate(block, stream)?;
-        lock(&self.map).segment_free(addr, stream.id(), None);
+        lock(&self.map).segment_free(addr, stream.id(), time(&self.now));
         Ok(())
     }
 }
 
 /// Builds `text` with its leaves tapped into `map`.
-fn build(text: &str, map: &Arc<Mutex<MemoryMap>>, stream: &SimStream) -> Result<DynResource<SimStream>, StackError> {
+fn build(
+    text: &str,
+    map: &Arc<Mutex<MemoryMap>>,
+    now: &Arc<AtomicU64>,
+    stream: &SimStream,
+) -> Result<DynResource<SimStream>, StackError> {
     let call = parse(text)?;
     let mut b = builder();
     for name in ["sim", "host"] {
         let leaves = memres_sim::builder::<SimStream>();
-        let map = map.clone();
+        let (map, now) = (map.clone(), now.clone());
         b.register(name, move |call, cx| {
             let leaf = leaves.build_call(call, cx.stream)?;
-            Ok(cx.keep(call, Tap { leaf, map: map.clone() }))
+            Ok(cx.keep(call, Tap { leaf, map: map.clone(), now: now.clone() }))
         });
     }
     b.build_call(&call, stream)
@@ -143,31 +160,35 @@ fn build(text: &str, map: &Arc<Mutex<MemoryMap>>, stream: &SimStream) -> Result<
 /// own address space).
 pub fn observe(text: &str, workload: &Workload, stop_after: Option<u64>) -> Result<Observation, RunError> {
     let map = Arc::new(Mutex::new(MemoryMap::new(TRACE_ENTRIES)));
+    let now = Arc::new(AtomicU64::new(NO_TIME));
     let world = SimWorld::new();
-    let resource = build(text, &map, &world.default_stream())
+    let resource = build(text, &map, &now, &world.default_stream())
         .map_err(|e| RunError::Unsupported(format!("stack `{text}`: {e}")))?;
     let streams: Vec<SimStream> = (0..workload.streams.max(1)).map(|_| world.stream()).collect();
     let mut handles = vec![Block::EMPTY; workload.ids as usize];
     let stride = workload.ops.len().div_ceil(SAMPLES).max(1);
     let mut samples = Vec::with_capacity(SAMPLES);
-    let mut bucket = Sample { op: 0, live: 0, held: 0, largest_free: 0 };
+    const EMPTY: Sample = Sample { op: 0, live: 0, held: 0, largest_free: 0, time_us: None };
+    let mut bucket = EMPTY;
     let mut peak: Option<Peak> = None;
     let mut failure = None;
     for (i, op) in workload.ops.iter().enumerate() {
         let stream = &streams[op.stream as usize];
+        let t = workload.times.as_ref().map(|times| times[i]);
+        now.store(t.unwrap_or(NO_TIME), Ordering::Relaxed);
         let done = if op.alloc {
             Request::new(op.size).and_then(|r| resource.allocate(r, stream)).map(|b| {
                 handles[op.id as usize] = b;
-                lock(&map).alloc(b.addr(), b.size(), op.size, stream.id(), None);
+                lock(&map).alloc(b.addr(), b.size(), op.size, stream.id(), t);
             })
         } else {
             let b = std::mem::replace(&mut handles[op.id as usize], Block::EMPTY);
-            lock(&map).free(b.addr(), stream.id(), None);
+            lock(&map).free(b.addr(), stream.id(), t);
             resource.deallocate(b, stream)
         };
         if let Err(e) = done {
             if op.alloc {
-                lock(&map).oom(op.size, stream.id(), None);
+                lock(&map).oom(op.size, stream.id(), t);
             }
             failure = Some(Failure { op: i as u64, size: op.size, error: e.to_string() });
             break;
@@ -182,10 +203,10 @@ pub fn observe(text: &str, workload: &Workload, stop_after: Option<u64>) -> Resu
         if held > peak.map_or(0, |p| p.held) {
             peak = Some(Peak { op: i as u64, held, live, size: op.size, id: op.id, alloc: op.alloc });
         }
-        bucket = Sample { op: i as u64, live: bucket.live.max(live), held: bucket.held.max(held), largest_free: 0 };
+        bucket = Sample { op: i as u64, live: bucket.live.max(live), held: bucket.held.max(held), time_us: t, ..EMPTY };
         if (i + 1) % stride == 0 || i + 1 == workload.ops.len() {
             samples.push(Sample { largest_free: m.largest_free(), ..bucket });
-            bucket = Sample { op: 0, live: 0, held: 0, largest_free: 0 };
+            bucket = EMPTY;
         }
         if stop_after == Some(i as u64) {
             break;

@@ -47,15 +47,16 @@ pub fn write(path: &Path, charts: &[Chart<'_>]) -> Result<(), String> {
 
 /// The samples as CSV: one line per (workload, resource, sample).
 pub fn csv(charts: &[Chart<'_>]) -> String {
-    let mut out = String::from("workload,resource,op,live_bytes,held_bytes,largest_free_bytes\n");
+    let mut out = String::from("workload,resource,op,time_us,live_bytes,held_bytes,largest_free_bytes\n");
     for c in charts {
         for s in &c.observation.samples {
             let _ = writeln!(
                 out,
-                "{},{},{},{},{},{}",
+                "{},{},{},{},{},{},{}",
                 csv_field(c.workload),
                 csv_field(c.resource),
                 s.op,
+                s.time_us.map_or(String::new(), |t| t.to_string()),
                 s.live,
                 s.held,
                 s.largest_free
@@ -129,7 +130,24 @@ fn draw(area: &Area<'_>, c: &Chart<'_>) -> Result<(), Box<dyn std::error::Error>
         .y_label_area_size(64)
         // Headroom above the data for the legend, so that it hides no line.
         .build_cartesian_2d(0u64..xmax, 0f64..y(ymax) * 1.4)?;
-    chart.configure_mesh().x_desc("operation").y_desc(unit).light_line_style(WHITE).draw()?;
+    // Where the trace has times, each tick says the time since its start.
+    let start = o.samples.first().and_then(|s| s.time_us);
+    let at = |op: &u64| {
+        let i = o.samples.partition_point(|s| s.op < *op).min(o.samples.len().saturating_sub(1));
+        match (start, o.samples.get(i).and_then(|s| s.time_us)) {
+            (Some(a), Some(b)) => format!("{op} ({:.2} s)", b.saturating_sub(a) as f64 / 1e6),
+            _ => op.to_string(),
+        }
+    };
+    let x_desc = if start.is_some() { "operation (trace time)" } else { "operation" };
+    chart
+        .configure_mesh()
+        .x_desc(x_desc)
+        .y_desc(unit)
+        .x_label_formatter(&at)
+        .x_labels(if start.is_some() { 6 } else { 10 })
+        .light_line_style(WHITE)
+        .draw()?;
     let series: [(&str, RGBColor, fn(&crate::observe::Sample) -> u64); 3] = [
         ("held from upstream", BLUE, |s| s.held),
         ("live", RED, |s| s.live),

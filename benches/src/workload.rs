@@ -55,6 +55,9 @@ pub struct Workload {
     /// Failed allocations of the trace (`allocate failure`, a null
     /// pointer), skipped: nothing was allocated.
     pub failed_allocations: u64,
+    /// Each op's time in microseconds, where every row of a trace has one
+    /// ([`time_us`]); the frees at the end take the last row's.
+    pub times: Option<Vec<u64>>,
     /// The most bytes (as requested) live at once.
     pub peak_live: u64,
     /// The most allocations live at once.
@@ -189,7 +192,17 @@ impl Workload {
                 count -= 1;
             }
         }
-        Workload { name, ops, ids, streams, skipped_frees, failed_allocations: 0, peak_live, peak_live_count }
+        Workload {
+            name,
+            ops,
+            ids,
+            streams,
+            skipped_frees,
+            failed_allocations: 0,
+            times: None,
+            peak_live,
+            peak_live_count,
+        }
     }
 }
 
@@ -333,6 +346,7 @@ pub fn parse_trace(name: &str, reader: impl BufRead) -> Result<Workload, Workloa
     let mut next = 0u32;
     let mut skipped = 0u64;
     let mut failed = 0u64;
+    let mut times: Option<Vec<u64>> = Some(Vec::new());
     // Streams are numbered when an op first uses them, so that skipped
     // rows leave no gaps.
     let mut intern = |stream: &str| match streams.get(stream) {
@@ -357,12 +371,16 @@ pub fn parse_trace(name: &str, reader: impl BufRead) -> Result<Workload, Workloa
                     replaced.push(old);
                 }
                 ops.push(Op { size: row.size, id: next, stream, alloc: true });
+                push_time(&mut times, row.time);
                 next += 1;
             }
             Action::Free => match live.remove(&row.pointer) {
                 // The free's own stream, which may differ from its
                 // allocation's: RMM lets a block be freed on another stream.
-                Some((id, size, _)) => ops.push(Op { size, id, stream: intern(row.stream)?, alloc: false }),
+                Some((id, size, _)) => {
+                    ops.push(Op { size, id, stream: intern(row.stream)?, alloc: false });
+                    push_time(&mut times, row.time);
+                }
                 None => skipped += 1,
             },
             Action::AllocateFailure => failed += 1,
@@ -376,7 +394,48 @@ pub fn parse_trace(name: &str, reader: impl BufRead) -> Result<Workload, Workloa
     let mut rest: Vec<(u32, u64, u16)> = live.into_values().chain(replaced).collect();
     rest.sort_unstable_by_key(|&(id, ..)| id);
     ops.extend(rest.into_iter().map(|(id, size, stream)| Op { size, id, stream, alloc: false }));
+    if let Some(t) = &mut times {
+        let last = t.last().copied().unwrap_or(0);
+        t.resize(ops.len(), last);
+    }
     let mut w = Workload::from_ops(name.to_owned(), ops, skipped);
     w.failed_allocations = failed;
+    w.times = times;
     Ok(w)
+}
+
+/// Appends a row's time, or gives the times up at a row without one.
+fn push_time(times: &mut Option<Vec<u64>>, text: &str) {
+    match (times.as_mut(), time_us(text)) {
+        (Some(t), Some(us)) => t.push(us),
+        _ => *times = None,
+    }
+}
+
+/// A trace's time in microseconds: memres writes microseconds since the
+/// Unix epoch, RMM a clock time `HH:MM:SS.ffffff` (read as microseconds
+/// since midnight); `None` for anything else.
+///
+/// ```
+/// use memres_bench::workload::time_us;
+/// assert_eq!(time_us("1795342456727905"), Some(1795342456727905));
+/// assert_eq!(time_us("14:03:21.123456"), Some(((14 * 60 + 3) * 60 + 21) * 1_000_000 + 123456));
+/// assert_eq!(time_us("14:03:21.5"), Some(((14 * 60 + 3) * 60 + 21) * 1_000_000 + 500000));
+/// assert_eq!(time_us("noon"), None);
+/// ```
+pub fn time_us(text: &str) -> Option<u64> {
+    if let Ok(us) = text.parse::<u64>() {
+        return Some(us);
+    }
+    let (clock, fraction) = text.split_once('.').unwrap_or((text, ""));
+    let mut parts = clock.split(':').map(|p| p.parse::<u64>().ok());
+    let (Some(Some(h)), Some(Some(m)), Some(Some(sec)), None) = (parts.next(), parts.next(), parts.next(), parts.next())
+    else {
+        return None;
+    };
+    if fraction.len() > 6 || !fraction.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let micros = format!("{fraction:0<6}").parse::<u64>().ok()?;
+    Some(((h * 60 + m) * 60 + sec) * 1_000_000 + micros)
 }

@@ -231,9 +231,9 @@ fn timeline_snapshot_and_map_of_a_replay() {
     let o = memres(&["replay", "--passes", "1", "-r", "pool", "--timeline", csv.to_str().unwrap(), RESNET]);
     assert!(o.status.success(), "{}", stderr(&o));
     let text = std::fs::read_to_string(&csv).unwrap();
-    assert!(text.starts_with("workload,resource,op,live_bytes,held_bytes,largest_free_bytes\n"));
+    assert!(text.starts_with("workload,resource,op,time_us,live_bytes,held_bytes,largest_free_bytes\n"));
     let resnet = Workload::load(RESNET).unwrap();
-    let peak = text.lines().skip(1).map(|l| l.split(',').nth(3).unwrap().parse::<u64>().unwrap()).max();
+    let peak = text.lines().skip(1).map(|l| l.split(',').nth(4).unwrap().parse::<u64>().unwrap()).max();
     assert_eq!(peak, Some(resnet.peak_live), "the samples keep the peak");
     let o = memres(&["replay", "-r", "pool", "--timeline", "t.png", RESNET]);
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));

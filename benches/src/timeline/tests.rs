@@ -36,3 +36,21 @@ fn the_html_is_self_contained_and_the_csv_has_every_sample() {
     assert_eq!(csv.lines().count(), 1 + o.samples.len());
     assert!(o.samples.len() <= crate::observe::SAMPLES);
 }
+
+#[test]
+fn a_trace_with_times_labels_the_ops_with_them() {
+    // RMM's clock times: one op a second.
+    let trace: String = (0..40)
+        .map(|i| {
+            let (action, ptr) = if i % 2 == 0 { ("allocate", i) } else { ("free", i - 1) };
+            format!("7,10:00:{i:02}.000000,{action},{:#x},4096,0\n", 0x1000 * (ptr + 1))
+        })
+        .collect();
+    let w = crate::workload::parse_trace("t.csv", trace.as_bytes()).unwrap();
+    assert_eq!(w.times.as_ref().map(|t| t.len()), Some(40));
+    let o = observe("pool(sim)", &w, None).unwrap();
+    assert_eq!(o.samples[1].time_us.unwrap() - o.samples[0].time_us.unwrap(), 1_000_000);
+    let svg = svg(&[Chart { resource: "pool", workload: &w.name, observation: &o }]).unwrap();
+    assert!(svg.contains("operation (trace time)") && svg.contains("10 (10.00 s)"), "{svg}");
+    assert!(csv(&[Chart { resource: "pool", workload: &w.name, observation: &o }]).contains(",pool,1,36001000000,"));
+}
