@@ -2,8 +2,9 @@
 //! and `--map`.
 //!
 //! The stack is built by the dynamic builder with its `sim` and `host`
-//! leaves tapped: what the stack takes from its leaf is a segment of a
-//! [`MemoryMap`], what the replay gets from its top a block. So every stack
+//! leaves tapped ([`Tap`]): what the stack takes from its leaf is a
+//! segment of a [`MemoryMap`], what the replay gets from its top (tapped
+//! too) a block. So every stack
 //! is watched the same way, whatever its algorithm, and free bytes are
 //! what lies in the segments outside the live blocks (bytes a layer keeps
 //! for itself, such as a fixed-size bin's free slots, count as free).
@@ -17,12 +18,11 @@
 use crate::resources::RunError;
 use crate::stack::builder;
 use crate::workload::Workload;
-use memres_core::snapshot::MemoryMap;
+use memres_core::snapshot::{MemoryMap, Side, Tap};
 use memres_core::stack::{parse, StackError};
-use memres_core::{Block, DynResource, MemoryResource, Request, Stream};
+use memres_core::{Block, DynResource, MemoryResource, Request, Shared};
 use memres_sim::{SimStream, SimWorld};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 
 /// The most samples a series keeps.
 pub const SAMPLES: usize = 2000;
@@ -90,61 +90,16 @@ pub struct Observation {
     pub failure: Option<Failure>,
 }
 
-/// A leaf whose allocations are the map's segments, at the time of the op
-/// that the replay runs (`NO_TIME`: none).
-struct Tap {
-    leaf: DynResource<SimStream>,
-    map: Arc<Mutex<MemoryMap>>,
-    now: Arc<AtomicU64>,
-}
-
-const NO_TIME: u64 = u64::MAX;
-
-fn time(now: &AtomicU64) -> Option<u64> {
-    Some(now.load(Ordering::Relaxed)).filter(|&t| t != NO_TIME)
-}
-
-fn lock(map: &Mutex<MemoryMap>) -> MutexGuard<'_, MemoryMap> {
-    // A panic elsewhere cannot leave the map half-updated: each update is
-    // one call on it.
-    map.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-impl MemoryResource<SimStream> for Tap {
-    fn allocate(&self, request: Request, stream: &SimStream) -> memres_core::Result<Block> {
-        let block = self.leaf.allocate(request, stream)?;
-        if !block.is_empty() {
-            // What the leaf holds for it: the request rounded to its
-            // alignment, as a device rounds (and the leaf's peak counts).
-            let held = request.rounded_size(request.align());
-            lock(&self.map).segment_alloc(block.addr(), held, stream.id(), time(&self.now));
-        }
-        Ok(block)
-    }
-
-    fn deallocate(&self, block: Block, stream: &SimStream) -> memres_core::Result<()> {
-        let addr = block.addr();
-        self.leaf.deallocate(block, stream)?;
-        lock(&self.map).segment_free(addr, stream.id(), time(&self.now));
-        Ok(())
-    }
-}
-
 /// Builds `text` with its leaves tapped into `map`.
-fn build(
-    text: &str,
-    map: &Arc<Mutex<MemoryMap>>,
-    now: &Arc<AtomicU64>,
-    stream: &SimStream,
-) -> Result<DynResource<SimStream>, StackError> {
+fn build(text: &str, map: &Arc<Shared<MemoryMap>>, stream: &SimStream) -> Result<DynResource<SimStream>, StackError> {
     let call = parse(text)?;
     let mut b = builder();
     for name in ["sim", "host"] {
         let leaves = memres_sim::builder::<SimStream>();
-        let (map, now) = (map.clone(), now.clone());
+        let map = map.clone();
         b.register(name, move |call, cx| {
             let leaf = leaves.build_call(call, cx.stream)?;
-            Ok(cx.keep(call, Tap { leaf, map: map.clone(), now: now.clone() }))
+            Ok(cx.keep(call, Tap::new(leaf, map.clone(), Side::Segments)))
         });
     }
     b.build_call(&call, stream)
@@ -159,11 +114,11 @@ fn build(
 /// blocks come from no tapped leaf (a `vpool`, which maps granules of its
 /// own address space).
 pub fn observe(text: &str, workload: &Workload, stop_after: Option<u64>) -> Result<Observation, RunError> {
-    let map = Arc::new(Mutex::new(MemoryMap::new(TRACE_ENTRIES)));
-    let now = Arc::new(AtomicU64::new(NO_TIME));
+    let map = Arc::new(Shared::new(MemoryMap::new(TRACE_ENTRIES)));
     let world = SimWorld::new();
-    let resource = build(text, &map, &now, &world.default_stream())
+    let built = build(text, &map, &world.default_stream())
         .map_err(|e| RunError::Unsupported(format!("stack `{text}`: {e}")))?;
+    let resource = Tap::new(built, map.clone(), Side::Blocks);
     let streams: Vec<SimStream> = (0..workload.streams.max(1)).map(|_| world.stream()).collect();
     let mut handles = vec![Block::EMPTY; workload.ids as usize];
     let stride = workload.ops.len().div_ceil(SAMPLES).max(1);
@@ -175,26 +130,17 @@ pub fn observe(text: &str, workload: &Workload, stop_after: Option<u64>) -> Resu
     for (i, op) in workload.ops.iter().enumerate() {
         let stream = &streams[op.stream as usize];
         let t = workload.times.as_ref().map(|times| times[i]);
-        now.store(t.unwrap_or(NO_TIME), Ordering::Relaxed);
+        map.with(|m| m.set_time(t));
         let done = if op.alloc {
-            Request::new(op.size).and_then(|r| resource.allocate(r, stream)).map(|b| {
-                handles[op.id as usize] = b;
-                lock(&map).alloc(b.addr(), b.size(), op.size, stream.id(), t);
-            })
+            Request::new(op.size).and_then(|r| resource.allocate(r, stream)).map(|b| handles[op.id as usize] = b)
         } else {
-            let b = std::mem::replace(&mut handles[op.id as usize], Block::EMPTY);
-            lock(&map).free(b.addr(), stream.id(), t);
-            resource.deallocate(b, stream)
+            resource.deallocate(std::mem::replace(&mut handles[op.id as usize], Block::EMPTY), stream)
         };
         if let Err(e) = done {
-            if op.alloc {
-                lock(&map).oom(op.size, stream.id(), t);
-            }
             failure = Some(Failure { op: i as u64, size: op.size, error: e.to_string() });
             break;
         }
-        let m = lock(&map);
-        let (live, held) = (m.live_bytes(), m.held_bytes());
+        let (live, held) = map.with(|m| (m.live_bytes(), m.held_bytes()));
         if live > 0 && held == 0 {
             return Err(RunError::Unsupported(format!(
                 "stack `{text}` has no sim or host leaf whose allocations can be watched"
@@ -205,13 +151,13 @@ pub fn observe(text: &str, workload: &Workload, stop_after: Option<u64>) -> Resu
         }
         bucket = Sample { op: i as u64, live: bucket.live.max(live), held: bucket.held.max(held), time_us: t, ..EMPTY };
         if (i + 1) % stride == 0 || i + 1 == workload.ops.len() {
-            samples.push(Sample { largest_free: m.largest_free(), ..bucket });
+            samples.push(Sample { largest_free: map.with(|m| m.largest_free()), ..bucket });
             bucket = EMPTY;
         }
         if stop_after == Some(i as u64) {
             break;
         }
     }
-    let map = lock(&map).clone();
+    let map = map.with(|m| m.clone());
     Ok(Observation { samples, peak, map, failure })
 }

@@ -20,7 +20,7 @@
 //! map.segment_alloc(0x1000, 4096, 0, None);
 //! map.alloc(0x1000, 1024, 1000, 0, None);
 //! map.alloc(0x1800, 512, 512, 0, None);
-//! assert_eq!((map.held_bytes(), map.live_bytes(), map.largest_free()), (4096, 1512, 2048));
+//! assert_eq!((map.held_bytes(), map.live_bytes(), map.largest_free()), (4096, 1512, 1536));
 //! let runs = map.runs();
 //! assert_eq!(runs[0].runs.iter().map(|r| (r.size, r.requested)).collect::<Vec<_>>(),
 //!            [(1024, Some(1000)), (1024, None), (512, Some(512)), (1536, None)]);
@@ -28,8 +28,11 @@
 //! ```
 
 mod pickle;
+mod tap;
 #[cfg(test)]
 mod tests;
+
+pub use tap::{Side, Tap};
 
 use alloc::collections::{BTreeMap, VecDeque};
 use alloc::vec::Vec;
@@ -125,6 +128,7 @@ pub struct MemoryMap {
     live: u64,
     trace: VecDeque<TraceEntry>,
     max_entries: usize,
+    now: Option<u64>,
 }
 
 impl MemoryMap {
@@ -138,7 +142,14 @@ impl MemoryMap {
             live: 0,
             trace: VecDeque::new(),
             max_entries,
+            now: None,
         }
+    }
+
+    /// The time of the events told without one from now on (what a
+    /// [`Tap`] tells), in microseconds; `None`: no time.
+    pub fn set_time(&mut self, time_us: Option<u64>) {
+        self.now = time_us;
     }
 
     fn record(&mut self, action: Action, addr: u64, size: u64, stream: u64, time_us: Option<u64>) {
@@ -148,6 +159,7 @@ impl MemoryMap {
         if self.trace.len() == self.max_entries {
             self.trace.pop_front();
         }
+        let time_us = time_us.or(self.now);
         self.trace.push_back(TraceEntry { action, addr, size, stream, time_us });
     }
 
@@ -178,12 +190,13 @@ impl MemoryMap {
         self.record(Action::Alloc, addr, requested, stream, time_us);
     }
 
-    /// The block at `addr` given back (an unknown one is ignored).
-    pub fn free(&mut self, addr: u64, stream: u64, time_us: Option<u64>) {
-        if let Some(b) = self.blocks.remove(&addr) {
-            self.live -= b.requested;
-            self.record(Action::FreeCompleted, addr, b.requested, stream, time_us);
-        }
+    /// The block at `addr` given back (an unknown one is ignored): its
+    /// size and requested size.
+    pub fn free(&mut self, addr: u64, stream: u64, time_us: Option<u64>) -> Option<(u64, u64)> {
+        let b = self.blocks.remove(&addr)?;
+        self.live -= b.requested;
+        self.record(Action::FreeCompleted, addr, b.requested, stream, time_us);
+        Some((b.size, b.requested))
     }
 
     /// A request of `size` bytes that failed.

@@ -30,3 +30,33 @@ fn the_trace_keeps_the_last_entries() {
     assert_eq!(kept, [Action::Alloc, Action::Oom]);
     assert_eq!(map.trace().next().unwrap().time_us, Some(6));
 }
+
+#[test]
+fn taps_tell_a_block_free_before_its_segment_and_keep_a_refused_free_live() {
+    use crate::testing::BumpUpstream;
+    use crate::{Block, MemoryResource, Request, Shared};
+    use alloc::sync::Arc;
+    let map = Arc::new(Shared::new(MemoryMap::new(100)));
+    // No pool between the taps: each block is a segment of its own, and
+    // its free gives the segment back at once.
+    let leaf = Tap::new(BumpUpstream::new(1 << 20), map.clone(), Side::Segments);
+    let top = Tap::new(leaf, map.clone(), Side::Blocks);
+    let b = top.allocate(Request::new(1000).unwrap(), &()).unwrap();
+    assert_eq!(map.with(|m| (m.held_bytes(), m.live_bytes())), (1024, 1000));
+    top.deallocate(b, &()).unwrap();
+    let actions: Vec<Action> = map.with(|m| m.trace().map(|e| e.action).collect());
+    assert_eq!(actions, [Action::SegmentAlloc, Action::Alloc, Action::FreeCompleted, Action::SegmentFree]);
+    assert_eq!(map.with(|m| (m.held_bytes(), m.live_bytes())), (0, 0));
+    assert!(top.allocate(Request::new(2 << 20).unwrap(), &()).is_err());
+    assert_eq!(map.with(|m| m.trace().last().map(|e| (e.action, e.size))), Some((Action::Oom, 2 << 20)));
+
+    // A free the resource refuses leaves the block live in the map.
+    let pool = Tap::new(Shared::new(crate::pool::CoalescingPool::new(BumpUpstream::new(1 << 30))), map.clone(), Side::Blocks);
+    let b = pool.allocate(Request::new(4096).unwrap(), &()).unwrap();
+    let wrong = Block::new(b.addr(), 4096, 12345);
+    let stranger = Block::new(b.addr() + (1 << 20), 256, Block::NO_TAG);
+    assert!(pool.deallocate(stranger, &()).is_err() && pool.deallocate(wrong, &()).is_err());
+    assert_eq!(map.with(|m| m.live_bytes()), 4096);
+    pool.deallocate(b, &()).unwrap();
+    assert_eq!(map.with(|m| m.live_bytes()), 0);
+}
