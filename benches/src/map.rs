@@ -31,17 +31,20 @@ pub fn bar(seg: &SegmentRuns) -> String {
     let cell = |offset: u64| (u128::from(offset) * u128::from(cells) / u128::from(seg.size.max(1))) as u64;
     for r in seg.runs.iter().filter(|r| r.requested.is_some()) {
         let (start, end) = (r.addr - seg.addr, r.addr - seg.addr + r.size);
-        for (c, u) in used.iter_mut().enumerate().take(cell(end - 1) as usize + 1).skip(cell(start) as usize) {
+        for (c, u) in used.iter_mut().enumerate().take(cell(end - 1) as usize + 1).skip(cell(start) as usize)
+        {
             // The bytes of cell c are [lo, hi).
             let lo = (u128::from(c as u64) * u128::from(seg.size)).div_ceil(u128::from(cells)) as u64;
-            let hi = ((u128::from(c as u64 + 1) * u128::from(seg.size)).div_ceil(u128::from(cells)) as u64).min(seg.size);
+            let hi = ((u128::from(c as u64 + 1) * u128::from(seg.size)).div_ceil(u128::from(cells)) as u64)
+                .min(seg.size);
             *u += end.min(hi).saturating_sub(start.max(lo));
         }
     }
     let mut out = String::with_capacity(cells as usize);
     for (c, &u) in used.iter().enumerate() {
         let lo = (u128::from(c as u64) * u128::from(seg.size)).div_ceil(u128::from(cells)) as u64;
-        let hi = ((u128::from(c as u64 + 1) * u128::from(seg.size)).div_ceil(u128::from(cells)) as u64).min(seg.size);
+        let hi = ((u128::from(c as u64 + 1) * u128::from(seg.size)).div_ceil(u128::from(cells)) as u64)
+            .min(seg.size);
         let span = (hi - lo).max(1);
         out.push(match u {
             0 => '.',

@@ -56,10 +56,21 @@ pub const NAMES: &[Name] = &[
             ("granule", "bytes mapped at a time (default 2 MiB)"),
             ("slack", "free memory kept mapped up to this many permille above the peak in use (default 40)"),
         ],
-        ..name("vpool", Role::Leaf, "sim(...)", "a virtual pool over a simulated address space: granules mapped where blocks live")
+        ..name(
+            "vpool",
+            Role::Leaf,
+            "sim(...)",
+            "a virtual pool over a simulated address space: granules mapped where blocks live",
+        )
     },
-    Name { cuda: true, ..name("cuda", Role::Leaf, "", "cuMemAlloc (--upstream cuda|async, --features cuda)") },
-    Name { cuda: true, ..name("async", Role::Leaf, "", "cuMemAllocAsync's pool (--upstream cuda|async, --features cuda)") },
+    Name {
+        cuda: true,
+        ..name("cuda", Role::Leaf, "", "cuMemAlloc (--upstream cuda|async, --features cuda)")
+    },
+    Name {
+        cuda: true,
+        ..name("async", Role::Leaf, "", "cuMemAllocAsync's pool (--upstream cuda|async, --features cuda)")
+    },
     Name {
         keys: &[
             ("initial", "bytes taken when made"),
@@ -69,21 +80,51 @@ pub const NAMES: &[Name] = &[
             ("release", "true|false: give wholly free chunks back before growing (default true)"),
             ("per_stream", "true|false: one pool per stream, as PyTorch's allocator"),
         ],
-        ..name("pool", Role::Resource, "upstream", "CoalescingPool: best fit over chunks, free neighbours merged")
+        ..name(
+            "pool",
+            Role::Resource,
+            "upstream",
+            "CoalescingPool: best fit over chunks, free neighbours merged",
+        )
     },
     Name {
-        keys: &[("size", "the block size (default 1 MiB), or as the second argument"), ("blocks", "blocks per chunk (default 128)")],
+        keys: &[
+            ("size", "the block size (default 1 MiB), or as the second argument"),
+            ("blocks", "blocks per chunk (default 128)"),
+        ],
         ..name("fixed", Role::Resource, "upstream[, size]", "FixedSizeResource: blocks of one size")
     },
     Name {
-        keys: &[("min", "the smallest bin's exponent (default 18: 256 KiB)"), ("max", "the largest bin's exponent (default 22: 4 MiB)")],
-        ..name("binning", Role::Resource, "upstream", "BinningResource: a fixed-size bin per power of two, larger requests to the upstream")
+        keys: &[
+            ("min", "the smallest bin's exponent (default 18: 256 KiB)"),
+            ("max", "the largest bin's exponent (default 22: 4 MiB)"),
+        ],
+        ..name(
+            "binning",
+            Role::Resource,
+            "upstream",
+            "BinningResource: a fixed-size bin per power of two, larger requests to the upstream",
+        )
     },
     Name {
-        keys: &[("initial", "bytes of the global arena when made"), ("max", "the most bytes it holds"), ("superblock", "the superblock's bytes")],
-        ..name("arena", Role::Resource, "upstream", "ArenaResource: RMM's arena, per-thread arenas over a global one")
+        keys: &[
+            ("initial", "bytes of the global arena when made"),
+            ("max", "the most bytes it holds"),
+            ("superblock", "the superblock's bytes"),
+        ],
+        ..name(
+            "arena",
+            Role::Resource,
+            "upstream",
+            "ArenaResource: RMM's arena, per-thread arenas over a global one",
+        )
     },
-    name("stream", Role::Adaptor, "upstream", "StreamOrdered: per-stream free lists, blocks moved between streams by events"),
+    name(
+        "stream",
+        Role::Adaptor,
+        "upstream",
+        "StreamOrdered: per-stream free lists, blocks moved between streams by events",
+    ),
     name("stats", Role::Adaptor, "upstream", "Statistics: counts bytes and blocks, current and peak"),
     name("track", Role::Adaptor, "upstream", "Tracking: keeps every live block"),
     Name {
@@ -91,12 +132,20 @@ pub const NAMES: &[Name] = &[
         ..name("limit", Role::Adaptor, "upstream, bytes", "Limiting: refuses what would pass a limit")
     },
     Name {
-        keys: &[("alignment", "the alignment of large requests"), ("threshold", "requests of at least this many bytes are aligned")],
+        keys: &[
+            ("alignment", "the alignment of large requests"),
+            ("threshold", "requests of at least this many bytes are aligned"),
+        ],
         ..name("align", Role::Adaptor, "upstream", "Aligned: a larger alignment above a threshold")
     },
     Name {
         keys: &[("file", "the path of the log (RMM's CSV format)")],
-        ..name("log", Role::Adaptor, "upstream, file=PATH", "Logging: every allocation and free to a file (the first timed pass)")
+        ..name(
+            "log",
+            Role::Adaptor,
+            "upstream, file=PATH",
+            "Logging: every allocation and free to a file (the first timed pass)",
+        )
     },
 ];
 
@@ -157,7 +206,10 @@ pub fn explain(text: &str, e: &StackError) -> String {
     let mut out = format!("stack `{text}`: {e}");
     match &e.kind {
         StackErrorKind::UnknownName(n) => {
-            out.push_str(&hint(n, NAMES.iter().filter(|n| !n.cuda || cfg!(feature = "cuda")).map(|n| n.name)));
+            out.push_str(&hint(
+                n,
+                NAMES.iter().filter(|n| !n.cuda || cfg!(feature = "cuda")).map(|n| n.name),
+            ));
         }
         StackErrorKind::UnknownKey(k) => {
             let call = parse(text).ok();
@@ -177,7 +229,8 @@ pub fn listing() -> String {
         "Stack strings nest calls: NAME(upstream, key=value, ...), e.g. stats(pool(sim, initial=1GiB)).\n\
          Sizes: 4096, 64K, 64KiB, 64KB (10^3), 1m, 2GiB, 2GB (10^9); any case.\n",
     );
-    for (role, title) in [(Role::Leaf, "leaves"), (Role::Resource, "resources"), (Role::Adaptor, "adaptors")] {
+    for (role, title) in [(Role::Leaf, "leaves"), (Role::Resource, "resources"), (Role::Adaptor, "adaptors")]
+    {
         out.push_str(&format!("\n{title}:\n"));
         for n in NAMES.iter().filter(|n| n.role == role) {
             let call = if n.args.is_empty() { n.name.to_string() } else { format!("{}({})", n.name, n.args) };

@@ -91,7 +91,11 @@ pub struct Observation {
 }
 
 /// Builds `text` with its leaves tapped into `map`.
-fn build(text: &str, map: &Arc<Shared<MemoryMap>>, stream: &SimStream) -> Result<DynResource<SimStream>, StackError> {
+fn build(
+    text: &str,
+    map: &Arc<Shared<MemoryMap>>,
+    stream: &SimStream,
+) -> Result<DynResource<SimStream>, StackError> {
     let call = parse(text)?;
     let mut b = builder();
     for name in ["sim", "host"] {
@@ -132,7 +136,9 @@ pub fn observe(text: &str, workload: &Workload, stop_after: Option<u64>) -> Resu
         let t = workload.times.as_ref().map(|times| times[i]);
         map.with(|m| m.set_time(t));
         let done = if op.alloc {
-            Request::new(op.size).and_then(|r| resource.allocate(r, stream)).map(|b| handles[op.id as usize] = b)
+            Request::new(op.size)
+                .and_then(|r| resource.allocate(r, stream))
+                .map(|b| handles[op.id as usize] = b)
         } else {
             resource.deallocate(std::mem::replace(&mut handles[op.id as usize], Block::EMPTY), stream)
         };
@@ -149,7 +155,13 @@ pub fn observe(text: &str, workload: &Workload, stop_after: Option<u64>) -> Resu
         if held > peak.map_or(0, |p| p.held) {
             peak = Some(Peak { op: i as u64, held, live, size: op.size, id: op.id, alloc: op.alloc });
         }
-        bucket = Sample { op: i as u64, live: bucket.live.max(live), held: bucket.held.max(held), time_us: t, ..EMPTY };
+        bucket = Sample {
+            op: i as u64,
+            live: bucket.live.max(live),
+            held: bucket.held.max(held),
+            time_us: t,
+            ..EMPTY
+        };
         if (i + 1) % stride == 0 || i + 1 == workload.ops.len() {
             samples.push(Sample { largest_free: map.with(|m| m.largest_free()), ..bucket });
             bucket = EMPTY;

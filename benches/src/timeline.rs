@@ -115,6 +115,9 @@ pub fn svg(charts: &[Chart<'_>]) -> Result<String, String> {
     Ok(out)
 }
 
+/// Reads one series' value from a sample.
+type Value = fn(&crate::observe::Sample) -> u64;
+
 type Area<'a> = DrawingArea<SVGBackend<'a>, plotters::coord::Shift>;
 
 fn draw(area: &Area<'_>, c: &Chart<'_>) -> Result<(), Box<dyn std::error::Error>> {
@@ -148,14 +151,17 @@ fn draw(area: &Area<'_>, c: &Chart<'_>) -> Result<(), Box<dyn std::error::Error>
         .x_labels(if start.is_some() { 6 } else { 10 })
         .light_line_style(WHITE)
         .draw()?;
-    let series: [(&str, RGBColor, fn(&crate::observe::Sample) -> u64); 3] = [
+    let series: [(&str, RGBColor, Value); 3] = [
         ("held from upstream", BLUE, |s| s.held),
         ("live", RED, |s| s.live),
         ("largest free block", RGBColor(0, 140, 0), |s| s.largest_free),
     ];
     for (name, color, value) in series {
         chart
-            .draw_series(LineSeries::new(o.samples.iter().map(|s| (s.op, y(value(s)))), color.stroke_width(2)))?
+            .draw_series(LineSeries::new(
+                o.samples.iter().map(|s| (s.op, y(value(s)))),
+                color.stroke_width(2),
+            ))?
             .label(name)
             .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], color.stroke_width(2)));
     }

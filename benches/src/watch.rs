@@ -48,7 +48,12 @@ impl Outputs {
         if let Some(path) = &self.timeline {
             match path.extension().and_then(|e| e.to_str()) {
                 Some("html" | "htm" | "svg" | "csv") => {}
-                _ => return Err(format!("--timeline {}: the file must end in .html, .svg or .csv", path.display())),
+                _ => {
+                    return Err(format!(
+                        "--timeline {}: the file must end in .html, .svg or .csv",
+                        path.display()
+                    ))
+                }
             }
         }
         Ok(())
@@ -86,7 +91,11 @@ pub fn numbered(path: &Path, i: usize, n: usize) -> PathBuf {
 /// # Errors
 ///
 /// A stack that does not build, a file that cannot be written.
-pub fn write(targets: &[Target], workloads: &[Workload], outputs: &Outputs) -> Result<(String, Vec<String>), String> {
+pub fn write(
+    targets: &[Target],
+    workloads: &[Workload],
+    outputs: &Outputs,
+) -> Result<(String, Vec<String>), String> {
     let mut seen: Vec<(String, String, Observation)> = Vec::new();
     let mut notes = Vec::new();
     let mut map_text = String::new();
@@ -112,7 +121,8 @@ pub fn write(targets: &[Target], workloads: &[Workload], outputs: &Outputs) -> R
                     _ => Ok(full.clone()),
                 }
             };
-            let peak_state = if outputs.map || (outputs.snapshot.is_some() && outputs.at == SnapshotAt::Peak) {
+            let peak_state = if outputs.map || (outputs.snapshot.is_some() && outputs.at == SnapshotAt::Peak)
+            {
                 Some(at_peak()?)
             } else {
                 None
@@ -126,11 +136,17 @@ pub fn write(targets: &[Target], workloads: &[Workload], outputs: &Outputs) -> R
                     }
                     _ => (&full, "at the end".to_string()),
                 };
-                std::fs::write(&file, state.map.pickle()).map_err(|e| format!("cannot write {}: {e}", file.display()))?;
+                std::fs::write(&file, state.map.pickle())
+                    .map_err(|e| format!("cannot write {}: {e}", file.display()))?;
                 notes.push(format!("wrote snapshot {} ({} on {}, {when})", file.display(), t.name, w.name));
             }
             if let (true, Some(p)) = (outputs.map, &peak_state) {
-                map_text.push_str(&format!("map of {} on {} at the peak ({}):\n", t.name, w.name, timeline::peak_label(&full)));
+                map_text.push_str(&format!(
+                    "map of {} on {} at the peak ({}):\n",
+                    t.name,
+                    w.name,
+                    timeline::peak_label(&full)
+                ));
                 map_text.push_str(&map::render(&p.map.runs()));
                 map_text.push('\n');
             }

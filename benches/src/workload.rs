@@ -429,7 +429,8 @@ pub fn time_us(text: &str) -> Option<u64> {
     }
     let (clock, fraction) = text.split_once('.').unwrap_or((text, ""));
     let mut parts = clock.split(':').map(|p| p.parse::<u64>().ok());
-    let (Some(Some(h)), Some(Some(m)), Some(Some(sec)), None) = (parts.next(), parts.next(), parts.next(), parts.next())
+    let (Some(Some(h)), Some(Some(m)), Some(Some(sec)), None) =
+        (parts.next(), parts.next(), parts.next(), parts.next())
     else {
         return None;
     };

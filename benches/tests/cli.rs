@@ -105,7 +105,10 @@ fn table_names_each_workload_once_fits_100_columns_and_has_a_legend() {
     assert!(lines[2].trim_start().starts_with("pool ") && !lines[2].contains("random:"), "{out}");
     assert_eq!(lines[5], "lograndom:500:256:1000000:4: 1000 ops, 0 stray frees");
     assert!(lines[8].trim_start().starts_with("range-alloc "), "{out}");
-    assert!(out.contains("\nfootprint: peak upstream / peak live") && out.contains("\nstray frees: "), "{out}");
+    assert!(
+        out.contains("\nfootprint: peak upstream / peak live") && out.contains("\nstray frees: "),
+        "{out}"
+    );
     assert!(lines.iter().all(|l| l.chars().count() <= 100), "{out}");
     // The shipped traces with every default resource: 100 columns too.
     let o = memres(&["replay", "--passes", "1", RESNET]);
@@ -134,8 +137,14 @@ fn csv_beside_json_and_three_passes_by_default() {
 fn usage_errors_exit_2_with_the_valid_names_and_the_nearest() {
     let cases: [(&[&str], &[&str]); 6] = [
         (&["-r", "pol"], &["unknown resource `pol`", "offset-allocator", "did you mean `pool`?"]),
-        (&["--stack", "stats(poool(sim))"], &["unknown resource `poool`", "valid: sim, host", "did you mean `pool`?"]),
-        (&["--stack", "pool(sim, inital=1GiB)"], &["unknown key `inital`", "valid: initial, max", "did you mean `initial`?"]),
+        (
+            &["--stack", "stats(poool(sim))"],
+            &["unknown resource `poool`", "valid: sim, host", "did you mean `pool`?"],
+        ),
+        (
+            &["--stack", "pool(sim, inital=1GiB)"],
+            &["unknown key `inital`", "valid: initial, max", "did you mean `initial`?"],
+        ),
         (&["--stack", "pool(sim, initial=lots)"], &["bad size `lots`"]),
         (&["-r", "fixed:big"], &["bad size `big`"]),
         (&["-r", "pool", "random:0:100:1"], &["has no operation to replay"]),
@@ -154,13 +163,22 @@ fn usage_errors_exit_2_with_the_valid_names_and_the_nearest() {
         }
     }
     // The second stack is wrong: the first is not replayed either.
-    let o = memres(&["replay", "--stack", "pool(sim)", "--stack", "pool(sim, growth=fast)", "random:50:1000:1"]);
+    let o =
+        memres(&["replay", "--stack", "pool(sim)", "--stack", "pool(sim, growth=fast)", "random:50:1000:1"]);
     assert_eq!((o.status.code(), stdout(&o).is_empty()), (Some(2), true), "{}", stderr(&o));
 }
 
 #[test]
 fn sizes_take_decimal_units_and_any_case() {
-    let o = memres(&["replay", "--json", "-r", "pool:1GB,fixed:1mib,arena:64MB", "--stack", "pool(sim, initial=2gib)", "random:50:1000:1"]);
+    let o = memres(&[
+        "replay",
+        "--json",
+        "-r",
+        "pool:1GB,fixed:1mib,arena:64MB",
+        "--stack",
+        "pool(sim, initial=2gib)",
+        "random:50:1000:1",
+    ]);
     assert!(o.status.success(), "{}", stderr(&o));
     let rows = json_rows(&o);
     assert!(rows.iter().all(|r| r.get("error").is_none()), "{}", stdout(&o));
@@ -175,7 +193,8 @@ fn stacks_lists_every_name_and_key() {
     assert!(o.status.success());
     let out = stdout(&o);
     for n in memres_bench::names::NAMES {
-        let line = out.lines().find(|l| l.trim_start().starts_with(n.name)).unwrap_or_else(|| panic!("{}", n.name));
+        let line =
+            out.lines().find(|l| l.trim_start().starts_with(n.name)).unwrap_or_else(|| panic!("{}", n.name));
         assert!(line.contains(n.help), "{line}");
         for (key, help) in n.keys {
             assert!(out.contains(&format!("{key}=")) && out.contains(help), "{}: {key}", n.name);
@@ -522,7 +541,15 @@ fn per_stream_pools_replay_as_the_pool_on_one_stream_and_take_cuda_leaves_only_w
     if !cfg!(feature = "cuda") {
         // Bad usage, not a failed row per resource.
         for upstream in ["cuda", "async"] {
-            let o = memres(&["replay", "--json", "--upstream", upstream, "--stack", "pool(async, per_stream=true)", spec]);
+            let o = memres(&[
+                "replay",
+                "--json",
+                "--upstream",
+                upstream,
+                "--stack",
+                "pool(async, per_stream=true)",
+                spec,
+            ]);
             assert_eq!(o.status.code(), Some(2));
             assert!(stdout(&o).is_empty() && stderr(&o).contains("--features cuda"), "{}", stderr(&o));
         }

@@ -123,7 +123,8 @@ impl fmt::Display for Error {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match *self {
             Error::OutOfMemory { requested, largest_free, pool_size, max_size } => {
-                let (requested, largest_free, pool_size) = (Bytes(requested), Bytes(largest_free), Bytes(pool_size));
+                let (requested, largest_free, pool_size) =
+                    (Bytes(requested), Bytes(largest_free), Bytes(pool_size));
                 write!(
                     f,
                     "out of memory: requested {requested}, largest free block {largest_free}, pool size {pool_size}"

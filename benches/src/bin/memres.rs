@@ -131,7 +131,13 @@ fn main() -> ExitCode {
         } => {
             let options = RunOptions { upstream, passes, threads: streams, param: None };
             let outputs = Outputs { timeline, snapshot, at: snapshot_at, map };
-            let format = if json { Format::Json } else if csv { Format::Csv } else { Format::Table };
+            let format = if json {
+                Format::Json
+            } else if csv {
+                Format::Csv
+            } else {
+                Format::Table
+            };
             match replay(&resource, &stack, options, format, &outputs, &workloads) {
                 Ok(true) => ExitCode::SUCCESS,
                 Ok(false) => ExitCode::FAILURE,
@@ -270,7 +276,9 @@ fn run_all(plans: &[(String, Plan)], workloads: &[Workload], options: &RunOption
             };
             let mut progress = |n: usize| bar.inc(n as u64);
             let outcome = match plan {
-                Plan::Resource(r, param) => r.run(w, &RunOptions { param: *param, ..*options }, &mut progress),
+                Plan::Resource(r, param) => {
+                    r.run(w, &RunOptions { param: *param, ..*options }, &mut progress)
+                }
                 // The stack's leaves name its upstream.
                 Plan::Stack(_) if options.upstream == UpstreamKind::Host => Err(RunError::Unsupported(
                     "--upstream host does not apply to a stack: its leaf names the upstream".into(),

@@ -15,7 +15,12 @@ fn a_bar_shows_used_free_and_partly_used_cells() {
     assert_eq!(&bar[63..], "5");
     let text = render(&segs);
     assert!(text.contains("used 1.03 KiB in 2 blocks  free 5.22 KiB, largest 5.22 KiB"), "{text}");
-    assert!(text.ends_with("1 segments: held 6.25 KiB, used 1.03 KiB, free 5.22 KiB  (# used, . free, 1-9 tenths used)\n"), "{text}");
+    assert!(
+        text.ends_with(
+            "1 segments: held 6.25 KiB, used 1.03 KiB, free 5.22 KiB  (# used, . free, 1-9 tenths used)\n"
+        ),
+        "{text}"
+    );
 }
 
 #[test]

@@ -23,7 +23,10 @@ fn unknown_names_and_keys_list_the_valid_ones_and_the_nearest() {
     assert!(e.contains("unknown resource `poool`") && e.contains("(valid: sim, host, vpool"), "{e}");
     assert!(e.ends_with("did you mean `pool`?"), "{e}");
     let e = build_error("pool(sim, initial=1GiB, growht=double)");
-    assert!(e.contains("(valid: initial, max, growth, granule, release, per_stream); did you mean `growth`?"), "{e}");
+    assert!(
+        e.contains("(valid: initial, max, growth, granule, release, per_stream); did you mean `growth`?"),
+        "{e}"
+    );
     let e = build_error("fixed(sim, blox=4)");
     assert!(e.contains("(valid: size, blocks)"), "{e}");
     // Nothing near: the list alone.
@@ -38,7 +41,9 @@ fn every_key_a_constructor_takes_is_listed() {
         for (k, _) in n.keys.iter().filter(|(k, _)| *k != "file") {
             let text = format!("{}(sim, {k}=1)", n.name);
             let world = SimWorld::new();
-            if let Err(e) = parse(&text).and_then(|c| crate::stack::builder().build_call(&c, &world.default_stream()).map(|_| ())) {
+            if let Err(e) = parse(&text)
+                .and_then(|c| crate::stack::builder().build_call(&c, &world.default_stream()).map(|_| ()))
+            {
                 assert!(!matches!(e.kind, StackErrorKind::UnknownKey(_)), "{text}: {e}");
             }
         }

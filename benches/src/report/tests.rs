@@ -31,7 +31,8 @@ fn json_lines_escape_and_carry_every_key() {
     );
     let line = json_line(&row(Err("out of memory".into())));
     assert!(
-        line.contains(r#""ops":null,"#) && line.ends_with(r#""skipped_frees":7,"failed_allocations":0,"error":"out of memory"}"#),
+        line.contains(r#""ops":null,"#)
+            && line.ends_with(r#""skipped_frees":7,"failed_allocations":0,"error":"out of memory"}"#),
         "{line}"
     );
     assert_eq!(json_string("\u{1}"), r#""\u0001""#);

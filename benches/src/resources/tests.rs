@@ -225,7 +225,12 @@ fn shared_entries_run_on_threads_and_the_rest_say_why_not() {
                 // The threads' live bytes together: at least one thread's
                 // peak, at most both at their peaks at once; never more
                 // than was held (the footprint is at least 1).
-                assert!((w.peak_live..=2 * w.peak_live).contains(&m.peak_live), "{}: {}", r.name, m.peak_live);
+                assert!(
+                    (w.peak_live..=2 * w.peak_live).contains(&m.peak_live),
+                    "{}: {}",
+                    r.name,
+                    m.peak_live
+                );
                 assert!(m.peak_upstream >= m.peak_live, "{}: {:?}", r.name, m.footprint());
             }
             Err(RunError::Unsupported(e)) => {

@@ -52,5 +52,6 @@ fn a_trace_with_times_labels_the_ops_with_them() {
     assert_eq!(o.samples[1].time_us.unwrap() - o.samples[0].time_us.unwrap(), 1_000_000);
     let svg = svg(&[Chart { resource: "pool", workload: &w.name, observation: &o }]).unwrap();
     assert!(svg.contains("operation (trace time)") && svg.contains("10 (10.00 s)"), "{svg}");
-    assert!(csv(&[Chart { resource: "pool", workload: &w.name, observation: &o }]).contains(",pool,1,36001000000,"));
+    assert!(csv(&[Chart { resource: "pool", workload: &w.name, observation: &o }])
+        .contains(",pool,1,36001000000,"));
 }

@@ -286,8 +286,15 @@ fn workloads_with_nothing_to_replay_are_refused() {
     let dir = std::env::temp_dir().join(format!("memres-empty-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join("empty.csv");
-    std::fs::write(&path, "Thread,Time,Action,Pointer,Size,Stream\n0,1,free,0x10,5,0\n0,2,allocate failure,0x0,9,0\n").unwrap();
+    std::fs::write(
+        &path,
+        "Thread,Time,Action,Pointer,Size,Stream\n0,1,free,0x10,5,0\n0,2,allocate failure,0x0,9,0\n",
+    )
+    .unwrap();
     let e = Workload::load(path.to_str().unwrap()).unwrap_err().to_string();
     let _ = std::fs::remove_dir_all(&dir);
-    assert!(e.ends_with("has no operation to replay (1 stray frees and 1 failed allocations skipped)"), "{e}");
+    assert!(
+        e.ends_with("has no operation to replay (1 stray frees and 1 failed allocations skipped)"),
+        "{e}"
+    );
 }

@@ -289,7 +289,10 @@ impl MemoryMap {
                         ("address", int(r.addr)),
                         ("size", int(r.size)),
                         ("requested_size", int(r.requested.unwrap_or(0))),
-                        ("state", Py::Str(if r.requested.is_some() { "active_allocated" } else { "inactive" })),
+                        (
+                            "state",
+                            Py::Str(if r.requested.is_some() { "active_allocated" } else { "inactive" })
+                        ),
                         ("frames", empty()),
                     ])
                 })

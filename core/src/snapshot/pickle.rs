@@ -102,7 +102,10 @@ mod tests {
 
     #[test]
     fn a_dict_of_a_list_and_a_string() {
-        let v = Py::Dict(alloc::vec![("a", Py::List(alloc::vec![Py::Bool(true), Py::Int(-1)])), ("b", Py::Str("é"))]);
+        let v = Py::Dict(alloc::vec![
+            ("a", Py::List(alloc::vec![Py::Bool(true), Py::Int(-1)])),
+            ("b", Py::Str("é"))
+        ]);
         let expected: &[u8] = b"\x80\x02}(X\x01\x00\x00\x00a](\x88J\xff\xff\xff\xffeX\x01\x00\x00\x00bX\x02\x00\x00\x00\xc3\xa9u.";
         assert_eq!(dumps(&v), expected);
     }

@@ -51,7 +51,11 @@ fn taps_tell_a_block_free_before_its_segment_and_keep_a_refused_free_live() {
     assert_eq!(map.with(|m| m.trace().last().map(|e| (e.action, e.size))), Some((Action::Oom, 2 << 20)));
 
     // A free the resource refuses leaves the block live in the map.
-    let pool = Tap::new(Shared::new(crate::pool::CoalescingPool::new(BumpUpstream::new(1 << 30))), map.clone(), Side::Blocks);
+    let pool = Tap::new(
+        Shared::new(crate::pool::CoalescingPool::new(BumpUpstream::new(1 << 30))),
+        map.clone(),
+        Side::Blocks,
+    );
     let b = pool.allocate(Request::new(4096).unwrap(), &()).unwrap();
     let wrong = Block::new(b.addr(), 4096, 12345);
     let stranger = Block::new(b.addr() + (1 << 20), 256, Block::NO_TAG);
