@@ -274,11 +274,15 @@ impl MemoryMap {
 
     /// The snapshot as PyTorch's `torch.cuda.memory._snapshot()` returns
     /// it, pickled: `segments` with their blocks, and `device_traces` with
-    /// one device's events.
+    /// one device's events (device 0; [`pickle_devices`] for more).
     pub fn pickle(&self) -> Vec<u8> {
+        pickle_devices(&[Some(self)])
+    }
+
+    /// The segments as PyTorch's dicts, on `device`.
+    fn segments_py(&self, device: i128, out: &mut Vec<Py<'static>>) {
         let int = |n: u64| Py::Int(i128::from(n));
         let empty = || Py::List(Vec::new());
-        let mut segments = Vec::new();
         self.each_segment(|addr, seg, runs| {
             let allocated: u64 = runs.iter().filter(|r| r.requested.is_some()).map(|r| r.size).sum();
             let requested: u64 = runs.iter().filter_map(|r| r.requested).sum();
@@ -297,8 +301,8 @@ impl MemoryMap {
                     ])
                 })
                 .collect();
-            segments.push(Py::Dict(alloc::vec![
-                ("device", Py::Int(0)),
+            out.push(Py::Dict(alloc::vec![
+                ("device", Py::Int(device)),
                 ("address", int(addr)),
                 ("total_size", int(seg.size)),
                 ("allocated_size", int(allocated)),
@@ -313,7 +317,12 @@ impl MemoryMap {
                 ("blocks", Py::List(blocks)),
             ]));
         });
-        let trace = self
+    }
+
+    /// The events as PyTorch's dicts.
+    fn trace_py(&self) -> Py<'static> {
+        let int = |n: u64| Py::Int(i128::from(n));
+        let events = self
             .trace
             .iter()
             .map(|e| {
@@ -322,7 +331,7 @@ impl MemoryMap {
                     ("addr", int(e.addr)),
                     ("size", int(e.size)),
                     ("stream", int(e.stream)),
-                    ("frames", empty()),
+                    ("frames", Py::List(Vec::new())),
                 ];
                 if let Some(t) = e.time_us {
                     fields.push(("time_us", int(t)));
@@ -333,9 +342,31 @@ impl MemoryMap {
                 Py::Dict(fields)
             })
             .collect();
-        dumps(&Py::Dict(alloc::vec![
-            ("segments", Py::List(segments)),
-            ("device_traces", Py::List(alloc::vec![Py::List(trace)])),
-        ]))
+        Py::List(events)
     }
+}
+
+/// One snapshot of several devices: `maps[d]` is device `d`'s map (`None`:
+/// a device not in use, with no segments and an empty trace).
+///
+/// ```
+/// use memres_core::snapshot::{pickle_devices, MemoryMap};
+/// let mut one = MemoryMap::new(10);
+/// one.segment_alloc(0x1000, 4096, 0, None);
+/// let bytes = pickle_devices(&[None, Some(&one)]);
+/// assert!(bytes.starts_with(b"\x80\x02}") && bytes.ends_with(b"."));
+/// ```
+pub fn pickle_devices(maps: &[Option<&MemoryMap>]) -> Vec<u8> {
+    let mut segments = Vec::new();
+    let mut traces = Vec::new();
+    for (d, map) in maps.iter().enumerate() {
+        match map {
+            Some(m) => {
+                m.segments_py(d as i128, &mut segments);
+                traces.push(m.trace_py());
+            }
+            None => traces.push(Py::List(Vec::new())),
+        }
+    }
+    dumps(&Py::Dict(alloc::vec![("segments", Py::List(segments)), ("device_traces", Py::List(traces))]))
 }

@@ -10,6 +10,7 @@
 //! | `size_t memres_last_error(char* buf, size_t len)` | the latest error message |
 //! | `size_t memres_stack(int device, char* buf, size_t len)` | the stack a device runs |
 //! | `int memres_flush(void)` | writes out the buffers of `log` adaptors (also done at exit) |
+//! | `int memres_snapshot(const char* path)` | writes a snapshot for PyTorch's memory viewer, with `MEMRES_SNAPSHOT=1` ([`snapshot`]) |
 //!
 //! `alloc` and `free` have the signatures PyTorch's
 //! `torch.cuda.memory.CUDAPluggableAllocator` loads; the header is
@@ -114,6 +115,7 @@
 #![warn(missing_docs)]
 
 pub mod leaves;
+pub mod snapshot;
 pub mod table;
 
 use leaves::{checking_builder, refuse_host_leaves};
@@ -193,6 +195,8 @@ struct DeviceState {
     pools: Vec<Arc<Counted<CudaAsyncMemory>>>,
     /// The `log` adaptors, flushed by `memres_flush` and at exit.
     logs: Vec<Arc<Logging<DynResource<CudaStream>>>>,
+    /// What `memres_snapshot` writes, where watched.
+    map: Option<snapshot::Map>,
 }
 
 static DEVICES: [OnceLock<DeviceState>; MAX_DEVICES] = [const { OnceLock::new() }; MAX_DEVICES];
@@ -213,7 +217,7 @@ pub fn last_error() -> String {
 }
 
 /// Runs an entry point: an `Err` or a panic is recorded and becomes `fallback`.
-fn guard<T>(fallback: T, f: impl FnOnce() -> Result<T, String>) -> T {
+pub(crate) fn guard<T>(fallback: T, f: impl FnOnce() -> Result<T, String>) -> T {
     match catch_unwind(AssertUnwindSafe(f)) {
         Ok(Ok(v)) => v,
         Ok(Err(message)) => {
@@ -262,23 +266,37 @@ fn build(d: usize, stack: &str) -> Result<DeviceState, String> {
     let context = device.primary_context().map_err(|e| format!("memres: device {d}: {e}"))?;
     let upstream = Arc::new(Gauge::default());
     let mut builder = StackBuilder::<CudaStream>::new();
-    memres_cuda::stack::register(&mut builder, device, upstream.clone());
+    let map = if snapshot::enabled() {
+        Some(snapshot::register_tapped(&mut builder, device, upstream.clone()))
+    } else {
+        memres_cuda::stack::register(&mut builder, device, upstream.clone());
+        None
+    };
     refuse_host_leaves(&mut builder);
     let stream = CudaStream::legacy_in(context);
     let built = builder
         .build_with_handles(stack, &stream)
         .map_err(|e| format!("memres: device {d}: stack `{stack}`: {e}"))?;
+    let resource =
+        map.as_ref().map_or(built.resource.clone(), |m| snapshot::tap_top(built.resource.clone(), m));
     // Rust code in this process sees the same resource through the registry.
-    memres_core::device::set_current_device_resource::<CudaStream>(d as u32, built.resource.clone());
+    memres_core::device::set_current_device_resource::<CudaStream>(d as u32, resource.clone());
     Ok(DeviceState {
         stats: built.get("stats"),
         pools: built.all("async"),
         logs: built.all("log"),
-        resource: built.resource,
+        resource,
         stack: stack.to_string(),
         table: Table::new(),
         upstream,
+        map,
     })
+}
+
+/// Device `d`'s map: `None` when the device is not used yet, `Some(None)`
+/// when it is used unwatched.
+pub(crate) fn device_map(d: usize) -> Option<Option<snapshot::Map>> {
+    DEVICES[d].get().map(|s| s.map.clone())
 }
 
 /// The state of device `d`, built on first use.
