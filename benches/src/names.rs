@@ -52,7 +52,7 @@ pub const NAMES: &[Name] = &[
     Name {
         keys: &[
             ("reserve", "bytes of address space reserved once (default 64 GiB)"),
-            ("keep", "free bytes kept mapped at most (default all)"),
+            ("release_threshold", "free bytes kept mapped rather than given back (default all)"),
             ("granule", "bytes mapped at a time (default 2 MiB)"),
             ("slack", "free memory kept mapped up to this many permille above the peak in use (default 40)"),
         ],
@@ -96,8 +96,8 @@ pub const NAMES: &[Name] = &[
     },
     Name {
         keys: &[
-            ("min", "the smallest bin's exponent (default 18: 256 KiB)"),
-            ("max", "the largest bin's exponent (default 22: 4 MiB)"),
+            ("min_bin", "the smallest bin's bytes, a power of two (default 256 KiB)"),
+            ("max_bin", "the largest bin's bytes, a power of two (default 4 MiB)"),
         ],
         ..name(
             "binning",

@@ -146,7 +146,7 @@ pub fn observe(text: &str, workload: &Workload, stop_after: Option<u64>) -> Resu
             failure = Some(Failure { op: i as u64, size: op.size, error: e.to_string() });
             break;
         }
-        let (live, held) = map.with(|m| (m.live_bytes(), m.held_bytes()));
+        let (live, held) = map.with(|m| (m.live(), m.held()));
         if live > 0 && held == 0 {
             return Err(RunError::Unsupported(format!(
                 "stack `{text}` has no sim or host leaf whose allocations can be watched"

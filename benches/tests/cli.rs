@@ -411,7 +411,7 @@ fn stacks_replay_and_name_their_rows() {
     assert!(rows[1]["peak_upstream"].as_u64().unwrap() >= rows[1]["peak_live"].as_u64().unwrap());
     // A stack that does not parse or does not build stops the run before
     // anything runs: bad usage.
-    for (stack, message) in [("pool(sim", "expected `,` or `)`"), ("binning(sim, min=x)", "whole number")] {
+    for (stack, message) in [("pool(sim", "expected `,` or `)`"), ("binning(sim, min_bin=x)", "bad size")] {
         let o = memres(&["replay", "--json", "--stack", stack, "random:5:100:1"]);
         assert_eq!(o.status.code(), Some(2), "{stack}");
         assert!(stdout(&o).is_empty() && stderr(&o).contains(message), "{stack}: {}", stderr(&o));

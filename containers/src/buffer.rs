@@ -1,16 +1,17 @@
 use crate::{ContainerError, Result};
 use memres_core::copy::{CopyEngine, MemoryOf};
-use memres_core::{Block, MemoryResource, Request, Stream};
+use memres_core::{Block, MemoryResource, Request, Stream, DEFAULT_ALIGNMENT};
 use std::fmt;
 
 /// Untyped bytes in a resource's memory, owned, freed on their stream when
 /// dropped: RMM's `device_buffer`.
 ///
 /// ```text
-///  DeviceBuffer { resource, engine, stream, block, len }
+///  DeviceBuffer { resource, engine, stream, block, len, align }
 ///                                          │
 ///   block.addr() ──► [ len bytes in use │ capacity - len spare ]
 ///                     └──────── block.size() = capacity ───────┘
+///   block.addr() % align == 0                    (checked on every block)
 /// ```
 ///
 /// A buffer of length zero holds no memory ([`Block::EMPTY`]). Growing past
@@ -21,13 +22,17 @@ use std::fmt;
 /// caller takes that on with [`new_uninit`](Self::new_uninit) or
 /// [`resize_uninit`](Self::resize_uninit).
 ///
+/// Each constructor comes twice (see the [crate's documentation](crate#constructors)):
+/// `new(len, stream)` takes the current resource of the stream's device,
+/// `new_in(len, stream, resource, engine)` the resource and engine given.
+///
 /// # Examples
 ///
 /// ```
 /// use memres_containers::DeviceBuffer;
 /// use memres_sim::{HostCopy, HostMemory};
 /// let mem = HostMemory::new();
-/// let mut buf = DeviceBuffer::from_slice(b"hello", (), &mem, HostCopy)?;
+/// let mut buf = DeviceBuffer::from_slice_in(b"hello", (), &mem, HostCopy)?;
 /// buf.resize(8)?;
 /// assert_eq!(&buf.to_vec()?[..5], b"hello");
 /// assert_eq!(buf.len(), 8);
@@ -47,11 +52,15 @@ where
     /// The memory, from `resource`, held until this buffer gives it back;
     /// its `size()` bytes are memory of `E` (the resource's `MemoryOf`
     /// promise, which keeps the engine sound on them even if other code
-    /// frees them first) and they are the capacity.
+    /// frees them first) and they are the capacity. Its address is a
+    /// multiple of `align`.
     block: Block,
     /// Bytes in use, at most the capacity, all written (zeros at least),
     /// unless an `unsafe` uninitialized constructor's caller vouches for them.
     len: u64,
+    /// The alignment every block of the buffer is asked for and checked
+    /// against: a power of two, at least [`DEFAULT_ALIGNMENT`].
+    align: u64,
 }
 
 impl<R, E, S> DeviceBuffer<R, E, S>
@@ -60,23 +69,61 @@ where
     E: CopyEngine<S>,
     S: Stream,
 {
-    /// A block of at least `len` bytes from `resource`; a shorter one goes
-    /// back untouched, as an error.
-    fn allocate(resource: &R, len: u64, stream: &S) -> Result<Block> {
-        let block = resource.allocate(Request::new(len)?, stream)?;
-        if block.size() < len {
-            // Given back untouched, as if the call had failed.
-            let _ = resource.deallocate(block, stream);
-            return Err(ContainerError::BlockTooShort { requested: len, size: block.size() });
-        }
-        Ok(block)
+    /// A block of at least `len` bytes aligned to `align` from `resource`;
+    /// a shorter or misaligned one goes back untouched, as an error.
+    fn allocate(resource: &R, len: u64, align: u64, stream: &S) -> Result<Block> {
+        let block = resource.allocate(Request::aligned(len, align)?, stream)?;
+        let error = if block.size() < len {
+            ContainerError::BlockTooShort { requested: len, size: block.size() }
+        } else if block.addr() % align != 0 {
+            ContainerError::Misaligned { align, addr: block.addr() }
+        } else {
+            return Ok(block);
+        };
+        // Given back untouched, as if the call had failed.
+        let _ = resource.deallocate(block, stream);
+        Err(error)
     }
 
-    /// A buffer of `len` bytes not written yet: each caller writes them
+    /// A buffer of `len` bytes aligned to `align` (a power of two at least
+    /// [`DEFAULT_ALIGNMENT`]), not written yet: each caller writes them
     /// before the buffer is handed out, or passes the duty on (`unsafe`).
-    fn unwritten(len: u64, stream: S, resource: R, engine: E) -> Result<Self> {
-        let block = Self::allocate(&resource, len, &stream)?;
-        Ok(DeviceBuffer { resource, engine, stream, block, len })
+    pub(crate) fn unwritten(len: u64, align: u64, stream: S, resource: R, engine: E) -> Result<Self> {
+        let block = Self::allocate(&resource, len, align, &stream)?;
+        Ok(DeviceBuffer { resource, engine, stream, block, len, align })
+    }
+
+    /// [`unwritten`](Self::unwritten), then zeros written on the stream.
+    pub(crate) fn zeroed(len: u64, align: u64, stream: S, resource: R, engine: E) -> Result<Self> {
+        let mut buf = Self::unwritten(len, align, stream, resource, engine)?;
+        buf.fill(0)?;
+        Ok(buf)
+    }
+
+    /// [`unwritten`](Self::unwritten), then bytes `src..src + len` copied
+    /// in on the stream.
+    ///
+    /// # Safety
+    ///
+    /// As [`from_device_ptr_in`](Self::from_device_ptr_in).
+    pub(crate) unsafe fn copied(
+        len: u64,
+        align: u64,
+        src: u64,
+        stream: S,
+        resource: R,
+        engine: E,
+    ) -> Result<Self> {
+        let buf = Self::unwritten(len, align, stream, resource, engine)?;
+        if len > 0 {
+            // SAFETY: the destination is the block just handed to `buf` by
+            // the resource (`MemoryOf<E::Kind>`), of at least `len` bytes,
+            // used by nothing else; the source is memory of the engine that
+            // the caller holds, written and ordered with the stream (this
+            // function's contract), so apart from the new block.
+            unsafe { buf.engine.copy(buf.block.addr(), src, len, &buf.stream)? };
+        }
+        Ok(buf)
     }
 
     /// A buffer of `len` zero bytes from `resource`, on `stream` (the zeros
@@ -85,11 +132,10 @@ where
     /// # Errors
     ///
     /// The resource's error (out of memory, invalid size),
-    /// [`ContainerError::BlockTooShort`], the copy engine's error.
-    pub fn new(len: u64, stream: S, resource: R, engine: E) -> Result<Self> {
-        let mut buf = Self::unwritten(len, stream, resource, engine)?;
-        buf.fill(0)?;
-        Ok(buf)
+    /// [`ContainerError::BlockTooShort`], [`ContainerError::Misaligned`], the
+    /// copy engine's error.
+    pub fn new_in(len: u64, stream: S, resource: R, engine: E) -> Result<Self> {
+        Self::zeroed(len, DEFAULT_ALIGNMENT, stream, resource, engine)
     }
 
     /// A buffer of `len` bytes that are not written, as RMM's
@@ -102,28 +148,58 @@ where
     /// the buffer's stream) before it is read to the host
     /// ([`read`](Self::read), [`to_vec`](Self::to_vec), or the same calls on
     /// a [`DeviceUVector`](crate::DeviceUVector) or
-    /// [`DeviceScalar`](crate::DeviceScalar) made from it) and before the
-    /// buffer is cloned ([`try_clone_on`](Self::try_clone_on)): until then
-    /// the bytes are uninitialized memory. The buffer may grow, shrink or
-    /// change stream meanwhile (its moves of unwritten bytes read nothing).
+    /// [`DeviceScalar`](crate::DeviceScalar) made from it), before the
+    /// buffer is cloned ([`try_clone_on`](Self::try_clone_on)) and before
+    /// another container copies it in ([`from_device_ptr_in`](Self::from_device_ptr_in)):
+    /// until then the bytes are uninitialized memory. The buffer may grow,
+    /// shrink, change alignment or stream meanwhile (its moves of unwritten
+    /// bytes read nothing).
     ///
     /// # Errors
     ///
-    /// As [`new`](Self::new), less the copy engine's.
-    pub unsafe fn new_uninit(len: u64, stream: S, resource: R, engine: E) -> Result<Self> {
-        Self::unwritten(len, stream, resource, engine)
+    /// As [`new_in`](Self::new_in), less the copy engine's.
+    pub unsafe fn new_uninit_in(len: u64, stream: S, resource: R, engine: E) -> Result<Self> {
+        Self::unwritten(len, DEFAULT_ALIGNMENT, stream, resource, engine)
     }
 
     /// A buffer holding a copy of `data`.
     ///
     /// # Errors
     ///
-    /// The resource's error, [`ContainerError::BlockTooShort`], the copy
-    /// engine's error.
-    pub fn from_slice(data: &[u8], stream: S, resource: R, engine: E) -> Result<Self> {
-        let mut buf = Self::unwritten(data.len() as u64, stream, resource, engine)?;
+    /// As [`new_in`](Self::new_in).
+    pub fn from_slice_in(data: &[u8], stream: S, resource: R, engine: E) -> Result<Self> {
+        let mut buf = Self::unwritten(data.len() as u64, DEFAULT_ALIGNMENT, stream, resource, engine)?;
         buf.write(0, data)?;
         Ok(buf)
+    }
+
+    /// A buffer holding a copy of the `len` bytes at device address `src`,
+    /// copied on `stream` within the engine's memory: RMM's
+    /// `device_buffer(source_data, size, stream, mr)`.
+    ///
+    /// # Safety
+    ///
+    /// `src..src + len` must be memory of the engine's kind that the caller
+    /// holds (in a block that a resource [`MemoryOf<E::Kind>`](MemoryOf)
+    /// handed out and that is not given back, such as another container's,
+    /// or other live memory of the backend), every byte written, and not
+    /// written by work that is not ordered with `stream` (as
+    /// [`CopyEngine::copy`] asks).
+    ///
+    /// It cannot be a safe call even over an engine that checks that each
+    /// range is live memory of its kind (`HostCopy`, `CudaCopy`): the check
+    /// says the bytes are someone's, not the caller's. Safe code could then
+    /// read a block whose holder writes it through a Rust reference (unsafe
+    /// code may make those to its own block), or bytes nobody wrote.
+    ///
+    /// # Errors
+    ///
+    /// As [`new_in`](Self::new_in); the new block is given back on the copy
+    /// engine's error (for an engine that checks its accesses, `NotLive` for
+    /// a range that is not live memory of its kind).
+    pub unsafe fn from_device_ptr_in(src: u64, len: u64, stream: S, resource: R, engine: E) -> Result<Self> {
+        // SAFETY: the caller's contract is `copied`'s.
+        unsafe { Self::copied(len, DEFAULT_ALIGNMENT, src, stream, resource, engine) }
     }
 
     /// Bytes in use.
@@ -149,6 +225,12 @@ where
     /// The block the buffer holds.
     pub fn block(&self) -> Block {
         self.block
+    }
+
+    /// The alignment of the buffer's memory, in bytes: every block it takes
+    /// is asked for it and checked to start at a multiple of it.
+    pub fn alignment(&self) -> u64 {
+        self.align
     }
 
     /// The stream the buffer's work is ordered on.
@@ -235,7 +317,7 @@ where
     }
 
     /// Sets bytes `offset..offset + n` of the capacity to `value`.
-    fn fill_range(&mut self, offset: u64, n: u64, value: u8) -> Result<()> {
+    pub(crate) fn fill_range(&mut self, offset: u64, n: u64, value: u8) -> Result<()> {
         assert!(offset.checked_add(n).is_some_and(|end| end <= self.capacity()), "fill past the capacity");
         if n > 0 {
             // SAFETY: the range lies inside the capacity (asserted): memory
@@ -246,9 +328,10 @@ where
         Ok(())
     }
 
-    /// Moves the bytes in use to a new block of `capacity` bytes.
-    fn reallocate(&mut self, capacity: u64) -> Result<()> {
-        let new = Self::allocate(&self.resource, capacity, &self.stream)?;
+    /// Moves the bytes in use to a new block of `capacity` bytes aligned to
+    /// `align`, which becomes the buffer's alignment.
+    fn reallocate(&mut self, capacity: u64, align: u64) -> Result<()> {
+        let new = Self::allocate(&self.resource, capacity, align, &self.stream)?;
         let keep = self.len.min(capacity);
         if keep > 0 {
             // SAFETY: both ranges lie in blocks the resource
@@ -264,6 +347,7 @@ where
         }
         let old = std::mem::replace(&mut self.block, new);
         self.len = keep;
+        self.align = align;
         self.resource.deallocate(old, &self.stream)?;
         Ok(())
     }
@@ -274,9 +358,9 @@ where
     ///
     /// # Errors
     ///
-    /// The resource's error, [`ContainerError::BlockTooShort`]: the buffer
-    /// is then unchanged. The copy engine's error: the length is then
-    /// unchanged.
+    /// The resource's error, [`ContainerError::BlockTooShort`],
+    /// [`ContainerError::Misaligned`]: the buffer is then unchanged. The copy
+    /// engine's error: the length is then unchanged.
     pub fn resize(&mut self, len: u64) -> Result<()> {
         self.reserve(len)?;
         if len > self.len {
@@ -291,7 +375,7 @@ where
     ///
     /// # Safety
     ///
-    /// As [`new_uninit`](Self::new_uninit), for the bytes past the old
+    /// As [`new_uninit_in`](Self::new_uninit_in), for the bytes past the old
     /// length: each must be written before it is read to the host or the
     /// buffer is cloned.
     ///
@@ -310,11 +394,11 @@ where
     ///
     /// # Errors
     ///
-    /// The resource's error, [`ContainerError::BlockTooShort`]; the buffer
-    /// is then unchanged.
+    /// The resource's error, [`ContainerError::BlockTooShort`],
+    /// [`ContainerError::Misaligned`]; the buffer is then unchanged.
     pub fn reserve(&mut self, capacity: u64) -> Result<()> {
         if capacity > self.capacity() {
-            self.reallocate(capacity)?;
+            self.reallocate(capacity, self.align)?;
         }
         Ok(())
     }
@@ -323,18 +407,67 @@ where
     ///
     /// # Errors
     ///
-    /// The resource's error, [`ContainerError::BlockTooShort`]; the buffer
-    /// is then unchanged.
+    /// The resource's error, [`ContainerError::BlockTooShort`],
+    /// [`ContainerError::Misaligned`]; the buffer is then unchanged.
     pub fn shrink_to_fit(&mut self) -> Result<()> {
         if self.len < self.capacity() {
-            self.reallocate(self.len)?;
+            self.reallocate(self.len, self.align)?;
         }
+        Ok(())
+    }
+
+    /// Makes `align` (a power of two; below [`DEFAULT_ALIGNMENT`], raised to
+    /// it) the alignment of the buffer's memory from now on. A block at hand
+    /// that does not start at a multiple of it is replaced by one that does,
+    /// of the same capacity, the bytes in use moved on the stream. A buffer
+    /// with no memory takes none, so the way to a new aligned buffer is:
+    ///
+    /// ```
+    /// # use memres_containers::DeviceBuffer;
+    /// # use memres_sim::{HostCopy, HostMemory};
+    /// # let mem = HostMemory::new();
+    /// let mut buf = DeviceBuffer::new_in(0, (), &mem, HostCopy)?;
+    /// buf.set_alignment(1 << 16)?;
+    /// buf.resize(1000)?;
+    /// assert_eq!(buf.addr() % (1 << 16), 0);
+    /// # Ok::<(), memres_containers::ContainerError>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidAlignment`](memres_core::Error::InvalidAlignment) for
+    /// an alignment that is not a power of two or above
+    /// [`Request::MAX_ALIGN`]; the resource's error (one that cannot align so
+    /// far: `InvalidAlignment`, or out of memory),
+    /// [`ContainerError::Misaligned`] (a resource that hands out a block
+    /// aligned less than asked), [`ContainerError::BlockTooShort`], the copy
+    /// engine's error. The buffer is then unchanged, its alignment included.
+    pub fn set_alignment(&mut self, align: u64) -> Result<()> {
+        let align = Request::aligned(0, align)?.align();
+        if self.block.addr() % align != 0 {
+            self.reallocate(self.capacity(), align)?;
+        }
+        self.align = align;
         Ok(())
     }
 
     /// Sets the length to zero, keeping the memory.
     pub fn clear(&mut self) {
         self.len = 0;
+    }
+
+    /// Raises the alignment to `align` (a power of two at least
+    /// [`DEFAULT_ALIGNMENT`]) if the block at hand starts at a multiple of it.
+    ///
+    /// # Errors
+    ///
+    /// [`ContainerError::Misaligned`] if it does not; nothing changes.
+    pub(crate) fn adopt_alignment(&mut self, align: u64) -> Result<()> {
+        if self.block.addr() % align != 0 {
+            return Err(ContainerError::Misaligned { align, addr: self.block.addr() });
+        }
+        self.align = self.align.max(align);
+        Ok(())
     }
 
     /// Makes `stream` the buffer's stream: later work, and the final free,
@@ -350,15 +483,40 @@ where
         Ok(())
     }
 
-    /// A deep copy on `stream`, from the same resource. The copy is ordered
-    /// after the work submitted so far on this buffer's stream, and this
-    /// buffer's later work (its free on drop included) after the copy.
+    /// A deep copy on the buffer's own stream, from the same resource, of
+    /// the same alignment: RMM's copy construction.
+    ///
+    /// The containers do not implement [`Clone`]: a device copy can fail
+    /// where a host copy cannot (the resource out of memory, a stream's
+    /// error, a block that other code freed), and `Clone` could only panic
+    /// then, as `std::fs::File` has `try_clone` for the same reason.
+    ///
+    /// # Errors
+    ///
+    /// As [`try_clone_on`](Self::try_clone_on).
+    pub fn try_clone(&self) -> Result<Self>
+    where
+        R: Clone,
+        E: Clone,
+        S: Clone,
+    {
+        self.try_clone_on(self.stream.clone())
+    }
+
+    /// A deep copy on `stream`, from the same resource, of the same
+    /// alignment. The copy is ordered after the work submitted so far on
+    /// this buffer's stream, and this buffer's later work (its free on drop
+    /// included) after the copy.
     ///
     /// # Errors
     ///
     /// The resource's, the stream's or the copy engine's error,
-    /// [`ContainerError::BlockTooShort`]; the new buffer is then dropped
-    /// (freed on `stream`).
+    /// [`ContainerError::BlockTooShort`], [`ContainerError::Misaligned`]; the
+    /// new buffer is then dropped (freed on `stream`). If the copy was queued
+    /// but this buffer's stream cannot be ordered after it (an event that
+    /// fails to record or be waited on), the host waits for the copy's stream
+    /// before the error comes back, so that this buffer's free never
+    /// overtakes the copy.
     pub fn try_clone_on(&self, stream: S) -> Result<Self>
     where
         R: Clone,
@@ -366,18 +524,23 @@ where
     {
         let done = self.stream.record()?;
         stream.wait(&done)?;
-        // Written below, byte for byte from this buffer's written bytes.
-        let copy = Self::unwritten(self.len, stream, self.resource.clone(), self.engine.clone())?;
+        let (resource, engine) = (self.resource.clone(), self.engine.clone());
+        // SAFETY: the source is this buffer's bytes in use: memory of the
+        // engine in the block it holds (the resource's `MemoryOf` promise),
+        // all written (the invariant of `len`), and the copy's stream waits
+        // for the work submitted on this buffer's stream (above).
+        let copy =
+            unsafe { Self::copied(self.len, self.align, self.block.addr(), stream, resource, engine)? };
         if self.len > 0 {
-            // SAFETY: both ranges lie in blocks the resource
-            // (`MemoryOf<E::Kind>`) handed out and their buffers hold, of at
-            // least `len` bytes (`allocate`'s check); they overlap only if
-            // other code freed the source's block; the copy's stream waits
-            // for the source's work above, and the source's stream waits for
-            // the copy below.
-            unsafe { copy.engine.copy(copy.block.addr(), self.block.addr(), self.len, &copy.stream)? };
-            let copied = copy.stream.record()?;
-            self.stream.wait(&copied)?;
+            // The source's later work (its free included) after the copy;
+            // where the streams cannot order that, the host waits for the
+            // copy before the error comes back (a stream that cannot
+            // synchronize either has failed and runs no more work).
+            let ordered = copy.stream.record().and_then(|copied| self.stream.wait(&copied));
+            if let Err(e) = ordered {
+                let _ = copy.stream.synchronize();
+                return Err(e.into());
+            }
         }
         Ok(copy)
     }
@@ -386,8 +549,7 @@ where
     ///
     /// # Errors
     ///
-    /// [`ContainerError::NotWholeElements`](crate::ContainerError::NotWholeElements)
-    /// if the length is not a multiple of `size_of::<T>()`; the buffer comes back in `Err`.
+    /// As [`DeviceUVector::try_from_buffer`](crate::DeviceUVector::try_from_buffer).
     #[allow(clippy::result_large_err)]
     pub fn try_into_uvector<T: bytemuck::Pod>(
         self,
@@ -420,6 +582,7 @@ where
             .field("addr", &format_args!("{:#x}", self.block.addr()))
             .field("len", &self.len)
             .field("capacity", &self.capacity())
+            .field("alignment", &self.align)
             .field("stream", &self.stream.id())
             .finish()
     }

@@ -37,6 +37,17 @@ pub enum ContainerError {
         /// The block's size.
         size: u64,
     },
+    /// The resource handed out a block that does not start at a multiple
+    /// of the alignment asked for (an alignment it cannot honour and does
+    /// not refuse), or a buffer to be viewed as elements of an alignment its
+    /// block does not have; the block went back to the resource (or the
+    /// buffer comes back) and the container is unchanged.
+    Misaligned {
+        /// The alignment asked for, in bytes.
+        align: u64,
+        /// The block's address.
+        addr: u64,
+    },
 }
 
 impl From<memres_core::Error> for ContainerError {
@@ -58,6 +69,9 @@ impl fmt::Display for ContainerError {
             ContainerError::LengthOverflow { len } => write!(f, "length {len} overflows in bytes"),
             ContainerError::BlockTooShort { requested, size } => {
                 write!(f, "the resource handed out a block of {size} bytes for a request of {requested}")
+            }
+            ContainerError::Misaligned { align, addr } => {
+                write!(f, "the block at {addr:#x} is not aligned to {align} bytes")
             }
         }
     }

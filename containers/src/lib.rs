@@ -7,12 +7,71 @@
 //!
 //! | type | what it is |
 //! | --- | --- |
-//! | [`DeviceBuffer`] | untyped bytes: size, capacity, resize, deep copy, change of stream |
-//! | [`DeviceUVector`] | a vector of plain-old-data `T`, zeroed on creation (RMM's uninitialized creation is `unsafe`) |
+//! | [`DeviceBuffer`] | untyped bytes: size, capacity, resize, alignment, deep copy, change of stream |
+//! | [`DeviceUVector`] | a vector of plain-old-data `T`, zeroed on creation (RMM's uninitialized creation is `unsafe`), aligned to `T` |
 //! | [`DeviceScalar`] | one `T` in device memory |
 //!
 //! The resource `R` may be a reference (`&Pool`) or an `Arc`: both are
 //! resources through the core's forwarding impls.
+//!
+//! # Constructors
+//!
+//! Every constructor comes twice, as RMM's default argument `mr =
+//! get_current_device_resource()`:
+//!
+//! | without a resource | with one |
+//! | --- | --- |
+//! | `new(len, stream)` | `new_in(len, stream, resource, engine)` |
+//! | `new_uninit(len, stream)` (`unsafe`) | `new_uninit_in(len, stream, resource, engine)` |
+//! | `from_slice(data, stream)` (`from_value` for a scalar) | `from_slice_in(data, stream, resource, engine)` |
+//! | `from_device_ptr(src, len, stream)` (`unsafe`) | `from_device_ptr_in(src, len, stream, resource, engine)` |
+//!
+//! (A scalar's take no `len`.) The `_in` forms take any resource `R` and
+//! engine `E` with `R: MemoryOf<E::Kind>`. The others take the current
+//! resource of the stream's device ([`DeviceStream::device`](memres_core::device::DeviceStream::device), `()`
+//! is device 0) from the process-wide registry, and the engine promised
+//! with it: the resource must have been set with
+//! [`set_per_device_resource_of`](memres_core::device::set_per_device_resource_of), which asks `R: MemoryOf<E>`, or made by
+//! a backend's default factory that promises it. The registry's untyped
+//! resources cannot be vouched for, so one set without the promise, such as
+//! the simulator's default (a simulated device, numbers with no bytes
+//! behind them), is refused with `InvalidConfig` rather than touched: over
+//! the simulator, set host memory. The engine's type is named where the
+//! container is made; the resource's is [`Current`]:
+//!
+//! ```
+//! use memres_containers::{DeviceScalar, DeviceUVector};
+//! use memres_core::device::set_per_device_resource_of;
+//! use memres_sim::{HostCopy, HostMemory};
+//! use std::sync::Arc;
+//! set_per_device_resource_of::<(), _, _>(0, Arc::new(HostMemory::new()), HostCopy);
+//! let v = DeviceUVector::<f32, _, HostCopy>::from_slice(&[1.0, 2.0], ())?;
+//! let w = v.try_clone()?;
+//! let s: DeviceScalar<u64, _, HostCopy> = DeviceScalar::new(())?;
+//! assert_eq!((w.to_vec()?, s.value()?), (vec![1.0, 2.0], 0));
+//! # Ok::<(), memres_containers::ContainerError>(())
+//! ```
+//!
+//! A device copy can fail, so the containers have `try_clone` (on their
+//! stream) and `try_clone_on` (on another), not [`Clone`]; see
+//! [`DeviceBuffer::try_clone`].
+//!
+//! # The host view
+//!
+//! The elements are read and written by copies through the engine: one
+//! element ([`element`](DeviceUVector::element),
+//! [`set_element_async`](DeviceUVector::set_element_async), front and
+//! back), a range ([`slice_to_vec`](DeviceUVector::slice_to_vec),
+//! [`copy_to_slice_at`](DeviceUVector::copy_to_slice_at),
+//! [`copy_from_slice_at`](DeviceUVector::copy_from_slice_at)), all
+//! ([`to_vec`](DeviceUVector::to_vec)) or a batch at a time
+//! ([`iter`](DeviceUVector::iter)). No container lends a Rust slice of its
+//! memory, even where the memory is host memory: other code can free a
+//! container's block at any moment (below), and the bytes under a live
+//! `&[T]` would then be freed or another holder's. Holding the engine's
+//! lock for a slice's life would keep every free out, but it is one lock
+//! for all host copies: any copy made while the slice lives, by this thread
+//! through another container, would deadlock.
 //!
 //! # What holds
 //!
@@ -33,19 +92,28 @@
 //! use memres_containers::DeviceBuffer;
 //! use memres_sim::{HostCopy, SimDevice};
 //! // `SimDevice: MemoryOf<HostCopy>` does not hold.
-//! let _ = DeviceBuffer::from_slice(b"hello", (), &SimDevice::new(1 << 30), HostCopy);
+//! let _ = DeviceBuffer::from_slice_in(b"hello", (), &SimDevice::new(1 << 30), HostCopy);
 //! ```
 //!
-//! - **Blocks as long as asked.** Every block a container gets is checked
-//!   against its request; a shorter one goes back to the resource and the
-//!   call fails with [`ContainerError::BlockTooShort`], the container
+//! - **Blocks as asked.** Every block a container gets is checked against
+//!   its request; a shorter one goes back to the resource and the call
+//!   fails with [`ContainerError::BlockTooShort`], one not aligned as asked
+//!   (the container's alignment: `T`'s, at least 256 bytes, or more with
+//!   `set_alignment`) with [`ContainerError::Misaligned`], the container
 //!   unchanged.
 //! - **No unwritten reads.** [`new`](DeviceBuffer::new) and
 //!   [`resize`](DeviceBuffer::resize) write zeros (with the engine's `fill`,
 //!   on the container's stream); `reserve` and `shrink_to_fit` keep the
 //!   length, so spare capacity is never read. RMM's uninitialized creation
 //!   and growth are `unsafe` (`new_uninit`, `resize_uninit`): the caller
-//!   writes before reading.
+//!   writes before reading. So is the copy from a raw device address
+//!   (`from_device_ptr`): the engine can check that the range is live
+//!   memory of its kind, not that it is the caller's and written
+//!   ([`DeviceBuffer::from_device_ptr_in`] says why).
+//! - **The current resource is memory of the engine.** The constructors
+//!   without a resource take one from the registry only if it was promised
+//!   as memory of the engine's type, by a `MemoryOf` bound or an `unsafe`
+//!   call ([`memres_core::device`]).
 //! - **Stream order.** A container's work is ordered on its stream; a change
 //!   of stream and a deep copy on another stream wait on events both ways,
 //!   so a block is freed on drop only after the work that used it.
@@ -85,17 +153,19 @@
 //! let stack: Box<dyn MemoryResource> = Box::new(HostMemory::new());
 //! // SAFETY: the box holds host memory, whose blocks `HostCopy` may touch.
 //! let mr = unsafe { AssumeMemoryOf::<_, HostCopy>::new(stack) };
-//! let v = DeviceUVector::from_slice(&[1u16, 2], (), &mr, HostCopy)?;
+//! let v = DeviceUVector::from_slice_in(&[1u16, 2], (), &mr, HostCopy)?;
 //! assert_eq!(v.to_vec()?, [1, 2]);
 //! # Ok::<(), memres_containers::ContainerError>(())
 //! ```
 
 mod buffer;
+mod current;
 mod error;
 mod scalar;
 mod uvector;
 
 pub use buffer::DeviceBuffer;
+pub use current::Current;
 pub use error::{ContainerError, Result};
 pub use scalar::DeviceScalar;
-pub use uvector::DeviceUVector;
+pub use uvector::{DeviceUVector, Iter};

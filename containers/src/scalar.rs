@@ -4,7 +4,8 @@ use memres_core::copy::{CopyEngine, MemoryOf};
 use memres_core::{MemoryResource, Stream};
 use std::fmt;
 
-/// One `T` in a resource's memory: RMM's `device_scalar<T>`.
+/// One `T` in a resource's memory: RMM's `device_scalar<T>`, at an address
+/// aligned to `T` (and to 256 bytes at least).
 ///
 /// # Examples
 ///
@@ -12,9 +13,11 @@ use std::fmt;
 /// use memres_containers::DeviceScalar;
 /// use memres_sim::{HostCopy, HostMemory};
 /// let mem = HostMemory::new();
-/// let mut s = DeviceScalar::from_value(&7u64, (), &mem, HostCopy)?;
+/// let mut s = DeviceScalar::from_value_in(&7u64, (), &mem, HostCopy)?;
 /// s.set_value_async(&42)?;
 /// assert_eq!(s.value()?, 42);
+/// s.set_value_to_zero_async()?;
+/// assert_eq!(s.value()?, 0);
 /// # Ok::<(), memres_containers::ContainerError>(())
 /// ```
 pub struct DeviceScalar<T, R, E, S = ()>
@@ -39,35 +42,53 @@ where
     ///
     /// # Errors
     ///
-    /// As [`DeviceBuffer::new`](crate::DeviceBuffer::new).
-    pub fn new(stream: S, resource: R, engine: E) -> Result<Self> {
-        Ok(DeviceScalar { inner: DeviceUVector::new(1, stream, resource, engine)? })
+    /// As [`DeviceBuffer::new_in`](crate::DeviceBuffer::new_in).
+    pub fn new_in(stream: S, resource: R, engine: E) -> Result<Self> {
+        Ok(DeviceScalar { inner: DeviceUVector::new_in(1, stream, resource, engine)? })
     }
 
-    /// A scalar whose value is not written: RMM's `device_scalar(stream)`.
+    /// A scalar whose value is not written: RMM's `device_scalar(stream, mr)`.
     ///
     /// # Safety
     ///
-    /// As [`DeviceBuffer::new_uninit`](crate::DeviceBuffer::new_uninit): the
-    /// value must be written before it is read.
+    /// As [`DeviceBuffer::new_uninit_in`](crate::DeviceBuffer::new_uninit_in):
+    /// the value must be written before it is read, the scalar cloned or
+    /// copied from.
     ///
     /// # Errors
     ///
-    /// As [`DeviceBuffer::new_uninit`](crate::DeviceBuffer::new_uninit).
-    pub unsafe fn new_uninit(stream: S, resource: R, engine: E) -> Result<Self> {
+    /// As [`DeviceBuffer::new_uninit_in`](crate::DeviceBuffer::new_uninit_in).
+    pub unsafe fn new_uninit_in(stream: S, resource: R, engine: E) -> Result<Self> {
         // SAFETY: the caller takes on the vector's contract for the value.
-        Ok(DeviceScalar { inner: unsafe { DeviceUVector::new_uninit(1, stream, resource, engine)? } })
+        Ok(DeviceScalar { inner: unsafe { DeviceUVector::new_uninit_in(1, stream, resource, engine)? } })
     }
 
     /// A scalar holding `value`.
     ///
     /// # Errors
     ///
-    /// The resource's or the copy engine's error.
-    pub fn from_value(value: &T, stream: S, resource: R, engine: E) -> Result<Self> {
+    /// As [`DeviceBuffer::new_in`](crate::DeviceBuffer::new_in).
+    pub fn from_value_in(value: &T, stream: S, resource: R, engine: E) -> Result<Self> {
         Ok(DeviceScalar {
-            inner: DeviceUVector::from_slice(std::slice::from_ref(value), stream, resource, engine)?,
+            inner: DeviceUVector::from_slice_in(std::slice::from_ref(value), stream, resource, engine)?,
         })
+    }
+
+    /// A scalar holding a copy of the `T` at device address `src`, copied on
+    /// `stream` within the engine's memory.
+    ///
+    /// # Safety
+    ///
+    /// As [`DeviceBuffer::from_device_ptr_in`](crate::DeviceBuffer::from_device_ptr_in),
+    /// for the `size_of::<T>()` bytes at `src`.
+    ///
+    /// # Errors
+    ///
+    /// As [`DeviceBuffer::from_device_ptr_in`](crate::DeviceBuffer::from_device_ptr_in).
+    pub unsafe fn from_device_ptr_in(src: u64, stream: S, resource: R, engine: E) -> Result<Self> {
+        // SAFETY: the caller's contract is the vector's, for one element.
+        let inner = unsafe { DeviceUVector::from_device_ptr_in(src, 1, stream, resource, engine)? };
+        Ok(DeviceScalar { inner })
     }
 
     /// Writes `value`, ordered on the scalar's stream.
@@ -77,6 +98,16 @@ where
     /// The copy engine's error.
     pub fn set_value_async(&mut self, value: &T) -> Result<()> {
         self.inner.set_element_async(0, value)
+    }
+
+    /// Sets the value to zero, ordered on the scalar's stream (a fill on the
+    /// device): RMM's `set_value_to_zero_async`.
+    ///
+    /// # Errors
+    ///
+    /// The copy engine's error.
+    pub fn set_value_to_zero_async(&mut self) -> Result<()> {
+        self.inner.fill_zero()
     }
 
     /// Reads the value (waits for the stream's work before it).
@@ -105,6 +136,35 @@ where
     /// The stream's error.
     pub fn set_stream(&mut self, stream: S) -> Result<()> {
         self.inner.set_stream(stream)
+    }
+
+    /// A deep copy on the scalar's stream (see
+    /// [`DeviceBuffer::try_clone`](crate::DeviceBuffer::try_clone): why
+    /// there is no `Clone`).
+    ///
+    /// # Errors
+    ///
+    /// As [`DeviceBuffer::try_clone_on`](crate::DeviceBuffer::try_clone_on).
+    pub fn try_clone(&self) -> Result<Self>
+    where
+        R: Clone,
+        E: Clone,
+        S: Clone,
+    {
+        Ok(DeviceScalar { inner: self.inner.try_clone()? })
+    }
+
+    /// A deep copy on `stream`.
+    ///
+    /// # Errors
+    ///
+    /// As [`DeviceBuffer::try_clone_on`](crate::DeviceBuffer::try_clone_on).
+    pub fn try_clone_on(&self, stream: S) -> Result<Self>
+    where
+        R: Clone,
+        E: Clone,
+    {
+        Ok(DeviceScalar { inner: self.inner.try_clone_on(stream)? })
     }
 }
 

@@ -1,9 +1,10 @@
 use crate::{ContainerError, DeviceBuffer, Result};
 use bytemuck::Pod;
 use memres_core::copy::{CopyEngine, MemoryOf};
-use memres_core::{MemoryResource, Stream};
+use memres_core::{MemoryResource, Request, Stream, DEFAULT_ALIGNMENT};
 use std::fmt;
 use std::marker::PhantomData;
+use std::ops::{Bound, RangeBounds};
 
 /// A vector of plain-old-data `T` in a resource's memory: RMM's
 /// `device_uvector<T>`. New elements are zero ([`new`](Self::new),
@@ -12,7 +13,14 @@ use std::marker::PhantomData;
 /// [`resize_uninit`](Self::resize_uninit).
 ///
 /// A thin typed view over a [`DeviceBuffer`] whose length is always a whole
-/// number of elements.
+/// number of elements and whose alignment is at least `T`'s: an element
+/// type aligned above the default 256 bytes (`#[repr(align(4096))]`) gets
+/// blocks of its alignment, or a typed error, never a misaligned block.
+///
+/// The elements are read and written by copies, one element, a range or all
+/// of them at a time ([`element`](Self::element), [`slice_to_vec`](Self::slice_to_vec),
+/// [`to_vec`](Self::to_vec), [`iter`](Self::iter)), never through a Rust
+/// reference into the memory: see the [crate's documentation](crate#the-host-view).
 ///
 /// # Examples
 ///
@@ -20,10 +28,14 @@ use std::marker::PhantomData;
 /// use memres_containers::DeviceUVector;
 /// use memres_sim::{HostCopy, HostMemory};
 /// let mem = HostMemory::new();
-/// let mut v = DeviceUVector::from_slice(&[1u32, 2, 3], (), &mem, HostCopy)?;
+/// let mut v = DeviceUVector::from_slice_in(&[1u32, 2, 3], (), &mem, HostCopy)?;
 /// v.set_element_async(1, &20)?;
 /// assert_eq!(v.element(1)?, 20);
+/// assert_eq!((v.front_element()?, v.back_element()?), (1, 3));
 /// assert_eq!(v.to_vec()?, vec![1, 20, 3]);
+/// assert_eq!(v.slice_to_vec(1..)?, vec![20, 3]);
+/// assert_eq!(v.iter().sum::<Result<u32, _>>()?, 24);
+/// assert_eq!(v.element_ptr(2)?, v.device_ptr() + 8);
 /// assert!(v.element(3).is_err());
 /// # Ok::<(), memres_containers::ContainerError>(())
 /// ```
@@ -34,13 +46,19 @@ where
     E: CopyEngine<S>,
     S: Stream,
 {
-    /// Its length is `len() * size_of::<T>()` bytes.
+    /// Its length is `len() * size_of::<T>()` bytes; its alignment at least
+    /// `element_align::<T>()`.
     buf: DeviceBuffer<R, E, S>,
     _t: PhantomData<T>,
 }
 
 fn bytes_of_len<T>(len: usize) -> Result<u64> {
     len.checked_mul(size_of::<T>()).map(|b| b as u64).ok_or(ContainerError::LengthOverflow { len })
+}
+
+/// The alignment of a vector of `T`s: `T`'s, at least the default.
+fn element_align<T>() -> u64 {
+    (align_of::<T>() as u64).max(DEFAULT_ALIGNMENT)
 }
 
 impl<T, R, E, S> DeviceUVector<T, R, E, S>
@@ -54,25 +72,27 @@ where
     ///
     /// # Errors
     ///
-    /// As [`DeviceBuffer::new`]; [`ContainerError::LengthOverflow`].
-    pub fn new(len: usize, stream: S, resource: R, engine: E) -> Result<Self> {
-        let buf = DeviceBuffer::new(bytes_of_len::<T>(len)?, stream, resource, engine)?;
+    /// As [`DeviceBuffer::new_in`]; [`ContainerError::LengthOverflow`].
+    pub fn new_in(len: usize, stream: S, resource: R, engine: E) -> Result<Self> {
+        let buf =
+            DeviceBuffer::zeroed(bytes_of_len::<T>(len)?, element_align::<T>(), stream, resource, engine)?;
         Ok(DeviceUVector { buf, _t: PhantomData })
     }
 
-    /// `len` elements that are not written: RMM's `device_uvector(n, stream)`.
+    /// `len` elements that are not written: RMM's `device_uvector(n, stream, mr)`.
     ///
     /// # Safety
     ///
-    /// As [`DeviceBuffer::new_uninit`]: every element must be written before
-    /// it is read to the host or the vector is cloned.
+    /// As [`DeviceBuffer::new_uninit_in`]: every element must be written
+    /// before it is read to the host, the vector is cloned or copied from.
     ///
     /// # Errors
     ///
-    /// As [`DeviceBuffer::new_uninit`]; [`ContainerError::LengthOverflow`].
-    pub unsafe fn new_uninit(len: usize, stream: S, resource: R, engine: E) -> Result<Self> {
-        // SAFETY: the caller takes on the buffer's contract for its elements.
-        let buf = unsafe { DeviceBuffer::new_uninit(bytes_of_len::<T>(len)?, stream, resource, engine)? };
+    /// As [`DeviceBuffer::new_uninit_in`]; [`ContainerError::LengthOverflow`].
+    pub unsafe fn new_uninit_in(len: usize, stream: S, resource: R, engine: E) -> Result<Self> {
+        let buf =
+            DeviceBuffer::unwritten(bytes_of_len::<T>(len)?, element_align::<T>(), stream, resource, engine)?;
+        // The caller takes on the buffer's contract for its elements.
         Ok(DeviceUVector { buf, _t: PhantomData })
     }
 
@@ -80,25 +100,59 @@ where
     ///
     /// # Errors
     ///
-    /// The resource's or the copy engine's error.
-    pub fn from_slice(data: &[T], stream: S, resource: R, engine: E) -> Result<Self> {
-        let buf = DeviceBuffer::from_slice(bytemuck::cast_slice(data), stream, resource, engine)?;
+    /// As [`new_in`](Self::new_in).
+    pub fn from_slice_in(data: &[T], stream: S, resource: R, engine: E) -> Result<Self> {
+        let bytes: &[u8] = bytemuck::cast_slice(data);
+        let mut buf =
+            DeviceBuffer::unwritten(bytes.len() as u64, element_align::<T>(), stream, resource, engine)?;
+        buf.write(0, bytes)?;
         Ok(DeviceUVector { buf, _t: PhantomData })
     }
 
-    /// A vector viewing `buf`'s bytes as `T`s.
+    /// A copy of the `len` elements at device address `src`, copied on
+    /// `stream` within the engine's memory.
+    ///
+    /// # Safety
+    ///
+    /// As [`DeviceBuffer::from_device_ptr_in`], for the
+    /// `len * size_of::<T>()` bytes at `src` (which need not be aligned).
+    ///
+    /// # Errors
+    ///
+    /// As [`DeviceBuffer::from_device_ptr_in`]; [`ContainerError::LengthOverflow`].
+    pub unsafe fn from_device_ptr_in(
+        src: u64,
+        len: usize,
+        stream: S,
+        resource: R,
+        engine: E,
+    ) -> Result<Self> {
+        let bytes = bytes_of_len::<T>(len)?;
+        // SAFETY: the caller's contract is `copied`'s.
+        let buf =
+            unsafe { DeviceBuffer::copied(bytes, element_align::<T>(), src, stream, resource, engine)? };
+        Ok(DeviceUVector { buf, _t: PhantomData })
+    }
+
+    /// A vector viewing `buf`'s bytes as `T`s; the buffer's alignment is
+    /// raised to `T`'s.
     ///
     /// # Errors
     ///
     /// [`ContainerError::NotWholeElements`] if the buffer's length is not a
-    /// multiple of `size_of::<T>()`; the buffer comes back unchanged.
+    /// multiple of `size_of::<T>()`; [`ContainerError::Misaligned`] if its
+    /// block does not start at a multiple of `T`'s alignment. The buffer
+    /// comes back unchanged.
     #[allow(clippy::result_large_err)]
     pub fn try_from_buffer(
-        buf: DeviceBuffer<R, E, S>,
+        mut buf: DeviceBuffer<R, E, S>,
     ) -> std::result::Result<Self, (ContainerError, DeviceBuffer<R, E, S>)> {
         let size = size_of::<T>();
         if size == 0 || buf.len() % size as u64 != 0 {
             return Err((ContainerError::NotWholeElements { bytes: buf.len(), element_size: size }, buf));
+        }
+        if let Err(e) = buf.adopt_alignment(element_align::<T>()) {
+            return Err((e, buf));
         }
         Ok(DeviceUVector { buf, _t: PhantomData })
     }
@@ -139,6 +193,32 @@ where
         self.buf.addr()
     }
 
+    /// The raw device address of element `index`: RMM's `element_ptr`.
+    ///
+    /// # Errors
+    ///
+    /// [`ContainerError::IndexOutOfRange`].
+    pub fn element_ptr(&self, index: usize) -> Result<u64> {
+        self.check_elements(index, 1)?;
+        Ok(self.buf.addr() + (index * size_of::<T>()) as u64)
+    }
+
+    /// The alignment of the vector's memory in bytes (at least `T`'s).
+    pub fn alignment(&self) -> u64 {
+        self.buf.alignment()
+    }
+
+    /// Makes `align`, or `T`'s alignment if that is larger, the alignment of
+    /// the vector's memory (see [`DeviceBuffer::set_alignment`]).
+    ///
+    /// # Errors
+    ///
+    /// As [`DeviceBuffer::set_alignment`]; the vector is then unchanged.
+    pub fn set_alignment(&mut self, align: u64) -> Result<()> {
+        let align = Request::aligned(0, align)?.align();
+        self.buf.set_alignment(align.max(element_align::<T>()))
+    }
+
     /// The stream the vector's work is ordered on.
     pub fn stream(&self) -> &S {
         self.buf.stream()
@@ -153,11 +233,42 @@ where
         self.buf.set_stream(stream)
     }
 
-    fn check_index(&self, index: usize) -> Result<()> {
-        if index < self.len() {
-            Ok(())
-        } else {
-            Err(ContainerError::IndexOutOfRange { index, len: self.len() })
+    /// A deep copy on the vector's stream (see [`DeviceBuffer::try_clone`]:
+    /// why there is no `Clone`).
+    ///
+    /// # Errors
+    ///
+    /// As [`DeviceBuffer::try_clone_on`].
+    pub fn try_clone(&self) -> Result<Self>
+    where
+        R: Clone,
+        E: Clone,
+        S: Clone,
+    {
+        Ok(DeviceUVector { buf: self.buf.try_clone()?, _t: PhantomData })
+    }
+
+    /// A deep copy on `stream` (see [`DeviceBuffer::try_clone_on`]).
+    ///
+    /// # Errors
+    ///
+    /// As [`DeviceBuffer::try_clone_on`].
+    pub fn try_clone_on(&self, stream: S) -> Result<Self>
+    where
+        R: Clone,
+        E: Clone,
+    {
+        Ok(DeviceUVector { buf: self.buf.try_clone_on(stream)?, _t: PhantomData })
+    }
+
+    /// Checks that elements `start..start + n` lie inside the length.
+    fn check_elements(&self, start: usize, n: usize) -> Result<()> {
+        match start.checked_add(n) {
+            Some(end) if end <= self.len() => Ok(()),
+            _ => Err(ContainerError::IndexOutOfRange {
+                index: start.saturating_add(n.max(1) - 1),
+                len: self.len(),
+            }),
         }
     }
 
@@ -167,8 +278,28 @@ where
     ///
     /// [`ContainerError::IndexOutOfRange`]; the copy engine's error.
     pub fn set_element_async(&mut self, index: usize, value: &T) -> Result<()> {
-        self.check_index(index)?;
-        self.buf.write((index * size_of::<T>()) as u64, bytemuck::bytes_of(value))
+        self.copy_from_slice_at(index, std::slice::from_ref(value))
+    }
+
+    /// Sets element `index` to zero, ordered on the vector's stream (a fill
+    /// on the device): RMM's `set_element_to_zero_async`.
+    ///
+    /// # Errors
+    ///
+    /// [`ContainerError::IndexOutOfRange`]; the copy engine's error.
+    pub fn set_element_to_zero_async(&mut self, index: usize) -> Result<()> {
+        self.check_elements(index, 1)?;
+        self.buf.fill_range((index * size_of::<T>()) as u64, size_of::<T>() as u64, 0)
+    }
+
+    /// Sets every element to zero, ordered on the vector's stream (a fill on
+    /// the device).
+    ///
+    /// # Errors
+    ///
+    /// The copy engine's error.
+    pub fn fill_zero(&mut self) -> Result<()> {
+        self.buf.fill(0)
     }
 
     /// Reads element `index` (waits for the stream's work before it).
@@ -177,10 +308,29 @@ where
     ///
     /// [`ContainerError::IndexOutOfRange`]; the copy engine's error.
     pub fn element(&self, index: usize) -> Result<T> {
-        self.check_index(index)?;
         let mut value = T::zeroed();
-        self.buf.read((index * size_of::<T>()) as u64, bytemuck::bytes_of_mut(&mut value))?;
+        self.copy_to_slice_at(index, std::slice::from_mut(&mut value))?;
         Ok(value)
+    }
+
+    /// Reads the first element: RMM's `front_element`.
+    ///
+    /// # Errors
+    ///
+    /// [`ContainerError::IndexOutOfRange`] (index 0) when empty; the copy
+    /// engine's error.
+    pub fn front_element(&self) -> Result<T> {
+        self.element(0)
+    }
+
+    /// Reads the last element: RMM's `back_element`.
+    ///
+    /// # Errors
+    ///
+    /// [`ContainerError::IndexOutOfRange`] (index 0) when empty; the copy
+    /// engine's error.
+    pub fn back_element(&self) -> Result<T> {
+        self.element(self.len().saturating_sub(1))
     }
 
     /// The elements, copied to the host.
@@ -189,9 +339,39 @@ where
     ///
     /// The copy engine's error.
     pub fn to_vec(&self) -> Result<Vec<T>> {
-        let mut v = vec![T::zeroed(); self.len()];
-        self.buf.read(0, bytemuck::cast_slice_mut(&mut v))?;
+        self.slice_to_vec(..)
+    }
+
+    /// Elements `range`, copied to the host: a slice of the vector, read.
+    ///
+    /// # Errors
+    ///
+    /// [`ContainerError::IndexOutOfRange`] for a range that is reversed or
+    /// passes the length; the copy engine's error.
+    pub fn slice_to_vec(&self, range: impl RangeBounds<usize>) -> Result<Vec<T>> {
+        let start = match range.start_bound() {
+            Bound::Included(&i) => i,
+            Bound::Excluded(&i) => i.saturating_add(1),
+            Bound::Unbounded => 0,
+        };
+        let end = match range.end_bound() {
+            Bound::Included(&i) => i.saturating_add(1),
+            Bound::Excluded(&i) => i,
+            Bound::Unbounded => self.len(),
+        };
+        let n = end
+            .checked_sub(start)
+            .ok_or(ContainerError::IndexOutOfRange { index: start, len: self.len() })?;
+        self.check_elements(start, n)?;
+        let mut v = vec![T::zeroed(); n];
+        self.copy_to_slice_at(start, &mut v)?;
         Ok(v)
+    }
+
+    /// The elements in order, copied to the host a batch at a time (64 KiB
+    /// of elements) as the iteration reaches them; an error ends it.
+    pub fn iter(&self) -> Iter<'_, T, R, E, S> {
+        Iter { vector: self, next: 0, batch: Vec::new(), taken: 0, failed: false }
     }
 
     /// Copies `data` over elements `start..start + data.len()`.
@@ -200,7 +380,19 @@ where
     ///
     /// [`ContainerError::IndexOutOfRange`]; the copy engine's error.
     pub fn copy_from_slice_at(&mut self, start: usize, data: &[T]) -> Result<()> {
-        self.buf.write(bytes_of_len::<T>(start)?, bytemuck::cast_slice(data))
+        self.check_elements(start, data.len())?;
+        self.buf.write((start * size_of::<T>()) as u64, bytemuck::cast_slice(data))
+    }
+
+    /// Copies elements `start..start + out.len()` into `out` (waits for the
+    /// stream's work before it).
+    ///
+    /// # Errors
+    ///
+    /// [`ContainerError::IndexOutOfRange`]; the copy engine's error.
+    pub fn copy_to_slice_at(&self, start: usize, out: &mut [T]) -> Result<()> {
+        self.check_elements(start, out.len())?;
+        self.buf.read((start * size_of::<T>()) as u64, bytemuck::cast_slice_mut(out))
     }
 
     /// Sets the length to `len` elements, keeping those up to it; new
@@ -219,8 +411,8 @@ where
     /// # Safety
     ///
     /// As [`DeviceBuffer::resize_uninit`]: every element past the old
-    /// length must be written before it is read to the host or the vector is
-    /// cloned.
+    /// length must be written before it is read to the host, the vector is
+    /// cloned or copied from.
     ///
     /// # Errors
     ///
@@ -252,6 +444,83 @@ where
     /// Sets the length to zero, keeping the memory.
     pub fn clear(&mut self) {
         self.buf.clear();
+    }
+}
+
+/// The elements of a [`DeviceUVector`] in order, copied to the host a batch
+/// at a time ([`DeviceUVector::iter`]).
+pub struct Iter<'a, T, R, E, S = ()>
+where
+    T: Pod,
+    R: MemoryResource<S>,
+    E: CopyEngine<S>,
+    S: Stream,
+{
+    vector: &'a DeviceUVector<T, R, E, S>,
+    /// The index of the first element not copied yet.
+    next: usize,
+    /// The elements copied last, of which the first `taken` were yielded.
+    batch: Vec<T>,
+    taken: usize,
+    /// Whether a copy failed (its error was yielded: the iteration is over).
+    failed: bool,
+}
+
+/// Bytes of elements one batch of [`Iter`] copies.
+const BATCH_BYTES: usize = 64 << 10;
+
+impl<T, R, E, S> Iterator for Iter<'_, T, R, E, S>
+where
+    T: Pod,
+    R: MemoryResource<S> + MemoryOf<E::Kind>,
+    E: CopyEngine<S>,
+    S: Stream,
+{
+    type Item = Result<T>;
+
+    fn next(&mut self) -> Option<Result<T>> {
+        if self.taken == self.batch.len() {
+            let left = self.vector.len().saturating_sub(self.next);
+            if self.failed || left == 0 {
+                return None;
+            }
+            let n = left.min((BATCH_BYTES / size_of::<T>().max(1)).max(1));
+            self.batch.clear();
+            self.batch.resize(n, T::zeroed());
+            self.taken = 0;
+            if let Err(e) = self.vector.copy_to_slice_at(self.next, &mut self.batch) {
+                self.batch.clear();
+                self.failed = true;
+                return Some(Err(e));
+            }
+            self.next += n;
+        }
+        self.taken += 1;
+        Some(Ok(self.batch[self.taken - 1]))
+    }
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        let left = if self.failed {
+            0
+        } else {
+            self.batch.len() - self.taken + self.vector.len().saturating_sub(self.next)
+        };
+        (left.min(1), Some(left))
+    }
+}
+
+impl<T, R, E, S> fmt::Debug for Iter<'_, T, R, E, S>
+where
+    T: Pod,
+    R: MemoryResource<S> + MemoryOf<E::Kind>,
+    E: CopyEngine<S>,
+    S: Stream,
+{
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Iter")
+            .field("next", &self.next)
+            .field("batched", &(self.batch.len() - self.taken))
+            .finish()
     }
 }
 

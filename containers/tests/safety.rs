@@ -10,10 +10,11 @@
 use memres_containers::{ContainerError, DeviceBuffer, DeviceScalar, DeviceUVector};
 use memres_core::copy::{CopyEngine, MemoryOf};
 use memres_core::pool::{CoalescingPool, PoolConfig};
-use memres_core::{Block, Error, MemoryResource, Request, Result as CoreResult, Shared, Stream};
+use memres_core::{Block, Error, Inspect, MemoryResource, Request, Result as CoreResult, Shared, Stream};
 use memres_sim::{HostCopy, HostMemory, SimStream, SimWorld};
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 /// Host memory that hands out blocks of at most `max` bytes, whatever is
 /// asked: a safe resource that breaks the size promise, though every byte it
@@ -39,42 +40,42 @@ unsafe impl MemoryOf<HostCopy> for Capped {}
 #[test]
 fn a_block_shorter_than_asked_goes_back_as_an_error() {
     let mr = Capped { host: HostMemory::new(), max: 1 };
-    let e = DeviceBuffer::from_slice(b"hello", (), &mr, HostCopy).unwrap_err();
+    let e = DeviceBuffer::from_slice_in(b"hello", (), &mr, HostCopy).unwrap_err();
     assert_eq!(e, ContainerError::BlockTooShort { requested: 5, size: 1 });
-    let e = DeviceUVector::<u64, _, _>::new(4, (), &mr, HostCopy).unwrap_err();
+    let e = DeviceUVector::<u64, _, _>::new_in(4, (), &mr, HostCopy).unwrap_err();
     assert_eq!(e, ContainerError::BlockTooShort { requested: 32, size: 1 });
-    let e = DeviceScalar::from_value(&7u32, (), &mr, HostCopy).unwrap_err();
+    let e = DeviceScalar::from_value_in(&7u32, (), &mr, HostCopy).unwrap_err();
     assert_eq!(e, ContainerError::BlockTooShort { requested: 4, size: 1 });
     assert_eq!(mr.host.call_counts(), (3, 3), "each short block went back");
     // A request the resource does honour works.
-    let b = DeviceBuffer::from_slice(b"x", (), &mr, HostCopy).unwrap();
+    let b = DeviceBuffer::from_slice_in(b"x", (), &mr, HostCopy).unwrap();
     assert_eq!(b.to_vec().unwrap(), b"x");
     drop(b);
-    assert_eq!(mr.host.outstanding(), 0);
+    assert_eq!(mr.host.live_count(), 0);
 }
 
 #[test]
 fn growth_into_a_short_block_leaves_the_container_unchanged() {
     let mr = Capped { host: HostMemory::new(), max: 16 };
-    let mut v = DeviceUVector::from_slice(&[1u32, 2], (), &mr, HostCopy).unwrap();
+    let mut v = DeviceUVector::from_slice_in(&[1u32, 2], (), &mr, HostCopy).unwrap();
     assert_eq!(v.resize(5), Err(ContainerError::BlockTooShort { requested: 20, size: 16 }));
     assert_eq!(v.reserve(100), Err(ContainerError::BlockTooShort { requested: 400, size: 16 }));
     assert_eq!((v.len(), v.capacity()), (2, 2));
     assert_eq!(v.to_vec().unwrap(), [1, 2]);
-    assert_eq!(mr.host.outstanding(), 1, "only the vector's own block is out");
+    assert_eq!(mr.host.live_count(), 1, "only the vector's own block is out");
     v.resize(4).unwrap();
     assert_eq!(v.to_vec().unwrap(), [1, 2, 0, 0]);
     let w = v.as_buffer().try_clone_on(()).unwrap();
     assert_eq!(w.len(), 16);
     drop((v, w));
-    assert_eq!(mr.host.outstanding(), 0);
+    assert_eq!(mr.host.live_count(), 0);
 }
 
 /// A pool over host memory whose first bytes held 0xEE: a block it hands
 /// out next starts where that junk is (checked), so stale bytes would show.
 fn dirty_pool() -> (Shared<CoalescingPool<HostMemory>>, u64) {
     let pool = Shared::new(CoalescingPool::new(HostMemory::new()));
-    let junk = DeviceBuffer::from_slice(&[0xEE; 1024], (), &pool, HostCopy).unwrap();
+    let junk = DeviceBuffer::from_slice_in(&[0xEE; 1024], (), &pool, HostCopy).unwrap();
     let addr = junk.addr();
     drop(junk);
     (pool, addr)
@@ -84,18 +85,18 @@ fn dirty_pool() -> (Shared<CoalescingPool<HostMemory>>, u64) {
 fn new_containers_read_zeros_not_what_the_memory_held() {
     // The case: fresh host memory, never written (Miri reports a read).
     let host = HostMemory::new();
-    assert_eq!(DeviceUVector::<u64, _, _>::new(4, (), &host, HostCopy).unwrap().to_vec().unwrap(), [0; 4]);
+    assert_eq!(DeviceUVector::<u64, _, _>::new_in(4, (), &host, HostCopy).unwrap().to_vec().unwrap(), [0; 4]);
 
     let (pool, junk) = dirty_pool();
-    let b = DeviceBuffer::new(100, (), &pool, HostCopy).unwrap();
+    let b = DeviceBuffer::new_in(100, (), &pool, HostCopy).unwrap();
     assert_eq!(b.addr(), junk, "the block reuses the junk");
     assert_eq!(b.to_vec().unwrap(), [0; 100]);
     drop(b);
-    let v = DeviceUVector::<u64, _, _>::new(8, (), &pool, HostCopy).unwrap();
+    let v = DeviceUVector::<u64, _, _>::new_in(8, (), &pool, HostCopy).unwrap();
     assert_eq!(v.device_ptr(), junk);
     assert_eq!(v.to_vec().unwrap(), [0; 8]);
     drop(v);
-    let s = DeviceScalar::<u64, _, _>::new((), &pool, HostCopy).unwrap();
+    let s = DeviceScalar::<u64, _, _>::new_in((), &pool, HostCopy).unwrap();
     assert_eq!(s.device_ptr(), junk);
     assert_eq!(s.value().unwrap(), 0);
 }
@@ -103,7 +104,7 @@ fn new_containers_read_zeros_not_what_the_memory_held() {
 #[test]
 fn growth_reads_zeros_past_the_old_length() {
     let (pool, junk) = dirty_pool();
-    let mut v = DeviceUVector::from_slice(&[7u64; 8], (), &pool, HostCopy).unwrap();
+    let mut v = DeviceUVector::from_slice_in(&[7u64; 8], (), &pool, HostCopy).unwrap();
     // Within the capacity: the bytes past the length are stale, not new.
     v.resize(2).unwrap();
     v.resize(5).unwrap();
@@ -114,7 +115,7 @@ fn growth_reads_zeros_past_the_old_length() {
     drop(v);
     // Spare capacity from `reserve` is never readable, and reads as zeros
     // once the length grows over it (here the new block lies in the junk).
-    let mut w = DeviceUVector::from_slice(&[9u64], (), &pool, HostCopy).unwrap();
+    let mut w = DeviceUVector::from_slice_in(&[9u64], (), &pool, HostCopy).unwrap();
     w.reserve(64).unwrap();
     assert!(w.device_ptr() >= junk && w.device_ptr() + 64 * 8 <= junk + 1024, "{:#x}", w.device_ptr());
     assert_eq!((w.len(), w.capacity()), (1, 64));
@@ -168,7 +169,7 @@ fn a_deep_copy_orders_the_source_stream_after_it() {
     let world = SimWorld::new();
     let (sa, sb) = (world.non_blocking_stream(), world.non_blocking_stream());
     let host = HostMemory::new();
-    let a = DeviceBuffer::from_slice(b"hello", sa.clone(), &host, Queued::default()).unwrap();
+    let a = DeviceBuffer::from_slice_in(b"hello", sa.clone(), &host, Queued::default()).unwrap();
     let b = a.try_clone_on(sb.clone()).unwrap();
     let copy = sb.position();
     assert!(sb.is_ordered_after(sa.id(), sa.position()), "the copy waits for the source's work");
@@ -181,6 +182,32 @@ fn a_deep_copy_orders_the_source_stream_after_it() {
     assert_eq!(b.to_vec().unwrap(), b"hello");
 }
 
+/// A deep copy on another stream whose ordering back fails (the event after
+/// the copy cannot be recorded, or the source's stream cannot wait on it)
+/// fails with the stream's error, but only once the copy has read the
+/// source: the source's free on drop never overtakes it (#15 item 7).
+#[test]
+fn a_deep_copy_that_cannot_order_the_source_after_it_waits_for_it() {
+    // Stream calls of `try_clone_on`: record on the source's stream, the
+    // copy's stream waits, the copy, record on the copy's stream (3rd), the
+    // source's stream waits (4th).
+    for nth in [3, 4] {
+        let world = SimWorld::new();
+        let (sa, sb) = (world.non_blocking_stream(), world.non_blocking_stream());
+        let host = HostMemory::new();
+        let a = DeviceBuffer::from_slice_in(b"hello", sa.clone(), &host, Queued::default()).unwrap();
+        world.fail_nth(nth);
+        let e = a.try_clone_on(sb.clone()).map(|_| ());
+        assert!(matches!(e, Err(ContainerError::Memory(Error::Backend { .. }))), "call {nth}: {e:?}");
+        assert!(
+            sa.is_ordered_after(sb.id(), sb.position()),
+            "call {nth}: the source's free waits for the copy"
+        );
+        assert_eq!(host.live_count(), 1, "call {nth}: the clone's block went back");
+        drop(a);
+    }
+}
+
 #[test]
 fn uninitialized_constructors_write_nothing_and_the_others_zero() {
     let world = SimWorld::new();
@@ -189,20 +216,20 @@ fn uninitialized_constructors_write_nothing_and_the_others_zero() {
     let fills = || engine.fills.load(Relaxed);
     // SAFETY: every element is written below before anything reads it.
     let mut v =
-        unsafe { DeviceUVector::<u32, _, _, _>::new_uninit(4, world.stream(), &host, engine.clone()) }
+        unsafe { DeviceUVector::<u32, _, _, _>::new_uninit_in(4, world.stream(), &host, engine.clone()) }
             .unwrap();
     v.copy_from_slice_at(0, &[1, 2, 3, 4]).unwrap();
     // SAFETY: as above, for the two new elements.
     unsafe { v.resize_uninit(6) }.unwrap();
     v.copy_from_slice_at(4, &[5, 6]).unwrap();
     // SAFETY: the value is set below before it is read.
-    let mut s =
-        unsafe { DeviceScalar::<u64, _, _, _>::new_uninit(world.stream(), &host, engine.clone()) }.unwrap();
+    let mut s = unsafe { DeviceScalar::<u64, _, _, _>::new_uninit_in(world.stream(), &host, engine.clone()) }
+        .unwrap();
     s.set_value_async(&9).unwrap();
     assert_eq!(fills(), 0, "no fill on the stream");
     assert_eq!((v.to_vec().unwrap(), s.value().unwrap()), (vec![1, 2, 3, 4, 5, 6], 9));
 
-    let mut w = DeviceUVector::<u32, _, _, _>::new(4, world.stream(), &host, engine.clone()).unwrap();
+    let mut w = DeviceUVector::<u32, _, _, _>::new_in(4, world.stream(), &host, engine.clone()).unwrap();
     assert_eq!(fills(), 1);
     w.resize(6).unwrap();
     assert_eq!(fills(), 2);
@@ -221,7 +248,7 @@ fn not_live(addr: u64, len: u64) -> ContainerError {
 fn a_block_freed_by_other_code_is_never_touched_again() {
     // The case: a copy of `block()` freed through the resource.
     let mem = HostMemory::new();
-    let mut buf = DeviceBuffer::from_slice(b"hello", (), &mem, HostCopy).unwrap();
+    let mut buf = DeviceBuffer::from_slice_in(b"hello", (), &mem, HostCopy).unwrap();
     let addr = buf.addr();
     mem.deallocate(buf.block(), &()).unwrap();
     assert_eq!(buf.to_vec(), Err(not_live(addr, 5)));
@@ -230,26 +257,26 @@ fn a_block_freed_by_other_code_is_never_touched_again() {
     // Growth allocates a new block, cannot copy from the freed one, and
     // gives the new block back: the buffer is unchanged.
     assert_eq!(buf.resize(1000), Err(not_live(addr, 5)));
-    assert_eq!((buf.addr(), buf.len(), mem.outstanding()), (addr, 5, 0));
+    assert_eq!((buf.addr(), buf.len(), mem.live_count()), (addr, 5, 0));
     assert_eq!(buf.try_clone_on(()).map(|_| ()), Err(not_live(addr, 5)));
-    assert_eq!(mem.outstanding(), 0, "the failed clone gave its block back");
+    assert_eq!(mem.live_count(), 0, "the failed clone gave its block back");
     drop(buf); // its free is refused (`UnknownBlock`), and ignored
     assert_eq!(mem.call_counts(), (3, 3));
 
     // A forged block, by address, frees a vector's and a scalar's memory.
-    let v = DeviceUVector::from_slice(&[1u64, 2, 3, 4], (), &mem, HostCopy).unwrap();
-    let s = DeviceScalar::from_value(&7u32, (), &mem, HostCopy).unwrap();
+    let v = DeviceUVector::from_slice_in(&[1u64, 2, 3, 4], (), &mem, HostCopy).unwrap();
+    let s = DeviceScalar::from_value_in(&7u32, (), &mem, HostCopy).unwrap();
     mem.deallocate(Block::from_addr(v.device_ptr(), 32), &()).unwrap();
     mem.deallocate(Block::from_addr(s.device_ptr(), 4), &()).unwrap();
     assert_eq!(v.element(2), Err(not_live(v.device_ptr() + 16, 8)));
     assert_eq!(s.value(), Err(not_live(s.device_ptr(), 4)));
-    assert_eq!(mem.outstanding(), 0);
+    assert_eq!(mem.live_count(), 0);
 }
 
 #[test]
 fn a_pool_ended_under_its_containers_leaves_them_nothing_to_touch() {
     let pool = Shared::new(CoalescingPool::new(HostMemory::new()));
-    let mut v = DeviceUVector::from_slice(&[1u64, 2, 3], (), &pool, HostCopy).unwrap();
+    let mut v = DeviceUVector::from_slice_in(&[1u64, 2, 3], (), &pool, HostCopy).unwrap();
     let addr = v.device_ptr();
     // The pool that takes its place holds its memory already, so none of it
     // can be where the old pool's was.
@@ -262,7 +289,7 @@ fn a_pool_ended_under_its_containers_leaves_them_nothing_to_touch() {
     assert_eq!(v.set_element_async(0, &9), Err(not_live(addr, 8)));
     assert_eq!(v.resize(100), Err(not_live(addr, 24)), "the copy out of the old block");
     drop(v); // freed into the new pool, which refuses it
-    pool.with(|p| assert_eq!(p.used_bytes(), 0, "the refused growth gave its block back"));
+    pool.with(|p| assert_eq!(p.usage().used, 0, "the refused growth gave its block back"));
 }
 
 #[test]
@@ -271,9 +298,9 @@ fn a_block_freed_twice_over_is_shared_wrong_data_but_defined() {
     // container. Both read and write memory the pool holds, so they see each
     // other's bytes, but nothing touches freed memory (Miri checks).
     let pool = Shared::new(CoalescingPool::new(HostMemory::new()));
-    let mut a = DeviceBuffer::from_slice(b"aaaa", (), &pool, HostCopy).unwrap();
+    let mut a = DeviceBuffer::from_slice_in(b"aaaa", (), &pool, HostCopy).unwrap();
     pool.deallocate(a.block(), &()).unwrap();
-    let b = DeviceBuffer::from_slice(b"bbbb", (), &pool, HostCopy).unwrap();
+    let b = DeviceBuffer::from_slice_in(b"bbbb", (), &pool, HostCopy).unwrap();
     assert_eq!(b.addr(), a.addr());
     assert_eq!(a.to_vec().unwrap(), b"bbbb");
     a.write(0, b"AA").unwrap();
@@ -290,4 +317,118 @@ fn a_block_freed_twice_over_is_shared_wrong_data_but_defined() {
     );
     assert_eq!((a.addr(), a.capacity()), (old, 64), "the new block starts at the old one");
     assert_eq!(a.to_vec().unwrap(), b"AAbb");
+}
+
+/// Host memory that ignores the alignment asked for: every block starts 256
+/// bytes past a multiple of 512 (a resource that cannot align so far and
+/// does not say so).
+#[derive(Default)]
+struct Misaligning {
+    host: HostMemory,
+    /// Each handed-out block's address to the host block it is the tail of.
+    blocks: Mutex<HashMap<u64, Block>>,
+}
+
+impl<S: Stream + ?Sized> MemoryResource<S> for Misaligning {
+    fn allocate(&self, request: Request, stream: &S) -> CoreResult<Block> {
+        if request.is_zero() {
+            return Ok(Block::EMPTY);
+        }
+        let inner = self.host.allocate(Request::aligned(request.size() + 256, 512)?, stream)?;
+        let block = Block::new(inner.addr() + 256, request.size(), Block::NO_TAG);
+        self.blocks.lock().unwrap().insert(block.addr(), inner);
+        Ok(block)
+    }
+    fn deallocate(&self, block: Block, stream: &S) -> CoreResult<()> {
+        if block.is_empty() {
+            return Ok(());
+        }
+        let inner = self.blocks.lock().unwrap().remove(&block.addr());
+        self.host.deallocate(inner.ok_or(Error::UnknownBlock { addr: block.addr() })?, stream)
+    }
+}
+
+// SAFETY: every block is the tail of one of `host`'s blocks, past its first
+// 256 bytes and `size()` bytes long, handed out to one holder and given back
+// to `host` only through `deallocate`.
+unsafe impl MemoryOf<HostCopy> for Misaligning {}
+
+/// An element type aligned above the default 256 bytes.
+#[derive(Clone, Copy, Debug, PartialEq, bytemuck::Pod, bytemuck::Zeroable)]
+#[repr(C, align(512))]
+struct Big([u8; 512]);
+
+fn is_misaligned_512<T>(r: &Result<T, ContainerError>) -> bool {
+    matches!(r, Err(ContainerError::Misaligned { align: 512, addr }) if addr % 512 == 256)
+}
+
+#[test]
+fn an_alignment_the_resource_cannot_honour_is_an_error_never_a_misaligned_block() {
+    let mr = Misaligning::default();
+    // The case: a 512-aligned element type.
+    assert!(is_misaligned_512(&DeviceUVector::from_slice_in(&[Big([1; 512])], (), &mr, HostCopy)));
+    assert!(is_misaligned_512(&DeviceScalar::<Big, _, _>::new_in((), &mr, HostCopy)));
+    assert_eq!(mr.host.live_count(), 0, "the misaligned blocks went back");
+    // A buffer of the default alignment is served; asked for more, it stays.
+    let mut b = DeviceBuffer::from_slice_in(&[5u8; 512], (), &mr, HostCopy).unwrap();
+    let addr = b.addr();
+    assert!(is_misaligned_512(&b.set_alignment(512)));
+    assert_eq!((b.addr(), b.alignment(), mr.host.live_count()), (addr, 256, 1));
+    let (e, b) = b.try_into_uvector::<Big>().unwrap_err();
+    assert_eq!(e, ContainerError::Misaligned { align: 512, addr });
+    assert_eq!((b.addr(), b.to_vec().unwrap()), (addr, vec![5; 512]), "the buffer comes back unchanged");
+    let mut v: DeviceUVector<u64, _, _> = b.try_into_uvector().unwrap();
+    v.resize(1000).unwrap();
+    assert_eq!(v.element(0).unwrap(), u64::from_ne_bytes([5; 8]));
+    drop(v);
+    assert_eq!(mr.host.live_count(), 0);
+}
+
+#[test]
+fn a_raw_pointer_copy_of_memory_that_is_not_live_is_refused_and_takes_nothing() {
+    let mem = HostMemory::new();
+    let stack = [1u8; 64];
+    let on_stack = stack.as_ptr() as u64;
+    let v = DeviceUVector::from_slice_in(&[7u64; 4], (), &mem, HostCopy).unwrap();
+    let freed = DeviceUVector::from_slice_in(&[8u64; 4], (), &mem, HostCopy).unwrap();
+    let gone = freed.device_ptr();
+    drop(freed);
+    // SAFETY: contracts broken on purpose: `HostCopy` checks every range
+    // against the live host allocations and refuses these, touching nothing.
+    unsafe {
+        let e = DeviceBuffer::from_device_ptr_in(on_stack, 64, (), &mem, HostCopy).map(|_| ());
+        assert_eq!(e, Err(not_live(on_stack, 64)), "a stack buffer");
+        let e = DeviceUVector::<u64, _, _>::from_device_ptr_in(gone, 4, (), &mem, HostCopy).map(|_| ());
+        assert_eq!(e, Err(not_live(gone, 32)), "a freed block");
+        let e = DeviceScalar::<[u64; 64], _, _>::from_device_ptr_in(v.device_ptr(), (), &mem, HostCopy)
+            .map(|_| ());
+        assert_eq!(e, Err(not_live(v.device_ptr(), 512)), "past the end of an allocation");
+        let e =
+            DeviceUVector::<u64, _, _>::from_device_ptr_in(v.device_ptr(), usize::MAX, (), &mem, HostCopy);
+        assert_eq!(e.map(|_| ()), Err(ContainerError::LengthOverflow { len: usize::MAX }));
+    }
+    assert_eq!(mem.live_count(), 1, "each refused copy gave its block back");
+    assert_eq!(v.to_vec().unwrap(), [7; 4]);
+}
+
+#[test]
+fn the_host_view_of_a_block_freed_by_other_code_fails_cleanly() {
+    let mem = HostMemory::new();
+    let mut v = DeviceUVector::from_slice_in(&[1u32; 100], (), &mem, HostCopy).unwrap();
+    let mut s = DeviceScalar::from_value_in(&2u16, (), &mem, HostCopy).unwrap();
+    let addr = v.device_ptr();
+    mem.deallocate(Block::from_addr(addr, 400), &()).unwrap();
+    mem.deallocate(Block::from_addr(s.device_ptr(), 2), &()).unwrap();
+    let mut it = v.iter();
+    assert_eq!(it.next(), Some(Err(not_live(addr, 400))));
+    assert_eq!((it.next(), it.size_hint()), (None, (0, Some(0))), "the error ends the iteration");
+    assert_eq!(v.slice_to_vec(1..3), Err(not_live(addr + 4, 8)));
+    assert_eq!(v.back_element(), Err(not_live(addr + 396, 4)));
+    assert_eq!(v.element_ptr(5), Ok(addr + 20), "an address is only a number");
+    assert_eq!(v.fill_zero(), Err(not_live(addr, 400)));
+    assert_eq!(v.set_element_to_zero_async(3), Err(not_live(addr + 12, 4)));
+    assert_eq!(v.try_clone().map(|_| ()), Err(not_live(addr, 400)));
+    assert_eq!(s.set_value_to_zero_async(), Err(not_live(s.device_ptr(), 2)));
+    assert_eq!(s.try_clone().map(|_| ()), Err(not_live(s.device_ptr(), 2)));
+    assert_eq!(mem.live_count(), 0, "the failed clones gave their blocks back");
 }

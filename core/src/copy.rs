@@ -282,6 +282,11 @@ impl<S: Stream + ?Sized, R: MemoryResource<S>, E> MemoryResource<S> for AssumeMe
     fn deallocate(&self, block: Block, stream: &S) -> Result<()> {
         self.resource.deallocate(block, stream)
     }
+    /// The resource itself: this is a view of it.
+    #[inline]
+    fn id(&self) -> crate::ResourceId {
+        self.resource.id()
+    }
 }
 
 // SAFETY: the caller of `new` promised the contract for `resource`'s blocks,

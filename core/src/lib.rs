@@ -15,6 +15,7 @@
 //! | [`MemoryResource`], [`MemoryResourceMut`] | the stream-ordered resource trait (`&self`, shareable) and its `&mut self` form for plain algorithms |
 //! | [`Stream`] | record an event, wait on an event, query an event, synchronize (the stream, or as a last resort the device); `()` is the stream of resources for which streams mean nothing |
 //! | [`Error`] | every failure as a typed value; out of memory carries its figures |
+//! | [`Usage`], [`Inspect`] | one set of figures for every resource (bytes used, held from upstream, its peak, free, the largest free block) and the trait that reads them and runs the invariant checker |
 //! | [`lock`] | [`RawLock`](lock::RawLock), [`SpinLock`](lock::SpinLock) and [`Shared`], which turns any `&mut self` algorithm into a `&self` resource |
 //! | [`index`] | [`CoalescingIndex`](index::CoalescingIndex): the two-level segregated-fit index over bare ranges that the pools and the arena suballocate with |
 //! | [`pool`] | [`CoalescingPool`](pool::CoalescingPool): O(1) allocate and free over chunks from an upstream |
@@ -23,6 +24,7 @@
 //! | [`fixed`] | [`FixedSizeResource`](fixed::FixedSizeResource): blocks of one size carved from upstream chunks, O(1) allocate and free on an index stack outside the managed memory |
 //! | `binning` (feature `alloc`) | `BinningResource`: routes each size to the smallest bin that holds it (fixed-size bins per power of two, bins picked from a measured size histogram, or any resource), the rest to upstream |
 //! | [`arena`] | [`ArenaResource`](arena::ArenaResource): RMM's arena, a global arena of superblocks lent to per-thread and per-stream arenas, built to scale with threads (feature `alloc`) |
+//! | [`callback`] | [`CallbackResource`](callback::CallbackResource): allocate and free given as two closures with a context (RMM's `callback_memory_resource`) |
 //! | [`check`] | the invariant checker that tests and fuzz targets run after every step |
 //! | [`copy`] | [`CopyEngine`](copy::CopyEngine): how containers move bytes to and from a backend's memory |
 //! | [`vmem`] | [`ReservableSpace`](vmem::ReservableSpace): reserve an address range once, commit and decommit granules of it (CUDA virtual memory, `mmap`) |
@@ -65,6 +67,7 @@ extern crate std;
 
 mod block;
 mod error;
+mod inspect;
 mod plant;
 mod primitive;
 mod range;
@@ -79,6 +82,7 @@ pub mod adaptor;
 pub mod arena;
 #[cfg(feature = "alloc")]
 pub mod binning;
+pub mod callback;
 pub mod check;
 pub mod chunks;
 pub mod copy;
@@ -109,10 +113,11 @@ pub mod vpool;
 pub use adaptor::DynResource;
 pub use block::Block;
 pub use error::{Bytes, Error, Result};
+pub use inspect::{Inspect, Usage};
 pub use lock::Shared;
 pub use range::Range;
 pub use request::Request;
-pub use resource::{MemoryResource, MemoryResourceMut};
+pub use resource::{MemoryResource, MemoryResourceMut, ResourceId};
 pub use stream::Stream;
 #[cfg(feature = "alloc")]
 pub use stream_ordered::StreamOrdered;

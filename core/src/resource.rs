@@ -1,4 +1,74 @@
 use crate::{Block, Request, Result, Stream};
+use core::fmt;
+
+/// What a resource is, for [`MemoryResource::is_equal`]: the address of
+/// the state that serves its calls and the type that reads that state.
+///
+/// Compare ids of resources borrowed at the same time; do not keep one
+/// (an id is an address, and a resource held by value moves).
+///
+/// ```
+/// use memres_core::ResourceId;
+/// let (a, b) = (1u64, 1u64);
+/// assert_eq!(ResourceId::of(&a), ResourceId::of(&a));
+/// assert_ne!(ResourceId::of(&a), ResourceId::of(&b));
+/// ```
+#[derive(Clone, Copy)]
+pub struct ResourceId {
+    /// The state's address.
+    addr: usize,
+    /// The type's name: a resource and a field of it at the same address
+    /// (an adaptor and the upstream it holds first) are told apart by it.
+    ty: &'static str,
+}
+
+impl ResourceId {
+    /// The id of `resource` itself: its address and its type.
+    #[inline]
+    pub fn of<T: ?Sized>(resource: &T) -> Self {
+        ResourceId::shared::<T>((resource as *const T).cast::<()>())
+    }
+
+    /// The id of a handle of type `T` whose clones share the state at
+    /// `state` (an `Arc`'s pointee): every clone has this id.
+    #[inline]
+    pub fn shared<T: ?Sized>(state: *const ()) -> Self {
+        ResourceId { addr: state as usize, ty: core::any::type_name::<T>() }
+    }
+
+    /// The id of an adaptor of type `T` that keeps no record of blocks and
+    /// gives each one back to `upstream` unchanged: equal to another such
+    /// adaptor of the same type over an equal upstream, as RMM's adaptors
+    /// compare, never to the upstream itself.
+    ///
+    /// ```
+    /// use memres_core::ResourceId;
+    /// let pool = 0u8;
+    /// let up = ResourceId::of(&pool);
+    /// assert_eq!(ResourceId::over::<u16>(up), ResourceId::over::<u16>(up));
+    /// assert_ne!(ResourceId::over::<u16>(up), up);
+    /// ```
+    #[inline]
+    pub fn over<T: ?Sized>(upstream: ResourceId) -> Self {
+        ResourceId { addr: upstream.addr, ty: core::any::type_name::<T>() }
+    }
+}
+
+impl PartialEq for ResourceId {
+    fn eq(&self, other: &Self) -> bool {
+        // Names are compared by content: one type may get several copies of
+        // its name, one per crate that names it.
+        self.addr == other.addr && self.ty == other.ty
+    }
+}
+
+impl Eq for ResourceId {}
+
+impl fmt::Debug for ResourceId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}@{:#x}", self.ty, self.addr)
+    }
+}
 
 /// The stream-ordered memory resource: the one trait every resource, adaptor
 /// and backend implements.
@@ -24,6 +94,20 @@ use crate::{Block, Request, Result, Stream};
 ///   [`Error::DoubleFree`](crate::Error::DoubleFree)), never corruption.
 /// - A failed call changes nothing.
 ///
+/// # Equality
+///
+/// Two resources are equal ([`is_equal`](Self::is_equal), RMM's
+/// `is_equal`) when a block of one may be given back to the other with the
+/// same effect, every figure and record kept exact. By [`id`](Self::id):
+///
+/// | resource | equal to |
+/// | --- | --- |
+/// | any (the default) | itself only: two pools over one upstream are not equal, nor a pool and its upstream |
+/// | `&R`, `Box<R>`, `Arc<R>` | what `R` is equal to: two clones of one `Arc` are equal |
+/// | a handle whose clones share one state (`CudaMemory`, `ManagedMemory`, `PinnedMemory`) | its clones ([`ResourceId::shared`]) |
+/// | an adaptor that keeps no record of blocks ([`Aligned`](crate::adaptor::Aligned), [`FailureCallback`](crate::adaptor::FailureCallback), `Prefetch`) | an adaptor of the same type over an equal upstream, as in RMM ([`ResourceId::over`]) |
+/// | an adaptor that keeps one (`Statistics`, `Tracking`, `Limiting`, `Logging`, `Counted`) | itself only, where RMM says equal over an equal upstream: a block freed through the other would leave both adaptors' figures or records wrong |
+///
 /// # Examples
 ///
 /// ```
@@ -42,6 +126,40 @@ pub trait MemoryResource<S: Stream + ?Sized = ()> {
     /// Frees `block`, ordered on `stream`: the memory may be reused by work
     /// on `stream` at once, and by other streams once they are ordered after it.
     fn deallocate(&self, block: Block, stream: &S) -> Result<()>;
+
+    /// What this resource is, for [`is_equal`](Self::is_equal): by default
+    /// the resource itself ([`ResourceId::of`]).
+    #[inline]
+    fn id(&self) -> ResourceId {
+        ResourceId::of(self)
+    }
+
+    /// Whether a block of `self` may be given back to `other` (and the
+    /// reverse) with the same effect: RMM's `is_equal`.
+    ///
+    /// A resource generic over its stream names the stream here, as
+    /// `MemoryResource::<()>::is_equal(&a, &b)` (or through `dyn`).
+    ///
+    /// ```
+    /// # #[cfg(feature = "alloc")] // the `Arc` handle
+    /// # fn main() {
+    /// use memres_core::{pool::CoalescingPool, MemoryResource, Shared};
+    /// # use memres_core::testing::BumpUpstream;
+    /// use std::sync::Arc;
+    /// let up = BumpUpstream::new(1 << 20);
+    /// let pool: Arc<dyn MemoryResource> = Arc::new(Shared::new(CoalescingPool::new(&up)));
+    /// let other = Shared::new(CoalescingPool::new(&up));
+    /// assert!(pool.is_equal(&pool.clone()));
+    /// assert!(!pool.is_equal(&up));
+    /// assert!(!MemoryResource::<()>::is_equal(&other, &*pool));
+    /// # }
+    /// # #[cfg(not(feature = "alloc"))]
+    /// # fn main() {}
+    /// ```
+    #[inline]
+    fn is_equal(&self, other: &dyn MemoryResource<S>) -> bool {
+        self.id() == other.id()
+    }
 }
 
 /// The `&mut self` form of [`MemoryResource`]: what a plain algorithm (a state
@@ -78,6 +196,10 @@ impl<S: Stream + ?Sized, R: MemoryResource<S> + ?Sized> MemoryResource<S> for &R
     fn deallocate(&self, block: Block, stream: &S) -> Result<()> {
         (**self).deallocate(block, stream)
     }
+    #[inline]
+    fn id(&self) -> ResourceId {
+        (**self).id()
+    }
 }
 
 impl<S: Stream + ?Sized, R: MemoryResource<S> + ?Sized> MemoryResourceMut<S> for &R {
@@ -101,6 +223,10 @@ impl<S: Stream + ?Sized, R: MemoryResource<S> + ?Sized> MemoryResource<S> for al
     fn deallocate(&self, block: Block, stream: &S) -> Result<()> {
         (**self).deallocate(block, stream)
     }
+    #[inline]
+    fn id(&self) -> ResourceId {
+        (**self).id()
+    }
 }
 
 #[cfg(feature = "alloc")]
@@ -112,5 +238,9 @@ impl<S: Stream + ?Sized, R: MemoryResource<S> + ?Sized> MemoryResource<S> for al
     #[inline]
     fn deallocate(&self, block: Block, stream: &S) -> Result<()> {
         (**self).deallocate(block, stream)
+    }
+    #[inline]
+    fn id(&self) -> ResourceId {
+        (**self).id()
     }
 }

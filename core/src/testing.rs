@@ -9,28 +9,30 @@
 //! happens-before checker and address space live in `memres-sim`; fault
 //! injection of those is [`FailNth`](crate::check::FailNth).
 
+use crate::check::Violation;
 #[cfg(feature = "alloc")]
 use crate::primitive::AtomicBool;
 use crate::primitive::{AtomicU64, Ordering};
 pub use crate::splitmix::SplitMix64;
-use crate::{Block, Error, MemoryResource, Request, Result, Stream};
+use crate::{Block, Error, Inspect, MemoryResource, Request, Result, Stream, Usage};
 #[cfg(feature = "alloc")]
 use alloc::sync::Arc;
 
 /// An upstream that hands out fresh, never-reused address ranges from a
-/// counter, up to a capacity, and counts the bytes outstanding. Frees are
-/// only counted (it cannot tell a bad free: use `SimDevice` for that).
+/// counter, up to a capacity, and counts the bytes it holds out (a leaf's
+/// [`Usage`]). Frees are only counted (it cannot tell a bad free: use
+/// `SimDevice` for that).
 ///
 /// # Examples
 ///
 /// ```
-/// use memres_core::{testing::BumpUpstream, MemoryResource, Request};
+/// use memres_core::{testing::BumpUpstream, Inspect, MemoryResource, Request};
 /// let up = BumpUpstream::new(1024);
 /// let b = up.allocate(Request::new(512)?, &())?;
-/// assert_eq!(up.outstanding(), 512);
+/// assert_eq!(up.usage().held, 512);
 /// assert!(up.allocate(Request::new(1024)?, &()).is_err());
 /// up.deallocate(b, &())?;
-/// assert_eq!(up.outstanding(), 0);
+/// assert_eq!((up.usage().held, up.usage().peak_held), (0, 512));
 /// # Ok::<(), memres_core::Error>(())
 /// ```
 #[derive(Debug)]
@@ -40,6 +42,8 @@ pub struct BumpUpstream {
     next: AtomicU64,
     /// Bytes handed out and not yet freed (sizes rounded to 256).
     outstanding: AtomicU64,
+    /// The most bytes outstanding at once.
+    peak: AtomicU64,
     /// Allocations to let through before every call fails (`u64::MAX`: never).
     fail_after: AtomicU64,
 }
@@ -51,13 +55,9 @@ impl BumpUpstream {
             capacity,
             next: AtomicU64::new(1 << 20),
             outstanding: AtomicU64::new(0),
+            peak: AtomicU64::new(0),
             fail_after: AtomicU64::new(u64::MAX),
         }
-    }
-
-    /// Bytes handed out and not freed.
-    pub fn outstanding(&self) -> u64 {
-        self.outstanding.load(Ordering::Relaxed)
     }
 
     /// Lets `n` more allocations succeed, then fails every later one.
@@ -88,7 +88,8 @@ impl<S: Stream + ?Sized> MemoryResource<S> for BumpUpstream {
                 max_size: Some(self.capacity),
             });
         }
-        self.outstanding.fetch_add(size, Ordering::Relaxed);
+        let now = self.outstanding.fetch_add(size, Ordering::Relaxed) + size;
+        self.peak.fetch_max(now, Ordering::Relaxed);
         let align = request.align();
         let addr = self.next.fetch_add(size + align, Ordering::Relaxed);
         let addr = (addr + align - 1) & !(align - 1);
@@ -98,6 +99,16 @@ impl<S: Stream + ?Sized> MemoryResource<S> for BumpUpstream {
     fn deallocate(&self, block: Block, _: &S) -> Result<()> {
         let size = (block.size() + 255) & !255;
         self.outstanding.fetch_sub(size, Ordering::Relaxed);
+        Ok(())
+    }
+}
+
+/// A leaf: it holds what it handed out.
+impl Inspect for BumpUpstream {
+    fn usage(&self) -> Usage {
+        Usage::leaf(self.outstanding.load(Ordering::Relaxed), self.peak.load(Ordering::Relaxed))
+    }
+    fn check(&self) -> core::result::Result<(), Violation> {
         Ok(())
     }
 }
@@ -192,6 +203,8 @@ pub struct SyncFaults {
     syncs: AtomicU64,
     /// Calls made to fail.
     failed: AtomicU64,
+    /// `synchronize_device` calls that succeeded (also counted in `syncs`).
+    device_syncs: AtomicU64,
 }
 
 #[cfg(feature = "alloc")]
@@ -208,6 +221,7 @@ impl SyncFaults {
             fail_in: AtomicU64::new(0),
             syncs: AtomicU64::new(0),
             failed: AtomicU64::new(0),
+            device_syncs: AtomicU64::new(0),
         }
     }
 
@@ -268,6 +282,20 @@ impl SyncFaults {
         self.failed.load(Ordering::Relaxed)
     }
 
+    /// The `synchronize_device` calls that succeeded (of streams made with
+    /// [`TestStream::device_sync`]); each is also one of [`syncs`](Self::syncs).
+    ///
+    /// ```
+    /// use memres_core::{testing::TestStream, Stream};
+    /// let s = TestStream::new(1).device_sync(true);
+    /// assert!(s.synchronize_device()?);
+    /// assert_eq!((s.faults().syncs(), s.faults().device_syncs()), (1, 1));
+    /// # Ok::<(), memres_core::Error>(())
+    /// ```
+    pub fn device_syncs(&self) -> u64 {
+        self.device_syncs.load(Ordering::Relaxed)
+    }
+
     /// One `synchronize`: counts it and fails it if asked to.
     fn synchronize(&self) -> Result<()> {
         // The armed call counts down on every call, failed or not.
@@ -318,6 +346,8 @@ impl Default for SyncFaults {
 pub struct TestStream<const KIND: u32 = 0> {
     id: u64,
     faults: Arc<SyncFaults>,
+    /// Whether `synchronize_device` can.
+    device: bool,
 }
 
 #[cfg(feature = "alloc")]
@@ -345,7 +375,7 @@ impl TestStream {
     /// assert!(s.synchronize().is_err());
     /// ```
     pub fn with_faults(id: u64, faults: Arc<SyncFaults>) -> Self {
-        TestStream { id, faults }
+        TestStream { id, faults, device: false }
     }
 }
 
@@ -363,6 +393,24 @@ impl<const KIND: u32> TestStream<KIND> {
     /// ```
     pub fn faults(&self) -> &Arc<SyncFaults> {
         &self.faults
+    }
+
+    /// Whether [`synchronize_device`](Stream::synchronize_device) can (the
+    /// default: it cannot, and answers `Ok(false)`); when it can, it is
+    /// one more `synchronize` to its faults, counted and failed as those.
+    ///
+    /// ```
+    /// use memres_core::{testing::TestStream, Stream};
+    /// assert!(!TestStream::new(1).synchronize_device()?);
+    /// let s = TestStream::new(1).device_sync(true);
+    /// s.faults().fail_nth(1);
+    /// assert!(s.synchronize_device().is_err());
+    /// assert!(s.synchronize_device()?);
+    /// # Ok::<(), memres_core::Error>(())
+    /// ```
+    pub fn device_sync(mut self, can: bool) -> Self {
+        self.device = can;
+        self
     }
 }
 
@@ -384,5 +432,13 @@ impl<const KIND: u32> Stream for TestStream<KIND> {
     }
     fn synchronize(&self) -> Result<()> {
         self.faults.synchronize()
+    }
+    fn synchronize_device(&self) -> Result<bool> {
+        if !self.device {
+            return Ok(false);
+        }
+        self.faults.synchronize()?;
+        self.faults.device_syncs.fetch_add(1, Ordering::Relaxed);
+        Ok(true)
     }
 }

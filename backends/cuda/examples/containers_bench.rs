@@ -19,6 +19,7 @@
 use memres_containers::DeviceUVector;
 use memres_core::copy::MemoryOf;
 use memres_core::pool::CoalescingPool;
+use memres_core::Inspect;
 use memres_core::{MemoryResource, Shared, Stream};
 use memres_cuda::{CudaAsyncMemory, CudaCopy, CudaStream, Device, StreamOptions};
 use std::time::Instant;
@@ -56,7 +57,7 @@ fn grow<R>(stream: &'static CudaStream, mr: R, engine: &CudaCopy)
 where
     R: MemoryResource<&'static CudaStream> + MemoryOf<CudaCopy>,
 {
-    let mut v = DeviceUVector::<f32, _, _, _>::from_slice(&[1.0], stream, mr, engine).unwrap();
+    let mut v = DeviceUVector::<f32, _, _, _>::from_slice_in(&[1.0], stream, mr, engine).unwrap();
     for d in 1..=DOUBLINGS {
         // SAFETY: the new elements are never read, nor the vector cloned.
         unsafe { v.resize_uninit(1 << d) }.unwrap();
@@ -71,7 +72,8 @@ where
 {
     for _ in 0..CHURN {
         // SAFETY: the elements are never read, nor the vector cloned.
-        let v = unsafe { DeviceUVector::<u8, _, _, _>::new_uninit(CHURN_BYTES, stream, mr, engine) }.unwrap();
+        let v =
+            unsafe { DeviceUVector::<u8, _, _, _>::new_uninit_in(CHURN_BYTES, stream, mr, engine) }.unwrap();
         std::hint::black_box(v.device_ptr());
     }
 }
@@ -122,7 +124,7 @@ fn main() {
     }
     pool.with(|p| {
         p.check().unwrap();
-        assert_eq!(p.used_bytes(), 0);
+        assert_eq!(p.usage().used, 0);
         p.release(stream).unwrap();
     });
     stream.synchronize().unwrap();

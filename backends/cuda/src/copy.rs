@@ -80,7 +80,7 @@ use memres_core::{Error, Result};
 /// use memres_cuda::{CudaAsyncMemory, CudaCopy, CudaStream, Device};
 /// let device = Device::get(0)?;
 /// let (mr, stream) = (CudaAsyncMemory::new(device)?, CudaStream::new(device)?);
-/// let v = DeviceUVector::from_slice(&[1.0f32, 2.0], &stream, &mr, CudaCopy::new(device)?)?;
+/// let v = DeviceUVector::from_slice_in(&[1.0f32, 2.0], &stream, &mr, CudaCopy::new(device)?)?;
 /// assert_eq!(v.to_vec()?, [1.0, 2.0]);
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```

@@ -98,6 +98,13 @@ impl<S: Stream + ?Sized> MemoryResource<S> for CudaMemory {
         // table (so no one frees it twice); our context is current.
         deallocate_with(&self.context, &self.live, block, |base| unsafe { sys::cuMemFree_v2(base) })
     }
+
+    /// Equal to its clones, which share its table of live allocations (one
+    /// made by another `new` has a table of its own and refuses this one's
+    /// blocks, where RMM's CUDA resources are all equal).
+    fn id(&self) -> memres_core::ResourceId {
+        memres_core::ResourceId::shared::<Self>(Arc::as_ptr(&self.live).cast())
+    }
 }
 
 // SAFETY: the block lies inside one driver allocation (`place` checks

@@ -98,6 +98,13 @@ impl<S: Stream + ?Sized> MemoryResource<S> for ManagedMemory {
             host_visible::free(base, |b| unsafe { free_managed(b) })
         })
     }
+
+    /// Equal to its clones, which share its table of live allocations (one
+    /// made by another `new` has a table of its own and refuses this one's
+    /// blocks, where RMM's CUDA resources are all equal).
+    fn id(&self) -> memres_core::ResourceId {
+        memres_core::ResourceId::shared::<Self>(Arc::as_ptr(&self.live).cast())
+    }
 }
 
 /// `cuMemFree`, as `host_visible::free`'s release.
@@ -230,6 +237,11 @@ impl<S: AsRawStream + ?Sized, R: MemoryResource<S>> MemoryResource<S> for Prefet
 
     fn deallocate(&self, block: Block, stream: &S) -> Result<()> {
         self.upstream.deallocate(block, stream)
+    }
+
+    /// Equal to a `Prefetch` over an equal upstream, as in RMM.
+    fn id(&self) -> memres_core::ResourceId {
+        memres_core::ResourceId::over::<Self>(self.upstream.id())
     }
 }
 

@@ -106,6 +106,13 @@ impl<S: Stream + ?Sized> MemoryResource<S> for PinnedMemory {
             host_visible::free(base, |b| unsafe { free_host(b) })
         })
     }
+
+    /// Equal to its clones, which share its table of live allocations (one
+    /// made by another `new` has a table of its own and refuses this one's
+    /// blocks, where RMM's CUDA resources are all equal).
+    fn id(&self) -> memres_core::ResourceId {
+        memres_core::ResourceId::shared::<Self>(Arc::as_ptr(&self.live).cast())
+    }
 }
 
 /// `cuMemFreeHost`, as `host_visible::free`'s release.

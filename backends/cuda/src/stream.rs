@@ -3,6 +3,7 @@
 use crate::context::{Context, Current, Device};
 use crate::error::{check, error_from_code};
 use crate::sys;
+use memres_core::device::{DeviceId, DeviceStream};
 use memres_core::{Error, Result, Stream};
 use std::ptr;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -308,6 +309,23 @@ impl AsRawStream for CudaStream {
     }
     fn context(&self) -> Option<&Context> {
         self.context.as_ref()
+    }
+}
+
+/// A stream's device is its context's; a borrowed stream of unknown context
+/// is taken to be the current context's (device 0 when the thread has none,
+/// or the driver cannot say). Its device's resources are registered under
+/// `CudaStream`.
+impl DeviceStream for CudaStream {
+    type Key = CudaStream;
+    fn key(&self) -> &CudaStream {
+        self
+    }
+    fn device(&self) -> DeviceId {
+        match &self.context {
+            Some(context) => context.device().ordinal(),
+            None => Device::current().map_or(0, |d| d.ordinal()),
+        }
     }
 }
 

@@ -1,8 +1,10 @@
 //! The containers over CUDA memory, with `CudaCopy`: the same assertions as
-//! the host backend's container tests (`containers/tests/suite/mod.rs`),
+//! the host backend's container tests (`containers/tests/suite/mod.rs`:
+//! among them copies from raw device pointers, clones, alignment),
 //! over `CudaAsyncMemory` and over a coalescing pool with a maximum size
 //! over it, over pinned and over managed memory, on two non-blocking
-//! streams. Each test reports itself SKIPPED
+//! streams; then copies from driver memory no container holds, and the
+//! containers made without a resource. Each test reports itself SKIPPED
 //! (and tests nothing) without a GPU.
 
 mod common;
@@ -13,6 +15,7 @@ mod suite;
 
 use common::gpu;
 use memres_core::pool::{CoalescingPool, PoolConfig};
+use memres_core::Inspect;
 use memres_core::{Shared, Stream};
 use memres_cuda::{CudaAsyncMemory, CudaCopy, CudaStream, Device, StreamOptions};
 use suite::Setup;
@@ -169,7 +172,7 @@ mod over_a_pool {
             stream.synchronize().unwrap();
             if !std::thread::panicking() {
                 given_back.unwrap();
-                assert_eq!(self.pool.with(|p| p.pool_size()), 0);
+                assert_eq!(self.pool.with(|p| p.usage().held), 0);
                 assert!(matches!(self.pool.with(|p| p.upstream().used_bytes()), None | Some(0)));
             }
         }
@@ -196,14 +199,14 @@ mod over_a_pool {
             self.streams.synchronize();
             self.pool.with(|p| {
                 p.check().unwrap();
-                p.used_bytes()
+                p.usage().used
             })
         }
         fn charge(&self, size: u64) -> Option<u64> {
             Some(size.div_ceil(256) * 256)
         }
         fn held(&self) -> u64 {
-            self.pool.with(|p| p.pool_size())
+            self.pool.with(|p| p.usage().held)
         }
         fn too_many_u64(&self) -> usize {
             (MAX / 8 + 1) as usize
@@ -235,7 +238,7 @@ fn containers_on_the_legacy_default_stream() {
     // `()` names the legacy stream of whatever context is current.
     let context = device.primary_context().unwrap();
     context.bind().unwrap();
-    let mut v = memres_containers::DeviceUVector::from_slice(&[1.5f64, 2.5], (), &mr, engine).unwrap();
+    let mut v = memres_containers::DeviceUVector::from_slice_in(&[1.5f64, 2.5], (), &mr, engine).unwrap();
     v.resize(1000).unwrap();
     v.set_element_async(999, &-1.0).unwrap();
     assert_eq!(v.element(0).unwrap(), 1.5);
@@ -245,5 +248,89 @@ fn containers_on_the_legacy_default_stream() {
     drop((v, w));
     // The frees were queued on the legacy stream: wait for them.
     memres_cuda::default_stream(device).unwrap().synchronize().unwrap();
+    assert_eq!(mr.used_bytes().unwrap(), 0);
+}
+
+/// A copy from a raw device pointer of memory no container holds (a block
+/// of `CudaMemory`, written by a memset, copied on two streams), and of
+/// ranges that are no CUDA memory or run past the driver's allocation,
+/// which `CudaCopy` refuses, the new block given back.
+#[test]
+fn copies_from_raw_pointers_to_driver_memory() {
+    use memres_containers::{ContainerError, DeviceBuffer, DeviceUVector};
+    use memres_core::adaptor::Statistics;
+    use memres_core::{Error, MemoryResource, Request};
+    use memres_cuda::CudaMemory;
+    let Some(device) = gpu("copies_from_raw_pointers_to_driver_memory") else { return };
+    let streams = Streams::new(device);
+    let (a, b, engine) = (&streams.a, &streams.b, &streams.engine);
+    let mr = Statistics::new(CudaMemory::new(device).unwrap());
+    let raw = mr.allocate(Request::new(4096).unwrap(), &a).unwrap();
+    common::fill(a, &raw, 0xDEAD_BEEF);
+    // SAFETY: `raw` is device memory this test holds, from a resource that
+    // is `MemoryOf<CudaCopy>`, written on `a`, which the copy is ordered on.
+    let v = unsafe { DeviceUVector::<u32, _, _, _>::from_device_ptr_in(raw.addr(), 1024, a, &mr, engine) }
+        .unwrap();
+    b.wait(&a.record().unwrap()).unwrap();
+    // SAFETY: the same memory; stream `b` waits for the memset on `a`.
+    let w =
+        unsafe { DeviceUVector::<u32, _, _, _>::from_device_ptr_in(raw.addr() + 2048, 512, b, &mr, engine) }
+            .unwrap();
+    let stack = [0u8; 64];
+    let live = mr.get_allocations_counter().value;
+    for (addr, len, what) in [
+        (stack.as_ptr() as u64, 64, "a host stack buffer"),
+        // (Just past the end may be the next allocation, such as `v`'s.)
+        (raw.addr() + 2048, 4 << 20, "past the end of the driver's allocation"),
+    ] {
+        // SAFETY: a contract broken on purpose: `CudaCopy` asks the driver
+        // about the range and refuses it, queueing nothing.
+        let e = unsafe { DeviceBuffer::from_device_ptr_in(addr, len, a, &mr, engine) }.map(|_| ());
+        assert_eq!(e, Err(ContainerError::Memory(Error::NotLive { addr, len })), "{what}");
+        assert_eq!(mr.get_allocations_counter().value, live, "{what}: the new block went back");
+    }
+    // Both copies are queued before the source goes.
+    streams.synchronize();
+    mr.deallocate(raw, &a).unwrap();
+    assert_eq!(v.to_vec().unwrap(), vec![0xDEAD_BEEF; 1024], "the copy outlives its source");
+    assert_eq!(w.to_vec().unwrap(), vec![0xDEAD_BEEF; 512]);
+    drop((v, w));
+    streams.synchronize();
+    assert_eq!(mr.get_allocations_counter().value, 0);
+}
+
+/// The containers made without a resource take the current resource of
+/// their stream's device, set with its promise of `CudaCopy` memory; clones
+/// and raw-pointer copies come from it too.
+#[test]
+fn containers_without_a_resource_use_the_devices_current_resource() {
+    use memres_containers::{DeviceScalar, DeviceUVector};
+    use memres_core::device::set_per_device_resource_of;
+    use std::sync::Arc;
+    let Some(device) = gpu("containers_without_a_resource_use_the_devices_current_resource") else { return };
+    let streams = Streams::new(device);
+    let mr = Arc::new(CudaAsyncMemory::new(device).unwrap());
+    set_per_device_resource_of::<CudaStream, _, _>(
+        device.ordinal(),
+        mr.clone(),
+        CudaCopy::new(device).unwrap(),
+    );
+    let stream = &streams.a;
+    let v = DeviceUVector::<f32, _, CudaCopy, _>::from_slice(&[1.0, 2.0, 3.0], stream).unwrap();
+    let w = v.try_clone().unwrap();
+    // SAFETY: `v`'s memory, written on the same stream above.
+    let c = unsafe {
+        DeviceUVector::<f32, _, CudaCopy, _>::from_device_ptr(v.element_ptr(1).unwrap(), 2, stream)
+    }
+    .unwrap();
+    let mut s = DeviceScalar::<u64, _, CudaCopy, _>::new(stream).unwrap();
+    s.set_value_async(&7).unwrap();
+    assert_eq!(
+        (w.to_vec().unwrap(), c.to_vec().unwrap(), s.value().unwrap()),
+        (vec![1.0, 2.0, 3.0], vec![2.0, 3.0], 7)
+    );
+    assert!(mr.used_bytes().unwrap() > 0, "from the device's current resource");
+    drop((v, w, c, s));
+    streams.synchronize();
     assert_eq!(mr.used_bytes().unwrap(), 0);
 }

@@ -182,3 +182,43 @@ fn any_thread_without_setup_gets_the_primary_context_bound() {
         });
     });
 }
+
+/// Whether `a` and `b` are equal, checked both ways round.
+fn equal(a: &dyn MemoryResource<CudaStream>, b: &dyn MemoryResource<CudaStream>) -> bool {
+    let ab = a.is_equal(b);
+    assert_eq!(ab, b.is_equal(a), "equality is symmetric");
+    ab
+}
+
+#[test]
+fn clones_of_a_leaf_are_equal_and_take_each_others_blocks_but_two_leaves_are_not() {
+    let Some(device) = gpu("clones_of_a_leaf_are_equal_and_take_each_others_blocks_but_two_leaves_are_not")
+    else {
+        return;
+    };
+    let stream = CudaStream::new(device).unwrap();
+    let (cuda, managed, pinned) = (
+        CudaMemory::new(device).unwrap(),
+        ManagedMemory::new(device).unwrap(),
+        PinnedMemory::new(device).unwrap(),
+    );
+    let leaves: [&dyn MemoryResource<CudaStream>; 3] = [&cuda, &managed, &pinned];
+    let clones: [Box<dyn MemoryResource<CudaStream>>; 3] =
+        [Box::new(cuda.clone()), Box::new(managed.clone()), Box::new(pinned.clone())];
+    let others: [Box<dyn MemoryResource<CudaStream>>; 3] = [
+        Box::new(CudaMemory::new(device).unwrap()),
+        Box::new(ManagedMemory::new(device).unwrap()),
+        Box::new(PinnedMemory::new(device).unwrap()),
+    ];
+    for ((leaf, clone), other) in leaves.iter().zip(&clones).zip(&others) {
+        assert!(equal(*leaf, &**clone) && !equal(*leaf, &**other));
+        let b = leaf.allocate(Request::new(1000).unwrap(), &stream).unwrap();
+        assert!(other.deallocate(b, &stream).is_err(), "another leaf refuses the block");
+        clone.deallocate(b, &stream).unwrap();
+    }
+    assert!(!equal(&cuda, &managed));
+    let (p, q) = (Prefetch::new(&managed, device).unwrap(), Prefetch::new(managed.clone(), device).unwrap());
+    assert!(!equal(&p, &q), "adaptors of different upstream types");
+    let r = Prefetch::new(&managed, device).unwrap();
+    assert!(equal(&p, &r) && !equal(&p, &managed));
+}

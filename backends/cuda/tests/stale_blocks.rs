@@ -25,7 +25,7 @@ fn freed_under_a_buffer<R>(mr: &R, stream: &CudaStream, engine: &CudaCopy)
 where
     R: for<'a> MemoryResource<&'a CudaStream> + MemoryOf<CudaCopy>,
 {
-    let mut buf = DeviceBuffer::from_slice(b"hello", stream, mr, engine).unwrap();
+    let mut buf = DeviceBuffer::from_slice_in(b"hello", stream, mr, engine).unwrap();
     assert_eq!(buf.to_vec().unwrap(), b"hello");
     let addr = buf.addr();
     mr.deallocate(Block::from_addr(addr, 5), &stream).unwrap();

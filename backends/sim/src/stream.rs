@@ -28,6 +28,7 @@
 //! are not ordered with it.
 
 use memres_core::check::FailNth;
+use memres_core::device::{DeviceId, DeviceStream};
 use memres_core::{Error, Result, Stream};
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -357,6 +358,18 @@ impl Stream for SimStream {
         self.world.lock().fail_point()?;
         self.world.synchronize();
         Ok(true)
+    }
+}
+
+/// A simulated world is one device, 0: its resources are registered under
+/// `SimStream` (the containers made without a resource look them up so).
+impl DeviceStream for SimStream {
+    type Key = SimStream;
+    fn key(&self) -> &SimStream {
+        self
+    }
+    fn device(&self) -> DeviceId {
+        0
     }
 }
 

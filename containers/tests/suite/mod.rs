@@ -5,13 +5,13 @@
 
 use memres_containers::{ContainerError, DeviceBuffer, DeviceScalar, DeviceUVector};
 use memres_core::copy::{CopyEngine, MemoryOf};
-use memres_core::{Error, MemoryResource, Stream};
+use memres_core::{Error, MemoryResource, Request, Stream};
 
 /// What the assertions run over. Each test takes a fresh one: nothing is
 /// allocated from it yet.
 pub trait Setup {
     /// The stream type of the containers.
-    type S<'a>: Stream
+    type S<'a>: Stream + Clone
     where
         Self: 'a;
     /// The resource under test: memory of the engine.
@@ -54,7 +54,7 @@ fn expect_one_block<T: Setup>(t: &T, size: u64) {
 
 pub fn buffer_round_trip_resize_reserve_shrink<T: Setup>(t: &T) {
     let data: Vec<u8> = (0..1000u32).map(|i| (i * 7) as u8).collect();
-    let mut b = DeviceBuffer::from_slice(&data, t.stream(), t.resource(), t.engine()).unwrap();
+    let mut b = DeviceBuffer::from_slice_in(&data, t.stream(), t.resource(), t.engine()).unwrap();
     assert_eq!((b.len(), b.capacity()), (1000, 1000));
     assert_eq!(b.to_vec().unwrap(), data);
     expect_one_block(t, 1000);
@@ -101,14 +101,14 @@ pub fn buffer_round_trip_resize_reserve_shrink<T: Setup>(t: &T) {
 
 pub fn zero_length_containers_allocate_nothing<T: Setup>(t: &T) {
     let held = t.held();
-    let b = DeviceBuffer::new(0, t.stream(), t.resource(), t.engine()).unwrap();
+    let b = DeviceBuffer::new_in(0, t.stream(), t.resource(), t.engine()).unwrap();
     assert_eq!((b.len(), b.capacity(), b.addr()), (0, 0, 0));
     assert_eq!(b.to_vec().unwrap(), Vec::<u8>::new());
-    let v = DeviceUVector::<u32, _, _, _>::new(0, t.stream(), t.resource(), t.engine()).unwrap();
+    let v = DeviceUVector::<u32, _, _, _>::new_in(0, t.stream(), t.resource(), t.engine()).unwrap();
     assert!(v.is_empty());
     assert_eq!(v.device_ptr(), 0);
     assert_eq!(v.to_vec().unwrap(), Vec::<u32>::new());
-    let w = DeviceUVector::<u64, _, _, _>::from_slice(&[], t.stream(), t.resource(), t.engine()).unwrap();
+    let w = DeviceUVector::<u64, _, _, _>::from_slice_in(&[], t.stream(), t.resource(), t.engine()).unwrap();
     assert_eq!(w.device_ptr(), 0);
     let c = b.try_clone_on(t.other_stream()).unwrap();
     assert_eq!(c.addr(), 0);
@@ -119,7 +119,7 @@ pub fn zero_length_containers_allocate_nothing<T: Setup>(t: &T) {
 }
 
 pub fn resize_beyond_the_limit_is_an_error_and_leaves_the_container_unchanged<T: Setup>(t: &T) {
-    let mut v = DeviceUVector::from_slice(&[1u64, 2, 3, 4], t.stream(), t.resource(), t.engine()).unwrap();
+    let mut v = DeviceUVector::from_slice_in(&[1u64, 2, 3, 4], t.stream(), t.resource(), t.engine()).unwrap();
     let before = (v.len(), v.capacity(), v.device_ptr());
     let e = v.resize(t.too_many_u64()).unwrap_err();
     assert!(matches!(e, ContainerError::Memory(Error::OutOfMemory { .. })), "{e:?}");
@@ -139,7 +139,7 @@ pub fn resize_beyond_the_limit_is_an_error_and_leaves_the_container_unchanged<T:
 }
 
 pub fn uvector_elements_and_growth<T: Setup>(t: &T) {
-    let mut v = DeviceUVector::<f32, _, _, _>::new(3, t.stream(), t.resource(), t.engine()).unwrap();
+    let mut v = DeviceUVector::<f32, _, _, _>::new_in(3, t.stream(), t.resource(), t.engine()).unwrap();
     assert_eq!(v.to_vec().unwrap(), vec![0.0; 3], "a new vector is zero");
     for i in 0..3 {
         v.set_element_async(i, &(i as f32 * 1.5)).unwrap();
@@ -182,7 +182,7 @@ pub fn uvector_elements_and_growth<T: Setup>(t: &T) {
 }
 
 pub fn buffer_vector_conversions<T: Setup>(t: &T) {
-    let v = DeviceUVector::from_slice(&[1u32, 2, 3], t.stream(), t.resource(), t.engine()).unwrap();
+    let v = DeviceUVector::from_slice_in(&[1u32, 2, 3], t.stream(), t.resource(), t.engine()).unwrap();
     let addr = v.device_ptr();
     let b = v.into_buffer();
     assert_eq!((b.len(), b.addr()), (12, addr));
@@ -209,7 +209,7 @@ fn payload() -> Vec<u8> {
 
 pub fn deep_copy_and_stream_change<T: Setup>(t: &T) {
     let data = payload();
-    let mut a = DeviceBuffer::from_slice(&data, t.stream(), t.resource(), t.engine()).unwrap();
+    let mut a = DeviceBuffer::from_slice_in(&data, t.stream(), t.resource(), t.engine()).unwrap();
     let b = a.try_clone_on(t.other_stream()).unwrap();
     assert_ne!(a.addr(), b.addr());
     assert_eq!(b.stream().id(), t.other_stream().id());
@@ -227,7 +227,7 @@ pub fn deep_copy_and_stream_change<T: Setup>(t: &T) {
     assert_eq!(a.to_vec().unwrap(), vec![0x5C; data.len()]);
 
     // A clone of a clone, then the original's stream changes under a pending fill.
-    let mut v = DeviceUVector::from_slice(&[7u32; 1000], t.stream(), t.resource(), t.engine()).unwrap();
+    let mut v = DeviceUVector::from_slice_in(&[7u32; 1000], t.stream(), t.resource(), t.engine()).unwrap();
     v.set_element_async(999, &8).unwrap();
     let w = v.as_buffer().try_clone_on(t.other_stream()).unwrap().try_into_uvector::<u32>().unwrap();
     let mut expected = vec![7u32; 1000];
@@ -240,11 +240,11 @@ pub fn deep_copy_and_stream_change<T: Setup>(t: &T) {
 }
 
 pub fn scalar_round_trip<T: Setup>(t: &T) {
-    let mut s = DeviceScalar::<i64, _, _, _>::new(t.stream(), t.resource(), t.engine()).unwrap();
+    let mut s = DeviceScalar::<i64, _, _, _>::new_in(t.stream(), t.resource(), t.engine()).unwrap();
     assert_eq!(s.value().unwrap(), 0, "a new scalar is zero");
     s.set_value_async(&-5).unwrap();
     assert_eq!(s.value().unwrap(), -5);
-    let mut u = DeviceScalar::from_value(&[1u8, 2], t.stream(), t.resource(), t.engine()).unwrap();
+    let mut u = DeviceScalar::from_value_in(&[1u8, 2], t.stream(), t.resource(), t.engine()).unwrap();
     assert_eq!(u.value().unwrap(), [1, 2]);
     assert_ne!(s.device_ptr(), u.device_ptr());
     assert!(format!("{s:?}").contains("DeviceScalar"));
@@ -255,6 +255,190 @@ pub fn scalar_round_trip<T: Setup>(t: &T) {
     u.set_value_async(&[3, 4]).unwrap();
     assert_eq!(u.value().unwrap(), [3, 4]);
     drop((s, u));
+    assert_eq!(t.used(), 0);
+}
+
+/// An element type aligned above the default 256 bytes: the case.
+#[derive(Clone, Copy, Debug, PartialEq, bytemuck::Pod, bytemuck::Zeroable)]
+#[repr(C, align(512))]
+pub struct Big([u64; 64]);
+
+fn big(i: u64) -> Big {
+    Big([i; 64])
+}
+
+pub fn element_types_aligned_above_256_get_blocks_of_their_alignment<T: Setup>(t: &T) {
+    // Blocks at offsets 256 apart mod 512 (a suballocator at 256-byte
+    // granularity): without asking for 512, one of the two would be misplaced.
+    let a = DeviceUVector::from_slice_in(&[big(1)], t.stream(), t.resource(), t.engine()).unwrap();
+    let filler = DeviceBuffer::new_in(256, t.stream(), t.resource(), t.engine()).unwrap();
+    let b = DeviceUVector::from_slice_in(&[big(2), big(3)], t.stream(), t.resource(), t.engine()).unwrap();
+    let s = DeviceScalar::from_value_in(&big(4), t.stream(), t.resource(), t.engine()).unwrap();
+    for (what, ptr) in [("a", a.device_ptr()), ("b", b.device_ptr()), ("scalar", s.device_ptr())] {
+        assert_eq!(ptr % 512, 0, "{what} at {ptr:#x}");
+    }
+    assert_eq!((a.alignment(), b.alignment(), filler.alignment()), (512, 512, 256));
+    assert_eq!(b.to_vec().unwrap(), [big(2), big(3)]);
+    assert_eq!(s.value().unwrap(), big(4));
+    // Growth, clones and a trip through the untyped buffer keep it.
+    let clone = b.try_clone_on(t.other_stream()).unwrap();
+    drop(b);
+    let mut b = clone;
+    assert_eq!(b.device_ptr() % 512, 0);
+    b.resize(5).unwrap();
+    assert_eq!((b.device_ptr() % 512, b.element(1).unwrap(), b.element(4).unwrap()), (0, big(3), big(0)));
+    let buf = b.into_buffer();
+    assert_eq!(buf.alignment(), 512);
+    let b: DeviceUVector<Big, _, _, _> = buf.try_into_uvector().unwrap();
+    drop((a, filler, b, s));
+    assert_eq!(t.used(), 0);
+}
+
+pub fn explicit_alignment_is_kept_through_growth_and_clones<T: Setup>(t: &T) {
+    let mut v = DeviceUVector::<u32, _, _, _>::new_in(0, t.stream(), t.resource(), t.engine()).unwrap();
+    assert_eq!(v.alignment(), 256);
+    v.set_alignment(4096).unwrap();
+    assert_eq!((v.alignment(), v.device_ptr()), (4096, 0), "an empty vector takes no memory");
+    v.resize(100).unwrap();
+    assert_eq!(v.device_ptr() % 4096, 0);
+    v.copy_from_slice_at(0, &[1, 2, 3]).unwrap();
+    for n in [5000, 20_000] {
+        v.reserve(n).unwrap();
+        assert_eq!(v.device_ptr() % 4096, 0, "reserve({n})");
+    }
+    v.shrink_to_fit().unwrap();
+    assert_eq!(v.device_ptr() % 4096, 0);
+    let c = v.try_clone().unwrap();
+    assert_eq!((c.alignment(), c.device_ptr() % 4096), (4096, 0));
+    assert_eq!(c.slice_to_vec(..4).unwrap(), [1, 2, 3, 0]);
+    // A held block moves only if it is not aligned so: the elements with it.
+    let mut b = DeviceBuffer::from_slice_in(&[7u8; 300], t.stream(), t.resource(), t.engine()).unwrap();
+    b.set_alignment(1 << 16).unwrap();
+    assert_eq!((b.addr() % (1 << 16), b.capacity(), b.to_vec().unwrap()), (0, 300, vec![7; 300]));
+    let at = b.addr();
+    b.set_alignment(512).unwrap();
+    assert_eq!((b.addr(), b.alignment()), (at, 512), "already aligned: nothing moves");
+    // Alignments no request can hold change nothing.
+    for bad in [0, 3, 768, Request::MAX_ALIGN * 2] {
+        assert_eq!(
+            v.set_alignment(bad),
+            Err(ContainerError::Memory(Error::InvalidAlignment { align: bad })),
+            "{bad}"
+        );
+        assert_eq!(b.set_alignment(bad), Err(ContainerError::Memory(Error::InvalidAlignment { align: bad })));
+    }
+    assert_eq!((v.alignment(), b.alignment(), b.addr()), (4096, 512, at));
+    // Below the element type's alignment, a vector keeps the element's.
+    let mut w = DeviceUVector::<Big, _, _, _>::new_in(1, t.stream(), t.resource(), t.engine()).unwrap();
+    w.set_alignment(64).unwrap();
+    assert_eq!(w.alignment(), 512);
+    drop((v, c, b, w));
+    assert_eq!(t.used(), 0);
+}
+
+pub fn copies_from_raw_device_pointers<T: Setup>(t: &T) {
+    let data: Vec<u32> = (0..1000).map(|i| i * 3 + 1).collect();
+    let v = DeviceUVector::from_slice_in(&data, t.stream(), t.resource(), t.engine()).unwrap();
+    // SAFETY: the ranges lie in `v`'s block, memory of the engine that this
+    // test holds, written above on the same stream.
+    let (w, b, s, e) = unsafe {
+        (
+            DeviceUVector::<u32, _, _, _>::from_device_ptr_in(
+                v.element_ptr(10).unwrap(),
+                500,
+                t.stream(),
+                t.resource(),
+                t.engine(),
+            )
+            .unwrap(),
+            DeviceBuffer::from_device_ptr_in(v.device_ptr() + 1, 7, t.stream(), t.resource(), t.engine())
+                .unwrap(),
+            DeviceScalar::<u32, _, _, _>::from_device_ptr_in(
+                v.element_ptr(999).unwrap(),
+                t.stream(),
+                t.resource(),
+                t.engine(),
+            )
+            .unwrap(),
+            DeviceBuffer::from_device_ptr_in(0, 0, t.stream(), t.resource(), t.engine()).unwrap(),
+        )
+    };
+    assert_eq!(w.to_vec().unwrap(), &data[10..510]);
+    let bytes: &[u8] = bytemuck::cast_slice(&data);
+    assert_eq!(b.to_vec().unwrap(), &bytes[1..8]);
+    assert_eq!(s.value().unwrap(), data[999]);
+    assert_eq!((e.len(), e.addr()), (0, 0), "nothing copied, nothing taken");
+    assert_ne!(w.device_ptr(), v.device_ptr(), "a copy, in a block of its own");
+    drop(v);
+    assert_eq!(w.element(0).unwrap(), data[10], "the copy outlives its source");
+    drop((w, b, s, e));
+    assert_eq!(t.used(), 0);
+}
+
+pub fn clones_are_deep_copies_on_the_containers_own_stream<T: Setup>(t: &T) {
+    let mut b =
+        DeviceBuffer::from_slice_in(b"device bytes", t.other_stream(), t.resource(), t.engine()).unwrap();
+    let mut v =
+        DeviceUVector::from_slice_in(&[1.5f64, 2.5, 3.5], t.stream(), t.resource(), t.engine()).unwrap();
+    let mut s = DeviceScalar::from_value_in(&-7i16, t.stream(), t.resource(), t.engine()).unwrap();
+    let (b2, v2, s2) = (b.try_clone().unwrap(), v.try_clone().unwrap(), s.try_clone().unwrap());
+    assert_eq!(b2.stream().id(), t.other_stream().id(), "on the buffer's own stream");
+    assert_eq!((v2.stream().id(), s2.stream().id()), (t.stream().id(), t.stream().id()));
+    assert_ne!((b2.addr(), v2.device_ptr(), s2.device_ptr()), (b.addr(), v.device_ptr(), s.device_ptr()));
+    b.fill(0).unwrap();
+    v.fill_zero().unwrap();
+    s.set_value_to_zero_async().unwrap();
+    assert_eq!(b2.to_vec().unwrap(), b"device bytes", "deep");
+    assert_eq!(v2.to_vec().unwrap(), [1.5, 2.5, 3.5]);
+    assert_eq!(s2.value().unwrap(), -7);
+    assert_eq!(
+        (b.to_vec().unwrap(), v.to_vec().unwrap(), s.value().unwrap()),
+        (vec![0; 12], vec![0.0; 3], 0)
+    );
+    drop((b, v, s, b2, v2, s2));
+    assert_eq!(t.used(), 0);
+}
+
+pub fn host_view_elements_ranges_and_iteration<T: Setup>(t: &T) {
+    // More than one batch of the iterator (64 KiB).
+    let n = if cfg!(miri) { 20_000 } else { 50_000 };
+    let data: Vec<u32> = (0..n as u32).map(|i| i.wrapping_mul(2_654_435_761)).collect();
+    let mut v = DeviceUVector::from_slice_in(&data, t.stream(), t.resource(), t.engine()).unwrap();
+    assert_eq!((v.front_element().unwrap(), v.back_element().unwrap()), (data[0], data[n - 1]));
+    assert_eq!(v.element_ptr(0).unwrap(), v.device_ptr());
+    assert_eq!(v.element_ptr(n - 1).unwrap(), v.device_ptr() + 4 * (n as u64 - 1));
+    assert_eq!(v.element_ptr(n), Err(ContainerError::IndexOutOfRange { index: n, len: n }));
+    let it = v.iter();
+    assert_eq!(it.size_hint(), (1, Some(n)));
+    assert_eq!(it.collect::<Result<Vec<u32>, _>>().unwrap(), data);
+    assert_eq!(v.iter().skip(n - 2).map(Result::unwrap).collect::<Vec<_>>(), &data[n - 2..]);
+    assert_eq!(v.slice_to_vec(5..9).unwrap(), &data[5..9]);
+    assert_eq!(v.slice_to_vec(..=2).unwrap(), &data[..3]);
+    assert_eq!(v.slice_to_vec(n - 1..).unwrap(), &data[n - 1..]);
+    assert_eq!(v.slice_to_vec(n..).unwrap(), Vec::<u32>::new());
+    let mut out = [0u32; 3];
+    v.copy_to_slice_at(100, &mut out).unwrap();
+    assert_eq!(out, data[100..103]);
+    // Ranges outside the length are errors that touch nothing.
+    let oob = |index| ContainerError::IndexOutOfRange { index, len: n };
+    #[allow(clippy::reversed_empty_ranges)]
+    let reversed = v.slice_to_vec(9..5);
+    assert_eq!(reversed, Err(oob(9)));
+    assert_eq!(v.slice_to_vec(n - 1..=n), Err(oob(n)));
+    assert_eq!(v.copy_to_slice_at(n - 2, &mut out), Err(oob(n)));
+    assert_eq!(out, data[100..103], "a failed read wrote nothing");
+    assert_eq!(v.set_element_to_zero_async(n), Err(oob(n)));
+    // Zero-fill: one element, then all.
+    v.set_element_to_zero_async(1).unwrap();
+    assert_eq!(v.slice_to_vec(..3).unwrap(), [data[0], 0, data[2]]);
+    v.fill_zero().unwrap();
+    assert!(v.iter().all(|x| x == Ok(0)));
+    v.clear();
+    let empty = Err(ContainerError::IndexOutOfRange { index: 0, len: 0 });
+    assert_eq!((v.front_element(), v.back_element()), (empty, empty));
+    assert_eq!(v.iter().next(), None);
+    assert_eq!(v.to_vec().unwrap(), Vec::<u32>::new());
+    drop(v);
     assert_eq!(t.used(), 0);
 }
 
@@ -269,7 +453,12 @@ macro_rules! container_suite {
             uvector_elements_and_growth,
             buffer_vector_conversions,
             deep_copy_and_stream_change,
-            scalar_round_trip
+            scalar_round_trip,
+            element_types_aligned_above_256_get_blocks_of_their_alignment,
+            explicit_alignment_is_kept_through_growth_and_clones,
+            copies_from_raw_device_pointers,
+            clones_are_deep_copies_on_the_containers_own_stream,
+            host_view_elements_ranges_and_iteration
         );
     };
     (@tests $make:expr; $($name:ident),*) => {

@@ -112,7 +112,17 @@ impl<S: Stream + ?Sized, R: MemoryResource<S>> MemoryResource<S> for Aligned<R> 
     fn deallocate(&self, block: Block, stream: &S) -> Result<()> {
         self.upstream.deallocate(block, stream)
     }
+
+    /// Equal to an `Aligned` over an equal upstream, whatever its
+    /// alignment (RMM compares that too, because its adaptor pads; this
+    /// one gives the upstream its very block back).
+    #[inline]
+    fn id(&self) -> crate::ResourceId {
+        crate::ResourceId::over::<Self>(self.upstream.id())
+    }
 }
+
+crate::inspect::forward_inspect!(Aligned<R>, upstream);
 
 // SAFETY: `Aligned` hands out `R`'s blocks unchanged (asked of `R` with a
 // larger alignment) and gives them back only through `R::deallocate`.

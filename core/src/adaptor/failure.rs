@@ -1,8 +1,40 @@
 //! RMM's `failure_callback_resource_adaptor`: a callback decides whether to
-//! retry after out of memory.
+//! retry after out of memory (or, when asked, after any failure).
 
-use crate::{Block, MemoryResource, Request, Result, Stream};
+use crate::{Block, Error, MemoryResource, Request, Result, Stream};
 use core::fmt;
+
+/// Which failures of the upstream reach the callback of a
+/// [`FailureCallback`]: RMM's `ExceptionType` parameter.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum RetryOn {
+    /// Out of memory only ([`Error::is_out_of_memory`]), as RMM's default
+    /// `rmm::out_of_memory`; any other error is returned at once.
+    #[default]
+    OutOfMemory,
+    /// Every failure of an allocation (a backend error, an injected
+    /// failure, a size or alignment the upstream refuses), as RMM's
+    /// adaptor over `std::exception`.
+    AnyError,
+}
+
+impl RetryOn {
+    /// Whether `error` reaches the callback.
+    ///
+    /// ```
+    /// use memres_core::adaptor::RetryOn;
+    /// use memres_core::Error;
+    /// let backend = Error::Backend { code: 2, what: "busy" };
+    /// assert!(!RetryOn::OutOfMemory.catches(&backend));
+    /// assert!(RetryOn::AnyError.catches(&backend));
+    /// ```
+    pub const fn catches(self, error: &Error) -> bool {
+        match self {
+            RetryOn::OutOfMemory => error.is_out_of_memory(),
+            RetryOn::AnyError => true,
+        }
+    }
+}
 
 /// Calls a user callback when the upstream runs out of memory; the callback
 /// (given the bytes requested and the user data) frees what it can and
@@ -15,8 +47,11 @@ use core::fmt;
 ///                                                          └false─► the error
 /// ```
 ///
-/// Only out-of-memory errors ([`Error::is_out_of_memory`](crate::Error::is_out_of_memory))
-/// reach the callback; any other error is returned at once. A callback
+/// By default only out-of-memory errors ([`Error::is_out_of_memory`])
+/// reach the callback and any other error is returned at once;
+/// [`with_retry_on`](Self::with_retry_on)`(`[`RetryOn::AnyError`]`)` hands
+/// it every failure. A callback that returns `false` gets the error that
+/// made it be called returned, as it was. A callback
 /// that asks to retry forever is bounded: after
 /// [`max_retries`](Self::max_retries) retries (default
 /// [`DEFAULT_MAX_RETRIES`](Self::DEFAULT_MAX_RETRIES)) the last error is
@@ -44,6 +79,8 @@ pub struct FailureCallback<R, T, F> {
     callback: F,
     /// Retries per allocation before the error is returned.
     max_retries: u32,
+    /// The failures that reach the callback.
+    retry_on: RetryOn,
 }
 
 impl<R, T, F: Fn(u64, &T) -> bool> FailureCallback<R, T, F> {
@@ -58,7 +95,13 @@ impl<R, T, F: Fn(u64, &T) -> bool> FailureCallback<R, T, F> {
     /// assert_eq!(r.max_retries(), 64);
     /// ```
     pub fn new(upstream: R, data: T, callback: F) -> Self {
-        FailureCallback { upstream, data, callback, max_retries: Self::DEFAULT_MAX_RETRIES }
+        FailureCallback {
+            upstream,
+            data,
+            callback,
+            max_retries: Self::DEFAULT_MAX_RETRIES,
+            retry_on: RetryOn::OutOfMemory,
+        }
     }
 
     /// The same adaptor with another retry cap (0: the callback is called
@@ -72,6 +115,35 @@ impl<R, T, F: Fn(u64, &T) -> bool> FailureCallback<R, T, F> {
     pub fn with_max_retries(mut self, retries: u32) -> Self {
         self.max_retries = retries;
         self
+    }
+
+    /// The same adaptor with its callback called on the failures `retry_on`
+    /// names (by default [`RetryOn::OutOfMemory`]).
+    ///
+    /// ```
+    /// use memres_core::adaptor::{FailureCallback, RetryOn};
+    /// use memres_core::{Error, MemoryResource, Request};
+    /// # use memres_core::testing::BumpUpstream;
+    /// let up = BumpUpstream::new(1 << 20);
+    /// up.fail_after(0); // every allocation fails with a backend error
+    /// let r = FailureCallback::new(&up, (), |_, _| false).with_retry_on(RetryOn::AnyError);
+    /// assert_eq!(r.retry_on(), RetryOn::AnyError);
+    /// assert!(matches!(r.allocate(Request::new(256)?, &()), Err(Error::Backend { .. })));
+    /// # Ok::<(), memres_core::Error>(())
+    /// ```
+    pub fn with_retry_on(mut self, retry_on: RetryOn) -> Self {
+        self.retry_on = retry_on;
+        self
+    }
+
+    /// The failures that reach the callback.
+    ///
+    /// ```
+    /// # use memres_core::adaptor::{FailureCallback, RetryOn};
+    /// assert_eq!(FailureCallback::new((), (), |_, _| true).retry_on(), RetryOn::OutOfMemory);
+    /// ```
+    pub fn retry_on(&self) -> RetryOn {
+        self.retry_on
     }
 
     /// The retry cap.
@@ -111,6 +183,7 @@ impl<R: fmt::Debug, T: fmt::Debug, F> fmt::Debug for FailureCallback<R, T, F> {
             .field("upstream", &self.upstream)
             .field("data", &self.data)
             .field("max_retries", &self.max_retries)
+            .field("retry_on", &self.retry_on)
             .finish_non_exhaustive()
     }
 }
@@ -125,7 +198,7 @@ where
         let mut retries = 0;
         loop {
             match self.upstream.allocate(request, stream) {
-                Err(e) if e.is_out_of_memory() => {
+                Err(e) if self.retry_on.catches(&e) => {
                     if !(self.callback)(request.size(), &self.data) || retries >= self.max_retries {
                         return Err(e);
                     }
@@ -140,7 +213,16 @@ where
     fn deallocate(&self, block: Block, stream: &S) -> Result<()> {
         self.upstream.deallocate(block, stream)
     }
+
+    /// Equal to a `FailureCallback` over an equal upstream, whatever its
+    /// callback, as in RMM.
+    #[inline]
+    fn id(&self) -> crate::ResourceId {
+        crate::ResourceId::over::<Self>(self.upstream.id())
+    }
 }
+
+crate::inspect::forward_inspect!(FailureCallback<R, T, F>, upstream);
 
 // SAFETY: `FailureCallback` hands out `R`'s blocks unchanged and gives them back only through
 // `R::deallocate`.

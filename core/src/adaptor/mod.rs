@@ -12,7 +12,7 @@
 //! | [`Tracking`] | `tracking_resource_adaptor` | every outstanding allocation, a leak report (alloc) |
 //! | [`Limiting`] | `limiting_resource_adaptor` | a byte limit (alloc: a table of what each block was charged) |
 //! | [`Aligned`] | `aligned_resource_adaptor` | a larger alignment for large allocations |
-//! | [`FailureCallback`] | `failure_callback_resource_adaptor` | a callback that decides whether to retry after out of memory |
+//! | [`FailureCallback`] | `failure_callback_resource_adaptor` | a callback that decides whether to retry after out of memory (or any failure, [`RetryOn`]) |
 //! | [`Counted`] | (the `upstream_*` figures of memres's C library) | counts what a leaf lends in a [`Gauge`] that the leaves of a stack share (alloc) |
 //! | `Logging` | `logging_resource_adaptor` | every call as a row of RMM's log format, `memres_core::trace` (feature `std`) |
 //!
@@ -27,7 +27,7 @@
 //! let pool = Shared::new(CoalescingPool::new(BumpUpstream::new(1 << 30)));
 //! let stack = Statistics::new(Limiting::new(&pool, 1 << 20));
 //! let b = stack.allocate(Request::new(1000)?, &())?;
-//! assert_eq!(stack.bytes().value, 1000);
+//! assert_eq!(stack.get_bytes_counter().value, 1000);
 //! stack.deallocate(b, &())?;
 //! # Ok(())
 //! # }
@@ -47,7 +47,7 @@ mod statistics;
 mod tracking;
 
 pub use aligned::Aligned;
-pub use failure::FailureCallback;
+pub use failure::{FailureCallback, RetryOn};
 #[cfg(feature = "alloc")]
 pub use gauge::Counted;
 pub use gauge::Gauge;

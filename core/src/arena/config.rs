@@ -35,12 +35,13 @@ pub enum DumpTarget {
 /// | setting | default | why |
 /// | --- | --- | --- |
 /// | `initial_size` | 0 | RMM takes half the device's free memory up front; only the backend knows that figure, so the caller passes it here |
-/// | `maximum_size` | none | the most bytes ever held from upstream |
+/// | `maximum_size` | none | the most bytes ever held from upstream (at least one superblock) |
 /// | `chunk_size` | 32 MiB | the global arena grows by `max(request, chunk_size, held / 8)` (in whole superblocks): few chunks, yet the unused tail of the newest one stays under 1/8 of what is held; superblocks never span two chunks |
 /// | `superblock_size` | 8 MiB | at least 8 blocks of the 1 MiB threshold per superblock: the tail left when a superblock fills is at most 1/8 of it, and an arena goes to the global arena once per 8 MiB of growth, not once per block (RMM's 1 MiB superblocks hold a single 1 MiB block) |
 /// | `large_threshold` | 1 MiB | RMM's: larger requests are served by the global arena directly (so is one whose size class plus its alignment less 256 bytes exceeds the superblock size) |
-/// | `max_arenas` | 64 | slots of the arena table (per-thread plus per-stream arenas in use at once), at most [`MAX_ARENAS`]; each slot costs about 8 KiB of metadata up front; an idle arena gives its slot to a new stream or thread (see *Arenas* in [`ArenaResource`](super::ArenaResource)); a stream that finds none gets [`Error::CapacityExhausted`] (sharing an arena between two streams would break stream order) |
+/// | `max_arenas` | 64 | slots of the arena table (per-thread plus per-stream arenas in use at once), at most [`MAX_ARENAS`]; each slot costs about 8 KiB of metadata up front; an idle arena gives its slot to a new stream or thread (see *Slots change hands* in [`ArenaResource`](super::ArenaResource)); a stream that finds none, with blocks live in every arena, gets [`Error::CapacityExhausted`] (sharing an arena between two streams would break stream order) |
 /// | `size_classes` | on | small requests rounded up to [`size_class`] |
+/// | `idle_after` | 64 | superblock requests (of any arena) after which an arena that served no allocation meanwhile is *idle for long*: its wholly free superblocks go back to the global arena and, left empty, its slot is freed (see *Idle arenas* in [`ArenaResource`](super::ArenaResource)); 0: never. Large enough that busy arenas are never swept and the device synchronization it may take is rare; small enough that the superblocks of a stream that is gone serve others soon |
 ///
 /// # Examples
 ///
@@ -59,7 +60,7 @@ pub struct ArenaConfig {
     pub(super) max_arenas: u32,
     pub(super) size_classes: bool,
     pub(super) dump_on_failure: DumpTarget,
-    pub(super) synchronize_all: Option<fn() -> Result<()>>,
+    pub(super) idle_after: u32,
 }
 
 impl Default for ArenaConfig {
@@ -80,7 +81,7 @@ impl ArenaConfig {
             max_arenas: 64,
             size_classes: true,
             dump_on_failure: DumpTarget::None,
-            synchronize_all: None,
+            idle_after: 64,
         }
     }
 
@@ -91,7 +92,8 @@ impl ArenaConfig {
         self
     }
 
-    /// The most bytes ever held from upstream (a multiple of 256).
+    /// The most bytes ever held from upstream (a multiple of 256, at least
+    /// the superblock size and the initial size).
     pub const fn maximum_size(mut self, bytes: u64) -> Self {
         self.maximum_size = Some(bytes);
         self
@@ -135,13 +137,11 @@ impl ArenaConfig {
         self
     }
 
-    /// A function that waits for all work on every stream (RMM calls
-    /// `cudaDeviceSynchronize` here). With it, an arena that runs dry may
-    /// take wholly free superblocks from the arenas of *other* streams;
-    /// without it, only from arenas of its own stream id (the per-thread
-    /// arenas of the default stream), whose frees its own stream orders.
-    pub const fn synchronize_all(mut self, f: fn() -> Result<()>) -> Self {
-        self.synchronize_all = Some(f);
+    /// Superblock requests after which an arena that served no allocation
+    /// meanwhile gives its wholly free superblocks back, and its slot if it
+    /// is left empty (0: never).
+    pub const fn idle_after(mut self, requests: u32) -> Self {
+        self.idle_after = requests;
         self
     }
 
@@ -169,6 +169,10 @@ impl ArenaConfig {
         if let Some(max) = self.maximum_size {
             if max % 256 != 0 || max < self.initial_size {
                 return bad("maximum size not a multiple of 256 or below the initial size");
+            }
+            // No superblock could be had: no small request could be served.
+            if max < self.superblock_size {
+                return bad("maximum size below the superblock size");
             }
         }
         if self.large_threshold > Request::MAX_SIZE || size_class(self.large_threshold) > self.superblock_size

@@ -53,6 +53,8 @@ pub(super) struct Global<U> {
     /// Chunks of `max(need, chunk size, held / 8)` in whole superblocks.
     growth: Growth,
     superblock_size: u64,
+    /// Superblock requests so far: the clock of the idle sweeps.
+    requests: u64,
 }
 
 impl<U> Global<U> {
@@ -66,6 +68,7 @@ impl<U> Global<U> {
             // The unused tail of the newest chunk stays under 1/8 of what is held.
             growth: Growth::Steps { minimum: chunk_size, divisor: 8, step: superblock_size },
             superblock_size,
+            requests: 0,
         }
     }
 
@@ -134,6 +137,13 @@ impl<U> Global<U> {
         U: MemoryResource<S>,
     {
         self.chunks.grow(need, self.growth, GiveBack::AtMaximum, stream, &mut self.index)
+    }
+
+    /// Counts one superblock request; says whether an idle sweep is due
+    /// (every `period` requests; never for 0).
+    pub(super) fn tick(&mut self, period: u32) -> bool {
+        self.requests = self.requests.wrapping_add(1);
+        period != 0 && self.requests % u64::from(period) == 0
     }
 
     /// A superblock for arena `owner` that holds `need` bytes at 256-byte
@@ -240,7 +250,7 @@ impl<U> Global<U> {
 
     /// The global arena's own invariants (the arenas' are checked by the caller).
     pub(super) fn check(&self) -> core::result::Result<(), Violation> {
-        self.index.check().map_err(Violation::new)?;
+        self.index.check()?;
         self.chunks.check(&self.index)?;
         if self.index.used_bytes() + self.index.free_bytes() != self.chunks.held() {
             return Err(Violation::new("global: bytes in use + bytes free != bytes held from upstream"));

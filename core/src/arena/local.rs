@@ -34,6 +34,9 @@ pub(super) struct Local {
     /// synchronized, or back here if that fails: the slot may not change
     /// hands meanwhile.
     in_transit: usize,
+    /// Whether the arena served an allocation (or changed hands) since the
+    /// last idle sweep looked at it.
+    touched: bool,
 }
 
 impl Local {
@@ -44,6 +47,7 @@ impl Local {
             held: 0,
             owner: OwnerKey::NOBODY,
             in_transit: 0,
+            touched: false,
         }
     }
 
@@ -52,9 +56,22 @@ impl Local {
         self.owner
     }
 
-    /// Hands the arena to `owner` (`NOBODY`: frees its slot).
+    /// Hands the arena to `owner` (`NOBODY`: frees its slot); a new owner
+    /// counts as a use.
     pub(super) fn set_owner(&mut self, owner: OwnerKey) {
         self.owner = owner;
+        self.touched = true;
+    }
+
+    /// Whether the arena was used since the last call, which starts a new
+    /// period (the idle sweep's question).
+    pub(super) fn touched_since(&mut self) -> bool {
+        core::mem::replace(&mut self.touched, false)
+    }
+
+    /// Whether the arena was used since the idle sweep last asked.
+    pub(super) fn touched(&self) -> bool {
+        self.touched
     }
 
     /// Whether superblocks taken out by [`take_free`](Self::take_free) are
@@ -103,14 +120,20 @@ impl Local {
         })
     }
 
+    /// Whether a block is live in the arena.
+    pub(super) fn has_live(&self) -> bool {
+        self.index.used_count() != 0
+    }
+
     /// Whether the arena can change hands: nothing live, no superblock held
     /// or in transit (so nothing a stream may still be using).
     pub(super) fn is_idle(&self) -> bool {
-        self.index.used_count() == 0 && self.supers.is_empty() && self.in_transit == 0
+        !self.has_live() && self.supers.is_empty() && self.in_transit == 0
     }
 
     #[inline]
     pub(super) fn allocate(&mut self, size: u64, align: u64) -> Result<Option<Allocation>> {
+        self.touched = true;
         self.index.allocate(size, align)
     }
 
@@ -122,9 +145,9 @@ impl Local {
         Ok(())
     }
 
-    /// Moves every wholly free superblock into `out`, tagged with `slot`,
-    /// and counts them in transit.
-    pub(super) fn take_free(&mut self, slot: usize, out: &mut Vec<(usize, Range)>) {
+    /// Takes out every wholly free superblock, handing each to `out`, and
+    /// counts them in transit.
+    pub(super) fn take_free(&mut self, mut out: impl FnMut(Range)) {
         let mut i = 0;
         while i < self.supers.len() {
             let h = self.supers[i];
@@ -132,7 +155,7 @@ impl Local {
                 self.supers.swap_remove(i);
                 self.held -= h.range.len();
                 self.in_transit += 1;
-                out.push((slot, h.range));
+                out(h.range);
             } else {
                 i += 1;
             }
@@ -157,7 +180,7 @@ impl Local {
     /// The arena's own invariants: its index, each superblock covered exactly
     /// by its ranges, used + free = held.
     pub(super) fn check(&self) -> core::result::Result<(), Violation> {
-        self.index.check().map_err(Violation::new)?;
+        self.index.check()?;
         let mut total = 0;
         for h in &self.supers {
             let mut cursor = h.range.start();

@@ -15,6 +15,8 @@ mod dump;
 mod global;
 mod local;
 mod reclaim;
+#[cfg(test)]
+mod slot_tests;
 mod slots;
 #[cfg(test)]
 mod tests;
@@ -27,6 +29,7 @@ use crate::lock::{RawLock, Shared, SpinLock};
 use crate::primitive::{AtomicU64, Ordering};
 use crate::{Block, Error, MemoryResource, Request, Result, Stream};
 use alloc::boxed::Box;
+use core::cell::Cell;
 use core::fmt;
 use global::{Global, Located};
 use local::Local;
@@ -61,6 +64,16 @@ fn pack(slot: usize, index_tag: u64) -> Option<u64> {
     (index_tag & SLOT_MASK == 0).then_some(index_tag | (slot as u64) << SLOT_SHIFT)
 }
 
+/// Where a small allocation stands with the idle sweep: its first
+/// superblock request counts (and may make a sweep due), later ones in the
+/// same call do not, so a call sweeps at most once.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Sweep {
+    NotAsked,
+    Due,
+    Done,
+}
+
 /// Keeps each arena's lock and state on cache lines of its own.
 #[derive(Debug)]
 #[repr(align(128))]
@@ -88,8 +101,9 @@ struct Padded<T>(T);
 ///  allocate(req, stream):
 ///    size > large_threshold ──────► global arena (a range of its own)
 ///    else size_class(size) ──► arena of (stream 0 ? this thread : stream)
-///         └ no room: one superblock from the global arena (grows upstream)
-///         └ still none: take back wholly free superblocks, retry, else OOM
+///         └ no room: one superblock from the global arena (grows upstream;
+///           every idle_after-th request first sweeps idle arenas)
+///    none: synchronize, take back every wholly free superblock, retry, else OOM
 ///  deallocate(block, stream): the tag names the arena ──► that arena, O(1)
 /// ```
 ///
@@ -106,18 +120,15 @@ struct Padded<T>(T);
 /// - **Slots change hands.** An arena is *idle* when nothing is live in it
 ///   and it holds no superblock. [`release`](ArenaResource::release) frees
 ///   the slot of every idle arena (after taking back the superblocks it
-///   may, below). A stream or thread that finds the table full frees the
-///   slots of idle arenas; if there are none, it first takes back the
-///   wholly free superblocks it may (as when running dry: of its own stream
-///   id, or of every arena with `synchronize_all`, synchronizing first),
-///   then frees the slots of the arenas that left idle. An arena of another
-///   stream that holds free superblocks keeps them, and its slot, without
-///   `synchronize_all`: frees on that stream may still be pending there,
-///   and only that stream (its `release`) or `synchronize_all` orders them.
+///   may, as when running dry). A stream or thread that finds the table
+///   full frees the slots of idle arenas; if there are none, it first takes
+///   back the wholly free superblocks of the arenas with nothing live (as
+///   when running dry), then frees the slots of the arenas that left idle.
 ///   So any number of streams and threads may use the resource over its
-///   life, `max_arenas` with blocks live at once; beyond that, or with every
-///   slot held by an arena of another stream keeping its superblocks, the
-///   request is [`Error::CapacityExhausted`].
+///   life, `max_arenas` with blocks live at once; beyond that the request is
+///   [`Error::CapacityExhausted`] (so it is, too, when the caller's stream
+///   cannot synchronize the device and every slot is held by an arena of
+///   another stream that keeps its free superblocks).
 ///   Each arena has its own lock and index (the O(1) two-level segregated
 ///   fit [`CoalescingIndex`](crate::index::CoalescingIndex)) over the
 ///   superblocks it holds, each a region of its own; the arena's state is
@@ -131,12 +142,14 @@ struct Padded<T>(T);
 ///   aligned), however small. A block of the caller's arena occupies its
 ///   size class (256-byte multiples with `size_classes(false)`); a block of
 ///   the global arena (a *large* block) its size rounded up to 256 bytes:
-///   that is what [`used_bytes`](ArenaResource::used_bytes) counts. A valid
+///   that is what [`Usage::used`](crate::Usage::used) counts. A valid
 ///   request that needs a chunk above [`Request::MAX_SIZE`] (a size near it
 ///   with its alignment's padding) is [`Error::OutOfMemory`].
 /// - **Superblocks** are `superblock_size` (8 MiB) unless the global arena
 ///   is at its maximum and only smaller room is left (never below 1 MiB);
-///   a superblock never spans two upstream chunks.
+///   a superblock never spans two upstream chunks. A maximum below
+///   `superblock_size` is [`Error::InvalidConfig`]: no superblock, so no
+///   small request, could ever be served.
 /// - **Frees.** A block's tag names the arena it came from, and the block
 ///   goes back there whatever stream frees it (as RMM, which looks the
 ///   block up in every arena). When the freeing stream is not the arena's
@@ -154,15 +167,30 @@ struct Padded<T>(T);
 ///   is no block's [`Error::UnknownBlock`], whatever the size. A size of 0
 ///   is an empty block ([`Block::is_empty`]): its free does nothing, as
 ///   with every resource.
-/// - **Running dry.** When an arena cannot get a superblock, the resource
-///   takes every wholly free superblock back to the global arena from the
-///   arenas of the caller's stream id (all per-thread arenas for the default
-///   stream), or from all arenas if a [`synchronize_all`](ArenaConfig::synchronize_all)
-///   function is configured; it synchronizes first (the caller's stream, or
-///   all), so superblocks enter the global arena with their work complete.
-///   Then it retries once, and reports [`Error::OutOfMemory`] with the
-///   largest free range anywhere, the bytes held and the maximum (and dumps
-///   its state if configured).
+/// - **Running dry.** When an arena cannot get a superblock, or a large
+///   request finds no room, the resource takes every wholly free superblock
+///   of every arena back to the global arena, then retries once, as RMM's
+///   arena. The superblocks go back ordered after every free into them:
+///   those of the caller's stream id (all per-thread arenas for the default
+///   stream) after the caller's stream is synchronized, those of other
+///   streams after the device is ([`Stream::synchronize_device`], as RMM's
+///   `cudaDeviceSynchronize`; an arena keeps no stream handle to wait on an
+///   event of its stream). A stream that cannot synchronize the device
+///   (`Ok(false)`) takes back only its own stream id's. A failed
+///   synchronization fails the request with its error and changes nothing.
+///   Then the request is [`Error::OutOfMemory`] with the largest free range
+///   anywhere, the bytes held and the maximum (and a dump of the state if
+///   configured).
+/// - **Idle arenas.** Every [`idle_after`](ArenaConfig::idle_after)
+///   superblock requests (64; requests of every arena count), the arena
+///   asking first sweeps: an arena that served no allocation since the
+///   previous sweep (between `idle_after` and twice that many requests)
+///   gives back its wholly free superblocks, ordered as when running dry,
+///   and, left idle, its slot. The arenas of streams that are gone, or
+///   unused for long, so give their memory to the others and their slots
+///   to new streams: neither waits for the table to fill or the memory to
+///   run out. A sweep locks every arena in turn; it synchronizes only when
+///   it has something to take back.
 /// - **Giving memory back.** Wholly free chunks go back upstream when the
 ///   global arena needs room under its maximum for a larger chunk, and on
 ///   [`release`](ArenaResource::release). Dropping the resource does not
@@ -172,7 +200,7 @@ struct Padded<T>(T);
 ///
 /// ```
 /// use memres_core::arena::{ArenaConfig, ArenaResource};
-/// use memres_core::{MemoryResource, Request};
+/// use memres_core::{Inspect, MemoryResource, Request};
 /// # use memres_core::testing::BumpUpstream;
 /// let config = ArenaConfig::new().initial_size(64 << 20);
 /// let arena = ArenaResource::with_config(BumpUpstream::new(1 << 30), config, &())?;
@@ -187,7 +215,7 @@ struct Padded<T>(T);
 ///     }
 /// });
 /// arena.check().unwrap();
-/// assert_eq!(arena.used_bytes(), 0);
+/// assert_eq!(arena.usage().used, 0);
 /// # Ok::<(), memres_core::Error>(())
 /// ```
 pub struct ArenaResource<U, L: RawLock = SpinLock> {
@@ -206,9 +234,10 @@ impl<U> ArenaResource<U> {
     ///
     /// ```
     /// use memres_core::arena::ArenaResource;
+    /// use memres_core::Inspect;
     /// # use memres_core::testing::BumpUpstream;
     /// let arena = ArenaResource::new(BumpUpstream::new(1 << 30));
-    /// assert_eq!(arena.held_bytes(), 0);
+    /// assert_eq!(arena.usage().held, 0);
     /// ```
     pub fn new(upstream: U) -> Self {
         Self::build(upstream, ArenaConfig::new())
@@ -225,9 +254,10 @@ impl<U> ArenaResource<U> {
     ///
     /// ```
     /// use memres_core::arena::{ArenaConfig, ArenaResource};
+    /// use memres_core::Inspect;
     /// # use memres_core::testing::BumpUpstream;
     /// let arena = ArenaResource::with_config(BumpUpstream::new(1 << 30), ArenaConfig::new().initial_size(32 << 20), &())?;
-    /// assert_eq!(arena.held_bytes(), 32 << 20);
+    /// assert_eq!(arena.usage().held, 32 << 20);
     /// assert!(ArenaResource::with_config(BumpUpstream::new(1 << 30), ArenaConfig::new().superblock_size(4096), &()).is_err());
     /// # Ok::<(), memres_core::Error>(())
     /// ```
@@ -235,7 +265,7 @@ impl<U> ArenaResource<U> {
     where
         U: MemoryResource<S>,
     {
-        Self::with_config_and_lock(upstream, config, stream)
+        Self::with_config_in(upstream, config, stream)
     }
 }
 
@@ -244,9 +274,9 @@ impl<U, L: RawLock> ArenaResource<U, L> {
         let global = Global::new(upstream, config.maximum_size, config.chunk_size, config.superblock_size);
         let n = config.max_arenas as usize;
         ArenaResource {
-            global: Padded(Shared::new_with_lock(global)),
+            global: Padded(Shared::new_in(global)),
             keys: (0..n).map(|_| SlotKey { state: AtomicU64::new(EMPTY), key: AtomicU64::new(0) }).collect(),
-            arenas: (0..n).map(|_| Padded(Shared::new_with_lock(Local::new()))).collect(),
+            arenas: (0..n).map(|_| Padded(Shared::new_in(Local::new()))).collect(),
             config,
         }
     }
@@ -264,15 +294,11 @@ impl<U, L: RawLock> ArenaResource<U, L> {
     /// use memres_core::lock::SpinLock;
     /// # use memres_core::testing::BumpUpstream;
     /// let arena: ArenaResource<_, SpinLock> =
-    ///     ArenaResource::with_config_and_lock(BumpUpstream::new(1 << 30), ArenaConfig::new(), &())?;
+    ///     ArenaResource::with_config_in(BumpUpstream::new(1 << 30), ArenaConfig::new(), &())?;
     /// # let _ = arena;
     /// # Ok::<(), memres_core::Error>(())
     /// ```
-    pub fn with_config_and_lock<S: Stream + ?Sized>(
-        upstream: U,
-        config: ArenaConfig,
-        stream: &S,
-    ) -> Result<Self>
+    pub fn with_config_in<S: Stream + ?Sized>(upstream: U, config: ArenaConfig, stream: &S) -> Result<Self>
     where
         U: MemoryResource<S>,
     {
@@ -293,46 +319,6 @@ impl<U, L: RawLock> ArenaResource<U, L> {
     /// ```
     pub fn config(&self) -> &ArenaConfig {
         &self.config
-    }
-
-    /// Bytes held from upstream.
-    ///
-    /// ```
-    /// # use memres_core::arena::ArenaResource;
-    /// # use memres_core::testing::BumpUpstream;
-    /// assert_eq!(ArenaResource::new(BumpUpstream::new(1 << 30)).held_bytes(), 0);
-    /// ```
-    pub fn held_bytes(&self) -> u64 {
-        self.global.0.with(|g| g.held())
-    }
-
-    /// The most bytes ever held from upstream at once.
-    ///
-    /// ```
-    /// # use memres_core::arena::ArenaResource;
-    /// # use memres_core::testing::BumpUpstream;
-    /// assert_eq!(ArenaResource::new(BumpUpstream::new(1 << 30)).peak_held_bytes(), 0);
-    /// ```
-    pub fn peak_held_bytes(&self) -> u64 {
-        self.global.0.with(|g| g.peak_held())
-    }
-
-    /// Bytes handed out (small blocks at their size class, large ones
-    /// rounded to 256). Locks every arena in turn: not for the hot path.
-    ///
-    /// ```
-    /// # use memres_core::arena::ArenaResource;
-    /// # use memres_core::{MemoryResource, Request};
-    /// # use memres_core::testing::BumpUpstream;
-    /// let arena = ArenaResource::new(BumpUpstream::new(1 << 30));
-    /// let b = arena.allocate(Request::new(2100)?, &())?;
-    /// assert_eq!(arena.used_bytes(), 2560);
-    /// # arena.deallocate(b, &())?;
-    /// # Ok::<(), memres_core::Error>(())
-    /// ```
-    pub fn used_bytes(&self) -> u64 {
-        let large = self.global.0.with(|g| g.large().0);
-        self.claimed().map(|i| self.arenas[i].0.with(|a| a.used_bytes())).sum::<u64>() + large
     }
 
     /// Number of arenas in use (per-thread and per-stream).
@@ -373,7 +359,8 @@ impl<U, L: RawLock> ArenaResource<U, L> {
     }
 
     /// A small block from the arena of `me`, with a superblock from the
-    /// global arena if it has no room. `Ok(None)`: no superblock to be had.
+    /// global arena if it has no room (after the idle sweep, when one is
+    /// due). `Ok(None)`: no superblock to be had.
     #[inline]
     fn allocate_small<S: Stream + ?Sized>(
         &self,
@@ -384,20 +371,27 @@ impl<U, L: RawLock> ArenaResource<U, L> {
     where
         U: MemoryResource<S>,
     {
+        let sweep = Cell::new(Sweep::NotAsked);
         loop {
             let slot = match self.find_slot(me) {
                 Some(i) => i,
                 None => self.claim_slot(me, stream)?,
             };
             // `None`: the slot changed hands since it was looked up.
-            if let Some(got) = self.allocate_in(slot, me, request, stream) {
-                return got;
+            match self.allocate_in(slot, me, request, stream, &sweep) {
+                Some(Ok(None)) if sweep.get() == Sweep::Due => {
+                    sweep.set(Sweep::Done);
+                    self.sweep_idle(stream)?;
+                }
+                Some(got) => return got,
+                None => {}
             }
         }
     }
 
     /// [`allocate_small`](Self::allocate_small) in arena `slot`, if it is
-    /// still `me`'s (else `None`).
+    /// still `me`'s (else `None`). A superblock request that makes an idle
+    /// sweep due says so in `sweep` and answers `Ok(None)`.
     #[inline]
     fn allocate_in<S: Stream + ?Sized>(
         &self,
@@ -405,6 +399,7 @@ impl<U, L: RawLock> ArenaResource<U, L> {
         me: OwnerKey,
         request: Request,
         stream: &S,
+        sweep: &Cell<Sweep>,
     ) -> Option<Result<Option<Block>>>
     where
         U: MemoryResource<S>,
@@ -416,8 +411,17 @@ impl<U, L: RawLock> ArenaResource<U, L> {
                 Some(got) => got,
                 None => {
                     // Lock order: arena, then global (never the reverse).
-                    let Some(range) = self.global.0.with(|g| g.acquire(class + align - 256, slot, stream))?
-                    else {
+                    let range = self.global.0.with(|g| {
+                        if sweep.get() == Sweep::NotAsked {
+                            let due = g.tick(self.config.idle_after);
+                            sweep.set(if due { Sweep::Due } else { Sweep::Done });
+                            if due {
+                                return Ok(None);
+                            }
+                        }
+                        g.acquire(class + align - 256, slot, stream)
+                    })?;
+                    let Some(range) = range else {
                         return Ok(None);
                     };
                     if let Err(e) = a.add(range) {
@@ -463,10 +467,11 @@ impl<U, L: RawLock> ArenaResource<U, L> {
     /// Runs `f` with the upstream resource (under the global arena's lock).
     ///
     /// ```
+    /// # use memres_core::Inspect;
     /// # use memres_core::arena::ArenaResource;
     /// # use memres_core::testing::BumpUpstream;
     /// let arena = ArenaResource::new(BumpUpstream::new(1 << 30));
-    /// assert_eq!(arena.upstream_with(|u| u.outstanding()), 0);
+    /// assert_eq!(arena.upstream_with(|u| u.usage().held), 0);
     /// ```
     pub fn upstream_with<T>(&self, f: impl FnOnce(&U) -> T) -> T {
         self.global.0.with(|g| f(g.upstream()))
@@ -475,7 +480,12 @@ impl<U, L: RawLock> ArenaResource<U, L> {
     /// Frees a block found by its address: blocks with no tag, and those
     /// whose tag did not name a live block (`tag` is then `Some`).
     #[cold]
-    fn free_by_address<S: Stream + ?Sized>(&self, block: Block, stream: &S, tag: Option<u64>) -> Result<()> {
+    fn deallocate_by_address<S: Stream + ?Sized>(
+        &self,
+        block: Block,
+        stream: &S,
+        tag: Option<u64>,
+    ) -> Result<()> {
         let addr = block.addr();
         match self.global.0.with(|g| g.locate(addr)) {
             Located::Super { owner, start } => {
@@ -530,7 +540,7 @@ where
         if let Some(b) = attempt()? {
             return Ok(b);
         }
-        if self.reclaim(stream)? > 0 {
+        if self.reclaim(stream, |_, _| true)? > 0 {
             if let Some(b) = attempt()? {
                 return Ok(b);
             }
@@ -545,7 +555,7 @@ where
         let addr = block.addr();
         let tag = block.tag();
         if tag == Block::NO_TAG {
-            return self.free_by_address(block, stream, None);
+            return self.deallocate_by_address(block, stream, None);
         }
         let slot = ((tag & SLOT_MASK) >> SLOT_SHIFT) as usize;
         let inner = tag & !SLOT_MASK;
@@ -564,7 +574,7 @@ where
             Err(Error::UnknownBlock { addr })
         };
         match freed {
-            Err(Error::UnknownBlock { .. }) => self.free_by_address(block, stream, Some(tag)),
+            Err(Error::UnknownBlock { .. }) => self.deallocate_by_address(block, stream, Some(tag)),
             r => r.map_err(|e| given(e, block)),
         }
     }
@@ -582,7 +592,7 @@ unsafe impl<E, U: crate::copy::MemoryOf<E>, L: RawLock> crate::copy::MemoryOf<E>
 impl<U, L: RawLock> fmt::Debug for ArenaResource<U, L> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ArenaResource")
-            .field("held_bytes", &self.held_bytes())
+            .field("held", &self.global.0.with(|g| g.held()))
             .field("arenas", &self.arena_count())
             .field("config", &self.config)
             .finish()

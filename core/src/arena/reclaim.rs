@@ -1,64 +1,111 @@
-//! Running dry and giving memory back: wholly free superblocks go back to
-//! the global arena, wholly free chunks back upstream.
+//! Running dry, idle arenas and giving memory back: wholly free superblocks
+//! go back to the global arena, wholly free chunks back upstream.
 
+use super::local::Local;
 use super::slots::OwnerKey;
 use super::ArenaResource;
 use crate::lock::RawLock;
 use crate::{MemoryResource, Range, Result, Stream};
 use alloc::vec::Vec;
 
+/// A superblock on its way from an arena to the global arena.
+struct Moved {
+    slot: usize,
+    range: Range,
+    /// Its arena serves the caller's stream id: the caller's stream orders
+    /// its frees.
+    mine: bool,
+}
+
 impl<U, L: RawLock> ArenaResource<U, L> {
-    /// Takes wholly free superblocks back into the global arena: from the
-    /// arenas of the caller's stream id, or from all arenas when a
-    /// `synchronize_all` function is configured. Returns the bytes taken.
+    /// Takes the wholly free superblocks of the arenas `pick` names back
+    /// into the global arena, ordered after every free into them: those of
+    /// the caller's stream id after the caller's stream synchronized, those
+    /// of other streams after the device synchronized
+    /// ([`Stream::synchronize_device`]); a stream that cannot synchronize
+    /// the device leaves those where they are. Returns the bytes taken.
     ///
     /// Superblocks are taken out first and synchronized after, so that any
     /// free into them happened before the synchronization; if it fails, they
     /// go back to their arenas and nothing changes.
     #[cold]
-    pub(super) fn reclaim<S: Stream + ?Sized>(&self, stream: &S) -> Result<u64> {
+    pub(super) fn reclaim<S: Stream + ?Sized>(
+        &self,
+        stream: &S,
+        mut pick: impl FnMut(usize, &mut Local) -> bool,
+    ) -> Result<u64> {
         let sid = stream.id();
-        let all = self.config.synchronize_all;
-        let mut moved: Vec<(usize, Range)> = Vec::new();
+        let mut moved: Vec<Moved> = Vec::new();
         for i in self.claimed() {
             // The owner as the arena's lock sees it: the slot may have
             // changed hands since the table was read.
             self.arenas[i].0.with(|a| {
-                if a.owner() != OwnerKey::NOBODY && (all.is_some() || a.owner().stream_id() == sid) {
-                    a.take_free(i, &mut moved);
+                if a.owner() != OwnerKey::NOBODY && pick(i, a) {
+                    let mine = a.owner().stream_id() == sid;
+                    a.take_free(|range| moved.push(Moved { slot: i, range, mine }));
                 }
             });
         }
         if moved.is_empty() {
             return Ok(0);
         }
-        let synced = match all {
-            Some(f) => f(),
-            None => stream.synchronize(),
+        let (own, foreign) = (moved.iter().any(|m| m.mine), moved.iter().any(|m| !m.mine));
+        // Ok(true): all may go; Ok(false): only the caller's stream's.
+        let synced = match foreign {
+            true => stream.synchronize_device(),
+            false => Ok(false),
         };
-        let bytes = match synced {
+        let synced = match synced {
+            Ok(false) if own => stream.synchronize().map(|()| false),
+            other => other,
+        };
+        let goes = |m: &Moved| synced == Ok(true) || (m.mine && synced.is_ok());
+        let bytes = self.global.0.with(|g| {
+            moved
+                .iter()
+                .filter(|m| goes(m) && g.give_back(m.range.start()).is_ok())
+                .map(|m| m.range.len())
+                .sum()
+        });
+        for m in &moved {
             // Back to their arenas, which cannot have changed hands while
             // they were in transit.
-            Err(_) => 0,
-            Ok(()) => self.global.0.with(|g| {
-                moved.iter().filter(|(_, r)| g.give_back(r.start()).is_ok()).map(|(_, r)| r.len()).sum()
-            }),
-        };
-        for &(i, r) in &moved {
-            self.arenas[i].0.with(|a| {
+            self.arenas[m.slot].0.with(|a| {
                 a.arrived();
-                if synced.is_err() && a.add(r).is_err() {
-                    let _ = self.global.0.with(|g| g.give_back(r.start()));
+                if !goes(m) && a.add(m.range).is_err() {
+                    let _ = self.global.0.with(|g| g.give_back(m.range.start()));
                 }
             });
         }
-        synced.map(|()| bytes)
+        synced.map(|_| bytes)
     }
 
-    /// Gives every wholly free superblock (of the arenas [`reclaim`] may take
-    /// from, for this stream) back to the global arena, frees the slot of
-    /// every arena left idle (nothing live, no superblock), then gives every
-    /// wholly free chunk back to upstream; returns the bytes given upstream.
+    /// The idle sweep: arenas that served no allocation since the last
+    /// sweep give their wholly free superblocks back (as [`reclaim`]
+    /// orders them) and, left idle, their slots; the others start a new
+    /// period.
+    ///
+    /// [`reclaim`]: Self::reclaim
+    #[cold]
+    pub(super) fn sweep_idle<S: Stream + ?Sized>(&self, stream: &S) -> Result<()> {
+        let mut idle: Vec<usize> = Vec::new();
+        self.reclaim(stream, |i, a| {
+            let used = a.touched_since();
+            if !used {
+                idle.push(i);
+            }
+            !used
+        })?;
+        // An arena used since (a new owner's included) stays.
+        self.retire(|i, a| !a.touched() && idle.contains(&i));
+        Ok(())
+    }
+
+    /// Gives every wholly free superblock back to the global arena (those
+    /// of other streams only if `stream` can synchronize the device: see
+    /// *Running dry* in [`ArenaResource`]), frees the slot of every arena
+    /// left idle (nothing live, no superblock), then gives every wholly free
+    /// chunk back to upstream; returns the bytes given upstream.
     ///
     /// # Errors
     ///
@@ -67,22 +114,20 @@ impl<U, L: RawLock> ArenaResource<U, L> {
     ///
     /// ```
     /// use memres_core::arena::ArenaResource;
-    /// use memres_core::{MemoryResource, Request};
+    /// use memres_core::{Inspect, MemoryResource, Request};
     /// use memres_core::testing::BumpUpstream;
     /// let arena = ArenaResource::new(BumpUpstream::new(1 << 30));
     /// let b = arena.allocate(Request::new(1000)?, &())?;
     /// arena.deallocate(b, &())?;
     /// assert!(arena.release(&())? > 0);
-    /// assert_eq!((arena.held_bytes(), arena.upstream_with(|u| u.outstanding())), (0, 0));
+    /// assert_eq!((arena.usage().held, arena.upstream_with(|u| u.usage().held)), (0, 0));
     /// # Ok::<(), memres_core::Error>(())
     /// ```
-    ///
-    /// [`reclaim`]: ArenaResource#running-dry
     pub fn release<S: Stream + ?Sized>(&self, stream: &S) -> Result<u64>
     where
         U: MemoryResource<S>,
     {
-        self.reclaim(stream)?;
+        self.reclaim(stream, |_, _| true)?;
         self.retire_idle();
         self.global.0.with(|g| g.release(stream))
     }

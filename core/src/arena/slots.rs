@@ -1,6 +1,7 @@
 //! The arena table: which arena serves which stream or thread, found
 //! without a lock, claimed and given up as streams and threads come and go.
 
+use super::local::Local;
 use super::{ArenaResource, Owner};
 use crate::lock::RawLock;
 use crate::primitive::{spin_loop, AtomicU64, Ordering};
@@ -155,16 +156,17 @@ impl<U, L: RawLock> ArenaResource<U, L> {
     }
 
     /// A slot for `me`, who has none: an empty one, else one freed by
-    /// retiring idle arenas (after taking back the wholly free superblocks
-    /// the caller's stream may take, as when running dry).
+    /// retiring idle arenas (after taking back the superblocks of the
+    /// arenas with nothing live, as when running dry).
     #[cold]
     pub(super) fn claim_slot<S: Stream + ?Sized>(&self, me: OwnerKey, stream: &S) -> Result<usize> {
         for round in 0..2 {
             if let Some(i) = self.find_slot(me).or_else(|| self.claim_empty(me)) {
                 return Ok(i);
             }
+            // Superblocks taken only from arenas they keep from going idle.
             if round == 0 && self.retire_idle() == 0 {
-                self.reclaim(stream)?;
+                self.reclaim(stream, |_, a| !a.has_live())?;
                 self.retire_idle();
             }
         }
@@ -194,8 +196,14 @@ impl<U, L: RawLock> ArenaResource<U, L> {
     /// Frees the slots of idle arenas (nothing live, no superblock): each
     /// may serve a new stream or thread. Returns how many.
     pub(super) fn retire_idle(&self) -> usize {
+        self.retire(|_, _| true)
+    }
+
+    /// Frees the slots of the idle arenas that `pick` names (by slot and
+    /// state, under the arena's lock). Returns how many.
+    pub(super) fn retire(&self, mut pick: impl FnMut(usize, &Local) -> bool) -> usize {
         let mut freed = 0;
-        for (k, arena) in self.keys.iter().zip(&self.arenas[..]) {
+        for (i, (k, arena)) in self.keys.iter().zip(&self.arenas[..]).enumerate() {
             if !matches!(k.state.load(Ordering::Relaxed), STREAM | THREAD) {
                 continue;
             }
@@ -205,6 +213,7 @@ impl<U, L: RawLock> ArenaResource<U, L> {
                 if a.owner() != OwnerKey::NOBODY
                     && a.is_idle()
                     && matches!(k.state.load(Ordering::Acquire), STREAM | THREAD)
+                    && pick(i, a)
                 {
                     a.set_owner(OwnerKey::NOBODY);
                     k.state.store(EMPTY, Ordering::Release);

@@ -20,7 +20,7 @@
 //! map.segment_alloc(0x1000, 4096, 0, None);
 //! map.alloc(0x1000, 1024, 1000, 0, None);
 //! map.alloc(0x1800, 512, 512, 0, None);
-//! assert_eq!((map.held_bytes(), map.live_bytes(), map.largest_free()), (4096, 1512, 1536));
+//! assert_eq!((map.held(), map.live(), map.largest_free()), (4096, 1512, 1536));
 //! let runs = map.runs();
 //! assert_eq!(runs[0].runs.iter().map(|r| (r.size, r.requested)).collect::<Vec<_>>(),
 //!            [(1024, Some(1000)), (1024, None), (512, Some(512)), (1536, None)]);
@@ -205,12 +205,12 @@ impl MemoryMap {
     }
 
     /// Bytes held from the upstream: the segments' sum.
-    pub fn held_bytes(&self) -> u64 {
+    pub fn held(&self) -> u64 {
         self.held
     }
 
     /// Bytes requested by the live blocks.
-    pub fn live_bytes(&self) -> u64 {
+    pub fn live(&self) -> u64 {
         self.live
     }
 

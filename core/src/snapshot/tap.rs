@@ -31,7 +31,7 @@ pub enum Side {
 /// let leaf = Tap::new(BumpUpstream::new(1 << 30), map.clone(), Side::Segments);
 /// let stack = Tap::new(Shared::new(CoalescingPool::new(leaf)), map.clone(), Side::Blocks);
 /// let b = stack.allocate(Request::new(1000)?, &())?;
-/// let (held, live) = map.with(|m| (m.held_bytes(), m.live_bytes()));
+/// let (held, live) = map.with(|m| (m.held(), m.live()));
 /// assert!(held >= 1000 && live == 1000);
 /// let pickle: Vec<u8> = map.with(|m| m.pickle()); // torch.cuda.memory._snapshot()'s format
 /// # stack.deallocate(b, &())?;

@@ -12,12 +12,12 @@ fn runs_tile_each_segment_and_stray_blocks_stand_alone() {
     assert_eq!(runs[0].runs.iter().map(|r| r.size).sum::<u64>(), 100);
     assert_eq!(runs[0].runs[1], Run { addr: 1010, size: 80, requested: None });
     assert_eq!((runs[1].addr, runs[1].size, runs[1].stream), (5000, 64, 3));
-    assert_eq!((map.held_bytes(), map.live_bytes(), map.largest_free()), (100, 79, 80));
+    assert_eq!((map.held(), map.live(), map.largest_free()), (100, 79, 80));
     map.free(1000, 0, None);
     map.free(1000, 0, None); // twice: ignored
-    assert_eq!((map.live_bytes(), map.largest_free()), (70, 90));
+    assert_eq!((map.live(), map.largest_free()), (70, 90));
     map.segment_free(1000, 0, None);
-    assert_eq!(map.held_bytes(), 0);
+    assert_eq!(map.held(), 0);
 }
 
 #[test]
@@ -42,11 +42,11 @@ fn taps_tell_a_block_free_before_its_segment_and_keep_a_refused_free_live() {
     let leaf = Tap::new(BumpUpstream::new(1 << 20), map.clone(), Side::Segments);
     let top = Tap::new(leaf, map.clone(), Side::Blocks);
     let b = top.allocate(Request::new(1000).unwrap(), &()).unwrap();
-    assert_eq!(map.with(|m| (m.held_bytes(), m.live_bytes())), (1024, 1000));
+    assert_eq!(map.with(|m| (m.held(), m.live())), (1024, 1000));
     top.deallocate(b, &()).unwrap();
     let actions: Vec<Action> = map.with(|m| m.trace().map(|e| e.action).collect());
     assert_eq!(actions, [Action::SegmentAlloc, Action::Alloc, Action::FreeCompleted, Action::SegmentFree]);
-    assert_eq!(map.with(|m| (m.held_bytes(), m.live_bytes())), (0, 0));
+    assert_eq!(map.with(|m| (m.held(), m.live())), (0, 0));
     assert!(top.allocate(Request::new(2 << 20).unwrap(), &()).is_err());
     assert_eq!(map.with(|m| m.trace().last().map(|e| (e.action, e.size))), Some((Action::Oom, 2 << 20)));
 
@@ -60,7 +60,7 @@ fn taps_tell_a_block_free_before_its_segment_and_keep_a_refused_free_live() {
     let wrong = Block::new(b.addr(), 4096, 12345);
     let stranger = Block::new(b.addr() + (1 << 20), 256, Block::NO_TAG);
     assert!(pool.deallocate(stranger, &()).is_err() && pool.deallocate(wrong, &()).is_err());
-    assert_eq!(map.with(|m| m.live_bytes()), 4096);
+    assert_eq!(map.with(|m| m.live()), 4096);
     pool.deallocate(b, &()).unwrap();
-    assert_eq!(map.with(|m| m.live_bytes()), 0);
+    assert_eq!(map.with(|m| m.live()), 0);
 }

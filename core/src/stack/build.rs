@@ -76,7 +76,7 @@ impl<S: Stream + ?Sized + 'static> Context<'_, S> {
 /// let built = builder.build_with_handles("stats(pool(leaf))", &())?;
 /// let b = built.resource.allocate(Request::new(1000)?, &())?;
 /// let stats = built.get::<Statistics<DynResource>>("stats").unwrap();
-/// assert_eq!(stats.bytes().value, 1000);
+/// assert_eq!(stats.get_bytes_counter().value, 1000);
 /// assert!(built.get::<Unbacked>("leaf").is_some());
 /// # built.resource.deallocate(b, &())?;
 /// # Ok::<(), Box<dyn std::error::Error>>(())
@@ -228,6 +228,34 @@ impl<S: Stream + ?Sized + 'static> StackBuilder<S> {
     ) -> &mut Self {
         self.constructors.insert(name.to_string(), Arc::new(constructor));
         self
+    }
+
+    /// Registers (or replaces) `name` as a leaf that is `resource`, made by
+    /// the program: every stack built with the name shares it. For what a
+    /// string cannot describe, such as a
+    /// [`CallbackResource`](crate::callback::CallbackResource) (its
+    /// closures are code).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use memres_core::stack::{StackBuilder, Unbacked};
+    /// use memres_core::{DynResource, MemoryResource, Request};
+    /// use std::sync::Arc;
+    /// let leaf: DynResource = Arc::new(Unbacked::new());
+    /// let mut b = StackBuilder::<()>::new();
+    /// b.register_resource("mine", leaf.clone());
+    /// let stack = b.build("stats(pool(mine))", &())?;
+    /// let x = stack.allocate(Request::new(1000)?, &())?;
+    /// stack.deallocate(x, &())?;
+    /// assert!(b.build("mine(1GiB)", &()).is_err(), "it takes no arguments");
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn register_resource(&mut self, name: &str, resource: DynResource<S>) -> &mut Self {
+        self.register(name, move |call, _| {
+            call.expect_args(0, &[])?;
+            Ok(resource.clone())
+        })
     }
 
     /// The registered names, sorted.

@@ -19,13 +19,20 @@
  * Leaves: async (stream-ordered, on a driver pool of its own; initial=,
  * release_threshold=), cuda (cuMemAlloc), managed (cuMemAllocManaged),
  * vmm (a pool over one reserved address range that maps memory where live
- * blocks are, through cuMemCreate/cuMemMap; reserve=, keep=, granules=,
- * trim_on_commit=; it unmaps only after synchronizing the stream of the
+ * blocks are, through cuMemCreate/cuMemMap; reserve=, release_threshold=,
+ * handle_granules=, slack=, trim_on_commit=; it unmaps only after synchronizing the stream of the
  * call). Adaptors and algorithms: pool (initial=, max=,
  * growth=double|default|N, granule= (32MiB: chunks are multiples of it),
  * release=true|false (give wholly free chunks back before growing; true),
  * per_stream=true|false (a pool per stream; false)), stats, track, limit,
  * align, log. sim, host and vpool (simulated or host memory) are refused.
+ *
+ * When the environment variable MEMRES_LOG_FILE (RMM's RMM_LOG_FILE) names
+ * a file, each device's stack logs every call in RMM's CSV format to that
+ * name with ".dev<N>" before its extension (trace.csv: trace.dev0.csv).
+ * memres_configure checks the name (-1 when its directory is missing, it
+ * is a directory or read only); a file that cannot be made is the error
+ * of the device's first call.
  *
  * Streams. With per_stream=true (the default stack) the pool is
  * stream-ordered, as PyTorch's own allocator is: a block freed on a stream

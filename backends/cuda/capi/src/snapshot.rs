@@ -66,7 +66,7 @@ fn write(path: &str) -> Result<(), String> {
         format!("memres: snapshots need {SNAPSHOT_VAR}=1 in the environment before a device is first used")
     };
     // Per device: `None` not used yet, `Some(None)` used unwatched.
-    let devices: Vec<Option<Option<Map>>> = (0..crate::MAX_DEVICES).map(crate::device_map).collect();
+    let devices: Vec<Option<Option<Map>>> = (0..crate::MAX_DEVICES).map(crate::devices::device_map).collect();
     if devices.iter().any(|d| matches!(d, Some(None))) || (!enabled() && devices.iter().all(Option::is_none))
     {
         return Err(why());

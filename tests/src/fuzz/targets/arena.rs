@@ -17,19 +17,25 @@
 //! - the table of arenas has `max_arenas` slots: a small request of a stream
 //!   or thread with no arena yet claims one; with none left, the slots of
 //!   idle arenas (nothing live) are freed, if their superblocks (if any) can
-//!   be taken back by the caller (`synchronize_all`, or its own stream id),
-//!   and with none such it is `CapacityExhausted`; `release` frees the slot
-//!   of every arena left with nothing live and no superblock;
+//!   be taken back by the caller (its stream can synchronize the device, or
+//!   they are of its own stream id), and with none such it is
+//!   `CapacityExhausted`; `release` frees the slot of every arena left with
+//!   nothing live and no superblock, and leaves no wholly free superblock in
+//!   the arenas the caller may take back;
+//! - an arena gives up its slot only with nothing live (idle sweeps may
+//!   retire arenas at any small request);
 //! - out of memory only when no free range of the caller's arena or of the
 //!   global arena could serve, and the maximum or the upstream forbids
-//!   growing.
+//!   growing;
+//! - a maximum below the superblock size is `InvalidConfig`, with nothing
+//!   taken from upstream.
 
 use super::super::{drive, FuzzResource, Model, Op};
 use super::Spy;
 use arbitrary::Unstructured;
 use memres_core::arena::{size_class, ArenaConfig, ArenaDump, ArenaResource, ArenaStats, DumpTarget, Owner};
 use memres_core::testing::{SyncFaults, TestStream, SYNC_FAILURE};
-use memres_core::{Block, Error, MemoryResource, Request, Result};
+use memres_core::{Block, Error, Inspect, MemoryResource, Request, Result};
 use std::collections::HashMap;
 use std::sync::{mpsc, Arc};
 
@@ -105,7 +111,8 @@ struct Params {
     max_arenas: u32,
     size_classes: bool,
     maximum: Option<u64>,
-    synchronize_all: bool,
+    /// The streams can synchronize the device.
+    device_sync: bool,
 }
 
 impl Params {
@@ -151,10 +158,6 @@ struct Attempt {
 fn dump_seen(dump: &ArenaDump) {
     assert!(dump.requested.is_some(), "fuzz oracle: a failure dump names no request");
     let _ = dump.to_string();
-}
-
-fn sync_all() -> Result<()> {
-    Ok(())
 }
 
 /// `ArenaResource` over a spied `SimDevice`, driven on [`LANES`].
@@ -212,13 +215,13 @@ impl ArenaTarget {
 
     /// Whether a claim on stream `on` may free the slot of arena `a`: nothing
     /// live there, and its superblocks (if any) ones the caller may take back
-    /// (with `synchronize_all`, or of its own stream id).
+    /// (after a device synchronization, or of its own stream id).
     fn retirable(&self, a: &ArenaStats, on: u64) -> bool {
         let stream = match a.owner {
             Owner::Stream(id) => id,
             _ => 0,
         };
-        a.used == 0 && (a.superblocks == 0 || self.params.synchronize_all || stream == on)
+        a.used == 0 && (a.superblocks == 0 || self.params.device_sync || stream == on)
     }
 
     /// Takes the arenas of the dump as the model's after a call that may
@@ -267,12 +270,12 @@ impl ArenaTarget {
                 panic!("fuzz oracle: release on lane {lane} failed: {e:?}");
             }
         }
-        if self.arena.used_bytes() == 0 && (self.arena.held_bytes() != 0 || self.spy.inner.held_bytes() != 0)
+        if self.arena.usage().used == 0 && (self.arena.usage().held != 0 || self.spy.inner.usage().held != 0)
         {
             panic!(
                 "fuzz oracle: nothing in use and released on every stream, yet {} bytes held ({} upstream)",
-                self.arena.held_bytes(),
-                self.spy.inner.held_bytes()
+                self.arena.usage().held,
+                self.spy.inner.usage().held
             );
         }
     }
@@ -293,8 +296,9 @@ impl FuzzResource for ArenaTarget {
         let got = self.on_lane(move |a, s| a.allocate(request, s));
         let stream_failed = self.injected() != injected;
         self.last = Attempt { large, key: small.then_some(key), table_full, stream_failed };
+        // Idle sweeps may have retired arenas: the model follows.
+        let claimed = self.resync_keys(claims.then_some(key));
         if claims {
-            let claimed = self.resync_keys(Some(key));
             // The slot is claimed before the arena is asked, whatever it
             // answers; only a failed synchronization (taking superblocks
             // back to free a slot) keeps it from being claimed.
@@ -359,7 +363,7 @@ impl FuzzResource for ArenaTarget {
 
     fn release(&mut self) -> Option<Result<u64>> {
         let before = self.summary();
-        let held = self.arena.held_bytes();
+        let held = self.arena.usage().held;
         let injected = self.injected();
         let got = self.on_lane(|a, s| a.release(s));
         if self.injected() != injected {
@@ -380,7 +384,7 @@ impl FuzzResource for ArenaTarget {
             }
             let on = LANES[self.current].0;
             for a in &dump.arenas {
-                let reclaims = self.params.synchronize_all
+                let reclaims = self.params.device_sync
                     || matches!(a.owner, Owner::Stream(id) if id == on)
                     || (on == 0 && matches!(a.owner, Owner::Thread(_)));
                 if reclaims && a.free_superblocks != 0 {
@@ -401,18 +405,18 @@ impl FuzzResource for ArenaTarget {
         if super::super::invariant_checker_on() {
             self.arena.check().map_err(|v| v.to_string())?;
         }
-        let held = self.arena.held_bytes();
-        if self.spy.inner.held_bytes() != held {
+        let held = self.arena.usage().held;
+        if self.spy.inner.usage().held != held {
             return Err(format!(
                 "upstream holds {} bytes, the arena says {held}",
-                self.spy.inner.held_bytes()
+                self.spy.inner.usage().held
             ));
         }
         if let Some(max) = self.params.maximum {
-            if self.arena.peak_held_bytes() > max {
+            if self.arena.usage().peak_held > max {
                 return Err(format!(
                     "{} bytes held at the peak, above the maximum {max}",
-                    self.arena.peak_held_bytes()
+                    self.arena.usage().peak_held
                 ));
             }
         }
@@ -462,7 +466,7 @@ impl FuzzResource for ArenaTarget {
     }
 
     fn used_bytes(&self) -> u64 {
-        self.arena.used_bytes()
+        self.arena.usage().used
     }
 
     fn footprint(&self, size: u64) -> u64 {
@@ -495,7 +499,7 @@ impl FuzzResource for ArenaTarget {
         let d = self.arena.dump();
         let g = &d.global;
         let mut v = vec![
-            self.arena.used_bytes(),
+            self.arena.usage().used,
             g.held,
             d.chunks as u64,
             d.large_blocks,
@@ -627,8 +631,10 @@ impl FuzzResource for ArenaTarget {
 /// Fuzz target `arena`: [`ArenaResource`] over a spied `SimDevice`, with
 /// superblocks of 1 to 8 MiB, thresholds from 0 to 8 MiB, one to 64 arena
 /// slots, with or without size classes, a maximum, an initial size,
-/// `synchronize_all` and a failure dump; calls on streams 0 (from two
-/// threads), 1, 2 and a large id, whose synchronizations can be made to fail.
+/// streams that can synchronize the device or not, idle sweeps every 1, 2
+/// or 64 superblock requests or never, and a failure dump; calls on streams
+/// 0 (from two threads), 1, 2 and a large id, whose synchronizations can be
+/// made to fail.
 pub fn run_arena(data: &[u8]) {
     let mut u = Unstructured::new(data);
     let Ok((params, config, capacity)) = (|| -> arbitrary::Result<(Params, ArenaConfig, u64)> {
@@ -648,7 +654,7 @@ pub fn run_arena(data: &[u8]) {
         .min(capacity);
         let maximum =
             if u.arbitrary()? { Some(initial + 256 * u.int_in_range(0..=1u64 << 18)?) } else { None };
-        let synchronize_all = u.arbitrary()?;
+        let device_sync = u.arbitrary()?;
         let mut config = ArenaConfig::new()
             .superblock_size(superblock)
             .chunk_size(chunk)
@@ -659,23 +665,34 @@ pub fn run_arena(data: &[u8]) {
         if let Some(m) = maximum {
             config = config.maximum_size(m);
         }
-        if synchronize_all {
-            config = config.synchronize_all(sync_all);
-        }
+        config = config.idle_after(*u.choose(&[0u32, 1, 2, 64])?);
         if u.arbitrary()? {
             config = config.dump_on_failure(DumpTarget::Callback(dump_seen));
         }
-        let params = Params { superblock, threshold, max_arenas, size_classes, maximum, synchronize_all };
+        let params = Params { superblock, threshold, max_arenas, size_classes, maximum, device_sync };
         Ok((params, config, capacity))
     })() else {
         return;
     };
     let spy = Spy::new(capacity);
     let faults = Arc::new(SyncFaults::new());
-    let lanes = LANES.iter().map(|&(id, _)| TestStream::with_faults(id, Arc::clone(&faults))).collect();
-    let lanes: Vec<TestStream> = lanes;
-    let arena = ArenaResource::with_config(spy.clone(), config, &lanes[0])
-        .expect("a valid configuration over a roomy device");
+    let lanes: Vec<TestStream> = LANES
+        .iter()
+        .map(|&(id, _)| TestStream::with_faults(id, Arc::clone(&faults)).device_sync(params.device_sync))
+        .collect();
+    let made = ArenaResource::with_config(spy.clone(), config, &lanes[0]);
+    if params.maximum.is_some_and(|m| m < params.superblock) {
+        // No superblock could ever be had.
+        match made {
+            Err(Error::InvalidConfig { .. }) if spy.inner.usage().held == 0 => return,
+            other => panic!(
+                "fuzz oracle: a maximum below the superblock size gave {:?}, {} bytes taken",
+                other.map(|_| ()),
+                spy.inner.usage().held
+            ),
+        }
+    }
+    let arena = made.expect("a valid configuration over a roomy device");
     let mut target = ArenaTarget {
         arena: Arc::new(arena),
         spy,
