@@ -28,7 +28,7 @@
 //! so `memres_stats` reports the bytes held from the device whatever the
 //! stack.
 //!
-//! When the environment variable `MEMRES_LOG_FILE` ([`LOG_FILE_VAR`], RMM's
+//! When the environment variable `MEMRES_LOG_FILE` ([`LOG_FILE_VAR`](memres_core::stack::LOG_FILE_VAR), RMM's
 //! `RMM_LOG_FILE`) names a file, the stack of each device is wrapped in the
 //! logging adaptor, writing RMM's CSV format to that name with `.dev<N>`
 //! before its extension (`trace.csv`: `trace.dev0.csv`, as RMM's Python
