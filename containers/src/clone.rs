@@ -28,7 +28,8 @@ fn or_panic<T>(what: &str, clone: Result<T>) -> T {
 /// ```
 /// use memres_containers::DeviceBuffer;
 /// use memres_sim::{HostCopy, HostMemory};
-/// let a = DeviceBuffer::from_slice_in(b"bytes", (), HostMemory::new(), HostCopy)?;
+/// let host = HostMemory::new();
+/// let a = DeviceBuffer::from_slice_in(b"bytes", (), &host, HostCopy)?;
 /// let b = a.clone();
 /// assert_ne!(a.addr(), b.addr());
 /// assert_eq!(b.to_vec()?, b"bytes");
@@ -55,7 +56,8 @@ where
 /// ```
 /// use memres_containers::DeviceUVector;
 /// use memres_sim::{HostCopy, HostMemory};
-/// let v = DeviceUVector::from_slice_in(&[1u32, 2, 3], (), HostMemory::new(), HostCopy)?;
+/// let host = HostMemory::new();
+/// let v = DeviceUVector::from_slice_in(&[1u32, 2, 3], (), &host, HostCopy)?;
 /// assert_eq!(v.clone().to_vec()?, [1, 2, 3]);
 /// # Ok::<(), memres_containers::ContainerError>(())
 /// ```
@@ -81,7 +83,8 @@ where
 /// ```
 /// use memres_containers::DeviceScalar;
 /// use memres_sim::{HostCopy, HostMemory};
-/// let s = DeviceScalar::from_value_in(&7u64, (), HostMemory::new(), HostCopy)?;
+/// let host = HostMemory::new();
+/// let s = DeviceScalar::from_value_in(&7u64, (), &host, HostCopy)?;
 /// assert_eq!(s.clone().value()?, 7);
 /// # Ok::<(), memres_containers::ContainerError>(())
 /// ```
