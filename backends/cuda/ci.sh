@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Builds, lints, documents and tests memres-cuda and memres-cuda-capi (libmemres.so).
+# Builds, lints, documents and tests memres-cuda, memres-cuda-capi (libmemres.so)
+# and the facade crate `memres` with its feature `cuda`.
 # Arguments go to `cargo test`.
 #
 # With a CUDA toolkit (or CUDA_LIBRARY_PATH) it links against that; without
@@ -20,7 +21,8 @@ if ! have_cuda; then
   eval "$(bash .ci/libcuda.sh)"
 fi
 
-cargo fmt -p memres-cuda -p memres-cuda-capi --check
-cargo clippy -p memres-cuda -p memres-cuda-capi --all-targets -- -D warnings
-RUSTDOCFLAGS="-D warnings" cargo doc -p memres-cuda -p memres-cuda-capi --no-deps
-cargo test -p memres-cuda -p memres-cuda-capi "$@"
+crates=(-p memres-cuda -p memres-cuda-capi -p memres --features memres/cuda)
+cargo fmt -p memres-cuda -p memres-cuda-capi -p memres --check
+cargo clippy "${crates[@]}" --all-targets -- -D warnings
+RUSTDOCFLAGS="-D warnings" cargo doc "${crates[@]}" --no-deps
+cargo test "${crates[@]}" "$@"
