@@ -24,5 +24,7 @@ fi
 crates=(-p memres-cuda -p memres-cuda-capi -p memres --features memres/cuda)
 cargo fmt -p memres-cuda -p memres-cuda-capi -p memres --check
 cargo clippy "${crates[@]}" --all-targets -- -D warnings
-RUSTDOCFLAGS="-D warnings" cargo doc "${crates[@]}" --no-deps
+# Documented apart: the C library's lib is named `memres` too (libmemres.so).
+RUSTDOCFLAGS="-D warnings" cargo doc -p memres-cuda -p memres-cuda-capi --no-deps
+RUSTDOCFLAGS="-D warnings" cargo doc -p memres --features cuda --no-deps
 cargo test "${crates[@]}" "$@"

@@ -4,13 +4,17 @@
 //!
 //! # The default resource
 //!
-//! A device nobody set a resource for serves from:
+//! The four functions are RMM's, generic over the stream type `S` of the
+//! resource (`()` where streams mean nothing; the quick start's is
+//! inferred). A device nobody set a resource for serves from:
 //!
-//! | features | stream `()` | [`SimStream`](memres_sim::SimStream) | [`CudaStream`](memres_cuda::CudaStream) |
+//! | features | `()` | [`SimStream`](memres_sim::SimStream) | `CudaStream` |
 //! | --- | --- | --- | --- |
 //! | `sim` (the default) | a simulated device ([`SimDevice`](memres_sim::SimDevice) of [`DEFAULT_SIM_CAPACITY`](memres_sim::DEFAULT_SIM_CAPACITY), numbers with no bytes behind them) | the same | |
-//! | `cuda` | the device's `cuMemAlloc` resource ([`CudaMemory`](memres_cuda::CudaMemory), RMM's `cuda_memory_resource`), promised as memory of [`CudaCopy`](memres_cuda::CudaCopy) so that containers made without a resource use it | | the same |
+//! | `cuda` | the device's `cuMemAlloc` resource (`CudaMemory`, RMM's `cuda_memory_resource`), promised as memory of `CudaCopy` so that containers made without a resource use it | | the same |
 //!
+//! Other stream types have no default: a get is `InvalidConfig` until a
+//! resource is set (or a factory registered).
 //! With both features, `()` gets the CUDA resource. The defaults are
 //! installed in the core's process-wide registry once, by the first call of
 //! a function of this module (or of [`install_defaults`]): a program that
@@ -26,7 +30,7 @@
 //! # Logging from the environment
 //!
 //! When `MEMRES_LOG_FILE` names a file (RMM's `RMM_LOG_FILE`), each default
-//! resource is made behind the [`Logging`](memres_core::adaptor::Logging)
+//! resource is made behind the [`Logging`]
 //! adaptor, logging device `N` to the file with `.devN` before its
 //! extension ([`memres_core::stack::log_from_env`]). The rows are buffered:
 //! [`flush_logs`] writes them out. A file that cannot be made is
@@ -38,12 +42,13 @@
 //! # #[cfg(not(feature = "cuda"))] {
 //! use memres::device::{get_current_device_resource, get_per_device_resource, set_per_device_resource};
 //! use memres::prelude::*;
+//! use memres::DynResource;
 //! use std::sync::Arc;
-//! let mr = get_current_device_resource()?; // the simulated device 0: nobody set one
+//! let mr: DynResource = get_current_device_resource()?; // the simulated device 0: nobody set one
 //! let block = mr.allocate(1 << 20)?;
 //! mr.deallocate(block)?;
 //! // Setting returns the resource it replaces.
-//! let pool: memres::DynResource = Arc::new(Shared::new(CoalescingPool::new(get_per_device_resource(5)?)));
+//! let pool: DynResource = Arc::new(Shared::new(CoalescingPool::new(get_per_device_resource(5)?)));
 //! let before = set_per_device_resource(5, pool.clone()).unwrap();
 //! assert!(Arc::ptr_eq(&set_per_device_resource(5, before).unwrap(), &pool));
 //! # }
@@ -54,7 +59,7 @@ pub use memres_core::device::*;
 
 use memres_core::adaptor::Logging;
 use memres_core::stack::{log_from_env, LOG_FILE_VAR};
-use memres_core::{DynResource, Error, Result};
+use memres_core::{DynResource, Error, Result, Stream};
 use std::io;
 use std::sync::{Arc, Mutex, Once};
 
@@ -64,7 +69,7 @@ use std::sync::{Arc, Mutex, Once};
 /// ```
 /// memres::device::install_defaults();
 /// # #[cfg(not(feature = "cuda"))]
-/// assert!(memres_core::device::global().get::<()>(3).is_ok());
+/// assert!(memres::device::global().get::<()>(3).is_ok());
 /// ```
 pub fn install_defaults() {
     static ONCE: Once = Once::new();
@@ -107,7 +112,7 @@ pub fn current_device() -> Result<DeviceId> {
 /// # Errors
 ///
 /// As [`get_per_device_resource`].
-pub fn get_current_device_resource() -> Result<DynResource> {
+pub fn get_current_device_resource<S: Stream + ?Sized + 'static>() -> Result<DynResource<S>> {
     get_per_device_resource(current_device()?)
 }
 
@@ -118,7 +123,9 @@ pub fn get_current_device_resource() -> Result<DynResource> {
 /// # Errors
 ///
 /// [`current_device`]'s; nothing is set then.
-pub fn set_current_device_resource(resource: DynResource) -> Result<Option<DynResource>> {
+pub fn set_current_device_resource<S: Stream + ?Sized + 'static>(
+    resource: DynResource<S>,
+) -> Result<Option<DynResource<S>>> {
     Ok(set_per_device_resource(current_device()?, resource))
 }
 
@@ -130,16 +137,19 @@ pub fn set_current_device_resource(resource: DynResource) -> Result<Option<DynRe
 /// The default's: the driver's error as [`Error::Backend`] for a device
 /// that does not exist (`cuda`), [`Error::InvalidConfig`] for a
 /// `MEMRES_LOG_FILE` that cannot be made; nothing is stored then.
-pub fn get_per_device_resource(device: DeviceId) -> Result<DynResource> {
+pub fn get_per_device_resource<S: Stream + ?Sized + 'static>(device: DeviceId) -> Result<DynResource<S>> {
     install_defaults();
-    global().get::<()>(device)
+    global().get::<S>(device)
 }
 
 /// Makes `resource` the resource of `device` and returns the one it
 /// replaces: RMM's `set_per_device_resource`.
-pub fn set_per_device_resource(device: DeviceId, resource: DynResource) -> Option<DynResource> {
+pub fn set_per_device_resource<S: Stream + ?Sized + 'static>(
+    device: DeviceId,
+    resource: DynResource<S>,
+) -> Option<DynResource<S>> {
     install_defaults();
-    global().set::<()>(device, resource)
+    global().set::<S>(device, resource)
 }
 
 /// Writes out the rows that the default resources logged so far (see

@@ -17,18 +17,21 @@
 //! A pool over the current device, counted:
 //!
 //! ```
+//! # #[cfg(not(feature = "cuda"))] { // over the simulated device
 //! use memres::prelude::*;
 //!
 //! let mr = Statistics::new(Shared::new(CoalescingPool::new(get_current_device_resource()?)));
 //! let block = mr.allocate(1000)?;
 //! mr.deallocate(block)?;
 //! assert_eq!(mr.bytes().peak, 1000);
+//! # }
 //! # Ok::<(), memres::Error>(())
 //! ```
 //!
 //! With the `cuda` feature the same lines serve from the GPU (the device's
-//! `cuMemAlloc` resource under the pool) and the containers copy real
-//! bytes; with a stream, `allocate_on(size, &stream)`:
+//! `cuMemAlloc` resource under the pool; `memres/tests/cuda.rs` runs them
+//! on a GPU) and the containers copy real bytes; with a stream,
+//! `allocate_on(size, &stream)`:
 //!
 //! ```no_run
 //! # #[cfg(feature = "cuda")] {

@@ -12,6 +12,7 @@ mod common;
 use memres::cuda::{CudaCopy, CudaStream};
 use memres::device::{get_current_device_resource, get_per_device_resource};
 use memres::prelude::*;
+use memres::DynResource;
 use std::sync::Arc;
 
 #[test]
@@ -19,27 +20,28 @@ fn the_default_resource_of_a_device_is_its_cumemalloc_resource() {
     let Some(device) = common::gpu("the_default_resource_of_a_device_is_its_cumemalloc_resource") else {
         // No device: the default cannot be made; a typed error each time.
         for _ in 0..2 {
-            assert!(matches!(get_current_device_resource(), Err(Error::Backend { .. })));
-            assert!(matches!(get_per_device_resource(0), Err(Error::Backend { .. })));
+            assert!(matches!(get_current_device_resource::<()>(), Err(Error::Backend { .. })));
+            assert!(matches!(get_per_device_resource::<CudaStream>(0), Err(Error::Backend { .. })));
         }
         return;
     };
-    let mr = get_current_device_resource().unwrap();
+    let mr: DynResource = get_current_device_resource().unwrap();
     assert!(Arc::ptr_eq(&mr, &get_per_device_resource(device.ordinal()).unwrap()), "device 0 is current");
     let stream = CudaStream::new(device).unwrap();
     let block = mr.allocate(1 << 20).unwrap();
     common::fill(&stream, &block, 0x5EED);
     common::expect_filled(&stream, &block, 0x5EED);
     mr.deallocate(block).unwrap();
-    // A pool over it, through the short path on a stream.
-    let pool = Statistics::new(Shared::new(CoalescingPool::new(mr)));
+    // A pool over the default for CUDA streams, through the short path.
+    let on_streams: DynResource<CudaStream> = get_current_device_resource().unwrap();
+    let pool = Statistics::new(Shared::new(CoalescingPool::new(on_streams)));
     let b = pool.allocate_on(4096, &stream).unwrap();
     pool.deallocate_on(b, &stream).unwrap();
     assert_eq!(pool.bytes().peak, 4096);
     // A device that does not exist: the driver's error, nothing stored.
     let count = memres::cuda::Device::count().unwrap();
     for _ in 0..2 {
-        assert!(matches!(get_per_device_resource(count), Err(Error::Backend { .. })));
+        assert!(matches!(get_per_device_resource::<()>(count), Err(Error::Backend { .. })));
     }
 }
 

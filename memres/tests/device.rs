@@ -3,8 +3,8 @@
 #![cfg(not(feature = "cuda"))]
 
 use memres::device::{
-    get_current_device_resource, get_per_device_resource, global, install_defaults,
-    set_current_device_resource, set_per_device_resource,
+    get_current_device_resource, get_per_device_resource, install_defaults, set_current_device_resource,
+    set_per_device_resource,
 };
 use memres::prelude::*;
 use memres::sim::{SimDevice, SimStream, SimWorld};
@@ -19,10 +19,10 @@ fn every_device_has_a_simulated_default_without_registration() {
     let b = a.allocate(1 << 20).unwrap();
     a.deallocate(b).unwrap();
     // The current device is device 0 without CUDA.
-    let current = get_current_device_resource().unwrap();
+    let current: DynResource = get_current_device_resource().unwrap();
     assert!(Arc::ptr_eq(&current, &get_per_device_resource(0).unwrap()));
     // Simulated streams have a default too.
-    let s: DynResource<SimStream> = global().get::<SimStream>(100).unwrap();
+    let s: DynResource<SimStream> = get_per_device_resource(100).unwrap();
     let stream = SimWorld::new().stream();
     s.deallocate_on(s.allocate_on(256, &stream).unwrap(), &stream).unwrap();
 }

@@ -22,9 +22,9 @@ fn default_resources_log_where_the_environment_says() {
     // A file that cannot be made: a typed error, nothing stored, and the
     // next get (the setting fixed) makes the device's resource.
     std::env::set_var(LOG_FILE_VAR, dir.join("no-such-dir").join("alloc.csv"));
-    assert!(matches!(get_per_device_resource(4), Err(Error::InvalidConfig { .. })));
+    assert!(matches!(get_per_device_resource::<()>(4), Err(Error::InvalidConfig { .. })));
     std::env::remove_var(LOG_FILE_VAR);
-    let mr = get_per_device_resource(4).unwrap();
+    let mr: memres::DynResource = get_per_device_resource(4).unwrap();
     mr.deallocate(mr.allocate(10).unwrap()).unwrap();
     assert!(!dir.join("no-such-dir").exists());
     std::fs::remove_dir_all(&dir).unwrap();
