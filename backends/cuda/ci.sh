@@ -10,20 +10,13 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
-have_cuda() {
-  [ -n "${CUDA_LIBRARY_PATH:-}" ] && return 0
-  for d in /opt/cuda /usr/local/cuda /usr/local/cuda-*; do
-    [ -e "$d/lib64/libcuda.so" ] || [ -e "$d/lib64/stubs/libcuda.so" ] && return 0
-  done
-  return 1
-}
-if ! have_cuda; then
-  eval "$(bash .ci/libcuda.sh)"
-fi
+. .ci/cuda-env.sh
 
 crates=(-p memres-cuda -p memres-cuda-capi -p memres --features memres/cuda)
 cargo fmt -p memres-cuda -p memres-cuda-capi -p memres --check
 cargo clippy "${crates[@]}" --all-targets -- -D warnings
+# The Python package's CUDA side (memres._cuda); python/test.sh builds it.
+cargo clippy -p memres-python --features cuda --all-targets -- -D warnings
 # Documented apart: the C library's lib is named `memres` too (libmemres.so).
 RUSTDOCFLAGS="-D warnings" cargo doc -p memres-cuda -p memres-cuda-capi --no-deps
 RUSTDOCFLAGS="-D warnings" cargo doc -p memres --features cuda --no-deps

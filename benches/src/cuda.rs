@@ -17,8 +17,9 @@ use crate::stack::Replay;
 use crate::typed::{Runner, Shape, Upstream};
 use crate::workload::Workload;
 use memres_core::adaptor::Statistics;
+use memres_core::check::Violation;
 use memres_core::stack::{Built, Call, StackBuilder, StackError};
-use memres_core::{Block, MemoryResource, Request, Stream};
+use memres_core::{Block, Inspect, MemoryResource, Request, Stream, Usage};
 use memres_cuda::stack::async_config;
 use memres_cuda::{CudaAsyncMemory, CudaMemory, CudaStream, Device, StreamOptions};
 use memres_sim::{SimStream, SimWorld};
@@ -46,7 +47,7 @@ impl<R> CudaUpstream<R> {
 
 impl<R> fmt::Debug for CudaUpstream<R> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("CudaUpstream").field("bytes", &self.inner.bytes()).finish_non_exhaustive()
+        f.debug_struct("CudaUpstream").field("bytes", &self.inner.get_bytes_counter()).finish_non_exhaustive()
     }
 }
 
@@ -72,12 +73,20 @@ where
     }
 }
 
-impl<R> Upstream for CudaUpstream<R>
-where
-    R: MemoryResource<CudaStream> + MemoryResource<()> + Send + Sync + 'static,
+impl<R> Upstream for CudaUpstream<R> where
+    R: MemoryResource<CudaStream> + MemoryResource<()> + Send + Sync + 'static
 {
-    fn peak_held_bytes(&self) -> u64 {
-        self.inner.bytes().peak.max(0) as u64
+}
+
+/// A leaf: what the statistics adaptor counts is what it holds.
+impl<R> Inspect for CudaUpstream<R> {
+    fn usage(&self) -> Usage {
+        let bytes = self.inner.get_bytes_counter();
+        Usage::leaf(bytes.value.max(0) as u64, bytes.peak.max(0) as u64)
+    }
+
+    fn check(&self) -> Result<(), Violation> {
+        Ok(())
     }
 }
 
@@ -168,7 +177,7 @@ fn plain<U: Upstream>(
     let world = SimWorld::new();
     let setup = per_thread_stream(device);
     let runner = Replay { workload: w, options, progress, world: &world, setup: &setup };
-    Ok(runner.run_ref(u, |u| u.peak_held_bytes())?)
+    Ok(runner.run_ref(u, |u| u.usage().peak_held)?)
 }
 
 /// Registers the `cuda` and `async` leaves of a stack replayed with
@@ -218,8 +227,8 @@ pub(crate) fn run_typed<K: Runner>(
 /// The peak of the outermost CUDA leaf of a built stack, if it has one.
 pub fn stack_leaf_peak(built: &Built<SimStream>) -> Option<Box<dyn Fn() -> u64 + Send + Sync>> {
     if let Some(leaf) = built.get::<CudaUpstream<CudaAsyncMemory>>("async") {
-        return Some(Box::new(move || leaf.peak_held_bytes()));
+        return Some(Box::new(move || leaf.usage().peak_held));
     }
     let leaf = built.get::<CudaUpstream<CudaMemory>>("cuda")?;
-    Some(Box::new(move || leaf.peak_held_bytes()))
+    Some(Box::new(move || leaf.usage().peak_held))
 }

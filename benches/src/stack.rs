@@ -28,7 +28,7 @@ use crate::workload::Workload;
 use memres_core::adaptor::Logging;
 use memres_core::stack::{fixed_block_size, log_file, open_log, parse, Built, StackBuilder, StackError};
 use memres_core::vpool::VirtualPool;
-use memres_core::{Block, DynResource, MemoryResource, MemoryResourceMut, Request, Shared};
+use memres_core::{Block, DynResource, Inspect, MemoryResource, MemoryResourceMut, Request, Shared};
 use memres_sim::{HostMemory, SimAddressSpace, SimDevice, SimStream, SimWorld};
 use std::fmt;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -152,11 +152,11 @@ pub fn run_stack(
 /// else of its `vpool`, else (with CUDA leaves) of its CUDA leaf.
 fn leaf_peak(built: &Built<SimStream>, cuda: bool) -> Option<Box<dyn Fn() -> u64 + Send + Sync>> {
     if let Some(sim) = built.get::<SimDevice>("sim") {
-        Some(Box::new(move || sim.peak_held_bytes()))
+        Some(Box::new(move || sim.usage().peak_held))
     } else if let Some(host) = built.get::<HostMemory>("host") {
-        Some(Box::new(move || host.peak_held_bytes()))
+        Some(Box::new(move || host.usage().peak_held))
     } else if let Some(v) = built.get::<Shared<VirtualPool<SimAddressSpace>>>("vpool") {
-        Some(Box::new(move || v.with(|v| v.peak_committed_bytes())))
+        Some(Box::new(move || v.with(|v| v.usage().peak_held)))
     } else if cuda {
         cuda_peak(built)
     } else {

@@ -36,7 +36,7 @@ use memres_core::stack::{
     arena_config, binning_exponents, fixed_block_size, fixed_config, pool_config, Call, StackBuilder,
     StackError,
 };
-use memres_core::{Block, MemoryResource, MemoryResourceMut, StreamOrdered};
+use memres_core::{Block, Inspect, MemoryResource, MemoryResourceMut, StreamOrdered};
 use memres_sim::SimStream;
 use std::sync::Arc;
 
@@ -118,25 +118,15 @@ impl<F: WithReplayer> Runner for OneThread<F> {
     }
 }
 
-/// An upstream the typed resources take memory from, with its peak. It
-/// serves simulated streams and `()`, the stream of the stream-ordered
-/// layer's inner calls.
-pub trait Upstream: MemoryResource<SimStream> + MemoryResource + Send + Sync + 'static {
-    /// The most bytes it handed out at once.
-    fn peak_held_bytes(&self) -> u64;
-}
+/// An upstream the typed resources take memory from; its
+/// [`Usage`](memres_core::Usage) gives the row's peak upstream. It serves
+/// simulated streams and `()`, the stream of the stream-ordered layer's
+/// inner calls.
+pub trait Upstream: MemoryResource<SimStream> + MemoryResource + Inspect + Send + Sync + 'static {}
 
-impl Upstream for memres_sim::SimDevice {
-    fn peak_held_bytes(&self) -> u64 {
-        memres_sim::SimDevice::peak_held_bytes(self)
-    }
-}
+impl Upstream for memres_sim::SimDevice {}
 
-impl Upstream for memres_sim::HostMemory {
-    fn peak_held_bytes(&self) -> u64 {
-        memres_sim::HostMemory::peak_held_bytes(self)
-    }
-}
+impl Upstream for memres_sim::HostMemory {}
 
 /// A stack of one of the typed shapes, its arguments read, its leaf not
 /// built yet.
@@ -150,7 +140,7 @@ pub enum Shape<'c> {
     StreamPool(PoolConfig, &'c Call),
     /// `fixed(L, ...)`, with its block size.
     Fixed(FixedConfig, u64, &'c Call),
-    /// `binning(L, min=, max=)`.
+    /// `binning(L, min_bin=, max_bin=)`, as bin exponents.
     Binning(u32, u32, &'c Call),
     /// `arena(L, ...)`.
     Arena(ArenaConfig, &'c Call),
@@ -235,7 +225,7 @@ impl Shape<'_> {
     ) -> Result<K::Output, StackError> {
         let peak = {
             let leaf = leaf.clone();
-            move || leaf.peak_held_bytes()
+            move || leaf.usage().peak_held
         };
         let made = |c: &Call, e| c.resource_error(e);
         Ok(match self {
@@ -374,7 +364,7 @@ pub fn run_typed<K: Runner>(
 ///
 /// As `memres_sim::vpool`.
 pub fn run_vpool<K: Runner>(call: &Call, runner: K) -> Result<K::Output, StackError> {
-    Ok(run_mut(runner, memres_sim::vpool(call)?, |v| v.peak_committed_bytes()))
+    Ok(run_mut(runner, memres_sim::vpool(call)?, |v| v.usage().peak_held))
 }
 
 /// Why a `fixed` stack cannot replay `workload`: a request larger than its

@@ -253,8 +253,8 @@ fn stacks_replay_and_name_their_rows() {
     // A stack that does not parse stops the run; one that does not build is an error row.
     let o = memres(&["replay", "--stack", "pool(sim", "random:5:100:1"]);
     assert!(!o.status.success() && stdout(&o).is_empty(), "{}", stdout(&o));
-    let o = memres(&["replay", "--json", "--stack", "binning(sim, min=x)", "random:5:100:1"]);
-    assert!(json_rows(&o)[0]["error"].as_str().unwrap().contains("whole number"));
+    let o = memres(&["replay", "--json", "--stack", "binning(sim, min_bin=x)", "random:5:100:1"]);
+    assert!(json_rows(&o)[0]["error"].as_str().unwrap().contains("bad size"));
 }
 
 /// `stats(` 8,000 times used to overflow the parser's stack and abort: now

@@ -5,7 +5,7 @@
 
 use memres_containers::{ContainerError, Current, DeviceBuffer, DeviceScalar, DeviceUVector};
 use memres_core::device::{global, promise_memory_of, set_per_device_resource_of, DeviceId, DeviceStream};
-use memres_core::{DynResource, Error, Result as CoreResult, Stream};
+use memres_core::{DynResource, Error, Inspect, Result as CoreResult, Stream};
 use memres_sim::{HostCopy, HostMemory, SimDevice};
 use std::sync::Arc;
 
@@ -63,7 +63,7 @@ fn containers_without_a_resource_use_the_current_resource_of_the_streams_device(
     let mut b: DeviceBuffer<_, HostCopy, _> = DeviceBuffer::from_slice(b"abc", s1).unwrap();
     let v = DeviceUVector::<u32, _, HostCopy, _>::new(10, s1).unwrap();
     let s = DeviceScalar::<u64, _, HostCopy, _>::from_value(&9, s1).unwrap();
-    assert_eq!((one.outstanding(), two.outstanding()), (3, 0), "from device 1's resource");
+    assert_eq!((one.live_count(), two.live_count()), (3, 0), "from device 1's resource");
     assert_eq!(
         (b.to_vec().unwrap(), v.to_vec().unwrap(), s.value().unwrap()),
         (b"abc".to_vec(), vec![0; 10], 9)
@@ -76,7 +76,7 @@ fn containers_without_a_resource_use_the_current_resource_of_the_streams_device(
     let c = unsafe { DeviceBuffer::<_, HostCopy, _>::from_device_ptr(b.addr(), 3, &s2) }.unwrap();
     // SAFETY: as above, `v` zeroed on creation.
     let z = unsafe { DeviceScalar::<u32, _, HostCopy, _>::from_device_ptr(v.device_ptr(), s2) }.unwrap();
-    assert_eq!((one.outstanding(), two.outstanding()), (3, 3), "from device 2's");
+    assert_eq!((one.live_count(), two.live_count()), (3, 3), "from device 2's");
     assert_eq!(
         (w.to_vec().unwrap(), c.to_vec().unwrap(), z.value().unwrap()),
         (vec![4, 5], b"abc".to_vec(), 0)
@@ -84,9 +84,9 @@ fn containers_without_a_resource_use_the_current_resource_of_the_streams_device(
     // Clones and growth stay with the resource they came from.
     let v2 = v.try_clone().unwrap();
     b.resize(1000).unwrap();
-    assert_eq!((one.outstanding(), two.outstanding()), (4, 3));
+    assert_eq!((one.live_count(), two.live_count()), (4, 3));
     drop((b, v, s, w, c, z, v2));
-    assert_eq!((one.outstanding(), two.outstanding()), (0, 0));
+    assert_eq!((one.live_count(), two.live_count()), (0, 0));
 }
 
 #[test]
@@ -97,13 +97,13 @@ fn a_current_resource_that_is_not_promised_memory_is_refused_not_touched() {
     // A simulated device, set as every user of the registry may set it:
     // numbers with no bytes behind them, which `HostCopy` must never touch.
     let sim = Arc::new(SimDevice::new(1 << 30));
-    global().set::<OnDevice>(3, sim.clone());
+    global().set_per_device_resource::<OnDevice>(3, sim.clone());
     assert!(not_promised(DeviceBuffer::<_, HostCopy, _>::new(64, s).unwrap_err()));
     assert!(not_promised(DeviceScalar::<u8, _, HostCopy, _>::from_value(&1, s).unwrap_err()));
     // SAFETY: refused before any copy (no resource to copy into).
     let e = unsafe { DeviceUVector::<u8, _, HostCopy, _>::from_device_ptr(0x1000, 4, s) };
     assert!(not_promised(e.unwrap_err()));
-    assert_eq!(sim.held_bytes(), 0, "nothing was allocated from it");
+    assert_eq!(sim.usage().held, 0, "nothing was allocated from it");
     // Host memory set with its promise serves; set over without one, the
     // containers refuse again.
     let host = Arc::new(HostMemory::new());
@@ -111,11 +111,11 @@ fn a_current_resource_that_is_not_promised_memory_is_refused_not_touched() {
     assert_eq!(Arc::as_ptr(&previous).cast::<()>(), Arc::as_ptr(&sim).cast::<()>(), "the one it replaces");
     let v = DeviceUVector::<u32, _, HostCopy, _>::new(4, s).unwrap();
     let plain: DynResource<OnDevice> = Arc::new(HostMemory::new());
-    global().set::<OnDevice>(3, plain);
+    global().set_per_device_resource::<OnDevice>(3, plain);
     assert!(not_promised(DeviceUVector::<u32, _, HostCopy, _>::new(4, s).unwrap_err()));
     assert_eq!(v.to_vec().unwrap(), [0; 4], "a container made before keeps its resource");
     drop(v);
-    assert_eq!(host.outstanding(), 0);
+    assert_eq!(host.live_count(), 0);
 }
 
 #[test]
@@ -145,5 +145,5 @@ fn the_unit_stream_is_device_zero() {
     let host = Arc::new(HostMemory::new());
     set_per_device_resource_of::<(), _, _>(0, host.clone(), HostCopy);
     let s = DeviceScalar::<i32, _, HostCopy>::from_value(&-1, ()).unwrap();
-    assert_eq!((s.value().unwrap(), host.outstanding()), (-1, 1));
+    assert_eq!((s.value().unwrap(), host.live_count()), (-1, 1));
 }

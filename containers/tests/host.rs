@@ -6,7 +6,7 @@
 mod suite;
 
 use memres_core::pool::{CoalescingPool, PoolConfig};
-use memres_core::Shared;
+use memres_core::{Inspect, Shared};
 use memres_sim::{HostCopy, HostMemory};
 use suite::Setup;
 
@@ -38,14 +38,14 @@ impl Setup for HostPool {
     fn used(&self) -> u64 {
         self.pool.with(|p| {
             p.check().unwrap();
-            p.used_bytes()
+            p.usage().used
         })
     }
     fn charge(&self, size: u64) -> Option<u64> {
         Some(size.div_ceil(256) * 256)
     }
     fn held(&self) -> u64 {
-        self.pool.with(|p| p.pool_size())
+        self.pool.with(|p| p.usage().held)
     }
     fn too_many_u64(&self) -> usize {
         (MAX / 8 + 1) as usize

@@ -10,7 +10,7 @@
 use memres_containers::{ContainerError, DeviceBuffer, DeviceScalar, DeviceUVector};
 use memres_core::copy::{CopyEngine, MemoryOf};
 use memres_core::pool::{CoalescingPool, PoolConfig};
-use memres_core::{Block, Error, MemoryResource, Request, Result as CoreResult, Shared, Stream};
+use memres_core::{Block, Error, Inspect, MemoryResource, Request, Result as CoreResult, Shared, Stream};
 use memres_sim::{HostCopy, HostMemory, SimStream, SimWorld};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
@@ -51,7 +51,7 @@ fn a_block_shorter_than_asked_goes_back_as_an_error() {
     let b = DeviceBuffer::from_slice_in(b"x", (), &mr, HostCopy).unwrap();
     assert_eq!(b.to_vec().unwrap(), b"x");
     drop(b);
-    assert_eq!(mr.host.outstanding(), 0);
+    assert_eq!(mr.host.live_count(), 0);
 }
 
 #[test]
@@ -62,13 +62,13 @@ fn growth_into_a_short_block_leaves_the_container_unchanged() {
     assert_eq!(v.reserve(100), Err(ContainerError::BlockTooShort { requested: 400, size: 16 }));
     assert_eq!((v.len(), v.capacity()), (2, 2));
     assert_eq!(v.to_vec().unwrap(), [1, 2]);
-    assert_eq!(mr.host.outstanding(), 1, "only the vector's own block is out");
+    assert_eq!(mr.host.live_count(), 1, "only the vector's own block is out");
     v.resize(4).unwrap();
     assert_eq!(v.to_vec().unwrap(), [1, 2, 0, 0]);
     let w = v.as_buffer().try_clone_on(()).unwrap();
     assert_eq!(w.len(), 16);
     drop((v, w));
-    assert_eq!(mr.host.outstanding(), 0);
+    assert_eq!(mr.host.live_count(), 0);
 }
 
 /// A pool over host memory whose first bytes held 0xEE: a block it hands
@@ -203,7 +203,7 @@ fn a_deep_copy_that_cannot_order_the_source_after_it_waits_for_it() {
             sa.is_ordered_after(sb.id(), sb.position()),
             "call {nth}: the source's free waits for the copy"
         );
-        assert_eq!(host.outstanding(), 1, "call {nth}: the clone's block went back");
+        assert_eq!(host.live_count(), 1, "call {nth}: the clone's block went back");
         drop(a);
     }
 }
@@ -257,9 +257,9 @@ fn a_block_freed_by_other_code_is_never_touched_again() {
     // Growth allocates a new block, cannot copy from the freed one, and
     // gives the new block back: the buffer is unchanged.
     assert_eq!(buf.resize(1000), Err(not_live(addr, 5)));
-    assert_eq!((buf.addr(), buf.len(), mem.outstanding()), (addr, 5, 0));
+    assert_eq!((buf.addr(), buf.len(), mem.live_count()), (addr, 5, 0));
     assert_eq!(buf.try_clone_on(()).map(|_| ()), Err(not_live(addr, 5)));
-    assert_eq!(mem.outstanding(), 0, "the failed clone gave its block back");
+    assert_eq!(mem.live_count(), 0, "the failed clone gave its block back");
     drop(buf); // its free is refused (`UnknownBlock`), and ignored
     assert_eq!(mem.call_counts(), (3, 3));
 
@@ -270,7 +270,7 @@ fn a_block_freed_by_other_code_is_never_touched_again() {
     mem.deallocate(Block::from_addr(s.device_ptr(), 4), &()).unwrap();
     assert_eq!(v.element(2), Err(not_live(v.device_ptr() + 16, 8)));
     assert_eq!(s.value(), Err(not_live(s.device_ptr(), 4)));
-    assert_eq!(mem.outstanding(), 0);
+    assert_eq!(mem.live_count(), 0);
 }
 
 #[test]
@@ -289,7 +289,7 @@ fn a_pool_ended_under_its_containers_leaves_them_nothing_to_touch() {
     assert_eq!(v.set_element_async(0, &9), Err(not_live(addr, 8)));
     assert_eq!(v.resize(100), Err(not_live(addr, 24)), "the copy out of the old block");
     drop(v); // freed into the new pool, which refuses it
-    pool.with(|p| assert_eq!(p.used_bytes(), 0, "the refused growth gave its block back"));
+    pool.with(|p| assert_eq!(p.usage().used, 0, "the refused growth gave its block back"));
 }
 
 #[test]
@@ -368,12 +368,12 @@ fn an_alignment_the_resource_cannot_honour_is_an_error_never_a_misaligned_block(
     // The case: a 512-aligned element type.
     assert!(is_misaligned_512(&DeviceUVector::from_slice_in(&[Big([1; 512])], (), &mr, HostCopy)));
     assert!(is_misaligned_512(&DeviceScalar::<Big, _, _>::new_in((), &mr, HostCopy)));
-    assert_eq!(mr.host.outstanding(), 0, "the misaligned blocks went back");
+    assert_eq!(mr.host.live_count(), 0, "the misaligned blocks went back");
     // A buffer of the default alignment is served; asked for more, it stays.
     let mut b = DeviceBuffer::from_slice_in(&[5u8; 512], (), &mr, HostCopy).unwrap();
     let addr = b.addr();
     assert!(is_misaligned_512(&b.set_alignment(512)));
-    assert_eq!((b.addr(), b.alignment(), mr.host.outstanding()), (addr, 256, 1));
+    assert_eq!((b.addr(), b.alignment(), mr.host.live_count()), (addr, 256, 1));
     let (e, b) = b.try_into_uvector::<Big>().unwrap_err();
     assert_eq!(e, ContainerError::Misaligned { align: 512, addr });
     assert_eq!((b.addr(), b.to_vec().unwrap()), (addr, vec![5; 512]), "the buffer comes back unchanged");
@@ -381,7 +381,7 @@ fn an_alignment_the_resource_cannot_honour_is_an_error_never_a_misaligned_block(
     v.resize(1000).unwrap();
     assert_eq!(v.element(0).unwrap(), u64::from_ne_bytes([5; 8]));
     drop(v);
-    assert_eq!(mr.host.outstanding(), 0);
+    assert_eq!(mr.host.live_count(), 0);
 }
 
 #[test]
@@ -407,7 +407,7 @@ fn a_raw_pointer_copy_of_memory_that_is_not_live_is_refused_and_takes_nothing() 
             DeviceUVector::<u64, _, _>::from_device_ptr_in(v.device_ptr(), usize::MAX, (), &mem, HostCopy);
         assert_eq!(e.map(|_| ()), Err(ContainerError::LengthOverflow { len: usize::MAX }));
     }
-    assert_eq!(mem.outstanding(), 1, "each refused copy gave its block back");
+    assert_eq!(mem.live_count(), 1, "each refused copy gave its block back");
     assert_eq!(v.to_vec().unwrap(), [7; 4]);
 }
 
@@ -430,5 +430,5 @@ fn the_host_view_of_a_block_freed_by_other_code_fails_cleanly() {
     assert_eq!(v.try_clone().map(|_| ()), Err(not_live(addr, 400)));
     assert_eq!(s.set_value_to_zero_async(), Err(not_live(s.device_ptr(), 2)));
     assert_eq!(s.try_clone().map(|_| ()), Err(not_live(s.device_ptr(), 2)));
-    assert_eq!(mem.outstanding(), 0, "the failed clones gave their blocks back");
+    assert_eq!(mem.live_count(), 0, "the failed clones gave their blocks back");
 }

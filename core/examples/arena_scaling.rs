@@ -28,6 +28,7 @@
 
 use memres_core::arena::{ArenaConfig, ArenaResource};
 use memres_core::testing::{BumpUpstream, IdStream, SplitMix64};
+use memres_core::Inspect;
 use memres_core::{Block, MemoryResource, Request};
 use std::sync::Barrier;
 use std::time::Instant;
@@ -168,7 +169,7 @@ fn run(ops: &[Op], threads: usize, mode: Mode) -> (f64, f64, u64) {
         barrier.wait();
         let wall = t0.elapsed().as_secs_f64();
         let cpu: u64 = handles.into_iter().map(|h| h.join().expect("thread")).sum();
-        let peak = arenas.iter().map(|a| a.peak_held_bytes()).sum();
+        let peak = arenas.iter().map(|a| a.usage().peak_held).sum();
         (wall, cpu as f64 / (threads * ops.len()) as f64, peak)
     })
 }

@@ -73,5 +73,5 @@ fn main() {
     println!("bare pool:          {b:.1} ns/op");
     println!("stats over pool:    {s:.1} ns/op");
     println!("ratio:              {:.3}", s / b);
-    assert_eq!(stats.bytes().value, 0);
+    assert_eq!(stats.get_bytes_counter().value, 0);
 }

@@ -1,11 +1,20 @@
-//! The current resource of each device: RMM's `set_current_device_resource`
-//! and `get_per_device_resource` (feature `std`).
+//! The current resource of each device, with RMM's four functions
+//! (feature `std`): [`get_current_device_resource`],
+//! [`set_current_device_resource`], [`get_per_device_resource`] and
+//! [`set_per_device_resource`]. Setting returns the resource it replaces.
 //!
 //! A [`Registry`] maps (stream type, device id) to a
 //! [`DynResource<S>`](crate::DynResource). One process-wide registry is
-//! reached through the free functions ([`set_current_device_resource`],
-//! [`get_per_device_resource`], [`set_default_factory`]); separate
-//! registries can be made for tests or subsystems.
+//! reached through the free functions; separate registries can be made for
+//! tests or subsystems.
+//!
+//! # The current device
+//!
+//! Which device is current on the calling thread is the backend's to say:
+//! it registers a query for its stream type
+//! ([`set_current_device_query`]; the CUDA backend's asks the driver, as
+//! RMM's `get_current_cuda_device`). For a stream type with none, the
+//! current device is device 0.
 //!
 //! # Default
 //!
@@ -19,12 +28,12 @@
 //! # Examples
 //!
 //! ```
-//! use memres_core::device::{get_per_device_resource, set_current_device_resource};
+//! use memres_core::device::{get_per_device_resource, set_per_device_resource};
 //! use memres_core::{DynResource, MemoryResource, Request};
 //! # use memres_core::testing::BumpUpstream;
 //! use std::sync::Arc;
 //! let r: DynResource = Arc::new(BumpUpstream::new(1 << 20));
-//! set_current_device_resource::<()>(7, r.clone());
+//! assert!(set_per_device_resource::<()>(7, r.clone()).is_none());
 //! let got = get_per_device_resource::<()>(7)?;
 //! assert!(Arc::ptr_eq(&got, &r));
 //! let b = got.allocate(Request::new(64)?, &())?;
@@ -62,12 +71,24 @@ pub type DeviceId = u32;
 /// ```
 pub type Factory<S> = fn(DeviceId) -> Result<DynResource<S>>;
 
-/// Resources per (stream type, device id) and default factories per stream
-/// type, behind one reader-writer lock.
+/// Says which device is current on the calling thread, for one stream type
+/// (a backend's registration).
+///
+/// ```
+/// use memres_core::device::CurrentDevice;
+/// let q: CurrentDevice = || Ok(0);
+/// assert_eq!(q(), Ok(0));
+/// ```
+pub type CurrentDevice = fn() -> Result<DeviceId>;
+
+/// Resources per (stream type, device id), and default factories and
+/// current-device queries per stream type, each behind a reader-writer
+/// lock.
 ///
 /// ```text
 ///  resources: (TypeId of S, device) ─► Box<DynResource<S>>   (as dyn Any)
 ///  factories:  TypeId of S          ─► Box<Factory<S>>       (as dyn Any)
+///  queries:    TypeId of S          ─► CurrentDevice
 /// ```
 ///
 /// # Examples
@@ -78,10 +99,10 @@ pub type Factory<S> = fn(DeviceId) -> Result<DynResource<S>>;
 /// # use memres_core::testing::BumpUpstream;
 /// use std::sync::Arc;
 /// let reg = Registry::new();
-/// assert!(matches!(reg.get::<()>(0), Err(Error::InvalidConfig { .. })));
+/// assert!(matches!(reg.get_per_device_resource::<()>(0), Err(Error::InvalidConfig { .. })));
 /// reg.set_default_factory::<()>(|_device| Ok(Arc::new(BumpUpstream::new(1 << 20)) as DynResource));
-/// let a = reg.get::<()>(0)?;
-/// assert!(Arc::ptr_eq(&a, &reg.get::<()>(0)?)); // made once, then kept
+/// let a = reg.get_current_device_resource::<()>()?; // device 0: no query registered
+/// assert!(Arc::ptr_eq(&a, &reg.get_per_device_resource::<()>(0)?)); // made once, then kept
 /// # Ok::<(), Error>(())
 /// ```
 #[derive(Debug)]
@@ -91,6 +112,8 @@ pub struct Registry {
     resources: RwLock<BTreeMap<(TypeId, DeviceId), Box<dyn Any + Send + Sync>>>,
     /// Each value is a `Factory<S>` for the `S` whose `TypeId` is its key.
     factories: RwLock<BTreeMap<TypeId, Box<dyn Any + Send + Sync>>>,
+    /// The current-device query of each stream type that registered one.
+    queries: RwLock<BTreeMap<TypeId, CurrentDevice>>,
 }
 
 impl Default for Registry {
@@ -100,18 +123,22 @@ impl Default for Registry {
 }
 
 impl Registry {
-    /// An empty registry: no resources, no factories.
+    /// An empty registry: no resources, no factories, no queries.
     ///
     /// ```
     /// # use memres_core::device::Registry;
-    /// assert!(Registry::new().get::<()>(0).is_err());
+    /// assert!(Registry::new().get_per_device_resource::<()>(0).is_err());
     /// ```
     pub const fn new() -> Self {
-        Registry { resources: RwLock::new(BTreeMap::new()), factories: RwLock::new(BTreeMap::new()) }
+        Registry {
+            resources: RwLock::new(BTreeMap::new()),
+            factories: RwLock::new(BTreeMap::new()),
+            queries: RwLock::new(BTreeMap::new()),
+        }
     }
 
-    /// Makes `resource` the current resource of `device` for streams of
-    /// type `S`, and returns the one it replaces.
+    /// Makes `resource` the resource of `device` for streams of type `S`,
+    /// and returns the one it replaces (RMM's `set_per_device_resource`).
     ///
     /// ```
     /// # use memres_core::device::Registry;
@@ -120,10 +147,10 @@ impl Registry {
     /// # use std::sync::Arc;
     /// let reg = Registry::new();
     /// let r: DynResource = Arc::new(BumpUpstream::new(1 << 20));
-    /// assert!(reg.set::<()>(0, r.clone()).is_none());
-    /// assert!(reg.set::<()>(0, r).is_some());
+    /// assert!(reg.set_per_device_resource::<()>(0, r.clone()).is_none());
+    /// assert!(reg.set_per_device_resource::<()>(0, r).is_some());
     /// ```
-    pub fn set<S: Stream + ?Sized + 'static>(
+    pub fn set_per_device_resource<S: Stream + ?Sized + 'static>(
         &self,
         device: DeviceId,
         resource: DynResource<S>,
@@ -132,8 +159,9 @@ impl Registry {
         map.insert((TypeId::of::<S>(), device), Box::new(resource)).map(downcast::<DynResource<S>>)
     }
 
-    /// The current resource of `device` for streams of type `S`; if none
-    /// was set, the one the default factory makes (then kept).
+    /// The resource of `device` for streams of type `S`; if none was set,
+    /// the one the default factory makes (then kept). RMM's
+    /// `get_per_device_resource`.
     ///
     /// # Errors
     ///
@@ -143,9 +171,12 @@ impl Registry {
     ///
     /// ```
     /// # use memres_core::device::Registry;
-    /// assert!(Registry::new().get::<()>(3).is_err());
+    /// assert!(Registry::new().get_per_device_resource::<()>(3).is_err());
     /// ```
-    pub fn get<S: Stream + ?Sized + 'static>(&self, device: DeviceId) -> Result<DynResource<S>> {
+    pub fn get_per_device_resource<S: Stream + ?Sized + 'static>(
+        &self,
+        device: DeviceId,
+    ) -> Result<DynResource<S>> {
         let key = (TypeId::of::<S>(), device);
         if let Some(r) = self.resources.read().unwrap_or_else(|p| p.into_inner()).get(&key) {
             return Ok(downcast_ref::<DynResource<S>>(r).clone());
@@ -167,6 +198,87 @@ impl Registry {
         Ok(downcast_ref::<DynResource<S>>(stored).clone())
     }
 
+    /// The resource of the device current on the calling thread (see
+    /// [`current_device`](Self::current_device)), as
+    /// [`get_per_device_resource`](Self::get_per_device_resource). RMM's
+    /// `get_current_device_resource`.
+    ///
+    /// # Errors
+    ///
+    /// The query's error, or [`get_per_device_resource`](Self::get_per_device_resource)'s.
+    ///
+    /// ```
+    /// # use memres_core::device::Registry;
+    /// # use memres_core::DynResource;
+    /// # use memres_core::testing::BumpUpstream;
+    /// # use std::sync::Arc;
+    /// let reg = Registry::new();
+    /// reg.set_current_device_query::<()>(|| Ok(3));
+    /// let r: DynResource = Arc::new(BumpUpstream::new(1 << 20));
+    /// reg.set_per_device_resource::<()>(3, r.clone());
+    /// assert!(Arc::ptr_eq(&reg.get_current_device_resource::<()>()?, &r));
+    /// # Ok::<(), memres_core::Error>(())
+    /// ```
+    pub fn get_current_device_resource<S: Stream + ?Sized + 'static>(&self) -> Result<DynResource<S>> {
+        self.get_per_device_resource(self.current_device::<S>()?)
+    }
+
+    /// Makes `resource` the resource of the device current on the calling
+    /// thread, and returns the one it replaces. RMM's
+    /// `set_current_device_resource`.
+    ///
+    /// # Errors
+    ///
+    /// The current-device query's error; nothing is set then.
+    ///
+    /// ```
+    /// # use memres_core::device::Registry;
+    /// # use memres_core::DynResource;
+    /// # use memres_core::testing::BumpUpstream;
+    /// # use std::sync::Arc;
+    /// let reg = Registry::new();
+    /// let (a, b): (DynResource, DynResource) = (Arc::new(BumpUpstream::new(256)), Arc::new(BumpUpstream::new(256)));
+    /// assert!(reg.set_current_device_resource::<()>(a.clone())?.is_none());
+    /// assert!(Arc::ptr_eq(&reg.set_current_device_resource::<()>(b)?.unwrap(), &a));
+    /// # Ok::<(), memres_core::Error>(())
+    /// ```
+    pub fn set_current_device_resource<S: Stream + ?Sized + 'static>(
+        &self,
+        resource: DynResource<S>,
+    ) -> Result<Option<DynResource<S>>> {
+        Ok(self.set_per_device_resource(self.current_device::<S>()?, resource))
+    }
+
+    /// Registers how to tell the device current on the calling thread for
+    /// streams of type `S`; returns whether a query was replaced.
+    ///
+    /// ```
+    /// # use memres_core::device::Registry;
+    /// let reg = Registry::new();
+    /// assert!(!reg.set_current_device_query::<()>(|| Ok(1)));
+    /// assert_eq!(reg.current_device::<()>(), Ok(1));
+    /// ```
+    pub fn set_current_device_query<S: Stream + ?Sized + 'static>(&self, query: CurrentDevice) -> bool {
+        let mut map = self.queries.write().unwrap_or_else(|p| p.into_inner());
+        map.insert(TypeId::of::<S>(), query).is_some()
+    }
+
+    /// The device current on the calling thread for streams of type `S`:
+    /// what the registered query says, else device 0.
+    ///
+    /// # Errors
+    ///
+    /// The query's.
+    ///
+    /// ```
+    /// # use memres_core::device::Registry;
+    /// assert_eq!(Registry::new().current_device::<()>(), Ok(0));
+    /// ```
+    pub fn current_device<S: Stream + ?Sized + 'static>(&self) -> Result<DeviceId> {
+        let query = self.queries.read().unwrap_or_else(|p| p.into_inner()).get(&TypeId::of::<S>()).copied();
+        query.map_or(Ok(0), |q| q())
+    }
+
     /// Registers the factory that makes a device's resource for streams of
     /// type `S` when none was set; returns whether one was replaced.
     ///
@@ -177,7 +289,7 @@ impl Registry {
     /// # use std::sync::Arc;
     /// let reg = Registry::new();
     /// assert!(!reg.set_default_factory::<()>(|_| Ok(Arc::new(BumpUpstream::new(256)) as DynResource)));
-    /// assert!(reg.get::<()>(1).is_ok());
+    /// assert!(reg.get_per_device_resource::<()>(1).is_ok());
     /// ```
     pub fn set_default_factory<S: Stream + ?Sized + 'static>(&self, factory: Factory<S>) -> bool {
         let mut map = self.factories.write().unwrap_or_else(|p| p.into_inner());
@@ -185,13 +297,16 @@ impl Registry {
     }
 
     /// Forgets the resource of `device` for streams of type `S` (the next
-    /// `get` asks the factory again), and returns it.
+    /// get asks the factory again), and returns it.
     ///
     /// ```
     /// # use memres_core::device::Registry;
-    /// assert!(Registry::new().reset::<()>(0).is_none());
+    /// assert!(Registry::new().reset_per_device_resource::<()>(0).is_none());
     /// ```
-    pub fn reset<S: Stream + ?Sized + 'static>(&self, device: DeviceId) -> Option<DynResource<S>> {
+    pub fn reset_per_device_resource<S: Stream + ?Sized + 'static>(
+        &self,
+        device: DeviceId,
+    ) -> Option<DynResource<S>> {
         let mut map = self.resources.write().unwrap_or_else(|p| p.into_inner());
         map.remove(&(TypeId::of::<S>(), device)).map(downcast::<DynResource<S>>)
     }
@@ -216,36 +331,76 @@ static GLOBAL: Registry = Registry::new();
 ///
 /// ```
 /// # use memres_core::device::global;
-/// let _ = global().get::<()>(1234);
+/// let _ = global().get_per_device_resource::<()>(1234);
 /// ```
 pub fn global() -> &'static Registry {
     &GLOBAL
 }
 
-/// Makes `resource` the current resource of `device` (streams of type `S`)
-/// in the process-wide registry; returns the one it replaces.
-///
-/// ```
-/// # use memres_core::device::{set_current_device_resource, get_per_device_resource};
-/// # use memres_core::DynResource;
-/// # use memres_core::testing::BumpUpstream;
-/// # use std::sync::Arc;
-/// set_current_device_resource::<()>(42, Arc::new(BumpUpstream::new(256)) as DynResource);
-/// assert!(get_per_device_resource::<()>(42).is_ok());
-/// ```
-pub fn set_current_device_resource<S: Stream + ?Sized + 'static>(
-    device: DeviceId,
-    resource: DynResource<S>,
-) -> Option<DynResource<S>> {
-    GLOBAL.set(device, resource)
-}
-
-/// The current resource of `device` (streams of type `S`) in the
-/// process-wide registry; see [`Registry::get`].
+/// The resource of the device current on the calling thread (streams of
+/// type `S`) in the process-wide registry; see
+/// [`Registry::get_current_device_resource`].
 ///
 /// # Errors
 ///
-/// As [`Registry::get`].
+/// As [`Registry::get_current_device_resource`].
+///
+/// ```
+/// # use memres_core::device::get_current_device_resource;
+/// struct NeverRegistered;
+/// # impl memres_core::Stream for NeverRegistered {
+/// #     type Event = ();
+/// #     fn id(&self) -> u64 { 0 }
+/// #     fn record(&self) -> memres_core::Result<()> { Ok(()) }
+/// #     fn wait(&self, _: &()) -> memres_core::Result<()> { Ok(()) }
+/// #     fn query(&self, _: &()) -> memres_core::Result<bool> { Ok(true) }
+/// #     fn synchronize(&self) -> memres_core::Result<()> { Ok(()) }
+/// # }
+/// assert!(get_current_device_resource::<NeverRegistered>().is_err());
+/// ```
+pub fn get_current_device_resource<S: Stream + ?Sized + 'static>() -> Result<DynResource<S>> {
+    GLOBAL.get_current_device_resource()
+}
+
+/// Makes `resource` the resource of the device current on the calling
+/// thread (streams of type `S`) in the process-wide registry; returns the
+/// one it replaces. See [`Registry::set_current_device_resource`].
+///
+/// # Errors
+///
+/// The current-device query's error; nothing is set then.
+///
+/// ```
+/// # use memres_core::device::{set_current_device_resource, get_current_device_resource};
+/// # use memres_core::DynResource;
+/// # use memres_core::testing::BumpUpstream;
+/// # use std::sync::Arc;
+/// # struct Mine;
+/// # impl memres_core::Stream for Mine {
+/// #     type Event = ();
+/// #     fn id(&self) -> u64 { 0 }
+/// #     fn record(&self) -> memres_core::Result<()> { Ok(()) }
+/// #     fn wait(&self, _: &()) -> memres_core::Result<()> { Ok(()) }
+/// #     fn query(&self, _: &()) -> memres_core::Result<bool> { Ok(true) }
+/// #     fn synchronize(&self) -> memres_core::Result<()> { Ok(()) }
+/// # }
+/// let r: DynResource<Mine> = Arc::new(BumpUpstream::new(256));
+/// assert!(set_current_device_resource::<Mine>(r)?.is_none());
+/// assert!(get_current_device_resource::<Mine>().is_ok());
+/// # Ok::<(), memres_core::Error>(())
+/// ```
+pub fn set_current_device_resource<S: Stream + ?Sized + 'static>(
+    resource: DynResource<S>,
+) -> Result<Option<DynResource<S>>> {
+    GLOBAL.set_current_device_resource(resource)
+}
+
+/// The resource of `device` (streams of type `S`) in the process-wide
+/// registry; see [`Registry::get_per_device_resource`].
+///
+/// # Errors
+///
+/// As [`Registry::get_per_device_resource`].
 ///
 /// ```
 /// # use memres_core::device::get_per_device_resource;
@@ -261,7 +416,26 @@ pub fn set_current_device_resource<S: Stream + ?Sized + 'static>(
 /// assert!(get_per_device_resource::<NeverRegistered>(0).is_err());
 /// ```
 pub fn get_per_device_resource<S: Stream + ?Sized + 'static>(device: DeviceId) -> Result<DynResource<S>> {
-    GLOBAL.get(device)
+    GLOBAL.get_per_device_resource(device)
+}
+
+/// Makes `resource` the resource of `device` (streams of type `S`) in the
+/// process-wide registry; returns the one it replaces. See
+/// [`Registry::set_per_device_resource`].
+///
+/// ```
+/// # use memres_core::device::{set_per_device_resource, get_per_device_resource};
+/// # use memres_core::DynResource;
+/// # use memres_core::testing::BumpUpstream;
+/// # use std::sync::Arc;
+/// set_per_device_resource::<()>(42, Arc::new(BumpUpstream::new(256)) as DynResource);
+/// assert!(get_per_device_resource::<()>(42).is_ok());
+/// ```
+pub fn set_per_device_resource<S: Stream + ?Sized + 'static>(
+    device: DeviceId,
+    resource: DynResource<S>,
+) -> Option<DynResource<S>> {
+    GLOBAL.set_per_device_resource(device, resource)
 }
 
 /// Registers the default factory for streams of type `S` in the
@@ -277,6 +451,42 @@ pub fn get_per_device_resource<S: Stream + ?Sized + 'static>(device: DeviceId) -
 /// ```
 pub fn set_default_factory<S: Stream + ?Sized + 'static>(factory: Factory<S>) -> bool {
     GLOBAL.set_default_factory(factory)
+}
+
+/// Registers the current-device query for streams of type `S` in the
+/// process-wide registry; see [`Registry::set_current_device_query`].
+///
+/// ```
+/// # use memres_core::device::{current_device, set_current_device_query};
+/// # struct Mine;
+/// # impl memres_core::Stream for Mine {
+/// #     type Event = ();
+/// #     fn id(&self) -> u64 { 0 }
+/// #     fn record(&self) -> memres_core::Result<()> { Ok(()) }
+/// #     fn wait(&self, _: &()) -> memres_core::Result<()> { Ok(()) }
+/// #     fn query(&self, _: &()) -> memres_core::Result<bool> { Ok(true) }
+/// #     fn synchronize(&self) -> memres_core::Result<()> { Ok(()) }
+/// # }
+/// set_current_device_query::<Mine>(|| Ok(2));
+/// assert_eq!(current_device::<Mine>(), Ok(2));
+/// ```
+pub fn set_current_device_query<S: Stream + ?Sized + 'static>(query: CurrentDevice) -> bool {
+    GLOBAL.set_current_device_query::<S>(query)
+}
+
+/// The device current on the calling thread for streams of type `S`, as
+/// the process-wide registry tells it; see [`Registry::current_device`].
+///
+/// # Errors
+///
+/// The query's.
+///
+/// ```
+/// # use memres_core::device::current_device;
+/// assert_eq!(current_device::<()>(), Ok(0));
+/// ```
+pub fn current_device<S: Stream + ?Sized + 'static>() -> Result<DeviceId> {
+    GLOBAL.current_device::<S>()
 }
 
 mod memory_of;

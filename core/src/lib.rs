@@ -16,6 +16,7 @@
 //! | [`Allocate`], [`AllocateOn`] | the short path ([`shortcut`]): `allocate(size)` / `deallocate(block)` where the stream is `()`, `allocate_on(size, &stream)` where it is not |
 //! | [`Stream`] | record an event, wait on an event, query an event, synchronize (the stream, or as a last resort the device); `()` is the stream of resources for which streams mean nothing |
 //! | [`Error`] | every failure as a typed value; out of memory carries its figures |
+//! | [`Usage`], [`Inspect`] | one set of figures for every resource (bytes used, held from upstream, its peak, free, the largest free block) and the trait that reads them and runs the invariant checker |
 //! | [`lock`] | [`RawLock`](lock::RawLock), [`SpinLock`](lock::SpinLock) and [`Shared`], which turns any `&mut self` algorithm into a `&self` resource |
 //! | [`index`] | [`CoalescingIndex`](index::CoalescingIndex): the two-level segregated-fit index over bare ranges that the pools and the arena suballocate with |
 //! | [`pool`] | [`CoalescingPool`](pool::CoalescingPool): O(1) allocate and free over chunks from an upstream |
@@ -66,6 +67,7 @@ extern crate std;
 
 mod block;
 mod error;
+mod inspect;
 mod plant;
 mod primitive;
 mod range;
@@ -110,6 +112,7 @@ pub mod vpool;
 pub use adaptor::DynResource;
 pub use block::Block;
 pub use error::{Error, Result};
+pub use inspect::{Inspect, Usage};
 pub use lock::Shared;
 pub use range::Range;
 pub use request::Request;

@@ -13,8 +13,9 @@
 //! Under `cfg(loom)` the spin lock is built from loom's atomics, so loom
 //! explores every interleaving of the code that uses it.
 
+use crate::check::Violation;
 use crate::primitive::{spin_loop, AtomicBool, Ordering, UnsafeCell};
-use crate::{Block, Error, MemoryResource, MemoryResourceMut, Request, Result, Stream};
+use crate::{Block, Error, Inspect, MemoryResource, MemoryResourceMut, Request, Result, Stream, Usage};
 use core::fmt;
 
 /// A lock that runs a closure with exclusive access.
@@ -179,7 +180,7 @@ unsafe impl RawLock for StdLock {
 ///
 /// // Through `Shared`: the nested call is an error, and nothing ran.
 /// use memres_core::{lock::Shared, Error};
-/// let s: Shared<u32, CriticalSectionLock> = Shared::new_with_lock(5);
+/// let s: Shared<u32, CriticalSectionLock> = Shared::new_in(5);
 /// assert_eq!(s.with(|_| s.try_with(|v| *v)), Err(Error::Reentrant));
 /// ```
 #[cfg(feature = "critical-section")]
@@ -251,7 +252,7 @@ unsafe impl RawLock for CriticalSectionLock {
 /// # Examples
 ///
 /// ```
-/// use memres_core::{pool::CoalescingPool, MemoryResource, Request, Shared};
+/// use memres_core::{pool::CoalescingPool, Inspect, MemoryResource, Request, Shared};
 /// # use memres_core::testing::BumpUpstream;
 /// let pool = Shared::new(CoalescingPool::new(BumpUpstream::new(1 << 20)));
 /// std::thread::scope(|s| {
@@ -262,7 +263,7 @@ unsafe impl RawLock for CriticalSectionLock {
 ///         });
 ///     }
 /// });
-/// assert_eq!(pool.with(|p| p.used_bytes()), 0);
+/// assert_eq!(pool.usage().used, 0); // `Inspect` reads through the lock
 /// ```
 pub struct Shared<R, L: RawLock = SpinLock> {
     lock: L,
@@ -280,7 +281,7 @@ unsafe impl<R: Send, L: RawLock + Send> Send for Shared<R, L> {}
 impl<R> Shared<R> {
     /// Puts `inner` behind a new [`SpinLock`].
     pub fn new(inner: R) -> Self {
-        Self::new_with_lock(inner)
+        Self::new_in(inner)
     }
 }
 
@@ -289,10 +290,10 @@ impl<R, L: RawLock> Shared<R, L> {
     ///
     /// ```
     /// use memres_core::lock::{Shared, SpinLock};
-    /// let s: Shared<u32, SpinLock> = Shared::new_with_lock(5);
+    /// let s: Shared<u32, SpinLock> = Shared::new_in(5);
     /// assert_eq!(s.with(|v| *v), 5);
     /// ```
-    pub fn new_with_lock(inner: R) -> Self {
+    pub fn new_in(inner: R) -> Self {
         Shared { lock: L::default(), inner: UnsafeCell::new(inner) }
     }
 
@@ -347,7 +348,7 @@ impl<R, L: RawLock> Shared<R, L> {
 
 impl<R: Default, L: RawLock> Default for Shared<R, L> {
     fn default() -> Self {
-        Self::new_with_lock(R::default())
+        Self::new_in(R::default())
     }
 }
 
@@ -368,6 +369,23 @@ impl<S: Stream + ?Sized, R: MemoryResourceMut<S>, L: RawLock> MemoryResource<S> 
     #[inline]
     fn deallocate(&self, block: Block, stream: &S) -> Result<()> {
         self.try_with(|r| r.deallocate(block, stream))?
+    }
+}
+
+/// The inner algorithm's figures and checker, through the lock.
+///
+/// # Panics
+///
+/// As [`with`](Shared::with), when called from inside a closure of the same
+/// `Shared` under a lock that refuses re-entry (`check` returns a
+/// violation instead).
+impl<R: Inspect, L: RawLock> Inspect for Shared<R, L> {
+    fn usage(&self) -> Usage {
+        self.with(|r| r.usage())
+    }
+    fn check(&self) -> core::result::Result<(), Violation> {
+        self.try_with(|r| r.check())
+            .unwrap_or(Err(Violation::new("checked from inside a call on the same resource")))
     }
 }
 
@@ -420,7 +438,7 @@ mod reentry_tests {
     /// value (Miri: a Stacked Borrows violation in `Shared::with`).
     #[test]
     fn nested_with_on_one_critical_section_lock_is_refused() {
-        let shared: Shared<u32, CriticalSectionLock> = Shared::new_with_lock(0);
+        let shared: Shared<u32, CriticalSectionLock> = Shared::new_in(0);
         let nested = catch_unwind(AssertUnwindSafe(|| {
             shared.with(|outer| {
                 shared.with(|inner| *inner += 1);
@@ -468,7 +486,7 @@ mod reentry_tests {
     #[test]
     fn a_resource_calling_back_into_its_shared_gets_a_reentrant_error() {
         let shared: Shared<CallsBack<'_>, CriticalSectionLock> =
-            Shared::new_with_lock(CallsBack { target: None, nested: None, calls: 0 });
+            Shared::new_in(CallsBack { target: None, nested: None, calls: 0 });
         shared.with(|r| r.target = Some(&shared));
         let block = shared.allocate(Request::new(512).unwrap(), &()).unwrap();
         assert_eq!(shared.with(|r| (r.nested.take(), r.calls)), (Some(Err(Error::Reentrant)), 1));
@@ -479,7 +497,7 @@ mod reentry_tests {
     #[test]
     fn two_critical_section_locks_nest() {
         let (a, b): (Shared<u32, CriticalSectionLock>, Shared<u32, CriticalSectionLock>) =
-            (Shared::new_with_lock(1), Shared::new_with_lock(2));
+            (Shared::new_in(1), Shared::new_in(2));
         assert_eq!(a.with(|x| b.with(|y| *x + *y)), 3);
     }
 }

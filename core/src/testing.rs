@@ -9,28 +9,30 @@
 //! happens-before checker and address space live in `memres-sim`; fault
 //! injection of those is [`FailNth`](crate::check::FailNth).
 
+use crate::check::Violation;
 #[cfg(feature = "alloc")]
 use crate::primitive::AtomicBool;
 use crate::primitive::{AtomicU64, Ordering};
 pub use crate::splitmix::SplitMix64;
-use crate::{Block, Error, MemoryResource, Request, Result, Stream};
+use crate::{Block, Error, Inspect, MemoryResource, Request, Result, Stream, Usage};
 #[cfg(feature = "alloc")]
 use alloc::sync::Arc;
 
 /// An upstream that hands out fresh, never-reused address ranges from a
-/// counter, up to a capacity, and counts the bytes outstanding. Frees are
-/// only counted (it cannot tell a bad free: use `SimDevice` for that).
+/// counter, up to a capacity, and counts the bytes it holds out (a leaf's
+/// [`Usage`]). Frees are only counted (it cannot tell a bad free: use
+/// `SimDevice` for that).
 ///
 /// # Examples
 ///
 /// ```
-/// use memres_core::{testing::BumpUpstream, MemoryResource, Request};
+/// use memres_core::{testing::BumpUpstream, Inspect, MemoryResource, Request};
 /// let up = BumpUpstream::new(1024);
 /// let b = up.allocate(Request::new(512)?, &())?;
-/// assert_eq!(up.outstanding(), 512);
+/// assert_eq!(up.usage().held, 512);
 /// assert!(up.allocate(Request::new(1024)?, &()).is_err());
 /// up.deallocate(b, &())?;
-/// assert_eq!(up.outstanding(), 0);
+/// assert_eq!((up.usage().held, up.usage().peak_held), (0, 512));
 /// # Ok::<(), memres_core::Error>(())
 /// ```
 #[derive(Debug)]
@@ -40,6 +42,8 @@ pub struct BumpUpstream {
     next: AtomicU64,
     /// Bytes handed out and not yet freed (sizes rounded to 256).
     outstanding: AtomicU64,
+    /// The most bytes outstanding at once.
+    peak: AtomicU64,
     /// Allocations to let through before every call fails (`u64::MAX`: never).
     fail_after: AtomicU64,
 }
@@ -51,13 +55,9 @@ impl BumpUpstream {
             capacity,
             next: AtomicU64::new(1 << 20),
             outstanding: AtomicU64::new(0),
+            peak: AtomicU64::new(0),
             fail_after: AtomicU64::new(u64::MAX),
         }
-    }
-
-    /// Bytes handed out and not freed.
-    pub fn outstanding(&self) -> u64 {
-        self.outstanding.load(Ordering::Relaxed)
     }
 
     /// Lets `n` more allocations succeed, then fails every later one.
@@ -88,7 +88,8 @@ impl<S: Stream + ?Sized> MemoryResource<S> for BumpUpstream {
                 max_size: Some(self.capacity),
             });
         }
-        self.outstanding.fetch_add(size, Ordering::Relaxed);
+        let now = self.outstanding.fetch_add(size, Ordering::Relaxed) + size;
+        self.peak.fetch_max(now, Ordering::Relaxed);
         let align = request.align();
         let addr = self.next.fetch_add(size + align, Ordering::Relaxed);
         let addr = (addr + align - 1) & !(align - 1);
@@ -98,6 +99,16 @@ impl<S: Stream + ?Sized> MemoryResource<S> for BumpUpstream {
     fn deallocate(&self, block: Block, _: &S) -> Result<()> {
         let size = (block.size() + 255) & !255;
         self.outstanding.fetch_sub(size, Ordering::Relaxed);
+        Ok(())
+    }
+}
+
+/// A leaf: it holds what it handed out.
+impl Inspect for BumpUpstream {
+    fn usage(&self) -> Usage {
+        Usage::leaf(self.outstanding.load(Ordering::Relaxed), self.peak.load(Ordering::Relaxed))
+    }
+    fn check(&self) -> core::result::Result<(), Violation> {
         Ok(())
     }
 }

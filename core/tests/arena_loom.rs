@@ -13,7 +13,7 @@
 use loom::sync::Arc;
 use memres_core::arena::{ArenaConfig, ArenaResource};
 use memres_core::testing::{BumpUpstream, IdStream, TestStream};
-use memres_core::{Error, MemoryResource, Request};
+use memres_core::{Error, Inspect, MemoryResource, Request};
 
 fn model(f: impl Fn() + Sync + Send + 'static) {
     model_bounded(3, f);
@@ -79,7 +79,7 @@ fn loom_superblocks_return_to_the_global_arena_under_contention() {
         };
         arena.deallocate(large, &s).unwrap();
         arena.check().unwrap();
-        assert_eq!(arena.used_bytes(), 0);
+        assert_eq!(arena.usage().used, 0);
     });
 }
 
@@ -99,7 +99,7 @@ fn loom_cross_thread_free_into_a_busy_arena() {
         t.join().unwrap();
         arena.check().unwrap();
         arena.deallocate(c, &s1).unwrap();
-        assert_eq!(arena.used_bytes(), 0);
+        assert_eq!(arena.usage().used, 0);
         arena.check().unwrap();
     });
 }
@@ -128,7 +128,7 @@ fn loom_an_idle_arena_changes_hands_under_its_former_owner() {
         use_once(&arena, &TestStream::new(1).device_sync(true));
         t.join().unwrap();
         arena.check().unwrap();
-        assert_eq!(arena.used_bytes(), 0);
+        assert_eq!(arena.usage().used, 0);
     });
 }
 
@@ -180,7 +180,7 @@ fn loom_an_idle_sweep_races_with_the_arena_owner() {
         use_once(&arena, &s1);
         t.join().unwrap();
         arena.check().unwrap();
-        assert_eq!(arena.used_bytes(), 0);
+        assert_eq!(arena.usage().used, 0);
     });
 }
 

@@ -6,7 +6,8 @@
 //!
 //! The four functions are RMM's, generic over the stream type `S` of the
 //! resource (`()` where streams mean nothing; the quick start's is
-//! inferred). A device nobody set a resource for serves from:
+//! inferred); they are the core's with the defaults installed first, as is
+//! [`current_device`] (with `cuda`, the driver's current device). A device nobody set a resource for serves from:
 //!
 //! | features | `()` | [`SimStream`](memres_sim::SimStream) | `CudaStream` |
 //! | --- | --- | --- | --- |
@@ -57,6 +58,8 @@
 
 pub use memres_core::device::*;
 
+use memres_core::device as registry;
+
 use memres_core::adaptor::Logging;
 use memres_core::stack::{log_from_env, LOG_FILE_VAR};
 use memres_core::{DynResource, Error, Result, Stream};
@@ -69,7 +72,7 @@ use std::sync::{Arc, Mutex, Once};
 /// ```
 /// memres::device::install_defaults();
 /// # #[cfg(not(feature = "cuda"))]
-/// assert!(memres::device::global().get::<()>(3).is_ok());
+/// assert!(memres::device::global().get_per_device_resource::<()>(3).is_ok());
 /// ```
 pub fn install_defaults() {
     static ONCE: Once = Once::new();
@@ -83,13 +86,16 @@ pub fn install_defaults() {
         {
             global().set_default_factory::<()>(cuda::default::<()>);
             global().set_default_factory::<memres_cuda::CudaStream>(cuda::default::<memres_cuda::CudaStream>);
+            global().set_current_device_query::<()>(cuda::current);
+            global().set_current_device_query::<memres_cuda::CudaStream>(cuda::current);
         }
     });
 }
 
-/// The device current on the calling thread: the CUDA driver's (device 0
-/// when the thread has no context, as `cudaGetDevice`) with the `cuda`
-/// feature, device 0 otherwise.
+/// The device current on the calling thread for streams of type `S`:
+/// with the `cuda` feature, for `()` and `CudaStream`, the driver's
+/// (device 0 when the thread has no context, as `cudaGetDevice`); device 0
+/// otherwise. RMM's `get_current_cuda_device`.
 ///
 /// # Errors
 ///
@@ -97,13 +103,11 @@ pub fn install_defaults() {
 ///
 /// ```
 /// # #[cfg(not(feature = "cuda"))]
-/// assert_eq!(memres::device::current_device(), Ok(0));
+/// assert_eq!(memres::device::current_device::<()>(), Ok(0));
 /// ```
-pub fn current_device() -> Result<DeviceId> {
-    #[cfg(feature = "cuda")]
-    return Ok(memres_cuda::Device::current()?.ordinal());
-    #[cfg(not(feature = "cuda"))]
-    Ok(0)
+pub fn current_device<S: Stream + ?Sized + 'static>() -> Result<DeviceId> {
+    install_defaults();
+    registry::current_device::<S>()
 }
 
 /// The resource of the current device ([`current_device`]): RMM's
@@ -111,9 +115,10 @@ pub fn current_device() -> Result<DeviceId> {
 ///
 /// # Errors
 ///
-/// As [`get_per_device_resource`].
+/// [`current_device`]'s, or [`get_per_device_resource`]'s.
 pub fn get_current_device_resource<S: Stream + ?Sized + 'static>() -> Result<DynResource<S>> {
-    get_per_device_resource(current_device()?)
+    install_defaults();
+    registry::get_current_device_resource::<S>()
 }
 
 /// Makes `resource` the resource of the current device, and returns the
@@ -126,7 +131,8 @@ pub fn get_current_device_resource<S: Stream + ?Sized + 'static>() -> Result<Dyn
 pub fn set_current_device_resource<S: Stream + ?Sized + 'static>(
     resource: DynResource<S>,
 ) -> Result<Option<DynResource<S>>> {
-    Ok(set_per_device_resource(current_device()?, resource))
+    install_defaults();
+    registry::set_current_device_resource(resource)
 }
 
 /// The resource of `device`: RMM's `get_per_device_resource`; its default
@@ -136,10 +142,11 @@ pub fn set_current_device_resource<S: Stream + ?Sized + 'static>(
 ///
 /// The default's: the driver's error as [`Error::Backend`] for a device
 /// that does not exist (`cuda`), [`Error::InvalidConfig`] for a
-/// `MEMRES_LOG_FILE` that cannot be made; nothing is stored then.
+/// `MEMRES_LOG_FILE` that cannot be made, or for a stream type with no
+/// default; nothing is stored then.
 pub fn get_per_device_resource<S: Stream + ?Sized + 'static>(device: DeviceId) -> Result<DynResource<S>> {
     install_defaults();
-    global().get::<S>(device)
+    registry::get_per_device_resource::<S>(device)
 }
 
 /// Makes `resource` the resource of `device` and returns the one it
@@ -149,7 +156,7 @@ pub fn set_per_device_resource<S: Stream + ?Sized + 'static>(
     resource: DynResource<S>,
 ) -> Option<DynResource<S>> {
     install_defaults();
-    global().set::<S>(device, resource)
+    registry::set_per_device_resource(device, resource)
 }
 
 /// Writes out the rows that the default resources logged so far (see
@@ -216,6 +223,11 @@ mod cuda {
     use memres_core::{DynResource, Result, Stream};
     use memres_cuda::{AsRawStream, CudaCopy, CudaMemory, Device};
     use std::sync::Arc;
+
+    /// The CUDA driver's current device.
+    pub(super) fn current() -> Result<DeviceId> {
+        Ok(Device::current()?.ordinal())
+    }
 
     /// The device's `cuMemAlloc` resource, promised as memory of its
     /// [`CudaCopy`] for the containers.

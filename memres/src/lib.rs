@@ -23,7 +23,7 @@
 //! let mr = Statistics::new(Shared::new(CoalescingPool::new(get_current_device_resource()?)));
 //! let block = mr.allocate(1000)?;
 //! mr.deallocate(block)?;
-//! assert_eq!(mr.bytes().peak, 1000);
+//! assert_eq!(mr.get_bytes_counter().peak, 1000);
 //! # }
 //! # Ok::<(), memres::Error>(())
 //! ```
@@ -135,9 +135,9 @@
 //!
 //! ```
 //! use memres::per_stream::{PerStreamPool, PoolMaker};
-//! use memres::{pool::PoolConfig, prelude::*, sim::{SimDevice, SimWorld}};
+//! use memres::{prelude::*, sim::{SimDevice, SimWorld}};
 //! let (world, device) = (SimWorld::new(), SimDevice::new(1 << 30));
-//! let pools = Shared::new(PerStreamPool::new(PoolMaker::new(&device, PoolConfig::new())?));
+//! let pools = Shared::new(PerStreamPool::new(PoolMaker::new(&device)));
 //! let s = world.stream();
 //! let b = pools.allocate_on(1000, &s)?;
 //! pools.deallocate_on(b, &s)?;
@@ -148,9 +148,9 @@
 //! committed only under live blocks (CUDA VMM).
 //!
 //! ```
-//! use memres::{prelude::*, sim::SimAddressSpace, vpool::VirtualPool};
+//! use memres::{prelude::*, sim::SimAddressSpace, vpool::{VirtualConfig, VirtualPool}};
 //! let space = SimAddressSpace::new(1 << 30, 2 << 20);
-//! let vpool = Shared::new(VirtualPool::new(&space, 16 << 30, 0)?);
+//! let vpool = Shared::new(VirtualPool::with_config(&space, VirtualConfig::new(16 << 30))?);
 //! let b = vpool.allocate(3 << 20)?;
 //! vpool.deallocate(b)?;
 //! # Ok::<(), memres::Error>(())
@@ -182,11 +182,11 @@
 //! // Statistics: bytes and allocations, now, peak and total.
 //! let stats = Statistics::new(&pool);
 //! stats.deallocate(stats.allocate(100)?)?;
-//! assert_eq!((stats.bytes().peak, stats.allocations().total), (100, 1));
+//! assert_eq!((stats.get_bytes_counter().peak, stats.get_allocations_counter().total), (100, 1));
 //! // Tracking: every live block, for leak reports.
 //! let tracked = Tracking::new(&pool);
 //! let b = tracked.allocate(100)?;
-//! assert_eq!(tracked.outstanding_bytes(), 100);
+//! assert_eq!(tracked.get_allocated_bytes(), 100);
 //! tracked.deallocate(b)?;
 //! // Limiting: an error, not a larger pool, past the limit.
 //! let limited = Limiting::new(&pool, 1 << 20);
@@ -250,7 +250,8 @@ pub use memres_sim as sim;
 
 /// What a program that allocates needs in scope: the short path, the
 /// default resource of each device, the pool, `Shared` and the statistics
-/// adaptor, the containers (not [`MemoryResource`]: its methods have the
+/// adaptor, the figures of every resource (`Inspect::usage`, a `Usage`),
+/// the containers (not [`MemoryResource`]: its methods have the
 /// short path's names).
 pub mod prelude {
     pub use crate::adaptor::Statistics;
@@ -260,7 +261,7 @@ pub mod prelude {
     };
     pub use crate::pool::CoalescingPool;
     pub use crate::{
-        Allocate, AllocateOn, Block, DeviceBuffer, DeviceScalar, DeviceUVector, Error, Request, Shared,
-        Stream,
+        Allocate, AllocateOn, Block, DeviceBuffer, DeviceScalar, DeviceUVector, Error, Inspect, Request,
+        Shared, Stream, Usage,
     };
 }

@@ -37,7 +37,7 @@ fn the_default_resource_of_a_device_is_its_cumemalloc_resource() {
     let pool = Statistics::new(Shared::new(CoalescingPool::new(on_streams)));
     let b = pool.allocate_on(4096, &stream).unwrap();
     pool.deallocate_on(b, &stream).unwrap();
-    assert_eq!(pool.bytes().peak, 4096);
+    assert_eq!(pool.get_bytes_counter().peak, 4096);
     // A device that does not exist: the driver's error, nothing stored.
     let count = memres::cuda::Device::count().unwrap();
     for _ in 0..2 {

@@ -12,7 +12,7 @@ use memres_core::pool::{CoalescingPool, PoolConfig};
 use memres_core::stack::StackErrorKind;
 use memres_core::stream_ordered::StreamOrdered;
 use memres_core::vpool::{VirtualConfig, VirtualPool};
-use memres_core::{Block, Error, MemoryResource, Request, Shared};
+use memres_core::{Block, Error, Inspect, MemoryResource, Request, Shared};
 use memres_sim::{HostMemory, SimAddressSpace, SimDevice, SimStream, SimWorld};
 use std::sync::Arc;
 
@@ -60,7 +60,7 @@ fn make_subjects(dev: &Arc<SimDevice>, space: &Arc<SimAddressSpace>, world: &Sim
         v.push(Subject {
             name: "SimDevice",
             res: Box::new(dev.clone()),
-            used: Box::new(move || d.held_bytes()),
+            used: Box::new(move || d.usage().held),
             check: Box::new(|| Ok(())),
         });
     }
@@ -70,7 +70,7 @@ fn make_subjects(dev: &Arc<SimDevice>, space: &Arc<SimAddressSpace>, world: &Sim
         v.push(Subject {
             name: "HostMemory",
             res: Box::new(host),
-            used: Box::new(move || h.held_bytes()),
+            used: Box::new(move || h.usage().held),
             check: Box::new(|| Ok(())),
         });
     }
@@ -80,7 +80,7 @@ fn make_subjects(dev: &Arc<SimDevice>, space: &Arc<SimAddressSpace>, world: &Sim
         v.push(Subject {
             name: "CoalescingPool",
             res: Box::new(p),
-            used: Box::new(move || p1.with(|p| p.used_bytes())),
+            used: Box::new(move || p1.with(|p| p.usage().used)),
             check: Box::new(move || ok(p2.with(|p| p.check()))),
         });
     }
@@ -91,7 +91,7 @@ fn make_subjects(dev: &Arc<SimDevice>, space: &Arc<SimAddressSpace>, world: &Sim
         v.push(Subject {
             name: "FixedSizeResource",
             res: Box::new(f),
-            used: Box::new(move || f1.with(|f| f.used_bytes())),
+            used: Box::new(move || f1.with(|f| f.usage().used)),
             check: Box::new(move || ok(f2.with(|f| f.check()))),
         });
     }
@@ -108,11 +108,11 @@ fn make_subjects(dev: &Arc<SimDevice>, space: &Arc<SimAddressSpace>, world: &Sim
                 let (mut used, mut held) = (0, 0);
                 for &size in b1.bin_sizes() {
                     let bin = b1.fixed_bin(size).expect("fixed bins");
-                    used += bin.with(|f| f.used_bytes());
-                    held += bin.with(|f| f.pool_size());
+                    used += bin.with(|f| f.usage().used);
+                    held += bin.with(|f| f.usage().held);
                 }
                 // What the bins do not hold went straight upstream.
-                used + b1.upstream().outstanding_bytes() - held
+                used + b1.upstream().get_allocated_bytes() - held
             }),
             check: Box::new(move || ok(b2.check())),
         });
@@ -124,7 +124,7 @@ fn make_subjects(dev: &Arc<SimDevice>, space: &Arc<SimAddressSpace>, world: &Sim
         v.push(Subject {
             name: "ArenaResource",
             res: Box::new(a),
-            used: Box::new(move || a1.used_bytes()),
+            used: Box::new(move || a1.usage().used),
             check: Box::new(move || ok(a2.check())),
         });
     }
@@ -134,29 +134,29 @@ fn make_subjects(dev: &Arc<SimDevice>, space: &Arc<SimAddressSpace>, world: &Sim
         v.push(Subject {
             name: "StreamOrdered",
             res: Box::new(so),
-            used: Box::new(move || s1.with(|s| s.live_bytes())),
+            used: Box::new(move || s1.with(|s| s.usage().used)),
             check: Box::new(move || ok(s2.with(|s| s.check()))),
         });
     }
     {
-        let maker = PoolMaker::new(dev.clone(), PoolConfig::new()).unwrap();
+        let maker = PoolMaker::with_config(dev.clone(), PoolConfig::new()).unwrap();
         let ps = Arc::new(Shared::new(PerStreamPool::<_, SimStream>::new(maker)));
         let (p1, p2) = (ps.clone(), ps.clone());
         v.push(Subject {
             name: "PerStreamPool",
             res: Box::new(ps),
-            used: Box::new(move || p1.with(|p| p.used_bytes())),
+            used: Box::new(move || p1.with(|p| p.usage().used)),
             check: Box::new(move || ok(p2.with(|p| p.check()))),
         });
     }
     {
-        let config = VirtualConfig::new(1 << 30).keep(0).max_reservations(1);
+        let config = VirtualConfig::new(1 << 30).release_threshold(0).max_reservations(1);
         let p = Arc::new(Shared::new(VirtualPool::with_config(space.clone(), config).unwrap()));
         let (p1, p2) = (p.clone(), p.clone());
         v.push(Subject {
             name: "VirtualPool",
             res: Box::new(p),
-            used: Box::new(move || p1.with(|p| p.used_bytes())),
+            used: Box::new(move || p1.with(|p| p.usage().used)),
             check: Box::new(move || ok(p2.with(|p| p.check()))),
         });
     }
@@ -166,18 +166,18 @@ fn make_subjects(dev: &Arc<SimDevice>, space: &Arc<SimAddressSpace>, world: &Sim
         v.push(Subject {
             name: "Tracking",
             res: Box::new(t),
-            used: Box::new(move || t1.outstanding_bytes()),
+            used: Box::new(move || t1.get_allocated_bytes()),
             check: Box::new(|| Ok(())),
         });
     }
     {
         let l = Arc::new(Limiting::new(dev.clone(), 1 << 30));
-        let l1 = l.clone();
+        let (l1, l2) = (l.clone(), l.clone());
         v.push(Subject {
             name: "Limiting",
             res: Box::new(l),
-            used: Box::new(move || l1.used()),
-            check: Box::new(|| Ok(())),
+            used: Box::new(move || l1.get_allocated_bytes()),
+            check: Box::new(move || ok(l2.check())),
         });
     }
     v
@@ -520,11 +520,11 @@ fn failure_callback_that_always_retries_gives_up_and_stays_usable() {
     assert!(matches!(e, Error::OutOfMemory { requested, .. } if requested == 2 << 20), "{e:?}");
     // The first attempt and each of the bounded retries.
     assert_eq!(calls.load(std::sync::atomic::Ordering::Relaxed), u64::from(r.max_retries()) + 1);
-    assert_eq!(dev.held_bytes(), 3 << 20);
+    assert_eq!(dev.usage().held, 3 << 20);
     let b = r.allocate(Request::new(1 << 20).unwrap(), &()).unwrap();
     r.deallocate(a, &()).unwrap();
     r.deallocate(b, &()).unwrap();
-    assert_eq!(dev.held_bytes(), 0);
+    assert_eq!(dev.usage().held, 0);
 }
 
 #[test]
@@ -537,7 +537,7 @@ fn aligned_adaptor_refuses_an_impossible_alignment() {
     let b = a.allocate(Request::new(8192).unwrap(), &()).unwrap();
     assert_eq!(b.addr() % (1 << 20), 0);
     a.deallocate(b, &()).unwrap();
-    assert_eq!(dev.held_bytes(), 0);
+    assert_eq!(dev.usage().held, 0);
 }
 
 #[test]
@@ -545,15 +545,15 @@ fn statistics_counters_popped_unevenly_change_nothing() {
     let dev = Arc::new(SimDevice::new(1 << 30));
     let s = Statistics::new(dev.clone());
     let a = s.allocate(Request::new(1000).unwrap(), &()).unwrap();
-    let before = (s.bytes(), s.allocations(), s.depth());
+    let before = (s.get_bytes_counter(), s.get_allocations_counter(), s.depth());
     assert!(matches!(s.pop_counters(), Err(Error::InvalidConfig { .. })));
-    assert_eq!((s.bytes(), s.allocations(), s.depth()), before);
+    assert_eq!((s.get_bytes_counter(), s.get_allocations_counter(), s.depth()), before);
     s.push_counters();
     s.pop_counters().unwrap();
     assert!(matches!(s.pop_counters(), Err(Error::InvalidConfig { .. })));
-    assert_eq!((s.bytes(), s.allocations(), s.depth()), before);
+    assert_eq!((s.get_bytes_counter(), s.get_allocations_counter(), s.depth()), before);
     s.deallocate(a, &()).unwrap();
-    assert_eq!((s.bytes().value, dev.held_bytes()), (0, 0));
+    assert_eq!((s.get_bytes_counter().value, dev.usage().held), (0, 0));
 }
 
 #[test]
@@ -578,8 +578,8 @@ fn log_file_that_cannot_be_opened_is_an_error_at_construction() {
     let e = Logging::to_file(dev.clone(), "/nonexistent-dir/memres/log.csv").unwrap_err();
     assert_eq!(e.kind(), std::io::ErrorKind::NotFound);
     // Nothing was taken from the upstream, which still serves.
-    assert_eq!(dev.held_bytes(), 0);
+    assert_eq!(dev.usage().held, 0);
     let b = dev.allocate(Request::new(1000).unwrap(), &()).unwrap();
     dev.deallocate(b, &()).unwrap();
-    assert_eq!(dev.held_bytes(), 0);
+    assert_eq!(dev.usage().held, 0);
 }

@@ -7,7 +7,7 @@
 use loom::thread;
 use memres_core::pool::CoalescingPool;
 use memres_core::testing::BumpUpstream;
-use memres_core::{MemoryResource, Request, Shared};
+use memres_core::{Inspect, MemoryResource, Request, Shared};
 use std::sync::Arc;
 
 fn model(bound: usize, f: impl Fn() + Sync + Send + 'static) {
@@ -50,7 +50,7 @@ fn shared_pool_two_threads() {
         pool.deallocate(b, &()).unwrap();
         pool.with(|p| {
             p.check().unwrap();
-            assert_eq!(p.used_bytes(), 0);
+            assert_eq!(p.usage().used, 0);
         });
     });
 }
@@ -71,7 +71,7 @@ mod stream_ordered {
     use memres_core::pool::{CoalescingPool, PoolConfig};
     use memres_core::stream_ordered::{CrossStream, StreamOrdered};
     use memres_core::testing::BumpUpstream;
-    use memres_core::{Block, Error, MemoryResource, Request, Result, Shared, Stream};
+    use memres_core::{Block, Error, Inspect, MemoryResource, Request, Result, Shared, Stream};
     use std::sync::Arc;
 
     const STREAMS: usize = 3;
@@ -277,7 +277,7 @@ mod stream_ordered {
             None => PoolConfig::new(),
         };
         let pool = CoalescingPool::with_config(BumpUpstream::new(1 << 30), config, &()).unwrap();
-        let layer = Arc::new(Shared::new(StreamOrdered::with_cross_stream(pool, cross)));
+        let layer = Arc::new(Shared::new(StreamOrdered::new(pool).with_cross_stream(cross)));
         let s1 = TestStream { id: 1, world: world.clone() };
         let s2 = TestStream { id: 2, world };
         (layer, s1, s2)
@@ -308,8 +308,8 @@ mod stream_ordered {
         world.check_waits();
         layer.with(|so| {
             so.check().unwrap();
-            assert_eq!((so.live_count(), so.live_bytes()), (0, 0));
-            assert_eq!(so.inner().used_bytes(), so.listed_bytes());
+            assert_eq!((so.live_count(), so.usage().used), (0, 0));
+            assert_eq!(so.inner().usage().used, so.listed_bytes());
         });
     }
 

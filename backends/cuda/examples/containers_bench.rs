@@ -19,6 +19,7 @@
 use memres_containers::DeviceUVector;
 use memres_core::copy::MemoryOf;
 use memres_core::pool::CoalescingPool;
+use memres_core::Inspect;
 use memres_core::{MemoryResource, Shared, Stream};
 use memres_cuda::{CudaAsyncMemory, CudaCopy, CudaStream, Device, StreamOptions};
 use std::time::Instant;
@@ -123,7 +124,7 @@ fn main() {
     }
     pool.with(|p| {
         p.check().unwrap();
-        assert_eq!(p.used_bytes(), 0);
+        assert_eq!(p.usage().used, 0);
         p.release(stream).unwrap();
     });
     stream.synchronize().unwrap();

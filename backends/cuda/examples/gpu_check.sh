@@ -21,9 +21,10 @@
 # The training check runs PyTorch on each memres stack of $TRAIN_STACKS
 # (separated by `;`), each against the same two native runs, and prints one
 # SUMMARY line per stack. By default: the C library's default stack, and
-# the virtual-memory pool keeping all the memory it has mapped (keep= above
-# the device's memory and no trimming before a commit, so that steps after
-# the first map and unmap nothing: see the `vmm` leaf's options).
+# the virtual-memory pool keeping all the memory it has mapped
+# (release_threshold= above the device's memory and no trimming before a
+# commit, so that steps after the first map and unmap nothing: see the
+# `vmm` leaf's options).
 set -u
 if [ $# -lt 1 ] || [ ! -f "$1" ]; then
   echo "usage: $0 path/to/libmemres.so [out-dir]" >&2

@@ -23,6 +23,7 @@
 
 use flate2::read::GzDecoder;
 use memres_core::vpool::{VirtualConfig, VirtualPool};
+use memres_core::Inspect;
 use memres_core::{Block, MemoryResourceMut, Request, Stream};
 use memres_cuda::{CudaStream, CudaVirtualSpace, Device};
 use std::collections::HashMap;
@@ -163,7 +164,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let (ops, blocks) = load(path)?;
         let peak = peak_live(&ops, blocks);
         let space = CudaVirtualSpace::with_handle_granules(device, handle_granules)?;
-        let config = VirtualConfig::new(64 << 30).keep(keep).trim_on_commit(trim).slack_permille(slack);
+        let config =
+            VirtualConfig::new(64 << 30).release_threshold(keep).trim_on_commit(trim).slack_permille(slack);
         let mut pool = VirtualPool::with_config(&space, config)?;
         let mut live = vec![Block::EMPTY; blocks];
         pass(&mut pool, &stream, &ops, &mut live)?;
@@ -173,17 +175,17 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         stream.synchronize()?;
         let name = path.rsplit('/').next().unwrap_or(path);
         println!(
-            "trace={name} ops={} keep={} handle_granules={handle_granules} trim_on_commit={trim} \
+            "trace={name} ops={} release_threshold={} handle_granules={handle_granules} trim_on_commit={trim} \
              slack={slack} \
              ns_per_op={:.1} peak_live={peak} peak_committed={} peak_mapped={} footprint={:.3} \
              committed_over_live={:.3} timed_pass_maps={} timed_pass_unmaps={} timed_pass_syncs={}",
             ops.len(),
             if keep == u64::MAX { "all".to_string() } else { keep.to_string() },
             ns / ops.len() as f64,
-            pool.peak_committed_bytes(),
+            pool.usage().peak_held,
             space.peak_mapped_bytes(),
             space.peak_mapped_bytes() as f64 / peak as f64,
-            pool.peak_committed_bytes() as f64 / peak as f64,
+            pool.usage().peak_held as f64 / peak as f64,
             timed.maps - warm.maps,
             timed.unmaps - warm.unmaps,
             timed.syncs - warm.syncs,

@@ -7,7 +7,7 @@
 //! | `cuda` | none | [`CudaMemory`] (`Counted<CudaMemory>`) |
 //! | `managed` | none | [`ManagedMemory`] (`Counted<ManagedMemory>`) |
 //! | `pinned` | none | [`PinnedMemory`], page-locked host memory (`Counted<PinnedMemory>`) |
-//! | `vmm` | `reserve=`, `keep=`, `slack=`, `granules=`, `trim_on_commit=` | a [`VirtualPool`](memres_core::vpool::VirtualPool) over [`CudaVirtualSpace`](crate::CudaVirtualSpace) ([`VmmPool`]), counted by the bytes it maps (see [`VmmConfig`]) |
+//! | `vmm` | `reserve=`, `release_threshold=`, `slack=`, `handle_granules=`, `trim_on_commit=` | a [`VirtualPool`](memres_core::vpool::VirtualPool) over [`CudaVirtualSpace`](crate::CudaVirtualSpace) ([`VmmPool`]), counted by the bytes it maps (see [`VmmConfig`]) |
 //!
 //! Every leaf counts what it holds from the device in one [`Gauge`] per
 //! stack ([`Counted`]; `vmm` its mapped bytes, [`CountedSpace`]), so that
@@ -28,7 +28,7 @@
 //! memres_cuda::stack::register(&mut builder, device, gauge.clone());
 //! let stream = CudaStream::legacy_in(device.primary_context()?);
 //! let stack = builder.build("stats(pool(async, initial=1GiB))", &stream)?;
-//! assert!(gauge.current() >= 1 << 30);
+//! assert!(gauge.value() >= 1 << 30);
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 

@@ -13,6 +13,7 @@ use memres_core::arena::ArenaResource;
 use memres_core::binning::BinningResource;
 use memres_core::pool::{CoalescingPool, PoolConfig};
 use memres_core::testing::SplitMix64;
+use memres_core::Inspect;
 use memres_core::StreamOrdered;
 use memres_core::{Block, MemoryResource, Request, Shared, Stream};
 use memres_cuda::{AsyncConfig, CudaAsyncMemory, CudaMemory, CudaStream, StreamOptions};
@@ -81,7 +82,7 @@ fn arena_over_device_memory() {
     // Small blocks come from per-stream arenas, blocks above 1 MiB straight
     // from the global arena.
     exercise(&arena, &streams, 500, 3 << 20, 11, || arena.check().unwrap());
-    assert_eq!(arena.used_bytes(), 0);
+    assert_eq!(arena.usage().used, 0);
     arena.release(&streams[0]).unwrap();
     arena.check().unwrap();
 }
@@ -100,7 +101,7 @@ fn binning_over_a_pool_over_async_memory() {
     });
     bins.release(&stream[0]).unwrap();
     pool.with(|p| {
-        assert_eq!(p.used_bytes(), 0, "the bins gave their chunks back");
+        assert_eq!(p.usage().used, 0, "the bins gave their chunks back");
         p.release(&stream[0]).unwrap();
     });
 }
@@ -118,7 +119,7 @@ fn stream_ordered_pool_on_four_streams() {
     let layer: Shared<StreamOrdered<_, &CudaStream>> = Shared::new(StreamOrdered::new(pool));
     exercise(&layer, &borrowed, 800, 1 << 20, 13, || layer.with(|l| l.check()).unwrap());
     layer.with(|l| {
-        assert_eq!(l.live_bytes(), 0);
+        assert_eq!(l.usage().used, 0);
         l.synchronize_and_merge().unwrap();
         l.check().unwrap();
     });
@@ -156,9 +157,9 @@ fn coalescing_pool_over_async_memory() {
         mr.deallocate(b, &stream).unwrap();
     }
     pool.with(|p| {
-        assert_eq!(p.used_bytes(), 0);
-        assert!(p.pool_size() <= 512 << 20);
-        let held = p.pool_size();
+        assert_eq!(p.usage().used, 0);
+        assert!(p.usage().held <= 512 << 20);
+        let held = p.usage().held;
         assert_eq!(p.release(&stream).unwrap(), held, "every chunk goes back");
         p.check().unwrap();
     });

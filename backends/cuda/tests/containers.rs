@@ -15,6 +15,7 @@ mod suite;
 
 use common::gpu;
 use memres_core::pool::{CoalescingPool, PoolConfig};
+use memres_core::Inspect;
 use memres_core::{Shared, Stream};
 use memres_cuda::{CudaAsyncMemory, CudaCopy, CudaStream, Device, StreamOptions};
 use suite::Setup;
@@ -171,7 +172,7 @@ mod over_a_pool {
             stream.synchronize().unwrap();
             if !std::thread::panicking() {
                 given_back.unwrap();
-                assert_eq!(self.pool.with(|p| p.pool_size()), 0);
+                assert_eq!(self.pool.with(|p| p.usage().held), 0);
                 assert!(matches!(self.pool.with(|p| p.upstream().used_bytes()), None | Some(0)));
             }
         }
@@ -198,14 +199,14 @@ mod over_a_pool {
             self.streams.synchronize();
             self.pool.with(|p| {
                 p.check().unwrap();
-                p.used_bytes()
+                p.usage().used
             })
         }
         fn charge(&self, size: u64) -> Option<u64> {
             Some(size.div_ceil(256) * 256)
         }
         fn held(&self) -> u64 {
-            self.pool.with(|p| p.pool_size())
+            self.pool.with(|p| p.usage().held)
         }
         fn too_many_u64(&self) -> usize {
             (MAX / 8 + 1) as usize
@@ -276,7 +277,7 @@ fn copies_from_raw_pointers_to_driver_memory() {
         unsafe { DeviceUVector::<u32, _, _, _>::from_device_ptr_in(raw.addr() + 2048, 512, b, &mr, engine) }
             .unwrap();
     let stack = [0u8; 64];
-    let live = mr.allocations().value;
+    let live = mr.get_allocations_counter().value;
     for (addr, len, what) in [
         (stack.as_ptr() as u64, 64, "a host stack buffer"),
         // (Just past the end may be the next allocation, such as `v`'s.)
@@ -286,7 +287,7 @@ fn copies_from_raw_pointers_to_driver_memory() {
         // about the range and refuses it, queueing nothing.
         let e = unsafe { DeviceBuffer::from_device_ptr_in(addr, len, a, &mr, engine) }.map(|_| ());
         assert_eq!(e, Err(ContainerError::Memory(Error::NotLive { addr, len })), "{what}");
-        assert_eq!(mr.allocations().value, live, "{what}: the new block went back");
+        assert_eq!(mr.get_allocations_counter().value, live, "{what}: the new block went back");
     }
     // Both copies are queued before the source goes.
     streams.synchronize();
@@ -295,7 +296,7 @@ fn copies_from_raw_pointers_to_driver_memory() {
     assert_eq!(w.to_vec().unwrap(), vec![0xDEAD_BEEF; 512]);
     drop((v, w));
     streams.synchronize();
-    assert_eq!(mr.allocations().value, 0);
+    assert_eq!(mr.get_allocations_counter().value, 0);
 }
 
 /// The containers made without a resource take the current resource of

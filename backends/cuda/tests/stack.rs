@@ -6,6 +6,7 @@ mod common;
 use common::gpu;
 use memres_core::adaptor::{Counted, Gauge};
 use memres_core::stack::{StackBuilder, StackErrorKind};
+use memres_core::Inspect;
 use memres_core::{MemoryResource, Request};
 use memres_cuda::stack::{register, VmmPool};
 use memres_cuda::{CudaAsyncMemory, CudaStream};
@@ -29,20 +30,20 @@ fn every_leaf_builds_serves_and_counts() {
         "cuda",
         "managed",
         "pinned",
-        "vmm(reserve=1GiB, keep=0)",
+        "vmm(reserve=1GiB, release_threshold=0)",
         "pool(cuda)",
         "stats(pool(async))",
         "stats(vmm)",
     ] {
         let built = b.build_with_handles(text, &stream).unwrap_or_else(|e| panic!("{text}: {e}"));
-        let before = counter.current();
+        let before = counter.value();
         let blk = built.resource.allocate(Request::new(3000).unwrap(), &stream).unwrap();
-        assert!(counter.current() > before, "{text}: counted");
+        assert!(counter.value() > before, "{text}: counted");
         built.resource.deallocate(blk, &stream).unwrap();
         memres_core::Stream::synchronize(&stream).unwrap();
         if !text.starts_with("pool") && !text.starts_with("stats") {
-            // (`vmm` with keep=0 unmaps the granule of the block at once.)
-            assert_eq!(counter.current(), before, "{text}: uncounted");
+            // (`vmm` with release_threshold=0 unmaps the granule of the block at once.)
+            assert_eq!(counter.value(), before, "{text}: uncounted");
         }
     }
     let built = b.build_with_handles("pool(async(initial=2MiB))", &stream).unwrap();
@@ -62,26 +63,27 @@ fn vmm_counts_its_mapped_bytes() {
     let mut b = StackBuilder::<CudaStream>::new();
     register(&mut b, device, counter.clone());
     let stream = CudaStream::new(device).unwrap();
-    let built = b.build_with_handles("vmm(reserve=4GiB, keep=0, granules=4)", &stream).unwrap();
+    let built =
+        b.build_with_handles("vmm(reserve=4GiB, release_threshold=0, handle_granules=4)", &stream).unwrap();
     let pool = built.get::<VmmPool>("vmm").expect("typed handle");
     let mapped = || pool.with(|p| p.space().inner().mapped_bytes());
     let granule = pool.with(|p| p.granule());
     assert_eq!(pool.with(|p| p.reserved_bytes()), 4 << 30);
-    assert_eq!(counter.current(), 0);
+    assert_eq!(counter.value(), 0);
     // Three granules in one handle, then a block of its own after them.
     let a = built.resource.allocate(Request::new(3 * granule).unwrap(), &stream).unwrap();
     let c = built.resource.allocate(Request::new(granule).unwrap(), &stream).unwrap();
-    assert_eq!((counter.current(), mapped()), (4 * granule, 4 * granule));
+    assert_eq!((counter.value(), mapped()), (4 * granule, 4 * granule));
     // Freeing `a` decommits its granules, but the handle stays mapped for `c`.
     built.resource.deallocate(a, &stream).unwrap();
-    assert_eq!(pool.with(|p| p.committed_bytes()), granule);
-    assert_eq!(counter.current(), mapped());
+    assert_eq!(pool.with(|p| p.usage().held), granule);
+    assert_eq!(counter.value(), mapped());
     built.resource.deallocate(c, &stream).unwrap();
-    assert_eq!((counter.current(), mapped(), counter.peak()), (0, 0, 4 * granule));
+    assert_eq!((counter.value(), mapped(), counter.peak()), (0, 0, 4 * granule));
     assert_eq!(counter.peak(), pool.with(|p| p.space().inner().peak_mapped_bytes()));
 
-    let e = b.build("vmm(granules=0)", &stream).err().unwrap();
-    assert_eq!(e.pos, 13);
+    let e = b.build("vmm(handle_granules=0)", &stream).err().unwrap();
+    assert_eq!(e.pos, 20);
     drop(built);
-    assert_eq!(counter.current(), 0);
+    assert_eq!(counter.value(), 0);
 }

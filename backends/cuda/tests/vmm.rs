@@ -9,6 +9,7 @@ use common::{expect_filled, fill, gpu, pattern, Gate};
 use memres_core::testing::SplitMix64;
 use memres_core::vmem::ReservableSpace;
 use memres_core::vpool::{VirtualConfig, VirtualPool};
+use memres_core::Inspect;
 use memres_core::{Block, Error, MemoryResourceMut, Range, Request};
 use memres_cuda::{CudaStream, CudaVirtualSpace};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -257,11 +258,11 @@ fn pool_run(device: memres_cuda::Device, handle_granules: u32, config: VirtualCo
             pool.deallocate(b, &stream).unwrap();
         }
         pool.check().unwrap_or_else(|v| panic!("step {step}: {v}"));
-        assert_eq!(pool.committed_bytes(), space.committed_bytes(), "step {step}");
+        assert_eq!(pool.usage().held, space.committed_bytes(), "step {step}");
         assert!(space.mapped_bytes() >= space.committed_bytes());
         let touched: u64 = live.iter().map(|(b, _)| b.size().div_ceil(g) + 1).sum();
         peak_live_granules = peak_live_granules.max(touched);
-        assert!(pool.idle_bytes() <= config.keep_bytes(), "step {step}");
+        assert!(pool.idle_bytes() <= config.release_threshold_bytes(), "step {step}");
     }
     for (b, p) in live.drain(..) {
         if b.size() >= 4 {
@@ -270,13 +271,13 @@ fn pool_run(device: memres_cuda::Device, handle_granules: u32, config: VirtualCo
         pool.deallocate(b, &stream).unwrap();
         pool.check().unwrap();
     }
-    assert_eq!(pool.used_bytes(), 0);
-    assert!(pool.committed_bytes() <= config.keep_bytes());
+    assert_eq!(pool.usage().used, 0);
+    assert!(pool.usage().held <= config.release_threshold_bytes());
     assert!(
-        pool.peak_committed_bytes() <= peak_live_granules * g,
+        pool.usage().peak_held <= peak_live_granules * g,
         "peak committed beyond the granules live blocks touched"
     );
-    assert_eq!(space.peak_committed_bytes(), pool.peak_committed_bytes());
+    assert_eq!(space.peak_committed_bytes(), pool.usage().peak_held);
     pool.trim(&stream).unwrap();
     assert_eq!((space.committed_bytes(), space.mapped_bytes()), (0, 0));
     drop(pool);
@@ -292,9 +293,9 @@ fn a_virtual_pool_on_device_memory_keeps_its_invariants_and_contents() {
     pool_run(
         device,
         CudaVirtualSpace::DEFAULT_HANDLE_GRANULES,
-        VirtualConfig::new(64 << 30).keep(64 << 20),
+        VirtualConfig::new(64 << 30).release_threshold(64 << 20),
         1,
     );
     pool_run(device, 1, VirtualConfig::new(64 << 30), 2);
-    pool_run(device, 8, VirtualConfig::new(1 << 30).keep(16 << 20).max_reservations(8), 3);
+    pool_run(device, 8, VirtualConfig::new(1 << 30).release_threshold(16 << 20).max_reservations(8), 3);
 }

@@ -18,6 +18,7 @@
 use flate2::read::GzDecoder;
 use memres_core::vmem::ReservableSpace;
 use memres_core::vpool::{VirtualConfig, VirtualPool};
+use memres_core::Inspect;
 use memres_core::{Block, MemoryResourceMut, Range, Request, Stream};
 use memres_sim::SimAddressSpace;
 use std::cell::{Cell, RefCell};
@@ -221,7 +222,7 @@ fn replay(
             }
         }
         let ns = t.elapsed().as_nanos() as f64;
-        assert_eq!(pool.used_bytes(), 0);
+        assert_eq!(pool.usage().used, 0);
         pool.check().map_err(|_| memres_core::Error::InvalidConfig { what: "pool invariant broken" })?;
         out.push(Pass {
             commits: space.commits.get() - before.0,
@@ -234,7 +235,7 @@ fn replay(
     Ok(Outcome {
         peak_live,
         peak_busy: pool.peak_busy_bytes(),
-        peak_committed: pool.peak_committed_bytes(),
+        peak_committed: pool.usage().peak_held,
         peak_mapped: space.peak_mapped.get() * sim.granule(),
         passes: out,
     })
@@ -280,7 +281,10 @@ fn main() {
         }
         policies.push((256 * MIB, true, 40));
         for (keep, trim, slack) in policies {
-            let config = VirtualConfig::new(64 << 30).keep(keep).trim_on_commit(trim).slack_permille(slack);
+            let config = VirtualConfig::new(64 << 30)
+                .release_threshold(keep)
+                .trim_on_commit(trim)
+                .slack_permille(slack);
             let o = replay(&ops, ids, config, handle_granules, 2).unwrap_or_else(|e| panic!("{name}: {e}"));
             let mib = |b: u64| b as f64 / MIB as f64;
             println!(

@@ -1,7 +1,7 @@
 use crate::tally::{accessors, Tally};
-use memres_core::check::FailNth;
+use memres_core::check::{FailNth, Violation};
 use memres_core::index::CoalescingIndex;
-use memres_core::{Block, Error, MemoryResource, Range, Request, Result, Stream};
+use memres_core::{Block, Error, Inspect, MemoryResource, Range, Request, Result, Stream, Usage};
 use std::sync::Mutex;
 
 /// An address space of a chosen capacity with no bytes behind it: the
@@ -15,15 +15,15 @@ use std::sync::Mutex;
 /// # Examples
 ///
 /// ```
-/// use memres_core::{MemoryResource, Request};
+/// use memres_core::{Inspect, MemoryResource, Request};
 /// use memres_sim::SimDevice;
 /// let dev = SimDevice::new(1 << 30);
 /// let b = dev.allocate(Request::new(1000)?, &())?;
-/// assert_eq!(dev.held_bytes(), 1024);
+/// assert_eq!(dev.usage().held, 1024); // what it lent, rounded to 256
 /// dev.fail_nth(1);
 /// assert!(dev.allocate(Request::new(1000)?, &()).is_err());
 /// dev.deallocate(b, &())?;
-/// assert_eq!((dev.held_bytes(), dev.peak_held_bytes()), (0, 1024));
+/// assert_eq!((dev.usage().held, dev.usage().peak_held), (0, 1024));
 /// # Ok::<(), memres_core::Error>(())
 /// ```
 #[derive(Debug)]
@@ -76,6 +76,23 @@ impl SimDevice {
     /// an injected backend error; `n = 0` cancels.
     pub fn fail_nth(&self, n: u64) {
         self.lock().fail.arm(n);
+    }
+}
+
+/// A leaf: it holds what it lent. The checker checks its address space and
+/// that the bytes it counts are those its space has in use.
+impl Inspect for SimDevice {
+    fn usage(&self) -> Usage {
+        self.lock().tally.usage()
+    }
+
+    fn check(&self) -> std::result::Result<(), Violation> {
+        let s = self.lock();
+        s.space.check()?;
+        if s.space.used_bytes() != s.tally.held {
+            return Err(Violation::new("bytes held out differ from the space's bytes in use"));
+        }
+        Ok(())
     }
 }
 

@@ -1,6 +1,7 @@
 use crate::tally::{accessors, Tally};
+use memres_core::check::Violation;
 use memres_core::copy::LiveRanges;
-use memres_core::{Block, Error, MemoryResource, Request, Result, Stream};
+use memres_core::{Block, Error, Inspect, MemoryResource, Request, Result, Stream, Usage};
 use std::alloc::Layout;
 use std::collections::HashMap;
 use std::sync::{Mutex, MutexGuard};
@@ -45,15 +46,15 @@ mod tests;
 /// # Examples
 ///
 /// ```
-/// use memres_core::{MemoryResource, Request};
+/// use memres_core::{Inspect, MemoryResource, Request};
 /// use memres_sim::HostMemory;
 /// let host = HostMemory::new();
 /// let b = host.allocate(Request::aligned(1000, 4096)?, &())?;
 /// assert_eq!(b.addr() % 4096, 0);
-/// assert_eq!(host.held_bytes(), 1024);
+/// assert_eq!(host.usage().held, 1024);
 /// host.deallocate(b, &())?;
 /// assert!(host.deallocate(b, &()).is_err());
-/// assert_eq!((host.held_bytes(), host.peak_held_bytes()), (0, 1024));
+/// assert_eq!((host.usage().held, host.usage().peak_held), (0, 1024));
 /// # Ok::<(), memres_core::Error>(())
 /// ```
 #[derive(Debug, Default)]
@@ -104,8 +105,25 @@ impl HostMemory {
     accessors!();
 
     /// Number of allocations not yet freed.
-    pub fn outstanding(&self) -> usize {
+    pub fn live_count(&self) -> usize {
         self.lock().outstanding.len()
+    }
+}
+
+/// A leaf: it holds what it handed out. The checker checks that the bytes
+/// it counts are those of its table.
+impl Inspect for HostMemory {
+    fn usage(&self) -> Usage {
+        self.lock().tally.usage()
+    }
+
+    fn check(&self) -> std::result::Result<(), Violation> {
+        let s = self.lock();
+        let listed: u64 = s.outstanding.values().map(|o| o.layout.size() as u64).sum();
+        if listed != s.tally.held {
+            return Err(Violation::new("bytes held out differ from the table's"));
+        }
+        Ok(())
     }
 }
 

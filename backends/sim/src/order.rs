@@ -2,7 +2,8 @@
 //! must be ordered after the free.
 
 use crate::stream::SimStream;
-use memres_core::{Block, MemoryResource, Range, Request, Result, Stream};
+use memres_core::check::Violation;
+use memres_core::{Block, Inspect, MemoryResource, Range, Request, Result, Stream, Usage};
 use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::{Mutex, MutexGuard};
@@ -184,6 +185,16 @@ impl CheckState {
                 self.frees.insert(end, r);
             }
         }
+    }
+}
+
+/// The checked resource's figures and checker.
+impl<R: Inspect> Inspect for HbChecked<R> {
+    fn usage(&self) -> Usage {
+        self.inner.usage()
+    }
+    fn check(&self) -> std::result::Result<(), Violation> {
+        self.inner.check()
     }
 }
 

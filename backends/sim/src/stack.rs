@@ -5,7 +5,7 @@
 //! | --- | --- | --- |
 //! | `sim` | `[capacity]` (or `capacity=`; default 80 GiB) | [`SimDevice`] |
 //! | `host` | none | [`HostMemory`] |
-//! | `vpool` | `sim` or `sim(physical)`, `reserve=` (64 GiB), `keep=` (all), `slack=` (40 permille), `granule=` (2 MiB) | [`VirtualPool`] over a [`SimAddressSpace`], behind [`Shared`] (`Shared<VirtualPool<SimAddressSpace>>`) |
+//! | `vpool` | `sim` or `sim(physical)`, `reserve=` (64 GiB), `release_threshold=` (all), `slack=` (40 permille), `granule=` (2 MiB) | [`VirtualPool`] over a [`SimAddressSpace`], behind [`Shared`] (`Shared<VirtualPool<SimAddressSpace>>`) |
 //!
 //! # Examples
 //!
@@ -78,7 +78,7 @@ where
 /// # Ok::<(), memres_core::stack::StackError>(())
 /// ```
 pub fn vpool(call: &Call) -> Result<VirtualPool<SimAddressSpace>, StackError> {
-    call.expect_args(1, &["reserve", "keep", "granule", "slack"])?;
+    call.expect_args(1, &["reserve", "release_threshold", "granule", "slack"])?;
     let space = call.resource(0)?;
     if space.name != "sim" {
         return Err(space.error(StackErrorKind::BadValue(format!(
@@ -89,14 +89,14 @@ pub fn vpool(call: &Call) -> Result<VirtualPool<SimAddressSpace>, StackError> {
     space.expect_args(1, &[])?;
     let physical = space.positional(0).map(|v| v.size()).transpose()?.unwrap_or(DEFAULT_SIM_CAPACITY);
     let granule = granule_arg(call, SimAddressSpace::DEFAULT_GRANULE)?;
-    let reserve = call.size_arg("reserve")?.unwrap_or(64 << 30);
+    let reserve = call.size_arg("reserve")?.unwrap_or(VirtualConfig::DEFAULT_RESERVE);
     // Keep free memory mapped under a 4 % slack above the peak in use:
     // steady-state replays of the PyTorch traces then map nothing.
-    let keep = call.size_arg("keep")?.unwrap_or(u64::MAX);
+    let threshold = call.size_arg("release_threshold")?.unwrap_or(u64::MAX);
     let slack = call.u32_arg("slack", "a whole number of permille")?.unwrap_or(40);
     VirtualPool::with_config(
         SimAddressSpace::new(physical, granule),
-        VirtualConfig::new(reserve).keep(keep).slack_permille(slack),
+        VirtualConfig::new(reserve).release_threshold(threshold).slack_permille(slack),
     )
     .map_err(|e| call.resource_error(e))
 }

@@ -1,6 +1,8 @@
 //! What the simulated device and host memory count: bytes held by callers,
 //! their peak, and the calls that moved them.
 
+use memres_core::Usage;
+
 /// The figures of a leaf, kept under its lock.
 #[derive(Clone, Copy, Debug, Default)]
 pub(crate) struct Tally {
@@ -27,23 +29,19 @@ impl Tally {
         self.held -= bytes;
         self.frees += 1;
     }
+
+    /// A leaf's figures: it holds what it handed out.
+    pub(crate) fn usage(&self) -> Usage {
+        Usage::leaf(self.held, self.peak)
+    }
 }
 
 /// The public accessors of a leaf whose `lock()` guards a [`Tally`] in a
-/// field `tally`: one definition for both leaves.
+/// field `tally`, beside its [`Usage`] (the bytes it holds out, sizes
+/// rounded to 256, and their peak since made or since
+/// [`reset_peak`](Self::reset_peak)): one definition for both leaves.
 macro_rules! accessors {
     () => {
-        /// Bytes held by callers now (sizes rounded to 256).
-        pub fn held_bytes(&self) -> u64 {
-            self.lock().tally.held
-        }
-
-        /// The most bytes ever held at once (since the last
-        /// [`reset_peak`](Self::reset_peak)).
-        pub fn peak_held_bytes(&self) -> u64 {
-            self.lock().tally.peak
-        }
-
         /// Forgets the peak: it restarts from what is held now.
         pub fn reset_peak(&self) {
             let mut s = self.lock();

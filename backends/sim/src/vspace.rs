@@ -26,13 +26,13 @@ mod tests;
 /// # Examples
 ///
 /// ```
-/// use memres_core::vpool::VirtualPool;
+/// use memres_core::vpool::{VirtualConfig, VirtualPool};
 /// use memres_core::{MemoryResourceMut, Request};
 /// use memres_sim::SimAddressSpace;
 /// // 80 GiB of physical memory, 2 MiB granules; the pool reserves 64 GiB
 /// // of addresses and keeps up to 256 MiB of free memory committed.
 /// let space = SimAddressSpace::new(80 << 30, SimAddressSpace::DEFAULT_GRANULE);
-/// let mut pool = VirtualPool::new(&space, 64 << 30, 256 << 20)?;
+/// let mut pool = VirtualPool::with_config(&space, VirtualConfig::new(64 << 30).release_threshold(256 << 20))?;
 /// let b = pool.allocate(Request::new(5 << 20)?, &())?;
 /// assert_eq!(space.committed_bytes(), 6 << 20);
 /// pool.deallocate(b, &())?;

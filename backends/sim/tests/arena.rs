@@ -3,7 +3,7 @@
 //! every free in them.
 
 use memres_core::arena::{ArenaConfig, ArenaResource};
-use memres_core::{Block, Error, MemoryResource, Request};
+use memres_core::{Block, Error, Inspect, MemoryResource, Request};
 use memres_sim::{HbChecked, SimDevice, SimWorld};
 use std::sync::Arc;
 
@@ -61,7 +61,7 @@ fn another_streams_free_superblocks_serve_after_a_device_synchronization() {
         res.deallocate(x, &b).unwrap();
     }
     res.inner().check().unwrap();
-    assert_eq!(res.inner().used_bytes(), 0);
+    assert_eq!(res.inner().usage().used, 0);
 }
 
 /// Streams that come and go, never released (the case: only
@@ -83,6 +83,6 @@ fn a_thousand_streams_in_turn_with_no_release() {
     assert_eq!(res.violation_count(), 0, "{:?}", res.violations().first());
     assert!(res.ordered_cross_stream_reuses() > 0, "memory moved between streams");
     res.inner().check().unwrap();
-    let peak = res.inner().peak_held_bytes();
+    let peak = res.inner().usage().peak_held;
     assert!(peak <= 65 * (8 * MIB) * 9 / 8, "{peak}");
 }

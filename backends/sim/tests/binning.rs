@@ -3,13 +3,14 @@
 use memres_core::binning::{BinPlan, BinningResource, SizeHistogram};
 use memres_core::pool::CoalescingPool;
 use memres_core::testing::SplitMix64;
+use memres_core::Inspect;
 use memres_core::{Block, Error, MemoryResource, Request, Shared};
 use memres_sim::SimDevice;
 use std::sync::Arc;
 
 /// Bytes the binning resource's fixed bins hold from the device.
 fn bins_held<U>(bins: &BinningResource<'_, U>) -> u64 {
-    bins.bin_sizes().iter().filter_map(|&s| bins.fixed_bin(s)).map(|f| f.with(|f| f.pool_size())).sum()
+    bins.bin_sizes().iter().filter_map(|&s| bins.fixed_bin(s)).map(|f| f.with(|f| f.usage().held)).sum()
 }
 
 #[test]
@@ -35,7 +36,7 @@ fn randomized_over_the_device() {
             }
         }
         bins.check().unwrap_or_else(|v| panic!("step {step}: {v}"));
-        assert_eq!(dev.held_bytes(), bins_held(&bins) + large, "step {step}");
+        assert_eq!(dev.usage().held, bins_held(&bins) + large, "step {step}");
         if rng.below(2000) == 0 {
             bins.release(&()).unwrap();
         }
@@ -44,7 +45,7 @@ fn randomized_over_the_device() {
         bins.deallocate(b, &()).unwrap();
     }
     bins.release(&()).unwrap();
-    assert_eq!(dev.held_bytes(), 0);
+    assert_eq!(dev.usage().held, 0);
 }
 
 #[test]
@@ -53,10 +54,10 @@ fn device_failure_and_bad_frees_leave_accounting_exact() {
     let bins = BinningResource::with_exponents(&dev, 8, 10).unwrap();
     let small = bins.allocate(Request::new(300).unwrap(), &()).unwrap();
     let large = bins.allocate(Request::new(5000).unwrap(), &()).unwrap();
-    let held = dev.held_bytes();
+    let held = dev.usage().held;
     dev.fail_nth(1);
     assert!(bins.allocate(Request::new(1024).unwrap(), &()).is_err(), "the 1 KiB bin cannot grow");
-    assert_eq!(dev.held_bytes(), held);
+    assert_eq!(dev.usage().held, held);
     bins.deallocate(small, &()).unwrap();
     bins.deallocate(large, &()).unwrap();
     assert!(matches!(bins.deallocate(small, &()), Err(Error::DoubleFree { .. })));
@@ -64,7 +65,7 @@ fn device_failure_and_bad_frees_leave_accounting_exact() {
     assert!(bins.deallocate(Block::from_addr(SimDevice::BASE + (1 << 40), 64), &()).is_err());
     bins.check().unwrap();
     bins.release(&()).unwrap();
-    assert_eq!(dev.held_bytes(), 0);
+    assert_eq!(dev.usage().held, 0);
 }
 
 #[test]
@@ -98,6 +99,6 @@ fn histogram_bins_over_a_shared_pool_from_threads() {
     bins.release(&()).unwrap();
     pool.with(|p| {
         p.check().unwrap();
-        assert_eq!(p.used_bytes(), 0);
+        assert_eq!(p.usage().used, 0);
     });
 }

@@ -6,7 +6,7 @@ use memres_core::adaptor::Statistics;
 use memres_core::callback::CallbackResource;
 use memres_core::pool::CoalescingPool;
 use memres_core::stack::StackErrorKind;
-use memres_core::{Block, DynResource, Error, MemoryResource, Request, Shared};
+use memres_core::{Block, DynResource, Error, Inspect, MemoryResource, Request, Shared};
 use memres_sim::{builder, SimDevice};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -48,7 +48,7 @@ fn a_leaf_over_the_device_and_a_pool_over_it() {
     let leaf = over(SimDevice::new(1 << 30), 0, 0);
     let b = leaf.allocate(Request::aligned(1000, 4096).unwrap(), &()).unwrap();
     assert_eq!((b.addr() % 4096, b.size()), (0, 1000));
-    assert_eq!(leaf.context().device.held_bytes(), 1024);
+    assert_eq!(leaf.context().device.usage().held, 1024);
     leaf.deallocate(b, &()).unwrap();
     // The device's answer to a double free comes back as it is.
     assert!(matches!(leaf.deallocate(b, &()), Err(Error::DoubleFree { .. } | Error::UnknownBlock { .. })));
@@ -57,9 +57,9 @@ fn a_leaf_over_the_device_and_a_pool_over_it() {
     for b in blocks {
         pool.deallocate(b, &()).unwrap();
     }
-    assert!(leaf.context().device.held_bytes() > 0);
+    assert!(leaf.context().device.usage().held > 0);
     pool.with(|p| p.release(&())).unwrap();
-    assert_eq!(leaf.context().device.held_bytes(), 0, "the pool gave its chunks back through the closure");
+    assert_eq!(leaf.context().device.usage().held, 0, "the pool gave its chunks back through the closure");
 }
 
 #[test]
@@ -68,7 +68,7 @@ fn a_block_that_does_not_answer_the_request_is_given_back_and_refused() {
         let leaf = over(SimDevice::new(1 << 30), shift, grow);
         let calls = leaf.context().device.call_counts();
         assert_eq!(leaf.allocate(req(1000), &()), Err(CallbackResource::<(), (), ()>::BAD_BLOCK), "{what}");
-        assert_eq!(leaf.context().device.held_bytes(), 0, "{what}: given back");
+        assert_eq!(leaf.context().device.usage().held, 0, "{what}: given back");
         assert_eq!(leaf.context().device.call_counts(), (calls.0 + 1, calls.1 + 1), "{what}");
     }
     // Usable after a refusal: a closure that answers wrongly once.
@@ -89,7 +89,7 @@ fn a_block_that_does_not_answer_the_request_is_given_back_and_refused() {
     assert!(leaf.allocate(req(1000), &()).is_err());
     let b = leaf.allocate(req(1000), &()).unwrap();
     leaf.deallocate(b, &()).unwrap();
-    assert_eq!(device.held_bytes(), 0);
+    assert_eq!(device.usage().held, 0);
 }
 
 #[test]
@@ -99,16 +99,16 @@ fn a_stack_uses_one_under_a_name_of_the_programs() {
     b.register_resource("mine", leaf.clone());
     let built = b.build_with_handles("stats(pool(mine, initial=1MiB))", &()).unwrap();
     let x = built.resource.allocate(req(1000), &()).unwrap();
-    assert_eq!(built.get::<Statistics<DynResource>>("stats").unwrap().bytes().value, 1000);
+    assert_eq!(built.get::<Statistics<DynResource>>("stats").unwrap().get_bytes_counter().value, 1000);
     assert_eq!(
-        leaf.context().device.held_bytes(),
+        leaf.context().device.usage().held,
         1 << 20,
         "the pool's initial chunk came through the closure"
     );
     built.resource.deallocate(x, &()).unwrap();
     let pool = built.get::<Shared<CoalescingPool<DynResource>>>("pool").unwrap();
     pool.with(|p| p.release(&())).unwrap();
-    assert_eq!(leaf.context().device.held_bytes(), 0);
+    assert_eq!(leaf.context().device.usage().held, 0);
     // The name takes no arguments: there is nothing a string could say to it.
     let e = b.build("pool(mine(1GiB))", &()).err().unwrap();
     assert_eq!(e.kind, StackErrorKind::ExtraArg, "{e}");

@@ -6,7 +6,7 @@
 use memres_core::adaptor::{Aligned, FailureCallback, Statistics, Tracking};
 use memres_core::device::Registry;
 use memres_core::pool::CoalescingPool;
-use memres_core::{DynResource, Error, MemoryResource, Request, Shared};
+use memres_core::{DynResource, Error, Inspect, MemoryResource, Request, Shared};
 use memres_sim::{builder, SimDevice};
 use std::sync::Arc;
 
@@ -33,7 +33,7 @@ fn clones_of_a_shared_pool_are_equal_and_take_each_others_blocks() {
     assert!(eq(&dynamic, &dynamic.clone()), "through `dyn`");
     let block = a.allocate(req(1000), &()).unwrap();
     b.deallocate(block, &()).unwrap();
-    a.with(|p| assert_eq!(p.used_bytes(), 0));
+    a.with(|p| assert_eq!(p.usage().used, 0));
 }
 
 #[test]
@@ -106,6 +106,6 @@ fn built_stacks_are_equal_to_their_clones_and_to_what_a_registry_hands_back() {
     let b = builder.build("stats(pool(sim))", &()).unwrap();
     assert!(eq(&a, &a.clone()) && !eq(&a, &b));
     let registry = Registry::new();
-    registry.set(0, a.clone());
-    assert!(registry.get::<()>(0).unwrap().is_equal(&a));
+    registry.set_per_device_resource(0, a.clone());
+    assert!(registry.get_per_device_resource::<()>(0).unwrap().is_equal(&a));
 }

@@ -5,7 +5,7 @@
 
 use memres_core::adaptor::{FailureCallback, RetryOn};
 use memres_core::pool::CoalescingPool;
-use memres_core::{Error, MemoryResource, Request, Shared};
+use memres_core::{Error, Inspect, MemoryResource, Request, Shared};
 use memres_sim::SimDevice;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -46,9 +46,9 @@ fn any_error_reaches_the_callback_when_asked_and_the_retry_serves() {
     device.fail_nth(1);
     let b = r.allocate(req(4096), &()).unwrap();
     assert_eq!(r.data().load(Ordering::Relaxed), 1);
-    assert_eq!(device.held_bytes(), 4096);
+    assert_eq!(device.usage().held, 4096);
     r.deallocate(b, &()).unwrap();
-    assert_eq!(device.held_bytes(), 0);
+    assert_eq!(device.usage().held, 0);
 }
 
 #[test]
@@ -65,10 +65,10 @@ fn a_callback_that_gives_up_gets_the_original_typed_error_and_the_resource_serve
     let through = r.allocate(req(2 << 20), &());
     assert!(alone.is_out_of_memory());
     assert_eq!(through, Err(alone));
-    assert_eq!(pool.with(|p| p.used_bytes()), 0, "nothing changed");
+    assert_eq!(pool.with(|p| p.usage().used), 0, "nothing changed");
     let b = r.allocate(req(4096), &()).unwrap();
     r.deallocate(b, &()).unwrap();
-    assert_eq!(pool.with(|p| p.used_bytes()), 0);
+    assert_eq!(pool.with(|p| p.usage().used), 0);
 }
 
 #[test]
@@ -88,7 +88,7 @@ fn retries_are_bounded_by_the_callback_and_by_the_cap() {
     assert_eq!(forever.allocate(req(4096), &()), Err(INJECTED));
     assert_eq!(forever.data().load(Ordering::Relaxed), 6);
     device.fail_nth(0);
-    assert_eq!(device.held_bytes(), 0);
+    assert_eq!(device.usage().held, 0);
     let b = forever.allocate(req(4096), &()).unwrap();
     forever.deallocate(b, &()).unwrap();
 }

@@ -38,7 +38,7 @@ fn the_setting_logs_each_devices_stack_to_its_own_file_in_rmms_format() {
         let log = log_from_env(&built.resource, Some(value.as_os_str()), device).unwrap().unwrap();
         let logged: DynResource = log.clone();
         exercise(&logged);
-        assert_eq!(built.get::<Statistics<DynResource>>("stats").unwrap().allocations().total, 2);
+        assert_eq!(built.get::<Statistics<DynResource>>("stats").unwrap().get_allocations_counter().total, 2);
         log.flush().unwrap();
         let file = dir.join(format!("trace.dev{device}.csv"));
         let rows = read_all(BufReader::new(std::fs::File::open(&file).unwrap())).unwrap();

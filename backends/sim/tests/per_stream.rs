@@ -7,6 +7,7 @@ use memres_core::per_stream::{PerStreamPool, PoolMaker};
 use memres_core::pool::{CoalescingPool, Growth, PoolConfig};
 use memres_core::stream_ordered::StreamOrdered;
 use memres_core::testing::SplitMix64;
+use memres_core::Inspect;
 use memres_core::{Block, DynResource, Error, MemoryResource, Request, Shared, Stream};
 use memres_sim::{builder, HbChecked, SimDevice, SimStream, SimWorld};
 use std::sync::Arc;
@@ -43,7 +44,7 @@ fn rig(capacity: u64, streams: usize) -> Rig {
     let device = Arc::new(SimDevice::new(capacity));
     let inner = CoalescingPool::with_config(device, config(), &()).unwrap();
     let upstream = Arc::new(Shared::new(StreamOrdered::new(inner)));
-    let layer = PerStreamPool::new(PoolMaker::new(upstream.clone(), config()).unwrap());
+    let layer = PerStreamPool::new(PoolMaker::with_config(upstream.clone(), config()).unwrap());
     let res = HbChecked::new(Shared::new(layer)).panicking();
     Rig { world, streams, upstream, res }
 }
@@ -56,12 +57,12 @@ impl Rig {
     /// The layer's invariants, and exact accounting from the caller down
     /// to the upstream.
     fn check(&self, live: &[(Block, usize)]) {
-        let held = self.upstream.with(|u| u.live_bytes());
+        let held = self.upstream.with(|u| u.usage().used);
         self.layer(|l| {
             l.check().unwrap();
-            assert_eq!(l.pool_size(), held, "the pools hold what the upstream lent");
+            assert_eq!(l.usage().held, held, "the pools hold what the upstream lent");
             let used: u64 = live.iter().map(|(b, _)| b.size().div_ceil(256) * 256).sum();
-            assert_eq!(l.used_bytes(), used, "the pools hand out what the caller holds");
+            assert_eq!(l.usage().used, used, "the pools hand out what the caller holds");
         });
     }
 }
@@ -217,14 +218,14 @@ fn drive(rig: &Rig, seed: u64, steps: usize) -> memres_core::per_stream::Stats {
                     }
                     _ => (stale[rng.below(stale.len() as u64) as usize], true),
                 };
-                let before = rig.layer(|l| (l.pool_size(), l.used_bytes(), l.stats()));
+                let before = rig.layer(|l| (l.usage().held, l.usage().used, l.stats()));
                 let err = rig.res.deallocate(bad, stream).unwrap_err();
                 if double {
                     assert!(matches!(err, Error::DoubleFree { .. } | Error::UnknownBlock { .. }), "{err}");
                 } else {
                     assert!(matches!(err, Error::SizeMismatch { .. }), "{err}");
                 }
-                assert_eq!(rig.layer(|l| (l.pool_size(), l.used_bytes(), l.stats())), before);
+                assert_eq!(rig.layer(|l| (l.usage().held, l.usage().used, l.stats())), before);
             }
             85..=89 => {
                 stream.enqueue();
@@ -249,7 +250,7 @@ fn drive(rig: &Rig, seed: u64, steps: usize) -> memres_core::per_stream::Stats {
         rig.res.deallocate(b, &rig.streams[s]).unwrap();
     }
     rig.check(&blocks);
-    assert_eq!(rig.layer(|l| l.used_bytes()), 0);
+    assert_eq!(rig.layer(|l| l.usage().used), 0);
     rig.layer(|l| l.stats())
 }
 

@@ -10,6 +10,7 @@ use memres_core::stack::{OnStream, StackBuilder, StackError, StackErrorKind};
 use memres_core::testing::{IdStream, SplitMix64};
 use memres_core::trace::read_all;
 use memres_core::vpool::VirtualPool;
+use memres_core::Inspect;
 use memres_core::{Block, DynResource, Error, MemoryResource, Request, Shared, StreamOrdered};
 use memres_sim::{builder, HostMemory, SimAddressSpace, SimDevice};
 use std::sync::Arc;
@@ -206,20 +207,20 @@ fn all_adaptors_stacked_randomized() {
         }
         peak = peak.max(live.bytes());
         assert_eq!(
-            stats.bytes(),
+            stats.get_bytes_counter(),
             Counter { value: live.bytes() as i64, peak: peak as i64, total: total as i64 }
         );
-        assert_eq!(tracked.outstanding_count(), live.len());
-        assert_eq!(limited.used(), pool.with(|p| p.used_bytes()));
+        assert_eq!(tracked.get_outstanding_allocations().count(), live.len());
+        assert_eq!(limited.get_allocated_bytes(), pool.with(|p| p.usage().used));
         pool.with(|p| p.check()).unwrap_or_else(|v| panic!("step {step}: {v}"));
     }
-    assert_eq!(tracked.outstanding_bytes(), live.bytes());
+    assert_eq!(tracked.get_allocated_bytes(), live.bytes());
     for b in blocks.drain(..) {
         log.deallocate(b, &()).unwrap();
         ops += 1;
     }
-    assert!(tracked.report().is_empty());
-    assert_eq!(pool.with(|p| p.pool_size()), pool.with(|p| p.upstream().held_bytes()));
+    assert!(tracked.get_outstanding_allocations().is_empty());
+    assert_eq!(pool.with(|p| p.usage().held), pool.with(|p| p.upstream().usage().held));
     let rows = read_all(&log.into_parts().1[..]).unwrap();
     assert_eq!(rows.len(), ops);
 }
@@ -234,10 +235,10 @@ fn pool_granule_and_release_apply() {
         // A small block, then one too large for the first chunk: the
         // first block's chunk is wholly free when the pool grows.
         let a = r.allocate(req(1000), &()).unwrap();
-        let first = pool.with(|p| p.pool_size());
+        let first = pool.with(|p| p.usage().held);
         r.deallocate(a, &()).unwrap();
         let b = r.allocate(req(first + 1), &()).unwrap();
-        let sizes = (first, pool.with(|p| (p.pool_size(), p.chunk_count())));
+        let sizes = (first, pool.with(|p| (p.usage().held, p.chunk_count())));
         r.deallocate(b, &()).unwrap();
         sizes
     };
@@ -267,11 +268,11 @@ fn builds_the_new_resources() {
         "fixed(sim, 1MiB)",
         "fixed(pool(sim), size=64KiB, blocks=16)",
         "binning(sim)",
-        "binning(pool(sim), min=10, max=20)",
+        "binning(pool(sim), min_bin=1KiB, max_bin=1MiB)",
         "arena(sim)",
         "arena(sim, initial=64MiB, superblock=1MiB)",
         "vpool(sim)",
-        "vpool(sim(8GiB), reserve=1GiB, keep=16MiB, granule=64KiB)",
+        "vpool(sim(8GiB), reserve=1GiB, release_threshold=16MiB, granule=64KiB)",
         "pool(vpool(sim))",
         "stats(binning(pool(sim)))",
     ] {
@@ -289,32 +290,34 @@ fn builds_the_new_resources() {
 
 #[test]
 fn new_resources_keep_typed_handles_and_route_as_configured() {
-    let built = builder::<()>().build_with_handles("binning(sim(1GiB), min=10, max=12)", &()).unwrap();
+    let built =
+        builder::<()>().build_with_handles("binning(sim(1GiB), min_bin=1KiB, max_bin=4KiB)", &()).unwrap();
     let bins = built.get::<BinningResource<'static, DynResource, ()>>("binning").unwrap();
     assert_eq!(bins.bin_sizes(), &[1024, 2048, 4096]);
     let sim = built.get::<SimDevice>("sim").unwrap();
     let big = built.resource.allocate(req(1 << 20), &()).unwrap();
-    assert_eq!(sim.held_bytes(), 1 << 20); // above the bins: straight upstream
+    assert_eq!(sim.usage().held, 1 << 20); // above the bins: straight upstream
     built.resource.deallocate(big, &()).unwrap();
 
-    let built = builder::<()>().build_with_handles("vpool(sim, reserve=1GiB, keep=0)", &()).unwrap();
+    let built =
+        builder::<()>().build_with_handles("vpool(sim, reserve=1GiB, release_threshold=0)", &()).unwrap();
     let v = built.get::<Shared<VirtualPool<SimAddressSpace>>>("vpool").unwrap();
     let b = built.resource.allocate(req(3 << 20), &()).unwrap();
-    assert_eq!(v.with(|v| (v.reserved_bytes(), v.committed_bytes())), (1 << 30, 4 << 20));
+    assert_eq!(v.with(|v| (v.reserved_bytes(), v.usage().held)), (1 << 30, 4 << 20));
     built.resource.deallocate(b, &()).unwrap();
 
     let built = builder::<()>().build_with_handles("arena(host)", &()).unwrap();
     let b = built.resource.allocate(req(5000), &()).unwrap();
-    assert!(built.get::<HostMemory>("host").unwrap().held_bytes() >= 5000);
-    assert!(built.get::<ArenaResource<DynResource>>("arena").unwrap().used_bytes() >= 5000);
+    assert!(built.get::<HostMemory>("host").unwrap().usage().held >= 5000);
+    assert!(built.get::<ArenaResource<DynResource>>("arena").unwrap().usage().used >= 5000);
     built.resource.deallocate(b, &()).unwrap();
 }
 
 #[test]
 fn new_resources_reject_bad_arguments_where_they_are() {
     for (text, pos) in [
-        ("binning(sim, min=x)", 17),
-        ("binning(sim, min=22, max=18)", 0),
+        ("binning(sim, min_bin=x)", 21),
+        ("binning(sim, min_bin=4MiB, max_bin=256KiB)", 0),
         ("fixed(sim, size=lots)", 16),
         ("fixed(sim, 1MiB, size=1MiB)", 22),
         ("vpool(pool(sim))", 6),
@@ -360,12 +363,12 @@ fn per_stream_pools_take_the_pool_options_and_refuse_a_maximum() {
     let built = builder().build_with_handles(text, &world.default_stream()).unwrap();
     let pools = built.get::<Pools>("pool").unwrap();
     // The initial size is the build stream's pool.
-    assert_eq!(pools.with(|p| (p.stream_count(), p.pool_size())), (1, 64 << 20));
+    assert_eq!(pools.with(|p| (p.stream_count(), p.usage().held)), (1, 64 << 20));
     assert!(pools.with(|p| p.pool_of(0).is_some()));
     let x = built.resource.allocate(req(1000), &a).unwrap();
     let y = built.resource.allocate(req(1000), &b).unwrap();
     // One pool per stream, each growing by the granule given.
-    assert_eq!(pools.with(|p| (p.stream_count(), p.pool_size())), (3, (64 << 20) + (2 << 20)));
+    assert_eq!(pools.with(|p| (p.stream_count(), p.usage().held)), (3, (64 << 20) + (2 << 20)));
     built.resource.deallocate(x, &a).unwrap();
     built.resource.deallocate(y, &b).unwrap();
     pools.with(|p| p.check()).unwrap();

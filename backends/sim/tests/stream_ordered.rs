@@ -5,6 +5,7 @@ use memres_core::check::LiveBlocks;
 use memres_core::pool::{CoalescingPool, PoolConfig};
 use memres_core::stream_ordered::{CrossStream, StreamOrdered};
 use memres_core::testing::SplitMix64;
+use memres_core::Inspect;
 use memres_core::{Block, Error, MemoryResource, MemoryResourceMut, Request, Shared, Stream};
 use memres_sim::{HbChecked, SimDevice, SimStream, SimWorld};
 use std::sync::Arc;
@@ -28,7 +29,7 @@ fn rig(capacity: u64, streams: usize, cross: CrossStream, panicking: bool) -> Ri
     let streams = (0..streams).map(|_| world.stream()).collect();
     let device = Arc::new(SimDevice::new(capacity));
     let pool = CoalescingPool::new(device.clone());
-    let checked = HbChecked::new(Shared::new(StreamOrdered::with_cross_stream(pool, cross)));
+    let checked = HbChecked::new(Shared::new(StreamOrdered::new(pool).with_cross_stream(cross)));
     let res = if panicking { checked.panicking() } else { checked };
     Rig { world, streams, device, res }
 }
@@ -44,8 +45,8 @@ impl Rig {
         self.layer(|l| {
             l.check().unwrap();
             let pool = l.inner();
-            assert_eq!(l.live_bytes() + l.listed_bytes(), pool.used_bytes());
-            assert_eq!(pool.pool_size(), self.device.held_bytes());
+            assert_eq!(l.usage().used + l.listed_bytes(), pool.usage().used);
+            assert_eq!(pool.usage().held, self.device.usage().held);
             assert_eq!(l.live_count(), live.len());
         });
     }
@@ -101,10 +102,10 @@ fn drive(rig: &Rig, seed: u64, steps: usize) -> usize {
             }
             85 if !stale.is_empty() => {
                 let b = stale[rng.below(stale.len() as u64) as usize];
-                let before = rig.layer(|l| (l.live_count(), l.live_bytes(), l.listed_bytes()));
+                let before = rig.layer(|l| (l.live_count(), l.usage().used, l.listed_bytes()));
                 let err = rig.res.deallocate(b, stream).unwrap_err();
                 assert!(matches!(err, Error::DoubleFree { .. } | Error::UnknownBlock { .. }), "{err}");
-                assert_eq!(rig.layer(|l| (l.live_count(), l.live_bytes(), l.listed_bytes())), before);
+                assert_eq!(rig.layer(|l| (l.live_count(), l.usage().used, l.listed_bytes())), before);
             }
             85..=89 => {
                 stream.enqueue();
@@ -148,9 +149,9 @@ fn randomized_four_streams_checked_after_every_step() {
     assert!(rig.res.ordered_cross_stream_reuses() > 0);
     // Everything can go back to the device.
     rig.layer(|l| l.synchronize_and_merge()).unwrap();
-    let released = rig.layer(|l| l.inner().pool_size());
-    assert_eq!(rig.layer(|l| l.inner().used_bytes()), 0);
-    assert_eq!(rig.device.held_bytes(), released);
+    let released = rig.layer(|l| l.inner().usage().held);
+    assert_eq!(rig.layer(|l| l.inner().usage().used), 0);
+    assert_eq!(rig.device.usage().held, released);
 }
 
 #[test]
@@ -225,12 +226,12 @@ fn free_of_another_resources_block_is_an_error_and_changes_nothing() {
     let mine = rig.res.allocate(req(1024), a).unwrap();
     let mut live = LiveBlocks::new();
     live.insert(mine, req(1024)).unwrap();
-    let before = rig.layer(|l| (l.live_count(), l.live_bytes(), l.listed_bytes(), l.inner().used_bytes()));
+    let before = rig.layer(|l| (l.live_count(), l.usage().used, l.listed_bytes(), l.inner().usage().used));
     for foreign in other {
         let err = rig.res.deallocate(foreign, a).unwrap_err();
         assert!(matches!(err, Error::UnknownBlock { .. }), "{err}");
         assert_eq!(
-            rig.layer(|l| (l.live_count(), l.live_bytes(), l.listed_bytes(), l.inner().used_bytes())),
+            rig.layer(|l| (l.live_count(), l.usage().used, l.listed_bytes(), l.inner().usage().used)),
             before
         );
         rig.check(&live);
@@ -262,7 +263,7 @@ fn device_failure_in_a_cross_stream_transfer_loses_nothing() {
     assert_eq!(listed, 8 * (64 << 10));
     // b needs more than the pool's first chunk holds: the pool must grow,
     // and the device fails.
-    let held = rig.device.held_bytes();
+    let held = rig.device.usage().held;
     rig.device.fail_nth(1);
     let err = rig.res.allocate(req(held), b).unwrap_err();
     assert!(matches!(err, Error::Backend { .. }), "{err}");
@@ -317,7 +318,7 @@ fn out_of_memory_after_the_last_resort_keeps_exact_accounting() {
     let mut live = LiveBlocks::new();
     live.insert(keep, req(64 << 10)).unwrap();
     rig.check(&live);
-    assert_eq!(rig.layer(|l| (l.listed_bytes(), l.inner().used_bytes())), (0, 64 << 10));
+    assert_eq!(rig.layer(|l| (l.listed_bytes(), l.inner().usage().used)), (0, 64 << 10));
     // What fits does: the merged blocks coalesced in the pool.
     let big = rig.res.allocate(req(15 * (64 << 10)), b).unwrap();
     assert!(a.is_observed(a.id(), a.position()));
@@ -338,7 +339,7 @@ fn pool_with_maximum_size_under_the_layer() {
     assert!(layer.allocate(req(256), &s).unwrap_err().is_out_of_memory());
     layer.deallocate(x, &s).unwrap();
     layer.check().unwrap();
-    assert_eq!(device.held_bytes(), 1 << 20);
+    assert_eq!(device.usage().held, 1 << 20);
 }
 
 #[test]
@@ -406,7 +407,8 @@ fn non_blocking_streams_are_not_ordered_by_the_default_stream() {
     let world = SimWorld::new();
     let a = world.non_blocking_stream();
     let device = Arc::new(SimDevice::new(1 << 20));
-    let layer: Layer = StreamOrdered::with_cross_stream(CoalescingPool::new(device), CrossStream::Unordered);
+    let layer: Layer =
+        StreamOrdered::new(CoalescingPool::new(device)).with_cross_stream(CrossStream::Unordered);
     let res = HbChecked::new(Shared::new(layer));
     let default = world.default_stream();
     let x = res.allocate(req(4096), &a).unwrap();

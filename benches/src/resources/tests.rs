@@ -5,6 +5,7 @@ use crate::typed::{run_typed, OneThread, WithReplayer};
 use crate::workload::{generate, parse_trace, SizeLaw};
 use memres_core::pool::CoalescingPool;
 use memres_core::stack::parse;
+use memres_core::Inspect;
 use memres_core::{Block, Error};
 use memres_sim::{SimDevice, SimWorld};
 use std::collections::BTreeMap;
@@ -121,13 +122,13 @@ fn pool_replays_correctly_over_both_upstreams() {
     let device = Arc::new(SimDevice::new(1 << 40));
     let leaf = device.clone();
     let mut r = StreamReplayer::new(CoalescingPool::new(device), vec![SimWorld::new().stream()], move |_| {
-        leaf.peak_held_bytes()
+        leaf.usage().peak_held
     });
     let mut handles = vec![Block::EMPTY; w.ids as usize];
     pass(&mut r, &w, &mut handles).unwrap();
     r.inner.check().unwrap();
-    assert_eq!(r.inner.used_bytes(), 0);
-    assert_eq!(r.peak_upstream(), r.inner.peak_pool_size());
+    assert_eq!(r.inner.usage().used, 0);
+    assert_eq!(r.peak_upstream(), r.inner.usage().peak_held);
 }
 
 #[test]

@@ -122,6 +122,8 @@ impl<S: Stream + ?Sized, R: MemoryResource<S>> MemoryResource<S> for Aligned<R> 
     }
 }
 
+crate::inspect::forward_inspect!(Aligned<R>, upstream);
+
 // SAFETY: `Aligned` hands out `R`'s blocks unchanged (asked of `R` with a
 // larger alignment) and gives them back only through `R::deallocate`.
 unsafe impl<E, R: crate::copy::MemoryOf<E>> crate::copy::MemoryOf<E> for Aligned<R> {}

@@ -222,6 +222,8 @@ where
     }
 }
 
+crate::inspect::forward_inspect!(FailureCallback<R, T, F>, upstream);
+
 // SAFETY: `FailureCallback` hands out `R`'s blocks unchanged and gives them back only through
 // `R::deallocate`.
 unsafe impl<E, R: crate::copy::MemoryOf<E>, T, F> crate::copy::MemoryOf<E> for FailureCallback<R, T, F> {}

@@ -21,7 +21,7 @@ use alloc::sync::Arc;
 /// g.add(300);
 /// g.sub(100);
 /// g.add(50);
-/// assert_eq!((g.current(), g.peak(), g.total()), (250, 300, 350));
+/// assert_eq!((g.value(), g.peak(), g.total()), (250, 300, 350));
 /// ```
 #[derive(Debug, Default)]
 pub struct Gauge {
@@ -55,18 +55,18 @@ impl Gauge {
     /// not counted in the total a second time.
     #[cfg(feature = "alloc")]
     #[inline]
-    pub(super) fn unsub(&self, n: u64) {
+    pub(crate) fn unsub(&self, n: u64) {
         raise(&self.peak, self.current.fetch_add(n, Relaxed).wrapping_add(n));
     }
 
-    /// Held now.
-    pub fn current(&self) -> u64 {
+    /// Held now (a [`Counter`](super::Counter)'s `value`).
+    pub fn value(&self) -> u64 {
         self.current.load(Relaxed)
     }
 
     /// The most held at once.
     pub fn peak(&self) -> u64 {
-        signed_max(self.peak.load(Relaxed), self.current())
+        signed_max(self.peak.load(Relaxed), self.value())
     }
 
     /// Everything ever added.
@@ -148,10 +148,10 @@ pub(super) fn signed_max(a: u64, b: u64) -> u64 {
 /// let (a, b) = (Counted::new(BumpUpstream::new(1 << 20), gauge.clone()), Counted::new(BumpUpstream::new(1 << 20), gauge.clone()));
 /// let x = a.allocate(Request::new(1000)?, &())?;
 /// let y = b.allocate(Request::new(3000)?, &())?;
-/// assert_eq!(gauge.current(), 4000);
+/// assert_eq!(gauge.value(), 4000);
 /// a.deallocate(x, &())?;
 /// b.deallocate(y, &())?;
-/// assert_eq!((gauge.current(), gauge.peak(), gauge.total()), (0, 4000, 4000));
+/// assert_eq!((gauge.value(), gauge.peak(), gauge.total()), (0, 4000, 4000));
 /// # Ok::<(), memres_core::Error>(())
 /// ```
 #[cfg(feature = "alloc")]
@@ -192,6 +192,9 @@ impl<S: Stream + ?Sized, R: MemoryResource<S>> MemoryResource<S> for Counted<R> 
         self.inner.deallocate(block, stream).inspect_err(|_| self.gauge.unsub(block.size()))
     }
 }
+
+#[cfg(feature = "alloc")]
+crate::inspect::forward_inspect!(Counted<R>, inner);
 
 #[cfg(feature = "alloc")]
 // SAFETY: `Counted` hands out `R`'s blocks unchanged and gives them back only

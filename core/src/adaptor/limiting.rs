@@ -1,8 +1,9 @@
 //! RMM's `limiting_resource_adaptor`: a byte limit.
 
+use crate::check::Violation;
 use crate::lock::Shared;
 use crate::primitive::{AtomicU64, Ordering::Relaxed};
-use crate::{Block, Error, MemoryResource, Request, Result, Stream};
+use crate::{Block, Error, Inspect, MemoryResource, Request, Result, Stream, Usage};
 use alloc::collections::BTreeMap;
 
 /// Refuses allocations that would take the bytes in use above a limit: RMM's
@@ -49,11 +50,11 @@ use alloc::collections::BTreeMap;
 /// # use memres_core::testing::BumpUpstream;
 /// let limited = Limiting::new(BumpUpstream::new(1 << 30), 4096);
 /// let a = limited.allocate(Request::new(4000)?, &())?;
-/// assert_eq!(limited.used(), 4096);
+/// assert_eq!(limited.get_allocated_bytes(), 4096);
 /// let err = limited.allocate(Request::new(1)?, &()).unwrap_err();
 /// assert_eq!(err, Error::LimitExceeded { requested: 1, used: 4096, limit: 4096 });
 /// limited.deallocate(a, &())?;
-/// assert_eq!(limited.used(), 0);
+/// assert_eq!(limited.get_allocated_bytes(), 0);
 /// # Ok::<(), Error>(())
 /// ```
 #[derive(Debug)]
@@ -77,40 +78,42 @@ impl<R> Limiting<R> {
     /// ```
     /// # use memres_core::adaptor::Limiting;
     /// let l = Limiting::new((), 1 << 20);
-    /// assert_eq!(l.limit(), 1 << 20);
+    /// assert_eq!(l.get_allocation_limit(), 1 << 20);
     /// ```
     pub fn new(upstream: R, limit: u64) -> Self {
         Limiting { upstream, limit, used: AtomicU64::new(0), charged: Shared::new(BTreeMap::new()) }
     }
 
-    /// The limit in bytes.
+    /// The limit in bytes (RMM's `get_allocation_limit`).
     ///
     /// ```
     /// # use memres_core::adaptor::Limiting;
-    /// assert_eq!(Limiting::new((), 0).limit(), 0);
+    /// assert_eq!(Limiting::new((), 0).get_allocation_limit(), 0);
     /// ```
-    pub fn limit(&self) -> u64 {
+    pub fn get_allocation_limit(&self) -> u64 {
         self.limit
     }
 
-    /// Bytes in use (sizes rounded up to [`GRANULE`](Self::GRANULE)),
-    /// including requests in flight.
+    /// Bytes counted against the limit: the live blocks' sizes rounded up
+    /// to [`GRANULE`](Self::GRANULE), and the requests in flight (RMM's
+    /// `get_allocated_bytes`).
     ///
     /// ```
     /// # use memres_core::adaptor::Limiting;
-    /// assert_eq!(Limiting::new((), 10).used(), 0);
+    /// assert_eq!(Limiting::new((), 10).get_allocated_bytes(), 0);
     /// ```
-    pub fn used(&self) -> u64 {
+    pub fn get_allocated_bytes(&self) -> u64 {
         self.used.load(Relaxed)
     }
 
     /// The upstream resource.
     ///
     /// ```
+    /// # use memres_core::Inspect;
     /// # use memres_core::adaptor::Limiting;
     /// # use memres_core::testing::BumpUpstream;
     /// let l = Limiting::new(BumpUpstream::new(1 << 20), 10);
-    /// assert_eq!(l.upstream().outstanding(), 0);
+    /// assert_eq!(l.upstream().usage().held, 0);
     /// ```
     pub fn upstream(&self) -> &R {
         &self.upstream
@@ -164,6 +167,22 @@ impl<S: Stream + ?Sized, R: MemoryResource<S>> MemoryResource<S> for Limiting<R>
         })?;
         self.used.fetch_sub(charge, Relaxed);
         Ok(())
+    }
+}
+
+/// The upstream's figures; the checker also checks that the bytes in use
+/// are the sum of the charges of the blocks live through the adaptor.
+impl<R: Inspect> Inspect for Limiting<R> {
+    fn usage(&self) -> Usage {
+        self.upstream.usage()
+    }
+
+    fn check(&self) -> core::result::Result<(), Violation> {
+        let charged: u64 = self.charged.with(|t| t.values().sum());
+        if charged != self.used.load(Relaxed) {
+            return Err(Violation::new("bytes in use under the limit differ from the charges"));
+        }
+        self.upstream.check()
     }
 }
 

@@ -205,6 +205,8 @@ where
     }
 }
 
+crate::inspect::forward_inspect!(Logging<R, W: Write>, upstream);
+
 // SAFETY: `Logging` hands out `R`'s blocks unchanged and gives them back only
 // through `R::deallocate`.
 unsafe impl<E, R: crate::copy::MemoryOf<E>, W: Write> crate::copy::MemoryOf<E> for Logging<R, W> {}

@@ -3,7 +3,7 @@
 
 use super::*;
 use crate::testing::BumpUpstream;
-use crate::{MemoryResource, Request};
+use crate::{Inspect, MemoryResource, Request};
 use alloc::sync::Arc;
 use loom::thread;
 
@@ -26,10 +26,10 @@ fn statistics_peak_exact() {
         };
         let a = s.allocate(Request::new(256).unwrap(), &()).unwrap();
         let b = t.join().unwrap();
-        assert_eq!(s.bytes(), Counter { value: 768, peak: 768, total: 768 });
+        assert_eq!(s.get_bytes_counter(), Counter { value: 768, peak: 768, total: 768 });
         s.deallocate(a, &()).unwrap();
         s.deallocate(b, &()).unwrap();
-        assert_eq!(s.bytes(), Counter { value: 0, peak: 768, total: 768 });
+        assert_eq!(s.get_bytes_counter(), Counter { value: 0, peak: 768, total: 768 });
     });
 }
 
@@ -46,7 +46,7 @@ fn limiting_one_winner() {
         let mine = l.allocate(Request::new(512).unwrap(), &()).is_ok();
         let theirs = t.join().unwrap();
         assert!(mine ^ theirs);
-        assert_eq!(l.used(), 512);
-        assert_eq!(l.upstream().outstanding(), 512);
+        assert_eq!(l.get_allocated_bytes(), 512);
+        assert_eq!(l.upstream().usage().held, 512);
     });
 }

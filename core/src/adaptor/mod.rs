@@ -27,7 +27,7 @@
 //! let pool = Shared::new(CoalescingPool::new(BumpUpstream::new(1 << 30)));
 //! let stack = Statistics::new(Limiting::new(&pool, 1 << 20));
 //! let b = stack.allocate(Request::new(1000)?, &())?;
-//! assert_eq!(stack.bytes().value, 1000);
+//! assert_eq!(stack.get_bytes_counter().value, 1000);
 //! stack.deallocate(b, &())?;
 //! # Ok(())
 //! # }

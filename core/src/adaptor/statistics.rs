@@ -126,12 +126,12 @@ struct Level {
 /// let b = stats.allocate(Request::new(24)?, &())?;
 /// let (bytes, count) = stats.pop_counters()?;
 /// assert_eq!((bytes.value, count.value), (24, 1));
-/// assert_eq!(stats.bytes().value, 1024);
+/// assert_eq!(stats.get_bytes_counter().value, 1024);
 /// assert!(stats.pop_counters().is_err()); // the base level stays
 /// stats.deallocate(a, &())?;
 /// stats.deallocate(b, &())?;
-/// assert_eq!(stats.bytes().peak, 1024);
-/// assert_eq!(stats.allocations().total, 2);
+/// assert_eq!(stats.get_bytes_counter().peak, 1024);
+/// assert_eq!(stats.get_allocations_counter().total, 2);
 /// # Ok(())
 /// # }
 /// ```
@@ -153,7 +153,7 @@ impl<R> Statistics<R> {
     /// # use memres_core::adaptor::Statistics;
     /// # use memres_core::testing::BumpUpstream;
     /// let s = Statistics::new(BumpUpstream::new(1 << 20));
-    /// assert_eq!(s.bytes().value, 0);
+    /// assert_eq!(s.get_bytes_counter().value, 0);
     /// ```
     pub fn new(upstream: R) -> Self {
         Statistics {
@@ -167,10 +167,11 @@ impl<R> Statistics<R> {
     /// The upstream resource.
     ///
     /// ```
+    /// # use memres_core::Inspect;
     /// # use memres_core::adaptor::Statistics;
     /// # use memres_core::testing::BumpUpstream;
     /// let s = Statistics::new(BumpUpstream::new(1 << 20));
-    /// assert_eq!(s.upstream().outstanding(), 0);
+    /// assert_eq!(s.upstream().usage().held, 0);
     /// ```
     pub fn upstream(&self) -> &R {
         &self.upstream
@@ -179,10 +180,11 @@ impl<R> Statistics<R> {
     /// The upstream resource, by value.
     ///
     /// ```
+    /// # use memres_core::Inspect;
     /// # use memres_core::adaptor::Statistics;
     /// # use memres_core::testing::BumpUpstream;
     /// let up = Statistics::new(BumpUpstream::new(1 << 20)).into_inner();
-    /// assert_eq!(up.outstanding(), 0);
+    /// assert_eq!(up.usage().held, 0);
     /// ```
     pub fn into_inner(self) -> R {
         self.upstream
@@ -196,7 +198,8 @@ impl<R> Statistics<R> {
         (Base::default(), Base::default())
     }
 
-    /// Bytes (requested sizes) of the current level: live now, peak, total.
+    /// Bytes (requested sizes) of the current level: live now, peak, total
+    /// (RMM's `get_bytes_counter`).
     ///
     /// ```
     /// # use memres_core::adaptor::Statistics;
@@ -205,15 +208,16 @@ impl<R> Statistics<R> {
     /// let s = Statistics::new(BumpUpstream::new(1 << 20));
     /// let b = s.allocate(Request::new(100)?, &())?;
     /// s.deallocate(b, &())?;
-    /// let c = s.bytes();
+    /// let c = s.get_bytes_counter();
     /// assert_eq!((c.value, c.peak, c.total), (0, 100, 100));
     /// # Ok::<(), memres_core::Error>(())
     /// ```
-    pub fn bytes(&self) -> Counter {
+    pub fn get_bytes_counter(&self) -> Counter {
         self.hot.bytes.counter(self.bases().0)
     }
 
-    /// Number of allocations of the current level: live now, peak, total.
+    /// Number of allocations of the current level: live now, peak, total
+    /// (RMM's `get_allocations_counter`).
     ///
     /// ```
     /// # use memres_core::adaptor::Statistics;
@@ -221,11 +225,11 @@ impl<R> Statistics<R> {
     /// # use memres_core::testing::BumpUpstream;
     /// let s = Statistics::new(BumpUpstream::new(1 << 20));
     /// let b = s.allocate(Request::new(100)?, &())?;
-    /// assert_eq!(s.allocations().value, 1);
+    /// assert_eq!(s.get_allocations_counter().value, 1);
     /// # s.deallocate(b, &())?;
     /// # Ok::<(), memres_core::Error>(())
     /// ```
-    pub fn allocations(&self) -> Counter {
+    pub fn get_allocations_counter(&self) -> Counter {
         self.hot.count.counter(self.bases().1)
     }
 }
@@ -255,7 +259,7 @@ impl<R> Statistics<R> {
     /// let a = s.allocate(Request::new(256)?, &())?;
     /// let (outer, _) = s.push_counters();
     /// assert_eq!(outer.value, 256);
-    /// assert_eq!(s.bytes().value, 0);
+    /// assert_eq!(s.get_bytes_counter().value, 0);
     /// # s.deallocate(a, &())?;
     /// # Ok::<(), memres_core::Error>(())
     /// ```
@@ -298,7 +302,7 @@ impl<R> Statistics<R> {
     /// s.deallocate(a, &())?;
     /// let (bytes, count) = s.pop_counters()?;
     /// assert_eq!((bytes.value, bytes.peak, count.total), (0, 512, 1));
-    /// assert_eq!(s.bytes().peak, 512);
+    /// assert_eq!(s.get_bytes_counter().peak, 512);
     /// # Ok::<(), memres_core::Error>(())
     /// ```
     pub fn pop_counters(&self) -> Result<(Counter, Counter)> {
@@ -331,7 +335,7 @@ impl<R> Statistics<R> {
 /// let pool = Shared::new(Statistics::new(CoalescingPool::new(BumpUpstream::new(1 << 20))));
 /// let b = pool.allocate(Request::new(1000)?, &())?;
 /// pool.deallocate(b, &())?;
-/// assert_eq!(pool.with(|s| (s.bytes().peak, s.bytes().value)), (1000, 0));
+/// assert_eq!(pool.with(|s| (s.get_bytes_counter().peak, s.get_bytes_counter().value)), (1000, 0));
 /// # Ok::<(), memres_core::Error>(())
 /// ```
 impl<S: Stream + ?Sized, R: crate::MemoryResourceMut<S>> crate::MemoryResourceMut<S> for Statistics<R> {
@@ -385,6 +389,8 @@ impl<S: Stream + ?Sized, R: MemoryResource<S>> MemoryResource<S> for Statistics<
         result
     }
 }
+
+crate::inspect::forward_inspect!(Statistics<R>, upstream);
 
 // SAFETY: `Statistics` (as a `MemoryResource` and as a `MemoryResourceMut`)
 // hands out `R`'s blocks unchanged and gives them back only through

@@ -4,6 +4,7 @@ use super::*;
 use crate::check::LiveBlocks;
 use crate::pool::{CoalescingPool, PoolConfig};
 use crate::testing::{BumpUpstream, SplitMix64};
+use crate::Inspect;
 use crate::{Block, Error, MemoryResource, Request, Shared};
 use alloc::string::ToString;
 use alloc::sync::Arc;
@@ -51,9 +52,12 @@ fn statistics_peak_survives_a_free_of_more_bytes_than_asked() {
     let b = s.allocate(req(3073), &()).unwrap();
     s.deallocate(a, &()).unwrap();
     s.deallocate(Block::new(b.addr(), 3328, b.tag()), &()).unwrap();
-    assert_eq!(s.bytes().value, 188 + 3073 - 188 - 3328);
+    assert_eq!(s.get_bytes_counter().value, 188 + 3073 - 188 - 3328);
     let c = s.allocate(req(100), &()).unwrap();
-    assert_eq!(s.bytes(), Counter { value: 100 - 255, peak: 188 + 3073, total: 188 + 3073 + 100 });
+    assert_eq!(
+        s.get_bytes_counter(),
+        Counter { value: 100 - 255, peak: 188 + 3073, total: 188 + 3073 + 100 }
+    );
     s.deallocate(c, &()).unwrap();
 }
 
@@ -63,17 +67,17 @@ fn statistics_counts_bytes_and_allocations() {
     let a = s.allocate(req(100), &()).unwrap();
     let b = s.allocate(req(300), &()).unwrap();
     let z = s.allocate(req(0), &()).unwrap();
-    assert_eq!(s.bytes(), Counter { value: 400, peak: 400, total: 400 });
-    assert_eq!(s.allocations(), Counter { value: 2, peak: 2, total: 2 });
+    assert_eq!(s.get_bytes_counter(), Counter { value: 400, peak: 400, total: 400 });
+    assert_eq!(s.get_allocations_counter(), Counter { value: 2, peak: 2, total: 2 });
     s.deallocate(a, &()).unwrap();
     s.deallocate(z, &()).unwrap();
     let c = s.allocate(req(50), &()).unwrap();
-    assert_eq!(s.bytes(), Counter { value: 350, peak: 400, total: 450 });
-    assert_eq!(s.allocations(), Counter { value: 2, peak: 2, total: 3 });
+    assert_eq!(s.get_bytes_counter(), Counter { value: 350, peak: 400, total: 450 });
+    assert_eq!(s.get_allocations_counter(), Counter { value: 2, peak: 2, total: 3 });
     s.deallocate(b, &()).unwrap();
     s.deallocate(c, &()).unwrap();
-    assert_eq!(s.bytes().value, 0);
-    assert_eq!(s.upstream().outstanding(), 0);
+    assert_eq!(s.get_bytes_counter().value, 0);
+    assert_eq!(s.upstream().usage().held, 0);
 }
 
 #[test]
@@ -81,14 +85,14 @@ fn statistics_failed_calls_count_nothing() {
     let s = Statistics::new(FlakyFree::default());
     let a = s.allocate(req(1000), &()).unwrap();
     assert!(s.allocate(req(2 << 30), &()).is_err());
-    assert_eq!(s.bytes(), Counter { value: 1000, peak: 1000, total: 1000 });
+    assert_eq!(s.get_bytes_counter(), Counter { value: 1000, peak: 1000, total: 1000 });
     s.upstream().fail_frees.store(true, Ordering::Relaxed);
     assert!(s.deallocate(a, &()).is_err());
-    assert_eq!(s.bytes(), Counter { value: 1000, peak: 1000, total: 1000 });
-    assert_eq!(s.allocations().value, 1);
+    assert_eq!(s.get_bytes_counter(), Counter { value: 1000, peak: 1000, total: 1000 });
+    assert_eq!(s.get_allocations_counter().value, 1);
     s.upstream().fail_frees.store(false, Ordering::Relaxed);
     s.deallocate(a, &()).unwrap();
-    assert_eq!(s.bytes(), Counter { value: 0, peak: 1000, total: 1000 });
+    assert_eq!(s.get_bytes_counter(), Counter { value: 0, peak: 1000, total: 1000 });
 }
 
 #[test]
@@ -98,7 +102,7 @@ fn statistics_push_pop_nest_and_merge_as_rmm() {
     let (outer, outer_count) = s.push_counters();
     assert_eq!(outer, Counter { value: 1000, peak: 1000, total: 1000 });
     assert_eq!(outer_count.value, 1);
-    assert_eq!(s.bytes(), Counter::default());
+    assert_eq!(s.get_bytes_counter(), Counter::default());
     assert_eq!(s.depth(), 1);
 
     let b = s.allocate(req(500), &()).unwrap();
@@ -107,18 +111,18 @@ fn statistics_push_pop_nest_and_merge_as_rmm() {
     s.deallocate(c, &()).unwrap();
     // Frees a block of the base level from inside: a negative value.
     s.deallocate(a, &()).unwrap();
-    assert_eq!(s.bytes(), Counter { value: -1000, peak: 2000, total: 2000 });
+    assert_eq!(s.get_bytes_counter(), Counter { value: -1000, peak: 2000, total: 2000 });
     let (inner, inner_count) = s.pop_counters().unwrap();
     assert_eq!(inner, Counter { value: -1000, peak: 2000, total: 2000 });
     assert_eq!(inner_count, Counter { value: -1, peak: 1, total: 1 });
     // Merged: value and total add up; the peak is measured from the
     // level's base (500 live when the inner level peaked at +2000).
-    assert_eq!(s.bytes(), Counter { value: -500, peak: 2500, total: 2500 });
+    assert_eq!(s.get_bytes_counter(), Counter { value: -500, peak: 2500, total: 2500 });
     let (level1, _) = s.pop_counters().unwrap();
     assert_eq!(level1, Counter { value: -500, peak: 2500, total: 2500 });
     // Base level: 1000 live before, 3500 at the inner peak.
-    assert_eq!(s.bytes(), Counter { value: 500, peak: 3500, total: 3500 });
-    assert_eq!(s.allocations(), Counter { value: 1, peak: 3, total: 3 });
+    assert_eq!(s.get_bytes_counter(), Counter { value: 500, peak: 3500, total: 3500 });
+    assert_eq!(s.get_allocations_counter(), Counter { value: 1, peak: 3, total: 3 });
     s.deallocate(b, &()).unwrap();
 }
 
@@ -128,22 +132,22 @@ fn statistics_uneven_push_pop() {
     // More pops than pushes: an error that changes nothing.
     let a = s.allocate(req(256), &()).unwrap();
     assert!(matches!(s.pop_counters(), Err(Error::InvalidConfig { .. })));
-    assert_eq!(s.bytes(), Counter { value: 256, peak: 256, total: 256 });
+    assert_eq!(s.get_bytes_counter(), Counter { value: 256, peak: 256, total: 256 });
     s.push_counters();
     s.pop_counters().unwrap();
     assert!(s.pop_counters().is_err());
     assert_eq!(s.depth(), 0);
-    assert_eq!(s.bytes(), Counter { value: 256, peak: 256, total: 256 });
+    assert_eq!(s.get_bytes_counter(), Counter { value: 256, peak: 256, total: 256 });
     // Pushes never popped: figures are those of the innermost level, and the
     // allocations keep counting below it when it is popped later.
     s.push_counters();
     s.push_counters();
     let b = s.allocate(req(512), &()).unwrap();
-    assert_eq!(s.bytes(), Counter { value: 512, peak: 512, total: 512 });
+    assert_eq!(s.get_bytes_counter(), Counter { value: 512, peak: 512, total: 512 });
     assert_eq!(s.depth(), 2);
     s.pop_counters().unwrap();
     s.pop_counters().unwrap();
-    assert_eq!(s.bytes(), Counter { value: 768, peak: 768, total: 768 });
+    assert_eq!(s.get_bytes_counter(), Counter { value: 768, peak: 768, total: 768 });
     s.deallocate(a, &()).unwrap();
     s.deallocate(b, &()).unwrap();
 }
@@ -175,11 +179,11 @@ fn statistics_peak_is_exact_under_concurrency() {
         let expected_bytes: u64 =
             (0..THREADS).flat_map(|t| (0..PER).map(move |i| 256 * (1 + (i + t + round) % 3))).sum();
         assert_eq!(
-            s.bytes(),
+            s.get_bytes_counter(),
             Counter { value: 0, peak: expected_bytes as i64, total: expected_bytes as i64 }
         );
         assert_eq!(
-            s.allocations(),
+            s.get_allocations_counter(),
             Counter { value: 0, peak: (THREADS * PER) as i64, total: (THREADS * PER) as i64 }
         );
     }
@@ -192,8 +196,8 @@ fn limiting_zero_limit_refuses_all_but_zero_bytes() {
     let l = Limiting::new(BumpUpstream::new(1 << 30), 0);
     assert_eq!(l.allocate(req(0), &()).unwrap(), Block::EMPTY);
     assert_eq!(l.allocate(req(1), &()), Err(Error::LimitExceeded { requested: 1, used: 0, limit: 0 }));
-    assert_eq!(l.used(), 0);
-    assert_eq!(l.upstream().outstanding(), 0);
+    assert_eq!(l.get_allocated_bytes(), 0);
+    assert_eq!(l.upstream().usage().held, 0);
     l.deallocate(Block::EMPTY, &()).unwrap();
 }
 
@@ -201,17 +205,17 @@ fn limiting_zero_limit_refuses_all_but_zero_bytes() {
 fn limiting_exact_limit_and_rollback() {
     let l = Limiting::new(BumpUpstream::new(1 << 30), 1024);
     let a = l.allocate(req(1000), &()).unwrap();
-    assert_eq!(l.used(), 1024);
+    assert_eq!(l.get_allocated_bytes(), 1024);
     assert!(matches!(l.allocate(req(1), &()), Err(Error::LimitExceeded { used: 1024, .. })));
     l.deallocate(a, &()).unwrap();
     // Upstream failure: the reservation is given back.
     l.upstream().fail_after(0);
     assert!(matches!(l.allocate(req(512), &()), Err(Error::Backend { .. })));
-    assert_eq!(l.used(), 0);
+    assert_eq!(l.get_allocated_bytes(), 0);
     l.upstream().fail_after(u64::MAX);
     let b = l.allocate(req(1024), &()).unwrap();
     l.deallocate(b, &()).unwrap();
-    assert_eq!((l.used(), l.upstream().outstanding()), (0, 0));
+    assert_eq!((l.get_allocated_bytes(), l.upstream().usage().held), (0, 0));
 }
 
 /// Resources that free a block by any size of a range (fixed-size: any
@@ -231,21 +235,21 @@ fn limiting_counts_off_what_a_block_was_charged_whatever_size_its_free_states() 
         let l = Limiting::new(up, 8192);
         let a = l.allocate(req(asked), &()).unwrap();
         let charged = asked.div_ceil(256) * 256;
-        assert_eq!(l.used(), charged);
+        assert_eq!(l.get_allocated_bytes(), charged);
         // More than was charged: the upstream accepts it.
         l.deallocate(Block::new(a.addr(), stated, a.tag()), &()).unwrap();
-        assert_eq!(l.used(), 0);
+        assert_eq!(l.get_allocated_bytes(), 0);
         // Less than was charged.
         let b = l.allocate(req(stated), &()).unwrap();
         l.deallocate(Block::new(b.addr(), asked, b.tag()), &()).unwrap();
-        assert_eq!(l.used(), 0);
+        assert_eq!(l.get_allocated_bytes(), 0);
         // The limit still holds exactly.
         let c = l.allocate(req(4096), &()).unwrap();
         let d = l.allocate(req(4096), &()).unwrap();
         assert!(matches!(l.allocate(req(1), &()), Err(Error::LimitExceeded { used: 8192, .. })));
         l.deallocate(c, &()).unwrap();
         l.deallocate(d, &()).unwrap();
-        assert_eq!(l.used(), 0);
+        assert_eq!(l.get_allocated_bytes(), 0);
     }
 }
 
@@ -259,20 +263,20 @@ fn limiting_refuses_a_block_it_did_not_hand_out() {
     let mine = l.allocate(req(1000), &()).unwrap();
     let theirs = up.allocate(req(3000), &()).unwrap();
     assert_eq!(l.deallocate(theirs, &()), Err(Error::UnknownBlock { addr: theirs.addr() }));
-    assert_eq!((l.used(), up.outstanding()), (1024, 4096));
+    assert_eq!((l.get_allocated_bytes(), up.usage().held), (1024, 4096));
     l.deallocate(mine, &()).unwrap();
     assert_eq!(l.deallocate(mine, &()), Err(Error::UnknownBlock { addr: mine.addr() }));
-    assert_eq!((l.used(), up.outstanding()), (0, 3072));
+    assert_eq!((l.get_allocated_bytes(), up.usage().held), (0, 3072));
     // An upstream that refuses the free: still counted, freed later.
     let flaky = FlakyFree::default();
     let l = Limiting::new(&flaky, 4096);
     let a = l.allocate(req(300), &()).unwrap();
     flaky.fail_frees.store(true, Ordering::Relaxed);
     assert!(matches!(l.deallocate(a, &()), Err(Error::Backend { .. })));
-    assert_eq!(l.used(), 512);
+    assert_eq!(l.get_allocated_bytes(), 512);
     flaky.fail_frees.store(false, Ordering::Relaxed);
     l.deallocate(a, &()).unwrap();
-    assert_eq!(l.used(), 0);
+    assert_eq!(l.get_allocated_bytes(), 0);
     up.deallocate(theirs, &()).unwrap();
     // A block freed behind the limit's back (straight to the upstream)
     // stays counted until the upstream hands its address out again
@@ -281,11 +285,11 @@ fn limiting_refuses_a_block_it_did_not_hand_out() {
     let l = Limiting::new(&pool, 4096);
     let a = l.allocate(req(1000), &()).unwrap();
     pool.deallocate(a, &()).unwrap();
-    assert_eq!(l.used(), 1024);
+    assert_eq!(l.get_allocated_bytes(), 1024);
     let b = l.allocate(req(3000), &()).unwrap();
-    assert_eq!((b.addr(), l.used()), (a.addr(), 3072));
+    assert_eq!((b.addr(), l.get_allocated_bytes()), (a.addr(), 3072));
     l.deallocate(b, &()).unwrap();
-    assert_eq!(l.used(), 0);
+    assert_eq!(l.get_allocated_bytes(), 0);
 }
 
 #[test]
@@ -308,7 +312,7 @@ fn limiting_never_exceeded_by_concurrent_callers() {
                     } else {
                         l.deallocate(held.swap_remove(0), &()).unwrap();
                     }
-                    max_seen.fetch_max(up.outstanding(), Ordering::Relaxed);
+                    max_seen.fetch_max(up.usage().held, Ordering::Relaxed);
                 }
                 for b in held {
                     l.deallocate(b, &()).unwrap();
@@ -317,7 +321,7 @@ fn limiting_never_exceeded_by_concurrent_callers() {
         }
     });
     assert!(max_seen.load(Ordering::Relaxed) <= 64 * 1024);
-    assert_eq!((l.used(), up.outstanding()), (0, 0));
+    assert_eq!((l.get_allocated_bytes(), up.usage().held), (0, 0));
 }
 
 // ---------------------------------------------------------------- aligned
@@ -342,7 +346,7 @@ fn aligned_large_allocations_only() {
     for b in blocks {
         a.deallocate(b, &()).unwrap();
     }
-    assert_eq!(a.upstream().outstanding(), 0);
+    assert_eq!(a.upstream().usage().held, 0);
     assert_eq!(Aligned::new((), 3 << 10, 0).unwrap_err(), Error::InvalidAlignment { align: 3 << 10 });
     assert_eq!(Aligned::new((), 1 << 41, 0).unwrap_err(), Error::InvalidAlignment { align: 1 << 41 });
 }
@@ -373,7 +377,7 @@ fn aligned_over_pool_gives_back_the_right_blocks() {
     for b in blocks {
         a.deallocate(b, &()).unwrap();
     }
-    assert_eq!(pool.with(|p| p.used_bytes()), 0);
+    assert_eq!(pool.with(|p| p.usage().used), 0);
 }
 
 // ---------------------------------------------------------------- failure callback
@@ -419,7 +423,7 @@ fn failure_callback_frees_then_retries() {
     assert!(r.allocate(req(2 << 20), &()).is_err());
     assert!(cache.lock().unwrap().is_empty());
     r.deallocate(b, &()).unwrap();
-    assert_eq!(up.outstanding(), 0);
+    assert_eq!(up.usage().held, 0);
 }
 
 #[test]
@@ -443,9 +447,9 @@ fn tracking_table_and_errors() {
     let a = t.allocate(req(100), &()).unwrap();
     let b = t.allocate(req(200), &()).unwrap();
     assert_eq!(t.allocate(req(0), &()).unwrap(), Block::EMPTY);
-    assert_eq!((t.outstanding_count(), t.outstanding_bytes()), (2, 300));
+    assert_eq!((t.get_outstanding_allocations().count(), t.get_allocated_bytes()), (2, 300));
     assert_eq!(t.size_of(a.addr()), Some(100));
-    let report = t.report();
+    let report = t.get_outstanding_allocations();
     let mut want = [(a.addr(), 100), (b.addr(), 200)];
     want.sort();
     assert_eq!(report.allocations.iter().map(|o| (o.addr, o.size)).collect::<Vec<_>>(), want);
@@ -457,13 +461,13 @@ fn tracking_table_and_errors() {
     // An upstream failure keeps the block tracked.
     t.upstream().fail_frees.store(true, Ordering::Relaxed);
     assert!(t.deallocate(a, &()).is_err());
-    assert_eq!(t.outstanding_count(), 2);
+    assert_eq!(t.get_outstanding_allocations().count(), 2);
     t.upstream().fail_frees.store(false, Ordering::Relaxed);
     t.deallocate(a, &()).unwrap();
     assert_eq!(t.deallocate(a, &()), Err(Error::UnknownBlock { addr: a.addr() }));
     t.deallocate(b, &()).unwrap();
-    assert!(t.report().is_empty());
-    assert_eq!(t.upstream().inner.outstanding(), 0);
+    assert!(t.get_outstanding_allocations().is_empty());
+    assert_eq!(t.upstream().inner.usage().held, 0);
 }
 
 #[test]
@@ -493,11 +497,11 @@ fn tracking_reports_leaks_at_drop() {
 fn tracking_backtraces_off_by_default() {
     let t = Tracking::new(BumpUpstream::new(1 << 20));
     let a = t.allocate(req(64), &()).unwrap();
-    assert!(t.report().allocations[0].backtrace.is_none());
+    assert!(t.get_outstanding_allocations().allocations[0].backtrace.is_none());
     t.deallocate(a, &()).unwrap();
     let t = t.with_backtraces(true);
     let a = t.allocate(req(64), &()).unwrap();
-    let report = t.report();
+    let report = t.get_outstanding_allocations();
     assert!(report.allocations[0].backtrace.is_some());
     assert!(report.to_string().contains(&std::format!("{:#x}: 64 bytes", a.addr())));
     t.deallocate(a, &()).unwrap();
@@ -514,9 +518,9 @@ fn adaptors_wrap_by_value_reference_and_arc() {
     let dynamic: &dyn MemoryResource = &by_value;
     let b = dynamic.allocate(req(100), &()).unwrap();
     assert_eq!(b.addr() % 4096, 0);
-    assert_eq!(by_arc.bytes().value, 100);
+    assert_eq!(by_arc.get_bytes_counter().value, 100);
     dynamic.deallocate(b, &()).unwrap();
-    assert_eq!(up.outstanding(), 0);
+    assert_eq!(up.usage().held, 0);
     let erased: DynResource = Arc::new(Statistics::new(up.clone()));
     let b = erased.allocate(req(1), &()).unwrap();
     erased.deallocate(b, &()).unwrap();
@@ -568,23 +572,26 @@ fn stats_over_limit_over_pool_randomized() {
             live.remove(&b).unwrap();
         }
         peak = peak.max(live.bytes());
-        let c = stats.bytes();
+        let c = stats.get_bytes_counter();
         assert_eq!(
             (c.value, c.peak, c.total),
             (live.bytes() as i64, peak as i64, total as i64),
             "step {step}"
         );
-        assert_eq!(stats.allocations().value, live.len() as i64);
-        assert_eq!(stats.allocations().total, count_total as i64);
-        assert_eq!(limit.used(), pool.with(|p| p.used_bytes()), "step {step}");
-        assert!(limit.used() <= LIMIT);
+        assert_eq!(stats.get_allocations_counter().value, live.len() as i64);
+        assert_eq!(stats.get_allocations_counter().total, count_total as i64);
+        assert_eq!(limit.get_allocated_bytes(), pool.with(|p| p.usage().used), "step {step}");
+        assert!(limit.get_allocated_bytes() <= LIMIT);
         pool.with(|p| p.check()).unwrap_or_else(|v| panic!("step {step}: {v}"));
     }
     assert!(refused > 0, "the limit was never reached");
     for b in blocks.drain(..) {
         stats.deallocate(b, &()).unwrap();
     }
-    assert_eq!((stats.bytes().value, limit.used(), pool.with(|p| p.used_bytes())), (0, 0, 0));
+    assert_eq!(
+        (stats.get_bytes_counter().value, limit.get_allocated_bytes(), pool.with(|p| p.usage().used)),
+        (0, 0, 0)
+    );
 }
 
 /// The exclusive form inside the pool's lock: 10^5 random operations,
@@ -625,13 +632,13 @@ fn stats_inside_the_lock_randomized() {
         }
         peak = peak.max(live.bytes());
         shared.with(|s| {
-            let c = s.bytes();
+            let c = s.get_bytes_counter();
             assert_eq!(
                 (c.value, c.peak, c.total),
                 (live.bytes() as i64, peak as i64, total as i64),
                 "step {step}"
             );
-            assert_eq!(s.allocations().value, live.len() as i64);
+            assert_eq!(s.get_allocations_counter().value, live.len() as i64);
             s.upstream().check().unwrap_or_else(|v| panic!("step {step}: {v}"));
         });
     }

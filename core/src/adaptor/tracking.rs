@@ -38,7 +38,7 @@ pub struct Outstanding {
 /// # use memres_core::testing::BumpUpstream;
 /// let t = Tracking::new(BumpUpstream::new(1 << 20));
 /// let b = t.allocate(Request::new(100)?, &())?;
-/// let report = t.report();
+/// let report = t.get_outstanding_allocations();
 /// assert_eq!((report.count(), report.bytes()), (1, 100));
 /// assert!(report.to_string().starts_with("1 outstanding allocation(s), 100 bytes"));
 /// # t.deallocate(b, &())?;
@@ -132,10 +132,10 @@ struct Entry {
 /// # use memres_core::testing::BumpUpstream;
 /// let t = Tracking::new(BumpUpstream::new(1 << 20));
 /// let b = t.allocate(Request::new(100)?, &())?;
-/// assert_eq!(t.outstanding_bytes(), 100);
+/// assert_eq!(t.get_allocated_bytes(), 100);
 /// t.deallocate(b, &())?;
 /// assert_eq!(t.deallocate(b, &()), Err(Error::UnknownBlock { addr: b.addr() }));
-/// assert!(t.report().is_empty());
+/// assert!(t.get_outstanding_allocations().is_empty());
 /// # Ok::<(), Error>(())
 /// ```
 pub struct Tracking<R> {
@@ -153,7 +153,7 @@ impl<R> Tracking<R> {
     ///
     /// ```
     /// # use memres_core::adaptor::Tracking;
-    /// assert_eq!(Tracking::new(()).outstanding_count(), 0);
+    /// assert_eq!(Tracking::new(()).get_allocated_bytes(), 0);
     /// ```
     pub fn new(upstream: R) -> Self {
         Tracking {
@@ -195,7 +195,7 @@ impl<R> Tracking<R> {
     /// # use memres_core::testing::BumpUpstream;
     /// let t = Tracking::new(BumpUpstream::new(1 << 20)).with_backtraces(true);
     /// let b = t.allocate(Request::new(10)?, &())?;
-    /// assert!(t.report().allocations[0].backtrace.is_some());
+    /// assert!(t.get_outstanding_allocations().allocations[0].backtrace.is_some());
     /// # t.deallocate(b, &())?;
     /// # Ok::<(), memres_core::Error>(())
     /// ```
@@ -205,23 +205,14 @@ impl<R> Tracking<R> {
         self
     }
 
-    /// Number of outstanding allocations.
+    /// Sum of the requested sizes of the outstanding allocations (RMM's
+    /// `get_allocated_bytes`).
     ///
     /// ```
     /// # use memres_core::adaptor::Tracking;
-    /// assert_eq!(Tracking::new(()).outstanding_count(), 0);
+    /// assert_eq!(Tracking::new(()).get_allocated_bytes(), 0);
     /// ```
-    pub fn outstanding_count(&self) -> usize {
-        self.table.with(|t| t.len())
-    }
-
-    /// Sum of the requested sizes of outstanding allocations.
-    ///
-    /// ```
-    /// # use memres_core::adaptor::Tracking;
-    /// assert_eq!(Tracking::new(()).outstanding_bytes(), 0);
-    /// ```
-    pub fn outstanding_bytes(&self) -> u64 {
+    pub fn get_allocated_bytes(&self) -> u64 {
         self.table.with(|t| t.values().map(|e| e.size).sum())
     }
 
@@ -236,13 +227,13 @@ impl<R> Tracking<R> {
     }
 
     /// Every outstanding allocation, sorted by address (the leak report, on
-    /// demand).
+    /// demand; RMM's `get_outstanding_allocations`).
     ///
     /// ```
     /// # use memres_core::adaptor::Tracking;
-    /// assert!(Tracking::new(()).report().is_empty());
+    /// assert_eq!(Tracking::new(()).get_outstanding_allocations().count(), 0);
     /// ```
-    pub fn report(&self) -> LeakReport {
+    pub fn get_outstanding_allocations(&self) -> LeakReport {
         let allocations = self.table.with(|t| {
             t.iter()
                 .map(|(&addr, e)| Outstanding {
@@ -280,7 +271,7 @@ impl<R> Drop for Tracking<R> {
         if self.table.with(|t| t.is_empty()) {
             return;
         }
-        let report = self.report();
+        let report = self.get_outstanding_allocations();
         match &self.on_leak {
             Some(handler) => handler(&report),
             #[cfg(feature = "std")]
@@ -295,7 +286,7 @@ impl<R: fmt::Debug> fmt::Debug for Tracking<R> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Tracking")
             .field("upstream", &self.upstream)
-            .field("outstanding", &self.outstanding_count())
+            .field("outstanding", &self.table.with(|t| t.len()))
             .finish_non_exhaustive()
     }
 }
@@ -328,6 +319,8 @@ impl<S: Stream + ?Sized, R: MemoryResource<S>> MemoryResource<S> for Tracking<R>
         })
     }
 }
+
+crate::inspect::forward_inspect!(Tracking<R>, upstream);
 
 // SAFETY: `Tracking` hands out `R`'s blocks unchanged and gives them back only through
 // `R::deallocate`.

@@ -1,13 +1,44 @@
-//! The arena resource's invariant checker.
+//! The arena resource's figures and invariant checker.
 
 use super::slots::{OwnerKey, EMPTY};
 use super::ArenaResource;
 use crate::check::Violation;
 use crate::lock::RawLock;
 use crate::primitive::Ordering;
+use crate::{Inspect, Usage};
 use alloc::vec::Vec;
 
-impl<U, L: RawLock> ArenaResource<U, L> {
+impl<U, L: RawLock> Inspect for ArenaResource<U, L> {
+    /// Used: small blocks at their size class, large ones rounded up to
+    /// 256; held: the global arena's chunks; largest free: the longest free
+    /// range of the global arena, or of any arena's superblocks up to the
+    /// large threshold (larger requests go to the global arena). Locks the
+    /// global arena and every arena in turn: not for the hot path.
+    ///
+    /// ```
+    /// # use memres_core::arena::ArenaResource;
+    /// # use memres_core::{Inspect, MemoryResource, Request};
+    /// # use memres_core::testing::BumpUpstream;
+    /// let arena = ArenaResource::new(BumpUpstream::new(1 << 30));
+    /// assert_eq!(arena.usage().held, 0);
+    /// let b = arena.allocate(Request::new(2100)?, &())?;
+    /// assert_eq!(arena.usage().used, 2560);
+    /// # arena.deallocate(b, &())?;
+    /// # Ok::<(), memres_core::Error>(())
+    /// ```
+    fn usage(&self) -> Usage {
+        let (held, peak_held, large, mut largest_free) =
+            self.global.0.with(|g| (g.held(), g.peak_held(), g.large().0, g.largest_free()));
+        let mut used = large;
+        for i in self.claimed() {
+            self.arenas[i].0.with(|a| {
+                used += a.used_bytes();
+                largest_free = largest_free.max(a.largest_free().min(self.config.large_threshold));
+            });
+        }
+        Usage::new(used, held, peak_held, largest_free)
+    }
+
     /// Checks every invariant: the global arena's index and chunks; every
     /// superblock lent is held by exactly the arena it was lent to, lies in
     /// one chunk and overlaps no other superblock or large block; each
@@ -25,10 +56,11 @@ impl<U, L: RawLock> ArenaResource<U, L> {
     ///
     /// ```
     /// # use memres_core::arena::ArenaResource;
+    /// # use memres_core::Inspect;
     /// # use memres_core::testing::BumpUpstream;
     /// assert!(ArenaResource::new(BumpUpstream::new(1 << 30)).check().is_ok());
     /// ```
-    pub fn check(&self) -> core::result::Result<(), Violation> {
+    fn check(&self) -> core::result::Result<(), Violation> {
         let lent: Vec<(u64, u64, usize)> = self.global.0.with(|g| {
             g.check()?;
             Ok::<_, Violation>(g.lent().collect())

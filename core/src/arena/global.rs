@@ -250,7 +250,7 @@ impl<U> Global<U> {
 
     /// The global arena's own invariants (the arenas' are checked by the caller).
     pub(super) fn check(&self) -> core::result::Result<(), Violation> {
-        self.index.check().map_err(Violation::new)?;
+        self.index.check()?;
         self.chunks.check(&self.index)?;
         if self.index.used_bytes() + self.index.free_bytes() != self.chunks.held() {
             return Err(Violation::new("global: bytes in use + bytes free != bytes held from upstream"));

@@ -180,7 +180,7 @@ impl Local {
     /// The arena's own invariants: its index, each superblock covered exactly
     /// by its ranges, used + free = held.
     pub(super) fn check(&self) -> core::result::Result<(), Violation> {
-        self.index.check().map_err(Violation::new)?;
+        self.index.check()?;
         let mut total = 0;
         for h in &self.supers {
             let mut cursor = h.range.start();

@@ -142,7 +142,7 @@ struct Padded<T>(T);
 ///   aligned), however small. A block of the caller's arena occupies its
 ///   size class (256-byte multiples with `size_classes(false)`); a block of
 ///   the global arena (a *large* block) its size rounded up to 256 bytes:
-///   that is what [`used_bytes`](ArenaResource::used_bytes) counts. A valid
+///   that is what [`Usage::used`](crate::Usage::used) counts. A valid
 ///   request that needs a chunk above [`Request::MAX_SIZE`] (a size near it
 ///   with its alignment's padding) is [`Error::OutOfMemory`].
 /// - **Superblocks** are `superblock_size` (8 MiB) unless the global arena
@@ -200,7 +200,7 @@ struct Padded<T>(T);
 ///
 /// ```
 /// use memres_core::arena::{ArenaConfig, ArenaResource};
-/// use memres_core::{MemoryResource, Request};
+/// use memres_core::{Inspect, MemoryResource, Request};
 /// # use memres_core::testing::BumpUpstream;
 /// let config = ArenaConfig::new().initial_size(64 << 20);
 /// let arena = ArenaResource::with_config(BumpUpstream::new(1 << 30), config, &())?;
@@ -215,7 +215,7 @@ struct Padded<T>(T);
 ///     }
 /// });
 /// arena.check().unwrap();
-/// assert_eq!(arena.used_bytes(), 0);
+/// assert_eq!(arena.usage().used, 0);
 /// # Ok::<(), memres_core::Error>(())
 /// ```
 pub struct ArenaResource<U, L: RawLock = SpinLock> {
@@ -234,9 +234,10 @@ impl<U> ArenaResource<U> {
     ///
     /// ```
     /// use memres_core::arena::ArenaResource;
+    /// use memres_core::Inspect;
     /// # use memres_core::testing::BumpUpstream;
     /// let arena = ArenaResource::new(BumpUpstream::new(1 << 30));
-    /// assert_eq!(arena.held_bytes(), 0);
+    /// assert_eq!(arena.usage().held, 0);
     /// ```
     pub fn new(upstream: U) -> Self {
         Self::build(upstream, ArenaConfig::new())
@@ -253,9 +254,10 @@ impl<U> ArenaResource<U> {
     ///
     /// ```
     /// use memres_core::arena::{ArenaConfig, ArenaResource};
+    /// use memres_core::Inspect;
     /// # use memres_core::testing::BumpUpstream;
     /// let arena = ArenaResource::with_config(BumpUpstream::new(1 << 30), ArenaConfig::new().initial_size(32 << 20), &())?;
-    /// assert_eq!(arena.held_bytes(), 32 << 20);
+    /// assert_eq!(arena.usage().held, 32 << 20);
     /// assert!(ArenaResource::with_config(BumpUpstream::new(1 << 30), ArenaConfig::new().superblock_size(4096), &()).is_err());
     /// # Ok::<(), memres_core::Error>(())
     /// ```
@@ -263,7 +265,7 @@ impl<U> ArenaResource<U> {
     where
         U: MemoryResource<S>,
     {
-        Self::with_config_and_lock(upstream, config, stream)
+        Self::with_config_in(upstream, config, stream)
     }
 }
 
@@ -272,9 +274,9 @@ impl<U, L: RawLock> ArenaResource<U, L> {
         let global = Global::new(upstream, config.maximum_size, config.chunk_size, config.superblock_size);
         let n = config.max_arenas as usize;
         ArenaResource {
-            global: Padded(Shared::new_with_lock(global)),
+            global: Padded(Shared::new_in(global)),
             keys: (0..n).map(|_| SlotKey { state: AtomicU64::new(EMPTY), key: AtomicU64::new(0) }).collect(),
-            arenas: (0..n).map(|_| Padded(Shared::new_with_lock(Local::new()))).collect(),
+            arenas: (0..n).map(|_| Padded(Shared::new_in(Local::new()))).collect(),
             config,
         }
     }
@@ -292,15 +294,11 @@ impl<U, L: RawLock> ArenaResource<U, L> {
     /// use memres_core::lock::SpinLock;
     /// # use memres_core::testing::BumpUpstream;
     /// let arena: ArenaResource<_, SpinLock> =
-    ///     ArenaResource::with_config_and_lock(BumpUpstream::new(1 << 30), ArenaConfig::new(), &())?;
+    ///     ArenaResource::with_config_in(BumpUpstream::new(1 << 30), ArenaConfig::new(), &())?;
     /// # let _ = arena;
     /// # Ok::<(), memres_core::Error>(())
     /// ```
-    pub fn with_config_and_lock<S: Stream + ?Sized>(
-        upstream: U,
-        config: ArenaConfig,
-        stream: &S,
-    ) -> Result<Self>
+    pub fn with_config_in<S: Stream + ?Sized>(upstream: U, config: ArenaConfig, stream: &S) -> Result<Self>
     where
         U: MemoryResource<S>,
     {
@@ -321,46 +319,6 @@ impl<U, L: RawLock> ArenaResource<U, L> {
     /// ```
     pub fn config(&self) -> &ArenaConfig {
         &self.config
-    }
-
-    /// Bytes held from upstream.
-    ///
-    /// ```
-    /// # use memres_core::arena::ArenaResource;
-    /// # use memres_core::testing::BumpUpstream;
-    /// assert_eq!(ArenaResource::new(BumpUpstream::new(1 << 30)).held_bytes(), 0);
-    /// ```
-    pub fn held_bytes(&self) -> u64 {
-        self.global.0.with(|g| g.held())
-    }
-
-    /// The most bytes ever held from upstream at once.
-    ///
-    /// ```
-    /// # use memres_core::arena::ArenaResource;
-    /// # use memres_core::testing::BumpUpstream;
-    /// assert_eq!(ArenaResource::new(BumpUpstream::new(1 << 30)).peak_held_bytes(), 0);
-    /// ```
-    pub fn peak_held_bytes(&self) -> u64 {
-        self.global.0.with(|g| g.peak_held())
-    }
-
-    /// Bytes handed out (small blocks at their size class, large ones
-    /// rounded to 256). Locks every arena in turn: not for the hot path.
-    ///
-    /// ```
-    /// # use memres_core::arena::ArenaResource;
-    /// # use memres_core::{MemoryResource, Request};
-    /// # use memres_core::testing::BumpUpstream;
-    /// let arena = ArenaResource::new(BumpUpstream::new(1 << 30));
-    /// let b = arena.allocate(Request::new(2100)?, &())?;
-    /// assert_eq!(arena.used_bytes(), 2560);
-    /// # arena.deallocate(b, &())?;
-    /// # Ok::<(), memres_core::Error>(())
-    /// ```
-    pub fn used_bytes(&self) -> u64 {
-        let large = self.global.0.with(|g| g.large().0);
-        self.claimed().map(|i| self.arenas[i].0.with(|a| a.used_bytes())).sum::<u64>() + large
     }
 
     /// Number of arenas in use (per-thread and per-stream).
@@ -509,10 +467,11 @@ impl<U, L: RawLock> ArenaResource<U, L> {
     /// Runs `f` with the upstream resource (under the global arena's lock).
     ///
     /// ```
+    /// # use memres_core::Inspect;
     /// # use memres_core::arena::ArenaResource;
     /// # use memres_core::testing::BumpUpstream;
     /// let arena = ArenaResource::new(BumpUpstream::new(1 << 30));
-    /// assert_eq!(arena.upstream_with(|u| u.outstanding()), 0);
+    /// assert_eq!(arena.upstream_with(|u| u.usage().held), 0);
     /// ```
     pub fn upstream_with<T>(&self, f: impl FnOnce(&U) -> T) -> T {
         self.global.0.with(|g| f(g.upstream()))
@@ -521,7 +480,12 @@ impl<U, L: RawLock> ArenaResource<U, L> {
     /// Frees a block found by its address: blocks with no tag, and those
     /// whose tag did not name a live block (`tag` is then `Some`).
     #[cold]
-    fn free_by_address<S: Stream + ?Sized>(&self, block: Block, stream: &S, tag: Option<u64>) -> Result<()> {
+    fn deallocate_by_address<S: Stream + ?Sized>(
+        &self,
+        block: Block,
+        stream: &S,
+        tag: Option<u64>,
+    ) -> Result<()> {
         let addr = block.addr();
         match self.global.0.with(|g| g.locate(addr)) {
             Located::Super { owner, start } => {
@@ -591,7 +555,7 @@ where
         let addr = block.addr();
         let tag = block.tag();
         if tag == Block::NO_TAG {
-            return self.free_by_address(block, stream, None);
+            return self.deallocate_by_address(block, stream, None);
         }
         let slot = ((tag & SLOT_MASK) >> SLOT_SHIFT) as usize;
         let inner = tag & !SLOT_MASK;
@@ -610,7 +574,7 @@ where
             Err(Error::UnknownBlock { addr })
         };
         match freed {
-            Err(Error::UnknownBlock { .. }) => self.free_by_address(block, stream, Some(tag)),
+            Err(Error::UnknownBlock { .. }) => self.deallocate_by_address(block, stream, Some(tag)),
             r => r.map_err(|e| given(e, block)),
         }
     }
@@ -628,7 +592,7 @@ unsafe impl<E, U: crate::copy::MemoryOf<E>, L: RawLock> crate::copy::MemoryOf<E>
 impl<U, L: RawLock> fmt::Debug for ArenaResource<U, L> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ArenaResource")
-            .field("held_bytes", &self.held_bytes())
+            .field("held", &self.global.0.with(|g| g.held()))
             .field("arenas", &self.arena_count())
             .field("config", &self.config)
             .finish()

@@ -114,13 +114,13 @@ impl<U, L: RawLock> ArenaResource<U, L> {
     ///
     /// ```
     /// use memres_core::arena::ArenaResource;
-    /// use memres_core::{MemoryResource, Request};
+    /// use memres_core::{Inspect, MemoryResource, Request};
     /// use memres_core::testing::BumpUpstream;
     /// let arena = ArenaResource::new(BumpUpstream::new(1 << 30));
     /// let b = arena.allocate(Request::new(1000)?, &())?;
     /// arena.deallocate(b, &())?;
     /// assert!(arena.release(&())? > 0);
-    /// assert_eq!((arena.held_bytes(), arena.upstream_with(|u| u.outstanding())), (0, 0));
+    /// assert_eq!((arena.usage().held, arena.upstream_with(|u| u.usage().held)), (0, 0));
     /// # Ok::<(), memres_core::Error>(())
     /// ```
     pub fn release<S: Stream + ?Sized>(&self, stream: &S) -> Result<u64>

@@ -6,6 +6,7 @@ extern crate std;
 use super::tests::{req, small_config};
 use super::*;
 use crate::testing::{BumpUpstream, TestStream};
+use crate::Inspect;
 use std::sync::Barrier;
 use std::vec::Vec;
 
@@ -80,7 +81,7 @@ fn slots_of_released_arenas_go_to_new_streams() {
         arena.check().unwrap();
     }
     // Released, an idle arena gives up its slot at once.
-    assert_eq!((arena.arena_count(), arena.held_bytes()), (0, 0));
+    assert_eq!((arena.arena_count(), arena.usage().held), (0, 0));
 }
 
 /// Idle arenas of other streams give their superblocks back (after one
@@ -179,7 +180,7 @@ fn a_thousand_streams_in_turn_share_sixty_four_slots() {
     arena.check().unwrap();
     // A superblock per slot and the claimer's, and the unused tail of the
     // newest chunk (under 1/8 of what is held).
-    assert!(arena.peak_held_bytes() <= 65 * (8 << 20) * 9 / 8, "{}", arena.peak_held_bytes());
+    assert!(arena.usage().peak_held <= 65 * (8 << 20) * 9 / 8, "{}", arena.usage().peak_held);
     // One device synchronization per table of streams gone, not per stream.
     assert!(faults.device_syncs() <= 1000 / 64 + 1, "{}", faults.device_syncs());
 }

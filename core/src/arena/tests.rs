@@ -3,6 +3,7 @@ extern crate std;
 use super::*;
 use crate::check::LiveBlocks;
 use crate::testing::{BumpUpstream, SplitMix64, TestStream, SYNC_FAILURE};
+use crate::Inspect;
 use core::sync::atomic::AtomicUsize;
 use std::string::ToString;
 use std::sync::Barrier;
@@ -37,7 +38,7 @@ fn randomized_ops_on_several_streams_with_checker_every_step() {
             };
             let align = if rng.below(8) == 0 { 256 << rng.below(8) } else { 256 };
             let request = Request::aligned(size, align).unwrap();
-            let used = arena.used_bytes();
+            let used = arena.usage().used;
             match arena.allocate(request, &streams[s]) {
                 Ok(b) => {
                     live.insert(b, request).unwrap_or_else(|v| panic!("step {step}: {v}"));
@@ -49,7 +50,7 @@ fn randomized_ops_on_several_streams_with_checker_every_step() {
                 Err(Error::OutOfMemory { requested, pool_size, max_size, .. }) => {
                     assert_eq!((requested, max_size), (size, Some(48 << 20)));
                     assert!(pool_size <= 48 << 20);
-                    assert_eq!(arena.used_bytes(), used, "a failed allocation changed nothing");
+                    assert_eq!(arena.usage().used, used, "a failed allocation changed nothing");
                     ooms += 1;
                 }
                 Err(e) => panic!("step {step}: {e}"),
@@ -75,14 +76,14 @@ fn randomized_ops_on_several_streams_with_checker_every_step() {
         arena.deallocate(b, &streams[s]).unwrap();
         live.remove(&b).unwrap();
     }
-    assert_eq!(arena.used_bytes(), 0);
+    assert_eq!(arena.usage().used, 0);
     // Each stream takes back its own arenas' superblocks.
     for s in &streams {
         arena.release(s).unwrap();
     }
     arena.check().unwrap();
-    assert_eq!(arena.held_bytes(), 0);
-    assert_eq!(arena.upstream_with(|u| u.outstanding()), 0);
+    assert_eq!(arena.usage().held, 0);
+    assert_eq!(arena.upstream_with(|u| u.usage().held), 0);
 }
 
 #[test]
@@ -139,7 +140,7 @@ fn threads_on_their_own_arenas_then_check() {
     let syncs = main.faults().syncs();
     assert!(syncs >= from_streams as u64, "{syncs} < {from_streams}");
     arena.check().unwrap();
-    assert_eq!(arena.used_bytes(), 0);
+    assert_eq!(arena.usage().used, 0);
 }
 
 #[test]
@@ -179,11 +180,11 @@ fn failed_synchronize_changes_nothing() {
     assert_eq!(arena.deallocate(x, &b), Err(SYNC_FAILURE));
     assert_eq!(arena.deallocate(big, &b), Err(SYNC_FAILURE));
     assert_eq!((b.faults().syncs(), b.faults().failed_syncs()), (0, 2));
-    assert_eq!(arena.used_bytes(), 5120 + (3 << 20));
+    assert_eq!(arena.usage().used, 5120 + (3 << 20));
     arena.check().unwrap();
     arena.deallocate(x, &a).unwrap();
     arena.deallocate(big, &a).unwrap();
-    assert_eq!(arena.used_bytes(), 0);
+    assert_eq!(arena.usage().used, 0);
 }
 
 #[test]
@@ -191,12 +192,12 @@ fn size_classes_and_thresholds() {
     let arena = ArenaResource::new(BumpUpstream::new(1 << 30));
     let s = TestStream::new(3);
     let a = arena.allocate(req(2049), &s).unwrap();
-    assert_eq!(arena.used_bytes(), 2560);
+    assert_eq!(arena.usage().used, 2560);
     let b = arena.allocate(req(1 << 20), &s).unwrap();
     assert_eq!(arena.dump().large_blocks, 0, "1 MiB is still served by the arena, as in RMM");
     let c = arena.allocate(req((1 << 20) + 1), &s).unwrap();
     assert_eq!(arena.dump().large_blocks, 1);
-    assert_eq!(arena.used_bytes(), 2560 + (1 << 20) + (1 << 20) + 256);
+    assert_eq!(arena.usage().used, 2560 + (1 << 20) + (1 << 20) + 256);
     // A small size with a large alignment that cannot fit a superblock goes global.
     let d = arena.allocate(Request::aligned(4096, 16 << 20).unwrap(), &s).unwrap();
     assert_eq!(d.addr() % (16 << 20), 0);
@@ -209,7 +210,7 @@ fn size_classes_and_thresholds() {
         ArenaResource::with_config(BumpUpstream::new(1 << 30), ArenaConfig::new().size_classes(false), &())
             .unwrap();
     let e = plain.allocate(req(2049), &s).unwrap();
-    assert_eq!(plain.used_bytes(), 2304);
+    assert_eq!(plain.usage().used, 2304);
     plain.deallocate(e, &s).unwrap();
 }
 
@@ -246,9 +247,9 @@ fn double_free_foreign_block_and_size_mismatch() {
         Err(Error::SizeMismatch { addr: keep.addr(), expected: 1024, given: u64::MAX })
     );
     arena.check().unwrap();
-    assert_eq!(arena.used_bytes(), 1024);
+    assert_eq!(arena.usage().used, 1024);
     arena.deallocate(keep, &s).unwrap();
-    assert_eq!(arena.used_bytes(), 0);
+    assert_eq!(arena.usage().used, 0);
     arena.check().unwrap();
 }
 
@@ -285,7 +286,7 @@ fn a_free_with_a_size_above_the_largest_request_is_a_wrong_size() {
     for b in [small, large] {
         arena.deallocate(b, &s).unwrap();
     }
-    assert_eq!(arena.used_bytes(), 0);
+    assert_eq!(arena.usage().used, 0);
     arena.check().unwrap();
 }
 
@@ -299,12 +300,12 @@ fn a_request_whose_alignment_needs_more_than_the_largest_size_is_out_of_memory()
         let arena = ArenaResource::with_config(BumpUpstream::new(1 << 30), config, &()).unwrap();
         let s = TestStream::new(1);
         let keep = arena.allocate(req(1000), &s).unwrap();
-        let held = arena.held_bytes();
+        let held = arena.usage().held;
         for (size, align) in [(Request::MAX_SIZE, 1 << 20), (Request::MAX_SIZE - 4096, Request::MAX_ALIGN)] {
             let err = arena.allocate(Request::aligned(size, align).unwrap(), &s).unwrap_err();
             assert!(matches!(err, Error::OutOfMemory { requested, .. } if requested == size), "{err}");
         }
-        assert_eq!((arena.held_bytes(), arena.used_bytes()), (held, 1024));
+        assert_eq!((arena.usage().held, arena.usage().used), (held, 1024));
         arena.check().unwrap();
         let b = arena.allocate(Request::aligned(2 << 20, 4 << 20).unwrap(), &s).unwrap();
         for x in [b, keep] {
@@ -322,7 +323,7 @@ fn zero_and_huge_sizes() {
     assert_eq!(arena.deallocate(Block::EMPTY, &s), Ok(()));
     let err = arena.allocate(req(Request::MAX_SIZE), &s).unwrap_err();
     assert!(matches!(err, Error::OutOfMemory { requested, .. } if requested == Request::MAX_SIZE), "{err}");
-    assert_eq!(arena.held_bytes(), 0);
+    assert_eq!(arena.usage().held, 0);
     arena.check().unwrap();
     let b = arena.allocate(req(100), &s).unwrap();
     arena.deallocate(b, &s).unwrap();
@@ -338,7 +339,7 @@ fn upstream_failure_while_growing_changes_nothing() {
     for _ in 0..16 {
         blocks.push(arena.allocate(req(200 << 10), &s).unwrap());
     }
-    assert_eq!(arena.held_bytes(), 4 << 20);
+    assert_eq!(arena.usage().held, 4 << 20);
     arena.upstream_with(|u| u.fail_after(0));
     let before = arena.dump();
     assert!(matches!(arena.allocate(req(200 << 10), &s), Err(Error::Backend { .. })));
@@ -347,7 +348,7 @@ fn upstream_failure_while_growing_changes_nothing() {
     arena.check().unwrap();
     arena.upstream_with(|u| u.fail_after(u64::MAX));
     blocks.push(arena.allocate(req(200 << 10), &s).unwrap());
-    assert_eq!(arena.held_bytes(), 8 << 20);
+    assert_eq!(arena.usage().held, 8 << 20);
     for b in blocks {
         arena.deallocate(b, &s).unwrap();
     }
@@ -398,7 +399,7 @@ fn out_of_memory_with_figures_and_dump_then_usable_again() {
     for b in blocks {
         arena.deallocate(b, &s).unwrap();
     }
-    assert_eq!(arena.used_bytes(), 0);
+    assert_eq!(arena.usage().used, 0);
     arena.check().unwrap();
 }
 
@@ -518,7 +519,7 @@ fn a_maximum_below_one_superblock_is_refused() {
             "{c:?}: {:?}",
             r.map(|_| ())
         );
-        assert_eq!(up.outstanding(), 0);
+        assert_eq!(up.usage().held, 0);
     }
     let arena = ArenaResource::with_config(&up, ArenaConfig::new().maximum_size(8 << 20), &()).unwrap();
     let b = arena.allocate(req(1000), &TestStream::new(1)).unwrap();
@@ -558,7 +559,7 @@ fn configs_no_request_could_use_are_refused() {
     ] {
         let r = ArenaResource::with_config(&up, c, &());
         assert!(matches!(r, Err(Error::InvalidConfig { .. })), "{c:?}: {:?}", r.map(|_| ()));
-        assert_eq!(up.outstanding(), 0);
+        assert_eq!(up.usage().held, 0);
     }
     // The largest chunk a request can hold, in superblocks that do not
     // divide it: growth still asks for no more than a request may hold.
@@ -585,15 +586,15 @@ fn free_chunks_go_upstream_to_make_room_for_a_larger_one_under_the_maximum() {
     // A superblock in one chunk, a large block in the other.
     let a = arena.allocate(req(1000), &s).unwrap();
     let b = arena.allocate(req(700 << 10), &s).unwrap();
-    assert_eq!((arena.held_bytes(), arena.dump().chunks, arena.dump().large_blocks), (2 << 20, 2, 1));
+    assert_eq!((arena.usage().held, arena.dump().chunks, arena.dump().large_blocks), (2 << 20, 2, 1));
     // Two 1 MiB chunks can never hold a 2 MiB block, even when free.
     assert!(matches!(arena.allocate(req(2 << 20), &s), Err(Error::OutOfMemory { .. })));
     for x in [a, b] {
         arena.deallocate(x, &s).unwrap();
     }
     let big = arena.allocate(req(2 << 20), &s).unwrap();
-    assert_eq!((arena.held_bytes(), arena.dump().chunks), (2 << 20, 1));
-    assert_eq!(arena.upstream_with(|u| u.outstanding()), 2 << 20);
+    assert_eq!((arena.usage().held, arena.dump().chunks), (2 << 20, 1));
+    assert_eq!(arena.upstream_with(|u| u.usage().held), 2 << 20);
     arena.check().unwrap();
     arena.deallocate(big, &s).unwrap();
     arena.check().unwrap();
@@ -613,5 +614,5 @@ fn a_chunk_grown_for_an_aligned_request_serves_it() {
     arena.check().unwrap();
     arena.deallocate(b, &()).unwrap();
     arena.check().unwrap();
-    assert_eq!(arena.used_bytes(), 0);
+    assert_eq!(arena.usage().used, 0);
 }

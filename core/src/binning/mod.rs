@@ -14,18 +14,25 @@ mod tests;
 
 pub use plan::{BinPlan, SizeHistogram};
 
+use crate::adaptor::Gauge;
 use crate::check::Violation;
 use crate::fixed::{FixedConfig, FixedSizeResource};
-use crate::{Block, Error, MemoryResource, Request, Result, Shared, Stream};
+use crate::{Block, Error, Inspect, MemoryResource, Request, Result, Shared, Stream, Usage};
 use alloc::boxed::Box;
 use alloc::vec::Vec;
 use core::fmt;
 
+/// A resource given as a bin: one the binning resource can read the
+/// figures of and check.
+trait BinResource<S: Stream + ?Sized>: MemoryResource<S> + Inspect {}
+
+impl<S: Stream + ?Sized, R: MemoryResource<S> + Inspect> BinResource<S> for R {}
+
 /// One bin: a fixed-size resource made by the binning resource (which it can
-/// release and check), or a resource given by the caller.
+/// release), or a resource given by the caller.
 enum Bin<'a, U, S: Stream + ?Sized> {
     Fixed(Shared<FixedSizeResource<U>>),
-    Other(Box<dyn MemoryResource<S> + Send + Sync + 'a>),
+    Other(Box<dyn BinResource<S> + Send + Sync + 'a>),
 }
 
 impl<U, S: Stream + ?Sized> Bin<'_, U, S>
@@ -45,6 +52,15 @@ where
         match self {
             Bin::Fixed(f) => f.deallocate(block, stream),
             Bin::Other(r) => r.deallocate(block, stream),
+        }
+    }
+}
+
+impl<U, S: Stream + ?Sized> Bin<'_, U, S> {
+    fn inspected(&self) -> &dyn Inspect {
+        match self {
+            Bin::Fixed(f) => f,
+            Bin::Other(r) => r,
         }
     }
 }
@@ -101,6 +117,7 @@ impl<U, S: Stream + ?Sized> fmt::Debug for Bin<'_, U, S> {
 /// # Examples
 ///
 /// ```
+/// # use memres_core::Inspect;
 /// use memres_core::binning::BinningResource;
 /// use memres_core::{MemoryResource, Request};
 /// # use memres_core::testing::BumpUpstream;
@@ -109,15 +126,18 @@ impl<U, S: Stream + ?Sized> fmt::Debug for Bin<'_, U, S> {
 /// let bins = BinningResource::with_exponents(&upstream, 8, 20)?;
 /// let small = bins.allocate(Request::new(600)?, &())?; // the 1 KiB bin
 /// let large = bins.allocate(Request::new(3 << 20)?, &())?; // upstream
-/// assert_eq!(upstream.outstanding(), (128 << 10) + (3 << 20));
+/// assert_eq!(upstream.usage().held, (128 << 10) + (3 << 20));
 /// bins.deallocate(small, &())?;
 /// bins.deallocate(large, &())?;
 /// bins.release(&())?;
-/// assert_eq!(upstream.outstanding(), 0);
+/// assert_eq!(upstream.usage().held, 0);
 /// # Ok::<(), memres_core::Error>(())
 /// ```
 pub struct BinningResource<'a, U, S: Stream + ?Sized = ()> {
     upstream: U,
+    /// The blocks larger than every bin, served by the upstream: their
+    /// footprints (sizes rounded up to 256).
+    large: Gauge,
     /// Bin sizes: ascending, distinct, non-zero; `sizes[i]` is `bins[i]`'s.
     sizes: Vec<u64>,
     /// The bins, in the order of `sizes`.
@@ -135,7 +155,7 @@ impl<'a, U, S: Stream + ?Sized> BinningResource<'a, U, S> {
     /// assert!(bins.bin_sizes().is_empty());
     /// ```
     pub fn new(upstream: U) -> Self {
-        BinningResource { upstream, sizes: Vec::new(), bins: Vec::new() }
+        BinningResource { upstream, large: Gauge::default(), sizes: Vec::new(), bins: Vec::new() }
     }
 
     /// RMM's constructor: one [`FixedSizeResource`] bin (128 blocks per
@@ -219,7 +239,8 @@ impl<'a, U, S: Stream + ?Sized> BinningResource<'a, U, S> {
     }
 
     /// Adds a bin of `size` bytes served by `resource`: requests of up to
-    /// `size` bytes that no smaller bin holds go to it.
+    /// `size` bytes that no smaller bin holds go to it. Its figures count
+    /// in the binning resource's [`Usage`].
     ///
     /// # Errors
     ///
@@ -244,7 +265,7 @@ impl<'a, U, S: Stream + ?Sized> BinningResource<'a, U, S> {
     /// ```
     pub fn add_bin<R>(&mut self, size: u64, resource: R) -> Result<()>
     where
-        R: MemoryResource<S> + Send + Sync + 'a,
+        R: MemoryResource<S> + Inspect + Send + Sync + 'a,
     {
         self.insert(size, Bin::Other(Box::new(resource)))
     }
@@ -262,14 +283,15 @@ impl<'a, U, S: Stream + ?Sized> BinningResource<'a, U, S> {
     /// ```
     /// use memres_core::binning::BinningResource;
     /// use memres_core::fixed::FixedConfig;
-    /// use memres_core::{MemoryResource, Request};
+    /// use memres_core::{Inspect, MemoryResource, Request};
     /// # use memres_core::testing::BumpUpstream;
     /// let up = BumpUpstream::new(1 << 30);
     /// let mut bins: BinningResource<_> = BinningResource::new(&up);
     /// bins.add_fixed_bin(FixedConfig::new(768).blocks_per_chunk(16))?;
     /// let b = bins.allocate(Request::new(700)?, &())?;
-    /// assert_eq!(up.outstanding(), 768 * 16);
+    /// assert_eq!(up.usage().held, 768 * 16);
     /// assert_eq!(bins.fixed_bin(768).unwrap().with(|f| f.used_blocks()), 1);
+    /// assert_eq!(bins.usage().used, 768);
     /// bins.deallocate(b, &())?;
     /// # Ok::<(), memres_core::Error>(())
     /// ```
@@ -317,10 +339,11 @@ impl<'a, U, S: Stream + ?Sized> BinningResource<'a, U, S> {
     /// The upstream (the large path, and the source of the bins it made).
     ///
     /// ```
+    /// # use memres_core::Inspect;
     /// # use memres_core::binning::BinningResource;
     /// # use memres_core::testing::BumpUpstream;
     /// let bins: BinningResource<_> = BinningResource::new(BumpUpstream::new(1 << 20));
-    /// assert_eq!(bins.upstream().outstanding(), 0);
+    /// assert_eq!(bins.upstream().usage().held, 0);
     /// ```
     pub fn upstream(&self) -> &U {
         &self.upstream
@@ -406,18 +429,44 @@ impl<'a, U, S: Stream + ?Sized> BinningResource<'a, U, S> {
         }
         first_error.map_or(Ok(freed), Err)
     }
+}
 
-    /// Runs the invariant checker of every fixed-size bin this resource
-    /// made, and checks the bin table (sizes ascending, distinct, non-zero).
+impl<U, S: Stream + ?Sized> Inspect for BinningResource<'_, U, S> {
+    /// The bins' figures and the large blocks' (each its footprint, used and
+    /// held) added up: the peak held is the sum of the parts' peaks (at
+    /// least the true peak).
     ///
     /// ```
     /// # use memres_core::binning::BinningResource;
+    /// # use memres_core::{Inspect, MemoryResource, Request};
+    /// # use memres_core::testing::BumpUpstream;
+    /// let up = BumpUpstream::new(1 << 30);
+    /// let bins = BinningResource::with_exponents(&up, 8, 8)?;
+    /// let (small, large) = (bins.allocate(Request::new(10)?, &())?, bins.allocate(Request::new(1000)?, &())?);
+    /// let u = bins.usage();
+    /// assert_eq!((u.used, u.held), (256 + 1024, 256 * 128 + 1024));
+    /// # bins.deallocate(small, &())?;
+    /// # bins.deallocate(large, &())?;
+    /// # Ok::<(), memres_core::Error>(())
+    /// ```
+    fn usage(&self) -> Usage {
+        let large = Usage::leaf(self.large.value(), self.large.peak());
+        self.bins.iter().map(|b| b.inspected().usage()).fold(large, Usage::plus)
+    }
+
+    /// Runs the invariant checker of every bin, and checks the bin table
+    /// (sizes ascending, distinct, non-zero; fixed-size bins at least their
+    /// size).
+    ///
+    /// ```
+    /// # use memres_core::binning::BinningResource;
+    /// # use memres_core::Inspect;
     /// # use memres_core::testing::BumpUpstream;
     /// let up = BumpUpstream::new(1 << 30);
     /// assert!(BinningResource::<_>::with_exponents(&up, 8, 12)?.check().is_ok());
     /// # Ok::<(), memres_core::Error>(())
     /// ```
-    pub fn check(&self) -> core::result::Result<(), Violation> {
+    fn check(&self) -> core::result::Result<(), Violation> {
         if self.sizes.len() != self.bins.len() {
             return Err(Violation::new("bin table and bin sizes differ in length"));
         }
@@ -426,13 +475,11 @@ impl<'a, U, S: Stream + ?Sized> BinningResource<'a, U, S> {
         }
         for (size, bin) in self.sizes.iter().zip(&self.bins) {
             if let Bin::Fixed(f) = bin {
-                f.with(|f| {
-                    if f.block_size() < *size {
-                        return Err(Violation::new("fixed-size bin smaller than its size"));
-                    }
-                    f.check()
-                })?;
+                if f.with(|f| f.block_size()) < *size {
+                    return Err(Violation::new("fixed-size bin smaller than its size"));
+                }
             }
+            bin.inspected().check()?;
         }
         Ok(())
     }
@@ -457,7 +504,11 @@ where
         }
         match self.route(request.size()) {
             Some(i) => self.bins[i].allocate(request, stream),
-            None => self.upstream.allocate(request, stream),
+            None => {
+                let block = self.upstream.allocate(request, stream)?;
+                self.large.add(request.rounded_size(256));
+                Ok(block)
+            }
         }
     }
 
@@ -488,7 +539,9 @@ where
                         }
                     }
                 }
-                self.upstream.deallocate(block, stream)
+                let footprint = block.size().next_multiple_of(256);
+                self.large.sub(footprint);
+                self.upstream.deallocate(block, stream).inspect_err(|_| self.large.unsub(footprint))
             }
         }
     }

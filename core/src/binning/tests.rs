@@ -16,10 +16,10 @@ fn pool() -> Pool {
 /// Everything a failed call must leave as it was: the upstream pool's
 /// figures and each fixed bin's.
 fn figures(b: &BinningResource<'_, &Pool>) -> std::vec::Vec<u64> {
-    let mut v = b.upstream().with(|p| std::vec![p.used_bytes(), p.pool_size(), p.upstream().outstanding()]);
+    let mut v = b.upstream().with(|p| std::vec![p.usage().used, p.usage().held, p.upstream().usage().held]);
     for &s in b.bin_sizes() {
         if let Some(f) = b.fixed_bin(s) {
-            f.with(|f| v.extend([f.pool_size(), f.used_blocks()]));
+            f.with(|f| v.extend([f.usage().held, f.used_blocks()]));
         }
     }
     v
@@ -134,15 +134,15 @@ fn randomized_over_fixed_bins_and_pool() {
         }
         // Exact accounting: the pool's bytes in use are the chunks of the
         // bins plus the large blocks; each bin holds its live blocks.
-        let mut held = custom.with(|f| f.pool_size());
+        let mut held = custom.with(|f| f.usage().held);
         for &s in bins.bin_sizes() {
             let used = bins
                 .fixed_bin(s)
                 .map_or_else(|| custom.with(|f| f.used_blocks()), |f| f.with(|f| f.used_blocks()));
             assert_eq!(used, per_route.get(&s).copied().unwrap_or(0), "step {step}: bin {s}");
-            held += bins.fixed_bin(s).map_or(0, |f| f.with(|f| f.pool_size()));
+            held += bins.fixed_bin(s).map_or(0, |f| f.with(|f| f.usage().held));
         }
-        assert_eq!(pool.with(|p| p.used_bytes()), held + large_bytes, "step {step}");
+        assert_eq!(pool.with(|p| p.usage().used), held + large_bytes, "step {step}");
     }
     assert!(seen.iter().all(|&n| n > 0), "a path never ran: {seen:?}");
     for b in blocks.drain(..) {
@@ -153,7 +153,7 @@ fn randomized_over_fixed_bins_and_pool() {
     bins.check().unwrap();
     pool.with(|p| {
         p.check().unwrap();
-        assert_eq!(p.used_bytes(), 0);
+        assert_eq!(p.usage().used, 0);
     });
 }
 
@@ -185,7 +185,7 @@ fn routes_to_smallest_bin_that_holds_the_size() {
     // Zero bytes: nothing anywhere.
     assert!(bins.allocate(Request::new(0).unwrap(), &()).unwrap().is_empty());
     bins.release(&()).unwrap();
-    assert_eq!(up.outstanding(), 0);
+    assert_eq!(up.usage().held, 0);
 }
 
 #[test]
@@ -212,7 +212,7 @@ fn bad_bin_configurations_are_refused_and_change_nothing() {
     // A working resource after all that.
     let b = bins.allocate(Request::new(300).unwrap(), &()).unwrap();
     bins.deallocate(b, &()).unwrap();
-    assert_eq!(up.outstanding(), 512 * 128);
+    assert_eq!(up.usage().held, 512 * 128);
 }
 
 #[test]
@@ -248,12 +248,12 @@ fn upstream_failure_while_a_bin_grows_leaves_everything_usable() {
     up.fail_after(0);
     assert!(matches!(bins.allocate(Request::new(256).unwrap(), &()), Err(Error::Backend { .. })));
     assert!(matches!(bins.allocate(Request::new(4096).unwrap(), &()), Err(Error::Backend { .. })));
-    assert_eq!(up.outstanding(), 0);
+    assert_eq!(up.usage().held, 0);
     bins.check().unwrap();
     up.fail_after(u64::MAX);
     let b = bins.allocate(Request::new(256).unwrap(), &()).unwrap();
     bins.deallocate(b, &()).unwrap();
-    assert_eq!(bins.fixed_bin(256).unwrap().with(|f| (f.used_blocks(), f.pool_size())), (0, 256 * 128));
+    assert_eq!(bins.fixed_bin(256).unwrap().with(|f| (f.used_blocks(), f.usage().held)), (0, 256 * 128));
 }
 
 #[test]
@@ -283,7 +283,7 @@ fn shared_between_threads_with_a_lock_per_bin() {
     });
     bins.check().unwrap();
     bins.release(&()).unwrap();
-    pool.with(|p| assert_eq!(p.used_bytes(), 0));
+    pool.with(|p| assert_eq!(p.usage().used, 0));
 }
 
 #[test]
@@ -321,7 +321,7 @@ fn bins_from_a_histogram_serve_the_hot_sizes() {
         bins.deallocate(b, &()).unwrap();
     }
     bins.release(&()).unwrap();
-    assert_eq!(up.outstanding(), 0);
+    assert_eq!(up.usage().held, 0);
 }
 
 /// The plan's choice against a brute force over every subset of sizes, on
@@ -421,14 +421,14 @@ fn a_wrong_size_free_never_hands_a_bin_chunk_upstream() {
     let up = BumpUpstream::new(1 << 30);
     let bins = BinningResource::<_>::with_exponents(&up, 9, 9).unwrap();
     let b = bins.allocate(Request::new(300).unwrap(), &()).unwrap();
-    let held = up.outstanding();
+    let held = up.usage().held;
     let chunk = bins.fixed_bin(512).unwrap().with(|f| f.config().chunk_size());
     let wrong = Block::from_addr(b.addr(), chunk - 1);
     assert_eq!(
         bins.deallocate(wrong, &()),
         Err(Error::SizeMismatch { addr: b.addr(), expected: 512, given: chunk - 1 })
     );
-    assert_eq!(up.outstanding(), held, "the chunk stays with the bin");
+    assert_eq!(up.usage().held, held, "the chunk stays with the bin");
     bins.check().unwrap();
     bins.deallocate(b, &()).unwrap();
     bins.check().unwrap();

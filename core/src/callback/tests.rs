@@ -1,6 +1,6 @@
 use super::CallbackResource;
 use crate::testing::BumpUpstream;
-use crate::{Block, Error, MemoryResource, Request, Result};
+use crate::{Block, Error, Inspect, MemoryResource, Request, Result};
 use core::sync::atomic::{AtomicU64, Ordering};
 
 fn req(size: u64) -> Request {
@@ -35,11 +35,11 @@ fn counted() -> Counted {
 fn each_call_goes_to_its_closure_with_the_context() {
     let r = counted();
     let b = r.allocate(req(1000), &()).unwrap();
-    assert_eq!(r.context().up.outstanding(), 1024, "bytes, rounded to 256");
+    assert_eq!(r.context().up.usage().held, 1024, "bytes, rounded to 256");
     r.deallocate(b, &()).unwrap();
     let c = r.context();
     assert_eq!((c.allocs.load(Ordering::Relaxed), c.frees.load(Ordering::Relaxed)), (1, 1));
-    assert_eq!(c.up.outstanding(), 0);
+    assert_eq!(c.up.usage().held, 0);
 }
 
 #[test]
@@ -61,5 +61,5 @@ fn the_closures_errors_come_back_unchanged() {
         r.allocate(req(1000), &()),
         Err(Error::Backend { what: "injected upstream failure", .. })
     ));
-    assert_eq!(r.context().up.outstanding(), 0);
+    assert_eq!(r.context().up.usage().held, 0);
 }

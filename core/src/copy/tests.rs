@@ -5,6 +5,7 @@ use crate::arena::ArenaResource;
 use crate::fixed::FixedSizeResource;
 use crate::pool::CoalescingPool;
 use crate::testing::{BumpUpstream, IdStream};
+use crate::Inspect;
 use crate::{Block, Error, MemoryResource, MemoryResourceMut, Request, Result, StreamOrdered};
 use core::sync::atomic::{AtomicI64, AtomicU64, Ordering::Relaxed};
 
@@ -35,7 +36,7 @@ fn pool_gives_a_short_chunk_back() {
     let up = Halving::default();
     let mut pool = CoalescingPool::new(&up);
     assert_eq!(pool.allocate(Request::new(1000).unwrap(), &()), Err(SHORT));
-    assert_eq!((up.live.load(Relaxed), pool.pool_size()), (0, 0));
+    assert_eq!((up.live.load(Relaxed), pool.usage().held), (0, 0));
     pool.check().unwrap();
 }
 
@@ -62,7 +63,7 @@ fn stream_ordered_layer_gives_a_short_block_back() {
     let up = Halving::default();
     let mut so: StreamOrdered<_, IdStream> = StreamOrdered::new(&up);
     assert_eq!(so.allocate(Request::new(1000).unwrap(), &IdStream(1)), Err(SHORT));
-    assert_eq!((up.live.load(Relaxed), so.live_bytes()), (0, 0));
+    assert_eq!((up.live.load(Relaxed), so.live_count()), (0, 0));
 }
 
 #[test]

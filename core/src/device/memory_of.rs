@@ -4,16 +4,16 @@
 //! The registry hands out [`DynResource`]s, which the types cannot vouch
 //! for as [`MemoryOf`] any engine. So a resource is *promised*, once, as
 //! memory of an engine `E`: through a [`MemoryOf<E>`] bound
-//! ([`promise_memory_of`], [`Registry::set_of`]) or by hand (the `unsafe`
+//! ([`promise_memory_of`], [`Registry::set_per_device_resource_of`]) or by hand (the `unsafe`
 //! [`promise_memory_of_unchecked`]). The promise names the resource object
 //! (its `Arc` allocation) and the engine value to use with it;
-//! [`Registry::get_of`] hands out a device's current resource for `E` only
+//! [`Registry::get_per_device_resource_of`] hands out a device's current resource for `E` only
 //! if that very object was promised for `E`.
 //!
 //! ```text
-//!  set_of(device, Arc<R: MemoryOf<E>>, engine) ─► promises: (K, E, address of R) ─► Weak<R>, engine
-//!                                              └► set(device, R)            (the current resource)
-//!  get_of::<K, E>(device) ─► get(device) ─► r ─► promised for E?  ─► (CurrentResource<K, E>, engine)
+//!  set_per_device_resource_of(device, Arc<R: MemoryOf<E>>, engine) ─► promises: (K, E, address of R) ─► Weak<R>, engine
+//!                                              └► set_per_device_resource(device, R)          (the current resource)
+//!  get_per_device_resource_of::<K, E>(device) ─► get_per_device_resource(device) ─► r ─► promised for E?  ─► (CurrentResource<K, E>, engine)
 //!                                                 no ─► InvalidConfig
 //! ```
 //!
@@ -78,7 +78,7 @@ impl<S: DeviceStream + ?Sized> DeviceStream for &S {
 }
 
 /// A device's current resource, promised to be memory of the engine `E`:
-/// what [`Registry::get_of`] hands out and the containers made without a
+/// what [`Registry::get_per_device_resource_of`] hands out and the containers made without a
 /// resource hold. It serves every stream whose [`DeviceStream::Key`] is `K`.
 ///
 /// Made only from a promised resource, so it is [`MemoryOf<E>`].
@@ -122,7 +122,7 @@ impl<K: Stream + ?Sized + 'static, S: DeviceStream<Key = K> + ?Sized, E> MemoryR
     }
 }
 
-// SAFETY: a `CurrentResource` is made only by `Registry::get_of`, from a
+// SAFETY: a `CurrentResource` is made only by `Registry::get_per_device_resource_of`, from a
 // resource object found in `PROMISES` under `E`; an entry is made only by
 // `promise_memory_of`, whose bound `R: MemoryOf<E>` holds for the object, or
 // by `promise_memory_of_unchecked`, whose caller promises it. The entry's
@@ -168,7 +168,7 @@ fn address<K: ?Sized>(resource: &DynResource<K>) -> usize {
 
 /// Promises that `resource` is memory of engines of type `E`, to be used
 /// with `engine`: wherever it is (or becomes) a device's current resource
-/// for streams of type `K`, [`Registry::get_of`] hands it out for `E`. A
+/// for streams of type `K`, [`Registry::get_per_device_resource_of`] hands it out for `E`. A
 /// backend's default factory calls this on what it makes. A second promise
 /// of the same object for the same `E` replaces the engine.
 ///
@@ -192,8 +192,8 @@ fn address<K: ?Sized>(resource: &DynResource<K>) -> usize {
 /// let host = Arc::new(Host); // `Host: MemoryOf<HostEngine>`
 /// promise_memory_of::<(), _, _>(&host, HostEngine);
 /// let reg = Registry::new();
-/// reg.set::<()>(0, host);
-/// assert!(reg.get_of::<(), HostEngine>(0).is_ok());
+/// reg.set_per_device_resource::<()>(0, host);
+/// assert!(reg.get_per_device_resource_of::<(), HostEngine>(0).is_ok());
 /// ```
 pub fn promise_memory_of<K, E, R>(resource: &Arc<R>, engine: E)
 where
@@ -259,41 +259,46 @@ impl Registry {
     /// # unsafe impl MemoryOf<HostEngine> for Host {}
     /// # use std::sync::Arc;
     /// let reg = Registry::new();
-    /// assert!(reg.set_of::<(), _, _>(0, Arc::new(Host), HostEngine).is_none());
-    /// let (_resource, _engine) = reg.get_of::<(), HostEngine>(0)?;
+    /// assert!(reg.set_per_device_resource_of::<(), _, _>(0, Arc::new(Host), HostEngine).is_none());
+    /// let (_resource, _engine) = reg.get_per_device_resource_of::<(), HostEngine>(0)?;
     /// # Ok::<(), memres_core::Error>(())
     /// ```
-    pub fn set_of<K, E, R>(&self, device: DeviceId, resource: Arc<R>, engine: E) -> Option<DynResource<K>>
+    pub fn set_per_device_resource_of<K, E, R>(
+        &self,
+        device: DeviceId,
+        resource: Arc<R>,
+        engine: E,
+    ) -> Option<DynResource<K>>
     where
         K: Stream + ?Sized + 'static,
         E: Send + Sync + 'static,
         R: MemoryResource<K> + MemoryOf<E> + Send + Sync + 'static,
     {
         promise_memory_of::<K, E, R>(&resource, engine);
-        self.set::<K>(device, resource)
+        self.set_per_device_resource::<K>(device, resource)
     }
 
     /// The current resource of `device` for streams of type `K` (see
-    /// [`get`](Self::get): the default factory's if none was set), with the
+    /// [`get_per_device_resource`](Self::get_per_device_resource): the default factory's if none was set), with the
     /// engine promised with it, if it was promised as memory of `E`.
     ///
     /// # Errors
     ///
-    /// As [`get`](Self::get); [`Error::InvalidConfig`] if the resource was
-    /// not promised for `E` (set through [`set`](Self::set) only, or made by
+    /// As [`get_per_device_resource`](Self::get_per_device_resource); [`Error::InvalidConfig`] if the resource was
+    /// not promised for `E` (set through [`set_per_device_resource`](Self::set_per_device_resource) only, or made by
     /// a factory that does not promise it).
-    pub fn get_of<K, E>(&self, device: DeviceId) -> Result<(CurrentResource<K, E>, E)>
+    pub fn get_per_device_resource_of<K, E>(&self, device: DeviceId) -> Result<(CurrentResource<K, E>, E)>
     where
         K: Stream + ?Sized + 'static,
         E: Clone + Send + Sync + 'static,
     {
-        let resource = self.get::<K>(device)?;
+        let resource = self.get_per_device_resource::<K>(device)?;
         let engine = promised_engine::<K, E>(&resource).ok_or(NOT_PROMISED)?;
         Ok((CurrentResource { resource, _engine: PhantomData }, engine))
     }
 }
 
-/// [`Registry::set_of`] on the process-wide registry: the current resource
+/// [`Registry::set_per_device_resource_of`] on the process-wide registry: the current resource
 /// of `device` that the containers made without a resource use (and every
 /// other user of the registry).
 ///
@@ -324,20 +329,20 @@ where
     E: Send + Sync + 'static,
     R: MemoryResource<K> + MemoryOf<E> + Send + Sync + 'static,
 {
-    GLOBAL.set_of(device, resource, engine)
+    GLOBAL.set_per_device_resource_of(device, resource, engine)
 }
 
-/// [`Registry::get_of`] on the process-wide registry.
+/// [`Registry::get_per_device_resource_of`] on the process-wide registry.
 ///
 /// # Errors
 ///
-/// As [`Registry::get_of`].
+/// As [`Registry::get_per_device_resource_of`].
 pub fn get_per_device_resource_of<K, E>(device: DeviceId) -> Result<(CurrentResource<K, E>, E)>
 where
     K: Stream + ?Sized + 'static,
     E: Clone + Send + Sync + 'static,
 {
-    GLOBAL.get_of(device)
+    GLOBAL.get_per_device_resource_of(device)
 }
 
 #[cfg(all(test, not(loom)))]

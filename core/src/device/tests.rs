@@ -17,19 +17,19 @@ fn bump(cap: u64) -> DynResource {
 #[test]
 fn set_get_replace_reset() {
     let reg = Registry::new();
-    assert!(matches!(reg.get::<()>(0), Err(Error::InvalidConfig { .. })));
+    assert!(matches!(reg.get_per_device_resource::<()>(0), Err(Error::InvalidConfig { .. })));
     let a = bump(1 << 20);
     let b = bump(1 << 20);
-    assert!(reg.set::<()>(0, a.clone()).is_none());
-    assert!(Arc::ptr_eq(&reg.get::<()>(0).unwrap(), &a));
+    assert!(reg.set_per_device_resource::<()>(0, a.clone()).is_none());
+    assert!(Arc::ptr_eq(&reg.get_per_device_resource::<()>(0).unwrap(), &a));
     // Other devices and other stream types are separate.
-    assert!(reg.get::<()>(1).is_err());
-    assert!(reg.get::<OtherStream>(0).is_err());
-    let old = reg.set::<()>(0, b.clone()).unwrap();
+    assert!(reg.get_per_device_resource::<()>(1).is_err());
+    assert!(reg.get_per_device_resource::<OtherStream>(0).is_err());
+    let old = reg.set_per_device_resource::<()>(0, b.clone()).unwrap();
     assert!(Arc::ptr_eq(&old, &a));
-    assert!(Arc::ptr_eq(&reg.get::<()>(0).unwrap(), &b));
-    assert!(Arc::ptr_eq(&reg.reset::<()>(0).unwrap(), &b));
-    assert!(reg.get::<()>(0).is_err());
+    assert!(Arc::ptr_eq(&reg.get_per_device_resource::<()>(0).unwrap(), &b));
+    assert!(Arc::ptr_eq(&reg.reset_per_device_resource::<()>(0).unwrap(), &b));
+    assert!(reg.get_per_device_resource::<()>(0).is_err());
 }
 
 #[test]
@@ -42,12 +42,15 @@ fn default_factory_makes_once_per_device() {
         Ok(Arc::new(Statistics::new(BumpUpstream::new(1 << 20))))
     }
     assert!(!reg.set_default_factory::<OtherStream>(factory));
-    let d0 = reg.get::<OtherStream>(0).unwrap();
-    assert!(Arc::ptr_eq(&d0, &reg.get::<OtherStream>(0).unwrap()));
-    assert!(!Arc::ptr_eq(&d0, &reg.get::<OtherStream>(1).unwrap()));
-    assert_eq!(reg.get::<OtherStream>(9).err(), Some(Error::Backend { code: 100, what: "no such device" }));
+    let d0 = reg.get_per_device_resource::<OtherStream>(0).unwrap();
+    assert!(Arc::ptr_eq(&d0, &reg.get_per_device_resource::<OtherStream>(0).unwrap()));
+    assert!(!Arc::ptr_eq(&d0, &reg.get_per_device_resource::<OtherStream>(1).unwrap()));
+    assert_eq!(
+        reg.get_per_device_resource::<OtherStream>(9).err(),
+        Some(Error::Backend { code: 100, what: "no such device" })
+    );
     // The unit stream has no factory in this registry.
-    assert!(reg.get::<()>(0).is_err());
+    assert!(reg.get_per_device_resource::<()>(0).is_err());
     let s = OtherStream::default();
     let b = d0.allocate(Request::new(10).unwrap(), &s).unwrap();
     d0.deallocate(b, &s).unwrap();
@@ -58,7 +61,8 @@ fn concurrent_gets_agree() {
     let reg = Registry::new();
     reg.set_default_factory::<()>(|_| Ok(bump(1 << 20)));
     let got: Vec<DynResource> = std::thread::scope(|s| {
-        let handles: Vec<_> = (0..4).map(|_| s.spawn(|| reg.get::<()>(3).unwrap())).collect();
+        let handles: Vec<_> =
+            (0..4).map(|_| s.spawn(|| reg.get_per_device_resource::<()>(3).unwrap())).collect();
         handles.into_iter().map(|h| h.join().unwrap()).collect()
     });
     for r in &got {
@@ -72,7 +76,31 @@ fn global_functions() {
     type GlobalOnly = TestStream<2>;
     assert!(get_per_device_resource::<GlobalOnly>(0).is_err());
     let r: DynResource<GlobalOnly> = Arc::new(BumpUpstream::new(1 << 20));
-    assert!(set_current_device_resource::<GlobalOnly>(0, r.clone()).is_none());
+    assert!(set_per_device_resource::<GlobalOnly>(0, r.clone()).is_none());
     assert!(Arc::ptr_eq(&get_per_device_resource::<GlobalOnly>(0).unwrap(), &r));
-    assert!(Arc::ptr_eq(&global().get::<GlobalOnly>(0).unwrap(), &r));
+    assert!(Arc::ptr_eq(&global().get_per_device_resource::<GlobalOnly>(0).unwrap(), &r));
+}
+
+/// RMM's current-device pair: the device is the one the stream type's query
+/// names (device 0 without one); setting returns what it replaces; a query
+/// that fails sets nothing.
+#[test]
+fn current_device_resource_follows_the_query() {
+    let reg = Registry::new();
+    let (a, b) = (bump(1 << 20), bump(1 << 20));
+    assert!(reg.set_current_device_resource::<()>(a.clone()).unwrap().is_none());
+    assert!(Arc::ptr_eq(&reg.get_per_device_resource::<()>(0).unwrap(), &a));
+    assert!(!reg.set_current_device_query::<()>(|| Ok(5)));
+    assert!(reg.get_current_device_resource::<()>().is_err(), "device 5 has none");
+    assert!(reg.set_current_device_resource::<()>(b.clone()).unwrap().is_none());
+    assert!(Arc::ptr_eq(&reg.get_current_device_resource::<()>().unwrap(), &b));
+    assert!(Arc::ptr_eq(&reg.set_current_device_resource::<()>(a.clone()).unwrap().unwrap(), &b));
+    // Other stream types keep device 0.
+    assert_eq!(reg.current_device::<OtherStream>(), Ok(0));
+    assert!(reg.set_current_device_query::<()>(|| Err(Error::Backend { code: 3, what: "no device" })));
+    assert_eq!(
+        reg.set_current_device_resource::<()>(b).err(),
+        Some(Error::Backend { code: 3, what: "no device" })
+    );
+    assert!(Arc::ptr_eq(&reg.get_per_device_resource::<()>(5).unwrap(), &a), "nothing set on failure");
 }

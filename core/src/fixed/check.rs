@@ -1,11 +1,31 @@
-//! The fixed-size resource's invariant checker.
+//! The fixed-size resource's figures and invariant checker.
 
 use super::slots::{is_free_link, Slot, NIL, RETIRED, USED, VACANT};
 use super::{Chunk, FixedSizeResource};
 use crate::check::Violation;
 use crate::storage::Storage;
+use crate::{Inspect, Usage};
 
-impl<U, C: Storage<Chunk>, L: Storage<Slot>> FixedSizeResource<U, C, L> {
+impl<U, C: Storage<Chunk>, L: Storage<Slot>> Inspect for FixedSizeResource<U, C, L> {
+    /// Used: whole blocks; held: the chunks; largest free: one block if
+    /// any is free.
+    ///
+    /// ```
+    /// # use memres_core::fixed::{FixedConfig, FixedSizeResource};
+    /// # use memres_core::{Inspect, MemoryResourceMut, Request};
+    /// # use memres_core::testing::BumpUpstream;
+    /// let mut f = FixedSizeResource::with_config(BumpUpstream::new(1 << 20), FixedConfig::new(256).blocks_per_chunk(4), &())?;
+    /// f.allocate(Request::new(1)?, &())?;
+    /// let u = f.usage();
+    /// assert_eq!((u.used, u.held, u.free, u.largest_free), (256, 1024, 3 * 256, 256));
+    /// # Ok::<(), memres_core::Error>(())
+    /// ```
+    fn usage(&self) -> Usage {
+        let used = self.slots.used * self.block_size;
+        let largest_free = if self.free_blocks() > 0 { self.block_size } else { 0 };
+        Usage::new(used, self.chunks.held(), self.chunks.peak_held(), largest_free)
+    }
+
     /// Checks the invariants: chunks sorted, disjoint, aligned and each
     /// owning one whole slot group whose slots hold its block addresses;
     /// every other slot group vacant; the free stack a list without cycles
@@ -21,14 +41,14 @@ impl<U, C: Storage<Chunk>, L: Storage<Slot>> FixedSizeResource<U, C, L> {
     ///
     /// ```
     /// use memres_core::fixed::FixedSizeResource;
-    /// use memres_core::{MemoryResourceMut, Request};
+    /// use memres_core::{Inspect, MemoryResourceMut, Request};
     /// # use memres_core::testing::BumpUpstream;
     /// let mut f = FixedSizeResource::new(BumpUpstream::new(1 << 30));
     /// f.allocate(Request::new(1)?, &())?;
     /// assert!(f.check().is_ok());
     /// # Ok::<(), memres_core::Error>(())
     /// ```
-    pub fn check(&self) -> core::result::Result<(), Violation> {
+    fn check(&self) -> core::result::Result<(), Violation> {
         let bpc = self.config.blocks() as usize;
         let chunk_size = self.config.chunk_size();
         let slots = &self.slots.table;
@@ -87,7 +107,7 @@ impl<U, C: Storage<Chunk>, L: Storage<Slot>> FixedSizeResource<U, C, L> {
         if free + used + retired != owned as u64 * bpc as u64 {
             return Err(Violation::new("free + used + retired count != blocks held"));
         }
-        if self.used_bytes() + (free + retired) * self.block_size != self.chunks.held() {
+        if (used + free + retired) * self.block_size != self.chunks.held() {
             return Err(Violation::new("bytes in use + free + retired != bytes held from upstream"));
         }
         Ok(())

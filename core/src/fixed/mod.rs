@@ -103,8 +103,9 @@ impl<U> FixedSizeResource<U> {
     /// ```
     /// use memres_core::fixed::FixedSizeResource;
     /// # use memres_core::testing::BumpUpstream;
+    /// use memres_core::Inspect;
     /// let fixed = FixedSizeResource::new(BumpUpstream::new(1 << 30));
-    /// assert_eq!((fixed.block_size(), fixed.pool_size()), (1 << 20, 0));
+    /// assert_eq!((fixed.block_size(), fixed.usage().held), (1 << 20, 0));
     /// ```
     pub fn new(upstream: U) -> Self {
         Self::empty(upstream, FixedConfig::default())
@@ -124,10 +125,11 @@ impl<U> FixedSizeResource<U> {
     ///
     /// ```
     /// use memres_core::fixed::{FixedConfig, FixedSizeResource};
+    /// use memres_core::Inspect;
     /// # use memres_core::testing::BumpUpstream;
     /// let config = FixedConfig::new(512).blocks_per_chunk(4).initial_chunks(2);
     /// let fixed = FixedSizeResource::with_config(BumpUpstream::new(1 << 20), config, &())?;
-    /// assert_eq!((fixed.pool_size(), fixed.free_blocks()), (4096, 8));
+    /// assert_eq!((fixed.usage().held, fixed.free_blocks()), (4096, 8));
     /// assert!(FixedSizeResource::with_config(BumpUpstream::new(1), FixedConfig::new(100), &()).is_err());
     /// # Ok::<(), memres_core::Error>(())
     /// ```
@@ -151,43 +153,23 @@ impl<U> FixedSizeResource<U> {
     ///
     /// ```
     /// use memres_core::fixed::{FixedConfig, FixedSizeResource};
+    /// use memres_core::Inspect;
     /// # use memres_core::testing::BumpUpstream;
     /// let fixed = FixedSizeResource::try_new(BumpUpstream::new(1 << 20), FixedConfig::new(512))?;
-    /// assert_eq!((fixed.block_size(), fixed.pool_size()), (512, 0));
+    /// assert_eq!((fixed.block_size(), fixed.usage().held), (512, 0));
     /// assert!(FixedSizeResource::try_new(BumpUpstream::new(0), FixedConfig::new(512).initial_chunks(1)).is_err());
     /// # Ok::<(), memres_core::Error>(())
     /// ```
     pub fn try_new(upstream: U, config: FixedConfig) -> Result<Self> {
-        Self::try_new_in(upstream, config)
-    }
-}
-
-impl<U, C: Storage<Chunk>, L: Storage<Slot>> FixedSizeResource<U, C, L> {
-    /// [`try_new`](FixedSizeResource::try_new) for any metadata storage.
-    ///
-    /// # Errors
-    ///
-    /// As [`try_new`](FixedSizeResource::try_new).
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use memres_core::fixed::{Chunk, FixedConfig, FixedSizeResource, Slot};
-    /// use memres_core::storage::ArrayStorage;
-    /// # use memres_core::testing::BumpUpstream;
-    /// type Small<U> = FixedSizeResource<U, ArrayStorage<Chunk, 2>, ArrayStorage<Slot, 8>>;
-    /// let fixed = Small::try_new_in(BumpUpstream::new(1 << 20), FixedConfig::new(256).blocks_per_chunk(4))?;
-    /// assert_eq!(fixed.pool_size(), 0);
-    /// # Ok::<(), memres_core::Error>(())
-    /// ```
-    pub fn try_new_in(upstream: U, config: FixedConfig) -> Result<Self> {
         config.validate()?;
         if config.initial() > 0 {
             return Err(Error::InvalidConfig { what: "initial chunks need a stream: use with_config" });
         }
         Ok(Self::empty(upstream, config))
     }
+}
 
+impl<U, C: Storage<Chunk>, L: Storage<Slot>> FixedSizeResource<U, C, L> {
     fn empty(upstream: U, config: FixedConfig) -> Self {
         FixedSizeResource {
             block_size: config.block_size(),
@@ -244,10 +226,11 @@ impl<U, C: Storage<Chunk>, L: Storage<Slot>> FixedSizeResource<U, C, L> {
     /// The upstream resource.
     ///
     /// ```
+    /// # use memres_core::Inspect;
     /// # use memres_core::fixed::FixedSizeResource;
     /// # use memres_core::testing::BumpUpstream;
     /// let fixed = FixedSizeResource::new(BumpUpstream::new(1 << 30));
-    /// assert_eq!(fixed.upstream().outstanding(), 0);
+    /// assert_eq!(fixed.upstream().usage().held, 0);
     /// ```
     pub fn upstream(&self) -> &U {
         self.chunks.upstream()
@@ -284,62 +267,6 @@ impl<U, C: Storage<Chunk>, L: Storage<Slot>> FixedSizeResource<U, C, L> {
     /// ```
     pub fn alignment(&self) -> u64 {
         self.align
-    }
-
-    /// Bytes held from upstream.
-    ///
-    /// ```
-    /// # use memres_core::fixed::{FixedConfig, FixedSizeResource};
-    /// # use memres_core::{MemoryResourceMut, Request};
-    /// # use memres_core::testing::BumpUpstream;
-    /// let mut f = FixedSizeResource::with_config(BumpUpstream::new(1 << 20), FixedConfig::new(256).blocks_per_chunk(2), &())?;
-    /// f.allocate(Request::new(1)?, &())?;
-    /// assert_eq!(f.pool_size(), 512);
-    /// # Ok::<(), memres_core::Error>(())
-    /// ```
-    pub fn pool_size(&self) -> u64 {
-        self.chunks.held()
-    }
-
-    /// The most bytes ever held from upstream at once.
-    ///
-    /// ```
-    /// # use memres_core::fixed::FixedSizeResource;
-    /// # use memres_core::testing::BumpUpstream;
-    /// assert_eq!(FixedSizeResource::new(BumpUpstream::new(0)).peak_pool_size(), 0);
-    /// ```
-    pub fn peak_pool_size(&self) -> u64 {
-        self.chunks.peak_held()
-    }
-
-    /// Bytes of the blocks handed out (whole blocks).
-    ///
-    /// ```
-    /// # use memres_core::fixed::{FixedConfig, FixedSizeResource};
-    /// # use memres_core::{MemoryResourceMut, Request};
-    /// # use memres_core::testing::BumpUpstream;
-    /// let mut f = FixedSizeResource::with_config(BumpUpstream::new(1 << 20), FixedConfig::new(1024), &())?;
-    /// f.allocate(Request::new(1)?, &())?;
-    /// assert_eq!(f.used_bytes(), 1024);
-    /// # Ok::<(), memres_core::Error>(())
-    /// ```
-    pub fn used_bytes(&self) -> u64 {
-        self.slots.used * self.block_size
-    }
-
-    /// Bytes held from upstream and free.
-    ///
-    /// ```
-    /// # use memres_core::fixed::{FixedConfig, FixedSizeResource};
-    /// # use memres_core::{MemoryResourceMut, Request};
-    /// # use memres_core::testing::BumpUpstream;
-    /// let mut f = FixedSizeResource::with_config(BumpUpstream::new(1 << 20), FixedConfig::new(256).blocks_per_chunk(4), &())?;
-    /// f.allocate(Request::new(1)?, &())?;
-    /// assert_eq!(f.free_bytes(), 3 * 256);
-    /// # Ok::<(), memres_core::Error>(())
-    /// ```
-    pub fn free_bytes(&self) -> u64 {
-        self.free_blocks() * self.block_size
     }
 
     /// Blocks handed out.
@@ -469,9 +396,9 @@ impl<U, C: Storage<Chunk>, L: Storage<Slot>> FixedSizeResource<U, C, L> {
     }
 
     /// A free that the tag did not settle: empty, stale, foreign or known
-    /// only by its address.
+    /// only by its address (then looked up by binary search over chunks).
     #[cold]
-    fn deallocate_unusual(&mut self, block: Block) -> Result<()> {
+    fn deallocate_by_address(&mut self, block: Block) -> Result<()> {
         if block.is_empty() {
             return Ok(());
         }
@@ -511,6 +438,7 @@ impl<U, C: Storage<Chunk>, L: Storage<Slot>> FixedSizeResource<U, C, L> {
     /// # Examples
     ///
     /// ```
+    /// # use memres_core::Inspect;
     /// use memres_core::fixed::{FixedConfig, FixedSizeResource};
     /// use memres_core::{MemoryResourceMut, Request};
     /// # use memres_core::testing::BumpUpstream;
@@ -520,7 +448,7 @@ impl<U, C: Storage<Chunk>, L: Storage<Slot>> FixedSizeResource<U, C, L> {
     /// f.deallocate(blocks[0], &())?;
     /// f.deallocate(blocks[1], &())?;
     /// assert_eq!(f.release(&())?, 512);
-    /// assert_eq!((f.chunk_count(), f.upstream().outstanding()), (1, 512));
+    /// assert_eq!((f.chunk_count(), f.upstream().usage().held), (1, 512));
     /// # Ok::<(), memres_core::Error>(())
     /// ```
     pub fn release<S: Stream + ?Sized>(&mut self, stream: &S) -> Result<u64>
@@ -580,7 +508,7 @@ where
             self.slots.push(i);
             return Ok(());
         }
-        self.deallocate_unusual(block)
+        self.deallocate_by_address(block)
     }
 }
 
@@ -603,8 +531,8 @@ impl<U, C: Storage<Chunk>, L: Storage<Slot>> fmt::Debug for FixedSizeResource<U,
         f.debug_struct("FixedSizeResource")
             .field("block_size", &self.block_size)
             .field("alignment", &self.align)
-            .field("pool_size", &self.chunks.held())
-            .field("peak_pool_size", &self.chunks.peak_held())
+            .field("held", &self.chunks.held())
+            .field("peak_held", &self.chunks.peak_held())
             .field("used_blocks", &self.slots.used)
             .field("chunks", &self.chunks.len())
             .field("config", &self.config)

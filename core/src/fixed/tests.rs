@@ -3,6 +3,7 @@ extern crate std;
 use super::*;
 use crate::storage::ArrayStorage;
 use crate::testing::{BumpUpstream, SplitMix64};
+use crate::Inspect;
 use std::collections::BTreeMap;
 use std::vec::Vec;
 
@@ -19,11 +20,11 @@ fn figures<U: core::borrow::Borrow<BumpUpstream>, C: Storage<Chunk>, L: Storage<
     f: &FixedSizeResource<U, C, L>,
 ) -> [u64; 5] {
     [
-        f.pool_size(),
+        f.usage().held,
         f.used_blocks(),
         f.free_blocks(),
         f.chunk_count() as u64,
-        f.upstream().borrow().outstanding(),
+        f.upstream().borrow().usage().held,
     ]
 }
 
@@ -115,8 +116,8 @@ fn randomized<C: Storage<Chunk>, L: Storage<Slot>>(
             56 => {
                 let given = f.release(&()).unwrap();
                 seen[3] += (given > 0) as u64;
-                assert_eq!(before[0] - given, f.pool_size(), "step {step}");
-                assert_eq!(f.pool_size(), f.upstream().outstanding(), "step {step}");
+                assert_eq!(before[0] - given, f.usage().held, "step {step}");
+                assert_eq!(f.usage().held, f.upstream().usage().held, "step {step}");
             }
             _ if !blocks.is_empty() => {
                 let b = blocks.swap_remove(rng.below(blocks.len() as u64) as usize);
@@ -140,7 +141,7 @@ fn randomized<C: Storage<Chunk>, L: Storage<Slot>>(
             panic!("step {step}: {v}");
         }
         assert_eq!(f.used_blocks(), live.len() as u64, "step {step}");
-        assert_eq!(f.pool_size(), f.upstream().outstanding(), "step {step}");
+        assert_eq!(f.usage().held, f.upstream().usage().held, "step {step}");
         // Stale blocks whose address came back live are no longer stale.
         freed.retain(|x| !live.contains_key(&x.addr()));
     }
@@ -149,10 +150,10 @@ fn randomized<C: Storage<Chunk>, L: Storage<Slot>>(
         f.deallocate(b, &()).unwrap();
     }
     f.check().unwrap();
-    assert_eq!(f.used_bytes(), 0);
+    assert_eq!(f.usage().used, 0);
     f.release(&()).unwrap();
     f.check().unwrap();
-    assert_eq!((f.pool_size(), f.upstream().outstanding()), (0, 0));
+    assert_eq!((f.usage().held, f.upstream().usage().held), (0, 0));
 }
 
 #[test]
@@ -189,7 +190,7 @@ fn blocks_are_consecutive_lowest_first_and_reused_lifo() {
     assert_eq!(f.allocate(r, &()).unwrap().addr(), b[2].addr());
     // The stack is empty: the next request takes a second chunk.
     f.allocate(r, &()).unwrap();
-    assert_eq!((f.chunk_count(), f.pool_size(), f.used_blocks()), (2, 4096, 5));
+    assert_eq!((f.chunk_count(), f.usage().held, f.used_blocks()), (2, 4096, 5));
     f.check().unwrap();
 }
 
@@ -201,7 +202,7 @@ fn request_above_block_size_or_alignment_is_an_error() {
         f.allocate(Request::aligned(16, 512).unwrap(), &()),
         Err(Error::InvalidAlignment { align: 512 })
     );
-    assert_eq!(f.pool_size(), 0, "nothing taken for a refused request");
+    assert_eq!(f.usage().held, 0, "nothing taken for a refused request");
     // Chunks aligned to 4096 and 1024-byte blocks guarantee 1024.
     let mut g = fixed(FixedConfig::new(1024).chunk_alignment(4096));
     assert_eq!(g.alignment(), 1024);
@@ -217,7 +218,7 @@ fn zero_byte_request_takes_nothing() {
     let b = f.allocate(Request::new(0).unwrap(), &()).unwrap();
     assert!(b.is_empty());
     f.deallocate(b, &()).unwrap();
-    assert_eq!(f.pool_size(), 0);
+    assert_eq!(f.usage().held, 0);
 }
 
 #[test]
@@ -276,7 +277,9 @@ fn a_used_up_slot_is_retired_and_its_stale_tags_stay_double_frees() {
     let c = f.allocate(r, &()).unwrap();
     assert_eq!(f.deallocate(a, &()), Err(Error::DoubleFree { addr: a.addr() }));
     assert_ne!(c.addr(), a.addr(), "the retired block was handed out again");
-    assert_eq!((f.used_blocks(), f.free_blocks(), f.free_bytes()), (1, 0, 0));
+    // The retired block is held and not used: free, but never handed out.
+    let u = f.usage();
+    assert_eq!((f.used_blocks(), f.free_blocks(), u.free, u.largest_free), (1, 0, 256, 0));
     f.check().unwrap();
     // The chunk goes back once its other block is free; its slot group,
     // reused, keeps the retirement.
@@ -286,7 +289,7 @@ fn a_used_up_slot_is_retired_and_its_stale_tags_stay_double_frees() {
     f.check().unwrap();
     let d = f.allocate(r, &()).unwrap();
     assert_eq!(d.tag() as u32, c.tag() as u32);
-    assert_eq!((f.pool_size(), f.used_blocks(), f.free_blocks()), (512, 1, 0));
+    assert_eq!((f.usage().held, f.used_blocks(), f.free_blocks()), (512, 1, 0));
     f.check().unwrap();
     f.deallocate(d, &()).unwrap();
 
@@ -345,7 +348,7 @@ fn failed_initial_chunks_hold_nothing() {
     let config = FixedConfig::new(256).blocks_per_chunk(4).initial_chunks(3);
     let e = FixedSizeResource::with_config(&up, config, &()).unwrap_err();
     assert!(matches!(e, Error::Backend { .. }));
-    assert_eq!(up.outstanding(), 0);
+    assert_eq!(up.usage().held, 0);
 }
 
 #[test]
@@ -359,7 +362,7 @@ fn release_gives_back_only_wholly_free_chunks() {
     f.deallocate(b[2], &()).unwrap();
     assert_eq!(f.release(&()).unwrap(), 512);
     f.check().unwrap();
-    assert_eq!((f.chunk_count(), f.pool_size(), f.upstream().outstanding()), (2, 1024, 1024));
+    assert_eq!((f.chunk_count(), f.usage().held, f.upstream().usage().held), (2, 1024, 1024));
     assert_eq!(f.free_blocks(), 1);
     // The released chunk's address is unknown now.
     assert_eq!(f.deallocate(b[0], &()), Err(Error::UnknownBlock { addr: b[0].addr() }));
@@ -370,7 +373,7 @@ fn release_gives_back_only_wholly_free_chunks() {
     assert_eq!(f.chunk_count(), 3);
     f.check().unwrap();
     assert_eq!(f.release(&()).unwrap(), 0);
-    assert_eq!(f.peak_pool_size(), 1536);
+    assert_eq!(f.usage().peak_held, 1536);
 }
 
 #[test]
@@ -403,7 +406,7 @@ fn fixed_capacity_exhausted_is_an_error_and_changes_nothing() {
         g.allocate(r, &()).unwrap();
     }
     assert_eq!(g.allocate(r, &()), Err(Error::CapacityExhausted { capacity: 5 }));
-    assert_eq!(g.upstream().outstanding(), 1024, "nothing stranded upstream");
+    assert_eq!(g.upstream().usage().held, 1024, "nothing stranded upstream");
     g.check().unwrap();
 }
 
@@ -423,7 +426,7 @@ fn invalid_configs_are_rejected() {
             "{config:?}"
         );
     }
-    assert_eq!(up.outstanding(), 0);
+    assert_eq!(up.usage().held, 0);
 }
 
 #[test]
@@ -450,5 +453,5 @@ fn shared_between_threads() {
 fn debug_shows_figures() {
     let f = fixed(FixedConfig::new(512));
     let s = std::format!("{f:?}");
-    assert!(s.contains("block_size: 512") && s.contains("pool_size: 0"), "{s}");
+    assert!(s.contains("block_size: 512") && s.contains("held: 0"), "{s}");
 }

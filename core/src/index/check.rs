@@ -3,12 +3,13 @@
 use super::bins::{bin_floor, BIN_COUNT, FL_COUNT, SL_COUNT};
 use super::nodes::{Node, State, NONE};
 use super::CoalescingIndex;
+use crate::check::Violation;
 use crate::storage::Storage;
 
 impl<N: Storage<Node>> CoalescingIndex<N> {
     /// A node by a link that [`check`](Self::check) has not verified yet.
-    fn checked(&self, i: u32) -> core::result::Result<&Node, &'static str> {
-        self.nodes.get(i as usize).ok_or("link out of range")
+    fn checked(&self, i: u32) -> core::result::Result<&Node, Violation> {
+        self.nodes.get(i as usize).ok_or(Violation::new("link out of range"))
     }
 
     /// Checks every invariant of the index and returns the first broken one.
@@ -22,7 +23,7 @@ impl<N: Storage<Node>> CoalescingIndex<N> {
     /// # Time Complexity
     ///
     /// O(nodes): for tests and fuzzing, not the hot path.
-    pub fn check(&self) -> core::result::Result<(), &'static str> {
+    pub fn check(&self) -> core::result::Result<(), Violation> {
         let g_mask = self.granule() - 1;
         let (mut free, mut used, mut used_n, mut listed) = (0u64, 0u64, 0u64, 0usize);
         for (idx, n) in self.nodes.iter().enumerate() {
@@ -38,7 +39,7 @@ impl<N: Storage<Node>> CoalescingIndex<N> {
                                 && matches!(m.state, State::Free | State::Used)
                         });
                     if !header_ok || n.prev_phys != NONE || n.size != 0 {
-                        return Err("retired slot linked into a region but as its header");
+                        return Err(Violation::new("retired slot linked into a region but as its header"));
                     }
                     continue;
                 }
@@ -49,46 +50,46 @@ impl<N: Storage<Node>> CoalescingIndex<N> {
                 }
             }
             if n.size == 0 || n.size & g_mask != 0 || n.addr & g_mask != 0 {
-                return Err("node size or address not a granule multiple");
+                return Err(Violation::new("node size or address not a granule multiple"));
             }
             if n.next_phys != NONE {
                 let m = self.checked(n.next_phys)?;
                 if m.prev_phys != i || !matches!(m.state, State::Free | State::Used) {
-                    return Err("physical links not symmetric");
+                    return Err(Violation::new("physical links not symmetric"));
                 }
                 if n.addr + n.size != m.addr {
-                    return Err("physical neighbours not contiguous");
+                    return Err(Violation::new("physical neighbours not contiguous"));
                 }
                 if n.state == State::Free && m.state == State::Free {
-                    return Err("free neighbours not coalesced");
+                    return Err(Violation::new("free neighbours not coalesced"));
                 }
             }
             if n.prev_phys != NONE && self.checked(n.prev_phys)?.next_phys != i {
-                return Err("physical links not symmetric");
+                return Err(Violation::new("physical links not symmetric"));
             }
         }
         for bin in 0..BIN_COUNT {
             let (fl, sl) = (bin / SL_COUNT, bin % SL_COUNT);
             let bit = self.sl_bitmap[fl] >> sl & 1 == 1;
             if bit != (self.heads[bin] != NONE) {
-                return Err("second-level bitmap does not match bin");
+                return Err(Violation::new("second-level bitmap does not match bin"));
             }
             let mut i = self.heads[bin];
             let mut prev = NONE;
             while i != NONE {
                 let n = self.checked(i)?;
                 if n.state != State::Free {
-                    return Err("non-free node in a bin list");
+                    return Err(Violation::new("non-free node in a bin list"));
                 }
                 if bin_floor(n.size >> self.shift) != bin || n.bin as usize != bin {
-                    return Err("free node in the wrong bin");
+                    return Err(Violation::new("free node in the wrong bin"));
                 }
                 if n.prev_free != prev {
-                    return Err("bin list links not symmetric");
+                    return Err(Violation::new("bin list links not symmetric"));
                 }
                 listed += 1;
                 if listed > self.nodes.len() {
-                    return Err("cycle in a bin list");
+                    return Err(Violation::new("cycle in a bin list"));
                 }
                 prev = i;
                 i = n.next_free;
@@ -96,7 +97,7 @@ impl<N: Storage<Node>> CoalescingIndex<N> {
         }
         for fl in 0..FL_COUNT {
             if (self.fl_bitmap >> fl & 1 == 1) != (self.sl_bitmap[fl] != 0) {
-                return Err("first-level bitmap does not match its row");
+                return Err(Violation::new("first-level bitmap does not match its row"));
             }
         }
         let vacant = self.nodes.iter().filter(|n| n.state == State::Vacant).count();
@@ -104,23 +105,23 @@ impl<N: Storage<Node>> CoalescingIndex<N> {
         while i != NONE {
             let n = self.checked(i)?;
             if n.state != State::Vacant {
-                return Err("non-vacant node on the vacant list");
+                return Err(Violation::new("non-vacant node on the vacant list"));
             }
             on_list += 1;
             if on_list > vacant {
-                return Err("cycle in the vacant list");
+                return Err(Violation::new("cycle in the vacant list"));
             }
             i = n.next_free;
         }
         if on_list != vacant || vacant != self.vacant_len as usize {
-            return Err("vacant-slot count does not match the nodes");
+            return Err(Violation::new("vacant-slot count does not match the nodes"));
         }
         let free_nodes = self.nodes.iter().filter(|n| n.state == State::Free).count();
         if listed != free_nodes {
-            return Err("free node missing from the bins");
+            return Err(Violation::new("free node missing from the bins"));
         }
         if free != self.free_bytes || used != self.used_bytes || used_n != self.used_count {
-            return Err("byte counters do not match the nodes");
+            return Err(Violation::new("byte counters do not match the nodes"));
         }
         Ok(())
     }

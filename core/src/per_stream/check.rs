@@ -1,15 +1,23 @@
-//! The per-stream pool's invariant checker.
+//! The per-stream pool's figures and invariant checker.
 
 use super::{ChunkPool, MakePool, PerStreamPool};
 use crate::check::Violation;
-use crate::Stream;
+use crate::{Inspect, Stream, Usage};
 use alloc::vec::Vec;
 
-impl<M: MakePool<S>, S: Stream + ?Sized> PerStreamPool<M, S> {
+impl<M: MakePool<S>, S: Stream + ?Sized> Inspect for PerStreamPool<M, S> {
+    /// The pools' figures added up; the peak is of what they held
+    /// together.
+    fn usage(&self) -> Usage {
+        let total = self.lanes.iter().map(|l| l.pool.usage()).fold(Usage::default(), Usage::plus);
+        Usage { peak_held: self.peak_held.max(total.held), ..total }
+    }
+
     /// Checks the invariants: every pool's own; distinct stream ids; chunks
     /// of different pools disjoint, so that every block is in exactly one
     /// stream's pool; a pool said covered with a wholly free chunk has a
-    /// fence; pending waits only on a lane to settle, at most one per stream.
+    /// fence; pending waits only on a lane to settle, at most one per
+    /// stream; the peak held at least what is held.
     ///
     /// # Errors
     ///
@@ -18,7 +26,7 @@ impl<M: MakePool<S>, S: Stream + ?Sized> PerStreamPool<M, S> {
     /// # Time Complexity
     ///
     /// O(chunks · log chunks) plus each pool's check.
-    pub fn check(&self) -> core::result::Result<(), Violation> {
+    fn check(&self) -> core::result::Result<(), Violation> {
         let mut chunks = Vec::new();
         for (j, lane) in self.lanes.iter().enumerate() {
             lane.pool.check()?;
@@ -39,6 +47,9 @@ impl<M: MakePool<S>, S: Stream + ?Sized> PerStreamPool<M, S> {
         chunks.sort_unstable();
         if chunks.windows(2).any(|w| w[0].end() > w[1].start()) {
             return Err(Violation::new("chunks of two pools overlap"));
+        }
+        if self.peak_held < self.lanes.iter().map(|l| l.pool.usage().held).sum() {
+            return Err(Violation::new("peak held below what the pools hold"));
         }
         Ok(())
     }

@@ -51,7 +51,7 @@ mod tests;
 pub use pools::{ChunkPool, MakePool, PoolMaker};
 
 use crate::splitmix::SplitMix64;
-use crate::{Block, Error, MemoryResourceMut, Request, Result, Stream};
+use crate::{Block, Error, Inspect, MemoryResourceMut, Request, Result, Stream};
 use alloc::vec::Vec;
 use core::fmt;
 use core::marker::PhantomData;
@@ -133,10 +133,10 @@ impl<P, E> Lane<P, E> {
 /// use memres_core::per_stream::{PerStreamPool, PoolMaker};
 /// use memres_core::pool::PoolConfig;
 /// use memres_core::testing::IdStream;
-/// use memres_core::{MemoryResourceMut, Request};
+/// use memres_core::{Inspect, MemoryResourceMut, Request};
 /// # use memres_core::testing::BumpUpstream;
 /// let up = BumpUpstream::new(1 << 30);
-/// let mut pools = PerStreamPool::new(PoolMaker::new(&up, PoolConfig::new())?);
+/// let mut pools = PerStreamPool::new(PoolMaker::new(&up));
 /// let (a, b) = (IdStream(1), IdStream(2));
 /// let x = pools.allocate(Request::new(1000)?, &a)?;
 /// pools.deallocate(x, &a)?;
@@ -160,6 +160,9 @@ pub struct PerStreamPool<M: MakePool<S>, S: Stream + ?Sized> {
     last: usize,
     /// Lanes ever made: seeds the stamps.
     serial: u64,
+    /// The most bytes the pools held from upstream together, counted
+    /// where they may have grown (a new pool, growth).
+    peak_held: u64,
     stats: Stats,
     _stream: PhantomData<fn(&S)>,
 }
@@ -181,6 +184,7 @@ impl<M: MakePool<S>, S: Stream + ?Sized> PerStreamPool<M, S> {
             lanes: Vec::new(),
             last: 0,
             serial: 0,
+            peak_held: 0,
             stats: Stats::default(),
             _stream: PhantomData,
         }
@@ -204,16 +208,6 @@ impl<M: MakePool<S>, S: Stream + ?Sized> PerStreamPool<M, S> {
     /// The pool of stream `id`, if it has one.
     pub fn pool_of(&self, id: u64) -> Option<&M::Pool> {
         self.lanes.iter().find(|l| l.id == id).map(|l| &l.pool)
-    }
-
-    /// Bytes held from upstream by all the pools.
-    pub fn pool_size(&self) -> u64 {
-        self.lanes.iter().map(|l| l.pool.pool_size()).sum()
-    }
-
-    /// Bytes handed out by all the pools.
-    pub fn used_bytes(&self) -> u64 {
-        self.lanes.iter().map(|l| l.pool.used_bytes()).sum()
     }
 
     /// Gives `stream` the pool `pool` (one made with an initial size, say)
@@ -298,6 +292,7 @@ impl<M: MakePool<S>, S: Stream + ?Sized> PerStreamPool<M, S> {
             alone.covered = false;
         }
         self.lanes.push(lane);
+        self.count_held();
         let i = self.lanes.len() - 1;
         // A new pool may hold a free chunk (its initial size), taken from
         // upstream on this stream.
@@ -384,6 +379,7 @@ impl<M: MakePool<S>, S: Stream + ?Sized> PerStreamPool<M, S> {
             Ok(None) => self.grow(i, request, stream),
             Err(e) => Err(e),
         };
+        self.count_held();
         // Chunks moved in, or growth left one wholly free.
         self.chunks_freed(i, stream);
         let stamp = self.lanes[i].stamp;
@@ -464,11 +460,17 @@ impl<M: MakePool<S>, S: Stream + ?Sized> PerStreamPool<M, S> {
         self.lanes[i].pool.allocate(request, stream)
     }
 
+    /// Raises the peak held to what the pools hold now.
+    fn count_held(&mut self) {
+        let held = self.lanes.iter().map(|l| l.pool.usage().held).sum();
+        self.peak_held = self.peak_held.max(held);
+    }
+
     /// Drops the lanes other than `keep` that hold no chunk (streams whose
     /// memory went elsewhere): they are made again if their stream comes back.
     fn prune(&mut self, keep: usize) {
         let id = self.lanes[keep].id;
-        self.lanes.retain(|l| l.id == id || l.pool.pool_size() > 0);
+        self.lanes.retain(|l| l.id == id || l.pool.usage().held > 0);
         self.last = self.lanes.iter().position(|l| l.id == id).unwrap_or(0);
     }
 }
@@ -552,7 +554,7 @@ impl<M: MakePool<S> + fmt::Debug, S: Stream + ?Sized> fmt::Debug for PerStreamPo
         f.debug_struct("PerStreamPool")
             .field("make", &self.make)
             .field("streams", &self.lanes.iter().map(|l| l.id).collect::<Vec<_>>())
-            .field("pool_size", &self.pool_size())
+            .field("usage", &self.usage())
             .field("stats", &self.stats)
             .finish()
     }

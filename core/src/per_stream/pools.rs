@@ -2,16 +2,16 @@
 //! stream: what it needs of them ([`ChunkPool`]) and how it makes them
 //! ([`MakePool`], [`PoolMaker`]).
 
-use crate::check::Violation;
 use crate::pool::{CoalescingPool, FreeChunk, PoolConfig};
 use crate::storage::Storage;
-use crate::{Block, Error, MemoryResource, MemoryResourceMut, Range, Request, Result, Stream};
+use crate::{Block, Error, Inspect, MemoryResource, MemoryResourceMut, Range, Request, Result, Stream};
 
 /// What [`PerStreamPool`](super::PerStreamPool) needs of each stream's pool: a pool of chunks from
 /// an upstream that can allocate without growing, tell when a free leaves a
 /// chunk wholly free, and hand a wholly free chunk to another pool over the
-/// same upstream. [`CoalescingPool`] is one.
-pub trait ChunkPool<S: Stream + ?Sized>: MemoryResourceMut<S> {
+/// same upstream; its figures and checker are its [`Inspect`].
+/// [`CoalescingPool`] is one.
+pub trait ChunkPool<S: Stream + ?Sized>: MemoryResourceMut<S> + Inspect {
     /// Allocates from what the pool holds, without growing: `Ok(None)` when
     /// nothing fits.
     ///
@@ -56,21 +56,8 @@ pub trait ChunkPool<S: Stream + ?Sized>: MemoryResourceMut<S> {
     /// The upstream's; the chunk it refused stays.
     fn release(&mut self, stream: &S) -> Result<u64>;
 
-    /// Bytes held from upstream.
-    fn pool_size(&self) -> u64;
-
-    /// Bytes handed out (sizes rounded up as the pool rounds them).
-    fn used_bytes(&self) -> u64;
-
     /// Calls `f` with each chunk's range.
     fn for_each_chunk(&self, f: &mut dyn FnMut(Range));
-
-    /// Checks the pool's invariants.
-    ///
-    /// # Errors
-    ///
-    /// The first broken one.
-    fn check(&self) -> core::result::Result<(), Violation>;
 }
 
 impl<S, U, N, C> ChunkPool<S> for CoalescingPool<U, N, C>
@@ -103,17 +90,8 @@ where
     fn release(&mut self, stream: &S) -> Result<u64> {
         CoalescingPool::release(self, stream)
     }
-    fn pool_size(&self) -> u64 {
-        CoalescingPool::pool_size(self)
-    }
-    fn used_bytes(&self) -> u64 {
-        CoalescingPool::used_bytes(self)
-    }
     fn for_each_chunk(&self, f: &mut dyn FnMut(Range)) {
         self.chunk_ranges().for_each(f)
-    }
-    fn check(&self) -> core::result::Result<(), Violation> {
-        CoalescingPool::check(self)
     }
 }
 
@@ -148,8 +126,8 @@ impl<S: Stream + ?Sized, P: ChunkPool<S>, F: FnMut(&S) -> Result<P>> MakePool<S>
 /// use memres_core::pool::PoolConfig;
 /// # use memres_core::testing::BumpUpstream;
 /// let up = BumpUpstream::new(1 << 30);
-/// assert!(PoolMaker::new(&up, PoolConfig::new()).is_ok());
-/// assert!(PoolMaker::new(&up, PoolConfig::new().initial_size(100)).is_err());
+/// assert_eq!(PoolMaker::new(&up).config(), &PoolConfig::default());
+/// assert!(PoolMaker::with_config(&up, PoolConfig::new().initial_size(100)).is_err());
 /// ```
 #[derive(Clone, Debug)]
 pub struct PoolMaker<U> {
@@ -158,15 +136,25 @@ pub struct PoolMaker<U> {
 }
 
 impl<U> PoolMaker<U> {
+    /// Pools over clones of `upstream` with the default configuration.
+    pub fn new(upstream: U) -> Self {
+        PoolMaker { upstream, config: PoolConfig::default() }
+    }
+
     /// Pools over clones of `upstream` with `config` (each takes the
     /// initial size, if any, when made).
     ///
     /// # Errors
     ///
     /// [`Error::InvalidConfig`] for a configuration no pool accepts.
-    pub fn new(upstream: U, config: PoolConfig) -> Result<Self> {
+    pub fn with_config(upstream: U, config: PoolConfig) -> Result<Self> {
         config.validate()?;
         Ok(PoolMaker { upstream, config })
+    }
+
+    /// The configuration of every pool.
+    pub fn config(&self) -> &PoolConfig {
+        &self.config
     }
 
     /// The upstream every pool takes its chunks from.

@@ -75,7 +75,7 @@ struct Rig {
 fn rig(capacity: u64) -> Rig {
     let up = Arc::new(BumpUpstream::new(capacity));
     let config = PoolConfig::new().growth(Growth::Fraction { divisor: 8, granule: MIB });
-    let pools = PerStreamPool::new(PoolMaker::new(up.clone(), config).unwrap());
+    let pools = PerStreamPool::new(PoolMaker::with_config(up.clone(), config).unwrap());
     let log = Rc::new(RefCell::new(Log::default()));
     let s = |id| TestStream { id, log: log.clone() };
     Rig { pools, up: up.clone(), a: s(1), b: s(2), c: s(3), log }
@@ -107,7 +107,7 @@ impl Rig {
 
     /// Bytes the pools hold equal what the upstream lent.
     fn exact(&self) {
-        assert_eq!(self.pools.pool_size(), self.up.outstanding());
+        assert_eq!(self.pools.usage().held, self.up.usage().held);
     }
 }
 
@@ -156,12 +156,12 @@ fn a_wholly_free_chunk_moves_to_another_stream_after_a_wait_on_its_fence() {
     let x = r.alloc(MIB, &a);
     r.free(x, &a);
     assert_eq!(r.records(), [a.id], "a fence: b has a pool and may want the chunk");
-    let held = r.up.outstanding();
+    let held = r.up.usage().held;
     let y = r.alloc(MIB, &b);
     assert_eq!(r.waits(), [(b.id, a.id)], "b waits on a's fence");
     assert_eq!(y.addr(), x.addr(), "the chunk moved");
     assert_eq!(r.pools.stats().chunks_moved, 1);
-    assert_eq!(r.up.outstanding(), held, "nothing new from upstream");
+    assert_eq!(r.up.usage().held, held, "nothing new from upstream");
     assert_eq!(r.pools.stream_count(), 1, "a's empty pool is dropped");
     r.free(y, &b);
     r.free(small, &b);
@@ -204,13 +204,13 @@ fn growth_gives_the_free_chunks_of_other_streams_back_first() {
     let small = r.alloc(256, &b);
     let x = r.alloc(MIB, &a);
     r.free(x, &a);
-    let before = r.up.outstanding();
+    let before = r.up.usage().held;
     // Too big for a's chunk: it goes back upstream, freed on b after a wait.
     let y = r.alloc(4 * MIB, &b);
     assert!(r.waits().contains(&(b.id, a.id)));
     assert_eq!(r.pools.stats().bytes_released, MIB);
     assert_eq!(r.pools.stats().chunks_moved, 0);
-    assert_eq!(r.up.outstanding(), before - MIB + 4 * MIB);
+    assert_eq!(r.up.usage().held, before - MIB + 4 * MIB);
     r.free(y, &b);
     r.free(small, &b);
     r.exact();
@@ -232,10 +232,10 @@ fn out_of_memory_synchronizes_the_device_and_gives_every_free_chunk_back() {
             assert_eq!(r.pools.stats().last_resorts, 1);
             r.free(z, &b);
         } else {
-            let before = (r.pools.pool_size(), r.up.outstanding(), r.pools.stream_count());
+            let before = (r.pools.usage().held, r.up.usage().held, r.pools.stream_count());
             let e = r.pools.allocate(req(MIB), &b).unwrap_err();
             assert!(matches!(e, Error::OutOfMemory { .. }), "{e}");
-            assert_eq!((r.pools.pool_size(), r.up.outstanding(), r.pools.stream_count()), before);
+            assert_eq!((r.pools.usage().held, r.up.usage().held, r.pools.stream_count()), before);
             r.pools.check().unwrap();
         }
         r.free(y, &b);
@@ -251,7 +251,7 @@ fn bad_frees_are_typed_errors_that_change_nothing() {
     let y = r.alloc(1000, &b);
     let stale = r.alloc(1000, &a);
     r.free(stale, &a);
-    let state = |r: &Rig| (r.pools.pool_size(), r.pools.stats(), r.records(), r.waits());
+    let state = |r: &Rig| (r.pools.usage().held, r.pools.stats(), r.records(), r.waits());
     let before = state(&r);
     for s in [&a, &b, &c] {
         for (bad, want) in [
@@ -329,13 +329,13 @@ fn insert_gives_a_stream_a_pool_with_an_initial_size() {
     let config = PoolConfig::new().initial_size(4 * MIB);
     let first = CoalescingPool::with_config(r.up.clone(), config, &a).unwrap();
     r.pools.insert(&a, first).unwrap();
-    assert_eq!(r.pools.pool_size(), 4 * MIB);
+    assert_eq!(r.pools.usage().held, 4 * MIB);
     let again = CoalescingPool::with_config(r.up.clone(), PoolConfig::new(), &a).unwrap();
     assert!(matches!(r.pools.insert(&a, again), Err(Error::InvalidConfig { .. })));
     r.pools.check().unwrap();
     // b takes the initial chunk once a fenced it.
     let small = r.alloc(256, &b);
-    assert_eq!(r.pools.pool_size(), 5 * MIB);
+    assert_eq!(r.pools.usage().held, 5 * MIB);
     let x = r.alloc(256, &a);
     r.free(x, &a);
     let y = r.alloc(2 * MIB, &b);

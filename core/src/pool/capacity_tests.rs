@@ -31,7 +31,7 @@ fn node_capacity_exhausted_is_an_error_and_pool_stays_usable() {
     // Node slots: 8; a split keeps two spare, so fewer than 8 blocks fit.
     assert!(n >= 5, "only {n} blocks");
     pool.check().unwrap();
-    let used = pool.used_bytes();
+    let used = pool.usage().used;
     assert_eq!(used, n as u64 * 256);
     // Freeing makes room again.
     pool.deallocate(blocks[n - 1], &()).unwrap();
@@ -43,7 +43,7 @@ fn node_capacity_exhausted_is_an_error_and_pool_stays_usable() {
         pool.deallocate(*b, &()).unwrap();
         pool.check().unwrap();
     }
-    assert_eq!(pool.used_bytes(), 0);
+    assert_eq!(pool.usage().used, 0);
 }
 
 #[test]
@@ -52,15 +52,15 @@ fn chunk_capacity_exhausted_is_an_error_and_nothing_leaks() {
     let a = pool.allocate(Request::new(1 << 20).unwrap(), &()).unwrap();
     let b = pool.allocate(Request::new(1 << 20).unwrap(), &()).unwrap();
     assert_eq!(pool.chunk_count(), 2);
-    let held = pool.upstream().outstanding();
+    let held = pool.upstream().usage().held;
     let err = pool.allocate(Request::new(1 << 20).unwrap(), &()).unwrap_err();
     assert_eq!(err, Error::CapacityExhausted { capacity: 2 });
-    assert_eq!(pool.upstream().outstanding(), held, "no upstream block stranded");
+    assert_eq!(pool.upstream().usage().held, held, "no upstream block stranded");
     pool.check().unwrap();
     pool.deallocate(a, &()).unwrap();
     pool.deallocate(b, &()).unwrap();
     pool.release(&()).unwrap();
-    assert_eq!(pool.upstream().outstanding(), 0);
+    assert_eq!(pool.upstream().usage().held, 0);
 }
 
 #[cfg(feature = "heapless")]
@@ -77,7 +77,7 @@ fn heapless_vec_storage() {
         pool.deallocate(b, &()).unwrap();
         pool.check().unwrap();
     }
-    assert_eq!(pool.used_bytes(), 0);
+    assert_eq!(pool.usage().used, 0);
 }
 
 #[test]
@@ -93,10 +93,10 @@ fn growth_with_too_few_node_slots_takes_nothing_from_upstream() {
     // Freeing the last block merges it into the free tail: two vacant slots,
     // enough for a search but not for a new chunk's range and a split.
     pool.deallocate(blocks[n - 1], &()).unwrap();
-    let held = pool.pool_size();
+    let held = pool.usage().held;
     let err = pool.allocate(Request::new(2 << 20).unwrap(), &()).unwrap_err();
     assert_eq!(err, Error::CapacityExhausted { capacity: 8 });
-    assert_eq!(pool.pool_size(), held, "a failed allocation kept a chunk");
-    assert_eq!(pool.upstream().outstanding(), held);
+    assert_eq!(pool.usage().held, held, "a failed allocation kept a chunk");
+    assert_eq!(pool.upstream().usage().held, held);
     pool.check().unwrap();
 }

@@ -20,7 +20,9 @@ pub use crate::index::{Allocation, CoalescingIndex, Node};
 use crate::check::Violation;
 use crate::chunks::{ChunkTable, GiveBack};
 use crate::storage::{DefaultStorage, Storage};
-use crate::{Block, Error, MemoryResource, MemoryResourceMut, Range, Request, Result, Stream};
+use crate::{
+    Block, Error, Inspect, MemoryResource, MemoryResourceMut, Range, Request, Result, Stream, Usage,
+};
 use core::fmt;
 
 /// Sizes and policies of a [`CoalescingPool`].
@@ -31,13 +33,21 @@ use core::fmt;
 /// use memres_core::pool::{Growth, PoolConfig};
 /// let c = PoolConfig::new().initial_size(1 << 30).maximum_size(4 << 30).growth(Growth::Double);
 /// assert_eq!(c.maximum(), Some(4 << 30));
+/// assert_eq!(PoolConfig::default(), PoolConfig::new());
 /// ```
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct PoolConfig {
     initial_size: u64,
     maximum_size: Option<u64>,
     growth: Growth,
     release_on_grow: bool,
+}
+
+impl Default for PoolConfig {
+    /// [`PoolConfig::new`].
+    fn default() -> Self {
+        PoolConfig::new()
+    }
 }
 
 impl PoolConfig {
@@ -155,7 +165,7 @@ impl FreeChunk {
 ///
 /// ```
 /// use memres_core::pool::{CoalescingPool, PoolConfig};
-/// use memres_core::{Error, MemoryResourceMut, Request};
+/// use memres_core::{Error, Inspect, MemoryResourceMut, Request};
 /// # use memres_core::testing::BumpUpstream;
 /// let config = PoolConfig::new().initial_size(1 << 20).maximum_size(2 << 20);
 /// let mut pool = CoalescingPool::with_config(BumpUpstream::new(1 << 30), config, &())?;
@@ -163,7 +173,7 @@ impl FreeChunk {
 /// let err = pool.allocate(Request::new(2 << 20)?, &()).unwrap_err();
 /// assert!(matches!(err, Error::OutOfMemory { max_size: Some(m), .. } if m == 2 << 20));
 /// pool.deallocate(a, &())?;
-/// assert_eq!(pool.used_bytes(), 0);
+/// assert_eq!(pool.usage().used, 0);
 /// # Ok::<(), Error>(())
 /// ```
 pub struct CoalescingPool<
@@ -241,31 +251,6 @@ impl<U, N: Storage<Node>, C: Storage<Chunk>> CoalescingPool<U, N, C> {
     /// The configuration.
     pub fn config(&self) -> &PoolConfig {
         &self.config
-    }
-
-    /// Bytes held from upstream (RMM's pool size).
-    pub fn pool_size(&self) -> u64 {
-        self.chunks.held()
-    }
-
-    /// The most bytes ever held from upstream at once.
-    pub fn peak_pool_size(&self) -> u64 {
-        self.chunks.peak_held()
-    }
-
-    /// Bytes handed out (sizes rounded up to 256).
-    pub fn used_bytes(&self) -> u64 {
-        self.index.used_bytes()
-    }
-
-    /// Bytes held from upstream and free.
-    pub fn free_bytes(&self) -> u64 {
-        self.index.free_bytes()
-    }
-
-    /// The largest block that could be handed out without growing.
-    pub fn largest_free(&self) -> u64 {
-        self.index.largest_free()
     }
 
     /// Number of chunks held from upstream.
@@ -432,12 +417,26 @@ impl<U, N: Storage<Node>, C: Storage<Chunk>> CoalescingPool<U, N, C> {
         Ok(merged.len() >= self.chunks.shortest()
             && self.chunks.chunk_of(merged.start()).is_some_and(|c| c.range() == merged))
     }
+}
+
+impl<U, N: Storage<Node>, C: Storage<Chunk>> Inspect for CoalescingPool<U, N, C> {
+    /// Used: sizes rounded up to 256; held: the chunks; largest free: the
+    /// longest free range of the index.
+    fn usage(&self) -> Usage {
+        Usage {
+            used: self.index.used_bytes(),
+            held: self.chunks.held(),
+            peak_held: self.chunks.peak_held(),
+            free: self.index.free_bytes(),
+            largest_free: self.index.largest_free(),
+        }
+    }
 
     /// Checks the pool's invariants: those of its index, plus every chunk
     /// covered exactly by its nodes, chunks disjoint and sorted, and bytes
     /// in use + bytes free = bytes held from upstream.
-    pub fn check(&self) -> core::result::Result<(), Violation> {
-        self.index.check().map_err(Violation::new)?;
+    fn check(&self) -> core::result::Result<(), Violation> {
+        self.index.check()?;
         self.chunks.check(&self.index)?;
         if self.index.used_bytes() + self.index.free_bytes() != self.chunks.held() {
             return Err(Violation::new("bytes in use + bytes free != bytes held from upstream"));
@@ -511,10 +510,7 @@ pub type HeaplessPool<U, const NODES: usize, const CHUNKS: usize> =
 impl<U, N: Storage<Node>, C: Storage<Chunk>> fmt::Debug for CoalescingPool<U, N, C> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("CoalescingPool")
-            .field("pool_size", &self.chunks.held())
-            .field("peak_pool_size", &self.chunks.peak_held())
-            .field("used_bytes", &self.index.used_bytes())
-            .field("free_bytes", &self.index.free_bytes())
+            .field("usage", &self.usage())
             .field("chunks", &self.chunks.len())
             .field("config", &self.config)
             .finish()

@@ -51,10 +51,10 @@ fn randomized(config: PoolConfig, ops: usize, seed: u64) {
         p.deallocate(b, &()).unwrap();
     }
     p.check().unwrap();
-    assert_eq!(p.used_bytes(), 0);
+    assert_eq!(p.usage().used, 0);
     p.release(&()).unwrap();
-    assert_eq!(p.pool_size(), 0);
-    assert_eq!(p.upstream().outstanding(), 0);
+    assert_eq!(p.usage().held, 0);
+    assert_eq!(p.upstream().usage().held, 0);
 }
 
 #[test]
@@ -77,7 +77,7 @@ fn zero_byte_request_is_empty_and_free_is_noop() {
     let mut p = pool(PoolConfig::new());
     let b = p.allocate(Request::new(0).unwrap(), &()).unwrap();
     assert!(b.is_empty());
-    assert_eq!(p.pool_size(), 0, "no memory taken for zero bytes");
+    assert_eq!(p.usage().held, 0, "no memory taken for zero bytes");
     p.deallocate(b, &()).unwrap();
     p.check().unwrap();
 }
@@ -124,7 +124,7 @@ fn bad_frees_are_errors_and_change_nothing() {
     let mut p = pool(PoolConfig::new());
     let a = p.allocate(Request::new(1000).unwrap(), &()).unwrap();
     let b = p.allocate(Request::new(3000).unwrap(), &()).unwrap();
-    let used = p.used_bytes();
+    let used = p.usage().used;
     // An address never handed out, inside and outside the pool.
     assert!(matches!(p.deallocate(Block::from_addr(3, 10), &()), Err(Error::UnknownBlock { addr: 3 })));
     assert!(matches!(
@@ -136,7 +136,7 @@ fn bad_frees_are_errors_and_change_nothing() {
     assert!(matches!(p.deallocate(wrong, &()), Err(Error::SizeMismatch { expected: 1024, given: 5000, .. })));
     let wrong = Block::from_addr(a.addr(), 5000);
     assert!(matches!(p.deallocate(wrong, &()), Err(Error::SizeMismatch { .. })));
-    assert_eq!(p.used_bytes(), used);
+    assert_eq!(p.usage().used, used);
     p.check().unwrap();
     // Double free, with the tag and by address, also after the memory was reused.
     p.deallocate(a, &()).unwrap();
@@ -149,7 +149,7 @@ fn bad_frees_are_errors_and_change_nothing() {
     p.deallocate(c, &()).unwrap();
     p.deallocate(b, &()).unwrap();
     p.check().unwrap();
-    assert_eq!(p.used_bytes(), 0);
+    assert_eq!(p.usage().used, 0);
 }
 
 /// A tag 2^32 allocations old: before, the generation wrapped and its free
@@ -170,13 +170,13 @@ fn a_stale_tag_after_the_generations_run_out_is_a_double_free() {
     let c = p.allocate(r, &()).unwrap();
     assert_eq!(c.addr(), a.addr());
     assert_eq!(p.deallocate(a, &()), Err(Error::DoubleFree { addr: a.addr() }));
-    assert_eq!(p.used_bytes(), 1024);
+    assert_eq!(p.usage().used, 1024);
     p.check().unwrap();
     p.deallocate(c, &()).unwrap();
     // The chunk, whose first node moved, still goes back whole.
-    let held = p.pool_size();
+    let held = p.usage().held;
     assert_eq!(p.release(&()).unwrap(), held);
-    assert_eq!(p.upstream().outstanding(), 0);
+    assert_eq!(p.upstream().usage().held, 0);
     p.check().unwrap();
 }
 
@@ -185,11 +185,11 @@ fn upstream_failure_while_growing_is_reported_and_pool_stays_usable() {
     let up = BumpUpstream::new(1 << 30);
     let mut p = CoalescingPool::new(up);
     let a = p.allocate(Request::new(1 << 20).unwrap(), &()).unwrap();
-    let held = p.pool_size();
+    let held = p.usage().held;
     p.upstream().fail_after(0);
     let e = p.allocate(Request::new(64 << 20).unwrap(), &()).unwrap_err();
     assert!(matches!(e, Error::Backend { .. }), "{e:?}");
-    assert_eq!(p.pool_size(), held);
+    assert_eq!(p.usage().held, held);
     p.check().unwrap();
     // Memory already held still serves.
     let b = p.allocate(Request::new(4096).unwrap(), &()).unwrap();
@@ -232,7 +232,7 @@ fn request_above_maximum_is_out_of_memory() {
     let mut v = Vec::new();
     while let Ok(b) = p.allocate(Request::new(1 << 20).unwrap(), &()) {
         v.push(b);
-        assert!(p.pool_size() <= 8 << 20);
+        assert!(p.usage().held <= 8 << 20);
     }
     assert_eq!(v.len(), 8);
     p.check().unwrap();
@@ -267,7 +267,7 @@ fn configs_no_request_could_use_are_refused() {
     ] {
         let r = CoalescingPool::with_config(&up, c, &());
         assert!(matches!(r, Err(Error::InvalidConfig { .. })), "{c:?}: {:?}", r.map(|_| ()));
-        assert_eq!(up.outstanding(), 0);
+        assert_eq!(up.usage().held, 0);
     }
     // The largest granule that a request can hold still serves.
     let c = PoolConfig::new().growth(Growth::Fraction { divisor: 8, granule: Request::MAX_SIZE });
@@ -285,9 +285,9 @@ fn chunks_never_coalesce_and_release_returns_free_chunks() {
     p.deallocate(a, &()).unwrap();
     p.deallocate(b, &()).unwrap();
     p.check().unwrap();
-    assert_eq!(p.largest_free(), 1 << 20, "two chunks stay two free ranges");
+    assert_eq!(p.usage().largest_free, 1 << 20, "two chunks stay two free ranges");
     assert_eq!(p.release(&()).unwrap(), 2 << 20);
-    assert_eq!((p.pool_size(), p.upstream().outstanding()), (0, 0));
+    assert_eq!((p.usage().held, p.upstream().usage().held), (0, 0));
 }
 
 #[test]
@@ -308,7 +308,7 @@ fn best_fit_in_own_class_reuses_exact_holes() {
         }
     }
     p.check().unwrap();
-    assert_eq!(p.largest_free(), 64 << 20);
+    assert_eq!(p.usage().largest_free, 64 << 20);
 }
 
 /// A chunk of exactly the bytes a request needs (request + worst-case
@@ -320,11 +320,11 @@ fn grows_by_exactly_the_need_and_allocates_from_it() {
     let mut p = pool(config);
     let req = Request::aligned(3_899_031, 512 << 10).unwrap();
     let b = p.allocate(req, &()).unwrap();
-    assert_eq!(p.pool_size(), req.rounded_size(256) + req.align() - 256);
+    assert_eq!(p.usage().held, req.rounded_size(256) + req.align() - 256);
     assert_eq!(b.addr() % req.align(), 0);
     p.check().unwrap();
     p.deallocate(b, &()).unwrap();
-    assert_eq!(p.used_bytes(), 0);
+    assert_eq!(p.usage().used, 0);
 }
 
 /// A valid request whose worst-case chunk exceeds `Request::MAX_SIZE` is out
@@ -335,7 +335,7 @@ fn request_near_max_size_with_large_alignment_is_out_of_memory() {
     let req = Request::aligned(Request::MAX_SIZE - 4096, 1 << 33).unwrap();
     let err = p.allocate(req, &()).unwrap_err();
     assert!(matches!(err, Error::OutOfMemory { requested, .. } if requested == req.size()), "{err:?}");
-    assert_eq!(p.pool_size(), 0);
+    assert_eq!(p.usage().held, 0);
     p.check().unwrap();
 }
 
@@ -355,10 +355,10 @@ fn wholly_free_chunks_move_between_pools_over_one_upstream() {
     assert!(a.take_free_chunk(2 << 20).is_none(), "none that long");
     let chunk = a.take_free_chunk(1 << 20).unwrap();
     assert_eq!(chunk.range().start(), x.addr());
-    assert_eq!((a.pool_size(), a.chunk_count()), (1 << 20, 1));
+    assert_eq!((a.usage().held, a.chunk_count()), (1 << 20, 1));
     a.check().unwrap();
     b.adopt_chunk(chunk).unwrap();
-    assert_eq!(b.pool_size(), 1 << 20);
+    assert_eq!(b.usage().held, 1 << 20);
     let z = b.try_allocate(Request::new(1 << 20).unwrap()).unwrap().unwrap();
     assert_eq!(z.addr(), x.addr());
     b.check().unwrap();
@@ -380,7 +380,24 @@ fn wholly_free_chunks_move_between_pools_over_one_upstream() {
     for p in [&mut a, &mut b, &mut full] {
         p.release(&()).unwrap();
         p.check().unwrap();
-        assert_eq!(p.pool_size(), 0);
+        assert_eq!(p.usage().held, 0);
     }
-    assert_eq!(up.outstanding(), 0, "every chunk went back upstream once");
+    assert_eq!(up.usage().held, 0, "every chunk went back upstream once");
+}
+
+/// `PoolConfig::default()` was derived and left `release_on_grow` off,
+/// while `PoolConfig::new()` (the documented default) turns it on.
+#[test]
+fn default_config_is_new() {
+    assert_eq!(PoolConfig::default(), PoolConfig::new());
+    let (mut a, mut b) = (pool(PoolConfig::default()), pool(PoolConfig::new()));
+    // A wholly free chunk too small for the next request: given back
+    // before growing by both.
+    for p in [&mut a, &mut b] {
+        let x = p.allocate(Request::new(1 << 20).unwrap(), &()).unwrap();
+        p.deallocate(x, &()).unwrap();
+        let y = p.allocate(Request::new(64 << 20).unwrap(), &()).unwrap();
+        p.deallocate(y, &()).unwrap();
+    }
+    assert_eq!(a.usage(), b.usage());
 }

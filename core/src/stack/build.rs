@@ -76,7 +76,7 @@ impl<S: Stream + ?Sized + 'static> Context<'_, S> {
 /// let built = builder.build_with_handles("stats(pool(leaf))", &())?;
 /// let b = built.resource.allocate(Request::new(1000)?, &())?;
 /// let stats = built.get::<Statistics<DynResource>>("stats").unwrap();
-/// assert_eq!(stats.bytes().value, 1000);
+/// assert_eq!(stats.get_bytes_counter().value, 1000);
 /// assert!(built.get::<Unbacked>("leaf").is_some());
 /// # built.resource.deallocate(b, &())?;
 /// # Ok::<(), Box<dyn std::error::Error>>(())

@@ -45,7 +45,7 @@
 //! | --- | --- | --- |
 //! | `pool` | `upstream, initial=, max=, growth=double\|default\|N, granule=, release=true\|false, per_stream=true\|false` | [`CoalescingPool`](crate::pool::CoalescingPool) behind [`Shared`](crate::Shared) (`N`: grow by 1/N of the pool in steps of `granule=`, default 32 MiB; `release=`: give wholly free chunks back before growing, default true); with `per_stream=true` a [`PerStreamPool`](crate::per_stream::PerStreamPool) of such pools behind `Shared`, one per stream, stream-ordered (no `max=`: limit the upstream; `initial=` is the build stream's pool) |
 //! | `fixed` | `upstream, size` (or `size=`, default 1 MiB), `blocks=` (per chunk, default 128) | [`FixedSizeResource`](crate::fixed::FixedSizeResource) behind `Shared` |
-//! | `binning` | `upstream, min=, max=` (bin exponents, default 18 and 22: 256 KiB..4 MiB) | [`BinningResource::with_exponents`](crate::binning::BinningResource::with_exponents) |
+//! | `binning` | `upstream, min_bin=, max_bin=` (the smallest and largest bin, powers of two; default 256 KiB and 4 MiB) | [`BinningResource::with_exponents`](crate::binning::BinningResource::with_exponents) |
 //! | `arena` | `upstream, initial=, max=, superblock=` | [`ArenaResource`](crate::arena::ArenaResource) |
 //! | `stats` | `upstream` | [`Statistics`](crate::adaptor::Statistics) |
 //! | `track` | `upstream` | [`Tracking`](crate::adaptor::Tracking) |
@@ -58,6 +58,30 @@
 //! [`CallbackResource`](crate::callback::CallbackResource): its closures
 //! are code), joins under a name of the program's with
 //! [`StackBuilder::register_resource`].
+//!
+//! # The keys
+//!
+//! A key means the same, in the same unit, in every name that takes it
+//! (the backends' leaves included). Sizes are bytes, with or without a
+//! unit (`4096`, `64KiB`, `1GiB`).
+//!
+//! | key | names | meaning |
+//! | --- | --- | --- |
+//! | `initial=` | `pool`, `arena`, `async` | bytes taken from upstream (or reserved) when made |
+//! | `max=` | `pool`, `arena` | the most bytes ever held from upstream |
+//! | `granule=` | `pool`, `vpool` | the unit, a power of two in bytes, that what is taken from upstream is rounded to (the pool's growth steps; the virtual pool's pages) |
+//! | `release_threshold=` | `async`, `vpool`, `vmm` | bytes of free memory kept rather than given back to the device (RMM's and CUDA's release threshold) |
+//! | `reserve=` | `vpool`, `vmm` | bytes of addresses per reservation |
+//! | `slack=` | `vpool`, `vmm` | thousandths of the peak in use that committed memory may exceed before it is trimmed |
+//! | `size=` | `fixed` | the block size in bytes |
+//! | `min_bin=`, `max_bin=` | `binning` | the smallest and largest bin size in bytes (powers of two) |
+//! | `bytes=` | `limit` | the limit on bytes in use |
+//! | `capacity=` | `sim` | the device's memory in bytes |
+//!
+//! The others belong to one name: `growth=`, `release=`, `per_stream=`
+//! (`pool`), `blocks=` (`fixed`: blocks per chunk), `superblock=`
+//! (`arena`), `alignment=`, `threshold=` (`align`), `file=` (`log`),
+//! `handle_granules=`, `trim_on_commit=` (`vmm`).
 //!
 //! The leaves come from the backends: `sim` (a simulated device), `host`
 //! (host memory) and `vpool` (a virtual pool over a simulated address

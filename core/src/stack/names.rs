@@ -183,8 +183,8 @@ where
         ));
     }
     let initial = call.size_arg("initial")?.unwrap_or(0);
-    let maker =
-        PoolMaker::new(upstream.clone(), config.initial_size(0)).map_err(|e| call.resource_error(e))?;
+    let maker = PoolMaker::with_config(upstream.clone(), config.initial_size(0))
+        .map_err(|e| call.resource_error(e))?;
     let mut pools = PerStreamPool::new(maker);
     if initial > 0 {
         let first =
@@ -260,24 +260,35 @@ pub fn fixed_block_size(call: &Call) -> Result<u64, StackError> {
     Ok(one_of(call, 1, "size")?.map(Value::size).transpose()?.unwrap_or(FixedConfig::DEFAULT_BLOCK_SIZE))
 }
 
-/// The bin exponents of `binning(UP, min=, max=)`: defaults 18 and 22,
-/// bins of 256 KiB to 4 MiB as RMM's harness.
+/// The bins of `binning(UP, min_bin=, max_bin=)`, as the exponents of
+/// [`BinningResource::with_exponents`]: the smallest and the largest bin
+/// size in bytes, each a power of two of at least 256 (defaults 256 KiB
+/// and 4 MiB, as RMM's harness).
 ///
 /// # Errors
 ///
-/// An unknown key or an exponent that is not a whole number, at its
-/// position.
+/// An unknown key, a bad size or one that is not a power of two of at
+/// least 256, at its position.
 ///
 /// ```
 /// use memres_core::stack::{binning_exponents, parse};
-/// assert_eq!(binning_exponents(&parse("binning(sim, max=20)")?)?, (18, 20));
+/// assert_eq!(binning_exponents(&parse("binning(sim, max_bin=1MiB)")?)?, (18, 20));
+/// assert!(binning_exponents(&parse("binning(sim, min_bin=3000)")?).is_err());
 /// # Ok::<(), memres_core::stack::StackError>(())
 /// ```
 pub fn binning_exponents(call: &Call) -> Result<(u32, u32), StackError> {
-    call.expect_args(1, &["min", "max"])?;
-    let min = call.u32_arg("min", "a whole number")?.unwrap_or(18);
-    let max = call.u32_arg("max", "a whole number")?.unwrap_or(22);
-    Ok((min, max))
+    call.expect_args(1, &["min_bin", "max_bin"])?;
+    let exponent = |key: &str, default: u32| -> Result<u32, StackError> {
+        let Some(v) = call.keyed(key) else { return Ok(default) };
+        match v.size()? {
+            size if size.is_power_of_two() && size >= 256 => Ok(size.trailing_zeros()),
+            size => Err(StackError::new(
+                v.pos(),
+                StackErrorKind::BadValue(format!("{key} {size}: a power of two of at least 256 bytes")),
+            )),
+        }
+    };
+    Ok((exponent("min_bin", 18)?, exponent("max_bin", 22)?))
 }
 
 /// The configuration of `arena(UP, initial=, max=, superblock=)`.

@@ -431,9 +431,9 @@ impl Call {
     /// that fits 32 bits.
     ///
     /// ```
-    /// let c = memres_core::stack::parse("binning(sim, min=10, max=x)")?;
-    /// assert_eq!(c.u32_arg("min", "a bin exponent")?, Some(10));
-    /// assert_eq!(c.u32_arg("max", "a bin exponent").unwrap_err().to_string(), "at byte 25: bad value: max `x`: a bin exponent");
+    /// let c = memres_core::stack::parse("fixed(sim, blocks=16, size=x)")?;
+    /// assert_eq!(c.u32_arg("blocks", "a whole number")?, Some(16));
+    /// assert_eq!(c.u32_arg("size", "a whole number").unwrap_err().to_string(), "at byte 27: bad value: size `x`: a whole number");
     /// # Ok::<(), memres_core::stack::StackError>(())
     /// ```
     pub fn u32_arg(&self, key: &str, what: &str) -> Result<Option<u32>, StackError> {

@@ -1,43 +1,23 @@
-//! The stream-ordered layer's invariant checker, and the checks it asks of
-//! the algorithm it sits on.
+//! The stream-ordered layer's figures and invariant checker, with the
+//! inner algorithm's.
 
 use super::{footprint, StreamOrdered};
 use crate::check::Violation;
-use crate::Stream;
+use crate::{Inspect, Stream, Usage};
 use alloc::vec::Vec;
 
-/// An inner algorithm whose invariants [`StreamOrdered::check`] can check
-/// too.
-///
-/// # Examples
-///
-/// ```
-/// use memres_core::pool::CoalescingPool;
-/// use memres_core::stream_ordered::CheckInvariants;
-/// # use memres_core::testing::BumpUpstream;
-/// let pool = CoalescingPool::new(BumpUpstream::new(1 << 20));
-/// assert!(CheckInvariants::check_invariants(&pool).is_ok());
-/// ```
-pub trait CheckInvariants {
-    /// Checks the algorithm's invariants; the first broken one is returned.
-    ///
-    /// # Errors
-    ///
-    /// The first broken invariant.
-    fn check_invariants(&self) -> core::result::Result<(), Violation>;
-}
-
-impl<U, N, C> CheckInvariants for crate::pool::CoalescingPool<U, N, C>
-where
-    N: crate::storage::Storage<crate::index::Node>,
-    C: crate::storage::Storage<crate::pool::Chunk>,
-{
-    fn check_invariants(&self) -> core::result::Result<(), Violation> {
-        self.check()
+impl<A: Inspect, S: Stream> Inspect for StreamOrdered<A, S> {
+    /// Used: the footprints of the live blocks (the inner blocks behind
+    /// them, rounded up to 256); held: the inner algorithm's; free: the
+    /// inner's free bytes and the listed blocks; largest free: the inner's
+    /// or the longest listed block.
+    fn usage(&self) -> Usage {
+        let inner = self.inner.usage();
+        let listed = self.lists.values().filter_map(|l| l.buckets.values().next_back());
+        let longest = listed.flat_map(|q| q.iter().map(|(b, _)| b.size())).max().unwrap_or(0);
+        Usage::new(self.live_bytes, inner.held, inner.peak_held, inner.largest_free.max(longest))
     }
-}
 
-impl<A: CheckInvariants, S: Stream> StreamOrdered<A, S> {
     /// Checks the layer's invariants and the inner algorithm's: slots and
     /// counters agree, listed blocks are keyed by their size and address and
     /// have a sequence number below their list's next one, live and listed
@@ -50,7 +30,7 @@ impl<A: CheckInvariants, S: Stream> StreamOrdered<A, S> {
     /// # Time Complexity
     ///
     /// O(n log n) in the number of live and listed blocks.
-    pub fn check(&self) -> core::result::Result<(), Violation> {
+    fn check(&self) -> core::result::Result<(), Violation> {
         let mut ranges = Vec::new();
         let (mut live, mut live_bytes) = (0usize, 0u64);
         for s in self.slots.iter().filter(|s| s.live) {
@@ -114,12 +94,6 @@ impl<A: CheckInvariants, S: Stream> StreamOrdered<A, S> {
         if ranges.windows(2).any(|w| w[0].0 + w[0].1 > w[1].0) {
             return Err(Violation::new("live or listed blocks overlap"));
         }
-        self.inner.check_invariants()
-    }
-}
-
-impl<A: CheckInvariants, S: Stream> CheckInvariants for StreamOrdered<A, S> {
-    fn check_invariants(&self) -> core::result::Result<(), Violation> {
-        self.check()
+        self.inner.check()
     }
 }

@@ -12,8 +12,6 @@ mod free_list;
 #[cfg(test)]
 mod tests;
 
-pub use check::CheckInvariants;
-
 use crate::{Block, Error, MemoryResourceMut, Request, Result, Stream};
 use alloc::collections::BTreeMap;
 use alloc::vec::Vec;
@@ -112,7 +110,7 @@ pub struct Stats {
 /// ```
 /// use memres_core::pool::CoalescingPool;
 /// use memres_core::stream_ordered::StreamOrdered;
-/// use memres_core::{MemoryResourceMut, Request};
+/// use memres_core::{Inspect, MemoryResourceMut, Request};
 /// # use memres_core::testing::BumpUpstream;
 /// let mut so = StreamOrdered::<_, ()>::new(CoalescingPool::new(BumpUpstream::new(1 << 30)));
 /// let a = so.allocate(Request::new(1000)?, &())?;
@@ -122,7 +120,7 @@ pub struct Stats {
 /// assert_eq!(a.addr(), b.addr());
 /// assert_eq!(so.stats().own_hits, 1);
 /// so.deallocate(b, &())?;
-/// so.check().unwrap();
+/// so.check().unwrap(); // the layer's invariants, then the pool's
 /// # Ok::<(), memres_core::Error>(())
 /// ```
 pub struct StreamOrdered<A, S: Stream> {
@@ -164,12 +162,6 @@ struct Slot {
 impl<A, S: Stream> StreamOrdered<A, S> {
     /// A layer over `inner`, with no stream known yet.
     pub fn new(inner: A) -> Self {
-        Self::with_cross_stream(inner, CrossStream::Wait)
-    }
-
-    /// A layer over `inner` that moves blocks between streams as `cross`
-    /// says (`CrossStream::Unordered`, feature `testing`, only to test checkers).
-    pub fn with_cross_stream(inner: A, cross: CrossStream) -> Self {
         StreamOrdered {
             inner,
             lists: BTreeMap::new(),
@@ -178,9 +170,16 @@ impl<A, S: Stream> StreamOrdered<A, S> {
             live: 0,
             live_bytes: 0,
             listed_bytes: 0,
-            cross,
+            cross: CrossStream::Wait,
             stats: Stats::default(),
         }
+    }
+
+    /// The layer, moving blocks between streams as `cross` says
+    /// (`CrossStream::Unordered`, feature `testing`, only to test checkers).
+    pub fn with_cross_stream(mut self, cross: CrossStream) -> Self {
+        self.cross = cross;
+        self
     }
 
     /// The inner algorithm.
@@ -196,12 +195,6 @@ impl<A, S: Stream> StreamOrdered<A, S> {
     /// Number of live blocks.
     pub fn live_count(&self) -> usize {
         self.live
-    }
-
-    /// Bytes of the inner blocks behind live blocks, each rounded up to 256
-    /// (what a pool counts as used).
-    pub fn live_bytes(&self) -> u64 {
-        self.live_bytes
     }
 
     /// Bytes in the free lists (not in the inner algorithm), each block

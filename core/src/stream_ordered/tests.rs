@@ -3,6 +3,7 @@ extern crate std;
 use super::*;
 use crate::pool::{CoalescingPool, PoolConfig};
 use crate::testing::BumpUpstream;
+use crate::Inspect;
 use alloc::rc::Rc;
 use alloc::vec;
 use core::cell::RefCell;
@@ -98,7 +99,7 @@ fn other_stream_waits_on_an_event_of_the_freeing_stream() {
 #[test]
 fn unordered_variant_skips_the_wait() {
     let (so, a, b, log) = setup(None);
-    let mut so = StreamOrdered::with_cross_stream(so.inner, CrossStream::Unordered);
+    let mut so = StreamOrdered::new(so.inner).with_cross_stream(CrossStream::Unordered);
     let x = so.allocate(req(4096), &a).unwrap();
     so.deallocate(x, &a).unwrap();
     let y = so.allocate(req(4096), &b).unwrap();
@@ -121,7 +122,7 @@ fn much_larger_listed_blocks_are_not_wasted_on_small_requests() {
 fn bad_frees_are_errors_and_change_nothing() {
     let (mut so, a, b, _) = setup(None);
     let x = so.allocate(req(512), &a).unwrap();
-    let before = (so.live_count(), so.live_bytes(), so.listed_bytes());
+    let before = (so.live_count(), so.usage().used, so.listed_bytes());
     let foreign = Block::new(0xdead_0000, 512, 0);
     assert_eq!(so.deallocate(foreign, &a), Err(Error::UnknownBlock { addr: 0xdead_0000 }));
     assert_eq!(
@@ -129,7 +130,7 @@ fn bad_frees_are_errors_and_change_nothing() {
         Err(Error::UnknownBlock { addr: x.addr() })
     );
     assert!(matches!(so.deallocate(Block::new(x.addr(), 256, x.tag()), &a), Err(Error::SizeMismatch { .. })));
-    assert_eq!((so.live_count(), so.live_bytes(), so.listed_bytes()), before);
+    assert_eq!((so.live_count(), so.usage().used, so.listed_bytes()), before);
     so.check().unwrap();
     // Freed on another stream than its allocation's: allowed.
     so.deallocate(x, &b).unwrap();
@@ -139,7 +140,7 @@ fn bad_frees_are_errors_and_change_nothing() {
     assert_eq!(y.addr(), x.addr());
     assert_eq!(so.deallocate(x, &a), Err(Error::DoubleFree { addr: x.addr() }));
     so.deallocate(y, &a).unwrap();
-    assert_eq!((so.live_count(), so.live_bytes()), (0, 0));
+    assert_eq!((so.live_count(), so.usage().used), (0, 0));
     so.check().unwrap();
 }
 
@@ -190,9 +191,9 @@ fn reclaim_gives_back_blocks_whose_free_completed() {
     assert_eq!(so.reclaim().unwrap(), 0);
     log.borrow_mut().complete = true;
     assert_eq!(so.reclaim().unwrap(), 4);
-    assert_eq!((so.listed_bytes(), so.inner().used_bytes()), (0, 0));
+    assert_eq!((so.listed_bytes(), so.inner().usage().used), (0, 0));
     // Back in the pool, coalesced into one range.
-    assert_eq!(so.inner().largest_free(), so.inner().pool_size());
+    assert_eq!(so.inner().usage().largest_free, so.inner().usage().held);
     so.check().unwrap();
 }
 
@@ -214,7 +215,7 @@ fn last_resort_synchronizes_and_merges_before_out_of_memory() {
     assert!(err.is_out_of_memory());
     so.deallocate(big, &b).unwrap();
     so.check().unwrap();
-    assert_eq!(so.live_bytes() + so.listed_bytes(), so.inner().used_bytes());
+    assert_eq!(so.usage().used + so.listed_bytes(), so.inner().usage().used);
 }
 
 #[test]

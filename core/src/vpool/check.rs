@@ -1,12 +1,36 @@
-//! The virtual pool's invariant checker.
+//! The virtual pool's figures and invariant checker.
 
 use super::idle::{LONG_RUN, NONE, SENTINEL};
 use super::VirtualPool;
 use crate::check::Violation;
 use crate::vmem::ReservableSpace;
+use crate::{Inspect, Usage};
 use alloc::vec::Vec;
 
-impl<V: ReservableSpace> VirtualPool<V> {
+impl<V: ReservableSpace> Inspect for VirtualPool<V> {
+    /// Used: sizes rounded up to 256; held: the committed memory (the
+    /// pool's physical footprint); largest free: the longest free range of
+    /// its reservations, which may need granules committed.
+    ///
+    /// ```
+    /// use memres_core::vmem::CountingSpace;
+    /// use memres_core::vpool::{VirtualConfig, VirtualPool};
+    /// use memres_core::{Inspect, MemoryResourceMut, Request};
+    /// let space = CountingSpace::new(1 << 30, 2 << 20);
+    /// let mut pool = VirtualPool::with_config(&space, VirtualConfig::new(64 << 20))?;
+    /// let a = pool.allocate(Request::new(3 << 20)?, &())?;
+    /// let u = pool.usage();
+    /// assert_eq!((u.used, u.held, u.free), (3 << 20, 4 << 20, 1 << 20)); // two granules
+    /// pool.deallocate(a, &())?;
+    /// assert_eq!((pool.usage().held, pool.usage().peak_held), (0, 4 << 20));
+    /// # Ok::<(), memres_core::Error>(())
+    /// ```
+    fn usage(&self) -> Usage {
+        let held = self.committed << self.shift;
+        let peak_held = self.peak_committed << self.shift;
+        Usage::new(self.index.used_bytes(), held, peak_held, self.index.largest_free())
+    }
+
     /// Checks the pool's invariants and returns the first broken one.
     ///
     /// Checked: those of the index; reservations sorted, disjoint, each
@@ -30,17 +54,17 @@ impl<V: ReservableSpace> VirtualPool<V> {
     ///
     /// ```
     /// use memres_core::vmem::CountingSpace;
-    /// use memres_core::vpool::VirtualPool;
-    /// use memres_core::{MemoryResourceMut, Request};
+    /// use memres_core::vpool::{VirtualConfig, VirtualPool};
+    /// use memres_core::{Inspect, MemoryResourceMut, Request};
     /// let space = CountingSpace::new(1 << 30, 2 << 20);
-    /// let mut pool = VirtualPool::new(&space, 64 << 20, 0)?;
+    /// let mut pool = VirtualPool::with_config(&space, VirtualConfig::new(64 << 20))?;
     /// let a = pool.allocate(Request::new(5000)?, &())?;
     /// assert_eq!(pool.check(), Ok(()));
     /// # pool.deallocate(a, &())?;
     /// # Ok::<(), memres_core::Error>(())
     /// ```
-    pub fn check(&self) -> core::result::Result<(), Violation> {
-        self.index.check().map_err(Violation::new)?;
+    fn check(&self) -> core::result::Result<(), Violation> {
+        self.index.check()?;
         let g = self.granule();
         let slots = self.edges.len();
         let mut touched = alloc::vec![false; slots];

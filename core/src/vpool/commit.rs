@@ -195,10 +195,10 @@ impl<V: ReservableSpace> VirtualPool<V> {
     ///
     /// ```
     /// use memres_core::vmem::CountingSpace;
-    /// use memres_core::vpool::VirtualPool;
+    /// use memres_core::vpool::{VirtualConfig, VirtualPool};
     /// use memres_core::{MemoryResourceMut, Request};
     /// let space = CountingSpace::new(1 << 30, 2 << 20);
-    /// let mut pool = VirtualPool::new(&space, 64 << 20, 8 << 20)?;
+    /// let mut pool = VirtualPool::with_config(&space, VirtualConfig::new(64 << 20).release_threshold(8 << 20))?;
     /// let a = pool.allocate(Request::new(4 << 20)?, &())?;
     /// pool.deallocate(a, &())?;
     /// assert_eq!(pool.idle_bytes(), 4 << 20); // kept: under the threshold

@@ -6,8 +6,9 @@
 ///
 /// ```
 /// use memres_core::vpool::VirtualConfig;
-/// let c = VirtualConfig::new(64 << 30).keep(256 << 20).max_reservations(4);
-/// assert_eq!((c.reserve_size(), c.keep_bytes()), (64 << 30, 256 << 20));
+/// let c = VirtualConfig::new(64 << 30).release_threshold(256 << 20).max_reservations(4);
+/// assert_eq!((c.reserve_size(), c.release_threshold_bytes()), (64 << 30, 256 << 20));
+/// assert_eq!(VirtualConfig::default(), VirtualConfig::new(VirtualConfig::DEFAULT_RESERVE));
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct VirtualConfig {
@@ -18,7 +19,19 @@ pub struct VirtualConfig {
     pub(super) slack_permille: u32,
 }
 
+impl Default for VirtualConfig {
+    /// One reservation of [`DEFAULT_RESERVE`](Self::DEFAULT_RESERVE) bytes,
+    /// as [`new`](Self::new).
+    fn default() -> Self {
+        VirtualConfig::new(Self::DEFAULT_RESERVE)
+    }
+}
+
 impl VirtualConfig {
+    /// The reservation of the default configuration: 64 GiB of addresses
+    /// (costing no memory until committed).
+    pub const DEFAULT_RESERVE: u64 = 64 << 30;
+
     /// One reservation of `reserve` bytes (rounded up to the space's
     /// granule), no free committed memory kept, no growth.
     pub const fn new(reserve: u64) -> Self {
@@ -27,9 +40,9 @@ impl VirtualConfig {
 
     /// The release threshold: up to `bytes` of committed memory that no
     /// live block touches stay committed (the CUDA pool's
-    /// `cudaMemPoolAttrReleaseThreshold`). 0 decommits at once: correct,
-    /// just more map and unmap calls.
-    pub const fn keep(mut self, bytes: u64) -> Self {
+    /// `cudaMemPoolAttrReleaseThreshold`, RMM's `release_threshold`). 0
+    /// decommits at once: correct, just more map and unmap calls.
+    pub const fn release_threshold(mut self, bytes: u64) -> Self {
         self.keep = bytes;
         self
     }
@@ -47,11 +60,11 @@ impl VirtualConfig {
     /// peak so far, plus the [slack](Self::slack_permille) (default: yes).
     /// With no slack, kept free memory then never raises the peak:
     /// committed memory goes beyond its peak only when nothing is Idle, so
-    /// the peak is that of the granules live blocks touch, whatever
-    /// `keep`. Below the peak, Idle granules stay, and blocks that
-    /// land on them need no map or unmap call, as with alternating allocate
-    /// and free of one size. Without it, up to `keep` bytes add to the peak
-    /// (the CUDA pool's behaviour).
+    /// the peak is that of the granules live blocks touch, whatever the
+    /// release threshold. Below the peak, Idle granules stay, and blocks
+    /// that land on them need no map or unmap call, as with alternating
+    /// allocate and free of one size. Without it, up to the release
+    /// threshold adds to the peak (the CUDA pool's behaviour).
     pub const fn trim_on_commit(mut self, yes: bool) -> Self {
         self.trim_on_commit = yes;
         self
@@ -69,7 +82,7 @@ impl VirtualConfig {
     /// slack `s`, Idle memory stays while committed memory is at most
     /// `(1 + s / 1000) ×` the peak of bytes in use (in whole granules), and
     /// the peak of committed memory is at most that or the peak of
-    /// granules live blocks touch, whichever is more. With `keep(u64::MAX)`
+    /// granules live blocks touch, whichever is more. With `release_threshold(u64::MAX)`
     /// the slack alone bounds the kept memory. The figures measured with
     /// the slack on the replayed training traces are in
     /// `docs/measurements.md`.
@@ -78,7 +91,7 @@ impl VirtualConfig {
     ///
     /// ```
     /// use memres_core::vpool::VirtualConfig;
-    /// let c = VirtualConfig::new(64 << 30).keep(u64::MAX).slack_permille(40); // 4 %
+    /// let c = VirtualConfig::new(64 << 30).release_threshold(u64::MAX).slack_permille(40); // 4 %
     /// assert_eq!(c.slack(), 40);
     /// ```
     pub const fn slack_permille(mut self, permille: u32) -> Self {
@@ -102,7 +115,7 @@ impl VirtualConfig {
     }
 
     /// The release threshold.
-    pub const fn keep_bytes(&self) -> u64 {
+    pub const fn release_threshold_bytes(&self) -> u64 {
         self.keep
     }
 

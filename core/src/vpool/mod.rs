@@ -24,7 +24,7 @@ pub use config::VirtualConfig;
 
 use crate::index::CoalescingIndex;
 use crate::vmem::ReservableSpace;
-use crate::{Block, Error, MemoryResourceMut, Range, Request, Result, Stream};
+use crate::{Block, Error, Inspect, MemoryResourceMut, Range, Request, Result, Stream};
 use alloc::vec::Vec;
 use bits::Bits;
 use core::fmt;
@@ -121,17 +121,17 @@ struct Reservation {
 ///
 /// ```
 /// use memres_core::vmem::CountingSpace;
-/// use memres_core::vpool::VirtualPool;
-/// use memres_core::{MemoryResourceMut, Request};
+/// use memres_core::vpool::{VirtualConfig, VirtualPool};
+/// use memres_core::{Inspect, MemoryResourceMut, Request};
 /// let space = CountingSpace::new(1 << 30, 2 << 20);
-/// let mut pool = VirtualPool::new(&space, 64 << 20, 0)?;
+/// let mut pool = VirtualPool::with_config(&space, VirtualConfig::new(64 << 20))?;
 /// let a = pool.allocate(Request::new(3 << 20)?, &())?;
 /// assert_eq!(space.committed_bytes(), 4 << 20); // two granules
 /// let b = pool.allocate(Request::new(1000)?, &())?;
 /// pool.deallocate(a, &())?;
 /// assert_eq!(space.committed_bytes(), 2 << 20); // the one `b` touches
 /// pool.deallocate(b, &())?;
-/// assert_eq!((space.committed_bytes(), pool.peak_committed_bytes()), (0, 4 << 20));
+/// assert_eq!((space.committed_bytes(), pool.usage().peak_held), (0, 4 << 20));
 /// # Ok::<(), memres_core::Error>(())
 /// ```
 pub struct VirtualPool<V: ReservableSpace> {
@@ -189,27 +189,29 @@ pub struct VirtualPool<V: ReservableSpace> {
 }
 
 impl<V: ReservableSpace> VirtualPool<V> {
-    /// A pool over one reservation of `reserve` bytes of `space` (rounded up
-    /// to its granule), keeping up to `keep` bytes of free committed memory.
+    /// A pool over `space` with the default configuration: one reservation
+    /// of [`VirtualConfig::DEFAULT_RESERVE`] bytes, made now, and no free
+    /// committed memory kept.
     ///
     /// # Errors
     ///
-    /// The space's error if it cannot reserve `reserve` bytes;
-    /// [`Error::InvalidConfig`] for a reservation of zero bytes.
+    /// As [`with_config`](Self::with_config).
     ///
     /// # Examples
     ///
     /// ```
     /// use memres_core::vmem::CountingSpace;
-    /// use memres_core::vpool::VirtualPool;
+    /// use memres_core::vpool::{VirtualConfig, VirtualPool};
+    /// use memres_core::Inspect;
     /// let space = CountingSpace::new(1 << 30, 2 << 20);
-    /// let pool = VirtualPool::new(&space, 64 << 30, 256 << 20)?;
-    /// assert_eq!((pool.reserved_bytes(), pool.committed_bytes()), (64 << 30, 0));
-    /// assert!(VirtualPool::new(&space, 1 << 60, 0).is_err()); // larger than the address space
+    /// let pool = VirtualPool::new(&space)?;
+    /// assert_eq!((pool.reserved_bytes(), pool.usage().held), (64 << 30, 0));
+    /// // Larger than the address space:
+    /// assert!(VirtualPool::with_config(&space, VirtualConfig::new(1 << 60)).is_err());
     /// # Ok::<(), memres_core::Error>(())
     /// ```
-    pub fn new(space: V, reserve: u64, keep: u64) -> Result<Self> {
-        Self::with_config(space, VirtualConfig::new(reserve).keep(keep))
+    pub fn new(space: V) -> Result<Self> {
+        Self::with_config(space, VirtualConfig::default())
     }
 
     /// A pool over `space` with `config`; the first reservation is made now.
@@ -286,34 +288,9 @@ impl<V: ReservableSpace> VirtualPool<V> {
         self.edges.len() as u64 * self.granule()
     }
 
-    /// Bytes committed now: the pool's physical footprint.
-    pub fn committed_bytes(&self) -> u64 {
-        self.committed << self.shift
-    }
-
-    /// The most bytes ever committed at once.
-    pub fn peak_committed_bytes(&self) -> u64 {
-        self.peak_committed << self.shift
-    }
-
     /// Committed bytes that no live block touches (at most `keep`).
     pub fn idle_bytes(&self) -> u64 {
         self.idle << self.shift
-    }
-
-    /// Bytes handed out (sizes rounded up to 256).
-    pub fn used_bytes(&self) -> u64 {
-        self.index.used_bytes()
-    }
-
-    /// Reserved bytes not handed out, committed or not.
-    pub fn free_bytes(&self) -> u64 {
-        self.index.free_bytes()
-    }
-
-    /// The largest block that could be handed out without a new reservation.
-    pub fn largest_free(&self) -> u64 {
-        self.index.largest_free()
     }
 
     /// Number of reservations held.
@@ -325,7 +302,7 @@ impl<V: ReservableSpace> VirtualPool<V> {
         Error::OutOfMemory {
             requested,
             largest_free: self.index.largest_free(),
-            pool_size: self.committed_bytes(),
+            pool_size: self.committed << self.shift,
             max_size: Some(self.reserved_bytes()),
         }
     }
@@ -410,10 +387,10 @@ impl<V: ReservableSpace> VirtualPool<V> {
     ///
     /// ```
     /// use memres_core::vmem::CountingSpace;
-    /// use memres_core::vpool::VirtualPool;
+    /// use memres_core::vpool::{VirtualConfig, VirtualPool};
     /// use memres_core::{MemoryResourceMut, Request};
     /// let space = CountingSpace::new(1 << 30, 2 << 20);
-    /// let mut pool = VirtualPool::new(&space, 64 << 20, 64 << 20)?;
+    /// let mut pool = VirtualPool::with_config(&space, VirtualConfig::new(64 << 20).release_threshold(64 << 20))?;
     /// let a = pool.allocate(Request::new(3 << 20)?, &())?;
     /// pool.deallocate(a, &())?;
     /// assert_eq!(pool.peak_busy_bytes(), 4 << 20);
@@ -430,16 +407,16 @@ impl<V: ReservableSpace> VirtualPool<V> {
     ///
     /// ```
     /// use memres_core::vmem::CountingSpace;
-    /// use memres_core::vpool::VirtualPool;
+    /// use memres_core::vpool::{VirtualConfig, VirtualPool};
     /// use memres_core::{MemoryResourceMut, Request};
     /// let space = CountingSpace::new(1 << 30, 2 << 20);
-    /// let mut pool = VirtualPool::new(&space, 64 << 20, 0)?;
+    /// let mut pool = VirtualPool::with_config(&space, VirtualConfig::new(64 << 20))?;
     /// let a = pool.allocate(Request::new(1000)?, &())?;
     /// pool.deallocate(a, &())?;
-    /// assert_eq!(pool.peak_used_bytes(), 1024);
+    /// assert_eq!(pool.peak_used(), 1024);
     /// # Ok::<(), memres_core::Error>(())
     /// ```
-    pub fn peak_used_bytes(&self) -> u64 {
+    pub fn peak_used(&self) -> u64 {
         self.peak_used
     }
 
@@ -473,7 +450,7 @@ impl<V: ReservableSpace> VirtualPool<V> {
 
     /// Free of a block whose tag did not name a live node: look the address up.
     #[cold]
-    fn free_by_address(&mut self, block: Block) -> Result<()> {
+    fn deallocate_by_address(&mut self, block: Block) -> Result<()> {
         let addr = block.addr();
         let Some(r) = self.reservation_of(addr) else {
             return Err(Error::UnknownBlock { addr });
@@ -536,7 +513,7 @@ where
         }
         match self.index.free(block.tag(), block.addr(), block.size()) {
             Ok(_) => {}
-            Err(Error::UnknownBlock { .. }) => self.free_by_address(block)?,
+            Err(Error::UnknownBlock { .. }) => self.deallocate_by_address(block)?,
             Err(e) => return Err(e),
         }
         let (lo, hi) = self.slots_of(block.addr(), (block.size() + 255) & !255);
@@ -574,10 +551,8 @@ impl<V: ReservableSpace> fmt::Debug for VirtualPool<V> {
         f.debug_struct("VirtualPool")
             .field("granule", &self.granule())
             .field("reserved_bytes", &self.reserved_bytes())
-            .field("committed_bytes", &self.committed_bytes())
-            .field("peak_committed_bytes", &self.peak_committed_bytes())
+            .field("usage", &self.usage())
             .field("idle_bytes", &self.idle_bytes())
-            .field("used_bytes", &self.index.used_bytes())
             .field("reservations", &self.reservations.len())
             .field("config", &self.config)
             .finish()

@@ -27,9 +27,10 @@ fn granules_of(b: &Block, g: u64) -> Range {
 /// Everything the pool reports that a failed call must leave as it was.
 fn figures<V: ReservableSpace>(p: &VirtualPool<V>) -> (u64, u64, u64, u64, u64, usize) {
     (
-        p.used_bytes(),
-        p.free_bytes(),
-        p.committed_bytes(),
+        p.usage().used,
+        // Reserved bytes not handed out, committed or not.
+        p.reserved_bytes() - p.usage().used,
+        p.usage().held,
         p.idle_bytes(),
         p.reserved_bytes(),
         p.reservation_count(),
@@ -105,7 +106,7 @@ fn randomized_in(space: CountingSpace, config: VirtualConfig, ops: usize, seed: 
                             out_of_room += 1;
                             // Nothing committed; a trim that a failed
                             // decommit left pending is retried.
-                            before.3 > config.keep_bytes()
+                            before.3 > config.release_threshold_bytes()
                         }
                         // Out of physical memory: the space's; the pool
                         // trimmed and retried.
@@ -133,7 +134,7 @@ fn randomized_in(space: CountingSpace, config: VirtualConfig, ops: usize, seed: 
                         // Idle memory may have gone, nothing else; a
                         // failed allocate retries a pending trim.
                         assert!(now.2 <= before.2, "step {step}");
-                        assert!(now.3 <= config.keep_bytes(), "step {step}: {r:?} {e}");
+                        assert!(now.3 <= config.release_threshold_bytes(), "step {step}: {r:?} {e}");
                     } else {
                         assert_eq!((now.2, now.3), (before.2, before.3), "step {step}: {r:?} {e}");
                     }
@@ -169,8 +170,8 @@ fn randomized_in(space: CountingSpace, config: VirtualConfig, ops: usize, seed: 
         }
         space.fail_nth_decommit(0);
         p.check().unwrap_or_else(|v| panic!("step {step}: {v}"));
-        assert_eq!(space.committed_bytes(), p.committed_bytes(), "step {step}");
-        assert!(p.used_bytes() >= live.bytes());
+        assert_eq!(space.committed_bytes(), p.usage().held, "step {step}");
+        assert!(p.usage().used >= live.bytes());
     }
     // The test must have exercised the fault path.
     assert!(failed_commits > 0, "no commit failed");
@@ -179,11 +180,11 @@ fn randomized_in(space: CountingSpace, config: VirtualConfig, ops: usize, seed: 
         p.deallocate(b, &()).unwrap();
         p.check().unwrap();
     }
-    assert_eq!(p.used_bytes(), 0);
-    assert_eq!(p.committed_bytes(), p.idle_bytes());
-    assert!(p.idle_bytes() <= config.keep_bytes());
+    assert_eq!(p.usage().used, 0);
+    assert_eq!(p.usage().held, p.idle_bytes());
+    assert!(p.idle_bytes() <= config.release_threshold_bytes());
     p.trim(&()).unwrap();
-    assert_eq!((p.committed_bytes(), space.committed_bytes()), (0, 0));
+    assert_eq!((p.usage().held, space.committed_bytes()), (0, 0));
     p.check().unwrap();
     out_of_room
 }
@@ -198,12 +199,17 @@ fn randomized_keep_nothing() {
 
 #[test]
 fn randomized_keep_some() {
-    randomized(VirtualConfig::new(256 * MIB).keep(5 * MIB + 4096), MIB, 30_000, 2);
+    randomized(VirtualConfig::new(256 * MIB).release_threshold(5 * MIB + 4096), MIB, 30_000, 2);
 }
 
 #[test]
 fn randomized_keep_some_without_trim_on_commit() {
-    randomized(VirtualConfig::new(256 * MIB).keep(5 * MIB + 4096).trim_on_commit(false), MIB, 30_000, 5);
+    randomized(
+        VirtualConfig::new(256 * MIB).release_threshold(5 * MIB + 4096).trim_on_commit(false),
+        MIB,
+        30_000,
+        5,
+    );
 }
 
 #[test]
@@ -211,23 +217,23 @@ fn randomized_short_of_physical_memory() {
     // Commits fail for want of memory; the pool trims its idle granules
     // and retries, and fails cleanly when even that is not enough.
     for trim in [true, false] {
-        let config = VirtualConfig::new(256 * MIB).keep(16 * MIB).trim_on_commit(trim);
+        let config = VirtualConfig::new(256 * MIB).release_threshold(16 * MIB).trim_on_commit(trim);
         assert!(randomized_in(CountingSpace::new(40 * MIB, MIB), config, 20_000, 7) > 0);
     }
 }
 
 #[test]
 fn randomized_keep_much_small_granules() {
-    randomized(VirtualConfig::new(64 * MIB).keep(16 * MIB), 64 << 10, 30_000, 3);
+    randomized(VirtualConfig::new(64 * MIB).release_threshold(16 * MIB), 64 << 10, 30_000, 3);
 }
 
 #[test]
 fn randomized_several_reservations() {
     // Small reservations: requests overflow into new ones, and some find
     // no room at all (out of memory with figures).
-    randomized(VirtualConfig::new(24 * MIB).keep(2 * MIB).max_reservations(6), MIB, 30_000, 4);
+    randomized(VirtualConfig::new(24 * MIB).release_threshold(2 * MIB).max_reservations(6), MIB, 30_000, 4);
     randomized(
-        VirtualConfig::new(24 * MIB).keep(8 * MIB).max_reservations(6).trim_on_commit(false),
+        VirtualConfig::new(24 * MIB).release_threshold(8 * MIB).max_reservations(6).trim_on_commit(false),
         MIB,
         30_000,
         6,
@@ -237,10 +243,13 @@ fn randomized_several_reservations() {
 #[test]
 fn reservation_larger_than_the_address_space() {
     let space = CountingSpace::new(1 << 30, 2 * MIB);
-    let err = VirtualPool::new(&space, 1 << 50, 0).unwrap_err();
+    let err = VirtualPool::with_config(&space, VirtualConfig::new(1 << 50)).unwrap_err();
     assert!(matches!(err, Error::OutOfMemory { requested, .. } if requested == 1 << 50), "{err}");
     assert_eq!(space.reservation_count(), 0);
-    assert!(matches!(VirtualPool::new(&space, 0, 0), Err(Error::InvalidConfig { .. })));
+    assert!(matches!(
+        VirtualPool::with_config(&space, VirtualConfig::new(0)),
+        Err(Error::InvalidConfig { .. })
+    ));
     // Growth that would need too large a reservation fails the same way and
     // leaves the pool as it was.
     let mut p = VirtualPool::with_config(&space, VirtualConfig::new(4 * MIB).max_reservations(2)).unwrap();
@@ -253,7 +262,7 @@ fn reservation_larger_than_the_address_space() {
 #[test]
 fn reservation_full_is_out_of_memory_with_figures() {
     let space = CountingSpace::new(1 << 30, MIB);
-    let mut p = VirtualPool::new(&space, 4 * MIB, 0).unwrap();
+    let mut p = VirtualPool::with_config(&space, VirtualConfig::new(4 * MIB)).unwrap();
     let a = p.allocate(req(3 * MIB), &()).unwrap();
     let err = p.allocate(req(2 * MIB), &()).unwrap_err();
     assert_eq!(
@@ -273,7 +282,7 @@ fn reservation_full_is_out_of_memory_with_figures() {
 /// Leaves granule 1 Idle between Uncommitted granules 0 and 2 (keep = one
 /// granule), so that a block over granules 0..3 needs two commits.
 fn idle_between_uncommitted(space: &CountingSpace) -> (VirtualPool<&CountingSpace>, Block) {
-    let mut p = VirtualPool::new(space, 64 * MIB, MIB).unwrap();
+    let mut p = VirtualPool::with_config(space, VirtualConfig::new(64 * MIB).release_threshold(MIB)).unwrap();
     let base = p.reservations[0].range.start();
     let a = p.allocate(req(MIB), &()).unwrap();
     let b = p.allocate(req(MIB), &()).unwrap();
@@ -286,7 +295,7 @@ fn idle_between_uncommitted(space: &CountingSpace) -> (VirtualPool<&CountingSpac
     assert!(!space.is_committed(range(base, MIB)));
     assert!(space.is_committed(range(base + MIB, MIB)));
     assert!(!space.is_committed(range(base + 2 * MIB, MIB)));
-    assert_eq!(p.committed_bytes(), 2 * MIB); // granule 1 (Idle) and 3 (anchor)
+    assert_eq!(p.usage().held, 2 * MIB); // granule 1 (Idle) and 3 (anchor)
     p.check().unwrap();
     (p, anchor)
 }
@@ -312,18 +321,19 @@ fn commit_failing_half_way_hands_out_nothing() {
     let b = p.allocate(req(3 * MIB), &()).unwrap();
     assert_eq!(b.addr(), base);
     assert!(space.is_committed(range(base, 4 * MIB)));
-    assert_eq!((p.idle_bytes(), p.committed_bytes()), (0, 4 * MIB));
+    assert_eq!((p.idle_bytes(), p.usage().held), (0, 4 * MIB));
     p.check().unwrap();
     p.deallocate(b, &()).unwrap();
     p.deallocate(anchor, &()).unwrap();
     p.check().unwrap();
-    assert_eq!(p.committed_bytes(), MIB);
+    assert_eq!(p.usage().held, MIB);
 }
 
 #[test]
 fn out_of_physical_memory_trims_idle_granules_and_retries() {
     let space = CountingSpace::new(5 * MIB, MIB);
-    let mut p = VirtualPool::new(&space, 64 * MIB, 4 * MIB).unwrap();
+    let mut p =
+        VirtualPool::with_config(&space, VirtualConfig::new(64 * MIB).release_threshold(4 * MIB)).unwrap();
     let a = p.allocate(req(2 * MIB), &()).unwrap();
     let b = p.allocate(req(2 * MIB), &()).unwrap();
     p.deallocate(a, &()).unwrap();
@@ -331,7 +341,7 @@ fn out_of_physical_memory_trims_idle_granules_and_retries() {
     // 3 MiB do not fit in the 2 MiB hole: they need 3 fresh granules, and
     // only 1 MiB of physical memory is left until the idle ones go.
     let c = p.allocate(req(3 * MIB), &()).unwrap();
-    assert_eq!((p.idle_bytes(), space.committed_bytes(), p.committed_bytes()), (0, 5 * MIB, 5 * MIB));
+    assert_eq!((p.idle_bytes(), space.committed_bytes(), p.usage().held), (0, 5 * MIB, 5 * MIB));
     assert!(space.is_committed(granules_of(&c, MIB)));
     p.check().unwrap();
     // Beyond the physical memory even then: an error, nothing changed.
@@ -349,7 +359,7 @@ fn out_of_physical_memory_with_a_failing_trim_is_the_decommit_failure() {
     // 2 freed: two Idle runs, 4 granules committed. 3 MiB need 3 fresh
     // granules and only 2 are free until the Idle ones go.
     let space = CountingSpace::new(6 * MIB, MIB);
-    let config = VirtualConfig::new(64 * MIB).keep(4 * MIB).trim_on_commit(false);
+    let config = VirtualConfig::new(64 * MIB).release_threshold(4 * MIB).trim_on_commit(false);
     let mut p = VirtualPool::with_config(&space, config).unwrap();
     let base = p.reservations[0].range.start();
     let [a, x, b, y] = [0; 4].map(|_| p.allocate(req(MIB), &()).unwrap());
@@ -372,7 +382,7 @@ fn out_of_physical_memory_with_a_failing_trim_is_the_decommit_failure() {
     let c = p.allocate(req(3 * MIB), &()).unwrap();
     assert_eq!(c.addr(), base + 4 * MIB);
     assert!(space.is_committed(granules_of(&c, MIB)));
-    assert_eq!((p.idle_bytes(), p.committed_bytes(), space.committed_bytes()), (MIB, 6 * MIB, 6 * MIB));
+    assert_eq!((p.idle_bytes(), p.usage().held, space.committed_bytes()), (MIB, 6 * MIB, 6 * MIB));
     p.check().unwrap();
     // With every Idle granule given back and still no room: out of memory.
     space.fail_nth_decommit(0);
@@ -389,7 +399,8 @@ fn out_of_physical_memory_with_a_failing_trim_is_the_decommit_failure() {
 fn keep_zero_decommits_every_time_and_keep_avoids_it() {
     for (keep, commits) in [(0, 1000), (2 * MIB, 1)] {
         let space = CountingSpace::new(1 << 30, 2 * MIB);
-        let mut p = VirtualPool::new(&space, 64 * MIB, keep).unwrap();
+        let mut p =
+            VirtualPool::with_config(&space, VirtualConfig::new(64 * MIB).release_threshold(keep)).unwrap();
         for _ in 0..1000 {
             let b = p.allocate(req(100_000), &()).unwrap();
             assert!(space.is_committed(granules_of(&b, 2 * MIB)));
@@ -404,7 +415,7 @@ fn keep_zero_decommits_every_time_and_keep_avoids_it() {
 #[test]
 fn free_straddling_shared_granules_keeps_them_mapped() {
     let space = CountingSpace::new(1 << 30, MIB);
-    let mut p = VirtualPool::new(&space, 64 * MIB, 0).unwrap();
+    let mut p = VirtualPool::with_config(&space, VirtualConfig::new(64 * MIB)).unwrap();
     let base = p.reservations[0].range.start();
     let a = p.allocate(req(256), &()).unwrap();
     // Starts in granule 0 (shared with `a`), covers granule 1, ends in granule 2.
@@ -417,18 +428,18 @@ fn free_straddling_shared_granules_keeps_them_mapped() {
     assert!(space.is_committed(range(base, MIB)), "granule 0 holds a");
     assert!(!space.is_committed(range(base + MIB, MIB)), "granule 1 is wholly free");
     assert!(space.is_committed(range(base + 2 * MIB, MIB)), "granule 2 holds c");
-    assert_eq!(p.committed_bytes(), 2 * MIB);
+    assert_eq!(p.usage().held, 2 * MIB);
     p.deallocate(a, &()).unwrap();
-    assert_eq!(p.committed_bytes(), MIB);
+    assert_eq!(p.usage().held, MIB);
     p.deallocate(c, &()).unwrap();
-    assert_eq!((p.committed_bytes(), space.committed_bytes(), p.peak_committed_bytes()), (0, 0, 3 * MIB));
+    assert_eq!((p.usage().held, space.committed_bytes(), p.usage().peak_held), (0, 0, 3 * MIB));
     p.check().unwrap();
 }
 
 #[test]
 fn bad_frees_are_errors_and_change_nothing() {
     let space = CountingSpace::new(1 << 30, MIB);
-    let mut p = VirtualPool::new(&space, 64 * MIB, 0).unwrap();
+    let mut p = VirtualPool::with_config(&space, VirtualConfig::new(64 * MIB)).unwrap();
     let a = p.allocate(req(5000), &()).unwrap();
     let b = p.allocate(req(5000), &()).unwrap();
     let before = figures(&p);
@@ -448,7 +459,7 @@ fn bad_frees_are_errors_and_change_nothing() {
     );
     // Address-only free of a live block works.
     p.deallocate(Block::from_addr(b.addr(), b.size()), &()).unwrap();
-    assert_eq!((p.used_bytes(), space.committed_bytes()), (0, 0));
+    assert_eq!((p.usage().used, space.committed_bytes()), (0, 0));
     p.check().unwrap();
 }
 
@@ -493,7 +504,7 @@ fn trim_on_commit_keeps_idle_memory_out_of_the_peak() {
         let space = CountingSpace::new(1 << 30, MIB);
         let mut p = VirtualPool::with_config(
             &space,
-            VirtualConfig::new(64 * MIB).keep(64 * MIB).trim_on_commit(trim),
+            VirtualConfig::new(64 * MIB).release_threshold(64 * MIB).trim_on_commit(trim),
         )
         .unwrap();
         let a = p.allocate(req(4 * MIB), &()).unwrap();
@@ -505,7 +516,7 @@ fn trim_on_commit_keeps_idle_memory_out_of_the_peak() {
         assert!(b.addr() > anchor.addr());
         p.check().unwrap();
         assert_eq!(
-            (p.peak_committed_bytes(), space.peak_committed_bytes()),
+            (p.usage().peak_held, space.peak_committed_bytes()),
             (peak, peak),
             "trim_on_commit {trim}"
         );
@@ -519,7 +530,7 @@ fn trim_on_commit_keeps_idle_memory_out_of_the_peak() {
         assert_eq!(c.addr(), a.addr());
         assert_eq!(space.call_counts().0 - commits, trim as u64, "trim_on_commit {trim}");
         assert_eq!(p.idle_bytes(), if trim { 3 * MIB } else { 7 * MIB });
-        assert_eq!(p.peak_committed_bytes(), peak);
+        assert_eq!(p.usage().peak_held, peak);
         p.deallocate(c, &()).unwrap();
         p.deallocate(anchor, &()).unwrap();
         p.check().unwrap();
@@ -530,7 +541,7 @@ fn trim_on_commit_keeps_idle_memory_out_of_the_peak() {
 fn drop_decommits_and_releases_everything() {
     let space = CountingSpace::new(1 << 30, MIB);
     {
-        let config = VirtualConfig::new(8 * MIB).keep(4 * MIB).max_reservations(3);
+        let config = VirtualConfig::new(8 * MIB).release_threshold(4 * MIB).max_reservations(3);
         let mut p = VirtualPool::with_config(&space, config).unwrap();
         let a = p.allocate(req(6 * MIB), &()).unwrap();
         let b = p.allocate(req(6 * MIB), &()).unwrap();
@@ -546,7 +557,7 @@ fn drop_decommits_and_releases_everything() {
 /// bytes in use plus the slack, in whole granules, or the peak of granules
 /// live blocks touched if more.
 fn committed_bound<V: ReservableSpace>(p: &VirtualPool<V>) -> u64 {
-    let used = p.peak_used_bytes();
+    let used = p.peak_used();
     let limit = (used + used * p.config().slack() as u64 / 1000) & !(p.granule() - 1);
     limit.max(p.peak_busy_bytes())
 }
@@ -557,7 +568,7 @@ fn slack_keeps_idle_memory_up_to_its_bound() {
     // a slack of 100 % of the peak in use (4 MiB + 256 bytes), they stay.
     for (slack, idle, peak) in [(0, 0, 7 * MIB), (1000, 4 * MIB, 11 * MIB)] {
         let space = CountingSpace::new(1 << 30, MIB);
-        let config = VirtualConfig::new(64 * MIB).keep(u64::MAX).slack_permille(slack);
+        let config = VirtualConfig::new(64 * MIB).release_threshold(u64::MAX).slack_permille(slack);
         let mut p = VirtualPool::with_config(&space, config).unwrap();
         let a = p.allocate(req(4 * MIB), &()).unwrap();
         let anchor = p.allocate(req(256), &()).unwrap();
@@ -566,16 +577,16 @@ fn slack_keeps_idle_memory_up_to_its_bound() {
         let b = p.allocate(req(6 * MIB), &()).unwrap();
         assert!(b.addr() > anchor.addr());
         p.check().unwrap();
-        assert_eq!((p.idle_bytes(), p.peak_committed_bytes()), (idle, peak), "slack {slack}");
+        assert_eq!((p.idle_bytes(), p.usage().peak_held), (idle, peak), "slack {slack}");
         assert_eq!(space.call_counts().1 - decommits, (slack == 0) as u64, "slack {slack}");
-        assert!(p.peak_committed_bytes() <= committed_bound(&p));
+        assert!(p.usage().peak_held <= committed_bound(&p));
         p.deallocate(b, &()).unwrap();
         p.deallocate(anchor, &()).unwrap();
         p.check().unwrap();
     }
     // A slack too small for the Idle memory: only the excess goes.
     let space = CountingSpace::new(1 << 30, MIB);
-    let config = VirtualConfig::new(64 * MIB).keep(u64::MAX).slack_permille(500);
+    let config = VirtualConfig::new(64 * MIB).release_threshold(u64::MAX).slack_permille(500);
     let mut p = VirtualPool::with_config(&space, config).unwrap();
     let a = p.allocate(req(8 * MIB), &()).unwrap();
     let anchor = p.allocate(req(256), &()).unwrap();
@@ -586,8 +597,8 @@ fn slack_keeps_idle_memory_up_to_its_bound() {
     let b = p.allocate(req(9 * MIB), &()).unwrap();
     assert!(b.addr() > anchor.addr());
     p.check().unwrap();
-    assert_eq!((p.committed_bytes(), p.idle_bytes()), (13 * MIB, 3 * MIB));
-    assert_eq!(p.peak_committed_bytes(), committed_bound(&p));
+    assert_eq!((p.usage().held, p.idle_bytes()), (13 * MIB, 3 * MIB));
+    assert_eq!(p.usage().peak_held, committed_bound(&p));
     p.deallocate(b, &()).unwrap();
     p.deallocate(anchor, &()).unwrap();
 }
@@ -635,7 +646,7 @@ fn replay(space: &CountingSpace, config: VirtualConfig, trace: &[(u64, usize)], 
             }
             p.check().unwrap_or_else(|v| panic!("pass {pass} step {step}: {v}"));
             if config.trims_on_commit() {
-                assert!(p.peak_committed_bytes() <= committed_bound(&p), "pass {pass} step {step}");
+                assert!(p.usage().peak_held <= committed_bound(&p), "pass {pass} step {step}");
             }
         }
         for b in live.drain(..) {
@@ -660,16 +671,26 @@ fn replay_with_slack_commits_nothing_in_later_passes() {
     // Without slack, Idle memory that later blocks land on is decommitted
     // whenever committed memory would pass its peak: every pass commits.
     let space = CountingSpace::new(1 << 40, MIB);
-    let none = replay(&space, VirtualConfig::new(1 << 30).keep(u64::MAX), &trace, 3);
+    let none = replay(&space, VirtualConfig::new(1 << 30).release_threshold(u64::MAX), &trace, 3);
     assert!(none[1] > 0 && none[2] > 0, "{none:?}");
     // With enough slack for every granule the trace ever touches, the
     // first pass commits them all and the later ones nothing.
     let space = CountingSpace::new(1 << 40, MIB);
-    let all = replay(&space, VirtualConfig::new(1 << 30).keep(u64::MAX).slack_permille(1000), &trace, 3);
+    let all = replay(
+        &space,
+        VirtualConfig::new(1 << 30).release_threshold(u64::MAX).slack_permille(1000),
+        &trace,
+        3,
+    );
     assert_eq!(&all[1..], &[0, 0], "{all:?}");
     // Without trim on commit, the same (and no bound on the peak).
     let space = CountingSpace::new(1 << 40, MIB);
-    let no_trim = replay(&space, VirtualConfig::new(1 << 30).keep(u64::MAX).trim_on_commit(false), &trace, 2);
+    let no_trim = replay(
+        &space,
+        VirtualConfig::new(1 << 30).release_threshold(u64::MAX).trim_on_commit(false),
+        &trace,
+        2,
+    );
     assert_eq!(no_trim[1], 0);
 }
 
@@ -678,17 +699,17 @@ fn replay_with_a_small_slack_stays_within_its_bound() {
     let trace = random_trace(12, 4000);
     for slack in [10, 40, 100] {
         let space = CountingSpace::new(1 << 40, MIB);
-        let config = VirtualConfig::new(1 << 30).keep(u64::MAX).slack_permille(slack);
+        let config = VirtualConfig::new(1 << 30).release_threshold(u64::MAX).slack_permille(slack);
         replay(&space, config, &trace, 2);
         // With a release threshold too.
         let space = CountingSpace::new(1 << 40, MIB);
-        replay(&space, config.keep(16 * MIB), &trace, 2);
+        replay(&space, config.release_threshold(16 * MIB), &trace, 2);
     }
 }
 
 #[test]
 fn randomized_keep_all_with_slack() {
-    randomized(VirtualConfig::new(256 * MIB).keep(u64::MAX).slack_permille(40), MIB, 30_000, 6);
+    randomized(VirtualConfig::new(256 * MIB).release_threshold(u64::MAX).slack_permille(40), MIB, 30_000, 6);
 }
 
 #[test]
@@ -709,24 +730,24 @@ fn a_reservation_made_for_a_request_serves_it() {
 #[test]
 fn a_failed_decommit_keeps_the_granules_committed_idle_and_counted() {
     let space = CountingSpace::new(1 << 30, MIB);
-    let mut p = VirtualPool::new(&space, 64 * MIB, 0).unwrap();
+    let mut p = VirtualPool::with_config(&space, VirtualConfig::new(64 * MIB)).unwrap();
     let a = p.allocate(req(3 * MIB), &()).unwrap();
     let anchor = p.allocate(req(256), &()).unwrap();
     // The free succeeds; its trim fails and leaves the granules Idle.
     space.fail_nth_decommit(1);
     p.deallocate(a, &()).unwrap();
     p.check().unwrap();
-    assert_eq!((p.idle_bytes(), p.committed_bytes(), space.committed_bytes()), (3 * MIB, 4 * MIB, 4 * MIB));
+    assert_eq!((p.idle_bytes(), p.usage().held, space.committed_bytes()), (3 * MIB, 4 * MIB, 4 * MIB));
     assert!(space.is_committed(granules_of(&a, MIB)));
     // A trim that fails again says so, with the space's error.
     space.fail_nth_decommit(1);
     assert!(matches!(p.trim(&()), Err(Error::Backend { .. })));
     p.check().unwrap();
-    assert_eq!((p.idle_bytes(), p.committed_bytes(), space.committed_bytes()), (3 * MIB, 4 * MIB, 4 * MIB));
+    assert_eq!((p.idle_bytes(), p.usage().held, space.committed_bytes()), (3 * MIB, 4 * MIB, 4 * MIB));
     // The next one gives them back.
     assert_eq!(p.trim(&()), Ok(3 * MIB));
     p.check().unwrap();
-    assert_eq!((p.idle_bytes(), p.committed_bytes(), space.committed_bytes()), (0, MIB, MIB));
+    assert_eq!((p.idle_bytes(), p.usage().held, space.committed_bytes()), (0, MIB, MIB));
     p.deallocate(anchor, &()).unwrap();
     assert_eq!(space.committed_bytes(), 0);
 }
@@ -748,7 +769,7 @@ fn a_trim_on_commit_leaves_a_failed_trim_pending() {
     assert!(b.addr() > anchor.addr());
     assert_eq!(p.idle_bytes(), 3 * MIB);
     p.check().unwrap();
-    assert_eq!(space.committed_bytes(), p.committed_bytes());
+    assert_eq!(space.committed_bytes(), p.usage().held);
     p.deallocate(b, &()).unwrap();
     assert_eq!((p.idle_bytes(), space.committed_bytes()), (0, MIB));
     p.deallocate(anchor, &()).unwrap();
@@ -796,7 +817,7 @@ fn a_failed_allocate_retries_a_failed_trim() {
     // again, beyond `keep`, and the call gives them back.
     let space = CountingSpace::new(1 << 30, MIB);
     let short = ShortOnce { inner: &space, out_of_memory: core::cell::Cell::new(false) };
-    let mut p = VirtualPool::new(&short, 64 * MIB, 0).unwrap();
+    let mut p = VirtualPool::with_config(&short, VirtualConfig::new(64 * MIB)).unwrap();
     let base = p.reservations[0].range.start();
     let mib = |size| Request::aligned(size, MIB).unwrap();
     let a = p.allocate(mib(2 * MIB), &()).unwrap();
@@ -809,14 +830,14 @@ fn a_failed_allocate_retries_a_failed_trim() {
     p.deallocate(a, &()).unwrap();
     space.fail_nth_decommit(1);
     p.deallocate(f, &()).unwrap();
-    assert_eq!((p.idle_bytes(), p.committed_bytes()), (3 * MIB, 4 * MIB));
+    assert_eq!((p.idle_bytes(), p.usage().held), (3 * MIB, 4 * MIB));
     p.check().unwrap();
     short.out_of_memory.set(true);
     space.fail_nth(1);
     let err = p.allocate(mib(3 * MIB), &()).unwrap_err();
     assert!(matches!(err, Error::Backend { .. }), "{err}");
     p.check().unwrap();
-    assert_eq!((p.idle_bytes(), p.committed_bytes(), space.committed_bytes()), (0, MIB, MIB));
+    assert_eq!((p.idle_bytes(), p.usage().held, space.committed_bytes()), (0, MIB, MIB));
     p.deallocate(anchor, &()).unwrap();
     p.check().unwrap();
 }
@@ -835,7 +856,7 @@ fn a_failed_allocate_that_commits_nothing_retries_a_failed_trim() {
     let anchor = p.allocate(req(256), &()).unwrap();
     space.fail_nth_decommit(1);
     p.deallocate(a, &()).unwrap();
-    assert_eq!((p.idle_bytes(), p.committed_bytes()), (3 * MIB, 4 * MIB));
+    assert_eq!((p.idle_bytes(), p.usage().held), (3 * MIB, 4 * MIB));
     // The space refuses a reservation: the retry's decommit fails too, and
     // the trim stays pending.
     space.fail_nth_decommit(1);
@@ -843,7 +864,7 @@ fn a_failed_allocate_that_commits_nothing_retries_a_failed_trim() {
     let span = CountingSpace::END - CountingSpace::BASE;
     assert!(matches!(err, Error::OutOfMemory { max_size, .. } if max_size == Some(span)), "{err}");
     p.check().unwrap();
-    assert_eq!((p.idle_bytes(), p.committed_bytes(), space.committed_bytes()), (3 * MIB, 4 * MIB, 4 * MIB));
+    assert_eq!((p.idle_bytes(), p.usage().held, space.committed_bytes()), (3 * MIB, 4 * MIB, 4 * MIB));
     // A successful allocate does not retry.
     let b = p.allocate(req(128 * MIB), &()).unwrap();
     assert_eq!((p.reservation_count(), p.idle_bytes()), (2, 3 * MIB));
@@ -851,12 +872,12 @@ fn a_failed_allocate_that_commits_nothing_retries_a_failed_trim() {
     // error has the figures the call leaves.
     let err = p.allocate(req(1 << 50), &()).unwrap_err();
     p.check().unwrap();
-    assert_eq!((p.idle_bytes(), p.committed_bytes(), space.committed_bytes()), (0, 129 * MIB, 129 * MIB));
+    assert_eq!((p.idle_bytes(), p.usage().held, space.committed_bytes()), (0, 129 * MIB, 129 * MIB));
     assert_eq!(
         err,
         Error::OutOfMemory {
             requested: 1 << 50,
-            largest_free: p.largest_free(),
+            largest_free: p.usage().largest_free,
             pool_size: 129 * MIB,
             max_size: Some(p.reserved_bytes()),
         }
@@ -871,7 +892,8 @@ fn a_failed_allocate_that_commits_nothing_retries_a_failed_trim() {
 #[test]
 fn a_block_aligned_inside_an_idle_run_takes_its_middle() {
     let space = CountingSpace::new(1 << 30, MIB);
-    let mut p = VirtualPool::new(&space, 64 * MIB, 64 * MIB).unwrap();
+    let mut p =
+        VirtualPool::with_config(&space, VirtualConfig::new(64 * MIB).release_threshold(64 * MIB)).unwrap();
     let base = p.reservations[0].range.start();
     let x = p.allocate(req(256), &()).unwrap();
     let a = p.allocate(req(8 * MIB), &()).unwrap();
@@ -902,7 +924,7 @@ fn a_block_aligned_inside_an_idle_run_takes_its_middle() {
         p.check().unwrap();
     }
     let idle = p.idle_bytes();
-    assert_eq!((p.trim(&()), p.committed_bytes(), space.committed_bytes()), (Ok(idle), 0, 0));
+    assert_eq!((p.trim(&()), p.usage().held, space.committed_bytes()), (Ok(idle), 0, 0));
 }
 
 #[test]
@@ -910,7 +932,8 @@ fn blocks_aligned_inside_long_idle_runs_find_their_run() {
     // One idle run of 638 granules, ten words of the bitmap of run starts:
     // a block aligned far inside it looks its start up words below.
     let space = CountingSpace::new(1 << 32, MIB);
-    let mut p = VirtualPool::new(&space, 640 * MIB, 640 * MIB).unwrap();
+    let mut p =
+        VirtualPool::with_config(&space, VirtualConfig::new(640 * MIB).release_threshold(640 * MIB)).unwrap();
     let base = p.reservations[0].range.start();
     let x = p.allocate(req(256), &()).unwrap();
     let a = p.allocate(req(640 * MIB - 512), &()).unwrap();
@@ -979,7 +1002,8 @@ fn every_idle_granule_finds_its_run<V: ReservableSpace>(p: &VirtualPool<V>) {
 #[test]
 fn runs_just_short_and_just_long_are_found_from_their_last_granule() {
     let space = CountingSpace::new(1 << 32, MIB);
-    let mut p = VirtualPool::new(&space, 256 * MIB, 256 * MIB).unwrap();
+    let mut p =
+        VirtualPool::with_config(&space, VirtualConfig::new(256 * MIB).release_threshold(256 * MIB)).unwrap();
     let x = p.allocate(req(256), &()).unwrap();
     // Touching granules 0..=65, 65..=129 and 129..=194; `anchor` shares 194.
     let blocks = [65, 64, 65].map(|mib| p.allocate(req(mib * MIB), &()).unwrap());

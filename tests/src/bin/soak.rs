@@ -30,10 +30,10 @@ use memres_core::check::LiveBlocks;
 use memres_core::check::Violation;
 use memres_core::fixed::{FixedConfig, FixedSizeResource};
 use memres_core::pool::CoalescingPool;
-use memres_core::stream_ordered::{CheckInvariants, StreamOrdered};
+use memres_core::stream_ordered::StreamOrdered;
 use memres_core::testing::SplitMix64;
-use memres_core::vpool::VirtualPool;
-use memres_core::{Block, MemoryResource, MemoryResourceMut, Request, Shared, Stream};
+use memres_core::vpool::{VirtualConfig, VirtualPool};
+use memres_core::{Block, Inspect, MemoryResource, MemoryResourceMut, Request, Shared, Stream, Usage};
 use memres_sim::{HbChecked, SimAddressSpace, SimDevice, SimStream, SimWorld};
 use std::process::ExitCode;
 use std::sync::{Barrier, Mutex};
@@ -110,7 +110,7 @@ struct Outcome {
     frees: u64,
     handed_over: u64,
     checks: u64,
-    peak_live_bytes: u64,
+    peak_used: u64,
     seconds: f64,
     losses: Vec<String>,
 }
@@ -286,14 +286,14 @@ where
     }
     out.losses = std::mem::take(&mut *shared.losses.lock().unwrap());
     let (live, peak) = std::mem::take(&mut *shared.live.lock().unwrap());
-    out.peak_live_bytes = peak;
+    out.peak_used = peak;
     if !live.is_empty() {
         out.lose(format!("{} blocks of {} bytes still live in the caller's view", live.len(), live.bytes()));
     }
     if out.allocations != out.frees {
         out.lose(format!("{} allocations but {} frees", out.allocations, out.frees));
     }
-    let report = tracked.report();
+    let report = tracked.get_outstanding_allocations();
     if !report.is_empty() {
         out.lose(format!("leaks: {report}"));
     }
@@ -305,8 +305,8 @@ where
 }
 
 fn device_empty(out: &mut Outcome, dev: &SimDevice) {
-    if dev.held_bytes() != 0 {
-        out.lose(format!("the device still holds {} bytes after release", dev.held_bytes()));
+    if dev.usage().held != 0 {
+        out.lose(format!("the device still holds {} bytes after release", dev.usage().held));
     }
     let (allocs, frees) = dev.call_counts();
     if allocs != frees {
@@ -330,7 +330,7 @@ fn soak_pool(a: &Args) -> Outcome {
     let w = Workload { max_size: 4 << 20, max_align: 64 << 10, cross_stream: false };
     let check = || pool.with(|p| p.check()).map_err(|v| v.to_string());
     let mut out = drive(&pool, &units(a.threads), a.ops, a.seed, w, &check, &|| {});
-    used_zero(&mut out, "the pool", pool.with(|p| p.used_bytes()));
+    used_zero(&mut out, "the pool", pool.with(|p| p.usage().used));
     if let Err(e) = pool.with(|p| p.release(&())) {
         out.lose(format!("release: {e}"));
     }
@@ -345,7 +345,7 @@ fn soak_fixed(a: &Args) -> Outcome {
     let w = Workload { max_size: 64 << 10, max_align: 256, cross_stream: false };
     let check = || fixed.with(|f| f.check()).map_err(|v| v.to_string());
     let mut out = drive(&fixed, &units(a.threads), a.ops, a.seed, w, &check, &|| {});
-    used_zero(&mut out, "the fixed-size resource", fixed.with(|f| f.used_bytes()));
+    used_zero(&mut out, "the fixed-size resource", fixed.with(|f| f.usage().used));
     if let Err(e) = fixed.with(|f| f.release(&())) {
         out.lose(format!("release: {e}"));
     }
@@ -367,7 +367,7 @@ fn soak_binning(a: &Args) -> Outcome {
     if let Err(e) = bins.release(&()) {
         out.lose(format!("release of the bins: {e}"));
     }
-    used_zero(&mut out, "the pool under the bins", pool.with(|p| p.used_bytes()));
+    used_zero(&mut out, "the pool under the bins", pool.with(|p| p.usage().used));
     if let Err(e) = pool.with(|p| p.release(&())) {
         out.lose(format!("release of the pool: {e}"));
     }
@@ -391,14 +391,14 @@ fn soak_arena(a: &Args) -> Outcome {
     let w = Workload { max_size: 2 << 20, max_align: 64 << 10, cross_stream: true };
     let check = || arena.check().map_err(|v| v.to_string());
     let mut out = drive(&arena, &streams, a.ops, a.seed, w, &check, &|| world.advance());
-    used_zero(&mut out, "the arena", arena.used_bytes());
+    used_zero(&mut out, "the arena", arena.usage().used);
     for s in streams.iter().chain([&world.default_stream()]) {
         if let Err(e) = arena.release(s) {
             out.lose(format!("release on stream {}: {e}", s.id()));
         }
     }
-    if arena.held_bytes() != 0 {
-        out.lose(format!("the arena holds {} bytes after release on every stream", arena.held_bytes()));
+    if arena.usage().held != 0 {
+        out.lose(format!("the arena holds {} bytes after release on every stream", arena.usage().held));
     }
     drop(arena);
     device_empty(&mut out, &dev);
@@ -418,9 +418,12 @@ impl MemoryResourceMut<()> for PoolRef<'_> {
     }
 }
 
-impl CheckInvariants for PoolRef<'_> {
-    fn check_invariants(&self) -> Result<(), Violation> {
-        self.0.with(|p| p.check())
+impl Inspect for PoolRef<'_> {
+    fn usage(&self) -> Usage {
+        self.0.usage()
+    }
+    fn check(&self) -> Result<(), Violation> {
+        self.0.check()
     }
 }
 
@@ -439,11 +442,11 @@ fn soak_stream_pool(a: &Args) -> Outcome {
         out.lose(format!("{} happens-before violations; the first: {first}", layer.violation_count()));
     }
     let so = layer.inner();
-    used_zero(&mut out, "the stream-ordered layer", so.with(|so| so.live_bytes()));
+    used_zero(&mut out, "the stream-ordered layer", so.with(|so| so.usage().used));
     if let Err(e) = so.with(|so| so.synchronize_and_merge()) {
         out.lose(format!("synchronize and merge: {e}"));
     }
-    used_zero(&mut out, "the pool under the layer", pool.with(|p| p.used_bytes()));
+    used_zero(&mut out, "the pool under the layer", pool.with(|p| p.usage().used));
     let stats = so.with(|so| so.stats());
     println!(
         "    stream-ordered: {} own-stream reuses, {} taken from another stream after a wait, {} from the pool",
@@ -460,11 +463,14 @@ fn soak_stream_pool(a: &Args) -> Outcome {
 fn soak_vpool(a: &Args) -> Outcome {
     let space = SimAddressSpace::new(DEVICE, SimAddressSpace::DEFAULT_GRANULE);
     // One reservation of 64 GiB; up to 64 MiB of idle committed memory kept.
-    let pool = Shared::new(VirtualPool::new(&space, 64 << 30, 64 << 20).expect("valid config"));
+    let pool = Shared::new(
+        VirtualPool::with_config(&space, VirtualConfig::new(64 << 30).release_threshold(64 << 20))
+            .expect("valid config"),
+    );
     let w = Workload { max_size: 4 << 20, max_align: 64 << 10, cross_stream: false };
     let check = || pool.with(|p| p.check()).map_err(|v| v.to_string());
     let mut out = drive(&pool, &units(a.threads), a.ops, a.seed, w, &check, &|| {});
-    used_zero(&mut out, "the virtual pool", pool.with(|p| p.used_bytes()));
+    used_zero(&mut out, "the virtual pool", pool.with(|p| p.usage().used));
     if let Err(e) = pool.with(|p| p.trim(&())) {
         out.lose(format!("trim: {e}"));
     }
@@ -507,7 +513,7 @@ fn main() -> ExitCode {
             out.allocations,
             out.frees,
             out.handed_over,
-            out.peak_live_bytes,
+            out.peak_used,
             out.checks,
             if out.losses.is_empty() { "no loss".to_string() } else { format!("{} LOSSES", out.losses.len()) }
         );

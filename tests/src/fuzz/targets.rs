@@ -4,7 +4,9 @@ use super::{drive, FuzzResource, Model};
 use arbitrary::Unstructured;
 use memres_core::pool::{Chunk, CoalescingIndex, CoalescingPool, Growth, Node, PoolConfig};
 use memres_core::storage::{ArrayStorage, Storage};
-use memres_core::{Block, Error, MemoryResource, MemoryResourceMut, Range, Request, Result, Shared, Stream};
+use memres_core::{
+    Block, Error, Inspect, MemoryResource, MemoryResourceMut, Range, Request, Result, Shared, Stream,
+};
 use memres_sim::SimDevice;
 use std::cell::Cell;
 use std::sync::{Arc, Mutex};
@@ -126,7 +128,7 @@ impl FuzzResource for IndexTarget {
 
     fn check(&self, model: &Model) -> std::result::Result<(), String> {
         if super::invariant_checker_on() {
-            self.index.check().map_err(String::from)?;
+            self.index.check().map_err(|v| v.to_string())?;
         }
         let mut live: Vec<(u64, u64)> = model.live().iter().map(|l| (l.block.addr(), l.footprint)).collect();
         live.sort_unstable();
@@ -346,7 +348,7 @@ fn judge_pool_failure<N: Storage<Node>, C: Storage<Chunk>>(
     before: &[u64],
 ) -> std::result::Result<(), String> {
     let log = spy.log();
-    let pool_size = pool.pool_size();
+    let pool_size = pool.usage().held;
     if pool_size > before[2] {
         return Err(format!("the pool grew from {} to {pool_size} and still failed", before[2]));
     }
@@ -359,13 +361,13 @@ fn judge_pool_failure<N: Storage<Node>, C: Storage<Chunk>>(
                 ));
             }
             if requested != request.size()
-                || largest_free != pool.largest_free()
+                || largest_free != pool.usage().largest_free
                 || ps != pool_size
                 || max_size != pool.config().maximum()
             {
                 return Err(format!(
                     "wrong figures: pool size {pool_size}, largest free {}, maximum {:?}",
-                    pool.largest_free(),
+                    pool.usage().largest_free,
                     pool.config().maximum()
                 ));
             }
@@ -405,27 +407,27 @@ fn check_pool<N: Storage<Node>, C: Storage<Chunk>>(
     if super::invariant_checker_on() {
         pool.check().map_err(|v| v.to_string())?;
     }
-    if spy.inner.held_bytes() != pool.pool_size() {
+    if spy.inner.usage().held != pool.usage().held {
         return Err(format!(
             "upstream holds {} bytes for the pool, the pool says {}",
-            spy.inner.held_bytes(),
-            pool.pool_size()
+            spy.inner.usage().held,
+            pool.usage().held
         ));
     }
     Ok(())
 }
 
 fn pool_summary<N: Storage<Node>, C: Storage<Chunk>>(pool: &Pool<N, C>) -> Vec<u64> {
-    vec![pool.used_bytes(), pool.free_bytes(), pool.pool_size(), pool.chunk_count() as u64]
+    vec![pool.usage().used, pool.usage().free, pool.usage().held, pool.chunk_count() as u64]
 }
 
 fn released<N: Storage<Node>, C: Storage<Chunk>>(pool: &Pool<N, C>, got: Result<u64>) -> Result<u64> {
     if let Ok(bytes) = got {
         // Every wholly free chunk is gone: with nothing in use, nothing is held.
         assert!(
-            pool.used_bytes() != 0 || pool.pool_size() == 0,
+            pool.usage().used != 0 || pool.usage().held == 0,
             "fuzz oracle: release() left {} bytes held with nothing in use ({bytes} given back)",
-            pool.pool_size()
+            pool.usage().held
         );
     }
     got
@@ -454,7 +456,7 @@ impl<N: Storage<Node>, C: Storage<Chunk>> FuzzResource for PoolTarget<N, C> {
         check_pool(&self.pool, &self.spy)
     }
     fn used_bytes(&self) -> u64 {
-        self.pool.used_bytes()
+        self.pool.usage().used
     }
     fn footprint(&self, size: u64) -> u64 {
         size.div_ceil(256) * 256
@@ -560,7 +562,7 @@ impl FuzzResource for StackTarget {
         (self.layers.check)(model)
     }
     fn used_bytes(&self) -> u64 {
-        self.pool.with(|p| p.used_bytes())
+        self.pool.with(|p| p.usage().used)
     }
     fn footprint(&self, size: u64) -> u64 {
         size.div_ceil(256) * 256

@@ -19,8 +19,8 @@
  * Leaves: async (stream-ordered, on a driver pool of its own; initial=,
  * release_threshold=), cuda (cuMemAlloc), managed (cuMemAllocManaged),
  * vmm (a pool over one reserved address range that maps memory where live
- * blocks are, through cuMemCreate/cuMemMap; reserve=, keep=, granules=,
- * trim_on_commit=; it unmaps only after synchronizing the stream of the
+ * blocks are, through cuMemCreate/cuMemMap; reserve=, release_threshold=,
+ * handle_granules=, slack=, trim_on_commit=; it unmaps only after synchronizing the stream of the
  * call). Adaptors and algorithms: pool (initial=, max=,
  * growth=double|default|N, granule= (32MiB: chunks are multiples of it),
  * release=true|false (give wholly free chunks back before growing; true),

@@ -287,7 +287,7 @@ fn build(d: usize, stack: &str) -> Result<DeviceState, String> {
         logs.push(log);
     }
     // Rust code in this process sees the same resource through the registry.
-    memres_core::device::set_current_device_resource::<CudaStream>(d as u32, resource.clone());
+    memres_core::device::set_per_device_resource::<CudaStream>(d as u32, resource.clone());
     Ok(DeviceState {
         stats: built.get("stats"),
         pools: built.all("async"),
@@ -444,14 +444,14 @@ pub fn stats(device: c_int) -> Result<MemresStats, String> {
     let d = device_index(device)?;
     let st = DEVICES[d].get().ok_or_else(|| format!("memres: device {d} has not been used yet"))?;
     let mut out = MemresStats {
-        upstream_current: st.upstream.current() as i64,
+        upstream_current: st.upstream.value() as i64,
         upstream_peak: st.upstream.peak() as i64,
         upstream_total: st.upstream.total() as i64,
         live_blocks: st.table.len() as i64,
         ..MemresStats::default()
     };
     if let Some(s) = &st.stats {
-        let (bytes, count) = (s.bytes(), s.allocations());
+        let (bytes, count) = (s.get_bytes_counter(), s.get_allocations_counter());
         out.has_stats = 1;
         (out.bytes_current, out.bytes_peak, out.bytes_total) = (bytes.value, bytes.peak, bytes.total);
         (out.count_current, out.count_peak, out.count_total) = (count.value, count.peak, count.total);

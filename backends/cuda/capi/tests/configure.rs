@@ -41,8 +41,8 @@ fn configure_checks_the_stack_and_reports_errors() {
         "limit(stats(pool(cuda, max=2GiB, growth=double)), 1GiB)",
         "log(track(managed), file=/nonexistent/dir/never-opened.csv)",
         "align(async, alignment=4096)",
-        "stats(vmm(reserve=64GiB, keep=256MiB, granules=32))",
-        "stats(vmm(keep=1TiB, trim_on_commit=false))",
+        "stats(vmm(reserve=64GiB, release_threshold=256MiB, handle_granules=32))",
+        "stats(vmm(release_threshold=1TiB, trim_on_commit=false))",
         memres::DEFAULT_STACK,
         "pool(limit(async, 4GiB), per_stream=true, initial=1GiB, granule=64MiB)",
     ] {
@@ -62,7 +62,7 @@ fn configure_checks_the_stack_and_reports_errors() {
         ("log(async)", "missing argument: file="),
         ("pool(async, growth=fast)", "growth `fast`"),
         ("", "empty name"),
-        ("stats(vmm(granules=99))", "granules `99`"),
+        ("stats(vmm(handle_granules=99))", "handle_granules `99`"),
         ("vmm(reserve=0)", "reserve=0"),
         // Not device memory: a kernel would crash on these pointers.
         (

@@ -17,9 +17,14 @@ fn the_checking_builder_refuses_what_the_real_one_would() {
     // Sizes the simulated stand-in could never hold are still accepted:
     // only the device knows its memory.
     assert!(b.build("pool(async(initial=64GiB), initial=60GiB, max=1TiB)", &s).is_ok());
-    assert!(b.build("stats(vmm(reserve=1TiB, keep=64GiB, granules=1, trim_on_commit=false))", &s).is_ok());
-    let e = b.build("stats(vmm(granules=65))", &s).err().unwrap();
-    assert_eq!(e.pos, 19);
+    assert!(b
+        .build(
+            "stats(vmm(reserve=1TiB, release_threshold=64GiB, handle_granules=1, trim_on_commit=false))",
+            &s
+        )
+        .is_ok());
+    let e = b.build("stats(vmm(handle_granules=65))", &s).err().unwrap();
+    assert_eq!(e.pos, 26);
     let e = b.build("pool(vmm(1GiB))", &s).err().unwrap();
     assert_eq!((e.pos, e.kind), (9, StackErrorKind::ExtraArg));
     // Names whose memory is not the device's are refused where they stand.

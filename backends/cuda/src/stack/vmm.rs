@@ -31,7 +31,7 @@ use std::sync::{Arc, Mutex};
 ///
 /// The granules a decommit unmaps may have been freed earlier, by a free on
 /// another stream, and the decommit is ordered on the stream of the call
-/// that triggers it (a free over `keep=`, or an allocation that trims before
+/// that triggers it (a free over `release_threshold=`, or an allocation that trims before
 /// it maps past the peak), not on the stream of the free that made them
 /// idle. The unmap is therefore safe under the same condition as reuse of a
 /// freed block by any plain memres pool (see the C library's *Streams*): one
@@ -42,22 +42,22 @@ use std::sync::{Arc, Mutex};
 /// must synchronize before they drop them, whatever the stack.
 ///
 /// A decommit that unmaps holds the pool's lock while it waits for the
-/// stream, so other threads' calls wait too; with `keep=` above the
+/// stream, so other threads' calls wait too; with `release_threshold=` above the
 /// device's memory and `trim_on_commit=false` the pool unmaps nothing
 /// unless the device runs out of memory (then it gives its idle granules
 /// back, ordered on the allocating stream, and retries once).
 pub type VmmPool = Shared<VirtualPool<CountedSpace<CudaVirtualSpace>>, StdLock>;
 
 /// The options of `vmm`: `reserve=` (bytes of addresses per reservation;
-/// default twice the device's memory), `keep=` (free committed bytes kept
+/// default twice the device's memory), `release_threshold=` (free committed bytes kept
 /// mapped, the release threshold; default all of them, under the slack),
 /// `slack=` (free committed memory is trimmed only above 1 + slack/1000
-/// times the peak in use; default 40), `granules=` (the most granules one
+/// times the peak in use; default 40), `handle_granules=` (the most granules one
 /// physical handle spans, 1 to 64; default 32) and `trim_on_commit=`
 /// (`true`, the default, or `false`: see [`VirtualConfig::trim_on_commit`]).
 ///
 /// **Choosing them.** A decommit that unmaps synchronizes the stream, so a
-/// training loop wants steady steps that map nothing: `keep=` above the
+/// training loop wants steady steps that map nothing: `release_threshold=` above the
 /// device's memory with `trim_on_commit=false` maps only while the peak
 /// grows and never unmaps; the pool then holds its highest committed
 /// bytes, all of them mapped. The commits, decommits and footprints of
@@ -69,10 +69,10 @@ pub type VmmPool = Shared<VirtualPool<CountedSpace<CudaVirtualSpace>>, StdLock>;
 /// ```
 /// use memres_cuda::stack::{vmm_config, VmmConfig};
 /// use memres_core::stack::parse;
-/// let c = vmm_config(&parse("vmm(reserve=64GiB, keep=1GiB, granules=8, trim_on_commit=false)")?)?;
-/// assert_eq!(c, VmmConfig { reserve: Some(64 << 30), keep: 1 << 30, granules: 8, trim_on_commit: false, slack_permille: 40 });
+/// let c = vmm_config(&parse("vmm(reserve=64GiB, release_threshold=1GiB, handle_granules=8, trim_on_commit=false)")?)?;
+/// assert_eq!(c, VmmConfig { reserve: Some(64 << 30), release_threshold: 1 << 30, handle_granules: 8, trim_on_commit: false, slack_permille: 40 });
 /// assert_eq!(vmm_config(&parse("vmm")?)?, VmmConfig::default());
-/// assert!(vmm_config(&parse("vmm(granules=65)")?).is_err());
+/// assert!(vmm_config(&parse("vmm(handle_granules=65)")?).is_err());
 /// # Ok::<(), memres_core::stack::StackError>(())
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -82,9 +82,9 @@ pub struct VmmConfig {
     /// request that physical memory could serve.
     pub reserve: Option<u64>,
     /// The release threshold: free committed bytes kept mapped.
-    pub keep: u64,
+    pub release_threshold: u64,
     /// The most granules one physical handle spans (1 to 64).
-    pub granules: u32,
+    pub handle_granules: u32,
     /// Whether an allocation that maps past the peak first decommits idle
     /// granules ([`VirtualConfig::trim_on_commit`]).
     pub trim_on_commit: bool,
@@ -100,8 +100,8 @@ impl Default for VmmConfig {
             // Keep everything under the slack bound: on the PyTorch traces
             // a 4 % slack leaves steady-state steps mapping nothing
             // (docs/measurements.md).
-            keep: u64::MAX,
-            granules: CudaVirtualSpace::DEFAULT_HANDLE_GRANULES,
+            release_threshold: u64::MAX,
+            handle_granules: CudaVirtualSpace::DEFAULT_HANDLE_GRANULES,
             trim_on_commit: true,
             slack_permille: 40,
         }
@@ -120,12 +120,12 @@ impl VmmConfig {
     /// ```
     /// use memres_cuda::stack::VmmConfig;
     /// let c = VmmConfig::default().virtual_config(80 << 30);
-    /// assert_eq!((c.reserve_size(), c.keep_bytes(), c.slack()), (160 << 30, u64::MAX, 40));
+    /// assert_eq!((c.reserve_size(), c.release_threshold_bytes(), c.slack()), (160 << 30, u64::MAX, 40));
     /// ```
     pub fn virtual_config(&self, device_bytes: u64) -> VirtualConfig {
         let reserve = self.reserve.unwrap_or(device_bytes.saturating_mul(2));
         VirtualConfig::new(reserve)
-            .keep(self.keep)
+            .release_threshold(self.release_threshold)
             .max_reservations(VMM_RESERVATIONS)
             .trim_on_commit(self.trim_on_commit)
             .slack_permille(self.slack_permille)
@@ -138,10 +138,10 @@ impl VmmConfig {
     /// The driver's error (no device, no virtual memory management), or
     /// the pool's when it cannot reserve.
     pub fn build(&self, device: Device, gauge: Arc<Gauge>) -> Result<VmmPool> {
-        let space = CudaVirtualSpace::with_handle_granules(device, self.granules)?;
+        let space = CudaVirtualSpace::with_handle_granules(device, self.handle_granules)?;
         let config = self.virtual_config(device.total_memory()?);
         let counted = CountedSpace::new(space, CudaVirtualSpace::mapped_bytes, gauge);
-        Ok(Shared::new_with_lock(VirtualPool::with_config(counted, config)?))
+        Ok(Shared::new_in(VirtualPool::with_config(counted, config)?))
     }
 }
 
@@ -150,10 +150,10 @@ impl VmmConfig {
 /// # Errors
 ///
 /// A positional argument, an unknown key, a bad size, a reservation of 0
-/// bytes, `granules=` not a whole number from 1 to 64, or
+/// bytes, `handle_granules=` not a whole number from 1 to 64, or
 /// `trim_on_commit=` neither `true` nor `false`, at its position.
 pub fn vmm_config(call: &Call) -> std::result::Result<VmmConfig, StackError> {
-    call.expect_args(0, &["reserve", "keep", "granules", "trim_on_commit", "slack"])?;
+    call.expect_args(0, &["reserve", "release_threshold", "handle_granules", "trim_on_commit", "slack"])?;
     let mut config = VmmConfig::default();
     if let Some(reserve) = call.size_arg("reserve")? {
         if reserve == 0 {
@@ -165,18 +165,18 @@ pub fn vmm_config(call: &Call) -> std::result::Result<VmmConfig, StackError> {
         }
         config.reserve = Some(reserve);
     }
-    if let Some(keep) = call.size_arg("keep")? {
-        config.keep = keep;
+    if let Some(threshold) = call.size_arg("release_threshold")? {
+        config.release_threshold = threshold;
     }
-    if let Some(v) = call.keyed("granules") {
+    if let Some(v) = call.keyed("handle_granules") {
         let text = v.text()?;
-        config.granules = match text.parse::<u32>() {
+        config.handle_granules = match text.parse::<u32>() {
             Ok(n) if (1..=64).contains(&n) => n,
             _ => {
                 return Err(StackError::new(
                     v.pos(),
                     StackErrorKind::BadValue(format!(
-                        "granules `{text}`: a whole number of granules per handle, 1 to 64"
+                        "handle_granules `{text}`: a whole number of granules per handle, 1 to 64"
                     )),
                 ))
             }
@@ -212,16 +212,16 @@ pub fn vmm_config(call: &Call) -> std::result::Result<VmmConfig, StackError> {
 /// use memres_core::adaptor::Gauge;
 /// use memres_cuda::stack::CountedSpace;
 /// use memres_core::vmem::CountingSpace;
-/// use memres_core::vpool::VirtualPool;
+/// use memres_core::vpool::{VirtualConfig, VirtualPool};
 /// use memres_core::{MemoryResourceMut, Request};
 /// use std::sync::Arc;
 /// let gauge = Arc::new(Gauge::default());
 /// let space = CountedSpace::new(CountingSpace::new(1 << 30, 2 << 20), CountingSpace::committed_bytes, gauge.clone());
-/// let mut pool = VirtualPool::new(space, 64 << 20, 0)?;
+/// let mut pool = VirtualPool::with_config(space, VirtualConfig::new(64 << 20))?;
 /// let b = pool.allocate(Request::new(3 << 20)?, &())?;
-/// assert_eq!(gauge.current(), 4 << 20);
+/// assert_eq!(gauge.value(), 4 << 20);
 /// pool.deallocate(b, &())?;
-/// assert_eq!((gauge.current(), gauge.peak()), (0, 4 << 20));
+/// assert_eq!((gauge.value(), gauge.peak()), (0, 4 << 20));
 /// # Ok::<(), memres_core::Error>(())
 /// ```
 pub struct CountedSpace<V> {

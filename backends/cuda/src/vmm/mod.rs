@@ -87,14 +87,14 @@ const MAX_HANDLE_GRANULES: u32 = 64;
 /// # Examples
 ///
 /// ```no_run
-/// use memres_core::vpool::VirtualPool;
+/// use memres_core::vpool::{VirtualConfig, VirtualPool};
 /// use memres_core::{MemoryResourceMut, Request};
 /// use memres_cuda::{CudaStream, CudaVirtualSpace, Device};
 /// let device = Device::get(0)?;
 /// let space = CudaVirtualSpace::new(device)?;
 /// let stream = CudaStream::new(device)?;
 /// // 64 GiB of addresses, up to 256 MiB of unused memory kept mapped.
-/// let mut pool = VirtualPool::new(&space, 64 << 30, 256 << 20)?;
+/// let mut pool = VirtualPool::with_config(&space, VirtualConfig::new(64 << 30).release_threshold(256 << 20))?;
 /// let b = pool.allocate(Request::new(3 << 20)?, &stream)?;
 /// pool.deallocate(b, &stream)?;
 /// # Ok::<(), memres_core::Error>(())

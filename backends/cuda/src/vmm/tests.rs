@@ -7,6 +7,7 @@ use super::*;
 use crate::context::{Current, MemoryInfo};
 use memres_core::testing::SplitMix64;
 use memres_core::vpool::{VirtualConfig, VirtualPool};
+use memres_core::Inspect;
 use memres_core::{Block, MemoryResourceMut, Request};
 use std::sync::Arc;
 
@@ -293,7 +294,7 @@ fn a_virtual_pool_over_the_space_keeps_everything_consistent() {
         let (space, fake) = space(400 * G, handle_granules);
         let mut rng = SplitMix64::new(seed);
         {
-            let config = VirtualConfig::new(256 * G).keep(keep).max_reservations(4);
+            let config = VirtualConfig::new(256 * G).release_threshold(keep).max_reservations(4);
             let mut pool = VirtualPool::with_config(&space, config).unwrap();
             let mut live: Vec<Block> = Vec::new();
             for step in 0..3000 {
@@ -316,7 +317,7 @@ fn a_virtual_pool_over_the_space_keeps_everything_consistent() {
                 }
                 pool.check().unwrap_or_else(|v| panic!("step {step}: {v}"));
                 agree(&space, &fake);
-                assert_eq!(pool.committed_bytes(), space.committed_bytes(), "step {step}");
+                assert_eq!(pool.usage().held, space.committed_bytes(), "step {step}");
                 let retained = space.mapped_bytes() - space.committed_bytes();
                 assert!(retained <= space.handle_count() as u64 * u64::from(handle_granules - 1) * G);
             }

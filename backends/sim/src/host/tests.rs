@@ -1,5 +1,6 @@
 use super::HostMemory;
 use memres_core::testing::SplitMix64;
+use memres_core::Inspect;
 use memres_core::{Block, Error, MemoryResource, Request};
 
 #[test]
@@ -19,8 +20,8 @@ fn blocks_are_aligned_writable_and_counted() {
         blocks.push(b);
     }
     let held: u64 = [256u64, 256, 512, 5120, 1 << 20].iter().sum();
-    assert_eq!(host.held_bytes(), held);
-    assert_eq!(host.outstanding(), 5);
+    assert_eq!(host.usage().held, held);
+    assert_eq!(host.live_count(), 5);
     for (i, b) in blocks.iter().enumerate() {
         // SAFETY: still live, as above.
         let bytes = unsafe { std::slice::from_raw_parts(b.addr() as *const u8, b.size() as usize) };
@@ -29,7 +30,7 @@ fn blocks_are_aligned_writable_and_counted() {
     for b in blocks {
         host.deallocate(b, &()).unwrap();
     }
-    assert_eq!((host.held_bytes(), host.peak_held_bytes(), host.outstanding()), (0, held, 0));
+    assert_eq!((host.usage().held, host.usage().peak_held, host.live_count()), (0, held, 0));
     assert_eq!(host.call_counts(), (5, 5));
 }
 
@@ -53,10 +54,10 @@ fn bad_frees_are_errors_and_change_nothing() {
         host.deallocate(wrong_size, &()),
         Err(Error::SizeMismatch { addr: b.addr(), expected: 1000, given: 999 })
     );
-    assert_eq!((host.held_bytes(), host.outstanding()), (1024, 1));
+    assert_eq!((host.usage().held, host.live_count()), (1024, 1));
     host.deallocate(b, &()).unwrap();
     assert_eq!(host.deallocate(b, &()), Err(Error::UnknownBlock { addr: b.addr() }));
-    assert_eq!((host.held_bytes(), host.outstanding()), (0, 0));
+    assert_eq!((host.usage().held, host.live_count()), (0, 0));
 }
 
 #[test]
@@ -65,7 +66,7 @@ fn impossible_requests_fail_cleanly() {
     // Larger than any address space: the layout is refused or alloc fails.
     let err = host.allocate(Request::new(Request::MAX_SIZE).unwrap(), &()).unwrap_err();
     assert!(matches!(err, Error::InvalidSize { .. } | Error::OutOfMemory { .. }), "{err:?}");
-    assert_eq!((host.held_bytes(), host.outstanding()), (0, 0));
+    assert_eq!((host.usage().held, host.live_count()), (0, 0));
     let b = host.allocate(Request::new(10).unwrap(), &()).unwrap();
     host.deallocate(b, &()).unwrap();
 }
@@ -92,10 +93,10 @@ fn random_sequence_keeps_exact_accounting() {
             expect_held -= b.size().div_ceil(256) * 256;
         }
         peak = peak.max(expect_held);
-        assert_eq!(host.held_bytes(), expect_held);
-        assert_eq!(host.outstanding(), live.len());
+        assert_eq!(host.usage().held, expect_held);
+        assert_eq!(host.live_count(), live.len());
     }
-    assert_eq!(host.peak_held_bytes(), peak);
+    assert_eq!(host.usage().peak_held, peak);
     // Dropping with blocks outstanding frees them (Miri/ASan would flag a leak).
     drop(host);
 }
@@ -107,7 +108,7 @@ fn reset_peak_restarts_from_held() {
     let b = host.allocate(Request::new(256).unwrap(), &()).unwrap();
     host.deallocate(a, &()).unwrap();
     host.reset_peak();
-    assert_eq!(host.peak_held_bytes(), 256);
+    assert_eq!(host.usage().peak_held, 256);
     host.deallocate(b, &()).unwrap();
 }
 

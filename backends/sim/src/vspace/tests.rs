@@ -2,6 +2,7 @@ use super::*;
 use memres_core::check::LiveBlocks;
 use memres_core::testing::{SplitMix64, TestStream};
 use memres_core::vpool::{VirtualConfig, VirtualPool};
+use memres_core::Inspect;
 use memres_core::{Block, MemoryResource, MemoryResourceMut, Request, Shared};
 
 const MIB: u64 = 1 << 20;
@@ -36,7 +37,7 @@ fn reservations_beyond_the_address_space_are_errors() {
     // Released addresses are reused.
     assert_eq!(space.reserve(40 * MIB).unwrap(), a);
     // A pool whose reservation does not fit fails to build.
-    assert!(VirtualPool::new(&space, 1 << 40, 0).unwrap_err().is_out_of_memory());
+    assert!(VirtualPool::with_config(&space, VirtualConfig::new(1 << 40)).unwrap_err().is_out_of_memory());
 }
 
 #[test]
@@ -68,7 +69,7 @@ fn misuse_is_an_error_and_counts_stay_exact() {
 #[test]
 fn decommits_are_ordered_on_the_stream_of_the_free() {
     let space = SimAddressSpace::new(1 << 30, 2 * MIB);
-    let mut pool = VirtualPool::new(&space, 64 * MIB, 0).unwrap();
+    let mut pool = VirtualPool::with_config(&space, VirtualConfig::new(64 * MIB)).unwrap();
     let (s1, s2) = (TestStream::new(7), TestStream::new(7));
     let a = pool.allocate(Request::new(3 * MIB).unwrap(), &s1).unwrap();
     let b = pool.allocate(Request::new(1000).unwrap(), &s1).unwrap();
@@ -83,15 +84,13 @@ fn decommits_are_ordered_on_the_stream_of_the_free() {
 #[test]
 fn a_failed_decommit_keeps_the_memory_counted_and_is_retried() {
     let space = SimAddressSpace::new(1 << 30, 2 * MIB);
-    let mut pool = VirtualPool::new(&space, 64 * MIB, 2 * MIB).unwrap();
+    let mut pool =
+        VirtualPool::with_config(&space, VirtualConfig::new(64 * MIB).release_threshold(2 * MIB)).unwrap();
     let a = pool.allocate(Request::new(8 * MIB).unwrap(), &()).unwrap();
     space.fail_nth_decommit(1);
     // The free succeeds; the decommit of the granules beyond `keep` fails.
     pool.deallocate(a, &()).unwrap();
-    assert_eq!(
-        (pool.idle_bytes(), pool.committed_bytes(), space.committed_bytes()),
-        (8 * MIB, 8 * MIB, 8 * MIB)
-    );
+    assert_eq!((pool.idle_bytes(), pool.usage().held, space.committed_bytes()), (8 * MIB, 8 * MIB, 8 * MIB));
     pool.check().unwrap();
     // The next free trims.
     let b = pool.allocate(Request::new(256).unwrap(), &()).unwrap();
@@ -109,7 +108,7 @@ fn a_failed_decommit_keeps_the_memory_counted_and_is_retried() {
 #[test]
 fn randomized_pool_over_the_sim_space_from_threads() {
     let space = SimAddressSpace::new(1 << 34, 2 * MIB);
-    let config = VirtualConfig::new(1 << 30).keep(8 * MIB).max_reservations(2);
+    let config = VirtualConfig::new(1 << 30).release_threshold(8 * MIB).max_reservations(2);
     let pool = Shared::new(VirtualPool::with_config(&space, config).unwrap());
     std::thread::scope(|scope| {
         for t in 0..2u64 {
@@ -148,8 +147,8 @@ fn randomized_pool_over_the_sim_space_from_threads() {
     });
     pool.with(|p| {
         p.check().unwrap();
-        assert_eq!(p.used_bytes(), 0);
-        assert_eq!(p.committed_bytes(), space.committed_bytes());
+        assert_eq!(p.usage().used, 0);
+        assert_eq!(p.usage().held, space.committed_bytes());
         assert!(p.idle_bytes() <= 8 * MIB);
     });
 }

@@ -39,37 +39,40 @@ fn is_not_promised<T>(r: Result<T>) -> bool {
 fn a_resource_set_with_its_promise_is_handed_out_for_its_engine_only() {
     let reg = Registry::new();
     let mr = numbers();
-    assert!(reg.set_of::<(), _, _>(3, mr.clone(), Engine(7)).is_none());
-    let (current, engine) = reg.get_of::<(), Engine>(3).unwrap();
+    assert!(reg.set_per_device_resource_of::<(), _, _>(3, mr.clone(), Engine(7)).is_none());
+    let (current, engine) = reg.get_per_device_resource_of::<(), Engine>(3).unwrap();
     assert_eq!(engine, Engine(7));
     assert_eq!(address(current.resource()), Arc::as_ptr(&mr) as usize);
     // It serves the stream and references to it (a container's `&S`).
     let b = current.allocate(Request::new(100).unwrap(), &&()).unwrap();
     current.deallocate(b, &()).unwrap();
-    assert!(is_not_promised(reg.get_of::<(), OtherEngine>(3)), "promised for one engine only");
-    assert!(reg.get_of::<(), Engine>(4).is_err(), "and for the device it was set on");
-    assert!(reg.get_of::<TestStream, Engine>(3).is_err(), "and for its stream type");
+    assert!(
+        is_not_promised(reg.get_per_device_resource_of::<(), OtherEngine>(3)),
+        "promised for one engine only"
+    );
+    assert!(reg.get_per_device_resource_of::<(), Engine>(4).is_err(), "and for the device it was set on");
+    assert!(reg.get_per_device_resource_of::<TestStream, Engine>(3).is_err(), "and for its stream type");
 }
 
 #[test]
 fn a_resource_set_without_a_promise_is_refused_and_the_promised_one_comes_back() {
     let reg = Registry::new();
     let mr = numbers();
-    reg.set_of::<(), _, _>(0, mr.clone(), Engine(1));
+    reg.set_per_device_resource_of::<(), _, _>(0, mr.clone(), Engine(1));
     // The same kind of object, set without the promise.
     let plain: DynResource = numbers();
-    reg.set::<()>(0, plain.clone());
-    assert!(is_not_promised(reg.get_of::<(), Engine>(0)));
+    reg.set_per_device_resource::<()>(0, plain.clone());
+    assert!(is_not_promised(reg.get_per_device_resource_of::<(), Engine>(0)));
     // Every other user of the registry sees the plain one, as set.
-    assert!(Arc::ptr_eq(&reg.get::<()>(0).unwrap(), &plain));
+    assert!(Arc::ptr_eq(&reg.get_per_device_resource::<()>(0).unwrap(), &plain));
     // The promise stayed with its object.
-    reg.set::<()>(0, mr);
-    assert_eq!(reg.get_of::<(), Engine>(0).unwrap().1, Engine(1));
+    reg.set_per_device_resource::<()>(0, mr);
+    assert_eq!(reg.get_per_device_resource_of::<(), Engine>(0).unwrap().1, Engine(1));
     // A second promise of the object replaces its engine.
     let mr = numbers();
-    reg.set_of::<(), _, _>(0, mr.clone(), Engine(2));
+    reg.set_per_device_resource_of::<(), _, _>(0, mr.clone(), Engine(2));
     promise_memory_of::<(), _, _>(&mr, Engine(3));
-    assert_eq!(reg.get_of::<(), Engine>(0).unwrap().1, Engine(3));
+    assert_eq!(reg.get_per_device_resource_of::<(), Engine>(0).unwrap().1, Engine(3));
 }
 
 #[test]
@@ -85,11 +88,20 @@ fn a_default_factory_that_promises_serves_the_engine() {
     let reg = Registry::new();
     reg.set_default_factory::<TestStream<2>>(promising);
     reg.set_default_factory::<TestStream<3>>(plain);
-    let (current, engine) = reg.get_of::<TestStream<2>, Engine>(5).unwrap();
+    let (current, engine) = reg.get_per_device_resource_of::<TestStream<2>, Engine>(5).unwrap();
     assert_eq!(engine, Engine(9));
-    assert!(Arc::ptr_eq(current.resource(), &reg.get::<TestStream<2>>(5).unwrap()), "the device's default");
-    assert!(is_not_promised(reg.get_of::<TestStream<3>, Engine>(5)));
-    assert!(matches!(reg.get_of::<TestStream<4>, Engine>(5), Err(Error::InvalidConfig { .. })), "no factory");
+    assert!(
+        Arc::ptr_eq(current.resource(), &reg.get_per_device_resource::<TestStream<2>>(5).unwrap()),
+        "the device's default"
+    );
+    assert!(is_not_promised(reg.get_per_device_resource_of::<TestStream<3>, Engine>(5)));
+    assert!(
+        matches!(
+            reg.get_per_device_resource_of::<TestStream<4>, Engine>(5),
+            Err(Error::InvalidConfig { .. })
+        ),
+        "no factory"
+    );
 }
 
 #[test]

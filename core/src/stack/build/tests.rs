@@ -11,6 +11,7 @@ use crate::per_stream::{PerStreamPool, PoolMaker};
 use crate::pool::CoalescingPool;
 use crate::stack::Unbacked;
 use crate::testing::{BumpUpstream, IdStream};
+use crate::Inspect;
 use crate::{Error, Request};
 use alloc::vec;
 
@@ -52,7 +53,7 @@ fn every_name_builds_and_serves() {
         "pool(bump, initial=1MiB, max=64MiB, growth=double)",
         "pool(bump, growth=4, granule=1MiB, release=false)",
         "fixed(bump, 64KiB, blocks=16)",
-        "binning(bump, min=10, max=20)",
+        "binning(bump, min_bin=1KiB, max_bin=1MiB)",
         "arena(bump, initial=64MiB, superblock=1MiB)",
         "stats(track(limit(align(pool(bump), alignment=64KiB), 1GiB)))",
     ] {
@@ -72,17 +73,18 @@ fn handles_are_typed_and_outermost_first() {
     let x = built.resource.allocate(req(1000), &()).unwrap();
     let all = built.all::<Statistics<DynResource>>("stats");
     assert_eq!(all.len(), 2);
-    assert_eq!((all[0].bytes().value, all[1].bytes().value), (1000, 1000));
-    assert_eq!(built.get::<Limiting<DynResource>>("limit").unwrap().used(), 1024);
+    assert_eq!((all[0].get_bytes_counter().value, all[1].get_bytes_counter().value), (1000, 1000));
+    assert_eq!(built.get::<Limiting<DynResource>>("limit").unwrap().get_allocated_bytes(), 1024);
     let pool = built.get::<Shared<CoalescingPool<DynResource>>>("pool").unwrap();
-    assert_eq!(pool.with(|p| (p.pool_size(), p.used_bytes())), (1 << 20, 1024));
-    assert_eq!(built.get::<BumpUpstream>("bump").unwrap().outstanding(), 1 << 20);
+    assert_eq!(pool.with(|p| (p.usage().held, p.usage().used)), (1 << 20, 1024));
+    assert_eq!(built.get::<BumpUpstream>("bump").unwrap().usage().held, 1 << 20);
     // A wrong type or an absent name: none.
     assert!(built.get::<BumpUpstream>("stats").is_none());
     assert!(built.get::<BumpUpstream>("track").is_none());
     built.resource.deallocate(x, &()).unwrap();
-    assert_eq!(all[0].bytes(), crate::adaptor::Counter { value: 0, peak: 1000, total: 1000 });
-    let built = builder::<()>().build_with_handles("binning(arena(bump), min=10, max=12)", &()).unwrap();
+    assert_eq!(all[0].get_bytes_counter(), crate::adaptor::Counter { value: 0, peak: 1000, total: 1000 });
+    let built =
+        builder::<()>().build_with_handles("binning(arena(bump), min_bin=1KiB, max_bin=4KiB)", &()).unwrap();
     let bins = built.get::<BinningResource<'static, DynResource, ()>>("binning").unwrap();
     assert_eq!(bins.bin_sizes(), &[1024, 2048, 4096]);
     assert!(built.get::<ArenaResource<DynResource>>("arena").is_some());
@@ -119,7 +121,13 @@ fn errors_name_the_position_and_build_nothing() {
         ("limit(bump)", 0, StackErrorKind::MissingArg("the limit in bytes")),
         ("limit(bump, 1G, bytes=2G)", 22, StackErrorKind::DuplicateKey("bytes".into())),
         ("fixed(bump, 1MiB, size=1MiB)", 23, StackErrorKind::DuplicateKey("size".into())),
-        ("binning(bump, min=x)", 18, StackErrorKind::BadValue("min `x`: a whole number".into())),
+        ("binning(bump, min_bin=x)", 22, StackErrorKind::BadSize("x".into())),
+        (
+            "binning(bump, max_bin=3000)",
+            22,
+            StackErrorKind::BadValue("max_bin 3000: a power of two of at least 256 bytes".into()),
+        ),
+        ("binning(bump, min=10)", 14, StackErrorKind::UnknownKey("min".into())),
         ("stats()", 0, StackErrorKind::MissingArg("an upstream resource")),
     ];
     for (text, pos, kind) in cases {
@@ -135,7 +143,7 @@ fn per_stream_pools_keep_one_pool_per_stream() {
         .build_with_handles("pool(bump, per_stream=true, initial=1MiB, granule=1MiB)", &IdStream(0))
         .unwrap();
     let pools = built.get::<Pools>("pool").unwrap();
-    assert_eq!(pools.with(|p| (p.stream_count(), p.pool_size())), (1, 1 << 20));
+    assert_eq!(pools.with(|p| (p.stream_count(), p.usage().held)), (1, 1 << 20));
     let x = built.resource.allocate(req(1000), &IdStream(1)).unwrap();
     assert_eq!(pools.with(|p| p.stream_count()), 2);
     built.resource.deallocate(x, &IdStream(1)).unwrap();

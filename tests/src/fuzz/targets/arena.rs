@@ -35,7 +35,7 @@ use super::Spy;
 use arbitrary::Unstructured;
 use memres_core::arena::{size_class, ArenaConfig, ArenaDump, ArenaResource, ArenaStats, DumpTarget, Owner};
 use memres_core::testing::{SyncFaults, TestStream, SYNC_FAILURE};
-use memres_core::{Block, Error, MemoryResource, Request, Result};
+use memres_core::{Block, Error, Inspect, MemoryResource, Request, Result};
 use std::collections::HashMap;
 use std::sync::{mpsc, Arc};
 
@@ -270,12 +270,12 @@ impl ArenaTarget {
                 panic!("fuzz oracle: release on lane {lane} failed: {e:?}");
             }
         }
-        if self.arena.used_bytes() == 0 && (self.arena.held_bytes() != 0 || self.spy.inner.held_bytes() != 0)
+        if self.arena.usage().used == 0 && (self.arena.usage().held != 0 || self.spy.inner.usage().held != 0)
         {
             panic!(
                 "fuzz oracle: nothing in use and released on every stream, yet {} bytes held ({} upstream)",
-                self.arena.held_bytes(),
-                self.spy.inner.held_bytes()
+                self.arena.usage().held,
+                self.spy.inner.usage().held
             );
         }
     }
@@ -363,7 +363,7 @@ impl FuzzResource for ArenaTarget {
 
     fn release(&mut self) -> Option<Result<u64>> {
         let before = self.summary();
-        let held = self.arena.held_bytes();
+        let held = self.arena.usage().held;
         let injected = self.injected();
         let got = self.on_lane(|a, s| a.release(s));
         if self.injected() != injected {
@@ -405,18 +405,18 @@ impl FuzzResource for ArenaTarget {
         if super::super::invariant_checker_on() {
             self.arena.check().map_err(|v| v.to_string())?;
         }
-        let held = self.arena.held_bytes();
-        if self.spy.inner.held_bytes() != held {
+        let held = self.arena.usage().held;
+        if self.spy.inner.usage().held != held {
             return Err(format!(
                 "upstream holds {} bytes, the arena says {held}",
-                self.spy.inner.held_bytes()
+                self.spy.inner.usage().held
             ));
         }
         if let Some(max) = self.params.maximum {
-            if self.arena.peak_held_bytes() > max {
+            if self.arena.usage().peak_held > max {
                 return Err(format!(
                     "{} bytes held at the peak, above the maximum {max}",
-                    self.arena.peak_held_bytes()
+                    self.arena.usage().peak_held
                 ));
             }
         }
@@ -466,7 +466,7 @@ impl FuzzResource for ArenaTarget {
     }
 
     fn used_bytes(&self) -> u64 {
-        self.arena.used_bytes()
+        self.arena.usage().used
     }
 
     fn footprint(&self, size: u64) -> u64 {
@@ -499,7 +499,7 @@ impl FuzzResource for ArenaTarget {
         let d = self.arena.dump();
         let g = &d.global;
         let mut v = vec![
-            self.arena.used_bytes(),
+            self.arena.usage().used,
             g.held,
             d.chunks as u64,
             d.large_blocks,
@@ -684,11 +684,11 @@ pub fn run_arena(data: &[u8]) {
     if params.maximum.is_some_and(|m| m < params.superblock) {
         // No superblock could ever be had.
         match made {
-            Err(Error::InvalidConfig { .. }) if spy.inner.held_bytes() == 0 => return,
+            Err(Error::InvalidConfig { .. }) if spy.inner.usage().held == 0 => return,
             other => panic!(
                 "fuzz oracle: a maximum below the superblock size gave {:?}, {} bytes taken",
                 other.map(|_| ()),
-                spy.inner.held_bytes()
+                spy.inner.usage().held
             ),
         }
     }

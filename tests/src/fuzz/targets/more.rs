@@ -10,7 +10,9 @@ use memres_core::fixed::{FixedConfig, FixedSizeResource};
 use memres_core::stream_ordered::StreamOrdered;
 use memres_core::vmem::CommitLedger;
 use memres_core::vpool::{VirtualConfig, VirtualPool};
-use memres_core::{Block, Error, MemoryResource, MemoryResourceMut, Request, Result, Shared, Stream};
+use memres_core::{
+    Block, Error, Inspect, MemoryResource, MemoryResourceMut, Request, Result, Shared, Stream,
+};
 use memres_sim::{HbChecked, SimAddressSpace, SimStream, SimWorld};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -44,8 +46,8 @@ impl FuzzResource for FixedTarget {
     }
     fn release(&mut self) -> Option<Result<u64>> {
         let got = self.fixed.release(&());
-        if got.is_ok() && self.fixed.used_blocks() == 0 && self.fixed.pool_size() != 0 {
-            panic!("fuzz oracle: release() kept {} bytes with nothing in use", self.fixed.pool_size());
+        if got.is_ok() && self.fixed.used_blocks() == 0 && self.fixed.usage().held != 0 {
+            panic!("fuzz oracle: release() kept {} bytes with nothing in use", self.fixed.usage().held);
         }
         Some(got)
     }
@@ -53,11 +55,11 @@ impl FuzzResource for FixedTarget {
         if super::super::invariant_checker_on() {
             self.fixed.check().map_err(|v| v.to_string())?;
         }
-        if self.spy.inner.held_bytes() != self.fixed.pool_size() {
+        if self.spy.inner.usage().held != self.fixed.usage().held {
             return Err(format!(
                 "upstream holds {} bytes, the resource says {}",
-                self.spy.inner.held_bytes(),
-                self.fixed.pool_size()
+                self.spy.inner.usage().held,
+                self.fixed.usage().held
             ));
         }
         if self.fixed.used_blocks() != model.live().len() as u64 {
@@ -70,7 +72,7 @@ impl FuzzResource for FixedTarget {
         Ok(())
     }
     fn used_bytes(&self) -> u64 {
-        self.fixed.used_bytes()
+        self.fixed.usage().used
     }
     fn footprint(&self, size: u64) -> u64 {
         // Any size the resource takes occupies one block; a larger one is
@@ -83,9 +85,9 @@ impl FuzzResource for FixedTarget {
     }
     fn summary(&self) -> Vec<u64> {
         vec![
-            self.fixed.used_bytes(),
-            self.fixed.free_bytes(),
-            self.fixed.pool_size(),
+            self.fixed.usage().used,
+            self.fixed.usage().free,
+            self.fixed.usage().held,
             self.fixed.chunk_count() as u64,
         ]
     }
@@ -105,7 +107,7 @@ impl FuzzResource for FixedTarget {
             Error::InvalidSize { size } if want_size && *size == request.size() => Ok(()),
             Error::InvalidAlignment { align } if want_align && *align == request.align() => Ok(()),
             _ if want_size || want_align => Err("expected InvalidSize or InvalidAlignment".into()),
-            _ if self.fixed.pool_size() != before[2] => {
+            _ if self.fixed.usage().held != before[2] => {
                 Err("a failed allocation changed the bytes held".into())
             }
             _ if before[1] != 0 => Err(format!("{} bytes free in blocks and still failed", before[1])),
@@ -155,9 +157,9 @@ impl BinningTarget {
         for &size in self.bins.bin_sizes() {
             if let Some(f) = self.bins.fixed_bin(size) {
                 f.with(|f| {
-                    used += f.used_bytes();
-                    free += f.free_bytes();
-                    held += f.pool_size();
+                    used += f.usage().used;
+                    free += f.usage().free;
+                    held += f.usage().held;
                 });
             }
         }
@@ -206,14 +208,14 @@ impl FuzzResource for BinningTarget {
     }
     fn used_bytes(&self) -> u64 {
         let (used, _, held) = self.fixed_figures();
-        used + (self.spy.inner.held_bytes() - held)
+        used + (self.spy.inner.usage().held - held)
     }
     fn footprint(&self, size: u64) -> u64 {
         self.bins.bin_for(size).unwrap_or(size.div_ceil(256) * 256)
     }
     fn summary(&self) -> Vec<u64> {
         let (used, free, held) = self.fixed_figures();
-        vec![self.used_bytes(), used, free, held, self.spy.inner.held_bytes()]
+        vec![self.used_bytes(), used, free, held, self.spy.inner.usage().held]
     }
     fn spy(&self) -> Option<&Spy> {
         Some(&self.spy)
@@ -266,7 +268,7 @@ impl FuzzResource for BinningTarget {
                 _ => Err("a bin refuses alignments above 256 with InvalidAlignment".into()),
             },
             Some(bin) => {
-                let free_in_bin = self.bins.fixed_bin(bin).expect("a fixed bin").with(|f| f.free_bytes());
+                let free_in_bin = self.bins.fixed_bin(bin).expect("a fixed bin").with(|f| f.usage().free);
                 if free_in_bin != 0 {
                     return Err(format!("bin {bin} has {free_in_bin} bytes free and failed"));
                 }
@@ -360,14 +362,21 @@ pub fn run_stack_adaptors(data: &[u8]) {
         let top = Recorder { inner: Arc::clone(&stats), ledger: Arc::clone(&ledger) };
         let (l2, s2) = (Arc::clone(&limited), Arc::clone(&stats));
         let check = move |model: &Model| -> std::result::Result<(), String> {
-            if l2.used() != model.used() {
-                return Err(format!("Limiting counts {} bytes, the model {}", l2.used(), model.used()));
+            if l2.get_allocated_bytes() != model.used() {
+                return Err(format!(
+                    "Limiting counts {} bytes, the model {}",
+                    l2.get_allocated_bytes(),
+                    model.used()
+                ));
             }
-            if l2.used() > limit {
-                return Err(format!("Limiting lets {} bytes be used over a limit of {limit}", l2.used()));
+            if l2.get_allocated_bytes() > limit {
+                return Err(format!(
+                    "Limiting lets {} bytes be used over a limit of {limit}",
+                    l2.get_allocated_bytes()
+                ));
             }
             let l = ledger.lock().expect("ledger");
-            let (bytes, count) = (s2.bytes(), s2.allocations());
+            let (bytes, count) = (s2.get_bytes_counter(), s2.get_allocations_counter());
             let live = model.live().len() as i64;
             let live_bytes = l.allocated as i64 - l.freed as i64;
             let want_bytes: u64 = model.live().iter().map(|x| x.block.size()).sum();
@@ -394,7 +403,7 @@ pub fn run_stack_adaptors(data: &[u8]) {
                     Some(if *requested == request.size() && *used == model.used() && *lim == limit {
                         Ok(())
                     } else {
-                        Err(format!("wrong figures; used {}", l3.used()))
+                        Err(format!("wrong figures; used {}", l3.get_allocated_bytes()))
                     })
                 }
                 (Error::LimitExceeded { .. }, false) => {
@@ -492,18 +501,18 @@ impl FuzzResource for StreamTarget {
                 so.check().map_err(|v| v.to_string())?;
             }
             let pool = so.inner();
-            if self.spy.inner.held_bytes() != pool.pool_size() {
+            if self.spy.inner.usage().held != pool.usage().held {
                 return Err(format!(
                     "upstream holds {} bytes, the pool says {}",
-                    self.spy.inner.held_bytes(),
-                    pool.pool_size()
+                    self.spy.inner.usage().held,
+                    pool.usage().held
                 ));
             }
-            if pool.used_bytes() != so.live_bytes() + so.listed_bytes() {
+            if pool.usage().used != so.usage().used + so.listed_bytes() {
                 return Err(format!(
                     "the pool has {} bytes in use, the layer {} live and {} listed",
-                    pool.used_bytes(),
-                    so.live_bytes(),
+                    pool.usage().used,
+                    so.usage().used,
                     so.listed_bytes()
                 ));
             }
@@ -515,10 +524,10 @@ impl FuzzResource for StreamTarget {
                 ));
             }
             // A listed block serves a request only if it wastes at most half.
-            if so.live_bytes() < model.used() || so.live_bytes() > 2 * model.used() {
+            if so.usage().used < model.used() || so.usage().used > 2 * model.used() {
                 return Err(format!(
                     "{} bytes live behind {} bytes handed out",
-                    so.live_bytes(),
+                    so.usage().used,
                     model.used()
                 ));
             }
@@ -547,10 +556,10 @@ impl FuzzResource for StreamTarget {
             vec![
                 self.handed,
                 so.live_count() as u64,
-                so.inner().pool_size(),
-                so.live_bytes(),
+                so.inner().usage().held,
+                so.usage().used,
                 so.listed_bytes(),
-                so.inner().used_bytes(),
+                so.inner().usage().used,
             ]
         })
     }
@@ -677,7 +686,7 @@ impl VpoolTarget {
     /// a call that retries a pending trim; else (a call that adds no Idle
     /// granules) the idle bytes now if fewer, never under `keep`.
     fn settle(&mut self, delivered: (u64, u64), retried: Option<u64>) {
-        let keep = self.pool.config().keep_bytes();
+        let keep = self.pool.config().release_threshold_bytes();
         self.idle_ceiling = match retried {
             _ if delivered.1 > 0 => u64::MAX,
             Some(ceiling) => ceiling,
@@ -701,7 +710,7 @@ impl FuzzResource for VpoolTarget {
         }
         // A failed allocate retries a pending trim; a successful one only
         // takes Idle granules.
-        let keep = self.pool.config().keep_bytes();
+        let keep = self.pool.config().release_threshold_bytes();
         self.settle(self.delivered, got.is_err().then_some(keep));
         got
     }
@@ -712,20 +721,20 @@ impl FuzzResource for VpoolTarget {
         }
         // A free of a block retries a pending trim; a failed free, or one of
         // an empty block, changes nothing.
-        let keep = self.pool.config().keep_bytes();
+        let keep = self.pool.config().release_threshold_bytes();
         self.settle(delivered, (got.is_ok() && !block.is_empty()).then_some(keep));
         got
     }
     fn release(&mut self) -> Option<Result<u64>> {
-        let committed = self.pool.committed_bytes();
+        let committed = self.pool.usage().held;
         let (got, delivered) = self.observe(|pool| pool.trim(&()));
         match got {
             Ok(bytes) => {
                 // Every Idle granule decommitted, and counted.
-                if delivered != (0, 0) || bytes != committed - self.pool.committed_bytes() {
+                if delivered != (0, 0) || bytes != committed - self.pool.usage().held {
                     self.broke(format!(
                         "a trim returned {bytes} with {delivered:?} failures delivered; committed {committed} -> {}",
-                        self.pool.committed_bytes()
+                        self.pool.usage().held
                     ));
                 }
                 self.settle(delivered, Some(0));
@@ -759,22 +768,22 @@ impl FuzzResource for VpoolTarget {
                 return Err(format!("{:?} lies over memory that is not committed", l.block));
             }
         }
-        if space.committed_bytes() != self.pool.committed_bytes()
+        if space.committed_bytes() != self.pool.usage().held
             || space.reserved_bytes() != self.pool.reserved_bytes()
         {
             return Err(format!(
                 "the space has {} bytes committed and {} reserved, the pool says {} and {}",
                 space.committed_bytes(),
                 space.reserved_bytes(),
-                self.pool.committed_bytes(),
+                self.pool.usage().held,
                 self.pool.reserved_bytes()
             ));
         }
         let busy = self.busy_bytes(model);
-        if self.pool.committed_bytes() - self.pool.idle_bytes() != busy {
+        if self.pool.usage().held - self.pool.idle_bytes() != busy {
             return Err(format!(
                 "{} bytes committed, {} idle; live blocks touch {busy} bytes of granules",
-                self.pool.committed_bytes(),
+                self.pool.usage().held,
                 self.pool.idle_bytes()
             ));
         }
@@ -786,20 +795,20 @@ impl FuzzResource for VpoolTarget {
                 "{} bytes idle, more than the {} allowed now (keep {})",
                 self.pool.idle_bytes(),
                 self.idle_ceiling,
-                self.pool.config().keep_bytes()
+                self.pool.config().release_threshold_bytes()
             ));
         }
         Ok(())
     }
     fn used_bytes(&self) -> u64 {
-        self.pool.used_bytes()
+        self.pool.usage().used
     }
     fn footprint(&self, size: u64) -> u64 {
         round256(size)
     }
     fn summary(&self) -> Vec<u64> {
         // Idle memory may be decommitted by any call: not in the summary.
-        vec![self.pool.used_bytes(), self.pool.free_bytes(), self.pool.reserved_bytes()]
+        vec![self.pool.usage().used, self.pool.usage().free, self.pool.reserved_bytes()]
     }
     fn judge_alloc_failure(
         &self,
@@ -838,7 +847,7 @@ impl FuzzResource for VpoolTarget {
                 // then fails (address space only, kept for later).
                 // Reserved room: the index's promise as in the `index` target.
                 let granules = request.size().div_ceil(256) + request.align() / 256 - 1;
-                let room_short = self.pool.largest_free() < 256 * (granules + granules / 32);
+                let room_short = self.pool.usage().largest_free < 256 * (granules + granules / 32);
                 let no_more = at_max
                     || need.max(self.pool.config().reserve_size()).next_multiple_of(g)
                         > (g << SPAN_GRANULES_LOG2) - reserved;
@@ -854,7 +863,7 @@ impl FuzzResource for VpoolTarget {
                 } else {
                     Err(format!(
                         "largest free {}, {} reservations, {} bytes busy of {}",
-                        self.pool.largest_free(),
+                        self.pool.usage().largest_free,
                         self.pool.reservation_count(),
                         self.busy_bytes(model),
                         self.pool.space().physical_bytes()
@@ -877,7 +886,7 @@ pub fn run_vpool(data: &[u8]) {
         let reserve = granule * *u.choose(&[16u64, 1 << 10, 1 << 16])?;
         let keep = *u.choose(&[0, granule * 2, 1 << 30])?;
         let config = VirtualConfig::new(reserve)
-            .keep(keep)
+            .release_threshold(keep)
             .max_reservations(u.int_in_range(1..=3)?)
             .trim_on_commit(u.arbitrary()?);
         Ok((granule, physical, config))
@@ -889,6 +898,6 @@ pub fn run_vpool(data: &[u8]) {
         config,
     )
     .expect("a valid configuration");
-    let idle_ceiling = config.keep_bytes();
+    let idle_ceiling = config.release_threshold_bytes();
     drive(&mut VpoolTarget { pool, delivered: (0, 0), idle_ceiling, broken: None }, &mut u);
 }

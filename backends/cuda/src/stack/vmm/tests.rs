@@ -2,6 +2,7 @@ use super::*;
 use memres_core::stack::parse;
 use memres_core::testing::SplitMix64;
 use memres_core::vmem::CountingSpace;
+use memres_core::Inspect;
 use memres_core::{Block, Error, MemoryResourceMut, Request};
 
 fn config(text: &str) -> std::result::Result<VmmConfig, StackError> {
@@ -12,17 +13,23 @@ fn config(text: &str) -> std::result::Result<VmmConfig, StackError> {
 fn options_are_read_with_their_defaults() {
     assert_eq!(
         config("vmm").unwrap(),
-        VmmConfig { reserve: None, keep: u64::MAX, granules: 32, trim_on_commit: true, slack_permille: 40 }
+        VmmConfig {
+            reserve: None,
+            release_threshold: u64::MAX,
+            handle_granules: 32,
+            trim_on_commit: true,
+            slack_permille: 40
+        }
     );
     assert_eq!(config("vmm(slack=0)").unwrap().slack_permille, 0);
     assert_eq!(config("vmm(slack=100)").unwrap().virtual_config(1 << 30).slack(), 100);
     assert!(!config("vmm(trim_on_commit=false)").unwrap().trim_on_commit);
     assert!(config("vmm(trim_on_commit=true)").unwrap().trim_on_commit);
     assert_eq!(config("vmm(reserve=64GiB)").unwrap().reserve, Some(64 << 30));
-    assert_eq!(config("vmm(keep=0)").unwrap().keep, 0);
-    assert_eq!(config("vmm(keep=64GiB)").unwrap().keep, 64 << 30);
-    assert_eq!(config("vmm(granules=1)").unwrap().granules, 1);
-    assert_eq!(config("vmm(granules=64)").unwrap().granules, 64);
+    assert_eq!(config("vmm(release_threshold=0)").unwrap().release_threshold, 0);
+    assert_eq!(config("vmm(release_threshold=64GiB)").unwrap().release_threshold, 64 << 30);
+    assert_eq!(config("vmm(handle_granules=1)").unwrap().handle_granules, 1);
+    assert_eq!(config("vmm(handle_granules=64)").unwrap().handle_granules, 64);
 }
 
 #[test]
@@ -30,8 +37,12 @@ fn bad_options_are_refused_at_their_position() {
     for (text, pos, kind) in [
         ("vmm(1GiB)", 4, StackErrorKind::ExtraArg),
         ("vmm(max=1GiB)", 4, StackErrorKind::UnknownKey("max".into())),
-        ("vmm(keep=1GiB, keep=2GiB)", 15, StackErrorKind::DuplicateKey("keep".into())),
-        ("vmm(keep=lots)", 9, StackErrorKind::BadSize("lots".into())),
+        (
+            "vmm(release_threshold=1GiB, release_threshold=2GiB)",
+            28,
+            StackErrorKind::DuplicateKey("release_threshold".into()),
+        ),
+        ("vmm(release_threshold=lots)", 22, StackErrorKind::BadSize("lots".into())),
     ] {
         let e = config(text).unwrap_err();
         assert_eq!((e.pos, e.kind), (pos, kind), "{text}");
@@ -46,9 +57,9 @@ fn bad_options_are_refused_at_their_position() {
     assert_eq!(e.pos, 19);
     assert!(matches!(&e.kind, StackErrorKind::BadValue(m) if m.contains("true or false")), "{e}");
     for bad in ["0", "65", "-1", "many", "1.5"] {
-        let text = format!("vmm(granules={bad})");
+        let text = format!("vmm(handle_granules={bad})");
         let e = config(&text).unwrap_err();
-        assert_eq!(e.pos, 13, "{text}");
+        assert_eq!(e.pos, 20, "{text}");
         assert!(matches!(&e.kind, StackErrorKind::BadValue(m) if m.contains("1 to 64")), "{text}: {e}");
     }
 }
@@ -56,9 +67,12 @@ fn bad_options_are_refused_at_their_position() {
 #[test]
 fn the_reservation_defaults_to_twice_the_device() {
     let c = VmmConfig::default().virtual_config(80 << 30);
-    assert_eq!((c.reserve_size(), c.keep_bytes(), c.reservations()), (160 << 30, u64::MAX, VMM_RESERVATIONS));
-    let c = config("vmm(reserve=1GiB, keep=1MiB)").unwrap().virtual_config(80 << 30);
-    assert_eq!((c.reserve_size(), c.keep_bytes()), (1 << 30, 1 << 20));
+    assert_eq!(
+        (c.reserve_size(), c.release_threshold_bytes(), c.reservations()),
+        (160 << 30, u64::MAX, VMM_RESERVATIONS)
+    );
+    let c = config("vmm(reserve=1GiB, release_threshold=1MiB)").unwrap().virtual_config(80 << 30);
+    assert_eq!((c.reserve_size(), c.release_threshold_bytes()), (1 << 30, 1 << 20));
     assert!(c.trims_on_commit(), "kept memory raises the peak by the slack at most");
     let c = config("vmm(trim_on_commit=false)").unwrap().virtual_config(1 << 30);
     assert!(!c.trims_on_commit());
@@ -76,7 +90,9 @@ fn the_counter_follows_the_space_under_a_random_workload() {
     let mut rng = SplitMix64::new(7);
     for keep in [0, 3 << 20, 1 << 30] {
         let counter = Arc::new(Gauge::default());
-        let mut pool = VirtualPool::new(counted(&counter), 64 << 20, keep).unwrap();
+        let mut pool =
+            VirtualPool::with_config(counted(&counter), VirtualConfig::new(64 << 20).release_threshold(keep))
+                .unwrap();
         let mut live: Vec<Block> = Vec::new();
         for step in 0..2000 {
             if live.len() < 40 && (live.is_empty() || rng.next_u64() % 3 != 0) {
@@ -91,7 +107,7 @@ fn the_counter_follows_the_space_under_a_random_workload() {
             }
             pool.check().unwrap_or_else(|v| panic!("step {step}: {v:?}"));
             let space = pool.space().inner();
-            assert_eq!(counter.current(), space.committed_bytes(), "keep {keep}, step {step}");
+            assert_eq!(counter.value(), space.committed_bytes(), "keep {keep}, step {step}");
             assert_eq!(counter.peak(), space.peak_committed_bytes(), "keep {keep}, step {step}");
         }
         assert!(counter.peak() > 0);
@@ -99,41 +115,41 @@ fn the_counter_follows_the_space_under_a_random_workload() {
             pool.deallocate(b, &()).unwrap();
         }
         drop(pool);
-        assert_eq!(counter.current(), 0, "keep {keep}");
+        assert_eq!(counter.value(), 0, "keep {keep}");
     }
 }
 
 #[test]
 fn a_failed_commit_counts_nothing() {
     let counter = Arc::new(Gauge::default());
-    let mut pool = VirtualPool::new(counted(&counter), 64 << 20, 0).unwrap();
+    let mut pool = VirtualPool::with_config(counted(&counter), VirtualConfig::new(64 << 20)).unwrap();
     let a = pool.allocate(Request::new(1 << 20).unwrap(), &()).unwrap();
-    assert_eq!(counter.current(), 1 << 20);
+    assert_eq!(counter.value(), 1 << 20);
     pool.space().inner().fail_nth(1);
     let e = pool.allocate(Request::new(5 << 20).unwrap(), &()).unwrap_err();
     assert!(matches!(e, Error::Backend { .. }), "{e}");
-    assert_eq!((counter.current(), counter.peak(), counter.total()), (1 << 20, 1 << 20, 1 << 20));
+    assert_eq!((counter.value(), counter.peak(), counter.total()), (1 << 20, 1 << 20, 1 << 20));
     pool.deallocate(a, &()).unwrap();
-    assert_eq!(counter.current(), 0);
+    assert_eq!(counter.value(), 0);
 }
 
 /// What the space holds when counting starts is counted, and what it still
 /// holds when the counting space drops is given back.
 #[test]
-fn held_bytes_are_counted_from_the_start_to_the_drop() {
+fn held_memory_is_counted_from_the_start_to_the_drop() {
     let counter = Arc::new(Gauge::default());
     let inner = CountingSpace::new(256 << 20, 1 << 20);
     let r = inner.reserve(8 << 20).unwrap();
     inner.commit(Range::new(r.start(), 2 << 20).unwrap()).unwrap();
     let space = CountedSpace::new(inner, CountingSpace::committed_bytes, counter.clone());
-    assert_eq!(counter.current(), 2 << 20);
+    assert_eq!(counter.value(), 2 << 20);
     space.commit(Range::new(r.start() + (4 << 20), 1 << 20).unwrap()).unwrap();
-    assert_eq!(counter.current(), 3 << 20);
+    assert_eq!(counter.value(), 3 << 20);
     // A refused decommit (not committed) changes nothing.
     assert!(space.decommit(Range::new(r.start() + (6 << 20), 1 << 20).unwrap(), &()).is_err());
-    assert_eq!(counter.current(), 3 << 20);
+    assert_eq!(counter.value(), 3 << 20);
     space.decommit(Range::new(r.start(), 1 << 20).unwrap(), &()).unwrap();
-    assert_eq!((counter.current(), counter.peak()), (2 << 20, 3 << 20));
+    assert_eq!((counter.value(), counter.peak()), (2 << 20, 3 << 20));
     drop(space);
-    assert_eq!(counter.current(), 0);
+    assert_eq!(counter.value(), 0);
 }

@@ -1,0 +1,91 @@
+"""memres: a GPU memory manager written in Rust, with RMM's Python API.
+
+``import memres`` works without a GPU and without the CUDA driver: the
+simulated device and host memory (``memres.mr.SimulatedMemoryResource``,
+``HostMemoryResource``) need neither, and the CUDA side loads only when a
+CUDA resource is first made. See docs/python.md in the repository for
+RMM's names beside memres's.
+"""
+
+import re
+
+from . import _native
+from ._buffer import DeviceBuffer
+from ._device import current_device, set_device
+from ._errors import CudaUnavailable, MemresError, OutOfMemory
+from ._stream import DEFAULT_STREAM, Stream
+from . import mr, statistics
+from .mr import (
+    get_current_device_resource,
+    get_per_device_resource,
+    is_initialized,
+    set_current_device_resource,
+    set_per_device_resource,
+)
+
+__version__ = "0.1.0"
+
+_cuda_ok = None
+
+
+def cuda_available():
+    """Whether the CUDA side loads and sees a device."""
+    global _cuda_ok
+    if _cuda_ok is None:
+        try:
+            _native.cuda().NativeResource.build("cuda", [], 0)
+            _cuda_ok = True
+        except (MemresError, ValueError):
+            _cuda_ok = False
+    return _cuda_ok
+
+
+_SIM_LEAVES = re.compile(r"\b(sim|host|vpool)\b")
+
+
+def reinitialize(pool_allocator=False, managed_memory=False, initial_pool_size=None,
+                 maximum_pool_size=None, devices=0, logging=False, log_file_name=None,
+                 stack=None):
+    """Sets the resource of each of ``devices``, as RMM's
+    ``rmm.reinitialize``: memory from the device (managed memory with
+    ``managed_memory``), under a pool with ``pool_allocator``, logged with
+    ``logging``. ``stack`` names any stack instead, such as
+    ``"stats(pool(async))"``. Without CUDA the device is host memory."""
+    devices = [devices] if isinstance(devices, int) else list(devices)
+    if stack is not None and (pool_allocator or managed_memory or initial_pool_size is not None
+                              or maximum_pool_size is not None):
+        raise ValueError("memres: reinitialize takes stack= or RMM's keywords, not both")
+    if not pool_allocator and (initial_pool_size is not None or maximum_pool_size is not None):
+        raise ValueError("memres: initial_pool_size and maximum_pool_size need pool_allocator=True")
+    made = []
+    for device in devices:
+        if stack is not None:
+            backend = "sim" if _SIM_LEAVES.search(stack) else "cuda"
+            res = mr.StackMemoryResource(stack, backend=backend, device=device)
+        else:
+            if managed_memory:
+                res = mr.ManagedMemoryResource(device=device)
+            elif cuda_available():
+                res = mr.CudaMemoryResource(device=device)
+            else:
+                res = mr.HostMemoryResource(device=device)
+            if pool_allocator:
+                res = mr.PoolMemoryResource(res, initial_pool_size=initial_pool_size,
+                                            maximum_pool_size=maximum_pool_size)
+        if logging:
+            name = log_file_name
+            if name is not None and len(devices) > 1:
+                name = f"{name}.dev{device}"
+            res = mr.LoggingResourceAdaptor(res, log_file_name=name)
+        made.append((device, res))
+    # Only once every device's resource could be made: a failure changes nothing.
+    for device, res in made:
+        set_per_device_resource(device, res)
+
+
+__all__ = [
+    "DEFAULT_STREAM", "CudaUnavailable", "DeviceBuffer", "MemresError", "OutOfMemory", "Stream",
+    "cuda_available", "current_device", "get_current_device_resource", "get_per_device_resource",
+    "is_initialized", "mr", "reinitialize", "set_current_device_resource", "set_device",
+    "set_per_device_resource", "statistics",
+]

@@ -1,0 +1,101 @@
+"""``memres.DeviceBuffer``: bytes from a memres resource, as RMM's."""
+
+from ._stream import as_handle
+from . import mr as _mr
+
+
+class DeviceBuffer:
+    """``size`` zeroed bytes from ``mr`` (the current device resource by
+    default), ordered on ``stream``; freed on that stream when collected."""
+
+    def __init__(self, *, ptr=None, size=0, stream=None, mr=None):
+        if ptr is not None:
+            raise ValueError("memres: DeviceBuffer(ptr=...) is not supported; use "
+                             "copy_from_device or to_device")
+        self._init(size, stream, mr, None)
+
+    def _init(self, size, stream, mr, data):
+        mr = _mr.get_current_device_resource() if mr is None else mr
+        if not isinstance(mr, _mr.DeviceMemoryResource):
+            raise TypeError(f"memres: mr must be a memres.mr resource, not {type(mr).__name__}")
+        if isinstance(size, bool) or not isinstance(size, int) or size < 0:
+            raise ValueError(f"memres: size must be a non-negative int, not {size!r}")
+        self.mr = mr
+        self.stream = stream  # kept alive as long as the buffer is
+        self._native_cls = type(mr._native)
+        self._buf = _native_buffer(mr)(mr._native, size, as_handle(stream), data)
+
+    @classmethod
+    def to_device(cls, b, stream=None, mr=None):
+        """A buffer holding the bytes of ``b`` (any buffer object)."""
+        self = cls.__new__(cls)
+        self._init(0, stream, mr, bytes(memoryview(b).cast("B")))
+        return self
+
+    @property
+    def ptr(self):
+        return self._buf.ptr
+
+    @property
+    def size(self):
+        return self._buf.size
+
+    @property
+    def nbytes(self):
+        return self._buf.size
+
+    def __len__(self):
+        return self._buf.size
+
+    def capacity(self):
+        return self._buf.capacity()
+
+    def resize(self, new_size, stream=None):
+        self._buf.resize(new_size)
+
+    def reserve(self, new_capacity, stream=None):
+        self._buf.reserve(new_capacity)
+
+    def copy_to_host(self, ary=None, stream=None):
+        """The bytes, as a bytearray, or written into ``ary`` (a writable
+        buffer of at least ``size`` bytes), which is returned."""
+        data = self._buf.copy_to_host()
+        if ary is None:
+            return bytearray(data)
+        view = memoryview(ary).cast("B")
+        if view.readonly or len(view) < len(data):
+            raise ValueError(f"memres: copy_to_host needs a writable buffer of {len(data)} bytes")
+        view[:len(data)] = data
+        return ary
+
+    def copy_from_host(self, ary, stream=None):
+        """Writes the bytes of ``ary`` at the start of the buffer."""
+        self._buf.copy_from_host(bytes(memoryview(ary).cast("B")))
+
+    def copy_from_device(self, src, stream=None):
+        """Copies the bytes of ``src`` (a memres DeviceBuffer) to the start
+        of this buffer."""
+        if not isinstance(src, DeviceBuffer):
+            raise TypeError("memres: copy_from_device takes a memres.DeviceBuffer")
+        if type(src.mr._native) is not self._native_cls:
+            raise ValueError("memres: copy_from_device between backends (CUDA and simulated)")
+        self._buf.copy_from_device(src._buf)
+
+    def tobytes(self):
+        return bytes(self._buf.copy_to_host())
+
+    @property
+    def __cuda_array_interface__(self):
+        if self.mr._backend != "cuda":
+            raise AttributeError("memres: a buffer of the simulated backend is host memory, "
+                                 "not CUDA memory: it has no __cuda_array_interface__")
+        return {"data": (self.ptr, False), "shape": (self.size,), "strides": None,
+                "typestr": "|u1", "version": 3}
+
+    def __repr__(self):
+        return f"<memres.DeviceBuffer size={self.size} ptr={self.ptr:#x}>"
+
+
+def _native_buffer(mr):
+    from . import _native
+    return _native.backend(mr._backend).NativeBuffer

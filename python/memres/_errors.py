@@ -1,0 +1,26 @@
+"""memres's exceptions (the native module raises these by name)."""
+
+
+class MemresError(RuntimeError):
+    """A backend failed (the CUDA driver said no, a callback raised...)."""
+
+
+class CudaUnavailable(MemresError, ImportError):
+    """A CUDA resource was asked for where the CUDA side cannot load."""
+
+
+class OutOfMemory(MemoryError):
+    """An allocation could not be served. Carries the figures the resource
+    reported: ``requested`` (bytes asked for), and where known
+    ``largest_free`` and ``pool_size`` (of the pool that refused),
+    ``max_size``, or ``used`` and ``limit`` (of a limiting adaptor)."""
+
+    def __init__(self, message, requested=None, largest_free=None, pool_size=None,
+                 max_size=None, used=None, limit=None):
+        super().__init__(message)
+        self.requested = requested
+        self.largest_free = largest_free
+        self.pool_size = pool_size
+        self.max_size = max_size
+        self.used = used
+        self.limit = limit

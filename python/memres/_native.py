@@ -1,0 +1,40 @@
+"""The two native modules: ``_memres`` (simulated device and host memory,
+always there) and ``_cuda`` (the CUDA backend), loaded only when a CUDA
+resource is first made, because it needs the driver library
+(``libcuda.so.1``) to load at all."""
+
+import os
+
+from . import _memres
+from ._errors import CudaUnavailable
+
+sim = _memres
+_cuda = None
+_cuda_error = None
+
+
+def cuda():
+    """The CUDA native module, or CudaUnavailable naming what is missing."""
+    global _cuda, _cuda_error
+    if _cuda is not None:
+        return _cuda
+    if _cuda_error is None:
+        here = os.path.dirname(__file__)
+        if not any(f.startswith("_cuda") for f in os.listdir(here)):
+            _cuda_error = ("this memres wheel was built without its CUDA side "
+                           "(memres/_cuda*.so); build it with python/build.sh")
+        else:
+            try:
+                from . import _cuda as module
+                _cuda = module
+                return _cuda
+            except ImportError as e:
+                _cuda_error = (f"the CUDA side of memres cannot load: {e}. It needs the "
+                               "NVIDIA driver library libcuda.so.1 (installed with the GPU "
+                               "driver); the simulated device (memres.mr.SimulatedMemoryResource, "
+                               "HostMemoryResource) works without it")
+    raise CudaUnavailable(_cuda_error)
+
+
+def backend(name):
+    return cuda() if name == "cuda" else sim

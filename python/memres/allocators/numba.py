@@ -1,0 +1,56 @@
+"""memres as Numba's memory manager (an EMM plugin), as RMM's
+``rmm.allocators.numba``:
+
+    from numba import cuda
+    cuda.set_memory_manager(MemresNumbaManager)
+
+or ``NUMBA_CUDA_MEMORY_MANAGER=memres.allocators.numba``.
+"""
+
+from ctypes import c_uint64
+
+from .._buffer import DeviceBuffer
+
+try:
+    from numba.cuda import HostOnlyCUDAMemoryManager, MemoryPointer
+except ImportError:
+    HostOnlyCUDAMemoryManager = object
+    MemoryPointer = None
+
+
+class MemresNumbaManager(HostOnlyCUDAMemoryManager):
+    """Device memory from the current memres resource; host memory as
+    Numba's own."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._buffers = {}
+
+    def memalloc(self, size):
+        buf = DeviceBuffer(size=size)
+        self._buffers[buf.ptr] = buf
+        buffers, ptr = self._buffers, buf.ptr
+
+        def finalizer():
+            buffers.pop(ptr, None)  # collected, the buffer frees its block
+
+        return MemoryPointer(self.context, c_uint64(ptr), size, finalizer=finalizer)
+
+    def get_ipc_handle(self, memory):
+        raise NotImplementedError("memres: IPC handles are not supported")
+
+    def get_memory_info(self):
+        from numba.cuda.cudadrv.driver import driver
+        free, total = driver.cuMemGetInfo()
+        return int(free), int(total)
+
+    def initialize(self):
+        super().initialize()
+
+    @property
+    def interface_version(self):
+        return 1
+
+
+# Numba reads this name when NUMBA_CUDA_MEMORY_MANAGER names this module.
+_numba_memory_manager = MemresNumbaManager

@@ -1,0 +1,55 @@
+"""memres as PyTorch's CUDA allocator, as RMM's ``rmm.allocators.torch``:
+
+    from memres.allocators.torch import memres_torch_allocator
+    torch.cuda.memory.change_current_allocator(memres_torch_allocator)
+
+or in one call, ``memres.allocators.torch.use(stack="stats(pool(async, per_stream=true))")``.
+Every tensor's memory comes from the current memres resource of its device
+(``memres.set_current_device_resource``) through two C functions of the
+CUDA native module; ``empty_cache()`` gives the pools' free chunks back.
+"""
+
+from .. import _native, mr as _mr
+
+try:
+    from torch.cuda.memory import CUDAPluggableAllocator
+except ImportError:  # PyTorch is not installed: the allocator is None, as in RMM
+    CUDAPluggableAllocator = None
+
+
+def _make():
+    if CUDAPluggableAllocator is None:
+        return None
+    try:
+        path = _native.cuda().__file__
+    except Exception:
+        return None
+    return CUDAPluggableAllocator(path, "memres_py_alloc", "memres_py_free")
+
+
+memres_torch_allocator = _make()
+
+
+def use(stack=None, **reinitialize_kwargs):
+    """Makes memres PyTorch's allocator: sets each device's resource from
+    ``stack`` (or ``memres.reinitialize``'s keywords) and changes PyTorch's
+    allocator. Call it before the first CUDA tensor."""
+    import torch
+    from .. import reinitialize
+    if stack is not None or reinitialize_kwargs:
+        reinitialize(stack=stack, **reinitialize_kwargs)
+    else:
+        _mr.get_current_device_resource()
+    allocator = memres_torch_allocator or _make()
+    if allocator is None:
+        raise RuntimeError("memres: the PyTorch allocator needs PyTorch with CUDA and memres's CUDA side")
+    torch.cuda.memory.change_current_allocator(allocator)
+    return allocator
+
+
+def empty_cache(device=None):
+    """Gives the free chunks of the pools of ``device``'s resource back to
+    the device (PyTorch's ``torch.cuda.empty_cache`` does not reach a
+    pluggable allocator); returns the bytes given back."""
+    res = _mr.get_current_device_resource() if device is None else _mr.get_per_device_resource(device)
+    return res.release()

@@ -1,0 +1,374 @@
+"""Memory resources, as RMM's ``rmm.mr``: every class is a stack of the
+Rust side over the objects it is given (an adaptor wraps the very object
+passed as its upstream), with ``allocate(nbytes, stream=None)`` and
+``deallocate(ptr, nbytes, stream=None)``.
+
+Leaves: CudaMemoryResource, CudaAsyncMemoryResource, ManagedMemoryResource,
+PinnedHostMemoryResource, VirtualMemoryResource (CUDA); SimulatedMemoryResource,
+HostMemoryResource (no GPU needed); CallbackMemoryResource. Algorithms:
+PoolMemoryResource, ArenaMemoryResource, BinningMemoryResource,
+FixedSizeMemoryResource. Adaptors: StatisticsResourceAdaptor,
+TrackingResourceAdaptor, LoggingResourceAdaptor, LimitingResourceAdaptor,
+FailureCallbackResourceAdaptor. StackMemoryResource builds any stack string.
+"""
+
+import os
+import re
+
+from . import _native
+from ._device import current_device
+from ._stream import as_handle
+
+_WORD = re.compile(r"^[^,()=\s]+$")
+
+
+def _word(value, what):
+    text = str(value)
+    if not _WORD.match(text):
+        raise ValueError(f"memres: {what} {text!r} may not hold spaces, commas, '=' or parentheses")
+    return text
+
+
+def _size(value, what):
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"memres: {what} must be a non-negative int of bytes, not {value!r}")
+    return str(value)
+
+
+def _bin(exponent, what):
+    """RMM's bin exponent as the stack's bin size in bytes (``min_bin=``, ``max_bin=``)."""
+    if isinstance(exponent, bool) or not isinstance(exponent, int) or not 0 <= exponent < 64:
+        raise ValueError(f"memres: {what} must be an int from 0 to 63, not {exponent!r}")
+    return str(1 << exponent)
+
+
+def _args(positional, **keys):
+    parts = list(positional)
+    parts += [f"{k}={v}" for k, v in keys.items() if v is not None]
+    return ", ".join(parts)
+
+
+class DeviceMemoryResource:
+    """Base of every resource: a stack built on the Rust side."""
+
+    def __init__(self, *args, **kwargs):
+        raise TypeError("memres: DeviceMemoryResource is abstract; use a resource of memres.mr")
+
+    def _build(self, name, args, upstreams=(), backend=None, device=None, callbacks=None, **keys):
+        for u in upstreams:
+            if not isinstance(u, DeviceMemoryResource):
+                raise TypeError(f"memres: upstream_mr must be a memres.mr resource, not {type(u).__name__}")
+        if upstreams:
+            backend = upstreams[0]._backend
+            device = upstreams[0].device_id if device is None else device
+            if any(u._backend != backend for u in upstreams):
+                raise ValueError("memres: upstreams of different backends (CUDA and simulated)")
+        module = _native.backend(backend)
+        self._backend = backend
+        self._upstreams = tuple(upstreams)
+        refs = [f"up{i}" for i in range(len(upstreams))]
+        text = f"{name}({_args(refs + list(args), **keys)})" if refs or args or any(
+            v is not None for v in keys.values()) else name
+        self._native = module.NativeResource.build(
+            text, [u._native for u in upstreams],
+            current_device() if device is None else device, callbacks)
+
+    @property
+    def device_id(self):
+        return self._native.device
+
+    @property
+    def stack(self):
+        """The stack string this resource was built from (``upN``: the
+        upstream objects)."""
+        return self._native.stack
+
+    @property
+    def upstream_mr(self):
+        return self._upstreams[0] if self._upstreams else None
+
+    def get_upstream(self):
+        return self.upstream_mr
+
+    def allocate(self, nbytes, stream=None):
+        """Allocates ``nbytes`` on ``stream``; returns the address."""
+        return self._native.allocate(_nbytes(nbytes), as_handle(stream))
+
+    def deallocate(self, ptr, nbytes, stream=None):
+        """Frees ``ptr`` (from ``allocate`` of this object, ``nbytes``
+        long) on ``stream``; a refused free raises and changes nothing."""
+        self._native.deallocate(_nbytes(ptr), _nbytes(nbytes), as_handle(stream))
+
+    def release(self, stream=None):
+        """Gives the wholly free chunks of this stack's pools back to the
+        device; returns the bytes given back."""
+        return self._native.release(as_handle(stream))
+
+    def __repr__(self):
+        return f"<memres.mr.{type(self).__name__} {self.stack!r} on device {self.device_id}>"
+
+
+def _nbytes(n):
+    if isinstance(n, bool) or not isinstance(n, int):
+        raise ValueError(f"memres: {n!r} is not an int")
+    if n < 0 or n >= 1 << 64:
+        raise ValueError(f"memres: {n} out of range")
+    return n
+
+
+class StackMemoryResource(DeviceMemoryResource):
+    """Any stack string, such as ``"stats(pool(async, per_stream=true))"``
+    (``backend``: "cuda" or "sim")."""
+
+    def __init__(self, stack, backend="cuda", device=None):
+        self._build_text(stack, backend, device)
+
+    def _build_text(self, stack, backend, device):
+        module = _native.backend(backend)
+        self._backend, self._upstreams = backend, ()
+        self._native = module.NativeResource.build(
+            stack, [], current_device() if device is None else device)
+
+
+# Leaves ------------------------------------------------------------------
+
+class CudaMemoryResource(DeviceMemoryResource):
+    """``cuMemAlloc`` / ``cuMemFree`` (synchronous)."""
+
+    def __init__(self, device=None):
+        self._build("cuda", [], backend="cuda", device=device)
+
+
+class ManagedMemoryResource(DeviceMemoryResource):
+    """Unified memory (``cuMemAllocManaged``)."""
+
+    def __init__(self, device=None):
+        self._build("managed", [], backend="cuda", device=device)
+
+
+class PinnedHostMemoryResource(DeviceMemoryResource):
+    """Page-locked host memory."""
+
+    def __init__(self, device=None):
+        self._build("pinned", [], backend="cuda", device=device)
+
+
+class CudaAsyncMemoryResource(DeviceMemoryResource):
+    """The driver's stream-ordered allocator on a pool of its own."""
+
+    def __init__(self, initial_pool_size=None, release_threshold=None, enable_ipc=False, device=None):
+        if enable_ipc:
+            raise ValueError("memres: enable_ipc is not supported")
+        self._build("async", [], backend="cuda", device=device,
+                    initial=None if initial_pool_size is None else _size(initial_pool_size, "initial_pool_size"),
+                    release_threshold=None if release_threshold is None
+                    else _size(release_threshold, "release_threshold"))
+
+
+class VirtualMemoryResource(DeviceMemoryResource):
+    """A pool over one reserved address range that maps physical memory
+    only under live blocks: CUDA VMM (the ``vmm`` leaf), or with
+    ``simulated_capacity=N`` the same pool over a simulated address space
+    of N physical bytes (``vpool``)."""
+
+    def __init__(self, reserve=None, device=None, simulated_capacity=None):
+        reserve = None if reserve is None else _size(reserve, "reserve")
+        if simulated_capacity is None:
+            self._build("vmm", [], backend="cuda", device=device, reserve=reserve)
+        else:
+            space = f"sim({_size(simulated_capacity, 'simulated_capacity')})"
+            self._build("vpool", [space], backend="sim", device=device, reserve=reserve)
+
+
+class SimulatedMemoryResource(DeviceMemoryResource):
+    """A simulated device of ``capacity`` bytes: addresses with no bytes
+    behind them, for trying allocation strategies without a GPU."""
+
+    def __init__(self, capacity=80 << 30, device=None):
+        self._build("sim", [_size(capacity, "capacity")], backend="sim", device=device)
+
+
+class HostMemoryResource(DeviceMemoryResource):
+    """Host memory standing in for a device without a GPU (real bytes, so
+    DeviceBuffer contents work)."""
+
+    def __init__(self, device=None):
+        self._build("host", [], backend="sim", device=device)
+
+
+class CallbackMemoryResource(DeviceMemoryResource):
+    """Memory from Python functions: ``allocate_func(nbytes) -> int`` and
+    ``deallocate_func(ptr, nbytes)``."""
+
+    def __init__(self, allocate_func, deallocate_func, backend="cuda", device=None):
+        self._build("callback", [], backend=backend, device=device,
+                    callbacks=(allocate_func, deallocate_func, None))
+
+
+# Algorithms ----------------------------------------------------------------
+
+class PoolMemoryResource(DeviceMemoryResource):
+    """The coalescing pool. ``per_stream=True``: a pool per stream,
+    stream-ordered as PyTorch's allocator (no ``maximum_pool_size``)."""
+
+    def __init__(self, upstream_mr, initial_pool_size=None, maximum_pool_size=None, per_stream=False):
+        self._build("pool", [], [upstream_mr],
+                    initial=None if initial_pool_size is None else _size(initial_pool_size, "initial_pool_size"),
+                    max=None if maximum_pool_size is None else _size(maximum_pool_size, "maximum_pool_size"),
+                    per_stream="true" if per_stream else None)
+
+    def pool_size(self):
+        """Bytes held from the upstream (RMM's ``pool_size``)."""
+        return self._native.pool_size()
+
+
+class ArenaMemoryResource(DeviceMemoryResource):
+    """Global arena of superblocks with per-thread and per-stream arenas."""
+
+    def __init__(self, upstream_mr, arena_size=None, dump_log_on_failure=False):
+        self._build("arena", [], [upstream_mr],
+                    initial=None if arena_size is None else _size(arena_size, "arena_size"))
+
+
+class BinningMemoryResource(DeviceMemoryResource):
+    """Power-of-two bins from ``2**min_size_exponent`` to
+    ``2**max_size_exponent``, larger sizes from the upstream."""
+
+    def __init__(self, upstream_mr, min_size_exponent=None, max_size_exponent=None):
+        self._build("binning", [], [upstream_mr],
+                    min_bin=None if min_size_exponent in (None, -1) else _bin(min_size_exponent, "min_size_exponent"),
+                    max_bin=None if max_size_exponent in (None, -1) else _bin(max_size_exponent, "max_size_exponent"))
+
+
+class FixedSizeMemoryResource(DeviceMemoryResource):
+    """Blocks of one size, ``blocks_to_preallocate`` per upstream chunk."""
+
+    def __init__(self, upstream_mr, block_size=1 << 20, blocks_to_preallocate=128):
+        self._build("fixed", [], [upstream_mr], size=_size(block_size, "block_size"),
+                    blocks=_size(blocks_to_preallocate, "blocks_to_preallocate"))
+
+
+# Adaptors ------------------------------------------------------------------
+
+class StatisticsResourceAdaptor(DeviceMemoryResource):
+    """Counts bytes and allocations: now, peak and total, in a stack of
+    levels (``push_counters`` / ``pop_counters``)."""
+
+    def __init__(self, upstream_mr):
+        self._build("stats", [], [upstream_mr])
+
+    @property
+    def allocation_counts(self):
+        return _counts(self._native.statistics())
+
+    def push_counters(self):
+        """Starts a new level; returns the counts of the level left."""
+        return _counts(self._native.push_statistics())
+
+    def pop_counters(self):
+        """Ends the newest level; returns its counts."""
+        return _counts(self._native.pop_statistics())
+
+
+def _counts(figures):
+    (b_now, b_peak, b_total), (c_now, c_peak, c_total) = figures
+    return {"current_bytes": b_now, "current_count": c_now, "peak_bytes": b_peak,
+            "peak_count": c_peak, "total_bytes": b_total, "total_count": c_total}
+
+
+class TrackingResourceAdaptor(DeviceMemoryResource):
+    """Keeps every outstanding allocation."""
+
+    def __init__(self, upstream_mr, capture_stacks=False):
+        self._build("track", [], [upstream_mr])
+
+    def get_allocated_bytes(self):
+        return self._native.outstanding()[1]
+
+    def get_outstanding_count(self):
+        return self._native.outstanding()[0]
+
+
+class LoggingResourceAdaptor(DeviceMemoryResource):
+    """Logs every call in RMM's CSV format to ``log_file_name`` (else
+    ``$MEMRES_LOG_FILE``)."""
+
+    def __init__(self, upstream_mr, log_file_name=None):
+        name = log_file_name or os.environ.get("MEMRES_LOG_FILE")
+        if not name:
+            raise ValueError("memres: LoggingResourceAdaptor needs log_file_name or MEMRES_LOG_FILE")
+        self._file = os.fspath(name)
+        self._build("log", [], [upstream_mr], file=_word(self._file, "log_file_name"))
+
+    def get_file_name(self):
+        return self._file
+
+    def flush(self):
+        self._native.flush()
+
+
+class LimitingResourceAdaptor(DeviceMemoryResource):
+    """Refuses allocations past ``allocation_limit`` bytes in use."""
+
+    def __init__(self, upstream_mr, allocation_limit):
+        self._limit = int(_size(allocation_limit, "allocation_limit"))
+        self._build("limit", [str(self._limit)], [upstream_mr])
+
+    def get_allocation_limit(self):
+        return self._limit
+
+
+class FailureCallbackResourceAdaptor(DeviceMemoryResource):
+    """Calls ``callback(nbytes) -> bool`` when the upstream is out of
+    memory; a true answer retries the allocation."""
+
+    def __init__(self, upstream_mr, callback):
+        if not callable(callback):
+            raise TypeError("memres: callback must be callable")
+        self._build("on_failure", [], [upstream_mr], callbacks=(None, None, callback))
+
+
+# The current resource --------------------------------------------------------
+
+_current = {}
+
+
+def _default_resource(device):
+    from . import cuda_available
+    return CudaMemoryResource(device=device) if cuda_available() else HostMemoryResource(device=device)
+
+
+def get_per_device_resource(device):
+    """The resource of ``device`` (made on first use: CudaMemoryResource,
+    or HostMemoryResource where CUDA is not available)."""
+    if device not in _current:
+        set_per_device_resource(device, _default_resource(device))
+    return _current[device]
+
+
+def set_per_device_resource(device, mr):
+    """Makes ``mr`` the resource of ``device``; returns the previous one."""
+    if not isinstance(mr, DeviceMemoryResource):
+        raise TypeError(f"memres: {type(mr).__name__} is not a memres.mr resource")
+    if mr.device_id != device:
+        raise ValueError(f"memres: a resource of device {mr.device_id} set for device {device}")
+    _native.backend(mr._backend).set_per_device_resource(device, mr._native)
+    previous = _current.get(device)
+    _current[device] = mr
+    return previous
+
+
+def get_current_device_resource():
+    return get_per_device_resource(current_device())
+
+
+def set_current_device_resource(mr):
+    return set_per_device_resource(current_device(), mr)
+
+
+def get_current_device_resource_type():
+    return type(get_current_device_resource())
+
+
+def is_initialized():
+    return current_device() in _current

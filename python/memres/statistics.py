@@ -1,0 +1,170 @@
+"""Allocation statistics, as RMM's ``rmm.statistics``: counters of the
+current resource's StatisticsResourceAdaptor, in levels, a context manager
+around a block of code, and a per-function profiler; also the bytes held
+from the device (``get_device_statistics``)."""
+
+import collections
+import contextlib
+import functools
+import inspect
+import threading
+from dataclasses import dataclass
+
+from . import _native
+from . import mr as _mr
+
+
+@dataclass
+class Statistics:
+    current_bytes: int = 0
+    current_count: int = 0
+    peak_bytes: int = 0
+    peak_count: int = 0
+    total_bytes: int = 0
+    total_count: int = 0
+
+
+def _stats_native():
+    """The native stack of the current resource if its outermost resource
+    counts (a StatisticsResourceAdaptor, or a stack string with ``stats``
+    outermost), else None."""
+    native = _mr.get_current_device_resource()._native
+    return native if native.statistics() is not None else None
+
+
+def enable_statistics():
+    """Puts a StatisticsResourceAdaptor over the current device resource
+    (unless its outermost resource counts already)."""
+    if _stats_native() is None:
+        _mr.set_current_device_resource(_mr.StatisticsResourceAdaptor(_mr.get_current_device_resource()))
+
+
+def _statistics(figures):
+    return Statistics(**_mr._counts(figures))
+
+
+def get_statistics():
+    """The counts of the current level, or None when statistics are off."""
+    native = _stats_native()
+    return None if native is None else _statistics(native.statistics())
+
+
+def push_statistics():
+    """Starts a new level of counts; returns those of the level left (None
+    when statistics are off)."""
+    native = _stats_native()
+    return None if native is None else _statistics(native.push_statistics())
+
+
+def pop_statistics():
+    """Ends the newest level; returns its counts (None when off)."""
+    native = _stats_native()
+    return None if native is None else _statistics(native.pop_statistics())
+
+
+@contextlib.contextmanager
+def statistics():
+    """Counts the allocations of a block in a level of its own, enabling
+    statistics for the block if they are off."""
+    previous = None
+    if _stats_native() is None:
+        previous = _mr.get_current_device_resource()
+        enable_statistics()
+    push_statistics()
+    try:
+        yield
+    finally:
+        pop_statistics()
+        if previous is not None:
+            _mr.set_current_device_resource(previous)
+
+
+@dataclass
+class DeviceStatistics:
+    """Bytes held from a device by every memres resource of a backend."""
+    current_bytes: int
+    peak_bytes: int
+    total_bytes: int
+
+
+def get_device_statistics(device=None, backend=None):
+    """Bytes held from ``device`` now, at peak and ever, by the leaves of
+    the current resource's backend (``"cuda"`` or ``"sim"``)."""
+    from ._device import current_device
+    device = current_device() if device is None else device
+    backend = _mr.get_current_device_resource()._backend if backend is None else backend
+    return DeviceStatistics(*_native.backend(backend).device_bytes(device))
+
+
+class ProfilerRecords:
+    """Memory figures per profiled name (RMM's ``ProfilerRecords``)."""
+
+    @dataclass
+    class MemoryRecord:
+        num_calls: int = 0
+        memory_total: int = 0
+        memory_peak: int = 0
+
+        def add(self, memory_total, memory_peak):
+            self.num_calls += 1
+            self.memory_total += memory_total
+            self.memory_peak = max(self.memory_peak, memory_peak)
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._records = collections.defaultdict(ProfilerRecords.MemoryRecord)
+
+    def add(self, name, data):
+        with self._lock:
+            self._records[name].add(data.total_bytes, data.peak_bytes)
+
+    @property
+    def records(self):
+        with self._lock:
+            return dict(self._records)
+
+    def report(self, ordered_by="memory_peak"):
+        """A table of the records, largest first."""
+        rows = sorted(self.records.items(), key=lambda kv: getattr(kv[1], ordered_by), reverse=True)
+        lines = ["Memory Profiling", "=" * 16, "",
+                 f"{'ncalls':>8} {'memory_peak':>14} {'memory_total':>14}  filename:lineno(function)"]
+        lines += [f"{r.num_calls:>8} {r.memory_peak:>14} {r.memory_total:>14}  {name}" for name, r in rows]
+        return "\n".join(lines) + "\n"
+
+    def __repr__(self):
+        return self.report()
+
+
+default_profiler_records = ProfilerRecords()
+
+
+class profiler:
+    """Records the memory a function (as a decorator) or a block (as a
+    context manager, ``name=`` required) allocates, in ``records``."""
+
+    def __init__(self, *, records=default_profiler_records, name=""):
+        self.records = records
+        self.name = name
+
+    def __call__(self, func):
+        _, line = inspect.getsourcelines(func)
+        name = f"{inspect.getsourcefile(func)}:{line}({func.__qualname__})"
+
+        @functools.wraps(func)
+        def wrapper(*args, **kwargs):
+            with profiler(records=self.records, name=name):
+                return func(*args, **kwargs)
+        return wrapper
+
+    def __enter__(self):
+        if not self.name:
+            raise ValueError("memres: a profiler used as a context manager needs name=")
+        self._stats = statistics()
+        self._stats.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        data = get_statistics()
+        self._stats.__exit__(*exc)
+        self.records.add(self.name, data)
+        return False

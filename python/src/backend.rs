@@ -1,0 +1,139 @@
+//! What differs between the two builds of this crate: the stream type, the
+//! leaves of stack strings, the copy engine and how a Python stream handle
+//! becomes a stream. Everything else is written once over these names.
+//!
+//! Without feature `cuda` (`memres._memres`): streams are `()` (the
+//! simulated device and host memory run no kernels, so every call is
+//! ordered), the leaves are `sim` and `host` (counted in the device gauge)
+//! and `vpool`. With `cuda` (`memres._cuda`): streams are the caller's
+//! `cudaStream_t`, the leaves are `memres_cuda::stack`'s.
+
+use memres_core::adaptor::Gauge;
+use pyo3::exceptions::PyValueError;
+use pyo3::PyResult;
+use std::sync::{Arc, OnceLock};
+
+/// Devices `0..MAX_DEVICES` are served.
+pub(crate) const MAX_DEVICES: usize = 64;
+
+/// Bytes held from each device by every leaf this module built.
+pub(crate) fn gauge(device: u32) -> PyResult<Arc<Gauge>> {
+    static GAUGES: [OnceLock<Arc<Gauge>>; MAX_DEVICES] = [const { OnceLock::new() }; MAX_DEVICES];
+    let slot = GAUGES.get(device as usize).ok_or_else(|| {
+        PyValueError::new_err(format!("device {device} out of range (0 to {})", MAX_DEVICES - 1))
+    })?;
+    Ok(slot.get_or_init(Default::default).clone())
+}
+
+#[cfg(not(feature = "cuda"))]
+mod imp {
+    use super::gauge;
+    use memres_core::adaptor::Counted;
+    use memres_core::stack::{one_of, StackBuilder};
+    use memres_sim::{HostCopy, HostMemory, SimDevice, DEFAULT_SIM_CAPACITY};
+    use pyo3::PyResult;
+
+    /// No stream: nothing runs on the simulated device or on the host.
+    pub(crate) type Stream = ();
+    /// Host memory's `memcpy`, every access checked.
+    pub(crate) type Engine = HostCopy;
+    /// The backend's name, as `memres` reports it.
+    pub(crate) const BACKEND: &str = "sim";
+    /// The leaves whose blocks are bytes the engine may touch.
+    pub(crate) const BYTES_LEAVES: &[&str] = &["host"];
+
+    /// Any handle names the one order of the host.
+    pub(crate) fn stream(_handle: u64, _device: u32) -> PyResult<Stream> {
+        Ok(())
+    }
+
+    pub(crate) fn engine(_device: u32) -> PyResult<Engine> {
+        Ok(HostCopy)
+    }
+
+    /// The core's names, `vpool`, and `sim` and `host` counted in the
+    /// device gauge.
+    pub(crate) fn builder(device: u32) -> PyResult<StackBuilder<Stream>> {
+        let g = gauge(device)?;
+        let mut b = memres_sim::builder::<Stream>();
+        let g2 = g.clone();
+        b.register("sim", move |call, cx| {
+            call.expect_args(1, &["capacity"])?;
+            let capacity = one_of(call, 0, "capacity")?.map(|v| v.size()).transpose()?;
+            let leaf = SimDevice::new(capacity.unwrap_or(DEFAULT_SIM_CAPACITY));
+            Ok(cx.keep(call, Counted::new(leaf, g2.clone())))
+        });
+        b.register("host", move |call, cx| {
+            call.expect_args(0, &[])?;
+            Ok(cx.keep(call, Counted::new(HostMemory::new(), g.clone())))
+        });
+        Ok(b)
+    }
+}
+
+#[cfg(feature = "cuda")]
+mod imp {
+    use super::{gauge, MAX_DEVICES};
+    use crate::errors::backend_error;
+    use memres_core::stack::StackBuilder;
+    use memres_cuda::{Context, CudaCopy, CudaStream, Device};
+    use pyo3::PyResult;
+    use std::sync::OnceLock;
+
+    /// The caller's `cudaStream_t`, borrowed.
+    pub(crate) type Stream = CudaStream;
+    /// The driver's copies, ordered on the stream.
+    pub(crate) type Engine = CudaCopy;
+    /// The backend's name, as `memres` reports it.
+    pub(crate) const BACKEND: &str = "cuda";
+    /// The leaves whose blocks are device (or pinned) memory.
+    pub(crate) const BYTES_LEAVES: &[&str] = &["cuda", "async", "managed", "pinned", "vmm"];
+
+    fn device_of(device: u32) -> PyResult<Device> {
+        Device::get(device).map_err(|e| backend_error(format!("device {device}: {e}")))
+    }
+
+    /// The primary context of `device`, retained once per process.
+    fn context(device: u32) -> PyResult<Context> {
+        static CONTEXTS: [OnceLock<Context>; MAX_DEVICES] = [const { OnceLock::new() }; MAX_DEVICES];
+        let slot = CONTEXTS
+            .get(device as usize)
+            .ok_or_else(|| backend_error(format!("device {device} out of range")))?;
+        if let Some(c) = slot.get() {
+            return Ok(c.clone());
+        }
+        let made = device_of(device)?
+            .primary_context()
+            .map_err(|e| backend_error(format!("device {device}: {e}")))?;
+        Ok(slot.get_or_init(|| made).clone())
+    }
+
+    /// Names the caller's stream: 0 is the legacy default stream of the
+    /// device's primary context (the thread may have no current context);
+    /// any other handle is asked for its own context when one is needed.
+    pub(crate) fn stream(handle: u64, device: u32) -> PyResult<Stream> {
+        if handle == 0 {
+            return Ok(CudaStream::legacy_in(context(device)?));
+        }
+        // SAFETY: a Python caller hands a `cudaStream_t` it owns, as RMM's
+        // Python API takes one: a stream that outlives the use made of it
+        // here (the call, or the life of the buffer that keeps it). The
+        // borrowed handle never destroys the stream; no context is claimed
+        // for it (the driver is asked for the stream's own).
+        Ok(unsafe { CudaStream::from_raw(handle as usize as *mut std::ffi::c_void as _, None) })
+    }
+
+    pub(crate) fn engine(device: u32) -> PyResult<Engine> {
+        Ok(CudaCopy::in_context(context(device)?))
+    }
+
+    /// The core's names and the CUDA leaves of `device`, counted in its
+    /// gauge.
+    pub(crate) fn builder(device: u32) -> PyResult<StackBuilder<Stream>> {
+        let mut b = StackBuilder::new();
+        memres_cuda::stack::register(&mut b, device_of(device)?, gauge(device)?);
+        Ok(b)
+    }
+}
+
+pub(crate) use imp::{builder, engine, stream, Engine, Stream, BACKEND, BYTES_LEAVES};

@@ -1,0 +1,151 @@
+//! `memres.DeviceBuffer`'s native side: memres-containers' `DeviceBuffer`
+//! over a built stack, with the backend's copy engine, on a stream. Dropped
+//! (collected), it frees its block on its stream.
+
+use crate::backend::{self, Engine, Stream};
+use crate::errors::to_py;
+use crate::resource::Resource;
+use memres_containers::ContainerError;
+use memres_core::copy::{AssumeMemoryOf, CopyEngine};
+use memres_core::{DynResource, Stream as _};
+use pyo3::exceptions::{PyIndexError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::types::PyBytes;
+use std::sync::Mutex;
+
+type Kind = <Engine as CopyEngine<Stream>>::Kind;
+type Inner = memres_containers::DeviceBuffer<AssumeMemoryOf<DynResource<Stream>, Kind>, Engine, Stream>;
+
+fn container_error(e: ContainerError, what: &str) -> PyErr {
+    match e {
+        ContainerError::Memory(e) => to_py(e, what),
+        ContainerError::IndexOutOfRange { .. } => PyIndexError::new_err(format!("memres: {what}: {e}")),
+        _ => PyValueError::new_err(format!("memres: {what}: {e}")),
+    }
+}
+
+/// The buffer; the lock only makes it shareable between threads.
+#[pyclass(module = "memres", name = "NativeBuffer", frozen)]
+pub(crate) struct Buffer {
+    inner: Mutex<Inner>,
+}
+
+impl Buffer {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// The stack's resource, promised to hand out memory `Engine` may touch.
+fn memory_of(mr: &Resource) -> PyResult<AssumeMemoryOf<DynResource<Stream>, Kind>> {
+    if !mr.has_bytes {
+        return Err(PyValueError::new_err(format!(
+            "memres: DeviceBuffer needs memory with bytes behind it; `{}` has none \
+             (the simulated device's addresses are made up: use HostMemoryResource)",
+            mr.stack
+        )));
+    }
+    // SAFETY: `has_bytes` holds only when every leaf of the stack is one of
+    // the backend's `BYTES_LEAVES` (each `MemoryOf<Engine>` in its crate:
+    // host memory for `HostCopy`, the CUDA leaves for `CudaCopy`), or an
+    // upstream object for which the same held; the core's algorithms and
+    // adaptors between them hand out only parts of their upstreams' blocks
+    // (they forward `MemoryOf` for the same reason).
+    Ok(unsafe { AssumeMemoryOf::new(mr.inner.clone()) })
+}
+
+#[pymethods]
+impl Buffer {
+    /// A buffer of `size` zeroed bytes, or of `data`'s bytes.
+    #[new]
+    #[pyo3(signature = (mr, size=0, stream=0, data=None))]
+    fn new(
+        py: Python<'_>,
+        mr: PyRef<'_, Resource>,
+        size: u64,
+        stream: u64,
+        data: Option<&[u8]>,
+    ) -> PyResult<Self> {
+        let resource = memory_of(&mr)?;
+        let (s, engine) = (backend::stream(stream, mr.device)?, backend::engine(mr.device)?);
+        let inner = py
+            .detach(|| match data {
+                Some(bytes) => Inner::from_slice_in(bytes, s, resource, engine),
+                None => Inner::new_in(size, s, resource, engine),
+            })
+            .map_err(|e| container_error(e, "DeviceBuffer"))?;
+        Ok(Buffer { inner: Mutex::new(inner) })
+    }
+
+    #[getter]
+    fn ptr(&self) -> u64 {
+        let b = self.lock();
+        if b.is_empty() {
+            0
+        } else {
+            b.addr()
+        }
+    }
+
+    #[getter]
+    fn size(&self) -> u64 {
+        self.lock().len()
+    }
+
+    fn capacity(&self) -> u64 {
+        self.lock().capacity()
+    }
+
+    /// The bytes, copied to the host (waits for the stream).
+    fn copy_to_host<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyBytes>> {
+        let v = py.detach(|| self.lock().to_vec()).map_err(|e| container_error(e, "copy_to_host"))?;
+        Ok(PyBytes::new(py, &v))
+    }
+
+    /// Writes `data` at `offset`.
+    #[pyo3(signature = (data, offset=0))]
+    fn copy_from_host(&self, py: Python<'_>, data: &[u8], offset: u64) -> PyResult<()> {
+        py.detach(|| self.lock().write(offset, data)).map_err(|e| container_error(e, "copy_from_host"))
+    }
+
+    /// Copies `src`'s bytes to the start of this buffer, ordered after the
+    /// work of both streams.
+    fn copy_from_device(&self, py: Python<'_>, src: PyRef<'_, Buffer>) -> PyResult<()> {
+        if std::ptr::eq(self, &*src) {
+            return Ok(());
+        }
+        let src: &Buffer = &src;
+        py.detach(|| {
+            let (dst, src) = (self.lock(), src.lock());
+            if src.len() > dst.len() {
+                return Err(PyValueError::new_err(format!(
+                    "memres: copy_from_device: {} bytes into a buffer of {}",
+                    src.len(),
+                    dst.len()
+                )));
+            }
+            if src.is_empty() {
+                return Ok(());
+            }
+            let err = |e| to_py(e, "copy_from_device");
+            dst.stream().wait(&src.stream().record().map_err(err)?).map_err(err)?;
+            // SAFETY: both ranges lie in live blocks of resources that hand
+            // out memory the engine may touch (`memory_of`), `src.len()`
+            // bytes each (checked above); they are distinct buffers, each
+            // holding its block; the destination's stream waits for the
+            // source's work above, the source's for the copy below.
+            unsafe { dst.engine().copy(dst.addr(), src.addr(), src.len(), dst.stream()) }.map_err(err)?;
+            src.stream().wait(&dst.stream().record().map_err(err)?).map_err(err)
+        })
+    }
+
+    /// Sets the size (new bytes are zeros); may move the buffer.
+    fn resize(&self, py: Python<'_>, size: u64) -> PyResult<()> {
+        py.detach(|| self.lock().resize(size)).map_err(|e| container_error(e, "resize"))
+    }
+
+    /// Capacity for at least `capacity` bytes; may move the buffer.
+    fn reserve(&self, py: Python<'_>, capacity: u64) -> PyResult<()> {
+        py.detach(|| self.lock().reserve(capacity)).map_err(|e| container_error(e, "reserve"))
+    }
+}

@@ -1,0 +1,93 @@
+//! The current resource of each device, and two C functions over it with
+//! the signatures PyTorch's `CUDAPluggableAllocator` loads from this very
+//! library: `memres_py_alloc` and `memres_py_free`.
+//!
+//! The resource is kept in the core's per-device registry
+//! (`memres_core::device`), so Rust code in the process sees it too. The C
+//! functions free by pointer: each device keeps the blocks they handed out,
+//! with the resource that made each, so a block goes back to its own
+//! resource even after the current one changed.
+
+use crate::backend::{self, Stream, MAX_DEVICES};
+use crate::resource::Resource;
+use memres_core::{Block, DynResource, MemoryResource, Request};
+use pyo3::prelude::*;
+use std::collections::HashMap;
+use std::ffi::c_void;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::{Mutex, OnceLock};
+
+type Live = Mutex<HashMap<u64, (Block, DynResource<Stream>)>>;
+
+fn live(device: usize) -> Option<&'static Live> {
+    static LIVE: [OnceLock<Live>; MAX_DEVICES] = [const { OnceLock::new() }; MAX_DEVICES];
+    LIVE.get(device).map(|slot| slot.get_or_init(Default::default))
+}
+
+/// Makes `mr` the current resource of `device` for the C functions (and
+/// Rust code).
+#[pyfunction]
+pub(crate) fn set_per_device_resource(device: u32, mr: PyRef<'_, Resource>) {
+    memres_core::device::set_per_device_resource::<Stream>(device, mr.inner.clone());
+}
+
+/// Blocks handed out by `memres_py_alloc` on `device` and not yet freed.
+#[pyfunction]
+pub(crate) fn c_live_count(device: usize) -> usize {
+    live(device).map_or(0, |l| l.lock().unwrap_or_else(|p| p.into_inner()).len())
+}
+
+/// Bytes held from `device` by every leaf this module built: `(now, peak,
+/// total)`.
+#[pyfunction]
+pub(crate) fn device_bytes(device: u32) -> PyResult<(u64, u64, u64)> {
+    let g = backend::gauge(device)?;
+    Ok((g.value(), g.peak(), g.total()))
+}
+
+fn alloc(size: isize, device: i32, stream: *mut c_void) -> Option<*mut c_void> {
+    let size = u64::try_from(size).ok().filter(|&s| s > 0)?;
+    let d = u32::try_from(device).ok()?;
+    let resource = memres_core::device::get_per_device_resource::<Stream>(d).ok()?;
+    let s = backend::stream(stream as usize as u64, d).ok()?;
+    let block = resource.allocate(Request::new(size).ok()?, &s).ok()?;
+    live(d as usize)?.lock().unwrap_or_else(|p| p.into_inner()).insert(block.addr(), (block, resource));
+    Some(block.addr() as usize as *mut c_void)
+}
+
+fn free(ptr: *mut c_void, device: i32, stream: *mut c_void) -> Option<()> {
+    let d = u32::try_from(device).ok()?;
+    let table = live(d as usize)?;
+    let (block, resource) = table.lock().unwrap_or_else(|p| p.into_inner()).remove(&(ptr as usize as u64))?;
+    let s = backend::stream(stream as usize as u64, d).ok()?;
+    if resource.deallocate(block, &s).is_err() {
+        table.lock().unwrap_or_else(|p| p.into_inner()).insert(block.addr(), (block, resource));
+    }
+    Some(())
+}
+
+/// Allocates `size` bytes from `device`'s current resource on `stream`;
+/// NULL when that fails (or for 0 bytes). Never unwinds.
+///
+/// # Safety
+///
+/// `stream` is null or a stream of `device` valid for the call.
+#[no_mangle]
+pub unsafe extern "C" fn memres_py_alloc(size: isize, device: i32, stream: *mut c_void) -> *mut c_void {
+    catch_unwind(AssertUnwindSafe(|| alloc(size, device, stream)))
+        .ok()
+        .flatten()
+        .unwrap_or(std::ptr::null_mut())
+}
+
+/// Frees `ptr`, from `memres_py_alloc` on `device`, on `stream`; a pointer
+/// not from there is ignored. Never unwinds.
+///
+/// # Safety
+///
+/// `stream` is null or a stream of `device` valid for the call; no work
+/// that is not ordered before the free on `stream` uses the memory.
+#[no_mangle]
+pub unsafe extern "C" fn memres_py_free(ptr: *mut c_void, _size: isize, device: i32, stream: *mut c_void) {
+    let _ = catch_unwind(AssertUnwindSafe(|| free(ptr, device, stream)));
+}

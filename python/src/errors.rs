@@ -1,0 +1,64 @@
+//! memres's errors as Python exceptions: out of memory is
+//! `memres.OutOfMemory` (a `MemoryError` carrying the figures), misuse is
+//! `ValueError`, a backend's failure is `memres.MemresError`. The
+//! exception classes are defined once, in `memres/_errors.py`.
+
+use memres_core::stack::StackError;
+use memres_core::Error;
+use pyo3::exceptions::{PyRuntimeError, PyValueError};
+use pyo3::prelude::*;
+
+/// An instance of `memres._errors.NAME(args...)`, or a plain
+/// `RuntimeError` if the Python side cannot be reached.
+fn python_error(name: &str, message: String, kwargs: Vec<(&str, Option<u64>)>) -> PyErr {
+    Python::attach(|py| {
+        let make = || -> PyResult<PyErr> {
+            let class = py.import("memres._errors")?.getattr(name)?;
+            let kw = pyo3::types::PyDict::new(py);
+            for (k, v) in kwargs {
+                kw.set_item(k, v)?;
+            }
+            Ok(PyErr::from_value(class.call((message.clone(),), Some(&kw))?))
+        };
+        make().unwrap_or_else(|e| PyRuntimeError::new_err(format!("{message} (and {e})")))
+    })
+}
+
+/// A failure of the backend (the driver), as `memres.MemresError`.
+pub(crate) fn backend_error(message: String) -> PyErr {
+    python_error("MemresError", format!("memres: {message}"), vec![])
+}
+
+/// `e`, met while doing `what`, as the Python exception of its kind.
+pub(crate) fn to_py(e: Error, what: &str) -> PyErr {
+    let message = format!("memres: {what}: {e}");
+    match e {
+        Error::OutOfMemory { requested, largest_free, pool_size, max_size } => python_error(
+            "OutOfMemory",
+            message,
+            vec![
+                ("requested", Some(requested)),
+                ("largest_free", Some(largest_free)),
+                ("pool_size", Some(pool_size)),
+                ("max_size", max_size),
+            ],
+        ),
+        Error::LimitExceeded { requested, used, limit } => python_error(
+            "OutOfMemory",
+            message,
+            vec![("requested", Some(requested)), ("used", Some(used)), ("limit", Some(limit))],
+        ),
+        Error::Backend { .. } | Error::CapacityExhausted { .. } | Error::Reentrant => backend_error(message),
+        _ if e.is_out_of_memory() => python_error("OutOfMemory", message, vec![]),
+        _ => PyValueError::new_err(message),
+    }
+}
+
+/// A stack that could not be built: `ValueError` for what the text says,
+/// the resource's own error (out of memory, the driver) otherwise.
+pub(crate) fn stack_to_py(e: StackError, text: &str) -> PyErr {
+    match e.kind {
+        memres_core::stack::StackErrorKind::Resource(inner) => to_py(inner, &format!("stack `{text}`")),
+        _ => PyValueError::new_err(format!("memres: stack `{text}`: {e}")),
+    }
+}

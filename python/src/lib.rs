@@ -1,0 +1,36 @@
+//! The native module of the `memres` Python package (PyO3).
+//!
+//! Built twice from this crate: without feature `cuda` it is
+//! `memres._memres`, which serves the simulated device and host memory and
+//! never links the CUDA driver, so `import memres` works anywhere; with
+//! `cuda` it is `memres._cuda`, imported by the Python side only when a
+//! CUDA resource is first made (the private module `backend` holds every difference). The
+//! Python modules (`python/memres/`) hold the API; this crate only builds
+//! stacks, allocates, copies and counts.
+
+// The simulated build's stream type is `()`: code written once for both
+// builds binds streams that are unit there.
+#![allow(clippy::let_unit_value)]
+
+mod backend;
+mod buffer;
+mod callback;
+pub mod current;
+mod errors;
+mod resource;
+
+use pyo3::prelude::*;
+
+#[pymodule]
+#[cfg_attr(feature = "cuda", pyo3(name = "_cuda"))]
+#[cfg_attr(not(feature = "cuda"), pyo3(name = "_memres"))]
+fn native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add("BACKEND", backend::BACKEND)?;
+    m.add("MAX_DEVICES", backend::MAX_DEVICES)?;
+    m.add_class::<resource::Resource>()?;
+    m.add_class::<buffer::Buffer>()?;
+    m.add_function(wrap_pyfunction!(current::set_per_device_resource, m)?)?;
+    m.add_function(wrap_pyfunction!(current::c_live_count, m)?)?;
+    m.add_function(wrap_pyfunction!(current::device_bytes, m)?)?;
+    Ok(())
+}

@@ -1,0 +1,257 @@
+//! `memres.mr`'s native side: one class, a built stack of resources.
+//!
+//! Every Python resource class is a stack string over its upstreams
+//! (`PoolMemoryResource(up, initial_pool_size=N)` is `pool(up0, initial=N)`),
+//! built by the core's [`StackBuilder`] with each upstream registered as a
+//! leaf `upN` that hands out a clone of the upstream's shared handle: an
+//! adaptor wraps the very resource its upstream object is, as in RMM.
+
+use crate::backend::{self, Stream};
+use crate::callback::{register_callbacks, Callbacks};
+use crate::errors::{stack_to_py, to_py};
+use memres_core::adaptor::{Logging, Statistics, Tracking};
+use memres_core::pool::CoalescingPool;
+use memres_core::stack::{parse, Call, Value};
+use memres_core::Shared;
+use memres_core::{Block, DynResource, Inspect, Request};
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+type Dyn = DynResource<Stream>;
+
+/// A built stack: the resource, its typed handles and its live blocks.
+#[pyclass(module = "memres", name = "NativeResource", frozen)]
+pub(crate) struct Resource {
+    pub(crate) inner: Dyn,
+    stats: Option<Arc<Statistics<Dyn>>>,
+    track: Option<Arc<Tracking<Dyn>>>,
+    logs: Vec<Arc<Logging<Dyn>>>,
+    pools: Vec<Arc<Shared<CoalescingPool<Dyn>>>>,
+    /// Blocks handed out through `allocate`, by address: a free by pointer
+    /// carries the block's tag.
+    live: Mutex<HashMap<u64, Block>>,
+    /// Whether every block is memory the backend's copy engine may touch.
+    #[pyo3(get)]
+    pub(crate) has_bytes: bool,
+    #[pyo3(get)]
+    pub(crate) device: u32,
+    #[pyo3(get)]
+    pub(crate) stack: String,
+}
+
+/// Whether every leaf under `call` is memory with bytes behind it
+/// (upstreams `upN` say for themselves); an algorithm or adaptor only
+/// hands out parts of its upstreams' blocks. Upstreams are positional
+/// arguments; a keyed one is an option even when it is a bare name
+/// (`per_stream=true`).
+fn bytes_of(call: &Call, upstreams: &[PyRef<'_, Resource>]) -> bool {
+    if let Some(i) = call.name.strip_prefix("up").and_then(|i| i.parse::<usize>().ok()) {
+        return upstreams.get(i).is_some_and(|u| u.has_bytes);
+    }
+    let inner: Vec<&Call> = call
+        .args
+        .iter()
+        .filter(|a| a.key.is_none())
+        .filter_map(|a| match &a.value {
+            Value::Call(c) => Some(c),
+            Value::Word { .. } => None,
+        })
+        .collect();
+    if inner.is_empty() {
+        return backend::BYTES_LEAVES.contains(&call.name.as_str());
+    }
+    inner.iter().all(|c| bytes_of(c, upstreams))
+}
+
+impl Resource {
+    fn take_live(&self, ptr: u64) -> PyResult<Block> {
+        self.live.lock().unwrap_or_else(|p| p.into_inner()).remove(&ptr).ok_or_else(|| {
+            PyValueError::new_err(format!(
+                "memres: deallocate({ptr:#x}): not allocated by this resource, or freed already"
+            ))
+        })
+    }
+
+    fn put_live(&self, block: Block) {
+        self.live.lock().unwrap_or_else(|p| p.into_inner()).insert(block.addr(), block);
+    }
+}
+
+#[pymethods]
+impl Resource {
+    /// Builds `text` on `device`, its names `up0`, `up1`... standing for
+    /// `upstreams`; `callbacks` gives the Python functions of `callback`
+    /// and `on_failure` names.
+    #[staticmethod]
+    #[pyo3(signature = (text, upstreams, device, callbacks=None))]
+    fn build(
+        py: Python<'_>,
+        text: &str,
+        upstreams: Vec<PyRef<'_, Resource>>,
+        device: u32,
+        callbacks: Option<Callbacks>,
+    ) -> PyResult<Resource> {
+        let call = parse(text).map_err(|e| stack_to_py(e, text))?;
+        if let Some(u) = upstreams.iter().find(|u| u.device != device) {
+            return Err(PyValueError::new_err(format!(
+                "memres: an upstream on device {} under a resource of device {device}",
+                u.device
+            )));
+        }
+        let mut builder = backend::builder(device)?;
+        for (i, u) in upstreams.iter().enumerate() {
+            let r = u.inner.clone();
+            builder.register(&format!("up{i}"), move |call, _| {
+                call.expect_args(0, &[])?;
+                Ok(r.clone())
+            });
+        }
+        if let Some(cb) = callbacks {
+            register_callbacks(&mut builder, cb);
+        }
+        let stream = backend::stream(0, device)?;
+        let built = py
+            .detach(|| builder.build_call_with_handles(&call, &stream))
+            .map_err(|e| stack_to_py(e, text))?;
+        Ok(Resource {
+            stats: built.get("stats"),
+            track: built.get("track"),
+            logs: built.all("log"),
+            pools: built.all("pool"),
+            inner: built.resource,
+            live: Mutex::new(HashMap::new()),
+            has_bytes: bytes_of(&call, &upstreams),
+            device,
+            stack: text.to_string(),
+        })
+    }
+
+    /// Allocates `nbytes` on `stream`; returns the address (0 for 0 bytes).
+    #[pyo3(signature = (nbytes, stream=0))]
+    fn allocate(&self, py: Python<'_>, nbytes: u64, stream: u64) -> PyResult<u64> {
+        if nbytes == 0 {
+            return Ok(0);
+        }
+        let request = Request::new(nbytes).map_err(|e| to_py(e, &format!("allocate({nbytes})")))?;
+        let s = backend::stream(stream, self.device)?;
+        let block = py
+            .detach(|| self.inner.allocate(request, &s))
+            .map_err(|e| to_py(e, &format!("allocate({nbytes})")))?;
+        self.put_live(block);
+        Ok(block.addr())
+    }
+
+    /// Frees `ptr`, allocated here with `nbytes`, on `stream`. A refused
+    /// free changes nothing.
+    #[pyo3(signature = (ptr, nbytes, stream=0))]
+    fn deallocate(&self, py: Python<'_>, ptr: u64, nbytes: u64, stream: u64) -> PyResult<()> {
+        if ptr == 0 && nbytes == 0 {
+            return Ok(());
+        }
+        let block = self.take_live(ptr)?;
+        if block.size() != nbytes {
+            self.put_live(block);
+            return Err(PyValueError::new_err(format!(
+                "memres: deallocate({ptr:#x}, {nbytes}): allocated with {} bytes",
+                block.size()
+            )));
+        }
+        let s = backend::stream(stream, self.device)?;
+        py.detach(|| self.inner.deallocate(block, &s)).map_err(|e| {
+            self.put_live(block);
+            to_py(e, &format!("deallocate({ptr:#x}, {nbytes})"))
+        })
+    }
+
+    /// `((bytes now, peak, total), (count now, peak, total))` of the
+    /// outermost `stats` adaptor, `None` without one.
+    #[allow(clippy::type_complexity)]
+    fn statistics(&self) -> Option<((i64, i64, i64), (i64, i64, i64))> {
+        self.stats.as_ref().map(|s| {
+            let (b, c) = (s.get_bytes_counter(), s.get_allocations_counter());
+            ((b.value, b.peak, b.total), (c.value, c.peak, c.total))
+        })
+    }
+
+    /// Starts a new level of the `stats` adaptor's counters (RMM's
+    /// `push_counters`); returns the figures of the level left.
+    #[allow(clippy::type_complexity)]
+    fn push_statistics(&self) -> PyResult<((i64, i64, i64), (i64, i64, i64))> {
+        let s = self.stats.as_ref().ok_or_else(no_stats)?;
+        let (b, c) = s.push_counters();
+        Ok(((b.value, b.peak, b.total), (c.value, c.peak, c.total)))
+    }
+
+    /// Ends the innermost level; returns its figures.
+    #[allow(clippy::type_complexity)]
+    fn pop_statistics(&self) -> PyResult<((i64, i64, i64), (i64, i64, i64))> {
+        let s = self.stats.as_ref().ok_or_else(no_stats)?;
+        let (b, c) = s.pop_counters().map_err(|e| to_py(e, "pop_statistics"))?;
+        Ok(((b.value, b.peak, b.total), (c.value, c.peak, c.total)))
+    }
+
+    /// `(count, bytes)` outstanding per the outermost `track` adaptor.
+    fn outstanding(&self) -> Option<(usize, u64)> {
+        self.track.as_ref().map(|t| {
+            let live = t.get_outstanding_allocations();
+            (live.count(), live.bytes())
+        })
+    }
+
+    /// Writes out the buffers of the stack's `log` adaptors.
+    fn flush(&self) -> PyResult<()> {
+        for log in &self.logs {
+            log.flush().map_err(|e| crate::errors::backend_error(format!("flushing a log: {e}")))?;
+        }
+        Ok(())
+    }
+
+    /// Gives the wholly free chunks of the stack's pools back to their
+    /// upstreams; returns the bytes given back.
+    #[pyo3(signature = (stream=0))]
+    fn release(&self, py: Python<'_>, stream: u64) -> PyResult<u64> {
+        let s = backend::stream(stream, self.device)?;
+        py.detach(|| self.pools.iter().try_fold(0, |n, p| Ok(n + p.with(|p| p.release(&s))?)))
+            .map_err(|e| to_py(e, "release"))
+    }
+
+    /// Bytes the stack's pools hold from their upstreams.
+    fn pool_size(&self) -> u64 {
+        self.pools.iter().map(|p| p.with(|p| p.usage().held)).sum()
+    }
+
+    /// Blocks allocated through this object and not yet freed.
+    fn live_count(&self) -> usize {
+        self.live.lock().unwrap_or_else(|p| p.into_inner()).len()
+    }
+}
+
+fn no_stats() -> PyErr {
+    PyValueError::new_err("memres: this resource is not a StatisticsResourceAdaptor")
+}
+
+/// A dropped pool keeps its chunks (the core's pools give memory back only
+/// when asked), so the last owner of a stack gives its pools' free chunks
+/// back: device memory is not held past the Python object that held it.
+impl Drop for Resource {
+    fn drop(&mut self) {
+        (self.stats, self.track) = (None, None);
+        self.logs.clear();
+        let top = Arc::as_ptr(&self.inner).cast::<()>();
+        let is_top = |p: &Arc<Shared<CoalescingPool<Dyn>>>| Arc::as_ptr(p).cast::<()>() == top;
+        // Held elsewhere (an adaptor's stack, the current-resource
+        // registry, a buffer): the pools are still in use.
+        if Arc::strong_count(&self.inner) - self.pools.iter().filter(|p| is_top(p)).count() != 1 {
+            return;
+        }
+        let Ok(stream) = backend::stream(0, self.device) else { return };
+        for pool in &self.pools {
+            // Ours and the one inside the stack: no one else's.
+            if Arc::strong_count(pool) == 2 {
+                let _ = pool.with(|p| p.release(&stream));
+            }
+        }
+    }
+}

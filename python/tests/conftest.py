@@ -1,0 +1,31 @@
+import os
+
+import pytest
+
+import memres
+from memres import mr
+
+
+@pytest.fixture(autouse=True)
+def fresh_current_resource():
+    """Each test starts with no resource set (its default is made on first
+    use) and leaves none behind."""
+    saved = dict(mr._current)
+    mr._current.clear()
+    yield
+    mr._current.clear()
+    mr._current.update(saved)
+
+
+def require_gpu():
+    return os.environ.get("MEMRES_REQUIRE_GPU") == "1"
+
+
+@pytest.fixture
+def gpu():
+    """Skips without a GPU; fails instead with MEMRES_REQUIRE_GPU=1."""
+    if not memres.cuda_available():
+        if require_gpu():
+            pytest.fail("MEMRES_REQUIRE_GPU=1 but memres's CUDA side sees no GPU")
+        pytest.skip("no GPU (set MEMRES_REQUIRE_GPU=1 to make this a failure)")
+    memres.set_device(0)

@@ -1,0 +1,105 @@
+"""memres.DeviceBuffer over host memory (the simulated backend's memory
+with bytes)."""
+
+import gc
+
+import pytest
+
+import memres
+from memres import mr
+
+
+def tracked():
+    t = mr.TrackingResourceAdaptor(mr.PoolMemoryResource(mr.HostMemoryResource()))
+    return t
+
+
+def test_to_device_and_back():
+    buf = memres.DeviceBuffer.to_device(b"hello memres")
+    assert buf.size == buf.nbytes == len(buf) == 12
+    assert buf.copy_to_host() == b"hello memres"
+    out = bytearray(20)
+    assert buf.copy_to_host(out) is out and out[:12] == b"hello memres"
+    with pytest.raises(ValueError):
+        buf.copy_to_host(bytearray(3))
+
+
+def test_new_buffer_is_zeroed_and_resizes_keeping_contents():
+    buf = memres.DeviceBuffer(size=8)
+    assert buf.copy_to_host() == bytes(8)
+    buf.copy_from_host(b"abcd")
+    buf.resize(16)
+    assert buf.copy_to_host() == b"abcd" + bytes(12)
+    assert buf.capacity() >= 16
+    buf.resize(2)
+    assert buf.size == 2 and buf.copy_to_host() == b"ab"
+    buf.reserve(100)
+    assert buf.capacity() >= 100 and buf.copy_to_host() == b"ab"
+
+
+def test_copy_from_device():
+    a = memres.DeviceBuffer.to_device(b"xyz")
+    b = memres.DeviceBuffer(size=5)
+    b.copy_from_device(a)
+    assert b.copy_to_host() == b"xyz\0\0"
+    with pytest.raises(ValueError):
+        a.copy_from_device(memres.DeviceBuffer(size=10))
+    with pytest.raises(TypeError):
+        a.copy_from_device(b"xyz")
+
+
+def test_copy_from_host_past_the_end_changes_nothing():
+    buf = memres.DeviceBuffer.to_device(b"1234")
+    with pytest.raises((IndexError, ValueError)):
+        buf.copy_from_host(b"123456")
+    assert buf.copy_to_host() == b"1234"
+
+
+def test_collected_buffer_frees_its_block():
+    t = tracked()
+    buf = memres.DeviceBuffer(size=1000, mr=t)
+    assert t.get_outstanding_count() == 1
+    del buf
+    gc.collect()
+    assert t.get_outstanding_count() == 0
+
+
+def test_buffer_on_the_current_resource():
+    t = tracked()
+    mr.set_current_device_resource(t)
+    buf = memres.DeviceBuffer(size=64)
+    assert buf.mr is t and t.get_allocated_bytes() == 64
+
+
+def test_simulated_device_has_no_bytes_for_a_buffer():
+    with pytest.raises(ValueError, match="HostMemoryResource"):
+        memres.DeviceBuffer(size=10, mr=mr.PoolMemoryResource(mr.SimulatedMemoryResource(1 << 30)))
+
+
+def test_host_buffer_has_no_cuda_array_interface():
+    with pytest.raises(AttributeError):
+        memres.DeviceBuffer(size=4).__cuda_array_interface__
+
+
+def test_bad_arguments():
+    with pytest.raises(ValueError):
+        memres.DeviceBuffer(size=-1)
+    with pytest.raises(TypeError):
+        memres.DeviceBuffer(size=1, mr="pool")
+    with pytest.raises(ValueError):
+        memres.DeviceBuffer(ptr=1234, size=4)
+
+
+def test_out_of_memory_buffer():
+    lim = mr.LimitingResourceAdaptor(mr.HostMemoryResource(), 100)
+    with pytest.raises(memres.OutOfMemory):
+        memres.DeviceBuffer(size=1000, mr=lim)
+
+
+def test_buffers_over_every_stack_of_host_memory():
+    for res in [mr.PoolMemoryResource(mr.HostMemoryResource(), per_stream=True),
+                mr.StackMemoryResource("pool(host, growth=double, release=true)", backend="sim"),
+                mr.BinningMemoryResource(mr.PoolMemoryResource(mr.HostMemoryResource())),
+                mr.LimitingResourceAdaptor(mr.FixedSizeMemoryResource(mr.HostMemoryResource(), 4096), 1 << 20)]:
+        buf = memres.DeviceBuffer.to_device(b"stack", mr=res)
+        assert buf.copy_to_host() == b"stack", res

@@ -1,0 +1,44 @@
+"""The C functions PyTorch's CUDAPluggableAllocator loads, over the
+current resource (here on the simulated backend's module)."""
+
+import ctypes
+
+import memres
+from memres import _native, mr
+
+
+def lib():
+    so = ctypes.CDLL(_native.sim.__file__)
+    so.memres_py_alloc.restype = ctypes.c_void_p
+    so.memres_py_alloc.argtypes = [ctypes.c_ssize_t, ctypes.c_int, ctypes.c_void_p]
+    so.memres_py_free.argtypes = [ctypes.c_void_p, ctypes.c_ssize_t, ctypes.c_int, ctypes.c_void_p]
+    return so
+
+
+def test_alloc_and_free_go_to_the_current_resource_and_back_to_their_own():
+    so = lib()
+    first = mr.StatisticsResourceAdaptor(mr.HostMemoryResource())
+    mr.set_current_device_resource(first)
+    p = so.memres_py_alloc(1000, 0, None)
+    assert p and first.allocation_counts["current_bytes"] == 1000
+    assert _native.sim.c_live_count(0) == 1
+    second = mr.StatisticsResourceAdaptor(mr.HostMemoryResource())
+    mr.set_current_device_resource(second)
+    q = so.memres_py_alloc(10, 0, None)
+    assert second.allocation_counts["current_bytes"] == 10
+    so.memres_py_free(p, 1000, 0, None)  # back to `first`, not the current one
+    so.memres_py_free(q, 10, 0, None)
+    assert first.allocation_counts["current_bytes"] == 0
+    assert second.allocation_counts["current_bytes"] == 0
+    assert _native.sim.c_live_count(0) == 0
+
+
+def test_failures_are_null_and_unknown_frees_ignored():
+    so = lib()
+    mr.set_current_device_resource(mr.LimitingResourceAdaptor(mr.HostMemoryResource(), 100))
+    assert so.memres_py_alloc(1000, 0, None) is None
+    assert so.memres_py_alloc(0, 0, None) is None
+    assert so.memres_py_alloc(-5, 0, None) is None
+    assert so.memres_py_alloc(10, 999, None) is None
+    so.memres_py_free(0x1000, 10, 0, None)
+    assert _native.sim.c_live_count(0) == 0

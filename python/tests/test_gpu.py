@@ -1,0 +1,125 @@
+"""On a GPU: CUDA resources, DeviceBuffer contents, CuPy, Numba and
+PyTorch training through memres. Skipped without a GPU; failures with
+MEMRES_REQUIRE_GPU=1."""
+
+import gc
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+import memres
+from memres import mr
+
+HERE = os.path.dirname(__file__)
+MiB = 1 << 20
+
+
+def cuda_leaves():
+    return [mr.CudaMemoryResource(), mr.CudaAsyncMemoryResource(), mr.ManagedMemoryResource(),
+            mr.PoolMemoryResource(mr.CudaMemoryResource(), initial_pool_size=64 * MiB),
+            mr.PoolMemoryResource(mr.CudaAsyncMemoryResource(), per_stream=True),
+            mr.ArenaMemoryResource(mr.CudaMemoryResource()),
+            mr.BinningMemoryResource(mr.PoolMemoryResource(mr.CudaMemoryResource())),
+            mr.VirtualMemoryResource(reserve=1 << 30)]
+
+
+def test_cuda_resources_allocate_and_hold_contents(gpu):
+    data = os.urandom(3 * MiB + 5)
+    for res in cuda_leaves():
+        ptrs = [res.allocate(n) for n in (1, 1000, MiB)]
+        assert all(ptrs) and len(set(ptrs)) == 3, res
+        for p, n in zip(ptrs, (1, 1000, MiB)):
+            res.deallocate(p, n)
+        buf = memres.DeviceBuffer.to_device(data, mr=res)
+        assert buf.copy_to_host() == data, res
+        other = memres.DeviceBuffer(size=len(data) + 10, mr=res)
+        other.copy_from_device(buf)
+        assert other.copy_to_host()[: len(data)] == data
+        other.resize(10)
+        assert other.copy_to_host() == data[:10]
+
+
+def test_current_resource_defaults_to_cuda(gpu):
+    assert isinstance(mr.get_current_device_resource(), mr.CudaMemoryResource)
+    memres.reinitialize(pool_allocator=True, initial_pool_size=128 * MiB)
+    assert mr.get_current_device_resource().pool_size() == 128 * MiB
+    held = memres.statistics.get_device_statistics().current_bytes
+    assert held >= 128 * MiB
+
+
+def test_out_of_memory_on_the_device(gpu):
+    pool = mr.PoolMemoryResource(mr.CudaMemoryResource(), maximum_pool_size=64 * MiB)
+    with pytest.raises(memres.OutOfMemory) as e:
+        pool.allocate(128 * MiB)
+    assert e.value.requested == 128 * MiB
+    pool.deallocate(pool.allocate(MiB), MiB)
+
+
+def test_streams_from_torch_and_cupy(gpu):
+    pool = mr.PoolMemoryResource(mr.CudaAsyncMemoryResource(), per_stream=True)
+    for mod, make in (("torch", lambda t: t.cuda.Stream()), ("cupy", lambda c: c.cuda.Stream())):
+        try:
+            lib = __import__(mod)
+        except ImportError:
+            continue
+        s = make(lib)
+        p = pool.allocate(MiB, stream=s)
+        pool.deallocate(p, MiB, stream=s)
+        buf = memres.DeviceBuffer.to_device(b"abc", stream=s, mr=pool)
+        assert buf.copy_to_host() == b"abc"
+
+
+def test_cupy_allocator_and_cuda_array_interface(gpu):
+    cupy = pytest.importorskip("cupy")
+    from memres.allocators.cupy import memres_cupy_allocator
+    stats = mr.StatisticsResourceAdaptor(mr.PoolMemoryResource(mr.CudaMemoryResource()))
+    mr.set_current_device_resource(stats)
+    cupy.cuda.set_allocator(memres_cupy_allocator)
+    try:
+        a = cupy.arange(1 << 20, dtype=cupy.float32)
+        assert stats.allocation_counts["current_bytes"] >= 4 * MiB
+        assert float((a * 2).sum()) == float(sum(range(1 << 20)) * 2)
+        del a
+    finally:
+        cupy.cuda.set_allocator(cupy.get_default_memory_pool().malloc)
+    buf = memres.DeviceBuffer.to_device(bytes(range(256)))
+    view = cupy.asarray(buf)
+    assert view.dtype == cupy.uint8 and view.size == 256 and int(view[255]) == 255
+
+
+def test_numba_memory_manager(gpu):
+    pytest.importorskip("numba")
+    code = ("import numpy as np; from numba import cuda; "
+            "a = cuda.to_device(np.arange(1000)); print(int(a.copy_to_host().sum()))")
+    env = dict(os.environ, NUMBA_CUDA_MEMORY_MANAGER="memres.allocators.numba")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == str(sum(range(1000)))
+
+
+def train(allocator, steps=30):
+    out = subprocess.run([sys.executable, os.path.join(HERE, "gpu_train.py"), "--allocator",
+                          allocator, "--steps", str(steps)], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_torch_training_through_memres_gives_the_native_losses(gpu):
+    pytest.importorskip("torch")
+    native = train("native")
+    ours = train("memres")
+    assert len(ours["losses"]) == 30
+    assert ours["losses"] == native["losses"]
+    assert ours["peak_device_bytes"] > 0
+
+
+def test_release_gives_free_chunks_back(gpu):
+    pool = mr.PoolMemoryResource(mr.CudaMemoryResource())
+    p = pool.allocate(100 * MiB)
+    pool.deallocate(p, 100 * MiB)
+    assert pool.release() >= 100 * MiB
+    assert pool.pool_size() == 0
+    gc.collect()

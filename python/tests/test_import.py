@@ -1,0 +1,42 @@
+"""`import memres` where no CUDA driver library can be found."""
+
+import ctypes
+import os
+import subprocess
+import sys
+
+import pytest
+
+SCRIPT = r"""
+import ctypes, memres
+try:
+    ctypes.CDLL("libcuda.so.1")
+    print("DRIVER-FOUND")
+except OSError:
+    pass
+pool = memres.mr.PoolMemoryResource(memres.mr.SimulatedMemoryResource(1 << 30), initial_pool_size=1 << 20)
+p = pool.allocate(4096)
+pool.deallocate(p, 4096)
+assert not memres.cuda_available()
+try:
+    memres.mr.CudaMemoryResource()
+except memres.CudaUnavailable as e:
+    print("ERROR:", e)
+"""
+
+
+def test_import_works_without_the_driver_library_and_cuda_says_what_is_missing():
+    env = {k: v for k, v in os.environ.items() if k != "LD_LIBRARY_PATH"}
+    out = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True,
+                         cwd="/")
+    assert out.returncode == 0, out.stderr
+    if "DRIVER-FOUND" in out.stdout:
+        pytest.skip("this machine has libcuda.so.1 on the loader's path")
+    assert "ERROR:" in out.stdout
+    assert "libcuda.so.1" in out.stdout, out.stdout
+
+
+def test_the_installed_package_is_tested():
+    import memres
+    # The tests run against the installed wheel, not the source folder.
+    assert "site-packages" in memres.__file__ or os.environ.get("MEMRES_TEST_SOURCE") == "1", memres.__file__

@@ -1,0 +1,201 @@
+"""memres.mr over the simulated device: composition, errors, the current
+resource, reinitialize."""
+
+import gc
+import os
+
+import pytest
+
+import memres
+from memres import mr
+
+GiB = 1 << 30
+MiB = 1 << 20
+
+
+def sim_pool(**kw):
+    return mr.PoolMemoryResource(mr.SimulatedMemoryResource(GiB), **kw)
+
+
+def test_allocate_and_deallocate_through_a_pool():
+    pool = sim_pool(initial_pool_size=MiB)
+    ptrs = [pool.allocate(1000) for _ in range(10)]
+    assert len(set(ptrs)) == 10 and all(p % 256 == 0 for p in ptrs)
+    assert pool.pool_size() == MiB
+    for p in ptrs:
+        pool.deallocate(p, 1000)
+    assert pool._native.live_count() == 0
+    assert pool.allocate(0) == 0
+
+
+def test_an_adaptor_wraps_the_same_upstream_object():
+    stats = mr.StatisticsResourceAdaptor(mr.SimulatedMemoryResource(GiB))
+    pool = mr.PoolMemoryResource(stats, initial_pool_size=2 * MiB)
+    # The pool's initial chunk came through the very adaptor we hold.
+    assert stats.allocation_counts["current_bytes"] == 2 * MiB
+    assert pool.upstream_mr is stats and pool.get_upstream() is stats
+    p = stats.allocate(4096)
+    assert stats.allocation_counts["current_count"] == 2
+    stats.deallocate(p, 4096)
+    assert "up0" in pool.stack
+
+
+def test_a_refused_free_changes_nothing():
+    pool = sim_pool()
+    p = pool.allocate(1000)
+    with pytest.raises(ValueError, match="allocated with 1000"):
+        pool.deallocate(p, 999)
+    with pytest.raises(ValueError, match="not allocated by this resource"):
+        pool.deallocate(p + 256, 1000)
+    pool.deallocate(p, 1000)
+    with pytest.raises(ValueError, match="freed already"):
+        pool.deallocate(p, 1000)
+    assert pool._native.live_count() == 0
+
+
+@pytest.mark.parametrize("bad", [-1, 1.5, "10", True, 1 << 64])
+def test_bad_sizes_are_value_errors(bad):
+    with pytest.raises(ValueError):
+        sim_pool().allocate(bad)
+
+
+def test_out_of_memory_is_a_memory_error_with_the_figures():
+    pool = mr.PoolMemoryResource(mr.SimulatedMemoryResource(64 * MiB), maximum_pool_size=32 * MiB)
+    p = pool.allocate(16 * MiB)
+    with pytest.raises(memres.OutOfMemory) as e:
+        pool.allocate(20 * MiB)
+    assert isinstance(e.value, MemoryError)
+    assert e.value.requested == 20 * MiB
+    assert e.value.max_size == 32 * MiB
+    # Nothing changed: the live block frees, the pool serves again.
+    pool.deallocate(p, 16 * MiB)
+    pool.deallocate(pool.allocate(20 * MiB), 20 * MiB)
+
+
+def test_limiting_adaptor_reports_its_limit():
+    lim = mr.LimitingResourceAdaptor(sim_pool(), allocation_limit=MiB)
+    assert lim.get_allocation_limit() == MiB
+    p = lim.allocate(MiB // 2)
+    with pytest.raises(memres.OutOfMemory) as e:
+        lim.allocate(MiB)
+    assert (e.value.requested, e.value.used, e.value.limit) == (MiB, MiB // 2, MiB)
+    lim.deallocate(p, MiB // 2)
+
+
+def test_failure_callback_is_asked_and_retries():
+    calls = []
+    lim = mr.LimitingResourceAdaptor(sim_pool(), allocation_limit=MiB)
+    held = [lim.allocate(MiB)]
+
+    def on_failure(nbytes):
+        calls.append(nbytes)
+        if held:
+            lim.deallocate(held.pop(), MiB)
+            return True
+        return False
+
+    fc = mr.FailureCallbackResourceAdaptor(lim, on_failure)
+    p = fc.allocate(4096)
+    assert calls == [4096]
+    fc.deallocate(p, 4096)
+    with pytest.raises(TypeError):
+        mr.FailureCallbackResourceAdaptor(lim, 42)
+
+
+def test_callback_resource_calls_python():
+    calls = []
+    base = 1 << 40
+
+    def alloc(n):
+        calls.append(("a", n))
+        return base + 4096 * len(calls)
+
+    def free(p, n):
+        calls.append(("f", p, n))
+
+    cb = mr.CallbackMemoryResource(alloc, free, backend="sim")
+    p = cb.allocate(100)
+    cb.deallocate(p, 100)
+    assert calls == [("a", 100), ("f", p, 100)]
+
+
+def test_every_algorithm_and_the_tracking_adaptor():
+    for res in [mr.BinningMemoryResource(sim_pool(), 10, 20),
+                mr.FixedSizeMemoryResource(sim_pool(), block_size=4096),
+                mr.ArenaMemoryResource(mr.SimulatedMemoryResource(GiB)),
+                mr.PoolMemoryResource(mr.SimulatedMemoryResource(GiB), per_stream=True),
+                mr.VirtualMemoryResource(reserve=GiB, simulated_capacity=GiB),
+                mr.StackMemoryResource("vpool(sim)", backend="sim")]:
+        track = mr.TrackingResourceAdaptor(res)
+        ptrs = [track.allocate(4000) for _ in range(3)]
+        assert track.get_outstanding_count() == 3
+        assert track.get_allocated_bytes() >= 12000
+        for p in ptrs:
+            track.deallocate(p, 4000)
+        assert track.get_outstanding_count() == 0
+
+
+def test_binning_takes_rmm_exponents_and_refuses_bad_ones():
+    # RMM's exponents become the stack's bin sizes in bytes (min_bin=, max_bin=).
+    b = mr.BinningMemoryResource(sim_pool(), 8, 22)
+    b.deallocate(b.allocate(1 << 22), 1 << 22)
+    for bad in [-2, 64, 1.5, True]:
+        with pytest.raises(ValueError, match="size_exponent"):
+            mr.BinningMemoryResource(sim_pool(), bad, 20)
+
+
+def test_logging_adaptor_writes_rmm_csv(tmp_path):
+    path = tmp_path / "log.csv"
+    log = mr.LoggingResourceAdaptor(sim_pool(), log_file_name=str(path))
+    log.deallocate(log.allocate(1234), 1234)
+    log.flush()
+    lines = path.read_text().splitlines()
+    assert len(lines) == 3 and "allocate" in lines[1] and "1234" in lines[1], lines
+    with pytest.raises(ValueError):
+        mr.LoggingResourceAdaptor(sim_pool(), log_file_name=str(tmp_path / "a b.csv"))
+
+
+def test_bad_stack_is_a_value_error_naming_the_position():
+    with pytest.raises(ValueError, match="pool"):
+        mr.StackMemoryResource("pool(sim, bogus=1)", backend="sim")
+
+
+def test_current_and_per_device_resources():
+    assert not memres.is_initialized()
+    default = mr.get_current_device_resource()
+    assert isinstance(default, mr.HostMemoryResource)  # no GPU here
+    pool = sim_pool()
+    assert mr.set_current_device_resource(pool) is default
+    assert mr.get_current_device_resource() is pool
+    assert mr.get_current_device_resource_type() is mr.PoolMemoryResource
+    other = mr.PoolMemoryResource(mr.SimulatedMemoryResource(GiB, device=1))
+    mr.set_per_device_resource(1, other)
+    assert mr.get_per_device_resource(1) is other
+    with pytest.raises(ValueError, match="device 1"):
+        mr.set_per_device_resource(0, other)
+    with pytest.raises(TypeError):
+        mr.set_current_device_resource("pool")
+
+
+def test_reinitialize_with_rmm_keywords_and_with_a_stack():
+    memres.reinitialize(pool_allocator=True, initial_pool_size=2 * MiB)
+    cur = mr.get_current_device_resource()
+    assert isinstance(cur, mr.PoolMemoryResource) and cur.pool_size() == 2 * MiB
+    memres.reinitialize(stack="stats(pool(sim(1GiB)))")
+    assert mr.get_current_device_resource().stack == "stats(pool(sim(1GiB)))"
+    before = mr.get_current_device_resource()
+    with pytest.raises(ValueError):
+        memres.reinitialize(stack="stats(pool(sim(1GiB))")
+    with pytest.raises(ValueError):
+        memres.reinitialize(initial_pool_size=MiB)
+    assert mr.get_current_device_resource() is before
+
+
+def test_reinitialize_with_logging(tmp_path):
+    path = tmp_path / "rmm_log.csv"
+    memres.reinitialize(pool_allocator=True, logging=True, log_file_name=str(path))
+    buf = memres.DeviceBuffer(size=100)
+    del buf
+    gc.collect()
+    mr.get_current_device_resource().flush()
+    assert os.path.getsize(path) > 0

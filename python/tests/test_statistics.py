@@ -1,0 +1,92 @@
+"""memres.statistics, as RMM's rmm.statistics."""
+
+import gc
+
+import pytest
+
+import memres
+from memres import mr, statistics
+
+
+@pytest.fixture
+def pool():
+    p = mr.PoolMemoryResource(mr.HostMemoryResource(), initial_pool_size=1 << 20)
+    mr.set_current_device_resource(p)
+    return p
+
+
+def test_statistics_off_then_on(pool):
+    assert statistics.get_statistics() is None
+    statistics.enable_statistics()
+    statistics.enable_statistics()  # once is enough
+    assert isinstance(mr.get_current_device_resource(), mr.StatisticsResourceAdaptor)
+    assert mr.get_current_device_resource().upstream_mr is pool
+    a = memres.DeviceBuffer(size=1000)
+    b = memres.DeviceBuffer(size=24)
+    del a
+    s = statistics.get_statistics()
+    assert s == statistics.Statistics(current_bytes=24, current_count=1, peak_bytes=1024,
+                                      peak_count=2, total_bytes=1024, total_count=2)
+    del b
+
+
+def test_push_and_pop(pool):
+    statistics.enable_statistics()
+    a = memres.DeviceBuffer(size=100)
+    statistics.push_statistics()
+    b = memres.DeviceBuffer(size=50)
+    assert statistics.get_statistics().total_bytes == 50
+    popped = statistics.pop_statistics()
+    assert popped.peak_bytes == 50 and popped.total_count == 1
+    assert statistics.get_statistics().current_bytes == 150
+    del a, b
+    with pytest.raises(ValueError):
+        statistics.pop_statistics()
+
+
+def test_context_manager_counts_a_block_and_restores_the_resource(pool):
+    with statistics.statistics():
+        buf = memres.DeviceBuffer(size=300)
+        assert statistics.get_statistics().current_bytes == 300
+        del buf
+    assert mr.get_current_device_resource() is pool
+
+
+def test_profiler_report(pool):
+    records = statistics.ProfilerRecords()
+
+    @statistics.profiler(records=records)
+    def f():
+        return memres.DeviceBuffer(size=4096).size
+
+    f()
+    f()
+    with statistics.profiler(records=records, name="block"):
+        memres.DeviceBuffer(size=10)
+    recs = records.records
+    name = next(n for n in recs if "(f)" in n or n.endswith("f)"))
+    assert recs[name].num_calls == 2 and recs[name].memory_total == 8192
+    assert recs[name].memory_peak == 4096
+    assert recs["block"].memory_total == 10
+    assert "block" in records.report() and "ncalls" in records.report()
+
+
+def test_bytes_held_from_the_device():
+    before = statistics.get_device_statistics(backend="sim")
+    p = mr.PoolMemoryResource(mr.SimulatedMemoryResource(1 << 30), initial_pool_size=3 << 20)
+    after = statistics.get_device_statistics(backend="sim")
+    assert after.current_bytes - before.current_bytes == 3 << 20
+    assert after.total_bytes - before.total_bytes == 3 << 20
+    del p
+    gc.collect()
+    # The last owner of a pool gives its chunks back.
+    assert statistics.get_device_statistics(backend="sim").current_bytes == before.current_bytes
+
+
+def test_a_stack_with_stats_outermost_counts():
+    memres.reinitialize(stack="stats(pool(host))")
+    buf = memres.DeviceBuffer(size=77)
+    assert statistics.get_statistics().current_bytes == 77
+    statistics.enable_statistics()  # counts already: not wrapped again
+    assert isinstance(mr.get_current_device_resource(), mr.StackMemoryResource)
+    del buf
