@@ -6,96 +6,51 @@
 //! memory, a stream's error, a block that other code freed): code that
 //! must go on after such a failure calls `try_clone` (or `try_clone_on`
 //! for another stream), which returns the error instead, nothing leaked.
+//!
+//! ```
+//! use memres_containers::{DeviceBuffer, DeviceScalar, DeviceUVector};
+//! use memres_sim::{HostCopy, HostMemory};
+//! let host = HostMemory::new();
+//! let b = DeviceBuffer::from_slice_in(b"bytes", (), &host, HostCopy)?;
+//! let v = DeviceUVector::from_slice_in(&[1u32, 2, 3], (), &host, HostCopy)?;
+//! let s = DeviceScalar::from_value_in(&7u64, (), &host, HostCopy)?;
+//! let (b2, v2, s2) = (b.clone(), v.clone(), s.clone());
+//! assert_ne!(b.addr(), b2.addr());
+//! assert_eq!((b2.to_vec()?, v2.to_vec()?, s2.value()?), (b"bytes".to_vec(), vec![1, 2, 3], 7));
+//! # Ok::<(), memres_containers::ContainerError>(())
+//! ```
 
-use crate::{DeviceBuffer, DeviceScalar, DeviceUVector, Result};
+use crate::{DeviceBuffer, DeviceScalar, DeviceUVector};
 use bytemuck::Pod;
 use memres_core::copy::{CopyEngine, MemoryOf};
 use memres_core::{MemoryResource, Stream};
 
-/// The clone, or a panic that names the container and `try_clone`'s typed
-/// error.
-fn or_panic<T>(what: &str, clone: Result<T>) -> T {
-    clone.unwrap_or_else(|e| panic!("{what}::clone failed: {e:?} (try_clone returns this error instead)"))
+/// `Clone` for a container (with an element type parameter where it has
+/// one) through its `try_clone`.
+macro_rules! clone_through_try_clone {
+    ($container:ident $(<$elem:ident>)?) => {
+        /// A deep copy on the container's stream, through `try_clone`
+        /// (see the [module](self)).
+        ///
+        /// # Panics
+        ///
+        /// Where `try_clone` returns an error, with that error; use it for
+        /// a copy that may fail.
+        impl<$($elem: Pod,)? R, E, S> Clone for $container<$($elem,)? R, E, S>
+        where
+            R: MemoryResource<S> + MemoryOf<E::Kind> + Clone,
+            E: CopyEngine<S> + Clone,
+            S: Stream + Clone,
+        {
+            fn clone(&self) -> Self {
+                self.try_clone().unwrap_or_else(|e| {
+                    panic!(concat!(stringify!($container), "::clone failed: {:?} (try_clone returns this error instead)"), e)
+                })
+            }
+        }
+    };
 }
 
-/// A deep copy through [`DeviceBuffer::try_clone`].
-///
-/// # Panics
-///
-/// Where [`try_clone`](DeviceBuffer::try_clone) returns an error, with
-/// that error; use it for a copy that may fail.
-///
-/// ```
-/// use memres_containers::DeviceBuffer;
-/// use memres_sim::{HostCopy, HostMemory};
-/// let host = HostMemory::new();
-/// let a = DeviceBuffer::from_slice_in(b"bytes", (), &host, HostCopy)?;
-/// let b = a.clone();
-/// assert_ne!(a.addr(), b.addr());
-/// assert_eq!(b.to_vec()?, b"bytes");
-/// # Ok::<(), memres_containers::ContainerError>(())
-/// ```
-impl<R, E, S> Clone for DeviceBuffer<R, E, S>
-where
-    R: MemoryResource<S> + MemoryOf<E::Kind> + Clone,
-    E: CopyEngine<S> + Clone,
-    S: Stream + Clone,
-{
-    fn clone(&self) -> Self {
-        or_panic("DeviceBuffer", self.try_clone())
-    }
-}
-
-/// A deep copy through [`DeviceUVector::try_clone`].
-///
-/// # Panics
-///
-/// Where [`try_clone`](DeviceUVector::try_clone) returns an error, with
-/// that error; use it for a copy that may fail.
-///
-/// ```
-/// use memres_containers::DeviceUVector;
-/// use memres_sim::{HostCopy, HostMemory};
-/// let host = HostMemory::new();
-/// let v = DeviceUVector::from_slice_in(&[1u32, 2, 3], (), &host, HostCopy)?;
-/// assert_eq!(v.clone().to_vec()?, [1, 2, 3]);
-/// # Ok::<(), memres_containers::ContainerError>(())
-/// ```
-impl<T, R, E, S> Clone for DeviceUVector<T, R, E, S>
-where
-    T: Pod,
-    R: MemoryResource<S> + MemoryOf<E::Kind> + Clone,
-    E: CopyEngine<S> + Clone,
-    S: Stream + Clone,
-{
-    fn clone(&self) -> Self {
-        or_panic("DeviceUVector", self.try_clone())
-    }
-}
-
-/// A deep copy through [`DeviceScalar::try_clone`].
-///
-/// # Panics
-///
-/// Where [`try_clone`](DeviceScalar::try_clone) returns an error, with
-/// that error; use it for a copy that may fail.
-///
-/// ```
-/// use memres_containers::DeviceScalar;
-/// use memres_sim::{HostCopy, HostMemory};
-/// let host = HostMemory::new();
-/// let s = DeviceScalar::from_value_in(&7u64, (), &host, HostCopy)?;
-/// assert_eq!(s.clone().value()?, 7);
-/// # Ok::<(), memres_containers::ContainerError>(())
-/// ```
-impl<T, R, E, S> Clone for DeviceScalar<T, R, E, S>
-where
-    T: Pod,
-    R: MemoryResource<S> + MemoryOf<E::Kind> + Clone,
-    E: CopyEngine<S> + Clone,
-    S: Stream + Clone,
-{
-    fn clone(&self) -> Self {
-        or_panic("DeviceScalar", self.try_clone())
-    }
-}
+clone_through_try_clone!(DeviceBuffer);
+clone_through_try_clone!(DeviceUVector<T>);
+clone_through_try_clone!(DeviceScalar<T>);
