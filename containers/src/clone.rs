@@ -29,8 +29,9 @@ use memres_core::{MemoryResource, Stream};
 /// one) through its `try_clone`.
 macro_rules! clone_through_try_clone {
     ($container:ident $(<$elem:ident>)?) => {
-        /// A deep copy on the container's stream, through `try_clone`
-        /// (see the [module](self)).
+        /// A deep copy on the container's stream, from the same resource,
+        /// through `try_clone` (RMM's copy construction; see
+        /// [`DeviceBuffer::try_clone`]).
         ///
         /// # Panics
         ///
