@@ -28,10 +28,15 @@
 
 #[cfg(feature = "cuda")]
 pub mod cuda;
+pub mod map;
+pub mod names;
+pub mod observe;
 pub mod peers;
 pub mod replay;
 pub mod report;
 pub mod resources;
 pub mod stack;
+pub mod timeline;
 pub mod typed;
+pub mod watch;
 pub mod workload;

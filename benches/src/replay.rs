@@ -12,6 +12,7 @@ use crate::workload::Workload;
 use memres_core::{Block, Error, MemoryResource, MemoryResourceMut, Request, Stream};
 use memres_sim::SimStream;
 use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Barrier;
 use std::time::{Duration, Instant};
 
@@ -233,7 +234,7 @@ pub struct ReplayError {
 impl fmt::Display for ReplayError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let what = if self.alloc { "allocation" } else { "free" };
-        write!(f, "op {} ({what} of {} bytes) failed: {}", self.op, self.size, self.error)
+        write!(f, "op {} ({what} of {}) failed: {}", self.op, memres_core::Bytes(self.size), self.error)
     }
 }
 
@@ -378,9 +379,15 @@ pub fn pass<R: Replayer>(
 /// with its own table of handles, through `resource`. ns per op is a
 /// round's wall time over `ops × threads`; CPU time is summed over the
 /// threads. `setup(i)` runs first on each thread that replays (`i`: the
-/// thread's index; the warm-up runs on the calling thread as index 0). The peak live figure is `threads ×` the workload's (the most
-/// the threads can hold at once). `peak` reads the peak upstream bytes
-/// after the run (warm-up included).
+/// thread's index; the warm-up runs on the calling thread as index 0).
+/// After the timed rounds, one untimed round counts the bytes live over
+/// all threads at once (an atomic counter in the timed rounds would time
+/// the counter): its most is the peak live figure, so that the footprint
+/// compares what was held with what was live together, not with
+/// `threads ×` the workload's peak, which the threads seldom reach at
+/// once. `peak` reads the peak upstream bytes after the run (warm-up
+/// included; at every instant of every round held bytes are at least the
+/// live ones, so the footprint is at least 1).
 ///
 /// # Errors
 ///
@@ -442,6 +449,7 @@ where
         times.push(wall);
         cpu_times.push(cpu);
     }
+    let peak_live = counted_round(resource, &streams, workload, setup)?;
     times.sort_unstable();
     let cpu = cpu_times.iter().copied().collect::<Option<Vec<Duration>>>().map(|mut c| {
         c.sort_unstable();
@@ -453,9 +461,56 @@ where
         elapsed: times[times.len() / 2],
         fastest: times[0],
         cpu,
-        peak_live: workload.peak_live * threads as u64,
+        peak_live,
         peak_upstream: peak(resource),
     })
+}
+
+/// One round of [`replay_threads`] that counts the bytes live over all
+/// threads: the most at once.
+fn counted_round<R, S>(
+    resource: &R,
+    streams: &[S],
+    workload: &Workload,
+    setup: &(dyn Fn(usize) + Sync),
+) -> Result<u64, ReplayError>
+where
+    R: MemoryResource<S> + Sync,
+    S: Stream + Send + Sync,
+{
+    let (live, most) = (AtomicU64::new(0), AtomicU64::new(0));
+    std::thread::scope(|scope| {
+        let workers: Vec<_> = streams
+            .iter()
+            .enumerate()
+            .map(|(i, stream)| {
+                let (live, most) = (&live, &most);
+                scope.spawn(move || {
+                    setup(i);
+                    let mut handles = vec![Block::EMPTY; workload.ids as usize];
+                    for (i, op) in workload.ops.iter().enumerate() {
+                        let slot = &mut handles[op.id as usize];
+                        let done = if op.alloc {
+                            Request::new(op.size).and_then(|r| resource.allocate(r, stream)).map(|b| {
+                                *slot = b;
+                                let now = live.fetch_add(op.size, Ordering::Relaxed) + op.size;
+                                most.fetch_max(now, Ordering::Relaxed);
+                            })
+                        } else {
+                            live.fetch_sub(op.size, Ordering::Relaxed);
+                            resource.deallocate(*slot, stream)
+                        };
+                        if let Err(error) = done {
+                            return Err(ReplayError { op: i, alloc: op.alloc, size: op.size, error });
+                        }
+                    }
+                    Ok(())
+                })
+            })
+            .collect();
+        workers.into_iter().try_for_each(|w| w.join().expect("a replay thread panicked"))
+    })?;
+    Ok(most.into_inner())
 }
 
 /// One pass of `workload` on `stream` through a shared resource.

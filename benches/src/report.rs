@@ -19,46 +19,37 @@ pub struct Row {
     pub upstream: UpstreamKind,
     /// Frees the workload skipped (pointers its trace never allocated).
     pub skipped_frees: u64,
+    /// Failed allocations the trace logged, skipped.
+    pub failed_allocations: u64,
     /// The figures, or why the replay failed.
     pub outcome: Result<Measurement, String>,
 }
 
-/// Bytes in binary units, e.g. `12.50 MiB`.
+/// Bytes in binary units, e.g. `12.50 MiB` (the core's [`Bytes`](memres_core::Bytes)).
 pub fn human_bytes(bytes: u64) -> String {
-    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
-    let mut value = bytes as f64;
-    let mut unit = 0;
-    while value >= 1024.0 && unit + 1 < UNITS.len() {
-        value /= 1024.0;
-        unit += 1;
-    }
-    if unit == 0 {
-        format!("{bytes} B")
-    } else {
-        format!("{value:.2} {}", UNITS[unit])
-    }
+    memres_core::Bytes(bytes).to_string()
 }
 
-/// The rows as an aligned text table; a failed replay's row says why.
+/// What the table's figures mean, printed under it.
+pub const LEGEND: &str = "\
+ns/op: wall time per op of the median timed pass; cpu ns/op: the threads' CPU time per op.
+peak live: the most bytes requested and not yet freed at once (with --streams, all threads').
+peak upstream: the most bytes the resource held from its upstream at once.
+footprint: peak upstream / peak live; 1.000 means no byte held beyond what was live.
+stray frees: frees of pointers the trace never allocated (skipped, as are rows it cannot use).
+";
+
+/// The rows as text: per workload (in order of first appearance) a line
+/// that names it with its figures, then one aligned line per resource;
+/// then the errors of failed replays and the [`LEGEND`].
 pub fn table(rows: &[Row]) -> String {
-    let header = [
-        "resource",
-        "workload",
-        "ops",
-        "ns/op",
-        "cpu ns/op",
-        "peak live",
-        "peak upstream",
-        "footprint",
-        "stray frees",
-    ];
+    let header = ["resource", "ns/op", "cpu ns/op", "peak live", "peak upstream", "footprint"];
     let mut cells: Vec<Vec<String>> = vec![header.iter().map(|s| s.to_string()).collect()];
     let mut errors = Vec::new();
     for row in rows {
-        let mut line = vec![row.resource.clone(), row.workload.clone()];
+        let mut line = vec![row.resource.clone()];
         match &row.outcome {
             Ok(m) => line.extend([
-                m.ops.to_string(),
                 format!("{:.1}", m.ns_per_op()),
                 m.cpu_ns_per_op().map_or("-".into(), |c| format!("{c:.1}")),
                 human_bytes(m.peak_live),
@@ -66,19 +57,17 @@ pub fn table(rows: &[Row]) -> String {
                 m.footprint().map_or("-".into(), |f| format!("{f:.3}")),
             ]),
             Err(e) => {
-                // Every figure but the stray frees (the last column) is void.
                 line.push("FAILED".to_string());
-                line.extend(std::iter::repeat_n("-".to_string(), header.len() - 4));
+                line.extend(std::iter::repeat_n("-".to_string(), header.len() - 2));
                 errors.push(format!("{} on {}: {e}", row.resource, row.workload));
             }
         }
-        line.push(row.skipped_frees.to_string());
         cells.push(line);
     }
     let widths: Vec<usize> =
         (0..header.len()).map(|c| cells.iter().map(|l| l[c].chars().count()).max().unwrap_or(0)).collect();
-    let mut out = String::new();
-    for line in &cells {
+    let render = |line: &[String]| {
+        let mut out = String::from("  ");
         for (c, cell) in line.iter().enumerate() {
             if c > 0 {
                 out.push_str("  ");
@@ -86,7 +75,7 @@ pub fn table(rows: &[Row]) -> String {
             // Padded by hand: a format width above u16::MAX panics, and a
             // name may be longer. Names to the left, figures to the right.
             let pad = " ".repeat(widths[c] - cell.chars().count());
-            if c < 2 {
+            if c == 0 {
                 out.push_str(cell);
                 out.push_str(&pad);
             } else {
@@ -95,11 +84,69 @@ pub fn table(rows: &[Row]) -> String {
             }
         }
         out.push('\n');
+        out
+    };
+    let mut out = render(&cells[0]);
+    let mut workload: Option<&str> = None;
+    for (row, line) in rows.iter().zip(&cells[1..]) {
+        if workload != Some(row.workload.as_str()) {
+            workload = Some(&row.workload);
+            let _ = write!(out, "{}", row.workload);
+            if let Ok(m) = &row.outcome {
+                let _ = write!(out, ": {} ops", m.ops);
+            }
+            let _ = write!(out, ", {} stray frees", row.skipped_frees);
+            if row.failed_allocations > 0 {
+                let _ = write!(out, ", {} failed allocations skipped", row.failed_allocations);
+            }
+            out.push('\n');
+        }
+        out.push_str(&render(line));
     }
     for e in errors {
         let _ = writeln!(out, "error: {e}");
     }
+    out.push('\n');
+    out.push_str(LEGEND);
     out
+}
+
+/// `s` as a CSV field: quoted when it holds a comma, a quote or a line
+/// break.
+pub fn csv_field(s: &str) -> String {
+    if s.contains([',', '"', '\n', '\r']) {
+        format!("\"{}\"", s.replace('"', "\"\""))
+    } else {
+        s.to_string()
+    }
+}
+
+/// The header of [`csv_line`]'s lines.
+pub const CSV_HEADER: &str =
+    "resource,workload,ops,ns_per_op,peak_live,peak_upstream,footprint,passes,best_ns_per_op,cpu_ns_per_op,upstream,skipped_frees,failed_allocations,error";
+
+/// The row as a line of CSV with the fields of [`json_line`] (empty where
+/// JSON has `null`).
+pub fn csv_line(row: &Row) -> String {
+    let mut f = vec![csv_field(&row.resource), csv_field(&row.workload)];
+    match &row.outcome {
+        Ok(m) => f.extend([
+            m.ops.to_string(),
+            json_f64(m.ns_per_op()),
+            m.peak_live.to_string(),
+            m.peak_upstream.to_string(),
+            m.footprint().map_or(String::new(), json_f64),
+            m.passes.to_string(),
+            json_f64(m.best_ns_per_op()),
+            m.cpu_ns_per_op().map_or(String::new(), json_f64),
+        ]),
+        Err(_) => f.extend(std::iter::repeat_n(String::new(), 8)),
+    }
+    f.push(row.upstream.to_string());
+    f.push(row.skipped_frees.to_string());
+    f.push(row.failed_allocations.to_string());
+    f.push(row.outcome.as_ref().err().map_or(String::new(), |e| csv_field(e)));
+    f.join(",")
 }
 
 /// `s` as a JSON string literal.
@@ -136,7 +183,8 @@ fn json_f64(x: f64) -> String {
 /// for a failed replay), `passes`, `best_ns_per_op` (the fastest pass's
 /// figure) and `cpu_ns_per_op` (`null` where not measured) for a replay
 /// that ran,
-/// `upstream`, `skipped_frees`, and `error` for a failed replay.
+/// `upstream`, `skipped_frees`, `failed_allocations`, and `error` for a
+/// failed replay.
 pub fn json_line(row: &Row) -> String {
     let mut out =
         format!("{{\"resource\":{},\"workload\":{},", json_string(&row.resource), json_string(&row.workload));
@@ -159,7 +207,11 @@ pub fn json_line(row: &Row) -> String {
             "\"ops\":null,\"ns_per_op\":null,\"peak_live\":null,\"peak_upstream\":null,\"footprint\":null,",
         ),
     }
-    let _ = write!(out, "\"upstream\":\"{}\",\"skipped_frees\":{}", row.upstream, row.skipped_frees);
+    let _ = write!(
+        out,
+        "\"upstream\":\"{}\",\"skipped_frees\":{},\"failed_allocations\":{}",
+        row.upstream, row.skipped_frees, row.failed_allocations
+    );
     if let Err(e) = &row.outcome {
         let _ = write!(out, ",\"error\":{}", json_string(e));
     }

@@ -317,11 +317,15 @@ pub fn spelled(r: &Resource) -> String {
 ///
 /// # Errors
 ///
-/// A message that lists the known names.
+/// A message that lists the known names and suggests the nearest.
 pub fn find(name: &str) -> Result<&'static Resource, String> {
     RESOURCES.iter().find(|r| r.name == name).ok_or_else(|| {
         let known: Vec<_> = RESOURCES.iter().map(spelled).collect();
-        format!("unknown resource `{name}` (known: {})", known.join(", "))
+        let mut message = format!("unknown resource `{name}` (known: {})", known.join(", "));
+        if let Some(n) = crate::names::nearest(name, RESOURCES.iter().map(|r| r.name)) {
+            message.push_str(&format!("; did you mean `{n}`?"));
+        }
+        message
     })
 }
 
@@ -346,7 +350,7 @@ pub fn select(spec: &str) -> Result<(&'static Resource, Option<u64>), String> {
         (Param::OptionalSize, None) => Ok((r, None)),
         (Param::Size | Param::OptionalSize, Some(p)) => match memres_core::stack::parse_size(p) {
             Some(size) if size > 0 => Ok((r, Some(size))),
-            _ => Err(format!("bad size `{p}` in `{spec}` (e.g. 1MiB, 65536)")),
+            _ => Err(format!("bad size `{p}` in `{spec}` (e.g. 1MiB, 1mb, 65536)")),
         },
     }
 }

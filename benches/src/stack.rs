@@ -91,6 +91,30 @@ pub fn builder() -> StackBuilder<SimStream> {
     b
 }
 
+/// Builds `text` once to check it, before anything is replayed: its names,
+/// keys and values. `cuda` and `async` leaves are known (as stand-ins that
+/// hold nothing) only with `--upstream cuda|async`.
+///
+/// # Errors
+///
+/// The message of [`crate::names::explain`]: the fault's position, and
+/// for an unknown name or key the valid ones and the nearest.
+pub fn check_stack(text: &str, upstream: UpstreamKind) -> Result<(), String> {
+    let mut b = builder();
+    if upstream.is_cuda() {
+        for leaf in ["cuda", "async"] {
+            b.register(leaf, |call, cx| {
+                call.expect_args(0, &[])?;
+                Ok(cx.keep(call, memres_core::stack::Unbacked::new()))
+            });
+        }
+    }
+    let world = SimWorld::new();
+    parse(text)
+        .and_then(|call| b.build_call(&call, &world.default_stream()).map(drop))
+        .map_err(|e| crate::names::explain(text, &e))
+}
+
 /// Builds `text` and replays `workload` through it as `options` say:
 /// typed for the shapes of [`crate::typed`], else as the core's builder
 /// builds it. `--upstream cuda|async` (feature `cuda`) makes its `cuda` and

@@ -52,6 +52,12 @@ pub struct Workload {
     pub streams: u16,
     /// Frees of pointers the trace never allocated, skipped.
     pub skipped_frees: u64,
+    /// Failed allocations of the trace (`allocate failure`, a null
+    /// pointer), skipped: nothing was allocated.
+    pub failed_allocations: u64,
+    /// Each op's time in microseconds, where every row of a trace has one
+    /// ([`time_us`]); the frees at the end take the last row's.
+    pub times: Option<Vec<u64>>,
     /// The most bytes (as requested) live at once.
     pub peak_live: u64,
     /// The most allocations live at once.
@@ -75,6 +81,13 @@ pub enum WorkloadError {
         /// The failure.
         error: std::io::Error,
     },
+    /// A workload with no operation to replay.
+    Empty {
+        /// The spec or path.
+        name: String,
+        /// What was skipped, if anything.
+        skipped: String,
+    },
     /// A line of the trace that is not a valid record.
     Malformed {
         /// The trace's path.
@@ -91,6 +104,9 @@ impl fmt::Display for WorkloadError {
         match self {
             WorkloadError::Spec { spec, what } => write!(f, "bad workload `{spec}`: {what}"),
             WorkloadError::Io { path, error } => write!(f, "cannot read trace {path}: {error}"),
+            WorkloadError::Empty { name, skipped } => {
+                write!(f, "workload `{name}` has no operation to replay{skipped}")
+            }
             WorkloadError::Malformed { path, line, what } => {
                 write!(f, "{path}:{line}: malformed line: {what}")
             }
@@ -113,9 +129,21 @@ impl Workload {
     ///
     /// # Errors
     ///
-    /// [`WorkloadError`] for a bad spec, a missing or unreadable file or a
-    /// malformed line (with its number).
+    /// [`WorkloadError`] for a bad spec, a missing or unreadable file, a
+    /// malformed line (with its number), or no operation to replay.
     pub fn load(spec: &str) -> Result<Workload, WorkloadError> {
+        let w = Self::decode(spec)?;
+        if w.ops.is_empty() {
+            let skipped = match (w.skipped_frees, w.failed_allocations) {
+                (0, 0) => String::new(),
+                (f, a) => format!(" ({f} stray frees and {a} failed allocations skipped)"),
+            };
+            return Err(WorkloadError::Empty { name: w.name, skipped });
+        }
+        Ok(w)
+    }
+
+    fn decode(spec: &str) -> Result<Workload, WorkloadError> {
         if let Some(rest) = spec.strip_prefix("random:") {
             let [n, max, seed] = fields(spec, rest)?;
             if max == 0 {
@@ -164,7 +192,17 @@ impl Workload {
                 count -= 1;
             }
         }
-        Workload { name, ops, ids, streams, skipped_frees, peak_live, peak_live_count }
+        Workload {
+            name,
+            ops,
+            ids,
+            streams,
+            skipped_frees,
+            failed_allocations: 0,
+            times: None,
+            peak_live,
+            peak_live_count,
+        }
     }
 }
 
@@ -266,7 +304,8 @@ pub fn generate(
 /// memres's): header lines are skipped wherever they are, so traces
 /// concatenated by `cat` read as one (as do gzip files of several members,
 /// which every member of is read); blank lines are skipped;
-/// `allocate failure` records (an allocation that did not happen) too. A
+/// `allocate failure` records (an allocation that did not happen, logged
+/// with a null pointer) too, counted in [`Workload::failed_allocations`]. A
 /// free of a pointer that is not live is skipped and counted in
 /// [`Workload::skipped_frees`]. An allocation of a pointer that is already
 /// live replaces it (as RMM's harness does); the replaced id and every id
@@ -306,6 +345,8 @@ pub fn parse_trace(name: &str, reader: impl BufRead) -> Result<Workload, Workloa
     let mut streams: HashMap<String, u16> = HashMap::new();
     let mut next = 0u32;
     let mut skipped = 0u64;
+    let mut failed = 0u64;
+    let mut times: Option<Vec<u64>> = Some(Vec::new());
     // Streams are numbered when an op first uses them, so that skipped
     // rows leave no gaps.
     let mut intern = |stream: &str| match streams.get(stream) {
@@ -330,15 +371,19 @@ pub fn parse_trace(name: &str, reader: impl BufRead) -> Result<Workload, Workloa
                     replaced.push(old);
                 }
                 ops.push(Op { size: row.size, id: next, stream, alloc: true });
+                push_time(&mut times, row.time);
                 next += 1;
             }
             Action::Free => match live.remove(&row.pointer) {
                 // The free's own stream, which may differ from its
                 // allocation's: RMM lets a block be freed on another stream.
-                Some((id, size, _)) => ops.push(Op { size, id, stream: intern(row.stream)?, alloc: false }),
+                Some((id, size, _)) => {
+                    ops.push(Op { size, id, stream: intern(row.stream)?, alloc: false });
+                    push_time(&mut times, row.time);
+                }
                 None => skipped += 1,
             },
-            Action::AllocateFailure => {}
+            Action::AllocateFailure => failed += 1,
         }
         Ok(())
     })
@@ -349,5 +394,49 @@ pub fn parse_trace(name: &str, reader: impl BufRead) -> Result<Workload, Workloa
     let mut rest: Vec<(u32, u64, u16)> = live.into_values().chain(replaced).collect();
     rest.sort_unstable_by_key(|&(id, ..)| id);
     ops.extend(rest.into_iter().map(|(id, size, stream)| Op { size, id, stream, alloc: false }));
-    Ok(Workload::from_ops(name.to_owned(), ops, skipped))
+    if let Some(t) = &mut times {
+        let last = t.last().copied().unwrap_or(0);
+        t.resize(ops.len(), last);
+    }
+    let mut w = Workload::from_ops(name.to_owned(), ops, skipped);
+    w.failed_allocations = failed;
+    w.times = times;
+    Ok(w)
+}
+
+/// Appends a row's time, or gives the times up at a row without one.
+fn push_time(times: &mut Option<Vec<u64>>, text: &str) {
+    match (times.as_mut(), time_us(text)) {
+        (Some(t), Some(us)) => t.push(us),
+        _ => *times = None,
+    }
+}
+
+/// A trace's time in microseconds: memres writes microseconds since the
+/// Unix epoch, RMM a clock time `HH:MM:SS.ffffff` (read as microseconds
+/// since midnight); `None` for anything else.
+///
+/// ```
+/// use memres_bench::workload::time_us;
+/// assert_eq!(time_us("1795342456727905"), Some(1795342456727905));
+/// assert_eq!(time_us("14:03:21.123456"), Some(((14 * 60 + 3) * 60 + 21) * 1_000_000 + 123456));
+/// assert_eq!(time_us("14:03:21.5"), Some(((14 * 60 + 3) * 60 + 21) * 1_000_000 + 500000));
+/// assert_eq!(time_us("noon"), None);
+/// ```
+pub fn time_us(text: &str) -> Option<u64> {
+    if let Ok(us) = text.parse::<u64>() {
+        return Some(us);
+    }
+    let (clock, fraction) = text.split_once('.').unwrap_or((text, ""));
+    let mut parts = clock.split(':').map(|p| p.parse::<u64>().ok());
+    let (Some(Some(h)), Some(Some(m)), Some(Some(sec)), None) =
+        (parts.next(), parts.next(), parts.next(), parts.next())
+    else {
+        return None;
+    };
+    if fraction.len() > 6 || !fraction.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let micros = format!("{fraction:0<6}").parse::<u64>().ok()?;
+    Some(((h * 60 + m) * 60 + sec) * 1_000_000 + micros)
 }

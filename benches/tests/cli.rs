@@ -87,7 +87,7 @@ fn json_rows_for_every_workload_and_resource() {
 }
 
 #[test]
-fn table_has_a_header_and_one_row_per_pair() {
+fn table_names_each_workload_once_fits_100_columns_and_has_a_legend() {
     let o = memres(&[
         "replay",
         "--upstream",
@@ -100,18 +100,175 @@ fn table_has_a_header_and_one_row_per_pair() {
     assert!(o.status.success(), "{}", stderr(&o));
     let out = stdout(&o);
     let lines: Vec<&str> = out.lines().collect();
-    assert_eq!(lines.len(), 1 + 2 * 3, "{out}");
+    assert!(lines[0].trim_start().starts_with("resource") && lines[0].contains("footprint"), "{out}");
+    assert_eq!(lines[1], "random:500:70000:3: 1000 ops, 0 stray frees");
+    assert!(lines[2].trim_start().starts_with("pool ") && !lines[2].contains("random:"), "{out}");
+    assert_eq!(lines[5], "lograndom:500:256:1000000:4: 1000 ops, 0 stray frees");
+    assert!(lines[8].trim_start().starts_with("range-alloc "), "{out}");
     assert!(
-        lines[0].starts_with("resource")
-            && lines[0].contains("footprint")
-            && lines[0].contains("stray frees")
+        out.contains("\nfootprint: peak upstream / peak live") && out.contains("\nstray frees: "),
+        "{out}"
     );
-    assert!(
-        lines[1].starts_with("pool ")
-            && lines[1].contains("random:500:70000:3")
-            && lines[1].contains(" 1000 ")
-    );
-    assert!(lines[6].starts_with("range-alloc ") && lines[6].contains("lograndom:500:256:1000000:4"));
+    assert!(lines.iter().all(|l| l.chars().count() <= 100), "{out}");
+    // The shipped traces with every default resource: 100 columns too.
+    let o = memres(&["replay", "--passes", "1", RESNET]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stdout(&o).lines().all(|l| l.chars().count() <= 100), "{}", stdout(&o));
+}
+
+#[test]
+fn csv_beside_json_and_three_passes_by_default() {
+    let o = memres(&["replay", "--csv", "-r", "pool,range-alloc", "random:300:5000:2"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = stdout(&o);
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines.len(), 3, "{out}");
+    let header: Vec<&str> = lines[0].split(',').collect();
+    let pool: Vec<&str> = lines[1].split(',').collect();
+    assert_eq!(header.len(), pool.len());
+    let field = |name: &str| pool[header.iter().position(|h| *h == name).unwrap()];
+    assert_eq!((field("resource"), field("ops"), field("passes")), ("pool", "600", "3"));
+    assert!(lines[2].starts_with("range-alloc,"));
+    let o = memres(&["replay", "--csv", "--json", "random:300:5000:2"]);
+    assert_eq!(o.status.code(), Some(2), "--csv and --json exclude each other");
+}
+
+#[test]
+fn usage_errors_exit_2_with_the_valid_names_and_the_nearest() {
+    let cases: [(&[&str], &[&str]); 6] = [
+        (&["-r", "pol"], &["unknown resource `pol`", "offset-allocator", "did you mean `pool`?"]),
+        (
+            &["--stack", "stats(poool(sim))"],
+            &["unknown resource `poool`", "valid: sim, host", "did you mean `pool`?"],
+        ),
+        (
+            &["--stack", "pool(sim, inital=1GiB)"],
+            &["unknown key `inital`", "valid: initial, max", "did you mean `initial`?"],
+        ),
+        (&["--stack", "pool(sim, initial=lots)"], &["bad size `lots`"]),
+        (&["-r", "fixed:big"], &["bad size `big`"]),
+        (&["-r", "pool", "random:0:100:1"], &["has no operation to replay"]),
+    ];
+    for (args, messages) in cases {
+        let mut all = vec!["replay"];
+        all.extend_from_slice(args);
+        if !args.iter().any(|a| a.starts_with("random:")) {
+            all.push("random:50:1000:1");
+        }
+        let o = memres(&all);
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {}", stderr(&o));
+        assert_eq!(stdout(&o), "", "{args:?}: nothing ran");
+        for m in messages {
+            assert!(stderr(&o).contains(m), "{args:?}: {m}: {}", stderr(&o));
+        }
+    }
+    // The second stack is wrong: the first is not replayed either.
+    let o =
+        memres(&["replay", "--stack", "pool(sim)", "--stack", "pool(sim, growth=fast)", "random:50:1000:1"]);
+    assert_eq!((o.status.code(), stdout(&o).is_empty()), (Some(2), true), "{}", stderr(&o));
+}
+
+#[test]
+fn sizes_take_decimal_units_and_any_case() {
+    let o = memres(&[
+        "replay",
+        "--json",
+        "-r",
+        "pool:1GB,fixed:1mib,arena:64MB",
+        "--stack",
+        "pool(sim, initial=2gib)",
+        "random:50:1000:1",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let rows = json_rows(&o);
+    assert!(rows.iter().all(|r| r.get("error").is_none()), "{}", stdout(&o));
+    // pool:1GB holds 10^9 bytes rounded up to 256, at least.
+    assert!(rows[0]["peak_upstream"].as_u64().unwrap() >= 1_000_000_000);
+    assert!(rows[3]["peak_upstream"].as_u64().unwrap() >= 2 << 30);
+}
+
+#[test]
+fn stacks_lists_every_name_and_key() {
+    let o = memres(&["stacks"]);
+    assert!(o.status.success());
+    let out = stdout(&o);
+    for n in memres_bench::names::NAMES {
+        let line =
+            out.lines().find(|l| l.trim_start().starts_with(n.name)).unwrap_or_else(|| panic!("{}", n.name));
+        assert!(line.contains(n.help), "{line}");
+        for (key, help) in n.keys {
+            assert!(out.contains(&format!("{key}=")) && out.contains(help), "{}: {key}", n.name);
+        }
+    }
+    assert!(out.contains("leaves:") && out.contains("adaptors:"));
+}
+
+/// The footprint with `--streams` compares held bytes with the bytes live
+/// at once: a pool never holds less than is live (the tool used to divide
+/// by K times one thread's peak, and print 0.5).
+#[test]
+fn with_streams_the_footprint_is_never_below_one() {
+    let o = memres(&["replay", "--json", "--passes", "1", "--streams", "4", "-r", "pool,arena", TRANSFORMER]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    for r in json_rows(&o) {
+        assert!(r["footprint"].as_f64().unwrap() >= 1.0, "{r}");
+    }
+}
+
+#[test]
+fn timeline_snapshot_and_map_of_a_replay() {
+    let dir = Fixture::new("placeholder", "");
+    let html = dir.0.with_file_name("t.html");
+    let csv = dir.0.with_file_name("t.csv");
+    let snap = dir.0.with_file_name("s.pickle");
+    let o = memres(&[
+        "replay",
+        "--passes",
+        "1",
+        "-r",
+        "pool,binning,range-alloc",
+        "--timeline",
+        html.to_str().unwrap(),
+        "--snapshot",
+        snap.to_str().unwrap(),
+        "--map",
+        RESNET,
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let page = std::fs::read_to_string(&html).unwrap();
+    assert!(page.starts_with("<!DOCTYPE html>") && page.matches("<svg").count() == 1, "one chart document");
+    assert!(page.contains("pool on ") && page.contains("binning on ") && !page.contains("range-alloc on "));
+    assert!(stderr(&o).contains("range-alloc is not a memres stack"), "{}", stderr(&o));
+    for i in 0..2 {
+        let bytes = std::fs::read(dir.0.with_file_name(format!("s-{i}.pickle"))).unwrap();
+        assert!(bytes.starts_with(b"\x80\x02}") && bytes.ends_with(b"."));
+    }
+    let out = stdout(&o);
+    assert!(out.contains("map of pool on ") && out.contains("map of binning on "), "{out}");
+    assert!(out.lines().any(|l| l.starts_with("  [") && l.ends_with(']')), "{out}");
+    // The CSV of the same timeline: a line per sample, per resource.
+    let o = memres(&["replay", "--passes", "1", "-r", "pool", "--timeline", csv.to_str().unwrap(), RESNET]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let text = std::fs::read_to_string(&csv).unwrap();
+    assert!(text.starts_with("workload,resource,op,time_us,live_bytes,held_bytes,largest_free_bytes\n"));
+    let resnet = Workload::load(RESNET).unwrap();
+    let peak = text.lines().skip(1).map(|l| l.split(',').nth(4).unwrap().parse::<u64>().unwrap()).max();
+    assert_eq!(peak, Some(resnet.peak_live), "the samples keep the peak");
+    let o = memres(&["replay", "-r", "pool", "--timeline", "t.png", RESNET]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+}
+
+/// An allocation that fails takes the snapshot there, with an `oom` event.
+#[test]
+fn a_snapshot_at_out_of_memory() {
+    // 2 TiB: more than the simulated device's 1 TiB.
+    let dir = Fixture::new("oom.csv", "0,1,allocate,0x100,1000,0\n0,2,allocate,0x200,2199023255552,0\n");
+    let snap = dir.0.with_file_name("oom.pickle");
+    let o = memres(&["replay", "--stack", "pool(sim)", "--snapshot", snap.to_str().unwrap(), dir.path()]);
+    assert_eq!(o.status.code(), Some(1), "the row fails: {}", stderr(&o));
+    assert!(stderr(&o).contains("at the failed op 1"), "{}", stderr(&o));
+    let bytes = std::fs::read(&snap).unwrap();
+    assert!(bytes.windows(3).any(|w| w == b"oom"));
 }
 
 #[test]
@@ -147,9 +304,11 @@ fn a_failed_replay_is_an_error_row() {
     let out = stdout(&o);
     let failed: Vec<&str> = out.lines().filter(|l| l.contains(" FAILED ")).collect();
     assert_eq!(failed.len(), 3, "{out}");
-    assert!(failed.iter().all(|l| l.contains("huge.csv")));
+    // The workload is named once, on the line above its rows.
+    let lines: Vec<&str> = out.lines().collect();
+    assert!(lines[1].starts_with(huge.path()) && lines[2..5].iter().all(|l| l.contains(" FAILED ")), "{out}");
     assert_eq!(out.lines().filter(|l| l.starts_with("error: ")).count(), 3, "{out}");
-    assert!(out.contains("op 0 (allocation of 2199023255552 bytes) failed"), "{out}");
+    assert!(out.contains("op 0 (allocation of 2.00 TiB) failed"), "{out}");
     let o = memres(&["replay", "--json", "-r", "pool", huge.path(), "random:100:1000:1"]);
     let rows = json_rows(&o);
     assert_eq!(rows.len(), 2);
@@ -250,11 +409,13 @@ fn stacks_replay_and_name_their_rows() {
     // The same algorithm from the stack and the registry: the same footprint.
     assert_eq!(rows[0]["peak_upstream"], rows[2]["peak_upstream"]);
     assert!(rows[1]["peak_upstream"].as_u64().unwrap() >= rows[1]["peak_live"].as_u64().unwrap());
-    // A stack that does not parse stops the run; one that does not build is an error row.
-    let o = memres(&["replay", "--stack", "pool(sim", "random:5:100:1"]);
-    assert!(!o.status.success() && stdout(&o).is_empty(), "{}", stdout(&o));
-    let o = memres(&["replay", "--json", "--stack", "binning(sim, min_bin=x)", "random:5:100:1"]);
-    assert!(json_rows(&o)[0]["error"].as_str().unwrap().contains("bad size"));
+    // A stack that does not parse or does not build stops the run before
+    // anything runs: bad usage.
+    for (stack, message) in [("pool(sim", "expected `,` or `)`"), ("binning(sim, min_bin=x)", "bad size")] {
+        let o = memres(&["replay", "--json", "--stack", stack, "random:5:100:1"]);
+        assert_eq!(o.status.code(), Some(2), "{stack}");
+        assert!(stdout(&o).is_empty() && stderr(&o).contains(message), "{stack}: {}", stderr(&o));
+    }
 }
 
 /// `stats(` 8,000 times used to overflow the parser's stack and abort: now
@@ -265,8 +426,8 @@ fn a_stack_nested_too_deep_is_an_error_not_an_abort() {
     let o = memres(&["replay", "--stack", &deep, "random:5:100:1"]);
     let err = stderr(&o);
     let tail = &err[err.len().saturating_sub(200)..];
-    // An exit status, not a signal (an abort has none).
-    assert_eq!(o.status.code(), Some(1), "{tail}");
+    // An exit status, not a signal (an abort has none): bad usage.
+    assert_eq!(o.status.code(), Some(2), "{tail}");
     assert!(tail.ends_with("`: at byte 384: calls nested more than 64 deep\n"), "{tail}");
 }
 
@@ -290,8 +451,10 @@ fn streams_run_threads_through_one_resource() {
     assert_eq!(names, ["arena x2", "pool x2", "arena(sim) x2"]);
     for r in &rows {
         assert_eq!(r["ops"].as_u64(), Some(2 * w.ops.len() as u64));
-        assert_eq!(r["peak_live"].as_u64(), Some(2 * w.peak_live));
-        assert!(r["peak_upstream"].as_u64().unwrap() >= w.peak_live);
+        // The threads' live bytes at once: between one thread's peak and both.
+        let live = r["peak_live"].as_u64().unwrap();
+        assert!((w.peak_live..=2 * w.peak_live).contains(&live), "{r}");
+        assert!(r["peak_upstream"].as_u64().unwrap() >= live, "{r}");
     }
 }
 
@@ -376,16 +539,19 @@ fn per_stream_pools_replay_as_the_pool_on_one_stream_and_take_cuda_leaves_only_w
         .unwrap()
         .contains("--upstream host does not apply to a stack"));
     if !cfg!(feature = "cuda") {
-        let o = memres(&[
-            "replay",
-            "--json",
-            "--upstream",
-            "async",
-            "--stack",
-            "pool(async, per_stream=true)",
-            spec,
-        ]);
-        let rows = json_rows(&o);
-        assert!(rows[0]["error"].as_str().unwrap().contains("--features cuda"), "{}", stdout(&o));
+        // Bad usage, not a failed row per resource.
+        for upstream in ["cuda", "async"] {
+            let o = memres(&[
+                "replay",
+                "--json",
+                "--upstream",
+                upstream,
+                "--stack",
+                "pool(async, per_stream=true)",
+                spec,
+            ]);
+            assert_eq!(o.status.code(), Some(2));
+            assert!(stdout(&o).is_empty() && stderr(&o).contains("--features cuda"), "{}", stderr(&o));
+        }
     }
 }

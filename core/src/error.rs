@@ -15,7 +15,7 @@ pub type Result<T, E = Error> = core::result::Result<T, E>;
 /// let e = Error::OutOfMemory { requested: 4096, largest_free: 1024, pool_size: 8192, max_size: Some(8192) };
 /// assert_eq!(
 ///     e.to_string(),
-///     "out of memory: requested 4096 bytes, largest free block 1024, pool size 8192, maximum 8192",
+///     "out of memory: requested 4.00 KiB, largest free block 1.00 KiB, pool size 8.00 KiB, maximum 8.00 KiB",
 /// );
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -123,12 +123,14 @@ impl fmt::Display for Error {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match *self {
             Error::OutOfMemory { requested, largest_free, pool_size, max_size } => {
+                let (requested, largest_free, pool_size) =
+                    (Bytes(requested), Bytes(largest_free), Bytes(pool_size));
                 write!(
                     f,
-                    "out of memory: requested {requested} bytes, largest free block {largest_free}, pool size {pool_size}"
+                    "out of memory: requested {requested}, largest free block {largest_free}, pool size {pool_size}"
                 )?;
                 match max_size {
-                    Some(m) => write!(f, ", maximum {m}"),
+                    Some(m) => write!(f, ", maximum {}", Bytes(m)),
                     None => write!(f, ", no maximum"),
                 }
             }
@@ -147,7 +149,8 @@ impl fmt::Display for Error {
                 write!(f, "free of {addr:#x} with size {given}, but it was allocated with size {expected}")
             }
             Error::LimitExceeded { requested, used, limit } => {
-                write!(f, "limit exceeded: requested {requested} bytes with {used} in use, limit {limit}")
+                let (requested, used, limit) = (Bytes(requested), Bytes(used), Bytes(limit));
+                write!(f, "limit exceeded: requested {requested} with {used} in use, limit {limit}")
             }
             Error::CapacityExhausted { capacity } => {
                 write!(f, "metadata capacity exhausted ({capacity} entries)")
@@ -162,3 +165,32 @@ impl fmt::Display for Error {
 }
 
 impl core::error::Error for Error {}
+
+/// Bytes as people read them: `512 B` below a KiB, else two decimals of
+/// the largest binary unit that keeps the number at least 1 (`546.00 MiB`).
+///
+/// ```
+/// use memres_core::Bytes;
+/// assert_eq!(Bytes(512).to_string(), "512 B");
+/// assert_eq!(Bytes(546 << 20).to_string(), "546.00 MiB");
+/// assert_eq!(Bytes(3 << 39).to_string(), "1.50 TiB");
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Bytes(pub u64);
+
+impl fmt::Display for Bytes {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        const UNITS: [&str; 7] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"];
+        let mut value = self.0 as f64;
+        let mut unit = 0;
+        while value >= 1024.0 && unit + 1 < UNITS.len() {
+            value /= 1024.0;
+            unit += 1;
+        }
+        if unit == 0 {
+            write!(f, "{} B", self.0)
+        } else {
+            write!(f, "{value:.2} {}", UNITS[unit])
+        }
+    }
+}

@@ -31,6 +31,7 @@
 //! | [`vmem`] | [`ReservableSpace`](vmem::ReservableSpace): reserve an address range once, commit and decommit granules of it (CUDA virtual memory, `mmap`) |
 //! | [`vpool`] | [`VirtualPool`](vpool::VirtualPool): the pool over one reserved range, physical memory mapped only where live blocks are (feature `alloc`) |
 //! | [`stack`] | stacks described by a string, `stats(pool(sim, initial=1GiB))`: the parser, and the builder that turns the text into resources, with a name registered for each (backends register their leaves) (feature `alloc`) |
+//! | [`snapshot`] | [`MemoryMap`](snapshot::MemoryMap): a resource's segments and blocks, as used and free runs and as a snapshot PyTorch's memory viewer opens (feature `alloc`) |
 //! | `trace` | RMM's log format: the rows the logging adaptor writes and the one reader of traces (feature `std`) |
 //!
 //! # Features
@@ -96,6 +97,8 @@ pub mod per_stream;
 pub mod pool;
 pub mod shortcut;
 #[cfg(feature = "alloc")]
+pub mod snapshot;
+#[cfg(feature = "alloc")]
 pub mod stack;
 pub mod storage;
 #[cfg(feature = "alloc")]
@@ -111,7 +114,7 @@ pub mod vpool;
 #[cfg(feature = "alloc")]
 pub use adaptor::DynResource;
 pub use block::Block;
-pub use error::{Error, Result};
+pub use error::{Bytes, Error, Result};
 pub use inspect::{Inspect, Usage};
 pub use lock::Shared;
 pub use range::Range;

@@ -406,14 +406,14 @@ mod tests {
         std::thread::scope(|s| {
             for _ in 0..2 {
                 s.spawn(|| {
-                    for _ in 0..10_000 {
+                    for _ in 0..crate::testing::steps(10_000) {
                         counter.with(|c| *c += 1);
                         lock.with_lock(|| ());
                     }
                 });
             }
         });
-        assert_eq!(counter.into_inner(), 20_000);
+        assert_eq!(counter.into_inner(), 2 * crate::testing::steps(10_000) as u64);
     }
 
     #[test]

@@ -151,6 +151,29 @@ impl Stream for IdStream {
     }
 }
 
+/// The number of steps a randomized test takes: `n`, or under Miri, which
+/// interprets each step thousands of times slower (an invariant checker
+/// that walks every bin takes some 0.1 s there), a five-thousandth of it (at
+/// least 10, or `n` if smaller). CI runs the unit tests under Miri, where a
+/// short run still finds undefined behaviour on every path it takes.
+///
+/// ```
+/// use memres_core::testing::steps;
+/// assert_eq!(steps(100_000), if cfg!(miri) { 20 } else { 100_000 });
+/// assert_eq!(steps(500), if cfg!(miri) { 10 } else { 500 });
+/// assert_eq!(steps(8), 8);
+/// ```
+pub const fn steps(n: usize) -> usize {
+    const MIN: usize = 10;
+    if !cfg!(miri) || n <= MIN {
+        n
+    } else if n / 5000 > MIN {
+        n / 5000
+    } else {
+        MIN
+    }
+}
+
 /// The error of a [`TestStream`]'s injected `synchronize` failure: a backend
 /// error of its own, so that a test tells it from an upstream's.
 ///

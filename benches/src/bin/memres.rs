@@ -3,13 +3,15 @@
 
 use clap::{Parser, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
-use memres_bench::report::{json_line, table, Row};
+use memres_bench::report::{csv_line, json_line, table, Row, CSV_HEADER};
 use memres_bench::resources::{
     select, spelled, Kind, Param, Resource, RunError, RunOptions, UpstreamKind, RESOURCES,
 };
-use memres_bench::stack::run_stack;
+use memres_bench::stack::{check_stack, run_stack};
+use memres_bench::watch::{self, Outputs, SnapshotAt, Target};
 use memres_bench::workload::Workload;
 use std::io::IsTerminal;
+use std::path::PathBuf;
 use std::process::ExitCode;
 
 #[derive(Parser, Debug)]
@@ -27,6 +29,9 @@ enum Command {
     /// `lograndom:N:MINB:MAXB:SEED` (log-uniform sizes), both generated as
     /// RMM's replay harness does, or the path of a trace in RMM's log
     /// format (CSV `Thread,Time,Action,Pointer,Size,Stream`, plain or gzip).
+    ///
+    /// Exit status: 0 every replay ran, 1 some replay failed (its row says
+    /// why), 2 bad usage (nothing ran).
     Replay {
         /// Resources to compare, comma separated (default: all but those
         /// that need a parameter; see `memres resources`), e.g.
@@ -36,7 +41,8 @@ enum Command {
         #[arg(long, short, value_delimiter = ',')]
         resource: Vec<String>,
         /// Stacks to replay through, e.g. `stats(binning(pool(sim)))`
-        /// (repeatable); the row is named by the stack's text.
+        /// (repeatable; see `memres stacks`); the row is named by the
+        /// stack's text.
         #[arg(long)]
         stack: Vec<String>,
         /// Where memres resources take memory from: `sim` (a simulated
@@ -51,18 +57,45 @@ enum Command {
         #[arg(long, value_parser = clap::value_parser!(u32).range(1..=1024))]
         streams: Option<u32>,
         /// Timed passes after the warm-up pass; ns/op is the median pass's.
-        #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
+        #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..))]
         passes: u32,
         /// Print JSON lines instead of a table.
-        #[arg(long)]
+        #[arg(long, conflicts_with = "csv")]
         json: bool,
+        /// Print CSV (a header, then a line per row) instead of a table.
+        #[arg(long)]
+        csv: bool,
+        /// Write a timeline of every memres stack's replay: bytes live,
+        /// held and the largest free block per op, the peak marked
+        /// (FILE.html, FILE.svg or FILE.csv).
+        #[arg(long, value_name = "FILE")]
+        timeline: Option<PathBuf>,
+        /// Write a snapshot in the format of PyTorch's
+        /// `torch.cuda.memory._snapshot()` (a pickle) per (workload, stack):
+        /// FILE for one, FILE-0, FILE-1, ... for more; at an op that fails,
+        /// there.
+        #[arg(long, value_name = "FILE")]
+        snapshot: Option<PathBuf>,
+        /// When the snapshot is taken.
+        #[arg(long, value_enum, default_value_t = SnapshotAt::Peak)]
+        snapshot_at: SnapshotAt,
+        /// Print each memres stack's memory at its peak: every segment
+        /// held from the upstream as a bar of used and free runs.
+        #[arg(long)]
+        map: bool,
         /// Workload specs or trace paths.
         #[arg(required = true, value_name = "WORKLOAD_OR_TRACE")]
         workloads: Vec<String>,
     },
     /// List the resources `replay` knows, with the stack strings they stand for.
     Resources,
+    /// List the names of stack strings (leaves, resources, adaptors) with
+    /// their keys.
+    Stacks,
 }
+
+/// Bad usage: nothing ran.
+const USAGE: u8 = 2;
 
 fn main() -> ExitCode {
     match Cli::parse().command {
@@ -78,12 +111,41 @@ fn main() -> ExitCode {
             }
             ExitCode::SUCCESS
         }
-        Command::Replay { resource, stack, upstream, streams, passes, json, workloads } => {
+        Command::Stacks => {
+            print!("{}", memres_bench::names::listing());
+            ExitCode::SUCCESS
+        }
+        Command::Replay {
+            resource,
+            stack,
+            upstream,
+            streams,
+            passes,
+            json,
+            csv,
+            timeline,
+            snapshot,
+            snapshot_at,
+            map,
+            workloads,
+        } => {
             let options = RunOptions { upstream, passes, threads: streams, param: None };
-            match replay(&resource, &stack, options, json, &workloads) {
+            let outputs = Outputs { timeline, snapshot, at: snapshot_at, map };
+            let format = if json {
+                Format::Json
+            } else if csv {
+                Format::Csv
+            } else {
+                Format::Table
+            };
+            match replay(&resource, &stack, options, format, &outputs, &workloads) {
                 Ok(true) => ExitCode::SUCCESS,
                 Ok(false) => ExitCode::FAILURE,
-                Err(message) => {
+                Err(Failure::Usage(message)) => {
+                    eprintln!("memres: error: {message}");
+                    ExitCode::from(USAGE)
+                }
+                Err(Failure::Output(message)) => {
                     eprintln!("memres: error: {message}");
                     ExitCode::FAILURE
                 }
@@ -92,20 +154,44 @@ fn main() -> ExitCode {
     }
 }
 
-/// Runs every replay, then prints every row. `Ok(false)`: some replay
-/// failed (its row says why); `Err`: nothing ran.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Format {
+    Table,
+    Json,
+    Csv,
+}
+
+enum Failure {
+    /// Bad usage, found before anything ran.
+    Usage(String),
+    /// A file of `--timeline`, `--snapshot` that could not be written.
+    Output(String),
+}
+
+/// What a row replays.
+enum Plan {
+    Resource(&'static Resource, Option<u64>),
+    Stack(String),
+}
+
+/// Checks everything, runs every replay, prints every row, then writes the
+/// outputs. `Ok(false)`: some replay failed (its row says why).
 fn replay(
     names: &[String],
     stacks: &[String],
     options: RunOptions,
-    json: bool,
+    format: Format,
+    outputs: &Outputs,
     specs: &[String],
-) -> Result<bool, String> {
-    enum Target {
-        Resource(&'static Resource, Option<u64>, String),
-        Stack(String),
+) -> Result<bool, Failure> {
+    if options.upstream.is_cuda() && !cfg!(feature = "cuda") {
+        return Err(Failure::Usage(format!(
+            "--upstream {} needs the tool built with `--features cuda`",
+            options.upstream
+        )));
     }
-    let mut targets: Vec<Target> = Vec::new();
+    outputs.check().map_err(Failure::Usage)?;
+    let mut plans: Vec<(String, Plan)> = Vec::new();
     if names.is_empty() && stacks.is_empty() {
         let applies = |r: &&Resource| {
             r.param != Param::Size
@@ -113,29 +199,71 @@ fn replay(
                 && (!r.sim_only || options.upstream == UpstreamKind::Sim)
         };
         for r in RESOURCES.iter().filter(applies) {
-            targets.push(Target::Resource(r, None, r.name.to_string()));
+            plans.push((r.name.to_string(), Plan::Resource(r, None)));
         }
     }
     for n in names {
-        let (r, param) = select(n.trim())?;
-        targets.push(Target::Resource(r, param, n.trim().to_string()));
+        let (r, param) = select(n.trim()).map_err(Failure::Usage)?;
+        plans.push((n.trim().to_string(), Plan::Resource(r, param)));
     }
     for s in stacks {
-        // A stack that does not parse stops the run before anything runs.
-        memres_core::stack::parse(s).map_err(|e| format!("stack `{s}`: {e}"))?;
-        targets.push(Target::Stack(s.clone()));
+        plans.push((s.clone(), Plan::Stack(s.clone())));
+    }
+    // Every stack is built once before anything is replayed: a wrong name,
+    // key or value stops the run at once.
+    let targets: Vec<Target> = plans
+        .iter()
+        .map(|(name, plan)| Target {
+            name: name.clone(),
+            stack: match plan {
+                Plan::Resource(r, param) => r.stack(options.upstream, *param),
+                Plan::Stack(text) => Some(text.clone()),
+            },
+        })
+        .collect();
+    for t in &targets {
+        if let Some(text) = &t.stack {
+            check_stack(text, options.upstream).map_err(Failure::Usage)?;
+        }
     }
     // Decode every workload before replaying any: a bad one stops the run
     // before it prints anything.
-    let workloads: Vec<Workload> =
-        specs.iter().map(|s| Workload::load(s)).collect::<Result<_, _>>().map_err(|e| e.to_string())?;
+    let workloads: Vec<Workload> = specs
+        .iter()
+        .map(|s| Workload::load(s))
+        .collect::<Result<_, _>>()
+        .map_err(|e| Failure::Usage(e.to_string()))?;
+    let rows = run_all(&plans, &workloads, &options);
+    match format {
+        Format::Json => rows.iter().for_each(|row| println!("{}", json_line(row))),
+        Format::Csv => {
+            println!("{CSV_HEADER}");
+            rows.iter().for_each(|row| println!("{}", csv_line(row)));
+        }
+        Format::Table => print!("{}", table(&rows)),
+    }
+    if outputs.any() {
+        let (map, notes) = watch::write(&targets, &workloads, outputs).map_err(Failure::Output)?;
+        // The map joins the table; machine output stays machine output.
+        if format == Format::Table {
+            print!("\n{map}");
+        } else {
+            eprint!("{map}");
+        }
+        for note in notes {
+            eprintln!("memres: {note}");
+        }
+    }
+    Ok(rows.iter().all(|r| r.outcome.is_ok()))
+}
+
+/// Replays every plan on every workload, with a progress bar on a terminal
+/// for long workloads.
+fn run_all(plans: &[(String, Plan)], workloads: &[Workload], options: &RunOptions) -> Vec<Row> {
     let show_progress = std::io::stderr().is_terminal();
     let mut rows = Vec::new();
-    for w in &workloads {
-        for t in &targets {
-            let name = match t {
-                Target::Resource(_, _, name) | Target::Stack(name) => name,
-            };
+    for w in workloads {
+        for (name, plan) in plans {
             let bar = if show_progress && w.ops.len() >= 1 << 20 {
                 let bar = ProgressBar::new((1 + options.passes as u64) * w.ops.len() as u64)
                     .with_message(format!("{name} on {}", w.name));
@@ -147,15 +275,15 @@ fn replay(
                 ProgressBar::hidden()
             };
             let mut progress = |n: usize| bar.inc(n as u64);
-            let outcome = match t {
-                Target::Resource(r, param, _) => {
-                    r.run(w, &RunOptions { param: *param, ..options }, &mut progress)
+            let outcome = match plan {
+                Plan::Resource(r, param) => {
+                    r.run(w, &RunOptions { param: *param, ..*options }, &mut progress)
                 }
                 // The stack's leaves name its upstream.
-                Target::Stack(_) if options.upstream == UpstreamKind::Host => Err(RunError::Unsupported(
+                Plan::Stack(_) if options.upstream == UpstreamKind::Host => Err(RunError::Unsupported(
                     "--upstream host does not apply to a stack: its leaf names the upstream".into(),
                 )),
-                Target::Stack(text) => run_stack(text, w, &options, &mut progress),
+                Plan::Stack(text) => run_stack(text, w, options, &mut progress),
             }
             .map_err(|e| e.to_string());
             bar.finish_and_clear();
@@ -167,16 +295,10 @@ fn replay(
                 workload: w.name.clone(),
                 upstream: options.upstream,
                 skipped_frees: w.skipped_frees,
+                failed_allocations: w.failed_allocations,
                 outcome,
             });
         }
     }
-    if json {
-        for row in &rows {
-            println!("{}", json_line(row));
-        }
-    } else {
-        print!("{}", table(&rows));
-    }
-    Ok(rows.iter().all(|r| r.outcome.is_ok()))
+    rows
 }

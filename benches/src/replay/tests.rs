@@ -81,7 +81,7 @@ fn a_failing_op_stops_the_replay_with_its_index() {
     let err = replay(&mut r, &w, 1, &mut |_| {}).unwrap_err();
     // Call 8 is the timed pass's op 3 (the warm-up made 6 calls).
     assert_eq!((err.op, err.alloc, err.size), (3, true, 300));
-    assert!(err.to_string().starts_with("op 3 (allocation of 300 bytes) failed: out of memory"), "{err}");
+    assert!(err.to_string().starts_with("op 3 (allocation of 300 B) failed: out of memory"), "{err}");
 }
 
 #[test]

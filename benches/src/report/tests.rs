@@ -8,6 +8,7 @@ fn row(outcome: Result<Measurement, String>) -> Row {
         workload: "a \"quoted\"\\path\n".into(),
         upstream: UpstreamKind::Sim,
         skipped_frees: 7,
+        failed_allocations: 0,
         outcome,
     }
 }
@@ -26,44 +27,52 @@ fn json_lines_escape_and_carry_every_key() {
     let line = json_line(&row(Ok(m)));
     assert_eq!(
         line,
-        r#"{"resource":"pool","workload":"a \"quoted\"\\path\n","ops":10,"ns_per_op":25,"peak_live":1000,"peak_upstream":1500,"footprint":1.5,"passes":1,"best_ns_per_op":20,"cpu_ns_per_op":15,"upstream":"sim","skipped_frees":7}"#
+        r#"{"resource":"pool","workload":"a \"quoted\"\\path\n","ops":10,"ns_per_op":25,"peak_live":1000,"peak_upstream":1500,"footprint":1.5,"passes":1,"best_ns_per_op":20,"cpu_ns_per_op":15,"upstream":"sim","skipped_frees":7,"failed_allocations":0}"#
     );
     let line = json_line(&row(Err("out of memory".into())));
     assert!(
-        line.contains(r#""ops":null,"#) && line.ends_with(r#""skipped_frees":7,"error":"out of memory"}"#),
+        line.contains(r#""ops":null,"#)
+            && line.ends_with(r#""skipped_frees":7,"failed_allocations":0,"error":"out of memory"}"#),
         "{line}"
     );
     assert_eq!(json_string("\u{1}"), r#""\u0001""#);
 }
 
-#[test]
-fn table_aligns_columns_and_lists_errors() {
-    let m = Measurement {
+fn measured(peak_upstream: u64) -> Measurement {
+    Measurement {
         ops: 10,
         passes: 1,
         elapsed: Duration::from_nanos(250),
         fastest: Duration::from_nanos(200),
         cpu: Some(Duration::from_nanos(150)),
         peak_live: 1000,
-        peak_upstream: 3 << 20,
-    };
-    let mut rows = [row(Ok(m)), row(Err("boom".into()))];
-    for r in &mut rows {
+        peak_upstream,
+    }
+}
+
+#[test]
+fn table_names_each_workload_once_aligns_columns_and_lists_errors() {
+    let mut rows = [row(Ok(measured(3 << 20))), row(Err("boom".into())), row(Ok(measured(1000)))];
+    for r in &mut rows[..2] {
         r.workload = "random:1:2:3".into();
     }
+    rows[2].workload = "other".into();
     let text = table(&rows);
     let lines: Vec<&str> = text.lines().collect();
-    assert_eq!(lines.len(), 4, "{text}");
-    assert!(lines[0].starts_with("resource  workload "), "{text}");
+    assert!(lines[0].starts_with("  resource   ns/op  cpu ns/op"), "{text}");
+    assert_eq!(lines[1], "random:1:2:3: 10 ops, 7 stray frees");
     // Right-aligned figures: every line of the table is as long as the header.
-    assert!(lines[..3].iter().all(|l| l.len() == lines[0].len()), "{text}");
-    let cells: Vec<&str> = lines[1].split_whitespace().collect();
-    assert_eq!(
-        cells,
-        ["pool", "random:1:2:3", "10", "25.0", "15.0", "1000", "B", "3.00", "MiB", "3145.728", "7"]
-    );
-    assert!(lines[2].contains("FAILED"), "{text}");
-    assert_eq!(lines[3], "error: pool on random:1:2:3: boom");
+    for i in [2, 3, 5] {
+        assert_eq!(lines[i].len(), lines[0].len(), "{text}");
+    }
+    let cells: Vec<&str> = lines[2].split_whitespace().collect();
+    assert_eq!(cells, ["pool", "25.0", "15.0", "1000", "B", "3.00", "MiB", "3145.728"]);
+    assert!(lines[3].contains("FAILED"), "{text}");
+    assert_eq!(lines[4], "other: 10 ops, 7 stray frees");
+    assert!(lines[5].ends_with(" 1.000"), "{text}");
+    assert_eq!(lines[6], "error: pool on random:1:2:3: boom");
+    assert!(text.ends_with(LEGEND) && LEGEND.contains("footprint: ") && LEGEND.contains("stray frees: "));
+    assert!(LEGEND.lines().all(|l| l.len() <= 100), "the legend fits 100 columns");
 }
 
 /// A name longer than a format width may be (65,535) used to panic the
@@ -76,18 +85,21 @@ fn table_takes_names_of_any_length() {
     rows[1].workload = long.clone();
     let text = table(&rows);
     let lines: Vec<&str> = text.lines().collect();
-    assert_eq!(lines.len(), 5);
-    let lengths: Vec<usize> = lines.iter().map(|l| l.len()).collect();
-    assert!(lengths[..3].iter().all(|&n| n == lengths[0]), "{lengths:?}");
-    assert!(lines[0].starts_with(&format!(
-        "resource{}  workload{}  ",
-        " ".repeat(70_000 - 8),
-        " ".repeat(70_000 - 8)
-    )));
-    assert!(lines[1].starts_with(&format!("{long}  w ")));
-    assert!(lines[2].starts_with(&format!("pool{}  {long}  ", " ".repeat(70_000 - 4))));
-    assert_eq!(lines[3], format!("error: {long} on w: boom"));
-    assert_eq!(lines[4], format!("error: pool on {long}: boom"));
+    assert_eq!(lines[0].len(), lines[2].len());
+    assert!(lines[0].starts_with(&format!("  resource{}   ns/op", " ".repeat(70_000 - 8))));
+    assert!(lines[2].starts_with(&format!("  {long}  FAILED")));
+    assert_eq!(lines[3], format!("{long}, 7 stray frees"));
+    assert!(lines[4].starts_with(&format!("  pool{}  FAILED", " ".repeat(70_000 - 4))));
+    assert_eq!(lines[5], format!("error: {long} on w: boom"));
+}
+
+#[test]
+fn csv_lines_carry_the_json_fields() {
+    let line = csv_line(&row(Ok(measured(1500))));
+    assert_eq!(line.matches(',').count(), CSV_HEADER.matches(',').count());
+    assert_eq!(line, "pool,\"a \"\"quoted\"\"\\path\n\",10,25,1000,1500,1.5,1,20,15,sim,7,0,");
+    let failed = csv_line(&row(Err("out of memory, sorry".into())));
+    assert!(failed.ends_with(",,,,,,,,sim,7,0,\"out of memory, sorry\""), "{failed}");
 }
 
 #[test]
@@ -96,5 +108,5 @@ fn bytes_in_binary_units() {
     assert_eq!(human_bytes(1023), "1023 B");
     assert_eq!(human_bytes(1536), "1.50 KiB");
     assert_eq!(human_bytes(5 << 30), "5.00 GiB");
-    assert_eq!(human_bytes(u64::MAX), "16777216.00 TiB");
+    assert_eq!(human_bytes(u64::MAX), "16.00 EiB");
 }

@@ -222,8 +222,17 @@ fn shared_entries_run_on_threads_and_the_rest_say_why_not() {
         match r.run(&w, &options, &mut |_| {}) {
             Ok(m) => {
                 assert!(matches!(r.kind, Kind::Stack(..)), "{}", r.name);
-                assert_eq!((m.ops, m.peak_live), (2 * w.ops.len() as u64, 2 * w.peak_live), "{}", r.name);
-                assert!(m.peak_upstream >= w.peak_live, "{}", r.name);
+                assert_eq!(m.ops, 2 * w.ops.len() as u64, "{}", r.name);
+                // The threads' live bytes together: at least one thread's
+                // peak, at most both at their peaks at once; never more
+                // than was held (the footprint is at least 1).
+                assert!(
+                    (w.peak_live..=2 * w.peak_live).contains(&m.peak_live),
+                    "{}: {}",
+                    r.name,
+                    m.peak_live
+                );
+                assert!(m.peak_upstream >= m.peak_live, "{}: {:?}", r.name, m.footprint());
             }
             Err(RunError::Unsupported(e)) => {
                 assert!(!matches!(r.kind, Kind::Stack(..)), "{}: {e}", r.name);

@@ -263,3 +263,38 @@ fn too_many_streams_is_an_error() {
     let err = parse_trace("many", t.as_bytes()).unwrap_err();
     assert!(matches!(err, WorkloadError::Malformed { line: 65536, .. }), "{err}");
 }
+
+/// RMM's `logging_resource_adaptor` as it writes: a thread id, a clock
+/// time, stream handles, and a failed allocation with a null pointer in
+/// either spelling; the failures are skipped and counted.
+#[test]
+fn rmm_logs_with_failed_allocations_decode_with_a_count() {
+    let t = "Thread,Time,Action,Pointer,Size,Stream\n\
+             140245,14:03:21.123456,allocate,0x7f0a00000000,1024,0x0\n\
+             140245,14:03:21.123460,allocate failure,0x0,1099511627776,0x0\n\
+             140246,14:03:21.123470,allocate failure,(nil),2048,0x7f01\n\
+             140245,14:03:21.123480,free,0x7f0a00000000,1024,0x7f01\n";
+    let w = parse_trace("rmm.csv", t.as_bytes()).unwrap();
+    assert_eq!(w.ops.len(), 2);
+    assert_eq!((w.failed_allocations, w.skipped_frees, w.peak_live, w.streams), (2, 0, 1024, 2));
+}
+
+#[test]
+fn workloads_with_nothing_to_replay_are_refused() {
+    let e = Workload::load("random:0:100:1").unwrap_err();
+    assert!(matches!(e, WorkloadError::Empty { .. }), "{e}");
+    let dir = std::env::temp_dir().join(format!("memres-empty-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("empty.csv");
+    std::fs::write(
+        &path,
+        "Thread,Time,Action,Pointer,Size,Stream\n0,1,free,0x10,5,0\n0,2,allocate failure,0x0,9,0\n",
+    )
+    .unwrap();
+    let e = Workload::load(path.to_str().unwrap()).unwrap_err().to_string();
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(
+        e.ends_with("has no operation to replay (1 stray frees and 1 failed allocations skipped)"),
+        "{e}"
+    );
+}

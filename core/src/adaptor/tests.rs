@@ -158,7 +158,7 @@ fn statistics_peak_is_exact_under_concurrency() {
     // exactly the sum of everything; nothing is live at any other time
     // beyond that. A lost peak update would show as a lower peak.
     const THREADS: u64 = 4;
-    const PER: u64 = 500;
+    const PER: u64 = crate::testing::steps(500) as u64;
     for round in 0..5 {
         let s = Statistics::new(BumpUpstream::new(1 << 40));
         let barrier = Barrier::new(THREADS as usize);
@@ -303,7 +303,7 @@ fn limiting_never_exceeded_by_concurrent_callers() {
             scope.spawn(move || {
                 let mut rng = SplitMix64::new(t);
                 let mut held = Vec::new();
-                for _ in 0..5000 {
+                for _ in 0..crate::testing::steps(5000) {
                     if held.is_empty() || rng.below(2) == 0 {
                         match l.allocate(req(256 * (1 + rng.below(16))), &()) {
                             Ok(b) => held.push(b),
@@ -358,7 +358,7 @@ fn aligned_over_pool_gives_back_the_right_blocks() {
     let mut rng = SplitMix64::new(5);
     let mut live = LiveBlocks::new();
     let mut blocks = Vec::new();
-    for _ in 0..5000 {
+    for _ in 0..crate::testing::steps(5000) {
         if blocks.is_empty() || rng.below(2) == 0 {
             let size = rng.below(64 << 10);
             let b = a.allocate(req(size), &()).unwrap();
@@ -543,7 +543,7 @@ fn stats_over_limit_over_pool_randomized() {
     let mut live = LiveBlocks::new();
     let mut blocks: Vec<Block> = Vec::new();
     let (mut refused, mut peak, mut total, mut count_total) = (0u64, 0u64, 0u64, 0u64);
-    for step in 0..100_000 {
+    for step in 0..crate::testing::steps(100_000) {
         if blocks.is_empty() || rng.below(100) < 52 {
             let size = match rng.below(3) {
                 0 => rng.below(1024),
@@ -584,7 +584,8 @@ fn stats_over_limit_over_pool_randomized() {
         assert!(limit.get_allocated_bytes() <= LIMIT);
         pool.with(|p| p.check()).unwrap_or_else(|v| panic!("step {step}: {v}"));
     }
-    assert!(refused > 0, "the limit was never reached");
+    // (A full run reaches the limit; a short one, under Miri, need not.)
+    assert!(refused > 0 || cfg!(miri), "the limit was never reached");
     for b in blocks.drain(..) {
         stats.deallocate(b, &()).unwrap();
     }
@@ -607,7 +608,7 @@ fn stats_inside_the_lock_randomized() {
     let mut live = LiveBlocks::new();
     let mut blocks: Vec<Block> = Vec::new();
     let (mut peak, mut total, mut failed) = (0u64, 0u64, 0u64);
-    for step in 0..100_000 {
+    for step in 0..crate::testing::steps(100_000) {
         if blocks.is_empty() || rng.below(100) < 53 {
             let size = rng.below(4 << 20);
             match shared.allocate(req(size), &()) {
@@ -642,5 +643,6 @@ fn stats_inside_the_lock_randomized() {
             s.upstream().check().unwrap_or_else(|v| panic!("step {step}: {v}"));
         });
     }
-    assert!(failed > 0, "the maximum was never reached");
+    // (A full run reaches the maximum; a short one, under Miri, need not.)
+    assert!(failed > 0 || cfg!(miri), "the maximum was never reached");
 }

@@ -57,7 +57,7 @@ mod tests {
     #[test]
     fn class_holds_the_size_and_is_idempotent() {
         let mut rng = crate::testing::SplitMix64::new(7);
-        for _ in 0..10_000 {
+        for _ in 0..crate::testing::steps(10_000) {
             let s = 1 + rng.below(1 << 40);
             let c = size_class(s);
             assert!(c >= s && c % 256 == 0 && size_class(c) == c);

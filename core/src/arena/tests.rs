@@ -27,7 +27,7 @@ fn randomized_ops_on_several_streams_with_checker_every_step() {
     let mut live = LiveBlocks::new();
     let mut blocks: Vec<(Block, usize)> = Vec::new();
     let (mut ooms, mut large, mut by_addr, mut cross) = (0, 0, 0, 0);
-    for step in 0..100_000u32 {
+    for step in 0..crate::testing::steps(100_000) as u32 {
         let s = rng.below(streams.len() as u64) as usize;
         if blocks.is_empty() || rng.below(100) < 52 {
             let size = match rng.below(10) {
@@ -70,7 +70,11 @@ fn randomized_ops_on_several_streams_with_checker_every_step() {
         }
         arena.check().unwrap_or_else(|v| panic!("step {step}: {v}"));
     }
-    assert!(ooms > 0 && large > 1000 && by_addr > 1000 && cross > 1000, "{ooms} {large} {by_addr} {cross}");
+    // A full run takes every path often; a short one, under Miri, need not.
+    assert!(
+        ooms > 0 && large > 1000 && by_addr > 1000 && cross > 1000 || cfg!(miri),
+        "{ooms} {large} {by_addr} {cross}"
+    );
     assert_eq!(arena.arena_count(), 4);
     for (b, s) in blocks.drain(..) {
         arena.deallocate(b, &streams[s]).unwrap();
@@ -104,7 +108,7 @@ fn threads_on_their_own_arenas_then_check() {
                     let mut rng = SplitMix64::new(t as u64);
                     let mut mine = Vec::new();
                     barrier.wait();
-                    for _ in 0..20_000 {
+                    for _ in 0..crate::testing::steps(20_000) {
                         if mine.is_empty() || rng.below(2) == 0 {
                             let size = if rng.below(50) == 0 { 300 << 10 } else { 1 + rng.below(64 << 10) };
                             mine.push(arena.allocate(req(size), stream).unwrap());

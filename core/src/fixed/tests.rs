@@ -46,7 +46,7 @@ fn randomized<C: Storage<Chunk>, L: Storage<Slot>>(
     // How often each path ran: double frees, foreign frees, upstream
     // failures, releases that gave bytes back, address-only frees.
     let mut seen = [0u64; 5];
-    for step in 0..ops {
+    for step in 0..crate::testing::steps(ops) {
         let before = figures(&f);
         match rng.below(100) {
             // Allocate, unless too many are live.
@@ -145,7 +145,8 @@ fn randomized<C: Storage<Chunk>, L: Storage<Slot>>(
         // Stale blocks whose address came back live are no longer stale.
         freed.retain(|x| !live.contains_key(&x.addr()));
     }
-    assert!(seen.iter().all(|&n| n > 0), "a path never ran: {seen:?}");
+    // (A full run takes every path; a short one, under Miri, need not.)
+    assert!(seen.iter().all(|&n| n > 0) || cfg!(miri), "a path never ran: {seen:?}");
     for b in blocks.drain(..) {
         f.deallocate(b, &()).unwrap();
     }
@@ -436,7 +437,7 @@ fn shared_between_threads() {
         for _ in 0..2 {
             s.spawn(|| {
                 let r = Request::new(256).unwrap();
-                for _ in 0..1000 {
+                for _ in 0..crate::testing::steps(1000) {
                     let b = crate::MemoryResource::allocate(&f, r, &()).unwrap();
                     crate::MemoryResource::deallocate(&f, b, &()).unwrap();
                 }

@@ -16,7 +16,7 @@ fn randomized(config: PoolConfig, ops: usize, seed: u64) {
     let mut rng = SplitMix64::new(seed);
     let mut live = LiveBlocks::new();
     let mut blocks: Vec<Block> = Vec::new();
-    for step in 0..ops {
+    for step in 0..crate::testing::steps(ops) {
         if blocks.is_empty() || rng.below(100) < 55 {
             let size = match rng.below(4) {
                 0 => rng.below(512),

@@ -75,7 +75,7 @@ impl fmt::Display for StackErrorKind {
             StackErrorKind::UnbalancedParen => f.write_str("unbalanced `)`"),
             StackErrorKind::TrailingInput => f.write_str("unexpected text after the stack"),
             StackErrorKind::BadSize(t) => {
-                write!(f, "bad size `{t}` (a number with B, K, KiB, M, MiB, G, GiB, T or TiB)")
+                write!(f, "bad size `{t}` (a number with B, K, KiB, KB, M, MiB, MB, G, GiB, GB, T, TiB or TB, any case)")
             }
             StackErrorKind::UnknownName(n) => write!(f, "unknown resource `{n}`"),
             StackErrorKind::UnknownKey(k) => write!(f, "unknown key `{k}`"),

@@ -208,14 +208,17 @@ impl<'a> Parser<'a> {
     }
 }
 
-/// Reads a size: a decimal number with an optional suffix `B`, `K`/`KiB`,
-/// `M`/`MiB`, `G`/`GiB`, `T`/`TiB` (powers of 1024). Underscores between
-/// digits are ignored.
+/// Reads a size: a decimal number with an optional suffix, in any case:
+/// `B`; `K`/`KiB`, `M`/`MiB`, `G`/`GiB`, `T`/`TiB` (powers of 1024);
+/// `KB`, `MB`, `GB`, `TB` (powers of 1000, as the SI units they are).
+/// Underscores between digits are ignored.
 ///
 /// ```
 /// use memres_core::stack::parse_size;
 /// assert_eq!(parse_size("4GiB"), Some(4 << 30));
-/// assert_eq!(parse_size("512K"), Some(512 << 10));
+/// assert_eq!(parse_size("512k"), Some(512 << 10));
+/// assert_eq!(parse_size("2GB"), Some(2_000_000_000));
+/// assert_eq!(parse_size("64kb"), Some(64_000));
 /// assert_eq!(parse_size("1_000"), Some(1000));
 /// assert_eq!(parse_size("1.5G"), None);
 /// assert_eq!(parse_size("99999999TiB"), None); // overflows
@@ -230,15 +233,29 @@ pub fn parse_size(text: &str) -> Option<u64> {
     for c in number.bytes().filter(|&b| b != b'_') {
         n = n.checked_mul(10)?.checked_add(u64::from(c - b'0'))?;
     }
-    let shift = match suffix {
-        "" | "B" => 0,
-        "K" | "KiB" => 10,
-        "M" | "MiB" => 20,
-        "G" | "GiB" => 30,
-        "T" | "TiB" => 40,
-        _ => return None,
+    let suffix = suffix.as_bytes();
+    let unit: u64 = match suffix.len() {
+        0 => 1,
+        _ if suffix.eq_ignore_ascii_case(b"b") => 1,
+        _ => {
+            let power = match suffix[0].to_ascii_lowercase() {
+                b'k' => 1,
+                b'm' => 2,
+                b'g' => 3,
+                b't' => 4,
+                _ => return None,
+            };
+            let rest = &suffix[1..];
+            if rest.is_empty() || rest.eq_ignore_ascii_case(b"ib") {
+                1u64 << (10 * power)
+            } else if rest.eq_ignore_ascii_case(b"b") {
+                1000u64.pow(power)
+            } else {
+                return None;
+            }
+        }
     };
-    n.checked_mul(1 << shift)
+    n.checked_mul(unit)
 }
 
 impl Value {

@@ -85,7 +85,7 @@ fn bad_sizes_unknown_and_duplicate_keys() {
     assert_eq!((e.pos, e.kind.clone()), (18, StackErrorKind::BadSize("12XB".into())));
     assert_eq!(
         e.to_string(),
-        "at byte 18: bad size `12XB` (a number with B, K, KiB, M, MiB, G, GiB, T or TiB)"
+        "at byte 18: bad size `12XB` (a number with B, K, KiB, KB, M, MiB, MB, G, GiB, GB, T, TiB or TB, any case)"
     );
     let e = c.expect_args(1, &["initial", "max"]).unwrap_err();
     assert_eq!((e.pos, e.kind), (32, StackErrorKind::DuplicateKey("max".into())));
@@ -123,7 +123,15 @@ fn sizes() {
         ("", None),
         ("G", None),
         ("_1", None),
-        ("3gib", None),
+        ("3gib", Some(3 << 30)),
+        ("2GB", Some(2_000_000_000)),
+        ("5mb", Some(5_000_000)),
+        ("7Kb", Some(7000)),
+        ("1tb", Some(1_000_000_000_000)),
+        ("4b", Some(4)),
+        ("3GIB", Some(3 << 30)),
+        ("3GiBB", None),
+        ("2XB", None),
         ("3 G", None),
         ("-1", None),
     ] {

@@ -238,7 +238,7 @@ fn randomized_with_unit_stream() {
     let mut so = StreamOrdered::<_, ()>::new(CoalescingPool::new(BumpUpstream::new(1 << 30)));
     let mut live = crate::check::LiveBlocks::new();
     let mut blocks = Vec::new();
-    for _ in 0..5_000 {
+    for _ in 0..crate::testing::steps(5_000) {
         if blocks.is_empty() || rng.below(2) == 0 {
             let r = req(rng.below(1 << 14));
             let b = so.allocate(r, &()).unwrap();

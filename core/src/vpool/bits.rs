@@ -118,8 +118,15 @@ mod tests {
         for i in 0..300 {
             assert_eq!(b.get(i), naive(i), "bit {i}");
         }
-        for lo in 0..=300 {
-            for hi in lo..=300 {
+        // Every range; under Miri (cubic: hours) those between the bits
+        // next to word edges and to set bits.
+        let edges = [
+            0, 1, 2, 62, 63, 64, 65, 126, 127, 128, 129, 130, 131, 190, 191, 192, 193, 254, 255, 256, 298,
+            299, 300,
+        ];
+        let ends: alloc::vec::Vec<u32> = if cfg!(miri) { edges.to_vec() } else { (0..=300).collect() };
+        for &lo in &ends {
+            for &hi in ends.iter().filter(|&&hi| hi >= lo) {
                 for want in [true, false] {
                     let expected = (lo..hi).rev().find(|&i| naive(i) == want);
                     assert_eq!(b.find_back(lo, hi, want), expected, "{lo}..{hi} {want}");

@@ -52,7 +52,7 @@ fn randomized_in(space: CountingSpace, config: VirtualConfig, ops: usize, seed: 
     let mut live = LiveBlocks::new();
     let mut blocks: Vec<Block> = Vec::new();
     let (mut failed_commits, mut out_of_room, mut decommit_failures) = (0, 0, 0);
-    for step in 0..ops {
+    for step in 0..crate::testing::steps(ops) {
         if blocks.is_empty() || rng.below(100) < 55 {
             let size = match rng.below(4) {
                 0 => rng.below(512),
@@ -173,9 +173,10 @@ fn randomized_in(space: CountingSpace, config: VirtualConfig, ops: usize, seed: 
         assert_eq!(space.committed_bytes(), p.usage().held, "step {step}");
         assert!(p.usage().used >= live.bytes());
     }
-    // The test must have exercised the fault path.
-    assert!(failed_commits > 0, "no commit failed");
-    assert!(decommit_failures > 0, "no trim failed");
+    // The test must have exercised the fault path (a full run does; a short
+    // one, under Miri, need not).
+    assert!(failed_commits > 0 || cfg!(miri), "no commit failed");
+    assert!(decommit_failures > 0 || cfg!(miri), "no trim failed");
     for b in blocks.drain(..) {
         p.deallocate(b, &()).unwrap();
         p.check().unwrap();
@@ -218,7 +219,8 @@ fn randomized_short_of_physical_memory() {
     // and retries, and fails cleanly when even that is not enough.
     for trim in [true, false] {
         let config = VirtualConfig::new(256 * MIB).release_threshold(16 * MIB).trim_on_commit(trim);
-        assert!(randomized_in(CountingSpace::new(40 * MIB, MIB), config, 20_000, 7) > 0);
+        let out_of_room = randomized_in(CountingSpace::new(40 * MIB, MIB), config, 20_000, 7);
+        assert!(out_of_room > 0 || cfg!(miri), "memory never ran short");
     }
 }
 
@@ -397,11 +399,12 @@ fn out_of_physical_memory_with_a_failing_trim_is_the_decommit_failure() {
 
 #[test]
 fn keep_zero_decommits_every_time_and_keep_avoids_it() {
-    for (keep, commits) in [(0, 1000), (2 * MIB, 1)] {
+    let rounds = crate::testing::steps(1000);
+    for (keep, commits) in [(0, rounds as u64), (2 * MIB, 1)] {
         let space = CountingSpace::new(1 << 30, 2 * MIB);
         let mut p =
             VirtualPool::with_config(&space, VirtualConfig::new(64 * MIB).release_threshold(keep)).unwrap();
-        for _ in 0..1000 {
+        for _ in 0..rounds {
             let b = p.allocate(req(100_000), &()).unwrap();
             assert!(space.is_committed(granules_of(&b, 2 * MIB)));
             p.deallocate(b, &()).unwrap();
@@ -608,7 +611,7 @@ fn slack_keeps_idle_memory_up_to_its_bound() {
 fn random_trace(seed: u64, ops: usize) -> Vec<(u64, usize)> {
     let mut rng = SplitMix64::new(seed);
     let (mut trace, mut live) = (Vec::new(), 0usize);
-    for _ in 0..ops {
+    for _ in 0..crate::testing::steps(ops) {
         if live == 0 || rng.below(100) < 52 {
             let size = match rng.below(3) {
                 0 => 256 + rng.below(MIB),
@@ -672,7 +675,8 @@ fn replay_with_slack_commits_nothing_in_later_passes() {
     // whenever committed memory would pass its peak: every pass commits.
     let space = CountingSpace::new(1 << 40, MIB);
     let none = replay(&space, VirtualConfig::new(1 << 30).release_threshold(u64::MAX), &trace, 3);
-    assert!(none[1] > 0 && none[2] > 0, "{none:?}");
+    // (Under Miri the trace is too short to pass its peak again.)
+    assert!(none[1] > 0 && none[2] > 0 || cfg!(miri), "{none:?}");
     // With enough slack for every granule the trace ever touches, the
     // first pass commits them all and the later ones nothing.
     let space = CountingSpace::new(1 << 40, MIB);
@@ -959,7 +963,7 @@ fn blocks_aligned_inside_long_idle_runs_find_their_run() {
     // those freed blocks add next to them (runs are never merged), each
     // found from granules far inside them.
     let mut rng = SplitMix64::new(7);
-    for step in 0..2000 {
+    for step in 0..crate::testing::steps(2000) {
         if placed.is_empty() || rng.below(100) < 50 {
             let size = 1 + rng.below(6 * MIB);
             let align = MIB << rng.below(10);
@@ -987,12 +991,14 @@ fn blocks_aligned_inside_long_idle_runs_find_their_run() {
     p.check().unwrap();
 }
 
-/// `run_holding` names the run of every Idle granule.
+/// `run_holding` names the run of every Idle granule (under Miri, where
+/// each lookup is slow, of every 32nd and the last of each run).
 fn every_idle_granule_finds_its_run<V: ReservableSpace>(p: &VirtualPool<V>) {
+    let stride = if cfg!(miri) { 32 } else { 1 };
     let mut id = p.runs[SENTINEL as usize].next;
     while id != SENTINEL {
         let run = p.runs[id as usize];
-        for s in run.start..run.end {
+        for s in (run.start..run.end).step_by(stride).chain([run.end - 1]) {
             assert_eq!(p.run_holding(s), id, "slot {s} of run {}..{}", run.start, run.end);
         }
         id = run.next;

@@ -118,6 +118,13 @@ size_t memres_stack(int device, char *buf, size_t len);
  * a write failed. */
 int memres_flush(void);
 
+/* Writes a snapshot of every device used so far to the file path, in the
+ * format of PyTorch's torch.cuda.memory._snapshot() (a pickle that
+ * PyTorch's memory viewer opens). Needs MEMRES_SNAPSHOT=1 in the
+ * environment before a device is first used. Returns 0, or -1 with a
+ * message. */
+int memres_snapshot(const char *path);
+
 #ifdef __cplusplus
 }
 #endif

@@ -10,6 +10,7 @@
 //! | `size_t memres_last_error(char* buf, size_t len)` | the latest error message |
 //! | `size_t memres_stack(int device, char* buf, size_t len)` | the stack a device runs |
 //! | `int memres_flush(void)` | writes out the buffers of `log` adaptors (also done at exit) |
+//! | `int memres_snapshot(const char* path)` | writes a snapshot for PyTorch's memory viewer, with `MEMRES_SNAPSHOT=1` ([`snapshot`]) |
 //!
 //! `alloc` and `free` have the signatures PyTorch's
 //! `torch.cuda.memory.CUDAPluggableAllocator` loads; the header is
@@ -27,7 +28,7 @@
 //! so `memres_stats` reports the bytes held from the device whatever the
 //! stack.
 //!
-//! When the environment variable `MEMRES_LOG_FILE` ([`LOG_FILE_VAR`], RMM's
+//! When the environment variable `MEMRES_LOG_FILE` ([`LOG_FILE_VAR`](memres_core::stack::LOG_FILE_VAR), RMM's
 //! `RMM_LOG_FILE`) names a file, the stack of each device is wrapped in the
 //! logging adaptor, writing RMM's CSV format to that name with `.dev<N>`
 //! before its extension (`trace.csv`: `trace.dev0.csv`, as RMM's Python
@@ -123,18 +124,17 @@
 //! ```
 #![warn(missing_docs)]
 
+mod devices;
 pub mod leaves;
+pub mod snapshot;
 pub mod table;
 
-use leaves::{checking_builder, refuse_host_leaves};
-use memres_core::adaptor::{Counted, Gauge, Logging, Statistics};
-use memres_core::stack::{check_log_file, log_from_env, StackBuilder, LOG_FILE_VAR};
-use memres_core::{DynResource, MemoryResource, Request};
-use memres_cuda::{CudaAsyncMemory, CudaStream, Device};
+pub use devices::{configure, flush, stack};
+use memres_core::{MemoryResource, Request};
+use memres_cuda::{CudaStream, Device};
 use std::ffi::{c_char, c_int, c_void, CStr};
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::{Arc, Mutex, OnceLock};
-use table::Table;
+use std::sync::Mutex;
 
 /// The stack a device runs when neither `memres_configure` nor
 /// `MEMRES_STACK` names one: a pool per stream over the driver's
@@ -188,28 +188,6 @@ pub struct MemresStats {
     pub has_stats: i64,
 }
 
-/// A device's resource and what is needed to serve C callers.
-struct DeviceState {
-    resource: DynResource<CudaStream>,
-    /// The stack description it was built from.
-    stack: String,
-    /// Every block handed out and not yet freed.
-    table: Table,
-    /// The outermost `stats` adaptor, if any.
-    stats: Option<Arc<Statistics<DynResource<CudaStream>>>>,
-    /// Bytes held by all CUDA leaves.
-    upstream: Arc<Gauge>,
-    /// The `async` leaves, to ask the driver what their pools reserve.
-    pools: Vec<Arc<Counted<CudaAsyncMemory>>>,
-    /// The `log` adaptors, flushed by `memres_flush` and at exit.
-    logs: Vec<Arc<Logging<DynResource<CudaStream>>>>,
-}
-
-static DEVICES: [OnceLock<DeviceState>; MAX_DEVICES] = [const { OnceLock::new() }; MAX_DEVICES];
-
-/// The stack set by `memres_configure`. Its lock also serializes building.
-static CONFIG: Mutex<Option<String>> = Mutex::new(None);
-
 static LAST_ERROR: Mutex<String> = Mutex::new(String::new());
 
 fn set_error(message: String) {
@@ -223,7 +201,7 @@ pub fn last_error() -> String {
 }
 
 /// Runs an entry point: an `Err` or a panic is recorded and becomes `fallback`.
-fn guard<T>(fallback: T, f: impl FnOnce() -> Result<T, String>) -> T {
+pub(crate) fn guard<T>(fallback: T, f: impl FnOnce() -> Result<T, String>) -> T {
     match catch_unwind(AssertUnwindSafe(f)) {
         Ok(Ok(v)) => v,
         Ok(Err(message)) => {
@@ -256,126 +234,6 @@ fn device_index(device: c_int) -> Result<usize, String> {
     Ok(d)
 }
 
-/// The stack a device will be built from now.
-fn stack_text(configured: &Option<String>) -> String {
-    if let Some(s) = configured {
-        return s.clone();
-    }
-    match std::env::var(STACK_VAR) {
-        Ok(s) if !s.trim().is_empty() => s,
-        _ => DEFAULT_STACK.to_string(),
-    }
-}
-
-fn build(d: usize, stack: &str) -> Result<DeviceState, String> {
-    let device = Device::get(d as u32).map_err(|e| format!("memres: device {d}: {e}"))?;
-    let context = device.primary_context().map_err(|e| format!("memres: device {d}: {e}"))?;
-    let upstream = Arc::new(Gauge::default());
-    let mut builder = StackBuilder::<CudaStream>::new();
-    memres_cuda::stack::register(&mut builder, device, upstream.clone());
-    refuse_host_leaves(&mut builder);
-    let stream = CudaStream::legacy_in(context);
-    let built = builder
-        .build_with_handles(stack, &stream)
-        .map_err(|e| format!("memres: device {d}: stack `{stack}`: {e}"))?;
-    let mut logs = built.all("log");
-    let mut resource = built.resource.clone();
-    if let Some(log) = log_from_env(&resource, std::env::var_os(LOG_FILE_VAR).as_deref(), d as u32)
-        .map_err(|e| format!("memres: device {d}: {e}"))?
-    {
-        resource = log.clone();
-        logs.push(log);
-    }
-    // Rust code in this process sees the same resource through the registry.
-    memres_core::device::set_per_device_resource::<CudaStream>(d as u32, resource.clone());
-    Ok(DeviceState {
-        stats: built.get("stats"),
-        pools: built.all("async"),
-        logs,
-        resource,
-        stack: stack.to_string(),
-        table: Table::new(),
-        upstream,
-    })
-}
-
-/// The state of device `d`, built on first use.
-fn state(d: usize) -> Result<&'static DeviceState, String> {
-    let slot = &DEVICES[d];
-    if let Some(s) = slot.get() {
-        return Ok(s);
-    }
-    let config = CONFIG.lock().unwrap_or_else(|p| p.into_inner());
-    if let Some(s) = slot.get() {
-        return Ok(s);
-    }
-    let made = build(d, &stack_text(&config))?;
-    if !made.logs.is_empty() {
-        flush_at_exit();
-    }
-    Ok(slot.get_or_init(|| made))
-}
-
-/// Flushes every device's `log` adaptors.
-///
-/// # Errors
-///
-/// The first write error, as a message; every log is flushed regardless.
-pub fn flush() -> Result<(), String> {
-    let mut result = Ok(());
-    for (d, slot) in DEVICES.iter().enumerate() {
-        for log in slot.get().map_or(&[][..], |s| &s.logs[..]) {
-            if let Err(e) = log.flush() {
-                result = result.and(Err(format!("memres: device {d}: flushing a log: {e}")));
-            }
-        }
-    }
-    result
-}
-
-/// Makes the process flush the logs when it exits (once): a device's
-/// resource lives as long as the process and is never dropped, so its
-/// log's buffer would otherwise be lost.
-fn flush_at_exit() {
-    extern "C" {
-        fn atexit(callback: extern "C" fn()) -> c_int;
-    }
-    extern "C" fn at_exit() {
-        guard((), flush);
-    }
-    static ONCE: std::sync::Once = std::sync::Once::new();
-    ONCE.call_once(|| {
-        // SAFETY: `atexit` is the C library's; the callback is a plain
-        // function that lives as long as the program, takes no arguments
-        // and lets no panic out (`guard`).
-        if unsafe { atexit(at_exit) } != 0 {
-            set_error("memres: cannot flush the logs at exit; call memres_flush".into());
-        }
-    });
-}
-
-/// Checks `stack` and makes it the stack of every device used from now on:
-/// the Rust form of `memres_configure`.
-///
-/// # Errors
-///
-/// A message naming the byte position of what is wrong with the stack
-/// (checked without a device), naming `MEMRES_LOG_FILE` when its value
-/// cannot be logged to ([`check_log_file`]), or saying that a device was
-/// used already (its stack cannot change while blocks may be out).
-pub fn configure(stack: &str) -> Result<(), String> {
-    let mut config = CONFIG.lock().unwrap_or_else(|p| p.into_inner());
-    checking_builder()
-        .build(stack, &CudaStream::legacy())
-        .map_err(|e| format!("memres: stack `{stack}`: {e}"))?;
-    check_log_file(std::env::var_os(LOG_FILE_VAR).as_deref()).map_err(|e| format!("memres: {e}"))?;
-    if let Some(d) = DEVICES.iter().position(|s| s.get().is_some()) {
-        return Err(format!("memres: device {d} is in use already; configure before the first allocation"));
-    }
-    *config = Some(stack.to_string());
-    Ok(())
-}
-
 /// Names the C caller's stream. Only called with the stream of an entry
 /// point, which the C contract says is null or valid for the call.
 fn stream_of(stream: *mut c_void) -> CudaStream {
@@ -393,7 +251,7 @@ fn allocate(size: isize, device: c_int, stream: *mut c_void) -> Result<*mut c_vo
         // Nothing to allocate: the device is not even set up for it.
         return Ok(std::ptr::null_mut());
     }
-    let st = state(d)?;
+    let st = devices::state(d)?;
     let request = Request::new(size).map_err(|e| format!("memres: {size} bytes: {e}"))?;
     let block = st
         .resource
@@ -416,8 +274,7 @@ fn deallocate(ptr: *mut c_void, size: isize, device: c_int, stream: *mut c_void)
     }
     let addr = ptr as usize as u64;
     let d = device_index(device)?;
-    let st = DEVICES[d]
-        .get()
+    let st = devices::used(d)
         .ok_or_else(|| format!("memres: free of {addr:#x} on device {d}, which has allocated nothing"))?;
     let block = st.table.remove(addr).ok_or_else(|| {
         format!("memres: device {d}: free of {addr:#x}, not allocated here or freed already")
@@ -442,7 +299,7 @@ fn deallocate(ptr: *mut c_void, size: isize, device: c_int, stream: *mut c_void)
 /// A message when the device is out of range or has not been used yet.
 pub fn stats(device: c_int) -> Result<MemresStats, String> {
     let d = device_index(device)?;
-    let st = DEVICES[d].get().ok_or_else(|| format!("memres: device {d} has not been used yet"))?;
+    let st = devices::used(d).ok_or_else(|| format!("memres: device {d} has not been used yet"))?;
     let mut out = MemresStats {
         upstream_current: st.upstream.value() as i64,
         upstream_peak: st.upstream.peak() as i64,
@@ -461,19 +318,6 @@ pub fn stats(device: c_int) -> Result<MemresStats, String> {
         out.reserved_peak += p.inner().peak_reserved_bytes().unwrap_or(0) as i64;
     }
     Ok(out)
-}
-
-/// The stack device `device` runs, or would run if used now.
-///
-/// # Errors
-///
-/// A message when the device is out of range.
-pub fn stack(device: c_int) -> Result<String, String> {
-    let d = device_index(device)?;
-    if let Some(st) = DEVICES[d].get() {
-        return Ok(st.stack.clone());
-    }
-    Ok(stack_text(&CONFIG.lock().unwrap_or_else(|p| p.into_inner())))
 }
 
 /// Copies `text` into `buf` as C's `snprintf` would; returns its length.

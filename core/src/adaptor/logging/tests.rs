@@ -37,7 +37,7 @@ fn round_trip_yields_the_same_operations() {
     let mut expected: Vec<Op> = Vec::new();
     let mut live = Vec::new();
     let mut rng = SplitMix64::new(11);
-    for i in 0..2000u64 {
+    for i in 0..crate::testing::steps(2000) as u64 {
         let stream = IdStream(rng.below(3) * 0x1000);
         if live.is_empty() || rng.below(2) == 0 {
             // Some requests are too large: logged as failures.
@@ -178,7 +178,7 @@ fn threads_get_distinct_small_numbers() {
         for t in 0..3u64 {
             let log = &log;
             s.spawn(move || {
-                for _ in 0..50 {
+                for _ in 0..crate::testing::steps(50) {
                     let b = log.allocate(Request::new(256).unwrap(), &IdStream(t)).unwrap();
                     log.deallocate(b, &IdStream(t)).unwrap();
                 }
@@ -186,7 +186,7 @@ fn threads_get_distinct_small_numbers() {
         }
     });
     let rows = rows(&log.into_parts().1[..]);
-    assert_eq!(rows.len(), 300);
+    assert_eq!(rows.len(), 6 * crate::testing::steps(50));
     let mut thread_of: HashMap<u64, u64> = HashMap::new();
     for r in &rows {
         assert_eq!(*thread_of.entry(r.stream).or_insert(r.thread), r.thread);

@@ -1,0 +1,190 @@
+//! The devices' state: each device's stack, built the first time it is
+//! used (see the crate's *The stack of a device*), with what serves C
+//! callers on it, and the configuration that decides the stack.
+
+use crate::leaves::{checking_builder, refuse_host_leaves};
+use crate::table::Table;
+use crate::{device_index, guard, set_error, snapshot, DEFAULT_STACK, MAX_DEVICES, STACK_VAR};
+use memres_core::adaptor::{Counted, Gauge, Logging, Statistics};
+use memres_core::stack::{check_log_file, log_from_env, StackBuilder, LOG_FILE_VAR};
+use memres_core::DynResource;
+use memres_cuda::{CudaAsyncMemory, CudaStream, Device};
+use std::ffi::c_int;
+use std::sync::{Arc, Mutex, OnceLock};
+
+/// A device's resource and what is needed to serve C callers.
+pub(crate) struct DeviceState {
+    pub(crate) resource: DynResource<CudaStream>,
+    /// The stack description it was built from.
+    pub(crate) stack: String,
+    /// Every block handed out and not yet freed.
+    pub(crate) table: Table,
+    /// The outermost `stats` adaptor, if any.
+    pub(crate) stats: Option<Arc<Statistics<DynResource<CudaStream>>>>,
+    /// Bytes held by all CUDA leaves.
+    pub(crate) upstream: Arc<Gauge>,
+    /// The `async` leaves, to ask the driver what their pools reserve.
+    pub(crate) pools: Vec<Arc<Counted<CudaAsyncMemory>>>,
+    /// The `log` adaptors, flushed by `memres_flush` and at exit.
+    pub(crate) logs: Vec<Arc<Logging<DynResource<CudaStream>>>>,
+    /// What `memres_snapshot` writes, where watched.
+    pub(crate) map: Option<snapshot::Map>,
+}
+
+static DEVICES: [OnceLock<DeviceState>; MAX_DEVICES] = [const { OnceLock::new() }; MAX_DEVICES];
+
+/// The stack set by `memres_configure`. Its lock also serializes building.
+static CONFIG: Mutex<Option<String>> = Mutex::new(None);
+
+/// The stack a device will be built from now.
+fn stack_text(configured: &Option<String>) -> String {
+    if let Some(s) = configured {
+        return s.clone();
+    }
+    match std::env::var(STACK_VAR) {
+        Ok(s) if !s.trim().is_empty() => s,
+        _ => DEFAULT_STACK.to_string(),
+    }
+}
+
+fn build(d: usize, stack: &str) -> Result<DeviceState, String> {
+    let device = Device::get(d as u32).map_err(|e| format!("memres: device {d}: {e}"))?;
+    let context = device.primary_context().map_err(|e| format!("memres: device {d}: {e}"))?;
+    let upstream = Arc::new(Gauge::default());
+    let mut builder = StackBuilder::<CudaStream>::new();
+    let map = if snapshot::enabled() {
+        Some(snapshot::register_tapped(&mut builder, device, upstream.clone()))
+    } else {
+        memres_cuda::stack::register(&mut builder, device, upstream.clone());
+        None
+    };
+    refuse_host_leaves(&mut builder);
+    let stream = CudaStream::legacy_in(context);
+    let built = builder
+        .build_with_handles(stack, &stream)
+        .map_err(|e| format!("memres: device {d}: stack `{stack}`: {e}"))?;
+    let mut logs = built.all("log");
+    let mut resource = built.resource.clone();
+    if let Some(log) = log_from_env(&resource, std::env::var_os(LOG_FILE_VAR).as_deref(), d as u32)
+        .map_err(|e| format!("memres: device {d}: {e}"))?
+    {
+        resource = log.clone();
+        logs.push(log);
+    }
+    if let Some(m) = &map {
+        resource = snapshot::tap_top(resource, m);
+    }
+    // Rust code in this process sees the same resource through the registry.
+    memres_core::device::set_per_device_resource::<CudaStream>(d as u32, resource.clone());
+    Ok(DeviceState {
+        stats: built.get("stats"),
+        pools: built.all("async"),
+        logs,
+        resource,
+        stack: stack.to_string(),
+        table: Table::new(),
+        upstream,
+        map,
+    })
+}
+
+/// Device `d`'s state, if it has been used.
+pub(crate) fn used(d: usize) -> Option<&'static DeviceState> {
+    DEVICES[d].get()
+}
+
+/// Device `d`'s map: `None` when the device is not used yet, `Some(None)`
+/// when it is used unwatched.
+pub(crate) fn device_map(d: usize) -> Option<Option<snapshot::Map>> {
+    DEVICES[d].get().map(|s| s.map.clone())
+}
+
+/// The state of device `d`, built on first use.
+pub(crate) fn state(d: usize) -> Result<&'static DeviceState, String> {
+    let slot = &DEVICES[d];
+    if let Some(s) = slot.get() {
+        return Ok(s);
+    }
+    let config = CONFIG.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(s) = slot.get() {
+        return Ok(s);
+    }
+    let made = build(d, &stack_text(&config))?;
+    if !made.logs.is_empty() {
+        flush_at_exit();
+    }
+    Ok(slot.get_or_init(|| made))
+}
+
+/// Flushes every device's `log` adaptors.
+///
+/// # Errors
+///
+/// The first write error, as a message; every log is flushed regardless.
+pub fn flush() -> Result<(), String> {
+    let mut result = Ok(());
+    for (d, slot) in DEVICES.iter().enumerate() {
+        for log in slot.get().map_or(&[][..], |s| &s.logs[..]) {
+            if let Err(e) = log.flush() {
+                result = result.and(Err(format!("memres: device {d}: flushing a log: {e}")));
+            }
+        }
+    }
+    result
+}
+
+/// Makes the process flush the logs when it exits (once): a device's
+/// resource lives as long as the process and is never dropped, so its
+/// log's buffer would otherwise be lost.
+fn flush_at_exit() {
+    extern "C" {
+        fn atexit(callback: extern "C" fn()) -> c_int;
+    }
+    extern "C" fn at_exit() {
+        guard((), flush);
+    }
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        // SAFETY: `atexit` is the C library's; the callback is a plain
+        // function that lives as long as the program, takes no arguments
+        // and lets no panic out (`guard`).
+        if unsafe { atexit(at_exit) } != 0 {
+            set_error("memres: cannot flush the logs at exit; call memres_flush".into());
+        }
+    });
+}
+
+/// Checks `stack` and makes it the stack of every device used from now on:
+/// the Rust form of `memres_configure`.
+///
+/// # Errors
+///
+/// A message naming the byte position of what is wrong with the stack
+/// (checked without a device), naming `MEMRES_LOG_FILE` when its value
+/// cannot be logged to ([`check_log_file`]), or saying that a device was
+/// used already (its stack cannot change while blocks may be out).
+pub fn configure(stack: &str) -> Result<(), String> {
+    let mut config = CONFIG.lock().unwrap_or_else(|p| p.into_inner());
+    checking_builder()
+        .build(stack, &CudaStream::legacy())
+        .map_err(|e| format!("memres: stack `{stack}`: {e}"))?;
+    check_log_file(std::env::var_os(LOG_FILE_VAR).as_deref()).map_err(|e| format!("memres: {e}"))?;
+    if let Some(d) = DEVICES.iter().position(|s| s.get().is_some()) {
+        return Err(format!("memres: device {d} is in use already; configure before the first allocation"));
+    }
+    *config = Some(stack.to_string());
+    Ok(())
+}
+
+/// The stack device `device` runs, or would run if used now.
+///
+/// # Errors
+///
+/// A message when the device is out of range.
+pub fn stack(device: c_int) -> Result<String, String> {
+    let d = device_index(device)?;
+    if let Some(st) = DEVICES[d].get() {
+        return Ok(st.stack.clone());
+    }
+    Ok(stack_text(&CONFIG.lock().unwrap_or_else(|p| p.into_inner())))
+}

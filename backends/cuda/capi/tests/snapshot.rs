@@ -1,0 +1,47 @@
+//! `memres_snapshot` through its C signature. With `MEMRES_SNAPSHOT` set
+//! and no device used yet it writes an empty snapshot, so this runs the same
+//! with or without a GPU; with a GPU, after an allocation, the device's
+//! segment and block are in it.
+
+use memres::snapshot::{memres_snapshot, SNAPSHOT_VAR};
+use std::ffi::CString;
+
+fn snapshot(path: &std::path::Path) -> i32 {
+    let c = CString::new(path.to_str().unwrap()).unwrap();
+    // SAFETY: a NUL-terminated string.
+    unsafe { memres_snapshot(c.as_ptr()) }
+}
+
+// One test: the environment and the devices are process-wide.
+#[test]
+fn a_snapshot_needs_the_variable_and_holds_what_was_allocated() {
+    let dir = std::env::temp_dir().join(format!("memres-capi-snapshot-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("s.pickle");
+    std::env::remove_var(SNAPSHOT_VAR);
+    assert_eq!(snapshot(&path), -1);
+    assert!(memres::last_error().contains(SNAPSHOT_VAR), "{}", memres::last_error());
+    // SAFETY: NULL is refused, not read.
+    assert_eq!(unsafe { memres_snapshot(std::ptr::null()) }, -1);
+    std::env::set_var(SNAPSHOT_VAR, "1");
+    assert_eq!(snapshot(&path), 0, "{}", memres::last_error());
+    let empty = std::fs::read(&path).unwrap();
+    assert!(empty.starts_with(b"\x80\x02}") && empty.ends_with(b"."));
+    // SAFETY: the null stream is the legacy default stream.
+    let p = unsafe { memres::memres_alloc(1 << 20, 0, std::ptr::null_mut()) };
+    if p.is_null() {
+        println!("SKIPPED (no GPU): {}", memres::last_error());
+    } else {
+        assert_eq!(snapshot(&path), 0, "{}", memres::last_error());
+        let bytes = std::fs::read(&path).unwrap();
+        // The block's address, as the pickle writes an int of 8 bytes or
+        // fewer: little-endian after LONG1 and its length.
+        let addr = (p as u64).to_le_bytes();
+        let len = 8 - addr.iter().rev().take_while(|&&b| b == 0).count();
+        assert!(bytes.windows(len).any(|w| w == &addr[..len]), "the block's address is in the snapshot");
+        assert!(bytes.windows(16).any(|w| w == b"active_allocated"));
+        // SAFETY: `p` came from memres_alloc with this size and device.
+        unsafe { memres::memres_free(p, 1 << 20, 0, std::ptr::null_mut()) };
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -1,0 +1,61 @@
+use super::*;
+use memres_sim::SimWorld;
+
+#[test]
+fn the_table_names_exactly_what_the_builder_registers() {
+    let registered: Vec<String> = crate::stack::builder().names().map(String::from).collect();
+    let mut listed: Vec<String> = NAMES.iter().filter(|n| !n.cuda).map(|n| n.name.to_string()).collect();
+    listed.sort();
+    assert_eq!(listed, registered);
+}
+
+fn build_error(text: &str) -> String {
+    let world = SimWorld::new();
+    let e = parse(text)
+        .and_then(|c| crate::stack::builder().build_call(&c, &world.default_stream()).map(|_| ()))
+        .unwrap_err();
+    explain(text, &e)
+}
+
+#[test]
+fn unknown_names_and_keys_list_the_valid_ones_and_the_nearest() {
+    let e = build_error("stats(poool(sim))");
+    assert!(e.contains("unknown resource `poool`") && e.contains("(valid: sim, host, vpool"), "{e}");
+    assert!(e.ends_with("did you mean `pool`?"), "{e}");
+    let e = build_error("pool(sim, initial=1GiB, growht=double)");
+    assert!(
+        e.contains("(valid: initial, max, growth, granule, release, per_stream); did you mean `growth`?"),
+        "{e}"
+    );
+    let e = build_error("fixed(sim, blox=4)");
+    assert!(e.contains("(valid: size, blocks)"), "{e}");
+    // Nothing near: the list alone.
+    assert!(!build_error("zzzzzz(sim)").contains("did you mean"));
+}
+
+/// Whether the builder's constructor of `name` refuses `key` as unknown.
+fn accepts(name: &str, key: &str) -> bool {
+    // The key first: it is checked before any argument after it.
+    let text = format!("{name}({key}=1, sim)");
+    let world = SimWorld::new();
+    let built = parse(&text).and_then(|c| crate::stack::builder().build_call(&c, &world.default_stream()));
+    !matches!(built, Err(ref e) if matches!(e.kind, StackErrorKind::UnknownKey(_)))
+}
+
+/// The keys a name takes are exactly the ones listed for it, among every
+/// key of the table and the ones renamed away (#16: `min`/`max` of
+/// `binning`, `keep` of `vpool`).
+#[test]
+fn each_name_takes_exactly_its_listed_keys() {
+    let mut candidates: Vec<&str> = NAMES.iter().flat_map(|n| n.keys.iter().map(|&(k, _)| k)).collect();
+    candidates.extend(["min", "keep", "granules", "handle_granules", "release_threshold"]);
+    candidates.sort();
+    candidates.dedup();
+    // `log` would open a file named by the value.
+    for n in NAMES.iter().filter(|n| !n.cuda && n.name != "log") {
+        let taken: Vec<&str> = candidates.iter().copied().filter(|k| accepts(n.name, k)).collect();
+        let mut listed: Vec<&str> = n.keys.iter().map(|&(k, _)| k).collect();
+        listed.sort();
+        assert_eq!(taken, listed, "{}", n.name);
+    }
+}

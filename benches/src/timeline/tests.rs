@@ -1,0 +1,57 @@
+use super::*;
+use crate::observe::observe;
+use crate::workload::Workload;
+
+fn watched() -> (Workload, Observation) {
+    let w = Workload::load("random:3000:1048576:7").unwrap();
+    let o = observe("pool(sim(1TiB))", &w, None).unwrap();
+    (w, o)
+}
+
+#[test]
+fn the_svg_draws_three_series_and_names_the_peak() {
+    let (w, o) = watched();
+    let charts = [Chart { resource: "pool", workload: &w.name, observation: &o }];
+    let svg = svg(&charts).unwrap();
+    assert!(svg.starts_with("<svg"), "{}", &svg[..80]);
+    for color in ["#0000FF", "#FF0000", "#008C00"] {
+        let lines = svg.matches(&format!("stroke=\"{color}\" stroke-width=\"2\"")).count();
+        assert_eq!(lines, 2, "{color}: the series and its legend mark");
+    }
+    let p = o.peak.unwrap();
+    assert!(svg.contains(&format!("after op {}", p.op)));
+    assert!(svg.contains("largest free block"));
+}
+
+#[test]
+fn the_html_is_self_contained_and_the_csv_has_every_sample() {
+    let (w, o) = watched();
+    let charts = [Chart { resource: "a<b", workload: &w.name, observation: &o }];
+    let page = html(&charts).unwrap();
+    assert!(page.contains("<svg") && page.contains("a&lt;b"));
+    for fetch in ["src=", "href=", "@import", "url("] {
+        assert!(!page.contains(fetch), "the page fetches something: {fetch}");
+    }
+    let csv = csv(&charts);
+    assert_eq!(csv.lines().count(), 1 + o.samples.len());
+    assert!(o.samples.len() <= crate::observe::SAMPLES);
+}
+
+#[test]
+fn a_trace_with_times_labels_the_ops_with_them() {
+    // RMM's clock times: one op a second.
+    let trace: String = (0..40)
+        .map(|i| {
+            let (action, ptr) = if i % 2 == 0 { ("allocate", i) } else { ("free", i - 1) };
+            format!("7,10:00:{i:02}.000000,{action},{:#x},4096,0\n", 0x1000 * (ptr + 1))
+        })
+        .collect();
+    let w = crate::workload::parse_trace("t.csv", trace.as_bytes()).unwrap();
+    assert_eq!(w.times.as_ref().map(|t| t.len()), Some(40));
+    let o = observe("pool(sim)", &w, None).unwrap();
+    assert_eq!(o.samples[1].time_us.unwrap() - o.samples[0].time_us.unwrap(), 1_000_000);
+    let svg = svg(&[Chart { resource: "pool", workload: &w.name, observation: &o }]).unwrap();
+    assert!(svg.contains("operation (trace time)") && svg.contains("10 (10.00 s)"), "{svg}");
+    assert!(csv(&[Chart { resource: "pool", workload: &w.name, observation: &o }])
+        .contains(",pool,1,36001000000,"));
+}

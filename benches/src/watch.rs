@@ -1,0 +1,163 @@
+//! What `memres replay` writes besides its rows: the timeline
+//! (`--timeline`), snapshots in PyTorch's format (`--snapshot`) and the
+//! memory map (`--map`), each from a watched replay ([`crate::observe`]) of
+//! every (workload, stack) pair of the run.
+
+use crate::map;
+use crate::observe::{observe, Observation};
+use crate::timeline::{self, Chart};
+use crate::workload::Workload;
+use std::path::{Path, PathBuf};
+
+/// When a snapshot is taken (an op that fails takes it at once).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum SnapshotAt {
+    /// After the op that made the peak of held bytes.
+    #[default]
+    Peak,
+    /// After the last op: a workload frees what is live at its end, so
+    /// this shows what the resource keeps from its upstream when idle.
+    End,
+}
+
+/// What to write.
+#[derive(Clone, Debug, Default)]
+pub struct Outputs {
+    /// `--timeline FILE`.
+    pub timeline: Option<PathBuf>,
+    /// `--snapshot FILE`.
+    pub snapshot: Option<PathBuf>,
+    /// `--snapshot-at`.
+    pub at: SnapshotAt,
+    /// `--map`.
+    pub map: bool,
+}
+
+impl Outputs {
+    /// Whether anything is asked for.
+    pub fn any(&self) -> bool {
+        self.timeline.is_some() || self.snapshot.is_some() || self.map
+    }
+
+    /// Refuses a timeline file of an unknown kind before anything runs.
+    ///
+    /// # Errors
+    ///
+    /// The message to print.
+    pub fn check(&self) -> Result<(), String> {
+        if let Some(path) = &self.timeline {
+            match path.extension().and_then(|e| e.to_str()) {
+                Some("html" | "htm" | "svg" | "csv") => {}
+                _ => {
+                    return Err(format!(
+                        "--timeline {}: the file must end in .html, .svg or .csv",
+                        path.display()
+                    ))
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// One pair to watch: a row's name and its stack (`None`: not a memres
+/// stack, a peer or a plain CUDA resource, which cannot be watched).
+#[derive(Clone, Debug)]
+pub struct Target {
+    /// The row's name.
+    pub name: String,
+    /// The stack string.
+    pub stack: Option<String>,
+}
+
+/// The file of the `i`th of `n` snapshots: `path` itself for one, else
+/// `STEM-i.EXT`.
+pub fn numbered(path: &Path, i: usize, n: usize) -> PathBuf {
+    if n <= 1 {
+        return path.to_path_buf();
+    }
+    let stem = path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
+    let name = match path.extension() {
+        Some(ext) => format!("{stem}-{i}.{}", ext.to_string_lossy()),
+        None => format!("{stem}-{i}"),
+    };
+    path.with_file_name(name)
+}
+
+/// Watches every pair and writes what `outputs` asks for; returns the
+/// map's text (empty without `--map`) and notes for stderr (files written,
+/// pairs that cannot be watched).
+///
+/// # Errors
+///
+/// A stack that does not build, a file that cannot be written.
+pub fn write(
+    targets: &[Target],
+    workloads: &[Workload],
+    outputs: &Outputs,
+) -> Result<(String, Vec<String>), String> {
+    let mut seen: Vec<(String, String, Observation)> = Vec::new();
+    let mut notes = Vec::new();
+    let mut map_text = String::new();
+    let pairs = workloads.len() * targets.iter().filter(|t| t.stack.is_some()).count();
+    for w in workloads {
+        for t in targets {
+            let Some(stack) = &t.stack else {
+                notes.push(format!("{} is not a memres stack: no timeline, snapshot or map", t.name));
+                continue;
+            };
+            let full = match observe(stack, w, None) {
+                Ok(full) => full,
+                Err(e) => {
+                    notes.push(format!("{} on {}: {e}: no timeline, snapshot or map", t.name, w.name));
+                    continue;
+                }
+            };
+            // The state at the peak (or where it failed): replayed again up
+            // to that op, the replay being deterministic.
+            let at_peak = || -> Result<Observation, String> {
+                match (&full.failure, full.peak) {
+                    (None, Some(p)) => observe(stack, w, Some(p.op)).map_err(|e| e.to_string()),
+                    _ => Ok(full.clone()),
+                }
+            };
+            let peak_state = if outputs.map || (outputs.snapshot.is_some() && outputs.at == SnapshotAt::Peak)
+            {
+                Some(at_peak()?)
+            } else {
+                None
+            };
+            if let Some(path) = &outputs.snapshot {
+                let file = numbered(path, seen.len(), pairs);
+                let (state, when) = match (&full.failure, outputs.at, &peak_state) {
+                    (Some(f), ..) => (&full, format!("at the failed op {}", f.op)),
+                    (None, SnapshotAt::Peak, Some(p)) => {
+                        (p, format!("at the peak, after op {}", full.peak.map_or(0, |p| p.op)))
+                    }
+                    _ => (&full, "at the end".to_string()),
+                };
+                std::fs::write(&file, state.map.pickle())
+                    .map_err(|e| format!("cannot write {}: {e}", file.display()))?;
+                notes.push(format!("wrote snapshot {} ({} on {}, {when})", file.display(), t.name, w.name));
+            }
+            if let (true, Some(p)) = (outputs.map, &peak_state) {
+                map_text.push_str(&format!(
+                    "map of {} on {} at the peak ({}):\n",
+                    t.name,
+                    w.name,
+                    timeline::peak_label(&full)
+                ));
+                map_text.push_str(&map::render(&p.map.runs()));
+                map_text.push('\n');
+            }
+            seen.push((t.name.clone(), w.name.clone(), full));
+        }
+    }
+    if let Some(path) = &outputs.timeline {
+        let charts: Vec<Chart<'_>> =
+            seen.iter().map(|(r, w, o)| Chart { resource: r, workload: w, observation: o }).collect();
+        timeline::write(path, &charts)?;
+        notes.push(format!("wrote timeline {}", path.display()));
+    }
+    Ok((map_text, notes))
+}

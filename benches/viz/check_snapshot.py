@@ -1,0 +1,115 @@
+"""Checks a snapshot that `memres replay --snapshot` wrote, as PyTorch's
+memory tools read it (`torch.cuda.memory._snapshot()`'s format).
+
+    python3 benches/viz/check_snapshot.py FILE.pickle
+
+Without PyTorch it checks what PyTorch's viewer and `_memory_viz` rely on:
+the fields and their types, blocks that tile each segment from its address
+(the viewer places blocks by adding sizes), `segsum`'s identity (allocated
+plus free is the segment's size), and that undoing the trace from the last
+event to the first, as the viewer's "Allocator State History" does, finds
+every block in a segment. With PyTorch installed it also runs
+`torch.cuda._memory_viz`'s `segsum`, `trace` and `trace_plot` on it.
+"""
+
+import pickle
+import sys
+
+ACTIONS = {"alloc", "free_requested", "free_completed", "segment_alloc", "segment_free", "oom"}
+SEGMENT_KEYS = {
+    "device": int, "address": int, "total_size": int, "allocated_size": int, "active_size": int,
+    "requested_size": int, "stream": int, "segment_type": str, "blocks": list, "frames": list,
+}
+BLOCK_KEYS = {"address": int, "size": int, "requested_size": int, "state": str, "frames": list}
+EVENT_KEYS = {"action": str, "addr": int, "size": int, "stream": int, "frames": list}
+
+
+def _fields(what, d, keys):
+    for k, t in keys.items():
+        assert k in d, f"{what} lacks {k!r}: {d}"
+        assert isinstance(d[k], t), f"{what}[{k!r}] is {type(d[k]).__name__}, not {t.__name__}"
+
+
+def check(snapshot):
+    """Asserts the structure; returns (reserved, allocated, requested, events)."""
+    assert set(snapshot) >= {"segments", "device_traces"}, snapshot.keys()
+    reserved = allocated = requested = 0
+    for seg in snapshot["segments"]:
+        _fields("segment", seg, SEGMENT_KEYS)
+        assert seg["segment_type"] in ("small", "large")
+        addr, used, asked = seg["address"], 0, 0
+        for b in seg["blocks"]:
+            _fields("block", b, BLOCK_KEYS)
+            assert b["address"] == addr, f"blocks do not tile segment {seg['address']:#x}"
+            assert b["state"] in ("active_allocated", "inactive"), b["state"]
+            if b["state"] == "active_allocated":
+                assert 0 < b["requested_size"] <= b["size"], b
+                used += b["size"]
+                asked += b["requested_size"]
+            addr += b["size"]
+        assert addr == seg["address"] + seg["total_size"], "blocks do not cover the segment"
+        assert seg["allocated_size"] == used == seg["active_size"], seg
+        assert seg["requested_size"] == asked, seg
+        # segsum: free external + free internal + allocated == total
+        free_external = sum(b["size"] for b in seg["blocks"] if b["state"] != "active_allocated")
+        free_internal = used - asked
+        assert free_external + free_internal + asked == seg["total_size"]
+        reserved += seg["total_size"]
+        allocated += used
+        requested += asked
+    traces = snapshot["device_traces"]
+    assert isinstance(traces, list) and len(traces) == 1, "one device"
+    for e in traces[0]:
+        _fields("event", e, EVENT_KEYS)
+        assert e["action"] in ACTIONS, e["action"]
+    _undo(snapshot)
+    return reserved, allocated, requested, traces[0]
+
+
+def _undo(snapshot):
+    """The viewer's backward walk: every block lies in a live segment."""
+    segments = {s["address"]: s["total_size"] for s in snapshot["segments"]}
+    blocks = {b["address"]: b["size"] for s in snapshot["segments"] for b in s["blocks"]
+              if b["state"] == "active_allocated"}
+    for e in reversed(snapshot["device_traces"][0]):
+        a = e["action"]
+        if a == "alloc":
+            blocks.pop(e["addr"], None)
+        elif a == "free_completed":
+            blocks[e["addr"]] = e["size"]
+        elif a == "segment_alloc":
+            segments.pop(e["addr"], None)
+        elif a == "segment_free":
+            segments[e["addr"]] = e["size"]
+        for addr in blocks:
+            assert any(s <= addr < s + n for s, n in segments.items()), f"block {addr:#x} in no segment"
+
+
+def with_torch(snapshot):
+    """PyTorch's own readers, where PyTorch is installed."""
+    from torch.cuda import _memory_viz
+
+    summary = _memory_viz.segsum(snapshot)
+    listing = _memory_viz.trace(snapshot)
+    page = _memory_viz.trace_plot(snapshot)
+    assert "total_reserved" in summary and "entries" in listing and "snapshot.pickle" in page
+    return summary
+
+
+def main(argv):
+    with open(argv[1], "rb") as f:
+        snapshot = pickle.load(f)
+    reserved, allocated, requested, events = check(snapshot)
+    print(f"{len(snapshot['segments'])} segments, {reserved} bytes reserved, {allocated} allocated "
+          f"({requested} requested), {len(events)} events: the structure PyTorch's tools read")
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        print("PyTorch is not installed: torch.cuda._memory_viz not run")
+        return 0
+    print(with_torch(snapshot))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

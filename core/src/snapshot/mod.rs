@@ -1,0 +1,372 @@
+//! Snapshots of a resource's memory in the format of PyTorch's
+//! `torch.cuda.memory._snapshot()`, so that PyTorch's memory viewer
+//! (`torch.cuda._memory_viz`, `pytorch.org/memory_viz`) opens them (feature
+//! `alloc`).
+//!
+//! A [`MemoryMap`] is told what a resource does, in PyTorch's words:
+//! segments (what the resource took from its upstream, a `cudaMalloc` in
+//! PyTorch) and blocks (what it handed out) come and go, and a trace of
+//! those events is kept. Whoever sees both sides of a resource feeds it: the
+//! replay tool taps the leaf of a stack for the segments and its top for
+//! the blocks, so that any stack over any algorithm is mapped the same way.
+//! [`MemoryMap::pickle`] writes the snapshot; [`MemoryMap::runs`] gives
+//! each segment as used and free runs (the tool's `--map`).
+//!
+//! Which fields are filled, and which cannot be: `docs/snapshots.md`.
+//!
+//! ```
+//! use memres_core::snapshot::MemoryMap;
+//! let mut map = MemoryMap::new(16);
+//! map.segment_alloc(0x1000, 4096, 0, None);
+//! map.alloc(0x1000, 1024, 1000, 0, None);
+//! map.alloc(0x1800, 512, 512, 0, None);
+//! assert_eq!((map.held(), map.live(), map.largest_free()), (4096, 1512, 1536));
+//! let runs = map.runs();
+//! assert_eq!(runs[0].runs.iter().map(|r| (r.size, r.requested)).collect::<Vec<_>>(),
+//!            [(1024, Some(1000)), (1024, None), (512, Some(512)), (1536, None)]);
+//! assert_eq!(&map.pickle()[..2], b"\x80\x02");
+//! ```
+
+mod pickle;
+mod tap;
+#[cfg(test)]
+mod tests;
+
+pub use tap::{Side, Tap};
+
+use alloc::collections::{BTreeMap, VecDeque};
+use alloc::vec::Vec;
+use pickle::{dumps, Py};
+
+/// What a trace entry records, PyTorch's `action` values.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Action {
+    /// A block handed out (`alloc`).
+    Alloc,
+    /// A block given back (`free_completed`; memres frees at once, so no
+    /// `free_requested` comes before it).
+    FreeCompleted,
+    /// Memory taken from the upstream (`segment_alloc`).
+    SegmentAlloc,
+    /// Memory given back to the upstream (`segment_free`).
+    SegmentFree,
+    /// An allocation that failed (`oom`).
+    Oom,
+}
+
+impl Action {
+    /// PyTorch's word for it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Action::Alloc => "alloc",
+            Action::FreeCompleted => "free_completed",
+            Action::SegmentAlloc => "segment_alloc",
+            Action::SegmentFree => "segment_free",
+            Action::Oom => "oom",
+        }
+    }
+}
+
+/// One event of the trace.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TraceEntry {
+    /// What happened.
+    pub action: Action,
+    /// The block's or segment's address (0 for `oom`).
+    pub addr: u64,
+    /// Its size (the request's, for `alloc`, `free_completed` and `oom`).
+    pub size: u64,
+    /// The stream's id.
+    pub stream: u64,
+    /// Microseconds, where the source has a time.
+    pub time_us: Option<u64>,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Segment {
+    size: u64,
+    stream: u64,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Live {
+    size: u64,
+    requested: u64,
+    stream: u64,
+}
+
+/// A run of a segment: a live block, or free bytes between blocks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Run {
+    /// Where it starts.
+    pub addr: u64,
+    /// Its bytes.
+    pub size: u64,
+    /// The bytes requested, for a live block; `None` for free bytes.
+    pub requested: Option<u64>,
+}
+
+/// A segment as used and free runs, in address order, which tile it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SegmentRuns {
+    /// Where it starts.
+    pub addr: u64,
+    /// Its bytes.
+    pub size: u64,
+    /// The stream it was taken on.
+    pub stream: u64,
+    /// Its runs.
+    pub runs: Vec<Run>,
+}
+
+/// The segments and live blocks of a resource, and the last events.
+#[derive(Clone, Debug)]
+pub struct MemoryMap {
+    segments: BTreeMap<u64, Segment>,
+    blocks: BTreeMap<u64, Live>,
+    held: u64,
+    live: u64,
+    trace: VecDeque<TraceEntry>,
+    max_entries: usize,
+    now: Option<u64>,
+}
+
+impl MemoryMap {
+    /// An empty map that keeps the last `max_entries` events (PyTorch's
+    /// `max_entries` of `_record_memory_history`).
+    pub fn new(max_entries: usize) -> Self {
+        MemoryMap {
+            segments: BTreeMap::new(),
+            blocks: BTreeMap::new(),
+            held: 0,
+            live: 0,
+            trace: VecDeque::new(),
+            max_entries,
+            now: None,
+        }
+    }
+
+    /// The time of the events told without one from now on (what a
+    /// [`Tap`] tells), in microseconds; `None`: no time.
+    pub fn set_time(&mut self, time_us: Option<u64>) {
+        self.now = time_us;
+    }
+
+    fn record(&mut self, action: Action, addr: u64, size: u64, stream: u64, time_us: Option<u64>) {
+        if self.max_entries == 0 {
+            return;
+        }
+        if self.trace.len() == self.max_entries {
+            self.trace.pop_front();
+        }
+        let time_us = time_us.or(self.now);
+        self.trace.push_back(TraceEntry { action, addr, size, stream, time_us });
+    }
+
+    /// `size` bytes at `addr` taken from the upstream on `stream`.
+    pub fn segment_alloc(&mut self, addr: u64, size: u64, stream: u64, time_us: Option<u64>) {
+        if let Some(old) = self.segments.insert(addr, Segment { size, stream }) {
+            self.held -= old.size;
+        }
+        self.held += size;
+        self.record(Action::SegmentAlloc, addr, size, stream, time_us);
+    }
+
+    /// The segment at `addr` given back (an unknown one is ignored).
+    pub fn segment_free(&mut self, addr: u64, stream: u64, time_us: Option<u64>) {
+        if let Some(s) = self.segments.remove(&addr) {
+            self.held -= s.size;
+            self.record(Action::SegmentFree, addr, s.size, stream, time_us);
+        }
+    }
+
+    /// A block of `size` bytes at `addr` handed out for a request of
+    /// `requested` bytes.
+    pub fn alloc(&mut self, addr: u64, size: u64, requested: u64, stream: u64, time_us: Option<u64>) {
+        if let Some(old) = self.blocks.insert(addr, Live { size, requested, stream }) {
+            self.live -= old.requested;
+        }
+        self.live += requested;
+        self.record(Action::Alloc, addr, requested, stream, time_us);
+    }
+
+    /// The block at `addr` given back (an unknown one is ignored): its
+    /// size and requested size.
+    pub fn free(&mut self, addr: u64, stream: u64, time_us: Option<u64>) -> Option<(u64, u64)> {
+        let b = self.blocks.remove(&addr)?;
+        self.live -= b.requested;
+        self.record(Action::FreeCompleted, addr, b.requested, stream, time_us);
+        Some((b.size, b.requested))
+    }
+
+    /// A request of `size` bytes that failed.
+    pub fn oom(&mut self, size: u64, stream: u64, time_us: Option<u64>) {
+        self.record(Action::Oom, 0, size, stream, time_us);
+    }
+
+    /// Bytes held from the upstream: the segments' sum.
+    pub fn held(&self) -> u64 {
+        self.held
+    }
+
+    /// Bytes requested by the live blocks.
+    pub fn live(&self) -> u64 {
+        self.live
+    }
+
+    /// The events kept, oldest first.
+    pub fn trace(&self) -> impl Iterator<Item = &TraceEntry> {
+        self.trace.iter()
+    }
+
+    /// The largest run of free bytes inside one segment.
+    pub fn largest_free(&self) -> u64 {
+        let mut largest = 0;
+        self.each_segment(|_, _, runs| {
+            for r in runs.iter().filter(|r| r.requested.is_none()) {
+                largest = largest.max(r.size);
+            }
+        });
+        largest
+    }
+
+    /// Every segment as runs, in address order. A live block that lies in
+    /// no segment (the leaf was not seen) is a segment of its own.
+    pub fn runs(&self) -> Vec<SegmentRuns> {
+        let mut out = Vec::new();
+        self.each_segment(|addr, seg, runs| {
+            out.push(SegmentRuns { addr, size: seg.size, stream: seg.stream, runs: runs.to_vec() })
+        });
+        out
+    }
+
+    /// Calls `each` with every segment and its runs (one buffer reused).
+    fn each_segment(&self, mut each: impl FnMut(u64, Segment, &[Run])) {
+        let mut runs = Vec::new();
+        let mut blocks = self.blocks.iter().peekable();
+        for (&addr, &seg) in &self.segments {
+            let end = addr.saturating_add(seg.size);
+            // Blocks before this segment lie in none.
+            while let Some((&b, live)) = blocks.next_if(|(&b, _)| b < addr) {
+                let one = [Run { addr: b, size: live.size, requested: Some(live.requested) }];
+                each(b, Segment { size: live.size, stream: live.stream }, &one);
+            }
+            runs.clear();
+            let mut at = addr;
+            while let Some((&b, live)) = blocks.next_if(|(&b, _)| b < end) {
+                if b > at {
+                    runs.push(Run { addr: at, size: b - at, requested: None });
+                }
+                let size = live.size.min(end - b);
+                runs.push(Run { addr: b, size, requested: Some(live.requested) });
+                at = b + size;
+            }
+            if at < end {
+                runs.push(Run { addr: at, size: end - at, requested: None });
+            }
+            each(addr, seg, &runs);
+        }
+        for (&b, live) in blocks {
+            let one = [Run { addr: b, size: live.size, requested: Some(live.requested) }];
+            each(b, Segment { size: live.size, stream: live.stream }, &one);
+        }
+    }
+
+    /// The snapshot as PyTorch's `torch.cuda.memory._snapshot()` returns
+    /// it, pickled: `segments` with their blocks, and `device_traces` with
+    /// one device's events (device 0; [`pickle_devices`] for more).
+    pub fn pickle(&self) -> Vec<u8> {
+        pickle_devices(&[Some(self)])
+    }
+
+    /// The segments as PyTorch's dicts, on `device`.
+    fn segments_py(&self, device: i128, out: &mut Vec<Py<'static>>) {
+        let int = |n: u64| Py::Int(i128::from(n));
+        let empty = || Py::List(Vec::new());
+        self.each_segment(|addr, seg, runs| {
+            let allocated: u64 = runs.iter().filter(|r| r.requested.is_some()).map(|r| r.size).sum();
+            let requested: u64 = runs.iter().filter_map(|r| r.requested).sum();
+            let blocks = runs
+                .iter()
+                .map(|r| {
+                    Py::Dict(alloc::vec![
+                        ("address", int(r.addr)),
+                        ("size", int(r.size)),
+                        ("requested_size", int(r.requested.unwrap_or(0))),
+                        (
+                            "state",
+                            Py::Str(if r.requested.is_some() { "active_allocated" } else { "inactive" })
+                        ),
+                        ("frames", empty()),
+                    ])
+                })
+                .collect();
+            out.push(Py::Dict(alloc::vec![
+                ("device", Py::Int(device)),
+                ("address", int(addr)),
+                ("total_size", int(seg.size)),
+                ("allocated_size", int(allocated)),
+                ("active_size", int(allocated)),
+                ("requested_size", int(requested)),
+                ("stream", int(seg.stream)),
+                // PyTorch's small pool serves requests up to 1 MiB from 2 MiB segments.
+                ("segment_type", Py::Str(if seg.size <= 2 << 20 { "small" } else { "large" })),
+                ("segment_pool_id", Py::Tuple(alloc::vec![Py::Int(0), Py::Int(0)])),
+                ("is_expandable", Py::Bool(false)),
+                ("frames", empty()),
+                ("blocks", Py::List(blocks)),
+            ]));
+        });
+    }
+
+    /// The events as PyTorch's dicts.
+    fn trace_py(&self) -> Py<'static> {
+        let int = |n: u64| Py::Int(i128::from(n));
+        let events = self
+            .trace
+            .iter()
+            .map(|e| {
+                let mut fields = alloc::vec![
+                    ("action", Py::Str(e.action.as_str())),
+                    ("addr", int(e.addr)),
+                    ("size", int(e.size)),
+                    ("stream", int(e.stream)),
+                    ("frames", Py::List(Vec::new())),
+                ];
+                if let Some(t) = e.time_us {
+                    fields.push(("time_us", int(t)));
+                }
+                if e.action == Action::Oom {
+                    fields.push(("device_free", Py::Int(0)));
+                }
+                Py::Dict(fields)
+            })
+            .collect();
+        Py::List(events)
+    }
+}
+
+/// One snapshot of several devices: `maps[d]` is device `d`'s map (`None`:
+/// a device not in use, with no segments and an empty trace).
+///
+/// ```
+/// use memres_core::snapshot::{pickle_devices, MemoryMap};
+/// let mut one = MemoryMap::new(10);
+/// one.segment_alloc(0x1000, 4096, 0, None);
+/// let bytes = pickle_devices(&[None, Some(&one)]);
+/// assert!(bytes.starts_with(b"\x80\x02}") && bytes.ends_with(b"."));
+/// ```
+pub fn pickle_devices(maps: &[Option<&MemoryMap>]) -> Vec<u8> {
+    let mut segments = Vec::new();
+    let mut traces = Vec::new();
+    for (d, map) in maps.iter().enumerate() {
+        match map {
+            Some(m) => {
+                m.segments_py(d as i128, &mut segments);
+                traces.push(m.trace_py());
+            }
+            None => traces.push(Py::List(Vec::new())),
+        }
+    }
+    dumps(&Py::Dict(alloc::vec![("segments", Py::List(segments)), ("device_traces", Py::List(traces))]))
+}

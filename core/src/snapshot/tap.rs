@@ -1,0 +1,104 @@
+//! [`Tap`]: a layer that tells a [`MemoryMap`] what passes through it, so
+//! that a running stack can dump a snapshot whatever its algorithm.
+
+use super::MemoryMap;
+use crate::{Block, MemoryResource, Request, Result, Shared, Stream};
+use alloc::sync::Arc;
+
+/// What a [`Tap`] reports its blocks as.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Side {
+    /// Placed over a stack's leaf: what the stack takes from its upstream
+    /// (PyTorch's segments), each counted at its request rounded to its
+    /// alignment, as a device rounds.
+    Segments,
+    /// Placed at a stack's top: what the program holds (PyTorch's blocks).
+    Blocks,
+}
+
+/// `inner`, with each allocation and free told to a shared [`MemoryMap`]
+/// (after it succeeds; a failed allocation of [`Side::Blocks`] is told as
+/// an `oom` event). Two taps over one map, one at the leaf and one at the
+/// top, map the stack between them.
+///
+/// ```
+/// use memres_core::pool::CoalescingPool;
+/// use memres_core::snapshot::{MemoryMap, Side, Tap};
+/// use memres_core::{MemoryResource, Request, Shared};
+/// # use memres_core::testing::BumpUpstream;
+/// use std::sync::Arc;
+/// let map = Arc::new(Shared::new(MemoryMap::new(1000)));
+/// let leaf = Tap::new(BumpUpstream::new(1 << 30), map.clone(), Side::Segments);
+/// let stack = Tap::new(Shared::new(CoalescingPool::new(leaf)), map.clone(), Side::Blocks);
+/// let b = stack.allocate(Request::new(1000)?, &())?;
+/// let (held, live) = map.with(|m| (m.held(), m.live()));
+/// assert!(held >= 1000 && live == 1000);
+/// let pickle: Vec<u8> = map.with(|m| m.pickle()); // torch.cuda.memory._snapshot()'s format
+/// # stack.deallocate(b, &())?;
+/// # assert!(!pickle.is_empty());
+/// # Ok::<(), memres_core::Error>(())
+/// ```
+#[derive(Debug)]
+pub struct Tap<R> {
+    inner: R,
+    map: Arc<Shared<MemoryMap>>,
+    side: Side,
+}
+
+impl<R> Tap<R> {
+    /// `inner`, told to `map` as `side`.
+    pub fn new(inner: R, map: Arc<Shared<MemoryMap>>, side: Side) -> Self {
+        Tap { inner, map, side }
+    }
+
+    /// The resource tapped.
+    pub fn inner(&self) -> &R {
+        &self.inner
+    }
+}
+
+impl<S: Stream + ?Sized, R: MemoryResource<S>> MemoryResource<S> for Tap<R> {
+    fn allocate(&self, request: Request, stream: &S) -> Result<Block> {
+        let block = match self.inner.allocate(request, stream) {
+            Ok(block) => block,
+            Err(e) => {
+                if self.side == Side::Blocks {
+                    self.map.with(|m| m.oom(request.size(), stream.id(), None));
+                }
+                return Err(e);
+            }
+        };
+        if !block.is_empty() {
+            self.map.with(|m| match self.side {
+                Side::Segments => {
+                    m.segment_alloc(block.addr(), request.rounded_size(request.align()), stream.id(), None)
+                }
+                Side::Blocks => m.alloc(block.addr(), block.size(), request.size(), stream.id(), None),
+            });
+        }
+        Ok(block)
+    }
+
+    fn deallocate(&self, block: Block, stream: &S) -> Result<()> {
+        let addr = block.addr();
+        match self.side {
+            // The block goes before what holds it may go (the free can give
+            // a segment back): a viewer that undoes the trace event by event
+            // never finds a block outside the segments.
+            Side::Blocks => {
+                let freed = self.map.with(|m| m.free(addr, stream.id(), None));
+                let done = self.inner.deallocate(block, stream);
+                if let (Err(_), Some((size, requested))) = (&done, freed) {
+                    // Refused: still live.
+                    self.map.with(|m| m.alloc(addr, size, requested, stream.id(), None));
+                }
+                done
+            }
+            Side::Segments => {
+                self.inner.deallocate(block, stream)?;
+                self.map.with(|m| m.segment_free(addr, stream.id(), None));
+                Ok(())
+            }
+        }
+    }
+}

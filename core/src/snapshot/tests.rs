@@ -1,0 +1,66 @@
+use super::*;
+
+#[test]
+fn runs_tile_each_segment_and_stray_blocks_stand_alone() {
+    let mut map = MemoryMap::new(0);
+    map.segment_alloc(1000, 100, 7, None);
+    map.alloc(1000, 10, 9, 0, None);
+    map.alloc(1090, 10, 10, 0, None);
+    map.alloc(5000, 64, 60, 3, None); // in no segment
+    let runs = map.runs();
+    assert_eq!(runs.len(), 2);
+    assert_eq!(runs[0].runs.iter().map(|r| r.size).sum::<u64>(), 100);
+    assert_eq!(runs[0].runs[1], Run { addr: 1010, size: 80, requested: None });
+    assert_eq!((runs[1].addr, runs[1].size, runs[1].stream), (5000, 64, 3));
+    assert_eq!((map.held(), map.live(), map.largest_free()), (100, 79, 80));
+    map.free(1000, 0, None);
+    map.free(1000, 0, None); // twice: ignored
+    assert_eq!((map.live(), map.largest_free()), (70, 90));
+    map.segment_free(1000, 0, None);
+    assert_eq!(map.held(), 0);
+}
+
+#[test]
+fn the_trace_keeps_the_last_entries() {
+    let mut map = MemoryMap::new(2);
+    map.segment_alloc(0, 512, 0, Some(5));
+    map.alloc(0, 256, 200, 0, Some(6));
+    map.oom(1 << 40, 0, None);
+    let kept: Vec<Action> = map.trace().map(|e| e.action).collect();
+    assert_eq!(kept, [Action::Alloc, Action::Oom]);
+    assert_eq!(map.trace().next().unwrap().time_us, Some(6));
+}
+
+#[test]
+fn taps_tell_a_block_free_before_its_segment_and_keep_a_refused_free_live() {
+    use crate::testing::BumpUpstream;
+    use crate::{Block, MemoryResource, Request, Shared};
+    use alloc::sync::Arc;
+    let map = Arc::new(Shared::new(MemoryMap::new(100)));
+    // No pool between the taps: each block is a segment of its own, and
+    // its free gives the segment back at once.
+    let leaf = Tap::new(BumpUpstream::new(1 << 20), map.clone(), Side::Segments);
+    let top = Tap::new(leaf, map.clone(), Side::Blocks);
+    let b = top.allocate(Request::new(1000).unwrap(), &()).unwrap();
+    assert_eq!(map.with(|m| (m.held(), m.live())), (1024, 1000));
+    top.deallocate(b, &()).unwrap();
+    let actions: Vec<Action> = map.with(|m| m.trace().map(|e| e.action).collect());
+    assert_eq!(actions, [Action::SegmentAlloc, Action::Alloc, Action::FreeCompleted, Action::SegmentFree]);
+    assert_eq!(map.with(|m| (m.held(), m.live())), (0, 0));
+    assert!(top.allocate(Request::new(2 << 20).unwrap(), &()).is_err());
+    assert_eq!(map.with(|m| m.trace().last().map(|e| (e.action, e.size))), Some((Action::Oom, 2 << 20)));
+
+    // A free the resource refuses leaves the block live in the map.
+    let pool = Tap::new(
+        Shared::new(crate::pool::CoalescingPool::new(BumpUpstream::new(1 << 30))),
+        map.clone(),
+        Side::Blocks,
+    );
+    let b = pool.allocate(Request::new(4096).unwrap(), &()).unwrap();
+    let wrong = Block::new(b.addr(), 4096, 12345);
+    let stranger = Block::new(b.addr() + (1 << 20), 256, Block::NO_TAG);
+    assert!(pool.deallocate(stranger, &()).is_err() && pool.deallocate(wrong, &()).is_err());
+    assert_eq!(map.with(|m| m.live()), 4096);
+    pool.deallocate(b, &()).unwrap();
+    assert_eq!(map.with(|m| m.live()), 0);
+}
