@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Builds, lints, documents and tests memres-cuda and memres-cuda-capi (libmemres.so).
+# Builds, lints, documents and tests memres-cuda, memres-cuda-capi (libmemres.so)
+# and the facade crate `memres` with its feature `cuda`.
 # Arguments go to `cargo test`.
 #
 # With a CUDA toolkit (or CUDA_LIBRARY_PATH) it links against that; without
@@ -11,9 +12,12 @@ cd "$(dirname "$0")/../.."
 
 . .ci/cuda-env.sh
 
-cargo fmt -p memres-cuda -p memres-cuda-capi --check
-cargo clippy -p memres-cuda -p memres-cuda-capi --all-targets -- -D warnings
+crates=(-p memres-cuda -p memres-cuda-capi -p memres --features memres/cuda)
+cargo fmt -p memres-cuda -p memres-cuda-capi -p memres --check
+cargo clippy "${crates[@]}" --all-targets -- -D warnings
 # The Python package's CUDA side (memres._cuda); python/test.sh builds it.
 cargo clippy -p memres-python --features cuda --all-targets -- -D warnings
+# Documented apart: the C library's lib is named `memres` too (libmemres.so).
 RUSTDOCFLAGS="-D warnings" cargo doc -p memres-cuda -p memres-cuda-capi --no-deps
-cargo test -p memres-cuda -p memres-cuda-capi "$@"
+RUSTDOCFLAGS="-D warnings" cargo doc -p memres --features cuda --no-deps
+cargo test "${crates[@]}" "$@"

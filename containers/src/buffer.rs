@@ -486,10 +486,9 @@ where
     /// A deep copy on the buffer's own stream, from the same resource, of
     /// the same alignment: RMM's copy construction.
     ///
-    /// The containers do not implement [`Clone`]: a device copy can fail
-    /// where a host copy cannot (the resource out of memory, a stream's
-    /// error, a block that other code freed), and `Clone` could only panic
-    /// then, as `std::fs::File` has `try_clone` for the same reason.
+    /// A device copy can fail where a host copy cannot (the resource out
+    /// of memory, a stream's error, a block that other code freed): this
+    /// returns the error, where [`Clone`] (the same copy) panics with it.
     ///
     /// # Errors
     ///

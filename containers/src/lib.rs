@@ -7,7 +7,7 @@
 //!
 //! | type | what it is |
 //! | --- | --- |
-//! | [`DeviceBuffer`] | untyped bytes: size, capacity, resize, alignment, deep copy, change of stream |
+//! | [`DeviceBuffer`] | untyped bytes: size, capacity, resize, alignment, deep copy (`Clone`, `try_clone`), change of stream |
 //! | [`DeviceUVector`] | a vector of plain-old-data `T`, zeroed on creation (RMM's uninitialized creation is `unsafe`), aligned to `T` |
 //! | [`DeviceScalar`] | one `T` in device memory |
 //!
@@ -52,8 +52,11 @@
 //! # Ok::<(), memres_containers::ContainerError>(())
 //! ```
 //!
-//! A device copy can fail, so the containers have `try_clone` (on their
-//! stream) and `try_clone_on` (on another), not [`Clone`]; see
+//! [`Clone`] is RMM's copy construction: a deep copy on the container's
+//! own stream, from the same resource, that panics if the copy fails (as
+//! `Vec::clone` on allocation failure). A device copy can fail where a
+//! host copy cannot, so `try_clone` (on the container's stream) and
+//! `try_clone_on` (on another) return the error instead; see
 //! [`DeviceBuffer::try_clone`].
 //!
 //! # The host view
@@ -159,6 +162,7 @@
 //! ```
 
 mod buffer;
+mod clone;
 mod current;
 mod error;
 mod scalar;

@@ -53,3 +53,24 @@ impl Setup for HostPool {
 }
 
 container_suite!(host_pool);
+
+/// `Clone` panics with `try_clone`'s typed error where the copy cannot be
+/// made, and the source is untouched.
+#[test]
+fn clone_that_cannot_be_made_panics_with_the_typed_error() {
+    let t = host_pool("clone panics").unwrap();
+    let half = (MAX / 8 / 2 + 1) as usize;
+    let v = memres_containers::DeviceUVector::from_slice_in(&vec![3u64; half], (), t.resource(), HostCopy)
+        .unwrap();
+    let expected = v.try_clone().map(|_| ()).unwrap_err();
+    assert!(matches!(
+        expected,
+        memres_containers::ContainerError::Memory(memres_core::Error::OutOfMemory { .. })
+    ));
+    let panic = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| v.clone())).unwrap_err();
+    let message = panic.downcast_ref::<String>().unwrap();
+    assert!(message.contains(&format!("{expected:?}")), "{message}");
+    assert_eq!(v.element(half - 1).unwrap(), 3);
+    drop(v);
+    assert_eq!(t.used(), 0);
+}

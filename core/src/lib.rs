@@ -13,6 +13,7 @@
 //! | --- | --- |
 //! | [`Range`], [`Request`], [`Block`] | an address range; a validated allocation request (size, power-of-two alignment, 256 bytes by default); what an allocation hands back |
 //! | [`MemoryResource`], [`MemoryResourceMut`] | the stream-ordered resource trait (`&self`, shareable) and its `&mut self` form for plain algorithms |
+//! | [`Allocate`], [`AllocateOn`] | the short path ([`shortcut`]): `allocate(size)` / `deallocate(block)` where the stream is `()`, `allocate_on(size, &stream)` where it is not |
 //! | [`Stream`] | record an event, wait on an event, query an event, synchronize (the stream, or as a last resort the device); `()` is the stream of resources for which streams mean nothing |
 //! | [`Error`] | every failure as a typed value; out of memory carries its figures |
 //! | [`Usage`], [`Inspect`] | one set of figures for every resource (bytes used, held from upstream, its peak, free, the largest free block) and the trait that reads them and runs the invariant checker |
@@ -94,6 +95,7 @@ pub mod lock;
 #[cfg(feature = "alloc")]
 pub mod per_stream;
 pub mod pool;
+pub mod shortcut;
 #[cfg(feature = "alloc")]
 pub mod snapshot;
 #[cfg(feature = "alloc")]
@@ -118,6 +120,7 @@ pub use lock::Shared;
 pub use range::Range;
 pub use request::Request;
 pub use resource::{MemoryResource, MemoryResourceMut, ResourceId};
+pub use shortcut::{Allocate, AllocateOn};
 pub use stream::Stream;
 #[cfg(feature = "alloc")]
 pub use stream_ordered::StreamOrdered;

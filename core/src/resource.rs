@@ -213,6 +213,33 @@ impl<S: Stream + ?Sized, R: MemoryResource<S> + ?Sized> MemoryResourceMut<S> for
     }
 }
 
+/// A plain algorithm borrowed mutably is one too, so that it can go under
+/// [`Shared`](crate::Shared) or any `MemoryResourceMut` consumer without
+/// being moved: `Shared::new(&mut pool)`.
+///
+/// ```
+/// use memres_core::{pool::CoalescingPool, MemoryResource, MemoryResourceMut, Request, Shared};
+/// # use memres_core::testing::BumpUpstream;
+/// let mut pool = CoalescingPool::new(BumpUpstream::new(1 << 30));
+/// let shared = Shared::new(&mut pool);
+/// let b = shared.allocate(Request::new(100)?, &())?;
+/// shared.deallocate(b, &())?;
+/// drop(shared);
+/// let again = pool.allocate(Request::new(100)?, &())?; // still ours
+/// assert_eq!(again.addr(), b.addr()); // and it kept the freed block
+/// # Ok::<(), memres_core::Error>(())
+/// ```
+impl<S: Stream + ?Sized, R: MemoryResourceMut<S> + ?Sized> MemoryResourceMut<S> for &mut R {
+    #[inline]
+    fn allocate(&mut self, request: Request, stream: &S) -> Result<Block> {
+        (**self).allocate(request, stream)
+    }
+    #[inline]
+    fn deallocate(&mut self, block: Block, stream: &S) -> Result<()> {
+        (**self).deallocate(block, stream)
+    }
+}
+
 #[cfg(feature = "alloc")]
 impl<S: Stream + ?Sized, R: MemoryResource<S> + ?Sized> MemoryResource<S> for alloc::boxed::Box<R> {
     #[inline]

@@ -399,6 +399,32 @@ pub fn clones_are_deep_copies_on_the_containers_own_stream<T: Setup>(t: &T) {
     assert_eq!(t.used(), 0);
 }
 
+pub fn clone_is_the_deep_copy_of_try_clone<T: Setup>(t: &T) {
+    let b = DeviceBuffer::from_slice_in(b"cloned bytes", t.other_stream(), t.resource(), t.engine()).unwrap();
+    let mut v = DeviceUVector::from_slice_in(&[4u32, 5, 6], t.stream(), t.resource(), t.engine()).unwrap();
+    let s = DeviceScalar::from_value_in(&9u8, t.stream(), t.resource(), t.engine()).unwrap();
+    let (mut b2, v2, mut s2) = (b.clone(), v.clone(), s.clone());
+    assert_eq!((b2.stream().id(), v2.stream().id()), (t.other_stream().id(), t.stream().id()), "own streams");
+    assert_ne!((b2.addr(), v2.device_ptr(), s2.device_ptr()), (b.addr(), v.device_ptr(), s.device_ptr()));
+    assert_eq!(
+        (b2.to_vec().unwrap(), v2.to_vec().unwrap(), s2.value().unwrap()),
+        (b"cloned bytes".to_vec(), vec![4, 5, 6], 9)
+    );
+    // Independent storage, both ways.
+    v.set_element_to_zero_async(0).unwrap();
+    b2.fill(b'x').unwrap();
+    s2.set_value_to_zero_async().unwrap();
+    assert_eq!((v.to_vec().unwrap(), v2.to_vec().unwrap()), (vec![0, 5, 6], vec![4, 5, 6]));
+    assert_eq!(
+        (b.to_vec().unwrap(), s.value().unwrap(), s2.value().unwrap()),
+        (b"cloned bytes".to_vec(), 9, 0)
+    );
+    drop(v);
+    assert_eq!(v2.element(2).unwrap(), 6, "the clone outlives its source");
+    drop((b, s, b2, v2, s2));
+    assert_eq!(t.used(), 0);
+}
+
 pub fn host_view_elements_ranges_and_iteration<T: Setup>(t: &T) {
     // More than one batch of the iterator (64 KiB).
     let n = if cfg!(miri) { 20_000 } else { 50_000 };
@@ -458,6 +484,7 @@ macro_rules! container_suite {
             explicit_alignment_is_kept_through_growth_and_clones,
             copies_from_raw_device_pointers,
             clones_are_deep_copies_on_the_containers_own_stream,
+            clone_is_the_deep_copy_of_try_clone,
             host_view_elements_ranges_and_iteration
         );
     };

@@ -7,7 +7,6 @@
 //! environment; the C library passes `std::env::var_os(LOG_FILE_VAR)`.
 
 use crate::adaptor::Logging;
-use crate::{DynResource, Stream};
 use alloc::format;
 use alloc::string::ToString;
 use alloc::sync::Arc;
@@ -96,9 +95,12 @@ pub fn check_log_file(value: Option<&OsStr>) -> io::Result<()> {
 }
 
 /// `resource` logged to device `device`'s file when [`LOG_FILE_VAR`] is
-/// `value` (see [`log_file_of_device`]): the [`Logging`] adaptor over it,
-/// which the caller serves from instead and flushes; `None` when the
-/// variable is unset or blank.
+/// `value` (see [`log_file_of_device`]): the [`Logging`] adaptor over a
+/// clone of it (a [`DynResource`](crate::DynResource), or any handle whose
+/// clones share one resource: the adaptor keeps the handle's type, and with
+/// it what the type promises, [`MemoryOf`](crate::copy::MemoryOf)
+/// included), which the caller serves from instead and flushes; `None`
+/// when the variable is unset or blank.
 ///
 /// # Errors
 ///
@@ -123,11 +125,11 @@ pub fn check_log_file(value: Option<&OsStr>) -> io::Result<()> {
 /// assert!(log_from_env(&stack, None, 0)?.is_none());
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
-pub fn log_from_env<S: Stream + ?Sized>(
-    resource: &DynResource<S>,
+pub fn log_from_env<R: Clone>(
+    resource: &R,
     value: Option<&OsStr>,
     device: u32,
-) -> io::Result<Option<Arc<Logging<DynResource<S>>>>> {
+) -> io::Result<Option<Arc<Logging<R>>>> {
     let Some(file) = log_file_of_device(value, device) else {
         return Ok(None);
     };

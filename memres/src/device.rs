@@ -1,0 +1,250 @@
+//! The current resource of each device, with a default on every device, as
+//! in RMM: the core's registry ([`memres_core::device`], all of it
+//! re-exported here) with the backends' defaults installed.
+//!
+//! # The default resource
+//!
+//! The four functions are RMM's, generic over the stream type `S` of the
+//! resource (`()` where streams mean nothing; the quick start's is
+//! inferred); they are the core's with the defaults installed first, as is
+//! [`current_device`] (with `cuda`, the driver's current device). A device nobody set a resource for serves from:
+//!
+//! | features | `()` | [`SimStream`](memres_sim::SimStream) | `CudaStream` |
+//! | --- | --- | --- | --- |
+//! | `sim` (the default) | a simulated device ([`SimDevice`](memres_sim::SimDevice) of [`DEFAULT_SIM_CAPACITY`](memres_sim::DEFAULT_SIM_CAPACITY), numbers with no bytes behind them) | the same | |
+//! | `cuda` | the device's `cuMemAlloc` resource (`CudaMemory`, RMM's `cuda_memory_resource`), promised as memory of `CudaCopy` so that containers made without a resource use it | | the same |
+//!
+//! Other stream types have no default: a get is `InvalidConfig` until a
+//! resource is set (or a factory registered).
+//! With both features, `()` gets the CUDA resource. The defaults are
+//! installed in the core's process-wide registry once, by the first call of
+//! a function of this module (or of [`install_defaults`]): a program that
+//! uses the core's generic functions or the containers' constructors
+//! without a resource before any of these calls [`install_defaults`] first.
+//! A factory the program registers after that replaces the default; a
+//! resource it sets replaces the default of that device.
+//!
+//! Where the default cannot be made (the `cuda` feature on a machine with
+//! no GPU), a get is the backend's typed error and nothing is stored: the
+//! next get tries again.
+//!
+//! # Logging from the environment
+//!
+//! When `MEMRES_LOG_FILE` names a file (RMM's `RMM_LOG_FILE`), each default
+//! resource is made behind the [`Logging`]
+//! adaptor, logging device `N` to the file with `.devN` before its
+//! extension ([`memres_core::stack::log_from_env`]). The rows are buffered:
+//! [`flush_logs`] writes them out. A file that cannot be made is
+//! `InvalidConfig` from the get, nothing stored.
+//!
+//! # Examples
+//!
+//! ```
+//! # #[cfg(not(feature = "cuda"))] {
+//! use memres::device::{get_current_device_resource, get_per_device_resource, set_per_device_resource};
+//! use memres::prelude::*;
+//! use memres::DynResource;
+//! use std::sync::Arc;
+//! let mr: DynResource = get_current_device_resource()?; // the simulated device 0: nobody set one
+//! let block = mr.allocate(1 << 20)?;
+//! mr.deallocate(block)?;
+//! // Setting returns the resource it replaces.
+//! let pool: DynResource = Arc::new(Shared::new(CoalescingPool::new(get_per_device_resource(5)?)));
+//! let before = set_per_device_resource(5, pool.clone()).unwrap();
+//! assert!(Arc::ptr_eq(&set_per_device_resource(5, before).unwrap(), &pool));
+//! # }
+//! # Ok::<(), memres::Error>(())
+//! ```
+
+pub use memres_core::device::*;
+
+use memres_core::device as registry;
+
+use memres_core::adaptor::Logging;
+use memres_core::stack::{log_from_env, LOG_FILE_VAR};
+use memres_core::{DynResource, Error, Result, Stream};
+use std::io;
+use std::sync::{Arc, Mutex, Once};
+
+/// Installs the backends' default factories in the core's process-wide
+/// registry, once (every function of this module calls it first).
+///
+/// ```
+/// memres::device::install_defaults();
+/// # #[cfg(not(feature = "cuda"))]
+/// assert!(memres::device::global().get_per_device_resource::<()>(3).is_ok());
+/// ```
+pub fn install_defaults() {
+    static ONCE: Once = Once::new();
+    ONCE.call_once(|| {
+        #[cfg(feature = "sim")]
+        {
+            global().set_default_factory::<()>(sim::default::<()>);
+            global().set_default_factory::<memres_sim::SimStream>(sim::default::<memres_sim::SimStream>);
+        }
+        #[cfg(feature = "cuda")]
+        {
+            global().set_default_factory::<()>(cuda::default::<()>);
+            global().set_default_factory::<memres_cuda::CudaStream>(cuda::default::<memres_cuda::CudaStream>);
+            global().set_current_device_query::<()>(cuda::current);
+            global().set_current_device_query::<memres_cuda::CudaStream>(cuda::current);
+        }
+    });
+}
+
+/// The device current on the calling thread for streams of type `S`:
+/// with the `cuda` feature, for `()` and `CudaStream`, the driver's
+/// (device 0 when the thread has no context, as `cudaGetDevice`); device 0
+/// otherwise. RMM's `get_current_cuda_device`.
+///
+/// # Errors
+///
+/// The driver's, as [`Error::Backend`].
+///
+/// ```
+/// # #[cfg(not(feature = "cuda"))]
+/// assert_eq!(memres::device::current_device::<()>(), Ok(0));
+/// ```
+pub fn current_device<S: Stream + ?Sized + 'static>() -> Result<DeviceId> {
+    install_defaults();
+    registry::current_device::<S>()
+}
+
+/// The resource of the current device ([`current_device`]): RMM's
+/// `get_current_device_resource()`; its default if nobody set one.
+///
+/// # Errors
+///
+/// [`current_device`]'s, or [`get_per_device_resource`]'s.
+pub fn get_current_device_resource<S: Stream + ?Sized + 'static>() -> Result<DynResource<S>> {
+    install_defaults();
+    registry::get_current_device_resource::<S>()
+}
+
+/// Makes `resource` the resource of the current device, and returns the
+/// one it replaces (`None` if the device had none, not even its default
+/// yet): RMM's `set_current_device_resource`.
+///
+/// # Errors
+///
+/// [`current_device`]'s; nothing is set then.
+pub fn set_current_device_resource<S: Stream + ?Sized + 'static>(
+    resource: DynResource<S>,
+) -> Result<Option<DynResource<S>>> {
+    install_defaults();
+    registry::set_current_device_resource(resource)
+}
+
+/// The resource of `device`: RMM's `get_per_device_resource`; its default
+/// if nobody set one (made now, then kept).
+///
+/// # Errors
+///
+/// The default's: the driver's error as [`Error::Backend`] for a device
+/// that does not exist (`cuda`), [`Error::InvalidConfig`] for a
+/// `MEMRES_LOG_FILE` that cannot be made, or for a stream type with no
+/// default; nothing is stored then.
+pub fn get_per_device_resource<S: Stream + ?Sized + 'static>(device: DeviceId) -> Result<DynResource<S>> {
+    install_defaults();
+    registry::get_per_device_resource::<S>(device)
+}
+
+/// Makes `resource` the resource of `device` and returns the one it
+/// replaces: RMM's `set_per_device_resource`.
+pub fn set_per_device_resource<S: Stream + ?Sized + 'static>(
+    device: DeviceId,
+    resource: DynResource<S>,
+) -> Option<DynResource<S>> {
+    install_defaults();
+    registry::set_per_device_resource(device, resource)
+}
+
+/// Writes out the rows that the default resources logged so far (see
+/// [logging from the environment](self#logging-from-the-environment)).
+///
+/// # Errors
+///
+/// The first file's error; every file is flushed even so.
+///
+/// ```
+/// memres::device::flush_logs()?;
+/// # Ok::<(), std::io::Error>(())
+/// ```
+pub fn flush_logs() -> io::Result<()> {
+    let logs = LOGS.lock().unwrap_or_else(|p| p.into_inner());
+    logs.iter().map(|flush| flush()).fold(Ok(()), Result::and)
+}
+
+/// How to flush each log a default resource was made with.
+type Flush = Box<dyn Fn() -> io::Result<()> + Send + Sync>;
+static LOGS: Mutex<Vec<Flush>> = Mutex::new(Vec::new());
+
+/// The logging adaptor over a clone of `resource` when `MEMRES_LOG_FILE`
+/// names a file (its flush listed for [`flush_logs`]), `None` when it does
+/// not. The adaptor keeps `R`'s type, and with it what `R` promises.
+///
+/// # Errors
+///
+/// [`Error::InvalidConfig`] when the file cannot be made.
+fn log_of<R: Clone + Send + Sync + 'static>(
+    resource: &R,
+    device: DeviceId,
+) -> Result<Option<Arc<Logging<R>>>> {
+    let log = log_from_env(resource, std::env::var_os(LOG_FILE_VAR).as_deref(), device)
+        .map_err(|_| Error::InvalidConfig { what: "MEMRES_LOG_FILE names a file that cannot be made" })?;
+    if let Some(log) = &log {
+        let log = log.clone();
+        LOGS.lock().unwrap_or_else(|p| p.into_inner()).push(Box::new(move || log.flush()));
+    }
+    Ok(log)
+}
+
+#[cfg(feature = "sim")]
+mod sim {
+    use super::{log_of, DeviceId};
+    use memres_core::{DynResource, Result, Stream};
+    use memres_sim::{SimDevice, DEFAULT_SIM_CAPACITY};
+    use std::sync::Arc;
+
+    /// A simulated device of [`DEFAULT_SIM_CAPACITY`] bytes.
+    pub(super) fn default<S: Stream + ?Sized + 'static>(device: DeviceId) -> Result<DynResource<S>> {
+        let mr = Arc::new(SimDevice::new(DEFAULT_SIM_CAPACITY));
+        Ok(match log_of(&mr, device)? {
+            Some(log) => log,
+            None => mr,
+        })
+    }
+}
+
+#[cfg(feature = "cuda")]
+mod cuda {
+    use super::{log_of, DeviceId};
+    use memres_core::device::promise_memory_of;
+    use memres_core::{DynResource, Result, Stream};
+    use memres_cuda::{AsRawStream, CudaCopy, CudaMemory, Device};
+    use std::sync::Arc;
+
+    /// The CUDA driver's current device.
+    pub(super) fn current() -> Result<DeviceId> {
+        Ok(Device::current()?.ordinal())
+    }
+
+    /// The device's `cuMemAlloc` resource, promised as memory of its
+    /// [`CudaCopy`] for the containers.
+    pub(super) fn default<S: Stream + AsRawStream + ?Sized + 'static>(
+        device: DeviceId,
+    ) -> Result<DynResource<S>> {
+        let gpu = Device::get(device)?;
+        let (mr, engine) = (Arc::new(CudaMemory::new(gpu)?), CudaCopy::new(gpu)?);
+        Ok(match log_of(&mr, device)? {
+            Some(log) => {
+                promise_memory_of::<S, _, _>(&log, engine);
+                log
+            }
+            None => {
+                promise_memory_of::<S, _, _>(&mr, engine);
+                mr
+            }
+        })
+    }
+}

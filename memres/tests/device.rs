@@ -1,0 +1,108 @@
+//! The default resource of every device over the simulator, set and got
+//! from many threads, and bad input through the short path.
+#![cfg(not(feature = "cuda"))]
+
+use memres::device::{
+    get_current_device_resource, get_per_device_resource, install_defaults, set_current_device_resource,
+    set_per_device_resource,
+};
+use memres::prelude::*;
+use memres::sim::{SimDevice, SimStream, SimWorld};
+use memres::DynResource;
+use std::sync::{Arc, Barrier};
+
+#[test]
+fn every_device_has_a_simulated_default_without_registration() {
+    let a = get_per_device_resource(100).unwrap();
+    assert!(Arc::ptr_eq(&a, &get_per_device_resource(100).unwrap()), "made once, then kept");
+    assert!(!Arc::ptr_eq(&a, &get_per_device_resource(101).unwrap()), "one per device");
+    let b = a.allocate(1 << 20).unwrap();
+    a.deallocate(b).unwrap();
+    // The current device is device 0 without CUDA.
+    let current: DynResource = get_current_device_resource().unwrap();
+    assert!(Arc::ptr_eq(&current, &get_per_device_resource(0).unwrap()));
+    // Simulated streams have a default too.
+    let s: DynResource<SimStream> = get_per_device_resource(100).unwrap();
+    let stream = SimWorld::new().stream();
+    s.deallocate_on(s.allocate_on(256, &stream).unwrap(), &stream).unwrap();
+}
+
+#[test]
+fn setting_returns_the_previous_resource() {
+    let default = get_per_device_resource(200).unwrap();
+    let pool: DynResource = Arc::new(Shared::new(CoalescingPool::new(SimDevice::new(1 << 30))));
+    let previous = set_per_device_resource(200, pool.clone()).unwrap();
+    assert!(Arc::ptr_eq(&previous, &default));
+    assert!(Arc::ptr_eq(&get_per_device_resource(200).unwrap(), &pool));
+    // A device whose default was never made had nothing to replace.
+    assert!(set_per_device_resource(201, pool.clone()).is_none());
+    // The current device's, through the same registry.
+    let mine: DynResource = Arc::new(SimDevice::new(1 << 20));
+    let before = set_current_device_resource(mine.clone()).unwrap();
+    assert!(Arc::ptr_eq(&get_current_device_resource().unwrap(), &mine));
+    if let Some(before) = before {
+        set_current_device_resource(before).unwrap();
+    }
+}
+
+#[test]
+fn per_device_resources_from_many_threads() {
+    const THREADS: u32 = 8;
+    let start = Barrier::new(THREADS as usize);
+    let firsts: Vec<DynResource> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..THREADS)
+            .map(|t| {
+                let start = &start;
+                s.spawn(move || {
+                    start.wait();
+                    // All threads race for the default of one fresh device...
+                    let first = get_per_device_resource(300).unwrap();
+                    // ...and each sets and gets its own device many times.
+                    let device = 400 + t;
+                    for i in 0..200 {
+                        let mine: DynResource = Arc::new(SimDevice::new(1 << 20));
+                        let previous = set_per_device_resource(device, mine.clone());
+                        assert_eq!(previous.is_some(), i > 0, "thread {t}");
+                        let got = get_per_device_resource(device).unwrap();
+                        assert!(Arc::ptr_eq(&got, &mine), "thread {t}: another thread's resource");
+                        got.deallocate(got.allocate(1000).unwrap()).unwrap();
+                    }
+                    first
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    assert!(firsts.iter().all(|f| Arc::ptr_eq(f, &firsts[0])), "every thread got the one default stored");
+}
+
+#[test]
+fn bad_input_through_the_short_path_is_typed_and_changes_nothing() {
+    let mr = Statistics::new(Shared::new(CoalescingPool::new(get_per_device_resource(500).unwrap())));
+    let live = mr.allocate(1000).unwrap();
+    let too_big = Request::MAX_SIZE + 1;
+    assert_eq!(mr.allocate(too_big), Err(Error::InvalidSize { size: too_big }));
+    let e = mr.allocate(1 << 50).unwrap_err(); // larger than the simulated device
+    assert!(e.is_out_of_memory(), "{e:?}");
+    let forged = Block::from_addr(live.addr() + (1 << 40), 256);
+    assert!(matches!(mr.deallocate(forged), Err(Error::UnknownBlock { .. })));
+    assert_eq!(
+        (mr.get_bytes_counter().value, mr.get_allocations_counter().total),
+        (1000, 1),
+        "nothing changed"
+    );
+    mr.deallocate(live).unwrap();
+    assert!(mr.deallocate(live).is_err(), "a second free");
+    assert_eq!((mr.get_bytes_counter().value, mr.get_bytes_counter().peak), (0, 1000));
+    mr.deallocate(mr.allocate(1000).unwrap()).unwrap();
+    mr.check().unwrap(); // the pool's checker, through the adaptor and the lock
+}
+
+#[test]
+fn install_defaults_is_idempotent_and_keeps_what_was_set() {
+    let mine: DynResource = Arc::new(SimDevice::new(1 << 20));
+    set_per_device_resource(600, mine.clone());
+    install_defaults();
+    install_defaults();
+    assert!(Arc::ptr_eq(&get_per_device_resource(600).unwrap(), &mine));
+}
