@@ -7,7 +7,13 @@
 set -euo pipefail
 cd "$(dirname "$0")"
 
-python3 -m venv --system-site-packages venv
+# MEMRES_PYTHON: the interpreter whose packages (PyTorch, CuPy) the tests
+# use, itself perhaps a virtual environment; the new one sees its packages.
+py="${MEMRES_PYTHON:-python3}"
+"$py" -m venv --system-site-packages venv
+base=$("$py" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+here=$(venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+echo "$base" > "$here/memres-base-packages.pth"
 venv/bin/python -m pip install -q --no-index --find-links wheels memres pytest
 status=0
 MEMRES_REQUIRE_GPU=1 MEMRES_README="$PWD/README.md" venv/bin/python -m pytest -v -p no:cacheprovider tests || status=$?

@@ -23,7 +23,9 @@ class DeviceBuffer:
         self.mr = mr
         self.stream = stream  # kept alive as long as the buffer is
         self._native_cls = type(mr._native)
-        self._buf = _native_buffer(mr)(mr._native, size, as_handle(stream), data)
+        handle = as_handle(stream)
+        mr._keep(handle, stream)
+        self._buf = _native_buffer(mr)(mr._native, size, handle, data)
 
     @classmethod
     def to_device(cls, b, stream=None, mr=None):

@@ -92,12 +92,30 @@ class DeviceMemoryResource:
 
     def allocate(self, nbytes, stream=None):
         """Allocates ``nbytes`` on ``stream``; returns the address."""
-        return self._native.allocate(_nbytes(nbytes), as_handle(stream))
+        handle = as_handle(stream)
+        self._keep(handle, stream)
+        return self._native.allocate(_nbytes(nbytes), handle)
 
     def deallocate(self, ptr, nbytes, stream=None):
         """Frees ``ptr`` (from ``allocate`` of this object, ``nbytes``
         long) on ``stream``; a refused free raises and changes nothing."""
-        self._native.deallocate(_nbytes(ptr), _nbytes(nbytes), as_handle(stream))
+        handle = as_handle(stream)
+        self._keep(handle, stream)
+        self._native.deallocate(_nbytes(ptr), _nbytes(nbytes), handle)
+
+    def _keep(self, handle, stream):
+        """Keeps the Python object of every stream this stack has been
+        given alive as long as the stack: stream-ordered layers remember a
+        stream (its free memory, its events) after the call, and a
+        ``torch.cuda.Stream`` or ``cupy.cuda.Stream`` destroys its handle
+        when collected. One entry per distinct stream."""
+        if stream is None or handle == 0:
+            return
+        kept = self.__dict__.setdefault("_streams", {})
+        if handle not in kept:
+            kept[handle] = stream
+            for u in getattr(self, "_upstreams", ()):
+                u._keep(handle, stream)
 
     def release(self, stream=None):
         """Gives the wholly free chunks of this stack's pools back to the

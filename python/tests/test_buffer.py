@@ -78,7 +78,7 @@ def test_simulated_device_has_no_bytes_for_a_buffer():
 
 def test_host_buffer_has_no_cuda_array_interface():
     with pytest.raises(AttributeError):
-        memres.DeviceBuffer(size=4).__cuda_array_interface__
+        memres.DeviceBuffer(size=4, mr=mr.HostMemoryResource()).__cuda_array_interface__
 
 
 def test_bad_arguments():

@@ -11,12 +11,15 @@ SCRIPT = r"""
 import ctypes, memres
 try:
     ctypes.CDLL("libcuda.so.1")
-    print("DRIVER-FOUND")
+    driver = True
 except OSError:
-    pass
+    driver = False
 pool = memres.mr.PoolMemoryResource(memres.mr.SimulatedMemoryResource(1 << 30), initial_pool_size=1 << 20)
 p = pool.allocate(4096)
 pool.deallocate(p, 4096)
+if driver:
+    print("DRIVER-FOUND")
+    raise SystemExit(0)
 assert not memres.cuda_available()
 try:
     memres.mr.CudaMemoryResource()

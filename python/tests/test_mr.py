@@ -163,7 +163,9 @@ def test_bad_stack_is_a_value_error_naming_the_position():
 def test_current_and_per_device_resources():
     assert not memres.is_initialized()
     default = mr.get_current_device_resource()
-    assert isinstance(default, mr.HostMemoryResource)  # no GPU here
+    # RMM's default: the CUDA resource of the device; host memory where there is none.
+    expected = mr.CudaMemoryResource if memres.cuda_available() else mr.HostMemoryResource
+    assert isinstance(default, expected)
     pool = sim_pool()
     assert mr.set_current_device_resource(pool) is default
     assert mr.get_current_device_resource() is pool
