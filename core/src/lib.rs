@@ -65,6 +65,7 @@ extern crate alloc;
 extern crate std;
 
 mod block;
+mod config;
 mod error;
 mod inspect;
 mod plant;

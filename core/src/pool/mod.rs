@@ -57,31 +57,21 @@ impl PoolConfig {
         PoolConfig { initial_size: 0, maximum_size: None, growth: Growth::DEFAULT, release_on_grow: true }
     }
 
-    /// Bytes taken from upstream when the pool is made (a multiple of 256).
-    pub const fn initial_size(mut self, bytes: u64) -> Self {
-        self.initial_size = bytes;
-        self
-    }
+    crate::config::setters! {
+        /// Bytes taken from upstream when the pool is made (a multiple of 256).
+        initial_size(bytes: u64) => initial_size;
 
-    /// The most bytes the pool ever holds from upstream (a multiple of 256).
-    pub const fn maximum_size(mut self, bytes: u64) -> Self {
-        self.maximum_size = Some(bytes);
-        self
-    }
+        /// The most bytes the pool ever holds from upstream (a multiple of 256).
+        maximum_size(bytes: u64) => maximum_size Some;
 
-    /// How the pool grows.
-    pub const fn growth(mut self, growth: Growth) -> Self {
-        self.growth = growth;
-        self
-    }
+        /// How the pool grows.
+        growth(growth: Growth) => growth;
 
-    /// Whether wholly free chunks go back upstream before the pool grows, so
-    /// that a new chunk replaces them instead of adding to them (default: yes;
-    /// RMM: no). Free chunks too small for the request would otherwise sit
-    /// beside the new chunk at the peak.
-    pub const fn release_on_grow(mut self, yes: bool) -> Self {
-        self.release_on_grow = yes;
-        self
+        /// Whether wholly free chunks go back upstream before the pool grows, so
+        /// that a new chunk replaces them instead of adding to them (default: yes;
+        /// RMM: no). Free chunks too small for the request would otherwise sit
+        /// beside the new chunk at the peak.
+        release_on_grow(yes: bool) => release_on_grow;
     }
 
     /// The maximum size, if any.
