@@ -67,6 +67,7 @@ extern crate alloc;
 extern crate std;
 
 mod block;
+mod config;
 mod error;
 mod inspect;
 mod plant;

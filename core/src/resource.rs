@@ -187,19 +187,55 @@ pub trait MemoryResourceMut<S: Stream + ?Sized = ()> {
     fn deallocate(&mut self, block: Block, stream: &S) -> Result<()>;
 }
 
-impl<S: Stream + ?Sized, R: MemoryResource<S> + ?Sized> MemoryResource<S> for &R {
-    #[inline]
-    fn allocate(&self, request: Request, stream: &S) -> Result<Block> {
-        (**self).allocate(request, stream)
-    }
-    #[inline]
-    fn deallocate(&self, block: Block, stream: &S) -> Result<()> {
-        (**self).deallocate(block, stream)
-    }
-    #[inline]
-    fn id(&self) -> ResourceId {
-        (**self).id()
-    }
+/// The `deallocate` and `id` of an adaptor that keeps no record of blocks:
+/// each block goes back to the resource in its field `$field` unchanged,
+/// and it is equal to another such adaptor of its type over an equal
+/// upstream ([`ResourceId::over`]).
+macro_rules! pass_blocks_through {
+    ($field:ident) => {
+        #[inline]
+        fn deallocate(&self, block: $crate::Block, stream: &S) -> $crate::Result<()> {
+            self.$field.deallocate(block, stream)
+        }
+
+        /// Equal to an adaptor of its type over an equal upstream, whatever
+        /// its other settings (it gives the upstream its very blocks back).
+        #[inline]
+        fn id(&self) -> $crate::ResourceId {
+            $crate::ResourceId::over::<Self>(self.$field.id())
+        }
+    };
+}
+pub(crate) use pass_blocks_through;
+
+/// Pointers to a resource are the resource: every call goes to the
+/// pointee, and so does its id.
+macro_rules! forward_through_pointer {
+    ($($(#[$attr:meta])* $ptr:ty;)*) => {$(
+        $(#[$attr])*
+        impl<S: Stream + ?Sized, R: MemoryResource<S> + ?Sized> MemoryResource<S> for $ptr {
+            #[inline]
+            fn allocate(&self, request: Request, stream: &S) -> Result<Block> {
+                (**self).allocate(request, stream)
+            }
+            #[inline]
+            fn deallocate(&self, block: Block, stream: &S) -> Result<()> {
+                (**self).deallocate(block, stream)
+            }
+            #[inline]
+            fn id(&self) -> ResourceId {
+                (**self).id()
+            }
+        }
+    )*};
+}
+
+forward_through_pointer! {
+    &R;
+    #[cfg(feature = "alloc")]
+    alloc::boxed::Box<R>;
+    #[cfg(feature = "alloc")]
+    alloc::sync::Arc<R>;
 }
 
 impl<S: Stream + ?Sized, R: MemoryResource<S> + ?Sized> MemoryResourceMut<S> for &R {
@@ -237,37 +273,5 @@ impl<S: Stream + ?Sized, R: MemoryResourceMut<S> + ?Sized> MemoryResourceMut<S> 
     #[inline]
     fn deallocate(&mut self, block: Block, stream: &S) -> Result<()> {
         (**self).deallocate(block, stream)
-    }
-}
-
-#[cfg(feature = "alloc")]
-impl<S: Stream + ?Sized, R: MemoryResource<S> + ?Sized> MemoryResource<S> for alloc::boxed::Box<R> {
-    #[inline]
-    fn allocate(&self, request: Request, stream: &S) -> Result<Block> {
-        (**self).allocate(request, stream)
-    }
-    #[inline]
-    fn deallocate(&self, block: Block, stream: &S) -> Result<()> {
-        (**self).deallocate(block, stream)
-    }
-    #[inline]
-    fn id(&self) -> ResourceId {
-        (**self).id()
-    }
-}
-
-#[cfg(feature = "alloc")]
-impl<S: Stream + ?Sized, R: MemoryResource<S> + ?Sized> MemoryResource<S> for alloc::sync::Arc<R> {
-    #[inline]
-    fn allocate(&self, request: Request, stream: &S) -> Result<Block> {
-        (**self).allocate(request, stream)
-    }
-    #[inline]
-    fn deallocate(&self, block: Block, stream: &S) -> Result<()> {
-        (**self).deallocate(block, stream)
-    }
-    #[inline]
-    fn id(&self) -> ResourceId {
-        (**self).id()
     }
 }

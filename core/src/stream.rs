@@ -51,6 +51,17 @@ pub trait Stream {
     fn synchronize_device(&self) -> Result<bool> {
         Ok(false)
     }
+
+    /// Calls `give_back` with the stream on which a resource being dropped
+    /// gives its upstream chunks back, for stream types that have one
+    /// needing no handle (as RMM's pools free on the default stream when
+    /// destroyed), and says whether it did. The default has none (`false`):
+    /// a dropped resource over such a stream keeps its chunks (call
+    /// `release` on a stream before dropping it).
+    fn at_drop(give_back: &mut dyn FnMut(&Self)) -> bool {
+        let _ = give_back;
+        false
+    }
 }
 
 impl Stream for () {
@@ -75,6 +86,11 @@ impl Stream for () {
     #[inline]
     fn synchronize(&self) -> Result<()> {
         Ok(())
+    }
+    #[inline]
+    fn at_drop(give_back: &mut dyn FnMut(&())) -> bool {
+        give_back(&());
+        true
     }
     #[inline]
     fn synchronize_device(&self) -> Result<bool> {

@@ -231,27 +231,3 @@ impl Resource {
 fn no_stats() -> PyErr {
     PyValueError::new_err("memres: this resource is not a StatisticsResourceAdaptor")
 }
-
-/// A dropped pool keeps its chunks (the core's pools give memory back only
-/// when asked), so the last owner of a stack gives its pools' free chunks
-/// back: device memory is not held past the Python object that held it.
-impl Drop for Resource {
-    fn drop(&mut self) {
-        (self.stats, self.track) = (None, None);
-        self.logs.clear();
-        let top = Arc::as_ptr(&self.inner).cast::<()>();
-        let is_top = |p: &Arc<Shared<CoalescingPool<Dyn>>>| Arc::as_ptr(p).cast::<()>() == top;
-        // Held elsewhere (an adaptor's stack, the current-resource
-        // registry, a buffer): the pools are still in use.
-        if Arc::strong_count(&self.inner) - self.pools.iter().filter(|p| is_top(p)).count() != 1 {
-            return;
-        }
-        let Ok(stream) = backend::stream(0, self.device) else { return };
-        for pool in &self.pools {
-            // Ours and the one inside the stack: no one else's.
-            if Arc::strong_count(pool) == 2 {
-                let _ = pool.with(|p| p.release(&stream));
-            }
-        }
-    }
-}

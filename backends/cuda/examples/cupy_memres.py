@@ -9,12 +9,11 @@ function from a size to a `MemoryPointer`; the memory is wrapped in
 """
 
 import argparse
-import json
 import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from memres_ctypes import Memres, MemresError, fmt_bytes  # noqa: E402
+from memres_ctypes import Memres, MemresError, print_stats  # noqa: E402
 
 
 class _Block:
@@ -79,18 +78,7 @@ def main():
     cupy.cuda.runtime.deviceSynchronize()
 
     device = cupy.cuda.runtime.getDevice()
-    stats = lib.stats(device)
-    print(f"memres stack: {lib.stack(device)}")
-    if stats["has_stats"]:
-        print(
-            f"  live now {fmt_bytes(stats['bytes_current'])} in {stats['count_current']} blocks; "
-            f"peak live {fmt_bytes(stats['bytes_peak'])}; {stats['count_total']} allocations in all"
-        )
-    print(
-        f"  held from the device: now {fmt_bytes(stats['upstream_current'])}, "
-        f"peak {fmt_bytes(stats['upstream_peak'])}"
-    )
-    print("STATS " + json.dumps(stats))
+    print_stats(lib, device)
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ figures read here are those of the allocator PyTorch uses.
 """
 
 import ctypes
+import json
 import os
 
 STATS_FIELDS = (
@@ -112,3 +113,20 @@ def fmt_bytes(n):
         if abs(n) < 1024 or unit == "GiB":
             return f"{n:.1f} {unit}" if unit != "B" else f"{n} B"
         n /= 1024
+
+
+def print_stats(lib, device, reserved=False):
+    """Prints the stack of `device`, its figures, and a `STATS` line of JSON
+    for scripts to read; `reserved`: the driver pools' peak too."""
+    stats = lib.stats(device)
+    print(f"memres stack: {lib.stack(device)}")
+    if stats["has_stats"]:
+        print(
+            f"  live now {fmt_bytes(stats['bytes_current'])} in {stats['count_current']} blocks; "
+            f"peak live {fmt_bytes(stats['bytes_peak'])}; {stats['count_total']} allocations in all"
+        )
+    held = f"  held from the device: now {fmt_bytes(stats['upstream_current'])}, peak {fmt_bytes(stats['upstream_peak'])}"
+    if reserved:
+        held += f"; driver pools reserved at peak {fmt_bytes(stats['reserved_peak'])}"
+    print(held)
+    print("STATS " + json.dumps(stats))

@@ -9,12 +9,11 @@ PyTorch allocates anything on the GPU.
 """
 
 import argparse
-import json
 import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from memres_ctypes import Memres, fmt_bytes  # noqa: E402
+from memres_ctypes import Memres, print_stats  # noqa: E402
 
 
 def main():
@@ -55,19 +54,7 @@ def main():
     del scratch
     torch.cuda.synchronize()
 
-    stats = lib.stats(torch.cuda.current_device())
-    print(f"memres stack: {lib.stack(torch.cuda.current_device())}")
-    if stats["has_stats"]:
-        print(
-            f"  live now {fmt_bytes(stats['bytes_current'])} in {stats['count_current']} blocks; "
-            f"peak live {fmt_bytes(stats['bytes_peak'])}; {stats['count_total']} allocations in all"
-        )
-    print(
-        f"  held from the device: now {fmt_bytes(stats['upstream_current'])}, "
-        f"peak {fmt_bytes(stats['upstream_peak'])}; driver pools reserved at peak "
-        f"{fmt_bytes(stats['reserved_peak'])}"
-    )
-    print("STATS " + json.dumps(stats))
+    print_stats(lib, torch.cuda.current_device(), reserved=True)
 
 
 if __name__ == "__main__":

@@ -14,8 +14,12 @@
 //! and `CudaCopy` touches a range in the table only under the lock and until
 //! its work has completed.
 
+use crate::context::Context;
+use crate::live::LiveAllocations;
+use crate::place::{allocate_with, deallocate_with};
 use crate::sys;
 use memres_core::copy::LiveRanges;
+use memres_core::{Block, Request, Result};
 use std::sync::{Mutex, MutexGuard};
 
 /// Every host-accessible allocation not yet freed: base to end.
@@ -47,6 +51,72 @@ pub(crate) fn free(base: u64, release: impl FnOnce(u64) -> sys::CuResult) -> sys
         live.insert(base, bytes);
     }
     code
+}
+
+/// The allocate of a resource of host-visible memory: `alloc` (the
+/// driver's call, run with `context` current) through [`allocate_with`],
+/// the allocation recorded in the table before the block is handed out;
+/// one the block cannot be placed in goes back through [`free`] with
+/// `release`.
+///
+/// # Safety
+///
+/// `release` must free an allocation that `alloc` made, called with
+/// `context` current by [`free`] (which has taken it out of the table and
+/// holds the lock, so no `CudaCopy` access is under way in it or can
+/// start), on a base no one else frees.
+pub(crate) unsafe fn allocate(
+    context: &Context,
+    live: &LiveAllocations,
+    request: Request,
+    alloc: impl FnOnce(usize, &mut u64) -> sys::CuResult,
+    release: unsafe fn(u64) -> sys::CuResult,
+) -> Result<Block> {
+    if request.is_zero() {
+        return Ok(Block::EMPTY);
+    }
+    context.scope(|| {
+        allocate_with(
+            context,
+            live,
+            request,
+            |bytes, base| {
+                let code = alloc(bytes, base);
+                if code == sys::CUDA_SUCCESS {
+                    insert(*base, bytes);
+                }
+                code
+            },
+            // SAFETY: `base` was just allocated by `alloc` (and put in the
+            // table) and is handed out to no one; `free` releases it under
+            // the table's lock, once it has left the table, within our
+            // `context.scope`: what `release` needs, as our caller promised.
+            |base| free(base, |b| unsafe { release(b) }),
+            || None,
+        )
+    })
+}
+
+/// The free of a resource of host-visible memory: [`deallocate_with`],
+/// whose release goes through [`free`] with `release`.
+///
+/// # Safety
+///
+/// As [`allocate`], for the allocations of `live`.
+pub(crate) unsafe fn deallocate(
+    context: &Context,
+    live: &LiveAllocations,
+    block: Block,
+    release: unsafe fn(u64) -> sys::CuResult,
+) -> Result<()> {
+    deallocate_with(context, live, block, |base| {
+        // SAFETY: `deallocate_with` passes, with `context` current, the base
+        // of an allocation of `live` that it has just taken out of that
+        // table, so no one else frees it; `free` releases it under the
+        // host-visible table's lock, once it has left that table: what
+        // `release` needs, as our caller promised.
+        free(base, |b| unsafe { release(b) })
+    })
 }
 
 #[cfg(test)]

@@ -4,7 +4,6 @@ use crate::context::{Context, Device};
 use crate::error::error_from_code;
 use crate::host_visible;
 use crate::live::LiveAllocations;
-use crate::place::{allocate_with, deallocate_with};
 use crate::stream::AsRawStream;
 use crate::sys;
 use memres_core::{Block, MemoryResource, Request, Result, Stream};
@@ -63,40 +62,19 @@ impl ManagedMemory {
 
 impl<S: Stream + ?Sized> MemoryResource<S> for ManagedMemory {
     fn allocate(&self, request: Request, _stream: &S) -> Result<Block> {
-        if request.is_zero() {
-            return Ok(Block::EMPTY);
-        }
-        self.context.scope(|| {
-            allocate_with(
-                &self.context,
-                &self.live,
-                request,
-                |bytes, base| {
-                    // SAFETY: our context is current; the out parameter is a live local.
-                    let code = unsafe { sys::cuMemAllocManaged(base, bytes, sys::CU_MEM_ATTACH_GLOBAL) };
-                    if code == sys::CUDA_SUCCESS {
-                        host_visible::insert(*base, bytes);
-                    }
-                    code
-                },
-                // SAFETY: `base` was just allocated (and put in the table) and
-                // is handed out to no one; `host_visible::free` releases it
-                // under the table's lock, once it has left the table; our context is current.
-                |base| host_visible::free(base, |b| unsafe { free_managed(b) }),
-                || None,
-            )
-        })
+        // SAFETY: our context is current; the out parameter is a live local.
+        let alloc =
+            |bytes, base: &mut u64| unsafe { sys::cuMemAllocManaged(base, bytes, sys::CU_MEM_ATTACH_GLOBAL) };
+        // SAFETY: `free_managed` frees a managed allocation, which `alloc`
+        // makes; `host_visible::allocate` calls it as `free_managed` asks,
+        // with our context current.
+        unsafe { host_visible::allocate(&self.context, &self.live, request, alloc, free_managed) }
     }
 
     fn deallocate(&self, block: Block, _stream: &S) -> Result<()> {
-        deallocate_with(&self.context, &self.live, block, |base| {
-            // SAFETY: `deallocate_with` passes the base of a managed
-            // allocation of ours that it has just taken out of our table, so
-            // no one else frees it, with our context current;
-            // `host_visible::free` releases it under the table's lock, once
-            // it has left the table.
-            host_visible::free(base, |b| unsafe { free_managed(b) })
-        })
+        // SAFETY: every allocation of `self.live` is a managed one of ours,
+        // made by `allocate` above in our context.
+        unsafe { host_visible::deallocate(&self.context, &self.live, block, free_managed) }
     }
 
     /// Equal to its clones, which share its table of live allocations (one

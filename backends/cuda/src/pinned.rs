@@ -3,7 +3,6 @@
 use crate::context::{Context, Device};
 use crate::host_visible;
 use crate::live::LiveAllocations;
-use crate::place::{allocate_with, deallocate_with};
 use crate::sys;
 use memres_core::{Block, MemoryResource, Request, Result, Stream};
 use std::sync::Arc;
@@ -70,41 +69,22 @@ impl PinnedMemory {
 
 impl<S: Stream + ?Sized> MemoryResource<S> for PinnedMemory {
     fn allocate(&self, request: Request, _stream: &S) -> Result<Block> {
-        if request.is_zero() {
-            return Ok(Block::EMPTY);
-        }
-        self.context.scope(|| {
-            allocate_with(
-                &self.context,
-                &self.live,
-                request,
-                |bytes, base| {
-                    let mut p = core::ptr::null_mut();
-                    // SAFETY: a context is current; the out parameter is a live local.
-                    let code = unsafe { sys::cuMemHostAlloc(&mut p, bytes, self.flags) };
-                    *base = p as u64;
-                    if code == sys::CUDA_SUCCESS {
-                        host_visible::insert(*base, bytes);
-                    }
-                    code
-                },
-                // SAFETY: `base` was just allocated (and put in the table) and
-                // is handed out to no one; `host_visible::free` releases it
-                // under the table's lock, once it has left the table.
-                |base| host_visible::free(base, |b| unsafe { free_host(b) }),
-                || None,
-            )
-        })
+        let alloc = |bytes, base: &mut u64| {
+            let mut p = core::ptr::null_mut();
+            // SAFETY: a context is current; the out parameter is a live local.
+            let code = unsafe { sys::cuMemHostAlloc(&mut p, bytes, self.flags) };
+            *base = p as u64;
+            code
+        };
+        // SAFETY: `free_host` frees a pinned allocation, which `alloc`
+        // makes; `host_visible::allocate` calls it as `free_host` asks.
+        unsafe { host_visible::allocate(&self.context, &self.live, request, alloc, free_host) }
     }
 
     fn deallocate(&self, block: Block, _stream: &S) -> Result<()> {
-        deallocate_with(&self.context, &self.live, block, |base| {
-            // SAFETY: `deallocate_with` passes the base of a pinned
-            // allocation of ours that it has just taken out of our table, so
-            // no one else frees it; `host_visible::free` releases it under
-            // the table's lock, once it has left the table.
-            host_visible::free(base, |b| unsafe { free_host(b) })
-        })
+        // SAFETY: every allocation of `self.live` is a pinned one of ours,
+        // made by `allocate` above.
+        unsafe { host_visible::deallocate(&self.context, &self.live, block, free_host) }
     }
 
     /// Equal to its clones, which share its table of live allocations (one

@@ -266,6 +266,14 @@ impl Stream for CudaStream {
         stream_id(self.raw)
     }
 
+    /// The legacy default stream, as RMM's pools free on the default stream
+    /// when destroyed; the resources of this crate make their own context
+    /// current for the call.
+    fn at_drop(give_back: &mut dyn FnMut(&Self)) -> bool {
+        give_back(&CudaStream::legacy());
+        true
+    }
+
     fn record(&self) -> Result<CudaEvent> {
         self.scope(|| {
             let event = match self.events.as_ref().and_then(|c| c.take()) {

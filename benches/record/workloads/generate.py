@@ -14,14 +14,18 @@ def _model(ctx):
     return MiniGPT(VOCAB, d, layers, heads=16 if not ctx.dry else 4, max_len=2048).to(ctx.device, ctx.dtype).eval()
 
 
+def _requests(ctx, max_batch, max_prompt, max_new):
+    """The requests of a run: (batch, prompt length, new tokens), the new
+    tokens 3 on a dry run."""
+    for _ in range(ctx.steps(10)):
+        batch, prompt, new = ctx.logint(1, max_batch), ctx.logint(32, max_prompt), ctx.randint(16, max_new)
+        yield batch, prompt, 3 if ctx.dry else new
+
+
 def kv_greedy(ctx):
     model = _model(ctx)
-    max_batch, max_prompt = ctx.size(8, 2), ctx.size(1024, 24)
     with torch.inference_mode():
-        for _ in range(ctx.steps(10)):
-            batch, prompt, new = ctx.logint(1, max_batch), ctx.logint(32, max_prompt), ctx.randint(16, 48)
-            if ctx.dry:
-                new = 3
+        for batch, prompt, new in _requests(ctx, ctx.size(8, 2), ctx.size(1024, 24), 48):
             ids = torch.randint(0, VOCAB, (batch, prompt), device=ctx.device)
             mask = torch.ones(batch, prompt, dtype=torch.long, device=ctx.device)
             caches = model.new_cache()
@@ -40,12 +44,8 @@ def kv_greedy(ctx):
 def kv_beam(ctx):
     model = _model(ctx)
     beams = 4
-    max_batch, max_prompt = ctx.size(4, 2), ctx.size(512, 24)
     with torch.inference_mode():
-        for _ in range(ctx.steps(10)):
-            batch, prompt, new = ctx.logint(1, max_batch), ctx.logint(32, max_prompt), ctx.randint(16, 32)
-            if ctx.dry:
-                new = 3
+        for batch, prompt, new in _requests(ctx, ctx.size(4, 2), ctx.size(512, 24), 32):
             rows = batch * beams
             # Every beam starts from the prompt; only the first has score 0.
             ids = torch.randint(0, VOCAB, (batch, prompt), device=ctx.device).repeat_interleave(beams, dim=0)

@@ -108,18 +108,9 @@ impl<S: Stream + ?Sized, R: MemoryResource<S>> MemoryResource<S> for Aligned<R> 
         self.upstream.allocate(Request::aligned(request.size(), self.alignment)?, stream)
     }
 
-    #[inline]
-    fn deallocate(&self, block: Block, stream: &S) -> Result<()> {
-        self.upstream.deallocate(block, stream)
-    }
-
-    /// Equal to an `Aligned` over an equal upstream, whatever its
-    /// alignment (RMM compares that too, because its adaptor pads; this
-    /// one gives the upstream its very block back).
-    #[inline]
-    fn id(&self) -> crate::ResourceId {
-        crate::ResourceId::over::<Self>(self.upstream.id())
-    }
+    // Equal whatever the alignment: RMM compares that too, because its
+    // adaptor pads; this one gives the upstream its very block back.
+    crate::resource::pass_blocks_through!(upstream);
 }
 
 crate::inspect::forward_inspect!(Aligned<R>, upstream);

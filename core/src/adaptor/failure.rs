@@ -209,17 +209,8 @@ where
         }
     }
 
-    #[inline]
-    fn deallocate(&self, block: Block, stream: &S) -> Result<()> {
-        self.upstream.deallocate(block, stream)
-    }
-
-    /// Equal to a `FailureCallback` over an equal upstream, whatever its
-    /// callback, as in RMM.
-    #[inline]
-    fn id(&self) -> crate::ResourceId {
-        crate::ResourceId::over::<Self>(self.upstream.id())
-    }
+    // Equal whatever the callback, as in RMM.
+    crate::resource::pass_blocks_through!(upstream);
 }
 
 crate::inspect::forward_inspect!(FailureCallback<R, T, F>, upstream);

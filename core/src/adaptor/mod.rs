@@ -77,6 +77,8 @@ pub use tracking::{LeakReport, Outstanding, Tracking};
 #[cfg(feature = "alloc")]
 pub type DynResource<S = ()> = alloc::sync::Arc<dyn crate::MemoryResource<S> + Send + Sync>;
 
+#[cfg(all(test, feature = "std", not(loom)))]
+mod counting_tests;
 #[cfg(all(test, feature = "std", loom))]
 mod loom_tests;
 #[cfg(all(test, feature = "std", not(loom)))]

@@ -85,64 +85,39 @@ impl ArenaConfig {
         }
     }
 
-    /// Bytes taken from upstream when the resource is made (a multiple of
-    /// 256, at most [`Request::MAX_SIZE`]).
-    pub const fn initial_size(mut self, bytes: u64) -> Self {
-        self.initial_size = bytes;
-        self
-    }
+    crate::config::setters! {
+        /// Bytes taken from upstream when the resource is made (a multiple of
+        /// 256, at most [`Request::MAX_SIZE`]).
+        initial_size(bytes: u64) => initial_size;
 
-    /// The most bytes ever held from upstream (a multiple of 256, at least
-    /// the superblock size and the initial size).
-    pub const fn maximum_size(mut self, bytes: u64) -> Self {
-        self.maximum_size = Some(bytes);
-        self
-    }
+        /// The most bytes ever held from upstream (a multiple of 256, at least
+        /// the superblock size and the initial size).
+        maximum_size(bytes: u64) => maximum_size Some;
 
-    /// Smallest growth step of the global arena (a multiple of 256, at
-    /// least the superblock size, at most [`Request::MAX_SIZE`]).
-    pub const fn chunk_size(mut self, bytes: u64) -> Self {
-        self.chunk_size = bytes;
-        self
-    }
+        /// Smallest growth step of the global arena (a multiple of 256, at
+        /// least the superblock size, at most [`Request::MAX_SIZE`]).
+        chunk_size(bytes: u64) => chunk_size;
 
-    /// Size of the superblocks lent to arenas (a multiple of 256, at least 1 MiB).
-    pub const fn superblock_size(mut self, bytes: u64) -> Self {
-        self.superblock_size = bytes;
-        self
-    }
+        /// Size of the superblocks lent to arenas (a multiple of 256, at least 1 MiB).
+        superblock_size(bytes: u64) => superblock_size;
 
-    /// Requests above this many bytes go straight to the global arena (its
-    /// size class must fit in a superblock).
-    pub const fn large_threshold(mut self, bytes: u64) -> Self {
-        self.large_threshold = bytes;
-        self
-    }
+        /// Requests above this many bytes go straight to the global arena (its
+        /// size class must fit in a superblock).
+        large_threshold(bytes: u64) => large_threshold;
 
-    /// Number of arena slots (1 to [`MAX_ARENAS`]).
-    pub const fn max_arenas(mut self, n: u32) -> Self {
-        self.max_arenas = n;
-        self
-    }
+        /// Number of arena slots (1 to [`MAX_ARENAS`]).
+        max_arenas(n: u32) => max_arenas;
 
-    /// Whether small requests are rounded up to size classes (else to 256 bytes).
-    pub const fn size_classes(mut self, yes: bool) -> Self {
-        self.size_classes = yes;
-        self
-    }
+        /// Whether small requests are rounded up to size classes (else to 256 bytes).
+        size_classes(yes: bool) => size_classes;
 
-    /// Where to dump the state when an allocation runs out of memory.
-    pub const fn dump_on_failure(mut self, target: DumpTarget) -> Self {
-        self.dump_on_failure = target;
-        self
-    }
+        /// Where to dump the state when an allocation runs out of memory.
+        dump_on_failure(target: DumpTarget) => dump_on_failure;
 
-    /// Superblock requests after which an arena that served no allocation
-    /// meanwhile gives its wholly free superblocks back, and its slot if it
-    /// is left empty (0: never).
-    pub const fn idle_after(mut self, requests: u32) -> Self {
-        self.idle_after = requests;
-        self
+        /// Superblock requests after which an arena that served no allocation
+        /// meanwhile gives its wholly free superblocks back, and its slot if it
+        /// is left empty (0: never).
+        idle_after(requests: u32) => idle_after;
     }
 
     /// The maximum size, if any.

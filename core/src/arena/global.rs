@@ -1,7 +1,7 @@
 //! The global arena: upstream chunks cut into superblocks and large blocks.
 
 use crate::check::Violation;
-use crate::chunks::{ChunkTable, GiveBack, Growth};
+use crate::chunks::{Carve, ChunkTable, GiveBack, Growth};
 use crate::index::{Allocation, CoalescingIndex};
 use crate::{Error, MemoryResource, Range, Request, Result, Stream};
 use alloc::collections::BTreeMap;
@@ -242,6 +242,14 @@ impl<U> Global<U> {
         U: MemoryResource<S>,
     {
         self.chunks.release(stream, &mut self.index)
+    }
+
+    /// For the arena's `Drop`: gives back every chunk wholly free in the
+    /// index, or every chunk when no block is live in any arena (`idle`):
+    /// then the superblocks still out hold only free blocks.
+    pub(super) fn give_back_on_drop(&mut self, idle: bool) {
+        let index = &self.index;
+        self.chunks.give_back_on_drop(|c| idle || index.is_free(c));
     }
 
     pub(super) fn chunk_count(&self) -> usize {

@@ -11,6 +11,8 @@
 mod check;
 mod class;
 mod config;
+#[cfg(test)]
+mod config_tests;
 mod dump;
 mod global;
 mod local;

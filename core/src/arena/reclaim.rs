@@ -5,7 +5,7 @@ use super::local::Local;
 use super::slots::OwnerKey;
 use super::ArenaResource;
 use crate::lock::RawLock;
-use crate::{MemoryResource, Range, Result, Stream};
+use crate::{Inspect, MemoryResource, Range, Result, Stream};
 use alloc::vec::Vec;
 
 /// A superblock on its way from an arena to the global arena.
@@ -130,5 +130,17 @@ impl<U, L: RawLock> ArenaResource<U, L> {
         self.reclaim(stream, |_, _| true)?;
         self.retire_idle();
         self.global.0.with(|g| g.release(stream))
+    }
+}
+
+/// Gives the global arena's chunks back upstream, on the stream type's
+/// [`Stream::at_drop`] stream, as the pool does (see
+/// [`CoalescingPool`](crate::pool::CoalescingPool)'s `Drop`): every chunk
+/// when no block is live, otherwise those wholly free in the global arena.
+/// A chunk that still holds a live block stays with the upstream (leaked).
+impl<U, L: RawLock> Drop for ArenaResource<U, L> {
+    fn drop(&mut self) {
+        let idle = self.usage().used == 0;
+        self.global.0.get_mut().give_back_on_drop(idle);
     }
 }

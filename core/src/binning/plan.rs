@@ -214,71 +214,58 @@ impl BinPlan {
         }
     }
 
-    /// At most `n` bins.
-    ///
-    /// ```
-    /// # use memres_core::binning::{BinPlan, SizeHistogram};
-    /// let h: SizeHistogram = [256, 512].into_iter().collect();
-    /// assert!(BinPlan::new().max_bins(0).choose(&h).is_empty());
-    /// ```
-    pub const fn max_bins(mut self, n: u32) -> Self {
-        self.max_bins = n;
-        self
-    }
+    crate::config::setters! {
+        /// At most `n` bins.
+        ///
+        /// ```
+        /// # use memres_core::binning::{BinPlan, SizeHistogram};
+        /// let h: SizeHistogram = [256, 512].into_iter().collect();
+        /// assert!(BinPlan::new().max_bins(0).choose(&h).is_empty());
+        /// ```
+        max_bins(n: u32) => max_bins;
 
-    /// No bin larger than `bytes`: larger requests always go upstream.
-    ///
-    /// ```
-    /// # use memres_core::binning::{BinPlan, SizeHistogram};
-    /// let h: SizeHistogram = [256, 8192].into_iter().collect();
-    /// assert_eq!(BinPlan::new().max_bin_size(4096).choose(&h), [256]);
-    /// ```
-    pub const fn max_bin_size(mut self, bytes: u64) -> Self {
-        self.max_bin_size = bytes;
-        self
-    }
+        /// No bin larger than `bytes`: larger requests always go upstream.
+        ///
+        /// ```
+        /// # use memres_core::binning::{BinPlan, SizeHistogram};
+        /// let h: SizeHistogram = [256, 8192].into_iter().collect();
+        /// assert_eq!(BinPlan::new().max_bin_size(4096).choose(&h), [256]);
+        /// ```
+        max_bin_size(bytes: u64) => max_bin_size;
 
-    /// Padding allowed, in percent of the bytes asked by the requests that
-    /// bins serve.
-    ///
-    /// ```
-    /// # use memres_core::binning::{BinPlan, SizeHistogram};
-    /// let h: SizeHistogram = [256, 512].into_iter().collect();
-    /// // 256 bytes of padding on 768 asked: 33%.
-    /// assert_eq!(BinPlan::new().max_bins(1).max_waste_percent(34).choose(&h), [512]);
-    /// assert_eq!(BinPlan::new().max_bins(1).max_waste_percent(33).choose(&h), [256]);
-    /// ```
-    pub const fn max_waste_percent(mut self, percent: u32) -> Self {
-        self.max_waste_percent = percent;
-        self
-    }
+        /// Padding allowed, in percent of the bytes asked by the requests that
+        /// bins serve.
+        ///
+        /// ```
+        /// # use memres_core::binning::{BinPlan, SizeHistogram};
+        /// let h: SizeHistogram = [256, 512].into_iter().collect();
+        /// // 256 bytes of padding on 768 asked: 33%.
+        /// assert_eq!(BinPlan::new().max_bins(1).max_waste_percent(34).choose(&h), [512]);
+        /// assert_eq!(BinPlan::new().max_bins(1).max_waste_percent(33).choose(&h), [256]);
+        /// ```
+        max_waste_percent(percent: u32) => max_waste_percent;
 
-    /// Every bin serves at least `percent` of the requests of the histogram
-    /// (0: no minimum): a bin parks a chunk of blocks, which rare sizes do
-    /// not repay.
-    ///
-    /// ```
-    /// # use memres_core::binning::{BinPlan, SizeHistogram};
-    /// let mut h = SizeHistogram::new();
-    /// h.record_n(256, 990);
-    /// h.record_n(8192, 10);
-    /// assert_eq!(BinPlan::new().min_share_percent(2).choose(&h), [256]);
-    /// assert_eq!(BinPlan::new().min_share_percent(1).choose(&h), [256, 8192]);
-    /// ```
-    pub const fn min_share_percent(mut self, percent: u32) -> Self {
-        self.min_share_percent = percent;
-        self
-    }
+        /// Every bin serves at least `percent` of the requests of the histogram
+        /// (0: no minimum): a bin parks a chunk of blocks, which rare sizes do
+        /// not repay.
+        ///
+        /// ```
+        /// # use memres_core::binning::{BinPlan, SizeHistogram};
+        /// let mut h = SizeHistogram::new();
+        /// h.record_n(256, 990);
+        /// h.record_n(8192, 10);
+        /// assert_eq!(BinPlan::new().min_share_percent(2).choose(&h), [256]);
+        /// assert_eq!(BinPlan::new().min_share_percent(1).choose(&h), [256, 8192]);
+        /// ```
+        min_share_percent(percent: u32) => min_share_percent;
 
-    /// Blocks per upstream chunk of each bin.
-    ///
-    /// ```
-    /// # use memres_core::binning::BinPlan;
-    /// assert_eq!(BinPlan::new().blocks_per_chunk(8).blocks(), 8);
-    /// ```
-    pub const fn blocks_per_chunk(mut self, n: u32) -> Self {
-        self.blocks_per_chunk = n;
-        self
+        /// Blocks per upstream chunk of each bin.
+        ///
+        /// ```
+        /// # use memres_core::binning::BinPlan;
+        /// assert_eq!(BinPlan::new().blocks_per_chunk(8).blocks(), 8);
+        /// ```
+        blocks_per_chunk(n: u32) => blocks_per_chunk;
     }
 
     /// Blocks per upstream chunk of each bin.

@@ -11,6 +11,8 @@
 //! memory. What the chunks are cut into (a [`CoalescingIndex`], the
 //! fixed-size resource's slots) is the resource's, seen through a crate-private `Carve` trait.
 
+#[cfg(all(test, feature = "alloc"))]
+mod drop_tests;
 mod growth;
 
 pub use growth::Growth;
@@ -121,11 +123,31 @@ pub(crate) struct ChunkTable<U, C: Storage<Chunk> = DefaultStorage<Chunk>> {
     maximum: Option<u64>,
     /// Length of the shortest chunk (`u64::MAX` with none).
     shortest: u64,
+    /// How a chunk goes back upstream when the resource is dropped: set by
+    /// the first chunk taken on a stream type with a [`Stream::at_drop`]
+    /// stream (a `fn` of the stream type, which the table does not name).
+    at_drop: Option<fn(&U, Block)>,
+}
+
+/// Gives `block` back to `upstream` on the stream type's drop stream.
+fn give_back_at_drop<S: Stream + ?Sized, U: MemoryResource<S>>(upstream: &U, block: Block) {
+    // Dropping: an error of the upstream cannot be reported any more.
+    S::at_drop(&mut |stream| {
+        let _ = upstream.deallocate(block, stream);
+    });
 }
 
 impl<U, C: Storage<Chunk>> ChunkTable<U, C> {
     pub(crate) fn new(upstream: U, maximum: Option<u64>) -> Self {
-        ChunkTable { upstream, chunks: C::default(), held: 0, peak_held: 0, maximum, shortest: u64::MAX }
+        ChunkTable {
+            upstream,
+            chunks: C::default(),
+            held: 0,
+            peak_held: 0,
+            maximum,
+            shortest: u64::MAX,
+            at_drop: None,
+        }
     }
 
     pub(crate) fn upstream(&self) -> &U {
@@ -207,6 +229,7 @@ impl<U, C: Storage<Chunk>> ChunkTable<U, C> {
         // Room for the chunk record first, so that a full table never
         // strands an upstream block.
         self.has_room()?;
+        self.learn_drop::<S>();
         let block = self.upstream.allocate(request, stream)?;
         let added = shape(&block).and_then(|range| self.insert(range, block, carve));
         if added.is_err() {
@@ -214,6 +237,34 @@ impl<U, C: Storage<Chunk>> ChunkTable<U, C> {
             let _ = self.upstream.deallocate(block, stream);
         }
         added
+    }
+
+    /// Learns from the stream type `S` of a call how chunks go back upstream
+    /// when the resource is dropped.
+    pub(crate) fn learn_drop<S: Stream + ?Sized>(&mut self)
+    where
+        U: MemoryResource<S>,
+    {
+        if self.at_drop.is_none() && S::at_drop(&mut |_| {}) {
+            self.at_drop = Some(give_back_at_drop::<S, U>);
+        }
+    }
+
+    /// For the resource's `Drop`: gives every chunk that `free` says holds
+    /// no live block back upstream, on the drop stream learnt from the
+    /// calls (none learnt: nothing goes back). A chunk that still holds a
+    /// live block stays held: never freed under a block someone may use.
+    pub(crate) fn give_back_on_drop(&mut self, free: impl Fn(&Chunk) -> bool) {
+        let Some(give_back) = self.at_drop else { return };
+        let mut i = 0;
+        while i < self.chunks.len() {
+            if free(&self.chunks[i]) {
+                let chunk = self.remove(i);
+                give_back(&self.upstream, chunk.block);
+            } else {
+                i += 1;
+            }
+        }
     }
 
     /// Records `range`, upstream's `block`, as a chunk attached to `carve`;

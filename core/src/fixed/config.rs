@@ -61,38 +61,31 @@ impl FixedConfig {
         }
     }
 
-    /// Blocks carved from each upstream chunk (at least 1).
-    ///
-    /// ```
-    /// # use memres_core::fixed::FixedConfig;
-    /// assert_eq!(FixedConfig::new(512).blocks_per_chunk(8).blocks(), 8);
-    /// ```
-    pub const fn blocks_per_chunk(mut self, n: u32) -> Self {
-        self.blocks_per_chunk = n;
-        self
-    }
+    crate::config::setters! {
+        /// Blocks carved from each upstream chunk (at least 1).
+        ///
+        /// ```
+        /// # use memres_core::fixed::FixedConfig;
+        /// assert_eq!(FixedConfig::new(512).blocks_per_chunk(8).blocks(), 8);
+        /// ```
+        blocks_per_chunk(n: u32) => blocks_per_chunk;
 
-    /// The alignment asked of upstream for each chunk (a power of two, at
-    /// least 256; 256 by default, as RMM).
-    ///
-    /// ```
-    /// # use memres_core::fixed::FixedConfig;
-    /// assert_eq!(FixedConfig::new(8192).chunk_alignment(4096).alignment(), 4096);
-    /// ```
-    pub const fn chunk_alignment(mut self, align: u64) -> Self {
-        self.chunk_align = align;
-        self
-    }
+        /// The alignment asked of upstream for each chunk (a power of two, at
+        /// least 256; 256 by default, as RMM).
+        ///
+        /// ```
+        /// # use memres_core::fixed::FixedConfig;
+        /// assert_eq!(FixedConfig::new(8192).chunk_alignment(4096).alignment(), 4096);
+        /// ```
+        chunk_alignment(align: u64) => chunk_align;
 
-    /// Chunks taken from upstream when the resource is made (RMM takes one).
-    ///
-    /// ```
-    /// # use memres_core::fixed::FixedConfig;
-    /// assert_eq!(FixedConfig::new(512).initial_chunks(1).initial(), 1);
-    /// ```
-    pub const fn initial_chunks(mut self, n: u32) -> Self {
-        self.initial_chunks = n;
-        self
+        /// Chunks taken from upstream when the resource is made (RMM takes one).
+        ///
+        /// ```
+        /// # use memres_core::fixed::FixedConfig;
+        /// assert_eq!(FixedConfig::new(512).initial_chunks(1).initial(), 1);
+        /// ```
+        initial_chunks(n: u32) => initial_chunks;
     }
 
     /// The block size.

@@ -16,7 +16,7 @@ pub use crate::chunks::Chunk;
 pub use config::FixedConfig;
 pub use slots::Slot;
 
-use crate::chunks::ChunkTable;
+use crate::chunks::{Carve, ChunkTable};
 use crate::storage::{DefaultStorage, Storage};
 use crate::{Block, Error, MemoryResource, MemoryResourceMut, Range, Request, Result, Stream};
 use core::fmt;
@@ -458,6 +458,16 @@ impl<U, C: Storage<Chunk>, L: Storage<Slot>> FixedSizeResource<U, C, L> {
         let released = self.chunks.release(stream, &mut self.slots);
         self.slots.relink();
         released
+    }
+}
+
+/// Gives every chunk with no live block back upstream, on the stream
+/// type's [`Stream::at_drop`](crate::Stream::at_drop) stream, as the pool
+/// does (see [`CoalescingPool`](crate::pool::CoalescingPool)'s `Drop`).
+impl<U, C: Storage<Chunk>, L: Storage<Slot>> Drop for FixedSizeResource<U, C, L> {
+    fn drop(&mut self) {
+        let slots = &self.slots;
+        self.chunks.give_back_on_drop(|c| slots.is_free(c));
     }
 }
 

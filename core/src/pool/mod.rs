@@ -18,7 +18,7 @@ pub use crate::chunks::{Chunk, Growth};
 pub use crate::index::{Allocation, CoalescingIndex, Node};
 
 use crate::check::Violation;
-use crate::chunks::{ChunkTable, GiveBack};
+use crate::chunks::{Carve, ChunkTable, GiveBack};
 use crate::storage::{DefaultStorage, Storage};
 use crate::{
     Block, Error, Inspect, MemoryResource, MemoryResourceMut, Range, Request, Result, Stream, Usage,
@@ -57,31 +57,21 @@ impl PoolConfig {
         PoolConfig { initial_size: 0, maximum_size: None, growth: Growth::DEFAULT, release_on_grow: true }
     }
 
-    /// Bytes taken from upstream when the pool is made (a multiple of 256).
-    pub const fn initial_size(mut self, bytes: u64) -> Self {
-        self.initial_size = bytes;
-        self
-    }
+    crate::config::setters! {
+        /// Bytes taken from upstream when the pool is made (a multiple of 256).
+        initial_size(bytes: u64) => initial_size;
 
-    /// The most bytes the pool ever holds from upstream (a multiple of 256).
-    pub const fn maximum_size(mut self, bytes: u64) -> Self {
-        self.maximum_size = Some(bytes);
-        self
-    }
+        /// The most bytes the pool ever holds from upstream (a multiple of 256).
+        maximum_size(bytes: u64) => maximum_size Some;
 
-    /// How the pool grows.
-    pub const fn growth(mut self, growth: Growth) -> Self {
-        self.growth = growth;
-        self
-    }
+        /// How the pool grows.
+        growth(growth: Growth) => growth;
 
-    /// Whether wholly free chunks go back upstream before the pool grows, so
-    /// that a new chunk replaces them instead of adding to them (default: yes;
-    /// RMM: no). Free chunks too small for the request would otherwise sit
-    /// beside the new chunk at the peak.
-    pub const fn release_on_grow(mut self, yes: bool) -> Self {
-        self.release_on_grow = yes;
-        self
+        /// Whether wholly free chunks go back upstream before the pool grows, so
+        /// that a new chunk replaces them instead of adding to them (default: yes;
+        /// RMM: no). Free chunks too small for the request would otherwise sit
+        /// beside the new chunk at the peak.
+        release_on_grow(yes: bool) => release_on_grow;
     }
 
     /// The maximum size, if any.
@@ -236,6 +226,7 @@ impl<U, N: Storage<Node>, C: Storage<Chunk>> CoalescingPool<U, N, C> {
     {
         config.validate()?;
         let mut pool = Self::empty(upstream, config);
+        pool.chunks.learn_drop::<S>();
         if config.initial_size > 0 {
             let size = config.initial_size;
             pool.chunks.take(Request::new(size)?, stream, &mut pool.index, |b| b.upstream_range(size))?;
@@ -506,6 +497,20 @@ where
 #[cfg(feature = "heapless")]
 pub type HeaplessPool<U, const NODES: usize, const CHUNKS: usize> =
     CoalescingPool<U, heapless::Vec<Node, NODES>, heapless::Vec<Chunk, CHUNKS>>;
+
+/// Gives every wholly free chunk back upstream, on the stream type's
+/// [`Stream::at_drop`] stream (`()`: at once), as RMM's pool releases its
+/// chunks when destroyed. Synchronize the streams that used the pool before
+/// dropping it. A chunk that still holds a live block stays with the
+/// upstream (leaked) rather than being freed under it; so do all chunks of
+/// a pool over a stream type without a drop stream: call
+/// [`release`](CoalescingPool::release) before dropping such a pool.
+impl<U, N: Storage<Node>, C: Storage<Chunk>> Drop for CoalescingPool<U, N, C> {
+    fn drop(&mut self) {
+        let index = &self.index;
+        self.chunks.give_back_on_drop(|c| index.is_free(c));
+    }
+}
 
 impl<U, N: Storage<Node>, C: Storage<Chunk>> fmt::Debug for CoalescingPool<U, N, C> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

@@ -38,65 +38,55 @@ impl VirtualConfig {
         VirtualConfig { reserve, keep: 0, max_reservations: 1, trim_on_commit: true, slack_permille: 0 }
     }
 
-    /// The release threshold: up to `bytes` of committed memory that no
-    /// live block touches stay committed (the CUDA pool's
-    /// `cudaMemPoolAttrReleaseThreshold`, RMM's `release_threshold`). 0
-    /// decommits at once: correct, just more map and unmap calls.
-    pub const fn release_threshold(mut self, bytes: u64) -> Self {
-        self.keep = bytes;
-        self
-    }
+    crate::config::setters! {
+        /// The release threshold: up to `bytes` of committed memory that no
+        /// live block touches stay committed (the CUDA pool's
+        /// `cudaMemPoolAttrReleaseThreshold`, RMM's `release_threshold`). 0
+        /// decommits at once: correct, just more map and unmap calls.
+        release_threshold(bytes: u64) => keep;
 
-    /// How many reservations the pool may hold (at least 1). When the first
-    /// is full, the pool reserves another of the same size (or of the
-    /// request's size if larger); blocks never span reservations.
-    pub const fn max_reservations(mut self, n: u32) -> Self {
-        self.max_reservations = n;
-        self
-    }
+        /// How many reservations the pool may hold (at least 1). When the first
+        /// is full, the pool reserves another of the same size (or of the
+        /// request's size if larger); blocks never span reservations.
+        max_reservations(n: u32) => max_reservations;
 
-    /// Whether an allocation that needs fresh granules first decommits Idle
-    /// ones, as many as the commit would take committed memory beyond its
-    /// peak so far, plus the [slack](Self::slack_permille) (default: yes).
-    /// With no slack, kept free memory then never raises the peak:
-    /// committed memory goes beyond its peak only when nothing is Idle, so
-    /// the peak is that of the granules live blocks touch, whatever the
-    /// release threshold. Below the peak, Idle granules stay, and blocks
-    /// that land on them need no map or unmap call, as with alternating
-    /// allocate and free of one size. Without it, up to the release
-    /// threshold adds to the peak (the CUDA pool's behaviour).
-    pub const fn trim_on_commit(mut self, yes: bool) -> Self {
-        self.trim_on_commit = yes;
-        self
-    }
+        /// Whether an allocation that needs fresh granules first decommits Idle
+        /// ones, as many as the commit would take committed memory beyond its
+        /// peak so far, plus the [slack](Self::slack_permille) (default: yes).
+        /// With no slack, kept free memory then never raises the peak:
+        /// committed memory goes beyond its peak only when nothing is Idle, so
+        /// the peak is that of the granules live blocks touch, whatever the
+        /// release threshold. Below the peak, Idle granules stay, and blocks
+        /// that land on them need no map or unmap call, as with alternating
+        /// allocate and free of one size. Without it, up to the release
+        /// threshold adds to the peak (the CUDA pool's behaviour).
+        trim_on_commit(yes: bool) => trim_on_commit;
 
-    /// How far committed memory may go beyond the peak of bytes in use
-    /// before [`trim_on_commit`](Self::trim_on_commit) gives Idle memory
-    /// back, in thousandths of that peak (default 0).
-    ///
-    /// With a slack of 0, an allocation that needs fresh granules beyond
-    /// the peak of committed memory decommits Idle ones, even those the
-    /// next blocks would land on: the granules a workload touches over time
-    /// outnumber those it touches at once (on the `gpt_train` trace, 7 %
-    /// more), so a replayed workload maps and unmaps on every pass. With a
-    /// slack `s`, Idle memory stays while committed memory is at most
-    /// `(1 + s / 1000) ×` the peak of bytes in use (in whole granules), and
-    /// the peak of committed memory is at most that or the peak of
-    /// granules live blocks touch, whichever is more. With `release_threshold(u64::MAX)`
-    /// the slack alone bounds the kept memory. The figures measured with
-    /// the slack on the replayed training traces are in
-    /// `docs/measurements.md`.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use memres_core::vpool::VirtualConfig;
-    /// let c = VirtualConfig::new(64 << 30).release_threshold(u64::MAX).slack_permille(40); // 4 %
-    /// assert_eq!(c.slack(), 40);
-    /// ```
-    pub const fn slack_permille(mut self, permille: u32) -> Self {
-        self.slack_permille = permille;
-        self
+        /// How far committed memory may go beyond the peak of bytes in use
+        /// before [`trim_on_commit`](Self::trim_on_commit) gives Idle memory
+        /// back, in thousandths of that peak (default 0).
+        ///
+        /// With a slack of 0, an allocation that needs fresh granules beyond
+        /// the peak of committed memory decommits Idle ones, even those the
+        /// next blocks would land on: the granules a workload touches over time
+        /// outnumber those it touches at once (on the `gpt_train` trace, 7 %
+        /// more), so a replayed workload maps and unmaps on every pass. With a
+        /// slack `s`, Idle memory stays while committed memory is at most
+        /// `(1 + s / 1000) ×` the peak of bytes in use (in whole granules), and
+        /// the peak of committed memory is at most that or the peak of
+        /// granules live blocks touch, whichever is more. With `release_threshold(u64::MAX)`
+        /// the slack alone bounds the kept memory. The figures measured with
+        /// the slack on the replayed training traces are in
+        /// `docs/measurements.md`.
+        ///
+        /// # Examples
+        ///
+        /// ```
+        /// use memres_core::vpool::VirtualConfig;
+        /// let c = VirtualConfig::new(64 << 30).release_threshold(u64::MAX).slack_permille(40); // 4 %
+        /// assert_eq!(c.slack(), 40);
+        /// ```
+        slack_permille(permille: u32) => slack_permille;
     }
 
     /// The slack in thousandths of the peak of bytes in use.

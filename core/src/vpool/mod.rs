@@ -18,6 +18,10 @@ mod commit;
 mod config;
 mod idle;
 #[cfg(test)]
+mod idle_tests;
+#[cfg(test)]
+mod run_tests;
+#[cfg(test)]
 mod tests;
 
 pub use config::VirtualConfig;

@@ -1,31 +1,30 @@
 extern crate std;
 
-use super::idle::LONG_RUN;
 use super::*;
 use crate::check::LiveBlocks;
 use crate::testing::SplitMix64;
 use crate::vmem::CountingSpace;
 use alloc::vec::Vec;
 
-const MIB: u64 = 1 << 20;
+pub(super) const MIB: u64 = 1 << 20;
 
-fn req(size: u64) -> Request {
+pub(super) fn req(size: u64) -> Request {
     Request::new(size).unwrap()
 }
 
-fn range(start: u64, len: u64) -> Range {
+pub(super) fn range(start: u64, len: u64) -> Range {
     Range::new(start, len).unwrap()
 }
 
 /// The granules a block touches, as one range.
-fn granules_of(b: &Block, g: u64) -> Range {
+pub(super) fn granules_of(b: &Block, g: u64) -> Range {
     let start = b.addr() & !(g - 1);
     let end = (b.addr() + ((b.size() + 255) & !255)).next_multiple_of(g);
     range(start, end - start)
 }
 
 /// Everything the pool reports that a failed call must leave as it was.
-fn figures<V: ReservableSpace>(p: &VirtualPool<V>) -> (u64, u64, u64, u64, u64, usize) {
+pub(super) fn figures<V: ReservableSpace>(p: &VirtualPool<V>) -> (u64, u64, u64, u64, u64, usize) {
     (
         p.usage().used,
         // Reserved bytes not handed out, committed or not.
@@ -40,12 +39,12 @@ fn figures<V: ReservableSpace>(p: &VirtualPool<V>) -> (u64, u64, u64, u64, u64, 
 /// Random allocate/free/trim with random sizes, alignments and injected
 /// commit and decommit failures; the pool's checker, the caller's view and the space's own
 /// count of committed memory checked after every step.
-fn randomized(config: VirtualConfig, granule: u64, ops: usize, seed: u64) -> u64 {
+pub(super) fn randomized(config: VirtualConfig, granule: u64, ops: usize, seed: u64) -> u64 {
     randomized_in(CountingSpace::new(1 << 40, granule), config, ops, seed)
 }
 
 /// Returns how many allocations failed for want of memory.
-fn randomized_in(space: CountingSpace, config: VirtualConfig, ops: usize, seed: u64) -> u64 {
+pub(super) fn randomized_in(space: CountingSpace, config: VirtualConfig, ops: usize, seed: u64) -> u64 {
     let granule = space.granule();
     let mut p = VirtualPool::with_config(&space, config).unwrap();
     let mut rng = SplitMix64::new(seed);
@@ -191,7 +190,7 @@ fn randomized_in(space: CountingSpace, config: VirtualConfig, ops: usize, seed: 
 }
 
 #[test]
-fn randomized_keep_nothing() {
+pub(super) fn randomized_keep_nothing() {
     // Keeping nothing, a trim finds Idle memory only while a failed
     // decommit is pending, and the next free or failed allocate retries
     // it: a seed whose trims meet a few of those windows.
@@ -199,12 +198,12 @@ fn randomized_keep_nothing() {
 }
 
 #[test]
-fn randomized_keep_some() {
+pub(super) fn randomized_keep_some() {
     randomized(VirtualConfig::new(256 * MIB).release_threshold(5 * MIB + 4096), MIB, 30_000, 2);
 }
 
 #[test]
-fn randomized_keep_some_without_trim_on_commit() {
+pub(super) fn randomized_keep_some_without_trim_on_commit() {
     randomized(
         VirtualConfig::new(256 * MIB).release_threshold(5 * MIB + 4096).trim_on_commit(false),
         MIB,
@@ -214,7 +213,7 @@ fn randomized_keep_some_without_trim_on_commit() {
 }
 
 #[test]
-fn randomized_short_of_physical_memory() {
+pub(super) fn randomized_short_of_physical_memory() {
     // Commits fail for want of memory; the pool trims its idle granules
     // and retries, and fails cleanly when even that is not enough.
     for trim in [true, false] {
@@ -225,12 +224,12 @@ fn randomized_short_of_physical_memory() {
 }
 
 #[test]
-fn randomized_keep_much_small_granules() {
+pub(super) fn randomized_keep_much_small_granules() {
     randomized(VirtualConfig::new(64 * MIB).release_threshold(16 * MIB), 64 << 10, 30_000, 3);
 }
 
 #[test]
-fn randomized_several_reservations() {
+pub(super) fn randomized_several_reservations() {
     // Small reservations: requests overflow into new ones, and some find
     // no room at all (out of memory with figures).
     randomized(VirtualConfig::new(24 * MIB).release_threshold(2 * MIB).max_reservations(6), MIB, 30_000, 4);
@@ -243,7 +242,7 @@ fn randomized_several_reservations() {
 }
 
 #[test]
-fn reservation_larger_than_the_address_space() {
+pub(super) fn reservation_larger_than_the_address_space() {
     let space = CountingSpace::new(1 << 30, 2 * MIB);
     let err = VirtualPool::with_config(&space, VirtualConfig::new(1 << 50)).unwrap_err();
     assert!(matches!(err, Error::OutOfMemory { requested, .. } if requested == 1 << 50), "{err}");
@@ -262,7 +261,7 @@ fn reservation_larger_than_the_address_space() {
 }
 
 #[test]
-fn reservation_full_is_out_of_memory_with_figures() {
+pub(super) fn reservation_full_is_out_of_memory_with_figures() {
     let space = CountingSpace::new(1 << 30, MIB);
     let mut p = VirtualPool::with_config(&space, VirtualConfig::new(4 * MIB)).unwrap();
     let a = p.allocate(req(3 * MIB), &()).unwrap();
@@ -283,7 +282,7 @@ fn reservation_full_is_out_of_memory_with_figures() {
 
 /// Leaves granule 1 Idle between Uncommitted granules 0 and 2 (keep = one
 /// granule), so that a block over granules 0..3 needs two commits.
-fn idle_between_uncommitted(space: &CountingSpace) -> (VirtualPool<&CountingSpace>, Block) {
+pub(super) fn idle_between_uncommitted(space: &CountingSpace) -> (VirtualPool<&CountingSpace>, Block) {
     let mut p = VirtualPool::with_config(space, VirtualConfig::new(64 * MIB).release_threshold(MIB)).unwrap();
     let base = p.reservations[0].range.start();
     let a = p.allocate(req(MIB), &()).unwrap();
@@ -303,7 +302,7 @@ fn idle_between_uncommitted(space: &CountingSpace) -> (VirtualPool<&CountingSpac
 }
 
 #[test]
-fn commit_failing_half_way_hands_out_nothing() {
+pub(super) fn commit_failing_half_way_hands_out_nothing() {
     let space = CountingSpace::new(1 << 30, MIB);
     let (mut p, anchor) = idle_between_uncommitted(&space);
     let base = p.reservations[0].range.start();
@@ -332,7 +331,7 @@ fn commit_failing_half_way_hands_out_nothing() {
 }
 
 #[test]
-fn out_of_physical_memory_trims_idle_granules_and_retries() {
+pub(super) fn out_of_physical_memory_trims_idle_granules_and_retries() {
     let space = CountingSpace::new(5 * MIB, MIB);
     let mut p =
         VirtualPool::with_config(&space, VirtualConfig::new(64 * MIB).release_threshold(4 * MIB)).unwrap();
@@ -356,7 +355,7 @@ fn out_of_physical_memory_trims_idle_granules_and_retries() {
 }
 
 #[test]
-fn out_of_physical_memory_with_a_failing_trim_is_the_decommit_failure() {
+pub(super) fn out_of_physical_memory_with_a_failing_trim_is_the_decommit_failure() {
     // 6 granules of physical memory; blocks on granules 0 to 3, then 0 and
     // 2 freed: two Idle runs, 4 granules committed. 3 MiB need 3 fresh
     // granules and only 2 are free until the Idle ones go.
@@ -398,7 +397,7 @@ fn out_of_physical_memory_with_a_failing_trim_is_the_decommit_failure() {
 }
 
 #[test]
-fn keep_zero_decommits_every_time_and_keep_avoids_it() {
+pub(super) fn keep_zero_decommits_every_time_and_keep_avoids_it() {
     let rounds = crate::testing::steps(1000);
     for (keep, commits) in [(0, rounds as u64), (2 * MIB, 1)] {
         let space = CountingSpace::new(1 << 30, 2 * MIB);
@@ -416,7 +415,7 @@ fn keep_zero_decommits_every_time_and_keep_avoids_it() {
 }
 
 #[test]
-fn free_straddling_shared_granules_keeps_them_mapped() {
+pub(super) fn free_straddling_shared_granules_keeps_them_mapped() {
     let space = CountingSpace::new(1 << 30, MIB);
     let mut p = VirtualPool::with_config(&space, VirtualConfig::new(64 * MIB)).unwrap();
     let base = p.reservations[0].range.start();
@@ -440,7 +439,7 @@ fn free_straddling_shared_granules_keeps_them_mapped() {
 }
 
 #[test]
-fn bad_frees_are_errors_and_change_nothing() {
+pub(super) fn bad_frees_are_errors_and_change_nothing() {
     let space = CountingSpace::new(1 << 30, MIB);
     let mut p = VirtualPool::with_config(&space, VirtualConfig::new(64 * MIB)).unwrap();
     let a = p.allocate(req(5000), &()).unwrap();
@@ -467,7 +466,7 @@ fn bad_frees_are_errors_and_change_nothing() {
 }
 
 #[test]
-fn blocks_never_span_reservations() {
+pub(super) fn blocks_never_span_reservations() {
     let space = CountingSpace::new(1 << 30, MIB);
     let mut p = VirtualPool::with_config(&space, VirtualConfig::new(4 * MIB).max_reservations(8)).unwrap();
     // Two 3 MiB blocks never fit in one 4 MiB reservation, even where two
@@ -502,7 +501,7 @@ fn blocks_never_span_reservations() {
 }
 
 #[test]
-fn trim_on_commit_keeps_idle_memory_out_of_the_peak() {
+pub(super) fn trim_on_commit_keeps_idle_memory_out_of_the_peak() {
     for (trim, peak) in [(true, 7 * MIB), (false, 11 * MIB)] {
         let space = CountingSpace::new(1 << 30, MIB);
         let mut p = VirtualPool::with_config(
@@ -541,7 +540,7 @@ fn trim_on_commit_keeps_idle_memory_out_of_the_peak() {
 }
 
 #[test]
-fn drop_decommits_and_releases_everything() {
+pub(super) fn drop_decommits_and_releases_everything() {
     let space = CountingSpace::new(1 << 30, MIB);
     {
         let config = VirtualConfig::new(8 * MIB).release_threshold(4 * MIB).max_reservations(3);
@@ -554,485 +553,4 @@ fn drop_decommits_and_releases_everything() {
         assert_eq!((space.reservation_count(), space.committed_bytes()), (2, 5 * MIB));
     }
     assert_eq!((space.reservation_count(), space.committed_bytes()), (0, 0));
-}
-
-/// The peak of committed memory that trim on commit allows: the peak of
-/// bytes in use plus the slack, in whole granules, or the peak of granules
-/// live blocks touched if more.
-fn committed_bound<V: ReservableSpace>(p: &VirtualPool<V>) -> u64 {
-    let used = p.peak_used();
-    let limit = (used + used * p.config().slack() as u64 / 1000) & !(p.granule() - 1);
-    limit.max(p.peak_busy_bytes())
-}
-
-#[test]
-fn slack_keeps_idle_memory_up_to_its_bound() {
-    // Without slack the 4 Idle granules of `a` go before `b` commits; with
-    // a slack of 100 % of the peak in use (4 MiB + 256 bytes), they stay.
-    for (slack, idle, peak) in [(0, 0, 7 * MIB), (1000, 4 * MIB, 11 * MIB)] {
-        let space = CountingSpace::new(1 << 30, MIB);
-        let config = VirtualConfig::new(64 * MIB).release_threshold(u64::MAX).slack_permille(slack);
-        let mut p = VirtualPool::with_config(&space, config).unwrap();
-        let a = p.allocate(req(4 * MIB), &()).unwrap();
-        let anchor = p.allocate(req(256), &()).unwrap();
-        p.deallocate(a, &()).unwrap();
-        let decommits = space.call_counts().1;
-        let b = p.allocate(req(6 * MIB), &()).unwrap();
-        assert!(b.addr() > anchor.addr());
-        p.check().unwrap();
-        assert_eq!((p.idle_bytes(), p.usage().peak_held), (idle, peak), "slack {slack}");
-        assert_eq!(space.call_counts().1 - decommits, (slack == 0) as u64, "slack {slack}");
-        assert!(p.usage().peak_held <= committed_bound(&p));
-        p.deallocate(b, &()).unwrap();
-        p.deallocate(anchor, &()).unwrap();
-        p.check().unwrap();
-    }
-    // A slack too small for the Idle memory: only the excess goes.
-    let space = CountingSpace::new(1 << 30, MIB);
-    let config = VirtualConfig::new(64 * MIB).release_threshold(u64::MAX).slack_permille(500);
-    let mut p = VirtualPool::with_config(&space, config).unwrap();
-    let a = p.allocate(req(8 * MIB), &()).unwrap();
-    let anchor = p.allocate(req(256), &()).unwrap();
-    p.deallocate(a, &()).unwrap();
-    // `b` (too large for the hole) takes the peak in use to 9 MiB + 256:
-    // the bound is 13 granules. 9 are committed (8 Idle); `b` touches the
-    // anchor's granule and 9 fresh ones: 5 Idle ones go, 3 stay.
-    let b = p.allocate(req(9 * MIB), &()).unwrap();
-    assert!(b.addr() > anchor.addr());
-    p.check().unwrap();
-    assert_eq!((p.usage().held, p.idle_bytes()), (13 * MIB, 3 * MIB));
-    assert_eq!(p.usage().peak_held, committed_bound(&p));
-    p.deallocate(b, &()).unwrap();
-    p.deallocate(anchor, &()).unwrap();
-}
-
-/// A random trace of allocations and frees (`Some(size)`: allocate, `None`
-/// with an index: free the `i`th live block).
-fn random_trace(seed: u64, ops: usize) -> Vec<(u64, usize)> {
-    let mut rng = SplitMix64::new(seed);
-    let (mut trace, mut live) = (Vec::new(), 0usize);
-    for _ in 0..crate::testing::steps(ops) {
-        if live == 0 || rng.below(100) < 52 {
-            let size = match rng.below(3) {
-                0 => 256 + rng.below(MIB),
-                1 => MIB + rng.below(8 * MIB),
-                _ => 1 << rng.below(22),
-            };
-            trace.push((size, 0));
-            live += 1;
-        } else {
-            trace.push((0, rng.below(live as u64) as usize));
-            live -= 1;
-        }
-    }
-    trace
-}
-
-/// Replays `trace` `passes` times on one pool (freeing what is left after
-/// each pass), checking the pool after every step; returns the commit
-/// calls of each pass.
-fn replay(space: &CountingSpace, config: VirtualConfig, trace: &[(u64, usize)], passes: usize) -> Vec<u64> {
-    let mut p = VirtualPool::with_config(space, config).unwrap();
-    let mut out = Vec::new();
-    let mut first_pass: Vec<u64> = Vec::new();
-    for pass in 0..passes {
-        let commits = space.call_counts().0;
-        let mut live: Vec<Block> = Vec::new();
-        let mut addrs = Vec::new();
-        for (step, &(size, i)) in trace.iter().enumerate() {
-            if size > 0 {
-                let b = p.allocate(req(size), &()).unwrap();
-                addrs.push(b.addr());
-                live.push(b);
-            } else {
-                p.deallocate(live.swap_remove(i), &()).unwrap();
-            }
-            p.check().unwrap_or_else(|v| panic!("pass {pass} step {step}: {v}"));
-            if config.trims_on_commit() {
-                assert!(p.usage().peak_held <= committed_bound(&p), "pass {pass} step {step}");
-            }
-        }
-        for b in live.drain(..) {
-            p.deallocate(b, &()).unwrap();
-        }
-        p.check().unwrap();
-        // Everything freed, the index is one free range again: every pass
-        // places its blocks as the first did.
-        if pass == 0 {
-            first_pass = addrs;
-        } else {
-            assert_eq!(addrs, first_pass, "pass {pass} placed blocks elsewhere");
-        }
-        out.push(space.call_counts().0 - commits);
-    }
-    out
-}
-
-#[test]
-fn replay_with_slack_commits_nothing_in_later_passes() {
-    let trace = random_trace(11, 4000);
-    // Without slack, Idle memory that later blocks land on is decommitted
-    // whenever committed memory would pass its peak: every pass commits.
-    let space = CountingSpace::new(1 << 40, MIB);
-    let none = replay(&space, VirtualConfig::new(1 << 30).release_threshold(u64::MAX), &trace, 3);
-    // (Under Miri the trace is too short to pass its peak again.)
-    assert!(none[1] > 0 && none[2] > 0 || cfg!(miri), "{none:?}");
-    // With enough slack for every granule the trace ever touches, the
-    // first pass commits them all and the later ones nothing.
-    let space = CountingSpace::new(1 << 40, MIB);
-    let all = replay(
-        &space,
-        VirtualConfig::new(1 << 30).release_threshold(u64::MAX).slack_permille(1000),
-        &trace,
-        3,
-    );
-    assert_eq!(&all[1..], &[0, 0], "{all:?}");
-    // Without trim on commit, the same (and no bound on the peak).
-    let space = CountingSpace::new(1 << 40, MIB);
-    let no_trim = replay(
-        &space,
-        VirtualConfig::new(1 << 30).release_threshold(u64::MAX).trim_on_commit(false),
-        &trace,
-        2,
-    );
-    assert_eq!(no_trim[1], 0);
-}
-
-#[test]
-fn replay_with_a_small_slack_stays_within_its_bound() {
-    let trace = random_trace(12, 4000);
-    for slack in [10, 40, 100] {
-        let space = CountingSpace::new(1 << 40, MIB);
-        let config = VirtualConfig::new(1 << 30).release_threshold(u64::MAX).slack_permille(slack);
-        replay(&space, config, &trace, 2);
-        // With a release threshold too.
-        let space = CountingSpace::new(1 << 40, MIB);
-        replay(&space, config.release_threshold(16 * MIB), &trace, 2);
-    }
-}
-
-#[test]
-fn randomized_keep_all_with_slack() {
-    randomized(VirtualConfig::new(256 * MIB).release_threshold(u64::MAX).slack_permille(40), MIB, 30_000, 6);
-}
-
-#[test]
-fn a_reservation_made_for_a_request_serves_it() {
-    // The new reservation is exactly what the request needs at its
-    // alignment: a size class that the index's search skips.
-    let space = CountingSpace::new(1 << 36, 64 << 10);
-    let config = VirtualConfig::new(MIB).max_reservations(2);
-    let mut pool = VirtualPool::with_config(&space, config).unwrap();
-    let r = Request::aligned(12_825_811, 512 * MIB).unwrap();
-    let b = pool.allocate(r, &()).unwrap();
-    assert_eq!(b.addr() % (512 * MIB), 0);
-    assert_eq!(pool.reservation_count(), 2);
-    pool.check().unwrap();
-    pool.deallocate(b, &()).unwrap();
-}
-
-#[test]
-fn a_failed_decommit_keeps_the_granules_committed_idle_and_counted() {
-    let space = CountingSpace::new(1 << 30, MIB);
-    let mut p = VirtualPool::with_config(&space, VirtualConfig::new(64 * MIB)).unwrap();
-    let a = p.allocate(req(3 * MIB), &()).unwrap();
-    let anchor = p.allocate(req(256), &()).unwrap();
-    // The free succeeds; its trim fails and leaves the granules Idle.
-    space.fail_nth_decommit(1);
-    p.deallocate(a, &()).unwrap();
-    p.check().unwrap();
-    assert_eq!((p.idle_bytes(), p.usage().held, space.committed_bytes()), (3 * MIB, 4 * MIB, 4 * MIB));
-    assert!(space.is_committed(granules_of(&a, MIB)));
-    // A trim that fails again says so, with the space's error.
-    space.fail_nth_decommit(1);
-    assert!(matches!(p.trim(&()), Err(Error::Backend { .. })));
-    p.check().unwrap();
-    assert_eq!((p.idle_bytes(), p.usage().held, space.committed_bytes()), (3 * MIB, 4 * MIB, 4 * MIB));
-    // The next one gives them back.
-    assert_eq!(p.trim(&()), Ok(3 * MIB));
-    p.check().unwrap();
-    assert_eq!((p.idle_bytes(), p.usage().held, space.committed_bytes()), (0, MIB, MIB));
-    p.deallocate(anchor, &()).unwrap();
-    assert_eq!(space.committed_bytes(), 0);
-}
-
-#[test]
-fn a_trim_on_commit_leaves_a_failed_trim_pending() {
-    // keep 0: 4 Idle granules left by a failed decommit; the commit of `b`
-    // decommits only one of them (the excess over the peak in use, 6 MiB +
-    // 256, plus a slack of 70 %: 10 granules), so the pool is still beyond
-    // `keep` until the next free retries.
-    let space = CountingSpace::new(1 << 30, MIB);
-    let mut p = VirtualPool::with_config(&space, VirtualConfig::new(64 * MIB).slack_permille(700)).unwrap();
-    let a = p.allocate(req(4 * MIB), &()).unwrap();
-    let anchor = p.allocate(req(256), &()).unwrap();
-    space.fail_nth_decommit(1);
-    p.deallocate(a, &()).unwrap();
-    assert_eq!(p.idle_bytes(), 4 * MIB);
-    let b = p.allocate(req(6 * MIB), &()).unwrap();
-    assert!(b.addr() > anchor.addr());
-    assert_eq!(p.idle_bytes(), 3 * MIB);
-    p.check().unwrap();
-    assert_eq!(space.committed_bytes(), p.usage().held);
-    p.deallocate(b, &()).unwrap();
-    assert_eq!((p.idle_bytes(), space.committed_bytes()), (0, MIB));
-    p.deallocate(anchor, &()).unwrap();
-    p.check().unwrap();
-}
-
-/// A [`CountingSpace`] whose next commit can be made to run out of
-/// physical memory.
-struct ShortOnce<'a> {
-    inner: &'a CountingSpace,
-    out_of_memory: core::cell::Cell<bool>,
-}
-
-impl ReservableSpace for ShortOnce<'_> {
-    fn granule(&self) -> u64 {
-        self.inner.granule()
-    }
-    fn reserve(&self, len: u64) -> Result<Range> {
-        self.inner.reserve(len)
-    }
-    fn release(&self, range: Range) -> Result<()> {
-        self.inner.release(range)
-    }
-    fn commit(&self, range: Range) -> Result<()> {
-        if self.out_of_memory.replace(false) {
-            return Err(Error::OutOfMemory {
-                requested: range.len(),
-                largest_free: 0,
-                pool_size: 0,
-                max_size: None,
-            });
-        }
-        self.inner.commit(range)
-    }
-    fn decommit<S: Stream + ?Sized>(&self, range: Range, stream: &S) -> Result<()> {
-        self.inner.decommit(range, stream)
-    }
-}
-
-#[test]
-fn a_failed_allocate_retries_a_failed_trim() {
-    // Granules 0 and 1 Idle after a failed decommit, granule 5 too; an
-    // allocation over granules 0..3 pins 0 and 1, runs out of physical
-    // memory, trims granule 5 and retries, then fails: 0 and 1 turn Idle
-    // again, beyond `keep`, and the call gives them back.
-    let space = CountingSpace::new(1 << 30, MIB);
-    let short = ShortOnce { inner: &space, out_of_memory: core::cell::Cell::new(false) };
-    let mut p = VirtualPool::with_config(&short, VirtualConfig::new(64 * MIB)).unwrap();
-    let base = p.reservations[0].range.start();
-    let mib = |size| Request::aligned(size, MIB).unwrap();
-    let a = p.allocate(mib(2 * MIB), &()).unwrap();
-    let b = p.allocate(mib(2 * MIB), &()).unwrap();
-    let anchor = p.allocate(mib(MIB), &()).unwrap();
-    let f = p.allocate(mib(MIB), &()).unwrap();
-    assert_eq!([a, b, anchor, f].map(|x| x.addr()), [0, 2, 4, 5].map(|i| base + i * MIB));
-    p.deallocate(b, &()).unwrap();
-    space.fail_nth_decommit(1);
-    p.deallocate(a, &()).unwrap();
-    space.fail_nth_decommit(1);
-    p.deallocate(f, &()).unwrap();
-    assert_eq!((p.idle_bytes(), p.usage().held), (3 * MIB, 4 * MIB));
-    p.check().unwrap();
-    short.out_of_memory.set(true);
-    space.fail_nth(1);
-    let err = p.allocate(mib(3 * MIB), &()).unwrap_err();
-    assert!(matches!(err, Error::Backend { .. }), "{err}");
-    p.check().unwrap();
-    assert_eq!((p.idle_bytes(), p.usage().held, space.committed_bytes()), (0, MIB, MIB));
-    p.deallocate(anchor, &()).unwrap();
-    p.check().unwrap();
-}
-
-#[test]
-fn a_failed_allocate_that_commits_nothing_retries_a_failed_trim() {
-    // Found by the vpool fuzz target once it judged idle memory above
-    // `keep` exactly: an allocate that failed before it committed anything
-    // (out of reserved room, or the space refusing a reservation) left a
-    // failed trim pending, though every failed allocate retries it.
-    let space = CountingSpace::new(1 << 30, MIB);
-    // No trim on commit: the commit of `b` below gives nothing back.
-    let config = VirtualConfig::new(64 * MIB).max_reservations(2).trim_on_commit(false);
-    let mut p = VirtualPool::with_config(&space, config).unwrap();
-    let a = p.allocate(req(3 * MIB), &()).unwrap();
-    let anchor = p.allocate(req(256), &()).unwrap();
-    space.fail_nth_decommit(1);
-    p.deallocate(a, &()).unwrap();
-    assert_eq!((p.idle_bytes(), p.usage().held), (3 * MIB, 4 * MIB));
-    // The space refuses a reservation: the retry's decommit fails too, and
-    // the trim stays pending.
-    space.fail_nth_decommit(1);
-    let err = p.allocate(req(1 << 50), &()).unwrap_err();
-    let span = CountingSpace::END - CountingSpace::BASE;
-    assert!(matches!(err, Error::OutOfMemory { max_size, .. } if max_size == Some(span)), "{err}");
-    p.check().unwrap();
-    assert_eq!((p.idle_bytes(), p.usage().held, space.committed_bytes()), (3 * MIB, 4 * MIB, 4 * MIB));
-    // A successful allocate does not retry.
-    let b = p.allocate(req(128 * MIB), &()).unwrap();
-    assert_eq!((p.reservation_count(), p.idle_bytes()), (2, 3 * MIB));
-    // Out of reserved room: the retry gives the granules back, and the
-    // error has the figures the call leaves.
-    let err = p.allocate(req(1 << 50), &()).unwrap_err();
-    p.check().unwrap();
-    assert_eq!((p.idle_bytes(), p.usage().held, space.committed_bytes()), (0, 129 * MIB, 129 * MIB));
-    assert_eq!(
-        err,
-        Error::OutOfMemory {
-            requested: 1 << 50,
-            largest_free: p.usage().largest_free,
-            pool_size: 129 * MIB,
-            max_size: Some(p.reserved_bytes()),
-        }
-    );
-    for blk in [anchor, b] {
-        p.deallocate(blk, &()).unwrap();
-    }
-    p.check().unwrap();
-    assert_eq!(space.committed_bytes(), 0);
-}
-
-#[test]
-fn a_block_aligned_inside_an_idle_run_takes_its_middle() {
-    let space = CountingSpace::new(1 << 30, MIB);
-    let mut p =
-        VirtualPool::with_config(&space, VirtualConfig::new(64 * MIB).release_threshold(64 * MIB)).unwrap();
-    let base = p.reservations[0].range.start();
-    let x = p.allocate(req(256), &()).unwrap();
-    let a = p.allocate(req(8 * MIB), &()).unwrap();
-    let anchor = p.allocate(req(256), &()).unwrap();
-    assert_eq!([x, a, anchor].map(|b| b.addr() - base), [0, 256, 8 * MIB + 256]);
-    // Granules 1..8 are `a`'s alone: one idle run.
-    p.deallocate(a, &()).unwrap();
-    assert_eq!(p.idle_bytes(), 7 * MIB);
-    let calls = space.call_counts();
-    // Aligned to 4 MiB, `b` starts in granule 4, inside the run.
-    let b = p.allocate(Request::aligned(MIB, 4 * MIB).unwrap(), &()).unwrap();
-    assert_eq!(b.addr() - base, 4 * MIB);
-    p.check().unwrap();
-    assert_eq!((p.idle_bytes(), space.call_counts()), (6 * MIB, calls));
-    p.deallocate(b, &()).unwrap();
-    p.check().unwrap();
-    assert_eq!(p.idle_bytes(), 7 * MIB);
-    // Oldest first: the left side (granules 1..4), then its Idle neighbour
-    // above (granule 4, the newest), in one call; the right side stays.
-    let decommits = space.call_counts().1;
-    assert_eq!(p.trim_to(3 * MIB, &()), Ok(4 * MIB));
-    assert_eq!(space.call_counts().1, decommits + 1);
-    assert!(!space.is_committed(range(base + MIB, 4 * MIB)));
-    assert!(space.is_committed(range(base + 5 * MIB, 3 * MIB)));
-    p.check().unwrap();
-    for blk in [x, anchor] {
-        p.deallocate(blk, &()).unwrap();
-        p.check().unwrap();
-    }
-    let idle = p.idle_bytes();
-    assert_eq!((p.trim(&()), p.usage().held, space.committed_bytes()), (Ok(idle), 0, 0));
-}
-
-#[test]
-fn blocks_aligned_inside_long_idle_runs_find_their_run() {
-    // One idle run of 638 granules, ten words of the bitmap of run starts:
-    // a block aligned far inside it looks its start up words below.
-    let space = CountingSpace::new(1 << 32, MIB);
-    let mut p =
-        VirtualPool::with_config(&space, VirtualConfig::new(640 * MIB).release_threshold(640 * MIB)).unwrap();
-    let base = p.reservations[0].range.start();
-    let x = p.allocate(req(256), &()).unwrap();
-    let a = p.allocate(req(640 * MIB - 512), &()).unwrap();
-    let anchor = p.allocate(req(256), &()).unwrap();
-    assert_eq!(anchor.addr() - base, 640 * MIB - 256);
-    p.deallocate(a, &()).unwrap();
-    p.check().unwrap();
-    assert_eq!(p.idle_bytes(), 638 * MIB);
-    // Every granule stays committed from now on (`keep` holds them all):
-    // each block lands on Idle or Busy granules, never maps.
-    let calls = space.call_counts();
-    let mut placed = Vec::new();
-    for (size, align) in [(MIB, 512), (3 * MIB, 256), (256, 128), (5 * MIB, 64), (MIB, 32), (2 * MIB, 16)] {
-        let align = align * MIB;
-        let b = p.allocate(Request::aligned(size, align).unwrap(), &()).unwrap();
-        p.check().unwrap();
-        assert_eq!(b.addr() % align, 0);
-        assert!(b.addr() > base + MIB && b.addr() + size < base + 639 * MIB);
-        placed.push(b);
-    }
-    assert_eq!(space.call_counts(), calls);
-    // Free and place again at random: the runs left between blocks, and
-    // those freed blocks add next to them (runs are never merged), each
-    // found from granules far inside them.
-    let mut rng = SplitMix64::new(7);
-    for step in 0..crate::testing::steps(2000) {
-        if placed.is_empty() || rng.below(100) < 50 {
-            let size = 1 + rng.below(6 * MIB);
-            let align = MIB << rng.below(10);
-            match p.allocate(Request::aligned(size, align).unwrap(), &()) {
-                Ok(b) => {
-                    assert_eq!(b.addr() % align, 0);
-                    placed.push(b);
-                }
-                Err(e) => assert!(e.is_out_of_memory(), "step {step}: {e}"),
-            }
-        } else {
-            let b = placed.swap_remove(rng.below(placed.len() as u64) as usize);
-            p.deallocate(b, &()).unwrap();
-        }
-        p.check().unwrap_or_else(|v| panic!("step {step}: {v}"));
-        every_idle_granule_finds_its_run(&p);
-    }
-    assert_eq!(space.call_counts(), calls);
-    for b in placed.into_iter().chain([x, anchor]) {
-        p.deallocate(b, &()).unwrap();
-        p.check().unwrap();
-    }
-    assert_eq!(p.idle_bytes(), 640 * MIB);
-    assert_eq!((p.trim(&()), space.committed_bytes()), (Ok(640 * MIB), 0));
-    p.check().unwrap();
-}
-
-/// `run_holding` names the run of every Idle granule (under Miri, where
-/// each lookup is slow, of every 32nd and the last of each run).
-fn every_idle_granule_finds_its_run<V: ReservableSpace>(p: &VirtualPool<V>) {
-    let stride = if cfg!(miri) { 32 } else { 1 };
-    let mut id = p.runs[SENTINEL as usize].next;
-    while id != SENTINEL {
-        let run = p.runs[id as usize];
-        for s in (run.start..run.end).step_by(stride).chain([run.end - 1]) {
-            assert_eq!(p.run_holding(s), id, "slot {s} of run {}..{}", run.start, run.end);
-        }
-        id = run.next;
-    }
-}
-
-#[test]
-fn runs_just_short_and_just_long_are_found_from_their_last_granule() {
-    let space = CountingSpace::new(1 << 32, MIB);
-    let mut p =
-        VirtualPool::with_config(&space, VirtualConfig::new(256 * MIB).release_threshold(256 * MIB)).unwrap();
-    let x = p.allocate(req(256), &()).unwrap();
-    // Touching granules 0..=65, 65..=129 and 129..=194; `anchor` shares 194.
-    let blocks = [65, 64, 65].map(|mib| p.allocate(req(mib * MIB), &()).unwrap());
-    let anchor = p.allocate(req(256), &()).unwrap();
-    for b in blocks {
-        p.deallocate(b, &()).unwrap();
-        p.check().unwrap();
-    }
-    // One run per free (never merged): two of LONG_RUN granules, not
-    // marked, and one of a granule more, marked.
-    let mut lens = Vec::new();
-    let mut id = p.runs[SENTINEL as usize].next;
-    while id != SENTINEL {
-        lens.push((p.runs[id as usize].start, p.runs[id as usize].end));
-        id = p.runs[id as usize].next;
-    }
-    assert_eq!(lens, [(1, 65), (65, 129), (129, 194)]);
-    assert_eq!(LONG_RUN, 64);
-    assert_eq!(p.long_starts.count(0, 256), 1);
-    every_idle_granule_finds_its_run(&p);
-    for b in [x, anchor] {
-        p.deallocate(b, &()).unwrap();
-        p.check().unwrap();
-    }
-    every_idle_granule_finds_its_run(&p);
 }

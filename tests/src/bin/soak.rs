@@ -407,9 +407,9 @@ fn soak_arena(a: &Args) -> Outcome {
 
 /// The pool under the stream-ordered layer, shared so that it can be
 /// released at the end, with its checker visible to the layer's.
-struct PoolRef<'a>(&'a Shared<CoalescingPool<&'a SimDevice>>);
+struct PoolRef<'a, 'd>(&'a Shared<CoalescingPool<&'d SimDevice>>);
 
-impl MemoryResourceMut<()> for PoolRef<'_> {
+impl MemoryResourceMut<()> for PoolRef<'_, '_> {
     fn allocate(&mut self, request: Request, stream: &()) -> memres_core::Result<Block> {
         self.0.allocate(request, stream)
     }
@@ -418,7 +418,7 @@ impl MemoryResourceMut<()> for PoolRef<'_> {
     }
 }
 
-impl Inspect for PoolRef<'_> {
+impl Inspect for PoolRef<'_, '_> {
     fn usage(&self) -> Usage {
         self.0.usage()
     }

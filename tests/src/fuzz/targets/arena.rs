@@ -31,134 +31,19 @@
 //!   taken from upstream.
 
 use super::super::{drive, FuzzResource, Model, Op};
-use super::Spy;
+use super::{round256, Spy};
 use arbitrary::Unstructured;
-use memres_core::arena::{size_class, ArenaConfig, ArenaDump, ArenaResource, ArenaStats, DumpTarget, Owner};
+use memres_core::arena::{ArenaConfig, ArenaResource, ArenaStats, DumpTarget, Owner};
 use memres_core::testing::{SyncFaults, TestStream, SYNC_FAILURE};
 use memres_core::{Block, Error, Inspect, MemoryResource, Request, Result};
 use std::collections::HashMap;
-use std::sync::{mpsc, Arc};
+use std::sync::Arc;
 
 type Arena = ArenaResource<Spy>;
 
-/// The lanes operations run on: a stream id, and whether the call is made
-/// from the helper thread (stream 0 has an arena per thread).
-const LANES: [(u64, bool); 5] = [(0, false), (0, true), (1, false), (2, false), (0xdead_beef, false)];
+mod rules;
 
-/// Which arena a small request goes to.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-enum Key {
-    /// Stream 0, on the main thread (`false`) or the helper thread.
-    Thread(bool),
-    /// Any other stream id.
-    Stream(u64),
-}
-
-/// A live block as the model placed it.
-#[derive(Clone, Copy, Debug)]
-struct Placed {
-    large: bool,
-    key: Key,
-    stream: u64,
-    footprint: u64,
-}
-
-type Job = Box<dyn FnOnce() + Send>;
-
-/// A second thread that runs calls handed to it, one at a time.
-#[derive(Debug)]
-struct Helper {
-    jobs: Option<mpsc::Sender<Job>>,
-    thread: Option<std::thread::JoinHandle<()>>,
-}
-
-impl Helper {
-    fn spawn() -> Self {
-        let (tx, rx) = mpsc::channel::<Job>();
-        let thread = std::thread::spawn(move || {
-            for job in rx {
-                job();
-            }
-        });
-        Helper { jobs: Some(tx), thread: Some(thread) }
-    }
-
-    fn run<T: Send + 'static>(&self, f: impl FnOnce() -> T + Send + 'static) -> T {
-        let (tx, rx) = mpsc::sync_channel(1);
-        let job: Job = Box::new(move || {
-            let _ = tx.send(f());
-        });
-        self.jobs.as_ref().expect("helper running").send(job).expect("helper thread alive");
-        rx.recv().expect("fuzz oracle: the call on the helper thread panicked")
-    }
-}
-
-impl Drop for Helper {
-    fn drop(&mut self) {
-        self.jobs.take();
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
-    }
-}
-
-/// The configuration as the model knows it (`ArenaConfig` has no getters
-/// for most of it).
-#[derive(Clone, Copy, Debug)]
-struct Params {
-    superblock: u64,
-    threshold: u64,
-    max_arenas: u32,
-    size_classes: bool,
-    maximum: Option<u64>,
-    /// The streams can synchronize the device.
-    device_sync: bool,
-}
-
-impl Params {
-    /// The size class of a small block of `size` bytes.
-    fn class(&self, size: u64) -> u64 {
-        if self.size_classes {
-            size_class(size)
-        } else {
-            round256(size.max(1))
-        }
-    }
-
-    /// Whether the global arena serves `request` (documented routing).
-    fn is_large(&self, request: &Request) -> bool {
-        request.size() > self.threshold
-            || self.class(request.size()) + request.align() - 256 > self.superblock
-    }
-}
-
-fn round256(size: u64) -> u64 {
-    size.div_ceil(256) * 256
-}
-
-/// Bytes of a free range that surely serve `size` bytes at `align` in a
-/// `CoalescingIndex` of 256-byte granules (its promise, as the `index`
-/// target judges it).
-fn sure_fit(size: u64, align: u64) -> u64 {
-    let need = size.div_ceil(256) + align / 256 - 1;
-    256 * (need + need / 32)
-}
-
-/// What the model expected of the last allocation call.
-#[derive(Clone, Copy, Debug, Default)]
-struct Attempt {
-    large: bool,
-    key: Option<Key>,
-    /// The caller had no arena and the table was full.
-    table_full: bool,
-    /// A synchronization failed during the call.
-    stream_failed: bool,
-}
-
-fn dump_seen(dump: &ArenaDump) {
-    assert!(dump.requested.is_some(), "fuzz oracle: a failure dump names no request");
-    let _ = dump.to_string();
-}
+use rules::{dump_seen, sure_fit, Attempt, Helper, Key, Params, Placed, LANES};
 
 /// `ArenaResource` over a spied `SimDevice`, driven on [`LANES`].
 #[derive(Debug)]

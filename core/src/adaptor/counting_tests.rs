@@ -1,0 +1,296 @@
+//! The adaptors that count: statistics and limiting.
+
+extern crate std;
+
+use super::tests::{req, FlakyFree};
+use super::*;
+use crate::pool::CoalescingPool;
+use crate::testing::{BumpUpstream, SplitMix64};
+use crate::Inspect;
+use crate::{Block, Error, MemoryResource, Shared};
+use alloc::vec::Vec;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Barrier;
+
+// ---------------------------------------------------------------- statistics
+
+#[test]
+fn statistics_peak_survives_a_free_of_more_bytes_than_asked() {
+    // The pool takes a size of the same footprint; the statistics count the
+    // size stated, so bytes in use dip below zero for a while.
+    let s = Statistics::new(Shared::new(CoalescingPool::new(BumpUpstream::new(1 << 20))));
+    let a = s.allocate(req(188), &()).unwrap();
+    let b = s.allocate(req(3073), &()).unwrap();
+    s.deallocate(a, &()).unwrap();
+    s.deallocate(Block::new(b.addr(), 3328, b.tag()), &()).unwrap();
+    assert_eq!(s.get_bytes_counter().value, 188 + 3073 - 188 - 3328);
+    let c = s.allocate(req(100), &()).unwrap();
+    assert_eq!(
+        s.get_bytes_counter(),
+        Counter { value: 100 - 255, peak: 188 + 3073, total: 188 + 3073 + 100 }
+    );
+    s.deallocate(c, &()).unwrap();
+}
+
+#[test]
+fn statistics_counts_bytes_and_allocations() {
+    let s = Statistics::new(BumpUpstream::new(1 << 20));
+    let a = s.allocate(req(100), &()).unwrap();
+    let b = s.allocate(req(300), &()).unwrap();
+    let z = s.allocate(req(0), &()).unwrap();
+    assert_eq!(s.get_bytes_counter(), Counter { value: 400, peak: 400, total: 400 });
+    assert_eq!(s.get_allocations_counter(), Counter { value: 2, peak: 2, total: 2 });
+    s.deallocate(a, &()).unwrap();
+    s.deallocate(z, &()).unwrap();
+    let c = s.allocate(req(50), &()).unwrap();
+    assert_eq!(s.get_bytes_counter(), Counter { value: 350, peak: 400, total: 450 });
+    assert_eq!(s.get_allocations_counter(), Counter { value: 2, peak: 2, total: 3 });
+    s.deallocate(b, &()).unwrap();
+    s.deallocate(c, &()).unwrap();
+    assert_eq!(s.get_bytes_counter().value, 0);
+    assert_eq!(s.upstream().usage().held, 0);
+}
+
+#[test]
+fn statistics_failed_calls_count_nothing() {
+    let s = Statistics::new(FlakyFree::default());
+    let a = s.allocate(req(1000), &()).unwrap();
+    assert!(s.allocate(req(2 << 30), &()).is_err());
+    assert_eq!(s.get_bytes_counter(), Counter { value: 1000, peak: 1000, total: 1000 });
+    s.upstream().fail_frees.store(true, Ordering::Relaxed);
+    assert!(s.deallocate(a, &()).is_err());
+    assert_eq!(s.get_bytes_counter(), Counter { value: 1000, peak: 1000, total: 1000 });
+    assert_eq!(s.get_allocations_counter().value, 1);
+    s.upstream().fail_frees.store(false, Ordering::Relaxed);
+    s.deallocate(a, &()).unwrap();
+    assert_eq!(s.get_bytes_counter(), Counter { value: 0, peak: 1000, total: 1000 });
+}
+
+#[test]
+fn statistics_push_pop_nest_and_merge_as_rmm() {
+    let s = Statistics::new(BumpUpstream::new(1 << 30));
+    let a = s.allocate(req(1000), &()).unwrap();
+    let (outer, outer_count) = s.push_counters();
+    assert_eq!(outer, Counter { value: 1000, peak: 1000, total: 1000 });
+    assert_eq!(outer_count.value, 1);
+    assert_eq!(s.get_bytes_counter(), Counter::default());
+    assert_eq!(s.depth(), 1);
+
+    let b = s.allocate(req(500), &()).unwrap();
+    s.push_counters();
+    let c = s.allocate(req(2000), &()).unwrap();
+    s.deallocate(c, &()).unwrap();
+    // Frees a block of the base level from inside: a negative value.
+    s.deallocate(a, &()).unwrap();
+    assert_eq!(s.get_bytes_counter(), Counter { value: -1000, peak: 2000, total: 2000 });
+    let (inner, inner_count) = s.pop_counters().unwrap();
+    assert_eq!(inner, Counter { value: -1000, peak: 2000, total: 2000 });
+    assert_eq!(inner_count, Counter { value: -1, peak: 1, total: 1 });
+    // Merged: value and total add up; the peak is measured from the
+    // level's base (500 live when the inner level peaked at +2000).
+    assert_eq!(s.get_bytes_counter(), Counter { value: -500, peak: 2500, total: 2500 });
+    let (level1, _) = s.pop_counters().unwrap();
+    assert_eq!(level1, Counter { value: -500, peak: 2500, total: 2500 });
+    // Base level: 1000 live before, 3500 at the inner peak.
+    assert_eq!(s.get_bytes_counter(), Counter { value: 500, peak: 3500, total: 3500 });
+    assert_eq!(s.get_allocations_counter(), Counter { value: 1, peak: 3, total: 3 });
+    s.deallocate(b, &()).unwrap();
+}
+
+#[test]
+fn statistics_uneven_push_pop() {
+    let s = Statistics::new(BumpUpstream::new(1 << 30));
+    // More pops than pushes: an error that changes nothing.
+    let a = s.allocate(req(256), &()).unwrap();
+    assert!(matches!(s.pop_counters(), Err(Error::InvalidConfig { .. })));
+    assert_eq!(s.get_bytes_counter(), Counter { value: 256, peak: 256, total: 256 });
+    s.push_counters();
+    s.pop_counters().unwrap();
+    assert!(s.pop_counters().is_err());
+    assert_eq!(s.depth(), 0);
+    assert_eq!(s.get_bytes_counter(), Counter { value: 256, peak: 256, total: 256 });
+    // Pushes never popped: figures are those of the innermost level, and the
+    // allocations keep counting below it when it is popped later.
+    s.push_counters();
+    s.push_counters();
+    let b = s.allocate(req(512), &()).unwrap();
+    assert_eq!(s.get_bytes_counter(), Counter { value: 512, peak: 512, total: 512 });
+    assert_eq!(s.depth(), 2);
+    s.pop_counters().unwrap();
+    s.pop_counters().unwrap();
+    assert_eq!(s.get_bytes_counter(), Counter { value: 768, peak: 768, total: 768 });
+    s.deallocate(a, &()).unwrap();
+    s.deallocate(b, &()).unwrap();
+}
+
+#[test]
+fn statistics_peak_is_exact_under_concurrency() {
+    // Every thread holds all its blocks at the barrier, so the true peak is
+    // exactly the sum of everything; nothing is live at any other time
+    // beyond that. A lost peak update would show as a lower peak.
+    const THREADS: u64 = 4;
+    const PER: u64 = crate::testing::steps(500) as u64;
+    for round in 0..5 {
+        let s = Statistics::new(BumpUpstream::new(1 << 40));
+        let barrier = Barrier::new(THREADS as usize);
+        std::thread::scope(|scope| {
+            for t in 0..THREADS {
+                let (s, barrier) = (&s, &barrier);
+                scope.spawn(move || {
+                    let blocks: Vec<Block> = (0..PER)
+                        .map(|i| s.allocate(req(256 * (1 + (i + t + round) % 3)), &()).unwrap())
+                        .collect();
+                    barrier.wait();
+                    for b in blocks {
+                        s.deallocate(b, &()).unwrap();
+                    }
+                });
+            }
+        });
+        let expected_bytes: u64 =
+            (0..THREADS).flat_map(|t| (0..PER).map(move |i| 256 * (1 + (i + t + round) % 3))).sum();
+        assert_eq!(
+            s.get_bytes_counter(),
+            Counter { value: 0, peak: expected_bytes as i64, total: expected_bytes as i64 }
+        );
+        assert_eq!(
+            s.get_allocations_counter(),
+            Counter { value: 0, peak: (THREADS * PER) as i64, total: (THREADS * PER) as i64 }
+        );
+    }
+}
+
+// ---------------------------------------------------------------- limiting
+
+#[test]
+fn limiting_zero_limit_refuses_all_but_zero_bytes() {
+    let l = Limiting::new(BumpUpstream::new(1 << 30), 0);
+    assert_eq!(l.allocate(req(0), &()).unwrap(), Block::EMPTY);
+    assert_eq!(l.allocate(req(1), &()), Err(Error::LimitExceeded { requested: 1, used: 0, limit: 0 }));
+    assert_eq!(l.get_allocated_bytes(), 0);
+    assert_eq!(l.upstream().usage().held, 0);
+    l.deallocate(Block::EMPTY, &()).unwrap();
+}
+
+#[test]
+fn limiting_exact_limit_and_rollback() {
+    let l = Limiting::new(BumpUpstream::new(1 << 30), 1024);
+    let a = l.allocate(req(1000), &()).unwrap();
+    assert_eq!(l.get_allocated_bytes(), 1024);
+    assert!(matches!(l.allocate(req(1), &()), Err(Error::LimitExceeded { used: 1024, .. })));
+    l.deallocate(a, &()).unwrap();
+    // Upstream failure: the reservation is given back.
+    l.upstream().fail_after(0);
+    assert!(matches!(l.allocate(req(512), &()), Err(Error::Backend { .. })));
+    assert_eq!(l.get_allocated_bytes(), 0);
+    l.upstream().fail_after(u64::MAX);
+    let b = l.allocate(req(1024), &()).unwrap();
+    l.deallocate(b, &()).unwrap();
+    assert_eq!((l.get_allocated_bytes(), l.upstream().usage().held), (0, 0));
+}
+
+/// Resources that free a block by any size of a range (fixed-size: any
+/// size up to its block; arena: any size of the block's class): the limit
+/// counts off what the block was charged, never what the free states, so
+/// it neither wraps below zero nor lets the limit be overshot later.
+#[test]
+fn limiting_counts_off_what_a_block_was_charged_whatever_size_its_free_states() {
+    use crate::arena::ArenaResource;
+    use crate::fixed::{FixedConfig, FixedSizeResource};
+    let fixed = Shared::new(
+        FixedSizeResource::with_config(BumpUpstream::new(1 << 30), FixedConfig::new(4096), &()).unwrap(),
+    );
+    let arena = ArenaResource::new(BumpUpstream::new(1 << 30));
+    let ups: [(&dyn MemoryResource, u64, u64); 2] = [(&fixed, 100, 4000), (&arena, 2049, 2560)];
+    for (up, asked, stated) in ups {
+        let l = Limiting::new(up, 8192);
+        let a = l.allocate(req(asked), &()).unwrap();
+        let charged = asked.div_ceil(256) * 256;
+        assert_eq!(l.get_allocated_bytes(), charged);
+        // More than was charged: the upstream accepts it.
+        l.deallocate(Block::new(a.addr(), stated, a.tag()), &()).unwrap();
+        assert_eq!(l.get_allocated_bytes(), 0);
+        // Less than was charged.
+        let b = l.allocate(req(stated), &()).unwrap();
+        l.deallocate(Block::new(b.addr(), asked, b.tag()), &()).unwrap();
+        assert_eq!(l.get_allocated_bytes(), 0);
+        // The limit still holds exactly.
+        let c = l.allocate(req(4096), &()).unwrap();
+        let d = l.allocate(req(4096), &()).unwrap();
+        assert!(matches!(l.allocate(req(1), &()), Err(Error::LimitExceeded { used: 8192, .. })));
+        l.deallocate(c, &()).unwrap();
+        l.deallocate(d, &()).unwrap();
+        assert_eq!(l.get_allocated_bytes(), 0);
+    }
+}
+
+/// A block the limit never handed out (taken from its upstream directly, or
+/// freed already) is refused before the upstream sees it: nothing is freed
+/// and the count does not move.
+#[test]
+fn limiting_refuses_a_block_it_did_not_hand_out() {
+    let up = BumpUpstream::new(1 << 30);
+    let l = Limiting::new(&up, 4096);
+    let mine = l.allocate(req(1000), &()).unwrap();
+    let theirs = up.allocate(req(3000), &()).unwrap();
+    assert_eq!(l.deallocate(theirs, &()), Err(Error::UnknownBlock { addr: theirs.addr() }));
+    assert_eq!((l.get_allocated_bytes(), up.usage().held), (1024, 4096));
+    l.deallocate(mine, &()).unwrap();
+    assert_eq!(l.deallocate(mine, &()), Err(Error::UnknownBlock { addr: mine.addr() }));
+    assert_eq!((l.get_allocated_bytes(), up.usage().held), (0, 3072));
+    // An upstream that refuses the free: still counted, freed later.
+    let flaky = FlakyFree::default();
+    let l = Limiting::new(&flaky, 4096);
+    let a = l.allocate(req(300), &()).unwrap();
+    flaky.fail_frees.store(true, Ordering::Relaxed);
+    assert!(matches!(l.deallocate(a, &()), Err(Error::Backend { .. })));
+    assert_eq!(l.get_allocated_bytes(), 512);
+    flaky.fail_frees.store(false, Ordering::Relaxed);
+    l.deallocate(a, &()).unwrap();
+    assert_eq!(l.get_allocated_bytes(), 0);
+    up.deallocate(theirs, &()).unwrap();
+    // A block freed behind the limit's back (straight to the upstream)
+    // stays counted until the upstream hands its address out again
+    // through the limit: then only the new block counts.
+    let pool = Shared::new(CoalescingPool::new(BumpUpstream::new(1 << 30)));
+    let l = Limiting::new(&pool, 4096);
+    let a = l.allocate(req(1000), &()).unwrap();
+    pool.deallocate(a, &()).unwrap();
+    assert_eq!(l.get_allocated_bytes(), 1024);
+    let b = l.allocate(req(3000), &()).unwrap();
+    assert_eq!((b.addr(), l.get_allocated_bytes()), (a.addr(), 3072));
+    l.deallocate(b, &()).unwrap();
+    assert_eq!(l.get_allocated_bytes(), 0);
+}
+
+#[test]
+fn limiting_never_exceeded_by_concurrent_callers() {
+    let up = BumpUpstream::new(1 << 40);
+    let l = Limiting::new(&up, 64 * 1024);
+    let max_seen = AtomicU64::new(0);
+    std::thread::scope(|scope| {
+        for t in 0..4 {
+            let (l, max_seen, up) = (&l, &max_seen, &up);
+            scope.spawn(move || {
+                let mut rng = SplitMix64::new(t);
+                let mut held = Vec::new();
+                for _ in 0..crate::testing::steps(5000) {
+                    if held.is_empty() || rng.below(2) == 0 {
+                        match l.allocate(req(256 * (1 + rng.below(16))), &()) {
+                            Ok(b) => held.push(b),
+                            Err(e) => assert!(matches!(e, Error::LimitExceeded { .. })),
+                        }
+                    } else {
+                        l.deallocate(held.swap_remove(0), &()).unwrap();
+                    }
+                    max_seen.fetch_max(up.usage().held, Ordering::Relaxed);
+                }
+                for b in held {
+                    l.deallocate(b, &()).unwrap();
+                }
+            });
+        }
+    });
+    assert!(max_seen.load(Ordering::Relaxed) <= 64 * 1024);
+    assert_eq!((l.get_allocated_bytes(), up.usage().held), (0, 0));
+}

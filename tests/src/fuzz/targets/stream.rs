@@ -1,0 +1,207 @@
+//! The fuzz target of the stream-ordered layer on simulated streams.
+
+use super::super::{drive, FuzzResource, Model, Op};
+use super::{judge_pool_failure, round256, Pool, Spy};
+use arbitrary::Unstructured;
+use memres_core::stream_ordered::StreamOrdered;
+use memres_core::{Block, Error, Inspect, MemoryResource, Request, Result, Shared, Stream};
+use memres_sim::{HbChecked, SimStream, SimWorld};
+use std::collections::HashMap;
+
+type Ordered = StreamOrdered<Pool, SimStream>;
+
+/// `StreamOrdered` over a pool, on a few `SimStream`s of one `SimWorld`,
+/// behind the happens-before checker.
+struct StreamTarget {
+    hb: HbChecked<Shared<Ordered>>,
+    spy: Spy,
+    world: SimWorld,
+    streams: Vec<SimStream>,
+    current: usize,
+    /// Footprints of the blocks handed out and not freed.
+    handed: u64,
+    /// The stream each live block was handed out on, by address.
+    allocated_on: HashMap<u64, usize>,
+    /// Whether a stream call was made to fail (a backend error is then
+    /// legitimate).
+    stream_failure_armed: bool,
+}
+
+impl std::fmt::Debug for StreamTarget {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StreamTarget").field("current", &self.current).finish_non_exhaustive()
+    }
+}
+
+impl StreamTarget {
+    fn with<T>(&self, f: impl FnOnce(&mut Ordered) -> T) -> T {
+        self.hb.inner().with(f)
+    }
+}
+
+impl FuzzResource for StreamTarget {
+    fn allocate(&mut self, request: Request) -> Result<Block> {
+        let block = self.hb.allocate(request, &self.streams[self.current])?;
+        self.handed += round256(block.size());
+        if !block.is_empty() {
+            self.allocated_on.insert(block.addr(), self.current);
+        }
+        Ok(block)
+    }
+    fn deallocate(&mut self, block: Block) -> Result<()> {
+        // A correct caller that frees on another stream than the block's
+        // first orders the free after the block's work there (an event
+        // and a wait); if that fails, it frees on the block's stream.
+        let mut on = self.current;
+        if let Some(&first) = self.allocated_on.get(&block.addr()) {
+            if first != on {
+                let ordered = self.streams[first].record().and_then(|e| self.streams[on].wait(&e));
+                if ordered.is_err() {
+                    on = first;
+                }
+            }
+        }
+        self.hb.deallocate(block, &self.streams[on])?;
+        self.handed -= round256(block.size());
+        self.allocated_on.remove(&block.addr());
+        Ok(())
+    }
+    fn release(&mut self) -> Option<Result<u64>> {
+        // Blocks whose free completed go back to the pool, the pool's free
+        // chunks upstream.
+        match self.with(|so| so.reclaim()) {
+            Ok(n) => Some(Ok(n as u64)),
+            // An injected failure of the event it records: the lists stay.
+            Err(Error::Backend { .. }) if self.stream_failure_armed => Some(Ok(0)),
+            Err(e) => Some(Err(e)),
+        }
+    }
+    fn check(&self, model: &Model) -> std::result::Result<(), String> {
+        if let Some(v) = self.hb.violations().first() {
+            return Err(format!("happens-before violation: {v}"));
+        }
+        self.with(|so| {
+            if super::super::invariant_checker_on() {
+                so.check().map_err(|v| v.to_string())?;
+            }
+            let pool = so.inner();
+            if self.spy.inner.usage().held != pool.usage().held {
+                return Err(format!(
+                    "upstream holds {} bytes, the pool says {}",
+                    self.spy.inner.usage().held,
+                    pool.usage().held
+                ));
+            }
+            if pool.usage().used != so.usage().used + so.listed_bytes() {
+                return Err(format!(
+                    "the pool has {} bytes in use, the layer {} live and {} listed",
+                    pool.usage().used,
+                    so.usage().used,
+                    so.listed_bytes()
+                ));
+            }
+            if so.live_count() != model.live().len() {
+                return Err(format!(
+                    "{} live in the layer, {} in the model",
+                    so.live_count(),
+                    model.live().len()
+                ));
+            }
+            // A listed block serves a request only if it wastes at most half.
+            if so.usage().used < model.used() || so.usage().used > 2 * model.used() {
+                return Err(format!(
+                    "{} bytes live behind {} bytes handed out",
+                    so.usage().used,
+                    model.used()
+                ));
+            }
+            Ok(())
+        })
+    }
+    fn used_bytes(&self) -> u64 {
+        self.handed
+    }
+    fn footprint(&self, size: u64) -> u64 {
+        round256(size)
+    }
+    fn size_class(&self, size: u64) -> u64 {
+        // The layer checks the exact size a block was asked with.
+        size
+    }
+    fn forgets(&self, _block: &Block) -> bool {
+        // A stale tag names a slot that may hold another address by now.
+        true
+    }
+    fn frees_by_address(&self) -> bool {
+        false
+    }
+    fn summary(&self) -> Vec<u64> {
+        self.with(|so| {
+            vec![
+                self.handed,
+                so.live_count() as u64,
+                so.inner().usage().held,
+                so.usage().used,
+                so.listed_bytes(),
+                so.inner().usage().used,
+            ]
+        })
+    }
+    fn spy(&self) -> Option<&Spy> {
+        Some(&self.spy)
+    }
+    fn streams(&self) -> u8 {
+        self.streams.len() as u8
+    }
+    fn stream_op(&mut self, op: Op) {
+        match op {
+            Op::Stream { which } => self.current = which as usize % self.streams.len(),
+            Op::Advance => self.world.advance(),
+            Op::Synchronize => self.world.synchronize(),
+            Op::FailStream { n } => {
+                self.world.fail_nth(n);
+                self.stream_failure_armed = true;
+            }
+            _ => {}
+        }
+    }
+    fn judge_alloc_failure(
+        &self,
+        request: &Request,
+        err: &Error,
+        before: &[u64],
+        _: &Model,
+    ) -> std::result::Result<(), String> {
+        if matches!(err, Error::Backend { .. }) && self.stream_failure_armed {
+            return Ok(());
+        }
+        let pool_before = [0, 0, before[2]];
+        self.with(|so| judge_pool_failure(so.inner(), &self.spy, request, err, &pool_before))
+    }
+}
+
+/// Fuzz target `stream`: [`StreamOrdered`] over a pool on two to four
+/// streams of one `SimWorld` (the legacy default stream among them), with
+/// the happens-before checker, which must find nothing.
+pub fn run_stream(data: &[u8]) {
+    let mut u = Unstructured::new(data);
+    let Ok((pool, spy)) = super::build_pool::<Vec<_>, Vec<_>>(&mut u) else { return };
+    let Ok(count) = u.int_in_range(2..=4usize) else { return };
+    let world = SimWorld::new();
+    let mut streams = vec![world.default_stream()];
+    for i in 1..count {
+        streams.push(if i == 3 { world.non_blocking_stream() } else { world.stream() });
+    }
+    let hb = HbChecked::new(Shared::new(StreamOrdered::new(pool)));
+    let mut target = StreamTarget {
+        hb,
+        spy,
+        world,
+        streams,
+        current: 1,
+        handed: 0,
+        allocated_on: HashMap::new(),
+        stream_failure_armed: false,
+    };
+    drive(&mut target, &mut u);
+}

@@ -1,0 +1,287 @@
+//! The fuzz target of the virtual pool over a simulated address space.
+
+use super::super::{drive, FuzzResource, Model};
+use super::round256;
+use arbitrary::Unstructured;
+use memres_core::vmem::CommitLedger;
+use memres_core::vpool::{VirtualConfig, VirtualPool};
+use memres_core::{Block, Error, Inspect, MemoryResourceMut, Request, Result};
+use memres_sim::SimAddressSpace;
+
+/// The simulated space spans 2^18 granules: the pool keeps one slot per
+/// granule reserved, and a reservation of a terabyte would take gigabytes.
+const SPAN_GRANULES_LOG2: u32 = 18;
+
+/// `VirtualPool` over a `SimAddressSpace`.
+///
+/// Injected failures are judged by the call they fire in, not by whether one
+/// was armed: an armed failure fires in a later call or never. The space
+/// counts the failures it delivered; each call compares the counts before
+/// and after.
+#[derive(Debug)]
+struct VpoolTarget {
+    pool: VirtualPool<SimAddressSpace>,
+    /// Injected (commit, decommit) failures delivered during the last
+    /// allocate, for `judge_alloc_failure`.
+    delivered: (u64, u64),
+    /// The most idle bytes the pool may hold now. `keep` unless a decommit
+    /// failed: then unbounded after that call, and after later calls that
+    /// do not retry the trim (a successful allocate, which never adds Idle
+    /// granules, a failed free), the least idle seen since or `keep`. A
+    /// call that retries (a free, a failed allocate, a trim) and meets no
+    /// failure brings it back to `keep` (0 for a trim).
+    idle_ceiling: u64,
+    /// The first broken rule a call found (reported by `check`).
+    broken: Option<String>,
+}
+
+impl VpoolTarget {
+    /// Bytes of the granules that live blocks touch.
+    fn busy_bytes(&self, model: &Model) -> u64 {
+        let g = self.pool.granule();
+        let mut spans: Vec<(u64, u64)> = model
+            .live()
+            .iter()
+            .map(|l| (l.block.addr() / g, (l.block.addr() + l.footprint - 1) / g + 1))
+            .collect();
+        spans.sort_unstable();
+        let (mut total, mut end) = (0, 0);
+        for (s, e) in spans {
+            let s = s.max(end);
+            if e > s {
+                total += e - s;
+            }
+            end = end.max(e);
+        }
+        total * g
+    }
+
+    /// Runs `call` on the pool; returns what it returned and the injected
+    /// failures the space delivered during it (commits, decommits).
+    fn observe<T>(&mut self, call: impl FnOnce(&mut VirtualPool<SimAddressSpace>) -> T) -> (T, (u64, u64)) {
+        let before = self.pool.space().injected_failures();
+        let got = call(&mut self.pool);
+        let now = self.pool.space().injected_failures();
+        (got, (now.0 - before.0, now.1 - before.1))
+    }
+
+    /// Moves the idle ceiling after a call that `delivered` failures:
+    /// unbounded if a decommit failed in it; else `retried`, the ceiling of
+    /// a call that retries a pending trim; else (a call that adds no Idle
+    /// granules) the idle bytes now if fewer, never under `keep`.
+    fn settle(&mut self, delivered: (u64, u64), retried: Option<u64>) {
+        let keep = self.pool.config().release_threshold_bytes();
+        self.idle_ceiling = match retried {
+            _ if delivered.1 > 0 => u64::MAX,
+            Some(ceiling) => ceiling,
+            None => self.idle_ceiling.min(self.pool.idle_bytes()).max(keep),
+        };
+    }
+
+    /// Records the first rule a call broke, for `check` to report.
+    fn broke(&mut self, why: String) {
+        self.broken.get_or_insert(why);
+    }
+}
+
+impl FuzzResource for VpoolTarget {
+    fn allocate(&mut self, request: Request) -> Result<Block> {
+        let got;
+        (got, self.delivered) = self.observe(|pool| pool.allocate(request, &()));
+        if got.is_ok() && self.delivered.0 > 0 {
+            // A failed commit is never retried: the allocate fails with it.
+            self.broke(format!("an allocate succeeded though a commit failed: {got:?}"));
+        }
+        // A failed allocate retries a pending trim; a successful one only
+        // takes Idle granules.
+        let keep = self.pool.config().release_threshold_bytes();
+        self.settle(self.delivered, got.is_err().then_some(keep));
+        got
+    }
+    fn deallocate(&mut self, block: Block) -> Result<()> {
+        let (got, delivered) = self.observe(|pool| pool.deallocate(block, &()));
+        if delivered.0 > 0 {
+            self.broke(format!("a commit failed in a free of {block:?}, which commits nothing"));
+        }
+        // A free of a block retries a pending trim; a failed free, or one of
+        // an empty block, changes nothing.
+        let keep = self.pool.config().release_threshold_bytes();
+        self.settle(delivered, (got.is_ok() && !block.is_empty()).then_some(keep));
+        got
+    }
+    fn release(&mut self) -> Option<Result<u64>> {
+        let committed = self.pool.usage().held;
+        let (got, delivered) = self.observe(|pool| pool.trim(&()));
+        match got {
+            Ok(bytes) => {
+                // Every Idle granule decommitted, and counted.
+                if delivered != (0, 0) || bytes != committed - self.pool.usage().held {
+                    self.broke(format!(
+                        "a trim returned {bytes} with {delivered:?} failures delivered; committed {committed} -> {}",
+                        self.pool.usage().held
+                    ));
+                }
+                self.settle(delivered, Some(0));
+                Some(Ok(bytes))
+            }
+            // The decommit failure injected into this very trim, which stops
+            // at the first: its granules stay committed and Idle.
+            Err(e) if e == CommitLedger::INJECTED_DECOMMIT_FAILURE && delivered == (0, 1) => {
+                self.settle(delivered, None);
+                Some(Ok(0))
+            }
+            Err(e) => Some(Err(e)),
+        }
+    }
+    fn fail_nth(&mut self, n: u64) -> bool {
+        // The `n`th commit and the `n`th decommit from now: a commit that
+        // fails, the undo of one, a trim and the retry after running out of
+        // physical memory all meet failures, alone and together.
+        self.pool.space().fail_nth_commit(n);
+        self.pool.space().fail_nth_decommit(n);
+        true
+    }
+    fn check(&self, model: &Model) -> std::result::Result<(), String> {
+        if super::super::invariant_checker_on() {
+            self.pool.check().map_err(|v| v.to_string())?;
+        }
+        let space = self.pool.space();
+        for l in model.live() {
+            let range = memres_core::Range::new(l.block.addr(), l.footprint).expect("live range");
+            if !space.is_committed(range) {
+                return Err(format!("{:?} lies over memory that is not committed", l.block));
+            }
+        }
+        if space.committed_bytes() != self.pool.usage().held
+            || space.reserved_bytes() != self.pool.reserved_bytes()
+        {
+            return Err(format!(
+                "the space has {} bytes committed and {} reserved, the pool says {} and {}",
+                space.committed_bytes(),
+                space.reserved_bytes(),
+                self.pool.usage().held,
+                self.pool.reserved_bytes()
+            ));
+        }
+        let busy = self.busy_bytes(model);
+        if self.pool.usage().held - self.pool.idle_bytes() != busy {
+            return Err(format!(
+                "{} bytes committed, {} idle; live blocks touch {busy} bytes of granules",
+                self.pool.usage().held,
+                self.pool.idle_bytes()
+            ));
+        }
+        if let Some(why) = &self.broken {
+            return Err(why.clone());
+        }
+        if self.pool.idle_bytes() > self.idle_ceiling {
+            return Err(format!(
+                "{} bytes idle, more than the {} allowed now (keep {})",
+                self.pool.idle_bytes(),
+                self.idle_ceiling,
+                self.pool.config().release_threshold_bytes()
+            ));
+        }
+        Ok(())
+    }
+    fn used_bytes(&self) -> u64 {
+        self.pool.usage().used
+    }
+    fn footprint(&self, size: u64) -> u64 {
+        round256(size)
+    }
+    fn summary(&self) -> Vec<u64> {
+        // Idle memory may be decommitted by any call: not in the summary.
+        vec![self.pool.usage().used, self.pool.usage().free, self.pool.reserved_bytes()]
+    }
+    fn judge_alloc_failure(
+        &self,
+        request: &Request,
+        err: &Error,
+        before: &[u64],
+        model: &Model,
+    ) -> std::result::Result<(), String> {
+        let g = self.pool.granule();
+        let reserved = self.pool.reserved_bytes();
+        let need = request.rounded_size(256) + request.align().saturating_sub(g);
+        let at_max = self.pool.reservation_count() >= self.pool.config().reservations() as usize;
+        let (commits, decommits) = self.delivered;
+        match err {
+            // A commit failure injected into this call comes through as it
+            // is: a failed commit is never retried.
+            _ if commits > 0 => {
+                if *err == CommitLedger::INJECTED_COMMIT_FAILURE {
+                    Ok(())
+                } else {
+                    Err(format!("{commits} injected commit failures in the call, not its error"))
+                }
+            }
+            // A decommit failure injected into this call, of the trim after
+            // running out of physical memory (its Idle granules stay
+            // committed: the allocation fails with that error, never with
+            // out of memory).
+            Error::Backend { .. } if decommits > 0 && *err == CommitLedger::INJECTED_DECOMMIT_FAILURE => {
+                Ok(())
+            }
+            Error::InvalidSize { .. } if reserved / g + need.div_ceil(g) >= u64::from(u32::MAX) => Ok(()),
+            // Out of physical memory, the space's error comes through as it
+            // is: `requested` is then the bytes of the commit.
+            Error::OutOfMemory { .. } => {
+                // A reservation made for the block stays when the commit
+                // then fails (address space only, kept for later).
+                // Reserved room: the index's promise as in the `index` target.
+                let granules = request.size().div_ceil(256) + request.align() / 256 - 1;
+                let room_short = self.pool.usage().largest_free < 256 * (granules + granules / 32);
+                let no_more = at_max
+                    || need.max(self.pool.config().reserve_size()).next_multiple_of(g)
+                        > (g << SPAN_GRANULES_LOG2) - reserved;
+                // Physical memory: what live blocks touch, plus the granules
+                // the block would touch. Idle granules do not count: the
+                // pool gives them back before it fails, and if a decommit
+                // fails, the error is that failure.
+                let physical =
+                    self.busy_bytes(model) + (need.div_ceil(g) + 1) * g > self.pool.space().physical_bytes();
+                let grew = reserved != before[2];
+                if (room_short && no_more && !grew) || physical {
+                    Ok(())
+                } else {
+                    Err(format!(
+                        "largest free {}, {} reservations, {} bytes busy of {}",
+                        self.pool.usage().largest_free,
+                        self.pool.reservation_count(),
+                        self.busy_bytes(model),
+                        self.pool.space().physical_bytes()
+                    ))
+                }
+            }
+            _ => Err("unexpected error".into()),
+        }
+    }
+}
+
+/// Fuzz target `vpool`: [`VirtualPool`] over a `SimAddressSpace` of a few
+/// granule sizes, physical sizes, reservation sizes and release thresholds;
+/// commits and decommits made to fail.
+pub fn run_vpool(data: &[u8]) {
+    let mut u = Unstructured::new(data);
+    let Ok((granule, physical, config)) = (|| -> arbitrary::Result<(u64, u64, VirtualConfig)> {
+        let granule = *u.choose(&[4096u64, 64 << 10, 2 << 20])?;
+        let physical = *u.choose(&[granule * 8, 64 << 20, 1 << 36])?;
+        let reserve = granule * *u.choose(&[16u64, 1 << 10, 1 << 16])?;
+        let keep = *u.choose(&[0, granule * 2, 1 << 30])?;
+        let config = VirtualConfig::new(reserve)
+            .release_threshold(keep)
+            .max_reservations(u.int_in_range(1..=3)?)
+            .trim_on_commit(u.arbitrary()?);
+        Ok((granule, physical, config))
+    })() else {
+        return;
+    };
+    let pool = VirtualPool::with_config(
+        SimAddressSpace::with_span(physical, granule, granule << SPAN_GRANULES_LOG2),
+        config,
+    )
+    .expect("a valid configuration");
+    let idle_ceiling = config.release_threshold_bytes();
+    drive(&mut VpoolTarget { pool, delivered: (0, 0), idle_ceiling, broken: None }, &mut u);
+}
