@@ -462,7 +462,7 @@ impl<U, C: Storage<Chunk>, L: Storage<Slot>> FixedSizeResource<U, C, L> {
 }
 
 /// Gives every chunk with no live block back upstream, on the stream
-/// type's [`Stream::at_drop`](crate::Stream::at_drop) stream, as the pool
+/// type's [`Stream::at_drop`] stream, as the pool
 /// does (see [`CoalescingPool`](crate::pool::CoalescingPool)'s `Drop`).
 impl<U, C: Storage<Chunk>, L: Storage<Slot>> Drop for FixedSizeResource<U, C, L> {
     fn drop(&mut self) {
