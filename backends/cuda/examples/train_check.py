@@ -4,8 +4,10 @@ Driver (runs each worker in a process of its own and compares):
 
     python3 train_check.py --so path/to/libmemres.so [--stack STACK]... [--log /tmp/torch.csv] [--json out.json]
 
-It runs a small transformer (TransformerEncoder, bf16 autocast) for 50
-steps on random data with a fixed seed, on PyTorch's native caching
+It trains one of three models (`--model`: a small transformer,
+TransformerEncoder; the same with batch and sequence length drawn per step;
+a residual CNN), bf16 autocast, for 50 steps on random data with a fixed
+seed, on PyTorch's native caching
 allocator and on memres per stack to test, in `--rounds` interleaved rounds
 (default 3; native at least twice, to see that the run is deterministic at
 all). Step times are medians over steps 6 to 50, then over rounds. The
@@ -48,6 +50,90 @@ MEMRES_STACK = "stats(pool(async, per_stream=true))"
 STACKS_VAR = "MEMRES_TRAIN_STACKS"
 
 
+# The models, each a function of (torch, F, args) returning the module, a
+# generator of `steps` (input, target) pairs and the loss. Parameters and
+# data come from CPU generators seeded alike: the same in every run.
+VOCAB = 1024
+
+
+def transformer(torch, F, args, dynamic=False):
+    d_model = args.d_model
+    layer = torch.nn.TransformerEncoderLayer(
+        d_model, 8, dim_feedforward=4 * d_model, dropout=0.0, batch_first=True, norm_first=True
+    )
+
+    class Model(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.encoder = torch.nn.TransformerEncoder(layer, args.layers, enable_nested_tensor=False)
+            self.head = torch.nn.Linear(d_model, VOCAB)
+
+        def forward(self, x):
+            return self.head(self.encoder(x))
+
+    model = Model()
+
+    def batches(steps):
+        gen = torch.Generator().manual_seed(SEED)
+        for _ in range(steps):
+            batch, seq = args.batch, args.seq
+            if dynamic:
+                # Batch and sequence length change every step, as requests do.
+                batch = int(torch.randint(args.batch // 4, args.batch + 1, (1,), generator=gen))
+                seq = 16 * int(torch.randint(args.seq // 64, args.seq // 16 + 1, (1,), generator=gen))
+            yield (torch.randn(batch, seq, d_model, generator=gen),
+                   torch.randint(0, VOCAB, (batch, seq), generator=gen))
+
+    def loss_of(logits, y):
+        return F.cross_entropy(logits.float().view(-1, VOCAB), y.view(-1))
+
+    return model, batches, loss_of
+
+
+def conv(torch, F, args):
+    """A small residual convolutional network on 64x64 images."""
+    nn = torch.nn
+
+    class Block(nn.Module):
+        def __init__(self, cin, cout, stride):
+            super().__init__()
+            self.a = nn.Conv2d(cin, cout, 3, stride, 1, bias=False)
+            self.na = nn.BatchNorm2d(cout)
+            self.b = nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
+            self.nb = nn.BatchNorm2d(cout)
+            self.skip = nn.Conv2d(cin, cout, 1, stride, bias=False) if stride != 1 or cin != cout else nn.Identity()
+
+        def forward(self, x):
+            return F.relu(self.nb(self.b(F.relu(self.na(self.a(x))))) + self.skip(x))
+
+    widths = [64, 128, 256, 512]
+    layers = [nn.Conv2d(3, 64, 3, 1, 1, bias=False), nn.BatchNorm2d(64), nn.ReLU()]
+    cin = 64
+    for i, w in enumerate(widths):
+        layers += [Block(cin, w, 1 if i == 0 else 2), Block(w, w, 1)]
+        cin = w
+    layers += [nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(cin, 100)]
+    model = nn.Sequential(*layers)
+
+    def batches(steps):
+        gen = torch.Generator().manual_seed(SEED)
+        for _ in range(steps):
+            yield (torch.randn(args.batch * 4, 3, 64, 64, generator=gen),
+                   torch.randint(0, 100, (args.batch * 4,), generator=gen))
+
+    def loss_of(logits, y):
+        return F.cross_entropy(logits.float(), y)
+
+    return model, batches, loss_of
+
+
+MODELS = {
+    "transformer": transformer,
+    "conv": conv,
+    "dynamic": lambda torch, F, args: transformer(torch, F, args, dynamic=True),
+}
+
+
 def worker(args):
     lib = open_memres(args, args.stack[-1] if args.stack else None)
     import torch
@@ -61,6 +147,8 @@ def worker(args):
     torch.use_deterministic_algorithms(True, warn_only=True)
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
+    torch.backends.cudnn.benchmark = False
+    torch.backends.cudnn.deterministic = True
     try:
         from torch.nn.attention import SDPBackend, sdpa_kernel
 
@@ -70,37 +158,19 @@ def worker(args):
 
         attention = contextlib.nullcontext
 
-    d_model, heads, layers, vocab, batch, seq = args.d_model, 8, args.layers, 1024, args.batch, args.seq
-    layer = torch.nn.TransformerEncoderLayer(
-        d_model, heads, dim_feedforward=4 * d_model, dropout=0.0, batch_first=True, norm_first=True
-    )
-
-    class Model(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.encoder = torch.nn.TransformerEncoder(layer, layers, enable_nested_tensor=False)
-            self.head = torch.nn.Linear(d_model, vocab)
-
-        def forward(self, x):
-            return self.head(self.encoder(x))
-
-    # Parameters and data come from the CPU generator: the same in every run.
-    model = Model()
-    gen = torch.Generator().manual_seed(SEED)
     device = torch.device("cuda")
+    model, batches, loss_of = MODELS[args.model](torch, F, args)
     model = model.to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=3e-4)
 
     losses, times = [], []
-    for _ in range(args.steps):
-        x = torch.randn(batch, seq, d_model, generator=gen)
-        y = torch.randint(0, vocab, (batch, seq), generator=gen)
+    for x, y in batches(args.steps):
         torch.cuda.synchronize()
         t0 = time.perf_counter()
         x, y = x.to(device), y.to(device)
         with torch.autocast("cuda", dtype=torch.bfloat16), attention():
-            logits = model(x)
-        loss = F.cross_entropy(logits.float().view(-1, vocab), y.view(-1))
+            out = model(x)
+        loss = loss_of(out, y)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
@@ -110,6 +180,7 @@ def worker(args):
 
     result = {
         "mode": args.worker,
+        "model": args.model,
         "torch": torch.__version__,
         "gpu": torch.cuda.get_device_name(),
         "losses": losses,
@@ -136,7 +207,7 @@ def worker(args):
 
 
 def driver(args):
-    common = ["--steps", str(args.steps), "--layers", str(args.layers), "--d-model", str(args.d_model),
+    common = ["--model", args.model, "--steps", str(args.steps), "--layers", str(args.layers), "--d-model", str(args.d_model),
               "--batch", str(args.batch), "--seq", str(args.seq)]
     # Rounds interleave the configurations (native, each stack, native, ...)
     # so that a slow spell of the machine hits all of them alike; a
@@ -195,6 +266,7 @@ def driver(args):
     summary = {
         "gpu": native["gpu"],
         "torch": native["torch"],
+        "model": args.model,
         "steps": args.steps,
         "native_deterministic": deterministic,
         "native_repeat_max_loss_diff": max(max_diff(n, native) for n in natives),
@@ -222,7 +294,7 @@ def driver(args):
     mib = 1 << 20
     for i, p in enumerate(per_stack):
         print(
-            f"SUMMARY train_check [{p['memres_stack']}]: losses {'identical' if p['losses_identical'] else 'DIFFER'} "
+            f"SUMMARY train_check {args.model} [{p['memres_stack']}]: losses {'identical' if p['losses_identical'] else 'DIFFER'} "
             f"(native repeat {'identical' if deterministic else 'differs: not deterministic'}); "
             f"step {p['step_ms_memres']:.2f} ms memres vs {summary['step_ms_native']:.2f} ms native "
             f"(x{p['step_time_ratio']:.3f}); peak held {p['peak_memres_held'] / mib:.0f} MiB memres vs "
@@ -245,6 +317,9 @@ def main():
     p.add_argument("--json", help="write the summary and every run here")
     p.add_argument("--rounds", type=int, default=3,
                    help="runs of each configuration, interleaved; step times are medians over rounds (native runs at least twice)")
+    p.add_argument("--model", choices=sorted(MODELS), default="transformer",
+                   help="transformer (fixed shapes), dynamic (the transformer with batch and "
+                        "sequence length drawn per step) or conv (a residual CNN)")
     p.add_argument("--steps", type=int, default=50)
     p.add_argument("--layers", type=int, default=4)
     p.add_argument("--d-model", type=int, default=512)
