@@ -83,6 +83,15 @@ class DeviceBuffer:
             raise ValueError("memres: copy_from_device between backends (CUDA and simulated)")
         self._buf.copy_from_device(src._buf)
 
+    def prefetch(self, device=None, stream=None):
+        """Prefetches managed memory to ``device`` (the current device) on
+        ``stream`` (the buffer's own), as RMM's; returns True where the
+        memory migrates and was prefetched, False (nothing done) otherwise."""
+        from ._device import current_device
+        device = current_device() if device is None else device
+        handle = None if stream is None else as_handle(stream)
+        return self._buf.prefetch(device, handle)
+
     def tobytes(self):
         return bytes(self._buf.copy_to_host())
 

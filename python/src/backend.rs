@@ -51,6 +51,11 @@ mod imp {
         Ok(HostCopy)
     }
 
+    /// Host memory does not migrate: nothing to prefetch.
+    pub(crate) fn prefetch(_addr: u64, _size: u64, _device: u32, _stream: &Stream) -> PyResult<bool> {
+        Ok(false)
+    }
+
     /// The core's names, `vpool`, and `sim` and `host` counted in the
     /// device gauge.
     pub(crate) fn builder(device: u32) -> PyResult<StackBuilder<Stream>> {
@@ -127,6 +132,13 @@ mod imp {
         Ok(CudaCopy::in_context(context(device)?))
     }
 
+    /// Prefetches managed memory to `device` on `stream`; `false` for
+    /// memory that does not migrate.
+    pub(crate) fn prefetch(addr: u64, size: u64, device: u32, stream: &Stream) -> PyResult<bool> {
+        memres_cuda::prefetch(addr, size, device_of(device)?, &context(device)?, stream)
+            .map_err(|e| crate::errors::to_py(e, "prefetch"))
+    }
+
     /// The core's names and the CUDA leaves of `device`, counted in its
     /// gauge.
     pub(crate) fn builder(device: u32) -> PyResult<StackBuilder<Stream>> {
@@ -136,4 +148,4 @@ mod imp {
     }
 }
 
-pub(crate) use imp::{builder, engine, stream, Engine, Stream, BACKEND, BYTES_LEAVES};
+pub(crate) use imp::{builder, engine, prefetch, stream, Engine, Stream, BACKEND, BYTES_LEAVES};

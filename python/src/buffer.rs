@@ -139,6 +139,21 @@ impl Buffer {
         })
     }
 
+    /// Prefetches the bytes to `device` on `stream` (the buffer's own by
+    /// default): `True` where they are managed memory, `False` (nothing
+    /// done) where they do not migrate, as RMM.
+    #[pyo3(signature = (device, stream=None))]
+    fn prefetch(&self, py: Python<'_>, device: u32, stream: Option<u64>) -> PyResult<bool> {
+        let other = stream.map(|h| backend::stream(h, device)).transpose()?;
+        py.detach(|| {
+            let b = self.lock();
+            if b.is_empty() {
+                return Ok(false);
+            }
+            backend::prefetch(b.addr(), b.len(), device, other.as_ref().unwrap_or(b.stream()))
+        })
+    }
+
     /// Sets the size (new bytes are zeros); may move the buffer.
     fn resize(&self, py: Python<'_>, size: u64) -> PyResult<()> {
         py.detach(|| self.lock().resize(size)).map_err(|e| container_error(e, "resize"))

@@ -169,42 +169,9 @@ impl<S: AsRawStream + ?Sized, R: MemoryResource<S>> MemoryResource<S> for Prefet
             return Ok(block);
         }
         let ctx = stream.context().unwrap_or(&self.context);
-        let device = self.context.device().raw();
-        let prefetched = ctx.scope(|| {
-            // Prefetching is a hint that only managed memory takes: ask first,
-            // so that plain device memory costs no failing driver call.
-            let mut managed: std::ffi::c_uint = 0;
-            // SAFETY: `managed` is a valid out-pointer of the attribute's type
-            // (unsigned int); the address is a live block of this context.
-            let code = unsafe {
-                sys::cuPointerGetAttribute(
-                    (&mut managed as *mut std::ffi::c_uint).cast(),
-                    sys::CU_POINTER_ATTRIBUTE_IS_MANAGED,
-                    block.addr(),
-                )
-            };
-            if code != sys::CUDA_SUCCESS || managed == 0 {
-                return Ok(());
-            }
-            let location = sys::CuMemLocation { type_: sys::CU_MEM_LOCATION_TYPE_DEVICE, id: device };
-            // SAFETY: the block is live (just handed out by upstream) and
-            // `size` bytes long; the stream is valid while borrowed; flags must be 0.
-            let code = unsafe {
-                sys::cuMemPrefetchAsync_v2(
-                    block.addr(),
-                    block.size() as usize,
-                    location,
-                    0,
-                    stream.as_raw_stream(),
-                )
-            };
-            match code {
-                sys::CUDA_SUCCESS => Ok(()),
-                code => Err(error_from_code(code)),
-            }
-        });
+        let prefetched = prefetch(block.addr(), block.size(), self.context.device(), ctx, stream);
         match prefetched {
-            Ok(()) => Ok(block),
+            Ok(_) => Ok(block),
             Err(e) => {
                 // A failed call changes nothing: give the block back.
                 let _ = self.upstream.deallocate(block, stream);
@@ -221,6 +188,56 @@ impl<S: AsRawStream + ?Sized, R: MemoryResource<S>> MemoryResource<S> for Prefet
     fn id(&self) -> memres_core::ResourceId {
         memres_core::ResourceId::over::<Self>(self.upstream.id())
     }
+}
+
+/// Prefetches `size` bytes at `addr` to `device`, ordered on `stream`
+/// (`cuMemPrefetchAsync`), with `context` current for the call: `Ok(true)`
+/// where the range is managed memory, `Ok(false)` (nothing done) where it is
+/// not, as RMM's `DeviceBuffer.prefetch`: prefetching is a hint.
+///
+/// # Errors
+///
+/// The driver's error as [`Error::Backend`](memres_core::Error::Backend),
+/// such as a range past the end of its managed allocation.
+pub fn prefetch<S: AsRawStream + ?Sized>(
+    addr: u64,
+    size: u64,
+    device: Device,
+    context: &Context,
+    stream: &S,
+) -> Result<bool> {
+    if size == 0 {
+        return Ok(false);
+    }
+    context.scope(|| {
+        // Only managed memory takes the hint: ask first, so that plain
+        // device memory costs no failing driver call.
+        let mut managed: std::ffi::c_uint = 0;
+        // SAFETY: `managed` is a valid out-pointer of the attribute's type
+        // (unsigned int); the driver answers for any address (an address it
+        // does not know is an error code, handled below).
+        let code = unsafe {
+            sys::cuPointerGetAttribute(
+                (&mut managed as *mut std::ffi::c_uint).cast(),
+                sys::CU_POINTER_ATTRIBUTE_IS_MANAGED,
+                addr,
+            )
+        };
+        if code != sys::CUDA_SUCCESS || managed == 0 {
+            return Ok(false);
+        }
+        let location = sys::CuMemLocation { type_: sys::CU_MEM_LOCATION_TYPE_DEVICE, id: device.raw() };
+        // SAFETY: a prefetch migrates pages and never changes their
+        // contents; the driver checks that the range lies in managed memory
+        // (else an error code); the stream is valid while borrowed; flags
+        // must be 0.
+        let code =
+            unsafe { sys::cuMemPrefetchAsync_v2(addr, size as usize, location, 0, stream.as_raw_stream()) };
+        match code {
+            sys::CUDA_SUCCESS => Ok(true),
+            code => Err(error_from_code(code)),
+        }
+    })
 }
 
 // SAFETY: `Prefetch` hands out `R`'s blocks unchanged (a prefetch moves
