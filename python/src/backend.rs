@@ -41,6 +41,8 @@ mod imp {
     pub(crate) const BACKEND: &str = "sim";
     /// The leaves whose blocks are bytes the engine may touch.
     pub(crate) const BYTES_LEAVES: &[&str] = &["host"];
+    /// The resource of a device nobody set one for (Python's default too).
+    pub(crate) const DEFAULT_LEAF: &str = "host";
 
     /// Any handle names the one order of the host.
     pub(crate) fn stream(_handle: u64, _device: u32) -> PyResult<Stream> {
@@ -93,6 +95,8 @@ mod imp {
     pub(crate) const BACKEND: &str = "cuda";
     /// The leaves whose blocks are device (or pinned) memory.
     pub(crate) const BYTES_LEAVES: &[&str] = &["cuda", "async", "managed", "pinned", "vmm"];
+    /// The resource of a device nobody set one for (Python's default too).
+    pub(crate) const DEFAULT_LEAF: &str = "cuda";
 
     fn device_of(device: u32) -> PyResult<Device> {
         Device::get(device).map_err(|e| backend_error(format!("device {device}: {e}")))
@@ -148,4 +152,6 @@ mod imp {
     }
 }
 
-pub(crate) use imp::{builder, engine, prefetch, stream, Engine, Stream, BACKEND, BYTES_LEAVES};
+pub(crate) use imp::{
+    builder, engine, prefetch, stream, Engine, Stream, BACKEND, BYTES_LEAVES, DEFAULT_LEAF,
+};

@@ -31,6 +31,25 @@ pub(crate) fn set_per_device_resource(device: u32, mr: PyRef<'_, Resource>) {
     memres_core::device::set_per_device_resource::<Stream>(device, mr.inner.clone());
 }
 
+/// Registers [`default_resource`] as the default of devices nobody set a
+/// resource for.
+pub(crate) fn install_default() {
+    memres_core::device::set_default_factory::<Stream>(default_resource);
+}
+
+/// The resource of a device nobody set one for, made when the C functions
+/// (PyTorch's allocator changed without `memres.allocators.torch.use`) or
+/// Rust code ask first: the one Python's `get_current_device_resource()`
+/// makes, the backend's plain leaf (`cuda`, or `host` without CUDA).
+fn default_resource(device: u32) -> memres_core::Result<DynResource<Stream>> {
+    fn unusable<E>(_: E) -> memres_core::Error {
+        memres_core::Error::InvalidConfig { what: "the device's default resource could not be built" }
+    }
+    let builder = backend::builder(device).map_err(unusable)?;
+    let stream = backend::stream(0, device).map_err(unusable)?;
+    builder.build(backend::DEFAULT_LEAF, &stream).map_err(unusable)
+}
+
 /// Blocks handed out by `memres_py_alloc` on `device` and not yet freed.
 #[pyfunction]
 pub(crate) fn c_live_count(device: usize) -> usize {

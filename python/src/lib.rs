@@ -32,5 +32,6 @@ fn native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(current::set_per_device_resource, m)?)?;
     m.add_function(wrap_pyfunction!(current::c_live_count, m)?)?;
     m.add_function(wrap_pyfunction!(current::device_bytes, m)?)?;
+    current::install_default();
     Ok(())
 }
