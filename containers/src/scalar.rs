@@ -124,35 +124,7 @@ where
         self.inner.device_ptr()
     }
 
-    /// The stream the scalar's work is ordered on.
-    pub fn stream(&self) -> &S {
-        self.inner.stream()
-    }
-
-    /// Makes `stream` the scalar's stream.
-    ///
-    /// # Errors
-    ///
-    /// The stream's error.
-    pub fn set_stream(&mut self, stream: S) -> Result<()> {
-        self.inner.set_stream(stream)
-    }
-
-    /// A deep copy on the scalar's stream (see
-    /// [`DeviceBuffer::try_clone`](crate::DeviceBuffer::try_clone): why
-    /// there is no `Clone`).
-    ///
-    /// # Errors
-    ///
-    /// As [`DeviceBuffer::try_clone_on`](crate::DeviceBuffer::try_clone_on).
-    pub fn try_clone(&self) -> Result<Self>
-    where
-        R: Clone,
-        E: Clone,
-        S: Clone,
-    {
-        Ok(DeviceScalar { inner: self.inner.try_clone()? })
-    }
+    over_buffer!("scalar", inner, |inner| DeviceScalar { inner });
 
     /// A deep copy on `stream`.
     ///
