@@ -140,12 +140,10 @@ where
     }
 }
 
-impl<T, R, E, S> fmt::Debug for DeviceScalar<T, R, E, S>
+/// As its vector.
+impl<T: Pod, R: MemoryResource<S>, E: CopyEngine<S>, S: Stream> fmt::Debug for DeviceScalar<T, R, E, S>
 where
-    T: Pod,
-    R: MemoryResource<S> + MemoryOf<E::Kind>,
-    E: CopyEngine<S>,
-    S: Stream,
+    DeviceUVector<T, R, E, S>: fmt::Debug,
 {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("DeviceScalar").field("vector", &self.inner).finish()

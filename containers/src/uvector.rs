@@ -482,13 +482,7 @@ where
     }
 }
 
-impl<T, R, E, S> fmt::Debug for Iter<'_, T, R, E, S>
-where
-    T: Pod,
-    R: MemoryResource<S> + MemoryOf<E::Kind>,
-    E: CopyEngine<S>,
-    S: Stream,
-{
+impl<T: Pod, R: MemoryResource<S>, E: CopyEngine<S>, S: Stream> fmt::Debug for Iter<'_, T, R, E, S> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Iter")
             .field("next", &self.next)

@@ -208,6 +208,35 @@ macro_rules! pass_blocks_through {
 }
 pub(crate) use pass_blocks_through;
 
+/// `new(upstream)` and `with_config(upstream, config, stream)` of a
+/// resource whose parameters other than the upstream take their defaults
+/// (lock, storage): `new` makes it empty with the default configuration
+/// (through its `$empty(upstream, config)`), `with_config` is its
+/// `with_config_in`. Each gets the doc comments written before its name.
+macro_rules! default_constructors {
+    ($ty:ident, $config:ident, $empty:ident; $(#[$new_doc:meta])* new; $(#[$with_doc:meta])* with_config;) => {
+        impl<U> $ty<U> {
+            $(#[$new_doc])*
+            pub fn new(upstream: U) -> Self {
+                Self::$empty(upstream, <$config>::default())
+            }
+
+            $(#[$with_doc])*
+            pub fn with_config<S: $crate::Stream + ?Sized>(
+                upstream: U,
+                config: $config,
+                stream: &S,
+            ) -> $crate::Result<Self>
+            where
+                U: $crate::MemoryResource<S>,
+            {
+                Self::with_config_in(upstream, config, stream)
+            }
+        }
+    };
+}
+pub(crate) use default_constructors;
+
 /// Pointers to a resource are the resource: every call goes to the
 /// pointee, and so does its id.
 macro_rules! forward_through_pointer {
