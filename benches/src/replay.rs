@@ -8,7 +8,7 @@
 //! as in RMM's harness; more give the median pass, which a busy machine
 //! disturbs less on short workloads.
 
-use crate::workload::Workload;
+use crate::workload::{Op, Workload};
 use memres_core::{Block, Error, MemoryResource, MemoryResourceMut, Request, Stream};
 use memres_sim::SimStream;
 use std::fmt;
@@ -307,17 +307,7 @@ pub fn run_pass<R: Replayer>(
     for (c, chunk) in workload.ops.chunks(CHUNK).enumerate() {
         let cpu_start = thread_cpu_time();
         let start = Instant::now();
-        for (i, op) in chunk.iter().enumerate() {
-            let slot = &mut handles[op.id as usize];
-            let done = if op.alloc {
-                resource.allocate(op.size, op.stream).map(|h| *slot = h)
-            } else {
-                resource.deallocate(*slot, op.size, op.stream)
-            };
-            if let Err(error) = done {
-                return Err(ReplayError { op: c * CHUNK + i, alloc: op.alloc, size: op.size, error });
-            }
-        }
+        run_ops(resource, chunk, c * CHUNK, handles)?;
         elapsed += start.elapsed();
         cpu = match (cpu, cpu_start, thread_cpu_time()) {
             (Some(sum), Some(a), Some(b)) => Some(sum + b.saturating_sub(a)),
@@ -359,7 +349,19 @@ pub fn pass<R: Replayer>(
     workload: &Workload,
     handles: &mut [R::Handle],
 ) -> Result<(), ReplayError> {
-    for (i, op) in workload.ops.iter().enumerate() {
+    run_ops(resource, &workload.ops, 0, handles)
+}
+
+/// Replays `ops`, the first of them op number `first` of the workload (for
+/// the error).
+#[inline]
+fn run_ops<R: Replayer>(
+    resource: &mut R,
+    ops: &[Op],
+    first: usize,
+    handles: &mut [R::Handle],
+) -> Result<(), ReplayError> {
+    for (i, op) in ops.iter().enumerate() {
         let slot = &mut handles[op.id as usize];
         let done = if op.alloc {
             resource.allocate(op.size, op.stream).map(|h| *slot = h)
@@ -367,7 +369,7 @@ pub fn pass<R: Replayer>(
             resource.deallocate(*slot, op.size, op.stream)
         };
         if let Err(error) = done {
-            return Err(ReplayError { op: i, alloc: op.alloc, size: op.size, error });
+            return Err(ReplayError { op: first + i, alloc: op.alloc, size: op.size, error });
         }
     }
     Ok(())

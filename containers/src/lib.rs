@@ -161,6 +161,43 @@
 //! # Ok::<(), memres_containers::ContainerError>(())
 //! ```
 
+/// The stream methods and `try_clone` of a container that wraps a
+/// [`DeviceBuffer`] in field `$field`: written once for
+/// [`DeviceUVector`] and [`DeviceScalar`]. `$make` builds the container
+/// from the cloned buffer `$b`.
+macro_rules! over_buffer {
+    ($what:literal, $field:ident, |$b:ident| $make:expr) => {
+        #[doc = concat!("The stream the ", $what, "'s work is ordered on.")]
+        pub fn stream(&self) -> &S {
+            self.$field.stream()
+        }
+
+        #[doc = concat!("Makes `stream` the ", $what, "'s stream (see [`DeviceBuffer::set_stream`](crate::DeviceBuffer::set_stream)).")]
+        ///
+        /// # Errors
+        ///
+        /// The stream's error.
+        pub fn set_stream(&mut self, stream: S) -> Result<()> {
+            self.$field.set_stream(stream)
+        }
+
+        #[doc = concat!("A deep copy on the ", $what, "'s stream (see [`DeviceBuffer::try_clone`](crate::DeviceBuffer::try_clone): why there is no `Clone`).")]
+        ///
+        /// # Errors
+        ///
+        /// As [`DeviceBuffer::try_clone_on`](crate::DeviceBuffer::try_clone_on).
+        pub fn try_clone(&self) -> Result<Self>
+        where
+            R: Clone,
+            E: Clone,
+            S: Clone,
+        {
+            let $b = self.$field.try_clone()?;
+            Ok($make)
+        }
+    };
+}
+
 mod buffer;
 mod clone;
 mod current;

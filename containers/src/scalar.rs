@@ -124,35 +124,7 @@ where
         self.inner.device_ptr()
     }
 
-    /// The stream the scalar's work is ordered on.
-    pub fn stream(&self) -> &S {
-        self.inner.stream()
-    }
-
-    /// Makes `stream` the scalar's stream.
-    ///
-    /// # Errors
-    ///
-    /// The stream's error.
-    pub fn set_stream(&mut self, stream: S) -> Result<()> {
-        self.inner.set_stream(stream)
-    }
-
-    /// A deep copy on the scalar's stream (see
-    /// [`DeviceBuffer::try_clone`](crate::DeviceBuffer::try_clone): why
-    /// there is no `Clone`).
-    ///
-    /// # Errors
-    ///
-    /// As [`DeviceBuffer::try_clone_on`](crate::DeviceBuffer::try_clone_on).
-    pub fn try_clone(&self) -> Result<Self>
-    where
-        R: Clone,
-        E: Clone,
-        S: Clone,
-    {
-        Ok(DeviceScalar { inner: self.inner.try_clone()? })
-    }
+    over_buffer!("scalar", inner, |inner| DeviceScalar { inner });
 
     /// A deep copy on `stream`.
     ///
@@ -168,12 +140,10 @@ where
     }
 }
 
-impl<T, R, E, S> fmt::Debug for DeviceScalar<T, R, E, S>
+/// As its vector.
+impl<T: Pod, R: MemoryResource<S>, E: CopyEngine<S>, S: Stream> fmt::Debug for DeviceScalar<T, R, E, S>
 where
-    T: Pod,
-    R: MemoryResource<S> + MemoryOf<E::Kind>,
-    E: CopyEngine<S>,
-    S: Stream,
+    DeviceUVector<T, R, E, S>: fmt::Debug,
 {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("DeviceScalar").field("vector", &self.inner).finish()

@@ -219,34 +219,7 @@ where
         self.buf.set_alignment(align.max(element_align::<T>()))
     }
 
-    /// The stream the vector's work is ordered on.
-    pub fn stream(&self) -> &S {
-        self.buf.stream()
-    }
-
-    /// Makes `stream` the vector's stream (see [`DeviceBuffer::set_stream`]).
-    ///
-    /// # Errors
-    ///
-    /// The stream's error.
-    pub fn set_stream(&mut self, stream: S) -> Result<()> {
-        self.buf.set_stream(stream)
-    }
-
-    /// A deep copy on the vector's stream (see [`DeviceBuffer::try_clone`]:
-    /// why there is no `Clone`).
-    ///
-    /// # Errors
-    ///
-    /// As [`DeviceBuffer::try_clone_on`].
-    pub fn try_clone(&self) -> Result<Self>
-    where
-        R: Clone,
-        E: Clone,
-        S: Clone,
-    {
-        Ok(DeviceUVector { buf: self.buf.try_clone()?, _t: PhantomData })
-    }
+    over_buffer!("vector", buf, |buf| DeviceUVector { buf, _t: PhantomData });
 
     /// A deep copy on `stream` (see [`DeviceBuffer::try_clone_on`]).
     ///
@@ -509,13 +482,7 @@ where
     }
 }
 
-impl<T, R, E, S> fmt::Debug for Iter<'_, T, R, E, S>
-where
-    T: Pod,
-    R: MemoryResource<S> + MemoryOf<E::Kind>,
-    E: CopyEngine<S>,
-    S: Stream,
-{
+impl<T: Pod, R: MemoryResource<S>, E: CopyEngine<S>, S: Stream> fmt::Debug for Iter<'_, T, R, E, S> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Iter")
             .field("next", &self.next)

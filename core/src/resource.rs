@@ -208,6 +208,35 @@ macro_rules! pass_blocks_through {
 }
 pub(crate) use pass_blocks_through;
 
+/// `new(upstream)` and `with_config(upstream, config, stream)` of a
+/// resource whose parameters other than the upstream take their defaults
+/// (lock, storage): `new` makes it empty with the default configuration
+/// (through its `$empty(upstream, config)`), `with_config` is its
+/// `with_config_in`. Each gets the doc comments written before its name.
+macro_rules! default_constructors {
+    ($ty:ident, $config:ident, $empty:ident; $(#[$new_doc:meta])* new; $(#[$with_doc:meta])* with_config;) => {
+        impl<U> $ty<U> {
+            $(#[$new_doc])*
+            pub fn new(upstream: U) -> Self {
+                Self::$empty(upstream, <$config>::default())
+            }
+
+            $(#[$with_doc])*
+            pub fn with_config<S: $crate::Stream + ?Sized>(
+                upstream: U,
+                config: $config,
+                stream: &S,
+            ) -> $crate::Result<Self>
+            where
+                U: $crate::MemoryResource<S>,
+            {
+                Self::with_config_in(upstream, config, stream)
+            }
+        }
+    };
+}
+pub(crate) use default_constructors;
+
 /// Pointers to a resource are the resource: every call goes to the
 /// pointee, and so does its id.
 macro_rules! forward_through_pointer {
@@ -238,40 +267,41 @@ forward_through_pointer! {
     alloc::sync::Arc<R>;
 }
 
-impl<S: Stream + ?Sized, R: MemoryResource<S> + ?Sized> MemoryResourceMut<S> for &R {
-    #[inline]
-    fn allocate(&mut self, request: Request, stream: &S) -> Result<Block> {
-        (**self).allocate(request, stream)
-    }
-    #[inline]
-    fn deallocate(&mut self, block: Block, stream: &S) -> Result<()> {
-        (**self).deallocate(block, stream)
-    }
+/// Borrowed resources are plain algorithms: every call goes to the pointee.
+macro_rules! mut_through_borrow {
+    ($($(#[$attr:meta])* $bound:ident for $ptr:ty;)*) => {$(
+        $(#[$attr])*
+        impl<S: Stream + ?Sized, R: $bound<S> + ?Sized> MemoryResourceMut<S> for $ptr {
+            #[inline]
+            fn allocate(&mut self, request: Request, stream: &S) -> Result<Block> {
+                (**self).allocate(request, stream)
+            }
+            #[inline]
+            fn deallocate(&mut self, block: Block, stream: &S) -> Result<()> {
+                (**self).deallocate(block, stream)
+            }
+        }
+    )*};
 }
 
-/// A plain algorithm borrowed mutably is one too, so that it can go under
-/// [`Shared`](crate::Shared) or any `MemoryResourceMut` consumer without
-/// being moved: `Shared::new(&mut pool)`.
-///
-/// ```
-/// use memres_core::{pool::CoalescingPool, MemoryResource, MemoryResourceMut, Request, Shared};
-/// # use memres_core::testing::BumpUpstream;
-/// let mut pool = CoalescingPool::new(BumpUpstream::new(1 << 30));
-/// let shared = Shared::new(&mut pool);
-/// let b = shared.allocate(Request::new(100)?, &())?;
-/// shared.deallocate(b, &())?;
-/// drop(shared);
-/// let again = pool.allocate(Request::new(100)?, &())?; // still ours
-/// assert_eq!(again.addr(), b.addr()); // and it kept the freed block
-/// # Ok::<(), memres_core::Error>(())
-/// ```
-impl<S: Stream + ?Sized, R: MemoryResourceMut<S> + ?Sized> MemoryResourceMut<S> for &mut R {
-    #[inline]
-    fn allocate(&mut self, request: Request, stream: &S) -> Result<Block> {
-        (**self).allocate(request, stream)
-    }
-    #[inline]
-    fn deallocate(&mut self, block: Block, stream: &S) -> Result<()> {
-        (**self).deallocate(block, stream)
-    }
+mut_through_borrow! {
+    /// A shared resource borrowed is a plain algorithm.
+    MemoryResource for &R;
+    /// A plain algorithm borrowed mutably is one too, so that it can go under
+    /// [`Shared`](crate::Shared) or any `MemoryResourceMut` consumer without
+    /// being moved: `Shared::new(&mut pool)`.
+    ///
+    /// ```
+    /// use memres_core::{pool::CoalescingPool, MemoryResource, MemoryResourceMut, Request, Shared};
+    /// # use memres_core::testing::BumpUpstream;
+    /// let mut pool = CoalescingPool::new(BumpUpstream::new(1 << 30));
+    /// let shared = Shared::new(&mut pool);
+    /// let b = shared.allocate(Request::new(100)?, &())?;
+    /// shared.deallocate(b, &())?;
+    /// drop(shared);
+    /// let again = pool.allocate(Request::new(100)?, &())?; // still ours
+    /// assert_eq!(again.addr(), b.addr()); // and it kept the freed block
+    /// # Ok::<(), memres_core::Error>(())
+    /// ```
+    MemoryResourceMut for &mut R;
 }

@@ -6,7 +6,7 @@ Driver (runs each worker in a process of its own and compares):
 
 It trains one of three models (`--model`: a small transformer,
 TransformerEncoder; the same with batch and sequence length drawn per step;
-a residual CNN), bf16 autocast, for 50 steps on random data with a fixed
+a VGG-style CNN), bf16 autocast, for 50 steps on random data with a fixed
 seed, on PyTorch's native caching
 allocator and on memres per stack to test, in `--rounds` interleaved rounds
 (default 3; native at least twice, to see that the run is deterministic at
@@ -91,27 +91,16 @@ def transformer(torch, F, args, dynamic=False):
 
 
 def conv(torch, F, args):
-    """A small residual convolutional network on 64x64 images."""
+    """A VGG-style convolutional network (batch norm, max pooling) on 64x64
+    images."""
     nn = torch.nn
-
-    class Block(nn.Module):
-        def __init__(self, cin, cout, stride):
-            super().__init__()
-            self.a = nn.Conv2d(cin, cout, 3, stride, 1, bias=False)
-            self.na = nn.BatchNorm2d(cout)
-            self.b = nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
-            self.nb = nn.BatchNorm2d(cout)
-            self.skip = nn.Conv2d(cin, cout, 1, stride, bias=False) if stride != 1 or cin != cout else nn.Identity()
-
-        def forward(self, x):
-            return F.relu(self.nb(self.b(F.relu(self.na(self.a(x))))) + self.skip(x))
-
-    widths = [64, 128, 256, 512]
-    layers = [nn.Conv2d(3, 64, 3, 1, 1, bias=False), nn.BatchNorm2d(64), nn.ReLU()]
-    cin = 64
-    for i, w in enumerate(widths):
-        layers += [Block(cin, w, 1 if i == 0 else 2), Block(w, w, 1)]
-        cin = w
+    layers, cin = [], 3
+    for width in (64, 64, "pool", 128, 128, "pool", 256, 256, "pool", 512, 512):
+        if width == "pool":
+            layers.append(nn.MaxPool2d(2))
+            continue
+        layers += [nn.Conv2d(cin, width, 3, padding=1, bias=False), nn.BatchNorm2d(width), nn.ReLU()]
+        cin = width
     layers += [nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(cin, 100)]
     model = nn.Sequential(*layers)
 
@@ -319,7 +308,7 @@ def main():
                    help="runs of each configuration, interleaved; step times are medians over rounds (native runs at least twice)")
     p.add_argument("--model", choices=sorted(MODELS), default="transformer",
                    help="transformer (fixed shapes), dynamic (the transformer with batch and "
-                        "sequence length drawn per step) or conv (a residual CNN)")
+                        "sequence length drawn per step) or conv (a VGG-style CNN)")
     p.add_argument("--steps", type=int, default=50)
     p.add_argument("--layers", type=int, default=4)
     p.add_argument("--d-model", type=int, default=512)

@@ -29,6 +29,7 @@ pub use dump::{ArenaDump, ArenaStats, Owner};
 
 use crate::lock::{RawLock, Shared, SpinLock};
 use crate::primitive::{AtomicU64, Ordering};
+use crate::resource::default_constructors;
 use crate::{Block, Error, MemoryResource, Request, Result, Stream};
 use alloc::boxed::Box;
 use core::cell::Cell;
@@ -230,7 +231,8 @@ pub struct ArenaResource<U, L: RawLock = SpinLock> {
     config: ArenaConfig,
 }
 
-impl<U> ArenaResource<U> {
+default_constructors! {
+    ArenaResource, ArenaConfig, build;
     /// An arena resource over `upstream` with the default configuration
     /// (nothing taken from upstream until the first allocation).
     ///
@@ -241,10 +243,7 @@ impl<U> ArenaResource<U> {
     /// let arena = ArenaResource::new(BumpUpstream::new(1 << 30));
     /// assert_eq!(arena.usage().held, 0);
     /// ```
-    pub fn new(upstream: U) -> Self {
-        Self::build(upstream, ArenaConfig::new())
-    }
-
+    new;
     /// An arena resource over `upstream` with `config`; the initial size,
     /// if any, is taken from upstream now, on `stream`.
     ///
@@ -263,12 +262,7 @@ impl<U> ArenaResource<U> {
     /// assert!(ArenaResource::with_config(BumpUpstream::new(1 << 30), ArenaConfig::new().superblock_size(4096), &()).is_err());
     /// # Ok::<(), memres_core::Error>(())
     /// ```
-    pub fn with_config<S: Stream + ?Sized>(upstream: U, config: ArenaConfig, stream: &S) -> Result<Self>
-    where
-        U: MemoryResource<S>,
-    {
-        Self::with_config_in(upstream, config, stream)
-    }
+    with_config;
 }
 
 impl<U, L: RawLock> ArenaResource<U, L> {

@@ -17,6 +17,7 @@ pub use config::FixedConfig;
 pub use slots::Slot;
 
 use crate::chunks::{Carve, ChunkTable};
+use crate::resource::default_constructors;
 use crate::storage::{DefaultStorage, Storage};
 use crate::{Block, Error, MemoryResource, MemoryResourceMut, Range, Request, Result, Stream};
 use core::fmt;
@@ -96,7 +97,8 @@ pub struct FixedSizeResource<
     config: FixedConfig,
 }
 
-impl<U> FixedSizeResource<U> {
+default_constructors! {
+    FixedSizeResource, FixedConfig, empty;
     /// A resource with RMM's defaults (1 MiB blocks, 128 to a chunk) that
     /// takes nothing from `upstream` until the first request.
     ///
@@ -107,10 +109,7 @@ impl<U> FixedSizeResource<U> {
     /// let fixed = FixedSizeResource::new(BumpUpstream::new(1 << 30));
     /// assert_eq!((fixed.block_size(), fixed.usage().held), (1 << 20, 0));
     /// ```
-    pub fn new(upstream: U) -> Self {
-        Self::empty(upstream, FixedConfig::default())
-    }
-
+    new;
     /// A resource over `upstream` with `config`; its initial chunks, if any,
     /// are taken from upstream now, on `stream`.
     ///
@@ -133,13 +132,10 @@ impl<U> FixedSizeResource<U> {
     /// assert!(FixedSizeResource::with_config(BumpUpstream::new(1), FixedConfig::new(100), &()).is_err());
     /// # Ok::<(), memres_core::Error>(())
     /// ```
-    pub fn with_config<S: Stream + ?Sized>(upstream: U, config: FixedConfig, stream: &S) -> Result<Self>
-    where
-        U: MemoryResource<S>,
-    {
-        Self::with_config_in(upstream, config, stream)
-    }
+    with_config;
+}
 
+impl<U> FixedSizeResource<U> {
     /// A resource over `upstream` with `config` that takes nothing from
     /// upstream until the first request (so it needs no stream now).
     ///

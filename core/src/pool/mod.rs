@@ -19,6 +19,7 @@ pub use crate::index::{Allocation, CoalescingIndex, Node};
 
 use crate::check::Violation;
 use crate::chunks::{Carve, ChunkTable, GiveBack};
+use crate::resource::default_constructors;
 use crate::storage::{DefaultStorage, Storage};
 use crate::{
     Block, Error, Inspect, MemoryResource, MemoryResourceMut, Range, Request, Result, Stream, Usage,
@@ -177,13 +178,11 @@ pub struct CoalescingPool<
     config: PoolConfig,
 }
 
-impl<U> CoalescingPool<U> {
+default_constructors! {
+    CoalescingPool, PoolConfig, empty;
     /// An empty pool over `upstream` with the default configuration (no
     /// initial size, no maximum, [`Growth::DEFAULT`]).
-    pub fn new(upstream: U) -> Self {
-        Self::empty(upstream, PoolConfig::new())
-    }
-
+    new;
     /// A pool over `upstream` with `config`; the initial size, if any, is
     /// taken from upstream now, on `stream`.
     ///
@@ -192,12 +191,7 @@ impl<U> CoalescingPool<U> {
     /// [`Error::InvalidConfig`] for sizes that are not multiples of 256 or a
     /// maximum below the initial size; the upstream's error if it cannot
     /// supply the initial size.
-    pub fn with_config<S: Stream + ?Sized>(upstream: U, config: PoolConfig, stream: &S) -> Result<Self>
-    where
-        U: MemoryResource<S>,
-    {
-        Self::with_config_in(upstream, config, stream)
-    }
+    with_config;
 }
 
 impl<U, N: Storage<Node>, C: Storage<Chunk>> CoalescingPool<U, N, C> {
