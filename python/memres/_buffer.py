@@ -27,6 +27,13 @@ class DeviceBuffer:
         mr._keep(handle, stream)
         self._buf = _native_buffer(mr)(mr._native, size, handle, data)
 
+    def __del__(self):
+        # The native buffer frees its block on its stream: it goes first,
+        # while the stream's object and the resource's (which keeps alive
+        # every stream its stack has seen) are still held; clearing the
+        # attributes in order would let them go before it.
+        self.__dict__.pop("_buf", None)
+
     @classmethod
     def to_device(cls, b, stream=None, mr=None):
         """A buffer holding the bytes of ``b`` (any buffer object)."""
