@@ -89,10 +89,7 @@ impl Inspect for SimDevice {
     fn check(&self) -> std::result::Result<(), Violation> {
         let s = self.lock();
         s.space.check()?;
-        if s.space.used_bytes() != s.tally.held {
-            return Err(Violation::new("bytes held out differ from the space's bytes in use"));
-        }
-        Ok(())
+        s.tally.check_held(s.space.used_bytes(), "bytes held out differ from the space's bytes in use")
     }
 }
 

@@ -119,11 +119,8 @@ impl Inspect for HostMemory {
 
     fn check(&self) -> std::result::Result<(), Violation> {
         let s = self.lock();
-        let listed: u64 = s.outstanding.values().map(|o| o.layout.size() as u64).sum();
-        if listed != s.tally.held {
-            return Err(Violation::new("bytes held out differ from the table's"));
-        }
-        Ok(())
+        let listed = s.outstanding.values().map(|o| o.layout.size() as u64).sum();
+        s.tally.check_held(listed, "bytes held out differ from the table's")
     }
 }
 

@@ -1,6 +1,7 @@
 //! What the simulated device and host memory count: bytes held by callers,
 //! their peak, and the calls that moved them.
 
+use memres_core::check::Violation;
 use memres_core::Usage;
 
 /// The figures of a leaf, kept under its lock.
@@ -33,6 +34,16 @@ impl Tally {
     /// A leaf's figures: it holds what it handed out.
     pub(crate) fn usage(&self) -> Usage {
         Usage::leaf(self.held, self.peak)
+    }
+
+    /// The leaf's check: the bytes held out are `counted`, what the leaf's
+    /// own record of its blocks (`record`) adds up to.
+    pub(crate) fn check_held(&self, counted: u64, record: &'static str) -> Result<(), Violation> {
+        if counted == self.held {
+            Ok(())
+        } else {
+            Err(Violation::new(record))
+        }
     }
 }
 

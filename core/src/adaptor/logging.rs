@@ -176,12 +176,7 @@ impl<R, W: Write> Logging<R, W> {
     }
 }
 
-impl<S, R, W> MemoryResource<S> for Logging<R, W>
-where
-    S: Stream + ?Sized,
-    R: MemoryResource<S>,
-    W: Write,
-{
+impl<S: Stream + ?Sized, R: MemoryResource<S>, W: Write> MemoryResource<S> for Logging<R, W> {
     fn allocate(&self, request: Request, stream: &S) -> Result<Block> {
         match self.upstream.allocate(request, stream) {
             Ok(b) => {
