@@ -237,6 +237,33 @@ macro_rules! default_constructors {
 }
 pub(crate) use default_constructors;
 
+/// `with_config_in(upstream, config, stream)` of a resource, for any lock
+/// and storage: the configuration validated, the resource made empty
+/// (through its `$empty(upstream, config)`), then its initial memory taken
+/// on `stream` (its `take_initial`, which holds nothing when it fails).
+/// Gets the doc comments written after the header.
+macro_rules! with_config_in {
+    (impl[$($gen:tt)*] $ty:ty, $config:ty, $empty:ident; $(#[$doc:meta])*) => {
+        impl<$($gen)*> $ty {
+            $(#[$doc])*
+            pub fn with_config_in<S: $crate::Stream + ?Sized>(
+                upstream: U,
+                config: $config,
+                stream: &S,
+            ) -> $crate::Result<Self>
+            where
+                U: $crate::MemoryResource<S>,
+            {
+                config.validate()?;
+                let mut made = Self::$empty(upstream, config);
+                made.take_initial(stream)?;
+                Ok(made)
+            }
+        }
+    };
+}
+pub(crate) use with_config_in;
+
 /// Pointers to a resource are the resource: every call goes to the
 /// pointee, and so does its id.
 macro_rules! forward_through_pointer {

@@ -29,7 +29,7 @@ pub use dump::{ArenaDump, ArenaStats, Owner};
 
 use crate::lock::{RawLock, Shared, SpinLock};
 use crate::primitive::{AtomicU64, Ordering};
-use crate::resource::default_constructors;
+use crate::resource::{default_constructors, with_config_in};
 use crate::{Block, Error, MemoryResource, Request, Result, Stream};
 use alloc::boxed::Box;
 use core::cell::Cell;
@@ -277,33 +277,16 @@ impl<U, L: RawLock> ArenaResource<U, L> {
         }
     }
 
-    /// [`with_config`](ArenaResource::with_config) with a lock of type `L`
-    /// for the global arena and every arena (`StdLock` to sleep rather than
-    /// spin under contention).
-    ///
-    /// # Errors
-    ///
-    /// As [`with_config`](ArenaResource::with_config).
-    ///
-    /// ```
-    /// use memres_core::arena::{ArenaConfig, ArenaResource};
-    /// use memres_core::lock::SpinLock;
-    /// # use memres_core::testing::BumpUpstream;
-    /// let arena: ArenaResource<_, SpinLock> =
-    ///     ArenaResource::with_config_in(BumpUpstream::new(1 << 30), ArenaConfig::new(), &())?;
-    /// # let _ = arena;
-    /// # Ok::<(), memres_core::Error>(())
-    /// ```
-    pub fn with_config_in<S: Stream + ?Sized>(upstream: U, config: ArenaConfig, stream: &S) -> Result<Self>
+    /// Takes the initial memory `config` asks for, on `stream`
+    /// (`with_config_in`'s last step); on failure it holds none.
+    fn take_initial<S: Stream + ?Sized>(&mut self, stream: &S) -> Result<()>
     where
         U: MemoryResource<S>,
     {
-        config.validate()?;
-        let mut arena = Self::build(upstream, config);
-        if config.initial_size > 0 {
-            arena.global.0.get_mut().add_chunk(config.initial_size, stream)?;
+        if self.config.initial_size > 0 {
+            self.global.0.get_mut().add_chunk(self.config.initial_size, stream)?;
         }
-        Ok(arena)
+        Ok(())
     }
 
     /// The configuration.
@@ -503,6 +486,27 @@ impl<U, L: RawLock> ArenaResource<U, L> {
             Located::Unknown => Err(Error::UnknownBlock { addr }),
         }
     }
+}
+
+with_config_in! {
+    impl[U, L: RawLock] ArenaResource<U, L>, ArenaConfig, build;
+    /// [`with_config`](ArenaResource::with_config) with a lock of type `L`
+    /// for the global arena and every arena (`StdLock` to sleep rather than
+    /// spin under contention).
+    ///
+    /// # Errors
+    ///
+    /// As [`with_config`](ArenaResource::with_config).
+    ///
+    /// ```
+    /// use memres_core::arena::{ArenaConfig, ArenaResource};
+    /// use memres_core::lock::SpinLock;
+    /// # use memres_core::testing::BumpUpstream;
+    /// let arena: ArenaResource<_, SpinLock> =
+    ///     ArenaResource::with_config_in(BumpUpstream::new(1 << 30), ArenaConfig::new(), &())?;
+    /// # let _ = arena;
+    /// # Ok::<(), memres_core::Error>(())
+    /// ```
 }
 
 /// A size mismatch reported with the size the caller gave, not its class.

@@ -17,7 +17,7 @@ pub use config::FixedConfig;
 pub use slots::Slot;
 
 use crate::chunks::{Carve, ChunkTable};
-use crate::resource::default_constructors;
+use crate::resource::{default_constructors, with_config_in};
 use crate::storage::{DefaultStorage, Storage};
 use crate::{Block, Error, MemoryResource, MemoryResourceMut, Range, Request, Result, Stream};
 use core::fmt;
@@ -176,47 +176,21 @@ impl<U, C: Storage<Chunk>, L: Storage<Slot>> FixedSizeResource<U, C, L> {
         }
     }
 
-    /// [`with_config`](FixedSizeResource::with_config) for any metadata
-    /// storage (fixed-capacity storage for builds with no allocator).
-    ///
-    /// # Errors
-    ///
-    /// As [`with_config`](FixedSizeResource::with_config), and
-    /// [`Error::CapacityExhausted`] if the initial chunks do not fit the
-    /// storage.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use memres_core::fixed::{Chunk, FixedConfig, FixedSizeResource, Slot};
-    /// use memres_core::storage::ArrayStorage;
-    /// use memres_core::{Error, MemoryResourceMut, Request};
-    /// # use memres_core::testing::BumpUpstream;
-    /// type Small<U> = FixedSizeResource<U, ArrayStorage<Chunk, 2>, ArrayStorage<Slot, 8>>;
-    /// let config = FixedConfig::new(256).blocks_per_chunk(4);
-    /// let mut fixed = Small::with_config_in(BumpUpstream::new(1 << 20), config, &())?;
-    /// for _ in 0..8 {
-    ///     fixed.allocate(Request::new(256)?, &())?;
-    /// }
-    /// let full = fixed.allocate(Request::new(256)?, &());
-    /// assert!(matches!(full, Err(Error::CapacityExhausted { .. })));
-    /// # Ok::<(), Error>(())
-    /// ```
-    pub fn with_config_in<S: Stream + ?Sized>(upstream: U, config: FixedConfig, stream: &S) -> Result<Self>
+    /// Takes the initial memory `config` asks for, on `stream`
+    /// (`with_config_in`'s last step); on failure it holds none.
+    fn take_initial<S: Stream + ?Sized>(&mut self, stream: &S) -> Result<()>
     where
         U: MemoryResource<S>,
     {
-        config.validate()?;
-        let mut fixed = Self::empty(upstream, config);
-        for _ in 0..config.initial() {
-            if let Err(e) = fixed.grow(stream) {
+        for _ in 0..self.config.initial() {
+            if let Err(e) = self.grow(stream) {
                 // Give back what was taken so that a failed construction
                 // holds nothing.
-                let _ = fixed.release(stream);
+                let _ = self.release(stream);
                 return Err(e);
             }
         }
-        Ok(fixed)
+        Ok(())
     }
 
     /// The upstream resource.
@@ -455,6 +429,36 @@ impl<U, C: Storage<Chunk>, L: Storage<Slot>> FixedSizeResource<U, C, L> {
         self.slots.relink();
         released
     }
+}
+
+with_config_in! {
+    impl[U, C: Storage<Chunk>, L: Storage<Slot>] FixedSizeResource<U, C, L>, FixedConfig, empty;
+    /// [`with_config`](FixedSizeResource::with_config) for any metadata
+    /// storage (fixed-capacity storage for builds with no allocator).
+    ///
+    /// # Errors
+    ///
+    /// As [`with_config`](FixedSizeResource::with_config), and
+    /// [`Error::CapacityExhausted`] if the initial chunks do not fit the
+    /// storage.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use memres_core::fixed::{Chunk, FixedConfig, FixedSizeResource, Slot};
+    /// use memres_core::storage::ArrayStorage;
+    /// use memres_core::{Error, MemoryResourceMut, Request};
+    /// # use memres_core::testing::BumpUpstream;
+    /// type Small<U> = FixedSizeResource<U, ArrayStorage<Chunk, 2>, ArrayStorage<Slot, 8>>;
+    /// let config = FixedConfig::new(256).blocks_per_chunk(4);
+    /// let mut fixed = Small::with_config_in(BumpUpstream::new(1 << 20), config, &())?;
+    /// for _ in 0..8 {
+    ///     fixed.allocate(Request::new(256)?, &())?;
+    /// }
+    /// let full = fixed.allocate(Request::new(256)?, &());
+    /// assert!(matches!(full, Err(Error::CapacityExhausted { .. })));
+    /// # Ok::<(), Error>(())
+    /// ```
 }
 
 /// Gives every chunk with no live block back upstream, on the stream

@@ -19,7 +19,7 @@ pub use crate::index::{Allocation, CoalescingIndex, Node};
 
 use crate::check::Violation;
 use crate::chunks::{Carve, ChunkTable, GiveBack};
-use crate::resource::default_constructors;
+use crate::resource::{default_constructors, with_config_in};
 use crate::storage::{DefaultStorage, Storage};
 use crate::{
     Block, Error, Inspect, MemoryResource, MemoryResourceMut, Range, Request, Result, Stream, Usage,
@@ -203,29 +203,18 @@ impl<U, N: Storage<Node>, C: Storage<Chunk>> CoalescingPool<U, N, C> {
         }
     }
 
-    /// [`with_config`](CoalescingPool::with_config) for any metadata storage
-    /// (fixed-capacity storage for builds with no allocator).
-    ///
-    /// A pool over `upstream` with `config`; the initial size, if any, is
-    /// taken from upstream now, on `stream`.
-    ///
-    /// # Errors
-    ///
-    /// [`Error::InvalidConfig`] for sizes that are not multiples of 256 or a
-    /// maximum below the initial size; the upstream's error if it cannot
-    /// supply the initial size.
-    pub fn with_config_in<S: Stream + ?Sized>(upstream: U, config: PoolConfig, stream: &S) -> Result<Self>
+    /// Takes the initial memory `config` asks for, on `stream`
+    /// (`with_config_in`'s last step); on failure it holds none.
+    fn take_initial<S: Stream + ?Sized>(&mut self, stream: &S) -> Result<()>
     where
         U: MemoryResource<S>,
     {
-        config.validate()?;
-        let mut pool = Self::empty(upstream, config);
-        pool.chunks.learn_drop::<S>();
-        if config.initial_size > 0 {
-            let size = config.initial_size;
-            pool.chunks.take(Request::new(size)?, stream, &mut pool.index, |b| b.upstream_range(size))?;
+        self.chunks.learn_drop::<S>();
+        let size = self.config.initial_size;
+        if size > 0 {
+            self.chunks.take(Request::new(size)?, stream, &mut self.index, |b| b.upstream_range(size))?;
         }
-        Ok(pool)
+        Ok(())
     }
 
     /// The upstream resource.
@@ -402,6 +391,21 @@ impl<U, N: Storage<Node>, C: Storage<Chunk>> CoalescingPool<U, N, C> {
         Ok(merged.len() >= self.chunks.shortest()
             && self.chunks.chunk_of(merged.start()).is_some_and(|c| c.range() == merged))
     }
+}
+
+with_config_in! {
+    impl[U, N: Storage<Node>, C: Storage<Chunk>] CoalescingPool<U, N, C>, PoolConfig, empty;
+    /// [`with_config`](CoalescingPool::with_config) for any metadata storage
+    /// (fixed-capacity storage for builds with no allocator).
+    ///
+    /// A pool over `upstream` with `config`; the initial size, if any, is
+    /// taken from upstream now, on `stream`.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidConfig`] for sizes that are not multiples of 256 or a
+    /// maximum below the initial size; the upstream's error if it cannot
+    /// supply the initial size.
 }
 
 impl<U, N: Storage<Node>, C: Storage<Chunk>> Inspect for CoalescingPool<U, N, C> {
