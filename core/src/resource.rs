@@ -208,6 +208,20 @@ macro_rules! pass_blocks_through {
 }
 pub(crate) use pass_blocks_through;
 
+/// A constructor `$name(upstream, config, stream)` of a resource over an
+/// upstream `U` that serves streams `S`: the one signature of
+/// `with_config` and `with_config_in`.
+macro_rules! configured_fn {
+    ($(#[$doc:meta])* $name:ident, $config:ty, |$upstream:ident, $cfg:ident, $stream:ident| $body:block) => {
+        $(#[$doc])*
+        pub fn $name<S: $crate::Stream + ?Sized>($upstream: U, $cfg: $config, $stream: &S) -> $crate::Result<Self>
+        where
+            U: $crate::MemoryResource<S>,
+        $body
+    };
+}
+pub(crate) use configured_fn;
+
 /// `new(upstream)` and `with_config(upstream, config, stream)` of a
 /// resource whose parameters other than the upstream take their defaults
 /// (lock, storage): `new` makes it empty with the default configuration
@@ -221,16 +235,11 @@ macro_rules! default_constructors {
                 Self::$empty(upstream, <$config>::default())
             }
 
-            $(#[$with_doc])*
-            pub fn with_config<S: $crate::Stream + ?Sized>(
-                upstream: U,
-                config: $config,
-                stream: &S,
-            ) -> $crate::Result<Self>
-            where
-                U: $crate::MemoryResource<S>,
-            {
-                Self::with_config_in(upstream, config, stream)
+            $crate::resource::configured_fn! {
+                $(#[$with_doc])*
+                with_config, $config, |upstream, config, stream| {
+                    Self::with_config_in(upstream, config, stream)
+                }
             }
         }
     };
@@ -245,19 +254,14 @@ pub(crate) use default_constructors;
 macro_rules! with_config_in {
     (impl[$($gen:tt)*] $ty:ty, $config:ty, $empty:ident; $(#[$doc:meta])*) => {
         impl<$($gen)*> $ty {
-            $(#[$doc])*
-            pub fn with_config_in<S: $crate::Stream + ?Sized>(
-                upstream: U,
-                config: $config,
-                stream: &S,
-            ) -> $crate::Result<Self>
-            where
-                U: $crate::MemoryResource<S>,
-            {
-                config.validate()?;
-                let mut made = Self::$empty(upstream, config);
-                made.take_initial(stream)?;
-                Ok(made)
+            $crate::resource::configured_fn! {
+                $(#[$doc])*
+                with_config_in, $config, |upstream, config, stream| {
+                    config.validate()?;
+                    let mut made = Self::$empty(upstream, config);
+                    made.take_initial(stream)?;
+                    Ok(made)
+                }
             }
         }
     };
