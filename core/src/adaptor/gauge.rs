@@ -94,6 +94,43 @@ impl Gauge {
     }
 }
 
+/// A figure held now and its exact peak, one read-modify-write per change:
+/// a [`Gauge`] without the running total, for a hot path whose total nobody
+/// reads (the large blocks of a [`BinningResource`](crate::binning::BinningResource)).
+#[cfg(feature = "alloc")]
+#[derive(Debug, Default)]
+pub(crate) struct Level {
+    /// Held now (wraps as `Gauge::current`).
+    current: AtomicU64,
+    /// The highest `current` ever (exact as `Gauge::peak`, by [`raise`]).
+    peak: AtomicU64,
+}
+
+#[cfg(feature = "alloc")]
+impl Level {
+    /// `n` more held.
+    #[inline]
+    pub(crate) fn add(&self, n: u64) {
+        raise(&self.peak, self.current.fetch_add(n, Relaxed).wrapping_add(n));
+    }
+
+    /// `n` fewer held.
+    #[inline]
+    pub(crate) fn sub(&self, n: u64) {
+        self.current.fetch_sub(n, Relaxed);
+    }
+
+    /// Held now.
+    pub(crate) fn value(&self) -> u64 {
+        self.current.load(Relaxed)
+    }
+
+    /// The most held at once.
+    pub(crate) fn peak(&self) -> u64 {
+        signed_max(self.peak.load(Relaxed), self.value())
+    }
+}
+
 /// Raises `peak` to at least `now`.
 ///
 /// This is what makes the peak exact under concurrency: every value that

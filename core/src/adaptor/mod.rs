@@ -52,6 +52,8 @@ pub use failure::{FailureCallback, RetryOn};
 pub use gauge::Counted;
 pub use gauge::Gauge;
 #[cfg(feature = "alloc")]
+pub(crate) use gauge::Level;
+#[cfg(feature = "alloc")]
 pub use limiting::Limiting;
 #[cfg(feature = "std")]
 pub use logging::Logging;
