@@ -14,7 +14,7 @@ from ._buffer import DeviceBuffer
 from ._device import current_device, set_device
 from ._errors import CudaUnavailable, MemresError, OutOfMemory
 from ._stream import DEFAULT_STREAM, Stream
-from . import mr, statistics
+from . import mr, snapshot, statistics
 from .mr import (
     get_current_device_resource,
     get_per_device_resource,
@@ -87,5 +87,5 @@ __all__ = [
     "DEFAULT_STREAM", "CudaUnavailable", "DeviceBuffer", "MemresError", "OutOfMemory", "Stream",
     "cuda_available", "current_device", "get_current_device_resource", "get_per_device_resource",
     "is_initialized", "mr", "reinitialize", "set_current_device_resource", "set_device",
-    "set_per_device_resource", "statistics",
+    "set_per_device_resource", "snapshot", "statistics",
 ]

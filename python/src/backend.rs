@@ -43,6 +43,8 @@ mod imp {
     pub(crate) const BYTES_LEAVES: &[&str] = &["host"];
     /// The resource of a device nobody set one for (Python's default too).
     pub(crate) const DEFAULT_LEAF: &str = "host";
+    /// The leaves a snapshot counts as segments.
+    pub(crate) const SEGMENT_LEAVES: &[&str] = &["sim", "host"];
 
     /// Any handle names the one order of the host.
     pub(crate) fn stream(_handle: u64, _device: u32) -> PyResult<Stream> {
@@ -97,6 +99,8 @@ mod imp {
     pub(crate) const BYTES_LEAVES: &[&str] = &["cuda", "async", "managed", "pinned", "vmm"];
     /// The resource of a device nobody set one for (Python's default too).
     pub(crate) const DEFAULT_LEAF: &str = "cuda";
+    /// The leaves a snapshot counts as segments (device memory).
+    pub(crate) const SEGMENT_LEAVES: &[&str] = &["async", "cuda", "managed", "vmm"];
 
     fn device_of(device: u32) -> PyResult<Device> {
         Device::get(device).map_err(|e| backend_error(format!("device {device}: {e}")))
@@ -152,6 +156,14 @@ mod imp {
     }
 }
 
-pub(crate) use imp::{
-    builder, engine, prefetch, stream, Engine, Stream, BACKEND, BYTES_LEAVES, DEFAULT_LEAF,
-};
+pub(crate) use imp::{engine, prefetch, stream, Engine, Stream, BACKEND, BYTES_LEAVES, DEFAULT_LEAF};
+
+/// The builder of `device`'s stacks: the backend's leaves and the core's
+/// names; while a snapshot is recorded, the leaves are tapped (`snapshot`).
+pub(crate) fn builder(device: u32) -> PyResult<memres_core::stack::StackBuilder<Stream>> {
+    let mut b = imp::builder(device)?;
+    if let Some(map) = crate::snapshot::map(device) {
+        crate::snapshot::tap_leaves(&mut b, imp::builder(device)?, imp::SEGMENT_LEAVES, &map);
+    }
+    Ok(b)
+}

@@ -28,7 +28,7 @@ fn live(device: usize) -> Option<&'static Live> {
 /// Rust code).
 #[pyfunction]
 pub(crate) fn set_per_device_resource(device: u32, mr: PyRef<'_, Resource>) {
-    memres_core::device::set_per_device_resource::<Stream>(device, mr.inner.clone());
+    memres_core::device::set_per_device_resource::<Stream>(device, mr.blocks.clone());
 }
 
 /// Registers [`default_resource`] as the default of devices nobody set a
@@ -47,7 +47,11 @@ fn default_resource(device: u32) -> memres_core::Result<DynResource<Stream>> {
     }
     let builder = backend::builder(device).map_err(unusable)?;
     let stream = backend::stream(0, device).map_err(unusable)?;
-    builder.build(backend::DEFAULT_LEAF, &stream).map_err(unusable)
+    let resource = builder.build(backend::DEFAULT_LEAF, &stream).map_err(unusable)?;
+    Ok(match crate::snapshot::map(device) {
+        Some(map) => crate::snapshot::tap_blocks(&resource, map),
+        None => resource,
+    })
 }
 
 /// Blocks handed out by `memres_py_alloc` on `device` and not yet freed.

@@ -18,6 +18,7 @@ mod callback;
 pub mod current;
 mod errors;
 mod resource;
+mod snapshot;
 
 use pyo3::prelude::*;
 
@@ -32,6 +33,8 @@ fn native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(current::set_per_device_resource, m)?)?;
     m.add_function(wrap_pyfunction!(current::c_live_count, m)?)?;
     m.add_function(wrap_pyfunction!(current::device_bytes, m)?)?;
+    m.add_function(wrap_pyfunction!(snapshot::record, m)?)?;
+    m.add_function(wrap_pyfunction!(snapshot::snapshot, m)?)?;
     current::install_default();
     Ok(())
 }

@@ -24,7 +24,12 @@ type Dyn = DynResource<Stream>;
 /// A built stack: the resource, its typed handles and its live blocks.
 #[pyclass(module = "memres", name = "NativeResource", frozen)]
 pub(crate) struct Resource {
+    /// The stack, as an upstream of other stacks sees it.
     pub(crate) inner: Dyn,
+    /// The stack as the program sees it (`allocate`, buffers, the current
+    /// resource): `inner`, its blocks told to the snapshot's map when it
+    /// was built while recording.
+    pub(crate) blocks: Dyn,
     stats: Option<Arc<Statistics<Dyn>>>,
     track: Option<Arc<Tracking<Dyn>>>,
     logs: Vec<Arc<Logging<Dyn>>>,
@@ -120,6 +125,10 @@ impl Resource {
             track: built.get("track"),
             logs: built.all("log"),
             pools: built.all("pool"),
+            blocks: match crate::snapshot::map(device) {
+                Some(map) => crate::snapshot::tap_blocks(&built.resource, map),
+                None => built.resource.clone(),
+            },
             inner: built.resource,
             live: Mutex::new(HashMap::new()),
             has_bytes: bytes_of(&call, &upstreams),
@@ -137,7 +146,7 @@ impl Resource {
         let request = Request::new(nbytes).map_err(|e| to_py(e, &format!("allocate({nbytes})")))?;
         let s = backend::stream(stream, self.device)?;
         let block = py
-            .detach(|| self.inner.allocate(request, &s))
+            .detach(|| self.blocks.allocate(request, &s))
             .map_err(|e| to_py(e, &format!("allocate({nbytes})")))?;
         self.put_live(block);
         Ok(block.addr())
@@ -159,7 +168,7 @@ impl Resource {
             )));
         }
         let s = backend::stream(stream, self.device)?;
-        py.detach(|| self.inner.deallocate(block, &s)).map_err(|e| {
+        py.detach(|| self.blocks.deallocate(block, &s)).map_err(|e| {
             self.put_live(block);
             to_py(e, &format!("deallocate({ptr:#x}, {nbytes})"))
         })

@@ -1,0 +1,50 @@
+"""Snapshots of what memres's resources hold, in the format of PyTorch's
+``torch.cuda.memory._snapshot()``, for PyTorch's memory viewer
+(``pytorch.org/memory_viz``, ``torch.cuda._memory_viz``)::
+
+    memres.snapshot.record_memory_history()
+    ...  # build resources, allocate
+    memres.snapshot.dump_snapshot("memres.pickle")
+
+While recording, every resource built taps its leaves (the segments: what
+it takes from the device) and its program side (the blocks: what its
+``allocate``, a ``DeviceBuffer`` or PyTorch's allocator get from it), one
+map per device. Resources built before recording started are not seen.
+docs/snapshots.md lists the fields memres fills."""
+
+import pickle
+
+from . import _native
+from . import mr as _mr
+
+DEFAULT_MAX_ENTRIES = 100_000
+
+
+def _backends():
+    from . import cuda_available
+    return [_native.sim] + ([_native.cuda()] if cuda_available() else [])
+
+
+def record_memory_history(enabled=True, max_entries=DEFAULT_MAX_ENTRIES):
+    """Starts a new record (``enabled``), keeping the last ``max_entries``
+    events of each device, or stops recording (``enabled=False``: the last
+    record stays readable). As ``torch.cuda.memory._record_memory_history``."""
+    if isinstance(max_entries, bool) or not isinstance(max_entries, int) or max_entries <= 0:
+        raise ValueError(f"memres: max_entries must be a positive int, not {max_entries!r}")
+    for module in _backends():
+        module.record(max_entries if enabled else 0)
+
+
+def snapshot(backend=None):
+    """The record of every device as a dict with ``segments`` and
+    ``device_traces``, as ``torch.cuda.memory._snapshot()`` (of the current
+    resource's backend by default)."""
+    backend = _mr.get_current_device_resource()._backend if backend is None else backend
+    return pickle.loads(_native.backend(backend).snapshot())
+
+
+def dump_snapshot(filename, backend=None):
+    """Writes :func:`snapshot` to ``filename`` as a pickle, as
+    ``torch.cuda.memory._dump_snapshot``."""
+    with open(filename, "wb") as f:
+        pickle.dump(snapshot(backend), f)

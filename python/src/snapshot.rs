@@ -1,0 +1,92 @@
+//! `memres.snapshot`: what the package's resources hold, in the format of
+//! PyTorch's `torch.cuda.memory._snapshot()` (for PyTorch's memory viewer).
+//!
+//! While recording is on, every stack built taps its leaves ([`Side::Segments`]:
+//! what it takes from the device) and its program side ([`Side::Blocks`]:
+//! what `allocate`, `DeviceBuffer` and the PyTorch entry hand out; not what
+//! it hands to a stack it is the upstream of), all telling one map per
+//! device. Starting a record starts new maps; stacks built before keep
+//! telling the maps of their time. Watching costs a lock and a map update
+//! per call, so it is off unless asked for.
+
+use crate::backend::{Stream, MAX_DEVICES};
+use memres_core::snapshot::{pickle_devices, MemoryMap, Side, Tap};
+use memres_core::stack::StackBuilder;
+use memres_core::{DynResource, Shared};
+use pyo3::prelude::*;
+use pyo3::types::PyBytes;
+use std::sync::{Arc, Mutex};
+
+/// A device's map, shared by the taps of every stack built on it.
+pub(crate) type Map = Arc<Shared<MemoryMap>>;
+
+/// The record: its events kept per device, and each device's map (made on
+/// first use). `None` while not recording.
+struct Record {
+    max_entries: usize,
+    maps: Vec<Option<Map>>,
+}
+
+static RECORD: Mutex<Option<Record>> = Mutex::new(None);
+/// The maps of the last record, kept for `snapshot` after it stopped.
+static LAST: Mutex<Vec<Option<Map>>> = Mutex::new(Vec::new());
+
+/// Starts a record keeping `max_entries` events per device (a positive
+/// number), or stops recording (`0`).
+#[pyfunction]
+pub(crate) fn record(max_entries: usize) {
+    let mut record = RECORD.lock().unwrap_or_else(|p| p.into_inner());
+    *record = (max_entries > 0).then(|| Record { max_entries, maps: vec![None; MAX_DEVICES] });
+    if record.is_some() {
+        LAST.lock().unwrap_or_else(|p| p.into_inner()).clear();
+    }
+}
+
+/// The map of `device` in the record, made on first use; `None` when not
+/// recording.
+pub(crate) fn map(device: u32) -> Option<Map> {
+    let mut guard = RECORD.lock().unwrap_or_else(|p| p.into_inner());
+    let record = guard.as_mut()?;
+    let max_entries = record.max_entries;
+    let slot = record.maps.get_mut(device as usize)?;
+    let map = slot.get_or_insert_with(|| Arc::new(Shared::new(MemoryMap::new(max_entries)))).clone();
+    LAST.lock().unwrap_or_else(|p| p.into_inner()).clone_from(&record.maps);
+    Some(map)
+}
+
+/// `builder` with each of `leaves` (names registered in `inner`) tapped
+/// into `map` as segments.
+pub(crate) fn tap_leaves(
+    builder: &mut StackBuilder<Stream>,
+    inner: StackBuilder<Stream>,
+    leaves: &[&str],
+    map: &Map,
+) {
+    let inner = Arc::new(inner);
+    for &name in leaves {
+        let (inner, map) = (inner.clone(), map.clone());
+        builder.register(name, move |call, cx| {
+            let leaf = inner.build_call(call, cx.stream)?;
+            Ok(cx.keep(call, Tap::new(leaf, map.clone(), Side::Segments)))
+        });
+    }
+}
+
+/// `resource` as the program sees it: its blocks told to `map`.
+pub(crate) fn tap_blocks(resource: &DynResource<Stream>, map: Map) -> DynResource<Stream> {
+    Arc::new(Tap::new(resource.clone(), map, Side::Blocks))
+}
+
+/// Every device's map of the current (or last) record as one pickle in
+/// the format of `torch.cuda.memory._snapshot()`; an empty snapshot when
+/// nothing was recorded.
+#[pyfunction]
+pub(crate) fn snapshot(py: Python<'_>) -> Bound<'_, PyBytes> {
+    let maps = LAST.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    let used = maps.iter().rposition(Option::is_some).map_or(0, |d| d + 1);
+    // Copies, so that no device's lock is held while pickling.
+    let copies: Vec<Option<MemoryMap>> =
+        maps[..used].iter().map(|m| m.as_ref().map(|m| m.with(|m| m.clone()))).collect();
+    let bytes = pickle_devices(&copies.iter().map(Option::as_ref).collect::<Vec<_>>());
+    PyBytes::new(py, &bytes)
+}

@@ -1,0 +1,91 @@
+"""memres.snapshot: a record of a running stack in the format of PyTorch's
+memory snapshots, checked against the resource's own figures."""
+
+import pickle
+
+import pytest
+
+import memres
+from memres import mr
+
+
+@pytest.fixture
+def recording():
+    memres.snapshot.record_memory_history()
+    yield
+    memres.snapshot.record_memory_history(enabled=False)
+
+
+def live_blocks(snap):
+    return [b for s in snap["segments"] for b in s["blocks"] if b["state"] == "active_allocated"]
+
+
+def test_a_pool_and_its_buffers_as_segments_and_blocks(recording, tmp_path):
+    pool = mr.PoolMemoryResource(mr.HostMemoryResource(), initial_pool_size=1 << 20)
+    mr.set_current_device_resource(pool)
+    bufs = [memres.DeviceBuffer(size=n) for n in (1000, 5000, 300_000)]
+    ptr = pool.allocate(4096)
+    snap = memres.snapshot.snapshot()
+    # Segments: the pool's chunks, taken from its host-memory leaf.
+    assert sum(s["total_size"] for s in snap["segments"]) == pool.pool_size()
+    assert all(s["total_size"] == sum(b["size"] for b in s["blocks"]) for s in snap["segments"])
+    # Blocks: what the program holds, at the addresses it got.
+    got = sorted((b["address"], b["requested_size"]) for b in live_blocks(snap))
+    assert got == sorted([(b.ptr, b.size) for b in bufs] + [(ptr, 4096)])
+    actions = [e["action"] for e in snap["device_traces"][0]]
+    assert actions.count("segment_alloc") == len(snap["segments"]) and actions.count("alloc") == 4
+
+    del bufs[0]
+    pool.deallocate(ptr, 4096)
+    after = memres.snapshot.snapshot()
+    assert len(live_blocks(after)) == 2
+    assert [e["action"] for e in after["device_traces"][0]].count("free_completed") == 2
+
+    path = tmp_path / "memres.pickle"
+    memres.snapshot.dump_snapshot(str(path))
+    with open(path, "rb") as f:
+        assert pickle.load(f) == after
+
+
+def test_an_upstream_shows_as_segments_not_as_blocks(recording):
+    up = mr.HostMemoryResource()
+    pool = mr.PoolMemoryResource(up)
+    p = pool.allocate(1000)
+    snap = memres.snapshot.snapshot(backend="sim")
+    assert [b["requested_size"] for b in live_blocks(snap)] == [1000]
+    assert len(snap["segments"]) == 1
+    pool.deallocate(p, 1000)
+
+
+def test_resources_built_before_the_record_are_not_seen():
+    memres.snapshot.record_memory_history(enabled=False)
+    before = mr.HostMemoryResource()
+    memres.snapshot.record_memory_history()
+    try:
+        p = before.allocate(1000)
+        assert memres.snapshot.snapshot(backend="sim")["segments"] == []
+        before.deallocate(p, 1000)
+    finally:
+        memres.snapshot.record_memory_history(enabled=False)
+
+
+def test_bad_max_entries_is_a_value_error():
+    for bad in (0, -1, 1.5, True):
+        with pytest.raises(ValueError):
+            memres.snapshot.record_memory_history(max_entries=bad)
+
+
+def test_a_cuda_pool_in_pytorchs_tools(gpu, recording):
+    pool = mr.PoolMemoryResource(mr.CudaMemoryResource(), initial_pool_size=64 << 20)
+    mr.set_current_device_resource(pool)
+    bufs = [memres.DeviceBuffer(size=n) for n in (1 << 20, 3 << 20, 12345)]
+    snap = memres.snapshot.snapshot()
+    assert sum(s["total_size"] for s in snap["segments"]) == pool.pool_size()
+    assert sorted(b["address"] for b in live_blocks(snap)) == sorted(b.ptr for b in bufs)
+    try:
+        from torch.cuda import _memory_viz
+    except ImportError:
+        return
+    assert "snapshot.pickle" in _memory_viz.trace_plot(snap)
+    assert "Allocator State History" in _memory_viz.segment_plot(snap)
+    assert _memory_viz.segsum(snap)
