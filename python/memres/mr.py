@@ -105,15 +105,14 @@ class DeviceMemoryResource:
 
     def _keep(self, handle, stream):
         """Keeps the Python object of every stream this stack has been
-        given alive as long as the stack: stream-ordered layers remember a
-        stream (its free memory, its events) after the call, and a
-        ``torch.cuda.Stream`` or ``cupy.cuda.Stream`` destroys its handle
-        when collected. One entry per distinct stream."""
+        given alive as long as the stack (its native side, which the device
+        registry or blocks PyTorch has not freed yet may hold after this
+        object is gone): stream-ordered layers remember a stream after the
+        call, and a ``torch.cuda.Stream`` or ``cupy.cuda.Stream`` destroys
+        its handle when collected. One entry per distinct stream."""
         if stream is None or handle == 0:
             return
-        kept = self.__dict__.setdefault("_streams", {})
-        if handle not in kept:
-            kept[handle] = stream
+        if self._native.keep(handle, stream):
             for u in getattr(self, "_upstreams", ()):
                 u._keep(handle, stream)
 

@@ -34,6 +34,8 @@ pub(crate) struct Resource {
     track: Option<Arc<Tracking<Dyn>>>,
     logs: Vec<Arc<Logging<Dyn>>>,
     pools: Vec<Arc<Shared<CoalescingPool<Dyn>>>>,
+    /// The stack's stream objects (`inner` and `blocks` are this).
+    streams: Arc<KeepStreams>,
     /// Blocks handed out through `allocate`, by address: a free by pointer
     /// carries the block's tag.
     live: Mutex<HashMap<u64, Block>>,
@@ -68,6 +70,33 @@ fn bytes_of(call: &Call, upstreams: &[PyRef<'_, Resource>]) -> bool {
         return backend::BYTES_LEAVES.contains(&call.name.as_str());
     }
     inner.iter().all(|c| bytes_of(c, upstreams))
+}
+
+/// A stack and the Python objects of the streams it has been given, alive
+/// as long as it is: stream-ordered layers remember a stream after the
+/// call (its free memory, its events), and a `torch.cuda.Stream` or
+/// `cupy.cuda.Stream` destroys its handle when collected. Whoever holds the
+/// stack (the per-device registry, blocks PyTorch has not freed yet,
+/// buffers, stacks it is the upstream of) holds them through this, however
+/// long the Python resource object lives.
+struct KeepStreams {
+    inner: Dyn,
+    /// One object per distinct handle.
+    streams: Mutex<HashMap<u64, Py<PyAny>>>,
+}
+
+impl memres_core::MemoryResource<Stream> for KeepStreams {
+    fn allocate(&self, request: Request, stream: &Stream) -> memres_core::Result<Block> {
+        self.inner.allocate(request, stream)
+    }
+
+    fn deallocate(&self, block: Block, stream: &Stream) -> memres_core::Result<()> {
+        self.inner.deallocate(block, stream)
+    }
+
+    fn id(&self) -> memres_core::ResourceId {
+        self.inner.id()
+    }
 }
 
 impl Resource {
@@ -120,21 +149,38 @@ impl Resource {
         let built = py
             .detach(|| builder.build_call_with_handles(&call, &stream))
             .map_err(|e| stack_to_py(e, text))?;
+        let streams =
+            Arc::new(KeepStreams { inner: built.resource.clone(), streams: Mutex::new(HashMap::new()) });
+        let inner: Dyn = streams.clone();
         Ok(Resource {
             stats: built.get("stats"),
             track: built.get("track"),
             logs: built.all("log"),
             pools: built.all("pool"),
             blocks: match crate::snapshot::map(device) {
-                Some(map) => crate::snapshot::tap_blocks(&built.resource, map),
-                None => built.resource.clone(),
+                Some(map) => crate::snapshot::tap_blocks(&inner, map),
+                None => inner.clone(),
             },
-            inner: built.resource,
+            inner,
+            streams,
             live: Mutex::new(HashMap::new()),
             has_bytes: bytes_of(&call, &upstreams),
             device,
             stack: text.to_string(),
         })
+    }
+
+    /// Keeps `stream`, the object of handle `handle`, alive as long as the
+    /// stack; whether it was new to it.
+    fn keep(&self, handle: u64, stream: Py<PyAny>) -> bool {
+        let mut streams = self.streams.streams.lock().unwrap_or_else(|p| p.into_inner());
+        match streams.entry(handle) {
+            std::collections::hash_map::Entry::Occupied(_) => false,
+            std::collections::hash_map::Entry::Vacant(v) => {
+                v.insert(stream);
+                true
+            }
+        }
     }
 
     /// Allocates `nbytes` on `stream`; returns the address (0 for 0 bytes).

@@ -5,6 +5,7 @@ import ctypes
 import pytest
 
 import memres
+from memres import mr
 from memres._stream import as_handle
 
 
@@ -48,3 +49,28 @@ def test_resources_take_stream_objects():
     pool.deallocate(p, 100, stream=CupyLike())
     with pytest.raises(ValueError):
         pool.allocate(100, stream="default")
+
+
+def test_a_stack_keeps_its_stream_objects_alive_as_long_as_it_lives():
+    class Handle:  # a stream object as torch's or cupy's: its handle dies with it
+        def __init__(self, handle):
+            self.handle_value = handle
+
+        def __cuda_stream__(self):
+            return (0, self.handle_value)
+
+    import gc
+    import weakref
+    s = Handle(7)
+    alive = weakref.ref(s)
+    res = mr.HostMemoryResource()
+    res.allocate(100, stream=s)
+    mr.set_current_device_resource(res)
+    del s
+    mr._current.clear()  # the Python side lets go; the device registry still holds the stack
+    del res
+    gc.collect()
+    assert alive() is not None
+    mr.set_current_device_resource(mr.HostMemoryResource())  # and now the registry too
+    gc.collect()
+    assert alive() is None
