@@ -159,11 +159,15 @@ mod imp {
 pub(crate) use imp::{engine, prefetch, stream, Engine, Stream, BACKEND, BYTES_LEAVES, DEFAULT_LEAF};
 
 /// The builder of `device`'s stacks: the backend's leaves and the core's
-/// names; while a snapshot is recorded, the leaves are tapped (`snapshot`).
-pub(crate) fn builder(device: u32) -> PyResult<memres_core::stack::StackBuilder<Stream>> {
+/// names, the leaves tapped into `map` when a snapshot is recorded
+/// (`snapshot`).
+pub(crate) fn builder(
+    device: u32,
+    map: Option<&crate::snapshot::Map>,
+) -> PyResult<memres_core::stack::StackBuilder<Stream>> {
     let mut b = imp::builder(device)?;
-    if let Some(map) = crate::snapshot::map(device) {
-        crate::snapshot::tap_leaves(&mut b, imp::builder(device)?, imp::SEGMENT_LEAVES, &map);
+    if let Some(map) = map {
+        crate::snapshot::tap_leaves(&mut b, imp::builder(device)?, imp::SEGMENT_LEAVES, map);
     }
     Ok(b)
 }

@@ -50,8 +50,9 @@ fn memory_of(mr: &Resource) -> PyResult<AssumeMemoryOf<DynResource<Stream>, Kind
     // host memory for `HostCopy`, the CUDA leaves for `CudaCopy`), or an
     // upstream object for which the same held; the core's algorithms and
     // adaptors between them hand out only parts of their upstreams' blocks
-    // (they forward `MemoryOf` for the same reason), and a snapshot's `Tap`
-    // hands out its inner resource's blocks unchanged.
+    // (they forward `MemoryOf` for the same reason), and the two layers
+    // this crate puts around a stack (`KeepStreams`, and a snapshot's `Tap`)
+    // hand out its blocks unchanged and free them only through it.
     Ok(unsafe { AssumeMemoryOf::new(mr.blocks.clone()) })
 }
 

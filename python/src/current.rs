@@ -45,13 +45,11 @@ fn default_resource(device: u32) -> memres_core::Result<DynResource<Stream>> {
     fn unusable<E>(_: E) -> memres_core::Error {
         memres_core::Error::InvalidConfig { what: "the device's default resource could not be built" }
     }
-    let builder = backend::builder(device).map_err(unusable)?;
+    let map = crate::snapshot::map(device);
+    let builder = backend::builder(device, map.as_ref()).map_err(unusable)?;
     let stream = backend::stream(0, device).map_err(unusable)?;
     let resource = builder.build(backend::DEFAULT_LEAF, &stream).map_err(unusable)?;
-    Ok(match crate::snapshot::map(device) {
-        Some(map) => crate::snapshot::tap_blocks(&resource, map),
-        None => resource,
-    })
+    Ok(crate::snapshot::program_side(resource, map))
 }
 
 /// Blocks handed out by `memres_py_alloc` on `device` and not yet freed.

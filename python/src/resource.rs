@@ -134,7 +134,10 @@ impl Resource {
                 u.device
             )));
         }
-        let mut builder = backend::builder(device)?;
+        // One map for the leaves and the program side, even if a record
+        // starts or stops meanwhile.
+        let map = crate::snapshot::map(device);
+        let mut builder = backend::builder(device, map.as_ref())?;
         for (i, u) in upstreams.iter().enumerate() {
             let r = u.inner.clone();
             builder.register(&format!("up{i}"), move |call, _| {
@@ -157,10 +160,7 @@ impl Resource {
             track: built.get("track"),
             logs: built.all("log"),
             pools: built.all("pool"),
-            blocks: match crate::snapshot::map(device) {
-                Some(map) => crate::snapshot::tap_blocks(&inner, map),
-                None => inner.clone(),
-            },
+            blocks: crate::snapshot::program_side(inner.clone(), map),
             inner,
             streams,
             live: Mutex::new(HashMap::new()),

@@ -20,38 +20,34 @@ use std::sync::{Arc, Mutex};
 /// A device's map, shared by the taps of every stack built on it.
 pub(crate) type Map = Arc<Shared<MemoryMap>>;
 
-/// The record: its events kept per device, and each device's map (made on
-/// first use). `None` while not recording.
+/// The maps of the current (or last) record, one per device (made on first
+/// use), and how many events each keeps while recording (`None`: not
+/// recording; the maps stay readable).
 struct Record {
-    max_entries: usize,
+    recording: Option<usize>,
     maps: Vec<Option<Map>>,
 }
 
-static RECORD: Mutex<Option<Record>> = Mutex::new(None);
-/// The maps of the last record, kept for `snapshot` after it stopped.
-static LAST: Mutex<Vec<Option<Map>>> = Mutex::new(Vec::new());
+static RECORD: Mutex<Record> = Mutex::new(Record { recording: None, maps: Vec::new() });
 
 /// Starts a record keeping `max_entries` events per device (a positive
 /// number), or stops recording (`0`).
 #[pyfunction]
 pub(crate) fn record(max_entries: usize) {
     let mut record = RECORD.lock().unwrap_or_else(|p| p.into_inner());
-    *record = (max_entries > 0).then(|| Record { max_entries, maps: vec![None; MAX_DEVICES] });
-    if record.is_some() {
-        LAST.lock().unwrap_or_else(|p| p.into_inner()).clear();
+    record.recording = (max_entries > 0).then_some(max_entries);
+    if record.recording.is_some() {
+        record.maps = vec![None; MAX_DEVICES];
     }
 }
 
 /// The map of `device` in the record, made on first use; `None` when not
 /// recording.
 pub(crate) fn map(device: u32) -> Option<Map> {
-    let mut guard = RECORD.lock().unwrap_or_else(|p| p.into_inner());
-    let record = guard.as_mut()?;
-    let max_entries = record.max_entries;
+    let mut record = RECORD.lock().unwrap_or_else(|p| p.into_inner());
+    let max_entries = record.recording?;
     let slot = record.maps.get_mut(device as usize)?;
-    let map = slot.get_or_insert_with(|| Arc::new(Shared::new(MemoryMap::new(max_entries)))).clone();
-    LAST.lock().unwrap_or_else(|p| p.into_inner()).clone_from(&record.maps);
-    Some(map)
+    Some(slot.get_or_insert_with(|| Arc::new(Shared::new(MemoryMap::new(max_entries)))).clone())
 }
 
 /// `builder` with each of `leaves` (names registered in `inner`) tapped
@@ -72,9 +68,13 @@ pub(crate) fn tap_leaves(
     }
 }
 
-/// `resource` as the program sees it: its blocks told to `map`.
-pub(crate) fn tap_blocks(resource: &DynResource<Stream>, map: Map) -> DynResource<Stream> {
-    Arc::new(Tap::new(resource.clone(), map, Side::Blocks))
+/// `resource` as the program sees it: its blocks told to `map` while a
+/// snapshot is recorded, else `resource` itself.
+pub(crate) fn program_side(resource: DynResource<Stream>, map: Option<Map>) -> DynResource<Stream> {
+    match map {
+        Some(map) => Arc::new(Tap::new(resource, map, Side::Blocks)),
+        None => resource,
+    }
 }
 
 /// Every device's map of the current (or last) record as one pickle in
@@ -82,7 +82,7 @@ pub(crate) fn tap_blocks(resource: &DynResource<Stream>, map: Map) -> DynResourc
 /// nothing was recorded.
 #[pyfunction]
 pub(crate) fn snapshot(py: Python<'_>) -> Bound<'_, PyBytes> {
-    let maps = LAST.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    let maps = RECORD.lock().unwrap_or_else(|p| p.into_inner()).maps.clone();
     let used = maps.iter().rposition(Option::is_some).map_or(0, |d| d + 1);
     // Copies, so that no device's lock is held while pickling.
     let copies: Vec<Option<MemoryMap>> =

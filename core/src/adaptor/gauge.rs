@@ -25,89 +25,27 @@ use alloc::sync::Arc;
 /// ```
 #[derive(Debug, Default)]
 pub struct Gauge {
-    /// Live now, absolute (since the gauge was made). Wraps rather than
-    /// panics if a caller takes off more than it added.
+    /// Held now and its peak.
+    pub(super) held: Held,
+    /// Everything ever added, absolute.
+    pub(super) total: AtomicU64,
+}
+
+/// A figure held now and its exact peak, one read-modify-write per change:
+/// a [`Gauge`] without its running total, alone where nobody reads a total
+/// (the large blocks of a [`BinningResource`](crate::binning::BinningResource)).
+#[derive(Debug, Default)]
+pub(crate) struct Held {
+    /// Held now, absolute (since made). Wraps rather than panics if a
+    /// caller takes off more than it added.
     pub(super) current: AtomicU64,
     /// The highest `current` since the last push of a [`Statistics`](super::Statistics)
     /// level (or since creation): always `>=` every value `current` took
     /// since then, and equal to one.
     pub(super) peak: AtomicU64,
-    /// Everything ever added, absolute.
-    pub(super) total: AtomicU64,
 }
 
-impl Gauge {
-    /// Counts `n` more held (and `n` more in the total).
-    #[inline]
-    pub fn add(&self, n: u64) {
-        let now = self.current.fetch_add(n, Relaxed).wrapping_add(n);
-        self.total.fetch_add(n, Relaxed);
-        raise(&self.peak, now);
-    }
-
-    /// Counts `n` fewer held.
-    #[inline]
-    pub fn sub(&self, n: u64) {
-        self.current.fetch_sub(n, Relaxed);
-    }
-
-    /// Takes back a [`sub`](Self::sub) whose free failed: `n` held again,
-    /// not counted in the total a second time.
-    #[cfg(feature = "alloc")]
-    #[inline]
-    pub(crate) fn unsub(&self, n: u64) {
-        raise(&self.peak, self.current.fetch_add(n, Relaxed).wrapping_add(n));
-    }
-
-    /// Held now (a [`Counter`](super::Counter)'s `value`).
-    pub fn value(&self) -> u64 {
-        self.current.load(Relaxed)
-    }
-
-    /// The most held at once.
-    pub fn peak(&self) -> u64 {
-        signed_max(self.peak.load(Relaxed), self.value())
-    }
-
-    /// Everything ever added.
-    pub fn total(&self) -> u64 {
-        self.total.load(Relaxed)
-    }
-
-    /// [`add`](Self::add) for a caller with exclusive access: plain loads
-    /// and stores, no read-modify-write (which costs ~20 cycles each even
-    /// uncontended), so that counting inside a lock is nearly free.
-    #[inline]
-    pub(super) fn add_exclusive(&mut self, n: u64) {
-        let now = self.current.load(Relaxed).wrapping_add(n);
-        self.current.store(now, Relaxed);
-        self.total.store(self.total.load(Relaxed).wrapping_add(n), Relaxed);
-        if (now as i64) > (self.peak.load(Relaxed) as i64) {
-            self.peak.store(now, Relaxed);
-        }
-    }
-
-    /// [`sub`](Self::sub) for a caller with exclusive access.
-    #[inline]
-    pub(super) fn sub_exclusive(&mut self, n: u64) {
-        self.current.store(self.current.load(Relaxed).wrapping_sub(n), Relaxed);
-    }
-}
-
-/// A figure held now and its exact peak, one read-modify-write per change:
-/// a [`Gauge`] without the running total, for a hot path whose total nobody
-/// reads (the large blocks of a [`BinningResource`](crate::binning::BinningResource)).
-#[cfg(feature = "alloc")]
-#[derive(Debug, Default)]
-pub(crate) struct Level {
-    /// Held now (wraps as `Gauge::current`).
-    current: AtomicU64,
-    /// The highest `current` ever (exact as `Gauge::peak`, by [`raise`]).
-    peak: AtomicU64,
-}
-
-#[cfg(feature = "alloc")]
-impl Level {
+impl Held {
     /// `n` more held.
     #[inline]
     pub(crate) fn add(&self, n: u64) {
@@ -128,6 +66,65 @@ impl Level {
     /// The most held at once.
     pub(crate) fn peak(&self) -> u64 {
         signed_max(self.peak.load(Relaxed), self.value())
+    }
+}
+
+impl Gauge {
+    /// Counts `n` more held (and `n` more in the total).
+    #[inline]
+    pub fn add(&self, n: u64) {
+        self.held.add(n);
+        self.total.fetch_add(n, Relaxed);
+    }
+
+    /// Counts `n` fewer held.
+    #[inline]
+    pub fn sub(&self, n: u64) {
+        self.held.sub(n);
+    }
+
+    /// Takes back a [`sub`](Self::sub) whose free failed: `n` held again,
+    /// not counted in the total a second time.
+    #[cfg(feature = "alloc")]
+    #[inline]
+    pub(crate) fn unsub(&self, n: u64) {
+        self.held.add(n);
+    }
+
+    /// Held now (a [`Counter`](super::Counter)'s `value`).
+    pub fn value(&self) -> u64 {
+        self.held.value()
+    }
+
+    /// The most held at once.
+    pub fn peak(&self) -> u64 {
+        self.held.peak()
+    }
+
+    /// Everything ever added.
+    pub fn total(&self) -> u64 {
+        self.total.load(Relaxed)
+    }
+
+    /// [`add`](Self::add) for a caller with exclusive access: plain loads
+    /// and stores, no read-modify-write (which costs ~20 cycles each even
+    /// uncontended), so that counting inside a lock is nearly free.
+    #[inline]
+    pub(super) fn add_exclusive(&mut self, n: u64) {
+        let held = &mut self.held;
+        let now = held.current.load(Relaxed).wrapping_add(n);
+        held.current.store(now, Relaxed);
+        self.total.store(self.total.load(Relaxed).wrapping_add(n), Relaxed);
+        if (now as i64) > (held.peak.load(Relaxed) as i64) {
+            held.peak.store(now, Relaxed);
+        }
+    }
+
+    /// [`sub`](Self::sub) for a caller with exclusive access.
+    #[inline]
+    pub(super) fn sub_exclusive(&mut self, n: u64) {
+        let current = &self.held.current;
+        current.store(current.load(Relaxed).wrapping_sub(n), Relaxed);
     }
 }
 

@@ -52,7 +52,7 @@ pub use failure::{FailureCallback, RetryOn};
 pub use gauge::Counted;
 pub use gauge::Gauge;
 #[cfg(feature = "alloc")]
-pub(crate) use gauge::Level;
+pub(crate) use gauge::Held;
 #[cfg(feature = "alloc")]
 pub use limiting::Limiting;
 #[cfg(feature = "std")]

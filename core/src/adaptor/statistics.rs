@@ -37,10 +37,10 @@ pub struct Counter {
 
 impl Gauge {
     fn counter(&self, base: Base) -> Counter {
-        let current = self.current.load(Relaxed);
+        let current = self.held.current.load(Relaxed);
         Counter {
             value: current.wrapping_sub(base.current) as i64,
-            peak: signed_max(self.peak.load(Relaxed), current).wrapping_sub(base.current) as i64,
+            peak: signed_max(self.held.peak.load(Relaxed), current).wrapping_sub(base.current) as i64,
             total: self.total.load(Relaxed).wrapping_sub(base.total) as i64,
         }
     }
@@ -267,18 +267,18 @@ impl<R> Statistics<R> {
         self.levels.with(|levels| {
             let before = self.both_at(levels.last().copied());
             let bytes = Base {
-                current: self.hot.bytes.current.load(Relaxed),
+                current: self.hot.bytes.held.current.load(Relaxed),
                 total: self.hot.bytes.total.load(Relaxed),
             };
             let count = Base {
-                current: self.hot.count.current.load(Relaxed),
+                current: self.hot.count.held.current.load(Relaxed),
                 total: self.hot.count.total.load(Relaxed),
             };
-            let outer_peak_bytes = self.hot.bytes.peak.swap(bytes.current, Relaxed);
-            let outer_peak_count = self.hot.count.peak.swap(count.current, Relaxed);
+            let outer_peak_bytes = self.hot.bytes.held.peak.swap(bytes.current, Relaxed);
+            let outer_peak_count = self.hot.count.held.peak.swap(count.current, Relaxed);
             // Allocations that landed between the loads and the swaps.
-            raise(&self.hot.bytes.peak, self.hot.bytes.current.load(Relaxed));
-            raise(&self.hot.count.peak, self.hot.count.current.load(Relaxed));
+            raise(&self.hot.bytes.held.peak, self.hot.bytes.held.current.load(Relaxed));
+            raise(&self.hot.count.held.peak, self.hot.count.held.current.load(Relaxed));
             levels.push(Level { bytes, count, outer_peak_bytes, outer_peak_count });
             before
         })
@@ -311,8 +311,8 @@ impl<R> Statistics<R> {
                 return Err(crate::Error::InvalidConfig { what: "pop of counters with no pushed level" });
             };
             let popped = self.both_at(Some(top));
-            raise(&self.hot.bytes.peak, top.outer_peak_bytes);
-            raise(&self.hot.count.peak, top.outer_peak_count);
+            raise(&self.hot.bytes.held.peak, top.outer_peak_bytes);
+            raise(&self.hot.count.held.peak, top.outer_peak_count);
             Ok(popped)
         })
     }
@@ -383,8 +383,8 @@ impl<S: Stream + ?Sized, R: MemoryResource<S>> MemoryResource<S> for Statistics<
         self.hot.count.sub(1);
         let result = self.upstream.deallocate(block, stream);
         if result.is_err() {
-            self.hot.bytes.current.fetch_add(block.size(), Relaxed);
-            self.hot.count.current.fetch_add(1, Relaxed);
+            self.hot.bytes.held.current.fetch_add(block.size(), Relaxed);
+            self.hot.count.held.current.fetch_add(1, Relaxed);
         }
         result
     }

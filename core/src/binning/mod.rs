@@ -14,7 +14,7 @@ mod tests;
 
 pub use plan::{BinPlan, SizeHistogram};
 
-use crate::adaptor::Level;
+use crate::adaptor::Held;
 use crate::check::Violation;
 use crate::fixed::{FixedConfig, FixedSizeResource};
 use crate::{Block, Error, Inspect, MemoryResource, Request, Result, Shared, Stream, Usage};
@@ -137,7 +137,7 @@ pub struct BinningResource<'a, U, S: Stream + ?Sized = ()> {
     upstream: U,
     /// The blocks larger than every bin, served by the upstream: their
     /// footprints (sizes rounded up to 256).
-    large: Level,
+    large: Held,
     /// Bin sizes: ascending, distinct, non-zero; `sizes[i]` is `bins[i]`'s.
     sizes: Vec<u64>,
     /// The bins, in the order of `sizes`.
@@ -155,7 +155,7 @@ impl<'a, U, S: Stream + ?Sized> BinningResource<'a, U, S> {
     /// assert!(bins.bin_sizes().is_empty());
     /// ```
     pub fn new(upstream: U) -> Self {
-        BinningResource { upstream, large: Level::default(), sizes: Vec::new(), bins: Vec::new() }
+        BinningResource { upstream, large: Held::default(), sizes: Vec::new(), bins: Vec::new() }
     }
 
     /// RMM's constructor: one [`FixedSizeResource`] bin (128 blocks per
