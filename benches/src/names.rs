@@ -76,8 +76,15 @@ pub const NAMES: &[Name] = &[
             ("initial", "bytes taken when made"),
             ("max", "the most bytes it holds"),
             ("growth", "double, default, or N: grow by 1/N of the pool in steps of granule"),
-            ("granule", "the step of growth (default 32 MiB)"),
-            ("release", "true|false: give wholly free chunks back before growing (default true)"),
+            ("granule", "the step of growth (default 2 MiB)"),
+            (
+                "release",
+                "true|false: give wholly free chunks back before growing past the peak in use (default true)",
+            ),
+            (
+                "large",
+                "requests of at least this many bytes get chunks of their own (default 16 MiB; none: off)",
+            ),
             ("per_stream", "true|false: one pool per stream, as PyTorch's allocator"),
         ],
         ..name(

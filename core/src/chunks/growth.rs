@@ -21,7 +21,7 @@ use crate::Request;
 /// ```
 /// use memres_core::pool::Growth;
 /// assert_eq!(Growth::default(), Growth::DEFAULT);
-/// assert_eq!(Growth::DEFAULT, Growth::Fraction { divisor: 8, granule: 32 << 20 });
+/// assert_eq!(Growth::DEFAULT, Growth::Fraction { divisor: 32, granule: 2 << 20 });
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
@@ -40,6 +40,13 @@ pub enum Growth {
         /// at most [`Request::MAX_SIZE`]).
         granule: u64,
     },
+    /// Grow by exactly what the request needs, rounded up to `granule` (a
+    /// power of two, at least 256): the chunks a pool gives its large
+    /// blocks, one block each.
+    Exact {
+        /// Chunk sizes are multiples of this.
+        granule: u64,
+    },
     /// Grow by `max(minimum, held / divisor)` rounded up to `step`, or by
     /// exactly what the request needs (rounded to 256) if that is more:
     /// the arena's policy, whose `minimum` is its chunk size and `step` its
@@ -56,23 +63,23 @@ pub enum Growth {
 }
 
 impl Growth {
-    /// The pool's default policy: chunks of at least 1/8 of the pool, in
-    /// 32 MiB steps.
+    /// The pool's default policy: chunks of at least 1/32 of the pool, in
+    /// 2 MiB steps (the granule in which CUDA maps device memory).
     ///
-    /// Why 32 MiB: CUDA's stream-ordered pool maps memory in 32 MiB units,
-    /// so finer chunks save nothing there, and fewer, larger chunks strand
-    /// less free space between them. The unused tail of the newest chunk is
-    /// under `pool / 8 + 32 MiB`. Its footprint on the replayed traces,
-    /// against [`Growth::Double`] and smaller steps, is in
-    /// `docs/measurements.md`.
+    /// Small steps, because the pool gives free chunks back before it grows
+    /// past its peak in use and keeps large blocks in chunks of their own
+    /// (`PoolConfig`): the tail of a large chunk no longer waits for blocks
+    /// that never come. Its footprint on the replayed traces, against
+    /// [`Growth::Double`] and the earlier default (1/8 in 32 MiB steps), is
+    /// in `docs/measurements.md`.
     pub const DEFAULT: Growth =
         Growth::Fraction { divisor: Self::DEFAULT_DIVISOR, granule: Self::DEFAULT_GRANULE };
 
-    /// The divisor of [`Growth::DEFAULT`]: the pool grows by at least 1/8.
-    pub const DEFAULT_DIVISOR: u32 = 8;
+    /// The divisor of [`Growth::DEFAULT`]: the pool grows by at least 1/32.
+    pub const DEFAULT_DIVISOR: u32 = 32;
 
-    /// The chunk granule of [`Growth::DEFAULT`]: 32 MiB.
-    pub const DEFAULT_GRANULE: u64 = 32 << 20;
+    /// The chunk granule of [`Growth::DEFAULT`]: 2 MiB.
+    pub const DEFAULT_GRANULE: u64 = 2 << 20;
 
     /// The chunk to ask for first when `need` bytes (a multiple of 256, at
     /// most [`Request::MAX_SIZE`]) do not fit, with `held` bytes held and
@@ -87,6 +94,7 @@ impl Growth {
                 let g = need.max(held / divisor as u64);
                 (g + granule - 1) & !(granule - 1)
             }
+            Growth::Exact { granule } => need.saturating_add(granule - 1) & !(granule - 1),
             Growth::Steps { minimum, divisor, step } => {
                 need.max(minimum.max(held / divisor as u64).div_ceil(step) * step)
             }

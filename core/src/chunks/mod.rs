@@ -54,6 +54,12 @@ impl Chunk {
     pub(crate) fn first(&self) -> u32 {
         self.first
     }
+
+    /// The same chunk under another handle (a resource with several
+    /// carvers names each chunk's carver in its handle).
+    pub(crate) fn with_first(&self, first: u32) -> Chunk {
+        Chunk { first, ..*self }
+    }
 }
 
 /// When a growing table gives its wholly free chunks back upstream first,
@@ -64,8 +70,10 @@ pub(crate) enum GiveBack {
     Never,
     /// Only when the maximum leaves no room for the request (the arena).
     AtMaximum,
-    /// Before every growth (the pool's default).
-    Always,
+    /// Wholly free chunks, largest first, while the table would hold more
+    /// than this many bytes with the new chunk (the pool's: its peak in use;
+    /// 0 gives them all back).
+    Above(u64),
 }
 
 /// What a resource cuts its chunks into, as the chunk table needs to see it.
@@ -321,11 +329,15 @@ impl<U, C: Storage<Chunk>> ChunkTable<U, C> {
     /// Detaches the shortest wholly free chunk of at least `min_len` bytes
     /// and takes it out of the table, still held from upstream: for another
     /// table over the same upstream to [`insert`](Self::insert). O(chunks).
-    pub(crate) fn take_free(&mut self, min_len: u64, carve: &mut impl Carve) -> Option<(Range, Block)> {
+    pub(crate) fn take_free(
+        &mut self,
+        min_len: u64,
+        carve: &mut impl Carve,
+    ) -> Option<(Range, Block, Chunk)> {
         let i = self.free_chunk_index(min_len, carve)?;
         carve.detach(&self.chunks[i]);
         let chunk = self.remove(i);
-        Some((chunk.range, chunk.block))
+        Some((chunk.range, chunk.block, chunk))
     }
 
     /// Gives every wholly free chunk back to upstream, detached from
@@ -347,6 +359,37 @@ impl<U, C: Storage<Chunk>> ChunkTable<U, C> {
                 i += 1;
                 continue;
             }
+            self.upstream.deallocate(chunk.block, stream)?;
+            carve.detach(&chunk);
+            self.remove(i);
+            freed += chunk.range.len();
+        }
+        Ok(freed)
+    }
+
+    /// Gives wholly free chunks back upstream, largest first, until at most
+    /// `bound` bytes are held or none is left; returns the bytes given back.
+    /// O(chunks) per chunk given back.
+    ///
+    /// # Errors
+    ///
+    /// The upstream's error if it refuses a chunk; that chunk stays.
+    fn release_above<S: Stream + ?Sized>(
+        &mut self,
+        bound: u64,
+        stream: &S,
+        carve: &mut impl Carve,
+    ) -> Result<u64>
+    where
+        U: MemoryResource<S>,
+    {
+        let mut freed = 0;
+        while self.held > bound {
+            let largest = (0..self.chunks.len())
+                .filter(|&i| carve.is_free(&self.chunks[i]))
+                .max_by_key(|&i| self.chunks[i].range.len());
+            let Some(i) = largest else { break };
+            let chunk = self.chunks[i];
             self.upstream.deallocate(chunk.block, stream)?;
             carve.detach(&chunk);
             self.remove(i);
@@ -388,8 +431,15 @@ impl<U, C: Storage<Chunk>> ChunkTable<U, C> {
             return Ok(None);
         }
         let no_room = |t: &Self| t.room().is_some_and(|room| need > room);
-        if give_back == GiveBack::Always || (give_back == GiveBack::AtMaximum && no_room(self)) {
-            self.release(stream, carve)?;
+        match give_back {
+            GiveBack::Above(bound) => {
+                let size = growth.chunk_size(need, self.held, self.room());
+                self.release_above(bound.saturating_sub(size), stream, carve)?;
+            }
+            GiveBack::AtMaximum if no_room(self) => {
+                self.release(stream, carve)?;
+            }
+            GiveBack::AtMaximum | GiveBack::Never => {}
         }
         if no_room(self) {
             return Ok(None);

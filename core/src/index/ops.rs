@@ -89,6 +89,27 @@ impl<N: Storage<Node>> CoalescingIndex<N> {
     /// O(1): at most 8 list entries and two bitmap scans.
     #[inline]
     pub fn allocate(&mut self, size: u64, align: u64) -> Result<Option<Allocation>> {
+        self.allocate_from_at_most(size, align, u64::MAX)
+    }
+
+    /// [`allocate`](Self::allocate) from a free range of at most `longest`
+    /// bytes: `Ok(None)` when the range it would carve is longer (a pool
+    /// keeps a large block's chunk for a request of about its size).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::CapacityExhausted`] when the metadata storage is full.
+    ///
+    /// # Time Complexity
+    ///
+    /// O(1), as [`allocate`](Self::allocate).
+    #[inline]
+    pub fn allocate_from_at_most(
+        &mut self,
+        size: u64,
+        align: u64,
+        longest: u64,
+    ) -> Result<Option<Allocation>> {
         debug_assert!(size > 0 && align.is_power_of_two());
         let g_mask = self.granule() - 1;
         let units = (size + g_mask) >> self.shift;
@@ -108,6 +129,9 @@ impl<N: Storage<Node>> CoalescingIndex<N> {
                 self.heads[bin]
             }
         };
+        if self.node(found).size > longest {
+            return Ok(None);
+        }
         Ok(Some(self.carve(found, units << self.shift, align)))
     }
 

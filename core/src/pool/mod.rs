@@ -9,6 +9,12 @@
 #[cfg(test)]
 mod capacity_tests;
 #[cfg(all(test, feature = "alloc"))]
+mod class_tests;
+mod classes;
+mod config;
+
+pub use config::PoolConfig;
+#[cfg(all(test, feature = "alloc"))]
 mod tests;
 
 /// The chunk table's record and growth policy, named where they always were.
@@ -24,91 +30,8 @@ use crate::storage::{DefaultStorage, Storage};
 use crate::{
     Block, Error, Inspect, MemoryResource, MemoryResourceMut, Range, Request, Result, Stream, Usage,
 };
+use classes::Classes;
 use core::fmt;
-
-/// Sizes and policies of a [`CoalescingPool`].
-///
-/// # Examples
-///
-/// ```
-/// use memres_core::pool::{Growth, PoolConfig};
-/// let c = PoolConfig::new().initial_size(1 << 30).maximum_size(4 << 30).growth(Growth::Double);
-/// assert_eq!(c.maximum(), Some(4 << 30));
-/// assert_eq!(PoolConfig::default(), PoolConfig::new());
-/// ```
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct PoolConfig {
-    initial_size: u64,
-    maximum_size: Option<u64>,
-    growth: Growth,
-    release_on_grow: bool,
-}
-
-impl Default for PoolConfig {
-    /// [`PoolConfig::new`].
-    fn default() -> Self {
-        PoolConfig::new()
-    }
-}
-
-impl PoolConfig {
-    /// A pool that starts empty, has no maximum, grows by
-    /// [`Growth::DEFAULT`] and gives wholly free chunks back before growing.
-    pub const fn new() -> Self {
-        PoolConfig { initial_size: 0, maximum_size: None, growth: Growth::DEFAULT, release_on_grow: true }
-    }
-
-    crate::config::setters! {
-        /// Bytes taken from upstream when the pool is made (a multiple of 256).
-        initial_size(bytes: u64) => initial_size;
-
-        /// The most bytes the pool ever holds from upstream (a multiple of 256).
-        maximum_size(bytes: u64) => maximum_size Some;
-
-        /// How the pool grows.
-        growth(growth: Growth) => growth;
-
-        /// Whether wholly free chunks go back upstream before the pool grows, so
-        /// that a new chunk replaces them instead of adding to them (default: yes;
-        /// RMM: no). Free chunks too small for the request would otherwise sit
-        /// beside the new chunk at the peak.
-        release_on_grow(yes: bool) => release_on_grow;
-    }
-
-    /// The maximum size, if any.
-    pub const fn maximum(&self) -> Option<u64> {
-        self.maximum_size
-    }
-
-    pub(crate) fn validate(&self) -> Result<()> {
-        if self.initial_size % 256 != 0 {
-            return Err(Error::InvalidConfig { what: "initial pool size is not a multiple of 256" });
-        }
-        if self.initial_size > Request::MAX_SIZE {
-            return Err(Error::InvalidConfig { what: "initial pool size above the largest request" });
-        }
-        if let Some(max) = self.maximum_size {
-            if max % 256 != 0 {
-                return Err(Error::InvalidConfig { what: "maximum pool size is not a multiple of 256" });
-            }
-            if max < self.initial_size {
-                return Err(Error::InvalidConfig { what: "maximum pool size below the initial size" });
-            }
-        }
-        if let Growth::Fraction { divisor, granule } = self.growth {
-            if divisor == 0 || !granule.is_power_of_two() || granule < 256 {
-                return Err(Error::InvalidConfig {
-                    what: "growth divisor is zero or granule not a power of two >= 256",
-                });
-            }
-            // Every chunk would be asked with more bytes than a request holds.
-            if granule > Request::MAX_SIZE {
-                return Err(Error::InvalidConfig { what: "growth granule above the largest request" });
-            }
-        }
-        Ok(())
-    }
-}
 
 /// A wholly free chunk taken out of a pool by
 /// [`take_free_chunk`](CoalescingPool::take_free_chunk), for another pool over
@@ -119,6 +42,8 @@ impl PoolConfig {
 pub struct FreeChunk {
     range: Range,
     block: Block,
+    /// Whether it held a large block (and joins the large class again).
+    large: bool,
 }
 
 impl FreeChunk {
@@ -172,9 +97,12 @@ pub struct CoalescingPool<
     N: Storage<Node> = DefaultStorage<Node>,
     C: Storage<Chunk> = DefaultStorage<Chunk>,
 > {
-    index: CoalescingIndex<N>,
+    /// The free and used ranges of the chunks, in two classes.
+    index: Classes<N>,
     /// Chunks held from upstream.
     chunks: ChunkTable<U, C>,
+    /// The most bytes ever in use at once (sizes rounded to 256).
+    peak_used: u64,
     config: PoolConfig,
 }
 
@@ -197,8 +125,9 @@ default_constructors! {
 impl<U, N: Storage<Node>, C: Storage<Chunk>> CoalescingPool<U, N, C> {
     fn empty(upstream: U, config: PoolConfig) -> Self {
         CoalescingPool {
-            index: CoalescingIndex::new(256),
+            index: Classes::new(config.large_threshold),
             chunks: ChunkTable::new(upstream, config.maximum_size),
+            peak_used: 0,
             config,
         }
     }
@@ -232,9 +161,15 @@ impl<U, N: Storage<Node>, C: Storage<Chunk>> CoalescingPool<U, N, C> {
         self.chunks.len()
     }
 
-    /// The index, for inspection.
+    /// The index of the blocks below the large threshold, for inspection.
     pub fn index(&self) -> &CoalescingIndex<N> {
-        &self.index
+        &self.index.shared
+    }
+
+    /// The index of the large blocks (each chunk sized for one), for
+    /// inspection.
+    pub fn large_index(&self) -> &CoalescingIndex<N> {
+        &self.index.large
     }
 
     fn out_of_memory(&self, requested: u64) -> Error {
@@ -255,13 +190,21 @@ impl<U, N: Storage<Node>, C: Storage<Chunk>> CoalescingPool<U, N, C> {
         // Bytes that surely hold the request at its alignment in a fresh chunk
         // (upstream chunks are 256-aligned).
         let need = request.rounded_size(256) + (request.align() - 256);
-        let give_back = if self.config.release_on_grow { GiveBack::Always } else { GiveBack::Never };
-        let grown = self.chunks.grow(need, self.config.growth, give_back, stream, &mut self.index)?;
+        // The peak in use with this request: what the pool may hold.
+        let peak = self.peak_used.max(self.index.used_bytes() + request.rounded_size(256));
+        let give_back = if self.config.release_on_grow { GiveBack::Above(peak) } else { GiveBack::Never };
+        let large = self.index.is_large(request.size());
+        let growth = if large { self.config.large_growth() } else { self.config.growth };
+        self.index.attach_large = large;
+        let grown = self.chunks.grow(need, growth, give_back, stream, &mut self.index)?;
         let Some(first) = grown else { return Err(self.out_of_memory(request.size())) };
+        let (index, node) = self.index.of_handle(first);
         // From the new chunk itself: one of exactly `need` bytes may sit in a
         // size class that the index's class search skips.
-        match self.index.allocate_in(first, request.size(), request.align())? {
-            Some(a) => Ok(Block::new(a.addr, request.size(), a.tag)),
+        match index.allocate_in(node, request.size(), request.align())? {
+            Some(a) => {
+                Ok(self.used(Block::new(a.addr, request.size(), Classes::<N>::outer_tag(large, a.tag))))
+            }
             None => Err(self.out_of_memory(request.size())),
         }
     }
@@ -307,8 +250,8 @@ impl<U, N: Storage<Node>, C: Storage<Chunk>> CoalescingPool<U, N, C> {
     ///
     /// O(chunks).
     pub fn take_free_chunk(&mut self, min_len: u64) -> Option<FreeChunk> {
-        let (range, block) = self.chunks.take_free(min_len, &mut self.index)?;
-        Some(FreeChunk { range, block })
+        let (range, block, large) = self.chunks.take_free(min_len, &mut self.index)?;
+        Some(FreeChunk { range, block, large: Classes::<N>::chunk_is_large(&large) })
     }
 
     /// Makes `chunk`, taken from another pool over the same upstream, a free
@@ -328,6 +271,7 @@ impl<U, N: Storage<Node>, C: Storage<Chunk>> CoalescingPool<U, N, C> {
                 chunk,
             ));
         }
+        self.index.attach_large = chunk.large;
         match self.chunks.insert(chunk.range, chunk.block, &mut self.index) {
             Ok(_) => Ok(()),
             Err(e) => Err((e, chunk)),
@@ -338,12 +282,20 @@ impl<U, N: Storage<Node>, C: Storage<Chunk>> CoalescingPool<U, N, C> {
     #[cold]
     fn deallocate_by_address(&mut self, block: Block) -> Result<Range> {
         let addr = block.addr();
-        let Some(chunk) = self.chunks.chunk_of(addr) else {
+        let Some(&chunk) = self.chunks.chunk_of(addr) else {
             return Err(Error::UnknownBlock { addr });
         };
-        let first = chunk.first();
+        let large = Classes::<N>::chunk_is_large(&chunk);
+        let (index, first) = self.index.of_handle(chunk.first());
         let had_tag = block.tag() != Block::NO_TAG;
-        self.index.free_by_address(first, addr, block.size(), had_tag)
+        if had_tag {
+            // A size of the other class sent the tag to the wrong index.
+            match index.free(Classes::<N>::outer_tag(large, block.tag()), addr, block.size()) {
+                Err(Error::UnknownBlock { .. }) => {}
+                other => return other,
+            }
+        }
+        index.free_by_address(first, addr, block.size(), had_tag)
     }
 
     /// Allocates `request` from the free ranges held now, without growing:
@@ -361,10 +313,35 @@ impl<U, N: Storage<Node>, C: Storage<Chunk>> CoalescingPool<U, N, C> {
         if request.is_zero() {
             return Ok(Some(Block::EMPTY));
         }
-        Ok(self
-            .index
-            .allocate(request.size(), request.align())?
-            .map(|a| Block::new(a.addr, request.size(), a.tag)))
+        let size = request.size();
+        let large = self.index.is_large(size);
+        let found = if large {
+            // A large chunk serves a request of about its size, no smaller:
+            // its tail would be stranded until that block is freed.
+            let longest = size.saturating_add(size / 4).saturating_add(self.config.large_granule());
+            self.index.large.allocate_from_at_most(size, request.align(), longest)?
+        } else {
+            self.index.shared.allocate(size, request.align())?
+        };
+        Ok(found.map(|a| self.used(Block::new(a.addr, size, Classes::<N>::outer_tag(large, a.tag)))))
+    }
+
+    /// Counts `block`, just handed out, in the peak in use.
+    #[inline]
+    fn used(&mut self, block: Block) -> Block {
+        self.peak_used = self.peak_used.max(self.index.used_bytes());
+        block
+    }
+
+    /// Frees `block` in the index of its class, else by address.
+    #[inline]
+    fn free_block(&mut self, block: Block) -> Result<Range> {
+        let large = self.index.is_large(block.size());
+        let tag = Classes::<N>::outer_tag(large, block.tag());
+        match self.index.of_size(block.size()).free(tag, block.addr(), block.size()) {
+            Err(Error::UnknownBlock { .. }) => self.deallocate_by_address(block),
+            other => other,
+        }
     }
 
     /// Frees `block` as [`deallocate`](MemoryResourceMut::deallocate) does,
@@ -383,11 +360,7 @@ impl<U, N: Storage<Node>, C: Storage<Chunk>> CoalescingPool<U, N, C> {
         if block.is_empty() {
             return Ok(false);
         }
-        let merged = match self.index.free(block.tag(), block.addr(), block.size()) {
-            Ok(r) => r,
-            Err(Error::UnknownBlock { .. }) => self.deallocate_by_address(block)?,
-            Err(e) => return Err(e),
-        };
+        let merged = self.free_block(block)?;
         Ok(merged.len() >= self.chunks.shortest()
             && self.chunks.chunk_of(merged.start()).is_some_and(|c| c.range() == merged))
     }
@@ -421,11 +394,16 @@ impl<U, N: Storage<Node>, C: Storage<Chunk>> Inspect for CoalescingPool<U, N, C>
         }
     }
 
-    /// Checks the pool's invariants: those of its index, plus every chunk
-    /// covered exactly by its nodes, chunks disjoint and sorted, and bytes
-    /// in use + bytes free = bytes held from upstream.
+    /// Checks the pool's invariants: those of its two indexes, plus every
+    /// chunk covered exactly by its nodes, chunks disjoint and sorted, bytes
+    /// in use + bytes free = bytes held from upstream, and the peak in use
+    /// no lower than the bytes in use.
     fn check(&self) -> core::result::Result<(), Violation> {
-        self.index.check()?;
+        self.index.shared.check()?;
+        self.index.large.check()?;
+        if self.index.used_bytes() > self.peak_used {
+            return Err(Violation::new("bytes in use above the recorded peak"));
+        }
         self.chunks.check(&self.index)?;
         if self.index.used_bytes() + self.index.free_bytes() != self.chunks.held() {
             return Err(Violation::new("bytes in use + bytes free != bytes held from upstream"));
@@ -454,11 +432,7 @@ where
         if block.is_empty() {
             return Ok(());
         }
-        match self.index.free(block.tag(), block.addr(), block.size()) {
-            Ok(_) => Ok(()),
-            Err(Error::UnknownBlock { .. }) => self.deallocate_by_address(block).map(|_| ()),
-            Err(e) => Err(e),
-        }
+        self.free_block(block).map(|_| ())
     }
 }
 

@@ -11,7 +11,7 @@ fn pool(config: PoolConfig) -> CoalescingPool<BumpUpstream> {
 
 /// Random allocate/free with random sizes and alignments; the pool's checker
 /// and the caller's view checked after every step.
-fn randomized(config: PoolConfig, ops: usize, seed: u64) {
+pub(super) fn randomized(config: PoolConfig, ops: usize, seed: u64) {
     let mut p = pool(config);
     let mut rng = SplitMix64::new(seed);
     let mut live = LiveBlocks::new();
@@ -161,7 +161,7 @@ fn a_stale_tag_after_the_generations_run_out_is_a_double_free() {
     let a = p.allocate(r, &()).unwrap();
     p.deallocate(a, &()).unwrap();
     // As after 2^32 - 2 more allocations of the chunk's first node.
-    p.index.set_generation(a.tag() as u32, u32::MAX - 1);
+    p.index.shared.set_generation(a.tag() as u32, u32::MAX - 1);
     for _ in 0..2 {
         let b = p.allocate(r, &()).unwrap();
         p.deallocate(b, &()).unwrap();

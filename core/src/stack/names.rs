@@ -106,7 +106,7 @@ pub fn one_of<'c>(call: &'c Call, i: usize, key: &str) -> Result<Option<&'c Valu
 }
 
 /// The configuration of `pool(UP, initial=, max=, growth=double|default|N,
-/// granule=, release=true|false, per_stream=true|false)`, its keys checked
+/// granule=, release=true|false, large=SIZE|none, per_stream=true|false)`, its keys checked
 /// (`per_stream=` is the caller's to read).
 ///
 /// # Errors
@@ -119,10 +119,13 @@ pub fn one_of<'c>(call: &'c Call, i: usize, key: &str) -> Result<Option<&'c Valu
 /// let c = pool_config(&parse("pool(sim, initial=1GiB, growth=4, granule=1MiB)")?)?;
 /// assert_eq!(c, PoolConfig::new().initial_size(1 << 30).growth(Growth::Fraction { divisor: 4, granule: 1 << 20 }));
 /// assert!(pool_config(&parse("pool(sim, growth=0)")?).is_err());
+/// assert_eq!(pool_config(&parse("pool(sim, large=8MiB)")?)?, PoolConfig::new().large_threshold(8 << 20));
+/// assert_eq!(pool_config(&parse("pool(sim, large=none)")?)?, PoolConfig::new().large_threshold(u64::MAX));
+/// assert!(pool_config(&parse("pool(sim, large=big)")?).is_err());
 /// # Ok::<(), memres_core::stack::StackError>(())
 /// ```
 pub fn pool_config(call: &Call) -> Result<PoolConfig, StackError> {
-    call.expect_args(1, &["initial", "max", "growth", "granule", "release", "per_stream"])?;
+    call.expect_args(1, &["initial", "max", "growth", "granule", "release", "large", "per_stream"])?;
     let mut config = PoolConfig::new();
     if let Some(initial) = call.size_arg("initial")? {
         config = config.initial_size(initial);
@@ -156,6 +159,11 @@ pub fn pool_config(call: &Call) -> Result<PoolConfig, StackError> {
     config = config.growth(growth);
     if let Some(release) = call.bool_arg("release")? {
         config = config.release_on_grow(release);
+    }
+    match call.keyed("large") {
+        Some(v) if v.text().ok() == Some("none") => config = config.large_threshold(u64::MAX),
+        Some(v) => config = config.large_threshold(v.size()?),
+        None => {}
     }
     Ok(config)
 }

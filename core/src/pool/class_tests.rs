@@ -1,0 +1,154 @@
+//! The pool's two classes (large blocks in chunks of their own) and giving
+//! free chunks back only above the peak in use.
+
+use super::tests::randomized;
+use super::*;
+use crate::testing::BumpUpstream;
+
+const MIB: u64 = 1 << 20;
+
+fn req(bytes: u64) -> Request {
+    Request::new(bytes).unwrap()
+}
+
+fn pool() -> CoalescingPool<BumpUpstream> {
+    let config = PoolConfig::new().growth(Growth::Fraction { divisor: 32, granule: 2 * MIB });
+    CoalescingPool::with_config(BumpUpstream::new(1 << 40), config, &()).unwrap()
+}
+
+#[test]
+fn randomized_with_both_classes() {
+    // Sizes of the random walk reach 4 MiB: a 1 MiB threshold makes a
+    // quarter of them large.
+    randomized(PoolConfig::new().large_threshold(MIB), 100_000, 4);
+    randomized(PoolConfig::new().large_threshold(MIB).release_on_grow(false), 30_000, 5);
+}
+
+#[test]
+fn large_blocks_get_chunks_of_their_own_that_small_ones_never_share() {
+    let mut p = pool();
+    let big = p.allocate(req(40 * MIB + 1), &()).unwrap();
+    // Exactly its size in the granule: 42 MiB, not 1/32 of anything.
+    assert_eq!(p.usage().held, 42 * MIB);
+    let small = p.allocate(req(1000), &()).unwrap();
+    assert_eq!(p.chunk_count(), 2, "the small block did not go in the large chunk's tail");
+    assert!(p.large_index().used_bytes() > 0 && p.index().used_bytes() == 1024);
+    assert!(small.addr() < big.addr() || small.addr() >= big.addr() + 42 * MIB);
+    // Freed, the large chunk is wholly free however long the small block lives.
+    p.deallocate(big, &()).unwrap();
+    assert_eq!(p.shortest_free_chunk(0), Some(42 * MIB));
+    p.deallocate(small, &()).unwrap();
+    p.check().unwrap();
+}
+
+#[test]
+fn a_large_chunk_serves_a_request_of_about_its_size_only() {
+    let mut p = pool();
+    let a = p.allocate(req(64 * MIB), &()).unwrap();
+    p.deallocate(a, &()).unwrap();
+    // Within a quarter and a granule: the same chunk.
+    let b = p.allocate(req(52 * MIB), &()).unwrap();
+    assert_eq!((b.addr(), p.chunk_count()), (a.addr(), 1));
+    p.deallocate(b, &()).unwrap();
+    // Far smaller: a chunk of its own (the 64 MiB one, free, stays under
+    // the peak in use of 64 MiB + 20 MiB? no: 20 MiB + 64 MiB > 64 MiB, so
+    // it goes back first).
+    let c = p.allocate(req(20 * MIB), &()).unwrap();
+    assert_ne!(c.addr(), a.addr());
+    assert_eq!((p.usage().held, p.chunk_count()), (20 * MIB, 1));
+    p.deallocate(c, &()).unwrap();
+    p.check().unwrap();
+}
+
+#[test]
+fn free_chunks_go_back_only_when_the_pool_would_pass_its_peak_in_use() {
+    let mut p = pool();
+    let a = p.allocate(req(32 * MIB), &()).unwrap();
+    let b = p.allocate(req(32 * MIB), &()).unwrap();
+    p.deallocate(a, &()).unwrap();
+    // Peak in use 64 MiB; 32 MiB in use, one 32 MiB chunk free. A 20 MiB
+    // request does not take it (it would strand 12 MiB), and 32 + 32 + 20
+    // would pass the peak: the free chunk goes back first.
+    let c = p.allocate(req(20 * MIB), &()).unwrap();
+    assert_eq!((p.usage().held, p.chunk_count()), (52 * MIB, 2));
+    assert_eq!(p.usage().peak_held, 64 * MIB);
+    p.deallocate(c, &()).unwrap();
+    // Now a free 20 MiB chunk and 32 MiB in use: a 4 MiB request (shared
+    // class) fits under the peak beside it, so the free chunk stays.
+    let d = p.allocate(req(4 * MIB), &()).unwrap();
+    assert_eq!((p.usage().held, p.chunk_count()), (56 * MIB, 3));
+    // Without giving back, the same calls keep every chunk.
+    let mut q = CoalescingPool::with_config(
+        BumpUpstream::new(1 << 40),
+        PoolConfig::new().release_on_grow(false),
+        &(),
+    )
+    .unwrap();
+    let (a, b2) = (q.allocate(req(32 * MIB), &()).unwrap(), q.allocate(req(32 * MIB), &()).unwrap());
+    q.deallocate(a, &()).unwrap();
+    let c = q.allocate(req(20 * MIB), &()).unwrap();
+    assert_eq!(q.usage().held, 84 * MIB);
+    for (pool, blocks) in [(&mut p, [b, d]), (&mut q, [b2, c])] {
+        for x in blocks {
+            pool.deallocate(x, &()).unwrap();
+        }
+        pool.check().unwrap();
+        pool.release(&()).unwrap();
+        assert_eq!(pool.usage().held, 0);
+    }
+}
+
+/// An upstream of one address: every block starts at 1 GiB (one at a time).
+struct OneAddress(core::cell::Cell<bool>);
+
+impl MemoryResource<()> for OneAddress {
+    fn allocate(&self, request: Request, _: &()) -> Result<Block> {
+        if self.0.replace(true) {
+            return Err(Error::OutOfMemory {
+                requested: request.size(),
+                largest_free: 0,
+                pool_size: 0,
+                max_size: None,
+            });
+        }
+        Ok(Block::new(1 << 30, request.size(), 0))
+    }
+    fn deallocate(&self, _: Block, _: &()) -> Result<()> {
+        self.0.set(false);
+        Ok(())
+    }
+}
+
+#[test]
+fn a_stale_large_tag_at_an_address_reused_by_a_small_block_is_a_double_free() {
+    let mut p = CoalescingPool::new(OneAddress(core::cell::Cell::new(false)));
+    let big = p.allocate(req(20 * MIB), &()).unwrap();
+    p.deallocate(big, &()).unwrap();
+    p.release(&()).unwrap();
+    let small = p.allocate(req(2047), &()).unwrap();
+    // The same address again; both indexes number their nodes alike, so
+    // only the class bit of the tag tells the stale block from the live one.
+    assert_eq!(small.addr(), big.addr());
+    assert_eq!(p.deallocate(big, &()), Err(Error::DoubleFree { addr: big.addr() }));
+    assert_eq!(p.usage().used, 2048);
+    p.deallocate(small, &()).unwrap();
+    p.check().unwrap();
+}
+
+#[test]
+fn large_none_turns_the_class_off_and_large_bytes_are_checked() {
+    let mut p = CoalescingPool::with_config(
+        BumpUpstream::new(1 << 40),
+        PoolConfig::new().large_threshold(u64::MAX),
+        &(),
+    )
+    .unwrap();
+    let big = p.allocate(req(40 * MIB + 1), &()).unwrap();
+    let small = p.allocate(req(1000), &()).unwrap();
+    assert_eq!(p.large_index().used_bytes(), 0);
+    assert_eq!(p.chunk_count(), 1, "the small block shares the big one's chunk");
+    for b in [big, small] {
+        p.deallocate(b, &()).unwrap();
+    }
+    p.check().unwrap();
+}
