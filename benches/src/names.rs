@@ -76,14 +76,14 @@ pub const NAMES: &[Name] = &[
             ("initial", "bytes taken when made"),
             ("max", "the most bytes it holds"),
             ("growth", "double, default, or N: grow by 1/N of the pool in steps of granule"),
-            ("granule", "the step of growth (default 2 MiB)"),
+            ("granule", "the step of growth (default 32 MiB)"),
             (
                 "release",
-                "true|false: give wholly free chunks back before growing past the peak in use (default true)",
+                "true|false|peak: give wholly free chunks back before growing (default true), or only past the peak in use",
             ),
             (
                 "large",
-                "requests of at least this many bytes get chunks of their own (default 16 MiB; none: off)",
+                "requests of at least this many bytes get chunks of their own (default none)",
             ),
             ("per_stream", "true|false: one pool per stream, as PyTorch's allocator"),
         ],

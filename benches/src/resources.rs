@@ -4,7 +4,7 @@
 //! | name | stack string (`UP`: the `--upstream`'s leaf, `sim(1TiB)` by default) |
 //! | --- | --- |
 //! | `pool`, `pool:SIZE` | `pool(UP)`, `pool(UP, initial=SIZE)` |
-//! | `rmm-pool` | `pool(UP, growth=double, release=false, large=none)`: RMM's pool grown from zero |
+//! | `rmm-pool` | `pool(UP, growth=double, release=false)`: RMM's pool grown from zero |
 //! | `fixed:SIZE` | `fixed(UP, SIZE)` |
 //! | `binning` | `binning(UP)` |
 //! | `arena`, `arena:SIZE` | `arena(UP)`, `arena(UP, initial=SIZE)` |
@@ -199,7 +199,7 @@ pub const RESOURCES: &[Resource] = &[
         kind: Kind::Stack("pool({up})", Some("pool({up}, initial={size})")),
         ..alias("pool", "", "memres CoalescingPool, grown from zero over the upstream, or pool:SIZE with an initial size as RMM's harness's pool (behind a spin lock with --streams)")
     },
-    alias("rmm-pool", "pool({up}, growth=double, release=false, large=none)", "memres CoalescingPool as RMM's pool_memory_resource grown from zero: doubles (grows by max(request, pool size)), never gives chunks back before growing; the RMM column of footprint tables"),
+    alias("rmm-pool", "pool({up}, growth=double, release=false)", "memres CoalescingPool as RMM's pool_memory_resource grown from zero: doubles (grows by max(request, pool size)), never gives chunks back before growing; the RMM column of footprint tables"),
     Resource {
         param: Param::Size,
         kind: Kind::Stack("fixed({up})", Some("fixed({up}, {size})")),

@@ -242,9 +242,9 @@ fn pool_granule_and_release_apply() {
         r.deallocate(b, &()).unwrap();
         sizes
     };
-    // The default granule is 2 MiB.
-    assert_eq!(grow("pool(sim)").0, 2 << 20);
-    assert_eq!(grow("pool(sim, growth=4)").0, 2 << 20);
+    // The default granule is 32 MiB.
+    assert_eq!(grow("pool(sim)").0, 32 << 20);
+    assert_eq!(grow("pool(sim, growth=4)").0, 32 << 20);
     // 1 MiB granules; the free first chunk goes back before the pool grows,
     // unless release=false.
     assert_eq!(grow("pool(sim, granule=1MiB)"), (1 << 20, (2 << 20, 1)));

@@ -24,7 +24,9 @@ fn unknown_names_and_keys_list_the_valid_ones_and_the_nearest() {
     assert!(e.ends_with("did you mean `pool`?"), "{e}");
     let e = build_error("pool(sim, initial=1GiB, growht=double)");
     assert!(
-        e.contains("(valid: initial, max, growth, granule, release, large, per_stream); did you mean `growth`?"),
+        e.contains(
+            "(valid: initial, max, growth, granule, release, large, per_stream); did you mean `growth`?"
+        ),
         "{e}"
     );
     let e = build_error("fixed(sim, blox=4)");

@@ -180,7 +180,7 @@ fn aliases_are_stack_strings_over_the_upstream() {
         RESOURCES.iter().map(|r| (r.name.to_string(), r.stack(UpstreamKind::Host, Some(1000)))).collect();
     let want = [
         ("pool", Some("pool(host, initial=1024)")),
-        ("rmm-pool", Some("pool(host, growth=double, release=false, large=none)")),
+        ("rmm-pool", Some("pool(host, growth=double, release=false)")),
         ("fixed", Some("fixed(host, 1000)")),
         ("binning", Some("binning(host)")),
         ("arena", Some("arena(host, initial=1024)")),

@@ -21,7 +21,7 @@ use crate::Request;
 /// ```
 /// use memres_core::pool::Growth;
 /// assert_eq!(Growth::default(), Growth::DEFAULT);
-/// assert_eq!(Growth::DEFAULT, Growth::Fraction { divisor: 32, granule: 2 << 20 });
+/// assert_eq!(Growth::DEFAULT, Growth::Fraction { divisor: 8, granule: 32 << 20 });
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
@@ -63,23 +63,23 @@ pub enum Growth {
 }
 
 impl Growth {
-    /// The pool's default policy: chunks of at least 1/32 of the pool, in
-    /// 2 MiB steps (the granule in which CUDA maps device memory).
+    /// The pool's default policy: chunks of at least 1/8 of the pool, in
+    /// 32 MiB steps.
     ///
-    /// Small steps, because the pool gives free chunks back before it grows
-    /// past its peak in use and keeps large blocks in chunks of their own
-    /// (`PoolConfig`): the tail of a large chunk no longer waits for blocks
-    /// that never come. Its footprint on the replayed traces, against
-    /// [`Growth::Double`] and the earlier default (1/8 in 32 MiB steps), is
-    /// in `docs/measurements.md`.
+    /// Why 32 MiB: CUDA's stream-ordered pool maps memory in 32 MiB units,
+    /// so finer chunks save nothing there, and fewer, larger chunks strand
+    /// less free space between them. The unused tail of the newest chunk is
+    /// under `pool / 8 + 32 MiB`. Its footprint on the replayed traces,
+    /// against [`Growth::Double`] and smaller steps, is in
+    /// `docs/measurements.md`.
     pub const DEFAULT: Growth =
         Growth::Fraction { divisor: Self::DEFAULT_DIVISOR, granule: Self::DEFAULT_GRANULE };
 
-    /// The divisor of [`Growth::DEFAULT`]: the pool grows by at least 1/32.
-    pub const DEFAULT_DIVISOR: u32 = 32;
+    /// The divisor of [`Growth::DEFAULT`]: the pool grows by at least 1/8.
+    pub const DEFAULT_DIVISOR: u32 = 8;
 
-    /// The chunk granule of [`Growth::DEFAULT`]: 2 MiB.
-    pub const DEFAULT_GRANULE: u64 = 2 << 20;
+    /// The chunk granule of [`Growth::DEFAULT`]: 32 MiB.
+    pub const DEFAULT_GRANULE: u64 = 32 << 20;
 
     /// The chunk to ask for first when `need` bytes (a multiple of 256, at
     /// most [`Request::MAX_SIZE`]) do not fit, with `held` bytes held and

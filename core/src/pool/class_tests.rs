@@ -12,16 +12,15 @@ fn req(bytes: u64) -> Request {
 }
 
 fn pool() -> CoalescingPool<BumpUpstream> {
-    let config = PoolConfig::new().growth(Growth::Fraction { divisor: 32, granule: 2 * MIB });
-    CoalescingPool::with_config(BumpUpstream::new(1 << 40), config, &()).unwrap()
+    CoalescingPool::with_config(BumpUpstream::new(1 << 40), PoolConfig::compact(), &()).unwrap()
 }
 
 #[test]
 fn randomized_with_both_classes() {
     // Sizes of the random walk reach 4 MiB: a 1 MiB threshold makes a
     // quarter of them large.
-    randomized(PoolConfig::new().large_threshold(MIB), 100_000, 4);
-    randomized(PoolConfig::new().large_threshold(MIB).release_on_grow(false), 30_000, 5);
+    randomized(PoolConfig::compact().large_threshold(MIB), 100_000, 4);
+    randomized(PoolConfig::compact().large_threshold(MIB).release_on_grow(false), 30_000, 5);
 }
 
 #[test]
@@ -80,7 +79,7 @@ fn free_chunks_go_back_only_when_the_pool_would_pass_its_peak_in_use() {
     // Without giving back, the same calls keep every chunk.
     let mut q = CoalescingPool::with_config(
         BumpUpstream::new(1 << 40),
-        PoolConfig::new().release_on_grow(false),
+        PoolConfig::compact().release_on_grow(false),
         &(),
     )
     .unwrap();
@@ -121,7 +120,9 @@ impl MemoryResource<()> for OneAddress {
 
 #[test]
 fn a_stale_large_tag_at_an_address_reused_by_a_small_block_is_a_double_free() {
-    let mut p = CoalescingPool::new(OneAddress(core::cell::Cell::new(false)));
+    let mut p =
+        CoalescingPool::with_config(OneAddress(core::cell::Cell::new(false)), PoolConfig::compact(), &())
+            .unwrap();
     let big = p.allocate(req(20 * MIB), &()).unwrap();
     p.deallocate(big, &()).unwrap();
     p.release(&()).unwrap();
@@ -139,7 +140,7 @@ fn a_stale_large_tag_at_an_address_reused_by_a_small_block_is_a_double_free() {
 fn large_none_turns_the_class_off_and_large_bytes_are_checked() {
     let mut p = CoalescingPool::with_config(
         BumpUpstream::new(1 << 40),
-        PoolConfig::new().large_threshold(u64::MAX),
+        PoolConfig::compact().large_threshold(u64::MAX),
         &(),
     )
     .unwrap();

@@ -20,6 +20,7 @@ pub struct PoolConfig {
     pub(super) growth: Growth,
     pub(super) release_on_grow: bool,
     pub(super) large_threshold: u64,
+    pub(super) keep_under_peak: bool,
 }
 
 impl Default for PoolConfig {
@@ -31,21 +32,35 @@ impl Default for PoolConfig {
 
 impl PoolConfig {
     /// A pool that starts empty, has no maximum, grows by
-    /// [`Growth::DEFAULT`], gives wholly free chunks back before growing past
-    /// its peak in use and keeps blocks of 16 MiB or more in chunks of their
-    /// own.
+    /// [`Growth::DEFAULT`], gives wholly free chunks back before growing and
+    /// lets blocks of every size share chunks.
     pub const fn new() -> Self {
         PoolConfig {
             initial_size: 0,
             maximum_size: None,
             growth: Growth::DEFAULT,
             release_on_grow: true,
-            large_threshold: Self::DEFAULT_LARGE,
+            large_threshold: u64::MAX,
+            keep_under_peak: false,
         }
     }
 
-    /// The default [`large_threshold`](Self::large_threshold): 16 MiB.
-    pub const DEFAULT_LARGE: u64 = 16 << 20;
+    /// The compact policy: blocks of 16 MiB or more in chunks of their own,
+    /// the rest in chunks of at least 1/32 of the pool in 2 MiB steps, and
+    /// free chunks given back only when the pool would grow past its peak
+    /// in use (`pool(UP, growth=32, granule=2MiB, large=16MiB,
+    /// release=peak)`). It holds less than the default on every replayed
+    /// trace, but over CUDA's stream-ordered pool the chunks it gives back
+    /// and takes again within a step stay reserved by the driver until the
+    /// next synchronization: see `docs/measurements.md` before choosing it.
+    pub const fn compact() -> Self {
+        PoolConfig {
+            growth: Growth::Fraction { divisor: 32, granule: 2 << 20 },
+            large_threshold: 16 << 20,
+            keep_under_peak: true,
+            ..Self::new()
+        }
+    }
 
     crate::config::setters! {
         /// Bytes taken from upstream when the pool is made (a multiple of 256).
@@ -57,18 +72,23 @@ impl PoolConfig {
         /// How the pool grows.
         growth(growth: Growth) => growth;
 
-        /// Whether wholly free chunks go back upstream, largest first, before
-        /// the pool grows past the most bytes it has had in use, so that a new
-        /// chunk replaces them instead of adding to them (default: yes; RMM:
-        /// no). Free chunks too small for the request would otherwise sit
-        /// beside the new chunk at the peak; under the peak they stay, for
-        /// the next request of their size.
+        /// Whether wholly free chunks go back upstream before the pool grows,
+        /// so that a new chunk replaces them instead of adding to them
+        /// (default: yes; RMM: no). Free chunks too small for the request
+        /// would otherwise sit beside the new chunk at the peak.
         release_on_grow(yes: bool) => release_on_grow;
+
+        /// With [`release_on_grow`](Self::release_on_grow): give back only
+        /// what would take the pool past the most bytes it has had in use,
+        /// largest chunk first, keeping the rest for the next request of
+        /// their size (default: no, all of them).
+        keep_under_peak(yes: bool) => keep_under_peak;
 
         /// Requests of at least this many bytes get chunks of their own, sized
         /// for them ([`Growth::Exact`] in the growth's granule), which smaller
-        /// blocks never share (default [`PoolConfig::DEFAULT_LARGE`];
-        /// `u64::MAX`: every block shares chunks, as in RMM's pool).
+        /// blocks never share, each reused only by a request of about its
+        /// size (default `u64::MAX`: every block shares chunks, as in RMM's
+        /// pool; [`PoolConfig::compact`]: 16 MiB).
         large_threshold(bytes: u64) => large_threshold;
     }
 

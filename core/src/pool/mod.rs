@@ -192,7 +192,11 @@ impl<U, N: Storage<Node>, C: Storage<Chunk>> CoalescingPool<U, N, C> {
         let need = request.rounded_size(256) + (request.align() - 256);
         // The peak in use with this request: what the pool may hold.
         let peak = self.peak_used.max(self.index.used_bytes() + request.rounded_size(256));
-        let give_back = if self.config.release_on_grow { GiveBack::Above(peak) } else { GiveBack::Never };
+        let give_back = match (self.config.release_on_grow, self.config.keep_under_peak) {
+            (false, _) => GiveBack::Never,
+            (true, false) => GiveBack::Above(0),
+            (true, true) => GiveBack::Above(peak),
+        };
         let large = self.index.is_large(request.size());
         let growth = if large { self.config.large_growth() } else { self.config.growth };
         self.index.attach_large = large;

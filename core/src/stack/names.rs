@@ -106,7 +106,7 @@ pub fn one_of<'c>(call: &'c Call, i: usize, key: &str) -> Result<Option<&'c Valu
 }
 
 /// The configuration of `pool(UP, initial=, max=, growth=double|default|N,
-/// granule=, release=true|false, large=SIZE|none, per_stream=true|false)`, its keys checked
+/// granule=, release=true|false|peak, large=SIZE|none, per_stream=true|false)`, its keys checked
 /// (`per_stream=` is the caller's to read).
 ///
 /// # Errors
@@ -120,6 +120,8 @@ pub fn one_of<'c>(call: &'c Call, i: usize, key: &str) -> Result<Option<&'c Valu
 /// assert_eq!(c, PoolConfig::new().initial_size(1 << 30).growth(Growth::Fraction { divisor: 4, granule: 1 << 20 }));
 /// assert!(pool_config(&parse("pool(sim, growth=0)")?).is_err());
 /// assert_eq!(pool_config(&parse("pool(sim, large=8MiB)")?)?, PoolConfig::new().large_threshold(8 << 20));
+/// let compact = "pool(sim, growth=32, granule=2MiB, large=16MiB, release=peak)";
+/// assert_eq!(pool_config(&parse(compact)?)?, PoolConfig::compact());
 /// assert_eq!(pool_config(&parse("pool(sim, large=none)")?)?, PoolConfig::new().large_threshold(u64::MAX));
 /// assert!(pool_config(&parse("pool(sim, large=big)")?).is_err());
 /// # Ok::<(), memres_core::stack::StackError>(())
@@ -157,8 +159,12 @@ pub fn pool_config(call: &Call) -> Result<PoolConfig, StackError> {
         },
     };
     config = config.growth(growth);
-    if let Some(release) = call.bool_arg("release")? {
-        config = config.release_on_grow(release);
+    match call.keyed("release") {
+        Some(v) if v.text().ok() == Some("peak") => {
+            config = config.release_on_grow(true).keep_under_peak(true)
+        }
+        Some(_) => config = config.release_on_grow(call.bool_arg("release")?.unwrap_or(true)),
+        None => {}
     }
     match call.keyed("large") {
         Some(v) if v.text().ok() == Some("none") => config = config.large_threshold(u64::MAX),
