@@ -3,7 +3,7 @@
 use super::Growth;
 use crate::{Error, Request, Result};
 
-/// Sizes and policies of a [`CoalescingPool`].
+/// Sizes and policies of a [`CoalescingPool`](super::CoalescingPool).
 ///
 /// # Examples
 ///
