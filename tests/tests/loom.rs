@@ -10,10 +10,22 @@ use memres_core::testing::BumpUpstream;
 use memres_core::{Inspect, MemoryResource, Request, Shared};
 use std::sync::Arc;
 
+/// Runs `f` under loom with `bound` preemptions, on a thread with room
+/// for a pool on its stack (two 8 KiB bin tables), which loom's default
+/// coroutine stack of 32 KiB is not.
 fn model(bound: usize, f: impl Fn() + Sync + Send + 'static) {
     let mut b = loom::model::Builder::new();
     b.preemption_bound = Some(bound);
-    b.check(f);
+    let f = Arc::new(f);
+    b.check(move || {
+        let f = f.clone();
+        big_stack(move || f()).join().unwrap();
+    });
+}
+
+/// A loom thread with a 1 MiB stack.
+fn big_stack<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> thread::JoinHandle<T> {
+    thread::Builder::new().stack_size(1 << 20).spawn(f).unwrap()
 }
 
 /// Two threads increment through the lock wrapper: no update is lost.
@@ -38,7 +50,7 @@ fn shared_pool_two_threads() {
     model(2, || {
         let pool = Arc::new(Shared::new(CoalescingPool::new(BumpUpstream::new(1 << 30))));
         let p2 = pool.clone();
-        let t = thread::spawn(move || {
+        let t = big_stack(move || {
             let freed = p2.allocate(Request::new(256).unwrap(), &()).unwrap();
             p2.deallocate(freed, &()).unwrap();
             p2.allocate(Request::new(1000).unwrap(), &()).unwrap()
