@@ -81,10 +81,16 @@ def statistics():
 
 @dataclass
 class DeviceStatistics:
-    """Bytes held from a device by every memres resource of a backend."""
+    """Bytes held from a device by every memres resource of a backend, and
+    what CUDA's stream-ordered pools under its ``async`` leaves reserve
+    (they keep memory a resource gave back until the next synchronization,
+    so the device may hold more than ``peak_bytes``; 0 without such
+    leaves)."""
     current_bytes: int
     peak_bytes: int
     total_bytes: int
+    reserved_bytes: int = 0
+    peak_reserved_bytes: int = 0
 
 
 def get_device_statistics(device=None, backend=None):

@@ -55,6 +55,14 @@ mod imp {
         Ok(HostCopy)
     }
 
+    /// No driver pools without CUDA.
+    pub(crate) fn note_driver_pools(_device: u32, _built: &memres_core::stack::Built<Stream>) {}
+
+    /// No driver pools without CUDA: `(0, 0)`.
+    pub(crate) fn driver_reserved(_device: u32) -> (u64, u64) {
+        (0, 0)
+    }
+
     /// Host memory does not migrate: nothing to prefetch.
     pub(crate) fn prefetch(_addr: u64, _size: u64, _device: u32, _stream: &Stream) -> PyResult<bool> {
         Ok(false)
@@ -87,7 +95,7 @@ mod imp {
     use memres_core::stack::StackBuilder;
     use memres_cuda::{Context, CudaCopy, CudaStream, Device};
     use pyo3::PyResult;
-    use std::sync::OnceLock;
+    use std::sync::{Arc, Mutex, OnceLock, Weak};
 
     /// The caller's `cudaStream_t`, borrowed.
     pub(crate) type Stream = CudaStream;
@@ -140,6 +148,38 @@ mod imp {
         Ok(CudaCopy::in_context(context(device)?))
     }
 
+    type AsyncLeaf = memres_core::adaptor::Counted<memres_cuda::CudaAsyncMemory>;
+
+    /// The `async` leaves built for each device, to ask the driver what
+    /// their pools reserve (which can exceed what memres holds from them).
+    fn driver_pools(device: u32) -> Option<&'static Mutex<Vec<Weak<AsyncLeaf>>>> {
+        static POOLS: [OnceLock<Mutex<Vec<Weak<AsyncLeaf>>>>; MAX_DEVICES] =
+            [const { OnceLock::new() }; MAX_DEVICES];
+        Some(POOLS.get(device as usize)?.get_or_init(Default::default))
+    }
+
+    /// Remembers the `async` leaves of a stack just built for `device`.
+    pub(crate) fn note_driver_pools(device: u32, built: &memres_core::stack::Built<Stream>) {
+        let leaves = built.all::<AsyncLeaf>("async");
+        if let (false, Some(pools)) = (leaves.is_empty(), driver_pools(device)) {
+            let mut pools = pools.lock().unwrap_or_else(|p| p.into_inner());
+            pools.retain(|w| w.strong_count() > 0);
+            pools.extend(leaves.iter().map(Arc::downgrade));
+        }
+    }
+
+    /// Bytes the driver's pools under the live `async` leaves of `device`
+    /// reserve: `(now, the sum of their peaks)`; a pool the driver cannot
+    /// tell about counts 0.
+    pub(crate) fn driver_reserved(device: u32) -> (u64, u64) {
+        let Some(pools) = driver_pools(device) else { return (0, 0) };
+        let pools = pools.lock().unwrap_or_else(|p| p.into_inner());
+        pools.iter().filter_map(Weak::upgrade).fold((0, 0), |(now, peak), leaf| {
+            let pool = leaf.inner();
+            (now + pool.reserved_bytes().unwrap_or(0), peak + pool.peak_reserved_bytes().unwrap_or(0))
+        })
+    }
+
     /// Prefetches managed memory to `device` on `stream`; `false` for
     /// memory that does not migrate.
     pub(crate) fn prefetch(addr: u64, size: u64, device: u32, stream: &Stream) -> PyResult<bool> {
@@ -156,7 +196,10 @@ mod imp {
     }
 }
 
-pub(crate) use imp::{engine, prefetch, stream, Engine, Stream, BACKEND, BYTES_LEAVES, DEFAULT_LEAF};
+pub(crate) use imp::{
+    driver_reserved, engine, note_driver_pools, prefetch, stream, Engine, Stream, BACKEND, BYTES_LEAVES,
+    DEFAULT_LEAF,
+};
 
 /// The builder of `device`'s stacks: the backend's leaves and the core's
 /// names, the leaves tapped into `map` when a snapshot is recorded

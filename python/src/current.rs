@@ -58,12 +58,14 @@ pub(crate) fn c_live_count(device: usize) -> usize {
     live(device).map_or(0, |l| l.lock().unwrap_or_else(|p| p.into_inner()).len())
 }
 
-/// Bytes held from `device` by every leaf this module built: `(now, peak,
-/// total)`.
+/// Bytes held from `device` by every leaf this module built, and reserved
+/// by the driver's pools under its `async` leaves: `(now, peak, total,
+/// reserved now, reserved peak)`.
 #[pyfunction]
-pub(crate) fn device_bytes(device: u32) -> PyResult<(u64, u64, u64)> {
+pub(crate) fn device_bytes(device: u32) -> PyResult<(u64, u64, u64, u64, u64)> {
     let g = backend::gauge(device)?;
-    Ok((g.value(), g.peak(), g.total()))
+    let (reserved, peak_reserved) = backend::driver_reserved(device);
+    Ok((g.value(), g.peak(), g.total(), reserved, peak_reserved))
 }
 
 fn alloc(size: isize, device: i32, stream: *mut c_void) -> Option<*mut c_void> {

@@ -152,6 +152,7 @@ impl Resource {
         let built = py
             .detach(|| builder.build_call_with_handles(&call, &stream))
             .map_err(|e| stack_to_py(e, text))?;
+        backend::note_driver_pools(device, &built);
         let streams =
             Arc::new(KeepStreams { inner: built.resource.clone(), streams: Mutex::new(HashMap::new()) });
         let inner: Dyn = streams.clone();

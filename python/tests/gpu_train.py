@@ -53,7 +53,12 @@ result = {"allocator": args.allocator, "losses": losses,
           "step_ms": 1000 * sorted(times[5:])[len(times[5:]) // 2]}
 if args.allocator == "memres":
     import memres
-    result["peak_device_bytes"] = memres.statistics.get_device_statistics(backend="cuda").peak_bytes
+    # Bytes held from the device at peak: memres's leaves', or what the
+    # driver's pools under `async` leaves reserved, where more.
+    st = memres.statistics.get_device_statistics(backend="cuda")
+    result["peak_held_bytes"] = st.peak_bytes
+    result["peak_reserved_bytes"] = st.peak_reserved_bytes
+    result["peak_device_bytes"] = max(st.peak_bytes, st.peak_reserved_bytes)
     result["memres_live_blocks"] = memres._native.cuda().c_live_count(torch.cuda.current_device())
 else:
     result["peak_device_bytes"] = torch.cuda.max_memory_reserved()

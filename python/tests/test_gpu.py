@@ -50,6 +50,21 @@ def test_current_resource_defaults_to_cuda(gpu):
     assert held >= 128 * MiB
 
 
+def test_device_statistics_see_what_the_driver_pool_reserves(gpu):
+    before = memres.statistics.get_device_statistics(backend="cuda")
+    res = mr.CudaAsyncMemoryResource()
+    p = res.allocate(64 * MiB)
+    st = memres.statistics.get_device_statistics(backend="cuda")
+    # The leaf's own driver pool reserved at least the block.
+    assert st.reserved_bytes - before.reserved_bytes >= 64 * MiB
+    assert st.peak_reserved_bytes >= st.reserved_bytes
+    res.deallocate(p, 64 * MiB)
+    del res
+    gc.collect()
+    # A dropped leaf's pool no longer counts.
+    assert memres.statistics.get_device_statistics(backend="cuda").reserved_bytes == before.reserved_bytes
+
+
 def test_out_of_memory_on_the_device(gpu):
     pool = mr.PoolMemoryResource(mr.CudaMemoryResource(), maximum_pool_size=64 * MiB)
     with pytest.raises(memres.OutOfMemory) as e:

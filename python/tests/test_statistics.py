@@ -81,6 +81,8 @@ def test_bytes_held_from_the_device():
     gc.collect()
     # A dropped pool gives its chunks back (the core pool does, on drop).
     assert statistics.get_device_statistics(backend="sim").current_bytes == before.current_bytes
+    # No driver pool under the simulated device.
+    assert (after.reserved_bytes, after.peak_reserved_bytes) == (0, 0)
 
 
 def test_a_stack_with_stats_outermost_counts():
