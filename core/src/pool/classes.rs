@@ -22,15 +22,19 @@ const LARGE: u32 = 1 << 31;
 const LARGE_TAG: u64 = 1 << 31;
 
 /// The two indexes of a pool and which of them the next chunk joins.
+///
+/// In declaration order (`repr(C)`): the threshold every call reads sits
+/// beside the shared index's head, not 8 KiB further, after two bin tables.
+#[repr(C)]
 pub(crate) struct Classes<N: Storage<Node>> {
-    /// Blocks below `threshold`, sharing chunks.
-    pub(crate) shared: CoalescingIndex<N>,
-    /// Blocks of at least `threshold` bytes, each chunk sized for one.
-    pub(crate) large: CoalescingIndex<N>,
     /// Requests of at least this many bytes are large.
     pub(crate) threshold: u64,
     /// Whether the chunk attached next is the large class's.
     pub(crate) attach_large: bool,
+    /// Blocks below `threshold`, sharing chunks.
+    pub(crate) shared: CoalescingIndex<N>,
+    /// Blocks of at least `threshold` bytes, each chunk sized for one.
+    pub(crate) large: CoalescingIndex<N>,
 }
 
 impl<N: Storage<Node>> Classes<N> {
@@ -84,11 +88,7 @@ impl<N: Storage<Node>> Classes<N> {
     /// it), and back: large blocks' tags have [`LARGE_TAG`] flipped.
     #[inline]
     pub(crate) fn outer_tag(large: bool, tag: u64) -> u64 {
-        if large {
-            tag ^ LARGE_TAG
-        } else {
-            tag
-        }
+        tag ^ (LARGE_TAG * large as u64)
     }
 
     /// Whether `chunk` is the large class's.

@@ -101,7 +101,8 @@ pub struct CoalescingPool<
     index: Classes<N>,
     /// Chunks held from upstream.
     chunks: ChunkTable<U, C>,
-    /// The most bytes ever in use at once (sizes rounded to 256).
+    /// The most bytes ever in use at once (sizes rounded to 256), with
+    /// `keep_under_peak` (else 0).
     peak_used: u64,
     config: PoolConfig,
 }
@@ -330,10 +331,13 @@ impl<U, N: Storage<Node>, C: Storage<Chunk>> CoalescingPool<U, N, C> {
         Ok(found.map(|a| self.used(Block::new(a.addr, size, Classes::<N>::outer_tag(large, a.tag)))))
     }
 
-    /// Counts `block`, just handed out, in the peak in use.
+    /// Counts `block`, just handed out, in the peak in use (kept only by a
+    /// pool that gives chunks back above it).
     #[inline]
     fn used(&mut self, block: Block) -> Block {
-        self.peak_used = self.peak_used.max(self.index.used_bytes());
+        if self.config.keep_under_peak {
+            self.peak_used = self.peak_used.max(self.index.used_bytes());
+        }
         block
     }
 
@@ -401,11 +405,11 @@ impl<U, N: Storage<Node>, C: Storage<Chunk>> Inspect for CoalescingPool<U, N, C>
     /// Checks the pool's invariants: those of its two indexes, plus every
     /// chunk covered exactly by its nodes, chunks disjoint and sorted, bytes
     /// in use + bytes free = bytes held from upstream, and the peak in use
-    /// no lower than the bytes in use.
+    /// (where kept) no lower than the bytes in use.
     fn check(&self) -> core::result::Result<(), Violation> {
         self.index.shared.check()?;
         self.index.large.check()?;
-        if self.index.used_bytes() > self.peak_used {
+        if self.config.keep_under_peak && self.index.used_bytes() > self.peak_used {
             return Err(Violation::new("bytes in use above the recorded peak"));
         }
         self.chunks.check(&self.index)?;
