@@ -444,13 +444,16 @@ where
     }
 }
 
-// SAFETY: the pool hands out only ranges its index allocated, at least
-// `request.size()` long, inside the chunks' ranges; each chunk range is the
-// first bytes of a block of `U` no shorter than it (`upstream_range` refuses
-// a shorter one), which the pool holds until no block in it is live
-// (`release` gives back only wholly free chunks) and frees only through
-// `U::deallocate`. The index keeps live ranges disjoint, and the pool keeps
-// its metadata outside the managed memory, never touching it.
+// SAFETY: the pool hands out only ranges one of its two indexes allocated,
+// at least `request.size()` long, inside the chunks' ranges; each chunk range
+// is the first bytes of a block of `U` no shorter than it (`upstream_range`
+// refuses a shorter one), which the pool holds until no block in it is live
+// (giving back, on release or before growing, takes only chunks the chunk's
+// own index reports wholly free) and frees only through `U::deallocate`.
+// Each index keeps its live ranges disjoint, each chunk is carved by exactly
+// one index (its handle names which), and chunks are disjoint, so no two
+// live ranges overlap; the pool keeps its metadata outside the managed
+// memory, never touching it.
 unsafe impl<E, U, N, C> crate::copy::MemoryOf<E> for CoalescingPool<U, N, C>
 where
     U: crate::copy::MemoryOf<E>,
