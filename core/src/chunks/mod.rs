@@ -383,6 +383,10 @@ impl<U, C: Storage<Chunk>> ChunkTable<U, C> {
     where
         U: MemoryResource<S>,
     {
+        if bound == 0 {
+            // All of them, in one pass.
+            return self.release(stream, carve);
+        }
         let mut freed = 0;
         while self.held > bound {
             let largest = (0..self.chunks.len())
