@@ -327,17 +327,14 @@ impl<U, C: Storage<Chunk>> ChunkTable<U, C> {
     }
 
     /// Detaches the shortest wholly free chunk of at least `min_len` bytes
-    /// and takes it out of the table, still held from upstream: for another
-    /// table over the same upstream to [`insert`](Self::insert). O(chunks).
-    pub(crate) fn take_free(
-        &mut self,
-        min_len: u64,
-        carve: &mut impl Carve,
-    ) -> Option<(Range, Block, Chunk)> {
+    /// and takes it out of the table, still held from upstream (with the
+    /// handle it had): for another table over the same upstream to
+    /// [`insert`](Self::insert). O(chunks).
+    pub(crate) fn take_free(&mut self, min_len: u64, carve: &mut impl Carve) -> Option<(Range, Block, u32)> {
         let i = self.free_chunk_index(min_len, carve)?;
         carve.detach(&self.chunks[i]);
         let chunk = self.remove(i);
-        Some((chunk.range, chunk.block, chunk))
+        Some((chunk.range, chunk.block, chunk.first))
     }
 
     /// Gives every wholly free chunk back to upstream, detached from

@@ -53,24 +53,28 @@ impl<N: Storage<Node>> Classes<N> {
         size >= self.threshold
     }
 
-    /// The index of blocks of `size` bytes.
+    /// The index of the large class, or of the shared one.
     #[inline]
-    pub(crate) fn of_size(&mut self, size: u64) -> &mut CoalescingIndex<N> {
-        if self.is_large(size) {
+    pub(crate) fn of_class(&mut self, large: bool) -> &mut CoalescingIndex<N> {
+        if large {
             &mut self.large
         } else {
             &mut self.shared
         }
     }
 
+    /// Whether a chunk's handle names the large class, and the chunk's node
+    /// in that class's index.
+    #[inline]
+    pub(crate) fn split_handle(handle: u32) -> (bool, u32) {
+        (handle & LARGE != 0, handle & !LARGE)
+    }
+
     /// The index a chunk's handle names, and the chunk's node in it.
     #[inline]
     pub(crate) fn of_handle(&mut self, handle: u32) -> (&mut CoalescingIndex<N>, u32) {
-        if handle & LARGE != 0 {
-            (&mut self.large, handle & !LARGE)
-        } else {
-            (&mut self.shared, handle)
-        }
+        let (large, node) = Self::split_handle(handle);
+        (self.of_class(large), node)
     }
 
     /// `chunk` as the index of its class named it, and that index.
@@ -80,8 +84,8 @@ impl<N: Storage<Node>> Classes<N> {
     }
 
     fn of_chunk_ref(&self, chunk: &Chunk) -> (&CoalescingIndex<N>, Chunk) {
-        let first = chunk.first();
-        (if first & LARGE != 0 { &self.large } else { &self.shared }, chunk.with_first(first & !LARGE))
+        let (large, node) = Self::split_handle(chunk.first());
+        (if large { &self.large } else { &self.shared }, chunk.with_first(node))
     }
 
     /// The tag a block of the class has outside (`tag` as the index gave
@@ -89,11 +93,6 @@ impl<N: Storage<Node>> Classes<N> {
     #[inline]
     pub(crate) fn outer_tag(large: bool, tag: u64) -> u64 {
         tag ^ (LARGE_TAG * large as u64)
-    }
-
-    /// Whether `chunk` is the large class's.
-    pub(crate) fn chunk_is_large(chunk: &Chunk) -> bool {
-        chunk.first() & LARGE != 0
     }
 
     pub(crate) fn used_bytes(&self) -> u64 {
@@ -111,8 +110,7 @@ impl<N: Storage<Node>> Classes<N> {
 
 impl<N: Storage<Node>> Carve for Classes<N> {
     fn reserve(&mut self) -> Result<()> {
-        let index = if self.attach_large { &mut self.large } else { &mut self.shared };
-        Carve::reserve(index)
+        Carve::reserve(self.of_class(self.attach_large))
     }
     fn attach(&mut self, range: Range) -> Result<u32> {
         let (index, bit) = if self.attach_large { (&mut self.large, LARGE) } else { (&mut self.shared, 0) };

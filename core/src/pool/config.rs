@@ -127,16 +127,13 @@ impl PoolConfig {
                 return Err(Error::InvalidConfig { what: "maximum pool size below the initial size" });
             }
         }
-        if let Growth::Exact { granule } = self.growth {
-            if !granule.is_power_of_two() || !(256..=Request::MAX_SIZE).contains(&granule) {
-                return Err(Error::InvalidConfig { what: "growth granule not a power of two >= 256" });
-            }
+        const BAD_STEP: &str = "growth divisor is zero or granule not a power of two >= 256";
+        if let Growth::Fraction { divisor: 0, .. } = self.growth {
+            return Err(Error::InvalidConfig { what: BAD_STEP });
         }
-        if let Growth::Fraction { divisor, granule } = self.growth {
-            if divisor == 0 || !granule.is_power_of_two() || granule < 256 {
-                return Err(Error::InvalidConfig {
-                    what: "growth divisor is zero or granule not a power of two >= 256",
-                });
+        if let Growth::Fraction { granule, .. } | Growth::Exact { granule } = self.growth {
+            if !granule.is_power_of_two() || granule < 256 {
+                return Err(Error::InvalidConfig { what: BAD_STEP });
             }
             // Every chunk would be asked with more bytes than a request holds.
             if granule > Request::MAX_SIZE {

@@ -255,8 +255,8 @@ impl<U, N: Storage<Node>, C: Storage<Chunk>> CoalescingPool<U, N, C> {
     ///
     /// O(chunks).
     pub fn take_free_chunk(&mut self, min_len: u64) -> Option<FreeChunk> {
-        let (range, block, large) = self.chunks.take_free(min_len, &mut self.index)?;
-        Some(FreeChunk { range, block, large: Classes::<N>::chunk_is_large(&large) })
+        let (range, block, handle) = self.chunks.take_free(min_len, &mut self.index)?;
+        Some(FreeChunk { range, block, large: Classes::<N>::split_handle(handle).0 })
     }
 
     /// Makes `chunk`, taken from another pool over the same upstream, a free
@@ -290,8 +290,8 @@ impl<U, N: Storage<Node>, C: Storage<Chunk>> CoalescingPool<U, N, C> {
         let Some(&chunk) = self.chunks.chunk_of(addr) else {
             return Err(Error::UnknownBlock { addr });
         };
-        let large = Classes::<N>::chunk_is_large(&chunk);
-        let (index, first) = self.index.of_handle(chunk.first());
+        let (large, first) = Classes::<N>::split_handle(chunk.first());
+        let index = self.index.of_class(large);
         let had_tag = block.tag() != Block::NO_TAG;
         if had_tag {
             // A size of the other class sent the tag to the wrong index.
@@ -346,7 +346,7 @@ impl<U, N: Storage<Node>, C: Storage<Chunk>> CoalescingPool<U, N, C> {
     fn free_block(&mut self, block: Block) -> Result<Range> {
         let large = self.index.is_large(block.size());
         let tag = Classes::<N>::outer_tag(large, block.tag());
-        match self.index.of_size(block.size()).free(tag, block.addr(), block.size()) {
+        match self.index.of_class(large).free(tag, block.addr(), block.size()) {
             Err(Error::UnknownBlock { .. }) => self.deallocate_by_address(block),
             other => other,
         }

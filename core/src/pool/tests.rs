@@ -249,6 +249,9 @@ fn invalid_configs_are_rejected() {
         PoolConfig::new().maximum_size(1000),
         PoolConfig::new().initial_size(1 << 20).maximum_size(1 << 10),
         PoolConfig::new().growth(Growth::Fraction { divisor: 0, granule: 256 }),
+        PoolConfig::new().growth(Growth::Exact { granule: 3000 }),
+        PoolConfig::new().growth(Growth::Exact { granule: 128 }),
+        PoolConfig::new().growth(Growth::Exact { granule: 1 << 62 }),
     ] {
         assert!(matches!(CoalescingPool::with_config(up(), c, &()), Err(Error::InvalidConfig { .. })));
     }
