@@ -251,9 +251,12 @@ fn invalid_configs_are_rejected() {
         PoolConfig::new().growth(Growth::Fraction { divisor: 0, granule: 256 }),
         PoolConfig::new().growth(Growth::Exact { granule: 3000 }),
         PoolConfig::new().growth(Growth::Exact { granule: 128 }),
-        PoolConfig::new().growth(Growth::Exact { granule: 1 << 62 }),
+        PoolConfig::new().growth(Growth::Exact { granule: 1 << 63 }),
     ] {
-        assert!(matches!(CoalescingPool::with_config(up(), c, &()), Err(Error::InvalidConfig { .. })));
+        assert!(
+            matches!(CoalescingPool::with_config(up(), c, &()), Err(Error::InvalidConfig { .. })),
+            "{c:?}"
+        );
     }
 }
 
