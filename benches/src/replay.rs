@@ -49,6 +49,16 @@ pub trait Replayer {
     /// in a range of its own, the highest end offset it handed out.
     fn peak_upstream(&self) -> u64;
 
+    /// The allocations the resource has made from its upstream so far (its
+    /// leaf's count of successful allocations), where the replay can read
+    /// it: [`replay`] reads it after the warm-up and after the last pass
+    /// for [`Measurement::upstream_allocations_per_pass`]. `None` (the
+    /// default) where it cannot: the peers, which have no upstream, and
+    /// the CUDA leaves.
+    fn upstream_allocations(&self) -> Option<u64> {
+        None
+    }
+
     /// Called before each pass: `0` is the warm-up, `1` the first timed
     /// pass. Does nothing unless a resource needs to know (a log that
     /// records one pass).
@@ -116,14 +126,30 @@ pub struct StreamReplayer<R, T = Vec<SimStream>> {
     pub streams: T,
     /// The most bytes held from upstream so far.
     peak: Box<dyn Fn(&R) -> u64>,
+    /// The allocations made from upstream so far, where they are counted.
+    upstream_allocations: Box<dyn Fn() -> Option<u64>>,
     /// Told of each pass before it runs (see [`Replayer::begin_pass`]).
     on_pass: Box<dyn FnMut(usize)>,
 }
 
 impl<R, T> StreamReplayer<R, T> {
-    /// `inner` on `streams`, its peak upstream read by `peak`.
+    /// `inner` on `streams`, its peak upstream read by `peak`; its
+    /// upstream allocations not counted.
     pub fn new(inner: R, streams: T, peak: impl Fn(&R) -> u64 + 'static) -> Self {
-        StreamReplayer { inner, streams, peak: Box::new(peak), on_pass: Box::new(|_| {}) }
+        StreamReplayer {
+            inner,
+            streams,
+            peak: Box::new(peak),
+            upstream_allocations: Box::new(|| None),
+            on_pass: Box::new(|_| {}),
+        }
+    }
+
+    /// Reads the allocations made from upstream so far with `count` (see
+    /// [`Replayer::upstream_allocations`]).
+    pub fn upstream_allocations(mut self, count: impl Fn() -> Option<u64> + 'static) -> Self {
+        self.upstream_allocations = Box::new(count);
+        self
     }
 
     /// Calls `on_pass` before each pass.
@@ -160,6 +186,10 @@ impl<R: MemoryResourceMut<T::Stream>, T: Streams> Replayer for StreamReplayer<R,
         (self.peak)(&self.inner)
     }
 
+    fn upstream_allocations(&self) -> Option<u64> {
+        (self.upstream_allocations)()
+    }
+
     fn begin_pass(&mut self, pass: usize) {
         (self.on_pass)(pass);
     }
@@ -185,6 +215,13 @@ pub struct Measurement {
     pub peak_live: u64,
     /// The most bytes held from upstream at once (warm-up included).
     pub peak_upstream: u64,
+    /// Allocations the resource made from its upstream in the timed passes
+    /// (the warm-up left out), over the number of timed passes: the mean
+    /// per pass. It shows churn: a pool in its steady state makes none.
+    /// `None` where the replay cannot count them (see
+    /// [`Replayer::upstream_allocations`]) and for replays on threads
+    /// ([`replay_threads`]).
+    pub upstream_allocations_per_pass: Option<f64>,
 }
 
 impl Measurement {
@@ -265,6 +302,7 @@ pub fn replay<R: Replayer>(
     let mut handles = vec![resource.vacant(); workload.ids as usize];
     resource.begin_pass(0);
     run_pass(resource, workload, &mut handles, progress)?;
+    let warm = resource.upstream_allocations();
     let mut times = Vec::with_capacity(passes as usize);
     let mut cpu_times = Vec::with_capacity(passes as usize);
     for p in 0..passes {
@@ -287,6 +325,9 @@ pub fn replay<R: Replayer>(
         cpu,
         peak_live: workload.peak_live,
         peak_upstream: resource.peak_upstream(),
+        upstream_allocations_per_pass: warm
+            .zip(resource.upstream_allocations())
+            .map(|(a, b)| b.saturating_sub(a) as f64 / f64::from(passes)),
     })
 }
 
@@ -389,7 +430,8 @@ fn run_ops<R: Replayer>(
 /// `threads ×` the workload's peak, which the threads seldom reach at
 /// once. `peak` reads the peak upstream bytes after the run (warm-up
 /// included; at every instant of every round held bytes are at least the
-/// live ones, so the footprint is at least 1).
+/// live ones, so the footprint is at least 1). Upstream allocations are
+/// not counted on threads: `upstream_allocations_per_pass` is `None`.
 ///
 /// # Errors
 ///
@@ -465,6 +507,7 @@ where
         cpu,
         peak_live,
         peak_upstream: peak(resource),
+        upstream_allocations_per_pass: None,
     })
 }
 

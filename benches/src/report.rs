@@ -36,6 +36,8 @@ ns/op: wall time per op of the median timed pass; cpu ns/op: the threads' CPU ti
 peak live: the most bytes requested and not yet freed at once (with --streams, all threads').
 peak upstream: the most bytes the resource held from its upstream at once.
 footprint: peak upstream / peak live; 1.000 means no byte held beyond what was live.
+grows/pass: allocations from the upstream per timed pass (mean; warm-up left out): churn,
+  0 in a steady state; - where not counted (peers, CUDA, vpool, --streams).
 stray frees: frees of pointers the trace never allocated (skipped, as are rows it cannot use).
 ";
 
@@ -43,7 +45,7 @@ stray frees: frees of pointers the trace never allocated (skipped, as are rows i
 /// that names it with its figures, then one aligned line per resource;
 /// then the errors of failed replays and the [`LEGEND`].
 pub fn table(rows: &[Row]) -> String {
-    let header = ["resource", "ns/op", "cpu ns/op", "peak live", "peak upstream", "footprint"];
+    let header = ["resource", "ns/op", "cpu ns/op", "peak live", "peak upstream", "footprint", "grows/pass"];
     let mut cells: Vec<Vec<String>> = vec![header.iter().map(|s| s.to_string()).collect()];
     let mut errors = Vec::new();
     for row in rows {
@@ -55,6 +57,7 @@ pub fn table(rows: &[Row]) -> String {
                 human_bytes(m.peak_live),
                 human_bytes(m.peak_upstream),
                 m.footprint().map_or("-".into(), |f| format!("{f:.3}")),
+                m.upstream_allocations_per_pass.map_or("-".into(), |a| format!("{a:.1}")),
             ]),
             Err(e) => {
                 line.push("FAILED".to_string());
@@ -123,10 +126,11 @@ pub fn csv_field(s: &str) -> String {
 
 /// The header of [`csv_line`]'s lines.
 pub const CSV_HEADER: &str =
-    "resource,workload,ops,ns_per_op,peak_live,peak_upstream,footprint,passes,best_ns_per_op,cpu_ns_per_op,upstream,skipped_frees,failed_allocations,error";
+    "resource,workload,ops,ns_per_op,peak_live,peak_upstream,footprint,passes,best_ns_per_op,cpu_ns_per_op,upstream,skipped_frees,failed_allocations,error,upstream_allocs_per_pass";
 
 /// The row as a line of CSV with the fields of [`json_line`] (empty where
-/// JSON has `null`).
+/// JSON has `null`); `upstream_allocs_per_pass` comes last, after
+/// `error`, so that the columns before it keep their places.
 pub fn csv_line(row: &Row) -> String {
     let mut f = vec![csv_field(&row.resource), csv_field(&row.workload)];
     match &row.outcome {
@@ -146,6 +150,13 @@ pub fn csv_line(row: &Row) -> String {
     f.push(row.skipped_frees.to_string());
     f.push(row.failed_allocations.to_string());
     f.push(row.outcome.as_ref().err().map_or(String::new(), |e| csv_field(e)));
+    f.push(
+        row.outcome
+            .as_ref()
+            .ok()
+            .and_then(|m| m.upstream_allocations_per_pass)
+            .map_or(String::new(), json_f64),
+    );
     f.join(",")
 }
 
@@ -181,8 +192,9 @@ fn json_f64(x: f64) -> String {
 /// The row as one JSON object on one line: `resource`, `workload`, `ops`,
 /// `ns_per_op`, `peak_live`, `peak_upstream`, `footprint` (figures `null`
 /// for a failed replay), `passes`, `best_ns_per_op` (the fastest pass's
-/// figure) and `cpu_ns_per_op` (`null` where not measured) for a replay
-/// that ran,
+/// figure), `cpu_ns_per_op` (`null` where not measured) and
+/// `upstream_allocs_per_pass` (allocations from the upstream per timed
+/// pass, the mean; `null` where not counted) for a replay that ran,
 /// `upstream`, `skipped_frees`, `failed_allocations`, and `error` for a
 /// failed replay.
 pub fn json_line(row: &Row) -> String {
@@ -192,7 +204,7 @@ pub fn json_line(row: &Row) -> String {
         Ok(m) => {
             let _ = write!(
                 out,
-                "\"ops\":{},\"ns_per_op\":{},\"peak_live\":{},\"peak_upstream\":{},\"footprint\":{},\"passes\":{},\"best_ns_per_op\":{},\"cpu_ns_per_op\":{},",
+                "\"ops\":{},\"ns_per_op\":{},\"peak_live\":{},\"peak_upstream\":{},\"footprint\":{},\"passes\":{},\"best_ns_per_op\":{},\"cpu_ns_per_op\":{},\"upstream_allocs_per_pass\":{},",
                 m.ops,
                 json_f64(m.ns_per_op()),
                 m.peak_live,
@@ -200,7 +212,8 @@ pub fn json_line(row: &Row) -> String {
                 m.footprint().map_or("null".into(), json_f64),
                 m.passes,
                 json_f64(m.best_ns_per_op()),
-                m.cpu_ns_per_op().map_or("null".into(), json_f64)
+                m.cpu_ns_per_op().map_or("null".into(), json_f64),
+                m.upstream_allocations_per_pass.map_or("null".into(), json_f64)
             );
         }
         Err(_) => out.push_str(

@@ -16,6 +16,9 @@
 //!
 //! Its peak upstream is the peak of its leaf: the outermost `sim` or
 //! `host` device, else a `vpool`'s peak committed bytes, else a CUDA leaf's.
+//! Its upstream allocations per timed pass are those of the outermost `sim`
+//! or `host` device, on one thread; with no such leaf, or on threads, they
+//! are not counted.
 //!
 //! A `log` layer records only the first timed pass (the warm-up and later
 //! passes go straight to its upstream), so that the log of a replay replays
@@ -169,7 +172,8 @@ pub fn run_stack(
             log.set(pass == 1);
         }
     };
-    Ok(runner.run(Owned(built.resource), move |_| peak(), on_pass)?)
+    let counted = leaf_allocations(&built);
+    Ok(runner.run(Owned(built.resource), move |_| peak(), counted, on_pass)?)
 }
 
 /// The peak upstream of a built stack: of its outermost `sim` or `host`,
@@ -188,6 +192,18 @@ fn leaf_peak(built: &Built<SimStream>, cuda: bool) -> Option<Box<dyn Fn() -> u64
     }
 }
 
+/// The allocations made so far from a built stack's outermost `sim` or
+/// `host` (the leaf [`leaf_peak`] reads first), where it has one.
+fn leaf_allocations(built: &Built<SimStream>) -> impl Fn() -> Option<u64> + Send + Sync + 'static {
+    let sim = built.get::<SimDevice>("sim");
+    let host = built.get::<HostMemory>("host");
+    move || match (&sim, &host) {
+        (Some(sim), _) => Some(sim.call_counts().0),
+        (None, Some(host)) => Some(host.call_counts().0),
+        (None, None) => None,
+    }
+}
+
 /// Replays a resource as the options say: on one thread, each op on the
 /// simulated stream of its workload stream; on `--streams K` threads, each
 /// on its own stream, through the resource shared.
@@ -202,11 +218,13 @@ pub(crate) struct Replay<'a> {
 
 impl Replay<'_> {
     /// Replays a `&self` resource (shared as it is), telling `on_pass` of
-    /// each pass of a one-thread replay.
+    /// each pass of a one-thread replay; its upstream allocations are
+    /// counted on one thread only.
     fn run<R>(
         self,
         resource: Owned<R>,
         peak: impl Fn(&R) -> u64 + 'static,
+        upstream_allocations: impl Fn() -> Option<u64> + 'static,
         on_pass: impl FnMut(usize) + 'static,
     ) -> Result<Measurement, ReplayError>
     where
@@ -216,7 +234,9 @@ impl Replay<'_> {
         match self.options.threads {
             None => {
                 let streams: Vec<_> = (0..w.streams.max(1)).map(|_| self.world.stream()).collect();
-                let mut r = StreamReplayer::new(resource, streams, move |o| peak(&o.0)).on_pass(on_pass);
+                let mut r = StreamReplayer::new(resource, streams, move |o| peak(&o.0))
+                    .upstream_allocations(upstream_allocations)
+                    .on_pass(on_pass);
                 replay(&mut r, w, passes, self.progress)
             }
             Some(k) => {
@@ -234,34 +254,51 @@ impl Runner for Replay<'_> {
         self.options.threads.is_some()
     }
 
-    fn run_mut<R>(self, resource: R, peak: impl Fn(&R) -> u64 + Send + Sync + 'static) -> Self::Output
+    fn run_mut<R>(
+        self,
+        resource: R,
+        peak: impl Fn(&R) -> u64 + Send + Sync + 'static,
+        upstream_allocations: impl Fn() -> Option<u64> + Send + Sync + 'static,
+    ) -> Self::Output
     where
         R: MemoryResourceMut<SimStream> + Send + 'static,
     {
         if self.options.threads.is_some() {
-            return self.run(Owned(Shared::new(resource)), move |s| s.with(|r| peak(r)), |_| {});
+            let peak = move |s: &Shared<R>| s.with(|r| peak(r));
+            return self.run(Owned(Shared::new(resource)), peak, upstream_allocations, |_| {});
         }
         let streams: Vec<_> = (0..self.workload.streams.max(1)).map(|_| self.world.stream()).collect();
         replay(
-            &mut StreamReplayer::new(resource, streams, peak),
+            &mut StreamReplayer::new(resource, streams, peak).upstream_allocations(upstream_allocations),
             self.workload,
             self.options.passes,
             self.progress,
         )
     }
 
-    fn run_ref<R>(self, resource: R, peak: impl Fn(&R) -> u64 + Send + Sync + 'static) -> Self::Output
+    fn run_ref<R>(
+        self,
+        resource: R,
+        peak: impl Fn(&R) -> u64 + Send + Sync + 'static,
+        upstream_allocations: impl Fn() -> Option<u64> + Send + Sync + 'static,
+    ) -> Self::Output
     where
         R: MemoryResource<SimStream> + Send + Sync + 'static,
     {
-        self.run(Owned(resource), peak, |_| {})
+        self.run(Owned(resource), peak, upstream_allocations, |_| {})
     }
 
-    fn run_default<R>(self, resource: R, peak: impl Fn(&R) -> u64 + Send + Sync + 'static) -> Self::Output
+    fn run_default<R>(
+        self,
+        resource: R,
+        peak: impl Fn(&R) -> u64 + Send + Sync + 'static,
+        upstream_allocations: impl Fn() -> Option<u64> + Send + Sync + 'static,
+    ) -> Self::Output
     where
         R: MemoryResourceMut + Send + 'static,
     {
-        let mut r = StreamReplayer::new(resource, DefaultStream, peak);
+        let mut r =
+            StreamReplayer::new(resource, DefaultStream, peak).upstream_allocations(upstream_allocations);
         replay(&mut r, self.workload, self.options.passes, self.progress)
     }
 }

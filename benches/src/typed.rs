@@ -53,18 +53,35 @@ pub trait Runner {
 
     /// Runs a resource of `&mut self` calls on the workload's streams, or
     /// shared between threads behind a lock; `peak` reads the most bytes it
-    /// held from upstream.
-    fn run_mut<R>(self, resource: R, peak: impl Fn(&R) -> u64 + Send + Sync + 'static) -> Self::Output
+    /// held from upstream, `upstream_allocations` the allocations it made
+    /// from upstream so far, where its leaf counts them
+    /// ([`Upstream::upstream_allocations`]).
+    fn run_mut<R>(
+        self,
+        resource: R,
+        peak: impl Fn(&R) -> u64 + Send + Sync + 'static,
+        upstream_allocations: impl Fn() -> Option<u64> + Send + Sync + 'static,
+    ) -> Self::Output
     where
         R: MemoryResourceMut<SimStream> + Send + 'static;
 
     /// Runs a resource of `&self` calls shared as it is.
-    fn run_ref<R>(self, resource: R, peak: impl Fn(&R) -> u64 + Send + Sync + 'static) -> Self::Output
+    fn run_ref<R>(
+        self,
+        resource: R,
+        peak: impl Fn(&R) -> u64 + Send + Sync + 'static,
+        upstream_allocations: impl Fn() -> Option<u64> + Send + Sync + 'static,
+    ) -> Self::Output
     where
         R: MemoryResource<SimStream> + Send + Sync + 'static;
 
     /// Runs a stream-agnostic resource on one thread, on `()`.
-    fn run_default<R>(self, resource: R, peak: impl Fn(&R) -> u64 + Send + Sync + 'static) -> Self::Output
+    fn run_default<R>(
+        self,
+        resource: R,
+        peak: impl Fn(&R) -> u64 + Send + Sync + 'static,
+        upstream_allocations: impl Fn() -> Option<u64> + Send + Sync + 'static,
+    ) -> Self::Output
     where
         R: MemoryResourceMut + Send + 'static;
 }
@@ -96,25 +113,43 @@ impl<F: WithReplayer> Runner for OneThread<F> {
         false
     }
 
-    fn run_mut<R>(self, resource: R, peak: impl Fn(&R) -> u64 + Send + Sync + 'static) -> F::Output
+    fn run_mut<R>(
+        self,
+        resource: R,
+        peak: impl Fn(&R) -> u64 + Send + Sync + 'static,
+        upstream_allocations: impl Fn() -> Option<u64> + Send + Sync + 'static,
+    ) -> F::Output
     where
         R: MemoryResourceMut<SimStream> + Send + 'static,
     {
-        self.then.with(StreamReplayer::new(resource, self.streams, peak))
+        let replayer = StreamReplayer::new(resource, self.streams, peak);
+        self.then.with(replayer.upstream_allocations(upstream_allocations))
     }
 
-    fn run_ref<R>(self, resource: R, peak: impl Fn(&R) -> u64 + Send + Sync + 'static) -> F::Output
+    fn run_ref<R>(
+        self,
+        resource: R,
+        peak: impl Fn(&R) -> u64 + Send + Sync + 'static,
+        upstream_allocations: impl Fn() -> Option<u64> + Send + Sync + 'static,
+    ) -> F::Output
     where
         R: MemoryResource<SimStream> + Send + Sync + 'static,
     {
-        self.then.with(StreamReplayer::new(Owned(resource), self.streams, move |o| peak(&o.0)))
+        let replayer = StreamReplayer::new(Owned(resource), self.streams, move |o| peak(&o.0));
+        self.then.with(replayer.upstream_allocations(upstream_allocations))
     }
 
-    fn run_default<R>(self, resource: R, peak: impl Fn(&R) -> u64 + Send + Sync + 'static) -> F::Output
+    fn run_default<R>(
+        self,
+        resource: R,
+        peak: impl Fn(&R) -> u64 + Send + Sync + 'static,
+        upstream_allocations: impl Fn() -> Option<u64> + Send + Sync + 'static,
+    ) -> F::Output
     where
         R: MemoryResourceMut + Send + 'static,
     {
-        self.then.with(StreamReplayer::new(resource, DefaultStream, peak))
+        let replayer = StreamReplayer::new(resource, DefaultStream, peak);
+        self.then.with(replayer.upstream_allocations(upstream_allocations))
     }
 }
 
@@ -122,11 +157,25 @@ impl<F: WithReplayer> Runner for OneThread<F> {
 /// [`Usage`](memres_core::Usage) gives the row's peak upstream. It serves
 /// simulated streams and `()`, the stream of the stream-ordered layer's
 /// inner calls.
-pub trait Upstream: MemoryResource<SimStream> + MemoryResource + Inspect + Send + Sync + 'static {}
+pub trait Upstream: MemoryResource<SimStream> + MemoryResource + Inspect + Send + Sync + 'static {
+    /// The allocations it has served so far, where it counts them (the
+    /// simulated device and host memory); `None` by default.
+    fn upstream_allocations(&self) -> Option<u64> {
+        None
+    }
+}
 
-impl Upstream for memres_sim::SimDevice {}
+impl Upstream for memres_sim::SimDevice {
+    fn upstream_allocations(&self) -> Option<u64> {
+        Some(self.call_counts().0)
+    }
+}
 
-impl Upstream for memres_sim::HostMemory {}
+impl Upstream for memres_sim::HostMemory {
+    fn upstream_allocations(&self) -> Option<u64> {
+        Some(self.call_counts().0)
+    }
+}
 
 /// A stack of one of the typed shapes, its arguments read, its leaf not
 /// built yet.
@@ -227,43 +276,47 @@ impl Shape<'_> {
             let leaf = leaf.clone();
             move || leaf.usage().peak_held
         };
+        let counted = {
+            let leaf = leaf.clone();
+            move || leaf.upstream_allocations()
+        };
         let made = |c: &Call, e| c.resource_error(e);
         Ok(match self {
             Shape::Pool(config, _) => {
                 let pool = CoalescingPool::with_config(leaf, config, stream).map_err(|e| made(call, e))?;
-                run_mut(runner, pool, move |_| peak())
+                run_mut(runner, pool, move |_| peak(), counted)
             }
             Shape::StatsPool(config, _) | Shape::StreamPool(config, _) => {
                 let pool_call = call.resource(0)?;
                 let pool =
                     CoalescingPool::with_config(leaf, config, stream).map_err(|e| made(pool_call, e))?;
                 if call.name == "stats" {
-                    run_mut(runner, Statistics::new(pool), move |_| peak())
+                    run_mut(runner, Statistics::new(pool), move |_| peak(), counted)
                 } else {
-                    runner.run_mut(StreamOrdered::<_, SimStream>::new(pool), move |_| peak())
+                    runner.run_mut(StreamOrdered::<_, SimStream>::new(pool), move |_| peak(), counted)
                 }
             }
             Shape::Fixed(config, _, _) => {
                 let fixed =
                     FixedSizeResource::with_config(leaf, config, stream).map_err(|e| made(call, e))?;
-                run_mut(runner, fixed, move |_| peak())
+                run_mut(runner, fixed, move |_| peak(), counted)
             }
             Shape::Binning(min, max, _) if runner.shared() => {
                 let bins = BinningResource::<'static, _, SimStream>::with_exponents(leaf, min, max)
                     .map_err(|e| made(call, e))?;
-                runner.run_ref(bins, move |_| peak())
+                runner.run_ref(bins, move |_| peak(), counted)
             }
             Shape::Binning(min, max, _) => {
                 let bins = BinningResource::<'static, _, ()>::with_exponents(leaf, min, max)
                     .map_err(|e| made(call, e))?;
-                runner.run_default(Owned(bins), move |_| peak())
+                runner.run_default(Owned(bins), move |_| peak(), counted)
             }
             Shape::Arena(config, _) => {
                 let arena = ArenaResource::with_config(leaf, config, stream).map_err(|e| made(call, e))?;
                 if runner.shared() {
-                    runner.run_ref(arena, move |_| peak())
+                    runner.run_ref(arena, move |_| peak(), counted)
                 } else {
-                    runner.run_default(Owned(arena), move |_| peak())
+                    runner.run_default(Owned(arena), move |_| peak(), counted)
                 }
             }
         })
@@ -276,14 +329,15 @@ fn run_mut<R, K: Runner>(
     runner: K,
     resource: R,
     peak: impl Fn(&R) -> u64 + Send + Sync + 'static,
+    upstream_allocations: impl Fn() -> Option<u64> + Send + Sync + 'static,
 ) -> K::Output
 where
     R: MemoryResourceMut + MemoryResourceMut<SimStream> + Send + 'static,
 {
     if runner.shared() {
-        runner.run_mut(resource, peak)
+        runner.run_mut(resource, peak, upstream_allocations)
     } else {
-        runner.run_default(resource, peak)
+        runner.run_default(resource, peak, upstream_allocations)
     }
 }
 
@@ -309,15 +363,21 @@ where
 ///     fn shared(&self) -> bool {
 ///         true
 ///     }
-///     fn run_mut<R: MemoryResourceMut<SimStream> + Send + 'static>(self, mut r: R, peak: impl Fn(&R) -> u64) -> u64 {
+///     fn run_mut<R: MemoryResourceMut<SimStream> + Send + 'static>(
+///         self, mut r: R, peak: impl Fn(&R) -> u64, _: impl Fn() -> Option<u64>,
+///     ) -> u64 {
 ///         r.allocate(Request::new(1000).unwrap(), &self.0).unwrap();
 ///         peak(&r)
 ///     }
-///     fn run_ref<R: MemoryResource<SimStream> + Send + Sync + 'static>(self, r: R, peak: impl Fn(&R) -> u64) -> u64 {
+///     fn run_ref<R: MemoryResource<SimStream> + Send + Sync + 'static>(
+///         self, r: R, peak: impl Fn(&R) -> u64, _: impl Fn() -> Option<u64>,
+///     ) -> u64 {
 ///         r.allocate(Request::new(1000).unwrap(), &self.0).unwrap();
 ///         peak(&r)
 ///     }
-///     fn run_default<R: MemoryResourceMut + Send + 'static>(self, mut r: R, peak: impl Fn(&R) -> u64) -> u64 {
+///     fn run_default<R: MemoryResourceMut + Send + 'static>(
+///         self, mut r: R, peak: impl Fn(&R) -> u64, _: impl Fn() -> Option<u64>,
+///     ) -> u64 {
 ///         r.allocate(Request::new(1000).unwrap(), &()).unwrap();
 ///         peak(&r)
 ///     }
@@ -364,7 +424,7 @@ pub fn run_typed<K: Runner>(
 ///
 /// As `memres_sim::vpool`.
 pub fn run_vpool<K: Runner>(call: &Call, runner: K) -> Result<K::Output, StackError> {
-    Ok(run_mut(runner, memres_sim::vpool(call)?, |v| v.usage().peak_held))
+    Ok(run_mut(runner, memres_sim::vpool(call)?, |v| v.usage().peak_held, || None))
 }
 
 /// Why a `fixed` stack cannot replay `workload`: a request larger than its

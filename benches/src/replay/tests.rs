@@ -10,6 +10,10 @@ struct Recorder {
     live: std::collections::HashMap<u64, u64>,
     calls: Vec<(bool, u64, u16)>,
     fail_at_call: Option<usize>,
+    /// `Some`: counts as upstream allocations the allocations of the
+    /// warm-up and of the passes after the first timed one.
+    upstream: Option<u64>,
+    pass: usize,
 }
 
 impl Replayer for Recorder {
@@ -27,6 +31,9 @@ impl Replayer for Recorder {
             });
         }
         self.calls.push((true, size, stream));
+        if let Some(n) = self.upstream.as_mut().filter(|_| self.pass != 1) {
+            *n += 1;
+        }
         self.next += 1;
         self.live.insert(self.next, size);
         Ok(self.next)
@@ -42,6 +49,12 @@ impl Replayer for Recorder {
     }
     fn peak_upstream(&self) -> u64 {
         12345
+    }
+    fn upstream_allocations(&self) -> Option<u64> {
+        self.upstream
+    }
+    fn begin_pass(&mut self, pass: usize) {
+        self.pass = pass;
     }
 }
 
@@ -62,6 +75,64 @@ fn replay_runs_warm_up_then_timed_pass_in_op_order() {
     assert_eq!(seen, [w.ops.len(), w.ops.len()]);
     assert_eq!((m.ops, m.peak_live, m.peak_upstream), (w.ops.len() as u64, 500, 12345));
     assert_eq!(m.footprint(), Some(12345.0 / 500.0));
+    assert_eq!(m.upstream_allocations_per_pass, None, "not counted by default");
+}
+
+/// Upstream allocations: those of the timed passes (not the warm-up's),
+/// over the number of timed passes.
+#[test]
+fn upstream_allocations_are_the_timed_passes_mean() {
+    let w = small();
+    let mut r = Recorder { upstream: Some(0), ..Recorder::default() };
+    let m = replay(&mut r, &w, 4, &mut |_| {}).unwrap();
+    // Three allocations a pass, counted in the warm-up and timed passes 2..4:
+    // 9 in the timed passes, over 4 (the median pass would say 3).
+    assert_eq!(r.upstream, Some(12));
+    assert_eq!(m.upstream_allocations_per_pass, Some(2.25));
+}
+
+/// A `trace` line per op: `(alloc, pointer, size)`.
+fn trace(ops: &[(bool, u64, u64)]) -> Workload {
+    let mut t = String::new();
+    for (i, (alloc, ptr, size)) in ops.iter().enumerate() {
+        let what = if *alloc { "allocate" } else { "free" };
+        t.push_str(&format!("0,{i},{what},{ptr:#x},{size},0\n"));
+    }
+    parse_trace("t", t.as_bytes()).unwrap()
+}
+
+/// Replays `text` over the tool's builder, as `memres replay --stack`.
+fn stack(text: &str, w: &Workload, passes: u32, threads: Option<u32>) -> Measurement {
+    let options = crate::resources::RunOptions { passes, threads, ..Default::default() };
+    crate::stack::run_stack(text, w, &options, &mut |_| {}).unwrap()
+}
+
+/// A default pool grows in the warm-up and not after: 0 upstream
+/// allocations a pass, typed or built by the builder, over `sim` or `host`.
+/// The compact policy (large blocks in chunks of their own, free chunks
+/// given back rather than grow past the peak in use) gives the free 20 MiB
+/// chunk back to take one of 30 MiB, and that one back for 20 MiB in the
+/// next pass: two upstream allocations every pass.
+#[test]
+fn a_warm_pool_allocates_nothing_upstream_and_a_compact_one_churns() {
+    const MIB: u64 = 1 << 20;
+    let steady = trace(&[(true, 0x10, 1000), (true, 0x20, 5000), (false, 0x10, 1000), (false, 0x20, 5000)]);
+    for text in ["pool(sim)", "pool(host)", "stats(pool(sim))", "pool(limit(sim, 1TiB))", "binning(sim)"] {
+        let m = stack(text, &steady, 3, None);
+        assert_eq!(m.upstream_allocations_per_pass, Some(0.0), "{text}");
+    }
+    let churn = trace(&[
+        (true, 0x10, 20 * MIB),
+        (false, 0x10, 20 * MIB),
+        (true, 0x20, 30 * MIB),
+        (false, 0x20, 30 * MIB),
+    ]);
+    let compact = "pool(sim, growth=32, granule=2MiB, large=16MiB, release=peak)";
+    let m = stack(compact, &churn, 3, None);
+    assert_eq!(m.upstream_allocations_per_pass, Some(2.0), "{m:?}");
+    // Not counted: a leaf that counts nothing, and threads.
+    assert_eq!(stack("vpool(sim(1TiB))", &steady, 1, None).upstream_allocations_per_pass, None);
+    assert_eq!(stack("pool(sim)", &steady, 1, Some(2)).upstream_allocations_per_pass, None);
 }
 
 #[test]
@@ -104,6 +175,7 @@ fn figures_of_an_empty_workload() {
         cpu: None,
         peak_live: 0,
         peak_upstream: 0,
+        upstream_allocations_per_pass: None,
     };
     assert_eq!((m.ns_per_op(), m.footprint()), (0.0, None));
     let m = Measurement {
@@ -114,6 +186,7 @@ fn figures_of_an_empty_workload() {
         cpu: Some(Duration::from_nanos(80)),
         peak_live: 10,
         peak_upstream: 20,
+        upstream_allocations_per_pass: Some(0.0),
     };
     assert_eq!((m.ns_per_op(), m.best_ns_per_op(), m.footprint()), (25.0, 15.0, Some(2.0)));
     assert_eq!(m.cpu_ns_per_op(), Some(20.0));

@@ -23,12 +23,15 @@ fn json_lines_escape_and_carry_every_key() {
         cpu: Some(Duration::from_nanos(150)),
         peak_live: 1000,
         peak_upstream: 1500,
+        upstream_allocations_per_pass: Some(2.5),
     };
     let line = json_line(&row(Ok(m)));
     assert_eq!(
         line,
-        r#"{"resource":"pool","workload":"a \"quoted\"\\path\n","ops":10,"ns_per_op":25,"peak_live":1000,"peak_upstream":1500,"footprint":1.5,"passes":1,"best_ns_per_op":20,"cpu_ns_per_op":15,"upstream":"sim","skipped_frees":7,"failed_allocations":0}"#
+        r#"{"resource":"pool","workload":"a \"quoted\"\\path\n","ops":10,"ns_per_op":25,"peak_live":1000,"peak_upstream":1500,"footprint":1.5,"passes":1,"best_ns_per_op":20,"cpu_ns_per_op":15,"upstream_allocs_per_pass":2.5,"upstream":"sim","skipped_frees":7,"failed_allocations":0}"#
     );
+    let m = Measurement { upstream_allocations_per_pass: None, ..m };
+    assert!(json_line(&row(Ok(m))).contains(r#","upstream_allocs_per_pass":null,"#));
     let line = json_line(&row(Err("out of memory".into())));
     assert!(
         line.contains(r#""ops":null,"#)
@@ -38,7 +41,7 @@ fn json_lines_escape_and_carry_every_key() {
     assert_eq!(json_string("\u{1}"), r#""\u0001""#);
 }
 
-fn measured(peak_upstream: u64) -> Measurement {
+fn measured(peak_upstream: u64, upstream_allocations_per_pass: Option<f64>) -> Measurement {
     Measurement {
         ops: 10,
         passes: 1,
@@ -47,12 +50,14 @@ fn measured(peak_upstream: u64) -> Measurement {
         cpu: Some(Duration::from_nanos(150)),
         peak_live: 1000,
         peak_upstream,
+        upstream_allocations_per_pass,
     }
 }
 
 #[test]
 fn table_names_each_workload_once_aligns_columns_and_lists_errors() {
-    let mut rows = [row(Ok(measured(3 << 20))), row(Err("boom".into())), row(Ok(measured(1000)))];
+    let mut rows =
+        [row(Ok(measured(3 << 20, Some(0.0)))), row(Err("boom".into())), row(Ok(measured(1000, None)))];
     for r in &mut rows[..2] {
         r.workload = "random:1:2:3".into();
     }
@@ -66,12 +71,14 @@ fn table_names_each_workload_once_aligns_columns_and_lists_errors() {
         assert_eq!(lines[i].len(), lines[0].len(), "{text}");
     }
     let cells: Vec<&str> = lines[2].split_whitespace().collect();
-    assert_eq!(cells, ["pool", "25.0", "15.0", "1000", "B", "3.00", "MiB", "3145.728"]);
+    assert_eq!(cells, ["pool", "25.0", "15.0", "1000", "B", "3.00", "MiB", "3145.728", "0.0"]);
+    assert!(lines[0].ends_with("  footprint  grows/pass"), "{text}");
     assert!(lines[3].contains("FAILED"), "{text}");
     assert_eq!(lines[4], "other: 10 ops, 7 stray frees");
-    assert!(lines[5].ends_with(" 1.000"), "{text}");
+    assert!(lines[5].ends_with(" 1.000           -"), "{text}");
     assert_eq!(lines[6], "error: pool on random:1:2:3: boom");
     assert!(text.ends_with(LEGEND) && LEGEND.contains("footprint: ") && LEGEND.contains("stray frees: "));
+    assert!(LEGEND.contains("grows/pass: "));
     assert!(LEGEND.lines().all(|l| l.len() <= 100), "the legend fits 100 columns");
 }
 
@@ -95,11 +102,15 @@ fn table_takes_names_of_any_length() {
 
 #[test]
 fn csv_lines_carry_the_json_fields() {
-    let line = csv_line(&row(Ok(measured(1500))));
+    let line = csv_line(&row(Ok(measured(1500, Some(1693.0)))));
     assert_eq!(line.matches(',').count(), CSV_HEADER.matches(',').count());
-    assert_eq!(line, "pool,\"a \"\"quoted\"\"\\path\n\",10,25,1000,1500,1.5,1,20,15,sim,7,0,");
+    assert_eq!(line, "pool,\"a \"\"quoted\"\"\\path\n\",10,25,1000,1500,1.5,1,20,15,sim,7,0,,1693");
+    // The new column is the last, so the ones before it keep their places.
+    assert!(CSV_HEADER.ends_with(",failed_allocations,error,upstream_allocs_per_pass"));
+    let uncounted = csv_line(&row(Ok(measured(1500, None))));
+    assert!(uncounted.ends_with(",sim,7,0,,"), "{uncounted}");
     let failed = csv_line(&row(Err("out of memory, sorry".into())));
-    assert!(failed.ends_with(",,,,,,,,sim,7,0,\"out of memory, sorry\""), "{failed}");
+    assert!(failed.ends_with(",,,,,,,,sim,7,0,\"out of memory, sorry\","), "{failed}");
 }
 
 #[test]
