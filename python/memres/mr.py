@@ -12,14 +12,31 @@ TrackingResourceAdaptor, LoggingResourceAdaptor, LimitingResourceAdaptor,
 FailureCallbackResourceAdaptor. StackMemoryResource builds any stack string.
 """
 
+import atexit
 import os
 import re
+import sys
+import weakref
 
 from . import _native
 from ._device import current_device
 from ._stream import as_handle
 
 _WORD = re.compile(r"^[^,()=\s]+$")
+
+# Every resource built, so that the buffers of their logs are written out
+# when the interpreter exits: a resource still current then (or held by a
+# module) is never dropped, and its log would lose its last lines.
+_BUILT = weakref.WeakSet()
+
+
+@atexit.register
+def _flush_logs_at_exit():
+    for r in list(_BUILT):
+        try:
+            r._native.flush()
+        except Exception as e:  # noqa: BLE001 (at exit: say it, do not raise)
+            print(f"memres: at exit: {e}", file=sys.stderr)
 
 
 def _word(value, what):
@@ -72,6 +89,7 @@ class DeviceMemoryResource:
         self._native = module.NativeResource.build(
             text, [u._native for u in upstreams],
             current_device() if device is None else device, callbacks)
+        _BUILT.add(self)
 
     @property
     def device_id(self):
@@ -134,7 +152,7 @@ def _nbytes(n):
 
 
 class StackMemoryResource(DeviceMemoryResource):
-    """Any stack string, such as ``"stats(pool(async, per_stream=true))"``
+    """Any stack string, such as ``"stats(pool(cuda, per_stream=true))"``
     (``backend``: "cuda" or "sim")."""
 
     def __init__(self, stack, backend="cuda", device=None):
@@ -145,6 +163,7 @@ class StackMemoryResource(DeviceMemoryResource):
         self._backend, self._upstreams = backend, ()
         self._native = module.NativeResource.build(
             stack, [], current_device() if device is None else device)
+        _BUILT.add(self)
 
 
 # Leaves ------------------------------------------------------------------

@@ -3,6 +3,8 @@ resource, reinitialize."""
 
 import gc
 import os
+import subprocess
+import sys
 
 import pytest
 
@@ -201,3 +203,21 @@ def test_reinitialize_with_logging(tmp_path):
     gc.collect()
     mr.get_current_device_resource().flush()
     assert os.path.getsize(path) > 0
+
+
+def test_logs_are_complete_when_the_interpreter_exits(tmp_path):
+    # The resource stays current until exit, never dropped: without the
+    # flush at exit the log's buffer (and the trace's last lines) is lost.
+    path = tmp_path / "exit.csv"
+    code = (
+        "import memres\n"
+        f"memres.reinitialize(stack='log(stats(pool(sim(1GiB))), file={path})')\n"
+        "res = memres.mr.get_current_device_resource()\n"
+        "for i in range(2000):\n"
+        "    res.deallocate(res.allocate(256 + i), 256 + i)\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
+    lines = path.read_text().splitlines()
+    assert len(lines) == 1 + 2 * 2000, len(lines)
+    assert all(len(line.split(",")) == 6 for line in lines), [x for x in lines if len(x.split(",")) != 6][:3]
+    assert lines[-1].split(",")[2] == "free" and lines[-1].split(",")[4] == str(256 + 1999)
