@@ -13,7 +13,7 @@ os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
 p = argparse.ArgumentParser()
 p.add_argument("--allocator", choices=["native", "memres"], required=True)
 p.add_argument("--steps", type=int, default=30)
-p.add_argument("--stack", default="stats(pool(async, per_stream=true))")
+p.add_argument("--stack", default="stats(pool(cuda, per_stream=true, growth=32, granule=2MiB))")
 p.add_argument("--width", type=int, default=2048)
 args = p.parse_args()
 
@@ -60,6 +60,10 @@ if args.allocator == "memres":
     result["peak_reserved_bytes"] = st.peak_reserved_bytes
     result["peak_device_bytes"] = max(st.peak_bytes, st.peak_reserved_bytes)
     result["memres_live_blocks"] = memres._native.cuda().c_live_count(torch.cuda.current_device())
+    # The most bytes live at once: what no allocator can hold less than.
+    counts = memres.statistics.get_statistics()
+    result["peak_live_bytes"] = counts.peak_bytes if counts is not None else None
 else:
     result["peak_device_bytes"] = torch.cuda.max_memory_reserved()
+    result["peak_live_bytes"] = torch.cuda.max_memory_allocated()
 print(json.dumps(result))

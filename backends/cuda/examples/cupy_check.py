@@ -8,7 +8,7 @@ Driver (each worker in a process of its own):
 Worker (prints one line `RESULT {json}`):
 
     python3 cupy_check.py --worker native
-    python3 cupy_check.py --worker memres --so path/to/libmemres.so [--stack 'stats(pool(async, per_stream=true))']
+    python3 cupy_check.py --worker memres --so path/to/libmemres.so [--stack 'stats(pool(cuda, per_stream=true, growth=32, granule=2MiB))']
 
 The workload (fixed seed): matrix products, FFTs, reductions, a sort, a
 cumulative sum, an elementwise chain, and many temporaries of assorted
@@ -28,7 +28,7 @@ sys.path.insert(0, HERE)
 from workers import open_memres, run_worker, worker_or_driver  # noqa: E402
 
 SCRIPT = os.path.abspath(__file__)
-MEMRES_STACK = "stats(pool(async, per_stream=true))"
+MEMRES_STACK = "stats(pool(cuda, per_stream=true, growth=32, granule=2MiB))"
 
 
 def workload(cupy):

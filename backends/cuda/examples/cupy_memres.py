@@ -1,7 +1,7 @@
 """CuPy on memres: every CuPy allocation goes through memres_alloc, and is freed
 with memres_free when CuPy lets go of it.
 
-    python3 cupy_memres.py path/to/libmemres.so [--stack 'stats(pool(async, per_stream=true))']
+    python3 cupy_memres.py path/to/libmemres.so [--stack 'stats(pool(cuda, per_stream=true, growth=32, granule=2MiB))']
 
 `use_memres(lib)` is the whole adapter: CuPy's `set_allocator` takes a
 function from a size to a `MemoryPointer`; the memory is wrapped in
@@ -57,7 +57,7 @@ def use_memres(lib):
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("so", help="path of libmemres.so")
-    p.add_argument("--stack", help="memres stack description (default: MEMRES_STACK or the library's default, stats(pool(async, per_stream=true)))")
+    p.add_argument("--stack", help="memres stack description (default: MEMRES_STACK or the library's default, stats(pool(cuda, per_stream=true, growth=32, granule=2MiB)))")
     args = p.parse_args()
 
     lib = Memres(args.so)

@@ -34,7 +34,7 @@ so=$(realpath "$1")
 out=$(realpath -m "${2:-/tmp/memres-gpu-check}")
 here=$(dirname "$(realpath "$0")")
 py=${PYTHON:-python3}
-train_stacks=${TRAIN_STACKS:-"stats(pool(async, per_stream=true));stats(vmm)"}
+train_stacks=${TRAIN_STACKS:-"stats(pool(cuda, per_stream=true, growth=32, granule=2MiB));stats(pool(async, per_stream=true))"}
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1
 

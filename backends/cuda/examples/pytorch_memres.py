@@ -1,10 +1,10 @@
 """PyTorch on memres: switch PyTorch's CUDA allocator to libmemres.so, train a
 small network for a few steps, and print what memres held.
 
-    python3 pytorch_memres.py path/to/libmemres.so [--stack 'stats(pool(async, per_stream=true))']
+    python3 pytorch_memres.py path/to/libmemres.so [--stack 'stats(pool(cuda, per_stream=true, growth=32, granule=2MiB))']
 
 The stack is --stack, else the environment variable MEMRES_STACK, else
-memres's default, stats(pool(async, per_stream=true)). The allocator must be switched before
+memres's default, stats(pool(cuda, per_stream=true, growth=32, granule=2MiB)). The allocator must be switched before
 PyTorch allocates anything on the GPU.
 """
 
@@ -19,7 +19,7 @@ from memres_ctypes import Memres, print_stats  # noqa: E402
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("so", help="path of libmemres.so")
-    p.add_argument("--stack", help="memres stack description (default: MEMRES_STACK or the library's default, stats(pool(async, per_stream=true)))")
+    p.add_argument("--stack", help="memres stack description (default: MEMRES_STACK or the library's default, stats(pool(cuda, per_stream=true, growth=32, granule=2MiB)))")
     p.add_argument("--steps", type=int, default=20)
     args = p.parse_args()
 

@@ -12,7 +12,7 @@ allocator and on memres per stack to test, in `--rounds` interleaved rounds
 (default 3; native at least twice, to see that the run is deterministic at
 all). Step times are medians over steps 6 to 50, then over rounds. The
 stacks come from `--stack` (repeatable), else from $MEMRES_TRAIN_STACKS
-(separated by `;`), else `stats(pool(async, per_stream=true))`. With --log it runs once
+(separated by `;`), else `stats(pool(cuda, per_stream=true, growth=32, granule=2MiB))`. With --log it runs once
 more on memres with MEMRES_STACK='log(STACK, file=PATH)'
 (the first stack) so the run is recorded as an RMM-format trace, which it
 then checks (every free matches a live allocation of the same size). It
@@ -26,7 +26,7 @@ torch.cuda.max_memory_reserved()). One line `SUMMARY train_check [STACK]:
 Worker (one run, prints one line `RESULT {json}`):
 
     python3 train_check.py --worker native
-    python3 train_check.py --worker memres --so path/to/libmemres.so [--stack 'stats(pool(async, per_stream=true))']
+    python3 train_check.py --worker memres --so path/to/libmemres.so [--stack 'stats(pool(cuda, per_stream=true, growth=32, granule=2MiB))']
 """
 
 import argparse
@@ -46,7 +46,7 @@ from workers import open_memres, run_worker, worker_or_driver  # noqa: E402
 SCRIPT = os.path.abspath(__file__)
 
 SEED = 1234
-MEMRES_STACK = "stats(pool(async, per_stream=true))"
+MEMRES_STACK = "stats(pool(cuda, per_stream=true, growth=32, granule=2MiB))"
 STACKS_VAR = "MEMRES_TRAIN_STACKS"
 
 

@@ -3,7 +3,7 @@
     from memres.allocators.torch import memres_torch_allocator
     torch.cuda.memory.change_current_allocator(memres_torch_allocator)
 
-or in one call, ``memres.allocators.torch.use(stack="stats(pool(async, per_stream=true))")``.
+or in one call, ``memres.allocators.torch.use(stack="stats(pool(cuda, per_stream=true, growth=32, granule=2MiB))")``.
 Every tensor's memory comes from the current memres resource of its device
 (``memres.set_current_device_resource``) through two C functions of the
 CUDA native module; ``empty_cache()`` gives the pools' free chunks back.

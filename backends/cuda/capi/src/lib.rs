@@ -64,7 +64,7 @@
 //! The stream is the caller's `cudaStream_t`, named by a borrowed
 //! [`CudaStream`] (0 is the legacy default stream) for the call only.
 //!
-//! The default stack, `stats(pool(async, per_stream=true))`, is
+//! The default stack, `stats(pool(cuda, per_stream=true, growth=32, granule=2MiB))`, is
 //! stream-ordered as PyTorch's own allocator and RMM's pool are: each
 //! stream has a pool of its own ([`memres_core::per_stream`]); a block
 //! freed on a stream is reused on that stream at once, and reaches another
@@ -137,9 +137,13 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Mutex;
 
 /// The stack a device runs when neither `memres_configure` nor
-/// `MEMRES_STACK` names one: a pool per stream over the driver's
-/// stream-ordered allocator (see *Streams*).
-pub const DEFAULT_STACK: &str = "stats(pool(async, per_stream=true))";
+/// `MEMRES_STACK` names one: a pool per stream (see *Streams*) over
+/// `cuMemAlloc`, growing by 1/32 of what it holds in 2 MiB steps. Over
+/// `cuMemAllocAsync` the driver's own pool reserves in larger units and
+/// keeps what the pool gives back until the next synchronization; the
+/// figures behind the choice are in the repository's
+/// `docs/measurements.md`.
+pub const DEFAULT_STACK: &str = "stats(pool(cuda, per_stream=true, growth=32, granule=2MiB))";
 
 /// The environment variable read when a device is first used.
 pub const STACK_VAR: &str = "MEMRES_STACK";
