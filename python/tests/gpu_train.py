@@ -13,7 +13,7 @@ os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
 p = argparse.ArgumentParser()
 p.add_argument("--allocator", choices=["native", "memres"], required=True)
 p.add_argument("--steps", type=int, default=30)
-p.add_argument("--stack", default="stats(pool(cuda, per_stream=true, growth=32, granule=2MiB))")
+p.add_argument("--stack", help="memres stack (default: what use() gives, the recommended stack)")
 p.add_argument("--width", type=int, default=2048)
 args = p.parse_args()
 
@@ -21,7 +21,7 @@ import torch  # noqa: E402
 
 if args.allocator == "memres":
     import memres.allocators.torch as mt
-    mt.use(stack=args.stack)
+    mt.use(stack=args.stack)  # None: use() alone
 
 torch.manual_seed(0)
 torch.use_deterministic_algorithms(True)
@@ -59,6 +59,7 @@ if args.allocator == "memres":
     result["peak_held_bytes"] = st.peak_bytes
     result["peak_reserved_bytes"] = st.peak_reserved_bytes
     result["peak_device_bytes"] = max(st.peak_bytes, st.peak_reserved_bytes)
+    result["stack"] = memres.mr.get_current_device_resource().stack
     result["memres_live_blocks"] = memres._native.cuda().c_live_count(torch.cuda.current_device())
     # The most bytes live at once: what no allocator can hold less than.
     counts = memres.statistics.get_statistics()

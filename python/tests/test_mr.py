@@ -221,3 +221,16 @@ def test_logs_are_complete_when_the_interpreter_exits(tmp_path):
     assert len(lines) == 1 + 2 * 2000, len(lines)
     assert all(len(line.split(",")) == 6 for line in lines), [x for x in lines if len(x.split(",")) != 6][:3]
     assert lines[-1].split(",")[2] == "free" and lines[-1].split(",")[4] == str(256 + 1999)
+
+
+def test_torch_use_without_pytorch_fails_and_changes_nothing():
+    import importlib.util
+    if importlib.util.find_spec("torch") is not None:
+        pytest.skip("PyTorch is installed here: test_gpu.py covers use()")
+    import memres.allocators.torch as mt
+    assert not memres.is_initialized()
+    with pytest.raises(ImportError):
+        mt.use(stack="stats(pool(sim(1GiB)))")
+    with pytest.raises(ImportError):
+        mt.use()
+    assert not memres.is_initialized()

@@ -3,13 +3,15 @@
     from memres.allocators.torch import memres_torch_allocator
     torch.cuda.memory.change_current_allocator(memres_torch_allocator)
 
-or in one call, ``memres.allocators.torch.use(stack="stats(pool(cuda, per_stream=true, growth=32, granule=2MiB))")``.
+or in one call, ``memres.allocators.torch.use()`` (the recommended stack,
+``RECOMMENDED_STACK``, unless a resource is set) or ``use(stack=...)``.
 Every tensor's memory comes from the current memres resource of its device
 (``memres.set_current_device_resource``) through two C functions of the
 CUDA native module; ``empty_cache()`` gives the pools' free chunks back.
 """
 
 from .. import _native, mr as _mr
+from .._device import current_device
 
 try:
     from torch.cuda.memory import CUDAPluggableAllocator
@@ -30,19 +32,26 @@ def _make():
 memres_torch_allocator = _make()
 
 
+# What ``use()`` gives a device that has no resource yet: the C library's
+# default, a pool per stream over cuMemAlloc (docs/cuda.md says why).
+RECOMMENDED_STACK = "stats(pool(cuda, per_stream=true, growth=32, granule=2MiB))"
+
+
 def use(stack=None, **reinitialize_kwargs):
-    """Makes memres PyTorch's allocator: sets each device's resource from
-    ``stack`` (or ``memres.reinitialize``'s keywords) and changes PyTorch's
-    allocator. Call it before the first CUDA tensor."""
+    """Makes memres PyTorch's allocator: sets the device's resource from
+    ``stack`` (or ``memres.reinitialize``'s keywords); with neither, keeps
+    the current device's resource if one was set and else gives it
+    ``RECOMMENDED_STACK``. Then changes PyTorch's allocator. Call it before
+    the first CUDA tensor. Nothing changes when it fails."""
     import torch
     from .. import reinitialize
-    if stack is not None or reinitialize_kwargs:
-        reinitialize(stack=stack, **reinitialize_kwargs)
-    else:
-        _mr.get_current_device_resource()
     allocator = memres_torch_allocator or _make()
     if allocator is None:
         raise RuntimeError("memres: the PyTorch allocator needs PyTorch with CUDA and memres's CUDA side")
+    if stack is not None or reinitialize_kwargs:
+        reinitialize(stack=stack, **reinitialize_kwargs)
+    elif not _mr.is_initialized():
+        reinitialize(stack=RECOMMENDED_STACK, devices=current_device())
     torch.cuda.memory.change_current_allocator(allocator)
     return allocator
 
