@@ -10,8 +10,9 @@
  *
  * Each device gets its own resource, built the first time the device is
  * used, from the stack set by memres_configure, else the environment
- * variable MEMRES_STACK, else "stats(pool(cuda, per_stream=true, growth=32, granule=2MiB))". A
- * stack is written as nested calls, outermost first, for example
+ * variable MEMRES_STACK, else
+ * "stats(pool(cuda, per_stream=true, growth=32, granule=2MiB))". A stack
+ * is written as nested calls, outermost first, for example
  *
  *   stats(pool(async, per_stream=true, initial=1GiB))
  *   log(pool(async), file=/tmp/trace.csv)
