@@ -457,6 +457,14 @@ mod tests {
     }
 
     #[test]
+    fn the_default_stack_builds_without_a_device() {
+        // The GPU tests build it for real; this catches a broken default
+        // where there is no GPU.
+        let built = leaves::checking_builder().build(DEFAULT_STACK, &CudaStream::legacy());
+        assert!(built.is_ok(), "{DEFAULT_STACK}: {:?}", built.err());
+    }
+
+    #[test]
     fn copy_out_truncates_and_terminates() {
         let mut buf = [0x7f as c_char; 5];
         // SAFETY: `buf` is 5 bytes.
