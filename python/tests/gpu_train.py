@@ -13,7 +13,7 @@ os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
 p = argparse.ArgumentParser()
 p.add_argument("--allocator", choices=["native", "memres"], required=True)
 p.add_argument("--steps", type=int, default=30)
-p.add_argument("--stack", help="memres stack (default: what use() gives, the recommended stack)")
+p.add_argument("--stack", help="memres stack (default: what use() gives, the default stack)")
 p.add_argument("--width", type=int, default=2048)
 args = p.parse_args()
 

@@ -129,9 +129,9 @@ def test_torch_training_through_memres_gives_the_native_losses(gpu):
     assert len(ours["losses"]) == 30
     assert ours["losses"] == native["losses"]
     assert ours["peak_device_bytes"] > 0
-    # use() with no stack gave the device the recommended one.
-    from memres.allocators.torch import RECOMMENDED_STACK
-    assert ours["stack"] == RECOMMENDED_STACK
+    # use() with no stack gave the device the default stack.
+    from memres.allocators.torch import DEFAULT_STACK
+    assert ours["stack"] == DEFAULT_STACK
 
 
 def test_release_gives_free_chunks_back(gpu):

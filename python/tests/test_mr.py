@@ -234,3 +234,14 @@ def test_torch_use_without_pytorch_fails_and_changes_nothing():
     with pytest.raises(ImportError):
         mt.use()
     assert not memres.is_initialized()
+
+
+def test_the_torch_default_stack_is_the_c_librarys():
+    # One default for PyTorch, whether through the C library or use().
+    src = os.path.join(os.path.dirname(__file__), "..", "..", "backends", "cuda", "capi", "src", "lib.rs")
+    if not os.path.exists(src):
+        pytest.skip("the repository's sources are not here")
+    import re
+    import memres.allocators.torch as mt
+    found = re.search(r'pub const DEFAULT_STACK: &str = "([^"]+)";', open(src).read())
+    assert found is not None and found.group(1) == mt.DEFAULT_STACK

@@ -3,8 +3,8 @@
     from memres.allocators.torch import memres_torch_allocator
     torch.cuda.memory.change_current_allocator(memres_torch_allocator)
 
-or in one call, ``memres.allocators.torch.use()`` (the recommended stack,
-``RECOMMENDED_STACK``, unless a resource is set) or ``use(stack=...)``.
+or in one call, ``memres.allocators.torch.use()`` (``DEFAULT_STACK``, the C
+library's default, unless a resource is set) or ``use(stack=...)``.
 Every tensor's memory comes from the current memres resource of its device
 (``memres.set_current_device_resource``) through two C functions of the
 CUDA native module; ``empty_cache()`` gives the pools' free chunks back.
@@ -33,15 +33,16 @@ memres_torch_allocator = _make()
 
 
 # What ``use()`` gives a device that has no resource yet: the C library's
-# default, a pool per stream over cuMemAlloc (docs/cuda.md says why).
-RECOMMENDED_STACK = "stats(pool(cuda, per_stream=true, growth=32, granule=2MiB))"
+# default stack (its DEFAULT_STACK; a pool per stream over cuMemAlloc,
+# docs/cuda.md says why).
+DEFAULT_STACK = "stats(pool(cuda, per_stream=true, growth=32, granule=2MiB))"
 
 
 def use(stack=None, **reinitialize_kwargs):
     """Makes memres PyTorch's allocator: sets the device's resource from
     ``stack`` (or ``memres.reinitialize``'s keywords); with neither, keeps
     the current device's resource if one was set and else gives it
-    ``RECOMMENDED_STACK``. Then changes PyTorch's allocator. Call it before
+    ``DEFAULT_STACK``. Then changes PyTorch's allocator. Call it before
     the first CUDA tensor. Nothing changes when it fails."""
     import torch
     from .. import reinitialize
@@ -51,7 +52,7 @@ def use(stack=None, **reinitialize_kwargs):
     if stack is not None or reinitialize_kwargs:
         reinitialize(stack=stack, **reinitialize_kwargs)
     elif not _mr.is_initialized():
-        reinitialize(stack=RECOMMENDED_STACK, devices=current_device())
+        reinitialize(stack=DEFAULT_STACK, devices=current_device())
     torch.cuda.memory.change_current_allocator(allocator)
     return allocator
 

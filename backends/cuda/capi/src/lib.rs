@@ -66,8 +66,9 @@
 //!
 //! The default stack, `stats(pool(cuda, per_stream=true, growth=32,
 //! granule=2MiB))`, is stream-ordered as PyTorch's own allocator and
-//! RMM's pool are: each stream has a pool of its own ([`memres_core::per_stream`]); a block
-//! freed on a stream is reused on that stream at once, and reaches another
+//! RMM's pool are: each stream has a pool of its own
+//! ([`memres_core::per_stream`]); a block freed on a stream is reused on
+//! that stream at once, and reaches another
 //! stream only once that stream is ordered after the free (it waits on an
 //! event recorded after it; a block freed on another stream than its
 //! allocation's is reused by its own stream only after a wait on the freeing
