@@ -154,7 +154,7 @@ pub fn run_stack(
         Err(runner) => runner,
     };
     let built = builder.build_call_with_handles(&call, &build_stream).map_err(fail)?;
-    let peak = leaf_peak(&built, cuda.is_some()).ok_or_else(|| {
+    let (peak, counted) = leaf_figures(&built, cuda.is_some()).ok_or_else(|| {
         RunError::Unsupported(format!(
             "stack `{text}` has no sim, host or vpool leaf (or cuda or async, with --upstream cuda|async) \
              whose peak the tool can read"
@@ -172,35 +172,32 @@ pub fn run_stack(
             log.set(pass == 1);
         }
     };
-    let counted = leaf_allocations(&built);
     Ok(runner.run(Owned(built.resource), move |_| peak(), counted, on_pass)?)
 }
 
-/// The peak upstream of a built stack: of its outermost `sim` or `host`,
-/// else of its `vpool`, else (with CUDA leaves) of its CUDA leaf.
-fn leaf_peak(built: &Built<SimStream>, cuda: bool) -> Option<Box<dyn Fn() -> u64 + Send + Sync>> {
+/// Reads the most bytes a leaf held at once.
+type PeakOf = Box<dyn Fn() -> u64 + Send + Sync>;
+/// Reads the allocations a leaf has served so far, where it counts them.
+type AllocationsOf = Box<dyn Fn() -> Option<u64> + Send + Sync>;
+
+/// What a row reads of a built stack's leaf: the peak upstream of its
+/// outermost `sim` or `host`, else of its `vpool`, else (with CUDA leaves)
+/// of its CUDA leaf; and the allocations made from it, which only `sim`
+/// and `host` count.
+fn leaf_figures(built: &Built<SimStream>, cuda: bool) -> Option<(PeakOf, AllocationsOf)> {
+    let uncounted: AllocationsOf = Box::new(|| None);
     if let Some(sim) = built.get::<SimDevice>("sim") {
-        Some(Box::new(move || sim.usage().peak_held))
+        let counts = sim.clone();
+        Some((Box::new(move || sim.usage().peak_held), Box::new(move || Some(counts.call_counts().0))))
     } else if let Some(host) = built.get::<HostMemory>("host") {
-        Some(Box::new(move || host.usage().peak_held))
+        let counts = host.clone();
+        Some((Box::new(move || host.usage().peak_held), Box::new(move || Some(counts.call_counts().0))))
     } else if let Some(v) = built.get::<Shared<VirtualPool<SimAddressSpace>>>("vpool") {
-        Some(Box::new(move || v.with(|v| v.usage().peak_held)))
+        Some((Box::new(move || v.with(|v| v.usage().peak_held)), uncounted))
     } else if cuda {
-        cuda_peak(built)
+        cuda_peak(built).map(|peak| (peak, uncounted))
     } else {
         None
-    }
-}
-
-/// The allocations made so far from a built stack's outermost `sim` or
-/// `host` (the leaf [`leaf_peak`] reads first), where it has one.
-fn leaf_allocations(built: &Built<SimStream>) -> impl Fn() -> Option<u64> + Send + Sync + 'static {
-    let sim = built.get::<SimDevice>("sim");
-    let host = built.get::<HostMemory>("host");
-    move || match (&sim, &host) {
-        (Some(sim), _) => Some(sim.call_counts().0),
-        (None, Some(host)) => Some(host.call_counts().0),
-        (None, None) => None,
     }
 }
 

@@ -63,6 +63,16 @@ impl<N: Storage<Node>> Classes<N> {
         }
     }
 
+    /// The index of the large class, or of the shared one, to read.
+    #[inline]
+    pub(crate) fn class(&self, large: bool) -> &CoalescingIndex<N> {
+        if large {
+            &self.large
+        } else {
+            &self.shared
+        }
+    }
+
     /// Whether a chunk's handle names the large class, and the chunk's node
     /// in that class's index.
     #[inline]
@@ -85,7 +95,7 @@ impl<N: Storage<Node>> Classes<N> {
 
     fn of_chunk_ref(&self, chunk: &Chunk) -> (&CoalescingIndex<N>, Chunk) {
         let (large, node) = Self::split_handle(chunk.first());
-        (if large { &self.large } else { &self.shared }, chunk.with_first(node))
+        (self.class(large), chunk.with_first(node))
     }
 
     /// The tag a block of the class has outside (`tag` as the index gave
