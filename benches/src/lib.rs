@@ -9,6 +9,8 @@
 //! - [`stack`]: replays through a stack built from its text by the core's
 //!   builder, or typed for the shapes of [`typed`] (the fast path).
 //! - [`peers`]: the allocators memres is compared with.
+//! - [`offline`]: offline placement, knowing every lifetime: the reference
+//!   for what a placement that never moves a block can reach.
 //! - `cuda` (feature `cuda`): the CUDA upstreams and plain CUDA resources.
 //! - [`report`]: the rows the tool prints, as a table or JSON lines.
 //!
@@ -31,6 +33,7 @@ pub mod cuda;
 pub mod map;
 pub mod names;
 pub mod observe;
+pub mod offline;
 pub mod peers;
 pub mod replay;
 pub mod report;

@@ -87,6 +87,24 @@ enum Command {
         #[arg(required = true, value_name = "WORKLOAD_OR_TRACE")]
         workloads: Vec<String>,
     },
+    /// Place each workload's blocks knowing every lifetime in advance:
+    /// the footprint a placement that never moves a block can reach once
+    /// it has seen the whole sequence (a reference, not a resource).
+    ///
+    /// Blocks are placed greedily, largest first, each at the lowest
+    /// offset free while it is live, in each order of `memres_bench::offline`;
+    /// every placement is checked before it is printed. Footprint is the
+    /// highest end offset over the peak live bytes, as for the peers in
+    /// `replay`. Exit status: 0 printed, 1 a placement failed its check,
+    /// 2 bad usage.
+    Offline {
+        /// Print CSV (a header, then a line per workload) instead of a table.
+        #[arg(long)]
+        csv: bool,
+        /// Workload specs or trace paths, as for `replay`.
+        #[arg(required = true, value_name = "WORKLOAD_OR_TRACE")]
+        workloads: Vec<String>,
+    },
     /// List the resources `replay` knows, with the stack strings they stand for.
     Resources,
     /// List the names of stack strings (leaves, resources, adaptors) with
@@ -115,6 +133,7 @@ fn main() -> ExitCode {
             print!("{}", memres_bench::names::listing());
             ExitCode::SUCCESS
         }
+        Command::Offline { csv, workloads } => offline(csv, &workloads),
         Command::Replay {
             resource,
             stack,
@@ -154,6 +173,67 @@ fn main() -> ExitCode {
     }
 }
 
+/// `memres offline`: one line per workload, every order's footprint and
+/// the best.
+fn offline(csv: bool, specs: &[String]) -> ExitCode {
+    use memres_bench::offline::{best, first_conflict, lifetimes, place, Order};
+    use memres_bench::report::human_bytes;
+    let workloads: Vec<Workload> = match specs.iter().map(|s| Workload::load(s)).collect() {
+        Ok(w) => w,
+        Err(e) => {
+            eprintln!("memres: error: {e}");
+            return ExitCode::from(USAGE);
+        }
+    };
+    let orders: Vec<&str> = Order::ALL.iter().map(|o| o.name()).collect();
+    if csv {
+        println!("workload,peak_live,{},best,best_order", orders.join(","));
+    } else {
+        let width = workloads.iter().map(|w| w.name.len()).max().unwrap_or(0);
+        print!("{:<width$}  {:>11}", "workload", "peak live");
+        orders.iter().for_each(|o| print!("  {o:>18}"));
+        println!("  {:>11}  {:>9}  best order", "offline", "footprint");
+    }
+    let mut ok = true;
+    for w in &workloads {
+        let blocks = lifetimes(w);
+        let footprint = |top: u64| top as f64 / w.peak_live.max(1) as f64;
+        let each: Vec<u64> = Order::ALL.iter().map(|&o| place(&blocks, o).top).collect();
+        let (order, placement) = best(w);
+        if let Some((a, b)) = first_conflict(&blocks, &placement) {
+            eprintln!("memres: error: {}: blocks {a} and {b} overlap while live", w.name);
+            ok = false;
+            continue;
+        }
+        if csv {
+            let fields: Vec<String> = each.iter().map(|&t| format!("{:.4}", footprint(t))).collect();
+            println!(
+                "{},{},{},{:.4},{}",
+                memres_bench::report::csv_field(&w.name),
+                w.peak_live,
+                fields.join(","),
+                footprint(placement.top),
+                order.name()
+            );
+        } else {
+            let width = workloads.iter().map(|w| w.name.len()).max().unwrap_or(0);
+            print!("{:<width$}  {:>11}", w.name, human_bytes(w.peak_live));
+            each.iter().for_each(|&t| print!("  {:>18.3}", footprint(t)));
+            println!(
+                "  {:>11}  {:>9.3}  {}",
+                human_bytes(placement.top),
+                footprint(placement.top),
+                order.name()
+            );
+        }
+    }
+    if ok {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
+}
+
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Format {
     Table,
@@ -169,7 +249,7 @@ enum Failure {
 }
 
 /// What a row replays.
-enum Plan {
+enum Source {
     Resource(&'static Resource, Option<u64>),
     Stack(String),
 }
@@ -191,7 +271,7 @@ fn replay(
         )));
     }
     outputs.check().map_err(Failure::Usage)?;
-    let mut plans: Vec<(String, Plan)> = Vec::new();
+    let mut sources: Vec<(String, Source)> = Vec::new();
     if names.is_empty() && stacks.is_empty() {
         let applies = |r: &&Resource| {
             r.param != Param::Size
@@ -199,25 +279,25 @@ fn replay(
                 && (!r.sim_only || options.upstream == UpstreamKind::Sim)
         };
         for r in RESOURCES.iter().filter(applies) {
-            plans.push((r.name.to_string(), Plan::Resource(r, None)));
+            sources.push((r.name.to_string(), Source::Resource(r, None)));
         }
     }
     for n in names {
         let (r, param) = select(n.trim()).map_err(Failure::Usage)?;
-        plans.push((n.trim().to_string(), Plan::Resource(r, param)));
+        sources.push((n.trim().to_string(), Source::Resource(r, param)));
     }
     for s in stacks {
-        plans.push((s.clone(), Plan::Stack(s.clone())));
+        sources.push((s.clone(), Source::Stack(s.clone())));
     }
     // Every stack is built once before anything is replayed: a wrong name,
     // key or value stops the run at once.
-    let targets: Vec<Target> = plans
+    let targets: Vec<Target> = sources
         .iter()
-        .map(|(name, plan)| Target {
+        .map(|(name, source)| Target {
             name: name.clone(),
-            stack: match plan {
-                Plan::Resource(r, param) => r.stack(options.upstream, *param),
-                Plan::Stack(text) => Some(text.clone()),
+            stack: match source {
+                Source::Resource(r, param) => r.stack(options.upstream, *param),
+                Source::Stack(text) => Some(text.clone()),
             },
         })
         .collect();
@@ -233,7 +313,7 @@ fn replay(
         .map(|s| Workload::load(s))
         .collect::<Result<_, _>>()
         .map_err(|e| Failure::Usage(e.to_string()))?;
-    let rows = run_all(&plans, &workloads, &options);
+    let rows = run_all(&sources, &workloads, &options);
     match format {
         Format::Json => rows.iter().for_each(|row| println!("{}", json_line(row))),
         Format::Csv => {
@@ -257,13 +337,13 @@ fn replay(
     Ok(rows.iter().all(|r| r.outcome.is_ok()))
 }
 
-/// Replays every plan on every workload, with a progress bar on a terminal
+/// Replays every source on every workload, with a progress bar on a terminal
 /// for long workloads.
-fn run_all(plans: &[(String, Plan)], workloads: &[Workload], options: &RunOptions) -> Vec<Row> {
+fn run_all(sources: &[(String, Source)], workloads: &[Workload], options: &RunOptions) -> Vec<Row> {
     let show_progress = std::io::stderr().is_terminal();
     let mut rows = Vec::new();
     for w in workloads {
-        for (name, plan) in plans {
+        for (name, source) in sources {
             let bar = if show_progress && w.ops.len() >= 1 << 20 {
                 let bar = ProgressBar::new((1 + options.passes as u64) * w.ops.len() as u64)
                     .with_message(format!("{name} on {}", w.name));
@@ -275,15 +355,15 @@ fn run_all(plans: &[(String, Plan)], workloads: &[Workload], options: &RunOption
                 ProgressBar::hidden()
             };
             let mut progress = |n: usize| bar.inc(n as u64);
-            let outcome = match plan {
-                Plan::Resource(r, param) => {
+            let outcome = match source {
+                Source::Resource(r, param) => {
                     r.run(w, &RunOptions { param: *param, ..*options }, &mut progress)
                 }
                 // The stack's leaves name its upstream.
-                Plan::Stack(_) if options.upstream == UpstreamKind::Host => Err(RunError::Unsupported(
+                Source::Stack(_) if options.upstream == UpstreamKind::Host => Err(RunError::Unsupported(
                     "--upstream host does not apply to a stack: its leaf names the upstream".into(),
                 )),
-                Plan::Stack(text) => run_stack(text, w, options, &mut progress),
+                Source::Stack(text) => run_stack(text, w, options, &mut progress),
             }
             .map_err(|e| e.to_string());
             bar.finish_and_clear();
