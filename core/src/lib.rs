@@ -22,6 +22,7 @@
 //! | [`pool`] | [`CoalescingPool`](pool::CoalescingPool): O(1) allocate and free over chunks from an upstream |
 //! | [`per_stream`] | [`PerStreamPool`](per_stream::PerStreamPool): a pool per stream over one upstream, as PyTorch's allocator; memory moves between streams as whole chunks, ordered by events (feature `alloc`) |
 //! | [`stream_ordered`] | [`StreamOrdered`]: RMM's stream-ordered layer, per-stream free lists over any stream-agnostic algorithm, with events to move blocks between streams |
+//! | [`planned`] | [`Planned`](planned::Planned): lays out each step of a repeating workload from the step before it, with every lifetime known ([`placement`](planned::placement)); a steady step asks the upstream for nothing (feature `alloc`) |
 //! | [`fixed`] | [`FixedSizeResource`](fixed::FixedSizeResource): blocks of one size carved from upstream chunks, O(1) allocate and free on an index stack outside the managed memory |
 //! | `binning` (feature `alloc`) | `BinningResource`: routes each size to the smallest bin that holds it (fixed-size bins per power of two, bins picked from a measured size histogram, or any resource), the rest to upstream |
 //! | [`arena`] | [`ArenaResource`](arena::ArenaResource): RMM's arena, a global arena of superblocks lent to per-thread and per-stream arenas, built to scale with threads (feature `alloc`) |
@@ -95,6 +96,8 @@ pub mod index;
 pub mod lock;
 #[cfg(feature = "alloc")]
 pub mod per_stream;
+#[cfg(feature = "alloc")]
+pub mod planned;
 pub mod pool;
 pub mod shortcut;
 #[cfg(feature = "alloc")]

@@ -92,7 +92,7 @@ enum Command {
     /// it has seen the whole sequence (a reference, not a resource).
     ///
     /// Blocks are placed greedily, largest first, each at the lowest
-    /// offset free while it is live, in each order of `memres_bench::offline`;
+    /// offset free while it is live, in each order of `memres_core::planned::placement`;
     /// every placement is checked before it is printed. Footprint is the
     /// highest end offset over the peak live bytes, as for the peers in
     /// `replay`. Exit status: 0 printed, 1 a placement failed its check,
@@ -176,8 +176,9 @@ fn main() -> ExitCode {
 /// `memres offline`: one line per workload, every order's footprint and
 /// the best.
 fn offline(csv: bool, specs: &[String]) -> ExitCode {
-    use memres_bench::offline::{best, first_conflict, lifetimes, place, Order};
+    use memres_bench::offline::lifetimes;
     use memres_bench::report::human_bytes;
+    use memres_core::planned::placement::{best, first_conflict, place, Order};
     let workloads: Vec<Workload> = match specs.iter().map(|s| Workload::load(s)).collect() {
         Ok(w) => w,
         Err(e) => {
@@ -199,7 +200,7 @@ fn offline(csv: bool, specs: &[String]) -> ExitCode {
         let blocks = lifetimes(w);
         let footprint = |top: u64| top as f64 / w.peak_live.max(1) as f64;
         let each: Vec<u64> = Order::ALL.iter().map(|&o| place(&blocks, o).top).collect();
-        let (order, placement) = best(w);
+        let (order, placement) = best(&blocks);
         if let Some((a, b)) = first_conflict(&blocks, &placement) {
             eprintln!("memres: error: {}: blocks {a} and {b} overlap while live", w.name);
             ok = false;

@@ -1,0 +1,378 @@
+use super::placement::{best, first_conflict, place, Lifetime, Order, Placement};
+use super::*;
+use crate::adaptor::Statistics;
+use crate::splitmix::SplitMix64;
+use crate::testing::{BumpUpstream, TestStream};
+use alloc::vec;
+
+const MIB: u64 = 1 << 20;
+
+fn life(start: u32, end: u32, size: u64) -> Lifetime {
+    Lifetime { start, end, size }
+}
+
+fn req(size: u64) -> Request {
+    Request::new(size).unwrap()
+}
+
+fn upstream_allocations<R>(p: &Planned<Statistics<R>>) -> i64 {
+    p.upstream().get_allocations_counter().total
+}
+
+// Placement.
+
+#[test]
+fn knowing_lifetimes_places_what_an_online_allocator_cannot() {
+    // a and b side by side, a freed, then c of twice the size: an online
+    // allocator puts c after b (3 MiB live, 4 MiB held); knowing that a
+    // dies before c is born, c goes first and a takes its place.
+    let blocks = [life(0, 2, MIB), life(1, 4, MIB), life(3, 4, 2 * MIB)];
+    for order in Order::ALL {
+        let p = place(&blocks, order);
+        assert_eq!(p.top, 3 * MIB, "{order:?}");
+        assert_eq!(first_conflict(&blocks, &p), None);
+        assert_eq!(p.offsets[0], p.offsets[2], "a sits where c will be");
+    }
+}
+
+#[test]
+fn the_checker_finds_blocks_that_share_addresses_while_live() {
+    let blocks = [life(0, 2, 512), life(1, 3, 512)];
+    // Overlapping by 256 bytes: caught from either side.
+    assert_eq!(first_conflict(&blocks, &Placement { offsets: vec![0, 256], top: 768 }), Some((0, 1)));
+    assert_eq!(first_conflict(&blocks, &Placement { offsets: vec![256, 0], top: 768 }), Some((0, 1)));
+    // Touching is fine; so is sharing addresses one after the other, and
+    // blocks of no size or no life take nothing.
+    assert_eq!(first_conflict(&blocks, &Placement { offsets: vec![0, 512], top: 1024 }), None);
+    let apart = [life(0, 1, 512), life(2, 3, 512), life(1, 1, 512), life(0, 3, 0)];
+    assert_eq!(first_conflict(&apart, &Placement { offsets: vec![0; 4], top: 512 }), None);
+}
+
+#[test]
+fn random_sequences_are_placed_without_conflict_and_at_least_at_the_peak() {
+    let mut rng = SplitMix64::new(7);
+    for case in 0..40 {
+        // A random sequence of allocations and frees, its peak live bytes.
+        let (mut blocks, mut live, mut t) = (Vec::new(), Vec::new(), 0u32);
+        let (mut now, mut peak) = (0u64, 0u64);
+        for _ in 0..rng.below(300) + 1 {
+            if !live.is_empty() && rng.below(2) == 0 {
+                let i: usize = live.swap_remove(rng.below(live.len() as u64) as usize);
+                let b: &mut Lifetime = &mut blocks[i];
+                b.end = t;
+                now -= b.size;
+            } else {
+                let size = ((rng.below(64) + 1) * 256) << rng.below(8);
+                blocks.push(life(t, u32::MAX, size));
+                live.push(blocks.len() - 1);
+                now += size;
+                peak = peak.max(now);
+            }
+            t += 1;
+        }
+        for order in Order::ALL {
+            let p = place(&blocks, order);
+            assert_eq!(first_conflict(&blocks, &p), None, "case {case} {order:?}");
+            assert!(p.top >= peak, "case {case} {order:?}: {} < {peak}", p.top);
+            let end = blocks.iter().zip(&p.offsets).map(|(b, o)| o + b.size).max().unwrap();
+            assert_eq!(p.top, end, "case {case} {order:?}");
+        }
+        let (_, p) = best(&blocks);
+        assert!(Order::ALL.iter().all(|&o| place(&blocks, o).top >= p.top), "case {case}");
+    }
+}
+
+#[test]
+fn lifetimes_users_write_wrong_are_placed_without_a_panic() {
+    let odd = [life(5, 2, 256), life(0, u32::MAX, u64::MAX / 2), life(0, 1, u64::MAX / 2)];
+    for order in Order::ALL {
+        let p = place(&odd, order);
+        assert!(p.top >= u64::MAX / 2);
+        first_conflict(&odd, &p);
+    }
+    assert_eq!(first_conflict(&odd, &Placement { offsets: vec![], top: 0 }), None, "nothing to check");
+}
+
+// The adaptor.
+
+/// One step of a script: allocate (a size) or free (the index of an
+/// allocation of the step).
+#[derive(Clone, Copy, Debug)]
+enum Op {
+    Alloc(u64),
+    Free(usize),
+}
+
+/// Runs `script` as one step; returns the blocks left live.
+fn run(p: &Planned<Statistics<BumpUpstream>>, script: &[Op]) -> Vec<Option<Block>> {
+    let mut blocks = Vec::new();
+    for op in script {
+        match *op {
+            Op::Alloc(n) => blocks.push(Some(p.allocate(req(n), &()).unwrap())),
+            Op::Free(i) => p.deallocate(blocks[i].take().unwrap(), &()).unwrap(),
+        }
+        p.check().unwrap();
+    }
+    blocks
+}
+
+/// a, b; free a; c in a's place: every block freed in the step.
+const FREED: [Op; 6] =
+    [Op::Alloc(MIB), Op::Alloc(3 * MIB), Op::Free(0), Op::Alloc(MIB / 2), Op::Free(1), Op::Free(2)];
+
+/// The same, and a 4 KiB block that outlives the step.
+const STEP: [Op; 7] = [
+    Op::Alloc(MIB),
+    Op::Alloc(3 * MIB),
+    Op::Free(0),
+    Op::Alloc(MIB / 2),
+    Op::Free(1),
+    Op::Alloc(4096),
+    Op::Free(2),
+];
+
+#[test]
+fn a_repeating_step_asks_the_upstream_only_for_what_outlives_it() {
+    let p = Planned::new(Statistics::new(BumpUpstream::new(1 << 30)));
+    let mut kept = Vec::new();
+    p.step(&()).unwrap();
+    kept.extend(run(&p, &STEP).into_iter().flatten());
+    assert_eq!(upstream_allocations(&p), 4, "the first step is the upstream's");
+    for i in 0..5 {
+        p.step(&()).unwrap();
+        let before = upstream_allocations(&p);
+        kept.extend(run(&p, &STEP).into_iter().flatten());
+        // The 4 KiB block outlives its step: always from upstream.
+        assert_eq!(upstream_allocations(&p) - before, 1, "step {i}");
+    }
+    let s = p.steps();
+    assert_eq!((s.steps, s.plans, s.followed, s.planned_allocations), (6, 1, 4, 15));
+    // c fits in a's place: the region is b's and a's, not three blocks'.
+    assert_eq!(s.region, 4 * MIB);
+    // The upstream held the region and the blocks that outlived steps.
+    let held = p.upstream().upstream().usage().held;
+    assert_eq!(held, 4 * MIB + 6 * 4096);
+    for b in kept {
+        p.deallocate(b, &()).unwrap();
+    }
+    assert_eq!(p.usage().used, 0);
+    assert_eq!(p.usage().held, 4 * MIB, "the region stays for the next step");
+    p.check().unwrap();
+}
+
+#[test]
+fn a_step_that_departs_from_its_plan_goes_upstream_and_is_planned_again() {
+    let p = Planned::new(Statistics::new(BumpUpstream::new(1 << 30)));
+    for _ in 0..2 {
+        p.step(&()).unwrap();
+        run(&p, &FREED);
+    }
+    assert_eq!(p.steps().planned_allocations, 3);
+    // The third allocation asks for more than planned: it and the rest of
+    // the step come from upstream.
+    p.step(&()).unwrap();
+    let before = upstream_allocations(&p);
+    let other =
+        [Op::Alloc(MIB), Op::Alloc(3 * MIB), Op::Free(0), Op::Alloc(2 * MIB), Op::Free(1), Op::Free(2)];
+    run(&p, &other);
+    assert_eq!(upstream_allocations(&p) - before, 1, "only the departing allocation");
+    assert_eq!(p.steps().planned_allocations, 5);
+    // Planned again from the step that departed: the 2 MiB block is live
+    // with b, so it goes beside b, and a under it: 5 MiB.
+    p.step(&()).unwrap();
+    assert_eq!(p.steps().plans, 2);
+    assert_eq!(p.steps().region, 5 * MIB);
+    let before = upstream_allocations(&p);
+    run(&p, &other);
+    assert_eq!(upstream_allocations(&p) - before, 0);
+    p.step(&()).unwrap();
+    assert_eq!(p.steps().followed, 2);
+    assert_eq!(p.usage().used, 0);
+    assert_eq!(p.upstream().upstream().usage().held, 5 * MIB, "the first region went back");
+    p.check().unwrap();
+}
+
+#[test]
+fn a_planned_block_still_live_at_the_step_end_keeps_the_next_step_unplanned() {
+    let p = Planned::new(Statistics::new(BumpUpstream::new(1 << 30)));
+    p.step(&()).unwrap();
+    run(&p, &[Op::Alloc(MIB), Op::Free(0)]);
+    p.step(&()).unwrap();
+    let left = run(&p, &[Op::Alloc(MIB)]);
+    assert_eq!(p.steps().planned_allocations, 1);
+    p.step(&()).unwrap();
+    let before = upstream_allocations(&p);
+    let b = p.allocate(req(MIB), &()).unwrap();
+    assert_eq!(upstream_allocations(&p) - before, 1, "the region is not free");
+    p.deallocate(b, &()).unwrap();
+    p.deallocate(left[0].unwrap(), &()).unwrap();
+    p.step(&()).unwrap();
+    run(&p, &[Op::Alloc(MIB), Op::Free(0)]);
+    assert_eq!(p.steps().planned_allocations, 2, "planned again once the region is free");
+    p.check().unwrap();
+}
+
+#[test]
+fn bad_frees_are_refused_and_change_nothing() {
+    let p = Planned::new(Statistics::new(BumpUpstream::new(1 << 30)));
+    for _ in 0..2 {
+        p.step(&()).unwrap();
+        run(&p, &[Op::Alloc(MIB), Op::Alloc(MIB), Op::Free(0), Op::Free(1)]);
+    }
+    p.step(&()).unwrap();
+    let a = p.allocate(req(MIB), &()).unwrap();
+    assert_eq!(p.steps().planned_allocations, 3);
+    let used = p.usage().used;
+    let inside = Block::from_addr(a.addr() + 256, 256);
+    assert_eq!(p.deallocate(inside, &()), Err(Error::UnknownBlock { addr: a.addr() + 256 }));
+    let wrong = Block::from_addr(a.addr(), 512);
+    assert_eq!(
+        p.deallocate(wrong, &()),
+        Err(Error::SizeMismatch { addr: a.addr(), expected: MIB, given: 512 })
+    );
+    assert_eq!(p.usage().used, used);
+    p.check().unwrap();
+    p.deallocate(a, &()).unwrap();
+    assert_eq!(p.deallocate(a, &()), Err(Error::UnknownBlock { addr: a.addr() }), "a double free");
+    assert_eq!(p.usage().used, 0);
+    p.check().unwrap();
+}
+
+#[test]
+fn an_upstream_that_fails_leaves_the_step_unplanned_and_the_figures_exact() {
+    let p = Planned::new(Statistics::new(BumpUpstream::new(1 << 30)));
+    p.step(&()).unwrap();
+    run(&p, &FREED);
+    p.upstream().upstream().fail_after(0);
+    assert!(p.allocate(req(MIB), &()).is_err());
+    // The region cannot be taken: no plan, and nothing held.
+    p.step(&()).unwrap();
+    assert_eq!((p.steps().plans, p.steps().region), (0, 0));
+    assert!(p.allocate(req(MIB), &()).is_err());
+    p.upstream().upstream().fail_after(u64::MAX);
+    let b = p.allocate(req(2 * MIB), &()).unwrap();
+    p.deallocate(b, &()).unwrap();
+    assert_eq!((p.usage().used, p.usage().held), (0, 0));
+    // Planned from the step with the failure: the failed allocation takes
+    // no place.
+    p.step(&()).unwrap();
+    assert_eq!((p.steps().plans, p.steps().region), (1, 2 * MIB));
+    p.check().unwrap();
+}
+
+#[test]
+fn only_the_steps_stream_is_planned_and_a_free_elsewhere_waits_for_its_stream() {
+    let p = Planned::new(Statistics::new(BumpUpstream::new(1 << 30)));
+    let (s1, s2) = (TestStream::new(1), TestStream::new(2));
+    let two = |p: &Planned<Statistics<BumpUpstream>>| {
+        let a = p.allocate(req(MIB), &s1).unwrap();
+        let b = p.allocate(req(MIB), &s2).unwrap();
+        p.deallocate(b, &s2).unwrap();
+        p.deallocate(a, &s1).unwrap();
+    };
+    p.step(&s1).unwrap();
+    two(&p);
+    p.step(&s1).unwrap();
+    let before = upstream_allocations(&p);
+    two(&p);
+    assert_eq!(upstream_allocations(&p) - before, 1, "s2's block from upstream");
+    assert_eq!(p.steps().region, MIB);
+    // A region block freed on s2 waits for s2 before its bytes are reused.
+    p.step(&s1).unwrap();
+    let a = p.allocate(req(MIB), &s1).unwrap();
+    let syncs = s2.faults().syncs();
+    p.deallocate(a, &s2).unwrap();
+    assert_eq!(s2.faults().syncs(), syncs + 1);
+    // A failed wait frees nothing.
+    p.step(&s1).unwrap();
+    let a = p.allocate(req(MIB), &s1).unwrap();
+    s2.faults().set_failing(true);
+    assert!(p.deallocate(a, &s2).is_err());
+    assert_eq!(p.usage().used, MIB);
+    s2.faults().set_failing(false);
+    p.deallocate(a, &s2).unwrap();
+    assert_eq!(p.usage().used, 0);
+    p.check().unwrap();
+}
+
+#[test]
+fn before_the_first_step_nothing_is_recorded_and_the_region_goes_back_at_drop() {
+    let up = Statistics::new(BumpUpstream::new(1 << 30));
+    {
+        let p = Planned::new(&up);
+        for _ in 0..3 {
+            let b = p.allocate(req(MIB), &()).unwrap();
+            p.deallocate(b, &()).unwrap();
+        }
+        assert_eq!(p.steps(), Steps::default());
+        for _ in 0..2 {
+            p.step(&()).unwrap();
+            let b = p.allocate(req(MIB), &()).unwrap();
+            p.deallocate(b, &()).unwrap();
+        }
+        assert_eq!(up.usage().held, MIB);
+    }
+    assert_eq!(up.usage().held, 0);
+}
+
+/// Steps that repeat with random departures: every live block apart from
+/// every other, the checker after each op, nothing lost at the end.
+#[test]
+fn randomized_steps_never_hand_out_overlapping_blocks() {
+    let mut rng = SplitMix64::new(11);
+    for case in 0..if cfg!(miri) { 2 } else { 20 } {
+        let p = Planned::new(Statistics::new(BumpUpstream::new(1 << 40)));
+        let script: Vec<u64> = (0..rng.below(40) + 2).map(|_| (rng.below(4096) + 1) * 256).collect();
+        let mut live: BTreeMap<u64, u64> = BTreeMap::new();
+        let mut carried: Vec<Block> = Vec::new();
+        let take = |live: &mut BTreeMap<u64, u64>, b: Block| {
+            let end = b.addr() + b.size().max(1);
+            assert!(live.range(..end).next_back().is_none_or(|(&a, &n)| a + n <= b.addr()), "case {case}");
+            live.insert(b.addr(), b.size().max(1));
+        };
+        for step in 0..12 {
+            p.step(&()).unwrap();
+            let mut blocks: Vec<Block> = Vec::new();
+            let depart = rng.below(4) == 0;
+            for (i, &size) in script.iter().enumerate() {
+                let size = if depart && rng.below(8) == 0 { size + 256 } else { size };
+                let b = p.allocate(req(size), &()).unwrap();
+                take(&mut live, b);
+                blocks.push(b);
+                // Free an earlier block now and then; which one moves a
+                // little in departing steps.
+                if i % 3 == 2 {
+                    let j = if depart { rng.below(blocks.len() as u64) as usize } else { i - 1 };
+                    let b = core::mem::take(&mut blocks[j]);
+                    if !b.is_empty() || b.addr() != 0 {
+                        live.remove(&b.addr());
+                        p.deallocate(b, &()).unwrap();
+                    }
+                }
+                p.check().unwrap();
+            }
+            // Most blocks end with the step; one in four lives into the next.
+            for b in blocks.into_iter().filter(|b| b.addr() != 0) {
+                if rng.below(4) == 0 {
+                    carried.push(b);
+                } else {
+                    live.remove(&b.addr());
+                    p.deallocate(b, &()).unwrap();
+                }
+            }
+            if step % 2 == 1 {
+                for b in carried.drain(..) {
+                    live.remove(&b.addr());
+                    p.deallocate(b, &()).unwrap();
+                }
+            }
+            p.check().unwrap();
+        }
+        for b in carried.drain(..) {
+            p.deallocate(b, &()).unwrap();
+        }
+        assert_eq!(p.usage().used, 0, "case {case}");
+        assert_eq!(p.upstream().upstream().usage().held, p.steps().region, "case {case}");
+        assert!(p.steps().planned_allocations > 0, "case {case}: {:?}", p.steps());
+    }
+}
