@@ -128,8 +128,9 @@ pub struct StreamReplayer<R, T = Vec<SimStream>> {
     peak: Box<dyn Fn(&R) -> u64>,
     /// The allocations made from upstream so far, where they are counted.
     upstream_allocations: Box<dyn Fn() -> Option<u64>>,
-    /// Told of each pass before it runs (see [`Replayer::begin_pass`]).
-    on_pass: Box<dyn FnMut(usize)>,
+    /// Told of each pass before it runs (see [`Replayer::begin_pass`]),
+    /// with the ops' streams.
+    on_pass: Box<dyn FnMut(usize, &T)>,
 }
 
 impl<R, T> StreamReplayer<R, T> {
@@ -141,7 +142,7 @@ impl<R, T> StreamReplayer<R, T> {
             streams,
             peak: Box::new(peak),
             upstream_allocations: Box::new(|| None),
-            on_pass: Box::new(|_| {}),
+            on_pass: Box::new(|_, _| {}),
         }
     }
 
@@ -152,8 +153,8 @@ impl<R, T> StreamReplayer<R, T> {
         self
     }
 
-    /// Calls `on_pass` before each pass.
-    pub fn on_pass(mut self, on_pass: impl FnMut(usize) + 'static) -> Self {
+    /// Calls `on_pass` before each pass, with the ops' streams.
+    pub fn on_pass(mut self, on_pass: impl FnMut(usize, &T) + 'static) -> Self {
         self.on_pass = Box::new(on_pass);
         self
     }
@@ -191,7 +192,7 @@ impl<R: MemoryResourceMut<T::Stream>, T: Streams> Replayer for StreamReplayer<R,
     }
 
     fn begin_pass(&mut self, pass: usize) {
-        (self.on_pass)(pass);
+        (self.on_pass)(pass, &self.streams);
     }
 }
 

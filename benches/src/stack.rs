@@ -29,6 +29,7 @@ use crate::resources::{RunError, RunOptions, UpstreamKind};
 use crate::typed::{fixed_misfit, run_typed, Runner};
 use crate::workload::Workload;
 use memres_core::adaptor::Logging;
+use memres_core::planned::Planned;
 use memres_core::stack::{fixed_block_size, log_file, open_log, parse, Built, StackBuilder, StackError};
 use memres_core::vpool::VirtualPool;
 use memres_core::{Block, DynResource, Inspect, MemoryResource, MemoryResourceMut, Request, Shared};
@@ -166,10 +167,21 @@ pub fn run_stack(
             "a stack with `log` replays on one thread only (its log is the replay's op sequence)".into(),
         ));
     }
-    let on_pass = move |pass: usize| {
+    let planned = built.all::<Planned<DynResource<SimStream>>>("planned");
+    if options.threads.is_some() && !planned.is_empty() {
+        return Err(RunError::Unsupported(
+            "a stack with `planned` replays on one thread only (its steps are the replay's passes)".into(),
+        ));
+    }
+    let on_pass = move |pass: usize, streams: &Vec<SimStream>| {
         // Pass 0 is the warm-up: log pass 1 only.
         for log in &logs {
             log.set(pass == 1);
+        }
+        // Each pass is one step, on the stream of the workload's stream 0;
+        // a step that cannot take its region runs unplanned.
+        for p in &planned {
+            let _ = p.step(&streams[0]);
         }
     };
     Ok(runner.run(Owned(built.resource), move |_| peak(), counted, on_pass)?)
@@ -222,7 +234,7 @@ impl Replay<'_> {
         resource: Owned<R>,
         peak: impl Fn(&R) -> u64 + 'static,
         upstream_allocations: impl Fn() -> Option<u64> + 'static,
-        on_pass: impl FnMut(usize) + 'static,
+        on_pass: impl FnMut(usize, &Vec<SimStream>) + 'static,
     ) -> Result<Measurement, ReplayError>
     where
         R: MemoryResource<SimStream> + Sync,
@@ -262,7 +274,7 @@ impl Runner for Replay<'_> {
     {
         if self.options.threads.is_some() {
             let peak = move |s: &Shared<R>| s.with(|r| peak(r));
-            return self.run(Owned(Shared::new(resource)), peak, upstream_allocations, |_| {});
+            return self.run(Owned(Shared::new(resource)), peak, upstream_allocations, |_, _| {});
         }
         let streams: Vec<_> = (0..self.workload.streams.max(1)).map(|_| self.world.stream()).collect();
         replay(
@@ -282,7 +294,7 @@ impl Runner for Replay<'_> {
     where
         R: MemoryResource<SimStream> + Send + Sync + 'static,
     {
-        self.run(Owned(resource), peak, upstream_allocations, |_| {})
+        self.run(Owned(resource), peak, upstream_allocations, |_, _| {})
     }
 
     fn run_default<R>(

@@ -56,7 +56,7 @@
 //! }
 //! let steps = planned.steps();
 //! assert_eq!((steps.plans, steps.followed), (1, 1));
-//! assert_eq!(steps.planned_allocations, 3); // the third step came from the region
+//! assert_eq!(steps.planned_allocations, 6); // steps 2 and 3 came from the region
 //! assert_eq!(steps.region, 3072 + 1024); // c takes a's place
 //! # Ok::<(), memres_core::Error>(())
 //! ```
@@ -102,10 +102,60 @@ pub struct Steps {
 
 /// One allocation of a plan: as it must arrive, and where it goes.
 #[derive(Clone, Copy, Debug)]
-struct Planned1 {
+struct Entry {
     request: Request,
     /// Offset in the region; `None`: from upstream.
     offset: Option<u64>,
+    /// Index of `offset` in [`Plan::slots`].
+    slot: u32,
+    /// The allocations of the step made before this block was freed in
+    /// the recorded step: by the allocation of that index it must be free,
+    /// or a later block may be placed over it.
+    due: u32,
+}
+
+/// A step laid out.
+#[derive(Debug, Default)]
+struct Plan {
+    /// One per allocation of the recorded step, in order.
+    entries: Vec<Entry>,
+    /// The distinct planned offsets, ascending: a region block is found by
+    /// its offset here.
+    slots: Vec<u64>,
+    /// The planned entries by `due`, ascending.
+    by_due: Vec<u32>,
+}
+
+impl Plan {
+    /// The plan for the next steps from the record of the last one, and
+    /// the bytes it needs: the blocks allocated and freed inside the step
+    /// on its stream are placed, every other allocation goes upstream.
+    /// `None` when nothing is to be placed.
+    fn of(record: &[(Lifetime, Request, bool)]) -> Option<(Plan, u64)> {
+        let placed: Vec<usize> =
+            (0..record.len()).filter(|&k| record[k].2 && record[k].0.end != OPEN).collect();
+        if placed.is_empty() {
+            return None;
+        }
+        let blocks: Vec<Lifetime> = placed.iter().map(|&k| record[k].0).collect();
+        let (_, placement) = placement::best(&blocks);
+        let mut entries: Vec<Entry> =
+            record.iter().map(|&(_, request, _)| Entry { request, offset: None, slot: 0, due: 0 }).collect();
+        let mut slots: Vec<u64> = placement.offsets.clone();
+        slots.sort_unstable();
+        slots.dedup();
+        for (i, &k) in placed.iter().enumerate() {
+            let offset = placement.offsets[i];
+            // Allocations recorded before this block's free: record is in
+            // allocation order, so the starts ascend.
+            let due = record.partition_point(|r| r.0.start < record[k].0.end) as u32;
+            let slot = slots.binary_search(&offset).unwrap_or(0) as u32;
+            entries[k] = Entry { offset: Some(offset), slot, due, ..entries[k] };
+        }
+        let mut by_due: Vec<u32> = placed.iter().map(|&k| k as u32).collect();
+        by_due.sort_unstable_by_key(|&k| entries[k as usize].due);
+        Some((Plan { entries, slots, by_due }, placement.top))
+    }
 }
 
 /// The state behind the lock.
@@ -113,42 +163,57 @@ struct State<R> {
     /// Whether [`Planned::step`] has been called: before it, nothing is
     /// recorded.
     stepping: bool,
-    /// The step in progress, one entry per allocation in order: its
-    /// lifetime in ops since the step began (`end == OPEN` while live; the
-    /// size rounded up to `UNIT`), the request, and whether it was made on
-    /// the step's stream.
+    /// Whether the step in progress is recorded: every step that did not
+    /// begin by following a plan.
+    recording: bool,
+    /// The recorded step, one entry per allocation in order: its lifetime
+    /// in ops since the step began (`end == OPEN` while live; the size
+    /// rounded up to `UNIT`), the request, and whether it was made on the
+    /// step's stream. Empty unless `recording`.
     record: Vec<(Lifetime, Request, bool)>,
-    /// Ops since the step began; at most `MAX_STEP_OPS` are recorded.
+    /// Ops recorded since the step began, at most `MAX_STEP_OPS`.
     ops: u32,
-    /// Steps begun: an allocation made across a step boundary is not
-    /// recorded in the new step's record.
+    /// Steps begun: an upstream allocation that returns after a step
+    /// boundary is not recorded in the new step.
     epoch: u64,
-    /// The step's live allocations by address: their index in `record`.
+    /// The recorded step's live allocations by address: their index in
+    /// `record`.
     born: BTreeMap<u64, u32>,
-    /// The plan in force, one entry per allocation of a step; empty with
-    /// none. Every offset plus its request's rounded size is at most
-    /// `region.size()`.
-    plan: Vec<Planned1>,
+    /// The plan in force (no entries: none). Every planned offset plus its
+    /// rounded size is at most `region.size()`.
+    plan: Plan,
     /// Whether the step in progress is served from `plan`: every
     /// allocation so far arrived as planned. Never true with an empty plan.
     following: bool,
+    /// Allocations since the step began.
+    allocations: u32,
+    /// How far through `plan.by_due` the step is: the entries before it
+    /// are due to be free.
+    cursor: u32,
+    /// Region blocks live past their due: while any is, nothing more is
+    /// placed (it may lie where the next block goes).
+    overdue: u32,
+    /// Per slot of the plan: the live block there (its entry's index + 1),
+    /// 0 for none, with its top bit set once it is overdue.
+    slot_live: Vec<u32>,
+    /// Live region blocks and their rounded bytes.
+    live_count: u32,
+    live_bytes: u64,
     /// The stream id the step is on (the stream `step` was called with).
     stream: u64,
     /// The region from upstream (`Block::EMPTY` with none).
     region: Block,
     /// The stream id the region was taken on.
     region_stream: u64,
-    /// The region's live blocks: offset to rounded size. Disjoint, each
-    /// inside `region`.
-    live: BTreeMap<u64, u64>,
-    /// Sum of the sizes in `live`.
-    live_bytes: u64,
     /// Figures.
     steps: Steps,
     /// How the region goes back upstream when `Planned` is dropped: set
     /// when a region is first taken, on a stream type with a drop stream.
     at_drop: Option<fn(&R, Block)>,
 }
+
+/// The flag of [`State::slot_live`] for an overdue block.
+const OVERDUE: u32 = 1 << 31;
 
 /// Gives `block` back to `upstream` on the stream type's drop stream.
 fn give_back_at_drop<S: Stream + ?Sized, R: MemoryResource<S>>(upstream: &R, block: Block) {
@@ -162,23 +227,28 @@ impl<R> State<R> {
     fn new() -> Self {
         State {
             stepping: false,
+            recording: false,
             record: Vec::new(),
             ops: 0,
             epoch: 0,
             born: BTreeMap::new(),
-            plan: Vec::new(),
+            plan: Plan::default(),
             following: false,
+            allocations: 0,
+            cursor: 0,
+            overdue: 0,
+            slot_live: Vec::new(),
+            live_count: 0,
+            live_bytes: 0,
             stream: 0,
             region: Block::EMPTY,
             region_stream: 0,
-            live: BTreeMap::new(),
-            live_bytes: 0,
             steps: Steps::default(),
             at_drop: None,
         }
     }
 
-    /// Counts an op; `false` once the step is too long to record.
+    /// Counts a recorded op; `false` once the step is too long to record.
     fn tick(&mut self) -> bool {
         if self.ops >= MAX_STEP_OPS {
             return false;
@@ -187,35 +257,65 @@ impl<R> State<R> {
         true
     }
 
-    /// Where the next allocation goes: its offset in the region, or `None`
-    /// for upstream. Records the allocation (its index is returned) and
-    /// stops following the plan when it departs from it.
-    fn next(&mut self, request: Request, stream: u64) -> (Option<u64>, Option<u32>) {
-        let k = self.record.len();
-        let mut offset = None;
+    /// Serves the next allocation from the region if the plan says so:
+    /// its address, else `None` (and the allocation is recorded if the
+    /// step is, its index returned).
+    fn place(&mut self, request: Request, stream: u64) -> core::result::Result<u64, Option<u32>> {
+        let k = self.allocations;
+        self.allocations = k.saturating_add(1);
         if self.following {
-            match self.plan.get(k) {
-                Some(p) if p.request == request => {
-                    offset = p.offset.filter(|&o| {
-                        stream == self.stream && (self.region.addr() + o) % request.align() == 0
-                    });
+            match self.plan.entries.get(k as usize).copied() {
+                Some(e) if e.request == request => {
+                    self.mark_due(k);
+                    if let (Some(offset), true) = (e.offset, stream == self.stream && self.overdue == 0) {
+                        let addr = self.region.addr() + offset;
+                        if addr % request.align() == 0 {
+                            let size = request.size().div_ceil(UNIT) * UNIT;
+                            self.slot_live[e.slot as usize] = k + 1;
+                            self.live_count += 1;
+                            self.live_bytes += size;
+                            self.steps.planned_allocations += 1;
+                            return Ok(addr);
+                        }
+                    }
+                    if self.overdue > 0 {
+                        self.following = false;
+                    }
                 }
                 _ => self.following = false,
             }
         }
-        if !self.stepping {
-            return (offset, None);
+        if !self.recording {
+            return Err(None);
         }
         let start = self.ops;
         if !self.tick() {
-            return (offset, None);
+            return Err(None);
         }
         let size = request.size().div_ceil(UNIT) * UNIT;
         self.record.push((Lifetime { start, end: OPEN, size }, request, stream == self.stream));
-        (offset, Some(k as u32))
+        Err(Some(self.record.len() as u32 - 1))
     }
 
-    /// Records the free of the step's block at `addr`, if it is one.
+    /// Marks the region blocks due by allocation `k` that are still live
+    /// as overdue.
+    fn mark_due(&mut self, k: u32) {
+        while let Some(&j) = self.plan.by_due.get(self.cursor as usize) {
+            let e = self.plan.entries[j as usize];
+            if e.due > k {
+                break;
+            }
+            self.cursor += 1;
+            let live = &mut self.slot_live[e.slot as usize];
+            if *live & !OVERDUE == j + 1 {
+                *live |= OVERDUE;
+                self.overdue += 1;
+            }
+        }
+    }
+
+    /// Records the free of the recorded step's block at `addr`, if it is
+    /// one.
     fn freed(&mut self, addr: u64) {
         if let Some(k) = self.born.remove(&addr) {
             let end = self.ops;
@@ -225,46 +325,61 @@ impl<R> State<R> {
         }
     }
 
-    /// The region's offset of `addr`, if it lies in the region.
-    fn in_region(&self, addr: u64) -> Option<u64> {
+    /// If `addr` lies in the region: the slot of the live block there,
+    /// its entry's index + 1 and its request, or `Err(())` where no block
+    /// starting at `addr` is live.
+    fn region_block(&self, addr: u64) -> Option<core::result::Result<(usize, u32, Request), ()>> {
         let r = self.region;
-        (!r.is_empty() && addr >= r.addr() && addr - r.addr() < r.size()).then(|| addr - r.addr())
+        if r.is_empty() || addr < r.addr() || addr - r.addr() >= r.size() {
+            return None;
+        }
+        let found = self.plan.slots.binary_search(&(addr - r.addr())).ok().and_then(|slot| {
+            let live = self.slot_live[slot] & !OVERDUE;
+            (live != 0).then(|| (slot, live, self.plan.entries[live as usize - 1].request))
+        });
+        Some(found.ok_or(()))
     }
 
     /// Whether the step that just ended was served from the plan from its
     /// first allocation to its last, and left nothing in the region.
     fn followed_plan(&self) -> bool {
-        self.following && self.record.len() == self.plan.len() && self.live.is_empty()
+        self.following && self.allocations as usize == self.plan.entries.len() && self.live_count == 0
     }
 
-    /// Begins a step on `stream`: a fresh record, following the plan if
-    /// there is one and the region is free.
+    /// Begins a step on `stream`: following the plan if there is one and
+    /// the region is free, else recorded.
     fn begin(&mut self, stream: u64) {
         self.record.clear();
         self.born.clear();
         self.ops = 0;
         self.epoch += 1;
+        self.allocations = 0;
+        self.cursor = 0;
         self.stream = stream;
-        self.following = !self.plan.is_empty() && self.live.is_empty();
+        self.following = !self.plan.entries.is_empty() && self.live_count == 0;
+        self.recording = !self.following;
+        if self.following {
+            // Overdue marks belong to the step that ended.
+            self.slot_live.iter_mut().for_each(|l| *l = 0);
+            self.overdue = 0;
+        }
     }
-}
 
-/// The plan for the next steps from the record of the last one: the
-/// blocks allocated and freed inside it on its stream are placed; every
-/// other allocation goes upstream. `None` when nothing is to be placed.
-fn plan_of(record: &[(Lifetime, Request, bool)]) -> Option<(Vec<Planned1>, u64)> {
-    let placed: Vec<usize> = (0..record.len()).filter(|&k| record[k].2 && record[k].0.end != OPEN).collect();
-    if placed.is_empty() {
-        return None;
+    /// The live region blocks, by ascending offset: offset and rounded
+    /// size.
+    fn live_blocks(&self) -> impl Iterator<Item = (u64, u64)> + '_ {
+        self.slot_live.iter().zip(&self.plan.slots).filter(|(l, _)| **l & !OVERDUE != 0).map(|(l, &o)| {
+            let e = &self.plan.entries[(l & !OVERDUE) as usize - 1];
+            (o, e.request.size().div_ceil(UNIT) * UNIT)
+        })
     }
-    let blocks: Vec<Lifetime> = placed.iter().map(|&k| record[k].0).collect();
-    let (_, placement) = placement::best(&blocks);
-    let mut plan: Vec<Planned1> =
-        record.iter().map(|&(_, request, _)| Planned1 { request, offset: None }).collect();
-    for (i, &k) in placed.iter().enumerate() {
-        plan[k].offset = Some(placement.offsets[i]);
+
+    /// Puts `plan` in force with a fresh table of live slots.
+    fn install(&mut self, plan: Plan) {
+        self.slot_live = (0..plan.slots.len()).map(|_| 0).collect();
+        self.plan = plan;
+        self.overdue = 0;
     }
-    Some((plan, placement.top))
 }
 
 /// Lays out each step of a repeating workload from the step before it;
@@ -290,17 +405,16 @@ impl<R> Planned<R> {
     pub fn steps(&self) -> Steps {
         self.state.with(|s| s.steps)
     }
-}
 
-impl<R> Planned<R> {
     /// Ends the step in progress and begins the next one on `stream`.
     ///
     /// If the step that ended followed the plan to its end, the plan
-    /// stays. Otherwise a new plan is made from it and the region resized
-    /// to fit, if the region holds no live block; while one is live the
-    /// next step is not planned. Errors are the upstream's, from giving
-    /// back or taking the region; after one, no plan is in force and the
-    /// resource is otherwise as before.
+    /// stays. If it was recorded (it did not begin by following a plan), a
+    /// new plan is made from it and the region resized to fit, unless a
+    /// block in the region is still live; then, and after a step that
+    /// left its plan, the next step is recorded to plan from. Errors are
+    /// the upstream's, from giving back or taking the region; after one,
+    /// no plan is in force and the resource is otherwise as before.
     pub fn step<S: Stream + ?Sized>(&self, stream: &S) -> Result<()>
     where
         R: MemoryResource<S>,
@@ -308,26 +422,26 @@ impl<R> Planned<R> {
         let id = stream.id();
         let ended = self.state.with(|s| {
             s.steps.steps += 1;
-            if !s.stepping {
-                s.stepping = true;
-                s.begin(id);
-                return None;
-            }
-            if s.followed_plan() && s.stream == id {
+            let first = !s.stepping;
+            s.stepping = true;
+            let mut ended = None;
+            if first {
+            } else if s.followed_plan() && s.stream == id {
                 s.steps.followed += 1;
-                s.begin(id);
-                return None;
+            } else if s.recording && s.live_count == 0 && s.ops < MAX_STEP_OPS {
+                ended = Some((core::mem::take(&mut s.record), s.region, s.region_stream));
+                // Nothing is served from the region until the new plan is in.
+                s.install(Plan::default());
+            } else if s.live_count == 0 {
+                // A step that left its plan: the next one is recorded. (With
+                // a region block live the plan stays, to find it by.)
+                s.install(Plan::default());
             }
-            // Nothing is served from the region until the new plan is in.
-            s.following = false;
-            let busy = !s.live.is_empty() || s.ops >= MAX_STEP_OPS;
-            let record = core::mem::take(&mut s.record);
-            s.plan.clear();
             s.begin(id);
-            (!busy).then_some((record, s.region, s.region_stream))
+            ended
         });
         let Some((record, region, region_stream)) = ended else { return Ok(()) };
-        let made = plan_of(&record);
+        let made = Plan::of(&record);
         let top = made.as_ref().map_or(0, |(_, top)| *top);
         // Keep a region that fits and wastes at most an eighth.
         let keep = !region.is_empty() && top <= region.size() && region.size() - top <= region.size() / 8;
@@ -340,31 +454,36 @@ impl<R> Planned<R> {
                     stream.synchronize_device()?;
                 }
                 self.upstream.deallocate(region, stream)?;
-                self.state.with(|s| s.region = Block::EMPTY);
+                self.state.with(|s| {
+                    s.region = Block::EMPTY;
+                    s.steps.region = 0;
+                });
                 new_region = Block::EMPTY;
             }
             if top > 0 {
-                let request = Request::new(top)?;
-                // Without a region the step runs from upstream, unplanned.
-                new_region = self.upstream.allocate(request, stream).unwrap_or(Block::EMPTY);
+                // Without a region the steps run from upstream, recorded.
+                new_region = self.upstream.allocate(Request::new(top)?, stream).unwrap_or(Block::EMPTY);
             }
         }
         self.state.with(|s| {
+            if new_region != region {
+                s.region_stream = id;
+            }
             s.region = new_region;
-            if !new_region.is_empty() {
-                s.region_stream = if new_region == region { s.region_stream } else { id };
-                if s.at_drop.is_none() && S::at_drop(&mut |_| {}) {
-                    s.at_drop = Some(give_back_at_drop::<S, R>);
-                }
+            s.steps.region = new_region.size();
+            if !new_region.is_empty() && s.at_drop.is_none() && S::at_drop(&mut |_| {}) {
+                s.at_drop = Some(give_back_at_drop::<S, R>);
             }
             if let (Some((plan, _)), false) = (made, new_region.is_empty()) {
-                s.plan = plan;
+                s.install(plan);
                 s.steps.plans += 1;
                 // Allocations that came in meanwhile went upstream: this
-                // step no longer starts as the plan does.
-                s.following = s.record.is_empty() && s.live.is_empty();
+                // step no longer begins as the plan does, and is recorded.
+                if s.allocations == 0 && s.live_count == 0 {
+                    s.following = true;
+                    s.recording = false;
+                }
             }
-            s.steps.region = new_region.size();
         });
         Ok(())
     }
@@ -373,28 +492,8 @@ impl<R> Planned<R> {
 impl<S: Stream + ?Sized, R: MemoryResource<S>> MemoryResource<S> for Planned<R> {
     fn allocate(&self, request: Request, stream: &S) -> Result<Block> {
         let id = stream.id();
-        let recorded = self.state.with(|s| {
-            let (offset, k) = s.next(request, id);
-            let Some(offset) = offset else { return Err(k.map(|k| (k, s.epoch))) };
-            let size = request.size().div_ceil(UNIT) * UNIT;
-            // The plan keeps the blocks of one step apart; one freed later
-            // than in the recorded step may still be where this one goes.
-            let clear = s.live.range(..offset + size).next_back().is_none_or(|(&o, &n)| o + n <= offset);
-            if !clear {
-                s.following = false;
-                return Err(k.map(|k| (k, s.epoch)));
-            }
-            s.live.insert(offset, size);
-            s.live_bytes += size;
-            s.steps.planned_allocations += 1;
-            let addr = s.region.addr() + offset;
-            if let Some(k) = k {
-                s.born.insert(addr, k);
-            }
-            Ok(Block::from_addr(addr, request.size()))
-        });
-        let recorded = match recorded {
-            Ok(block) => return Ok(block),
+        let recorded = match self.state.with(|s| s.place(request, id).map_err(|k| k.map(|k| (k, s.epoch)))) {
+            Ok(addr) => return Ok(Block::from_addr(addr, request.size())),
             Err(recorded) => recorded,
         };
         let block = self.upstream.allocate(request, stream);
@@ -417,33 +516,39 @@ impl<S: Stream + ?Sized, R: MemoryResource<S>> MemoryResource<S> for Planned<R> 
     }
 
     fn deallocate(&self, block: Block, stream: &S) -> Result<()> {
-        let id = stream.id();
-        let region =
-            self.state.with(|s| s.in_region(block.addr()).map(|o| (o, s.live.get(&o).copied(), s.stream)));
-        let Some((offset, live, plan_stream)) = region else {
+        let addr = block.addr();
+        let found = self.state.with(|s| s.region_block(addr).map(|b| (b, s.stream)));
+        let Some((found, plan_stream)) = found else {
             self.upstream.deallocate(block, stream)?;
-            self.state.with(|s| s.freed(block.addr()));
+            self.state.with(|s| {
+                if s.recording {
+                    s.freed(addr);
+                }
+            });
             return Ok(());
         };
-        let Some(size) = live else {
-            return Err(Error::UnknownBlock { addr: block.addr() });
-        };
-        if size != block.size().div_ceil(UNIT) * UNIT {
-            return Err(Error::SizeMismatch { addr: block.addr(), expected: size, given: block.size() });
+        let Ok((slot, live, request)) = found else { return Err(Error::UnknownBlock { addr }) };
+        let size = request.size().div_ceil(UNIT) * UNIT;
+        if block.size().div_ceil(UNIT) * UNIT != size {
+            return Err(Error::SizeMismatch { addr, expected: request.size(), given: block.size() });
         }
-        if id != plan_stream {
+        if stream.id() != plan_stream {
             // Its bytes are planned again on the step's stream.
             stream.synchronize()?;
         }
         self.state.with(|s| {
-            if s.live.remove(&offset).is_some() {
-                s.live_bytes -= size;
-                s.freed(block.addr());
-                Ok(())
-            } else {
+            let now = s.slot_live.get(slot).copied().unwrap_or(0);
+            if now & !OVERDUE != live {
                 // Freed by another thread meanwhile.
-                Err(Error::UnknownBlock { addr: block.addr() })
+                return Err(Error::UnknownBlock { addr });
             }
+            if now & OVERDUE != 0 {
+                s.overdue -= 1;
+            }
+            s.slot_live[slot] = 0;
+            s.live_count -= 1;
+            s.live_bytes -= size;
+            Ok(())
         })
     }
 }
@@ -455,10 +560,9 @@ impl<R: Inspect> Inspect for Planned<R> {
     fn usage(&self) -> Usage {
         let up = self.upstream.usage();
         let (region, live_bytes, longest) = self.state.with(|s| {
-            let mut longest = 0;
-            let mut at = 0;
-            for (&o, &n) in &s.live {
-                longest = longest.max(o - at);
+            let (mut longest, mut at) = (0, 0);
+            for (o, n) in s.live_blocks() {
+                longest = longest.max(o.saturating_sub(at));
                 at = o + n;
             }
             let size = s.region.size();
@@ -470,24 +574,36 @@ impl<R: Inspect> Inspect for Planned<R> {
 
     fn check(&self) -> core::result::Result<(), Violation> {
         self.state.with(|s| {
-            let mut at = 0;
-            let mut sum = 0;
-            for (&o, &n) in &s.live {
+            let (mut at, mut sum, mut count, mut overdue) = (0, 0, 0, 0);
+            for (o, n) in s.live_blocks() {
                 if o < at || o + n > s.region.size() {
                     return Err(Violation::new("planned blocks overlap or leave the region"));
                 }
                 at = o + n;
                 sum += n;
+                count += 1;
             }
-            if sum != s.live_bytes {
-                return Err(Violation::new("planned bytes in use miscounted"));
+            for (slot, &live) in s.slot_live.iter().enumerate() {
+                let Some(e) = (live & !OVERDUE).checked_sub(1).and_then(|k| s.plan.entries.get(k as usize))
+                else {
+                    if live & !OVERDUE != 0 {
+                        return Err(Violation::new("a live slot names no entry of the plan"));
+                    }
+                    continue;
+                };
+                if e.slot as usize != slot {
+                    return Err(Violation::new("a live block in another entry's slot"));
+                }
+                overdue += u32::from(live & OVERDUE != 0);
             }
-            if s.following && s.plan.is_empty() {
+            if (sum, count, overdue) != (s.live_bytes, s.live_count, s.overdue) {
+                return Err(Violation::new("planned blocks in use miscounted"));
+            }
+            if s.following && s.plan.entries.is_empty() {
                 return Err(Violation::new("following an empty plan"));
             }
-            if s.plan.iter().any(|p| {
-                p.offset.is_some_and(|o| o + p.request.size().div_ceil(UNIT) * UNIT > s.region.size())
-            }) {
+            let end = |e: &Entry| e.offset.map(|o| o + e.request.size().div_ceil(UNIT) * UNIT);
+            if s.plan.entries.iter().any(|e| end(e).is_some_and(|end| end > s.region.size())) {
                 return Err(Violation::new("a planned offset past the region's end"));
             }
             Ok(())
@@ -510,7 +626,7 @@ impl<R> Drop for Planned<R> {
     /// one and no block in the region is live (a block someone may still
     /// use is never freed under it).
     fn drop(&mut self) {
-        let (region, at_drop, empty) = self.state.with(|s| (s.region, s.at_drop, s.live.is_empty()));
+        let (region, at_drop, empty) = self.state.with(|s| (s.region, s.at_drop, s.live_count == 0));
         if let (false, Some(give_back), true) = (region.is_empty(), at_drop, empty) {
             give_back(&self.upstream, region);
         }

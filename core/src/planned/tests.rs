@@ -177,8 +177,14 @@ fn a_step_that_departs_from_its_plan_goes_upstream_and_is_planned_again() {
     run(&p, &other);
     assert_eq!(upstream_allocations(&p) - before, 1, "only the departing allocation");
     assert_eq!(p.steps().planned_allocations, 5);
-    // Planned again from the step that departed: the 2 MiB block is live
-    // with b, so it goes beside b, and a under it: 5 MiB.
+    // A step that leaves its plan is not recorded (what followed the plan
+    // was not), so the next one is, and the one after it is planned: the
+    // 2 MiB block is live with b, so it goes beside b, and a under it.
+    p.step(&()).unwrap();
+    assert_eq!(p.steps().region, 4 * MIB, "the region stays until a new plan");
+    let before = upstream_allocations(&p);
+    run(&p, &other);
+    assert_eq!(upstream_allocations(&p) - before, 3, "recorded from upstream");
     p.step(&()).unwrap();
     assert_eq!(p.steps().plans, 2);
     assert_eq!(p.steps().region, 5 * MIB);
@@ -278,20 +284,27 @@ fn only_the_steps_stream_is_planned_and_a_free_elsewhere_waits_for_its_stream() 
     assert_eq!(upstream_allocations(&p) - before, 1, "s2's block from upstream");
     assert_eq!(p.steps().region, MIB);
     // A region block freed on s2 waits for s2 before its bytes are reused.
-    p.step(&s1).unwrap();
-    let a = p.allocate(req(MIB), &s1).unwrap();
-    let syncs = s2.faults().syncs();
-    p.deallocate(a, &s2).unwrap();
-    assert_eq!(s2.faults().syncs(), syncs + 1);
-    // A failed wait frees nothing.
-    p.step(&s1).unwrap();
-    let a = p.allocate(req(MIB), &s1).unwrap();
-    s2.faults().set_failing(true);
-    assert!(p.deallocate(a, &s2).is_err());
-    assert_eq!(p.usage().used, MIB);
-    s2.faults().set_failing(false);
-    p.deallocate(a, &s2).unwrap();
-    assert_eq!(p.usage().used, 0);
+    let other_free = |p: &Planned<Statistics<BumpUpstream>>, fail: bool| {
+        p.step(&s1).unwrap();
+        let a = p.allocate(req(MIB), &s1).unwrap();
+        let b = p.allocate(req(MIB), &s2).unwrap();
+        p.deallocate(b, &s2).unwrap();
+        let (syncs, failed) = (s2.faults().syncs(), s2.faults().failed_syncs());
+        s2.faults().set_failing(fail);
+        if fail {
+            // A failed wait frees nothing.
+            assert!(p.deallocate(a, &s2).is_err());
+            assert_eq!(p.usage().used, MIB);
+            s2.faults().set_failing(false);
+        }
+        p.deallocate(a, &s2).unwrap();
+        assert_eq!(s2.faults().syncs(), syncs + 1);
+        assert_eq!(s2.faults().failed_syncs(), failed + u64::from(fail));
+        assert_eq!(p.usage().used, 0);
+    };
+    other_free(&p, false);
+    other_free(&p, true);
+    assert_eq!(p.steps().planned_allocations, 3);
     p.check().unwrap();
 }
 
@@ -375,4 +388,27 @@ fn randomized_steps_never_hand_out_overlapping_blocks() {
         assert_eq!(p.upstream().upstream().usage().held, p.steps().region, "case {case}");
         assert!(p.steps().planned_allocations > 0, "case {case}: {:?}", p.steps());
     }
+}
+
+#[test]
+fn a_block_freed_later_than_planned_is_never_placed_over() {
+    let p = Planned::new(Statistics::new(BumpUpstream::new(1 << 30)));
+    // Recorded: a freed before b is allocated, so both are planned at 0.
+    for _ in 0..2 {
+        p.step(&()).unwrap();
+        run(&p, &[Op::Alloc(MIB), Op::Free(0), Op::Alloc(MIB), Op::Free(1)]);
+    }
+    assert_eq!((p.steps().region, p.steps().planned_allocations), (MIB, 2));
+    // Now a is still live when b comes: b goes upstream, elsewhere.
+    p.step(&()).unwrap();
+    let before = upstream_allocations(&p);
+    let a = p.allocate(req(MIB), &()).unwrap();
+    let b = p.allocate(req(MIB), &()).unwrap();
+    assert_eq!(upstream_allocations(&p) - before, 1);
+    assert!(b.addr() >= a.addr() + MIB || b.addr() + MIB <= a.addr(), "{a:?} {b:?}");
+    p.check().unwrap();
+    p.deallocate(a, &()).unwrap();
+    p.deallocate(b, &()).unwrap();
+    assert_eq!(p.usage().used, 0);
+    p.check().unwrap();
 }

@@ -100,7 +100,8 @@ impl<S: ?Sized> Built<S> {
     /// names keep these types (`D` is [`DynResource<S>`]): `pool`
     /// `Shared<CoalescingPool<D>>` (with `per_stream=true`:
     /// `Shared<PerStreamPool<PoolMaker<D>, S>>`), `stats` `Statistics<D>`,
-    /// `track` `Tracking<D>`, `limit` `Limiting<D>`, `align` `Aligned<D>`,
+    /// `track` `Tracking<D>`, `limit` `Limiting<D>`, `planned` `Planned<D>`,
+    /// `align` `Aligned<D>`,
     /// `log` `Logging<D>`, `fixed` `Shared<FixedSizeResource<D>>`, `binning`
     /// `BinningResource<'static, D, S>`, `arena` `ArenaResource<D>`,
     /// `stream` `Shared<StreamOrdered<OnStream<S>, S>>`; a backend's leaves

@@ -8,6 +8,7 @@ use crate::arena::{ArenaConfig, ArenaResource};
 use crate::binning::BinningResource;
 use crate::fixed::{FixedConfig, FixedSizeResource};
 use crate::per_stream::{PerStreamPool, PoolMaker};
+use crate::planned::Planned;
 use crate::pool::{CoalescingPool, Growth, PoolConfig};
 use crate::{Block, DynResource, MemoryResource, Request, Result, Shared, Stream};
 use alloc::format;
@@ -56,6 +57,10 @@ where
     b.register("track", |call, cx| {
         call.expect_args(1, &[])?;
         Ok(cx.keep(call, Tracking::new(cx.upstream(call, 0)?)))
+    });
+    b.register("planned", |call, cx| {
+        call.expect_args(1, &[])?;
+        Ok(cx.keep(call, Planned::new(cx.upstream(call, 0)?)))
     });
     b.register("limit", |call, cx| {
         call.expect_args(2, &["bytes"])?;

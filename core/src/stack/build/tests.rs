@@ -37,7 +37,7 @@ where
 fn the_core_registers_its_resources_and_adaptors() {
     let b = StackBuilder::<()>::new();
     let names: Vec<&str> = b.names().collect();
-    let mut want = vec!["align", "arena", "binning", "fixed", "limit", "pool", "stats", "track"];
+    let mut want = vec!["align", "arena", "binning", "fixed", "limit", "planned", "pool", "stats", "track"];
     if cfg!(feature = "std") {
         want.push("log");
         want.sort_unstable();
@@ -56,6 +56,7 @@ fn every_name_builds_and_serves() {
         "binning(bump, min_bin=1KiB, max_bin=1MiB)",
         "arena(bump, initial=64MiB, superblock=1MiB)",
         "stats(track(limit(align(pool(bump), alignment=64KiB), 1GiB)))",
+        "planned(pool(bump))",
     ] {
         let r = b.build(text, &()).unwrap_or_else(|e| panic!("{text}: {e}"));
         let blocks: Vec<_> = (1..50).map(|i| r.allocate(req(1000 * i), &()).unwrap()).collect();
@@ -88,6 +89,20 @@ fn handles_are_typed_and_outermost_first() {
     let bins = built.get::<BinningResource<'static, DynResource, ()>>("binning").unwrap();
     assert_eq!(bins.bin_sizes(), &[1024, 2048, 4096]);
     assert!(built.get::<ArenaResource<DynResource>>("arena").is_some());
+}
+
+#[test]
+fn a_planned_stack_is_stepped_through_its_handle() {
+    let built = builder::<()>().build_with_handles("stats(planned(pool(bump)))", &()).unwrap();
+    let planned = built.get::<crate::planned::Planned<DynResource>>("planned").unwrap();
+    for _ in 0..3 {
+        planned.step(&()).unwrap();
+        let x = built.resource.allocate(req(1000), &()).unwrap();
+        built.resource.deallocate(x, &()).unwrap();
+    }
+    let steps = planned.steps();
+    assert_eq!((steps.plans, steps.followed, steps.planned_allocations), (1, 1, 2));
+    assert_eq!(built.get::<Statistics<DynResource>>("stats").unwrap().get_allocations_counter().total, 3);
 }
 
 #[test]
