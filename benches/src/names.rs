@@ -134,6 +134,12 @@ pub const NAMES: &[Name] = &[
     ),
     name("stats", Role::Adaptor, "upstream", "Statistics: counts bytes and blocks, current and peak"),
     name("track", Role::Adaptor, "upstream", "Tracking: keeps every live block"),
+    name(
+        "planned",
+        Role::Adaptor,
+        "upstream",
+        "Planned: each step laid out from the last (in replay each pass is a step)",
+    ),
     Name {
         keys: &[("bytes", "the limit, or as the second argument")],
         ..name("limit", Role::Adaptor, "upstream, bytes", "Limiting: refuses what would pass a limit")

@@ -116,6 +116,9 @@ impl Streams for DefaultStream {
     }
 }
 
+/// Told of each pass before it runs, with the ops' streams.
+type OnPass<T> = dyn FnMut(usize, &T);
+
 /// A memres resource as the replay loop sees it: each op on the stream
 /// `streams` gives for its workload stream, the call direct
 /// (monomorphized) for a typed resource.
@@ -130,7 +133,7 @@ pub struct StreamReplayer<R, T = Vec<SimStream>> {
     upstream_allocations: Box<dyn Fn() -> Option<u64>>,
     /// Told of each pass before it runs (see [`Replayer::begin_pass`]),
     /// with the ops' streams.
-    on_pass: Box<dyn FnMut(usize, &T)>,
+    on_pass: Box<OnPass<T>>,
 }
 
 impl<R, T> StreamReplayer<R, T> {

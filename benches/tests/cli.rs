@@ -592,3 +592,19 @@ fn offline_placement_beats_the_online_best_fit_where_lifetimes_matter() {
     assert_eq!(bad.status.code(), Some(2), "{}", stderr(&bad));
     assert!(stderr(&bad).contains("memres: error:"), "{}", stderr(&bad));
 }
+
+#[test]
+fn a_planned_stack_grows_once_for_its_region_then_never() {
+    let compact = "pool(sim, growth=32, granule=2MiB, large=16MiB, release=peak)";
+    let planned = format!("planned({compact})");
+    let o = memres(&["replay", "--json", "--passes", "4", "--stack", compact, "--stack", &planned, RESNET]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let rows = json_rows(&o);
+    let figure =
+        |i: usize, name: &str| rows[i][name].as_f64().unwrap_or_else(|| panic!("{name}: {:?}", rows[i]));
+    assert!(figure(0, "upstream_allocs_per_pass") > 10.0, "the compact pool alone churns: {:?}", rows[0]);
+    // Each pass is a step: the first timed one takes the region, the
+    // others nothing.
+    assert_eq!(figure(1, "upstream_allocs_per_pass"), 0.25, "{:?}", rows[1]);
+    assert!(figure(1, "footprint") <= figure(0, "footprint"), "{rows:?}");
+}

@@ -67,6 +67,8 @@ class Memres:
         lib.memres_stack.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_size_t]
         lib.memres_flush.restype = ctypes.c_int
         lib.memres_flush.argtypes = []
+        lib.memres_step.restype = ctypes.c_int
+        lib.memres_step.argtypes = [ctypes.c_int, ctypes.c_void_p]
         self.lib = lib
 
     def last_error(self):
@@ -94,6 +96,13 @@ class Memres:
     def flush(self):
         if self.lib.memres_flush() != 0:
             raise MemresError(self.last_error())
+
+    def step(self, device=0, stream=0):
+        """Marks the start of a step for the stack's planned layers; returns how many there are."""
+        n = self.lib.memres_step(device, stream or None)
+        if n < 0:
+            raise MemresError(self.last_error())
+        return n
 
     def alloc(self, size, device=0, stream=0):
         """The address as an int; 0 for size 0; MemresError when out of memory."""

@@ -10,7 +10,9 @@ a VGG-style CNN), bf16 autocast, for 50 steps on random data with a fixed
 seed, on PyTorch's native caching
 allocator and on memres per stack to test, in `--rounds` interleaved rounds
 (default 3; native at least twice, to see that the run is deterministic at
-all). Step times are medians over steps 6 to 50, then over rounds. The
+all). Step times are medians over steps 6 to 50, then over rounds. Each
+step begins with `memres_step`, so that a stack with `planned(...)` lays
+each step out from the one before it. The
 stacks come from `--stack` (repeatable), else from $MEMRES_TRAIN_STACKS
 (separated by `;`), else `stats(pool(cuda, per_stream=true, growth=32, granule=2MiB))`. With --log it runs once
 more on memres with MEMRES_STACK='log(STACK, file=PATH)'
@@ -156,6 +158,9 @@ def worker(args):
     for x, y in batches(args.steps):
         torch.cuda.synchronize()
         t0 = time.perf_counter()
+        if lib is not None:
+            # A step of the stack's `planned` layers (none: nothing to do).
+            lib.step(torch.cuda.current_device(), torch.cuda.current_stream().cuda_stream)
         x, y = x.to(device), y.to(device)
         with torch.autocast("cuda", dtype=torch.bfloat16), attention():
             out = model(x)

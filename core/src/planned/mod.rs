@@ -420,6 +420,10 @@ impl<R> Planned<R> {
         R: MemoryResource<S>,
     {
         let id = stream.id();
+        // What the step that ended leaves to do outside the lock: plan
+        // from its record (`Some(record)`), or give the region back
+        // (`None`): the region of a plan that no longer holds would sit
+        // idle beside the next step, which runs from upstream.
         let ended = self.state.with(|s| {
             s.steps.steps += 1;
             let first = !s.stepping;
@@ -428,31 +432,37 @@ impl<R> Planned<R> {
             if first {
             } else if s.followed_plan() && s.stream == id {
                 s.steps.followed += 1;
-            } else if s.recording && s.live_count == 0 && s.ops < MAX_STEP_OPS {
-                ended = Some((core::mem::take(&mut s.record), s.region, s.region_stream));
-                // Nothing is served from the region until the new plan is in.
-                s.install(Plan::default());
             } else if s.live_count == 0 {
-                // A step that left its plan: the next one is recorded. (With
-                // a region block live the plan stays, to find it by.)
+                let record = (s.recording && s.ops < MAX_STEP_OPS).then(|| core::mem::take(&mut s.record));
+                ended = Some((record, s.region, s.region_stream));
+                // Nothing is served from the region until a new plan is in.
                 s.install(Plan::default());
             }
+            // (With a region block live the plan stays, to find it by, and
+            // the next step is recorded.)
             s.begin(id);
             ended
         });
         let Some((record, region, region_stream)) = ended else { return Ok(()) };
+        let record = record.unwrap_or_default();
         let made = Plan::of(&record);
         let top = made.as_ref().map_or(0, |(_, top)| *top);
-        // Keep a region that fits and wastes at most an eighth.
-        let keep = !region.is_empty() && top <= region.size() && region.size() - top <= region.size() / 8;
+        let fits = !region.is_empty() && top <= region.size();
+        // Keep a region that fits and wastes at most an eighth; and any
+        // region that fits where it cannot be given back on this stream:
+        // its last blocks may still be in use on its own stream, which
+        // this call does not have, and the device cannot be waited for.
+        let mut keep = fits && region.size() - top <= region.size() / 8;
+        if !keep && !region.is_empty() && region_stream != id && !stream.synchronize_device()? {
+            if !fits {
+                self.state.with(|s| s.steps.region = region.size());
+                return Ok(());
+            }
+            keep = true;
+        }
         let mut new_region = region;
         if !keep {
             if !region.is_empty() {
-                if region_stream != id {
-                    // The region's last blocks may still be in use on its
-                    // own stream, which this call does not have.
-                    stream.synchronize_device()?;
-                }
                 self.upstream.deallocate(region, stream)?;
                 self.state.with(|s| {
                     s.region = Block::EMPTY;

@@ -114,6 +114,13 @@ size_t memres_last_error(char *buf, size_t len);
  * as memres_last_error does; returns its length. */
 size_t memres_stack(int device, char *buf, size_t len);
 
+/* Marks the start of a step (one iteration of a training loop) on device
+ * (negative: the current device), ordered on stream (NULL: the legacy
+ * default stream): each planned(...) layer of the device's stack lays the
+ * coming step out from the one that ended. Returns how many planned layers
+ * it stepped (0 for a stack with none), or -1 with a message. */
+int memres_step(int device, void *stream);
+
 /* Writes out what the log adaptors of every device hold in their buffers
  * (also done when the process exits). Returns 0, or -1 with a message when
  * a write failed. */

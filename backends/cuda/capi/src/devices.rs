@@ -6,6 +6,7 @@ use crate::leaves::{checking_builder, refuse_host_leaves};
 use crate::table::Table;
 use crate::{device_index, guard, set_error, snapshot, DEFAULT_STACK, MAX_DEVICES, STACK_VAR};
 use memres_core::adaptor::{Counted, Gauge, Logging, Statistics};
+use memres_core::planned::Planned;
 use memres_core::stack::{check_log_file, log_from_env, StackBuilder, LOG_FILE_VAR};
 use memres_core::DynResource;
 use memres_cuda::{CudaAsyncMemory, CudaStream, Device};
@@ -27,6 +28,8 @@ pub(crate) struct DeviceState {
     pub(crate) pools: Vec<Arc<Counted<CudaAsyncMemory>>>,
     /// The `log` adaptors, flushed by `memres_flush` and at exit.
     pub(crate) logs: Vec<Arc<Logging<DynResource<CudaStream>>>>,
+    /// The `planned` layers, stepped by `memres_step`.
+    pub(crate) planned: Vec<Arc<Planned<DynResource<CudaStream>>>>,
     /// What `memres_snapshot` writes, where watched.
     pub(crate) map: Option<snapshot::Map>,
 }
@@ -79,6 +82,7 @@ fn build(d: usize, stack: &str) -> Result<DeviceState, String> {
     Ok(DeviceState {
         stats: built.get("stats"),
         pools: built.all("async"),
+        planned: built.all("planned"),
         logs,
         resource,
         stack: stack.to_string(),

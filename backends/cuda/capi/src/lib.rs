@@ -9,6 +9,7 @@
 //! | `int memres_stats(int device, memres_stats_t* out)` | the figures of a device's stack |
 //! | `size_t memres_last_error(char* buf, size_t len)` | the latest error message |
 //! | `size_t memres_stack(int device, char* buf, size_t len)` | the stack a device runs |
+//! | `int memres_step(int device, cudaStream_t stream)` | marks the start of a step (a training iteration) for the `planned` layers of a device's stack |
 //! | `int memres_flush(void)` | writes out the buffers of `log` adaptors (also done at exit) |
 //! | `int memres_snapshot(const char* path)` | writes a snapshot for PyTorch's memory viewer, with `MEMRES_SNAPSHOT=1` ([`snapshot`]) |
 //!
@@ -406,6 +407,30 @@ pub unsafe extern "C" fn memres_stats(device: c_int, out: *mut MemresStats) -> c
         // SAFETY: `out` is valid for one write (the caller's promise).
         unsafe { out.write(s) };
         Ok(0)
+    })
+}
+
+/// Marks the start of a step on `device` (negative: the current device),
+/// ordered on `stream` (null: the legacy default stream): each `planned`
+/// layer of the device's stack ends the step in progress and begins the
+/// next, laying it out from the last one (see `memres_core::planned`).
+/// Returns how many `planned` layers it stepped (0 for a stack with none,
+/// which is harmless), or -1 with a message (the stack cannot be built, an
+/// error of the upstream taking or giving back a plan's region).
+///
+/// # Safety
+///
+/// `stream` is null or a valid stream of `device`.
+#[no_mangle]
+pub unsafe extern "C" fn memres_step(device: c_int, stream: *mut c_void) -> c_int {
+    guard(-1, || {
+        let d = device_index(device)?;
+        let st = devices::state(d)?;
+        let stream = stream_of(stream);
+        for p in &st.planned {
+            p.step(&stream).map_err(|e| format!("memres: device {d}: step: {e}"))?;
+        }
+        Ok(st.planned.len() as c_int)
     })
 }
 

@@ -1,0 +1,86 @@
+//! `memres_step` through its C signature: without a GPU it fails cleanly;
+//! with one, a `planned` stack stops taking memory from the device once a
+//! repeating step is laid out, and a stack without `planned` steps nothing.
+
+use memres::{memres_alloc, memres_configure, memres_free, memres_stats, memres_step, MemresStats};
+use memres_cuda::Device;
+use std::ffi::{c_void, CString};
+use std::ptr::null_mut;
+
+const REQUIRE_GPU: &str = "MEMRES_REQUIRE_GPU";
+const MIB: isize = 1 << 20;
+
+fn step(device: i32) -> i32 {
+    // SAFETY: the null stream is the legacy default stream.
+    unsafe { memres_step(device, null_mut()) }
+}
+
+fn alloc(size: isize) -> *mut c_void {
+    // SAFETY: the null stream is the legacy default stream.
+    let p = unsafe { memres_alloc(size, 0, null_mut()) };
+    assert!(!p.is_null(), "{}", memres::last_error());
+    p
+}
+
+fn free(p: *mut c_void, size: isize) {
+    // SAFETY: nothing used `p`; freed on the stream it was allocated on.
+    unsafe { memres_free(p, size, 0, null_mut()) }
+}
+
+fn upstream_total() -> i64 {
+    let mut s = MemresStats::default();
+    // SAFETY: `s` is one writable struct.
+    assert_eq!(unsafe { memres_stats(0, &mut s) }, 0, "{}", memres::last_error());
+    s.upstream_total
+}
+
+/// One step of a training loop's shape: activations freed in the step, a
+/// block that lives into the next.
+fn one_step(carried: &mut Vec<*mut c_void>) {
+    let a = alloc(8 * MIB);
+    let b = alloc(24 * MIB);
+    free(a, 8 * MIB);
+    let c = alloc(4 * MIB);
+    free(b, 24 * MIB);
+    free(c, 4 * MIB);
+    for p in carried.drain(..) {
+        free(p, MIB);
+    }
+    carried.push(alloc(MIB));
+}
+
+// One test: the stack is process-wide and built once.
+#[test]
+fn a_planned_stack_takes_nothing_from_the_device_in_a_steady_step() {
+    let text = CString::new("stats(planned(pool(cuda, granule=2MiB)))").unwrap();
+    // SAFETY: a NUL-terminated string.
+    assert_eq!(unsafe { memres_configure(text.as_ptr()) }, 0, "{}", memres::last_error());
+    assert_eq!(step(1 << 20), -1);
+    assert!(memres::last_error().contains("out of range"), "{}", memres::last_error());
+    match Device::count() {
+        Ok(n) if n > 0 => {}
+        r => {
+            let required = std::env::var(REQUIRE_GPU).is_ok_and(|v| !v.is_empty() && v != "0");
+            assert!(!required, "no GPU ({r:?}) and {REQUIRE_GPU} is set");
+            eprintln!("SKIPPED the GPU part: no GPU ({r:?})");
+            assert_eq!(step(0), -1, "the stack cannot be built");
+            assert!(memres::last_error().contains("device 0"), "{}", memres::last_error());
+            return;
+        }
+    }
+    let mut carried = Vec::new();
+    assert_eq!(step(0), 1, "one planned layer");
+    one_step(&mut carried);
+    assert_eq!(step(0), 1);
+    let planned = upstream_total();
+    for _ in 0..5 {
+        one_step(&mut carried);
+        assert_eq!(step(0), 1);
+    }
+    // The pool under the plan grew once for the region; after that the
+    // steps ran from the region and the pool's chunks.
+    assert_eq!(upstream_total(), planned, "no device memory taken in steady steps");
+    for p in carried.drain(..) {
+        free(p, MIB);
+    }
+}
