@@ -14,14 +14,17 @@
 //!
 //! ```text
 //! step()  step 1: every block from upstream, recorded
-//! step()  plan from step 1 (placement::best); region [0, top) from upstream
+//! step()  step 2: the same, recorded
+//! step()  step 2 repeated step 1: plan from it (placement::best);
+//!         region [0, top) from upstream
 //!         the k-th allocation of a step, as recorded (size, alignment,
 //!           the step's stream), placed in step 1  -> region + offset[k]
 //!         ... outlived step 1, or on another stream -> upstream
 //!         anything else (another size, an extra allocation)
 //!                               -> upstream, and so is the rest of the step
 //! step()  the step followed the plan to its end: keep the plan;
-//!         else plan again from this step
+//!         else give the region back, record the next steps and plan
+//!         again once one repeats the one before it
 //! ```
 //!
 //! A steady step asks the upstream for nothing: no chunk to grow, no
@@ -45,7 +48,7 @@
 //! use memres_core::{MemoryResource, Request};
 //! # use memres_core::testing::BumpUpstream;
 //! let planned = Planned::new(BumpUpstream::new(1 << 30));
-//! for _ in 0..3 {
+//! for _ in 0..4 {
 //!     planned.step(&())?;
 //!     let a = planned.allocate(Request::new(1000)?, &())?;
 //!     let b = planned.allocate(Request::new(3000)?, &())?;
@@ -56,7 +59,7 @@
 //! }
 //! let steps = planned.steps();
 //! assert_eq!((steps.plans, steps.followed), (1, 1));
-//! assert_eq!(steps.planned_allocations, 6); // steps 2 and 3 came from the region
+//! assert_eq!(steps.planned_allocations, 6); // steps 3 and 4 came from the region
 //! assert_eq!(steps.region, 3072 + 1024); // c takes a's place
 //! # Ok::<(), memres_core::Error>(())
 //! ```
@@ -132,8 +135,14 @@ impl Plan {
     /// on its stream are placed, every other allocation goes upstream.
     /// `None` when nothing is to be placed.
     fn of(record: &[(Lifetime, Request, bool)]) -> Option<(Plan, u64)> {
-        let placed: Vec<usize> =
-            (0..record.len()).filter(|&k| record[k].2 && record[k].0.end != OPEN).collect();
+        // On the step's stream, freed in the step, live for an op at least
+        // (a failed allocation is not) and of some size.
+        let placed: Vec<usize> = (0..record.len())
+            .filter(|&k| {
+                let (life, _, on) = record[k];
+                on && life.end != OPEN && life.end > life.start && life.size > 0
+            })
+            .collect();
         if placed.is_empty() {
             return None;
         }
@@ -176,6 +185,9 @@ struct State<R> {
     /// Steps begun: an upstream allocation that returns after a step
     /// boundary is not recorded in the new step.
     epoch: u64,
+    /// The requests of the step recorded before (and whether each was on
+    /// its stream): a step is planned only when it repeats them.
+    previous: Vec<(Request, bool)>,
     /// The recorded step's live allocations by address: their index in
     /// `record`.
     born: BTreeMap<u64, u32>,
@@ -231,6 +243,7 @@ impl<R> State<R> {
             record: Vec::new(),
             ops: 0,
             epoch: 0,
+            previous: Vec::new(),
             born: BTreeMap::new(),
             plan: Plan::default(),
             following: false,
@@ -433,7 +446,17 @@ impl<R> Planned<R> {
             } else if s.followed_plan() && s.stream == id {
                 s.steps.followed += 1;
             } else if s.live_count == 0 {
-                let record = (s.recording && s.ops < MAX_STEP_OPS).then(|| core::mem::take(&mut s.record));
+                let mut record =
+                    (s.recording && s.ops < MAX_STEP_OPS).then(|| core::mem::take(&mut s.record));
+                // Planned only from a step that repeats the one recorded
+                // before it: a loop's first step (lazy setup) and steps of
+                // changing shapes are never laid out.
+                let asked: Vec<(Request, bool)> =
+                    record.as_deref().unwrap_or_default().iter().map(|&(_, r, on)| (r, on)).collect();
+                if asked != s.previous {
+                    record = None;
+                }
+                s.previous = asked;
                 ended = Some((record, s.region, s.region_stream));
                 // Nothing is served from the region until a new plan is in.
                 s.install(Plan::default());

@@ -116,6 +116,15 @@ fn run(p: &Planned<Statistics<BumpUpstream>>, script: &[Op]) -> Vec<Option<Block
     blocks
 }
 
+/// Runs `script` as two recorded steps: the second repeats the first, so
+/// the next `step` lays it out.
+fn record_twice(p: &Planned<Statistics<BumpUpstream>>, script: &[Op]) {
+    for _ in 0..2 {
+        p.step(&()).unwrap();
+        run(p, script);
+    }
+}
+
 /// a, b; free a; c in a's place: every block freed in the step.
 const FREED: [Op; 6] =
     [Op::Alloc(MIB), Op::Alloc(3 * MIB), Op::Free(0), Op::Alloc(MIB / 2), Op::Free(1), Op::Free(2)];
@@ -135,10 +144,12 @@ const STEP: [Op; 7] = [
 fn a_repeating_step_asks_the_upstream_only_for_what_outlives_it() {
     let p = Planned::new(Statistics::new(BumpUpstream::new(1 << 30)));
     let mut kept = Vec::new();
-    p.step(&()).unwrap();
-    kept.extend(run(&p, &STEP).into_iter().flatten());
-    assert_eq!(upstream_allocations(&p), 4, "the first step is the upstream's");
-    for i in 0..5 {
+    for _ in 0..2 {
+        p.step(&()).unwrap();
+        kept.extend(run(&p, &STEP).into_iter().flatten());
+    }
+    assert_eq!(upstream_allocations(&p), 8, "the first two steps are the upstream's");
+    for i in 0..4 {
         p.step(&()).unwrap();
         let before = upstream_allocations(&p);
         kept.extend(run(&p, &STEP).into_iter().flatten());
@@ -146,7 +157,7 @@ fn a_repeating_step_asks_the_upstream_only_for_what_outlives_it() {
         assert_eq!(upstream_allocations(&p) - before, 1, "step {i}");
     }
     let s = p.steps();
-    assert_eq!((s.steps, s.plans, s.followed, s.planned_allocations), (6, 1, 4, 15));
+    assert_eq!((s.steps, s.plans, s.followed, s.planned_allocations), (6, 1, 3, 12));
     // c fits in a's place: the region is b's and a's, not three blocks'.
     assert_eq!(s.region, 4 * MIB);
     // The upstream held the region and the blocks that outlived steps.
@@ -163,10 +174,9 @@ fn a_repeating_step_asks_the_upstream_only_for_what_outlives_it() {
 #[test]
 fn a_step_that_departs_from_its_plan_goes_upstream_and_is_planned_again() {
     let p = Planned::new(Statistics::new(BumpUpstream::new(1 << 30)));
-    for _ in 0..2 {
-        p.step(&()).unwrap();
-        run(&p, &FREED);
-    }
+    record_twice(&p, &FREED);
+    p.step(&()).unwrap();
+    run(&p, &FREED);
     assert_eq!(p.steps().planned_allocations, 3);
     // The third allocation asks for more than planned: it and the rest of
     // the step come from upstream.
@@ -178,14 +188,16 @@ fn a_step_that_departs_from_its_plan_goes_upstream_and_is_planned_again() {
     assert_eq!(upstream_allocations(&p) - before, 1, "only the departing allocation");
     assert_eq!(p.steps().planned_allocations, 5);
     // A step that leaves its plan is not recorded (what followed the plan
-    // was not), so the next one is, and the one after it is planned: the
-    // 2 MiB block is live with b, so it goes beside b, and a under it.
+    // was not), so the next two are, and the one after them is planned:
+    // the 2 MiB block is live with b, so it goes beside b, and a under it.
     p.step(&()).unwrap();
     assert_eq!(p.steps().region, 0, "the region goes back with its plan");
-    let before = upstream_allocations(&p);
-    run(&p, &other);
-    assert_eq!(upstream_allocations(&p) - before, 3, "recorded from upstream");
-    p.step(&()).unwrap();
+    for _ in 0..2 {
+        let before = upstream_allocations(&p);
+        run(&p, &other);
+        assert_eq!(upstream_allocations(&p) - before, 3, "recorded from upstream");
+        p.step(&()).unwrap();
+    }
     assert_eq!(p.steps().plans, 2);
     assert_eq!(p.steps().region, 5 * MIB);
     let before = upstream_allocations(&p);
@@ -201,8 +213,7 @@ fn a_step_that_departs_from_its_plan_goes_upstream_and_is_planned_again() {
 #[test]
 fn a_planned_block_still_live_at_the_step_end_keeps_the_next_step_unplanned() {
     let p = Planned::new(Statistics::new(BumpUpstream::new(1 << 30)));
-    p.step(&()).unwrap();
-    run(&p, &[Op::Alloc(MIB), Op::Free(0)]);
+    record_twice(&p, &[Op::Alloc(MIB), Op::Free(0)]);
     p.step(&()).unwrap();
     let left = run(&p, &[Op::Alloc(MIB)]);
     assert_eq!(p.steps().planned_allocations, 1);
@@ -212,6 +223,7 @@ fn a_planned_block_still_live_at_the_step_end_keeps_the_next_step_unplanned() {
     assert_eq!(upstream_allocations(&p) - before, 1, "the region is not free");
     p.deallocate(b, &()).unwrap();
     p.deallocate(left[0].unwrap(), &()).unwrap();
+    // That step repeated the last recorded one: planned again at once.
     p.step(&()).unwrap();
     run(&p, &[Op::Alloc(MIB), Op::Free(0)]);
     assert_eq!(p.steps().planned_allocations, 2, "planned again once the region is free");
@@ -221,10 +233,9 @@ fn a_planned_block_still_live_at_the_step_end_keeps_the_next_step_unplanned() {
 #[test]
 fn bad_frees_are_refused_and_change_nothing() {
     let p = Planned::new(Statistics::new(BumpUpstream::new(1 << 30)));
-    for _ in 0..2 {
-        p.step(&()).unwrap();
-        run(&p, &[Op::Alloc(MIB), Op::Alloc(MIB), Op::Free(0), Op::Free(1)]);
-    }
+    record_twice(&p, &[Op::Alloc(MIB), Op::Alloc(MIB), Op::Free(0), Op::Free(1)]);
+    p.step(&()).unwrap();
+    run(&p, &[Op::Alloc(MIB), Op::Alloc(MIB), Op::Free(0), Op::Free(1)]);
     p.step(&()).unwrap();
     let a = p.allocate(req(MIB), &()).unwrap();
     assert_eq!(p.steps().planned_allocations, 3);
@@ -245,24 +256,41 @@ fn bad_frees_are_refused_and_change_nothing() {
 }
 
 #[test]
-fn an_upstream_that_fails_leaves_the_step_unplanned_and_the_figures_exact() {
+fn a_region_the_upstream_refuses_leaves_the_steps_recorded_until_it_can_be_had() {
     let p = Planned::new(Statistics::new(BumpUpstream::new(1 << 30)));
-    p.step(&()).unwrap();
-    run(&p, &FREED);
+    record_twice(&p, &FREED);
     p.upstream().upstream().fail_after(0);
-    assert!(p.allocate(req(MIB), &()).is_err());
-    // The region cannot be taken: no plan, and nothing held.
     p.step(&()).unwrap();
     assert_eq!((p.steps().plans, p.steps().region), (0, 0));
     assert!(p.allocate(req(MIB), &()).is_err());
-    p.upstream().upstream().fail_after(u64::MAX);
-    let b = p.allocate(req(2 * MIB), &()).unwrap();
-    p.deallocate(b, &()).unwrap();
     assert_eq!((p.usage().used, p.usage().held), (0, 0));
-    // Planned from the step with the failure: the failed allocation takes
-    // no place.
+    p.upstream().upstream().fail_after(u64::MAX);
+    // Recorded again (with its failed allocation), and again: planned.
+    run(&p, &FREED);
+    record_twice(&p, &FREED);
     p.step(&()).unwrap();
-    assert_eq!((p.steps().plans, p.steps().region), (1, 2 * MIB));
+    assert_eq!((p.steps().plans, p.steps().region), (1, 4 * MIB));
+    p.check().unwrap();
+}
+
+#[test]
+fn a_failed_allocation_takes_no_place_in_the_plan() {
+    let p = Planned::new(Statistics::new(BumpUpstream::new(1 << 30)));
+    for _ in 0..2 {
+        p.step(&()).unwrap();
+        run(&p, &[Op::Alloc(MIB), Op::Free(0)]);
+        p.upstream().upstream().fail_after(0);
+        assert!(p.allocate(req(8 * MIB), &()).is_err());
+        p.upstream().upstream().fail_after(u64::MAX);
+    }
+    p.step(&()).unwrap();
+    assert_eq!((p.steps().plans, p.steps().region), (1, MIB));
+    // It is part of the step as recorded: asked again, it goes upstream.
+    run(&p, &[Op::Alloc(MIB), Op::Free(0)]);
+    let b = p.allocate(req(8 * MIB), &()).unwrap();
+    p.deallocate(b, &()).unwrap();
+    p.step(&()).unwrap();
+    assert_eq!((p.steps().followed, p.steps().planned_allocations), (1, 1));
     p.check().unwrap();
 }
 
@@ -276,8 +304,10 @@ fn only_the_steps_stream_is_planned_and_a_free_elsewhere_waits_for_its_stream() 
         p.deallocate(b, &s2).unwrap();
         p.deallocate(a, &s1).unwrap();
     };
-    p.step(&s1).unwrap();
-    two(&p);
+    for _ in 0..2 {
+        p.step(&s1).unwrap();
+        two(&p);
+    }
     p.step(&s1).unwrap();
     let before = upstream_allocations(&p);
     two(&p);
@@ -318,7 +348,7 @@ fn before_the_first_step_nothing_is_recorded_and_the_region_goes_back_at_drop() 
             p.deallocate(b, &()).unwrap();
         }
         assert_eq!(p.steps(), Steps::default());
-        for _ in 0..2 {
+        for _ in 0..3 {
             p.step(&()).unwrap();
             let b = p.allocate(req(MIB), &()).unwrap();
             p.deallocate(b, &()).unwrap();
@@ -333,7 +363,9 @@ fn before_the_first_step_nothing_is_recorded_and_the_region_goes_back_at_drop() 
 #[test]
 fn randomized_steps_never_hand_out_overlapping_blocks() {
     let mut rng = SplitMix64::new(11);
-    for case in 0..if cfg!(miri) { 2 } else { 20 } {
+    let mut planned_cases = 0;
+    let cases = if cfg!(miri) { 2 } else { 20 };
+    for case in 0..cases {
         let p = Planned::new(Statistics::new(BumpUpstream::new(1 << 40)));
         let script: Vec<u64> = (0..rng.below(40) + 2).map(|_| (rng.below(4096) + 1) * 256).collect();
         let mut live: BTreeMap<u64, u64> = BTreeMap::new();
@@ -386,18 +418,19 @@ fn randomized_steps_never_hand_out_overlapping_blocks() {
         }
         assert_eq!(p.usage().used, 0, "case {case}");
         assert_eq!(p.upstream().upstream().usage().held, p.steps().region, "case {case}");
-        assert!(p.steps().planned_allocations > 0, "case {case}: {:?}", p.steps());
+        planned_cases += u32::from(p.steps().planned_allocations > 0);
     }
+    assert!(planned_cases * 2 >= cases, "only {planned_cases} of {cases} cases were ever planned");
 }
 
 #[test]
 fn a_block_freed_later_than_planned_is_never_placed_over() {
     let p = Planned::new(Statistics::new(BumpUpstream::new(1 << 30)));
     // Recorded: a freed before b is allocated, so both are planned at 0.
-    for _ in 0..2 {
-        p.step(&()).unwrap();
-        run(&p, &[Op::Alloc(MIB), Op::Free(0), Op::Alloc(MIB), Op::Free(1)]);
-    }
+    let script = [Op::Alloc(MIB), Op::Free(0), Op::Alloc(MIB), Op::Free(1)];
+    record_twice(&p, &script);
+    p.step(&()).unwrap();
+    run(&p, &script);
     assert_eq!((p.steps().region, p.steps().planned_allocations), (MIB, 2));
     // Now a is still live when b comes: b goes upstream, elsewhere.
     p.step(&()).unwrap();
@@ -417,7 +450,7 @@ fn a_block_freed_later_than_planned_is_never_placed_over() {
 fn a_region_goes_back_on_another_stream_only_when_the_device_can_be_waited_for() {
     let p = Planned::new(Statistics::new(BumpUpstream::new(1 << 30)));
     let s1 = TestStream::new(1);
-    for _ in 0..2 {
+    for _ in 0..3 {
         p.step(&s1).unwrap();
         let a = p.allocate(req(MIB), &s1).unwrap();
         p.deallocate(a, &s1).unwrap();
