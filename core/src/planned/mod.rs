@@ -111,12 +111,9 @@ struct Entry {
     offset: Option<u64>,
     /// Index of `offset` in [`Plan::slots`].
     slot: u32,
-    /// Whether it lives into the next step (and is freed there).
-    carried: bool,
-    /// The allocations made before it was freed in the recorded steps (of
-    /// its own step, or of the next one if `carried`): by the allocation
-    /// of that index it must be free, or a later block may be placed over
-    /// it.
+    /// The allocations of the step made before this block was freed in
+    /// the recorded step: by the allocation of that index it must be free,
+    /// or a later block may be placed over it.
     due: u32,
 }
 
@@ -128,76 +125,47 @@ struct Plan {
     /// The distinct planned offsets, ascending: a region block is found by
     /// its offset here.
     slots: Vec<u64>,
-    /// The planned entries freed in their own step, by `due`.
+    /// The planned entries by `due`, ascending.
     by_due: Vec<u32>,
-    /// The planned entries freed in the next step, by `due`.
-    by_due_next: Vec<u32>,
 }
 
-/// A recorded step: one entry per allocation in order, its lifetime in
-/// ops since the step began (`end == OPEN` while live or once it outlived
-/// the next step; past the step's ops when freed in the next step; the
-/// size rounded up to `UNIT`), the request, and whether it was made on the
-/// step's stream.
-type Record = Vec<(Lifetime, Request, bool)>;
-
 impl Plan {
-    /// The plan for the steps after `record`, a step of `period` ops, and
-    /// the bytes it needs: the blocks allocated on the step's stream and
-    /// freed in the step or in the next one are placed, every other
-    /// allocation goes upstream. `None` when nothing is to be placed.
-    fn of(record: &[(Lifetime, Request, bool)], period: u32) -> Option<(Plan, u64)> {
-        // Live for an op at least (a failed allocation is not), of some
-        // size, and for less than a step (else it would meet itself).
+    /// The plan for the next steps from the record of the last one, and
+    /// the bytes it needs: the blocks allocated and freed inside the step
+    /// on its stream are placed, every other allocation goes upstream.
+    /// `None` when nothing is to be placed.
+    fn of(record: &[(Lifetime, Request, bool)]) -> Option<(Plan, u64)> {
+        // On the step's stream, freed in the step, live for an op at least
+        // (a failed allocation is not) and of some size.
         let placed: Vec<usize> = (0..record.len())
             .filter(|&k| {
                 let (life, _, on) = record[k];
-                on && life.end != OPEN
-                    && life.end > life.start
-                    && life.size > 0
-                    && life.end - life.start <= period
+                on && life.end != OPEN && life.end > life.start && life.size > 0
             })
             .collect();
         if placed.is_empty() {
             return None;
         }
         let blocks: Vec<Lifetime> = placed.iter().map(|&k| record[k].0).collect();
-        let (_, placement) = placement::best_in_period(&blocks, Some(period));
-        let mut entries: Vec<Entry> = record
-            .iter()
-            .map(|&(_, request, _)| Entry { request, offset: None, slot: 0, carried: false, due: 0 })
-            .collect();
+        let (_, placement) = placement::best(&blocks);
+        let mut entries: Vec<Entry> =
+            record.iter().map(|&(_, request, _)| Entry { request, offset: None, slot: 0, due: 0 }).collect();
         let mut slots: Vec<u64> = placement.offsets.clone();
         slots.sort_unstable();
         slots.dedup();
         for (i, &k) in placed.iter().enumerate() {
             let offset = placement.offsets[i];
-            let end = record[k].0.end;
-            let carried = end > period;
-            // Allocations of a step made before the op it is freed at: the
-            // record is in allocation order, so the starts ascend.
-            let freed_at = if carried { end - period } else { end };
-            let due = record.partition_point(|r| r.0.start < freed_at) as u32;
+            // Allocations recorded before this block's free: record is in
+            // allocation order, so the starts ascend.
+            let due = record.partition_point(|r| r.0.start < record[k].0.end) as u32;
             let slot = slots.binary_search(&offset).unwrap_or(0) as u32;
-            entries[k] = Entry { offset: Some(offset), slot, carried, due, ..entries[k] };
+            entries[k] = Entry { offset: Some(offset), slot, due, ..entries[k] };
         }
-        let by = |carried: bool| {
-            let mut v: Vec<u32> =
-                placed.iter().filter(|&&k| entries[k].carried == carried).map(|&k| k as u32).collect();
-            v.sort_unstable_by_key(|&k| entries[k as usize].due);
-            v
-        };
-        let (by_due, by_due_next) = (by(false), by(true));
-        Some((Plan { entries, slots, by_due, by_due_next }, placement.top))
+        let mut by_due: Vec<u32> = placed.iter().map(|&k| k as u32).collect();
+        by_due.sort_unstable_by_key(|&k| entries[k as usize].due);
+        Some((Plan { entries, slots, by_due }, placement.top))
     }
 }
-
-/// The flag of [`State::slot_live`] for a block past its due.
-const OVERDUE: u32 = 1 << 31;
-/// The flag of [`State::slot_live`] for a block placed in the step before.
-const PREV: u32 = 1 << 30;
-/// The entry's index + 1 in a [`State::slot_live`] value.
-const ENTRY: u32 = !(OVERDUE | PREV);
 
 /// The state behind the lock.
 struct State<R> {
@@ -207,24 +175,22 @@ struct State<R> {
     /// Whether the step in progress is recorded: every step that did not
     /// begin by following a plan.
     recording: bool,
-    /// The step in progress, if recorded.
-    record: Record,
+    /// The recorded step, one entry per allocation in order: its lifetime
+    /// in ops since the step began (`end == OPEN` while live; the size
+    /// rounded up to `UNIT`), the request, and whether it was made on the
+    /// step's stream. Empty unless `recording`.
+    record: Vec<(Lifetime, Request, bool)>,
     /// Ops recorded since the step began, at most `MAX_STEP_OPS`.
     ops: u32,
     /// Steps begun: an upstream allocation that returns after a step
     /// boundary is not recorded in the new step.
     epoch: u64,
+    /// The requests of the step recorded before (and whether each was on
+    /// its stream): a step is planned only when it repeats them.
+    previous: Vec<(Request, bool)>,
     /// The recorded step's live allocations by address: their index in
     /// `record`.
     born: BTreeMap<u64, u32>,
-    /// The step recorded before this one (empty if it was not), its frees
-    /// in this step recorded as it goes; a step is planned from it when
-    /// this step repeats its requests.
-    prev: Record,
-    /// Its ops.
-    prev_ops: u32,
-    /// Its allocations still live when it ended, by address.
-    prev_born: BTreeMap<u64, u32>,
     /// The plan in force (no entries: none). Every planned offset plus its
     /// rounded size is at most `region.size()`.
     plan: Plan,
@@ -233,24 +199,18 @@ struct State<R> {
     following: bool,
     /// Allocations since the step began.
     allocations: u32,
-    /// How far through `plan.by_due` and `plan.by_due_next` the step is:
-    /// the entries before them are due to be free.
+    /// How far through `plan.by_due` the step is: the entries before it
+    /// are due to be free.
     cursor: u32,
-    cursor_next: u32,
     /// Region blocks live past their due: while any is, nothing more is
     /// placed (it may lie where the next block goes).
     overdue: u32,
-    /// Per slot of the plan: the live block there (its entry's index + 1,
-    /// `ENTRY`), 0 for none, flagged `PREV` if placed in the step before
-    /// and `OVERDUE` once past its due.
+    /// Per slot of the plan: the live block there (its entry's index + 1),
+    /// 0 for none, with its top bit set once it is overdue.
     slot_live: Vec<u32>,
     /// Live region blocks and their rounded bytes.
     live_count: u32,
     live_bytes: u64,
-    /// Of them, those placed in the step before, and those placed in this
-    /// step to be freed in the next.
-    live_prev: u32,
-    live_carried: u32,
     /// The stream id the step is on (the stream `step` was called with).
     stream: u64,
     /// The region from upstream (`Block::EMPTY` with none).
@@ -263,6 +223,9 @@ struct State<R> {
     /// when a region is first taken, on a stream type with a drop stream.
     at_drop: Option<fn(&R, Block)>,
 }
+
+/// The flag of [`State::slot_live`] for an overdue block.
+const OVERDUE: u32 = 1 << 31;
 
 /// Gives `block` back to `upstream` on the stream type's drop stream.
 fn give_back_at_drop<S: Stream + ?Sized, R: MemoryResource<S>>(upstream: &R, block: Block) {
@@ -280,21 +243,16 @@ impl<R> State<R> {
             record: Vec::new(),
             ops: 0,
             epoch: 0,
+            previous: Vec::new(),
             born: BTreeMap::new(),
-            prev: Vec::new(),
-            prev_ops: 0,
-            prev_born: BTreeMap::new(),
             plan: Plan::default(),
             following: false,
             allocations: 0,
             cursor: 0,
-            cursor_next: 0,
             overdue: 0,
             slot_live: Vec::new(),
             live_count: 0,
             live_bytes: 0,
-            live_prev: 0,
-            live_carried: 0,
             stream: 0,
             region: Block::EMPTY,
             region_stream: 0,
@@ -322,22 +280,18 @@ impl<R> State<R> {
             match self.plan.entries.get(k as usize).copied() {
                 Some(e) if e.request == request => {
                     self.mark_due(k);
-                    // Where it goes no block may be live: nothing overdue,
-                    // and its slot empty.
-                    let free =
-                        self.overdue == 0 && (e.offset.is_none() || self.slot_live[e.slot as usize] == 0);
-                    if let (Some(offset), true, true) = (e.offset, stream == self.stream, free) {
+                    if let (Some(offset), true) = (e.offset, stream == self.stream && self.overdue == 0) {
                         let addr = self.region.addr() + offset;
                         if addr % request.align() == 0 {
+                            let size = request.size().div_ceil(UNIT) * UNIT;
                             self.slot_live[e.slot as usize] = k + 1;
                             self.live_count += 1;
-                            self.live_bytes += request.size().div_ceil(UNIT) * UNIT;
-                            self.live_carried += u32::from(e.carried);
+                            self.live_bytes += size;
                             self.steps.planned_allocations += 1;
                             return Ok(addr);
                         }
                     }
-                    if !free {
+                    if self.overdue > 0 {
                         self.following = false;
                     }
                 }
@@ -357,47 +311,35 @@ impl<R> State<R> {
     }
 
     /// Marks the region blocks due by allocation `k` that are still live
-    /// as overdue: this step's freed in it, the step before's carried.
+    /// as overdue.
     fn mark_due(&mut self, k: u32) {
-        for carried in [false, true] {
-            let (list, cursor) = if carried {
-                (&self.plan.by_due_next, &mut self.cursor_next)
-            } else {
-                (&self.plan.by_due, &mut self.cursor)
-            };
-            while let Some(&j) = list.get(*cursor as usize) {
-                let e = self.plan.entries[j as usize];
-                if e.due > k {
-                    break;
-                }
-                *cursor += 1;
-                let live = &mut self.slot_live[e.slot as usize];
-                let placed_before = *live & PREV != 0;
-                if *live & ENTRY == j + 1 && placed_before == carried && *live & OVERDUE == 0 {
-                    *live |= OVERDUE;
-                    self.overdue += 1;
-                }
+        while let Some(&j) = self.plan.by_due.get(self.cursor as usize) {
+            let e = self.plan.entries[j as usize];
+            if e.due > k {
+                break;
+            }
+            self.cursor += 1;
+            let live = &mut self.slot_live[e.slot as usize];
+            if *live & !OVERDUE == j + 1 {
+                *live |= OVERDUE;
+                self.overdue += 1;
             }
         }
     }
 
-    /// Records the free of a recorded block at `addr`: of this step, or of
-    /// the step before (freed in this one).
+    /// Records the free of the recorded step's block at `addr`, if it is
+    /// one.
     fn freed(&mut self, addr: u64) {
-        let end = self.ops;
         if let Some(k) = self.born.remove(&addr) {
+            let end = self.ops;
             if self.tick() {
                 self.record[k as usize].0.end = end;
             }
-        } else if let Some(k) = self.prev_born.remove(&addr) {
-            if self.tick() {
-                self.prev[k as usize].0.end = self.prev_ops.saturating_add(end);
-            }
         }
     }
 
-    /// If `addr` lies in the region: the slot of the live block there and
-    /// its `slot_live` value and request, or `Err(())` where no block
+    /// If `addr` lies in the region: the slot of the live block there,
+    /// its entry's index + 1 and its request, or `Err(())` where no block
     /// starting at `addr` is live.
     fn region_block(&self, addr: u64) -> Option<core::result::Result<(usize, u32, Request), ()>> {
         let r = self.region;
@@ -405,25 +347,20 @@ impl<R> State<R> {
             return None;
         }
         let found = self.plan.slots.binary_search(&(addr - r.addr())).ok().and_then(|slot| {
-            let live = self.slot_live[slot];
-            (live & ENTRY != 0).then(|| (slot, live, self.plan.entries[(live & ENTRY) as usize - 1].request))
+            let live = self.slot_live[slot] & !OVERDUE;
+            (live != 0).then(|| (slot, live, self.plan.entries[live as usize - 1].request))
         });
         Some(found.ok_or(()))
     }
 
     /// Whether the step that just ended was served from the plan from its
-    /// first allocation to its last, freed the blocks of the step before,
-    /// and left in the region only the blocks the plan carries.
+    /// first allocation to its last, and left nothing in the region.
     fn followed_plan(&self) -> bool {
-        self.following
-            && self.allocations as usize == self.plan.entries.len()
-            && self.live_prev == 0
-            && self.live_count == self.live_carried
+        self.following && self.allocations as usize == self.plan.entries.len() && self.live_count == 0
     }
 
     /// Begins a step on `stream`: following the plan if there is one and
-    /// the region holds only blocks it carries into this step, else
-    /// recorded.
+    /// the region is free, else recorded.
     fn begin(&mut self, stream: u64) {
         self.record.clear();
         self.born.clear();
@@ -431,40 +368,30 @@ impl<R> State<R> {
         self.epoch += 1;
         self.allocations = 0;
         self.cursor = 0;
-        self.cursor_next = 0;
         self.stream = stream;
-        // The region's live blocks are the last step's now; their dues
-        // are counted again in this one.
-        let entries = &self.plan.entries;
-        let mut only_carried = true;
-        for live in &mut self.slot_live {
-            if *live & ENTRY != 0 {
-                only_carried &= entries[(*live & ENTRY) as usize - 1].carried && *live & PREV == 0;
-                *live = (*live & ENTRY) | PREV;
-            }
-        }
-        self.overdue = 0;
-        self.live_prev = self.live_count;
-        self.live_carried = 0;
-        self.following = !self.plan.entries.is_empty() && only_carried;
+        self.following = !self.plan.entries.is_empty() && self.live_count == 0;
         self.recording = !self.following;
-    }
-
-    /// Puts `plan` in force with a fresh table of live slots (the region
-    /// holds no live block).
-    fn install(&mut self, plan: Plan) {
-        self.slot_live = (0..plan.slots.len()).map(|_| 0).collect();
-        self.plan = plan;
-        self.overdue = 0;
+        if self.following {
+            // Overdue marks belong to the step that ended.
+            self.slot_live.iter_mut().for_each(|l| *l = 0);
+            self.overdue = 0;
+        }
     }
 
     /// The live region blocks, by ascending offset: offset and rounded
     /// size.
     fn live_blocks(&self) -> impl Iterator<Item = (u64, u64)> + '_ {
-        self.slot_live.iter().zip(&self.plan.slots).filter(|(l, _)| **l & ENTRY != 0).map(|(l, &o)| {
-            let e = &self.plan.entries[(l & ENTRY) as usize - 1];
+        self.slot_live.iter().zip(&self.plan.slots).filter(|(l, _)| **l & !OVERDUE != 0).map(|(l, &o)| {
+            let e = &self.plan.entries[(l & !OVERDUE) as usize - 1];
             (o, e.request.size().div_ceil(UNIT) * UNIT)
         })
+    }
+
+    /// Puts `plan` in force with a fresh table of live slots.
+    fn install(&mut self, plan: Plan) {
+        self.slot_live = (0..plan.slots.len()).map(|_| 0).collect();
+        self.plan = plan;
+        self.overdue = 0;
     }
 }
 
@@ -495,10 +422,10 @@ impl<R> Planned<R> {
     /// Ends the step in progress and begins the next one on `stream`.
     ///
     /// If the step that ended followed the plan to its end, the plan
-    /// stays. Otherwise, once no block in the region is live, the plan
-    /// goes and with it the region; and if the step was recorded and asked
-    /// for what the recorded step before it asked for, in order, a new
-    /// plan is made from that one and a region taken for it. Errors are
+    /// stays. If it was recorded (it did not begin by following a plan), a
+    /// new plan is made from it and the region resized to fit, unless a
+    /// block in the region is still live; then, and after a step that
+    /// left its plan, the next step is recorded to plan from. Errors are
     /// the upstream's, from giving back or taking the region; after one,
     /// no plan is in force and the resource is otherwise as before.
     pub fn step<S: Stream + ?Sized>(&self, stream: &S) -> Result<()>
@@ -507,10 +434,9 @@ impl<R> Planned<R> {
     {
         let id = stream.id();
         // What the step that ended leaves to do outside the lock: plan
-        // from the step recorded before it (`Some((record, ops))`), or
-        // give the region back (`None`): the region of a plan that no
-        // longer holds would sit idle beside the next step, which runs
-        // from upstream.
+        // from its record (`Some(record)`), or give the region back
+        // (`None`): the region of a plan that no longer holds would sit
+        // idle beside the next step, which runs from upstream.
         let ended = self.state.with(|s| {
             s.steps.steps += 1;
             let first = !s.stepping;
@@ -519,38 +445,30 @@ impl<R> Planned<R> {
             if first {
             } else if s.followed_plan() && s.stream == id {
                 s.steps.followed += 1;
-            } else {
-                let this = (s.recording && s.ops < MAX_STEP_OPS).then(|| core::mem::take(&mut s.record));
-                let before = core::mem::take(&mut s.prev);
-                // Planned only from a step that the next one repeated: a
-                // loop's first step (lazy setup) and steps of changing
-                // shapes are never laid out.
-                let repeated = this.as_ref().is_some_and(|this| {
-                    !before.is_empty()
-                        && this.len() == before.len()
-                        && this.iter().zip(&before).all(|(a, b)| (a.1, a.2) == (b.1, b.2))
-                });
-                let made = repeated.then_some((before, s.prev_ops));
-                // This step is the one recorded before the next.
-                s.prev_born = core::mem::take(&mut s.born);
-                s.prev_ops = s.ops;
-                s.prev = this.unwrap_or_default();
-                if s.prev.is_empty() {
-                    s.prev_born.clear();
+            } else if s.live_count == 0 {
+                let mut record =
+                    (s.recording && s.ops < MAX_STEP_OPS).then(|| core::mem::take(&mut s.record));
+                // Planned only from a step that repeats the one recorded
+                // before it: a loop's first step (lazy setup) and steps of
+                // changing shapes are never laid out.
+                let asked: Vec<(Request, bool)> =
+                    record.as_deref().unwrap_or_default().iter().map(|&(_, r, on)| (r, on)).collect();
+                if asked != s.previous {
+                    record = None;
                 }
-                if s.live_count == 0 {
-                    ended = Some((made, s.region, s.region_stream));
-                    // Nothing is served from the region until a new plan
-                    // is in.
-                    s.install(Plan::default());
-                }
-                // (With a region block live the plan stays, to find it by.)
+                s.previous = asked;
+                ended = Some((record, s.region, s.region_stream));
+                // Nothing is served from the region until a new plan is in.
+                s.install(Plan::default());
             }
+            // (With a region block live the plan stays, to find it by, and
+            // the next step is recorded.)
             s.begin(id);
             ended
         });
-        let Some((made, region, region_stream)) = ended else { return Ok(()) };
-        let made = made.and_then(|(record, period)| Plan::of(&record, period));
+        let Some((record, region, region_stream)) = ended else { return Ok(()) };
+        let record = record.unwrap_or_default();
+        let made = Plan::of(&record);
         let top = made.as_ref().map_or(0, |(_, top)| *top);
         let fits = !region.is_empty() && top <= region.size();
         // Keep a region that fits and wastes at most an eighth; and any
@@ -653,17 +571,12 @@ impl<S: Stream + ?Sized, R: MemoryResource<S>> MemoryResource<S> for Planned<R> 
         }
         self.state.with(|s| {
             let now = s.slot_live.get(slot).copied().unwrap_or(0);
-            if now & ENTRY != live & ENTRY {
+            if now & !OVERDUE != live {
                 // Freed by another thread meanwhile.
                 return Err(Error::UnknownBlock { addr });
             }
             if now & OVERDUE != 0 {
                 s.overdue -= 1;
-            }
-            if now & PREV != 0 {
-                s.live_prev -= 1;
-            } else if s.plan.entries[(now & ENTRY) as usize - 1].carried {
-                s.live_carried -= 1;
             }
             s.slot_live[slot] = 0;
             s.live_count -= 1;
@@ -703,11 +616,10 @@ impl<R: Inspect> Inspect for Planned<R> {
                 sum += n;
                 count += 1;
             }
-            let (mut prev, mut carried) = (0, 0);
             for (slot, &live) in s.slot_live.iter().enumerate() {
-                let Some(e) = (live & ENTRY).checked_sub(1).and_then(|k| s.plan.entries.get(k as usize))
+                let Some(e) = (live & !OVERDUE).checked_sub(1).and_then(|k| s.plan.entries.get(k as usize))
                 else {
-                    if live & ENTRY != 0 {
+                    if live & !OVERDUE != 0 {
                         return Err(Violation::new("a live slot names no entry of the plan"));
                     }
                     continue;
@@ -716,12 +628,8 @@ impl<R: Inspect> Inspect for Planned<R> {
                     return Err(Violation::new("a live block in another entry's slot"));
                 }
                 overdue += u32::from(live & OVERDUE != 0);
-                prev += u32::from(live & PREV != 0);
-                carried += u32::from(live & PREV == 0 && e.carried);
             }
-            if (sum, count, overdue, prev, carried)
-                != (s.live_bytes, s.live_count, s.overdue, s.live_prev, s.live_carried)
-            {
+            if (sum, count, overdue) != (s.live_bytes, s.live_count, s.overdue) {
                 return Err(Violation::new("planned blocks in use miscounted"));
             }
             if s.following && s.plan.entries.is_empty() {

@@ -27,17 +27,6 @@ impl Lifetime {
     fn overlaps(&self, other: &Lifetime) -> bool {
         self.start < other.end && other.start < self.end
     }
-
-    /// Whether both are live at some op of a sequence that repeats every
-    /// `period` ops: in the same step, or one still live in the next step
-    /// when the other's next instance begins.
-    pub fn overlaps_in(&self, other: &Lifetime, period: Option<u32>) -> bool {
-        let Some(p) = period else { return self.overlaps(other) };
-        let (p, a, b) = (u64::from(p), self, other);
-        a.overlaps(b)
-            || (a.start < a.end && b.start < b.end)
-                && (u64::from(a.end) > p + u64::from(b.start) || u64::from(b.end) > p + u64::from(a.start))
-    }
 }
 
 /// The order in which blocks are placed.
@@ -93,15 +82,6 @@ const BUCKET: u32 = 4096;
 /// the blocks placed before it that are live at the same time. A block of
 /// no size or no ops of life goes at 0 and takes no room.
 pub fn place(blocks: &[Lifetime], order: Order) -> Placement {
-    place_in_period(blocks, order, None)
-}
-
-/// As [`place`], for a sequence that repeats every `period` ops (a
-/// step): a block that ends past `period` is freed in the next step, and
-/// there it is live beside the next step's blocks during `0..end -
-/// period` as well. Each block must live less than a period (`end - start
-/// <= period`); `None` is [`place`].
-pub fn place_in_period(blocks: &[Lifetime], order: Order, period: Option<u32>) -> Placement {
     let mut sorted: Vec<usize> = (0..blocks.len()).collect();
     sorted.sort_unstable_by_key(|&i| (order.key(&blocks[i]), i));
     // Past the last allocation every block still live overlaps every
@@ -112,29 +92,18 @@ pub fn place_in_period(blocks: &[Lifetime], order: Order, period: Option<u32>) -
     let mut offsets: Vec<u64> = (0..blocks.len()).map(|_| 0).collect();
     let mut top = 0u64;
     let mut taken: Vec<(u64, u64)> = Vec::new();
-    // The ops during which a block is live: its own, and with a period
-    // the start of the next step while it is still live there.
-    let spans = |b: &Lifetime| {
-        let own = b.start / BUCKET..=b.end.min(horizon).saturating_sub(1).max(b.start) / BUCKET;
-        let wrap = period
-            .and_then(|p| b.end.checked_sub(p))
-            .filter(|&e| e > 0)
-            .map(|e| 0..=(e.min(horizon) - 1) / BUCKET);
-        core::iter::once(own).chain(wrap)
-    };
     for i in sorted {
         let b = &blocks[i];
         if b.size == 0 || b.end <= b.start {
             // Takes no address at any op.
             continue;
         }
+        let span = b.start / BUCKET..=b.end.min(horizon).saturating_sub(1).max(b.start) / BUCKET;
         taken.clear();
-        for span in spans(b) {
-            for bucket in span {
-                for &j in &placed_in[bucket as usize] {
-                    if b.overlaps_in(&blocks[j], period) {
-                        taken.push((offsets[j], offsets[j].saturating_add(blocks[j].size)));
-                    }
+        for bucket in span.clone() {
+            for &j in &placed_in[bucket as usize] {
+                if b.overlaps(&blocks[j]) {
+                    taken.push((offsets[j], offsets[j].saturating_add(blocks[j].size)));
                 }
             }
         }
@@ -150,10 +119,8 @@ pub fn place_in_period(blocks: &[Lifetime], order: Order, period: Option<u32>) -
         }
         offsets[i] = offset;
         top = top.max(offset.saturating_add(b.size));
-        for span in spans(b) {
-            for bucket in span {
-                placed_in[bucket as usize].push(i);
-            }
+        for bucket in span {
+            placed_in[bucket as usize].push(i);
         }
     }
     Placement { offsets, top }
@@ -162,14 +129,9 @@ pub fn place_in_period(blocks: &[Lifetime], order: Order, period: Option<u32>) -
 /// The placement of `blocks` with the lowest top over [`Order::ALL`], and
 /// its order.
 pub fn best(blocks: &[Lifetime]) -> (Order, Placement) {
-    best_in_period(blocks, None)
-}
-
-/// As [`best`], with [`place_in_period`].
-pub fn best_in_period(blocks: &[Lifetime], period: Option<u32>) -> (Order, Placement) {
-    let mut best = (Order::Size, place_in_period(blocks, Order::Size, period));
+    let mut best = (Order::Size, place(blocks, Order::Size));
     for order in &Order::ALL[1..] {
-        let p = place_in_period(blocks, *order, period);
+        let p = place(blocks, *order);
         if p.top < best.1.top {
             best = (*order, p);
         }
