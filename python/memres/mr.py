@@ -134,6 +134,16 @@ class DeviceMemoryResource:
             for u in getattr(self, "_upstreams", ()):
                 u._keep(handle, stream)
 
+    def step(self, stream=None):
+        """Marks the start of a step (one iteration of a training loop) on
+        ``stream`` for the stack's ``planned(...)`` layers: each lays the
+        coming steps out once a step asks for what the step before it
+        asked for, and serves them from one region. Returns how many such
+        layers the stack has (0: it does nothing)."""
+        handle = as_handle(stream)
+        self._keep(handle, stream)
+        return self._native.step(handle)
+
     def release(self, stream=None):
         """Gives the wholly free chunks of this stack's pools back to the
         device; returns the bytes given back."""

@@ -10,6 +10,7 @@ use crate::backend::{self, Stream};
 use crate::callback::{register_callbacks, Callbacks};
 use crate::errors::{stack_to_py, to_py};
 use memres_core::adaptor::{Logging, Statistics, Tracking};
+use memres_core::planned::Planned;
 use memres_core::pool::CoalescingPool;
 use memres_core::stack::{parse, Call, Value};
 use memres_core::Shared;
@@ -34,6 +35,8 @@ pub(crate) struct Resource {
     track: Option<Arc<Tracking<Dyn>>>,
     logs: Vec<Arc<Logging<Dyn>>>,
     pools: Vec<Arc<Shared<CoalescingPool<Dyn>>>>,
+    /// The `planned` layers, stepped by `step`.
+    planned: Vec<Arc<Planned<Dyn>>>,
     /// The stack's stream objects (`inner` and `blocks` are this).
     streams: Arc<KeepStreams>,
     /// Blocks handed out through `allocate`, by address: a free by pointer
@@ -161,6 +164,7 @@ impl Resource {
             track: built.get("track"),
             logs: built.all("log"),
             pools: built.all("pool"),
+            planned: built.all("planned"),
             blocks: crate::snapshot::program_side(inner.clone(), map),
             inner,
             streams,
@@ -262,6 +266,15 @@ impl Resource {
             log.flush().map_err(|e| crate::errors::backend_error(format!("flushing a log: {e}")))?;
         }
         Ok(())
+    }
+
+    /// Ends the step in progress of the stack's `planned` layers and
+    /// begins the next on `stream`; returns how many layers it stepped.
+    #[pyo3(signature = (stream=0))]
+    fn step(&self, py: Python<'_>, stream: u64) -> PyResult<usize> {
+        let s = backend::stream(stream, self.device)?;
+        py.detach(|| self.planned.iter().try_for_each(|p| p.step(&s))).map_err(|e| to_py(e, "step"))?;
+        Ok(self.planned.len())
     }
 
     /// Gives the wholly free chunks of the stack's pools back to their

@@ -35,11 +35,14 @@ gen = torch.Generator(device="cpu").manual_seed(1)
 data = [(torch.randn(256, 1024, generator=gen), torch.randint(0, 10, (256,), generator=gen))
         for _ in range(8)]
 
-losses, times = [], []
+losses, times, planned_layers = [], [], 0
 for step in range(args.steps):
     x, y = data[step % len(data)]
     torch.cuda.synchronize()
     t0 = time.perf_counter()
+    if args.allocator == "memres":
+        # A step of the stack's `planned` layers (none: nothing to do).
+        planned_layers = mt.step()
     x, y = x.to(dev), y.to(dev)
     loss = torch.nn.functional.cross_entropy(model(x), y)
     opt.zero_grad(set_to_none=True)
@@ -60,6 +63,7 @@ if args.allocator == "memres":
     result["peak_reserved_bytes"] = st.peak_reserved_bytes
     result["peak_device_bytes"] = max(st.peak_bytes, st.peak_reserved_bytes)
     result["stack"] = memres.mr.get_current_device_resource().stack
+    result["planned_layers"] = planned_layers
     result["memres_live_blocks"] = memres._native.cuda().c_live_count(torch.cuda.current_device())
     # The most bytes live at once: what no allocator can hold less than.
     counts = memres.statistics.get_statistics()

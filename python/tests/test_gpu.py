@@ -115,9 +115,10 @@ def test_numba_memory_manager(gpu):
     assert out.stdout.strip() == str(sum(range(1000)))
 
 
-def train(allocator, steps=30):
+def train(allocator, steps=30, stack=None):
     out = subprocess.run([sys.executable, os.path.join(HERE, "gpu_train.py"), "--allocator",
-                          allocator, "--steps", str(steps)], capture_output=True, text=True)
+                          allocator, "--steps", str(steps)] + (["--stack", stack] if stack else []),
+                         capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -132,6 +133,15 @@ def test_torch_training_through_memres_gives_the_native_losses(gpu):
     # use() with no stack gave the device the default stack.
     from memres.allocators.torch import DEFAULT_STACK
     assert ours["stack"] == DEFAULT_STACK
+
+
+def test_torch_training_laid_out_by_planned_steps_gives_the_native_losses(gpu):
+    pytest.importorskip("torch")
+    native = train("native")
+    ours = train("memres", stack="stats(planned(vmm(handle_granules=1, slack=0)))")
+    assert ours["planned_layers"] == 1, "memres.allocators.torch.step() reached the layer"
+    assert ours["losses"] == native["losses"]
+    assert ours["memres_live_blocks"] > 0 and ours["peak_device_bytes"] > 0
 
 
 def test_release_gives_free_chunks_back(gpu):

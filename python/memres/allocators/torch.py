@@ -7,7 +7,9 @@ or in one call, ``memres.allocators.torch.use()`` (``DEFAULT_STACK``, the C
 library's default, unless a resource is set) or ``use(stack=...)``.
 Every tensor's memory comes from the current memres resource of its device
 (``memres.set_current_device_resource``) through two C functions of the
-CUDA native module; ``empty_cache()`` gives the pools' free chunks back.
+CUDA native module; ``empty_cache()`` gives the pools' free chunks back, and
+``step()`` at the top of each training iteration lets a ``planned(...)``
+stack lay the steps out.
 """
 
 from .. import _native, mr as _mr
@@ -55,6 +57,18 @@ def use(stack=None, **reinitialize_kwargs):
         reinitialize(stack=DEFAULT_STACK, devices=current_device())
     torch.cuda.memory.change_current_allocator(allocator)
     return allocator
+
+
+def step(device=None):
+    """Marks the start of a training step for the ``planned(...)`` layers of
+    ``device``'s resource, on PyTorch's current stream: call it at the top
+    of each iteration with a stack such as
+    ``stats(planned(vmm(handle_granules=1, slack=0)))``. Returns how many
+    such layers the resource has (0: it does nothing)."""
+    import torch
+
+    res = _mr.get_current_device_resource() if device is None else _mr.get_per_device_resource(device)
+    return res.step(torch.cuda.current_stream(device))
 
 
 def empty_cache(device=None):
