@@ -140,8 +140,8 @@ fn registry_takes_new_names_and_works_for_other_streams() {
     assert_eq!(
         b.names().collect::<Vec<_>>(),
         [
-            "align", "arena", "binning", "fixed", "host", "limit", "log", "pool", "sim", "stats", "track",
-            "vpool"
+            "align", "arena", "binning", "fixed", "host", "limit", "log", "planned", "pool", "sim", "stats",
+            "track", "vpool"
         ]
     );
     // A resource that refuses everything, registered with one call.
