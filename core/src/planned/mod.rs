@@ -416,7 +416,7 @@ impl<R> Planned<R> {
 
     /// What it has done so far.
     pub fn steps(&self) -> Steps {
-        self.state.with(|s| s.steps)
+        self.state.with(|s| Steps { region: s.region.size(), ..s.steps })
     }
 
     /// Ends the step in progress and begins the next one on `stream`.
@@ -478,7 +478,6 @@ impl<R> Planned<R> {
         let mut keep = fits && region.size() - top <= region.size() / 8;
         if !keep && !region.is_empty() && region_stream != id && !stream.synchronize_device()? {
             if !fits {
-                self.state.with(|s| s.steps.region = region.size());
                 return Ok(());
             }
             keep = true;
@@ -487,10 +486,7 @@ impl<R> Planned<R> {
         if !keep {
             if !region.is_empty() {
                 self.upstream.deallocate(region, stream)?;
-                self.state.with(|s| {
-                    s.region = Block::EMPTY;
-                    s.steps.region = 0;
-                });
+                self.state.with(|s| s.region = Block::EMPTY);
                 new_region = Block::EMPTY;
             }
             if top > 0 {
@@ -503,7 +499,6 @@ impl<R> Planned<R> {
                 s.region_stream = id;
             }
             s.region = new_region;
-            s.steps.region = new_region.size();
             if !new_region.is_empty() && s.at_drop.is_none() && S::at_drop(&mut |_| {}) {
                 s.at_drop = Some(give_back_at_drop::<S, R>);
             }
