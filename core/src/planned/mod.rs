@@ -283,7 +283,7 @@ impl<R> State<R> {
                     if let (Some(offset), true) = (e.offset, stream == self.stream && self.overdue == 0) {
                         let addr = self.region.addr() + offset;
                         if addr % request.align() == 0 {
-                            let size = request.size().div_ceil(UNIT) * UNIT;
+                            let size = request.rounded_size(UNIT);
                             self.slot_live[e.slot as usize] = k + 1;
                             self.live_count += 1;
                             self.live_bytes += size;
@@ -305,7 +305,7 @@ impl<R> State<R> {
         if !self.tick() {
             return Err(None);
         }
-        let size = request.size().div_ceil(UNIT) * UNIT;
+        let size = request.rounded_size(UNIT);
         self.record.push((Lifetime { start, end: OPEN, size }, request, stream == self.stream));
         Err(Some(self.record.len() as u32 - 1))
     }
@@ -383,7 +383,7 @@ impl<R> State<R> {
     fn live_blocks(&self) -> impl Iterator<Item = (u64, u64)> + '_ {
         self.slot_live.iter().zip(&self.plan.slots).filter(|(l, _)| **l & !OVERDUE != 0).map(|(l, &o)| {
             let e = &self.plan.entries[(l & !OVERDUE) as usize - 1];
-            (o, e.request.size().div_ceil(UNIT) * UNIT)
+            (o, e.request.rounded_size(UNIT))
         })
     }
 
@@ -556,7 +556,7 @@ impl<S: Stream + ?Sized, R: MemoryResource<S>> MemoryResource<S> for Planned<R> 
             return Ok(());
         };
         let Ok((slot, live, request)) = found else { return Err(Error::UnknownBlock { addr }) };
-        let size = request.size().div_ceil(UNIT) * UNIT;
+        let size = request.rounded_size(UNIT);
         if block.size().div_ceil(UNIT) * UNIT != size {
             return Err(Error::SizeMismatch { addr, expected: request.size(), given: block.size() });
         }
@@ -630,7 +630,7 @@ impl<R: Inspect> Inspect for Planned<R> {
             if s.following && s.plan.entries.is_empty() {
                 return Err(Violation::new("following an empty plan"));
             }
-            let end = |e: &Entry| e.offset.map(|o| o + e.request.size().div_ceil(UNIT) * UNIT);
+            let end = |e: &Entry| e.offset.map(|o| o + e.request.rounded_size(UNIT));
             if s.plan.entries.iter().any(|e| end(e).is_some_and(|end| end > s.region.size())) {
                 return Err(Violation::new("a planned offset past the region's end"));
             }
