@@ -16,20 +16,25 @@
 //! step()  step 1: every block from upstream, recorded
 //! step()  step 2: the same, recorded
 //! step()  step 2 repeated step 1: plan from it (placement::best);
-//!         region [0, top) from upstream
+//!         step's region [0, top) from upstream
 //!         the k-th allocation of a step, as recorded (size, alignment,
-//!           the step's stream), placed in step 1  -> region + offset[k]
-//!         ... outlived step 1, or on another stream -> upstream
+//!           the step's stream), allocated and freed in step 2
+//!                                              -> region + offset[k]
+//!         ... live at step 2's end, its counterpart of step 1 freed in
+//!           step 2 before it came (carried)   -> carry region + slot[k]
+//!           (taken at the first carried allocation: see Carry)
+//!         ... living longer, or on another stream -> upstream
 //!         anything else (another size, an extra allocation)
 //!                               -> upstream, and so is the rest of the step
 //! step()  the step followed the plan to its end: keep the plan;
-//!         else give the region back, record the next steps and plan
+//!         else give the regions back, record the next steps and plan
 //!         again once one repeats the one before it
 //! ```
 //!
 //! A steady step asks the upstream for nothing: no chunk to grow, no
-//! mapping to make. What the steps lay out is bounded by the region; the
-//! upstream holds the rest (blocks that live across steps). Before the
+//! mapping to make. What the steps lay out is bounded by the two regions;
+//! the upstream holds the rest (blocks that live longer than into the
+//! next step, such as parameters and optimizer state). Before the
 //! first [`step`](Planned::step), and in a step that departs from its
 //! plan, `Planned` is its upstream with a record kept beside it.
 //!
@@ -97,23 +102,34 @@ pub struct Steps {
     pub followed: u64,
     /// Plans made (each from the step before it).
     pub plans: u64,
-    /// Allocations served from the region.
+    /// Allocations served from the regions.
     pub planned_allocations: u64,
-    /// Bytes of the region held from upstream now.
+    /// Bytes of the step's region held from upstream now.
     pub region: u64,
+    /// Bytes of the region of carried blocks held from upstream now.
+    pub carry_region: u64,
+}
+
+/// Where an allocation of a plan goes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Place {
+    /// To the upstream.
+    Upstream,
+    /// At `offset` in the step's region; `slot` is its index in
+    /// [`Plan::slots`].
+    Step { offset: u64, slot: u32 },
+    /// To slot `slot` of the [`Carry`] layout: it lives into the next step.
+    Carried { slot: u32 },
 }
 
 /// One allocation of a plan: as it must arrive, and where it goes.
 #[derive(Clone, Copy, Debug)]
 struct Entry {
     request: Request,
-    /// Offset in the region; `None`: from upstream.
-    offset: Option<u64>,
-    /// Index of `offset` in [`Plan::slots`].
-    slot: u32,
-    /// The allocations of the step made before this block was freed in
-    /// the recorded step: by the allocation of that index it must be free,
-    /// or a later block may be placed over it.
+    place: Place,
+    /// For a block in the step's region: the allocations of the step made
+    /// before it was freed in the recorded step. By the allocation of that
+    /// index it must be free, or a later block may be placed over it.
     due: u32,
 }
 
@@ -122,19 +138,29 @@ struct Entry {
 struct Plan {
     /// One per allocation of the recorded step, in order.
     entries: Vec<Entry>,
-    /// The distinct planned offsets, ascending: a region block is found by
-    /// its offset here.
+    /// The distinct offsets in the step's region, ascending: a region
+    /// block is found by its offset here.
     slots: Vec<u64>,
-    /// The planned entries by `due`, ascending.
+    /// The entries in the step's region by `due`, ascending.
     by_due: Vec<u32>,
+    /// The rounded size of each carried entry's slot, in entry order.
+    carried: Vec<u64>,
 }
 
 impl Plan {
-    /// The plan for the next steps from the record of the last one, and
-    /// the bytes it needs: the blocks allocated and freed inside the step
-    /// on its stream are placed, every other allocation goes upstream.
-    /// `None` when nothing is to be placed.
-    fn of(record: &[(Lifetime, Request, bool)]) -> Option<(Plan, u64)> {
+    /// The plan for the next steps from the record of the last one (and
+    /// the frees, in it, of the blocks the step before it carried), and the
+    /// bytes of the step's region it needs:
+    ///
+    /// - blocks allocated and freed inside the step on its stream are
+    ///   placed in the step's region;
+    /// - blocks of the step's stream still live at its end, whose
+    ///   counterpart of the step before was freed in this step before they
+    ///   were allocated, are carried: one slot each in the [`Carry`] layout;
+    /// - every other allocation goes upstream.
+    ///
+    /// `None` when nothing is to be laid out.
+    fn of(record: &[(Lifetime, Request, bool)], carried_frees: &[(u32, u32)]) -> Option<(Plan, u64)> {
         // On the step's stream, freed in the step, live for an op at least
         // (a failed allocation is not) and of some size.
         let placed: Vec<usize> = (0..record.len())
@@ -143,13 +169,25 @@ impl Plan {
                 on && life.end != OPEN && life.end > life.start && life.size > 0
             })
             .collect();
-        if placed.is_empty() {
+        let mut freed_at: Vec<Option<u32>> = (0..record.len()).map(|_| None).collect();
+        for &(k, at) in carried_frees {
+            if let Some(f) = freed_at.get_mut(k as usize) {
+                *f = Some(at);
+            }
+        }
+        let carried: Vec<usize> = (0..record.len())
+            .filter(|&k| {
+                let (life, _, on) = record[k];
+                on && life.end == OPEN && life.size > 0 && freed_at[k].is_some_and(|at| at < life.start)
+            })
+            .collect();
+        if placed.is_empty() && carried.is_empty() {
             return None;
         }
         let blocks: Vec<Lifetime> = placed.iter().map(|&k| record[k].0).collect();
-        let (_, placement) = placement::best(&blocks);
+        let placement = if blocks.is_empty() { Default::default() } else { placement::best(&blocks).1 };
         let mut entries: Vec<Entry> =
-            record.iter().map(|&(_, request, _)| Entry { request, offset: None, slot: 0, due: 0 }).collect();
+            record.iter().map(|&(_, request, _)| Entry { request, place: Place::Upstream, due: 0 }).collect();
         let mut slots: Vec<u64> = placement.offsets.clone();
         slots.sort_unstable();
         slots.dedup();
@@ -159,12 +197,133 @@ impl Plan {
             // allocation order, so the starts ascend.
             let due = record.partition_point(|r| r.0.start < record[k].0.end) as u32;
             let slot = slots.binary_search(&offset).unwrap_or(0) as u32;
-            entries[k] = Entry { offset: Some(offset), slot, due, ..entries[k] };
+            entries[k] = Entry { place: Place::Step { offset, slot }, due, ..entries[k] };
+        }
+        for (slot, &k) in carried.iter().enumerate() {
+            entries[k].place = Place::Carried { slot: slot as u32 };
         }
         let mut by_due: Vec<u32> = placed.iter().map(|&k| k as u32).collect();
         by_due.sort_unstable_by_key(|&k| entries[k as usize].due);
-        Some((Plan { entries, slots, by_due }, placement.top))
+        let carried = carried.iter().map(|&k| record[k].0.size).collect();
+        Some((Plan { entries, slots, by_due, carried }, placement.top))
     }
+
+    /// Sends the carried entries upstream: the layout they would use is
+    /// still taken.
+    fn carry_upstream(&mut self) {
+        for e in &mut self.entries {
+            if let Place::Carried { .. } = e.place {
+                e.place = Place::Upstream;
+            }
+        }
+        self.carried.clear();
+    }
+}
+
+/// The blocks a step carries into the next one, side by side in a region
+/// of their own.
+///
+/// ```text
+/// step k:    ... a allocated (slot 0) ... b (slot 1) ...  | step()
+/// step k+1:  ... a of step k freed ... a (slot 0) ... b of step k freed ... b (slot 1)
+/// region:    [ slot 0 | slot 1 | ... ]   taken at the first carried allocation
+/// ```
+///
+/// At a step boundary every carried block is live, so no two share bytes:
+/// the region is their sum, in order, with nothing to place. A slot is
+/// reused only once the block there is freed (its successor of the next
+/// step goes upstream if not). The region is taken at the first carried
+/// allocation, not at [`Planned::step`]: until then the blocks the last
+/// recorded step carried are still live in the upstream, and both would
+/// be held at once.
+#[derive(Debug, Default)]
+struct Carry {
+    /// Per slot: its offset in the region (ascending, each the one before
+    /// plus its size) and its rounded size.
+    slots: Vec<(u64, u64)>,
+    /// Per slot: the size asked for by the block live there, 0 for none
+    /// (a carried block is never of size 0).
+    live: Vec<u64>,
+    /// Live slots and their bytes.
+    live_count: u32,
+    live_bytes: u64,
+    /// The region (`Block::EMPTY` until the first carried allocation),
+    /// at least the sum of the slots.
+    region: Block,
+    /// The stream id the region was taken on.
+    region_stream: u64,
+    /// Whether the upstream refused the region: not asked again until the
+    /// next plan.
+    refused: bool,
+    /// Changed with the layout: a region taken for another layout goes
+    /// back.
+    generation: u64,
+}
+
+impl Carry {
+    /// The bytes of the layout.
+    fn size(&self) -> u64 {
+        self.slots.last().map_or(0, |&(o, n)| o + n)
+    }
+
+    /// A new layout of `sizes`, with no region yet.
+    fn lay_out(&mut self, sizes: &[u64]) {
+        let mut at = 0;
+        self.slots = sizes
+            .iter()
+            .map(|&n| {
+                at += n;
+                (at - n, n)
+            })
+            .collect();
+        self.live = sizes.iter().map(|_| 0).collect();
+        self.refused = false;
+        self.generation += 1;
+    }
+
+    /// The slot a block at `addr` would occupy, if `addr` is in the region.
+    fn slot_at(&self, addr: u64) -> Option<Option<usize>> {
+        let r = self.region;
+        if r.is_empty() || addr < r.addr() || addr - r.addr() >= r.size() {
+            return None;
+        }
+        Some(self.slots.binary_search_by_key(&(addr - r.addr()), |&(o, _)| o).ok())
+    }
+
+    /// Serves `slot` if it is free and its address suits `request`.
+    fn serve(&mut self, slot: u32, request: Request) -> Option<u64> {
+        let (offset, size) = *self.slots.get(slot as usize)?;
+        let addr = self.region.addr() + offset;
+        if self.region.is_empty() || self.live[slot as usize] != 0 || addr % request.align() != 0 {
+            return None;
+        }
+        self.live[slot as usize] = request.size();
+        self.live_count += 1;
+        self.live_bytes += size;
+        Some(addr)
+    }
+}
+
+/// A live block in a region, as [`State::region_block`] finds it.
+#[derive(Clone, Copy)]
+enum Found {
+    /// In the step's region: its slot, the live mark there (its entry's
+    /// index + 1), the size asked for and its rounded size.
+    Step { slot: usize, live: u32, asked: u64, size: u64 },
+    /// In the carry region: its slot, the size asked for and its rounded
+    /// size.
+    Carried { slot: usize, asked: u64, size: u64 },
+}
+
+/// What [`State::place`] makes of an allocation.
+enum Served {
+    /// From a region, at this address.
+    At(u64),
+    /// From the upstream; recorded at this index if the step is recorded.
+    Upstream(Option<u32>),
+    /// Carried, but the carry region is to be taken first: of this size,
+    /// for the layout of this generation.
+    TakeCarry { slot: u32, size: u64, generation: u64 },
 }
 
 /// The state behind the lock.
@@ -191,9 +350,19 @@ struct State<R> {
     /// The recorded step's live allocations by address: their index in
     /// `record`.
     born: BTreeMap<u64, u32>,
-    /// The plan in force (no entries: none). Every planned offset plus its
-    /// rounded size is at most `region.size()`.
+    /// The blocks the step before carried into this one, if it was
+    /// recorded whole: by address, their index in its record.
+    carried: BTreeMap<u64, u32>,
+    /// Those of them freed in this step: their index in the record of
+    /// the step before, and the op that freed them in this one.
+    carried_frees: Vec<(u32, u32)>,
+    /// The plan in force (no entries: none). Every offset in the step's
+    /// region plus its rounded size is at most `region.size()`; every
+    /// carried slot is one of `carry`'s.
     plan: Plan,
+    /// Where carried blocks go: the layout of the plan that made it,
+    /// kept while a block in it is live.
+    carry: Carry,
     /// Whether the step in progress is served from `plan`: every
     /// allocation so far arrived as planned. Never true with an empty plan.
     following: bool,
@@ -208,7 +377,7 @@ struct State<R> {
     /// Per slot of the plan: the live block there (its entry's index + 1),
     /// 0 for none, with its top bit set once it is overdue.
     slot_live: Vec<u32>,
-    /// Live region blocks and their rounded bytes.
+    /// Live blocks in the step's region and their rounded bytes.
     live_count: u32,
     live_bytes: u64,
     /// The stream id the step is on (the stream `step` was called with).
@@ -245,7 +414,10 @@ impl<R> State<R> {
             epoch: 0,
             previous: Vec::new(),
             born: BTreeMap::new(),
+            carried: BTreeMap::new(),
+            carried_frees: Vec::new(),
             plan: Plan::default(),
+            carry: Carry::default(),
             following: false,
             allocations: 0,
             cursor: 0,
@@ -270,26 +442,41 @@ impl<R> State<R> {
         true
     }
 
-    /// Serves the next allocation from the region if the plan says so:
-    /// its address, else `None` (and the allocation is recorded if the
-    /// step is, its index returned).
-    fn place(&mut self, request: Request, stream: u64) -> core::result::Result<u64, Option<u32>> {
+    /// Serves the next allocation from a region if the plan says so, else
+    /// sends it upstream (and records it if the step is recorded).
+    fn place(&mut self, request: Request, stream: u64) -> Served {
         let k = self.allocations;
         self.allocations = k.saturating_add(1);
         if self.following {
             match self.plan.entries.get(k as usize).copied() {
                 Some(e) if e.request == request => {
                     self.mark_due(k);
-                    if let (Some(offset), true) = (e.offset, stream == self.stream && self.overdue == 0) {
-                        let addr = self.region.addr() + offset;
-                        if addr % request.align() == 0 {
-                            let size = request.rounded_size(UNIT);
-                            self.slot_live[e.slot as usize] = k + 1;
-                            self.live_count += 1;
-                            self.live_bytes += size;
-                            self.steps.planned_allocations += 1;
-                            return Ok(addr);
+                    let here = stream == self.stream && self.overdue == 0;
+                    match (e.place, here) {
+                        (Place::Step { offset, slot }, true) => {
+                            let addr = self.region.addr() + offset;
+                            if addr % request.align() == 0 {
+                                let size = request.rounded_size(UNIT);
+                                self.slot_live[slot as usize] = k + 1;
+                                self.live_count += 1;
+                                self.live_bytes += size;
+                                self.steps.planned_allocations += 1;
+                                return Served::At(addr);
+                            }
                         }
+                        (Place::Carried { slot }, true)
+                            if self.carry.region.is_empty() && !self.carry.refused =>
+                        {
+                            let (size, generation) = (self.carry.size(), self.carry.generation);
+                            return Served::TakeCarry { slot, size, generation };
+                        }
+                        (Place::Carried { slot }, true) => {
+                            if let Some(addr) = self.carry.serve(slot, request) {
+                                self.steps.planned_allocations += 1;
+                                return Served::At(addr);
+                            }
+                        }
+                        _ => {}
                     }
                     if self.overdue > 0 {
                         self.following = false;
@@ -299,15 +486,45 @@ impl<R> State<R> {
             }
         }
         if !self.recording {
-            return Err(None);
+            return Served::Upstream(None);
         }
         let start = self.ops;
         if !self.tick() {
-            return Err(None);
+            return Served::Upstream(None);
         }
         let size = request.rounded_size(UNIT);
         self.record.push((Lifetime { start, end: OPEN, size }, request, stream == self.stream));
-        Err(Some(self.record.len() as u32 - 1))
+        Served::Upstream(Some(self.record.len() as u32 - 1))
+    }
+
+    /// Puts `region`, taken for the carry layout of `generation`, in place
+    /// and serves `slot` from it: the address, and a region to give back
+    /// (the upstream's or one that came in meanwhile).
+    fn carry_taken(
+        &mut self,
+        region: Option<Block>,
+        generation: u64,
+        slot: u32,
+        request: Request,
+        stream: u64,
+    ) -> (Option<u64>, Option<Block>) {
+        let Some(region) = region else {
+            self.carry.refused = true;
+            return (None, None);
+        };
+        if self.carry.generation != generation {
+            return (None, Some(region));
+        }
+        let spare = if self.carry.region.is_empty() {
+            self.carry.region = region;
+            self.carry.region_stream = stream;
+            None
+        } else {
+            Some(region)
+        };
+        let addr = self.carry.serve(slot, request);
+        self.steps.planned_allocations += u64::from(addr.is_some());
+        (addr, spare)
     }
 
     /// Marks the region blocks due by allocation `k` that are still live
@@ -319,7 +536,8 @@ impl<R> State<R> {
                 break;
             }
             self.cursor += 1;
-            let live = &mut self.slot_live[e.slot as usize];
+            let Place::Step { slot, .. } = e.place else { continue };
+            let live = &mut self.slot_live[slot as usize];
             if *live & !OVERDUE == j + 1 {
                 *live |= OVERDUE;
                 self.overdue += 1;
@@ -330,25 +548,39 @@ impl<R> State<R> {
     /// Records the free of the recorded step's block at `addr`, if it is
     /// one.
     fn freed(&mut self, addr: u64) {
+        let at = self.ops;
         if let Some(k) = self.born.remove(&addr) {
-            let end = self.ops;
             if self.tick() {
-                self.record[k as usize].0.end = end;
+                self.record[k as usize].0.end = at;
+            }
+        } else if let Some(k) = self.carried.remove(&addr) {
+            if self.tick() {
+                self.carried_frees.push((k, at));
             }
         }
     }
 
-    /// If `addr` lies in the region: the slot of the live block there,
-    /// its entry's index + 1 and its request, or `Err(())` where no block
-    /// starting at `addr` is live.
-    fn region_block(&self, addr: u64) -> Option<core::result::Result<(usize, u32, Request), ()>> {
+    /// If `addr` lies in a region: the live block there, or `Err(())`
+    /// where none starts at `addr`.
+    fn region_block(&self, addr: u64) -> Option<core::result::Result<Found, ()>> {
+        if let Some(slot) = self.carry.slot_at(addr) {
+            let found = slot.filter(|&slot| self.carry.live[slot] != 0).map(|slot| Found::Carried {
+                slot,
+                asked: self.carry.live[slot],
+                size: self.carry.slots[slot].1,
+            });
+            return Some(found.ok_or(()));
+        }
         let r = self.region;
         if r.is_empty() || addr < r.addr() || addr - r.addr() >= r.size() {
             return None;
         }
         let found = self.plan.slots.binary_search(&(addr - r.addr())).ok().and_then(|slot| {
             let live = self.slot_live[slot] & !OVERDUE;
-            (live != 0).then(|| (slot, live, self.plan.entries[live as usize - 1].request))
+            (live != 0).then(|| {
+                let request = self.plan.entries[live as usize - 1].request;
+                Found::Step { slot, live, asked: request.size(), size: request.rounded_size(UNIT) }
+            })
         });
         Some(found.ok_or(()))
     }
@@ -362,6 +594,10 @@ impl<R> State<R> {
     /// Begins a step on `stream`: following the plan if there is one and
     /// the region is free, else recorded.
     fn begin(&mut self, stream: u64) {
+        // The recorded step's blocks still live are carried into this one.
+        let whole = self.recording && self.ops < MAX_STEP_OPS;
+        self.carried = if whole { core::mem::take(&mut self.born) } else { BTreeMap::new() };
+        self.carried_frees.clear();
         self.record.clear();
         self.born.clear();
         self.ops = 0;
@@ -416,7 +652,7 @@ impl<R> Planned<R> {
 
     /// What it has done so far.
     pub fn steps(&self) -> Steps {
-        self.state.with(|s| Steps { region: s.region.size(), ..s.steps })
+        self.state.with(|s| Steps { region: s.region.size(), carry_region: s.carry.region.size(), ..s.steps })
     }
 
     /// Ends the step in progress and begins the next one on `stream`.
@@ -457,7 +693,15 @@ impl<R> Planned<R> {
                     record = None;
                 }
                 s.previous = asked;
-                ended = Some((record, s.region, s.region_stream));
+                let frees = core::mem::take(&mut s.carried_frees);
+                // The carry layout goes with the plan once nothing lives
+                // in it; a region taken for it meanwhile goes back.
+                let carry = (s.carry.live_count == 0).then(|| {
+                    let old = (core::mem::replace(&mut s.carry.region, Block::EMPTY), s.carry.region_stream);
+                    s.carry.lay_out(&[]);
+                    old
+                });
+                ended = Some((record, frees, s.region, s.region_stream, carry));
                 // Nothing is served from the region until a new plan is in.
                 s.install(Plan::default());
             }
@@ -466,9 +710,26 @@ impl<R> Planned<R> {
             s.begin(id);
             ended
         });
-        let Some((record, region, region_stream)) = ended else { return Ok(()) };
+        let Some((record, frees, region, region_stream, carry)) = ended else { return Ok(()) };
+        // The old carry region goes back, or is kept, with no slots, where
+        // it was used on another stream and the device cannot be waited
+        // for.
+        if let Some((old, on)) = carry.filter(|(old, _)| !old.is_empty()) {
+            let waited = if on != id { stream.synchronize_device() } else { Ok(true) };
+            let back = waited.and_then(|can| {
+                if can {
+                    self.upstream.deallocate(old, stream).map(|()| true)
+                } else {
+                    Ok(false)
+                }
+            });
+            if !matches!(back, Ok(true)) {
+                self.state.with(|s| (s.carry.region, s.carry.region_stream) = (old, on));
+            }
+            back?;
+        }
         let record = record.unwrap_or_default();
-        let made = Plan::of(&record);
+        let made = Plan::of(&record, &frees);
         let top = made.as_ref().map_or(0, |(_, top)| *top);
         let fits = !region.is_empty() && top <= region.size();
         // Keep a region that fits and wastes at most an eighth; and any
@@ -476,11 +737,13 @@ impl<R> Planned<R> {
         // its last blocks may still be in use on its own stream, which
         // this call does not have, and the device cannot be waited for.
         let mut keep = fits && region.size() - top <= region.size() / 8;
+        let mut made = made;
         if !keep && !region.is_empty() && region_stream != id && !stream.synchronize_device()? {
-            if !fits {
-                return Ok(());
-            }
             keep = true;
+            if !fits {
+                // Held as it is, and no plan while it cannot be replaced.
+                made = None;
+            }
         }
         let mut new_region = region;
         if !keep {
@@ -499,18 +762,32 @@ impl<R> Planned<R> {
                 s.region_stream = id;
             }
             s.region = new_region;
-            if !new_region.is_empty() && s.at_drop.is_none() && S::at_drop(&mut |_| {}) {
+            // Either region may be taken from now on.
+            if s.at_drop.is_none() && S::at_drop(&mut |_| {}) {
                 s.at_drop = Some(give_back_at_drop::<S, R>);
             }
-            if let (Some((plan, _)), false) = (made, new_region.is_empty()) {
-                s.install(plan);
-                s.steps.plans += 1;
-                // Allocations that came in meanwhile went upstream: this
-                // step no longer begins as the plan does, and is recorded.
-                if s.allocations == 0 && s.live_count == 0 {
-                    s.following = true;
-                    s.recording = false;
+            match made {
+                Some((mut plan, _)) if top == 0 || !new_region.is_empty() => {
+                    // The carried blocks get a layout of their own where
+                    // the old one is free and its region, if kept, fits.
+                    let size: u64 = plan.carried.iter().sum();
+                    let free =
+                        carry.is_some() && (s.carry.region.is_empty() || size <= s.carry.region.size());
+                    if free {
+                        s.carry.lay_out(&plan.carried);
+                    } else {
+                        plan.carry_upstream();
+                    }
+                    s.install(plan);
+                    s.steps.plans += 1;
+                    // Allocations that came in meanwhile went upstream: this
+                    // step no longer begins as the plan does, and is recorded.
+                    if s.allocations == 0 && s.live_count == 0 {
+                        s.following = true;
+                        s.recording = false;
+                    }
                 }
+                _ => {}
             }
         });
         Ok(())
@@ -520,12 +797,26 @@ impl<R> Planned<R> {
 impl<S: Stream + ?Sized, R: MemoryResource<S>> MemoryResource<S> for Planned<R> {
     fn allocate(&self, request: Request, stream: &S) -> Result<Block> {
         let id = stream.id();
-        let recorded = match self.state.with(|s| s.place(request, id).map_err(|k| k.map(|k| (k, s.epoch)))) {
-            Ok(addr) => return Ok(Block::from_addr(addr, request.size())),
-            Err(recorded) => recorded,
+        let (served, epoch) = self.state.with(|s| (s.place(request, id), s.epoch));
+        let recorded = match served {
+            Served::At(addr) => return Ok(Block::from_addr(addr, request.size())),
+            Served::Upstream(recorded) => recorded,
+            Served::TakeCarry { slot, size, generation } => {
+                // The first carried block of a step whose plan has a
+                // layout with no region yet.
+                let region = self.upstream.allocate(Request::new(size)?, stream).ok();
+                let (addr, spare) = self.state.with(|s| s.carry_taken(region, generation, slot, request, id));
+                if let Some(spare) = spare {
+                    self.upstream.deallocate(spare, stream)?;
+                }
+                if let Some(addr) = addr {
+                    return Ok(Block::from_addr(addr, request.size()));
+                }
+                None
+            }
         };
         let block = self.upstream.allocate(request, stream);
-        if let Some((k, epoch)) = recorded {
+        if let Some(k) = recorded {
             self.state.with(|s| {
                 // A step that began meanwhile has a record of its own.
                 if s.epoch != epoch {
@@ -555,48 +846,66 @@ impl<S: Stream + ?Sized, R: MemoryResource<S>> MemoryResource<S> for Planned<R> 
             });
             return Ok(());
         };
-        let Ok((slot, live, request)) = found else { return Err(Error::UnknownBlock { addr }) };
-        let size = request.rounded_size(UNIT);
+        let Ok(found) = found else { return Err(Error::UnknownBlock { addr }) };
+        let (Found::Step { asked, size, .. } | Found::Carried { asked, size, .. }) = found;
         if block.size().div_ceil(UNIT) * UNIT != size {
-            return Err(Error::SizeMismatch { addr, expected: request.size(), given: block.size() });
+            return Err(Error::SizeMismatch { addr, expected: asked, given: block.size() });
         }
         if stream.id() != plan_stream {
             // Its bytes are planned again on the step's stream.
             stream.synchronize()?;
         }
-        self.state.with(|s| {
-            let now = s.slot_live.get(slot).copied().unwrap_or(0);
-            if now & !OVERDUE != live {
-                // Freed by another thread meanwhile.
-                return Err(Error::UnknownBlock { addr });
+        self.state.with(|s| match found {
+            Found::Step { slot, live, .. } => {
+                let now = s.slot_live.get(slot).copied().unwrap_or(0);
+                if now & !OVERDUE != live {
+                    // Freed by another thread meanwhile.
+                    return Err(Error::UnknownBlock { addr });
+                }
+                if now & OVERDUE != 0 {
+                    s.overdue -= 1;
+                }
+                s.slot_live[slot] = 0;
+                s.live_count -= 1;
+                s.live_bytes -= size;
+                Ok(())
             }
-            if now & OVERDUE != 0 {
-                s.overdue -= 1;
+            Found::Carried { slot, .. } => {
+                // Freed meanwhile, or the layout changed: unknown now.
+                if s.carry.slot_at(addr) != Some(Some(slot)) || s.carry.live[slot] == 0 {
+                    return Err(Error::UnknownBlock { addr });
+                }
+                s.carry.live[slot] = 0;
+                s.carry.live_count -= 1;
+                s.carry.live_bytes -= size;
+                Ok(())
             }
-            s.slot_live[slot] = 0;
-            s.live_count -= 1;
-            s.live_bytes -= size;
-            Ok(())
         })
     }
 }
 
 impl<R: Inspect> Inspect for Planned<R> {
-    /// The upstream's figures, with the region's bytes not in use by a
+    /// The upstream's figures, with the regions' bytes not in use by a
     /// live block counted free (the largest free block is the upstream's
-    /// or the region's longest free run).
+    /// or a region's longest free run).
     fn usage(&self) -> Usage {
         let up = self.upstream.usage();
-        let (region, live_bytes, longest) = self.state.with(|s| {
-            let (mut longest, mut at) = (0, 0);
-            for (o, n) in s.live_blocks() {
-                longest = longest.max(o.saturating_sub(at));
-                at = o + n;
-            }
-            let size = s.region.size();
-            (size, s.live_bytes, longest.max(size.saturating_sub(at)))
+        let (regions, live_bytes, longest) = self.state.with(|s| {
+            // The longest run between live blocks, in each region.
+            let run = |size: u64, live: &mut dyn Iterator<Item = (u64, u64)>| {
+                let (mut longest, mut at) = (0, 0);
+                for (o, n) in live {
+                    longest = longest.max(o.saturating_sub(at));
+                    at = o + n;
+                }
+                longest.max(size.saturating_sub(at))
+            };
+            let c = &s.carry;
+            let mut carried = c.slots.iter().zip(&c.live).filter(|(_, &l)| l != 0).map(|(&b, _)| b);
+            let longest = run(s.region.size(), &mut s.live_blocks()).max(run(c.region.size(), &mut carried));
+            (s.region.size() + c.region.size(), s.live_bytes + c.live_bytes, longest)
         });
-        let used = up.used.saturating_sub(region) + live_bytes;
+        let used = up.used.saturating_sub(regions) + live_bytes;
         Usage::new(used, up.held, up.peak_held, up.largest_free.max(longest))
     }
 
@@ -619,7 +928,7 @@ impl<R: Inspect> Inspect for Planned<R> {
                     }
                     continue;
                 };
-                if e.slot as usize != slot {
+                if e.place != (Place::Step { offset: s.plan.slots[slot], slot: slot as u32 }) {
                     return Err(Violation::new("a live block in another entry's slot"));
                 }
                 overdue += u32::from(live & OVERDUE != 0);
@@ -630,9 +939,35 @@ impl<R: Inspect> Inspect for Planned<R> {
             if s.following && s.plan.entries.is_empty() {
                 return Err(Violation::new("following an empty plan"));
             }
-            let end = |e: &Entry| e.offset.map(|o| o + e.request.rounded_size(UNIT));
-            if s.plan.entries.iter().any(|e| end(e).is_some_and(|end| end > s.region.size())) {
-                return Err(Violation::new("a planned offset past the region's end"));
+            let c = &s.carry;
+            for e in &s.plan.entries {
+                let size = e.request.rounded_size(UNIT);
+                match e.place {
+                    Place::Step { offset, .. } if offset + size > s.region.size() => {
+                        return Err(Violation::new("a planned offset past the region's end"));
+                    }
+                    Place::Carried { slot } if c.slots.get(slot as usize).is_none_or(|&(_, n)| n != size) => {
+                        return Err(Violation::new("a carried entry without its slot"));
+                    }
+                    _ => {}
+                }
+            }
+            let mut at = 0;
+            for (&(o, n), &live) in c.slots.iter().zip(&c.live) {
+                if o != at || (live != 0 && live.div_ceil(UNIT) * UNIT != n) {
+                    return Err(Violation::new("carried slots not side by side, or a block not of its slot"));
+                }
+                at += n;
+            }
+            let live: Vec<u64> =
+                c.slots.iter().zip(&c.live).filter(|(_, &l)| l != 0).map(|(&(_, n), _)| n).collect();
+            if c.live.len() != c.slots.len()
+                || (live.len() as u32, live.iter().sum()) != (c.live_count, c.live_bytes)
+            {
+                return Err(Violation::new("carried blocks in use miscounted"));
+            }
+            if (c.live_count > 0 || !c.region.is_empty()) && at > c.region.size() {
+                return Err(Violation::new("carried slots past the carry region's end"));
             }
             Ok(())
         })?;
@@ -650,13 +985,17 @@ impl<R: fmt::Debug> fmt::Debug for Planned<R> {
 }
 
 impl<R> Drop for Planned<R> {
-    /// Gives the region back on the stream type's drop stream, if it has
+    /// Gives each region back on the stream type's drop stream, if it has
     /// one and no block in the region is live (a block someone may still
     /// use is never freed under it).
     fn drop(&mut self) {
-        let (region, at_drop, empty) = self.state.with(|s| (s.region, s.at_drop, s.live_count == 0));
-        if let (false, Some(give_back), true) = (region.is_empty(), at_drop, empty) {
-            give_back(&self.upstream, region);
+        let (regions, at_drop) = self.state.with(|s| {
+            ([(s.region, s.live_count == 0), (s.carry.region, s.carry.live_count == 0)], s.at_drop)
+        });
+        for (region, free) in regions {
+            if let (false, Some(give_back), true) = (region.is_empty(), at_drop, free) {
+                give_back(&self.upstream, region);
+            }
         }
     }
 }

@@ -66,7 +66,7 @@ impl Order {
 }
 
 /// Where each block goes.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Placement {
     /// Each block's offset, indexed as the blocks were.
     pub offsets: Vec<u64>,

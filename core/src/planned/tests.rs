@@ -363,13 +363,14 @@ fn before_the_first_step_nothing_is_recorded_and_the_region_goes_back_at_drop() 
 #[test]
 fn randomized_steps_never_hand_out_overlapping_blocks() {
     let mut rng = SplitMix64::new(11);
-    let mut planned_cases = 0;
+    let (mut planned_cases, mut carry_cases) = (0, 0);
     let cases = if cfg!(miri) { 2 } else { 20 };
     for case in 0..cases {
         let p = Planned::new(Statistics::new(BumpUpstream::new(1 << 40)));
         let script: Vec<u64> = (0..rng.below(40) + 2).map(|_| (rng.below(4096) + 1) * 256).collect();
         let mut live: BTreeMap<u64, u64> = BTreeMap::new();
         let mut carried: Vec<Block> = Vec::new();
+        let carry_early = case % 2 == 0;
         let take = |live: &mut BTreeMap<u64, u64>, b: Block| {
             let end = b.addr() + b.size().max(1);
             assert!(live.range(..end).next_back().is_none_or(|(&a, &n)| a + n <= b.addr()), "case {case}");
@@ -377,6 +378,14 @@ fn randomized_steps_never_hand_out_overlapping_blocks() {
         };
         for step in 0..12 {
             p.step(&()).unwrap();
+            // Blocks carried from the step before are freed at its start
+            // (before their successors come) or at its end.
+            if carry_early {
+                for b in carried.drain(..) {
+                    live.remove(&b.addr());
+                    p.deallocate(b, &()).unwrap();
+                }
+            }
             let mut blocks: Vec<Block> = Vec::new();
             let depart = rng.below(4) == 0;
             for (i, &size) in script.iter().enumerate() {
@@ -396,16 +405,17 @@ fn randomized_steps_never_hand_out_overlapping_blocks() {
                 }
                 p.check().unwrap();
             }
-            // Most blocks end with the step; one in four lives into the next.
-            for b in blocks.into_iter().filter(|b| b.addr() != 0) {
-                if rng.below(4) == 0 {
+            // Most blocks end with the step; some live into the next (the
+            // same ones while the step repeats).
+            for (i, b) in blocks.into_iter().enumerate().filter(|(_, b)| b.addr() != 0) {
+                if if depart { rng.below(4) == 0 } else { i % 4 == 1 } {
                     carried.push(b);
                 } else {
                     live.remove(&b.addr());
                     p.deallocate(b, &()).unwrap();
                 }
             }
-            if step % 2 == 1 {
+            if !carry_early && step % 2 == 1 {
                 for b in carried.drain(..) {
                     live.remove(&b.addr());
                     p.deallocate(b, &()).unwrap();
@@ -417,10 +427,13 @@ fn randomized_steps_never_hand_out_overlapping_blocks() {
             p.deallocate(b, &()).unwrap();
         }
         assert_eq!(p.usage().used, 0, "case {case}");
-        assert_eq!(p.upstream().upstream().usage().held, p.steps().region, "case {case}");
+        let s = p.steps();
+        assert_eq!(p.upstream().upstream().usage().held, s.region + s.carry_region, "case {case}");
         planned_cases += u32::from(p.steps().planned_allocations > 0);
+        carry_cases += u32::from(p.steps().carry_region > 0);
     }
     assert!(planned_cases * 2 >= cases, "only {planned_cases} of {cases} cases were ever planned");
+    assert!(carry_cases * 4 >= cases, "only {carry_cases} of {cases} cases carried blocks in a region");
 }
 
 #[test]
@@ -468,4 +481,153 @@ fn a_region_goes_back_on_another_stream_only_when_the_device_can_be_waited_for()
     assert_eq!(seeing.faults().device_syncs(), 1);
     assert_eq!((p.steps().region, p.upstream().upstream().usage().held), (0, 0));
     p.check().unwrap();
+}
+
+// Blocks carried into the next step.
+
+/// A training step: the gradients of the step before are freed after the
+/// forward pass (as `zero_grad` after the loss), the new ones are
+/// allocated in backward and live into the next step.
+fn train_step<U: MemoryResource<()>>(p: &Planned<U>, grads: &mut Vec<Block>) {
+    p.step(&()).unwrap();
+    let act = p.allocate(req(4 * MIB), &()).unwrap();
+    let act2 = p.allocate(req(2 * MIB), &()).unwrap();
+    for g in grads.drain(..) {
+        p.deallocate(g, &()).unwrap();
+    }
+    grads.push(p.allocate(req(MIB), &()).unwrap());
+    p.deallocate(act2, &()).unwrap();
+    grads.push(p.allocate(req(MIB + 1000), &()).unwrap());
+    p.deallocate(act, &()).unwrap();
+}
+
+#[test]
+fn blocks_carried_into_the_next_step_get_a_region_taken_after_the_last_ones_are_freed() {
+    let p = Planned::new(Statistics::new(BumpUpstream::new(1 << 30)));
+    let mut grads = Vec::new();
+    let mut asked = Vec::new();
+    for _ in 0..8 {
+        let before = upstream_allocations(&p);
+        train_step(&p, &mut grads);
+        p.check().unwrap();
+        asked.push(upstream_allocations(&p) - before);
+    }
+    // Steps 1 and 2 are recorded; step 3 takes the step's region (at its
+    // `step`) and the carry region (at its first gradient); nothing after.
+    assert_eq!(asked, [4, 4, 2, 0, 0, 0, 0, 0]);
+    let s = p.steps();
+    assert_eq!((s.plans, s.followed, s.planned_allocations), (1, 5, 24));
+    assert_eq!((s.region, s.carry_region), (6 * MIB, 2 * MIB + 1024));
+    // The carry region came once the recorded step's gradients were
+    // freed: never both at once, so the upstream's peak is the two
+    // regions (taken at step 3's `step`, the gradients would have been
+    // held twice: 2 MiB more).
+    let bytes = p.upstream().get_bytes_counter();
+    assert_eq!((bytes.peak, bytes.value), ((8 * MIB + 1024) as i64, (8 * MIB + 1024) as i64));
+    assert_eq!(p.usage().used, 2 * MIB + 1024, "the gradients, rounded");
+    for g in grads.drain(..) {
+        p.deallocate(g, &()).unwrap();
+    }
+    assert_eq!(p.usage().used, 0);
+    p.check().unwrap();
+}
+
+#[test]
+fn a_carried_block_still_live_when_its_successor_comes_is_never_placed_over() {
+    let p = Planned::new(Statistics::new(BumpUpstream::new(1 << 30)));
+    let mut grads = Vec::new();
+    for _ in 0..4 {
+        train_step(&p, &mut grads);
+    }
+    assert_eq!(p.steps().carry_region, 2 * MIB + 1024);
+    // Gradients accumulate: last step's are not freed before the new ones.
+    p.step(&()).unwrap();
+    let act = p.allocate(req(4 * MIB), &()).unwrap();
+    let act2 = p.allocate(req(2 * MIB), &()).unwrap();
+    let before = upstream_allocations(&p);
+    let g1 = p.allocate(req(MIB), &()).unwrap();
+    p.deallocate(act2, &()).unwrap();
+    let g2 = p.allocate(req(MIB + 1000), &()).unwrap();
+    assert_eq!(upstream_allocations(&p) - before, 2, "both slots are taken: from upstream");
+    for (new, old) in [(g1, grads[0]), (g2, grads[1])] {
+        assert!(new.addr() + new.size() <= old.addr() || old.addr() + old.size() <= new.addr());
+    }
+    p.deallocate(act, &()).unwrap();
+    p.check().unwrap();
+    // The step still followed its plan, whose in-step blocks it repeated.
+    let planned = p.steps().planned_allocations;
+    for b in grads.drain(..).chain([g1, g2]) {
+        p.deallocate(b, &()).unwrap();
+    }
+    train_step(&p, &mut grads);
+    assert_eq!(p.steps().planned_allocations, planned + 4);
+    assert_eq!(p.steps().followed, 3);
+    for g in grads.drain(..) {
+        p.deallocate(g, &()).unwrap();
+    }
+    assert_eq!(p.usage().used, 0);
+    p.check().unwrap();
+}
+
+#[test]
+fn a_carry_region_the_upstream_refuses_sends_the_carried_blocks_upstream() {
+    let p = Planned::new(Statistics::new(BumpUpstream::new(1 << 30)));
+    let mut grads = Vec::new();
+    for _ in 0..2 {
+        train_step(&p, &mut grads);
+    }
+    p.step(&()).unwrap();
+    let act = p.allocate(req(4 * MIB), &()).unwrap();
+    let act2 = p.allocate(req(2 * MIB), &()).unwrap();
+    for g in grads.drain(..) {
+        p.deallocate(g, &()).unwrap();
+    }
+    // Room for the gradient but not for the carry region: the gradient
+    // is served from upstream.
+    p.upstream().upstream().fail_after(0);
+    assert!(p.allocate(req(MIB), &()).is_err(), "the upstream refuses everything");
+    p.upstream().upstream().fail_after(1);
+    let g = p.allocate(req(MIB), &()).unwrap();
+    assert_eq!(p.steps().carry_region, 0);
+    p.upstream().upstream().fail_after(u64::MAX);
+    p.deallocate(act2, &()).unwrap();
+    p.deallocate(act, &()).unwrap();
+    p.deallocate(g, &()).unwrap();
+    assert_eq!(p.usage().used, 0);
+    assert_eq!(p.upstream().upstream().usage().held, 6 * MIB, "only the step's region");
+    p.check().unwrap();
+}
+
+#[test]
+fn the_carry_region_goes_back_with_its_plan_and_at_drop() {
+    let up = Statistics::new(BumpUpstream::new(1 << 30));
+    {
+        let p = Planned::new(&up);
+        let mut grads = Vec::new();
+        for _ in 0..4 {
+            train_step(&p, &mut grads);
+        }
+        assert_eq!(up.usage().held, 8 * MIB + 1024);
+        // A step of other sizes departs; at its end both regions go back
+        // (the gradients are freed in it).
+        p.step(&()).unwrap();
+        for g in grads.drain(..) {
+            p.deallocate(g, &()).unwrap();
+        }
+        let b = p.allocate(req(3 * MIB), &()).unwrap();
+        p.deallocate(b, &()).unwrap();
+        p.step(&()).unwrap();
+        assert_eq!((p.steps().region, p.steps().carry_region), (0, 0));
+        assert_eq!(up.usage().held, 0);
+        // Planned again, then dropped with the gradients freed.
+        for _ in 0..4 {
+            train_step(&p, &mut grads);
+        }
+        assert_eq!(p.steps().carry_region, 2 * MIB + 1024);
+        for g in grads.drain(..) {
+            p.deallocate(g, &()).unwrap();
+        }
+        p.check().unwrap();
+    }
+    assert_eq!(up.usage().held, 0);
 }
