@@ -69,6 +69,7 @@
 //! # Ok::<(), memres_core::Error>(())
 //! ```
 
+mod carry;
 pub mod placement;
 #[cfg(test)]
 mod tests;
@@ -76,8 +77,9 @@ mod tests;
 use crate::check::Violation;
 use crate::lock::Shared;
 use crate::{Block, Error, Inspect, MemoryResource, Request, Result, Stream, Usage};
-use alloc::collections::BTreeMap;
+use alloc::collections::{BTreeMap, BTreeSet};
 use alloc::vec::Vec;
+use carry::{carried_of, Carry};
 use core::fmt;
 use placement::Lifetime;
 
@@ -143,24 +145,19 @@ struct Plan {
     slots: Vec<u64>,
     /// The entries in the step's region by `due`, ascending.
     by_due: Vec<u32>,
-    /// The rounded size of each carried entry's slot, in entry order.
-    carried: Vec<u64>,
+    /// The entries of blocks live at the step's end on its stream: carried
+    /// where the [`Carry`] layout has a slot for them ([`Plan::carry`]).
+    open: Vec<u32>,
 }
 
 impl Plan {
-    /// The plan for the next steps from the record of the last one (and
-    /// the frees, in it, of the blocks the step before it carried), and the
-    /// bytes of the step's region it needs:
-    ///
-    /// - blocks allocated and freed inside the step on its stream are
-    ///   placed in the step's region;
-    /// - blocks of the step's stream still live at its end, whose
-    ///   counterpart of the step before was freed in this step before they
-    ///   were allocated, are carried: one slot each in the [`Carry`] layout;
-    /// - every other allocation goes upstream.
-    ///
-    /// `None` when nothing is to be laid out.
-    fn of(record: &[(Lifetime, Request, bool)], carried_frees: &[(u32, u32)]) -> Option<(Plan, u64)> {
+    /// The plan for the next steps from the record of the last one, and
+    /// the bytes of the step's region it needs: blocks allocated and freed
+    /// inside the step on its stream are placed in the step's region;
+    /// every other allocation goes upstream until [`carry`](Self::carry)
+    /// sends some to the carry layout. `None` when nothing is to be laid
+    /// out.
+    fn of(record: &[(Lifetime, Request, bool)]) -> Option<(Plan, u64)> {
         // On the step's stream, freed in the step, live for an op at least
         // (a failed allocation is not) and of some size.
         let placed: Vec<usize> = (0..record.len())
@@ -169,19 +166,14 @@ impl Plan {
                 on && life.end != OPEN && life.end > life.start && life.size > 0
             })
             .collect();
-        let mut freed_at: Vec<Option<u32>> = (0..record.len()).map(|_| None).collect();
-        for &(k, at) in carried_frees {
-            if let Some(f) = freed_at.get_mut(k as usize) {
-                *f = Some(at);
-            }
-        }
-        let carried: Vec<usize> = (0..record.len())
+        let open: Vec<u32> = (0..record.len())
             .filter(|&k| {
                 let (life, _, on) = record[k];
-                on && life.end == OPEN && life.size > 0 && freed_at[k].is_some_and(|at| at < life.start)
+                on && life.end == OPEN && life.size > 0
             })
+            .map(|k| k as u32)
             .collect();
-        if placed.is_empty() && carried.is_empty() {
+        if placed.is_empty() && open.is_empty() {
             return None;
         }
         let blocks: Vec<Lifetime> = placed.iter().map(|&k| record[k].0).collect();
@@ -199,108 +191,20 @@ impl Plan {
             let slot = slots.binary_search(&offset).unwrap_or(0) as u32;
             entries[k] = Entry { place: Place::Step { offset, slot }, due, ..entries[k] };
         }
-        for (slot, &k) in carried.iter().enumerate() {
-            entries[k].place = Place::Carried { slot: slot as u32 };
-        }
         let mut by_due: Vec<u32> = placed.iter().map(|&k| k as u32).collect();
         by_due.sort_unstable_by_key(|&k| entries[k as usize].due);
-        let carried = carried.iter().map(|&k| record[k].0.size).collect();
-        Some((Plan { entries, slots, by_due, carried }, placement.top))
+        Some((Plan { entries, slots, by_due, open }, placement.top))
     }
 
-    /// Sends the carried entries upstream: the layout they would use is
-    /// still taken.
-    fn carry_upstream(&mut self) {
-        for e in &mut self.entries {
-            if let Place::Carried { .. } = e.place {
-                e.place = Place::Upstream;
+    /// Sends the blocks live at the step's end that `carry` has a slot for
+    /// to their slot.
+    fn carry(&mut self, carry: &Carry) {
+        for &k in &self.open {
+            let e = &mut self.entries[k as usize];
+            if let Some(slot) = carry.slot_for(k, e.request) {
+                e.place = Place::Carried { slot };
             }
         }
-        self.carried.clear();
-    }
-}
-
-/// The blocks a step carries into the next one, side by side in a region
-/// of their own.
-///
-/// ```text
-/// step k:    ... a allocated (slot 0) ... b (slot 1) ...  | step()
-/// step k+1:  ... a of step k freed ... a (slot 0) ... b of step k freed ... b (slot 1)
-/// region:    [ slot 0 | slot 1 | ... ]   taken at the first carried allocation
-/// ```
-///
-/// At a step boundary every carried block is live, so no two share bytes:
-/// the region is their sum, in order, with nothing to place. A slot is
-/// reused only once the block there is freed (its successor of the next
-/// step goes upstream if not). The region is taken at the first carried
-/// allocation, not at [`Planned::step`]: until then the blocks the last
-/// recorded step carried are still live in the upstream, and both would
-/// be held at once.
-#[derive(Debug, Default)]
-struct Carry {
-    /// Per slot: its offset in the region (ascending, each the one before
-    /// plus its size) and its rounded size.
-    slots: Vec<(u64, u64)>,
-    /// Per slot: the size asked for by the block live there, 0 for none
-    /// (a carried block is never of size 0).
-    live: Vec<u64>,
-    /// Live slots and their bytes.
-    live_count: u32,
-    live_bytes: u64,
-    /// The region (`Block::EMPTY` until the first carried allocation),
-    /// at least the sum of the slots.
-    region: Block,
-    /// The stream id the region was taken on.
-    region_stream: u64,
-    /// Whether the upstream refused the region: not asked again until the
-    /// next plan.
-    refused: bool,
-    /// Changed with the layout: a region taken for another layout goes
-    /// back.
-    generation: u64,
-}
-
-impl Carry {
-    /// The bytes of the layout.
-    fn size(&self) -> u64 {
-        self.slots.last().map_or(0, |&(o, n)| o + n)
-    }
-
-    /// A new layout of `sizes`, with no region yet.
-    fn lay_out(&mut self, sizes: &[u64]) {
-        let mut at = 0;
-        self.slots = sizes
-            .iter()
-            .map(|&n| {
-                at += n;
-                (at - n, n)
-            })
-            .collect();
-        self.live = sizes.iter().map(|_| 0).collect();
-        self.refused = false;
-        self.generation += 1;
-    }
-
-    /// The slot a block at `addr` would occupy, if `addr` is in the region.
-    fn slot_at(&self, addr: u64) -> Option<Option<usize>> {
-        let r = self.region;
-        if r.is_empty() || addr < r.addr() || addr - r.addr() >= r.size() {
-            return None;
-        }
-        Some(self.slots.binary_search_by_key(&(addr - r.addr()), |&(o, _)| o).ok())
-    }
-
-    /// Serves `slot` if it is free and its address suits `request`.
-    fn serve(&mut self, slot: u32, request: Request) -> Option<u64> {
-        let (offset, size) = *self.slots.get(slot as usize)?;
-        let addr = self.region.addr() + offset;
-        if self.region.is_empty() || self.live[slot as usize] != 0 || addr % request.align() != 0 {
-            return None;
-        }
-        self.live[slot as usize] = request.size();
-        self.live_count += 1;
-        self.live_bytes += size;
-        Some(addr)
     }
 }
 
@@ -322,9 +226,15 @@ enum Served {
     /// From the upstream; recorded at this index if the step is recorded.
     Upstream(Option<u32>),
     /// Carried, but the carry region is to be taken first: of this size,
-    /// for the layout of this generation.
-    TakeCarry { slot: u32, size: u64, generation: u64 },
+    /// for the layout of this generation; recorded at this index if the
+    /// step is recorded.
+    TakeCarry { slot: u32, size: u64, generation: u64, recorded: Option<u32> },
 }
+
+/// A carry layout to put in ([`Planned::lay_out`]): the carried blocks, as
+/// (allocation index, rounded size), and the old region (`Block::EMPTY`
+/// with none) and the stream id it was taken on.
+type NewLayout = (Vec<(u32, u64)>, (Block, u64));
 
 /// The state behind the lock.
 struct State<R> {
@@ -356,12 +266,16 @@ struct State<R> {
     /// Those of them freed in this step: their index in the record of
     /// the step before, and the op that freed them in this one.
     carried_frees: Vec<(u32, u32)>,
+    /// The indices of those in `carried` (not freed yet): a recorded
+    /// allocation of such an index is not carried, its block of the step
+    /// before being still live.
+    carried_pending: BTreeSet<u32>,
     /// The plan in force (no entries: none). Every offset in the step's
     /// region plus its rounded size is at most `region.size()`; every
     /// carried slot is one of `carry`'s.
     plan: Plan,
-    /// Where carried blocks go: the layout of the plan that made it,
-    /// kept while a block in it is live.
+    /// Where carried blocks go: the layout of the last recorded step that
+    /// ended with nothing live in it.
     carry: Carry,
     /// Whether the step in progress is served from `plan`: every
     /// allocation so far arrived as planned. Never true with an empty plan.
@@ -416,6 +330,7 @@ impl<R> State<R> {
             born: BTreeMap::new(),
             carried: BTreeMap::new(),
             carried_frees: Vec::new(),
+            carried_pending: BTreeSet::new(),
             plan: Plan::default(),
             carry: Carry::default(),
             following: false,
@@ -468,7 +383,7 @@ impl<R> State<R> {
                             if self.carry.region.is_empty() && !self.carry.refused =>
                         {
                             let (size, generation) = (self.carry.size(), self.carry.generation);
-                            return Served::TakeCarry { slot, size, generation };
+                            return Served::TakeCarry { slot, size, generation, recorded: None };
                         }
                         (Place::Carried { slot }, true) => {
                             if let Some(addr) = self.carry.serve(slot, request) {
@@ -494,19 +409,36 @@ impl<R> State<R> {
         }
         let size = request.rounded_size(UNIT);
         self.record.push((Lifetime { start, end: OPEN, size }, request, stream == self.stream));
-        Served::Upstream(Some(self.record.len() as u32 - 1))
+        let recorded = self.record.len() as u32 - 1;
+        // Carried as the step before was, once its block of this index
+        // is freed: see `Carry`.
+        let carries = stream == self.stream && !self.carry.stale && !self.carried_pending.contains(&k);
+        let slot = self.carry.slot_for(k, request).filter(|_| carries);
+        if let Some(slot) = slot {
+            if self.carry.region.is_empty() && !self.carry.refused {
+                let (size, generation) = (self.carry.size(), self.carry.generation);
+                return Served::TakeCarry { slot, size, generation, recorded: Some(recorded) };
+            }
+            if let Some(addr) = self.carry.serve(slot, request) {
+                self.steps.planned_allocations += 1;
+                self.born.insert(addr, recorded);
+                return Served::At(addr);
+            }
+        }
+        Served::Upstream(Some(recorded))
     }
 
     /// Puts `region`, taken for the carry layout of `generation`, in place
     /// and serves `slot` from it: the address, and a region to give back
-    /// (the upstream's or one that came in meanwhile).
+    /// (the upstream's or one that came in meanwhile). `recorded`: the
+    /// allocation's index in the record of the step of that epoch.
     fn carry_taken(
         &mut self,
         region: Option<Block>,
-        generation: u64,
-        slot: u32,
+        (generation, slot): (u64, u32),
         request: Request,
         stream: u64,
+        recorded: Option<(u32, u64)>,
     ) -> (Option<u64>, Option<Block>) {
         let Some(region) = region else {
             self.carry.refused = true;
@@ -523,7 +455,12 @@ impl<R> State<R> {
             Some(region)
         };
         let addr = self.carry.serve(slot, request);
-        self.steps.planned_allocations += u64::from(addr.is_some());
+        if let Some(addr) = addr {
+            self.steps.planned_allocations += 1;
+            if let Some((k, _)) = recorded.filter(|&(_, epoch)| epoch == self.epoch) {
+                self.born.insert(addr, k);
+            }
+        }
         (addr, spare)
     }
 
@@ -554,6 +491,7 @@ impl<R> State<R> {
                 self.record[k as usize].0.end = at;
             }
         } else if let Some(k) = self.carried.remove(&addr) {
+            self.carried_pending.remove(&k);
             if self.tick() {
                 self.carried_frees.push((k, at));
             }
@@ -567,7 +505,7 @@ impl<R> State<R> {
             let found = slot.filter(|&slot| self.carry.live[slot] != 0).map(|slot| Found::Carried {
                 slot,
                 asked: self.carry.live[slot],
-                size: self.carry.slots[slot].1,
+                size: self.carry.slots[slot].2,
             });
             return Some(found.ok_or(()));
         }
@@ -597,7 +535,10 @@ impl<R> State<R> {
         // The recorded step's blocks still live are carried into this one.
         let whole = self.recording && self.ops < MAX_STEP_OPS;
         self.carried = if whole { core::mem::take(&mut self.born) } else { BTreeMap::new() };
+        self.carried_pending = self.carried.values().copied().collect();
         self.carried_frees.clear();
+        // A region the upstream refused is asked for again once a step.
+        self.carry.refused = false;
         self.record.clear();
         self.born.clear();
         self.ops = 0;
@@ -658,21 +599,23 @@ impl<R> Planned<R> {
     /// Ends the step in progress and begins the next one on `stream`.
     ///
     /// If the step that ended followed the plan to its end, the plan
-    /// stays. If it was recorded (it did not begin by following a plan), a
-    /// new plan is made from it and the region resized to fit, unless a
-    /// block in the region is still live; then, and after a step that
+    /// stays. If it was recorded (it did not begin by following a plan),
+    /// the blocks it carries into the next step get a layout (where nothing
+    /// lives in the old one), and if it repeated the step recorded before
+    /// it, a new plan is made from it and the region resized to fit, unless
+    /// a block in the region is still live; then, and after a step that
     /// left its plan, the next step is recorded to plan from. Errors are
-    /// the upstream's, from giving back or taking the region; after one,
-    /// no plan is in force and the resource is otherwise as before.
+    /// the upstream's, from giving back or taking a region; after one, no
+    /// plan is in force and the resource is otherwise as before.
     pub fn step<S: Stream + ?Sized>(&self, stream: &S) -> Result<()>
     where
         R: MemoryResource<S>,
     {
         let id = stream.id();
-        // What the step that ended leaves to do outside the lock: plan
-        // from its record (`Some(record)`), or give the region back
-        // (`None`): the region of a plan that no longer holds would sit
-        // idle beside the next step, which runs from upstream.
+        // What the step that ended leaves to do outside the lock: lay out
+        // its carried blocks and plan from its record, or give the
+        // regions back: the region of a plan that no longer holds would
+        // sit idle beside the next step, which runs from upstream.
         let ended = self.state.with(|s| {
             s.steps.steps += 1;
             let first = !s.stepping;
@@ -682,26 +625,39 @@ impl<R> Planned<R> {
             } else if s.followed_plan() && s.stream == id {
                 s.steps.followed += 1;
             } else if s.live_count == 0 {
-                let mut record =
-                    (s.recording && s.ops < MAX_STEP_OPS).then(|| core::mem::take(&mut s.record));
+                let record = (s.recording && s.ops < MAX_STEP_OPS).then(|| core::mem::take(&mut s.record));
                 // Planned only from a step that repeats the one recorded
                 // before it: a loop's first step (lazy setup) and steps of
                 // changing shapes are never laid out.
                 let asked: Vec<(Request, bool)> =
                     record.as_deref().unwrap_or_default().iter().map(|&(_, r, on)| (r, on)).collect();
-                if asked != s.previous {
-                    record = None;
-                }
+                let repeats = record.is_some() && asked == s.previous;
                 s.previous = asked;
-                let frees = core::mem::take(&mut s.carried_frees);
-                // The carry layout goes with the plan once nothing lives
-                // in it; a region taken for it meanwhile goes back.
-                let carry = (s.carry.live_count == 0).then(|| {
+                // What a repeating step carried into the next one is laid
+                // out for the steps after it (`Carry`), and the step is
+                // planned from once it carried its blocks in that layout:
+                // then the first planned step finds the blocks it frees
+                // there, not between the upstream's. The old layout goes
+                // once nothing lives in it (its region, taken out
+                // meanwhile, may serve the new one); until then recorded
+                // steps leave it alone.
+                let carried = match &record {
+                    Some(r) if repeats => carried_of(r, &s.carried_frees),
+                    _ => Vec::new(),
+                };
+                let in_force = !s.carry.stale && s.carry.is(&carried);
+                let plan = repeats && (carried.is_empty() || in_force);
+                let carry = if in_force {
+                    None
+                } else if s.carry.live_count == 0 {
                     let old = (core::mem::replace(&mut s.carry.region, Block::EMPTY), s.carry.region_stream);
                     s.carry.lay_out(&[]);
-                    old
-                });
-                ended = Some((record, frees, s.region, s.region_stream, carry));
+                    Some((carried, old))
+                } else {
+                    s.carry.stale = true;
+                    None
+                };
+                ended = Some((record.filter(|_| plan), s.region, s.region_stream, carry));
                 // Nothing is served from the region until a new plan is in.
                 s.install(Plan::default());
             }
@@ -710,26 +666,39 @@ impl<R> Planned<R> {
             s.begin(id);
             ended
         });
-        let Some((record, frees, region, region_stream, carry)) = ended else { return Ok(()) };
-        // The old carry region goes back, or is kept, with no slots, where
-        // it was used on another stream and the device cannot be waited
-        // for.
-        if let Some((old, on)) = carry.filter(|(old, _)| !old.is_empty()) {
-            let waited = if on != id { stream.synchronize_device() } else { Ok(true) };
-            let back = waited.and_then(|can| {
-                if can {
-                    self.upstream.deallocate(old, stream).map(|()| true)
-                } else {
+        let Some((record, region, region_stream, carry)) = ended else { return Ok(()) };
+        // The old carry region serves the new layout if it is the same or
+        // fits it closely; else it goes back, or is kept with no slots
+        // where it was used on another stream and the device cannot be
+        // waited for.
+        let carry = match carry {
+            Some((carried, (old, on))) if !old.is_empty() => {
+                let need: u64 = carried.iter().map(|&(_, n)| n).sum();
+                let close = need <= old.size() && old.size() - need <= old.size() / 8;
+                let waited = if close {
                     Ok(false)
+                } else if on != id {
+                    stream.synchronize_device()
+                } else {
+                    Ok(true)
+                };
+                let back = waited.and_then(|can| {
+                    if can {
+                        self.upstream.deallocate(old, stream).map(|()| true)
+                    } else {
+                        Ok(false)
+                    }
+                });
+                let kept = if matches!(back, Ok(true)) { Block::EMPTY } else { old };
+                if back.is_err() {
+                    self.state.with(|s| (s.carry.region, s.carry.region_stream) = (old, on));
                 }
-            });
-            if !matches!(back, Ok(true)) {
-                self.state.with(|s| (s.carry.region, s.carry.region_stream) = (old, on));
+                back?;
+                Some((carried, (kept, on)))
             }
-            back?;
-        }
-        let record = record.unwrap_or_default();
-        let made = Plan::of(&record, &frees);
+            other => other,
+        };
+        let made = record.as_deref().and_then(Plan::of);
         let top = made.as_ref().map_or(0, |(_, top)| *top);
         let fits = !region.is_empty() && top <= region.size();
         // Keep a region that fits and wastes at most an eighth; and any
@@ -738,7 +707,9 @@ impl<R> Planned<R> {
         // this call does not have, and the device cannot be waited for.
         let mut keep = fits && region.size() - top <= region.size() / 8;
         let mut made = made;
-        if !keep && !region.is_empty() && region_stream != id && !stream.synchronize_device()? {
+        let blocked = !keep && !region.is_empty() && region_stream != id;
+        let blocked = blocked && !stream.synchronize_device().inspect_err(|_| self.lay_out(carry.clone()))?;
+        if blocked {
             keep = true;
             if !fits {
                 // Held as it is, and no plan while it cannot be replaced.
@@ -748,7 +719,7 @@ impl<R> Planned<R> {
         let mut new_region = region;
         if !keep {
             if !region.is_empty() {
-                self.upstream.deallocate(region, stream)?;
+                self.upstream.deallocate(region, stream).inspect_err(|_| self.lay_out(carry.clone()))?;
                 self.state.with(|s| s.region = Block::EMPTY);
                 new_region = Block::EMPTY;
             }
@@ -757,6 +728,7 @@ impl<R> Planned<R> {
                 new_region = self.upstream.allocate(Request::new(top)?, stream).unwrap_or(Block::EMPTY);
             }
         }
+        self.lay_out(carry);
         self.state.with(|s| {
             if new_region != region {
                 s.region_stream = id;
@@ -768,16 +740,7 @@ impl<R> Planned<R> {
             }
             match made {
                 Some((mut plan, _)) if top == 0 || !new_region.is_empty() => {
-                    // The carried blocks get a layout of their own where
-                    // the old one is free and its region, if kept, fits.
-                    let size: u64 = plan.carried.iter().sum();
-                    let free =
-                        carry.is_some() && (s.carry.region.is_empty() || size <= s.carry.region.size());
-                    if free {
-                        s.carry.lay_out(&plan.carried);
-                    } else {
-                        plan.carry_upstream();
-                    }
+                    plan.carry(&s.carry);
                     s.install(plan);
                     s.steps.plans += 1;
                     // Allocations that came in meanwhile went upstream: this
@@ -792,6 +755,22 @@ impl<R> Planned<R> {
         });
         Ok(())
     }
+
+    /// Puts a new carry layout in: `carried`, in the old region if it was
+    /// kept and fits, else with none (taken at the first carried
+    /// allocation). A kept region that does not fit stays with no slots.
+    fn lay_out(&self, carry: Option<NewLayout>) {
+        let Some((carried, (old, on))) = carry else { return };
+        self.state.with(|s| {
+            s.carry.lay_out(&carried);
+            if !old.is_empty() {
+                if s.carry.size() > old.size() {
+                    s.carry.lay_out(&[]);
+                }
+                (s.carry.region, s.carry.region_stream) = (old, on);
+            }
+        });
+    }
 }
 
 impl<S: Stream + ?Sized, R: MemoryResource<S>> MemoryResource<S> for Planned<R> {
@@ -801,18 +780,20 @@ impl<S: Stream + ?Sized, R: MemoryResource<S>> MemoryResource<S> for Planned<R> 
         let recorded = match served {
             Served::At(addr) => return Ok(Block::from_addr(addr, request.size())),
             Served::Upstream(recorded) => recorded,
-            Served::TakeCarry { slot, size, generation } => {
-                // The first carried block of a step whose plan has a
-                // layout with no region yet.
+            Served::TakeCarry { slot, size, generation, recorded } => {
+                // The first carried block since the layout was made.
                 let region = self.upstream.allocate(Request::new(size)?, stream).ok();
-                let (addr, spare) = self.state.with(|s| s.carry_taken(region, generation, slot, request, id));
-                if let Some(spare) = spare {
-                    self.upstream.deallocate(spare, stream)?;
-                }
+                let recorded_at = recorded.map(|k| (k, epoch));
+                let (addr, spare) =
+                    self.state.with(|s| s.carry_taken(region, (generation, slot), request, id, recorded_at));
+                let back = spare.map_or(Ok(()), |spare| self.upstream.deallocate(spare, stream));
                 if let Some(addr) = addr {
+                    // Served: the block is the caller's whatever became of
+                    // the spare region (taken by a thread beside this one).
                     return Ok(Block::from_addr(addr, request.size()));
                 }
-                None
+                back?;
+                recorded
             }
         };
         let block = self.upstream.allocate(request, stream);
@@ -878,6 +859,9 @@ impl<S: Stream + ?Sized, R: MemoryResource<S>> MemoryResource<S> for Planned<R> 
                 s.carry.live[slot] = 0;
                 s.carry.live_count -= 1;
                 s.carry.live_bytes -= size;
+                if s.recording {
+                    s.freed(addr);
+                }
                 Ok(())
             }
         })
@@ -901,8 +885,8 @@ impl<R: Inspect> Inspect for Planned<R> {
                 longest.max(size.saturating_sub(at))
             };
             let c = &s.carry;
-            let mut carried = c.slots.iter().zip(&c.live).filter(|(_, &l)| l != 0).map(|(&b, _)| b);
-            let longest = run(s.region.size(), &mut s.live_blocks()).max(run(c.region.size(), &mut carried));
+            let longest =
+                run(s.region.size(), &mut s.live_blocks()).max(run(c.region.size(), &mut c.live_blocks()));
             (s.region.size() + c.region.size(), s.live_bytes + c.live_bytes, longest)
         });
         let used = up.used.saturating_sub(regions) + live_bytes;
@@ -946,21 +930,23 @@ impl<R: Inspect> Inspect for Planned<R> {
                     Place::Step { offset, .. } if offset + size > s.region.size() => {
                         return Err(Violation::new("a planned offset past the region's end"));
                     }
-                    Place::Carried { slot } if c.slots.get(slot as usize).is_none_or(|&(_, n)| n != size) => {
+                    Place::Carried { slot }
+                        if c.slots.get(slot as usize).is_none_or(|&(_, _, n)| n != size) =>
+                    {
                         return Err(Violation::new("a carried entry without its slot"));
                     }
                     _ => {}
                 }
             }
             let mut at = 0;
-            for (&(o, n), &live) in c.slots.iter().zip(&c.live) {
+            for (&(_, o, n), &live) in c.slots.iter().zip(&c.live) {
                 if o != at || (live != 0 && live.div_ceil(UNIT) * UNIT != n) {
                     return Err(Violation::new("carried slots not side by side, or a block not of its slot"));
                 }
                 at += n;
             }
             let live: Vec<u64> =
-                c.slots.iter().zip(&c.live).filter(|(_, &l)| l != 0).map(|(&(_, n), _)| n).collect();
+                c.slots.iter().zip(&c.live).filter(|(_, &l)| l != 0).map(|(&(_, _, n), _)| n).collect();
             if c.live.len() != c.slots.len()
                 || (live.len() as u32, live.iter().sum()) != (c.live_count, c.live_bytes)
             {

@@ -512,11 +512,14 @@ fn blocks_carried_into_the_next_step_get_a_region_taken_after_the_last_ones_are_
         p.check().unwrap();
         asked.push(upstream_allocations(&p) - before);
     }
-    // Steps 1 and 2 are recorded; step 3 takes the step's region (at its
-    // `step`) and the carry region (at its first gradient); nothing after.
-    assert_eq!(asked, [4, 4, 2, 0, 0, 0, 0, 0]);
+    // Steps 1 to 3 are recorded. Step 2 repeats step 1: what it carries
+    // is laid out, and step 3 carries its gradients there (the carry
+    // region taken at the first of them). Step 3 repeats step 2, its
+    // carried blocks in the layout: planned from. Step 4 takes the step's
+    // region at its `step`; nothing after.
+    assert_eq!(asked, [4, 4, 3, 1, 0, 0, 0, 0]);
     let s = p.steps();
-    assert_eq!((s.plans, s.followed, s.planned_allocations), (1, 5, 24));
+    assert_eq!((s.plans, s.followed, s.planned_allocations), (1, 4, 2 + 5 * 4));
     assert_eq!((s.region, s.carry_region), (6 * MIB, 2 * MIB + 1024));
     // The carry region came once the recorded step's gradients were
     // freed: never both at once, so the upstream's peak is the two
@@ -536,7 +539,7 @@ fn blocks_carried_into_the_next_step_get_a_region_taken_after_the_last_ones_are_
 fn a_carried_block_still_live_when_its_successor_comes_is_never_placed_over() {
     let p = Planned::new(Statistics::new(BumpUpstream::new(1 << 30)));
     let mut grads = Vec::new();
-    for _ in 0..4 {
+    for _ in 0..5 {
         train_step(&p, &mut grads);
     }
     assert_eq!(p.steps().carry_region, 2 * MIB + 1024);
@@ -571,30 +574,53 @@ fn a_carried_block_still_live_when_its_successor_comes_is_never_placed_over() {
 
 #[test]
 fn a_carry_region_the_upstream_refuses_sends_the_carried_blocks_upstream() {
-    let p = Planned::new(Statistics::new(BumpUpstream::new(1 << 30)));
-    let mut grads = Vec::new();
-    for _ in 0..2 {
-        train_step(&p, &mut grads);
+    /// An upstream out of memory for requests of one size.
+    struct Refusing(Statistics<BumpUpstream>, u64);
+    impl MemoryResource<()> for Refusing {
+        fn allocate(&self, request: Request, stream: &()) -> Result<Block> {
+            if request.size() == self.1 {
+                return Err(Error::OutOfMemory {
+                    requested: self.1,
+                    largest_free: 0,
+                    pool_size: 0,
+                    max_size: None,
+                });
+            }
+            self.0.allocate(request, stream)
+        }
+        fn deallocate(&self, block: Block, stream: &()) -> Result<()> {
+            self.0.deallocate(block, stream)
+        }
     }
-    p.step(&()).unwrap();
-    let act = p.allocate(req(4 * MIB), &()).unwrap();
-    let act2 = p.allocate(req(2 * MIB), &()).unwrap();
+    impl Inspect for Refusing {
+        fn usage(&self) -> Usage {
+            self.0.usage()
+        }
+        fn check(&self) -> core::result::Result<(), Violation> {
+            self.0.check()
+        }
+    }
+    let p = Planned::new(Refusing(Statistics::new(BumpUpstream::new(1 << 30)), 2 * MIB + 1024));
+    let (mut grads, mut asked_per_step) = (Vec::new(), Vec::new());
+    for step in 0..6 {
+        let before = p.upstream().0.get_allocations_counter().total;
+        train_step(&p, &mut grads);
+        p.check().unwrap();
+        let asked = p.upstream().0.get_allocations_counter().total - before;
+        asked_per_step.push(asked);
+        assert_eq!(p.steps().carry_region, 0, "step {step}");
+    }
+    // Refused at each step from the third on: the gradients come from
+    // upstream; the activations from the step's region (taken at its
+    // `step`) from the fourth on.
+    assert_eq!(asked_per_step, [4, 4, 4, 3, 2, 2]);
+    assert_eq!(p.steps().planned_allocations, 3 * 2, "steps 4 to 6: the activations");
+    assert_eq!(p.usage().used, 2 * MIB + 1024);
     for g in grads.drain(..) {
         p.deallocate(g, &()).unwrap();
     }
-    // Room for the gradient but not for the carry region: the gradient
-    // is served from upstream.
-    p.upstream().upstream().fail_after(0);
-    assert!(p.allocate(req(MIB), &()).is_err(), "the upstream refuses everything");
-    p.upstream().upstream().fail_after(1);
-    let g = p.allocate(req(MIB), &()).unwrap();
-    assert_eq!(p.steps().carry_region, 0);
-    p.upstream().upstream().fail_after(u64::MAX);
-    p.deallocate(act2, &()).unwrap();
-    p.deallocate(act, &()).unwrap();
-    p.deallocate(g, &()).unwrap();
     assert_eq!(p.usage().used, 0);
-    assert_eq!(p.upstream().upstream().usage().held, 6 * MIB, "only the step's region");
+    assert_eq!(p.upstream().0.upstream().usage().held, 6 * MIB, "the step's region");
     p.check().unwrap();
 }
 
@@ -630,4 +656,47 @@ fn the_carry_region_goes_back_with_its_plan_and_at_drop() {
         p.check().unwrap();
     }
     assert_eq!(up.usage().held, 0);
+}
+
+#[test]
+fn a_layout_still_in_use_when_the_steps_change_is_left_alone_then_made_anew() {
+    let p = Planned::new(Statistics::new(BumpUpstream::new(1 << 30)));
+    let mut grads = Vec::new();
+    // Steps 1 and 2 repeat; step 3 carries its gradients in the layout;
+    // step 4 is planned.
+    for _ in 0..4 {
+        train_step(&p, &mut grads);
+    }
+    assert_eq!(p.steps().plans, 1);
+    let carry = p.steps().carry_region;
+    assert_eq!(carry, 2 * MIB + 1024);
+    // Then the steps change shape (an extra block at the end): step 4
+    // departs at it, with its gradients in the layout.
+    let extra = |p: &Planned<Statistics<BumpUpstream>>| {
+        let b = p.allocate(req(4096), &()).unwrap();
+        p.deallocate(b, &()).unwrap();
+    };
+    extra(&p);
+    let mut asked = Vec::new();
+    for _ in 0..5 {
+        let before = upstream_allocations(&p);
+        train_step(&p, &mut grads);
+        extra(&p);
+        p.check().unwrap();
+        asked.push(upstream_allocations(&p) - before);
+    }
+    // Step 5 is recorded and leaves the layout alone, its gradients
+    // still there: all 5 allocations from upstream. Step 6 finds it empty
+    // and does not repeat step 5 (which followed a departed step): no
+    // layout, all from upstream. Step 7 repeats step 6: laid out, its
+    // gradients carried there (the carry region taken again). Step 8 is
+    // planned from it (the step's region); step 9 asks for nothing.
+    assert_eq!(asked, [5, 5, 4, 1, 0]);
+    assert_eq!(p.steps().plans, 2);
+    assert_eq!(p.steps().carry_region, carry);
+    for g in grads.drain(..) {
+        p.deallocate(g, &()).unwrap();
+    }
+    assert_eq!(p.usage().used, 0);
+    p.check().unwrap();
 }
