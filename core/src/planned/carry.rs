@@ -4,44 +4,45 @@
 use super::placement::Lifetime;
 use super::{OPEN, UNIT};
 use crate::{Block, Request};
+use alloc::collections::BTreeMap;
 use alloc::vec::Vec;
 
 /// Where the blocks a step carries into the next one go.
 ///
 /// ```text
-/// step k:    ... a (index 12) ... b (index 40) ...            | step()
-/// step k+1:  ... a of step k freed ... a (slot 0) ... b of step k freed ... b (slot 1)
+/// step k:    ... a (index 12) ... b (index 40) ...                 | step()
+/// step k+1:  ... a of step k freed ... s (a step block) ... s freed
+///            ... a (slot 0) ... b of step k freed ... b (slot 1)
 /// region:    [ slot 0: index 12 | slot 1: index 40 | ... ]
-///            taken at the first carried allocation
+///            s placed over slot 0 and 1 while both are free
 /// ```
 ///
 /// A slot belongs to one allocation index of the step: the gradient that
 /// backward allocates k-th in every step. At a step boundary every
-/// carried block is live, so no two share bytes: the region is their sum,
-/// in order, with nothing to place. A slot is reused only once the block
-/// there is freed (its successor goes upstream if not).
+/// carried block is live, so no two share bytes: the layout is their sum,
+/// in order, with nothing to place. Between the free of a slot's block
+/// and its successor's allocation, the plan places blocks of the step
+/// there ([`Plan::of`](super::Plan)). Every block is handed out here only
+/// where no live one lies (else it goes upstream): the region's live
+/// blocks are kept by offset.
 ///
-/// The layout comes from a recorded step that repeated the one before it
-/// ([`carried_of`]), and serves the steps after it, recorded ones too: the
-/// next recorded step carries its blocks here, and only then is the plan
-/// made, so that the first planned step frees the blocks of the step
-/// before here and not between the upstream's blocks, where they would
-/// have kept partly used granules of a virtual pool mapped. The region is
-/// taken at the first carried allocation, not at
-/// [`Planned::step`](super::Planned::step): until then the blocks the step
-/// before carried are still live, and both would be held at once.
+/// The layout comes from the recorded step a plan is made from
+/// ([`carried_of`]). Its region is taken with the first block it serves,
+/// not at [`Planned::step`](super::Planned::step): in the first planned
+/// step that comes after the blocks the recorded step carried (from
+/// upstream) are freed, so that both are never held at once.
 #[derive(Debug, Default)]
 pub(super) struct Carry {
     /// Per slot, ascending by index: the allocation index it serves, its
     /// offset in the region (the slot before's end) and its rounded size.
     pub(super) slots: Vec<(u32, u64, u64)>,
-    /// Per slot: the size asked for by the block live there, 0 for none
-    /// (a carried block is never of size 0).
-    pub(super) live: Vec<u64>,
-    /// Live slots and their rounded bytes.
+    /// The live blocks by offset: their rounded size and the size asked
+    /// for. None overlaps another or leaves the region.
+    pub(super) live: BTreeMap<u64, (u64, u64)>,
+    /// Live blocks and their rounded bytes.
     pub(super) live_count: u32,
     pub(super) live_bytes: u64,
-    /// The region (`Block::EMPTY` until the first carried allocation): at
+    /// The region (`Block::EMPTY` until the first block it serves): at
     /// least the sum of the slots while a block is live.
     pub(super) region: Block,
     /// The stream id the region was taken on.
@@ -49,10 +50,6 @@ pub(super) struct Carry {
     /// Whether the upstream refused the region: not asked again until the
     /// next step.
     pub(super) refused: bool,
-    /// Whether a recorded step found the layout not its own while blocks
-    /// lived in it: recorded steps no longer carry blocks here, so that
-    /// the layout can be made anew once those are freed.
-    pub(super) stale: bool,
     /// Changed with the layout: a region taken for another layout goes
     /// back.
     pub(super) generation: u64,
@@ -100,9 +97,7 @@ impl Carry {
                 (k, at - n, n)
             })
             .collect();
-        self.live = carried.iter().map(|_| 0).collect();
         self.refused = false;
-        self.stale = false;
         self.generation += 1;
     }
 
@@ -112,38 +107,49 @@ impl Carry {
             && self.slots.iter().zip(carried).all(|(&(k, _, n), &c)| (k, n) == c)
     }
 
-    /// The slot of allocation `index`, if it has one for a block of
-    /// `request`.
-    pub(super) fn slot_for(&self, index: u32, request: Request) -> Option<u32> {
-        let slot = self.slots.binary_search_by_key(&index, |&(k, _, _)| k).ok()?;
-        (self.slots[slot].2 == request.rounded_size(UNIT)).then_some(slot as u32)
-    }
-
-    /// The slot a block at `addr` would occupy, if `addr` is in the region.
-    pub(super) fn slot_at(&self, addr: u64) -> Option<Option<usize>> {
+    /// If `addr` is in the region: the live block starting there (its
+    /// offset, rounded size and size asked for), if any.
+    pub(super) fn block_at(&self, addr: u64) -> Option<Option<(u64, u64, u64)>> {
         let r = self.region;
         if r.is_empty() || addr < r.addr() || addr - r.addr() >= r.size() {
             return None;
         }
-        Some(self.slots.binary_search_by_key(&(addr - r.addr()), |&(_, o, _)| o).ok())
+        let offset = addr - r.addr();
+        Some(self.live.get(&offset).map(|&(n, asked)| (offset, n, asked)))
     }
 
-    /// Serves `slot` if the region is there, the slot free and its address
+    /// Serves `request` at `offset` if the region is there, the block's
+    /// bytes lie in it and no live block covers them, and its address
     /// suits `request`.
-    pub(super) fn serve(&mut self, slot: u32, request: Request) -> Option<u64> {
-        let (_, offset, size) = *self.slots.get(slot as usize)?;
-        let addr = self.region.addr() + offset;
-        if self.region.is_empty() || self.live[slot as usize] != 0 || addr % request.align() != 0 {
+    pub(super) fn serve_at(&mut self, offset: u64, request: Request) -> Option<u64> {
+        let size = request.rounded_size(UNIT);
+        let (r, end) = (self.region, offset.checked_add(size)?);
+        let below = self.live.range(..end).next_back();
+        let clear = below.is_none_or(|(&o, &(n, _))| o + n <= offset);
+        if r.is_empty() || end > r.size() || !clear || (r.addr() + offset) % request.align() != 0 || size == 0
+        {
             return None;
         }
-        self.live[slot as usize] = request.size();
+        self.live.insert(offset, (size, request.size()));
         self.live_count += 1;
         self.live_bytes += size;
-        Some(addr)
+        Some(r.addr() + offset)
+    }
+
+    /// Frees the live block at `offset` of rounded size `size`; `false` if
+    /// there is none.
+    pub(super) fn free(&mut self, offset: u64, size: u64) -> bool {
+        if self.live.get(&offset).is_none_or(|&(n, _)| n != size) {
+            return false;
+        }
+        self.live.remove(&offset);
+        self.live_count -= 1;
+        self.live_bytes -= size;
+        true
     }
 
     /// The live blocks, by ascending offset: offset and rounded size.
     pub(super) fn live_blocks(&self) -> impl Iterator<Item = (u64, u64)> + '_ {
-        self.slots.iter().zip(&self.live).filter(|(_, &l)| l != 0).map(|(&(_, o, n), _)| (o, n))
+        self.live.iter().map(|(&o, &(n, _))| (o, n))
     }
 }

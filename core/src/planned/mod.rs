@@ -77,7 +77,7 @@ mod tests;
 use crate::check::Violation;
 use crate::lock::Shared;
 use crate::{Block, Error, Inspect, MemoryResource, Request, Result, Stream, Usage};
-use alloc::collections::{BTreeMap, BTreeSet};
+use alloc::collections::BTreeMap;
 use alloc::vec::Vec;
 use carry::{carried_of, Carry};
 use core::fmt;
@@ -122,6 +122,9 @@ enum Place {
     Step { offset: u64, slot: u32 },
     /// To slot `slot` of the [`Carry`] layout: it lives into the next step.
     Carried { slot: u32 },
+    /// At `offset` in the carry region, where carried blocks are freed
+    /// before it and allocated after it.
+    InCarry { offset: u64 },
 }
 
 /// One allocation of a plan: as it must arrive, and where it goes.
@@ -145,19 +148,47 @@ struct Plan {
     slots: Vec<u64>,
     /// The entries in the step's region by `due`, ascending.
     by_due: Vec<u32>,
-    /// The entries of blocks live at the step's end on its stream: carried
-    /// where the [`Carry`] layout has a slot for them ([`Plan::carry`]).
-    open: Vec<u32>,
+}
+
+/// What [`Plan::of`] knows of the carry layout: its slots (as
+/// [`Carry::slots`]), the frees in the recorded step of the blocks the step
+/// before left there (allocation index and op, as
+/// [`State::carried_frees`]).
+struct CarryView<'a> {
+    slots: &'a [(u32, u64, u64)],
+    frees: &'a [(u32, u32)],
 }
 
 impl Plan {
     /// The plan for the next steps from the record of the last one, and
-    /// the bytes of the step's region it needs: blocks allocated and freed
-    /// inside the step on its stream are placed in the step's region;
-    /// every other allocation goes upstream until [`carry`](Self::carry)
-    /// sends some to the carry layout. `None` when nothing is to be laid
-    /// out.
-    fn of(record: &[(Lifetime, Request, bool)]) -> Option<(Plan, u64)> {
+    /// the bytes of the step's region it needs:
+    ///
+    /// - blocks live at the step's end, on its stream, that the carry
+    ///   layout has a slot for go to their slot;
+    /// - blocks allocated and freed inside the step on its stream are
+    ///   placed ([`placement::best_around`]) in the carry region where
+    ///   they fit between a slot's free and its next allocation, else in
+    ///   the step's region;
+    /// - every other allocation goes upstream.
+    ///
+    /// `None` when nothing is to be laid out.
+    fn of(record: &[(Lifetime, Request, bool)], carry: &CarryView<'_>) -> Option<(Plan, u64)> {
+        let mut entries: Vec<Entry> =
+            record.iter().map(|&(_, request, _)| Entry { request, place: Place::Upstream, due: 0 }).collect();
+        // The carried blocks, and the slots' busy times as blocks fixed at
+        // their offsets: from the step's start to the free of the block
+        // the step before left there (all the step if it was not freed),
+        // and from the carried block's allocation on.
+        let mut fixed: Vec<(Lifetime, u64)> = Vec::new();
+        for (slot, &(k, offset, size)) in carry.slots.iter().enumerate() {
+            let freed = carry.frees.iter().find(|&&(j, _)| j == k).map_or(OPEN, |&(_, at)| at);
+            fixed.push((Lifetime { start: 0, end: freed, size }, offset));
+            let Some(&(life, request, on)) = record.get(k as usize) else { continue };
+            if on && life.end == OPEN && request.rounded_size(UNIT) == size {
+                entries[k as usize].place = Place::Carried { slot: slot as u32 };
+                fixed.push((Lifetime { start: life.start, end: OPEN, size }, offset));
+            }
+        }
         // On the step's stream, freed in the step, live for an op at least
         // (a failed allocation is not) and of some size.
         let placed: Vec<usize> = (0..record.len())
@@ -166,45 +197,38 @@ impl Plan {
                 on && life.end != OPEN && life.end > life.start && life.size > 0
             })
             .collect();
-        let open: Vec<u32> = (0..record.len())
-            .filter(|&k| {
-                let (life, _, on) = record[k];
-                on && life.end == OPEN && life.size > 0
-            })
-            .map(|k| k as u32)
-            .collect();
-        if placed.is_empty() && open.is_empty() {
+        let carried = entries.iter().any(|e| matches!(e.place, Place::Carried { .. }));
+        if placed.is_empty() && !carried {
             return None;
         }
+        let low = carry.slots.last().map_or(0, |&(_, o, n)| o + n);
         let blocks: Vec<Lifetime> = placed.iter().map(|&k| record[k].0).collect();
-        let placement = if blocks.is_empty() { Default::default() } else { placement::best(&blocks).1 };
-        let mut entries: Vec<Entry> =
-            record.iter().map(|&(_, request, _)| Entry { request, place: Place::Upstream, due: 0 }).collect();
-        let mut slots: Vec<u64> = placement.offsets.clone();
+        let fixed = if low > 0 { fixed } else { Vec::new() };
+        let placement = if blocks.is_empty() {
+            Default::default()
+        } else {
+            placement::best_around(&blocks, &fixed, low).1
+        };
+        let mut slots: Vec<u64> = placement.offsets.iter().filter(|&&o| o >= low).map(|&o| o - low).collect();
         slots.sort_unstable();
         slots.dedup();
+        let mut by_due = Vec::new();
         for (i, &k) in placed.iter().enumerate() {
-            let offset = placement.offsets[i];
+            let at = placement.offsets[i];
+            if at < low {
+                entries[k].place = Place::InCarry { offset: at };
+                continue;
+            }
+            let offset = at - low;
             // Allocations recorded before this block's free: record is in
             // allocation order, so the starts ascend.
             let due = record.partition_point(|r| r.0.start < record[k].0.end) as u32;
             let slot = slots.binary_search(&offset).unwrap_or(0) as u32;
             entries[k] = Entry { place: Place::Step { offset, slot }, due, ..entries[k] };
+            by_due.push(k as u32);
         }
-        let mut by_due: Vec<u32> = placed.iter().map(|&k| k as u32).collect();
         by_due.sort_unstable_by_key(|&k| entries[k as usize].due);
-        Some((Plan { entries, slots, by_due, open }, placement.top))
-    }
-
-    /// Sends the blocks live at the step's end that `carry` has a slot for
-    /// to their slot.
-    fn carry(&mut self, carry: &Carry) {
-        for &k in &self.open {
-            let e = &mut self.entries[k as usize];
-            if let Some(slot) = carry.slot_for(k, e.request) {
-                e.place = Place::Carried { slot };
-            }
-        }
+        Some((Plan { entries, slots, by_due }, placement.top.saturating_sub(low)))
     }
 }
 
@@ -214,9 +238,9 @@ enum Found {
     /// In the step's region: its slot, the live mark there (its entry's
     /// index + 1), the size asked for and its rounded size.
     Step { slot: usize, live: u32, asked: u64, size: u64 },
-    /// In the carry region: its slot, the size asked for and its rounded
-    /// size.
-    Carried { slot: usize, asked: u64, size: u64 },
+    /// In the carry region: its offset, the size asked for and its
+    /// rounded size.
+    Carried { offset: u64, asked: u64, size: u64 },
 }
 
 /// What [`State::place`] makes of an allocation.
@@ -225,10 +249,9 @@ enum Served {
     At(u64),
     /// From the upstream; recorded at this index if the step is recorded.
     Upstream(Option<u32>),
-    /// Carried, but the carry region is to be taken first: of this size,
-    /// for the layout of this generation; recorded at this index if the
-    /// step is recorded.
-    TakeCarry { slot: u32, size: u64, generation: u64, recorded: Option<u32> },
+    /// At this offset in the carry region, which is to be taken first: of
+    /// this size, for the layout of this generation.
+    TakeCarry { offset: u64, size: u64, generation: u64 },
 }
 
 /// A carry layout to put in ([`Planned::lay_out`]): the carried blocks, as
@@ -266,10 +289,6 @@ struct State<R> {
     /// Those of them freed in this step: their index in the record of
     /// the step before, and the op that freed them in this one.
     carried_frees: Vec<(u32, u32)>,
-    /// The indices of those in `carried` (not freed yet): a recorded
-    /// allocation of such an index is not carried, its block of the step
-    /// before being still live.
-    carried_pending: BTreeSet<u32>,
     /// The plan in force (no entries: none). Every offset in the step's
     /// region plus its rounded size is at most `region.size()`; every
     /// carried slot is one of `carry`'s.
@@ -330,7 +349,6 @@ impl<R> State<R> {
             born: BTreeMap::new(),
             carried: BTreeMap::new(),
             carried_frees: Vec::new(),
-            carried_pending: BTreeSet::new(),
             plan: Plan::default(),
             carry: Carry::default(),
             following: false,
@@ -379,19 +397,26 @@ impl<R> State<R> {
                                 return Served::At(addr);
                             }
                         }
-                        (Place::Carried { slot }, true)
-                            if self.carry.region.is_empty() && !self.carry.refused =>
-                        {
-                            let (size, generation) = (self.carry.size(), self.carry.generation);
-                            return Served::TakeCarry { slot, size, generation, recorded: None };
-                        }
-                        (Place::Carried { slot }, true) => {
-                            if let Some(addr) = self.carry.serve(slot, request) {
+                        (Place::Step { .. } | Place::Upstream, _) | (_, false) => {}
+                        (Place::Carried { .. } | Place::InCarry { .. }, true) => {
+                            let offset = match e.place {
+                                Place::Carried { slot } => {
+                                    self.carry.slots.get(slot as usize).map_or(u64::MAX, |s| s.1)
+                                }
+                                Place::InCarry { offset } => offset,
+                                _ => u64::MAX,
+                            };
+                            // The carry region is taken with the first
+                            // block it serves.
+                            if self.carry.region.is_empty() && !self.carry.refused {
+                                let (size, generation) = (self.carry.size(), self.carry.generation);
+                                return Served::TakeCarry { offset, size, generation };
+                            }
+                            if let Some(addr) = self.carry.serve_at(offset, request) {
                                 self.steps.planned_allocations += 1;
                                 return Served::At(addr);
                             }
                         }
-                        _ => {}
                     }
                     if self.overdue > 0 {
                         self.following = false;
@@ -409,36 +434,18 @@ impl<R> State<R> {
         }
         let size = request.rounded_size(UNIT);
         self.record.push((Lifetime { start, end: OPEN, size }, request, stream == self.stream));
-        let recorded = self.record.len() as u32 - 1;
-        // Carried as the step before was, once its block of this index
-        // is freed: see `Carry`.
-        let carries = stream == self.stream && !self.carry.stale && !self.carried_pending.contains(&k);
-        let slot = self.carry.slot_for(k, request).filter(|_| carries);
-        if let Some(slot) = slot {
-            if self.carry.region.is_empty() && !self.carry.refused {
-                let (size, generation) = (self.carry.size(), self.carry.generation);
-                return Served::TakeCarry { slot, size, generation, recorded: Some(recorded) };
-            }
-            if let Some(addr) = self.carry.serve(slot, request) {
-                self.steps.planned_allocations += 1;
-                self.born.insert(addr, recorded);
-                return Served::At(addr);
-            }
-        }
-        Served::Upstream(Some(recorded))
+        Served::Upstream(Some(self.record.len() as u32 - 1))
     }
 
     /// Puts `region`, taken for the carry layout of `generation`, in place
-    /// and serves `slot` from it: the address, and a region to give back
-    /// (the upstream's or one that came in meanwhile). `recorded`: the
-    /// allocation's index in the record of the step of that epoch.
+    /// and serves `request` at `offset` in it: the address, and a region
+    /// to give back (the upstream's or one that came in meanwhile).
     fn carry_taken(
         &mut self,
         region: Option<Block>,
-        (generation, slot): (u64, u32),
+        (generation, offset): (u64, u64),
         request: Request,
         stream: u64,
-        recorded: Option<(u32, u64)>,
     ) -> (Option<u64>, Option<Block>) {
         let Some(region) = region else {
             self.carry.refused = true;
@@ -454,13 +461,8 @@ impl<R> State<R> {
         } else {
             Some(region)
         };
-        let addr = self.carry.serve(slot, request);
-        if let Some(addr) = addr {
-            self.steps.planned_allocations += 1;
-            if let Some((k, _)) = recorded.filter(|&(_, epoch)| epoch == self.epoch) {
-                self.born.insert(addr, k);
-            }
-        }
+        let addr = self.carry.serve_at(offset, request);
+        self.steps.planned_allocations += u64::from(addr.is_some());
         (addr, spare)
     }
 
@@ -491,7 +493,6 @@ impl<R> State<R> {
                 self.record[k as usize].0.end = at;
             }
         } else if let Some(k) = self.carried.remove(&addr) {
-            self.carried_pending.remove(&k);
             if self.tick() {
                 self.carried_frees.push((k, at));
             }
@@ -501,12 +502,8 @@ impl<R> State<R> {
     /// If `addr` lies in a region: the live block there, or `Err(())`
     /// where none starts at `addr`.
     fn region_block(&self, addr: u64) -> Option<core::result::Result<Found, ()>> {
-        if let Some(slot) = self.carry.slot_at(addr) {
-            let found = slot.filter(|&slot| self.carry.live[slot] != 0).map(|slot| Found::Carried {
-                slot,
-                asked: self.carry.live[slot],
-                size: self.carry.slots[slot].2,
-            });
+        if let Some(found) = self.carry.block_at(addr) {
+            let found = found.map(|(offset, size, asked)| Found::Carried { offset, asked, size });
             return Some(found.ok_or(()));
         }
         let r = self.region;
@@ -535,7 +532,6 @@ impl<R> State<R> {
         // The recorded step's blocks still live are carried into this one.
         let whole = self.recording && self.ops < MAX_STEP_OPS;
         self.carried = if whole { core::mem::take(&mut self.born) } else { BTreeMap::new() };
-        self.carried_pending = self.carried.values().copied().collect();
         self.carried_frees.clear();
         // A region the upstream refused is asked for again once a step.
         self.carry.refused = false;
@@ -634,30 +630,35 @@ impl<R> Planned<R> {
                 let repeats = record.is_some() && asked == s.previous;
                 s.previous = asked;
                 // What a repeating step carried into the next one is laid
-                // out for the steps after it (`Carry`), and the step is
-                // planned from once it carried its blocks in that layout:
-                // then the first planned step finds the blocks it frees
-                // there, not between the upstream's. The old layout goes
-                // once nothing lives in it (its region, taken out
-                // meanwhile, may serve the new one); until then recorded
-                // steps leave it alone.
+                // out for the steps after it (`Carry`). The old layout
+                // goes once nothing lives in it (its region, taken out
+                // meanwhile, may serve the new one); until then the plan
+                // uses what of it still fits.
                 let carried = match &record {
                     Some(r) if repeats => carried_of(r, &s.carried_frees),
                     _ => Vec::new(),
                 };
-                let in_force = !s.carry.stale && s.carry.is(&carried);
-                let plan = repeats && (carried.is_empty() || in_force);
-                let carry = if in_force {
-                    None
-                } else if s.carry.live_count == 0 {
+                let carry = (!s.carry.is(&carried) && s.carry.live_count == 0).then(|| {
                     let old = (core::mem::replace(&mut s.carry.region, Block::EMPTY), s.carry.region_stream);
                     s.carry.lay_out(&[]);
-                    Some((carried, old))
-                } else {
-                    s.carry.stale = true;
-                    None
+                    (carried, old)
+                });
+                // What the plan is made with: the layout of the next steps.
+                let frees = core::mem::take(&mut s.carried_frees);
+                let view = match &carry {
+                    Some((carried, _)) => (
+                        carried
+                            .iter()
+                            .scan(0, |at, &(k, n)| {
+                                *at += n;
+                                Some((k, *at - n, n))
+                            })
+                            .collect(),
+                        frees,
+                    ),
+                    None => (s.carry.slots.clone(), frees),
                 };
-                ended = Some((record.filter(|_| plan), s.region, s.region_stream, carry));
+                ended = Some((record.filter(|_| repeats), view, s.region, s.region_stream, carry));
                 // Nothing is served from the region until a new plan is in.
                 s.install(Plan::default());
             }
@@ -666,7 +667,7 @@ impl<R> Planned<R> {
             s.begin(id);
             ended
         });
-        let Some((record, region, region_stream, carry)) = ended else { return Ok(()) };
+        let Some((record, (slots, frees), region, region_stream, carry)) = ended else { return Ok(()) };
         // The old carry region serves the new layout if it is the same or
         // fits it closely; else it goes back, or is kept with no slots
         // where it was used on another stream and the device cannot be
@@ -698,7 +699,8 @@ impl<R> Planned<R> {
             }
             other => other,
         };
-        let made = record.as_deref().and_then(Plan::of);
+        let view = CarryView { slots: &slots, frees: &frees };
+        let made = record.as_deref().and_then(|r| Plan::of(r, &view));
         let top = made.as_ref().map_or(0, |(_, top)| *top);
         let fits = !region.is_empty() && top <= region.size();
         // Keep a region that fits and wastes at most an eighth; and any
@@ -739,8 +741,7 @@ impl<R> Planned<R> {
                 s.at_drop = Some(give_back_at_drop::<S, R>);
             }
             match made {
-                Some((mut plan, _)) if top == 0 || !new_region.is_empty() => {
-                    plan.carry(&s.carry);
+                Some((plan, _)) if top == 0 || !new_region.is_empty() => {
                     s.install(plan);
                     s.steps.plans += 1;
                     // Allocations that came in meanwhile went upstream: this
@@ -780,12 +781,13 @@ impl<S: Stream + ?Sized, R: MemoryResource<S>> MemoryResource<S> for Planned<R> 
         let recorded = match served {
             Served::At(addr) => return Ok(Block::from_addr(addr, request.size())),
             Served::Upstream(recorded) => recorded,
-            Served::TakeCarry { slot, size, generation, recorded } => {
-                // The first carried block since the layout was made.
+            Served::TakeCarry { offset, size, generation } => {
+                // The first block of the carry region since the layout
+                // was made: in the first planned step, after the blocks the
+                // step before carried (from upstream) are freed.
                 let region = self.upstream.allocate(Request::new(size)?, stream).ok();
-                let recorded_at = recorded.map(|k| (k, epoch));
                 let (addr, spare) =
-                    self.state.with(|s| s.carry_taken(region, (generation, slot), request, id, recorded_at));
+                    self.state.with(|s| s.carry_taken(region, (generation, offset), request, id));
                 let back = spare.map_or(Ok(()), |spare| self.upstream.deallocate(spare, stream));
                 if let Some(addr) = addr {
                     // Served: the block is the caller's whatever became of
@@ -793,7 +795,7 @@ impl<S: Stream + ?Sized, R: MemoryResource<S>> MemoryResource<S> for Planned<R> 
                     return Ok(Block::from_addr(addr, request.size()));
                 }
                 back?;
-                recorded
+                None
             }
         };
         let block = self.upstream.allocate(request, stream);
@@ -851,14 +853,13 @@ impl<S: Stream + ?Sized, R: MemoryResource<S>> MemoryResource<S> for Planned<R> 
                 s.live_bytes -= size;
                 Ok(())
             }
-            Found::Carried { slot, .. } => {
-                // Freed meanwhile, or the layout changed: unknown now.
-                if s.carry.slot_at(addr) != Some(Some(slot)) || s.carry.live[slot] == 0 {
+            Found::Carried { offset, .. } => {
+                // Freed by another thread meanwhile: unknown now.
+                if s.carry.block_at(addr).flatten().map(|b| b.0) != Some(offset)
+                    || !s.carry.free(offset, size)
+                {
                     return Err(Error::UnknownBlock { addr });
                 }
-                s.carry.live[slot] = 0;
-                s.carry.live_count -= 1;
-                s.carry.live_bytes -= size;
                 if s.recording {
                     s.freed(addr);
                 }
@@ -935,22 +936,28 @@ impl<R: Inspect> Inspect for Planned<R> {
                     {
                         return Err(Violation::new("a carried entry without its slot"));
                     }
+                    Place::InCarry { offset } if offset + size > c.size() => {
+                        return Err(Violation::new("an offset in the carry region past its layout"));
+                    }
                     _ => {}
                 }
             }
             let mut at = 0;
-            for (&(_, o, n), &live) in c.slots.iter().zip(&c.live) {
-                if o != at || (live != 0 && live.div_ceil(UNIT) * UNIT != n) {
-                    return Err(Violation::new("carried slots not side by side, or a block not of its slot"));
+            for &(_, o, n) in &c.slots {
+                if o != at {
+                    return Err(Violation::new("carried slots not side by side"));
                 }
                 at += n;
             }
-            let live: Vec<u64> =
-                c.slots.iter().zip(&c.live).filter(|(_, &l)| l != 0).map(|(&(_, _, n), _)| n).collect();
-            if c.live.len() != c.slots.len()
-                || (live.len() as u32, live.iter().sum()) != (c.live_count, c.live_bytes)
-            {
-                return Err(Violation::new("carried blocks in use miscounted"));
+            let (mut end, mut sum) = (0, 0);
+            for (&o, &(n, asked)) in &c.live {
+                if o < end || o + n > c.region.size() || asked.div_ceil(UNIT) * UNIT != n {
+                    return Err(Violation::new("blocks in the carry region overlap, leave it or miscount"));
+                }
+                (end, sum) = (o + n, sum + n);
+            }
+            if (c.live.len() as u32, sum) != (c.live_count, c.live_bytes) {
+                return Err(Violation::new("blocks in the carry region miscounted"));
             }
             if (c.live_count > 0 || !c.region.is_empty()) && at > c.region.size() {
                 return Err(Violation::new("carried slots past the carry region's end"));

@@ -82,56 +82,87 @@ const BUCKET: u32 = 4096;
 /// the blocks placed before it that are live at the same time. A block of
 /// no size or no ops of life goes at 0 and takes no room.
 pub fn place(blocks: &[Lifetime], order: Order) -> Placement {
-    let mut sorted: Vec<usize> = (0..blocks.len()).collect();
-    sorted.sort_unstable_by_key(|&i| (order.key(&blocks[i]), i));
+    place_around(blocks, order, &[], 0)
+}
+
+/// Places `blocks` as [`place`] does, around `fixed` blocks already at
+/// their offsets, and in two ranges: a block goes below `low` only where
+/// it ends by `low`, else at `low` or above. `top` and `offsets` are those
+/// of `blocks` only.
+///
+/// [`Planned`](super::Planned) lays out a step's blocks this way in the
+/// free time of the carried blocks' region (`[0, low)`, the carried
+/// blocks fixed in it) and above it in the step's own.
+pub fn place_around(blocks: &[Lifetime], order: Order, fixed: &[(Lifetime, u64)], low: u64) -> Placement {
+    let n = blocks.len();
+    let all: Vec<Lifetime> = blocks.iter().copied().chain(fixed.iter().map(|&(b, _)| b)).collect();
+    let mut sorted: Vec<usize> = (0..n).collect();
+    sorted.sort_unstable_by_key(|&i| (order.key(&all[i]), i));
     // Past the last allocation every block still live overlaps every
     // other: ends are bucketed no later than that.
-    let horizon = blocks.iter().map(|b| b.start).max().unwrap_or(0).saturating_add(1);
+    let horizon = all.iter().map(|b| b.start).max().unwrap_or(0).saturating_add(1);
     let buckets = horizon / BUCKET + 1;
     let mut placed_in: Vec<Vec<usize>> = (0..buckets).map(|_| Vec::new()).collect();
-    let mut offsets: Vec<u64> = (0..blocks.len()).map(|_| 0).collect();
+    let mut offsets: Vec<u64> = (0..n).map(|_| 0).chain(fixed.iter().map(|&(_, o)| o)).collect();
+    let span = |b: &Lifetime| b.start / BUCKET..=b.end.min(horizon).saturating_sub(1).max(b.start) / BUCKET;
+    for (i, b) in all.iter().enumerate().skip(n) {
+        if b.size > 0 && b.end > b.start {
+            span(b).for_each(|bucket| placed_in[bucket as usize].push(i));
+        }
+    }
     let mut top = 0u64;
     let mut taken: Vec<(u64, u64)> = Vec::new();
     for i in sorted {
-        let b = &blocks[i];
+        let b = &all[i];
         if b.size == 0 || b.end <= b.start {
             // Takes no address at any op.
             continue;
         }
-        let span = b.start / BUCKET..=b.end.min(horizon).saturating_sub(1).max(b.start) / BUCKET;
         taken.clear();
-        for bucket in span.clone() {
+        for bucket in span(b) {
             for &j in &placed_in[bucket as usize] {
-                if b.overlaps(&blocks[j]) {
-                    taken.push((offsets[j], offsets[j].saturating_add(blocks[j].size)));
+                if b.overlaps(&all[j]) {
+                    taken.push((offsets[j], offsets[j].saturating_add(all[j].size)));
                 }
             }
         }
         // A block live in several buckets is listed once per bucket; the
         // duplicates sort next to each other and do no harm.
         taken.sort_unstable();
-        let mut offset = 0u64;
-        for &(from, to) in &taken {
-            if from >= offset.saturating_add(b.size) {
-                break;
+        let lowest_from = |start: u64| {
+            let mut offset = start;
+            for &(from, to) in &taken {
+                if from >= offset.saturating_add(b.size) {
+                    break;
+                }
+                offset = offset.max(to);
             }
-            offset = offset.max(to);
+            offset
+        };
+        let mut offset = lowest_from(0);
+        if offset < low && offset.saturating_add(b.size) > low {
+            offset = lowest_from(low);
         }
         offsets[i] = offset;
         top = top.max(offset.saturating_add(b.size));
-        for bucket in span {
-            placed_in[bucket as usize].push(i);
-        }
+        span(b).for_each(|bucket| placed_in[bucket as usize].push(i));
     }
+    offsets.truncate(n);
     Placement { offsets, top }
 }
 
 /// The placement of `blocks` with the lowest top over [`Order::ALL`], and
 /// its order.
 pub fn best(blocks: &[Lifetime]) -> (Order, Placement) {
-    let mut best = (Order::Size, place(blocks, Order::Size));
+    best_around(blocks, &[], 0)
+}
+
+/// [`place_around`] with the lowest top over [`Order::ALL`], and its
+/// order.
+pub fn best_around(blocks: &[Lifetime], fixed: &[(Lifetime, u64)], low: u64) -> (Order, Placement) {
+    let mut best = (Order::Size, place_around(blocks, Order::Size, fixed, low));
     for order in &Order::ALL[1..] {
-        let p = place(blocks, *order);
+        let p = place_around(blocks, *order, fixed, low);
         if p.top < best.1.top {
             best = (*order, p);
         }

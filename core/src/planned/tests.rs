@@ -512,14 +512,11 @@ fn blocks_carried_into_the_next_step_get_a_region_taken_after_the_last_ones_are_
         p.check().unwrap();
         asked.push(upstream_allocations(&p) - before);
     }
-    // Steps 1 to 3 are recorded. Step 2 repeats step 1: what it carries
-    // is laid out, and step 3 carries its gradients there (the carry
-    // region taken at the first of them). Step 3 repeats step 2, its
-    // carried blocks in the layout: planned from. Step 4 takes the step's
-    // region at its `step`; nothing after.
-    assert_eq!(asked, [4, 4, 3, 1, 0, 0, 0, 0]);
+    // Steps 1 and 2 are recorded; step 3 takes the step's region (at its
+    // `step`) and the carry region (at its first gradient); nothing after.
+    assert_eq!(asked, [4, 4, 2, 0, 0, 0, 0, 0]);
     let s = p.steps();
-    assert_eq!((s.plans, s.followed, s.planned_allocations), (1, 4, 2 + 5 * 4));
+    assert_eq!((s.plans, s.followed, s.planned_allocations), (1, 5, 6 * 4));
     assert_eq!((s.region, s.carry_region), (6 * MIB, 2 * MIB + 1024));
     // The carry region came once the recorded step's gradients were
     // freed: never both at once, so the upstream's peak is the two
@@ -539,7 +536,7 @@ fn blocks_carried_into_the_next_step_get_a_region_taken_after_the_last_ones_are_
 fn a_carried_block_still_live_when_its_successor_comes_is_never_placed_over() {
     let p = Planned::new(Statistics::new(BumpUpstream::new(1 << 30)));
     let mut grads = Vec::new();
-    for _ in 0..5 {
+    for _ in 0..4 {
         train_step(&p, &mut grads);
     }
     assert_eq!(p.steps().carry_region, 2 * MIB + 1024);
@@ -610,11 +607,11 @@ fn a_carry_region_the_upstream_refuses_sends_the_carried_blocks_upstream() {
         asked_per_step.push(asked);
         assert_eq!(p.steps().carry_region, 0, "step {step}");
     }
-    // Refused at each step from the third on: the gradients come from
-    // upstream; the activations from the step's region (taken at its
-    // `step`) from the fourth on.
-    assert_eq!(asked_per_step, [4, 4, 4, 3, 2, 2]);
-    assert_eq!(p.steps().planned_allocations, 3 * 2, "steps 4 to 6: the activations");
+    // Refused at each planned step (from the third on, asked again in
+    // each): the gradients come from upstream, the activations from the
+    // step's region (taken at the third step's `step`).
+    assert_eq!(asked_per_step, [4, 4, 3, 2, 2, 2]);
+    assert_eq!(p.steps().planned_allocations, 4 * 2, "steps 3 to 6: the activations");
     assert_eq!(p.usage().used, 2 * MIB + 1024);
     for g in grads.drain(..) {
         p.deallocate(g, &()).unwrap();
@@ -659,11 +656,10 @@ fn the_carry_region_goes_back_with_its_plan_and_at_drop() {
 }
 
 #[test]
-fn a_layout_still_in_use_when_the_steps_change_is_left_alone_then_made_anew() {
+fn a_layout_still_in_use_when_the_steps_change_stays_until_its_blocks_are_freed() {
     let p = Planned::new(Statistics::new(BumpUpstream::new(1 << 30)));
     let mut grads = Vec::new();
-    // Steps 1 and 2 repeat; step 3 carries its gradients in the layout;
-    // step 4 is planned.
+    // Steps 1 and 2 repeat; steps 3 and 4 are planned.
     for _ in 0..4 {
         train_step(&p, &mut grads);
     }
@@ -685,15 +681,83 @@ fn a_layout_still_in_use_when_the_steps_change_is_left_alone_then_made_anew() {
         p.check().unwrap();
         asked.push(upstream_allocations(&p) - before);
     }
-    // Step 5 is recorded and leaves the layout alone, its gradients
-    // still there: all 5 allocations from upstream. Step 6 finds it empty
-    // and does not repeat step 5 (which followed a departed step): no
-    // layout, all from upstream. Step 7 repeats step 6: laid out, its
-    // gradients carried there (the carry region taken again). Step 8 is
-    // planned from it (the step's region); step 9 asks for nothing.
-    assert_eq!(asked, [5, 5, 4, 1, 0]);
+    // Step 5 is recorded, all 5 allocations from upstream, while step 4's
+    // gradients live in the layout: it stays. Step 6 does not repeat step
+    // 5 (which followed a departed step) and the layout, empty now, goes
+    // with its region. Step 7 repeats step 6: planned from it, its own
+    // region and the carry region taken again; step 8 and 9 ask for
+    // nothing.
+    assert_eq!(asked, [5, 5, 2, 0, 0]);
     assert_eq!(p.steps().plans, 2);
     assert_eq!(p.steps().carry_region, carry);
+    for g in grads.drain(..) {
+        p.deallocate(g, &()).unwrap();
+    }
+    assert_eq!(p.usage().used, 0);
+    let s = p.steps();
+    assert_eq!(
+        p.upstream().upstream().usage().held,
+        s.region + s.carry_region,
+        "the first regions went back"
+    );
+    p.check().unwrap();
+}
+
+/// A training step whose backward needs a 2 MiB scratch block before the
+/// first gradient: `late` frees the last step's gradients after it
+/// instead of before.
+fn scratch_step<U: MemoryResource<()>>(p: &Planned<U>, grads: &mut Vec<Block>, late: bool) -> Block {
+    p.step(&()).unwrap();
+    let act = p.allocate(req(4 * MIB), &()).unwrap();
+    if !late {
+        for g in grads.drain(..) {
+            p.deallocate(g, &()).unwrap();
+        }
+    }
+    let scratch = p.allocate(req(2 * MIB), &()).unwrap();
+    p.deallocate(scratch, &()).unwrap();
+    for g in grads.drain(..) {
+        p.deallocate(g, &()).unwrap();
+    }
+    grads.push(p.allocate(req(MIB), &()).unwrap());
+    grads.push(p.allocate(req(MIB + 1000), &()).unwrap());
+    p.deallocate(act, &()).unwrap();
+    scratch
+}
+
+#[test]
+fn a_step_block_is_placed_where_the_carried_blocks_are_freed_until_they_come_again() {
+    let p = Planned::new(Statistics::new(BumpUpstream::new(1 << 30)));
+    let mut grads = Vec::new();
+    for _ in 0..4 {
+        scratch_step(&p, &mut grads, false);
+        p.check().unwrap();
+    }
+    // The scratch block lies where the gradients were: the step's region
+    // is the activation's alone.
+    let s = p.steps();
+    assert_eq!((s.plans, s.region, s.carry_region), (1, 4 * MIB, 2 * MIB + 1024));
+    let before = upstream_allocations(&p);
+    let scratch = scratch_step(&p, &mut grads, false);
+    assert_eq!(upstream_allocations(&p) - before, 0);
+    assert!(grads
+        .iter()
+        .all(|g| g.addr() <= scratch.addr() + 2 * MIB && scratch.addr() <= g.addr() + g.size()));
+    assert!(grads[0].addr() == scratch.addr(), "the first gradient's slot starts the carry region");
+    // Last step's gradients freed late: the scratch block is not placed
+    // over them but comes from upstream, and the step goes on.
+    let old = grads.clone();
+    let before = upstream_allocations(&p);
+    let scratch = scratch_step(&p, &mut grads, true);
+    assert_eq!(upstream_allocations(&p) - before, 1, "the scratch block only");
+    assert!(old
+        .iter()
+        .all(|g| scratch.addr() >= g.addr() + g.size() || scratch.addr() + 2 * MIB <= g.addr()));
+    p.check().unwrap();
+    // The next step is as planned again.
+    let before = upstream_allocations(&p);
+    scratch_step(&p, &mut grads, false);
+    assert_eq!(upstream_allocations(&p) - before, 0);
     for g in grads.drain(..) {
         p.deallocate(g, &()).unwrap();
     }
