@@ -10,7 +10,10 @@ a VGG-style CNN), bf16 autocast, for 50 steps on random data with a fixed
 seed, on PyTorch's native caching
 allocator and on memres per stack to test, in `--rounds` interleaved rounds
 (default 3; native at least twice, to see that the run is deterministic at
-all). Step times are medians over steps 6 to 50, then over rounds. Each
+all). Step times are medians over steps 6 to 50, then over rounds; the
+time ratio is given both as the ratio of those medians and as the median
+of the rounds' own ratios (each memres run over the native run of its
+round, which a slow spell of the machine affects alike). Each
 step begins with `memres_step`, so that a stack with `planned(...)` lays
 each step out from the one before it. The
 stacks come from `--stack` (repeatable), else from $MEMRES_TRAIN_STACKS
@@ -251,6 +254,12 @@ def driver(args):
             "step_ms_memres": step,
             "step_ms_memres_rounds": [m["step_ms_median"] for m in rounds],
             "step_time_ratio": step / step_native,
+            # Each round's memres run over the native run just before it:
+            # a slow spell of the machine cancels out of these.
+            "step_time_ratio_rounds": [m["step_ms_median"] / n["step_ms_median"] for m, n in zip(rounds, natives)],
+            "step_time_ratio_paired": statistics.median(
+                m["step_ms_median"] / n["step_ms_median"] for m, n in zip(rounds, natives)
+            ),
             "peak_memres_held": peak,
             "peak_memres_upstream": max(m["memres"]["upstream_peak"] for m in rounds),
             "peak_memres_driver_reserved": memres["memres"]["reserved_peak"],
@@ -291,7 +300,7 @@ def driver(args):
             f"SUMMARY train_check {args.model} [{p['memres_stack']}]: losses {'identical' if p['losses_identical'] else 'DIFFER'} "
             f"(native repeat {'identical' if deterministic else 'differs: not deterministic'}); "
             f"step {p['step_ms_memres']:.2f} ms memres vs {summary['step_ms_native']:.2f} ms native "
-            f"(x{p['step_time_ratio']:.3f}); peak held {p['peak_memres_held'] / mib:.0f} MiB memres vs "
+            f"(x{p['step_time_ratio']:.3f}, per round x{p['step_time_ratio_paired']:.3f}); peak held {p['peak_memres_held'] / mib:.0f} MiB memres vs "
             f"{summary['peak_native_reserved'] / mib:.0f} MiB native reserved (x{p['peak_ratio']:.3f})"
             + (f"; trace {trace['rows']} rows, {'ok' if trace['ok'] else 'BAD'}" if trace and i == 0 else "")
         )
