@@ -7,36 +7,48 @@
 //! was freed, the next step's blocks can be placed as a static memory
 //! planner places them ([`placement`]). `Planned` records the allocations
 //! and frees between two calls of [`step`](Planned::step); at the next
-//! call it places the blocks that were allocated and freed inside that
-//! step, takes one region of the placement's size from its upstream, and
-//! serves the following steps from the region for as long as they repeat
-//! the recorded one:
+//! call it lays out that step: the blocks it carries into the next step
+//! (a training loop's gradients, freed by the next `zero_grad`) one beside
+//! the other in a carry region, and the blocks it allocated and freed in
+//! itself where the carried blocks are free, else in a region of the
+//! step's own. It serves the following steps from the two regions for as
+//! long as they repeat the recorded one:
 //!
 //! ```text
 //! step()  step 1: every block from upstream, recorded
 //! step()  step 2: the same, recorded
-//! step()  step 2 repeated step 1: plan from it (placement::best);
-//!         step's region [0, top) from upstream
+//! step()  step 2 repeated step 1: plan from it
+//!         step's region [0, top) from upstream; carry region later
 //!         the k-th allocation of a step, as recorded (size, alignment,
-//!           the step's stream), allocated and freed in step 2
-//!                                              -> region + offset[k]
+//!           the step's stream):
 //!         ... live at step 2's end, its counterpart of step 1 freed in
 //!           step 2 before it came (carried)   -> carry region + slot[k]
-//!           (taken at the first carried allocation: see Carry)
+//!         ... allocated and freed in step 2   -> placed over the carry
+//!           region's slots while they are free, or region + offset[k]
+//!           (placement::best_around)
 //!         ... living longer, or on another stream -> upstream
 //!         anything else (another size, an extra allocation)
 //!                               -> upstream, and so is the rest of the step
+//!         the carry region is taken with the first block it serves:
+//!           after step 2's carried blocks (upstream) are freed
 //! step()  the step followed the plan to its end: keep the plan;
 //!         else give the regions back, record the next steps and plan
 //!         again once one repeats the one before it
 //! ```
 //!
 //! A steady step asks the upstream for nothing: no chunk to grow, no
-//! mapping to make. What the steps lay out is bounded by the two regions;
-//! the upstream holds the rest (blocks that live longer than into the
-//! next step, such as parameters and optimizer state). Before the
+//! mapping to make. The upstream holds the rest: blocks that live longer
+//! than into the next step (parameters, optimizer state) or that live
+//! beside their successor of the next step (an input replaced only once
+//! the next one is in). Before the
 //! first [`step`](Planned::step), and in a step that departs from its
 //! plan, `Planned` is its upstream with a record kept beside it.
+//!
+//! A block is never placed over a live one: in the step's region, a
+//! block freed later than in the recorded step makes the step depart
+//! before anything is placed over it; in the carry region, where blocks
+//! of consecutive steps meet, each block is checked against the live ones
+//! and goes upstream if it would overlap.
 //!
 //! Streams: a step's plan serves one stream, the one [`step`] is called
 //! with. A region block freed on another stream waits for that stream
