@@ -6,7 +6,7 @@
 //!
 //! ```text
 //! vpool_replay [--keep BYTES|all] [--slack PERMILLE] [--handle-granules N] [--no-trim]
-//!              [TRACE.csv[.gz]...]
+//!              [--planned] [TRACE.csv[.gz]...]
 //! ```
 //!
 //! Without traces it replays the `*.csv.gz` files of `traces/`,
@@ -20,11 +20,16 @@
 //! small keep is the old behaviour). See `VirtualConfig::slack_permille`.
 //! Frees of pointers the trace never allocated are skipped; blocks still
 //! live at the end of a pass are freed then (untimed).
+//!
+//! `--planned` puts a `Planned` layer over the pool and makes each pass a
+//! step (`step()` before it), with two warm-up passes: the second repeats
+//! the first, so the timed pass is laid out from it.
 
 use flate2::read::GzDecoder;
+use memres_core::planned::Planned;
 use memres_core::vpool::{VirtualConfig, VirtualPool};
 use memres_core::Inspect;
-use memres_core::{Block, MemoryResourceMut, Request, Stream};
+use memres_core::{Block, MemoryResource, MemoryResourceMut, Request, Shared, Stream};
 use memres_cuda::{CudaStream, CudaVirtualSpace, Device};
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Read};
@@ -85,13 +90,47 @@ fn peak_live(ops: &[Op], blocks: usize) -> u64 {
     peak
 }
 
-/// One pass; returns the nanoseconds the trace's operations took.
+/// The pool as replayed: alone, or under `Planned` (a step per pass).
+enum Replayed<'a> {
+    Pool(Box<VirtualPool<&'a CudaVirtualSpace>>),
+    Planned(Box<Planned<Shared<VirtualPool<&'a CudaVirtualSpace>>>>),
+}
+
+impl Replayed<'_> {
+    fn allocate(&mut self, request: Request, stream: &CudaStream) -> Result<Block, memres_core::Error> {
+        match self {
+            Replayed::Pool(p) => p.allocate(request, stream),
+            Replayed::Planned(p) => p.allocate(request, stream),
+        }
+    }
+
+    fn deallocate(&mut self, block: Block, stream: &CudaStream) -> Result<(), memres_core::Error> {
+        match self {
+            Replayed::Pool(p) => p.deallocate(block, stream),
+            Replayed::Planned(p) => p.deallocate(block, stream),
+        }
+    }
+
+    /// The pool's bytes committed at its peak.
+    fn peak_committed(&self) -> u64 {
+        match self {
+            Replayed::Pool(p) => p.usage().peak_held,
+            Replayed::Planned(p) => p.upstream().with(|p| p.usage().peak_held),
+        }
+    }
+}
+
+/// One pass (a step, under `Planned`); returns the nanoseconds the trace's
+/// operations took.
 fn pass(
-    pool: &mut VirtualPool<&CudaVirtualSpace>,
+    pool: &mut Replayed<'_>,
     stream: &CudaStream,
     ops: &[Op],
     live: &mut [Block],
 ) -> Result<f64, memres_core::Error> {
+    if let Replayed::Planned(p) = pool {
+        p.step(stream)?;
+    }
     let t = Instant::now();
     for op in ops {
         match *op {
@@ -111,6 +150,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut handle_granules = CudaVirtualSpace::DEFAULT_HANDLE_GRANULES;
     let mut trim = true;
     let mut slack = 40;
+    let mut planned = false;
     let mut traces = Vec::new();
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
@@ -123,6 +163,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 handle_granules = args.next().ok_or("--handle-granules needs a value")?.parse()?
             }
             "--no-trim" => trim = false,
+            "--planned" => planned = true,
             "--slack" => slack = args.next().ok_or("--slack needs a value")?.parse()?,
             _ if a.ends_with(".csv") || a.ends_with(".csv.gz") => traces.push(a),
             // Arguments meant for test binaries run beside this one.
@@ -148,7 +189,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         eprintln!("SKIPPED vpool_replay: no trace given or found (traces/, ../traces/, benches/data/)");
         eprintln!(
             "usage: vpool_replay [--keep BYTES|all] [--slack PERMILLE] [--handle-granules N] [--no-trim] \
-             TRACE.csv[.gz]..."
+             [--planned] TRACE.csv[.gz]..."
         );
         return Ok(());
     }
@@ -166,9 +207,16 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let space = CudaVirtualSpace::with_handle_granules(device, handle_granules)?;
         let config =
             VirtualConfig::new(64 << 30).release_threshold(keep).trim_on_commit(trim).slack_permille(slack);
-        let mut pool = VirtualPool::with_config(&space, config)?;
+        let pool = VirtualPool::with_config(&space, config)?;
+        let mut pool = if planned {
+            Replayed::Planned(Box::new(Planned::new(Shared::new(pool))))
+        } else {
+            Replayed::Pool(Box::new(pool))
+        };
         let mut live = vec![Block::EMPTY; blocks];
-        pass(&mut pool, &stream, &ops, &mut live)?;
+        for _ in 0..if planned { 2 } else { 1 } {
+            pass(&mut pool, &stream, &ops, &mut live)?;
+        }
         let warm = space.driver_calls();
         let ns = pass(&mut pool, &stream, &ops, &mut live)?;
         let timed = space.driver_calls();
@@ -176,16 +224,16 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let name = path.rsplit('/').next().unwrap_or(path);
         println!(
             "trace={name} ops={} release_threshold={} handle_granules={handle_granules} trim_on_commit={trim} \
-             slack={slack} \
+             slack={slack} planned={planned} \
              ns_per_op={:.1} peak_live={peak} peak_committed={} peak_mapped={} footprint={:.3} \
              committed_over_live={:.3} timed_pass_maps={} timed_pass_unmaps={} timed_pass_syncs={}",
             ops.len(),
             if keep == u64::MAX { "all".to_string() } else { keep.to_string() },
             ns / ops.len() as f64,
-            pool.usage().peak_held,
+            pool.peak_committed(),
             space.peak_mapped_bytes(),
             space.peak_mapped_bytes() as f64 / peak as f64,
-            pool.usage().peak_held as f64 / peak as f64,
+            pool.peak_committed() as f64 / peak as f64,
             timed.maps - warm.maps,
             timed.unmaps - warm.unmaps,
             timed.syncs - warm.syncs,
