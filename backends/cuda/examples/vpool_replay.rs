@@ -22,8 +22,9 @@
 //! live at the end of a pass are freed then (untimed).
 //!
 //! `--planned` puts a `Planned` layer over the pool and makes each pass a
-//! step (`step()` before it), with two warm-up passes: the second repeats
-//! the first, so the timed pass is laid out from it.
+//! step (`step()` before it), with three warm-up passes: the second
+//! repeats the first, so the third is laid out from it (and takes the
+//! regions), and the timed pass is a steady step.
 
 use flate2::read::GzDecoder;
 use memres_core::planned::Planned;
@@ -214,7 +215,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             Replayed::Pool(Box::new(pool))
         };
         let mut live = vec![Block::EMPTY; blocks];
-        for _ in 0..if planned { 2 } else { 1 } {
+        for _ in 0..if planned { 3 } else { 1 } {
             pass(&mut pool, &stream, &ops, &mut live)?;
         }
         let warm = space.driver_calls();
