@@ -63,8 +63,8 @@ def step(device=None):
     """Marks the start of a training step for the ``planned(...)`` layers of
     ``device``'s resource, on PyTorch's current stream: call it at the top
     of each iteration with a stack such as
-    ``stats(planned(vmm(handle_granules=1, slack=0)))``. Returns how many
-    such layers the resource has (0: it does nothing)."""
+    ``planned(vmm(handle_granules=1))`` (docs/python.md, "Training loops").
+    Returns how many such layers the resource has (0: it does nothing)."""
     import torch
 
     res = _mr.get_current_device_resource() if device is None else _mr.get_per_device_resource(device)
