@@ -191,9 +191,10 @@ impl Plan {
         // their offsets: from the step's start to the free of the block
         // the step before left there (all the step if it was not freed),
         // and from the carried block's allocation on.
+        let frees: BTreeMap<u32, u32> = carry.frees.iter().copied().collect();
         let mut fixed: Vec<(Lifetime, u64)> = Vec::new();
         for (slot, &(k, offset, size)) in carry.slots.iter().enumerate() {
-            let freed = carry.frees.iter().find(|&&(j, _)| j == k).map_or(OPEN, |&(_, at)| at);
+            let freed = frees.get(&k).copied().unwrap_or(OPEN);
             fixed.push((Lifetime { start: 0, end: freed, size }, offset));
             let Some(&(life, request, on)) = record.get(k as usize) else { continue };
             if on && life.end == OPEN && request.rounded_size(UNIT) == size {
@@ -797,7 +798,7 @@ impl<S: Stream + ?Sized, R: MemoryResource<S>> MemoryResource<S> for Planned<R> 
                 // The first block of the carry region since the layout
                 // was made: in the first planned step, after the blocks the
                 // step before carried (from upstream) are freed.
-                let region = self.upstream.allocate(Request::new(size)?, stream).ok();
+                let region = Request::new(size).ok().and_then(|r| self.upstream.allocate(r, stream).ok());
                 let (addr, spare) =
                     self.state.with(|s| s.carry_taken(region, (generation, offset), request, id));
                 let back = spare.map_or(Ok(()), |spare| self.upstream.deallocate(spare, stream));
