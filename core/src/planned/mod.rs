@@ -243,6 +243,15 @@ impl Plan {
         by_due.sort_unstable_by_key(|&k| entries[k as usize].due);
         Some((Plan { entries, slots, by_due }, placement.top.saturating_sub(low)))
     }
+
+    /// Sends what the plan put in the carry region upstream.
+    fn without_carry(&mut self) {
+        for e in &mut self.entries {
+            if let Place::Carried { .. } | Place::InCarry { .. } = e.place {
+                e.place = Place::Upstream;
+            }
+        }
+    }
 }
 
 /// A live block in a region, as [`State::region_block`] finds it.
@@ -754,7 +763,12 @@ impl<R> Planned<R> {
                 s.at_drop = Some(give_back_at_drop::<S, R>);
             }
             match made {
-                Some((plan, _)) if top == 0 || !new_region.is_empty() => {
+                Some((mut plan, _)) if top == 0 || !new_region.is_empty() => {
+                    // Made for the layout that was to be put in; where a
+                    // kept region could not take it, nothing goes there.
+                    if s.carry.slots != slots {
+                        plan.without_carry();
+                    }
                     s.install(plan);
                     s.steps.plans += 1;
                     // Allocations that came in meanwhile went upstream: this

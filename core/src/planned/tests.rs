@@ -764,3 +764,43 @@ fn a_step_block_is_placed_where_the_carried_blocks_are_freed_until_they_come_aga
     assert_eq!(p.usage().used, 0);
     p.check().unwrap();
 }
+
+#[test]
+fn a_carry_region_kept_on_another_stream_takes_no_plan_it_cannot_hold() {
+    let p = Planned::new(Statistics::new(BumpUpstream::new(1 << 30)));
+    // Gradients of `sizes` on `stream`, the step as `train_step`'s.
+    let step = |stream: &TestStream, grads: &mut Vec<Block>, sizes: &[u64]| {
+        p.step(stream).unwrap();
+        let act = p.allocate(req(4 * MIB), stream).unwrap();
+        for g in grads.drain(..) {
+            p.deallocate(g, stream).unwrap();
+        }
+        grads.extend(sizes.iter().map(|&n| p.allocate(req(n), stream).unwrap()));
+        p.deallocate(act, stream).unwrap();
+        p.check().unwrap();
+    };
+    let (s1, blind) = (TestStream::new(1), TestStream::new(2));
+    let mut grads = Vec::new();
+    for _ in 0..4 {
+        step(&s1, &mut grads, &[MIB, MIB]);
+    }
+    assert_eq!(p.steps().carry_region, 2 * MIB);
+    // Then the steps run on a stream that cannot wait for the device,
+    // with more gradients than the carry region holds: it cannot go back
+    // (its blocks may be in use on s1) nor take the new layout. The plan
+    // made sends them upstream.
+    let before = upstream_allocations(&p);
+    for _ in 0..4 {
+        step(&blind, &mut grads, &[MIB, MIB, MIB]);
+    }
+    let s = p.steps();
+    assert_eq!((s.plans, s.carry_region), (2, 2 * MIB));
+    // Two steps recorded; the next two laid out in the step's region
+    // (kept: it fits), the gradients from upstream.
+    assert_eq!(upstream_allocations(&p) - before, 4 + 4 + 3 + 3);
+    for g in grads.drain(..) {
+        p.deallocate(g, &blind).unwrap();
+    }
+    assert_eq!(p.usage().used, 0);
+    p.check().unwrap();
+}
