@@ -39,8 +39,7 @@ pub(super) struct Carry {
     /// The live blocks by offset: their rounded size and the size asked
     /// for. None overlaps another or leaves the region.
     pub(super) live: BTreeMap<u64, (u64, u64)>,
-    /// Live blocks and their rounded bytes.
-    pub(super) live_count: u32,
+    /// The rounded bytes of the live blocks.
     pub(super) live_bytes: u64,
     /// The region (`Block::EMPTY` until the first block it serves): at
     /// least the sum of the slots while a block is live.
@@ -131,7 +130,6 @@ impl Carry {
             return None;
         }
         self.live.insert(offset, (size, request.size()));
-        self.live_count += 1;
         self.live_bytes += size;
         Some(r.addr() + offset)
     }
@@ -143,7 +141,6 @@ impl Carry {
             return false;
         }
         self.live.remove(&offset);
-        self.live_count -= 1;
         self.live_bytes -= size;
         true
     }

@@ -660,7 +660,7 @@ impl<R> Planned<R> {
                     Some(r) if repeats => carried_of(r, &s.carried_frees),
                     _ => Vec::new(),
                 };
-                let carry = (!s.carry.is(&carried) && s.carry.live_count == 0).then(|| {
+                let carry = (!s.carry.is(&carried) && s.carry.live.is_empty()).then(|| {
                     let old = (core::mem::replace(&mut s.carry.region, Block::EMPTY), s.carry.region_stream);
                     s.carry.lay_out(&[]);
                     (carried, old)
@@ -983,10 +983,10 @@ impl<R: Inspect> Inspect for Planned<R> {
                 }
                 (end, sum) = (o + n, sum + n);
             }
-            if (c.live.len() as u32, sum) != (c.live_count, c.live_bytes) {
+            if sum != c.live_bytes {
                 return Err(Violation::new("blocks in the carry region miscounted"));
             }
-            if (c.live_count > 0 || !c.region.is_empty()) && at > c.region.size() {
+            if (!c.live.is_empty() || !c.region.is_empty()) && at > c.region.size() {
                 return Err(Violation::new("carried slots past the carry region's end"));
             }
             Ok(())
@@ -1010,7 +1010,7 @@ impl<R> Drop for Planned<R> {
     /// use is never freed under it).
     fn drop(&mut self) {
         let (regions, at_drop) = self.state.with(|s| {
-            ([(s.region, s.live_count == 0), (s.carry.region, s.carry.live_count == 0)], s.at_drop)
+            ([(s.region, s.live_count == 0), (s.carry.region, s.carry.live.is_empty())], s.at_drop)
         });
         for (region, free) in regions {
             if let (false, Some(give_back), true) = (region.is_empty(), at_drop, free) {

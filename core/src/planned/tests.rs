@@ -485,20 +485,38 @@ fn a_region_goes_back_on_another_stream_only_when_the_device_can_be_waited_for()
 
 // Blocks carried into the next step.
 
-/// A training step: the gradients of the step before are freed after the
-/// forward pass (as `zero_grad` after the loss), the new ones are
-/// allocated in backward and live into the next step.
-fn train_step<U: MemoryResource<()>>(p: &Planned<U>, grads: &mut Vec<Block>) {
-    p.step(&()).unwrap();
-    let act = p.allocate(req(4 * MIB), &()).unwrap();
-    let act2 = p.allocate(req(2 * MIB), &()).unwrap();
+/// A training step on `stream`: the gradients of the step before are
+/// freed after the forward pass (as `zero_grad` after the loss), the new
+/// ones, of `sizes`, are allocated in backward (the second activation
+/// freed after the first) and live into the next step.
+fn grads_step<S: Stream + ?Sized, U: MemoryResource<S>>(
+    p: &Planned<U>,
+    stream: &S,
+    grads: &mut Vec<Block>,
+    sizes: &[u64],
+) {
+    p.step(stream).unwrap();
+    let act = p.allocate(req(4 * MIB), stream).unwrap();
+    let act2 = p.allocate(req(2 * MIB), stream).unwrap();
     for g in grads.drain(..) {
-        p.deallocate(g, &()).unwrap();
+        p.deallocate(g, stream).unwrap();
     }
-    grads.push(p.allocate(req(MIB), &()).unwrap());
-    p.deallocate(act2, &()).unwrap();
-    grads.push(p.allocate(req(MIB + 1000), &()).unwrap());
-    p.deallocate(act, &()).unwrap();
+    let mut act2 = Some(act2);
+    for &n in sizes {
+        grads.push(p.allocate(req(n), stream).unwrap());
+        if let Some(b) = act2.take() {
+            p.deallocate(b, stream).unwrap();
+        }
+    }
+    if let Some(b) = act2 {
+        p.deallocate(b, stream).unwrap();
+    }
+    p.deallocate(act, stream).unwrap();
+}
+
+/// [`grads_step`] with two gradients, on `()`.
+fn train_step<U: MemoryResource<()>>(p: &Planned<U>, grads: &mut Vec<Block>) {
+    grads_step(p, &(), grads, &[MIB, MIB + 1000]);
 }
 
 #[test]
@@ -768,15 +786,8 @@ fn a_step_block_is_placed_where_the_carried_blocks_are_freed_until_they_come_aga
 #[test]
 fn a_carry_region_kept_on_another_stream_takes_no_plan_it_cannot_hold() {
     let p = Planned::new(Statistics::new(BumpUpstream::new(1 << 30)));
-    // Gradients of `sizes` on `stream`, the step as `train_step`'s.
     let step = |stream: &TestStream, grads: &mut Vec<Block>, sizes: &[u64]| {
-        p.step(stream).unwrap();
-        let act = p.allocate(req(4 * MIB), stream).unwrap();
-        for g in grads.drain(..) {
-            p.deallocate(g, stream).unwrap();
-        }
-        grads.extend(sizes.iter().map(|&n| p.allocate(req(n), stream).unwrap()));
-        p.deallocate(act, stream).unwrap();
+        grads_step(&p, stream, grads, sizes);
         p.check().unwrap();
     };
     let (s1, blind) = (TestStream::new(1), TestStream::new(2));
@@ -797,7 +808,7 @@ fn a_carry_region_kept_on_another_stream_takes_no_plan_it_cannot_hold() {
     assert_eq!((s.plans, s.carry_region), (2, 2 * MIB));
     // Two steps recorded; the next two laid out in the step's region
     // (kept: it fits), the gradients from upstream.
-    assert_eq!(upstream_allocations(&p) - before, 4 + 4 + 3 + 3);
+    assert_eq!(upstream_allocations(&p) - before, 5 + 5 + 3 + 3);
     for g in grads.drain(..) {
         p.deallocate(g, &blind).unwrap();
     }
