@@ -2,7 +2,7 @@
 //! in a region of their own.
 
 use super::placement::Lifetime;
-use super::{OPEN, UNIT};
+use super::{offset_in, OPEN, UNIT};
 use crate::{Block, Request};
 use alloc::collections::BTreeMap;
 use alloc::vec::Vec;
@@ -39,8 +39,6 @@ pub(super) struct Carry {
     /// The live blocks by offset: their rounded size and the size asked
     /// for. None overlaps another or leaves the region.
     pub(super) live: BTreeMap<u64, (u64, u64)>,
-    /// The rounded bytes of the live blocks.
-    pub(super) live_bytes: u64,
     /// The region (`Block::EMPTY` until the first block it serves): at
     /// least the sum of the slots while a block is live.
     pub(super) region: Block,
@@ -78,6 +76,19 @@ pub(super) fn carried_of(
         .collect()
 }
 
+/// The slots of a layout of `(index, rounded size)` pairs: each with its
+/// offset, the slot before's end.
+pub(super) fn slots_of(carried: &[(u32, u64)]) -> Vec<(u32, u64, u64)> {
+    let mut at = 0;
+    carried
+        .iter()
+        .map(|&(k, n)| {
+            at += n;
+            (k, at - n, n)
+        })
+        .collect()
+}
+
 impl Carry {
     /// The bytes of the layout.
     pub(super) fn size(&self) -> u64 {
@@ -88,14 +99,7 @@ impl Carry {
     /// with the region kept (the caller sees that it fits). Nothing may be
     /// live.
     pub(super) fn lay_out(&mut self, carried: &[(u32, u64)]) {
-        let mut at = 0;
-        self.slots = carried
-            .iter()
-            .map(|&(k, n)| {
-                at += n;
-                (k, at - n, n)
-            })
-            .collect();
+        self.slots = slots_of(carried);
         self.refused = false;
         self.generation += 1;
     }
@@ -109,11 +113,7 @@ impl Carry {
     /// If `addr` is in the region: the live block starting there (its
     /// offset, rounded size and size asked for), if any.
     pub(super) fn block_at(&self, addr: u64) -> Option<Option<(u64, u64, u64)>> {
-        let r = self.region;
-        if r.is_empty() || addr < r.addr() || addr - r.addr() >= r.size() {
-            return None;
-        }
-        let offset = addr - r.addr();
+        let offset = offset_in(self.region, addr)?;
         Some(self.live.get(&offset).map(|&(n, asked)| (offset, n, asked)))
     }
 
@@ -130,7 +130,6 @@ impl Carry {
             return None;
         }
         self.live.insert(offset, (size, request.size()));
-        self.live_bytes += size;
         Some(r.addr() + offset)
     }
 
@@ -141,8 +140,12 @@ impl Carry {
             return false;
         }
         self.live.remove(&offset);
-        self.live_bytes -= size;
         true
+    }
+
+    /// The rounded bytes of the live blocks.
+    pub(super) fn live_bytes(&self) -> u64 {
+        self.live.values().map(|&(n, _)| n).sum()
     }
 
     /// The live blocks, by ascending offset: offset and rounded size.
