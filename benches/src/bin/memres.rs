@@ -91,9 +91,9 @@ enum Command {
     /// the footprint a placement that never moves a block can reach once
     /// it has seen the whole sequence (a reference, not a resource).
     ///
-    /// Blocks are placed greedily, largest first, each at the lowest
-    /// offset free while it is live, in each order of `memres_core::planned::placement`;
-    /// every placement is checked before it is printed. Footprint is the
+    /// Blocks are placed by each method of `memres_core::planned::placement`
+    /// (the lowest offset free while a block is live, or the skyline, each
+    /// in three orders); every placement is checked before it is printed. Footprint is the
     /// highest end offset over the peak live bytes, as for the peers in
     /// `replay`. Exit status: 0 printed, 1 a placement failed its check,
     /// 2 bad usage.
@@ -173,12 +173,12 @@ fn main() -> ExitCode {
     }
 }
 
-/// `memres offline`: one line per workload, every order's footprint and
+/// `memres offline`: one line per workload, every method's footprint and
 /// the best.
 fn offline(csv: bool, specs: &[String]) -> ExitCode {
     use memres_bench::offline::lifetimes;
     use memres_bench::report::human_bytes;
-    use memres_core::planned::placement::{best, first_conflict, place, Order};
+    use memres_core::planned::placement::{best, first_conflict, place, Method};
     let workloads: Vec<Workload> = match specs.iter().map(|s| Workload::load(s)).collect() {
         Ok(w) => w,
         Err(e) => {
@@ -186,21 +186,21 @@ fn offline(csv: bool, specs: &[String]) -> ExitCode {
             return ExitCode::from(USAGE);
         }
     };
-    let orders: Vec<&str> = Order::ALL.iter().map(|o| o.name()).collect();
+    let methods: Vec<&str> = Method::ALL.iter().map(|m| m.name()).collect();
     if csv {
-        println!("workload,peak_live,{},best,best_order", orders.join(","));
+        println!("workload,peak_live,{},best,best_method", methods.join(","));
     } else {
         let width = workloads.iter().map(|w| w.name.len()).max().unwrap_or(0);
         print!("{:<width$}  {:>11}", "workload", "peak live");
-        orders.iter().for_each(|o| print!("  {o:>18}"));
-        println!("  {:>11}  {:>9}  best order", "offline", "footprint");
+        methods.iter().for_each(|m| print!("  {m:>18}"));
+        println!("  {:>11}  {:>9}  best method", "offline", "footprint");
     }
     let mut ok = true;
     for w in &workloads {
         let blocks = lifetimes(w);
         let footprint = |top: u64| top as f64 / w.peak_live.max(1) as f64;
-        let each: Vec<u64> = Order::ALL.iter().map(|&o| place(&blocks, o).top).collect();
-        let (order, placement) = best(&blocks);
+        let each: Vec<u64> = Method::ALL.iter().map(|&o| place(&blocks, o).top).collect();
+        let (method, placement) = best(&blocks);
         if let Some((a, b)) = first_conflict(&blocks, &placement) {
             eprintln!("memres: error: {}: blocks {a} and {b} overlap while live", w.name);
             ok = false;
@@ -214,7 +214,7 @@ fn offline(csv: bool, specs: &[String]) -> ExitCode {
                 w.peak_live,
                 fields.join(","),
                 footprint(placement.top),
-                order.name()
+                method.name()
             );
         } else {
             let width = workloads.iter().map(|w| w.name.len()).max().unwrap_or(0);
@@ -224,7 +224,7 @@ fn offline(csv: bool, specs: &[String]) -> ExitCode {
                 "  {:>11}  {:>9.3}  {}",
                 human_bytes(placement.top),
                 footprint(placement.top),
-                order.name()
+                method.name()
             );
         }
     }

@@ -1,6 +1,6 @@
 use super::*;
 use crate::workload::Op;
-use memres_core::planned::placement::{best, first_conflict, place, Order};
+use memres_core::planned::placement::{best, first_conflict, place, Method};
 
 const MIB: u64 = 1 << 20;
 
@@ -33,7 +33,7 @@ fn generated_workloads_are_placed_without_conflict_and_at_least_at_the_peak() {
     for spec in ["random:3000:1048576:7", "lograndom:5000:256:16777216:3", "random:6000:65536:11"] {
         let w = Workload::load(spec).unwrap();
         let blocks = lifetimes(&w);
-        for order in Order::ALL {
+        for order in Method::ALL {
             let p = place(&blocks, order);
             assert_eq!(first_conflict(&blocks, &p), None, "{spec} {order:?}");
             assert!(p.top >= w.peak_live, "{spec} {order:?}: {} < {}", p.top, w.peak_live);

@@ -1,9 +1,11 @@
 //! Offline placement: where each block of a sequence goes when every
 //! lifetime is known before the first allocation.
 //!
-//! Blocks are taken in an [`Order`], each put at the lowest offset where it
-//! overlaps, in address, no block placed before it that is live at the
-//! same time: the greedy heuristics of static memory planners. Not optimal
+//! Two greedy heuristics of static memory planners, each in an [`Order`]
+//! ([`Method`]): each block at the lowest offset where it overlaps, in
+//! address, no block placed before it that is live at the same time; or
+//! the skyline, which fills the lowest stretch of the offsets reached so
+//! far over time first. [`best`] keeps the lowest of them. Not optimal
 //! (placement with known lifetimes is NP-hard); `docs/measurements.md`
 //! has its figures. [`Planned`](super::Planned) lays out each step this
 //! way from the step before it; `memres offline` does it for a whole trace.
@@ -42,7 +44,7 @@ pub enum Order {
 }
 
 impl Order {
-    /// Every order, as [`best`] tries them.
+    /// Every order.
     pub const ALL: [Order; 3] = [Order::Size, Order::SizeThenLifetime, Order::Area];
 
     /// The order's name.
@@ -65,6 +67,45 @@ impl Order {
     }
 }
 
+/// How blocks are placed: two heuristics, each with an [`Order`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Method {
+    /// Each block in the order at the lowest offset where it overlaps no
+    /// block placed before it that is live at the same time.
+    Lowest(Order),
+    /// The skyline: the lowest stretch of the highest offsets reached
+    /// over time is filled first, with the first block in the order whose
+    /// whole life lies within that stretch; where none does, the stretch
+    /// is raised to its lower neighbour. It leaves no hole under a block
+    /// that a later one could have used, where [`Method::Lowest`] leaves
+    /// holes that small blocks of odd lifetimes fill.
+    Skyline(Order),
+}
+
+impl Method {
+    /// Every method, as [`best`] tries them.
+    pub const ALL: [Method; 6] = [
+        Method::Lowest(Order::Size),
+        Method::Lowest(Order::SizeThenLifetime),
+        Method::Lowest(Order::Area),
+        Method::Skyline(Order::Size),
+        Method::Skyline(Order::SizeThenLifetime),
+        Method::Skyline(Order::Area),
+    ];
+
+    /// The method's name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Method::Lowest(Order::Size) => "size",
+            Method::Lowest(Order::SizeThenLifetime) => "size-then-lifetime",
+            Method::Lowest(Order::Area) => "area",
+            Method::Skyline(Order::Size) => "skyline-size",
+            Method::Skyline(Order::SizeThenLifetime) => "skyline-size-then-lifetime",
+            Method::Skyline(Order::Area) => "skyline-area",
+        }
+    }
+}
+
 /// Where each block goes.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Placement {
@@ -78,22 +119,57 @@ pub struct Placement {
 /// so that only blocks of the same buckets are compared.
 const BUCKET: u32 = 4096;
 
-/// Places `blocks` greedily in `order`: each at the lowest offset free of
-/// the blocks placed before it that are live at the same time. A block of
-/// no size or no ops of life goes at 0 and takes no room.
-pub fn place(blocks: &[Lifetime], order: Order) -> Placement {
-    place_around(blocks, order, &[], 0)
+/// Whether a block takes an address at some op.
+fn takes_room(b: &Lifetime) -> bool {
+    b.size > 0 && b.end > b.start
+}
+
+/// Places `blocks` by `method`. A block of no size or no ops of life goes
+/// at 0 and takes no room.
+pub fn place(blocks: &[Lifetime], method: Method) -> Placement {
+    place_around(blocks, method, &[], 0)
 }
 
 /// Places `blocks` as [`place`] does, around `fixed` blocks already at
 /// their offsets, and in two ranges: a block goes below `low` only where
 /// it ends by `low`, else at `low` or above. `top` and `offsets` are those
-/// of `blocks` only.
+/// of `blocks` only. Below `low` blocks are placed by [`Method::Lowest`]
+/// in the method's order; a skyline places the rest above it.
 ///
 /// [`Planned`](super::Planned) lays out a step's blocks this way in the
 /// free time of the carried blocks' region (`[0, low)`, the carried
 /// blocks fixed in it) and above it in the step's own.
-pub fn place_around(blocks: &[Lifetime], order: Order, fixed: &[(Lifetime, u64)], low: u64) -> Placement {
+pub fn place_around(blocks: &[Lifetime], method: Method, fixed: &[(Lifetime, u64)], low: u64) -> Placement {
+    let offsets: Vec<u64> = match method {
+        Method::Lowest(order) => {
+            lowest(blocks, order, fixed, low, true).into_iter().map(|o| o.unwrap_or(0)).collect()
+        }
+        Method::Skyline(order) => {
+            let mut offsets = lowest(blocks, order, fixed, low, false);
+            skyline(blocks, order, low, &mut offsets);
+            offsets.into_iter().map(|o| o.unwrap_or(0)).collect()
+        }
+    };
+    let top = blocks
+        .iter()
+        .zip(&offsets)
+        .filter(|(b, _)| takes_room(b))
+        .map(|(b, o)| o.saturating_add(b.size))
+        .max();
+    Placement { offsets, top: top.unwrap_or(0) }
+}
+
+/// [`Method::Lowest`]: each block in `order` at the lowest offset free of
+/// the blocks placed before it (and of `fixed`) while it is live, below
+/// `low` only where it ends by `low`. With `above` false, a block that
+/// does not fit below `low` is left unplaced (`None`).
+fn lowest(
+    blocks: &[Lifetime],
+    order: Order,
+    fixed: &[(Lifetime, u64)],
+    low: u64,
+    above: bool,
+) -> Vec<Option<u64>> {
     let n = blocks.len();
     let all: Vec<Lifetime> = blocks.iter().copied().chain(fixed.iter().map(|&(b, _)| b)).collect();
     let mut sorted: Vec<usize> = (0..n).collect();
@@ -103,26 +179,26 @@ pub fn place_around(blocks: &[Lifetime], order: Order, fixed: &[(Lifetime, u64)]
     let horizon = all.iter().map(|b| b.start).max().unwrap_or(0).saturating_add(1);
     let buckets = horizon / BUCKET + 1;
     let mut placed_in: Vec<Vec<usize>> = (0..buckets).map(|_| Vec::new()).collect();
-    let mut offsets: Vec<u64> = (0..n).map(|_| 0).chain(fixed.iter().map(|&(_, o)| o)).collect();
+    let mut offsets: Vec<Option<u64>> =
+        (0..n).map(|_| None).chain(fixed.iter().map(|&(_, o)| Some(o))).collect();
     let span = |b: &Lifetime| b.start / BUCKET..=b.end.min(horizon).saturating_sub(1).max(b.start) / BUCKET;
     for (i, b) in all.iter().enumerate().skip(n) {
-        if b.size > 0 && b.end > b.start {
+        if takes_room(b) {
             span(b).for_each(|bucket| placed_in[bucket as usize].push(i));
         }
     }
-    let mut top = 0u64;
     let mut taken: Vec<(u64, u64)> = Vec::new();
     for i in sorted {
         let b = &all[i];
-        if b.size == 0 || b.end <= b.start {
-            // Takes no address at any op.
+        if !takes_room(b) {
+            offsets[i] = Some(0);
             continue;
         }
         taken.clear();
         for bucket in span(b) {
             for &j in &placed_in[bucket as usize] {
-                if b.overlaps(&all[j]) {
-                    taken.push((offsets[j], offsets[j].saturating_add(all[j].size)));
+                if let (true, Some(at)) = (b.overlaps(&all[j]), offsets[j]) {
+                    taken.push((at, at.saturating_add(all[j].size)));
                 }
             }
         }
@@ -141,30 +217,132 @@ pub fn place_around(blocks: &[Lifetime], order: Order, fixed: &[(Lifetime, u64)]
         };
         let mut offset = lowest_from(0);
         if offset < low && offset.saturating_add(b.size) > low {
+            if !above {
+                continue;
+            }
             offset = lowest_from(low);
+        } else if offset >= low && !above {
+            continue;
         }
-        offsets[i] = offset;
-        top = top.max(offset.saturating_add(b.size));
+        offsets[i] = Some(offset);
         span(b).for_each(|bucket| placed_in[bucket as usize].push(i));
     }
     offsets.truncate(n);
-    Placement { offsets, top }
+    offsets
 }
 
-/// The placement of `blocks` with the lowest top over [`Order::ALL`], and
-/// its order.
-pub fn best(blocks: &[Lifetime]) -> (Order, Placement) {
+/// [`Method::Skyline`]: places the blocks `offsets` leaves unplaced, at
+/// `low` or above.
+///
+/// The skyline is the highest offset placed so far at each op, in
+/// stretches of equal height. The lowest stretch (the earliest of equal
+/// ones) takes the first block in `order` whose whole life lies within
+/// it, at its height; where no block fits, the stretch rises to its lower
+/// neighbour and joins it. Each step places a block or removes a stretch.
+fn skyline(blocks: &[Lifetime], order: Order, low: u64, offsets: &mut [Option<u64>]) {
+    use alloc::collections::BTreeSet;
+    // Unplaced blocks by start: the candidates of a stretch are those that
+    // start in it.
+    let mut unplaced: BTreeSet<(u32, usize)> = BTreeSet::new();
+    for (i, b) in blocks.iter().enumerate() {
+        match offsets[i] {
+            None if takes_room(b) => {
+                unplaced.insert((b.start, i));
+            }
+            None => offsets[i] = Some(0),
+            Some(_) => {}
+        }
+    }
+    let Some(horizon) = unplaced.iter().map(|&(_, i)| blocks[i].end).max() else { return };
+    // Stretches by start: (end, height), covering `0..horizon`; and the
+    // same by (height, start), to find the lowest.
+    let mut stretches: BTreeMap<u32, (u32, u64)> = BTreeMap::new();
+    let mut by_height: BTreeSet<(u64, u32)> = BTreeSet::new();
+    stretches.insert(0, (horizon, low));
+    by_height.insert((low, 0));
+    while !unplaced.is_empty() {
+        let Some(&(height, from)) = by_height.first() else { break };
+        let to = stretches[&from].0;
+        let pick = unplaced
+            .range((from, 0)..(to, 0))
+            .filter(|&&(_, i)| blocks[i].end <= to)
+            .min_by_key(|&&(_, i)| (order.key(&blocks[i]), i))
+            .copied();
+        let Some((start, i)) = pick else {
+            // Nothing fits: rise to the lower neighbour and join it. The
+            // whole `0..horizon` holds every block, so a stretch with no
+            // neighbour always has a block to take.
+            let before = stretches.range(..from).next_back().map(|(&s, &(_, h))| (s, h));
+            let after = stretches.get(&to).map(|&(_, h)| (to, h));
+            let rise = match (before, after) {
+                (Some(b), Some(a)) => a.1.min(b.1),
+                (Some((_, h)), None) | (None, Some((_, h))) => h,
+                (None, None) => unreachable!("the whole horizon holds every unplaced block"),
+            };
+            by_height.remove(&(height, from));
+            stretches.insert(from, (to, rise));
+            by_height.insert((rise, from));
+            join_equal(&mut stretches, &mut by_height, from);
+            continue;
+        };
+        let b = blocks[i];
+        unplaced.remove(&(start, i));
+        offsets[i] = Some(height);
+        let raised = height.saturating_add(b.size);
+        by_height.remove(&(height, from));
+        stretches.remove(&from);
+        for (s, e, h) in [(from, b.start, height), (b.start, b.end, raised), (b.end, to, height)] {
+            if s < e {
+                stretches.insert(s, (e, h));
+                by_height.insert((h, s));
+            }
+        }
+        join_equal(&mut stretches, &mut by_height, b.start);
+    }
+}
+
+/// Joins the stretch that starts at `at` with its neighbours of equal
+/// height.
+fn join_equal(
+    stretches: &mut BTreeMap<u32, (u32, u64)>,
+    by_height: &mut alloc::collections::BTreeSet<(u64, u32)>,
+    at: u32,
+) {
+    let mut at = at;
+    // With the one before.
+    if let Some((&s, &(_, h))) = stretches.range(..at).next_back() {
+        if h == stretches[&at].1 {
+            let (e, _) = stretches.remove(&at).unwrap_or_default();
+            by_height.remove(&(h, at));
+            stretches.insert(s, (e, h));
+            at = s;
+        }
+    }
+    // With the one after.
+    let (e, h) = stretches[&at];
+    if let Some(&(e2, h2)) = stretches.get(&e) {
+        if h2 == h {
+            stretches.remove(&e);
+            by_height.remove(&(h2, e));
+            stretches.insert(at, (e2, h));
+        }
+    }
+}
+
+/// The placement of `blocks` with the lowest top over [`Method::ALL`],
+/// and its method.
+pub fn best(blocks: &[Lifetime]) -> (Method, Placement) {
     best_around(blocks, &[], 0)
 }
 
-/// [`place_around`] with the lowest top over [`Order::ALL`], and its
-/// order.
-pub fn best_around(blocks: &[Lifetime], fixed: &[(Lifetime, u64)], low: u64) -> (Order, Placement) {
-    let mut best = (Order::Size, place_around(blocks, Order::Size, fixed, low));
-    for order in &Order::ALL[1..] {
-        let p = place_around(blocks, *order, fixed, low);
+/// [`place_around`] with the lowest top over [`Method::ALL`], and its
+/// method.
+pub fn best_around(blocks: &[Lifetime], fixed: &[(Lifetime, u64)], low: u64) -> (Method, Placement) {
+    let mut best = (Method::ALL[0], place_around(blocks, Method::ALL[0], fixed, low));
+    for method in &Method::ALL[1..] {
+        let p = place_around(blocks, *method, fixed, low);
         if p.top < best.1.top {
-            best = (*order, p);
+            best = (*method, p);
         }
     }
     best
