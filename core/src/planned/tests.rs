@@ -58,7 +58,7 @@ fn the_skyline_reaches_the_peak_where_every_lowest_offset_order_does_not() {
 #[test]
 fn blocks_placed_around_fixed_ones_go_below_low_only_where_they_end_by_it() {
     let mut rng = SplitMix64::new(11);
-    for case in 0..if cfg!(miri) { 2 } else { 30 } {
+    for case in 0..if cfg!(miri) { 1 } else { 30 } {
         // Fixed blocks side by side below `low`, each busy for a while.
         let (mut fixed, mut low) = (Vec::new(), 0u64);
         for _ in 0..rng.below(4) + 1 {
@@ -67,7 +67,7 @@ fn blocks_placed_around_fixed_ones_go_below_low_only_where_they_end_by_it() {
             fixed.push((life(start, start + rng.below(40) as u32 + 1, size), low));
             low += size;
         }
-        let blocks: Vec<Lifetime> = (0..rng.below(60) + 1)
+        let blocks: Vec<Lifetime> = (0..rng.below(if cfg!(miri) { 20 } else { 60 }) + 1)
             .map(|_| {
                 let start = rng.below(80) as u32;
                 life(start, start + rng.below(20) as u32 + 1, (rng.below(8) + 1) * 256)
@@ -107,7 +107,8 @@ fn random_sequences_are_placed_without_conflict_and_at_least_at_the_peak() {
         // A random sequence of allocations and frees, its peak live bytes.
         let (mut blocks, mut live, mut t) = (Vec::new(), Vec::new(), 0u32);
         let (mut now, mut peak) = (0u64, 0u64);
-        for _ in 0..rng.below(300) + 1 {
+        // Under Miri, shorter sequences: each is placed twelve times.
+        for _ in 0..rng.below(if cfg!(miri) { 40 } else { 300 }) + 1 {
             if !live.is_empty() && rng.below(2) == 0 {
                 let i: usize = live.swap_remove(rng.below(live.len() as u64) as usize);
                 let b: &mut Lifetime = &mut blocks[i];
