@@ -118,6 +118,8 @@ impl Streams for DefaultStream {
 
 /// Told of each pass before it runs, with the ops' streams.
 type OnPass<T> = dyn FnMut(usize, &T);
+/// Reads a resource's allocations from upstream so far, where counted.
+type CountOf<R> = dyn Fn(&R) -> Option<u64>;
 
 /// A memres resource as the replay loop sees it: each op on the stream
 /// `streams` gives for its workload stream, the call direct
@@ -130,7 +132,7 @@ pub struct StreamReplayer<R, T = Vec<SimStream>> {
     /// The most bytes held from upstream so far.
     peak: Box<dyn Fn(&R) -> u64>,
     /// The allocations made from upstream so far, where they are counted.
-    upstream_allocations: Box<dyn Fn() -> Option<u64>>,
+    upstream_allocations: Box<CountOf<R>>,
     /// Told of each pass before it runs (see [`Replayer::begin_pass`]),
     /// with the ops' streams.
     on_pass: Box<OnPass<T>>,
@@ -144,14 +146,14 @@ impl<R, T> StreamReplayer<R, T> {
             inner,
             streams,
             peak: Box::new(peak),
-            upstream_allocations: Box::new(|| None),
+            upstream_allocations: Box::new(|_| None),
             on_pass: Box::new(|_, _| {}),
         }
     }
 
     /// Reads the allocations made from upstream so far with `count` (see
     /// [`Replayer::upstream_allocations`]).
-    pub fn upstream_allocations(mut self, count: impl Fn() -> Option<u64> + 'static) -> Self {
+    pub fn upstream_allocations(mut self, count: impl Fn(&R) -> Option<u64> + 'static) -> Self {
         self.upstream_allocations = Box::new(count);
         self
     }
@@ -191,7 +193,7 @@ impl<R: MemoryResourceMut<T::Stream>, T: Streams> Replayer for StreamReplayer<R,
     }
 
     fn upstream_allocations(&self) -> Option<u64> {
-        (self.upstream_allocations)()
+        (self.upstream_allocations)(&self.inner)
     }
 
     fn begin_pass(&mut self, pass: usize) {

@@ -36,8 +36,9 @@ ns/op: wall time per op of the median timed pass; cpu ns/op: the threads' CPU ti
 peak live: the most bytes requested and not yet freed at once (with --streams, all threads').
 peak upstream: the most bytes the resource held from its upstream at once.
 footprint: peak upstream / peak live; 1.000 means no byte held beyond what was live.
-grows/pass: allocations from the upstream per timed pass (mean; warm-up left out): churn,
-  0 in a steady state; - where not counted (peers, CUDA, vpool, --streams).
+grows/pass: allocations from the upstream per timed pass (mean; warm-up left out), a vpool's
+  commits (maps) of granules: churn, 0 in a steady state; - where not counted (peers, CUDA,
+  --streams).
 stray frees: frees of pointers the trace never allocated (skipped, as are rows it cannot use).
 ";
 
@@ -194,7 +195,8 @@ fn json_f64(x: f64) -> String {
 /// for a failed replay), `passes`, `best_ns_per_op` (the fastest pass's
 /// figure), `cpu_ns_per_op` (`null` where not measured) and
 /// `upstream_allocs_per_pass` (allocations from the upstream per timed
-/// pass, the mean; `null` where not counted) for a replay that ran,
+/// pass, the mean, a vpool's commits of granules; `null` where not
+/// counted) for a replay that ran,
 /// `upstream`, `skipped_frees`, `failed_allocations`, and `error` for a
 /// failed replay.
 pub fn json_line(row: &Row) -> String {

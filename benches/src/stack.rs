@@ -17,8 +17,8 @@
 //! Its peak upstream is the peak of its leaf: the outermost `sim` or
 //! `host` device, else a `vpool`'s peak committed bytes, else a CUDA leaf's.
 //! Its upstream allocations per timed pass are those of the outermost `sim`
-//! or `host` device, on one thread; with no such leaf, or on threads, they
-//! are not counted.
+//! or `host` device, else the commits (maps) of its `vpool`'s space, on one
+//! thread; with no such leaf, or on threads, they are not counted.
 //!
 //! A `log` layer records only the first timed pass (the warm-up and later
 //! passes go straight to its upstream), so that the log of a replay replays
@@ -184,7 +184,7 @@ pub fn run_stack(
             let _ = p.step(&streams[0]);
         }
     };
-    Ok(runner.run(Owned(built.resource), move |_| peak(), counted, on_pass)?)
+    Ok(runner.run(Owned(built.resource), move |_| peak(), move |_| counted(), on_pass)?)
 }
 
 /// Reads the most bytes a leaf held at once.
@@ -194,8 +194,8 @@ type AllocationsOf = Box<dyn Fn() -> Option<u64> + Send + Sync>;
 
 /// What a row reads of a built stack's leaf: the peak upstream of its
 /// outermost `sim` or `host`, else of its `vpool`, else (with CUDA leaves)
-/// of its CUDA leaf; and the allocations made from it, which only `sim`
-/// and `host` count.
+/// of its CUDA leaf; and the allocations made from it, which `sim` and
+/// `host` count, and a `vpool` as the commits (maps) of its space.
 fn leaf_figures(built: &Built<SimStream>, cuda: bool) -> Option<(PeakOf, AllocationsOf)> {
     let uncounted: AllocationsOf = Box::new(|| None);
     if let Some(sim) = built.get::<SimDevice>("sim") {
@@ -205,7 +205,11 @@ fn leaf_figures(built: &Built<SimStream>, cuda: bool) -> Option<(PeakOf, Allocat
         let counts = host.clone();
         Some((Box::new(move || host.usage().peak_held), Box::new(move || Some(counts.call_counts().0))))
     } else if let Some(v) = built.get::<Shared<VirtualPool<SimAddressSpace>>>("vpool") {
-        Some((Box::new(move || v.with(|v| v.usage().peak_held)), uncounted))
+        let counts = v.clone();
+        Some((
+            Box::new(move || v.with(|v| v.usage().peak_held)),
+            Box::new(move || Some(counts.with(|v| v.space().call_counts().0))),
+        ))
     } else if cuda {
         cuda_peak(built).map(|peak| (peak, uncounted))
     } else {
@@ -233,7 +237,7 @@ impl Replay<'_> {
         self,
         resource: Owned<R>,
         peak: impl Fn(&R) -> u64 + 'static,
-        upstream_allocations: impl Fn() -> Option<u64> + 'static,
+        upstream_allocations: impl Fn(&R) -> Option<u64> + 'static,
         on_pass: impl FnMut(usize, &Vec<SimStream>) + 'static,
     ) -> Result<Measurement, ReplayError>
     where
@@ -244,7 +248,7 @@ impl Replay<'_> {
             None => {
                 let streams: Vec<_> = (0..w.streams.max(1)).map(|_| self.world.stream()).collect();
                 let mut r = StreamReplayer::new(resource, streams, move |o| peak(&o.0))
-                    .upstream_allocations(upstream_allocations)
+                    .upstream_allocations(move |o| upstream_allocations(&o.0))
                     .on_pass(on_pass);
                 replay(&mut r, w, passes, self.progress)
             }
@@ -267,14 +271,15 @@ impl Runner for Replay<'_> {
         self,
         resource: R,
         peak: impl Fn(&R) -> u64 + Send + Sync + 'static,
-        upstream_allocations: impl Fn() -> Option<u64> + Send + Sync + 'static,
+        upstream_allocations: impl Fn(&R) -> Option<u64> + Send + Sync + 'static,
     ) -> Self::Output
     where
         R: MemoryResourceMut<SimStream> + Send + 'static,
     {
         if self.options.threads.is_some() {
             let peak = move |s: &Shared<R>| s.with(|r| peak(r));
-            return self.run(Owned(Shared::new(resource)), peak, upstream_allocations, |_, _| {});
+            let counted = move |s: &Shared<R>| s.with(|r| upstream_allocations(r));
+            return self.run(Owned(Shared::new(resource)), peak, counted, |_, _| {});
         }
         let streams: Vec<_> = (0..self.workload.streams.max(1)).map(|_| self.world.stream()).collect();
         replay(
@@ -289,7 +294,7 @@ impl Runner for Replay<'_> {
         self,
         resource: R,
         peak: impl Fn(&R) -> u64 + Send + Sync + 'static,
-        upstream_allocations: impl Fn() -> Option<u64> + Send + Sync + 'static,
+        upstream_allocations: impl Fn(&R) -> Option<u64> + Send + Sync + 'static,
     ) -> Self::Output
     where
         R: MemoryResource<SimStream> + Send + Sync + 'static,
@@ -301,7 +306,7 @@ impl Runner for Replay<'_> {
         self,
         resource: R,
         peak: impl Fn(&R) -> u64 + Send + Sync + 'static,
-        upstream_allocations: impl Fn() -> Option<u64> + Send + Sync + 'static,
+        upstream_allocations: impl Fn(&R) -> Option<u64> + Send + Sync + 'static,
     ) -> Self::Output
     where
         R: MemoryResourceMut + Send + 'static,

@@ -60,7 +60,7 @@ pub trait Runner {
         self,
         resource: R,
         peak: impl Fn(&R) -> u64 + Send + Sync + 'static,
-        upstream_allocations: impl Fn() -> Option<u64> + Send + Sync + 'static,
+        upstream_allocations: impl Fn(&R) -> Option<u64> + Send + Sync + 'static,
     ) -> Self::Output
     where
         R: MemoryResourceMut<SimStream> + Send + 'static;
@@ -70,7 +70,7 @@ pub trait Runner {
         self,
         resource: R,
         peak: impl Fn(&R) -> u64 + Send + Sync + 'static,
-        upstream_allocations: impl Fn() -> Option<u64> + Send + Sync + 'static,
+        upstream_allocations: impl Fn(&R) -> Option<u64> + Send + Sync + 'static,
     ) -> Self::Output
     where
         R: MemoryResource<SimStream> + Send + Sync + 'static;
@@ -80,7 +80,7 @@ pub trait Runner {
         self,
         resource: R,
         peak: impl Fn(&R) -> u64 + Send + Sync + 'static,
-        upstream_allocations: impl Fn() -> Option<u64> + Send + Sync + 'static,
+        upstream_allocations: impl Fn(&R) -> Option<u64> + Send + Sync + 'static,
     ) -> Self::Output
     where
         R: MemoryResourceMut + Send + 'static;
@@ -117,7 +117,7 @@ impl<F: WithReplayer> Runner for OneThread<F> {
         self,
         resource: R,
         peak: impl Fn(&R) -> u64 + Send + Sync + 'static,
-        upstream_allocations: impl Fn() -> Option<u64> + Send + Sync + 'static,
+        upstream_allocations: impl Fn(&R) -> Option<u64> + Send + Sync + 'static,
     ) -> F::Output
     where
         R: MemoryResourceMut<SimStream> + Send + 'static,
@@ -130,20 +130,20 @@ impl<F: WithReplayer> Runner for OneThread<F> {
         self,
         resource: R,
         peak: impl Fn(&R) -> u64 + Send + Sync + 'static,
-        upstream_allocations: impl Fn() -> Option<u64> + Send + Sync + 'static,
+        upstream_allocations: impl Fn(&R) -> Option<u64> + Send + Sync + 'static,
     ) -> F::Output
     where
         R: MemoryResource<SimStream> + Send + Sync + 'static,
     {
         let replayer = StreamReplayer::new(Owned(resource), self.streams, move |o| peak(&o.0));
-        self.then.with(replayer.upstream_allocations(upstream_allocations))
+        self.then.with(replayer.upstream_allocations(move |o| upstream_allocations(&o.0)))
     }
 
     fn run_default<R>(
         self,
         resource: R,
         peak: impl Fn(&R) -> u64 + Send + Sync + 'static,
-        upstream_allocations: impl Fn() -> Option<u64> + Send + Sync + 'static,
+        upstream_allocations: impl Fn(&R) -> Option<u64> + Send + Sync + 'static,
     ) -> F::Output
     where
         R: MemoryResourceMut + Send + 'static,
@@ -284,39 +284,43 @@ impl Shape<'_> {
         Ok(match self {
             Shape::Pool(config, _) => {
                 let pool = CoalescingPool::with_config(leaf, config, stream).map_err(|e| made(call, e))?;
-                run_mut(runner, pool, move |_| peak(), counted)
+                run_mut(runner, pool, move |_| peak(), move |_| counted())
             }
             Shape::StatsPool(config, _) | Shape::StreamPool(config, _) => {
                 let pool_call = call.resource(0)?;
                 let pool =
                     CoalescingPool::with_config(leaf, config, stream).map_err(|e| made(pool_call, e))?;
                 if call.name == "stats" {
-                    run_mut(runner, Statistics::new(pool), move |_| peak(), counted)
+                    run_mut(runner, Statistics::new(pool), move |_| peak(), move |_| counted())
                 } else {
-                    runner.run_mut(StreamOrdered::<_, SimStream>::new(pool), move |_| peak(), counted)
+                    runner.run_mut(
+                        StreamOrdered::<_, SimStream>::new(pool),
+                        move |_| peak(),
+                        move |_| counted(),
+                    )
                 }
             }
             Shape::Fixed(config, _, _) => {
                 let fixed =
                     FixedSizeResource::with_config(leaf, config, stream).map_err(|e| made(call, e))?;
-                run_mut(runner, fixed, move |_| peak(), counted)
+                run_mut(runner, fixed, move |_| peak(), move |_| counted())
             }
             Shape::Binning(min, max, _) if runner.shared() => {
                 let bins = BinningResource::<'static, _, SimStream>::with_exponents(leaf, min, max)
                     .map_err(|e| made(call, e))?;
-                runner.run_ref(bins, move |_| peak(), counted)
+                runner.run_ref(bins, move |_| peak(), move |_| counted())
             }
             Shape::Binning(min, max, _) => {
                 let bins = BinningResource::<'static, _, ()>::with_exponents(leaf, min, max)
                     .map_err(|e| made(call, e))?;
-                runner.run_default(Owned(bins), move |_| peak(), counted)
+                runner.run_default(Owned(bins), move |_| peak(), move |_| counted())
             }
             Shape::Arena(config, _) => {
                 let arena = ArenaResource::with_config(leaf, config, stream).map_err(|e| made(call, e))?;
                 if runner.shared() {
-                    runner.run_ref(arena, move |_| peak(), counted)
+                    runner.run_ref(arena, move |_| peak(), move |_| counted())
                 } else {
-                    runner.run_default(Owned(arena), move |_| peak(), counted)
+                    runner.run_default(Owned(arena), move |_| peak(), move |_| counted())
                 }
             }
         })
@@ -329,7 +333,7 @@ fn run_mut<R, K: Runner>(
     runner: K,
     resource: R,
     peak: impl Fn(&R) -> u64 + Send + Sync + 'static,
-    upstream_allocations: impl Fn() -> Option<u64> + Send + Sync + 'static,
+    upstream_allocations: impl Fn(&R) -> Option<u64> + Send + Sync + 'static,
 ) -> K::Output
 where
     R: MemoryResourceMut + MemoryResourceMut<SimStream> + Send + 'static,
@@ -364,19 +368,19 @@ where
 ///         true
 ///     }
 ///     fn run_mut<R: MemoryResourceMut<SimStream> + Send + 'static>(
-///         self, mut r: R, peak: impl Fn(&R) -> u64, _: impl Fn() -> Option<u64>,
+///         self, mut r: R, peak: impl Fn(&R) -> u64, _: impl Fn(&R) -> Option<u64>,
 ///     ) -> u64 {
 ///         r.allocate(Request::new(1000).unwrap(), &self.0).unwrap();
 ///         peak(&r)
 ///     }
 ///     fn run_ref<R: MemoryResource<SimStream> + Send + Sync + 'static>(
-///         self, r: R, peak: impl Fn(&R) -> u64, _: impl Fn() -> Option<u64>,
+///         self, r: R, peak: impl Fn(&R) -> u64, _: impl Fn(&R) -> Option<u64>,
 ///     ) -> u64 {
 ///         r.allocate(Request::new(1000).unwrap(), &self.0).unwrap();
 ///         peak(&r)
 ///     }
 ///     fn run_default<R: MemoryResourceMut + Send + 'static>(
-///         self, mut r: R, peak: impl Fn(&R) -> u64, _: impl Fn() -> Option<u64>,
+///         self, mut r: R, peak: impl Fn(&R) -> u64, _: impl Fn(&R) -> Option<u64>,
 ///     ) -> u64 {
 ///         r.allocate(Request::new(1000).unwrap(), &()).unwrap();
 ///         peak(&r)
@@ -424,7 +428,13 @@ pub fn run_typed<K: Runner>(
 ///
 /// As `memres_sim::vpool`.
 pub fn run_vpool<K: Runner>(call: &Call, runner: K) -> Result<K::Output, StackError> {
-    Ok(run_mut(runner, memres_sim::vpool(call)?, |v| v.usage().peak_held, || None))
+    // Its upstream allocations are the commits (maps) of its space.
+    Ok(run_mut(
+        runner,
+        memres_sim::vpool(call)?,
+        |v| v.usage().peak_held,
+        |v| Some(v.space().call_counts().0),
+    ))
 }
 
 /// Why a `fixed` stack cannot replay `workload`: a request larger than its

@@ -630,3 +630,33 @@ fn a_planned_stack_grows_once_for_its_region_then_never() {
     assert_eq!(four, eight, "passes 5 to 8 took nothing from upstream");
     assert!(four > 1.0 && four < churn + 2.0, "{four}");
 }
+
+#[test]
+fn a_planned_virtual_pool_maps_nothing_once_a_step_repeats() {
+    // A vpool's row counts the granules its space commits (maps). With no
+    // slack it maps again in every pass of the transformer's trace; under
+    // `planned`, only while passes are recorded.
+    let (vpool, planned) = ("vpool(sim(1TiB), slack=0)", "planned(vpool(sim(1TiB), slack=0))");
+    let maps = |passes: &str| {
+        let o = memres(&[
+            "replay",
+            "--json",
+            "--passes",
+            passes,
+            "--stack",
+            vpool,
+            "--stack",
+            planned,
+            TRANSFORMER,
+        ]);
+        assert!(o.status.success(), "{}", stderr(&o));
+        let rows = json_rows(&o);
+        let per_pass = |i: usize| rows[i]["upstream_allocs_per_pass"].as_f64().unwrap();
+        (per_pass(0), per_pass(1) * passes.parse::<f64>().unwrap())
+    };
+    let (alone, four) = maps("4");
+    assert!(alone > 100.0, "the vpool alone maps in every pass: {alone}");
+    let (_, eight) = maps("8");
+    assert_eq!(four, eight, "passes 5 to 8 mapped nothing");
+    assert!(four > 0.0, "the recorded pass and the regions map");
+}

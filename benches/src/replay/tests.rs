@@ -108,7 +108,8 @@ fn stack(text: &str, w: &Workload, passes: u32, threads: Option<u32>) -> Measure
 }
 
 /// A default pool grows in the warm-up and not after: 0 upstream
-/// allocations a pass, typed or built by the builder, over `sim` or `host`.
+/// allocations a pass, typed or built by the builder, over `sim` or `host`;
+/// a vpool's are its commits of granules.
 /// The compact policy (large blocks in chunks of their own, free chunks
 /// given back rather than grow past the peak in use) gives the free 20 MiB
 /// chunk back to take one of 30 MiB, and that one back for 20 MiB in the
@@ -130,8 +131,12 @@ fn a_warm_pool_allocates_nothing_upstream_and_a_compact_one_churns() {
     let compact = "pool(sim, growth=32, granule=2MiB, large=16MiB, release=peak)";
     let m = stack(compact, &churn, 3, None);
     assert_eq!(m.upstream_allocations_per_pass, Some(2.0), "{m:?}");
-    // Not counted: a leaf that counts nothing, and threads.
-    assert_eq!(stack("vpool(sim(1TiB))", &steady, 1, None).upstream_allocations_per_pass, None);
+    // A vpool counts the granules it commits (maps): a warm one maps
+    // nothing; with a release threshold of 0 it maps again every pass.
+    assert_eq!(stack("vpool(sim(1TiB))", &steady, 3, None).upstream_allocations_per_pass, Some(0.0));
+    let unkept = stack("vpool(sim(1TiB), release_threshold=0)", &churn, 3, None);
+    assert_eq!(unkept.upstream_allocations_per_pass, Some(2.0), "{unkept:?}");
+    // Not counted on threads.
     assert_eq!(stack("pool(sim)", &steady, 1, Some(2)).upstream_allocations_per_pass, None);
 }
 
