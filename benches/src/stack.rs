@@ -374,3 +374,72 @@ fn thread_setup(cuda: CudaLeaves) -> Box<dyn Fn(usize) + Sync> {
 fn thread_setup(_: CudaLeaves) -> Box<dyn Fn(usize) + Sync> {
     Box::new(|_| {})
 }
+
+/// What [`run_steps`] measured.
+#[derive(Clone, Debug)]
+pub struct Stepped {
+    /// The workload's peak live bytes.
+    pub peak_live: u64,
+    /// The most bytes the stack's leaf held at once (a `vpool`'s
+    /// committed bytes).
+    pub peak_upstream: u64,
+    /// The figures of each `planned` layer at the end, outermost first.
+    pub steps: Vec<memres_core::planned::Steps>,
+}
+
+/// Replays `workload` once through the stack `text`, with no warm-up pass,
+/// calling `step()` on its `planned` layers before allocation `phase` and
+/// before every `every`-th allocation after it: the steps of a training
+/// loop inside one trace (`memres replay` makes each pass a step instead).
+///
+/// # Errors
+///
+/// [`RunError::Unsupported`] for a stack that does not build, has no
+/// `planned` layer or no leaf whose peak can be read, or `every` 0; an
+/// op's failure.
+pub fn run_steps(text: &str, workload: &Workload, every: u64, phase: u64) -> Result<Stepped, RunError> {
+    let fail = |e: StackError| RunError::Unsupported(format!("stack `{text}`: {e}"));
+    if every == 0 {
+        return Err(RunError::Unsupported("a step every 0 allocations".into()));
+    }
+    let world = SimWorld::new();
+    let built = builder()
+        .build_call_with_handles(&parse(text).map_err(fail)?, &world.default_stream())
+        .map_err(fail)?;
+    let (peak, _) = leaf_figures(&built, false).ok_or_else(|| {
+        RunError::Unsupported(format!(
+            "stack `{text}` has no sim, host or vpool leaf whose peak the tool can read"
+        ))
+    })?;
+    let planned = built.all::<Planned<DynResource<SimStream>>>("planned");
+    if planned.is_empty() {
+        return Err(RunError::Unsupported(format!("stack `{text}` has no `planned` layer to step")));
+    }
+    let streams: Vec<SimStream> = (0..workload.streams.max(1)).map(|_| world.stream()).collect();
+    let resource = &built.resource;
+    let mut live = vec![Block::EMPTY; workload.ids as usize];
+    let mut allocations = 0u64;
+    for (i, op) in workload.ops.iter().enumerate() {
+        let stream = &streams[op.stream as usize];
+        let done = if op.alloc {
+            if allocations >= phase && (allocations - phase) % every == 0 {
+                // A step that cannot take its region runs unplanned.
+                for p in &planned {
+                    let _ = p.step(&streams[0]);
+                }
+            }
+            allocations += 1;
+            Request::new(op.size).and_then(|r| resource.allocate(r, stream)).map(|b| live[op.id as usize] = b)
+        } else {
+            resource.deallocate(std::mem::replace(&mut live[op.id as usize], Block::EMPTY), stream)
+        };
+        if let Err(error) = done {
+            return Err(RunError::Replay(ReplayError { op: i, alloc: op.alloc, size: op.size, error }));
+        }
+    }
+    let steps = planned.iter().map(|p| p.steps()).collect();
+    for block in live {
+        let _ = resource.deallocate(block, &streams[0]);
+    }
+    Ok(Stepped { peak_live: workload.peak_live, peak_upstream: peak(), steps })
+}

@@ -660,3 +660,33 @@ fn a_planned_virtual_pool_maps_nothing_once_a_step_repeats() {
     assert_eq!(four, eight, "passes 5 to 8 mapped nothing");
     assert!(four > 0.0, "the recorded pass and the regions map");
 }
+
+#[test]
+fn steps_inside_one_trace_are_laid_out_when_the_step_length_matches_the_loop() {
+    // transformer_train repeats every 463 allocations; train_check calls
+    // `memres_step` before allocation 153 of each (docs/measurements.md).
+    let stack = "planned(vpool(sim(1TiB), slack=0))";
+    let run = |every: &str| {
+        let o = memres(&["steps", "--stack", stack, "--every", every, "--phase", "153", TRANSFORMER]);
+        assert!(o.status.success(), "{}", stderr(&o));
+        stdout(&o)
+    };
+    let figure = |line: &str, name: &str| -> f64 {
+        let at =
+            line.find(&format!("{name} ")).unwrap_or_else(|| panic!("{name} in {line}")) + name.len() + 1;
+        line[at..].split([',', ';', ' ']).next().unwrap().parse().unwrap()
+    };
+    let matched = run("463");
+    assert_eq!(figure(&matched, "plans"), 1.0, "{matched}");
+    assert!(figure(&matched, "followed") >= 40.0, "{matched}");
+    assert!(figure(&matched, "footprint") < 1.07, "{matched}");
+    // One allocation short: no step repeats the one before it.
+    let off = run("462");
+    assert_eq!((figure(&off, "plans"), figure(&off, "followed")), (0.0, 0.0), "{off}");
+
+    let unplanned = memres(&["steps", "--stack", "vpool(sim(1TiB))", "--every", "463", TRANSFORMER]);
+    assert_eq!(unplanned.status.code(), Some(2), "{}", stderr(&unplanned));
+    assert!(stderr(&unplanned).contains("no `planned` layer"), "{}", stderr(&unplanned));
+    let zero = memres(&["steps", "--stack", stack, "--every", "0", TRANSFORMER]);
+    assert_eq!(zero.status.code(), Some(2), "{}", stderr(&zero));
+}

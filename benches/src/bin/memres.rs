@@ -105,6 +105,27 @@ enum Command {
         #[arg(required = true, value_name = "WORKLOAD_OR_TRACE")]
         workloads: Vec<String>,
     },
+    /// Replay each workload once through a stack with a `planned` layer,
+    /// with no warm-up pass, calling `step()` every N allocations: the
+    /// steps of a training loop inside one trace (`replay` makes each pass
+    /// a step). Prints the peak live bytes, the leaf's peak (a `vpool`'s
+    /// committed bytes), their ratio and each `planned` layer's figures.
+    ///
+    /// Exit status: 0 printed, 1 an op failed, 2 bad usage.
+    Steps {
+        /// The stack, e.g. `planned(vpool(sim(1TiB)))`.
+        #[arg(long)]
+        stack: String,
+        /// Allocations per step.
+        #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+        every: u64,
+        /// The allocation before which the first step is called.
+        #[arg(long, default_value_t = 0)]
+        phase: u64,
+        /// Workload specs or trace paths, as for `replay`.
+        #[arg(required = true, value_name = "WORKLOAD_OR_TRACE")]
+        workloads: Vec<String>,
+    },
     /// List the resources `replay` knows, with the stack strings they stand for.
     Resources,
     /// List the names of stack strings (leaves, resources, adaptors) with
@@ -134,6 +155,7 @@ fn main() -> ExitCode {
             ExitCode::SUCCESS
         }
         Command::Offline { csv, workloads } => offline(csv, &workloads),
+        Command::Steps { stack, every, phase, workloads } => steps(&stack, every, phase, &workloads),
         Command::Replay {
             resource,
             stack,
@@ -233,6 +255,52 @@ fn offline(csv: bool, specs: &[String]) -> ExitCode {
     } else {
         ExitCode::FAILURE
     }
+}
+
+/// `memres steps`: one line per workload.
+fn steps(stack: &str, every: u64, phase: u64, specs: &[String]) -> ExitCode {
+    use memres_bench::report::human_bytes;
+    use memres_bench::resources::RunError;
+    let workloads: Vec<Workload> = match specs.iter().map(|s| Workload::load(s)).collect() {
+        Ok(w) => w,
+        Err(e) => {
+            eprintln!("memres: error: {e}");
+            return ExitCode::from(USAGE);
+        }
+    };
+    for w in &workloads {
+        match memres_bench::stack::run_steps(stack, w, every, phase) {
+            Ok(run) => {
+                let footprint = run.peak_upstream as f64 / run.peak_live.max(1) as f64;
+                print!(
+                    "{}: peak live {}, peak upstream {}, footprint {footprint:.3}",
+                    w.name,
+                    human_bytes(run.peak_live),
+                    human_bytes(run.peak_upstream)
+                );
+                for s in &run.steps {
+                    print!(
+                        "; steps {}, followed {}, plans {}, region {}, carry region {}",
+                        s.steps,
+                        s.followed,
+                        s.plans,
+                        human_bytes(s.region),
+                        human_bytes(s.carry_region)
+                    );
+                }
+                println!();
+            }
+            Err(RunError::Unsupported(e)) => {
+                eprintln!("memres: error: {e}");
+                return ExitCode::from(USAGE);
+            }
+            Err(e) => {
+                eprintln!("memres: error: {}: {e}", w.name);
+                return ExitCode::FAILURE;
+            }
+        }
+    }
+    ExitCode::SUCCESS
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
