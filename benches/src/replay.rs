@@ -402,7 +402,7 @@ pub fn pass<R: Replayer>(
 /// Replays `ops`, the first of them op number `first` of the workload (for
 /// the error).
 #[inline]
-fn run_ops<R: Replayer>(
+pub(crate) fn run_ops<R: Replayer>(
     resource: &mut R,
     ops: &[Op],
     first: usize,

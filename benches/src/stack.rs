@@ -24,7 +24,9 @@
 //! passes go straight to its upstream), so that the log of a replay replays
 //! to the same table: the same ops, peak live and footprint.
 
-use crate::replay::{replay, replay_threads, DefaultStream, Measurement, Owned, ReplayError, StreamReplayer};
+use crate::replay::{
+    replay, replay_threads, run_ops, DefaultStream, Measurement, Owned, ReplayError, Replayer, StreamReplayer,
+};
 use crate::resources::{RunError, RunOptions, UpstreamKind};
 use crate::typed::{fixed_misfit, run_typed, Runner};
 use crate::workload::Workload;
@@ -416,30 +418,25 @@ pub fn run_steps(text: &str, workload: &Workload, every: u64, phase: u64) -> Res
         return Err(RunError::Unsupported(format!("stack `{text}` has no `planned` layer to step")));
     }
     let streams: Vec<SimStream> = (0..workload.streams.max(1)).map(|_| world.stream()).collect();
-    let resource = &built.resource;
-    let mut live = vec![Block::EMPTY; workload.ids as usize];
-    let mut allocations = 0u64;
-    for (i, op) in workload.ops.iter().enumerate() {
-        let stream = &streams[op.stream as usize];
-        let done = if op.alloc {
-            if allocations >= phase && (allocations - phase) % every == 0 {
-                // A step that cannot take its region runs unplanned.
-                for p in &planned {
-                    let _ = p.step(&streams[0]);
-                }
+    let mut replayer = StreamReplayer::new(Owned(built.resource), streams, move |_| peak());
+    let mut handles = vec![Block::EMPTY; workload.ids as usize];
+    // The ops between two steps run as a replay pass's do.
+    let ops = &workload.ops;
+    let (mut from, mut allocations) = (0, 0u64);
+    for (i, _) in ops.iter().enumerate().filter(|(_, op)| op.alloc) {
+        if allocations >= phase && (allocations - phase) % every == 0 {
+            run_ops(&mut replayer, &ops[from..i], from, &mut handles).map_err(RunError::Replay)?;
+            from = i;
+            // A step that cannot take its region runs unplanned.
+            for p in &planned {
+                let _ = p.step(&replayer.streams[0]);
             }
-            allocations += 1;
-            Request::new(op.size).and_then(|r| resource.allocate(r, stream)).map(|b| live[op.id as usize] = b)
-        } else {
-            resource.deallocate(std::mem::replace(&mut live[op.id as usize], Block::EMPTY), stream)
-        };
-        if let Err(error) = done {
-            return Err(RunError::Replay(ReplayError { op: i, alloc: op.alloc, size: op.size, error }));
         }
+        allocations += 1;
     }
+    run_ops(&mut replayer, &ops[from..], from, &mut handles).map_err(RunError::Replay)?;
     let steps = planned.iter().map(|p| p.steps()).collect();
-    for block in live {
-        let _ = resource.deallocate(block, &streams[0]);
-    }
-    Ok(Stepped { peak_live: workload.peak_live, peak_upstream: peak(), steps })
+    // Blocks the trace never frees go with the stack.
+    let peak_upstream = replayer.peak_upstream();
+    Ok(Stepped { peak_live: workload.peak_live, peak_upstream, steps })
 }
