@@ -5,7 +5,10 @@
 //! ([`Method`]): each block at the lowest offset where it overlaps, in
 //! address, no block placed before it that is live at the same time; or
 //! the skyline, which fills the lowest stretch of the offsets reached so
-//! far over time first. [`best`] keeps the lowest of them. Not optimal
+//! far over time first. A third places the blocks as they come, each in
+//! the smallest free stretch (an online best fit): it ignores lifetimes,
+//! and on some sequences that leaves fewer holes. [`best`] keeps the
+//! lowest of them. Not optimal
 //! (placement with known lifetimes is NP-hard); `docs/measurements.md`
 //! has its figures. [`Planned`](super::Planned) lays out each step this
 //! way from the step before it; `memres offline` does it for a whole trace.
@@ -80,17 +83,22 @@ pub enum Method {
     /// that a later one could have used, where [`Method::Lowest`] leaves
     /// holes that small blocks of odd lifetimes fill.
     Skyline(Order),
+    /// Best fit in time order, as an online allocator would place them:
+    /// each block, when it is allocated, in the smallest free stretch
+    /// that holds it (the lowest of equal ones), else on top.
+    BestFit,
 }
 
 impl Method {
     /// Every method, as [`best`] tries them.
-    pub const ALL: [Method; 6] = [
+    pub const ALL: [Method; 7] = [
         Method::Lowest(Order::Size),
         Method::Lowest(Order::SizeThenLifetime),
         Method::Lowest(Order::Area),
         Method::Skyline(Order::Size),
         Method::Skyline(Order::SizeThenLifetime),
         Method::Skyline(Order::Area),
+        Method::BestFit,
     ];
 
     /// The method's name.
@@ -102,6 +110,7 @@ impl Method {
             Method::Skyline(Order::Size) => "skyline-size",
             Method::Skyline(Order::SizeThenLifetime) => "skyline-size-then-lifetime",
             Method::Skyline(Order::Area) => "skyline-area",
+            Method::BestFit => "best-fit",
         }
     }
 }
@@ -147,6 +156,11 @@ pub fn place_around(blocks: &[Lifetime], method: Method, fixed: &[(Lifetime, u64
         Method::Skyline(order) => {
             let mut offsets = lowest(blocks, order, fixed, low, false);
             skyline(blocks, order, low, &mut offsets);
+            offsets.into_iter().map(|o| o.unwrap_or(0)).collect()
+        }
+        Method::BestFit => {
+            let mut offsets = lowest(blocks, Order::Size, fixed, low, false);
+            best_fit(blocks, low, &mut offsets);
             offsets.into_iter().map(|o| o.unwrap_or(0)).collect()
         }
     };
@@ -298,6 +312,81 @@ fn skyline(blocks: &[Lifetime], order: Order, low: u64, offsets: &mut [Option<u6
             }
         }
         join_equal(&mut stretches, &mut by_height, b.start);
+    }
+}
+
+/// [`Method::BestFit`]: places the blocks `offsets` leaves unplaced, at
+/// `low` or above, in the order they are allocated, as an online
+/// allocator that knows no lifetime would.
+fn best_fit(blocks: &[Lifetime], low: u64, offsets: &mut [Option<u64>]) {
+    use alloc::collections::BTreeSet;
+    let mut events: Vec<(u32, bool, usize)> = Vec::new();
+    for (i, b) in blocks.iter().enumerate() {
+        match offsets[i] {
+            None if takes_room(b) => {
+                events.push((b.start, true, i));
+                events.push((b.end, false, i));
+            }
+            None => offsets[i] = Some(0),
+            Some(_) => {}
+        }
+    }
+    // Frees before allocations at the same op.
+    events.sort_unstable();
+    // The free stretches below `top`, by offset and by (length, offset).
+    let mut by_offset: BTreeMap<u64, u64> = BTreeMap::new();
+    let mut by_len: BTreeSet<(u64, u64)> = BTreeSet::new();
+    let mut top = low;
+    for (_, alloc, i) in events {
+        let size = blocks[i].size;
+        if !alloc {
+            let (mut at, mut len) = (offsets[i].unwrap_or(low), size);
+            if let Some((&s, &l)) = by_offset.range(..at).next_back() {
+                if s.saturating_add(l) == at {
+                    by_offset.remove(&s);
+                    by_len.remove(&(l, s));
+                    (at, len) = (s, len.saturating_add(l));
+                }
+            }
+            let after = at.saturating_add(len);
+            if let Some(l) = by_offset.remove(&after) {
+                by_len.remove(&(l, after));
+                len = len.saturating_add(l);
+            }
+            if at.saturating_add(len) >= top {
+                top = at;
+            } else {
+                by_offset.insert(at, len);
+                by_len.insert((len, at));
+            }
+            continue;
+        }
+        let at = match by_len.range((size, 0)..).next().copied() {
+            // The smallest stretch that holds it, the lowest of equal ones.
+            Some((len, at)) => {
+                by_len.remove(&(len, at));
+                by_offset.remove(&at);
+                if len > size {
+                    by_offset.insert(at + size, len - size);
+                    by_len.insert((len - size, at + size));
+                }
+                at
+            }
+            // On top, from the free stretch that ends there if one does.
+            None => {
+                let at = match by_offset.range(..top).next_back() {
+                    Some((&s, &l)) if s.saturating_add(l) == top => {
+                        by_offset.remove(&s);
+                        by_len.remove(&(l, s));
+                        s
+                    }
+                    _ => top,
+                };
+                top = at.saturating_add(size);
+                at
+            }
+        };
+        offsets[i] = Some(at);
     }
 }
 

@@ -27,7 +27,8 @@ fn knowing_lifetimes_places_what_an_online_allocator_cannot() {
     // allocator puts c after b (3 MiB live, 4 MiB held); knowing that a
     // dies before c is born, c goes first and a takes its place.
     let blocks = [life(0, 2, MIB), life(1, 4, MIB), life(3, 4, 2 * MIB)];
-    for order in Method::ALL {
+    assert_eq!(place(&blocks, Method::BestFit).top, 4 * MIB, "the online allocator");
+    for order in Method::ALL.into_iter().filter(|&m| m != Method::BestFit) {
         let p = place(&blocks, order);
         assert_eq!(p.top, 3 * MIB, "{order:?}");
         assert_eq!(first_conflict(&blocks, &p), None);
@@ -49,10 +50,33 @@ fn the_skyline_reaches_the_peak_where_every_lowest_offset_order_does_not() {
         assert_eq!(first_conflict(&blocks, &p), None, "{method:?}");
         match method {
             Method::Skyline(_) => assert_eq!(p.top, 9, "{method:?}"),
-            Method::Lowest(_) => assert!(p.top >= 10, "{method:?}: {}", p.top),
+            Method::Lowest(_) | Method::BestFit => assert!(p.top >= 10, "{method:?}: {}", p.top),
         }
     }
     assert_eq!(best(&blocks), (Method::Skyline(Order::Size), place(&blocks, Method::Skyline(Order::Size))));
+}
+
+#[test]
+fn best_fit_in_time_reaches_the_peak_where_the_offline_orders_do_not() {
+    // Peak 8 (d and e at op 7). Every order places e, f and g (the
+    // largest) at 0 first, then b and a beside each other below e's
+    // offsets; c and d, live with both, end on top at 9. Best fit in time
+    // puts d where a was, so that b and c free a stretch of 5 below e's
+    // top, which e extends: 8.
+    let (a, b, c, d) = (life(0, 3, 2), life(1, 6, 3), life(2, 5, 2), life(4, 8, 2));
+    let (e, f, g) = (life(7, 9, 6), life(10, 11, 6), life(12, 13, 5));
+    let blocks = [a, b, c, d, e, f, g];
+    for method in Method::ALL {
+        let p = place(&blocks, method);
+        assert_eq!(first_conflict(&blocks, &p), None, "{method:?}");
+        match method {
+            Method::BestFit => assert_eq!(p.top, 8),
+            _ => assert!(p.top >= 9, "{method:?}: {}", p.top),
+        }
+    }
+    let p = place(&blocks, Method::BestFit);
+    assert_eq!((p.offsets[0], p.offsets[3], p.offsets[4]), (0, 0, 2), "d where a was, e over b and c");
+    assert_eq!(best(&blocks), (Method::BestFit, p));
 }
 
 #[test]
