@@ -48,6 +48,9 @@ train_gnn_varsize | gnn:gcn_varsize | torch | training | held out | graph convol
 cupy_arrays | arrays:array_mix | cupy | arrays | tuning | CuPy: elementwise chains, reductions, FFTs, matmuls and sorts of random shapes
 cupy_dataframe | arrays:dataframe | cupy | dataframe | tuning | CuPy dataframe-like partitions of 1e5-1e7 rows: filter, sort, gather, groupby, join
 cupy_kmeans_pca | arrays:kmeans_pca | cupy | arrays | held out | CuPy cuML-like fitting: k-means and PCA (eigh, SVD) on datasets of 1e4-1e6 rows
+train_lstm_varlen | rnn:lstm_varlen | torch | training | held out | LSTM language model training (3 layers, cuDNN, fp32, Adam), length 32-512 and batch from a token budget per step
+gen_seq2seq_greedy | generate:seq2seq_greedy | torch | generation | held out | encoder-decoder (torch.nn.Transformer, 6+6 layers, bf16), greedy decoding with no cache: the whole prefix through the decoder every token
+cupy_image | arrays:image_pipeline | cupy | arrays | held out | CuPy: batches of images of random sizes through an FFT blur, gradients, a percentile threshold, a pyramid and a histogram
 """
 
 

@@ -103,3 +103,33 @@ def kmeans_pca(ctx):
         projected = xc @ vectors[:, -8:]
         _, s, _ = xp.linalg.svd(x[: min(n, 8192)], full_matrices=False)
         float(projected.std() + s[0])
+
+
+def image_pipeline(ctx):
+    """Batches of images of random sizes through the steps of an imaging
+    pipeline: conversion to float, a Gaussian blur by FFT, the gradient
+    magnitude, a threshold at a percentile, a pyramid of 2x reductions and
+    a histogram; the last few results stay cached."""
+    xp = ctx.xp
+    rs = xp.random.default_rng(ctx.seed)
+    kept = collections.deque(maxlen=4)
+    top = ctx.size(3072, 96)
+    for _ in range(ctx.steps(120)):
+        h, w = ctx.logint(64, top), ctx.logint(64, top)
+        batch = ctx.choice([1, 2, 4, 8]) if not ctx.dry else 1
+        img = rs.integers(0, 256, (batch, h, w), dtype=xp.int32).astype(xp.float32) / 255
+        sigma = ctx.choice([1.0, 2.0, 4.0])
+        fy, fx = xp.fft.fftfreq(h)[:, None], xp.fft.rfftfreq(w)[None, :]
+        gauss = xp.exp(-2 * (xp.pi * sigma) ** 2 * (fx ** 2 + fy ** 2))
+        blurred = xp.fft.irfft2(xp.fft.rfft2(img) * gauss, s=(h, w)).astype(xp.float32)
+        gy, gx = xp.diff(blurred, axis=1)[:, :, :-1], xp.diff(blurred, axis=2)[:, :-1, :]
+        magnitude = xp.sqrt(gy * gy + gx * gx)
+        edges = magnitude > xp.percentile(magnitude, 90)
+        level = blurred
+        while min(level.shape[1:]) >= 128:
+            hh, ww = level.shape[1] // 2, level.shape[2] // 2
+            level = level[:, : 2 * hh, : 2 * ww].reshape(batch, hh, 2, ww, 2).mean(axis=(2, 4))
+        hist, _ = xp.histogram(blurred, bins=256, range=(0.0, 1.0))
+        kept.append((edges, level, hist))
+        float(hist.sum() + edges.sum())  # a host round trip, as a report makes
+        del img, gauss, blurred, gy, gx, magnitude

@@ -66,3 +66,29 @@ def kv_beam(ctx):
                 logits = model(token, caches, start=prompt + step)
             ids.view(batch, beams, -1)[:, 0].cpu()
             del caches, logits
+
+
+def seq2seq_greedy(ctx):
+    """An encoder-decoder (torch.nn.Transformer) as a translation service
+    runs it: each request's source encoded once, then the target decoded
+    greedily with no cache, the whole prefix through the decoder every
+    token."""
+    d = ctx.size(1024, 64)
+    heads, layers = (16, 6) if not ctx.dry else (4, 1)
+    model = torch.nn.Transformer(d_model=d, nhead=heads, num_encoder_layers=layers, num_decoder_layers=layers,
+                                 dim_feedforward=4 * d, batch_first=True)
+    embed, head = torch.nn.Embedding(VOCAB, d), torch.nn.Linear(d, VOCAB)
+    for module in (model, embed, head):
+        module.to(ctx.device, ctx.dtype).eval()
+    with torch.inference_mode():
+        for batch, source, new in _requests(ctx, ctx.size(16, 2), ctx.size(256, 24), 64):
+            src = torch.randint(0, VOCAB, (batch, source), device=ctx.device)
+            memory = model.encoder(embed(src))
+            out = torch.zeros(batch, 1, dtype=torch.long, device=ctx.device)
+            for _ in range(new):
+                mask = torch.nn.Transformer.generate_square_subsequent_mask(out.size(1), device=ctx.device,
+                                                                            dtype=ctx.dtype)
+                hidden = model.decoder(embed(out), memory, tgt_mask=mask)
+                out = torch.cat([out, head(hidden[:, -1]).argmax(dim=-1, keepdim=True)], dim=1)
+            out.cpu()
+            del memory
