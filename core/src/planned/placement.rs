@@ -143,7 +143,8 @@ pub fn place(blocks: &[Lifetime], method: Method) -> Placement {
 /// their offsets, and in two ranges: a block goes below `low` only where
 /// it ends by `low`, else at `low` or above. `top` and `offsets` are those
 /// of `blocks` only. Below `low` blocks are placed by [`Method::Lowest`]
-/// in the method's order; a skyline places the rest above it.
+/// in the method's order (largest first for [`Method::BestFit`]); a
+/// skyline or the best fit places the rest above it.
 ///
 /// [`Planned`](super::Planned) lays out a step's blocks this way in the
 /// free time of the carried blocks' region (`[0, low)`, the carried
@@ -367,8 +368,9 @@ fn best_fit(blocks: &[Lifetime], low: u64, offsets: &mut [Option<u64>]) {
                 by_len.remove(&(len, at));
                 by_offset.remove(&at);
                 if len > size {
-                    by_offset.insert(at + size, len - size);
-                    by_len.insert((len - size, at + size));
+                    let rest = at.saturating_add(size);
+                    by_offset.insert(rest, len - size);
+                    by_len.insert((len - size, rest));
                 }
                 at
             }
