@@ -99,6 +99,15 @@ class Registry(unittest.TestCase):
         self.assertTrue(any(w.kind == "inference" and "dynamic" in w.name for w in held))
         self.assertTrue(any(w.framework == "cupy" for w in held))
 
+    def test_the_replay_holds_out_the_registry_s_held_out_traces(self):
+        # memres replay reads benches/data/held_out.txt; the registry is
+        # where a workload is marked. The two must agree on every trace the
+        # registry records (the three training traces of benches/data were
+        # recorded otherwise and are all tuning ones).
+        with open(os.path.join(HERE, "..", "data", "held_out.txt")) as f:
+            listed = {line.split("#")[0].strip() for line in f} - {""}
+        self.assertEqual(listed, {w.name for w in WORKLOADS if w.held_out})
+
 
 @unittest.skipIf(numpy is None, "NumPy is not installed")
 class DryRun(unittest.TestCase):

@@ -2,6 +2,8 @@
 //!
 //! - [`workload`]: allocation sequences (generated as RMM's replay harness
 //!   does, or read from RMM log traces), decoded once into flat op lists.
+//! - [`family`]: the traces of `benches/data/` that `memres replay` runs
+//!   by default, and which of them are held out from tuning.
 //! - [`replay`]: the engine that drives one resource through a workload and
 //!   measures ns per op, peak live bytes and peak upstream bytes.
 //! - [`resources`]: the names `--resource` knows: aliases of stack strings,
@@ -30,6 +32,7 @@
 
 #[cfg(feature = "cuda")]
 pub mod cuda;
+pub mod family;
 pub mod map;
 pub mod names;
 pub mod observe;

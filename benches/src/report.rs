@@ -21,6 +21,9 @@ pub struct Row {
     pub skipped_frees: u64,
     /// Failed allocations the trace logged, skipped.
     pub failed_allocations: u64,
+    /// Whether the trace is held out from tuning
+    /// ([`family::is_held_out`](crate::family::is_held_out)).
+    pub held_out: bool,
     /// The figures, or why the replay failed.
     pub outcome: Result<Measurement, String>,
 }
@@ -43,7 +46,8 @@ stray frees: frees of pointers the trace never allocated (skipped, as are rows i
 ";
 
 /// The rows as text: per workload (in order of first appearance) a line
-/// that names it with its figures, then one aligned line per resource;
+/// that names it with its figures (and `held out` for a trace held out
+/// from tuning), then one aligned line per resource;
 /// then the errors of failed replays and the [`LEGEND`].
 pub fn table(rows: &[Row]) -> String {
     let header = ["resource", "ns/op", "cpu ns/op", "peak live", "peak upstream", "footprint", "grows/pass"];
@@ -96,6 +100,9 @@ pub fn table(rows: &[Row]) -> String {
         if workload != Some(row.workload.as_str()) {
             workload = Some(&row.workload);
             let _ = write!(out, "{}", row.workload);
+            if row.held_out {
+                out.push_str(" (held out)");
+            }
             if let Ok(m) = &row.outcome {
                 let _ = write!(out, ": {} ops", m.ops);
             }
@@ -127,11 +134,11 @@ pub fn csv_field(s: &str) -> String {
 
 /// The header of [`csv_line`]'s lines.
 pub const CSV_HEADER: &str =
-    "resource,workload,ops,ns_per_op,peak_live,peak_upstream,footprint,passes,best_ns_per_op,cpu_ns_per_op,upstream,skipped_frees,failed_allocations,error,upstream_allocs_per_pass";
+    "resource,workload,ops,ns_per_op,peak_live,peak_upstream,footprint,passes,best_ns_per_op,cpu_ns_per_op,upstream,skipped_frees,failed_allocations,error,upstream_allocs_per_pass,held_out";
 
 /// The row as a line of CSV with the fields of [`json_line`] (empty where
-/// JSON has `null`); `upstream_allocs_per_pass` comes last, after
-/// `error`, so that the columns before it keep their places.
+/// JSON has `null`); `upstream_allocs_per_pass` and `held_out` come
+/// last, after `error`, so that the columns before them keep their places.
 pub fn csv_line(row: &Row) -> String {
     let mut f = vec![csv_field(&row.resource), csv_field(&row.workload)];
     match &row.outcome {
@@ -158,6 +165,7 @@ pub fn csv_line(row: &Row) -> String {
             .and_then(|m| m.upstream_allocations_per_pass)
             .map_or(String::new(), json_f64),
     );
+    f.push(row.held_out.to_string());
     f.join(",")
 }
 
@@ -197,8 +205,8 @@ fn json_f64(x: f64) -> String {
 /// `upstream_allocs_per_pass` (allocations from the upstream per timed
 /// pass, the mean, a vpool's commits of granules; `null` where not
 /// counted) for a replay that ran,
-/// `upstream`, `skipped_frees`, `failed_allocations`, and `error` for a
-/// failed replay.
+/// `upstream`, `skipped_frees`, `failed_allocations`, `held_out` (a trace
+/// held out from tuning), and `error` for a failed replay.
 pub fn json_line(row: &Row) -> String {
     let mut out =
         format!("{{\"resource\":{},\"workload\":{},", json_string(&row.resource), json_string(&row.workload));
@@ -224,8 +232,8 @@ pub fn json_line(row: &Row) -> String {
     }
     let _ = write!(
         out,
-        "\"upstream\":\"{}\",\"skipped_frees\":{},\"failed_allocations\":{}",
-        row.upstream, row.skipped_frees, row.failed_allocations
+        "\"upstream\":\"{}\",\"skipped_frees\":{},\"failed_allocations\":{},\"held_out\":{}",
+        row.upstream, row.skipped_frees, row.failed_allocations, row.held_out
     );
     if let Err(e) = &row.outcome {
         let _ = write!(out, ",\"error\":{}", json_string(e));

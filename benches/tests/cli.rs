@@ -557,6 +557,41 @@ fn per_stream_pools_replay_as_the_pool_on_one_stream_and_take_cuda_leaves_only_w
 }
 
 #[test]
+fn with_no_workload_the_replay_runs_the_family_held_out_traces_last_and_marked() {
+    let o = memres(&["replay", "--json", "--passes", "1", "-r", "offset-allocator"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let rows = json_rows(&o);
+    let data = concat!(env!("CARGO_MANIFEST_DIR"), "/data");
+    let traces = std::fs::read_dir(data)
+        .unwrap()
+        .filter(|e| e.as_ref().unwrap().file_name().to_string_lossy().ends_with(".csv.gz"))
+        .count();
+    assert_eq!(rows.len(), traces, "one row per trace of {data}");
+    let held: Vec<String> = std::fs::read_to_string(format!("{data}/held_out.txt"))
+        .unwrap()
+        .lines()
+        .map(|l| l.split('#').next().unwrap().trim().to_string())
+        .filter(|l| !l.is_empty())
+        .collect();
+    let name = |r: &Value| {
+        let w = r["workload"].as_str().unwrap();
+        w.rsplit('/').next().unwrap().trim_end_matches(".csv.gz").to_string()
+    };
+    for r in &rows {
+        assert_eq!(r["held_out"].as_bool(), Some(held.contains(&name(r))), "{r}");
+        assert!(r["footprint"].as_f64().unwrap() >= 1.0, "{r}");
+    }
+    let first_held = rows.iter().position(|r| r["held_out"] == true).unwrap();
+    assert_eq!(first_held, rows.len() - held.len(), "the held-out traces come last");
+    // A trace named on the command line is marked too; a generated workload never.
+    let beam = format!("{data}/gen_kv_beam.csv.gz");
+    let o =
+        memres(&["replay", "--json", "--passes", "1", "-r", "offset-allocator", "random:100:1000:1", &beam]);
+    let rows = json_rows(&o);
+    assert_eq!((rows[0]["held_out"].as_bool(), rows[1]["held_out"].as_bool()), (Some(false), Some(true)));
+}
+
+#[test]
 fn offline_placement_beats_the_online_best_fit_where_lifetimes_matter() {
     let o = memres(&["offline", "--csv", RESNET, TRANSFORMER]);
     assert!(o.status.success(), "{}", stderr(&o));

@@ -30,6 +30,10 @@ enum Command {
     /// RMM's replay harness does, or the path of a trace in RMM's log
     /// format (CSV `Thread,Time,Action,Pointer,Size,Stream`, plain or gzip).
     ///
+    /// With no workload named, every trace of the family in `benches/data/`,
+    /// those held out from tuning (`benches/data/held_out.txt`) last; a
+    /// held-out trace's rows are marked wherever it lies.
+    ///
     /// Exit status: 0 every replay ran, 1 some replay failed (its row says
     /// why), 2 bad usage (nothing ran).
     Replay {
@@ -83,8 +87,8 @@ enum Command {
         /// held from the upstream as a bar of used and free runs.
         #[arg(long)]
         map: bool,
-        /// Workload specs or trace paths.
-        #[arg(required = true, value_name = "WORKLOAD_OR_TRACE")]
+        /// Workload specs or trace paths (default: the trace family).
+        #[arg(value_name = "WORKLOAD_OR_TRACE")]
         workloads: Vec<String>,
     },
     /// Place each workload's blocks knowing every lifetime in advance:
@@ -375,6 +379,22 @@ fn replay(
             check_stack(text, options.upstream).map_err(Failure::Usage)?;
         }
     }
+    let family;
+    let specs = if specs.is_empty() {
+        let dir = std::path::Path::new(memres_bench::family::DATA_DIR);
+        family = memres_bench::family::traces(dir).map_err(|e| {
+            Failure::Usage(format!("no workload named, and the trace family at {}: {e}", dir.display()))
+        })?;
+        if family.is_empty() {
+            return Err(Failure::Usage(format!("no workload named, and no trace in {}", dir.display())));
+        }
+        // Named from the working directory where they lie under it, as a
+        // user would name them.
+        let here = std::env::current_dir().unwrap_or_default();
+        family.iter().map(|p| p.strip_prefix(&here).unwrap_or(p).display().to_string()).collect()
+    } else {
+        specs.to_vec()
+    };
     // Decode every workload before replaying any: a bad one stops the run
     // before it prints anything.
     let workloads: Vec<Workload> = specs
@@ -412,6 +432,7 @@ fn run_all(sources: &[(String, Source)], workloads: &[Workload], options: &RunOp
     let show_progress = std::io::stderr().is_terminal();
     let mut rows = Vec::new();
     for w in workloads {
+        let held_out = memres_bench::family::is_held_out(std::path::Path::new(&w.name));
         for (name, source) in sources {
             let bar = if show_progress && w.ops.len() >= 1 << 20 {
                 let bar = ProgressBar::new((1 + options.passes as u64) * w.ops.len() as u64)
@@ -445,6 +466,7 @@ fn run_all(sources: &[(String, Source)], workloads: &[Workload], options: &RunOp
                 upstream: options.upstream,
                 skipped_frees: w.skipped_frees,
                 failed_allocations: w.failed_allocations,
+                held_out,
                 outcome,
             });
         }

@@ -9,6 +9,7 @@ fn row(outcome: Result<Measurement, String>) -> Row {
         upstream: UpstreamKind::Sim,
         skipped_frees: 7,
         failed_allocations: 0,
+        held_out: false,
         outcome,
     }
 }
@@ -28,14 +29,14 @@ fn json_lines_escape_and_carry_every_key() {
     let line = json_line(&row(Ok(m)));
     assert_eq!(
         line,
-        r#"{"resource":"pool","workload":"a \"quoted\"\\path\n","ops":10,"ns_per_op":25,"peak_live":1000,"peak_upstream":1500,"footprint":1.5,"passes":1,"best_ns_per_op":20,"cpu_ns_per_op":15,"upstream_allocs_per_pass":2.5,"upstream":"sim","skipped_frees":7,"failed_allocations":0}"#
+        r#"{"resource":"pool","workload":"a \"quoted\"\\path\n","ops":10,"ns_per_op":25,"peak_live":1000,"peak_upstream":1500,"footprint":1.5,"passes":1,"best_ns_per_op":20,"cpu_ns_per_op":15,"upstream_allocs_per_pass":2.5,"upstream":"sim","skipped_frees":7,"failed_allocations":0,"held_out":false}"#
     );
     let m = Measurement { upstream_allocations_per_pass: None, ..m };
     assert!(json_line(&row(Ok(m))).contains(r#","upstream_allocs_per_pass":null,"#));
     let line = json_line(&row(Err("out of memory".into())));
     assert!(
         line.contains(r#""ops":null,"#)
-            && line.ends_with(r#""skipped_frees":7,"failed_allocations":0,"error":"out of memory"}"#),
+            && line.ends_with(r#""failed_allocations":0,"held_out":false,"error":"out of memory"}"#),
         "{line}"
     );
     assert_eq!(json_string("\u{1}"), r#""\u0001""#);
@@ -61,7 +62,7 @@ fn table_names_each_workload_once_aligns_columns_and_lists_errors() {
     for r in &mut rows[..2] {
         r.workload = "random:1:2:3".into();
     }
-    rows[2].workload = "other".into();
+    (rows[2].workload, rows[2].held_out) = ("other".into(), true);
     let text = table(&rows);
     let lines: Vec<&str> = text.lines().collect();
     assert!(lines[0].starts_with("  resource   ns/op  cpu ns/op"), "{text}");
@@ -74,7 +75,7 @@ fn table_names_each_workload_once_aligns_columns_and_lists_errors() {
     assert_eq!(cells, ["pool", "25.0", "15.0", "1000", "B", "3.00", "MiB", "3145.728", "0.0"]);
     assert!(lines[0].ends_with("  footprint  grows/pass"), "{text}");
     assert!(lines[3].contains("FAILED"), "{text}");
-    assert_eq!(lines[4], "other: 10 ops, 7 stray frees");
+    assert_eq!(lines[4], "other (held out): 10 ops, 7 stray frees");
     assert!(lines[5].ends_with(" 1.000           -"), "{text}");
     assert_eq!(lines[6], "error: pool on random:1:2:3: boom");
     assert!(text.ends_with(LEGEND) && LEGEND.contains("footprint: ") && LEGEND.contains("stray frees: "));
@@ -104,13 +105,15 @@ fn table_takes_names_of_any_length() {
 fn csv_lines_carry_the_json_fields() {
     let line = csv_line(&row(Ok(measured(1500, Some(1693.0)))));
     assert_eq!(line.matches(',').count(), CSV_HEADER.matches(',').count());
-    assert_eq!(line, "pool,\"a \"\"quoted\"\"\\path\n\",10,25,1000,1500,1.5,1,20,15,sim,7,0,,1693");
-    // The new column is the last, so the ones before it keep their places.
-    assert!(CSV_HEADER.ends_with(",failed_allocations,error,upstream_allocs_per_pass"));
+    assert_eq!(line, "pool,\"a \"\"quoted\"\"\\path\n\",10,25,1000,1500,1.5,1,20,15,sim,7,0,,1693,false");
+    // New columns come last, so the ones before them keep their places.
+    assert!(CSV_HEADER.ends_with(",failed_allocations,error,upstream_allocs_per_pass,held_out"));
     let uncounted = csv_line(&row(Ok(measured(1500, None))));
-    assert!(uncounted.ends_with(",sim,7,0,,"), "{uncounted}");
+    assert!(uncounted.ends_with(",sim,7,0,,,false"), "{uncounted}");
     let failed = csv_line(&row(Err("out of memory, sorry".into())));
-    assert!(failed.ends_with(",,,,,,,,sim,7,0,\"out of memory, sorry\","), "{failed}");
+    assert!(failed.ends_with(",,,,,,,,sim,7,0,\"out of memory, sorry\",,false"), "{failed}");
+    let held = csv_line(&Row { held_out: true, ..row(Ok(measured(1500, None))) });
+    assert!(held.ends_with(",,true"), "{held}");
 }
 
 #[test]

@@ -1,0 +1,36 @@
+use super::*;
+
+#[test]
+fn every_held_out_name_is_a_trace_of_the_family_and_comes_last() {
+    let dir = Path::new(DATA_DIR);
+    let held = held_out_names(dir).unwrap();
+    assert!(held.len() >= 3, "{held:?}");
+    let traces = traces(dir).unwrap();
+    let names: Vec<&str> = traces.iter().map(|p| trace_name(p).unwrap()).collect();
+    for name in &held {
+        assert!(names.contains(&name.as_str()), "{name} is held out but no trace of {DATA_DIR}");
+    }
+    let first_held = names.len() - held.len();
+    assert!(names[..first_held].iter().all(|n| !held.iter().any(|h| h == n)), "{names:?}");
+    assert!(traces[first_held..].iter().all(|p| is_held_out(p)));
+    assert!(traces[..first_held].iter().all(|p| !is_held_out(p)));
+}
+
+#[test]
+fn a_list_beside_the_traces_marks_them_and_orders_them_last() {
+    let dir = std::env::temp_dir().join(format!("memres-family-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    for f in ["b.csv.gz", "a.csv", "c.csv.gz", "notes.txt"] {
+        std::fs::write(dir.join(f), "").unwrap();
+    }
+    assert!(!is_held_out(&dir.join("a.csv")), "no list: nothing is held out");
+    std::fs::write(dir.join(HELD_OUT_FILE), "# held out\nb   # the second\n\n").unwrap();
+    let names: Vec<String> =
+        traces(&dir).unwrap().iter().map(|p| trace_name(p).unwrap().to_string()).collect();
+    assert_eq!(names, ["a", "c", "b"]);
+    assert!(is_held_out(&dir.join("b.csv.gz")));
+    assert!(!is_held_out(&dir.join("c.csv.gz")));
+    assert!(!is_held_out(Path::new("random:10:100:1")), "a generator spec");
+    assert_eq!(trace_name(&dir.join("notes.txt")), None);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
