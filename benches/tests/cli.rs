@@ -561,18 +561,13 @@ fn with_no_workload_the_replay_runs_the_family_held_out_traces_last_and_marked()
     let o = memres(&["replay", "--json", "--passes", "1", "-r", "offset-allocator"]);
     assert!(o.status.success(), "{}", stderr(&o));
     let rows = json_rows(&o);
-    let data = concat!(env!("CARGO_MANIFEST_DIR"), "/data");
+    let data = memres_bench::family::DATA_DIR;
     let traces = std::fs::read_dir(data)
         .unwrap()
         .filter(|e| e.as_ref().unwrap().file_name().to_string_lossy().ends_with(".csv.gz"))
         .count();
     assert_eq!(rows.len(), traces, "one row per trace of {data}");
-    let held: Vec<String> = std::fs::read_to_string(format!("{data}/held_out.txt"))
-        .unwrap()
-        .lines()
-        .map(|l| l.split('#').next().unwrap().trim().to_string())
-        .filter(|l| !l.is_empty())
-        .collect();
+    let held = memres_bench::family::held_out_names(std::path::Path::new(data)).unwrap();
     let name = |r: &Value| {
         let w = r["workload"].as_str().unwrap();
         w.rsplit('/').next().unwrap().trim_end_matches(".csv.gz").to_string()
