@@ -46,10 +46,15 @@ pub fn held_out_names(dir: &Path) -> io::Result<Vec<String>> {
 }
 
 /// Whether the trace at `path` is named in the `held_out.txt` beside it
-/// (a generator spec, or a trace with no readable list beside it, is not).
-pub fn is_held_out(path: &Path) -> bool {
-    let (Some(name), Some(dir)) = (trace_name(path), path.parent()) else { return false };
-    held_out_names(dir).is_ok_and(|names| names.iter().any(|n| n == name))
+/// (a generator spec, or a trace with no list beside it, is not).
+///
+/// # Errors
+///
+/// The list beside the trace exists but cannot be read: a held-out trace
+/// must not pass for a tuning one.
+pub fn is_held_out(path: &Path) -> io::Result<bool> {
+    let (Some(name), Some(dir)) = (trace_name(path), path.parent()) else { return Ok(false) };
+    Ok(held_out_names(dir)?.iter().any(|n| n == name))
 }
 
 /// Every trace in `dir` (`.csv.gz` or `.csv`) by name, the held-out ones

@@ -402,7 +402,15 @@ fn replay(
         .map(|s| Workload::load(s))
         .collect::<Result<_, _>>()
         .map_err(|e| Failure::Usage(e.to_string()))?;
-    let rows = run_all(&sources, &workloads, &options);
+    let held_out: Vec<bool> = workloads
+        .iter()
+        .map(|w| {
+            memres_bench::family::is_held_out(std::path::Path::new(&w.name)).map_err(|e| {
+                Failure::Usage(format!("{}: the list of held-out traces beside it: {e}", w.name))
+            })
+        })
+        .collect::<Result<_, _>>()?;
+    let rows = run_all(&sources, &workloads, &held_out, &options);
     match format {
         Format::Json => rows.iter().for_each(|row| println!("{}", json_line(row))),
         Format::Csv => {
@@ -428,11 +436,15 @@ fn replay(
 
 /// Replays every source on every workload, with a progress bar on a terminal
 /// for long workloads.
-fn run_all(sources: &[(String, Source)], workloads: &[Workload], options: &RunOptions) -> Vec<Row> {
+fn run_all(
+    sources: &[(String, Source)],
+    workloads: &[Workload],
+    held_out: &[bool],
+    options: &RunOptions,
+) -> Vec<Row> {
     let show_progress = std::io::stderr().is_terminal();
     let mut rows = Vec::new();
-    for w in workloads {
-        let held_out = memres_bench::family::is_held_out(std::path::Path::new(&w.name));
+    for (w, &held_out) in workloads.iter().zip(held_out) {
         for (name, source) in sources {
             let bar = if show_progress && w.ops.len() >= 1 << 20 {
                 let bar = ProgressBar::new((1 + options.passes as u64) * w.ops.len() as u64)

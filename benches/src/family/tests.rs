@@ -12,8 +12,8 @@ fn every_held_out_name_is_a_trace_of_the_family_and_comes_last() {
     }
     let first_held = names.len() - held.len();
     assert!(names[..first_held].iter().all(|n| !held.iter().any(|h| h == n)), "{names:?}");
-    assert!(traces[first_held..].iter().all(|p| is_held_out(p)));
-    assert!(traces[..first_held].iter().all(|p| !is_held_out(p)));
+    assert!(traces[first_held..].iter().all(|p| is_held_out(p).unwrap()));
+    assert!(traces[..first_held].iter().all(|p| !is_held_out(p).unwrap()));
 }
 
 #[test]
@@ -23,14 +23,19 @@ fn a_list_beside_the_traces_marks_them_and_orders_them_last() {
     for f in ["b.csv.gz", "a.csv", "c.csv.gz", "notes.txt"] {
         std::fs::write(dir.join(f), "").unwrap();
     }
-    assert!(!is_held_out(&dir.join("a.csv")), "no list: nothing is held out");
+    assert!(!is_held_out(&dir.join("a.csv")).unwrap(), "no list: nothing is held out");
     std::fs::write(dir.join(HELD_OUT_FILE), "# held out\nb   # the second\n\n").unwrap();
     let names: Vec<String> =
         traces(&dir).unwrap().iter().map(|p| trace_name(p).unwrap().to_string()).collect();
     assert_eq!(names, ["a", "c", "b"]);
-    assert!(is_held_out(&dir.join("b.csv.gz")));
-    assert!(!is_held_out(&dir.join("c.csv.gz")));
-    assert!(!is_held_out(Path::new("random:10:100:1")), "a generator spec");
+    assert!(is_held_out(&dir.join("b.csv.gz")).unwrap());
+    assert!(!is_held_out(&dir.join("c.csv.gz")).unwrap());
+    assert!(!is_held_out(Path::new("random:10:100:1")).unwrap(), "a generator spec");
     assert_eq!(trace_name(&dir.join("notes.txt")), None);
+    // A list that cannot be read is an error, not "nothing held out".
+    std::fs::remove_file(dir.join(HELD_OUT_FILE)).unwrap();
+    std::fs::create_dir(dir.join(HELD_OUT_FILE)).unwrap();
+    assert!(is_held_out(&dir.join("b.csv.gz")).is_err());
+    assert!(traces(&dir).is_err());
     std::fs::remove_dir_all(&dir).unwrap();
 }
