@@ -1,6 +1,11 @@
 //! The memres pool against its peers, side by side, on the same op
 //! sequences (sizes rounded up to 256 bytes for all).
 //!
+//! The workloads are two generated ones and every trace of the family in
+//! `benches/data/`, as `memres replay` runs them with no workload named;
+//! a held-out trace's group is named `held-out/NAME`. Criterion's filter
+//! picks some: `cargo bench -p memres-bench -- gpt_train`.
+//!
 //! Each iteration replays a whole workload on a warm resource (one pass
 //! has run before timing starts, as in the `memres replay` tool), so the
 //! figure per element is the cost of one op. The memres resources are
@@ -17,6 +22,7 @@
 //! with other work, wall time counts the waits for a core.
 
 use criterion::{criterion_group, criterion_main, BenchmarkGroup, Criterion, Throughput};
+use memres_bench::family;
 use memres_bench::peers::{OffsetReplayer, RangeReplayer};
 use memres_bench::replay::{pass, shared_pass, thread_cpu_time, Replayer};
 use memres_bench::stack::builder;
@@ -27,16 +33,12 @@ use memres_core::stack::{fixed_block_size, parse};
 use memres_core::Block;
 use memres_sim::{SimDevice, SimWorld};
 use std::hint::black_box;
+use std::path::Path;
 use std::sync::Barrier;
 use std::time::{Duration, Instant};
 
-const WORKLOADS: &[&str] = &[
-    "random:100000:1048576:42",
-    "lograndom:100000:256:16777216:7",
-    concat!(env!("CARGO_MANIFEST_DIR"), "/data/resnet_train.csv.gz"),
-    concat!(env!("CARGO_MANIFEST_DIR"), "/data/gpt_train.csv.gz"),
-    concat!(env!("CARGO_MANIFEST_DIR"), "/data/transformer_train.csv.gz"),
-];
+/// The generated workloads, before the family's traces.
+const GENERATED: &[&str] = &["random:100000:1048576:42", "lograndom:100000:256:16777216:7"];
 
 type Group<'a> = BenchmarkGroup<'a, criterion::measurement::WallTime>;
 
@@ -88,10 +90,9 @@ fn bench_stack(group: &mut Group<'_>, name: &str, w: &Workload, text: &str) {
     }
 }
 
-fn bench_workload(c: &mut Criterion, spec: &str) {
+fn bench_workload(c: &mut Criterion, group_name: &str, spec: &str) {
     let w = Workload::load(spec).expect("workload decodes");
-    let short = spec.rsplit('/').next().unwrap_or(spec);
-    let mut group = c.benchmark_group(short);
+    let mut group = c.benchmark_group(group_name);
     group.throughput(Throughput::Elements(w.ops.len() as u64));
     group.sample_size(20).warm_up_time(Duration::from_millis(500)).measurement_time(Duration::from_secs(3));
     bench_stack(&mut group, "pool", &w, "pool(sim(1TiB))");
@@ -100,6 +101,7 @@ fn bench_workload(c: &mut Criterion, spec: &str) {
     bench_stack(&mut group, "binning", &w, "binning(sim(1TiB))");
     bench_stack(&mut group, "arena", &w, "arena(sim(1TiB))");
     bench_stack(&mut group, "stats-pool", &w, "stats(pool(sim(1TiB)))");
+    bench_stack(&mut group, "vpool", &w, "vpool(sim(1TiB))");
     bench_replayer(&mut group, "offset-allocator", &w, OffsetReplayer::new(&w));
     bench_replayer(&mut group, "range-alloc", &w, RangeReplayer::new());
     group.finish();
@@ -159,8 +161,16 @@ fn arena_threads(c: &mut Criterion) {
 }
 
 fn replay(c: &mut Criterion) {
-    for spec in WORKLOADS {
-        bench_workload(c, spec);
+    for spec in GENERATED {
+        bench_workload(c, spec, spec);
+    }
+    for path in family::traces(Path::new(family::DATA_DIR)).expect("the family's traces") {
+        let name = family::trace_name(&path).expect("a trace").to_string();
+        let group = match family::is_held_out(&path).expect("the held-out list") {
+            true => format!("held-out/{name}"),
+            false => name,
+        };
+        bench_workload(c, &group, path.to_str().expect("a UTF-8 path"));
     }
 }
 
