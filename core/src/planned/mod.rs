@@ -267,8 +267,9 @@ enum Found {
 
 /// What [`State::place`] makes of an allocation.
 enum Served {
-    /// From a region, at this address.
-    At(u64),
+    /// From a region, at this address, with this tag: the block's slot
+    /// of the plan, or [`Block::NO_TAG`] in the carry region.
+    At(u64, u64),
     /// From the upstream; recorded at this index if the step is recorded.
     Upstream(Option<u32>),
     /// At this offset in the carry region, which is to be taken first: of
@@ -422,7 +423,7 @@ impl<R> State<R> {
                                 self.live_count += 1;
                                 self.live_bytes += size;
                                 self.steps.planned_allocations += 1;
-                                return Served::At(addr);
+                                return Served::At(addr, slot as u64);
                             }
                         }
                         (Place::Step { .. } | Place::Upstream, _) | (_, false) => {}
@@ -442,7 +443,7 @@ impl<R> State<R> {
                             }
                             if let Some(addr) = self.carry.serve_at(offset, request) {
                                 self.steps.planned_allocations += 1;
-                                return Served::At(addr);
+                                return Served::At(addr, Block::NO_TAG);
                             }
                         }
                     }
@@ -528,14 +529,18 @@ impl<R> State<R> {
     }
 
     /// If `addr` lies in a region: the live block there, or `Err(())`
-    /// where none starts at `addr`.
-    fn region_block(&self, addr: u64) -> Option<core::result::Result<Found, ()>> {
+    /// where none starts at `addr`. `tag` is the block's: the slot of a
+    /// step's block, looked at first (any other tag costs a search).
+    fn region_block(&self, addr: u64, tag: u64) -> Option<core::result::Result<Found, ()>> {
         if let Some(found) = self.carry.block_at(addr) {
             let found = found.map(|(offset, size, asked)| Found::Carried { offset, asked, size });
             return Some(found.ok_or(()));
         }
         let offset = offset_in(self.region, addr)?;
-        let found = self.plan.slots.binary_search(&offset).ok().and_then(|slot| {
+        // The tag names the slot if the slot is at `addr`'s offset; else
+        // the slots (distinct, ascending) are searched.
+        let tagged = usize::try_from(tag).ok().filter(|&t| self.plan.slots.get(t) == Some(&offset));
+        let found = tagged.or_else(|| self.plan.slots.binary_search(&offset).ok()).and_then(|slot| {
             let live = self.slot_live[slot] & !OVERDUE;
             (live != 0).then(|| {
                 let request = self.plan.entries[live as usize - 1].request;
@@ -800,7 +805,7 @@ impl<S: Stream + ?Sized, R: MemoryResource<S>> MemoryResource<S> for Planned<R> 
         let id = stream.id();
         let (served, epoch) = self.state.with(|s| (s.place(request, id), s.epoch));
         let recorded = match served {
-            Served::At(addr) => return Ok(Block::from_addr(addr, request.size())),
+            Served::At(addr, tag) => return Ok(Block::new(addr, request.size(), tag)),
             Served::Upstream(recorded) => recorded,
             Served::TakeCarry { offset, size, generation } => {
                 // The first block of the carry region since the layout
@@ -840,7 +845,7 @@ impl<S: Stream + ?Sized, R: MemoryResource<S>> MemoryResource<S> for Planned<R> 
 
     fn deallocate(&self, block: Block, stream: &S) -> Result<()> {
         let addr = block.addr();
-        let found = self.state.with(|s| s.region_block(addr).map(|b| (b, s.stream)));
+        let found = self.state.with(|s| s.region_block(addr, block.tag()).map(|b| (b, s.stream)));
         let Some((found, plan_stream)) = found else {
             self.upstream.deallocate(block, stream)?;
             self.state.with(|s| {

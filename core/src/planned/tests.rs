@@ -308,6 +308,34 @@ fn a_planned_block_still_live_at_the_step_end_keeps_the_next_step_unplanned() {
 }
 
 #[test]
+fn a_region_block_is_found_by_its_address_whatever_its_tag() {
+    // Three blocks live at once, all laid out in the region: each comes
+    // with its slot as its tag, which the free looks at first.
+    let script = [Op::Alloc(MIB), Op::Alloc(MIB), Op::Alloc(MIB), Op::Free(0), Op::Free(1), Op::Free(2)];
+    let p = Planned::new(Statistics::new(BumpUpstream::new(1 << 30)));
+    record_twice(&p, &script);
+    p.step(&()).unwrap();
+    let [a, b, c] = [(); 3].map(|_| p.allocate(req(MIB), &()).unwrap());
+    assert_eq!(p.steps().planned_allocations, 3);
+    let mut tags = [a.tag(), b.tag(), c.tag()];
+    tags.sort_unstable();
+    assert_eq!(tags, [0, 1, 2], "the region's three slots");
+    // a freed with b's tag: the block at a's address goes, b stays.
+    p.deallocate(Block::new(a.addr(), MIB, b.tag()), &()).unwrap();
+    assert_eq!(p.usage().used, 2 * MIB);
+    p.check().unwrap();
+    assert_eq!(p.deallocate(a, &()), Err(Error::UnknownBlock { addr: a.addr() }), "a is gone, tag or not");
+    // b with a tag no slot has, c by its address alone.
+    p.deallocate(Block::new(b.addr(), MIB, 12345), &()).unwrap();
+    p.deallocate(Block::from_addr(c.addr(), MIB), &()).unwrap();
+    assert_eq!(p.usage().used, 0);
+    p.check().unwrap();
+    // The step followed its plan: the next one is served from it again.
+    p.step(&()).unwrap();
+    assert_eq!(p.steps().followed, 1);
+}
+
+#[test]
 fn bad_frees_are_refused_and_change_nothing() {
     let p = Planned::new(Statistics::new(BumpUpstream::new(1 << 30)));
     record_twice(&p, &[Op::Alloc(MIB), Op::Alloc(MIB), Op::Free(0), Op::Free(1)]);
