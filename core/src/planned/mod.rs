@@ -156,7 +156,7 @@ struct Plan {
     /// One per allocation of the recorded step, in order.
     entries: Vec<Entry>,
     /// The distinct offsets in the step's region, ascending: a region
-    /// block is found by its offset here.
+    /// block is found by its offset here, at the index its tag names.
     slots: Vec<u64>,
     /// The entries in the step's region by `due`, ascending.
     by_due: Vec<u32>,
