@@ -33,10 +33,20 @@ fn slot(u: &mut Unstructured<'_>, index: usize) -> ArbResult<Slot> {
     Ok(Slot { request, frees, carried: u.ratio(1, 5)? })
 }
 
+/// The tag a free hands back: mostly the block's own, else none or any.
+fn tag_of(u: &mut Unstructured<'_>, block: Block) -> ArbResult<u64> {
+    Ok(match u.int_in_range(0u8..=7)? {
+        0 => Block::NO_TAG,
+        1 => u.arbitrary()?,
+        2 => u.int_in_range(0..=32)?,
+        _ => block.tag(),
+    })
+}
+
 /// Fuzz target `planned`: `Planned` over a small simulated device, one
 /// decoded step run up to 12 times with `step()` between, some steps
 /// departing from it (another size, a missing free, a free too late) and
-/// some frees wrong. Every block handed out is aligned and apart from every
+/// some frees wrong or with another block's tag, or none. Every block handed out is aligned and apart from every
 /// live one, every failure is the upstream's out of memory (or a bad free
 /// refused) and changes nothing, the checker passes after every call, and
 /// at the end nothing is in use and the device holds only the regions
@@ -57,8 +67,19 @@ fn run(u: &mut Unstructured<'_>) -> ArbResult<()> {
     }
     let mut live = LiveBlocks::new();
     let mut carried: Vec<Block> = Vec::new();
-    let free = |live: &mut LiveBlocks, block: Block| {
-        planned.deallocate(block, &()).expect("a live block is freed");
+    // Frees `block` handed back with `tag`: its own, or any other (a C
+    // caller has none). In a region the address decides which block goes;
+    // the simulated device refuses a tag not its own, and nothing changes.
+    let free = |live: &mut LiveBlocks, block: Block, tag: u64| {
+        let used = planned.usage().used;
+        match planned.deallocate(Block::new(block.addr(), block.size(), tag), &()) {
+            Ok(()) => {}
+            Err(Error::UnknownBlock { .. }) if tag != block.tag() && tag != Block::NO_TAG => {
+                assert_eq!(planned.usage().used, used, "a refused free changes nothing");
+                planned.deallocate(block, &()).expect("a live block is freed");
+            }
+            Err(e) => panic!("freeing {block:?} with tag {tag}: {e}"),
+        }
         live.remove(&block).expect("freed once");
         planned.check().expect("checker after a free");
     };
@@ -88,14 +109,14 @@ fn run(u: &mut Unstructured<'_>) -> ArbResult<()> {
             planned.check().expect("checker after an allocation");
             if i == 0 && !(depart && u.ratio(1, 2)?) {
                 for b in carried.drain(..) {
-                    free(&mut live, b);
+                    free(&mut live, b, b.tag());
                 }
             }
             if let Some(b) = s.frees.and_then(|j| blocks[j].take()) {
                 if depart && u.ratio(1, 4)? {
                     blocks[s.frees.unwrap_or(0)] = Some(b); // freed late, at the end
                 } else {
-                    free(&mut live, b);
+                    free(&mut live, b, tag_of(u, b)?);
                     if !b.is_empty() && u.ratio(1, 8)? {
                         // A double free: refused, nothing changes (freeing
                         // the empty block of a 0-byte request is a no-op).
@@ -107,7 +128,7 @@ fn run(u: &mut Unstructured<'_>) -> ArbResult<()> {
             }
         }
         for b in carried.drain(..) {
-            free(&mut live, b);
+            free(&mut live, b, tag_of(u, b)?);
         }
         for (i, b) in blocks.into_iter().enumerate() {
             let Some(b) = b else { continue };
@@ -121,12 +142,12 @@ fn run(u: &mut Unstructured<'_>) -> ArbResult<()> {
                     assert!(planned.deallocate(wrong, &()).is_err(), "wrong-size free of {b:?}");
                     assert_eq!(planned.usage().used, used);
                 }
-                free(&mut live, b);
+                free(&mut live, b, tag_of(u, b)?);
             }
         }
     }
     for b in carried.drain(..) {
-        free(&mut live, b);
+        free(&mut live, b, b.tag());
     }
     assert_eq!(planned.usage().used, 0, "nothing in use");
     let steps = planned.steps();
