@@ -164,12 +164,12 @@ fn replay(c: &mut Criterion) {
     for spec in GENERATED {
         bench_workload(c, spec, spec);
     }
-    let dir = Path::new(family::DATA_DIR);
-    let held_out = family::held_out_names(dir).expect("the held-out list");
-    for path in family::traces(dir).expect("the family's traces") {
+    for path in family::traces(Path::new(family::DATA_DIR)).expect("the family's traces") {
         let name = family::trace_name(&path).expect("a trace");
-        let group =
-            if held_out.iter().any(|h| h == name) { format!("held-out/{name}") } else { name.to_string() };
+        let group = match family::is_held_out(&path).expect("the held-out list") {
+            true => format!("held-out/{name}"),
+            false => name.to_string(),
+        };
         bench_workload(c, &group, path.to_str().expect("a UTF-8 path"));
     }
 }

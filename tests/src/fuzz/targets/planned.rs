@@ -46,8 +46,8 @@ fn tag_of(u: &mut Unstructured<'_>, block: Block) -> ArbResult<u64> {
 /// Fuzz target `planned`: `Planned` over a small simulated device, one
 /// decoded step run up to 12 times with `step()` between, some steps
 /// departing from it (another size, a missing free, a free too late) and
-/// some frees wrong or with another block's tag, or none. Every block handed out is aligned and apart from every
-/// live one, every failure is the upstream's out of memory (or a bad free
+/// some frees wrong, with another block's tag or with none. Every block
+/// handed out is aligned and apart from every live one, every failure is the upstream's out of memory (or a bad free
 /// refused) and changes nothing, the checker passes after every call, and
 /// at the end nothing is in use and the device holds only the regions
 /// (the step's and the carried blocks').
@@ -69,14 +69,17 @@ fn run(u: &mut Unstructured<'_>) -> ArbResult<()> {
     let mut carried: Vec<Block> = Vec::new();
     // Frees `block` handed back with `tag`: its own, or any other (a C
     // caller has none). In a region the address decides which block goes;
-    // the simulated device refuses a tag not its own, and nothing changes.
+    // only the simulated device may refuse a tag not its own, and then
+    // nothing changes and the block's own tag frees it there.
     let free = |live: &mut LiveBlocks, block: Block, tag: u64| {
         let used = planned.usage().used;
         match planned.deallocate(Block::new(block.addr(), block.size(), tag), &()) {
             Ok(()) => {}
             Err(Error::UnknownBlock { .. }) if tag != block.tag() && tag != Block::NO_TAG => {
                 assert_eq!(planned.usage().used, used, "a refused free changes nothing");
+                let on_device = device.usage().used;
                 planned.deallocate(block, &()).expect("a live block is freed");
+                assert!(device.usage().used < on_device, "a region block refused for its tag: {block:?}");
             }
             Err(e) => panic!("freeing {block:?} with tag {tag}: {e}"),
         }
