@@ -8,6 +8,8 @@ mod nodes;
 mod ops;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod where_tests;
 
 pub use nodes::Node;
 

@@ -135,6 +135,81 @@ impl<N: Storage<Node>> CoalescingIndex<N> {
         Ok(Some(self.carve(found, units << self.shift, align)))
     }
 
+    /// Moves `a`, an allocation of `size` bytes at `align` not yet handed
+    /// out, to the first place that `fits` accepts (`fits(addr)` for the
+    /// block at `addr`), if any; else it stays where it is. The places,
+    /// with `a` freed: the ranges of the request's own class that fit, then
+    /// those of the classes above, smaller classes first (at most `tries`
+    /// ranges looked at), each at its start, then at its end. Either way
+    /// the allocation has a new tag.
+    ///
+    /// The virtual pool moves a small block that would map a new granule to
+    /// a place where a live neighbour keeps its granule mapped: the ragged
+    /// end of a free range.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::CapacityExhausted`] when the metadata storage is full, and
+    /// the errors of [`free`](Self::free) if `a` is not live with `size`:
+    /// then nothing changed.
+    ///
+    /// # Time Complexity
+    ///
+    /// O(`tries`) calls of `fits`, plus two bitmap scans per class looked at.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use memres_core::index::CoalescingIndex;
+    /// use memres_core::Range;
+    /// let mut index: CoalescingIndex = CoalescingIndex::new(256);
+    /// index.add_range(Range::new(0, 4096).unwrap())?;
+    /// let a = index.allocate(1024, 256)?.unwrap();
+    /// let a = index.move_where(a, 1024, 256, 4, |addr| addr >= 2048)?;
+    /// assert_eq!(a.addr, 3072); // the range's end: its start was refused
+    /// let a = index.move_where(a, 1024, 256, 4, |addr| addr == 1024)?;
+    /// assert_eq!(a.addr, 3072); // 1024 was never offered: it stays
+    /// # Ok::<(), memres_core::Error>(())
+    /// ```
+    pub fn move_where(
+        &mut self,
+        a: Allocation,
+        size: u64,
+        align: u64,
+        tries: u32,
+        mut fits: impl FnMut(u64) -> bool,
+    ) -> Result<Allocation> {
+        debug_assert!(size > 0 && align.is_power_of_two());
+        let units = (size + self.granule() - 1) >> self.shift;
+        let bytes = units << self.shift;
+        let align = align.max(self.granule());
+        // A carve needs two nodes at most, wherever it goes.
+        self.reserve_nodes(2)?;
+        let home = self.free_node(a.tag, a.addr, size)?;
+        let mut left = tries;
+        let own = bin_floor(units);
+        let mut bin = if self.heads[own] != NONE { Some(own) } else { self.find_bin_from(own + 1) };
+        while let Some(b) = bin.filter(|_| left > 0) {
+            let mut i = self.heads[b];
+            while i != NONE && left > 0 {
+                let n = *self.node(i);
+                let start = (n.addr + align - 1) & !(align - 1);
+                if start + bytes <= n.addr + n.size {
+                    let end = (n.addr + n.size - bytes) & !(align - 1);
+                    let places = 1 + (end != start) as usize;
+                    if let Some(at) = [start, end].into_iter().take(places).find(|&at| fits(at)) {
+                        return Ok(self.carve_at(i, at, bytes));
+                    }
+                }
+                left -= 1;
+                i = n.next_free;
+            }
+            bin = self.find_bin_from(b + 1);
+        }
+        // The range that took `a` back holds its place.
+        Ok(self.carve_at(home, a.addr, bytes))
+    }
+
     /// Allocates `size` bytes at `align` from the free range whose node is
     /// `node` (a region's first node, as [`add_range`](Self::add_range)
     /// returns it), whatever its size class. `Ok(None)` if that range is not
@@ -204,10 +279,18 @@ impl<N: Storage<Node>> CoalescingIndex<N> {
     /// Takes `bytes` at `align` out of free node `i`, splitting off the front
     /// padding and the tail as free nodes.
     #[inline]
-    fn carve(&mut self, mut i: u32, bytes: u64, align: u64) -> Allocation {
+    fn carve(&mut self, i: u32, bytes: u64, align: u64) -> Allocation {
+        let addr = self.node(i).addr;
+        self.carve_at(i, (addr + align - 1) & !(align - 1), bytes)
+    }
+
+    /// Takes `bytes` at `aligned` out of free node `i`, which holds them,
+    /// splitting off what is left before and after as free nodes.
+    #[inline]
+    fn carve_at(&mut self, mut i: u32, aligned: u64, bytes: u64) -> Allocation {
         self.remove_free(i);
         let addr = self.node(i).addr;
-        let aligned = (addr + align - 1) & !(align - 1);
+        debug_assert!(addr <= aligned && aligned + bytes <= addr + self.node(i).size);
         if aligned != addr {
             // The front keeps index `i` (a region's first node never moves).
             let front = i;
@@ -290,6 +373,14 @@ impl<N: Storage<Node>> CoalescingIndex<N> {
     /// O(1).
     #[inline]
     pub fn free(&mut self, tag: u64, addr: u64, size: u64) -> Result<Range> {
+        let i = self.free_node(tag, addr, size)?;
+        let n = self.node(i);
+        Ok(Range::new(n.addr, n.size).unwrap_or_default())
+    }
+
+    /// [`free`](Self::free), returning the free node that holds the range.
+    #[inline]
+    fn free_node(&mut self, tag: u64, addr: u64, size: u64) -> Result<u32> {
         let Some(i) = self.resolve(tag, addr) else {
             return Err(Error::UnknownBlock { addr });
         };
@@ -316,8 +407,7 @@ impl<N: Storage<Node>> CoalescingIndex<N> {
             i = prev;
         }
         self.insert_free(i);
-        let n = self.node(i);
-        Ok(Range::new(n.addr, n.size).unwrap_or_default())
+        Ok(i)
     }
 
     /// Merges node `j` (the next neighbour of `i`) into `i` and vacates `j`.
