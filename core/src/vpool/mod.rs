@@ -26,7 +26,7 @@ mod tests;
 
 pub use config::VirtualConfig;
 
-use crate::index::CoalescingIndex;
+use crate::index::{Allocation, CoalescingIndex};
 use crate::vmem::ReservableSpace;
 use crate::{Block, Error, Inspect, MemoryResourceMut, Range, Request, Result, Stream};
 use alloc::vec::Vec;
@@ -45,6 +45,30 @@ struct Reservation {
     base: u32,
 }
 
+/// How many free ranges a block smaller than a granule may look at for a
+/// place that maps nothing new (see [`VirtualPool::move_small`]).
+const PLACE_TRIES: u32 = 8;
+
+/// The reservation of `reservations` (sorted by address) holding `addr`.
+#[inline(always)]
+fn reservation_at(reservations: &[Reservation], addr: u64) -> Option<&Reservation> {
+    if let [r] = reservations {
+        return r.range.contains(addr).then_some(r);
+    }
+    let i = reservations.partition_point(|r| r.range.start() <= addr);
+    let r = reservations.get(i.checked_sub(1)?)?;
+    r.range.contains(addr).then_some(r)
+}
+
+/// The slots of the granules (of `1 << shift` bytes) that `start..end`,
+/// inside `r`, touches.
+#[inline]
+fn slots_touched(r: &Reservation, shift: u32, start: u64, end: u64) -> (u32, u32) {
+    let lo = (start - r.range.start()) >> shift;
+    let hi = (end - r.range.start()).div_ceil(1 << shift);
+    (r.base + lo as u32, r.base + hi as u32)
+}
+
 /// A pool over one reserved address range that maps physical memory only
 /// where live blocks are: the design of the CUDA driver's pool and of
 /// PyTorch's expandable segments, with the O(1) index of
@@ -59,8 +83,11 @@ struct Reservation {
 ///            (a run: the Idle granules that one free left, or what is
 ///            left of them)
 ///
-///  allocate: index (O(1)) ─► the block's Idle granules leave the idle
-///            list, a run at a time; beyond the peak (+ slack), decommit as
+///  allocate: index (O(1)); a block under a granule that would touch one
+///            no live block does moves, if it can, to the end of a free
+///            range where a live block keeps the granule ─► the block's
+///            Idle granules leave the idle list, a run at a time; beyond
+///            the peak (+ slack), decommit as
 ///            many other Idle ones as needed; commit its Uncommitted
 ///            granules (in runs) ─► all Busy; count the block at its
 ///            first and last granule
@@ -113,7 +140,9 @@ struct Reservation {
 ///
 /// When no granule needs mapping or unmapping, allocate and free are O(1)
 /// whatever the block's size, plus O(1) per idle run a new block takes
-/// (usually one). A call that maps or unmaps costs what that costs, plus
+/// (usually one), plus, for a block under a granule that the index places
+/// on a granule no live block touches, a look at up to 8 other free
+/// ranges. A call that maps or unmaps costs what that costs, plus
 /// O(granules / 64) over the bitmap of committed granules. A block placed
 /// at an alignment inside an idle run first looks up the run's start: at
 /// most 64 slots, then, for a longer run, a backward search 64 granules at
@@ -346,12 +375,7 @@ impl<V: ReservableSpace> VirtualPool<V> {
     /// The reservation holding `addr`, by binary search.
     #[inline(always)]
     fn reservation_of(&self, addr: u64) -> Option<&Reservation> {
-        if let [r] = &self.reservations[..] {
-            return r.range.contains(addr).then_some(r);
-        }
-        let i = self.reservations.partition_point(|r| r.range.start() <= addr);
-        let r = self.reservations.get(i.checked_sub(1)?)?;
-        r.range.contains(addr).then_some(r)
+        reservation_at(&self.reservations, addr)
     }
 
     /// The reservation holding slot `s`.
@@ -373,9 +397,7 @@ impl<V: ReservableSpace> VirtualPool<V> {
     /// The slots of the granules that `start..end` (inside `r`) touches.
     #[inline]
     fn slots_touched(&self, r: &Reservation, start: u64, end: u64) -> (u32, u32) {
-        let lo = (start - r.range.start()) >> self.shift;
-        let hi = (end - r.range.start()).div_ceil(self.granule());
-        (r.base + lo as u32, r.base + hi as u32)
+        slots_touched(r, self.shift, start, end)
     }
 
     /// The address range of slots `lo..hi` of reservation `r`.
@@ -422,6 +444,31 @@ impl<V: ReservableSpace> VirtualPool<V> {
     /// ```
     pub fn peak_used(&self) -> u64 {
         self.peak_used
+    }
+
+    /// The place of `request`, smaller than a granule, that the index
+    /// carved at `a` over a granule no live block touches: where it touches
+    /// only granules that live blocks do, at the start or the end of one of
+    /// [`PLACE_TRIES`] free ranges ([`CoalescingIndex::move_where`]), if
+    /// there is such a place; else `a`'s.
+    ///
+    /// Without this, small blocks of one shape scatter over granules each
+    /// kept by a block or two of another, and the pool maps granules that
+    /// the live bytes would not need.
+    #[inline(never)]
+    fn move_small(&mut self, a: Allocation, request: Request) -> Allocation {
+        let len = request.rounded_size(256);
+        let (reservations, edges, shift) = (&self.reservations[..], &self.edges[..], self.shift);
+        let kept = |addr: u64| {
+            let Some(r) = reservation_at(reservations, addr) else { return false };
+            let (lo, hi) = slots_touched(r, shift, addr, addr + len);
+            // In a free range no granule lies inside a live block: a granule
+            // there is touched exactly when a live block ends or begins in
+            // it. A block under a granule touches one or two.
+            edges[lo as usize] != 0 && (hi - lo == 1 || edges[lo as usize + 1] != 0)
+        };
+        // On an error the index changed nothing: `a` stays.
+        self.index.move_where(a, request.size(), request.align(), PLACE_TRIES, kept).unwrap_or(a)
     }
 
     /// Reserves another range so that `request` fits, then allocates it.
@@ -484,7 +531,7 @@ where
         if request.is_zero() {
             return Ok(Block::EMPTY);
         }
-        let a = match self.index.allocate(request.size(), request.align()) {
+        let mut a = match self.index.allocate(request.size(), request.align()) {
             Ok(Some(a)) => a,
             Ok(None) => self.grow_and_allocate(request, stream)?,
             Err(e) => {
@@ -492,8 +539,15 @@ where
                 return Err(e);
             }
         };
-        let (lo, hi) = self.slots_of(a.addr, request.rounded_size(256));
-        let (s, e) = self.own_slots(lo, hi);
+        let (mut lo, mut hi) = self.slots_of(a.addr, request.rounded_size(256));
+        let (mut s, mut e) = self.own_slots(lo, hi);
+        if s < e && request.size() < self.granule() {
+            // It would take a granule no live block touches: look for one
+            // that a live block keeps.
+            a = self.move_small(a, request);
+            (lo, hi) = self.slots_of(a.addr, request.rounded_size(256));
+            (s, e) = self.own_slots(lo, hi);
+        }
         if s < e {
             if self.pin(s, e) {
                 self.commit_fresh(&a, request, (lo, hi), stream)?;

@@ -554,3 +554,51 @@ pub(super) fn drop_decommits_and_releases_everything() {
     }
     assert_eq!((space.reservation_count(), space.committed_bytes()), (0, 0));
 }
+
+#[test]
+fn a_small_block_goes_where_a_live_neighbour_keeps_its_granule_mapped() {
+    let space = CountingSpace::new(1 << 30, 2 * MIB);
+    let mut p = VirtualPool::new(&space).unwrap();
+    // Granule 0: y. Granules 1 and 2: z. Granule 2: w, after z.
+    let y = p.allocate(req(2 * MIB), &()).unwrap();
+    let z = p.allocate(req(3 * MIB), &()).unwrap();
+    let w = p.allocate(req(MIB), &()).unwrap();
+    assert_eq!((y.addr() % (2 * MIB), z.addr() - y.addr(), w.addr() - y.addr()), (0, 2 * MIB, 5 * MIB));
+    let base = y.addr();
+    p.deallocate(z, &()).unwrap();
+    assert_eq!(space.committed_bytes(), 4 * MIB, "granule 1 went back");
+    // The index's fit is z's start, in granule 1; the end of z's range is
+    // in granule 2, which w keeps mapped.
+    let a = p.allocate(req(MIB), &()).unwrap();
+    assert_eq!(a.addr() - base, 4 * MIB);
+    assert_eq!((space.committed_bytes(), p.usage().peak_held), (4 * MIB, 6 * MIB));
+    p.check().unwrap();
+    // 1.5 MiB has no such place (at the range's end it would reach into
+    // granule 1): it takes the index's fit and maps granule 1.
+    let b = p.allocate(req(3 * MIB / 2), &()).unwrap();
+    assert_eq!(b.addr() - base, 2 * MIB);
+    assert_eq!(space.committed_bytes(), 6 * MIB);
+    p.check().unwrap();
+    for blk in [y, w, a, b] {
+        p.deallocate(blk, &()).unwrap();
+    }
+    assert_eq!((p.usage().used, space.committed_bytes()), (0, 0));
+    p.check().unwrap();
+}
+
+#[test]
+fn a_small_block_that_only_a_new_reservation_holds_stays_there() {
+    // Aligned to 64 MiB, 1000 bytes fit only the reservation made for
+    // them, and a class search over that reservation would skip it: a
+    // small block placed on a new granule that finds no better place must
+    // keep the place it was given.
+    let space = CountingSpace::new(1 << 30, 2 * MIB);
+    let mut p = VirtualPool::with_config(&space, VirtualConfig::new(4 * MIB).max_reservations(2)).unwrap();
+    let r = Request::aligned(1000, 64 * MIB).unwrap();
+    let a = p.allocate(r, &()).unwrap();
+    assert_eq!((a.addr() % (64 * MIB), p.reservation_count()), (0, 2));
+    assert_eq!(space.committed_bytes(), 2 * MIB);
+    p.check().unwrap();
+    p.deallocate(a, &()).unwrap();
+    assert_eq!((p.usage().used, space.committed_bytes()), (0, 0));
+}
