@@ -1,9 +1,11 @@
 //! [`CoalescingIndex::move_where`]: the places it offers, in order, and
 //! what it leaves.
 
+extern crate std;
+
 use super::*;
 use crate::{Error, Range};
-use alloc::vec::Vec;
+use std::vec::Vec;
 
 const K: u64 = 1024;
 
