@@ -184,11 +184,12 @@ impl<N: Storage<Node>> CoalescingIndex<N> {
         let bytes = units << self.shift;
         let align = align.max(self.granule());
         // A carve needs two nodes at most, wherever it goes.
-        self.reserve_nodes(2)?;
+        if self.vacant_len < 2 {
+            self.reserve_nodes(2)?;
+        }
         let home = self.free_node(a.tag, a.addr, size)?;
         let mut left = tries;
-        let own = bin_floor(units);
-        let mut bin = if self.heads[own] != NONE { Some(own) } else { self.find_bin_from(own + 1) };
+        let mut bin = self.find_bin_from(bin_floor(units));
         while let Some(b) = bin.filter(|_| left > 0) {
             let mut i = self.heads[b];
             while i != NONE && left > 0 {

@@ -47,8 +47,9 @@ fn tag_of(u: &mut Unstructured<'_>, block: Block) -> ArbResult<u64> {
 /// decoded step run up to 12 times with `step()` between, some steps
 /// departing from it (another size, a missing free, a free too late) and
 /// some frees wrong, with another block's tag or with none. Every block
-/// handed out is aligned and apart from every live one, every failure is the upstream's out of memory (or a bad free
-/// refused) and changes nothing, the checker passes after every call, and
+/// handed out is aligned and apart from every live one, every failure is
+/// the upstream's out of memory (or a bad free refused) and changes
+/// nothing, the checker passes after every call, and
 /// at the end nothing is in use and the device holds only the regions
 /// (the step's and the carried blocks').
 pub fn run_planned(data: &[u8]) {
