@@ -20,7 +20,7 @@
 //! | [`lock`] | [`RawLock`](lock::RawLock), [`SpinLock`](lock::SpinLock) and [`Shared`], which turns any `&mut self` algorithm into a `&self` resource |
 //! | [`index`] | [`CoalescingIndex`](index::CoalescingIndex): the two-level segregated-fit index over bare ranges that the pools and the arena suballocate with |
 //! | [`pool`] | [`CoalescingPool`](pool::CoalescingPool): O(1) allocate and free over chunks from an upstream |
-//! | [`per_stream`] | [`PerStreamPool`](per_stream::PerStreamPool): a pool per stream over one upstream, as PyTorch's allocator; memory moves between streams as whole chunks, ordered by events (feature `alloc`) |
+//! | [`per_stream`] | [`PerStreamPool`](per_stream::PerStreamPool): a pool per stream over one upstream, as PyTorch's allocator; memory moves between streams as whole chunks, ordered by events; or a virtual pool per stream, each mapping a reservation of its own (feature `alloc`) |
 //! | [`stream_ordered`] | [`StreamOrdered`]: RMM's stream-ordered layer, per-stream free lists over any stream-agnostic algorithm, with events to move blocks between streams |
 //! | [`planned`] | [`Planned`](planned::Planned): lays out each step of a repeating workload from the step before it, with every lifetime known ([`placement`](planned::placement)); a steady step asks the upstream for nothing (feature `alloc`) |
 //! | [`fixed`] | [`FixedSizeResource`](fixed::FixedSizeResource): blocks of one size carved from upstream chunks, O(1) allocate and free on an index stack outside the managed memory |

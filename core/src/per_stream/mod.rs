@@ -29,6 +29,16 @@
 //!   chunks may go back upstream, and tries once more (PyTorch's last
 //!   resort; without a device synchronization, only C's own chunks go).
 //!
+//! **Virtual pools** ([`VirtualMaker`]): each stream's
+//! [`VirtualPool`](crate::vpool::VirtualPool) maps a reservation of its
+//! own, so no address reaches another stream; physical memory does, once a
+//! pool unmaps it. A pool unmaps only in a call on its own stream, after
+//! that stream waited on the frees of its blocks on other streams (a free
+//! on another stream unmaps nothing, [`ChunkPool::deallocate_cross`], and
+//! a free on the pool's stream settles first,
+//! [`ChunkPool::frees_give_back`]), or once the device is synchronized
+//! (out of memory).
+//!
 //! No stream handle is kept: every event is recorded on, and every wait
 //! made by, the stream of the call in progress; what is kept are events. A
 //! stream destroyed after its last call is never touched again (its handle
@@ -48,7 +58,7 @@ mod pools;
 #[cfg(test)]
 mod tests;
 
-pub use pools::{ChunkPool, MakePool, PoolMaker};
+pub use pools::{ChunkPool, MakePool, PoolMaker, VirtualMaker};
 
 use crate::splitmix::SplitMix64;
 use crate::{Block, Error, Inspect, MemoryResourceMut, Request, Result, Stream};
@@ -109,6 +119,16 @@ impl<P, E> Lane<P, E> {
     /// The fence to wait on before taking this pool's wholly free chunks.
     fn fence_for_takers(&self) -> Option<&E> {
         self.fence.as_ref().filter(|_| self.covered)
+    }
+
+    /// Whether a free on the lane's stream must first wait for the frees
+    /// of its blocks on other streams: when a free may give memory back.
+    #[inline]
+    fn settles_before_free<S: Stream + ?Sized>(&self) -> bool
+    where
+        P: ChunkPool<S>,
+    {
+        !self.waits.is_empty() && self.pool.frees_give_back()
     }
 }
 
@@ -248,20 +268,30 @@ impl<M: MakePool<S>, S: Stream + ?Sized> PerStreamPool<M, S> {
             self.settle(i, stream)?;
         }
         let lane = &mut self.lanes[i];
-        match lane.pool.try_allocate(request)? {
-            Some(block) => Ok(block.with_tag(block.tag() ^ lane.stamp)),
+        match lane.pool.try_allocate(request, stream)? {
+            Some(block) => {
+                let block = block.with_tag(block.tag() ^ lane.stamp);
+                if M::Pool::GROWS_IN_TRY_ALLOCATE {
+                    self.count_held();
+                }
+                Ok(block)
+            }
             None => self.allocate_slow(i, request, stream),
         }
     }
 
     /// [`deallocate`](MemoryResourceMut::deallocate) on another stream than
-    /// the latest call's.
+    /// the latest call's, or on a lane that settles first
+    /// ([`ChunkPool::frees_give_back`]).
     #[cold]
     fn deallocate_other(&mut self, block: Block, stream: &S) -> Result<()> {
         let Some(i) = self.find(stream.id()) else { return self.deallocate_cross(block, stream) };
         self.last = i;
+        if self.lanes[i].settles_before_free() && self.lanes[i].pool.holds(block.addr()) {
+            self.settle(i, stream)?;
+        }
         let lane = &mut self.lanes[i];
-        match lane.pool.deallocate_reporting(restamp(block, lane.stamp)) {
+        match lane.pool.deallocate_reporting(restamp(block, lane.stamp), stream) {
             Ok(freed_chunk) => {
                 if freed_chunk {
                     self.chunk_freed(i, stream);
@@ -356,7 +386,7 @@ impl<M: MakePool<S>, S: Stream + ?Sized> PerStreamPool<M, S> {
         // reusing the block. Recorded first, so that a failure changes nothing.
         let event = stream.record()?;
         let lane = &mut self.lanes[owner];
-        lane.pool.deallocate_reporting(restamp(block, lane.stamp))?;
+        lane.pool.deallocate_cross(restamp(block, lane.stamp), stream)?;
         // A later event of one stream covers its earlier ones.
         match lane.waits.iter_mut().find(|(s, _)| *s == id) {
             Some(w) => w.1 = event,
@@ -427,7 +457,7 @@ impl<M: MakePool<S>, S: Stream + ?Sized> PerStreamPool<M, S> {
             };
         }
         self.stats.chunks_moved += 1;
-        self.lanes[i].pool.try_allocate(request)
+        self.lanes[i].pool.try_allocate(request, stream)
     }
 
     /// Gives the covered wholly free chunks of the other lanes back upstream
@@ -496,9 +526,13 @@ impl<M: MakePool<S>, S: Stream + ?Sized> MemoryResourceMut<S> for PerStreamPool<
         // The stream of the latest call, with room and nothing to settle.
         if let Some(lane) = self.lanes.get_mut(self.last) {
             if lane.id == stream.id() && !lane.settle_next {
-                if let Some(block) = lane.pool.try_allocate(request)? {
+                if let Some(block) = lane.pool.try_allocate(request, stream)? {
                     // A pool's tag is never `NO_TAG`.
-                    return Ok(block.with_tag(block.tag() ^ lane.stamp));
+                    let block = block.with_tag(block.tag() ^ lane.stamp);
+                    if M::Pool::GROWS_IN_TRY_ALLOCATE {
+                        self.count_held();
+                    }
+                    return Ok(block);
                 }
             }
         }
@@ -526,14 +560,14 @@ impl<M: MakePool<S>, S: Stream + ?Sized> MemoryResourceMut<S> for PerStreamPool<
         let alone = self.lanes.len() == 1;
         match self.lanes.get_mut(last) {
             // One stream: no other would take a chunk, none to tell of.
-            Some(lane) if lane.id == stream.id() && alone => {
+            Some(lane) if lane.id == stream.id() && alone && !lane.settles_before_free() => {
                 match lane.pool.deallocate(restamp(block, lane.stamp), stream) {
                     Err(Error::UnknownBlock { .. }) => self.deallocate_cross(block, stream),
                     other => other,
                 }
             }
-            Some(lane) if lane.id == stream.id() => {
-                match lane.pool.deallocate_reporting(restamp(block, lane.stamp)) {
+            Some(lane) if lane.id == stream.id() && !lane.settles_before_free() => {
+                match lane.pool.deallocate_reporting(restamp(block, lane.stamp), stream) {
                     Ok(false) => Ok(()),
                     Ok(true) => {
                         self.chunk_freed(last, stream);

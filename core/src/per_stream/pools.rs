@@ -1,32 +1,68 @@
 //! The pools a [`PerStreamPool`](super::PerStreamPool) holds, one per
 //! stream: what it needs of them ([`ChunkPool`]) and how it makes them
-//! ([`MakePool`], [`PoolMaker`]).
+//! ([`MakePool`], [`PoolMaker`], [`VirtualMaker`]).
 
 use crate::pool::{CoalescingPool, FreeChunk, PoolConfig};
 use crate::storage::Storage;
+use crate::vmem::ReservableSpace;
+use crate::vpool::{VirtualConfig, VirtualPool};
 use crate::{Block, Error, Inspect, MemoryResource, MemoryResourceMut, Range, Request, Result, Stream};
 
 /// What [`PerStreamPool`](super::PerStreamPool) needs of each stream's pool: a pool of chunks from
 /// an upstream that can allocate without growing, tell when a free leaves a
 /// chunk wholly free, and hand a wholly free chunk to another pool over the
 /// same upstream; its figures and checker are its [`Inspect`].
-/// [`CoalescingPool`] is one.
+/// [`CoalescingPool`] is one. A [`VirtualPool`] is one with no chunk to
+/// hand over: each stream's pool maps its own reservation, and memory
+/// reaches another stream only as physical memory it unmapped.
 pub trait ChunkPool<S: Stream + ?Sized>: MemoryResourceMut<S> + Inspect {
-    /// Allocates from what the pool holds, without growing: `Ok(None)` when
-    /// nothing fits.
+    /// Allocates from what the pool holds, without taking a chunk from
+    /// upstream (a virtual pool maps memory in its reservation, ordering
+    /// any unmap on `stream`): `Ok(None)` when nothing fits.
     ///
     /// # Errors
     ///
-    /// The pool's own (metadata storage full).
-    fn try_allocate(&mut self, request: Request) -> Result<Option<Block>>;
+    /// The pool's own (metadata storage full, a backend failure).
+    fn try_allocate(&mut self, request: Request, stream: &S) -> Result<Option<Block>>;
 
-    /// Frees `block` (a free on the stream of the pool) and says whether
-    /// that left its chunk wholly free.
+    /// Frees `block` on `stream` (the stream of the pool, or one the pool's
+    /// stream will wait on before its next call) and says whether that left
+    /// its chunk wholly free.
     ///
     /// # Errors
     ///
     /// As [`MemoryResourceMut::deallocate`]; nothing changes then.
-    fn deallocate_reporting(&mut self, block: Block) -> Result<bool>;
+    fn deallocate_reporting(&mut self, block: Block, stream: &S) -> Result<bool>;
+
+    /// Frees `block` on another stream than the pool's, one that the pool's
+    /// stream waits on before its next call, and says whether that left its
+    /// chunk wholly free. A pool that gives memory back on a free leaves
+    /// that to its next call on its own stream: memory that blocks freed on
+    /// several streams touched goes back only once one stream is ordered
+    /// after all of them. The default: as
+    /// [`deallocate_reporting`](Self::deallocate_reporting).
+    ///
+    /// # Errors
+    ///
+    /// As [`MemoryResourceMut::deallocate`]; nothing changes then.
+    fn deallocate_cross(&mut self, block: Block, stream: &S) -> Result<bool> {
+        self.deallocate_reporting(block, stream)
+    }
+
+    /// Whether [`try_allocate`](Self::try_allocate) may take memory (a
+    /// virtual pool maps granules): the per-stream pool then counts the peak
+    /// of what its pools hold after every allocation, not only where they
+    /// grew from upstream.
+    const GROWS_IN_TRY_ALLOCATE: bool = false;
+
+    /// Whether a free may give memory back (a virtual pool over its release
+    /// threshold unmaps idle granules): the per-stream pool then orders the
+    /// pool's stream after the frees of its blocks on other streams before
+    /// it frees there, as it does before every allocation. The default:
+    /// no.
+    fn frees_give_back(&self) -> bool {
+        false
+    }
 
     /// Whether `addr` lies in one of the pool's chunks.
     fn holds(&self, addr: u64) -> bool;
@@ -68,11 +104,11 @@ where
     C: Storage<crate::pool::Chunk>,
 {
     #[inline]
-    fn try_allocate(&mut self, request: Request) -> Result<Option<Block>> {
+    fn try_allocate(&mut self, request: Request, _: &S) -> Result<Option<Block>> {
         CoalescingPool::try_allocate(self, request)
     }
     #[inline]
-    fn deallocate_reporting(&mut self, block: Block) -> Result<bool> {
+    fn deallocate_reporting(&mut self, block: Block, _: &S) -> Result<bool> {
         CoalescingPool::deallocate_reporting(self, block)
     }
     fn holds(&self, addr: u64) -> bool {
@@ -167,5 +203,112 @@ impl<S: Stream + ?Sized, U: MemoryResource<S> + Clone> MakePool<S> for PoolMaker
     type Pool = CoalescingPool<U>;
     fn make(&mut self, stream: &S) -> Result<CoalescingPool<U>> {
         CoalescingPool::with_config(self.upstream.clone(), self.config, stream)
+    }
+}
+
+/// Each stream's virtual pool maps its own reservation: nothing moves
+/// between streams but physical memory, which a pool unmaps (ordered on
+/// the stream of the call, after the waits its lane settled) before
+/// another maps it. So a free never leaves a chunk to hand over.
+impl<S: Stream + ?Sized, V: ReservableSpace> ChunkPool<S> for VirtualPool<V> {
+    const GROWS_IN_TRY_ALLOCATE: bool = true;
+
+    /// The pool's allocate; out of memory is `Ok(None)`, so that the
+    /// per-stream pool's last resort (other streams' idle memory unmapped
+    /// once the device is idle) runs.
+    #[inline]
+    fn try_allocate(&mut self, request: Request, stream: &S) -> Result<Option<Block>> {
+        match self.allocate(request, stream) {
+            Ok(block) => Ok(Some(block)),
+            Err(e) if e.is_out_of_memory() => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+    #[inline]
+    fn deallocate_reporting(&mut self, block: Block, stream: &S) -> Result<bool> {
+        self.deallocate(block, stream).map(|()| false)
+    }
+    /// Unmaps nothing: the pool's own stream does, once it waited.
+    fn deallocate_cross(&mut self, block: Block, _: &S) -> Result<bool> {
+        self.deallocate_keeping(block).map(|()| false)
+    }
+    /// Over its release threshold.
+    fn frees_give_back(&self) -> bool {
+        self.config().release_threshold_bytes() != u64::MAX
+    }
+    fn holds(&self, addr: u64) -> bool {
+        VirtualPool::holds(self, addr)
+    }
+    fn shortest_free_chunk(&self, _: u64) -> Option<u64> {
+        None
+    }
+    fn take_free_chunk(&mut self, _: u64) -> Option<FreeChunk> {
+        None
+    }
+    fn adopt_chunk(&mut self, chunk: FreeChunk) -> core::result::Result<(), (Error, FreeChunk)> {
+        Err((
+            Error::InvalidConfig { what: "a virtual pool maps its own reservation and adopts no chunk" },
+            chunk,
+        ))
+    }
+    /// Unmaps every idle granule, ordered on `stream`.
+    fn release(&mut self, stream: &S) -> Result<u64> {
+        self.trim(stream)
+    }
+    fn for_each_chunk(&self, f: &mut dyn FnMut(Range)) {
+        self.reservations().for_each(f)
+    }
+}
+
+/// Makes [`VirtualPool`]s over clones of one address space (an `Arc`, a
+/// `&V`), all with one configuration: each reserves its own range.
+///
+/// # Examples
+///
+/// ```
+/// use memres_core::per_stream::{PerStreamPool, VirtualMaker};
+/// use memres_core::testing::IdStream;
+/// use memres_core::vmem::CountingSpace;
+/// use memres_core::vpool::VirtualConfig;
+/// use memres_core::{Inspect, MemoryResourceMut, Request};
+/// let space = CountingSpace::new(1 << 30, 2 << 20);
+/// let mut pools = PerStreamPool::new(VirtualMaker::new(&space, VirtualConfig::new(256 << 20)));
+/// let (a, b) = (IdStream(1), IdStream(2));
+/// let x = pools.allocate(Request::new(3 << 20)?, &a)?;
+/// let y = pools.allocate(Request::new(3 << 20)?, &b)?;
+/// assert_eq!(space.committed_bytes(), 8 << 20); // two granules each
+/// assert!(y.addr().abs_diff(x.addr()) >= 256 << 20); // reservations of their own
+/// pools.deallocate(x, &a)?;
+/// pools.deallocate(y, &b)?;
+/// pools.check().unwrap();
+/// # Ok::<(), memres_core::Error>(())
+/// ```
+#[derive(Clone, Debug)]
+pub struct VirtualMaker<V> {
+    space: V,
+    config: VirtualConfig,
+}
+
+impl<V> VirtualMaker<V> {
+    /// Pools over clones of `space` with `config`.
+    pub fn new(space: V, config: VirtualConfig) -> Self {
+        VirtualMaker { space, config }
+    }
+
+    /// The configuration of every pool.
+    pub fn config(&self) -> &VirtualConfig {
+        &self.config
+    }
+
+    /// The space every pool maps.
+    pub fn space(&self) -> &V {
+        &self.space
+    }
+}
+
+impl<S: Stream + ?Sized, V: ReservableSpace + Clone> MakePool<S> for VirtualMaker<V> {
+    type Pool = VirtualPool<V>;
+    fn make(&mut self, _: &S) -> Result<VirtualPool<V>> {
+        VirtualPool::with_config(self.space.clone(), self.config)
     }
 }

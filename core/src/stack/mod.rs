@@ -74,13 +74,14 @@
 //! | `release_threshold=` | `async`, `vpool`, `vmm` | bytes of free memory kept rather than given back to the device (RMM's and CUDA's release threshold) |
 //! | `reserve=` | `vpool`, `vmm` | bytes of addresses per reservation |
 //! | `slack=` | `vpool`, `vmm` | thousandths of the peak in use that committed memory may exceed before it is trimmed |
+//! | `per_stream=` | `pool`, `vpool`, `vmm` | `true`: a pool per stream, stream-ordered ([`PerStreamPool`](crate::per_stream::PerStreamPool)); each virtual pool maps a reservation of its own |
 //! | `size=` | `fixed` | the block size in bytes |
 //! | `min_bin=`, `max_bin=` | `binning` | the smallest and largest bin size in bytes (powers of two) |
 //! | `bytes=` | `limit` | the limit on bytes in use |
 //! | `capacity=` | `sim` | the device's memory in bytes |
 //!
-//! The others belong to one name: `growth=`, `release=`, `per_stream=`
-//! (`pool`), `blocks=` (`fixed`: blocks per chunk), `superblock=`
+//! The others belong to one name: `growth=`, `release=` (`pool`),
+//! `blocks=` (`fixed`: blocks per chunk), `superblock=`
 //! (`arena`), `alignment=`, `threshold=` (`align`), `file=` (`log`),
 //! `handle_granules=`, `trim_on_commit=` (`vmm`).
 //!

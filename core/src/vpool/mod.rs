@@ -326,9 +326,53 @@ impl<V: ReservableSpace> VirtualPool<V> {
         self.idle << self.shift
     }
 
+    /// Frees the block as [`deallocate`](MemoryResourceMut::deallocate)
+    /// does, but decommits nothing: Idle granules beyond `keep` stay, as
+    /// after a failed decommit, until the next free, failed allocate or
+    /// [`trim`](Self::trim), whose stream must be ordered after this free
+    /// (a free on another stream than the one the pool serves, which the
+    /// pool's stream waits on before its next call).
+    ///
+    /// # Errors
+    ///
+    /// As `deallocate`; nothing changes then.
+    pub fn deallocate_keeping(&mut self, block: Block) -> Result<()> {
+        self.free_block(block)?;
+        self.trim_pending |= self.idle > self.keep;
+        Ok(())
+    }
+
+    /// Gives `block` back to the index and turns the granules no live
+    /// block touches any more Idle.
+    #[inline]
+    fn free_block(&mut self, block: Block) -> Result<()> {
+        if block.is_empty() {
+            return Ok(());
+        }
+        match self.index.free(block.tag(), block.addr(), block.size()) {
+            Ok(_) => {}
+            Err(Error::UnknownBlock { .. }) => self.deallocate_by_address(block)?,
+            Err(e) => return Err(e),
+        }
+        let (lo, hi) = self.slots_of(block.addr(), (block.size() + 255) & !255);
+        self.unpin(lo, hi);
+        Ok(())
+    }
+
     /// Number of reservations held.
     pub fn reservation_count(&self) -> usize {
         self.reservations.len()
+    }
+
+    /// The reserved ranges, by address.
+    pub fn reservations(&self) -> impl Iterator<Item = Range> + '_ {
+        self.reservations.iter().map(|r| r.range)
+    }
+
+    /// Whether `addr` lies in one of the pool's reservations.
+    #[inline]
+    pub fn holds(&self, addr: u64) -> bool {
+        self.reservation_of(addr).is_some()
     }
 
     fn out_of_memory(&self, requested: u64) -> Error {
@@ -566,16 +610,7 @@ where
     /// [`trim`](VirtualPool::trim) retries.
     #[inline]
     fn deallocate(&mut self, block: Block, stream: &S) -> Result<()> {
-        if block.is_empty() {
-            return Ok(());
-        }
-        match self.index.free(block.tag(), block.addr(), block.size()) {
-            Ok(_) => {}
-            Err(Error::UnknownBlock { .. }) => self.deallocate_by_address(block)?,
-            Err(e) => return Err(e),
-        }
-        let (lo, hi) = self.slots_of(block.addr(), (block.size() + 255) & !255);
-        self.unpin(lo, hi);
+        self.free_block(block)?;
         if self.idle > self.keep {
             let _ = self.trim_to(self.config.keep, stream);
         }
