@@ -55,6 +55,7 @@ pub const NAMES: &[Name] = &[
             ("release_threshold", "free bytes kept mapped rather than given back (default all)"),
             ("granule", "bytes mapped at a time (default 2 MiB)"),
             ("slack", "free memory kept mapped up to this many permille above the peak in use (default 40)"),
+            ("per_stream", "true|false: one virtual pool per stream, each in a reservation of its own"),
         ],
         ..name(
             "vpool",

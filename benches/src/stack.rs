@@ -31,6 +31,7 @@ use crate::resources::{RunError, RunOptions, UpstreamKind};
 use crate::typed::{fixed_misfit, run_typed, Runner};
 use crate::workload::Workload;
 use memres_core::adaptor::Logging;
+use memres_core::per_stream::{PerStreamPool, VirtualMaker};
 use memres_core::planned::Planned;
 use memres_core::stack::{fixed_block_size, log_file, open_log, parse, Built, StackBuilder, StackError};
 use memres_core::vpool::VirtualPool;
@@ -38,6 +39,10 @@ use memres_core::{Block, DynResource, Inspect, MemoryResource, MemoryResourceMut
 use memres_sim::{HostMemory, SimAddressSpace, SimDevice, SimStream, SimWorld};
 use std::fmt;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+/// A `vpool(..., per_stream=true)`: a virtual pool per stream over one space.
+type VirtualPools = Shared<PerStreamPool<VirtualMaker<Arc<SimAddressSpace>>, SimStream>>;
 
 /// A logging layer that logs only while switched on.
 pub struct Gated<S: ?Sized> {
@@ -195,9 +200,10 @@ type PeakOf = Box<dyn Fn() -> u64 + Send + Sync>;
 type AllocationsOf = Box<dyn Fn() -> Option<u64> + Send + Sync>;
 
 /// What a row reads of a built stack's leaf: the peak upstream of its
-/// outermost `sim` or `host`, else of its `vpool`, else (with CUDA leaves)
-/// of its CUDA leaf; and the allocations made from it, which `sim` and
-/// `host` count, and a `vpool` as the commits (maps) of its space.
+/// outermost `sim` or `host`, else of its `vpool` (one, or one per stream
+/// over one space), else (with CUDA leaves) of its CUDA leaf; and the
+/// allocations made from it, which `sim` and `host` count, and a `vpool`
+/// as the commits (maps) of its space.
 fn leaf_figures(built: &Built<SimStream>, cuda: bool) -> Option<(PeakOf, AllocationsOf)> {
     let uncounted: AllocationsOf = Box::new(|| None);
     if let Some(sim) = built.get::<SimDevice>("sim") {
@@ -211,6 +217,12 @@ fn leaf_figures(built: &Built<SimStream>, cuda: bool) -> Option<(PeakOf, Allocat
         Some((
             Box::new(move || v.with(|v| v.usage().peak_held)),
             Box::new(move || Some(counts.with(|v| v.space().call_counts().0))),
+        ))
+    } else if let Some(v) = built.get::<VirtualPools>("vpool") {
+        let counts = v.clone();
+        Some((
+            Box::new(move || v.with(|v| v.usage().peak_held)),
+            Box::new(move || Some(counts.with(|v| v.maker().space().call_counts().0))),
         ))
     } else if cuda {
         cuda_peak(built).map(|peak| (peak, uncounted))

@@ -398,7 +398,8 @@ pub fn run_typed<K: Runner>(
     stream: &SimStream,
     runner: K,
 ) -> Result<Result<K::Output, K>, StackError> {
-    if call.name == "vpool" {
+    // A pool per stream has no typed shape: the runner comes back.
+    if call.name == "vpool" && call.bool_arg("per_stream")? != Some(true) {
         return run_vpool(call, runner).map(Ok);
     }
     let Some(shape) = shape(call)? else { return Ok(Err(runner)) };

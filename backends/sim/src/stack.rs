@@ -5,7 +5,7 @@
 //! | --- | --- | --- |
 //! | `sim` | `[capacity]` (or `capacity=`; default 80 GiB) | [`SimDevice`] |
 //! | `host` | none | [`HostMemory`] |
-//! | `vpool` | `sim` or `sim(physical)`, `reserve=` (64 GiB), `release_threshold=` (all), `slack=` (40 permille), `granule=` (2 MiB) | [`VirtualPool`] over a [`SimAddressSpace`], behind [`Shared`] (`Shared<VirtualPool<SimAddressSpace>>`) |
+//! | `vpool` | `sim` or `sim(physical)`, `reserve=` (64 GiB), `release_threshold=` (all), `slack=` (40 permille), `granule=` (2 MiB), `per_stream=` (false) | [`VirtualPool`] over a [`SimAddressSpace`], behind [`Shared`] (`Shared<VirtualPool<SimAddressSpace>>`); with `per_stream=true` a [`PerStreamPool`] of them over one space, each stream's pool with a reservation of its own, stream-ordered (`Shared<PerStreamPool<VirtualMaker<Arc<SimAddressSpace>>, S>>`) |
 //!
 //! # Examples
 //!
@@ -19,9 +19,11 @@
 //! ```
 
 use crate::{HostMemory, SimAddressSpace, SimDevice};
+use memres_core::per_stream::{PerStreamPool, VirtualMaker};
 use memres_core::stack::{granule_arg, one_of, Call, StackBuilder, StackError, StackErrorKind};
 use memres_core::vpool::{VirtualConfig, VirtualPool};
 use memres_core::{Shared, Stream};
+use std::sync::Arc;
 
 /// The capacity of `sim` when none is given: an 80 GiB device, as an H100.
 pub const DEFAULT_SIM_CAPACITY: u64 = 80 << 30;
@@ -35,7 +37,10 @@ pub const DEFAULT_SIM_CAPACITY: u64 = 80 << 30;
 /// memres_sim::register(&mut b);
 /// assert!(b.build("pool(sim)", &()).is_ok());
 /// ```
-pub fn register<S: Stream + ?Sized + 'static>(builder: &mut StackBuilder<S>) -> &mut StackBuilder<S> {
+pub fn register<S: Stream + ?Sized + 'static>(builder: &mut StackBuilder<S>) -> &mut StackBuilder<S>
+where
+    S::Event: Send,
+{
     builder.register("sim", |call, cx| {
         call.expect_args(1, &["capacity"])?;
         let capacity = one_of(call, 0, "capacity")?.map(|v| v.size()).transpose()?;
@@ -45,7 +50,14 @@ pub fn register<S: Stream + ?Sized + 'static>(builder: &mut StackBuilder<S>) -> 
         call.expect_args(0, &[])?;
         Ok(cx.keep(call, HostMemory::new()))
     });
-    builder.register("vpool", |call, cx| Ok(cx.keep(call, Shared::new(vpool(call)?))))
+    builder.register("vpool", |call, cx| {
+        if call.bool_arg("per_stream")? == Some(true) {
+            let (space, config) = vpool_parts(call)?;
+            let pools = PerStreamPool::<_, S>::new(VirtualMaker::new(Arc::new(space), config));
+            return Ok(cx.keep(call, Shared::new(pools)));
+        }
+        Ok(cx.keep(call, Shared::new(vpool(call)?)))
+    })
 }
 
 /// A builder with the core's names and this crate's leaves.
@@ -68,17 +80,32 @@ where
 /// # Errors
 ///
 /// An upstream other than `sim`, an unknown key, a bad size, granule or
-/// slack, at its position; the pool's own refusal at the call.
+/// slack, `per_stream=true` (a pool per stream: build that with the
+/// builder), at its position; the pool's own refusal at the call.
 ///
 /// ```
 /// use memres_core::stack::parse;
 /// let pool = memres_sim::vpool(&parse("vpool(sim(8GiB), reserve=1GiB, granule=64KiB)")?)?;
 /// assert_eq!((pool.reserved_bytes(), pool.granule()), (1 << 30, 64 << 10));
 /// assert!(memres_sim::vpool(&parse("vpool(pool(sim))")?).is_err());
+/// assert!(memres_sim::vpool(&parse("vpool(sim, per_stream=true)")?).is_err());
 /// # Ok::<(), memres_core::stack::StackError>(())
 /// ```
 pub fn vpool(call: &Call) -> Result<VirtualPool<SimAddressSpace>, StackError> {
-    call.expect_args(1, &["reserve", "release_threshold", "granule", "slack"])?;
+    let (space, config) = vpool_parts(call)?;
+    if call.bool_arg("per_stream")? == Some(true) {
+        let at = call.keyed("per_stream").map_or(call.pos, |v| v.pos());
+        return Err(StackError::new(
+            at,
+            StackErrorKind::BadValue("per_stream=true makes a pool per stream, not one typed pool".into()),
+        ));
+    }
+    VirtualPool::with_config(space, config).map_err(|e| call.resource_error(e))
+}
+
+/// The space and configuration of a `vpool` call.
+fn vpool_parts(call: &Call) -> Result<(SimAddressSpace, VirtualConfig), StackError> {
+    call.expect_args(1, &["reserve", "release_threshold", "granule", "slack", "per_stream"])?;
     let space = call.resource(0)?;
     if space.name != "sim" {
         return Err(space.error(StackErrorKind::BadValue(format!(
@@ -94,9 +121,8 @@ pub fn vpool(call: &Call) -> Result<VirtualPool<SimAddressSpace>, StackError> {
     // steady-state replays of the PyTorch traces then map nothing.
     let threshold = call.size_arg("release_threshold")?.unwrap_or(u64::MAX);
     let slack = call.u32_arg("slack", "a whole number of permille")?.unwrap_or(40);
-    VirtualPool::with_config(
+    Ok((
         SimAddressSpace::new(physical, granule),
         VirtualConfig::new(reserve).release_threshold(threshold).slack_permille(slack),
-    )
-    .map_err(|e| call.resource_error(e))
+    ))
 }

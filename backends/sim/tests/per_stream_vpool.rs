@@ -1,0 +1,252 @@
+//! Virtual pools, one per stream, over simulated streams: memory freed on
+//! one stream is neither handed to another stream nor unmapped before the
+//! work that used it is done. The happens-before checker watches every
+//! reuse of an address; a checking space watches every unmap.
+
+use memres_core::per_stream::{PerStreamPool, VirtualMaker};
+use memres_core::testing::SplitMix64;
+use memres_core::vmem::ReservableSpace;
+use memres_core::vpool::{VirtualConfig, VirtualPool};
+use memres_core::{
+    Block, DynResource, Error, Inspect, MemoryResource, Range, Request, Result, Shared, Stream,
+};
+use memres_sim::{builder, HbChecked, SimAddressSpace, SimStream, SimWorld};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+const MIB: u64 = 1 << 20;
+
+fn req(n: u64) -> Request {
+    Request::new(n).unwrap()
+}
+
+/// A simulated address space that checks its unmaps: every range the test
+/// says a kernel used must be seen complete by the host (its stream
+/// synchronized, or one ordered after it) before a decommit takes its
+/// granules away.
+struct CheckedSpace {
+    space: SimAddressSpace,
+    world: SimWorld,
+    /// Ranges used by a kernel: the range, the stream, the kernel's position.
+    used: Mutex<Vec<(Range, u64, u64)>>,
+    early_unmaps: AtomicUsize,
+}
+
+impl CheckedSpace {
+    fn new(world: &SimWorld, physical: u64) -> Arc<Self> {
+        Arc::new(CheckedSpace {
+            space: SimAddressSpace::new(physical, 2 * MIB),
+            world: world.clone(),
+            used: Mutex::new(Vec::new()),
+            early_unmaps: AtomicUsize::new(0),
+        })
+    }
+
+    /// A kernel on `stream` that uses `block`.
+    fn kernel(&self, block: Block, stream: &SimStream) {
+        let pos = stream.enqueue();
+        let range = Range::new(block.addr(), block.size()).unwrap();
+        self.used.lock().unwrap().push((range, stream.id(), pos));
+    }
+
+    fn early_unmaps(&self) -> usize {
+        self.early_unmaps.load(Ordering::Relaxed)
+    }
+}
+
+impl ReservableSpace for CheckedSpace {
+    fn granule(&self) -> u64 {
+        self.space.granule()
+    }
+    fn reserve(&self, len: u64) -> Result<Range> {
+        self.space.reserve(len)
+    }
+    fn release(&self, range: Range) -> Result<()> {
+        self.space.release(range)
+    }
+    fn commit(&self, range: Range) -> Result<()> {
+        self.space.commit(range)
+    }
+    fn decommit<S: Stream + ?Sized>(&self, range: Range, stream: &S) -> Result<()> {
+        // As the CUDA space does: the stream's work first.
+        stream.synchronize()?;
+        let host = self.world.default_stream();
+        self.used.lock().unwrap().retain(|&(r, s, pos)| {
+            if r.end() <= range.start() || range.end() <= r.start() {
+                return true;
+            }
+            if !host.is_observed(s, pos) {
+                self.early_unmaps.fetch_add(1, Ordering::Relaxed);
+            }
+            false
+        });
+        self.space.decommit(range, stream)
+    }
+}
+
+type Pools = Shared<PerStreamPool<VirtualMaker<Arc<CheckedSpace>>, SimStream>>;
+
+fn per_stream(space: &Arc<CheckedSpace>, config: VirtualConfig) -> Pools {
+    Shared::new(PerStreamPool::new(VirtualMaker::new(space.clone(), config)))
+}
+
+#[test]
+fn the_virtual_pool_races_and_a_virtual_pool_per_stream_does_not() {
+    for (stack, violations) in [
+        ("stats(vpool(sim(1GiB), reserve=1GiB))", 1),
+        ("stats(vpool(sim(1GiB), reserve=1GiB, per_stream=true))", 0),
+    ] {
+        let world = SimWorld::new();
+        let (a, b) = (world.non_blocking_stream(), world.non_blocking_stream());
+        let built: DynResource<SimStream> = builder().build(stack, &world.default_stream()).unwrap();
+        let res = HbChecked::new(built);
+        let x = res.allocate(req(40 * MIB), &a).unwrap();
+        a.enqueue(); // a kernel on a, still running, writes x
+        res.deallocate(x, &a).unwrap();
+        // Reused on a at once: stream order makes it safe.
+        let y = res.allocate(req(40 * MIB), &a).unwrap();
+        assert_eq!(y.addr(), x.addr(), "{stack}");
+        a.enqueue();
+        res.deallocate(y, &a).unwrap();
+        let z = res.allocate(req(40 * MIB), &b).unwrap();
+        assert_eq!(res.violation_count(), violations, "{stack}: {:?}", res.violations());
+        if violations == 0 {
+            assert_ne!(z.addr(), x.addr(), "b maps a reservation of its own");
+        }
+        res.deallocate(z, &b).unwrap();
+    }
+}
+
+#[test]
+fn a_granule_freed_on_another_stream_is_unmapped_only_after_that_stream_s_work() {
+    // Two granules of one stream's pool, at most one kept mapped when idle.
+    let config = VirtualConfig::new(64 * MIB).release_threshold(2 * MIB);
+    for per_stream_pools in [false, true] {
+        let world = SimWorld::new();
+        let (a, b) = (world.non_blocking_stream(), world.non_blocking_stream());
+        let space = CheckedSpace::new(&world, 1 << 30);
+        let plain = Shared::new(VirtualPool::with_config(space.clone(), config).unwrap());
+        let pools = per_stream(&space, config);
+        let res: &dyn MemoryResource<SimStream> = if per_stream_pools { &pools } else { &plain };
+        let x = res.allocate(req(2 * MIB), &a).unwrap();
+        let y = res.allocate(req(2 * MIB), &a).unwrap();
+        space.kernel(x, &a);
+        space.kernel(y, &a);
+        // The caller orders b after a's use of x, uses x on b, frees it on b:
+        // its granule turns idle and stays mapped (under the threshold).
+        b.wait(&a.record().unwrap()).unwrap();
+        space.kernel(x, &b);
+        res.deallocate(x, &b).unwrap();
+        assert_eq!(space.space.committed_bytes(), 4 * MIB);
+        // y's free on a leaves two idle granules: x's, the older, is unmapped,
+        // ordered on a. Only a pool that made a wait on b first is right.
+        res.deallocate(y, &a).unwrap();
+        assert_eq!(space.space.committed_bytes(), 2 * MIB);
+        assert_eq!(space.early_unmaps(), usize::from(!per_stream_pools), "per stream: {per_stream_pools}");
+        if per_stream_pools {
+            assert!(a.is_ordered_after(b.id(), b.position()));
+            assert_eq!(pools.with(|p| p.stats().cross_frees), 1);
+            pools.with(|p| p.check()).unwrap();
+        }
+    }
+}
+
+#[test]
+fn out_of_memory_on_one_stream_unmaps_the_idle_granules_of_the_others() {
+    let world = SimWorld::new();
+    let (a, b) = (world.non_blocking_stream(), world.non_blocking_stream());
+    // 8 MiB of physical memory; idle granules stay mapped up to the slack.
+    let space = CheckedSpace::new(&world, 8 * MIB);
+    let pools =
+        per_stream(&space, VirtualConfig::new(64 * MIB).release_threshold(u64::MAX).slack_permille(1000));
+    let xs: Vec<Block> = (0..4).map(|_| pools.allocate(req(2 * MIB), &a).unwrap()).collect();
+    for &x in &xs {
+        space.kernel(x, &a);
+        pools.deallocate(x, &a).unwrap();
+    }
+    assert_eq!(space.space.committed_bytes(), 8 * MIB, "a keeps its idle granules");
+    // b maps nothing until a's idle granules are unmapped, after the device
+    // is synchronized.
+    let y = pools.allocate(req(4 * MIB), &b).unwrap();
+    assert_eq!(pools.with(|p| p.stats().last_resorts), 1);
+    assert!(b.is_observed(a.id(), a.position()), "the device was synchronized");
+    assert_eq!(space.early_unmaps(), 0);
+    // Too much for the device even then: out of memory, nothing changed.
+    let before = pools.with(|p| p.usage());
+    let err = pools.allocate(req(8 * MIB), &b).unwrap_err();
+    assert!(err.is_out_of_memory(), "{err}");
+    assert_eq!(pools.with(|p| (p.usage().used, p.usage().held)), (before.used, before.held));
+    pools.deallocate(y, &b).unwrap();
+    pools.with(|p| p.check()).unwrap();
+}
+
+#[test]
+fn randomized_three_streams_never_reuse_or_unmap_too_early() {
+    for seed in 0..6 {
+        let world = SimWorld::new();
+        let streams: Vec<SimStream> =
+            (0..3).map(|i| if i == 0 { world.stream() } else { world.non_blocking_stream() }).collect();
+        // A small device, so that streams run out and take each other's memory.
+        let space = CheckedSpace::new(&world, 96 * MIB);
+        let threshold = [0, 4 * MIB, u64::MAX][seed as usize % 3];
+        let config = VirtualConfig::new(256 * MIB).release_threshold(threshold).slack_permille(40);
+        let res = HbChecked::new(per_stream(&space, config)).panicking();
+        let mut rng = SplitMix64::new(seed);
+        // (block, the stream that used it last)
+        let mut live: Vec<(Block, usize)> = Vec::new();
+        for _ in 0..3000 {
+            let s = rng.below(3) as usize;
+            let stream = &streams[s];
+            match rng.below(100) {
+                0..=44 => {
+                    let size = match rng.below(4) {
+                        0 => 256 + rng.below(64 << 10),
+                        1 => 1 + rng.below(2 * MIB),
+                        _ => MIB + rng.below(12 * MIB),
+                    };
+                    match res.allocate(req(size), stream) {
+                        Ok(b) => {
+                            space.kernel(b, stream);
+                            live.push((b, s));
+                        }
+                        Err(e) => assert!(e.is_out_of_memory(), "{e}"),
+                    }
+                }
+                45..=84 if !live.is_empty() => {
+                    let (b, used_on) = live.swap_remove(rng.below(live.len() as u64) as usize);
+                    // Mostly freed where used; sometimes on another stream,
+                    // which the caller first orders after the use.
+                    let on = if rng.below(4) == 0 { s } else { used_on };
+                    if on != used_on {
+                        streams[on].wait(&streams[used_on].record().unwrap()).unwrap();
+                        space.kernel(b, &streams[on]);
+                    }
+                    res.deallocate(b, &streams[on]).unwrap();
+                }
+                85..=92 => world.advance(),
+                93 => stream.synchronize().unwrap(),
+                _ => {
+                    let ev = stream.record().unwrap();
+                    world.complete(&ev);
+                }
+            }
+            res.inner().with(|p| {
+                p.check().unwrap();
+                let used: u64 = live.iter().map(|(b, _)| b.size().div_ceil(256) * 256).sum();
+                assert_eq!(p.usage().used, used, "seed {seed}: the pools hand out what the caller holds");
+                assert_eq!(
+                    p.usage().held,
+                    space.space.committed_bytes(),
+                    "seed {seed}: held is what is mapped"
+                );
+            });
+        }
+        assert_eq!(space.early_unmaps(), 0, "seed {seed}");
+        for (b, s) in live.drain(..) {
+            res.deallocate(b, &streams[s]).unwrap();
+        }
+        res.inner().with(|p| p.check()).unwrap();
+        let unknown = res.deallocate(Block::from_addr(1 << 50, 256), &streams[0]).unwrap_err();
+        assert!(matches!(unknown, Error::UnknownBlock { .. }), "{unknown}");
+    }
+}
