@@ -14,7 +14,8 @@
 # The two-stream check frees a tensor on one stream with a kernel still to
 # write it and allocates on another, with PyTorch's allocator, the former
 # stream-agnostic default (which must corrupt: else the check proves
-# nothing) and the library's default (which must not); with
+# nothing), the library's default and the recommended training stack
+# (which must not); with
 # compute-sanitizer on the PATH it also runs the default under memcheck's
 # stream-ordered race tracking.
 #
@@ -67,7 +68,8 @@ IFS=';' read -ra stacks <<<"$train_stacks"
 for s in "${stacks[@]}"; do stack_args+=(--stack "$s"); done
 check train_check "$py" "$here/train_check.py" --so "$so" "${stack_args[@]}" --log "$out/torch.csv" --json "$out/train_check.json"
 check cupy_check "$py" "$here/cupy_check.py" --so "$so" --json "$out/cupy_check.json"
-check two_stream_check "$py" "$here/two_stream_check.py" --so "$so" --json "$out/two_stream_check.json"
+check two_stream_check "$py" "$here/two_stream_check.py" --so "$so" --json "$out/two_stream_check.json" \
+  --ordered 'stats(planned(vmm(handle_granules=1, per_stream=true)))'
 if command -v compute-sanitizer >/dev/null; then
   check two_stream_memcheck compute-sanitizer --tool memcheck --track-stream-ordered-races all --error-exitcode 1 \
     "$py" "$here/two_stream_check.py" --worker memres --so "$so" --rounds 1 --sleep-ms 2

@@ -2,7 +2,7 @@
 
 Driver (runs each allocator in a process of its own and compares):
 
-    python3 two_stream_check.py --so path/to/libmemres.so [--rounds 4] [--json out.json]
+    python3 two_stream_check.py --so path/to/libmemres.so [--rounds 4] [--ordered STACK]... [--json out.json]
 
 Each round, for each size: on stream A a tensor `t` is allocated, a long
 kernel (`torch.cuda._sleep`) then `t.fill_(1)` are queued on A, and `t` is
@@ -19,9 +19,11 @@ back upstream.
 It runs PyTorch's own allocator, memres with STACK_AGNOSTIC (the former
 default, whose pool ignores streams: the check must catch its race, or it
 proves nothing) and memres with its default stack (no --stack: the
-library's own default). Exit status 0 when PyTorch's allocator and the
-default never corrupt a round and the stream-agnostic stack does. One
-line `SUMMARY two_stream_check [NAME]: ...` per run.
+library's own default), and each stack given with `--ordered STACK`
+(repeatable: other stacks said to be stream-ordered). Exit status 0 when
+PyTorch's allocator, the default and every `--ordered` stack never
+corrupt a round and the stream-agnostic stack does. One line
+`SUMMARY two_stream_check [NAME]: ...` per run.
 
 Worker (one run, prints one line `RESULT {json}`):
 
@@ -136,6 +138,10 @@ def driver(args):
         ),
         "default": run_worker(SCRIPT, "memres default", ["--worker", "memres", "--so", args.so] + common),
     }
+    for i, stack in enumerate(args.ordered or []):
+        runs[f"ordered {i + 1}"] = run_worker(
+            SCRIPT, f"memres {stack}", ["--worker", "memres", "--so", args.so, "--stack", stack] + common
+        )
     for name, r in runs.items():
         what = r.get("stack", "PyTorch's allocator")
         print(
@@ -143,7 +149,7 @@ def driver(args):
             f"B got the address A freed in {r['cross_stream_reuses']}, "
             f"A reused it at once in {r['same_stream_reuses']}"
         )
-    ok = runs["native"]["corrupted"] == 0 and runs["default"]["corrupted"] == 0
+    ok = all(r["corrupted"] == 0 for name, r in runs.items() if name != "agnostic")
     caught = runs["agnostic"]["corrupted"] > 0
     if not caught:
         print("SUMMARY two_stream_check: the stream-agnostic pool corrupted nothing: the check proves nothing "
@@ -163,6 +169,8 @@ def main():
     p.add_argument("--worker", choices=["native", "memres"], help="run one allocator and print RESULT")
     p.add_argument("--so", help="path of libmemres.so")
     p.add_argument("--stack", help="a worker's memres stack (default: the library's default)")
+    p.add_argument("--ordered", action="append", metavar="STACK",
+                   help="another stream-ordered stack, which must corrupt no round either (repeatable)")
     p.add_argument("--rounds", type=int, default=4, help="passes over the sizes")
     p.add_argument("--sleep-ms", type=float, default=20.0, help="the sleep kernel queued before A's fill")
     p.add_argument("--json", help="write the summary and every run here")

@@ -7,7 +7,7 @@
 //! | `cuda` | none | [`CudaMemory`] (`Counted<CudaMemory>`) |
 //! | `managed` | none | [`ManagedMemory`] (`Counted<ManagedMemory>`) |
 //! | `pinned` | none | [`PinnedMemory`], page-locked host memory (`Counted<PinnedMemory>`) |
-//! | `vmm` | `reserve=`, `release_threshold=`, `slack=`, `handle_granules=`, `trim_on_commit=` | a [`VirtualPool`](memres_core::vpool::VirtualPool) over [`CudaVirtualSpace`](crate::CudaVirtualSpace) ([`VmmPool`]), counted by the bytes it maps (see [`VmmConfig`]) |
+//! | `vmm` | `reserve=`, `release_threshold=`, `slack=`, `handle_granules=`, `trim_on_commit=`, `per_stream=` | a [`VirtualPool`](memres_core::vpool::VirtualPool) over [`CudaVirtualSpace`](crate::CudaVirtualSpace) ([`VmmPool`]), counted by the bytes it maps (see [`VmmConfig`]); with `per_stream=true` one per stream, stream-ordered ([`VmmPools`]) |
 //!
 //! Every leaf counts what it holds from the device in one [`Gauge`] per
 //! stack ([`Counted`]; `vmm` its mapped bytes, [`CountedSpace`]), so that
@@ -34,7 +34,7 @@
 
 mod vmm;
 
-pub use vmm::{vmm_config, CountedSpace, VmmConfig, VmmPool, VMM_RESERVATIONS};
+pub use vmm::{vmm_config, CountedSpace, VmmConfig, VmmPool, VmmPools, VMM_RESERVATIONS};
 
 use crate::{AsyncConfig, CudaAsyncMemory, CudaMemory, CudaStream, Device, ManagedMemory, PinnedMemory};
 use memres_core::adaptor::{Counted, Gauge};
@@ -107,7 +107,12 @@ pub fn register(
     plain_leaf(builder, "managed", device, &gauge, ManagedMemory::new);
     plain_leaf(builder, "pinned", device, &gauge, PinnedMemory::new);
     builder.register("vmm", move |call, cx| {
-        let pool = vmm_config(call)?.build(device, gauge.clone()).map_err(|e| call.resource_error(e))?;
+        let config = vmm_config(call)?;
+        if config.per_stream {
+            let pools = config.build_per_stream(device, gauge.clone()).map_err(|e| call.resource_error(e))?;
+            return Ok(cx.keep(call, pools));
+        }
+        let pool = config.build(device, gauge.clone()).map_err(|e| call.resource_error(e))?;
         Ok(cx.keep(call, pool))
     })
 }

@@ -8,7 +8,7 @@ use memres_core::adaptor::{Counted, Gauge};
 use memres_core::stack::{StackBuilder, StackErrorKind};
 use memres_core::Inspect;
 use memres_core::{MemoryResource, Request};
-use memres_cuda::stack::{register, VmmPool};
+use memres_cuda::stack::{register, VmmPool, VmmPools};
 use memres_cuda::{CudaAsyncMemory, CudaStream};
 use std::sync::Arc;
 
@@ -86,4 +86,42 @@ fn vmm_counts_its_mapped_bytes() {
     assert_eq!(e.pos, 20);
     drop(built);
     assert_eq!(counter.value(), 0);
+}
+
+/// `vmm(per_stream=true)`: each stream maps a reservation of its own, a
+/// block freed on another stream goes back to its own stream's pool, which
+/// reuses it once it waited; the counter is the mapped bytes of all.
+#[test]
+fn vmm_per_stream_maps_a_reservation_per_stream() {
+    let Some(device) = gpu("vmm_per_stream_maps_a_reservation_per_stream") else { return };
+    let counter = Arc::new(Gauge::default());
+    let mut b = StackBuilder::<CudaStream>::new();
+    register(&mut b, device, counter.clone());
+    let (s1, s2) = (CudaStream::new(device).unwrap(), CudaStream::new(device).unwrap());
+    let built = b.build_with_handles("vmm(reserve=4GiB, per_stream=true, handle_granules=1)", &s1).unwrap();
+    let pools = built.get::<VmmPools>("vmm").expect("typed handle");
+    let r = &built.resource;
+    let x = r.allocate(Request::new(3 << 20).unwrap(), &s1).unwrap();
+    let y = r.allocate(Request::new(3 << 20).unwrap(), &s2).unwrap();
+    let (id1, id2) = (memres_core::Stream::id(&s1), memres_core::Stream::id(&s2));
+    pools.with(|p| {
+        assert_eq!(p.stream_count(), 2);
+        assert!(p.pool_of(id1).unwrap().holds(x.addr()) && !p.pool_of(id1).unwrap().holds(y.addr()));
+        assert!(p.pool_of(id2).unwrap().holds(y.addr()));
+        assert_eq!(p.usage().held, 8 << 20, "two granules each");
+        assert_eq!(counter.value(), p.maker().space().inner().mapped_bytes());
+    });
+    // x freed on s2: back in s1's pool, reused on s1 after s1 waits on s2.
+    r.deallocate(x, &s2).unwrap();
+    let z = r.allocate(Request::new(3 << 20).unwrap(), &s1).unwrap();
+    assert_eq!(z.addr(), x.addr());
+    assert_eq!(pools.with(|p| p.stats().cross_frees), 1);
+    for (blk, s) in [(z, &s1), (y, &s2)] {
+        r.deallocate(blk, s).unwrap();
+    }
+    pools.with(|p| memres_core::Inspect::check(p)).unwrap();
+    memres_core::Stream::synchronize(&s1).unwrap();
+    memres_core::Stream::synchronize(&s2).unwrap();
+    drop(built);
+    assert_eq!(counter.value(), 0, "every granule unmapped when the pools go");
 }

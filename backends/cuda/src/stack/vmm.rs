@@ -3,9 +3,10 @@
 //! device by what it has mapped; how it orders its unmaps on streams is in
 //! [`VmmPool`]'s documentation.
 
-use crate::{CudaVirtualSpace, Device};
+use crate::{CudaStream, CudaVirtualSpace, Device};
 use memres_core::adaptor::Gauge;
 use memres_core::lock::StdLock;
+use memres_core::per_stream::{PerStreamPool, VirtualMaker};
 use memres_core::stack::{Call, StackError, StackErrorKind};
 use memres_core::vmem::ReservableSpace;
 use memres_core::vpool::{VirtualConfig, VirtualPool};
@@ -48,13 +49,33 @@ use std::sync::{Arc, Mutex};
 /// back, ordered on the allocating stream, and retries once).
 pub type VmmPool = Shared<VirtualPool<CountedSpace<CudaVirtualSpace>>, StdLock>;
 
+/// The typed handle of a `vmm(per_stream=true)` leaf: a virtual pool per
+/// stream, each in a reservation of its own, over one space
+/// (`built.get::<VmmPools>("vmm")`).
+///
+/// # Streams
+///
+/// Stream-ordered, as [`PerStreamPool`] is: a block freed on the stream it
+/// was allocated on is reused there at once; another stream never gets its
+/// addresses, only physical memory that the first stream's pool unmapped.
+/// A pool unmaps (synchronizing its stream first) only in a call on its
+/// own stream, and only after that stream waited on an event recorded
+/// after every free of its blocks on other streams; so the granules it
+/// unmaps are done with on every stream that freed a block there. On out of
+/// memory the device is synchronized, and every pool unmaps its idle
+/// granules before the allocation is tried again.
+pub type VmmPools =
+    Shared<PerStreamPool<VirtualMaker<Arc<CountedSpace<CudaVirtualSpace>>>, CudaStream>, StdLock>;
+
 /// The options of `vmm`: `reserve=` (bytes of addresses per reservation;
 /// default twice the device's memory), `release_threshold=` (free committed bytes kept
 /// mapped, the release threshold; default all of them, under the slack),
 /// `slack=` (free committed memory is trimmed only above 1 + slack/1000
 /// times the peak in use; default 40), `handle_granules=` (the most granules one
-/// physical handle spans, 1 to 64; default 32) and `trim_on_commit=`
-/// (`true`, the default, or `false`: see [`VirtualConfig::trim_on_commit`]).
+/// physical handle spans, 1 to 64; default 32), `trim_on_commit=`
+/// (`true`, the default, or `false`: see [`VirtualConfig::trim_on_commit`])
+/// and `per_stream=` (`false`, the default, or `true`: a pool per stream,
+/// stream-ordered, [`VmmPools`]).
 ///
 /// **Choosing them.** A decommit that unmaps synchronizes the stream, so a
 /// training loop wants steady steps that map nothing: `release_threshold=` above the
@@ -70,7 +91,8 @@ pub type VmmPool = Shared<VirtualPool<CountedSpace<CudaVirtualSpace>>, StdLock>;
 /// use memres_cuda::stack::{vmm_config, VmmConfig};
 /// use memres_core::stack::parse;
 /// let c = vmm_config(&parse("vmm(reserve=64GiB, release_threshold=1GiB, handle_granules=8, trim_on_commit=false)")?)?;
-/// assert_eq!(c, VmmConfig { reserve: Some(64 << 30), release_threshold: 1 << 30, handle_granules: 8, trim_on_commit: false, slack_permille: 40 });
+/// assert_eq!(c, VmmConfig { reserve: Some(64 << 30), release_threshold: 1 << 30, handle_granules: 8, trim_on_commit: false, slack_permille: 40, per_stream: false });
+/// assert!(vmm_config(&parse("vmm(per_stream=true)")?)?.per_stream);
 /// assert_eq!(vmm_config(&parse("vmm")?)?, VmmConfig::default());
 /// assert!(vmm_config(&parse("vmm(handle_granules=65)")?).is_err());
 /// # Ok::<(), memres_core::stack::StackError>(())
@@ -91,6 +113,8 @@ pub struct VmmConfig {
     /// Free committed memory is trimmed only above (1 + slack/1000) x the
     /// peak of bytes in use ([`VirtualConfig::slack_permille`]).
     pub slack_permille: u32,
+    /// A pool per stream ([`VmmPools`]) rather than one for all.
+    pub per_stream: bool,
 }
 
 impl Default for VmmConfig {
@@ -104,6 +128,7 @@ impl Default for VmmConfig {
             handle_granules: CudaVirtualSpace::DEFAULT_HANDLE_GRANULES,
             trim_on_commit: true,
             slack_permille: 40,
+            per_stream: false,
         }
     }
 }
@@ -143,6 +168,20 @@ impl VmmConfig {
         let counted = CountedSpace::new(space, CudaVirtualSpace::mapped_bytes, gauge);
         Ok(Shared::new_in(VirtualPool::with_config(counted, config)?))
     }
+
+    /// Builds a pool per stream on `device` ([`VmmPools`]), counting the
+    /// bytes they map in `gauge`; each stream's pool reserves its range at
+    /// the stream's first allocation.
+    ///
+    /// # Errors
+    ///
+    /// The driver's error (no device, no virtual memory management).
+    pub fn build_per_stream(&self, device: Device, gauge: Arc<Gauge>) -> Result<VmmPools> {
+        let space = CudaVirtualSpace::with_handle_granules(device, self.handle_granules)?;
+        let config = self.virtual_config(device.total_memory()?);
+        let counted = Arc::new(CountedSpace::new(space, CudaVirtualSpace::mapped_bytes, gauge));
+        Ok(Shared::new_in(PerStreamPool::new(VirtualMaker::new(counted, config))))
+    }
 }
 
 /// Reads the options of a `vmm` call (see [`VmmConfig`]).
@@ -151,9 +190,13 @@ impl VmmConfig {
 ///
 /// A positional argument, an unknown key, a bad size, a reservation of 0
 /// bytes, `handle_granules=` not a whole number from 1 to 64, or
-/// `trim_on_commit=` neither `true` nor `false`, at its position.
+/// `trim_on_commit=` or `per_stream=` neither `true` nor `false`, at its
+/// position.
 pub fn vmm_config(call: &Call) -> std::result::Result<VmmConfig, StackError> {
-    call.expect_args(0, &["reserve", "release_threshold", "handle_granules", "trim_on_commit", "slack"])?;
+    call.expect_args(
+        0,
+        &["reserve", "release_threshold", "handle_granules", "trim_on_commit", "slack", "per_stream"],
+    )?;
     let mut config = VmmConfig::default();
     if let Some(reserve) = call.size_arg("reserve")? {
         if reserve == 0 {
@@ -193,6 +236,9 @@ pub fn vmm_config(call: &Call) -> std::result::Result<VmmConfig, StackError> {
     }
     if let Some(trim) = call.bool_arg("trim_on_commit")? {
         config.trim_on_commit = trim;
+    }
+    if let Some(per_stream) = call.bool_arg("per_stream")? {
+        config.per_stream = per_stream;
     }
     Ok(config)
 }

@@ -18,9 +18,12 @@ fn options_are_read_with_their_defaults() {
             release_threshold: u64::MAX,
             handle_granules: 32,
             trim_on_commit: true,
-            slack_permille: 40
+            slack_permille: 40,
+            per_stream: false
         }
     );
+    assert!(config("vmm(per_stream=true)").unwrap().per_stream);
+    assert!(config("vmm(per_stream=maybe)").is_err());
     assert_eq!(config("vmm(slack=0)").unwrap().slack_permille, 0);
     assert_eq!(config("vmm(slack=100)").unwrap().virtual_config(1 << 30).slack(), 100);
     assert!(!config("vmm(trim_on_commit=false)").unwrap().trim_on_commit);
