@@ -122,6 +122,7 @@ fn vmm_per_stream_maps_a_reservation_per_stream() {
     pools.with(|p| memres_core::Inspect::check(p)).unwrap();
     memres_core::Stream::synchronize(&s1).unwrap();
     memres_core::Stream::synchronize(&s2).unwrap();
-    drop(built);
+    assert_eq!(counter.value(), 8 << 20, "idle granules stay mapped (release_threshold= all)");
+    drop((pools, built));
     assert_eq!(counter.value(), 0, "every granule unmapped when the pools go");
 }

@@ -89,7 +89,10 @@
 //! stream is done with it. `vmm` also gives memory back to the device: it
 //! unmaps only after synchronizing the stream of the call in progress,
 //! which makes that safe under the same condition (see
-//! [`VmmPool`](memres_cuda::stack::VmmPool)).
+//! [`VmmPool`](memres_cuda::stack::VmmPool)). With `per_stream=true`
+//! (`pool(cuda, per_stream=true)`, `vmm(per_stream=true)`) each stream has
+//! a pool of its own and the stack is stream-ordered (see
+//! [`VmmPools`](memres_cuda::stack::VmmPools)).
 //!
 //! The `sim`, `host` and `vpool` names of `memres-sim` and the CUDA
 //! crate's `pinned` are refused here ([`leaves::refuse_host_leaves`]):
