@@ -209,7 +209,24 @@ fn randomized_three_streams_never_reuse_or_unmap_too_early() {
                             space.kernel(b, stream);
                             live.push((b, s));
                         }
-                        Err(e) => assert!(e.is_out_of_memory(), "{e}"),
+                        Err(e) => {
+                            assert!(e.is_out_of_memory(), "{e}");
+                            // Out of memory only when it is: every idle
+                            // granule went back (the device synchronized),
+                            // and the granules the block needs do not fit
+                            // beside the busy ones, or its stream's
+                            // reservation has no room for it.
+                            res.inner().with(|p| {
+                                let room = p.pool_of(stream.id()).map_or(u64::MAX, |v| v.usage().largest_free);
+                                let busy = space.space.committed_bytes();
+                                let need = size.div_ceil(2 * MIB) * 2 * MIB + 2 * MIB;
+                                assert!(
+                                    busy + need > 96 * MIB || room < size + 256,
+                                    "seed {seed}: out of memory with {busy} bytes mapped and {room} free for {size}"
+                                );
+                                assert_eq!(p.usage().held, busy);
+                            });
+                        }
                     }
                 }
                 45..=84 if !live.is_empty() => {
