@@ -267,15 +267,10 @@ impl<M: MakePool<S>, S: Stream + ?Sized> PerStreamPool<M, S> {
         if self.lanes[i].settle_next {
             self.settle(i, stream)?;
         }
-        let lane = &mut self.lanes[i];
-        match lane.pool.try_allocate(request, stream)? {
-            Some(block) => {
-                let block = block.with_tag(block.tag() ^ lane.stamp);
-                if M::Pool::GROWS_IN_TRY_ALLOCATE {
-                    self.count_held();
-                }
-                Ok(block)
-            }
+        let got = self.lanes[i].pool.try_allocate(request, stream);
+        self.count_held_if_grown();
+        match got? {
+            Some(block) => Ok(block.with_tag(block.tag() ^ self.lanes[i].stamp)),
             None => self.allocate_slow(i, request, stream),
         }
     }
@@ -490,6 +485,16 @@ impl<M: MakePool<S>, S: Stream + ?Sized> PerStreamPool<M, S> {
         self.lanes[i].pool.allocate(request, stream)
     }
 
+    /// After a `try_allocate` that may have taken memory, whether or not it
+    /// succeeded (a failed one may keep granules it could not unmap): the
+    /// peak held raised to what the pools hold now.
+    #[inline]
+    fn count_held_if_grown(&mut self) {
+        if M::Pool::GROWS_IN_TRY_ALLOCATE {
+            self.count_held();
+        }
+    }
+
     /// Raises the peak held to what the pools hold now.
     fn count_held(&mut self) {
         let held = self.lanes.iter().map(|l| l.pool.usage().held).sum();
@@ -526,13 +531,12 @@ impl<M: MakePool<S>, S: Stream + ?Sized> MemoryResourceMut<S> for PerStreamPool<
         // The stream of the latest call, with room and nothing to settle.
         if let Some(lane) = self.lanes.get_mut(self.last) {
             if lane.id == stream.id() && !lane.settle_next {
-                if let Some(block) = lane.pool.try_allocate(request, stream)? {
+                let stamp = lane.stamp;
+                let got = lane.pool.try_allocate(request, stream);
+                self.count_held_if_grown();
+                if let Some(block) = got? {
                     // A pool's tag is never `NO_TAG`.
-                    let block = block.with_tag(block.tag() ^ lane.stamp);
-                    if M::Pool::GROWS_IN_TRY_ALLOCATE {
-                        self.count_held();
-                    }
-                    return Ok(block);
+                    return Ok(block.with_tag(block.tag() ^ stamp));
                 }
             }
         }
