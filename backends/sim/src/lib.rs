@@ -10,7 +10,9 @@
 //! - [`HbChecked`]: a wrapper that checks every reuse of freed memory on
 //!   another stream is ordered after the free, reporting [`HbViolation`]s.
 //! - [`SimAddressSpace`]: a simulated virtual address space (reserve, commit,
-//!   decommit granules) for `memres_core::vpool::VirtualPool`.
+//!   decommit granules) for `memres_core::vpool::VirtualPool`;
+//!   [`UnmapChecked`] checks that a space decommits memory only once the
+//!   work that used it is done.
 //! - [`HostMemory`] and [`HostCopy`]: real host memory and its copy engine
 //!   (plain `memcpy`, every access checked), for containers, tests and
 //!   replays that want bytes behind their addresses.
@@ -31,6 +33,7 @@ mod order;
 mod stack;
 mod stream;
 mod tally;
+mod unmaps;
 mod vspace;
 
 pub use copy::HostCopy;
@@ -39,4 +42,5 @@ pub use host::HostMemory;
 pub use order::{HbChecked, HbViolation};
 pub use stack::{builder, register, vpool, DEFAULT_SIM_CAPACITY};
 pub use stream::{SimEvent, SimStream, SimWorld};
+pub use unmaps::UnmapChecked;
 pub use vspace::SimAddressSpace;

@@ -1,18 +1,16 @@
 //! Virtual pools, one per stream, over simulated streams: memory freed on
 //! one stream is neither handed to another stream nor unmapped before the
 //! work that used it is done. The happens-before checker watches every
-//! reuse of an address; a checking space watches every unmap. (That one
+//! reuse of an address; `UnmapChecked` watches every unmap. (That one
 //! virtual pool for all streams races, and one per stream does not, is in
 //! `per_stream.rs`, beside the chunk pools.)
 
 use memres_core::per_stream::{PerStreamPool, VirtualMaker};
 use memres_core::testing::SplitMix64;
-use memres_core::vmem::ReservableSpace;
 use memres_core::vpool::{VirtualConfig, VirtualPool};
-use memres_core::{Block, Error, Inspect, MemoryResource, Range, Request, Result, Shared, Stream};
-use memres_sim::{HbChecked, SimAddressSpace, SimStream, SimWorld};
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use memres_core::{Block, Error, Inspect, MemoryResource, Range, Request, Shared, Stream};
+use memres_sim::{HbChecked, SimAddressSpace, SimStream, SimWorld, UnmapChecked};
+use std::sync::Arc;
 
 const MIB: u64 = 1 << 20;
 
@@ -20,73 +18,21 @@ fn req(n: u64) -> Request {
     Request::new(n).unwrap()
 }
 
-/// A simulated address space that checks its unmaps: every range the test
-/// says a kernel used must be seen complete by the host (its stream
-/// synchronized, or one ordered after it) before a decommit takes its
-/// granules away.
-struct CheckedSpace {
-    space: SimAddressSpace,
-    world: SimWorld,
-    /// Ranges used by a kernel: the range, the stream, the kernel's position.
-    used: Mutex<Vec<(Range, u64, u64)>>,
-    early_unmaps: AtomicUsize,
+type Space = UnmapChecked<SimAddressSpace>;
+
+fn checked_space(world: &SimWorld, physical: u64) -> Arc<Space> {
+    Arc::new(UnmapChecked::new(SimAddressSpace::new(physical, 2 * MIB), world))
 }
 
-impl CheckedSpace {
-    fn new(world: &SimWorld, physical: u64) -> Arc<Self> {
-        Arc::new(CheckedSpace {
-            space: SimAddressSpace::new(physical, 2 * MIB),
-            world: world.clone(),
-            used: Mutex::new(Vec::new()),
-            early_unmaps: AtomicUsize::new(0),
-        })
-    }
-
-    /// A kernel on `stream` that uses `block`.
-    fn kernel(&self, block: Block, stream: &SimStream) {
-        let pos = stream.enqueue();
-        let range = Range::new(block.addr(), block.size()).unwrap();
-        self.used.lock().unwrap().push((range, stream.id(), pos));
-    }
-
-    fn early_unmaps(&self) -> usize {
-        self.early_unmaps.load(Ordering::Relaxed)
-    }
+/// A kernel on `stream` that uses `block`.
+fn kernel(space: &Space, block: Block, stream: &SimStream) {
+    stream.enqueue();
+    space.used(Range::new(block.addr(), block.size()).unwrap(), stream);
 }
 
-impl ReservableSpace for CheckedSpace {
-    fn granule(&self) -> u64 {
-        self.space.granule()
-    }
-    fn reserve(&self, len: u64) -> Result<Range> {
-        self.space.reserve(len)
-    }
-    fn release(&self, range: Range) -> Result<()> {
-        self.space.release(range)
-    }
-    fn commit(&self, range: Range) -> Result<()> {
-        self.space.commit(range)
-    }
-    fn decommit<S: Stream + ?Sized>(&self, range: Range, stream: &S) -> Result<()> {
-        // As the CUDA space does: the stream's work first.
-        stream.synchronize()?;
-        let host = self.world.default_stream();
-        self.used.lock().unwrap().retain(|&(r, s, pos)| {
-            if r.end() <= range.start() || range.end() <= r.start() {
-                return true;
-            }
-            if !host.is_observed(s, pos) {
-                self.early_unmaps.fetch_add(1, Ordering::Relaxed);
-            }
-            false
-        });
-        self.space.decommit(range, stream)
-    }
-}
+type Pools = Shared<PerStreamPool<VirtualMaker<Arc<Space>>, SimStream>>;
 
-type Pools = Shared<PerStreamPool<VirtualMaker<Arc<CheckedSpace>>, SimStream>>;
-
-fn per_stream(space: &Arc<CheckedSpace>, config: VirtualConfig) -> Pools {
+fn per_stream(space: &Arc<Space>, config: VirtualConfig) -> Pools {
     Shared::new(PerStreamPool::new(VirtualMaker::new(space.clone(), config)))
 }
 
@@ -97,24 +43,24 @@ fn a_granule_freed_on_another_stream_is_unmapped_only_after_that_stream_s_work()
     for per_stream_pools in [false, true] {
         let world = SimWorld::new();
         let (a, b) = (world.non_blocking_stream(), world.non_blocking_stream());
-        let space = CheckedSpace::new(&world, 1 << 30);
+        let space = checked_space(&world, 1 << 30);
         let plain = Shared::new(VirtualPool::with_config(space.clone(), config).unwrap());
         let pools = per_stream(&space, config);
         let res: &dyn MemoryResource<SimStream> = if per_stream_pools { &pools } else { &plain };
         let x = res.allocate(req(2 * MIB), &a).unwrap();
         let y = res.allocate(req(2 * MIB), &a).unwrap();
-        space.kernel(x, &a);
-        space.kernel(y, &a);
+        kernel(&space, x, &a);
+        kernel(&space, y, &a);
         // The caller orders b after a's use of x, uses x on b, frees it on b:
         // its granule turns idle and stays mapped (under the threshold).
         b.wait(&a.record().unwrap()).unwrap();
-        space.kernel(x, &b);
+        kernel(&space, x, &b);
         res.deallocate(x, &b).unwrap();
-        assert_eq!(space.space.committed_bytes(), 4 * MIB);
+        assert_eq!(space.inner().committed_bytes(), 4 * MIB);
         // y's free on a leaves two idle granules: x's, the older, is unmapped,
         // ordered on a. Only a pool that made a wait on b first is right.
         res.deallocate(y, &a).unwrap();
-        assert_eq!(space.space.committed_bytes(), 2 * MIB);
+        assert_eq!(space.inner().committed_bytes(), 2 * MIB);
         assert_eq!(space.early_unmaps(), usize::from(!per_stream_pools), "per stream: {per_stream_pools}");
         if per_stream_pools {
             assert!(a.is_ordered_after(b.id(), b.position()));
@@ -129,15 +75,15 @@ fn out_of_memory_on_one_stream_unmaps_the_idle_granules_of_the_others() {
     let world = SimWorld::new();
     let (a, b) = (world.non_blocking_stream(), world.non_blocking_stream());
     // 8 MiB of physical memory; idle granules stay mapped up to the slack.
-    let space = CheckedSpace::new(&world, 8 * MIB);
+    let space = checked_space(&world, 8 * MIB);
     let pools =
         per_stream(&space, VirtualConfig::new(64 * MIB).release_threshold(u64::MAX).slack_permille(1000));
     let xs: Vec<Block> = (0..4).map(|_| pools.allocate(req(2 * MIB), &a).unwrap()).collect();
     for &x in &xs {
-        space.kernel(x, &a);
+        kernel(&space, x, &a);
         pools.deallocate(x, &a).unwrap();
     }
-    assert_eq!(space.space.committed_bytes(), 8 * MIB, "a keeps its idle granules");
+    assert_eq!(space.inner().committed_bytes(), 8 * MIB, "a keeps its idle granules");
     // b maps nothing until a's idle granules are unmapped, after the device
     // is synchronized.
     let y = pools.allocate(req(4 * MIB), &b).unwrap();
@@ -160,7 +106,7 @@ fn randomized_three_streams_never_reuse_or_unmap_too_early() {
         let streams: Vec<SimStream> =
             (0..3).map(|i| if i == 0 { world.stream() } else { world.non_blocking_stream() }).collect();
         // A small device, so that streams run out and take each other's memory.
-        let space = CheckedSpace::new(&world, 96 * MIB);
+        let space = checked_space(&world, 96 * MIB);
         let threshold = [0, 4 * MIB, u64::MAX][seed as usize % 3];
         let config = VirtualConfig::new(256 * MIB).release_threshold(threshold).slack_permille(40);
         let res = HbChecked::new(per_stream(&space, config)).panicking();
@@ -179,7 +125,7 @@ fn randomized_three_streams_never_reuse_or_unmap_too_early() {
                     };
                     match res.allocate(req(size), stream) {
                         Ok(b) => {
-                            space.kernel(b, stream);
+                            kernel(&space, b, stream);
                             live.push((b, s));
                         }
                         Err(e) => {
@@ -191,7 +137,7 @@ fn randomized_three_streams_never_reuse_or_unmap_too_early() {
                             // reservation has no room for it.
                             res.inner().with(|p| {
                                 let room = p.pool_of(stream.id()).map_or(u64::MAX, |v| v.usage().largest_free);
-                                let busy = space.space.committed_bytes();
+                                let busy = space.inner().committed_bytes();
                                 let need = size.div_ceil(2 * MIB) * 2 * MIB + 2 * MIB;
                                 assert!(
                                     busy + need > 96 * MIB || room < size + 256,
@@ -209,7 +155,7 @@ fn randomized_three_streams_never_reuse_or_unmap_too_early() {
                     let on = if rng.below(4) == 0 { s } else { used_on };
                     if on != used_on {
                         streams[on].wait(&streams[used_on].record().unwrap()).unwrap();
-                        space.kernel(b, &streams[on]);
+                        kernel(&space, b, &streams[on]);
                     }
                     res.deallocate(b, &streams[on]).unwrap();
                 }
@@ -226,7 +172,7 @@ fn randomized_three_streams_never_reuse_or_unmap_too_early() {
                 assert_eq!(p.usage().used, used, "seed {seed}: the pools hand out what the caller holds");
                 assert_eq!(
                     p.usage().held,
-                    space.space.committed_bytes(),
+                    space.inner().committed_bytes(),
                     "seed {seed}: held is what is mapped"
                 );
             });

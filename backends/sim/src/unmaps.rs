@@ -1,0 +1,103 @@
+//! The unmap checker: memory is taken away only once the work that used
+//! it is done.
+
+use crate::stream::SimWorld;
+use memres_core::vmem::ReservableSpace;
+use memres_core::{Range, Result, Stream};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Mutex;
+
+/// A [`ReservableSpace`] that checks its decommits: a range the caller
+/// says was used by the work of a stream up to some position
+/// ([`used`](Self::used)) may be decommitted only once the host has
+/// observed that work complete (a synchronization of that stream, of one
+/// ordered after it, or of the device). A decommit that takes such memory
+/// too early is counted ([`early_unmaps`](Self::early_unmaps)); on a GPU it
+/// would unmap memory a kernel still touches.
+///
+/// # Examples
+///
+/// ```
+/// use memres_core::vmem::ReservableSpace;
+/// use memres_core::Stream;
+/// use memres_sim::{SimAddressSpace, SimWorld, UnmapChecked};
+/// let world = SimWorld::new();
+/// let (a, b) = (world.non_blocking_stream(), world.non_blocking_stream());
+/// let space = UnmapChecked::new(SimAddressSpace::new(1 << 30, 2 << 20), &world);
+/// let r = space.reserve(4 << 20)?;
+/// space.commit(r)?;
+/// a.enqueue(); // a kernel on `a`, still to run, that uses `r`
+/// space.used(r, &a);
+/// space.decommit(r, &b)?; // ordered on `b`, which never waited on `a`
+/// assert_eq!(space.early_unmaps(), 1);
+/// space.commit(r)?;
+/// space.used(r, &a);
+/// space.decommit(r, &a)?; // after `a`'s work
+/// assert_eq!(space.early_unmaps(), 1);
+/// # Ok::<(), memres_core::Error>(())
+/// ```
+#[derive(Debug)]
+pub struct UnmapChecked<V> {
+    space: V,
+    world: SimWorld,
+    /// Ranges in use: the range, the stream, the stream's position then.
+    used: Mutex<Vec<(Range, u64, u64)>>,
+    early: AtomicUsize,
+}
+
+impl<V> UnmapChecked<V> {
+    /// Checks the decommits of `space`, whose streams belong to `world`.
+    pub fn new(space: V, world: &SimWorld) -> Self {
+        UnmapChecked { space, world: world.clone(), used: Mutex::new(Vec::new()), early: AtomicUsize::new(0) }
+    }
+
+    /// The checked space.
+    pub fn inner(&self) -> &V {
+        &self.space
+    }
+
+    /// Records that the work submitted to `stream` so far uses `range`.
+    pub fn used(&self, range: Range, stream: &crate::SimStream) {
+        self.lock().push((range, stream.id(), stream.position()));
+    }
+
+    /// Decommits that took memory before the work using it was done.
+    pub fn early_unmaps(&self) -> usize {
+        self.early.load(Ordering::Relaxed)
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<(Range, u64, u64)>> {
+        self.used.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+impl<V: ReservableSpace> ReservableSpace for UnmapChecked<V> {
+    fn granule(&self) -> u64 {
+        self.space.granule()
+    }
+    fn reserve(&self, len: u64) -> Result<Range> {
+        self.space.reserve(len)
+    }
+    fn release(&self, range: Range) -> Result<()> {
+        self.space.release(range)
+    }
+    fn commit(&self, range: Range) -> Result<()> {
+        self.space.commit(range)
+    }
+    /// The space's decommit (which orders itself on `stream`), then the
+    /// check of the ranges in use that it took.
+    fn decommit<S: Stream + ?Sized>(&self, range: Range, stream: &S) -> Result<()> {
+        self.space.decommit(range, stream)?;
+        let host = self.world.default_stream();
+        self.lock().retain(|&(r, s, pos)| {
+            if r.end() <= range.start() || range.end() <= r.start() {
+                return true;
+            }
+            if !host.is_observed(s, pos) {
+                self.early.fetch_add(1, Ordering::Relaxed);
+            }
+            false
+        });
+        Ok(())
+    }
+}
