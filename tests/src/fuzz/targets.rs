@@ -17,6 +17,7 @@ mod planned;
 mod stack;
 mod stream;
 mod vpool;
+mod vpool_streams;
 pub use adaptors::*;
 pub use arena::*;
 pub use binning::*;
@@ -26,6 +27,7 @@ pub use planned::*;
 pub use stack::*;
 pub use stream::*;
 pub use vpool::*;
+pub use vpool_streams::*;
 
 // ------------------------------------------------------- upstream spy
 

@@ -35,25 +35,29 @@ struct VpoolTarget {
     broken: Option<String>,
 }
 
+/// Bytes of the granules of `g` bytes that the model's live blocks touch.
+pub(super) fn busy_bytes(model: &Model, g: u64) -> u64 {
+    let mut spans: Vec<(u64, u64)> = model
+        .live()
+        .iter()
+        .map(|l| (l.block.addr() / g, (l.block.addr() + l.footprint - 1) / g + 1))
+        .collect();
+    spans.sort_unstable();
+    let (mut total, mut end) = (0, 0);
+    for (s, e) in spans {
+        let s = s.max(end);
+        if e > s {
+            total += e - s;
+        }
+        end = end.max(e);
+    }
+    total * g
+}
+
 impl VpoolTarget {
     /// Bytes of the granules that live blocks touch.
     fn busy_bytes(&self, model: &Model) -> u64 {
-        let g = self.pool.granule();
-        let mut spans: Vec<(u64, u64)> = model
-            .live()
-            .iter()
-            .map(|l| (l.block.addr() / g, (l.block.addr() + l.footprint - 1) / g + 1))
-            .collect();
-        spans.sort_unstable();
-        let (mut total, mut end) = (0, 0);
-        for (s, e) in spans {
-            let s = s.max(end);
-            if e > s {
-                total += e - s;
-            }
-            end = end.max(e);
-        }
-        total * g
+        busy_bytes(model, self.pool.granule())
     }
 
     /// Runs `call` on the pool; returns what it returned and the injected

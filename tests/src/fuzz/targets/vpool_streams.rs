@@ -1,0 +1,244 @@
+//! The fuzz target of the virtual pools per stream on simulated streams.
+
+use super::super::{drive, FuzzResource, Model, Op};
+use super::round256;
+use super::vpool::busy_bytes;
+use arbitrary::Unstructured;
+use memres_core::per_stream::{PerStreamPool, VirtualMaker};
+use memres_core::vmem::ReservableSpace;
+use memres_core::vpool::VirtualConfig;
+use memres_core::{Block, Error, Inspect, MemoryResource, Range, Request, Result, Shared, Stream};
+use memres_sim::{HbChecked, SimAddressSpace, SimStream, SimWorld, UnmapChecked};
+use std::collections::HashMap;
+use std::sync::Arc;
+
+/// The simulated space spans 2^18 granules, as in the `vpool` target.
+const SPAN_GRANULES_LOG2: u32 = 18;
+
+type Space = UnmapChecked<SimAddressSpace>;
+type Pools = PerStreamPool<VirtualMaker<Arc<Space>>, SimStream>;
+
+/// A [`PerStreamPool`] of virtual pools over one simulated space, on a few
+/// `SimStream`s of one `SimWorld`, behind the happens-before checker, the
+/// space checking every unmap against the work before the frees.
+struct VpoolStreamsTarget {
+    hb: HbChecked<Shared<Pools>>,
+    space: Arc<Space>,
+    world: SimWorld,
+    streams: Vec<SimStream>,
+    current: usize,
+    /// The stream each live block was handed out on, by address.
+    allocated_on: HashMap<u64, usize>,
+    /// Whether a stream call, a commit or a decommit was made to fail (a
+    /// backend error is then legitimate).
+    failure_armed: bool,
+}
+
+impl std::fmt::Debug for VpoolStreamsTarget {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("VpoolStreamsTarget").field("current", &self.current).finish_non_exhaustive()
+    }
+}
+
+impl VpoolStreamsTarget {
+    fn with<T>(&self, f: impl FnOnce(&mut Pools) -> T) -> T {
+        self.hb.inner().with(f)
+    }
+}
+
+impl FuzzResource for VpoolStreamsTarget {
+    fn allocate(&mut self, request: Request) -> Result<Block> {
+        let block = self.hb.allocate(request, &self.streams[self.current])?;
+        if !block.is_empty() {
+            self.allocated_on.insert(block.addr(), self.current);
+        }
+        Ok(block)
+    }
+    fn deallocate(&mut self, block: Block) -> Result<()> {
+        // A correct caller that frees on another stream than the block's
+        // first orders the free after the block's work there; if that
+        // fails, it frees on the block's stream.
+        let mut on = self.current;
+        if let Some(&first) = self.allocated_on.get(&block.addr()) {
+            if first != on {
+                let ordered = self.streams[first].record().and_then(|e| self.streams[on].wait(&e));
+                if ordered.is_err() {
+                    on = first;
+                }
+            }
+        }
+        match self.hb.deallocate(block, &self.streams[on]) {
+            // A stream call made to fail (the event of a free on another
+            // stream, a wait before one): the free changed nothing, and a
+            // caller tries again.
+            Err(Error::Backend { .. }) if self.failure_armed => {
+                self.hb.deallocate(block, &self.streams[on])?;
+            }
+            got => got?,
+        }
+        if !block.is_empty() {
+            // The work before the free may use the block until it is done.
+            let range = Range::new(block.addr(), round256(block.size())).expect("a block's range");
+            self.space.used(range, &self.streams[on]);
+            self.allocated_on.remove(&block.addr());
+        }
+        Ok(())
+    }
+    fn fail_nth(&mut self, n: u64) -> bool {
+        self.space.inner().fail_nth_commit(n);
+        self.space.inner().fail_nth_decommit(n);
+        self.failure_armed = true;
+        true
+    }
+    fn check(&self, model: &Model) -> std::result::Result<(), String> {
+        if let Some(v) = self.hb.violations().first() {
+            return Err(format!("happens-before violation: {v}"));
+        }
+        if self.space.early_unmaps() > 0 {
+            return Err(format!("{} unmaps before the work on them was done", self.space.early_unmaps()));
+        }
+        let space = self.space.inner();
+        for l in model.live() {
+            let range = Range::new(l.block.addr(), l.footprint).expect("live range");
+            if !space.is_committed(range) {
+                return Err(format!("{:?} lies over memory that is not committed", l.block));
+            }
+        }
+        self.with(|p| {
+            if super::super::invariant_checker_on() {
+                p.check().map_err(|v| v.to_string())?;
+            }
+            if p.usage().held != space.committed_bytes() {
+                return Err(format!(
+                    "the pools hold {} bytes, the space has {} committed",
+                    p.usage().held,
+                    space.committed_bytes()
+                ));
+            }
+            Ok(())
+        })
+    }
+    fn used_bytes(&self) -> u64 {
+        self.with(|p| p.usage().used)
+    }
+    fn footprint(&self, size: u64) -> u64 {
+        round256(size)
+    }
+    fn summary(&self) -> Vec<u64> {
+        // Idle memory may be unmapped by any call: not in the summary.
+        self.with(|p| vec![p.usage().used, p.stream_count() as u64])
+    }
+    fn forgets(&self, _block: &Block) -> bool {
+        // A stream's pool that holds nothing is dropped, its reservation
+        // with it, and the addresses may come back in another's.
+        true
+    }
+    fn streams(&self) -> u8 {
+        self.streams.len() as u8
+    }
+    fn stream_op(&mut self, op: Op) {
+        match op {
+            Op::Stream { which } => self.current = which as usize % self.streams.len(),
+            Op::Advance => self.world.advance(),
+            Op::Synchronize => self.world.synchronize(),
+            Op::FailStream { n } => {
+                self.world.fail_nth(n);
+                self.failure_armed = true;
+            }
+            _ => {}
+        }
+    }
+    fn judge_alloc_failure(
+        &self,
+        request: &Request,
+        err: &Error,
+        _before: &[u64],
+        model: &Model,
+    ) -> std::result::Result<(), String> {
+        let space = self.space.inner();
+        let g = space.granule();
+        let need = request.rounded_size(256) + request.align().saturating_sub(g);
+        match err {
+            Error::Backend { .. } if self.failure_armed => Ok(()),
+            Error::InvalidSize { .. } if need / g + 2 >= 1 << SPAN_GRANULES_LOG2 => Ok(()),
+            Error::OutOfMemory { .. } => {
+                // Physical memory: every idle granule went back before the
+                // error (the device was synchronized), so the live blocks'
+                // granules and the block's do not fit.
+                let physical = busy_bytes(model, g) + (need.div_ceil(g) + 1) * g > space.physical_bytes();
+                // Addresses: the stream's pool (none yet, or one) has no
+                // room and may reserve no more, or the span has none left
+                // for a reservation.
+                let config = self.with(|p| *p.maker().config());
+                let room = self.with(|p| {
+                    p.pool_of(self.streams[self.current].id())
+                        .map(|v| (v.usage().largest_free, v.reservation_count()))
+                });
+                // The index's promise of room, as in the `index` target.
+                let units = request.size().div_ceil(256) + request.align() / 256 - 1;
+                let span_full = space.reserved_bytes() + need.max(config.reserve_size()).next_multiple_of(g)
+                    > g << SPAN_GRANULES_LOG2;
+                let pool_full = room.is_none_or(|(free, n)| {
+                    free < 256 * (units + units / 32) && (n >= config.reservations() as usize || span_full)
+                });
+                if physical || pool_full {
+                    Ok(())
+                } else {
+                    Err(format!(
+                        "{} bytes busy of {}, room {room:?}, {} reserved",
+                        busy_bytes(model, g),
+                        space.physical_bytes(),
+                        space.reserved_bytes()
+                    ))
+                }
+            }
+            _ => Err("unexpected error".into()),
+        }
+    }
+}
+
+/// Fuzz target `vpool_streams`: a [`PerStreamPool`] of virtual pools
+/// ([`VirtualMaker`]) over one `SimAddressSpace` of a few granule sizes,
+/// physical sizes, reservation sizes and release thresholds, on two to four
+/// streams of one `SimWorld`; commits, decommits and stream calls made to
+/// fail. The happens-before checker must find no reuse, and the space no
+/// unmap, that is not ordered after the frees before it.
+pub fn run_vpool_streams(data: &[u8]) {
+    let mut u = Unstructured::new(data);
+    let Ok((granule, physical, config, count)) =
+        (|| -> arbitrary::Result<(u64, u64, VirtualConfig, usize)> {
+            let granule = *u.choose(&[4096u64, 64 << 10, 2 << 20])?;
+            let physical = *u.choose(&[granule * 8, 64 << 20, 1 << 36])?;
+            let reserve = granule * *u.choose(&[16u64, 1 << 10, 1 << 14])?;
+            let keep = *u.choose(&[0, granule * 2, u64::MAX])?;
+            let config = VirtualConfig::new(reserve)
+                .release_threshold(keep)
+                .max_reservations(u.int_in_range(1..=2)?)
+                .trim_on_commit(u.arbitrary()?)
+                .slack_permille(*u.choose(&[0, 40])?);
+            Ok((granule, physical, config, u.int_in_range(2..=4usize)?))
+        })()
+    else {
+        return;
+    };
+    let world = SimWorld::new();
+    let mut streams = vec![world.default_stream()];
+    for i in 1..count {
+        streams.push(if i == 3 { world.non_blocking_stream() } else { world.stream() });
+    }
+    let space = Arc::new(UnmapChecked::new(
+        SimAddressSpace::with_span(physical, granule, granule << SPAN_GRANULES_LOG2),
+        &world,
+    ));
+    let pools = PerStreamPool::new(VirtualMaker::new(space.clone(), config));
+    let mut target = VpoolStreamsTarget {
+        hb: HbChecked::new(Shared::new(pools)),
+        space,
+        world,
+        streams,
+        current: 1,
+        allocated_on: HashMap::new(),
+        failure_armed: false,
+    };
+    drive(&mut target, &mut u);
+}
