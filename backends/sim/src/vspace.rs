@@ -149,6 +149,12 @@ impl SimAddressSpace {
         self.lock().reservations.values().map(|r| r.len).sum()
     }
 
+    /// The longest run of addresses not reserved: reservations released
+    /// leave gaps, so a reservation may not fit where the bytes would.
+    pub fn largest_unreserved(&self) -> u64 {
+        self.lock().space.largest_free()
+    }
+
     /// Successful commit and decommit calls so far.
     pub fn call_counts(&self) -> (u64, u64) {
         self.lock().ledger.call_counts()

@@ -176,8 +176,9 @@ impl FuzzResource for VpoolStreamsTarget {
                 });
                 // The index's promise of room, as in the `index` target.
                 let units = request.size().div_ceil(256) + request.align() / 256 - 1;
-                let span_full = space.reserved_bytes() + need.max(config.reserve_size()).next_multiple_of(g)
-                    > g << SPAN_GRANULES_LOG2;
+                // (Streams' pools come and go: their reservations leave gaps.)
+                let reservation = need.max(config.reserve_size()).div_ceil(g);
+                let span_full = space.largest_unreserved() < g * (reservation + reservation / 32);
                 let pool_full = room.is_none_or(|(free, n)| {
                     free < 256 * (units + units / 32) && (n >= config.reservations() as usize || span_full)
                 });
