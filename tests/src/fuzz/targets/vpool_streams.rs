@@ -125,8 +125,10 @@ impl FuzzResource for VpoolStreamsTarget {
         round256(size)
     }
     fn summary(&self) -> Vec<u64> {
-        // Idle memory may be unmapped by any call: not in the summary.
-        self.with(|p| vec![p.usage().used, p.stream_count() as u64])
+        // Idle memory may be unmapped by any call: not in the summary. The
+        // longest unreserved run is, for `judge_alloc_failure`.
+        let unreserved = self.space.inner().largest_unreserved();
+        self.with(|p| vec![p.usage().used, p.stream_count() as u64, unreserved])
     }
     fn forgets(&self, _block: &Block) -> bool {
         // A stream's pool that holds nothing is dropped, its reservation
@@ -152,7 +154,7 @@ impl FuzzResource for VpoolStreamsTarget {
         &self,
         request: &Request,
         err: &Error,
-        _before: &[u64],
+        before: &[u64],
         model: &Model,
     ) -> std::result::Result<(), String> {
         let space = self.space.inner();
@@ -176,9 +178,12 @@ impl FuzzResource for VpoolStreamsTarget {
                 });
                 // The index's promise of room, as in the `index` target.
                 let units = request.size().div_ceil(256) + request.align() / 256 - 1;
-                // (Streams' pools come and go: their reservations leave gaps.)
+                // Streams' pools come and go: their reservations leave gaps,
+                // and a failed allocation drops the pools left empty after
+                // it tried to reserve (the least of before and after).
                 let reservation = need.max(config.reserve_size()).div_ceil(g);
-                let span_full = space.largest_unreserved() < g * (reservation + reservation / 32);
+                let unreserved = before[2].min(space.largest_unreserved());
+                let span_full = unreserved < g * (reservation + reservation / 32);
                 let pool_full = room.is_none_or(|(free, n)| {
                     free < 256 * (units + units / 32) && (n >= config.reservations() as usize || span_full)
                 });
