@@ -215,15 +215,17 @@ class VirtualMemoryResource(DeviceMemoryResource):
     """A pool over one reserved address range that maps physical memory
     only under live blocks: CUDA VMM (the ``vmm`` leaf), or with
     ``simulated_capacity=N`` the same pool over a simulated address space
-    of N physical bytes (``vpool``)."""
+    of N physical bytes (``vpool``). ``per_stream=True``: a pool per
+    stream, each in a reservation of its own, stream-ordered."""
 
-    def __init__(self, reserve=None, device=None, simulated_capacity=None):
+    def __init__(self, reserve=None, device=None, simulated_capacity=None, per_stream=False):
         reserve = None if reserve is None else _size(reserve, "reserve")
+        per_stream = "true" if per_stream else None
         if simulated_capacity is None:
-            self._build("vmm", [], backend="cuda", device=device, reserve=reserve)
+            self._build("vmm", [], backend="cuda", device=device, reserve=reserve, per_stream=per_stream)
         else:
             space = f"sim({_size(simulated_capacity, 'simulated_capacity')})"
-            self._build("vpool", [space], backend="sim", device=device, reserve=reserve)
+            self._build("vpool", [space], backend="sim", device=device, reserve=reserve, per_stream=per_stream)
 
 
 class SimulatedMemoryResource(DeviceMemoryResource):

@@ -23,7 +23,8 @@ def cuda_leaves():
             mr.PoolMemoryResource(mr.CudaAsyncMemoryResource(), per_stream=True),
             mr.ArenaMemoryResource(mr.CudaMemoryResource()),
             mr.BinningMemoryResource(mr.PoolMemoryResource(mr.CudaMemoryResource())),
-            mr.VirtualMemoryResource(reserve=1 << 30)]
+            mr.VirtualMemoryResource(reserve=1 << 30),
+            mr.VirtualMemoryResource(reserve=1 << 30, per_stream=True)]
 
 
 def test_cuda_resources_allocate_and_hold_contents(gpu):

@@ -127,6 +127,7 @@ def test_every_algorithm_and_the_tracking_adaptor():
                 mr.ArenaMemoryResource(mr.SimulatedMemoryResource(GiB)),
                 mr.PoolMemoryResource(mr.SimulatedMemoryResource(GiB), per_stream=True),
                 mr.VirtualMemoryResource(reserve=GiB, simulated_capacity=GiB),
+                mr.VirtualMemoryResource(reserve=GiB, simulated_capacity=GiB, per_stream=True),
                 mr.StackMemoryResource("vpool(sim)", backend="sim")]:
         track = mr.TrackingResourceAdaptor(res)
         ptrs = [track.allocate(4000) for _ in range(3)]
