@@ -16,6 +16,7 @@ mod index;
 mod planned;
 mod stack;
 mod stream;
+mod streams;
 mod vpool;
 mod vpool_streams;
 pub use adaptors::*;

@@ -1,12 +1,12 @@
 //! The fuzz target of the stream-ordered layer on simulated streams.
 
 use super::super::{drive, FuzzResource, Model, Op};
+use super::streams::SimStreams;
 use super::{judge_pool_failure, round256, Pool, Spy};
 use arbitrary::Unstructured;
 use memres_core::stream_ordered::StreamOrdered;
-use memres_core::{Block, Error, Inspect, MemoryResource, Request, Result, Shared, Stream};
-use memres_sim::{HbChecked, SimStream, SimWorld};
-use std::collections::HashMap;
+use memres_core::{Block, Error, Inspect, MemoryResource, Request, Result, Shared};
+use memres_sim::{HbChecked, SimStream};
 
 type Ordered = StreamOrdered<Pool, SimStream>;
 
@@ -15,21 +15,14 @@ type Ordered = StreamOrdered<Pool, SimStream>;
 struct StreamTarget {
     hb: HbChecked<Shared<Ordered>>,
     spy: Spy,
-    world: SimWorld,
-    streams: Vec<SimStream>,
-    current: usize,
+    streams: SimStreams,
     /// Footprints of the blocks handed out and not freed.
     handed: u64,
-    /// The stream each live block was handed out on, by address.
-    allocated_on: HashMap<u64, usize>,
-    /// Whether a stream call was made to fail (a backend error is then
-    /// legitimate).
-    stream_failure_armed: bool,
 }
 
 impl std::fmt::Debug for StreamTarget {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("StreamTarget").field("current", &self.current).finish_non_exhaustive()
+        f.debug_struct("StreamTarget").field("handed", &self.handed).finish_non_exhaustive()
     }
 }
 
@@ -41,29 +34,16 @@ impl StreamTarget {
 
 impl FuzzResource for StreamTarget {
     fn allocate(&mut self, request: Request) -> Result<Block> {
-        let block = self.hb.allocate(request, &self.streams[self.current])?;
+        let block = self.hb.allocate(request, self.streams.current())?;
         self.handed += round256(block.size());
-        if !block.is_empty() {
-            self.allocated_on.insert(block.addr(), self.current);
-        }
+        self.streams.allocated(&block);
         Ok(block)
     }
     fn deallocate(&mut self, block: Block) -> Result<()> {
-        // A correct caller that frees on another stream than the block's
-        // first orders the free after the block's work there (an event
-        // and a wait); if that fails, it frees on the block's stream.
-        let mut on = self.current;
-        if let Some(&first) = self.allocated_on.get(&block.addr()) {
-            if first != on {
-                let ordered = self.streams[first].record().and_then(|e| self.streams[on].wait(&e));
-                if ordered.is_err() {
-                    on = first;
-                }
-            }
-        }
-        self.hb.deallocate(block, &self.streams[on])?;
+        let on = self.streams.free_on(&block);
+        self.hb.deallocate(block, self.streams.get(on))?;
         self.handed -= round256(block.size());
-        self.allocated_on.remove(&block.addr());
+        self.streams.freed(&block);
         Ok(())
     }
     fn release(&mut self) -> Option<Result<u64>> {
@@ -72,7 +52,7 @@ impl FuzzResource for StreamTarget {
         match self.with(|so| so.reclaim()) {
             Ok(n) => Some(Ok(n as u64)),
             // An injected failure of the event it records: the lists stay.
-            Err(Error::Backend { .. }) if self.stream_failure_armed => Some(Ok(0)),
+            Err(Error::Backend { .. }) if self.streams.failure_armed => Some(Ok(0)),
             Err(e) => Some(Err(e)),
         }
     }
@@ -151,19 +131,10 @@ impl FuzzResource for StreamTarget {
         Some(&self.spy)
     }
     fn streams(&self) -> u8 {
-        self.streams.len() as u8
+        self.streams.count()
     }
     fn stream_op(&mut self, op: Op) {
-        match op {
-            Op::Stream { which } => self.current = which as usize % self.streams.len(),
-            Op::Advance => self.world.advance(),
-            Op::Synchronize => self.world.synchronize(),
-            Op::FailStream { n } => {
-                self.world.fail_nth(n);
-                self.stream_failure_armed = true;
-            }
-            _ => {}
-        }
+        self.streams.op(op);
     }
     fn judge_alloc_failure(
         &self,
@@ -172,7 +143,7 @@ impl FuzzResource for StreamTarget {
         before: &[u64],
         _: &Model,
     ) -> std::result::Result<(), String> {
-        if matches!(err, Error::Backend { .. }) && self.stream_failure_armed {
+        if matches!(err, Error::Backend { .. }) && self.streams.failure_armed {
             return Ok(());
         }
         let pool_before = [0, 0, before[2]];
@@ -187,21 +158,7 @@ pub fn run_stream(data: &[u8]) {
     let mut u = Unstructured::new(data);
     let Ok((pool, spy)) = super::build_pool::<Vec<_>, Vec<_>>(&mut u) else { return };
     let Ok(count) = u.int_in_range(2..=4usize) else { return };
-    let world = SimWorld::new();
-    let mut streams = vec![world.default_stream()];
-    for i in 1..count {
-        streams.push(if i == 3 { world.non_blocking_stream() } else { world.stream() });
-    }
     let hb = HbChecked::new(Shared::new(StreamOrdered::new(pool)));
-    let mut target = StreamTarget {
-        hb,
-        spy,
-        world,
-        streams,
-        current: 1,
-        handed: 0,
-        allocated_on: HashMap::new(),
-        stream_failure_armed: false,
-    };
+    let mut target = StreamTarget { hb, spy, streams: SimStreams::new(count), handed: 0 };
     drive(&mut target, &mut u);
 }

@@ -2,14 +2,14 @@
 
 use super::super::{drive, FuzzResource, Model, Op};
 use super::round256;
+use super::streams::SimStreams;
 use super::vpool::busy_bytes;
 use arbitrary::Unstructured;
 use memres_core::per_stream::{PerStreamPool, VirtualMaker};
 use memres_core::vmem::ReservableSpace;
 use memres_core::vpool::VirtualConfig;
 use memres_core::{Block, Error, Inspect, MemoryResource, Range, Request, Result, Shared, Stream};
-use memres_sim::{HbChecked, SimAddressSpace, SimStream, SimWorld, UnmapChecked};
-use std::collections::HashMap;
+use memres_sim::{HbChecked, SimAddressSpace, SimStream, UnmapChecked};
 use std::sync::Arc;
 
 /// The simulated space spans 2^18 granules, as in the `vpool` target.
@@ -24,19 +24,14 @@ type Pools = PerStreamPool<VirtualMaker<Arc<Space>>, SimStream>;
 struct VpoolStreamsTarget {
     hb: HbChecked<Shared<Pools>>,
     space: Arc<Space>,
-    world: SimWorld,
-    streams: Vec<SimStream>,
-    current: usize,
-    /// The stream each live block was handed out on, by address.
-    allocated_on: HashMap<u64, usize>,
-    /// Whether a stream call, a commit or a decommit was made to fail (a
+    /// The streams; a commit or decommit made to fail arms them too (a
     /// backend error is then legitimate).
-    failure_armed: bool,
+    streams: SimStreams,
 }
 
 impl std::fmt::Debug for VpoolStreamsTarget {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("VpoolStreamsTarget").field("current", &self.current).finish_non_exhaustive()
+        f.debug_struct("VpoolStreamsTarget").finish_non_exhaustive()
     }
 }
 
@@ -48,46 +43,33 @@ impl VpoolStreamsTarget {
 
 impl FuzzResource for VpoolStreamsTarget {
     fn allocate(&mut self, request: Request) -> Result<Block> {
-        let block = self.hb.allocate(request, &self.streams[self.current])?;
-        if !block.is_empty() {
-            self.allocated_on.insert(block.addr(), self.current);
-        }
+        let block = self.hb.allocate(request, self.streams.current())?;
+        self.streams.allocated(&block);
         Ok(block)
     }
     fn deallocate(&mut self, block: Block) -> Result<()> {
-        // A correct caller that frees on another stream than the block's
-        // first orders the free after the block's work there; if that
-        // fails, it frees on the block's stream.
-        let mut on = self.current;
-        if let Some(&first) = self.allocated_on.get(&block.addr()) {
-            if first != on {
-                let ordered = self.streams[first].record().and_then(|e| self.streams[on].wait(&e));
-                if ordered.is_err() {
-                    on = first;
-                }
-            }
-        }
-        match self.hb.deallocate(block, &self.streams[on]) {
+        let on = self.streams.free_on(&block);
+        match self.hb.deallocate(block, self.streams.get(on)) {
             // A stream call made to fail (the event of a free on another
             // stream, a wait before one): the free changed nothing, and a
             // caller tries again.
-            Err(Error::Backend { .. }) if self.failure_armed => {
-                self.hb.deallocate(block, &self.streams[on])?;
+            Err(Error::Backend { .. }) if self.streams.failure_armed => {
+                self.hb.deallocate(block, self.streams.get(on))?;
             }
             got => got?,
         }
         if !block.is_empty() {
             // The work before the free may use the block until it is done.
             let range = Range::new(block.addr(), round256(block.size())).expect("a block's range");
-            self.space.used(range, &self.streams[on]);
-            self.allocated_on.remove(&block.addr());
+            self.space.used(range, self.streams.get(on));
+            self.streams.freed(&block);
         }
         Ok(())
     }
     fn fail_nth(&mut self, n: u64) -> bool {
         self.space.inner().fail_nth_commit(n);
         self.space.inner().fail_nth_decommit(n);
-        self.failure_armed = true;
+        self.streams.failure_armed = true;
         true
     }
     fn check(&self, model: &Model) -> std::result::Result<(), String> {
@@ -136,19 +118,10 @@ impl FuzzResource for VpoolStreamsTarget {
         true
     }
     fn streams(&self) -> u8 {
-        self.streams.len() as u8
+        self.streams.count()
     }
     fn stream_op(&mut self, op: Op) {
-        match op {
-            Op::Stream { which } => self.current = which as usize % self.streams.len(),
-            Op::Advance => self.world.advance(),
-            Op::Synchronize => self.world.synchronize(),
-            Op::FailStream { n } => {
-                self.world.fail_nth(n);
-                self.failure_armed = true;
-            }
-            _ => {}
-        }
+        self.streams.op(op);
     }
     fn judge_alloc_failure(
         &self,
@@ -161,7 +134,7 @@ impl FuzzResource for VpoolStreamsTarget {
         let g = space.granule();
         let need = request.rounded_size(256) + request.align().saturating_sub(g);
         match err {
-            Error::Backend { .. } if self.failure_armed => Ok(()),
+            Error::Backend { .. } if self.streams.failure_armed => Ok(()),
             Error::InvalidSize { .. } if need / g + 2 >= 1 << SPAN_GRANULES_LOG2 => Ok(()),
             Error::OutOfMemory { .. } => {
                 // Physical memory: every idle granule went back before the
@@ -173,7 +146,7 @@ impl FuzzResource for VpoolStreamsTarget {
                 // for a reservation.
                 let config = self.with(|p| *p.maker().config());
                 let room = self.with(|p| {
-                    p.pool_of(self.streams[self.current].id())
+                    p.pool_of(self.streams.current().id())
                         .map(|v| (v.usage().largest_free, v.reservation_count()))
                 });
                 // The index's promise of room, as in the `index` target.
@@ -227,24 +200,12 @@ pub fn run_vpool_streams(data: &[u8]) {
     else {
         return;
     };
-    let world = SimWorld::new();
-    let mut streams = vec![world.default_stream()];
-    for i in 1..count {
-        streams.push(if i == 3 { world.non_blocking_stream() } else { world.stream() });
-    }
+    let streams = SimStreams::new(count);
     let space = Arc::new(UnmapChecked::new(
         SimAddressSpace::with_span(physical, granule, granule << SPAN_GRANULES_LOG2),
-        &world,
+        &streams.world,
     ));
     let pools = PerStreamPool::new(VirtualMaker::new(space.clone(), config));
-    let mut target = VpoolStreamsTarget {
-        hb: HbChecked::new(Shared::new(pools)),
-        space,
-        world,
-        streams,
-        current: 1,
-        allocated_on: HashMap::new(),
-        failure_armed: false,
-    };
+    let mut target = VpoolStreamsTarget { hb: HbChecked::new(Shared::new(pools)), space, streams };
     drive(&mut target, &mut u);
 }
