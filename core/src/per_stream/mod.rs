@@ -497,7 +497,7 @@ impl<M: MakePool<S>, S: Stream + ?Sized> PerStreamPool<M, S> {
 
     /// Raises the peak held to what the pools hold now.
     fn count_held(&mut self) {
-        let held = self.lanes.iter().map(|l| l.pool.usage().held).sum();
+        let held = self.lanes.iter().map(|l| l.pool.held()).sum();
         self.peak_held = self.peak_held.max(held);
     }
 
@@ -505,7 +505,7 @@ impl<M: MakePool<S>, S: Stream + ?Sized> PerStreamPool<M, S> {
     /// memory went elsewhere): they are made again if their stream comes back.
     fn prune(&mut self, keep: usize) {
         let id = self.lanes[keep].id;
-        self.lanes.retain(|l| l.id == id || l.pool.usage().held > 0);
+        self.lanes.retain(|l| l.id == id || l.pool.held() > 0);
         self.last = self.lanes.iter().position(|l| l.id == id).unwrap_or(0);
     }
 }
@@ -534,10 +534,12 @@ impl<M: MakePool<S>, S: Stream + ?Sized> MemoryResourceMut<S> for PerStreamPool<
                 let stamp = lane.stamp;
                 let got = lane.pool.try_allocate(request, stream);
                 self.count_held_if_grown();
-                if let Some(block) = got? {
+                return match got? {
                     // A pool's tag is never `NO_TAG`.
-                    return Ok(block.with_tag(block.tag() ^ stamp));
-                }
+                    Some(block) => Ok(block.with_tag(block.tag() ^ stamp)),
+                    // The lane is found and settled: not asked again.
+                    None => self.allocate_slow(self.last, request, stream),
+                };
             }
         }
         self.allocate_other(request, stream)

@@ -67,6 +67,12 @@ pub trait ChunkPool<S: Stream + ?Sized>: MemoryResourceMut<S> + Inspect {
     /// Whether `addr` lies in one of the pool's chunks.
     fn holds(&self, addr: u64) -> bool;
 
+    /// Bytes the pool holds from upstream: its usage's `held`, which the
+    /// per-stream pool adds up after every allocation that may take memory
+    /// (so it must be cheap, unlike a whole usage with its largest free
+    /// range).
+    fn held(&self) -> u64;
+
     /// The length of the shortest wholly free chunk of at least `min_len`
     /// bytes.
     fn shortest_free_chunk(&self, min_len: u64) -> Option<u64>;
@@ -113,6 +119,9 @@ where
     }
     fn holds(&self, addr: u64) -> bool {
         CoalescingPool::holds(self, addr)
+    }
+    fn held(&self) -> u64 {
+        self.held_bytes()
     }
     fn shortest_free_chunk(&self, min_len: u64) -> Option<u64> {
         CoalescingPool::shortest_free_chunk(self, min_len)
@@ -238,6 +247,9 @@ impl<S: Stream + ?Sized, V: ReservableSpace> ChunkPool<S> for VirtualPool<V> {
     }
     fn holds(&self, addr: u64) -> bool {
         VirtualPool::holds(self, addr)
+    }
+    fn held(&self) -> u64 {
+        self.committed_bytes()
     }
     fn shortest_free_chunk(&self, _: u64) -> Option<u64> {
         None

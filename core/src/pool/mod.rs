@@ -157,6 +157,13 @@ impl<U, N: Storage<Node>, C: Storage<Chunk>> CoalescingPool<U, N, C> {
         &self.config
     }
 
+    /// Bytes held from upstream (its usage's `held`, without the search
+    /// for the largest free range).
+    #[inline]
+    pub fn held_bytes(&self) -> u64 {
+        self.chunks.held()
+    }
+
     /// Number of chunks held from upstream.
     pub fn chunk_count(&self) -> usize {
         self.chunks.len()
@@ -395,7 +402,7 @@ impl<U, N: Storage<Node>, C: Storage<Chunk>> Inspect for CoalescingPool<U, N, C>
     fn usage(&self) -> Usage {
         Usage {
             used: self.index.used_bytes(),
-            held: self.chunks.held(),
+            held: self.held_bytes(),
             peak_held: self.chunks.peak_held(),
             free: self.index.free_bytes(),
             largest_free: self.index.largest_free(),

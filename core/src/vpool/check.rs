@@ -26,7 +26,7 @@ impl<V: ReservableSpace> Inspect for VirtualPool<V> {
     /// # Ok::<(), memres_core::Error>(())
     /// ```
     fn usage(&self) -> Usage {
-        let held = self.committed << self.shift;
+        let held = self.committed_bytes();
         let peak_held = self.peak_committed << self.shift;
         Usage::new(self.index.used_bytes(), held, peak_held, self.index.largest_free())
     }

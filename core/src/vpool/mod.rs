@@ -214,8 +214,9 @@ pub struct VirtualPool<V: ReservableSpace> {
     /// log2 of the space's granule.
     shift: u32,
     config: VirtualConfig,
-    /// A decommit failed and Idle bytes may exceed `keep` until a trim
-    /// brings them down to it.
+    /// A decommit failed, or a free left its trim to a later call
+    /// ([`deallocate_keeping`](Self::deallocate_keeping)), and Idle bytes
+    /// may exceed `keep` until a trim brings them down to it.
     trim_pending: bool,
     /// Whole granules in `config.keep`: the most Idle granules after a call.
     keep: u64,
@@ -319,6 +320,12 @@ impl<V: ReservableSpace> VirtualPool<V> {
     /// Bytes reserved (committed or not).
     pub fn reserved_bytes(&self) -> u64 {
         self.edges.len() as u64 * self.granule()
+    }
+
+    /// Committed bytes: the pool's physical footprint (its usage's `held`).
+    #[inline]
+    pub fn committed_bytes(&self) -> u64 {
+        self.committed << self.shift
     }
 
     /// Committed bytes that no live block touches (at most `keep`).

@@ -163,10 +163,8 @@ impl VmmConfig {
     /// The driver's error (no device, no virtual memory management), or
     /// the pool's when it cannot reserve.
     pub fn build(&self, device: Device, gauge: Arc<Gauge>) -> Result<VmmPool> {
-        let space = CudaVirtualSpace::with_handle_granules(device, self.handle_granules)?;
-        let config = self.virtual_config(device.total_memory()?);
-        let counted = CountedSpace::new(space, CudaVirtualSpace::mapped_bytes, gauge);
-        Ok(Shared::new_in(VirtualPool::with_config(counted, config)?))
+        let (space, config) = self.space(device, gauge)?;
+        Ok(Shared::new_in(VirtualPool::with_config(space, config)?))
     }
 
     /// Builds a pool per stream on `device` ([`VmmPools`]), counting the
@@ -177,10 +175,20 @@ impl VmmConfig {
     ///
     /// The driver's error (no device, no virtual memory management).
     pub fn build_per_stream(&self, device: Device, gauge: Arc<Gauge>) -> Result<VmmPools> {
+        let (space, config) = self.space(device, gauge)?;
+        Ok(Shared::new_in(PerStreamPool::new(VirtualMaker::new(Arc::new(space), config))))
+    }
+
+    /// The space of `device`, counted in `gauge`, and the pools'
+    /// configuration.
+    fn space(
+        &self,
+        device: Device,
+        gauge: Arc<Gauge>,
+    ) -> Result<(CountedSpace<CudaVirtualSpace>, VirtualConfig)> {
         let space = CudaVirtualSpace::with_handle_granules(device, self.handle_granules)?;
         let config = self.virtual_config(device.total_memory()?);
-        let counted = Arc::new(CountedSpace::new(space, CudaVirtualSpace::mapped_bytes, gauge));
-        Ok(Shared::new_in(PerStreamPool::new(VirtualMaker::new(counted, config))))
+        Ok((CountedSpace::new(space, CudaVirtualSpace::mapped_bytes, gauge), config))
     }
 }
 
