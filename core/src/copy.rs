@@ -135,13 +135,22 @@ impl<S: Stream + ?Sized, E: CopyEngine<S> + ?Sized> CopyEngine<S> for &E {
 /// sub-ranges of them: `&R`, `Box<R>`, `Arc<R>`, [`Shared`](crate::Shared),
 /// the [adaptors](crate::adaptor), the [pool](crate::pool::CoalescingPool),
 /// the [fixed-size resource](crate::fixed::FixedSizeResource), the
-/// [arena](crate::arena::ArenaResource) and the
-/// [stream-ordered layer](crate::StreamOrdered). A resource of numbers with
+/// [arena](crate::arena::ArenaResource), the
+/// [stream-ordered layer](crate::StreamOrdered), the
+/// [per-stream pool](crate::per_stream::PerStreamPool) and
+/// [`Planned`](crate::planned::Planned). A resource of numbers with
 /// no bytes behind them (a simulated device) must not implement it. Not
-/// covered: `BinningResource` (a bin may be any boxed resource),
-/// [`VirtualPool`](crate::vpool::VirtualPool) (its memory is whatever its
-/// space commits) and [`DynResource`](crate::DynResource) (a stack chosen at
-/// run time); for those [`AssumeMemoryOf`] makes the promise by hand.
+/// covered: `BinningResource` (a bin may be any boxed resource) and
+/// [`DynResource`](crate::DynResource) (a stack chosen at run time); for
+/// those [`AssumeMemoryOf`] makes the promise by hand.
+///
+/// A [`ReservableSpace`](crate::vmem::ReservableSpace) implements it to make
+/// the same promise of the ranges it commits (the CUDA backend's virtual
+/// space for `CudaCopy`): each is, from a `commit` that succeeded until it
+/// is given to `decommit`, memory of `E` that nothing else uses, and `E`
+/// stays sound on it after, as below. A
+/// [`VirtualPool`](crate::vpool::VirtualPool) over such a space forwards the
+/// promise: it keeps every granule a live block touches committed.
 ///
 /// # Safety
 ///

@@ -46,13 +46,16 @@ fn memory_of(mr: &Resource) -> PyResult<AssumeMemoryOf<DynResource<Stream>, Kind
         )));
     }
     // SAFETY: `has_bytes` holds only when every leaf of the stack is one of
-    // the backend's `BYTES_LEAVES` (each `MemoryOf<Engine>` in its crate:
-    // host memory for `HostCopy`, the CUDA leaves for `CudaCopy`), or an
-    // upstream object for which the same held; the core's algorithms and
-    // adaptors between them hand out only parts of their upstreams' blocks
-    // (they forward `MemoryOf` for the same reason), and the two layers
-    // this crate puts around a stack (`KeepStreams`, and a snapshot's `Tap`)
-    // hand out its blocks unchanged and free them only through it.
+    // the backend's `BYTES_LEAVES`, or an upstream object for which the same
+    // held. Each of those leaves is `MemoryOf<Engine>` as the compiler
+    // checked where it is registered (`bytes_leaf` here for host memory;
+    // `memres_cuda::stack`'s `device_leaf` for every CUDA leaf, `vmm` and
+    // its per-stream pools included). The core's algorithms and adaptors
+    // between them hand out only parts of their upstreams' blocks (each
+    // forwards `MemoryOf` for that reason, but `BinningResource`, whose bins
+    // here are built from the same leaves), and the two layers this crate
+    // puts around a stack (`KeepStreams`, and a snapshot's `Tap`) hand out
+    // its blocks unchanged and free them only through it.
     Ok(unsafe { AssumeMemoryOf::new(mr.blocks.clone()) })
 }
 

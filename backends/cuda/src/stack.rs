@@ -12,8 +12,9 @@
 //! Every leaf counts what it holds from the device in one [`Gauge`] per
 //! stack ([`Counted`]; `vmm` its mapped bytes, [`CountedSpace`]), so that
 //! the bytes a stack holds from the device are known whatever the stack.
-//! [`register_checking`] registers the same names for checking a stack
-//! without a device.
+//! Every leaf is [`MemoryOf<CudaCopy>`](MemoryOf), a bound the compiler
+//! checks where it is registered. [`register_checking`] registers the same
+//! names for checking a stack without a device.
 //!
 //! # Examples
 //!
@@ -36,8 +37,11 @@ mod vmm;
 
 pub use vmm::{vmm_config, CountedSpace, VmmConfig, VmmPool, VmmPools, VMM_RESERVATIONS};
 
-use crate::{AsyncConfig, CudaAsyncMemory, CudaMemory, CudaStream, Device, ManagedMemory, PinnedMemory};
+use crate::{
+    AsyncConfig, CudaAsyncMemory, CudaCopy, CudaMemory, CudaStream, Device, ManagedMemory, PinnedMemory,
+};
 use memres_core::adaptor::{Counted, Gauge};
+use memres_core::copy::MemoryOf;
 use memres_core::stack::{Call, StackBuilder, StackError, Unbacked};
 use memres_core::MemoryResource;
 use std::sync::Arc;
@@ -72,6 +76,14 @@ pub fn async_config(call: &Call) -> Result<AsyncConfig, StackError> {
     Ok(config)
 }
 
+/// `leaf`, which the compiler has checked hands out memory that
+/// [`CudaCopy`] may touch: every leaf goes through here, so a stack of
+/// these leaves and the core's layers is such memory, as the Python
+/// package's buffers rely on.
+fn device_leaf<R: MemoryOf<CudaCopy>>(leaf: R) -> R {
+    leaf
+}
+
 /// A leaf of no arguments made by `make` on `device`, counted in `gauge`.
 fn plain_leaf<R>(
     builder: &mut StackBuilder<CudaStream>,
@@ -80,13 +92,13 @@ fn plain_leaf<R>(
     gauge: &Arc<Gauge>,
     make: fn(Device) -> memres_core::Result<R>,
 ) where
-    R: MemoryResource<CudaStream> + Send + Sync + 'static,
+    R: MemoryResource<CudaStream> + MemoryOf<CudaCopy> + Send + Sync + 'static,
 {
     let gauge = gauge.clone();
     builder.register(name, move |call, cx| {
         call.expect_args(0, &[])?;
         let leaf = make(device).map_err(|e| call.resource_error(e))?;
-        Ok(cx.keep(call, Counted::new(leaf, gauge.clone())))
+        Ok(cx.keep(call, device_leaf(Counted::new(leaf, gauge.clone()))))
     });
 }
 
@@ -101,7 +113,7 @@ pub fn register(
     builder.register("async", move |call, cx| {
         let config = async_config(call)?;
         let leaf = CudaAsyncMemory::with_config(device, config).map_err(|e| call.resource_error(e))?;
-        Ok(cx.keep(call, Counted::new(leaf, g.clone())))
+        Ok(cx.keep(call, device_leaf(Counted::new(leaf, g.clone()))))
     });
     plain_leaf(builder, "cuda", device, &gauge, CudaMemory::new);
     plain_leaf(builder, "managed", device, &gauge, ManagedMemory::new);
@@ -110,10 +122,10 @@ pub fn register(
         let config = vmm_config(call)?;
         if config.per_stream {
             let pools = config.build_per_stream(device, gauge.clone()).map_err(|e| call.resource_error(e))?;
-            return Ok(cx.keep(call, pools));
+            return Ok(cx.keep(call, device_leaf(pools)));
         }
         let pool = config.build(device, gauge.clone()).map_err(|e| call.resource_error(e))?;
-        Ok(cx.keep(call, pool))
+        Ok(cx.keep(call, device_leaf(pool)))
     })
 }
 

@@ -510,6 +510,21 @@ impl<M: MakePool<S>, S: Stream + ?Sized> PerStreamPool<M, S> {
     }
 }
 
+// SAFETY: every block is one that a stream's pool (an `M::Pool`, whose
+// blocks `MemoryOf<E>` vouches for) handed out, with its address and size
+// unchanged (only the tag is restamped, and restamped back before the block
+// is freed), and it is freed only through the pool whose chunk holds it. A
+// chunk moves from one stream's pool to another's only while wholly free,
+// so no live block is ever in two pools; the lanes keep their records in
+// their own vectors, never in the memory.
+unsafe impl<E, M, S> crate::copy::MemoryOf<E> for PerStreamPool<M, S>
+where
+    M: MakePool<S>,
+    M::Pool: crate::copy::MemoryOf<E>,
+    S: Stream + ?Sized,
+{
+}
+
 impl<M: MakePool<S>, S: Stream + ?Sized> MemoryResourceMut<S> for PerStreamPool<M, S> {
     /// # Errors
     ///

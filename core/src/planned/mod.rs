@@ -1000,6 +1000,16 @@ impl<R: fmt::Debug> fmt::Debug for Planned<R> {
     }
 }
 
+// SAFETY: every block is either one of `R`'s, handed out unchanged and freed
+// only through `R::deallocate`, or a range inside a region: a block of `R`
+// that `Planned` holds while any block in it is live (a region goes back, at
+// a step or on drop, only when none is). A block is placed in a region only
+// where no live block lies (in the step's region a step departs before a
+// block freed later than recorded could be covered; in the carry region each
+// block is checked against the live ones), so live blocks never overlap; the
+// records are kept in `Planned`'s own state, never in the memory.
+unsafe impl<E, R: crate::copy::MemoryOf<E>> crate::copy::MemoryOf<E> for Planned<R> {}
+
 impl<R> Drop for Planned<R> {
     /// Gives each region back on the stream type's drop stream, if it has
     /// one and no block in the region is live (a block someone may still

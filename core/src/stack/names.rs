@@ -88,6 +88,29 @@ where
     });
 }
 
+// Every name above but `binning` (whose bins may be any resource) builds a
+// layer that forwards `MemoryOf` from its upstream: checked here by the
+// compiler, with an upstream promised by hand standing for the one a stack
+// of such leaves is. A caller that knows every leaf of a stack is memory of
+// an engine (the Python package's buffers) relies on it.
+const _: fn() = || {
+    use crate::copy::{AssumeMemoryOf, MemoryOf};
+    struct Engine;
+    type Up = AssumeMemoryOf<DynResource<()>, Engine>;
+    fn forwards<R: MemoryOf<Engine>>() {}
+    forwards::<Shared<CoalescingPool<Up>>>();
+    forwards::<Shared<PerStreamPool<PoolMaker<Up>, ()>>>();
+    forwards::<Shared<FixedSizeResource<Up>>>();
+    forwards::<ArenaResource<Up>>();
+    forwards::<Statistics<Up>>();
+    forwards::<Tracking<Up>>();
+    forwards::<Planned<Up>>();
+    forwards::<Limiting<Up>>();
+    forwards::<Aligned<Up>>();
+    #[cfg(feature = "std")]
+    forwards::<crate::adaptor::Logging<Up>>();
+};
+
 /// The value given either as the `i`th positional argument or as `key=`,
 /// if either.
 ///

@@ -629,6 +629,19 @@ where
 /// ordered on no stream (`()`): synchronize the streams that used the pool
 /// before dropping it, as before freeing any device memory. Blocks still
 /// live dangle, as with every pool; errors of the space are ignored.
+// SAFETY: every block is a range of the index inside one of the pool's
+// reservations, handed out only once every granule it touches is committed
+// (`allocate` commits the Uncommitted ones first), and while the pool lives
+// a granule stays committed while a live block touches it: only Idle
+// granules, which no live block touches, are given to `decommit` (the drop
+// decommits the rest, and then releases the reservations). So a live block lies in ranges the
+// space committed and was not asked to decommit, which `V: MemoryOf<E>`
+// promises are memory of `E`; once freed, its bytes are a range of the
+// space, committed or not, on which the same promise keeps `E` sound. The
+// index keeps live ranges disjoint, and the pool's records live in its own
+// vectors, never in the space.
+unsafe impl<E, V: ReservableSpace + crate::copy::MemoryOf<E>> crate::copy::MemoryOf<E> for VirtualPool<V> {}
+
 impl<V: ReservableSpace> Drop for VirtualPool<V> {
     fn drop(&mut self) {
         for r in core::mem::take(&mut self.reservations) {

@@ -349,6 +349,10 @@ impl<V: ReservableSpace> ReservableSpace for CountedSpace<V> {
     }
 }
 
+// SAFETY: every call goes to `V` unchanged (counting only the bytes `V`
+// reports mapped), so what `V` commits is what it promised.
+unsafe impl<E, V: memres_core::copy::MemoryOf<E>> memres_core::copy::MemoryOf<E> for CountedSpace<V> {}
+
 /// What the space still holds is given back when it drops.
 impl<V> Drop for CountedSpace<V> {
     fn drop(&mut self) {

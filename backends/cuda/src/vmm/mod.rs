@@ -356,6 +356,17 @@ impl CudaVirtualSpace {
     }
 }
 
+// SAFETY: a committed range is device memory: `commit` returns only after
+// every granule of it lies in a physical handle of the space's device mapped
+// there (`cuMemMap`) with read and write access for that device
+// (`cuMemSetAccess`), and it stays so until `decommit` takes the range (a
+// handle is unmapped only once none of its granules is committed). The
+// space never reads or writes it. Decommitted, released, or after the
+// space ends, a range is reserved device addresses or nothing, never host
+// memory, and `CudaCopy` has the driver confirm each range is device
+// memory before it queues a copy.
+unsafe impl memres_core::copy::MemoryOf<crate::CudaCopy> for CudaVirtualSpace {}
+
 impl ReservableSpace for CudaVirtualSpace {
     fn granule(&self) -> u64 {
         self.granule
