@@ -227,7 +227,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             "trace={name} ops={} release_threshold={} handle_granules={handle_granules} trim_on_commit={trim} \
              slack={slack} planned={planned} \
              ns_per_op={:.1} peak_live={peak} peak_committed={} peak_mapped={} footprint={:.3} \
-             committed_over_live={:.3} timed_pass_maps={} timed_pass_unmaps={} timed_pass_syncs={}",
+             committed_over_live={:.3} timed_pass_maps={} timed_pass_unmaps={} timed_pass_syncs={} \
+             timed_pass_reuses={}",
             ops.len(),
             if keep == u64::MAX { "all".to_string() } else { keep.to_string() },
             ns / ops.len() as f64,
@@ -238,6 +239,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             timed.maps - warm.maps,
             timed.unmaps - warm.unmaps,
             timed.syncs - warm.syncs,
+            timed.reuses - warm.reuses,
         );
     }
     Ok(())

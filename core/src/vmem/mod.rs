@@ -55,6 +55,12 @@ use crate::{Range, Result, Stream};
 ///   on the stream and completes it before the range is committed again.
 ///   When `decommit` returns, the range counts as uncommitted and may be
 ///   committed again. A failed decommit leaves the range committed.
+/// - [`decommit_for_commit`](Self::decommit_for_commit) is a decommit by a
+///   caller that commits next (a pool making room for a block): the space
+///   may keep the physical memory for those commits (CUDA: the handles it
+///   unmapped, mapped again without `cuMemCreate`) and counts it as its
+///   own until [`release_kept`](Self::release_kept), which the caller calls
+///   once its commits are done.
 /// - [`release`](Self::release) gives a whole reservation back; it must
 ///   have nothing committed.
 ///
@@ -138,6 +144,26 @@ pub trait ReservableSpace {
     /// A backend failure, or misuse as for [`commit`](Self::commit); then
     /// the range stays committed.
     fn decommit<S: Stream + ?Sized>(&self, range: Range, stream: &S) -> Result<()>;
+
+    /// As [`decommit`](Self::decommit), for a caller about to
+    /// [`commit`](Self::commit) other granules (a pool making room for a
+    /// block): the space may keep the physical memory for those commits
+    /// rather than give it back and ask for it again, until
+    /// [`release_kept`](Self::release_kept). Kept memory is the space's and
+    /// counts as what it holds. The default: `decommit`.
+    ///
+    /// # Errors
+    ///
+    /// As [`decommit`](Self::decommit).
+    fn decommit_for_commit<S: Stream + ?Sized>(&self, range: Range, stream: &S) -> Result<()> {
+        self.decommit(range, stream)
+    }
+
+    /// Gives back the physical memory that
+    /// [`decommit_for_commit`](Self::decommit_for_commit) kept and no
+    /// commit has taken since; the caller's commits are done. The default:
+    /// nothing kept, nothing to do.
+    fn release_kept(&self) {}
 }
 
 macro_rules! forward {
@@ -162,6 +188,14 @@ macro_rules! forward {
             #[inline]
             fn decommit<S: Stream + ?Sized>(&self, range: Range, stream: &S) -> Result<()> {
                 (**self).decommit(range, stream)
+            }
+            #[inline]
+            fn decommit_for_commit<S: Stream + ?Sized>(&self, range: Range, stream: &S) -> Result<()> {
+                (**self).decommit_for_commit(range, stream)
+            }
+            #[inline]
+            fn release_kept(&self) {
+                (**self).release_kept()
             }
         }
     )*};

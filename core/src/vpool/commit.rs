@@ -31,7 +31,7 @@ impl<V: ReservableSpace> VirtualPool<V> {
             // once more, as the CUDA pool trims before it fails. A trim
             // that fails part way may still have made room.
             let before = self.committed;
-            let trimmed = self.trim_to(0, stream);
+            let trimmed = self.trim_to(0, false, stream);
             if self.committed < before {
                 committed = self.commit_pinned(r, lo, hi, stream);
             }
@@ -85,7 +85,10 @@ impl<V: ReservableSpace> VirtualPool<V> {
             // Idle memory is a cache that raises the peak by at most the
             // slack: give back as much of it as the commit would go beyond
             // that. A failed decommit only leaves more of it.
-            let _ = self.trim_to(self.idle.saturating_sub(excess) << self.shift, stream);
+            // The space may keep what it decommits for the commits below
+            // (CUDA: the physical handles, mapped again where they are
+            // needed), and gives back the rest once they are done.
+            let _ = self.trim_to(self.idle.saturating_sub(excess) << self.shift, true, stream);
         }
         let mut s = lo;
         while s < hi {
@@ -95,10 +98,12 @@ impl<V: ReservableSpace> VirtualPool<V> {
                 continue;
             }
             if let Err(e) = self.space.commit(self.slot_range(r, run, s)) {
+                self.space.release_kept();
                 self.undo_commits(r, lo, run);
                 return Err(e);
             }
         }
+        self.space.release_kept();
         self.committed_bits.set(lo, hi, true);
         self.committed += fresh;
         self.peak_committed = self.peak_committed.max(self.committed);
@@ -137,14 +142,21 @@ impl<V: ReservableSpace> VirtualPool<V> {
 
     /// Decommits the oldest Idle granules, each with its Idle neighbours,
     /// until at most `keep` bytes are Idle; the decommits are ordered on
-    /// `stream`. Returns the bytes decommitted.
+    /// `stream`, and `for_commit` when a commit follows
+    /// ([`ReservableSpace::decommit_for_commit`]). Returns the bytes
+    /// decommitted.
     ///
     /// # Errors
     ///
     /// The space's error if a decommit fails; those granules stay
     /// committed and Idle, and the pool stays usable.
     #[inline(never)]
-    pub(super) fn trim_to<S: Stream + ?Sized>(&mut self, keep: u64, stream: &S) -> Result<u64> {
+    pub(super) fn trim_to<S: Stream + ?Sized>(
+        &mut self,
+        keep: u64,
+        for_commit: bool,
+        stream: &S,
+    ) -> Result<u64> {
         let limit = keep >> self.shift;
         let mut freed = 0;
         // How many more granules to take (at most all of them: a u32).
@@ -168,7 +180,12 @@ impl<V: ReservableSpace> VirtualPool<V> {
                 self.take_idle(id, from, lo);
                 lo = from;
             }
-            if let Err(e) = self.space.decommit(self.slot_range(&r, lo, hi), stream) {
+            let range = self.slot_range(&r, lo, hi);
+            let decommitted = match for_commit {
+                true => self.space.decommit_for_commit(range, stream),
+                false => self.space.decommit(range, stream),
+            };
+            if let Err(e) = decommitted {
                 self.push_idle(lo, hi, true);
                 self.trim_pending = true;
                 return Err(e);
@@ -207,7 +224,7 @@ impl<V: ReservableSpace> VirtualPool<V> {
     /// # Ok::<(), memres_core::Error>(())
     /// ```
     pub fn trim<S: Stream + ?Sized>(&mut self, stream: &S) -> Result<u64> {
-        self.trim_to(0, stream)
+        self.trim_to(0, false, stream)
     }
 
     /// After a failed allocate: decommits the oldest Idle granules beyond
@@ -216,7 +233,7 @@ impl<V: ReservableSpace> VirtualPool<V> {
     #[cold]
     pub(super) fn retry_trim<S: Stream + ?Sized>(&mut self, stream: &S) {
         if self.idle > self.keep {
-            let _ = self.trim_to(self.config.keep, stream);
+            let _ = self.trim_to(self.config.keep, false, stream);
         }
     }
 }

@@ -345,3 +345,69 @@ fn a_failed_allocate_that_commits_nothing_retries_a_failed_trim() {
     p.check().unwrap();
     assert_eq!(space.committed_bytes(), 0);
 }
+
+/// A [`CountingSpace`] that records which of its calls the pool makes.
+struct Recording<'a> {
+    inner: &'a CountingSpace,
+    calls: core::cell::RefCell<Vec<&'static str>>,
+}
+
+impl Recording<'_> {
+    fn take(&self) -> Vec<&'static str> {
+        core::mem::take(&mut *self.calls.borrow_mut())
+    }
+}
+
+impl ReservableSpace for Recording<'_> {
+    fn granule(&self) -> u64 {
+        self.inner.granule()
+    }
+    fn reserve(&self, len: u64) -> Result<Range> {
+        self.inner.reserve(len)
+    }
+    fn release(&self, range: Range) -> Result<()> {
+        self.inner.release(range)
+    }
+    fn commit(&self, range: Range) -> Result<()> {
+        self.calls.borrow_mut().push("commit");
+        self.inner.commit(range)
+    }
+    fn decommit<S: Stream + ?Sized>(&self, range: Range, stream: &S) -> Result<()> {
+        self.calls.borrow_mut().push("decommit");
+        self.inner.decommit(range, stream)
+    }
+    fn decommit_for_commit<S: Stream + ?Sized>(&self, range: Range, stream: &S) -> Result<()> {
+        self.calls.borrow_mut().push("decommit_for_commit");
+        self.inner.decommit(range, stream)
+    }
+    fn release_kept(&self) {
+        self.calls.borrow_mut().push("release_kept");
+    }
+}
+
+#[test]
+fn a_trim_that_makes_room_for_a_commit_lets_the_space_keep_the_memory_for_it() {
+    // As in `trim_on_commit_keeps_idle_memory_out_of_the_peak`: `c` lands
+    // in the hole of `a` and needs 3 fresh granules beyond the limit, so 3
+    // of `b`'s 6 Idle granules are decommitted first, for that commit; the
+    // space is told when the commits are done. A trim alone gives back.
+    let space = CountingSpace::new(1 << 30, MIB);
+    let rec = Recording { inner: &space, calls: Default::default() };
+    let config = VirtualConfig::new(64 * MIB).release_threshold(64 * MIB);
+    let mut p = VirtualPool::with_config(&rec, config).unwrap();
+    let a = p.allocate(req(4 * MIB), &()).unwrap();
+    let anchor = p.allocate(req(256), &()).unwrap();
+    p.deallocate(a, &()).unwrap();
+    let b = p.allocate(req(6 * MIB), &()).unwrap();
+    p.deallocate(b, &()).unwrap();
+    rec.take();
+    let c = p.allocate(req(3 * MIB), &()).unwrap();
+    assert_eq!(c.addr(), a.addr());
+    assert_eq!(rec.take(), ["decommit_for_commit", "commit", "release_kept"]);
+    p.check().unwrap();
+    assert_eq!(p.trim(&()).unwrap(), 3 * MIB);
+    assert_eq!(rec.take(), ["decommit"]);
+    p.deallocate(c, &()).unwrap();
+    p.deallocate(anchor, &()).unwrap();
+    p.check().unwrap();
+}

@@ -619,7 +619,7 @@ where
     fn deallocate(&mut self, block: Block, stream: &S) -> Result<()> {
         self.free_block(block)?;
         if self.idle > self.keep {
-            let _ = self.trim_to(self.config.keep, stream);
+            let _ = self.trim_to(self.config.keep, false, stream);
         }
         Ok(())
     }

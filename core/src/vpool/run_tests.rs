@@ -34,7 +34,7 @@ fn a_block_aligned_inside_an_idle_run_takes_its_middle() {
     // Oldest first: the left side (granules 1..4), then its Idle neighbour
     // above (granule 4, the newest), in one call; the right side stays.
     let decommits = space.call_counts().1;
-    assert_eq!(p.trim_to(3 * MIB, &()), Ok(4 * MIB));
+    assert_eq!(p.trim_to(3 * MIB, false, &()), Ok(4 * MIB));
     assert_eq!(space.call_counts().1, decommits + 1);
     assert!(!space.is_committed(range(base + MIB, 4 * MIB)));
     assert!(space.is_committed(range(base + 5 * MIB, 3 * MIB)));

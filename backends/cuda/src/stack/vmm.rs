@@ -347,6 +347,14 @@ impl<V: ReservableSpace> ReservableSpace for CountedSpace<V> {
     fn decommit<S: Stream + ?Sized>(&self, range: Range, stream: &S) -> Result<()> {
         self.counting(|s| s.decommit(range, stream))
     }
+
+    fn decommit_for_commit<S: Stream + ?Sized>(&self, range: Range, stream: &S) -> Result<()> {
+        self.counting(|s| s.decommit_for_commit(range, stream))
+    }
+
+    fn release_kept(&self) {
+        self.counting(|s| s.release_kept());
+    }
 }
 
 // SAFETY: every call goes to `V` unchanged (counting only the bytes `V`

@@ -25,8 +25,15 @@ pub(super) trait Driver: Send + Sync + fmt::Debug {
     fn map(&self, start: u64, len: u64) -> core::result::Result<u64, Code>;
     /// `cuMemSetAccess` read/write for the device over mapped memory.
     fn set_access(&self, start: u64, len: u64) -> Code;
-    /// `cuMemUnmap` of one whole mapping, then `cuMemRelease` of its handle.
-    fn unmap(&self, start: u64, len: u64, handle: u64) -> Code;
+    /// `cuMemMap` at `start`, where nothing is mapped, of `handle`: one of
+    /// `len` bytes that `unmap` kept; on failure it stays kept.
+    fn map_kept(&self, start: u64, len: u64, handle: u64) -> Code;
+    /// `cuMemUnmap` of one whole mapping, then `cuMemRelease` of its handle
+    /// unless `keep` (then the handle is the caller's, to map again with
+    /// `map_kept` or give back with `release`).
+    fn unmap(&self, start: u64, len: u64, handle: u64, keep: bool) -> Code;
+    /// `cuMemRelease` of a handle that `unmap` kept.
+    fn release(&self, handle: u64) -> Code;
     /// `cuStreamSynchronize` of the legacy default stream of the context.
     fn sync_legacy(&self) -> Code;
     /// The device's free and total memory, if the driver tells.
@@ -125,14 +132,29 @@ impl Driver for CudaDriver {
         unsafe { sys::cuMemSetAccess(start, len as usize, &desc, 1) }
     }
 
-    fn unmap(&self, start: u64, len: u64, handle: u64) -> Code {
-        // SAFETY: the caller passes exactly one mapping made by `map`, and
-        // has ordered the unmap after all work that may use it.
+    fn map_kept(&self, start: u64, len: u64, handle: u64) -> Code {
+        // SAFETY: `start..start + len` lies in a live reservation with
+        // nothing mapped there (the caller checked under its lock);
+        // `handle` is live, `len` long, and mapped nowhere (`unmap` kept
+        // it); offset and flags must be 0.
+        unsafe { sys::cuMemMap(start, len as usize, 0, handle, 0) }
+    }
+
+    fn unmap(&self, start: u64, len: u64, handle: u64, keep: bool) -> Code {
+        // SAFETY: the caller passes exactly one mapping made by `map` or
+        // `map_kept`, and has ordered the unmap after all work that may use
+        // it.
         let rc = unsafe { sys::cuMemUnmap(start, len as usize) };
-        if rc != sys::CUDA_SUCCESS {
+        if rc != sys::CUDA_SUCCESS || keep {
             return rc;
         }
         // SAFETY: the handle's one mapping is gone; it is released once.
+        unsafe { sys::cuMemRelease(handle) }
+    }
+
+    fn release(&self, handle: u64) -> Code {
+        // SAFETY: a handle `unmap` kept is mapped nowhere; the caller
+        // releases it once, out of its list of kept handles.
         unsafe { sys::cuMemRelease(handle) }
     }
 

@@ -64,6 +64,15 @@ const MAX_HANDLE_GRANULES: u32 = 64;
 /// handle). A pool over this space is fast only while it rarely commits or
 /// decommits: give it a release threshold above the swing of its live bytes.
 ///
+/// **Handles kept for a commit.** A decommit that makes room for a commit
+/// ([`ReservableSpace::decommit_for_commit`], what a
+/// [`VirtualPool`](memres_core::vpool::VirtualPool) does when it gives back
+/// Idle granules for a new block) unmaps its handles without releasing
+/// them, and the commit maps them again where handles of the same length
+/// go: no `cuMemCreate` and no `cuMemRelease` for them. What the commits
+/// leave goes back at [`ReservableSpace::release_kept`]; until then it
+/// counts in [`mapped_bytes`](Self::mapped_bytes).
+///
 /// **Stream order.** `decommit` synchronizes the stream it is given before
 /// it unmaps (as PyTorch's expandable segments do): the unmap follows all
 /// work submitted to that stream. A stream whose [`id`](Stream::id) is 0
@@ -134,6 +143,12 @@ struct State {
     peak_committed: u64,
     /// Bytes mapped: the sum of the mappings' lengths.
     mapped: u64,
+    /// Handles unmapped by `decommit_for_commit` and not released yet:
+    /// length and handle, mapped again by the commits that follow.
+    kept: Vec<(u64, u64)>,
+    /// The sum of `kept`'s lengths.
+    kept_bytes: u64,
+    /// The most of `mapped + kept_bytes` at once.
     peak_mapped: u64,
     calls: DriverCalls,
 }
@@ -148,12 +163,16 @@ struct State {
 /// ```
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct DriverCalls {
-    /// `cuMemCreate` + `cuMemMap` pairs that succeeded: handles made.
+    /// Mappings made: `cuMemCreate` + `cuMemMap`, or `cuMemMap` alone of
+    /// a kept handle (`reuses`).
     pub maps: u64,
     /// `cuMemSetAccess` calls that succeeded.
     pub set_access: u64,
-    /// `cuMemUnmap` + `cuMemRelease` pairs: handles given back.
+    /// `cuMemUnmap` calls that succeeded.
     pub unmaps: u64,
+    /// Of `maps`, handles mapped again after `decommit_for_commit` kept
+    /// them: no `cuMemCreate` for them, and no `cuMemRelease` before.
+    pub reuses: u64,
     /// Stream synchronizations made by `decommit`.
     pub syncs: u64,
 }
@@ -247,13 +266,16 @@ impl CudaVirtualSpace {
         self.lock().peak_committed
     }
 
-    /// Bytes of device memory mapped now: the committed bytes and the
-    /// retained granules of partly decommitted handles.
+    /// Bytes of device memory held now: mapped (the committed bytes and the
+    /// retained granules of partly decommitted handles), and kept for the
+    /// commits in progress ([`ReservableSpace::decommit_for_commit`]).
     pub fn mapped_bytes(&self) -> u64 {
-        self.lock().mapped
+        let st = self.lock();
+        st.mapped + st.kept_bytes
     }
 
-    /// The most bytes of device memory mapped at once: this space's
+    /// The most bytes of device memory held at once, as
+    /// [`mapped_bytes`](Self::mapped_bytes) counts them: this space's
     /// physical footprint.
     pub fn peak_mapped_bytes(&self) -> u64 {
         self.lock().peak_mapped
@@ -294,26 +316,45 @@ impl CudaVirtualSpace {
     }
 
     /// Maps `start..start + len` (nothing mapped there) in handles of up to
-    /// `handle_granules` granules, pushed on `made`, and makes it read/write
-    /// for the device. On failure, unmaps what it mapped. Call with the
-    /// context current.
+    /// `handle_granules` granules, pushed on `made`, taking a `kept` handle
+    /// of the same length where there is one (counted in `reused`), and
+    /// makes it read/write for the device. On failure, unmaps and releases
+    /// what it mapped. Call with the context current.
     fn map_fresh(
         &self,
         start: u64,
         len: u64,
         made: &mut Vec<(u64, u64, u64)>,
+        kept: &mut Vec<(u64, u64)>,
+        reused: &mut u64,
     ) -> core::result::Result<(), i32> {
         let chunk = u64::from(self.handle_granules) * self.granule;
         let first = made.len();
         let undo = |made: &mut Vec<(u64, u64, u64)>| {
             for (s, l, h) in made.drain(first..).rev() {
-                let _ = self.driver.unmap(s, l, h);
+                let _ = self.driver.unmap(s, l, h, false);
             }
         };
         let mut at = start;
         while at < start + len {
             let l = chunk.min(start + len - at);
-            match self.driver.map(at, l) {
+            let mapped = match kept.iter().rposition(|&(kl, _)| kl == l) {
+                Some(i) => {
+                    let h = kept.swap_remove(i).1;
+                    match self.driver.map_kept(at, l, h) {
+                        sys::CUDA_SUCCESS => {
+                            *reused += 1;
+                            Ok(h)
+                        }
+                        rc => {
+                            kept.push((l, h));
+                            Err(rc)
+                        }
+                    }
+                }
+                None => self.driver.map(at, l),
+            };
+            match mapped {
                 Ok(h) => made.push((at, l, h)),
                 Err(rc) => {
                     undo(made);
@@ -436,28 +477,35 @@ impl ReservableSpace for CudaVirtualSpace {
             pieces.push(Piece::Fresh { start: cursor, len: range.end() - cursor });
         }
         let mut made = Vec::new();
+        let mut reused = 0;
         let fresh: u64 = pieces.iter().map(|p| if let Piece::Fresh { len, .. } = *p { len } else { 0 }).sum();
         if fresh > 0 {
             // More than the device has free cannot be mapped: answer without
             // a `cuMemCreate` that fails (which tools report as an error).
-            if self.driver.memory_info().is_some_and(|i| fresh > i.free) {
-                return Err(self.out_of_memory(range.len(), st.mapped));
+            let new = fresh.saturating_sub(st.kept_bytes);
+            if new > 0 && self.driver.memory_info().is_some_and(|i| new > i.free) {
+                return Err(self.out_of_memory(range.len(), st.mapped + st.kept_bytes));
             }
             let _current = self.driver.enter()?;
+            let mut kept = core::mem::take(&mut st.kept);
             for p in &pieces {
                 let Piece::Fresh { start, len } = *p else { continue };
-                if let Err(rc) = self.map_fresh(start, len, &mut made) {
+                if let Err(rc) = self.map_fresh(start, len, &mut made, &mut kept, &mut reused) {
                     // `map_fresh` undid its own piece; undo the earlier ones.
                     for (s, l, h) in made.drain(..).rev() {
-                        let _ = self.driver.unmap(s, l, h);
+                        let _ = self.driver.unmap(s, l, h, false);
                     }
+                    st.kept = kept;
+                    st.kept_bytes = st.kept.iter().map(|&(l, _)| l).sum();
                     return Err(if rc == sys::CUDA_ERROR_OUT_OF_MEMORY {
-                        self.out_of_memory(range.len(), st.mapped)
+                        self.out_of_memory(range.len(), st.mapped + st.kept_bytes)
                     } else {
                         error_from_code(rc)
                     });
                 }
             }
+            st.kept = kept;
+            st.kept_bytes = st.kept.iter().map(|&(l, _)| l).sum();
         }
         let st = &mut *st;
         for p in &pieces {
@@ -475,13 +523,42 @@ impl ReservableSpace for CudaVirtualSpace {
             st.mappings.insert(s, Mapping { len, handle, committed: mask(0, len / self.granule) });
             st.calls.maps += 1;
         }
+        st.calls.reuses += reused;
         st.committed += range.len();
         st.peak_committed = st.peak_committed.max(st.committed);
-        st.peak_mapped = st.peak_mapped.max(st.mapped);
+        st.peak_mapped = st.peak_mapped.max(st.mapped + st.kept_bytes);
         Ok(())
     }
 
     fn decommit<S: Stream + ?Sized>(&self, range: Range, stream: &S) -> Result<()> {
+        self.decommit_in(range, stream, false)
+    }
+
+    /// Unmaps without releasing: the handles are kept for the commits that
+    /// follow, which map them again (no `cuMemCreate`, and no
+    /// `cuMemRelease` before), until [`release_kept`](Self::release_kept).
+    fn decommit_for_commit<S: Stream + ?Sized>(&self, range: Range, stream: &S) -> Result<()> {
+        self.decommit_in(range, stream, true)
+    }
+
+    fn release_kept(&self) {
+        let mut st = self.lock();
+        if st.kept.is_empty() {
+            return;
+        }
+        let Ok(_current) = self.driver.enter() else { return };
+        // A handle the driver would not release is lost to the space, as
+        // one whose unmap was not followed by a release would be.
+        for (_, handle) in core::mem::take(&mut st.kept) {
+            let _ = self.driver.release(handle);
+        }
+        st.kept_bytes = 0;
+    }
+}
+
+impl CudaVirtualSpace {
+    /// `decommit`, keeping the handles it unmaps if `keep`.
+    fn decommit_in<S: Stream + ?Sized>(&self, range: Range, stream: &S, keep: bool) -> Result<()> {
         self.check_shape(range)?;
         let mut st = self.lock();
         // Per mapping: its start, the bits `range` covers, whether it empties.
@@ -515,18 +592,27 @@ impl ReservableSpace for CudaVirtualSpace {
                     continue;
                 }
                 let m = &st.mappings[&s];
-                match self.driver.unmap(s, m.len, m.handle) {
+                match self.driver.unmap(s, m.len, m.handle, keep) {
                     sys::CUDA_SUCCESS => done.push(s),
                     rc => {
                         // Map again what was unmapped (its contents were
                         // free memory), so that the whole range stays
-                        // committed.
-                        let mut again = Vec::new();
+                        // committed: a kept handle where it was, else a
+                        // new one.
+                        let (mut again, mut none) = (Vec::new(), Vec::new());
                         for &s in &done {
                             let m = st.mappings.get_mut(&s).expect("planned under the lock");
+                            if keep && self.driver.map_kept(s, m.len, m.handle) == sys::CUDA_SUCCESS {
+                                if self.driver.set_access(s, m.len) == sys::CUDA_SUCCESS {
+                                    continue;
+                                }
+                                let _ = self.driver.unmap(s, m.len, m.handle, false);
+                            } else if keep {
+                                let _ = self.driver.release(m.handle);
+                            }
                             again.clear();
                             // Within one mapping's length: exactly one handle.
-                            if self.map_fresh(s, m.len, &mut again).is_ok() {
+                            if self.map_fresh(s, m.len, &mut again, &mut none, &mut 0).is_ok() {
                                 m.handle = again[0].2;
                             }
                         }
@@ -538,6 +624,10 @@ impl ReservableSpace for CudaVirtualSpace {
                 let m = st.mappings.remove(&s).expect("planned under the lock");
                 st.mapped -= m.len;
                 st.calls.unmaps += 1;
+                if keep {
+                    st.kept.push((m.len, m.handle));
+                    st.kept_bytes += m.len;
+                }
             }
         }
         for (s, bits, _) in plan {
@@ -557,7 +647,7 @@ impl ReservableSpace for CudaVirtualSpace {
 impl Drop for CudaVirtualSpace {
     fn drop(&mut self) {
         let st = std::mem::take(&mut *self.lock());
-        if st.mappings.is_empty() && st.reservations.is_empty() {
+        if st.mappings.is_empty() && st.reservations.is_empty() && st.kept.is_empty() {
             return;
         }
         let Ok(_current) = self.driver.enter() else { return };
@@ -565,7 +655,10 @@ impl Drop for CudaVirtualSpace {
             let _ = self.driver.sync_legacy();
         }
         for (&s, m) in &st.mappings {
-            let _ = self.driver.unmap(s, m.len, m.handle);
+            let _ = self.driver.unmap(s, m.len, m.handle, false);
+        }
+        for &(_, handle) in &st.kept {
+            let _ = self.driver.release(handle);
         }
         for (&s, &l) in &st.reservations {
             let _ = self.driver.free(s, l);

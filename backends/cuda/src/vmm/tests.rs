@@ -22,7 +22,10 @@ struct Model {
     reservations: BTreeMap<u64, u64>,
     /// start -> (len, handle, accessible)
     maps: BTreeMap<u64, (u64, u64, bool)>,
+    /// Handles unmapped and not released: handle -> len.
+    kept: BTreeMap<u64, u64>,
     capacity: u64,
+    /// Physical memory in use: mapped and kept handles.
     used: u64,
     handles: u64,
     syncs: u64,
@@ -99,13 +102,36 @@ impl Driver for Arc<Fake> {
         sys::CUDA_SUCCESS
     }
 
-    fn unmap(&self, start: u64, len: u64, handle: u64) -> Code {
+    fn map_kept(&self, start: u64, len: u64, handle: u64) -> Code {
+        let mut m = self.0.lock().unwrap();
+        assert_eq!(m.kept.get(&handle), Some(&len), "map of a handle not kept, or of another length");
+        let before = m.maps.range(..start).next_back().map_or(0, |(&s, &(l, ..))| s + l);
+        assert!(before <= start && m.maps.range(start..start + len).next().is_none(), "map over a mapping");
+        if countdown(&mut m.fail_map) {
+            return FAILED;
+        }
+        m.kept.remove(&handle);
+        m.maps.insert(start, (len, handle, false));
+        sys::CUDA_SUCCESS
+    }
+
+    fn unmap(&self, start: u64, len: u64, handle: u64, keep: bool) -> Code {
         let mut m = self.0.lock().unwrap();
         assert_eq!(m.maps.get(&start).map(|v| (v.0, v.1)), Some((len, handle)), "unmap of no mapping");
         if countdown(&mut m.fail_unmap) {
             return FAILED;
         }
         m.maps.remove(&start);
+        match keep {
+            true => assert!(m.kept.insert(handle, len).is_none()),
+            false => m.used -= len,
+        }
+        sys::CUDA_SUCCESS
+    }
+
+    fn release(&self, handle: u64) -> Code {
+        let mut m = self.0.lock().unwrap();
+        let len = m.kept.remove(&handle).expect("release of a handle not kept");
         m.used -= len;
         sys::CUDA_SUCCESS
     }
@@ -142,7 +168,9 @@ fn agree(space: &CudaVirtualSpace, fake: &Fake) {
     assert_eq!(ours, theirs);
     assert!(m.maps.values().all(|v| v.2), "a mapping without access");
     assert!(st.mappings.values().all(|v| v.committed != 0 && v.len <= 64 * G));
-    assert_eq!(st.mapped, m.used);
+    assert_eq!(st.mapped + st.kept_bytes, m.used);
+    let kept: BTreeMap<u64, u64> = st.kept.iter().map(|&(l, h)| (h, l)).collect();
+    assert_eq!((kept, st.kept_bytes), (m.kept.clone(), st.kept.iter().map(|k| k.0).sum()));
     let committed: u64 = st.mappings.values().map(|v| u64::from(v.committed.count_ones()) * G).sum();
     assert_eq!(st.committed, committed);
     assert_eq!(st.reservations, m.reservations);
@@ -285,6 +313,62 @@ fn dropping_the_space_gives_everything_back() {
     assert!(m.maps.is_empty() && m.reservations.is_empty() && m.used == 0, "{m:?}");
 }
 
+#[test]
+fn handles_unmapped_for_a_commit_are_mapped_again_by_it() {
+    let (space, fake) = space(1 << 40, 1);
+    let r = space.reserve(64 * G).unwrap();
+    space.commit(sub(r, 0, 4)).unwrap();
+    let made = space.driver_calls().maps;
+    space.decommit_for_commit(sub(r, 1, 2), &()).unwrap();
+    agree(&space, &fake);
+    // Unmapped, not released: still held, by the space.
+    assert_eq!(
+        (space.committed_bytes(), space.mapped_bytes(), fake.0.lock().unwrap().used),
+        (2 * G, 4 * G, 4 * G)
+    );
+    space.commit(sub(r, 10, 3)).unwrap();
+    agree(&space, &fake);
+    let calls = space.driver_calls();
+    assert_eq!((calls.maps - made, calls.reuses), (3, 2), "two handles mapped again, one made");
+    assert_eq!(fake.0.lock().unwrap().handles, 5, "one cuMemCreate for the three granules");
+    // What no commit took goes back with `release_kept`, and on drop.
+    space.decommit_for_commit(sub(r, 10, 3), &()).unwrap();
+    space.commit(sub(r, 20, 1)).unwrap();
+    space.release_kept();
+    agree(&space, &fake);
+    assert_eq!((space.mapped_bytes(), fake.0.lock().unwrap().used), (3 * G, 3 * G));
+    space.decommit_for_commit(sub(r, 20, 1), &()).unwrap();
+    drop(space);
+    let m = fake.0.lock().unwrap();
+    assert!(m.maps.is_empty() && m.kept.is_empty() && m.used == 0, "{m:?}");
+}
+
+#[test]
+fn a_kept_handle_of_another_length_is_not_mapped_again() {
+    let (space, fake) = space(1 << 40, 4);
+    let r = space.reserve(64 * G).unwrap();
+    space.commit(sub(r, 0, 4)).unwrap();
+    space.decommit_for_commit(sub(r, 0, 4), &()).unwrap();
+    space.commit(sub(r, 8, 2)).unwrap();
+    assert_eq!(space.driver_calls().reuses, 0);
+    assert_eq!(space.mapped_bytes(), 6 * G, "the kept handle counts until released");
+    space.release_kept();
+    agree(&space, &fake);
+    assert_eq!(fake.0.lock().unwrap().used, 2 * G);
+}
+
+#[test]
+fn a_failed_unmap_of_a_decommit_for_commit_maps_its_kept_handles_back() {
+    let (space, fake) = space(1 << 40, 1);
+    let r = space.reserve(64 * G).unwrap();
+    space.commit(sub(r, 0, 4)).unwrap();
+    fake.0.lock().unwrap().fail_unmap = 3;
+    assert!(space.decommit_for_commit(sub(r, 0, 4), &()).is_err());
+    agree(&space, &fake);
+    assert_eq!((space.committed_bytes(), space.mapped_bytes()), (4 * G, 4 * G));
+    assert!(space.lock().kept.is_empty());
+}
+
 /// Randomized allocate and free through a `VirtualPool`, with commits that
 /// fail now and then: the pool's checker and the space's agreement with
 /// the driver after every step.
@@ -317,6 +401,7 @@ fn a_virtual_pool_over_the_space_keeps_everything_consistent() {
                 }
                 pool.check().unwrap_or_else(|v| panic!("step {step}: {v}"));
                 agree(&space, &fake);
+                assert!(space.lock().kept.is_empty(), "step {step}: the pool released what it kept");
                 assert_eq!(pool.usage().held, space.committed_bytes(), "step {step}");
                 let retained = space.mapped_bytes() - space.committed_bytes();
                 assert!(retained <= space.handle_count() as u64 * u64::from(handle_granules - 1) * G);
@@ -328,6 +413,10 @@ fn a_virtual_pool_over_the_space_keeps_everything_consistent() {
             pool.trim(&()).unwrap();
             assert_eq!((space.committed_bytes(), space.mapped_bytes()), (0, 0));
         }
+        // Idle memory kept, trimmed to make room for commits: handles of
+        // the same length (short ones, here) mapped again rather than made.
+        let calls = space.driver_calls();
+        assert!(keep == 0 || handle_granules > 4 || calls.reuses > 0, "seed {seed}: {calls:?}");
         let m = fake.0.lock().unwrap();
         assert!(m.maps.is_empty() && m.reservations.is_empty(), "{m:?}");
     }
