@@ -234,13 +234,24 @@ fn a_trim_on_commit_leaves_a_failed_trim_pending() {
 }
 
 /// A [`CountingSpace`] whose next commit can be made to run out of
-/// physical memory.
-struct ShortOnce<'a> {
+/// physical memory, and which records the calls the pool makes.
+struct Scripted<'a> {
     inner: &'a CountingSpace,
     out_of_memory: core::cell::Cell<bool>,
+    calls: core::cell::RefCell<Vec<&'static str>>,
 }
 
-impl ReservableSpace for ShortOnce<'_> {
+impl<'a> Scripted<'a> {
+    fn new(inner: &'a CountingSpace) -> Self {
+        Scripted { inner, out_of_memory: Default::default(), calls: Default::default() }
+    }
+
+    fn take_calls(&self) -> Vec<&'static str> {
+        core::mem::take(&mut *self.calls.borrow_mut())
+    }
+}
+
+impl ReservableSpace for Scripted<'_> {
     fn granule(&self) -> u64 {
         self.inner.granule()
     }
@@ -251,6 +262,7 @@ impl ReservableSpace for ShortOnce<'_> {
         self.inner.release(range)
     }
     fn commit(&self, range: Range) -> Result<()> {
+        self.calls.borrow_mut().push("commit");
         if self.out_of_memory.replace(false) {
             return Err(Error::OutOfMemory {
                 requested: range.len(),
@@ -262,7 +274,15 @@ impl ReservableSpace for ShortOnce<'_> {
         self.inner.commit(range)
     }
     fn decommit<S: Stream + ?Sized>(&self, range: Range, stream: &S) -> Result<()> {
+        self.calls.borrow_mut().push("decommit");
         self.inner.decommit(range, stream)
+    }
+    fn decommit_for_commit<S: Stream + ?Sized>(&self, range: Range, stream: &S) -> Result<()> {
+        self.calls.borrow_mut().push("decommit_for_commit");
+        self.inner.decommit(range, stream)
+    }
+    fn release_kept(&self) {
+        self.calls.borrow_mut().push("release_kept");
     }
 }
 
@@ -273,7 +293,7 @@ fn a_failed_allocate_retries_a_failed_trim() {
     // memory, trims granule 5 and retries, then fails: 0 and 1 turn Idle
     // again, beyond `keep`, and the call gives them back.
     let space = CountingSpace::new(1 << 30, MIB);
-    let short = ShortOnce { inner: &space, out_of_memory: core::cell::Cell::new(false) };
+    let short = Scripted::new(&space);
     let mut p = VirtualPool::with_config(&short, VirtualConfig::new(64 * MIB)).unwrap();
     let base = p.reservations[0].range.start();
     let mib = |size| Request::aligned(size, MIB).unwrap();
@@ -346,45 +366,6 @@ fn a_failed_allocate_that_commits_nothing_retries_a_failed_trim() {
     assert_eq!(space.committed_bytes(), 0);
 }
 
-/// A [`CountingSpace`] that records which of its calls the pool makes.
-struct Recording<'a> {
-    inner: &'a CountingSpace,
-    calls: core::cell::RefCell<Vec<&'static str>>,
-}
-
-impl Recording<'_> {
-    fn take(&self) -> Vec<&'static str> {
-        core::mem::take(&mut *self.calls.borrow_mut())
-    }
-}
-
-impl ReservableSpace for Recording<'_> {
-    fn granule(&self) -> u64 {
-        self.inner.granule()
-    }
-    fn reserve(&self, len: u64) -> Result<Range> {
-        self.inner.reserve(len)
-    }
-    fn release(&self, range: Range) -> Result<()> {
-        self.inner.release(range)
-    }
-    fn commit(&self, range: Range) -> Result<()> {
-        self.calls.borrow_mut().push("commit");
-        self.inner.commit(range)
-    }
-    fn decommit<S: Stream + ?Sized>(&self, range: Range, stream: &S) -> Result<()> {
-        self.calls.borrow_mut().push("decommit");
-        self.inner.decommit(range, stream)
-    }
-    fn decommit_for_commit<S: Stream + ?Sized>(&self, range: Range, stream: &S) -> Result<()> {
-        self.calls.borrow_mut().push("decommit_for_commit");
-        self.inner.decommit(range, stream)
-    }
-    fn release_kept(&self) {
-        self.calls.borrow_mut().push("release_kept");
-    }
-}
-
 #[test]
 fn a_trim_that_makes_room_for_a_commit_lets_the_space_keep_the_memory_for_it() {
     // As in `trim_on_commit_keeps_idle_memory_out_of_the_peak`: `c` lands
@@ -392,7 +373,7 @@ fn a_trim_that_makes_room_for_a_commit_lets_the_space_keep_the_memory_for_it() {
     // of `b`'s 6 Idle granules are decommitted first, for that commit; the
     // space is told when the commits are done. A trim alone gives back.
     let space = CountingSpace::new(1 << 30, MIB);
-    let rec = Recording { inner: &space, calls: Default::default() };
+    let rec = Scripted::new(&space);
     let config = VirtualConfig::new(64 * MIB).release_threshold(64 * MIB);
     let mut p = VirtualPool::with_config(&rec, config).unwrap();
     let a = p.allocate(req(4 * MIB), &()).unwrap();
@@ -400,13 +381,13 @@ fn a_trim_that_makes_room_for_a_commit_lets_the_space_keep_the_memory_for_it() {
     p.deallocate(a, &()).unwrap();
     let b = p.allocate(req(6 * MIB), &()).unwrap();
     p.deallocate(b, &()).unwrap();
-    rec.take();
+    rec.take_calls();
     let c = p.allocate(req(3 * MIB), &()).unwrap();
     assert_eq!(c.addr(), a.addr());
-    assert_eq!(rec.take(), ["decommit_for_commit", "commit", "release_kept"]);
+    assert_eq!(rec.take_calls(), ["decommit_for_commit", "commit", "release_kept"]);
     p.check().unwrap();
     assert_eq!(p.trim(&()).unwrap(), 3 * MIB);
-    assert_eq!(rec.take(), ["decommit"]);
+    assert_eq!(rec.take_calls(), ["decommit"]);
     p.deallocate(c, &()).unwrap();
     p.deallocate(anchor, &()).unwrap();
     p.check().unwrap();
