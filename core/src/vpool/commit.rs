@@ -81,13 +81,13 @@ impl<V: ReservableSpace> VirtualPool<V> {
         let used = self.peak_used.max(self.index.used_bytes());
         let excess =
             (self.committed + fresh).saturating_sub(self.commit_limit(self.peak_busy.max(busy), used));
-        if self.config.trim_on_commit && self.idle > 0 && excess > 0 {
-            // Idle memory is a cache that raises the peak by at most the
-            // slack: give back as much of it as the commit would go beyond
-            // that. A failed decommit only leaves more of it.
-            // The space may keep what it decommits for the commits below
-            // (CUDA: the physical handles, mapped again where they are
-            // needed), and gives back the rest once they are done.
+        // Idle memory is a cache that raises the peak by at most the slack:
+        // give back as much of it as the commit would go beyond that. A
+        // failed decommit only leaves more of it. The space may keep what
+        // it decommits for the commits below (CUDA: the physical handles,
+        // mapped again where they are needed) until they are done.
+        let trims = self.config.trim_on_commit && self.idle > 0 && excess > 0;
+        if trims {
             let _ = self.trim_to(self.idle.saturating_sub(excess) << self.shift, true, stream);
         }
         let mut s = lo;
@@ -98,12 +98,16 @@ impl<V: ReservableSpace> VirtualPool<V> {
                 continue;
             }
             if let Err(e) = self.space.commit(self.slot_range(r, run, s)) {
-                self.space.release_kept();
+                if trims {
+                    self.space.release_kept();
+                }
                 self.undo_commits(r, lo, run);
                 return Err(e);
             }
         }
-        self.space.release_kept();
+        if trims {
+            self.space.release_kept();
+        }
         self.committed_bits.set(lo, hi, true);
         self.committed += fresh;
         self.peak_committed = self.peak_committed.max(self.committed);
