@@ -137,7 +137,8 @@ impl<S: Stream + ?Sized, E: CopyEngine<S> + ?Sized> CopyEngine<S> for &E {
 /// the [fixed-size resource](crate::fixed::FixedSizeResource), the
 /// [arena](crate::arena::ArenaResource), the
 /// [stream-ordered layer](crate::StreamOrdered), the
-/// [per-stream pool](crate::per_stream::PerStreamPool) and
+/// [per-stream pool](crate::per_stream::PerStreamPool) (its chunk pools
+/// over one `Arc` or reference, or its virtual pools) and
 /// [`Planned`](crate::planned::Planned). A resource of numbers with
 /// no bytes behind them (a simulated device) must not implement it. Not
 /// covered: `BinningResource` (a bin may be any boxed resource) and
@@ -146,9 +147,10 @@ impl<S: Stream + ?Sized, E: CopyEngine<S> + ?Sized> CopyEngine<S> for &E {
 ///
 /// A [`ReservableSpace`](crate::vmem::ReservableSpace) implements it to make
 /// the same promise of the ranges it commits (the CUDA backend's virtual
-/// space for `CudaCopy`): each is, from a `commit` that succeeded until it
-/// is given to `decommit`, memory of `E` that nothing else uses, and `E`
-/// stays sound on it after, as below. A
+/// space for `CudaCopy`): its reservations are disjoint, and each range
+/// is, from a `commit` that succeeded until it is given to `decommit`,
+/// memory of `E` that nothing else uses, and `E` stays sound on it after,
+/// as below. A
 /// [`VirtualPool`](crate::vpool::VirtualPool) over such a space forwards the
 /// promise: it keeps every granule a live block touches committed.
 ///

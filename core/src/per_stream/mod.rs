@@ -510,17 +510,43 @@ impl<M: MakePool<S>, S: Stream + ?Sized> PerStreamPool<M, S> {
     }
 }
 
-// SAFETY: every block is one that a stream's pool (an `M::Pool`, whose
-// blocks `MemoryOf<E>` vouches for) handed out, with its address and size
-// unchanged (only the tag is restamped, and restamped back before the block
-// is freed), and it is freed only through the pool whose chunk holds it. A
+// SAFETY: every block is one that a stream's `CoalescingPool` handed out
+// (`CoalescingPool<U>` is `MemoryOf<E>` where `U` is), with its address and
+// size unchanged (only the tag is restamped, and restamped back before the
+// block is freed), freed only through the pool whose chunk holds it. A
 // chunk moves from one stream's pool to another's only while wholly free,
-// so no live block is ever in two pools; the lanes keep their records in
-// their own vectors, never in the memory.
-unsafe impl<E, M, S> crate::copy::MemoryOf<E> for PerStreamPool<M, S>
+// so no live block is ever in two pools; and every pool's upstream is a
+// clone of one `Arc` (or a copy of one reference) to the same `R`, so a
+// chunk taken from it stays `R`'s, held until a pool frees it to `R`,
+// whichever pool that is. The lanes keep their records in their own
+// vectors, never in the memory. (A maker of the user's, or an upstream
+// whose clones are separate resources, is not covered: a chunk moved
+// between pools would then outlive the resource it came from.)
+unsafe impl<E, R, S> crate::copy::MemoryOf<E> for PerStreamPool<PoolMaker<alloc::sync::Arc<R>>, S>
 where
-    M: MakePool<S>,
-    M::Pool: crate::copy::MemoryOf<E>,
+    R: crate::copy::MemoryOf<E> + crate::MemoryResource<S> + ?Sized,
+    S: Stream + ?Sized,
+{
+}
+
+// SAFETY: as for `Arc<R>` above: copies of one reference are one `R`.
+unsafe impl<E, R, S> crate::copy::MemoryOf<E> for PerStreamPool<PoolMaker<&R>, S>
+where
+    R: crate::copy::MemoryOf<E> + crate::MemoryResource<S> + ?Sized,
+    S: Stream + ?Sized,
+{
+}
+
+// SAFETY: every block is one that a stream's `VirtualPool<V>` (`MemoryOf<E>`
+// where its space `V` is) handed out, address and size unchanged, freed
+// only through that pool (the one whose reservation holds it). Virtual
+// pools hand no chunk over: a block lives in its own pool's reservation of
+// its own space from allocation to free, and a pool is dropped only once
+// none of its blocks is live. The lanes keep their records in their own
+// vectors, never in the memory.
+unsafe impl<E, V, S> crate::copy::MemoryOf<E> for PerStreamPool<VirtualMaker<V>, S>
+where
+    V: crate::vmem::ReservableSpace + Clone + crate::copy::MemoryOf<E>,
     S: Stream + ?Sized,
 {
 }

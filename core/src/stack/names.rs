@@ -99,7 +99,8 @@ const _: fn() = || {
     type Up = AssumeMemoryOf<DynResource<()>, Engine>;
     fn forwards<R: MemoryOf<Engine>>() {}
     forwards::<Shared<CoalescingPool<Up>>>();
-    forwards::<Shared<PerStreamPool<PoolMaker<Up>, ()>>>();
+    // The builder's upstreams are `DynResource`s, `Arc`s as this one.
+    forwards::<Shared<PerStreamPool<PoolMaker<alloc::sync::Arc<Up>>, ()>>>();
     forwards::<Shared<FixedSizeResource<Up>>>();
     forwards::<ArenaResource<Up>>();
     forwards::<Statistics<Up>>();

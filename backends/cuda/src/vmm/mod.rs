@@ -397,7 +397,8 @@ impl CudaVirtualSpace {
     }
 }
 
-// SAFETY: a committed range is device memory: `commit` returns only after
+// SAFETY: reservations are the driver's (`cuMemAddressReserve`), disjoint
+// while live. A committed range is device memory: `commit` returns only after
 // every granule of it lies in a physical handle of the space's device mapped
 // there (`cuMemMap`) with read and write access for that device
 // (`cuMemSetAccess`), and it stays so until `decommit` takes the range (a
