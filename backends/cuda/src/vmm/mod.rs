@@ -146,11 +146,21 @@ struct State {
     /// Handles unmapped by `decommit_for_commit` and not released yet:
     /// length and handle, mapped again by the commits that follow.
     kept: Vec<(u64, u64)>,
-    /// The sum of `kept`'s lengths.
-    kept_bytes: u64,
-    /// The most of `mapped + kept_bytes` at once.
+    /// The most of [`held`](State::held) at once.
     peak_mapped: u64,
     calls: DriverCalls,
+}
+
+impl State {
+    /// Bytes of the handles kept for the commits in progress.
+    fn kept_bytes(&self) -> u64 {
+        self.kept.iter().map(|&(len, _)| len).sum()
+    }
+
+    /// Device memory held: mapped, and kept.
+    fn held(&self) -> u64 {
+        self.mapped + self.kept_bytes()
+    }
 }
 
 /// How many driver calls of each kind a [`CudaVirtualSpace`] made.
@@ -270,8 +280,7 @@ impl CudaVirtualSpace {
     /// retained granules of partly decommitted handles), and kept for the
     /// commits in progress ([`ReservableSpace::decommit_for_commit`]).
     pub fn mapped_bytes(&self) -> u64 {
-        let st = self.lock();
-        st.mapped + st.kept_bytes
+        self.lock().held()
     }
 
     /// The most bytes of device memory held at once, as
@@ -483,9 +492,9 @@ impl ReservableSpace for CudaVirtualSpace {
         if fresh > 0 {
             // More than the device has free cannot be mapped: answer without
             // a `cuMemCreate` that fails (which tools report as an error).
-            let new = fresh.saturating_sub(st.kept_bytes);
+            let new = fresh.saturating_sub(st.kept_bytes());
             if new > 0 && self.driver.memory_info().is_some_and(|i| new > i.free) {
-                return Err(self.out_of_memory(range.len(), st.mapped + st.kept_bytes));
+                return Err(self.out_of_memory(range.len(), st.held()));
             }
             let _current = self.driver.enter()?;
             let mut kept = core::mem::take(&mut st.kept);
@@ -497,16 +506,14 @@ impl ReservableSpace for CudaVirtualSpace {
                         let _ = self.driver.unmap(s, l, h, false);
                     }
                     st.kept = kept;
-                    st.kept_bytes = st.kept.iter().map(|&(l, _)| l).sum();
                     return Err(if rc == sys::CUDA_ERROR_OUT_OF_MEMORY {
-                        self.out_of_memory(range.len(), st.mapped + st.kept_bytes)
+                        self.out_of_memory(range.len(), st.held())
                     } else {
                         error_from_code(rc)
                     });
                 }
             }
             st.kept = kept;
-            st.kept_bytes = st.kept.iter().map(|&(l, _)| l).sum();
         }
         let st = &mut *st;
         for p in &pieces {
@@ -527,7 +534,7 @@ impl ReservableSpace for CudaVirtualSpace {
         st.calls.reuses += reused;
         st.committed += range.len();
         st.peak_committed = st.peak_committed.max(st.committed);
-        st.peak_mapped = st.peak_mapped.max(st.mapped + st.kept_bytes);
+        st.peak_mapped = st.peak_mapped.max(st.held());
         Ok(())
     }
 
@@ -553,7 +560,6 @@ impl ReservableSpace for CudaVirtualSpace {
         for (_, handle) in core::mem::take(&mut st.kept) {
             let _ = self.driver.release(handle);
         }
-        st.kept_bytes = 0;
     }
 }
 
@@ -627,7 +633,6 @@ impl CudaVirtualSpace {
                 st.calls.unmaps += 1;
                 if keep {
                     st.kept.push((m.len, m.handle));
-                    st.kept_bytes += m.len;
                 }
             }
         }
