@@ -28,6 +28,13 @@ larger of the stack's upstream peak and its driver pools' reserved peak /
 torch.cuda.max_memory_reserved()). One line `SUMMARY train_check [STACK]:
 ...` per stack. Exit status 0 when every check passes.
 
+`--also native-async` and `--also shim-async --shim async_shim.so` add two
+baselines to the rounds: PyTorch on the driver's stream-ordered pool as its
+own backend, and the same pool through the pluggable allocator that memres
+is plugged in by (`async_shim.c`); the second over the first is what that
+path costs whatever allocator is behind it. `--cpus 2-5` runs every worker
+on the same cores.
+
 Worker (one run, prints one line `RESULT {json}`):
 
     python3 train_check.py --worker native
@@ -128,13 +135,28 @@ MODELS = {
 }
 
 
+def cpu_list(text):
+    """The CPUs of a list as taskset takes it: `2-5,8`."""
+    cpus = set()
+    for part in text.split(","):
+        lo, _, hi = part.partition("-")
+        cpus.update(range(int(lo), int(hi or lo) + 1))
+    return cpus
+
+
 def worker(args):
+    if args.cpus:
+        # Before torch starts its threads, which inherit it.
+        os.sched_setaffinity(0, cpu_list(args.cpus))
     lib = open_memres(args, args.stack[-1] if args.stack else None)
     import torch
     import torch.nn.functional as F
 
     if lib is not None:
         allocator = torch.cuda.memory.CUDAPluggableAllocator(lib.path, "memres_alloc", "memres_free")
+        torch.cuda.memory.change_current_allocator(allocator)
+    elif args.worker == "shim":
+        allocator = torch.cuda.memory.CUDAPluggableAllocator(args.shim, "shim_alloc", "shim_free")
         torch.cuda.memory.change_current_allocator(allocator)
 
     torch.manual_seed(SEED)
@@ -184,7 +206,10 @@ def worker(args):
         "step_ms_median": statistics.median(times[5:] or times) * 1e3,
         "step_ms": [t * 1e3 for t in times],
     }
-    if lib is None:
+    if args.worker == "shim":
+        # The driver's pool keeps no count that PyTorch can read.
+        result["peak_reserved"] = None
+    elif lib is None:
         result["peak_reserved"] = torch.cuda.max_memory_reserved()
         result["peak_allocated"] = torch.cuda.max_memory_allocated()
     else:
@@ -203,13 +228,32 @@ def worker(args):
 
 
 
+# Baselines that `--also` adds beside the stacks: PyTorch with the driver's
+# stream-ordered pool as its own backend, and the same pool through the
+# pluggable allocator (`async_shim.c`). Their difference is what the
+# pluggable path costs by itself, whatever allocator is behind it.
+BASELINES = {
+    "native-async": (["--worker", "native"], {"PYTORCH_CUDA_ALLOC_CONF": "backend:cudaMallocAsync"}),
+    "shim-async": (["--worker", "shim"], {}),
+}
+
+
 def driver(args):
     common = ["--model", args.model, "--steps", str(args.steps), "--layers", str(args.layers), "--d-model", str(args.d_model),
               "--batch", str(args.batch), "--seq", str(args.seq)]
+    if args.cpus:
+        common += ["--cpus", args.cpus]
+    # The configurations beside native: (name, worker argv, environment).
+    configs = [(stack, ["--worker", "memres", "--so", args.so, "--stack", stack], None) for stack in args.stack]
+    for name in args.also:
+        argv, env = BASELINES[name]
+        if name == "shim-async":
+            argv = argv + ["--shim", args.shim]
+        configs.append((name, argv, dict(os.environ, **env)))
     # Rounds interleave the configurations (native, each stack, native, ...)
     # so that a slow spell of the machine hits all of them alike; a
     # configuration's step time is the median over its rounds.
-    natives, per_stack_runs, runs = [], [[] for _ in args.stack], {}
+    natives, per_stack_runs, runs = [], [[] for _ in configs], {}
     rounds = max(args.rounds, 1)
     # Native runs at least twice: the second tells whether the run is
     # deterministic at all.
@@ -219,9 +263,9 @@ def driver(args):
         runs[f"native_r{r}"] = n
         if r >= rounds:
             continue
-        for i, stack in enumerate(args.stack):
-            argv = ["--worker", "memres", "--so", args.so, "--stack", stack] + common
-            m = run_worker(SCRIPT, f"memres {stack}, round {r}", argv)
+        for i, (name, argv, env) in enumerate(configs):
+            m = run_worker(SCRIPT, f"{name}, round {r}", argv + common, env=env)
+            m.setdefault("stack", name)
             per_stack_runs[i].append(m)
             runs[f"memres{i}_r{r}"] = m
     native = natives[0]
@@ -245,7 +289,9 @@ def driver(args):
     for rounds in per_stack_runs:
         memres = rounds[0]
         step = statistics.median(m["step_ms_median"] for m in rounds)
-        peak = max(m["peak_reserved"] for m in rounds)
+        # None where the configuration cannot tell (the shim).
+        peak = None if memres["peak_reserved"] is None else max(m["peak_reserved"] for m in rounds)
+        counts = memres.get("memres")
         per_stack.append({
             "memres_stack": memres["stack"],
             "losses_identical": all(m["losses"] == native["losses"] for m in rounds),
@@ -261,10 +307,10 @@ def driver(args):
                 m["step_ms_median"] / n["step_ms_median"] for m, n in zip(rounds, natives)
             ),
             "peak_memres_held": peak,
-            "peak_memres_upstream": max(m["memres"]["upstream_peak"] for m in rounds),
-            "peak_memres_driver_reserved": memres["memres"]["reserved_peak"],
-            "peak_memres_live": memres["memres"]["bytes_peak"] if memres["memres"]["has_stats"] else None,
-            "peak_ratio": peak / peak_native,
+            "peak_memres_upstream": counts and max(m["memres"]["upstream_peak"] for m in rounds),
+            "peak_memres_driver_reserved": counts and counts["reserved_peak"],
+            "peak_memres_live": counts["bytes_peak"] if counts and counts["has_stats"] else None,
+            "peak_ratio": None if peak is None else peak / peak_native,
         })
     summary = {
         "gpu": native["gpu"],
@@ -300,8 +346,10 @@ def driver(args):
             f"SUMMARY train_check {args.model} [{p['memres_stack']}]: losses {'identical' if p['losses_identical'] else 'DIFFER'} "
             f"(native repeat {'identical' if deterministic else 'differs: not deterministic'}); "
             f"step {p['step_ms_memres']:.2f} ms memres vs {summary['step_ms_native']:.2f} ms native "
-            f"(x{p['step_time_ratio']:.3f}, per round x{p['step_time_ratio_paired']:.3f}); peak held {p['peak_memres_held'] / mib:.0f} MiB memres vs "
-            f"{summary['peak_native_reserved'] / mib:.0f} MiB native reserved (x{p['peak_ratio']:.3f})"
+            f"(x{p['step_time_ratio']:.3f}, per round x{p['step_time_ratio_paired']:.3f}); "
+            + ("peak held unknown" if p["peak_ratio"] is None else
+               f"peak held {p['peak_memres_held'] / mib:.0f} MiB memres vs "
+               f"{summary['peak_native_reserved'] / mib:.0f} MiB native reserved (x{p['peak_ratio']:.3f})")
             + (f"; trace {trace['rows']} rows, {'ok' if trace['ok'] else 'BAD'}" if trace and i == 0 else "")
         )
     if not deterministic:
@@ -311,13 +359,19 @@ def driver(args):
 
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--worker", choices=["native", "memres"], help="run one configuration and print RESULT")
+    p.add_argument("--worker", choices=["native", "memres", "shim"], help="run one configuration and print RESULT")
     p.add_argument("--so", help="path of libmemres.so")
     p.add_argument("--stack", action="append", default=None,
                    help=f"memres stack to test, repeatable (driver default: ${STACKS_VAR} split at `;`, "
                         f"else {MEMRES_STACK}); a worker runs the last")
     p.add_argument("--log", help="also run with MEMRES_STACK='log(STACK, file=LOG)' and check the trace")
     p.add_argument("--json", help="write the summary and every run here")
+    p.add_argument("--also", action="append", default=[], choices=sorted(BASELINES),
+                   help="a baseline beside the stacks, repeatable: native-async (PyTorch's own cudaMallocAsync "
+                        "backend) or shim-async (the driver's pool through the pluggable allocator, --shim)")
+    p.add_argument("--shim", help="async_shim.so, built from async_shim.c (for --also shim-async)")
+    p.add_argument("--cpus", help="CPUs every worker runs on, as taskset takes them (2-5,8): the same cores "
+                                  "for every process, so that where the system puts one does not time it")
     p.add_argument("--rounds", type=int, default=3,
                    help="runs of each configuration, interleaved; step times are medians over rounds (native runs at least twice)")
     p.add_argument("--model", choices=sorted(MODELS), default="transformer",
@@ -329,6 +383,8 @@ def main():
     p.add_argument("--batch", type=int, default=16)
     p.add_argument("--seq", type=int, default=256)
     args = p.parse_args()
+    if "shim-async" in args.also and not args.shim or args.worker == "shim" and not args.shim:
+        p.error("shim-async needs --shim")
     if worker_or_driver(p, args):
         return worker(args)
     if not args.stack:
