@@ -102,11 +102,12 @@ struct Lane<P, E> {
     /// An event recorded on the stream after the frees before it.
     fence: Option<E>,
     /// Whether `fence` covers every wholly free chunk of `pool` (every
-    /// free that left one wholly free came before it): a stream that waits
-    /// on it may take them.
+    /// free that left one wholly free came before it; with no fence, the
+    /// pool has none): a stream that waits on it may take them.
     covered: bool,
     /// Whether the stream's next allocation (or free that leaves a chunk
-    /// wholly free) settles the lane: waits on `waits` and records a fence.
+    /// wholly free) settles the lane: waits on `waits` and records a fence (if it has
+    /// wholly free chunks).
     /// Set by a free of its block on another stream, by a stream that found
     /// its wholly free chunks not covered, by a record that failed.
     settle_next: bool,
@@ -347,7 +348,9 @@ impl<M: MakePool<S>, S: Stream + ?Sized> PerStreamPool<M, S> {
     }
 
     /// Orders lane `i`'s stream after the frees of its blocks on other
-    /// streams and records its fence; the call is on its stream.
+    /// streams and records its fence, if it has wholly free chunks for the
+    /// fence to cover (a virtual pool never has: it moves none); the call
+    /// is on its stream.
     ///
     /// # Errors
     ///
@@ -360,11 +363,20 @@ impl<M: MakePool<S>, S: Stream + ?Sized> PerStreamPool<M, S> {
         for (_, event) in &lane.waits {
             stream.wait(event)?;
         }
-        lane.fence = Some(stream.record()?);
+        // With no wholly free chunk there is nothing to cover: a chunk that
+        // goes wholly free later unsets `covered` (`chunk_freed`, or a free
+        // on another stream), and the fence is recorded then.
+        lane.fence = match lane.pool.shortest_free_chunk(0) {
+            Some(_) => {
+                let fence = stream.record()?;
+                self.stats.fences += 1;
+                Some(fence)
+            }
+            None => None,
+        };
         lane.waits.clear();
         lane.covered = true;
         lane.settle_next = false;
-        self.stats.fences += 1;
         Ok(())
     }
 

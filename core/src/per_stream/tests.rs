@@ -344,3 +344,29 @@ fn insert_gives_a_stream_a_pool_with_an_initial_size() {
     r.free(small, &b);
     r.exact();
 }
+
+#[test]
+fn virtual_pools_wait_on_frees_from_other_streams_and_record_no_fence() {
+    use crate::vmem::CountingSpace;
+    use crate::vpool::VirtualConfig;
+    let space = CountingSpace::new(64 * MIB, MIB);
+    let mut pools = PerStreamPool::new(VirtualMaker::new(&space, VirtualConfig::new(64 * MIB)));
+    let log = Rc::new(RefCell::new(Log::default()));
+    let (a, b) = (TestStream { id: 1, log: log.clone() }, TestStream { id: 2, log: log.clone() });
+    let x = pools.allocate(req(MIB), &a).unwrap();
+    let y = pools.allocate(req(MIB), &b).unwrap();
+    pools.deallocate(x, &b).unwrap();
+    assert_eq!(log.borrow().records, [b.id], "an event after the free on b");
+    // a's next call settles: it waits on b's event, and with no chunk to
+    // hand another stream, records nothing.
+    let z = pools.allocate(req(MIB), &a).unwrap();
+    assert_eq!(log.borrow().waits, [(a.id, b.id)]);
+    assert_eq!(log.borrow().records, [b.id]);
+    assert_eq!(pools.stats().fences, 0);
+    pools.check().unwrap();
+    for (block, s) in [(z, &a), (y, &b)] {
+        pools.deallocate(block, s).unwrap();
+        pools.check().unwrap();
+    }
+    assert_eq!(log.borrow().records, [b.id], "frees on their own streams record nothing");
+}
