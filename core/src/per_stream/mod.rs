@@ -106,9 +106,8 @@ struct Lane<P, E> {
     /// pool has none): a stream that waits on it may take them.
     covered: bool,
     /// Whether the stream's next allocation (or free that leaves a chunk
-    /// wholly free) settles the lane: waits on `waits` and records a fence (if it has
-    /// wholly free chunks).
-    /// Set by a free of its block on another stream, by a stream that found
+    /// wholly free) settles the lane: waits on `waits` and records a fence
+    /// if the pool has wholly free chunks. Set by a free of its block on another stream, by a stream that found
     /// its wholly free chunks not covered, by a record that failed.
     settle_next: bool,
     /// Per stream that freed blocks of `pool` since the lane last settled,
