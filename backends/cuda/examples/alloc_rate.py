@@ -6,6 +6,11 @@ the best of three timed loops of 50,000 per process, the median over
 rounds printed. Python's own cost of `torch.empty` is in every figure.
 
     python3 alloc_rate.py path/to/libmemres.so ROUNDS STACK...
+
+A STACK of `native-async` is PyTorch on the driver's stream-ordered pool as
+its own backend (`PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync`), and
+`shim:PATH` the same pool plugged in as memres is, from `async_shim.so`
+built at PATH (see `async_shim.c`): the two ways into PyTorch side by side.
 """
 import json
 import os
@@ -18,7 +23,10 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 def worker(mode, so, stack):
     import torch
-    if mode == "memres":
+    if mode == "shim":
+        torch.cuda.memory.change_current_allocator(
+            torch.cuda.memory.CUDAPluggableAllocator(stack, "shim_alloc", "shim_free"))
+    elif mode == "memres":
         sys.path.insert(0, HERE)
         from memres_ctypes import Memres
         lib = Memres(so)
@@ -44,6 +52,15 @@ def worker(mode, so, stack):
     print("RESULT " + json.dumps({"mode": mode, "stack": stack, "us": min(r) * 1e6}))
 
 
+def config(stack):
+    """(worker mode, stack or shim path) of a STACK argument."""
+    if stack == "native-async":
+        return ("native-async", "-")
+    if stack.startswith("shim:"):
+        return ("shim", stack[len("shim:"):])
+    return ("memres", stack)
+
+
 def main():
     if sys.argv[1] == "--worker":
         worker(sys.argv[2], sys.argv[3], sys.argv[4])
@@ -51,9 +68,12 @@ def main():
     so, rounds, stacks = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
     res = {}
     for _ in range(rounds):
-        for mode, stack in [("native", "-")] + [("memres", s) for s in stacks]:
+        for mode, stack in [("native", "-")] + [config(s) for s in stacks]:
+            env = dict(os.environ)
+            if mode == "native-async":
+                env["PYTORCH_CUDA_ALLOC_CONF"] = "backend:cudaMallocAsync"
             out = subprocess.run([sys.executable, __file__, "--worker", mode, so, stack],
-                                 capture_output=True, text=True, timeout=120)
+                                 capture_output=True, text=True, timeout=120, env=env)
             line = [l for l in out.stdout.splitlines() if l.startswith("RESULT ")]
             if not line:
                 print(mode, stack, "FAILED", out.stderr[-2000:])
@@ -62,7 +82,7 @@ def main():
             res.setdefault((mode, stack), []).append(d["us"])
     for (mode, stack), v in res.items():
         v.sort()
-        print(f"{mode:7s} {stack:50s} us/alloc+free: {' '.join('%.2f' % x for x in v)} median {v[len(v)//2]:.2f}")
+        print(f"{mode:12s} {stack:50s} us/alloc+free: {' '.join('%.2f' % x for x in v)} median {v[len(v)//2]:.2f}")
 
 
 main()
