@@ -470,16 +470,23 @@ impl<M: MakePool<S>, S: Stream + ?Sized> PerStreamPool<M, S> {
     /// (on `stream`, after a wait on each one's fence), then grows lane
     /// `i`'s pool; on out of memory, the last resort and once more.
     fn grow(&mut self, i: usize, request: Request, stream: &S) -> Result<Block> {
+        let mut given_back = 0;
         for j in 0..self.lanes.len() {
             if let Some(fence) = self.fence_of(i, j) {
                 stream.wait(fence)?;
-                self.stats.bytes_released += self.lanes[j].pool.release(stream)?;
+                given_back += self.lanes[j].pool.release(stream)?;
             }
         }
-        let err = match self.lanes[i].pool.allocate(request, stream) {
-            Err(e) if e.is_out_of_memory() => e,
-            other => return other,
-        };
+        self.stats.bytes_released += given_back;
+        // A pool that grows in `try_allocate` tried just that on the fast
+        // path: again only once other streams gave memory back.
+        let mut err = None;
+        if !M::Pool::GROWS_IN_TRY_ALLOCATE || given_back > 0 {
+            match self.lanes[i].pool.allocate(request, stream) {
+                Err(e) if e.is_out_of_memory() => err = Some(e),
+                other => return other,
+            }
+        }
         // The last resort: with the device idle, every stream's wholly free
         // chunks may go back (on `stream`); else only this one's.
         self.stats.last_resorts += 1;
@@ -490,10 +497,10 @@ impl<M: MakePool<S>, S: Stream + ?Sized> PerStreamPool<M, S> {
             }
         }
         released += self.lanes[i].pool.release(stream)?;
-        if released == 0 {
-            return Err(err);
+        match err {
+            Some(err) if released == 0 => Err(err),
+            _ => self.lanes[i].pool.allocate(request, stream),
         }
-        self.lanes[i].pool.allocate(request, stream)
     }
 
     /// After a `try_allocate` that may have taken memory, whether or not it

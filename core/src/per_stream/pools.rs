@@ -49,10 +49,12 @@ pub trait ChunkPool<S: Stream + ?Sized>: MemoryResourceMut<S> + Inspect {
         self.deallocate_reporting(block, stream)
     }
 
-    /// Whether [`try_allocate`](Self::try_allocate) may take memory (a
-    /// virtual pool maps granules): the per-stream pool then counts the peak
-    /// of what its pools hold after every allocation, not only where they
-    /// grew from upstream.
+    /// Whether [`try_allocate`](Self::try_allocate) may take memory, as
+    /// much as `allocate` would (a virtual pool maps granules): the
+    /// per-stream pool then counts the peak of what its pools hold after
+    /// every allocation, not only where they grew from upstream, and when
+    /// `try_allocate` finds no room it calls `allocate` only after memory
+    /// went back (other streams', or its last resort's).
     const GROWS_IN_TRY_ALLOCATE: bool = false;
 
     /// Whether a free may give memory back (a virtual pool over its release

@@ -370,3 +370,64 @@ fn virtual_pools_wait_on_frees_from_other_streams_and_record_no_fence() {
     }
     assert_eq!(log.borrow().records, [b.id], "frees on their own streams record nothing");
 }
+
+/// A space that counts the commits asked of it, failed ones too.
+struct Tries<'a> {
+    inner: &'a crate::vmem::CountingSpace,
+    commits: core::cell::Cell<u64>,
+}
+
+impl crate::vmem::ReservableSpace for Tries<'_> {
+    fn granule(&self) -> u64 {
+        self.inner.granule()
+    }
+    fn reserve(&self, len: u64) -> Result<crate::Range> {
+        self.inner.reserve(len)
+    }
+    fn release(&self, range: crate::Range) -> Result<()> {
+        self.inner.release(range)
+    }
+    fn commit(&self, range: crate::Range) -> Result<()> {
+        self.commits.set(self.commits.get() + 1);
+        self.inner.commit(range)
+    }
+    fn decommit<S: Stream + ?Sized>(&self, range: crate::Range, stream: &S) -> Result<()> {
+        self.inner.decommit(range, stream)
+    }
+}
+
+#[test]
+fn a_virtual_pool_out_of_memory_tries_once_then_once_after_the_last_resort() {
+    use crate::vmem::CountingSpace;
+    use crate::vpool::VirtualConfig;
+    let space = CountingSpace::new(4 * MIB, MIB);
+    let tries = Tries { inner: &space, commits: core::cell::Cell::new(0) };
+    // Idle granules stay mapped (no release threshold reached), so b's
+    // freed memory is still b's when a runs out.
+    let config = VirtualConfig::new(64 * MIB).release_threshold(u64::MAX);
+    let mut pools = PerStreamPool::new(VirtualMaker::new(&tries, config));
+    let log = Rc::new(RefCell::new(Log { device: true, ..Log::default() }));
+    let (a, b) = (TestStream { id: 1, log: log.clone() }, TestStream { id: 2, log: log.clone() });
+    let x = pools.allocate(req(MIB), &a).unwrap();
+    let y = pools.allocate(req(3 * MIB), &b).unwrap();
+    pools.deallocate(y, &b).unwrap();
+    assert_eq!(space.committed_bytes(), 4 * MIB, "b keeps its idle granules");
+    let before = tries.commits.get();
+    // a needs two granules with none free: its fast path fails, nothing
+    // moves between virtual pools, the last resort unmaps b's, and a
+    // tries once more.
+    let z = pools.allocate(req(2 * MIB), &a).unwrap();
+    assert_eq!(pools.stats().last_resorts, 1);
+    assert_eq!(log.borrow().device_syncs, 1);
+    assert_eq!(tries.commits.get() - before, 2, "the fast path's and the one after the last resort");
+    pools.check().unwrap();
+    // Nothing left to give back: the out-of-memory error, nothing lost.
+    let err = pools.allocate(req(2 * MIB), &a).unwrap_err();
+    assert!(err.is_out_of_memory(), "{err:?}");
+    assert_eq!(pools.stats().last_resorts, 2);
+    assert_eq!(space.committed_bytes(), 3 * MIB);
+    pools.check().unwrap();
+    pools.deallocate(z, &a).unwrap();
+    pools.deallocate(x, &a).unwrap();
+    pools.check().unwrap();
+}
