@@ -107,8 +107,9 @@ struct Lane<P, E> {
     covered: bool,
     /// Whether the stream's next allocation (or free that leaves a chunk
     /// wholly free) settles the lane: waits on `waits` and records a fence
-    /// if the pool has wholly free chunks. Set by a free of its block on another stream, by a stream that found
-    /// its wholly free chunks not covered, by a record that failed.
+    /// if the pool has wholly free chunks. Set by a free of its block on
+    /// another stream, by a stream that found its wholly free chunks not
+    /// covered, by a record that failed.
     settle_next: bool,
     /// Per stream that freed blocks of `pool` since the lane last settled,
     /// an event recorded after the latest such free.
