@@ -19,15 +19,15 @@ import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from workers import NATIVE_ASYNC_ENV, plug_shim  # noqa: E402
 
 
 def worker(mode, so, stack):
     import torch
     if mode == "shim":
-        torch.cuda.memory.change_current_allocator(
-            torch.cuda.memory.CUDAPluggableAllocator(stack, "shim_alloc", "shim_free"))
+        plug_shim(torch, stack)
     elif mode == "memres":
-        sys.path.insert(0, HERE)
         from memres_ctypes import Memres
         lib = Memres(so)
         lib.configure(stack)
@@ -69,9 +69,7 @@ def main():
     res = {}
     for _ in range(rounds):
         for mode, stack in [("native", "-")] + [config(s) for s in stacks]:
-            env = dict(os.environ)
-            if mode == "native-async":
-                env["PYTORCH_CUDA_ALLOC_CONF"] = "backend:cudaMallocAsync"
+            env = dict(os.environ, **(NATIVE_ASYNC_ENV if mode == "native-async" else {}))
             out = subprocess.run([sys.executable, __file__, "--worker", mode, so, stack],
                                  capture_output=True, text=True, timeout=120, env=env)
             line = [l for l in out.stdout.splitlines() if l.startswith("RESULT ")]

@@ -53,7 +53,7 @@ os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 from rmm_log import check_trace  # noqa: E402
-from workers import open_memres, run_worker, worker_or_driver  # noqa: E402
+from workers import NATIVE_ASYNC_ENV, open_memres, plug_shim, run_worker, worker_or_driver  # noqa: E402
 
 SCRIPT = os.path.abspath(__file__)
 
@@ -156,8 +156,7 @@ def worker(args):
         allocator = torch.cuda.memory.CUDAPluggableAllocator(lib.path, "memres_alloc", "memres_free")
         torch.cuda.memory.change_current_allocator(allocator)
     elif args.worker == "shim":
-        allocator = torch.cuda.memory.CUDAPluggableAllocator(args.shim, "shim_alloc", "shim_free")
-        torch.cuda.memory.change_current_allocator(allocator)
+        plug_shim(torch, args.shim)
 
     torch.manual_seed(SEED)
     torch.use_deterministic_algorithms(True, warn_only=True)
@@ -233,7 +232,7 @@ def worker(args):
 # pluggable allocator (`async_shim.c`). Their difference is what the
 # pluggable path costs by itself, whatever allocator is behind it.
 BASELINES = {
-    "native-async": (["--worker", "native"], {"PYTORCH_CUDA_ALLOC_CONF": "backend:cudaMallocAsync"}),
+    "native-async": (["--worker", "native"], NATIVE_ASYNC_ENV),
     "shim-async": (["--worker", "shim"], {}),
 }
 

@@ -6,6 +6,17 @@ import json
 import subprocess
 import sys
 
+# The environment of PyTorch on the driver's stream-ordered pool as its own
+# backend: a baseline beside memres with no memres in it.
+NATIVE_ASYNC_ENV = {"PYTORCH_CUDA_ALLOC_CONF": "backend:cudaMallocAsync"}
+
+
+def plug_shim(torch, path):
+    """Makes the driver's pool, through `async_shim.so` at `path`, PyTorch's
+    allocator: the same way in as memres's, before any CUDA tensor."""
+    allocator = torch.cuda.memory.CUDAPluggableAllocator(path, "shim_alloc", "shim_free")
+    torch.cuda.memory.change_current_allocator(allocator)
+
 
 def run_worker(script, name, argv, env=None):
     """Runs `python3 script argv...`; returns the JSON of its last RESULT
