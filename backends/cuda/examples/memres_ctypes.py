@@ -43,6 +43,18 @@ class Stats(ctypes.Structure):
         return {name: getattr(self, name) for name in STATS_FIELDS}
 
 
+STEPS_FIELDS = ("steps", "followed", "plans", "planned_allocations", "region", "carry_region")
+
+
+class Steps(ctypes.Structure):
+    """memres_steps_t."""
+
+    _fields_ = [(name, ctypes.c_int64) for name in STEPS_FIELDS]
+
+    def as_dict(self):
+        return {name: getattr(self, name) for name in STEPS_FIELDS}
+
+
 class MemresError(RuntimeError):
     pass
 
@@ -67,6 +79,8 @@ class Memres:
         lib.memres_stack.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_size_t]
         lib.memres_flush.restype = ctypes.c_int
         lib.memres_flush.argtypes = []
+        lib.memres_steps.restype = ctypes.c_int
+        lib.memres_steps.argtypes = [ctypes.c_int, ctypes.POINTER(Steps)]
         lib.memres_step.restype = ctypes.c_int
         lib.memres_step.argtypes = [ctypes.c_int, ctypes.c_void_p]
         self.lib = lib
@@ -92,6 +106,15 @@ class Memres:
         if self.lib.memres_stats(device, ctypes.byref(s)) != 0:
             raise MemresError(self.last_error())
         return s.as_dict()
+
+    def steps(self, device=0):
+        """What the stack's planned layers have done (memres_steps_t as a
+        dict) and how many there are."""
+        s = Steps()
+        n = self.lib.memres_steps(device, ctypes.byref(s))
+        if n < 0:
+            raise MemresError(self.last_error())
+        return s.as_dict(), n
 
     def flush(self):
         if self.lib.memres_flush() != 0:

@@ -81,6 +81,17 @@ typedef struct memres_stats_t {
     int64_t has_stats;        /* 1 when the stack has a stats adaptor, else 0 */
 } memres_stats_t;
 
+/* What the planned(...) layers of a device's stack have done, summed over
+ * them: whether a training loop is being laid out. */
+typedef struct memres_steps_t {
+    int64_t steps;               /* calls of memres_step */
+    int64_t followed;            /* steps served from a plan from start to end */
+    int64_t plans;               /* plans made, each from a step that repeated the last */
+    int64_t planned_allocations; /* allocations served from the plans' regions */
+    int64_t region;              /* bytes of the steps' regions held now */
+    int64_t carry_region;        /* bytes of the regions of carried blocks held now */
+} memres_steps_t;
+
 /* Allocates size bytes on device (negative: the current device), ordered
  * on stream (NULL: the legacy default stream). Returns NULL when size is 0,
  * and NULL with a message when the memory cannot be had or the device's
@@ -120,6 +131,12 @@ size_t memres_stack(int device, char *buf, size_t len);
  * coming step out from the one that ended. Returns how many planned layers
  * it stepped (0 for a stack with none), or -1 with a message. */
 int memres_step(int device, void *stream);
+
+/* Fills *out with what the planned layers of device's stack have done
+ * (zeros for a stack without one). Returns how many planned layers there
+ * are, or -1 with a message (the device has not been used yet, out is
+ * NULL). */
+int memres_steps(int device, memres_steps_t *out);
 
 /* Writes out what the log adaptors of every device hold in their buffers
  * (also done when the process exits). Returns 0, or -1 with a message when

@@ -197,6 +197,33 @@ pub struct MemresStats {
     pub has_stats: i64,
 }
 
+/// What the `planned` layers of a device's stack have done, summed over
+/// them (`memres_steps_t`; see `memres_core::planned::Steps`): whether a
+/// training loop is being laid out. Counts, and bytes where named.
+///
+/// # Examples
+///
+/// ```
+/// let s = memres::MemresSteps::default();
+/// assert_eq!(std::mem::size_of_val(&s), 6 * 8);
+/// ```
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MemresSteps {
+    /// Calls of `memres_step`.
+    pub steps: i64,
+    /// Steps served from a plan from their first allocation to their end.
+    pub followed: i64,
+    /// Plans made, each from a step that repeated the one before it.
+    pub plans: i64,
+    /// Allocations served from the plans' regions.
+    pub planned_allocations: i64,
+    /// Bytes of the steps' regions held now.
+    pub region: i64,
+    /// Bytes of the regions of blocks carried into the next step held now.
+    pub carry_region: i64,
+}
+
 static LAST_ERROR: Mutex<String> = Mutex::new(String::new());
 
 fn set_error(message: String) {
@@ -434,6 +461,49 @@ pub unsafe extern "C" fn memres_step(device: c_int, stream: *mut c_void) -> c_in
             p.step(&stream).map_err(|e| format!("memres: device {d}: step: {e}"))?;
         }
         Ok(st.planned.len() as c_int)
+    })
+}
+
+/// What the `planned` layers of `device`'s stack have done, summed over
+/// them, and how many there are (0: a stack without `planned`).
+///
+/// # Errors
+///
+/// The device is out of range or has not been used yet.
+pub fn steps(device: c_int) -> Result<(MemresSteps, usize), String> {
+    let d = device_index(device)?;
+    let st = devices::used(d).ok_or_else(|| format!("memres: device {d} has not been used yet"))?;
+    let mut out = MemresSteps::default();
+    for p in &st.planned {
+        let s = p.steps();
+        out.steps += s.steps as i64;
+        out.followed += s.followed as i64;
+        out.plans += s.plans as i64;
+        out.planned_allocations += s.planned_allocations as i64;
+        out.region += s.region as i64;
+        out.carry_region += s.carry_region as i64;
+    }
+    Ok((out, st.planned.len()))
+}
+
+/// Fills `*out` with what the `planned` layers of `device`'s stack have
+/// done (zeros for a stack without one). Returns how many `planned` layers
+/// there are, or -1 with a message (the device has not been used, `out` is
+/// NULL).
+///
+/// # Safety
+///
+/// `out` is NULL or valid for writing one `memres_steps_t`.
+#[no_mangle]
+pub unsafe extern "C" fn memres_steps(device: c_int, out: *mut MemresSteps) -> c_int {
+    guard(-1, || {
+        if out.is_null() {
+            return Err("memres: memres_steps(.., NULL)".into());
+        }
+        let (s, layers) = steps(device)?;
+        // SAFETY: `out` is valid for one write (the caller's promise).
+        unsafe { out.write(s) };
+        Ok(layers as c_int)
     })
 }
 

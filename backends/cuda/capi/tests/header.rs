@@ -1,5 +1,6 @@
 //! `include/memres.h` declares exactly the functions the library exports,
-//! and its `memres_stats_t` has the fields of `MemresStats` in order.
+//! and its `memres_stats_t` and `memres_steps_t` have the fields of
+//! `MemresStats` and `MemresSteps` in order.
 
 const HEADER: &str = include_str!("../include/memres.h");
 const SOURCE: &str = include_str!("../src/lib.rs");
@@ -45,9 +46,16 @@ fn the_header_declares_every_exported_function() {
 }
 
 #[test]
-fn the_stats_struct_matches() {
+fn the_structs_match() {
+    struct_matches("memres_stats_t", "MemresStats", std::mem::size_of::<memres::MemresStats>());
+    struct_matches("memres_steps_t", "MemresSteps", std::mem::size_of::<memres::MemresSteps>());
+}
+
+/// The C struct `c_name` of the header has the fields of the Rust struct
+/// `rust_name` in order, with the C types of theirs, and `size` bytes.
+fn struct_matches(c_name: &str, rust_name: &str, size: usize) {
     let code = strip_comments(HEADER);
-    let body = &code[code.find("typedef struct memres_stats_t {").unwrap()..];
+    let body = &code[code.find(&format!("typedef struct {c_name} {{")).unwrap()..];
     let body = &body[body.find('{').unwrap() + 1..body.find('}').unwrap()];
     let c_fields: Vec<(String, String)> = body
         .split(';')
@@ -58,7 +66,7 @@ fn the_stats_struct_matches() {
             (ty.trim().to_string(), name.to_string())
         })
         .collect();
-    let src = &SOURCE[SOURCE.find("pub struct MemresStats {").unwrap()..];
+    let src = &SOURCE[SOURCE.find(&format!("pub struct {rust_name} {{")).unwrap()..];
     let src = &src[..src.find("\n}").unwrap()];
     let rust_fields: Vec<(String, String)> = src
         .lines()
@@ -79,8 +87,9 @@ fn the_stats_struct_matches() {
             (c.to_string(), name)
         })
         .collect();
-    assert_eq!(c_fields, as_c);
-    assert_eq!(std::mem::size_of::<memres::MemresStats>(), as_c.len() * 8);
+    assert!(!as_c.is_empty(), "{rust_name}");
+    assert_eq!(c_fields, as_c, "{c_name}");
+    assert_eq!(size, as_c.len() * 8, "{rust_name}");
 }
 
 fn strip_comments(text: &str) -> String {

@@ -1,8 +1,12 @@
 //! `memres_step` through its C signature: without a GPU it fails cleanly;
 //! with one, a `planned` stack stops taking memory from the device once a
-//! repeating step is laid out, and a stack without `planned` steps nothing.
+//! repeating step is laid out, `memres_steps` counts the steps it followed,
+//! and a stack without `planned` steps nothing.
 
-use memres::{memres_alloc, memres_configure, memres_free, memres_stats, memres_step, MemresStats};
+use memres::{
+    memres_alloc, memres_configure, memres_free, memres_stats, memres_step, memres_steps, MemresStats,
+    MemresSteps,
+};
 use memres_cuda::Device;
 use std::ffi::{c_void, CString};
 use std::ptr::null_mut;
@@ -25,6 +29,15 @@ fn alloc(size: isize) -> *mut c_void {
 fn free(p: *mut c_void, size: isize) {
     // SAFETY: nothing used `p`; freed on the stream it was allocated on.
     unsafe { memres_free(p, size, 0, null_mut()) }
+}
+
+/// `memres_steps` of device 0: the planned layers' counts and how many
+/// layers, or -1.
+fn steps() -> (MemresSteps, i32) {
+    let mut s = MemresSteps::default();
+    // SAFETY: `s` is one writable struct.
+    let layers = unsafe { memres_steps(0, &mut s) };
+    (s, layers)
 }
 
 fn upstream_total() -> i64 {
@@ -65,6 +78,8 @@ fn a_planned_stack_takes_nothing_from_the_device_in_a_steady_step() {
             eprintln!("SKIPPED the GPU part: no GPU ({r:?})");
             assert_eq!(step(0), -1, "the stack cannot be built");
             assert!(memres::last_error().contains("device 0"), "{}", memres::last_error());
+            assert_eq!(steps().1, -1, "device 0 was never used");
+            assert!(memres::last_error().contains("not been used"), "{}", memres::last_error());
             return;
         }
     }
@@ -84,6 +99,17 @@ fn a_planned_stack_takes_nothing_from_the_device_in_a_steady_step() {
     // The pool under the plan grew once for the region; after that the
     // steps ran from the region and the pool's chunks.
     assert_eq!(upstream_total(), planned, "no device memory taken in steady steps");
+    // Eight calls; the third planned from the second step, which repeated
+    // the first; the five steps after it followed the plan, each of its
+    // four allocations served from a region (the carried one from the
+    // carry region).
+    let (s, layers) = steps();
+    assert_eq!(layers, 1);
+    assert_eq!((s.steps, s.plans, s.followed, s.planned_allocations), (8, 1, 5, 20), "{s:?}");
+    assert!(s.region >= 24 * MIB as i64 && s.carry_region >= MIB as i64, "{s:?}");
+    // SAFETY: a null `out` is refused, not written.
+    assert_eq!(unsafe { memres_steps(0, null_mut()) }, -1);
+    assert!(memres::last_error().contains("NULL"), "{}", memres::last_error());
     for p in carried.drain(..) {
         free(p, MIB);
     }
