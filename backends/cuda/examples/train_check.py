@@ -28,6 +28,15 @@ larger of the stack's upstream peak and its driver pools' reserved peak /
 torch.cuda.max_memory_reserved()). One line `SUMMARY train_check [STACK]:
 ...` per stack. Exit status 0 when every check passes.
 
+Each step's input is pinned before the step begins, as a
+`DataLoader(pin_memory=True)` does, and copied without blocking
+(`--pageable`: copied from pageable memory, as before): a pageable copy's
+time varies between processes by up to 2x whatever the allocator, the
+largest spread in the CNN's step time. `--profile-steps K` runs K more
+steps under PyTorch's profiler and compares the device's busy time per
+step and each kernel's time with native's: a slower step whose device
+time did not grow waited for the host.
+
 `--also native-async` and `--also shim-async --shim async_shim.so` add two
 baselines to the rounds: PyTorch on the driver's stream-ordered pool as its
 own backend, and the same pool through the pluggable allocator that memres
@@ -128,6 +137,40 @@ def conv(torch, F, args):
     return model, batches, loss_of
 
 
+def profile_steps(torch, train_step, inputs, args):
+    """The device's side of `--profile-steps` more steps, under PyTorch's
+    profiler: per step, the time the device was busy (kernels, copies and
+    sets, overlaps counted once) and each kernel's time. Where memres's
+    step is slower than native's, busy time that grew says the device ran
+    slower on memres's memory; busy time that did not says the device
+    waited for the host."""
+    from torch.profiler import ProfilerActivity, profile
+
+    k = args.profile_steps
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for x, y in inputs(k):
+            train_step(x, y)
+        torch.cuda.synchronize()
+    spans, kernels = [], {}
+    for e in prof.profiler.kineto_results.events():
+        if e.device_type() != torch.autograd.DeviceType.CUDA:
+            continue
+        start, length = e.start_ns(), e.duration_ns()
+        spans.append((start, start + length))
+        kernels[e.name()] = kernels.get(e.name(), 0) + length
+    busy, end = 0, None
+    for lo, hi in sorted(spans):
+        if end is None or lo > end:
+            busy, end = busy + hi - lo, hi
+        elif hi > end:
+            busy, end = busy + hi - end, hi
+    return {
+        "steps": k,
+        "busy_ms_per_step": busy / k / 1e6,
+        "kernel_ms_per_step": {name: ns / k / 1e6 for name, ns in kernels.items()},
+    }
+
+
 MODELS = {
     "transformer": transformer,
     "conv": conv,
@@ -178,23 +221,43 @@ def worker(args):
     model = model.to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=3e-4)
 
-    losses, times = [], []
-    for x, y in batches(args.steps):
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
+    # The loop's stream, the same every step.
+    on = (torch.cuda.current_device(), torch.cuda.current_stream().cuda_stream)
+
+    def train_step(x, y):
+        """One step; returns the seconds its `memres_step` call took."""
+        t = time.perf_counter()
         if lib is not None:
             # A step of the stack's `planned` layers (none: nothing to do).
-            lib.step(torch.cuda.current_device(), torch.cuda.current_stream().cuda_stream)
-        x, y = x.to(device), y.to(device)
+            lib.step(*on)
+        t = time.perf_counter() - t
+        x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
         with torch.autocast("cuda", dtype=torch.bfloat16), attention():
             out = model(x)
         loss = loss_of(out, y)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
+        return loss, t
+
+    def pinned(pairs):
+        """The input pairs in pinned host memory, pinned before the step
+        as a `DataLoader(pin_memory=True)` does in its own thread (unless
+        `--pageable`): a pageable copy's time varies between processes by
+        up to 2x, whatever the allocator."""
+        for x, y in pairs:
+            yield (x, y) if args.pageable else (x.pin_memory(), y.pin_memory())
+
+    losses, times, step_calls = [], [], []
+    for x, y in pinned(batches(args.steps)):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        loss, t = train_step(x, y)
         torch.cuda.synchronize()
         times.append(time.perf_counter() - t0)
+        step_calls.append(t)
         losses.append(loss.item())
+    profile = profile_steps(torch, train_step, lambda k: pinned(batches(k)), args) if args.profile_steps else None
 
     result = {
         "mode": args.worker,
@@ -204,7 +267,10 @@ def worker(args):
         "losses": losses,
         "step_ms_median": statistics.median(times[5:] or times) * 1e3,
         "step_ms": [t * 1e3 for t in times],
+        "step_call_ms_median": statistics.median(step_calls[5:] or step_calls) * 1e3,
     }
+    if profile is not None:
+        result["profile"] = profile
     if args.worker == "shim":
         # The driver's pool keeps no count that PyTorch can read.
         result["peak_reserved"] = None
@@ -222,6 +288,8 @@ def worker(args):
         # keeps chunks the stack gave back.
         result["peak_reserved"] = max(stats["upstream_peak"], stats["reserved_peak"])
         result["memres"] = stats
+        # Whether the loop was laid out: steps that followed a plan.
+        result["planned"], result["planned_layers"] = lib.steps(dev)
     print("RESULT " + json.dumps(result), flush=True)
 
 
@@ -237,11 +305,38 @@ BASELINES = {
 }
 
 
+def compare_profiles(rounds, natives):
+    """The `--profile-steps` figures of a configuration's rounds beside
+    native's: the device's busy time per step (median of the rounds' ratios,
+    each over the native run of its round) and the kernels whose time grew
+    most (medians over rounds, in ms per step). Empty without profiles."""
+    pairs = [(m["profile"], n["profile"]) for m, n in zip(rounds, natives) if "profile" in m and "profile" in n]
+    if not pairs:
+        return {}
+
+    def kernel_ms(profiles, name):
+        return statistics.median(p["kernel_ms_per_step"].get(name, 0.0) for p in profiles)
+
+    mine, theirs = [m for m, _ in pairs], [n for _, n in pairs]
+    names = set().union(*(p["kernel_ms_per_step"] for p in mine + theirs))
+    grown = sorted(((kernel_ms(mine, k) - kernel_ms(theirs, k), k) for k in names), reverse=True)
+    return {
+        "busy_ms_per_step": statistics.median(p["busy_ms_per_step"] for p in mine),
+        "busy_ms_per_step_native": statistics.median(p["busy_ms_per_step"] for p in theirs),
+        "busy_ratio_paired": statistics.median(m["busy_ms_per_step"] / n["busy_ms_per_step"] for m, n in pairs),
+        "kernels_grown_ms": [[name[:120], round(d, 4), round(kernel_ms(theirs, name), 4)] for d, name in grown[:8]],
+    }
+
+
 def driver(args):
     common = ["--model", args.model, "--steps", str(args.steps), "--layers", str(args.layers), "--d-model", str(args.d_model),
               "--batch", str(args.batch), "--seq", str(args.seq)]
     if args.cpus:
         common += ["--cpus", args.cpus]
+    if args.profile_steps:
+        common += ["--profile-steps", str(args.profile_steps)]
+    if args.pageable:
+        common += ["--pageable"]
     # The configurations beside native: (name, worker argv, environment).
     configs = [(stack, ["--worker", "memres", "--so", args.so, "--stack", stack], None) for stack in args.stack]
     for name in args.also:
@@ -310,6 +405,12 @@ def driver(args):
             "peak_memres_driver_reserved": counts and counts["reserved_peak"],
             "peak_memres_live": counts["bytes_peak"] if counts and counts["has_stats"] else None,
             "peak_ratio": None if peak is None else peak / peak_native,
+            "step_call_ms": statistics.median(m["step_call_ms_median"] for m in rounds),
+            # Per round, steps that followed a plan of the `planned` layers
+            # and steps in all (None without such layers).
+            "planned_followed": [(m["planned"]["followed"], m["planned"]["steps"]) if m.get("planned_layers") else None
+                                 for m in rounds],
+            **compare_profiles(rounds, natives),
         })
     summary = {
         "gpu": native["gpu"],
@@ -349,8 +450,14 @@ def driver(args):
             + ("peak held unknown" if p["peak_ratio"] is None else
                f"peak held {p['peak_memres_held'] / mib:.0f} MiB memres vs "
                f"{summary['peak_native_reserved'] / mib:.0f} MiB native reserved (x{p['peak_ratio']:.3f})")
+            + (f"; steps laid out {p['planned_followed'][0][0]} of {p['planned_followed'][0][1]} (first round)"
+               if p["planned_followed"][0] else "")
+            + (f"; device busy {p['busy_ms_per_step']:.2f} ms vs {p['busy_ms_per_step_native']:.2f} ms per step "
+               f"(per round x{p['busy_ratio_paired']:.3f})" if "busy_ratio_paired" in p else "")
             + (f"; trace {trace['rows']} rows, {'ok' if trace['ok'] else 'BAD'}" if trace and i == 0 else "")
         )
+        for name, grew, was in p.get("kernels_grown_ms", []):
+            print(f"  kernel {grew:+.4f} ms per step (native {was:.4f}): {name}")
     if not deterministic:
         print("SUMMARY train_check: the native run is not deterministic; loss equality is not checked")
     return 0 if ok else 1
@@ -377,6 +484,11 @@ def main():
                    help="transformer (fixed shapes), dynamic (the transformer with batch and "
                         "sequence length drawn per step) or conv (a VGG-style CNN)")
     p.add_argument("--steps", type=int, default=50)
+    p.add_argument("--pageable", action="store_true",
+                   help="copy each step's input from pageable host memory (default: pinned before the step)")
+    p.add_argument("--profile-steps", type=int, default=0,
+                   help="after the timed steps, this many more under PyTorch's profiler: the device's busy time per "
+                        "step and the kernels that differ most from native's")
     p.add_argument("--layers", type=int, default=4)
     p.add_argument("--d-model", type=int, default=512)
     p.add_argument("--batch", type=int, default=16)
