@@ -23,6 +23,8 @@ from ._device import current_device
 from ._stream import as_handle
 
 _WORD = re.compile(r"^[^,()=\s]+$")
+# The figures of `DeviceMemoryResource.steps`, in the order the native side gives them.
+STEPS_FIELDS = ("steps", "followed", "plans", "planned_allocations", "region", "carry_region")
 
 # Every resource built, so that the buffers of their logs are written out
 # when the interpreter exits: a resource still current then (or held by a
@@ -143,6 +145,15 @@ class DeviceMemoryResource:
         handle = as_handle(stream)
         self._keep(handle, stream)
         return self._native.step(handle)
+
+    def steps(self):
+        """What the stack's ``planned(...)`` layers have done, summed over
+        them, as a dict: ``steps`` (calls of ``step``), ``followed`` (steps
+        served from a plan from start to end), ``plans`` (plans made),
+        ``planned_allocations`` (allocations served from the plans'
+        regions), ``region`` and ``carry_region`` (bytes of the regions
+        held now). All 0 without such layers."""
+        return dict(zip(STEPS_FIELDS, self._native.steps()))
 
     def release(self, stream=None):
         """Gives the wholly free chunks of this stack's pools back to the

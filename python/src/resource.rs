@@ -277,6 +277,22 @@ impl Resource {
         Ok(self.planned.len())
     }
 
+    /// What the stack's `planned` layers have done, summed over them:
+    /// `(steps, followed, plans, planned_allocations, region,
+    /// carry_region)`, the fields of `memres_core::planned::Steps`.
+    fn steps(&self) -> (u64, u64, u64, u64, u64, u64) {
+        self.planned.iter().map(|p| p.steps()).fold((0, 0, 0, 0, 0, 0), |t, s| {
+            (
+                t.0 + s.steps,
+                t.1 + s.followed,
+                t.2 + s.plans,
+                t.3 + s.planned_allocations,
+                t.4 + s.region,
+                t.5 + s.carry_region,
+            )
+        })
+    }
+
     /// Gives the wholly free chunks of the stack's pools back to their
     /// upstreams; returns the bytes given back.
     #[pyo3(signature = (stream=0))]

@@ -162,7 +162,15 @@ def test_a_planned_stack_lays_out_a_step_once_it_repeats():
         held = held or res._native.pool_size()
         assert res._native.pool_size() == held, "nothing more taken from the device"
     assert res._native.live_count() == 0
-    assert mr.StackMemoryResource("pool(sim)", backend="sim").step() == 0
+    # Five calls of step: the third planned from the second step, the
+    # fourth and fifth ended steps that followed the plan; steps 3 to 5
+    # took their three blocks each from the region, of 2 MiB (c over a).
+    s = res.steps()
+    assert (s["steps"], s["plans"], s["followed"], s["planned_allocations"]) == (5, 1, 2, 9), s
+    assert (s["region"], s["carry_region"]) == (3 * MiB, 0), s
+    plain = mr.StackMemoryResource("pool(sim)", backend="sim")
+    assert plain.step() == 0
+    assert set(plain.steps().values()) == {0}
 
 
 def test_binning_takes_rmm_exponents_and_refuses_bad_ones():
