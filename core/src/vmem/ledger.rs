@@ -166,7 +166,7 @@ impl CommitLedger {
         }
         let first = (range.start() - reservation.start()) / self.granule;
         let last = (range.end() - reservation.start()).div_ceil(self.granule);
-        (first..last).all(|i| bits[i as usize / 64] >> (i % 64) & 1 == 1)
+        words_of(first, last).all(|(w, mask)| bits[w] & mask == mask)
     }
 
     /// Commits `range` in the reservation the space found for it (its
@@ -224,15 +224,87 @@ impl CommitLedger {
             return Err(Error::InvalidConfig { what: "range outside the reservations" });
         };
         let first = (range.start() - reservation.start()) / self.granule;
-        let granules = first..first + range.len() / self.granule;
-        if granules.clone().any(|i| (bits[i as usize / 64] >> (i % 64) & 1 == 1) == to) {
+        let last = first + range.len() / self.granule;
+        // A word at a time: a commit of a large block flips hundreds of bits.
+        let clear = if to { 0 } else { u64::MAX };
+        if words_of(first, last).any(|(w, mask)| (bits[w] ^ clear) & mask != 0) {
             return Err(Error::InvalidConfig {
                 what: if to { "commit of committed memory" } else { "decommit of uncommitted memory" },
             });
         }
-        for i in granules {
-            bits[i as usize / 64] ^= 1 << (i % 64);
+        for (w, mask) in words_of(first, last) {
+            bits[w] ^= mask;
         }
         Ok(())
+    }
+}
+
+/// The words of a bitmap that bits `first..last` lie in, each with the
+/// mask of those bits in it.
+fn words_of(first: u64, last: u64) -> impl Iterator<Item = (usize, u64)> {
+    let words = if first < last { first / 64..(last - 1) / 64 + 1 } else { 0..0 };
+    words.map(move |w| {
+        let lo = first.max(w * 64) - w * 64;
+        let hi = last.min(w * 64 + 64) - w * 64;
+        // Bits lo..hi of the word (hi - lo in 1..=64).
+        (w as usize, (u64::MAX >> (64 - (hi - lo))) << lo)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use alloc::vec;
+
+    const G: u64 = 1 << 20;
+
+    fn range(first: u64, granules: u64) -> Range {
+        Range::new((1 << 40) + first * G, granules * G).unwrap()
+    }
+
+    #[test]
+    fn words_of_masks_exactly_the_bits_asked_for() {
+        let bits = |first, last| {
+            let mut v = [0u64; 4];
+            words_of(first, last).for_each(|(w, m)| v[w] |= m);
+            v
+        };
+        assert_eq!(bits(0, 64), [u64::MAX, 0, 0, 0]);
+        assert_eq!(bits(3, 5), [0b11000, 0, 0, 0]);
+        assert_eq!(bits(60, 130), [0xF << 60, u64::MAX, 0b11, 0]);
+        assert_eq!(bits(64, 65), [0, 1, 0, 0]);
+        assert_eq!(bits(255, 256), [0, 0, 0, 1 << 63]);
+        assert_eq!(bits(7, 7), [0; 4]);
+    }
+
+    #[test]
+    fn commits_across_words_are_checked_and_counted_granule_by_granule() {
+        let reservation = range(0, 256);
+        let mut bits = vec![0; CommitLedger::words(256)];
+        let mut ledger = CommitLedger::new(256 * G, G);
+        ledger.commit(Some((&mut bits, reservation)), range(60, 70)).unwrap();
+        assert_eq!(ledger.committed_bytes(), 70 * G);
+        assert!(ledger.is_committed(&bits, reservation, range(60, 70)));
+        assert!(ledger.is_committed(&bits, reservation, range(129, 1)));
+        assert!(!ledger.is_committed(&bits, reservation, range(59, 2)));
+        assert!(!ledger.is_committed(&bits, reservation, range(129, 2)));
+        // Overlapping by one granule at either end: refused, nothing changes.
+        let before = bits.clone();
+        for overlap in [range(129, 10), range(0, 61), range(100, 1)] {
+            assert!(ledger.commit(Some((&mut bits, reservation)), overlap).is_err());
+            assert_eq!((&bits, ledger.committed_bytes()), (&before, 70 * G));
+        }
+        assert!(ledger.decommit(Some((&mut bits, reservation)), range(59, 2)).is_err());
+        assert!(ledger.decommit(Some((&mut bits, reservation)), range(129, 2)).is_err());
+        assert_eq!(bits, before);
+        // A hole in the middle, then the rest.
+        ledger.decommit(Some((&mut bits, reservation)), range(64, 64)).unwrap();
+        assert_eq!(bits[..3], [0xF << 60, 0, 0b11]);
+        ledger.decommit(Some((&mut bits, reservation)), range(60, 4)).unwrap();
+        ledger.decommit(Some((&mut bits, reservation)), range(128, 2)).unwrap();
+        assert_eq!(
+            (bits.iter().sum::<u64>(), ledger.committed_bytes(), ledger.peak_committed_bytes()),
+            (0, 0, 70 * G)
+        );
     }
 }
