@@ -445,10 +445,10 @@ def driver(args):
         print(
             f"SUMMARY train_check {args.model} [{p['memres_stack']}]: losses {'identical' if p['losses_identical'] else 'DIFFER'} "
             f"(native repeat {'identical' if deterministic else 'differs: not deterministic'}); "
-            f"step {p['step_ms_memres']:.2f} ms memres vs {summary['step_ms_native']:.2f} ms native "
+            f"step {p['step_ms_memres']:.2f} ms vs {summary['step_ms_native']:.2f} ms native "
             f"(x{p['step_time_ratio']:.3f}, per round x{p['step_time_ratio_paired']:.3f}); "
             + ("peak held unknown" if p["peak_ratio"] is None else
-               f"peak held {p['peak_memres_held'] / mib:.0f} MiB memres vs "
+               f"peak held {p['peak_memres_held'] / mib:.0f} MiB vs "
                f"{summary['peak_native_reserved'] / mib:.0f} MiB native reserved (x{p['peak_ratio']:.3f})")
             + (f"; steps laid out {p['planned_followed'][0][0]} of {p['planned_followed'][0][1]} (first round)"
                if p["planned_followed"][0] else "")
