@@ -24,7 +24,7 @@ from ._stream import as_handle
 
 _WORD = re.compile(r"^[^,()=\s]+$")
 # The figures of `DeviceMemoryResource.steps`, in the order the native side gives them.
-STEPS_FIELDS = ("steps", "followed", "plans", "planned_allocations", "region", "carry_region")
+_STEPS_FIELDS = ("steps", "followed", "plans", "planned_allocations", "region", "carry_region")
 
 # Every resource built, so that the buffers of their logs are written out
 # when the interpreter exits: a resource still current then (or held by a
@@ -153,7 +153,7 @@ class DeviceMemoryResource:
         ``planned_allocations`` (allocations served from the plans'
         regions), ``region`` and ``carry_region`` (bytes of the regions
         held now). All 0 without such layers."""
-        return dict(zip(STEPS_FIELDS, self._native.steps()))
+        return dict(zip(_STEPS_FIELDS, self._native.steps()))
 
     def release(self, stream=None):
         """Gives the wholly free chunks of this stack's pools back to the

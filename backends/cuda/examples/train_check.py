@@ -225,7 +225,8 @@ def worker(args):
     on = (torch.cuda.current_device(), torch.cuda.current_stream().cuda_stream)
 
     def train_step(x, y):
-        """One step; returns the seconds its `memres_step` call took."""
+        """One step; returns its loss and the seconds its `memres_step`
+        call took."""
         t = time.perf_counter()
         if lib is not None:
             # A step of the stack's `planned` layers (none: nothing to do).
