@@ -10,7 +10,7 @@ use crate::backend::{self, Stream};
 use crate::callback::{register_callbacks, Callbacks};
 use crate::errors::{stack_to_py, to_py};
 use memres_core::adaptor::{Logging, Statistics, Tracking};
-use memres_core::planned::Planned;
+use memres_core::planned::{Planned, Steps};
 use memres_core::pool::CoalescingPool;
 use memres_core::stack::{parse, Call, Value};
 use memres_core::Shared;
@@ -281,16 +281,8 @@ impl Resource {
     /// `(steps, followed, plans, planned_allocations, region,
     /// carry_region)`, the fields of `memres_core::planned::Steps`.
     fn steps(&self) -> (u64, u64, u64, u64, u64, u64) {
-        self.planned.iter().map(|p| p.steps()).fold((0, 0, 0, 0, 0, 0), |t, s| {
-            (
-                t.0 + s.steps,
-                t.1 + s.followed,
-                t.2 + s.plans,
-                t.3 + s.planned_allocations,
-                t.4 + s.region,
-                t.5 + s.carry_region,
-            )
-        })
+        let s: Steps = self.planned.iter().map(|p| p.steps()).sum();
+        (s.steps, s.followed, s.plans, s.planned_allocations, s.region, s.carry_region)
     }
 
     /// Gives the wholly free chunks of the stack's pools back to their

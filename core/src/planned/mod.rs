@@ -124,6 +124,28 @@ pub struct Steps {
     pub carry_region: u64,
 }
 
+/// The counts of several [`Planned`] layers, added field by field (the
+/// regions' bytes too: what they all hold now).
+///
+/// ```
+/// use memres_core::planned::Steps;
+/// let a = Steps { steps: 3, followed: 1, region: 4096, ..Steps::default() };
+/// let total: Steps = [a, a].into_iter().sum();
+/// assert_eq!((total.steps, total.followed, total.region, total.plans), (6, 2, 8192, 0));
+/// ```
+impl core::iter::Sum for Steps {
+    fn sum<I: Iterator<Item = Steps>>(iter: I) -> Steps {
+        iter.fold(Steps::default(), |t, s| Steps {
+            steps: t.steps + s.steps,
+            followed: t.followed + s.followed,
+            plans: t.plans + s.plans,
+            planned_allocations: t.planned_allocations + s.planned_allocations,
+            region: t.region + s.region,
+            carry_region: t.carry_region + s.carry_region,
+        })
+    }
+}
+
 /// Where an allocation of a plan goes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Place {

@@ -135,6 +135,7 @@ pub mod snapshot;
 pub mod table;
 
 pub use devices::{configure, flush, stack};
+use memres_core::planned::Steps;
 use memres_core::{MemoryResource, Request};
 use memres_cuda::{CudaStream, Device};
 use std::ffi::{c_char, c_int, c_void, CStr};
@@ -473,16 +474,15 @@ pub unsafe extern "C" fn memres_step(device: c_int, stream: *mut c_void) -> c_in
 pub fn steps(device: c_int) -> Result<(MemresSteps, usize), String> {
     let d = device_index(device)?;
     let st = devices::used(d).ok_or_else(|| format!("memres: device {d} has not been used yet"))?;
-    let mut out = MemresSteps::default();
-    for p in &st.planned {
-        let s = p.steps();
-        out.steps += s.steps as i64;
-        out.followed += s.followed as i64;
-        out.plans += s.plans as i64;
-        out.planned_allocations += s.planned_allocations as i64;
-        out.region += s.region as i64;
-        out.carry_region += s.carry_region as i64;
-    }
+    let s: Steps = st.planned.iter().map(|p| p.steps()).sum();
+    let out = MemresSteps {
+        steps: s.steps as i64,
+        followed: s.followed as i64,
+        plans: s.plans as i64,
+        planned_allocations: s.planned_allocations as i64,
+        region: s.region as i64,
+        carry_region: s.carry_region as i64,
+    };
     Ok((out, st.planned.len()))
 }
 
