@@ -272,6 +272,22 @@ def test_torch_use_without_pytorch_fails_and_changes_nothing():
     assert not memres.is_initialized()
 
 
+def test_torch_steps_reads_the_current_resources_planned_layers():
+    # No PyTorch needed: the counts are the resource's.
+    import memres.allocators.torch as mt
+    memres.reinitialize(stack="stats(planned(pool(sim(1GiB))))")
+    res = mr.get_current_device_resource()
+    for _ in range(4):
+        res.step()
+        res.deallocate(res.allocate(MiB), MiB)
+    # The third step planned from the second; the fourth ended none yet.
+    s = mt.steps()
+    assert s == res.steps() and (s["steps"], s["plans"], s["followed"]) == (4, 1, 1), s
+    assert mt.steps(device=res.device_id) == s
+    memres.reinitialize(stack="stats(pool(sim(1GiB)))")
+    assert set(mt.steps().values()) == {0}
+
+
 def test_the_torch_default_stack_is_the_c_librarys():
     # One default for PyTorch, whether through the C library or use().
     src = os.path.join(os.path.dirname(__file__), "..", "..", "backends", "cuda", "capi", "src", "lib.rs")

@@ -9,7 +9,7 @@ Every tensor's memory comes from the current memres resource of its device
 (``memres.set_current_device_resource``) through two C functions of the
 CUDA native module; ``empty_cache()`` gives the pools' free chunks back, and
 ``step()`` at the top of each training iteration lets a ``planned(...)``
-stack lay the steps out.
+stack lay the steps out, and ``steps()`` says whether it did.
 """
 
 from .. import _native, mr as _mr
@@ -69,6 +69,14 @@ def step(device=None):
 
     res = _mr.get_current_device_resource() if device is None else _mr.get_per_device_resource(device)
     return res.step(torch.cuda.current_stream(device))
+
+
+def steps(device=None):
+    """What the ``planned(...)`` layers of ``device``'s resource have done
+    (``DeviceMemoryResource.steps``): a training loop is laid out when
+    ``followed`` grows with ``steps``."""
+    res = _mr.get_current_device_resource() if device is None else _mr.get_per_device_resource(device)
+    return res.steps()
 
 
 def empty_cache(device=None):
