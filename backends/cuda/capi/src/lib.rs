@@ -329,14 +329,20 @@ fn deallocate(ptr: *mut c_void, size: isize, device: c_int, stream: *mut c_void)
     })
 }
 
+/// The state of `device` (negative: the current device), once used: what
+/// `memres_stats` and `memres_steps` read, neither of which builds a stack.
+fn used_state(device: c_int) -> Result<&'static devices::DeviceState, String> {
+    let d = device_index(device)?;
+    devices::used(d).ok_or_else(|| format!("memres: device {d} has not been used yet"))
+}
+
 /// The figures of device `device`'s stack: the Rust form of `memres_stats`.
 ///
 /// # Errors
 ///
 /// A message when the device is out of range or has not been used yet.
 pub fn stats(device: c_int) -> Result<MemresStats, String> {
-    let d = device_index(device)?;
-    let st = devices::used(d).ok_or_else(|| format!("memres: device {d} has not been used yet"))?;
+    let st = used_state(device)?;
     let mut out = MemresStats {
         upstream_current: st.upstream.value() as i64,
         upstream_peak: st.upstream.peak() as i64,
@@ -472,8 +478,7 @@ pub unsafe extern "C" fn memres_step(device: c_int, stream: *mut c_void) -> c_in
 ///
 /// The device is out of range or has not been used yet.
 pub fn steps(device: c_int) -> Result<(MemresSteps, usize), String> {
-    let d = device_index(device)?;
-    let st = devices::used(d).ok_or_else(|| format!("memres: device {d} has not been used yet"))?;
+    let st = used_state(device)?;
     let s: Steps = st.planned.iter().map(|p| p.steps()).sum();
     let out = MemresSteps {
         steps: s.steps as i64,
