@@ -64,6 +64,8 @@ if args.allocator == "memres":
     result["peak_device_bytes"] = max(st.peak_bytes, st.peak_reserved_bytes)
     result["stack"] = memres.mr.get_current_device_resource().stack
     result["planned_layers"] = planned_layers
+    # What the planned layers did: steps, those that followed a plan, ...
+    result["steps"] = mt.steps()
     result["memres_live_blocks"] = memres._native.cuda().c_live_count(torch.cuda.current_device())
     # The most bytes live at once: what no allocator can hold less than.
     counts = memres.statistics.get_statistics()

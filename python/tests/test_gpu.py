@@ -142,6 +142,12 @@ def test_torch_training_laid_out_by_planned_steps_gives_the_native_losses(gpu):
     ours = train("memres", stack="stats(planned(vmm(handle_granules=1, slack=0)))")
     assert ours["planned_layers"] == 1, "memres.allocators.torch.step() reached the layer"
     assert ours["losses"] == native["losses"]
+    # The loop repeats from its second step (the first makes Adam's state):
+    # planned from the third, every step after it served from the plan.
+    steps = ours["steps"]
+    assert steps["steps"] == 30 and steps["plans"] >= 1, steps
+    assert steps["followed"] >= 30 - 4, steps
+    assert steps["planned_allocations"] >= steps["followed"], steps
     assert ours["memres_live_blocks"] > 0 and ours["peak_device_bytes"] > 0
 
 
