@@ -39,8 +39,6 @@ mod imp {
     pub(crate) type Engine = HostCopy;
     /// The backend's name, as `memres` reports it.
     pub(crate) const BACKEND: &str = "sim";
-    /// The leaves whose blocks are bytes the engine may touch.
-    pub(crate) const BYTES_LEAVES: &[&str] = &["host"];
     /// The resource of a device nobody set one for (Python's default too).
     pub(crate) const DEFAULT_LEAF: &str = "host";
     /// The leaves a snapshot counts as segments.
@@ -68,12 +66,6 @@ mod imp {
         Ok(false)
     }
 
-    /// `leaf`, which the compiler has checked hands out bytes `Engine` may
-    /// touch: the one leaf of `BYTES_LEAVES` here goes through it.
-    fn bytes_leaf<R: memres_core::copy::MemoryOf<Engine>>(leaf: R) -> R {
-        leaf
-    }
-
     /// The core's names, `vpool`, and `sim` and `host` counted in the
     /// device gauge.
     pub(crate) fn builder(device: u32) -> PyResult<StackBuilder<Stream>> {
@@ -86,9 +78,9 @@ mod imp {
             let leaf = SimDevice::new(capacity.unwrap_or(DEFAULT_SIM_CAPACITY));
             Ok(cx.keep(call, Counted::new(leaf, g2.clone())))
         });
-        b.register("host", move |call, cx| {
+        b.register_leaf_of::<Engine>("host", move |call, cx| {
             call.expect_args(0, &[])?;
-            Ok(cx.keep(call, bytes_leaf(Counted::new(HostMemory::new(), g.clone()))))
+            Ok(cx.keep_leaf_of(call, Counted::new(HostMemory::new(), g.clone())))
         });
         Ok(b)
     }
@@ -109,8 +101,6 @@ mod imp {
     pub(crate) type Engine = CudaCopy;
     /// The backend's name, as `memres` reports it.
     pub(crate) const BACKEND: &str = "cuda";
-    /// The leaves whose blocks are device (or pinned) memory.
-    pub(crate) const BYTES_LEAVES: &[&str] = &["cuda", "async", "managed", "pinned", "vmm"];
     /// The resource of a device nobody set one for (Python's default too).
     pub(crate) const DEFAULT_LEAF: &str = "cuda";
     /// The leaves a snapshot counts as segments (device memory).
@@ -203,8 +193,7 @@ mod imp {
 }
 
 pub(crate) use imp::{
-    driver_reserved, engine, note_driver_pools, prefetch, stream, Engine, Stream, BACKEND, BYTES_LEAVES,
-    DEFAULT_LEAF,
+    driver_reserved, engine, note_driver_pools, prefetch, stream, Engine, Stream, BACKEND, DEFAULT_LEAF,
 };
 
 /// The builder of `device`'s stacks: the backend's leaves and the core's

@@ -45,18 +45,21 @@ fn memory_of(mr: &Resource) -> PyResult<AssumeMemoryOf<DynResource<Stream>, Kind
             mr.stack
         )));
     }
-    // SAFETY: `has_bytes` holds only when every leaf of the stack is one of
-    // the backend's `BYTES_LEAVES`, or an upstream object for which the same
-    // held. Each of those leaves is `MemoryOf<Engine>` as the compiler
-    // checked where it is registered (`backend`'s `bytes_leaf` for host
-    // memory; `memres_cuda::stack`'s `device_leaf` for every CUDA leaf,
-    // `vmm` and its per-stream pools included). The core's algorithms and
-    // adaptors between them hand out only parts of their upstreams' blocks
-    // (each forwards `MemoryOf` for that reason, as the core's stack names
-    // check at compile time, but `BinningResource`, whose bins here are
-    // built from the same leaves), and the two layers this crate
-    // puts around a stack (`KeepStreams`, and a snapshot's `Tap`) hand out
-    // its blocks unchanged and free them only through it.
+    // SAFETY: `has_bytes` holds only when every leaf of the stack is a
+    // name the stack's builder reports as a leaf of `Engine`'s memory
+    // (`StackBuilder::is_leaf_of`), or an upstream object for which the
+    // same held. The builder reports only names registered by
+    // `register_leaf_of::<Engine>` and not replaced since, whose
+    // constructors can only return a `LeafOf<_, Engine>`, which only a
+    // resource whose type is `MemoryOf<Engine>` becomes (host memory here;
+    // every CUDA leaf in `memres_cuda::stack`; a snapshot's `Tap` over one,
+    // which forwards the bound). The core's algorithms and adaptors between
+    // them hand out only parts of their upstreams' blocks (each forwards
+    // `MemoryOf` for that reason, as the core's stack names check at
+    // compile time, but `BinningResource`, whose bins here are built from
+    // the same leaves), and the two layers this crate puts around a stack
+    // (`KeepStreams`, and a snapshot's `Tap`) hand out its blocks unchanged
+    // and free them only through it.
     Ok(unsafe { AssumeMemoryOf::new(mr.blocks.clone()) })
 }
 

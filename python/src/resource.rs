@@ -12,7 +12,7 @@ use crate::errors::{stack_to_py, to_py};
 use memres_core::adaptor::{Logging, Statistics, Tracking};
 use memres_core::planned::{Planned, Steps};
 use memres_core::pool::CoalescingPool;
-use memres_core::stack::{parse, Call, Value};
+use memres_core::stack::{parse, Call, StackBuilder, Value};
 use memres_core::Shared;
 use memres_core::{Block, DynResource, Inspect, Request};
 use pyo3::exceptions::PyValueError;
@@ -51,12 +51,13 @@ pub(crate) struct Resource {
     pub(crate) stack: String,
 }
 
-/// Whether every leaf under `call` is memory with bytes behind it
-/// (upstreams `upN` say for themselves); an algorithm or adaptor only
-/// hands out parts of its upstreams' blocks. Upstreams are positional
-/// arguments; a keyed one is an option even when it is a bare name
-/// (`per_stream=true`).
-fn bytes_of(call: &Call, upstreams: &[PyRef<'_, Resource>]) -> bool {
+/// Whether every leaf under `call` is memory with bytes behind it: a leaf
+/// of the backend's engine as `builder` registered it
+/// ([`StackBuilder::is_leaf_of`]; upstreams `upN` say for themselves); an
+/// algorithm or adaptor only hands out parts of its upstreams' blocks.
+/// Upstreams are positional arguments; a keyed one is an option even when
+/// it is a bare name (`per_stream=true`).
+fn bytes_of(call: &Call, upstreams: &[PyRef<'_, Resource>], builder: &StackBuilder<Stream>) -> bool {
     if let Some(i) = call.name.strip_prefix("up").and_then(|i| i.parse::<usize>().ok()) {
         return upstreams.get(i).is_some_and(|u| u.has_bytes);
     }
@@ -70,9 +71,9 @@ fn bytes_of(call: &Call, upstreams: &[PyRef<'_, Resource>]) -> bool {
         })
         .collect();
     if inner.is_empty() {
-        return backend::BYTES_LEAVES.contains(&call.name.as_str());
+        return builder.is_leaf_of::<backend::Engine>(&call.name);
     }
-    inner.iter().all(|c| bytes_of(c, upstreams))
+    inner.iter().all(|c| bytes_of(c, upstreams, builder))
 }
 
 /// A stack and the Python objects of the streams it has been given, alive
@@ -169,7 +170,7 @@ impl Resource {
             inner,
             streams,
             live: Mutex::new(HashMap::new()),
-            has_bytes: bytes_of(&call, &upstreams),
+            has_bytes: bytes_of(&call, &upstreams, &builder),
             device,
             stack: text.to_string(),
         })

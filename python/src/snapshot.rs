@@ -9,7 +9,7 @@
 //! telling the maps of their time. Watching costs a lock and a map update
 //! per call, so it is off unless asked for.
 
-use crate::backend::{Stream, MAX_DEVICES};
+use crate::backend::{Engine, Stream, MAX_DEVICES};
 use memres_core::snapshot::{pickle_devices, MemoryMap, Side, Tap};
 use memres_core::stack::StackBuilder;
 use memres_core::{DynResource, Shared};
@@ -51,7 +51,8 @@ pub(crate) fn map(device: u32) -> Option<Map> {
 }
 
 /// `builder` with each of `leaves` (names registered in `inner`) tapped
-/// into `map` as segments.
+/// into `map` as segments. A leaf of the engine's memory stays one: the
+/// tap hands out its blocks unchanged.
 pub(crate) fn tap_leaves(
     builder: &mut StackBuilder<Stream>,
     inner: StackBuilder<Stream>,
@@ -61,10 +62,17 @@ pub(crate) fn tap_leaves(
     let inner = Arc::new(inner);
     for &name in leaves {
         let (inner, map) = (inner.clone(), map.clone());
-        builder.register(name, move |call, cx| {
-            let leaf = inner.build_call(call, cx.stream)?;
-            Ok(cx.keep(call, Tap::new(leaf, map.clone(), Side::Segments)))
-        });
+        if inner.is_leaf_of::<Engine>(name) {
+            builder.register_leaf_of::<Engine>(name, move |call, cx| {
+                let leaf = inner.build_leaf_of::<Engine>(call, cx.stream)?;
+                Ok(cx.keep_leaf_of(call, Tap::new(leaf, map.clone(), Side::Segments)))
+            });
+        } else {
+            builder.register(name, move |call, cx| {
+                let leaf = inner.build_call(call, cx.stream)?;
+                Ok(cx.keep(call, Tap::new(leaf, map.clone(), Side::Segments)))
+            });
+        }
     }
 }
 

@@ -13,8 +13,11 @@
 //! stack ([`Counted`]; `vmm` its mapped bytes, [`CountedSpace`]), so that
 //! the bytes a stack holds from the device are known whatever the stack.
 //! Every leaf is [`MemoryOf<CudaCopy>`](MemoryOf), a bound the compiler
-//! checks where it is registered. [`register_checking`] registers the same
-//! names for checking a stack without a device.
+//! checks where it is registered
+//! ([`StackBuilder::register_leaf_of`]): the builder's
+//! [`is_leaf_of::<CudaCopy>`](StackBuilder::is_leaf_of) says so of each
+//! name. [`register_checking`] registers the same names for checking a
+//! stack without a device (not as such leaves: nothing backs them).
 //!
 //! # Examples
 //!
@@ -76,14 +79,6 @@ pub fn async_config(call: &Call) -> Result<AsyncConfig, StackError> {
     Ok(config)
 }
 
-/// `leaf`, which the compiler has checked hands out memory that
-/// [`CudaCopy`] may touch: every leaf goes through here, so a stack of
-/// these leaves and the core's layers is such memory, as the Python
-/// package's buffers rely on.
-fn device_leaf<R: MemoryOf<CudaCopy>>(leaf: R) -> R {
-    leaf
-}
-
 /// A leaf of no arguments made by `make` on `device`, counted in `gauge`.
 fn plain_leaf<R>(
     builder: &mut StackBuilder<CudaStream>,
@@ -95,10 +90,10 @@ fn plain_leaf<R>(
     R: MemoryResource<CudaStream> + MemoryOf<CudaCopy> + Send + Sync + 'static,
 {
     let gauge = gauge.clone();
-    builder.register(name, move |call, cx| {
+    builder.register_leaf_of::<CudaCopy>(name, move |call, cx| {
         call.expect_args(0, &[])?;
         let leaf = make(device).map_err(|e| call.resource_error(e))?;
-        Ok(cx.keep(call, device_leaf(Counted::new(leaf, gauge.clone()))))
+        Ok(cx.keep_leaf_of(call, Counted::new(leaf, gauge.clone())))
     });
 }
 
@@ -110,22 +105,22 @@ pub fn register(
     gauge: Arc<Gauge>,
 ) -> &mut StackBuilder<CudaStream> {
     let g = gauge.clone();
-    builder.register("async", move |call, cx| {
+    builder.register_leaf_of::<CudaCopy>("async", move |call, cx| {
         let config = async_config(call)?;
         let leaf = CudaAsyncMemory::with_config(device, config).map_err(|e| call.resource_error(e))?;
-        Ok(cx.keep(call, device_leaf(Counted::new(leaf, g.clone()))))
+        Ok(cx.keep_leaf_of(call, Counted::new(leaf, g.clone())))
     });
     plain_leaf(builder, "cuda", device, &gauge, CudaMemory::new);
     plain_leaf(builder, "managed", device, &gauge, ManagedMemory::new);
     plain_leaf(builder, "pinned", device, &gauge, PinnedMemory::new);
-    builder.register("vmm", move |call, cx| {
+    builder.register_leaf_of::<CudaCopy>("vmm", move |call, cx| {
         let config = vmm_config(call)?;
         if config.per_stream {
             let pools = config.build_per_stream(device, gauge.clone()).map_err(|e| call.resource_error(e))?;
-            return Ok(cx.keep(call, device_leaf(pools)));
+            return Ok(cx.keep_leaf_of(call, pools));
         }
         let pool = config.build(device, gauge.clone()).map_err(|e| call.resource_error(e))?;
-        Ok(cx.keep(call, device_leaf(pool)))
+        Ok(cx.keep_leaf_of(call, pool))
     })
 }
 

@@ -4,7 +4,7 @@
 //! | name | arguments | resource (typed handle) |
 //! | --- | --- | --- |
 //! | `sim` | `[capacity]` (or `capacity=`; default 80 GiB) | [`SimDevice`] |
-//! | `host` | none | [`HostMemory`] |
+//! | `host` | none | [`HostMemory`], a leaf of [`HostCopy`]'s memory ([`StackBuilder::is_leaf_of`]) |
 //! | `vpool` | `sim` or `sim(physical)`, `reserve=` (64 GiB), `release_threshold=` (all), `slack=` (40 permille), `granule=` (2 MiB), `per_stream=` (false) | [`VirtualPool`] over a [`SimAddressSpace`], behind [`Shared`] (`Shared<VirtualPool<SimAddressSpace>>`); with `per_stream=true` a [`PerStreamPool`] of them over one space, each stream's pool with a reservation of its own, stream-ordered (`Shared<PerStreamPool<VirtualMaker<Arc<SimAddressSpace>>, S>>`) |
 //!
 //! # Examples
@@ -18,7 +18,7 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
-use crate::{HostMemory, SimAddressSpace, SimDevice};
+use crate::{HostCopy, HostMemory, SimAddressSpace, SimDevice};
 use memres_core::per_stream::{PerStreamPool, VirtualMaker};
 use memres_core::stack::{granule_arg, one_of, Call, StackBuilder, StackError, StackErrorKind};
 use memres_core::vpool::{VirtualConfig, VirtualPool};
@@ -46,9 +46,9 @@ where
         let capacity = one_of(call, 0, "capacity")?.map(|v| v.size()).transpose()?;
         Ok(cx.keep(call, SimDevice::new(capacity.unwrap_or(DEFAULT_SIM_CAPACITY))))
     });
-    builder.register("host", |call, cx| {
+    builder.register_leaf_of::<HostCopy>("host", |call, cx| {
         call.expect_args(0, &[])?;
-        Ok(cx.keep(call, HostMemory::new()))
+        Ok(cx.keep_leaf_of(call, HostMemory::new()))
     });
     builder.register("vpool", |call, cx| {
         if call.bool_arg("per_stream")? == Some(true) {
@@ -65,6 +65,9 @@ where
 /// ```
 /// let names: Vec<String> = memres_sim::builder::<()>().names().map(String::from).collect();
 /// assert!(["sim", "host", "vpool", "pool", "stats"].iter().all(|n| names.iter().any(|m| m == n)));
+/// // Host memory is bytes `HostCopy` reaches; the simulated device's addresses are made up.
+/// let b = memres_sim::builder::<()>();
+/// assert!(b.is_leaf_of::<memres_sim::HostCopy>("host") && !b.is_leaf_of::<memres_sim::HostCopy>("sim"));
 /// ```
 pub fn builder<S: Stream + ?Sized + 'static>() -> StackBuilder<S>
 where

@@ -102,3 +102,9 @@ impl<S: Stream + ?Sized, R: MemoryResource<S>> MemoryResource<S> for Tap<R> {
         }
     }
 }
+
+// SAFETY: every block is one of `inner`'s, handed out unchanged once
+// `inner` has handed it out, and given back only through
+// `inner.deallocate`; the map records addresses and never touches the
+// memory.
+unsafe impl<E, R: crate::copy::MemoryOf<E>> crate::copy::MemoryOf<E> for Tap<R> {}

@@ -1,7 +1,8 @@
 //! The builder: a registry of constructors by name, which turns a parsed
 //! stack into resources.
 
-use super::{parse, Call, StackError, StackErrorKind};
+use super::{parse, Call, LeafOf, StackError, StackErrorKind};
+use crate::copy::MemoryOf;
 use crate::{Block, DynResource, MemoryResource, MemoryResourceMut, Request, Shared, Stream, StreamOrdered};
 use alloc::collections::BTreeMap;
 use alloc::string::{String, ToString};
@@ -53,6 +54,19 @@ impl<S: Stream + ?Sized + 'static> Context<'_, S> {
         call: &Call,
         resource: T,
     ) -> DynResource<S> {
+        self.kept(call, resource)
+    }
+
+    /// [`keep`](Self::keep), for a leaf whose type is [`MemoryOf<E>`]: the
+    /// proof goes with it, for [`StackBuilder::register_leaf_of`].
+    pub fn keep_leaf_of<E, T>(&self, call: &Call, resource: T) -> LeafOf<S, E>
+    where
+        T: MemoryResource<S> + MemoryOf<E> + Send + Sync + 'static,
+    {
+        LeafOf::of(self.kept(call, resource))
+    }
+
+    fn kept<T: Send + Sync + 'static>(&self, call: &Call, resource: T) -> Arc<T> {
         let resource = Arc::new(resource);
         self.handles.borrow_mut().push(Handle {
             name: call.name.clone(),
@@ -124,6 +138,10 @@ impl<S: ?Sized> Built<S> {
 pub type Constructor<S> =
     Arc<dyn Fn(&Call, &Context<'_, S>) -> Result<DynResource<S>, StackError> + Send + Sync>;
 
+/// Makes one leaf that is memory of `E` from its call.
+type LeafConstructor<S, E> =
+    Arc<dyn Fn(&Call, &Context<'_, S>) -> Result<LeafOf<S, E>, StackError> + Send + Sync>;
+
 /// A registry of constructors by name, which builds stacks for streams of
 /// type `S`.
 ///
@@ -156,6 +174,11 @@ pub type Constructor<S> =
 /// ```
 pub struct StackBuilder<S: ?Sized> {
     constructors: BTreeMap<String, Constructor<S>>,
+    /// The names registered by [`register_leaf_of`](Self::register_leaf_of)
+    /// and not replaced since, with their typed constructors (each a
+    /// `LeafConstructor<S, E>` of its engine `E`), which build what the
+    /// names' entries in `constructors` build.
+    leaves_of: BTreeMap<String, Arc<dyn Any + Send + Sync>>,
 }
 
 impl<S: ?Sized> fmt::Debug for StackBuilder<S> {
@@ -176,7 +199,7 @@ where
 impl<S: Stream + ?Sized + 'static> StackBuilder<S> {
     /// A builder with no names.
     pub fn empty() -> Self {
-        StackBuilder { constructors: BTreeMap::new() }
+        StackBuilder { constructors: BTreeMap::new(), leaves_of: BTreeMap::new() }
     }
 
     /// A builder with the core's names (see the [module](super)).
@@ -227,8 +250,82 @@ impl<S: Stream + ?Sized + 'static> StackBuilder<S> {
         name: &str,
         constructor: impl Fn(&Call, &Context<'_, S>) -> Result<DynResource<S>, StackError> + Send + Sync + 'static,
     ) -> &mut Self {
+        self.leaves_of.remove(name);
         self.constructors.insert(name.to_string(), Arc::new(constructor));
         self
+    }
+
+    /// Registers (or replaces) `name` as a leaf whose every resource is
+    /// memory of `E` ([`MemoryOf<E>`]), as its type proves: the constructor
+    /// makes it with [`Context::keep_leaf_of`]. [`is_leaf_of`](Self::is_leaf_of)
+    /// then says so until `name` is registered again, and
+    /// [`build_leaf_of`](Self::build_leaf_of) builds it with the proof.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use memres_core::copy::MemoryOf;
+    /// use memres_core::stack::{StackBuilder, Unbacked};
+    /// use memres_core::testing::BumpUpstream;
+    /// struct Engine;
+    /// # struct Bytes(BumpUpstream);
+    /// # impl memres_core::MemoryResource for Bytes {
+    /// #     fn allocate(&self, r: memres_core::Request, s: &()) -> memres_core::Result<memres_core::Block> { self.0.allocate(r, s) }
+    /// #     fn deallocate(&self, b: memres_core::Block, s: &()) -> memres_core::Result<()> { self.0.deallocate(b, s) }
+    /// # }
+    /// // SAFETY: (an example's engine, which touches nothing.)
+    /// unsafe impl MemoryOf<Engine> for Bytes {}
+    /// let mut b = StackBuilder::<()>::new();
+    /// b.register_leaf_of::<Engine>("bytes", |call, cx| {
+    ///     call.expect_args(0, &[])?;
+    ///     Ok(cx.keep_leaf_of(call, Bytes(BumpUpstream::new(1 << 30))))
+    /// });
+    /// assert!(b.is_leaf_of::<Engine>("bytes") && !b.is_leaf_of::<()>("bytes"));
+    /// assert!(b.build("stats(pool(bytes))", &()).is_ok());
+    /// // Registered again without the proof, it has none.
+    /// b.register("bytes", |call, cx| Ok(cx.keep(call, Unbacked::new())));
+    /// assert!(!b.is_leaf_of::<Engine>("bytes"));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn register_leaf_of<E: 'static>(
+        &mut self,
+        name: &str,
+        constructor: impl Fn(&Call, &Context<'_, S>) -> Result<LeafOf<S, E>, StackError> + Send + Sync + 'static,
+    ) -> &mut Self {
+        let typed: LeafConstructor<S, E> = Arc::new(constructor);
+        let plain = typed.clone();
+        self.register(name, move |call, cx| plain(call, cx).map(LeafOf::into_resource));
+        self.leaves_of.insert(name.to_string(), Arc::new(typed));
+        self
+    }
+
+    /// Whether `name` was registered by
+    /// [`register_leaf_of::<E>`](Self::register_leaf_of) and not replaced
+    /// since: every resource it builds is memory of `E`.
+    pub fn is_leaf_of<E: 'static>(&self, name: &str) -> bool {
+        self.leaf_constructor::<E>(name).is_some()
+    }
+
+    /// The typed constructor of `name`, if it is a leaf of `E`.
+    fn leaf_constructor<E: 'static>(&self, name: &str) -> Option<&LeafConstructor<S, E>> {
+        self.leaves_of.get(name)?.downcast_ref()
+    }
+
+    /// Builds `call`, a leaf registered by
+    /// [`register_leaf_of::<E>`](Self::register_leaf_of), with the proof:
+    /// for a layer that wraps the leaf of another builder and keeps its
+    /// promise (a snapshot's tap).
+    ///
+    /// # Errors
+    ///
+    /// [`StackErrorKind::WrongKind`] at the call if its name is not such a
+    /// leaf of `E`; else as [`build_call`](Self::build_call).
+    pub fn build_leaf_of<E: 'static>(&self, call: &Call, stream: &S) -> Result<LeafOf<S, E>, StackError> {
+        let typed = self
+            .leaf_constructor::<E>(&call.name)
+            .ok_or_else(|| call.error(StackErrorKind::WrongKind("a leaf whose memory the engine reaches")))?;
+        let cx = Context { builder: self, stream, handles: RefCell::new(Vec::new()) };
+        typed(call, &cx)
     }
 
     /// Registers (or replaces) `name` as a leaf that is `resource`, made by

@@ -100,6 +100,7 @@
 
 mod build;
 mod error;
+mod leaf_of;
 #[cfg(feature = "std")]
 mod log_env;
 mod names;
@@ -107,6 +108,7 @@ mod parse;
 
 pub use build::{Built, Constructor, Context, OnStream, StackBuilder};
 pub use error::{StackError, StackErrorKind};
+pub use leaf_of::LeafOf;
 #[cfg(feature = "std")]
 pub use log_env::{check_log_file, log_file_of_device, log_from_env, LOG_FILE_VAR};
 #[cfg(feature = "std")]

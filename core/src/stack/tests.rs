@@ -1,4 +1,5 @@
 use super::*;
+use crate::MemoryResource;
 use alloc::string::ToString;
 use alloc::vec::Vec;
 
@@ -143,4 +144,58 @@ fn sizes() {
 fn non_ascii_text_is_kept_whole() {
     let c = parse("log(sim, file=/tmp/é.csv)").unwrap();
     assert_eq!(c.keyed("file").unwrap().text().unwrap(), "/tmp/é.csv");
+}
+
+/// A leaf for the tests of `register_leaf_of`: `BumpUpstream`'s numbers,
+/// said to be memory of `Engine` (nothing touches them).
+struct Bytes(crate::testing::BumpUpstream);
+
+impl MemoryResource for Bytes {
+    fn allocate(&self, request: crate::Request, stream: &()) -> crate::Result<crate::Block> {
+        self.0.allocate(request, stream)
+    }
+    fn deallocate(&self, block: crate::Block, stream: &()) -> crate::Result<()> {
+        self.0.deallocate(block, stream)
+    }
+}
+
+struct Engine;
+
+// SAFETY: no engine of these tests touches the blocks.
+unsafe impl crate::copy::MemoryOf<Engine> for Bytes {}
+
+fn bytes_builder() -> StackBuilder<()> {
+    let mut b = StackBuilder::<()>::new();
+    b.register_leaf_of::<Engine>("bytes", |call, cx| {
+        call.expect_args(0, &[])?;
+        Ok(cx.keep_leaf_of(call, Bytes(crate::testing::BumpUpstream::new(1 << 30))))
+    });
+    b
+}
+
+#[test]
+fn a_leaf_of_an_engine_is_built_with_its_proof_and_its_typed_handle() {
+    let b = bytes_builder();
+    assert!(b.is_leaf_of::<Engine>("bytes"));
+    assert!(!b.is_leaf_of::<()>("bytes"), "another engine");
+    assert!(!b.is_leaf_of::<Engine>("pool") && !b.is_leaf_of::<Engine>("nothing"));
+    let built = b.build_with_handles("stats(bytes)", &()).unwrap();
+    assert!(built.get::<Bytes>("bytes").is_some(), "kept as the leaf's own type");
+    let x = built.resource.allocate(crate::Request::new(1000).unwrap(), &()).unwrap();
+    built.resource.deallocate(x, &()).unwrap();
+    let leaf: LeafOf<(), Engine> = b.build_leaf_of(&parse("bytes").unwrap(), &()).unwrap();
+    let x = leaf.allocate(crate::Request::new(1000).unwrap(), &()).unwrap();
+    leaf.deallocate(x, &()).unwrap();
+}
+
+#[test]
+fn a_name_replaced_or_never_a_leaf_of_the_engine_has_no_proof() {
+    let mut b = bytes_builder();
+    let e = b.build_leaf_of::<Engine>(&parse("stats(bytes)").unwrap(), &()).unwrap_err();
+    assert!(matches!((e.pos, &e.kind), (0, StackErrorKind::WrongKind(_))), "{e}");
+    assert!(b.build_leaf_of::<()>(&parse("bytes").unwrap(), &()).is_err(), "another engine");
+    b.register("bytes", |call, cx| Ok(cx.keep(call, Unbacked::new())));
+    assert!(!b.is_leaf_of::<Engine>("bytes"));
+    assert!(b.build_leaf_of::<Engine>(&parse("bytes").unwrap(), &()).is_err());
+    assert!(b.build("bytes", &()).is_ok(), "the plain constructor replaced it");
 }
