@@ -50,10 +50,11 @@ fn memory_of(mr: &Resource) -> PyResult<AssumeMemoryOf<DynResource<Stream>, Kind
     // (`StackBuilder::is_leaf_of`), or an upstream object for which the
     // same held. The builder reports only names registered by
     // `register_leaf_of::<Engine>` and not replaced since, whose
-    // constructors can only return a `LeafOf<_, Engine>`, which only a
-    // resource whose type is `MemoryOf<Engine>` becomes (host memory here;
-    // every CUDA leaf in `memres_cuda::stack`; a snapshot's `Tap` over one,
-    // which forwards the bound). The core's algorithms and adaptors between
+    // constructors return a `LeafOf<_, Engine>`: memory of `Engine` by the
+    // contract of `AssumeMemoryOf::new`, which `Context::keep_leaf_of`
+    // meets from its bound `MemoryOf<Engine>` (host memory here; every CUDA
+    // leaf in `memres_cuda::stack`; a snapshot's `Tap` over one, which
+    // forwards the bound). The core's algorithms and adaptors between
     // them hand out only parts of their upstreams' blocks (each forwards
     // `MemoryOf` for that reason, as the core's stack names check at
     // compile time, but `BinningResource`, whose bins here are built from

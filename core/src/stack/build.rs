@@ -1,8 +1,8 @@
 //! The builder: a registry of constructors by name, which turns a parsed
 //! stack into resources.
 
-use super::{parse, Call, LeafOf, StackError, StackErrorKind};
-use crate::copy::MemoryOf;
+use super::{parse, Call, StackError, StackErrorKind};
+use crate::copy::{AssumeMemoryOf, MemoryOf};
 use crate::{Block, DynResource, MemoryResource, MemoryResourceMut, Request, Shared, Stream, StreamOrdered};
 use alloc::collections::BTreeMap;
 use alloc::string::{String, ToString};
@@ -58,12 +58,16 @@ impl<S: Stream + ?Sized + 'static> Context<'_, S> {
     }
 
     /// [`keep`](Self::keep), for a leaf whose type is [`MemoryOf<E>`]: the
-    /// proof goes with it, for [`StackBuilder::register_leaf_of`].
+    /// promise goes with it, for [`StackBuilder::register_leaf_of`].
     pub fn keep_leaf_of<E, T>(&self, call: &Call, resource: T) -> LeafOf<S, E>
     where
         T: MemoryResource<S> + MemoryOf<E> + Send + Sync + 'static,
     {
-        LeafOf::of(self.kept(call, resource))
+        let resource: DynResource<S> = self.kept(call, resource);
+        // SAFETY: `resource` is the `Arc` of a `T`, and `T: MemoryOf<E>`:
+        // every block it hands out meets the contract that
+        // `AssumeMemoryOf::new` asks for.
+        unsafe { AssumeMemoryOf::new(resource) }
     }
 
     fn kept<T: Send + Sync + 'static>(&self, call: &Call, resource: T) -> Arc<T> {
@@ -137,6 +141,11 @@ impl<S: ?Sized> Built<S> {
 /// Makes one resource from its call.
 pub type Constructor<S> =
     Arc<dyn Fn(&Call, &Context<'_, S>) -> Result<DynResource<S>, StackError> + Send + Sync>;
+
+/// A leaf of a built stack that is memory of `E`: the resource of a type
+/// that is [`MemoryOf<E>`] ([`Context::keep_leaf_of`]), or one promised so
+/// by hand.
+pub type LeafOf<S, E> = AssumeMemoryOf<DynResource<S>, E>;
 
 /// Makes one leaf that is memory of `E` from its call.
 type LeafConstructor<S, E> =
@@ -256,10 +265,12 @@ impl<S: Stream + ?Sized + 'static> StackBuilder<S> {
     }
 
     /// Registers (or replaces) `name` as a leaf whose every resource is
-    /// memory of `E` ([`MemoryOf<E>`]), as its type proves: the constructor
-    /// makes it with [`Context::keep_leaf_of`]. [`is_leaf_of`](Self::is_leaf_of)
-    /// then says so until `name` is registered again, and
-    /// [`build_leaf_of`](Self::build_leaf_of) builds it with the proof.
+    /// memory of `E` ([`MemoryOf<E>`]): the constructor makes it with
+    /// [`Context::keep_leaf_of`], which asks that of its type (or promises
+    /// it by hand, with the `unsafe` [`AssumeMemoryOf::new`]).
+    /// [`is_leaf_of`](Self::is_leaf_of) then says so until `name` is
+    /// registered again, and [`build_leaf_of`](Self::build_leaf_of) builds
+    /// it with the promise.
     ///
     /// # Examples
     ///
@@ -282,7 +293,7 @@ impl<S: Stream + ?Sized + 'static> StackBuilder<S> {
     /// });
     /// assert!(b.is_leaf_of::<Engine>("bytes") && !b.is_leaf_of::<()>("bytes"));
     /// assert!(b.build("stats(pool(bytes))", &()).is_ok());
-    /// // Registered again without the proof, it has none.
+    /// // Registered again without the promise, it has none.
     /// b.register("bytes", |call, cx| Ok(cx.keep(call, Unbacked::new())));
     /// assert!(!b.is_leaf_of::<Engine>("bytes"));
     /// # Ok::<(), Box<dyn std::error::Error>>(())
@@ -294,7 +305,7 @@ impl<S: Stream + ?Sized + 'static> StackBuilder<S> {
     ) -> &mut Self {
         let typed: LeafConstructor<S, E> = Arc::new(constructor);
         let plain = typed.clone();
-        self.register(name, move |call, cx| plain(call, cx).map(LeafOf::into_resource));
+        self.register(name, move |call, cx| plain(call, cx).map(AssumeMemoryOf::into_inner));
         self.leaves_of.insert(name.to_string(), Arc::new(typed));
         self
     }
@@ -312,7 +323,7 @@ impl<S: Stream + ?Sized + 'static> StackBuilder<S> {
     }
 
     /// Builds `call`, a leaf registered by
-    /// [`register_leaf_of::<E>`](Self::register_leaf_of), with the proof:
+    /// [`register_leaf_of::<E>`](Self::register_leaf_of), with the promise:
     /// for a layer that wraps the leaf of another builder and keeps its
     /// promise (a snapshot's tap).
     ///

@@ -100,15 +100,13 @@
 
 mod build;
 mod error;
-mod leaf_of;
 #[cfg(feature = "std")]
 mod log_env;
 mod names;
 mod parse;
 
-pub use build::{Built, Constructor, Context, OnStream, StackBuilder};
+pub use build::{Built, Constructor, Context, LeafOf, OnStream, StackBuilder};
 pub use error::{StackError, StackErrorKind};
-pub use leaf_of::LeafOf;
 #[cfg(feature = "std")]
 pub use log_env::{check_log_file, log_file_of_device, log_from_env, LOG_FILE_VAR};
 #[cfg(feature = "std")]

@@ -174,7 +174,7 @@ fn bytes_builder() -> StackBuilder<()> {
 }
 
 #[test]
-fn a_leaf_of_an_engine_is_built_with_its_proof_and_its_typed_handle() {
+fn a_leaf_of_an_engine_is_built_with_its_promise_and_its_typed_handle() {
     let b = bytes_builder();
     assert!(b.is_leaf_of::<Engine>("bytes"));
     assert!(!b.is_leaf_of::<()>("bytes"), "another engine");
@@ -189,9 +189,11 @@ fn a_leaf_of_an_engine_is_built_with_its_proof_and_its_typed_handle() {
 }
 
 #[test]
-fn a_name_replaced_or_never_a_leaf_of_the_engine_has_no_proof() {
+fn a_name_replaced_or_never_a_leaf_of_the_engine_has_no_promise() {
     let mut b = bytes_builder();
-    let e = b.build_leaf_of::<Engine>(&parse("stats(bytes)").unwrap(), &()).unwrap_err();
+    let Err(e) = b.build_leaf_of::<Engine>(&parse("stats(bytes)").unwrap(), &()) else {
+        panic!("`stats` is not a leaf")
+    };
     assert!(matches!((e.pos, &e.kind), (0, StackErrorKind::WrongKind(_))), "{e}");
     assert!(b.build_leaf_of::<()>(&parse("bytes").unwrap(), &()).is_err(), "another engine");
     b.register("bytes", |call, cx| Ok(cx.keep(call, Unbacked::new())));
