@@ -228,7 +228,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
              slack={slack} planned={planned} \
              ns_per_op={:.1} peak_live={peak} peak_committed={} peak_mapped={} footprint={:.3} \
              committed_over_live={:.3} timed_pass_maps={} timed_pass_unmaps={} timed_pass_syncs={} \
-             timed_pass_reuses={}",
+             timed_pass_reuses={} timed_pass_memory_infos={}",
             ops.len(),
             if keep == u64::MAX { "all".to_string() } else { keep.to_string() },
             ns / ops.len() as f64,
@@ -240,6 +240,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             timed.unmaps - warm.unmaps,
             timed.syncs - warm.syncs,
             timed.reuses - warm.reuses,
+            timed.memory_infos - warm.memory_infos,
         );
     }
     Ok(())

@@ -6,7 +6,7 @@ mod driver;
 #[cfg(test)]
 mod tests;
 
-use crate::context::Device;
+use crate::context::{Device, MemoryInfo};
 use crate::error::error_from_code;
 use crate::sys;
 use driver::{CudaDriver, Driver};
@@ -148,6 +148,9 @@ struct State {
     kept: Vec<(u64, u64)>,
     /// The most of [`held`](State::held) at once.
     peak_mapped: u64,
+    /// What the driver last told of the device's memory, and
+    /// [`held`](State::held) then; `None` after a map ran out of memory.
+    seen: Option<(MemoryInfo, u64)>,
     calls: DriverCalls,
 }
 
@@ -185,6 +188,8 @@ pub struct DriverCalls {
     pub reuses: u64,
     /// Stream synchronizations made by `decommit`.
     pub syncs: u64,
+    /// `cuMemGetInfo` calls made before mapping fresh memory.
+    pub memory_infos: u64,
 }
 
 /// A part of a range to commit.
@@ -311,6 +316,26 @@ impl CudaVirtualSpace {
             return Err(Error::InvalidConfig { what: "range empty or not aligned to the granule" });
         }
         Ok(())
+    }
+
+    /// Whether `new` more bytes are beyond the device's free memory. Asks
+    /// the driver (`cuMemGetInfo`, about 8 µs) only when what it last told,
+    /// less what this space took since, leaves less than a sixteenth of
+    /// the device beyond `new`: far from full, a fresh commit costs no
+    /// question, and near full each one asks. Other users of the device
+    /// who take more than that between two questions make a map fail
+    /// instead, which is out of memory all the same (and makes the next
+    /// commit ask).
+    fn beyond_free(&self, st: &mut State, new: u64) -> bool {
+        if let Some((info, held)) = st.seen {
+            let free = info.free.saturating_add(held).saturating_sub(st.held());
+            if free >= new.saturating_add(info.total / 16) {
+                return false;
+            }
+        }
+        st.calls.memory_infos += 1;
+        st.seen = self.driver.memory_info().map(|info| (info, st.held()));
+        st.seen.is_some_and(|(info, _)| new > info.free)
     }
 
     /// Out of memory for a commit of `requested` bytes, with the device's figures.
@@ -493,7 +518,7 @@ impl ReservableSpace for CudaVirtualSpace {
             // More than the device has free cannot be mapped: answer without
             // a `cuMemCreate` that fails (which tools report as an error).
             let new = fresh.saturating_sub(st.kept_bytes());
-            if new > 0 && self.driver.memory_info().is_some_and(|i| new > i.free) {
+            if new > 0 && self.beyond_free(&mut st, new) {
                 return Err(self.out_of_memory(range.len(), st.held()));
             }
             let _current = self.driver.enter()?;
@@ -507,6 +532,8 @@ impl ReservableSpace for CudaVirtualSpace {
                     }
                     st.kept = kept;
                     return Err(if rc == sys::CUDA_ERROR_OUT_OF_MEMORY {
+                        // Others took memory since the driver was last asked.
+                        st.seen = None;
                         self.out_of_memory(range.len(), st.held())
                     } else {
                         error_from_code(rc)

@@ -29,6 +29,8 @@ struct Model {
     used: u64,
     handles: u64,
     syncs: u64,
+    /// Maps refused for want of memory.
+    refused: u64,
     /// Calls of each kind to let through before one fails (0: none).
     fail_map: u64,
     fail_access: u64,
@@ -78,6 +80,7 @@ impl Driver for Arc<Fake> {
             return Err(FAILED);
         }
         if m.used + len > m.capacity {
+            m.refused += 1;
             return Err(sys::CUDA_ERROR_OUT_OF_MEMORY);
         }
         m.used += len;
@@ -263,6 +266,50 @@ fn out_of_physical_memory_is_out_of_memory_with_figures_and_commits_nothing() {
     agree(&space, &fake);
     assert_eq!((space.committed_bytes(), space.mapped_bytes()), (3 * G, 3 * G));
     space.commit(sub(r, 8, 6)).unwrap();
+    agree(&space, &fake);
+}
+
+#[test]
+fn far_from_full_the_driver_is_asked_once_and_near_full_before_every_fresh_commit() {
+    // 32 GiB: a sixteenth is 1 GiB, 512 granules.
+    let (space, fake) = space(16384 * G, 1);
+    let r = space.reserve(20000 * G).unwrap();
+    for i in 0..100 {
+        space.commit(sub(r, i, 1)).unwrap();
+    }
+    space.decommit(sub(r, 0, 50), &()).unwrap();
+    space.commit(sub(r, 0, 50)).unwrap();
+    assert_eq!(space.driver_calls().memory_infos, 1);
+    // Up to 512 granules short of full, no question; then one per commit.
+    space.commit(sub(r, 100, 16384 - 100 - 600)).unwrap();
+    let asked = space.driver_calls().memory_infos;
+    for i in 0..600 {
+        space.commit(sub(r, 16384 - 600 + i, 1)).unwrap();
+    }
+    let near = space.driver_calls().memory_infos - asked;
+    assert!((512..=600).contains(&near), "{near} questions in the last 600 commits");
+    // Full: out of memory, answered without a map that fails.
+    assert!(space.commit(sub(r, 16384, 1)).unwrap_err().is_out_of_memory());
+    assert_eq!(fake.0.lock().unwrap().refused, 0);
+    agree(&space, &fake);
+}
+
+#[test]
+fn memory_taken_by_others_between_two_questions_fails_a_map_and_the_next_commit_asks() {
+    let (space, fake) = space(16384 * G, 1);
+    let r = space.reserve(64 * G).unwrap();
+    space.commit(sub(r, 0, 1)).unwrap();
+    // Another user of the device takes all but 2 granules.
+    fake.0.lock().unwrap().used += 16384 * G - 3 * G;
+    let e = space.commit(sub(r, 1, 4)).unwrap_err();
+    assert!(e.is_out_of_memory(), "{e:?}");
+    assert_eq!((fake.0.lock().unwrap().refused, space.driver_calls().memory_infos), (1, 1));
+    assert_eq!((space.committed_bytes(), space.mapped_bytes()), (G, G));
+    // The next commit asks, and answers without a map that fails.
+    assert!(space.commit(sub(r, 1, 4)).unwrap_err().is_out_of_memory());
+    assert_eq!((fake.0.lock().unwrap().refused, space.driver_calls().memory_infos), (1, 2));
+    space.commit(sub(r, 1, 2)).unwrap();
+    fake.0.lock().unwrap().used -= 16384 * G - 3 * G;
     agree(&space, &fake);
 }
 
