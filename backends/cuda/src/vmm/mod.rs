@@ -338,9 +338,9 @@ impl CudaVirtualSpace {
         st.seen.is_some_and(|(info, _)| new > info.free)
     }
 
-    /// Out of memory for a commit of `requested` bytes, with the device's figures.
-    fn out_of_memory(&self, requested: u64, mapped: u64) -> Error {
-        let info = self.driver.memory_info();
+    /// Out of memory for a commit of `requested` bytes, with the device's
+    /// figures `info`.
+    fn out_of_memory(requested: u64, mapped: u64, info: Option<MemoryInfo>) -> Error {
         Error::OutOfMemory {
             requested,
             largest_free: info.map_or(0, |i| i.free),
@@ -519,7 +519,8 @@ impl ReservableSpace for CudaVirtualSpace {
             // a `cuMemCreate` that fails (which tools report as an error).
             let new = fresh.saturating_sub(st.kept_bytes());
             if new > 0 && self.beyond_free(&mut st, new) {
-                return Err(self.out_of_memory(range.len(), st.held()));
+                // `beyond_free` has just asked the driver.
+                return Err(Self::out_of_memory(range.len(), st.held(), st.seen.map(|(info, _)| info)));
             }
             let _current = self.driver.enter()?;
             let mut kept = core::mem::take(&mut st.kept);
@@ -534,7 +535,7 @@ impl ReservableSpace for CudaVirtualSpace {
                     return Err(if rc == sys::CUDA_ERROR_OUT_OF_MEMORY {
                         // Others took memory since the driver was last asked.
                         st.seen = None;
-                        self.out_of_memory(range.len(), st.held())
+                        Self::out_of_memory(range.len(), st.held(), self.driver.memory_info())
                     } else {
                         error_from_code(rc)
                     });

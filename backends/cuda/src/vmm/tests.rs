@@ -31,6 +31,8 @@ struct Model {
     syncs: u64,
     /// Maps refused for want of memory.
     refused: u64,
+    /// Questions of the device's free memory.
+    infos: u64,
     /// Calls of each kind to let through before one fails (0: none).
     fail_map: u64,
     fail_access: u64,
@@ -145,7 +147,8 @@ impl Driver for Arc<Fake> {
     }
 
     fn memory_info(&self) -> Option<MemoryInfo> {
-        let m = self.0.lock().unwrap();
+        let mut m = self.0.lock().unwrap();
+        m.infos += 1;
         Some(MemoryInfo { free: m.capacity - m.used, total: m.capacity })
     }
 }
@@ -289,9 +292,17 @@ fn far_from_full_the_driver_is_asked_once_and_near_full_before_every_fresh_commi
         let questions = space.driver_calls().memory_infos - asked;
         assert_eq!(questions, (i + 1).saturating_sub(300), "after {} commits", i + 1);
     }
-    // Full: out of memory, answered without a map that fails.
-    assert!(space.commit(sub(r, 16384, 1)).unwrap_err().is_out_of_memory());
-    assert_eq!(fake.0.lock().unwrap().refused, 0);
+    // Full: out of memory, answered without a map that fails, from one
+    // question (its figures too).
+    let infos = fake.0.lock().unwrap().infos;
+    let e = space.commit(sub(r, 16384, 1)).unwrap_err();
+    assert!(
+        matches!(e, Error::OutOfMemory { largest_free: 0, max_size: Some(m), .. } if m == 16384 * G),
+        "{e:?}"
+    );
+    let m = fake.0.lock().unwrap();
+    assert_eq!((m.refused, m.infos - infos), (0, 1));
+    drop(m);
     agree(&space, &fake);
 }
 
