@@ -18,8 +18,7 @@ class DeviceBuffer:
         mr = _mr.get_current_device_resource() if mr is None else mr
         if not isinstance(mr, _mr.DeviceMemoryResource):
             raise TypeError(f"memres: mr must be a memres.mr resource, not {type(mr).__name__}")
-        if isinstance(size, bool) or not isinstance(size, int) or size < 0:
-            raise ValueError(f"memres: size must be a non-negative int, not {size!r}")
+        size = _mr._nbytes(size, "size")
         self.mr = mr
         self.stream = stream  # kept alive as long as the buffer is
         self._native_cls = type(mr._native)
@@ -60,10 +59,10 @@ class DeviceBuffer:
         return self._buf.capacity()
 
     def resize(self, new_size, stream=None):
-        self._buf.resize(new_size)
+        self._buf.resize(_mr._nbytes(new_size, "new_size"))
 
     def reserve(self, new_capacity, stream=None):
-        self._buf.reserve(new_capacity)
+        self._buf.reserve(_mr._nbytes(new_capacity, "new_capacity"))
 
     def copy_to_host(self, ary=None, stream=None):
         """The bytes, as a bytearray, or written into ``ary`` (a writable

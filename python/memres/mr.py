@@ -114,14 +114,14 @@ class DeviceMemoryResource:
         """Allocates ``nbytes`` on ``stream``; returns the address."""
         handle = as_handle(stream)
         self._keep(handle, stream)
-        return self._native.allocate(_nbytes(nbytes), handle)
+        return self._native.allocate(_nbytes(nbytes, "nbytes"), handle)
 
     def deallocate(self, ptr, nbytes, stream=None):
         """Frees ``ptr`` (from ``allocate`` of this object, ``nbytes``
         long) on ``stream``; a refused free raises and changes nothing."""
         handle = as_handle(stream)
         self._keep(handle, stream)
-        self._native.deallocate(_nbytes(ptr), _nbytes(nbytes), handle)
+        self._native.deallocate(_nbytes(ptr, "ptr"), _nbytes(nbytes, "nbytes"), handle)
 
     def _keep(self, handle, stream):
         """Keeps the Python object of every stream this stack has been
@@ -164,11 +164,11 @@ class DeviceMemoryResource:
         return f"<memres.mr.{type(self).__name__} {self.stack!r} on device {self.device_id}>"
 
 
-def _nbytes(n):
-    if isinstance(n, bool) or not isinstance(n, int):
-        raise ValueError(f"memres: {n!r} is not an int")
-    if n < 0 or n >= 1 << 64:
-        raise ValueError(f"memres: {n} out of range")
+def _nbytes(n, what):
+    """``n`` as the native side takes a size or an address: an int of 0
+    to 2**64 - 1, else ValueError naming ``what``."""
+    if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n < 1 << 64:
+        raise ValueError(f"memres: {what} must be an int from 0 to 2**64 - 1, not {n!r}")
     return n
 
 

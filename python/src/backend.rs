@@ -20,7 +20,7 @@ pub(crate) const MAX_DEVICES: usize = 64;
 pub(crate) fn gauge(device: u32) -> PyResult<Arc<Gauge>> {
     static GAUGES: [OnceLock<Arc<Gauge>>; MAX_DEVICES] = [const { OnceLock::new() }; MAX_DEVICES];
     let slot = GAUGES.get(device as usize).ok_or_else(|| {
-        PyValueError::new_err(format!("device {device} out of range (0 to {})", MAX_DEVICES - 1))
+        PyValueError::new_err(format!("memres: device {device} out of range (0 to {})", MAX_DEVICES - 1))
     })?;
     Ok(slot.get_or_init(Default::default).clone())
 }

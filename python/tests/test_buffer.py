@@ -37,6 +37,18 @@ def test_new_buffer_is_zeroed_and_resizes_keeping_contents():
     assert buf.capacity() >= 100 and buf.copy_to_host() == b"ab"
 
 
+@pytest.mark.parametrize("bad", [-1, 1.5, "10", True, 1 << 64])
+def test_bad_sizes_are_value_errors_that_leave_the_buffer_as_it_was(bad):
+    with pytest.raises(ValueError, match="size must be an int"):
+        memres.DeviceBuffer(size=bad)
+    buf = memres.DeviceBuffer.to_device(b"abc")
+    with pytest.raises(ValueError, match="new_size must be an int"):
+        buf.resize(bad)
+    with pytest.raises(ValueError, match="new_capacity must be an int"):
+        buf.reserve(bad)
+    assert buf.size == 3 and buf.copy_to_host() == b"abc"
+
+
 def test_copy_from_device():
     a = memres.DeviceBuffer.to_device(b"xyz")
     b = memres.DeviceBuffer(size=5)

@@ -57,8 +57,16 @@ def test_a_refused_free_changes_nothing():
 
 @pytest.mark.parametrize("bad", [-1, 1.5, "10", True, 1 << 64])
 def test_bad_sizes_are_value_errors(bad):
-    with pytest.raises(ValueError):
-        sim_pool().allocate(bad)
+    pool = sim_pool()
+    with pytest.raises(ValueError, match="nbytes must be an int"):
+        pool.allocate(bad)
+    p = pool.allocate(1000)
+    with pytest.raises(ValueError, match="nbytes must be an int"):
+        pool.deallocate(p, bad)
+    with pytest.raises(ValueError, match="ptr must be an int"):
+        pool.deallocate(bad, 1000)
+    pool.deallocate(p, 1000)
+    assert pool._native.live_count() == 0
 
 
 def test_out_of_memory_is_a_memory_error_with_the_figures():
@@ -215,6 +223,9 @@ def test_current_and_per_device_resources():
         mr.set_per_device_resource(0, other)
     with pytest.raises(TypeError):
         mr.set_current_device_resource("pool")
+    with pytest.raises(ValueError, match="memres: device 64 out of range"):
+        memres.reinitialize(devices=[64])
+    assert mr.get_current_device_resource() is pool
 
 
 def test_reinitialize_with_rmm_keywords_and_with_a_stack():
