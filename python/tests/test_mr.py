@@ -223,7 +223,8 @@ def test_current_and_per_device_resources():
         mr.set_per_device_resource(0, other)
     with pytest.raises(TypeError):
         mr.set_current_device_resource("pool")
-    with pytest.raises(ValueError, match="memres: device 64 out of range"):
+    # Beyond the devices the package serves, or the driver's (with CUDA).
+    with pytest.raises((ValueError, memres.MemresError), match="memres: device 64"):
         memres.reinitialize(devices=[64])
     assert mr.get_current_device_resource() is pool
 
