@@ -188,7 +188,8 @@ pub struct DriverCalls {
     pub reuses: u64,
     /// Stream synchronizations made by `decommit`.
     pub syncs: u64,
-    /// `cuMemGetInfo` calls made before mapping fresh memory.
+    /// `cuMemGetInfo` calls: before mapping fresh memory near full, and
+    /// for the figures of an out of memory that a failed map found.
     pub memory_infos: u64,
 }
 
@@ -333,9 +334,15 @@ impl CudaVirtualSpace {
                 return false;
             }
         }
+        let info = self.memory_info(st);
+        st.seen = info.map(|info| (info, st.held()));
+        info.is_some_and(|info| new > info.free)
+    }
+
+    /// The device's memory, as the driver tells it now (counted).
+    fn memory_info(&self, st: &mut State) -> Option<MemoryInfo> {
         st.calls.memory_infos += 1;
-        st.seen = self.driver.memory_info().map(|info| (info, st.held()));
-        st.seen.is_some_and(|(info, _)| new > info.free)
+        self.driver.memory_info()
     }
 
     /// Out of memory for a commit of `requested` bytes, with the device's
@@ -535,7 +542,8 @@ impl ReservableSpace for CudaVirtualSpace {
                     return Err(if rc == sys::CUDA_ERROR_OUT_OF_MEMORY {
                         // Others took memory since the driver was last asked.
                         st.seen = None;
-                        Self::out_of_memory(range.len(), st.held(), self.driver.memory_info())
+                        let info = self.memory_info(&mut st);
+                        Self::out_of_memory(range.len(), st.held(), info)
                     } else {
                         error_from_code(rc)
                     });

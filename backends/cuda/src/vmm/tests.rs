@@ -180,6 +180,8 @@ fn agree(space: &CudaVirtualSpace, fake: &Fake) {
     let committed: u64 = st.mappings.values().map(|v| u64::from(v.committed.count_ones()) * G).sum();
     assert_eq!(st.committed, committed);
     assert_eq!(st.reservations, m.reservations);
+    // Every question to the driver of its memory is counted.
+    assert_eq!(st.calls.memory_infos, m.infos);
 }
 
 #[test]
@@ -315,11 +317,13 @@ fn memory_taken_by_others_between_two_questions_fails_a_map_and_the_next_commit_
     fake.0.lock().unwrap().used += 16384 * G - 3 * G;
     let e = space.commit(sub(r, 1, 4)).unwrap_err();
     assert!(e.is_out_of_memory(), "{e:?}");
-    assert_eq!((fake.0.lock().unwrap().refused, space.driver_calls().memory_infos), (1, 1));
+    // One question before the map (nothing heard yet), one for the error's figures.
+    assert_eq!((fake.0.lock().unwrap().refused, space.driver_calls().memory_infos), (1, 2));
+    assert_eq!(fake.0.lock().unwrap().infos, 2);
     assert_eq!((space.committed_bytes(), space.mapped_bytes()), (G, G));
     // The next commit asks, and answers without a map that fails.
     assert!(space.commit(sub(r, 1, 4)).unwrap_err().is_out_of_memory());
-    assert_eq!((fake.0.lock().unwrap().refused, space.driver_calls().memory_infos), (1, 2));
+    assert_eq!((fake.0.lock().unwrap().refused, space.driver_calls().memory_infos), (1, 3));
     space.commit(sub(r, 1, 2)).unwrap();
     fake.0.lock().unwrap().used -= 16384 * G - 3 * G;
     agree(&space, &fake);
