@@ -49,9 +49,8 @@ def _word(value, what):
 
 
 def _size(value, what):
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ValueError(f"memres: {what} must be a non-negative int of bytes, not {value!r}")
-    return str(value)
+    """A size argument of a stack, as its text."""
+    return str(_nbytes(value, what))
 
 
 def _bin(exponent, what):

@@ -69,6 +69,14 @@ def test_bad_sizes_are_value_errors(bad):
     assert pool._native.live_count() == 0
 
 
+@pytest.mark.parametrize("bad", [-1, 1.5, "10", True, 1 << 64])
+def test_bad_configuration_sizes_are_value_errors_naming_the_argument(bad):
+    with pytest.raises(ValueError, match="initial_pool_size must be an int"):
+        mr.PoolMemoryResource(mr.SimulatedMemoryResource(GiB), initial_pool_size=bad)
+    with pytest.raises(ValueError, match="allocation_limit must be an int"):
+        mr.LimitingResourceAdaptor(sim_pool(), allocation_limit=bad)
+
+
 def test_out_of_memory_is_a_memory_error_with_the_figures():
     pool = mr.PoolMemoryResource(mr.SimulatedMemoryResource(64 * MiB), maximum_pool_size=32 * MiB)
     p = pool.allocate(16 * MiB)
