@@ -47,8 +47,9 @@ fn a_granule_freed_on_another_stream_is_unmapped_only_after_that_stream_s_work()
         let plain = Shared::new(VirtualPool::with_config(space.clone(), config).unwrap());
         let pools = per_stream(&space, config);
         let res: &dyn MemoryResource<SimStream> = if per_stream_pools { &pools } else { &plain };
-        let x = res.allocate(req(2 * MIB), &a).unwrap();
         let y = res.allocate(req(2 * MIB), &a).unwrap();
+        let x = res.allocate(req(2 * MIB), &a).unwrap();
+        assert!(x.addr() > y.addr());
         kernel(&space, x, &a);
         kernel(&space, y, &a);
         // The caller orders b after a's use of x, uses x on b, frees it on b:
@@ -57,8 +58,9 @@ fn a_granule_freed_on_another_stream_is_unmapped_only_after_that_stream_s_work()
         kernel(&space, x, &b);
         res.deallocate(x, &b).unwrap();
         assert_eq!(space.inner().committed_bytes(), 4 * MIB);
-        // y's free on a leaves two idle granules: x's, the older, is unmapped,
-        // ordered on a. Only a pool that made a wait on b first is right.
+        // y's free on a leaves two idle granules: x's, the higher, is
+        // unmapped, ordered on a. Only a pool that made a wait on b first is
+        // right.
         res.deallocate(y, &a).unwrap();
         assert_eq!(space.inner().committed_bytes(), 2 * MIB);
         assert_eq!(space.early_unmaps(), usize::from(!per_stream_pools), "per stream: {per_stream_pools}");

@@ -4,6 +4,7 @@
 use super::nodes::{Node, State, NONE};
 use super::CoalescingIndex;
 use crate::storage::Storage;
+use crate::Range;
 
 /// log2 of the number of second-level classes per power of two.
 pub(super) const SL_BITS: u32 = 5;
@@ -95,6 +96,43 @@ impl<N: Storage<Node>> CoalescingIndex<N> {
         }
         let fl = above.trailing_zeros() as usize;
         Some(fl * SL_COUNT + self.sl_bitmap[fl].trailing_zeros() as usize)
+    }
+
+    /// Visits every free range of at least `min` bytes (and some shorter
+    /// ones of the same size class), class by class: the index's free
+    /// lists, not its used ranges.
+    ///
+    /// # Time Complexity
+    ///
+    /// O(free ranges of `min`'s class and above + classes).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use memres_core::index::CoalescingIndex;
+    /// use memres_core::Range;
+    /// let mut index: CoalescingIndex = CoalescingIndex::new(256);
+    /// index.add_range(Range::new(0, 1 << 20).unwrap())?;
+    /// let a = index.allocate(1024, 256)?.unwrap();
+    /// let b = index.allocate(1024, 256)?.unwrap();
+    /// index.free(a.tag, a.addr, 1024)?;
+    /// let mut seen = Vec::new();
+    /// index.for_each_free_from(4096, |r| seen.push(r));
+    /// assert_eq!(seen, [Range::new(2048, (1 << 20) - 2048).unwrap()]);
+    /// # index.free(b.tag, b.addr, 1024)?;
+    /// # Ok::<(), memres_core::Error>(())
+    /// ```
+    pub fn for_each_free_from(&self, min: u64, mut f: impl FnMut(Range)) {
+        let mut bin = self.find_bin_from(bin_floor(min.max(1) >> self.shift));
+        while let Some(b) = bin {
+            let mut i = self.heads[b];
+            while i != NONE {
+                let n = self.node(i);
+                f(Range::new(n.addr, n.size).unwrap_or_default());
+                i = n.next_free;
+            }
+            bin = self.find_bin_from(b + 1);
+        }
     }
 
     /// The size of the largest free range.

@@ -92,6 +92,39 @@ impl<N: Storage<Node>> CoalescingIndex<N> {
         self.allocate_from_at_most(size, align, u64::MAX)
     }
 
+    /// [`allocate`](Self::allocate), also returning the free range the
+    /// allocation was carved from: the nearest live ranges below and above
+    /// the allocation end and begin at its ends, or the region does.
+    ///
+    /// The virtual pool learns from it whether a new block shares a granule
+    /// with a live one.
+    ///
+    /// # Errors
+    ///
+    /// As `allocate`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use memres_core::index::CoalescingIndex;
+    /// use memres_core::Range;
+    /// let mut index: CoalescingIndex = CoalescingIndex::new(256);
+    /// index.add_range(Range::new(0, 4096).unwrap())?;
+    /// let (a, from) = index.allocate_with_range(1024, 256)?.unwrap();
+    /// assert_eq!((a.addr, from), (0, Range::new(0, 4096).unwrap()));
+    /// let (b, from) = index.allocate_with_range(1024, 256)?.unwrap();
+    /// assert_eq!((b.addr, from), (1024, Range::new(1024, 3072).unwrap()));
+    /// # Ok::<(), memres_core::Error>(())
+    /// ```
+    #[inline]
+    pub fn allocate_with_range(&mut self, size: u64, align: u64) -> Result<Option<(Allocation, Range)>> {
+        let Some(found) = self.find_fit(size, align)? else { return Ok(None) };
+        let n = *self.node(found);
+        let units = (size + self.granule() - 1) >> self.shift;
+        let a = self.carve(found, units << self.shift, align.max(self.granule()));
+        Ok(Some((a, Range::new(n.addr, n.size).unwrap_or_default())))
+    }
+
     /// [`allocate`](Self::allocate) from a free range of at most `longest`
     /// bytes: `Ok(None)` when the range it would carve is longer (a pool
     /// keeps a large block's chunk for a request of about its size).
@@ -110,9 +143,20 @@ impl<N: Storage<Node>> CoalescingIndex<N> {
         align: u64,
         longest: u64,
     ) -> Result<Option<Allocation>> {
+        let Some(found) = self.find_fit(size, align)? else { return Ok(None) };
+        if self.node(found).size > longest {
+            return Ok(None);
+        }
+        let units = (size + self.granule() - 1) >> self.shift;
+        Ok(Some(self.carve(found, units << self.shift, align.max(self.granule()))))
+    }
+
+    /// The free range `allocate` carves `size` bytes at `align` from, with
+    /// two vacant nodes ready for the carve; `None` if none fits.
+    #[inline(always)]
+    fn find_fit(&mut self, size: u64, align: u64) -> Result<Option<u32>> {
         debug_assert!(size > 0 && align.is_power_of_two());
-        let g_mask = self.granule() - 1;
-        let units = (size + g_mask) >> self.shift;
+        let units = (size + self.granule() - 1) >> self.shift;
         let align = align.max(self.granule());
         // Worst-case padding to reach the alignment.
         let pad_units = (align >> self.shift) - 1;
@@ -120,24 +164,16 @@ impl<N: Storage<Node>> CoalescingIndex<N> {
         if self.vacant_len < 2 {
             self.reserve_nodes(2)?;
         }
-        let found = match self.scan_own_bin(units, align) {
-            Some(i) => i,
-            None => {
-                let Some(bin) = self.find_bin_from(bin_ceil(units + pad_units)) else {
-                    return Ok(None);
-                };
-                self.heads[bin]
-            }
-        };
-        if self.node(found).size > longest {
-            return Ok(None);
-        }
-        Ok(Some(self.carve(found, units << self.shift, align)))
+        Ok(match self.scan_own_bin(units, align) {
+            Some(i) => Some(i),
+            None => self.find_bin_from(bin_ceil(units + pad_units)).map(|bin| self.heads[bin]),
+        })
     }
 
     /// Moves `a`, an allocation of `size` bytes at `align` not yet handed
-    /// out, to the first place that `fits` accepts (`fits(addr)` for the
-    /// block at `addr`), if any; else it stays where it is. The places,
+    /// out, to the first place that `fits` accepts (`fits(addr, free)` for
+    /// the block at `addr` in the free range `free`), if any; else it stays
+    /// where it is. The places,
     /// with `a` freed: the ranges of the request's own class that fit, then
     /// those of the classes above, smaller classes first (at most `tries`
     /// ranges looked at), each at its start, then at its end. Either way
@@ -165,9 +201,9 @@ impl<N: Storage<Node>> CoalescingIndex<N> {
     /// let mut index: CoalescingIndex = CoalescingIndex::new(256);
     /// index.add_range(Range::new(0, 4096).unwrap())?;
     /// let a = index.allocate(1024, 256)?.unwrap();
-    /// let a = index.move_where(a, 1024, 256, 4, |addr| addr >= 2048)?;
+    /// let a = index.move_where(a, 1024, 256, 4, |addr, free| addr >= 2048 && free.len() == 4096)?;
     /// assert_eq!(a.addr, 3072); // the range's end: its start was refused
-    /// let a = index.move_where(a, 1024, 256, 4, |addr| addr == 1024)?;
+    /// let a = index.move_where(a, 1024, 256, 4, |addr, _| addr == 1024)?;
     /// assert_eq!(a.addr, 3072); // 1024 was never offered: it stays
     /// # Ok::<(), memres_core::Error>(())
     /// ```
@@ -177,7 +213,7 @@ impl<N: Storage<Node>> CoalescingIndex<N> {
         size: u64,
         align: u64,
         tries: u32,
-        mut fits: impl FnMut(u64) -> bool,
+        mut fits: impl FnMut(u64, Range) -> bool,
     ) -> Result<Allocation> {
         debug_assert!(size > 0 && align.is_power_of_two());
         let units = (size + self.granule() - 1) >> self.shift;
@@ -198,7 +234,8 @@ impl<N: Storage<Node>> CoalescingIndex<N> {
                 if start + bytes <= n.addr + n.size {
                     let end = (n.addr + n.size - bytes) & !(align - 1);
                     let places = 1 + (end != start) as usize;
-                    if let Some(at) = [start, end].into_iter().take(places).find(|&at| fits(at)) {
+                    let free = Range::new(n.addr, n.size).unwrap_or_default();
+                    if let Some(at) = [start, end].into_iter().take(places).find(|&at| fits(at, free)) {
                         return Ok(self.carve_at(i, at, bytes));
                     }
                 }

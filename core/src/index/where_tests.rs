@@ -39,7 +39,9 @@ fn offered(index: &mut CoalescingIndex, size: u64, align: u64, tries: u32, accep
     let a = index.allocate(size, align).unwrap().unwrap();
     let mut seen = Vec::new();
     let b = index
-        .move_where(a, size, align, tries, |addr| {
+        .move_where(a, size, align, tries, |addr, free| {
+            // Each place is offered with the free range that holds it.
+            assert!(free.start() <= addr && addr + size <= free.end(), "{addr} outside {free:?}");
             seen.push(addr);
             addr == accept
         })
@@ -76,7 +78,7 @@ fn the_place_accepted_is_carved_and_frees_as_any_block() {
     let (mut index, first) = three_ranges();
     let used = index.used_bytes();
     let a = index.allocate(1536, 256).unwrap().unwrap();
-    let b = index.move_where(a, 1536, 256, 8, |addr| addr == 14 * K - 1536).unwrap();
+    let b = index.move_where(a, 1536, 256, 8, |addr, _| addr == 14 * K - 1536).unwrap();
     assert_eq!(b.addr, 14 * K - 1536);
     assert_eq!(index.used_bytes(), used + 1536);
     // Where `a` was is free again; what is left of the 8 KiB range, before it.
@@ -93,9 +95,9 @@ fn a_block_that_is_not_live_is_refused_and_nothing_changes() {
     let a = index.allocate(1536, 256).unwrap().unwrap();
     index.free(a.tag, a.addr, 1536).unwrap();
     let before = free_ranges(&index, first);
-    assert!(index.move_where(a, 1536, 256, 8, |_| true).is_err());
+    assert!(index.move_where(a, 1536, 256, 8, |_, _| true).is_err());
     let b = index.allocate(1536, 256).unwrap().unwrap();
-    assert!(matches!(index.move_where(b, 2048, 256, 8, |_| true), Err(Error::SizeMismatch { .. })));
+    assert!(matches!(index.move_where(b, 2048, 256, 8, |_, _| true), Err(Error::SizeMismatch { .. })));
     index.free(b.tag, b.addr, 1536).unwrap();
     assert_eq!(free_ranges(&index, first), before);
     index.check().unwrap();

@@ -7,7 +7,7 @@ use alloc::vec::Vec;
 pub(super) struct Bits(Vec<u64>);
 
 /// The bits of word `w` that fall in `lo..hi`.
-#[inline]
+#[inline(always)]
 fn mask(w: usize, lo: usize, hi: usize) -> u64 {
     let from = lo.saturating_sub(w * 64);
     let to = (hi - w * 64).min(64);
@@ -26,16 +26,17 @@ impl Bits {
         self.0[i as usize / 64] >> (i % 64) & 1 == 1
     }
 
-    /// Sets bit `i` to `to`.
-    #[inline(always)]
-    pub(super) fn put(&mut self, i: u32, to: bool) {
-        let (w, m) = (i as usize / 64, 1 << (i % 64));
-        self.0[w] = if to { self.0[w] | m } else { self.0[w] & !m };
-    }
-
     /// Sets the bits of `lo..hi` (non-empty) to `to`.
+    #[inline]
     pub(super) fn set(&mut self, lo: u32, hi: u32, to: bool) {
         let (lo, hi) = (lo as usize, hi as usize);
+        if lo / 64 == (hi - 1) / 64 {
+            // Most blocks lie in a granule or two: one word, no loop.
+            let m = mask(lo / 64, lo, hi);
+            let w = &mut self.0[lo / 64];
+            *w = if to { *w | m } else { *w & !m };
+            return;
+        }
         for w in lo / 64..=(hi - 1) / 64 {
             let m = mask(w, lo, hi);
             self.0[w] = if to { self.0[w] | m } else { self.0[w] & !m };
@@ -43,6 +44,7 @@ impl Bits {
     }
 
     /// The first bit in `lo..hi` that is `want`, or `hi` if none is.
+    #[inline]
     pub(super) fn find(&self, lo: u32, hi: u32, want: bool) -> u32 {
         let (mut i, hi) = (lo as usize, hi as usize);
         while i < hi {
@@ -71,6 +73,22 @@ impl Bits {
             i = w * 64;
         }
         None
+    }
+
+    /// Whether every bit of `lo..hi` (non-empty) is set.
+    #[inline(always)]
+    pub(super) fn all(&self, lo: u32, hi: u32) -> bool {
+        let (l, h) = (lo as usize, hi as usize);
+        if l / 64 == (h - 1) / 64 {
+            let m = mask(l / 64, l, h);
+            return self.0[l / 64] & m == m;
+        }
+        self.count(lo, hi) == hi - lo
+    }
+
+    /// Clears every bit.
+    pub(super) fn clear(&mut self) {
+        self.0.fill(0);
     }
 
     /// How many bits of `lo..hi` are set.
@@ -110,10 +128,10 @@ mod tests {
         b.grow(300);
         let set = [0, 1, 63, 64, 127, 130, 191, 192, 255, 299];
         for i in set {
-            b.put(i, true);
+            b.set(i, i + 1, true);
         }
-        b.put(1, false);
-        b.put(2, false); // clear already
+        b.set(1, 2, false);
+        b.set(2, 3, false); // clear already
         let naive = |i: u32| set.contains(&i) && i != 1;
         for i in 0..300 {
             assert_eq!(b.get(i), naive(i), "bit {i}");

@@ -1,39 +1,39 @@
 //! Committing the granules of new blocks and decommitting Idle ones: the
 //! limit on committed memory, trims, and what a failure leaves.
 
-use super::idle::SENTINEL;
 use super::{Reservation, VirtualPool};
 use crate::vmem::ReservableSpace;
-use crate::{Request, Result, Stream};
+use crate::{Range, Request, Result, Stream};
 
 impl<V: ReservableSpace> VirtualPool<V> {
     /// The rest of an allocate whose block `a` (of `request`, in slots
-    /// `lo..hi`, pinned) has Uncommitted granules: commits them. Out
-    /// of physical memory, it decommits the Idle granules and tries once
-    /// more, also when a decommit failed after others gave memory back. If
-    /// that fails too, the block goes back to the index, its granules that
-    /// no live block touches turn Idle, and the error is returned: the
-    /// failed decommit's if the pool is still out of physical memory after
-    /// a trim that could not give back all its Idle granules (it is then
-    /// not out of memory for want of memory but because the space failed).
+    /// `lo..hi`, marked touched) has `fresh` Uncommitted granules: commits
+    /// them. Out of physical memory, it decommits the Idle granules and
+    /// tries once more, also when a decommit failed after others gave
+    /// memory back. If that fails too, the block goes back to the index
+    /// and the error is returned: the failed decommit's if the pool is
+    /// still out of physical memory after a trim that could not give back
+    /// all its Idle granules (it is then not out of memory for want of
+    /// memory but because the space failed).
     #[inline(never)]
     pub(super) fn commit_fresh<S: Stream + ?Sized>(
         &mut self,
         a: &crate::index::Allocation,
         request: Request,
         (lo, hi): (u32, u32),
+        fresh: u64,
         stream: &S,
     ) -> Result<()> {
         let r = &self.reservation_of(a.addr).copied().expect("the index hands out reserved addresses");
-        let mut committed = self.commit_pinned(r, lo, hi, stream);
-        if matches!(committed, Err(e) if e.is_out_of_memory()) && self.idle > 0 {
-            // Out of physical memory: give the idle granules back and try
+        let mut committed = self.commit_slots(r, lo, hi, fresh, stream);
+        if matches!(committed, Err(e) if e.is_out_of_memory()) {
+            // Out of physical memory: give the Idle granules back and try
             // once more, as the CUDA pool trims before it fails. A trim
             // that fails part way may still have made room.
             let before = self.committed;
             let trimmed = self.trim_to(0, false, stream);
             if self.committed < before {
-                committed = self.commit_pinned(r, lo, hi, stream);
+                committed = self.commit_slots(r, lo, hi, fresh, stream);
             }
             // Still out of memory with Idle granules left committed: the
             // space's failure to decommit them is why.
@@ -44,17 +44,11 @@ impl<V: ReservableSpace> VirtualPool<V> {
             }
         }
         if let Err(e) = committed {
-            // The index takes the block back; the granules it pinned, or
-            // committed and failed to decommit, turn Idle.
-            self.index.free(a.tag, a.addr, request.size())?;
-            let (mut s, hi) = self.own_slots(lo, hi);
-            while s < hi {
-                let run = self.committed_bits.find(s, hi, true);
-                s = self.committed_bits.find(run, hi, false);
-                if run < s {
-                    self.push_idle(run, s, false);
-                }
-            }
+            // The index takes the block back; its granules that no live
+            // block touches, committed before or by this call and not
+            // decommitted, are Idle.
+            let freed = self.index.free(a.tag, a.addr, request.size())?;
+            self.idle_bound += self.granules_inside(freed, a.addr, request.rounded_size(256));
             // Beyond `keep` only if an earlier decommit failed (a trim of
             // this call may have cleared that); retry it as a free does.
             self.retry_trim(stream);
@@ -63,32 +57,41 @@ impl<V: ReservableSpace> VirtualPool<V> {
         Ok(())
     }
 
-    /// Commits the Uncommitted granules of slots `lo..hi` of `r` (the
-    /// others pinned or Busy): under `trim_on_commit`, first decommits as
-    /// many Idle granules as the commit would take committed memory beyond
-    /// its limit (ordered on `stream`), then commits in runs. If a commit
-    /// fails, what this call committed is decommitted and the error
-    /// returned; the pinned granules stay pinned.
-    pub(super) fn commit_pinned<S: Stream + ?Sized>(
+    /// Commits the Uncommitted granules of slots `lo..hi` of `r`, `fresh`
+    /// of them (the others belong to live blocks or to the block being
+    /// placed): under `trim_on_commit`, first decommits as many Idle
+    /// granules as the commit would take committed memory beyond its limit
+    /// (ordered on `stream`), then commits in runs. If a commit fails, what
+    /// this call committed is decommitted and the error returned.
+    pub(super) fn commit_slots<S: Stream + ?Sized>(
         &mut self,
         r: &Reservation,
         lo: u32,
         hi: u32,
+        fresh: u64,
         stream: &S,
     ) -> Result<()> {
-        let fresh = (hi - lo - self.committed_bits.count(lo, hi)) as u64;
-        let busy = self.committed - self.idle + fresh;
         let used = self.peak_used.max(self.index.used_bytes());
-        let excess =
-            (self.committed + fresh).saturating_sub(self.commit_limit(self.peak_busy.max(busy), used));
+        // Busy granules once the block is committed, as far as known.
+        let mut busy = 0;
+        let over = |p: &Self, busy: u64| {
+            (p.committed + fresh).saturating_sub(p.commit_limit(p.peak_busy.max(busy), used))
+        };
         // Idle memory is a cache that raises the peak by at most the slack:
         // give back as much of it as the commit would go beyond that. A
         // failed decommit only leaves more of it. The space may keep what
         // it decommits for the commits below (CUDA: the physical handles,
         // mapped again where they are needed) until they are done.
-        let trims = self.config.trim_on_commit && self.idle > 0 && excess > 0;
-        if trims {
-            let _ = self.trim_to(self.idle.saturating_sub(excess) << self.shift, true, stream);
+        let mut trims = false;
+        if self.config.trim_on_commit && over(self, busy) > 0 {
+            trims = true;
+            // The candidates of an earlier search first; if they run short,
+            // one more search, which also learns how many granules are
+            // Busy (so the limit may rise).
+            if self.decommit_idle(over(self, busy), true, stream).is_ok() && over(self, busy) > 0 {
+                busy = self.committed - self.scan() + fresh;
+                let _ = self.decommit_idle(over(self, busy), true, stream);
+            }
         }
         let mut s = lo;
         while s < hi {
@@ -127,9 +130,9 @@ impl<V: ReservableSpace> VirtualPool<V> {
     }
 
     /// Decommits the granules of `lo..upto` that are not committed in the
-    /// bitmap: those a failed `commit_pinned` committed. Memory no block
+    /// bitmap: those a failed `commit_slots` committed. Memory no block
     /// ever used needs no stream order. If the space refuses, they stay
-    /// committed and counted, pinned with the block's other granules.
+    /// committed and counted.
     pub(super) fn undo_commits(&mut self, r: &Reservation, lo: u32, upto: u32) {
         let mut s = lo;
         while s < upto {
@@ -144,11 +147,59 @@ impl<V: ReservableSpace> VirtualPool<V> {
         }
     }
 
-    /// Decommits the oldest Idle granules, each with its Idle neighbours,
-    /// until at most `keep` bytes are Idle; the decommits are ordered on
-    /// `stream`, and `for_commit` when a commit follows
-    /// ([`ReservableSpace::decommit_for_commit`]). Returns the bytes
-    /// decommitted.
+    /// Decommits up to `n` Idle granules, the candidates of the last
+    /// search from the highest address down, each run in one call ordered
+    /// on `stream` (`for_commit` when a commit follows,
+    /// [`ReservableSpace::decommit_for_commit`]). Returns how many it
+    /// decommitted; fewer than `n` when the candidates run out.
+    ///
+    /// # Errors
+    ///
+    /// The space's error if a decommit fails; those granules stay
+    /// committed and Idle (the next search finds them), and a trim is
+    /// pending.
+    pub(super) fn decommit_idle<S: Stream + ?Sized>(
+        &mut self,
+        n: u64,
+        for_commit: bool,
+        stream: &S,
+    ) -> Result<u64> {
+        let mut done = 0;
+        while done < n {
+            let Some((lo, hi)) = self.take_candidate(n - done) else { break };
+            self.decommit_slots(lo, hi, for_commit, stream)?;
+            done += (hi - lo) as u64;
+        }
+        Ok(done)
+    }
+
+    /// Decommits slots `lo..hi`, Idle granules of one reservation.
+    fn decommit_slots<S: Stream + ?Sized>(
+        &mut self,
+        lo: u32,
+        hi: u32,
+        for_commit: bool,
+        stream: &S,
+    ) -> Result<()> {
+        let r = *self.reservation_of_slot(lo);
+        let range = self.slot_range(&r, lo, hi);
+        let decommitted = match for_commit {
+            true => self.space.decommit_for_commit(range, stream),
+            false => self.space.decommit(range, stream),
+        };
+        if let Err(e) = decommitted {
+            self.trim_pending = true;
+            return Err(e);
+        }
+        self.committed_bits.set(lo, hi, false);
+        self.committed -= (hi - lo) as u64;
+        self.idle_bound = self.idle_bound.saturating_sub((hi - lo) as u64);
+        Ok(())
+    }
+
+    /// Decommits Idle granules until at most `keep` bytes are Idle, the
+    /// highest first; the decommits are ordered on `stream`, and
+    /// `for_commit` when a commit follows. Returns the bytes decommitted.
     ///
     /// # Errors
     ///
@@ -161,46 +212,12 @@ impl<V: ReservableSpace> VirtualPool<V> {
         for_commit: bool,
         stream: &S,
     ) -> Result<u64> {
-        let limit = keep >> self.shift;
-        let mut freed = 0;
-        // How many more granules to take (at most all of them: a u32).
-        let excess = |p: &Self| (p.idle - limit) as u32;
-        while self.idle > limit {
-            // The oldest granule, the first of the head run, then its Idle
-            // neighbours above, then below, as many as needed.
-            let head = self.runs[SENTINEL as usize].next;
-            let s = self.runs[head as usize].start;
-            let r = *self.reservation_of_slot(s);
-            let end = r.base + (r.range.len() >> self.shift) as u32;
-            let mut hi = self.take_idle(head, s, s.saturating_add(excess(self)));
-            while hi < end && self.idle > limit {
-                let Some(id) = self.run_starting(hi) else { break };
-                hi = self.take_idle(id, hi, hi.saturating_add(excess(self)));
-            }
-            let mut lo = s;
-            while lo > r.base && self.idle > limit {
-                let Some(id) = self.run_ending(lo - 1) else { break };
-                let from = self.runs[id as usize].start.max(lo - excess(self).min(lo));
-                self.take_idle(id, from, lo);
-                lo = from;
-            }
-            let range = self.slot_range(&r, lo, hi);
-            let decommitted = match for_commit {
-                true => self.space.decommit_for_commit(range, stream),
-                false => self.space.decommit(range, stream),
-            };
-            if let Err(e) = decommitted {
-                self.push_idle(lo, hi, true);
-                self.trim_pending = true;
-                return Err(e);
-            }
-            self.committed_bits.set(lo, hi, false);
-            self.committed -= (hi - lo) as u64;
-            freed += ((hi - lo) as u64) << self.shift;
-        }
+        let idle = self.scan();
+        let excess = idle.saturating_sub(keep >> self.shift);
+        let done = self.decommit_idle(excess, for_commit, stream)?;
         // A trim to more than `keep` (on commit) leaves a failed one pending.
-        self.trim_pending &= self.idle_bytes() > self.config.keep;
-        Ok(freed)
+        self.trim_pending &= self.idle_bound << self.shift > self.config.keep;
+        Ok(done << self.shift)
     }
 
     /// Decommits every committed granule that no live block touches,
@@ -231,13 +248,78 @@ impl<V: ReservableSpace> VirtualPool<V> {
         self.trim_to(0, false, stream)
     }
 
-    /// After a failed allocate: decommits the oldest Idle granules beyond
-    /// `keep`, ordered on `stream`, if a failed decommit left some (a trim
+    /// After a failed allocate: decommits Idle granules beyond `keep`,
+    /// ordered on `stream`, if a failed decommit left some (a trim
     /// pending). A failure of this trim leaves it pending.
     #[cold]
     pub(super) fn retry_trim<S: Stream + ?Sized>(&mut self, stream: &S) {
-        if self.idle > self.keep {
+        if self.trim_pending || self.idle_bound > self.keep {
             let _ = self.trim_to(self.config.keep, false, stream);
         }
+    }
+
+    /// After a free whose block (`len` bytes at `addr`) became part of the
+    /// free range `freed`: its granules wholly inside `freed` are Idle now.
+    /// Beyond `keep` Idle granules, decommits them or others, ordered on
+    /// `stream`; unless `now` is false (the free of a block on another
+    /// stream), then the trim is left pending for a later call.
+    ///
+    /// If no granule was Idle before, those of the block are all there are
+    /// and go first, without a search.
+    #[inline]
+    pub(super) fn after_free<S: Stream + ?Sized>(
+        &mut self,
+        freed: Range,
+        addr: u64,
+        len: u64,
+        now: bool,
+        stream: &S,
+    ) {
+        if !self.counts_idle() {
+            return;
+        }
+        let before = self.idle_bound;
+        let new = self.granules_inside(freed, addr, len);
+        self.idle_bound += new;
+        if self.idle_bound <= self.keep {
+            return;
+        }
+        if !now {
+            self.trim_pending = true;
+        } else if before == 0 && !self.trim_pending {
+            let (lo, hi) = self.span_inside(freed, addr, len);
+            let (_, hi) = self.slots_of(lo, hi - lo);
+            // The highest first, as every trim.
+            let from = hi - (self.idle_bound - self.keep).min(new) as u32;
+            // Not a candidate of an earlier search any more.
+            self.touched.set(from, hi, true);
+            let _ = self.decommit_slots(from, hi, false, stream);
+        } else {
+            let _ = self.trim_to(self.config.keep, false, stream);
+        }
+    }
+
+    /// Whether the pool counts its Idle granules as blocks are freed: only
+    /// a release threshold under all the memory makes a free trim.
+    #[inline(always)]
+    pub(super) fn counts_idle(&self) -> bool {
+        self.config.keep != u64::MAX
+    }
+
+    /// How many granules of the block of `len` bytes at `addr` lie wholly
+    /// inside the free range `freed` that holds it.
+    #[inline]
+    pub(super) fn granules_inside(&self, freed: Range, addr: u64, len: u64) -> u64 {
+        let (lo, hi) = self.span_inside(freed, addr, len);
+        (hi - lo) >> self.shift
+    }
+
+    /// The addresses of those granules, `lo..hi` (equal if none).
+    #[inline]
+    fn span_inside(&self, freed: Range, addr: u64, len: u64) -> (u64, u64) {
+        let g = self.granule();
+        let lo = freed.start().next_multiple_of(g).max(addr & !(g - 1));
+        let hi = (freed.end() & !(g - 1)).min((addr + len).next_multiple_of(g));
+        (lo, hi.max(lo))
     }
 }

@@ -20,8 +20,6 @@ mod idle;
 #[cfg(test)]
 mod idle_tests;
 #[cfg(test)]
-mod run_tests;
-#[cfg(test)]
 mod tests;
 
 pub use config::VirtualConfig;
@@ -32,7 +30,6 @@ use crate::{Block, Error, Inspect, MemoryResourceMut, Range, Request, Result, St
 use alloc::vec::Vec;
 use bits::Bits;
 use core::fmt;
-use idle::{Run, NONE, SENTINEL};
 
 /// One reservation of the space.
 #[derive(Clone, Copy, Debug)]
@@ -78,32 +75,31 @@ fn slots_touched(r: &Reservation, shift: u32, start: u64, end: u64) -> (u32, u32
 ///  reservation ┌──────────────────────────────────────────────────────────┐
 ///  index       │ used │  free  │used│used│          free          │ used  │
 ///  granules    │ Busy │ Busy │ Idle │Busy│ Idle │ Unc. │ Unc. │Busy│ Busy │
+///  committed   │  1   │  1   │  1   │ 1  │  1   │  0   │  0   │ 1  │  1   │
 ///              └──────────────────────────────────────────────────────────┘
-///  idle list (oldest first): run ◄─► run ◄─► ...   at most `keep` bytes
-///            (a run: the Idle granules that one free left, or what is
-///            left of them)
+///  candidates: Idle runs the last search found, taken highest first
 ///
 ///  allocate: index (O(1)); a block under a granule that would touch one
 ///            no live block does moves, if it can, to the end of a free
-///            range where a live block keeps the granule ─► the block's
-///            Idle granules leave the idle list, a run at a time; beyond
-///            the peak (+ slack), decommit as
-///            many other Idle ones as needed; commit its Uncommitted
-///            granules (in runs) ─► all Busy; count the block at its
-///            first and last granule
-///  free:     index (O(1)) ─► uncount the block; its granules that no
-///            other live block counts turn Idle, one run ─► over `keep`:
-///            decommit the oldest Idle granules
+///            range where a live block keeps the granule ─► all its
+///            granules committed? done. Else, beyond the peak (+ slack),
+///            decommit candidates (searching again if they run short);
+///            commit its Uncommitted granules (in runs)
+///  free:     index (O(1)); only with a release threshold: count the
+///            granules the block leaves Idle ─► over `keep`: decommit
+///  search:   the index's free ranges of a granule or more ─► the
+///            committed granules wholly inside them are the Idle ones
 /// ```
 ///
 /// - Every block is aligned to 256 bytes, or more when asked; sizes are
 ///   rounded up to 256 bytes. Every granule a live block touches is
 ///   committed before the block is handed out.
 /// - A granule is Busy exactly when a live block touches it; then it stays
-///   committed. Each granule counts the live blocks that begin or end in
-///   it: a block touches other blocks' granules only there, so a new or
-///   freed block updates two counts, whatever its size, and its granules
-///   in between change state as runs, never one by one.
+///   committed. The pool keeps no per-granule record of that: a granule is
+///   Idle exactly when it is committed and lies wholly inside a free range
+///   of the index, and the pool looks for such granules only when it gives
+///   memory back. Between two searches, a block placed over a granule
+///   marks it touched, and no trim takes a touched granule.
 /// - Kept Idle memory never raises the peak of committed memory beyond the
 ///   [slack](VirtualConfig::slack_permille) (with
 ///   [`VirtualConfig::trim_on_commit`], the default): an allocation that
@@ -115,11 +111,11 @@ fn slots_touched(r: &Reservation, shift: u32, start: u64, end: u64) -> (u32, u32
 ///   space ran out of physical memory), and granules that it committed and
 ///   then failed to decommit stay committed and Idle.
 /// - At most `keep` bytes of committed memory are Idle after every call
-///   unless a decommit failed: its granules stay committed, Idle and
-///   counted, and the next free, failed allocate or [`trim`](Self::trim)
-///   retries (`trim` returns the space's error). Idle granules are
-///   decommitted oldest first (least recently freed), with their Idle
-///   neighbours in one call.
+///   unless a decommit failed: its granules stay committed and Idle, and
+///   the next free, failed allocate or [`trim`](Self::trim) retries
+///   (`trim` returns the space's error). Idle granules are decommitted
+///   highest address first, a run of them in one call; a free that leaves
+///   the first Idle granules gives back its own.
 /// - Out of physical memory (the space's [`Error::OutOfMemory`] on a
 ///   commit): the pool decommits its Idle granules and tries once more, as
 ///   the CUDA pool trims before it fails; the space's error if it still
@@ -139,16 +135,13 @@ fn slots_touched(r: &Reservation, shift: u32, start: u64, end: u64) -> (u32, u32
 /// # Time Complexity
 ///
 /// When no granule needs mapping or unmapping, allocate and free are O(1)
-/// whatever the block's size, plus O(1) per idle run a new block takes
-/// (usually one), plus, for a block under a granule that the index places
-/// on a granule no live block touches, a look at up to 8 other free
-/// ranges. A call that maps or unmaps costs what that costs, plus
-/// O(granules / 64) over the bitmap of committed granules. A block placed
-/// at an alignment inside an idle run first looks up the run's start: at
-/// most 64 slots, then, for a longer run, a backward search 64 granules at
-/// a time over a bitmap of long runs' starts: O(1 + granules of the run /
-/// 64). Each Idle granule is decommitted at most once per time it turns
-/// Idle, so trimming is O(1) amortized.
+/// whatever the block's size, plus, for a block under a granule that the
+/// index places on a granule no live block touches, a look at up to 8
+/// other free ranges. A call that maps or unmaps costs what that costs,
+/// plus O(granules / 64) over the bitmaps, plus, where it searches for
+/// Idle granules (a commit beyond the limit whose candidates ran short, a
+/// trim, a free beyond `keep` after other Idle granules), O(free ranges of
+/// a granule or more + their granules / 64).
 ///
 /// # Examples
 ///
@@ -173,44 +166,36 @@ pub struct VirtualPool<V: ReservableSpace> {
     /// The live reservations, sorted by address; each is one region of the
     /// index, covered exactly by its nodes.
     reservations: Vec<Reservation>,
-    /// Per granule of every reservation (its slot): how many live blocks
-    /// have their first or last granule there (a block within one granule
-    /// counts once). A granule is touched by a live block exactly when its
-    /// count is not 0 or it lies strictly inside one.
-    edges: Vec<u32>,
-    /// Per slot: whether the granule is committed. A committed granule is
-    /// Busy (touched by a live block), Idle (in exactly one run of the idle
-    /// list), or, only inside an allocate, pinned for the block being
-    /// committed.
+    /// Number of slots: the granules of every reservation.
+    slots: u32,
+    /// Per slot: whether the granule is committed. Every granule a live
+    /// block touches is; the others are Idle.
     committed_bits: Bits,
-    /// Per slot: the record of the idle run that starts or ends there;
-    /// meaningful only where a run does (checked against its record),
-    /// stale elsewhere, so that no call rewrites a run's granules.
-    tags: Vec<u32>,
-    /// Per slot: whether a long idle run starts there; set exactly at the
-    /// `start` of each run of the idle list of more than `LONG_RUN`
-    /// granules.
-    long_starts: Bits,
-    /// The records of the idle runs: the sentinel, the runs, free records
-    /// linked from `free_run`. The runs in the list, from the sentinel's
-    /// `next` to its `prev`, hold every Idle granule once; their granules,
-    /// each run in ascending order, in list order, are the Idle granules
-    /// oldest first (least recently freed).
-    runs: Vec<Run>,
-    /// The first free record (`NONE`: none).
-    free_run: u32,
-    /// Number of Idle granules.
-    idle: u64,
+    /// Idle granules that the last search found and no trim took yet, as
+    /// runs of slots by address, disjoint, each in one reservation: taken
+    /// from the last (highest) down. Each of their granules that
+    /// `touched` does not mark is committed and Idle.
+    candidates: Vec<(u32, u32)>,
+    /// Per slot: whether a block was placed over the granule since the
+    /// last search (set only while there are candidates), or a free gave
+    /// it back without a search.
+    touched: Bits,
     /// Number of committed granules.
     committed: u64,
     /// Highest `committed` ever.
     peak_committed: u64,
-    /// Highest number of committed granules not Idle ever (at most
-    /// `peak_committed`).
+    /// Highest number of committed granules not Idle that a search found
+    /// (at most `peak_committed`): the limit of trim on commit knows no
+    /// more than that.
     peak_busy: u64,
     /// Highest bytes handed out at once (sizes rounded up to 256), counted
     /// when a block is handed out.
     peak_used: u64,
+    /// At least the number of Idle granules, where the pool counts them
+    /// ([`counts_idle`](Self::counts_idle)): set by each search, raised by
+    /// each free by the granules it leaves Idle, lowered by decommits, not
+    /// lowered when a block is placed over Idle granules.
+    idle_bound: u64,
     /// log2 of the space's granule.
     shift: u32,
     config: VirtualConfig,
@@ -282,17 +267,15 @@ impl<V: ReservableSpace> VirtualPool<V> {
             space,
             index: CoalescingIndex::new(256),
             reservations: Vec::new(),
-            edges: Vec::new(),
+            slots: 0,
             committed_bits: Bits::default(),
-            tags: Vec::new(),
-            long_starts: Bits::default(),
-            runs: alloc::vec![Run { start: NONE, end: NONE, prev: SENTINEL, next: SENTINEL }],
-            free_run: NONE,
-            idle: 0,
+            candidates: Vec::new(),
+            touched: Bits::default(),
             committed: 0,
             peak_committed: 0,
             peak_busy: 0,
             peak_used: 0,
+            idle_bound: 0,
             shift: granule.trailing_zeros(),
             config,
             trim_pending: false,
@@ -319,7 +302,7 @@ impl<V: ReservableSpace> VirtualPool<V> {
 
     /// Bytes reserved (committed or not).
     pub fn reserved_bytes(&self) -> u64 {
-        self.edges.len() as u64 * self.granule()
+        (self.slots as u64) << self.shift
     }
 
     /// Committed bytes: the pool's physical footprint (its usage's `held`).
@@ -328,9 +311,10 @@ impl<V: ReservableSpace> VirtualPool<V> {
         self.committed << self.shift
     }
 
-    /// Committed bytes that no live block touches (at most `keep`).
+    /// Committed bytes that no live block touches (at most `keep`),
+    /// counted afresh: O(ranges of the index).
     pub fn idle_bytes(&self) -> u64 {
-        self.idle << self.shift
+        self.count_idle() << self.shift
     }
 
     /// Frees the block as [`deallocate`](MemoryResourceMut::deallocate)
@@ -344,25 +328,23 @@ impl<V: ReservableSpace> VirtualPool<V> {
     ///
     /// As `deallocate`; nothing changes then.
     pub fn deallocate_keeping(&mut self, block: Block) -> Result<()> {
-        self.free_block(block)?;
-        self.trim_pending |= self.idle > self.keep;
-        Ok(())
+        self.free_block(block, false, &())
     }
 
-    /// Gives `block` back to the index and turns the granules no live
-    /// block touches any more Idle.
+    /// Gives `block` back to the index; its granules that no live block
+    /// touches any more are Idle. Beyond `keep`, a trim ordered on
+    /// `stream` if `now`, else a trim pending.
     #[inline]
-    fn free_block(&mut self, block: Block) -> Result<()> {
+    fn free_block<S: Stream + ?Sized>(&mut self, block: Block, now: bool, stream: &S) -> Result<()> {
         if block.is_empty() {
             return Ok(());
         }
-        match self.index.free(block.tag(), block.addr(), block.size()) {
-            Ok(_) => {}
+        let freed = match self.index.free(block.tag(), block.addr(), block.size()) {
+            Ok(freed) => freed,
             Err(Error::UnknownBlock { .. }) => self.deallocate_by_address(block)?,
             Err(e) => return Err(e),
-        }
-        let (lo, hi) = self.slots_of(block.addr(), (block.size() + 255) & !255);
-        self.unpin(lo, hi);
+        };
+        self.after_free(freed, block.addr(), (block.size() + 255) & !255, now, stream);
         Ok(())
     }
 
@@ -397,7 +379,7 @@ impl<V: ReservableSpace> VirtualPool<V> {
         let g = self.granule();
         let len = bytes.checked_next_multiple_of(g).ok_or(Error::InvalidSize { size: bytes })?;
         let granules = len >> self.shift;
-        if self.edges.len() as u64 + granules >= NONE as u64 {
+        if self.slots as u64 + granules >= u32::MAX as u64 {
             return Err(Error::InvalidSize { size: bytes });
         }
         let range = self.space.reserve(len)?;
@@ -412,12 +394,10 @@ impl<V: ReservableSpace> VirtualPool<V> {
                 return Err(e);
             }
         };
-        let base = self.edges.len() as u32;
-        let slots = self.edges.len() + granules as usize;
-        self.edges.resize(slots, 0);
-        self.tags.resize(slots, SENTINEL);
-        self.committed_bits.grow(slots);
-        self.long_starts.grow(slots);
+        let base = self.slots;
+        self.slots += granules as u32;
+        self.committed_bits.grow(self.slots as usize);
+        self.touched.grow(self.slots as usize);
         let at = self.reservations.partition_point(|r| r.range.start() < range.start());
         self.reservations.insert(at, Reservation { range, first, base });
         Ok(first)
@@ -457,8 +437,10 @@ impl<V: ReservableSpace> VirtualPool<V> {
         Range::new(start, ((hi - lo) as u64) << self.shift).unwrap_or_default()
     }
 
-    /// The most bytes ever touched by live blocks at once (whole granules):
-    /// the peak committed bytes would have been with nothing kept Idle.
+    /// The most bytes touched by live blocks at once (whole granules) that
+    /// the pool has seen: it counts them when it searches for Idle granules
+    /// (a commit beyond its limit, a trim), so the true peak may be higher.
+    /// With nothing kept Idle, the peak of committed bytes is the true one.
     ///
     /// # Examples
     ///
@@ -497,6 +479,21 @@ impl<V: ReservableSpace> VirtualPool<V> {
         self.peak_used
     }
 
+    /// Whether a block of `len` bytes at `addr`, carved from the free range
+    /// `from`, touches a granule that no other live block touches: one
+    /// that the nearest live blocks, which end and begin at `from`'s ends,
+    /// do not reach into (a reservation's ends lie on granules).
+    #[inline(always)]
+    fn takes_own_granule(&self, addr: u64, len: u64, from: Range) -> bool {
+        let g = self.granule();
+        let (first, last) = (addr & !(g - 1), (addr + len - 1) & !(g - 1));
+        let (shared_first, shared_last) = (from.start() > first, from.end() < last + g);
+        match first == last {
+            true => !(shared_first || shared_last),
+            false => !(shared_first && shared_last),
+        }
+    }
+
     /// The place of `request`, smaller than a granule, that the index
     /// carved at `a` over a granule no live block touches: where it touches
     /// only granules that live blocks do, at the start or the end of one of
@@ -508,15 +505,15 @@ impl<V: ReservableSpace> VirtualPool<V> {
     /// the live bytes would not need.
     #[inline(never)]
     fn move_small(&mut self, a: Allocation, request: Request) -> Allocation {
-        let len = request.rounded_size(256);
-        let (reservations, edges, shift) = (&self.reservations[..], &self.edges[..], self.shift);
-        let kept = |addr: u64| {
-            let Some(r) = reservation_at(reservations, addr) else { return false };
-            let (lo, hi) = slots_touched(r, shift, addr, addr + len);
-            // In a free range no granule lies inside a live block: a granule
-            // there is touched exactly when a live block ends or begins in
-            // it. A block under a granule touches one or two.
-            edges[lo as usize] != 0 && (hi - lo == 1 || edges[lo as usize + 1] != 0)
+        let (len, g) = (request.rounded_size(256), self.granule());
+        // In a free range a granule is touched by a live block exactly when
+        // the live block below the range ends in it or the one above
+        // begins in it (a reservation's ends lie on granules).
+        let kept = |addr: u64, free: Range| {
+            let first = addr & !(g - 1);
+            let last = (addr + len - 1) & !(g - 1);
+            let touched = |start: u64| free.start() > start || free.end() < start + g;
+            touched(first) && (first == last || touched(last))
         };
         // On an error the index changed nothing: `a` stays.
         self.index.move_where(a, request.size(), request.align(), PLACE_TRIES, kept).unwrap_or(a)
@@ -530,7 +527,7 @@ impl<V: ReservableSpace> VirtualPool<V> {
         &mut self,
         request: Request,
         stream: &S,
-    ) -> Result<crate::index::Allocation> {
+    ) -> Result<(Allocation, Range)> {
         let grown = if self.reservations.len() >= self.config.max_reservations as usize {
             Ok(None)
         } else {
@@ -539,8 +536,12 @@ impl<V: ReservableSpace> VirtualPool<V> {
             let need = request.rounded_size(256) + pad;
             // From the new reservation itself: one of exactly `need` bytes
             // may sit in a size class that the index's class search skips.
-            self.add_reservation(need.max(self.config.reserve))
-                .and_then(|first| self.index.allocate_in(first, request.size(), request.align()))
+            self.add_reservation(need.max(self.config.reserve)).and_then(|first| {
+                let range = self.reservations.iter().find(|r| r.first == first).map(|r| r.range);
+                let a = self.index.allocate_in(first, request.size(), request.align())?;
+                // The new reservation was one free range.
+                Ok(a.zip(range))
+            })
         };
         if let Ok(Some(a)) = grown {
             return Ok(a);
@@ -550,16 +551,17 @@ impl<V: ReservableSpace> VirtualPool<V> {
         Err(grown.err().unwrap_or_else(|| self.out_of_memory(request.size())))
     }
 
-    /// Free of a block whose tag did not name a live node: look the address up.
+    /// Free of a block whose tag did not name a live node: look the address
+    /// up. Returns the free range the block became part of.
     #[cold]
-    fn deallocate_by_address(&mut self, block: Block) -> Result<()> {
+    fn deallocate_by_address(&mut self, block: Block) -> Result<Range> {
         let addr = block.addr();
         let Some(r) = self.reservation_of(addr) else {
             return Err(Error::UnknownBlock { addr });
         };
         let first = r.first;
         let had_tag = block.tag() != Block::NO_TAG;
-        self.index.free_by_address(first, addr, block.size(), had_tag).map(|_| ())
+        self.index.free_by_address(first, addr, block.size(), had_tag)
     }
 }
 
@@ -582,46 +584,41 @@ where
         if request.is_zero() {
             return Ok(Block::EMPTY);
         }
-        let mut a = match self.index.allocate(request.size(), request.align()) {
-            Ok(Some(a)) => a,
+        let (mut a, from) = match self.index.allocate_with_range(request.size(), request.align()) {
+            Ok(Some(found)) => found,
             Ok(None) => self.grow_and_allocate(request, stream)?,
             Err(e) => {
                 self.retry_trim(stream);
                 return Err(e);
             }
         };
-        let (mut lo, mut hi) = self.slots_of(a.addr, request.rounded_size(256));
-        let (mut s, mut e) = self.own_slots(lo, hi);
-        if s < e && request.size() < self.granule() {
+        let len = request.rounded_size(256);
+        if request.size() < self.granule() && self.takes_own_granule(a.addr, len, from) {
             // It would take a granule no live block touches: look for one
             // that a live block keeps.
             a = self.move_small(a, request);
-            (lo, hi) = self.slots_of(a.addr, request.rounded_size(256));
-            (s, e) = self.own_slots(lo, hi);
         }
-        if s < e {
-            if self.pin(s, e) {
-                self.commit_fresh(&a, request, (lo, hi), stream)?;
-            }
-            self.peak_busy = self.peak_busy.max(self.committed - self.idle);
+        let (lo, hi) = self.slots_of(a.addr, len);
+        if !self.candidates.is_empty() {
+            // No trim may take these granules, whatever the last search saw.
+            self.touched.set(lo, hi, true);
         }
-        self.count_edges(lo, hi);
+        if !self.committed_bits.all(lo, hi) {
+            let fresh = (hi - lo - self.committed_bits.count(lo, hi)) as u64;
+            self.commit_fresh(&a, request, (lo, hi), fresh, stream)?;
+        }
         self.peak_used = self.peak_used.max(self.index.used_bytes());
         Ok(Block::new(a.addr, request.size(), a.tag))
     }
 
     /// Frees the block; its granules that no live block touches any more
-    /// turn Idle, and the oldest Idle granules beyond `keep` are decommitted,
-    /// ordered on `stream`. A failed decommit does not fail the free: the
-    /// granules stay committed and counted, and a later free or
+    /// are Idle, and Idle granules beyond `keep` are decommitted, the
+    /// block's own first, ordered on `stream`. A failed decommit does not
+    /// fail the free: the granules stay committed, and a later free or
     /// [`trim`](VirtualPool::trim) retries.
     #[inline]
     fn deallocate(&mut self, block: Block, stream: &S) -> Result<()> {
-        self.free_block(block)?;
-        if self.idle > self.keep {
-            let _ = self.trim_to(self.config.keep, false, stream);
-        }
-        Ok(())
+        self.free_block(block, true, stream)
     }
 }
 
@@ -632,13 +629,23 @@ where
 // SAFETY: every block is a range of the index inside one of the pool's
 // reservations, handed out only once every granule it touches is committed
 // (`allocate` commits the Uncommitted ones first), and while the pool lives
-// a granule stays committed while a live block touches it: only Idle
-// granules, which no live block touches, are given to `decommit` (the drop
-// decommits the rest, and then releases the reservations). So a live block lies in ranges the
-// space committed and was not asked to decommit, which `V: MemoryOf<E>`
-// promises are memory of `E`; once freed, its bytes are a range of the
-// space, committed or not, on which the same promise keeps `E` sound. The
-// index keeps live ranges disjoint, and the pool's records live in its own
+// a granule stays committed while a live block touches it. The pool
+// decommits only (the drop aside, which decommits everything and then
+// releases the reservations): granules that the call in progress committed
+// for a block it does not hand out (`undo_commits`); granules wholly inside
+// the free range that the index returned for a block just freed
+// (`after_free`), which no live block touches; and candidates
+// (`take_candidate`), each wholly inside a free range of the index when a
+// search (`scan`) found it. A search replaces the candidates and clears
+// `touched`; from then on, while candidates remain, every allocate marks
+// in `touched` each granule its block touches before it decommits
+// anything, frees make no granule Busy, and `take_candidate` skips marked
+// granules: so an unmarked candidate still lies wholly inside free space,
+// and no live block touches it. So a live block lies in ranges the space
+// committed and was not asked to decommit, which `V: MemoryOf<E>` promises
+// are memory of `E`; once freed, its bytes are a range of the space,
+// committed or not, on which the same promise keeps `E` sound. The index
+// keeps live ranges disjoint, and the pool's records live in its own
 // vectors, never in the space.
 unsafe impl<E, V: ReservableSpace + crate::copy::MemoryOf<E>> crate::copy::MemoryOf<E> for VirtualPool<V> {}
 

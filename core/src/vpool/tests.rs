@@ -291,8 +291,9 @@ pub(super) fn idle_between_uncommitted(space: &CountingSpace) -> (VirtualPool<&C
     let anchor = p.allocate(req(256), &()).unwrap();
     assert_eq!([a.addr(), b.addr(), c.addr(), anchor.addr()], [0, 1, 2, 3].map(|i| base + i * MIB));
     p.deallocate(a, &()).unwrap(); // granule 0 Idle, kept
-    p.deallocate(c, &()).unwrap(); // granule 2 Idle; granule 0, the oldest, goes
-    p.deallocate(b, &()).unwrap(); // granule 1 Idle; granule 2, the oldest, goes
+    assert_eq!(p.trim(&()), Ok(MIB)); // and given back
+    p.deallocate(c, &()).unwrap(); // granule 2 Idle, kept
+    p.deallocate(b, &()).unwrap(); // granule 1 Idle; granule 2, the highest, goes
     assert!(!space.is_committed(range(base, MIB)));
     assert!(space.is_committed(range(base + MIB, MIB)));
     assert!(!space.is_committed(range(base + 2 * MIB, MIB)));

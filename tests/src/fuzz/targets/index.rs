@@ -59,15 +59,33 @@ impl FuzzResource for IndexTarget {
         if request.is_zero() {
             return Ok(Block::EMPTY);
         }
-        let placed = self.index.allocate(request.size(), request.align())?;
+        let g = self.index.granule();
+        let len = request.size().next_multiple_of(g);
+        let placed = if request.size() % 2 == 0 {
+            // The free range it was carved from holds it.
+            self.index.allocate_with_range(request.size(), request.align())?.map(|(a, from)| {
+                assert!(
+                    from.start() <= a.addr && a.addr + len <= from.end(),
+                    "{:#x} not in {from:?}",
+                    a.addr
+                );
+                a
+            })
+        } else {
+            self.index.allocate(request.size(), request.align())?
+        };
         if let (Some(a), true) = (placed, request.size() % 3 == 0) {
             // As the virtual pool moves a small block: to the first place a
             // rule of the address accepts (here, not the start of every
-            // fourth granule), else nowhere.
-            let g = self.index.granule();
+            // fourth granule), else nowhere; each place offered lies in
+            // the free range offered with it.
             let fits = |addr: u64| addr / g % 4 != 0;
+            let offered = |addr: u64, free: Range| {
+                assert!(free.start() <= addr && addr + len <= free.end(), "{addr:#x} offered in {free:?}");
+                fits(addr)
+            };
             // An error changes nothing: `a` stays.
-            let b = self.index.move_where(a, request.size(), request.align(), 8, fits).unwrap_or(a);
+            let b = self.index.move_where(a, request.size(), request.align(), 8, offered).unwrap_or(a);
             assert!(
                 fits(b.addr) || b.addr == a.addr,
                 "move_where took {:#x}, a place it was refused",
