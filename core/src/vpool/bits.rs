@@ -118,8 +118,15 @@ mod tests {
         assert_eq!((b.count(0, 300), b.count(60, 130), b.count(5, 5)), (61 + 72, 4 + 2, 0));
         assert_eq!((b.find(0, 300, true), b.find(10, 300, false), b.find(64, 300, true)), (3, 64, 128));
         assert_eq!((b.find(200, 300, true), b.find(70, 100, true), b.find(3, 50, false)), (300, 100, 50));
+        let all = [(3, 64), (3, 4), (130, 200), (60, 64), (3, 65), (128, 129), (2, 3), (63, 129)];
+        for (lo, hi) in all {
+            assert_eq!(b.all(lo, hi), (lo..hi).all(naive), "{lo}..{hi}");
+        }
         b.set(0, 300, true);
         assert_eq!((b.count(0, 300), b.find(0, 300, false)), (300, 300));
+        assert!(b.all(0, 300));
+        b.clear();
+        assert_eq!((b.count(0, 300), b.find(0, 300, true)), (0, 300));
     }
 
     #[test]

@@ -392,3 +392,33 @@ fn a_trim_that_makes_room_for_a_commit_lets_the_space_keep_the_memory_for_it() {
     p.deallocate(anchor, &()).unwrap();
     p.check().unwrap();
 }
+
+#[test]
+fn a_trim_never_takes_a_candidate_that_a_block_was_placed_over() {
+    // A search finds `a`'s 4 Idle granules; `c` is then placed over
+    // granules 0 and 1 without a search (they are committed). Asked for 4,
+    // the candidates give the other 2, never `c`'s.
+    let space = CountingSpace::new(1 << 30, MIB);
+    let config = VirtualConfig::new(64 * MIB).release_threshold(u64::MAX);
+    let mut p = VirtualPool::with_config(&space, config).unwrap();
+    let base = p.reservations[0].range.start();
+    let a = p.allocate(req(4 * MIB), &()).unwrap();
+    let anchor = p.allocate(req(256), &()).unwrap();
+    p.deallocate(a, &()).unwrap();
+    assert_eq!(p.scan(), 4);
+    assert_eq!(p.candidates, [(0, 4)]);
+    let commits = space.call_counts().0;
+    let c = p.allocate(Request::aligned(2 * MIB, MIB).unwrap(), &()).unwrap();
+    assert_eq!((c.addr(), space.call_counts().0), (base, commits));
+    p.check().unwrap();
+    assert_eq!(p.decommit_idle(4, false, &()), Ok(2));
+    assert!(p.candidates.is_empty());
+    p.check().unwrap();
+    assert!(space.is_committed(granules_of(&c, MIB)), "a trim took a granule of a live block");
+    assert!(!space.is_committed(range(base + 2 * MIB, 2 * MIB)));
+    assert_eq!((p.usage().held, p.idle_bytes()), (3 * MIB, 0));
+    for blk in [c, anchor] {
+        p.deallocate(blk, &()).unwrap();
+        p.check().unwrap();
+    }
+}
