@@ -79,11 +79,10 @@ impl Bits {
     #[inline(always)]
     pub(super) fn all(&self, lo: u32, hi: u32) -> bool {
         let (l, h) = (lo as usize, hi as usize);
-        if l / 64 == (h - 1) / 64 {
-            let m = mask(l / 64, l, h);
-            return self.0[l / 64] & m == m;
-        }
-        self.count(lo, hi) == hi - lo
+        (l / 64..=(h - 1) / 64).all(|w| {
+            let m = mask(w, l, h);
+            self.0[w] & m == m
+        })
     }
 
     /// Clears every bit.
