@@ -63,9 +63,9 @@ impl<V: ReservableSpace> Inspect for VirtualPool<V> {
     fn check(&self) -> core::result::Result<(), Violation> {
         self.index.check()?;
         let g = self.granule();
-        let slots = self.slots as usize;
+        let slots = (self.reserved_bytes() >> self.shift) as usize;
         let mut touched = alloc::vec![false; slots];
-        let (mut reserved, mut last_end, mut granules) = (0u64, 0u64, 0usize);
+        let (mut reserved, mut last_end) = (0u64, 0u64);
         let mut used_bytes = 0u64;
         let mut bases: Vec<(u32, u32)> = Vec::new();
         for r in &self.reservations {
@@ -77,7 +77,6 @@ impl<V: ReservableSpace> Inspect for VirtualPool<V> {
                 return Err(Violation::new("reservation not aligned to the granule"));
             }
             bases.push((r.base, r.base + (r.range.len() / g) as u32));
-            granules += (r.range.len() / g) as usize;
             let mut cursor = r.range.start();
             let mut bad = false;
             self.index.for_each_in_region(r.first, |n, free| {
@@ -97,9 +96,9 @@ impl<V: ReservableSpace> Inspect for VirtualPool<V> {
             reserved += r.range.len();
         }
         bases.sort_unstable();
-        if granules != slots
+        if bases.first().is_some_and(|b| b.0 != 0)
             || bases.windows(2).any(|w| w[0].1 != w[1].0)
-            || self.committed_bits.count(0, self.slots) as u64 != self.committed
+            || self.committed_bits.count(0, slots as u32) as u64 != self.committed
         {
             return Err(Violation::new("slots or committed count do not match the reservations' granules"));
         }
@@ -136,7 +135,7 @@ impl<V: ReservableSpace> Inspect for VirtualPool<V> {
         if self.counts_idle() && idle > self.idle_bound {
             return Err(Violation::new("more Idle granules than the pool counts"));
         }
-        if !self.trim_pending && self.idle_bytes() > self.config.keep {
+        if !self.trim_pending && idle << self.shift > self.config.keep {
             return Err(Violation::new("more idle committed memory than the release threshold"));
         }
         if busy + idle != self.committed
@@ -145,8 +144,7 @@ impl<V: ReservableSpace> Inspect for VirtualPool<V> {
         {
             return Err(Violation::new("committed count does not match the granules"));
         }
-        if self.index.used_bytes() + self.index.free_bytes() != reserved || reserved != self.reserved_bytes()
-        {
+        if self.index.used_bytes() + self.index.free_bytes() != reserved {
             return Err(Violation::new("bytes in use + bytes free != bytes reserved"));
         }
         if used_bytes != self.index.used_bytes() || self.index.used_bytes() > (busy << self.shift) {

@@ -48,7 +48,8 @@ impl<V: ReservableSpace> VirtualPool<V> {
             // block touches, committed before or by this call and not
             // decommitted, are Idle.
             let freed = self.index.free(a.tag, a.addr, request.size())?;
-            self.idle_bound += self.granules_inside(freed, a.addr, request.rounded_size(256));
+            let (lo, hi) = self.span_inside(freed, a.addr, request.rounded_size(256));
+            self.idle_bound += (hi - lo) >> self.shift;
             // Beyond `keep` only if an earlier decommit failed (a trim of
             // this call may have cleared that); retry it as a free does.
             self.retry_trim(stream);
@@ -278,8 +279,8 @@ impl<V: ReservableSpace> VirtualPool<V> {
         if !self.counts_idle() {
             return;
         }
-        let before = self.idle_bound;
-        let new = self.granules_inside(freed, addr, len);
+        let (lo, hi) = self.span_inside(freed, addr, len);
+        let (before, new) = (self.idle_bound, (hi - lo) >> self.shift);
         self.idle_bound += new;
         if self.idle_bound <= self.keep {
             return;
@@ -287,7 +288,6 @@ impl<V: ReservableSpace> VirtualPool<V> {
         if !now {
             self.trim_pending = true;
         } else if before == 0 && !self.trim_pending {
-            let (lo, hi) = self.span_inside(freed, addr, len);
             let (_, hi) = self.slots_of(lo, hi - lo);
             // The highest first, as every trim.
             let from = hi - (self.idle_bound - self.keep).min(new) as u32;
@@ -306,15 +306,9 @@ impl<V: ReservableSpace> VirtualPool<V> {
         self.config.keep != u64::MAX
     }
 
-    /// How many granules of the block of `len` bytes at `addr` lie wholly
-    /// inside the free range `freed` that holds it.
-    #[inline]
-    pub(super) fn granules_inside(&self, freed: Range, addr: u64, len: u64) -> u64 {
-        let (lo, hi) = self.span_inside(freed, addr, len);
-        (hi - lo) >> self.shift
-    }
-
-    /// The addresses of those granules, `lo..hi` (equal if none).
+    /// The addresses of the granules of the block of `len` bytes at `addr`
+    /// that lie wholly inside the free range `freed` that holds it: `lo..hi`,
+    /// granule-aligned (equal if none).
     #[inline]
     fn span_inside(&self, freed: Range, addr: u64, len: u64) -> (u64, u64) {
         let g = self.granule();

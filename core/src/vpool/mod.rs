@@ -166,8 +166,6 @@ pub struct VirtualPool<V: ReservableSpace> {
     /// The live reservations, sorted by address; each is one region of the
     /// index, covered exactly by its nodes.
     reservations: Vec<Reservation>,
-    /// Number of slots: the granules of every reservation.
-    slots: u32,
     /// Per slot: whether the granule is committed. Every granule a live
     /// block touches is; the others are Idle.
     committed_bits: Bits,
@@ -267,7 +265,6 @@ impl<V: ReservableSpace> VirtualPool<V> {
             space,
             index: CoalescingIndex::new(256),
             reservations: Vec::new(),
-            slots: 0,
             committed_bits: Bits::default(),
             candidates: Vec::new(),
             touched: Bits::default(),
@@ -302,7 +299,7 @@ impl<V: ReservableSpace> VirtualPool<V> {
 
     /// Bytes reserved (committed or not).
     pub fn reserved_bytes(&self) -> u64 {
-        (self.slots as u64) << self.shift
+        self.reservations.iter().map(|r| r.range.len()).sum()
     }
 
     /// Committed bytes: the pool's physical footprint (its usage's `held`).
@@ -379,7 +376,8 @@ impl<V: ReservableSpace> VirtualPool<V> {
         let g = self.granule();
         let len = bytes.checked_next_multiple_of(g).ok_or(Error::InvalidSize { size: bytes })?;
         let granules = len >> self.shift;
-        if self.slots as u64 + granules >= u32::MAX as u64 {
+        let base = self.reserved_bytes() >> self.shift;
+        if base + granules >= u32::MAX as u64 {
             return Err(Error::InvalidSize { size: bytes });
         }
         let range = self.space.reserve(len)?;
@@ -394,10 +392,9 @@ impl<V: ReservableSpace> VirtualPool<V> {
                 return Err(e);
             }
         };
-        let base = self.slots;
-        self.slots += granules as u32;
-        self.committed_bits.grow(self.slots as usize);
-        self.touched.grow(self.slots as usize);
+        let (base, slots) = (base as u32, (base + granules) as usize);
+        self.committed_bits.grow(slots);
+        self.touched.grow(slots);
         let at = self.reservations.partition_point(|r| r.range.start() < range.start());
         self.reservations.insert(at, Reservation { range, first, base });
         Ok(first)
