@@ -47,11 +47,11 @@ impl<V: ReservableSpace> VirtualPool<V> {
             // The index takes the block back; its granules that no live
             // block touches, committed before or by this call and not
             // decommitted, are Idle.
+            // As a free that leaves its trim to the call's end: beyond
+            // `keep` only if an earlier decommit failed (a trim of this call
+            // may have cleared that); retried then, as a free does.
             let freed = self.index.free(a.tag, a.addr, request.size())?;
-            let (lo, hi) = self.span_inside(freed, a.addr, request.rounded_size(256));
-            self.idle_bound += (hi - lo) >> self.shift;
-            // Beyond `keep` only if an earlier decommit failed (a trim of
-            // this call may have cleared that); retry it as a free does.
+            self.after_free(freed, a.addr, request.rounded_size(256), false, stream);
             self.retry_trim(stream);
             return Err(e);
         }
