@@ -15,6 +15,8 @@ p.add_argument("--allocator", choices=["native", "memres"], required=True)
 p.add_argument("--steps", type=int, default=30)
 p.add_argument("--stack", help="memres stack (default: what use() gives, the default stack)")
 p.add_argument("--width", type=int, default=2048)
+p.add_argument("--step-after-optimizer", action="store_true",
+               help="steps marked by memres.allocators.torch.step_after(opt), not by step() in the loop")
 args = p.parse_args()
 
 import torch  # noqa: E402
@@ -31,6 +33,8 @@ model = torch.nn.Sequential(
     torch.nn.Linear(1024, w), torch.nn.ReLU(), torch.nn.Linear(w, w), torch.nn.ReLU(),
     torch.nn.Linear(w, 10)).to(dev)
 opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+if args.allocator == "memres" and args.step_after_optimizer:
+    mt.step_after(opt)
 gen = torch.Generator(device="cpu").manual_seed(1)
 data = [(torch.randn(256, 1024, generator=gen), torch.randint(0, 10, (256,), generator=gen))
         for _ in range(8)]
@@ -40,7 +44,7 @@ for step in range(args.steps):
     x, y = data[step % len(data)]
     torch.cuda.synchronize()
     t0 = time.perf_counter()
-    if args.allocator == "memres":
+    if args.allocator == "memres" and not args.step_after_optimizer:
         # A step of the stack's `planned` layers (none: nothing to do).
         planned_layers = mt.step()
     x, y = x.to(dev), y.to(dev)

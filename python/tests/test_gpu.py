@@ -116,10 +116,10 @@ def test_numba_memory_manager(gpu):
     assert out.stdout.strip() == str(sum(range(1000)))
 
 
-def train(allocator, steps=30, stack=None):
+def train(allocator, steps=30, stack=None, extra=()):
     out = subprocess.run([sys.executable, os.path.join(HERE, "gpu_train.py"), "--allocator",
-                          allocator, "--steps", str(steps)] + (["--stack", stack] if stack else []),
-                         capture_output=True, text=True)
+                          allocator, "--steps", str(steps)] + (["--stack", stack] if stack else [])
+                         + list(extra), capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -149,6 +149,20 @@ def test_torch_training_laid_out_by_planned_steps_gives_the_native_losses(gpu):
     assert steps["followed"] >= 30 - 4, steps
     assert steps["planned_allocations"] >= steps["followed"], steps
     assert ours["memres_live_blocks"] > 0 and ours["peak_device_bytes"] > 0
+
+
+def test_a_loop_stepped_after_its_optimizer_is_laid_out_too(gpu):
+    pytest.importorskip("torch")
+    native = train("native")
+    ours = train("memres", stack="stats(planned(vmm(handle_granules=1, slack=0)))",
+                 extra=["--step-after-optimizer"])
+    assert ours["losses"] == native["losses"]
+    # One step per optimizer step, the first once Adam made its state:
+    # laid out as the loop that calls step() itself is.
+    steps = ours["steps"]
+    assert steps["steps"] == 30 and steps["plans"] >= 1, steps
+    assert steps["followed"] >= 30 - 4, steps
+    assert steps["planned_allocations"] >= steps["followed"], steps
 
 
 def test_release_gives_free_chunks_back(gpu):

@@ -8,8 +8,9 @@ library's default, unless a resource is set) or ``use(stack=...)``.
 Every tensor's memory comes from the current memres resource of its device
 (``memres.set_current_device_resource``) through two C functions of the
 CUDA native module; ``empty_cache()`` gives the pools' free chunks back, and
-``step()`` at the top of each training iteration lets a ``planned(...)``
-stack lay the steps out, and ``steps()`` says whether it did.
+``step()`` at the top of each training iteration (or ``step_after(opt)``,
+which calls it after each ``opt.step()``) lets a ``planned(...)`` stack lay
+the steps out, and ``steps()`` says whether it did.
 """
 
 from .. import _native, mr as _mr
@@ -69,6 +70,23 @@ def step(device=None):
 
     res = _mr.get_current_device_resource() if device is None else _mr.get_per_device_resource(device)
     return res.step(torch.cuda.current_stream(device))
+
+
+def step_after(optimizer=None, device=None):
+    """Calls ``step(device)`` after every ``optimizer.step()``, so that a
+    ``planned(...)`` stack lays out a loop whose code cannot be changed
+    (a trainer library's): the step after an optimizer's step is the next
+    iteration. With no optimizer, after the step of every optimizer;
+    with several stepped per iteration, pass the one stepped last, else
+    each iteration is several steps that differ and none is laid out.
+    Returns PyTorch's handle: ``.remove()`` stops the calls."""
+    def after_step(*_):
+        step(device)
+
+    if optimizer is None:
+        from torch.optim.optimizer import register_optimizer_step_post_hook
+        return register_optimizer_step_post_hook(after_step)
+    return optimizer.register_step_post_hook(after_step)
 
 
 def steps(device=None):
