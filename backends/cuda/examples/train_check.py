@@ -34,14 +34,17 @@ Each step's input is pinned before the step begins, as a
 time varies between processes by up to 2x whatever the allocator, the
 largest spread in the CNN's step time. `--profile-steps K` runs K more
 steps under PyTorch's profiler and compares the device's busy time per
-step and each kernel's time with native's: a slower step whose device
-time did not grow waited for the host.
+step and each kernel's time with native's (a slower step whose device
+time did not grow waited for the host), and the host's calls into CUDA
+per step.
 
 `--also native-async` and `--also shim-async --shim async_shim.so` add two
 baselines to the rounds: PyTorch on the driver's stream-ordered pool as its
 own backend, and the same pool through the pluggable allocator that memres
 is plugged in by (`async_shim.c`); the second over the first is what that
-path costs whatever allocator is behind it. `--cpus 2-5` runs every worker
+path costs whatever allocator is behind it. `--also native-expandable`:
+PyTorch's allocator with expandable segments, its own placement in
+virtual memory. `--cpus 2-5` runs every worker
 on the same cores.
 
 Worker (one run, prints one line `RESULT {json}`):
@@ -143,17 +146,21 @@ def profile_steps(torch, train_step, inputs, args):
     sets, overlaps counted once) and each kernel's time. Where memres's
     step is slower than native's, busy time that grew says the device ran
     slower on memres's memory; busy time that did not says the device
-    waited for the host."""
+    waited for the host. Also the host's calls into CUDA per step, by name
+    (the runtime's and the driver's, `cu*`): a stack that called the
+    driver within steady steps would show there."""
     from torch.profiler import ProfilerActivity, profile
 
     k = args.profile_steps
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         for x, y in inputs(k):
             train_step(x, y)
         torch.cuda.synchronize()
-    spans, kernels = [], {}
+    spans, kernels, calls = [], {}, {}
     for e in prof.profiler.kineto_results.events():
         if e.device_type() != torch.autograd.DeviceType.CUDA:
+            if e.name().startswith("cu"):
+                calls[e.name()] = calls.get(e.name(), 0) + 1
             continue
         start, length = e.start_ns(), e.duration_ns()
         spans.append((start, start + length))
@@ -168,6 +175,7 @@ def profile_steps(torch, train_step, inputs, args):
         "steps": k,
         "busy_ms_per_step": busy / k / 1e6,
         "kernel_ms_per_step": {name: ns / k / 1e6 for name, ns in kernels.items()},
+        "cuda_calls_per_step": {name: n / k for name, n in calls.items()},
     }
 
 
@@ -299,9 +307,13 @@ def worker(args):
 # Baselines that `--also` adds beside the stacks: PyTorch with the driver's
 # stream-ordered pool as its own backend, and the same pool through the
 # pluggable allocator (`async_shim.c`). Their difference is what the
-# pluggable path costs by itself, whatever allocator is behind it.
+# pluggable path costs by itself, whatever allocator is behind it. And
+# PyTorch's own allocator with expandable segments (one segment per stream
+# that grows by mapping pages): the same allocator placing tensors in
+# virtual memory, as memres's `vmm` does.
 BASELINES = {
     "native-async": (["--worker", "native"], NATIVE_ASYNC_ENV),
+    "native-expandable": (["--worker", "native"], {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}),
     "shim-async": (["--worker", "shim"], {}),
 }
 
@@ -318,10 +330,19 @@ def compare_profiles(rounds, natives):
     def kernel_ms(profiles, name):
         return statistics.median(p["kernel_ms_per_step"].get(name, 0.0) for p in profiles)
 
+    def calls(profiles, name):
+        return statistics.median(p["cuda_calls_per_step"].get(name, 0.0) for p in profiles)
+
     mine, theirs = [m for m, _ in pairs], [n for _, n in pairs]
     names = set().union(*(p["kernel_ms_per_step"] for p in mine + theirs))
     grown = sorted(((kernel_ms(mine, k) - kernel_ms(theirs, k), k) for k in names), reverse=True)
+    call_names = set().union(*(p["cuda_calls_per_step"] for p in mine + theirs))
     return {
+        "cuda_calls_per_step": sum(calls(mine, n) for n in call_names),
+        "cuda_calls_per_step_native": sum(calls(theirs, n) for n in call_names),
+        # The calls whose count per step differs from native's: (name, mine, native).
+        "cuda_calls_differing": [[n, calls(mine, n), calls(theirs, n)] for n in sorted(call_names)
+                                 if calls(mine, n) != calls(theirs, n)],
         "busy_ms_per_step": statistics.median(p["busy_ms_per_step"] for p in mine),
         "busy_ms_per_step_native": statistics.median(p["busy_ms_per_step"] for p in theirs),
         "busy_ratio_paired": statistics.median(m["busy_ms_per_step"] / n["busy_ms_per_step"] for m, n in pairs),
@@ -454,11 +475,14 @@ def driver(args):
             + (f"; steps laid out {p['planned_followed'][0][0]} of {p['planned_followed'][0][1]} (first round)"
                if p["planned_followed"][0] else "")
             + (f"; device busy {p['busy_ms_per_step']:.2f} ms vs {p['busy_ms_per_step_native']:.2f} ms per step "
-               f"(per round x{p['busy_ratio_paired']:.3f})" if "busy_ratio_paired" in p else "")
+               f"(per round x{p['busy_ratio_paired']:.3f}); CUDA calls {p['cuda_calls_per_step']:.1f} vs "
+               f"{p['cuda_calls_per_step_native']:.1f} per step" if "busy_ratio_paired" in p else "")
             + (f"; trace {trace['rows']} rows, {'ok' if trace['ok'] else 'BAD'}" if trace and i == 0 else "")
         )
         for name, grew, was in p.get("kernels_grown_ms", []):
             print(f"  kernel {grew:+.4f} ms per step (native {was:.4f}): {name}")
+        for name, mine, native in p.get("cuda_calls_differing", []):
+            print(f"  CUDA call {name}: {mine:.1f} per step (native {native:.1f})")
     if not deterministic:
         print("SUMMARY train_check: the native run is not deterministic; loss equality is not checked")
     return 0 if ok else 1
@@ -475,7 +499,8 @@ def main():
     p.add_argument("--json", help="write the summary and every run here")
     p.add_argument("--also", action="append", default=[], choices=sorted(BASELINES),
                    help="a baseline beside the stacks, repeatable: native-async (PyTorch's own cudaMallocAsync "
-                        "backend) or shim-async (the driver's pool through the pluggable allocator, --shim)")
+                        "backend), native-expandable (PyTorch's allocator with expandable segments) or "
+                        "shim-async (the driver's pool through the pluggable allocator, --shim)")
     p.add_argument("--shim", help="async_shim.so, built from async_shim.c (for --also shim-async)")
     p.add_argument("--cpus", help="CPUs every worker runs on, as taskset takes them (2-5,8): the same cores "
                                   "for every process, so that where the system puts one does not time it")
