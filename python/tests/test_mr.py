@@ -308,6 +308,32 @@ def test_torch_steps_reads_the_current_resources_planned_layers():
     assert set(mt.steps().values()) == {0}
 
 
+def test_torch_step_after_steps_once_per_optimizer_step(monkeypatch):
+    # No PyTorch needed: an optimizer is what registers a post-step hook.
+    import memres.allocators.torch as mt
+    steps = []
+    monkeypatch.setattr(mt, "step", lambda device=None: steps.append(device))
+
+    class Optimizer:
+        def __init__(self):
+            self.hooks = []
+
+        def register_step_post_hook(self, hook):
+            self.hooks.append(hook)
+            return ("handle", len(self.hooks))
+
+        def step(self):
+            for hook in self.hooks:
+                hook(self, (), {})
+
+    opt = Optimizer()
+    assert mt.step_after(opt, device=3) == ("handle", 1)
+    assert steps == [], "nothing before the optimizer steps"
+    opt.step()
+    opt.step()
+    assert steps == [3, 3]
+
+
 def test_the_torch_default_stack_is_the_c_librarys():
     # One default for PyTorch, whether through the C library or use().
     src = os.path.join(os.path.dirname(__file__), "..", "..", "backends", "cuda", "capi", "src", "lib.rs")
