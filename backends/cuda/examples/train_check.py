@@ -327,11 +327,15 @@ def compare_profiles(rounds, natives):
     if not pairs:
         return {}
 
+    def per_step(profiles, figure, name):
+        """The median over `profiles` of `figure`'s entry for `name` per step."""
+        return statistics.median(p[figure].get(name, 0.0) for p in profiles)
+
     def kernel_ms(profiles, name):
-        return statistics.median(p["kernel_ms_per_step"].get(name, 0.0) for p in profiles)
+        return per_step(profiles, "kernel_ms_per_step", name)
 
     def calls(profiles, name):
-        return statistics.median(p["cuda_calls_per_step"].get(name, 0.0) for p in profiles)
+        return per_step(profiles, "cuda_calls_per_step", name)
 
     mine, theirs = [m for m, _ in pairs], [n for _, n in pairs]
     names = set().union(*(p["kernel_ms_per_step"] for p in mine + theirs))
