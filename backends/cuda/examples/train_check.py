@@ -340,13 +340,14 @@ def compare_profiles(rounds, natives):
     mine, theirs = [m for m, _ in pairs], [n for _, n in pairs]
     names = set().union(*(p["kernel_ms_per_step"] for p in mine + theirs))
     grown = sorted(((kernel_ms(mine, k) - kernel_ms(theirs, k), k) for k in names), reverse=True)
-    call_names = set().union(*(p["cuda_calls_per_step"] for p in mine + theirs))
+    call_names = sorted(set().union(*(p["cuda_calls_per_step"] for p in mine + theirs)))
+    # Per name: (name, mine, native).
+    call_counts = [(n, calls(mine, n), calls(theirs, n)) for n in call_names]
     return {
-        "cuda_calls_per_step": sum(calls(mine, n) for n in call_names),
-        "cuda_calls_per_step_native": sum(calls(theirs, n) for n in call_names),
-        # The calls whose count per step differs from native's: (name, mine, native).
-        "cuda_calls_differing": [[n, calls(mine, n), calls(theirs, n)] for n in sorted(call_names)
-                                 if calls(mine, n) != calls(theirs, n)],
+        "cuda_calls_per_step": sum(m for _, m, _ in call_counts),
+        "cuda_calls_per_step_native": sum(t for _, _, t in call_counts),
+        # The calls whose count per step differs from native's.
+        "cuda_calls_differing": [[n, m, t] for n, m, t in call_counts if m != t],
         "busy_ms_per_step": statistics.median(p["busy_ms_per_step"] for p in mine),
         "busy_ms_per_step_native": statistics.median(p["busy_ms_per_step"] for p in theirs),
         "busy_ratio_paired": statistics.median(m["busy_ms_per_step"] / n["busy_ms_per_step"] for m, n in pairs),
