@@ -69,7 +69,7 @@ for s in "${stacks[@]}"; do stack_args+=(--stack "$s"); done
 check train_check "$py" "$here/train_check.py" --so "$so" "${stack_args[@]}" --log "$out/torch.csv" --json "$out/train_check.json"
 check cupy_check "$py" "$here/cupy_check.py" --so "$so" --json "$out/cupy_check.json"
 check two_stream_check "$py" "$here/two_stream_check.py" --so "$so" --json "$out/two_stream_check.json" \
-  --ordered 'stats(planned(vmm(handle_granules=1, per_stream=true)))'
+  --ordered 'stats(planned(vmm(handle_granules=1, per_stream=true, slack=10)))'
 if command -v compute-sanitizer >/dev/null; then
   check two_stream_memcheck compute-sanitizer --tool memcheck --track-stream-ordered-races all --error-exitcode 1 \
     "$py" "$here/two_stream_check.py" --worker memres --so "$so" --rounds 1 --sleep-ms 2

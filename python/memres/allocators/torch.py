@@ -64,7 +64,7 @@ def step(device=None):
     """Marks the start of a training step for the ``planned(...)`` layers of
     ``device``'s resource, on PyTorch's current stream: call it at the top
     of each iteration with a stack such as
-    ``planned(vmm(handle_granules=1))`` (docs/python.md, "Training loops").
+    ``planned(vmm(handle_granules=1, per_stream=true, slack=10))`` (docs/python.md, "Training loops").
     Returns how many such layers the resource has (0: it does nothing)."""
     import torch
 
