@@ -15,7 +15,13 @@ time ratio is given both as the ratio of those medians and as the median
 of the rounds' own ratios (each memres run over the native run of its
 round, which a slow spell of the machine affects alike). Each
 step begins with `memres_step`, so that a stack with `planned(...)` lays
-each step out from the one before it. The
+each step out from the one before it: at the top of the loop's body, or
+with `--step-at optimizer` after `opt.step()`, where the host has queued
+the step's work and the device still runs it (`--step-at top,optimizer`
+runs each stack both ways, side by side). Each run also gives the
+host's time per phase of a step (the call, the inputs, forward, backward,
+the optimizer) and its wait for the device after them, beside native's:
+a device that waits for the host waits in one of those. The
 stacks come from `--stack` (repeatable), else from $MEMRES_TRAIN_STACKS
 (separated by `;`), else `stats(pool(cuda, per_stream=true, growth=32, granule=2MiB))`. With --log it runs once
 more on memres with MEMRES_STACK='log(STACK, file=PATH)'
@@ -232,22 +238,44 @@ def worker(args):
     # The loop's stream, the same every step.
     on = (torch.cuda.current_device(), torch.cuda.current_stream().cuda_stream)
 
-    def train_step(x, y):
-        """One step; returns its loss and the seconds its `memres_step`
-        call took."""
+    # Where each step of the stack's `planned` layers begins (none: nothing
+    # to do): at the top of the loop's body, or after the optimizer's step,
+    # as `memres.allocators.torch.step_after(opt)` does. There the host has
+    # queued the step's work and the device is still running it.
+    step_calls = []
+
+    def memres_step(*_):
         t = time.perf_counter()
-        if lib is not None:
-            # A step of the stack's `planned` layers (none: nothing to do).
-            lib.step(*on)
-        t = time.perf_counter() - t
+        lib.step(*on)
+        step_calls.append(time.perf_counter() - t)
+
+    if lib is not None and args.step_at == "optimizer":
+        opt.register_step_post_hook(memres_step)
+
+    # Per step, the host's time at the end of each phase: where a device
+    # that waits for the host waits.
+    PHASES = ("memres_step", "inputs", "forward", "backward", "optimizer")
+    marks = []
+
+    def train_step(x, y):
+        """One step; returns its loss."""
+        at = [time.perf_counter()]
+        if lib is not None and args.step_at == "top":
+            memres_step()
+        at.append(time.perf_counter())
         x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+        at.append(time.perf_counter())
         with torch.autocast("cuda", dtype=torch.bfloat16), attention():
             out = model(x)
         loss = loss_of(out, y)
+        at.append(time.perf_counter())
         opt.zero_grad(set_to_none=True)
         loss.backward()
+        at.append(time.perf_counter())
         opt.step()
-        return loss, t
+        at.append(time.perf_counter())
+        marks.append(at)
+        return loss
 
     def pinned(pairs):
         """The input pairs in pinned host memory, pinned before the step
@@ -257,14 +285,13 @@ def worker(args):
         for x, y in pairs:
             yield (x, y) if args.pageable else (x.pin_memory(), y.pin_memory())
 
-    losses, times, step_calls = [], [], []
+    losses, times = [], []
     for x, y in pinned(batches(args.steps)):
         torch.cuda.synchronize()
         t0 = time.perf_counter()
-        loss, t = train_step(x, y)
+        loss = train_step(x, y)
         torch.cuda.synchronize()
         times.append(time.perf_counter() - t0)
-        step_calls.append(t)
         losses.append(loss.item())
     profile = profile_steps(torch, train_step, lambda k: pinned(batches(k)), args) if args.profile_steps else None
 
@@ -276,7 +303,18 @@ def worker(args):
         "losses": losses,
         "step_ms_median": statistics.median(times[5:] or times) * 1e3,
         "step_ms": [t * 1e3 for t in times],
-        "step_call_ms_median": statistics.median(step_calls[5:] or step_calls) * 1e3,
+        # The seconds each `memres_step` call took (none on native).
+        "step_call_ms_median": statistics.median(step_calls[5:args.steps] or step_calls or [0.0]) * 1e3,
+        "step_at": args.step_at,
+        # Medians over the timed steps of the host's time in each phase of
+        # a step (the step's `memres_step` call at the top, the inputs'
+        # copies, the forward pass and loss, the backward pass, the
+        # optimizer's step), and of the wait for the device after it.
+        "host_ms_phases": {
+            name: statistics.median(m[i + 1] - m[i] for m in marks[5:args.steps]) * 1e3
+            for i, name in enumerate(PHASES)
+        },
+        "wait_ms_median": statistics.median(t - (m[-1] - m[0]) for t, m in zip(times[5:], marks[5:args.steps])) * 1e3,
     }
     if profile is not None:
         result["profile"] = profile
@@ -355,6 +393,14 @@ def compare_profiles(rounds, natives):
     }
 
 
+def phases_of(runs):
+    """The medians over `runs` of each host phase and of the wait (ms)."""
+    return {
+        **{k: statistics.median(r["host_ms_phases"][k] for r in runs) for k in runs[0]["host_ms_phases"]},
+        "wait": statistics.median(r["wait_ms_median"] for r in runs),
+    }
+
+
 def driver(args):
     common = ["--model", args.model, "--steps", str(args.steps), "--layers", str(args.layers), "--d-model", str(args.d_model),
               "--batch", str(args.batch), "--seq", str(args.seq)]
@@ -365,7 +411,12 @@ def driver(args):
     if args.pageable:
         common += ["--pageable"]
     # The configurations beside native: (name, worker argv, environment).
-    configs = [(stack, ["--worker", "memres", "--so", args.so, "--stack", stack], None) for stack in args.stack]
+    places = args.step_at.split(",")
+    configs = [
+        (stack if place == "top" else f"{stack} @{place}",
+         ["--worker", "memres", "--so", args.so, "--stack", stack, "--step-at", place], None)
+        for stack in args.stack for place in places
+    ]
     for name in args.also:
         argv, env = BASELINES[name]
         if name == "shim-async":
@@ -387,6 +438,8 @@ def driver(args):
         for i, (name, argv, env) in enumerate(configs):
             m = run_worker(SCRIPT, f"{name}, round {r}", argv + common, env=env)
             m.setdefault("stack", name)
+            if m.get("step_at", "top") != "top":
+                m["stack"] += f" @{m['step_at']}"
             per_stack_runs[i].append(m)
             runs[f"memres{i}_r{r}"] = m
     native = natives[0]
@@ -433,6 +486,10 @@ def driver(args):
             "peak_memres_live": counts["bytes_peak"] if counts and counts["has_stats"] else None,
             "peak_ratio": None if peak is None else peak / peak_native,
             "step_call_ms": statistics.median(m["step_call_ms_median"] for m in rounds),
+            # The host's time per phase of a step and the wait for the
+            # device after it, medians over rounds, beside native's.
+            "host_ms_phases": phases_of(rounds),
+            "host_ms_phases_native": phases_of(natives),
             # Per round, steps that followed a plan of the `planned` layers
             # and steps in all (None without such layers).
             "planned_followed": [(m["planned"]["followed"], m["planned"]["steps"]) if m.get("planned_layers") else None
@@ -484,6 +541,9 @@ def driver(args):
                f"{p['cuda_calls_per_step_native']:.1f} per step" if "busy_ratio_paired" in p else "")
             + (f"; trace {trace['rows']} rows, {'ok' if trace['ok'] else 'BAD'}" if trace and i == 0 else "")
         )
+        mine, theirs = p["host_ms_phases"], p["host_ms_phases_native"]
+        print("  host ms per step, memres / native: "
+              + ", ".join(f"{k} {mine[k]:.4f} / {theirs[k]:.4f}" for k in mine))
         for name, grew, was in p.get("kernels_grown_ms", []):
             print(f"  kernel {grew:+.4f} ms per step (native {was:.4f}): {name}")
         for name, mine, native in p.get("cuda_calls_differing", []):
@@ -520,6 +580,10 @@ def main():
     p.add_argument("--profile-steps", type=int, default=0,
                    help="after the timed steps, this many more under PyTorch's profiler: the device's busy time per "
                         "step and the kernels that differ most from native's")
+    p.add_argument("--step-at", default="top",
+                   help="where each step's memres_step is called: top (of the loop's body), optimizer (after "
+                        "opt.step(), as memres.allocators.torch.step_after does), or a comma-separated list, "
+                        "each run per stack side by side (a worker takes one)")
     p.add_argument("--layers", type=int, default=4)
     p.add_argument("--d-model", type=int, default=512)
     p.add_argument("--batch", type=int, default=16)
@@ -527,6 +591,8 @@ def main():
     args = p.parse_args()
     if "shim-async" in args.also and not args.shim or args.worker == "shim" and not args.shim:
         p.error("shim-async needs --shim")
+    if any(place not in ("top", "optimizer") for place in args.step_at.split(",")):
+        p.error("--step-at takes top or optimizer, or both separated by a comma")
     if worker_or_driver(p, args):
         return worker(args)
     if not args.stack:
