@@ -138,8 +138,9 @@ def test_torch_training_through_memres_gives_the_native_losses(gpu):
 
 def test_torch_training_laid_out_by_planned_steps_gives_the_native_losses(gpu):
     pytest.importorskip("torch")
+    from memres.allocators.torch import TRAINING_STACK
     native = train("native")
-    ours = train("memres", stack="stats(planned(vmm(handle_granules=1, slack=0)))")
+    ours = train("memres", stack=TRAINING_STACK)
     assert ours["planned_layers"] == 1, "memres.allocators.torch.step() reached the layer"
     assert ours["losses"] == native["losses"]
     # The loop repeats from its second step (the first makes Adam's state):
@@ -153,8 +154,9 @@ def test_torch_training_laid_out_by_planned_steps_gives_the_native_losses(gpu):
 
 def test_a_loop_stepped_after_its_optimizer_is_laid_out_too(gpu):
     pytest.importorskip("torch")
+    from memres.allocators.torch import TRAINING_STACK
     native = train("native")
-    ours = train("memres", stack="stats(planned(vmm(handle_granules=1, slack=0)))",
+    ours = train("memres", stack=TRAINING_STACK,
                  extra=["--step-after-optimizer"])
     assert ours["losses"] == native["losses"]
     # One step per optimizer step, the first once Adam made its state:

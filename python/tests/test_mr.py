@@ -343,3 +343,17 @@ def test_the_torch_default_stack_is_the_c_librarys():
     import memres.allocators.torch as mt
     found = re.search(r'pub const DEFAULT_STACK: &str = "([^"]+)";', open(src).read())
     assert found is not None and found.group(1) == mt.DEFAULT_STACK
+
+
+def test_the_torch_training_stack_is_the_one_the_c_librarys_docs_recommend():
+    # One recommended stack for a training loop, through the C library or
+    # the package: the string docs/cuda.md sets MEMRES_STACK to.
+    doc = os.path.join(os.path.dirname(__file__), "..", "..", "docs", "cuda.md")
+    if not os.path.exists(doc):
+        pytest.skip("the repository's docs are not here")
+    import re
+    import memres.allocators.torch as mt
+    text = open(doc).read()
+    section = text[text.index("### Training loops: the recommended stack"):]
+    found = re.search(r"MEMRES_STACK='([^']+)' python3 train.py", section)
+    assert found is not None and found.group(1) == mt.TRAINING_STACK

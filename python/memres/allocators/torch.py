@@ -4,7 +4,8 @@
     torch.cuda.memory.change_current_allocator(memres_torch_allocator)
 
 or in one call, ``memres.allocators.torch.use()`` (``DEFAULT_STACK``, the C
-library's default, unless a resource is set) or ``use(stack=...)``.
+library's default, unless a resource is set) or ``use(stack=...)``, for a
+training loop ``use(stack=TRAINING_STACK)`` with ``step()``.
 Every tensor's memory comes from the current memres resource of its device
 (``memres.set_current_device_resource``) through two C functions of the
 CUDA native module; ``empty_cache()`` gives the pools' free chunks back, and
@@ -41,6 +42,13 @@ memres_torch_allocator = _make()
 DEFAULT_STACK = "stats(pool(cuda, per_stream=true, growth=32, granule=2MiB))"
 
 
+# The stack that holds least on a training loop that calls ``step()``:
+# each repeating step laid out in one region, and what is not laid out
+# served by a virtual pool per stream that keeps 1 % of the peak mapped
+# (docs/python.md, "Training loops: the recommended stack", with the runs).
+TRAINING_STACK = "stats(planned(vmm(handle_granules=1, per_stream=true, slack=10)))"
+
+
 def use(stack=None, **reinitialize_kwargs):
     """Makes memres PyTorch's allocator: sets the device's resource from
     ``stack`` (or ``memres.reinitialize``'s keywords); with neither, keeps
@@ -63,8 +71,8 @@ def use(stack=None, **reinitialize_kwargs):
 def step(device=None):
     """Marks the start of a training step for the ``planned(...)`` layers of
     ``device``'s resource, on PyTorch's current stream: call it at the top
-    of each iteration with a stack such as
-    ``planned(vmm(handle_granules=1, per_stream=true, slack=10))`` (docs/python.md, "Training loops").
+    of each iteration with a stack that has such a layer, as
+    ``TRAINING_STACK`` does.
     Returns how many such layers the resource has (0: it does nothing)."""
     import torch
 
