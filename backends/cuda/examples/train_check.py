@@ -393,6 +393,12 @@ def compare_profiles(rounds, natives):
     }
 
 
+def labelled(stack, place):
+    """A configuration's name: its stack, and where its step is called
+    unless at the top."""
+    return stack if place == "top" else f"{stack} @{place}"
+
+
 def phases_of(runs):
     """The medians over `runs` of each host phase and of the wait (ms)."""
     return {
@@ -413,7 +419,7 @@ def driver(args):
     # The configurations beside native: (name, worker argv, environment).
     places = args.step_at.split(",")
     configs = [
-        (stack if place == "top" else f"{stack} @{place}",
+        (labelled(stack, place),
          ["--worker", "memres", "--so", args.so, "--stack", stack, "--step-at", place], None)
         for stack in args.stack for place in places
     ]
@@ -437,9 +443,7 @@ def driver(args):
             continue
         for i, (name, argv, env) in enumerate(configs):
             m = run_worker(SCRIPT, f"{name}, round {r}", argv + common, env=env)
-            m.setdefault("stack", name)
-            if m.get("step_at", "top") != "top":
-                m["stack"] += f" @{m['step_at']}"
+            m["stack"] = labelled(m.get("stack", name), m.get("step_at", "top"))
             per_stack_runs[i].append(m)
             runs[f"memres{i}_r{r}"] = m
     native = natives[0]
