@@ -21,7 +21,11 @@ the step's work and the device still runs it (`--step-at top,optimizer`
 runs each stack both ways, side by side). Each run also gives the
 host's time per phase of a step (the call, the inputs, forward, backward,
 the optimizer) and its wait for the device after them, beside native's:
-a device that waits for the host waits in one of those. The
+a device that waits for the host waits in one of those. After each step,
+outside its time, a control launches 200 in-place kernels that allocate
+nothing: its time is the host's pace in that process, and the ratio
+"pace taken out" compares the stacks at the same pace (a fit of
+log(step) on log(control), with two standard errors about it). The
 stacks come from `--stack` (repeatable), else from $MEMRES_TRAIN_STACKS
 (separated by `;`), else `stats(pool(cuda, per_stream=true, growth=32, granule=2MiB))`. With --log it runs once
 more on memres with MEMRES_STACK='log(STACK, file=PATH)'
@@ -76,6 +80,8 @@ from workers import NATIVE_ASYNC_ENV, open_memres, plug_shim, run_worker, worker
 SCRIPT = os.path.abspath(__file__)
 
 SEED = 1234
+# Launches in the control after each step: about 1 ms of the host's time.
+CONTROL_LAUNCHES = 200
 MEMRES_STACK = "stats(pool(cuda, per_stream=true, growth=32, granule=2MiB))"
 STACKS_VAR = "MEMRES_TRAIN_STACKS"
 
@@ -285,7 +291,21 @@ def worker(args):
         for x, y in pairs:
             yield (x, y) if args.pageable else (x.pin_memory(), y.pin_memory())
 
-    losses, times = [], []
+    # The host's pace, apart from the allocator: after each step, outside
+    # its time, CONTROL_LAUNCHES in-place kernels on one tensor allocated
+    # before the loop. They go through the same dispatcher and driver as a
+    # step's launches and allocate nothing.
+    probe = torch.zeros(256, device=device)
+
+    def control():
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        for _ in range(CONTROL_LAUNCHES):
+            probe.add_(1.0)
+        torch.cuda.synchronize()
+        return time.perf_counter() - t
+
+    losses, times, controls = [], [], []
     for x, y in pinned(batches(args.steps)):
         torch.cuda.synchronize()
         t0 = time.perf_counter()
@@ -293,6 +313,7 @@ def worker(args):
         torch.cuda.synchronize()
         times.append(time.perf_counter() - t0)
         losses.append(loss.item())
+        controls.append(control())
     profile = profile_steps(torch, train_step, lambda k: pinned(batches(k)), args) if args.profile_steps else None
 
     result = {
@@ -314,6 +335,8 @@ def worker(args):
             name: statistics.median(m[i + 1] - m[i] for m in marks[5:args.steps]) * 1e3
             for i, name in enumerate(PHASES)
         },
+        # The control's time (ms), the host's pace in this process.
+        "control_ms_median": statistics.median(controls[5:]) * 1e3,
         "wait_ms_median": statistics.median(t - (m[-1] - m[0]) for t, m in zip(times[5:], marks[5:args.steps])) * 1e3,
     }
     if profile is not None:
@@ -407,6 +430,33 @@ def phases_of(runs):
     }
 
 
+def adjusted(runs, natives):
+    """The step time of `runs` over `natives`' with each process's pace
+    taken out, and the range of two standard errors about it.
+
+    The host's pace differs by process, and a host-bound step follows it
+    in part. A least-squares fit of log(step) on log(control) with a slope
+    shared by both sets (an analysis of covariance) gives the sets'
+    difference at the same control time. Fewer than two runs in a set, or
+    controls that do not vary: None."""
+    import math
+
+    xs = [[math.log(r["control_ms_median"]) for r in rs] for rs in (runs, natives)]
+    ys = [[math.log(r["step_ms_median"]) for r in rs] for rs in (runs, natives)]
+    n = [len(x) for x in xs]
+    if min(n) < 2 or sum(n) < 4:
+        return None, None
+    mx, my = [statistics.fmean(x) for x in xs], [statistics.fmean(y) for y in ys]
+    sxx = sum((a - mx[i]) ** 2 for i in (0, 1) for a in xs[i])
+    if sxx == 0:
+        return None, None
+    slope = sum((a - mx[i]) * (b - my[i]) for i in (0, 1) for a, b in zip(xs[i], ys[i])) / sxx
+    effect = (my[0] - my[1]) - slope * (mx[0] - mx[1])
+    residual = sum((b - my[i] - slope * (a - mx[i])) ** 2 for i in (0, 1) for a, b in zip(xs[i], ys[i]))
+    se = math.sqrt(residual / (sum(n) - 3) * (1 / n[0] + 1 / n[1] + (mx[0] - mx[1]) ** 2 / sxx))
+    return math.exp(effect), (math.exp(effect - 2 * se), math.exp(effect + 2 * se))
+
+
 def driver(args):
     common = ["--model", args.model, "--steps", str(args.steps), "--layers", str(args.layers), "--d-model", str(args.d_model),
               "--batch", str(args.batch), "--seq", str(args.seq)]
@@ -484,6 +534,10 @@ def driver(args):
             "step_time_ratio_paired": statistics.median(
                 m["step_ms_median"] / n["step_ms_median"] for m, n in zip(rounds, natives)
             ),
+            # The ratio with the host's pace of each process taken out, and
+            # the range of two standard errors about it (see `adjusted`).
+            **dict(zip(("step_time_ratio_adjusted", "step_time_ratio_adjusted_range"), adjusted(rounds, natives))),
+            "control_ms_rounds": [m["control_ms_median"] for m in rounds],
             "peak_memres_held": peak,
             "peak_memres_upstream": counts and max(m["memres"]["upstream_peak"] for m in rounds),
             "peak_memres_driver_reserved": counts and counts["reserved_peak"],
@@ -509,6 +563,7 @@ def driver(args):
         "native_repeat_max_loss_diff": max(max_diff(n, native) for n in natives),
         "step_ms_native": step_native,
         "step_ms_native_rounds": [n["step_ms_median"] for n in natives],
+        "control_ms_native_rounds": [n["control_ms_median"] for n in natives],
         "peak_native_reserved": peak_native,
         "peak_native_allocated": native["peak_allocated"],
         "stacks": per_stack,
@@ -534,7 +589,9 @@ def driver(args):
             f"SUMMARY train_check {args.model} [{p['memres_stack']}]: losses {'identical' if p['losses_identical'] else 'DIFFER'} "
             f"(native repeat {'identical' if deterministic else 'differs: not deterministic'}); "
             f"step {p['step_ms_memres']:.2f} ms vs {summary['step_ms_native']:.2f} ms native "
-            f"(x{p['step_time_ratio']:.3f}, per round x{p['step_time_ratio_paired']:.3f}); "
+            f"(x{p['step_time_ratio']:.3f}, per round x{p['step_time_ratio_paired']:.3f}"
+            + (f", pace taken out x{p['step_time_ratio_adjusted']:.3f}, {p['step_time_ratio_adjusted_range'][0]:.3f}-"
+               f"{p['step_time_ratio_adjusted_range'][1]:.3f}); " if p["step_time_ratio_adjusted"] else "); ")
             + ("peak held unknown" if p["peak_ratio"] is None else
                f"peak held {p['peak_memres_held'] / mib:.0f} MiB vs "
                f"{summary['peak_native_reserved'] / mib:.0f} MiB native reserved (x{p['peak_ratio']:.3f})")
