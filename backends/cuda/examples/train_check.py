@@ -496,6 +496,10 @@ def driver(args):
             m["stack"] = labelled(m.get("stack", name), m.get("step_at", "top"))
             per_stack_runs[i].append(m)
             runs[f"memres{i}_r{r}"] = m
+        if args.json:
+            # The runs so far, in case the driver is stopped before the end.
+            with open(args.json, "w") as f:
+                json.dump({"summary": None, "runs": runs}, f, indent=1)
     native = natives[0]
     logged = trace = None
     if args.log:
@@ -622,7 +626,7 @@ def main():
                    help=f"memres stack to test, repeatable (driver default: ${STACKS_VAR} split at `;`, "
                         f"else {MEMRES_STACK}); a worker runs the last")
     p.add_argument("--log", help="also run with MEMRES_STACK='log(STACK, file=LOG)' and check the trace")
-    p.add_argument("--json", help="write the summary and every run here")
+    p.add_argument("--json", help="write the summary and every run here (the runs so far after each round)")
     p.add_argument("--also", action="append", default=[], choices=sorted(BASELINES),
                    help="a baseline beside the stacks, repeatable: native-async (PyTorch's own cudaMallocAsync "
                         "backend), native-expandable (PyTorch's allocator with expandable segments) or "
