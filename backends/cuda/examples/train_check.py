@@ -65,6 +65,7 @@ Worker (one run, prints one line `RESULT {json}`):
 
 import argparse
 import json
+import math
 import os
 import statistics
 import sys
@@ -80,7 +81,7 @@ from workers import NATIVE_ASYNC_ENV, open_memres, plug_shim, run_worker, worker
 SCRIPT = os.path.abspath(__file__)
 
 SEED = 1234
-# Launches in the control after each step: about 1 ms of the host's time.
+# Launches in the control after each step: about 2 ms of the host's time.
 CONTROL_LAUNCHES = 200
 MEMRES_STACK = "stats(pool(cuda, per_stream=true, growth=32, granule=2MiB))"
 STACKS_VAR = "MEMRES_TRAIN_STACKS"
@@ -439,8 +440,6 @@ def adjusted(runs, natives):
     shared by both sets (an analysis of covariance) gives the sets'
     difference at the same control time. Fewer than two runs in a set, or
     controls that do not vary: None."""
-    import math
-
     xs = [[math.log(r["control_ms_median"]) for r in rs] for rs in (runs, natives)]
     ys = [[math.log(r["step_ms_median"]) for r in rs] for rs in (runs, natives)]
     n = [len(x) for x in xs]
