@@ -429,15 +429,16 @@ pub(crate) fn run_ops<R: Replayer>(
 /// round's wall time over `ops × threads`; CPU time is summed over the
 /// threads. `setup(i)` runs first on each thread that replays (`i`: the
 /// thread's index; the warm-up runs on the calling thread as index 0).
-/// After the timed rounds, one untimed round counts the bytes live over
-/// all threads at once (an atomic counter in the timed rounds would time
-/// the counter): its most is the peak live figure, so that the footprint
-/// compares what was held with what was live together, not with
-/// `threads ×` the workload's peak, which the threads seldom reach at
-/// once. `peak` reads the peak upstream bytes after the run (warm-up
-/// included; at every instant of every round held bytes are at least the
-/// live ones, so the footprint is at least 1). Upstream allocations are
-/// not counted on threads: `upstream_allocations_per_pass` is `None`.
+/// Between the warm-up and the timed rounds, one untimed round, its
+/// threads started together as in the timed ones, counts the bytes live
+/// over all threads at once (an atomic counter in the timed rounds would
+/// time the counter): its most is the peak live figure, not `threads ×`
+/// the workload's peak, which the threads seldom reach at once. `peak`
+/// reads the peak upstream bytes right after that round, so both figures
+/// cover the same ops (the warm-up's live bytes are one thread's, never
+/// more than the round's): the footprint compares what was held with what
+/// was live together, and is at least 1. Upstream allocations are not
+/// counted on threads: `upstream_allocations_per_pass` is `None`.
 ///
 /// # Errors
 ///
@@ -461,6 +462,11 @@ where
         let mut handles = vec![Block::EMPTY; workload.ids as usize];
         shared_pass(resource, first, workload, &mut handles)?;
     }
+    // Before the timed rounds, so that the held peak read next is that of
+    // the rounds whose live bytes were counted, not of a later round whose
+    // threads overlapped more.
+    let peak_live = counted_round(resource, &streams, workload, setup)?;
+    let peak_upstream = peak(resource);
     let mut times = Vec::with_capacity(passes as usize);
     let mut cpu_times = Vec::with_capacity(passes as usize);
     for _ in 0..passes {
@@ -499,7 +505,6 @@ where
         times.push(wall);
         cpu_times.push(cpu);
     }
-    let peak_live = counted_round(resource, &streams, workload, setup)?;
     times.sort_unstable();
     let cpu = cpu_times.iter().copied().collect::<Option<Vec<Duration>>>().map(|mut c| {
         c.sort_unstable();
@@ -512,7 +517,7 @@ where
         fastest: times[0],
         cpu,
         peak_live,
-        peak_upstream: peak(resource),
+        peak_upstream,
         upstream_allocations_per_pass: None,
     })
 }
@@ -530,15 +535,19 @@ where
     S: Stream + Send + Sync,
 {
     let (live, most) = (AtomicU64::new(0), AtomicU64::new(0));
+    // The threads start together, as in the timed rounds: started one by
+    // one, a short workload's threads may not overlap at all.
+    let barrier = Barrier::new(streams.len());
     std::thread::scope(|scope| {
         let workers: Vec<_> = streams
             .iter()
             .enumerate()
             .map(|(i, stream)| {
-                let (live, most) = (&live, &most);
+                let (live, most, barrier) = (&live, &most, &barrier);
                 scope.spawn(move || {
                     setup(i);
                     let mut handles = vec![Block::EMPTY; workload.ids as usize];
+                    barrier.wait();
                     for (i, op) in workload.ops.iter().enumerate() {
                         let slot = &mut handles[op.id as usize];
                         let done = if op.alloc {

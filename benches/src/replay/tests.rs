@@ -227,3 +227,28 @@ fn cpu_time_is_measured_on_linux() {
     let m = replay(&mut Recorder::default(), &w, 3, &mut |_| {}).unwrap();
     assert!(m.cpu.is_some());
 }
+
+/// With threads, the held peak is read right after the round that counts
+/// the live bytes, not after the timed rounds: both figures cover the same
+/// ops. Here the "held peak" is the number of allocations so far, which
+/// only grows: the warm-up's one and the counted round's two, whatever the
+/// timed rounds do after them.
+#[test]
+fn with_threads_the_held_peak_is_that_of_the_counted_round() {
+    struct Counting(AtomicU64);
+    impl MemoryResource for Counting {
+        fn allocate(&self, request: Request, _: &()) -> memres_core::Result<Block> {
+            let n = self.0.fetch_add(1, Ordering::Relaxed);
+            Ok(Block::new((n + 1) << 20, request.size(), 0))
+        }
+        fn deallocate(&self, _: Block, _: &()) -> memres_core::Result<()> {
+            Ok(())
+        }
+    }
+    let w = trace(&[(true, 0x10, 1000), (false, 0x10, 1000)]);
+    let counting = Counting(AtomicU64::new(0));
+    let m = replay_threads(&counting, vec![(), ()], &w, 3, &|_| {}, |c| c.0.load(Ordering::Relaxed)).unwrap();
+    assert_eq!(m.peak_upstream, 3, "{m:?}");
+    assert_eq!(counting.0.load(Ordering::Relaxed), 3 + 3 * 2, "the timed rounds ran after it");
+    assert!(m.peak_live == 1000 || m.peak_live == 2000, "{m:?}");
+}
