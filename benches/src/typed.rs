@@ -16,7 +16,8 @@
 //! | `fixed(L, ...)` | `FixedSizeResource<L>` |
 //! | `binning(L, ...)` | `BinningResource<L>` (`&self`: no lock) |
 //! | `arena(L, ...)` | `ArenaResource<L>` (`&self`: no lock) |
-//! | `vpool(sim...)` | `VirtualPool<SimAddressSpace>` ([`run_vpool`]) |
+//! | `vpool(sim...)` (not `per_stream=true`) | `VirtualPool<SimAddressSpace>` ([`run_vpool`]) |
+//! | `stats(vpool(sim...))` | `Statistics<VirtualPool<SimAddressSpace>>` (with threads, inside the pool's lock) |
 //!
 //! The leaf `L` is whatever the builder makes of the innermost call
 //! (`sim(1TiB)`, `host`, with the feature `cuda` the tool's `cuda` and
@@ -391,6 +392,9 @@ where
 /// let run = |text| run_typed(&parse(text).unwrap(), &builder, &stream, Probe(world.stream())).unwrap();
 /// assert_eq!(run("pool(sim, granule=1MiB)").ok(), Some(1 << 20));
 /// assert!(run("pool(limit(sim, 1GiB))").is_err(), "no typed shape: the runner comes back");
+/// // A vpool's peak is its committed granules, under `stats` as alone.
+/// assert_eq!(run("stats(vpool(sim(1TiB), granule=1MiB))").ok(), Some(1 << 20));
+/// assert!(run("stats(vpool(sim(1TiB), per_stream=true))").is_err());
 /// ```
 pub fn run_typed<K: Runner>(
     call: &Call,
@@ -401,6 +405,9 @@ pub fn run_typed<K: Runner>(
     // A pool per stream has no typed shape: the runner comes back.
     if call.name == "vpool" && call.bool_arg("per_stream")? != Some(true) {
         return run_vpool(call, runner).map(Ok);
+    }
+    if let Some(pool) = stats_vpool(call) {
+        return run_stats_vpool(pool, runner).map(Ok);
     }
     let Some(shape) = shape(call)? else { return Ok(Err(runner)) };
     let leaf = builder.build_call_with_handles(shape.leaf(), stream)?;
@@ -420,6 +427,31 @@ pub fn run_typed<K: Runner>(
         let leaf = shape.leaf();
         Err(leaf.error(memres_core::stack::StackErrorKind::UnknownName(leaf.name.clone())))
     }
+}
+
+/// The `vpool` call of `stats(vpool(...))`, one pool for every stream;
+/// anything else (a pool per stream, a bad argument) is left to the
+/// builder, which gives its errors.
+fn stats_vpool(call: &Call) -> Option<&Call> {
+    (call.name == "stats" && call.args.len() == 1)
+        .then(|| call.resource(0).ok())
+        .flatten()
+        .filter(|p| p.name == "vpool" && matches!(p.bool_arg("per_stream"), Ok(None | Some(false))))
+}
+
+/// Builds `stats(vpool(sim...))` typed: the counters inside the pool's
+/// lock (one thread: no lock), as over a chunk pool.
+///
+/// # Errors
+///
+/// As `memres_sim::vpool`.
+fn run_stats_vpool<K: Runner>(pool: &Call, runner: K) -> Result<K::Output, StackError> {
+    Ok(run_mut(
+        runner,
+        Statistics::new(memres_sim::vpool(pool)?),
+        |s| s.upstream().usage().peak_held,
+        |s| Some(s.upstream().space().call_counts().0),
+    ))
 }
 
 /// Builds `vpool(sim...)` typed, a [`VirtualPool`](memres_core::vpool::VirtualPool)
