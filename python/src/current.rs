@@ -10,14 +10,14 @@
 
 use crate::backend::{self, Stream, MAX_DEVICES};
 use crate::resource::Resource;
+use memres_core::addr_map::AddrMap;
 use memres_core::{Block, DynResource, MemoryResource, Request};
 use pyo3::prelude::*;
-use std::collections::HashMap;
 use std::ffi::c_void;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::{Mutex, OnceLock};
 
-type Live = Mutex<HashMap<u64, (Block, DynResource<Stream>)>>;
+type Live = Mutex<AddrMap<(Block, DynResource<Stream>)>>;
 
 fn live(device: usize) -> Option<&'static Live> {
     static LIVE: [OnceLock<Live>; MAX_DEVICES] = [const { OnceLock::new() }; MAX_DEVICES];
@@ -81,7 +81,7 @@ fn alloc(size: isize, device: i32, stream: *mut c_void) -> Option<*mut c_void> {
 fn free(ptr: *mut c_void, device: i32, stream: *mut c_void) -> Option<()> {
     let d = u32::try_from(device).ok()?;
     let table = live(d as usize)?;
-    let (block, resource) = table.lock().unwrap_or_else(|p| p.into_inner()).remove(&(ptr as usize as u64))?;
+    let (block, resource) = table.lock().unwrap_or_else(|p| p.into_inner()).remove(ptr as usize as u64)?;
     let s = backend::stream(stream as usize as u64, d).ok()?;
     if resource.deallocate(block, &s).is_err() {
         table.lock().unwrap_or_else(|p| p.into_inner()).insert(block.addr(), (block, resource));

@@ -1,10 +1,10 @@
 //! RMM's `limiting_resource_adaptor`: a byte limit.
 
+use crate::addr_map::AddrMap;
 use crate::check::Violation;
 use crate::lock::Shared;
 use crate::primitive::{AtomicU64, Ordering::Relaxed};
 use crate::{Block, Error, Inspect, MemoryResource, Request, Result, Stream, Usage};
-use alloc::collections::BTreeMap;
 
 /// Refuses allocations that would take the bytes in use above a limit: RMM's
 /// `limiting_resource_adaptor`.
@@ -40,7 +40,8 @@ use alloc::collections::BTreeMap;
 /// refuses (a wrong size, say) keeps the block and its charge. A block
 /// freed straight to the upstream, behind the adaptor's back, stays counted
 /// until the upstream hands its address out again through the adaptor. The
-/// table costs one short lock per call; the reservation stays lock-free.
+/// table ([`AddrMap`]) costs one short lock and a probe or two per call;
+/// the reservation stays lock-free.
 ///
 /// # Examples
 ///
@@ -66,7 +67,7 @@ pub struct Limiting<R> {
     /// flight; never above `limit`.
     used: AtomicU64,
     /// What each live block handed out was charged, by address.
-    charged: Shared<BTreeMap<u64, u64>>,
+    charged: Shared<AddrMap<u64>>,
 }
 
 impl<R> Limiting<R> {
@@ -81,7 +82,7 @@ impl<R> Limiting<R> {
     /// assert_eq!(l.get_allocation_limit(), 1 << 20);
     /// ```
     pub fn new(upstream: R, limit: u64) -> Self {
-        Limiting { upstream, limit, used: AtomicU64::new(0), charged: Shared::new(BTreeMap::new()) }
+        Limiting { upstream, limit, used: AtomicU64::new(0), charged: Shared::new(AddrMap::new()) }
     }
 
     /// The limit in bytes (RMM's `get_allocation_limit`).
@@ -161,7 +162,7 @@ impl<S: Stream + ?Sized, R: MemoryResource<S>> MemoryResource<S> for Limiting<R>
         let addr = block.addr();
         // Removed before the upstream frees it: once freed, another thread
         // may get the same address and insert it.
-        let charge = self.charged.with(|t| t.remove(&addr)).ok_or(Error::UnknownBlock { addr })?;
+        let charge = self.charged.with(|t| t.remove(addr)).ok_or(Error::UnknownBlock { addr })?;
         self.upstream.deallocate(block, stream).inspect_err(|_| {
             self.charged.with(|t| t.insert(addr, charge));
         })?;
@@ -178,7 +179,7 @@ impl<R: Inspect> Inspect for Limiting<R> {
     }
 
     fn check(&self) -> core::result::Result<(), Violation> {
-        let charged: u64 = self.charged.with(|t| t.values().sum());
+        let charged: u64 = self.charged.with(|t| t.iter().map(|(_, &c)| c).sum());
         if charged != self.used.load(Relaxed) {
             return Err(Violation::new("bytes in use under the limit differ from the charges"));
         }

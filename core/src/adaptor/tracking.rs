@@ -1,9 +1,9 @@
 //! RMM's `tracking_resource_adaptor`: every outstanding allocation.
 
+use crate::addr_map::AddrMap;
 use crate::lock::Shared;
 use crate::{Block, Error, MemoryResource, Request, Result, Stream};
 use alloc::boxed::Box;
-use alloc::collections::BTreeMap;
 use alloc::vec::Vec;
 use core::fmt;
 
@@ -141,7 +141,7 @@ struct Entry {
 pub struct Tracking<R> {
     upstream: R,
     /// Live blocks handed out through this adaptor, by address.
-    table: Shared<BTreeMap<u64, Entry>>,
+    table: Shared<AddrMap<Entry>>,
     /// Called at drop when something is outstanding.
     on_leak: Option<LeakHandler>,
     #[cfg(feature = "std")]
@@ -158,7 +158,7 @@ impl<R> Tracking<R> {
     pub fn new(upstream: R) -> Self {
         Tracking {
             upstream,
-            table: Shared::new(BTreeMap::new()),
+            table: Shared::new(AddrMap::new()),
             on_leak: None,
             #[cfg(feature = "std")]
             backtraces: false,
@@ -213,7 +213,7 @@ impl<R> Tracking<R> {
     /// assert_eq!(Tracking::new(()).get_allocated_bytes(), 0);
     /// ```
     pub fn get_allocated_bytes(&self) -> u64 {
-        self.table.with(|t| t.values().map(|e| e.size).sum())
+        self.table.with(|t| t.iter().map(|(_, e)| e.size).sum())
     }
 
     /// The size of the outstanding allocation at `addr`, if any.
@@ -223,7 +223,7 @@ impl<R> Tracking<R> {
     /// assert_eq!(Tracking::new(()).size_of(0x1000), None);
     /// ```
     pub fn size_of(&self, addr: u64) -> Option<u64> {
-        self.table.with(|t| t.get(&addr).map(|e| e.size))
+        self.table.with(|t| t.get(addr).map(|e| e.size))
     }
 
     /// Every outstanding allocation, sorted by address (the leak report, on
@@ -234,9 +234,9 @@ impl<R> Tracking<R> {
     /// assert_eq!(Tracking::new(()).get_outstanding_allocations().count(), 0);
     /// ```
     pub fn get_outstanding_allocations(&self) -> LeakReport {
-        let allocations = self.table.with(|t| {
+        let mut allocations: Vec<Outstanding> = self.table.with(|t| {
             t.iter()
-                .map(|(&addr, e)| Outstanding {
+                .map(|(addr, e)| Outstanding {
                     addr,
                     size: e.size,
                     #[cfg(feature = "std")]
@@ -244,6 +244,7 @@ impl<R> Tracking<R> {
                 })
                 .collect()
         });
+        allocations.sort_unstable_by_key(|o| o.addr);
         LeakReport { allocations }
     }
 
@@ -305,14 +306,14 @@ impl<S: Stream + ?Sized, R: MemoryResource<S>> MemoryResource<S> for Tracking<R>
         if block.is_empty() {
             return self.upstream.deallocate(block, stream);
         }
-        let entry = self.table.with(|t| match t.get(&block.addr()) {
+        let entry = self.table.with(|t| match t.get(block.addr()) {
             None => Err(Error::UnknownBlock { addr: block.addr() }),
             Some(e) if e.size != block.size() => {
                 Err(Error::SizeMismatch { addr: block.addr(), expected: e.size, given: block.size() })
             }
             // Removed before the upstream frees it: once freed, another
             // thread may get the same address and insert it.
-            Some(_) => Ok(t.remove(&block.addr()).expect("present")),
+            Some(_) => Ok(t.remove(block.addr()).expect("present")),
         })?;
         self.upstream.deallocate(block, stream).inspect_err(|_| {
             self.table.with(|t| t.insert(block.addr(), entry));

@@ -7,42 +7,20 @@
 //! frees carry the real tag, whatever the stack.
 //!
 //! ```text
-//!  Table { shards: [Mutex<HashMap<addr, (size, tag)>>; 64] }
+//!  Table { shards: [Mutex<AddrMap<(size, tag)>>; 64] }
 //!    shard = top 6 bits of (addr >> 8) * K   (blocks are 256-aligned)
 //!    insert on allocate, remove on free: O(1), one uncontended lock
 //! ```
 
+use memres_core::addr_map::AddrMap;
 use memres_core::Block;
-use std::collections::HashMap;
-use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::Mutex;
 
 const SHARD_BITS: u32 = 6;
 const SHARDS: usize = 1 << SHARD_BITS;
 
-/// Hashes an address: blocks are at least 256-aligned, so the low byte
-/// carries nothing; a multiplication spreads the rest into the high bits
-/// the hash table reads.
-#[derive(Default)]
-struct AddrHasher(u64);
-
-impl Hasher for AddrHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.0 = (self.0.rotate_left(8) ^ u64::from(b)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-        }
-    }
-
-    fn write_u64(&mut self, addr: u64) {
-        self.0 = (addr >> 8).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-    }
-}
-
-type Map = HashMap<u64, (u64, u64), BuildHasherDefault<AddrHasher>>;
+/// A shard's blocks: (size, tag) by address.
+type Map = AddrMap<(u64, u64)>;
 
 /// One shard on cache lines of its own, so that threads working on
 /// different shards do not share a line.
@@ -87,8 +65,8 @@ impl Table {
     }
 
     fn shard(&self, addr: u64) -> &Mutex<Map> {
-        // A different multiplier from the hasher's: the shard and the
-        // bucket within it are chosen by independent bits.
+        // A different multiplier from the map's: the shard and the slot
+        // within it are chosen by independent bits.
         let i = (addr >> 8).wrapping_mul(0xD6E8_FEB8_6659_FD93) >> (64 - SHARD_BITS);
         &self.shards[i as usize].0
     }
@@ -104,7 +82,7 @@ impl Table {
     /// Takes the block at `addr` out of the table.
     pub fn remove(&self, addr: u64) -> Option<Block> {
         let mut map = self.shard(addr).lock().unwrap_or_else(|p| p.into_inner());
-        map.remove(&addr).map(|(size, tag)| Block::new(addr, size, tag))
+        map.remove(addr).map(|(size, tag)| Block::new(addr, size, tag))
     }
 
     /// The number of live blocks (locks each shard in turn: not a snapshot

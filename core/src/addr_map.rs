@@ -1,0 +1,243 @@
+//! [`AddrMap`]: what a layer keeps per live block, found by the block's
+//! address in one probe or a few, whatever the number of live blocks.
+//!
+//! The adaptors that must know every block they handed out ([`Limiting`]'s
+//! charges, [`Tracking`]'s entries) look a block up on every free. An
+//! ordered map costs a walk down a tree and an allocation per insert; this
+//! one costs a multiplication, and its entries sit in one array.
+//!
+//! ```text
+//!  slots: [empty | (addr, value)]   a power of two of them, at most half full
+//!  home(addr) = top bits of addr * K          (K odd: every address bit counts)
+//!  find:   from home(addr) forward, to addr or to an empty slot
+//!  insert: where find stopped; doubles the slots first if they would be
+//!          more than half full
+//!  remove: empties the slot, then moves each later entry of the run back
+//!          into the hole when its home is not after the hole (no
+//!          tombstones); the slots stay, as many as the most entries
+//!          needed
+//! ```
+//!
+//! [`Limiting`]: crate::adaptor::Limiting
+//! [`Tracking`]: crate::adaptor::Tracking
+
+use alloc::vec::Vec;
+
+/// Spreads an address over the hash's top bits (2^64 over the golden ratio,
+/// odd: the product is a bijection, and blocks' aligned low bits still
+/// move the top ones).
+const K: u64 = 0x9E37_79B9_7F4A_7C15;
+
+/// The fewest slots the map holds once it holds anything.
+const MIN_SLOTS: usize = 8;
+
+/// A map from block addresses to `V`, by open addressing with linear
+/// probing.
+///
+/// # Examples
+///
+/// ```
+/// use memres_core::addr_map::AddrMap;
+/// let mut m = AddrMap::new();
+/// assert_eq!(m.insert(0x1000, 64), None);
+/// assert_eq!(m.insert(0x1000, 128), Some(64));
+/// assert_eq!(m.get(0x1000), Some(&128));
+/// assert_eq!(m.remove(0x1000), Some(128));
+/// assert!(m.is_empty());
+/// ```
+#[derive(Clone, Debug)]
+pub struct AddrMap<V> {
+    /// Empty, or a power of two of slots (at least [`MIN_SLOTS`]), at most
+    /// half of them full. An entry lies in its home slot or after it, with
+    /// no empty slot between the two (cyclically): `find` stops at the
+    /// first empty slot.
+    slots: Vec<Option<(u64, V)>>,
+    /// Full slots.
+    len: usize,
+}
+
+impl<V> Default for AddrMap<V> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl<V> AddrMap<V> {
+    /// An empty map; allocates nothing until the first insert.
+    pub const fn new() -> Self {
+        AddrMap { slots: Vec::new(), len: 0 }
+    }
+
+    /// The number of entries.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether the map has no entry.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The value at `addr`, if any.
+    pub fn get(&self, addr: u64) -> Option<&V> {
+        match self.find(addr) {
+            Some((i, true)) => self.slots[i].as_ref().map(|(_, v)| v),
+            _ => None,
+        }
+    }
+
+    /// Puts `value` at `addr`; returns the value that was there.
+    pub fn insert(&mut self, addr: u64, value: V) -> Option<V> {
+        if (self.len + 1) * 2 > self.slots.len() {
+            self.resize((self.slots.len() * 2).max(MIN_SLOTS));
+        }
+        let Some((i, found)) = self.find(addr) else { unreachable!("resized above: at least MIN_SLOTS") };
+        let old = self.slots[i].replace((addr, value)).map(|(_, v)| v);
+        if !found {
+            self.len += 1;
+        }
+        old
+    }
+
+    /// Takes the value at `addr` out.
+    pub fn remove(&mut self, addr: u64) -> Option<V> {
+        let Some((i, true)) = self.find(addr) else { return None };
+        let (_, value) = self.slots[i].take()?;
+        self.len -= 1;
+        // Close the hole: an entry after it in the run moves back into it
+        // unless its home lies after the hole (it would then sit before its
+        // home). Its slot becomes the hole.
+        let mask = self.slots.len() - 1;
+        let (mut hole, mut j) = (i, (i + 1) & mask);
+        while let Some((a, _)) = self.slots[j] {
+            let home = self.home(a);
+            if j.wrapping_sub(home) & mask >= j.wrapping_sub(hole) & mask {
+                self.slots[hole] = self.slots[j].take();
+                hole = j;
+            }
+            j = (j + 1) & mask;
+        }
+        Some(value)
+    }
+
+    /// The entries, in no particular order.
+    pub fn iter(&self) -> impl Iterator<Item = (u64, &V)> + '_ {
+        self.slots.iter().filter_map(|s| s.as_ref().map(|(a, v)| (*a, v)))
+    }
+
+    /// The slot `addr` hashes to (the slots are not empty).
+    fn home(&self, addr: u64) -> usize {
+        (addr.wrapping_mul(K) >> (64 - self.slots.len().trailing_zeros())) as usize
+    }
+
+    /// The slot holding `addr` (`true`), or the empty slot where it would
+    /// go (`false`); `None` with no slots.
+    fn find(&self, addr: u64) -> Option<(usize, bool)> {
+        if self.slots.is_empty() {
+            return None;
+        }
+        let mask = self.slots.len() - 1;
+        let mut i = self.home(addr);
+        // Ends: at most half the slots are full.
+        loop {
+            match &self.slots[i] {
+                None => return Some((i, false)),
+                Some((a, _)) if *a == addr => return Some((i, true)),
+                Some(_) => i = (i + 1) & mask,
+            }
+        }
+    }
+
+    /// Moves every entry into `slots` new slots (a power of two, at least
+    /// twice the entries).
+    fn resize(&mut self, slots: usize) {
+        let old = core::mem::replace(&mut self.slots, (0..slots).map(|_| None).collect());
+        for (addr, value) in old.into_iter().flatten() {
+            let Some((i, _)) = self.find(addr) else { unreachable!("just made") };
+            self.slots[i] = Some((addr, value));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testing::{steps, SplitMix64};
+    use alloc::collections::BTreeMap;
+
+    /// Checks the map against a model: the same entries, each found from its
+    /// home with no empty slot before it, the slots' count within bounds.
+    fn same(m: &AddrMap<u64>, model: &BTreeMap<u64, u64>) {
+        assert_eq!(m.len(), model.len());
+        let mut entries: Vec<(u64, u64)> = m.iter().map(|(a, &v)| (a, v)).collect();
+        entries.sort_unstable();
+        assert_eq!(entries, model.iter().map(|(&a, &v)| (a, v)).collect::<Vec<_>>());
+        for (&a, &v) in model {
+            assert_eq!(m.get(a), Some(&v));
+        }
+        let n = m.slots.len();
+        assert!(n == 0 || n.is_power_of_two() && n >= MIN_SLOTS && m.len() * 2 <= n);
+    }
+
+    /// Random inserts and removes, over addresses drawn from a few hundred
+    /// (so that the same address comes back, and runs form and close),
+    /// agree with an ordered map.
+    #[test]
+    fn agrees_with_an_ordered_map() {
+        for (seed, shift) in [(1, 8), (2, 21), (3, 40)] {
+            let (mut m, mut model) = (AddrMap::new(), BTreeMap::new());
+            let mut rng = SplitMix64::new(seed);
+            for step in 0..steps(40_000) {
+                let addr = (rng.next_u64() % 300) << shift;
+                // Inserts win at first, then removes: the map grows and shrinks.
+                let grow = step < steps(40_000) / 2;
+                if (rng.next_u64() % 3 != 0) == grow {
+                    assert_eq!(m.insert(addr, step as u64), model.insert(addr, step as u64));
+                } else {
+                    assert_eq!(m.remove(addr), model.remove(&addr));
+                }
+                if step % 97 == 0 {
+                    same(&m, &model);
+                }
+            }
+            same(&m, &model);
+        }
+    }
+
+    /// Addresses that share a home make one long run; removing from its
+    /// middle keeps every later entry findable.
+    #[test]
+    fn a_run_of_one_home_survives_removes_from_its_middle() {
+        let mut m = AddrMap::new();
+        m.insert(0, 0);
+        let mut same_home: Vec<u64> = (1..u64::MAX).filter(|&a| m.home(a) == m.home(0)).take(3).collect();
+        same_home.insert(0, 0);
+        for &a in &same_home {
+            m.insert(a, a + 1);
+        }
+        assert_eq!(m.slots.len(), MIN_SLOTS);
+        assert_eq!(m.remove(same_home[1]), Some(same_home[1] + 1));
+        for &a in [same_home[0], same_home[2], same_home[3]].iter() {
+            assert_eq!(m.get(a), Some(&(a + 1)), "{a:#x}");
+        }
+        assert_eq!(m.get(same_home[1]), None);
+        assert_eq!(m.len(), 3);
+    }
+
+    #[test]
+    fn grows_by_doubling_and_keeps_its_slots() {
+        let mut m = AddrMap::new();
+        assert_eq!(m.slots.len(), 0);
+        for a in 0..1000u64 {
+            m.insert(a << 8, a);
+        }
+        assert_eq!(m.slots.len(), 2048);
+        for a in 0..1000u64 {
+            assert_eq!(m.remove(a << 8), Some(a));
+        }
+        assert!(m.is_empty());
+        assert_eq!(m.slots.len(), 2048);
+        assert_eq!(m.remove(0), None);
+        assert_eq!(AddrMap::<u8>::new().get(5), None);
+    }
+}
