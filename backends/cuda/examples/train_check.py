@@ -11,9 +11,12 @@ seed, on PyTorch's native caching
 allocator and on memres per stack to test, in `--rounds` interleaved rounds
 (default 3; native at least twice, to see that the run is deterministic at
 all). Step times are medians over steps 6 to 50, then over rounds; the
-time ratio is given both as the ratio of those medians and as the median
+time ratio is given as the ratio of those medians, as the median
 of the rounds' own ratios (each memres run over the native run of its
-round, which a slow spell of the machine affects alike). Each
+round, which a slow spell of the machine affects alike), and step by step
+("same steps": each step over native's step of the same index in the
+round, which has the same shapes; the median per round, then over
+rounds). Each
 step begins with `memres_step`, so that a stack with `planned(...)` lays
 each step out from the one before it: at the top of the loop's body, or
 with `--step-at optimizer` after `opt.step()`, where the host has queued
@@ -431,6 +434,12 @@ def phases_of(runs):
     }
 
 
+def same_steps(run, native):
+    """The median over the timed steps (6 on) of `run`'s step over
+    `native`'s step of the same index."""
+    return statistics.median(a / b for a, b in zip(run["step_ms"][5:], native["step_ms"][5:]))
+
+
 def adjusted(runs, natives):
     """The step time of `runs` over `natives`' with each process's pace
     taken out, and the range of two standard errors about it.
@@ -537,6 +546,12 @@ def driver(args):
             "step_time_ratio_paired": statistics.median(
                 m["step_ms_median"] / n["step_ms_median"] for m, n in zip(rounds, natives)
             ),
+            # Each timed step over native's same step of the round (the
+            # same shapes: the data are seeded alike), the median per round:
+            # with shapes that change per step, a median over steps of
+            # unlike sizes moves with the few that change rank.
+            "step_time_ratio_same_steps_rounds": [same_steps(m, n) for m, n in zip(rounds, natives)],
+            "step_time_ratio_same_steps": statistics.median(same_steps(m, n) for m, n in zip(rounds, natives)),
             # The ratio with the host's pace of each process taken out, and
             # the range of two standard errors about it (see `adjusted`).
             **dict(zip(("step_time_ratio_adjusted", "step_time_ratio_adjusted_range"), adjusted(rounds, natives))),
@@ -592,7 +607,8 @@ def driver(args):
             f"SUMMARY train_check {args.model} [{p['memres_stack']}]: losses {'identical' if p['losses_identical'] else 'DIFFER'} "
             f"(native repeat {'identical' if deterministic else 'differs: not deterministic'}); "
             f"step {p['step_ms_memres']:.2f} ms vs {summary['step_ms_native']:.2f} ms native "
-            f"(x{p['step_time_ratio']:.3f}, per round x{p['step_time_ratio_paired']:.3f}"
+            f"(x{p['step_time_ratio']:.3f}, per round x{p['step_time_ratio_paired']:.3f}, "
+            f"same steps x{p['step_time_ratio_same_steps']:.4f}"
             + (f", pace taken out x{p['step_time_ratio_adjusted']:.3f}, {p['step_time_ratio_adjusted_range'][0]:.3f}-"
                f"{p['step_time_ratio_adjusted_range'][1]:.3f}); " if p["step_time_ratio_adjusted"] else "); ")
             + ("peak held unknown" if p["peak_ratio"] is None else
