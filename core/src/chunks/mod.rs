@@ -69,6 +69,7 @@ pub(crate) enum GiveBack {
     /// Never (RMM's pool).
     Never,
     /// Only when the maximum leaves no room for the request (the arena).
+    #[cfg_attr(not(feature = "alloc"), allow(dead_code))] // the arena needs `alloc`
     AtMaximum,
     /// Wholly free chunks, largest first, while the table would hold more
     /// than this many bytes with the new chunk (the pool's: its peak in use;
