@@ -80,9 +80,12 @@ impl<V> AddrMap<V> {
 
     /// The value at `addr`, if any.
     pub fn get(&self, addr: u64) -> Option<&V> {
+        if self.slots.is_empty() {
+            return None;
+        }
         match self.find(addr) {
-            Some((i, true)) => self.slots[i].as_ref().map(|(_, v)| v),
-            _ => None,
+            (i, true) => self.slots[i].as_ref().map(|(_, v)| v),
+            (_, false) => None,
         }
     }
 
@@ -91,7 +94,7 @@ impl<V> AddrMap<V> {
         if (self.len + 1) * 2 > self.slots.len() {
             self.resize((self.slots.len() * 2).max(MIN_SLOTS));
         }
-        let Some((i, found)) = self.find(addr) else { unreachable!("resized above: at least MIN_SLOTS") };
+        let (i, found) = self.find(addr);
         let old = self.slots[i].replace((addr, value)).map(|(_, v)| v);
         if !found {
             self.len += 1;
@@ -101,7 +104,10 @@ impl<V> AddrMap<V> {
 
     /// Takes the value at `addr` out.
     pub fn remove(&mut self, addr: u64) -> Option<V> {
-        let Some((i, true)) = self.find(addr) else { return None };
+        if self.slots.is_empty() {
+            return None;
+        }
+        let (i, true) = self.find(addr) else { return None };
         let (_, value) = self.slots[i].take()?;
         self.len -= 1;
         // Close the hole: an entry after it in the run moves back into it
@@ -131,18 +137,15 @@ impl<V> AddrMap<V> {
     }
 
     /// The slot holding `addr` (`true`), or the empty slot where it would
-    /// go (`false`); `None` with no slots.
-    fn find(&self, addr: u64) -> Option<(usize, bool)> {
-        if self.slots.is_empty() {
-            return None;
-        }
+    /// go (`false`). The slots are not empty.
+    fn find(&self, addr: u64) -> (usize, bool) {
         let mask = self.slots.len() - 1;
         let mut i = self.home(addr);
         // Ends: at most half the slots are full.
         loop {
             match &self.slots[i] {
-                None => return Some((i, false)),
-                Some((a, _)) if *a == addr => return Some((i, true)),
+                None => return (i, false),
+                Some((a, _)) if *a == addr => return (i, true),
                 Some(_) => i = (i + 1) & mask,
             }
         }
@@ -153,7 +156,7 @@ impl<V> AddrMap<V> {
     fn resize(&mut self, slots: usize) {
         let old = core::mem::replace(&mut self.slots, (0..slots).map(|_| None).collect());
         for (addr, value) in old.into_iter().flatten() {
-            let Some((i, _)) = self.find(addr) else { unreachable!("just made") };
+            let (i, _) = self.find(addr);
             self.slots[i] = Some((addr, value));
         }
     }

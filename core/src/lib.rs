@@ -17,7 +17,7 @@
 //! | [`Stream`] | record an event, wait on an event, query an event, synchronize (the stream, or as a last resort the device); `()` is the stream of resources for which streams mean nothing |
 //! | [`Error`] | every failure as a typed value; out of memory carries its figures |
 //! | [`Usage`], [`Inspect`] | one set of figures for every resource (bytes used, held from upstream, its peak, free, the largest free block) and the trait that reads them and runs the invariant checker |
-//! | [`addr_map`] | [`AddrMap`](addr_map::AddrMap): what a layer keeps per live block, by address, in O(1) (feature `alloc`) |
+//! | [`addr_map`] | [`AddrMap`](addr_map::AddrMap): what a layer keeps per live block, found by its address in a probe or two (feature `alloc`) |
 //! | [`lock`] | [`RawLock`](lock::RawLock), [`SpinLock`](lock::SpinLock) and [`Shared`], which turns any `&mut self` algorithm into a `&self` resource |
 //! | [`index`] | [`CoalescingIndex`](index::CoalescingIndex): the two-level segregated-fit index over bare ranges that the pools and the arena suballocate with |
 //! | [`pool`] | [`CoalescingPool`](pool::CoalescingPool): O(1) allocate and free over chunks from an upstream |
