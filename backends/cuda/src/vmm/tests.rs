@@ -553,6 +553,7 @@ fn a_laid_out_replay_of_every_trace_maps_at_most_5_percent_over_its_live_peak() 
                     planned.deallocate(std::mem::replace(&mut live[id], Block::EMPTY), &()).unwrap();
                 }
             }
+            // Kept from the last pass, the steady one.
             let after = space.driver_calls();
             steady = (after.maps - before.maps, after.unmaps - before.unmaps);
             // Blocks the trace leaves live go at the end of its pass.
