@@ -116,8 +116,9 @@ int memres_configure(const char *stack);
  * message (the device has not been used yet, out is NULL). */
 int memres_stats(int device, memres_stats_t *out);
 
-/* Copies the latest error message of any thread into buf (at most len - 1
- * bytes and a NUL) and returns its full length: 0 when there was none.
+/* Copies the calling thread's latest error message into buf (at most
+ * len - 1 bytes and a NUL) and returns its full length: 0 when this thread
+ * had none. Kept per thread, as cudaGetLastError's.
  * buf may be NULL to ask for the length. */
 size_t memres_last_error(char *buf, size_t len);
 

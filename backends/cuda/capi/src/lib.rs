@@ -7,7 +7,7 @@
 //! | `void memres_free(void* ptr, ssize_t size, int device, cudaStream_t stream)` | frees on `stream`; a bad free is recorded, never fatal |
 //! | `int memres_configure(const char* stack)` | sets the stack of every device not yet used; non-zero for a bad stack |
 //! | `int memres_stats(int device, memres_stats_t* out)` | the figures of a device's stack |
-//! | `size_t memres_last_error(char* buf, size_t len)` | the latest error message |
+//! | `size_t memres_last_error(char* buf, size_t len)` | the calling thread's latest error message |
 //! | `size_t memres_stack(int device, char* buf, size_t len)` | the stack a device runs |
 //! | `int memres_step(int device, cudaStream_t stream)` | marks the start of a step (a training iteration) for the `planned` layers of a device's stack |
 //! | `int memres_flush(void)` | writes out the buffers of `log` adaptors (also done at exit) |
@@ -140,7 +140,7 @@ use memres_core::{MemoryResource, Request};
 use memres_cuda::{CudaStream, Device};
 use std::ffi::{c_char, c_int, c_void, CStr};
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::Mutex;
+use std::cell::RefCell;
 
 /// The stack a device runs when neither `memres_configure` nor
 /// `MEMRES_STACK` names one: a pool per stream (see *Streams*) over
@@ -225,16 +225,21 @@ pub struct MemresSteps {
     pub carry_region: i64,
 }
 
-static LAST_ERROR: Mutex<String> = Mutex::new(String::new());
-
-fn set_error(message: String) {
-    *LAST_ERROR.lock().unwrap_or_else(|p| p.into_inner()) = message;
+// Per thread, as `errno` and `cudaGetLastError`: a thread reads the error
+// of its own failed call, never one another thread made since.
+thread_local! {
+    static LAST_ERROR: RefCell<String> = const { RefCell::new(String::new()) };
 }
 
-/// The latest error message of any thread ("" when there was none): the
+fn set_error(message: String) {
+    // A call from a thread's destructors, after its slot is gone, keeps no message.
+    let _ = LAST_ERROR.try_with(|e| *e.borrow_mut() = message);
+}
+
+/// The latest error message of this thread ("" when there was none): the
 /// Rust form of `memres_last_error`.
 pub fn last_error() -> String {
-    LAST_ERROR.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    LAST_ERROR.try_with(|e| e.borrow().clone()).unwrap_or_default()
 }
 
 /// Runs an entry point: an `Err` or a panic is recorded and becomes `fallback`.
@@ -520,7 +525,7 @@ pub extern "C" fn memres_flush() -> c_int {
     guard(-1, || flush().map(|()| 0))
 }
 
-/// Copies the latest error message of any thread into `buf` (at most
+/// Copies the latest error message of the calling thread into `buf` (at most
 /// `len - 1` bytes and a NUL) and returns its full length: 0 when no error
 /// happened yet. `buf` may be NULL to ask for the length.
 ///
@@ -558,6 +563,23 @@ mod tests {
         let v = guard(7, || -> Result<i32, String> { std::panic::panic_any(42u8) });
         assert_eq!(v, 7);
         assert!(last_error().contains("unknown"), "{}", last_error());
+    }
+
+    #[test]
+    fn each_thread_reads_its_own_latest_error() {
+        guard((), || Err("mine".into()));
+        let theirs = std::thread::spawn(|| {
+            let before = last_error();
+            guard((), || Err("theirs".into()));
+            (before, last_error())
+        })
+        .join()
+        .unwrap();
+        assert_eq!(theirs, (String::new(), "theirs".to_string()));
+        assert_eq!(last_error(), "mine");
+        // A call that succeeds leaves the message of the last one that failed.
+        assert_eq!(guard(1, || Ok(2)), 2);
+        assert_eq!(last_error(), "mine");
     }
 
     #[test]
