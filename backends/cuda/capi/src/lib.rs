@@ -138,9 +138,9 @@ pub use devices::{configure, flush, stack};
 use memres_core::planned::Steps;
 use memres_core::{MemoryResource, Request};
 use memres_cuda::{CudaStream, Device};
+use std::cell::RefCell;
 use std::ffi::{c_char, c_int, c_void, CStr};
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::cell::RefCell;
 
 /// The stack a device runs when neither `memres_configure` nor
 /// `MEMRES_STACK` names one: a pool per stream (see *Streams*) over
