@@ -178,12 +178,14 @@ fn tracking_table_and_errors() {
     // An upstream failure keeps the block tracked.
     t.upstream().fail_frees.store(true, Ordering::Relaxed);
     assert!(t.deallocate(a, &()).is_err());
-    assert_eq!(t.get_outstanding_allocations().count(), 2);
+    assert_eq!((t.get_outstanding_allocations().count(), t.get_allocated_bytes()), (2, 300));
     t.upstream().fail_frees.store(false, Ordering::Relaxed);
     t.deallocate(a, &()).unwrap();
+    assert_eq!(t.get_allocated_bytes(), 200);
     assert_eq!(t.deallocate(a, &()), Err(Error::UnknownBlock { addr: a.addr() }));
     t.deallocate(b, &()).unwrap();
     assert!(t.get_outstanding_allocations().is_empty());
+    assert_eq!(t.get_allocated_bytes(), 0);
     assert_eq!(t.upstream().inner.usage().held, 0);
 }
 

@@ -107,6 +107,29 @@ struct Entry {
     backtrace: Option<alloc::sync::Arc<std::backtrace::Backtrace>>,
 }
 
+/// The live blocks, and their bytes counted as they come and go so that
+/// [`Tracking::get_allocated_bytes`] reads one number.
+#[derive(Debug)]
+struct Table {
+    /// Live blocks handed out through the adaptor, by address.
+    blocks: AddrMap<Entry>,
+    /// The sum of `blocks`' sizes.
+    bytes: u64,
+}
+
+impl Table {
+    fn insert(&mut self, addr: u64, entry: Entry) {
+        self.bytes += entry.size;
+        self.blocks.insert(addr, entry);
+    }
+
+    fn remove(&mut self, addr: u64) -> Option<Entry> {
+        let entry = self.blocks.remove(addr)?;
+        self.bytes -= entry.size;
+        Some(entry)
+    }
+}
+
 /// Keeps every outstanding allocation (address → size) and reports the
 /// ones still outstanding: RMM's `tracking_resource_adaptor`.
 ///
@@ -140,8 +163,7 @@ struct Entry {
 /// ```
 pub struct Tracking<R> {
     upstream: R,
-    /// Live blocks handed out through this adaptor, by address.
-    table: Shared<AddrMap<Entry>>,
+    table: Shared<Table>,
     /// Called at drop when something is outstanding.
     on_leak: Option<LeakHandler>,
     #[cfg(feature = "std")]
@@ -158,7 +180,7 @@ impl<R> Tracking<R> {
     pub fn new(upstream: R) -> Self {
         Tracking {
             upstream,
-            table: Shared::new(AddrMap::new()),
+            table: Shared::new(Table { blocks: AddrMap::new(), bytes: 0 }),
             on_leak: None,
             #[cfg(feature = "std")]
             backtraces: false,
@@ -213,7 +235,7 @@ impl<R> Tracking<R> {
     /// assert_eq!(Tracking::new(()).get_allocated_bytes(), 0);
     /// ```
     pub fn get_allocated_bytes(&self) -> u64 {
-        self.table.with(|t| t.iter().map(|(_, e)| e.size).sum())
+        self.table.with(|t| t.bytes)
     }
 
     /// The size of the outstanding allocation at `addr`, if any.
@@ -223,7 +245,7 @@ impl<R> Tracking<R> {
     /// assert_eq!(Tracking::new(()).size_of(0x1000), None);
     /// ```
     pub fn size_of(&self, addr: u64) -> Option<u64> {
-        self.table.with(|t| t.get(addr).map(|e| e.size))
+        self.table.with(|t| t.blocks.get(addr).map(|e| e.size))
     }
 
     /// Every outstanding allocation, sorted by address (the leak report, on
@@ -235,7 +257,8 @@ impl<R> Tracking<R> {
     /// ```
     pub fn get_outstanding_allocations(&self) -> LeakReport {
         let mut allocations: Vec<Outstanding> = self.table.with(|t| {
-            t.iter()
+            t.blocks
+                .iter()
                 .map(|(addr, e)| Outstanding {
                     addr,
                     size: e.size,
@@ -269,7 +292,7 @@ impl<R> Tracking<R> {
 
 impl<R> Drop for Tracking<R> {
     fn drop(&mut self) {
-        if self.table.with(|t| t.is_empty()) {
+        if self.table.with(|t| t.blocks.is_empty()) {
             return;
         }
         let report = self.get_outstanding_allocations();
@@ -287,7 +310,7 @@ impl<R: fmt::Debug> fmt::Debug for Tracking<R> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Tracking")
             .field("upstream", &self.upstream)
-            .field("outstanding", &self.table.with(|t| t.len()))
+            .field("outstanding", &self.table.with(|t| t.blocks.len()))
             .finish_non_exhaustive()
     }
 }
@@ -306,7 +329,7 @@ impl<S: Stream + ?Sized, R: MemoryResource<S>> MemoryResource<S> for Tracking<R>
         if block.is_empty() {
             return self.upstream.deallocate(block, stream);
         }
-        let entry = self.table.with(|t| match t.get(block.addr()) {
+        let entry = self.table.with(|t| match t.blocks.get(block.addr()) {
             None => Err(Error::UnknownBlock { addr: block.addr() }),
             Some(e) if e.size != block.size() => {
                 Err(Error::SizeMismatch { addr: block.addr(), expected: e.size, given: block.size() })
