@@ -10,10 +10,16 @@ Prints the median microseconds per call, in two tables:
 - handles of one 2 MiB granule, k side by side: one `cuMemSetAccess` and
   one `cuMemUnmap` over all k, against k creates, maps and releases;
 - one handle of k granules: each call once.
+
+Then the median milliseconds to map 2 GiB in handles of one granule
+(create, map and set access for each) and to unmap and release them, the
+handles split among 1, 2, 4 and 8 threads: does the driver serve
+threads side by side?
 """
 import ctypes
 import statistics
 import sys
+import threading
 import time
 
 GRANULE = 2 << 20
@@ -117,6 +123,46 @@ def main():
             t["release"].append(timed(lambda: check(cu.cuMemRelease(h[0]), "cuMemRelease")))
         print(f"  k={k:2d}  " + "  ".join(f"{n} {statistics.median(v):7.1f}" for n, v in t.items()))
     check(cu.cuMemAddressFree(base, max(ks) * GRANULE), "cuMemAddressFree")
+    threads_table(ctx, repeats)
+
+
+def threads_table(ctx, repeats, n=1024):
+    va = ctypes.c_uint64()
+    check(cu.cuMemAddressReserve(ctypes.byref(va), n * GRANULE, GRANULE, 0, 0), "cuMemAddressReserve")
+    base, handles = va.value, [0] * n
+
+    def in_threads(count, work):
+        def run(t):
+            check(cu.cuCtxSetCurrent(ctx), "cuCtxSetCurrent")
+            for i in range(t, n, count):  # ctypes lets the GIL go during each call
+                work(i)
+        threads = [threading.Thread(target=run, args=(t,)) for t in range(count)]
+        start = time.perf_counter_ns()
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        return (time.perf_counter_ns() - start) / 1e6
+
+    def map_one(i):
+        handles[i] = create(GRANULE)
+        check(cu.cuMemMap(base + i * GRANULE, GRANULE, 0, handles[i], 0), "cuMemMap")
+        check(cu.cuMemSetAccess(base + i * GRANULE, GRANULE, ctypes.byref(ACCESS), 1), "cuMemSetAccess")
+
+    def unmap_one(i):
+        check(cu.cuMemUnmap(base + i * GRANULE, GRANULE), "cuMemUnmap")
+        check(cu.cuMemRelease(handles[i]), "cuMemRelease")
+
+    print(f"{n} handles of one granule from T threads (ms)")
+    for count in [1, 2, 4, 8]:
+        t = {"create+map+set_access": [], "unmap+release": []}
+        for _ in range(repeats):
+            t["create+map+set_access"].append(in_threads(count, map_one))
+            check(cu.cuMemsetD8_v2(base, 1, n * GRANULE), "cuMemsetD8")
+            check(cu.cuCtxSynchronize(), "cuCtxSynchronize")
+            t["unmap+release"].append(in_threads(count, unmap_one))
+        print(f"  T={count}  " + "  ".join(f"{k} {statistics.median(v):7.1f}" for k, v in t.items()))
+    check(cu.cuMemAddressFree(base, n * GRANULE), "cuMemAddressFree")
 
 
 if __name__ == "__main__":

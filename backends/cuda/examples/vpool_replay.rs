@@ -18,78 +18,22 @@
 //! memory exceed the peak of bytes in use by that many thousandths before
 //! an allocation decommits kept memory (default 40; 0 with `--keep 0` or a
 //! small keep is the old behaviour). See `VirtualConfig::slack_permille`.
-//! Frees of pointers the trace never allocated are skipped; blocks still
-//! live at the end of a pass are freed then (untimed).
+//! The trace is read as `memres replay` reads it (`load_trace`): frees of
+//! pointers it never allocated are skipped, and blocks it leaves live are
+//! freed at the end of each pass.
 //!
 //! `--planned` puts a `Planned` layer over the pool and makes each pass a
 //! step (`step()` before it), with three warm-up passes: the second
 //! repeats the first, so the third is laid out from it (and takes the
 //! regions), and the timed pass is a steady step.
 
-use flate2::read::GzDecoder;
+use memres_bench::workload::{load_trace, Op};
 use memres_core::planned::Planned;
 use memres_core::vpool::{VirtualConfig, VirtualPool};
 use memres_core::Inspect;
 use memres_core::{Block, MemoryResource, MemoryResourceMut, Request, Shared, Stream};
 use memres_cuda::{CudaStream, CudaVirtualSpace, Device};
-use std::collections::HashMap;
-use std::io::{BufRead, BufReader, Read};
 use std::time::Instant;
-
-#[derive(Clone, Copy, Debug)]
-enum Op {
-    Allocate { id: usize, size: u64 },
-    Free { id: usize },
-}
-
-/// The trace's operations, pointers mapped to block numbers.
-fn load(path: &str) -> Result<(Vec<Op>, usize), String> {
-    let file = std::fs::File::open(path).map_err(|e| format!("{path}: {e}"))?;
-    let reader: Box<dyn Read> =
-        if path.ends_with(".gz") { Box::new(GzDecoder::new(file)) } else { Box::new(file) };
-    let mut ops = Vec::new();
-    let mut ids: HashMap<String, usize> = HashMap::new();
-    let mut blocks = 0;
-    for (n, line) in BufReader::new(reader).lines().enumerate() {
-        let line = line.map_err(|e| format!("{path}: {e}"))?;
-        let f: Vec<&str> = line.split(',').collect();
-        if n == 0 || f.len() < 5 {
-            continue;
-        }
-        match f[2] {
-            "allocate" => {
-                let size = f[4].trim().parse().map_err(|e| format!("{path}:{}: {e}", n + 1))?;
-                ids.insert(f[3].to_string(), blocks);
-                ops.push(Op::Allocate { id: blocks, size });
-                blocks += 1;
-            }
-            "free" => {
-                if let Some(id) = ids.remove(f[3]) {
-                    ops.push(Op::Free { id });
-                }
-            }
-            _ => {}
-        }
-    }
-    Ok((ops, blocks))
-}
-
-/// Bytes live at the trace's peak (sizes as asked).
-fn peak_live(ops: &[Op], blocks: usize) -> u64 {
-    let mut size = vec![0u64; blocks];
-    let (mut live, mut peak) = (0u64, 0u64);
-    for op in ops {
-        match *op {
-            Op::Allocate { id, size: s } => {
-                size[id] = s;
-                live += s;
-                peak = peak.max(live);
-            }
-            Op::Free { id } => live -= size[id],
-        }
-    }
-    peak
-}
 
 /// The pool as replayed: alone, or under `Planned` (a step per pass).
 enum Replayed<'a> {
@@ -121,8 +65,8 @@ impl Replayed<'_> {
     }
 }
 
-/// One pass (a step, under `Planned`); returns the nanoseconds the trace's
-/// operations took.
+/// One pass (a step, under `Planned`); returns the nanoseconds it took.
+/// Every block it allocates, it frees.
 fn pass(
     pool: &mut Replayed<'_>,
     stream: &CudaStream,
@@ -134,16 +78,14 @@ fn pass(
     }
     let t = Instant::now();
     for op in ops {
-        match *op {
-            Op::Allocate { id, size } => live[id] = pool.allocate(Request::new(size)?, stream)?,
-            Op::Free { id } => pool.deallocate(std::mem::replace(&mut live[id], Block::EMPTY), stream)?,
+        let id = op.id as usize;
+        if op.alloc {
+            live[id] = pool.allocate(Request::new(op.size)?, stream)?;
+        } else {
+            pool.deallocate(std::mem::replace(&mut live[id], Block::EMPTY), stream)?;
         }
     }
-    let ns = t.elapsed().as_nanos() as f64;
-    for b in live.iter_mut() {
-        pool.deallocate(std::mem::replace(b, Block::EMPTY), stream)?;
-    }
-    Ok(ns)
+    Ok(t.elapsed().as_nanos() as f64)
 }
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -203,8 +145,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     };
     let stream = CudaStream::new(device)?;
     for path in &traces {
-        let (ops, blocks) = load(path)?;
-        let peak = peak_live(&ops, blocks);
+        let trace = load_trace(path.as_ref())?;
+        let (ops, peak) = (&trace.ops, trace.peak_live);
         let space = CudaVirtualSpace::with_handle_granules(device, handle_granules)?;
         let config =
             VirtualConfig::new(64 << 30).release_threshold(keep).trim_on_commit(trim).slack_permille(slack);
@@ -214,12 +156,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         } else {
             Replayed::Pool(Box::new(pool))
         };
-        let mut live = vec![Block::EMPTY; blocks];
+        let mut live = vec![Block::EMPTY; trace.ids as usize];
         for _ in 0..if planned { 3 } else { 1 } {
-            pass(&mut pool, &stream, &ops, &mut live)?;
+            pass(&mut pool, &stream, ops, &mut live)?;
         }
         let warm = space.driver_calls();
-        let ns = pass(&mut pool, &stream, &ops, &mut live)?;
+        let ns = pass(&mut pool, &stream, ops, &mut live)?;
         let timed = space.driver_calls();
         stream.synchronize()?;
         let name = path.rsplit('/').next().unwrap_or(path);

@@ -484,34 +484,6 @@ fn a_virtual_pool_over_the_space_keeps_everything_consistent() {
     }
 }
 
-/// A trace of the repository's family as operations: (allocate, block
-/// number, size); frees of pointers it never allocated are left out.
-fn trace_ops(path: &std::path::Path) -> (Vec<(bool, usize, u64)>, usize) {
-    use memres_core::trace::{read, Action};
-    use std::collections::HashMap;
-    let file = std::fs::File::open(path).unwrap();
-    let reader = std::io::BufReader::new(flate2::read::GzDecoder::new(file));
-    let (mut ops, mut ids, mut blocks) = (Vec::new(), HashMap::new(), 0);
-    read(reader, |_, r| {
-        match r.action {
-            Action::Allocate => {
-                ids.insert(r.pointer, blocks);
-                ops.push((true, blocks, r.size));
-                blocks += 1;
-            }
-            Action::Free => {
-                if let Some(id) = ids.remove(&r.pointer) {
-                    ops.push((false, id, 0));
-                }
-            }
-            Action::AllocateFailure => {}
-        }
-        Ok(())
-    })
-    .unwrap();
-    (ops, blocks)
-}
-
 /// Issue 20's point 3 without a GPU. The space decides every mapping (the
 /// driver only carries them out), so over the fake driver it maps what it
 /// maps on the device. Each trace of `benches/data`, replayed as
@@ -532,38 +504,33 @@ fn a_laid_out_replay_of_every_trace_maps_at_most_5_percent_over_its_live_peak() 
     traces.sort();
     assert!(traces.len() >= 21, "{} traces in {}", traces.len(), dir.display());
     for path in &traces {
-        let (ops, blocks) = trace_ops(path);
+        // Read as `vpool_replay` reads it: the blocks it leaves live are
+        // freed at the end of each pass.
+        let trace = memres_bench::workload::load_trace(path).unwrap();
         let (space, fake) = space(1 << 44, 1);
         let config =
             VirtualConfig::new(64 << 30).release_threshold(u64::MAX).trim_on_commit(true).slack_permille(10);
         let planned = Planned::new(Shared::new(VirtualPool::with_config(&space, config).unwrap()));
-        let (mut live, mut sizes) = (vec![Block::EMPTY; blocks], vec![0; blocks]);
-        let (mut live_bytes, mut peak, mut steady) = (0u64, 0u64, (0, 0));
+        let mut live = vec![Block::EMPTY; trace.ids as usize];
+        let mut steady = (0, 0);
         for _ in 0..4 {
             let before = space.driver_calls();
             planned.step(&()).unwrap();
-            for &(allocate, id, size) in &ops {
-                if allocate {
-                    live[id] = planned.allocate(Request::new(size).unwrap(), &()).unwrap();
-                    sizes[id] = size;
-                    live_bytes += size;
-                    peak = peak.max(live_bytes);
+            for op in &trace.ops {
+                let id = op.id as usize;
+                if op.alloc {
+                    live[id] = planned.allocate(Request::new(op.size).unwrap(), &()).unwrap();
                 } else {
-                    live_bytes -= sizes[id];
                     planned.deallocate(std::mem::replace(&mut live[id], Block::EMPTY), &()).unwrap();
                 }
             }
             // Kept from the last pass, the steady one.
             let after = space.driver_calls();
             steady = (after.maps - before.maps, after.unmaps - before.unmaps);
-            // Blocks the trace leaves live go at the end of its pass.
-            for (b, &size) in live.iter_mut().zip(&sizes).filter(|(b, _)| !b.is_empty()) {
-                live_bytes -= size;
-                planned.deallocate(std::mem::replace(b, Block::EMPTY), &()).unwrap();
-            }
         }
+        assert!(live.iter().all(|b| b.is_empty()));
         let name = path.file_name().unwrap().to_string_lossy();
-        let footprint = space.peak_mapped_bytes() as f64 / peak as f64;
+        let footprint = space.peak_mapped_bytes() as f64 / trace.peak_live as f64;
         assert!(footprint <= 1.05, "{name}: mapped {footprint:.4} of the live peak");
         assert_eq!(steady, (0, 0), "{name}: maps and unmaps in the steady pass");
         drop(planned);
