@@ -1,5 +1,6 @@
 use super::{CommitLedger, ReservableSpace};
 use crate::{Error, Range, Result, Stream};
+use alloc::collections::BTreeMap;
 use alloc::vec::Vec;
 use core::cell::RefCell;
 
@@ -12,6 +13,10 @@ use core::cell::RefCell;
 /// counts committed bytes and their peak, holds at most `physical` bytes
 /// committed, and can be told to fail the Nth commit or decommit from now.
 /// It is not `Sync` (a `RefCell` inside).
+///
+/// With [`with_pieces`](Self::with_pieces) it holds memory as CUDA holds
+/// physical handles: each commit in pieces of a few granules, given back
+/// whole only.
 ///
 /// # Examples
 ///
@@ -41,6 +46,10 @@ struct State {
     /// Live reservations and their committed-granule bitmaps.
     reservations: Vec<(Range, Vec<u64>)>,
     ledger: CommitLedger,
+    /// With pieces: the most granules per piece, the committed pieces
+    /// (start to length; they cover the committed granules exactly), and
+    /// the decommits refused for taking part of one.
+    pieces: Option<(u64, BTreeMap<u64, u64>, u64)>,
 }
 
 /// The reservation `range` lies in, with its bitmap.
@@ -63,7 +72,46 @@ impl CountingSpace {
     /// If `granule` is not a power of two of at least 256.
     pub fn new(physical: u64, granule: u64) -> Self {
         let ledger = CommitLedger::new(physical, granule);
-        CountingSpace { state: RefCell::new(State { next: Self::BASE, reservations: Vec::new(), ledger }) }
+        let state = State { next: Self::BASE, reservations: Vec::new(), ledger, pieces: None };
+        CountingSpace { state: RefCell::new(state) }
+    }
+
+    /// Commits each range in pieces of up to `granules` granules from its
+    /// start, and gives back whole pieces only: a decommit that takes part
+    /// of a piece fails with [`Error::InvalidConfig`] (counted in
+    /// [`partial_decommits`](Self::partial_decommits)), and
+    /// [`releasable`](ReservableSpace::releasable) answers whole pieces.
+    ///
+    /// # Panics
+    ///
+    /// If `granules` is 0.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use memres_core::vmem::{CountingSpace, ReservableSpace};
+    /// use memres_core::Range;
+    /// let mib = 1 << 20;
+    /// let space = CountingSpace::new(64 * mib, mib).with_pieces(4);
+    /// let r = space.reserve(16 * mib)?;
+    /// space.commit(Range::new(r.start(), 6 * mib).unwrap())?; // pieces of 4 and 2 granules
+    /// let tail = Range::new(r.start() + 2 * mib, 4 * mib).unwrap();
+    /// assert!(space.decommit(tail, &()).is_err());
+    /// assert_eq!(space.partial_decommits(), 1);
+    /// // Of granules 2..6, only the piece 4..6 comes back whole.
+    /// assert_eq!(space.releasable(tail, mib), Range::new(r.start() + 4 * mib, 2 * mib));
+    /// # Ok::<(), memres_core::Error>(())
+    /// ```
+    pub fn with_pieces(self, granules: u64) -> Self {
+        assert!(granules > 0, "a piece holds at least one granule");
+        self.state.borrow_mut().pieces = Some((granules, BTreeMap::new(), 0));
+        self
+    }
+
+    /// Decommits refused for taking part of a piece
+    /// ([`with_pieces`](Self::with_pieces)).
+    pub fn partial_decommits(&self) -> u64 {
+        self.state.borrow().pieces.as_ref().map_or(0, |p| p.2)
     }
 
     /// Bytes of physical memory.
@@ -191,11 +239,54 @@ impl ReservableSpace for CountingSpace {
 
     fn commit(&self, range: Range) -> Result<()> {
         let s = &mut *self.state.borrow_mut();
-        s.ledger.commit(reservation_of(&mut s.reservations, range), range)
+        s.ledger.commit(reservation_of(&mut s.reservations, range), range)?;
+        if let Some((granules, pieces, _)) = &mut s.pieces {
+            let most = *granules * s.ledger.granule();
+            let mut at = range.start();
+            while at < range.end() {
+                let len = most.min(range.end() - at);
+                pieces.insert(at, len);
+                at += len;
+            }
+        }
+        Ok(())
     }
 
     fn decommit<S: Stream + ?Sized>(&self, range: Range, _stream: &S) -> Result<()> {
         let s = &mut *self.state.borrow_mut();
-        s.ledger.decommit(reservation_of(&mut s.reservations, range), range)
+        if let Some((_, pieces, refused)) = &mut s.pieces {
+            let cut = |at: u64| pieces.range(..at).next_back().is_some_and(|(&p, &l)| p + l > at);
+            if cut(range.start()) || cut(range.end()) {
+                *refused += 1;
+                return Err(Error::InvalidConfig { what: "decommit of part of a piece" });
+            }
+        }
+        s.ledger.decommit(reservation_of(&mut s.reservations, range), range)?;
+        if let Some((_, pieces, _)) = &mut s.pieces {
+            pieces.retain(|&p, _| p < range.start() || p >= range.end());
+        }
+        Ok(())
+    }
+
+    fn releasable(&self, range: Range, want: u64) -> Option<Range> {
+        let s = self.state.borrow();
+        let Some((_, pieces, _)) = &s.pieces else {
+            let len = want.min(range.len());
+            return Range::new(range.end() - len, len);
+        };
+        // The pieces wholly inside `range`, from the highest down, until
+        // they hold `want` bytes.
+        let mut taken: Option<(u64, u64)> = None;
+        for (&p, &l) in pieces.range(..range.end()).rev() {
+            if p + l > range.end() {
+                continue;
+            }
+            if p < range.start() || taken.is_some_and(|(lo, hi)| hi - lo >= want) {
+                break;
+            }
+            taken = Some((p, taken.map_or(p + l, |(_, hi)| hi)));
+        }
+        let (lo, hi) = taken?;
+        Range::from_bounds(lo, hi)
     }
 }

@@ -164,6 +164,20 @@ pub trait ReservableSpace {
     /// commit has taken since; the caller's commits are done. The default:
     /// nothing kept, nothing to do.
     fn release_kept(&self) {}
+
+    /// The part of `range` (committed granules, none of them in use) to
+    /// decommit so as to give back at least `want` bytes of it, the highest
+    /// first: less if all of `range` gives back less, `None` if none of it
+    /// would give anything back. A space that holds its memory in pieces
+    /// longer than a granule (CUDA's physical handles) frees only whole
+    /// pieces, so it answers whole pieces that lie inside `range`. A
+    /// [`VirtualPool`](crate::vpool::VirtualPool) decommits only what this
+    /// returns (clipped to `range`). The default: the highest `want` bytes
+    /// of `range`, all of it if shorter.
+    fn releasable(&self, range: Range, want: u64) -> Option<Range> {
+        let len = want.min(range.len());
+        Range::new(range.end() - len, len)
+    }
 }
 
 macro_rules! forward {
@@ -196,6 +210,10 @@ macro_rules! forward {
             #[inline]
             fn release_kept(&self) {
                 (**self).release_kept()
+            }
+            #[inline]
+            fn releasable(&self, range: Range, want: u64) -> Option<Range> {
+                (**self).releasable(range, want)
             }
         }
     )*};

@@ -39,7 +39,8 @@ impl<V: ReservableSpace> Inspect for VirtualPool<V> {
     /// granules not marked touched committed and touched by no live block
     /// (a trim may decommit it); the committed count matches the bitmap;
     /// where the pool counts Idle granules, at least as many counted as
-    /// there are; at most `keep` bytes Idle unless a trim is pending; the
+    /// there are; at most `keep` bytes of those the space can give back
+    /// unless a trim is pending; the
     /// peak of Busy granules seen at most the peak committed; bytes used +
     /// free = bytes reserved; live bytes within the Busy granules.
     ///
@@ -134,7 +135,8 @@ impl<V: ReservableSpace> Inspect for VirtualPool<V> {
         if self.counts_idle() && idle > self.idle_bound {
             return Err(Violation::new("more Idle granules than the pool counts"));
         }
-        if !self.trim_pending && idle << self.shift > self.config.keep {
+        // What the pool keeps: the Idle granules the space can give back.
+        if !self.trim_pending && self.count_releasable() << self.shift > self.config.keep {
             return Err(Violation::new("more idle committed memory than the release threshold"));
         }
         // busy + idle = the committed bits, counted above.

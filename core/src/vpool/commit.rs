@@ -288,12 +288,13 @@ impl<V: ReservableSpace> VirtualPool<V> {
         if !now {
             self.trim_pending = true;
         } else if before == 0 && !self.trim_pending {
-            let (_, hi) = self.slots_of(lo, hi - lo);
-            // The highest first, as every trim.
-            let from = hi - (self.idle_bound - self.keep).min(new) as u32;
-            // Not a candidate of an earlier search any more.
-            self.touched.set(from, hi, true);
-            let _ = self.decommit_slots(from, hi, false, stream);
+            let (lo, hi) = self.slots_of(lo, hi - lo);
+            // The highest first, as every trim, in the pieces the space frees.
+            if let Some((from, to)) = self.releasable(lo, hi, self.idle_bound - self.keep) {
+                // Not a candidate of an earlier search any more.
+                self.touched.set(from, to, true);
+                let _ = self.decommit_slots(from, to, false, stream);
+            }
         } else {
             let _ = self.trim_to(self.config.keep, false, stream);
         }

@@ -110,6 +110,13 @@ fn slots_touched(r: &Reservation, shift: u32, start: u64, end: u64) -> (u32, u32
 ///   decommitted Idle memory (to stay under the peak, or to retry after the
 ///   space ran out of physical memory), and granules that it committed and
 ///   then failed to decommit stay committed and Idle.
+/// - A space that frees memory only in pieces longer than a granule (CUDA's
+///   physical handles; [`ReservableSpace::releasable`]) is asked only to
+///   decommit whole pieces. An Idle granule whose piece a live block holds
+///   stays committed, and the pool counts it with the Busy ones, for the
+///   slack and the release threshold alike: what it keeps and its peak are
+///   then those of the memory the space holds. (With a release threshold,
+///   a free then searches while such granules exceed it.)
 /// - At most `keep` bytes of committed memory are Idle after every call
 ///   unless a decommit failed: its granules stay committed and Idle, and
 ///   the next free, failed allocate or [`trim`](Self::trim) retries
@@ -638,7 +645,9 @@ where
 // in `touched` each granule its block touches before it decommits
 // anything, frees make no granule Busy, and `take_candidate` skips marked
 // granules: so an unmarked candidate still lies wholly inside free space,
-// and no live block touches it. So a live block lies in ranges the space
+// and no live block touches it. Where the space chooses the part to
+// decommit (`ReservableSpace::releasable`, a safe method that may answer
+// anything), `releasable` clips its answer to the granules it asked about. So a live block lies in ranges the space
 // committed and was not asked to decommit, which `V: MemoryOf<E>` promises
 // are memory of `E`; once freed, its bytes are a range of the space,
 // committed or not, on which the same promise keeps `E` sound. The index
