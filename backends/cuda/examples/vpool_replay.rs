@@ -5,8 +5,8 @@
 //! footprint (peak mapped / peak live).
 //!
 //! ```text
-//! vpool_replay [--keep BYTES|all] [--slack PERMILLE] [--handle-granules N] [--no-trim]
-//!              [--planned] [TRACE.csv[.gz]...]
+//! vpool_replay [--keep BYTES|all] [--slack PERMILLE] [--handle-granules N] [--large-handles]
+//!              [--no-trim] [--planned] [TRACE.csv[.gz]...]
 //! ```
 //!
 //! Without traces it replays the `*.csv.gz` files of `traces/`,
@@ -26,6 +26,11 @@
 //! step (`step()` before it), with three warm-up passes: the second
 //! repeats the first, so the third is laid out from it (and takes the
 //! regions), and the timed pass is a steady step.
+//!
+//! `--large-handles` maps a long fresh run in larger handles
+//! (`CudaVirtualSpace::with_large_handles`). The first pass, from nothing,
+//! maps everything: its maps and time per operation are what new peaks
+//! cost.
 
 use memres_bench::workload::{load_trace, Op};
 use memres_core::planned::Planned;
@@ -94,6 +99,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut trim = true;
     let mut slack = 40;
     let mut planned = false;
+    let mut large_handles = false;
     let mut traces = Vec::new();
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
@@ -106,6 +112,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 handle_granules = args.next().ok_or("--handle-granules needs a value")?.parse()?
             }
             "--no-trim" => trim = false,
+            "--large-handles" => large_handles = true,
             "--planned" => planned = true,
             "--slack" => slack = args.next().ok_or("--slack needs a value")?.parse()?,
             _ if a.ends_with(".csv") || a.ends_with(".csv.gz") => traces.push(a),
@@ -131,8 +138,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     if traces.is_empty() {
         eprintln!("SKIPPED vpool_replay: no trace given or found (traces/, ../traces/, benches/data/)");
         eprintln!(
-            "usage: vpool_replay [--keep BYTES|all] [--slack PERMILLE] [--handle-granules N] [--no-trim] \
-             [--planned] TRACE.csv[.gz]..."
+            "usage: vpool_replay [--keep BYTES|all] [--slack PERMILLE] [--handle-granules N] [--large-handles] \
+             [--no-trim] [--planned] TRACE.csv[.gz]..."
         );
         return Ok(());
     }
@@ -147,7 +154,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     for path in &traces {
         let trace = load_trace(path.as_ref())?;
         let (ops, peak) = (&trace.ops, trace.peak_live);
-        let space = CudaVirtualSpace::with_handle_granules(device, handle_granules)?;
+        let space = CudaVirtualSpace::with_handle_granules(device, handle_granules)?
+            .with_large_handles(large_handles);
         let config =
             VirtualConfig::new(64 << 30).release_threshold(keep).trim_on_commit(trim).slack_permille(slack);
         let pool = VirtualPool::with_config(&space, config)?;
@@ -157,8 +165,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             Replayed::Pool(Box::new(pool))
         };
         let mut live = vec![Block::EMPTY; trace.ids as usize];
+        let mut first_pass = None;
         for _ in 0..if planned { 3 } else { 1 } {
-            pass(&mut pool, &stream, ops, &mut live)?;
+            let ns = pass(&mut pool, &stream, ops, &mut live)?;
+            first_pass.get_or_insert((space.driver_calls().maps, ns / ops.len() as f64));
         }
         let warm = space.driver_calls();
         let ns = pass(&mut pool, &stream, ops, &mut live)?;
@@ -166,11 +176,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         stream.synchronize()?;
         let name = path.rsplit('/').next().unwrap_or(path);
         println!(
-            "trace={name} ops={} release_threshold={} handle_granules={handle_granules} trim_on_commit={trim} \
-             slack={slack} planned={planned} \
+            "trace={name} ops={} release_threshold={} handle_granules={handle_granules} \
+             large_handles={large_handles} trim_on_commit={trim} slack={slack} planned={planned} \
              ns_per_op={:.1} peak_live={peak} peak_committed={} peak_mapped={} footprint={:.3} \
              committed_over_live={:.3} timed_pass_maps={} timed_pass_unmaps={} timed_pass_syncs={} \
-             timed_pass_reuses={} timed_pass_memory_infos={}",
+             timed_pass_reuses={} timed_pass_memory_infos={} first_pass_maps={} first_pass_ns_per_op={:.1}",
             ops.len(),
             if keep == u64::MAX { "all".to_string() } else { keep.to_string() },
             ns / ops.len() as f64,
@@ -183,6 +193,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             timed.syncs - warm.syncs,
             timed.reuses - warm.reuses,
             timed.memory_infos - warm.memory_infos,
+            first_pass.map_or(0, |f| f.0),
+            first_pass.map_or(0.0, |f| f.1),
         );
     }
     Ok(())

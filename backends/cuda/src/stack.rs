@@ -7,7 +7,7 @@
 //! | `cuda` | none | [`CudaMemory`] (`Counted<CudaMemory>`) |
 //! | `managed` | none | [`ManagedMemory`] (`Counted<ManagedMemory>`) |
 //! | `pinned` | none | [`PinnedMemory`], page-locked host memory (`Counted<PinnedMemory>`) |
-//! | `vmm` | `reserve=`, `release_threshold=`, `slack=`, `handle_granules=`, `trim_on_commit=`, `per_stream=` | a [`VirtualPool`](memres_core::vpool::VirtualPool) over [`CudaVirtualSpace`](crate::CudaVirtualSpace) ([`VmmPool`]), counted by the bytes it maps (see [`VmmConfig`]); with `per_stream=true` one per stream, stream-ordered ([`VmmPools`]) |
+//! | `vmm` | `reserve=`, `release_threshold=`, `slack=`, `handle_granules=`, `large_handles=`, `trim_on_commit=`, `per_stream=` | a [`VirtualPool`](memres_core::vpool::VirtualPool) over [`CudaVirtualSpace`](crate::CudaVirtualSpace) ([`VmmPool`]), counted by the bytes it maps (see [`VmmConfig`]); with `per_stream=true` one per stream, stream-ordered ([`VmmPools`]) |
 //!
 //! Every leaf counts what it holds from the device in one [`Gauge`] per
 //! stack ([`Counted`]; `vmm` its mapped bytes, [`CountedSpace`]), so that

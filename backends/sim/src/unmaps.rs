@@ -84,6 +84,9 @@ impl<V: ReservableSpace> ReservableSpace for UnmapChecked<V> {
     fn commit(&self, range: Range) -> Result<()> {
         self.space.commit(range)
     }
+    fn releasable(&self, range: Range, want: u64) -> Option<Range> {
+        self.space.releasable(range, want)
+    }
     /// The space's decommit (which orders itself on `stream`), then the
     /// check of the ranges in use that it took.
     fn decommit<S: Stream + ?Sized>(&self, range: Range, stream: &S) -> Result<()> {

@@ -83,7 +83,7 @@
 //! The others belong to one name: `growth=`, `release=` (`pool`),
 //! `blocks=` (`fixed`: blocks per chunk), `superblock=`
 //! (`arena`), `alignment=`, `threshold=` (`align`), `file=` (`log`),
-//! `handle_granules=`, `trim_on_commit=` (`vmm`).
+//! `handle_granules=`, `large_handles=`, `trim_on_commit=` (`vmm`).
 //!
 //! The leaves come from the backends: `sim` (a simulated device), `host`
 //! (host memory) and `vpool` (a virtual pool over a simulated address

@@ -72,7 +72,9 @@ pub type VmmPools =
 /// mapped, the release threshold; default all of them, under the slack),
 /// `slack=` (free committed memory is trimmed only above 1 + slack/1000
 /// times the peak in use; default 40), `handle_granules=` (the most granules one
-/// physical handle spans, 1 to 64; default 32), `trim_on_commit=`
+/// physical handle spans, 1 to 64; default 32), `large_handles=` (`false`,
+/// the default, or `true`: a long fresh run is mapped in handles of up to
+/// an eighth of it, [`CudaVirtualSpace::with_large_handles`]), `trim_on_commit=`
 /// (`true`, the default, or `false`: see [`VirtualConfig::trim_on_commit`])
 /// and `per_stream=` (`false`, the default, or `true`: a pool per stream,
 /// stream-ordered, [`VmmPools`]).
@@ -91,8 +93,9 @@ pub type VmmPools =
 /// use memres_cuda::stack::{vmm_config, VmmConfig};
 /// use memres_core::stack::parse;
 /// let c = vmm_config(&parse("vmm(reserve=64GiB, release_threshold=1GiB, handle_granules=8, trim_on_commit=false)")?)?;
-/// assert_eq!(c, VmmConfig { reserve: Some(64 << 30), release_threshold: 1 << 30, handle_granules: 8, trim_on_commit: false, slack_permille: 40, per_stream: false });
+/// assert_eq!(c, VmmConfig { reserve: Some(64 << 30), release_threshold: 1 << 30, handle_granules: 8, large_handles: false, trim_on_commit: false, slack_permille: 40, per_stream: false });
 /// assert!(vmm_config(&parse("vmm(per_stream=true)")?)?.per_stream);
+/// assert!(vmm_config(&parse("vmm(handle_granules=1, large_handles=true)")?)?.large_handles);
 /// assert_eq!(vmm_config(&parse("vmm")?)?, VmmConfig::default());
 /// assert!(vmm_config(&parse("vmm(handle_granules=65)")?).is_err());
 /// # Ok::<(), memres_core::stack::StackError>(())
@@ -107,6 +110,9 @@ pub struct VmmConfig {
     pub release_threshold: u64,
     /// The most granules one physical handle spans (1 to 64).
     pub handle_granules: u32,
+    /// Whether a long fresh run is mapped in handles of up to an eighth of
+    /// it ([`CudaVirtualSpace::with_large_handles`]).
+    pub large_handles: bool,
     /// Whether an allocation that maps past the peak first decommits idle
     /// granules ([`VirtualConfig::trim_on_commit`]).
     pub trim_on_commit: bool,
@@ -126,6 +132,7 @@ impl Default for VmmConfig {
             // (docs/measurements.md).
             release_threshold: u64::MAX,
             handle_granules: CudaVirtualSpace::DEFAULT_HANDLE_GRANULES,
+            large_handles: false,
             trim_on_commit: true,
             slack_permille: 40,
             per_stream: false,
@@ -186,7 +193,8 @@ impl VmmConfig {
         device: Device,
         gauge: Arc<Gauge>,
     ) -> Result<(CountedSpace<CudaVirtualSpace>, VirtualConfig)> {
-        let space = CudaVirtualSpace::with_handle_granules(device, self.handle_granules)?;
+        let space = CudaVirtualSpace::with_handle_granules(device, self.handle_granules)?
+            .with_large_handles(self.large_handles);
         let config = self.virtual_config(device.total_memory()?);
         Ok((CountedSpace::new(space, CudaVirtualSpace::mapped_bytes, gauge), config))
     }
@@ -198,12 +206,20 @@ impl VmmConfig {
 ///
 /// A positional argument, an unknown key, a bad size, a reservation of 0
 /// bytes, `handle_granules=` not a whole number from 1 to 64, or
-/// `trim_on_commit=` or `per_stream=` neither `true` nor `false`, at its
-/// position.
+/// `large_handles=`, `trim_on_commit=` or `per_stream=` neither `true` nor
+/// `false`, at its position.
 pub fn vmm_config(call: &Call) -> std::result::Result<VmmConfig, StackError> {
     call.expect_args(
         0,
-        &["reserve", "release_threshold", "handle_granules", "trim_on_commit", "slack", "per_stream"],
+        &[
+            "reserve",
+            "release_threshold",
+            "handle_granules",
+            "large_handles",
+            "trim_on_commit",
+            "slack",
+            "per_stream",
+        ],
     )?;
     let mut config = VmmConfig::default();
     if let Some(reserve) = call.size_arg("reserve")? {
@@ -247,6 +263,9 @@ pub fn vmm_config(call: &Call) -> std::result::Result<VmmConfig, StackError> {
     }
     if let Some(per_stream) = call.bool_arg("per_stream")? {
         config.per_stream = per_stream;
+    }
+    if let Some(large) = call.bool_arg("large_handles")? {
+        config.large_handles = large;
     }
     Ok(config)
 }
@@ -354,6 +373,10 @@ impl<V: ReservableSpace> ReservableSpace for CountedSpace<V> {
 
     fn release_kept(&self) {
         self.counting(|s| s.release_kept());
+    }
+
+    fn releasable(&self, range: Range, want: u64) -> Option<Range> {
+        self.space.releasable(range, want)
     }
 }
 

@@ -26,7 +26,8 @@ const MAX_HANDLE_GRANULES: u32 = 64;
 /// ```text
 ///  reserve(len)  ── cuMemAddressReserve (aligned to the granule)
 ///  commit(r)     ── for each uncommitted run of r, in handles of at most
-///                   `handle_granules` granules: cuMemCreate + cuMemMap,
+///                   `handle_granules` granules (with large handles, up to
+///                   an eighth of a long run): cuMemCreate + cuMemMap,
 ///                   then one cuMemSetAccess (read/write, this device)
 ///  decommit(r,s) ── s.synchronize(), then cuMemUnmap + cuMemRelease of
 ///                   every handle none of whose granules is committed now
@@ -50,11 +51,16 @@ const MAX_HANDLE_GRANULES: u32 = 64;
 /// handle stays mapped, *retained*; the handle is unmapped and released when
 /// its last committed granule is decommitted. Committing a retained granule
 /// again costs no driver call. The memory thus held beyond the committed
-/// bytes is bounded by `handle_granules - 1` granules per handle, and shows
+/// bytes is bounded by one granule less than each handle, and shows
 /// as [`mapped_bytes`](Self::mapped_bytes) minus
-/// [`committed_bytes`](Self::committed_bytes). With
+/// [`committed_bytes`](Self::committed_bytes). A
+/// [`VirtualPool`](memres_core::vpool::VirtualPool) retains nothing: the
+/// space answers [`ReservableSpace::releasable`] with whole handles, and
+/// the pool decommits only those, counting the free granules of a handle
+/// that a live block holds as committed. With
 /// [`with_handle_granules`](Self::with_handle_granules)`(device, 1)` every
-/// decommit is exact.
+/// handle is a granule, unless [large handles](Self::with_large_handles)
+/// map the long runs.
 ///
 /// **Costs.** The driver's time goes by handles, not bytes: on an H100
 /// (driver 580), committing 2 GiB took 53 ms in 1024 handles of one
@@ -118,6 +124,9 @@ pub struct CudaVirtualSpace {
     granule: u64,
     /// The most granules per physical handle (1 to 64).
     handle_granules: u32,
+    /// Whether a long fresh run is mapped in handles of up to an eighth of
+    /// it ([`with_large_handles`](Self::with_large_handles)).
+    large_handles: bool,
     state: Mutex<State>,
 }
 
@@ -254,7 +263,62 @@ impl CudaVirtualSpace {
                 what: "the driver's granularity is not a power of two >= 256",
             });
         }
-        Ok(CudaVirtualSpace { driver, device, granule, handle_granules, state: Mutex::new(State::default()) })
+        Ok(CudaVirtualSpace {
+            driver,
+            device,
+            granule,
+            handle_granules,
+            large_handles: false,
+            state: Mutex::new(State::default()),
+        })
+    }
+
+    /// Maps a fresh run of at least [`LARGE_RUN`](Self::LARGE_RUN)
+    /// granules in handles of up to an eighth of it and a sixty-fourth of
+    /// what the space has mapped (a power of two of granules, at most 64),
+    /// and other runs in handles of up to `handle_granules`. A new peak of
+    /// gigabytes then takes hundreds of handles rather than thousands, at
+    /// about 50 µs of driver calls per handle.
+    ///
+    /// The driver frees a handle's memory whole, once none of it is
+    /// mapped: the space answers [`ReservableSpace::releasable`] with whole
+    /// handles, so that a [`VirtualPool`](memres_core::vpool::VirtualPool)
+    /// gives back only those, and counts the free granules of a handle
+    /// that holds a live block as held. The bound on a small space (a
+    /// sixty-fourth of it) keeps what such handles hold small beside it.
+    ///
+    /// ```no_run
+    /// # use memres_cuda::{CudaVirtualSpace, Device};
+    /// let space = CudaVirtualSpace::with_handle_granules(Device::get(0)?, 1)?.with_large_handles(true);
+    /// assert!(space.large_handles());
+    /// # Ok::<(), memres_core::Error>(())
+    /// ```
+    pub fn with_large_handles(mut self, on: bool) -> Self {
+        self.large_handles = on;
+        self
+    }
+
+    /// Whether long fresh runs get large handles.
+    pub fn large_handles(&self) -> bool {
+        self.large_handles
+    }
+
+    /// The shortest fresh run, in granules, that [`with_large_handles`](Self::with_large_handles)
+    /// maps in larger handles: 16, whose eighth is 2.
+    pub const LARGE_RUN: u64 = 16;
+
+    /// The length of the handles a fresh run of `len` bytes is mapped in,
+    /// with `mapped` bytes mapped before it.
+    fn handle_len(&self, len: u64, mapped: u64) -> u64 {
+        let granules = u64::from(self.handle_granules);
+        let run = len / self.granule;
+        if !self.large_handles || run < Self::LARGE_RUN {
+            return granules * self.granule;
+        }
+        // The largest power of two within an eighth of the run and a
+        // sixty-fourth of the space.
+        let most = (run / 8).min(mapped / self.granule / 64).clamp(1, u64::from(MAX_HANDLE_GRANULES));
+        granules.max(1 << most.ilog2()) * self.granule
     }
 
     /// The device.
@@ -356,20 +420,42 @@ impl CudaVirtualSpace {
         }
     }
 
-    /// Maps `start..start + len` (nothing mapped there) in handles of up to
-    /// `handle_granules` granules, pushed on `made`, taking a `kept` handle
-    /// of the same length where there is one (counted in `reused`), and
-    /// makes it read/write for the device. On failure, unmaps and releases
-    /// what it mapped. Call with the context current.
+    /// Releases the `kept` handles that the fresh pieces of a commit cannot
+    /// all take, the longest first, before it makes new ones: a handle held
+    /// beside the new ones would raise the peak. Call with the context
+    /// current.
+    fn release_unfit(&self, kept: &mut Vec<(u64, u64)>, pieces: &[Piece]) {
+        let mut room: Vec<u64> = pieces
+            .iter()
+            .filter_map(|p| if let Piece::Fresh { len, .. } = *p { Some(len) } else { None })
+            .collect();
+        kept.sort_unstable_by_key(|&(len, _)| core::cmp::Reverse(len));
+        kept.retain(|&(len, handle)| match room.iter_mut().find(|r| **r >= len) {
+            Some(r) => {
+                *r -= len;
+                true
+            }
+            None => {
+                // A handle the driver would not release is lost to the
+                // space, as at `release_kept`.
+                let _ = self.driver.release(handle);
+                false
+            }
+        });
+    }
+
+    /// Maps `start..start + len` (nothing mapped there), pushed on `made`:
+    /// first the longest `kept` handles that fit what is left (counted in
+    /// `reused`), then new handles of up to `chunk` bytes; and makes it
+    /// read/write for the device. On failure, unmaps and releases what it
+    /// mapped. Call with the context current.
     fn map_fresh(
         &self,
-        start: u64,
-        len: u64,
+        (start, len, chunk): (u64, u64, u64),
         made: &mut Vec<(u64, u64, u64)>,
         kept: &mut Vec<(u64, u64)>,
         reused: &mut u64,
     ) -> core::result::Result<(), i32> {
-        let chunk = u64::from(self.handle_granules) * self.granule;
         let first = made.len();
         let undo = |made: &mut Vec<(u64, u64, u64)>| {
             for (s, l, h) in made.drain(first..).rev() {
@@ -378,8 +464,10 @@ impl CudaVirtualSpace {
         };
         let mut at = start;
         while at < start + len {
-            let l = chunk.min(start + len - at);
-            let mapped = match kept.iter().rposition(|&(kl, _)| kl == l) {
+            let rest = start + len - at;
+            let fit = (0..kept.len()).filter(|&i| kept[i].0 <= rest).max_by_key(|&i| kept[i].0);
+            let l = fit.map_or(chunk.min(rest), |i| kept[i].0);
+            let mapped = match fit {
                 Some(i) => {
                     let h = kept.swap_remove(i).1;
                     match self.driver.map_kept(at, l, h) {
@@ -531,9 +619,11 @@ impl ReservableSpace for CudaVirtualSpace {
             }
             let _current = self.driver.enter()?;
             let mut kept = core::mem::take(&mut st.kept);
+            self.release_unfit(&mut kept, &pieces);
             for p in &pieces {
                 let Piece::Fresh { start, len } = *p else { continue };
-                if let Err(rc) = self.map_fresh(start, len, &mut made, &mut kept, &mut reused) {
+                let piece = (start, len, self.handle_len(len, st.mapped));
+                if let Err(rc) = self.map_fresh(piece, &mut made, &mut kept, &mut reused) {
                     // `map_fresh` undid its own piece; undo the earlier ones.
                     for (s, l, h) in made.drain(..).rev() {
                         let _ = self.driver.unmap(s, l, h, false);
@@ -583,6 +673,31 @@ impl ReservableSpace for CudaVirtualSpace {
     /// `cuMemRelease` before), until [`release_kept`](Self::release_kept).
     fn decommit_for_commit<S: Stream + ?Sized>(&self, range: Range, stream: &S) -> Result<()> {
         self.decommit_in(range, stream, true)
+    }
+
+    /// Whole handles only: those all of whose committed granules lie in
+    /// `range`, from the highest down until they hold `want` bytes.
+    fn releasable(&self, range: Range, want: u64) -> Option<Range> {
+        let st = self.lock();
+        let mut taken: Option<(u64, u64)> = None;
+        let mappings: Vec<_> = Self::overlapping(&st, range).collect();
+        for &(s, m) in mappings.iter().rev() {
+            let inside = m.committed & !self.bits_in(s, m, range) == 0;
+            if !inside || taken.is_some_and(|(lo, hi)| hi - lo >= want) {
+                // Below a handle that holds more, nothing joins the run.
+                if taken.is_some() {
+                    break;
+                }
+                continue;
+            }
+            let (lo, hi) = (s.max(range.start()), (s + m.len).min(range.end()));
+            if taken.is_some_and(|(below, _)| below != hi) {
+                break; // not adjacent: nothing mapped between
+            }
+            taken = Some((lo, taken.map_or(hi, |(_, top)| top)));
+        }
+        let (lo, hi) = taken?;
+        Range::from_bounds(lo, hi)
     }
 
     fn release_kept(&self) {
@@ -655,7 +770,7 @@ impl CudaVirtualSpace {
                             }
                             again.clear();
                             // Within one mapping's length: exactly one handle.
-                            if self.map_fresh(s, m.len, &mut again, &mut none, &mut 0).is_ok() {
+                            if self.map_fresh((s, m.len, m.len), &mut again, &mut none, &mut 0).is_ok() {
                                 m.handle = again[0].2;
                             }
                         }

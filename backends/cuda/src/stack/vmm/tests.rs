@@ -17,6 +17,7 @@ fn options_are_read_with_their_defaults() {
             reserve: None,
             release_threshold: u64::MAX,
             handle_granules: 32,
+            large_handles: false,
             trim_on_commit: true,
             slack_permille: 40,
             per_stream: false
@@ -24,6 +25,8 @@ fn options_are_read_with_their_defaults() {
     );
     assert!(config("vmm(per_stream=true)").unwrap().per_stream);
     assert!(config("vmm(per_stream=maybe)").is_err());
+    assert!(config("vmm(large_handles=true)").unwrap().large_handles);
+    assert!(config("vmm(large_handles=1)").is_err());
     assert_eq!(config("vmm(slack=0)").unwrap().slack_permille, 0);
     assert_eq!(config("vmm(slack=100)").unwrap().virtual_config(1 << 30).slack(), 100);
     assert!(!config("vmm(trim_on_commit=false)").unwrap().trim_on_commit);
