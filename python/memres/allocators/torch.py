@@ -45,8 +45,9 @@ DEFAULT_STACK = "stats(pool(cuda, per_stream=true, growth=32, granule=2MiB))"
 # The stack that holds least on a training loop that calls ``step()``:
 # each repeating step laid out in one region, and what is not laid out
 # served by a virtual pool per stream that keeps freed granules mapped up
-# to 1 % over the peak in use (docs/python.md, "Training loops: the recommended stack", with the runs).
-TRAINING_STACK = "stats(planned(vmm(handle_granules=1, per_stream=true, slack=10)))"
+# to 1 % over the peak in use, and maps a new peak in large handles
+# (docs/python.md, "Training loops: the recommended stack", with the runs).
+TRAINING_STACK = "stats(planned(vmm(handle_granules=1, per_stream=true, slack=10, large_handles=true)))"
 
 
 def use(stack=None, **reinitialize_kwargs):
