@@ -647,8 +647,9 @@ where
 // granules: so an unmarked candidate still lies wholly inside free space,
 // and no live block touches it. Where the space chooses the part to
 // decommit (`ReservableSpace::releasable`, a safe method that may answer
-// anything), `releasable` clips its answer to the granules it asked about. So a live block lies in ranges the space
-// committed and was not asked to decommit, which `V: MemoryOf<E>` promises
+// anything), `releasable` clips its answer to the granules it asked
+// about. So a live block lies in ranges the space committed and was not
+// asked to decommit, which `V: MemoryOf<E>` promises
 // are memory of `E`; once freed, its bytes are a range of the space,
 // committed or not, on which the same promise keeps `E` sound. The index
 // keeps live ranges disjoint, and the pool's records live in its own

@@ -23,13 +23,13 @@ pub(super) fn granules_of(b: &Block, g: u64) -> Range {
     range(start, end - start)
 }
 
-/// Everything the pool reports that a failed call must leave as it was.
 /// The Idle bytes the space can give back: all of them, unless it frees
 /// whole pieces only ([`CountingSpace::with_pieces`]).
 pub(super) fn releasable_bytes<V: ReservableSpace>(p: &VirtualPool<V>) -> u64 {
     p.count_releasable() * p.granule()
 }
 
+/// Everything the pool reports that a failed call must leave as it was.
 pub(super) fn figures<V: ReservableSpace>(p: &VirtualPool<V>) -> (u64, u64, u64, u64, u64, usize) {
     (
         p.usage().used,

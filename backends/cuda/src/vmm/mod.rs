@@ -680,15 +680,20 @@ impl ReservableSpace for CudaVirtualSpace {
     fn releasable(&self, range: Range, want: u64) -> Option<Range> {
         let st = self.lock();
         let mut taken: Option<(u64, u64)> = None;
-        let mappings: Vec<_> = Self::overlapping(&st, range).collect();
-        for &(s, m) in mappings.iter().rev() {
-            let inside = m.committed & !self.bits_in(s, m, range) == 0;
-            if !inside || taken.is_some_and(|(lo, hi)| hi - lo >= want) {
-                // Below a handle that holds more, nothing joins the run.
-                if taken.is_some() {
-                    break;
+        for (&s, m) in st.mappings.range(..range.end()).rev() {
+            if s + m.len <= range.start() {
+                break;
+            }
+            if taken.is_some_and(|(lo, hi)| hi - lo >= want) {
+                break;
+            }
+            // A handle that holds committed granules outside `range` is
+            // skipped above the run and ends it below.
+            if m.committed & !self.bits_in(s, m, range) != 0 {
+                match taken {
+                    None => continue,
+                    Some(_) => break,
                 }
-                continue;
             }
             let (lo, hi) = (s.max(range.start()), (s + m.len).min(range.end()));
             if taken.is_some_and(|(below, _)| below != hi) {
