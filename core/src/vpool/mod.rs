@@ -315,10 +315,40 @@ impl<V: ReservableSpace> VirtualPool<V> {
         self.committed << self.shift
     }
 
-    /// Committed bytes that no live block touches (at most `keep`),
-    /// counted afresh: O(ranges of the index).
+    /// Committed bytes that no live block touches, counted afresh: O(ranges
+    /// of the index). At most `keep` where the space frees any granule; see
+    /// [`releasable_bytes`](Self::releasable_bytes).
     pub fn idle_bytes(&self) -> u64 {
         self.count_idle() << self.shift
+    }
+
+    /// The Idle bytes the space can give back
+    /// ([`ReservableSpace::releasable`]): all of
+    /// [`idle_bytes`](Self::idle_bytes), unless the space frees memory in
+    /// pieces longer than a granule and live blocks hold some of them. At
+    /// most `keep` after every call unless a decommit failed. Counted
+    /// afresh: O(ranges of the index).
+    ///
+    /// ```
+    /// use memres_core::vmem::CountingSpace;
+    /// use memres_core::vpool::{VirtualConfig, VirtualPool};
+    /// use memres_core::{MemoryResourceMut, Request};
+    /// let mib = 1 << 20;
+    /// // Memory in pieces of 4 granules, given back whole only.
+    /// let space = CountingSpace::new(1 << 30, mib).with_pieces(4);
+    /// let mut pool = VirtualPool::with_config(&space, VirtualConfig::new(64 * mib).release_threshold(u64::MAX))?;
+    /// let x = pool.allocate(Request::new(4 * mib)?, &())?; // one piece
+    /// pool.deallocate(x, &())?;
+    /// assert_eq!(pool.releasable_bytes(), 4 * mib);
+    /// let y = pool.allocate(Request::new(mib)?, &())?; // on the piece's first granule
+    /// assert_eq!((pool.idle_bytes(), pool.releasable_bytes()), (3 * mib, 0));
+    /// assert_eq!(pool.trim(&())?, 0); // `y` holds the piece
+    /// pool.deallocate(y, &())?;
+    /// assert_eq!(pool.trim(&())?, 4 * mib);
+    /// # Ok::<(), memres_core::Error>(())
+    /// ```
+    pub fn releasable_bytes(&self) -> u64 {
+        self.count_releasable() << self.shift
     }
 
     /// Frees the block as [`deallocate`](MemoryResourceMut::deallocate)

@@ -23,12 +23,6 @@ pub(super) fn granules_of(b: &Block, g: u64) -> Range {
     range(start, end - start)
 }
 
-/// The Idle bytes the space can give back: all of them, unless it frees
-/// whole pieces only ([`CountingSpace::with_pieces`]).
-pub(super) fn releasable_bytes<V: ReservableSpace>(p: &VirtualPool<V>) -> u64 {
-    p.count_releasable() * p.granule()
-}
-
 /// Everything the pool reports that a failed call must leave as it was.
 pub(super) fn figures<V: ReservableSpace>(p: &VirtualPool<V>) -> (u64, u64, u64, u64, u64, usize) {
     (
@@ -36,7 +30,7 @@ pub(super) fn figures<V: ReservableSpace>(p: &VirtualPool<V>) -> (u64, u64, u64,
         // Reserved bytes not handed out, committed or not.
         p.reserved_bytes() - p.usage().used,
         p.usage().held,
-        releasable_bytes(p),
+        p.releasable_bytes(),
         p.reserved_bytes(),
         p.reservation_count(),
     )
@@ -153,12 +147,12 @@ pub(super) fn randomized_in(space: CountingSpace, config: VirtualConfig, ops: us
             if fails {
                 space.fail_nth_decommit(1 + rng.below(2));
             }
-            let idle = releasable_bytes(&p);
+            let idle = p.releasable_bytes();
             match p.trim(&()) {
-                Ok(freed) => assert_eq!((freed, releasable_bytes(&p)), (idle, 0), "step {step}"),
+                Ok(freed) => assert_eq!((freed, p.releasable_bytes()), (idle, 0), "step {step}"),
                 Err(e) => {
                     assert!(fails && matches!(e, Error::Backend { .. }), "step {step}: {e}");
-                    assert!(releasable_bytes(&p) > 0, "step {step}");
+                    assert!(p.releasable_bytes() > 0, "step {step}");
                     decommit_failures += 1;
                 }
             }
