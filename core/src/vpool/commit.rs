@@ -288,15 +288,23 @@ impl<V: ReservableSpace> VirtualPool<V> {
         if !now {
             self.trim_pending = true;
         } else if before == 0 && !self.trim_pending {
-            let (lo, hi) = self.slots_of(lo, hi - lo);
-            // The highest first, as every trim, in the pieces the space frees.
-            if let Some((from, to)) = self.releasable(lo, hi, self.idle_bound - self.keep) {
-                // Not a candidate of an earlier search any more.
-                self.touched.set(from, to, true);
-                let _ = self.decommit_slots(from, to, false, stream);
-            }
+            self.decommit_freed(lo, hi, stream);
         } else {
             let _ = self.trim_to(self.config.keep, false, stream);
+        }
+    }
+
+    /// The rest of [`after_free`](Self::after_free) where no granule was
+    /// Idle before: the freed block's granules `lo..hi` (addresses) beyond
+    /// `keep` are all there are, and go without a search.
+    #[inline(never)]
+    fn decommit_freed<S: Stream + ?Sized>(&mut self, lo: u64, hi: u64, stream: &S) {
+        let (lo, hi) = self.slots_of(lo, hi - lo);
+        // The highest first, as every trim, in the pieces the space frees.
+        if let Some((from, to)) = self.releasable(lo, hi, self.idle_bound - self.keep) {
+            // Not a candidate of an earlier search any more.
+            self.touched.set(from, to, true);
+            let _ = self.decommit_slots(from, to, false, stream);
         }
     }
 
