@@ -271,8 +271,7 @@ impl ReservableSpace for CountingSpace {
     fn releasable(&self, range: Range, want: u64) -> Option<Range> {
         let s = self.state.borrow();
         let Some((_, pieces, _)) = &s.pieces else {
-            let len = want.min(range.len());
-            return Range::new(range.end() - len, len);
+            return super::highest(range, want);
         };
         // The pieces wholly inside `range`, from the highest down, until
         // they hold `want` bytes.

@@ -175,9 +175,15 @@ pub trait ReservableSpace {
     /// returns (clipped to `range`). The default: the highest `want` bytes
     /// of `range`, all of it if shorter.
     fn releasable(&self, range: Range, want: u64) -> Option<Range> {
-        let len = want.min(range.len());
-        Range::new(range.end() - len, len)
+        highest(range, want)
     }
+}
+
+/// The highest `want` bytes of `range`, all of it if shorter: what a space
+/// that frees any granule answers to [`ReservableSpace::releasable`].
+pub(crate) fn highest(range: Range, want: u64) -> Option<Range> {
+    let len = want.min(range.len());
+    Range::new(range.end() - len, len)
 }
 
 macro_rules! forward {
