@@ -309,7 +309,14 @@ def worker(args):
         torch.cuda.synchronize()
         return time.perf_counter() - t
 
-    losses, times, controls = [], [], []
+    # Bytes the stack has taken from the device so far, after each step
+    # (outside its time): what a step committed beyond the peak before it
+    # is memory given back and taken again, each time a sync and driver
+    # calls in `vmm`.
+    def taken():
+        return lib.stats(torch.cuda.current_device())["upstream_total"] if lib is not None else 0
+
+    losses, times, controls, upstream = [], [], [], []
     for x, y in pinned(batches(args.steps)):
         torch.cuda.synchronize()
         t0 = time.perf_counter()
@@ -318,6 +325,7 @@ def worker(args):
         times.append(time.perf_counter() - t0)
         losses.append(loss.item())
         controls.append(control())
+        upstream.append(taken())
     profile = profile_steps(torch, train_step, lambda k: pinned(batches(k)), args) if args.profile_steps else None
 
     result = {
@@ -342,6 +350,8 @@ def worker(args):
         # The control's time (ms), the host's pace in this process.
         "control_ms_median": statistics.median(controls[5:]) * 1e3,
         "wait_ms_median": statistics.median(t - (m[-1] - m[0]) for t, m in zip(times[5:], marks[5:args.steps])) * 1e3,
+        # Bytes taken from the device after each step (0 on native).
+        "upstream_total_steps": upstream,
     }
     if profile is not None:
         result["profile"] = profile
@@ -438,6 +448,16 @@ def same_steps(run, native):
     """The median over the timed steps (6 on) of `run`'s step over
     `native`'s step of the same index."""
     return statistics.median(a / b for a, b in zip(run["step_ms"][5:], native["step_ms"][5:]))
+
+
+def taken_in_timed_steps(run):
+    """What `run`'s stack took from the device in the timed steps (6 on):
+    MiB per step, and how many of those steps took any. A stack that
+    gives memory back and takes it again pays driver calls (and in `vmm` a
+    wait for the stream) in such steps."""
+    total = run["upstream_total_steps"]
+    taken = [b - a for a, b in zip(total[4:], total[5:])]
+    return (sum(taken) / len(taken) / 2**20, sum(t > 0 for t in taken)) if taken else (0.0, 0)
 
 
 def adjusted(runs, natives):
@@ -556,6 +576,9 @@ def driver(args):
             # the range of two standard errors about it (see `adjusted`).
             **dict(zip(("step_time_ratio_adjusted", "step_time_ratio_adjusted_range"), adjusted(rounds, natives))),
             "control_ms_rounds": [m["control_ms_median"] for m in rounds],
+            # Per round: MiB taken from the device per timed step, and the
+            # timed steps that took any.
+            "taken_in_timed_steps_rounds": [taken_in_timed_steps(m) for m in rounds],
             "peak_memres_held": peak,
             "peak_memres_upstream": counts and max(m["memres"]["upstream_peak"] for m in rounds),
             "peak_memres_driver_reserved": counts and counts["reserved_peak"],
@@ -616,6 +639,8 @@ def driver(args):
                f"{summary['peak_native_reserved'] / mib:.0f} MiB native reserved (x{p['peak_ratio']:.3f})")
             + (f"; steps laid out {p['planned_followed'][0][0]} of {p['planned_followed'][0][1]} (first round)"
                if p["planned_followed"][0] else "")
+            + "; taken from the device per timed step, MiB (steps that took any): "
+            + ", ".join(f"{mib_:.1f} ({k})" for mib_, k in p["taken_in_timed_steps_rounds"])
             + (f"; device busy {p['busy_ms_per_step']:.2f} ms vs {p['busy_ms_per_step_native']:.2f} ms per step "
                f"(per round x{p['busy_ratio_paired']:.3f}); CUDA calls {p['cuda_calls_per_step']:.1f} vs "
                f"{p['cuda_calls_per_step_native']:.1f} per step" if "busy_ratio_paired" in p else "")
