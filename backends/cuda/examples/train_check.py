@@ -38,7 +38,9 @@ prints per-step losses, the median step time and the peak memory held from
 the device of each run, and compares, per stack: losses identical, step
 time ratio, peak ratio (memres's bytes held from the device at peak, the
 larger of the stack's upstream peak and its driver pools' reserved peak /
-torch.cuda.max_memory_reserved()). One line `SUMMARY train_check [STACK]:
+torch.cuda.max_memory_reserved()), and what the timed steps took from
+the device (memory given back and taken again costs driver calls in such
+steps). One line `SUMMARY train_check [STACK]:
 ...` per stack. Exit status 0 when every check passes.
 
 Each step's input is pinned before the step begins, as a
