@@ -1,6 +1,5 @@
-use super::{CommitLedger, ReservableSpace};
+use super::{CommitLedger, Pieces, ReservableSpace};
 use crate::{Error, Range, Result, Stream};
-use alloc::collections::BTreeMap;
 use alloc::vec::Vec;
 use core::cell::RefCell;
 
@@ -46,10 +45,8 @@ struct State {
     /// Live reservations and their committed-granule bitmaps.
     reservations: Vec<(Range, Vec<u64>)>,
     ledger: CommitLedger,
-    /// With pieces: the most granules per piece, the committed pieces
-    /// (start to length; they cover the committed granules exactly), and
-    /// the decommits refused for taking part of one.
-    pieces: Option<(u64, BTreeMap<u64, u64>, u64)>,
+    /// With pieces: the pieces of the committed memory.
+    pieces: Option<Pieces>,
 }
 
 /// The reservation `range` lies in, with its bitmap.
@@ -103,15 +100,15 @@ impl CountingSpace {
     /// # Ok::<(), memres_core::Error>(())
     /// ```
     pub fn with_pieces(self, granules: u64) -> Self {
-        assert!(granules > 0, "a piece holds at least one granule");
-        self.state.borrow_mut().pieces = Some((granules, BTreeMap::new(), 0));
+        let pieces = Pieces::new(granules, self.granule());
+        self.state.borrow_mut().pieces = Some(pieces);
         self
     }
 
     /// Decommits refused for taking part of a piece
     /// ([`with_pieces`](Self::with_pieces)).
     pub fn partial_decommits(&self) -> u64 {
-        self.state.borrow().pieces.as_ref().map_or(0, |p| p.2)
+        self.state.borrow().pieces.as_ref().map_or(0, Pieces::partial_decommits)
     }
 
     /// Bytes of physical memory.
@@ -240,52 +237,28 @@ impl ReservableSpace for CountingSpace {
     fn commit(&self, range: Range) -> Result<()> {
         let s = &mut *self.state.borrow_mut();
         s.ledger.commit(reservation_of(&mut s.reservations, range), range)?;
-        if let Some((granules, pieces, _)) = &mut s.pieces {
-            let most = *granules * s.ledger.granule();
-            let mut at = range.start();
-            while at < range.end() {
-                let len = most.min(range.end() - at);
-                pieces.insert(at, len);
-                at += len;
-            }
+        if let Some(pieces) = &mut s.pieces {
+            pieces.committed(range);
         }
         Ok(())
     }
 
     fn decommit<S: Stream + ?Sized>(&self, range: Range, _stream: &S) -> Result<()> {
         let s = &mut *self.state.borrow_mut();
-        if let Some((_, pieces, refused)) = &mut s.pieces {
-            let cut = |at: u64| pieces.range(..at).next_back().is_some_and(|(&p, &l)| p + l > at);
-            if cut(range.start()) || cut(range.end()) {
-                *refused += 1;
-                return Err(Error::InvalidConfig { what: "decommit of part of a piece" });
-            }
+        if let Some(pieces) = &mut s.pieces {
+            pieces.check_decommit(range)?;
         }
         s.ledger.decommit(reservation_of(&mut s.reservations, range), range)?;
-        if let Some((_, pieces, _)) = &mut s.pieces {
-            pieces.retain(|&p, _| p < range.start() || p >= range.end());
+        if let Some(pieces) = &mut s.pieces {
+            pieces.decommitted(range);
         }
         Ok(())
     }
 
     fn releasable(&self, range: Range, want: u64) -> Option<Range> {
-        let s = self.state.borrow();
-        let Some((_, pieces, _)) = &s.pieces else {
-            return super::highest(range, want);
-        };
-        // The pieces wholly inside `range`, from the highest down, until
-        // they hold `want` bytes.
-        let mut taken: Option<(u64, u64)> = None;
-        for (&p, &l) in pieces.range(..range.end()).rev() {
-            if p + l > range.end() {
-                continue;
-            }
-            if p < range.start() || taken.is_some_and(|(lo, hi)| hi - lo >= want) {
-                break;
-            }
-            taken = Some((p, taken.map_or(p + l, |(_, hi)| hi)));
+        match &self.state.borrow().pieces {
+            Some(pieces) => pieces.releasable(range, want),
+            None => super::highest(range, want),
         }
-        let (lo, hi) = taken?;
-        Range::from_bounds(lo, hi)
     }
 }

@@ -9,14 +9,19 @@
 //!
 //! [`ReservableSpace`] is the trait a backend implements; [`CountingSpace`]
 //! is a space of bare numbers that checks every call, for examples and tests,
-//! on the bookkeeping of [`CommitLedger`], which simulated spaces share.
+//! on the bookkeeping of [`CommitLedger`], which simulated spaces share,
+//! and with [`Pieces`] holds its memory as CUDA holds physical handles.
 
 #[cfg(feature = "alloc")]
 mod counting;
 mod ledger;
 #[cfg(feature = "alloc")]
+mod pieces;
+#[cfg(feature = "alloc")]
 pub use counting::CountingSpace;
 pub use ledger::CommitLedger;
+#[cfg(feature = "alloc")]
+pub use pieces::Pieces;
 
 use crate::{Range, Result, Stream};
 
@@ -180,8 +185,10 @@ pub trait ReservableSpace {
 }
 
 /// The highest `want` bytes of `range`, all of it if shorter: what a space
-/// that frees any granule answers to [`ReservableSpace::releasable`].
-pub(crate) fn highest(range: Range, want: u64) -> Option<Range> {
+/// that frees any granule answers to [`ReservableSpace::releasable`] (the
+/// trait's default, for a space that answers otherwise only at times).
+#[inline]
+pub fn highest(range: Range, want: u64) -> Option<Range> {
     let len = want.min(range.len());
     Range::new(range.end() - len, len)
 }
