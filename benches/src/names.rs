@@ -55,6 +55,11 @@ pub const NAMES: &[Name] = &[
             ("release_threshold", "free bytes kept mapped rather than given back (default all)"),
             ("granule", "bytes mapped at a time (default 2 MiB)"),
             ("slack", "free memory kept mapped up to this many permille above the peak in use (default 40)"),
+            ("trim_on_commit", "true|false: give free memory back before mapping beyond the peak (default true)"),
+            (
+                "handle_granules",
+                "memory held in pieces of up to this many granules, given back whole, as vmm's handles (default: any granule alone)",
+            ),
             ("per_stream", "true|false: one virtual pool per stream, each in a reservation of its own"),
         ],
         ..name(

@@ -5,7 +5,7 @@
 //! | --- | --- | --- |
 //! | `sim` | `[capacity]` (or `capacity=`; default 80 GiB) | [`SimDevice`] |
 //! | `host` | none | [`HostMemory`], a leaf of [`HostCopy`]'s memory ([`StackBuilder::is_leaf_of`]) |
-//! | `vpool` | `sim` or `sim(physical)`, `reserve=` (64 GiB), `release_threshold=` (all), `slack=` (40 permille), `granule=` (2 MiB), `per_stream=` (false) | [`VirtualPool`] over a [`SimAddressSpace`], behind [`Shared`] (`Shared<VirtualPool<SimAddressSpace>>`); with `per_stream=true` a [`PerStreamPool`] of them over one space, each stream's pool with a reservation of its own, stream-ordered (`Shared<PerStreamPool<VirtualMaker<Arc<SimAddressSpace>>, S>>`) |
+//! | `vpool` | `sim` or `sim(physical)`, `reserve=` (64 GiB), `release_threshold=` (all), `slack=` (40 permille), `trim_on_commit=` (true), `granule=` (2 MiB), `handle_granules=` (none: any granule goes back alone; `N`: memory held in pieces of up to N granules given back whole, as `vmm`'s handles, [`SimAddressSpace::with_pieces`]), `per_stream=` (false) | [`VirtualPool`] over a [`SimAddressSpace`], behind [`Shared`] (`Shared<VirtualPool<SimAddressSpace>>`); with `per_stream=true` a [`PerStreamPool`] of them over one space, each stream's pool with a reservation of its own, stream-ordered (`Shared<PerStreamPool<VirtualMaker<Arc<SimAddressSpace>>, S>>`) |
 //!
 //! # Examples
 //!
@@ -82,14 +82,17 @@ where
 ///
 /// # Errors
 ///
-/// An upstream other than `sim`, an unknown key, a bad size, granule or
-/// slack, `per_stream=true` (a pool per stream: build that with the
+/// An upstream other than `sim`, an unknown key, a bad size, granule,
+/// slack or handle size, `per_stream=true` (a pool per stream: build that with the
 /// builder), at its position; the pool's own refusal at the call.
 ///
 /// ```
 /// use memres_core::stack::parse;
 /// let pool = memres_sim::vpool(&parse("vpool(sim(8GiB), reserve=1GiB, granule=64KiB)")?)?;
 /// assert_eq!((pool.reserved_bytes(), pool.granule()), (1 << 30, 64 << 10));
+/// assert!(memres_sim::vpool(&parse("vpool(sim, handle_granules=32)")?).is_ok());
+/// assert!(memres_sim::vpool(&parse("vpool(sim, handle_granules=0)")?).is_err());
+/// assert!(!memres_sim::vpool(&parse("vpool(sim, trim_on_commit=false)")?)?.config().trims_on_commit());
 /// assert!(memres_sim::vpool(&parse("vpool(pool(sim))")?).is_err());
 /// assert!(memres_sim::vpool(&parse("vpool(sim, per_stream=true)")?).is_err());
 /// # Ok::<(), memres_core::stack::StackError>(())
@@ -108,7 +111,18 @@ pub fn vpool(call: &Call) -> Result<VirtualPool<SimAddressSpace>, StackError> {
 
 /// The space and configuration of a `vpool` call.
 fn vpool_parts(call: &Call) -> Result<(SimAddressSpace, VirtualConfig), StackError> {
-    call.expect_args(1, &["reserve", "release_threshold", "granule", "slack", "per_stream"])?;
+    call.expect_args(
+        1,
+        &[
+            "reserve",
+            "release_threshold",
+            "granule",
+            "slack",
+            "trim_on_commit",
+            "handle_granules",
+            "per_stream",
+        ],
+    )?;
     let space = call.resource(0)?;
     if space.name != "sim" {
         return Err(space.error(StackErrorKind::BadValue(format!(
@@ -124,8 +138,24 @@ fn vpool_parts(call: &Call) -> Result<(SimAddressSpace, VirtualConfig), StackErr
     // steady-state replays of the PyTorch traces then map nothing.
     let threshold = call.size_arg("release_threshold")?.unwrap_or(u64::MAX);
     let slack = call.u32_arg("slack", "a whole number of permille")?.unwrap_or(40);
+    let trim_on_commit = call.bool_arg("trim_on_commit")?.unwrap_or(true);
+    let mut sim = SimAddressSpace::new(physical, granule);
+    match call.u32_arg("handle_granules", "a number of granules, at least 1")? {
+        Some(0) => {
+            let at = call.keyed("handle_granules").map_or(call.pos, |v| v.pos());
+            return Err(StackError::new(
+                at,
+                StackErrorKind::BadValue("handle_granules `0`: at least 1".into()),
+            ));
+        }
+        Some(n) => sim = sim.with_pieces(n.into()),
+        None => {}
+    }
     Ok((
-        SimAddressSpace::new(physical, granule),
-        VirtualConfig::new(reserve).release_threshold(threshold).slack_permille(slack),
+        sim,
+        VirtualConfig::new(reserve)
+            .release_threshold(threshold)
+            .slack_permille(slack)
+            .trim_on_commit(trim_on_commit),
     ))
 }

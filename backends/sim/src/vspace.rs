@@ -1,5 +1,5 @@
 use memres_core::index::CoalescingIndex;
-use memres_core::vmem::{CommitLedger, ReservableSpace};
+use memres_core::vmem::{self, CommitLedger, Pieces, ReservableSpace};
 use memres_core::{Error, Range, Result, Stream};
 use std::collections::BTreeMap;
 use std::sync::Mutex;
@@ -20,6 +20,8 @@ mod tests;
 /// physical memory ([`Error::OutOfMemory`]) and reservations beyond its
 /// address space, and can be told to fail the Nth commit or decommit. As the
 /// CUDA backend may, `decommit` synchronizes the stream before unmapping.
+/// With [`with_pieces`](Self::with_pieces) it holds memory as CUDA holds
+/// physical handles: in pieces given back whole only.
 /// It is `Sync`: one space can serve several pools and be inspected while
 /// they use it.
 ///
@@ -43,6 +45,9 @@ mod tests;
 pub struct SimAddressSpace {
     granule: u64,
     span: u64,
+    /// Whether `State::pieces` is set: a space without pieces answers
+    /// `releasable` without taking the lock.
+    pieced: bool,
     state: Mutex<State>,
 }
 
@@ -55,6 +60,8 @@ struct State {
     reservations: BTreeMap<u64, Reservation>,
     /// Committed bytes, physical memory, counts and injected failures.
     ledger: CommitLedger,
+    /// With pieces: the pieces of the committed memory.
+    pieces: Option<Pieces>,
 }
 
 #[derive(Debug)]
@@ -107,12 +114,56 @@ impl SimAddressSpace {
         SimAddressSpace {
             granule,
             span,
+            pieced: false,
             state: Mutex::new(State {
                 space,
                 reservations: BTreeMap::new(),
                 ledger: CommitLedger::new(physical, granule),
+                pieces: None,
             }),
         }
+    }
+
+    /// Commits each range in pieces of up to `granules` granules from its
+    /// start, and gives back whole pieces only, as CUDA's physical handles
+    /// of that many granules: a decommit that takes part of a piece is
+    /// refused ([`Error::InvalidConfig`], counted in
+    /// [`partial_decommits`](Self::partial_decommits)), and
+    /// [`releasable`](ReservableSpace::releasable) answers whole pieces.
+    ///
+    /// # Panics
+    ///
+    /// If `granules` is 0.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use memres_core::vpool::{VirtualConfig, VirtualPool};
+    /// use memres_core::{Inspect, MemoryResourceMut, Request};
+    /// use memres_sim::SimAddressSpace;
+    /// let mib = 1 << 20;
+    /// let space = SimAddressSpace::new(1 << 30, 2 * mib).with_pieces(4);
+    /// let mut pool = VirtualPool::with_config(&space, VirtualConfig::new(64 * mib))?;
+    /// let a = pool.allocate(Request::new(3 * mib)?, &())?; // one piece of two granules
+    /// let b = pool.allocate(Request::new(mib)?, &())?; // in a's second granule
+    /// pool.deallocate(a, &())?;
+    /// // a's first granule is free, but b keeps its piece: nothing goes back,
+    /// // and the pool counts what the space holds.
+    /// assert_eq!((space.committed_bytes(), pool.usage().held), (4 * mib, 4 * mib));
+    /// pool.deallocate(b, &())?;
+    /// assert_eq!((space.committed_bytes(), space.partial_decommits()), (0, 0));
+    /// # Ok::<(), memres_core::Error>(())
+    /// ```
+    pub fn with_pieces(mut self, granules: u64) -> Self {
+        self.lock().pieces = Some(Pieces::new(granules, self.granule));
+        self.pieced = true;
+        self
+    }
+
+    /// Decommits refused for taking part of a piece
+    /// ([`with_pieces`](Self::with_pieces)).
+    pub fn partial_decommits(&self) -> u64 {
+        self.lock().pieces.as_ref().map_or(0, Pieces::partial_decommits)
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
@@ -166,7 +217,7 @@ impl SimAddressSpace {
     /// # Examples
     ///
     /// ```
-    /// use memres_core::vmem::{CommitLedger, ReservableSpace};
+    /// use memres_core::vmem::{self, CommitLedger, Pieces, ReservableSpace};
     /// use memres_core::Range;
     /// use memres_sim::SimAddressSpace;
     /// let space = SimAddressSpace::new(1 << 30, 1 << 20);
@@ -249,13 +300,31 @@ impl ReservableSpace for SimAddressSpace {
 
     fn commit(&self, range: Range) -> Result<()> {
         let s = &mut *self.lock();
-        s.ledger.commit(reservation_of(&mut s.reservations, range), range)
+        s.ledger.commit(reservation_of(&mut s.reservations, range), range)?;
+        if let Some(pieces) = &mut s.pieces {
+            pieces.committed(range);
+        }
+        Ok(())
     }
 
     fn decommit<S: Stream + ?Sized>(&self, range: Range, stream: &S) -> Result<()> {
         // As a CUDA backend may: let the stream's work finish, then unmap.
         stream.synchronize()?;
         let s = &mut *self.lock();
-        s.ledger.decommit(reservation_of(&mut s.reservations, range), range)
+        if let Some(pieces) = &mut s.pieces {
+            pieces.check_decommit(range)?;
+        }
+        s.ledger.decommit(reservation_of(&mut s.reservations, range), range)?;
+        if let Some(pieces) = &mut s.pieces {
+            pieces.decommitted(range);
+        }
+        Ok(())
+    }
+
+    fn releasable(&self, range: Range, want: u64) -> Option<Range> {
+        match self.pieced {
+            true => self.lock().pieces.as_ref().and_then(|p| p.releasable(range, want)),
+            false => vmem::highest(range, want),
+        }
     }
 }

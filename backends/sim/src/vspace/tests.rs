@@ -152,3 +152,22 @@ fn randomized_pool_over_the_sim_space_from_threads() {
         assert!(p.idle_bytes() <= 8 * MIB);
     });
 }
+
+#[test]
+fn with_pieces_only_whole_pieces_go_back() {
+    let space = SimAddressSpace::new(1 << 30, MIB).with_pieces(4);
+    let r = space.reserve(16 * MIB).unwrap();
+    space.commit(range(r.start(), 6 * MIB)).unwrap(); // pieces of 4 and 2 granules
+    // Part of the first piece: refused, counted, nothing changes.
+    let tail = range(r.start() + 2 * MIB, 4 * MIB);
+    assert!(matches!(space.decommit(tail, &()), Err(Error::InvalidConfig { .. })));
+    assert_eq!((space.committed_bytes(), space.partial_decommits()), (6 * MIB, 1));
+    assert_eq!(space.releasable(tail, MIB), Some(range(r.start() + 4 * MIB, 2 * MIB)));
+    space.decommit(range(r.start() + 4 * MIB, 2 * MIB), &()).unwrap();
+    assert_eq!(space.releasable(tail, MIB), None);
+    space.decommit(range(r.start(), 4 * MIB), &()).unwrap();
+    assert_eq!((space.committed_bytes(), space.partial_decommits()), (0, 1));
+    // Without pieces any granule goes back alone.
+    let plain = SimAddressSpace::new(1 << 30, MIB);
+    assert_eq!(plain.releasable(tail, MIB), Some(range(tail.end() - MIB, MIB)));
+}
