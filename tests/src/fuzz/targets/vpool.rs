@@ -12,7 +12,8 @@ use memres_sim::SimAddressSpace;
 /// granule reserved, and a reservation of a terabyte would take gigabytes.
 const SPAN_GRANULES_LOG2: u32 = 18;
 
-/// `VirtualPool` over a `SimAddressSpace`.
+/// `VirtualPool` over a `SimAddressSpace`, which may hold its memory in
+/// pieces given back whole only (as CUDA's physical handles).
 ///
 /// Injected failures are judged by the call they fire in, not by whether one
 /// was armed: an armed failure fires in a later call or never. The space
@@ -24,12 +25,14 @@ struct VpoolTarget {
     /// Injected (commit, decommit) failures delivered during the last
     /// allocate, for `judge_alloc_failure`.
     delivered: (u64, u64),
-    /// The most idle bytes the pool may hold now. `keep` unless a decommit
-    /// failed: then unbounded after that call, and after later calls that
-    /// do not retry the trim (a successful allocate, which never adds Idle
-    /// granules, a failed free), the least idle seen since or `keep`. A
-    /// call that retries (a free, a failed allocate, a trim) and meets no
-    /// failure brings it back to `keep` (0 for a trim).
+    /// The most idle bytes the space could give back that the pool may
+    /// hold now ([`VirtualPool::releasable_bytes`]: all idle bytes unless
+    /// the space holds pieces). `keep` unless a decommit failed: then
+    /// unbounded after that call, and after later calls that do not retry
+    /// the trim (a successful allocate, which never adds Idle granules, a
+    /// failed free), the least seen since or `keep`. A call that retries
+    /// (a free, a failed allocate, a trim) and meets no failure brings it
+    /// back to `keep` (0 for a trim).
     idle_ceiling: u64,
     /// The first broken rule a call found (reported by `check`).
     broken: Option<String>,
@@ -78,7 +81,7 @@ impl VpoolTarget {
         self.idle_ceiling = match retried {
             _ if delivered.1 > 0 => u64::MAX,
             Some(ceiling) => ceiling,
-            None => self.idle_ceiling.min(self.pool.idle_bytes()).max(keep),
+            None => self.idle_ceiling.min(self.pool.releasable_bytes()).max(keep),
         };
     }
 
@@ -178,9 +181,14 @@ impl FuzzResource for VpoolTarget {
         if let Some(why) = &self.broken {
             return Err(why.clone());
         }
-        if self.pool.idle_bytes() > self.idle_ceiling {
+        // The pool decommits whole pieces only.
+        if space.partial_decommits() != 0 {
+            return Err(format!("{} decommits of part of a piece", space.partial_decommits()));
+        }
+        let releasable = self.pool.releasable_bytes();
+        if releasable > self.pool.idle_bytes() || releasable > self.idle_ceiling {
             return Err(format!(
-                "{} bytes idle, more than the {} allowed now (keep {})",
+                "{releasable} bytes idle to give back of {} idle, more than the {} allowed now (keep {})",
                 self.pool.idle_bytes(),
                 self.idle_ceiling,
                 self.pool.config().release_threshold_bytes()
@@ -239,12 +247,15 @@ impl FuzzResource for VpoolTarget {
                 let no_more = at_max
                     || need.max(self.pool.config().reserve_size()).next_multiple_of(g)
                         > (g << SPAN_GRANULES_LOG2) - reserved;
-                // Physical memory: what live blocks touch, plus the granules
-                // the block would touch. Idle granules do not count: the
-                // pool gives them back before it fails, and if a decommit
-                // fails, the error is that failure.
-                let physical =
-                    self.busy_bytes(model) + (need.div_ceil(g) + 1) * g > self.pool.space().physical_bytes();
+                // Physical memory: what the pool cannot give back (what
+                // live blocks touch, and with pieces the idle granules of
+                // pieces they hold), plus the granules the block would
+                // touch. Other Idle granules do not count: the pool gives
+                // them back before it fails, and if a decommit fails, the
+                // error is that failure.
+                let stuck = self.pool.usage().held - self.pool.releasable_bytes();
+                let physical = stuck.max(self.busy_bytes(model)) + (need.div_ceil(g) + 1) * g
+                    > self.pool.space().physical_bytes();
                 let grew = reserved != before[2];
                 if (room_short && no_more && !grew) || physical {
                     Ok(())
@@ -264,28 +275,32 @@ impl FuzzResource for VpoolTarget {
 }
 
 /// Fuzz target `vpool`: [`VirtualPool`] over a `SimAddressSpace` of a few
-/// granule sizes, physical sizes, reservation sizes and release thresholds;
-/// commits and decommits made to fail.
+/// granule sizes, physical sizes, reservation sizes, release thresholds and
+/// pieces (none, or up to 1, 4 or 32 granules each); commits and decommits
+/// made to fail.
 pub fn run_vpool(data: &[u8]) {
     let mut u = Unstructured::new(data);
-    let Ok((granule, physical, config)) = (|| -> arbitrary::Result<(u64, u64, VirtualConfig)> {
-        let granule = *u.choose(&[4096u64, 64 << 10, 2 << 20])?;
-        let physical = *u.choose(&[granule * 8, 64 << 20, 1 << 36])?;
-        let reserve = granule * *u.choose(&[16u64, 1 << 10, 1 << 16])?;
-        let keep = *u.choose(&[0, granule * 2, 1 << 30])?;
-        let config = VirtualConfig::new(reserve)
-            .release_threshold(keep)
-            .max_reservations(u.int_in_range(1..=3)?)
-            .trim_on_commit(u.arbitrary()?);
-        Ok((granule, physical, config))
-    })() else {
+    let Ok((granule, physical, pieces, config)) =
+        (|| -> arbitrary::Result<(u64, u64, u64, VirtualConfig)> {
+            let granule = *u.choose(&[4096u64, 64 << 10, 2 << 20])?;
+            let pieces = *u.choose(&[0u64, 1, 4, 32])?;
+            let physical = *u.choose(&[granule * 8, 64 << 20, 1 << 36])?;
+            let reserve = granule * *u.choose(&[16u64, 1 << 10, 1 << 16])?;
+            let keep = *u.choose(&[0, granule * 2, 1 << 30])?;
+            let config = VirtualConfig::new(reserve)
+                .release_threshold(keep)
+                .max_reservations(u.int_in_range(1..=3)?)
+                .trim_on_commit(u.arbitrary()?);
+            Ok((granule, physical, pieces, config))
+        })()
+    else {
         return;
     };
-    let pool = VirtualPool::with_config(
-        SimAddressSpace::with_span(physical, granule, granule << SPAN_GRANULES_LOG2),
-        config,
-    )
-    .expect("a valid configuration");
+    let mut space = SimAddressSpace::with_span(physical, granule, granule << SPAN_GRANULES_LOG2);
+    if pieces > 0 {
+        space = space.with_pieces(pieces);
+    }
+    let pool = VirtualPool::with_config(space, config).expect("a valid configuration");
     let idle_ceiling = config.release_threshold_bytes();
     drive(&mut VpoolTarget { pool, delivered: (0, 0), idle_ceiling, broken: None }, &mut u);
 }
