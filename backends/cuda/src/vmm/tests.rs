@@ -646,3 +646,44 @@ fn a_laid_out_replay_of_every_trace_maps_at_most_5_percent_over_its_live_peak() 
         agree(&space, &fake);
     }
 }
+
+/// The simulated space in pieces of one granule (`vpool(sim,
+/// handle_granules=1)` in `memres replay`) stands for this space with
+/// handles of one granule: a pool over each, fed the same trace twice, maps
+/// the same bytes after every call. (With longer pieces the two lay
+/// commits out differently: this space maps the handles it kept for a
+/// commit wherever they fit, the simulated one cuts each commit from its
+/// start; docs/replay.md gives how far their footprints differ.)
+#[test]
+fn the_simulated_space_in_pieces_of_one_granule_maps_what_this_space_maps() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../benches/data");
+    for name in ["gpt_train", "infer_bert_dynamic", "cupy_arrays", "train_lstm_varlen"] {
+        let trace = memres_bench::workload::load_trace(&dir.join(format!("{name}.csv.gz"))).unwrap();
+        let (space, _fake) = space(1 << 44, 1);
+        let sim = memres_sim::SimAddressSpace::new(1 << 44, G).with_pieces(1);
+        let config = VirtualConfig::new(64 << 30).release_threshold(u64::MAX).slack_permille(10);
+        let mut pool = VirtualPool::with_config(&space, config).unwrap();
+        let mut twin = VirtualPool::with_config(&sim, config).unwrap();
+        let mut live = vec![(Block::EMPTY, Block::EMPTY); trace.ids as usize];
+        for _ in 0..2 {
+            for (i, op) in trace.ops.iter().enumerate() {
+                let id = op.id as usize;
+                if op.alloc {
+                    let r = Request::new(op.size).unwrap();
+                    live[id] = (pool.allocate(r, &()).unwrap(), twin.allocate(r, &()).unwrap());
+                } else {
+                    let (a, b) = std::mem::replace(&mut live[id], (Block::EMPTY, Block::EMPTY));
+                    pool.deallocate(a, &()).unwrap();
+                    twin.deallocate(b, &()).unwrap();
+                }
+                assert_eq!(
+                    (space.mapped_bytes(), space.committed_bytes()),
+                    (sim.committed_bytes(), sim.committed_bytes()),
+                    "{name}: operation {i}"
+                );
+            }
+        }
+        assert!(space.driver_calls().reuses > 0, "{name}: no handle kept for a commit was mapped again");
+        assert_eq!(space.peak_mapped_bytes(), sim.peak_committed_bytes(), "{name}");
+    }
+}
