@@ -1,5 +1,5 @@
 use memres_core::index::CoalescingIndex;
-use memres_core::vmem::{self, CommitLedger, Pieces, ReservableSpace};
+use memres_core::vmem::{self, CommitLedger, ReservableSpace};
 use memres_core::{Error, Range, Result, Stream};
 use std::collections::BTreeMap;
 use std::sync::Mutex;
@@ -58,10 +58,9 @@ struct State {
     /// Live reservations by start address: their index tag and a bitmap of
     /// committed granules.
     reservations: BTreeMap<u64, Reservation>,
-    /// Committed bytes, physical memory, counts and injected failures.
+    /// Committed bytes, physical memory, counts, injected failures and
+    /// the pieces, if any.
     ledger: CommitLedger,
-    /// With pieces: the pieces of the committed memory.
-    pieces: Option<Pieces>,
 }
 
 #[derive(Debug)]
@@ -119,7 +118,6 @@ impl SimAddressSpace {
                 space,
                 reservations: BTreeMap::new(),
                 ledger: CommitLedger::new(physical, granule),
-                pieces: None,
             }),
         }
     }
@@ -155,7 +153,7 @@ impl SimAddressSpace {
     /// # Ok::<(), memres_core::Error>(())
     /// ```
     pub fn with_pieces(mut self, granules: u64) -> Self {
-        self.lock().pieces = Some(Pieces::new(granules, self.granule));
+        self.lock().ledger.hold_in_pieces(granules);
         self.pieced = true;
         self
     }
@@ -163,7 +161,7 @@ impl SimAddressSpace {
     /// Decommits refused for taking part of a piece
     /// ([`with_pieces`](Self::with_pieces)).
     pub fn partial_decommits(&self) -> u64 {
-        self.lock().pieces.as_ref().map_or(0, Pieces::partial_decommits)
+        self.lock().ledger.partial_decommits()
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
@@ -217,7 +215,7 @@ impl SimAddressSpace {
     /// # Examples
     ///
     /// ```
-    /// use memres_core::vmem::{self, CommitLedger, Pieces, ReservableSpace};
+    /// use memres_core::vmem::{self, CommitLedger, ReservableSpace};
     /// use memres_core::Range;
     /// use memres_sim::SimAddressSpace;
     /// let space = SimAddressSpace::new(1 << 30, 1 << 20);
@@ -300,30 +298,19 @@ impl ReservableSpace for SimAddressSpace {
 
     fn commit(&self, range: Range) -> Result<()> {
         let s = &mut *self.lock();
-        s.ledger.commit(reservation_of(&mut s.reservations, range), range)?;
-        if let Some(pieces) = &mut s.pieces {
-            pieces.committed(range);
-        }
-        Ok(())
+        s.ledger.commit(reservation_of(&mut s.reservations, range), range)
     }
 
     fn decommit<S: Stream + ?Sized>(&self, range: Range, stream: &S) -> Result<()> {
         // As a CUDA backend may: let the stream's work finish, then unmap.
         stream.synchronize()?;
         let s = &mut *self.lock();
-        if let Some(pieces) = &mut s.pieces {
-            pieces.check_decommit(range)?;
-        }
-        s.ledger.decommit(reservation_of(&mut s.reservations, range), range)?;
-        if let Some(pieces) = &mut s.pieces {
-            pieces.decommitted(range);
-        }
-        Ok(())
+        s.ledger.decommit(reservation_of(&mut s.reservations, range), range)
     }
 
     fn releasable(&self, range: Range, want: u64) -> Option<Range> {
         match self.pieced {
-            true => self.lock().pieces.as_ref().and_then(|p| p.releasable(range, want)),
+            true => self.lock().ledger.releasable(range, want),
             false => vmem::highest(range, want),
         }
     }

@@ -1,4 +1,4 @@
-use super::{CommitLedger, Pieces, ReservableSpace};
+use super::{CommitLedger, ReservableSpace};
 use crate::{Error, Range, Result, Stream};
 use alloc::vec::Vec;
 use core::cell::RefCell;
@@ -45,8 +45,6 @@ struct State {
     /// Live reservations and their committed-granule bitmaps.
     reservations: Vec<(Range, Vec<u64>)>,
     ledger: CommitLedger,
-    /// With pieces: the pieces of the committed memory.
-    pieces: Option<Pieces>,
 }
 
 /// The reservation `range` lies in, with its bitmap.
@@ -69,7 +67,7 @@ impl CountingSpace {
     /// If `granule` is not a power of two of at least 256.
     pub fn new(physical: u64, granule: u64) -> Self {
         let ledger = CommitLedger::new(physical, granule);
-        let state = State { next: Self::BASE, reservations: Vec::new(), ledger, pieces: None };
+        let state = State { next: Self::BASE, reservations: Vec::new(), ledger };
         CountingSpace { state: RefCell::new(state) }
     }
 
@@ -100,15 +98,14 @@ impl CountingSpace {
     /// # Ok::<(), memres_core::Error>(())
     /// ```
     pub fn with_pieces(self, granules: u64) -> Self {
-        let pieces = Pieces::new(granules, self.granule());
-        self.state.borrow_mut().pieces = Some(pieces);
+        self.state.borrow_mut().ledger.hold_in_pieces(granules);
         self
     }
 
     /// Decommits refused for taking part of a piece
     /// ([`with_pieces`](Self::with_pieces)).
     pub fn partial_decommits(&self) -> u64 {
-        self.state.borrow().pieces.as_ref().map_or(0, Pieces::partial_decommits)
+        self.state.borrow().ledger.partial_decommits()
     }
 
     /// Bytes of physical memory.
@@ -236,29 +233,15 @@ impl ReservableSpace for CountingSpace {
 
     fn commit(&self, range: Range) -> Result<()> {
         let s = &mut *self.state.borrow_mut();
-        s.ledger.commit(reservation_of(&mut s.reservations, range), range)?;
-        if let Some(pieces) = &mut s.pieces {
-            pieces.committed(range);
-        }
-        Ok(())
+        s.ledger.commit(reservation_of(&mut s.reservations, range), range)
     }
 
     fn decommit<S: Stream + ?Sized>(&self, range: Range, _stream: &S) -> Result<()> {
         let s = &mut *self.state.borrow_mut();
-        if let Some(pieces) = &mut s.pieces {
-            pieces.check_decommit(range)?;
-        }
-        s.ledger.decommit(reservation_of(&mut s.reservations, range), range)?;
-        if let Some(pieces) = &mut s.pieces {
-            pieces.decommitted(range);
-        }
-        Ok(())
+        s.ledger.decommit(reservation_of(&mut s.reservations, range), range)
     }
 
     fn releasable(&self, range: Range, want: u64) -> Option<Range> {
-        match &self.state.borrow().pieces {
-            Some(pieces) => pieces.releasable(range, want),
-            None => super::highest(range, want),
-        }
+        self.state.borrow().ledger.releasable(range, want)
     }
 }

@@ -1,3 +1,5 @@
+#[cfg(feature = "alloc")]
+use super::pieces::Pieces;
 use crate::check::FailNth;
 use crate::{Error, Range, Result};
 
@@ -11,6 +13,11 @@ use crate::{Error, Range, Result};
 ///
 /// A reservation's committed granules are a bitmap of `u64` words, one bit
 /// per granule from its start ([`words`](Self::words) says how many).
+///
+/// With [`hold_in_pieces`](Self::hold_in_pieces) (feature `alloc`) the
+/// ledger also keeps the pieces the memory is held in, as CUDA holds
+/// physical handles: each commit in pieces of a few granules from its
+/// start, each given back whole only.
 ///
 /// # Examples
 ///
@@ -42,6 +49,9 @@ pub struct CommitLedger {
     fail_commit: FailNth,
     /// The injected decommit failure, armed or delivered.
     fail_decommit: FailNth,
+    /// With pieces: the pieces of the committed memory.
+    #[cfg(feature = "alloc")]
+    pieces: Option<Pieces>,
 }
 
 impl CommitLedger {
@@ -61,7 +71,68 @@ impl CommitLedger {
             decommits: 0,
             fail_commit: FailNth::new(),
             fail_decommit: FailNth::new(),
+            #[cfg(feature = "alloc")]
+            pieces: None,
         }
+    }
+
+    /// From now on, holds each commit in pieces of up to `granules`
+    /// granules from its start and gives back whole pieces only: a
+    /// decommit that takes part of a piece is refused
+    /// ([`Error::InvalidConfig`], counted in
+    /// [`partial_decommits`](Self::partial_decommits)), and
+    /// [`releasable`](Self::releasable) answers whole pieces. Call it with
+    /// nothing committed.
+    ///
+    /// # Panics
+    ///
+    /// If `granules` is 0.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use memres_core::vmem::CommitLedger;
+    /// use memres_core::Range;
+    /// let g = 1 << 20;
+    /// let mut ledger = CommitLedger::new(64 * g, g);
+    /// ledger.hold_in_pieces(4);
+    /// let reservation = Range::new(1 << 30, 16 * g).unwrap();
+    /// let mut bits = vec![0; CommitLedger::words(16)];
+    /// let at = |first: u64, n: u64| Range::new((1 << 30) + first * g, n * g).unwrap();
+    /// ledger.commit(Some((&mut bits, reservation)), at(0, 6))?; // pieces of 4 and 2 granules
+    /// assert!(ledger.decommit(Some((&mut bits, reservation)), at(2, 4)).is_err());
+    /// assert_eq!((ledger.partial_decommits(), ledger.committed_bytes()), (1, 6 * g));
+    /// // Of granules 2..6, only the piece 4..6 comes back whole.
+    /// assert_eq!(ledger.releasable(at(2, 4), g), Some(at(4, 2)));
+    /// ledger.decommit(Some((&mut bits, reservation)), at(4, 2))?;
+    /// # Ok::<(), memres_core::Error>(())
+    /// ```
+    #[cfg(feature = "alloc")]
+    pub fn hold_in_pieces(&mut self, granules: u64) {
+        self.pieces = Some(Pieces::new(granules, self.granule));
+    }
+
+    /// Decommits refused for taking part of a piece
+    /// ([`hold_in_pieces`](Self::hold_in_pieces)); 0 without pieces.
+    pub fn partial_decommits(&self) -> u64 {
+        #[cfg(feature = "alloc")]
+        if let Some(pieces) = &self.pieces {
+            return pieces.partial_decommits();
+        }
+        0
+    }
+
+    /// What of `range` (committed granules, none in use) to decommit to
+    /// give back at least `want` bytes, as
+    /// [`ReservableSpace::releasable`](super::ReservableSpace::releasable)
+    /// asks: with pieces, whole pieces inside `range` from the highest
+    /// down; else the highest `want` bytes ([`highest`](super::highest)).
+    pub fn releasable(&self, range: Range, want: u64) -> Option<Range> {
+        #[cfg(feature = "alloc")]
+        if let Some(pieces) = &self.pieces {
+            return pieces.releasable(range, want);
+        }
+        super::highest(range, want)
     }
 
     /// The error of an injected commit failure.
@@ -193,6 +264,10 @@ impl CommitLedger {
             });
         }
         self.flip(reservation, range, true)?;
+        #[cfg(feature = "alloc")]
+        if let Some(pieces) = &mut self.pieces {
+            pieces.committed(range);
+        }
         self.committed += range.len();
         self.peak = self.peak.max(self.committed);
         self.commits += 1;
@@ -200,18 +275,27 @@ impl CommitLedger {
     }
 
     /// Decommits `range` in the reservation the space found for it; every
-    /// bit must be set.
+    /// bit must be set, and with pieces no piece may cross its ends.
     ///
     /// # Errors
     ///
-    /// An injected [`Error::Backend`] (the memory stays committed);
+    /// [`Error::InvalidConfig`] for a decommit of part of a piece; an
+    /// injected [`Error::Backend`] (the memory stays committed);
     /// [`Error::InvalidConfig`] as for [`commit`](Self::commit). Nothing
     /// changes on error.
     pub fn decommit(&mut self, reservation: Option<(&mut [u64], Range)>, range: Range) -> Result<()> {
+        #[cfg(feature = "alloc")]
+        if let Some(pieces) = &mut self.pieces {
+            pieces.check_decommit(range)?;
+        }
         if self.fail_decommit.fires() {
             return Err(Self::INJECTED_DECOMMIT_FAILURE);
         }
         self.flip(reservation, range, false)?;
+        #[cfg(feature = "alloc")]
+        if let Some(pieces) = &mut self.pieces {
+            pieces.decommitted(range);
+        }
         self.committed -= range.len();
         self.decommits += 1;
         Ok(())

@@ -9,8 +9,8 @@
 //!
 //! [`ReservableSpace`] is the trait a backend implements; [`CountingSpace`]
 //! is a space of bare numbers that checks every call, for examples and tests,
-//! on the bookkeeping of [`CommitLedger`], which simulated spaces share,
-//! and with [`Pieces`] holds its memory as CUDA holds physical handles.
+//! on the bookkeeping of [`CommitLedger`], which simulated spaces share
+//! (and which can hold memory in pieces, as CUDA holds physical handles).
 
 #[cfg(feature = "alloc")]
 mod counting;
@@ -20,8 +20,6 @@ mod pieces;
 #[cfg(feature = "alloc")]
 pub use counting::CountingSpace;
 pub use ledger::CommitLedger;
-#[cfg(feature = "alloc")]
-pub use pieces::Pieces;
 
 use crate::{Range, Result, Stream};
 

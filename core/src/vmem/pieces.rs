@@ -3,34 +3,16 @@ use alloc::collections::BTreeMap;
 
 /// The pieces a simulated space holds its committed memory in, as CUDA
 /// holds physical handles: each commit in pieces of up to a few granules
-/// from its start, each given back whole only. A space that keeps these
-/// asks [`check_decommit`](Self::check_decommit) before a decommit, tells
-/// [`committed`](Self::committed) and [`decommitted`](Self::decommitted)
-/// after each successful call, and answers
-/// [`ReservableSpace::releasable`](super::ReservableSpace::releasable) with
-/// [`releasable`](Self::releasable).
+/// from its start, each given back whole only
+/// ([`CommitLedger::hold_in_pieces`](super::CommitLedger::hold_in_pieces)).
 ///
 /// ```text
 ///  commit of 6 granules, pieces of up to 4:  │ 0  1  2  3 │ 4  5 │
 ///  decommit of granules 2..6: refused (cuts the first piece)
 ///  releasable(2..6, want any): 4..6
 /// ```
-///
-/// # Examples
-///
-/// ```
-/// use memres_core::vmem::Pieces;
-/// use memres_core::Range;
-/// let g = 1 << 20;
-/// let mut pieces = Pieces::new(4, g);
-/// pieces.committed(Range::new(0, 6 * g).unwrap());
-/// let tail = Range::new(2 * g, 4 * g).unwrap();
-/// assert!(pieces.check_decommit(tail).is_err());
-/// assert_eq!(pieces.partial_decommits(), 1);
-/// assert_eq!(pieces.releasable(tail, g), Range::new(4 * g, 2 * g));
-/// ```
 #[derive(Debug, Clone)]
-pub struct Pieces {
+pub(super) struct Pieces {
     /// Bytes of the longest piece: whole granules, at least one.
     most: u64,
     /// The committed pieces, start to length; they cover the committed
@@ -46,13 +28,13 @@ impl Pieces {
     /// # Panics
     ///
     /// If `granules` is 0.
-    pub fn new(granules: u64, granule: u64) -> Self {
+    pub(super) fn new(granules: u64, granule: u64) -> Self {
         assert!(granules > 0, "a piece holds at least one granule");
         Pieces { most: granules.saturating_mul(granule), pieces: BTreeMap::new(), refused: 0 }
     }
 
     /// Decommits refused for taking part of a piece.
-    pub fn partial_decommits(&self) -> u64 {
+    pub(super) fn partial_decommits(&self) -> u64 {
         self.refused
     }
 
@@ -62,7 +44,7 @@ impl Pieces {
     /// # Errors
     ///
     /// [`Error::InvalidConfig`] if a piece crosses either end of `range`.
-    pub fn check_decommit(&mut self, range: Range) -> Result<()> {
+    pub(super) fn check_decommit(&mut self, range: Range) -> Result<()> {
         let cut = |at: u64| self.pieces.range(..at).next_back().is_some_and(|(&p, &l)| p + l > at);
         if cut(range.start()) || cut(range.end()) {
             self.refused += 1;
@@ -73,7 +55,7 @@ impl Pieces {
 
     /// Records a successful commit of `range`: pieces of the longest length
     /// from its start, the last one shorter.
-    pub fn committed(&mut self, range: Range) {
+    pub(super) fn committed(&mut self, range: Range) {
         let mut at = range.start();
         while at < range.end() {
             let len = self.most.min(range.end() - at);
@@ -84,7 +66,7 @@ impl Pieces {
 
     /// Records a successful decommit of `range`, which
     /// [`check_decommit`](Self::check_decommit) passed: its pieces go.
-    pub fn decommitted(&mut self, range: Range) {
+    pub(super) fn decommitted(&mut self, range: Range) {
         while let Some((&p, _)) = self.pieces.range(range.start()..range.end()).next() {
             self.pieces.remove(&p);
         }
@@ -93,7 +75,7 @@ impl Pieces {
     /// The pieces wholly inside `range`, adjacent, from the highest down
     /// until they hold `want` bytes: what a space holding these gives back
     /// of `range`. `None` if no piece lies wholly inside it.
-    pub fn releasable(&self, range: Range, want: u64) -> Option<Range> {
+    pub(super) fn releasable(&self, range: Range, want: u64) -> Option<Range> {
         let mut taken: Option<(u64, u64)> = None;
         for (&p, &l) in self.pieces.range(..range.end()).rev() {
             if p + l > range.end() {
