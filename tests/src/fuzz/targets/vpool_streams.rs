@@ -27,6 +27,8 @@ struct VpoolStreamsTarget {
     /// The streams; a commit or decommit made to fail arms them too (a
     /// backend error is then legitimate).
     streams: SimStreams,
+    /// Whether the space holds memory in pieces given back whole only.
+    pieced: bool,
 }
 
 impl std::fmt::Debug for VpoolStreamsTarget {
@@ -80,6 +82,9 @@ impl FuzzResource for VpoolStreamsTarget {
             return Err(format!("{} unmaps before the work on them was done", self.space.early_unmaps()));
         }
         let space = self.space.inner();
+        if space.partial_decommits() > 0 {
+            return Err(format!("{} decommits of part of a piece", space.partial_decommits()));
+        }
         for l in model.live() {
             let range = Range::new(l.block.addr(), l.footprint).expect("live range");
             if !space.is_committed(range) {
@@ -139,8 +144,11 @@ impl FuzzResource for VpoolStreamsTarget {
             Error::OutOfMemory { .. } => {
                 // Physical memory: every idle granule went back before the
                 // error (the device was synchronized), so the live blocks'
-                // granules and the block's do not fit.
-                let physical = busy_bytes(model, g) + (need.div_ceil(g) + 1) * g > space.physical_bytes();
+                // granules and the block's do not fit. With pieces, the
+                // idle granules of pieces that live blocks hold stay: what
+                // stays committed then.
+                let stuck = if self.pieced { space.committed_bytes() } else { busy_bytes(model, g) };
+                let physical = stuck + (need.div_ceil(g) + 1) * g > space.physical_bytes();
                 // Addresses: the stream's pool (none yet, or one) has no
                 // room and may reserve no more, or the span has none left
                 // for a reservation.
@@ -178,14 +186,15 @@ impl FuzzResource for VpoolStreamsTarget {
 
 /// Fuzz target `vpool_streams`: a [`PerStreamPool`] of virtual pools
 /// ([`VirtualMaker`]) over one `SimAddressSpace` of a few granule sizes,
-/// physical sizes, reservation sizes and release thresholds, on two to four
+/// physical sizes, reservation sizes, release thresholds and pieces (none,
+/// or up to 1, 4 or 32 granules each, as CUDA's handles), on two to four
 /// streams of one `SimWorld`; commits, decommits and stream calls made to
 /// fail. The happens-before checker must find no reuse, and the space no
 /// unmap, that is not ordered after the frees before it.
 pub fn run_vpool_streams(data: &[u8]) {
     let mut u = Unstructured::new(data);
-    let Ok((granule, physical, config, count)) =
-        (|| -> arbitrary::Result<(u64, u64, VirtualConfig, usize)> {
+    let Ok((granule, physical, config, count, pieces)) =
+        (|| -> arbitrary::Result<(u64, u64, VirtualConfig, usize, u64)> {
             let granule = *u.choose(&[4096u64, 64 << 10, 2 << 20])?;
             let physical = *u.choose(&[granule * 8, 64 << 20, 1 << 36])?;
             let reserve = granule * *u.choose(&[16u64, 1 << 10, 1 << 14])?;
@@ -195,17 +204,19 @@ pub fn run_vpool_streams(data: &[u8]) {
                 .max_reservations(u.int_in_range(1..=2)?)
                 .trim_on_commit(u.arbitrary()?)
                 .slack_permille(*u.choose(&[0, 40])?);
-            Ok((granule, physical, config, u.int_in_range(2..=4usize)?))
+            Ok((granule, physical, config, u.int_in_range(2..=4usize)?, *u.choose(&[0u64, 1, 4, 32])?))
         })()
     else {
         return;
     };
     let streams = SimStreams::new(count);
-    let space = Arc::new(UnmapChecked::new(
-        SimAddressSpace::with_span(physical, granule, granule << SPAN_GRANULES_LOG2),
-        &streams.world,
-    ));
+    let mut sim = SimAddressSpace::with_span(physical, granule, granule << SPAN_GRANULES_LOG2);
+    if pieces > 0 {
+        sim = sim.with_pieces(pieces);
+    }
+    let space = Arc::new(UnmapChecked::new(sim, &streams.world));
     let pools = PerStreamPool::new(VirtualMaker::new(space.clone(), config));
-    let mut target = VpoolStreamsTarget { hb: HbChecked::new(Shared::new(pools)), space, streams };
+    let mut target =
+        VpoolStreamsTarget { hb: HbChecked::new(Shared::new(pools)), space, streams, pieced: pieces > 0 };
     drive(&mut target, &mut u);
 }
