@@ -131,7 +131,7 @@ impl SimAddressSpace {
     ///
     /// # Panics
     ///
-    /// If `granules` is 0.
+    /// If `granules` is 0, or if memory is committed.
     ///
     /// # Examples
     ///

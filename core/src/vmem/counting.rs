@@ -79,7 +79,7 @@ impl CountingSpace {
     ///
     /// # Panics
     ///
-    /// If `granules` is 0.
+    /// If `granules` is 0, or if memory is committed.
     ///
     /// # Examples
     ///

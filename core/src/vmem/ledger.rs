@@ -81,12 +81,12 @@ impl CommitLedger {
     /// decommit that takes part of a piece is refused
     /// ([`Error::InvalidConfig`], counted in
     /// [`partial_decommits`](Self::partial_decommits)), and
-    /// [`releasable`](Self::releasable) answers whole pieces. Call it with
-    /// nothing committed.
+    /// [`releasable`](Self::releasable) answers whole pieces.
     ///
     /// # Panics
     ///
-    /// If `granules` is 0.
+    /// If `granules` is 0, or if memory is committed (its pieces would be
+    /// unknown).
     ///
     /// # Examples
     ///
@@ -109,6 +109,7 @@ impl CommitLedger {
     /// ```
     #[cfg(feature = "alloc")]
     pub fn hold_in_pieces(&mut self, granules: u64) {
+        assert_eq!(self.committed, 0, "pieces are chosen before anything is committed");
         self.pieces = Some(Pieces::new(granules, self.granule));
     }
 
