@@ -36,6 +36,9 @@ struct VpoolTarget {
     idle_ceiling: u64,
     /// The first broken rule a call found (reported by `check`).
     broken: Option<String>,
+    /// Whether the space holds memory in pieces: without, every idle byte
+    /// can go back.
+    pieced: bool,
 }
 
 /// Bytes of the granules of `g` bytes that the model's live blocks touch.
@@ -186,10 +189,11 @@ impl FuzzResource for VpoolTarget {
             return Err(format!("{} decommits of part of a piece", space.partial_decommits()));
         }
         let releasable = self.pool.releasable_bytes();
-        if releasable > self.pool.idle_bytes() || releasable > self.idle_ceiling {
+        let idle = self.pool.idle_bytes();
+        if releasable > idle || (!self.pieced && releasable != idle) || releasable > self.idle_ceiling {
             return Err(format!(
-                "{releasable} bytes idle to give back of {} idle, more than the {} allowed now (keep {})",
-                self.pool.idle_bytes(),
+                "{releasable} bytes idle to give back of {idle} idle (pieces: {}), more than the {} allowed now (keep {})",
+                self.pieced,
                 self.idle_ceiling,
                 self.pool.config().release_threshold_bytes()
             ));
@@ -302,5 +306,6 @@ pub fn run_vpool(data: &[u8]) {
     }
     let pool = VirtualPool::with_config(space, config).expect("a valid configuration");
     let idle_ceiling = config.release_threshold_bytes();
-    drive(&mut VpoolTarget { pool, delivered: (0, 0), idle_ceiling, broken: None }, &mut u);
+    let mut target = VpoolTarget { pool, delivered: (0, 0), idle_ceiling, broken: None, pieced: pieces > 0 };
+    drive(&mut target, &mut u);
 }
