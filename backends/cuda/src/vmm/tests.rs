@@ -592,6 +592,20 @@ fn a_virtual_pool_over_the_space_keeps_everything_consistent() {
     }
 }
 
+/// The traces of `benches/data`, sorted, read from the source tree the
+/// tests were built in (the tests that replay them need no GPU).
+fn traces() -> Vec<std::path::PathBuf> {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../benches/data");
+    let mut traces: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.to_string_lossy().ends_with(".csv.gz"))
+        .collect();
+    traces.sort();
+    assert!(traces.len() >= 21, "{} traces in {}", traces.len(), dir.display());
+    traces
+}
+
 /// Issue 20's point 3 without a GPU. The space decides every mapping (the
 /// driver only carries them out), so over the fake driver it maps what it
 /// maps on the device. Each trace of `benches/data`, replayed as
@@ -603,14 +617,7 @@ fn a_virtual_pool_over_the_space_keeps_everything_consistent() {
 fn a_laid_out_replay_of_every_trace_maps_at_most_5_percent_over_its_live_peak() {
     use memres_core::planned::Planned;
     use memres_core::{MemoryResource, Shared};
-    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../benches/data");
-    let mut traces: Vec<_> = std::fs::read_dir(&dir)
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.to_string_lossy().ends_with(".csv.gz"))
-        .collect();
-    traces.sort();
-    assert!(traces.len() >= 21, "{} traces in {}", traces.len(), dir.display());
+    let traces = traces();
     for (path, large) in traces.iter().flat_map(|p| [(p, false), (p, true)]) {
         // Read as `vpool_replay` reads it: the blocks it leaves live are
         // freed at the end of each pass.
@@ -657,14 +664,7 @@ fn a_laid_out_replay_of_every_trace_maps_at_most_5_percent_over_its_live_peak() 
 /// `--nocapture` prints the footprints, which docs/replay.md quotes.
 #[test]
 fn the_simulated_space_in_pieces_maps_what_this_space_maps() {
-    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../benches/data");
-    let mut traces: Vec<_> = std::fs::read_dir(&dir)
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.to_string_lossy().ends_with(".csv.gz"))
-        .collect();
-    traces.sort();
-    assert!(traces.len() >= 21, "{} traces in {}", traces.len(), dir.display());
+    let traces = traces();
     // Traces on which this space mapped again handles it kept for a commit.
     let mut reused = 0;
     for path in &traces {
