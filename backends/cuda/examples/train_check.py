@@ -312,9 +312,9 @@ def worker(args):
         return time.perf_counter() - t
 
     # Bytes the stack has taken from the device so far, after each step
-    # (outside its time): what a step committed beyond the peak before it
-    # is memory given back and taken again, each time a sync and driver
-    # calls in `vmm`.
+    # (outside its time): a step that took any grew the peak, or took
+    # again memory given back (in `vmm`, driver calls and a wait for the
+    # stream).
     def taken():
         return lib.stats(torch.cuda.current_device())["upstream_total"] if lib is not None else 0
 

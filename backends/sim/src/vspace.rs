@@ -215,7 +215,7 @@ impl SimAddressSpace {
     /// # Examples
     ///
     /// ```
-    /// use memres_core::vmem::{self, CommitLedger, ReservableSpace};
+    /// use memres_core::vmem::{CommitLedger, ReservableSpace};
     /// use memres_core::Range;
     /// use memres_sim::SimAddressSpace;
     /// let space = SimAddressSpace::new(1 << 30, 1 << 20);

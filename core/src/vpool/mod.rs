@@ -668,7 +668,7 @@ where
 // releases the reservations): granules that the call in progress committed
 // for a block it does not hand out (`undo_commits`); granules wholly inside
 // the free range that the index returned for a block just freed
-// (`after_free`), which no live block touches; and candidates
+// (`after_free`, `decommit_freed`), which no live block touches; and candidates
 // (`take_candidate`), each wholly inside a free range of the index when a
 // search (`scan`) found it. A search replaces the candidates and clears
 // `touched`; from then on, while candidates remain, every allocate marks

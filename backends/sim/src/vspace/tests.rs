@@ -157,8 +157,9 @@ fn randomized_pool_over_the_sim_space_from_threads() {
 fn with_pieces_only_whole_pieces_go_back() {
     let space = SimAddressSpace::new(1 << 30, MIB).with_pieces(4);
     let r = space.reserve(16 * MIB).unwrap();
-    space.commit(range(r.start(), 6 * MIB)).unwrap(); // pieces of 4 and 2 granules
-                                                      // Part of the first piece: refused, counted, nothing changes.
+    // Pieces of 4 and 2 granules.
+    space.commit(range(r.start(), 6 * MIB)).unwrap();
+    // Part of the first piece: refused, counted, nothing changes.
     let tail = range(r.start() + 2 * MIB, 4 * MIB);
     assert!(matches!(space.decommit(tail, &()), Err(Error::InvalidConfig { .. })));
     assert_eq!((space.committed_bytes(), space.partial_decommits()), (6 * MIB, 1));
