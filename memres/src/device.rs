@@ -14,6 +14,9 @@
 //! | `sim` (the default) | a simulated device ([`SimDevice`](memres_sim::SimDevice) of [`DEFAULT_SIM_CAPACITY`](memres_sim::DEFAULT_SIM_CAPACITY), numbers with no bytes behind them) | the same | |
 //! | `cuda` | the device's `cuMemAlloc` resource (`CudaMemory`, RMM's `cuda_memory_resource`), promised as memory of `CudaCopy` so that containers made without a resource use it | | the same |
 //!
+//! "The same" is the same object: a device's default is made once and
+//! serves every stream type that has one (one simulated device per device
+//! id, one log file), whichever thread or stream type asks first.
 //! Other stream types have no default: a get is `InvalidConfig` until a
 //! resource is set (or a factory registered).
 //! With both features, `()` gets the CUDA resource. The defaults are
@@ -62,7 +65,8 @@ use memres_core::device as registry;
 
 use memres_core::adaptor::Logging;
 use memres_core::stack::{log_from_env, LOG_FILE_VAR};
-use memres_core::{DynResource, Error, Result, Stream};
+use memres_core::{DynResource, Error, MemoryResource, Result, Stream};
+use std::collections::BTreeMap;
 use std::io;
 use std::sync::{Arc, Mutex, Once};
 
@@ -179,50 +183,104 @@ pub fn flush_logs() -> io::Result<()> {
 type Flush = Box<dyn Fn() -> io::Result<()> + Send + Sync>;
 static LOGS: Mutex<Vec<Flush>> = Mutex::new(Vec::new());
 
-/// The logging adaptor over a clone of `resource` when `MEMRES_LOG_FILE`
-/// names a file (its flush listed for [`flush_logs`]), `None` when it does
-/// not. The adaptor keeps `R`'s type, and with it what `R` promises.
-///
-/// # Errors
-///
-/// [`Error::InvalidConfig`] when the file cannot be made.
-fn log_of<R: Clone + Send + Sync + 'static>(
-    resource: &R,
-    device: DeviceId,
-) -> Result<Option<Arc<Logging<R>>>> {
-    let log = log_from_env(resource, std::env::var_os(LOG_FILE_VAR).as_deref(), device)
-        .map_err(|_| Error::InvalidConfig { what: "MEMRES_LOG_FILE names a file that cannot be made" })?;
-    if let Some(log) = &log {
-        let log = log.clone();
-        LOGS.lock().unwrap_or_else(|p| p.into_inner()).push(Box::new(move || log.flush()));
+/// A device's default as made: the backend's resource, behind the logging
+/// adaptor when `MEMRES_LOG_FILE` names a file. One object serves every
+/// stream type (`R` is a resource on all of them).
+enum Made<R> {
+    Plain(Arc<R>),
+    Logged(Arc<Logging<Arc<R>>>),
+}
+
+impl<R> Clone for Made<R> {
+    fn clone(&self) -> Self {
+        match self {
+            Made::Plain(r) => Made::Plain(r.clone()),
+            Made::Logged(l) => Made::Logged(l.clone()),
+        }
     }
-    Ok(log)
+}
+
+impl<R: Send + Sync + 'static> Made<R> {
+    /// `resource`, logged if the environment says so (the log's flush
+    /// listed for [`flush_logs`]).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidConfig`] when the file cannot be made.
+    fn new(resource: R, device: DeviceId) -> Result<Self> {
+        let resource = Arc::new(resource);
+        let log = log_from_env(&resource, std::env::var_os(LOG_FILE_VAR).as_deref(), device)
+            .map_err(|_| Error::InvalidConfig { what: "MEMRES_LOG_FILE names a file that cannot be made" })?;
+        Ok(match log {
+            Some(log) => {
+                let flushed = log.clone();
+                LOGS.lock().unwrap_or_else(|p| p.into_inner()).push(Box::new(move || flushed.flush()));
+                Made::Logged(log)
+            }
+            None => Made::Plain(resource),
+        })
+    }
+
+    /// The same object, as a resource of streams of type `S`.
+    fn resource<S: Stream + ?Sized + 'static>(&self) -> DynResource<S>
+    where
+        R: MemoryResource<S>,
+    {
+        match self {
+            Made::Plain(r) => r.clone(),
+            Made::Logged(l) => l.clone(),
+        }
+    }
+}
+
+/// Each device's default, made once for all stream types: the registry
+/// keeps a default per stream type and runs its factory outside its lock,
+/// so without this, `()` and a stream type (or two threads racing) would
+/// each make a device of their own and truncate the same log file.
+struct Defaults<T>(Mutex<BTreeMap<DeviceId, T>>);
+
+impl<T: Clone> Defaults<T> {
+    const fn new() -> Self {
+        Defaults(Mutex::new(BTreeMap::new()))
+    }
+
+    /// The device's default, made by `make` (under the lock, so once) if
+    /// there is none; an error stores nothing, so the next call tries again.
+    fn get(&self, device: DeviceId, make: impl FnOnce() -> Result<T>) -> Result<T> {
+        let mut made = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(t) = made.get(&device) {
+            return Ok(t.clone());
+        }
+        let t = make()?;
+        made.insert(device, t.clone());
+        Ok(t)
+    }
 }
 
 #[cfg(feature = "sim")]
 mod sim {
-    use super::{log_of, DeviceId};
+    use super::{Defaults, DeviceId, Made};
     use memres_core::{DynResource, Result, Stream};
     use memres_sim::{SimDevice, DEFAULT_SIM_CAPACITY};
-    use std::sync::Arc;
 
-    /// A simulated device of [`DEFAULT_SIM_CAPACITY`] bytes.
+    static MADE: Defaults<Made<SimDevice>> = Defaults::new();
+
+    /// A simulated device of [`DEFAULT_SIM_CAPACITY`] bytes, one per device
+    /// id whatever the stream type.
     pub(super) fn default<S: Stream + ?Sized + 'static>(device: DeviceId) -> Result<DynResource<S>> {
-        let mr = Arc::new(SimDevice::new(DEFAULT_SIM_CAPACITY));
-        Ok(match log_of(&mr, device)? {
-            Some(log) => log,
-            None => mr,
-        })
+        let made = MADE.get(device, || Made::new(SimDevice::new(DEFAULT_SIM_CAPACITY), device))?;
+        Ok(made.resource())
     }
 }
 
 #[cfg(feature = "cuda")]
 mod cuda {
-    use super::{log_of, DeviceId};
+    use super::{Defaults, DeviceId, Made};
     use memres_core::device::promise_memory_of;
     use memres_core::{DynResource, Result, Stream};
     use memres_cuda::{AsRawStream, CudaCopy, CudaMemory, Device};
-    use std::sync::Arc;
+
+    static MADE: Defaults<(Made<CudaMemory>, CudaCopy)> = Defaults::new();
 
     /// The CUDA driver's current device.
     pub(super) fn current() -> Result<DeviceId> {
@@ -234,17 +292,14 @@ mod cuda {
     pub(super) fn default<S: Stream + AsRawStream + ?Sized + 'static>(
         device: DeviceId,
     ) -> Result<DynResource<S>> {
-        let gpu = Device::get(device)?;
-        let (mr, engine) = (Arc::new(CudaMemory::new(gpu)?), CudaCopy::new(gpu)?);
-        Ok(match log_of(&mr, device)? {
-            Some(log) => {
-                promise_memory_of::<S, _, _>(&log, engine);
-                log
-            }
-            None => {
-                promise_memory_of::<S, _, _>(&mr, engine);
-                mr
-            }
-        })
+        let (made, engine) = MADE.get(device, || {
+            let gpu = Device::get(device)?;
+            Ok((Made::new(CudaMemory::new(gpu)?, device)?, CudaCopy::new(gpu)?))
+        })?;
+        match &made {
+            Made::Plain(mr) => promise_memory_of::<S, _, _>(mr, engine),
+            Made::Logged(log) => promise_memory_of::<S, _, _>(log, engine),
+        };
+        Ok(made.resource())
     }
 }

@@ -5,6 +5,9 @@
 use memres::device::{flush_logs, get_per_device_resource};
 use memres::prelude::*;
 use memres::stack::LOG_FILE_VAR;
+use memres::DynResource;
+use memres_sim::{SimStream, SimWorld};
+use std::sync::Arc;
 
 #[test]
 fn default_resources_log_where_the_environment_says() {
@@ -13,12 +16,25 @@ fn default_resources_log_where_the_environment_says() {
     std::env::set_var(LOG_FILE_VAR, dir.join("alloc.csv"));
     let mr = get_per_device_resource(3).unwrap();
     let b = mr.allocate(1000).unwrap();
+    // The device's default for another stream type, made by threads racing:
+    // the same object, so one log, one header, every row.
+    let on_streams: Vec<DynResource<SimStream>> = std::thread::scope(|s| {
+        let racing: Vec<_> =
+            (0..4).map(|_| s.spawn(|| get_per_device_resource::<SimStream>(3).unwrap())).collect();
+        racing.into_iter().map(|t| t.join().unwrap()).collect()
+    });
+    for r in &on_streams {
+        assert_eq!(Arc::as_ptr(r) as *const (), Arc::as_ptr(&mr) as *const (), "one default per device");
+    }
+    let world = SimWorld::new();
+    let c = on_streams[0].allocate(Request::new(2000).unwrap(), &world.stream()).unwrap();
+    on_streams[0].deallocate(c, &world.stream()).unwrap();
     mr.deallocate(b).unwrap();
     flush_logs().unwrap();
     let file = std::fs::File::open(dir.join("alloc.dev3.csv")).unwrap();
     let rows = memres::trace::read_all(std::io::BufReader::new(file)).unwrap();
-    assert_eq!(rows.len(), 2, "one allocation, one free");
-    assert_eq!(rows[0].size, 1000);
+    let sizes: Vec<u64> = rows.iter().map(|r| r.size).collect();
+    assert_eq!(sizes, [1000, 2000, 2000, 1000], "both stream types' calls, in order");
     // A file that cannot be made: a typed error, nothing stored, and the
     // next get (the setting fixed) makes the device's resource.
     std::env::set_var(LOG_FILE_VAR, dir.join("no-such-dir").join("alloc.csv"));
