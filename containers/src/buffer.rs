@@ -16,8 +16,9 @@ use std::fmt;
 ///
 /// A buffer of length zero holds no memory ([`Block::EMPTY`]). Growing past
 /// the capacity allocates a new block, copies the bytes in use on the
-/// buffer's stream and frees the old block on it; if the allocation fails
-/// the buffer is unchanged. The bytes in use have always been written:
+/// buffer's stream and frees the old block on it; if any of the three
+/// fails (or the copy engine panics), the buffer is unchanged and the new
+/// block goes back. The bytes in use have always been written:
 /// [`new`](Self::new) and [`resize`](Self::resize) write zeros, unless the
 /// caller takes that on with [`new_uninit`](Self::new_uninit) or
 /// [`resize_uninit`](Self::resize_uninit).
@@ -329,9 +330,13 @@ where
     }
 
     /// Moves the bytes in use to a new block of `capacity` bytes aligned to
-    /// `align`, which becomes the buffer's alignment.
+    /// `align`, which becomes the buffer's alignment. On an error the buffer
+    /// is unchanged and holds the old block; the new one goes back.
     fn reallocate(&mut self, capacity: u64, align: u64) -> Result<()> {
         let new = Self::allocate(&self.resource, capacity, align, &self.stream)?;
+        // Until the buffer takes it, the new block goes back on any way out,
+        // a panic in the copy engine included.
+        let fresh = Fresh { resource: &self.resource, stream: &self.stream, block: Some(new) };
         let keep = self.len.min(capacity);
         if keep > 0 {
             // SAFETY: both ranges lie in blocks the resource
@@ -339,16 +344,15 @@ where
             // `keep` is at most the old length and at most `capacity`, which
             // `allocate` checked `new` holds; both are used on `self.stream`
             // only; they overlap only if other code freed the old block.
-            let copied = unsafe { self.engine.copy(new.addr(), self.block.addr(), keep, &self.stream) };
-            if let Err(e) = copied {
-                let _ = self.resource.deallocate(new, &self.stream);
-                return Err(e.into());
-            }
+            unsafe { self.engine.copy(new.addr(), self.block.addr(), keep, &self.stream)? };
         }
-        let old = std::mem::replace(&mut self.block, new);
+        // Freed after the copy on the same stream: a refused free leaves the
+        // old block the buffer's, and the new one goes back.
+        self.resource.deallocate(self.block, &self.stream)?;
+        fresh.keep();
+        self.block = new;
         self.len = keep;
         self.align = align;
-        self.resource.deallocate(old, &self.stream)?;
         Ok(())
     }
 
@@ -554,6 +558,31 @@ where
         self,
     ) -> std::result::Result<crate::DeviceUVector<T, R, E, S>, (crate::ContainerError, Self)> {
         crate::DeviceUVector::try_from_buffer(self)
+    }
+}
+
+/// A block allocated for a buffer that has not taken it yet: freed on the
+/// buffer's stream when dropped, unless [`keep`](Self::keep) says the buffer
+/// took it.
+struct Fresh<'a, R: MemoryResource<S>, S: Stream> {
+    resource: &'a R,
+    stream: &'a S,
+    block: Option<Block>,
+}
+
+impl<R: MemoryResource<S>, S: Stream> Fresh<'_, R, S> {
+    fn keep(mut self) {
+        self.block = None;
+    }
+}
+
+impl<R: MemoryResource<S>, S: Stream> Drop for Fresh<'_, R, S> {
+    fn drop(&mut self) {
+        if let Some(block) = self.block.take() {
+            // Live and unused by the buffer: a resource refuses it only if
+            // it is itself broken, as in the buffer's own drop.
+            let _ = self.resource.deallocate(block, self.stream);
+        }
     }
 }
 

@@ -39,6 +39,15 @@ use std::ops::{Bound, RangeBounds};
 /// assert!(v.element(3).is_err());
 /// # Ok::<(), memres_containers::ContainerError>(())
 /// ```
+///
+/// A zero-sized element type holds no bytes: its vector does not compile.
+///
+/// ```compile_fail,E0080
+/// # use memres_containers::DeviceUVector;
+/// # use memres_sim::{HostCopy, HostMemory};
+/// let mem = HostMemory::new();
+/// let v = DeviceUVector::<(), _, _>::new_in(3, (), &mem, HostCopy);
+/// ```
 pub struct DeviceUVector<T, R, E, S = ()>
 where
     T: Pod,
@@ -52,8 +61,20 @@ where
     _t: PhantomData<T>,
 }
 
+/// The size of a `T`, for every count and offset of the vector: a
+/// zero-sized `T` (`()`, `[u32; 0]`, which are `Pod`) is refused when the
+/// program is compiled, since its elements hold no bytes to count.
+struct Element<T>(PhantomData<T>);
+
+impl<T> Element<T> {
+    const SIZE: usize = {
+        assert!(size_of::<T>() != 0, "DeviceUVector: a zero-sized element type holds no bytes");
+        size_of::<T>()
+    };
+}
+
 fn bytes_of_len<T>(len: usize) -> Result<u64> {
-    len.checked_mul(size_of::<T>()).map(|b| b as u64).ok_or(ContainerError::LengthOverflow { len })
+    len.checked_mul(Element::<T>::SIZE).map(|b| b as u64).ok_or(ContainerError::LengthOverflow { len })
 }
 
 /// The alignment of a vector of `T`s: `T`'s, at least the default.
@@ -103,8 +124,8 @@ where
     /// As [`new_in`](Self::new_in).
     pub fn from_slice_in(data: &[T], stream: S, resource: R, engine: E) -> Result<Self> {
         let bytes: &[u8] = bytemuck::cast_slice(data);
-        let mut buf =
-            DeviceBuffer::unwritten(bytes.len() as u64, element_align::<T>(), stream, resource, engine)?;
+        let len = bytes_of_len::<T>(data.len())?;
+        let mut buf = DeviceBuffer::unwritten(len, element_align::<T>(), stream, resource, engine)?;
         buf.write(0, bytes)?;
         Ok(DeviceUVector { buf, _t: PhantomData })
     }
@@ -147,8 +168,8 @@ where
     pub fn try_from_buffer(
         mut buf: DeviceBuffer<R, E, S>,
     ) -> std::result::Result<Self, (ContainerError, DeviceBuffer<R, E, S>)> {
-        let size = size_of::<T>();
-        if size == 0 || buf.len() % size as u64 != 0 {
+        let size = Element::<T>::SIZE;
+        if buf.len() % size as u64 != 0 {
             return Err((ContainerError::NotWholeElements { bytes: buf.len(), element_size: size }, buf));
         }
         if let Err(e) = buf.adopt_alignment(element_align::<T>()) {
@@ -169,7 +190,7 @@ where
 
     /// Number of elements.
     pub fn len(&self) -> usize {
-        (self.buf.len() / size_of::<T>() as u64) as usize
+        (self.buf.len() / Element::<T>::SIZE as u64) as usize
     }
 
     /// Whether there are no elements.
@@ -179,7 +200,7 @@ where
 
     /// Elements the vector can hold without reallocating.
     pub fn capacity(&self) -> usize {
-        (self.buf.capacity() / size_of::<T>() as u64) as usize
+        (self.buf.capacity() / Element::<T>::SIZE as u64) as usize
     }
 
     /// Size of the elements in bytes.
@@ -200,7 +221,7 @@ where
     /// [`ContainerError::IndexOutOfRange`].
     pub fn element_ptr(&self, index: usize) -> Result<u64> {
         self.check_elements(index, 1)?;
-        Ok(self.buf.addr() + (index * size_of::<T>()) as u64)
+        Ok(self.buf.addr() + (index * Element::<T>::SIZE) as u64)
     }
 
     /// The alignment of the vector's memory in bytes (at least `T`'s).
@@ -262,7 +283,7 @@ where
     /// [`ContainerError::IndexOutOfRange`]; the copy engine's error.
     pub fn set_element_to_zero_async(&mut self, index: usize) -> Result<()> {
         self.check_elements(index, 1)?;
-        self.buf.fill_range((index * size_of::<T>()) as u64, size_of::<T>() as u64, 0)
+        self.buf.fill_range((index * Element::<T>::SIZE) as u64, Element::<T>::SIZE as u64, 0)
     }
 
     /// Sets every element to zero, ordered on the vector's stream (a fill on
@@ -354,7 +375,7 @@ where
     /// [`ContainerError::IndexOutOfRange`]; the copy engine's error.
     pub fn copy_from_slice_at(&mut self, start: usize, data: &[T]) -> Result<()> {
         self.check_elements(start, data.len())?;
-        self.buf.write((start * size_of::<T>()) as u64, bytemuck::cast_slice(data))
+        self.buf.write((start * Element::<T>::SIZE) as u64, bytemuck::cast_slice(data))
     }
 
     /// Copies elements `start..start + out.len()` into `out` (waits for the
@@ -365,7 +386,7 @@ where
     /// [`ContainerError::IndexOutOfRange`]; the copy engine's error.
     pub fn copy_to_slice_at(&self, start: usize, out: &mut [T]) -> Result<()> {
         self.check_elements(start, out.len())?;
-        self.buf.read((start * size_of::<T>()) as u64, bytemuck::cast_slice_mut(out))
+        self.buf.read((start * Element::<T>::SIZE) as u64, bytemuck::cast_slice_mut(out))
     }
 
     /// Sets the length to `len` elements, keeping those up to it; new
@@ -457,7 +478,7 @@ where
             if self.failed || left == 0 {
                 return None;
             }
-            let n = left.min((BATCH_BYTES / size_of::<T>().max(1)).max(1));
+            let n = left.min((BATCH_BYTES / Element::<T>::SIZE).max(1));
             self.batch.clear();
             self.batch.resize(n, T::zeroed());
             self.taken = 0;

@@ -308,15 +308,95 @@ fn a_block_freed_twice_over_is_shared_wrong_data_but_defined() {
     drop(b);
     // Growth into the bytes it still thinks it holds: the new block overlaps
     // the old one, the copy between them is a `memmove`, and the free of the
-    // old block, now inside the new one, is refused by the pool.
+    // old block, now inside the new one, is refused by the pool. The buffer
+    // keeps the old block and gives the new one back.
     let old = a.addr();
     let refused = a.reserve(64).unwrap_err();
     assert!(
         matches!(refused, ContainerError::Memory(Error::DoubleFree { addr } | Error::UnknownBlock { addr }) if addr == old),
         "{refused:?}"
     );
-    assert_eq!((a.addr(), a.capacity()), (old, 64), "the new block starts at the old one");
+    assert_eq!((a.addr(), a.capacity()), (old, 4), "unchanged");
+    assert_eq!(pool.with(|p| p.usage().used), 0, "the new block went back");
     assert_eq!(a.to_vec().unwrap(), b"AAbb");
+}
+
+/// Host copies whose device-to-device copy panics: a user's engine, safe to
+/// write, that breaks mid-growth.
+struct PanicOnCopy;
+
+impl CopyEngine<()> for PanicOnCopy {
+    type Kind = HostCopy;
+
+    unsafe fn copy_from_host(&self, dst: u64, src: &[u8], stream: &()) -> CoreResult<()> {
+        // SAFETY: forwarded with the caller's guarantees (memory of `HostCopy`).
+        unsafe { HostCopy.copy_from_host(dst, src, stream) }
+    }
+    unsafe fn copy_to_host(&self, dst: &mut [u8], src: u64, stream: &()) -> CoreResult<()> {
+        // SAFETY: forwarded with the caller's guarantees.
+        unsafe { HostCopy.copy_to_host(dst, src, stream) }
+    }
+    unsafe fn copy(&self, _: u64, _: u64, _: u64, _: &()) -> CoreResult<()> {
+        panic!("the engine breaks");
+    }
+    unsafe fn fill(&self, dst: u64, value: u8, len: u64, stream: &()) -> CoreResult<()> {
+        // SAFETY: forwarded with the caller's guarantees.
+        unsafe { HostCopy.fill(dst, value, len, stream) }
+    }
+}
+
+#[test]
+fn a_copy_engine_that_panics_mid_growth_leaves_nothing_behind() {
+    let mem = HostMemory::new();
+    let mut v = DeviceUVector::from_slice_in(&[1u8, 2, 3], (), &mem, PanicOnCopy).unwrap();
+    let (addr, cap) = (v.device_ptr(), v.capacity());
+    let grown = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| v.reserve(4096)));
+    assert!(grown.is_err());
+    assert_eq!(mem.live_count(), 1, "the new block went back during the unwind");
+    assert_eq!((v.device_ptr(), v.capacity(), v.to_vec().unwrap()), (addr, cap, vec![1, 2, 3]));
+    drop(v);
+    assert_eq!(mem.live_count(), 0);
+}
+
+/// Host memory that refuses the next free it is asked for, once, as a
+/// resource that cannot order a free on its stream may: the block stays
+/// live, the call changes nothing.
+#[derive(Default)]
+struct RefusesAFree {
+    host: HostMemory,
+    refuse: std::sync::atomic::AtomicBool,
+}
+
+impl<S: Stream + ?Sized> MemoryResource<S> for RefusesAFree {
+    fn allocate(&self, request: Request, stream: &S) -> CoreResult<Block> {
+        self.host.allocate(request, stream)
+    }
+    fn deallocate(&self, block: Block, stream: &S) -> CoreResult<()> {
+        if self.refuse.swap(false, Relaxed) {
+            return Err(Error::Backend { code: 1, what: "free refused" });
+        }
+        self.host.deallocate(block, stream)
+    }
+}
+
+// SAFETY: every block is one of `host`'s, unchanged, given back only through
+// `host.deallocate`.
+unsafe impl MemoryOf<HostCopy> for RefusesAFree {}
+
+#[test]
+fn a_refused_free_of_the_old_block_leaves_the_buffer_as_it_was() {
+    let mr = RefusesAFree::default();
+    let mut buf = DeviceBuffer::from_slice_in(b"abc", (), &mr, HostCopy).unwrap();
+    let (addr, cap) = (buf.addr(), buf.capacity());
+    mr.refuse.store(true, Relaxed);
+    let refused = buf.reserve(1 << 20).unwrap_err();
+    assert!(matches!(refused, ContainerError::Memory(Error::Backend { .. })), "{refused:?}");
+    assert_eq!((buf.addr(), buf.capacity(), buf.to_vec().unwrap()), (addr, cap, b"abc".to_vec()));
+    assert_eq!(mr.host.live_count(), 1, "the new block went back, the old one is the buffer's");
+    buf.reserve(1 << 20).unwrap();
+    assert_eq!((buf.capacity(), buf.to_vec().unwrap(), mr.host.live_count()), (1 << 20, b"abc".to_vec(), 1));
+    drop(buf);
+    assert_eq!(mr.host.live_count(), 0);
 }
 
 /// Host memory that ignores the alignment asked for: every block starts 256
