@@ -28,7 +28,10 @@ pub trait Stream {
     type Event;
 
     /// A number that identifies the stream among those in use (the raw
-    /// handle of a CUDA stream). Free lists are kept per `id`.
+    /// handle of a CUDA stream). Free lists are kept per `id`. The
+    /// resources read it once per call, so an `id` that changes from call
+    /// to call misplaces blocks between lists but never hands out a block
+    /// that was not checked.
     fn id(&self) -> u64;
 
     /// Records an event after all work submitted to the stream so far.

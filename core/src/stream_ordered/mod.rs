@@ -426,11 +426,14 @@ impl<A: MemoryResourceMut<()>, S: Stream + Clone> MemoryResourceMut<S> for Strea
         if request.is_zero() {
             return Ok(Block::EMPTY);
         }
-        let own = self.lists.get(&stream.id()).and_then(|l| l.find(request));
+        // Read once: `find` and `take` must see the same list, whatever a
+        // stream's `id` answers from call to call.
+        let id = stream.id();
+        let own = self.lists.get(&id).and_then(|l| l.find(request));
         let inner = match own {
             Some(key) => {
                 self.stats.own_hits += 1;
-                self.take(stream.id(), key)
+                self.take(id, key)
             }
             None => self.allocate_slow(request, stream)?,
         };

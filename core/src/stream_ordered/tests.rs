@@ -232,6 +232,56 @@ fn failed_record_leaves_the_block_listed() {
     assert_eq!(y.addr(), x.addr());
 }
 
+/// A stream whose `id` is fixed, or, once `flips` is set, alternates
+/// between 1 and 2 from call to call: a safe `Stream` that says different
+/// things within one call of the layer.
+#[derive(Clone, Debug)]
+struct Flaky {
+    id: Rc<core::cell::Cell<u64>>,
+    flips: bool,
+}
+
+impl Stream for Flaky {
+    type Event = ();
+    fn id(&self) -> u64 {
+        let id = self.id.get();
+        if self.flips {
+            self.id.set(3 - id);
+        }
+        id
+    }
+    fn record(&self) -> Result<()> {
+        Ok(())
+    }
+    fn wait(&self, _: &()) -> Result<()> {
+        Ok(())
+    }
+    fn query(&self, _: &()) -> Result<bool> {
+        Ok(true)
+    }
+    fn synchronize(&self) -> Result<()> {
+        Ok(())
+    }
+}
+
+#[test]
+fn a_stream_whose_id_changes_within_a_call_gets_a_checked_block() {
+    let pool = CoalescingPool::new(BumpUpstream::new(1 << 30));
+    let mut so: StreamOrdered<_, Flaky> = StreamOrdered::new(pool);
+    let on = |id| Flaky { id: Rc::new(core::cell::Cell::new(id)), flips: false };
+    // Stream 1 lists a 500-byte block, stream 2 a 257-byte one aligned to
+    // 256 only: both in the 512-byte bucket, at the same place.
+    let fits = so.allocate(req(500), &on(1)).unwrap();
+    let short = so.allocate(Request::aligned(257, 256).unwrap(), &on(2)).unwrap();
+    so.deallocate(fits, &on(1)).unwrap();
+    so.deallocate(short, &on(2)).unwrap();
+    // Asked on a stream that says 1, then 2: the block found on 1's list is
+    // the one taken.
+    let got = so.allocate(req(500), &Flaky { id: Rc::new(core::cell::Cell::new(1)), flips: true }).unwrap();
+    assert_eq!((got.addr(), got.size()), (fits.addr(), 500));
+    so.check().unwrap();
+}
+
 #[test]
 fn randomized_with_unit_stream() {
     let mut rng = crate::testing::SplitMix64::new(7);
