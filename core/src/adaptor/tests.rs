@@ -190,6 +190,20 @@ fn tracking_table_and_errors() {
 }
 
 #[test]
+fn tracking_counts_an_address_handed_out_again_once() {
+    // The upstream frees a block behind the adaptor's back, then hands its
+    // address out again through it: one live block, its bytes counted once.
+    let t = Tracking::new(crate::Shared::new(crate::pool::CoalescingPool::new(BumpUpstream::new(1 << 30))));
+    let a = t.allocate(req(1024), &()).unwrap();
+    t.upstream().deallocate(a, &()).unwrap();
+    let b = t.allocate(req(1024), &()).unwrap();
+    assert_eq!(b.addr(), a.addr());
+    assert_eq!((t.get_outstanding_allocations().count(), t.get_allocated_bytes()), (1, 1024));
+    t.deallocate(b, &()).unwrap();
+    assert_eq!((t.get_outstanding_allocations().count(), t.get_allocated_bytes()), (0, 0));
+}
+
+#[test]
 fn tracking_reports_leaks_at_drop() {
     let seen = Arc::new(Mutex::new(None));
     let up = BumpUpstream::new(1 << 20);

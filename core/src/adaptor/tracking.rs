@@ -120,7 +120,12 @@ struct Table {
 impl Table {
     fn insert(&mut self, addr: u64, entry: Entry) {
         self.bytes += entry.size;
-        self.blocks.insert(addr, entry);
+        // An address handed out again without a free through the adaptor
+        // (the upstream freed it directly): the old entry is gone, so are
+        // its bytes.
+        if let Some(old) = self.blocks.insert(addr, entry) {
+            self.bytes -= old.size;
+        }
     }
 
     fn remove(&mut self, addr: u64) -> Option<Entry> {
