@@ -343,13 +343,13 @@ impl<U, C: Storage<Chunk>> ChunkTable<U, C> {
     ///
     /// # Errors
     ///
-    /// The upstream's error if it refuses a chunk; that chunk, and those
-    /// not yet visited, stay.
+    /// The upstream's first error if it refuses a chunk; the chunks it
+    /// refused stay, the others go back all the same.
     pub(crate) fn release<S: Stream + ?Sized>(&mut self, stream: &S, carve: &mut impl Carve) -> Result<u64>
     where
         U: MemoryResource<S>,
     {
-        let mut freed = 0;
+        let (mut freed, mut refused) = (0, None);
         let mut i = 0;
         while i < self.chunks.len() {
             let chunk = self.chunks[i];
@@ -357,12 +357,16 @@ impl<U, C: Storage<Chunk>> ChunkTable<U, C> {
                 i += 1;
                 continue;
             }
-            self.upstream.deallocate(chunk.block, stream)?;
+            if let Err(e) = self.upstream.deallocate(chunk.block, stream) {
+                refused.get_or_insert(e);
+                i += 1;
+                continue;
+            }
             carve.detach(&chunk);
             self.remove(i);
             freed += chunk.range.len();
         }
-        Ok(freed)
+        refused.map_or(Ok(freed), Err)
     }
 
     /// Gives wholly free chunks back upstream, largest first, until at most

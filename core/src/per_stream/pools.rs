@@ -97,7 +97,7 @@ pub trait ChunkPool<S: Stream + ?Sized>: MemoryResourceMut<S> + Inspect {
     ///
     /// # Errors
     ///
-    /// The upstream's; the chunk it refused stays.
+    /// The upstream's first; the chunks it refused stay, the others go back.
     fn release(&mut self, stream: &S) -> Result<u64>;
 
     /// Calls `f` with each chunk's range.

@@ -226,7 +226,8 @@ impl<U, N: Storage<Node>, C: Storage<Chunk>> CoalescingPool<U, N, C> {
     ///
     /// # Errors
     ///
-    /// The upstream's error if it refuses a chunk; that chunk stays in the pool.
+    /// The upstream's first error if it refuses a chunk; the chunks it
+    /// refused stay in the pool, the others go back all the same.
     pub fn release<S: Stream + ?Sized>(&mut self, stream: &S) -> Result<u64>
     where
         U: MemoryResource<S>,

@@ -296,6 +296,48 @@ fn chunks_never_coalesce_and_release_returns_free_chunks() {
     assert_eq!((p.usage().held, p.upstream().usage().held), (0, 0));
 }
 
+/// An upstream that refuses to take back the block at one address.
+struct RefusesOne {
+    inner: BumpUpstream,
+    addr: core::cell::Cell<u64>,
+}
+
+impl MemoryResource for RefusesOne {
+    fn allocate(&self, request: Request, s: &()) -> Result<Block> {
+        self.inner.allocate(request, s)
+    }
+    fn deallocate(&self, block: Block, s: &()) -> Result<()> {
+        if block.addr() == self.addr.get() {
+            return Err(Error::Backend { code: 7, what: "refused" });
+        }
+        self.inner.deallocate(block, s)
+    }
+}
+
+#[test]
+fn a_chunk_the_upstream_refuses_stays_and_the_others_go_back() {
+    let up = RefusesOne { inner: BumpUpstream::new(1 << 40), addr: Default::default() };
+    let config = PoolConfig::new().growth(Growth::Fraction { divisor: 1 << 30, granule: 256 });
+    let mut p = CoalescingPool::with_config(up, config, &()).unwrap();
+    let blocks: Vec<Block> =
+        (0..3).map(|_| p.allocate(Request::new(1 << 20).unwrap(), &()).unwrap()).collect();
+    assert_eq!(p.chunk_count(), 3);
+    for &b in &blocks {
+        p.deallocate(b, &()).unwrap();
+    }
+    // The first chunk is refused; the two after it still go back.
+    p.upstream().addr.set(blocks[0].addr());
+    assert!(matches!(p.release(&()), Err(Error::Backend { code: 7, .. })));
+    p.check().unwrap();
+    assert_eq!((p.chunk_count(), p.usage().held, p.upstream().inner.usage().held), (1, 1 << 20, 1 << 20));
+    let again = p.allocate(Request::new(1 << 20).unwrap(), &()).unwrap();
+    assert_eq!(again.addr(), blocks[0].addr(), "the refused chunk serves as before");
+    p.deallocate(again, &()).unwrap();
+    p.upstream().addr.set(0);
+    assert_eq!(p.release(&()).unwrap(), 1 << 20);
+    assert_eq!(p.upstream().inner.usage().held, 0);
+}
+
 #[test]
 fn best_fit_in_own_class_reuses_exact_holes() {
     let mut p = pool(PoolConfig::new().initial_size(64 << 20));
