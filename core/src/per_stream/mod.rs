@@ -231,16 +231,21 @@ impl<M: MakePool<S>, S: Stream + ?Sized> PerStreamPool<M, S> {
         self.lanes.iter().find(|l| l.id == id).map(|l| &l.pool)
     }
 
-    /// Gives `stream` the pool `pool` (one made with an initial size, say)
-    /// instead of one made on its first allocation.
+    /// Makes `stream`'s pool now rather than on its first allocation: one
+    /// with an initial size ([`PoolMaker::first_initial_size`]) takes it
+    /// now. Every pool is the maker's: chunks move between them, so they
+    /// must share one upstream (see the `MemoryOf` impls).
     ///
     /// # Errors
     ///
-    /// [`Error::InvalidConfig`] if the stream has a pool already.
-    pub fn insert(&mut self, stream: &S, pool: M::Pool) -> Result<()> {
+    /// [`Error::InvalidConfig`] if the stream has a pool already; the
+    /// maker's error.
+    pub fn make_pool(&mut self, stream: &S) -> Result<()> {
         if self.find(stream.id()).is_some() {
             return Err(Error::InvalidConfig { what: "the stream has a pool already" });
         }
+        let pool = self.make.make(stream)?;
+        self.stats.pools_made += 1;
         self.push_lane(stream, pool);
         Ok(())
     }
@@ -455,10 +460,12 @@ impl<M: MakePool<S>, S: Stream + ?Sized> PerStreamPool<M, S> {
         if let Some(fence) = self.lanes[j].fence_for_takers() {
             stream.wait(fence)?;
         }
-        let Some(chunk) = self.lanes[j].pool.take_free_chunk(need) else { return Ok(None) };
-        if let Err((e, chunk)) = self.lanes[i].pool.adopt_chunk(chunk) {
+        // Lanes' pools are all the maker's (see the `MemoryOf` impls below).
+        let leave = crate::pool::ChunkMove::granted();
+        let Some(chunk) = self.lanes[j].pool.take_free_chunk(need, leave) else { return Ok(None) };
+        if let Err((e, chunk)) = self.lanes[i].pool.adopt_chunk(chunk, leave) {
             // Back where it came from, into the slots it just left.
-            return match self.lanes[j].pool.adopt_chunk(chunk) {
+            return match self.lanes[j].pool.adopt_chunk(chunk, leave) {
                 Ok(()) => Ok(None),
                 Err(_) => Err(e),
             };
@@ -534,8 +541,10 @@ impl<M: MakePool<S>, S: Stream + ?Sized> PerStreamPool<M, S> {
 // size unchanged (only the tag is restamped, and restamped back before the
 // block is freed), freed only through the pool whose chunk holds it. A
 // chunk moves from one stream's pool to another's only while wholly free,
-// so no live block is ever in two pools; and every pool's upstream is a
-// clone of one `Arc` (or a copy of one reference) to the same `R`, so a
+// so no live block is ever in two pools; and every pool is the maker's (a
+// stream's first allocation and `make_pool` are the only ways a pool comes
+// in), so every pool's upstream is a clone of one `Arc` (or a copy of one
+// reference) to the same `R`, so a
 // chunk taken from it stays `R`'s, held until a pool frees it to `R`,
 // whichever pool that is. The lanes keep their records in their own
 // vectors, never in the memory. (A maker of the user's, or an upstream

@@ -2,7 +2,7 @@
 //! stream: what it needs of them ([`ChunkPool`]) and how it makes them
 //! ([`MakePool`], [`PoolMaker`], [`VirtualMaker`]).
 
-use crate::pool::{CoalescingPool, FreeChunk, PoolConfig};
+use crate::pool::{ChunkMove, CoalescingPool, FreeChunk, PoolConfig};
 use crate::storage::Storage;
 use crate::vmem::ReservableSpace;
 use crate::vpool::{VirtualConfig, VirtualPool};
@@ -80,17 +80,22 @@ pub trait ChunkPool<S: Stream + ?Sized>: MemoryResourceMut<S> + Inspect {
     fn shortest_free_chunk(&self, min_len: u64) -> Option<u64>;
 
     /// Takes the shortest wholly free chunk of at least `min_len` bytes out
-    /// of the pool.
-    fn take_free_chunk(&mut self, min_len: u64) -> Option<FreeChunk>;
+    /// of the pool. Only the per-stream pool calls it ([`ChunkMove`]).
+    fn take_free_chunk(&mut self, min_len: u64, leave: ChunkMove) -> Option<FreeChunk>;
 
-    /// Adopts a chunk taken from another pool over the same upstream.
+    /// Adopts a chunk taken from another pool over the same upstream. Only
+    /// the per-stream pool calls it ([`ChunkMove`]).
     ///
     /// # Errors
     ///
     /// Why it cannot (a maximum size, full metadata storage); the chunk
     /// comes back and nothing changed.
     #[allow(clippy::result_large_err)] // the chunk must come back
-    fn adopt_chunk(&mut self, chunk: FreeChunk) -> core::result::Result<(), (Error, FreeChunk)>;
+    fn adopt_chunk(
+        &mut self,
+        chunk: FreeChunk,
+        leave: ChunkMove,
+    ) -> core::result::Result<(), (Error, FreeChunk)>;
 
     /// Gives every wholly free chunk back upstream, freed on `stream`;
     /// returns the bytes given back.
@@ -128,11 +133,15 @@ where
     fn shortest_free_chunk(&self, min_len: u64) -> Option<u64> {
         CoalescingPool::shortest_free_chunk(self, min_len)
     }
-    fn take_free_chunk(&mut self, min_len: u64) -> Option<FreeChunk> {
-        CoalescingPool::take_free_chunk(self, min_len)
+    fn take_free_chunk(&mut self, min_len: u64, leave: ChunkMove) -> Option<FreeChunk> {
+        CoalescingPool::take_free_chunk(self, min_len, leave)
     }
-    fn adopt_chunk(&mut self, chunk: FreeChunk) -> core::result::Result<(), (Error, FreeChunk)> {
-        CoalescingPool::adopt_chunk(self, chunk)
+    fn adopt_chunk(
+        &mut self,
+        chunk: FreeChunk,
+        leave: ChunkMove,
+    ) -> core::result::Result<(), (Error, FreeChunk)> {
+        CoalescingPool::adopt_chunk(self, chunk, leave)
     }
     fn release(&mut self, stream: &S) -> Result<u64> {
         CoalescingPool::release(self, stream)
@@ -180,12 +189,15 @@ impl<S: Stream + ?Sized, P: ChunkPool<S>, F: FnMut(&S) -> Result<P>> MakePool<S>
 pub struct PoolMaker<U> {
     upstream: U,
     config: PoolConfig,
+    /// The initial size of the next pool made, in place of the
+    /// configuration's; 0 once that pool is made.
+    first_initial: u64,
 }
 
 impl<U> PoolMaker<U> {
     /// Pools over clones of `upstream` with the default configuration.
     pub fn new(upstream: U) -> Self {
-        PoolMaker { upstream, config: PoolConfig::default() }
+        PoolMaker { upstream, config: PoolConfig::default(), first_initial: 0 }
     }
 
     /// Pools over clones of `upstream` with `config` (each takes the
@@ -196,7 +208,31 @@ impl<U> PoolMaker<U> {
     /// [`Error::InvalidConfig`] for a configuration no pool accepts.
     pub fn with_config(upstream: U, config: PoolConfig) -> Result<Self> {
         config.validate()?;
-        Ok(PoolMaker { upstream, config })
+        Ok(PoolMaker { upstream, config, first_initial: 0 })
+    }
+
+    /// The first pool made takes `bytes` from upstream when made (RMM's
+    /// initial pool size, for the first stream: see
+    /// [`PerStreamPool::make_pool`](super::PerStreamPool::make_pool)); the
+    /// others take the configuration's initial size.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidConfig`] for a size no pool of the configuration
+    /// accepts.
+    ///
+    /// ```
+    /// # use memres_core::per_stream::PoolMaker;
+    /// # use memres_core::pool::PoolConfig;
+    /// # use memres_core::testing::BumpUpstream;
+    /// let up = BumpUpstream::new(1 << 30);
+    /// assert!(PoolMaker::new(&up).first_initial_size(1 << 20).is_ok());
+    /// assert!(PoolMaker::new(&up).first_initial_size(100).is_err(), "not a multiple of 256");
+    /// ```
+    pub fn first_initial_size(mut self, bytes: u64) -> Result<Self> {
+        self.config.initial_size(bytes).validate()?;
+        self.first_initial = bytes;
+        Ok(self)
     }
 
     /// The configuration of every pool.
@@ -213,7 +249,13 @@ impl<U> PoolMaker<U> {
 impl<S: Stream + ?Sized, U: MemoryResource<S> + Clone> MakePool<S> for PoolMaker<U> {
     type Pool = CoalescingPool<U>;
     fn make(&mut self, stream: &S) -> Result<CoalescingPool<U>> {
-        CoalescingPool::with_config(self.upstream.clone(), self.config, stream)
+        let config = match self.first_initial {
+            0 => self.config,
+            first => self.config.initial_size(first),
+        };
+        let pool = CoalescingPool::with_config(self.upstream.clone(), config, stream)?;
+        self.first_initial = 0;
+        Ok(pool)
     }
 }
 
@@ -256,10 +298,14 @@ impl<S: Stream + ?Sized, V: ReservableSpace> ChunkPool<S> for VirtualPool<V> {
     fn shortest_free_chunk(&self, _: u64) -> Option<u64> {
         None
     }
-    fn take_free_chunk(&mut self, _: u64) -> Option<FreeChunk> {
+    fn take_free_chunk(&mut self, _: u64, _: ChunkMove) -> Option<FreeChunk> {
         None
     }
-    fn adopt_chunk(&mut self, chunk: FreeChunk) -> core::result::Result<(), (Error, FreeChunk)> {
+    fn adopt_chunk(
+        &mut self,
+        chunk: FreeChunk,
+        _: ChunkMove,
+    ) -> core::result::Result<(), (Error, FreeChunk)> {
         Err((
             Error::InvalidConfig { what: "a virtual pool maps its own reservation and adopts no chunk" },
             chunk,

@@ -1,7 +1,7 @@
 extern crate std;
 
 use super::*;
-use crate::pool::{CoalescingPool, Growth, PoolConfig};
+use crate::pool::{Growth, PoolConfig};
 use crate::testing::BumpUpstream;
 use alloc::rc::Rc;
 use alloc::sync::Arc;
@@ -323,15 +323,14 @@ fn a_fence_that_fails_to_record_leaves_the_pool_to_settle() {
 }
 
 #[test]
-fn insert_gives_a_stream_a_pool_with_an_initial_size() {
+fn make_pool_gives_the_first_stream_the_initial_size() {
     let mut r = rig(1 << 30);
     let (a, b) = (r.a.clone(), r.b.clone());
-    let config = PoolConfig::new().initial_size(4 * MIB);
-    let first = CoalescingPool::with_config(r.up.clone(), config, &a).unwrap();
-    r.pools.insert(&a, first).unwrap();
+    let maker = r.pools.maker().clone().first_initial_size(4 * MIB).unwrap();
+    r.pools = PerStreamPool::new(maker);
+    r.pools.make_pool(&a).unwrap();
     assert_eq!(r.pools.usage().held, 4 * MIB);
-    let again = CoalescingPool::with_config(r.up.clone(), PoolConfig::new(), &a).unwrap();
-    assert!(matches!(r.pools.insert(&a, again), Err(Error::InvalidConfig { .. })));
+    assert!(matches!(r.pools.make_pool(&a), Err(Error::InvalidConfig { .. })));
     r.pools.check().unwrap();
     // b takes the initial chunk once a fenced it.
     let small = r.alloc(256, &b);

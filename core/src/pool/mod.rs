@@ -34,10 +34,11 @@ use classes::Classes;
 use core::fmt;
 
 /// A wholly free chunk taken out of a pool by
-/// [`take_free_chunk`](CoalescingPool::take_free_chunk), for another pool over
-/// the same upstream to [`adopt`](CoalescingPool::adopt_chunk): how the
-/// per-stream pools ([`crate::per_stream`]) move memory between streams.
-/// Only a pool makes one, so an adopted chunk is always a real upstream block.
+/// [`ChunkPool::take_free_chunk`](crate::per_stream::ChunkPool::take_free_chunk),
+/// for another pool over the same upstream to
+/// [`adopt`](crate::per_stream::ChunkPool::adopt_chunk): how the per-stream
+/// pools ([`crate::per_stream`]) move memory between streams. Only a pool
+/// makes one, so an adopted chunk is always a real upstream block.
 #[derive(Debug, PartialEq, Eq)]
 pub struct FreeChunk {
     range: Range,
@@ -50,6 +51,24 @@ impl FreeChunk {
     /// The chunk's addresses.
     pub fn range(&self) -> Range {
         self.range
+    }
+}
+
+/// Leave to move a chunk between pools, which only this crate grants: a
+/// chunk adopted by a pool over another upstream would be handed out as
+/// that upstream's memory, and freed to it. So chunks move only between
+/// the pools of one [`PerStreamPool`](crate::per_stream::PerStreamPool),
+/// which its maker made over one upstream.
+///
+/// ```compile_fail,E0423
+/// let leave = memres_core::pool::ChunkMove(());
+/// ```
+#[derive(Clone, Copy, Debug)]
+pub struct ChunkMove(());
+
+impl ChunkMove {
+    pub(crate) const fn granted() -> Self {
+        ChunkMove(())
     }
 }
 
@@ -262,7 +281,7 @@ impl<U, N: Storage<Node>, C: Storage<Chunk>> CoalescingPool<U, N, C> {
     /// # Time Complexity
     ///
     /// O(chunks).
-    pub fn take_free_chunk(&mut self, min_len: u64) -> Option<FreeChunk> {
+    pub fn take_free_chunk(&mut self, min_len: u64, _: ChunkMove) -> Option<FreeChunk> {
         let (range, block, handle) = self.chunks.take_free(min_len, &mut self.index)?;
         Some(FreeChunk { range, block, large: Classes::<N>::split_handle(handle).0 })
     }
@@ -276,7 +295,11 @@ impl<U, N: Storage<Node>, C: Storage<Chunk>> CoalescingPool<U, N, C> {
     /// maximum size, [`Error::CapacityExhausted`] when the metadata storage
     /// is full; the chunk comes back with the error, and nothing changed.
     #[allow(clippy::result_large_err)] // the chunk must come back
-    pub fn adopt_chunk(&mut self, chunk: FreeChunk) -> core::result::Result<(), (Error, FreeChunk)> {
+    pub fn adopt_chunk(
+        &mut self,
+        chunk: FreeChunk,
+        _: ChunkMove,
+    ) -> core::result::Result<(), (Error, FreeChunk)> {
         let len = chunk.range.len();
         if let Some(max) = self.config.maximum_size.filter(|&m| len > m - self.chunks.held()) {
             return Err((
@@ -461,7 +484,11 @@ where
 // Each index keeps its live ranges disjoint, each chunk is carved by exactly
 // one index (its handle names which), and chunks are disjoint, so no two
 // live ranges overlap; the pool keeps its metadata outside the managed
-// memory, never touching it.
+// memory, never touching it. A pool adopts a chunk only inside a
+// per-stream pool (adopting takes a `ChunkMove`, which only this crate
+// makes), and a pool there never hands a block to a caller but through the
+// per-stream pool (`pool_of` lends it shared; allocating takes `&mut`), whose
+// own `MemoryOf` impls cover only pools made over one upstream.
 unsafe impl<E, U, N, C> crate::copy::MemoryOf<E> for CoalescingPool<U, N, C>
 where
     U: crate::copy::MemoryOf<E>,

@@ -400,12 +400,12 @@ fn wholly_free_chunks_move_between_pools_over_one_upstream() {
     assert_eq!(a.shortest_free_chunk(0), None);
     assert!(a.deallocate_reporting(x).unwrap(), "x's chunk is now wholly free");
     assert_eq!(a.shortest_free_chunk(0), Some(1 << 20));
-    assert!(a.take_free_chunk(2 << 20).is_none(), "none that long");
-    let chunk = a.take_free_chunk(1 << 20).unwrap();
+    assert!(a.take_free_chunk(2 << 20, ChunkMove::granted()).is_none(), "none that long");
+    let chunk = a.take_free_chunk(1 << 20, ChunkMove::granted()).unwrap();
     assert_eq!(chunk.range().start(), x.addr());
     assert_eq!((a.usage().held, a.chunk_count()), (1 << 20, 1));
     a.check().unwrap();
-    b.adopt_chunk(chunk).unwrap();
+    b.adopt_chunk(chunk, ChunkMove::granted()).unwrap();
     assert_eq!(b.usage().held, 1 << 20);
     let z = b.try_allocate(Request::new(1 << 20).unwrap()).unwrap().unwrap();
     assert_eq!(z.addr(), x.addr());
@@ -420,10 +420,10 @@ fn wholly_free_chunks_move_between_pools_over_one_upstream() {
     // A pool at its maximum refuses a chunk and hands it back.
     let mut full = CoalescingPool::with_config(&up, config.maximum_size(1 << 20), &()).unwrap();
     let v = full.allocate(Request::new(1000).unwrap(), &()).unwrap();
-    let chunk = b.take_free_chunk(0).unwrap();
-    let (e, chunk) = full.adopt_chunk(chunk).unwrap_err();
+    let chunk = b.take_free_chunk(0, ChunkMove::granted()).unwrap();
+    let (e, chunk) = full.adopt_chunk(chunk, ChunkMove::granted()).unwrap_err();
     assert!(matches!(e, Error::LimitExceeded { .. }), "{e}");
-    b.adopt_chunk(chunk).unwrap();
+    b.adopt_chunk(chunk, ChunkMove::granted()).unwrap();
     full.deallocate(v, &()).unwrap();
     for p in [&mut a, &mut b, &mut full] {
         p.release(&()).unwrap();

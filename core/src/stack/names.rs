@@ -226,13 +226,12 @@ where
         ));
     }
     let initial = call.size_arg("initial")?.unwrap_or(0);
-    let maker = PoolMaker::with_config(upstream.clone(), config.initial_size(0))
+    let maker = PoolMaker::with_config(upstream, config.initial_size(0))
+        .and_then(|m| m.first_initial_size(initial))
         .map_err(|e| call.resource_error(e))?;
     let mut pools = PerStreamPool::new(maker);
     if initial > 0 {
-        let first =
-            CoalescingPool::with_config(upstream, config, cx.stream).map_err(|e| call.resource_error(e))?;
-        pools.insert(cx.stream, first).map_err(|e| call.resource_error(e))?;
+        pools.make_pool(cx.stream).map_err(|e| call.resource_error(e))?;
     }
     Ok(cx.keep(call, Shared::new(pools)))
 }
