@@ -48,39 +48,34 @@ pub struct Node {
 }
 
 impl<N: Storage<Node>> CoalescingIndex<N> {
+    /// Node `i`, bounds-checked: a link is an existing slot or `NONE` only
+    /// while the lists are whole, and a panic of a caller's closure or a
+    /// caught panic could leave them half-updated. Out of range (`NONE`
+    /// included) panics before anything changes; it never reads past the
+    /// storage.
     #[inline]
     pub(super) fn node(&self, i: u32) -> &Node {
-        debug_assert!((i as usize) < self.nodes.len(), "node {i} out of range");
-        // SAFETY: every `i` that reaches here is in range. It is a list head,
-        // a link read from a node, the vacant-list head, or a slot index that
-        // the public entry points checked against `nodes.len()` (`resolve`,
-        // `allocate_in`, `remove_range`, `is_region_free`, the region walks).
-        // Links are only ever written from indices of existing slots, and
-        // slots are never removed: the index only calls `try_push`, and the
-        // `unsafe trait Storage` promises that the length changes only there
-        // (by one, on `Ok`) and that the elements keep what was written, so
-        // a link stays in range for the index's life; `check` verifies it.
-        unsafe { self.nodes.get_unchecked(i as usize) }
+        &self.nodes[i as usize]
     }
 
+    /// As [`node`](Self::node), to write.
     #[inline]
     pub(super) fn node_mut(&mut self, i: u32) -> &mut Node {
-        debug_assert!((i as usize) < self.nodes.len(), "node {i} out of range");
-        // SAFETY: as in `node`: `i` is a head, a link or a checked index.
-        unsafe { self.nodes.get_unchecked_mut(i as usize) }
+        &mut self.nodes[i as usize]
     }
 
     /// The link `field` picks out of node `i`, or a scratch word when `i` is
     /// `NONE`: list and neighbour updates then store without a branch that
-    /// random sizes would mispredict.
+    /// random sizes would mispredict. `NONE` is never a slot (`reserve_nodes`
+    /// stops below it), so the one bounds check tells the two apart.
     #[inline(always)]
     pub(super) fn link_of(&mut self, i: u32, field: fn(&mut Node) -> &mut u32) -> &mut u32 {
-        if i != NONE {
-            debug_assert!(self.in_range(i), "node {i} out of range");
-            // SAFETY: `i` is a link (see `node`).
-            field(unsafe { self.nodes.get_unchecked_mut(i as usize) })
-        } else {
-            &mut self.scratch
+        match self.nodes.get_mut(i as usize) {
+            Some(node) => field(node),
+            None => {
+                debug_assert!(i == NONE, "node {i} out of range");
+                &mut self.scratch
+            }
         }
     }
 
@@ -137,10 +132,10 @@ impl<N: Storage<Node>> CoalescingIndex<N> {
     }
 
     /// Takes a vacant slot; `reserve_nodes` must have made sure there is one.
+    /// Without one, the checked read of `NONE` panics before anything changes.
     #[inline]
     pub(super) fn take_vacant(&mut self) -> u32 {
         let i = self.vacant;
-        debug_assert!(i != NONE, "take_vacant without reserve_nodes");
         self.vacant = self.node(i).next_free;
         self.vacant_len -= 1;
         i
