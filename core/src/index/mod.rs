@@ -4,6 +4,8 @@
 
 mod bins;
 mod check;
+#[cfg(test)]
+mod input_tests;
 mod nodes;
 mod ops;
 #[cfg(test)]

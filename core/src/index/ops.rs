@@ -6,17 +6,55 @@ use super::nodes::{Node, State, NONE};
 use super::{Allocation, CoalescingIndex};
 use crate::plant;
 use crate::storage::Storage;
-use crate::{Error, Range, Result};
+use crate::{Error, Range, Request, Result};
 
 /// How many blocks of the request's own class are looked at for a fit before
 /// falling back to a class that fits by construction.
 const SCAN_LIMIT: u32 = 8;
+
+/// Refuses what the index cannot carve: a size of 0 or above
+/// [`Request::MAX_SIZE`], an alignment not a power of two or above
+/// [`Request::MAX_ALIGN`]. Within these, no rounding or padding overflows.
+/// One branch on the hot path; the error is made out of line.
+#[inline(always)]
+fn check_request(size: u64, align: u64) -> Result<()> {
+    let bad_size = size.wrapping_sub(1) >= Request::MAX_SIZE;
+    let bad_align = align & align.wrapping_sub(1) != 0 || align.wrapping_sub(1) >= Request::MAX_ALIGN;
+    if bad_size | bad_align {
+        return Err(request_error(size, align));
+    }
+    Ok(())
+}
+
+#[cold]
+#[inline(never)]
+fn request_error(size: u64, align: u64) -> Error {
+    match Request::aligned(size, align) {
+        Err(e) => e,
+        Ok(_) => Error::InvalidSize { size },
+    }
+}
+
+/// How far `addr` is below the next multiple of `align` (a power of two):
+/// the front padding, computed without the `addr + align - 1` that
+/// overflows near the top of the address space. For a checked request,
+/// `pad_to(..) + bytes` does not overflow either: the pad is below 2^40
+/// (or 0 when the alignment is the granule: addresses are its multiples)
+/// and the rounded size is at most 2^63.
+#[inline(always)]
+fn pad_to(addr: u64, align: u64) -> u64 {
+    addr.wrapping_neg() & (align - 1)
+}
 
 impl<N: Storage<Node>> CoalescingIndex<N> {
     /// Adds a free region. Regions are never merged with each other, even
     /// when adjacent: each is given back whole by [`remove_range`](Self::remove_range).
     /// Returns the region's handle: the index of its first node, which names
     /// the region while it lives (if that node is retired, as its header).
+    ///
+    /// The range must not overlap a region already added: the index cannot
+    /// tell in O(1), and would hand out the shared addresses twice (its own
+    /// lists stay consistent).
     ///
     /// # Errors
     ///
@@ -82,7 +120,10 @@ impl<N: Storage<Node>> CoalescingIndex<N> {
     ///
     /// # Errors
     ///
-    /// [`Error::CapacityExhausted`] when the metadata storage is full.
+    /// [`Error::InvalidSize`] if `size` is 0 or above [`Request::MAX_SIZE`];
+    /// [`Error::InvalidAlignment`] if `align` is not a power of two or is
+    /// above [`Request::MAX_ALIGN`]; [`Error::CapacityExhausted`] when the
+    /// metadata storage is full. Nothing changes on error.
     ///
     /// # Time Complexity
     ///
@@ -120,8 +161,7 @@ impl<N: Storage<Node>> CoalescingIndex<N> {
     pub fn allocate_with_range(&mut self, size: u64, align: u64) -> Result<Option<(Allocation, Range)>> {
         let Some(found) = self.find_fit(size, align)? else { return Ok(None) };
         let n = *self.node(found);
-        let units = (size + self.granule() - 1) >> self.shift;
-        let a = self.carve(found, units << self.shift, align.max(self.granule()));
+        let a = self.carve(found, self.bytes_of(size), align.max(self.granule()));
         Ok(Some((a, Range::new(n.addr, n.size).unwrap_or_default())))
     }
 
@@ -131,7 +171,7 @@ impl<N: Storage<Node>> CoalescingIndex<N> {
     ///
     /// # Errors
     ///
-    /// [`Error::CapacityExhausted`] when the metadata storage is full.
+    /// As [`allocate`](Self::allocate).
     ///
     /// # Time Complexity
     ///
@@ -147,15 +187,21 @@ impl<N: Storage<Node>> CoalescingIndex<N> {
         if self.node(found).size > longest {
             return Ok(None);
         }
-        let units = (size + self.granule() - 1) >> self.shift;
-        Ok(Some(self.carve(found, units << self.shift, align.max(self.granule()))))
+        Ok(Some(self.carve(found, self.bytes_of(size), align.max(self.granule()))))
+    }
+
+    /// `size` rounded up to the granule; `size` passed `check_request`, so
+    /// this does not overflow.
+    #[inline(always)]
+    fn bytes_of(&self, size: u64) -> u64 {
+        ((size + self.granule() - 1) >> self.shift) << self.shift
     }
 
     /// The free range `allocate` carves `size` bytes at `align` from, with
     /// two vacant nodes ready for the carve; `None` if none fits.
     #[inline(always)]
     fn find_fit(&mut self, size: u64, align: u64) -> Result<Option<u32>> {
-        debug_assert!(size > 0 && align.is_power_of_two());
+        check_request(size, align)?;
         let units = (size + self.granule() - 1) >> self.shift;
         let align = align.max(self.granule());
         // Worst-case padding to reach the alignment.
@@ -185,9 +231,13 @@ impl<N: Storage<Node>> CoalescingIndex<N> {
     ///
     /// # Errors
     ///
-    /// [`Error::CapacityExhausted`] when the metadata storage is full, and
-    /// the errors of [`free`](Self::free) if `a` is not live with `size`:
-    /// then nothing changed.
+    /// As [`allocate`](Self::allocate) for `size` and `align`, and the
+    /// errors of [`free`](Self::free) if `a` is not live with `size`: then
+    /// nothing changed.
+    ///
+    /// # Panics
+    ///
+    /// Only if `fits` panics; `a` is free then (the index stays consistent).
     ///
     /// # Time Complexity
     ///
@@ -215,9 +265,9 @@ impl<N: Storage<Node>> CoalescingIndex<N> {
         tries: u32,
         mut fits: impl FnMut(u64, Range) -> bool,
     ) -> Result<Allocation> {
-        debug_assert!(size > 0 && align.is_power_of_two());
-        let units = (size + self.granule() - 1) >> self.shift;
-        let bytes = units << self.shift;
+        check_request(size, align)?;
+        let bytes = self.bytes_of(size);
+        let units = bytes >> self.shift;
         let align = align.max(self.granule());
         // A carve needs two nodes at most, wherever it goes.
         if self.vacant_len < 2 {
@@ -230,8 +280,10 @@ impl<N: Storage<Node>> CoalescingIndex<N> {
             let mut i = self.heads[b];
             while i != NONE && left > 0 {
                 let n = *self.node(i);
-                let start = (n.addr + align - 1) & !(align - 1);
-                if start + bytes <= n.addr + n.size {
+                let pad = pad_to(n.addr, align);
+                if pad + bytes <= n.size {
+                    let start = n.addr + pad;
+                    // At or above `start`, which is aligned and leaves room.
                     let end = (n.addr + n.size - bytes) & !(align - 1);
                     let places = 1 + (end != start) as usize;
                     let free = Range::new(n.addr, n.size).unwrap_or_default();
@@ -260,7 +312,7 @@ impl<N: Storage<Node>> CoalescingIndex<N> {
     ///
     /// # Errors
     ///
-    /// [`Error::CapacityExhausted`] when the metadata storage is full.
+    /// As [`allocate`](Self::allocate).
     ///
     /// # Examples
     ///
@@ -275,13 +327,12 @@ impl<N: Storage<Node>> CoalescingIndex<N> {
     /// # Ok::<(), memres_core::Error>(())
     /// ```
     pub fn allocate_in(&mut self, node: u32, size: u64, align: u64) -> Result<Option<Allocation>> {
-        debug_assert!(size > 0 && align.is_power_of_two());
+        check_request(size, align)?;
         let node = self.skip_header(node);
+        let bytes = self.bytes_of(size);
         let Some(n) = self.nodes.get(node as usize) else { return Ok(None) };
-        let bytes = ((size + self.granule() - 1) >> self.shift) << self.shift;
         let align = align.max(self.granule());
-        let start = (n.addr + align - 1) & !(align - 1);
-        if n.state != State::Free || start + bytes > n.addr + n.size {
+        if n.state != State::Free || pad_to(n.addr, align) + bytes > n.size {
             return Ok(None);
         }
         self.reserve_nodes(2)?;
@@ -299,9 +350,7 @@ impl<N: Storage<Node>> CoalescingIndex<N> {
         let mut seen = 0;
         while i != NONE && seen < SCAN_LIMIT {
             let n = self.node(i);
-            let start = (n.addr + align - 1) & !(align - 1);
-            let end = n.addr + n.size;
-            if start + bytes <= end && n.size < best_size {
+            if pad_to(n.addr, align) + bytes <= n.size && n.size < best_size {
                 if n.size == bytes {
                     return Some(i);
                 }
@@ -319,21 +368,25 @@ impl<N: Storage<Node>> CoalescingIndex<N> {
     #[inline]
     fn carve(&mut self, i: u32, bytes: u64, align: u64) -> Allocation {
         let addr = self.node(i).addr;
-        self.carve_at(i, (addr + align - 1) & !(align - 1), bytes)
+        self.carve_at(i, addr + pad_to(addr, align), bytes)
     }
 
     /// Takes `bytes` at `aligned` out of free node `i`, which holds them,
     /// splitting off what is left before and after as free nodes.
     #[inline]
     fn carve_at(&mut self, mut i: u32, aligned: u64, bytes: u64) -> Allocation {
+        let n = *self.node(i);
+        // Checked before anything changes: a carve outside the range would
+        // hand out addresses that are not free. The callers prove it holds.
+        let front = aligned.wrapping_sub(n.addr);
+        let holds = aligned >= n.addr && front <= n.size && bytes <= n.size - front;
+        assert!(holds && n.state == State::Free, "carve of {bytes} at {aligned} outside its free range");
         self.remove_free(i);
-        let addr = self.node(i).addr;
-        debug_assert!(addr <= aligned && aligned + bytes <= addr + self.node(i).size);
-        if aligned != addr {
+        if front != 0 {
             // The front keeps index `i` (a region's first node never moves).
-            let front = i;
-            i = self.split_after(front, aligned - addr);
-            self.insert_free(front);
+            let front_node = i;
+            i = self.split_after(front_node, front);
+            self.insert_free(front_node);
         }
         if self.node(i).size > bytes {
             let at = if plant::SPLIT_OFF_BY_ONE { bytes - self.granule() } else { bytes };
@@ -427,7 +480,8 @@ impl<N: Storage<Node>> CoalescingIndex<N> {
             return Err(Error::DoubleFree { addr });
         }
         let g_mask = self.granule() - 1;
-        if (size + g_mask) & !g_mask != n.size {
+        // A size whose rounding overflows matches no allocation.
+        if size.checked_add(g_mask).map(|s| s & !g_mask) != Some(n.size) {
             return Err(Error::SizeMismatch { addr, expected: n.size, given: size });
         }
         self.used_bytes -= n.size;

@@ -1,0 +1,144 @@
+//! Bad arguments to the index: refused with a typed error, nothing changed.
+
+use super::*;
+use crate::{Error, Range, Request};
+
+/// What a refused call must leave as it was.
+fn state(index: &CoalescingIndex) -> (u64, u64, u64, u64, usize) {
+    let s = (
+        index.free_bytes(),
+        index.used_bytes(),
+        index.used_count(),
+        index.largest_free(),
+        index.node_slots(),
+    );
+    index.check().unwrap();
+    s
+}
+
+/// The path an audit traced by hand: an alignment of 513 made `move_where`
+/// compute a place below the range, after `carve_at` had taken it out of
+/// its bin; `aligned - addr` then underflowed (a wrapped address in
+/// release, a panic mid-update with overflow checks).
+#[test]
+fn move_where_with_an_alignment_not_a_power_of_two_changes_nothing() {
+    let mut index: CoalescingIndex = CoalescingIndex::new(256);
+    index.add_range(Range::new(256, 512).unwrap()).unwrap();
+    let a = index.allocate(256, 256).unwrap().unwrap();
+    let before = state(&index);
+    let r = index.move_where(a, 256, 513, 8, |at, _| at == 0);
+    assert_eq!(r, Err(Error::InvalidAlignment { align: 513 }));
+    assert_eq!(state(&index), before);
+    // `a` is still live under its tag.
+    index.free(a.tag, a.addr, 256).unwrap();
+    assert_eq!(index.largest_free(), 512);
+    index.check().unwrap();
+}
+
+/// Every entry point that takes a size and an alignment refuses the ones
+/// no request can have: a debug assertion before, arithmetic that wraps
+/// or overflows after.
+#[test]
+fn every_sized_entry_point_refuses_bad_sizes_and_alignments() {
+    let bad = [
+        (0, 256, Error::InvalidSize { size: 0 }),
+        (Request::MAX_SIZE + 1, 256, Error::InvalidSize { size: Request::MAX_SIZE + 1 }),
+        (u64::MAX, 256, Error::InvalidSize { size: u64::MAX }),
+        (256, 0, Error::InvalidAlignment { align: 0 }),
+        (256, 3, Error::InvalidAlignment { align: 3 }),
+        (256, 513, Error::InvalidAlignment { align: 513 }),
+        (256, Request::MAX_ALIGN << 1, Error::InvalidAlignment { align: Request::MAX_ALIGN << 1 }),
+        (256, u64::MAX, Error::InvalidAlignment { align: u64::MAX }),
+    ];
+    let mut index: CoalescingIndex = CoalescingIndex::new(256);
+    let first = index.add_range(Range::new(0, 1 << 20).unwrap()).unwrap();
+    let a = index.allocate(1024, 256).unwrap().unwrap();
+    let before = state(&index);
+    for (size, align, e) in bad {
+        assert_eq!(index.allocate(size, align), Err(e), "allocate({size}, {align})");
+        assert_eq!(index.allocate_with_range(size, align), Err(e));
+        assert_eq!(index.allocate_from_at_most(size, align, u64::MAX), Err(e));
+        assert_eq!(index.allocate_in(first, size, align), Err(e));
+        assert_eq!(index.move_where(a, size, align, 8, |_, _| true), Err(e));
+        assert_eq!(state(&index), before, "after ({size}, {align})");
+    }
+    // The limits themselves are served.
+    let b = index.allocate(256, Request::MAX_ALIGN).unwrap();
+    assert_eq!(b, None, "no 2^40-aligned place in the first MiB but 0, which is used");
+    assert_eq!(index.allocate(Request::MAX_SIZE, 256), Ok(None));
+    index.free(a.tag, a.addr, 1024).unwrap();
+    // (`allocate` wants a range that holds the worst-case padding.)
+    assert_eq!(index.allocate_in(first, 256, Request::MAX_ALIGN).unwrap().map(|b| b.addr), Some(0));
+    index.check().unwrap();
+}
+
+/// A free whose size rounds past `u64::MAX` is a size mismatch (it
+/// overflowed), and the block can still be freed with its size.
+#[test]
+fn a_free_with_a_size_whose_rounding_overflows_is_a_mismatch() {
+    let mut index: CoalescingIndex = CoalescingIndex::new(256);
+    let first = index.add_range(Range::new(0, 4096).unwrap()).unwrap();
+    let a = index.allocate(1000, 256).unwrap().unwrap();
+    let before = state(&index);
+    for size in [u64::MAX, u64::MAX - 254, u64::MAX - 255 + 1] {
+        let e = Err(Error::SizeMismatch { addr: 0, expected: 1024, given: size });
+        assert_eq!(index.free(a.tag, a.addr, size), e);
+        assert_eq!(index.free_by_address(first, a.addr, size, false), e);
+        assert_eq!(state(&index), before);
+    }
+    index.free(a.tag, a.addr, 1000).unwrap();
+    assert_eq!((index.used_bytes(), index.free_bytes()), (0, 4096));
+}
+
+/// A region at the top of the address space with alignments larger than
+/// its distance to 2^64: `addr + align - 1` overflowed in the fit.
+#[test]
+fn a_region_at_the_top_of_the_address_space_fits_without_overflow() {
+    let mut index: CoalescingIndex = CoalescingIndex::new(256);
+    let start = 0u64.wrapping_sub(1 << 20);
+    let first = index.add_range(Range::new(start, 1 << 16).unwrap()).unwrap();
+    let huge = Request::MAX_ALIGN;
+    assert_eq!(index.allocate(256, huge), Ok(None));
+    assert_eq!(index.allocate_in(first, 256, huge), Ok(None));
+    let a = index.allocate(256, 256).unwrap().unwrap();
+    assert_eq!(a.addr, start);
+    // Nowhere else fits at `huge`: it stays.
+    let a = index.move_where(a, 256, huge, 8, |_, _| true).unwrap();
+    assert_eq!(a.addr, start);
+    let b = index.allocate(4096, 1 << 12).unwrap().unwrap();
+    assert_eq!(b.addr, start + 4096);
+    index.check().unwrap();
+    index.free(a.tag, a.addr, 256).unwrap();
+    index.free(b.tag, b.addr, 4096).unwrap();
+    assert!(index.is_region_free(first));
+    index.check().unwrap();
+}
+
+/// The one call that runs caller code mid-update: a `fits` that panics
+/// leaves `a` freed and the index consistent and usable.
+#[test]
+fn a_panic_in_move_where_leaves_the_index_consistent() {
+    let mut index: CoalescingIndex = CoalescingIndex::new(256);
+    index.add_range(Range::new(0, 8192).unwrap()).unwrap();
+    let keep = index.allocate(1024, 256).unwrap().unwrap();
+    let a = index.allocate(1024, 256).unwrap().unwrap();
+    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        index.move_where(a, 1024, 256, 8, |_, _| panic!("fits panics"))
+    }));
+    assert!(r.is_err());
+    index.check().unwrap();
+    assert_eq!((index.used_count(), index.used_bytes()), (1, 1024));
+    assert_eq!(index.free(a.tag, a.addr, 1024), Err(Error::DoubleFree { addr: a.addr }));
+    // Usable: fill it, empty it.
+    let mut held = std::vec::Vec::new();
+    while let Some(b) = index.allocate(256, 256).unwrap() {
+        held.push(b);
+    }
+    assert_eq!(held.len(), 28);
+    for b in held {
+        index.free(b.tag, b.addr, 256).unwrap();
+    }
+    index.free(keep.tag, keep.addr, 1024).unwrap();
+    assert_eq!(index.largest_free(), 8192);
+    index.check().unwrap();
+}
