@@ -539,7 +539,11 @@ where
                         }
                     }
                 }
-                let footprint = block.size().next_multiple_of(256);
+                let Some(footprint) = block.size().checked_next_multiple_of(256) else {
+                    // No block rounds past u64::MAX: the upstream, which
+                    // knows the block's size, names the error.
+                    return self.upstream.deallocate(block, stream);
+                };
                 self.large.sub(footprint);
                 self.upstream.deallocate(block, stream).inspect_err(|_| self.large.add(footprint))
             }

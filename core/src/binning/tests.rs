@@ -419,6 +419,27 @@ fn debug_lists_bins() {
     assert!(s.contains("256: Shared") && s.contains("1024: MemoryResource"), "{s}");
 }
 
+/// A block larger than every bin freed with a size whose rounding overflows
+/// (`next_multiple_of` panicked): the upstream, which knows the block,
+/// refuses it, and the bytes stay counted.
+#[test]
+fn a_large_free_with_a_size_whose_rounding_overflows_is_refused() {
+    let up = BumpUpstream::new(1 << 30);
+    let pool = Shared::new(CoalescingPool::new(&up));
+    let bins = BinningResource::<_>::with_exponents(&pool, 9, 9).unwrap();
+    let large = bins.allocate(Request::new(1 << 20).unwrap(), &()).unwrap();
+    let (held, used) = (up.usage().held, bins.usage().used);
+    for tag in [large.tag(), Block::NO_TAG] {
+        let wrong = Block::new(large.addr(), u64::MAX, tag);
+        assert!(matches!(bins.deallocate(wrong, &()), Err(Error::SizeMismatch { given: u64::MAX, .. })));
+        assert_eq!((up.usage().held, bins.usage().used), (held, used));
+        bins.check().unwrap();
+    }
+    bins.deallocate(large, &()).unwrap();
+    assert_eq!(bins.usage().used, 0);
+    bins.check().unwrap();
+}
+
 /// A free known only by its address, at the start of a bin's chunk, with a
 /// size too large for every bin: the upstream must not get it (it would
 /// free the bin's whole chunk).

@@ -879,7 +879,8 @@ impl<S: Stream + ?Sized, R: MemoryResource<S>> MemoryResource<S> for Planned<R> 
         };
         let Ok(found) = found else { return Err(Error::UnknownBlock { addr }) };
         let (Found::Step { asked, size, .. } | Found::Carried { asked, size, .. }) = found;
-        if block.size().div_ceil(UNIT) * UNIT != size {
+        // A size whose rounding overflows matches no block.
+        if block.size().checked_next_multiple_of(UNIT) != Some(size) {
             return Err(Error::SizeMismatch { addr, expected: asked, given: block.size() });
         }
         if stream.id() != plan_stream {

@@ -352,6 +352,12 @@ fn bad_frees_are_refused_and_change_nothing() {
         p.deallocate(wrong, &()),
         Err(Error::SizeMismatch { addr: a.addr(), expected: MIB, given: 512 })
     );
+    // A size whose rounding overflows (`div_ceil(UNIT) * UNIT` panicked).
+    let wrong = Block::new(a.addr(), u64::MAX, a.tag());
+    assert_eq!(
+        p.deallocate(wrong, &()),
+        Err(Error::SizeMismatch { addr: a.addr(), expected: MIB, given: u64::MAX })
+    );
     assert_eq!(p.usage().used, used);
     p.check().unwrap();
     p.deallocate(a, &()).unwrap();
