@@ -261,6 +261,9 @@ fn bad_frees_are_typed_errors_that_change_nothing() {
             (stale, "double"),
             (Block::new(x.addr(), 5000, x.tag()), "size"),
             (Block::new(y.addr(), 5000, y.tag()), "size"),
+            // Sizes whose rounding overflows.
+            (Block::new(x.addr(), u64::MAX, x.tag()), "size"),
+            (Block::from_addr(y.addr(), u64::MAX), "size"),
         ] {
             let e = r.pools.deallocate(bad, s).unwrap_err();
             let ok = match want {

@@ -136,6 +136,22 @@ fn bad_frees_are_errors_and_change_nothing() {
     assert!(matches!(p.deallocate(wrong, &()), Err(Error::SizeMismatch { expected: 1024, given: 5000, .. })));
     let wrong = Block::from_addr(a.addr(), 5000);
     assert!(matches!(p.deallocate(wrong, &()), Err(Error::SizeMismatch { .. })));
+    // A size whose rounding overflows (it panicked in the index's free), by
+    // tag and by address, of a small block and of a large one.
+    let big = p.allocate(Request::new(64 << 20).unwrap(), &()).unwrap();
+    let with_big = p.usage().used;
+    for x in [a, big] {
+        for tag in [x.tag(), Block::NO_TAG] {
+            let wrong = Block::new(x.addr(), u64::MAX, tag);
+            assert!(
+                matches!(p.deallocate(wrong, &()), Err(Error::SizeMismatch { given: u64::MAX, .. })),
+                "{wrong:?}"
+            );
+        }
+    }
+    assert_eq!(p.usage().used, with_big);
+    p.check().unwrap();
+    p.deallocate(big, &()).unwrap();
     assert_eq!(p.usage().used, used);
     p.check().unwrap();
     // Double free, with the tag and by address, also after the memory was reused.

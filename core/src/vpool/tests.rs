@@ -472,6 +472,12 @@ pub(super) fn bad_frees_are_errors_and_change_nothing() {
         p.deallocate(Block::new(a.addr(), 100_000, a.tag()), &()),
         Err(Error::SizeMismatch { .. })
     ));
+    // A size whose rounding overflows (it panicked in the index's free).
+    for tag in [a.tag(), Block::NO_TAG] {
+        let wrong = Block::new(a.addr(), u64::MAX, tag);
+        assert!(matches!(p.deallocate(wrong, &()), Err(Error::SizeMismatch { given: u64::MAX, .. })));
+        assert!(matches!(p.deallocate_keeping(wrong), Err(Error::SizeMismatch { given: u64::MAX, .. })));
+    }
     assert_eq!(figures(&p), before);
     p.deallocate(a, &()).unwrap();
     assert_eq!(p.deallocate(a, &()), Err(Error::DoubleFree { addr: a.addr() }));
