@@ -64,10 +64,8 @@ impl<N: Storage<Node>> CoalescingIndex<N> {
         let Node { prev_free, next_free, size, bin, .. } = *self.node(i);
         let bin = bin as usize;
         // Which word points at `i`: its predecessor's link or the bin's head.
-        let to_i = match self.nodes.get_mut(prev_free as usize) {
-            Some(prev) => &mut prev.next_free,
-            None => &mut self.heads[bin],
-        };
+        let to_i =
+            if prev_free != NONE { &mut self.node_mut(prev_free).next_free } else { &mut self.heads[bin] };
         *to_i = next_free;
         *self.link_of(next_free, |n| &mut n.prev_free) = prev_free;
         // Clear the bin's bits if it became empty, without a branch.

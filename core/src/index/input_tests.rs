@@ -142,3 +142,17 @@ fn a_panic_in_move_where_leaves_the_index_consistent() {
     assert_eq!(index.largest_free(), 8192);
     index.check().unwrap();
 }
+
+#[test]
+fn a_list_cut_short_panics_at_its_end_and_reads_nothing_past_it() {
+    // As a panic caught mid-update could leave it: the vacant list counts
+    // slots but ends at once. Taking one panics reading `NONE`, never
+    // reading past the storage (Miri checks), and changes nothing.
+    let mut index = CoalescingIndex::<DefaultStorage<Node>>::new(256);
+    index.reserve(4).unwrap();
+    index.vacant = NONE;
+    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| index.take_vacant()));
+    let message = *r.unwrap_err().downcast::<&str>().unwrap();
+    assert!(message.contains("a list ends early"), "{message}");
+    assert_eq!((index.vacant, index.vacant_len), (NONE, 4));
+}

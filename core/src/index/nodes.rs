@@ -48,34 +48,50 @@ pub struct Node {
 }
 
 impl<N: Storage<Node>> CoalescingIndex<N> {
-    /// Node `i`, bounds-checked: a link is an existing slot or `NONE` only
-    /// while the lists are whole, and a panic of a caller's closure or a
-    /// caught panic could leave them half-updated. Out of range (`NONE`
-    /// included) panics before anything changes; it never reads past the
-    /// storage.
+    /// Node `i`. Reading `NONE` panics before anything changes: it is what
+    /// a list cut short by a panic caught mid-update would lead to.
     #[inline]
     pub(super) fn node(&self, i: u32) -> &Node {
-        &self.nodes[i as usize]
+        if i == NONE {
+            read_of_none();
+        }
+        // SAFETY: `i` is in range, from what the index ever stores, whole
+        // lists or not. Every `i` that reaches here is a list head, a link
+        // read from a node, the vacant-list head, or a slot index that the
+        // public entry points checked against `nodes.len()` (`resolve`,
+        // `allocate_in`, `remove_range`, `is_region_free`, the region walks).
+        // The index stores in those words only `NONE` or the index of a slot
+        // that exists (`reserve_nodes` pushes before it links, and stops
+        // below `NONE`), and slots are never removed: the index only calls
+        // `try_push`, and the `unsafe trait Storage` promises that the length
+        // changes only there (by one, on `Ok`) and that the elements keep
+        // what was written. So a stored index other than `NONE` is in range
+        // for the index's life, however an update was cut short; `NONE` was
+        // refused above.
+        unsafe { self.nodes.get_unchecked(i as usize) }
     }
 
     /// As [`node`](Self::node), to write.
     #[inline]
     pub(super) fn node_mut(&mut self, i: u32) -> &mut Node {
-        &mut self.nodes[i as usize]
+        if i == NONE {
+            read_of_none();
+        }
+        // SAFETY: as in `node`: `i` is a stored index or a checked one, and
+        // not `NONE`.
+        unsafe { self.nodes.get_unchecked_mut(i as usize) }
     }
 
     /// The link `field` picks out of node `i`, or a scratch word when `i` is
     /// `NONE`: list and neighbour updates then store without a branch that
-    /// random sizes would mispredict. `NONE` is never a slot (`reserve_nodes`
-    /// stops below it), so the one bounds check tells the two apart.
+    /// random sizes would mispredict.
     #[inline(always)]
     pub(super) fn link_of(&mut self, i: u32, field: fn(&mut Node) -> &mut u32) -> &mut u32 {
-        match self.nodes.get_mut(i as usize) {
-            Some(node) => field(node),
-            None => {
-                debug_assert!(i == NONE, "node {i} out of range");
-                &mut self.scratch
-            }
+        if i != NONE {
+            // SAFETY: as in `node`: a stored index, not `NONE`.
+            field(unsafe { self.nodes.get_unchecked_mut(i as usize) })
+        } else {
+            &mut self.scratch
         }
     }
 
@@ -132,7 +148,7 @@ impl<N: Storage<Node>> CoalescingIndex<N> {
     }
 
     /// Takes a vacant slot; `reserve_nodes` must have made sure there is one.
-    /// Without one, the checked read of `NONE` panics before anything changes.
+    /// Without one, the read of `NONE` panics before anything changes.
     #[inline]
     pub(super) fn take_vacant(&mut self) -> u32 {
         let i = self.vacant;
@@ -214,4 +230,12 @@ impl<N: Storage<Node>> CoalescingIndex<N> {
     pub(crate) fn set_generation(&mut self, i: u32, gen: u32) {
         self.node_mut(i).gen = gen;
     }
+}
+
+/// A list walked to its end and one step further: only a list cut short by
+/// a panic caught mid-update (a caller's closure) leads here.
+#[cold]
+#[inline(never)]
+fn read_of_none() -> ! {
+    panic!("CoalescingIndex: a list ends early (the index was left mid-update by a panic)")
 }
