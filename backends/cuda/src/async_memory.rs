@@ -379,7 +379,8 @@ impl<S: AsRawStream + ?Sized> MemoryResource<S> for CudaAsyncMemory {
                 &self.live,
                 request,
                 // SAFETY: a context is current; the pool is valid while `self`
-                // lives and the stream while borrowed; the out parameter is a live local.
+                // lives and the stream while borrowed (`AsRawStream`'s contract); the out
+                // parameter is a live local.
                 |bytes, base| unsafe { sys::cuMemAllocFromPoolAsync(base, bytes, self.pool, raw) },
                 // SAFETY: `base` was just allocated on `raw` and is handed out to no one.
                 |base| unsafe { sys::cuMemFreeAsync(base, raw) },
@@ -400,7 +401,7 @@ impl<S: AsRawStream + ?Sized> MemoryResource<S> for CudaAsyncMemory {
             .unwrap_or(&self.context)
             // SAFETY: `base` is a live allocation of this pool (just taken out
             // of the table, so no one frees it twice); the stream is valid
-            // while borrowed.
+            // while borrowed (`AsRawStream`'s contract).
             .scope(|| check_free(unsafe { sys::cuMemFreeAsync(base, raw) }, block.addr()));
         if freed.is_err() {
             self.live.restore(base, block.size());

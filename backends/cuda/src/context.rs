@@ -320,6 +320,32 @@ impl Context {
         Ok(MemoryInfo { free: free as u64, total: total as u64 })
     }
 
+    /// A retain of the calling thread's current context, which must be its
+    /// device's primary context: what an event recorded on a default stream
+    /// of no known context keeps alive.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidConfig`] when no context is current or it is not a
+    /// primary one (this crate can keep only primary contexts alive); the
+    /// driver's error as [`Error::Backend`].
+    pub(crate) fn current_primary() -> Result<Context> {
+        init()?;
+        let mut now = ptr::null_mut();
+        // SAFETY: the driver is initialized; the out parameter points at a live local.
+        check(unsafe { sys::cuCtxGetCurrent(&mut now) })?;
+        if now.is_null() {
+            return Err(Error::InvalidConfig { what: "no CUDA context is current for the default stream" });
+        }
+        let context = Context::retain(Device::current()?)?;
+        if context.raw() != now {
+            return Err(Error::InvalidConfig {
+                what: "the default stream of a context that is not primary: name the stream with its context",
+            });
+        }
+        Ok(context)
+    }
+
     /// Runs `f` with this context current, then makes the caller's current
     /// again.
     pub(crate) fn scope<T>(&self, f: impl FnOnce() -> Result<T>) -> Result<T> {

@@ -139,7 +139,8 @@ impl CudaCopy {
                 return work(raw);
             }
             let queued = work(raw);
-            // SAFETY: `raw` is valid while `stream` is borrowed, in the
+            // SAFETY: `raw` is valid while `stream` is borrowed (`AsRawStream`'s
+            // contract), in the
             // context made current above. The work must be done before the
             // lock lets a free of its host-visible memory through; if the
             // stream fails here, the context has failed and runs no more work.

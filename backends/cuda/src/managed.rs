@@ -229,7 +229,8 @@ pub fn prefetch<S: AsRawStream + ?Sized>(
         let location = sys::CuMemLocation { type_: sys::CU_MEM_LOCATION_TYPE_DEVICE, id: device.raw() };
         // SAFETY: a prefetch migrates pages and never changes their
         // contents; the driver checks that the range lies in managed memory
-        // (else an error code); the stream is valid while borrowed; flags
+        // (else an error code); the stream is valid while borrowed
+        // (`AsRawStream`'s contract); flags
         // must be 0.
         let code =
             unsafe { sys::cuMemPrefetchAsync_v2(addr, size as usize, location, 0, stream.as_raw_stream()) };

@@ -11,9 +11,18 @@ use std::sync::{Arc, Mutex};
 
 /// A stream that names a raw `CUstream`: what the stream-ordered CUDA
 /// resources ([`CudaAsyncMemory`](crate::CudaAsyncMemory),
-/// [`Prefetch`](crate::Prefetch)) need of the stream they are given.
+/// [`Prefetch`](crate::Prefetch)) and the copy engine need of the stream
+/// they are given. The handle goes to the driver, so the trait is `unsafe`:
+/// a made-up handle would be undefined behaviour in the driver.
 ///
 /// `()` is the legacy default stream of the current context.
+///
+/// # Safety
+///
+/// [`as_raw_stream`](Self::as_raw_stream) returns null, `CU_STREAM_LEGACY`,
+/// `CU_STREAM_PER_THREAD`, or a stream handle that stays valid for as long
+/// as `self` is borrowed; [`context`](Self::context) returns `None` or the
+/// context that stream belongs to.
 ///
 /// # Examples
 ///
@@ -21,7 +30,25 @@ use std::sync::{Arc, Mutex};
 /// use memres_cuda::AsRawStream;
 /// assert!(().as_raw_stream().is_null());
 /// ```
-pub trait AsRawStream: Stream {
+///
+/// A stream of the user's names a handle only with `unsafe`:
+///
+/// ```compile_fail,E0200
+/// # use memres_core::{Result, Stream};
+/// struct Mine(usize);
+/// impl Stream for Mine {
+///     type Event = ();
+///     fn id(&self) -> u64 { self.0 as u64 }
+///     fn record(&self) -> Result<()> { Ok(()) }
+///     fn wait(&self, _: &()) -> Result<()> { Ok(()) }
+///     fn query(&self, _: &()) -> Result<bool> { Ok(true) }
+///     fn synchronize(&self) -> Result<()> { Ok(()) }
+/// }
+/// impl memres_cuda::AsRawStream for Mine {
+///     fn as_raw_stream(&self) -> memres_cuda::sys::CUstream { self.0 as _ }
+/// }
+/// ```
+pub unsafe trait AsRawStream: Stream {
     /// The driver's handle of the stream.
     fn as_raw_stream(&self) -> sys::CUstream;
 
@@ -32,13 +59,16 @@ pub trait AsRawStream: Stream {
     }
 }
 
-impl AsRawStream for () {
+// SAFETY: null, the legacy default stream, is always a valid handle.
+unsafe impl AsRawStream for () {
     fn as_raw_stream(&self) -> sys::CUstream {
         ptr::null_mut()
     }
 }
 
-impl<S: AsRawStream + ?Sized> AsRawStream for &S {
+// SAFETY: forwards `S`'s answers, which hold while `*self` is borrowed, so
+// while `self` is.
+unsafe impl<S: AsRawStream + ?Sized> AsRawStream for &S {
     fn as_raw_stream(&self) -> sys::CUstream {
         (**self).as_raw_stream()
     }
@@ -274,10 +304,18 @@ impl Stream for CudaStream {
         true
     }
 
+    /// A default stream of no known context records in the current context,
+    /// which must be a primary one: the event keeps it alive.
     fn record(&self) -> Result<CudaEvent> {
         self.scope(|| {
             let event = match self.events.as_ref().and_then(|c| c.take()) {
                 Some(event) => event,
+                None if self.events.is_none() && self.is_default() => {
+                    let context = Context::current_primary()?;
+                    let mut event = CudaEvent::new(None)?;
+                    event.context = Some(context);
+                    event
+                }
                 None => CudaEvent::new(self.events.clone())?,
             };
             // SAFETY: both handles are valid: the event belongs to the current
@@ -311,7 +349,12 @@ impl Stream for CudaStream {
     }
 }
 
-impl AsRawStream for CudaStream {
+// SAFETY: `raw` is null, `CU_STREAM_LEGACY`, `CU_STREAM_PER_THREAD`, a
+// stream this value owns and destroys only on drop, or one named by
+// `from_raw`, whose caller promised it valid while the value lives;
+// `context` is the stream's (`in_context`, `legacy_in`, or `from_raw`'s
+// promise).
+unsafe impl AsRawStream for CudaStream {
     fn as_raw_stream(&self) -> sys::CUstream {
         self.raw
     }
@@ -355,8 +398,14 @@ impl DeviceStream for CudaStream {
 pub struct CudaEvent {
     /// Valid until `Drop` destroys it or hands it to `home`.
     raw: sys::CUevent,
-    /// The idle events of the context `raw` belongs to, if it has them.
+    /// The idle events of the context `raw` belongs to, if it has them
+    /// (they keep the context alive).
     home: Option<Arc<EventCache>>,
+    /// The context `raw` belongs to, kept alive, when no `home` does: an
+    /// event of a default stream of no known context. Otherwise `None`, and
+    /// the context is the stream's, which `from_raw`'s caller promised
+    /// alive for as long as the events recorded on it.
+    context: Option<Context>,
 }
 
 // SAFETY: event handles may be used from any thread; the handle is
@@ -373,7 +422,7 @@ impl CudaEvent {
         // SAFETY: the out parameter points at a live local; the driver
         // reports a missing context as an error.
         check(unsafe { sys::cuEventCreate(&mut raw, sys::CU_EVENT_DISABLE_TIMING) })?;
-        Ok(CudaEvent { raw, home })
+        Ok(CudaEvent { raw, home, context: None })
     }
 
     /// The driver's handle, valid while `self` lives.
@@ -445,7 +494,7 @@ impl EventCache {
     /// An idle event, now owned by the caller.
     fn take(self: &Arc<Self>) -> Option<CudaEvent> {
         let raw = self.idle.lock().unwrap_or_else(|p| p.into_inner()).pop()?;
-        Some(CudaEvent { raw, home: Some(self.clone()) })
+        Some(CudaEvent { raw, home: Some(self.clone()), context: None })
     }
 
     /// Keeps `raw` for reuse; `false` if the cache is full (the caller

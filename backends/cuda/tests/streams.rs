@@ -54,6 +54,22 @@ fn an_event_of_an_idle_stream_is_complete_after_synchronize() {
 }
 
 #[test]
+fn an_event_of_the_default_stream_keeps_its_context_alive() {
+    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let Some(device) = gpu("an_event_of_the_default_stream_keeps_its_context_alive") else { return };
+    // The legacy stream names no context: it records in the current one,
+    // here bound by a retain that goes at once. Without the event's own
+    // retain the primary context would be reset under it.
+    let context = device.primary_context().unwrap();
+    context.bind().unwrap();
+    let e = CudaStream::legacy().record().unwrap();
+    drop(context);
+    e.synchronize().unwrap();
+    assert!(e.query().unwrap());
+    drop(e);
+}
+
+#[test]
 fn memory_freed_on_one_stream_is_safe_on_another_after_wait() {
     let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
     let Some(device) = gpu("memory_freed_on_one_stream_is_safe_on_another_after_wait") else { return };
