@@ -119,14 +119,23 @@ impl Buffer {
     }
 
     /// Copies `src`'s bytes to the start of this buffer, ordered after the
-    /// work of both streams.
+    /// work of both streams. The two locks are taken in one order for
+    /// every pair (by address), so that copies each way between two
+    /// buffers from two threads cannot each hold one lock and wait for
+    /// the other.
     fn copy_from_device(&self, py: Python<'_>, src: PyRef<'_, Buffer>) -> PyResult<()> {
         if std::ptr::eq(self, &*src) {
             return Ok(());
         }
         let src: &Buffer = &src;
         py.detach(|| {
-            let (dst, src) = (self.lock(), src.lock());
+            let (dst, src) = if std::ptr::from_ref(self) < std::ptr::from_ref(src) {
+                let dst = self.lock();
+                (dst, src.lock())
+            } else {
+                let src = src.lock();
+                (self.lock(), src)
+            };
             if src.len() > dst.len() {
                 return Err(PyValueError::new_err(format!(
                     "memres: copy_from_device: {} bytes into a buffer of {}",
