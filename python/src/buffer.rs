@@ -3,6 +3,7 @@
 //! (collected), it frees its block on its stream.
 
 use crate::backend::{self, Engine, Stream};
+use crate::detached::DropDetached;
 use crate::errors::to_py;
 use crate::resource::Resource;
 use memres_containers::ContainerError;
@@ -24,10 +25,13 @@ fn container_error(e: ContainerError, what: &str) -> PyErr {
     }
 }
 
-/// The buffer; the lock only makes it shareable between threads.
+/// The buffer; the lock only makes it shareable between threads. A call
+/// that takes the lock releases the GIL first: the lock's holder may be in
+/// a Python callback (a resize through a failure callback), which needs
+/// the GIL. Collected, it frees its block with the GIL released.
 #[pyclass(module = "memres", name = "NativeBuffer", frozen)]
 pub(crate) struct Buffer {
-    inner: Mutex<Inner>,
+    inner: DropDetached<Mutex<Inner>>,
 }
 
 impl Buffer {
@@ -84,26 +88,28 @@ impl Buffer {
                 None => Inner::new_in(size, s, resource, engine),
             })
             .map_err(|e| container_error(e, "DeviceBuffer"))?;
-        Ok(Buffer { inner: Mutex::new(inner) })
+        Ok(Buffer { inner: DropDetached::new(Mutex::new(inner)) })
     }
 
     #[getter]
-    fn ptr(&self) -> u64 {
-        let b = self.lock();
-        if b.is_empty() {
-            0
-        } else {
-            b.addr()
-        }
+    fn ptr(&self, py: Python<'_>) -> u64 {
+        py.detach(|| {
+            let b = self.lock();
+            if b.is_empty() {
+                0
+            } else {
+                b.addr()
+            }
+        })
     }
 
     #[getter]
-    fn size(&self) -> u64 {
-        self.lock().len()
+    fn size(&self, py: Python<'_>) -> u64 {
+        py.detach(|| self.lock().len())
     }
 
-    fn capacity(&self) -> u64 {
-        self.lock().capacity()
+    fn capacity(&self, py: Python<'_>) -> u64 {
+        py.detach(|| self.lock().capacity())
     }
 
     /// The bytes, copied to the host (waits for the stream).

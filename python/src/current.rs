@@ -27,8 +27,12 @@ fn live(device: usize) -> Option<&'static Live> {
 /// Makes `mr` the current resource of `device` for the C functions (and
 /// Rust code).
 #[pyfunction]
-pub(crate) fn set_per_device_resource(device: u32, mr: PyRef<'_, Resource>) {
-    memres_core::device::set_per_device_resource::<Stream>(device, mr.blocks.clone());
+pub(crate) fn set_per_device_resource(py: Python<'_>, device: u32, mr: PyRef<'_, Resource>) {
+    let resource = mr.blocks.clone();
+    // With the GIL released: the registry's lock may be held by a thread
+    // that builds a device's default resource, and the resource replaced
+    // is dropped here.
+    py.detach(|| memres_core::device::set_per_device_resource::<Stream>(device, resource));
 }
 
 /// Registers [`default_resource`] as the default of devices nobody set a
@@ -54,8 +58,8 @@ fn default_resource(device: u32) -> memres_core::Result<DynResource<Stream>> {
 
 /// Blocks handed out by `memres_py_alloc` on `device` and not yet freed.
 #[pyfunction]
-pub(crate) fn c_live_count(device: usize) -> usize {
-    live(device).map_or(0, |l| l.lock().unwrap_or_else(|p| p.into_inner()).len())
+pub(crate) fn c_live_count(py: Python<'_>, device: usize) -> usize {
+    py.detach(|| live(device).map_or(0, |l| l.lock().unwrap_or_else(|p| p.into_inner()).len()))
 }
 
 /// Bytes held from `device` by every leaf this module built, and reserved

@@ -16,6 +16,7 @@ mod backend;
 mod buffer;
 mod callback;
 pub mod current;
+mod detached;
 mod errors;
 mod resource;
 mod snapshot;

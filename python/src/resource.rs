@@ -8,6 +8,7 @@
 
 use crate::backend::{self, Stream};
 use crate::callback::{register_callbacks, Callbacks};
+use crate::detached::DropDetached;
 use crate::errors::{stack_to_py, to_py};
 use memres_core::adaptor::{Logging, Statistics, Tracking};
 use memres_core::planned::{Planned, Steps};
@@ -22,9 +23,27 @@ use std::sync::{Arc, Mutex};
 
 type Dyn = DynResource<Stream>;
 
-/// A built stack: the resource, its typed handles and its live blocks.
+/// A built stack: the resource, its typed handles and its live blocks
+/// ([`Parts`], which it dereferences to), dropped with the GIL released.
+///
+/// A call that takes a lock of the stack (a pool's, an adaptor's) releases
+/// the GIL first: the lock's holder may be in a Python callback (a pool
+/// over a `CallbackMemoryResource` holds its lock while the callback
+/// runs), which needs the GIL.
 #[pyclass(module = "memres", name = "NativeResource", frozen)]
 pub(crate) struct Resource {
+    parts: DropDetached<Parts>,
+    /// Whether every block is memory the backend's copy engine may touch.
+    #[pyo3(get)]
+    pub(crate) has_bytes: bool,
+    #[pyo3(get)]
+    pub(crate) device: u32,
+    #[pyo3(get)]
+    pub(crate) stack: String,
+}
+
+/// What a [`Resource`] holds of its stack.
+pub(crate) struct Parts {
     /// The stack, as an upstream of other stacks sees it.
     pub(crate) inner: Dyn,
     /// The stack as the program sees it (`allocate`, buffers, the current
@@ -42,13 +61,14 @@ pub(crate) struct Resource {
     /// Blocks handed out through `allocate`, by address: a free by pointer
     /// carries the block's tag.
     live: Mutex<HashMap<u64, Block>>,
-    /// Whether every block is memory the backend's copy engine may touch.
-    #[pyo3(get)]
-    pub(crate) has_bytes: bool,
-    #[pyo3(get)]
-    pub(crate) device: u32,
-    #[pyo3(get)]
-    pub(crate) stack: String,
+}
+
+impl std::ops::Deref for Resource {
+    type Target = Parts;
+
+    fn deref(&self) -> &Parts {
+        &self.parts
+    }
 }
 
 /// Whether every leaf under `call` is memory with bytes behind it: a leaf
@@ -161,15 +181,17 @@ impl Resource {
             Arc::new(KeepStreams { inner: built.resource.clone(), streams: Mutex::new(HashMap::new()) });
         let inner: Dyn = streams.clone();
         Ok(Resource {
-            stats: built.get("stats"),
-            track: built.get("track"),
-            logs: built.all("log"),
-            pools: built.all("pool"),
-            planned: built.all("planned"),
-            blocks: crate::snapshot::program_side(inner.clone(), map),
-            inner,
-            streams,
-            live: Mutex::new(HashMap::new()),
+            parts: DropDetached::new(Parts {
+                stats: built.get("stats"),
+                track: built.get("track"),
+                logs: built.all("log"),
+                pools: built.all("pool"),
+                planned: built.all("planned"),
+                blocks: crate::snapshot::program_side(inner.clone(), map),
+                inner,
+                streams,
+                live: Mutex::new(HashMap::new()),
+            }),
             has_bytes: bytes_of(&call, &upstreams, &builder),
             device,
             stack: text.to_string(),
@@ -229,44 +251,46 @@ impl Resource {
     /// `((bytes now, peak, total), (count now, peak, total))` of the
     /// outermost `stats` adaptor, `None` without one.
     #[allow(clippy::type_complexity)]
-    fn statistics(&self) -> Option<((i64, i64, i64), (i64, i64, i64))> {
-        self.stats.as_ref().map(|s| {
-            let (b, c) = (s.get_bytes_counter(), s.get_allocations_counter());
-            ((b.value, b.peak, b.total), (c.value, c.peak, c.total))
+    fn statistics(&self, py: Python<'_>) -> Option<((i64, i64, i64), (i64, i64, i64))> {
+        py.detach(|| {
+            self.stats.as_ref().map(|s| {
+                let (b, c) = (s.get_bytes_counter(), s.get_allocations_counter());
+                ((b.value, b.peak, b.total), (c.value, c.peak, c.total))
+            })
         })
     }
 
     /// Starts a new level of the `stats` adaptor's counters (RMM's
     /// `push_counters`); returns the figures of the level left.
     #[allow(clippy::type_complexity)]
-    fn push_statistics(&self) -> PyResult<((i64, i64, i64), (i64, i64, i64))> {
+    fn push_statistics(&self, py: Python<'_>) -> PyResult<((i64, i64, i64), (i64, i64, i64))> {
         let s = self.stats.as_ref().ok_or_else(no_stats)?;
-        let (b, c) = s.push_counters();
+        let (b, c) = py.detach(|| s.push_counters());
         Ok(((b.value, b.peak, b.total), (c.value, c.peak, c.total)))
     }
 
     /// Ends the innermost level; returns its figures.
     #[allow(clippy::type_complexity)]
-    fn pop_statistics(&self) -> PyResult<((i64, i64, i64), (i64, i64, i64))> {
+    fn pop_statistics(&self, py: Python<'_>) -> PyResult<((i64, i64, i64), (i64, i64, i64))> {
         let s = self.stats.as_ref().ok_or_else(no_stats)?;
-        let (b, c) = s.pop_counters().map_err(|e| to_py(e, "pop_statistics"))?;
+        let (b, c) = py.detach(|| s.pop_counters()).map_err(|e| to_py(e, "pop_statistics"))?;
         Ok(((b.value, b.peak, b.total), (c.value, c.peak, c.total)))
     }
 
     /// `(count, bytes)` outstanding per the outermost `track` adaptor.
-    fn outstanding(&self) -> Option<(usize, u64)> {
-        self.track.as_ref().map(|t| {
-            let live = t.get_outstanding_allocations();
-            (live.count(), live.bytes())
+    fn outstanding(&self, py: Python<'_>) -> Option<(usize, u64)> {
+        py.detach(|| {
+            self.track.as_ref().map(|t| {
+                let live = t.get_outstanding_allocations();
+                (live.count(), live.bytes())
+            })
         })
     }
 
     /// Writes out the buffers of the stack's `log` adaptors.
-    fn flush(&self) -> PyResult<()> {
-        for log in &self.logs {
-            log.flush().map_err(|e| crate::errors::backend_error(format!("flushing a log: {e}")))?;
-        }
-        Ok(())
+    fn flush(&self, py: Python<'_>) -> PyResult<()> {
+        py.detach(|| self.logs.iter().try_for_each(|log| log.flush()))
+            .map_err(|e| crate::errors::backend_error(format!("flushing a log: {e}")))
     }
 
     /// Ends the step in progress of the stack's `planned` layers and
@@ -281,8 +305,8 @@ impl Resource {
     /// What the stack's `planned` layers have done, summed over them:
     /// `(steps, followed, plans, planned_allocations, region,
     /// carry_region)`, the fields of `memres_core::planned::Steps`.
-    fn steps(&self) -> (u64, u64, u64, u64, u64, u64) {
-        let s: Steps = self.planned.iter().map(|p| p.steps()).sum();
+    fn steps(&self, py: Python<'_>) -> (u64, u64, u64, u64, u64, u64) {
+        let s: Steps = py.detach(|| self.planned.iter().map(|p| p.steps()).sum());
         (s.steps, s.followed, s.plans, s.planned_allocations, s.region, s.carry_region)
     }
 
@@ -296,8 +320,8 @@ impl Resource {
     }
 
     /// Bytes the stack's pools hold from their upstreams.
-    fn pool_size(&self) -> u64 {
-        self.pools.iter().map(|p| p.with(|p| p.usage().held)).sum()
+    fn pool_size(&self, py: Python<'_>) -> u64 {
+        py.detach(|| self.pools.iter().map(|p| p.with(|p| p.usage().held)).sum())
     }
 
     /// Blocks allocated through this object and not yet freed.

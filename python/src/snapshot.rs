@@ -90,11 +90,15 @@ pub(crate) fn program_side(resource: DynResource<Stream>, map: Option<Map>) -> D
 /// nothing was recorded.
 #[pyfunction]
 pub(crate) fn snapshot(py: Python<'_>) -> Bound<'_, PyBytes> {
-    let maps = RECORD.lock().unwrap_or_else(|p| p.into_inner()).maps.clone();
-    let used = maps.iter().rposition(Option::is_some).map_or(0, |d| d + 1);
-    // Copies, so that no device's lock is held while pickling.
-    let copies: Vec<Option<MemoryMap>> =
-        maps[..used].iter().map(|m| m.as_ref().map(|m| m.with(|m| m.clone()))).collect();
-    let bytes = pickle_devices(&copies.iter().map(Option::as_ref).collect::<Vec<_>>());
+    // With the GIL released: a map's lock is held while a stack's call
+    // runs, which may be in a Python callback.
+    let bytes = py.detach(|| {
+        let maps = RECORD.lock().unwrap_or_else(|p| p.into_inner()).maps.clone();
+        let used = maps.iter().rposition(Option::is_some).map_or(0, |d| d + 1);
+        // Copies, so that no device's lock is held while pickling.
+        let copies: Vec<Option<MemoryMap>> =
+            maps[..used].iter().map(|m| m.as_ref().map(|m| m.with(|m| m.clone()))).collect();
+        pickle_devices(&copies.iter().map(Option::as_ref).collect::<Vec<_>>())
+    });
     PyBytes::new(py, &bytes)
 }

@@ -1,8 +1,10 @@
-"""Threads: two buffers copied into each other from two threads do not
-deadlock.
+"""Threads: no call waits on a lock with the GIL held where the lock's
+holder may need the GIL (a pool holds its lock while its Python upstream
+runs, a buffer holds its lock while a resize runs a failure callback), and
+two buffers copied into each other from two threads do not deadlock.
 
-A deadlock can freeze the whole interpreter, so each case runs in a child
-process that must end within a time limit."""
+A deadlock with the GIL held freezes the whole interpreter, so each case
+runs in a child process that must end within a time limit."""
 
 import subprocess
 import sys
@@ -42,3 +44,80 @@ def test_two_buffers_copied_into_each_other_from_two_threads_do_not_deadlock():
         assert a.copy_to_host() == b.copy_to_host()
         print("done")
     """)
+
+
+# A thread enters a Python function (`slow`) while memres holds a lock
+# (`HOLD`); once it is inside, the main thread does `ACT`, which needs that
+# lock. `slow` sleeps with the GIL released, then needs the GIL back: `ACT`
+# must wait for the lock without the GIL.
+HELD_WHILE_PYTHON_RUNS = """
+    import threading, time, memres
+    from memres import mr
+    inside = threading.Event()
+    def slow(nbytes):
+        if nbytes > 1 << 20:
+            inside.set()
+            time.sleep(0.5)
+        return False
+    SETUP
+    def hold():
+        try:
+            HOLD
+        except MemoryError:
+            pass
+    t = threading.Thread(target=hold)
+    t.start()
+    inside.wait()
+    ACT
+    t.join()
+    print("done")
+"""
+
+
+def held(setup, hold, act):
+    return (HELD_WHILE_PYTHON_RUNS.replace("SETUP", setup).replace("HOLD", hold).replace("ACT", act))
+
+
+# A pool over a Python callback that grows: the pool's lock is held while
+# the callback runs.
+POOL_OVER_A_CALLBACK = """
+    addrs = iter(range(1 << 40, 1 << 50, 1 << 40))
+    def alloc(nbytes):
+        slow(nbytes)
+        return next(addrs)
+    pool = mr.PoolMemoryResource(mr.CallbackMemoryResource(alloc, lambda p, n: None, backend="sim"),
+                                 initial_pool_size=1 << 20)
+"""
+
+
+def test_reading_a_pool_while_its_python_upstream_runs_does_not_freeze():
+    run_child(held(POOL_OVER_A_CALLBACK, "pool.allocate(1 << 30)", "pool.pool_size()"))
+
+
+def test_dropping_a_resource_while_its_upstream_pool_is_in_python_does_not_freeze():
+    # A pool over `pool` gives its chunk back to `pool` when collected.
+    run_child(held(POOL_OVER_A_CALLBACK + "\n    over = mr.PoolMemoryResource(pool, initial_pool_size=4096)",
+                   "pool.allocate(1 << 30)", "del over"))
+
+
+# A buffer's resize past a limit asks a failure callback, holding the
+# buffer's lock.
+BUFFER_OVER_A_FAILURE_CALLBACK = """
+    lim = mr.LimitingResourceAdaptor(mr.HostMemoryResource(), 1 << 20)
+    buf = memres.DeviceBuffer(size=100, mr=mr.FailureCallbackResourceAdaptor(lim, slow))
+"""
+
+
+@pytest.mark.parametrize("read", ["buf.size", "buf.ptr", "buf.capacity()", "len(buf)", "buf.nbytes"])
+def test_reading_a_buffer_while_it_grows_through_a_failure_callback_does_not_freeze(read):
+    run_child(held(BUFFER_OVER_A_FAILURE_CALLBACK, "buf.resize(1 << 21)", f"{read}; assert buf.size == 100"))
+
+
+def test_dropping_a_buffer_while_its_pool_is_in_a_python_callback_does_not_freeze():
+    # The pool's growth fails and asks the failure callback, holding the
+    # pool's lock; the buffer's free needs it.
+    run_child(held("""
+    lim = mr.LimitingResourceAdaptor(mr.HostMemoryResource(), 1 << 20)
+    pool = mr.PoolMemoryResource(mr.FailureCallbackResourceAdaptor(lim, slow), initial_pool_size=1 << 16)
+    buf = memres.DeviceBuffer(size=64, mr=pool)
+""", "pool.allocate(1 << 21)", "del buf"))
