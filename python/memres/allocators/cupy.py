@@ -17,7 +17,10 @@ def memres_cupy_allocator(nbytes):
     if cupy is None:
         raise ModuleNotFoundError("memres: no module named cupy")
     stream = cupy.cuda.get_current_stream()
-    buf = DeviceBuffer(size=nbytes, stream=stream.ptr)
+    # The stream object, not its handle: the buffer and the resource keep
+    # it alive, so that its handle is not destroyed before the block's
+    # free on it.
+    buf = DeviceBuffer(size=nbytes, stream=stream)
     dev_id = -1 if buf.ptr else cupy.cuda.device.get_device_id()
     mem = cupy.cuda.UnownedMemory(ptr=buf.ptr, size=buf.size, owner=buf, device_id=dev_id)
     return cupy.cuda.MemoryPointer(mem, 0)
