@@ -7,6 +7,7 @@ CUDA resource is first made. See docs/python.md in the repository for
 RMM's names beside memres's.
 """
 
+import os
 import re
 
 from . import _native
@@ -49,7 +50,9 @@ def reinitialize(pool_allocator=False, managed_memory=False, initial_pool_size=N
     """Sets the resource of each of ``devices``, as RMM's
     ``rmm.reinitialize``: memory from the device (managed memory with
     ``managed_memory``), under a pool with ``pool_allocator``, logged with
-    ``logging``. ``stack`` names any stack instead, such as
+    ``logging`` (to ``log_file_name``, else ``$MEMRES_LOG_FILE``; with
+    several devices each logs to its own file, ``x.dev1.csv`` for device 1
+    of ``x.csv``). ``stack`` names any stack instead, such as
     ``"stats(pool(async))"``. Without CUDA the device is host memory."""
     devices = [devices] if isinstance(devices, int) else list(devices)
     if stack is not None and (pool_allocator or managed_memory or initial_pool_size is not None
@@ -73,9 +76,11 @@ def reinitialize(pool_allocator=False, managed_memory=False, initial_pool_size=N
                 res = mr.PoolMemoryResource(res, initial_pool_size=initial_pool_size,
                                             maximum_pool_size=maximum_pool_size)
         if logging:
-            name = log_file_name
-            if name is not None and len(devices) > 1:
-                name = f"{name}.dev{device}"
+            # Several devices log to a file each, named as RMM and the C
+            # library name them: `.devN` before the extension.
+            name = log_file_name or os.environ.get("MEMRES_LOG_FILE")
+            if name and len(devices) > 1:
+                name = _native.sim.log_file_of_device(os.fspath(name), device) or name
             res = mr.LoggingResourceAdaptor(res, log_file_name=name)
         made.append((device, res))
     # Only once every device's resource could be made: a failure changes nothing.

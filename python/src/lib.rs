@@ -23,6 +23,14 @@ mod snapshot;
 
 use pyo3::prelude::*;
 
+/// The log file of `device` for the name `name`, as RMM and the C library
+/// name it: `.devN` before the extension (`x.csv` is `x.dev1.csv` for device
+/// 1); `None` for an empty name.
+#[pyfunction]
+fn log_file_of_device(name: std::path::PathBuf, device: u32) -> Option<std::path::PathBuf> {
+    memres_core::stack::log_file_of_device(Some(name.as_os_str()), device)
+}
+
 #[pymodule]
 #[cfg_attr(feature = "cuda", pyo3(name = "_cuda"))]
 #[cfg_attr(not(feature = "cuda"), pyo3(name = "_memres"))]
@@ -36,6 +44,7 @@ fn native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(current::device_bytes, m)?)?;
     m.add_function(wrap_pyfunction!(snapshot::record, m)?)?;
     m.add_function(wrap_pyfunction!(snapshot::snapshot, m)?)?;
+    m.add_function(wrap_pyfunction!(log_file_of_device, m)?)?;
     current::install_default();
     Ok(())
 }

@@ -261,6 +261,25 @@ def test_reinitialize_with_logging(tmp_path):
     assert os.path.getsize(path) > 0
 
 
+@pytest.mark.parametrize("from_env", [False, True])
+def test_reinitialize_logs_each_device_to_its_own_file_named_as_rmm(tmp_path, monkeypatch, from_env):
+    path = tmp_path / "x.csv"
+    if from_env:
+        monkeypatch.setenv("MEMRES_LOG_FILE", str(path))
+        memres.reinitialize(logging=True, devices=[0, 1])
+    else:
+        memres.reinitialize(logging=True, devices=[0, 1], log_file_name=str(path))
+    for device, nbytes in [(0, 100), (1, 200)]:
+        res = mr.get_per_device_resource(device)
+        assert res.get_file_name() == str(tmp_path / f"x.dev{device}.csv")
+        res.deallocate(res.allocate(nbytes), nbytes)
+        res.flush()
+    for device, nbytes in [(0, 100), (1, 200)]:
+        lines = (tmp_path / f"x.dev{device}.csv").read_text().splitlines()
+        assert len(lines) == 3 and all(f",{nbytes}," in line for line in lines[1:]), lines
+    assert not path.exists()
+
+
 def test_logs_are_complete_when_the_interpreter_exits(tmp_path):
     # The resource stays current until exit, never dropped: without the
     # flush at exit the log's buffer (and the trace's last lines) is lost.
