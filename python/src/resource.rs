@@ -182,7 +182,9 @@ impl Resource {
         let inner: Dyn = streams.clone();
         Ok(Resource {
             parts: DropDetached::new(Parts {
-                stats: built.get("stats"),
+                // Only a `stats` at the root counts the stack's calls: one
+                // under a pool counts the pool's chunks.
+                stats: if call.name == "stats" { built.get("stats") } else { None },
                 track: built.get("track"),
                 logs: built.all("log"),
                 pools: built.all("pool"),
@@ -249,7 +251,7 @@ impl Resource {
     }
 
     /// `((bytes now, peak, total), (count now, peak, total))` of the
-    /// outermost `stats` adaptor, `None` without one.
+    /// stack's `stats` adaptor, `None` where the stack's root is not one.
     #[allow(clippy::type_complexity)]
     fn statistics(&self, py: Python<'_>) -> Option<((i64, i64, i64), (i64, i64, i64))> {
         py.detach(|| {

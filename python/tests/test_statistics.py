@@ -92,3 +92,16 @@ def test_a_stack_with_stats_outermost_counts():
     statistics.enable_statistics()  # counts already: not wrapped again
     assert isinstance(mr.get_current_device_resource(), mr.StackMemoryResource)
     del buf
+
+
+def test_a_stats_layer_under_the_root_does_not_count_the_stacks_calls():
+    # The stats under the pool counts the pool's chunk, not the program's
+    # blocks: enable_statistics puts a StatisticsResourceAdaptor on top.
+    memres.reinitialize(stack="pool(stats(host), initial=1MiB)")
+    assert memres.statistics.get_statistics() is None
+    memres.statistics.enable_statistics()
+    assert isinstance(mr.get_current_device_resource(), mr.StatisticsResourceAdaptor)
+    buf = memres.DeviceBuffer(size=10)
+    stats = memres.statistics.get_statistics()
+    assert (stats.current_bytes, stats.current_count) == (10, 1), stats
+    del buf
