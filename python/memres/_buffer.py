@@ -40,6 +40,25 @@ class DeviceBuffer:
         self._init(0, stream, mr, bytes(memoryview(b).cast("B")))
         return self
 
+    def copy(self):
+        """A new buffer holding a copy of the bytes, from the same resource
+        on the same stream (RMM's ``DeviceBuffer.copy``)."""
+        new = type(self).__new__(type(self))
+        new._init(self.size, self.stream, self.mr, None)
+        new.copy_from_device(self)
+        return new
+
+    def __copy__(self):
+        return self.copy()
+
+    def __deepcopy__(self, memo):
+        return self.copy()
+
+    def __reduce__(self):
+        # As RMM: the bytes, rebuilt into a buffer of the current resource
+        # where it is unpickled.
+        return DeviceBuffer.to_device, (self.tobytes(),)
+
     @property
     def ptr(self):
         return self._buf.ptr

@@ -1,7 +1,9 @@
 """memres.DeviceBuffer over host memory (the simulated backend's memory
 with bytes)."""
 
+import copy
 import gc
+import pickle
 
 import pytest
 
@@ -115,3 +117,26 @@ def test_buffers_over_every_stack_of_host_memory():
                 mr.LimitingResourceAdaptor(mr.FixedSizeMemoryResource(mr.HostMemoryResource(), 4096), 1 << 20)]:
         buf = memres.DeviceBuffer.to_device(b"stack", mr=res)
         assert buf.copy_to_host() == b"stack", res
+
+
+@pytest.mark.parametrize("how", ["copy", "copy.copy", "copy.deepcopy"])
+def test_a_copy_is_a_new_buffer_of_the_same_resource(how):
+    t = tracked()
+    buf = memres.DeviceBuffer.to_device(b"abc", mr=t)
+    dup = {"copy": lambda b: b.copy(), "copy.copy": copy.copy, "copy.deepcopy": copy.deepcopy}[how](buf)
+    assert isinstance(dup, memres.DeviceBuffer) and dup.mr is t and dup.ptr != buf.ptr
+    assert t.get_outstanding_count() == 2
+    dup.copy_from_host(b"X")
+    assert buf.copy_to_host() == b"abc" and dup.copy_to_host() == b"Xbc"
+    del dup
+    gc.collect()
+    assert t.get_outstanding_count() == 1 and buf.copy_to_host() == b"abc"
+
+
+def test_a_buffer_pickles_as_its_bytes_rebuilt_on_the_current_resource():
+    t = tracked()
+    buf = memres.DeviceBuffer.to_device(b"pickled", mr=mr.HostMemoryResource())
+    mr.set_current_device_resource(t)
+    back = pickle.loads(pickle.dumps(buf))
+    assert back.copy_to_host() == b"pickled" and back.mr is t and back.ptr != buf.ptr
+    assert t.get_outstanding_count() == 1
