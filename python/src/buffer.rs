@@ -9,7 +9,7 @@ use crate::resource::Resource;
 use memres_containers::ContainerError;
 use memres_core::copy::{AssumeMemoryOf, CopyEngine};
 use memres_core::{DynResource, Stream as _};
-use pyo3::exceptions::{PyIndexError, PyValueError};
+use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 use std::sync::Mutex;
@@ -20,7 +20,7 @@ type Inner = memres_containers::DeviceBuffer<AssumeMemoryOf<DynResource<Stream>,
 fn container_error(e: ContainerError, what: &str) -> PyErr {
     match e {
         ContainerError::Memory(e) => to_py(e, what),
-        ContainerError::IndexOutOfRange { .. } => PyIndexError::new_err(format!("memres: {what}: {e}")),
+        // Bytes past the end, as RMM's `ValueError` ("too large").
         _ => PyValueError::new_err(format!("memres: {what}: {e}")),
     }
 }

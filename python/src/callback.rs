@@ -7,15 +7,22 @@ use crate::backend::Stream;
 use memres_core::adaptor::FailureCallback;
 use memres_core::stack::StackBuilder;
 use memres_core::{Block, Error, MemoryResource, Request};
+use pyo3::exceptions::PyMemoryError;
 use pyo3::prelude::*;
 use std::sync::Arc;
 
 /// `(allocate, deallocate, on_failure)`: the Python functions of a build.
 pub(crate) type Callbacks = (Option<Py<PyAny>>, Option<Py<PyAny>>, Option<Py<PyAny>>);
 
-/// What a failing Python function becomes: the exception is printed (it
-/// cannot travel through the resource's `Result`), the call fails.
-fn raised(py: Python<'_>, e: PyErr) -> Error {
+/// What a failing Python function becomes: a `MemoryError` is out of
+/// memory for `requested` bytes (so that a `FailureCallbackResourceAdaptor`
+/// over it is asked, and the caller gets `memres.OutOfMemory`, as RMM);
+/// any other exception is printed (it cannot travel through the
+/// resource's `Result`) and the call fails.
+fn raised(py: Python<'_>, e: PyErr, requested: u64) -> Error {
+    if e.is_instance_of::<PyMemoryError>(py) {
+        return Error::OutOfMemory { requested, largest_free: 0, pool_size: 0, max_size: None };
+    }
     e.print(py);
     Error::Backend { code: -1, what: "a Python callback raised" }
 }
@@ -34,7 +41,7 @@ impl<S: ?Sized + memres_core::Stream> MemoryResource<S> for PyCallbacks {
                 .allocate
                 .call1(py, (request.size(),))
                 .and_then(|r| r.extract(py))
-                .map_err(|e| raised(py, e))?;
+                .map_err(|e| raised(py, e, request.size()))?;
             if addr == 0 || addr % request.align() != 0 {
                 return Err(Error::Backend {
                     code: -2,
@@ -47,7 +54,7 @@ impl<S: ?Sized + memres_core::Stream> MemoryResource<S> for PyCallbacks {
 
     fn deallocate(&self, block: Block, _: &S) -> memres_core::Result<()> {
         Python::attach(|py| {
-            self.deallocate.call1(py, (block.addr(), block.size())).map(drop).map_err(|e| raised(py, e))
+            self.deallocate.call1(py, (block.addr(), block.size())).map(drop).map_err(|e| raised(py, e, 0))
         })
     }
 }

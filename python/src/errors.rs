@@ -1,6 +1,7 @@
 //! memres's errors as Python exceptions: out of memory is
-//! `memres.OutOfMemory` (a `MemoryError` carrying the figures), misuse is
-//! `ValueError`, a backend's failure is `memres.MemresError`. The
+//! `memres.OutOfMemory` (a `MemoryError` carrying the figures), as is a
+//! size no resource can serve, misuse is `ValueError`, a backend's failure
+//! is `memres.MemresError`. The
 //! exception classes are defined once, in `memres/_errors.py`.
 
 use memres_core::stack::StackError;
@@ -24,7 +25,8 @@ fn python_error(name: &str, message: String, kwargs: Vec<(&str, Option<u64>)>) -
     })
 }
 
-/// A failure of the backend (the driver), as `memres.MemresError`.
+/// A failure of the backend (the driver), as `memres.MemresError`;
+/// `message` is said after `memres: `.
 pub(crate) fn backend_error(message: String) -> PyErr {
     python_error("MemresError", format!("memres: {message}"), vec![])
 }
@@ -48,7 +50,12 @@ pub(crate) fn to_py(e: Error, what: &str) -> PyErr {
             message,
             vec![("requested", Some(requested)), ("used", Some(used)), ("limit", Some(limit))],
         ),
-        Error::Backend { .. } | Error::CapacityExhausted { .. } | Error::Reentrant => backend_error(message),
+        Error::Backend { .. } | Error::CapacityExhausted { .. } | Error::Reentrant => {
+            python_error("MemresError", message, vec![])
+        }
+        // A size no resource can serve: RMM raises `MemoryError` for
+        // every allocation that fails.
+        Error::InvalidSize { size } => python_error("OutOfMemory", message, vec![("requested", Some(size))]),
         _ if e.is_out_of_memory() => python_error("OutOfMemory", message, vec![]),
         _ => PyValueError::new_err(message),
     }

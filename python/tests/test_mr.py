@@ -137,6 +137,42 @@ def test_callback_resource_calls_python():
     assert calls == [("a", 100), ("f", p, 100)]
 
 
+def test_a_memory_error_of_allocate_func_is_out_of_memory_and_asks_the_failure_callback():
+    failures = []
+
+    def alloc(n):
+        if not failures:
+            raise MemoryError("no more")
+        return 1 << 40
+
+    cb = mr.CallbackMemoryResource(alloc, lambda p, n: None, backend="sim")
+    with pytest.raises(memres.OutOfMemory, match="allocate\\(100\\)") as e:
+        cb.allocate(100)
+    assert e.value.requested == 100
+    fc = mr.FailureCallbackResourceAdaptor(cb, lambda n: failures.append(n) or True)
+    p = fc.allocate(100)  # retried after the callback
+    assert failures == [100] and p == 1 << 40
+    fc.deallocate(p, 100)
+
+
+def test_an_allocation_too_large_for_any_resource_is_out_of_memory_as_in_rmm():
+    pool = sim_pool()
+    with pytest.raises(memres.OutOfMemory) as e:
+        pool.allocate(1 << 63)
+    assert e.value.requested == 1 << 63
+    assert pool._native.live_count() == 0 and pool.allocate(100) != 0
+
+
+def test_errors_say_memres_once():
+    def bad(n):
+        raise RuntimeError("nope")
+
+    cb = mr.CallbackMemoryResource(bad, lambda p, n: None, backend="sim")
+    with pytest.raises(memres.MemresError) as e:
+        cb.allocate(10)
+    assert str(e.value).startswith("memres: allocate(10): ") and "memres: memres" not in str(e.value)
+
+
 def test_every_algorithm_and_the_tracking_adaptor():
     for res in [mr.BinningMemoryResource(sim_pool(), 10, 20),
                 mr.FixedSizeMemoryResource(sim_pool(), block_size=4096),
