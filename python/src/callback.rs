@@ -43,6 +43,12 @@ impl<S: ?Sized + memres_core::Stream> MemoryResource<S> for PyCallbacks {
                 .and_then(|r| r.extract(py))
                 .map_err(|e| raised(py, e, request.size()))?;
             if addr == 0 || addr % request.align() != 0 {
+                if addr != 0 {
+                    // Refused, the memory goes back: nobody else would free it.
+                    if let Err(e) = self.deallocate.call1(py, (addr, request.size())) {
+                        e.print(py);
+                    }
+                }
                 return Err(Error::Backend {
                     code: -2,
                     what: "allocate_func returned a null or misaligned address",

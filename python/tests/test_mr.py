@@ -163,6 +163,14 @@ def test_an_allocation_too_large_for_any_resource_is_out_of_memory_as_in_rmm():
     assert pool._native.live_count() == 0 and pool.allocate(100) != 0
 
 
+def test_a_misaligned_address_from_allocate_func_is_refused_and_given_back():
+    freed = []
+    cb = mr.CallbackMemoryResource(lambda n: (1 << 40) + 8, lambda p, n: freed.append((p, n)), backend="sim")
+    with pytest.raises(memres.MemresError, match="misaligned"):
+        cb.allocate(100)
+    assert freed == [((1 << 40) + 8, 100)] and cb._native.live_count() == 0
+
+
 def test_errors_say_memres_once():
     def bad(n):
         raise RuntimeError("nope")
