@@ -54,6 +54,17 @@ def reinitialize(pool_allocator=False, managed_memory=False, initial_pool_size=N
     several devices each logs to its own file, ``x.dev1.csv`` for device 1
     of ``x.csv``). ``stack`` names any stack instead, such as
     ``"stats(pool(async))"``. Without CUDA the device is host memory."""
+    made = _resources(pool_allocator, managed_memory, initial_pool_size, maximum_pool_size,
+                      devices, logging, log_file_name, stack)
+    # Only once every device's resource could be made: a failure changes nothing.
+    for device, res in made:
+        set_per_device_resource(device, res)
+
+
+def _resources(pool_allocator=False, managed_memory=False, initial_pool_size=None,
+               maximum_pool_size=None, devices=0, logging=False, log_file_name=None, stack=None):
+    """``(device, resource)`` for each device, as ``reinitialize`` makes
+    them, setting nothing."""
     devices = [devices] if isinstance(devices, int) else list(devices)
     if stack is not None and (pool_allocator or managed_memory or initial_pool_size is not None
                               or maximum_pool_size is not None):
@@ -83,9 +94,7 @@ def reinitialize(pool_allocator=False, managed_memory=False, initial_pool_size=N
                 name = _native.sim.log_file_of_device(os.fspath(name), device) or name
             res = mr.LoggingResourceAdaptor(res, log_file_name=name)
         made.append((device, res))
-    # Only once every device's resource could be made: a failure changes nothing.
-    for device, res in made:
-        set_per_device_resource(device, res)
+    return made
 
 
 __all__ = [

@@ -355,6 +355,31 @@ def test_torch_use_without_pytorch_fails_and_changes_nothing():
     assert not memres.is_initialized()
 
 
+@pytest.mark.parametrize("kwargs", [{"stack": "stats(pool(host))"}, {"pool_allocator": True}, {}])
+def test_torch_use_refused_by_pytorch_changes_no_resource(monkeypatch, kwargs):
+    # A stand-in for PyTorch whose allocator is initialized already.
+    import types
+    import memres.allocators.torch as mt
+
+    def refuse(allocator):
+        raise RuntimeError("Can't swap an already initialized allocator")
+
+    cuda = types.SimpleNamespace(is_initialized=lambda: True, current_device=lambda: 0,
+                                 memory=types.SimpleNamespace(change_current_allocator=refuse))
+    monkeypatch.setitem(sys.modules, "torch", types.SimpleNamespace(cuda=cuda))
+    monkeypatch.setattr(mt, "memres_torch_allocator", object())
+    monkeypatch.setattr(mt, "DEFAULT_STACK", "stats(pool(host))")  # no CUDA needed
+    if kwargs:
+        before = mr.HostMemoryResource()
+        mr.set_current_device_resource(before)
+    with pytest.raises(RuntimeError, match="already initialized"):
+        mt.use(**kwargs)
+    if kwargs:
+        assert mr.get_current_device_resource() is before
+    else:
+        assert not memres.is_initialized()
+
+
 def test_torch_steps_reads_the_current_resources_planned_layers():
     # No PyTorch needed: the counts are the resource's.
     import memres.allocators.torch as mt

@@ -57,15 +57,21 @@ def use(stack=None, **reinitialize_kwargs):
     ``DEFAULT_STACK``. Then changes PyTorch's allocator. Call it before
     the first CUDA tensor. Nothing changes when it fails."""
     import torch
-    from .. import reinitialize
+    from .. import _resources
     allocator = memres_torch_allocator or _make()
     if allocator is None:
         raise RuntimeError("memres: the PyTorch allocator needs PyTorch with CUDA and memres's CUDA side")
+    # The resources are made first and set only once PyTorch took the
+    # allocator: it refuses once its own allocator is initialized (CUDA
+    # was used), and then memres's resources stay as they were.
+    made = []
     if stack is not None or reinitialize_kwargs:
-        reinitialize(stack=stack, **reinitialize_kwargs)
+        made = _resources(stack=stack, **reinitialize_kwargs)
     elif not _mr.is_initialized():
-        reinitialize(stack=DEFAULT_STACK, devices=current_device())
+        made = _resources(stack=DEFAULT_STACK, devices=current_device())
     torch.cuda.memory.change_current_allocator(allocator)
+    for device, res in made:
+        _mr.set_per_device_resource(device, res)
     return allocator
 
 
