@@ -125,8 +125,12 @@ class DeviceBuffer:
         if self.mr._backend != "cuda":
             raise AttributeError("memres: a buffer of the simulated backend is host memory, "
                                  "not CUDA memory: it has no __cuda_array_interface__")
+        # The zero fill and the copies run on the buffer's stream: version
+        # 3's "stream" tells a consumer to wait for it (1 for the legacy
+        # default stream, handle 0 here, which the protocol disallows).
+        handle = as_handle(self.stream)
         return {"data": (self.ptr, False), "shape": (self.size,), "strides": None,
-                "typestr": "|u1", "version": 3}
+                "typestr": "|u1", "version": 3, "stream": handle or 1}
 
     def __repr__(self):
         return f"<memres.DeviceBuffer size={self.size} ptr={self.ptr:#x}>"

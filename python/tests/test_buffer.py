@@ -95,6 +95,18 @@ def test_host_buffer_has_no_cuda_array_interface():
         memres.DeviceBuffer(size=4, mr=mr.HostMemoryResource()).__cuda_array_interface__
 
 
+@pytest.mark.parametrize("stream, exported", [(None, 1), (0, 1), (2, 2), (0x7F00, 0x7F00),
+                                             (memres.Stream(0x55), 0x55)])
+def test_the_cuda_array_interface_names_the_buffers_stream(stream, exported):
+    # A host buffer passed off as a CUDA one: the dict is the same.
+    import types
+    buf = memres.DeviceBuffer(size=4, mr=mr.HostMemoryResource(), stream=stream)
+    buf.mr = types.SimpleNamespace(_backend="cuda")
+    cai = buf.__cuda_array_interface__
+    assert cai == {"data": (buf.ptr, False), "shape": (4,), "strides": None, "typestr": "|u1",
+                   "version": 3, "stream": exported}
+
+
 def test_bad_arguments():
     with pytest.raises(ValueError):
         memres.DeviceBuffer(size=-1)
