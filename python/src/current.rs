@@ -72,14 +72,36 @@ pub(crate) fn device_bytes(device: u32) -> PyResult<(u64, u64, u64, u64, u64)> {
     Ok((g.value(), g.peak(), g.total(), reserved, peak_reserved))
 }
 
-fn alloc(size: isize, device: i32, stream: *mut c_void) -> Option<*mut c_void> {
-    let size = u64::try_from(size).ok().filter(|&s| s > 0)?;
-    let d = u32::try_from(device).ok()?;
-    let resource = memres_core::device::get_per_device_resource::<Stream>(d).ok()?;
-    let s = backend::stream(stream as usize as u64, d).ok()?;
-    let block = resource.allocate(Request::new(size).ok()?, &s).ok()?;
-    live(d as usize)?.lock().unwrap_or_else(|p| p.into_inner()).insert(block.addr(), (block, resource));
-    Some(block.addr() as usize as *mut c_void)
+/// Why the last allocation of [`memres_py_alloc`] that failed failed:
+/// PyTorch's `CUDAPluggableAllocator` does not check for NULL (it makes a
+/// tensor of it), so the reason is kept for Python to read.
+static LAST_ALLOC_ERROR: Mutex<Option<String>> = Mutex::new(None);
+
+/// The reason the last failed allocation of [`memres_py_alloc`] failed,
+/// `None` if none has; `clear` forgets it.
+#[pyfunction]
+#[pyo3(signature = (clear=false))]
+pub(crate) fn last_alloc_error(py: Python<'_>, clear: bool) -> Option<String> {
+    py.detach(|| {
+        let mut last = LAST_ALLOC_ERROR.lock().unwrap_or_else(|p| p.into_inner());
+        if clear {
+            last.take()
+        } else {
+            last.clone()
+        }
+    })
+}
+
+fn alloc(size: isize, device: i32, stream: *mut c_void) -> Result<*mut c_void, String> {
+    let size = u64::try_from(size).ok().filter(|&s| s > 0).ok_or("a size of 0 bytes or less")?;
+    let d = u32::try_from(device).map_err(|_| "a negative device")?;
+    let resource = memres_core::device::get_per_device_resource::<Stream>(d).map_err(|e| e.to_string())?;
+    let s = backend::stream(stream as usize as u64, d).map_err(|e| e.to_string())?;
+    let request = Request::new(size).map_err(|e| e.to_string())?;
+    let block = resource.allocate(request, &s).map_err(|e| e.to_string())?;
+    let table = live(d as usize).ok_or("a device out of range")?;
+    table.lock().unwrap_or_else(|p| p.into_inner()).insert(block.addr(), (block, resource));
+    Ok(block.addr() as usize as *mut c_void)
 }
 
 fn free(ptr: *mut c_void, device: i32, stream: *mut c_void) -> Option<()> {
@@ -94,17 +116,24 @@ fn free(ptr: *mut c_void, device: i32, stream: *mut c_void) -> Option<()> {
 }
 
 /// Allocates `size` bytes from `device`'s current resource on `stream`;
-/// NULL when that fails (or for 0 bytes). Never unwinds.
+/// NULL when that fails (or for 0 bytes), the reason kept for
+/// [`last_alloc_error`]. Never unwinds.
 ///
 /// # Safety
 ///
 /// `stream` is null or a stream of `device` valid for the call.
 #[no_mangle]
 pub unsafe extern "C" fn memres_py_alloc(size: isize, device: i32, stream: *mut c_void) -> *mut c_void {
-    catch_unwind(AssertUnwindSafe(|| alloc(size, device, stream)))
-        .ok()
-        .flatten()
-        .unwrap_or(std::ptr::null_mut())
+    let failed = |why: String| {
+        *LAST_ALLOC_ERROR.lock().unwrap_or_else(|p| p.into_inner()) =
+            Some(format!("memres_py_alloc({size} bytes, device {device}): {why}"));
+        std::ptr::null_mut()
+    };
+    match catch_unwind(AssertUnwindSafe(|| alloc(size, device, stream))) {
+        Ok(Ok(ptr)) => ptr,
+        Ok(Err(why)) => failed(why),
+        Err(_) => failed("a panic".to_string()),
+    }
 }
 
 /// Frees `ptr`, from `memres_py_alloc` on `device`, on `stream`; a pointer

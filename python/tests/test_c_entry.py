@@ -42,3 +42,17 @@ def test_failures_are_null_and_unknown_frees_ignored():
     assert so.memres_py_alloc(10, 999, None) is None
     so.memres_py_free(0x1000, 10, 0, None)
     assert _native.sim.c_live_count(0) == 0
+
+
+def test_a_failed_allocation_keeps_its_reason_for_python():
+    # PyTorch's CUDAPluggableAllocator does not check for NULL: the reason
+    # is what Python can learn.
+    so = lib()
+    _native.sim.last_alloc_error(clear=True)
+    mr.set_current_device_resource(mr.LimitingResourceAdaptor(mr.HostMemoryResource(), 100))
+    assert so.memres_py_alloc(1000, 0, None) is None
+    why = _native.sim.last_alloc_error()
+    assert why.startswith("memres_py_alloc(1000 bytes, device 0): ") and "limit" in why, why
+    assert so.memres_py_alloc(0, 0, None) is None
+    assert "0 bytes" in _native.sim.last_alloc_error(clear=True)
+    assert _native.sim.last_alloc_error() is None

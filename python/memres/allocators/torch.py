@@ -112,6 +112,15 @@ def steps(device=None):
     return res.steps()
 
 
+def last_error(clear=False):
+    """Why the last allocation PyTorch asked memres for failed, or None.
+    PyTorch's ``CUDAPluggableAllocator`` does not check the pointer it
+    gets: out of memory gives it NULL, which it makes a tensor of (no
+    ``torch.cuda.OutOfMemoryError``), so check here after an allocation
+    that may fail. ``clear=True`` forgets it."""
+    return _native.cuda().last_alloc_error(clear)
+
+
 def empty_cache(device=None):
     """Gives the free chunks of the pools of ``device``'s resource back to
     the device (PyTorch's ``torch.cuda.empty_cache`` does not reach a
