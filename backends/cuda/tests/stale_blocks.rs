@@ -12,8 +12,9 @@ mod common;
 use common::gpu;
 use memres_containers::{ContainerError, DeviceBuffer};
 use memres_core::copy::{CopyEngine, MemoryOf};
-use memres_core::{Block, Error, MemoryResource, Request};
-use memres_cuda::{CudaCopy, CudaMemory, CudaStream, ManagedMemory, PinnedMemory};
+use memres_core::vpool::{VirtualConfig, VirtualPool};
+use memres_core::{Block, Error, MemoryResource, Request, Shared};
+use memres_cuda::{CudaCopy, CudaMemory, CudaStream, CudaVirtualSpace, ManagedMemory, PinnedMemory};
 
 fn not_live(addr: u64, len: u64) -> Error {
     Error::NotLive { addr, len }
@@ -50,6 +51,13 @@ fn cuda_copy_touches_only_memory_it_can_vouch_for() {
     freed_under_a_buffer(&ManagedMemory::new(device).unwrap(), &stream, &engine);
     // Device memory freed under a container: the driver no longer knows it.
     freed_under_a_buffer(&CudaMemory::new(device).unwrap(), &stream, &engine);
+    // Virtual memory freed under a container and unmapped at once (no idle
+    // memory kept): its addresses stay reserved, but nothing backs them.
+    let space = CudaVirtualSpace::new(device).unwrap();
+    let config = VirtualConfig::new(1 << 30).release_threshold(0);
+    let pool = Shared::new(VirtualPool::with_config(&space, config).unwrap());
+    freed_under_a_buffer(&pool, &stream, &engine);
+    assert_eq!(space.mapped_bytes(), 0, "the freed block's granule was unmapped");
 
     // Memory no resource of this crate handed out, or past a device
     // allocation's end, or two ranges that overlap: refused, nothing queued.
