@@ -28,7 +28,8 @@ use std::sync::Arc;
 ///   (an upper bound), `pool_size` the device's memory in use by everyone,
 ///   `max_size` the device's memory.
 /// - [`Error::UnknownBlock`](memres_core::Error::UnknownBlock) when the
-///   driver does not know the address freed (never handed out, or freed already).
+///   block freed is not one handed out and live (never handed out, freed
+///   already, or another address inside a live allocation).
 /// - Other driver errors as [`Error::Backend`](memres_core::Error::Backend).
 ///
 /// # Examples

@@ -3,23 +3,43 @@
 
 use crate::context::Context;
 use memres_core::{Error, Result};
+use std::cell::Cell;
 use std::collections::HashMap;
-use std::sync::{Mutex, OnceLock};
+use std::sync::{Mutex, MutexGuard, OnceLock};
 
 /// Shards, so that threads freeing different blocks rarely share a lock.
 const SHARDS: usize = 16;
 
 /// Every live driver allocation of one resource: its base address to the
-/// size that was asked for. A free of an address not in the table, or with
-/// another size, is an error without a driver call (the driver would answer
-/// `CUDA_ERROR_INVALID_VALUE`, which tools such as compute-sanitizer report).
+/// address and size of the block handed out in it. A free of a block whose
+/// allocation is not in the table, or that is not the block handed out
+/// there (another address, another size), is an error without a driver call
+/// (the driver would answer `CUDA_ERROR_INVALID_VALUE`, which tools such as
+/// compute-sanitizer report, or free the allocation of another block).
 #[derive(Debug, Default)]
 pub(crate) struct LiveAllocations {
     /// Shard `i` holds the bases whose hash is `i`.
-    shards: [Mutex<HashMap<u64, u64>>; SHARDS],
+    shards: [Mutex<HashMap<u64, Handed>>; SHARDS],
     /// The device's memory in bytes, read once: a request above it is out of
     /// memory without asking the driver.
     total: OnceLock<u64>,
+}
+
+/// The block handed out in one driver allocation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Handed {
+    /// Its address: the allocation's base, or above it by the padding of
+    /// an alignment over the driver's.
+    addr: u64,
+    /// The size that was asked for.
+    size: u64,
+}
+
+thread_local! {
+    /// What this thread's last successful [`LiveAllocations::remove`] took
+    /// out: the table (by address), the base, the block's address. Read by
+    /// [`LiveAllocations::restore`], which its callers call right after.
+    static TAKEN: Cell<Option<(usize, u64, u64)>> = const { Cell::new(None) };
 }
 
 fn shard_of(base: u64) -> usize {
@@ -33,32 +53,55 @@ impl LiveAllocations {
         *self.total.get_or_init(|| context.memory_info().map(|m| m.total).unwrap_or(u64::MAX))
     }
 
-    /// Records that `base` was handed out for a request of `size` bytes.
-    pub(crate) fn insert(&self, base: u64, size: u64) {
-        self.shards[shard_of(base)].lock().unwrap_or_else(|p| p.into_inner()).insert(base, size);
+    fn shard(&self, base: u64) -> MutexGuard<'_, HashMap<u64, Handed>> {
+        // Each update is one call: a panic cannot leave a shard torn.
+        self.shards[shard_of(base)].lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Takes `base` out of the table if it is live with `size`.
+    /// Records that the block `addr`, `size` bytes, was handed out in the
+    /// allocation at `base`.
+    pub(crate) fn insert(&self, base: u64, addr: u64, size: u64) {
+        self.shard(base).insert(base, Handed { addr, size });
+    }
+
+    /// Takes `base` out of the table if the block handed out in it is at
+    /// `addr` and `size` bytes long.
     ///
     /// # Errors
     ///
     /// [`Error::UnknownBlock`] if it is not live (never handed out, or freed
-    /// already); [`Error::SizeMismatch`] if it was asked for with another size.
+    /// already) or another block's address was handed out in it;
+    /// [`Error::SizeMismatch`] if it was asked for with another size.
     pub(crate) fn remove(&self, base: u64, addr: u64, size: u64) -> Result<()> {
-        let mut shard = self.shards[shard_of(base)].lock().unwrap_or_else(|p| p.into_inner());
+        let mut shard = self.shard(base);
         match shard.get(&base) {
+            Some(h) if h.addr != addr => Err(Error::UnknownBlock { addr }),
             None => Err(Error::UnknownBlock { addr }),
-            Some(&expected) if expected != size => Err(Error::SizeMismatch { addr, expected, given: size }),
+            Some(h) if h.size != size => Err(Error::SizeMismatch { addr, expected: h.size, given: size }),
             Some(_) => {
                 shard.remove(&base);
+                TAKEN.set(Some((self as *const Self as usize, base, addr)));
                 Ok(())
             }
         }
     }
 
-    /// Puts `base` back after a free the driver refused.
+    /// Puts `base` back after a free the driver refused, as the block of
+    /// `size` bytes that the calling thread's last [`remove`](Self::remove)
+    /// took out of this table (called right after it, with no other
+    /// `remove` on this thread between).
     pub(crate) fn restore(&self, base: u64, size: u64) {
-        self.insert(base, size);
+        let addr = match TAKEN.take() {
+            Some((table, b, addr)) if table == self as *const Self as usize && b == base => addr,
+            // Not what the contract asks: the block can no longer be freed
+            // by its address (it stays live and counted, a leak, never a
+            // free of another block).
+            _ => {
+                debug_assert!(false, "restore of {base:#x} without its remove");
+                base
+            }
+        };
+        self.insert(base, addr, size);
     }
 }
 
@@ -69,7 +112,7 @@ mod tests {
     #[test]
     fn bad_frees_are_caught_and_change_nothing() {
         let live = LiveAllocations::default();
-        live.insert(0x1000, 100);
+        live.insert(0x1000, 0x1000, 100);
         assert_eq!(live.remove(0x2000, 0x2000, 100), Err(Error::UnknownBlock { addr: 0x2000 }));
         assert_eq!(
             live.remove(0x1000, 0x1000, 7),
@@ -77,6 +120,36 @@ mod tests {
         );
         assert_eq!(live.remove(0x1000, 0x1000, 100), Ok(()));
         assert_eq!(live.remove(0x1000, 0x1000, 100), Err(Error::UnknownBlock { addr: 0x1000 }));
+    }
+
+    #[test]
+    fn a_block_at_another_address_in_a_live_allocation_is_unknown() {
+        // A block aligned to 4096 bytes, 0xf00 above its allocation's base,
+        // and a forged one that names the same base (its address and its
+        // padding 256 bytes higher).
+        let live = LiveAllocations::default();
+        let (base, addr) = (0x7000_0100, 0x7000_1000);
+        live.insert(base, addr, 1000);
+        let forged = addr + 256;
+        assert_eq!(live.remove(base, forged, 1000), Err(Error::UnknownBlock { addr: forged }));
+        assert_eq!(live.remove(base, base, 1000), Err(Error::UnknownBlock { addr: base }));
+        // The table is unchanged: the real block is freed once.
+        assert_eq!(live.remove(base, addr, 1000), Ok(()));
+        assert_eq!(live.remove(base, addr, 1000), Err(Error::UnknownBlock { addr }));
+    }
+
+    #[test]
+    fn a_restored_allocation_keeps_its_block_address() {
+        let live = LiveAllocations::default();
+        let (base, addr) = (0x7000_0100, 0x7000_1000);
+        live.insert(base, addr, 1000);
+        live.insert(0x9000_0000, 0x9000_0000, 64);
+        assert_eq!(live.remove(base, addr, 1000), Ok(()));
+        // The driver refused the free: back as it was.
+        live.restore(base, 1000);
+        assert_eq!(live.remove(base, addr + 256, 1000), Err(Error::UnknownBlock { addr: addr + 256 }));
+        assert_eq!(live.remove(0x9000_0000, 0x9000_0000, 64), Ok(()));
+        assert_eq!(live.remove(base, addr, 1000), Ok(()));
     }
 
     #[test]

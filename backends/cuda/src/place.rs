@@ -71,7 +71,7 @@ pub(crate) fn allocate_with(
     }
     match place(base, bytes, request) {
         Some(block) => {
-            live.insert(base, request.size());
+            live.insert(base, block.addr(), block.size());
             Ok(block)
         }
         None => {
