@@ -13,6 +13,12 @@
 //! things. So an allocation leaves the table and is freed under the lock,
 //! and `CudaCopy` touches a range in the table only under the lock and until
 //! its work has completed.
+//!
+//! A resource's drop frees nothing, but the driver frees every allocation
+//! of a context it destroys, which it does when the last retain of a primary
+//! context goes: maybe the resource's. So the allocations a resource still
+//! has out leave the table when it ends ([`HostAllocations`]), before its
+//! context's retain goes; `CudaCopy` answers `NotLive` on them from then on.
 
 use crate::context::Context;
 use crate::live::LiveAllocations;
@@ -30,6 +36,51 @@ static LIVE: Mutex<LiveRanges> = Mutex::new(LiveRanges::new());
 pub(crate) fn lock() -> MutexGuard<'static, LiveRanges> {
     // The table stays consistent across a panic: each update is one call.
     LIVE.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// The allocations of one pinned or managed resource, shared by its clones,
+/// and the context they were made in (`C`: [`Context`], retained).
+///
+/// When the last clone goes, its drop takes the allocations still out
+/// (never freed through the resource) out of the table of host-visible
+/// allocations, under the table's lock: no `CudaCopy` access is under way
+/// in them, and none can start after. This runs before the fields drop, so
+/// the context is still retained: the memory is still allocated, and no
+/// other allocation can have been handed its addresses. Its memory is not
+/// freed (as before, dropping a resource frees nothing); the driver frees
+/// it with the context, perhaps just after, when this was its last retain.
+#[derive(Debug)]
+pub(crate) struct HostAllocations<C = Context> {
+    /// The allocations handed out and not yet freed.
+    live: LiveAllocations,
+    /// Keeps the memory: the driver frees a context's memory with it.
+    context: C,
+}
+
+impl<C> HostAllocations<C> {
+    /// No allocations yet, made in `context`.
+    pub(crate) fn new(context: C) -> Self {
+        HostAllocations { live: LiveAllocations::default(), context }
+    }
+
+    /// The context the allocations are made in.
+    pub(crate) fn context(&self) -> &C {
+        &self.context
+    }
+
+    /// The allocations handed out and not yet freed.
+    pub(crate) fn live(&self) -> &LiveAllocations {
+        &self.live
+    }
+}
+
+impl<C> Drop for HostAllocations<C> {
+    fn drop(&mut self) {
+        let mut table = lock();
+        for base in self.live.drain() {
+            table.remove(base);
+        }
+    }
 }
 
 /// Records the driver allocation `base..base + bytes`, made just now and
@@ -54,20 +105,19 @@ pub(crate) fn free(base: u64, release: impl FnOnce(u64) -> sys::CuResult) -> sys
 }
 
 /// The allocate of a resource of host-visible memory: `alloc` (the
-/// driver's call, run with `context` current) through [`allocate_with`],
-/// the allocation recorded in the table before the block is handed out;
-/// one the block cannot be placed in goes back through [`free`] with
-/// `release`.
+/// driver's call, run with the context of `allocations` current) through
+/// [`allocate_with`], the allocation recorded in the table before the block
+/// is handed out (and in `allocations`); one the block cannot be placed in
+/// goes back through [`free`] with `release`.
 ///
 /// # Safety
 ///
-/// `release` must free an allocation that `alloc` made, called with
-/// `context` current by [`free`] (which has taken it out of the table and
+/// `release` must free an allocation that `alloc` made, called with the
+/// context current by [`free`] (which has taken it out of the table and
 /// holds the lock, so no `CudaCopy` access is under way in it or can
 /// start), on a base no one else frees.
 pub(crate) unsafe fn allocate(
-    context: &Context,
-    live: &LiveAllocations,
+    allocations: &HostAllocations,
     request: Request,
     alloc: impl FnOnce(usize, &mut u64) -> sys::CuResult,
     release: unsafe fn(u64) -> sys::CuResult,
@@ -75,10 +125,11 @@ pub(crate) unsafe fn allocate(
     if request.is_zero() {
         return Ok(Block::EMPTY);
     }
+    let context = allocations.context();
     context.scope(|| {
         allocate_with(
             context,
-            live,
+            allocations.live(),
             request,
             |bytes, base| {
                 let code = alloc(bytes, base);
@@ -102,16 +153,15 @@ pub(crate) unsafe fn allocate(
 ///
 /// # Safety
 ///
-/// As [`allocate`], for the allocations of `live`.
+/// As [`allocate`], for the allocations of `allocations`.
 pub(crate) unsafe fn deallocate(
-    context: &Context,
-    live: &LiveAllocations,
+    allocations: &HostAllocations,
     block: Block,
     release: unsafe fn(u64) -> sys::CuResult,
 ) -> Result<()> {
-    deallocate_with(context, live, block, |base| {
-        // SAFETY: `deallocate_with` passes, with `context` current, the base
-        // of an allocation of `live` that it has just taken out of that
+    deallocate_with(allocations.context(), allocations.live(), block, |base| {
+        // SAFETY: `deallocate_with` passes, with the context current, the
+        // base of an allocation of `allocations` that it has just taken out of that
         // table, so no one else frees it; `free` releases it under the
         // host-visible table's lock, once it has left that table: what
         // `release` needs, as our caller promised.
@@ -123,6 +173,25 @@ pub(crate) unsafe fn deallocate(
 mod tests {
     use super::*;
     use memres_core::Error;
+
+    #[test]
+    fn allocations_still_out_when_their_resource_ends_are_no_longer_live() {
+        // Addresses no driver hands out, and that no other test uses.
+        let (a, b, other) = (0xbeef_0000_0000, 0xbeef_0001_0000, 0xbeef_0002_0000);
+        let allocations = HostAllocations::new(());
+        for base in [a, b] {
+            insert(base, 4096);
+            allocations.live().insert(base, base, 4096);
+        }
+        insert(other, 64); // another resource's
+        drop(allocations);
+        for base in [a, b] {
+            assert_eq!(lock().check(base, 1), Err(Error::NotLive { addr: base, len: 1 }));
+            assert_eq!(free(base, |_| panic!("freed")), sys::CUDA_ERROR_INVALID_VALUE);
+        }
+        assert_eq!(lock().check(other, 64), Ok(()), "another resource's allocation stays live");
+        assert_eq!(free(other, |_| sys::CUDA_SUCCESS), sys::CUDA_SUCCESS);
+    }
 
     #[test]
     fn an_allocation_is_live_until_its_free_succeeds() {

@@ -103,6 +103,13 @@ impl LiveAllocations {
         };
         self.insert(base, addr, size);
     }
+
+    /// The bases of the allocations still live, taking them out of the table.
+    pub(crate) fn drain(&mut self) -> impl Iterator<Item = u64> + '_ {
+        self.shards
+            .iter_mut()
+            .flat_map(|s| s.get_mut().unwrap_or_else(|p| p.into_inner()).drain().map(|(b, _)| b))
+    }
 }
 
 #[cfg(test)]

@@ -2,8 +2,7 @@
 
 use crate::context::{Context, Device};
 use crate::error::error_from_code;
-use crate::host_visible;
-use crate::live::LiveAllocations;
+use crate::host_visible::{self, HostAllocations};
 use crate::stream::AsRawStream;
 use crate::sys;
 use memres_core::{Block, MemoryResource, Request, Result, Stream};
@@ -16,6 +15,11 @@ use std::sync::Arc;
 /// Blocks are separate driver allocations aligned to 256 bytes (or more
 /// when asked); their addresses are valid on the host and on every device.
 /// Streams mean nothing to it. Freeing is `cuMemFree`.
+///
+/// Dropping the resource (its last clone) frees nothing, but the blocks it
+/// still has out are no longer [`CudaCopy`](crate::CudaCopy)'s to touch
+/// (`NotLive`): the driver frees their memory when it destroys the context,
+/// which it does when the resource held its context's last retain.
 ///
 /// # Errors
 ///
@@ -38,10 +42,9 @@ use std::sync::Arc;
 /// ```
 #[derive(Clone, Debug)]
 pub struct ManagedMemory {
-    /// The device's primary context, retained while the resource lives.
-    context: Context,
-    /// The allocations handed out and not yet freed (shared by clones).
-    live: Arc<LiveAllocations>,
+    /// The allocations handed out and not yet freed, and the device's
+    /// primary context they are made in, retained: shared by clones.
+    live: Arc<HostAllocations>,
 }
 
 impl ManagedMemory {
@@ -51,12 +54,12 @@ impl ManagedMemory {
     ///
     /// The driver's error as [`Error::Backend`](memres_core::Error::Backend).
     pub fn new(device: Device) -> Result<ManagedMemory> {
-        Ok(ManagedMemory { context: device.primary_context()?, live: Arc::default() })
+        Ok(ManagedMemory { live: Arc::new(HostAllocations::new(device.primary_context()?)) })
     }
 
     /// The device whose context the memory was allocated in.
     pub fn device(&self) -> Device {
-        self.context.device()
+        self.live.context().device()
     }
 }
 
@@ -68,13 +71,13 @@ impl<S: Stream + ?Sized> MemoryResource<S> for ManagedMemory {
         // SAFETY: `free_managed` frees a managed allocation, which `alloc`
         // makes; `host_visible::allocate` calls it as `free_managed` asks,
         // with our context current.
-        unsafe { host_visible::allocate(&self.context, &self.live, request, alloc, free_managed) }
+        unsafe { host_visible::allocate(&self.live, request, alloc, free_managed) }
     }
 
     fn deallocate(&self, block: Block, _stream: &S) -> Result<()> {
         // SAFETY: every allocation of `self.live` is a managed one of ours,
         // made by `allocate` above in our context.
-        unsafe { host_visible::deallocate(&self.context, &self.live, block, free_managed) }
+        unsafe { host_visible::deallocate(&self.live, block, free_managed) }
     }
 
     /// Equal to its clones, which share its table of live allocations (one
@@ -100,13 +103,16 @@ unsafe fn free_managed(base: u64) -> sys::CuResult {
 
 // SAFETY: the block lies inside one driver allocation (`place` checks
 // that padding and size fit) that no other block shares, live until
-// `deallocate` takes it out of the table and frees it (dropping the resource
-// frees nothing); it is managed memory (`cuMemAllocManaged`),
-// which `CudaCopy`'s driver copies reach by its unified address. Checked
-// access, as for `PinnedMemory`: the allocation is in the table of
-// host-visible allocations from before its block is handed out until it is
-// freed under that table's lock, and `CudaCopy` touches host-visible memory
-// only inside one entry, under the lock, until its work has finished.
+// `deallocate` takes it out of the table and frees it, or the resource ends
+// (its drop frees nothing, but the driver frees the memory with the context
+// if the resource held its last retain); it is managed memory
+// (`cuMemAllocManaged`), which `CudaCopy`'s driver copies reach by its
+// unified address. Checked access, as for `PinnedMemory`: the allocation is
+// in the table of host-visible allocations from before its block is handed
+// out until it is freed under that table's lock, or until the resource ends
+// (`HostAllocations`' drop takes it out under that lock while the context
+// is still retained), and `CudaCopy` touches host-visible memory only
+// inside one entry, under the lock, until its work has finished.
 unsafe impl memres_core::copy::MemoryOf<crate::CudaCopy> for ManagedMemory {}
 
 /// Prefetches every block it hands out to its device, on the allocation's

@@ -1,8 +1,7 @@
 //! Page-locked host memory: RMM's `pinned_memory_resource`.
 
-use crate::context::{Context, Device};
-use crate::host_visible;
-use crate::live::LiveAllocations;
+use crate::context::Device;
+use crate::host_visible::{self, HostAllocations};
 use crate::sys;
 use memres_core::{Block, MemoryResource, Request, Result, Stream};
 use std::sync::Arc;
@@ -16,6 +15,11 @@ use std::sync::Arc;
 /// when asked. The memory is portable (`CU_MEMHOSTALLOC_PORTABLE`): pinned
 /// for every context, not only the one it was allocated in. Streams mean
 /// nothing to it.
+///
+/// Dropping the resource (its last clone) frees nothing, but the blocks it
+/// still has out are no longer [`CudaCopy`](crate::CudaCopy)'s to touch
+/// (`NotLive`): the driver frees their memory when it destroys the context,
+/// which it does when the resource held its context's last retain.
 ///
 /// # Errors
 ///
@@ -37,12 +41,12 @@ use std::sync::Arc;
 /// ```
 #[derive(Clone, Debug)]
 pub struct PinnedMemory {
-    /// A context to allocate in (pinned memory needs a current one).
-    context: Context,
     /// `cuMemHostAlloc` flags.
     flags: u32,
-    /// The allocations handed out and not yet freed (shared by clones).
-    live: Arc<LiveAllocations>,
+    /// The allocations handed out and not yet freed, and the context they
+    /// are made in (pinned memory needs a current one), retained: shared
+    /// by clones.
+    live: Arc<HostAllocations>,
 }
 
 impl PinnedMemory {
@@ -63,7 +67,7 @@ impl PinnedMemory {
     /// The driver's error as [`Error::Backend`](memres_core::Error::Backend);
     /// invalid flags are reported by the first allocation.
     pub fn with_flags(device: Device, flags: u32) -> Result<PinnedMemory> {
-        Ok(PinnedMemory { context: device.primary_context()?, flags, live: Arc::default() })
+        Ok(PinnedMemory { flags, live: Arc::new(HostAllocations::new(device.primary_context()?)) })
     }
 }
 
@@ -78,13 +82,13 @@ impl<S: Stream + ?Sized> MemoryResource<S> for PinnedMemory {
         };
         // SAFETY: `free_host` frees a pinned allocation, which `alloc`
         // makes; `host_visible::allocate` calls it as `free_host` asks.
-        unsafe { host_visible::allocate(&self.context, &self.live, request, alloc, free_host) }
+        unsafe { host_visible::allocate(&self.live, request, alloc, free_host) }
     }
 
     fn deallocate(&self, block: Block, _stream: &S) -> Result<()> {
         // SAFETY: every allocation of `self.live` is a pinned one of ours,
         // made by `allocate` above.
-        unsafe { host_visible::deallocate(&self.context, &self.live, block, free_host) }
+        unsafe { host_visible::deallocate(&self.live, block, free_host) }
     }
 
     /// Equal to its clones, which share its table of live allocations (one
@@ -110,11 +114,14 @@ unsafe fn free_host(base: u64) -> sys::CuResult {
 
 // SAFETY: the block lies inside one driver allocation (`place` checks
 // that padding and size fit) that no other block shares, live until
-// `deallocate` takes it out of the table and frees it (dropping the resource
-// frees nothing); it is page-locked host memory (`cuMemHostAlloc`), which
-// `CudaCopy`'s driver copies reach by its unified address. Checked access:
-// the allocation is in the table of host-visible allocations from before its
-// block is handed out until it is freed under that table's lock, and
+// `deallocate` takes it out of the table and frees it, or the resource ends
+// (its drop frees nothing, but the driver frees the memory with the context
+// if the resource held its last retain); it is page-locked host memory
+// (`cuMemHostAlloc`), which `CudaCopy`'s driver copies reach by its unified
+// address. Checked access: the allocation is in the table of host-visible
+// allocations from before its block is handed out until it is freed under
+// that table's lock, or until the resource ends (`HostAllocations`' drop
+// takes it out under that lock while the context is still retained), and
 // `CudaCopy` touches host-visible memory only inside one entry, under the
 // lock, waiting for the work to finish before it lets go.
 unsafe impl memres_core::copy::MemoryOf<crate::CudaCopy> for PinnedMemory {}

@@ -3,9 +3,11 @@
 
 mod common;
 
-use common::{expect_filled, fill, gpus};
-use memres_core::{MemoryResource, Request};
-use memres_cuda::{CudaAsyncMemory, CudaStream, Device};
+use common::{expect_filled, fill, gpus, Owned};
+use memres_containers::{ContainerError, DeviceBuffer};
+use memres_core::copy::MemoryOf;
+use memres_core::{Error, MemoryResource, Request, Shared};
+use memres_cuda::{CudaAsyncMemory, CudaCopy, CudaStream, Device, ManagedMemory, PinnedMemory};
 
 #[test]
 fn two_devices_from_one_thread() {
@@ -37,4 +39,43 @@ fn two_devices_from_one_thread() {
     expect_filled(&legacy1, &b, 0xD1D1);
     mrs[1].deallocate(b, &()).unwrap();
     drop(context0); // kept retained while bound
+}
+
+/// A buffer over `mr`, a resource of device 0, which is replaced by
+/// `replacement` (of device 1) under it and so ends: every later access
+/// through `engine` (of device 1) is refused.
+fn ended_under_a_buffer<'s, R>(
+    mr: Shared<Owned<R>>,
+    replacement: R,
+    stream: &'s CudaStream,
+    engine: &CudaCopy,
+) where
+    R: MemoryResource<&'s CudaStream> + MemoryOf<CudaCopy>,
+{
+    let mut buf = DeviceBuffer::from_slice_in(b"hello", stream, &mr, engine).unwrap();
+    assert_eq!(buf.to_vec().unwrap(), b"hello");
+    let addr = buf.addr();
+    mr.with(|r| *r = Owned(replacement));
+    let refused = ContainerError::Memory(Error::NotLive { addr, len: 5 });
+    assert_eq!(buf.to_vec().unwrap_err(), refused);
+    assert_eq!(buf.write(0, b"HELLO").unwrap_err(), refused);
+    assert_eq!(buf.fill(0).unwrap_err(), refused);
+    drop(buf); // its free goes to the replacement, which refuses it: ignored
+}
+
+/// Pinned and managed memory of a resource that held the last retain of
+/// its context (unless the other test of this binary holds one meanwhile):
+/// when the resource ends, the driver destroys the context and frees the
+/// memory, and `CudaCopy` must refuse the range rather than copy from or to
+/// memory the process may have reused.
+#[test]
+fn host_visible_memory_of_an_ended_resource_is_not_live() {
+    let Some(devices) = gpus("host_visible_memory_of_an_ended_resource_is_not_live", 2) else { return };
+    let (d0, d1) = (devices[0], devices[1]);
+    let engine = CudaCopy::new(d1).unwrap();
+    let stream = CudaStream::new(d1).unwrap();
+    let pinned = Shared::new(Owned(PinnedMemory::new(d0).unwrap()));
+    ended_under_a_buffer(pinned, PinnedMemory::new(d1).unwrap(), &stream, &engine);
+    let managed = Shared::new(Owned(ManagedMemory::new(d0).unwrap()));
+    ended_under_a_buffer(managed, ManagedMemory::new(d1).unwrap(), &stream, &engine);
 }

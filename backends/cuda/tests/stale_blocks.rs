@@ -9,7 +9,7 @@
 
 mod common;
 
-use common::gpu;
+use common::{gpu, Owned};
 use memres_containers::{ContainerError, DeviceBuffer};
 use memres_core::copy::{CopyEngine, MemoryOf};
 use memres_core::vpool::{VirtualConfig, VirtualPool};
@@ -39,6 +39,28 @@ where
     drop(buf); // its free is refused, and ignored
 }
 
+/// A buffer over a resource that is replaced (and so dropped) under it:
+/// every later access is refused, as the driver frees the memory of a
+/// resource's allocations with its context, which it destroys when the
+/// resource held its last retain (here `engine` keeps it alive; the
+/// multi-device test has the driver destroy it).
+fn ended_under_a_buffer<'s, R>(make: impl Fn() -> R, stream: &'s CudaStream, engine: &CudaCopy)
+where
+    R: MemoryResource<&'s CudaStream> + MemoryOf<CudaCopy>,
+{
+    let mr = Shared::new(Owned(make()));
+    let mut buf = DeviceBuffer::from_slice_in(b"hello", stream, &mr, engine).unwrap();
+    assert_eq!(buf.to_vec().unwrap(), b"hello");
+    let addr = buf.addr();
+    mr.with(|r| *r = Owned(make()));
+    let refused = ContainerError::Memory(not_live(addr, 5));
+    assert_eq!(buf.to_vec().unwrap_err(), refused);
+    assert_eq!(buf.fill(0).unwrap_err(), refused);
+    assert_eq!(buf.write(0, b"HELLO").unwrap_err(), refused);
+    assert_eq!((buf.addr(), buf.len()), (addr, 5));
+    drop(buf); // its free goes to the new resource, which refuses it: ignored
+}
+
 #[test]
 fn cuda_copy_touches_only_memory_it_can_vouch_for() {
     let Some(device) = gpu("cuda_copy_touches_only_memory_it_can_vouch_for") else { return };
@@ -49,6 +71,9 @@ fn cuda_copy_touches_only_memory_it_can_vouch_for() {
     // live pinned and managed allocations.
     freed_under_a_buffer(&PinnedMemory::new(device).unwrap(), &stream, &engine);
     freed_under_a_buffer(&ManagedMemory::new(device).unwrap(), &stream, &engine);
+    // Host-visible memory of a resource that has ended: refused too.
+    ended_under_a_buffer(|| PinnedMemory::new(device).unwrap(), &stream, &engine);
+    ended_under_a_buffer(|| ManagedMemory::new(device).unwrap(), &stream, &engine);
     // Device memory freed under a container: the driver no longer knows it.
     freed_under_a_buffer(&CudaMemory::new(device).unwrap(), &stream, &engine);
     // Virtual memory freed under a container and unmapped at once (no idle

@@ -2,7 +2,8 @@
 //! to write and read memory.
 #![allow(dead_code, unreachable_pub)]
 
-use memres_core::Block;
+use memres_core::copy::MemoryOf;
+use memres_core::{Block, MemoryResource, MemoryResourceMut, Request, Result, Stream};
 use memres_cuda::{ops, CudaStream, Device};
 use std::ffi::c_void;
 use std::sync::{Arc, Condvar, Mutex};
@@ -104,3 +105,21 @@ impl Drop for Gate {
         self.open();
     }
 }
+
+/// A resource owned, to go under [`Shared`](memres_core::Shared), whose
+/// `with` can then replace it (and so end it) under the blocks it handed out.
+pub struct Owned<R>(pub R);
+
+impl<S: Stream + ?Sized, R: MemoryResource<S>> MemoryResourceMut<S> for Owned<R> {
+    fn allocate(&mut self, request: Request, stream: &S) -> Result<Block> {
+        self.0.allocate(request, stream)
+    }
+
+    fn deallocate(&mut self, block: Block, stream: &S) -> Result<()> {
+        self.0.deallocate(block, stream)
+    }
+}
+
+// SAFETY: `Owned` hands out `R`'s blocks unchanged and gives them back only
+// through `R::deallocate`; replacing `R` ends it, as `MemoryOf` allows.
+unsafe impl<E, R: MemoryOf<E>> MemoryOf<E> for Owned<R> {}
