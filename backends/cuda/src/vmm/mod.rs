@@ -97,7 +97,8 @@ const MAX_HANDLE_GRANULES: u32 = 64;
 /// bytes (`pool_size`) and the device's memory (`max_size`); misuse (a range
 /// not aligned, outside the reservations, committed twice) is
 /// [`Error::InvalidConfig`]; other driver failures are [`Error::Backend`].
-/// A failed call changes nothing.
+/// A failed call changes nothing, but for a decommit whose undo fails too
+/// ([`DECOMMITTED_IN_PART`](Self::DECOMMITTED_IN_PART)).
 ///
 /// # Examples
 ///
@@ -222,6 +223,20 @@ fn mask(from: u64, to: u64) -> u64 {
 }
 
 impl CudaVirtualSpace {
+    /// The `what` of the [`Error::Backend`] (with the failed `cuMemUnmap`'s
+    /// code) of a decommit that failed half-way and then could not map again
+    /// all that it had unmapped: unlike other failures, this one changes
+    /// something. The handles it could not map again are gone, and their
+    /// granules are no longer committed (nor counted in
+    /// [`committed_bytes`](Self::committed_bytes) and
+    /// [`mapped_bytes`](Self::mapped_bytes)); the rest of the range stays
+    /// committed. Those granules can be committed again, and a decommit
+    /// that covers them is refused as a decommit of uncommitted memory. A
+    /// [`VirtualPool`](memres_core::vpool::VirtualPool) over the space does
+    /// not know this and takes them as still committed.
+    pub const DECOMMITTED_IN_PART: &'static str =
+        "decommit failed half-way, and part of the range could not be mapped again: it is decommitted";
+
     /// The handles spanned by default: 32 granules (64 MiB on an H100).
     pub const DEFAULT_HANDLE_GRANULES: u32 = 32;
 
@@ -763,6 +778,7 @@ impl CudaVirtualSpace {
                         // committed: a kept handle where it was, else a
                         // new one.
                         let (mut again, mut none) = (Vec::new(), Vec::new());
+                        let mut lost = false;
                         for &s in &done {
                             let m = st.mappings.get_mut(&s).expect("planned under the lock");
                             if keep && self.driver.map_kept(s, m.len, m.handle) == sys::CUDA_SUCCESS {
@@ -777,9 +793,21 @@ impl CudaVirtualSpace {
                             // Within one mapping's length: exactly one handle.
                             if self.map_fresh((s, m.len, m.len), &mut again, &mut none, &mut 0).is_ok() {
                                 m.handle = again[0].2;
+                                continue;
                             }
+                            // Nothing is mapped there any more and its handle
+                            // is gone: the mapping leaves the table, and its
+                            // granules (all in `range`) the counts.
+                            let m = st.mappings.remove(&s).expect("planned under the lock");
+                            st.mapped -= m.len;
+                            st.committed -= u64::from(m.committed.count_ones()) * self.granule;
+                            st.calls.unmaps += 1;
+                            lost = true;
                         }
-                        return Err(error_from_code(rc));
+                        return Err(match lost {
+                            true => Error::Backend { code: i64::from(rc), what: Self::DECOMMITTED_IN_PART },
+                            false => error_from_code(rc),
+                        });
                     }
                 }
             }

@@ -443,6 +443,41 @@ fn a_failed_unmap_leaves_the_range_committed() {
 }
 
 #[test]
+fn a_failed_unmap_whose_undo_fails_too_leaves_what_it_could_not_map_decommitted_and_counted_so() {
+    for keep in [false, true] {
+        let (space, fake) = space(1 << 40, 1);
+        let r = space.reserve(8 * G).unwrap();
+        space.commit(sub(r, 0, 3)).unwrap();
+        {
+            let mut m = fake.0.lock().unwrap();
+            // The second unmap fails, then mapping the first granule again:
+            // its new handle (its kept handle first, when kept), or its access.
+            m.fail_unmap = 2;
+            m.fail_map = 1;
+            m.fail_access = u64::from(keep);
+        }
+        let decommitted = match keep {
+            false => space.decommit(sub(r, 0, 3), &()),
+            true => space.decommit_for_commit(sub(r, 0, 3), &()),
+        };
+        let e = decommitted.unwrap_err();
+        assert_eq!(e, Error::Backend { code: FAILED.into(), what: CudaVirtualSpace::DECOMMITTED_IN_PART });
+        agree(&space, &fake);
+        assert_eq!((space.committed_bytes(), space.mapped_bytes()), (2 * G, 2 * G), "keep: {keep}");
+        assert!(space.lock().kept.is_empty());
+        // The granule lost is uncommitted: committed again, it is mapped
+        // anew; the rest of the range decommits.
+        assert!(matches!(space.decommit(sub(r, 0, 3), &()), Err(Error::InvalidConfig { .. })));
+        space.decommit(sub(r, 1, 2), &()).unwrap();
+        assert_eq!((space.committed_bytes(), fake.0.lock().unwrap().used), (0, 0));
+        space.commit(sub(r, 0, 3)).unwrap();
+        agree(&space, &fake);
+        space.decommit(sub(r, 0, 3), &()).unwrap();
+        agree(&space, &fake);
+    }
+}
+
+#[test]
 fn misuse_is_refused_before_any_driver_call() {
     let (space, fake) = space(1 << 40, 4);
     assert!(matches!(space.reserve(0), Err(Error::InvalidSize { .. })));
