@@ -142,8 +142,17 @@ impl Driver for CudaDriver {
 
     fn unmap(&self, start: u64, len: u64, handle: u64, keep: bool) -> Code {
         // SAFETY: the caller passes exactly one mapping made by `map` or
-        // `map_kept`, and has ordered the unmap after all work that may use
-        // it.
+        // `map_kept` (from its table, under its lock), so the call unmaps
+        // only this space's device memory (`prop`: pinned memory on a device
+        // location), never host pages or memory that Rust code reaches. The
+        // caller waited for the stream it was given first, but that wait is
+        // the stream's own `Stream::synchronize` (a safe trait, which cannot
+        // promise it waited): device work may still use the range. That work
+        // then faults on the device (an illegal address; the context fails
+        // and later driver calls return errors), or reads and writes device
+        // memory mapped there later: wrong data on the device, not undefined
+        // behaviour on the host, and the host is all this call's soundness
+        // rests on.
         let rc = unsafe { sys::cuMemUnmap(start, len as usize) };
         if rc != sys::CUDA_SUCCESS || keep {
             return rc;

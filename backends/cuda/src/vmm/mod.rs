@@ -87,6 +87,15 @@ const MAX_HANDLE_GRANULES: u32 = 64;
 /// this crate. Retained granules are not unmapped, so their decommit does
 /// not wait at all.
 ///
+/// That order is only as good as the stream's [`Stream::synchronize`]: a
+/// stream type whose `synchronize` returns before its work is done (the
+/// trait is safe, so nothing makes it wait), or work on other streams not
+/// ordered before the decommit, leaves device work using memory that is
+/// unmapped under it. That work faults on the device (an illegal address,
+/// after which the context fails) or reads and writes whatever is mapped
+/// there next: wrong data on the device, never host memory, so no undefined
+/// behaviour on the host.
+///
 /// Every method takes an internal lock; the driver calls are made with the
 /// device's primary context current (and the caller's restored).
 ///
@@ -679,6 +688,8 @@ impl ReservableSpace for CudaVirtualSpace {
         Ok(())
     }
 
+    /// Synchronizes `stream` before it unmaps, and trusts that it waited:
+    /// see **Stream order** in [`CudaVirtualSpace`]'s documentation.
     fn decommit<S: Stream + ?Sized>(&self, range: Range, stream: &S) -> Result<()> {
         self.decommit_in(range, stream, false)
     }
