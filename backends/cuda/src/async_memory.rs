@@ -404,7 +404,7 @@ impl<S: AsRawStream + ?Sized> MemoryResource<S> for CudaAsyncMemory {
             // while borrowed (`AsRawStream`'s contract).
             .scope(|| check_free(unsafe { sys::cuMemFreeAsync(base, raw) }, block.addr()));
         if freed.is_err() {
-            self.live.restore(base, block.size());
+            self.live.restore(base, block.addr(), block.size());
         }
         freed
     }

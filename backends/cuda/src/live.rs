@@ -3,7 +3,6 @@
 
 use crate::context::Context;
 use memres_core::{Error, Result};
-use std::cell::Cell;
 use std::collections::HashMap;
 use std::sync::{Mutex, MutexGuard, OnceLock};
 
@@ -33,13 +32,6 @@ struct Handed {
     addr: u64,
     /// The size that was asked for.
     size: u64,
-}
-
-thread_local! {
-    /// What this thread's last successful [`LiveAllocations::remove`] took
-    /// out: the table (by address), the base, the block's address. Read by
-    /// [`LiveAllocations::restore`], which its callers call right after.
-    static TAKEN: Cell<Option<(usize, u64, u64)>> = const { Cell::new(None) };
 }
 
 fn shard_of(base: u64) -> usize {
@@ -80,27 +72,14 @@ impl LiveAllocations {
             Some(h) if h.size != size => Err(Error::SizeMismatch { addr, expected: h.size, given: size }),
             Some(_) => {
                 shard.remove(&base);
-                TAKEN.set(Some((self as *const Self as usize, base, addr)));
                 Ok(())
             }
         }
     }
 
-    /// Puts `base` back after a free the driver refused, as the block of
-    /// `size` bytes that the calling thread's last [`remove`](Self::remove)
-    /// took out of this table (called right after it, with no other
-    /// `remove` on this thread between).
-    pub(crate) fn restore(&self, base: u64, size: u64) {
-        let addr = match TAKEN.take() {
-            Some((table, b, addr)) if table == self as *const Self as usize && b == base => addr,
-            // Not what the contract asks: the block can no longer be freed
-            // by its address (it stays live and counted, a leak, never a
-            // free of another block).
-            _ => {
-                debug_assert!(false, "restore of {base:#x} without its remove");
-                base
-            }
-        };
+    /// Puts `base` back after a free the driver refused: the block `addr`,
+    /// `size` bytes, that [`remove`](Self::remove) took out.
+    pub(crate) fn restore(&self, base: u64, addr: u64, size: u64) {
         self.insert(base, addr, size);
     }
 
@@ -153,7 +132,7 @@ mod tests {
         live.insert(0x9000_0000, 0x9000_0000, 64);
         assert_eq!(live.remove(base, addr, 1000), Ok(()));
         // The driver refused the free: back as it was.
-        live.restore(base, 1000);
+        live.restore(base, addr, 1000);
         assert_eq!(live.remove(base, addr + 256, 1000), Err(Error::UnknownBlock { addr: addr + 256 }));
         assert_eq!(live.remove(0x9000_0000, 0x9000_0000, 64), Ok(()));
         assert_eq!(live.remove(base, addr, 1000), Ok(()));

@@ -104,7 +104,7 @@ pub(crate) fn deallocate_with(
     live.remove(base, block.addr(), block.size())?;
     let freed = context.scope(|| check_free(free(base), block.addr()));
     if freed.is_err() {
-        live.restore(base, block.size());
+        live.restore(base, block.addr(), block.size());
     }
     freed
 }
