@@ -6,7 +6,9 @@ from . import mr as _mr
 
 class DeviceBuffer:
     """``size`` zeroed bytes from ``mr`` (the current device resource by
-    default), ordered on ``stream``; freed on that stream when collected."""
+    default), ordered on ``stream`` (None: the default stream; a stream
+    object, not a bare int, as every ``stream=``); freed on that stream
+    when collected."""
 
     def __init__(self, *, ptr=None, size=0, stream=None, mr=None):
         if ptr is not None:
@@ -15,6 +17,7 @@ class DeviceBuffer:
         self._init(size, stream, mr, None)
 
     def _init(self, size, stream, mr, data):
+        handle = as_handle(stream)
         mr = _mr.get_current_device_resource() if mr is None else mr
         if not isinstance(mr, _mr.DeviceMemoryResource):
             raise TypeError(f"memres: mr must be a memres.mr resource, not {type(mr).__name__}")
@@ -22,7 +25,6 @@ class DeviceBuffer:
         self.mr = mr
         self.stream = stream  # kept alive as long as the buffer is
         self._native_cls = type(mr._native)
-        handle = as_handle(stream)
         mr._keep(handle, stream)
         self._buf = _native_buffer(mr)(mr._native, size, handle, data)
 
@@ -77,15 +79,21 @@ class DeviceBuffer:
     def capacity(self):
         return self._buf.capacity()
 
+    # The methods below run on the buffer's own stream; a ``stream`` given
+    # is checked as every ``stream=`` is (a bare int is a TypeError).
+
     def resize(self, new_size, stream=None):
+        as_handle(stream)
         self._buf.resize(_mr._nbytes(new_size, "new_size"))
 
     def reserve(self, new_capacity, stream=None):
+        as_handle(stream)
         self._buf.reserve(_mr._nbytes(new_capacity, "new_capacity"))
 
     def copy_to_host(self, ary=None, stream=None):
         """The bytes, as a bytearray, or written into ``ary`` (a writable
         buffer of at least ``size`` bytes), which is returned."""
+        as_handle(stream)
         data = self._buf.copy_to_host()
         if ary is None:
             return bytearray(data)
@@ -97,11 +105,13 @@ class DeviceBuffer:
 
     def copy_from_host(self, ary, stream=None):
         """Writes the bytes of ``ary`` at the start of the buffer."""
+        as_handle(stream)
         self._buf.copy_from_host(bytes(memoryview(ary).cast("B")))
 
     def copy_from_device(self, src, stream=None):
         """Copies the bytes of ``src`` (a memres DeviceBuffer) to the start
         of this buffer."""
+        as_handle(stream)
         if not isinstance(src, DeviceBuffer):
             raise TypeError("memres: copy_from_device takes a memres.DeviceBuffer")
         if type(src.mr._native) is not self._native_cls:

@@ -1,15 +1,46 @@
-"""Streams: whatever names a CUDA stream becomes its integer handle."""
+"""Streams: a stream object of memres or of a framework becomes the integer
+handle the native side takes. A bare int is not a stream: a handle is
+wrapped only on purpose, with ``Stream.from_handle``."""
+
+_WHAT_TO_PASS = ("pass a memres.Stream, a torch/CuPy/Numba stream, an object with "
+                 "__cuda_stream__, or None for the default stream; wrap a raw cudaStream_t "
+                 "you know to be valid with memres.Stream.from_handle(handle)")
 
 
 class Stream:
-    """memres's stream object: a ``cudaStream_t`` handle it does not own
-    (0 is the legacy default stream). Streams of PyTorch, CuPy and Numba,
-    and plain integers, are accepted wherever a stream is."""
+    """memres's stream object: a ``cudaStream_t`` it does not own, as RMM's
+    ``rmm.pylibrmm.stream.Stream``. ``Stream()`` (or ``Stream(None)``) is
+    the legacy default stream; ``Stream(obj)`` wraps the stream of ``obj``
+    (a memres ``Stream``, a ``torch.cuda.Stream``, a ``cupy.cuda.Stream``,
+    a Numba stream or an object with ``__cuda_stream__``) and keeps
+    ``obj`` alive as long as it is. An int is refused with ``TypeError``,
+    as RMM refuses it: a raw handle is wrapped with ``from_handle``."""
 
-    __slots__ = ("handle",)
+    __slots__ = ("handle", "_owner")
 
-    def __init__(self, handle=0):
-        self.handle = as_handle(handle)
+    def __init__(self, obj=None):
+        self.handle = as_handle(obj)
+        # The object whose handle this is: torch's and CuPy's streams
+        # destroy their handle when collected.
+        self._owner = obj._owner if isinstance(obj, Stream) else obj
+
+    @classmethod
+    def from_handle(cls, handle):
+        """A ``Stream`` of the raw ``cudaStream_t`` ``handle`` (an int, 0
+        for the legacy default stream), as ``cupy.cuda.ExternalStream(ptr)``
+        or Numba's ``cuda.external_stream(ptr)``: the one way to pass memres
+        a handle that comes from elsewhere (C code, another library).
+        memres cannot check it and hands it to the CUDA driver as it is, so
+        the caller guarantees that it is a live stream of the context of
+        the device it is used on (the current device's, for the current
+        resource) for as long as it is used: by the call it is passed to,
+        by a ``DeviceBuffer`` made on it until the buffer is freed, and by
+        a resource given it (stream-ordered layers remember a stream) until
+        the resource is gone. memres neither creates nor destroys it."""
+        self = cls.__new__(cls)
+        self.handle = _checked(handle)
+        self._owner = None
+        return self
 
     def __int__(self):
         return self.handle
@@ -21,37 +52,44 @@ class Stream:
         return hash(self.handle)
 
     def __repr__(self):
-        return f"memres.Stream({self.handle:#x})"
+        return f"memres.Stream.from_handle({self.handle:#x})"
+
+
+def _checked(handle):
+    """``handle`` if it is an int a ``cudaStream_t`` can be."""
+    if isinstance(handle, bool) or not isinstance(handle, int):
+        raise TypeError(f"memres: a stream handle is an int, not {type(handle).__name__}")
+    if not 0 <= handle < 1 << 64:
+        raise ValueError(f"memres: stream handle {handle} out of range")
+    return handle
 
 
 def as_handle(stream):
     """The ``cudaStream_t`` of ``stream`` as an int: None (the default
-    stream), an int, a memres Stream, an object with ``__cuda_stream__``,
-    a ``torch.cuda.Stream`` (``cuda_stream``), a ``cupy.cuda.Stream``
-    (``ptr``) or a Numba stream (``handle``)."""
+    stream), a memres Stream, an object with ``__cuda_stream__``, a
+    ``torch.cuda.Stream`` (``cuda_stream``), a ``cupy.cuda.Stream``
+    (``ptr``) or a Numba stream (``handle``). Anything else, a bare int
+    or bool included, is a ``TypeError`` that says what to pass."""
     if stream is None:
         return 0
-    if isinstance(stream, bool):
-        raise ValueError(f"memres: {stream!r} is not a stream")
-    if isinstance(stream, int):
-        if stream < 0 or stream >= 1 << 64:
-            raise ValueError(f"memres: stream handle {stream} out of range")
-        return stream
     if isinstance(stream, Stream):
         return stream.handle
+    if isinstance(stream, int):  # bool too
+        raise TypeError(f"memres: a bare {type(stream).__name__} ({stream!r}) is not a stream: "
+                        + _WHAT_TO_PASS)
+    # The handles below are the framework's own, of a stream object it made.
     proto = getattr(stream, "__cuda_stream__", None)
     if proto is not None:
         value = proto() if callable(proto) else proto
-        return as_handle(value[1] if isinstance(value, tuple) else value)
+        return _checked(value[1] if isinstance(value, tuple) else value)
     for attr in ("cuda_stream", "ptr"):
         value = getattr(stream, attr, None)
         if isinstance(value, int):
-            return as_handle(value)
+            return _checked(value)
     handle = getattr(stream, "handle", None)  # Numba: a ctypes c_void_p
     if handle is not None:
-        return as_handle(getattr(handle, "value", handle) or 0)
-    raise ValueError(f"memres: {stream!r} is not a stream (an int, memres.Stream, "
-                     "torch/cupy/numba stream)")
+        return _checked(getattr(handle, "value", handle) or 0)
+    raise TypeError(f"memres: {type(stream).__name__} {stream!r} is not a stream: " + _WHAT_TO_PASS)
 
 
-DEFAULT_STREAM = Stream(0)
+DEFAULT_STREAM = Stream()

@@ -1,7 +1,9 @@
 """Memory resources, as RMM's ``rmm.mr``: every class is a stack of the
 Rust side over the objects it is given (an adaptor wraps the very object
 passed as its upstream), with ``allocate(nbytes, stream=None)`` and
-``deallocate(ptr, nbytes, stream=None)``.
+``deallocate(ptr, nbytes, stream=None)``. A ``stream`` is None (the
+default stream), a ``memres.Stream`` or a framework's stream object; a bare
+int is a ``TypeError`` (``memres.Stream.from_handle`` wraps a raw handle).
 
 Leaves: CudaMemoryResource, CudaAsyncMemoryResource, ManagedMemoryResource,
 PinnedHostMemoryResource, VirtualMemoryResource (CUDA); SimulatedMemoryResource,

@@ -132,11 +132,15 @@ mod imp {
         if handle == 0 {
             return Ok(CudaStream::legacy_in(context(device)?));
         }
-        // SAFETY: a Python caller hands a `cudaStream_t` it owns, as RMM's
-        // Python API takes one: a stream that outlives the use made of it
-        // here (the call, or the life of the buffer that keeps it). The
-        // borrowed handle never destroys the stream; no context is claimed
-        // for it (the driver is asked for the stream's own).
+        // SAFETY: the package's Python side passes only the handle of a
+        // stream object (a framework's stream, which it keeps alive as long
+        // as the buffer or stack that uses it) or of `Stream.from_handle`,
+        // whose caller guarantees a live stream for the use made of it
+        // here (the call, or the life of the buffer or stack that keeps
+        // it); a bare int is refused there. PyTorch's calls of
+        // `memres_py_alloc` pass its own streams. The borrowed handle never
+        // destroys the stream; no context is claimed for it (the driver is
+        // asked for the stream's own).
         Ok(unsafe { CudaStream::from_raw(handle as usize as *mut std::ffi::c_void as _, None) })
     }
 

@@ -4,6 +4,7 @@ with bytes)."""
 import copy
 import gc
 import pickle
+import types
 
 import pytest
 
@@ -95,11 +96,12 @@ def test_host_buffer_has_no_cuda_array_interface():
         memres.DeviceBuffer(size=4, mr=mr.HostMemoryResource()).__cuda_array_interface__
 
 
-@pytest.mark.parametrize("stream, exported", [(None, 1), (0, 1), (2, 2), (0x7F00, 0x7F00),
-                                             (memres.Stream(0x55), 0x55)])
+@pytest.mark.parametrize("stream, exported", [(None, 1), (memres.Stream.from_handle(0), 1),
+                                             (memres.Stream.from_handle(2), 2),
+                                             (memres.Stream.from_handle(0x7F00), 0x7F00),
+                                             (types.SimpleNamespace(ptr=0x55), 0x55)])
 def test_the_cuda_array_interface_names_the_buffers_stream(stream, exported):
     # A host buffer passed off as a CUDA one: the dict is the same.
-    import types
     buf = memres.DeviceBuffer(size=4, mr=mr.HostMemoryResource(), stream=stream)
     buf.mr = types.SimpleNamespace(_backend="cuda")
     cai = buf.__cuda_array_interface__

@@ -1,4 +1,5 @@
-"""Streams from every framework become handles; bad ones are ValueErrors."""
+"""Streams from every framework become handles; what is not a stream (a bare
+int included) is a TypeError, and Stream.from_handle wraps a raw handle."""
 
 import ctypes
 
@@ -28,27 +29,122 @@ class Protocol:
 
 def test_handles():
     assert as_handle(None) == 0
-    assert as_handle(7) == 7
-    assert as_handle(memres.Stream(9)) == 9
+    assert as_handle(memres.Stream.from_handle(9)) == 9
     assert as_handle(TorchLike()) == 0x1234
     assert as_handle(CupyLike()) == 0x5678
     assert as_handle(NumbaLike()) == 0x9ABC
     assert as_handle(Protocol()) == 0xDEF0
-    assert memres.DEFAULT_STREAM == memres.Stream(0)
+    assert memres.DEFAULT_STREAM == memres.Stream() == memres.Stream(None) == memres.Stream.from_handle(0)
+    assert memres.Stream(CupyLike()) == memres.Stream.from_handle(0x5678)
+    assert memres.Stream(memres.Stream(Protocol())).handle == 0xDEF0
+    assert int(memres.Stream.from_handle(0x10)) == 0x10
 
 
-@pytest.mark.parametrize("bad", [-1, 1 << 64, "s", 1.0, True, object()])
-def test_bad_streams(bad):
-    with pytest.raises(ValueError):
-        as_handle(bad)
+@pytest.mark.parametrize("bad", [0, 7, -1, 1 << 64, True, False, "s", 1.0, object()])
+def test_what_is_not_a_stream_is_a_type_error_that_says_what_to_pass(bad):
+    # As RMM: its Stream(obj) raises TypeError for an int, and its methods
+    # take a Stream. A bare int would be handed to the driver as a handle.
+    for make in (as_handle, memres.Stream):
+        with pytest.raises(TypeError, match=r"memres\.Stream.*__cuda_stream__.*None.*from_handle"):
+            make(bad)
+
+
+@pytest.mark.parametrize("bad, error", [(-1, ValueError), (1 << 64, ValueError), (True, TypeError),
+                                        ("7", TypeError), (7.0, TypeError), (None, TypeError)])
+def test_from_handle_takes_an_int_a_handle_can_be(bad, error):
+    with pytest.raises(error):
+        memres.Stream.from_handle(bad)
+
+
+@pytest.mark.parametrize("value", [-1, 1 << 64, "7", None, 1.5])
+def test_a_framework_handle_that_cannot_be_one_is_refused(value):
+    class Odd:
+        def __cuda_stream__(self):
+            return (0, value)
+
+    with pytest.raises((TypeError, ValueError)):
+        as_handle(Odd())
+
+
+def test_a_stream_keeps_the_framework_stream_it_wraps_alive():
+    import gc
+    import weakref
+    s = CupyLike()  # cupy's Stream destroys its handle when collected
+    alive = weakref.ref(s)
+    wrapped = memres.Stream(s)
+    del s
+    gc.collect()
+    assert alive() is not None
+    del wrapped
+    gc.collect()
+    assert alive() is None
 
 
 def test_resources_take_stream_objects():
     pool = memres.mr.PoolMemoryResource(memres.mr.SimulatedMemoryResource(1 << 30))
     p = pool.allocate(100, stream=TorchLike())
     pool.deallocate(p, 100, stream=CupyLike())
-    with pytest.raises(ValueError):
+    p = pool.allocate(100, stream=memres.Stream.from_handle(0x1234))
+    pool.deallocate(p, 100, stream=memres.Stream(NumbaLike()))
+    with pytest.raises(TypeError):
         pool.allocate(100, stream="default")
+
+
+def _setup():
+    """A tracked, counted pool of host memory with a buffer and a block of
+    it: what the entry points below are called on."""
+    import types
+    stats = mr.StatisticsResourceAdaptor(mr.PoolMemoryResource(mr.HostMemoryResource()))
+    t = mr.TrackingResourceAdaptor(stats)
+    return types.SimpleNamespace(t=t, stats=stats, pool=stats.upstream_mr,
+                                 buf=memres.DeviceBuffer.to_device(b"abcd", mr=t),
+                                 src=memres.DeviceBuffer.to_device(b"xy", mr=t),
+                                 block=t.allocate(100))
+
+
+def _state(c):
+    """What a refused call must leave as it was."""
+    return (c.t.get_outstanding_count(), c.t.get_allocated_bytes(), c.stats.allocation_counts,
+            c.pool.pool_size(), c.t.steps(), c.buf.size, c.buf.capacity(), c.buf.copy_to_host())
+
+
+# Every public entry point that takes ``stream=``, each given the stream ``s``.
+ENTRY_POINTS = {
+    "DeviceBuffer": lambda c, s: memres.DeviceBuffer(size=10, stream=s, mr=c.t),
+    "DeviceBuffer.to_device": lambda c, s: memres.DeviceBuffer.to_device(b"abc", stream=s, mr=c.t),
+    "DeviceBuffer.resize": lambda c, s: c.buf.resize(64, stream=s),
+    "DeviceBuffer.reserve": lambda c, s: c.buf.reserve(1000, stream=s),
+    "DeviceBuffer.copy_to_host": lambda c, s: c.buf.copy_to_host(stream=s),
+    "DeviceBuffer.copy_from_host": lambda c, s: c.buf.copy_from_host(b"xy", stream=s),
+    "DeviceBuffer.copy_from_device": lambda c, s: c.buf.copy_from_device(c.src, stream=s),
+    "DeviceBuffer.prefetch": lambda c, s: c.buf.prefetch(device=0, stream=s),
+    "allocate": lambda c, s: c.t.allocate(100, stream=s),
+    "deallocate": lambda c, s: c.t.deallocate(c.block, 100, stream=s),
+    "step": lambda c, s: c.t.step(stream=s),
+    "release": lambda c, s: c.t.release(stream=s),
+}
+
+
+@pytest.mark.parametrize("bad", [12345, 0, True])
+@pytest.mark.parametrize("entry", sorted(ENTRY_POINTS))
+def test_every_stream_parameter_refuses_a_bare_int_and_changes_nothing(entry, bad):
+    c = _setup()
+    before = _state(c)
+    with pytest.raises(TypeError, match="from_handle"):
+        ENTRY_POINTS[entry](c, bad)
+    assert _state(c) == before
+    c.t.deallocate(c.block, 100)  # still outstanding: the refused call did not free it
+
+
+@pytest.mark.parametrize("entry", sorted(ENTRY_POINTS))
+def test_every_stream_parameter_takes_a_wrapped_handle(entry):
+    c = _setup()
+    made = ENTRY_POINTS[entry](c, memres.Stream.from_handle(0x1234))
+    outstanding = 3 + (entry in ("DeviceBuffer", "DeviceBuffer.to_device", "allocate"))
+    assert c.t.get_outstanding_count() == outstanding - (entry == "deallocate")
+    assert c.buf.copy_to_host()[:2] == (b"xy" if entry.startswith("DeviceBuffer.copy_from") else b"ab")
+    if entry == "allocate":
+        c.t.deallocate(made, 100, stream=memres.Stream.from_handle(0x1234))
 
 
 def test_a_stack_keeps_its_stream_objects_alive_as_long_as_it_lives():
