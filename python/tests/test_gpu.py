@@ -88,6 +88,37 @@ def test_streams_from_torch_and_cupy(gpu):
         assert buf.copy_to_host() == b"abc"
 
 
+def test_a_bare_int_stream_never_reaches_the_driver_and_from_handle_does(gpu):
+    t = mr.TrackingResourceAdaptor(mr.PoolMemoryResource(mr.CudaAsyncMemoryResource(), per_stream=True))
+    with pytest.raises(TypeError, match="from_handle"):
+        memres.DeviceBuffer(size=10, stream=12345, mr=t)
+    with pytest.raises(TypeError, match="from_handle"):
+        t.allocate(MiB, stream=12345)
+    assert t.get_outstanding_count() == 0 and t.get_allocated_bytes() == 0
+    # Handles of live streams, wrapped on purpose: the legacy default
+    # stream's, and a framework's own where one is installed, which lives
+    # as long as the resource that is given it (from_handle's promise).
+    owners = []
+    for mod, make in (("torch", lambda m: m.cuda.Stream()), ("cupy", lambda m: m.cuda.Stream())):
+        try:
+            owners.append(make(__import__(mod)))
+        except ImportError:
+            pass
+    handles = [0] + [getattr(o, "cuda_stream", None) or o.ptr for o in owners]
+    for h in handles:
+        s = memres.Stream.from_handle(h)
+        buf = memres.DeviceBuffer.to_device(b"abc", stream=s, mr=t)
+        assert buf.copy_to_host() == b"abc"
+        p = t.allocate(MiB, stream=s)
+        t.deallocate(p, MiB, stream=s)
+        del buf
+        gc.collect()
+    assert t.get_outstanding_count() == 0
+    del t
+    gc.collect()
+    owners.clear()  # after the resource that remembers their streams
+
+
 def test_cupy_allocator_and_cuda_array_interface(gpu):
     cupy = pytest.importorskip("cupy")
     from memres.allocators.cupy import memres_cupy_allocator
