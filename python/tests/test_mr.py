@@ -308,11 +308,13 @@ def test_reinitialize_with_logging(tmp_path):
 @pytest.mark.parametrize("from_env", [False, True])
 def test_reinitialize_logs_each_device_to_its_own_file_named_as_rmm(tmp_path, monkeypatch, from_env):
     path = tmp_path / "x.csv"
+    # Host memory on both devices: the naming is the point, and a GPU
+    # machine may have one device.
     if from_env:
         monkeypatch.setenv("MEMRES_LOG_FILE", str(path))
-        memres.reinitialize(logging=True, devices=[0, 1])
+        memres.reinitialize(logging=True, devices=[0, 1], stack="host")
     else:
-        memres.reinitialize(logging=True, devices=[0, 1], log_file_name=str(path))
+        memres.reinitialize(logging=True, devices=[0, 1], log_file_name=str(path), stack="host")
     for device, nbytes in [(0, 100), (1, 200)]:
         res = mr.get_per_device_resource(device)
         assert res.get_file_name() == str(tmp_path / f"x.dev{device}.csv")
