@@ -93,7 +93,7 @@ pub(crate) fn last_alloc_error(py: Python<'_>, clear: bool) -> Option<String> {
 }
 
 fn alloc(size: isize, device: i32, stream: *mut c_void) -> Result<*mut c_void, String> {
-    let size = u64::try_from(size).ok().filter(|&s| s > 0).ok_or("a size of 0 bytes or less")?;
+    let size = u64::try_from(size).map_err(|_| "a negative size")?;
     let d = u32::try_from(device).map_err(|_| "a negative device")?;
     let resource = memres_core::device::get_per_device_resource::<Stream>(d).map_err(|e| e.to_string())?;
     let s = backend::stream(stream as usize as u64, d).map_err(|e| e.to_string())?;
@@ -124,6 +124,10 @@ fn free(ptr: *mut c_void, device: i32, stream: *mut c_void) -> Option<()> {
 /// `stream` is null or a stream of `device` valid for the call.
 #[no_mangle]
 pub unsafe extern "C" fn memres_py_alloc(size: isize, device: i32, stream: *mut c_void) -> *mut c_void {
+    if size == 0 {
+        // An empty tensor's: no memory, and nothing failed.
+        return std::ptr::null_mut();
+    }
     let failed = |why: String| {
         *LAST_ALLOC_ERROR.lock().unwrap_or_else(|p| p.into_inner()) =
             Some(format!("memres_py_alloc({size} bytes, device {device}): {why}"));

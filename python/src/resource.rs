@@ -71,6 +71,26 @@ impl std::ops::Deref for Resource {
     }
 }
 
+/// Whether the outermost `name` adaptor of the stack sees the program's
+/// calls: only adaptors that pass every call on unchanged (`stats`,
+/// `track`, `log`, `limit`) lie above it. One under a pool would count the
+/// pool's chunks as the program's allocations.
+fn sees_the_program(call: &memres_core::stack::Call, name: &str) -> bool {
+    let mut call = call;
+    loop {
+        if call.name == name {
+            return true;
+        }
+        if !matches!(call.name.as_str(), "stats" | "track" | "log" | "limit") {
+            return false;
+        }
+        match call.positional(0) {
+            Some(memres_core::stack::Value::Call(upstream)) => call = upstream,
+            _ => return false,
+        }
+    }
+}
+
 /// Whether every leaf under `call` is memory with bytes behind it: a leaf
 /// of the backend's engine as `builder` registered it
 /// ([`StackBuilder::is_leaf_of`]; upstreams `upN` say for themselves); an
@@ -182,10 +202,8 @@ impl Resource {
         let inner: Dyn = streams.clone();
         Ok(Resource {
             parts: DropDetached::new(Parts {
-                // Only a `stats` at the root counts the stack's calls: one
-                // under a pool counts the pool's chunks.
-                stats: if call.name == "stats" { built.get("stats") } else { None },
-                track: built.get("track"),
+                stats: sees_the_program(&call, "stats").then(|| built.get("stats")).flatten(),
+                track: sees_the_program(&call, "track").then(|| built.get("track")).flatten(),
                 logs: built.all("log"),
                 pools: built.all("pool"),
                 planned: built.all("planned"),

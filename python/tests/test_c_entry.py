@@ -53,6 +53,9 @@ def test_a_failed_allocation_keeps_its_reason_for_python():
     assert so.memres_py_alloc(1000, 0, None) is None
     why = _native.sim.last_alloc_error()
     assert why.startswith("memres_py_alloc(1000 bytes, device 0): ") and "limit" in why, why
+    # An empty tensor's allocation is NULL and no failure: the reason stays.
     assert so.memres_py_alloc(0, 0, None) is None
-    assert "0 bytes" in _native.sim.last_alloc_error(clear=True)
+    assert _native.sim.last_alloc_error() == why
+    assert so.memres_py_alloc(-5, 0, None) is None
+    assert "negative size" in _native.sim.last_alloc_error(clear=True)
     assert _native.sim.last_alloc_error() is None

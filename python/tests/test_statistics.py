@@ -94,6 +94,16 @@ def test_a_stack_with_stats_outermost_counts():
     del buf
 
 
+def test_a_stats_layer_under_adaptors_that_pass_calls_on_counts_the_stacks_calls():
+    # Above it only adaptors that pass every call on unchanged: it sees the
+    # program's blocks, so it is the stack's statistics.
+    memres.reinitialize(stack="track(stats(pool(host, initial=1MiB)))")
+    buf = memres.DeviceBuffer(size=10)
+    stats = memres.statistics.get_statistics()
+    assert (stats.current_bytes, stats.current_count) == (10, 1), stats
+    del buf
+
+
 def test_a_stats_layer_under_the_root_does_not_count_the_stacks_calls():
     # The stats under the pool counts the pool's chunk, not the program's
     # blocks: enable_statistics puts a StatisticsResourceAdaptor on top.
