@@ -1,5 +1,7 @@
 //! Bad arguments to the index: refused with a typed error, nothing changed.
 
+extern crate std;
+
 use super::*;
 use crate::{Error, Range, Request};
 
