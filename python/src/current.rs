@@ -117,7 +117,7 @@ fn free(ptr: *mut c_void, device: i32, stream: *mut c_void) -> Option<()> {
 
 /// Allocates `size` bytes from `device`'s current resource on `stream`;
 /// NULL when that fails (or for 0 bytes), the reason kept for
-/// [`last_alloc_error`]. Never unwinds.
+/// `last_alloc_error`. Never unwinds.
 ///
 /// # Safety
 ///
