@@ -281,7 +281,7 @@ impl<U, N: Storage<Node>, C: Storage<Chunk>> CoalescingPool<U, N, C> {
     /// # Time Complexity
     ///
     /// O(chunks).
-    pub fn take_free_chunk(&mut self, min_len: u64, _: ChunkMove) -> Option<FreeChunk> {
+    pub(crate) fn take_free_chunk(&mut self, min_len: u64, _: ChunkMove) -> Option<FreeChunk> {
         let (range, block, handle) = self.chunks.take_free(min_len, &mut self.index)?;
         Some(FreeChunk { range, block, large: Classes::<N>::split_handle(handle).0 })
     }
@@ -295,7 +295,7 @@ impl<U, N: Storage<Node>, C: Storage<Chunk>> CoalescingPool<U, N, C> {
     /// maximum size, [`Error::CapacityExhausted`] when the metadata storage
     /// is full; the chunk comes back with the error, and nothing changed.
     #[allow(clippy::result_large_err)] // the chunk must come back
-    pub fn adopt_chunk(
+    pub(crate) fn adopt_chunk(
         &mut self,
         chunk: FreeChunk,
         _: ChunkMove,
