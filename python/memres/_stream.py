@@ -68,7 +68,8 @@ def as_handle(stream):
     """The ``cudaStream_t`` of ``stream`` as an int: None (the default
     stream), a memres Stream, an object with ``__cuda_stream__``, a
     ``torch.cuda.Stream`` (``cuda_stream``), a ``cupy.cuda.Stream``
-    (``ptr``) or a Numba stream (``handle``). Anything else, a bare int
+    (``ptr``) or a Numba stream (``handle``: a ctypes pointer or a
+    cuda-python ``CUstream``). Anything else, a bare int
     or bool included, is a ``TypeError`` that says what to pass."""
     if stream is None:
         return 0
@@ -86,8 +87,12 @@ def as_handle(stream):
         value = getattr(stream, attr, None)
         if isinstance(value, int):
             return _checked(value)
-    handle = getattr(stream, "handle", None)  # Numba: a ctypes c_void_p
+    # Numba: a ctypes c_void_p, or with NVIDIA's bindings (numba-cuda's
+    # default) a cuda-python CUstream, whose int() is the handle.
+    handle = getattr(stream, "handle", None)
     if handle is not None:
+        if type(handle).__module__.partition(".")[0] == "cuda":
+            return _checked(int(handle))
         return _checked(getattr(handle, "value", handle) or 0)
     raise TypeError(f"memres: {type(stream).__name__} {stream!r} is not a stream: " + _WHAT_TO_PASS)
 

@@ -22,6 +22,21 @@ class NumbaLike:
     handle = ctypes.c_void_p(0x9ABC)
 
 
+class CUstream:
+    """cuda-python's driver handle type, as numba-cuda's streams hold it."""
+    __module__ = "cuda.bindings.driver"
+
+    def __init__(self, value):
+        self.value = value
+
+    def __int__(self):
+        return self.value
+
+
+class NumbaBindingLike:
+    handle = CUstream(0x7A5C)
+
+
 class Protocol:
     def __cuda_stream__(self):
         return (0, 0xDEF0)
@@ -33,6 +48,7 @@ def test_handles():
     assert as_handle(TorchLike()) == 0x1234
     assert as_handle(CupyLike()) == 0x5678
     assert as_handle(NumbaLike()) == 0x9ABC
+    assert as_handle(NumbaBindingLike()) == 0x7A5C
     assert as_handle(Protocol()) == 0xDEF0
     assert memres.DEFAULT_STREAM == memres.Stream() == memres.Stream(None) == memres.Stream.from_handle(0)
     assert memres.Stream(CupyLike()) == memres.Stream.from_handle(0x5678)
