@@ -90,16 +90,21 @@ impl Growth {
                 Some(room) => need.max(room / 2),
                 None => need.max(held),
             },
+            // Configs are validated (a divisor and step of at least 1, a
+            // power-of-two granule); saturation keeps what held bytes or a
+            // huge minimum could overflow under the cap below.
             Growth::Fraction { divisor, granule } => {
-                let g = need.max(held / divisor as u64);
-                (g + granule - 1) & !(granule - 1)
+                let g = need.max(held / u64::from(divisor.max(1)));
+                g.saturating_add(granule - 1) & !(granule - 1)
             }
             Growth::Exact { granule } => need.saturating_add(granule - 1) & !(granule - 1),
             Growth::Steps { minimum, divisor, step } => {
-                need.max(minimum.max(held / divisor as u64).div_ceil(step) * step)
+                let step = step.max(1);
+                let g = minimum.max(held / u64::from(divisor.max(1)));
+                need.max(g.div_ceil(step).saturating_mul(step))
             }
         };
-        let want = ((want + 255) & !255).min(Request::MAX_SIZE);
+        let want = (want.saturating_add(255) & !255).min(Request::MAX_SIZE);
         match room {
             Some(room) => want.min(room),
             None => want,

@@ -140,6 +140,16 @@ impl PoolConfig {
                 return Err(Error::InvalidConfig { what: "growth granule above the largest request" });
             }
         }
+        if let Growth::Steps { minimum, divisor, step } = self.growth {
+            if divisor == 0 || step == 0 || step % 256 != 0 || minimum % 256 != 0 {
+                return Err(Error::InvalidConfig {
+                    what: "growth divisor or step is zero, or step or minimum not a multiple of 256",
+                });
+            }
+            if step > Request::MAX_SIZE || minimum > Request::MAX_SIZE {
+                return Err(Error::InvalidConfig { what: "growth step or minimum above the largest request" });
+            }
+        }
         Ok(())
     }
 }

@@ -268,6 +268,12 @@ fn invalid_configs_are_rejected() {
         PoolConfig::new().growth(Growth::Exact { granule: 3000 }),
         PoolConfig::new().growth(Growth::Exact { granule: 128 }),
         PoolConfig::new().growth(Growth::Exact { granule: 1 << 63 }),
+        PoolConfig::new().growth(Growth::Steps { minimum: 1 << 20, divisor: 0, step: 1 << 20 }),
+        PoolConfig::new().growth(Growth::Steps { minimum: 1 << 20, divisor: 8, step: 0 }),
+        PoolConfig::new().growth(Growth::Steps { minimum: 1 << 20, divisor: 8, step: 1000 }),
+        PoolConfig::new().growth(Growth::Steps { minimum: 1000, divisor: 8, step: 1 << 20 }),
+        PoolConfig::new().growth(Growth::Steps { minimum: u64::MAX & !255, divisor: 8, step: 1 << 20 }),
+        PoolConfig::new().growth(Growth::Steps { minimum: 1 << 20, divisor: 8, step: 1 << 63 }),
     ] {
         assert!(
             matches!(CoalescingPool::with_config(up(), c, &()), Err(Error::InvalidConfig { .. })),
@@ -296,6 +302,22 @@ fn configs_no_request_could_use_are_refused() {
     let mut p = CoalescingPool::with_config(BumpUpstream::new(u64::MAX), c, &()).unwrap();
     let b = p.allocate(Request::new(1000).unwrap(), &()).unwrap();
     p.deallocate(b, &()).unwrap();
+}
+
+/// Growth in steps, as the arena's, serves a pool too: at least the
+/// minimum, in whole steps, and a request larger than both exactly.
+#[test]
+fn growth_in_steps_takes_whole_steps_from_the_minimum() {
+    let up = BumpUpstream::new(1 << 40);
+    let c = PoolConfig::new().growth(Growth::Steps { minimum: 3 << 20, divisor: 8, step: 2 << 20 });
+    let mut p = CoalescingPool::with_config(&up, c, &()).unwrap();
+    let a = p.allocate(Request::new(1000).unwrap(), &()).unwrap();
+    assert_eq!(up.usage().held, 4 << 20, "the 3 MiB minimum in 2 MiB steps");
+    let b = p.allocate(Request::new(9 << 20).unwrap(), &()).unwrap();
+    assert_eq!(up.usage().held, (4 << 20) + (9 << 20), "a larger request exactly");
+    p.deallocate(a, &()).unwrap();
+    p.deallocate(b, &()).unwrap();
+    p.check().unwrap();
 }
 
 #[test]
