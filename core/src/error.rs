@@ -93,8 +93,9 @@ pub enum Error {
     },
     /// A call into a resource behind a lock that refuses re-entry
     /// ([`CriticalSectionLock`](crate::lock)), made from inside a call on the
-    /// same resource (an upstream that calls back into it): refused, and
-    /// nothing changed.
+    /// same resource (an upstream that calls back into it), or a
+    /// [`Planned::step`](crate::planned::Planned::step) while another one
+    /// runs: refused, and nothing changed.
     Reentrant,
     /// The backend failed for a reason of its own.
     Backend {
@@ -156,9 +157,7 @@ impl fmt::Display for Error {
                 write!(f, "metadata capacity exhausted ({capacity} entries)")
             }
             Error::InvalidConfig { what } => write!(f, "invalid configuration: {what}"),
-            Error::Reentrant => {
-                f.write_str("re-entrant call into a resource from inside its own call (refused)")
-            }
+            Error::Reentrant => f.write_str("re-entrant or overlapping call into a resource (refused)"),
             Error::Backend { code, what } => write!(f, "backend error {code}: {what}"),
         }
     }

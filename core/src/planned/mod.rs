@@ -304,11 +304,25 @@ enum Served {
 /// with none) and the stream id it was taken on.
 type NewLayout = (Vec<(u32, u64)>, (Block, u64));
 
+/// Ends [`State::laying_out`] when a [`Planned::step`] returns or unwinds.
+struct LayingOut<'a, R>(&'a Shared<State<R>>);
+
+impl<R> Drop for LayingOut<'_, R> {
+    fn drop(&mut self) {
+        self.0.with(|s| s.laying_out = false);
+    }
+}
+
 /// The state behind the lock.
 struct State<R> {
     /// Whether [`Planned::step`] has been called: before it, nothing is
     /// recorded.
     stepping: bool,
+    /// Whether a [`Planned::step`] is between its first and last lock,
+    /// giving regions back or taking them with the lock released: the
+    /// regions in the state are then its own, and another `step` (from an
+    /// upstream that calls back, or another thread) is refused.
+    laying_out: bool,
     /// Whether the step in progress is recorded: every step that did not
     /// begin by following a plan.
     recording: bool,
@@ -392,6 +406,7 @@ impl<R> State<R> {
     fn new() -> Self {
         State {
             stepping: false,
+            laying_out: false,
             recording: false,
             record: Vec::new(),
             ops: 0,
@@ -652,9 +667,16 @@ impl<R> Planned<R> {
     /// lives in the old one), and if it repeated the step recorded before
     /// it, a new plan is made from it and the region resized to fit, unless
     /// a block in the region is still live; then, and after a step that
-    /// left its plan, the next step is recorded to plan from. Errors are
-    /// the upstream's, from giving back or taking a region; after one, no
-    /// plan is in force and the resource is otherwise as before.
+    /// left its plan, the next step is recorded to plan from.
+    ///
+    /// # Errors
+    ///
+    /// The upstream's, from giving back a region; after one, no plan is in
+    /// force and the resource is otherwise as before. A region the
+    /// upstream refuses is no error: the steps run from upstream.
+    /// [`Error::Reentrant`] while another `step` gives regions back or
+    /// takes them (from an upstream that calls back into this one, or
+    /// from another thread at once): refused, and nothing changed.
     pub fn step<S: Stream + ?Sized>(&self, stream: &S) -> Result<()>
     where
         R: MemoryResource<S>,
@@ -665,6 +687,9 @@ impl<R> Planned<R> {
         // regions back: the region of a plan that no longer holds would
         // sit idle beside the next step, which runs from upstream.
         let ended = self.state.with(|s| {
+            if s.laying_out {
+                return Err(Error::Reentrant);
+            }
             s.steps.steps += 1;
             let first = !s.stepping;
             s.stepping = true;
@@ -704,13 +729,17 @@ impl<R> Planned<R> {
                 ended = Some((record.filter(|_| repeats), view, s.region, s.region_stream, carry));
                 // Nothing is served from the region until a new plan is in.
                 s.install(Plan::default());
+                s.laying_out = true;
             }
             // (With a region block live the plan stays, to find it by, and
             // the next step is recorded.)
             s.begin(id);
-            ended
-        });
+            Ok(ended)
+        })?;
         let Some((record, (slots, frees), region, region_stream, carry)) = ended else { return Ok(()) };
+        // Until the last lock below, however this call ends (an error, or
+        // an upstream that panics).
+        let _laying_out = LayingOut(&self.state);
         // The old carry region serves the new layout if it is the same or
         // fits it closely; else it goes back, or is kept with no slots
         // where it was used on another stream and the device cannot be
@@ -770,11 +799,17 @@ impl<R> Planned<R> {
             }
             if top > 0 {
                 // Without a region the steps run from upstream, recorded.
-                new_region = self.upstream.allocate(Request::new(top)?, stream).unwrap_or(Block::EMPTY);
+                // A step whose blocks together exceed any request is
+                // refused as a region the upstream refuses.
+                new_region = Request::new(top)
+                    .ok()
+                    .and_then(|r| self.upstream.allocate(r, stream).ok())
+                    .unwrap_or(Block::EMPTY);
             }
         }
         self.lay_out(carry);
         self.state.with(|s| {
+            s.laying_out = false;
             if new_region != region {
                 s.region_stream = id;
             }
@@ -1026,7 +1061,11 @@ impl<R: fmt::Debug> fmt::Debug for Planned<R> {
 // SAFETY: every block is either one of `R`'s, handed out unchanged and freed
 // only through `R::deallocate`, or a range inside a region: a block of `R`
 // that `Planned` holds while any block in it is live (a region goes back, at
-// a step or on drop, only when none is). A block is placed in a region only
+// a step or on drop, only when none is; one `step` at a time gives regions
+// back or takes them, `laying_out` refusing any other meanwhile, and a
+// region it may give back serves no block meanwhile: the step's region has
+// no plan, the carry region is out of the state). A block is placed in a
+// region only
 // where no live block lies (in the step's region a step departs before a
 // block freed later than recorded could be covered; in the carry region each
 // block is checked against the live ones), so live blocks never overlap; the

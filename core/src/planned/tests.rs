@@ -1,3 +1,5 @@
+extern crate std;
+
 use super::placement::{best, first_conflict, place, place_around, Lifetime, Method, Order, Placement};
 use super::*;
 use crate::adaptor::Statistics;
@@ -181,7 +183,7 @@ enum Op {
 }
 
 /// Runs `script` as one step; returns the blocks left live.
-fn run(p: &Planned<Statistics<BumpUpstream>>, script: &[Op]) -> Vec<Option<Block>> {
+fn run<R: MemoryResource + Inspect>(p: &Planned<R>, script: &[Op]) -> Vec<Option<Block>> {
     let mut blocks = Vec::new();
     for op in script {
         match *op {
@@ -924,5 +926,134 @@ fn a_carry_region_kept_on_another_stream_takes_no_plan_it_cannot_hold() {
         p.deallocate(g, &blind).unwrap();
     }
     assert_eq!(p.usage().used, 0);
+    p.check().unwrap();
+}
+
+/// An upstream whose free of a block of `hook_size` bytes calls `step` on
+/// the planned resource above it, once: a user's upstream that calls back.
+struct CallsBack {
+    up: BumpUpstream,
+    hook_size: u64,
+    above: std::sync::Mutex<std::sync::Weak<Planned<std::sync::Arc<CallsBack>>>>,
+    answer: std::sync::Mutex<Option<Result<()>>>,
+}
+
+impl Inspect for CallsBack {
+    fn usage(&self) -> Usage {
+        self.up.usage()
+    }
+    fn check(&self) -> core::result::Result<(), Violation> {
+        self.up.check()
+    }
+}
+
+impl MemoryResource for CallsBack {
+    fn allocate(&self, request: Request, stream: &()) -> Result<Block> {
+        self.up.allocate(request, stream)
+    }
+    fn deallocate(&self, block: Block, stream: &()) -> Result<()> {
+        self.up.deallocate(block, stream)?;
+        if block.size() == self.hook_size {
+            let above = core::mem::take(&mut *self.above.lock().unwrap());
+            if let Some(p) = above.upgrade() {
+                *self.answer.lock().unwrap() = Some(p.step(&()));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A `step` from inside another's give-back once planned over the region
+/// the outer one was giving back, which then went to the upstream: blocks
+/// were handed out at offsets from address 0.
+#[test]
+fn a_step_within_a_step_is_refused_and_every_block_stays_in_memory_held() {
+    use std::sync::{Arc, Mutex, Weak};
+    let up = Arc::new(CallsBack {
+        up: BumpUpstream::new(1 << 30),
+        hook_size: 4096,
+        above: Mutex::new(Weak::new()),
+        answer: Mutex::new(None),
+    });
+    let p = Arc::new(Planned::new(up.clone()));
+    let x = [Op::Alloc(1000), Op::Alloc(3000), Op::Free(0), Op::Alloc(500), Op::Free(1), Op::Free(2)];
+    let x_and_one_more = || {
+        let v = run(&*p, &x);
+        assert!(v.iter().all(Option::is_none), "the script frees what it allocates");
+        p.allocate(req(100), &()).unwrap()
+    };
+    for _ in 0..3 {
+        p.step(&()).unwrap();
+        run(&*p, &x);
+    }
+    p.step(&()).unwrap();
+    assert_eq!(p.steps().region, 4096);
+    // A region block live across the mark: the next step is recorded.
+    let a = p.allocate(req(1000), &()).unwrap();
+    p.step(&()).unwrap();
+    p.deallocate(a, &()).unwrap();
+    let one = x_and_one_more();
+    // This step's plan differs: the 4096-byte region goes back, and the
+    // upstream steps from inside that free.
+    *up.above.lock().unwrap() = Arc::downgrade(&p);
+    p.step(&()).unwrap();
+    assert_eq!(up.answer.lock().unwrap().take(), Some(Err(Error::Reentrant)));
+    p.check().unwrap();
+    let two = x_and_one_more();
+    p.step(&()).unwrap();
+    let three = x_and_one_more();
+    for b in [one, two, three] {
+        assert!(b.addr() >= 1 << 20, "{b:?} lies below every address of the upstream");
+        p.deallocate(b, &()).unwrap();
+    }
+    p.check().unwrap();
+    drop(p);
+    assert_eq!(up.up.usage().held, 0, "every region went back");
+}
+
+/// An upstream that serves blocks of up to `3 << 60` bytes at a few
+/// addresses far apart, for steps whose blocks together exceed any request.
+struct Huge(std::sync::Mutex<Vec<u64>>);
+
+impl MemoryResource for Huge {
+    fn allocate(&self, request: Request, _: &()) -> Result<Block> {
+        let none =
+            Error::OutOfMemory { requested: request.size(), largest_free: 0, pool_size: 0, max_size: None };
+        if request.size() > 3 << 60 {
+            return Err(none);
+        }
+        let addr = self.0.lock().unwrap().pop().ok_or(none)?;
+        Ok(Block::new(addr, request.size(), 0))
+    }
+    fn deallocate(&self, block: Block, _: &()) -> Result<()> {
+        self.0.lock().unwrap().push(block.addr());
+        Ok(())
+    }
+}
+
+impl Inspect for Huge {
+    fn usage(&self) -> Usage {
+        Usage::default()
+    }
+    fn check(&self) -> core::result::Result<(), Violation> {
+        Ok(())
+    }
+}
+
+/// Two blocks of `3 << 60` bytes live at once make a plan whose region no
+/// request can ask for: the steps run from upstream, as under a region
+/// the upstream refuses (`step` failed with `InvalidSize` for good).
+#[test]
+fn a_plan_larger_than_any_request_leaves_the_steps_to_the_upstream() {
+    let p = Planned::new(Huge(std::sync::Mutex::new(vec![1 << 62, 1 << 60])));
+    let n = 3 << 60;
+    for _ in 0..5 {
+        p.step(&()).unwrap();
+        let a = p.allocate(req(n), &()).unwrap();
+        let b = p.allocate(req(n), &()).unwrap();
+        p.deallocate(a, &()).unwrap();
+        p.deallocate(b, &()).unwrap();
+    }
+    assert_eq!((p.steps().plans, p.steps().region), (0, 0));
     p.check().unwrap();
 }

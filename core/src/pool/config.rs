@@ -147,7 +147,9 @@ impl PoolConfig {
                 });
             }
             if step > Request::MAX_SIZE || minimum > Request::MAX_SIZE {
-                return Err(Error::InvalidConfig { what: "growth step or minimum above the largest request" });
+                return Err(Error::InvalidConfig {
+                    what: "growth step or minimum above the largest request",
+                });
             }
         }
         Ok(())
