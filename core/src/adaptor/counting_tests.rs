@@ -8,6 +8,7 @@ use crate::pool::CoalescingPool;
 use crate::testing::{BumpUpstream, SplitMix64};
 use crate::Inspect;
 use crate::{Block, Error, MemoryResource, Shared};
+use alloc::sync::Arc;
 use alloc::vec::Vec;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Barrier;
@@ -293,4 +294,86 @@ fn limiting_never_exceeded_by_concurrent_callers() {
     });
     assert!(max_seen.load(Ordering::Relaxed) <= 64 * 1024);
     assert_eq!((l.get_allocated_bytes(), up.usage().held), (0, 0));
+}
+
+/// An upstream whose allocations panic while `panics` is set.
+struct Panicking {
+    inner: BumpUpstream,
+    panics: std::sync::atomic::AtomicBool,
+}
+
+impl Inspect for Panicking {
+    fn usage(&self) -> crate::Usage {
+        self.inner.usage()
+    }
+    fn check(&self) -> Result<(), crate::check::Violation> {
+        self.inner.check()
+    }
+}
+
+impl MemoryResource for Panicking {
+    fn allocate(&self, request: crate::Request, s: &()) -> crate::Result<Block> {
+        assert!(!self.panics.load(Ordering::Relaxed), "the upstream panics");
+        self.inner.allocate(request, s)
+    }
+    fn deallocate(&self, block: Block, s: &()) -> crate::Result<()> {
+        self.inner.deallocate(block, s)
+    }
+}
+
+/// The charge of an allocation whose upstream panics goes back: it kept
+/// the limit shrunk for good, refusing every allocation after it.
+#[test]
+fn limiting_gives_the_charge_back_when_the_upstream_panics() {
+    let up = Panicking { inner: BumpUpstream::new(1 << 20), panics: true.into() };
+    let l = Limiting::new(&up, 4096);
+    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| l.allocate(req(4096), &())));
+    assert!(r.is_err());
+    assert_eq!(l.get_allocated_bytes(), 0);
+    up.panics.store(false, Ordering::Relaxed);
+    let b = l.allocate(req(4096), &()).unwrap();
+    l.check().unwrap();
+    l.deallocate(b, &()).unwrap();
+    assert_eq!(l.get_allocated_bytes(), 0);
+}
+
+/// An upstream that refuses the first free it is armed for, allocating
+/// through the statistics above it meanwhile (as another thread may,
+/// between the statistics' uncount and their count back).
+struct AllocatesWhileRefusing {
+    inner: BumpUpstream,
+    above: std::sync::Mutex<std::sync::Weak<Statistics<Arc<AllocatesWhileRefusing>>>>,
+    got: std::sync::Mutex<Option<Block>>,
+}
+
+impl MemoryResource for AllocatesWhileRefusing {
+    fn allocate(&self, request: crate::Request, s: &()) -> crate::Result<Block> {
+        self.inner.allocate(request, s)
+    }
+    fn deallocate(&self, block: Block, s: &()) -> crate::Result<()> {
+        let above = core::mem::take(&mut *self.above.lock().unwrap());
+        let Some(stats) = above.upgrade() else { return self.inner.deallocate(block, s) };
+        *self.got.lock().unwrap() = Some(stats.allocate(req(256), s).unwrap());
+        Err(Error::Backend { code: 9, what: "free refused" })
+    }
+}
+
+/// A refused free counts its block again as any allocation does, raising
+/// the peak: the value reached 512 while the peak stayed at 256.
+#[test]
+fn statistics_count_a_refused_free_back_into_the_peak() {
+    let up = Arc::new(AllocatesWhileRefusing {
+        inner: BumpUpstream::new(1 << 20),
+        above: Default::default(),
+        got: Default::default(),
+    });
+    let s = Arc::new(Statistics::new(up.clone()));
+    let a = s.allocate(req(256), &()).unwrap();
+    *up.above.lock().unwrap() = Arc::downgrade(&s);
+    assert!(s.deallocate(a, &()).is_err());
+    assert_eq!(s.get_bytes_counter().value, 512);
+    let b = up.got.lock().unwrap().take().unwrap();
+    s.deallocate(b, &()).unwrap();
+    assert_eq!(s.get_bytes_counter(), Counter { value: 256, peak: 512, total: 512 });
+    s.deallocate(a, &()).unwrap();
 }

@@ -125,6 +125,19 @@ impl<R> Limiting<R> {
     }
 }
 
+/// A charge taken from the limit for an allocation under way, given back
+/// when dropped; forgotten once the block is handed out.
+struct Reservation<'a> {
+    used: &'a AtomicU64,
+    charge: u64,
+}
+
+impl Drop for Reservation<'_> {
+    fn drop(&mut self) {
+        self.used.fetch_sub(self.charge, Relaxed);
+    }
+}
+
 impl<S: Stream + ?Sized, R: MemoryResource<S>> MemoryResource<S> for Limiting<R> {
     fn allocate(&self, request: Request, stream: &S) -> Result<Block> {
         if request.is_zero() {
@@ -141,17 +154,20 @@ impl<S: Stream + ?Sized, R: MemoryResource<S>> MemoryResource<S> for Limiting<R>
                 Err(actual) => used = actual,
             }
         }
-        let block = self.upstream.allocate(request, stream).inspect_err(|_| {
-            self.used.fetch_sub(charge, Relaxed);
-        })?;
+        // Refunded unless the block is handed out: on an error, on an
+        // empty block (an upstream outside the contract), on an upstream
+        // that panics.
+        let reserved = Reservation { used: &self.used, charge };
+        let block = self.upstream.allocate(request, stream)?;
         if block.is_empty() {
-            // Nothing handed out (an upstream outside the contract): nothing counts.
-            self.used.fetch_sub(charge, Relaxed);
-        } else if let Some(stale) = self.charged.with(|t| t.insert(block.addr(), charge)) {
+            return Ok(block);
+        }
+        if let Some(stale) = self.charged.with(|t| t.insert(block.addr(), charge)) {
             // The upstream handed out an address this adaptor still counts:
             // that block was freed behind its back, so its charge goes.
             self.used.fetch_sub(stale, Relaxed);
         }
+        core::mem::forget(reserved);
         Ok(block)
     }
 

@@ -383,8 +383,10 @@ impl<S: Stream + ?Sized, R: MemoryResource<S>> MemoryResource<S> for Statistics<
         self.hot.count.sub(1);
         let result = self.upstream.deallocate(block, stream);
         if result.is_err() {
-            self.hot.bytes.held.current.fetch_add(block.size(), Relaxed);
-            self.hot.count.held.current.fetch_add(1, Relaxed);
+            // Counted again as any value is, raising the peak: another
+            // thread may have counted a block meanwhile.
+            self.hot.bytes.held.add(block.size());
+            self.hot.count.held.add(1);
         }
         result
     }

@@ -379,3 +379,30 @@ fn stats_inside_the_lock_randomized() {
     // (A full run reaches the maximum; a short one, under Miri, need not.)
     assert!(failed > 0 || cfg!(miri), "the maximum was never reached");
 }
+
+/// An upstream outside the contract: its blocks claim `u64::MAX` bytes.
+struct ClaimsEverything(BumpUpstream);
+
+impl MemoryResource for ClaimsEverything {
+    fn allocate(&self, request: Request, s: &()) -> crate::Result<Block> {
+        let b = self.0.allocate(request, s)?;
+        Ok(Block::new(b.addr(), u64::MAX, b.tag()))
+    }
+    fn deallocate(&self, block: Block, s: &()) -> crate::Result<()> {
+        self.0.deallocate(Block::from_addr(block.addr(), 256), s)
+    }
+}
+
+/// Blocks whose sizes sum past `u64::MAX` overflowed the tracking
+/// adaptor's count (a panic under the table's lock, the block lost).
+#[test]
+fn tracking_counts_blocks_whose_sizes_overflow_without_a_panic() {
+    let t = Tracking::new(ClaimsEverything(BumpUpstream::new(1 << 20)));
+    let a = t.allocate(req(256), &()).unwrap();
+    let b = t.allocate(req(256), &()).unwrap();
+    assert_eq!(t.get_outstanding_allocations().count(), 2);
+    assert_eq!(t.get_outstanding_allocations().bytes(), u64::MAX, "the report's sum saturates");
+    t.deallocate(a, &()).unwrap();
+    t.deallocate(b, &()).unwrap();
+    assert_eq!((t.get_outstanding_allocations().count(), t.get_allocated_bytes()), (0, 0));
+}

@@ -68,7 +68,7 @@ impl LeakReport {
     /// assert_eq!(LeakReport::default().bytes(), 0);
     /// ```
     pub fn bytes(&self) -> u64 {
-        self.allocations.iter().map(|o| o.size).sum()
+        self.allocations.iter().fold(0, |sum, o| sum.saturating_add(o.size))
     }
 
     /// Whether nothing is outstanding.
@@ -113,24 +113,26 @@ struct Entry {
 struct Table {
     /// Live blocks handed out through the adaptor, by address.
     blocks: AddrMap<Entry>,
-    /// The sum of `blocks`' sizes.
+    /// The sum of `blocks`' sizes, wrapping: an upstream outside the
+    /// contract may hand out blocks whose sizes sum past `u64::MAX`, and
+    /// every size added is taken off again.
     bytes: u64,
 }
 
 impl Table {
     fn insert(&mut self, addr: u64, entry: Entry) {
-        self.bytes += entry.size;
+        self.bytes = self.bytes.wrapping_add(entry.size);
         // An address handed out again without a free through the adaptor
         // (the upstream freed it directly): the old entry is gone, so are
         // its bytes.
         if let Some(old) = self.blocks.insert(addr, entry) {
-            self.bytes -= old.size;
+            self.bytes = self.bytes.wrapping_sub(old.size);
         }
     }
 
     fn remove(&mut self, addr: u64) -> Option<Entry> {
         let entry = self.blocks.remove(addr)?;
-        self.bytes -= entry.size;
+        self.bytes = self.bytes.wrapping_sub(entry.size);
         Some(entry)
     }
 }
