@@ -280,6 +280,16 @@ impl<U, C: Storage<Chunk>> ChunkTable<U, C> {
     /// returns its handle. Changes nothing on error.
     pub(crate) fn insert(&mut self, range: Range, block: Block, carve: &mut impl Carve) -> Result<u32> {
         self.has_room()?;
+        // An upstream outside the contract may hand out memory it lent
+        // already: carved twice, it would be handed out twice.
+        let at = self.chunks.partition_point(|c| c.range.start() < range.start());
+        let after = self.chunks.get(at).is_some_and(|c| c.range.start() < range.end());
+        let before = at > 0 && self.chunks[at - 1].range.end() > range.start();
+        if before || after {
+            return Err(Error::InvalidConfig {
+                what: "the upstream handed out memory a chunk already holds",
+            });
+        }
         let first = carve.attach(range)?;
         let chunk = Chunk { range, block, first };
         if self.chunks.try_push(chunk).is_err() {

@@ -456,3 +456,27 @@ fn debug_shows_figures() {
     let s = std::format!("{f:?}");
     assert!(s.contains("block_size: 512") && s.contains("held: 0"), "{s}");
 }
+
+/// An upstream outside the contract: every allocation at one address.
+struct OneAddress;
+
+impl MemoryResource for OneAddress {
+    fn allocate(&self, request: Request, _: &()) -> crate::Result<Block> {
+        Ok(Block::new(1 << 20, request.size(), Block::NO_TAG))
+    }
+    fn deallocate(&self, _: Block, _: &()) -> crate::Result<()> {
+        Ok(())
+    }
+}
+
+/// A chunk over memory held already is refused: both of one-block chunks
+/// handed out the same address.
+#[test]
+fn a_chunk_over_memory_held_already_is_refused() {
+    let mut f = FixedSizeResource::try_new(OneAddress, FixedConfig::new(256).blocks_per_chunk(1)).unwrap();
+    let a = f.allocate(Request::new(256).unwrap(), &()).unwrap();
+    let e = f.allocate(Request::new(256).unwrap(), &()).unwrap_err();
+    assert!(matches!(e, Error::InvalidConfig { .. }), "{e:?}");
+    f.check().unwrap();
+    f.deallocate(a, &()).unwrap();
+}

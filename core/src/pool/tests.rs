@@ -487,3 +487,29 @@ fn default_config_is_new() {
     }
     assert_eq!(a.usage(), b.usage());
 }
+
+/// An upstream outside the contract: every allocation at one address.
+struct OneAddress;
+
+impl MemoryResource for OneAddress {
+    fn allocate(&self, request: Request, _: &()) -> Result<Block> {
+        Ok(Block::new(1 << 20, request.size(), Block::NO_TAG))
+    }
+    fn deallocate(&self, _: Block, _: &()) -> Result<()> {
+        Ok(())
+    }
+}
+
+/// A chunk over memory the pool holds already is refused (and given back):
+/// carved twice, it handed the same address out to two live blocks.
+#[test]
+fn a_chunk_over_memory_held_already_is_refused() {
+    let c = PoolConfig::new().growth(Growth::Exact { granule: 256 });
+    let mut p = CoalescingPool::with_config(OneAddress, c, &()).unwrap();
+    let a = p.allocate(Request::new(256).unwrap(), &()).unwrap();
+    let e = p.allocate(Request::new(256).unwrap(), &()).unwrap_err();
+    assert!(matches!(e, Error::InvalidConfig { .. }), "{e:?}");
+    assert_eq!((p.chunk_count(), p.usage().used), (1, 256));
+    p.check().unwrap();
+    p.deallocate(a, &()).unwrap();
+}
