@@ -272,7 +272,7 @@ fn invalid_configs_are_rejected() {
         PoolConfig::new().growth(Growth::Steps { minimum: 1 << 20, divisor: 8, step: 0 }),
         PoolConfig::new().growth(Growth::Steps { minimum: 1 << 20, divisor: 8, step: 1000 }),
         PoolConfig::new().growth(Growth::Steps { minimum: 1000, divisor: 8, step: 1 << 20 }),
-        PoolConfig::new().growth(Growth::Steps { minimum: u64::MAX & !255, divisor: 8, step: 1 << 20 }),
+        PoolConfig::new().growth(Growth::Steps { minimum: !255, divisor: 8, step: 1 << 20 }),
         PoolConfig::new().growth(Growth::Steps { minimum: 1 << 20, divisor: 8, step: 1 << 63 }),
     ] {
         assert!(
