@@ -17,6 +17,23 @@ struct Moved {
     mine: bool,
 }
 
+/// Superblocks in transit, put back in their arenas if the call that took
+/// them unwinds (a stream whose synchronization panics): else they would
+/// stay in transit for good, their arenas never idle, their chunks never
+/// free.
+struct Taken<'a, U, L: RawLock> {
+    arena: &'a ArenaResource<U, L>,
+    moved: Vec<Moved>,
+}
+
+impl<U, L: RawLock> Drop for Taken<'_, U, L> {
+    fn drop(&mut self) {
+        for m in core::mem::take(&mut self.moved) {
+            self.arena.arrive(&m, false);
+        }
+    }
+}
+
 impl<U, L: RawLock> ArenaResource<U, L> {
     /// Takes the wholly free superblocks of the arenas `pick` names back
     /// into the global arena, ordered after every free into them: those of
@@ -49,6 +66,8 @@ impl<U, L: RawLock> ArenaResource<U, L> {
         if moved.is_empty() {
             return Ok(0);
         }
+        let mut taken = Taken { arena: self, moved };
+        let moved = &taken.moved;
         let (own, foreign) = (moved.iter().any(|m| m.mine), moved.iter().any(|m| !m.mine));
         // Ok(true): all may go; Ok(false): only the caller's stream's.
         let synced = match foreign {
@@ -67,17 +86,21 @@ impl<U, L: RawLock> ArenaResource<U, L> {
                 .map(|m| m.range.len())
                 .sum()
         });
-        for m in &moved {
-            // Back to their arenas, which cannot have changed hands while
-            // they were in transit.
-            self.arenas[m.slot].0.with(|a| {
-                a.arrived();
-                if !goes(m) && a.add(m.range).is_err() {
-                    let _ = self.global.0.with(|g| g.give_back(m.range.start()));
-                }
-            });
+        for m in core::mem::take(&mut taken.moved) {
+            self.arrive(&m, goes(&m));
         }
         synced.map(|_| bytes)
+    }
+
+    /// Ends `m`'s transit: back in its arena, which cannot have changed
+    /// hands meanwhile, unless it went to the global arena (`gone`).
+    fn arrive(&self, m: &Moved, gone: bool) {
+        self.arenas[m.slot].0.with(|a| {
+            a.arrived();
+            if !gone && a.add(m.range).is_err() {
+                let _ = self.global.0.with(|g| g.give_back(m.range.start()));
+            }
+        });
     }
 
     /// The idle sweep: arenas that served no allocation since the last
