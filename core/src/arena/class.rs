@@ -8,7 +8,8 @@
 /// for `j = 1..=4` (2560, 3072, 3584, 4096, 5120, ...). These are RMM's 117
 /// classes up to 256 GiB, continued above it. Rounding wastes at most 25 %
 /// of a request above 2 KiB (at most 255 bytes below), and blocks of the same
-/// class fit each other's holes exactly when freed.
+/// class fit each other's holes exactly when freed. A size above the
+/// largest class a `u64` holds (`7 << 61`) gets `u64::MAX`.
 ///
 /// # Examples
 ///
@@ -29,7 +30,10 @@ pub const fn size_class(size: u64) -> u64 {
     // 2^k < size <= 2^(k+1)
     let k = 63 - (size - 1).leading_zeros();
     let step = 1u64 << (k - 2);
-    (size + step - 1) & !(step - 1)
+    match size.checked_add(step - 1) {
+        Some(up) => up & !(step - 1),
+        None => u64::MAX,
+    }
 }
 
 #[cfg(test)]
@@ -64,5 +68,12 @@ mod tests {
             assert!(c - s <= s / 4 + 255);
         }
         assert_eq!(size_class(1 << 62), 1 << 62);
+    }
+
+    #[test]
+    fn sizes_past_the_largest_class_get_the_largest_value() {
+        assert_eq!(size_class(7 << 61), 7 << 61);
+        assert_eq!(size_class((7 << 61) + 1), u64::MAX);
+        assert_eq!(size_class(u64::MAX), u64::MAX);
     }
 }

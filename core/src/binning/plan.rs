@@ -61,8 +61,10 @@ impl SizeHistogram {
         if size == 0 || n == 0 {
             return;
         }
-        *self.counts.entry(round256(size)).or_insert(0) += n;
-        self.total += n;
+        // Counts saturate: a histogram fed from outside is never a panic.
+        let count = self.counts.entry(round256(size)).or_insert(0);
+        *count = count.saturating_add(n);
+        self.total = self.total.saturating_add(n);
     }
 
     /// Requests recorded whose size rounds up to the same 256 bytes as `size`.
@@ -306,17 +308,19 @@ impl BinPlan {
         let mut count = vec![0u128; n + 1];
         let mut bytes = vec![0u128; n + 1];
         for (i, &(s, c)) in points.iter().enumerate() {
+            // u128 holds any real histogram's sums; one fed extreme
+            // counts saturates rather than panics.
             count[i + 1] = count[i] + c as u128;
-            bytes[i + 1] = bytes[i] + c as u128 * s as u128;
+            bytes[i + 1] = bytes[i].saturating_add(c as u128 * s as u128);
         }
         // Waste of one bin of size points[j - 1] serving points[i..j], or
         // NONE if it serves too few requests.
         let min_count = histogram.total() as u128 * self.min_share_percent as u128;
         let cost = |i: usize, j: usize| {
-            if (count[j] - count[i]) * 100 < min_count {
+            if (count[j] - count[i]).saturating_mul(100) < min_count {
                 return NONE;
             }
-            points[j - 1].0 as u128 * (count[j] - count[i]) - (bytes[j] - bytes[i])
+            (points[j - 1].0 as u128).saturating_mul(count[j] - count[i]).saturating_sub(bytes[j] - bytes[i])
         };
         // best[m][j]: least waste of m bins serving the j smallest sizes, the
         // largest bin being points[j - 1]; from[m][j]: where bin m starts.
@@ -332,8 +336,8 @@ impl BinPlan {
                 let (mut b, mut at) = (NONE, 0);
                 for (i, &p) in prev.iter().enumerate().take(j).skip(m - 1) {
                     let c = cost(i, j);
-                    if p != NONE && c != NONE && p + c < b {
-                        (b, at) = (p + c, i);
+                    if p != NONE && c != NONE && p.saturating_add(c) < b {
+                        (b, at) = (p.saturating_add(c), i);
                     }
                 }
                 row[j] = b;
@@ -341,7 +345,7 @@ impl BinPlan {
             }
         }
         // The largest top within the waste budget, then the least waste.
-        let budget = |j: usize| bytes[j] * self.max_waste_percent as u128 / 100;
+        let budget = |j: usize| bytes[j].saturating_mul(self.max_waste_percent as u128) / 100;
         for j in (1..=n).rev() {
             let least = (1..=k.min(j)).min_by_key(|&m| best[m][j]).filter(|&m| best[m][j] <= budget(j));
             if let Some(m) = least {

@@ -460,3 +460,18 @@ fn a_wrong_size_free_never_hands_a_bin_chunk_upstream() {
     bins.deallocate(b, &()).unwrap();
     bins.check().unwrap();
 }
+
+/// Extreme counts and sizes saturate rather than overflow (a histogram
+/// fed from outside: `record_n` and the plan's sums panicked).
+#[test]
+fn a_histogram_of_extreme_counts_is_planned_without_a_panic() {
+    let mut h = SizeHistogram::new();
+    h.record_n(256, u64::MAX);
+    h.record_n(512, 1);
+    assert_eq!((h.total(), h.count(256)), (u64::MAX, u64::MAX));
+    assert_eq!(BinPlan::new().choose(&h), [256], "the 512s are too few to get a bin");
+    let mut h = SizeHistogram::new();
+    h.record_n(1 << 62, 1 << 60);
+    let sizes = BinPlan::new().max_bin_size(1 << 62).max_waste_percent(100).choose(&h);
+    assert_eq!(sizes, [1 << 62]);
+}
