@@ -15,6 +15,7 @@ mod tests;
 pub use plan::{BinPlan, SizeHistogram};
 
 use crate::adaptor::Held;
+use crate::addr_map::AddrMap;
 use crate::check::Violation;
 use crate::fixed::{FixedConfig, FixedSizeResource};
 use crate::{Block, Error, Inspect, MemoryResource, Request, Result, Shared, Stream, Usage};
@@ -138,6 +139,11 @@ pub struct BinningResource<'a, U, S: Stream + ?Sized = ()> {
     /// The blocks larger than every bin, served by the upstream: their
     /// footprints (sizes rounded up to 256).
     large: Held,
+    /// Those blocks, live, by address (their footprints): a free that
+    /// routes to the upstream is passed on only for one of them, never for
+    /// a bin's memory (a bin over the same upstream holds chunks that the
+    /// upstream would free whole).
+    large_live: Shared<AddrMap<u64>>,
     /// Bin sizes: ascending, distinct, non-zero; `sizes[i]` is `bins[i]`'s.
     sizes: Vec<u64>,
     /// The bins, in the order of `sizes`.
@@ -155,7 +161,13 @@ impl<'a, U, S: Stream + ?Sized> BinningResource<'a, U, S> {
     /// assert!(bins.bin_sizes().is_empty());
     /// ```
     pub fn new(upstream: U) -> Self {
-        BinningResource { upstream, large: Held::default(), sizes: Vec::new(), bins: Vec::new() }
+        BinningResource {
+            upstream,
+            large: Held::default(),
+            large_live: Shared::new(AddrMap::new()),
+            sizes: Vec::new(),
+            bins: Vec::new(),
+        }
     }
 
     /// RMM's constructor: one [`FixedSizeResource`] bin (128 blocks per
@@ -506,7 +518,13 @@ where
             Some(i) => self.bins[i].allocate(request, stream),
             None => {
                 let block = self.upstream.allocate(request, stream)?;
-                self.large.add(request.rounded_size(256));
+                let footprint = request.rounded_size(256);
+                self.large.add(footprint);
+                if let Some(stale) = self.large_live.with(|m| m.insert(block.addr(), footprint)) {
+                    // The upstream freed that block behind this resource's
+                    // back and handed its address out again.
+                    self.large.sub(stale);
+                }
                 Ok(block)
             }
         }
@@ -514,9 +532,12 @@ where
 
     /// # Errors
     ///
-    /// The bin's or the upstream's error (a block freed with another size
-    /// than it was asked for may reach the wrong one: the error is then the
-    /// one that resource gives to a foreign block).
+    /// The bin's or the upstream's error. A block freed with another size
+    /// than it was asked for may reach the wrong bin: the error is then
+    /// the one that bin gives to a foreign block. One too large for every
+    /// bin that did not come from the upstream through this resource is
+    /// refused here ([`Error::UnknownBlock`], or [`Error::SizeMismatch`]
+    /// for a fixed bin's block), nothing freed.
     #[inline]
     fn deallocate(&self, block: Block, stream: &S) -> Result<()> {
         if block.is_empty() {
@@ -525,29 +546,36 @@ where
         match self.route(block.size()) {
             Some(i) => self.bins[i].deallocate(block, stream),
             None => {
-                // A size too large for every bin, at the start of a bin's
-                // chunk: the upstream knows that chunk as one of its blocks
-                // and would free it whole from under the bin.
-                for (size, bin) in self.sizes.iter().zip(&self.bins) {
-                    if let Bin::Fixed(f) = bin {
-                        if f.with(|f| f.has_chunk_at(block.addr())) {
-                            return Err(Error::SizeMismatch {
-                                addr: block.addr(),
-                                expected: *size,
-                                given: block.size(),
-                            });
-                        }
-                    }
-                }
-                let Some(footprint) = block.size().checked_next_multiple_of(256) else {
-                    // No block rounds past u64::MAX: the upstream, which
-                    // knows the block's size, names the error.
-                    return self.upstream.deallocate(block, stream);
+                let addr = block.addr();
+                // Taken out before the upstream frees it: once freed,
+                // another thread may get the address and record it.
+                let Some(footprint) = self.large_live.with(|m| m.remove(addr)) else {
+                    return Err(self.not_large(block));
                 };
+                self.upstream.deallocate(block, stream).inspect_err(|_| {
+                    self.large_live.with(|m| m.insert(addr, footprint));
+                })?;
                 self.large.sub(footprint);
-                self.upstream.deallocate(block, stream).inspect_err(|_| self.large.add(footprint))
+                Ok(())
             }
         }
+    }
+}
+
+impl<U, S: Stream + ?Sized> BinningResource<'_, U, S> {
+    /// Why `block`, too large for every bin, is no large block: a fixed
+    /// bin's block freed with a larger size, or no block of this resource.
+    #[cold]
+    fn not_large(&self, block: Block) -> Error {
+        let addr = block.addr();
+        for (size, bin) in self.sizes.iter().zip(&self.bins) {
+            if let Bin::Fixed(f) = bin {
+                if f.with(|f| f.has_chunk_at(addr)) {
+                    return Error::SizeMismatch { addr, expected: *size, given: block.size() };
+                }
+            }
+        }
+        Error::UnknownBlock { addr }
     }
 }
 

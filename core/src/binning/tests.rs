@@ -461,6 +461,28 @@ fn a_wrong_size_free_never_hands_a_bin_chunk_upstream() {
     bins.check().unwrap();
 }
 
+/// The same through a bin of the user's over the same upstream (a pool),
+/// which the binning resource cannot ask about its chunks: only blocks the
+/// upstream handed out through the large path go to it.
+#[test]
+fn a_wrong_size_free_never_hands_an_added_bins_chunk_upstream() {
+    let up = BumpUpstream::new(1 << 30);
+    let mut bins: BinningResource<_> = BinningResource::new(&up);
+    bins.add_bin(64 << 10, Shared::new(CoalescingPool::new(&up))).unwrap();
+    let b = bins.allocate(Request::new(5000).unwrap(), &()).unwrap();
+    let (held, usage) = (up.usage().held, bins.usage());
+    let wrong = Block::from_addr(b.addr(), 1 << 20);
+    assert_eq!(bins.deallocate(wrong, &()), Err(Error::UnknownBlock { addr: b.addr() }));
+    assert_eq!((up.usage().held, bins.usage()), (held, usage), "the chunk stays with the bin");
+    // A large block freed twice: the second free is refused here too.
+    let large = bins.allocate(Request::new(1 << 20).unwrap(), &()).unwrap();
+    bins.deallocate(large, &()).unwrap();
+    assert_eq!(bins.deallocate(large, &()), Err(Error::UnknownBlock { addr: large.addr() }));
+    assert_eq!((bins.usage().used, bins.usage().held), (usage.used, usage.held));
+    bins.deallocate(b, &()).unwrap();
+    bins.check().unwrap();
+}
+
 /// Extreme counts and sizes saturate rather than overflow (a histogram
 /// fed from outside: `record_n` and the plan's sums panicked).
 #[test]
