@@ -25,7 +25,11 @@ pub fn lifetimes(workload: &Workload) -> Vec<Lifetime> {
     for (i, op) in workload.ops.iter().enumerate() {
         if op.alloc {
             // Ids are allocated in order (`Workload::from_ops` checks it).
-            blocks.push(Lifetime { start: i as u32, end, size: op.size.div_ceil(GRANULE) * GRANULE });
+            blocks.push(Lifetime {
+                start: i as u32,
+                end,
+                size: op.size.checked_next_multiple_of(GRANULE).unwrap_or(u64::MAX),
+            });
         } else {
             blocks[op.id as usize].end = i as u32;
         }

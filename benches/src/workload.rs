@@ -14,6 +14,7 @@
 
 use memres_core::testing::SplitMix64;
 use memres_core::trace::{self, Action, ReadError};
+use memres_core::Request;
 use std::collections::HashMap;
 use std::fmt;
 use std::io::{BufRead, BufReader, Read};
@@ -168,7 +169,8 @@ impl Workload {
     /// If the ops do not allocate ids `0..n` in order, each freed once after
     /// its allocation with its size.
     pub fn from_ops(name: String, ops: Vec<Op>, skipped_frees: u64) -> Workload {
-        let mut live = 0u64;
+        // Live bytes may pass u64 (a few blocks of 2^62): the peak saturates.
+        let mut live = 0u128;
         let mut peak_live = 0u64;
         let mut count = 0u32;
         let mut peak_live_count = 0u32;
@@ -181,14 +183,14 @@ impl Workload {
                 assert_eq!(op.id, ids, "ids are allocated in order");
                 ids += 1;
                 sizes.push(Some(op.size));
-                live += op.size;
+                live += u128::from(op.size);
                 count += 1;
-                peak_live = peak_live.max(live);
+                peak_live = peak_live.max(u64::try_from(live).unwrap_or(u64::MAX));
                 peak_live_count = peak_live_count.max(count);
             } else {
                 let size = sizes.get_mut(op.id as usize).and_then(Option::take);
                 assert_eq!(size, Some(op.size), "free of id {} that is live with this size", op.id);
-                live -= op.size;
+                live -= u128::from(op.size);
                 count -= 1;
             }
         }
@@ -258,7 +260,9 @@ pub fn generate(
 ) -> Result<Workload, WorkloadError> {
     let n = u32::try_from(n).map_err(|_| spec_error(name, "N must fit in 32 bits"))?;
     let mut rng = SplitMix64::new(seed);
-    let mut ops = Vec::with_capacity(2 * n as usize);
+    let mut ops = Vec::new();
+    ops.try_reserve_exact(2 * n as usize)
+        .map_err(|_| spec_error(name, "N too large for this machine's memory"))?;
     let mut live: Vec<(u32, u64)> = Vec::new();
     let mut live_bytes = 0u64;
     let mut next = 0u32;
@@ -366,6 +370,9 @@ pub fn parse_trace(name: &str, reader: impl BufRead) -> Result<Workload, Workloa
                 if next == u32::MAX {
                     return Err("more than 2^32 - 1 allocations".into());
                 }
+                if row.size > Request::MAX_SIZE {
+                    return Err(format!("a size of {} bytes, above any request (2^62 bytes)", row.size));
+                }
                 let stream = intern(row.stream)?;
                 if let Some(old) = live.insert(row.pointer, (next, row.size, stream)) {
                     replaced.push(old);
@@ -438,5 +445,11 @@ pub fn time_us(text: &str) -> Option<u64> {
         return None;
     }
     let micros = format!("{fraction:0<6}").parse::<u64>().ok()?;
-    Some(((h * 60 + m) * 60 + sec) * 1_000_000 + micros)
+    // A clock past u64's microseconds is no time.
+    h.checked_mul(60)?
+        .checked_add(m)?
+        .checked_mul(60)?
+        .checked_add(sec)?
+        .checked_mul(1_000_000)?
+        .checked_add(micros)
 }

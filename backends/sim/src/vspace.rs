@@ -87,6 +87,9 @@ impl SimAddressSpace {
     pub const DEFAULT_SPAN: u64 = 1 << 46;
     /// The granule of CUDA's virtual memory on current GPUs: 2 MiB.
     pub const DEFAULT_GRANULE: u64 = 2 << 20;
+    /// The largest granule: [`BASE`](Self::BASE), the largest power of two
+    /// the space's start is aligned to.
+    pub const MAX_GRANULE: u64 = Self::BASE;
 
     /// A space with `physical` bytes of memory to commit, granules of
     /// `granule` bytes, and [`DEFAULT_SPAN`](Self::DEFAULT_SPAN) bytes of
@@ -94,7 +97,8 @@ impl SimAddressSpace {
     ///
     /// # Panics
     ///
-    /// If `granule` is not a power of two of at least 256.
+    /// If `granule` is not a power of two from 256 to
+    /// [`MAX_GRANULE`](Self::MAX_GRANULE).
     pub fn new(physical: u64, granule: u64) -> Self {
         Self::with_span(physical, granule, Self::DEFAULT_SPAN)
     }
@@ -104,9 +108,13 @@ impl SimAddressSpace {
     ///
     /// # Panics
     ///
-    /// If `granule` is not a power of two of at least 256.
+    /// If `granule` is not a power of two from 256 to
+    /// [`MAX_GRANULE`](Self::MAX_GRANULE).
     pub fn with_span(physical: u64, granule: u64, span: u64) -> Self {
-        assert!(granule.is_power_of_two() && granule >= 256, "granule {granule} not a power of two >= 256");
+        assert!(
+            granule.is_power_of_two() && (256..=Self::MAX_GRANULE).contains(&granule),
+            "granule {granule} not a power of two from 256 to 2^45"
+        );
         let span = (span & !(granule - 1)).max(granule);
         let mut space = CoalescingIndex::new(granule);
         space.add_range(Range::new(Self::BASE, span).expect("the span fits above BASE")).expect("one node");

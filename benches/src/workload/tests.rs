@@ -170,6 +170,9 @@ fn malformed_lines_name_their_line() {
         ),
         ("0,1,allocate,0x10,12,0\n0,1,allocate,0x20,-5,0\n", 2, "not a number"),
         ("0,1,allocate,0x10,12,0\n\n0,1,resize,0x10,12,0\n", 3, "unknown action `resize`"),
+        // Sizes no request can have overflowed the live bytes and the
+        // offline placement's rounding.
+        ("0,1,allocate,0x10,18446744073709551615,0\n", 1, "above any request"),
     ];
     for (text, line, what) in cases {
         let err = parse_trace("bad.csv", text.as_bytes()).unwrap_err();
@@ -297,4 +300,16 @@ fn workloads_with_nothing_to_replay_are_refused() {
         e.ends_with("has no operation to replay (1 stray frees and 1 failed allocations skipped)"),
         "{e}"
     );
+}
+
+/// A clock past what microseconds in a u64 hold is no time (it overflowed),
+/// and live bytes past u64 (blocks of 2^62 bytes) saturate the peak.
+#[test]
+fn extreme_times_and_sizes_are_read_without_a_panic() {
+    assert_eq!(time_us("99999999999999:00:00.0"), None);
+    assert_eq!(time_us("1:00:00.5"), Some(3_600_500_000));
+    let big = memres_core::Request::MAX_SIZE;
+    let t: String = (0..5).map(|i| format!("0,{i},allocate,{:#x},{big},0\n", (i + 1) << 20)).collect();
+    let w = parse_trace("big", t.as_bytes()).unwrap();
+    assert_eq!(w.peak_live, u64::MAX);
 }
