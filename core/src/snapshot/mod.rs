@@ -165,17 +165,19 @@ impl MemoryMap {
 
     /// `size` bytes at `addr` taken from the upstream on `stream`.
     pub fn segment_alloc(&mut self, addr: u64, size: u64, stream: u64, time_us: Option<u64>) {
+        // The sums wrap as the adaptors' counts do: sizes of a map fed from
+        // outside may pass u64, and each size added is taken off again.
         if let Some(old) = self.segments.insert(addr, Segment { size, stream }) {
-            self.held -= old.size;
+            self.held = self.held.wrapping_sub(old.size);
         }
-        self.held += size;
+        self.held = self.held.wrapping_add(size);
         self.record(Action::SegmentAlloc, addr, size, stream, time_us);
     }
 
     /// The segment at `addr` given back (an unknown one is ignored).
     pub fn segment_free(&mut self, addr: u64, stream: u64, time_us: Option<u64>) {
         if let Some(s) = self.segments.remove(&addr) {
-            self.held -= s.size;
+            self.held = self.held.wrapping_sub(s.size);
             self.record(Action::SegmentFree, addr, s.size, stream, time_us);
         }
     }
@@ -184,9 +186,9 @@ impl MemoryMap {
     /// `requested` bytes.
     pub fn alloc(&mut self, addr: u64, size: u64, requested: u64, stream: u64, time_us: Option<u64>) {
         if let Some(old) = self.blocks.insert(addr, Live { size, requested, stream }) {
-            self.live -= old.requested;
+            self.live = self.live.wrapping_sub(old.requested);
         }
-        self.live += requested;
+        self.live = self.live.wrapping_add(requested);
         self.record(Action::Alloc, addr, requested, stream, time_us);
     }
 
@@ -194,7 +196,7 @@ impl MemoryMap {
     /// size and requested size.
     pub fn free(&mut self, addr: u64, stream: u64, time_us: Option<u64>) -> Option<(u64, u64)> {
         let b = self.blocks.remove(&addr)?;
-        self.live -= b.requested;
+        self.live = self.live.wrapping_sub(b.requested);
         self.record(Action::FreeCompleted, addr, b.requested, stream, time_us);
         Some((b.size, b.requested))
     }
@@ -284,8 +286,9 @@ impl MemoryMap {
         let int = |n: u64| Py::Int(i128::from(n));
         let empty = || Py::List(Vec::new());
         self.each_segment(|addr, seg, runs| {
-            let allocated: u64 = runs.iter().filter(|r| r.requested.is_some()).map(|r| r.size).sum();
-            let requested: u64 = runs.iter().filter_map(|r| r.requested).sum();
+            let sum = |n: u64, m: u64| n.saturating_add(m);
+            let allocated = runs.iter().filter(|r| r.requested.is_some()).map(|r| r.size).fold(0, sum);
+            let requested = runs.iter().filter_map(|r| r.requested).fold(0, sum);
             let blocks = runs
                 .iter()
                 .map(|r| {

@@ -20,6 +20,24 @@ fn runs_tile_each_segment_and_stray_blocks_stand_alone() {
     assert_eq!(map.held(), 0);
 }
 
+/// Sizes of a map fed from outside that sum past u64 (it is public) wrap
+/// in its totals and saturate in the pickled segment: no panic, and each
+/// total is exact again once its blocks are gone.
+#[test]
+fn sizes_that_sum_past_u64_are_mapped_without_a_panic() {
+    let mut map = MemoryMap::new(0);
+    map.segment_alloc(0, u64::MAX, 0, None);
+    map.segment_alloc(1 << 63, u64::MAX, 0, None);
+    map.alloc(0, u64::MAX, u64::MAX, 0, None);
+    map.alloc(1, 1, 1, 0, None);
+    assert!(!map.pickle().is_empty());
+    map.free(0, 0, None);
+    map.free(1, 0, None);
+    map.segment_free(0, 0, None);
+    map.segment_free(1 << 63, 0, None);
+    assert_eq!((map.held(), map.live()), (0, 0));
+}
+
 #[test]
 fn the_trace_keeps_the_last_entries() {
     let mut map = MemoryMap::new(2);
