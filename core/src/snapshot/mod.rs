@@ -192,6 +192,21 @@ impl MemoryMap {
         self.record(Action::Alloc, addr, requested, stream, time_us);
     }
 
+    /// Takes back a [`free`](Self::free) of the block at `addr` that the
+    /// resource refused: the block is live again, and the free's event,
+    /// the latest of that address, leaves the trace (no allocation is told:
+    /// none happened).
+    pub fn unfree(&mut self, addr: u64, size: u64, requested: u64, stream: u64) {
+        if let Some(old) = self.blocks.insert(addr, Live { size, requested, stream }) {
+            self.live = self.live.wrapping_sub(old.requested);
+        }
+        self.live = self.live.wrapping_add(requested);
+        let freed = |e: &TraceEntry| e.action == Action::FreeCompleted && e.addr == addr;
+        if let Some(i) = self.trace.iter().rposition(freed) {
+            self.trace.remove(i);
+        }
+    }
+
     /// The block at `addr` given back (an unknown one is ignored): its
     /// size and requested size.
     pub fn free(&mut self, addr: u64, stream: u64, time_us: Option<u64>) -> Option<(u64, u64)> {

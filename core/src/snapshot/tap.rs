@@ -89,8 +89,8 @@ impl<S: Stream + ?Sized, R: MemoryResource<S>> MemoryResource<S> for Tap<R> {
                 let freed = self.map.with(|m| m.free(addr, stream.id(), None));
                 let done = self.inner.deallocate(block, stream);
                 if let (Err(_), Some((size, requested))) = (&done, freed) {
-                    // Refused: still live.
-                    self.map.with(|m| m.alloc(addr, size, requested, stream.id(), None));
+                    // Refused: still live, and never freed in the trace.
+                    self.map.with(|m| m.unfree(addr, size, requested, stream.id()));
                 }
                 done
             }

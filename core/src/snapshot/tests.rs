@@ -77,8 +77,11 @@ fn taps_tell_a_block_free_before_its_segment_and_keep_a_refused_free_live() {
     let b = pool.allocate(Request::new(4096).unwrap(), &()).unwrap();
     let wrong = Block::new(b.addr(), 4096, 12345);
     let stranger = Block::new(b.addr() + (1 << 20), 256, Block::NO_TAG);
+    let before: Vec<Action> = map.with(|m| m.trace().map(|e| e.action).collect());
     assert!(pool.deallocate(stranger, &()).is_err() && pool.deallocate(wrong, &()).is_err());
     assert_eq!(map.with(|m| m.live()), 4096);
+    let after: Vec<Action> = map.with(|m| m.trace().map(|e| e.action).collect());
+    assert_eq!(after, before, "a refused free tells the trace nothing (it told a free and an allocation)");
     pool.deallocate(b, &()).unwrap();
     assert_eq!(map.with(|m| m.live()), 0);
 }
