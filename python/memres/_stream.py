@@ -54,6 +54,21 @@ class Stream:
     def __repr__(self):
         return f"memres.Stream.from_handle({self.handle:#x})"
 
+    def __reduce__(self):
+        # A handle is valid only in the process that has it: another one
+        # would hand the driver a stream it does not have. The legacy
+        # default stream (0) is every process's. RMM's Stream is not
+        # picklable at all.
+        if self.handle == 0:
+            return Stream, ()
+        raise TypeError("memres: a Stream cannot be pickled: its handle is valid only in this process")
+
+    def __copy__(self):
+        return self
+
+    def __deepcopy__(self, memo):
+        return self
+
 
 def _checked(handle):
     """``handle`` if it is an int a ``cudaStream_t`` can be."""

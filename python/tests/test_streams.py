@@ -1,7 +1,9 @@
 """Streams from every framework become handles; what is not a stream (a bare
 int included) is a TypeError, and Stream.from_handle wraps a raw handle."""
 
+import copy
 import ctypes
+import pickle
 
 import pytest
 
@@ -186,3 +188,19 @@ def test_a_stack_keeps_its_stream_objects_alive_as_long_as_it_lives():
     mr.set_current_device_resource(mr.HostMemoryResource())  # and now the registry too
     gc.collect()
     assert alive() is None
+
+
+def test_a_stream_does_not_pickle_but_the_default_stream_does():
+    # A handle is valid only in the process that has it (RMM's Stream does
+    # not pickle); the legacy default stream is every process's.
+    class FrameworkStream:
+        def __cuda_stream__(self):
+            return (0, 0x5555DEADBEEF)
+
+    for s in (memres.Stream.from_handle(5), memres.Stream(FrameworkStream())):
+        with pytest.raises(TypeError, match="cannot be pickled"):
+            pickle.dumps(s)
+        assert copy.copy(s) is s and copy.deepcopy(s) is s
+    for s in (memres.DEFAULT_STREAM, memres.Stream(), memres.Stream.from_handle(0)):
+        back = pickle.loads(pickle.dumps(s))
+        assert isinstance(back, memres.Stream) and back.handle == 0 and back == memres.DEFAULT_STREAM
