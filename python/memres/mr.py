@@ -261,6 +261,9 @@ class CallbackMemoryResource(DeviceMemoryResource):
     ``deallocate_func(ptr, nbytes)``."""
 
     def __init__(self, allocate_func, deallocate_func, backend="cuda", device=None):
+        for name, f in (("allocate_func", allocate_func), ("deallocate_func", deallocate_func)):
+            if not callable(f):
+                raise TypeError(f"memres: {name} must be callable, not {type(f).__name__}")
         self._build("callback", [], backend=backend, device=device,
                     callbacks=(allocate_func, deallocate_func, None))
 

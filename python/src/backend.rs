@@ -49,6 +49,11 @@ mod imp {
         Ok(())
     }
 
+    /// The handle [`stream`] takes back: any.
+    pub(crate) fn handle_of(_stream: &Stream) -> u64 {
+        0
+    }
+
     pub(crate) fn engine(_device: u32) -> PyResult<Engine> {
         Ok(HostCopy)
     }
@@ -138,10 +143,20 @@ mod imp {
         // whose caller guarantees a live stream for the use made of it
         // here (the call, or the life of the buffer or stack that keeps
         // it); a bare int is refused there. PyTorch's calls of
-        // `memres_py_alloc` pass its own streams. The borrowed handle never
+        // `memres_py_alloc` pass its own streams. A free deferred from a
+        // call inside a callback (`reentry`) names its stream's handle
+        // again once the thread's outermost call returns: a stack keeps
+        // the objects of the streams it was given (`KeepStreams`) and the
+        // deferred free keeps the stack, and `memres_py_free`'s caller
+        // promises the stream until then. The borrowed handle never
         // destroys the stream; no context is claimed for it (the driver is
         // asked for the stream's own).
         Ok(unsafe { CudaStream::from_raw(handle as usize as *mut std::ffi::c_void as _, None) })
+    }
+
+    /// The handle of `stream`, which [`stream`] takes back.
+    pub(crate) fn handle_of(stream: &Stream) -> u64 {
+        stream.raw() as usize as u64
     }
 
     pub(crate) fn engine(device: u32) -> PyResult<Engine> {
@@ -197,7 +212,8 @@ mod imp {
 }
 
 pub(crate) use imp::{
-    driver_reserved, engine, note_driver_pools, prefetch, stream, Engine, Stream, BACKEND, DEFAULT_LEAF,
+    driver_reserved, engine, handle_of, note_driver_pools, prefetch, stream, Engine, Stream, BACKEND,
+    DEFAULT_LEAF,
 };
 
 /// The builder of `device`'s stacks: the backend's leaves and the core's

@@ -4,27 +4,63 @@
 //! memory), registered as the names `callback` and `on_failure`.
 
 use crate::backend::Stream;
+use crate::reentry::{in_callback, Covers};
 use memres_core::adaptor::FailureCallback;
 use memres_core::stack::StackBuilder;
 use memres_core::{Block, Error, MemoryResource, Request};
-use pyo3::exceptions::PyMemoryError;
+use pyo3::exceptions::{PyMemoryError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
+use pyo3::types::{PyBool, PyInt};
+use std::cell::RefCell;
 use std::sync::Arc;
 
 /// `(allocate, deallocate, on_failure)`: the Python functions of a build.
 pub(crate) type Callbacks = (Option<Py<PyAny>>, Option<Py<PyAny>>, Option<Py<PyAny>>);
 
+/// The code of [`Error::Backend`] for a Python function that raised: its
+/// exception waits in [`take_raised`].
+pub(crate) const RAISED: i64 = -1;
+
+thread_local! {
+    /// The exception of the last Python function of this thread that
+    /// raised: it cannot travel through the resource's `Result`, so the
+    /// error raised to the caller takes it as its `__cause__`.
+    static LAST_RAISED: RefCell<Option<PyErr>> = const { RefCell::new(None) };
+}
+
+/// The exception behind this thread's last [`RAISED`] error, taken.
+pub(crate) fn take_raised() -> Option<PyErr> {
+    LAST_RAISED.with(|r| r.borrow_mut().take())
+}
+
 /// What a failing Python function becomes: a `MemoryError` is out of
 /// memory for `requested` bytes (so that a `FailureCallbackResourceAdaptor`
 /// over it is asked, and the caller gets `memres.OutOfMemory`, as RMM);
-/// any other exception is printed (it cannot travel through the
-/// resource's `Result`) and the call fails.
-fn raised(py: Python<'_>, e: PyErr, requested: u64) -> Error {
+/// any other exception is kept for the caller ([`take_raised`]) and the
+/// call fails with [`RAISED`].
+fn raised(py: Python<'_>, e: PyErr, requested: u64, what: &'static str) -> Error {
     if e.is_instance_of::<PyMemoryError>(py) {
         return Error::OutOfMemory { requested, largest_free: 0, pool_size: 0, max_size: None };
     }
-    e.print(py);
-    Error::Backend { code: -1, what: "a Python callback raised" }
+    LAST_RAISED.with(|r| *r.borrow_mut() = Some(e));
+    Error::Backend { code: RAISED, what }
+}
+
+/// `allocate_func`'s result as an address: `TypeError` for anything but
+/// an int (a bool included), `ValueError` for an int out of 0..2**64.
+fn address(result: &Bound<'_, PyAny>) -> PyResult<u64> {
+    if result.is_instance_of::<PyBool>() || !result.is_instance_of::<PyInt>() {
+        return Err(PyTypeError::new_err(format!(
+            "memres: allocate_func returned {} (a {}), not an int address",
+            result.repr()?,
+            result.get_type().name()?
+        )));
+    }
+    result.extract().map_err(|_| {
+        PyValueError::new_err(format!(
+            "memres: allocate_func returned {result}, not an address from 0 to 2**64 - 1"
+        ))
+    })
 }
 
 /// Memory from Python functions: `allocate(nbytes) -> int` and
@@ -32,65 +68,81 @@ fn raised(py: Python<'_>, e: PyErr, requested: u64) -> Error {
 struct PyCallbacks {
     allocate: Py<PyAny>,
     deallocate: Py<PyAny>,
+    /// The `CallbackMemoryResource` object's.
+    covers: Covers,
 }
 
 impl<S: ?Sized + memres_core::Stream> MemoryResource<S> for PyCallbacks {
     fn allocate(&self, request: Request, _: &S) -> memres_core::Result<Block> {
-        Python::attach(|py| {
-            let addr: u64 = self
-                .allocate
-                .call1(py, (request.size(),))
-                .and_then(|r| r.extract(py))
-                .map_err(|e| raised(py, e, request.size()))?;
-            if addr == 0 || addr % request.align() != 0 {
-                if addr != 0 {
-                    // Refused, the memory goes back: nobody else would free it.
-                    if let Err(e) = self.deallocate.call1(py, (addr, request.size())) {
-                        e.print(py);
+        in_callback(&self.covers, || {
+            Python::attach(|py| {
+                let result = self
+                    .allocate
+                    .call1(py, (request.size(),))
+                    .map_err(|e| raised(py, e, request.size(), "allocate_func raised"))?;
+                let addr = address(result.bind(py))
+                    .map_err(|e| raised(py, e, request.size(), "allocate_func returned no int address"))?;
+                if addr == 0 || addr % request.align() != 0 {
+                    if addr != 0 {
+                        // Refused, the memory goes back: nobody else would free it.
+                        if let Err(e) = self.deallocate.call1(py, (addr, request.size())) {
+                            e.print(py);
+                        }
                     }
+                    return Err(Error::Backend {
+                        code: -2,
+                        what: "allocate_func returned a null or misaligned address",
+                    });
                 }
-                return Err(Error::Backend {
-                    code: -2,
-                    what: "allocate_func returned a null or misaligned address",
-                });
-            }
-            Ok(Block::new(addr, request.size(), 0))
+                Ok(Block::new(addr, request.size(), 0))
+            })
         })
     }
 
     fn deallocate(&self, block: Block, _: &S) -> memres_core::Result<()> {
-        Python::attach(|py| {
-            self.deallocate.call1(py, (block.addr(), block.size())).map(drop).map_err(|e| raised(py, e, 0))
+        in_callback(&self.covers, || {
+            Python::attach(|py| {
+                self.deallocate
+                    .call1(py, (block.addr(), block.size()))
+                    .map(drop)
+                    .map_err(|e| raised(py, e, 0, "deallocate_func raised"))
+            })
         })
     }
 }
 
 /// Registers `callback` (a leaf) and `on_failure(UP)` for this build's
-/// Python functions.
+/// Python functions, of the resource object of `covers`.
 pub(crate) fn register_callbacks(
     builder: &mut StackBuilder<Stream>,
     (allocate, deallocate, on_failure): Callbacks,
+    covers: &Covers,
 ) {
     if let (Some(allocate), Some(deallocate)) = (allocate, deallocate) {
-        let leaf = Arc::new(PyCallbacks { allocate, deallocate });
+        let leaf = Arc::new(PyCallbacks { allocate, deallocate, covers: covers.clone() });
         builder.register("callback", move |call, _| {
             call.expect_args(0, &[])?;
             Ok(leaf.clone())
         });
     }
     if let Some(function) = on_failure {
-        let function = Arc::new(function);
+        let function = Arc::new((function, covers.clone()));
         builder.register("on_failure", move |call, cx| {
             call.expect_args(1, &[])?;
-            let adaptor =
-                FailureCallback::new(cx.upstream(call, 0)?, function.clone(), |bytes, f: &Arc<Py<PyAny>>| {
-                    Python::attach(|py| {
-                        f.call1(py, (bytes,)).and_then(|r| r.bind(py).is_truthy()).unwrap_or_else(|e| {
-                            e.print(py);
-                            false
+            let adaptor = FailureCallback::new(
+                cx.upstream(call, 0)?,
+                function.clone(),
+                |bytes, f: &Arc<(Py<PyAny>, Covers)>| {
+                    in_callback(&f.1, || {
+                        Python::attach(|py| {
+                            f.0.call1(py, (bytes,)).and_then(|r| r.bind(py).is_truthy()).unwrap_or_else(|e| {
+                                e.print(py);
+                                false
+                            })
                         })
                     })
-                });
+                },
+            );
             Ok(cx.keep(call, adaptor))
         });
     }

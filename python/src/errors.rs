@@ -50,7 +50,24 @@ pub(crate) fn to_py(e: Error, what: &str) -> PyErr {
             message,
             vec![("requested", Some(requested)), ("used", Some(used)), ("limit", Some(limit))],
         ),
-        Error::Backend { .. } | Error::CapacityExhausted { .. } | Error::Reentrant => {
+        // The Python crate's own refusal (`reentry`), or the core's of a
+        // step inside a callback: both are calls from below the stack.
+        Error::Reentrant => python_error(
+            "MemresError",
+            format!(
+                "memres: {what}: a re-entrant call from inside a callback under the same resource \
+                 (its stack is in a call on this thread, whose locks it may hold): refused, nothing changed"
+            ),
+            vec![],
+        ),
+        Error::Backend { code: crate::callback::RAISED, .. } => {
+            let e = python_error("MemresError", message, vec![]);
+            if let Some(cause) = crate::callback::take_raised() {
+                Python::attach(|py| e.set_cause(py, Some(cause)));
+            }
+            e
+        }
+        Error::Backend { .. } | Error::CapacityExhausted { .. } => {
             python_error("MemresError", message, vec![])
         }
         // A size no resource can serve: RMM raises `MemoryError` for

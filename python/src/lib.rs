@@ -18,6 +18,7 @@ mod callback;
 pub mod current;
 mod detached;
 mod errors;
+mod reentry;
 mod resource;
 mod snapshot;
 

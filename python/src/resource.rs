@@ -9,7 +9,8 @@
 use crate::backend::{self, Stream};
 use crate::callback::{register_callbacks, Callbacks};
 use crate::detached::DropDetached;
-use crate::errors::{stack_to_py, to_py};
+use crate::errors::{backend_error, stack_to_py, to_py};
+use crate::reentry::{self, Covers, Guarded};
 use memres_core::adaptor::{Logging, Statistics, Tracking};
 use memres_core::planned::{Planned, Steps};
 use memres_core::pool::CoalescingPool;
@@ -48,8 +49,11 @@ pub(crate) struct Parts {
     pub(crate) inner: Dyn,
     /// The stack as the program sees it (`allocate`, buffers, the current
     /// resource): `inner`, its blocks told to the snapshot's map when it
-    /// was built while recording.
+    /// was built while recording, its calls checked for re-entry
+    /// ([`Guarded`]).
     pub(crate) blocks: Dyn,
+    /// The resource objects this stack is built over, itself included.
+    covers: Covers,
     stats: Option<Arc<Statistics<Dyn>>>,
     track: Option<Arc<Tracking<Dyn>>>,
     logs: Vec<Arc<Logging<Dyn>>>,
@@ -155,6 +159,26 @@ impl Resource {
     fn put_live(&self, block: Block) {
         self.live.lock().unwrap_or_else(|p| p.into_inner()).insert(block.addr(), block);
     }
+
+    /// Notes a block just allocated as live; if its address is live
+    /// already (the resource handed it out twice), keeps the older entry
+    /// and returns it.
+    fn note_allocated(&self, block: Block) -> Result<(), Block> {
+        match self.live.lock().unwrap_or_else(|p| p.into_inner()).entry(block.addr()) {
+            std::collections::hash_map::Entry::Occupied(older) => Err(*older.get()),
+            std::collections::hash_map::Entry::Vacant(v) => {
+                v.insert(block);
+                Ok(())
+            }
+        }
+    }
+
+    /// Begins a call that takes the stack's locks without going through
+    /// `blocks` (a step, a release, a look at a pool): refused when it
+    /// would re-enter the stack from below it.
+    fn enter(&self, what: &str) -> PyResult<reentry::Entered> {
+        reentry::enter(&self.covers).map_err(|e| to_py(e, what))
+    }
 }
 
 #[pymethods]
@@ -189,13 +213,16 @@ impl Resource {
                 Ok(r.clone())
             });
         }
+        let covers = Covers::new(upstreams.iter().map(|u| &u.covers));
         if let Some(cb) = callbacks {
-            register_callbacks(&mut builder, cb);
+            register_callbacks(&mut builder, cb, &covers);
         }
         let stream = backend::stream(0, device)?;
-        let built = py
-            .detach(|| builder.build_call_with_handles(&call, &stream))
-            .map_err(|e| stack_to_py(e, text))?;
+        // Building may allocate from the upstreams (a pool's initial size).
+        let built = py.detach(|| {
+            let _call = reentry::enter(&covers).map_err(|e| to_py(e, &format!("stack `{text}`")))?;
+            builder.build_call_with_handles(&call, &stream).map_err(|e| stack_to_py(e, text))
+        })?;
         backend::note_driver_pools(device, &built);
         let streams =
             Arc::new(KeepStreams { inner: built.resource.clone(), streams: Mutex::new(HashMap::new()) });
@@ -207,7 +234,12 @@ impl Resource {
                 logs: built.all("log"),
                 pools: built.all("pool"),
                 planned: built.all("planned"),
-                blocks: crate::snapshot::program_side(inner.clone(), map),
+                blocks: Arc::new(Guarded {
+                    inner: crate::snapshot::program_side(inner.clone(), map),
+                    covers: covers.clone(),
+                    device,
+                }),
+                covers,
                 inner,
                 streams,
                 live: Mutex::new(HashMap::new()),
@@ -242,7 +274,19 @@ impl Resource {
         let block = py
             .detach(|| self.blocks.allocate(request, &s))
             .map_err(|e| to_py(e, &format!("allocate({nbytes})")))?;
-        self.put_live(block);
+        if let Err(older) = self.note_allocated(block) {
+            // The older block stays freeable; the new one goes back
+            // through the stack it came from.
+            let back = match py.detach(|| self.blocks.deallocate(block, &s)) {
+                Ok(()) => "it was given back".to_string(),
+                Err(e) => format!("giving it back failed: {e}"),
+            };
+            return Err(backend_error(format!(
+                "allocate({nbytes}): the resource handed out {:#x}, a live address (of a block of {} bytes): {back}",
+                block.addr(),
+                older.size()
+            )));
+        }
         Ok(block.addr())
     }
 
@@ -253,6 +297,9 @@ impl Resource {
         if ptr == 0 && nbytes == 0 {
             return Ok(());
         }
+        // The stream first: a block taken out of the table is put back on
+        // every error after.
+        let s = backend::stream(stream, self.device)?;
         let block = self.take_live(ptr)?;
         if block.size() != nbytes {
             self.put_live(block);
@@ -261,7 +308,6 @@ impl Resource {
                 block.size()
             )));
         }
-        let s = backend::stream(stream, self.device)?;
         py.detach(|| self.blocks.deallocate(block, &s)).map_err(|e| {
             self.put_live(block);
             to_py(e, &format!("deallocate({ptr:#x}, {nbytes})"))
@@ -318,16 +364,22 @@ impl Resource {
     #[pyo3(signature = (stream=0))]
     fn step(&self, py: Python<'_>, stream: u64) -> PyResult<usize> {
         let s = backend::stream(stream, self.device)?;
-        py.detach(|| self.planned.iter().try_for_each(|p| p.step(&s))).map_err(|e| to_py(e, "step"))?;
+        py.detach(|| {
+            let _call = self.enter("step")?;
+            self.planned.iter().try_for_each(|p| p.step(&s)).map_err(|e| to_py(e, "step"))
+        })?;
         Ok(self.planned.len())
     }
 
     /// What the stack's `planned` layers have done, summed over them:
     /// `(steps, followed, plans, planned_allocations, region,
     /// carry_region)`, the fields of `memres_core::planned::Steps`.
-    fn steps(&self, py: Python<'_>) -> (u64, u64, u64, u64, u64, u64) {
-        let s: Steps = py.detach(|| self.planned.iter().map(|p| p.steps()).sum());
-        (s.steps, s.followed, s.plans, s.planned_allocations, s.region, s.carry_region)
+    fn steps(&self, py: Python<'_>) -> PyResult<(u64, u64, u64, u64, u64, u64)> {
+        let s: Steps = py.detach(|| {
+            let _call = self.enter("steps")?;
+            PyResult::Ok(self.planned.iter().map(|p| p.steps()).sum())
+        })?;
+        Ok((s.steps, s.followed, s.plans, s.planned_allocations, s.region, s.carry_region))
     }
 
     /// Gives the wholly free chunks of the stack's pools back to their
@@ -335,13 +387,21 @@ impl Resource {
     #[pyo3(signature = (stream=0))]
     fn release(&self, py: Python<'_>, stream: u64) -> PyResult<u64> {
         let s = backend::stream(stream, self.device)?;
-        py.detach(|| self.pools.iter().try_fold(0, |n, p| Ok(n + p.with(|p| p.release(&s))?)))
-            .map_err(|e| to_py(e, "release"))
+        py.detach(|| {
+            let _call = self.enter("release")?;
+            self.pools
+                .iter()
+                .try_fold(0, |n, p| Ok(n + p.with(|p| p.release(&s))?))
+                .map_err(|e| to_py(e, "release"))
+        })
     }
 
     /// Bytes the stack's pools hold from their upstreams.
-    fn pool_size(&self, py: Python<'_>) -> u64 {
-        py.detach(|| self.pools.iter().map(|p| p.with(|p| p.usage().held)).sum())
+    fn pool_size(&self, py: Python<'_>) -> PyResult<u64> {
+        py.detach(|| {
+            let _call = self.enter("pool_size")?;
+            Ok(self.pools.iter().map(|p| p.with(|p| p.usage().held)).sum())
+        })
     }
 
     /// Blocks allocated through this object and not yet freed.

@@ -181,6 +181,64 @@ def test_errors_say_memres_once():
     assert str(e.value).startswith("memres: allocate(10): ") and "memres: memres" not in str(e.value)
 
 
+def test_a_callbacks_own_exception_is_the_cause_of_the_memres_error():
+    def alloc(n):
+        raise KeyError("mine")
+
+    def free(p, n):
+        raise LookupError("free refused")
+
+    cb = mr.CallbackMemoryResource(alloc, free, backend="sim")
+    with pytest.raises(memres.MemresError, match="allocate_func raised") as e:
+        cb.allocate(10)
+    assert isinstance(e.value.__cause__, KeyError) and e.value.__cause__.args == ("mine",)
+    ok = mr.CallbackMemoryResource(lambda n: 1 << 40, free, backend="sim")
+    p = ok.allocate(10)
+    with pytest.raises(memres.MemresError, match="deallocate_func raised") as e:
+        ok.deallocate(p, 10)
+    assert isinstance(e.value.__cause__, LookupError)
+    assert ok._native.live_count() == 1  # a refused free changes nothing
+
+
+@pytest.mark.parametrize("returned, error, says", [
+    ("4096", TypeError, "'4096' (a str)"),
+    (4096.0, TypeError, "4096.0 (a float)"),
+    (None, TypeError, "None (a NoneType)"),
+    (True, TypeError, "True (a bool)"),
+    (-256, ValueError, "-256"),
+    (1 << 64, ValueError, str(1 << 64)),
+])
+def test_allocate_func_returning_no_int_address_says_what_it_returned(returned, error, says):
+    freed = []
+    cb = mr.CallbackMemoryResource(lambda n: returned, lambda p, n: freed.append(p), backend="sim")
+    with pytest.raises(memres.MemresError, match="allocate_func returned no int address") as e:
+        cb.allocate(4096)
+    assert isinstance(e.value.__cause__, error) and says in str(e.value.__cause__), e.value.__cause__
+    assert cb._native.live_count() == 0 and freed == []
+
+
+def test_callback_functions_must_be_callable():
+    with pytest.raises(TypeError, match="allocate_func must be callable"):
+        mr.CallbackMemoryResource(1, lambda p, n: None, backend="sim")
+    with pytest.raises(TypeError, match="deallocate_func must be callable"):
+        mr.CallbackMemoryResource(lambda n: 1 << 40, 2, backend="sim")
+
+
+def test_an_address_handed_out_while_live_is_refused_and_given_back():
+    freed = []
+    cb = mr.CallbackMemoryResource(lambda n: 1 << 40, lambda p, n: freed.append((p, n)), backend="sim")
+    top = mr.StatisticsResourceAdaptor(cb)
+    p = top.allocate(100)
+    with pytest.raises(memres.MemresError, match="a live address"):
+        top.allocate(200)  # the same address again
+    assert freed == [(1 << 40, 200)]  # the new block went back
+    assert top._native.live_count() == 1
+    counts = top.allocation_counts
+    assert counts["current_count"] == 1 and counts["current_bytes"] == 100, counts
+    top.deallocate(p, 100)  # the older block is still freeable
+    assert top.allocation_counts["current_bytes"] == 0 and top._native.live_count() == 0
+
+
 def test_every_algorithm_and_the_tracking_adaptor():
     for res in [mr.BinningMemoryResource(sim_pool(), 10, 20),
                 mr.FixedSizeMemoryResource(sim_pool(), block_size=4096),

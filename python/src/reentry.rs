@@ -1,0 +1,225 @@
+//! Calls into a stack from below it, on the same thread.
+//!
+//! A `pool`, `fixed` or `arena` holds its spin lock while it calls its
+//! upstream. A Python callback there (`CallbackMemoryResource`'s functions,
+//! a failure callback) that calls the same stack again, itself or through a
+//! finalizer that `gc.collect()` runs, would spin for ever on a lock its
+//! own thread holds. So every call into a stack notes, per thread, the
+//! resources the stack covers ([`Covers`]); a call whose set meets one in
+//! progress on the thread is re-entrant. An allocation (anything that
+//! takes the stack's locks) is then refused with [`Error::Reentrant`] and
+//! changes nothing; a free is deferred, and applied once the outermost call
+//! in progress on the thread returns, with no lock of a stack held.
+//!
+//! While the callback of a resource object runs ([`in_callback`]), the
+//! resources under that object are no part of the call in progress: the
+//! callback runs at the root of its object's stack, after any call into
+//! them returned, so they hold no lock of this thread. A failure callback
+//! may free blocks of its own upstream, and have its retry see the memory.
+
+use crate::backend::{self, Stream};
+use memres_core::{Block, DynResource, Error, MemoryResource, Request};
+use std::cell::RefCell;
+use std::collections::VecDeque;
+use std::marker::PhantomData;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+/// The resource objects a stack is built over: its own id and, through
+/// its upstreams `upN`, theirs.
+#[derive(Clone)]
+pub(crate) struct Covers {
+    own: u64,
+    /// Sorted, without repeats; `own` among them.
+    all: Arc<[u64]>,
+}
+
+impl Covers {
+    /// The set of a new resource over `upstreams`.
+    pub(crate) fn new<'a>(upstreams: impl IntoIterator<Item = &'a Covers>) -> Covers {
+        static NEXT: AtomicU64 = AtomicU64::new(0);
+        let own = NEXT.fetch_add(1, Ordering::Relaxed);
+        let mut all = vec![own];
+        for u in upstreams {
+            all.extend_from_slice(&u.all);
+        }
+        all.sort_unstable();
+        all.dedup();
+        Covers { own, all: all.into() }
+    }
+
+    fn contains(&self, id: u64) -> bool {
+        self.all.binary_search(&id).is_ok()
+    }
+
+    /// Whether `id` lies under this object (covered, and not itself).
+    fn under(&self, id: u64) -> bool {
+        id != self.own && self.contains(id)
+    }
+}
+
+/// A call in progress on this thread.
+struct Frame {
+    covers: Covers,
+    /// The objects whose callbacks run inside the call now, innermost
+    /// last: what lies under all of them is out of the call meanwhile.
+    callbacks: Vec<Covers>,
+}
+
+impl Frame {
+    fn new(covers: Covers) -> Frame {
+        Frame { covers, callbacks: Vec::new() }
+    }
+
+    /// Whether a call into `other` would enter this call's stack.
+    fn meets(&self, other: &Covers) -> bool {
+        let out = |id: u64| !self.callbacks.is_empty() && self.callbacks.iter().all(|c| c.under(id));
+        other.all.iter().any(|&id| self.covers.contains(id) && !out(id))
+    }
+}
+
+/// Work put off until the thread's outermost call returns, and the stack
+/// it runs in.
+type Deferred = (Covers, Box<dyn FnOnce() + Send>);
+
+#[derive(Default)]
+struct State {
+    /// The calls in progress on this thread, innermost last.
+    active: Vec<Frame>,
+    deferred: VecDeque<Deferred>,
+}
+
+thread_local! {
+    static STATE: RefCell<State> = RefCell::default();
+}
+
+fn push(covers: Covers) {
+    STATE.with(|s| s.borrow_mut().active.push(Frame::new(covers)));
+}
+
+/// Ends the innermost call; whether it was the outermost.
+fn pop() -> bool {
+    STATE.with(|s| {
+        let mut s = s.borrow_mut();
+        s.active.pop();
+        s.active.is_empty()
+    })
+}
+
+/// A call into a stack in progress on this thread (not `Send`: it ends on
+/// the thread it began on). When the outermost one ends, the work deferred
+/// meanwhile runs.
+pub(crate) struct Entered(PhantomData<*const ()>);
+
+/// Begins a call into the stack of `covers`; [`Error::Reentrant`] if it
+/// meets a call in progress on this thread.
+pub(crate) fn enter(covers: &Covers) -> Result<Entered, Error> {
+    STATE.with(|s| {
+        let mut s = s.borrow_mut();
+        if s.active.iter().any(|a| a.meets(covers)) {
+            return Err(Error::Reentrant);
+        }
+        s.active.push(Frame::new(covers.clone()));
+        Ok(Entered(PhantomData))
+    })
+}
+
+impl Drop for Entered {
+    fn drop(&mut self) {
+        if pop() {
+            run_deferred();
+        }
+    }
+}
+
+/// Runs `f`, a Python function of the object of `covers` (its
+/// `CallbackMemoryResource` functions, its failure callback), with what
+/// lies under that object out of the call in progress meanwhile.
+pub(crate) fn in_callback<T>(covers: &Covers, f: impl FnOnce() -> T) -> T {
+    struct Leave;
+    impl Drop for Leave {
+        fn drop(&mut self) {
+            STATE.with(|s| s.borrow_mut().active.last_mut().map(|f| f.callbacks.pop()));
+        }
+    }
+    // The innermost call is the one that reached the callback; with none
+    // (a stack dropped, freeing into this one) nothing is in progress.
+    let entered = STATE.with(|s| {
+        s.borrow_mut().active.last_mut().map(|frame| frame.callbacks.push(covers.clone())).is_some()
+    });
+    let _leave = entered.then_some(Leave);
+    f()
+}
+
+/// Puts `work` off until the thread's outermost call returns; `work` runs
+/// as a call into the stack of `covers`.
+fn defer(covers: &Covers, work: impl FnOnce() + Send + 'static) {
+    STATE.with(|s| s.borrow_mut().deferred.push_back((covers.clone(), Box::new(work))));
+}
+
+/// Runs the deferred work in order, each as a call into its stack, so that
+/// what it defers in turn (a free from its own callback) waits for this
+/// loop rather than running inside it.
+fn run_deferred() {
+    struct Pop;
+    impl Drop for Pop {
+        fn drop(&mut self) {
+            pop();
+        }
+    }
+    while let Some((covers, work)) = STATE.with(|s| s.borrow_mut().deferred.pop_front()) {
+        push(covers);
+        let _pop = Pop;
+        work();
+    }
+}
+
+/// A stack as the program calls it (`allocate`, buffers, the C functions):
+/// each call is a call of [`enter`], a re-entrant allocation is refused and
+/// a re-entrant free deferred. Stacks built over this one use the stack
+/// itself, not this: their calls into it are theirs.
+pub(crate) struct Guarded {
+    pub(crate) inner: DynResource<Stream>,
+    pub(crate) covers: Covers,
+    pub(crate) device: u32,
+}
+
+impl MemoryResource<Stream> for Guarded {
+    fn allocate(&self, request: Request, stream: &Stream) -> memres_core::Result<Block> {
+        let _call = enter(&self.covers)?;
+        self.inner.allocate(request, stream)
+    }
+
+    fn deallocate(&self, block: Block, stream: &Stream) -> memres_core::Result<()> {
+        match enter(&self.covers) {
+            Ok(_call) => self.inner.deallocate(block, stream),
+            Err(_) => {
+                let (inner, device) = (self.inner.clone(), self.device);
+                let handle = backend::handle_of(stream);
+                defer(&self.covers, move || free_later(&inner, block, handle, device));
+                Ok(())
+            }
+        }
+    }
+
+    fn id(&self) -> memres_core::ResourceId {
+        self.inner.id()
+    }
+}
+
+/// A deferred free. Its caller was told the free succeeded, so a failure
+/// can only be said on stderr, as Python says an exception in `__del__`.
+fn free_later(resource: &DynResource<Stream>, block: Block, handle: u64, device: u32) {
+    let freed = backend::stream(handle, device)
+        .map_err(|_| Error::InvalidConfig { what: "the stream of a deferred free cannot be had" })
+        .and_then(|s| resource.deallocate(block, &s));
+    if let Err(e) = freed {
+        // A callback's exception kept for the caller: there is none now.
+        drop(crate::callback::take_raised());
+        eprintln!(
+            "memres: freeing {:#x} ({} bytes), deferred from a call inside a callback, failed: {e}",
+            block.addr(),
+            block.size()
+        );
+    }
+}

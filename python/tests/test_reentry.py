@@ -1,0 +1,203 @@
+"""Calls into a stack from a Python callback under it, on the same thread:
+a `pool`, `fixed` or `arena` holds its spin lock while its upstream runs,
+so such a call would spin for ever. An allocation (a step, a release, a
+look at a pool) is refused with a MemresError and changes nothing; a free
+(a collected DeviceBuffer, `deallocate`) is checked at once and applied
+once the outermost call returns.
+
+Before the fix these hung, so each case runs in a child process that must
+end within a time limit."""
+
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+LIMIT_S = 60
+
+
+def run_child(code):
+    """Runs ``code`` in a child Python; fails the test if it hangs or does
+    not print ``done``."""
+    try:
+        out = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True,
+                             text=True, timeout=LIMIT_S)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"the child hung (no end within {LIMIT_S} s)")
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert out.stdout.strip().endswith("done"), out.stdout + out.stderr
+
+
+def test_a_failure_callback_that_collects_a_buffer_of_the_pool_frees_it_once_the_allocation_returns():
+    # RMM's usual failure callback: collect garbage and retry. The garbage
+    # holds a buffer of the very pool that is growing.
+    run_child("""
+        import gc, memres
+        from memres import mr
+        gc.disable()  # the collection happens in the callback, nowhere else
+        state = {"in_callback": False, "collected_in_callback": None}
+        def on_oom(nbytes):
+            state["in_callback"] = True
+            gc.collect()
+            state["in_callback"] = False
+            return True
+        limit = mr.LimitingResourceAdaptor(mr.HostMemoryResource(), 1 << 20)
+        pool = mr.PoolMemoryResource(mr.FailureCallbackResourceAdaptor(limit, on_oom),
+                                     initial_pool_size=1 << 20)
+        top = mr.StatisticsResourceAdaptor(pool)
+        class Cycle:
+            def __init__(self):
+                self.buf = memres.DeviceBuffer(size=1 << 19, mr=top)
+                self.me = self
+            def __del__(self):
+                state["collected_in_callback"] = state["in_callback"]
+        Cycle()
+        try:
+            memres.DeviceBuffer(size=1 << 20, mr=top)  # the pool must grow past the limit
+            raise SystemExit("allocated past the limit")
+        except MemoryError:
+            pass
+        assert state["collected_in_callback"] is True, state
+        counts = top.allocation_counts
+        assert counts["current_count"] == 0 and counts["current_bytes"] == 0, counts
+        # The collected buffer's memory is the pool's again: the whole chunk fits.
+        b = memres.DeviceBuffer(size=1 << 20, mr=top)
+        del b
+        counts = top.allocation_counts
+        assert counts["current_count"] == 0 and counts["current_bytes"] == 0, counts
+        assert counts["total_count"] == 2, counts
+        assert pool.pool_size() == 1 << 20 and pool.release() == 1 << 20 and pool.pool_size() == 0
+        print("done")
+    """)
+
+
+REENTER_FROM_ALLOCATE_FUNC = """
+    import memres
+    from memres import mr
+    state = {"n": 0, "errors": [], "inside": False}
+    def alloc(n):
+        state["n"] += 1
+        top = state.get("top")
+        if top is not None and not state["inside"]:
+            state["inside"] = True
+            for call in (lambda: top.allocate(64), lambda: top.release(), lambda: top.step(),
+                         lambda: top._native.pool_size(), lambda: top.steps()):
+                try:
+                    call()
+                    state["errors"].append(None)
+                except memres.MemresError as e:
+                    state["errors"].append(str(e))
+        return (1 << 40) + (state["n"] << 30)
+    cb = mr.CallbackMemoryResource(alloc, lambda p, n: None, backend="sim")
+    top = TOP
+    state["top"] = top
+    p = top.allocate(SIZE)
+    assert len(state["errors"]) == 5, state
+    assert all(e and "re-entrant call from inside a callback under the same resource" in e
+               for e in state["errors"]), state["errors"]
+    assert top._native.live_count() == 1
+    top.deallocate(p, SIZE)
+    assert top._native.live_count() == 0
+    print("done")
+"""
+
+
+@pytest.mark.parametrize("top, size", [
+    ("mr.PoolMemoryResource(cb, initial_pool_size=1 << 16)", 1 << 21),
+    ("mr.PoolMemoryResource(cb, initial_pool_size=4096, per_stream=True)", 8192),
+    ("mr.FixedSizeMemoryResource(cb, block_size=4096, blocks_to_preallocate=2)", 4096),
+    ("mr.ArenaMemoryResource(cb, arena_size=1 << 20)", 8192),
+], ids=["pool", "pool_per_stream", "fixed", "arena"])
+def test_a_call_into_the_stack_from_its_allocate_func_is_refused(top, size):
+    run_child(REENTER_FROM_ALLOCATE_FUNC.replace("TOP", top).replace("SIZE", str(size)))
+
+
+def test_a_free_from_a_finalizer_run_inside_a_callback_is_checked_at_once_and_applied_after():
+    run_child("""
+        import gc, memres
+        from memres import mr
+        gc.disable()
+        base = [1 << 40]
+        def alloc(n):
+            base[0] += 1 << 30
+            gc.collect()  # any Python code may start a collection
+            return base[0]
+        pool = mr.PoolMemoryResource(mr.CallbackMemoryResource(alloc, lambda p, n: None, backend="sim"),
+                                     initial_pool_size=1 << 16)
+        top = mr.StatisticsResourceAdaptor(pool)
+        seen = {}
+        class Holder:
+            def __init__(self):
+                self.p = top.allocate(256)
+                self.me = self
+            def __del__(self):
+                try:
+                    top.deallocate(self.p, 255)
+                except ValueError as e:
+                    seen["wrong size"] = str(e)
+                top.deallocate(self.p, 256)
+                seen["freed"] = top.allocation_counts["current_count"]
+        Holder()
+        q = top.allocate(1 << 21)  # grows: alloc runs under the pool's lock
+        assert "allocated with 256 bytes" in seen["wrong size"], seen
+        assert seen["freed"] == 1, seen  # queued: not freed yet inside the callback
+        counts = top.allocation_counts
+        assert counts["current_count"] == 1 and counts["current_bytes"] == 1 << 21, counts
+        assert top._native.live_count() == 1
+        top.deallocate(q, 1 << 21)
+        assert top.allocation_counts["current_bytes"] == 0
+        print("done")
+    """)
+
+
+def test_a_failure_callback_that_calls_its_own_adaptor_is_refused_not_recursed():
+    # Recursion Python -> Rust -> Python crashed threads with small stacks.
+    run_child("""
+        import threading, memres
+        from memres import mr
+        lim = mr.LimitingResourceAdaptor(mr.HostMemoryResource(), 100)
+        calls, nested, outer = [], [], []
+        def cb(n):
+            calls.append(n)
+            try:
+                fc.allocate(n)
+            except memres.MemresError as e:
+                nested.append(str(e))
+            return False
+        fc = mr.FailureCallbackResourceAdaptor(lim, cb)
+        def run():
+            try:
+                fc.allocate(1000)
+            except MemoryError as e:
+                outer.append(e)
+        threading.stack_size(256 << 10)
+        t = threading.Thread(target=run)
+        t.start()
+        t.join()
+        assert calls == [1000], len(calls)
+        assert len(nested) == 1 and "re-entrant" in nested[0], nested
+        assert len(outer) == 1 and isinstance(outer[0], memres.OutOfMemory), outer
+        print("done")
+    """)
+
+
+def test_a_call_into_another_stack_from_a_callback_is_served():
+    run_child("""
+        import memres
+        from memres import mr
+        other = mr.StatisticsResourceAdaptor(mr.HostMemoryResource())
+        got = []
+        def alloc(n):
+            p = other.allocate(64)
+            other.deallocate(p, 64)
+            got.append(p)
+            return (1 << 40) + (len(got) << 30)
+        pool = mr.PoolMemoryResource(mr.CallbackMemoryResource(alloc, lambda p, n: None, backend="sim"),
+                                     initial_pool_size=1 << 16)
+        p = pool.allocate(1 << 21)
+        assert len(got) == 2 and all(got), got
+        assert other.allocation_counts["total_count"] == 2
+        pool.deallocate(p, 1 << 21)
+        print("done")
+    """)
