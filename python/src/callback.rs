@@ -12,6 +12,7 @@ use pyo3::exceptions::{PyMemoryError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyInt};
 use std::cell::RefCell;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 /// `(allocate, deallocate, on_failure)`: the Python functions of a build.
@@ -31,6 +32,17 @@ thread_local! {
 /// The exception behind this thread's last [`RAISED`] error, taken.
 pub(crate) fn take_raised() -> Option<PyErr> {
     LAST_RAISED.with(|r| r.borrow_mut().take())
+}
+
+/// Whether a build was ever given Python functions: only they run Python
+/// while a stack holds a lock, so only then may a lock's holder wait for
+/// the GIL.
+static PYTHON_UNDER_STACKS: AtomicBool = AtomicBool::new(false);
+
+pub(crate) fn python_under_stacks() -> bool {
+    // Relaxed: a stack reaches another thread through a lock (the device
+    // registry, a table, Python's objects), which orders the store first.
+    PYTHON_UNDER_STACKS.load(Ordering::Relaxed)
 }
 
 /// What a failing Python function becomes: a `MemoryError` is out of
@@ -118,6 +130,9 @@ pub(crate) fn register_callbacks(
     (allocate, deallocate, on_failure): Callbacks,
     covers: &Covers,
 ) {
+    if allocate.is_some() || on_failure.is_some() {
+        PYTHON_UNDER_STACKS.store(true, Ordering::Relaxed);
+    }
     if let (Some(allocate), Some(deallocate)) = (allocate, deallocate) {
         let leaf = Arc::new(PyCallbacks { allocate, deallocate, covers: covers.clone() });
         builder.register("callback", move |call, _| {

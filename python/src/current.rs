@@ -95,24 +95,64 @@ pub(crate) fn last_alloc_error(py: Python<'_>, clear: bool) -> Option<String> {
 fn alloc(size: isize, device: i32, stream: *mut c_void) -> Result<*mut c_void, String> {
     let size = u64::try_from(size).map_err(|_| "a negative size")?;
     let d = u32::try_from(device).map_err(|_| "a negative device")?;
+    // Before allocating: a block with no table would never be freed.
+    let table = live(d as usize).ok_or("a device out of range")?;
     let resource = memres_core::device::get_per_device_resource::<Stream>(d).map_err(|e| e.to_string())?;
     let s = backend::stream(stream as usize as u64, d).map_err(|e| e.to_string())?;
     let request = Request::new(size).map_err(|e| e.to_string())?;
     let block = resource.allocate(request, &s).map_err(|e| e.to_string())?;
-    let table = live(d as usize).ok_or("a device out of range")?;
-    table.lock().unwrap_or_else(|p| p.into_inner()).insert(block.addr(), (block, resource));
+    let mut entries = table.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(older) = entries.insert(block.addr(), (block, resource.clone())) {
+        // The address is live (two resources whose ranges overlap, or one
+        // that handed it out twice): the older block stays freeable, the
+        // new one goes back through the stack it came from.
+        let older_size = older.0.size();
+        entries.insert(block.addr(), older);
+        drop(entries);
+        let back = match resource.deallocate(block, &s) {
+            Ok(()) => "it was given back".to_string(),
+            Err(e) => format!("giving it back failed: {e}"),
+        };
+        return Err(format!(
+            "the resource handed out {:#x}, a live address (of a block of {older_size} bytes): {back}",
+            block.addr()
+        ));
+    }
     Ok(block.addr() as usize as *mut c_void)
 }
 
 fn free(ptr: *mut c_void, device: i32, stream: *mut c_void) -> Option<()> {
     let d = u32::try_from(device).ok()?;
     let table = live(d as usize)?;
-    let (block, resource) = table.lock().unwrap_or_else(|p| p.into_inner()).remove(ptr as usize as u64)?;
+    // The stream first: a block taken out of the table is put back on
+    // every error after.
     let s = backend::stream(stream as usize as u64, d).ok()?;
+    let (block, resource) = table.lock().unwrap_or_else(|p| p.into_inner()).remove(ptr as usize as u64)?;
     if resource.deallocate(block, &s).is_err() {
         table.lock().unwrap_or_else(|p| p.into_inner()).insert(block.addr(), (block, resource));
     }
     Some(())
+}
+
+/// Runs `f`, with the GIL released if this thread holds it: a stack's lock
+/// may be held by a thread in a Python callback, which waits for the GIL
+/// (PyTorch frees a tensor's storage holding the GIL). Never takes the
+/// GIL for a thread that does not hold it. Without Python callbacks no
+/// lock's holder waits for the GIL, and the release is skipped.
+fn without_gil<T: Send>(f: impl FnOnce() -> T + Send) -> T {
+    extern "C" {
+        // CPython's API since 3.4 (not the limited API, so not in
+        // `pyo3::ffi` under abi3), exported by every interpreter since.
+        fn PyGILState_Check() -> std::ffi::c_int;
+    }
+    // SAFETY: `PyGILState_Check` takes nothing and may be called from any
+    // thread at any time; this library is loaded by the interpreter that
+    // defines it.
+    if crate::callback::python_under_stacks() && unsafe { PyGILState_Check() } == 1 {
+        Python::attach(|py| py.detach(f))
+    } else {
+        f()
+    }
 }
 
 /// Allocates `size` bytes from `device`'s current resource on `stream`;
@@ -133,21 +173,44 @@ pub unsafe extern "C" fn memres_py_alloc(size: isize, device: i32, stream: *mut 
             Some(format!("memres_py_alloc({size} bytes, device {device}): {why}"));
         std::ptr::null_mut()
     };
-    match catch_unwind(AssertUnwindSafe(|| alloc(size, device, stream))) {
-        Ok(Ok(ptr)) => ptr,
+    // Pointers cross `without_gil` as integers: they are not `Send`.
+    let stream = stream as usize;
+    let result = catch_unwind(AssertUnwindSafe(|| {
+        without_gil(|| alloc(size, device, stream as *mut c_void).map(|p| p as usize))
+    }));
+    match result {
+        Ok(Ok(ptr)) => ptr as *mut c_void,
         Ok(Err(why)) => failed(why),
-        Err(_) => failed("a panic".to_string()),
+        Err(payload) => {
+            // A payload whose `Drop` panicked would abort here: forget it.
+            std::mem::forget(payload);
+            failed("a panic".to_string())
+        }
     }
 }
 
 /// Frees `ptr`, from `memres_py_alloc` on `device`, on `stream`; a pointer
-/// not from there is ignored. Never unwinds.
+/// not from there is ignored. Never unwinds. Called from inside a Python
+/// callback under the block's stack (a failure callback's `gc.collect()`
+/// that frees a tensor), the free is applied once the outermost call of
+/// memres in progress on this thread returns.
 ///
 /// # Safety
 ///
-/// `stream` is null or a stream of `device` valid for the call; no work
-/// that is not ordered before the free on `stream` uses the memory.
+/// `stream` is null or a stream of `device` valid for the call (and, for
+/// a free so deferred, until it is applied); no work that is not ordered
+/// before the free on `stream` uses the memory.
 #[no_mangle]
 pub unsafe extern "C" fn memres_py_free(ptr: *mut c_void, _size: isize, device: i32, stream: *mut c_void) {
-    let _ = catch_unwind(AssertUnwindSafe(|| free(ptr, device, stream)));
+    // Pointers cross `without_gil` as integers: they are not `Send`.
+    let (ptr, stream) = (ptr as usize, stream as usize);
+    let freed = catch_unwind(AssertUnwindSafe(|| {
+        without_gil(|| {
+            free(ptr as *mut c_void, device, stream as *mut c_void);
+        })
+    }));
+    if let Err(payload) = freed {
+        // A payload whose `Drop` panicked would abort here: forget it.
+        std::mem::forget(payload);
+    }
 }

@@ -2,6 +2,11 @@
 current resource (here on the simulated backend's module)."""
 
 import ctypes
+import subprocess
+import sys
+import textwrap
+
+import pytest
 
 import memres
 from memres import _native, mr
@@ -59,3 +64,59 @@ def test_a_failed_allocation_keeps_its_reason_for_python():
     assert so.memres_py_alloc(-5, 0, None) is None
     assert "negative size" in _native.sim.last_alloc_error(clear=True)
     assert _native.sim.last_alloc_error() is None
+
+
+def test_an_address_live_already_is_refused_and_the_new_block_given_back():
+    # Two simulated devices hand out the same addresses.
+    so = lib()
+    _native.sim.last_alloc_error(clear=True)
+    a = mr.StatisticsResourceAdaptor(mr.SimulatedMemoryResource(1 << 30))
+    mr.set_current_device_resource(a)
+    p = so.memres_py_alloc(1000, 0, None)
+    b = mr.StatisticsResourceAdaptor(mr.SimulatedMemoryResource(1 << 30))
+    mr.set_current_device_resource(b)
+    assert so.memres_py_alloc(1000, 0, None) is None
+    assert "a live address" in _native.sim.last_alloc_error(clear=True)
+    assert b.allocation_counts["current_bytes"] == 0  # given back
+    assert a.allocation_counts["current_bytes"] == 1000 and _native.sim.c_live_count(0) == 1
+    so.memres_py_free(p, 1000, 0, None)  # to `a`, whose block it is
+    assert a.allocation_counts["current_bytes"] == 0 and _native.sim.c_live_count(0) == 0
+
+
+def test_a_free_with_the_gil_held_waits_for_the_pool_without_it():
+    # PyTorch frees a tensor's storage holding the GIL (ctypes.PyDLL keeps
+    # it). Another thread holds the pool's lock inside a Python callback
+    # that needs the GIL: the free must not wait for the lock with it.
+    code = """
+        import ctypes, threading, time, memres
+        from memres import _native, mr
+        so = ctypes.PyDLL(_native.sim.__file__)
+        so.memres_py_alloc.restype = ctypes.c_void_p
+        so.memres_py_alloc.argtypes = [ctypes.c_ssize_t, ctypes.c_int, ctypes.c_void_p]
+        so.memres_py_free.argtypes = [ctypes.c_void_p, ctypes.c_ssize_t, ctypes.c_int, ctypes.c_void_p]
+        inside = threading.Event()
+        n = [0]
+        def alloc(size):
+            n[0] += 1
+            if n[0] > 1:
+                inside.set()
+                time.sleep(0.5)  # the pool's lock is held meanwhile
+            return (1 << 40) + (n[0] << 30)
+        pool = mr.PoolMemoryResource(mr.CallbackMemoryResource(alloc, lambda p, s: None, backend="sim"),
+                                     initial_pool_size=1 << 16)
+        mr.set_current_device_resource(pool)
+        p = so.memres_py_alloc(256, 0, None)
+        t = threading.Thread(target=lambda: pool.allocate(1 << 21))
+        t.start()
+        inside.wait()
+        so.memres_py_free(p, 256, 0, None)
+        t.join()
+        assert _native.sim.c_live_count(0) == 0
+        print("done")
+    """
+    try:
+        out = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True,
+                             text=True, timeout=60)
+    except subprocess.TimeoutExpired:
+        pytest.fail("the free with the GIL held hung")
+    assert out.returncode == 0 and out.stdout.strip() == "done", out.stdout + out.stderr
