@@ -301,9 +301,10 @@ where
     ///
     /// # Errors
     ///
-    /// The copy engine's error.
+    /// [`ContainerError::HostOutOfMemory`] if the host cannot hold them;
+    /// the copy engine's error.
     pub fn to_vec(&self) -> Result<Vec<u8>> {
-        let mut v = vec![0u8; self.len as usize];
+        let mut v = crate::error::host_vec(self.len as usize, 0u8)?;
         self.read(0, &mut v)?;
         Ok(v)
     }
@@ -581,8 +582,21 @@ impl<R: MemoryResource<S>, S: Stream> Drop for Fresh<'_, R, S> {
         if let Some(block) = self.block.take() {
             // Live and unused by the buffer: a resource refuses it only if
             // it is itself broken, as in the buffer's own drop.
-            let _ = self.resource.deallocate(block, self.stream);
+            free_in_drop(self.resource, block, self.stream);
         }
+    }
+}
+
+/// Frees `block` from a destructor. During an unwind (often the resource's
+/// own panic, as the growth's free of the old block) a second panic would
+/// abort the process: it is caught, and the block left to the broken
+/// resource.
+fn free_in_drop<R: MemoryResource<S>, S: Stream>(resource: &R, block: Block, stream: &S) {
+    if std::thread::panicking() {
+        let free = std::panic::AssertUnwindSafe(|| resource.deallocate(block, stream));
+        let _ = std::panic::catch_unwind(free);
+    } else {
+        let _ = resource.deallocate(block, stream);
     }
 }
 
@@ -595,7 +609,7 @@ where
     fn drop(&mut self) {
         // A drop cannot report errors; the block is ours and live, so the
         // resource only fails here if it is itself broken.
-        let _ = self.resource.deallocate(self.block, &self.stream);
+        free_in_drop(&self.resource, self.block, &self.stream);
     }
 }
 

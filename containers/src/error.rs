@@ -48,6 +48,22 @@ pub enum ContainerError {
         /// The block's address.
         addr: u64,
     },
+    /// The host could not allocate a copy of the contents (`to_vec`,
+    /// `slice_to_vec`); nothing was read.
+    HostOutOfMemory {
+        /// Bytes asked of the host.
+        bytes: u64,
+    },
+}
+
+/// `n` copies of `value` in a vector the host may refuse: a copy of device
+/// memory can be larger than the host can hold, which `vec!` would abort on.
+pub(crate) fn host_vec<T: Clone>(n: usize, value: T) -> Result<Vec<T>> {
+    let mut v = Vec::new();
+    let bytes = (n as u64).saturating_mul(std::mem::size_of::<T>() as u64);
+    v.try_reserve_exact(n).map_err(|_| ContainerError::HostOutOfMemory { bytes })?;
+    v.resize(n, value);
+    Ok(v)
 }
 
 impl From<memres_core::Error> for ContainerError {
@@ -73,6 +89,9 @@ impl fmt::Display for ContainerError {
             ContainerError::Misaligned { align, addr } => {
                 write!(f, "the block at {addr:#x} is not aligned to {align} bytes")
             }
+            ContainerError::HostOutOfMemory { bytes } => {
+                write!(f, "the host cannot allocate {bytes} bytes for a copy")
+            }
         }
     }
 }
@@ -83,5 +102,16 @@ impl std::error::Error for ContainerError {
             ContainerError::Memory(e) => Some(e),
             _ => None,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{host_vec, ContainerError};
+
+    #[test]
+    fn a_copy_larger_than_the_host_can_hold_is_an_error_not_an_abort() {
+        assert_eq!(host_vec(usize::MAX, 0u16), Err(ContainerError::HostOutOfMemory { bytes: u64::MAX }));
+        assert_eq!(host_vec(3, 7u16), Ok(vec![7, 7, 7]));
     }
 }

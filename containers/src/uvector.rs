@@ -341,7 +341,8 @@ where
     /// # Errors
     ///
     /// [`ContainerError::IndexOutOfRange`] for a range that is reversed or
-    /// passes the length; the copy engine's error.
+    /// passes the length; [`ContainerError::HostOutOfMemory`] if the host
+    /// cannot hold the copy; the copy engine's error.
     pub fn slice_to_vec(&self, range: impl RangeBounds<usize>) -> Result<Vec<T>> {
         let start = match range.start_bound() {
             Bound::Included(&i) => i,
@@ -357,7 +358,7 @@ where
             .checked_sub(start)
             .ok_or(ContainerError::IndexOutOfRange { index: start, len: self.len() })?;
         self.check_elements(start, n)?;
-        let mut v = vec![T::zeroed(); n];
+        let mut v = crate::error::host_vec(n, T::zeroed())?;
         self.copy_to_slice_at(start, &mut v)?;
         Ok(v)
     }

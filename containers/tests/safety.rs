@@ -358,6 +358,55 @@ fn a_copy_engine_that_panics_mid_growth_leaves_nothing_behind() {
     assert_eq!(mem.live_count(), 0);
 }
 
+/// Host memory whose frees panic while `panics` is set: a user's resource,
+/// safe to write, that breaks. The blocks it did not free are kept for the
+/// test to free.
+#[derive(Default)]
+struct PanicsOnFree {
+    host: HostMemory,
+    panics: std::sync::atomic::AtomicBool,
+    kept: Mutex<Vec<Block>>,
+}
+
+impl<S: Stream + ?Sized> MemoryResource<S> for PanicsOnFree {
+    fn allocate(&self, request: Request, stream: &S) -> CoreResult<Block> {
+        self.host.allocate(request, stream)
+    }
+    fn deallocate(&self, block: Block, stream: &S) -> CoreResult<()> {
+        if self.panics.load(Relaxed) {
+            self.kept.lock().unwrap().push(block);
+            panic!("the resource's free panics");
+        }
+        self.host.deallocate(block, stream)
+    }
+}
+
+// SAFETY: every block is one of `host`'s, handed out unchanged and freed
+// only through `host`.
+unsafe impl MemoryOf<HostCopy> for PanicsOnFree {}
+
+/// The growth's free of the old block panics, and so does the free of the
+/// new one as the unwind drops it: a panic in a destructor during an unwind
+/// aborted the process. Now the second is caught, and the buffer is as it
+/// was.
+#[test]
+fn a_resource_whose_frees_panic_mid_growth_does_not_abort_the_process() {
+    let mr = PanicsOnFree::default();
+    let mut buf = DeviceBuffer::from_slice_in(b"abc", (), &mr, HostCopy).unwrap();
+    let (addr, cap) = (buf.addr(), buf.capacity());
+    mr.panics.store(true, Relaxed);
+    let grown = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| buf.reserve(1 << 20)));
+    assert!(grown.is_err());
+    mr.panics.store(false, Relaxed);
+    assert_eq!((buf.addr(), buf.capacity(), buf.to_vec().unwrap()), (addr, cap, b"abc".to_vec()));
+    let kept = std::mem::take(&mut *mr.kept.lock().unwrap());
+    assert_eq!(kept.len(), 2, "the old block's free and the new one's, both refused by a panic");
+    assert_eq!(kept[0].addr(), addr);
+    mr.host.deallocate(kept[1], &()).unwrap();
+    drop(buf);
+    assert_eq!(mr.host.live_count(), 0);
+}
+
 /// Host memory that refuses the next free it is asked for, once, as a
 /// resource that cannot order a free on its stream may: the block stays
 /// live, the call changes nothing.
