@@ -207,11 +207,6 @@ impl CudaAsyncMemory {
         // From here on, dropping `mr` destroys the pool: early returns leave nothing.
         let mr = CudaAsyncMemory { pool, owned: true, context, live: Box::default() };
         let info = mr.context.memory_info()?;
-        if driver_version_below(11050) {
-            // Drivers before 11.5 reuse opportunistically in ways that break
-            // stream ordering (RMM turns it off there too).
-            mr.set_attribute_i32(sys::CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC, 0)?;
-        }
         mr.set_release_threshold(config.release_threshold.unwrap_or(info.total))?;
         let initial = config.initial_size.unwrap_or(info.free / 2) & !255;
         if initial > 0 {
@@ -352,16 +347,6 @@ impl CudaAsyncMemory {
         })?;
         Ok(v)
     }
-
-    fn set_attribute_i32(&self, attr: i32, value: i32) -> Result<()> {
-        let mut v = value;
-        // SAFETY: the reuse attributes are `int`, which `v` is.
-        check(unsafe { sys::cuMemPoolSetAttribute(self.pool, attr, ptr::from_mut(&mut v).cast::<c_void>()) })
-    }
-}
-
-fn driver_version_below(version: i32) -> bool {
-    crate::context::driver_version().is_ok_and(|v| v < version)
 }
 
 impl<S: AsRawStream + ?Sized> MemoryResource<S> for CudaAsyncMemory {

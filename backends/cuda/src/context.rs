@@ -4,6 +4,7 @@ use crate::error::check;
 use crate::stream::CudaStream;
 use crate::sys;
 use memres_core::{Error, Result};
+use std::marker::PhantomData;
 use std::ptr;
 use std::sync::{Arc, OnceLock};
 
@@ -313,7 +314,7 @@ impl Context {
     ///
     /// The driver's error as [`Error::Backend`].
     pub fn memory_info(&self) -> Result<MemoryInfo> {
-        let _current = Current::enter(self.raw())?;
+        let _current = Current::of(self)?;
         let (mut free, mut total) = (0usize, 0usize);
         // SAFETY: a context is current; both out parameters point at live locals.
         check(unsafe { sys::cuMemGetInfo_v2(&mut free, &mut total) })?;
@@ -349,7 +350,7 @@ impl Context {
     /// Runs `f` with this context current, then makes the caller's current
     /// again.
     pub(crate) fn scope<T>(&self, f: impl FnOnce() -> Result<T>) -> Result<T> {
-        let _current = Current::enter(self.raw())?;
+        let _current = Current::of(self)?;
         f()
     }
 }
@@ -357,34 +358,47 @@ impl Context {
 /// Makes a context current on this thread until dropped, then restores the
 /// one that was current before (a thread that had none keeps it). Costs one
 /// `cuCtxGetCurrent` when the context is current already, the common case.
-pub(crate) struct Current {
+/// It borrows what keeps the context alive for `'a`.
+pub(crate) struct Current<'a> {
     /// The context to restore, when another was current.
     restore: Option<sys::CUcontext>,
+    alive: PhantomData<&'a ()>,
 }
 
-impl Current {
+impl<'a> Current<'a> {
+    /// Makes `context` current while the guard, which borrows it, lives.
+    pub(crate) fn of(context: &'a Context) -> Result<Current<'a>> {
+        // SAFETY: `context` retains its context while it lives, and the
+        // guard borrows it.
+        unsafe { Current::enter(context.raw()) }
+    }
+
     /// Makes `ctx` current (a null `ctx` leaves the thread's context as it is).
-    pub(crate) fn enter(ctx: sys::CUcontext) -> Result<Current> {
+    ///
+    /// # Safety
+    ///
+    /// `ctx` is null or a context that stays alive (not destroyed, its
+    /// primary context not released for good) while the guard lives.
+    pub(crate) unsafe fn enter(ctx: sys::CUcontext) -> Result<Current<'a>> {
         if ctx.is_null() {
-            return Ok(Current { restore: None });
+            return Ok(Current { restore: None, alive: PhantomData });
         }
         let mut now = ptr::null_mut();
         // SAFETY: the out parameter points at a live local.
         check(unsafe { sys::cuCtxGetCurrent(&mut now) })?;
         if now == ctx {
-            return Ok(Current { restore: None });
+            return Ok(Current { restore: None, alive: PhantomData });
         }
-        // SAFETY: callers pass a context they keep retained for the life of
-        // the guard.
+        // SAFETY: `ctx` is alive while the guard lives (the contract).
         check(unsafe { sys::cuCtxSetCurrent(ctx) })?;
         // A thread with no context keeps ours, as the CUDA runtime binds the
         // primary context to a thread on first use: restoring "none" would
         // cost two driver calls on every later call for nothing.
-        Ok(Current { restore: (!now.is_null()).then_some(now) })
+        Ok(Current { restore: (!now.is_null()).then_some(now), alive: PhantomData })
     }
 }
 
-impl Drop for Current {
+impl Drop for Current<'_> {
     fn drop(&mut self) {
         if let Some(prev) = self.restore {
             // SAFETY: `prev` was current on this thread when the guard was

@@ -39,6 +39,10 @@
 //! machine without a GPU can build and run it: [`init`] then fails with
 //! `CUDA_ERROR_NO_DEVICE` and [`Device::count`] is 0.
 //!
+//! A program that uses it needs a driver of CUDA 12.2 or later (R535): it
+//! links `cuMemPrefetchAsync_v2` ([`ManagedMemory`]'s prefetch), which
+//! older drivers lack, and the loader refuses to start it there.
+//!
 //! # Example
 //!
 //! ```no_run

@@ -193,6 +193,13 @@ impl CudaStream {
 
     /// The calling thread's default stream (`CU_STREAM_PER_THREAD`) of the
     /// current context: each thread that uses it uses its own stream.
+    ///
+    /// The value means whichever thread uses it, as CUDA's handle does: one
+    /// moved to another thread (in a container, say) names that thread's
+    /// stream, not ordered with the first one's. So a block allocated on a
+    /// thread's per-thread stream is freed on that thread, or after an
+    /// event of that stream was waited for; a stream of
+    /// [`new`](Self::new) means the same stream everywhere.
     pub const fn per_thread() -> CudaStream {
         CudaStream {
             raw: sys::CU_STREAM_PER_THREAD as sys::CUstream,
@@ -253,7 +260,14 @@ impl CudaStream {
 
     /// Runs `f` with the stream's context current.
     pub(crate) fn scope<T>(&self, f: impl FnOnce() -> Result<T>) -> Result<T> {
-        let _current = Current::enter(self.call_context()?)?;
+        let _current = match &self.context {
+            Some(c) => Current::of(c)?,
+            // SAFETY: null (a default stream, the thread's context as it
+            // is), or the context of a borrowed stream, which lives while
+            // the stream does (the contract of `from_raw`), and so while
+            // this call, which borrows the stream, runs.
+            None => unsafe { Current::enter(self.call_context()?)? },
+        };
         f()
     }
 }

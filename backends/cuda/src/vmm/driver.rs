@@ -15,7 +15,7 @@ pub(super) type Code = sys::CuResult;
 /// space's lock before any call.
 pub(super) trait Driver: Send + Sync + fmt::Debug {
     /// Makes the driver's context current until the guard drops.
-    fn enter(&self) -> Result<Option<Current>>;
+    fn enter(&self) -> Result<Option<Current<'_>>>;
     /// `cuMemAddressReserve` of `len` bytes aligned to `align`.
     fn reserve(&self, len: u64, align: u64) -> core::result::Result<u64, Code>;
     /// `cuMemAddressFree` of a whole reservation with nothing mapped in it.
@@ -30,7 +30,9 @@ pub(super) trait Driver: Send + Sync + fmt::Debug {
     fn map_kept(&self, start: u64, len: u64, handle: u64) -> Code;
     /// `cuMemUnmap` of one whole mapping, then `cuMemRelease` of its handle
     /// unless `keep` (then the handle is the caller's, to map again with
-    /// `map_kept` or give back with `release`).
+    /// `map_kept` or give back with `release`). The answer is the unmap's:
+    /// once it succeeded nothing is mapped there, whatever the release
+    /// answers (a handle a failing driver will not release is lost).
     fn unmap(&self, start: u64, len: u64, handle: u64, keep: bool) -> Code;
     /// `cuMemRelease` of a handle that `unmap` kept.
     fn release(&self, handle: u64) -> Code;
@@ -80,8 +82,8 @@ impl CudaDriver {
 }
 
 impl Driver for CudaDriver {
-    fn enter(&self) -> Result<Option<Current>> {
-        Current::enter(self.context.raw()).map(Some)
+    fn enter(&self) -> Result<Option<Current<'_>>> {
+        Current::of(&self.context).map(Some)
     }
 
     fn reserve(&self, len: u64, align: u64) -> core::result::Result<u64, Code> {
@@ -158,7 +160,10 @@ impl Driver for CudaDriver {
             return rc;
         }
         // SAFETY: the handle's one mapping is gone; it is released once.
-        unsafe { sys::cuMemRelease(handle) }
+        let _ = unsafe { sys::cuMemRelease(handle) };
+        // Unmapped: reported as a failed unmap, the range would stay counted
+        // mapped and committed, and blocks would be placed over it.
+        sys::CUDA_SUCCESS
     }
 
     fn release(&self, handle: u64) -> Code {

@@ -51,7 +51,7 @@ fn countdown(n: &mut u64) -> bool {
 }
 
 impl Driver for Arc<Fake> {
-    fn enter(&self) -> Result<Option<Current>> {
+    fn enter(&self) -> Result<Option<Current<'_>>> {
         Ok(None)
     }
 
