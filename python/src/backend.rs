@@ -45,7 +45,17 @@ mod imp {
     pub(crate) const SEGMENT_LEAVES: &[&str] = &["sim", "host"];
 
     /// Any handle names the one order of the host.
-    pub(crate) fn stream(_handle: u64, _device: u32) -> PyResult<Stream> {
+    ///
+    /// # Safety
+    ///
+    /// None here; the CUDA backend's contract, so that callers are written
+    /// once for both.
+    pub(crate) unsafe fn stream(_handle: u64, _device: u32) -> PyResult<Stream> {
+        Ok(())
+    }
+
+    /// The device's default stream.
+    pub(crate) fn default_stream(_device: u32) -> PyResult<Stream> {
         Ok(())
     }
 
@@ -133,25 +143,25 @@ mod imp {
     /// Names the caller's stream: 0 is the legacy default stream of the
     /// device's primary context (the thread may have no current context);
     /// any other handle is asked for its own context when one is needed.
-    pub(crate) fn stream(handle: u64, device: u32) -> PyResult<Stream> {
+    ///
+    /// # Safety
+    ///
+    /// `handle` is 0 or a stream handle of `device` that stays valid for as
+    /// long as the stream returned, and everything it is given to (a
+    /// buffer, a stack, a deferred free), uses it.
+    pub(crate) unsafe fn stream(handle: u64, device: u32) -> PyResult<Stream> {
         if handle == 0 {
-            return Ok(CudaStream::legacy_in(context(device)?));
+            return default_stream(device);
         }
-        // SAFETY: the package's Python side passes only the handle of a
-        // stream object (a framework's stream, which it keeps alive as long
-        // as the buffer or stack that uses it) or of `Stream.from_handle`,
-        // whose caller guarantees a live stream for the use made of it
-        // here (the call, or the life of the buffer or stack that keeps
-        // it); a bare int is refused there. PyTorch's calls of
-        // `memres_py_alloc` pass its own streams. A free deferred from a
-        // call inside a callback (`reentry`) names its stream's handle
-        // again once the thread's outermost call returns: a stack keeps
-        // the objects of the streams it was given (`KeepStreams`) and the
-        // deferred free keeps the stack, and `memres_py_free`'s caller
-        // promises the stream until then. The borrowed handle never
-        // destroys the stream; no context is claimed for it (the driver is
-        // asked for the stream's own).
+        // SAFETY: a live stream handle for as long as it is used (the
+        // contract); the borrowed handle never destroys the stream, and no
+        // context is claimed for it (the driver is asked for the stream's).
         Ok(unsafe { CudaStream::from_raw(handle as usize as *mut std::ffi::c_void as _, None) })
+    }
+
+    /// The legacy default stream of the device's primary context.
+    pub(crate) fn default_stream(device: u32) -> PyResult<Stream> {
+        Ok(CudaStream::legacy_in(context(device)?))
     }
 
     /// The handle of `stream`, which [`stream`] takes back.
@@ -212,8 +222,8 @@ mod imp {
 }
 
 pub(crate) use imp::{
-    driver_reserved, engine, handle_of, note_driver_pools, prefetch, stream, Engine, Stream, BACKEND,
-    DEFAULT_LEAF,
+    default_stream, driver_reserved, engine, handle_of, note_driver_pools, prefetch, stream, Engine, Stream,
+    BACKEND, DEFAULT_LEAF,
 };
 
 /// The builder of `device`'s stacks: the backend's leaves and the core's

@@ -81,7 +81,10 @@ impl Buffer {
         data: Option<&[u8]>,
     ) -> PyResult<Self> {
         let resource = memory_of(&mr)?;
-        let (s, engine) = (backend::stream(stream, mr.device)?, backend::engine(mr.device)?);
+        // SAFETY: a handle of the package's Python layer (the module's
+        // contract: "Streams at the boundary" in lib.rs).
+        let s = unsafe { backend::stream(stream, mr.device)? };
+        let engine = backend::engine(mr.device)?;
         let inner = py
             .detach(|| match data {
                 Some(bytes) => Inner::from_slice_in(bytes, s, resource, engine),
@@ -169,7 +172,9 @@ impl Buffer {
     /// done) where they do not migrate, as RMM.
     #[pyo3(signature = (device, stream=None))]
     fn prefetch(&self, py: Python<'_>, device: u32, stream: Option<u64>) -> PyResult<bool> {
-        let other = stream.map(|h| backend::stream(h, device)).transpose()?;
+        // SAFETY: a handle of the package's Python layer (the module's
+        // contract: "Streams at the boundary" in lib.rs).
+        let other = stream.map(|h| unsafe { backend::stream(h, device) }).transpose()?;
         py.detach(|| {
             let b = self.lock();
             if b.is_empty() {

@@ -51,7 +51,7 @@ fn default_resource(device: u32) -> memres_core::Result<DynResource<Stream>> {
     }
     let map = crate::snapshot::map(device);
     let builder = backend::builder(device, map.as_ref()).map_err(unusable)?;
-    let stream = backend::stream(0, device).map_err(unusable)?;
+    let stream = backend::default_stream(device).map_err(unusable)?;
     let resource = builder.build(backend::DEFAULT_LEAF, &stream).map_err(unusable)?;
     Ok(crate::snapshot::program_side(resource, map))
 }
@@ -92,13 +92,19 @@ pub(crate) fn last_alloc_error(py: Python<'_>, clear: bool) -> Option<String> {
     })
 }
 
-fn alloc(size: isize, device: i32, stream: *mut c_void) -> Result<*mut c_void, String> {
+/// [`memres_py_alloc`]'s work.
+///
+/// # Safety
+///
+/// `stream` as [`memres_py_alloc`]'s.
+unsafe fn alloc(size: isize, device: i32, stream: *mut c_void) -> Result<*mut c_void, String> {
     let size = u64::try_from(size).map_err(|_| "a negative size")?;
     let d = u32::try_from(device).map_err(|_| "a negative device")?;
     // Before allocating: a block with no table would never be freed.
     let table = live(d as usize).ok_or("a device out of range")?;
     let resource = memres_core::device::get_per_device_resource::<Stream>(d).map_err(|e| e.to_string())?;
-    let s = backend::stream(stream as usize as u64, d).map_err(|e| e.to_string())?;
+    // SAFETY: null or a stream of `device` valid for the call (the contract).
+    let s = unsafe { backend::stream(stream as usize as u64, d) }.map_err(|e| e.to_string())?;
     let request = Request::new(size).map_err(|e| e.to_string())?;
     let block = resource.allocate(request, &s).map_err(|e| e.to_string())?;
     let mut entries = table.lock().unwrap_or_else(|p| p.into_inner());
@@ -121,12 +127,19 @@ fn alloc(size: isize, device: i32, stream: *mut c_void) -> Result<*mut c_void, S
     Ok(block.addr() as usize as *mut c_void)
 }
 
-fn free(ptr: *mut c_void, device: i32, stream: *mut c_void) -> Option<()> {
+/// [`memres_py_free`]'s work.
+///
+/// # Safety
+///
+/// `stream` as [`memres_py_free`]'s.
+unsafe fn free(ptr: *mut c_void, device: i32, stream: *mut c_void) -> Option<()> {
     let d = u32::try_from(device).ok()?;
     let table = live(d as usize)?;
     // The stream first: a block taken out of the table is put back on
     // every error after.
-    let s = backend::stream(stream as usize as u64, d).ok()?;
+    // SAFETY: null or a stream of `device` valid for the call, and for a
+    // deferred free until it is applied (the contract).
+    let s = unsafe { backend::stream(stream as usize as u64, d) }.ok()?;
     let (block, resource) = table.lock().unwrap_or_else(|p| p.into_inner()).remove(ptr as usize as u64)?;
     if resource.deallocate(block, &s).is_err() {
         table.lock().unwrap_or_else(|p| p.into_inner()).insert(block.addr(), (block, resource));
@@ -176,7 +189,8 @@ pub unsafe extern "C" fn memres_py_alloc(size: isize, device: i32, stream: *mut 
     // Pointers cross `without_gil` as integers: they are not `Send`.
     let stream = stream as usize;
     let result = catch_unwind(AssertUnwindSafe(|| {
-        without_gil(|| alloc(size, device, stream as *mut c_void).map(|p| p as usize))
+        // SAFETY: `stream` as this function's contract says.
+        without_gil(|| unsafe { alloc(size, device, stream as *mut c_void) }.map(|p| p as usize))
     }));
     match result {
         Ok(Ok(ptr)) => ptr as *mut c_void,
@@ -206,7 +220,8 @@ pub unsafe extern "C" fn memres_py_free(ptr: *mut c_void, _size: isize, device: 
     let (ptr, stream) = (ptr as usize, stream as usize);
     let freed = catch_unwind(AssertUnwindSafe(|| {
         without_gil(|| {
-            free(ptr as *mut c_void, device, stream as *mut c_void);
+            // SAFETY: `stream` as this function's contract says.
+            unsafe { free(ptr as *mut c_void, device, stream as *mut c_void) };
         })
     }));
     if let Err(payload) = freed {

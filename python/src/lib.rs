@@ -7,6 +7,17 @@
 //! CUDA resource is first made (the private module `backend` holds every difference). The
 //! Python modules (`python/memres/`) hold the API; this crate only builds
 //! stacks, allocates, copies and counts.
+//!
+//! # Streams at the boundary
+//!
+//! The module's `stream` arguments are raw `cudaStream_t` handles, as the C
+//! library's are. The Python layer makes each of a stream object it
+//! accepted (`memres._stream.as_handle`: a framework's stream, kept alive
+//! by the buffer or stack that uses it) or of `Stream.from_handle`, whose
+//! caller vouches for it, and refuses a bare int. No handle can be checked
+//! here: the module is private, and a caller that passes it another int
+//! hands that to the driver, as a C caller of `memres_alloc` would. Every
+//! call of `backend::stream` names this contract.
 
 // The simulated build's stream type is `()`: code written once for both
 // builds binds streams that are unit there.

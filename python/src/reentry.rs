@@ -210,7 +210,11 @@ impl MemoryResource<Stream> for Guarded {
 /// A deferred free. Its caller was told the free succeeded, so a failure
 /// can only be said on stderr, as Python says an exception in `__del__`.
 fn free_later(resource: &DynResource<Stream>, block: Block, handle: u64, device: u32) {
-    let freed = backend::stream(handle, device)
+    // SAFETY: the handle of the stream the free was asked on, valid until
+    // the free is applied: a stack keeps the objects of the streams it was
+    // given (`KeepStreams`) and this deferred free keeps the stack, and
+    // `memres_py_free`'s caller promises its stream until then.
+    let freed = unsafe { backend::stream(handle, device) }
         .map_err(|_| Error::InvalidConfig { what: "the stream of a deferred free cannot be had" })
         .and_then(|s| resource.deallocate(block, &s));
     if let Err(e) = freed {

@@ -217,7 +217,7 @@ impl Resource {
         if let Some(cb) = callbacks {
             register_callbacks(&mut builder, cb, &covers);
         }
-        let stream = backend::stream(0, device)?;
+        let stream = backend::default_stream(device)?;
         // Building may allocate from the upstreams (a pool's initial size).
         let built = py.detach(|| {
             let _call = reentry::enter(&covers).map_err(|e| to_py(e, &format!("stack `{text}`")))?;
@@ -270,7 +270,9 @@ impl Resource {
             return Ok(0);
         }
         let request = Request::new(nbytes).map_err(|e| to_py(e, &format!("allocate({nbytes})")))?;
-        let s = backend::stream(stream, self.device)?;
+        // SAFETY: a handle of the package's Python layer (the module's contract:
+        // "Streams at the boundary" in lib.rs).
+        let s = unsafe { backend::stream(stream, self.device)? };
         let block = py
             .detach(|| self.blocks.allocate(request, &s))
             .map_err(|e| to_py(e, &format!("allocate({nbytes})")))?;
@@ -299,7 +301,9 @@ impl Resource {
         }
         // The stream first: a block taken out of the table is put back on
         // every error after.
-        let s = backend::stream(stream, self.device)?;
+        // SAFETY: a handle of the package's Python layer (the module's contract:
+        // "Streams at the boundary" in lib.rs).
+        let s = unsafe { backend::stream(stream, self.device)? };
         let block = self.take_live(ptr)?;
         if block.size() != nbytes {
             self.put_live(block);
@@ -363,7 +367,9 @@ impl Resource {
     /// begins the next on `stream`; returns how many layers it stepped.
     #[pyo3(signature = (stream=0))]
     fn step(&self, py: Python<'_>, stream: u64) -> PyResult<usize> {
-        let s = backend::stream(stream, self.device)?;
+        // SAFETY: a handle of the package's Python layer (the module's contract:
+        // "Streams at the boundary" in lib.rs).
+        let s = unsafe { backend::stream(stream, self.device)? };
         py.detach(|| {
             let _call = self.enter("step")?;
             self.planned.iter().try_for_each(|p| p.step(&s)).map_err(|e| to_py(e, "step"))
@@ -386,7 +392,9 @@ impl Resource {
     /// upstreams; returns the bytes given back.
     #[pyo3(signature = (stream=0))]
     fn release(&self, py: Python<'_>, stream: u64) -> PyResult<u64> {
-        let s = backend::stream(stream, self.device)?;
+        // SAFETY: a handle of the package's Python layer (the module's contract:
+        // "Streams at the boundary" in lib.rs).
+        let s = unsafe { backend::stream(stream, self.device)? };
         py.detach(|| {
             let _call = self.enter("release")?;
             self.pools
