@@ -109,24 +109,38 @@ fn pop() -> bool {
 /// A call into a stack in progress on this thread (not `Send`: it ends on
 /// the thread it began on). When the outermost one ends, the work deferred
 /// meanwhile runs.
-pub(crate) struct Entered(PhantomData<*const ()>);
+pub(crate) struct Entered {
+    /// Whether the call was noted (see [`enter`]).
+    noted: bool,
+    on_this_thread: PhantomData<*const ()>,
+}
 
 /// Begins a call into the stack of `covers`; [`Error::Reentrant`] if it
 /// meets a call in progress on this thread.
+///
+/// Before any stack was given Python functions nothing is noted: Python
+/// then never runs while a stack holds a lock (no callback, and a
+/// finalizer runs only where the GIL is taken, which a stack does only
+/// for its callbacks), so no call can come back; and a stack built later
+/// with Python functions notes every call into it. The calls PyTorch makes
+/// through `memres_py_alloc` stay as cheap as they were.
 pub(crate) fn enter(covers: &Covers) -> Result<Entered, Error> {
+    if !crate::callback::python_under_stacks() {
+        return Ok(Entered { noted: false, on_this_thread: PhantomData });
+    }
     STATE.with(|s| {
         let mut s = s.borrow_mut();
         if s.active.iter().any(|a| a.meets(covers)) {
             return Err(Error::Reentrant);
         }
         s.active.push(Frame::new(covers.clone()));
-        Ok(Entered(PhantomData))
+        Ok(Entered { noted: true, on_this_thread: PhantomData })
     })
 }
 
 impl Drop for Entered {
     fn drop(&mut self) {
-        if pop() {
+        if self.noted && pop() {
             run_deferred();
         }
     }
