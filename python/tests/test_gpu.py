@@ -147,6 +147,17 @@ def test_numba_memory_manager(gpu):
     assert out.stdout.strip() == str(sum(range(1000)))
 
 
+def test_a_numba_stream_is_read_under_either_binding(gpu):
+    # numba-cuda's streams hold a ctypes pointer or, with NVIDIA's bindings,
+    # a cuda-python CUstream; int() of the stream is its handle either way.
+    numba_cuda = pytest.importorskip("numba.cuda")
+    s = numba_cuda.stream()
+    assert memres.Stream(s).handle == int(s) != 0
+    buf = memres.DeviceBuffer.to_device(b"numba", stream=s)
+    s.synchronize()
+    assert buf.copy_to_host() == b"numba"
+
+
 def train(allocator, steps=30, stack=None, extra=()):
     out = subprocess.run([sys.executable, os.path.join(HERE, "gpu_train.py"), "--allocator",
                           allocator, "--steps", str(steps)] + (["--stack", stack] if stack else [])
