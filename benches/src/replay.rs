@@ -309,8 +309,10 @@ pub fn replay<R: Replayer>(
     resource.begin_pass(0);
     run_pass(resource, workload, &mut handles, progress)?;
     let warm = resource.upstream_allocations();
-    let mut times = Vec::with_capacity(passes as usize);
-    let mut cpu_times = Vec::with_capacity(passes as usize);
+    // Reserved for the usual counts only: `--passes 4294967295` asked
+    // for 64 GiB at once.
+    let mut times = Vec::with_capacity((passes as usize).min(1024));
+    let mut cpu_times = Vec::with_capacity((passes as usize).min(1024));
     for p in 0..passes {
         resource.begin_pass(p as usize + 1);
         let (wall, cpu) = run_pass(resource, workload, &mut handles, progress)?;
@@ -467,8 +469,10 @@ where
     // threads overlapped more.
     let peak_live = counted_round(resource, &streams, workload, setup)?;
     let peak_upstream = peak(resource);
-    let mut times = Vec::with_capacity(passes as usize);
-    let mut cpu_times = Vec::with_capacity(passes as usize);
+    // Reserved for the usual counts only: `--passes 4294967295` asked
+    // for 64 GiB at once.
+    let mut times = Vec::with_capacity((passes as usize).min(1024));
+    let mut cpu_times = Vec::with_capacity((passes as usize).min(1024));
     for _ in 0..passes {
         let barrier = Barrier::new(streams.len() + 1);
         let (wall, results) = std::thread::scope(|scope| {

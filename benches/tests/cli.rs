@@ -432,6 +432,20 @@ fn a_stack_nested_too_deep_is_an_error_not_an_abort() {
     assert!(tail.ends_with("`: at byte 384: calls nested more than 64 deep\n"), "{tail}");
 }
 
+/// Numbers at the edge of u64 in a resource's size, and a workload name
+/// longer than a format width holds: errors or output, never a panic (the
+/// size's rounding overflowed; the offline table's padding panicked).
+#[test]
+fn extreme_sizes_and_names_are_errors_or_output_not_panics() {
+    let o = memres(&["replay", "-r", "pool:18446744073709551615", "random:5:100:1"]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains("initial"), "{}", stderr(&o));
+    let long = format!("random:10:1000:{}1", "0".repeat(70_000));
+    let o = memres(&["offline", &long]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(stdout(&o).contains(&long));
+}
+
 #[test]
 fn streams_run_threads_through_one_resource() {
     let o = memres(&[

@@ -216,8 +216,8 @@ fn offline(csv: bool, specs: &[String]) -> ExitCode {
     if csv {
         println!("workload,peak_live,{},best,best_method", methods.join(","));
     } else {
-        let width = workloads.iter().map(|w| w.name.len()).max().unwrap_or(0);
-        print!("{:<width$}  {:>11}", "workload", "peak live");
+        let width = workloads.iter().map(|w| w.name.chars().count()).max().unwrap_or(0);
+        print!("{}  {:>11}", padded("workload", width), "peak live");
         methods.iter().for_each(|m| print!("  {m:>18}"));
         println!("  {:>11}  {:>9}  best method", "offline", "footprint");
     }
@@ -243,8 +243,8 @@ fn offline(csv: bool, specs: &[String]) -> ExitCode {
                 method.name()
             );
         } else {
-            let width = workloads.iter().map(|w| w.name.len()).max().unwrap_or(0);
-            print!("{:<width$}  {:>11}", w.name, human_bytes(w.peak_live));
+            let width = workloads.iter().map(|w| w.name.chars().count()).max().unwrap_or(0);
+            print!("{}  {:>11}", padded(&w.name, width), human_bytes(w.peak_live));
             each.iter().for_each(|&t| print!("  {:>18.3}", footprint(t)));
             println!(
                 "  {:>11}  {:>9.3}  {}",
@@ -484,4 +484,10 @@ fn run_all(
         }
     }
     rows
+}
+
+/// `s` padded with spaces to `width` characters, by hand: a format width
+/// above `u16::MAX` panics, and a workload's name may be longer.
+fn padded(s: &str, width: usize) -> String {
+    format!("{s}{}", " ".repeat(width.saturating_sub(s.chars().count())))
 }

@@ -40,13 +40,19 @@ static DEVICES: [OnceLock<DeviceState>; MAX_DEVICES] = [const { OnceLock::new() 
 static CONFIG: Mutex<Option<String>> = Mutex::new(None);
 
 /// The stack a device will be built from now.
-fn stack_text(configured: &Option<String>) -> String {
+///
+/// # Errors
+///
+/// A message when [`STACK_VAR`] is set to what is not UTF-8 (no stack
+/// string is; ignored, it left the default stack in its place unsaid).
+fn stack_text(configured: &Option<String>) -> Result<String, String> {
     if let Some(s) = configured {
-        return s.clone();
+        return Ok(s.clone());
     }
     match std::env::var(STACK_VAR) {
-        Ok(s) if !s.trim().is_empty() => s,
-        _ => DEFAULT_STACK.to_string(),
+        Ok(s) if !s.trim().is_empty() => Ok(s),
+        Err(std::env::VarError::NotUnicode(v)) => Err(format!("memres: {STACK_VAR} is not UTF-8: {v:?}")),
+        _ => Ok(DEFAULT_STACK.to_string()),
     }
 }
 
@@ -113,7 +119,7 @@ pub(crate) fn state(d: usize) -> Result<&'static DeviceState, String> {
     if let Some(s) = slot.get() {
         return Ok(s);
     }
-    let made = build(d, &stack_text(&config))?;
+    let made = build(d, &stack_text(&config)?)?;
     if !made.logs.is_empty() {
         flush_at_exit();
     }
@@ -184,11 +190,12 @@ pub fn configure(stack: &str) -> Result<(), String> {
 ///
 /// # Errors
 ///
-/// A message when the device is out of range.
+/// A message when the device is out of range, or [`STACK_VAR`] is not
+/// UTF-8.
 pub fn stack(device: c_int) -> Result<String, String> {
     let d = device_index(device)?;
     if let Some(st) = DEVICES[d].get() {
         return Ok(st.stack.clone());
     }
-    Ok(stack_text(&CONFIG.lock().unwrap_or_else(|p| p.into_inner())))
+    stack_text(&CONFIG.lock().unwrap_or_else(|p| p.into_inner()))
 }

@@ -540,7 +540,7 @@ pub unsafe extern "C" fn memres_last_error(buf: *mut c_char, len: usize) -> usiz
 
 /// Copies the stack description `device` runs (or would run if first used
 /// now) into `buf` as `memres_last_error` does; returns its length, 0 with
-/// a message when the device is out of range.
+/// a message when the device is out of range or `MEMRES_STACK` is not UTF-8.
 ///
 /// # Safety
 ///

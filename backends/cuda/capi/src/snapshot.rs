@@ -3,7 +3,8 @@
 //! memory viewer (see the repository's `docs/snapshots.md`).
 //!
 //! Watching costs a lock and a map update on every allocation and free, so
-//! it is on only where [`SNAPSHOT_VAR`] is set (to anything but `0`) when a
+//! it is on only where [`SNAPSHOT_VAR`] is set (to anything but a blank,
+//! `0`, `false`, `off` or `no`) when a
 //! device is first used: then the device's CUDA leaves are tapped
 //! ([`Tap`], [`Side::Segments`]) and its stack's top too
 //! ([`Side::Blocks`]), all telling one [`MemoryMap`] per device. Without
@@ -29,9 +30,13 @@ pub const TRACE_ENTRIES: usize = 100_000;
 /// A device's map, shared by its taps.
 pub(crate) type Map = Arc<Shared<MemoryMap>>;
 
-/// Whether [`SNAPSHOT_VAR`] asks for watching.
+/// Whether [`SNAPSHOT_VAR`] asks for watching: any value but a blank one,
+/// `0`, `false`, `off` or `no` (in any case).
 pub(crate) fn enabled() -> bool {
-    std::env::var(SNAPSHOT_VAR).is_ok_and(|v| !v.is_empty() && v != "0")
+    std::env::var_os(SNAPSHOT_VAR).is_some_and(|v| {
+        let v = v.to_string_lossy().trim().to_ascii_lowercase();
+        !matches!(v.as_str(), "" | "0" | "false" | "off" | "no")
+    })
 }
 
 /// Registers the CUDA leaves of `device` in `builder`, each tapped into a

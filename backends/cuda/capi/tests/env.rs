@@ -16,6 +16,13 @@ fn the_variable_names_the_stack_until_configure_does() {
     assert_eq!(stack_of(0), "limit(pool(cuda), 1GiB)");
     std::env::set_var(memres::STACK_VAR, "  ");
     assert_eq!(stack_of(0), memres::DEFAULT_STACK, "blank is unset");
+    // Not UTF-8: no stack, and a message (the default ran in its place).
+    std::env::set_var(
+        memres::STACK_VAR,
+        <std::ffi::OsStr as std::os::unix::ffi::OsStrExt>::from_bytes(b"pool(\xff)"),
+    );
+    assert_eq!(stack_of(0), "");
+    assert!(memres::last_error().contains("is not UTF-8"), "{}", memres::last_error());
     std::env::set_var(memres::STACK_VAR, "pool(cuda)");
     assert_eq!(memres::configure("pool(managed)"), Ok(()));
     assert_eq!(stack_of(0), "pool(managed)", "configure wins");
