@@ -341,6 +341,7 @@ impl<U, C: Storage<Chunk>> ChunkTable<U, C> {
     /// and takes it out of the table, still held from upstream (with the
     /// handle it had): for another table over the same upstream to
     /// [`insert`](Self::insert). O(chunks).
+    #[cfg(feature = "alloc")]
     pub(crate) fn take_free(&mut self, min_len: u64, carve: &mut impl Carve) -> Option<(Range, Block, u32)> {
         let i = self.free_chunk_index(min_len, carve)?;
         carve.detach(&self.chunks[i]);

@@ -66,6 +66,8 @@ impl FreeChunk {
 #[derive(Clone, Copy, Debug)]
 pub struct ChunkMove(());
 
+// Chunks move only inside a `PerStreamPool` (feature `alloc`).
+#[cfg(feature = "alloc")]
 impl ChunkMove {
     pub(crate) const fn granted() -> Self {
         ChunkMove(())
@@ -281,6 +283,7 @@ impl<U, N: Storage<Node>, C: Storage<Chunk>> CoalescingPool<U, N, C> {
     /// # Time Complexity
     ///
     /// O(chunks).
+    #[cfg(feature = "alloc")]
     pub(crate) fn take_free_chunk(&mut self, min_len: u64, _: ChunkMove) -> Option<FreeChunk> {
         let (range, block, handle) = self.chunks.take_free(min_len, &mut self.index)?;
         Some(FreeChunk { range, block, large: Classes::<N>::split_handle(handle).0 })
@@ -295,6 +298,7 @@ impl<U, N: Storage<Node>, C: Storage<Chunk>> CoalescingPool<U, N, C> {
     /// maximum size, [`Error::CapacityExhausted`] when the metadata storage
     /// is full; the chunk comes back with the error, and nothing changed.
     #[allow(clippy::result_large_err)] // the chunk must come back
+    #[cfg(feature = "alloc")]
     pub(crate) fn adopt_chunk(
         &mut self,
         chunk: FreeChunk,
