@@ -162,6 +162,38 @@ impl<V> AddrMap<V> {
     }
 }
 
+/// What a layer kept of a block whose free is under way, taken out of its
+/// shared map before the upstream frees it (once freed, another thread may
+/// get the address and record it): put back when dropped, as the free
+/// failed or panicked and the block is still live, unless
+/// [`freed`](Self::freed) says the upstream freed it.
+pub(crate) struct Restore<'a, V> {
+    map: &'a crate::lock::Shared<AddrMap<V>>,
+    addr: u64,
+    value: Option<V>,
+}
+
+impl<'a, V> Restore<'a, V> {
+    /// Takes `addr`'s value out of `map`; `None` if it holds none.
+    pub(crate) fn take(map: &'a crate::lock::Shared<AddrMap<V>>, addr: u64) -> Option<Self> {
+        let value = map.with(|m| m.remove(addr))?;
+        Some(Restore { map, addr, value: Some(value) })
+    }
+
+    /// The block is freed: its value, which stays out of the map.
+    pub(crate) fn freed(mut self) -> V {
+        self.value.take().expect("taken until freed or dropped")
+    }
+}
+
+impl<V> Drop for Restore<'_, V> {
+    fn drop(&mut self) {
+        if let Some(value) = self.value.take() {
+            self.map.with(|m| m.insert(self.addr, value));
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

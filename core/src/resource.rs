@@ -336,3 +336,35 @@ mut_through_borrow! {
     /// ```
     MemoryResourceMut for &mut R;
 }
+
+/// A block just taken from `upstream` that its caller has not got yet:
+/// freed back when dropped (the code in between, a user's, panicked),
+/// unless [`hand_over`](Self::hand_over) gives it to the caller.
+#[cfg(feature = "std")]
+pub(crate) struct Pending<'a, R: MemoryResource<S> + ?Sized, S: Stream + ?Sized> {
+    upstream: &'a R,
+    block: Block,
+    stream: &'a S,
+}
+
+#[cfg(feature = "std")]
+impl<'a, R: MemoryResource<S> + ?Sized, S: Stream + ?Sized> Pending<'a, R, S> {
+    pub(crate) fn new(upstream: &'a R, block: Block, stream: &'a S) -> Self {
+        Pending { upstream, block, stream }
+    }
+
+    /// The block, for the caller.
+    pub(crate) fn hand_over(self) -> Block {
+        let block = self.block;
+        core::mem::forget(self);
+        block
+    }
+}
+
+#[cfg(feature = "std")]
+impl<R: MemoryResource<S> + ?Sized, S: Stream + ?Sized> Drop for Pending<'_, R, S> {
+    fn drop(&mut self) {
+        // Unwinding already: the upstream's answer cannot be told.
+        let _ = self.upstream.deallocate(self.block, self.stream);
+    }
+}

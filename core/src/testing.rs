@@ -4,7 +4,7 @@
 //! They need nothing but the core, so that the core's tests can use them:
 //! an upstream that hands out numbers ([`BumpUpstream`]), streams known by
 //! an id ([`IdStream`], [`TestStream`] with injected `synchronize`
-//! failures) and the deterministic generator of workloads and randomized
+//! failures, [`PanickingStream`] with injected panics) and the deterministic generator of workloads and randomized
 //! tests ([`SplitMix64`]). The simulated device, streams with a
 //! happens-before checker and address space live in `memres-sim`; fault
 //! injection of those is [`FailNth`](crate::check::FailNth).
@@ -147,6 +147,83 @@ impl Stream for IdStream {
         Ok(())
     }
     fn synchronize_device(&self) -> Result<bool> {
+        Ok(true)
+    }
+}
+
+/// A stream known by its id whose chosen method panics once: a user's
+/// `Stream`, safe to write, that breaks mid-call. What a resource is left
+/// with after such a panic is caught is what its tests check.
+///
+/// ```
+/// use memres_core::{testing::PanickingStream, Stream};
+/// let s = PanickingStream::new(3);
+/// s.panic_in("id", 1); // the second call of `id` panics
+/// assert_eq!(s.id(), 3);
+/// assert!(std::panic::catch_unwind(|| s.id()).is_err());
+/// assert_eq!(s.id(), 3);
+/// ```
+#[derive(Clone, Debug, Default)]
+pub struct PanickingStream {
+    id: u64,
+    /// The method that panics, after how many calls of it pass.
+    armed: core::cell::Cell<Option<(&'static str, u32)>>,
+}
+
+impl PanickingStream {
+    /// A stream of id `id` that panics nowhere yet.
+    pub fn new(id: u64) -> Self {
+        PanickingStream { id, armed: core::cell::Cell::new(None) }
+    }
+
+    /// Makes `method` (`"id"`, `"record"`, `"wait"`, `"query"`,
+    /// `"synchronize"`, `"synchronize_device"`) panic once, after `skip`
+    /// calls of it pass.
+    pub fn panic_in(&self, method: &'static str, skip: u32) {
+        self.armed.set(Some((method, skip)));
+    }
+
+    /// Panics nowhere from now on.
+    pub fn disarm(&self) {
+        self.armed.set(None);
+    }
+
+    fn call(&self, method: &'static str) {
+        match self.armed.get() {
+            Some((m, 0)) if m == method => {
+                self.armed.set(None);
+                panic!("PanickingStream: `{method}` panics");
+            }
+            Some((m, skip)) if m == method => self.armed.set(Some((m, skip - 1))),
+            _ => {}
+        }
+    }
+}
+
+impl Stream for PanickingStream {
+    type Event = ();
+    fn id(&self) -> u64 {
+        self.call("id");
+        self.id
+    }
+    fn record(&self) -> Result<()> {
+        self.call("record");
+        Ok(())
+    }
+    fn wait(&self, _: &()) -> Result<()> {
+        self.call("wait");
+        Ok(())
+    }
+    fn query(&self, _: &()) -> Result<bool> {
+        self.call("query");
+        Ok(true)
+    }
+    fn synchronize(&self) -> Result<()> {
+        self.call("synchronize");
+        Ok(())
+    }
+    fn synchronize_device(&self) -> Result<bool> {
+        self.call("synchronize_device");
         Ok(true)
     }
 }

@@ -296,10 +296,12 @@ fn limiting_never_exceeded_by_concurrent_callers() {
     assert_eq!((l.get_allocated_bytes(), up.usage().held), (0, 0));
 }
 
-/// An upstream whose allocations panic while `panics` is set.
+/// An upstream whose allocations panic while `panics` is set, and its
+/// frees while `frees_panic` is.
 struct Panicking {
     inner: BumpUpstream,
     panics: std::sync::atomic::AtomicBool,
+    frees_panic: std::sync::atomic::AtomicBool,
 }
 
 impl Inspect for Panicking {
@@ -317,6 +319,7 @@ impl MemoryResource for Panicking {
         self.inner.allocate(request, s)
     }
     fn deallocate(&self, block: Block, s: &()) -> crate::Result<()> {
+        assert!(!self.frees_panic.load(Ordering::Relaxed), "the upstream's free panics");
         self.inner.deallocate(block, s)
     }
 }
@@ -325,7 +328,7 @@ impl MemoryResource for Panicking {
 /// the limit shrunk for good, refusing every allocation after it.
 #[test]
 fn limiting_gives_the_charge_back_when_the_upstream_panics() {
-    let up = Panicking { inner: BumpUpstream::new(1 << 20), panics: true.into() };
+    let up = Panicking { inner: BumpUpstream::new(1 << 20), panics: true.into(), frees_panic: false.into() };
     let l = Limiting::new(&up, 4096);
     let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| l.allocate(req(4096), &())));
     assert!(r.is_err());
@@ -376,4 +379,21 @@ fn statistics_count_a_refused_free_back_into_the_peak() {
     s.deallocate(b, &()).unwrap();
     assert_eq!(s.get_bytes_counter(), Counter { value: 256, peak: 512, total: 512 });
     s.deallocate(a, &()).unwrap();
+}
+
+/// A free whose upstream panics leaves the block live and charged, as a
+/// refused free does: its charge was lost for good, and the block could
+/// not be freed again.
+#[test]
+fn limiting_keeps_a_block_live_when_the_upstreams_free_panics() {
+    let up = Panicking { inner: BumpUpstream::new(1 << 20), panics: false.into(), frees_panic: true.into() };
+    let l = Limiting::new(&up, 4096);
+    let b = l.allocate(req(4096), &()).unwrap();
+    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| l.deallocate(b, &())));
+    assert!(r.is_err());
+    assert_eq!(l.get_allocated_bytes(), 4096);
+    l.check().unwrap();
+    up.frees_panic.store(false, Ordering::Relaxed);
+    l.deallocate(b, &()).unwrap();
+    assert_eq!((l.get_allocated_bytes(), up.inner.usage().held), (0, 0));
 }

@@ -1,6 +1,6 @@
 //! RMM's `limiting_resource_adaptor`: a byte limit.
 
-use crate::addr_map::AddrMap;
+use crate::addr_map::{AddrMap, Restore};
 use crate::check::Violation;
 use crate::lock::Shared;
 use crate::primitive::{AtomicU64, Ordering::Relaxed};
@@ -178,11 +178,11 @@ impl<S: Stream + ?Sized, R: MemoryResource<S>> MemoryResource<S> for Limiting<R>
         let addr = block.addr();
         // Removed before the upstream frees it: once freed, another thread
         // may get the same address and insert it.
-        let charge = self.charged.with(|t| t.remove(addr)).ok_or(Error::UnknownBlock { addr })?;
-        self.upstream.deallocate(block, stream).inspect_err(|_| {
-            self.charged.with(|t| t.insert(addr, charge));
-        })?;
-        self.used.fetch_sub(charge, Relaxed);
+        // Put back unless the upstream frees it: on its error, and on its
+        // panic, the block is still live and counted.
+        let charge = Restore::take(&self.charged, addr).ok_or(Error::UnknownBlock { addr })?;
+        self.upstream.deallocate(block, stream)?;
+        self.used.fetch_sub(charge.freed(), Relaxed);
         Ok(())
     }
 }

@@ -1,6 +1,7 @@
 //! RMM's `logging_resource_adaptor`: every call as a row of RMM's log
 //! format ([`crate::trace`]; feature `std`).
 
+use crate::resource::Pending;
 use crate::trace::{Action, Record, HEADER};
 use crate::{Block, MemoryResource, Request, Result, Stream};
 use std::fs::File;
@@ -178,13 +179,18 @@ impl<R, W: Write> Logging<R, W> {
 
 impl<S: Stream + ?Sized, R: MemoryResource<S>, W: Write> MemoryResource<S> for Logging<R, W> {
     fn allocate(&self, request: Request, stream: &S) -> Result<Block> {
+        // Read before the upstream call: `id` is the user's and may panic.
+        let id = stream.id();
         match self.upstream.allocate(request, stream) {
             Ok(b) => {
-                self.log(Action::Allocate, b.addr(), b.size(), stream.id());
-                Ok(b)
+                // The writer is the user's too: if it panics, the block
+                // the caller never gets goes back.
+                let pending = Pending::new(&self.upstream, b, stream);
+                self.log(Action::Allocate, b.addr(), b.size(), id);
+                Ok(pending.hand_over())
             }
             Err(e) => {
-                self.log(Action::AllocateFailure, 0, request.size(), stream.id());
+                self.log(Action::AllocateFailure, 0, request.size(), id);
                 Err(e)
             }
         }

@@ -551,44 +551,18 @@ fn a_chunk_grown_for_an_aligned_request_serves_it() {
     assert_eq!(arena.usage().used, 0);
 }
 
-/// A stream whose synchronization panics while `panics` is set.
-struct PanicsOnSync {
-    panics: std::sync::atomic::AtomicBool,
-}
-
-impl Stream for PanicsOnSync {
-    type Event = ();
-    fn id(&self) -> u64 {
-        5
-    }
-    fn record(&self) -> Result<()> {
-        Ok(())
-    }
-    fn wait(&self, _: &()) -> Result<()> {
-        Ok(())
-    }
-    fn query(&self, _: &()) -> Result<bool> {
-        Ok(true)
-    }
-    fn synchronize(&self) -> Result<()> {
-        assert!(!self.panics.load(Ordering::Relaxed), "the stream panics");
-        Ok(())
-    }
-}
-
 /// Superblocks taken out for a give-back whose synchronization panicked
 /// stayed in transit: held for good, the arena never idle, `check` failing.
 #[test]
 fn a_give_back_whose_stream_panics_leaves_no_superblock_in_transit() {
-    let s = PanicsOnSync { panics: false.into() };
+    let s = crate::testing::PanickingStream::new(5);
     let arena = ArenaResource::<_>::with_config(BumpUpstream::new(1 << 30), ArenaConfig::new(), &s).unwrap();
     let b = arena.allocate(Request::new(1000).unwrap(), &s).unwrap();
     arena.deallocate(b, &s).unwrap();
-    s.panics.store(true, Ordering::Relaxed);
+    s.panic_in("synchronize", 0);
     let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| arena.release(&s)));
     assert!(r.is_err());
     arena.check().unwrap();
-    s.panics.store(false, Ordering::Relaxed);
     assert!(arena.release(&s).unwrap() > 0, "the chunk goes back");
     assert_eq!(arena.upstream_with(|u| u.usage().held), 0);
     arena.check().unwrap();

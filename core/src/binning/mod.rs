@@ -15,7 +15,7 @@ mod tests;
 pub use plan::{BinPlan, SizeHistogram};
 
 use crate::adaptor::Held;
-use crate::addr_map::AddrMap;
+use crate::addr_map::{AddrMap, Restore};
 use crate::check::Violation;
 use crate::fixed::{FixedConfig, FixedSizeResource};
 use crate::{Block, Error, Inspect, MemoryResource, Request, Result, Shared, Stream, Usage};
@@ -546,16 +546,13 @@ where
         match self.route(block.size()) {
             Some(i) => self.bins[i].deallocate(block, stream),
             None => {
-                let addr = block.addr();
-                // Taken out before the upstream frees it: once freed,
-                // another thread may get the address and record it.
-                let Some(footprint) = self.large_live.with(|m| m.remove(addr)) else {
+                // Put back unless the upstream frees it (its error, its
+                // panic): the block is still live.
+                let Some(footprint) = Restore::take(&self.large_live, block.addr()) else {
                     return Err(self.not_large(block));
                 };
-                self.upstream.deallocate(block, stream).inspect_err(|_| {
-                    self.large_live.with(|m| m.insert(addr, footprint));
-                })?;
-                self.large.sub(footprint);
+                self.upstream.deallocate(block, stream)?;
+                self.large.sub(footprint.freed());
                 Ok(())
             }
         }

@@ -241,12 +241,13 @@ impl<M: MakePool<S>, S: Stream + ?Sized> PerStreamPool<M, S> {
     /// [`Error::InvalidConfig`] if the stream has a pool already; the
     /// maker's error.
     pub fn make_pool(&mut self, stream: &S) -> Result<()> {
-        if self.find(stream.id()).is_some() {
+        let id = stream.id();
+        if self.find(id).is_some() {
             return Err(Error::InvalidConfig { what: "the stream has a pool already" });
         }
         let pool = self.make.make(stream)?;
         self.stats.pools_made += 1;
-        self.push_lane(stream, pool);
+        self.push_lane(id, stream, pool);
         Ok(())
     }
 
@@ -261,12 +262,13 @@ impl<M: MakePool<S>, S: Stream + ?Sized> PerStreamPool<M, S> {
     /// elsewhere.
     #[cold]
     fn allocate_other(&mut self, request: Request, stream: &S) -> Result<Block> {
-        let i = match self.find(stream.id()) {
+        let id = stream.id();
+        let i = match self.find(id) {
             Some(i) => i,
             None => {
                 let pool = self.make.make(stream)?;
                 self.stats.pools_made += 1;
-                self.push_lane(stream, pool)
+                self.push_lane(id, stream, pool)
             }
         };
         self.last = i;
@@ -304,19 +306,13 @@ impl<M: MakePool<S>, S: Stream + ?Sized> PerStreamPool<M, S> {
         }
     }
 
-    /// Adds a lane for `stream` with `pool`; returns its index.
-    fn push_lane(&mut self, stream: &S, pool: M::Pool) -> usize {
+    /// Adds a lane for `stream`, whose id its caller read once (`id`), with
+    /// `pool`; returns its index.
+    fn push_lane(&mut self, id: u64, stream: &S, pool: M::Pool) -> usize {
         let stamp = SplitMix64::new(self.serial).next_u64();
         self.serial += 1;
-        let lane = Lane {
-            id: stream.id(),
-            pool,
-            stamp,
-            fence: None,
-            covered: false,
-            settle_next: false,
-            waits: Vec::new(),
-        };
+        let lane =
+            Lane { id, pool, stamp, fence: None, covered: false, settle_next: false, waits: Vec::new() };
         // Frees on a lone stream tell no chunk freed: the others' fences may
         // not cover their free chunks now.
         if let [alone] = &mut self.lanes[..] {

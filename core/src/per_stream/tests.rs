@@ -433,3 +433,23 @@ fn a_virtual_pool_out_of_memory_tries_once_then_once_after_the_last_resort() {
     pools.deallocate(x, &a).unwrap();
     pools.check().unwrap();
 }
+
+/// A stream's first allocation reads its `id` once: a second read, after
+/// the maker took the pool's initial size, panicked and dropped the new
+/// pool with its chunk, lost to the upstream.
+#[test]
+fn a_streams_first_allocation_reads_its_id_once() {
+    use crate::testing::PanickingStream;
+    let up = BumpUpstream::new(1 << 30);
+    let mut pools =
+        PerStreamPool::<_, PanickingStream>::new(PoolMaker::new(&up).first_initial_size(1 << 20).unwrap());
+    let s = PanickingStream::new(1);
+    s.panic_in("id", 1);
+    let first = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| pools.allocate(req(1000), &s)));
+    s.disarm();
+    if let Ok(Ok(b)) = first {
+        pools.deallocate(b, &s).unwrap();
+    }
+    pools.check().unwrap();
+    assert_eq!(up.usage().held, pools.usage().held, "every chunk the upstream lent is a pool's");
+}

@@ -59,11 +59,14 @@ impl<R> Tap<R> {
 
 impl<S: Stream + ?Sized, R: MemoryResource<S>> MemoryResource<S> for Tap<R> {
     fn allocate(&self, request: Request, stream: &S) -> Result<Block> {
+        // Read before the inner call: `id` is the user's and may panic,
+        // which after it would lose the block it took.
+        let id = stream.id();
         let block = match self.inner.allocate(request, stream) {
             Ok(block) => block,
             Err(e) => {
                 if self.side == Side::Blocks {
-                    self.map.with(|m| m.oom(request.size(), stream.id(), None));
+                    self.map.with(|m| m.oom(request.size(), id, None));
                 }
                 return Err(e);
             }
@@ -71,9 +74,9 @@ impl<S: Stream + ?Sized, R: MemoryResource<S>> MemoryResource<S> for Tap<R> {
         if !block.is_empty() {
             self.map.with(|m| match self.side {
                 Side::Segments => {
-                    m.segment_alloc(block.addr(), request.rounded_size(request.align()), stream.id(), None)
+                    m.segment_alloc(block.addr(), request.rounded_size(request.align()), id, None)
                 }
-                Side::Blocks => m.alloc(block.addr(), block.size(), request.size(), stream.id(), None),
+                Side::Blocks => m.alloc(block.addr(), block.size(), request.size(), id, None),
             });
         }
         Ok(block)
@@ -81,22 +84,23 @@ impl<S: Stream + ?Sized, R: MemoryResource<S>> MemoryResource<S> for Tap<R> {
 
     fn deallocate(&self, block: Block, stream: &S) -> Result<()> {
         let addr = block.addr();
+        let id = stream.id();
         match self.side {
             // The block goes before what holds it may go (the free can give
             // a segment back): a viewer that undoes the trace event by event
             // never finds a block outside the segments.
             Side::Blocks => {
-                let freed = self.map.with(|m| m.free(addr, stream.id(), None));
+                let freed = self.map.with(|m| m.free(addr, id, None));
                 let done = self.inner.deallocate(block, stream);
                 if let (Err(_), Some((size, requested))) = (&done, freed) {
                     // Refused: still live, and never freed in the trace.
-                    self.map.with(|m| m.unfree(addr, size, requested, stream.id()));
+                    self.map.with(|m| m.unfree(addr, size, requested, id));
                 }
                 done
             }
             Side::Segments => {
                 self.inner.deallocate(block, stream)?;
-                self.map.with(|m| m.segment_free(addr, stream.id(), None));
+                self.map.with(|m| m.segment_free(addr, id, None));
                 Ok(())
             }
         }

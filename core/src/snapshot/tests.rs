@@ -1,3 +1,5 @@
+extern crate std;
+
 use super::*;
 
 #[test]
@@ -84,4 +86,21 @@ fn taps_tell_a_block_free_before_its_segment_and_keep_a_refused_free_live() {
     assert_eq!(after, before, "a refused free tells the trace nothing (it told a free and an allocation)");
     pool.deallocate(b, &()).unwrap();
     assert_eq!(map.with(|m| m.live()), 0);
+}
+
+/// A stream whose `id` panics in a tapped allocation loses no block: it is
+/// read before the resource is asked.
+#[test]
+fn a_tapped_allocation_whose_streams_id_panics_takes_nothing() {
+    use crate::testing::{BumpUpstream, PanickingStream};
+    use crate::{Inspect, MemoryResource, Request, Shared};
+    let up = BumpUpstream::new(1 << 30);
+    let tap = Tap::new(&up, alloc::sync::Arc::new(Shared::new(MemoryMap::new(100))), Side::Blocks);
+    let s = PanickingStream::new(1);
+    s.panic_in("id", 0);
+    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        tap.allocate(Request::new(1 << 20).unwrap(), &s)
+    }));
+    assert!(r.is_err());
+    assert_eq!(up.usage().held, 0);
 }

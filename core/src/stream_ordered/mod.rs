@@ -454,6 +454,10 @@ impl<A: MemoryResourceMut<()>, S: Stream + Clone> MemoryResourceMut<S> for Strea
             return Ok(());
         }
         let index = self.slot_of(&block)?;
+        // The stream's list first: its `id` and `clone` are the user's and
+        // may panic, and then nothing has changed (a slot retired before
+        // them lost its inner block for good).
+        let list = self.lists.entry(stream.id()).or_insert_with(|| FreeList::new(stream.clone()));
         let slot = &mut self.slots[index];
         slot.live = false;
         slot.generation += 1;
@@ -466,7 +470,7 @@ impl<A: MemoryResourceMut<()>, S: Stream + Clone> MemoryResourceMut<S> for Strea
         self.live -= 1;
         self.live_bytes -= footprint(&inner);
         self.listed_bytes += footprint(&inner);
-        self.lists.entry(stream.id()).or_insert_with(|| FreeList::new(stream.clone())).push(inner);
+        list.push(inner);
         Ok(())
     }
 }

@@ -305,3 +305,20 @@ fn randomized_with_unit_stream() {
         so.check().unwrap();
     }
 }
+
+/// A free whose stream's `id` panics changes nothing: the slot was retired
+/// before it, and its inner block lost for good.
+#[test]
+fn a_free_whose_streams_id_panics_changes_nothing() {
+    use crate::testing::PanickingStream;
+    let mut so = StreamOrdered::<_, PanickingStream>::new(CoalescingPool::new(BumpUpstream::new(1 << 30)));
+    let s = PanickingStream::new(1);
+    let a = so.allocate(Request::new(1000).unwrap(), &s).unwrap();
+    s.panic_in("id", 0);
+    let freed = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| so.deallocate(a, &s)));
+    assert!(freed.is_err());
+    so.check().unwrap();
+    so.deallocate(a, &s).unwrap();
+    so.check().unwrap();
+    assert_eq!((so.live_count(), so.listed_count()), (0, 1), "the block is listed, nothing lost");
+}

@@ -237,3 +237,30 @@ fn write_errors_are_counted_not_returned() {
     assert_eq!(log.write_errors(), 2);
     assert!(Logging::new(BumpUpstream::new(1 << 20), Broken(true)).is_err());
 }
+
+/// A writer that panics on the row of an allocation.
+struct PanicsOnAllocate;
+
+impl std::io::Write for PanicsOnAllocate {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        assert!(!bytes.windows(8).any(|w| w == b"allocate"), "the writer panics");
+        Ok(bytes.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// The block of an allocation whose row the writer panicked on goes back
+/// upstream: the caller never got it, and nobody else would free it.
+#[test]
+fn a_writer_that_panics_on_an_allocation_loses_no_block() {
+    use crate::Inspect;
+    let up = BumpUpstream::new(1 << 30);
+    let log = Logging::new(&up, PanicsOnAllocate).unwrap();
+    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        log.allocate(Request::new(1 << 20).unwrap(), &())
+    }));
+    assert!(r.is_err());
+    assert_eq!(up.usage().held, 0);
+}
