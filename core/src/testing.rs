@@ -160,7 +160,7 @@ impl Stream for IdStream {
 /// let s = PanickingStream::new(3);
 /// s.panic_in("id", 1); // the second call of `id` panics
 /// assert_eq!(s.id(), 3);
-/// assert!(std::panic::catch_unwind(|| s.id()).is_err());
+/// assert!(std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| s.id())).is_err());
 /// assert_eq!(s.id(), 3);
 /// ```
 #[derive(Clone, Debug, Default)]
