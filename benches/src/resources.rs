@@ -250,7 +250,7 @@ impl Resource {
                 // An initial size is a multiple of 256; a block size is any.
                 // A size past the last multiple of 256 takes that one, which
                 // the stack then refuses as above any request.
-                let up = || size.checked_next_multiple_of(256).unwrap_or(u64::MAX & !255);
+                let up = || size.checked_next_multiple_of(256).unwrap_or(!255);
                 let size = if self.param == Param::OptionalSize { up() } else { size };
                 with_size.replace("{size}", &size.to_string())
             }
