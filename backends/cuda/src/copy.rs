@@ -4,7 +4,7 @@ use crate::context::{Context, Device};
 use crate::error::check;
 use crate::host_visible;
 use crate::ops;
-use crate::stream::AsRawStream;
+use crate::stream::{in_order, AsRawStream};
 use crate::sys;
 use memres_core::copy::{CopyEngine, LiveRanges};
 use memres_core::{Error, Result};
@@ -136,9 +136,9 @@ impl CudaCopy {
             if !host {
                 // Device memory only: nothing a free of host memory can race.
                 drop(live);
-                return work(raw);
+                return in_order(stream, work);
             }
-            let queued = work(raw);
+            let queued = in_order(stream, work);
             // SAFETY: `raw` is valid while `stream` is borrowed (`AsRawStream`'s
             // contract), in the
             // context made current above. The work must be done before the

@@ -3,7 +3,7 @@
 use crate::context::{Context, Device};
 use crate::error::error_from_code;
 use crate::host_visible::{self, HostAllocations};
-use crate::stream::AsRawStream;
+use crate::stream::{in_order, AsRawStream};
 use crate::sys;
 use memres_core::{Block, MemoryResource, Request, Result, Stream};
 use std::sync::Arc;
@@ -233,17 +233,16 @@ pub fn prefetch<S: AsRawStream + ?Sized>(
             return Ok(false);
         }
         let location = sys::CuMemLocation { type_: sys::CU_MEM_LOCATION_TYPE_DEVICE, id: device.raw() };
-        // SAFETY: a prefetch migrates pages and never changes their
-        // contents; the driver checks that the range lies in managed memory
-        // (else an error code); the stream is valid while borrowed
-        // (`AsRawStream`'s contract); flags
-        // must be 0.
-        let code =
-            unsafe { sys::cuMemPrefetchAsync_v2(addr, size as usize, location, 0, stream.as_raw_stream()) };
-        match code {
-            sys::CUDA_SUCCESS => Ok(true),
-            code => Err(error_from_code(code)),
-        }
+        in_order(stream, |raw| {
+            // SAFETY: a prefetch migrates pages and never changes their
+            // contents; the driver checks that the range lies in managed
+            // memory (else an error code); the stream is valid while borrowed
+            // (`AsRawStream`'s contract); flags must be 0.
+            match unsafe { sys::cuMemPrefetchAsync_v2(addr, size as usize, location, 0, raw) } {
+                sys::CUDA_SUCCESS => Ok(true),
+                code => Err(error_from_code(code)),
+            }
+        })
     })
 }
 

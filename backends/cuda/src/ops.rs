@@ -5,7 +5,7 @@
 //! stream's device (or pinned or managed memory) for as long as the work runs.
 
 use crate::error::check;
-use crate::stream::CudaStream;
+use crate::stream::{in_order, CudaStream};
 use crate::sys;
 use memres_core::Result;
 use std::ffi::c_void;
@@ -23,7 +23,7 @@ use std::ffi::c_void;
 /// The driver's error as [`Error::Backend`](memres_core::Error::Backend).
 pub unsafe fn memset_d32(stream: &CudaStream, dst: u64, value: u32, count: usize) -> Result<()> {
     // SAFETY: the caller vouches for the range; the stream is valid while borrowed.
-    stream.scope(|| check(unsafe { sys::cuMemsetD32Async(dst, value, count, stream.raw()) }))
+    stream.scope(|| in_order(stream, |raw| check(unsafe { sys::cuMemsetD32Async(dst, value, count, raw) })))
 }
 
 /// Copies `bytes` from `src` to `dst`, ordered on `stream` (`cuMemcpyAsync`;
@@ -39,7 +39,7 @@ pub unsafe fn memset_d32(stream: &CudaStream, dst: u64, value: u32, count: usize
 /// The driver's error as [`Error::Backend`](memres_core::Error::Backend).
 pub unsafe fn copy(stream: &CudaStream, dst: u64, src: u64, bytes: usize) -> Result<()> {
     // SAFETY: the caller vouches for both ranges.
-    stream.scope(|| check(unsafe { sys::cuMemcpyAsync(dst, src, bytes, stream.raw()) }))
+    stream.scope(|| in_order(stream, |raw| check(unsafe { sys::cuMemcpyAsync(dst, src, bytes, raw) })))
 }
 
 /// Copies `dst.len()` bytes from device memory at `src` into `dst` after
@@ -55,7 +55,7 @@ pub unsafe fn copy(stream: &CudaStream, dst: u64, src: u64, bytes: usize) -> Res
 /// The driver's error as [`Error::Backend`](memres_core::Error::Backend).
 pub unsafe fn copy_to_host(stream: &CudaStream, dst: &mut [u8], src: u64) -> Result<()> {
     // SAFETY: the caller vouches for `src`; the stream is valid while borrowed.
-    stream.scope(|| unsafe { device_to_host(stream.raw(), dst, src) })
+    stream.scope(|| in_order(stream, |raw| unsafe { device_to_host(raw, dst, src) }))
 }
 
 /// Copies `src` into device memory at `dst` after the work queued on
@@ -71,7 +71,7 @@ pub unsafe fn copy_to_host(stream: &CudaStream, dst: &mut [u8], src: u64) -> Res
 /// The driver's error as [`Error::Backend`](memres_core::Error::Backend).
 pub unsafe fn copy_from_host(stream: &CudaStream, dst: u64, src: &[u8]) -> Result<()> {
     // SAFETY: the caller vouches for `dst`; the stream is valid while borrowed.
-    stream.scope(|| unsafe { host_to_device(stream.raw(), dst, src) })
+    stream.scope(|| in_order(stream, |raw| unsafe { host_to_device(raw, dst, src) }))
 }
 
 /// [`copy_to_host`] on a raw stream, in the current context.

@@ -57,6 +57,14 @@ pub unsafe trait AsRawStream: Stream {
     fn context(&self) -> Option<&Context> {
         None
     }
+
+    /// Whether [`as_raw_stream`](Self::as_raw_stream) is
+    /// `CU_STREAM_PER_THREAD` while the stream meant is another thread's
+    /// than the caller's (the handle names the caller's): work queued on
+    /// it then waits for all work of the context first and is waited for.
+    fn off_its_thread(&self) -> bool {
+        false
+    }
 }
 
 // SAFETY: null, the legacy default stream, is always a valid handle.
@@ -74,6 +82,9 @@ unsafe impl<S: AsRawStream + ?Sized> AsRawStream for &S {
     }
     fn context(&self) -> Option<&Context> {
         (**self).context()
+    }
+    fn off_its_thread(&self) -> bool {
+        (**self).off_its_thread()
     }
 }
 
@@ -108,8 +119,18 @@ pub struct StreamOptions {
 /// the legacy default stream is 0 whether it is named by the null handle or
 /// by `CU_STREAM_LEGACY`, and the per-thread default stream, a different
 /// stream on every thread, is `CU_STREAM_PER_THREAD` (2) with the top bit
-/// and a number of the calling thread added (so that free lists kept per
-/// stream never mix two threads' streams).
+/// and a number of the thread that made the value added (so that free lists
+/// kept per stream never mix two threads' streams).
+///
+/// A per-thread stream means the stream of the thread that made the value,
+/// on every thread. CUDA's handle names the calling thread's, so on another
+/// thread (the value moved there in a container, say) the calls order
+/// conservatively instead: [`record`](Stream::record) and
+/// [`synchronize`](Stream::synchronize) first wait for all work of the
+/// context, [`wait`](Stream::wait) waits for the event on the host, and the
+/// work this crate queues on the stream (frees of
+/// [`CudaAsyncMemory`](crate::CudaAsyncMemory), copies, prefetches) is queued
+/// after all work of the context and waited for.
 ///
 /// # Examples
 ///
@@ -136,6 +157,9 @@ pub struct CudaStream {
     context: Option<Context>,
     /// Idle events of `context` (present exactly when `context` is).
     events: Option<Arc<EventCache>>,
+    /// When `raw` is `CU_STREAM_PER_THREAD`: the number of the thread that
+    /// made the value, whose stream it names everywhere; otherwise 0.
+    home: u64,
 }
 
 // SAFETY: stream handles may be used from any thread (the driver serializes
@@ -183,7 +207,7 @@ impl CudaStream {
     /// The legacy default stream of whatever context is current when it is
     /// used (the null stream). Its [`id`](Stream::id) is 0.
     pub const fn legacy() -> CudaStream {
-        CudaStream { raw: ptr::null_mut(), owned: false, context: None, events: None }
+        CudaStream { raw: ptr::null_mut(), owned: false, context: None, events: None, home: 0 }
     }
 
     /// The legacy default stream of `context`.
@@ -192,21 +216,17 @@ impl CudaStream {
     }
 
     /// The calling thread's default stream (`CU_STREAM_PER_THREAD`) of the
-    /// current context: each thread that uses it uses its own stream.
+    /// current context: each thread that makes one names its own stream.
     ///
-    /// The value means whichever thread uses it, as CUDA's handle does: one
-    /// moved to another thread (in a container, say) names that thread's
-    /// stream, not ordered with the first one's. So a block allocated on a
-    /// thread's per-thread stream is freed on that thread, or after an
-    /// event of that stream was waited for; a stream of
-    /// [`new`](Self::new) means the same stream everywhere.
-    pub const fn per_thread() -> CudaStream {
-        CudaStream {
-            raw: sys::CU_STREAM_PER_THREAD as sys::CUstream,
-            owned: false,
-            context: None,
-            events: None,
-        }
+    /// The value keeps meaning the stream of the thread that made it when
+    /// it moves to another thread (in a container, say): there its calls
+    /// wait for all work of the context instead of naming the stream, which
+    /// CUDA's handle cannot do from another thread (see [`CudaStream`]). So
+    /// a block freed on another thread is not reused before the work queued
+    /// on it completes. [`raw`](Self::raw) is CUDA's handle, which names the
+    /// calling thread's stream wherever it is used.
+    pub fn per_thread() -> CudaStream {
+        CudaStream::make(sys::CU_STREAM_PER_THREAD as sys::CUstream, false, None)
     }
 
     /// Names a stream made elsewhere (by another library; for a `cust`
@@ -227,7 +247,8 @@ impl CudaStream {
     fn make(raw: sys::CUstream, owned: bool, context: Option<Context>) -> CudaStream {
         let events =
             context.clone().map(|c| Arc::new(EventCache { _context: c, idle: Mutex::new(Vec::new()) }));
-        CudaStream { raw, owned, context, events }
+        let home = if raw as usize == sys::CU_STREAM_PER_THREAD { thread_number() } else { 0 };
+        CudaStream { raw, owned, context, events, home }
     }
 
     /// The driver's handle.
@@ -292,22 +313,47 @@ fn thread_number() -> u64 {
     NUMBER.with(|n| *n)
 }
 
-/// The [`Stream::id`] of a raw handle; see [`CudaStream`].
-pub(crate) fn stream_id(raw: sys::CUstream) -> u64 {
+/// The [`Stream::id`] of a raw handle, for a per-thread stream the one of
+/// thread `home`; see [`CudaStream`].
+fn stream_id(raw: sys::CUstream, home: u64) -> u64 {
     match raw as usize {
         0 | sys::CU_STREAM_LEGACY => 0,
         // User-space pointers stay below 2^47: an id with the top bit set
         // is never a real handle.
-        sys::CU_STREAM_PER_THREAD => (1 << 63) | (thread_number() << 2) | sys::CU_STREAM_PER_THREAD as u64,
+        sys::CU_STREAM_PER_THREAD => (1 << 63) | (home << 2) | sys::CU_STREAM_PER_THREAD as u64,
         h => h as u64,
     }
+}
+
+/// Runs `queue`, which queues work on the stream's handle, in the
+/// stream's order. When `stream` names another thread's per-thread stream
+/// (see [`CudaStream`]), the handle names the calling thread's: the work
+/// then comes after all work of the current context and is waited for, so
+/// it is ordered after what the stream's thread queued so far and before
+/// what it queues next. Called with the stream's context current.
+pub(crate) fn in_order<S: AsRawStream + ?Sized, T>(
+    stream: &S,
+    queue: impl FnOnce(sys::CUstream) -> Result<T>,
+) -> Result<T> {
+    let raw = stream.as_raw_stream();
+    if !stream.off_its_thread() {
+        return queue(raw);
+    }
+    // SAFETY: takes no argument; a context is current (the caller's
+    // scope), and none is reported as an error.
+    check(unsafe { sys::cuCtxSynchronize() })?;
+    let queued = queue(raw)?;
+    // SAFETY: `raw` is valid while `stream` is borrowed (`AsRawStream`'s
+    // contract).
+    check(unsafe { sys::cuStreamSynchronize(raw) })?;
+    Ok(queued)
 }
 
 impl Stream for CudaStream {
     type Event = CudaEvent;
 
     fn id(&self) -> u64 {
-        stream_id(self.raw)
+        stream_id(self.raw, self.home)
     }
 
     /// The legacy default stream, as RMM's pools free on the default stream
@@ -335,12 +381,17 @@ impl Stream for CudaStream {
             // SAFETY: both handles are valid: the event belongs to the current
             // context (made in it now, or idle in its cache), and no one else
             // holds it; the stream is ours or promised valid.
-            check(unsafe { sys::cuEventRecord(event.raw, self.raw) })?;
+            in_order(self, |raw| check(unsafe { sys::cuEventRecord(event.raw, raw) }))?;
             Ok(event)
         })
     }
 
     fn wait(&self, event: &CudaEvent) -> Result<()> {
+        if self.off_its_thread() {
+            // The other thread's stream cannot be named from here: all work
+            // queued after this call, on any stream, runs after the event.
+            return event.synchronize();
+        }
         // SAFETY: both handles are valid while borrowed; flags must be 0.
         self.scope(|| check(unsafe { sys::cuStreamWaitEvent(self.raw, event.raw, 0) }))
     }
@@ -351,7 +402,7 @@ impl Stream for CudaStream {
 
     fn synchronize(&self) -> Result<()> {
         // SAFETY: the handle is valid while `self` lives.
-        self.scope(|| check(unsafe { sys::cuStreamSynchronize(self.raw) }))
+        self.scope(|| in_order(self, |raw| check(unsafe { sys::cuStreamSynchronize(raw) })))
     }
 
     /// `cuCtxSynchronize` in the stream's context.
@@ -374,6 +425,9 @@ unsafe impl AsRawStream for CudaStream {
     }
     fn context(&self) -> Option<&Context> {
         self.context.as_ref()
+    }
+    fn off_its_thread(&self) -> bool {
+        self.raw as usize == sys::CU_STREAM_PER_THREAD && self.home != thread_number()
     }
 }
 
@@ -618,13 +672,19 @@ mod tests {
         let legacy = unsafe { CudaStream::from_raw(sys::CU_STREAM_LEGACY as sys::CUstream, None) };
         assert_eq!(legacy.id(), 0);
         assert!(legacy.is_default() && CudaStream::per_thread().is_default());
-        let mine = CudaStream::per_thread().id();
+        let pt = CudaStream::per_thread();
+        let mine = pt.id();
         assert_eq!(mine, CudaStream::per_thread().id(), "stable on one thread");
         assert_eq!(mine & 3, 2);
         assert!(mine >= 1 << 63);
+        assert!(!pt.off_its_thread());
         let other = std::thread::spawn(|| CudaStream::per_thread().id()).join().unwrap();
         assert_ne!(mine, other, "each thread's per-thread stream is its own");
-        assert_eq!(stream_id(0x7f00_1234_5600 as sys::CUstream), 0x7f00_1234_5600);
+        let (moved, off) = std::thread::spawn(move || (pt.id(), pt.off_its_thread())).join().unwrap();
+        assert_eq!(moved, mine, "a value moved to another thread names its own thread's stream");
+        assert!(off);
+        assert!(!CudaStream::legacy().off_its_thread());
+        assert_eq!(stream_id(0x7f00_1234_5600 as sys::CUstream, 0), 0x7f00_1234_5600);
     }
 
     #[test]

@@ -119,6 +119,84 @@ fn borrowed_and_default_streams() {
     drop(context); // kept retained while bound
 }
 
+/// Runs `on_other_thread` on a new thread, with `context` bound there,
+/// while `gate` holds a stream and opens after a while; returns whether the
+/// gate had opened when `on_other_thread` returned, and what it returned.
+fn returns_after(
+    gate: Gate,
+    context: &memres_cuda::Context,
+    on_other_thread: impl FnOnce() + Send + 'static,
+) -> bool {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    let opened = Arc::new(AtomicBool::new(false));
+    let (context, seen) = (context.clone(), opened.clone());
+    let other = std::thread::spawn(move || {
+        context.bind().unwrap();
+        on_other_thread();
+        seen.load(Ordering::SeqCst)
+    });
+    // Long enough for a call that does not wait to return first.
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    opened.store(true, Ordering::SeqCst);
+    gate.open();
+    other.join().unwrap()
+}
+
+#[test]
+fn a_per_thread_stream_moved_to_another_thread_orders_after_its_own_threads_work() {
+    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let Some(device) = gpu("a_per_thread_stream_moved_to_another_thread_orders_after_its_own_threads_work")
+    else {
+        return;
+    };
+    let context = device.primary_context().unwrap();
+    context.bind().unwrap();
+    let id = CudaStream::per_thread().id();
+
+    let hold_this_thread = || Gate::block(&CudaStream::per_thread());
+
+    // An event recorded there comes after the work its own thread queued.
+    let pt = CudaStream::per_thread();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let waited = returns_after(hold_this_thread(), &context, move || {
+        let e = pt.record().unwrap();
+        tx.send((pt.query(&e).unwrap(), pt.id())).unwrap();
+    });
+    assert!(waited, "an event recorded on another thread did not wait for the stream's own work");
+    let (complete, moved_id) = rx.recv().unwrap();
+    assert!(complete);
+    assert_eq!(moved_id, id, "the moved value names its own thread's stream");
+
+    // `synchronize` there waits for it too.
+    let pt = CudaStream::per_thread();
+    let waited = returns_after(hold_this_thread(), &context, move || pt.synchronize().unwrap());
+    assert!(waited, "synchronize on another thread returned before the stream's own work");
+
+    // A free there is queued after the stream's own work is done: the
+    // driver's pool cannot hand the block to the other thread's stream
+    // while this thread's work may still use it.
+    let mr = std::sync::Arc::new(CudaAsyncMemory::new(device).unwrap());
+    let pt = CudaStream::per_thread();
+    let block = mr.allocate(Request::new(1 << 20).unwrap(), &pt).unwrap();
+    let m = mr.clone();
+    let waited = returns_after(hold_this_thread(), &context, move || m.deallocate(block, &pt).unwrap());
+    assert!(waited, "a free on another thread was queued before the stream's own work completed");
+
+    // Waiting there for an event waits for the event itself.
+    let held = CudaStream::new(device).unwrap();
+    let gate = Gate::block(&held);
+    let e = held.record().unwrap();
+    let pt = CudaStream::per_thread();
+    let waited = returns_after(gate, &context, move || {
+        pt.wait(&e).unwrap();
+        assert!(e.query().unwrap());
+    });
+    assert!(waited, "`wait` on another thread returned before its event completed");
+    held.synchronize().unwrap();
+    CudaStream::per_thread().synchronize().unwrap();
+}
+
 #[test]
 fn stream_pool_hands_streams_out_round_robin() {
     let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
