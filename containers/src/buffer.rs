@@ -1,6 +1,6 @@
 use crate::{ContainerError, Result};
 use memres_core::copy::{CopyEngine, MemoryOf};
-use memres_core::{Block, MemoryResource, Request, Stream, DEFAULT_ALIGNMENT};
+use memres_core::{Block, MemoryResource, Pending, Request, Stream, DEFAULT_ALIGNMENT};
 use std::fmt;
 
 /// Untyped bytes in a resource's memory, owned, freed on their stream when
@@ -337,7 +337,7 @@ where
         let new = Self::allocate(&self.resource, capacity, align, &self.stream)?;
         // Until the buffer takes it, the new block goes back on any way out,
         // a panic in the copy engine included.
-        let fresh = Fresh { resource: &self.resource, stream: &self.stream, block: Some(new) };
+        let fresh = Pending::new(&self.resource, new, &self.stream);
         let keep = self.len.min(capacity);
         if keep > 0 {
             // SAFETY: both ranges lie in blocks the resource
@@ -350,8 +350,7 @@ where
         // Freed after the copy on the same stream: a refused free leaves the
         // old block the buffer's, and the new one goes back.
         self.resource.deallocate(self.block, &self.stream)?;
-        fresh.keep();
-        self.block = new;
+        self.block = fresh.hand_over();
         self.len = keep;
         self.align = align;
         Ok(())
@@ -562,44 +561,6 @@ where
     }
 }
 
-/// A block allocated for a buffer that has not taken it yet: freed on the
-/// buffer's stream when dropped, unless [`keep`](Self::keep) says the buffer
-/// took it.
-struct Fresh<'a, R: MemoryResource<S>, S: Stream> {
-    resource: &'a R,
-    stream: &'a S,
-    block: Option<Block>,
-}
-
-impl<R: MemoryResource<S>, S: Stream> Fresh<'_, R, S> {
-    fn keep(mut self) {
-        self.block = None;
-    }
-}
-
-impl<R: MemoryResource<S>, S: Stream> Drop for Fresh<'_, R, S> {
-    fn drop(&mut self) {
-        if let Some(block) = self.block.take() {
-            // Live and unused by the buffer: a resource refuses it only if
-            // it is itself broken, as in the buffer's own drop.
-            free_in_drop(self.resource, block, self.stream);
-        }
-    }
-}
-
-/// Frees `block` from a destructor. During an unwind (often the resource's
-/// own panic, as the growth's free of the old block) a second panic would
-/// abort the process: it is caught, and the block left to the broken
-/// resource.
-fn free_in_drop<R: MemoryResource<S>, S: Stream>(resource: &R, block: Block, stream: &S) {
-    if std::thread::panicking() {
-        let free = std::panic::AssertUnwindSafe(|| resource.deallocate(block, stream));
-        let _ = std::panic::catch_unwind(free);
-    } else {
-        let _ = resource.deallocate(block, stream);
-    }
-}
-
 impl<R, E, S> Drop for DeviceBuffer<R, E, S>
 where
     R: MemoryResource<S>,
@@ -608,8 +569,10 @@ where
 {
     fn drop(&mut self) {
         // A drop cannot report errors; the block is ours and live, so the
-        // resource only fails here if it is itself broken.
-        free_in_drop(&self.resource, self.block, &self.stream);
+        // resource only fails here if it is itself broken. Nobody takes it
+        // over: `Pending` frees it, and catches a panic of the free while
+        // the thread unwinds (a second panic would abort the process).
+        drop(Pending::new(&self.resource, self.block, &self.stream));
     }
 }
 

@@ -13,6 +13,7 @@
 //! | --- | --- |
 //! | [`Range`], [`Request`], [`Block`] | an address range; a validated allocation request (size, power-of-two alignment, 256 bytes by default); what an allocation hands back |
 //! | [`MemoryResource`], [`MemoryResourceMut`] | the stream-ordered resource trait (`&self`, shareable) and its `&mut self` form for plain algorithms |
+//! | `Pending` (feature `std`) | a block taken from a resource and not yet handed over: freed back if the code in between panics or returns early (the logging adaptor, the containers) |
 //! | [`Allocate`], [`AllocateOn`] | the short path ([`shortcut`]): `allocate(size)` / `deallocate(block)` where the stream is `()`, `allocate_on(size, &stream)` where it is not |
 //! | [`Stream`] | record an event, wait on an event, query an event, synchronize (the stream, or as a last resort the device); `()` is the stream of resources for which streams mean nothing |
 //! | [`Error`] | every failure as a typed value; out of memory carries its figures |
@@ -126,6 +127,8 @@ pub use inspect::{Inspect, Usage};
 pub use lock::Shared;
 pub use range::Range;
 pub use request::Request;
+#[cfg(feature = "std")]
+pub use resource::Pending;
 pub use resource::{MemoryResource, MemoryResourceMut, ResourceId};
 pub use shortcut::{Allocate, AllocateOn};
 pub use stream::Stream;

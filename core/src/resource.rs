@@ -337,24 +337,45 @@ mut_through_borrow! {
     MemoryResourceMut for &mut R;
 }
 
-/// A block just taken from `upstream` that its caller has not got yet:
-/// freed back when dropped (the code in between, a user's, panicked),
-/// unless [`hand_over`](Self::hand_over) gives it to the caller.
+/// A block taken from `resource` that nobody holds yet: freed back when
+/// dropped, unless [`hand_over`](Self::hand_over) gives it to the caller.
+/// So user code that runs between taking a block and handing it over (a
+/// writer, a copy engine) cannot lose it by panicking or returning early.
+///
+/// The free in `drop` ignores the resource's answer: there is no one to
+/// tell. While the thread unwinds, a panic of the resource's free is caught
+/// (a second panic in a destructor would abort the process) and the block
+/// left to the broken resource.
+///
+/// ```
+/// use memres_core::{testing::BumpUpstream, Inspect, MemoryResource, Pending, Request};
+/// let up = BumpUpstream::new(1 << 20);
+/// let block = up.allocate(Request::new(256)?, &())?;
+/// drop(Pending::new(&up, block, &())); // nobody took it: freed
+/// assert_eq!(up.usage().held, 0);
+/// let kept = Pending::new(&up, up.allocate(Request::new(256)?, &())?, &()).hand_over();
+/// assert_eq!(up.usage().held, 256);
+/// up.deallocate(kept, &())?;
+/// # Ok::<(), memres_core::Error>(())
+/// ```
 #[cfg(feature = "std")]
-pub(crate) struct Pending<'a, R: MemoryResource<S> + ?Sized, S: Stream + ?Sized> {
-    upstream: &'a R,
+#[must_use = "dropped at once, it frees the block"]
+pub struct Pending<'a, R: MemoryResource<S> + ?Sized, S: Stream + ?Sized> {
+    resource: &'a R,
+    /// A live block of `resource`, given back by `drop`.
     block: Block,
     stream: &'a S,
 }
 
 #[cfg(feature = "std")]
 impl<'a, R: MemoryResource<S> + ?Sized, S: Stream + ?Sized> Pending<'a, R, S> {
-    pub(crate) fn new(upstream: &'a R, block: Block, stream: &'a S) -> Self {
-        Pending { upstream, block, stream }
+    /// Guards `block`, a live block of `resource`, to be freed on `stream`.
+    pub fn new(resource: &'a R, block: Block, stream: &'a S) -> Self {
+        Pending { resource, block, stream }
     }
 
-    /// The block, for the caller.
-    pub(crate) fn hand_over(self) -> Block {
+    /// The block, for the caller, who now frees it.
+    pub fn hand_over(self) -> Block {
         let block = self.block;
         core::mem::forget(self);
         block
@@ -362,9 +383,20 @@ impl<'a, R: MemoryResource<S> + ?Sized, S: Stream + ?Sized> Pending<'a, R, S> {
 }
 
 #[cfg(feature = "std")]
+impl<R: MemoryResource<S> + ?Sized, S: Stream + ?Sized> core::fmt::Debug for Pending<'_, R, S> {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("Pending").field("block", &self.block).finish_non_exhaustive()
+    }
+}
+
+#[cfg(feature = "std")]
 impl<R: MemoryResource<S> + ?Sized, S: Stream + ?Sized> Drop for Pending<'_, R, S> {
     fn drop(&mut self) {
-        // Unwinding already: the upstream's answer cannot be told.
-        let _ = self.upstream.deallocate(self.block, self.stream);
+        let free = || self.resource.deallocate(self.block, self.stream);
+        if std::thread::panicking() {
+            let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(free));
+        } else {
+            let _ = free();
+        }
     }
 }

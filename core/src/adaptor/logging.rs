@@ -1,8 +1,8 @@
 //! RMM's `logging_resource_adaptor`: every call as a row of RMM's log
 //! format ([`crate::trace`]; feature `std`).
 
-use crate::resource::Pending;
 use crate::trace::{Action, Record, HEADER};
+use crate::Pending;
 use crate::{Block, MemoryResource, Request, Result, Stream};
 use std::fs::File;
 use std::io::{self, BufWriter, Write};

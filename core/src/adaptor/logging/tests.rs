@@ -264,3 +264,29 @@ fn a_writer_that_panics_on_an_allocation_loses_no_block() {
     assert!(r.is_err());
     assert_eq!(up.usage().held, 0);
 }
+
+/// An upstream whose frees panic.
+struct PanicsOnFree(BumpUpstream);
+
+impl MemoryResource<()> for PanicsOnFree {
+    fn allocate(&self, request: Request, stream: &()) -> crate::Result<Block> {
+        self.0.allocate(request, stream)
+    }
+    fn deallocate(&self, _: Block, _: &()) -> crate::Result<()> {
+        panic!("the upstream's free panics")
+    }
+}
+
+/// When the writer panics on an allocation's row and the upstream's free of
+/// the block panics too, the second panic is caught (in a destructor while
+/// unwinding it would abort the process): the caller sees the writer's.
+#[test]
+fn a_writer_and_an_upstream_free_that_both_panic_do_not_abort() {
+    let log = Logging::new(PanicsOnFree(BumpUpstream::new(1 << 30)), PanicsOnAllocate).unwrap();
+    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        log.allocate(Request::new(1 << 20).unwrap(), &())
+    }));
+    let payload = r.unwrap_err();
+    let message = payload.downcast_ref::<&str>().copied().unwrap_or("");
+    assert!(message.contains("the writer panics"), "{message:?}");
+}
