@@ -58,6 +58,9 @@ use crate::{Range, Result, Stream};
 ///   on the stream and completes it before the range is committed again.
 ///   When `decommit` returns, the range counts as uncommitted and may be
 ///   committed again. A failed decommit leaves the range committed.
+///
+///   A method that panics is taken as one that failed: a commit or
+///   decommit that panics leaves its range as it was.
 /// - [`decommit_for_commit`](Self::decommit_for_commit) is a decommit by a
 ///   caller that commits next (a pool making room for a block): the space
 ///   may keep the physical memory for those commits (CUDA: the handles it

@@ -2,8 +2,77 @@
 //! limit on committed memory, trims, and what a failure leaves.
 
 use super::{Reservation, VirtualPool};
+use crate::index::Allocation;
 use crate::vmem::ReservableSpace;
 use crate::{Range, Request, Result, Stream};
+
+/// A block the index carved for an allocate that has not handed it out.
+/// Dropped (its commits failed, or the space's code panicked), it goes
+/// back to the index as a free that leaves its trim to a later call, which
+/// calls no code of the space's.
+struct Carved<'a, V: ReservableSpace> {
+    pool: &'a mut VirtualPool<V>,
+    a: Allocation,
+    request: Request,
+}
+
+impl<V: ReservableSpace> Carved<'_, V> {
+    /// The block's granules are committed and counted: the caller hands
+    /// it out.
+    fn hand_out(self) {
+        core::mem::forget(self);
+    }
+}
+
+impl<V: ReservableSpace> Drop for Carved<'_, V> {
+    fn drop(&mut self) {
+        let (a, p) = (self.a, &mut *self.pool);
+        // Just carved, the block is live: the index takes it back.
+        if let Ok(freed) = p.index.free(a.tag, a.addr, self.request.size()) {
+            p.after_free(freed, a.addr, self.request.rounded_size(256), false, &());
+        }
+    }
+}
+
+/// Slots `lo..hi` of reservation `r` (of one block being placed) whose
+/// granules the space holds committed where the bitmap does not say so:
+/// those the call in progress committed, less those its undo decommitted.
+/// Dropped, on every way out of the call (a panic in the space's code
+/// included), it counts them committed.
+struct Uncounted<'a, V: ReservableSpace> {
+    pool: &'a mut VirtualPool<V>,
+    r: Reservation,
+    lo: u32,
+    hi: u32,
+}
+
+impl<V: ReservableSpace> Uncounted<'_, V> {
+    /// Decommits the granules it holds, a run at a time from the lowest:
+    /// memory no block ever used needs no stream order. Those the space
+    /// refuses to decommit stay committed and counted, and a trim is
+    /// pending.
+    fn undo(&mut self) {
+        while self.lo < self.hi {
+            let (p, r) = (&mut *self.pool, &self.r);
+            let run = p.committed_bits.find(self.lo, self.hi, false);
+            let end = p.committed_bits.find(run, self.hi, true);
+            if run < end {
+                // A panic here leaves `run..` to the drop: committed.
+                if p.space.decommit(p.slot_range(r, run, end), &()).is_err() {
+                    p.count_committed(run, end);
+                    p.trim_pending = true;
+                }
+            }
+            self.lo = end;
+        }
+    }
+}
+
+impl<V: ReservableSpace> Drop for Uncounted<'_, V> {
+    fn drop(&mut self) {
+        self.pool.count_committed(self.lo, self.hi);
+    }
+}
 
 impl<V: ReservableSpace> VirtualPool<V> {
     /// The rest of an allocate whose block `a` (of `request`, in slots
@@ -11,15 +80,46 @@ impl<V: ReservableSpace> VirtualPool<V> {
     /// them. Out of physical memory, it decommits the Idle granules and
     /// tries once more, also when a decommit failed after others gave
     /// memory back. If that fails too, the block goes back to the index
-    /// and the error is returned: the failed decommit's if the pool is
+    /// (also when the space's code panics, what it committed counted) and
+    /// the error is returned: the failed decommit's if the pool is
     /// still out of physical memory after a trim that could not give back
     /// all its Idle granules (it is then not out of memory for want of
     /// memory but because the space failed).
     #[inline(never)]
     pub(super) fn commit_fresh<S: Stream + ?Sized>(
         &mut self,
-        a: &crate::index::Allocation,
+        a: &Allocation,
         request: Request,
+        (lo, hi): (u32, u32),
+        fresh: u64,
+        stream: &S,
+    ) -> Result<()> {
+        // Until its granules are committed the block is the call's: if
+        // that fails, or the space's code panics, the index takes it back.
+        // Its granules that no live block touches, committed before or by
+        // this call and not decommitted, are then Idle; as a free that
+        // leaves its trim to the call's end: beyond `keep` only if an
+        // earlier decommit failed (a trim of this call may have cleared
+        // that), retried then, as a free does.
+        let carved = Carved { pool: self, a: *a, request };
+        match carved.pool.commit_or_trim(a, (lo, hi), fresh, stream) {
+            Ok(()) => {
+                carved.hand_out();
+                Ok(())
+            }
+            Err(e) => {
+                drop(carved);
+                self.retry_trim(stream);
+                Err(e)
+            }
+        }
+    }
+
+    /// The commits of [`commit_fresh`](Self::commit_fresh), and the trim
+    /// and the second try when the space is out of physical memory.
+    fn commit_or_trim<S: Stream + ?Sized>(
+        &mut self,
+        a: &Allocation,
         (lo, hi): (u32, u32),
         fresh: u64,
         stream: &S,
@@ -43,19 +143,7 @@ impl<V: ReservableSpace> VirtualPool<V> {
                 }
             }
         }
-        if let Err(e) = committed {
-            // The index takes the block back; its granules that no live
-            // block touches, committed before or by this call and not
-            // decommitted, are Idle.
-            // As a free that leaves its trim to the call's end: beyond
-            // `keep` only if an earlier decommit failed (a trim of this call
-            // may have cleared that); retried then, as a free does.
-            let freed = self.index.free(a.tag, a.addr, request.size())?;
-            self.after_free(freed, a.addr, request.rounded_size(256), false, stream);
-            self.retry_trim(stream);
-            return Err(e);
-        }
-        Ok(())
+        committed
     }
 
     /// Commits the Uncommitted granules of slots `lo..hi` of `r`, `fresh`
@@ -63,7 +151,9 @@ impl<V: ReservableSpace> VirtualPool<V> {
     /// placed): under `trim_on_commit`, first decommits as many Idle
     /// granules as the commit would take committed memory beyond its limit
     /// (ordered on `stream`), then commits in runs. If a commit fails, what
-    /// this call committed is decommitted and the error returned.
+    /// this call committed is decommitted and the error returned. If the
+    /// space's code panics, what it committed is counted (committed, and
+    /// Idle once the block goes back to the index).
     pub(super) fn commit_slots<S: Stream + ?Sized>(
         &mut self,
         r: &Reservation,
@@ -94,27 +184,30 @@ impl<V: ReservableSpace> VirtualPool<V> {
                 let _ = self.decommit_idle(over(self, busy), true, stream);
             }
         }
+        // The runs committed so far, `lo..done.hi`, counted when `done`
+        // drops: all of `lo..hi` once every commit succeeded.
+        let mut done = Uncounted { pool: self, r: *r, lo, hi: lo };
         let mut s = lo;
         while s < hi {
-            let run = self.committed_bits.find(s, hi, false);
-            s = self.committed_bits.find(run, hi, true);
+            let p = &mut *done.pool;
+            let run = p.committed_bits.find(s, hi, false);
+            s = p.committed_bits.find(run, hi, true);
             if run == s {
                 continue;
             }
-            if let Err(e) = self.space.commit(self.slot_range(r, run, s)) {
+            if let Err(e) = p.space.commit(p.slot_range(r, run, s)) {
                 if trims {
-                    self.space.release_kept();
+                    done.pool.space.release_kept();
                 }
-                self.undo_commits(r, lo, run);
+                done.undo();
                 return Err(e);
             }
+            done.hi = s;
         }
         if trims {
-            self.space.release_kept();
+            done.pool.space.release_kept();
         }
-        self.committed_bits.set(lo, hi, true);
-        self.committed += fresh;
-        self.peak_committed = self.peak_committed.max(self.committed);
+        drop(done);
         self.peak_busy = self.peak_busy.max(busy);
         self.peak_used = used;
         Ok(())
@@ -130,21 +223,13 @@ impl<V: ReservableSpace> VirtualPool<V> {
         (peak_used.saturating_add(slack) >> self.shift).max(peak_busy)
     }
 
-    /// Decommits the granules of `lo..upto` that are not committed in the
-    /// bitmap: those a failed `commit_slots` committed. Memory no block
-    /// ever used needs no stream order. If the space refuses, they stay
-    /// committed and counted.
-    pub(super) fn undo_commits(&mut self, r: &Reservation, lo: u32, upto: u32) {
-        let mut s = lo;
-        while s < upto {
-            let run = self.committed_bits.find(s, upto, false);
-            s = self.committed_bits.find(run, upto, true);
-            if run < s && self.space.decommit(self.slot_range(r, run, s), &()).is_err() {
-                self.committed_bits.set(run, s, true);
-                self.committed += (s - run) as u64;
-                self.peak_committed = self.peak_committed.max(self.committed);
-                self.trim_pending = true;
-            }
+    /// Sets the bits of slots `lo..hi` (empty or not) and counts those
+    /// that were clear as committed.
+    fn count_committed(&mut self, lo: u32, hi: u32) {
+        if lo < hi {
+            self.committed += (hi - lo - self.committed_bits.count(lo, hi)) as u64;
+            self.committed_bits.set(lo, hi, true);
+            self.peak_committed = self.peak_committed.max(self.committed);
         }
     }
 
@@ -184,14 +269,15 @@ impl<V: ReservableSpace> VirtualPool<V> {
     ) -> Result<()> {
         let r = *self.reservation_of_slot(lo);
         let range = self.slot_range(&r, lo, hi);
+        // Pending until they are given back: if the space's code panics,
+        // the granules stay committed and Idle, as after a failed decommit.
+        let pending = core::mem::replace(&mut self.trim_pending, true);
         let decommitted = match for_commit {
             true => self.space.decommit_for_commit(range, stream),
             false => self.space.decommit(range, stream),
         };
-        if let Err(e) = decommitted {
-            self.trim_pending = true;
-            return Err(e);
-        }
+        decommitted?;
+        self.trim_pending = pending;
         self.committed_bits.set(lo, hi, false);
         self.committed -= (hi - lo) as u64;
         self.idle_bound = self.idle_bound.saturating_sub((hi - lo) as u64);
@@ -213,11 +299,13 @@ impl<V: ReservableSpace> VirtualPool<V> {
         for_commit: bool,
         stream: &S,
     ) -> Result<u64> {
+        // Pending until done: so a panic in the space's code leaves it.
+        let pending = core::mem::replace(&mut self.trim_pending, true);
         let idle = self.scan();
         let excess = idle.saturating_sub(keep >> self.shift);
         let done = self.decommit_idle(excess, for_commit, stream)?;
         // A trim to more than `keep` (on commit) leaves a failed one pending.
-        self.trim_pending &= self.idle_bound << self.shift > self.config.keep;
+        self.trim_pending = pending && self.idle_bound << self.shift > self.config.keep;
         Ok(done << self.shift)
     }
 
@@ -288,7 +376,10 @@ impl<V: ReservableSpace> VirtualPool<V> {
         if !now {
             self.trim_pending = true;
         } else if before == 0 && !self.trim_pending {
-            self.decommit_freed(lo, hi, stream);
+            // Pending until given back: so a panic in the space's code
+            // leaves it.
+            self.trim_pending = true;
+            self.trim_pending = !self.decommit_freed(lo, hi, stream);
         } else {
             let _ = self.trim_to(self.config.keep, false, stream);
         }
@@ -296,16 +387,18 @@ impl<V: ReservableSpace> VirtualPool<V> {
 
     /// The rest of [`after_free`](Self::after_free) where no granule was
     /// Idle before: the freed block's granules `lo..hi` (addresses) beyond
-    /// `keep` are all there are, and go without a search.
+    /// `keep` are all there are, and go without a search. Returns whether
+    /// no decommit failed.
     #[inline(never)]
-    fn decommit_freed<S: Stream + ?Sized>(&mut self, lo: u64, hi: u64, stream: &S) {
+    fn decommit_freed<S: Stream + ?Sized>(&mut self, lo: u64, hi: u64, stream: &S) -> bool {
         let (lo, hi) = self.slots_of(lo, hi - lo);
         // The highest first, as every trim, in the pieces the space frees.
-        if let Some((from, to)) = self.releasable(lo, hi, self.idle_bound - self.keep) {
-            // Not a candidate of an earlier search any more.
-            self.touched.set(from, to, true);
-            let _ = self.decommit_slots(from, to, false, stream);
-        }
+        let Some((from, to)) = self.releasable(lo, hi, self.idle_bound - self.keep) else {
+            return true;
+        };
+        // Not a candidate of an earlier search any more.
+        self.touched.set(from, to, true);
+        self.decommit_slots(from, to, false, stream).is_ok()
     }
 
     /// Whether the pool counts its Idle granules as blocks are freed: only

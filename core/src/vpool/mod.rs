@@ -20,6 +20,8 @@ mod idle;
 #[cfg(test)]
 mod idle_tests;
 #[cfg(test)]
+mod panic_tests;
+#[cfg(test)]
 mod tests;
 
 pub use config::VirtualConfig;
@@ -110,6 +112,11 @@ fn slots_touched(r: &Reservation, shift: u32, start: u64, end: u64) -> (u32, u32
 ///   decommitted Idle memory (to stay under the peak, or to retry after the
 ///   space ran out of physical memory), and granules that it committed and
 ///   then failed to decommit stay committed and Idle.
+/// - A method of the space that panics is taken as one that failed (its
+///   commit or decommit changed nothing): the panic propagates, and an
+///   allocate gives its block back to the index, counting the granules it
+///   committed before as committed and Idle; a trim it interrupted is
+///   pending.
 /// - A space that frees memory only in pieces longer than a granule (CUDA's
 ///   physical handles; [`ReservableSpace::releasable`]) is asked only to
 ///   decommit whole pieces. An Idle granule whose piece a live block holds
@@ -666,7 +673,7 @@ where
 // a granule stays committed while a live block touches it. The pool
 // decommits only (the drop aside, which decommits everything and then
 // releases the reservations): granules that the call in progress committed
-// for a block it does not hand out (`undo_commits`); granules wholly inside
+// for a block it does not hand out (`Uncounted::undo`); granules wholly inside
 // the free range that the index returned for a block just freed
 // (`after_free`, `decommit_freed`), which no live block touches; and candidates
 // (`take_candidate`), each wholly inside a free range of the index when a

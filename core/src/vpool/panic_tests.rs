@@ -1,0 +1,212 @@
+//! The virtual pool over a space whose code panics mid-call or decommits
+//! only part of a range: the pool's figures stay those of the space, its
+//! checker holds, and it stays usable.
+
+extern crate std;
+
+use super::tests::*;
+use super::*;
+use crate::vmem::CountingSpace;
+use core::cell::Cell;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+
+/// A [`CountingSpace`] whose chosen method panics once, after a number of
+/// calls of it pass (before it does anything).
+struct Panicky<'a> {
+    inner: &'a CountingSpace,
+    armed: Cell<Option<(&'static str, u32)>>,
+}
+
+impl<'a> Panicky<'a> {
+    fn new(inner: &'a CountingSpace) -> Self {
+        Panicky { inner, armed: Cell::new(None) }
+    }
+
+    /// `method` (`"commit"`, `"decommit"` (either kind), `"releasable"`,
+    /// `"release_kept"`) panics once after `skip` calls of it pass.
+    fn panic_in(&self, method: &'static str, skip: u32) {
+        self.armed.set(Some((method, skip)));
+    }
+
+    fn call(&self, method: &'static str) {
+        match self.armed.get() {
+            Some((m, 0)) if m == method => {
+                self.armed.set(None);
+                panic!("Panicky: `{method}` panics");
+            }
+            Some((m, skip)) if m == method => self.armed.set(Some((m, skip - 1))),
+            _ => {}
+        }
+    }
+
+    fn decommit_inner(&self, range: Range) -> Result<()> {
+        self.call("decommit");
+        self.inner.decommit(range, &())
+    }
+}
+
+impl ReservableSpace for Panicky<'_> {
+    fn granule(&self) -> u64 {
+        self.inner.granule()
+    }
+    fn reserve(&self, len: u64) -> Result<Range> {
+        self.inner.reserve(len)
+    }
+    fn release(&self, range: Range) -> Result<()> {
+        self.inner.release(range)
+    }
+    fn commit(&self, range: Range) -> Result<()> {
+        self.call("commit");
+        self.inner.commit(range)
+    }
+    fn decommit<S: Stream + ?Sized>(&self, range: Range, _: &S) -> Result<()> {
+        self.decommit_inner(range)
+    }
+    fn decommit_for_commit<S: Stream + ?Sized>(&self, range: Range, _: &S) -> Result<()> {
+        self.decommit_inner(range)
+    }
+    fn release_kept(&self) {
+        self.call("release_kept");
+    }
+    fn releasable(&self, range: Range, want: u64) -> Option<Range> {
+        self.call("releasable");
+        self.inner.releasable(range, want)
+    }
+}
+
+/// What every test asserts after a panic or a partial decommit: the
+/// checker holds, the pool's committed bytes are the space's, and every
+/// block the pool hands out lies over committed memory.
+fn exact(p: &VirtualPool<&Panicky<'_>>, space: &CountingSpace) {
+    p.check().unwrap();
+    assert_eq!(p.usage().held, space.committed_bytes(), "the pool's committed bytes are not the space's");
+}
+
+/// Allocates `size` bytes, checks that the block lies over committed
+/// memory, and returns it.
+fn mapped(p: &mut VirtualPool<&Panicky<'_>>, space: &CountingSpace, size: u64) -> Block {
+    let b = p.allocate(req(size), &()).unwrap();
+    assert!(space.is_committed(granules_of(&b, MIB)), "a block over unmapped memory");
+    exact(p, space);
+    b
+}
+
+/// Frees `live`, trims, and checks that everything went back.
+fn give_all_back(mut p: VirtualPool<&Panicky<'_>>, space: &CountingSpace, live: &[Block]) {
+    for &b in live {
+        p.deallocate(b, &()).unwrap();
+        exact(&p, space);
+    }
+    p.trim(&()).unwrap();
+    assert_eq!((p.usage().used, p.usage().held, space.committed_bytes()), (0, 0, 0));
+    exact(&p, space);
+    drop(p);
+    assert_eq!(space.reservation_count(), 0);
+}
+
+/// Granule 1 Idle between Uncommitted granules 0 and 2, granule 3 held by
+/// the returned block: a block over granules 0..3 needs two commits (as
+/// `tests::idle_between_uncommitted`).
+fn idle_between<'a>(space: &'a Panicky<'a>) -> (VirtualPool<&'a Panicky<'a>>, Block) {
+    let mut p = VirtualPool::with_config(space, VirtualConfig::new(64 * MIB).release_threshold(MIB)).unwrap();
+    let [a, b, c] = [0; 3].map(|_| p.allocate(req(MIB), &()).unwrap());
+    let anchor = p.allocate(req(256), &()).unwrap();
+    p.deallocate(a, &()).unwrap();
+    p.trim(&()).unwrap();
+    p.deallocate(c, &()).unwrap();
+    p.deallocate(b, &()).unwrap();
+    assert_eq!((p.usage().held, p.idle_bytes()), (2 * MIB, MIB));
+    (p, anchor)
+}
+
+#[test]
+fn a_commit_that_panics_half_way_gives_the_block_back_and_counts_what_it_committed() {
+    let space = CountingSpace::new(1 << 30, MIB);
+    let panicky = Panicky::new(&space);
+    let (mut p, anchor) = idle_between(&panicky);
+    let base = p.reservations[0].range.start();
+    let used = p.usage().used;
+    // Granule 0 is committed, then the commit of granule 2 panics.
+    panicky.panic_in("commit", 1);
+    let r = catch_unwind(AssertUnwindSafe(|| p.allocate(req(3 * MIB), &())));
+    assert!(r.is_err());
+    exact(&p, &space);
+    // No block live but the anchor; granule 0 counted, Idle.
+    assert_eq!((p.usage().used, p.usage().held, p.idle_bytes()), (used, 3 * MIB, 2 * MIB));
+    assert!(space.is_committed(range(base, 2 * MIB)));
+    let b = mapped(&mut p, &space, 3 * MIB);
+    assert_eq!(b.addr(), base);
+    give_all_back(p, &space, &[b, anchor]);
+}
+
+#[test]
+fn a_commit_that_fails_half_way_and_whose_undo_panics_counts_what_stays_committed() {
+    let space = CountingSpace::new(1 << 30, MIB);
+    let panicky = Panicky::new(&space);
+    let (mut p, anchor) = idle_between(&panicky);
+    let used = p.usage().used;
+    // Granule 0 is committed, the commit of granule 2 fails, and the
+    // decommit of granule 0 that undoes the first panics: it stays.
+    space.fail_nth(2);
+    panicky.panic_in("decommit", 0);
+    let r = catch_unwind(AssertUnwindSafe(|| p.allocate(req(3 * MIB), &())));
+    assert!(r.is_err());
+    exact(&p, &space);
+    assert_eq!((p.usage().used, p.usage().held), (used, 3 * MIB));
+    let b = mapped(&mut p, &space, 3 * MIB);
+    give_all_back(p, &space, &[b, anchor]);
+}
+
+/// As `idle_tests::a_trim_that_makes_room_for_a_commit_lets_the_space_keep_the_memory_for_it`:
+/// `c` (3 MiB) lands in the hole of `a` (4 MiB) and needs 3 fresh
+/// granules beyond the limit, so 3 of `b`'s 6 Idle granules are
+/// decommitted first (`decommit_for_commit`, then `commit`, then
+/// `release_kept`).
+fn trims_on_commit<'a>(space: &'a Panicky<'a>) -> (VirtualPool<&'a Panicky<'a>>, Block) {
+    let config = VirtualConfig::new(64 * MIB).release_threshold(64 * MIB);
+    let mut p = VirtualPool::with_config(space, config).unwrap();
+    let a = p.allocate(req(4 * MIB), &()).unwrap();
+    let anchor = p.allocate(req(256), &()).unwrap();
+    p.deallocate(a, &()).unwrap();
+    let b = p.allocate(req(6 * MIB), &()).unwrap();
+    p.deallocate(b, &()).unwrap();
+    (p, anchor)
+}
+
+#[test]
+fn a_panic_in_the_trim_or_the_commits_of_an_allocation_gives_the_block_back() {
+    for method in ["decommit", "releasable", "commit", "release_kept"] {
+        let space = CountingSpace::new(1 << 30, MIB);
+        let panicky = Panicky::new(&space);
+        let (mut p, anchor) = trims_on_commit(&panicky);
+        let before = (p.usage().used, p.reserved_bytes());
+        panicky.panic_in(method, 0);
+        let r = catch_unwind(AssertUnwindSafe(|| p.allocate(req(3 * MIB), &())));
+        assert!(r.is_err(), "{method}");
+        exact(&p, &space);
+        assert_eq!((p.usage().used, p.reserved_bytes()), before, "{method}");
+        let c = mapped(&mut p, &space, 3 * MIB);
+        give_all_back(p, &space, &[c, anchor]);
+    }
+}
+
+#[test]
+fn a_panic_in_the_decommit_of_a_free_leaves_the_trim_pending() {
+    for method in ["decommit", "releasable"] {
+        // Nothing kept: the free of `a` decommits its 4 granules.
+        let space = CountingSpace::new(1 << 30, MIB);
+        let panicky = Panicky::new(&space);
+        let mut p = VirtualPool::with_config(&panicky, VirtualConfig::new(64 * MIB)).unwrap();
+        let a = mapped(&mut p, &space, 4 * MIB);
+        let anchor = mapped(&mut p, &space, 256);
+        panicky.panic_in(method, 0);
+        let r = catch_unwind(AssertUnwindSafe(|| p.deallocate(a, &())));
+        assert!(r.is_err(), "{method}");
+        // The block is free; its granules, still committed, are Idle, and
+        // the next call gives them back.
+        exact(&p, &space);
+        assert_eq!((p.usage().used, p.idle_bytes(), p.usage().held), (256, 4 * MIB, 5 * MIB), "{method}");
+        let b = mapped(&mut p, &space, 256);
+        give_all_back(p, &space, &[b, anchor]);
+    }
+}
