@@ -57,7 +57,12 @@ use crate::{Range, Result, Stream};
 ///   expandable segments do), or defers the unmap behind an event recorded
 ///   on the stream and completes it before the range is committed again.
 ///   When `decommit` returns, the range counts as uncommitted and may be
-///   committed again. A failed decommit leaves the range committed.
+///   committed again. A failed decommit leaves the range committed, but
+///   for one that failed after it took part of the range and could not
+///   undo that: it returns [`Error::Backend`](crate::Error::Backend) whose
+///   `what` is [`DECOMMITTED_IN_PART`], and a commit of each granule of the
+///   range then commits those it took and refuses the others as committed
+///   already.
 ///
 ///   A method that panics is taken as one that failed: a commit or
 ///   decommit that panics leaves its range as it was.
@@ -184,6 +189,23 @@ pub trait ReservableSpace {
         highest(range, want)
     }
 }
+
+/// The `what` of the [`Error::Backend`](crate::Error::Backend) of a
+/// [`decommit`](ReservableSpace::decommit) that failed half-way and could
+/// not commit again all that it had decommitted: part of the range is
+/// decommitted, the rest committed. A
+/// [`VirtualPool`](crate::vpool::VirtualPool) then commits each granule of
+/// the range again (the space refuses those it kept as committed already),
+/// so that what it counts is what the space holds.
+///
+/// ```
+/// use memres_core::vmem::DECOMMITTED_IN_PART;
+/// use memres_core::Error;
+/// let e = Error::Backend { code: 1, what: DECOMMITTED_IN_PART };
+/// assert!(matches!(e, Error::Backend { what, .. } if what == DECOMMITTED_IN_PART));
+/// ```
+pub const DECOMMITTED_IN_PART: &str =
+    "decommit failed half-way, and part of the range could not be mapped again: it is decommitted";
 
 /// The highest `want` bytes of `range`, all of it if shorter: what a space
 /// that frees any granule answers to [`ReservableSpace::releasable`] (the

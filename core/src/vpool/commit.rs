@@ -3,8 +3,14 @@
 
 use super::{Reservation, VirtualPool};
 use crate::index::Allocation;
-use crate::vmem::ReservableSpace;
-use crate::{Range, Request, Result, Stream};
+use crate::vmem::{ReservableSpace, DECOMMITTED_IN_PART};
+use crate::{Error, Range, Request, Result, Stream};
+
+/// Whether a failed decommit took part of its range
+/// ([`DECOMMITTED_IN_PART`]).
+fn in_part(e: &Error) -> bool {
+    matches!(e, Error::Backend { what, .. } if *what == DECOMMITTED_IN_PART)
+}
 
 /// A block the index carved for an allocate that has not handed it out.
 /// Dropped (its commits failed, or the space's code panicked), it goes
@@ -58,9 +64,15 @@ impl<V: ReservableSpace> Uncounted<'_, V> {
             let end = p.committed_bits.find(run, self.hi, true);
             if run < end {
                 // A panic here leaves `run..` to the drop: committed.
-                if p.space.decommit(p.slot_range(r, run, end), &()).is_err() {
+                if let Err(e) = p.space.decommit(p.slot_range(r, run, end), &()) {
                     p.count_committed(run, end);
                     p.trim_pending = true;
+                    // Counted: no longer the drop's to count, whatever
+                    // the recount leaves.
+                    self.lo = end;
+                    if in_part(&e) {
+                        p.recount_in_part(r, run, end);
+                    }
                 }
             }
             self.lo = end;
@@ -233,6 +245,29 @@ impl<V: ReservableSpace> VirtualPool<V> {
         }
     }
 
+    /// After a decommit of slots `lo..hi` of `r` (counted committed, no
+    /// live block's)
+    /// that failed having decommitted part of them ([`DECOMMITTED_IN_PART`]):
+    /// the space does not say which part, and a commit of each granule
+    /// tells. Refused as misuse ([`Error::InvalidConfig`]: committed
+    /// already), the granule was kept; committed, it had gone and is back;
+    /// failing otherwise, it had gone and stays so, and the pool no longer
+    /// counts it. A granule counted but not held could be handed out
+    /// unmapped, one held but not counted only stays until the pool drops:
+    /// so all of them count as gone until their commit says otherwise (if
+    /// the space's code panics, the rest stay so).
+    #[cold]
+    fn recount_in_part(&mut self, r: &Reservation, lo: u32, hi: u32) {
+        self.committed -= self.committed_bits.count(lo, hi) as u64;
+        self.committed_bits.set(lo, hi, false);
+        for s in lo..hi {
+            match self.space.commit(self.slot_range(r, s, s + 1)) {
+                Ok(()) | Err(Error::InvalidConfig { .. }) => self.count_committed(s, s + 1),
+                Err(_) => {}
+            }
+        }
+    }
+
     /// Decommits up to `n` Idle granules, the candidates of the last
     /// search from the highest address down, each run in one call ordered
     /// on `stream` (`for_commit` when a commit follows,
@@ -276,7 +311,12 @@ impl<V: ReservableSpace> VirtualPool<V> {
             true => self.space.decommit_for_commit(range, stream),
             false => self.space.decommit(range, stream),
         };
-        decommitted?;
+        if let Err(e) = decommitted {
+            if in_part(&e) {
+                self.recount_in_part(&r, lo, hi);
+            }
+            return Err(e);
+        }
         self.trim_pending = pending;
         self.committed_bits.set(lo, hi, false);
         self.committed -= (hi - lo) as u64;

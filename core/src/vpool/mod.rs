@@ -116,7 +116,10 @@ fn slots_touched(r: &Reservation, shift: u32, start: u64, end: u64) -> (u32, u32
 ///   commit or decommit changed nothing): the panic propagates, and an
 ///   allocate gives its block back to the index, counting the granules it
 ///   committed before as committed and Idle; a trim it interrupted is
-///   pending.
+///   pending. A decommit that failed having taken part of its range
+///   ([`DECOMMITTED_IN_PART`](crate::vmem::DECOMMITTED_IN_PART)) is
+///   followed by a commit of each of its granules, so that the pool counts
+///   what the space holds.
 /// - A space that frees memory only in pieces longer than a granule (CUDA's
 ///   physical handles; [`ReservableSpace::releasable`]) is asked only to
 ///   decommit whole pieces. An Idle granule whose piece a live block holds
@@ -670,8 +673,11 @@ where
 // SAFETY: every block is a range of the index inside one of the pool's
 // reservations, handed out only once every granule it touches is committed
 // (`allocate` commits the Uncommitted ones first), and while the pool lives
-// a granule stays committed while a live block touches it. The pool
-// decommits only (the drop aside, which decommits everything and then
+// a granule stays committed while a live block touches it: after a
+// decommit that took part of its range and failed (`recount_in_part`, on
+// Idle granules or the call's own), the pool counts committed only the
+// granules that the space then committed or refused as committed already.
+// The pool decommits only (the drop aside, which decommits everything and then
 // releases the reservations): granules that the call in progress committed
 // for a block it does not hand out (`Uncounted::undo`); granules wholly inside
 // the free range that the index returned for a block just freed

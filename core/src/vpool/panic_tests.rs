@@ -11,15 +11,18 @@ use core::cell::Cell;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
 /// A [`CountingSpace`] whose chosen method panics once, after a number of
-/// calls of it pass (before it does anything).
+/// calls of it pass (before it does anything), and whose next decommit can
+/// be made to decommit only its first granules and fail.
 struct Panicky<'a> {
     inner: &'a CountingSpace,
     armed: Cell<Option<(&'static str, u32)>>,
+    /// Granules the next decommit takes before it fails, if set.
+    in_part: Cell<Option<u64>>,
 }
 
 impl<'a> Panicky<'a> {
     fn new(inner: &'a CountingSpace) -> Self {
-        Panicky { inner, armed: Cell::new(None) }
+        Panicky { inner, armed: Cell::new(None), in_part: Cell::new(None) }
     }
 
     /// `method` (`"commit"`, `"decommit"` (either kind), `"releasable"`,
@@ -41,6 +44,11 @@ impl<'a> Panicky<'a> {
 
     fn decommit_inner(&self, range: Range) -> Result<()> {
         self.call("decommit");
+        if let Some(n) = self.in_part.take() {
+            let part = Range::new(range.start(), n * self.inner.granule()).unwrap();
+            self.inner.decommit(part, &()).unwrap();
+            return Err(Error::Backend { code: 1, what: crate::vmem::DECOMMITTED_IN_PART });
+        }
         self.inner.decommit(range, &())
     }
 }
@@ -209,4 +217,52 @@ fn a_panic_in_the_decommit_of_a_free_leaves_the_trim_pending() {
         let b = mapped(&mut p, &space, 256);
         give_all_back(p, &space, &[b, anchor]);
     }
+}
+
+#[test]
+fn a_decommit_that_takes_only_part_of_a_range_is_counted_as_the_space_holds_it() {
+    // Nothing kept: the free of `a` asks to decommit its 4 granules; the
+    // space takes the first 2, then fails.
+    let space = CountingSpace::new(1 << 30, MIB);
+    let panicky = Panicky::new(&space);
+    let mut p = VirtualPool::with_config(&panicky, VirtualConfig::new(64 * MIB)).unwrap();
+    let a = mapped(&mut p, &space, 4 * MIB);
+    let anchor = mapped(&mut p, &space, 256);
+    panicky.in_part.set(Some(2));
+    p.deallocate(a, &()).unwrap();
+    exact(&p, &space);
+    // The same place again: every granule of it committed.
+    let b = mapped(&mut p, &space, 4 * MIB);
+    assert_eq!(b.addr(), a.addr());
+    give_all_back(p, &space, &[b, anchor]);
+}
+
+#[test]
+fn an_undo_that_decommits_only_part_of_a_range_is_counted_as_the_space_holds_it() {
+    // Granules 0..2 free and Uncommitted, 2 Idle, 3..5 Uncommitted: a block
+    // over 0..5 commits 0..2, then 3..5 fails; the undo of 0..2 takes only
+    // granule 0.
+    let space = CountingSpace::new(1 << 30, MIB);
+    let panicky = Panicky::new(&space);
+    let mut p =
+        VirtualPool::with_config(&panicky, VirtualConfig::new(64 * MIB).release_threshold(MIB)).unwrap();
+    let base = p.reservations[0].range.start();
+    let a = mapped(&mut p, &space, 2 * MIB);
+    let b = mapped(&mut p, &space, MIB);
+    let c = mapped(&mut p, &space, 2 * MIB);
+    let anchor = mapped(&mut p, &space, 256);
+    p.deallocate(a, &()).unwrap();
+    p.trim(&()).unwrap();
+    p.deallocate(c, &()).unwrap();
+    p.trim(&()).unwrap();
+    p.deallocate(b, &()).unwrap();
+    assert!(space.is_committed(range(base + 2 * MIB, MIB)));
+    exact(&p, &space);
+    space.fail_nth(2);
+    panicky.in_part.set(Some(1));
+    assert!(p.allocate(req(5 * MIB), &()).is_err());
+    exact(&p, &space);
+    let d = mapped(&mut p, &space, 5 * MIB);
+    assert_eq!(d.addr(), base);
+    give_all_back(p, &space, &[d, anchor]);
 }
