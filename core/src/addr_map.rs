@@ -162,31 +162,55 @@ impl<V> AddrMap<V> {
     }
 }
 
-/// What a layer kept of a block whose free is under way, taken out of its
-/// shared map before the upstream frees it (once freed, another thread may
-/// get the address and record it): put back when dropped, as the free
-/// failed or panicked and the block is still live, unless
-/// [`freed`](Self::freed) says the upstream freed it.
-pub(crate) struct Restore<'a, V> {
-    map: &'a crate::lock::Shared<AddrMap<V>>,
-    addr: u64,
-    value: Option<V>,
+/// A layer's table of live blocks by address, as [`Restore`] takes a
+/// block's value out of it and puts it back.
+pub(crate) trait ByAddr {
+    type Value;
+    fn remove(&mut self, addr: u64) -> Option<Self::Value>;
+    fn insert(&mut self, addr: u64, value: Self::Value);
 }
 
-impl<'a, V> Restore<'a, V> {
+impl<V> ByAddr for AddrMap<V> {
+    type Value = V;
+    fn remove(&mut self, addr: u64) -> Option<V> {
+        AddrMap::remove(self, addr)
+    }
+    fn insert(&mut self, addr: u64, value: V) {
+        AddrMap::insert(self, addr, value);
+    }
+}
+
+/// What a layer kept of a block whose free is under way, taken out of its
+/// shared table before the upstream frees it (once freed, another thread
+/// may get the address and record it): put back when dropped, as the free
+/// failed or panicked and the block is still live, unless
+/// [`freed`](Self::freed) says the upstream freed it.
+pub(crate) struct Restore<'a, M: ByAddr> {
+    map: &'a crate::lock::Shared<M>,
+    addr: u64,
+    value: Option<M::Value>,
+}
+
+impl<'a, M: ByAddr> Restore<'a, M> {
     /// Takes `addr`'s value out of `map`; `None` if it holds none.
-    pub(crate) fn take(map: &'a crate::lock::Shared<AddrMap<V>>, addr: u64) -> Option<Self> {
+    pub(crate) fn take(map: &'a crate::lock::Shared<M>, addr: u64) -> Option<Self> {
         let value = map.with(|m| m.remove(addr))?;
-        Some(Restore { map, addr, value: Some(value) })
+        Some(Self::taken(map, addr, value))
+    }
+
+    /// `addr`'s value, which the caller took out of `map` (having checked
+    /// it under the same lock).
+    pub(crate) fn taken(map: &'a crate::lock::Shared<M>, addr: u64, value: M::Value) -> Self {
+        Restore { map, addr, value: Some(value) }
     }
 
     /// The block is freed: its value, which stays out of the map.
-    pub(crate) fn freed(mut self) -> V {
+    pub(crate) fn freed(mut self) -> M::Value {
         self.value.take().expect("taken until freed or dropped")
     }
 }
 
-impl<V> Drop for Restore<'_, V> {
+impl<M: ByAddr> Drop for Restore<'_, M> {
     fn drop(&mut self) {
         if let Some(value) = self.value.take() {
             self.map.with(|m| m.insert(self.addr, value));

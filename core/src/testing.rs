@@ -2,7 +2,8 @@
 //! core's own unit tests have them always).
 //!
 //! They need nothing but the core, so that the core's tests can use them:
-//! an upstream that hands out numbers ([`BumpUpstream`]), streams known by
+//! an upstream that hands out numbers ([`BumpUpstream`], with injected
+//! failures and panics), streams known by
 //! an id ([`IdStream`], [`TestStream`] with injected `synchronize`
 //! failures, [`PanickingStream`] with injected panics) and the deterministic generator of workloads and randomized
 //! tests ([`SplitMix64`]). The simulated device, streams with a
@@ -46,6 +47,9 @@ pub struct BumpUpstream {
     peak: AtomicU64,
     /// Allocations to let through before every call fails (`u64::MAX`: never).
     fail_after: AtomicU64,
+    /// Calls of `allocate`, and of `deallocate`, to let through before one
+    /// panics (`u64::MAX`: none).
+    panic_after: [AtomicU64; 2],
 }
 
 impl BumpUpstream {
@@ -57,12 +61,55 @@ impl BumpUpstream {
             outstanding: AtomicU64::new(0),
             peak: AtomicU64::new(0),
             fail_after: AtomicU64::new(u64::MAX),
+            panic_after: [AtomicU64::new(u64::MAX), AtomicU64::new(u64::MAX)],
         }
     }
 
     /// Lets `n` more allocations succeed, then fails every later one.
     pub fn fail_after(&self, n: u64) {
         self.fail_after.store(n, Ordering::Relaxed);
+    }
+
+    /// Makes `method` (`"allocate"` or `"deallocate"`) panic once, after
+    /// `skip` calls of it pass: a user's upstream that breaks mid-call. The
+    /// call that panics changes nothing (a block whose free panicked stays
+    /// held).
+    ///
+    /// ```
+    /// use memres_core::{testing::BumpUpstream, Inspect, MemoryResource, Request};
+    /// let up = BumpUpstream::new(1 << 20);
+    /// let b = up.allocate(Request::new(256)?, &())?;
+    /// up.panic_in("deallocate", 0);
+    /// let freed = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| up.deallocate(b, &())));
+    /// assert!(freed.is_err());
+    /// assert_eq!(up.usage().held, 256);
+    /// up.deallocate(b, &())?;
+    /// # Ok::<(), memres_core::Error>(())
+    /// ```
+    ///
+    /// # Panics
+    ///
+    /// For another method name.
+    pub fn panic_in(&self, method: &'static str, skip: u64) {
+        let i = match method {
+            "allocate" => 0,
+            "deallocate" => 1,
+            _ => panic!("BumpUpstream::panic_in: no method `{method}`"),
+        };
+        self.panic_after[i].store(skip, Ordering::Relaxed);
+    }
+
+    /// Panics if the call of method `i` is the one armed to.
+    fn call(&self, i: usize) {
+        let left = &self.panic_after[i];
+        match left.load(Ordering::Relaxed) {
+            u64::MAX => {}
+            0 => {
+                left.store(u64::MAX, Ordering::Relaxed);
+                panic!("BumpUpstream: `{}` panics", ["allocate", "deallocate"][i]);
+            }
+            n => left.store(n - 1, Ordering::Relaxed),
+        }
     }
 }
 
@@ -71,6 +118,7 @@ impl<S: Stream + ?Sized> MemoryResource<S> for BumpUpstream {
         if request.is_zero() {
             return Ok(Block::EMPTY);
         }
+        self.call(0);
         let left = self.fail_after.load(Ordering::Relaxed);
         if left == 0 {
             return Err(Error::Backend { code: -1, what: "injected upstream failure" });
@@ -97,6 +145,7 @@ impl<S: Stream + ?Sized> MemoryResource<S> for BumpUpstream {
     }
 
     fn deallocate(&self, block: Block, _: &S) -> Result<()> {
+        self.call(1);
         let size = (block.size() + 255) & !255;
         self.outstanding.fetch_sub(size, Ordering::Relaxed);
         Ok(())

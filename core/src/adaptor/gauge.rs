@@ -83,14 +83,6 @@ impl Gauge {
         self.held.sub(n);
     }
 
-    /// Takes back a [`sub`](Self::sub) whose free failed: `n` held again,
-    /// not counted in the total a second time.
-    #[cfg(feature = "alloc")]
-    #[inline]
-    pub(crate) fn unsub(&self, n: u64) {
-        self.held.add(n);
-    }
-
     /// Held now (a [`Counter`](super::Counter)'s `value`).
     pub fn value(&self) -> u64 {
         self.held.value()
@@ -125,6 +117,38 @@ impl Gauge {
     pub(super) fn sub_exclusive(&mut self, n: u64) {
         let current = &self.held.current;
         current.store(current.load(Relaxed).wrapping_sub(n), Relaxed);
+    }
+}
+
+/// `n` taken off a figure for a free under way, before the upstream frees
+/// the block (once freed, another thread may get the memory and count it):
+/// counted back when dropped, as the free failed or panicked and the block
+/// is still live, unless [`freed`](Self::freed) says the upstream freed it.
+/// Counted back as any value is, raising the peak: another thread may have
+/// counted a block meanwhile.
+pub(super) struct Unheld<'a> {
+    held: &'a Held,
+    n: u64,
+}
+
+impl<'a> Unheld<'a> {
+    /// Takes `n` off `held`.
+    #[inline]
+    pub(super) fn take(held: &'a Held, n: u64) -> Self {
+        held.sub(n);
+        Unheld { held, n }
+    }
+
+    /// The block is freed: `n` stays off.
+    #[inline]
+    pub(super) fn freed(self) {
+        core::mem::forget(self);
+    }
+}
+
+impl Drop for Unheld<'_> {
+    fn drop(&mut self) {
+        self.held.add(self.n);
     }
 }
 
@@ -169,7 +193,8 @@ pub(super) fn signed_max(a: u64, b: u64) -> u64 {
 ///
 /// A free is taken off the gauge before the upstream frees the block, so
 /// that a racing allocation of the same memory cannot raise the peak above
-/// what the device lent; a free the upstream refuses is counted back.
+/// what the device lent; a free the upstream refuses, or panics in, is
+/// counted back (the block is still live).
 ///
 /// # Examples
 ///
@@ -222,8 +247,10 @@ impl<S: Stream + ?Sized, R: MemoryResource<S>> MemoryResource<S> for Counted<R> 
     }
 
     fn deallocate(&self, block: Block, stream: &S) -> Result<()> {
-        self.gauge.sub(block.size());
-        self.inner.deallocate(block, stream).inspect_err(|_| self.gauge.unsub(block.size()))
+        let uncounted = Unheld::take(&self.gauge.held, block.size());
+        self.inner.deallocate(block, stream)?;
+        uncounted.freed();
+        Ok(())
     }
 }
 

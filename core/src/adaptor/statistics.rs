@@ -2,7 +2,7 @@
 
 #[cfg(feature = "alloc")]
 use super::gauge::raise;
-use super::gauge::{signed_max, Gauge};
+use super::gauge::{signed_max, Gauge, Unheld};
 #[cfg(feature = "alloc")]
 use crate::lock::Shared;
 use crate::primitive::Ordering::Relaxed;
@@ -85,7 +85,7 @@ struct Level {
 ///                                       bytes.peak = max(..)     a CAS loop
 ///                                       (same for the count)     that rarely
 ///          deallocate ─► bytes.current -= size ─► upstream       runs)
-///                                       └ error: add it back
+///                                       └ error, panic: add it back
 ///
 ///  levels (alloc): [ base 0 ] [ pushed at current=c1 ] [ pushed at c2 ]  ◄─ top
 ///                  every figure is reported relative to the top's base
@@ -378,17 +378,14 @@ impl<S: Stream + ?Sized, R: MemoryResource<S>> MemoryResource<S> for Statistics<
         }
         // Uncount first: the block is counted only while the caller holds
         // it, so another thread that gets the same memory from upstream
-        // right after the free cannot make the peak overshoot.
-        self.hot.bytes.sub(block.size());
-        self.hot.count.sub(1);
-        let result = self.upstream.deallocate(block, stream);
-        if result.is_err() {
-            // Counted again as any value is, raising the peak: another
-            // thread may have counted a block meanwhile.
-            self.hot.bytes.held.add(block.size());
-            self.hot.count.held.add(1);
-        }
-        result
+        // right after the free cannot make the peak overshoot. Counted
+        // again unless the upstream frees it (its error, its panic).
+        let bytes = Unheld::take(&self.hot.bytes.held, block.size());
+        let count = Unheld::take(&self.hot.count.held, 1);
+        self.upstream.deallocate(block, stream)?;
+        bytes.freed();
+        count.freed();
+        Ok(())
     }
 }
 

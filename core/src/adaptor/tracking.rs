@@ -1,6 +1,6 @@
 //! RMM's `tracking_resource_adaptor`: every outstanding allocation.
 
-use crate::addr_map::AddrMap;
+use crate::addr_map::{AddrMap, ByAddr, Restore};
 use crate::lock::Shared;
 use crate::{Block, Error, MemoryResource, Request, Result, Stream};
 use alloc::boxed::Box;
@@ -119,7 +119,9 @@ struct Table {
     bytes: u64,
 }
 
-impl Table {
+impl ByAddr for Table {
+    type Value = Entry;
+
     fn insert(&mut self, addr: u64, entry: Entry) {
         self.bytes = self.bytes.wrapping_add(entry.size);
         // An address handed out again without a free through the adaptor
@@ -142,13 +144,15 @@ impl Table {
 ///
 /// ```text
 ///  allocate ─► upstream ─ok─► table.insert(addr, size [, backtrace])
-///  deallocate ─► table.remove(addr) ─► upstream ─error─► table.insert back
+///  deallocate ─► table.remove(addr) ─► upstream ─error, panic─► table.insert back
 ///                └ not there: Error::UnknownBlock   └ wrong size: Error::SizeMismatch
 ///  drop ─► leaks? ─► the leak handler, or (std) a report on stderr
 /// ```
 ///
 /// A free of a block the table does not hold is refused before it reaches
-/// the upstream. Zero-byte requests are not tracked. With `std`,
+/// the upstream; one the upstream refuses or panics in keeps the block
+/// outstanding (the upstream may not have freed it), so that a retry
+/// frees it and a leak report names it. Zero-byte requests are not tracked. With `std`,
 /// `Tracking::with_backtraces` records a
 /// `std::backtrace::Backtrace::capture()` with every allocation (off by
 /// default; `capture` records frames only when `RUST_BACKTRACE` or
@@ -336,18 +340,22 @@ impl<S: Stream + ?Sized, R: MemoryResource<S>> MemoryResource<S> for Tracking<R>
         if block.is_empty() {
             return self.upstream.deallocate(block, stream);
         }
-        let entry = self.table.with(|t| match t.blocks.get(block.addr()) {
-            None => Err(Error::UnknownBlock { addr: block.addr() }),
+        let addr = block.addr();
+        let entry = self.table.with(|t| match t.blocks.get(addr) {
+            None => Err(Error::UnknownBlock { addr }),
             Some(e) if e.size != block.size() => {
-                Err(Error::SizeMismatch { addr: block.addr(), expected: e.size, given: block.size() })
+                Err(Error::SizeMismatch { addr, expected: e.size, given: block.size() })
             }
             // Removed before the upstream frees it: once freed, another
             // thread may get the same address and insert it.
-            Some(_) => Ok(t.remove(block.addr()).expect("present")),
+            Some(_) => Ok(t.remove(addr).expect("present")),
         })?;
-        self.upstream.deallocate(block, stream).inspect_err(|_| {
-            self.table.with(|t| t.insert(block.addr(), entry));
-        })
+        // Put back unless the upstream frees it: on its error, and on its
+        // panic, the block is still live and outstanding.
+        let entry = Restore::taken(&self.table, addr, entry);
+        self.upstream.deallocate(block, stream)?;
+        entry.freed();
+        Ok(())
     }
 }
 
