@@ -315,10 +315,10 @@ impl<U, C: Storage<Chunk>, L: Storage<Slot>> FixedSizeResource<U, C, L> {
                 false => Ok(Range::new(block.addr(), chunk_size).unwrap_or_default()),
             }
         };
-        let taken = self.chunks.take(Request::aligned(chunk_size, align)?, stream, &mut self.slots, shape);
+        let request = Request::aligned(chunk_size, align)?;
         // A chunk the table could not record left its group vacant.
-        self.slots.relink();
-        taken.map(|_| ())
+        let slots = Relinked(&mut self.slots);
+        self.chunks.take(request, stream, &mut *slots.0, shape).map(|_| ())
     }
 
     /// Grows by one chunk, then allocates.
@@ -425,9 +425,22 @@ impl<U, C: Storage<Chunk>, L: Storage<Slot>> FixedSizeResource<U, C, L> {
     where
         U: MemoryResource<S>,
     {
-        let released = self.chunks.release(stream, &mut self.slots);
-        self.slots.relink();
-        released
+        // Chunks given back before an upstream's error or panic left their
+        // groups vacant.
+        let slots = Relinked(&mut self.slots);
+        self.chunks.release(stream, &mut *slots.0)
+    }
+}
+
+/// The slots while chunks come and go: the free stack is rebuilt when
+/// dropped, however the call ends (the upstream's error, or its panic
+/// midway, after other chunks went back), so that it never runs through a
+/// group made vacant.
+struct Relinked<'a, L: Storage<Slot>>(&'a mut Slots<L>);
+
+impl<L: Storage<Slot>> Drop for Relinked<'_, L> {
+    fn drop(&mut self) {
+        self.0.relink();
     }
 }
 

@@ -480,3 +480,48 @@ fn a_chunk_over_memory_held_already_is_refused() {
     f.check().unwrap();
     f.deallocate(a, &()).unwrap();
 }
+
+/// A release whose upstream panics on the second chunk: the first went
+/// back, and the free stack still ran through its slots (relinked only
+/// once `release` returned), so the next allocations were blocks of
+/// memory given back, then an index out of bounds.
+#[test]
+fn a_release_whose_upstream_panics_leaves_the_free_stack_in_the_chunks_held() {
+    let mut f = fixed(FixedConfig::new(256).blocks_per_chunk(2));
+    let blocks: Vec<_> = (0..4).map(|_| f.allocate(Request::new(256).unwrap(), &()).unwrap()).collect();
+    for b in &blocks {
+        f.deallocate(*b, &()).unwrap();
+    }
+    f.upstream().panic_in("deallocate", 1);
+    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f.release(&())));
+    assert!(r.is_err());
+    // One chunk went back; the one whose free panicked stays, all free.
+    assert_eq!(figures(&f), [512, 0, 2, 1, 512]);
+    f.check().unwrap();
+    let held = [blocks[0], blocks[2]].map(|b| b.addr()).into_iter().find(|&a| f.has_chunk_at(a)).unwrap();
+    for _ in 0..2 {
+        let b = f.allocate(Request::new(256).unwrap(), &()).unwrap();
+        assert!((held..held + 512).contains(&b.addr()), "{b:?} lies in no chunk held");
+    }
+    f.check().unwrap();
+    assert_eq!(figures(&f), [512, 2, 0, 1, 512]);
+}
+
+/// The same for a grow whose upstream panics: nothing changes.
+#[test]
+fn a_grow_whose_upstream_panics_changes_nothing() {
+    let mut f = fixed(FixedConfig::new(256).blocks_per_chunk(2));
+    let a = f.allocate(Request::new(256).unwrap(), &()).unwrap();
+    let b = f.allocate(Request::new(256).unwrap(), &()).unwrap();
+    let before = figures(&f);
+    f.upstream().panic_in("allocate", 0);
+    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f.allocate(Request::new(256).unwrap(), &())));
+    assert!(r.is_err());
+    assert_eq!(figures(&f), before);
+    f.check().unwrap();
+    let c = f.allocate(Request::new(256).unwrap(), &()).unwrap();
+    for x in [a, b, c] {
+        f.deallocate(x, &()).unwrap();
+    }
+    assert_eq!(f.release(&()).unwrap(), 1024);
+}
