@@ -515,7 +515,9 @@ fn a_grow_whose_upstream_panics_changes_nothing() {
     let b = f.allocate(Request::new(256).unwrap(), &()).unwrap();
     let before = figures(&f);
     f.upstream().panic_in("allocate", 0);
-    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f.allocate(Request::new(256).unwrap(), &())));
+    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        f.allocate(Request::new(256).unwrap(), &())
+    }));
     assert!(r.is_err());
     assert_eq!(figures(&f), before);
     f.check().unwrap();

@@ -313,6 +313,39 @@ impl<R> Drop for LayingOut<'_, R> {
     }
 }
 
+/// Allocation `k` of the recorded step of `epoch`, which the upstream is
+/// serving: recorded as live for no op (never placed) when dropped, as
+/// the upstream failed or panicked and the caller got no block, unless
+/// [`born`](Self::born) records the block it got.
+struct Recorded<'a, R> {
+    state: &'a Shared<State<R>>,
+    k: u32,
+    epoch: u64,
+}
+
+impl<R> Recorded<'_, R> {
+    fn born(self, addr: u64) {
+        self.state.with(|s| {
+            if s.epoch == self.epoch {
+                s.born.insert(addr, self.k);
+            }
+        });
+        core::mem::forget(self);
+    }
+}
+
+impl<R> Drop for Recorded<'_, R> {
+    fn drop(&mut self) {
+        self.state.with(|s| {
+            // A step that began meanwhile has a record of its own.
+            if s.epoch == self.epoch {
+                let life = &mut s.record[self.k as usize].0;
+                life.end = life.start;
+            }
+        });
+    }
+}
+
 /// The state behind the lock.
 struct State<R> {
     /// Whether [`Planned::step`] has been called: before it, nothing is
@@ -881,23 +914,14 @@ impl<S: Stream + ?Sized, R: MemoryResource<S>> MemoryResource<S> for Planned<R> 
                 None
             }
         };
-        let block = self.upstream.allocate(request, stream);
-        if let Some(k) = recorded {
-            self.state.with(|s| {
-                // A step that began meanwhile has a record of its own.
-                if s.epoch != epoch {
-                    return;
-                }
-                match &block {
-                    Ok(b) => {
-                        s.born.insert(b.addr(), k);
-                    }
-                    // Live for no op: never placed.
-                    Err(_) => s.record[k as usize].0.end = s.record[k as usize].0.start,
-                }
-            });
+        // Live for no op unless the caller gets the block (on the
+        // upstream's error, and on its panic).
+        let recorded = recorded.map(|k| Recorded { state: &self.state, k, epoch });
+        let block = self.upstream.allocate(request, stream)?;
+        if let Some(recorded) = recorded {
+            recorded.born(block.addr());
         }
-        block
+        Ok(block)
     }
 
     fn deallocate(&self, block: Block, stream: &S) -> Result<()> {

@@ -1057,3 +1057,45 @@ fn a_plan_larger_than_any_request_leaves_the_steps_to_the_upstream() {
     assert_eq!((p.steps().plans, p.steps().region), (0, 0));
     p.check().unwrap();
 }
+
+/// Training steps over a fresh `Planned`, each freeing the gradient of the
+/// step before and allocating the next; in the second, recorded, the
+/// gradient's allocation fails, by the upstream's panic if `panics`, else
+/// by its error. The figures after each step.
+fn steps_with_a_failed_gradient(panics: bool) -> Vec<Steps> {
+    let p = Planned::new(BumpUpstream::new(1 << 30));
+    let (mut grads, mut seen) = (Vec::new(), Vec::new());
+    for i in 0..5 {
+        p.step(&()).unwrap();
+        let act = p.allocate(req(4 * MIB), &()).unwrap();
+        for g in grads.drain(..) {
+            p.deallocate(g, &()).unwrap();
+        }
+        match (i, panics) {
+            (1, true) => p.upstream().panic_in("allocate", 0),
+            (1, false) => p.upstream().fail_after(0),
+            _ => {}
+        }
+        let grad = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| p.allocate(req(MIB), &())));
+        assert_eq!(grad.is_err(), i == 1 && panics);
+        p.upstream().fail_after(u64::MAX);
+        grads.extend(grad.ok().and_then(Result::ok));
+        p.deallocate(act, &()).unwrap();
+        p.check().unwrap();
+        seen.push(p.steps());
+    }
+    for g in grads {
+        p.deallocate(g, &()).unwrap();
+    }
+    p.check().unwrap();
+    seen
+}
+
+/// An allocation whose upstream panics is recorded as one it refuses:
+/// the caller got no block. It was recorded as live at the step's end, a
+/// block carried into the next step, and the steps after it were laid
+/// out with a carry region for it.
+#[test]
+fn an_allocation_whose_upstream_panics_is_recorded_as_a_refused_one() {
+    assert_eq!(steps_with_a_failed_gradient(true), steps_with_a_failed_gradient(false));
+}
