@@ -346,6 +346,35 @@ impl<R> Drop for Recorded<'_, R> {
     }
 }
 
+/// A block served in the carry region that the caller has not got yet:
+/// freed there when dropped (the code in between, a user's, panicked),
+/// unless [`hand_over`](Self::hand_over) gives it to the caller.
+struct Unserved<'a, R> {
+    state: &'a Shared<State<R>>,
+    addr: u64,
+}
+
+impl<R> Unserved<'_, R> {
+    /// The block's address, for the caller.
+    fn hand_over(self) -> u64 {
+        let addr = self.addr;
+        core::mem::forget(self);
+        addr
+    }
+}
+
+impl<R> Drop for Unserved<'_, R> {
+    fn drop(&mut self) {
+        self.state.with(|s| {
+            // Its region stays while the block is live in it.
+            if let Some(Some((offset, size, _))) = s.carry.block_at(self.addr) {
+                s.carry.free(offset, size);
+                s.steps.planned_allocations -= 1;
+            }
+        });
+    }
+}
+
 /// The state behind the lock.
 struct State<R> {
     /// Whether [`Planned::step`] has been called: before it, nothing is
@@ -904,11 +933,13 @@ impl<S: Stream + ?Sized, R: MemoryResource<S>> MemoryResource<S> for Planned<R> 
                 let region = Request::new(size).ok().and_then(|r| self.upstream.allocate(r, stream).ok());
                 let (addr, spare) =
                     self.state.with(|s| s.carry_taken(region, (generation, offset), request, id));
+                // Given back to the carry region if the spare's free panics.
+                let served = addr.map(|addr| Unserved { state: &self.state, addr });
                 let back = spare.map_or(Ok(()), |spare| self.upstream.deallocate(spare, stream));
-                if let Some(addr) = addr {
+                if let Some(served) = served {
                     // Served: the block is the caller's whatever became of
                     // the spare region (taken by a thread beside this one).
-                    return Ok(Block::from_addr(addr, request.size()));
+                    return Ok(Block::from_addr(served.hand_over(), request.size()));
                 }
                 back?;
                 None

@@ -1099,3 +1099,84 @@ fn steps_with_a_failed_gradient(panics: bool) -> Vec<Steps> {
 fn an_allocation_whose_upstream_panics_is_recorded_as_a_refused_one() {
     assert_eq!(steps_with_a_failed_gradient(true), steps_with_a_failed_gradient(false));
 }
+
+/// An upstream that, asked once for `hook_size` bytes, first allocates
+/// `inner` bytes through the planned resource above it (as another thread
+/// may meanwhile), then makes its next free panic.
+struct TakesBeside {
+    up: BumpUpstream,
+    hook_size: u64,
+    inner: u64,
+    above: std::sync::Mutex<std::sync::Weak<Planned<std::sync::Arc<TakesBeside>>>>,
+    got: std::sync::Mutex<Option<Block>>,
+}
+
+impl MemoryResource for TakesBeside {
+    fn allocate(&self, request: Request, stream: &()) -> Result<Block> {
+        if request.size() == self.hook_size {
+            let above = core::mem::take(&mut *self.above.lock().unwrap());
+            if let Some(p) = above.upgrade() {
+                *self.got.lock().unwrap() = Some(p.allocate(req(self.inner), stream).unwrap());
+                self.up.panic_in("deallocate", 0);
+            }
+        }
+        self.up.allocate(request, stream)
+    }
+    fn deallocate(&self, block: Block, stream: &()) -> Result<()> {
+        self.up.deallocate(block, stream)
+    }
+}
+
+impl Inspect for TakesBeside {
+    fn usage(&self) -> Usage {
+        self.up.usage()
+    }
+    fn check(&self) -> core::result::Result<(), Violation> {
+        self.up.check()
+    }
+}
+
+/// Two gradients carried from step to step; in the first planned step the
+/// carry region is taken by the second gradient while the first one's
+/// call takes a region too, and the upstream panics giving that spare
+/// region back: the first gradient's place in the carry region was kept
+/// live for good, with no block to free it.
+#[test]
+fn a_carried_block_whose_spare_regions_free_panics_takes_no_place() {
+    use std::sync::{Arc, Mutex, Weak};
+    let up = Arc::new(TakesBeside {
+        up: BumpUpstream::new(1 << 30),
+        hook_size: 2 * MIB + 1024,
+        inner: MIB + 1000,
+        above: Mutex::new(Weak::new()),
+        got: Mutex::new(None),
+    });
+    let p = Arc::new(Planned::new(up.clone()));
+    let mut grads: Vec<Block> = Vec::new();
+    for _ in 0..2 {
+        p.step(&()).unwrap();
+        for g in grads.drain(..) {
+            p.deallocate(g, &()).unwrap();
+        }
+        grads = [MIB, MIB + 1000].iter().map(|&n| p.allocate(req(n), &()).unwrap()).collect();
+    }
+    p.step(&()).unwrap();
+    for g in grads.drain(..) {
+        p.deallocate(g, &()).unwrap();
+    }
+    *up.above.lock().unwrap() = Arc::downgrade(&p);
+    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| p.allocate(req(MIB), &())));
+    assert!(r.is_err());
+    let inner = up.got.lock().unwrap().take().unwrap();
+    assert_eq!(p.steps().carry_region, 2 * MIB + 1024, "the inner call took the carry region");
+    // In use: the inner block, and the spare region whose free panicked
+    // (the upstream's: it may not have freed it).
+    let spare = 2 * MIB + 1024;
+    assert_eq!(up.up.usage().held, 2 * spare, "the carry region and the spare one");
+    assert_eq!(p.usage().used, spare + MIB + 1024);
+    p.check().unwrap();
+    p.deallocate(inner, &()).unwrap();
+    assert_eq!(p.usage().used, spare);
+    assert_eq!(p.steps().planned_allocations, 1);
+    p.check().unwrap();
+}
