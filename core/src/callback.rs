@@ -16,8 +16,9 @@ use core::fmt;
 /// allocate closure returns that does not answer the request (another size
 /// than asked, an address not aligned to the request's alignment, a range
 /// that wraps around the address space) is handed to the deallocate
-/// closure at once and the allocation fails with
-/// [`CallbackResource::BAD_BLOCK`]. Everything else (which blocks are
+/// closure at once (unless it is the empty block) and the allocation fails
+/// with [`CallbackResource::BAD_BLOCK`]. The resource keeps no state, so a
+/// closure that panics leaves nothing to put right. Everything else (which blocks are
 /// live, a double free) is the closures' to check and answer.
 ///
 /// A stack string cannot hold one (it has no syntax for code): register
@@ -103,9 +104,12 @@ where
         }
         let block = (self.allocate)(request, stream, &self.context)?;
         if !answers(block, request) {
-            // Given back so that nothing is lost; the free's own answer
-            // cannot change the allocation's.
-            let _ = (self.deallocate)(block, stream, &self.context);
+            // Given back so that nothing is lost (the empty block holds
+            // nothing, and its free reaches no closure); the free's own
+            // answer cannot change the allocation's.
+            if !block.is_empty() {
+                let _ = (self.deallocate)(block, stream, &self.context);
+            }
             return Err(Self::BAD_BLOCK);
         }
         Ok(block)

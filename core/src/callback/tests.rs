@@ -63,3 +63,26 @@ fn the_closures_errors_come_back_unchanged() {
     ));
     assert_eq!(r.context().up.usage().held, 0);
 }
+
+/// A block that does not answer the request goes back to the free
+/// closure at once; an empty one (no memory) reaches no closure, as the
+/// empty block's free never does.
+#[test]
+fn a_block_that_does_not_answer_is_given_back_unless_empty() {
+    let frees = AtomicU64::new(0);
+    let r = CallbackResource::new(
+        &frees,
+        |req: Request, _: &(), _: &&AtomicU64| {
+            Ok(if req.size() == 1000 { Block::EMPTY } else { Block::from_addr(1 << 20, 10) })
+        },
+        |b: Block, _: &(), frees: &&AtomicU64| {
+            assert!(!b.is_empty(), "the empty block reached the free closure");
+            frees.fetch_add(1, Ordering::Relaxed);
+            Ok(())
+        },
+    );
+    assert_eq!(r.allocate(req(1000), &()), Err(Counted::BAD_BLOCK));
+    assert_eq!(frees.load(Ordering::Relaxed), 0);
+    assert_eq!(r.allocate(req(2000), &()), Err(Counted::BAD_BLOCK));
+    assert_eq!(frees.load(Ordering::Relaxed), 1);
+}
