@@ -22,6 +22,8 @@
 //!   through `printf`'s `%p`).
 //! - `Size` is the requested bytes.
 //!
+//! A row has exactly these six fields (a seventh, even empty, is a
+//! malformed row), and its numbers are digits only, with no sign.
 //! Header lines are skipped wherever they are (traces concatenated by
 //! `cat` read as one), as are blank lines; fields are trimmed. A reader
 //! that wants gzip decodes it and hands the text over as a [`BufRead`].
@@ -119,13 +121,15 @@ impl<'a> Record<&'a str> {
     ///
     /// # Errors
     ///
-    /// What is wrong with it: fewer than six fields, an unknown action, a
-    /// pointer that is not hexadecimal, a size that is not a number.
+    /// What is wrong with it: other than six fields, an unknown action, a
+    /// pointer that is not hexadecimal digits (after an optional `0x`), a
+    /// size that is not decimal digits (a sign is neither).
     pub fn parse(line: &'a str) -> Result<Self, String> {
-        let mut cols = line.trim_end_matches(['\r', '\n']).split(',').map(str::trim);
+        let line = line.trim_end_matches(['\r', '\n']);
+        let mut cols = line.split(',').map(str::trim);
         let mut field = || cols.next();
-        let (Some(thread), Some(time), Some(action), Some(pointer), Some(size), Some(stream)) =
-            (field(), field(), field(), field(), field(), field())
+        let (Some(thread), Some(time), Some(action), Some(pointer), Some(size), Some(stream), None) =
+            (field(), field(), field(), field(), field(), field(), field())
         else {
             return Err(alloc::format!("expected 6 fields, found {}", line.split(',').count()));
         };
@@ -139,11 +143,18 @@ impl<'a> Record<&'a str> {
             "(nil)" => 0,
             p => {
                 let digits = p.strip_prefix("0x").or_else(|| p.strip_prefix("0X")).unwrap_or(p);
-                u64::from_str_radix(digits, 16)
-                    .map_err(|_| alloc::format!("pointer `{p}` is not a hex number"))?
+                // `from_str_radix` takes a leading `+`, which no writer of
+                // the format writes.
+                Some(digits)
+                    .filter(|d| d.bytes().all(|b| b.is_ascii_hexdigit()))
+                    .and_then(|d| u64::from_str_radix(d, 16).ok())
+                    .ok_or_else(|| alloc::format!("pointer `{p}` is not a hex number"))?
             }
         };
-        let size = size.parse::<u64>().map_err(|_| alloc::format!("size `{size}` is not a number"))?;
+        let size = Some(size)
+            .filter(|s| s.bytes().all(|b| b.is_ascii_digit()))
+            .and_then(|s| s.parse::<u64>().ok())
+            .ok_or_else(|| alloc::format!("size `{size}` is not a number"))?;
         Ok(Record { thread, time, action, pointer, size, stream })
     }
 

@@ -58,7 +58,7 @@ fn headers_blank_lines_and_spaces_are_skipped() {
                  0,1,allocate, 0X10 ,256 , a\r\n\
                  \n   \n\
                  Thread,Time,Action,Pointer,Size,Stream\n\
-                 0,2,free,10,256,a,extra\n";
+                 0,2,free,10,256,a\n";
     let mut lines = vec![];
     read(trace.as_bytes(), |line, r| {
         lines.push((line, r.action, r.pointer, r.size, r.stream.to_string()));
@@ -84,6 +84,13 @@ fn malformed_rows_name_their_line() {
         ),
         (format!("{header}0,1,free,nil,1,0\n"), 2, "pointer `nil` is not a hex number"),
         (format!("{header}0,1,free,0x10,-5,0\n"), 2, "size `-5` is not a number"),
+        // The format has six fields: a seventh is no column of it.
+        (format!("{header}0,1,free,0x10,1,0,extra\n"), 2, "expected 6 fields, found 7"),
+        (format!("{header}0,1,free,0x10,1,0,\n"), 2, "expected 6 fields, found 7"),
+        // Numbers are digits only: no sign.
+        (format!("{header}0,1,free,0x10,+5,0\n"), 2, "size `+5` is not a number"),
+        (format!("{header}0,1,free,+10,1,0\n"), 2, "pointer `+10` is not a hex number"),
+        (format!("{header}0,1,free,0x+10,1,0\n"), 2, "pointer `0x+10` is not a hex number"),
     ] {
         match read_all(text.as_bytes()).unwrap_err() {
             ReadError::Malformed { line: l, what: w } => assert_eq!((l, w.as_str()), (line, what), "{text}"),
