@@ -48,11 +48,16 @@ impl SimDevice {
     /// Where the simulated address space starts: far from 0, like a GPU's.
     pub const BASE: u64 = 0x7f00_0000_0000;
 
+    /// The largest capacity its address space holds: 2^46 bytes (64 TiB).
+    /// A larger one is served only as far as the space goes (the stack's
+    /// `sim` refuses it).
+    pub const MAX_CAPACITY: u64 = 1 << 46;
+
     /// A device that holds at most `capacity` bytes at once.
     pub fn new(capacity: u64) -> Self {
         // Twice the capacity in address space, so that fragmentation of the
         // simulated space never limits what the capacity allows.
-        let span = capacity.saturating_mul(2).clamp(1 << 20, 1 << 46) & !255;
+        let span = capacity.saturating_mul(2).clamp(1 << 20, Self::MAX_CAPACITY) & !255;
         let mut space = CoalescingIndex::new(256);
         let first = space.add_range(Range::new(Self::BASE, span).expect("span fits")).expect("one node");
         SimDevice {

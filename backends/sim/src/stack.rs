@@ -3,7 +3,7 @@
 //!
 //! | name | arguments | resource (typed handle) |
 //! | --- | --- | --- |
-//! | `sim` | `[capacity]` (or `capacity=`; default 80 GiB) | [`SimDevice`] |
+//! | `sim` | `[capacity]` (or `capacity=`; default 80 GiB, at most 64 TiB: [`SimDevice::MAX_CAPACITY`]) | [`SimDevice`] |
 //! | `host` | none | [`HostMemory`], a leaf of [`HostCopy`]'s memory ([`StackBuilder::is_leaf_of`]) |
 //! | `vpool` | `sim` or `sim(physical)`, `reserve=` (64 GiB), `release_threshold=` (all), `slack=` (40 permille), `trim_on_commit=` (true), `granule=` (2 MiB), `handle_granules=` (none: any granule goes back alone; `N`: memory held in pieces of up to N granules given back whole, as `vmm`'s handles, [`SimAddressSpace::with_pieces`]), `per_stream=` (false) | [`VirtualPool`] over a [`SimAddressSpace`], behind [`Shared`] (`Shared<VirtualPool<SimAddressSpace>>`); with `per_stream=true` a [`PerStreamPool`] of them over one space, each stream's pool with a reservation of its own, stream-ordered (`Shared<PerStreamPool<VirtualMaker<Arc<SimAddressSpace>>, S>>`) |
 //!
@@ -20,7 +20,7 @@
 
 use crate::{HostCopy, HostMemory, SimAddressSpace, SimDevice};
 use memres_core::per_stream::{PerStreamPool, VirtualMaker};
-use memres_core::stack::{granule_arg, one_of, Call, StackBuilder, StackError, StackErrorKind};
+use memres_core::stack::{granule_arg, one_of, Call, StackBuilder, StackError, StackErrorKind, Value};
 use memres_core::vpool::{VirtualConfig, VirtualPool};
 use memres_core::{Shared, Stream};
 use std::sync::Arc;
@@ -43,7 +43,7 @@ where
 {
     builder.register("sim", |call, cx| {
         call.expect_args(1, &["capacity"])?;
-        let capacity = one_of(call, 0, "capacity")?.map(|v| v.size()).transpose()?;
+        let capacity = one_of(call, 0, "capacity")?.map(capacity).transpose()?;
         Ok(cx.keep(call, SimDevice::new(capacity.unwrap_or(DEFAULT_SIM_CAPACITY))))
     });
     builder.register_leaf_of::<HostCopy>("host", |call, cx| {
@@ -58,6 +58,24 @@ where
         }
         Ok(cx.keep(call, Shared::new(vpool(call)?)))
     })
+}
+
+/// The capacity `value` of a `sim`: a size its space can hold, at most
+/// [`SimDevice::MAX_CAPACITY`] (a `vpool`'s space spans as much).
+fn capacity(value: &Value) -> Result<u64, StackError> {
+    const _: () = assert!(SimDevice::MAX_CAPACITY == SimAddressSpace::DEFAULT_SPAN);
+    let bytes = value.size()?;
+    if bytes > SimDevice::MAX_CAPACITY {
+        return Err(StackError::new(
+            value.pos(),
+            StackErrorKind::BadValue(format!(
+                "capacity `{}`: the simulated device's space holds at most 64 TiB ({} bytes)",
+                value.text()?,
+                SimDevice::MAX_CAPACITY
+            )),
+        ));
+    }
+    Ok(bytes)
 }
 
 /// A builder with the core's names and this crate's leaves.
@@ -133,7 +151,7 @@ fn vpool_parts(call: &Call) -> Result<(SimAddressSpace, VirtualConfig), StackErr
         ))));
     }
     space.expect_args(1, &[])?;
-    let physical = space.positional(0).map(|v| v.size()).transpose()?.unwrap_or(DEFAULT_SIM_CAPACITY);
+    let physical = space.positional(0).map(capacity).transpose()?.unwrap_or(DEFAULT_SIM_CAPACITY);
     let granule = granule_arg(call, SimAddressSpace::DEFAULT_GRANULE)?;
     if granule > SimAddressSpace::MAX_GRANULE {
         let at = call.keyed("granule").map_or(call.pos, |v| v.pos());

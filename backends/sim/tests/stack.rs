@@ -132,6 +132,31 @@ fn errors_name_the_position() {
     assert_eq!(build_err("stats(slab(sim))").to_string(), "at byte 6: unknown resource `slab`");
 }
 
+/// The simulated device's space is 64 TiB: a capacity above it is refused
+/// at the value, not taken (its figures said the device held what its
+/// space never could).
+#[test]
+fn a_sim_capacity_its_space_cannot_hold_is_refused() {
+    assert_eq!(SimDevice::MAX_CAPACITY, 1 << 46);
+    let b = builder::<()>();
+    let built = b.build("sim(64TiB)", &()).unwrap();
+    let block = built.allocate(req(1 << 45), &()).unwrap();
+    built.deallocate(block, &()).unwrap();
+    let too_big = |value: &str| {
+        StackErrorKind::BadValue(format!(
+            "capacity `{value}`: the simulated device's space holds at most 64 TiB (70368744177664 bytes)"
+        ))
+    };
+    for (text, pos, value) in [
+        ("sim(18446744073709551615)", 4, "18446744073709551615"),
+        ("pool(sim(capacity=70368744177920))", 18, "70368744177920"),
+        ("vpool(sim(65TiB))", 10, "65TiB"),
+    ] {
+        let e = build_err(text);
+        assert_eq!((e.pos, &e.kind), (pos, &too_big(value)), "{text}: {e}");
+    }
+}
+
 #[test]
 fn registry_takes_new_names_and_works_for_other_streams() {
     // Any stream type other than the simulated one.
