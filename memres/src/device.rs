@@ -38,7 +38,9 @@
 //! adaptor, logging device `N` to the file with `.devN` before its
 //! extension ([`memres_core::stack::log_from_env`]). The rows are buffered:
 //! [`flush_logs`] writes them out. A file that cannot be made is
-//! `InvalidConfig` from the get, nothing stored.
+//! `InvalidConfig` from the get, its message naming the variable, the file
+//! and the system's reason (``MEMRES_LOG_FILE=`/no/dir/log.csv`: No such
+//! file or directory (os error 2)``); nothing is stored.
 //!
 //! # Examples
 //!
@@ -66,7 +68,7 @@ use memres_core::device as registry;
 use memres_core::adaptor::Logging;
 use memres_core::stack::{log_from_env, LOG_FILE_VAR};
 use memres_core::{DynResource, Error, MemoryResource, Result, Stream};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::io;
 use std::sync::{Arc, Mutex, Once};
 
@@ -206,11 +208,12 @@ impl<R: Send + Sync + 'static> Made<R> {
     ///
     /// # Errors
     ///
-    /// [`Error::InvalidConfig`] when the file cannot be made.
+    /// [`Error::InvalidConfig`] naming the file and the reason when it
+    /// cannot be made.
     fn new(resource: R, device: DeviceId) -> Result<Self> {
         let resource = Arc::new(resource);
         let log = log_from_env(&resource, std::env::var_os(LOG_FILE_VAR).as_deref(), device)
-            .map_err(|_| Error::InvalidConfig { what: "MEMRES_LOG_FILE names a file that cannot be made" })?;
+            .map_err(|e| Error::InvalidConfig { what: kept(e.to_string()) })?;
         Ok(match log {
             Some(log) => {
                 let flushed = log.clone();
@@ -231,6 +234,21 @@ impl<R: Send + Sync + 'static> Made<R> {
             Made::Logged(l) => l.clone(),
         }
     }
+}
+
+/// `message` for the life of the process: [`Error`] is `Copy`, its
+/// messages `&'static str`. Each distinct message is kept once, so a get
+/// that fails again and again (the same file, the same reason) keeps no
+/// more.
+fn kept(message: String) -> &'static str {
+    static KEPT: Mutex<BTreeSet<&'static str>> = Mutex::new(BTreeSet::new());
+    let mut kept = KEPT.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(&known) = kept.get(message.as_str()) {
+        return known;
+    }
+    let new: &'static str = Box::leak(message.into_boxed_str());
+    kept.insert(new);
+    new
 }
 
 /// Each device's default, made once for all stream types: the registry

@@ -37,8 +37,16 @@ fn default_resources_log_where_the_environment_says() {
     assert_eq!(sizes, [1000, 2000, 2000, 1000], "both stream types' calls, in order");
     // A file that cannot be made: a typed error, nothing stored, and the
     // next get (the setting fixed) makes the device's resource.
-    std::env::set_var(LOG_FILE_VAR, dir.join("no-such-dir").join("alloc.csv"));
-    assert!(matches!(get_per_device_resource::<()>(4), Err(Error::InvalidConfig { .. })));
+    // Its message names the file and the system's reason.
+    let missing = dir.join("no-such-dir").join("alloc.csv");
+    std::env::set_var(LOG_FILE_VAR, &missing);
+    let reason = std::fs::metadata(dir.join("no-such-dir")).unwrap_err().to_string();
+    for _ in 0..2 {
+        let e = get_per_device_resource::<()>(4).err();
+        let Some(Error::InvalidConfig { what }) = e else { panic!("{e:?}") };
+        assert!(what.contains(missing.to_str().unwrap()) && what.contains(&reason), "{what}");
+        assert!(what.starts_with(LOG_FILE_VAR), "{what}");
+    }
     std::env::remove_var(LOG_FILE_VAR);
     let mr: memres::DynResource = get_per_device_resource(4).unwrap();
     mr.deallocate(mr.allocate(10).unwrap()).unwrap();
