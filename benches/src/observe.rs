@@ -15,6 +15,7 @@
 //! most held bytes (so that no peak falls between samples) and the largest
 //! free block at its end.
 
+use crate::replay::held;
 use crate::resources::RunError;
 use crate::stack::builder;
 use crate::workload::Workload;
@@ -131,6 +132,8 @@ pub fn observe(text: &str, workload: &Workload, stop_after: Option<u64>) -> Resu
     let mut bucket = EMPTY;
     let mut peak: Option<Peak> = None;
     let mut failure = None;
+    // Where the replay stopped: the ops before it ran.
+    let (mut stopped, mut unwatched) = (workload.ops.len(), false);
     for (i, op) in workload.ops.iter().enumerate() {
         let stream = &streams[op.stream as usize];
         let t = workload.times.as_ref().map(|times| times[i]);
@@ -144,13 +147,13 @@ pub fn observe(text: &str, workload: &Workload, stop_after: Option<u64>) -> Resu
         };
         if let Err(e) = done {
             failure = Some(Failure { op: i as u64, size: op.size, error: e.to_string() });
+            stopped = i;
             break;
         }
         let (live, held) = map.with(|m| (m.live(), m.held()));
         if live > 0 && held == 0 {
-            return Err(RunError::Unsupported(format!(
-                "stack `{text}` has no sim or host leaf whose allocations can be watched"
-            )));
+            (stopped, unwatched) = (i + 1, true);
+            break;
         }
         if held > peak.map_or(0, |p| p.held) {
             peak = Some(Peak { op: i as u64, held, live, size: op.size, id: op.id, alloc: op.alloc });
@@ -167,9 +170,20 @@ pub fn observe(text: &str, workload: &Workload, stop_after: Option<u64>) -> Resu
             bucket = EMPTY;
         }
         if stop_after == Some(i as u64) {
+            stopped = i + 1;
             break;
         }
     }
     let map = map.with(|m| m.clone());
+    // The blocks the replay still holds go back before the stack is
+    // dropped, so that a `track` layer's leak report names none of them.
+    for op in held(&workload.ops, stopped, failure.is_some(), handles.len()) {
+        let _ = resource.deallocate(handles[op.id as usize], &streams[op.stream as usize]);
+    }
+    if unwatched {
+        return Err(RunError::Unsupported(format!(
+            "stack `{text}` has no sim or host leaf whose allocations can be watched"
+        )));
+    }
     Ok(Observation { samples, peak, map, failure })
 }

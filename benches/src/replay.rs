@@ -296,8 +296,9 @@ pub const CHUNK: usize = 1 << 16;
 ///
 /// # Errors
 ///
-/// The first op that fails, with the resource's error; the resource may
-/// then hold blocks of the workload.
+/// The first op that fails, with the resource's error; the blocks the
+/// pass held are freed first ([`free_held`]), so that what the resource
+/// still holds then is its own.
 pub fn replay<R: Replayer>(
     resource: &mut R,
     workload: &Workload,
@@ -344,7 +345,8 @@ pub fn replay<R: Replayer>(
 ///
 /// # Errors
 ///
-/// As [`replay`].
+/// As [`replay`]; the blocks the pass held when it stopped are freed
+/// first ([`free_held`]).
 pub fn run_pass<R: Replayer>(
     resource: &mut R,
     workload: &Workload,
@@ -356,7 +358,8 @@ pub fn run_pass<R: Replayer>(
     for (c, chunk) in workload.ops.chunks(CHUNK).enumerate() {
         let cpu_start = thread_cpu_time();
         let start = Instant::now();
-        run_ops(resource, chunk, c * CHUNK, handles)?;
+        run_ops(resource, chunk, c * CHUNK, handles)
+            .map_err(|e| free_held(resource, &workload.ops, e, handles))?;
         elapsed += start.elapsed();
         cpu = match (cpu, cpu_start, thread_cpu_time()) {
             (Some(sum), Some(a), Some(b)) => Some(sum + b.saturating_sub(a)),
@@ -398,7 +401,61 @@ pub fn pass<R: Replayer>(
     workload: &Workload,
     handles: &mut [R::Handle],
 ) -> Result<(), ReplayError> {
-    run_ops(resource, &workload.ops, 0, handles)
+    run_ops(resource, &workload.ops, 0, handles).map_err(|e| free_held(resource, &workload.ops, e, handles))
+}
+
+/// The blocks a pass over `ops` holds when it stopped at op `stopped`:
+/// the allocations before it that no op before it freed, the last
+/// allocated first. With `refused`, op `stopped` failed, and if it is a
+/// free its block is left out: it is not asked again, its block is as the
+/// resource left it.
+pub(crate) fn held(ops: &[Op], stopped: usize, refused: bool, ids: usize) -> Vec<Op> {
+    let done = &ops[..stopped.min(ops.len())];
+    let mut live = vec![false; ids];
+    for op in done {
+        live[op.id as usize] = op.alloc;
+    }
+    if let Some(op) = ops.get(stopped).filter(|op| refused && !op.alloc) {
+        live[op.id as usize] = false;
+    }
+    done.iter().rev().filter(|op| op.alloc && live[op.id as usize]).copied().collect()
+}
+
+/// Frees, each on its allocation's stream, the blocks a pass over `ops`
+/// held when it stopped at the failed op of `error` ([`held`]), and
+/// returns the error: a workload frees every block it allocates, so a
+/// replay that ran to the end holds nothing, and one that stopped early
+/// leaves nothing to a resource's leak report (a `track` layer's, when the
+/// stack is dropped) that the workload would have freed. Their own errors
+/// are dropped: the replay's error is the op's.
+pub fn free_held<R: Replayer>(
+    resource: &mut R,
+    ops: &[Op],
+    error: ReplayError,
+    handles: &[R::Handle],
+) -> ReplayError {
+    for op in held(ops, error.op, true, handles.len()) {
+        let _ = resource.deallocate(handles[op.id as usize], op.size, op.stream);
+    }
+    error
+}
+
+/// [`free_held`] of a pass on `stream` through a shared resource.
+fn free_held_shared<R, S>(
+    resource: &R,
+    stream: &S,
+    ops: &[Op],
+    error: ReplayError,
+    handles: &[Block],
+) -> ReplayError
+where
+    R: MemoryResource<S> + ?Sized,
+    S: Stream + ?Sized,
+{
+    for op in held(ops, error.op, true, handles.len()) {
+        let _ = resource.deallocate(handles[op.id as usize], stream);
+    }
+    error
 }
 
 /// Replays `ops`, the first of them op number `first` of the workload (for
@@ -565,7 +622,8 @@ where
                             resource.deallocate(*slot, stream)
                         };
                         if let Err(error) = done {
-                            return Err(ReplayError { op: i, alloc: op.alloc, size: op.size, error });
+                            let e = ReplayError { op: i, alloc: op.alloc, size: op.size, error };
+                            return Err(free_held_shared(resource, stream, &workload.ops, e, &handles));
                         }
                     }
                     Ok(())
@@ -581,7 +639,7 @@ where
 ///
 /// # Errors
 ///
-/// As [`replay`].
+/// As [`replay`]; the blocks the pass held are freed first.
 #[inline]
 pub fn shared_pass<R, S>(
     resource: &R,
@@ -601,7 +659,8 @@ where
             resource.deallocate(*slot, stream)
         };
         if let Err(error) = done {
-            return Err(ReplayError { op: i, alloc: op.alloc, size: op.size, error });
+            let e = ReplayError { op: i, alloc: op.alloc, size: op.size, error };
+            return Err(free_held_shared(resource, stream, &workload.ops, e, handles));
         }
     }
     Ok(())

@@ -25,7 +25,8 @@
 //! to the same table: the same ops, peak live and footprint.
 
 use crate::replay::{
-    replay, replay_threads, run_ops, DefaultStream, Measurement, Owned, ReplayError, Replayer, StreamReplayer,
+    free_held, replay, replay_threads, run_ops, DefaultStream, Measurement, Owned, ReplayError, Replayer,
+    StreamReplayer,
 };
 use crate::resources::{RunError, RunOptions, UpstreamKind};
 use crate::typed::{fixed_misfit, run_typed, Runner};
@@ -437,7 +438,8 @@ pub fn run_steps(text: &str, workload: &Workload, every: u64, phase: u64) -> Res
     let (mut from, mut allocations) = (0, 0u64);
     for (i, _) in ops.iter().enumerate().filter(|(_, op)| op.alloc) {
         if allocations >= phase && (allocations - phase) % every == 0 {
-            run_ops(&mut replayer, &ops[from..i], from, &mut handles).map_err(RunError::Replay)?;
+            run_ops(&mut replayer, &ops[from..i], from, &mut handles)
+                .map_err(|e| RunError::Replay(free_held(&mut replayer, ops, e, &handles)))?;
             from = i;
             // A step that cannot take its region runs unplanned.
             for p in &planned {
@@ -446,7 +448,8 @@ pub fn run_steps(text: &str, workload: &Workload, every: u64, phase: u64) -> Res
         }
         allocations += 1;
     }
-    run_ops(&mut replayer, &ops[from..], from, &mut handles).map_err(RunError::Replay)?;
+    run_ops(&mut replayer, &ops[from..], from, &mut handles)
+        .map_err(|e| RunError::Replay(free_held(&mut replayer, ops, e, &handles)))?;
     let steps = planned.iter().map(|p| p.steps()).collect();
     // Blocks the trace never frees go with the stack.
     let peak_upstream = replayer.peak_upstream();

@@ -496,6 +496,25 @@ fn a_logged_replay_replays_to_the_same_table() {
     assert_eq!(text.lines().count(), 1 + w.ops.len());
 }
 
+/// A replay that stops at a failed op frees the blocks it holds, so that a
+/// `track` layer reports no leak of the replay's (in the table's replay and
+/// in the snapshot's, which stops there too).
+#[test]
+fn a_replay_stopped_by_a_failed_op_leaves_no_leak_to_report() {
+    let trace = Fixture::new("limit.csv", "0,1,allocate,0x100,1000,0\n0,2,allocate,0x200,2097152,0\n");
+    let snap = trace.0.with_file_name("limit.pickle");
+    for watched in [false, true] {
+        let mut args = vec!["replay", "--stack", "track(limit(sim, 1MiB))", trace.path()];
+        if watched {
+            args.extend(["--snapshot", snap.to_str().unwrap()]);
+        }
+        let o = memres(&args);
+        assert_eq!(o.status.code(), Some(1), "the row fails: {}", stderr(&o));
+        assert!(stdout(&o).contains("op 1 (allocation of 2.00 MiB) failed"), "{}", stdout(&o));
+        assert!(!stderr(&o).contains("tracking adaptor dropped"), "{args:?}: {}", stderr(&o));
+    }
+}
+
 #[test]
 fn the_default_list_is_every_resource_that_runs_on_the_upstream() {
     for (upstream, vpool) in [("sim", true), ("host", false)] {

@@ -158,6 +158,31 @@ fn a_failing_op_stops_the_replay_with_its_index() {
     // Call 8 is the timed pass's op 3 (the warm-up made 6 calls).
     assert_eq!((err.op, err.alloc, err.size), (3, true, 300));
     assert!(err.to_string().starts_with("op 3 (allocation of 300 B) failed: out of memory"), "{err}");
+    // The block of id 1, still live when the pass stopped, is freed: a
+    // resource's leak report names no block of the replay's.
+    assert!(r.live.is_empty(), "left live: {:?}", r.live);
+    assert_eq!(r.calls.last(), Some(&(false, 200, 1)), "freed on its allocation's stream");
+}
+
+/// A threaded replay that stops at a failed op frees what each of its
+/// passes holds.
+#[test]
+fn a_threaded_replay_stopped_by_a_failed_op_frees_what_it_holds() {
+    use memres_core::adaptor::Tracking;
+    use memres_sim::SimDevice;
+    let w = small();
+    // 3 allocations a pass: the warm-up's, the counted round's (2
+    // threads), the timed round's.
+    for fail_at in 1..=3 + 6 + 6 {
+        let dev = SimDevice::new(1 << 30);
+        let tracked = Tracking::new(&dev);
+        dev.fail_nth(fail_at);
+        let streams: Vec<()> = vec![(); 2];
+        let e = replay_threads(&tracked, streams, &w, 1, &|_| {}, |_| 0);
+        assert!(e.is_err(), "call {fail_at}");
+        assert_eq!(tracked.get_allocated_bytes(), 0, "call {fail_at}: {:?}", e);
+        assert!(tracked.get_outstanding_allocations().is_empty());
+    }
 }
 
 #[test]
@@ -251,4 +276,17 @@ fn with_threads_the_held_peak_is_that_of_the_counted_round() {
     assert_eq!(m.peak_upstream, 3, "{m:?}");
     assert_eq!(counting.0.load(Ordering::Relaxed), 3 + 3 * 2, "the timed rounds ran after it");
     assert!(m.peak_live == 1000 || m.peak_live == 2000, "{m:?}");
+}
+
+/// What a pass holds where it stopped: the blocks allocated and not freed
+/// before, the last first; a free the resource refused is not asked again.
+#[test]
+fn held_blocks_are_those_allocated_and_not_freed_before_the_stop() {
+    let w = small();
+    let ids = |held: Vec<Op>| held.iter().map(|op| (op.id, op.size)).collect::<Vec<_>>();
+    assert_eq!(ids(held(&w.ops, 0, true, 3)), []);
+    assert_eq!(ids(held(&w.ops, 2, false, 3)), [(1, 200), (0, 100)], "stopped after op 1");
+    assert_eq!(ids(held(&w.ops, 2, true, 3)), [(1, 200)], "op 2, the free of id 0, refused");
+    assert_eq!(ids(held(&w.ops, 3, true, 3)), [(1, 200)], "op 3, an allocation, failed");
+    assert_eq!(ids(held(&w.ops, w.ops.len(), false, 3)), [], "a whole pass frees everything");
 }
