@@ -4,7 +4,7 @@
 use crate::trace::{Action, Record, HEADER};
 use crate::Pending;
 use crate::{Block, MemoryResource, Request, Result, Stream};
-use std::fs::File;
+use std::fs::{File, OpenOptions};
 use std::io::{self, BufWriter, Write};
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -111,6 +111,31 @@ impl<R> Logging<R> {
         log.out.get_mut().unwrap_or_else(|p| p.into_inner()).flush()?;
         Ok(log)
     }
+
+    /// Logs to the end of the file at `path`, made if missing: after the
+    /// rows it holds (a log continued, by a stack built again in the same
+    /// run), or from the header if it is empty. Its contents are never cut.
+    ///
+    /// # Errors
+    ///
+    /// As [`to_file`](Self::to_file).
+    ///
+    /// ```
+    /// # use memres_core::adaptor::Logging;
+    /// # use memres_core::testing::BumpUpstream;
+    /// assert!(Logging::append_to_file(BumpUpstream::new(1 << 20), "/no/such/dir/log.csv").is_err());
+    /// ```
+    pub fn append_to_file(upstream: R, path: impl AsRef<Path>) -> io::Result<Self> {
+        let file = OpenOptions::new().create(true).append(true).open(path)?;
+        let empty = file.metadata()?.len() == 0;
+        let mut out = BufWriter::new(file);
+        if empty {
+            writeln!(out, "{HEADER}")?;
+        }
+        // As in `to_file`: a file that accepts no writes fails here.
+        out.flush()?;
+        Ok(Logging::continuing(upstream, out))
+    }
 }
 
 impl<R, W: Write> Logging<R, W> {
@@ -129,12 +154,17 @@ impl<R, W: Write> Logging<R, W> {
     /// ```
     pub fn new(upstream: R, mut writer: W) -> io::Result<Self> {
         writeln!(writer, "{HEADER}")?;
-        Ok(Logging {
+        Ok(Logging::continuing(upstream, writer))
+    }
+
+    /// Logs rows to `writer`, which has the header already.
+    fn continuing(upstream: R, writer: W) -> Self {
+        Logging {
             upstream,
             out: Mutex::new(writer),
             write_errors: AtomicU64::new(0),
             refused_frees: AtomicU64::new(0),
-        })
+        }
     }
 
     /// Flushes the writer.

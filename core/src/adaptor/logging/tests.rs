@@ -215,6 +215,44 @@ fn file_errors_at_construction_and_file_round_trip() {
     );
 }
 
+/// A log appended to continues the rows it holds, under its one header;
+/// a missing or empty file gets the header first.
+#[test]
+fn appending_continues_a_log_under_one_header() {
+    let err = Logging::append_to_file(BumpUpstream::new(1 << 20), "/nonexistent-dir/x/log.csv").unwrap_err();
+    assert_eq!(err.kind(), io::ErrorKind::NotFound);
+    let path = std::env::temp_dir().join(format!("memres-log-append-{}.csv", std::process::id()));
+    let _ = std::fs::remove_file(&path);
+    for (size, fresh) in [(300, false), (500, false), (700, true)] {
+        let log = if fresh {
+            Logging::to_file(BumpUpstream::new(1 << 20), &path).unwrap()
+        } else {
+            Logging::append_to_file(BumpUpstream::new(1 << 20), &path).unwrap()
+        };
+        let b = log.allocate(Request::new(size).unwrap(), &()).unwrap();
+        log.deallocate(b, &()).unwrap();
+        drop(log);
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert_eq!(text.lines().filter(|l| *l == HEADER).count(), 1, "{text}");
+        assert!(text.starts_with(HEADER), "{text}");
+        let sizes: Vec<u64> = rows(text.as_bytes()).iter().map(|r| r.size).collect();
+        let expected: &[u64] = match size {
+            300 => &[300, 300],
+            500 => &[300, 300, 500, 500],
+            _ => &[700, 700],
+        };
+        assert_eq!(sizes, expected, "to_file starts anew, append_to_file continues");
+    }
+    std::fs::write(&path, "").unwrap();
+    drop(Logging::append_to_file(BumpUpstream::new(1 << 20), &path).unwrap());
+    assert_eq!(
+        std::fs::read_to_string(&path).unwrap(),
+        format!("{HEADER}\n"),
+        "an empty file gets the header"
+    );
+    std::fs::remove_file(&path).unwrap();
+}
+
 #[test]
 fn write_errors_are_counted_not_returned() {
     struct Broken(bool);
