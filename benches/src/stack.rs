@@ -22,7 +22,13 @@
 //!
 //! A `log` layer records only the first timed pass (the warm-up and later
 //! passes go straight to its upstream), so that the log of a replay replays
-//! to the same table: the same ops, peak live and footprint.
+//! to the same table: the same ops, peak live and footprint. A run builds
+//! a stack several times (each workload's replay, the map's, the
+//! timeline's, the snapshot's): the first build in the process that logs
+//! to a file makes it anew, the later ones append to it, so that it holds
+//! every row of the run, each workload's pass in turn, under one header.
+//! The check of the stacks before a run opens no file, so that a run
+//! refused for bad usage leaves it as it was.
 
 use crate::replay::{
     free_held, replay, replay_threads, run_ops, DefaultStream, Measurement, Owned, ReplayError, Replayer,
@@ -34,13 +40,19 @@ use crate::workload::Workload;
 use memres_core::adaptor::Logging;
 use memres_core::per_stream::{PerStreamPool, VirtualMaker};
 use memres_core::planned::Planned;
-use memres_core::stack::{fixed_block_size, log_file, open_log, parse, Built, StackBuilder, StackError};
+use memres_core::stack::{
+    fixed_block_size, log_file, parse, Built, StackBuilder, StackError, StackErrorKind, Value,
+};
 use memres_core::vpool::VirtualPool;
 use memres_core::{Block, DynResource, Inspect, MemoryResource, MemoryResourceMut, Request, Shared};
 use memres_sim::{HostMemory, SimAddressSpace, SimDevice, SimStream, SimWorld};
+use std::collections::BTreeSet;
 use std::fmt;
+use std::fs::OpenOptions;
+use std::io;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 /// A `vpool(..., per_stream=true)`: a virtual pool per stream over one space.
 type VirtualPools = Shared<PerStreamPool<VirtualMaker<Arc<SimAddressSpace>>, SimStream>>;
@@ -97,10 +109,52 @@ pub fn builder() -> StackBuilder<SimStream> {
     b.register_stream_layer();
     b.register("log", |call, cx| {
         let file = log_file(call)?;
-        let log = open_log(file, cx.upstream(call, 0)?)?;
+        let log = open_run_log(file, cx.upstream(call, 0)?)?;
         Ok(cx.keep(call, Gated { log, on: AtomicBool::new(false) }))
     });
     b
+}
+
+/// The files a `log` layer opened in this process, by canonical path.
+static LOGGED: Mutex<BTreeSet<PathBuf>> = Mutex::new(BTreeSet::new());
+
+/// Logging over `upstream` to the file named by `file`: made anew by the
+/// first build of the process that logs to it, appended to by the later
+/// ones (see the module's documentation).
+fn open_run_log<R>(file: &Value, upstream: R) -> Result<Logging<R>, StackError> {
+    let path = file.text()?;
+    let mut logged = LOGGED.lock().unwrap_or_else(|p| p.into_inner());
+    let seen = std::fs::canonicalize(path).is_ok_and(|p| logged.contains(&p));
+    let opened =
+        if seen { Logging::append_to_file(upstream, path) } else { Logging::to_file(upstream, path) };
+    let fail = |e| StackError::new(file.pos(), StackErrorKind::Io(format!("cannot log to `{path}`: {e}")));
+    let log = opened.map_err(fail)?;
+    if let Ok(p) = std::fs::canonicalize(path) {
+        logged.insert(p);
+    }
+    Ok(log)
+}
+
+/// Checks that `path` can be logged to, changing nothing: an existing file
+/// is opened to append (and closed with nothing written), a new one needs
+/// its directory.
+fn check_log_path(file: &Value) -> Result<(), StackError> {
+    let path = Path::new(file.text()?);
+    let found = if path.exists() {
+        OpenOptions::new().append(true).open(path).map(drop)
+    } else {
+        let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
+        match std::fs::metadata(dir) {
+            Ok(m) if !m.is_dir() => {
+                Err(io::Error::new(io::ErrorKind::NotADirectory, "its directory is not one"))
+            }
+            Ok(_) => Ok(()),
+            Err(e) => Err(e),
+        }
+    };
+    found.map_err(|e| {
+        StackError::new(file.pos(), StackErrorKind::Io(format!("cannot log to `{}`: {e}", path.display())))
+    })
 }
 
 /// Builds `text` once to check it, before anything is replayed: its names,
@@ -113,6 +167,11 @@ pub fn builder() -> StackBuilder<SimStream> {
 /// for an unknown name or key the valid ones and the nearest.
 pub fn check_stack(text: &str, upstream: UpstreamKind) -> Result<(), String> {
     let mut b = builder();
+    // Checked, not opened: a run refused later leaves the file as it was.
+    b.register("log", |call, cx| {
+        check_log_path(log_file(call)?)?;
+        cx.upstream(call, 0)
+    });
     if upstream.is_cuda() {
         for leaf in ["cuda", "async"] {
             b.register(leaf, |call, cx| {

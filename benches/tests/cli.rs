@@ -496,6 +496,41 @@ fn a_logged_replay_replays_to_the_same_table() {
     assert_eq!(text.lines().count(), 1 + w.ops.len());
 }
 
+/// Every build of a stack in one run (each workload's replay, the map's,
+/// the check before anything runs) logs to the same file: it holds every
+/// row of the run, under one header, where each build emptied it again.
+#[test]
+fn a_log_file_holds_the_rows_of_every_replay_of_the_run() {
+    let dir = Fixture::new("run-log", "");
+    let log = dir.0.with_file_name("run.csv");
+    let log = log.to_str().unwrap();
+    let (a, b) = ("random:300:100000:3", "lograndom:200:256:40000:5");
+    let stack = format!("log(pool(sim), file={log})");
+    let o = memres(&["replay", "--json", "--passes", "1", "--stack", &stack, "--map", a, b]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let text = std::fs::read_to_string(log).unwrap();
+    let (wa, wb) = (Workload::load(a).unwrap(), Workload::load(b).unwrap());
+    assert_eq!(text.lines().filter(|l| l.starts_with("Thread,")).count(), 1, "one header");
+    assert_eq!(text.lines().count(), 1 + wa.ops.len() + wb.ops.len(), "one pass of each workload");
+    let rows = memres_core::trace::read_all(text.as_bytes()).unwrap();
+    let sizes: Vec<u64> = rows.iter().map(|r| r.size).collect();
+    let ops: Vec<u64> = wa.ops.iter().chain(&wb.ops).map(|op| op.size).collect();
+    assert_eq!(sizes, ops, "the first workload's rows, then the second's");
+    // A run refused for bad usage leaves the file as it was.
+    let o = memres(&["replay", "--stack", &stack, "--stack", "nope(sim)", a]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert_eq!(std::fs::read_to_string(log).unwrap(), text);
+    let never = dir.0.with_file_name("never.csv");
+    let stack = format!("log(pool(sim), file={})", never.to_str().unwrap());
+    let o = memres(&["replay", "--stack", &stack, "--stack", "nope(sim)", a]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(!never.exists(), "the check makes no file");
+    // A file that cannot be made is still a usage error of the check.
+    let o = memres(&["replay", "--stack", "log(pool(sim), file=/nonexistent-dir/x.csv)", a]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains("cannot log to `/nonexistent-dir/x.csv`"), "{}", stderr(&o));
+}
+
 /// A replay that stops at a failed op frees the blocks it holds, so that a
 /// `track` layer reports no leak of the replay's (in the table's replay and
 /// in the snapshot's, which stops there too).
