@@ -19,20 +19,39 @@ mod tests;
 
 /// The blocks of `workload`, indexed by allocation id: live from the op
 /// that allocates them to the op that frees them (or past the last op).
-pub fn lifetimes(workload: &Workload) -> Vec<Lifetime> {
-    let end = workload.ops.len() as u32;
+///
+/// # Errors
+///
+/// A workload of more ops than [`op_count`] numbers.
+pub fn lifetimes(workload: &Workload) -> Result<Vec<Lifetime>, String> {
+    let end = op_count(&workload.name, workload.ops.len())?;
     let mut blocks = Vec::with_capacity(workload.ids as usize);
-    for (i, op) in workload.ops.iter().enumerate() {
+    // Every op's index is below `end`, so it fits.
+    for (i, op) in (0..end).zip(&workload.ops) {
         if op.alloc {
             // Ids are allocated in order (`Workload::from_ops` checks it).
             blocks.push(Lifetime {
-                start: i as u32,
+                start: i,
                 end,
                 size: op.size.checked_next_multiple_of(GRANULE).unwrap_or(u64::MAX),
             });
         } else {
-            blocks[op.id as usize].end = i as u32;
+            blocks[op.id as usize].end = i;
         }
     }
-    blocks
+    Ok(blocks)
+}
+
+/// The number of `ops` of the workload `name` as the placement numbers
+/// them, in 32 bits: a [`Lifetime`] is 16 bytes, and the placement sorts
+/// and scans one per block, so 64-bit op numbers would make its data half
+/// as large again for traces no one has (2^32 ops is 64 GiB of ops).
+///
+/// # Errors
+///
+/// More than `u32::MAX` ops: refused, where they were misnumbered (the
+/// numbers wrapped).
+pub fn op_count(name: &str, ops: usize) -> Result<u32, String> {
+    u32::try_from(ops)
+        .map_err(|_| format!("{name}: {ops} ops, more than the offline placement numbers ({})", u32::MAX))
 }

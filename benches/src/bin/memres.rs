@@ -202,7 +202,7 @@ fn main() -> ExitCode {
 /// `memres offline`: one line per workload, every method's footprint and
 /// the best.
 fn offline(csv: bool, specs: &[String]) -> ExitCode {
-    use memres_bench::offline::lifetimes;
+    use memres_bench::offline::{lifetimes, op_count};
     use memres_bench::report::human_bytes;
     use memres_core::planned::placement::{best, first_conflict, place, Method};
     let workloads: Vec<Workload> = match specs.iter().map(|s| Workload::load(s)).collect() {
@@ -212,6 +212,11 @@ fn offline(csv: bool, specs: &[String]) -> ExitCode {
             return ExitCode::from(USAGE);
         }
     };
+    // Refused before anything is printed, as a workload that does not decode.
+    if let Some(e) = workloads.iter().find_map(|w| op_count(&w.name, w.ops.len()).err()) {
+        eprintln!("memres: error: {e}");
+        return ExitCode::from(USAGE);
+    }
     let methods: Vec<&str> = Method::ALL.iter().map(|m| m.name()).collect();
     if csv {
         println!("workload,peak_live,{},best,best_method", methods.join(","));
@@ -223,7 +228,14 @@ fn offline(csv: bool, specs: &[String]) -> ExitCode {
     }
     let mut ok = true;
     for w in &workloads {
-        let blocks = lifetimes(w);
+        let blocks = match lifetimes(w) {
+            Ok(blocks) => blocks,
+            Err(e) => {
+                eprintln!("memres: error: {e}");
+                ok = false;
+                continue;
+            }
+        };
         let footprint = |top: u64| top as f64 / w.peak_live.max(1) as f64;
         let each: Vec<u64> = Method::ALL.iter().map(|&o| place(&blocks, o).top).collect();
         let (method, placement) = best(&blocks);

@@ -13,18 +13,18 @@ fn workload(steps: &[(bool, u32, u64)]) -> Workload {
 fn a_workloads_lifetimes_are_its_ops_and_sizes_round_up_to_the_granule() {
     let w = workload(&[(true, 0, 1), (true, 1, 300), (false, 0, 1)]);
     assert_eq!(
-        lifetimes(&w),
+        lifetimes(&w).unwrap(),
         [Lifetime { start: 0, end: 2, size: 256 }, Lifetime { start: 1, end: 3, size: 512 }],
         "the block never freed lives past the last op"
     );
-    let (_, p) = best(&lifetimes(&w));
+    let (_, p) = best(&lifetimes(&w).unwrap());
     assert_eq!(p.top, 768);
 }
 
 #[test]
 fn the_placement_of_a_workload_reaches_its_peak_where_an_online_one_cannot() {
     let w = workload(&[(true, 0, MIB), (true, 1, MIB), (false, 0, MIB), (true, 2, 2 * MIB)]);
-    let (_, p) = best(&lifetimes(&w));
+    let (_, p) = best(&lifetimes(&w).unwrap());
     assert_eq!(p.top, w.peak_live);
 }
 
@@ -32,11 +32,22 @@ fn the_placement_of_a_workload_reaches_its_peak_where_an_online_one_cannot() {
 fn generated_workloads_are_placed_without_conflict_and_at_least_at_the_peak() {
     for spec in ["random:3000:1048576:7", "lograndom:5000:256:16777216:3", "random:6000:65536:11"] {
         let w = Workload::load(spec).unwrap();
-        let blocks = lifetimes(&w);
+        let blocks = lifetimes(&w).unwrap();
         for order in Method::ALL {
             let p = place(&blocks, order);
             assert_eq!(first_conflict(&blocks, &p), None, "{spec} {order:?}");
             assert!(p.top >= w.peak_live, "{spec} {order:?}: {} < {}", p.top, w.peak_live);
         }
     }
+}
+
+/// Ops are numbered in 32 bits (a lifetime is 16 bytes): a workload of
+/// more ops than that is refused, not misnumbered.
+#[test]
+fn a_workload_of_more_ops_than_32_bits_number_is_refused() {
+    assert_eq!(op_count("w", 0), Ok(0));
+    assert_eq!(op_count("w", u32::MAX as usize), Ok(u32::MAX));
+    let e = op_count("big.csv", u32::MAX as usize + 1).unwrap_err();
+    assert_eq!(e, "big.csv: 4294967296 ops, more than the offline placement numbers (4294967295)");
+    assert_eq!(lifetimes(&workload(&[(true, 0, 1), (false, 0, 1)])).map(|l| l.len()), Ok(1));
 }
