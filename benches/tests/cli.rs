@@ -25,8 +25,12 @@ fn stderr(o: &Output) -> String {
 struct Fixture(PathBuf);
 
 impl Fixture {
+    /// A file `name` holding `text`, in a folder of its own (tests run in
+    /// parallel, and each removes its folder when done).
     fn new(name: &str, text: &str) -> Fixture {
-        let dir = std::env::temp_dir().join(format!("memres-cli-{}-{name}", std::process::id()));
+        static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let dir = std::env::temp_dir().join(format!("memres-cli-{}-{n}-{name}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join(name);
         std::fs::write(&path, text).unwrap();

@@ -89,7 +89,7 @@ mod imp {
         let g2 = g.clone();
         b.register("sim", move |call, cx| {
             call.expect_args(1, &["capacity"])?;
-            let capacity = one_of(call, 0, "capacity")?.map(|v| v.size()).transpose()?;
+            let capacity = one_of(call, 0, "capacity")?.map(memres_sim::sim_capacity).transpose()?;
             let leaf = SimDevice::new(capacity.unwrap_or(DEFAULT_SIM_CAPACITY));
             Ok(cx.keep(call, Counted::new(leaf, g2.clone())))
         });

@@ -505,3 +505,13 @@ def test_the_torch_training_stack_is_the_one_the_c_librarys_docs_recommend():
     section = text[text.index("### Training loops: the recommended stack"):]
     found = re.search(r"MEMRES_STACK='([^']+)' python3 train.py", section)
     assert found is not None and found.group(1) == mt.TRAINING_STACK
+
+
+def test_a_sim_capacity_past_its_space_is_a_value_error():
+    # The simulated device's space holds 64 TiB: a larger capacity is refused, not taken.
+    with pytest.raises(ValueError, match="64 TiB"):
+        mr.StackMemoryResource("pool(sim(18446744073709551615))", backend="sim")
+    with pytest.raises(ValueError, match="64 TiB"):
+        mr.SimulatedMemoryResource(1 << 47)
+    largest = mr.SimulatedMemoryResource(1 << 46)
+    largest.deallocate(largest.allocate(1 << 40), 1 << 40)

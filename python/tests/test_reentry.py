@@ -201,3 +201,40 @@ def test_a_call_into_another_stack_from_a_callback_is_served():
         pool.deallocate(p, 1 << 21)
         print("done")
     """)
+
+
+def test_a_resource_collected_inside_a_callback_under_its_upstream_pool_gives_its_chunks_back_after_the_call():
+    # The collected pool gives its chunk back to `stats(pool)`, whose pool's
+    # lock the growing allocation holds while the callback runs.
+    run_child("""
+        import gc, memres
+        from memres import mr
+        gc.disable()
+        state = {"collect": False, "collected_in_callback": None, "in_callback": False}
+        base = [1 << 40]
+        def alloc(n):
+            base[0] += 1 << 30
+            if state["collect"]:
+                state["in_callback"] = True
+                gc.collect()
+                state["in_callback"] = False
+            return base[0]
+        pool = mr.PoolMemoryResource(mr.CallbackMemoryResource(alloc, lambda p, n: None, backend="sim"),
+                                     initial_pool_size=1 << 20)
+        stats = mr.StatisticsResourceAdaptor(pool)
+        class Cycle:
+            def __init__(self):
+                self.over = mr.PoolMemoryResource(stats, initial_pool_size=1 << 16)
+                self.me = self
+            def __del__(self):
+                state["collected_in_callback"] = state["in_callback"]
+        Cycle()
+        assert stats.allocation_counts["current_bytes"] == 1 << 16
+        state["collect"] = True
+        p = pool.allocate(1 << 22)  # past the pool's chunk: it grows, calling `alloc`
+        state["collect"] = False
+        assert state["collected_in_callback"] is True, state
+        assert stats.allocation_counts["current_bytes"] == 0, stats.allocation_counts
+        pool.deallocate(p, 1 << 22)
+        print("done")
+    """)

@@ -43,7 +43,7 @@ where
 {
     builder.register("sim", |call, cx| {
         call.expect_args(1, &["capacity"])?;
-        let capacity = one_of(call, 0, "capacity")?.map(capacity).transpose()?;
+        let capacity = one_of(call, 0, "capacity")?.map(sim_capacity).transpose()?;
         Ok(cx.keep(call, SimDevice::new(capacity.unwrap_or(DEFAULT_SIM_CAPACITY))))
     });
     builder.register_leaf_of::<HostCopy>("host", |call, cx| {
@@ -61,8 +61,14 @@ where
 }
 
 /// The capacity `value` of a `sim`: a size its space can hold, at most
-/// [`SimDevice::MAX_CAPACITY`] (a `vpool`'s space spans as much).
-fn capacity(value: &Value) -> Result<u64, StackError> {
+/// [`SimDevice::MAX_CAPACITY`] (a `vpool`'s space spans as much). For a
+/// builder that registers a `sim` of its own (one counted in a gauge).
+///
+/// # Errors
+///
+/// [`StackErrorKind::BadValue`] at the value, for a capacity above that or
+/// a value that is no size.
+pub fn sim_capacity(value: &Value) -> Result<u64, StackError> {
     const _: () = assert!(SimDevice::MAX_CAPACITY == SimAddressSpace::DEFAULT_SPAN);
     let bytes = value.size()?;
     if bytes > SimDevice::MAX_CAPACITY {
@@ -151,7 +157,7 @@ fn vpool_parts(call: &Call) -> Result<(SimAddressSpace, VirtualConfig), StackErr
         ))));
     }
     space.expect_args(1, &[])?;
-    let physical = space.positional(0).map(capacity).transpose()?.unwrap_or(DEFAULT_SIM_CAPACITY);
+    let physical = space.positional(0).map(sim_capacity).transpose()?.unwrap_or(DEFAULT_SIM_CAPACITY);
     let granule = granule_arg(call, SimAddressSpace::DEFAULT_GRANULE)?;
     if granule > SimAddressSpace::MAX_GRANULE {
         let at = call.keyed("granule").map_or(call.pos, |v| v.pos());

@@ -240,11 +240,12 @@ impl CudaVirtualSpace {
     /// [`committed_bytes`](Self::committed_bytes) and
     /// [`mapped_bytes`](Self::mapped_bytes)); the rest of the range stays
     /// committed. Those granules can be committed again, and a decommit
-    /// that covers them is refused as a decommit of uncommitted memory. A
-    /// [`VirtualPool`](memres_core::vpool::VirtualPool) over the space does
-    /// not know this and takes them as still committed.
-    pub const DECOMMITTED_IN_PART: &'static str =
-        "decommit failed half-way, and part of the range could not be mapped again: it is decommitted";
+    /// that covers them is refused as a decommit of uncommitted memory. It
+    /// is the core's [`DECOMMITTED_IN_PART`](memres_core::vmem::DECOMMITTED_IN_PART),
+    /// on which a [`VirtualPool`](memres_core::vpool::VirtualPool) over the
+    /// space commits each granule of the range again, a commit of committed
+    /// memory being refused, and so counts what the space holds.
+    pub const DECOMMITTED_IN_PART: &'static str = memres_core::vmem::DECOMMITTED_IN_PART;
 
     /// The handles spanned by default: 32 granules (64 MiB on an H100).
     pub const DEFAULT_HANDLE_GRANULES: u32 = 32;
