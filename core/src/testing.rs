@@ -5,8 +5,9 @@
 //! an upstream that hands out numbers ([`BumpUpstream`], with injected
 //! failures and panics), streams known by
 //! an id ([`IdStream`], [`TestStream`] with injected `synchronize`
-//! failures, [`PanickingStream`] with injected panics) and the deterministic generator of workloads and randomized
-//! tests ([`SplitMix64`]). The simulated device, streams with a
+//! failures, [`PanickingStream`] with injected panics, by a [`PanicTrap`]
+//! that other doubles use too) and the deterministic generator of
+//! workloads and randomized tests ([`SplitMix64`]). The simulated device, streams with a
 //! happens-before checker and address space live in `memres-sim`; fault
 //! injection of those is [`FailNth`](crate::check::FailNth).
 
@@ -215,20 +216,59 @@ impl Stream for IdStream {
 #[derive(Clone, Debug, Default)]
 pub struct PanickingStream {
     id: u64,
-    /// The method that panics, after how many calls of it pass.
-    armed: core::cell::Cell<Option<(&'static str, u32)>>,
+    trap: PanicTrap,
 }
 
 impl PanickingStream {
     /// A stream of id `id` that panics nowhere yet.
     pub fn new(id: u64) -> Self {
-        PanickingStream { id, armed: core::cell::Cell::new(None) }
+        PanickingStream { id, trap: PanicTrap::new() }
     }
 
     /// Makes `method` (`"id"`, `"record"`, `"wait"`, `"query"`,
     /// `"synchronize"`, `"synchronize_device"`) panic once, after `skip`
     /// calls of it pass.
     pub fn panic_in(&self, method: &'static str, skip: u32) {
+        self.trap.arm(method, skip);
+    }
+
+    /// Panics nowhere from now on.
+    pub fn disarm(&self) {
+        self.trap.disarm();
+    }
+
+    fn call(&self, method: &'static str) {
+        self.trap.spring("PanickingStream", method);
+    }
+}
+
+/// Which method of a test double panics, once, and after how many calls
+/// of it pass: user code that breaks mid-call ([`PanickingStream`], a test
+/// space). Not `Sync`: for doubles used on one thread.
+///
+/// ```
+/// let trap = memres_core::testing::PanicTrap::new();
+/// trap.arm("commit", 1);
+/// trap.spring("Space", "decommit"); // another method: nothing
+/// trap.spring("Space", "commit"); // the first call passes
+/// let spring = std::panic::AssertUnwindSafe(|| trap.spring("Space", "commit"));
+/// assert!(std::panic::catch_unwind(spring).is_err());
+/// trap.spring("Space", "commit"); // once only
+/// ```
+#[derive(Clone, Debug, Default)]
+pub struct PanicTrap {
+    /// The method that panics, after how many calls of it pass.
+    armed: core::cell::Cell<Option<(&'static str, u32)>>,
+}
+
+impl PanicTrap {
+    /// A trap armed for nothing.
+    pub const fn new() -> Self {
+        PanicTrap { armed: core::cell::Cell::new(None) }
+    }
+
+    /// Makes the call of `method` after `skip` calls of it panic.
+    pub fn arm(&self, method: &'static str, skip: u32) {
         self.armed.set(Some((method, skip)));
     }
 
@@ -237,11 +277,12 @@ impl PanickingStream {
         self.armed.set(None);
     }
 
-    fn call(&self, method: &'static str) {
+    /// Called first in `method` of `who`: panics if it is the call armed.
+    pub fn spring(&self, who: &str, method: &'static str) {
         match self.armed.get() {
             Some((m, 0)) if m == method => {
                 self.armed.set(None);
-                panic!("PanickingStream: `{method}` panics");
+                panic!("{who}: `{method}` panics");
             }
             Some((m, skip)) if m == method => self.armed.set(Some((m, skip - 1))),
             _ => {}

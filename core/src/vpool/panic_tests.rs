@@ -6,6 +6,7 @@ extern crate std;
 
 use super::tests::*;
 use super::*;
+use crate::testing::PanicTrap;
 use crate::vmem::CountingSpace;
 use core::cell::Cell;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -15,31 +16,24 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 /// be made to decommit only its first granules and fail.
 struct Panicky<'a> {
     inner: &'a CountingSpace,
-    armed: Cell<Option<(&'static str, u32)>>,
+    trap: PanicTrap,
     /// Granules the next decommit takes before it fails, if set.
     in_part: Cell<Option<u64>>,
 }
 
 impl<'a> Panicky<'a> {
     fn new(inner: &'a CountingSpace) -> Self {
-        Panicky { inner, armed: Cell::new(None), in_part: Cell::new(None) }
+        Panicky { inner, trap: PanicTrap::new(), in_part: Cell::new(None) }
     }
 
     /// `method` (`"commit"`, `"decommit"` (either kind), `"releasable"`,
     /// `"release_kept"`) panics once after `skip` calls of it pass.
     fn panic_in(&self, method: &'static str, skip: u32) {
-        self.armed.set(Some((method, skip)));
+        self.trap.arm(method, skip);
     }
 
     fn call(&self, method: &'static str) {
-        match self.armed.get() {
-            Some((m, 0)) if m == method => {
-                self.armed.set(None);
-                panic!("Panicky: `{method}` panics");
-            }
-            Some((m, skip)) if m == method => self.armed.set(Some((m, skip - 1))),
-            _ => {}
-        }
+        self.trap.spring("Panicky", method);
     }
 
     fn decommit_inner(&self, range: Range) -> Result<()> {
