@@ -4,7 +4,7 @@ use crate::context::{Context, Device};
 use crate::error::check;
 use crate::host_visible;
 use crate::ops;
-use crate::stream::{in_order, AsRawStream};
+use crate::stream::{in_order_joined, join_its_thread, AsRawStream};
 use crate::sys;
 use memres_core::copy::{CopyEngine, LiveRanges};
 use memres_core::{Error, Result};
@@ -123,6 +123,9 @@ impl CudaCopy {
     ) -> Result<()> {
         let raw = stream.as_raw_stream();
         stream.context().unwrap_or(&self.context).scope(|| {
+            // Before the lock: every allocation of pinned or managed memory
+            // takes it, and the context's work may wait for one.
+            join_its_thread(stream)?;
             let live = host_visible::lock();
             let mut host = false;
             for &(addr, len) in ranges {
@@ -136,9 +139,9 @@ impl CudaCopy {
             if !host {
                 // Device memory only: nothing a free of host memory can race.
                 drop(live);
-                return in_order(stream, work);
+                return in_order_joined(stream, work);
             }
-            let queued = in_order(stream, work);
+            let queued = in_order_joined(stream, work);
             // SAFETY: `raw` is valid while `stream` is borrowed (`AsRawStream`'s
             // contract), in the
             // context made current above. The work must be done before the

@@ -62,6 +62,8 @@ pub unsafe trait AsRawStream: Stream {
     /// `CU_STREAM_PER_THREAD` while the stream meant is another thread's
     /// than the caller's (the handle names the caller's): work queued on
     /// it then waits for all work of the context first and is waited for.
+    /// A type that wraps a [`CudaStream`] forwards this with the handle, or
+    /// its per-thread streams lose that order on other threads.
     fn off_its_thread(&self) -> bool {
         false
     }
@@ -130,7 +132,11 @@ pub struct StreamOptions {
 /// context, [`wait`](Stream::wait) waits for the event on the host, and the
 /// work this crate queues on the stream (frees of
 /// [`CudaAsyncMemory`](crate::CudaAsyncMemory), copies, prefetches) is queued
-/// after all work of the context and waited for.
+/// after all work of the context and waited for. That is correct but slow
+/// (a pool may do it under its lock, recording a fence for a block freed on
+/// such a stream), and not allowed while another thread captures a CUDA
+/// graph in global mode: a stream made with [`new`](CudaStream::new) moves
+/// between threads with none of it.
 ///
 /// # Examples
 ///
@@ -217,6 +223,9 @@ impl CudaStream {
 
     /// The calling thread's default stream (`CU_STREAM_PER_THREAD`) of the
     /// current context: each thread that makes one names its own stream.
+    /// The context current when it is made, if primary, is its context
+    /// (kept alive by the value); otherwise the calls use whatever context
+    /// is current when they run.
     ///
     /// The value keeps meaning the stream of the thread that made it when
     /// it moves to another thread (in a container, say): there its calls
@@ -245,9 +254,16 @@ impl CudaStream {
     }
 
     fn make(raw: sys::CUstream, owned: bool, context: Option<Context>) -> CudaStream {
+        let per_thread = raw as usize == sys::CU_STREAM_PER_THREAD;
+        // A per-thread stream is its thread's in the context current there:
+        // kept, so that on another thread the calls use that context too.
+        let context = match context {
+            None if per_thread => Context::current_primary().ok(),
+            known => known,
+        };
         let events =
             context.clone().map(|c| Arc::new(EventCache { _context: c, idle: Mutex::new(Vec::new()) }));
-        let home = if raw as usize == sys::CU_STREAM_PER_THREAD { thread_number() } else { 0 };
+        let home = if per_thread { thread_number() } else { 0 };
         CudaStream { raw, owned, context, events, home }
     }
 
@@ -328,24 +344,43 @@ fn stream_id(raw: sys::CUstream, home: u64) -> u64 {
 /// Runs `queue`, which queues work on the stream's handle, in the
 /// stream's order. When `stream` names another thread's per-thread stream
 /// (see [`CudaStream`]), the handle names the calling thread's: the work
-/// then comes after all work of the current context and is waited for, so
-/// it is ordered after what the stream's thread queued so far and before
-/// what it queues next. Called with the stream's context current.
+/// then comes after all work of the current context ([`join_its_thread`])
+/// and is waited for, so it is ordered after what the stream's thread
+/// queued so far and before what it queues next. Called with the stream's
+/// context current.
 pub(crate) fn in_order<S: AsRawStream + ?Sized, T>(
     stream: &S,
     queue: impl FnOnce(sys::CUstream) -> Result<T>,
 ) -> Result<T> {
-    let raw = stream.as_raw_stream();
-    if !stream.off_its_thread() {
-        return queue(raw);
+    join_its_thread(stream)?;
+    in_order_joined(stream, queue)
+}
+
+/// The first half of [`in_order`], for a caller that takes a lock before
+/// it queues: waiting for the whole context under a lock would hold it
+/// while work of every stream runs (work that may wait for that lock's
+/// next holder).
+pub(crate) fn join_its_thread<S: AsRawStream + ?Sized>(stream: &S) -> Result<()> {
+    if stream.off_its_thread() {
+        // SAFETY: takes no argument; a context is current (the caller's
+        // scope), and none is reported as an error.
+        check(unsafe { sys::cuCtxSynchronize() })?;
     }
-    // SAFETY: takes no argument; a context is current (the caller's
-    // scope), and none is reported as an error.
-    check(unsafe { sys::cuCtxSynchronize() })?;
+    Ok(())
+}
+
+/// The second half of [`in_order`], after [`join_its_thread`].
+pub(crate) fn in_order_joined<S: AsRawStream + ?Sized, T>(
+    stream: &S,
+    queue: impl FnOnce(sys::CUstream) -> Result<T>,
+) -> Result<T> {
+    let raw = stream.as_raw_stream();
     let queued = queue(raw)?;
-    // SAFETY: `raw` is valid while `stream` is borrowed (`AsRawStream`'s
-    // contract).
-    check(unsafe { sys::cuStreamSynchronize(raw) })?;
+    if stream.off_its_thread() {
+        // SAFETY: `raw` is valid while `stream` is borrowed (`AsRawStream`'s
+        // contract).
+        check(unsafe { sys::cuStreamSynchronize(raw) })?;
+    }
     Ok(queued)
 }
 

@@ -119,20 +119,22 @@ fn borrowed_and_default_streams() {
     drop(context); // kept retained while bound
 }
 
-/// Runs `on_other_thread` on a new thread, with `context` bound there,
-/// while `gate` holds a stream and opens after a while; returns whether the
-/// gate had opened when `on_other_thread` returned, and what it returned.
+/// Runs `on_other_thread` on a new thread, with `context` bound there (if
+/// any), while `gate` holds a stream and opens after a while; returns
+/// whether the gate had opened when `on_other_thread` returned.
 fn returns_after(
     gate: Gate,
-    context: &memres_cuda::Context,
+    context: Option<&memres_cuda::Context>,
     on_other_thread: impl FnOnce() + Send + 'static,
 ) -> bool {
     use std::sync::atomic::{AtomicBool, Ordering};
     use std::sync::Arc;
     let opened = Arc::new(AtomicBool::new(false));
-    let (context, seen) = (context.clone(), opened.clone());
+    let (context, seen) = (context.cloned(), opened.clone());
     let other = std::thread::spawn(move || {
-        context.bind().unwrap();
+        if let Some(context) = context {
+            context.bind().unwrap();
+        }
         on_other_thread();
         seen.load(Ordering::SeqCst)
     });
@@ -159,7 +161,7 @@ fn a_per_thread_stream_moved_to_another_thread_orders_after_its_own_threads_work
     // An event recorded there comes after the work its own thread queued.
     let pt = CudaStream::per_thread();
     let (tx, rx) = std::sync::mpsc::channel();
-    let waited = returns_after(hold_this_thread(), &context, move || {
+    let waited = returns_after(hold_this_thread(), Some(&context), move || {
         let e = pt.record().unwrap();
         tx.send((pt.query(&e).unwrap(), pt.id())).unwrap();
     });
@@ -168,9 +170,10 @@ fn a_per_thread_stream_moved_to_another_thread_orders_after_its_own_threads_work
     assert!(complete);
     assert_eq!(moved_id, id, "the moved value names its own thread's stream");
 
-    // `synchronize` there waits for it too.
+    // `synchronize` there waits for it too, in the context the value was
+    // made in, on a thread with none current.
     let pt = CudaStream::per_thread();
-    let waited = returns_after(hold_this_thread(), &context, move || pt.synchronize().unwrap());
+    let waited = returns_after(hold_this_thread(), None, move || pt.synchronize().unwrap());
     assert!(waited, "synchronize on another thread returned before the stream's own work");
 
     // A free there is queued after the stream's own work is done: the
@@ -180,7 +183,7 @@ fn a_per_thread_stream_moved_to_another_thread_orders_after_its_own_threads_work
     let pt = CudaStream::per_thread();
     let block = mr.allocate(Request::new(1 << 20).unwrap(), &pt).unwrap();
     let m = mr.clone();
-    let waited = returns_after(hold_this_thread(), &context, move || m.deallocate(block, &pt).unwrap());
+    let waited = returns_after(hold_this_thread(), Some(&context), move || m.deallocate(block, &pt).unwrap());
     assert!(waited, "a free on another thread was queued before the stream's own work completed");
 
     // Waiting there for an event waits for the event itself.
@@ -188,7 +191,7 @@ fn a_per_thread_stream_moved_to_another_thread_orders_after_its_own_threads_work
     let gate = Gate::block(&held);
     let e = held.record().unwrap();
     let pt = CudaStream::per_thread();
-    let waited = returns_after(gate, &context, move || {
+    let waited = returns_after(gate, Some(&context), move || {
         pt.wait(&e).unwrap();
         assert!(e.query().unwrap());
     });
