@@ -242,29 +242,38 @@ impl CommitLedger {
     }
 
     /// Commits `range` in the reservation the space found for it (its
-    /// bitmap and range; `None` when it lies in none): an injected failure
-    /// first, then the physical budget, then the bits, which must all be
-    /// clear.
+    /// bitmap and range; `None` when it lies in none): the bits first,
+    /// which must all be clear, then an injected failure, then the
+    /// physical budget. Misuse is told before any other failure, as
+    /// [`ReservableSpace::commit`](super::ReservableSpace::commit) asks: a
+    /// pool learns from it which granules a decommit that failed half-way
+    /// kept.
     ///
     /// # Errors
     ///
-    /// An injected [`Error::Backend`]; [`Error::OutOfMemory`] beyond the
-    /// physical memory; [`Error::InvalidConfig`] for a misshapen range, one
-    /// outside `reservation`, or one partly committed. Nothing changes on
-    /// error.
-    pub fn commit(&mut self, reservation: Option<(&mut [u64], Range)>, range: Range) -> Result<()> {
-        if self.fail_commit.fires() {
-            return Err(Self::INJECTED_COMMIT_FAILURE);
-        }
-        if range.len() > self.physical - self.committed {
-            return Err(Error::OutOfMemory {
+    /// [`Error::InvalidConfig`] for a misshapen range, one outside
+    /// `reservation`, or one partly committed; an injected
+    /// [`Error::Backend`]; [`Error::OutOfMemory`] beyond the physical
+    /// memory. Nothing changes on error.
+    pub fn commit(&mut self, mut reservation: Option<(&mut [u64], Range)>, range: Range) -> Result<()> {
+        self.flip(reservation.as_mut().map(|(bits, r)| (&mut **bits, *r)), range, true)?;
+        let failed = if self.fail_commit.fires() {
+            Some(Self::INJECTED_COMMIT_FAILURE)
+        } else if range.len() > self.physical - self.committed {
+            Some(Error::OutOfMemory {
                 requested: range.len(),
                 largest_free: self.physical - self.committed,
                 pool_size: self.physical,
                 max_size: Some(self.physical),
-            });
+            })
+        } else {
+            None
+        };
+        if let Some(e) = failed {
+            // Cannot fail: the bits were just set.
+            let _ = self.flip(reservation, range, false);
+            return Err(e);
         }
-        self.flip(reservation, range, true)?;
         #[cfg(feature = "alloc")]
         if let Some(pieces) = &mut self.pieces {
             pieces.committed(range);

@@ -143,7 +143,10 @@ pub trait ReservableSpace {
     ///
     /// Out of physical memory or a backend failure; then nothing is
     /// committed. Misuse (a range not aligned, outside the reservations, or
-    /// partly committed already) is [`Error::InvalidConfig`](crate::Error::InvalidConfig).
+    /// partly committed already) is [`Error::InvalidConfig`](crate::Error::InvalidConfig),
+    /// told before any other failure: a pool commits the granules of a
+    /// decommit that failed half-way ([`DECOMMITTED_IN_PART`]) one by one,
+    /// and counts those refused so as the ones the space kept.
     fn commit(&self, range: Range) -> Result<()>;
 
     /// Takes the physical memory of `range` (granule-aligned, wholly

@@ -253,9 +253,10 @@ impl<V: ReservableSpace> VirtualPool<V> {
     /// already), the granule was kept; committed, it had gone and is back;
     /// failing otherwise, it had gone and stays so, and the pool no longer
     /// counts it. A granule counted but not held could be handed out
-    /// unmapped, one held but not counted only stays until the pool drops:
-    /// so all of them count as gone until their commit says otherwise (if
-    /// the space's code panics, the rest stay so).
+    /// unmapped, one held but not counted is only lost to the pool (and
+    /// keeps its reservation from being released): so all of them count as
+    /// gone until their commit says otherwise (if the space's code panics,
+    /// the rest stay so).
     #[cold]
     fn recount_in_part(&mut self, r: &Reservation, lo: u32, hi: u32) {
         self.committed -= self.committed_bits.count(lo, hi) as u64;

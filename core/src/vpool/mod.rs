@@ -691,9 +691,13 @@ where
 // and no live block touches it. Where the space chooses the part to
 // decommit (`ReservableSpace::releasable`, a safe method that may answer
 // anything), `releasable` clips its answer to the granules it asked
-// about. So a live block lies in ranges the space committed and was not
-// asked to decommit, which `V: MemoryOf<E>` promises
-// are memory of `E`; once freed, its bytes are a range of the space,
+// about. So a live block lies in ranges the space committed and either
+// was not asked to decommit or, asked in a decommit that failed half-way,
+// refused to commit again as committed already (the pool trusts that
+// answer of a safe method; were it false, the block would lie in a range
+// of the space that is not committed, on which `V: MemoryOf<E>` still
+// keeps `E` sound, as on a freed block's). `MemoryOf<E>` promises those
+// ranges are memory of `E`; once freed, its bytes are a range of the space,
 // committed or not, on which the same promise keeps `E` sound. The index
 // keeps live ranges disjoint, and the pool's records live in its own
 // vectors, never in the space.

@@ -260,3 +260,21 @@ fn an_undo_that_decommits_only_part_of_a_range_is_counted_as_the_space_holds_it(
     assert_eq!(d.addr(), base);
     give_all_back(p, &space, &[d, anchor]);
 }
+
+/// With physical memory full, the granules a decommit kept are told apart
+/// from those it took by a commit refused as misuse, not as out of memory:
+/// the space says misuse before anything else.
+#[test]
+fn a_partial_decommit_at_full_physical_memory_is_counted_as_the_space_holds_it() {
+    let space = CountingSpace::new(5 * MIB, MIB);
+    let panicky = Panicky::new(&space);
+    let mut p = VirtualPool::with_config(&panicky, VirtualConfig::new(64 * MIB)).unwrap();
+    let a = mapped(&mut p, &space, 4 * MIB);
+    let anchor = mapped(&mut p, &space, 256);
+    assert_eq!(space.committed_bytes(), 5 * MIB, "physical memory full");
+    panicky.in_part.set(Some(2));
+    p.deallocate(a, &()).unwrap();
+    exact(&p, &space);
+    let b = mapped(&mut p, &space, 4 * MIB);
+    give_all_back(p, &space, &[b, anchor]);
+}
