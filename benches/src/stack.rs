@@ -49,7 +49,6 @@ use memres_sim::{HostMemory, SimAddressSpace, SimDevice, SimStream, SimWorld};
 use std::collections::BTreeSet;
 use std::fmt;
 use std::fs::OpenOptions;
-use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -135,22 +134,19 @@ fn open_run_log<R>(file: &Value, upstream: R) -> Result<Logging<R>, StackError> 
     Ok(log)
 }
 
-/// Checks that `path` can be logged to, changing nothing: an existing file
-/// is opened to append (and closed with nothing written), a new one needs
-/// its directory.
+/// Checks that `path` can be logged to, leaving it as it was: an existing
+/// file is opened to append (and closed with nothing written), a new one
+/// is made and removed again (so a directory that cannot be written to is
+/// told now).
 fn check_log_path(file: &Value) -> Result<(), StackError> {
     let path = Path::new(file.text()?);
     let found = if path.exists() {
         OpenOptions::new().append(true).open(path).map(drop)
     } else {
-        let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
-        match std::fs::metadata(dir) {
-            Ok(m) if !m.is_dir() => {
-                Err(io::Error::new(io::ErrorKind::NotADirectory, "its directory is not one"))
-            }
-            Ok(_) => Ok(()),
-            Err(e) => Err(e),
-        }
+        OpenOptions::new().write(true).create_new(true).open(path).and_then(|made| {
+            drop(made);
+            std::fs::remove_file(path)
+        })
     };
     found.map_err(|e| {
         StackError::new(file.pos(), StackErrorKind::Io(format!("cannot log to `{}`: {e}", path.display())))
