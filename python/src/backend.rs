@@ -153,10 +153,20 @@ mod imp {
         if handle == 0 {
             return default_stream(device);
         }
+        // A per-thread stream is named with its device's context, which its
+        // calls then use on any thread (a buffer collected on another).
+        let known = match handle as usize {
+            memres_cuda::sys::CU_STREAM_PER_THREAD => Some(context(device)?),
+            _ => None,
+        };
         // SAFETY: a live stream handle for as long as it is used (the
-        // contract); the borrowed handle never destroys the stream, and no
-        // context is claimed for it (the driver is asked for the stream's).
-        Ok(unsafe { CudaStream::from_raw(handle as usize as *mut std::ffi::c_void as _, None) })
+        // contract); the borrowed handle never destroys the stream. The
+        // context given to a per-thread stream is the device's primary one:
+        // the package makes no other current, and the CUDA runtime, whose
+        // per-thread streams CuPy, PyTorch and Numba name, works in it. For
+        // any other handle none is claimed (the driver is asked for the
+        // stream's).
+        Ok(unsafe { CudaStream::from_raw(handle as usize as *mut std::ffi::c_void as _, known) })
     }
 
     /// The legacy default stream of the device's primary context.

@@ -235,13 +235,18 @@ impl CudaStream {
     /// on it completes. [`raw`](Self::raw) is CUDA's handle, which names the
     /// calling thread's stream wherever it is used.
     pub fn per_thread() -> CudaStream {
-        CudaStream::make(sys::CU_STREAM_PER_THREAD as sys::CUstream, false, None)
+        // Kept, so that on another thread the calls use that context too.
+        let context = Context::current_primary().ok();
+        CudaStream::make(sys::CU_STREAM_PER_THREAD as sys::CUstream, false, context)
     }
 
     /// Names a stream made elsewhere (by another library; for a `cust`
     /// stream pass `stream.as_inner()`); it is not destroyed on drop.
     /// `context` is the stream's context if known; when it is `None`, calls
     /// that need a context ask the driver for the stream's (`cuStreamGetCtx`).
+    /// `CU_STREAM_PER_THREAD` names the calling thread's stream, as
+    /// [`per_thread`](Self::per_thread) does; with no context, its calls on
+    /// another thread use the context current there.
     ///
     /// # Safety
     ///
@@ -254,16 +259,9 @@ impl CudaStream {
     }
 
     fn make(raw: sys::CUstream, owned: bool, context: Option<Context>) -> CudaStream {
-        let per_thread = raw as usize == sys::CU_STREAM_PER_THREAD;
-        // A per-thread stream is its thread's in the context current there:
-        // kept, so that on another thread the calls use that context too.
-        let context = match context {
-            None if per_thread => Context::current_primary().ok(),
-            known => known,
-        };
         let events =
             context.clone().map(|c| Arc::new(EventCache { _context: c, idle: Mutex::new(Vec::new()) }));
-        let home = if per_thread { thread_number() } else { 0 };
+        let home = if raw as usize == sys::CU_STREAM_PER_THREAD { thread_number() } else { 0 };
         CudaStream { raw, owned, context, events, home }
     }
 
@@ -425,7 +423,7 @@ impl Stream for CudaStream {
         if self.off_its_thread() {
             // The other thread's stream cannot be named from here: all work
             // queued after this call, on any stream, runs after the event.
-            return event.synchronize();
+            return self.scope(|| event.synchronize());
         }
         // SAFETY: both handles are valid while borrowed; flags must be 0.
         self.scope(|| check(unsafe { sys::cuStreamWaitEvent(self.raw, event.raw, 0) }))
