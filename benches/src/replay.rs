@@ -422,7 +422,7 @@ pub(crate) fn held(ops: &[Op], stopped: usize, refused: bool, ids: usize) -> Vec
 }
 
 /// Frees, each on its allocation's stream, the blocks a pass over `ops`
-/// held when it stopped at the failed op of `error` ([`held`]), and
+/// held when it stopped at the failed op of `error` (as `held` finds them), and
 /// returns the error: a workload frees every block it allocates, so a
 /// replay that ran to the end holds nothing, and one that stopped early
 /// leaves nothing to a resource's leak report (a `track` layer's, when the
