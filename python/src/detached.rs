@@ -8,35 +8,54 @@
 //! `DeviceBuffer.__dealloc__` frees with the GIL released for the same
 //! reason.
 
+use crate::reentry::{self, Covers};
 use pyo3::prelude::*;
 use std::mem::ManuallyDrop;
 use std::ops::Deref;
 
-/// `T`, dropped with the GIL released.
-pub(crate) struct DropDetached<T: Send>(ManuallyDrop<T>);
+/// `T`, dropped with the GIL released; for a resource object's stack, also
+/// outside the calls in progress on the thread that meet it
+/// ([`reentry::drop_outside_calls`]).
+pub(crate) struct DropDetached<T: Send + 'static> {
+    /// Taken only by `drop`.
+    value: ManuallyDrop<T>,
+    /// The stack `value` is part of, if it is a resource object's.
+    stack: Option<Covers>,
+}
 
-impl<T: Send> DropDetached<T> {
+impl<T: Send + 'static> DropDetached<T> {
     pub(crate) fn new(value: T) -> Self {
-        DropDetached(ManuallyDrop::new(value))
+        DropDetached { value: ManuallyDrop::new(value), stack: None }
+    }
+
+    /// `value`, part of the stack over `covers`.
+    pub(crate) fn of_stack(value: T, covers: Covers) -> Self {
+        DropDetached { value: ManuallyDrop::new(value), stack: Some(covers) }
     }
 }
 
-impl<T: Send> Deref for DropDetached<T> {
+impl<T: Send + 'static> Deref for DropDetached<T> {
     type Target = T;
 
     fn deref(&self) -> &T {
-        &self.0
+        &self.value
     }
 }
 
-impl<T: Send> Drop for DropDetached<T> {
+impl<T: Send + 'static> Drop for DropDetached<T> {
     fn drop(&mut self) {
         // SAFETY: the value is taken once, here, as `self` is dropped, and
-        // `self.0` is never read again (no other code runs on `self` after
-        // its `drop`).
-        let value = unsafe { ManuallyDrop::take(&mut self.0) };
+        // `self.value` is never read again (no other code runs on `self`
+        // after its `drop`).
+        let value = unsafe { ManuallyDrop::take(&mut self.value) };
+        let stack = self.stack.take();
         // A `Py` the value holds is released when the GIL is taken back
         // (PyO3 defers it): after the rest of the value is gone.
-        Python::attach(|py| py.detach(move || drop(value)));
+        Python::attach(|py| {
+            py.detach(move || match stack {
+                Some(covers) => reentry::drop_outside_calls(&covers, value),
+                None => drop(value),
+            })
+        });
     }
 }

@@ -22,7 +22,6 @@ use memres_core::{Block, DynResource, Error, MemoryResource, Request};
 use std::cell::RefCell;
 use std::collections::VecDeque;
 use std::marker::PhantomData;
-use std::mem::ManuallyDrop;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -189,42 +188,16 @@ fn run_deferred() {
     }
 }
 
-/// `T`, what a resource object holds of its stack over `covers`. Dropped
-/// inside a call that meets the stack (the object collected by a finalizer
+/// Drops `value`, what a resource object holds of its stack over `covers`.
+/// Inside a call that meets the stack (the object collected by a finalizer
 /// or `gc.collect()` inside a callback under its upstream pool), it is
 /// dropped once the thread's outermost call returns: dropping a pool gives
 /// its chunks back upstream, to a pool whose lock that call may hold.
-pub(crate) struct AfterCalls<T: Send + 'static> {
-    /// Taken only by `drop`.
-    value: ManuallyDrop<T>,
-    covers: Covers,
-}
-
-impl<T: Send + 'static> AfterCalls<T> {
-    pub(crate) fn new(value: T, covers: Covers) -> Self {
-        AfterCalls { value: ManuallyDrop::new(value), covers }
-    }
-}
-
-impl<T: Send + 'static> std::ops::Deref for AfterCalls<T> {
-    type Target = T;
-
-    fn deref(&self) -> &T {
-        &self.value
-    }
-}
-
-impl<T: Send + 'static> Drop for AfterCalls<T> {
-    fn drop(&mut self) {
-        // SAFETY: the value is taken once, here, as `self` is dropped, and
-        // `self.value` is never read again (no other code runs on `self`
-        // after its `drop`).
-        let value = unsafe { ManuallyDrop::take(&mut self.value) };
-        match enter(&self.covers) {
-            // Frees that the drop makes from a callback are deferred in turn.
-            Ok(_call) => drop(value),
-            Err(_) => defer(&self.covers, move || drop(value)),
-        }
+pub(crate) fn drop_outside_calls<T: Send + 'static>(covers: &Covers, value: T) {
+    match enter(covers) {
+        // Frees that the drop makes from a callback are deferred in turn.
+        Ok(_call) => drop(value),
+        Err(_) => defer(covers, move || drop(value)),
     }
 }
 

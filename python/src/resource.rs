@@ -10,7 +10,7 @@ use crate::backend::{self, Stream};
 use crate::callback::{register_callbacks, Callbacks};
 use crate::detached::DropDetached;
 use crate::errors::{backend_error, stack_to_py, to_py};
-use crate::reentry::{self, AfterCalls, Covers, Guarded};
+use crate::reentry::{self, Covers, Guarded};
 use memres_core::adaptor::{Logging, Statistics, Tracking};
 use memres_core::planned::{Planned, Steps};
 use memres_core::pool::CoalescingPool;
@@ -33,7 +33,7 @@ type Dyn = DynResource<Stream>;
 /// runs), which needs the GIL.
 #[pyclass(module = "memres", name = "NativeResource", frozen)]
 pub(crate) struct Resource {
-    parts: DropDetached<AfterCalls<Parts>>,
+    parts: DropDetached<Parts>,
     /// Whether every block is memory the backend's copy engine may touch.
     #[pyo3(get)]
     pub(crate) has_bytes: bool,
@@ -228,7 +228,7 @@ impl Resource {
             Arc::new(KeepStreams { inner: built.resource.clone(), streams: Mutex::new(HashMap::new()) });
         let inner: Dyn = streams.clone();
         Ok(Resource {
-            parts: DropDetached::new(AfterCalls::new(
+            parts: DropDetached::of_stack(
                 Parts {
                     stats: sees_the_program(&call, "stats").then(|| built.get("stats")).flatten(),
                     track: sees_the_program(&call, "track").then(|| built.get("track")).flatten(),
@@ -246,7 +246,7 @@ impl Resource {
                     live: Mutex::new(HashMap::new()),
                 },
                 covers,
-            )),
+            ),
             has_bytes: bytes_of(&call, &upstreams, &builder),
             device,
             stack: text.to_string(),
