@@ -125,19 +125,9 @@ mod imp {
         Device::get(device).map_err(|e| backend_error(format!("device {device}: {e}")))
     }
 
-    /// The primary context of `device`, retained once per process.
+    /// The primary context of `device` (kept for the process).
     fn context(device: u32) -> PyResult<Context> {
-        static CONTEXTS: [OnceLock<Context>; MAX_DEVICES] = [const { OnceLock::new() }; MAX_DEVICES];
-        let slot = CONTEXTS
-            .get(device as usize)
-            .ok_or_else(|| backend_error(format!("device {device} out of range")))?;
-        if let Some(c) = slot.get() {
-            return Ok(c.clone());
-        }
-        let made = device_of(device)?
-            .primary_context()
-            .map_err(|e| backend_error(format!("device {device}: {e}")))?;
-        Ok(slot.get_or_init(|| made).clone())
+        device_of(device)?.primary_context().map_err(|e| backend_error(format!("device {device}: {e}")))
     }
 
     /// Names the caller's stream: 0 is the legacy default stream of the

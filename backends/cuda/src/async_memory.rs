@@ -155,7 +155,7 @@ pub struct CudaAsyncMemory {
     pool: sys::CUmemoryPool,
     /// Whether `pool` was made here and is destroyed on drop.
     owned: bool,
-    /// The pool's device's primary context, retained while the resource lives.
+    /// The pool's device's primary context.
     context: Context,
     /// The allocations handed out and not yet freed (boxed: 16 shards).
     live: Box<LiveAllocations>,

@@ -6,7 +6,7 @@ use crate::sys;
 use memres_core::{Error, Result};
 use std::marker::PhantomData;
 use std::ptr;
-use std::sync::{Arc, OnceLock};
+use std::sync::{OnceLock, RwLock};
 
 /// Initializes the CUDA driver (`cuInit`) once per process; later calls
 /// return the first call's result. Every constructor in this crate calls it.
@@ -210,8 +210,8 @@ impl Device {
         Ok(self.attribute(sys::CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS)? != 0)
     }
 
-    /// The device's primary context, retained until the returned handle and
-    /// all its clones are dropped.
+    /// The device's primary context, retained for the rest of the process
+    /// from its first use, as the CUDA runtime keeps it.
     ///
     /// # Errors
     ///
@@ -232,13 +232,21 @@ impl Device {
     }
 }
 
-/// A device's primary context, retained (`cuDevicePrimaryCtxRetain`) for as
-/// long as this handle or a clone of it lives.
+/// A device's primary context, retained (`cuDevicePrimaryCtxRetain`) once,
+/// at its first use through this crate, and never released.
 ///
-/// Every resource and stream of this crate holds one, so the context (and
-/// the memory in it) outlives them. Calls that need a current context make
-/// this one current for the call and restore the caller's afterwards, so
-/// resources of several devices can be used from any thread in any order.
+/// Every resource and stream of this crate holds one. Calls that need a
+/// current context make this one current for the call and restore the
+/// caller's afterwards, so resources of several devices can be used from any
+/// thread in any order.
+///
+/// Why never released: the driver resets a primary context when its last
+/// retain goes, freeing all its memory, while threads may still have it
+/// current (a thread with no context keeps the one a call of this crate
+/// made current); a later handle then sets the whole context up again. The
+/// CUDA runtime, which CuPy, PyTorch and RMM use, keeps the primary context
+/// for the life of the process too. A handle is a shared reference:
+/// cloning and dropping it make no driver call.
 ///
 /// # Examples
 ///
@@ -249,40 +257,48 @@ impl Device {
 /// ```
 #[derive(Clone, Debug)]
 pub struct Context {
-    inner: Arc<Retained>,
+    inner: &'static Retained,
 }
 
 #[derive(Debug)]
 struct Retained {
     device: Device,
-    /// Valid while retained: released in `Drop`.
+    /// Valid for the rest of the process: retained once, never released.
     raw: sys::CUcontext,
 }
 
-// SAFETY: a `CUcontext` is a handle the driver lets every thread use; the
-// retain count it stands for is released exactly once, by `Drop`.
+// SAFETY: a `CUcontext` is a handle the driver lets every thread use, and
+// this one stays valid for the process (its retain is never released).
 unsafe impl Send for Retained {}
 // SAFETY: as above; `Retained` has no interior mutability of its own.
 unsafe impl Sync for Retained {}
 
-impl Drop for Retained {
-    fn drop(&mut self) {
-        // SAFETY: this value holds one retain of the device's primary
-        // context; releasing it once is what `cuDevicePrimaryCtxRetain`
-        // asks. An error (the driver already shut down at process exit)
-        // leaves nothing to undo, so it is ignored.
-        let _ = unsafe { sys::cuDevicePrimaryCtxRelease_v2(self.device.raw) };
-    }
-}
+/// The primary context of each device retained so far, by ordinal. Entries
+/// are only ever added, each leaked: they live as long as the process.
+static RETAINED: RwLock<Vec<Option<&'static Retained>>> = RwLock::new(Vec::new());
 
 impl Context {
     fn retain(device: Device) -> Result<Context> {
+        let i = device.ordinal() as usize;
+        // The table stays whole across a panic: each change is one store.
+        if let Some(inner) = RETAINED.read().unwrap_or_else(|p| p.into_inner()).get(i).copied().flatten() {
+            return Ok(Context { inner });
+        }
+        let mut table = RETAINED.write().unwrap_or_else(|p| p.into_inner());
+        if let Some(inner) = table.get(i).copied().flatten() {
+            return Ok(Context { inner });
+        }
         init()?;
         let mut raw = ptr::null_mut();
         // SAFETY: the driver is initialized and `device` came from `cuDeviceGet`;
         // the out parameter points at a live local.
         check(unsafe { sys::cuDevicePrimaryCtxRetain(&mut raw, device.raw) })?;
-        Ok(Context { inner: Arc::new(Retained { device, raw }) })
+        let inner: &'static Retained = Box::leak(Box::new(Retained { device, raw }));
+        if table.len() <= i {
+            table.resize(i + 1, None);
+        }
+        table[i] = Some(inner);
+        Ok(Context { inner })
     }
 
     /// The device of the context.
@@ -290,21 +306,20 @@ impl Context {
         self.inner.device
     }
 
-    /// The driver's handle (`CUcontext`), valid while `self` lives.
+    /// The driver's handle (`CUcontext`), valid for the rest of the process.
     pub fn raw(&self) -> sys::CUcontext {
         self.inner.raw
     }
 
     /// Makes this context current on the calling thread (`cuCtxSetCurrent`),
-    /// for driver calls made outside this crate. Keep `self` (or another
-    /// retain of the context: a resource, a stream) alive while it is bound:
-    /// the driver resets a primary context when its last retain goes.
+    /// for driver calls made outside this crate. The context stays valid
+    /// for the rest of the process.
     ///
     /// # Errors
     ///
     /// The driver's error as [`Error::Backend`].
     pub fn bind(&self) -> Result<()> {
-        // SAFETY: the context is retained while `self` lives.
+        // SAFETY: the context is retained for the rest of the process.
         check(unsafe { sys::cuCtxSetCurrent(self.raw()) })
     }
 

@@ -45,7 +45,7 @@ use std::sync::Arc;
 /// ```
 #[derive(Clone, Debug)]
 pub struct CudaMemory {
-    /// The device's primary context, retained while the resource lives.
+    /// The device's primary context.
     context: Context,
     /// The allocations handed out and not yet freed (shared by clones).
     live: Arc<LiveAllocations>,

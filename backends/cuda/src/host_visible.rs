@@ -14,11 +14,11 @@
 //! and `CudaCopy` touches a range in the table only under the lock and until
 //! its work has completed.
 //!
-//! A resource's drop frees nothing, but the driver frees every allocation
-//! of a context it destroys, which it does when the last retain of a primary
-//! context goes: maybe the resource's. So the allocations a resource still
-//! has out leave the table when it ends ([`HostAllocations`]), before its
-//! context's retain goes; `CudaCopy` answers `NotLive` on them from then on.
+//! A resource's drop frees nothing, and the primary context, whose end
+//! would free every allocation in it, is kept for the process. The
+//! allocations a resource still has out leave the table when it ends
+//! ([`HostAllocations`]) all the same: no one may free them any more, so
+//! `CudaCopy` answers `NotLive` on them from then on.
 
 use crate::context::Context;
 use crate::live::LiveAllocations;
@@ -44,11 +44,10 @@ pub(crate) fn lock() -> MutexGuard<'static, LiveRanges> {
 /// When the last clone goes, its drop takes the allocations still out
 /// (never freed through the resource) out of the table of host-visible
 /// allocations, under the table's lock: no `CudaCopy` access is under way
-/// in them, and none can start after. This runs before the fields drop, so
-/// the context is still retained: the memory is still allocated, and no
-/// other allocation can have been handed its addresses. Its memory is not
-/// freed (as before, dropping a resource frees nothing); the driver frees
-/// it with the context, perhaps just after, when this was its last retain.
+/// in them, and none can start after. The memory is still allocated (the
+/// context is kept for the process), so no other allocation can have been
+/// handed its addresses. It is not freed: dropping a resource frees
+/// nothing.
 #[derive(Debug)]
 pub(crate) struct HostAllocations<C = Context> {
     /// The allocations handed out and not yet freed.

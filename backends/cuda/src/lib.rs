@@ -28,9 +28,11 @@
 //!
 //! # Contexts
 //!
-//! Each resource and stream retains its device's primary context and makes
+//! Each resource and stream holds its device's primary context and makes
 //! it current for the calls that need one, restoring the caller's context
-//! afterwards: any thread may use any resource, with no set-up.
+//! afterwards: any thread may use any resource, with no set-up. A primary
+//! context is retained at its first use and kept for the rest of the
+//! process, as the CUDA runtime keeps it ([`Context`] says why).
 //!
 //! # Building
 //!

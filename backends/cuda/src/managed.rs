@@ -18,8 +18,8 @@ use std::sync::Arc;
 ///
 /// Dropping the resource (its last clone) frees nothing, but the blocks it
 /// still has out are no longer [`CudaCopy`](crate::CudaCopy)'s to touch
-/// (`NotLive`): the driver frees their memory when it destroys the context,
-/// which it does when the resource held its context's last retain.
+/// (`NotLive`). Their memory stays allocated until the process ends: the
+/// context, which would free it, is kept for the process.
 ///
 /// # Errors
 ///
@@ -104,8 +104,8 @@ unsafe fn free_managed(base: u64) -> sys::CuResult {
 // SAFETY: the block lies inside one driver allocation (`place` checks
 // that padding and size fit) that no other block shares, live until
 // `deallocate` takes it out of the table and frees it, or the resource ends
-// (its drop frees nothing, but the driver frees the memory with the context
-// if the resource held its last retain); it is managed memory
+// (its drop frees nothing, and the context, whose end would free the
+// memory, is kept for the rest of the process); it is managed memory
 // (`cuMemAllocManaged`), which `CudaCopy`'s driver copies reach by its
 // unified address. Checked access, as for `PinnedMemory`: the allocation is
 // in the table of host-visible allocations from before its block is handed

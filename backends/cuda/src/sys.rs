@@ -126,6 +126,7 @@ extern "C" {
 
     pub fn cuDevicePrimaryCtxRetain(ctx: *mut CUcontext, dev: CUdevice) -> CuResult;
     pub fn cuDevicePrimaryCtxRelease_v2(dev: CUdevice) -> CuResult;
+    pub fn cuDevicePrimaryCtxGetState(dev: CUdevice, flags: *mut c_uint, active: *mut c_int) -> CuResult;
     pub fn cuCtxGetCurrent(ctx: *mut CUcontext) -> CuResult;
     pub fn cuCtxSetCurrent(ctx: CUcontext) -> CuResult;
     pub fn cuCtxGetDevice(device: *mut CUdevice) -> CuResult;

@@ -17,8 +17,7 @@ fn two_devices_from_one_thread() {
     let streams = [CudaStream::new(d0).unwrap(), CudaStream::new(d1).unwrap()];
     assert_eq!(mrs[1].device(), d1);
     // Device 0's context is current; using device 1's resource must not change that.
-    let context0 = d0.primary_context().unwrap();
-    context0.bind().unwrap();
+    d0.primary_context().unwrap().bind().unwrap();
     let blocks: Vec<_> =
         (0..2).map(|i| mrs[i].allocate(Request::new(1 << 20).unwrap(), &streams[i]).unwrap()).collect();
     assert_eq!(Device::current().unwrap(), d0, "the caller's context is restored");
@@ -38,7 +37,6 @@ fn two_devices_from_one_thread() {
     fill(&legacy1, &b, 0xD1D1);
     expect_filled(&legacy1, &b, 0xD1D1);
     mrs[1].deallocate(b, &()).unwrap();
-    drop(context0); // kept retained while bound
 }
 
 /// A buffer over `mr`, a resource of device 0, which is replaced by

@@ -54,19 +54,26 @@ fn an_event_of_an_idle_stream_is_complete_after_synchronize() {
 }
 
 #[test]
-fn an_event_of_the_default_stream_keeps_its_context_alive() {
+fn a_primary_context_outlives_every_handle() {
     let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
-    let Some(device) = gpu("an_event_of_the_default_stream_keeps_its_context_alive") else { return };
+    let Some(device) = gpu("a_primary_context_outlives_every_handle") else { return };
     // The legacy stream names no context: it records in the current one,
-    // here bound by a retain that goes at once. Without the event's own
-    // retain the primary context would be reset under it.
-    let context = device.primary_context().unwrap();
-    context.bind().unwrap();
+    // here bound by a handle that goes at once, as does the event's.
+    device.primary_context().unwrap().bind().unwrap();
     let e = CudaStream::legacy().record().unwrap();
-    drop(context);
     e.synchronize().unwrap();
     assert!(e.query().unwrap());
     drop(e);
+    // With no handle left, the context is still active (with a retain per
+    // handle, the driver reset it here while the thread kept it current),
+    // and the thread works in it with no set-up.
+    let (mut flags, mut active) = (0, 0);
+    // SAFETY: both out parameters point at live locals; the device is real.
+    let r = unsafe { memres_cuda::sys::cuDevicePrimaryCtxGetState(device.raw(), &mut flags, &mut active) };
+    assert_eq!(r, memres_cuda::sys::CUDA_SUCCESS);
+    assert_eq!(active, 1, "the primary context was reset when its handles went");
+    let e = CudaStream::legacy().record().unwrap();
+    e.synchronize().unwrap();
 }
 
 #[test]
@@ -116,7 +123,6 @@ fn borrowed_and_default_streams() {
     let e = pt.record().unwrap();
     pt.synchronize().unwrap();
     assert!(pt.query(&e).unwrap());
-    drop(context); // kept retained while bound
 }
 
 /// Runs `on_other_thread` on a new thread, with `context` bound there (if
