@@ -8,11 +8,12 @@ use crate::errors::to_py;
 use crate::resource::Resource;
 use memres_containers::ContainerError;
 use memres_core::copy::{AssumeMemoryOf, CopyEngine};
-use memres_core::{DynResource, Stream as _};
+use memres_core::{DynResource, Error, Stream as _};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, MutexGuard};
 
 type Kind = <Engine as CopyEngine<Stream>>::Kind;
 type Inner = memres_containers::DeviceBuffer<AssumeMemoryOf<DynResource<Stream>, Kind>, Engine, Stream>;
@@ -31,12 +32,67 @@ fn container_error(e: ContainerError, what: &str) -> PyErr {
 /// the GIL. Collected, it frees its block with the GIL released.
 #[pyclass(module = "memres", name = "NativeBuffer", frozen)]
 pub(crate) struct Buffer {
-    inner: DropDetached<Mutex<Inner>>,
+    inner: DropDetached<Shared>,
+}
+
+struct Shared {
+    buffer: Mutex<Inner>,
+    /// The number of the thread holding `buffer` (see [`this_thread`]), or
+    /// 0. Only the holder writes it, so a thread that reads its own number
+    /// here holds the lock.
+    holder: AtomicU64,
+}
+
+/// A number for the calling thread, never 0.
+fn this_thread() -> u64 {
+    static NEXT: AtomicU64 = AtomicU64::new(1);
+    thread_local! {
+        static NUMBER: u64 = NEXT.fetch_add(1, Ordering::Relaxed);
+    }
+    NUMBER.with(|n| *n)
+}
+
+/// The buffer, locked by this thread; the holder is cleared before the
+/// lock goes.
+struct Locked<'a> {
+    holder: &'a AtomicU64,
+    guard: MutexGuard<'a, Inner>,
+}
+
+impl Drop for Locked<'_> {
+    fn drop(&mut self) {
+        self.holder.store(0, Ordering::Relaxed);
+    }
+}
+
+impl std::ops::Deref for Locked<'_> {
+    type Target = Inner;
+    fn deref(&self) -> &Inner {
+        &self.guard
+    }
+}
+
+impl std::ops::DerefMut for Locked<'_> {
+    fn deref_mut(&mut self) -> &mut Inner {
+        &mut self.guard
+    }
 }
 
 impl Buffer {
-    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
-        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    /// Locks the buffer for `what`. A Python callback that a call on this
+    /// buffer reached (its resource's failure callback during a resize, a
+    /// `CallbackMemoryResource` function) and that uses the buffer again
+    /// would wait for ever for a lock its own thread holds: it gets
+    /// `Error::Reentrant` instead, and nothing changes.
+    fn lock(&self, what: &str) -> PyResult<Locked<'_>> {
+        let me = this_thread();
+        let shared = &*self.inner;
+        if shared.holder.load(Ordering::Relaxed) == me {
+            return Err(to_py(Error::Reentrant, &format!("DeviceBuffer.{what}")));
+        }
+        let guard = shared.buffer.lock().unwrap_or_else(|p| p.into_inner());
+        shared.holder.store(me, Ordering::Relaxed);
+        Ok(Locked { holder: &shared.holder, guard })
     }
 }
 
@@ -91,40 +147,36 @@ impl Buffer {
                 None => Inner::new_in(size, s, resource, engine),
             })
             .map_err(|e| container_error(e, "DeviceBuffer"))?;
-        Ok(Buffer { inner: DropDetached::new(Mutex::new(inner)) })
+        Ok(Buffer { inner: DropDetached::new(Shared { buffer: Mutex::new(inner), holder: AtomicU64::new(0) }) })
     }
 
     #[getter]
-    fn ptr(&self, py: Python<'_>) -> u64 {
+    fn ptr(&self, py: Python<'_>) -> PyResult<u64> {
         py.detach(|| {
-            let b = self.lock();
-            if b.is_empty() {
-                0
-            } else {
-                b.addr()
-            }
+            let b = self.lock("ptr")?;
+            Ok(if b.is_empty() { 0 } else { b.addr() })
         })
     }
 
     #[getter]
-    fn size(&self, py: Python<'_>) -> u64 {
-        py.detach(|| self.lock().len())
+    fn size(&self, py: Python<'_>) -> PyResult<u64> {
+        py.detach(|| Ok(self.lock("size")?.len()))
     }
 
-    fn capacity(&self, py: Python<'_>) -> u64 {
-        py.detach(|| self.lock().capacity())
+    fn capacity(&self, py: Python<'_>) -> PyResult<u64> {
+        py.detach(|| Ok(self.lock("capacity")?.capacity()))
     }
 
     /// The bytes, copied to the host (waits for the stream).
     fn copy_to_host<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyBytes>> {
-        let v = py.detach(|| self.lock().to_vec()).map_err(|e| container_error(e, "copy_to_host"))?;
+        let v = py.detach(|| self.lock("copy_to_host")?.to_vec().map_err(|e| container_error(e, "copy_to_host")))?;
         Ok(PyBytes::new(py, &v))
     }
 
     /// Writes `data` at `offset`.
     #[pyo3(signature = (data, offset=0))]
     fn copy_from_host(&self, py: Python<'_>, data: &[u8], offset: u64) -> PyResult<()> {
-        py.detach(|| self.lock().write(offset, data)).map_err(|e| container_error(e, "copy_from_host"))
+        py.detach(|| self.lock("copy_from_host")?.write(offset, data).map_err(|e| container_error(e, "copy_from_host")))
     }
 
     /// Copies `src`'s bytes to the start of this buffer, ordered after the
@@ -139,11 +191,11 @@ impl Buffer {
         let src: &Buffer = &src;
         py.detach(|| {
             let (dst, src) = if std::ptr::from_ref(self) < std::ptr::from_ref(src) {
-                let dst = self.lock();
-                (dst, src.lock())
+                let dst = self.lock("copy_from_device")?;
+                (dst, src.lock("copy_from_device")?)
             } else {
-                let src = src.lock();
-                (self.lock(), src)
+                let src = src.lock("copy_from_device")?;
+                (self.lock("copy_from_device")?, src)
             };
             if src.len() > dst.len() {
                 return Err(PyValueError::new_err(format!(
@@ -176,7 +228,7 @@ impl Buffer {
         // contract: "Streams at the boundary" in lib.rs).
         let other = stream.map(|h| unsafe { backend::stream(h, device) }).transpose()?;
         py.detach(|| {
-            let b = self.lock();
+            let b = self.lock("prefetch")?;
             if b.is_empty() {
                 return Ok(false);
             }
@@ -186,11 +238,11 @@ impl Buffer {
 
     /// Sets the size (new bytes are zeros); may move the buffer.
     fn resize(&self, py: Python<'_>, size: u64) -> PyResult<()> {
-        py.detach(|| self.lock().resize(size)).map_err(|e| container_error(e, "resize"))
+        py.detach(|| self.lock("resize")?.resize(size).map_err(|e| container_error(e, "resize")))
     }
 
     /// Capacity for at least `capacity` bytes; may move the buffer.
     fn reserve(&self, py: Python<'_>, capacity: u64) -> PyResult<()> {
-        py.detach(|| self.lock().reserve(capacity)).map_err(|e| container_error(e, "reserve"))
+        py.detach(|| self.lock("reserve")?.reserve(capacity).map_err(|e| container_error(e, "reserve")))
     }
 }

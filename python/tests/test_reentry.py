@@ -238,3 +238,45 @@ def test_a_resource_collected_inside_a_callback_under_its_upstream_pool_gives_it
         pool.deallocate(p, 1 << 22)
         print("done")
     """)
+
+
+def test_a_callback_under_a_buffers_resize_that_uses_that_buffer_is_refused_and_changes_nothing():
+    # A buffer holds its own lock while its resource grows it; the failure
+    # callback reached from there waited for ever on that lock.
+    run_child("""
+        import memres
+        from memres import mr
+        buf = None
+        seen = []
+        def on_oom(nbytes):
+            uses = (lambda: buf.size, lambda: buf.ptr, lambda: buf.capacity(),
+                    lambda: buf.tobytes(), lambda: buf.copy_from_host(b"x"), lambda: buf.resize(1))
+            for use in uses:
+                try:
+                    use()
+                    seen.append(None)
+                except memres.MemresError as e:
+                    seen.append(str(e))
+            return False
+        limit = mr.LimitingResourceAdaptor(mr.HostMemoryResource(), 1 << 20)
+        top = mr.StatisticsResourceAdaptor(mr.FailureCallbackResourceAdaptor(limit, on_oom))
+        buf = memres.DeviceBuffer(size=1024, mr=top)
+        buf.copy_from_host(b"\\x07" * 1024)
+        ptr = buf.ptr
+        try:
+            buf.resize(2 << 20)
+            raise SystemExit("resized past the limit")
+        except MemoryError:
+            pass
+        assert len(seen) == 6 and all(e and "re-entrant" in e for e in seen), seen
+        assert "DeviceBuffer.size" in seen[0] and "DeviceBuffer.resize" in seen[5], seen
+        # Unchanged, and usable from outside the callback.
+        assert buf.size == 1024 and buf.ptr == ptr and buf.tobytes() == b"\\x07" * 1024
+        buf.resize(4096)
+        assert buf.size == 4096 and buf.tobytes()[:1024] == b"\\x07" * 1024
+        counts = top.allocation_counts
+        assert counts["current_count"] == 1 and counts["current_bytes"] == 4096, counts
+        del buf
+        assert top.allocation_counts["current_bytes"] == 0
+        print("done")
+    """)
