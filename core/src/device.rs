@@ -43,7 +43,7 @@
 
 use crate::{DynResource, Error, Result, Stream};
 use alloc::boxed::Box;
-use alloc::collections::BTreeMap;
+use alloc::collections::btree_map::{BTreeMap, Entry};
 use core::any::{Any, TypeId};
 use std::sync::RwLock;
 
@@ -193,9 +193,17 @@ impl Registry {
         // Made outside the lock (a factory may be slow, or use the registry);
         // if two threads race, the first one stored wins and both return it.
         let made = factory(device)?;
-        let mut map = self.resources.write().unwrap_or_else(|p| p.into_inner());
-        let stored = map.entry(key).or_insert_with(|| Box::new(made));
-        Ok(downcast_ref::<DynResource<S>>(stored).clone())
+        let (stored, lost) = {
+            let mut map = self.resources.write().unwrap_or_else(|p| p.into_inner());
+            match map.entry(key) {
+                Entry::Occupied(e) => (downcast_ref::<DynResource<S>>(e.get()).clone(), Some(made)),
+                Entry::Vacant(e) => (downcast_ref::<DynResource<S>>(e.insert(Box::new(made))).clone(), None),
+            }
+        };
+        // The loser's resource drops with the lock gone: its `Drop` may use
+        // the registry.
+        drop(lost);
+        Ok(stored)
     }
 
     /// The resource of the device current on the calling thread (see

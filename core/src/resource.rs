@@ -392,11 +392,22 @@ impl<R: MemoryResource<S> + ?Sized, S: Stream + ?Sized> core::fmt::Debug for Pen
 #[cfg(feature = "std")]
 impl<R: MemoryResource<S> + ?Sized, S: Stream + ?Sized> Drop for Pending<'_, R, S> {
     fn drop(&mut self) {
-        let free = || self.resource.deallocate(self.block, self.stream);
-        if std::thread::panicking() {
-            let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(free));
-        } else {
-            let _ = free();
-        }
+        in_destructor(|| {
+            let _ = self.resource.deallocate(self.block, self.stream);
+        });
     }
+}
+
+/// Runs `f`, user code (an upstream's free, a stream's `at_drop`, a
+/// space's decommit, a leak handler) that a destructor calls. While the
+/// thread unwinds, a panic of `f` is caught and what `f` was doing is left
+/// undone: a second panic in a destructor would abort the process. Without
+/// `std` nothing can be caught, and such a panic still aborts.
+pub(crate) fn in_destructor(f: impl FnOnce()) {
+    #[cfg(feature = "std")]
+    if std::thread::panicking() {
+        let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));
+        return;
+    }
+    f();
 }

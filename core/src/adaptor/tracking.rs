@@ -308,7 +308,7 @@ impl<R> Drop for Tracking<R> {
         }
         let report = self.get_outstanding_allocations();
         match &self.on_leak {
-            Some(handler) => handler(&report),
+            Some(handler) => crate::resource::in_destructor(|| handler(&report)),
             #[cfg(feature = "std")]
             None => std::eprint!("memres: tracking adaptor dropped with {report}"),
             #[cfg(not(feature = "std"))]

@@ -567,3 +567,21 @@ fn a_give_back_whose_stream_panics_leaves_no_superblock_in_transit() {
     assert_eq!(arena.upstream_with(|u| u.usage().held), 0);
     arena.check().unwrap();
 }
+
+#[test]
+fn an_arena_dropped_while_unwinding_over_a_panicking_upstream_does_not_abort() {
+    let up = BumpUpstream::new(1 << 30);
+    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        let arena = ArenaResource::new(&up);
+        let b = arena.allocate(req(1000), &()).unwrap();
+        arena.deallocate(b, &()).unwrap();
+        up.panic_in("allocate", 0);
+        up.panic_in("deallocate", 0);
+        // Grows: the upstream panics, and the arena, dropped while the
+        // thread unwinds, gives its chunk back to it (which panics again).
+        let _ = arena.allocate(req(64 << 20), &());
+    }));
+    assert!(r.is_err());
+    // The chunk whose give-back panicked is left to the upstream.
+    assert!(up.usage().held > 0);
+}

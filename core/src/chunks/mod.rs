@@ -139,10 +139,13 @@ pub(crate) struct ChunkTable<U, C: Storage<Chunk> = DefaultStorage<Chunk>> {
 }
 
 /// Gives `block` back to `upstream` on the stream type's drop stream.
-fn give_back_at_drop<S: Stream + ?Sized, U: MemoryResource<S>>(upstream: &U, block: Block) {
-    // Dropping: an error of the upstream cannot be reported any more.
-    S::at_drop(&mut |stream| {
-        let _ = upstream.deallocate(block, stream);
+pub(crate) fn give_back_at_drop<S: Stream + ?Sized, U: MemoryResource<S>>(upstream: &U, block: Block) {
+    // Dropping: an error of the upstream cannot be reported any more, and
+    // a panic while unwinding leaves the chunk to the upstream.
+    crate::resource::in_destructor(|| {
+        S::at_drop(&mut |stream| {
+            let _ = upstream.deallocate(block, stream);
+        });
     });
 }
 

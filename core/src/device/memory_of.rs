@@ -27,6 +27,7 @@ use super::{DeviceId, Registry, GLOBAL};
 use crate::copy::MemoryOf;
 use crate::{Block, DynResource, Error, MemoryResource, Request, Result, Stream};
 use alloc::boxed::Box;
+use alloc::vec::Vec;
 use alloc::collections::BTreeMap;
 use alloc::sync::{Arc, Weak};
 use core::any::{Any, TypeId};
@@ -144,7 +145,9 @@ struct Promised<K: ?Sized + 'static, E> {
     /// Keeps the object's allocation (not the object), so its address stays
     /// its own while the promise is listed.
     resource: Weak<dyn MemoryResource<K> + Send + Sync>,
-    engine: E,
+    /// Shared, so that the engine's `Clone` and `Drop` (user code, which
+    /// may use the promises) run with `PROMISES` unlocked.
+    engine: Arc<E>,
 }
 
 impl<K: ?Sized + 'static, E: Send + Sync + 'static> Promise for Promised<K, E> {
@@ -220,18 +223,28 @@ where
     E: Send + Sync + 'static,
 {
     let key = (TypeId::of::<K>(), TypeId::of::<E>(), address(resource));
-    let promise = Promised::<K, E> { resource: Arc::downgrade(resource), engine };
-    let mut promises = PROMISES.write().unwrap_or_else(|p| p.into_inner());
-    promises.retain(|_, p| p.is_alive());
-    promises.insert(key, Box::new(promise));
+    let promise = Promised::<K, E> { resource: Arc::downgrade(resource), engine: Arc::new(engine) };
+    // The entries taken out drop after the lock goes: an engine's `Drop`
+    // may use the promises.
+    let mut gone: Vec<Box<dyn Promise>> = Vec::new();
+    {
+        let mut promises = PROMISES.write().unwrap_or_else(|p| p.into_inner());
+        let dead: Vec<_> = promises.iter().filter(|(_, p)| !p.is_alive()).map(|(k, _)| *k).collect();
+        gone.extend(dead.iter().filter_map(|k| promises.remove(k)));
+        gone.extend(promises.insert(key, Box::new(promise)));
+    }
+    drop(gone);
 }
 
 /// The engine promised with `resource` for `E`, if it was promised.
 fn promised_engine<K: ?Sized + 'static, E: Clone + 'static>(resource: &DynResource<K>) -> Option<E> {
     let key = (TypeId::of::<K>(), TypeId::of::<E>(), address(resource));
-    let promises = PROMISES.read().unwrap_or_else(|p| p.into_inner());
-    let promise = promises.get(&key)?.as_any().downcast_ref::<Promised<K, E>>()?;
-    Some(promise.engine.clone())
+    let engine = {
+        let promises = PROMISES.read().unwrap_or_else(|p| p.into_inner());
+        promises.get(&key)?.as_any().downcast_ref::<Promised<K, E>>()?.engine.clone()
+    };
+    // Cloned with the lock gone: an engine's `Clone` may use the promises.
+    Some(E::clone(&engine))
 }
 
 const NOT_PROMISED: Error = Error::InvalidConfig {

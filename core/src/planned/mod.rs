@@ -456,14 +456,6 @@ fn offset_in(region: Block, addr: u64) -> Option<u64> {
 /// The flag of [`State::slot_live`] for an overdue block.
 const OVERDUE: u32 = 1 << 31;
 
-/// Gives `block` back to `upstream` on the stream type's drop stream.
-fn give_back_at_drop<S: Stream + ?Sized, R: MemoryResource<S>>(upstream: &R, block: Block) {
-    // Dropping: an error of the upstream cannot be reported any more.
-    S::at_drop(&mut |stream| {
-        let _ = upstream.deallocate(block, stream);
-    });
-}
-
 impl<R> State<R> {
     fn new() -> Self {
         State {
@@ -878,7 +870,7 @@ impl<R> Planned<R> {
             s.region = new_region;
             // Either region may be taken from now on.
             if s.at_drop.is_none() && S::at_drop(&mut |_| {}) {
-                s.at_drop = Some(give_back_at_drop::<S, R>);
+                s.at_drop = Some(crate::chunks::give_back_at_drop::<S, R>);
             }
             match made {
                 Some((mut plan, _)) if top == 0 || !new_region.is_empty() => {

@@ -513,3 +513,22 @@ fn a_chunk_over_memory_held_already_is_refused() {
     p.check().unwrap();
     p.deallocate(a, &()).unwrap();
 }
+
+#[test]
+fn a_pool_dropped_while_unwinding_over_a_panicking_upstream_does_not_abort() {
+    extern crate std;
+    let up = BumpUpstream::new(1 << 30);
+    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        // Its free chunk stays while it grows: the drop gives it back.
+        let mut pool = CoalescingPool::with_config(&up, PoolConfig::new().release_on_grow(false), &()).unwrap();
+        let b = pool.allocate(Request::new(1000).unwrap(), &()).unwrap();
+        pool.deallocate(b, &()).unwrap();
+        up.panic_in("allocate", 0);
+        up.panic_in("deallocate", 0);
+        // Grows: the upstream panics, and the pool, dropped while the
+        // thread unwinds, gives its chunk back to it (which panics again).
+        let _ = pool.allocate(Request::new(1 << 30).unwrap(), &());
+    }));
+    assert!(r.is_err());
+    assert!(up.usage().held > 0);
+}

@@ -16,6 +16,7 @@ use crate::{Block, Error, MemoryResourceMut, Request, Result, Stream};
 use alloc::collections::BTreeMap;
 use alloc::vec::Vec;
 use core::fmt;
+use core::ops::Bound::{Excluded, Unbounded};
 use free_list::{footprint, FreeList};
 
 /// How blocks move between streams.
@@ -144,6 +145,10 @@ pub struct StreamOrdered<A, S: Stream> {
     listed_bytes: u64,
     cross: CrossStream,
     stats: Stats,
+    /// How a listed block goes back to `inner` when the layer is dropped:
+    /// set by the first free (a `fn` of `A`'s free, which `Drop` cannot
+    /// name).
+    at_drop: Option<fn(&mut A, Block)>,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -172,6 +177,7 @@ impl<A, S: Stream> StreamOrdered<A, S> {
             listed_bytes: 0,
             cross: CrossStream::Wait,
             stats: Stats::default(),
+            at_drop: None,
         }
     }
 
@@ -288,17 +294,17 @@ impl<A: MemoryResourceMut<()>, S: Stream + Clone> StreamOrdered<A, S> {
                     continue;
                 }
                 let upto = *upto;
-                let mut emptied = Vec::new();
-                let mut result = Ok(());
-                'buckets: for (&size, q) in list.buckets.iter_mut() {
+                // A bucket goes as soon as it empties: the inner free is
+                // the user's code and may panic at the next one.
+                let mut next = list.buckets.keys().next().copied();
+                while let Some(size) = next {
+                    next = list.buckets.range((Excluded(size), Unbounded)).next().map(|(&k, _)| k);
+                    let Some(q) = list.buckets.get_mut(&size) else { break };
                     while let Some(&(block, seq)) = q.front() {
                         if seq >= upto {
                             break;
                         }
-                        if let Err(e) = self.inner.deallocate(block, &()) {
-                            result = Err(e);
-                            break 'buckets;
-                        }
+                        self.inner.deallocate(block, &())?;
                         q.pop_front();
                         list.len -= 1;
                         self.listed_bytes -= size;
@@ -306,13 +312,9 @@ impl<A: MemoryResourceMut<()>, S: Stream + Clone> StreamOrdered<A, S> {
                         given += 1;
                     }
                     if q.is_empty() {
-                        emptied.push(size);
+                        list.buckets.remove(&size);
                     }
                 }
-                for size in emptied {
-                    list.buckets.remove(&size);
-                }
-                result?;
                 list.fence = None;
             }
             if list.len > 0 {
@@ -471,7 +473,27 @@ impl<A: MemoryResourceMut<()>, S: Stream + Clone> MemoryResourceMut<S> for Strea
         self.live_bytes -= footprint(&inner);
         self.listed_bytes += footprint(&inner);
         list.push(inner);
+        if self.at_drop.is_none() {
+            self.at_drop = Some(|inner, block| {
+                let _ = inner.deallocate(block, &());
+            });
+        }
         Ok(())
+    }
+}
+
+/// Gives every listed block back to the inner algorithm, so that it,
+/// dropped next, can give its memory back too: as for a pool, synchronize
+/// the streams that used the layer before dropping it. Live blocks stay
+/// the inner algorithm's.
+impl<A, S: Stream> Drop for StreamOrdered<A, S> {
+    fn drop(&mut self) {
+        let Some(give_back) = self.at_drop else { return };
+        for list in core::mem::take(&mut self.lists).into_values() {
+            for (block, _) in list.buckets.into_values().flatten() {
+                crate::resource::in_destructor(|| give_back(&mut self.inner, block));
+            }
+        }
     }
 }
 

@@ -99,7 +99,7 @@ fn other_stream_waits_on_an_event_of_the_freeing_stream() {
 #[test]
 fn unordered_variant_skips_the_wait() {
     let (so, a, b, log) = setup(None);
-    let mut so = StreamOrdered::new(so.inner).with_cross_stream(CrossStream::Unordered);
+    let mut so = so.with_cross_stream(CrossStream::Unordered);
     let x = so.allocate(req(4096), &a).unwrap();
     so.deallocate(x, &a).unwrap();
     let y = so.allocate(req(4096), &b).unwrap();
@@ -321,4 +321,41 @@ fn a_free_whose_streams_id_panics_changes_nothing() {
     so.deallocate(a, &s).unwrap();
     so.check().unwrap();
     assert_eq!((so.live_count(), so.listed_count()), (0, 1), "the block is listed, nothing lost");
+}
+
+#[test]
+fn a_dropped_layer_gives_its_listed_blocks_back() {
+    let up = BumpUpstream::new(1 << 30);
+    let log = Rc::new(RefCell::new(Log::default()));
+    let a = TestStream { id: 1, log };
+    let mut so = StreamOrdered::<_, TestStream>::new(CoalescingPool::new(&up));
+    let kept = so.allocate(req(1000), &a).unwrap();
+    let b = so.allocate(req(5000), &a).unwrap();
+    so.deallocate(b, &a).unwrap();
+    assert_eq!(so.listed_bytes(), 5120);
+    // A live block keeps its chunk; free everything and the chunk goes back.
+    so.deallocate(kept, &a).unwrap();
+    drop(so);
+    assert_eq!(up.usage().held, 0, "every block was freed, yet the upstream still holds the chunk");
+}
+
+#[test]
+fn a_reclaim_whose_inner_free_panics_keeps_no_empty_bucket() {
+    let up = BumpUpstream::new(1 << 30);
+    let log = Rc::new(RefCell::new(Log::default()));
+    let a = TestStream { id: 1, log: log.clone() };
+    let mut so = StreamOrdered::<_, TestStream>::new(&up);
+    let (x, y) = (so.allocate(req(1000), &a).unwrap(), so.allocate(req(5000), &a).unwrap());
+    so.deallocate(x, &a).unwrap();
+    so.deallocate(y, &a).unwrap();
+    so.reclaim().unwrap(); // fences both buckets
+    log.borrow_mut().complete = true;
+    up.panic_in("deallocate", 1); // the second bucket's free panics
+    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| so.reclaim()));
+    assert!(r.is_err());
+    so.check().unwrap();
+    assert_eq!((so.listed_bytes(), up.usage().held), (5120, 5120));
+    // The rest comes back at the next reclaim.
+    assert_eq!(so.reclaim().unwrap(), 1);
+    assert_eq!((so.listed_bytes(), up.usage().held), (0, 0));
 }

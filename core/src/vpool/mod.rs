@@ -28,6 +28,7 @@ pub use config::VirtualConfig;
 
 use crate::index::{Allocation, CoalescingIndex};
 use crate::vmem::ReservableSpace;
+use crate::resource::in_destructor;
 use crate::{Block, Error, Inspect, MemoryResourceMut, Range, Request, Result, Stream};
 use alloc::vec::Vec;
 use bits::Bits;
@@ -712,10 +713,15 @@ impl<V: ReservableSpace> Drop for VirtualPool<V> {
                 let run = self.committed_bits.find(s, end, true);
                 s = self.committed_bits.find(run, end, false);
                 if run < s {
-                    let _ = self.space.decommit(self.slot_range(&r, run, s), &());
+                    let range = self.slot_range(&r, run, s);
+                    in_destructor(|| {
+                        let _ = self.space.decommit(range, &());
+                    });
                 }
             }
-            let _ = self.space.release(r.range);
+            in_destructor(|| {
+                let _ = self.space.release(r.range);
+            });
         }
     }
 }

@@ -125,3 +125,55 @@ fn global_functions() {
     assert_eq!(get_per_device_resource_of::<TestStream<7>, Engine>(1).unwrap().1, Engine(4));
     assert!(is_not_promised(get_per_device_resource_of::<TestStream<7>, OtherEngine>(1)));
 }
+
+/// Runs `f` on a thread of its own; whether it ended within five seconds
+/// (a thread stuck on the promises' lock holds it for good, so a failing
+/// run also hangs the tests that come after it in this binary).
+fn ends(f: impl FnOnce() + Send + 'static) -> bool {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        f();
+        let _ = tx.send(());
+    });
+    rx.recv_timeout(std::time::Duration::from_secs(5)).is_ok()
+}
+
+/// An engine whose `Clone` and `Drop` use the promises, as a user's engine may.
+#[derive(Debug)]
+struct Busy(u32);
+
+impl Clone for Busy {
+    fn clone(&self) -> Self {
+        promise_memory_of::<TestStream<9>, _, _>(&numbers(), Engine(self.0));
+        Busy(self.0)
+    }
+}
+
+impl Drop for Busy {
+    fn drop(&mut self) {
+        let _ = Registry::new().get_per_device_resource_of::<TestStream<9>, Engine>(0);
+        promise_memory_of::<TestStream<9>, _, _>(&numbers(), Engine(self.0));
+    }
+}
+
+// SAFETY: `Busy` is no copy engine: nothing ever touches these blocks.
+unsafe impl MemoryOf<Busy> for Numbers {}
+
+#[test]
+fn an_engine_whose_clone_or_drop_uses_the_promises_does_not_hang() {
+    assert!(ends(|| {
+        let reg = Registry::new();
+        let mr = numbers();
+        reg.set_per_device_resource_of::<TestStream<8>, _, _>(0, mr.clone(), Busy(1));
+        // The engine is cloned for the caller: `Busy::clone` promises.
+        let (_, engine) = reg.get_per_device_resource_of::<TestStream<8>, Busy>(0).unwrap();
+        assert_eq!(engine.0, 1);
+        // A second promise of the object replaces the engine: the old one drops.
+        promise_memory_of::<TestStream<8>, _, _>(&mr, Busy(2));
+        assert_eq!(reg.get_per_device_resource_of::<TestStream<8>, Busy>(0).unwrap().1 .0, 2);
+        // With the object gone, the next promise prunes its entry: its engine drops.
+        drop(reg);
+        drop(mr);
+        promise_memory_of::<TestStream<8>, _, _>(&numbers(), Engine(0));
+    }));
+}
