@@ -147,7 +147,9 @@ impl Buffer {
                 None => Inner::new_in(size, s, resource, engine),
             })
             .map_err(|e| container_error(e, "DeviceBuffer"))?;
-        Ok(Buffer { inner: DropDetached::new(Shared { buffer: Mutex::new(inner), holder: AtomicU64::new(0) }) })
+        Ok(Buffer {
+            inner: DropDetached::new(Shared { buffer: Mutex::new(inner), holder: AtomicU64::new(0) }),
+        })
     }
 
     #[getter]
@@ -169,14 +171,17 @@ impl Buffer {
 
     /// The bytes, copied to the host (waits for the stream).
     fn copy_to_host<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyBytes>> {
-        let v = py.detach(|| self.lock("copy_to_host")?.to_vec().map_err(|e| container_error(e, "copy_to_host")))?;
+        let v = py
+            .detach(|| self.lock("copy_to_host")?.to_vec().map_err(|e| container_error(e, "copy_to_host")))?;
         Ok(PyBytes::new(py, &v))
     }
 
     /// Writes `data` at `offset`.
     #[pyo3(signature = (data, offset=0))]
     fn copy_from_host(&self, py: Python<'_>, data: &[u8], offset: u64) -> PyResult<()> {
-        py.detach(|| self.lock("copy_from_host")?.write(offset, data).map_err(|e| container_error(e, "copy_from_host")))
+        py.detach(|| {
+            self.lock("copy_from_host")?.write(offset, data).map_err(|e| container_error(e, "copy_from_host"))
+        })
     }
 
     /// Copies `src`'s bytes to the start of this buffer, ordered after the

@@ -520,7 +520,8 @@ fn a_pool_dropped_while_unwinding_over_a_panicking_upstream_does_not_abort() {
     let up = BumpUpstream::new(1 << 30);
     let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         // Its free chunk stays while it grows: the drop gives it back.
-        let mut pool = CoalescingPool::with_config(&up, PoolConfig::new().release_on_grow(false), &()).unwrap();
+        let mut pool =
+            CoalescingPool::with_config(&up, PoolConfig::new().release_on_grow(false), &()).unwrap();
         let b = pool.allocate(Request::new(1000).unwrap(), &()).unwrap();
         pool.deallocate(b, &()).unwrap();
         up.panic_in("allocate", 0);

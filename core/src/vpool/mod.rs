@@ -27,8 +27,8 @@ mod tests;
 pub use config::VirtualConfig;
 
 use crate::index::{Allocation, CoalescingIndex};
-use crate::vmem::ReservableSpace;
 use crate::resource::in_destructor;
+use crate::vmem::ReservableSpace;
 use crate::{Block, Error, Inspect, MemoryResourceMut, Range, Request, Result, Stream};
 use alloc::vec::Vec;
 use bits::Bits;
