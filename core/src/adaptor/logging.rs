@@ -4,12 +4,14 @@
 use crate::trace::{Action, Record, HEADER};
 use crate::Pending;
 use crate::{Block, MemoryResource, Request, Result, Stream};
+use std::format;
 use std::fs::{File, OpenOptions};
 use std::io::{self, BufWriter, Write};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, OnceLock};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use std::vec::Vec;
 
 /// The number of the calling thread in logs: 0 for the first thread that
 /// logs, 1 for the next...
@@ -89,6 +91,43 @@ pub struct Logging<R, W: Write = BufWriter<File>> {
     write_errors: AtomicU64,
     /// Frees logged that the upstream then refused.
     refused_frees: AtomicU64,
+    /// The file it made new ([`to_file`](Logging::to_file)), kept from any
+    /// other `to_file` of the process while this lives.
+    _file: Option<Claim>,
+}
+
+/// The files that live logs made by [`Logging::to_file`] write, by their
+/// canonical paths. A second `to_file` of one of them would cut the rows
+/// the first wrote, and the two would then write over each other at their
+/// own offsets: the same stack text built for two devices did that.
+static CLAIMED: Mutex<Vec<PathBuf>> = Mutex::new(Vec::new());
+
+/// A path in [`CLAIMED`], taken out when dropped.
+#[derive(Debug)]
+struct Claim(PathBuf);
+
+impl Claim {
+    fn take(path: PathBuf) -> io::Result<Claim> {
+        let mut claimed = CLAIMED.lock().unwrap_or_else(|p| p.into_inner());
+        if claimed.contains(&path) {
+            return Err(io::Error::new(
+                io::ErrorKind::AlreadyExists,
+                format!(
+                    "`{}` is written by another log of this process (give each log, \
+                     and each device's, its own file)",
+                    path.display()
+                ),
+            ));
+        }
+        claimed.push(path.clone());
+        Ok(Claim(path))
+    }
+}
+
+impl Drop for Claim {
+    fn drop(&mut self) {
+        CLAIMED.lock().unwrap_or_else(|p| p.into_inner()).retain(|p| *p != self.0);
+    }
 }
 
 impl<R> Logging<R> {
@@ -97,7 +136,9 @@ impl<R> Logging<R> {
     /// # Errors
     ///
     /// The file cannot be created, or the header not written: at
-    /// construction, never at the first allocation.
+    /// construction, never at the first allocation. `AlreadyExists` while
+    /// another log made by `to_file` in this process writes the same file
+    /// (which is then left as it is).
     ///
     /// ```
     /// # use memres_core::adaptor::Logging;
@@ -105,7 +146,18 @@ impl<R> Logging<R> {
     /// assert!(Logging::to_file(BumpUpstream::new(1 << 20), "/no/such/dir/log.csv").is_err());
     /// ```
     pub fn to_file(upstream: R, path: impl AsRef<Path>) -> io::Result<Self> {
-        let mut log = Logging::new(upstream, BufWriter::new(File::create(path)?))?;
+        // Opened uncut, so that a file another log writes is left whole.
+        let file = OpenOptions::new().create(true).write(true).truncate(false).open(path.as_ref())?;
+        // A device (`/dev/null`) or a pipe has no rows to cut or offsets to clash.
+        let claim = match file.metadata()?.is_file() {
+            true => Some(Claim::take(std::fs::canonicalize(path)?)?),
+            false => None,
+        };
+        if claim.is_some() {
+            file.set_len(0)?;
+        }
+        let mut log = Logging::new(upstream, BufWriter::new(file))?;
+        log._file = claim;
         // Make the header reach the file now, so that a file that accepts no
         // writes fails here.
         log.out.get_mut().unwrap_or_else(|p| p.into_inner()).flush()?;
@@ -164,6 +216,7 @@ impl<R, W: Write> Logging<R, W> {
             out: Mutex::new(writer),
             write_errors: AtomicU64::new(0),
             refused_frees: AtomicU64::new(0),
+            _file: None,
         }
     }
 

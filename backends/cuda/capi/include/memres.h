@@ -27,6 +27,9 @@
  * release=true|false (give wholly free chunks back before growing; true),
  * per_stream=true|false (a pool per stream; false)), stats, track, limit,
  * align, log. sim, host and vpool (simulated or host memory) are refused.
+ * A file= is one device's: a second device whose stack names a file that
+ * a live log writes fails its first call with a message naming the file
+ * (MEMRES_LOG_FILE names one file per device).
  *
  * When the environment variable MEMRES_LOG_FILE (RMM's RMM_LOG_FILE) names
  * a file, each device's stack logs every call in RMM's CSV format to that

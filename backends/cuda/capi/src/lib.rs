@@ -38,6 +38,9 @@
 //! name (a missing directory, a directory, a read-only file: -1 with a
 //! message naming the variable); a file that cannot be made is the error
 //! of the device's first call (NULL with that message), never an abort.
+//! A `log(..., file=)` in the stack is built for each device: a file that
+//! a live log of the process writes is refused the same way (`Logging::to_file`),
+//! so a second device never cuts the first one's rows.
 //!
 //! The built resource is also set as the device's resource in
 //! [`memres_core::device`]'s registry, so Rust code in the same process

@@ -328,3 +328,35 @@ fn a_writer_and_an_upstream_free_that_both_panic_do_not_abort() {
     let message = payload.downcast_ref::<&str>().copied().unwrap_or("");
     assert!(message.contains("the writer panics"), "{message:?}");
 }
+
+/// Two logs of one file (the same stack text built for two devices) cut
+/// each other's rows and wrote over them at their own offsets: the second
+/// is refused while the first lives, and the file keeps the first's rows.
+#[test]
+fn a_second_log_to_the_file_of_a_live_one_is_refused_and_leaves_it_whole() {
+    let path = std::env::temp_dir().join(format!("memres-log-claim-{}.csv", std::process::id()));
+    let first = Logging::to_file(BumpUpstream::new(1 << 20), &path).unwrap();
+    let b = first.allocate(Request::new(300).unwrap(), &()).unwrap();
+    first.flush().unwrap();
+    // Named another way, it is the same file.
+    let other_name = path.parent().unwrap().join(".").join(path.file_name().unwrap());
+    let err = Logging::to_file(BumpUpstream::new(1 << 20), &other_name).unwrap_err();
+    assert_eq!(err.kind(), io::ErrorKind::AlreadyExists);
+    assert!(err.to_string().contains("memres-log-claim-"), "{err}");
+    first.deallocate(b, &()).unwrap();
+    drop(first);
+    let logged = rows(&std::fs::read(&path).unwrap());
+    assert_eq!(
+        logged.iter().map(|r| (r.action, r.size)).collect::<Vec<_>>(),
+        [(Action::Allocate, 300), (Action::Free, 300)]
+    );
+    // Once the first is gone, the file may be logged to again, from empty.
+    let again = Logging::to_file(BumpUpstream::new(1 << 20), &path).unwrap();
+    assert_eq!(std::fs::read_to_string(&path).unwrap(), format!("{HEADER}\n"));
+    drop(again);
+    // A device has no rows to cut: any number of logs may write to it.
+    let nulls: Vec<_> =
+        (0..2).map(|_| Logging::to_file(BumpUpstream::new(1 << 20), "/dev/null").unwrap()).collect();
+    drop(nulls);
+    std::fs::remove_file(&path).unwrap();
+}
