@@ -137,9 +137,13 @@
 //!   memory under its new holder, which then fares the same.
 //!
 //! What remains outside these guarantees: unsafe code that reads or writes
-//! a block's bytes through its address (a kernel, a raw pointer) must keep
-//! the resource where no other code can free its blocks, since a stale
-//! container may write them; and over plain CUDA device memory, a block
+//! a block's bytes through its address (a kernel, a raw pointer) is not
+//! guarded: a stale container may write them, one of its own resource if
+//! other code can free its blocks, and one of *any* resource of the same
+//! memory in the process once the allocator hands a freed address out again
+//! (the table of live ranges knows which are live, not whose), so such code
+//! holds no reference to the bytes while containers over that memory may
+//! run elsewhere; and over plain CUDA device memory, a block
 //! freed by other code after `CudaCopy` asked the driver about it and
 //! before the device ran the queued copy is written on the device anyway
 //! (device bytes of whoever holds them then, or a driver error), as in RMM.

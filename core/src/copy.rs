@@ -195,8 +195,13 @@ impl<S: Stream + ?Sized, E: CopyEngine<S> + ?Sized> CopyEngine<S> for &E {
 ///   range is device memory before it queues the work.
 ///
 /// Unsafe code that makes references to a block's bytes, or reads them
-/// through raw pointers, gets no such protection: it must keep the resource
-/// where no other code can free its blocks.
+/// through raw pointers, gets no such protection, and keeping its own
+/// resource away from other code is not enough: the check knows which
+/// ranges are live, not whose, so a stale container of *another* resource
+/// of the same memory writes the block once the allocator hands its freed
+/// address to this one. Such code must hold no reference to the bytes while
+/// a container over memory of the same engine may run elsewhere in the
+/// process.
 ///
 /// # Examples
 ///

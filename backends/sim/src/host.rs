@@ -40,8 +40,12 @@ mod tests;
 ///
 /// The resource never touches its blocks or makes references to them.
 /// Unsafe code that reads or writes a block's bytes through its address (as
-/// a test might) must hold the resource where no other code can free its
-/// blocks: the table guards `HostCopy`'s accesses, not raw ones.
+/// a test might) gets no such guard: the table guards `HostCopy`'s
+/// accesses, not raw ones, and knows which ranges are live, not whose. A
+/// stale container of any `HostMemory` of the process writes a block whose
+/// address the allocator handed out again, so such code must hold no
+/// reference to the bytes while containers over host memory may run
+/// elsewhere (see `MemoryOf`).
 ///
 /// # Examples
 ///
