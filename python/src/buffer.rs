@@ -13,7 +13,7 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Mutex, MutexGuard, TryLockError};
 
 type Kind = <Engine as CopyEngine<Stream>>::Kind;
 type Inner = memres_containers::DeviceBuffer<AssumeMemoryOf<DynResource<Stream>, Kind>, Engine, Stream>;
@@ -41,6 +41,29 @@ struct Shared {
     /// 0. Only the holder writes it, so a thread that reads its own number
     /// here holds the lock.
     holder: AtomicU64,
+    /// The buffer's `ptr`, `size` and `capacity` as its last holder left
+    /// them: read with no lock, as RMM's, so that a callback that reads
+    /// them never waits for a buffer another thread holds.
+    figures: [AtomicU64; 3],
+}
+
+impl Shared {
+    fn new(inner: Inner) -> Shared {
+        let figures = figures_of(&inner).map(AtomicU64::new);
+        Shared { buffer: Mutex::new(inner), holder: AtomicU64::new(0), figures }
+    }
+
+    fn figure(&self, i: usize) -> u64 {
+        self.figures[i].load(Ordering::Relaxed)
+    }
+}
+
+const PTR: usize = 0;
+const SIZE: usize = 1;
+const CAPACITY: usize = 2;
+
+fn figures_of(b: &Inner) -> [u64; 3] {
+    [if b.is_empty() { 0 } else { b.addr() }, b.len(), b.capacity()]
 }
 
 /// A number for the calling thread, never 0.
@@ -52,16 +75,19 @@ fn this_thread() -> u64 {
     NUMBER.with(|n| *n)
 }
 
-/// The buffer, locked by this thread; the holder is cleared before the
-/// lock goes.
+/// The buffer, locked by this thread; its figures are stored and the
+/// holder cleared before the lock goes.
 struct Locked<'a> {
-    holder: &'a AtomicU64,
+    shared: &'a Shared,
     guard: MutexGuard<'a, Inner>,
 }
 
 impl Drop for Locked<'_> {
     fn drop(&mut self) {
-        self.holder.store(0, Ordering::Relaxed);
+        for (cell, value) in self.shared.figures.iter().zip(figures_of(&self.guard)) {
+            cell.store(value, Ordering::Relaxed);
+        }
+        self.shared.holder.store(0, Ordering::Relaxed);
     }
 }
 
@@ -83,16 +109,33 @@ impl Buffer {
     /// buffer reached (its resource's failure callback during a resize, a
     /// `CallbackMemoryResource` function) and that uses the buffer again
     /// would wait for ever for a lock its own thread holds: it gets
-    /// `Error::Reentrant` instead, and nothing changes.
+    /// `Error::Reentrant` instead, and nothing changes. Nor does any
+    /// callback wait for a buffer another thread holds: that thread may be
+    /// waiting for a lock of the stack the callback runs under (its own
+    /// resize into the same pool), so the callback gets `Error::Reentrant`
+    /// too while the other holds it.
     fn lock(&self, what: &str) -> PyResult<Locked<'_>> {
         let me = this_thread();
         let shared = &*self.inner;
         if shared.holder.load(Ordering::Relaxed) == me {
             return Err(to_py(Error::Reentrant, &format!("DeviceBuffer.{what}")));
         }
-        let guard = shared.buffer.lock().unwrap_or_else(|p| p.into_inner());
+        let guard = if crate::reentry::in_a_callback() {
+            match shared.buffer.try_lock() {
+                Ok(guard) => guard,
+                Err(TryLockError::Poisoned(p)) => p.into_inner(),
+                Err(TryLockError::WouldBlock) => {
+                    return Err(to_py(
+                        Error::Reentrant,
+                        &format!("DeviceBuffer.{what} (held by another thread)"),
+                    ))
+                }
+            }
+        } else {
+            shared.buffer.lock().unwrap_or_else(|p| p.into_inner())
+        };
         shared.holder.store(me, Ordering::Relaxed);
-        Ok(Locked { holder: &shared.holder, guard })
+        Ok(Locked { shared, guard })
     }
 }
 
@@ -147,26 +190,21 @@ impl Buffer {
                 None => Inner::new_in(size, s, resource, engine),
             })
             .map_err(|e| container_error(e, "DeviceBuffer"))?;
-        Ok(Buffer {
-            inner: DropDetached::new(Shared { buffer: Mutex::new(inner), holder: AtomicU64::new(0) }),
-        })
+        Ok(Buffer { inner: DropDetached::new(Shared::new(inner)) })
     }
 
     #[getter]
-    fn ptr(&self, py: Python<'_>) -> PyResult<u64> {
-        py.detach(|| {
-            let b = self.lock("ptr")?;
-            Ok(if b.is_empty() { 0 } else { b.addr() })
-        })
+    fn ptr(&self) -> u64 {
+        self.inner.figure(PTR)
     }
 
     #[getter]
-    fn size(&self, py: Python<'_>) -> PyResult<u64> {
-        py.detach(|| Ok(self.lock("size")?.len()))
+    fn size(&self) -> u64 {
+        self.inner.figure(SIZE)
     }
 
-    fn capacity(&self, py: Python<'_>) -> PyResult<u64> {
-        py.detach(|| Ok(self.lock("capacity")?.capacity()))
+    fn capacity(&self) -> u64 {
+        self.inner.figure(CAPACITY)
     }
 
     /// The bytes, copied to the host (waits for the stream).

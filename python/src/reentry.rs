@@ -254,3 +254,10 @@ fn free_later(resource: &DynResource<Stream>, block: Block, handle: u64, device:
         );
     }
 }
+
+/// Whether a Python callback of a stack runs now on this thread, inside a
+/// call that may hold the stack's locks: it must not wait for a lock that
+/// another thread may hold while it waits for those.
+pub(crate) fn in_a_callback() -> bool {
+    STATE.with(|s| s.borrow().active.iter().any(|f| !f.callbacks.is_empty()))
+}
