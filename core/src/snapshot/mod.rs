@@ -174,11 +174,29 @@ impl MemoryMap {
         self.record(Action::SegmentAlloc, addr, size, stream, time_us);
     }
 
-    /// The segment at `addr` given back (an unknown one is ignored).
-    pub fn segment_free(&mut self, addr: u64, stream: u64, time_us: Option<u64>) {
-        if let Some(s) = self.segments.remove(&addr) {
-            self.held = self.held.wrapping_sub(s.size);
-            self.record(Action::SegmentFree, addr, s.size, stream, time_us);
+    /// The segment at `addr` given back (an unknown one is ignored): its
+    /// size and the stream it was taken on.
+    pub fn segment_free(&mut self, addr: u64, stream: u64, time_us: Option<u64>) -> Option<(u64, u64)> {
+        let s = self.segments.remove(&addr)?;
+        self.held = self.held.wrapping_sub(s.size);
+        self.record(Action::SegmentFree, addr, s.size, stream, time_us);
+        Some((s.size, s.stream))
+    }
+
+    /// Takes back a [`segment_free`](Self::segment_free) that the upstream
+    /// refused: the segment of `size` bytes taken on `stream` is held
+    /// again, and the free's event, the latest of that address, leaves the
+    /// trace. A segment held at `addr` meanwhile shows that the upstream
+    /// did free it (it handed the address out again): nothing changes.
+    pub fn segment_unfree(&mut self, addr: u64, size: u64, stream: u64) {
+        if self.segments.contains_key(&addr) {
+            return;
+        }
+        self.segments.insert(addr, Segment { size, stream });
+        self.held = self.held.wrapping_add(size);
+        let freed = |e: &TraceEntry| e.action == Action::SegmentFree && e.addr == addr;
+        if let Some(i) = self.trace.iter().rposition(freed) {
+            self.trace.remove(i);
         }
     }
 

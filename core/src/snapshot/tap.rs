@@ -17,9 +17,9 @@ pub enum Side {
 }
 
 /// `inner`, with each allocation and free told to a shared [`MemoryMap`]
-/// (after it succeeds; a failed allocation of [`Side::Blocks`] is told as
-/// an `oom` event). Two taps over one map, one at the leaf and one at the
-/// top, map the stack between them.
+/// (an allocation after it succeeds, a failed one of [`Side::Blocks`] as
+/// an `oom` event; a free before it, taken back if refused). Two taps over
+/// one map, one at the leaf and one at the top, map the stack between them.
 ///
 /// ```
 /// use memres_core::pool::CoalescingPool;
@@ -98,12 +98,42 @@ impl<S: Stream + ?Sized, R: MemoryResource<S>> MemoryResource<S> for Tap<R> {
                 }
                 done
             }
+            // Told before the leaf frees too: once freed, another thread
+            // may be handed the address and tell its own segment, which a
+            // late end would take for this one.
             Side::Segments => {
+                let freed = self.map.with(|m| m.segment_free(addr, id, None));
+                let unfreed = freed.map(|(size, taken_on)| Unfreed { map: &self.map, addr, size, taken_on });
                 self.inner.deallocate(block, stream)?;
-                self.map.with(|m| m.segment_free(addr, id, None));
+                if let Some(u) = unfreed {
+                    u.freed();
+                }
                 Ok(())
             }
         }
+    }
+}
+
+/// A segment told freed before the leaf frees it: told held again when
+/// dropped, as the leaf refused the free or panicked and still holds it,
+/// unless [`freed`](Self::freed) says the leaf freed it.
+struct Unfreed<'a> {
+    map: &'a Shared<MemoryMap>,
+    addr: u64,
+    size: u64,
+    taken_on: u64,
+}
+
+impl Unfreed<'_> {
+    /// The leaf freed it: it stays freed.
+    fn freed(self) {
+        core::mem::forget(self);
+    }
+}
+
+impl Drop for Unfreed<'_> {
+    fn drop(&mut self) {
+        self.map.with(|m| m.segment_unfree(self.addr, self.size, self.taken_on));
     }
 }
 

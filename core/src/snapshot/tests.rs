@@ -104,3 +104,130 @@ fn a_tapped_allocation_whose_streams_id_panics_takes_nothing() {
     assert!(r.is_err());
     assert_eq!(up.usage().held, 0);
 }
+
+/// A leaf of one 1 KiB segment at 0x1000 that refuses to free any other
+/// block, and whose free, once armed, hands the address out again through
+/// a tap over it before it returns: what another thread does when the leaf
+/// gives it the address between the leaf's free and the first tap's word.
+struct OneSegment {
+    map: alloc::sync::Arc<crate::Shared<MemoryMap>>,
+    held: core::cell::Cell<bool>,
+    again: core::cell::Cell<bool>,
+    reused: core::cell::Cell<Option<crate::Block>>,
+}
+
+impl OneSegment {
+    fn new(map: &alloc::sync::Arc<crate::Shared<MemoryMap>>) -> Self {
+        OneSegment {
+            map: map.clone(),
+            held: core::cell::Cell::new(false),
+            again: core::cell::Cell::new(false),
+            reused: core::cell::Cell::new(None),
+        }
+    }
+}
+
+impl crate::MemoryResource for OneSegment {
+    fn allocate(&self, request: crate::Request, _: &()) -> crate::Result<crate::Block> {
+        if request.size() > 1024 || self.held.replace(true) {
+            return Err(crate::Error::OutOfMemory {
+                requested: request.size(),
+                largest_free: 0,
+                pool_size: 1024,
+                max_size: Some(1024),
+            });
+        }
+        Ok(crate::Block::new(0x1000, request.size(), 0))
+    }
+
+    fn deallocate(&self, block: crate::Block, _: &()) -> crate::Result<()> {
+        if block.addr() != 0x1000 || !self.held.get() {
+            return Err(crate::Error::UnknownBlock { addr: block.addr() });
+        }
+        self.held.set(false);
+        if self.again.replace(false) {
+            let tap = Tap::new(self, self.map.clone(), Side::Segments);
+            self.reused.set(Some(tap.allocate(crate::Request::new(1024).unwrap(), &()).unwrap()));
+        }
+        Ok(())
+    }
+}
+
+/// The address a leaf frees may be handed out again before its free
+/// returns: the tap tells the segment's end first, so that the new
+/// segment is never taken for the old one (it was deleted by the late
+/// end, held fell to 0 under a live segment, and its own end was lost).
+#[test]
+fn a_segment_handed_out_again_inside_the_leafs_free_stays_held() {
+    use crate::{MemoryResource, Request, Shared};
+    use alloc::sync::Arc;
+    let map = Arc::new(Shared::new(MemoryMap::new(100)));
+    let leaf = OneSegment::new(&map);
+    let tap = Tap::new(&leaf, map.clone(), Side::Segments);
+    let b = tap.allocate(Request::new(1024).unwrap(), &()).unwrap();
+    leaf.again.set(true);
+    tap.deallocate(b, &()).unwrap();
+    let again = leaf.reused.take().unwrap();
+    assert_eq!(again.addr(), b.addr());
+    assert_eq!(map.with(|m| (m.held(), m.runs().len())), (1024, 1), "the new segment is held");
+    tap.deallocate(again, &()).unwrap();
+    assert_eq!(map.with(|m| (m.held(), m.runs().len())), (0, 0));
+    let actions: Vec<Action> = map.with(|m| m.trace().map(|e| e.action).collect());
+    use Action::{SegmentAlloc as A, SegmentFree as F};
+    assert_eq!(actions, [A, F, A, F], "each segment's end after it, before the next");
+}
+
+/// A segment free the leaf refuses, or panics in, leaves the map as it
+/// was: the segment held, its end out of the trace; a later free ends it.
+#[test]
+fn a_segment_free_the_leaf_refuses_or_panics_in_leaves_the_map_as_it_was() {
+    use crate::testing::BumpUpstream;
+    use crate::{MemoryResource, Request, Shared};
+    use alloc::sync::Arc;
+    let map = Arc::new(Shared::new(MemoryMap::new(100)));
+    let leaf = OneSegment::new(&map);
+    let tap = Tap::new(&leaf, map.clone(), Side::Segments);
+    let b = tap.allocate(Request::new(1000).unwrap(), &()).unwrap();
+    let before = map.with(|m| (m.held(), m.runs(), m.trace().copied().collect::<Vec<_>>()));
+    leaf.held.set(false); // the leaf no longer knows it: refused
+    assert!(tap.deallocate(b, &()).is_err());
+    let after = map.with(|m| (m.held(), m.runs(), m.trace().copied().collect::<Vec<_>>()));
+    assert_eq!(after, before, "a refused free changes nothing in the map");
+    leaf.held.set(true);
+    tap.deallocate(b, &()).unwrap();
+    assert_eq!(map.with(|m| m.held()), 0);
+
+    let map = Arc::new(Shared::new(MemoryMap::new(100)));
+    let up = BumpUpstream::new(1 << 20);
+    let tap = Tap::new(&up, map.clone(), Side::Segments);
+    let b = tap.allocate(Request::new(1000).unwrap(), &()).unwrap();
+    let other = tap.allocate(Request::new(256).unwrap(), &()).unwrap();
+    let before = map.with(|m| (m.held(), m.runs(), m.trace().copied().collect::<Vec<_>>()));
+    up.panic_in("deallocate", 0);
+    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| tap.deallocate(b, &())));
+    assert!(r.is_err());
+    let after = map.with(|m| (m.held(), m.runs(), m.trace().copied().collect::<Vec<_>>()));
+    assert_eq!(after, before, "a free that panicked changes nothing in the map");
+    tap.deallocate(b, &()).unwrap();
+    tap.deallocate(other, &()).unwrap();
+    let actions: Vec<Action> = map.with(|m| m.trace().map(|e| e.action).collect());
+    use Action::{SegmentAlloc as A, SegmentFree as F};
+    assert_eq!((map.with(|m| m.held()), &actions[..]), (0, &[A, A, F, F][..]));
+}
+
+/// A segment free taken back after the address was handed out again (a
+/// leaf that freed, then panicked) keeps the new segment and the end of
+/// the old one: the trace still tells what the map holds.
+#[test]
+fn a_segment_unfree_after_the_address_was_handed_out_again_changes_nothing() {
+    let mut map = MemoryMap::new(10);
+    map.segment_alloc(0x1000, 1024, 1, None);
+    assert_eq!(map.segment_free(0x1000, 2, None), Some((1024, 1)));
+    map.segment_alloc(0x1000, 512, 3, None);
+    map.segment_unfree(0x1000, 1024, 1);
+    assert_eq!((map.held(), map.runs()[0].stream), (512, 3));
+    let actions: Vec<Action> = map.trace().map(|e| e.action).collect();
+    assert_eq!(actions, [Action::SegmentAlloc, Action::SegmentFree, Action::SegmentAlloc]);
+    assert_eq!(map.segment_free(0x1000, 3, None), Some((512, 3)));
+    assert_eq!(map.segment_free(0x1000, 3, None), None);
+}
