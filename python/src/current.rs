@@ -127,6 +127,31 @@ unsafe fn alloc(size: isize, device: i32, stream: *mut c_void) -> Result<*mut c_
     Ok(block.addr() as usize as *mut c_void)
 }
 
+/// A block taken out of a device's table for its free, with its resource:
+/// back in the table when dropped, unless the free succeeded
+/// ([`Taken::freed`]). So a free that fails, or that panics below (the core
+/// keeps a block whose free panicked live), leaves the block freeable.
+struct Taken {
+    table: &'static Live,
+    /// `Some` until dropped or freed.
+    entry: Option<(Block, DynResource<Stream>)>,
+}
+
+impl Taken {
+    /// The free succeeded: the block stays out of the table.
+    fn freed(mut self) {
+        self.entry = None;
+    }
+}
+
+impl Drop for Taken {
+    fn drop(&mut self) {
+        if let Some((block, resource)) = self.entry.take() {
+            self.table.lock().unwrap_or_else(|p| p.into_inner()).insert(block.addr(), (block, resource));
+        }
+    }
+}
+
 /// [`memres_py_free`]'s work.
 ///
 /// # Safety
@@ -135,14 +160,15 @@ unsafe fn alloc(size: isize, device: i32, stream: *mut c_void) -> Result<*mut c_
 unsafe fn free(ptr: *mut c_void, device: i32, stream: *mut c_void) -> Option<()> {
     let d = u32::try_from(device).ok()?;
     let table = live(d as usize)?;
-    // The stream first: a block taken out of the table is put back on
-    // every error after.
     // SAFETY: null or a stream of `device` valid for the call, and for a
     // deferred free until it is applied (the contract).
     let s = unsafe { backend::stream(stream as usize as u64, d) }.ok()?;
-    let (block, resource) = table.lock().unwrap_or_else(|p| p.into_inner()).remove(ptr as usize as u64)?;
-    if resource.deallocate(block, &s).is_err() {
-        table.lock().unwrap_or_else(|p| p.into_inner()).insert(block.addr(), (block, resource));
+    // Back in the table unless the free succeeds.
+    let entry = table.lock().unwrap_or_else(|p| p.into_inner()).remove(ptr as usize as u64)?;
+    let taken = Taken { table, entry: Some(entry) };
+    let (block, resource) = taken.entry.as_ref()?;
+    if resource.deallocate(*block, &s).is_ok() {
+        taken.freed();
     }
     Some(())
 }

@@ -147,17 +147,40 @@ impl memres_core::MemoryResource<Stream> for KeepStreams {
     }
 }
 
+/// A block taken out of a resource object's table of live blocks for its
+/// free: back in the table when dropped, unless the free succeeded
+/// ([`Taken::freed`]). So a free that fails, or that panics below (the core
+/// keeps a block whose free panicked live), leaves the block freeable.
+struct Taken<'a> {
+    resource: &'a Resource,
+    /// `Some` until dropped or freed.
+    block: Option<Block>,
+}
+
+impl Taken<'_> {
+    /// The free succeeded: the block stays out of the table.
+    fn freed(mut self) {
+        self.block = None;
+    }
+}
+
+impl Drop for Taken<'_> {
+    fn drop(&mut self) {
+        if let Some(block) = self.block.take() {
+            self.resource.live.lock().unwrap_or_else(|p| p.into_inner()).insert(block.addr(), block);
+        }
+    }
+}
+
 impl Resource {
-    fn take_live(&self, ptr: u64) -> PyResult<Block> {
-        self.live.lock().unwrap_or_else(|p| p.into_inner()).remove(&ptr).ok_or_else(|| {
+    /// The live block at `ptr`, taken out of the table until it is freed.
+    fn take_live(&self, ptr: u64) -> PyResult<(Taken<'_>, Block)> {
+        let block = self.live.lock().unwrap_or_else(|p| p.into_inner()).remove(&ptr).ok_or_else(|| {
             PyValueError::new_err(format!(
                 "memres: deallocate({ptr:#x}): not allocated by this resource, or freed already"
             ))
-        })
-    }
-
-    fn put_live(&self, block: Block) {
-        self.live.lock().unwrap_or_else(|p| p.into_inner()).insert(block.addr(), block);
+        })?;
+        Ok((Taken { resource: self, block: Some(block) }, block))
     }
 
     /// Notes a block just allocated as live; if its address is live
@@ -302,23 +325,21 @@ impl Resource {
         if ptr == 0 && nbytes == 0 {
             return Ok(());
         }
-        // The stream first: a block taken out of the table is put back on
-        // every error after.
         // SAFETY: a handle of the package's Python layer (the module's contract:
         // "Streams at the boundary" in lib.rs).
         let s = unsafe { backend::stream(stream, self.device)? };
-        let block = self.take_live(ptr)?;
+        // Back in the table unless the free succeeds.
+        let (taken, block) = self.take_live(ptr)?;
         if block.size() != nbytes {
-            self.put_live(block);
             return Err(PyValueError::new_err(format!(
                 "memres: deallocate({ptr:#x}, {nbytes}): allocated with {} bytes",
                 block.size()
             )));
         }
-        py.detach(|| self.blocks.deallocate(block, &s)).map_err(|e| {
-            self.put_live(block);
-            to_py(e, &format!("deallocate({ptr:#x}, {nbytes})"))
-        })
+        py.detach(|| self.blocks.deallocate(block, &s))
+            .map_err(|e| to_py(e, &format!("deallocate({ptr:#x}, {nbytes})")))?;
+        taken.freed();
+        Ok(())
     }
 
     /// `((bytes now, peak, total), (count now, peak, total))` of the

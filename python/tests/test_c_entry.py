@@ -10,6 +10,7 @@ import pytest
 
 import memres
 from memres import _native, mr
+from test_reentry import PANIC_EXCEPTION, run_child
 
 
 def lib():
@@ -81,6 +82,35 @@ def test_an_address_live_already_is_refused_and_the_new_block_given_back():
     assert a.allocation_counts["current_bytes"] == 1000 and _native.sim.c_live_count(0) == 1
     so.memres_py_free(p, 1000, 0, None)  # to `a`, whose block it is
     assert a.allocation_counts["current_bytes"] == 0 and _native.sim.c_live_count(0) == 0
+
+
+def test_a_free_that_fails_below_leaves_the_block_freeable():
+    # As `deallocate`'s: the block left the table for its free and came
+    # back only on an error, so one whose free panicked below was never
+    # freed.
+    run_child(PANIC_EXCEPTION + textwrap.dedent("""
+        import ctypes
+        from memres import _native
+        so = ctypes.CDLL(_native.sim.__file__)
+        so.memres_py_alloc.restype = ctypes.c_void_p
+        so.memres_py_alloc.argtypes = [ctypes.c_ssize_t, ctypes.c_int, ctypes.c_void_p]
+        so.memres_py_free.argtypes = [ctypes.c_void_p, ctypes.c_ssize_t, ctypes.c_int, ctypes.c_void_p]
+        fail = [True]
+        def dealloc(p, n):
+            if fail[0]:
+                fail[0] = False
+                raise PE("deallocate_func")
+        top = mr.StatisticsResourceAdaptor(mr.CallbackMemoryResource(lambda n: 1 << 40, dealloc, backend="sim"))
+        mr.set_current_device_resource(top)
+        p = so.memres_py_alloc(4096, 0, None)
+        assert p and _native.sim.c_live_count(0) == 1
+        so.memres_py_free(p, 4096, 0, None)  # fails: nothing to tell its caller
+        assert top.allocation_counts["current_count"] == 1  # live in the stack
+        assert _native.sim.c_live_count(0) == 1
+        so.memres_py_free(p, 4096, 0, None)
+        assert top.allocation_counts["current_count"] == 0 and _native.sim.c_live_count(0) == 0
+        print("done")
+    """))
 
 
 def test_a_free_with_the_gil_held_waits_for_the_pool_without_it():

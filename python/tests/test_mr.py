@@ -5,11 +5,13 @@ import gc
 import os
 import subprocess
 import sys
+import textwrap
 
 import pytest
 
 import memres
 from memres import mr
+from test_reentry import PANIC_EXCEPTION, run_child
 
 GiB = 1 << 30
 MiB = 1 << 20
@@ -53,6 +55,32 @@ def test_a_refused_free_changes_nothing():
     with pytest.raises(ValueError, match="freed already"):
         pool.deallocate(p, 1000)
     assert pool._native.live_count() == 0
+
+
+def test_a_free_that_fails_below_leaves_the_block_freeable():
+    # The block left the object's table for its free and came back only on
+    # an error: one whose free panicked below (PyO3 turns a PanicException
+    # that Python raised into a panic) stayed live in the stack, which the
+    # object no longer knew it by: "freed already" for ever.
+    run_child(PANIC_EXCEPTION + textwrap.dedent("""
+        fail = [True]
+        def dealloc(p, n):
+            if fail[0]:
+                fail[0] = False
+                raise PE("deallocate_func")
+        top = mr.StatisticsResourceAdaptor(mr.CallbackMemoryResource(lambda n: 1 << 40, dealloc, backend="sim"))
+        p = top.allocate(4096)
+        try:
+            top.deallocate(p, 4096)
+            raise SystemExit("freed")
+        except PE:
+            pass
+        assert top.allocation_counts["current_count"] == 1  # live in the stack
+        assert top._native.live_count() == 1
+        top.deallocate(p, 4096)
+        assert top.allocation_counts["current_count"] == 0 and top._native.live_count() == 0
+        print("done")
+    """))
 
 
 @pytest.mark.parametrize("bad", [-1, 1.5, "10", True, 1 << 64])

@@ -27,6 +27,22 @@ def run_child(code):
         pytest.fail(f"the child hung (no end within {LIMIT_S} s)")
     assert out.returncode == 0, out.stdout + out.stderr
     assert out.stdout.strip().endswith("done"), out.stdout + out.stderr
+    return out
+
+
+# The head of a child that needs PyO3's PanicException, the class a Rust
+# panic becomes in Python: the native module makes it the first time it
+# fetches an exception. PyO3 turns one that Python code raises back into a
+# panic wherever it fetches it.
+PANIC_EXCEPTION = textwrap.dedent("""
+    import memres
+    from memres import mr
+    try:
+        mr.CallbackMemoryResource(lambda n: 1 // 0, lambda p, n: None, backend="sim").allocate(1)
+    except memres.MemresError:
+        pass
+    PE = next(c for c in BaseException.__subclasses__() if c.__name__ == "PanicException")
+""")
 
 
 def test_a_failure_callback_that_collects_a_buffer_of_the_pool_frees_it_once_the_allocation_returns():
