@@ -9,9 +9,11 @@ use memres_core::adaptor::FailureCallback;
 use memres_core::stack::StackBuilder;
 use memres_core::{Block, Error, MemoryResource, Request};
 use pyo3::exceptions::{PyMemoryError, PyTypeError, PyValueError};
+use pyo3::panic::PanicException;
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyInt};
 use std::cell::RefCell;
+use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
@@ -43,6 +45,29 @@ pub(crate) fn python_under_stacks() -> bool {
     // Relaxed: a stack reaches another thread through a lock (the device
     // registry, a table, Python's objects), which orders the store first.
     PYTHON_UNDER_STACKS.load(Ordering::Relaxed)
+}
+
+/// Runs `f`, which calls Python for a callback, so that no panic unwinds
+/// out of it: one comes back as a `PanicException` carrying its message,
+/// for its caller to take as the function's exception. PyO3 turns a
+/// `PanicException` that Python code raised (one that a Rust panic became)
+/// back into a panic wherever it fetches it: from the function, from the
+/// repr or truth of what it returned. Unwinding from a callback into the
+/// stack that called it would run the frees deferred meanwhile during the
+/// unwind, and a panic there aborted the process.
+fn catching<T>(f: impl FnOnce() -> PyResult<T>) -> PyResult<T> {
+    std::panic::catch_unwind(AssertUnwindSafe(f)).unwrap_or_else(|payload| {
+        let message = if let Some(s) = payload.downcast_ref::<String>() {
+            s.clone()
+        } else if let Some(s) = payload.downcast_ref::<&str>() {
+            s.to_string()
+        } else {
+            // A payload of another type might panic in its `Drop`: forget it.
+            std::mem::forget(payload);
+            "a panic in a memres callback".to_string()
+        };
+        Err(PanicException::new_err(message))
+    })
 }
 
 /// What a failing Python function becomes: a `MemoryError` is out of
@@ -88,16 +113,14 @@ impl<S: ?Sized + memres_core::Stream> MemoryResource<S> for PyCallbacks {
     fn allocate(&self, request: Request, _: &S) -> memres_core::Result<Block> {
         in_callback(&self.covers, || {
             Python::attach(|py| {
-                let result = self
-                    .allocate
-                    .call1(py, (request.size(),))
+                let result = catching(|| self.allocate.call1(py, (request.size(),)))
                     .map_err(|e| raised(py, e, request.size(), "allocate_func raised"))?;
-                let addr = address(result.bind(py))
+                let addr = catching(|| address(result.bind(py)))
                     .map_err(|e| raised(py, e, request.size(), "allocate_func returned no int address"))?;
                 if addr == 0 || addr % request.align() != 0 {
                     if addr != 0 {
                         // Refused, the memory goes back: nobody else would free it.
-                        if let Err(e) = self.deallocate.call1(py, (addr, request.size())) {
+                        if let Err(e) = catching(|| self.deallocate.call1(py, (addr, request.size()))) {
                             e.print(py);
                         }
                     }
@@ -114,8 +137,7 @@ impl<S: ?Sized + memres_core::Stream> MemoryResource<S> for PyCallbacks {
     fn deallocate(&self, block: Block, _: &S) -> memres_core::Result<()> {
         in_callback(&self.covers, || {
             Python::attach(|py| {
-                self.deallocate
-                    .call1(py, (block.addr(), block.size()))
+                catching(|| self.deallocate.call1(py, (block.addr(), block.size())))
                     .map(drop)
                     .map_err(|e| raised(py, e, 0, "deallocate_func raised"))
             })
@@ -150,7 +172,7 @@ pub(crate) fn register_callbacks(
                 |bytes, f: &Arc<(Py<PyAny>, Covers)>| {
                     in_callback(&f.1, || {
                         Python::attach(|py| {
-                            f.0.call1(py, (bytes,)).and_then(|r| r.bind(py).is_truthy()).unwrap_or_else(|e| {
+                            catching(|| f.0.call1(py, (bytes,))?.bind(py).is_truthy()).unwrap_or_else(|e| {
                                 e.print(py);
                                 false
                             })

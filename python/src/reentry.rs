@@ -140,7 +140,9 @@ pub(crate) fn enter(covers: &Covers) -> Result<Entered, Error> {
 
 impl Drop for Entered {
     fn drop(&mut self) {
-        if self.noted && pop() {
+        // While the thread unwinds, the deferred work stays queued for its
+        // next call: a panic in it now would abort the process.
+        if self.noted && pop() && !std::thread::panicking() {
             run_deferred();
         }
     }

@@ -59,9 +59,10 @@ def test_a_refused_free_changes_nothing():
 
 def test_a_free_that_fails_below_leaves_the_block_freeable():
     # The block left the object's table for its free and came back only on
-    # an error: one whose free panicked below (PyO3 turns a PanicException
+    # an error: one whose free panicked below (PyO3 turned a PanicException
     # that Python raised into a panic) stayed live in the stack, which the
-    # object no longer knew it by: "freed already" for ever.
+    # object no longer knew it by: "freed already" for ever. A callback's
+    # PanicException is now its error, as any exception.
     run_child(PANIC_EXCEPTION + textwrap.dedent("""
         fail = [True]
         def dealloc(p, n):
@@ -73,8 +74,8 @@ def test_a_free_that_fails_below_leaves_the_block_freeable():
         try:
             top.deallocate(p, 4096)
             raise SystemExit("freed")
-        except PE:
-            pass
+        except memres.MemresError as e:
+            assert isinstance(e.__cause__, PE), e.__cause__
         assert top.allocation_counts["current_count"] == 1  # live in the stack
         assert top._native.live_count() == 1
         top.deallocate(p, 4096)

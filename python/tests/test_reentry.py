@@ -335,3 +335,90 @@ def test_a_callback_that_uses_a_buffer_another_thread_holds_while_it_waits_for_t
         assert y.size == 512 << 10 and x.size == 1 << 20
         print("done")
     """)
+
+
+def test_a_free_deferred_by_a_callback_that_raises_a_panic_exception_does_not_abort_when_its_own_callback_does():
+    # The callback's PanicException became a panic inside the stack's call,
+    # which ran the free it deferred while the thread unwound: that free's
+    # callback raising one too aborted the process ("panic in a destructor
+    # during cleanup", exit code -6).
+    out = run_child(PANIC_EXCEPTION + textwrap.dedent("""
+        state = {"next": 1 << 40}
+        def alloc(n):
+            if n == 512:
+                C.deallocate(state["q"], 256)  # re-entrant: applied once C.allocate returns
+                raise PE("allocate_func")
+            state["next"] += 1 << 20
+            return state["next"]
+        def dealloc(p, n):
+            if p == state["q"]:
+                raise PE("deallocate_func")
+        C = mr.CallbackMemoryResource(alloc, dealloc, backend="sim")
+        state["q"] = C.allocate(256)
+        try:
+            C.allocate(512)
+            raise SystemExit("allocated")
+        except memres.MemresError as e:
+            assert "allocate_func raised" in str(e), e
+        assert C._native.live_count() == 0  # q's free was taken, and said to succeed
+        # The thread is usable, and nothing stays queued.
+        C.deallocate(C.allocate(64), 64)
+        print("done")
+    """))
+    assert out.stderr.count("deferred from a call inside a callback, failed") == 1, out.stderr
+
+
+def test_a_panic_exception_from_a_callback_is_the_error_of_a_callback_that_raised():
+    # Anything Python runs for a callback: the function, the repr of what it
+    # returned, the truth of a failure callback's answer. Each PanicException
+    # unwound through the stack (holding a pool's lock) to the caller.
+    run_child(PANIC_EXCEPTION + textwrap.dedent("""
+        def panics(*args):
+            raise PE("a callback")
+        class Unprintable(int):
+            def __str__(self):
+                raise PE("str")
+            __repr__ = __str__
+        class NoTruth:
+            def __bool__(self):
+                raise PE("bool")
+        def raises(call, error, says):
+            try:
+                call()
+            except error as e:
+                assert says in str(e) and isinstance(e.__cause__, PE), (e, e.__cause__)
+                return
+            raise SystemExit(f"no {error.__name__}")
+
+        cb = mr.CallbackMemoryResource(panics, lambda p, n: None, backend="sim")
+        raises(lambda: cb.allocate(10), memres.MemresError, "allocate_func raised")
+        cb = mr.CallbackMemoryResource(lambda n: Unprintable(1 << 64), lambda p, n: None, backend="sim")
+        raises(lambda: cb.allocate(10), memres.MemresError, "allocate_func returned no int address")
+        cb = mr.CallbackMemoryResource(lambda n: 1 << 40, panics, backend="sim")
+        p = cb.allocate(10)
+        raises(lambda: cb.deallocate(p, 10), memres.MemresError, "deallocate_func raised")
+        assert cb._native.live_count() == 1  # a refused free changes nothing
+
+        # Under a pool, which holds its lock while it grows: usable after.
+        n = [0]
+        def grow(size):
+            n[0] += 1
+            if n[0] == 2:
+                raise PE("grow")
+            return (1 << 40) + (n[0] << 30)
+        pool = mr.PoolMemoryResource(mr.CallbackMemoryResource(grow, lambda p, s: None, backend="sim"),
+                                     initial_pool_size=1 << 16)
+        raises(lambda: pool.allocate(1 << 21), memres.MemresError, "allocate_func raised")
+        p = pool.allocate(1 << 21)
+        pool.deallocate(p, 1 << 21)
+
+        # A failure callback: as one that raised, said and not retried.
+        for on_oom in (panics, lambda n: NoTruth()):
+            fc = mr.FailureCallbackResourceAdaptor(mr.LimitingResourceAdaptor(mr.HostMemoryResource(), 100), on_oom)
+            try:
+                fc.allocate(1000)
+                raise SystemExit("allocated past the limit")
+            except memres.OutOfMemory:
+                pass
+        print("done")
+    """))
