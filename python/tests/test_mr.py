@@ -32,6 +32,33 @@ def test_allocate_and_deallocate_through_a_pool():
     assert pool.allocate(0) == 0
 
 
+def test_a_per_stream_pool_tells_what_it_holds_and_gives_it_back():
+    # pool_size() and release() saw only pools of one stream: a pool per
+    # stream held 0 bytes and gave nothing back, whatever it held.
+    host = mr.StatisticsResourceAdaptor(mr.HostMemoryResource())
+    pool = mr.PoolMemoryResource(host, initial_pool_size=MiB, per_stream=True)
+    held = lambda: host.allocation_counts["current_bytes"]
+    assert held() == MiB and pool.pool_size() == MiB
+    p = pool.allocate(4 * MiB)  # the pool grows
+    size = pool.pool_size()
+    assert size == held() >= 4 * MiB
+    pool.deallocate(p, 4 * MiB)
+    assert pool.release() == size
+    assert pool.pool_size() == 0 and held() == 0
+    # A stack string's, as memres.allocators.torch.empty_cache() calls it.
+    res = mr.StackMemoryResource("stats(pool(host, per_stream=true, initial=1MiB))", backend="sim")
+    assert res._native.pool_size() == MiB
+    assert res.release() == MiB and res._native.pool_size() == 0
+    # A pool over a pool in one stack: the outer one's chunks go back to the
+    # inner one first, which gives them on.
+    for text in ("pool(pool(host, per_stream=true), initial=2MiB)",
+                 "pool(pool(host, initial=2MiB), per_stream=true, initial=1MiB)"):
+        res = mr.StackMemoryResource(text, backend="sim")
+        size = res._native.pool_size()
+        assert size >= 3 * MiB, (text, size)
+        assert res.release() == size and res._native.pool_size() == 0, text
+
+
 def test_an_adaptor_wraps_the_same_upstream_object():
     stats = mr.StatisticsResourceAdaptor(mr.SimulatedMemoryResource(GiB))
     pool = mr.PoolMemoryResource(stats, initial_pool_size=2 * MiB)

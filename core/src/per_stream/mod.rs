@@ -251,6 +251,84 @@ impl<M: MakePool<S>, S: Stream + ?Sized> PerStreamPool<M, S> {
         Ok(())
     }
 
+    /// Gives the wholly free chunks of the pools back upstream, freed on
+    /// `stream` (RMM's `release`, PyTorch's `empty_cache`); returns the
+    /// bytes given back. Once the device is synchronized
+    /// ([`Stream::synchronize_device`]) every pool's go. Where the stream
+    /// cannot synchronize it, `stream`'s own pool's go once `stream` waited
+    /// on the frees of its blocks on other streams, and another pool's once
+    /// `stream` waited on the fence that covers them; a pool whose free
+    /// chunks no fence covers keeps them, and records one at its next call.
+    /// Virtual pools unmap their idle granules (a pool of another stream
+    /// only after a device synchronization: it unmaps only on its own
+    /// stream otherwise).
+    ///
+    /// # Errors
+    ///
+    /// A stream's (the synchronization, a wait): nothing went back. The
+    /// upstream's first: the chunks it refused stay, the others go back.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use memres_core::per_stream::{PerStreamPool, PoolMaker};
+    /// use memres_core::testing::IdStream;
+    /// use memres_core::{Inspect, MemoryResourceMut, Request};
+    /// # use memres_core::testing::BumpUpstream;
+    /// let up = BumpUpstream::new(1 << 30);
+    /// let mut pools = PerStreamPool::new(PoolMaker::new(&up));
+    /// let (a, b) = (IdStream(1), IdStream(2));
+    /// let x = pools.allocate(Request::new(1000)?, &a)?;
+    /// let y = pools.allocate(Request::new(1000)?, &b)?;
+    /// pools.deallocate(x, &a)?;
+    /// pools.deallocate(y, &b)?;
+    /// let held = pools.usage().held;
+    /// assert_eq!(pools.release(&a)?, held); // `IdStream` synchronizes the device
+    /// assert_eq!((pools.usage().held, up.usage().held), (0, 0));
+    /// # Ok::<(), memres_core::Error>(())
+    /// ```
+    pub fn release(&mut self, stream: &S) -> Result<u64> {
+        let synchronized = stream.synchronize_device()?;
+        let own = self.find(stream.id());
+        // Which pools may give their chunks back on `stream`, with `stream`
+        // ordered after what they cover first.
+        let mut may = Vec::with_capacity(self.lanes.len());
+        for j in 0..self.lanes.len() {
+            let ok = if synchronized {
+                true
+            } else if Some(j) == own {
+                for (_, event) in &self.lanes[j].waits {
+                    stream.wait(event)?;
+                }
+                true
+            } else {
+                let lane = &mut self.lanes[j];
+                if lane.pool.shortest_free_chunk(0).is_none() {
+                    false
+                } else if let Some(fence) = lane.fence_for_takers() {
+                    stream.wait(fence)?;
+                    true
+                } else {
+                    // Asked for a fence at its next call, as by a taker.
+                    lane.settle_next = true;
+                    false
+                }
+            };
+            may.push(ok);
+        }
+        let mut released = 0;
+        let mut refused = None;
+        for (lane, _) in self.lanes.iter_mut().zip(may).filter(|(_, ok)| *ok) {
+            match lane.pool.release(stream) {
+                Ok(n) => released += n,
+                Err(e) => {
+                    refused.get_or_insert(e);
+                }
+            }
+        }
+        refused.map_or(Ok(released), Err)
+    }
+
     /// The lane of stream `id`.
     fn find(&self, id: u64) -> Option<usize> {
         self.lanes.iter().position(|l| l.id == id)

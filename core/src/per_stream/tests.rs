@@ -217,6 +217,51 @@ fn growth_gives_the_free_chunks_of_other_streams_back_first() {
 }
 
 #[test]
+fn release_gives_back_the_free_chunks_that_the_stream_is_ordered_after() {
+    for device in [true, false] {
+        let mut r = rig(1 << 30);
+        r.log.borrow_mut().device = device;
+        let (a, b, c) = (r.a.clone(), r.b.clone(), r.c.clone());
+        let x = r.alloc(MIB, &a);
+        let y = r.alloc(1000, &b);
+        let z = r.alloc(MIB, &c);
+        // a's chunk: wholly free, under its fence. c's: wholly free by a
+        // free on b that c has not waited for, so no fence covers it.
+        r.free(x, &a);
+        r.free(z, &b);
+        let held = |r: &Rig, s: &TestStream| r.pools.pool_of(s.id).map_or(0, |p| p.usage().held);
+        let (of_a, of_b, of_c) = (held(&r, &a), held(&r, &b), held(&r, &c));
+        assert!(of_a >= MIB && of_c >= MIB);
+        let waits = r.waits().len();
+        if device {
+            // Every stream's, b's chunk kept for its live block.
+            assert_eq!(r.pools.release(&b).unwrap(), of_a + of_c);
+            assert_eq!(r.log.borrow().device_syncs, 1);
+            assert_eq!(r.waits().len(), waits, "the device is idle: no wait");
+            assert_eq!(r.up.usage().held, of_b);
+        } else {
+            // a's after a wait on its fence; c's stay, and c records a
+            // fence at its next call.
+            assert_eq!(r.pools.release(&b).unwrap(), of_a);
+            assert_eq!(r.waits()[waits..], [(b.id, a.id)]);
+            assert_eq!(r.up.usage().held, of_b + of_c);
+            r.pools.check().unwrap();
+            // On c, after c waited on b's free of its block.
+            assert_eq!(r.pools.release(&c).unwrap(), of_c);
+            assert_eq!(r.waits()[waits + 1..], [(c.id, b.id)]);
+            assert_eq!(r.up.usage().held, of_b);
+        }
+        r.pools.check().unwrap();
+        r.exact();
+        // The pools serve as before.
+        let x = r.alloc(MIB, &a);
+        r.free(x, &a);
+        r.free(y, &b);
+        r.exact();
+    }
+}
+
+#[test]
 fn out_of_memory_synchronizes_the_device_and_gives_every_free_chunk_back() {
     for device in [true, false] {
         let mut r = rig(2 * MIB);
