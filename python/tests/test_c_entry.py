@@ -10,7 +10,7 @@ import pytest
 
 import memres
 from memres import _native, mr
-from test_reentry import PANIC_EXCEPTION, run_child
+from test_reentry import FREE_PANICS_ONCE, run_child
 
 
 def lib():
@@ -88,19 +88,13 @@ def test_a_free_that_fails_below_leaves_the_block_freeable():
     # As `deallocate`'s: the block left the table for its free and came
     # back only on an error, so one whose free panicked below was never
     # freed.
-    run_child(PANIC_EXCEPTION + textwrap.dedent("""
+    run_child(FREE_PANICS_ONCE + textwrap.dedent("""
         import ctypes
         from memres import _native
         so = ctypes.CDLL(_native.sim.__file__)
         so.memres_py_alloc.restype = ctypes.c_void_p
         so.memres_py_alloc.argtypes = [ctypes.c_ssize_t, ctypes.c_int, ctypes.c_void_p]
         so.memres_py_free.argtypes = [ctypes.c_void_p, ctypes.c_ssize_t, ctypes.c_int, ctypes.c_void_p]
-        fail = [True]
-        def dealloc(p, n):
-            if fail[0]:
-                fail[0] = False
-                raise PE("deallocate_func")
-        top = mr.StatisticsResourceAdaptor(mr.CallbackMemoryResource(lambda n: 1 << 40, dealloc, backend="sim"))
         mr.set_current_device_resource(top)
         p = so.memres_py_alloc(4096, 0, None)
         assert p and _native.sim.c_live_count(0) == 1

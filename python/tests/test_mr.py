@@ -11,7 +11,7 @@ import pytest
 
 import memres
 from memres import mr
-from test_reentry import PANIC_EXCEPTION, run_child
+from test_reentry import FREE_PANICS_ONCE, run_child
 
 GiB = 1 << 30
 MiB = 1 << 20
@@ -90,13 +90,7 @@ def test_a_free_that_fails_below_leaves_the_block_freeable():
     # that Python raised into a panic) stayed live in the stack, which the
     # object no longer knew it by: "freed already" for ever. A callback's
     # PanicException is now its error, as any exception.
-    run_child(PANIC_EXCEPTION + textwrap.dedent("""
-        fail = [True]
-        def dealloc(p, n):
-            if fail[0]:
-                fail[0] = False
-                raise PE("deallocate_func")
-        top = mr.StatisticsResourceAdaptor(mr.CallbackMemoryResource(lambda n: 1 << 40, dealloc, backend="sim"))
+    run_child(FREE_PANICS_ONCE + textwrap.dedent("""
         p = top.allocate(4096)
         try:
             top.deallocate(p, 4096)

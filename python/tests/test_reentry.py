@@ -44,6 +44,16 @@ PANIC_EXCEPTION = textwrap.dedent("""
     PE = next(c for c in BaseException.__subclasses__() if c.__name__ == "PanicException")
 """)
 
+# `top`: statistics over a callback resource whose first free raises PE.
+FREE_PANICS_ONCE = PANIC_EXCEPTION + textwrap.dedent("""
+    fail = [True]
+    def dealloc(p, n):
+        if fail[0]:
+            fail[0] = False
+            raise PE("deallocate_func")
+    top = mr.StatisticsResourceAdaptor(mr.CallbackMemoryResource(lambda n: 1 << 40, dealloc, backend="sim"))
+""")
+
 
 def test_a_failure_callback_that_collects_a_buffer_of_the_pool_frees_it_once_the_allocation_returns():
     # RMM's usual failure callback: collect garbage and retry. The garbage
