@@ -157,9 +157,15 @@ class DeviceMemoryResource:
         return dict(zip(_STEPS_FIELDS, self._native.steps()))
 
     def release(self, stream=None):
-        """Gives the wholly free chunks of this stack's pools back to the
-        device; returns the bytes given back."""
-        return self._native.release(as_handle(stream))
+        """Gives the wholly free chunks of this stack's pools, then those of
+        the resources it is built over, back to the device (so
+        ``empty_cache()`` reaches the pool under ``enable_statistics()``);
+        returns the bytes given back."""
+        handle = as_handle(stream)
+        given = self._native.release(handle)
+        for u in self._upstreams:
+            given += u.release(stream)
+        return given
 
     def __repr__(self):
         return f"<memres.mr.{type(self).__name__} {self.stack!r} on device {self.device_id}>"

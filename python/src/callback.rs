@@ -36,6 +36,11 @@ pub(crate) fn take_raised() -> Option<PyErr> {
     LAST_RAISED.with(|r| r.borrow_mut().take())
 }
 
+/// Puts back an exception [`take_raised`] took, for the error it is behind.
+pub(crate) fn restore_raised(e: Option<PyErr>) {
+    LAST_RAISED.with(|r| *r.borrow_mut() = e);
+}
+
 /// Whether a build was ever given Python functions: only they run Python
 /// while a stack holds a lock, so only then may a lock's holder wait for
 /// the GIL.

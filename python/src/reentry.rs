@@ -239,6 +239,9 @@ impl MemoryResource<Stream> for Guarded {
 /// A deferred free. Its caller was told the free succeeded, so a failure
 /// can only be said on stderr, as Python says an exception in `__del__`.
 fn free_later(resource: &DynResource<Stream>, block: Block, handle: u64, device: u32) {
+    // The exception the outer call's error may be behind: this free's own
+    // callback would write over it.
+    let outer = crate::callback::take_raised();
     // SAFETY: the handle of the stream the free was asked on, valid until
     // the free is applied: a stack keeps the objects of the streams it was
     // given (`KeepStreams`) and this deferred free keeps the stack, and
@@ -247,7 +250,7 @@ fn free_later(resource: &DynResource<Stream>, block: Block, handle: u64, device:
         .map_err(|_| Error::InvalidConfig { what: "the stream of a deferred free cannot be had" })
         .and_then(|s| resource.deallocate(block, &s));
     if let Err(e) = freed {
-        // A callback's exception kept for the caller: there is none now.
+        // This free's callback's exception: its caller was told it freed.
         drop(crate::callback::take_raised());
         eprintln!(
             "memres: freeing {:#x} ({} bytes), deferred from a call inside a callback, failed: {e}",
@@ -255,6 +258,7 @@ fn free_later(resource: &DynResource<Stream>, block: Block, handle: u64, device:
             block.size()
         );
     }
+    crate::callback::restore_raised(outer);
 }
 
 /// Whether a Python callback of a stack runs now on this thread, inside a

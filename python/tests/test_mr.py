@@ -565,3 +565,19 @@ def test_a_sim_capacity_past_its_space_is_a_value_error():
         mr.SimulatedMemoryResource(1 << 47)
     largest = mr.SimulatedMemoryResource(1 << 46)
     largest.deallocate(largest.allocate(1 << 40), 1 << 40)
+
+
+def test_release_of_a_resource_reaches_the_pools_it_is_built_over():
+    # What enable_statistics() makes: statistics over a pool object. Its
+    # release() (so empty_cache()) saw only its own stack, which has no pool.
+    pool = mr.PoolMemoryResource(mr.HostMemoryResource(), initial_pool_size=1 << 20)
+    stats = mr.StatisticsResourceAdaptor(pool)
+    p = stats.allocate(4096)
+    assert stats.release() == 0  # the chunk holds a live block
+    stats.deallocate(p, 4096)
+    assert pool.pool_size() == 1 << 20
+    assert stats.release() == 1 << 20
+    assert pool.pool_size() == 0
+    # Still serves, growing again.
+    stats.deallocate(stats.allocate(4096), 4096)
+    assert pool.pool_size() > 0

@@ -370,6 +370,8 @@ def test_a_free_deferred_by_a_callback_that_raises_a_panic_exception_does_not_ab
             raise SystemExit("allocated")
         except memres.MemresError as e:
             assert "allocate_func raised" in str(e), e
+            # Its cause is its own callback's, not the deferred free's.
+            assert isinstance(e.__cause__, PE) and "allocate_func" in str(e.__cause__), e.__cause__
         assert C._native.live_count() == 0  # q's free was taken, and said to succeed
         # The thread is usable, and nothing stays queued.
         C.deallocate(C.allocate(64), 64)
