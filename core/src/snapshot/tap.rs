@@ -90,50 +90,51 @@ impl<S: Stream + ?Sized, R: MemoryResource<S>> MemoryResource<S> for Tap<R> {
             // a segment back): a viewer that undoes the trace event by event
             // never finds a block outside the segments.
             Side::Blocks => {
-                let freed = self.map.with(|m| m.free(addr, id, None));
-                let done = self.inner.deallocate(block, stream);
-                if let (Err(_), Some((size, requested))) = (&done, freed) {
-                    // Refused: still live, and never freed in the trace.
-                    self.map.with(|m| m.unfree(addr, size, requested, id));
-                }
-                done
+                let told = self.map.with(|m| m.free(addr, id, None));
+                let undo = told
+                    .map(|(size, requested)| move |m: &mut MemoryMap| m.unfree(addr, size, requested, id));
+                self.freeing(undo, || self.inner.deallocate(block, stream))
             }
             // Told before the leaf frees too: once freed, another thread
             // may be handed the address and tell its own segment, which a
             // late end would take for this one.
             Side::Segments => {
-                let freed = self.map.with(|m| m.segment_free(addr, id, None));
-                let unfreed = freed.map(|(size, taken_on)| Unfreed { map: &self.map, addr, size, taken_on });
-                self.inner.deallocate(block, stream)?;
-                if let Some(u) = unfreed {
-                    u.freed();
-                }
-                Ok(())
+                let told = self.map.with(|m| m.segment_free(addr, id, None));
+                let undo = told
+                    .map(|(size, taken_on)| move |m: &mut MemoryMap| m.segment_unfree(addr, size, taken_on));
+                self.freeing(undo, || self.inner.deallocate(block, stream))
             }
         }
     }
 }
 
-/// A segment told freed before the leaf frees it: told held again when
-/// dropped, as the leaf refused the free or panicked and still holds it,
-/// unless [`freed`](Self::freed) says the leaf freed it.
-struct Unfreed<'a> {
-    map: &'a Shared<MemoryMap>,
-    addr: u64,
-    size: u64,
-    taken_on: u64,
-}
-
-impl Unfreed<'_> {
-    /// The leaf freed it: it stays freed.
-    fn freed(self) {
-        core::mem::forget(self);
-    }
-}
-
-impl Drop for Unfreed<'_> {
-    fn drop(&mut self) {
-        self.map.with(|m| m.segment_unfree(self.addr, self.size, self.taken_on));
+impl<R> Tap<R> {
+    /// Runs `free`, the inner resource's free of a block or segment whose
+    /// free the map was told already; `undo` takes that back unless `free`
+    /// succeeds (refused, or panicking: the inner resource still holds it,
+    /// as every adaptor takes a free that panicked).
+    fn freeing(
+        &self,
+        undo: Option<impl FnOnce(&mut MemoryMap)>,
+        free: impl FnOnce() -> Result<()>,
+    ) -> Result<()> {
+        struct Told<'a, F: FnOnce(&mut MemoryMap)> {
+            map: &'a Shared<MemoryMap>,
+            undo: Option<F>,
+        }
+        impl<F: FnOnce(&mut MemoryMap)> Drop for Told<'_, F> {
+            fn drop(&mut self) {
+                if let Some(undo) = self.undo.take() {
+                    self.map.with(undo);
+                }
+            }
+        }
+        let mut told = Told { map: &self.map, undo };
+        let done = free();
+        if done.is_ok() {
+            told.undo = None;
+        }
+        done
     }
 }
 

@@ -86,6 +86,18 @@ fn taps_tell_a_block_free_before_its_segment_and_keep_a_refused_free_live() {
     assert_eq!(after, before, "a refused free tells the trace nothing (it told a free and an allocation)");
     pool.deallocate(b, &()).unwrap();
     assert_eq!(map.with(|m| m.live()), 0);
+
+    // So does a free that panics: the resource still holds the block.
+    let up = BumpUpstream::new(1 << 20);
+    let tap = Tap::new(&up, map.clone(), Side::Blocks);
+    let b = tap.allocate(Request::new(4096).unwrap(), &()).unwrap();
+    let before = map.with(|m| (m.live(), m.trace().copied().collect::<Vec<_>>()));
+    up.panic_in("deallocate", 0);
+    assert!(std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| tap.deallocate(b, &()))).is_err());
+    let after = map.with(|m| (m.live(), m.trace().copied().collect::<Vec<_>>()));
+    assert_eq!(after, before, "a free that panicked leaves the block live in the map");
+    tap.deallocate(b, &()).unwrap();
+    assert_eq!(map.with(|m| m.live()), 0);
 }
 
 /// A stream whose `id` panics in a tapped allocation loses no block: it is
