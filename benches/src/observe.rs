@@ -103,7 +103,7 @@ fn build(
         let leaves = memres_sim::builder::<SimStream>();
         let map = map.clone();
         b.register(name, move |call, cx| {
-            let leaf = leaves.build_call(call, cx.stream)?;
+            let leaf = cx.build_with(&leaves, call)?;
             Ok(cx.keep(call, Tap::new(leaf, map.clone(), Side::Segments)))
         });
     }

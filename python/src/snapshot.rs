@@ -64,12 +64,12 @@ pub(crate) fn tap_leaves(
         let (inner, map) = (inner.clone(), map.clone());
         if inner.is_leaf_of::<Engine>(name) {
             builder.register_leaf_of::<Engine>(name, move |call, cx| {
-                let leaf = inner.build_leaf_of::<Engine>(call, cx.stream)?;
+                let leaf = cx.build_leaf_of_with::<Engine>(&inner, call)?;
                 Ok(cx.keep_leaf_of(call, Tap::new(leaf, map.clone(), Side::Segments)))
             });
         } else {
             builder.register(name, move |call, cx| {
-                let leaf = inner.build_call(call, cx.stream)?;
+                let leaf = cx.build_with(&inner, call)?;
                 Ok(cx.keep(call, Tap::new(leaf, map.clone(), Side::Segments)))
             });
         }

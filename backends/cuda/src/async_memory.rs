@@ -5,7 +5,7 @@ use crate::context::{Context, Device};
 use crate::error::{check, check_free};
 use crate::live::LiveAllocations;
 use crate::place::{allocate_with, base_of, out_of_memory, padded_size};
-use crate::stream::{in_order, AsRawStream};
+use crate::stream::{in_order, AsRawStream, CudaStream};
 use crate::sys;
 use memres_core::{Block, Error, MemoryResource, Request, Result};
 use std::ffi::c_void;
@@ -407,6 +407,22 @@ impl<S: AsRawStream + ?Sized> MemoryResource<S> for CudaAsyncMemory {
 // memory first (a pool of host memory made elsewhere is refused), and a
 // stale device address names device memory or nothing, never host memory.
 unsafe impl memres_core::copy::MemoryOf<crate::CudaCopy> for CudaAsyncMemory {}
+
+/// The driver's pool keeps freed memory reserved up to its release
+/// threshold: `release` trims it to what is in use (`cuMemPoolTrimTo(pool,
+/// 0)`) once the device is done, as PyTorch's `cudaMallocAsync` backend
+/// empties its cache; it returns the reserved bytes given back.
+impl memres_core::stack::Release<CudaStream> for CudaAsyncMemory {
+    fn release(&self, stream: &CudaStream) -> Result<u64> {
+        memres_core::Stream::synchronize_device(stream)?;
+        let before = self.reserved_bytes()?;
+        self.trim_to(0)?;
+        Ok(before.saturating_sub(self.reserved_bytes()?))
+    }
+    fn held(&self) -> u64 {
+        self.reserved_bytes().unwrap_or(0)
+    }
+}
 
 impl Drop for CudaAsyncMemory {
     fn drop(&mut self) {

@@ -108,7 +108,7 @@ pub fn register(
     builder.register_leaf_of::<CudaCopy>("async", move |call, cx| {
         let config = async_config(call)?;
         let leaf = CudaAsyncMemory::with_config(device, config).map_err(|e| call.resource_error(e))?;
-        Ok(cx.keep_leaf_of(call, Counted::new(leaf, g.clone())))
+        Ok(cx.keep_leaf_of_releasing(call, Counted::new(leaf, g.clone())))
     });
     plain_leaf(builder, "cuda", device, &gauge, CudaMemory::new);
     plain_leaf(builder, "managed", device, &gauge, ManagedMemory::new);
@@ -117,10 +117,10 @@ pub fn register(
         let config = vmm_config(call)?;
         if config.per_stream {
             let pools = config.build_per_stream(device, gauge.clone()).map_err(|e| call.resource_error(e))?;
-            return Ok(cx.keep_leaf_of(call, pools));
+            return Ok(cx.keep_leaf_of_releasing(call, pools));
         }
         let pool = config.build(device, gauge.clone()).map_err(|e| call.resource_error(e))?;
-        Ok(cx.keep_leaf_of(call, pool))
+        Ok(cx.keep_leaf_of_releasing(call, pool))
     })
 }
 

@@ -54,9 +54,9 @@ where
         if call.bool_arg("per_stream")? == Some(true) {
             let (space, config) = vpool_parts(call)?;
             let pools = PerStreamPool::<_, S>::new(VirtualMaker::new(Arc::new(space), config));
-            return Ok(cx.keep(call, Shared::new(pools)));
+            return Ok(cx.keep_releasing(call, Shared::new(pools)));
         }
-        Ok(cx.keep(call, Shared::new(vpool(call)?)))
+        Ok(cx.keep_releasing(call, Shared::new(vpool(call)?)))
     })
 }
 

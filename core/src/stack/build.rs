@@ -1,6 +1,7 @@
 //! The builder: a registry of constructors by name, which turns a parsed
 //! stack into resources.
 
+use super::release::{Layer, Release, ReleaseLayers};
 use super::{parse, Call, StackError, StackErrorKind};
 use crate::copy::{AssumeMemoryOf, MemoryOf};
 use crate::{Block, DynResource, MemoryResource, MemoryResourceMut, Request, Shared, Stream, StreamOrdered};
@@ -22,6 +23,9 @@ pub struct Context<'a, S: ?Sized> {
     pub stream: &'a S,
     /// Typed handles kept so far (see [`Context::keep`]).
     handles: RefCell<Vec<Handle>>,
+    /// The layers kept so far that keep freed memory, with their call's
+    /// name and position (see [`Context::keep_releasing`]).
+    releasing: RefCell<Vec<Layer<S>>>,
 }
 
 /// A typed resource of a built stack, kept so that its figures can be read.
@@ -34,6 +38,12 @@ struct Handle {
 impl<S: ?Sized> fmt::Debug for Context<'_, S> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Context").field("builder", &self.builder).finish_non_exhaustive()
+    }
+}
+
+impl<'a, S: ?Sized> Context<'a, S> {
+    fn new(builder: &'a StackBuilder<S>, stream: &'a S) -> Self {
+        Context { builder, stream, handles: RefCell::new(Vec::new()), releasing: RefCell::new(Vec::new()) }
     }
 }
 
@@ -70,6 +80,86 @@ impl<S: Stream + ?Sized + 'static> Context<'_, S> {
         unsafe { AssumeMemoryOf::new(resource) }
     }
 
+    /// [`keep`](Self::keep), for a layer that keeps memory freed through
+    /// it (a pool): [`Built::release_layers`] hands it out, so that what it
+    /// keeps free can be given back later.
+    pub fn keep_releasing<T>(&self, call: &Call, resource: T) -> DynResource<S>
+    where
+        T: MemoryResource<S> + Release<S> + 'static,
+    {
+        let resource = self.kept(call, resource);
+        self.releasing.borrow_mut().push(Layer {
+            name: call.name.clone(),
+            pos: call.pos,
+            layer: resource.clone(),
+        });
+        resource
+    }
+
+    /// [`keep_leaf_of`](Self::keep_leaf_of) and
+    /// [`keep_releasing`](Self::keep_releasing) at once: a leaf of `E`'s
+    /// memory that keeps freed memory (a virtual pool, a driver's pool).
+    pub fn keep_leaf_of_releasing<E, T>(&self, call: &Call, resource: T) -> LeafOf<S, E>
+    where
+        T: MemoryResource<S> + MemoryOf<E> + Release<S> + 'static,
+    {
+        let resource = self.kept(call, resource);
+        self.releasing.borrow_mut().push(Layer {
+            name: call.name.clone(),
+            pos: call.pos,
+            layer: resource.clone(),
+        });
+        let resource: DynResource<S> = resource;
+        // SAFETY: `resource` is the `Arc` of a `T`, and `T: MemoryOf<E>`:
+        // every block it hands out meets the contract that
+        // `AssumeMemoryOf::new` asks for.
+        unsafe { AssumeMemoryOf::new(resource) }
+    }
+
+    /// Builds `call` with the constructors of `builder` (a layer of this
+    /// build that wraps another builder's resource: a snapshot's tap),
+    /// keeping its handles and layers in this build.
+    ///
+    /// # Errors
+    ///
+    /// As [`StackBuilder::build_call`].
+    pub fn build_with(&self, builder: &StackBuilder<S>, call: &Call) -> Result<DynResource<S>, StackError> {
+        self.nested(builder, |cx| builder.build_in(call, cx))
+    }
+
+    /// [`build_with`](Self::build_with) for a leaf that `builder`
+    /// registered by [`register_leaf_of::<E>`](StackBuilder::register_leaf_of),
+    /// with the promise: for a layer that keeps it (a snapshot's tap).
+    ///
+    /// # Errors
+    ///
+    /// [`StackErrorKind::WrongKind`] at the call if its name is not such a
+    /// leaf of `E`; else as [`StackBuilder::build_call`].
+    pub fn build_leaf_of_with<E: 'static>(
+        &self,
+        builder: &StackBuilder<S>,
+        call: &Call,
+    ) -> Result<LeafOf<S, E>, StackError> {
+        let typed = builder
+            .leaf_constructor::<E>(&call.name)
+            .ok_or_else(|| call.error(StackErrorKind::WrongKind("a leaf whose memory the engine reaches")))?;
+        self.nested(builder, |cx| typed(call, cx))
+    }
+
+    /// Runs `f` in a context of `builder` whose handles and layers join
+    /// this one's.
+    fn nested<T>(
+        &self,
+        builder: &StackBuilder<S>,
+        f: impl FnOnce(&Context<'_, S>) -> Result<T, StackError>,
+    ) -> Result<T, StackError> {
+        let cx = Context::new(builder, self.stream);
+        let built = f(&cx);
+        self.handles.borrow_mut().append(&mut cx.handles.into_inner());
+        self.releasing.borrow_mut().append(&mut cx.releasing.into_inner());
+        built
+    }
+
     fn kept<T: Send + Sync + 'static>(&self, call: &Call, resource: T) -> Arc<T> {
         let resource = Arc::new(resource);
         self.handles.borrow_mut().push(Handle {
@@ -104,6 +194,8 @@ pub struct Built<S: ?Sized> {
     pub resource: DynResource<S>,
     /// Sorted by position in the text: outermost first.
     handles: Vec<Handle>,
+    /// The layers that keep freed memory, outermost first.
+    releasing: ReleaseLayers<S>,
 }
 
 impl<S: ?Sized> fmt::Debug for Built<S> {
@@ -126,6 +218,14 @@ impl<S: ?Sized> Built<S> {
     /// say theirs.
     pub fn get<T: Any + Send + Sync>(&self, name: &str) -> Option<Arc<T>> {
         self.all(name).into_iter().next()
+    }
+
+    /// The layers that keep memory freed through them (each `pool`, and
+    /// the leaves that do: `vpool`, `vmm`, `async`), outermost first, to
+    /// give that memory back ([`ReleaseLayers::release`], PyTorch's
+    /// `empty_cache`).
+    pub fn release_layers(&self) -> ReleaseLayers<S> {
+        self.releasing.clone()
     }
 
     /// Every resource named `name` of type `T`, outermost first.
@@ -323,20 +423,17 @@ impl<S: Stream + ?Sized + 'static> StackBuilder<S> {
     }
 
     /// Builds `call`, a leaf registered by
-    /// [`register_leaf_of::<E>`](Self::register_leaf_of), with the promise:
-    /// for a layer that wraps the leaf of another builder and keeps its
-    /// promise (a snapshot's tap).
+    /// [`register_leaf_of::<E>`](Self::register_leaf_of), with the promise.
+    /// Its typed handles are dropped: a constructor that wraps the leaf of
+    /// another builder (a snapshot's tap) calls
+    /// [`Context::build_leaf_of_with`], which keeps them in its own build.
     ///
     /// # Errors
     ///
     /// [`StackErrorKind::WrongKind`] at the call if its name is not such a
     /// leaf of `E`; else as [`build_call`](Self::build_call).
     pub fn build_leaf_of<E: 'static>(&self, call: &Call, stream: &S) -> Result<LeafOf<S, E>, StackError> {
-        let typed = self
-            .leaf_constructor::<E>(&call.name)
-            .ok_or_else(|| call.error(StackErrorKind::WrongKind("a leaf whose memory the engine reaches")))?;
-        let cx = Context { builder: self, stream, handles: RefCell::new(Vec::new()) };
-        typed(call, &cx)
+        Context::new(self, stream).build_leaf_of_with(self, call)
     }
 
     /// Registers (or replaces) `name` as a leaf that is `resource`, made by
@@ -408,13 +505,13 @@ impl<S: Stream + ?Sized + 'static> StackBuilder<S> {
     ///
     /// As [`build_call`](Self::build_call).
     pub fn build_call_with_handles(&self, call: &Call, stream: &S) -> Result<Built<S>, StackError> {
-        let cx = Context { builder: self, stream, handles: RefCell::new(Vec::new()) };
+        let cx = Context::new(self, stream);
         let resource = self.build_in(call, &cx)?;
         let mut handles = cx.handles.into_inner();
         // A call's upstreams are written after its name: by position is
         // outermost first.
         handles.sort_by_key(|h| h.pos);
-        Ok(Built { resource, handles })
+        Ok(Built { resource, handles, releasing: ReleaseLayers::new(cx.releasing.into_inner()) })
     }
 
     fn build_in(&self, call: &Call, cx: &Context<'_, S>) -> Result<DynResource<S>, StackError> {

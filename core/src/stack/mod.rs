@@ -5,7 +5,11 @@
 //! [`parse`] turns the text into a tree of [`Call`]s (a name, positional
 //! arguments, `key=value` arguments); a [`StackBuilder`] turns the tree
 //! into resources, through a constructor registered for each name. Every
-//! error names the byte position it is about.
+//! error names the byte position it is about. A built stack
+//! ([`Built`]) hands back the typed resources of its names, and the layers
+//! that keep freed memory ([`ReleaseLayers`]: each `pool`, and the leaves
+//! `vpool`, `vmm`, `async`), to give that memory back (PyTorch's
+//! `empty_cache`).
 //!
 //! # Grammar
 //!
@@ -104,6 +108,7 @@ mod error;
 mod log_env;
 mod names;
 mod parse;
+mod release;
 
 pub use build::{Built, Constructor, Context, LeafOf, OnStream, StackBuilder};
 pub use error::{StackError, StackErrorKind};
@@ -116,6 +121,7 @@ pub use names::{
     pool_config, Unbacked,
 };
 pub use parse::{parse, parse_size, Arg, Call, Value, MAX_DEPTH};
+pub use release::{Release, ReleaseLayers};
 
 #[cfg(test)]
 mod tests;

@@ -27,7 +27,7 @@ where
         }
         let pool =
             CoalescingPool::with_config(upstream, config, cx.stream).map_err(|e| call.resource_error(e))?;
-        Ok(cx.keep(call, Shared::new(pool)))
+        Ok(cx.keep_releasing(call, Shared::new(pool)))
     });
     b.register("fixed", |call, cx| {
         let config = fixed_config(call)?;
@@ -233,7 +233,7 @@ where
     if initial > 0 {
         pools.make_pool(cx.stream).map_err(|e| call.resource_error(e))?;
     }
-    Ok(cx.keep(call, Shared::new(pools)))
+    Ok(cx.keep_releasing(call, Shared::new(pools)))
 }
 
 /// The chunk or page granule given as `granule=`, else `default`.

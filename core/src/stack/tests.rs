@@ -201,3 +201,38 @@ fn a_name_replaced_or_never_a_leaf_of_the_engine_has_no_promise() {
     assert!(b.build_leaf_of::<Engine>(&parse("bytes").unwrap(), &()).is_err());
     assert!(b.build("bytes", &()).is_ok(), "the plain constructor replaced it");
 }
+
+/// The layers that keep freed memory are found through a layer that wraps
+/// another builder's resource (a snapshot's tap), and given back outermost
+/// first. Before, the wrapped leaf was built in a context of its own, and
+/// its handles and layers were lost.
+#[test]
+fn a_layer_built_with_another_builder_keeps_its_handles_and_what_it_releases() {
+    use crate::adaptor::Statistics;
+    use crate::pool::CoalescingPool;
+    use crate::{DynResource, Request, Shared};
+    use alloc::sync::Arc;
+    type Inner = Shared<CoalescingPool<Unbacked>>;
+    let mut inner = StackBuilder::<()>::empty();
+    inner.register("chunks", |call, cx| {
+        Ok(cx.keep_releasing(call, Shared::new(CoalescingPool::new(Unbacked::new()))))
+    });
+    let inner = Arc::new(inner);
+    let mut b = StackBuilder::<()>::new();
+    b.register("chunks", move |call, cx| {
+        let leaf = cx.build_with(&inner, call)?;
+        Ok(cx.keep(call, Statistics::new(leaf)))
+    });
+    let built = b.build_with_handles("pool(chunks, initial=1MiB)", &()).unwrap();
+    assert!(built.get::<Inner>("chunks").is_some(), "the wrapped leaf's handle");
+    assert!(built.get::<Statistics<DynResource>>("chunks").is_some(), "the wrapper's");
+    let layers = built.release_layers();
+    assert_eq!(layers.len(), 2);
+    let x = built.resource.allocate(Request::new(4 << 20).unwrap(), &()).unwrap();
+    built.resource.deallocate(x, &()).unwrap();
+    let (outer, leaf) = (layers.held_by("pool"), layers.held_by("chunks"));
+    assert!(outer > 0 && leaf >= outer, "{outer} {leaf}");
+    // The outer pool's chunks go back to the leaf's pool, which gives them on.
+    assert_eq!(layers.release(&()).unwrap(), outer + leaf);
+    assert_eq!((layers.held_by("pool"), layers.held_by("chunks")), (0, 0));
+}

@@ -53,7 +53,7 @@ pub(crate) fn register_tapped(
     for name in ["async", "cuda", "managed", "vmm"] {
         let (leaves, map) = (leaves.clone(), map.clone());
         builder.register(name, move |call, cx| {
-            let leaf = leaves.build_call(call, cx.stream)?;
+            let leaf = cx.build_with(&leaves, call)?;
             Ok(cx.keep(call, Tap::new(leaf, map.clone(), Side::Segments)))
         });
     }

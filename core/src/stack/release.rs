@@ -1,0 +1,206 @@
+//! Giving back what a built stack keeps free: the layers that keep memory
+//! freed through them ([`Release`]), which constructors register with
+//! [`Context::keep_releasing`](super::Context::keep_releasing), and the
+//! list of them a [`Built`](super::Built) stack hands out
+//! ([`ReleaseLayers`]), what PyTorch's `empty_cache` reaches.
+
+use crate::adaptor::Counted;
+use crate::index::Node;
+use crate::lock::RawLock;
+use crate::per_stream::{ChunkPool, MakePool, PerStreamPool};
+use crate::pool::{Chunk, CoalescingPool};
+use crate::storage::Storage;
+use crate::vmem::ReservableSpace;
+use crate::vpool::VirtualPool;
+use crate::{Inspect, MemoryResource, Result, Shared, Stream};
+use alloc::string::String;
+use alloc::sync::Arc;
+use alloc::vec::Vec;
+use core::fmt;
+
+/// A layer of a stack that keeps memory freed through it and can give it
+/// back: a `pool` (wholly free chunks), a virtual pool (mapped granules no
+/// block uses), a backend's leaf over a driver's pool.
+pub trait Release<S: ?Sized>: Send + Sync {
+    /// Gives back what the layer keeps free, ordered on `stream`, once
+    /// every stream of the device is done where `stream` can wait for
+    /// that ([`Stream::synchronize_device`]; else the layer's own stream
+    /// rules hold). Returns the bytes given back.
+    ///
+    /// # Errors
+    ///
+    /// The stream's or the memory below's; what could not go back stays
+    /// and the layer stays usable.
+    fn release(&self, stream: &S) -> Result<u64>;
+
+    /// Bytes the layer holds from below it.
+    fn held(&self) -> u64;
+}
+
+/// A pool behind its lock.
+impl<S, U, N, C, L> Release<S> for Shared<CoalescingPool<U, N, C>, L>
+where
+    S: Stream + ?Sized,
+    U: MemoryResource<S>,
+    N: Storage<Node>,
+    C: Storage<Chunk>,
+    CoalescingPool<U, N, C>: Send,
+    L: RawLock + Send + Sync,
+{
+    fn release(&self, stream: &S) -> Result<u64> {
+        self.with(|p| release_one(p, stream))
+    }
+    fn held(&self) -> u64 {
+        self.with(|p| p.held_bytes())
+    }
+}
+
+/// A virtual pool behind its lock: what it keeps is its mapped granules
+/// that no block uses.
+impl<S, V, L> Release<S> for Shared<VirtualPool<V>, L>
+where
+    S: Stream + ?Sized,
+    V: ReservableSpace + Send,
+    L: RawLock + Send + Sync,
+{
+    fn release(&self, stream: &S) -> Result<u64> {
+        self.with(|p| release_one(p, stream))
+    }
+    fn held(&self) -> u64 {
+        self.with(|p| p.committed_bytes())
+    }
+}
+
+/// One pool's release, once the device is done where the stream can wait
+/// for that: its blocks may have been freed on other streams.
+fn release_one<S: Stream + ?Sized, P: ChunkPool<S>>(pool: &mut P, stream: &S) -> Result<u64> {
+    stream.synchronize_device()?;
+    pool.release(stream)
+}
+
+/// A pool per stream behind its lock; [`PerStreamPool::release`]
+/// synchronizes the device itself.
+impl<S, M, L> Release<S> for Shared<PerStreamPool<M, S>, L>
+where
+    S: Stream + ?Sized,
+    M: MakePool<S>,
+    PerStreamPool<M, S>: Send,
+    L: RawLock + Send + Sync,
+{
+    fn release(&self, stream: &S) -> Result<u64> {
+        self.with(|p| p.release(stream))
+    }
+    fn held(&self) -> u64 {
+        self.with(|p| p.usage().held)
+    }
+}
+
+/// A counted leaf is its leaf.
+impl<S: ?Sized, R: Release<S>> Release<S> for Counted<R> {
+    fn release(&self, stream: &S) -> Result<u64> {
+        self.inner().release(stream)
+    }
+    fn held(&self) -> u64 {
+        self.inner().held()
+    }
+}
+
+/// The layers of a built stack that keep freed memory, outermost first,
+/// each with its name: what [`Built::release_layers`](super::Built::release_layers)
+/// hands out, to give that memory back later.
+///
+/// # Examples
+///
+/// ```
+/// use memres_core::stack::{StackBuilder, Unbacked};
+/// use memres_core::{MemoryResource, Request};
+/// let mut b = StackBuilder::<()>::new();
+/// b.register("leaf", |call, cx| Ok(cx.keep(call, Unbacked::new())));
+/// let built = b.build_with_handles("stats(pool(pool(leaf), initial=1MiB))", &())?;
+/// let layers = built.release_layers();
+/// assert_eq!(layers.len(), 2);
+/// let x = built.resource.allocate(Request::new(4 << 20)?, &())?; // the outer pool grows
+/// built.resource.deallocate(x, &())?;
+/// let held = layers.held_by("pool");
+/// assert!(held >= 2 * (4 << 20)); // the outer pool's chunks, and the inner's under them
+/// // The outer pool's chunks go to the inner one first, which gives them on.
+/// assert_eq!(layers.release(&())?, held);
+/// assert_eq!(layers.held_by("pool"), 0);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub struct ReleaseLayers<S: ?Sized> {
+    /// Outermost first: a layer gives back to the layers under it, which
+    /// give it on.
+    layers: Vec<Layer<S>>,
+}
+
+/// A layer of a stack that keeps freed memory, with its call's name and
+/// position in the stack's text.
+pub(super) struct Layer<S: ?Sized> {
+    pub(super) name: String,
+    pub(super) pos: usize,
+    pub(super) layer: Arc<dyn Release<S>>,
+}
+
+impl<S: ?Sized> Clone for Layer<S> {
+    fn clone(&self) -> Self {
+        Layer { name: self.name.clone(), pos: self.pos, layer: self.layer.clone() }
+    }
+}
+
+impl<S: ?Sized> ReleaseLayers<S> {
+    /// The layers of a stack, in any order.
+    pub(super) fn new(mut layers: Vec<Layer<S>>) -> Self {
+        // A call's upstreams are written after its name: by position is
+        // outermost first.
+        layers.sort_by_key(|l| l.pos);
+        ReleaseLayers { layers }
+    }
+
+    /// Gives back what every layer keeps free, outermost first; returns the
+    /// bytes given back by all of them (an outer layer's bytes that an inner
+    /// one kept count once for each).
+    ///
+    /// # Errors
+    ///
+    /// The first layer's error; the layers after it still give back.
+    pub fn release(&self, stream: &S) -> Result<u64> {
+        let (mut given, mut first) = (0, None);
+        for l in &self.layers {
+            match l.layer.release(stream) {
+                Ok(n) => given += n,
+                Err(e) => {
+                    first.get_or_insert(e);
+                }
+            }
+        }
+        first.map_or(Ok(given), Err)
+    }
+
+    /// Bytes the layers named `name` hold, summed.
+    pub fn held_by(&self, name: &str) -> u64 {
+        self.layers.iter().filter(|l| l.name == name).map(|l| l.layer.held()).sum()
+    }
+
+    /// Number of layers.
+    pub fn len(&self) -> usize {
+        self.layers.len()
+    }
+
+    /// Whether the stack keeps nothing it could give back.
+    pub fn is_empty(&self) -> bool {
+        self.layers.is_empty()
+    }
+}
+
+impl<S: ?Sized> Clone for ReleaseLayers<S> {
+    fn clone(&self) -> Self {
+        ReleaseLayers { layers: self.layers.clone() }
+    }
+}
+
+impl<S: ?Sized> fmt::Debug for ReleaseLayers<S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_list().entries(self.layers.iter().map(|l| &l.name)).finish()
+    }
+}
