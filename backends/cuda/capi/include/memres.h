@@ -142,6 +142,21 @@ int memres_step(int device, void *stream);
  * NULL). */
 int memres_steps(int device, memres_steps_t *out);
 
+/* Gives back to device (negative: the current device) what the pools of
+ * its stack keep free, once every stream of the device is done, ordered on
+ * stream (NULL: the device's legacy default stream): each pool's wholly
+ * free chunks, a vmm leaf's mapped granules that no block uses, an async
+ * leaf's driver pool reserve beyond what is in use. Returns the bytes given
+ * back (0 for a device not used yet), or -1 with a message. */
+int64_t memres_release(int device, void *stream);
+
+/* memres_release of every device used so far, on its legacy default
+ * stream; a failure is kept for memres_last_error, and the other devices
+ * still give back. Its signature is that of the reset function of
+ * PyTorch's CUDAPluggableAllocator, which torch.cuda.empty_cache() calls:
+ * allocator.allocator().set_reset_fn(address of memres_empty_cache). */
+void memres_empty_cache(void);
+
 /* Writes out what the log adaptors of every device hold in their buffers
  * (also done when the process exits). Returns 0, or -1 with a message when
  * a write failed. */

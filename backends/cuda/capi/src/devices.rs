@@ -7,7 +7,7 @@ use crate::table::Table;
 use crate::{device_index, guard, set_error, snapshot, DEFAULT_STACK, MAX_DEVICES, STACK_VAR};
 use memres_core::adaptor::{Counted, Gauge, Logging, Statistics};
 use memres_core::planned::Planned;
-use memres_core::stack::{check_log_file, log_from_env, StackBuilder, LOG_FILE_VAR};
+use memres_core::stack::{check_log_file, log_from_env, ReleaseLayers, StackBuilder, LOG_FILE_VAR};
 use memres_core::DynResource;
 use memres_cuda::{CudaAsyncMemory, CudaStream, Device};
 use std::ffi::c_int;
@@ -30,6 +30,10 @@ pub(crate) struct DeviceState {
     pub(crate) logs: Vec<Arc<Logging<DynResource<CudaStream>>>>,
     /// The `planned` layers, stepped by `memres_step`.
     pub(crate) planned: Vec<Arc<Planned<DynResource<CudaStream>>>>,
+    /// The layers that keep freed memory, given back by `memres_release`.
+    pub(crate) releasing: ReleaseLayers<CudaStream>,
+    /// The legacy default stream of the device's primary context.
+    pub(crate) legacy: CudaStream,
     /// What `memres_snapshot` writes, where watched.
     pub(crate) map: Option<snapshot::Map>,
 }
@@ -68,9 +72,9 @@ fn build(d: usize, stack: &str) -> Result<DeviceState, String> {
         None
     };
     refuse_host_leaves(&mut builder);
-    let stream = CudaStream::legacy_in(context);
+    let legacy = CudaStream::legacy_in(context);
     let built = builder
-        .build_with_handles(stack, &stream)
+        .build_with_handles(stack, &legacy)
         .map_err(|e| format!("memres: device {d}: stack `{stack}`: {e}"))?;
     let mut logs = built.all("log");
     let mut resource = built.resource.clone();
@@ -89,6 +93,8 @@ fn build(d: usize, stack: &str) -> Result<DeviceState, String> {
         stats: built.get("stats"),
         pools: built.all("async"),
         planned: built.all("planned"),
+        releasing: built.release_layers(),
+        legacy,
         logs,
         resource,
         stack: stack.to_string(),

@@ -10,6 +10,8 @@
 //! | `size_t memres_last_error(char* buf, size_t len)` | the calling thread's latest error message |
 //! | `size_t memres_stack(int device, char* buf, size_t len)` | the stack a device runs |
 //! | `int memres_step(int device, cudaStream_t stream)` | marks the start of a step (a training iteration) for the `planned` layers of a device's stack |
+//! | `int64_t memres_release(int device, cudaStream_t stream)` | gives back what the pools of a device's stack keep free, once the device is done |
+//! | `void memres_empty_cache(void)` | `memres_release` of every device used: the reset function of PyTorch's pluggable allocator, for `torch.cuda.empty_cache()` |
 //! | `int memres_flush(void)` | writes out the buffers of `log` adaptors (also done at exit) |
 //! | `int memres_snapshot(const char* path)` | writes a snapshot for PyTorch's memory viewer, with `MEMRES_SNAPSHOT=1` ([`snapshot`]) |
 //!
@@ -518,6 +520,58 @@ pub unsafe extern "C" fn memres_steps(device: c_int, out: *mut MemresSteps) -> c
         unsafe { out.write(s) };
         Ok(layers as c_int)
     })
+}
+
+/// Gives back what the pools of `device`'s stack keep free (see
+/// `memres_release`): the Rust form, returning the bytes given back (0 for
+/// a device not used yet).
+///
+/// # Errors
+///
+/// A message when the device is out of range, or the first error of a
+/// layer (the layers after it still give back).
+///
+/// # Safety
+///
+/// `stream` is null or a valid stream of `device`.
+pub unsafe fn release(device: c_int, stream: *mut c_void) -> Result<u64, String> {
+    let d = device_index(device)?;
+    let Some(st) = devices::used(d) else { return Ok(0) };
+    let given = if stream.is_null() {
+        st.releasing.release(&st.legacy)
+    } else {
+        st.releasing.release(&stream_of(stream))
+    };
+    given.map_err(|e| format!("memres: device {d}: release: {e}"))
+}
+
+/// Gives back to `device` (negative: the current device) what the pools of
+/// its stack keep free, once every stream of the device is done, ordered
+/// on `stream` (null: the device's legacy default stream): each pool's
+/// wholly free chunks, a `vmm` leaf's mapped granules that no block uses,
+/// an `async` leaf's driver pool reserve beyond what is in use. Returns
+/// the bytes given back (0 for a device not used yet), or -1 with a message.
+///
+/// # Safety
+///
+/// `stream` is null or a valid stream of `device`.
+#[no_mangle]
+pub unsafe extern "C" fn memres_release(device: c_int, stream: *mut c_void) -> i64 {
+    // SAFETY: the caller's promise is `release`'s.
+    guard(-1, || unsafe { release(device, stream) }.map(|n| i64::try_from(n).unwrap_or(i64::MAX)))
+}
+
+/// `memres_release` of every device used so far, on its legacy default
+/// stream; a failure is kept for `memres_last_error`, and the other
+/// devices still give back. Its signature is that of the reset function of
+/// PyTorch's `CUDAPluggableAllocator` (`allocator.allocator().set_reset_fn`),
+/// which `torch.cuda.empty_cache()` calls.
+#[no_mangle]
+pub extern "C" fn memres_empty_cache() {
+    for d in 0..MAX_DEVICES as c_int {
+        // SAFETY: the null stream is the device's legacy default stream.
+        guard((), || unsafe { release(d, std::ptr::null_mut()) }.map(drop));
+    }
 }
 
 /// Writes out what the `log` adaptors of every device hold in their
