@@ -157,10 +157,13 @@ class DeviceMemoryResource:
         return dict(zip(_STEPS_FIELDS, self._native.steps()))
 
     def release(self, stream=None):
-        """Gives the wholly free chunks of this stack's pools, then those of
-        the resources it is built over, back to the device (so
-        ``empty_cache()`` reaches the pool under ``enable_statistics()``);
-        returns the bytes given back."""
+        """Gives back to the device what this stack's pools keep free, then
+        what those of the resources it is built over keep (so
+        ``empty_cache()`` reaches the pool under ``enable_statistics()``),
+        once every stream of the device is done: a pool's wholly free
+        chunks, a virtual pool's mapped granules that no block uses (``vmm``,
+        ``vpool``), the driver pool's reserve beyond what is in use
+        (``async``). Returns the bytes given back."""
         handle = as_handle(stream)
         given = self._native.release(handle)
         for u in self._upstreams:

@@ -1,6 +1,7 @@
-//! The current resource of each device, and two C functions over it with
-//! the signatures PyTorch's `CUDAPluggableAllocator` loads from this very
-//! library: `memres_py_alloc` and `memres_py_free`.
+//! The current resource of each device, and three C functions over it with
+//! the signatures PyTorch's `CUDAPluggableAllocator` takes from this very
+//! library: `memres_py_alloc`, `memres_py_free` and, as its reset
+//! function, `memres_py_empty_cache`.
 //!
 //! The resource is kept in the core's per-device registry
 //! (`memres_core::device`), so Rust code in the process sees it too. The C
@@ -251,6 +252,33 @@ pub unsafe extern "C" fn memres_py_free(ptr: *mut c_void, _size: isize, device: 
         })
     }));
     if let Err(payload) = freed {
+        // A payload whose `Drop` panicked would abort here: forget it.
+        std::mem::forget(payload);
+    }
+}
+
+/// Gives back what the pools of every device's current resource keep free,
+/// through `memres.allocators.torch._empty_caches`: the reset function that
+/// `memres.allocators.torch` gives PyTorch's `CUDAPluggableAllocator`, so
+/// that `torch.cuda.empty_cache()` reaches memres. Takes the GIL (PyTorch
+/// calls it holding it). Never unwinds; does nothing once the interpreter
+/// is gone; an error is reported as Python reports one it cannot raise
+/// (`sys.unraisablehook`).
+#[no_mangle]
+pub extern "C" fn memres_py_empty_cache() {
+    // SAFETY: `Py_IsInitialized` may be called at any time, from any thread.
+    if unsafe { pyo3::ffi::Py_IsInitialized() } == 0 {
+        return;
+    }
+    let emptied = catch_unwind(|| {
+        Python::attach(|py| {
+            let result = py.import("memres.allocators.torch").and_then(|m| m.call_method0("_empty_caches"));
+            if let Err(e) = result {
+                e.write_unraisable(py, None);
+            }
+        })
+    });
+    if let Err(payload) = emptied {
         // A payload whose `Drop` panicked would abort here: forget it.
         std::mem::forget(payload);
     }

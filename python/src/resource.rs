@@ -12,12 +12,9 @@ use crate::detached::DropDetached;
 use crate::errors::{backend_error, stack_to_py, to_py};
 use crate::reentry::{self, Covers, Guarded};
 use memres_core::adaptor::{Logging, Statistics, Tracking};
-use memres_core::per_stream::{PerStreamPool, PoolMaker};
 use memres_core::planned::{Planned, Steps};
-use memres_core::pool::CoalescingPool;
-use memres_core::stack::{parse, Built, Call, StackBuilder, Value};
-use memres_core::Shared;
-use memres_core::{Block, DynResource, Inspect, Request};
+use memres_core::stack::{parse, Call, ReleaseLayers, StackBuilder, Value};
+use memres_core::{Block, DynResource, Request};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use std::collections::HashMap;
@@ -58,8 +55,9 @@ pub(crate) struct Parts {
     stats: Option<Arc<Statistics<Dyn>>>,
     track: Option<Arc<Tracking<Dyn>>>,
     logs: Vec<Arc<Logging<Dyn>>>,
-    /// The `pool` layers, outermost first.
-    pools: Vec<Pool>,
+    /// The layers that keep freed memory (`pool`, `vmm`, `vpool`,
+    /// `async`), given back by `release`.
+    releasing: ReleaseLayers<Stream>,
     /// The `planned` layers, stepped by `step`.
     planned: Vec<Arc<Planned<Dyn>>>,
     /// The stack's stream objects (`inner` and `blocks` are this).
@@ -74,58 +72,6 @@ impl std::ops::Deref for Resource {
 
     fn deref(&self) -> &Parts {
         &self.parts
-    }
-}
-
-/// A `pool` layer of a stack: one pool, or with `per_stream=true` a pool
-/// per stream.
-enum Pool {
-    One(Arc<Shared<CoalescingPool<Dyn>>>),
-    PerStream(Arc<Shared<PerStreamPool<PoolMaker<Dyn>, Stream>>>),
-}
-
-impl Pool {
-    /// The `pool` layers of `built`, the stack of `call`, outermost first
-    /// (as `release` gives chunks back: an outer pool's to the pool under
-    /// it, which gives them on).
-    fn all_of(call: &Call, built: &Built<Stream>) -> Vec<Pool> {
-        fn walk(call: &Call, f: &mut impl FnMut(&Call)) {
-            f(call);
-            for a in call.args.iter().filter(|a| a.key.is_none()) {
-                if let Value::Call(c) = &a.value {
-                    walk(c, f);
-                }
-            }
-        }
-        // Each kind's handles come outermost first; the text interleaves them.
-        let (mut one, mut per_stream) = (built.all("pool").into_iter(), built.all("pool").into_iter());
-        let mut pools = Vec::new();
-        walk(call, &mut |c| {
-            if c.name == "pool" {
-                let next = match c.bool_arg("per_stream") {
-                    Ok(Some(true)) => per_stream.next().map(Pool::PerStream),
-                    _ => one.next().map(Pool::One),
-                };
-                pools.extend(next);
-            }
-        });
-        pools
-    }
-
-    /// Gives the wholly free chunks back upstream, freed on `stream`.
-    fn release(&self, stream: &Stream) -> memres_core::Result<u64> {
-        match self {
-            Pool::One(p) => p.with(|p| p.release(stream)),
-            Pool::PerStream(p) => p.with(|p| p.release(stream)),
-        }
-    }
-
-    /// Bytes held from upstream.
-    fn held(&self) -> u64 {
-        match self {
-            Pool::One(p) => p.with(|p| p.usage().held),
-            Pool::PerStream(p) => p.with(|p| p.usage().held),
-        }
     }
 }
 
@@ -310,7 +256,7 @@ impl Resource {
                     stats: sees_the_program(&call, "stats").then(|| built.get("stats")).flatten(),
                     track: sees_the_program(&call, "track").then(|| built.get("track")).flatten(),
                     logs: built.all("log"),
-                    pools: Pool::all_of(&call, &built),
+                    releasing: built.release_layers(),
                     planned: built.all("planned"),
                     blocks: Arc::new(Guarded {
                         inner: crate::snapshot::program_side(inner.clone(), map),
@@ -466,8 +412,9 @@ impl Resource {
         Ok((s.steps, s.followed, s.plans, s.planned_allocations, s.region, s.carry_region))
     }
 
-    /// Gives the wholly free chunks of the stack's pools back to their
-    /// upstreams; returns the bytes given back.
+    /// Gives back what the stack's pools keep free (wholly free chunks,
+    /// idle mapped granules, the driver pool's reserve), once the device
+    /// is idle; returns the bytes given back.
     #[pyo3(signature = (stream=0))]
     fn release(&self, py: Python<'_>, stream: u64) -> PyResult<u64> {
         // SAFETY: a handle of the package's Python layer (the module's contract:
@@ -475,7 +422,7 @@ impl Resource {
         let s = unsafe { backend::stream(stream, self.device)? };
         py.detach(|| {
             let _call = self.enter("release")?;
-            self.pools.iter().try_fold(0, |n, p| Ok(n + p.release(&s)?)).map_err(|e| to_py(e, "release"))
+            self.releasing.release(&s).map_err(|e| to_py(e, "release"))
         })
     }
 
@@ -483,7 +430,7 @@ impl Resource {
     fn pool_size(&self, py: Python<'_>) -> PyResult<u64> {
         py.detach(|| {
             let _call = self.enter("pool_size")?;
-            Ok(self.pools.iter().map(Pool::held).sum())
+            Ok(self.releasing.held_by("pool"))
         })
     }
 

@@ -10,6 +10,8 @@ import pytest
 
 import memres
 from memres import _native, mr
+
+MiB = 1 << 20
 from test_reentry import FREE_PANICS_ONCE, run_child
 
 
@@ -37,6 +39,28 @@ def test_alloc_and_free_go_to_the_current_resource_and_back_to_their_own():
     assert first.allocation_counts["current_bytes"] == 0
     assert second.allocation_counts["current_bytes"] == 0
     assert _native.sim.c_live_count(0) == 0
+
+
+def test_the_reset_function_gives_back_what_every_devices_pools_keep():
+    # What torch.cuda.empty_cache() calls once memres is PyTorch's allocator
+    # (memres.allocators.torch gives it as the allocator's reset function).
+    so = lib()
+    res = {0: mr.StackMemoryResource("pool(host, per_stream=true)", backend="sim", device=0),
+           1: mr.StackMemoryResource("vpool(sim(1GiB))", backend="sim", device=1)}
+    for d, r in res.items():
+        mr.set_per_device_resource(d, r)
+        p = so.memres_py_alloc(8 * MiB, d, None)
+        assert p, d
+        so.memres_py_free(p, 8 * MiB, d, None)
+    assert res[0]._native.pool_size() >= 8 * MiB
+    so.memres_py_empty_cache()
+    assert res[0]._native.pool_size() == 0
+    # The virtual pool's granules were unmapped: nothing is left to give.
+    assert res[1].release() == 0
+    # Undone, it would have given its 8 MiB back here.
+    p = so.memres_py_alloc(8 * MiB, 1, None)
+    so.memres_py_free(p, 8 * MiB, 1, None)
+    assert res[1].release() == 8 * MiB
 
 
 def test_failures_are_null_and_unknown_frees_ignored():

@@ -216,3 +216,49 @@ def test_release_gives_free_chunks_back(gpu):
     assert pool.release() >= 100 * MiB
     assert pool.pool_size() == 0
     gc.collect()
+
+
+def test_release_unmaps_idle_granules_and_trims_the_driver_pool(gpu):
+    # release() saw only `pool` layers: a `vmm` leaf kept every freed
+    # granule mapped and an `async` leaf its driver pool's reserve.
+    held = lambda: memres.statistics.get_device_statistics(backend="cuda")
+    for res in [mr.VirtualMemoryResource(reserve=1 << 30),
+                mr.VirtualMemoryResource(reserve=1 << 30, per_stream=True)]:
+        p = res.allocate(100 * MiB)
+        res.deallocate(p, 100 * MiB)
+        before = held().current_bytes
+        assert res.release() >= 100 * MiB, res.stack
+        assert before - held().current_bytes >= 100 * MiB, res.stack
+        assert res.release() == 0, res.stack
+    res = mr.CudaAsyncMemoryResource()
+    p = res.allocate(100 * MiB)
+    res.deallocate(p, 100 * MiB)
+    before = held().reserved_bytes
+    assert res.release() >= 100 * MiB
+    assert before - held().reserved_bytes >= 100 * MiB
+
+
+TORCH_EMPTY_CACHE = """
+import json, sys, torch, memres
+from memres.allocators import torch as mt
+mt.use(stack=sys.argv[1])
+held = lambda: memres.statistics.get_device_statistics(backend="cuda").current_bytes
+x = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
+x.fill_(1)
+del x
+before = held()
+torch.cuda.empty_cache()
+print(json.dumps({"before": before, "after": held()}))
+"""
+
+
+def test_torch_empty_cache_reaches_memres(gpu):
+    # PyTorch's pluggable allocator does nothing in torch.cuda.empty_cache()
+    # without a reset function; memres gives it one.
+    pytest.importorskip("torch")
+    from memres.allocators.torch import DEFAULT_STACK, TRAINING_STACK
+    for stack in (DEFAULT_STACK, TRAINING_STACK):
+        out = subprocess.run([sys.executable, "-c", TORCH_EMPTY_CACHE, stack], capture_output=True, text=True)
+        assert out.returncode == 0, out.stderr
+        held = json.loads(out.stdout.strip().splitlines()[-1])
+        assert held["before"] - held["after"] >= 256 * MiB, (stack, held)

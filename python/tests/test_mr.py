@@ -59,6 +59,25 @@ def test_a_per_stream_pool_tells_what_it_holds_and_gives_it_back():
         assert res.release() == size and res._native.pool_size() == 0, text
 
 
+def test_release_unmaps_what_a_virtual_pool_keeps_mapped():
+    # release() (so empty_cache()) saw only `pool` layers: a virtual pool,
+    # which keeps freed granules mapped up to its release threshold (by
+    # default all of them), gave nothing back.
+    for res in [mr.VirtualMemoryResource(reserve=GiB, simulated_capacity=GiB),
+                mr.VirtualMemoryResource(reserve=GiB, simulated_capacity=GiB, per_stream=True),
+                mr.StackMemoryResource("stats(vpool(sim(1GiB), granule=2MiB))", backend="sim")]:
+        ptrs = [res.allocate(3 * MiB) for _ in range(4)]
+        for p in ptrs:
+            res.deallocate(p, 3 * MiB)
+        assert res.release() == 12 * MiB, res.stack  # six granules of 2 MiB
+        assert res.release() == 0, res.stack
+        p = res.allocate(5 * MiB)  # maps again
+        res.deallocate(p, 5 * MiB)
+        # Over a statistics adaptor, through the object's upstreams.
+        stats = mr.StatisticsResourceAdaptor(res)
+        assert stats.release() == 6 * MiB, res.stack
+
+
 def test_an_adaptor_wraps_the_same_upstream_object():
     stats = mr.StatisticsResourceAdaptor(mr.SimulatedMemoryResource(GiB))
     pool = mr.PoolMemoryResource(stats, initial_pool_size=2 * MiB)

@@ -8,7 +8,8 @@ library's default, unless a resource is set) or ``use(stack=...)``, for a
 training loop ``use(stack=TRAINING_STACK)`` with ``step()``.
 Every tensor's memory comes from the current memres resource of its device
 (``memres.set_current_device_resource``) through two C functions of the
-CUDA native module; ``empty_cache()`` gives the pools' free chunks back, and
+CUDA native module; ``empty_cache()``, and ``torch.cuda.empty_cache()``
+once memres is PyTorch's allocator, give back what the pools keep free, and
 ``step()`` at the top of each training iteration (or ``step_after(opt)``,
 which calls it after each ``opt.step()``) lets a ``planned(...)`` stack lay
 the steps out, and ``steps()`` says whether it did.
@@ -30,7 +31,31 @@ def _make():
         path = _native.cuda().__file__
     except Exception:
         return None
-    return CUDAPluggableAllocator(path, "memres_py_alloc", "memres_py_free")
+    allocator = CUDAPluggableAllocator(path, "memres_py_alloc", "memres_py_free")
+    _reach_empty_cache(allocator, path)
+    return allocator
+
+
+def _reach_empty_cache(allocator, path):
+    """Gives PyTorch the native module's ``memres_py_empty_cache`` as the
+    allocator's reset function, which ``torch.cuda.empty_cache()`` calls
+    (PyTorch's pluggable allocator does nothing there without one). A
+    PyTorch without that hook keeps ``torch.cuda.empty_cache()`` a no-op;
+    ``empty_cache()`` here still works."""
+    import ctypes
+    try:
+        fn = ctypes.cast(ctypes.CDLL(path).memres_py_empty_cache, ctypes.c_void_p).value
+        allocator.allocator().set_reset_fn(fn)
+    except (AttributeError, OSError):
+        pass
+
+
+def _empty_caches():
+    """What ``torch.cuda.empty_cache()`` runs through the reset function:
+    ``release()`` of every device's current resource, once every stream
+    of the device is done."""
+    for res in list(_mr._current.values()):
+        res.release()
 
 
 memres_torch_allocator = _make()
@@ -122,8 +147,10 @@ def last_error(clear=False):
 
 
 def empty_cache(device=None):
-    """Gives the free chunks of the pools of ``device``'s resource back to
-    the device (PyTorch's ``torch.cuda.empty_cache`` does not reach a
-    pluggable allocator); returns the bytes given back."""
+    """Gives what the pools of ``device``'s resource keep free back to the
+    device (``DeviceMemoryResource.release``): wholly free chunks, mapped
+    granules no block uses, a driver pool's reserve. Returns the bytes
+    given back. ``torch.cuda.empty_cache()`` does the same for every
+    device's resource once memres is PyTorch's allocator."""
     res = _mr.get_current_device_resource() if device is None else _mr.get_per_device_resource(device)
     return res.release()
