@@ -125,20 +125,11 @@ mod imp {
         Device::get(device).map_err(|e| backend_error(format!("device {device}: {e}")))
     }
 
-    /// The primary context of `device` (kept for the process), looked up
-    /// once: a stream is named with it on every call of PyTorch's.
+    /// The primary context of `device` (kept for the process; after its
+    /// first use a lookup with no driver call: a stream is named with it on
+    /// every call of PyTorch's).
     fn context(device: u32) -> PyResult<Context> {
-        static CONTEXTS: [OnceLock<Context>; MAX_DEVICES] = [const { OnceLock::new() }; MAX_DEVICES];
-        let slot = CONTEXTS
-            .get(device as usize)
-            .ok_or_else(|| backend_error(format!("device {device} out of range")))?;
-        if let Some(c) = slot.get() {
-            return Ok(c.clone());
-        }
-        let made = device_of(device)?
-            .primary_context()
-            .map_err(|e| backend_error(format!("device {device}: {e}")))?;
-        Ok(slot.get_or_init(|| made).clone())
+        Context::primary(device).map_err(|e| backend_error(format!("device {device}: {e}")))
     }
 
     /// Names the caller's stream: 0 is the legacy default stream of the

@@ -278,11 +278,41 @@ unsafe impl Sync for Retained {}
 static RETAINED: RwLock<Vec<Option<&'static Retained>>> = RwLock::new(Vec::new());
 
 impl Context {
+    /// The primary context of device `ordinal`: after the first use of the
+    /// device, a lookup that makes no driver call (what a caller that names
+    /// devices by ordinal on every call wants, such as an allocator under
+    /// PyTorch).
+    ///
+    /// # Errors
+    ///
+    /// The driver's error as [`Error::Backend`] (no such device).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// use memres_cuda::{Context, Device};
+    /// let ctx = Context::primary(0)?;
+    /// assert_eq!(ctx.raw(), Device::get(0)?.primary_context()?.raw());
+    /// # Ok::<(), memres_core::Error>(())
+    /// ```
+    pub fn primary(ordinal: u32) -> Result<Context> {
+        match Context::retained(ordinal as usize) {
+            Some(context) => Ok(context),
+            None => Device::get(ordinal)?.primary_context(),
+        }
+    }
+
+    /// The primary context of device number `i` if it was retained.
+    fn retained(i: usize) -> Option<Context> {
+        let inner = RETAINED.read().unwrap_or_else(|p| p.into_inner()).get(i).copied().flatten()?;
+        Some(Context { inner })
+    }
+
     fn retain(device: Device) -> Result<Context> {
         let i = device.ordinal() as usize;
         // The table stays whole across a panic: each change is one store.
-        if let Some(inner) = RETAINED.read().unwrap_or_else(|p| p.into_inner()).get(i).copied().flatten() {
-            return Ok(Context { inner });
+        if let Some(context) = Context::retained(i) {
+            return Ok(context);
         }
         let mut table = RETAINED.write().unwrap_or_else(|p| p.into_inner());
         if let Some(inner) = table.get(i).copied().flatten() {

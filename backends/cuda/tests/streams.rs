@@ -77,6 +77,16 @@ fn a_primary_context_outlives_every_handle() {
 }
 
 #[test]
+fn a_primary_context_looked_up_by_ordinal_is_the_devices() {
+    let Some(device) = gpu("a_primary_context_looked_up_by_ordinal_is_the_devices") else { return };
+    let by_ordinal = memres_cuda::Context::primary(device.ordinal()).unwrap();
+    assert_eq!(by_ordinal.raw(), device.primary_context().unwrap().raw());
+    assert_eq!(by_ordinal.device(), device);
+    let count = memres_cuda::Device::count().unwrap();
+    assert!(memres_cuda::Context::primary(count).is_err(), "no such device");
+}
+
+#[test]
 fn memory_freed_on_one_stream_is_safe_on_another_after_wait() {
     let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
     let Some(device) = gpu("memory_freed_on_one_stream_is_safe_on_another_after_wait") else { return };
