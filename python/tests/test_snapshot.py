@@ -89,3 +89,16 @@ def test_a_cuda_pool_in_pytorchs_tools(gpu, recording):
     assert "snapshot.pickle" in _memory_viz.trace_plot(snap)
     assert "Allocator State History" in _memory_viz.segment_plot(snap)
     assert _memory_viz.segsum(snap)
+
+
+def test_release_reaches_a_leaf_the_record_taps(gpu, recording):
+    # While recording, each leaf is built inside a tap; its typed handle,
+    # and with it the leaf's memory to give back, was lost: release() of a
+    # `vmm` stack gave nothing back.
+    held = lambda: memres.statistics.get_device_statistics(backend="cuda").current_bytes
+    res = mr.VirtualMemoryResource(reserve=1 << 30)
+    p = res.allocate(64 << 20)
+    res.deallocate(p, 64 << 20)
+    before = held()  # the granules stay mapped
+    assert res.release() >= 64 << 20
+    assert before - held() >= 64 << 20
