@@ -2,42 +2,13 @@
 //! GPU they fail cleanly (NULL, a message); with one they serve memory
 //! that is written and read back, and refuse bad frees.
 
-use memres::{memres_alloc, memres_free, memres_stats, MemresStats};
-use memres_cuda::{ops, CudaStream, Device};
+mod common;
+
+use common::{free, gpu, stats, try_alloc as alloc};
+use memres::{memres_alloc, memres_free};
+use memres_cuda::{ops, CudaStream};
 use std::ffi::c_void;
 use std::ptr::null_mut;
-
-const REQUIRE_GPU: &str = "MEMRES_REQUIRE_GPU";
-
-/// Device 0, or `None` after saying the GPU part is skipped.
-fn gpu(test: &str) -> Option<Device> {
-    match Device::count() {
-        Ok(n) if n > 0 => Some(Device::get(0).expect("listed device")),
-        r => {
-            let required = std::env::var(REQUIRE_GPU).is_ok_and(|v| !v.is_empty() && v != "0");
-            assert!(!required, "{test}: no GPU ({r:?}) and {REQUIRE_GPU} is set");
-            eprintln!("SKIPPED {test} (GPU part): no GPU ({r:?}); only the no-GPU behaviour was tested");
-            None
-        }
-    }
-}
-
-fn alloc(size: isize) -> *mut c_void {
-    // SAFETY: the null stream is the legacy default stream.
-    unsafe { memres_alloc(size, 0, null_mut()) }
-}
-
-fn free(p: *mut c_void, size: isize) {
-    // SAFETY: frees on the legacy stream, after the work that used `p`
-    // (the tests synchronize before freeing).
-    unsafe { memres_free(p, size, 0, null_mut()) }
-}
-
-fn stats() -> Option<MemresStats> {
-    let mut s = MemresStats::default();
-    // SAFETY: `s` is one writable struct.
-    (unsafe { memres_stats(0, &mut s) } == 0).then_some(s)
-}
 
 // One test: the device's stack is process-wide and built once.
 #[test]

@@ -4,40 +4,21 @@
 //! to the leaf, which unmaps them, so the device holds nothing once every
 //! block is freed.
 
-use memres::{
-    memres_alloc, memres_configure, memres_empty_cache, memres_free, memres_release, memres_stats,
-    MemresStats,
-};
-use memres_cuda::Device;
-use std::ffi::{c_void, CString};
-use std::ptr::null_mut;
+mod common;
 
-const REQUIRE_GPU: &str = "MEMRES_REQUIRE_GPU";
-const MIB: isize = 1 << 20;
+use common::{alloc, free, gpu, stats, MIB};
+use memres::{memres_configure, memres_empty_cache, memres_release};
+use std::ffi::CString;
+use std::ptr::null_mut;
 
 fn release(device: i32) -> i64 {
     // SAFETY: the null stream is the device's legacy default stream.
     unsafe { memres_release(device, null_mut()) }
 }
 
-fn alloc(size: isize) -> *mut c_void {
-    // SAFETY: the null stream is the legacy default stream.
-    let p = unsafe { memres_alloc(size, 0, null_mut()) };
-    assert!(!p.is_null(), "{}", memres::last_error());
-    p
-}
-
-fn free(p: *mut c_void, size: isize) {
-    // SAFETY: nothing used `p`; freed on the stream it was allocated on.
-    unsafe { memres_free(p, size, 0, null_mut()) }
-}
-
 /// Bytes device 0's leaves hold from it now (mapped, for `vmm`).
 fn held() -> i64 {
-    let mut s = MemresStats::default();
-    // SAFETY: `s` is one writable struct.
-    assert_eq!(unsafe { memres_stats(0, &mut s) }, 0, "{}", memres::last_error());
-    s.upstream_current
+    stats().expect("device 0 was used").upstream_current
 }
 
 // One test: the stack is process-wide and built once.
@@ -49,15 +30,9 @@ fn a_pool_over_vmm_gives_every_free_byte_back_to_the_device() {
     assert_eq!(release(1 << 20), -1);
     assert!(memres::last_error().contains("out of range"), "{}", memres::last_error());
     assert_eq!(release(0), 0, "a device not used yet keeps nothing");
-    match Device::count() {
-        Ok(n) if n > 0 => {}
-        r => {
-            let required = std::env::var(REQUIRE_GPU).is_ok_and(|v| !v.is_empty() && v != "0");
-            assert!(!required, "no GPU ({r:?}) and {REQUIRE_GPU} is set");
-            eprintln!("SKIPPED the GPU part: no GPU ({r:?})");
-            memres_empty_cache();
-            return;
-        }
+    if gpu("a_pool_over_vmm_gives_every_free_byte_back_to_the_device").is_none() {
+        memres_empty_cache();
+        return;
     }
     let kept = alloc(MIB);
     let (a, b) = (alloc(64 * MIB), alloc(32 * MIB));

@@ -3,32 +3,16 @@
 //! repeating step is laid out, `memres_steps` counts the steps it followed,
 //! and a stack without `planned` steps nothing.
 
-use memres::{
-    memres_alloc, memres_configure, memres_free, memres_stats, memres_step, memres_steps, MemresStats,
-    MemresSteps,
-};
-use memres_cuda::Device;
+mod common;
+
+use common::{alloc, free, gpu, stats, MIB};
+use memres::{memres_configure, memres_step, memres_steps, MemresSteps};
 use std::ffi::{c_void, CString};
 use std::ptr::null_mut;
-
-const REQUIRE_GPU: &str = "MEMRES_REQUIRE_GPU";
-const MIB: isize = 1 << 20;
 
 fn step(device: i32) -> i32 {
     // SAFETY: the null stream is the legacy default stream.
     unsafe { memres_step(device, null_mut()) }
-}
-
-fn alloc(size: isize) -> *mut c_void {
-    // SAFETY: the null stream is the legacy default stream.
-    let p = unsafe { memres_alloc(size, 0, null_mut()) };
-    assert!(!p.is_null(), "{}", memres::last_error());
-    p
-}
-
-fn free(p: *mut c_void, size: isize) {
-    // SAFETY: nothing used `p`; freed on the stream it was allocated on.
-    unsafe { memres_free(p, size, 0, null_mut()) }
 }
 
 /// `memres_steps` of device 0: the planned layers' counts and how many
@@ -41,10 +25,7 @@ fn steps() -> (MemresSteps, i32) {
 }
 
 fn upstream_total() -> i64 {
-    let mut s = MemresStats::default();
-    // SAFETY: `s` is one writable struct.
-    assert_eq!(unsafe { memres_stats(0, &mut s) }, 0, "{}", memres::last_error());
-    s.upstream_total
+    stats().expect("device 0 was used").upstream_total
 }
 
 /// One step of a training loop's shape: activations freed in the step, a
@@ -70,18 +51,12 @@ fn a_planned_stack_takes_nothing_from_the_device_in_a_steady_step() {
     assert_eq!(unsafe { memres_configure(text.as_ptr()) }, 0, "{}", memres::last_error());
     assert_eq!(step(1 << 20), -1);
     assert!(memres::last_error().contains("out of range"), "{}", memres::last_error());
-    match Device::count() {
-        Ok(n) if n > 0 => {}
-        r => {
-            let required = std::env::var(REQUIRE_GPU).is_ok_and(|v| !v.is_empty() && v != "0");
-            assert!(!required, "no GPU ({r:?}) and {REQUIRE_GPU} is set");
-            eprintln!("SKIPPED the GPU part: no GPU ({r:?})");
-            assert_eq!(step(0), -1, "the stack cannot be built");
-            assert!(memres::last_error().contains("device 0"), "{}", memres::last_error());
-            assert_eq!(steps().1, -1, "device 0 was never used");
-            assert!(memres::last_error().contains("not been used"), "{}", memres::last_error());
-            return;
-        }
+    if gpu("a_planned_stack_takes_nothing_from_the_device_in_a_steady_step").is_none() {
+        assert_eq!(step(0), -1, "the stack cannot be built");
+        assert!(memres::last_error().contains("device 0"), "{}", memres::last_error());
+        assert_eq!(steps().1, -1, "device 0 was never used");
+        assert!(memres::last_error().contains("not been used"), "{}", memres::last_error());
+        return;
     }
     let mut carried = Vec::new();
     assert_eq!(step(0), 1, "one planned layer");
