@@ -211,7 +211,8 @@ impl MemoryMap {
     }
 
     /// Takes back a [`free`](Self::free) of the block at `addr` that the
-    /// resource refused: the block is live again, and the free's event,
+    /// resource refused: the block is live again (allocated on `stream`,
+    /// as `free` said), and the free's event,
     /// the latest of that address, leaves the trace (no allocation is told:
     /// none happened).
     pub fn unfree(&mut self, addr: u64, size: u64, requested: u64, stream: u64) {
@@ -226,12 +227,13 @@ impl MemoryMap {
     }
 
     /// The block at `addr` given back (an unknown one is ignored): its
-    /// size and requested size.
-    pub fn free(&mut self, addr: u64, stream: u64, time_us: Option<u64>) -> Option<(u64, u64)> {
+    /// size, requested size and the stream it was allocated on, which
+    /// [`unfree`](Self::unfree) takes back.
+    pub fn free(&mut self, addr: u64, stream: u64, time_us: Option<u64>) -> Option<(u64, u64, u64)> {
         let b = self.blocks.remove(&addr)?;
         self.live = self.live.wrapping_sub(b.requested);
         self.record(Action::FreeCompleted, addr, b.requested, stream, time_us);
-        Some((b.size, b.requested))
+        Some((b.size, b.requested, b.stream))
     }
 
     /// A request of `size` bytes that failed.

@@ -243,3 +243,25 @@ fn a_segment_unfree_after_the_address_was_handed_out_again_changes_nothing() {
     assert_eq!(map.segment_free(0x1000, 3, None), Some((512, 3)));
     assert_eq!(map.segment_free(0x1000, 3, None), None);
 }
+
+/// A refused free goes back into the map as the block it was: allocated on
+/// its own stream, not the stream of the free that failed (which a block
+/// outside every segment shows as its segment's stream).
+#[test]
+fn a_refused_free_on_another_stream_leaves_the_block_on_its_own() {
+    use crate::testing::{BumpUpstream, IdStream};
+    use crate::{Block, MemoryResource, Request, Shared};
+    use alloc::sync::Arc;
+    let map = Arc::new(Shared::new(MemoryMap::new(100)));
+    let tap = Tap::new(
+        Shared::new(crate::pool::CoalescingPool::new(BumpUpstream::new(1 << 30))),
+        map.clone(),
+        Side::Blocks,
+    );
+    let b = tap.allocate(Request::new(4096).unwrap(), &IdStream(1)).unwrap();
+    let wrong = Block::new(b.addr(), 4096, b.tag().wrapping_add(1));
+    assert!(tap.deallocate(wrong, &IdStream(2)).is_err());
+    let streams: Vec<u64> = map.with(|m| m.runs().iter().map(|s| s.stream).collect());
+    assert_eq!(streams, [1], "the block's own stream");
+    tap.deallocate(b, &IdStream(1)).unwrap();
+}
