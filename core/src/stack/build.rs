@@ -73,11 +73,7 @@ impl<S: Stream + ?Sized + 'static> Context<'_, S> {
     where
         T: MemoryResource<S> + MemoryOf<E> + Send + Sync + 'static,
     {
-        let resource: DynResource<S> = self.kept(call, resource);
-        // SAFETY: `resource` is the `Arc` of a `T`, and `T: MemoryOf<E>`:
-        // every block it hands out meets the contract that
-        // `AssumeMemoryOf::new` asks for.
-        unsafe { AssumeMemoryOf::new(resource) }
+        leaf_of(self.kept(call, resource))
     }
 
     /// [`keep`](Self::keep), for a layer that keeps memory freed through
@@ -87,13 +83,7 @@ impl<S: Stream + ?Sized + 'static> Context<'_, S> {
     where
         T: MemoryResource<S> + Release<S> + 'static,
     {
-        let resource = self.kept(call, resource);
-        self.releasing.borrow_mut().push(Layer {
-            name: call.name.clone(),
-            pos: call.pos,
-            layer: resource.clone(),
-        });
-        resource
+        self.kept_releasing(call, resource)
     }
 
     /// [`keep_leaf_of`](Self::keep_leaf_of) and
@@ -103,17 +93,7 @@ impl<S: Stream + ?Sized + 'static> Context<'_, S> {
     where
         T: MemoryResource<S> + MemoryOf<E> + Release<S> + 'static,
     {
-        let resource = self.kept(call, resource);
-        self.releasing.borrow_mut().push(Layer {
-            name: call.name.clone(),
-            pos: call.pos,
-            layer: resource.clone(),
-        });
-        let resource: DynResource<S> = resource;
-        // SAFETY: `resource` is the `Arc` of a `T`, and `T: MemoryOf<E>`:
-        // every block it hands out meets the contract that
-        // `AssumeMemoryOf::new` asks for.
-        unsafe { AssumeMemoryOf::new(resource) }
+        leaf_of(self.kept_releasing(call, resource))
     }
 
     /// Builds `call` with the constructors of `builder` (a layer of this
@@ -160,6 +140,13 @@ impl<S: Stream + ?Sized + 'static> Context<'_, S> {
         built
     }
 
+    fn kept_releasing<T: Release<S> + 'static>(&self, call: &Call, resource: T) -> Arc<T> {
+        let resource = self.kept(call, resource);
+        let layer = Layer { name: call.name.clone(), pos: call.pos, layer: resource.clone() };
+        self.releasing.borrow_mut().push(layer);
+        resource
+    }
+
     fn kept<T: Send + Sync + 'static>(&self, call: &Call, resource: T) -> Arc<T> {
         let resource = Arc::new(resource);
         self.handles.borrow_mut().push(Handle {
@@ -169,6 +156,19 @@ impl<S: Stream + ?Sized + 'static> Context<'_, S> {
         });
         resource
     }
+}
+
+/// A leaf kept as the `Arc` of its type `T`, with the promise of `E`'s
+/// memory.
+fn leaf_of<S: Stream + ?Sized + 'static, E, T>(resource: Arc<T>) -> LeafOf<S, E>
+where
+    T: MemoryResource<S> + MemoryOf<E> + Send + Sync + 'static,
+{
+    let resource: DynResource<S> = resource;
+    // SAFETY: `resource` is the `Arc` of a `T`, and `T: MemoryOf<E>`:
+    // every block it hands out meets the contract that
+    // `AssumeMemoryOf::new` asks for.
+    unsafe { AssumeMemoryOf::new(resource) }
 }
 
 /// A built stack and the typed handles of its resources.
