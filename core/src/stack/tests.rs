@@ -236,3 +236,40 @@ fn a_layer_built_with_another_builder_keeps_its_handles_and_what_it_releases() {
     assert_eq!(layers.release(&()).unwrap(), outer + leaf);
     assert_eq!((layers.held_by("pool"), layers.held_by("chunks")), (0, 0));
 }
+
+/// A layer whose release fails does not keep the layers under it from
+/// giving back: the error comes back after all of them ran.
+#[test]
+fn a_layer_that_fails_to_release_leaves_the_others_giving_back() {
+    use crate::{Block, DynResource, Error, MemoryResource, Request};
+    /// Hands its upstream's blocks on; its release always fails.
+    struct Refusing(DynResource);
+    impl MemoryResource<()> for Refusing {
+        fn allocate(&self, request: Request, stream: &()) -> crate::Result<Block> {
+            self.0.allocate(request, stream)
+        }
+        fn deallocate(&self, block: Block, stream: &()) -> crate::Result<()> {
+            self.0.deallocate(block, stream)
+        }
+    }
+    impl Release<()> for Refusing {
+        fn release(&self, _: &()) -> crate::Result<u64> {
+            Err(Error::InvalidConfig { what: "refused" })
+        }
+        fn held(&self) -> u64 {
+            0
+        }
+    }
+    let mut b = StackBuilder::<()>::new();
+    b.register("leaf", |call, cx| Ok(cx.keep(call, Unbacked::new())));
+    b.register("refusing", |call, cx| Ok(cx.keep_releasing(call, Refusing(cx.upstream(call, 0)?))));
+    let built = b.build_with_handles("refusing(pool(leaf))", &()).unwrap();
+    let x = built.resource.allocate(Request::new(4 << 20).unwrap(), &()).unwrap();
+    built.resource.deallocate(x, &()).unwrap();
+    let layers = built.release_layers();
+    let held = layers.held_by("pool");
+    assert!(held >= 4 << 20);
+    assert_eq!(layers.release(&()), Err(Error::InvalidConfig { what: "refused" }));
+    assert_eq!(layers.held_by("pool"), 0, "the pool under the failing layer gave back");
+    assert_eq!(layers.release(&()), Err(Error::InvalidConfig { what: "refused" }));
+}
