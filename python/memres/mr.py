@@ -160,10 +160,11 @@ class DeviceMemoryResource:
         """Gives back to the device what this stack's pools keep free, then
         what those of the resources it is built over keep (so
         ``empty_cache()`` reaches the pool under ``enable_statistics()``),
-        once every stream of the device is done: a pool's wholly free
-        chunks, a virtual pool's mapped granules that no block uses (``vmm``,
-        ``vpool``), the driver pool's reserve beyond what is in use
-        (``async``). Returns the bytes given back."""
+        once every stream of the device is done: the wholly free chunks of
+        pools and of the fixed-size, binning and arena resources, a virtual
+        pool's mapped granules that no block uses (``vmm``, ``vpool``), the
+        driver pool's reserve beyond what is in use (``async``). Returns the
+        bytes given back."""
         handle = as_handle(stream)
         given = self._native.release(handle)
         for u in self._upstreams:

@@ -55,8 +55,8 @@ pub(crate) struct Parts {
     stats: Option<Arc<Statistics<Dyn>>>,
     track: Option<Arc<Tracking<Dyn>>>,
     logs: Vec<Arc<Logging<Dyn>>>,
-    /// The layers that keep freed memory (`pool`, `vmm`, `vpool`,
-    /// `async`), given back by `release`.
+    /// The layers that keep freed memory (`pool`, `fixed`, `binning`,
+    /// `arena`, `vmm`, `vpool`, `async`), given back by `release`.
     releasing: ReleaseLayers<Stream>,
     /// The `planned` layers, stepped by `step`.
     planned: Vec<Arc<Planned<Dyn>>>,

@@ -78,6 +78,21 @@ def test_release_unmaps_what_a_virtual_pool_keeps_mapped():
         assert stats.release() == 6 * MiB, res.stack
 
 
+def test_release_gives_back_what_fixed_binning_and_arena_resources_keep():
+    # Their free chunks stayed: release() saw only pools.
+    for make, size in [(lambda up: mr.FixedSizeMemoryResource(up, block_size=4096), 4096),
+                       (lambda up: mr.BinningMemoryResource(up, 18, 20), 300 << 10),
+                       (lambda up: mr.ArenaMemoryResource(up), 1000)]:
+        host = mr.StatisticsResourceAdaptor(mr.HostMemoryResource())
+        res = make(host)
+        p = res.allocate(size)
+        res.deallocate(p, size)
+        held = host.allocation_counts["current_bytes"]
+        assert held > 0, res.stack
+        assert res.release() == held, res.stack
+        assert host.allocation_counts["current_bytes"] == 0, res.stack
+
+
 def test_an_adaptor_wraps_the_same_upstream_object():
     stats = mr.StatisticsResourceAdaptor(mr.SimulatedMemoryResource(GiB))
     pool = mr.PoolMemoryResource(stats, initial_pool_size=2 * MiB)

@@ -34,21 +34,21 @@ where
         let upstream = cx.upstream(call, 0)?;
         let fixed = FixedSizeResource::with_config(upstream, config, cx.stream)
             .map_err(|e| call.resource_error(e))?;
-        Ok(cx.keep(call, Shared::new(fixed)))
+        Ok(cx.keep_releasing(call, Shared::new(fixed)))
     });
     b.register("binning", |call, cx| {
         let (min, max) = binning_exponents(call)?;
         let upstream = cx.upstream(call, 0)?;
         let bins = BinningResource::<'static, DynResource<S>, S>::with_exponents(upstream, min, max)
             .map_err(|e| call.resource_error(e))?;
-        Ok(cx.keep(call, bins))
+        Ok(cx.keep_releasing(call, bins))
     });
     b.register("arena", |call, cx| {
         let config = arena_config(call)?;
         let upstream = cx.upstream(call, 0)?;
         let arena =
             ArenaResource::with_config(upstream, config, cx.stream).map_err(|e| call.resource_error(e))?;
-        Ok(cx.keep(call, arena))
+        Ok(cx.keep_releasing(call, arena))
     });
     b.register("stats", |call, cx| {
         call.expect_args(1, &[])?;

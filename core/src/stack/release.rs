@@ -1,10 +1,14 @@
 //! Giving back what a built stack keeps free: the layers that keep memory
-//! freed through them ([`Release`]), which constructors register with
+//! freed through them ([`Release`]: the pools, the fixed-size, binning and
+//! arena resources, the virtual pool, a backend's driver pool), which constructors register with
 //! [`Context::keep_releasing`](super::Context::keep_releasing), and the
 //! list of them a [`Built`](super::Built) stack hands out
 //! ([`ReleaseLayers`]), what PyTorch's `empty_cache` reaches.
 
 use crate::adaptor::Counted;
+use crate::arena::ArenaResource;
+use crate::binning::BinningResource;
+use crate::fixed::{FixedSizeResource, Slot};
 use crate::index::Node;
 use crate::lock::RawLock;
 use crate::per_stream::{ChunkPool, MakePool, PerStreamPool};
@@ -19,8 +23,9 @@ use alloc::vec::Vec;
 use core::fmt;
 
 /// A layer of a stack that keeps memory freed through it and can give it
-/// back: a `pool` (wholly free chunks), a virtual pool (mapped granules no
-/// block uses), a backend's leaf over a driver's pool.
+/// back: a `pool`, `fixed`, `binning` or `arena` (wholly free chunks), a
+/// virtual pool (mapped granules no block uses), a backend's leaf over a
+/// driver's pool.
 pub trait Release<S: ?Sized>: Send + Sync {
     /// Gives back what the layer keeps free, ordered on `stream`, once
     /// every stream of the device is done where `stream` can wait for
@@ -68,6 +73,62 @@ where
     }
     fn held(&self) -> u64 {
         self.with(|p| p.committed_bytes())
+    }
+}
+
+/// A fixed-size resource behind its lock: its wholly free chunks.
+impl<S, U, C, F, L> Release<S> for Shared<FixedSizeResource<U, C, F>, L>
+where
+    S: Stream + ?Sized,
+    U: MemoryResource<S>,
+    C: Storage<Chunk>,
+    F: Storage<Slot>,
+    FixedSizeResource<U, C, F>: Send,
+    L: RawLock + Send + Sync,
+{
+    fn release(&self, stream: &S) -> Result<u64> {
+        self.with(|f| {
+            stream.synchronize_device()?;
+            f.release(stream)
+        })
+    }
+    fn held(&self) -> u64 {
+        self.with(|f| f.usage().held)
+    }
+}
+
+/// Binning: the wholly free chunks of its fixed-size bins (the other bins
+/// are layers of their own).
+impl<S, U> Release<S> for BinningResource<'_, U, S>
+where
+    S: Stream + ?Sized,
+    U: MemoryResource<S>,
+    Self: Send + Sync,
+{
+    fn release(&self, stream: &S) -> Result<u64> {
+        stream.synchronize_device()?;
+        BinningResource::release(self, stream)
+    }
+    fn held(&self) -> u64 {
+        self.usage().held
+    }
+}
+
+/// The arena: its idle arenas' superblocks, then the global arena's wholly
+/// free chunks.
+impl<S, U, L> Release<S> for ArenaResource<U, L>
+where
+    S: Stream + ?Sized,
+    U: MemoryResource<S>,
+    L: RawLock,
+    Self: Send + Sync,
+{
+    fn release(&self, stream: &S) -> Result<u64> {
+        stream.synchronize_device()?;
+        ArenaResource::release(self, stream)
+    }
+    fn held(&self) -> u64 {
+        self.usage().held
     }
 }
 

@@ -273,3 +273,27 @@ fn a_layer_that_fails_to_release_leaves_the_others_giving_back() {
     assert_eq!(layers.held_by("pool"), 0, "the pool under the failing layer gave back");
     assert_eq!(layers.release(&()), Err(Error::InvalidConfig { what: "refused" }));
 }
+
+/// The fixed-size, binning and arena layers keep freed memory too: a
+/// release gives their free chunks to the pool under them, which gives
+/// them on.
+#[test]
+fn fixed_binning_and_arena_layers_give_back_through_the_pool_under_them() {
+    use crate::Request;
+    let mut b = StackBuilder::<()>::new();
+    b.register("leaf", |call, cx| Ok(cx.keep(call, Unbacked::new())));
+    for (text, name, size) in [
+        ("fixed(pool(leaf), 4KiB)", "fixed", 4096),
+        ("binning(pool(leaf))", "binning", 300 << 10),
+        ("arena(pool(leaf))", "arena", 1000),
+    ] {
+        let built = b.build_with_handles(text, &()).unwrap();
+        let layers = built.release_layers();
+        assert_eq!(layers.len(), 2, "{text}");
+        let x = built.resource.allocate(Request::new(size).unwrap(), &()).unwrap();
+        built.resource.deallocate(x, &()).unwrap();
+        assert!(layers.held_by(name) > 0 && layers.held_by("pool") > 0, "{text}");
+        assert!(layers.release(&()).unwrap() > 0, "{text}");
+        assert_eq!((layers.held_by(name), layers.held_by("pool")), (0, 0), "{text}");
+    }
+}

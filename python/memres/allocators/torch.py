@@ -148,8 +148,9 @@ def last_error(clear=False):
 
 def empty_cache(device=None):
     """Gives what the pools of ``device``'s resource keep free back to the
-    device (``DeviceMemoryResource.release``): wholly free chunks, mapped
-    granules no block uses, a driver pool's reserve. Returns the bytes
+    device (``DeviceMemoryResource.release``): wholly free chunks (pools,
+    fixed-size, binning and arena resources), mapped granules no block
+    uses, a driver pool's reserve. Returns the bytes
     given back. ``torch.cuda.empty_cache()`` does the same for every
     device's resource once memres is PyTorch's allocator."""
     res = _mr.get_current_device_resource() if device is None else _mr.get_per_device_resource(device)

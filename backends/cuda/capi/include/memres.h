@@ -144,8 +144,9 @@ int memres_steps(int device, memres_steps_t *out);
 
 /* Gives back to device (negative: the current device) what the pools of
  * its stack keep free, once every stream of the device is done, ordered on
- * stream (NULL: the device's legacy default stream): each pool's wholly
- * free chunks, a vmm leaf's mapped granules that no block uses, an async
+ * stream (NULL: the device's legacy default stream): the wholly free
+ * chunks of each pool, fixed, binning and arena layer, a vmm leaf's mapped
+ * granules that no block uses, an async
  * leaf's driver pool reserve beyond what is in use. Returns the bytes given
  * back (0 for a device not used yet), or -1 with a message. */
 int64_t memres_release(int device, void *stream);
