@@ -16,6 +16,7 @@
 //! | `Pending` (feature `std`) | a block taken from a resource and not yet handed over: freed back if the code in between panics or returns early (the logging adaptor, the containers) |
 //! | [`Allocate`], [`AllocateOn`] | the short path ([`shortcut`]): `allocate(size)` / `deallocate(block)` where the stream is `()`, `allocate_on(size, &stream)` where it is not |
 //! | [`Stream`] | record an event, wait on an event, query an event, synchronize (the stream, or as a last resort the device); `()` is the stream of resources for which streams mean nothing |
+//! | `thread_number` (feature `std`) | a number for the calling thread, never reused and never 0: what names a per-thread stream or a lock's holder |
 //! | [`Error`] | every failure as a typed value; out of memory carries its figures |
 //! | [`Usage`], [`Inspect`] | one set of figures for every resource (bytes used, held from upstream, its peak, free, the largest free block) and the trait that reads them and runs the invariant checker |
 //! | [`addr_map`] | [`AddrMap`](addr_map::AddrMap): what a layer keeps per live block, found by its address in a probe or two (feature `alloc`) |
@@ -131,6 +132,8 @@ pub use request::Request;
 pub use resource::Pending;
 pub use resource::{MemoryResource, MemoryResourceMut, ResourceId};
 pub use shortcut::{Allocate, AllocateOn};
+#[cfg(feature = "std")]
+pub use stream::thread_number;
 pub use stream::Stream;
 #[cfg(feature = "alloc")]
 pub use stream_ordered::StreamOrdered;

@@ -128,3 +128,24 @@ impl<S: Stream + ?Sized> Stream for &S {
         (**self).synchronize_device()
     }
 }
+
+/// A number for the calling thread, the same on every call from it and
+/// never given to another thread of the process, and never 0 (feature
+/// `std`): what names a thread's per-thread stream (memres-cuda's), or
+/// the holder of a lock that must tell its own re-entry from another
+/// thread's wait.
+///
+/// ```
+/// let me = memres_core::thread_number();
+/// assert!(me != 0 && me == memres_core::thread_number());
+/// assert_ne!(std::thread::spawn(memres_core::thread_number).join().unwrap(), me);
+/// ```
+#[cfg(feature = "std")]
+pub fn thread_number() -> u64 {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static NEXT: AtomicU64 = AtomicU64::new(1);
+    std::thread_local! {
+        static NUMBER: u64 = NEXT.fetch_add(1, Ordering::Relaxed);
+    }
+    NUMBER.with(|n| *n)
+}

@@ -66,15 +66,6 @@ fn figures_of(b: &Inner) -> [u64; 3] {
     [if b.is_empty() { 0 } else { b.addr() }, b.len(), b.capacity()]
 }
 
-/// A number for the calling thread, never 0.
-fn this_thread() -> u64 {
-    static NEXT: AtomicU64 = AtomicU64::new(1);
-    thread_local! {
-        static NUMBER: u64 = NEXT.fetch_add(1, Ordering::Relaxed);
-    }
-    NUMBER.with(|n| *n)
-}
-
 /// The buffer, locked by this thread; its figures are stored and the
 /// holder cleared before the lock goes.
 struct Locked<'a> {
@@ -115,7 +106,7 @@ impl Buffer {
     /// resize into the same pool), so the callback gets `Error::Reentrant`
     /// too while the other holds it.
     fn lock(&self, what: &str) -> PyResult<Locked<'_>> {
-        let me = this_thread();
+        let me = memres_core::thread_number();
         let shared = &*self.inner;
         if shared.holder.load(Ordering::Relaxed) == me {
             return Err(to_py(Error::Reentrant, &format!("DeviceBuffer.{what}")));

@@ -4,9 +4,9 @@ use crate::context::{Context, Current, Device};
 use crate::error::{check, error_from_code};
 use crate::sys;
 use memres_core::device::{DeviceId, DeviceStream};
-use memres_core::{Error, Result, Stream};
+use memres_core::{thread_number, Error, Result, Stream};
 use std::ptr;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 /// A stream that names a raw `CUstream`: what the stream-ordered CUDA
@@ -316,15 +316,6 @@ impl Drop for CudaStream {
             let _ = unsafe { sys::cuStreamDestroy_v2(self.raw) };
         }
     }
-}
-
-/// A number for the calling thread, for the id of its per-thread stream.
-fn thread_number() -> u64 {
-    static NEXT: AtomicU64 = AtomicU64::new(0);
-    std::thread_local! {
-        static NUMBER: u64 = NEXT.fetch_add(1, Ordering::Relaxed);
-    }
-    NUMBER.with(|n| *n)
 }
 
 /// The [`Stream::id`] of a raw handle, for a per-thread stream the one of
