@@ -385,11 +385,12 @@ impl<U, C: Storage<Chunk>> ChunkTable<U, C> {
 
     /// Gives wholly free chunks back upstream, largest first, until at most
     /// `bound` bytes are held or none is left; returns the bytes given back.
-    /// O(chunks) per chunk given back.
+    /// O(chunks) per chunk given back or refused.
     ///
     /// # Errors
     ///
-    /// The upstream's error if it refuses a chunk; that chunk stays.
+    /// The upstream's first error if it refuses a chunk; the chunks it
+    /// refused stay, the next largest go back in their place.
     fn release_above<S: Stream + ?Sized>(
         &mut self,
         bound: u64,
@@ -403,19 +404,27 @@ impl<U, C: Storage<Chunk>> ChunkTable<U, C> {
             // All of them, in one pass.
             return self.release(stream, carve);
         }
-        let mut freed = 0;
+        let (mut freed, mut refused) = (0, None);
+        // Chunks are tried in falling (length, start): every chunk at or
+        // above the last one refused has been tried already.
+        let key = |c: &Chunk| (c.range.len(), c.range.start());
+        let mut below = (u64::MAX, u64::MAX);
         while self.held > bound {
             let largest = (0..self.chunks.len())
-                .filter(|&i| carve.is_free(&self.chunks[i]))
-                .max_by_key(|&i| self.chunks[i].range.len());
+                .filter(|&i| key(&self.chunks[i]) < below && carve.is_free(&self.chunks[i]))
+                .max_by_key(|&i| key(&self.chunks[i]));
             let Some(i) = largest else { break };
             let chunk = self.chunks[i];
-            self.upstream.deallocate(chunk.block, stream)?;
+            if let Err(e) = self.upstream.deallocate(chunk.block, stream) {
+                refused.get_or_insert(e);
+                below = key(&chunk);
+                continue;
+            }
             carve.detach(&chunk);
             self.remove(i);
             freed += chunk.range.len();
         }
-        Ok(freed)
+        refused.map_or(Ok(freed), Err)
     }
 
     /// Takes a chunk that holds `need` bytes (rounded up to 256): the size
@@ -430,8 +439,10 @@ impl<U, C: Storage<Chunk>> ChunkTable<U, C> {
     ///
     /// # Errors
     ///
-    /// The upstream's error if it refuses a chunk given back; any other
-    /// error of the upstream, or of `carve` running out of metadata.
+    /// The upstream's error if it refuses a chunk given back and then has
+    /// no room for the new one (with room, the chunk stays and the growth
+    /// succeeds); any other error of the upstream, or of `carve` running
+    /// out of metadata.
     #[cold]
     pub(crate) fn grow<S: Stream + ?Sized>(
         &mut self,
@@ -451,18 +462,20 @@ impl<U, C: Storage<Chunk>> ChunkTable<U, C> {
             return Ok(None);
         }
         let no_room = |t: &Self| t.room().is_some_and(|room| need > room);
-        match give_back {
+        // Giving back only makes room: a chunk the upstream refuses stays,
+        // and the growth goes on without the room it would have made.
+        let gave_back = match give_back {
             GiveBack::Above(bound) => {
                 let size = growth.chunk_size(need, self.held, self.room());
-                self.release_above(bound.saturating_sub(size), stream, carve)?;
+                self.release_above(bound.saturating_sub(size), stream, carve)
             }
-            GiveBack::AtMaximum if no_room(self) => {
-                self.release(stream, carve)?;
-            }
-            GiveBack::AtMaximum | GiveBack::Never => {}
-        }
+            GiveBack::AtMaximum if no_room(self) => self.release(stream, carve),
+            GiveBack::AtMaximum | GiveBack::Never => Ok(0),
+        };
+        // Out of memory after a refusal: the refusal is the cause to report.
+        let out_of_memory = || gave_back.map(|_| None);
         if no_room(self) {
-            return Ok(None);
+            return out_of_memory();
         }
         // Slots for the chunk and the block carved from it, before taking
         // anything from upstream: a failed call changes nothing.
@@ -472,7 +485,7 @@ impl<U, C: Storage<Chunk>> ChunkTable<U, C> {
             match self.take(Request::new(size)?, stream, carve, |b| b.upstream_range(size)) {
                 Ok(first) => return Ok(Some(first)),
                 Err(e) if e.is_out_of_memory() && size > need => size = ((size / 2).max(need) + 255) & !255,
-                Err(e) if e.is_out_of_memory() => return Ok(None),
+                Err(e) if e.is_out_of_memory() => return out_of_memory(),
                 Err(e) => return Err(e),
             }
         }

@@ -376,6 +376,62 @@ fn a_chunk_the_upstream_refuses_stays_and_the_others_go_back() {
     assert_eq!(p.upstream().inner.usage().held, 0);
 }
 
+/// A refused give-back before growing leaves that chunk in the pool and
+/// the growth going on: the allocation still succeeds where the upstream
+/// has room, and fails with the refusal (not out of memory) where it has
+/// none.
+#[test]
+fn a_chunk_refused_before_growing_stays_and_the_pool_grows_all_the_same() {
+    const MIB: u64 = 1 << 20;
+    let up = RefusesOne { inner: BumpUpstream::new(4 * MIB), addr: Default::default() };
+    let exact = PoolConfig::new().growth(Growth::Exact { granule: 256 });
+    let mut p = CoalescingPool::with_config(up, exact, &()).unwrap();
+    let a = p.allocate(Request::new(MIB).unwrap(), &()).unwrap();
+    p.deallocate(a, &()).unwrap();
+    p.upstream().addr.set(a.addr());
+    // The default gives every free chunk back before growing: `a`'s is refused.
+    let b = p.allocate(Request::new(2 * MIB).unwrap(), &()).unwrap();
+    p.check().unwrap();
+    assert_eq!((p.chunk_count(), p.usage().held, p.upstream().inner.usage().held), (2, 3 * MIB, 3 * MIB));
+    // No room left upstream for 2 MiB more: the refusal is what went wrong.
+    assert!(matches!(p.allocate(Request::new(2 * MIB).unwrap(), &()), Err(Error::Backend { code: 7, .. })));
+    p.check().unwrap();
+    assert_eq!((p.chunk_count(), p.usage().held, p.usage().used), (2, 3 * MIB, 2 * MIB));
+    // Once the upstream takes it back, the same request fits in its room.
+    p.upstream().addr.set(0);
+    let c = p.allocate(Request::new(2 * MIB).unwrap(), &()).unwrap();
+    p.deallocate(b, &()).unwrap();
+    p.deallocate(c, &()).unwrap();
+    assert_eq!(p.release(&()).unwrap(), 4 * MIB);
+    assert_eq!(p.upstream().inner.usage().held, 0);
+}
+
+/// Keeping free chunks under the peak gives back the largest first; one
+/// the upstream refuses stays, and the next largest go back in its place.
+#[test]
+fn a_largest_chunk_refused_under_the_peak_lets_the_next_largest_go_back() {
+    const MIB: u64 = 1 << 20;
+    let up = RefusesOne { inner: BumpUpstream::new(1 << 40), addr: Default::default() };
+    let config = PoolConfig::new().growth(Growth::Exact { granule: 256 }).keep_under_peak(true);
+    let mut p = CoalescingPool::with_config(up, config, &()).unwrap();
+    let blocks: Vec<Block> =
+        [4 * MIB, 2 * MIB, MIB].iter().map(|&n| p.allocate(Request::new(n).unwrap(), &()).unwrap()).collect();
+    for &b in &blocks {
+        p.deallocate(b, &()).unwrap();
+    }
+    // 5 MiB under a peak of 7 MiB leaves room for 2 MiB of free chunks:
+    // the 4 MiB chunk (refused), then the 2 MiB and the 1 MiB go back.
+    p.upstream().addr.set(blocks[0].addr());
+    let d = p.allocate(Request::new(5 * MIB).unwrap(), &()).unwrap();
+    p.check().unwrap();
+    let held: Vec<u64> = p.chunk_ranges().map(|r| r.len()).collect();
+    assert_eq!(held, [4 * MIB, 5 * MIB]);
+    assert_eq!(p.upstream().inner.usage().held, 9 * MIB);
+    p.deallocate(d, &()).unwrap();
+    p.upstream().addr.set(0);
+    assert_eq!(p.release(&()).unwrap(), 9 * MIB);
+}
+
 #[test]
 fn best_fit_in_own_class_reuses_exact_holes() {
     let mut p = pool(PoolConfig::new().initial_size(64 << 20));
