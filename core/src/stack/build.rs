@@ -350,7 +350,7 @@ impl<S: Stream + ?Sized + 'static> StackBuilder<S> {
         self.register("stream", |call, cx| {
             call.expect_args(1, &[])?;
             let inner = OnStream { upstream: cx.upstream(call, 0)?, stream: cx.stream.clone() };
-            Ok(cx.keep(call, Shared::new(StreamOrdered::new(inner))))
+            Ok(cx.keep_releasing(call, Shared::new(StreamOrdered::new(inner))))
         })
     }
 

@@ -1,6 +1,7 @@
 //! Giving back what a built stack keeps free: the layers that keep memory
 //! freed through them ([`Release`]: the pools, the fixed-size, binning and
-//! arena resources, the virtual pool, a backend's driver pool), which constructors register with
+//! arena resources, the stream-ordered layer, the virtual pool, a
+//! backend's driver pool), which constructors register with
 //! [`Context::keep_releasing`](super::Context::keep_releasing), and the
 //! list of them a [`Built`](super::Built) stack hands out
 //! ([`ReleaseLayers`]), what PyTorch's `empty_cache` reaches.
@@ -14,9 +15,10 @@ use crate::lock::RawLock;
 use crate::per_stream::{ChunkPool, MakePool, PerStreamPool};
 use crate::pool::{Chunk, CoalescingPool};
 use crate::storage::Storage;
+use crate::stream_ordered::StreamOrdered;
 use crate::vmem::ReservableSpace;
 use crate::vpool::VirtualPool;
-use crate::{Inspect, MemoryResource, Result, Shared, Stream};
+use crate::{Inspect, MemoryResource, MemoryResourceMut, Result, Shared, Stream};
 use alloc::string::String;
 use alloc::sync::Arc;
 use alloc::vec::Vec;
@@ -24,8 +26,8 @@ use core::fmt;
 
 /// A layer of a stack that keeps memory freed through it and can give it
 /// back: a `pool`, `fixed`, `binning` or `arena` (wholly free chunks), a
-/// virtual pool (mapped granules no block uses), a backend's leaf over a
-/// driver's pool.
+/// `stream` layer (the blocks listed for reuse), a virtual pool (mapped
+/// granules no block uses), a backend's leaf over a driver's pool.
 pub trait Release<S: ?Sized>: Send + Sync {
     /// Gives back what the layer keeps free, ordered on `stream`, once
     /// every stream of the device is done where `stream` can wait for
@@ -129,6 +131,29 @@ where
     }
     fn held(&self) -> u64 {
         self.usage().held
+    }
+}
+
+/// The stream-ordered layer behind its lock: its listed blocks go back to
+/// the memory under it once the streams that freed them are done
+/// ([`StreamOrdered::synchronize_and_merge`]), for the layers under it to
+/// give on.
+impl<S, A, L> Release<S> for Shared<StreamOrdered<A, S>, L>
+where
+    S: Stream + Clone,
+    A: MemoryResourceMut<()>,
+    StreamOrdered<A, S>: Send,
+    L: RawLock + Send + Sync,
+{
+    fn release(&self, _: &S) -> Result<u64> {
+        self.with(|so| {
+            let listed = so.listed_bytes();
+            so.synchronize_and_merge()?;
+            Ok(listed - so.listed_bytes())
+        })
+    }
+    fn held(&self) -> u64 {
+        self.with(|so| so.held_bytes())
     }
 }
 

@@ -297,3 +297,31 @@ fn fixed_binning_and_arena_layers_give_back_through_the_pool_under_them() {
         assert_eq!((layers.held_by(name), layers.held_by("pool")), (0, 0), "{text}");
     }
 }
+
+/// The `stream` layer keeps freed blocks listed for reuse: a release gives
+/// them to the pool under it once the stream that freed them is done, and
+/// the pool gives its chunk on. A failed synchronization leaves the block
+/// listed, for the next release.
+#[test]
+fn the_stream_layer_gives_its_listed_blocks_back_once_their_stream_is_done() {
+    use crate::testing::TestStream;
+    use crate::Request;
+    let mut b = StackBuilder::<TestStream>::new();
+    b.register("leaf", |call, cx| Ok(cx.keep(call, Unbacked::new())));
+    b.register_stream_layer();
+    let built = b.build_with_handles("stream(pool(leaf))", &TestStream::new(0)).unwrap();
+    let layers = built.release_layers();
+    assert_eq!(layers.len(), 2);
+    let freeing = TestStream::new(1);
+    let x = built.resource.allocate(Request::new(1 << 20).unwrap(), &freeing).unwrap();
+    built.resource.deallocate(x, &freeing).unwrap();
+    assert_eq!(layers.held_by("stream"), 1 << 20, "listed on stream 1");
+    let pool = layers.held_by("pool");
+    assert!(pool >= 1 << 20);
+    freeing.faults().fail_nth(1);
+    assert!(layers.release(&TestStream::new(0)).is_err());
+    assert_eq!((layers.held_by("stream"), layers.held_by("pool")), (1 << 20, pool), "still listed");
+    assert_eq!(layers.release(&TestStream::new(0)).unwrap(), (1 << 20) + pool);
+    assert_eq!((layers.held_by("stream"), layers.held_by("pool")), (0, 0));
+    assert_eq!(freeing.faults().syncs(), 1, "the freeing stream was waited for");
+}

@@ -209,6 +209,12 @@ impl<A, S: Stream> StreamOrdered<A, S> {
         self.listed_bytes
     }
 
+    /// Bytes of the inner algorithm's blocks that the layer holds, live or
+    /// listed, each block rounded up to 256.
+    pub fn held_bytes(&self) -> u64 {
+        self.live_bytes + self.listed_bytes
+    }
+
     /// Number of blocks in the free lists.
     pub fn listed_count(&self) -> usize {
         self.lists.values().map(|l| l.len).sum()
