@@ -10,6 +10,7 @@
 //! resource even after the current one changed.
 
 use crate::backend::{self, Stream, MAX_DEVICES};
+use crate::put_back::PutBack;
 use crate::resource::Resource;
 use memres_core::addr_map::AddrMap;
 use memres_core::{Block, DynResource, MemoryResource, Request};
@@ -128,31 +129,6 @@ unsafe fn alloc(size: isize, device: i32, stream: *mut c_void) -> Result<*mut c_
     Ok(block.addr() as usize as *mut c_void)
 }
 
-/// A block taken out of a device's table for its free, with its resource:
-/// back in the table when dropped, unless the free succeeded
-/// ([`Taken::freed`]). So a free that fails, or that panics below (the core
-/// keeps a block whose free panicked live), leaves the block freeable.
-struct Taken {
-    table: &'static Live,
-    /// `Some` until dropped or freed.
-    entry: Option<(Block, DynResource<Stream>)>,
-}
-
-impl Taken {
-    /// The free succeeded: the block stays out of the table.
-    fn freed(mut self) {
-        self.entry = None;
-    }
-}
-
-impl Drop for Taken {
-    fn drop(&mut self) {
-        if let Some((block, resource)) = self.entry.take() {
-            self.table.lock().unwrap_or_else(|p| p.into_inner()).insert(block.addr(), (block, resource));
-        }
-    }
-}
-
 /// [`memres_py_free`]'s work.
 ///
 /// # Safety
@@ -166,10 +142,12 @@ unsafe fn free(ptr: *mut c_void, device: i32, stream: *mut c_void) -> Option<()>
     let s = unsafe { backend::stream(stream as usize as u64, d) }.ok()?;
     // Back in the table unless the free succeeds.
     let entry = table.lock().unwrap_or_else(|p| p.into_inner()).remove(ptr as usize as u64)?;
-    let taken = Taken { table, entry: Some(entry) };
-    let (block, resource) = taken.entry.as_ref()?;
+    let taken = PutBack::new(entry, |(block, resource): (Block, DynResource<Stream>)| {
+        table.lock().unwrap_or_else(|p| p.into_inner()).insert(block.addr(), (block, resource));
+    });
+    let (block, resource) = taken.value();
     if resource.deallocate(*block, &s).is_ok() {
-        taken.freed();
+        taken.kept_out();
     }
     Some(())
 }

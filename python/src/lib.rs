@@ -29,6 +29,7 @@ mod callback;
 pub mod current;
 mod detached;
 mod errors;
+mod put_back;
 mod reentry;
 mod resource;
 mod snapshot;

@@ -10,6 +10,7 @@ use crate::backend::{self, Stream};
 use crate::callback::{register_callbacks, Callbacks};
 use crate::detached::DropDetached;
 use crate::errors::{backend_error, stack_to_py, to_py};
+use crate::put_back::PutBack;
 use crate::reentry::{self, Covers, Guarded};
 use memres_core::adaptor::{Logging, Statistics, Tracking};
 use memres_core::planned::{Planned, Steps};
@@ -147,40 +148,17 @@ impl memres_core::MemoryResource<Stream> for KeepStreams {
     }
 }
 
-/// A block taken out of a resource object's table of live blocks for its
-/// free: back in the table when dropped, unless the free succeeded
-/// ([`Taken::freed`]). So a free that fails, or that panics below (the core
-/// keeps a block whose free panicked live), leaves the block freeable.
-struct Taken<'a> {
-    resource: &'a Resource,
-    /// `Some` until dropped or freed.
-    block: Option<Block>,
-}
-
-impl Taken<'_> {
-    /// The free succeeded: the block stays out of the table.
-    fn freed(mut self) {
-        self.block = None;
-    }
-}
-
-impl Drop for Taken<'_> {
-    fn drop(&mut self) {
-        if let Some(block) = self.block.take() {
-            self.resource.live.lock().unwrap_or_else(|p| p.into_inner()).insert(block.addr(), block);
-        }
-    }
-}
-
 impl Resource {
     /// The live block at `ptr`, taken out of the table until it is freed.
-    fn take_live(&self, ptr: u64) -> PyResult<(Taken<'_>, Block)> {
+    fn take_live(&self, ptr: u64) -> PyResult<PutBack<Block, impl FnOnce(Block) + '_>> {
         let block = self.live.lock().unwrap_or_else(|p| p.into_inner()).remove(&ptr).ok_or_else(|| {
             PyValueError::new_err(format!(
                 "memres: deallocate({ptr:#x}): not allocated by this resource, or freed already"
             ))
         })?;
-        Ok((Taken { resource: self, block: Some(block) }, block))
+        Ok(PutBack::new(block, |b: Block| {
+            self.live.lock().unwrap_or_else(|p| p.into_inner()).insert(b.addr(), b);
+        }))
     }
 
     /// Notes a block just allocated as live; if its address is live
@@ -329,7 +307,8 @@ impl Resource {
         // "Streams at the boundary" in lib.rs).
         let s = unsafe { backend::stream(stream, self.device)? };
         // Back in the table unless the free succeeds.
-        let (taken, block) = self.take_live(ptr)?;
+        let taken = self.take_live(ptr)?;
+        let block = *taken.value();
         if block.size() != nbytes {
             return Err(PyValueError::new_err(format!(
                 "memres: deallocate({ptr:#x}, {nbytes}): allocated with {} bytes",
@@ -338,7 +317,7 @@ impl Resource {
         }
         py.detach(|| self.blocks.deallocate(block, &s))
             .map_err(|e| to_py(e, &format!("deallocate({ptr:#x}, {nbytes})")))?;
-        taken.freed();
+        taken.kept_out();
         Ok(())
     }
 
