@@ -22,7 +22,10 @@ use std::sync::{Arc, Mutex};
 /// [`as_raw_stream`](Self::as_raw_stream) returns null, `CU_STREAM_LEGACY`,
 /// `CU_STREAM_PER_THREAD`, or a stream handle that stays valid for as long
 /// as `self` is borrowed; [`context`](Self::context) returns `None` or the
-/// context that stream belongs to.
+/// context that stream belongs to; [`off_its_thread`](Self::off_its_thread)
+/// is `true` whenever the handle is `CU_STREAM_PER_THREAD` and the stream
+/// meant is another thread's than the caller's. A type that wraps another
+/// stream forwards all three together.
 ///
 /// # Examples
 ///
@@ -62,8 +65,9 @@ pub unsafe trait AsRawStream: Stream {
     /// `CU_STREAM_PER_THREAD` while the stream meant is another thread's
     /// than the caller's (the handle names the caller's): work queued on
     /// it then waits for all work of the context first and is waited for.
-    /// A type that wraps a [`CudaStream`] forwards this with the handle, or
-    /// its per-thread streams lose that order on other threads.
+    /// Part of the trait's safety contract: a type that wraps a
+    /// [`CudaStream`] forwards this with the handle, or its per-thread
+    /// streams lose that order on other threads.
     fn off_its_thread(&self) -> bool {
         false
     }
