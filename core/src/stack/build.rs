@@ -220,11 +220,9 @@ impl<S: ?Sized> Built<S> {
         self.all(name).into_iter().next()
     }
 
-    /// The layers that keep memory freed through them (each `pool`,
-    /// `fixed`, `binning` and `arena`, and the leaves that do: `vpool`,
-    /// `vmm`, `async`), outermost first, to
-    /// give that memory back ([`ReleaseLayers::release`], PyTorch's
-    /// `empty_cache`).
+    /// The layers that keep memory freed through them ([`Release`] lists
+    /// them), outermost first, to give that memory back
+    /// ([`ReleaseLayers::release`], PyTorch's `empty_cache`).
     pub fn release_layers(&self) -> ReleaseLayers<S> {
         self.releasing.clone()
     }

@@ -7,10 +7,8 @@
 //! into resources, through a constructor registered for each name. Every
 //! error names the byte position it is about. A built stack
 //! ([`Built`]) hands back the typed resources of its names, and the layers
-//! that keep freed memory ([`ReleaseLayers`]: each `pool`, `fixed`,
-//! `binning` and `arena`, and the leaves `vpool`, `vmm`, `async`), to give
-//! that memory back (PyTorch's
-//! `empty_cache`).
+//! that keep freed memory ([`ReleaseLayers`]; [`Release`] lists them), to
+//! give that memory back (PyTorch's `empty_cache`).
 //!
 //! # Grammar
 //!

@@ -25,9 +25,10 @@ use alloc::vec::Vec;
 use core::fmt;
 
 /// A layer of a stack that keeps memory freed through it and can give it
-/// back: a `pool`, `fixed`, `binning` or `arena` (wholly free chunks), a
-/// `stream` layer (the blocks listed for reuse), a virtual pool (mapped
-/// granules no block uses), a backend's leaf over a driver's pool.
+/// back: a `pool` (one, or one per stream), `fixed`, `binning` or `arena`
+/// (wholly free chunks), a `stream` layer (the blocks listed for reuse), a
+/// virtual pool (`vpool`, memres-cuda's `vmm`: mapped granules no block
+/// uses), a backend's leaf over a driver's pool (memres-cuda's `async`).
 pub trait Release<S: ?Sized>: Send + Sync {
     /// Gives back what the layer keeps free, ordered on `stream`, once
     /// every stream of the device is done where `stream` can wait for
