@@ -41,9 +41,11 @@
 //! machine without a GPU can build and run it: [`init`] then fails with
 //! `CUDA_ERROR_NO_DEVICE` and [`Device::count`] is 0.
 //!
-//! A program that uses it needs a driver of CUDA 12.2 or later (R535): it
-//! links `cuMemPrefetchAsync_v2` ([`ManagedMemory`]'s prefetch), which
-//! older drivers lack, and the loader refuses to start it there.
+//! The newest driver function it links is `cuGetProcAddress` (CUDA 11.3).
+//! [`Prefetch`]'s `cuMemPrefetchAsync`, whose form changed in CUDA 12.2, is
+//! looked up at run time in the form the driver has
+//! ([`sys::MemPrefetchAsync`]), so that no driver refuses to load a program
+//! for it. The tests have run on drivers of CUDA 12 and 13.
 //!
 //! # Example
 //!

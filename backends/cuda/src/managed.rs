@@ -232,13 +232,13 @@ pub fn prefetch<S: AsRawStream + ?Sized>(
         if code != sys::CUDA_SUCCESS || managed == 0 {
             return Ok(false);
         }
-        let location = sys::CuMemLocation { type_: sys::CU_MEM_LOCATION_TYPE_DEVICE, id: device.raw() };
+        let form = sys::MemPrefetchAsync::get().map_err(error_from_code)?;
         in_order(stream, |raw| {
             // SAFETY: a prefetch migrates pages and never changes their
             // contents; the driver checks that the range lies in managed
             // memory (else an error code); the stream is valid while borrowed
-            // (`AsRawStream`'s contract); flags must be 0.
-            match unsafe { sys::cuMemPrefetchAsync_v2(addr, size as usize, location, 0, raw) } {
+            // (`AsRawStream`'s contract).
+            match unsafe { form.to_device(addr, size as usize, device.raw(), raw) } {
                 sys::CUDA_SUCCESS => Ok(true),
                 code => Err(error_from_code(code)),
             }

@@ -25,6 +25,7 @@ pub const CUDA_ERROR_INVALID_VALUE: CuResult = 1;
 pub const CUDA_ERROR_OUT_OF_MEMORY: CuResult = 2;
 pub const CUDA_ERROR_NO_DEVICE: CuResult = 100;
 pub const CUDA_ERROR_INVALID_CONTEXT: CuResult = 201;
+pub const CUDA_ERROR_NOT_FOUND: CuResult = 500;
 pub const CUDA_ERROR_NOT_READY: CuResult = 600;
 
 /// `CU_STREAM_LEGACY`: the legacy default stream, whatever the build's default.
@@ -56,6 +57,9 @@ pub const CU_POINTER_ATTRIBUTE_RANGE_START_ADDR: c_int = 11;
 pub const CU_POINTER_ATTRIBUTE_RANGE_SIZE: c_int = 12;
 /// `CU_MEMORYTYPE_DEVICE`, a `CUmemorytype`.
 pub const CU_MEMORYTYPE_DEVICE: c_uint = 2;
+/// `CU_MEM_RANGE_ATTRIBUTE_LAST_PREFETCH_LOCATION`: the device ordinal a
+/// managed range was last prefetched to (`CU_DEVICE_INVALID`, -2, if none).
+pub const CU_MEM_RANGE_ATTRIBUTE_LAST_PREFETCH_LOCATION: c_int = 3;
 pub const CU_MEMPOOL_ATTR_RELEASE_THRESHOLD: c_int = 4;
 pub const CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT: c_int = 5;
 pub const CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH: c_int = 6;
@@ -137,14 +141,21 @@ extern "C" {
     pub fn cuMemAllocManaged(dptr: *mut CUdeviceptr, bytes: usize, flags: c_uint) -> CuResult;
     pub fn cuMemHostAlloc(pp: *mut *mut c_void, bytes: usize, flags: c_uint) -> CuResult;
     pub fn cuMemFreeHost(p: *mut c_void) -> CuResult;
-    /// The CUDA 12.2+ form (the only one CUDA 13 keeps): the destination is
-    /// a `CUmemLocation`.
-    pub fn cuMemPrefetchAsync_v2(
-        dptr: CUdeviceptr,
+    /// The form of CUDA 11.3 (`cuGetProcAddress_v2` came with 12.5): a
+    /// driver function as of a CUDA version. Linked, where it would not
+    /// be, only by [`MemPrefetchAsync`].
+    pub fn cuGetProcAddress(
+        symbol: *const c_char,
+        pfn: *mut *mut c_void,
+        version: c_int,
+        flags: u64,
+    ) -> CuResult;
+    pub fn cuMemRangeGetAttribute(
+        data: *mut c_void,
+        data_size: usize,
+        attribute: c_int,
+        ptr: CUdeviceptr,
         count: usize,
-        location: CuMemLocation,
-        flags: c_uint,
-        stream: CUstream,
     ) -> CuResult;
     pub fn cuPointerGetAttribute(data: *mut c_void, attribute: c_int, ptr: CUdeviceptr) -> CuResult;
     pub fn cuPointerGetAttributes(
@@ -236,4 +247,104 @@ extern "C" {
     pub fn cuEventQuery(event: CUevent) -> CuResult;
     pub fn cuEventSynchronize(event: CUevent) -> CuResult;
     pub fn cuEventDestroy_v2(event: CUevent) -> CuResult;
+}
+
+/// `cuMemPrefetchAsync` in the form the driver has, looked up at run time
+/// (`cuGetProcAddress`) rather than linked: CUDA 12.2 replaced its device
+/// ordinal by a `CUmemLocation` under the name `cuMemPrefetchAsync_v2`, and
+/// CUDA 13's headers name only that form. Linking `_v2` would make the
+/// loader refuse every program of this crate on a driver before 12.2;
+/// linking the old form would leave it to a future driver's goodwill.
+#[derive(Clone, Copy, Debug)]
+pub enum MemPrefetchAsync {
+    /// CUDA 12.2 and later: the destination is a `CUmemLocation`; flags must be 0.
+    Location(PrefetchToLocation),
+    /// Before 12.2: the destination is a device ordinal.
+    Ordinal(PrefetchToOrdinal),
+}
+
+/// `cuMemPrefetchAsync` of CUDA 12.2 and later (`cuMemPrefetchAsync_v2`).
+pub type PrefetchToLocation =
+    unsafe extern "C" fn(CUdeviceptr, usize, CuMemLocation, c_uint, CUstream) -> CuResult;
+/// `cuMemPrefetchAsync` before CUDA 12.2.
+pub type PrefetchToOrdinal = unsafe extern "C" fn(CUdeviceptr, usize, CUdevice, CUstream) -> CuResult;
+
+impl MemPrefetchAsync {
+    /// The form of the running driver, looked up once for the process.
+    /// The driver must be initialized (`cuInit`).
+    ///
+    /// # Errors
+    ///
+    /// The driver's code where it has no such function.
+    pub fn get() -> Result<MemPrefetchAsync, CuResult> {
+        static FORM: std::sync::OnceLock<Result<MemPrefetchAsync, CuResult>> = std::sync::OnceLock::new();
+        *FORM.get_or_init(|| MemPrefetchAsync::as_of(MemPrefetchAsync::LOCATION_SINCE))
+    }
+
+    /// The first CUDA version of the `Location` form.
+    pub const LOCATION_SINCE: c_int = 12020;
+
+    /// The form a program built for CUDA `version` (1000 x major + 10 x
+    /// minor, as `cuDriverGetVersion` gives it) gets from the running
+    /// driver: `Location` where both are 12.2 or later, `Ordinal` else.
+    ///
+    /// # Errors
+    ///
+    /// The driver's code where it has no such function (`version` before
+    /// 8000, where the function came).
+    pub fn as_of(version: c_int) -> Result<MemPrefetchAsync, CuResult> {
+        let mut driver = 0;
+        // SAFETY: the out parameter is a live local.
+        match unsafe { cuDriverGetVersion(&mut driver) } {
+            CUDA_SUCCESS => {}
+            code => return Err(code),
+        }
+        // At most 12.2, so that a later change of the function never reaches this code.
+        let version = version.min(driver).min(Self::LOCATION_SINCE);
+        let mut pfn: *mut c_void = core::ptr::null_mut();
+        // SAFETY: the symbol is a NUL-terminated string, the out parameter a
+        // live local; flags 0 asks for the default (legacy) stream semantics,
+        // those of the functions linked above.
+        match unsafe { cuGetProcAddress(c"cuMemPrefetchAsync".as_ptr(), &mut pfn, version, 0) } {
+            CUDA_SUCCESS if !pfn.is_null() => {}
+            CUDA_SUCCESS => return Err(CUDA_ERROR_NOT_FOUND),
+            code => return Err(code),
+        }
+        Ok(if version >= Self::LOCATION_SINCE {
+            // SAFETY: `cuGetProcAddress` returned the function as it was in
+            // CUDA `version` (at most the driver's own), which is 12.2 here:
+            // the `CUmemLocation` form, whose C signature this is.
+            MemPrefetchAsync::Location(unsafe {
+                core::mem::transmute::<*mut c_void, PrefetchToLocation>(pfn)
+            })
+        } else {
+            // SAFETY: as above, CUDA `version` is before 12.2: the form with
+            // a device ordinal, whose C signature this is.
+            MemPrefetchAsync::Ordinal(unsafe { core::mem::transmute::<*mut c_void, PrefetchToOrdinal>(pfn) })
+        })
+    }
+
+    /// Prefetches `count` bytes at `ptr` to device `device`, ordered on `stream`.
+    ///
+    /// # Safety
+    ///
+    /// As `cuMemPrefetchAsync`: `stream` is a valid stream or a special
+    /// handle. The driver checks the range (an error code where it is not
+    /// managed memory).
+    pub unsafe fn to_device(
+        self,
+        ptr: CUdeviceptr,
+        count: usize,
+        device: CUdevice,
+        stream: CUstream,
+    ) -> CuResult {
+        match self {
+            // SAFETY: the caller's contract; flags must be 0.
+            MemPrefetchAsync::Location(f) => unsafe {
+                f(ptr, count, CuMemLocation { type_: CU_MEM_LOCATION_TYPE_DEVICE, id: device }, 0, stream)
+            },
+            // SAFETY: the caller's contract.
+            MemPrefetchAsync::Ordinal(f) => unsafe { f(ptr, count, device, stream) },
+        }
+    }
 }
