@@ -59,7 +59,7 @@ pub const CU_POINTER_ATTRIBUTE_RANGE_SIZE: c_int = 12;
 pub const CU_MEMORYTYPE_DEVICE: c_uint = 2;
 /// `CU_MEM_RANGE_ATTRIBUTE_LAST_PREFETCH_LOCATION`: the device ordinal a
 /// managed range was last prefetched to (`CU_DEVICE_INVALID`, -2, if none).
-pub const CU_MEM_RANGE_ATTRIBUTE_LAST_PREFETCH_LOCATION: c_int = 3;
+pub const CU_MEM_RANGE_ATTRIBUTE_LAST_PREFETCH_LOCATION: c_int = 4;
 pub const CU_MEMPOOL_ATTR_RELEASE_THRESHOLD: c_int = 4;
 pub const CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT: c_int = 5;
 pub const CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH: c_int = 6;
