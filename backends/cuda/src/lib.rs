@@ -45,7 +45,8 @@
 //! [`Prefetch`]'s `cuMemPrefetchAsync`, whose form changed in CUDA 12.2, is
 //! looked up at run time in the form the driver has
 //! ([`sys::MemPrefetchAsync`]), so that no driver refuses to load a program
-//! for it. The tests have run on drivers of CUDA 12 and 13.
+//! for it. The tests run both forms on a driver of CUDA 13 (a program built
+//! for CUDA 12.0 gets the older form there).
 //!
 //! # Example
 //!

@@ -142,8 +142,8 @@ extern "C" {
     pub fn cuMemHostAlloc(pp: *mut *mut c_void, bytes: usize, flags: c_uint) -> CuResult;
     pub fn cuMemFreeHost(p: *mut c_void) -> CuResult;
     /// The form of CUDA 11.3 (`cuGetProcAddress_v2` came with 12.5): a
-    /// driver function as of a CUDA version. Linked, where it would not
-    /// be, only by [`MemPrefetchAsync`].
+    /// driver function as it was in a CUDA version. Used by
+    /// [`MemPrefetchAsync`] only.
     pub fn cuGetProcAddress(
         symbol: *const c_char,
         pfn: *mut *mut c_void,
@@ -270,15 +270,20 @@ pub type PrefetchToLocation =
 pub type PrefetchToOrdinal = unsafe extern "C" fn(CUdeviceptr, usize, CUdevice, CUstream) -> CuResult;
 
 impl MemPrefetchAsync {
-    /// The form of the running driver, looked up once for the process.
-    /// The driver must be initialized (`cuInit`).
+    /// The form of the running driver, looked up at the first call that
+    /// finds it and kept for the process.
     ///
     /// # Errors
     ///
-    /// The driver's code where it has no such function.
+    /// The driver's code where it has no such function (a failed lookup
+    /// is not kept: the next call tries again).
     pub fn get() -> Result<MemPrefetchAsync, CuResult> {
-        static FORM: std::sync::OnceLock<Result<MemPrefetchAsync, CuResult>> = std::sync::OnceLock::new();
-        *FORM.get_or_init(|| MemPrefetchAsync::as_of(MemPrefetchAsync::LOCATION_SINCE))
+        static FORM: std::sync::OnceLock<MemPrefetchAsync> = std::sync::OnceLock::new();
+        if let Some(form) = FORM.get() {
+            return Ok(*form);
+        }
+        let form = MemPrefetchAsync::as_of(MemPrefetchAsync::LOCATION_SINCE)?;
+        Ok(*FORM.get_or_init(|| form))
     }
 
     /// The first CUDA version of the `Location` form.
