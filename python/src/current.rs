@@ -76,7 +76,9 @@ pub(crate) fn device_bytes(device: u32) -> PyResult<(u64, u64, u64, u64, u64)> {
 
 /// Why the last allocation of [`memres_py_alloc`] that failed failed:
 /// PyTorch's `CUDAPluggableAllocator` does not check for NULL (it makes a
-/// tensor of it), so the reason is kept for Python to read.
+/// tensor of it), so the reason is kept for Python to read. One for the
+/// process: the backward pass allocates on PyTorch's autograd threads, and
+/// Python reads the reason on its own.
 static LAST_ALLOC_ERROR: Mutex<Option<String>> = Mutex::new(None);
 
 /// The reason the last failed allocation of [`memres_py_alloc`] failed,

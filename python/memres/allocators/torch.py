@@ -142,7 +142,9 @@ def last_error(clear=False):
     PyTorch's ``CUDAPluggableAllocator`` does not check the pointer it
     gets: out of memory gives it NULL, which it makes a tensor of (no
     ``torch.cuda.OutOfMemoryError``), so check here after an allocation
-    that may fail. ``clear=True`` forgets it."""
+    that may fail. ``clear=True`` forgets it. There is one for the
+    process, not one per thread: the backward pass allocates on
+    PyTorch's autograd threads, not on the thread that reads this."""
     return _native.cuda().last_alloc_error(clear)
 
 
