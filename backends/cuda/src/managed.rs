@@ -234,10 +234,11 @@ pub fn prefetch<S: AsRawStream + ?Sized>(
         }
         let form = sys::MemPrefetchAsync::get().map_err(error_from_code)?;
         in_order(stream, |raw| {
-            // SAFETY: a prefetch migrates pages and never changes their
-            // contents; the driver checks that the range lies in managed
-            // memory (else an error code); the stream is valid while borrowed
-            // (`AsRawStream`'s contract).
+            // SAFETY: `form` is the driver's (`MemPrefetchAsync::get`); a
+            // prefetch migrates pages and never changes their contents; the
+            // driver checks that the range lies in managed memory (else an
+            // error code); the stream is valid while borrowed (`AsRawStream`'s
+            // contract).
             match unsafe { form.to_device(addr, size as usize, device.raw(), raw) } {
                 sys::CUDA_SUCCESS => Ok(true),
                 code => Err(error_from_code(code)),

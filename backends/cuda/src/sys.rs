@@ -333,9 +333,11 @@ impl MemPrefetchAsync {
     ///
     /// # Safety
     ///
-    /// As `cuMemPrefetchAsync`: `stream` is a valid stream or a special
-    /// handle. The driver checks the range (an error code where it is not
-    /// managed memory).
+    /// The function held is the driver's, as [`get`](Self::get) and
+    /// [`as_of`](Self::as_of) give it (a variant made by hand calls
+    /// whatever it holds). Then as `cuMemPrefetchAsync`: `stream` is a
+    /// valid stream or a special handle. The driver checks the range (an
+    /// error code where it is not managed memory).
     pub unsafe fn to_device(
         self,
         ptr: CUdeviceptr,

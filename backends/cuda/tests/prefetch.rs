@@ -51,8 +51,9 @@ fn prefetch_with(form: MemPrefetchAsync, device: Device) {
     // SAFETY: the primary context is retained for the process; binding it
     // to this test's own thread disturbs no other.
     assert_eq!(unsafe { sys::cuCtxSetCurrent(context.raw()) }, sys::CUDA_SUCCESS);
-    // SAFETY: a stream of this crate, alive while borrowed; the block is
-    // live managed memory of `size` bytes.
+    // SAFETY: `form` is the driver's (`get` or `as_of`); a stream of this
+    // crate, alive while borrowed; the block is live managed memory of
+    // `size` bytes.
     let code = unsafe { form.to_device(block.addr(), size as usize, device.raw(), stream.raw()) };
     assert_eq!(code, sys::CUDA_SUCCESS, "{form:?}");
     stream.synchronize().unwrap();
