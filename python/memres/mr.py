@@ -164,12 +164,10 @@ class DeviceMemoryResource:
         pools and of the fixed-size, binning and arena resources, a virtual
         pool's mapped granules that no block uses (``vmm``, ``vpool``), the
         driver pool's reserve beyond what is in use (``async``). Returns the
-        bytes given back."""
-        handle = as_handle(stream)
-        given = self._native.release(handle)
-        for u in self._upstreams:
-            given += u.release(stream)
-        return given
+        bytes given back to the device (or the host), each counted once: a
+        pool's chunk that a virtual pool under it then unmaps is counted
+        when it is unmapped."""
+        return self._native.release(as_handle(stream))
 
     def __repr__(self):
         return f"<memres.mr.{type(self).__name__} {self.stack!r} on device {self.device_id}>"

@@ -208,9 +208,13 @@ impl Resource {
         let map = crate::snapshot::map(device);
         let mut builder = backend::builder(device, map.as_ref())?;
         for (i, u) in upstreams.iter().enumerate() {
-            let r = u.inner.clone();
-            builder.register(&format!("up{i}"), move |call, _| {
+            let (r, below) = (u.inner.clone(), u.releasing.clone());
+            builder.register(&format!("up{i}"), move |call, cx| {
                 call.expect_args(0, &[])?;
+                // A release of this stack goes on into the upstream's.
+                if !below.is_empty() {
+                    cx.keep_releasing_of(call, Arc::new(below.clone()));
+                }
                 Ok(r.clone())
             });
         }
@@ -392,8 +396,9 @@ impl Resource {
     }
 
     /// Gives back what the stack's pools keep free (wholly free chunks,
-    /// idle mapped granules, the driver pool's reserve), once the device
-    /// is idle; returns the bytes given back.
+    /// idle mapped granules, the driver pool's reserve), then what those of
+    /// its upstreams keep, once the device is idle; returns the bytes that
+    /// left the stack and its upstreams.
     #[pyo3(signature = (stream=0))]
     fn release(&self, py: Python<'_>, stream: u64) -> PyResult<u64> {
         // SAFETY: a handle of the package's Python layer (the module's contract:

@@ -50,13 +50,49 @@ def test_a_per_stream_pool_tells_what_it_holds_and_gives_it_back():
     assert res._native.pool_size() == MiB
     assert res.release() == MiB and res._native.pool_size() == 0
     # A pool over a pool in one stack: the outer one's chunks go back to the
-    # inner one first, which gives them on.
+    # inner one first, which gives them on. What left the stack counts once.
     for text in ("pool(pool(host, per_stream=true), initial=2MiB)",
                  "pool(pool(host, initial=2MiB), per_stream=true, initial=1MiB)"):
         res = mr.StackMemoryResource(text, backend="sim")
         size = res._native.pool_size()
         assert size >= 3 * MiB, (text, size)
-        assert res.release() == size and res._native.pool_size() == 0, text
+        before = sim_device_bytes()
+        given = res.release()
+        assert given == before - sim_device_bytes() and 0 < given < size, (text, given, size)
+        assert res._native.pool_size() == 0, text
+
+
+def sim_device_bytes():
+    """Bytes every leaf of the simulated backend holds now."""
+    return memres.statistics.get_device_statistics(backend="sim").current_bytes
+
+
+def test_release_counts_once_what_goes_back_through_upstream_objects():
+    # release() added up what each layer gave back, and then what each
+    # upstream object gave: a pool's chunk that the pool or virtual pool
+    # under it then gave on counted twice.
+    for make in [lambda: mr.PoolMemoryResource(mr.PoolMemoryResource(mr.SimulatedMemoryResource(GiB))),
+                 lambda: mr.StatisticsResourceAdaptor(mr.PoolMemoryResource(
+                     mr.PoolMemoryResource(mr.SimulatedMemoryResource(GiB)), per_stream=True))]:
+        res = make()
+        ptrs = [res.allocate(3 * MiB) for _ in range(4)]
+        for p in ptrs:
+            res.deallocate(p, 3 * MiB)
+        before = sim_device_bytes()
+        given = res.release()
+        assert given >= 12 * MiB, (res.stack, given)
+        assert given == before - sim_device_bytes(), res.stack
+        assert res.release() == 0, res.stack
+    # A pool over a virtual pool (whose simulated space the device's
+    # figures do not count): the pool's chunks are all the virtual pool
+    # maps, and they go back once.
+    res = mr.PoolMemoryResource(mr.VirtualMemoryResource(reserve=GiB, simulated_capacity=GiB))
+    p = res.allocate(3 * MiB)
+    res.deallocate(p, 3 * MiB)
+    size = res.pool_size()
+    assert size >= 3 * MiB
+    assert res.release() == size
+    assert res.release() == 0
 
 
 def test_release_unmaps_what_a_virtual_pool_keeps_mapped():

@@ -10,7 +10,7 @@ use alloc::string::{String, ToString};
 use alloc::sync::Arc;
 use alloc::vec::Vec;
 use core::any::Any;
-use core::cell::RefCell;
+use core::cell::{Cell, RefCell};
 use core::fmt;
 
 /// What a constructor gets besides its call: the builder (to build its
@@ -26,6 +26,9 @@ pub struct Context<'a, S: ?Sized> {
     /// The layers kept so far that keep freed memory, with their call's
     /// name and position (see [`Context::keep_releasing`]).
     releasing: RefCell<Vec<Layer<S>>>,
+    /// How many of `releasing` were kept when the call being built began:
+    /// a layer kept after more has another under it.
+    begun: Cell<usize>,
 }
 
 /// A typed resource of a built stack, kept so that its figures can be read.
@@ -43,7 +46,13 @@ impl<S: ?Sized> fmt::Debug for Context<'_, S> {
 
 impl<'a, S: ?Sized> Context<'a, S> {
     fn new(builder: &'a StackBuilder<S>, stream: &'a S) -> Self {
-        Context { builder, stream, handles: RefCell::new(Vec::new()), releasing: RefCell::new(Vec::new()) }
+        Context {
+            builder,
+            stream,
+            handles: RefCell::new(Vec::new()),
+            releasing: RefCell::new(Vec::new()),
+            begun: Cell::new(0),
+        }
     }
 }
 
@@ -84,6 +93,14 @@ impl<S: Stream + ?Sized + 'static> Context<'_, S> {
         T: MemoryResource<S> + Release<S> + 'static,
     {
         self.kept_releasing(call, resource)
+    }
+
+    /// Registers `layer` as what `call` keeps freed, for a resource that
+    /// `call`'s constructor did not make: another built stack's
+    /// [`ReleaseLayers`], so that a release of this stack goes on into that
+    /// one's.
+    pub fn keep_releasing_of(&self, call: &Call, layer: Arc<dyn Release<S>>) {
+        self.push_releasing(call, layer);
     }
 
     /// [`keep_leaf_of`](Self::keep_leaf_of) and
@@ -142,9 +159,15 @@ impl<S: Stream + ?Sized + 'static> Context<'_, S> {
 
     fn kept_releasing<T: Release<S> + 'static>(&self, call: &Call, resource: T) -> Arc<T> {
         let resource = self.kept(call, resource);
-        let layer = Layer { name: call.name.clone(), pos: call.pos, layer: resource.clone() };
-        self.releasing.borrow_mut().push(layer);
+        self.push_releasing(call, resource.clone());
         resource
+    }
+
+    fn push_releasing(&self, call: &Call, layer: Arc<dyn Release<S>>) {
+        let mut releasing = self.releasing.borrow_mut();
+        // Layers kept since `call` began are its upstreams'.
+        let innermost = releasing.len() == self.begun.get();
+        releasing.push(Layer { name: call.name.clone(), pos: call.pos, innermost, layer });
     }
 
     fn kept<T: Send + Sync + 'static>(&self, call: &Call, resource: T) -> Arc<T> {
@@ -518,7 +541,10 @@ impl<S: Stream + ?Sized + 'static> StackBuilder<S> {
             .constructors
             .get(&call.name)
             .ok_or_else(|| call.error(StackErrorKind::UnknownName(call.name.clone())))?;
-        constructor(call, cx)
+        let outer = cx.begun.replace(cx.releasing.borrow().len());
+        let built = constructor(call, cx);
+        cx.begun.set(outer);
+        built
     }
 }
 

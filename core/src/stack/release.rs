@@ -196,23 +196,34 @@ impl<S: ?Sized, R: Release<S>> Release<S> for Counted<R> {
 /// each with its name: what [`Built::release_layers`](super::Built::release_layers)
 /// hands out, to give that memory back later.
 ///
+/// A layer gives back to the memory under it, which may be another such
+/// layer (a pool over a pool, over `vmm`, over an `async` leaf): that one
+/// keeps what it got until it gives back in turn. So a release goes
+/// outermost first, and the bytes the stack gave back are those its
+/// innermost layers gave: what left the stack.
+///
 /// # Examples
 ///
 /// ```
+/// use memres_core::adaptor::Statistics;
 /// use memres_core::stack::{StackBuilder, Unbacked};
-/// use memres_core::{MemoryResource, Request};
+/// use memres_core::{DynResource, MemoryResource, Request};
 /// let mut b = StackBuilder::<()>::new();
 /// b.register("leaf", |call, cx| Ok(cx.keep(call, Unbacked::new())));
-/// let built = b.build_with_handles("stats(pool(pool(leaf), initial=1MiB))", &())?;
+/// let built = b.build_with_handles("pool(pool(stats(leaf)), initial=1MiB)", &())?;
 /// let layers = built.release_layers();
 /// assert_eq!(layers.len(), 2);
 /// let x = built.resource.allocate(Request::new(4 << 20)?, &())?; // the outer pool grows
 /// built.resource.deallocate(x, &())?;
-/// let held = layers.held_by("pool");
-/// assert!(held >= 2 * (4 << 20)); // the outer pool's chunks, and the inner's under them
+/// let below = built.get::<Statistics<DynResource>>("stats").unwrap();
+/// let from_leaf = below.get_bytes_counter().value;
+/// // The outer pool's chunks, and the inner's under them; the inner's
+/// // are what the stack holds from the leaf.
+/// assert!(layers.held_by("pool") >= 2 * (4 << 20));
+/// assert_eq!(layers.held(), from_leaf as u64);
 /// // The outer pool's chunks go to the inner one first, which gives them on.
-/// assert_eq!(layers.release(&())?, held);
-/// assert_eq!(layers.held_by("pool"), 0);
+/// assert_eq!(layers.release(&())?, from_leaf as u64);
+/// assert_eq!((layers.held_by("pool"), below.get_bytes_counter().value), (0, 0));
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 pub struct ReleaseLayers<S: ?Sized> {
@@ -226,12 +237,15 @@ pub struct ReleaseLayers<S: ?Sized> {
 pub(super) struct Layer<S: ?Sized> {
     pub(super) name: String,
     pub(super) pos: usize,
+    /// No other such layer is under it: what it gives back leaves the
+    /// stack.
+    pub(super) innermost: bool,
     pub(super) layer: Arc<dyn Release<S>>,
 }
 
 impl<S: ?Sized> Clone for Layer<S> {
     fn clone(&self) -> Self {
-        Layer { name: self.name.clone(), pos: self.pos, layer: self.layer.clone() }
+        Layer { name: self.name.clone(), pos: self.pos, innermost: self.innermost, layer: self.layer.clone() }
     }
 }
 
@@ -245,8 +259,9 @@ impl<S: ?Sized> ReleaseLayers<S> {
     }
 
     /// Gives back what every layer keeps free, outermost first; returns the
-    /// bytes given back by all of them (an outer layer's bytes that an inner
-    /// one kept count once for each).
+    /// bytes that left the stack: those its innermost layers gave back (an
+    /// outer layer's bytes count once, when the layer under it gives them
+    /// on).
     ///
     /// # Errors
     ///
@@ -255,13 +270,20 @@ impl<S: ?Sized> ReleaseLayers<S> {
         let (mut given, mut first) = (0, None);
         for l in &self.layers {
             match l.layer.release(stream) {
-                Ok(n) => given += n,
+                Ok(n) if l.innermost => given += n,
+                Ok(_) => {}
                 Err(e) => {
                     first.get_or_insert(e);
                 }
             }
         }
         first.map_or(Ok(given), Err)
+    }
+
+    /// Bytes the stack holds from the memory under it: those its innermost
+    /// layers hold.
+    pub fn held(&self) -> u64 {
+        self.layers.iter().filter(|l| l.innermost).map(|l| l.layer.held()).sum()
     }
 
     /// Bytes the layers named `name` hold, summed.
@@ -277,6 +299,17 @@ impl<S: ?Sized> ReleaseLayers<S> {
     /// Whether the stack keeps nothing it could give back.
     pub fn is_empty(&self) -> bool {
         self.layers.is_empty()
+    }
+}
+
+/// Another stack's layers as one layer of a stack built over it
+/// ([`Context::keep_releasing_of`](super::Context::keep_releasing_of)).
+impl<S: ?Sized> Release<S> for ReleaseLayers<S> {
+    fn release(&self, stream: &S) -> Result<u64> {
+        ReleaseLayers::release(self, stream)
+    }
+    fn held(&self) -> u64 {
+        ReleaseLayers::held(self)
     }
 }
 

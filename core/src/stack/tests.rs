@@ -232,8 +232,10 @@ fn a_layer_built_with_another_builder_keeps_its_handles_and_what_it_releases() {
     built.resource.deallocate(x, &()).unwrap();
     let (outer, leaf) = (layers.held_by("pool"), layers.held_by("chunks"));
     assert!(outer > 0 && leaf >= outer, "{outer} {leaf}");
-    // The outer pool's chunks go back to the leaf's pool, which gives them on.
-    assert_eq!(layers.release(&()).unwrap(), outer + leaf);
+    // The outer pool's chunks go back to the leaf's pool, which gives them
+    // on: what left the stack is what the leaf's pool held.
+    assert_eq!(layers.held(), leaf);
+    assert_eq!(layers.release(&()).unwrap(), leaf);
     assert_eq!((layers.held_by("pool"), layers.held_by("chunks")), (0, 0));
 }
 
@@ -321,7 +323,102 @@ fn the_stream_layer_gives_its_listed_blocks_back_once_their_stream_is_done() {
     freeing.faults().fail_nth(1);
     assert!(layers.release(&TestStream::new(0)).is_err());
     assert_eq!((layers.held_by("stream"), layers.held_by("pool")), (1 << 20, pool), "still listed");
-    assert_eq!(layers.release(&TestStream::new(0)).unwrap(), (1 << 20) + pool);
+    assert_eq!(
+        layers.release(&TestStream::new(0)).unwrap(),
+        pool,
+        "the listed block went on through the pool"
+    );
     assert_eq!((layers.held_by("stream"), layers.held_by("pool")), (0, 0));
     assert_eq!(freeing.faults().syncs(), 1, "the freeing stream was waited for");
+}
+
+/// Routes requests under 1 MiB to its first upstream, the others to its
+/// second; keeps nothing, but says it gave back a byte, which no count of
+/// the stack must see (other layers are under it).
+struct Split(crate::DynResource, crate::DynResource);
+
+impl Split {
+    fn to(&self, size: u64) -> &crate::DynResource {
+        if size < 1 << 20 {
+            &self.0
+        } else {
+            &self.1
+        }
+    }
+}
+
+impl crate::MemoryResource<()> for Split {
+    fn allocate(&self, request: crate::Request, stream: &()) -> crate::Result<crate::Block> {
+        self.to(request.size()).allocate(request, stream)
+    }
+    fn deallocate(&self, block: crate::Block, stream: &()) -> crate::Result<()> {
+        self.to(block.size()).deallocate(block, stream)
+    }
+}
+
+impl Release<()> for Split {
+    fn release(&self, _: &()) -> crate::Result<u64> {
+        Ok(1)
+    }
+    fn held(&self) -> u64 {
+        1
+    }
+}
+
+/// What a release returns is what left the stack, counted once however
+/// many layers it went through: in a tree of layers, and into another
+/// stack that the stack is built over (a Python object's upstream).
+#[test]
+fn a_release_counts_what_left_the_stack_once() {
+    use crate::adaptor::Statistics;
+    use crate::{DynResource, MemoryResource, Request};
+    use alloc::sync::Arc;
+    let mut b = StackBuilder::<()>::new();
+    b.register("leaf", |call, cx| Ok(cx.keep(call, Unbacked::new())));
+    b.register("split", |call, cx| {
+        let (small, large) = (cx.upstream(call, 0)?, cx.upstream(call, 1)?);
+        Ok(cx.keep_releasing(call, Split(small, large)))
+    });
+    let from_leaves = |built: &Built<()>| -> u64 {
+        built.all::<Statistics<DynResource>>("stats").iter().map(|s| s.get_bytes_counter().value as u64).sum()
+    };
+    for text in [
+        "pool(stats(leaf))",
+        "pool(pool(stats(leaf)), initial=1MiB)",
+        "split(fixed(pool(pool(stats(leaf))), 4KiB), stats(leaf))",
+        "split(pool(stats(leaf)), pool(pool(stats(leaf))))",
+        "split(pool(pool(stats(leaf))), fixed(stats(leaf), 8MiB))",
+    ] {
+        let built = b.build_with_handles(text, &()).unwrap();
+        let layers = built.release_layers();
+        for size in [4 << 10, 4 << 20] {
+            let x = built.resource.allocate(Request::new(size).unwrap(), &()).unwrap();
+            built.resource.deallocate(x, &()).unwrap();
+        }
+        let before = from_leaves(&built);
+        assert!(before >= 4 << 20, "{text}");
+        assert_eq!(layers.held(), before, "{text}");
+        assert_eq!(layers.release(&()).unwrap(), before, "{text}");
+        assert_eq!((from_leaves(&built), layers.held()), (0, 0), "{text}");
+    }
+
+    // A stack built over another: its release goes on into the other's
+    // layers, and counts what left the other.
+    let below = b.build_with_handles("pool(stats(leaf))", &()).unwrap();
+    let mut over = StackBuilder::<()>::new();
+    let (resource, layers) = (below.resource.clone(), below.release_layers());
+    over.register("below", move |call, cx| {
+        cx.keep_releasing_of(call, Arc::new(layers.clone()));
+        Ok(resource.clone())
+    });
+    let built = over.build_with_handles("pool(pool(below))", &()).unwrap();
+    let layers = built.release_layers();
+    assert_eq!(layers.len(), 3);
+    let x = built.resource.allocate(Request::new(3 << 20).unwrap(), &()).unwrap();
+    built.resource.deallocate(x, &()).unwrap();
+    let before = from_leaves(&below);
+    assert!(before >= 3 << 20);
+    assert_eq!(layers.held(), before);
+    assert_eq!(layers.release(&()).unwrap(), before);
+    assert_eq!((from_leaves(&below), layers.held_by("pool"), below.release_layers().held()), (0, 0, 0));
 }

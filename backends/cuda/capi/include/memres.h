@@ -148,7 +148,9 @@ int memres_steps(int device, memres_steps_t *out);
  * chunks of each pool, fixed, binning and arena layer, a vmm leaf's mapped
  * granules that no block uses, an async
  * leaf's driver pool reserve beyond what is in use. Returns the bytes given
- * back (0 for a device not used yet), or -1 with a message. */
+ * back to the device, each counted once (a pool's chunk that vmm then
+ * unmaps counts when it is unmapped; 0 for a device not used yet), or -1
+ * with a message. */
 int64_t memres_release(int device, void *stream);
 
 /* memres_release of every device used so far, on its legacy default
