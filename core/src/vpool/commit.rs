@@ -40,6 +40,16 @@ impl<V: ReservableSpace> Drop for Carved<'_, V> {
     }
 }
 
+/// A commit of a block's granules that failed: the block went back to the
+/// index.
+pub(super) struct CommitFailed {
+    /// What the allocate returns unless it tries again.
+    pub(super) error: Error,
+    /// Out of physical memory, the trim after the block went back gave
+    /// memory back: another try may fit.
+    pub(super) gave_back: bool,
+}
+
 /// Slots `lo..hi` of reservation `r` (of one block being placed) whose
 /// granules the space holds committed where the bitmap does not say so:
 /// those the call in progress committed, less those its undo decommitted.
@@ -96,7 +106,10 @@ impl<V: ReservableSpace> VirtualPool<V> {
     /// the error is returned: the failed decommit's if the pool is
     /// still out of physical memory after a trim that could not give back
     /// all its Idle granules (it is then not out of memory for want of
-    /// memory but because the space failed).
+    /// memory but because the space failed). Out of physical memory, the
+    /// pool then decommits every Idle granule once more: a space that
+    /// frees memory in pieces gives back only now those that shared a
+    /// piece with the block (and the block's own).
     #[inline(never)]
     pub(super) fn commit_fresh<S: Stream + ?Sized>(
         &mut self,
@@ -105,7 +118,7 @@ impl<V: ReservableSpace> VirtualPool<V> {
         (lo, hi): (u32, u32),
         fresh: u64,
         stream: &S,
-    ) -> Result<()> {
+    ) -> core::result::Result<(), CommitFailed> {
         // Until its granules are committed the block is the call's: if
         // that fails, or the space's code panics, the index takes it back.
         // Its granules that no live block touches, committed before or by
@@ -119,10 +132,19 @@ impl<V: ReservableSpace> VirtualPool<V> {
                 carved.hand_out();
                 Ok(())
             }
+            Err(e) if e.is_out_of_memory() => {
+                drop(carved);
+                let before = self.committed;
+                let trimmed = self.trim_to(0, false, stream);
+                let gave_back = self.committed < before;
+                // Still Idle granules the space failed to decommit: its
+                // failure is the error, unless another try fits.
+                Err(CommitFailed { error: trimmed.err().unwrap_or(e), gave_back })
+            }
             Err(e) => {
                 drop(carved);
                 self.retry_trim(stream);
-                Err(e)
+                Err(CommitFailed { error: e, gave_back: false })
             }
         }
     }

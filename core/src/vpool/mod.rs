@@ -140,7 +140,12 @@ fn slots_touched(r: &Reservation, shift: u32, start: u64, end: u64) -> (u32, u32
 ///   does not fit. If a decommit of that trim fails, it retries only if
 ///   the other decommits gave memory back, and an allocation that still
 ///   does not fit fails with the decommit's error, not out of memory: the
-///   Idle granules the space kept committed might have made room.
+///   Idle granules the space kept committed might have made room. If it
+///   still does not fit, the block goes back to the index and the pool
+///   decommits every Idle granule once more; if that gave memory back,
+///   it places the block once more. (A space that frees memory in pieces
+///   gives back only then the Idle granules that share a piece with the
+///   block: while it was placed, it held them.)
 /// - Out of reserved room: another reservation when the configuration
 ///   allows one, else [`Error::OutOfMemory`] with the request, the largest
 ///   free block, the committed bytes and the bytes reserved.
@@ -564,6 +569,60 @@ impl<V: ReservableSpace> VirtualPool<V> {
         self.index.move_where(a, request.size(), request.align(), PLACE_TRIES, kept).unwrap_or(a)
     }
 
+    /// [`allocate`](MemoryResourceMut::allocate) of a request of more than
+    /// 0 bytes; after running out of physical memory, once more if `retry`
+    /// and the trim after the block went back gave memory back.
+    #[inline]
+    fn place<S: Stream + ?Sized>(&mut self, request: Request, stream: &S, retry: bool) -> Result<Block> {
+        let (mut a, from) = match self.index.allocate_with_range(request.size(), request.align()) {
+            Ok(Some(found)) => found,
+            Ok(None) => self.grow_and_allocate(request, stream)?,
+            Err(e) => {
+                self.retry_trim(stream);
+                return Err(e);
+            }
+        };
+        let len = request.rounded_size(256);
+        if request.size() < self.granule() && self.takes_own_granule(a.addr, len, from) {
+            // It would take a granule no live block touches: look for one
+            // that a live block keeps.
+            a = self.move_small(a, request);
+        }
+        let (lo, hi) = self.slots_of(a.addr, len);
+        if !self.candidates.is_empty() {
+            // No trim may take these granules, whatever the last search saw.
+            self.touched.set(lo, hi, true);
+        }
+        if !self.committed_bits.all(lo, hi) {
+            let fresh = (hi - lo - self.committed_bits.count(lo, hi)) as u64;
+            if let Err(failed) = self.commit_fresh(&a, request, (lo, hi), fresh, stream) {
+                return match retry && failed.gave_back {
+                    true => self.place_again(request, stream, failed.error),
+                    false => Err(failed.error),
+                };
+            }
+        }
+        self.peak_used = self.peak_used.max(self.index.used_bytes());
+        Ok(Block::new(a.addr, request.size(), a.tag))
+    }
+
+    /// The second try of an allocate that ran out of physical memory;
+    /// `first` is the first try's error. If this one runs out of physical
+    /// memory too, a decommit's failure of the first stays the error.
+    #[cold]
+    #[inline(never)]
+    fn place_again<S: Stream + ?Sized>(
+        &mut self,
+        request: Request,
+        stream: &S,
+        first: Error,
+    ) -> Result<Block> {
+        match self.place(request, stream, false) {
+            Err(e) if e.is_out_of_memory() && !first.is_out_of_memory() => Err(first),
+            got => got,
+        }
+    }
+
     /// Reserves another range so that `request` fits, then allocates it.
     /// If that fails, retries a pending trim (ordered on `stream`), as
     /// every failed allocate does.
@@ -619,41 +678,20 @@ where
     /// that are not committed yet. Out of physical memory, it decommits the
     /// Idle granules (ordered on `stream`) and tries once more. If a commit
     /// still fails, what this call committed is decommitted, the block goes
-    /// back to the index, and the error is returned (a failed decommit's if
-    /// the trim could not give every Idle granule back and the pool is
-    /// still out of physical memory): no block is ever handed out over
-    /// unmapped memory. Every failed allocate retries a trim that a failed
-    /// decommit left pending.
+    /// back to the index, and every Idle granule is decommitted; if that
+    /// gave any back (a space that frees memory in pieces could not give
+    /// back those that shared a piece with the block while it was placed),
+    /// the block is placed once more. If that fails too, the error is
+    /// returned (a failed decommit's if a trim could not give every Idle
+    /// granule back and the pool is still out of physical memory): no
+    /// block is ever handed out over unmapped memory. Every failed allocate
+    /// retries a trim that a failed decommit left pending.
     #[inline]
     fn allocate(&mut self, request: Request, stream: &S) -> Result<Block> {
         if request.is_zero() {
             return Ok(Block::EMPTY);
         }
-        let (mut a, from) = match self.index.allocate_with_range(request.size(), request.align()) {
-            Ok(Some(found)) => found,
-            Ok(None) => self.grow_and_allocate(request, stream)?,
-            Err(e) => {
-                self.retry_trim(stream);
-                return Err(e);
-            }
-        };
-        let len = request.rounded_size(256);
-        if request.size() < self.granule() && self.takes_own_granule(a.addr, len, from) {
-            // It would take a granule no live block touches: look for one
-            // that a live block keeps.
-            a = self.move_small(a, request);
-        }
-        let (lo, hi) = self.slots_of(a.addr, len);
-        if !self.candidates.is_empty() {
-            // No trim may take these granules, whatever the last search saw.
-            self.touched.set(lo, hi, true);
-        }
-        if !self.committed_bits.all(lo, hi) {
-            let fresh = (hi - lo - self.committed_bits.count(lo, hi)) as u64;
-            self.commit_fresh(&a, request, (lo, hi), fresh, stream)?;
-        }
-        self.peak_used = self.peak_used.max(self.index.used_bytes());
-        Ok(Block::new(a.addr, request.size(), a.tag))
+        self.place(request, stream, true)
     }
 
     /// Frees the block; its granules that no live block touches any more

@@ -628,3 +628,36 @@ fn a_small_block_that_only_a_new_reservation_holds_stays_there() {
     p.deallocate(a, &()).unwrap();
     assert_eq!((p.usage().used, space.committed_bytes()), (0, 0));
 }
+
+/// Out of physical memory, a block whose range shares a piece with Idle
+/// granules outside it kept the space from giving that piece back while
+/// it was placed: the allocate failed with out of memory though the
+/// device could hold it. The pool now puts the block back, gives every
+/// Idle granule back and places it once more.
+#[test]
+fn idle_granules_in_a_piece_the_failed_block_shared_go_back_and_the_block_fits() {
+    // Seven granules of physical memory, held in pieces of up to four.
+    let space = CountingSpace::new(7 * MIB, MIB).with_pieces(4);
+    let mut pool =
+        VirtualPool::with_config(&space, VirtualConfig::new(16 * MIB).release_threshold(1 << 40)).unwrap();
+    // Granules 0..3 (one piece) and, aligned past a gap, 4..8 (another).
+    let a = pool.allocate(req(3 * MIB), &()).unwrap();
+    let b = pool.allocate(Request::aligned(4 * MIB, 4 * MIB).unwrap(), &()).unwrap();
+    assert_eq!((a.addr() % (16 * MIB), b.addr() - a.addr()), (0, 4 * MIB));
+    pool.deallocate(a, &()).unwrap();
+    pool.deallocate(b, &()).unwrap();
+    assert_eq!((space.committed_bytes(), pool.idle_bytes()), (7 * MIB, 7 * MIB), "kept, all Idle");
+    // Six granules at 0..6 need granule 3 besides the five committed, and
+    // granules 6 and 7 share their piece with the block.
+    let y = pool.allocate(req(6 * MIB), &()).unwrap();
+    assert!(space.is_committed(granules_of(&y, MIB)));
+    assert!(space.committed_bytes() <= 7 * MIB);
+    pool.check().unwrap();
+    pool.deallocate(y, &()).unwrap();
+    // Seven granules still fit; eight are out of memory, and leave the
+    // pool as usable as before.
+    let z = pool.allocate(req(7 * MIB), &()).unwrap();
+    assert!(matches!(pool.allocate(req(MIB), &()), Err(Error::OutOfMemory { .. })));
+    pool.deallocate(z, &()).unwrap();
+    pool.check().unwrap();
+}
