@@ -259,7 +259,9 @@ impl<V: ReservableSpace> VirtualPool<V> {
     /// # Errors
     ///
     /// [`Error::InvalidConfig`] for a reservation of zero bytes or zero
-    /// reservations; the space's error if it cannot reserve.
+    /// reservations, or one of `u32::MAX` granules or more (the pool keeps
+    /// a bit per granule, numbered by a `u32`); the space's error if it
+    /// cannot reserve.
     ///
     /// # Examples
     ///
@@ -283,6 +285,11 @@ impl<V: ReservableSpace> VirtualPool<V> {
         }
         if config.reserve == 0 || config.max_reservations == 0 {
             return Err(Error::InvalidConfig { what: "reservation of zero bytes or zero reservations" });
+        }
+        if config.reserve.div_ceil(granule) >= u32::MAX as u64 {
+            return Err(Error::InvalidConfig {
+                what: "a reservation of 2^32 - 1 granules or more: reserve less, or take larger granules",
+            });
         }
         let mut pool = VirtualPool {
             space,
@@ -424,15 +431,17 @@ impl<V: ReservableSpace> VirtualPool<V> {
     }
 
     /// Reserves `bytes` (rounded up to the granule) and adds the range to
-    /// the index and the slots; returns the range's first index node.
+    /// the index and the slots; returns the range's first index node. Out
+    /// of memory where the granules of all reservations would number
+    /// `u32::MAX` or more (`with_config` refuses a first one that large).
     fn add_reservation(&mut self, bytes: u64) -> Result<u32> {
         let g = self.granule();
-        let len = bytes.checked_next_multiple_of(g).ok_or(Error::InvalidSize { size: bytes })?;
-        let granules = len >> self.shift;
         let base = self.reserved_bytes() >> self.shift;
-        if base + granules >= u32::MAX as u64 {
-            return Err(Error::InvalidSize { size: bytes });
-        }
+        let len = match bytes.checked_next_multiple_of(g) {
+            Some(len) if base + (len >> self.shift) < u32::MAX as u64 => len,
+            _ => return Err(self.out_of_memory(bytes)),
+        };
+        let granules = len >> self.shift;
         let range = self.space.reserve(len)?;
         if range.len() != len || range.start() % g != 0 {
             let _ = self.space.release(range);

@@ -280,6 +280,23 @@ pub(super) fn reservation_larger_than_the_address_space() {
 }
 
 #[test]
+fn reservations_of_u32_max_granules_or_more_are_refused_with_what_to_change() {
+    let space = CountingSpace::new(1 << 30, 256);
+    // 2^32 granules of 256 bytes: refused when made, naming the remedy.
+    let err = VirtualPool::with_config(&space, VirtualConfig::new(1 << 40)).unwrap_err();
+    assert!(matches!(err, Error::InvalidConfig { what } if what.contains("larger granules")), "{err}");
+    assert_eq!(space.reservation_count(), 0);
+    // Growth past that count is out of memory, and leaves the pool as it was.
+    let mut p = VirtualPool::with_config(&space, VirtualConfig::new(MIB).max_reservations(2)).unwrap();
+    let err = p.allocate(req(1 << 42), &()).unwrap_err();
+    assert!(matches!(err, Error::OutOfMemory { requested, .. } if requested == 1 << 42), "{err}");
+    assert_eq!((p.reservation_count(), p.reserved_bytes()), (1, MIB));
+    let a = p.allocate(req(1000), &()).unwrap();
+    p.deallocate(a, &()).unwrap();
+    p.check().unwrap();
+}
+
+#[test]
 pub(super) fn reservation_full_is_out_of_memory_with_figures() {
     let space = CountingSpace::new(1 << 30, MIB);
     let mut p = VirtualPool::with_config(&space, VirtualConfig::new(4 * MIB)).unwrap();
