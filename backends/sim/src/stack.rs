@@ -186,11 +186,15 @@ fn vpool_parts(call: &Call) -> Result<(SimAddressSpace, VirtualConfig), StackErr
         Some(n) => sim = sim.with_pieces(n.into()),
         None => {}
     }
-    Ok((
-        sim,
-        VirtualConfig::new(reserve)
-            .release_threshold(threshold)
-            .slack_permille(slack)
-            .trim_on_commit(trim_on_commit),
-    ))
+    let config = VirtualConfig::new(reserve)
+        .release_threshold(threshold)
+        .slack_permille(slack)
+        .trim_on_commit(trim_on_commit);
+    // Checked here: with `per_stream=true` each pool is made at its
+    // stream's first allocation.
+    config.check(granule).map_err(|e| {
+        let at = call.keyed("reserve").map_or(call.pos, |v| v.pos());
+        StackError::new(at, StackErrorKind::Resource(e))
+    })?;
+    Ok((sim, config))
 }

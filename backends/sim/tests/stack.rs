@@ -355,6 +355,21 @@ fn new_resources_reject_bad_arguments_where_they_are() {
 }
 
 #[test]
+fn a_virtual_pool_per_stream_is_refused_when_built_with_a_reservation_no_pool_could_take() {
+    // Each stream's pool is made at its first allocation: its configuration
+    // is checked when the stack is built, at the reservation's value.
+    for text in [
+        "vpool(sim, per_stream=true, reserve=0)",
+        "vpool(sim, granule=256, reserve=1TiB, per_stream=true)",
+        "vpool(sim, reserve=0)",
+    ] {
+        let e = build_err(text);
+        assert!(matches!(e.kind, StackErrorKind::Resource(Error::InvalidConfig { .. })), "{text}: {e}");
+        assert_eq!(e.pos, text.find("reserve=").unwrap() + "reserve=".len(), "{text}: {e}");
+    }
+}
+
+#[test]
 fn the_stream_layer_orders_reuse_across_streams() {
     use memres_sim::SimWorld;
     let world = SimWorld::new();

@@ -1,5 +1,7 @@
 //! The configuration of the virtual pool.
 
+use crate::{Error, Result};
+
 /// Sizes and policies of a [`VirtualPool`](super::VirtualPool).
 ///
 /// # Examples
@@ -36,6 +38,34 @@ impl VirtualConfig {
     /// granule), no free committed memory kept, no growth.
     pub const fn new(reserve: u64) -> Self {
         VirtualConfig { reserve, keep: 0, max_reservations: 1, trim_on_commit: true, slack_permille: 0 }
+    }
+
+    /// Whether a pool over a space of `granule`-byte granules may take
+    /// this configuration: what [`VirtualPool::with_config`] checks before
+    /// it reserves anything, and what a pool made later (one per stream)
+    /// can be checked against when it is configured.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidConfig`] for a granule that is no power of two of
+    /// at least 256 bytes, a reservation of zero bytes or zero
+    /// reservations, or a reservation of `u32::MAX` granules or more (the
+    /// pool keeps a bit per granule, numbered by a `u32`).
+    ///
+    /// [`VirtualPool::with_config`]: super::VirtualPool::with_config
+    pub fn check(&self, granule: u64) -> Result<()> {
+        if !granule.is_power_of_two() || granule < 256 {
+            return Err(Error::InvalidConfig { what: "space granule not a power of two >= 256" });
+        }
+        if self.reserve == 0 || self.max_reservations == 0 {
+            return Err(Error::InvalidConfig { what: "reservation of zero bytes or zero reservations" });
+        }
+        if self.reserve.div_ceil(granule) >= u32::MAX as u64 {
+            return Err(Error::InvalidConfig {
+                what: "a reservation of 2^32 - 1 granules or more: reserve less, or take larger granules",
+            });
+        }
+        Ok(())
     }
 
     crate::config::setters! {

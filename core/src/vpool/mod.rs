@@ -258,9 +258,8 @@ impl<V: ReservableSpace> VirtualPool<V> {
     ///
     /// # Errors
     ///
-    /// [`Error::InvalidConfig`] for a reservation of zero bytes or zero
-    /// reservations, or one of `u32::MAX` granules or more (the pool keeps
-    /// a bit per granule, numbered by a `u32`); the space's error if it
+    /// [`Error::InvalidConfig`] for a configuration the space's granule
+    /// does not allow ([`VirtualConfig::check`]); the space's error if it
     /// cannot reserve.
     ///
     /// # Examples
@@ -280,17 +279,7 @@ impl<V: ReservableSpace> VirtualPool<V> {
     /// ```
     pub fn with_config(space: V, config: VirtualConfig) -> Result<Self> {
         let granule = space.granule();
-        if !granule.is_power_of_two() || granule < 256 {
-            return Err(Error::InvalidConfig { what: "space granule not a power of two >= 256" });
-        }
-        if config.reserve == 0 || config.max_reservations == 0 {
-            return Err(Error::InvalidConfig { what: "reservation of zero bytes or zero reservations" });
-        }
-        if config.reserve.div_ceil(granule) >= u32::MAX as u64 {
-            return Err(Error::InvalidConfig {
-                what: "a reservation of 2^32 - 1 granules or more: reserve less, or take larger granules",
-            });
-        }
+        config.check(granule)?;
         let mut pool = VirtualPool {
             space,
             index: CoalescingIndex::new(256),
