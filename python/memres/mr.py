@@ -163,7 +163,9 @@ class DeviceMemoryResource:
         once every stream of the device is done: the wholly free chunks of
         pools and of the fixed-size, binning and arena resources, a virtual
         pool's mapped granules that no block uses (``vmm``, ``vpool``), the
-        driver pool's reserve beyond what is in use (``async``). Returns the
+        driver pool's reserve beyond what is in use (``async``), the regions
+        of ``planned`` once no block lives in them (its plan goes with them,
+        and the next steps are laid out afresh). Returns the
         bytes given back to the device (or the host), each counted once: a
         pool's chunk that a virtual pool under it then unmaps is counted
         when it is unmapped."""

@@ -43,6 +43,10 @@
 //! the next one is in). Before the
 //! first [`step`](Planned::step), and in a step that departs from its
 //! plan, `Planned` is its upstream with a record kept beside it.
+//! [`release`](Planned::release) (what PyTorch's `empty_cache` reaches
+//! through a built stack) gives both regions back once no block lives in
+//! either; the plan goes with them, and the next steps are recorded and
+//! laid out afresh.
 //!
 //! A block is never placed over a live one: in the step's region, a
 //! block freed later than in the recorded step makes the step depart
@@ -88,6 +92,7 @@ mod tests;
 
 use crate::check::Violation;
 use crate::lock::Shared;
+use crate::primitive::{AtomicU64, Ordering};
 use crate::{Block, Error, Inspect, MemoryResource, Request, Result, Stream, Usage};
 use alloc::collections::BTreeMap;
 use alloc::vec::Vec;
@@ -694,18 +699,96 @@ impl<R> State<R> {
 pub struct Planned<R> {
     upstream: R,
     state: Shared<State<R>>,
+    /// Bytes of the upstream's blocks handed out as they are (not
+    /// regions) and not freed yet: with the regions, what `Planned` holds
+    /// from its upstream.
+    passed: AtomicU64,
 }
 
 impl<R> Planned<R> {
     /// `upstream` with no plan yet: nothing is recorded before the first
     /// [`step`](Self::step).
     pub fn new(upstream: R) -> Self {
-        Planned { upstream, state: Shared::new(State::new()) }
+        Planned { upstream, state: Shared::new(State::new()), passed: AtomicU64::new(0) }
     }
 
     /// The upstream.
     pub fn upstream(&self) -> &R {
         &self.upstream
+    }
+
+    /// Bytes held from the upstream: the regions, and the upstream's
+    /// blocks handed out as they are and not freed yet.
+    pub fn held(&self) -> u64 {
+        let regions = self.state.with(|s| s.region.size() + s.carry.region.size());
+        regions + self.passed_through()
+    }
+
+    /// Bytes of the upstream's blocks handed out as they are (outside the
+    /// regions) and not freed yet.
+    pub fn passed_through(&self) -> u64 {
+        self.passed.load(Ordering::Relaxed)
+    }
+
+    /// Gives both regions back, ordered on `stream`, if no block lives in
+    /// either; the plan goes with them, and the steps after it are
+    /// recorded and laid out afresh. A region taken on another stream
+    /// goes back only where `stream` can wait for the whole device
+    /// ([`Stream::synchronize_device`]). Returns the bytes given back (0
+    /// with a block live, or while a [`step`](Self::step) gives regions
+    /// back or takes them).
+    ///
+    /// # Errors
+    ///
+    /// The stream's, or the upstream's: a region it refused is kept, with
+    /// no plan, for the next release or step.
+    pub fn release<S: Stream + ?Sized>(&self, stream: &S) -> Result<u64>
+    where
+        R: MemoryResource<S>,
+    {
+        let (id, idle) = (stream.id(), stream.synchronize_device()?);
+        let taken = self.state.with(|s| {
+            let free = s.live_count == 0 && s.carry.live.is_empty();
+            let here = |region: Block, on: u64| region.is_empty() || on == id || idle;
+            let empty = s.region.is_empty() && s.carry.region.is_empty();
+            if s.laying_out
+                || !free
+                || empty
+                || !here(s.region, s.region_stream)
+                || !here(s.carry.region, s.carry.region_stream)
+            {
+                return None;
+            }
+            // The plan names places in the regions: none from now on. A
+            // step's call meanwhile is refused, as while a step lays out.
+            s.install(Plan::default());
+            s.following = false;
+            s.laying_out = true;
+            let carry = core::mem::replace(&mut s.carry.region, Block::EMPTY);
+            s.carry.lay_out(&[]);
+            Some([core::mem::replace(&mut s.region, Block::EMPTY), carry])
+        });
+        let Some(regions) = taken else { return Ok(0) };
+        let _laying_out = LayingOut(&self.state);
+        let (mut given, mut first) = (0, None);
+        for (i, region) in regions.into_iter().enumerate() {
+            if region.is_empty() {
+                continue;
+            }
+            match self.upstream.deallocate(region, stream) {
+                Ok(()) => given += region.size(),
+                Err(e) => {
+                    // Kept, serving nothing, for the next release or step
+                    // to give back.
+                    self.state.with(|s| match i {
+                        0 => s.region = region,
+                        _ => s.carry.region = region,
+                    });
+                    first.get_or_insert(e);
+                }
+            }
+        }
+        first.map_or(Ok(given), Err)
     }
 
     /// What it has done so far.
@@ -728,9 +811,10 @@ impl<R> Planned<R> {
     /// The upstream's, from giving back a region; after one, no plan is in
     /// force and the resource is otherwise as before. A region the
     /// upstream refuses is no error: the steps run from upstream.
-    /// [`Error::Reentrant`] while another `step` gives regions back or
-    /// takes them (from an upstream that calls back into this one, or
-    /// from another thread at once): refused, and nothing changed.
+    /// [`Error::Reentrant`] while another `step` or a
+    /// [`release`](Self::release) gives regions back or takes them (from
+    /// an upstream that calls back into this one, or from another thread
+    /// at once): refused, and nothing changed.
     pub fn step<S: Stream + ?Sized>(&self, stream: &S) -> Result<()>
     where
         R: MemoryResource<S>,
@@ -941,6 +1025,7 @@ impl<S: Stream + ?Sized, R: MemoryResource<S>> MemoryResource<S> for Planned<R> 
         // upstream's error, and on its panic).
         let recorded = recorded.map(|k| Recorded { state: &self.state, k, epoch });
         let block = self.upstream.allocate(request, stream)?;
+        self.passed.fetch_add(block.size(), Ordering::Relaxed);
         if let Some(recorded) = recorded {
             recorded.born(block.addr());
         }
@@ -952,6 +1037,11 @@ impl<S: Stream + ?Sized, R: MemoryResource<S>> MemoryResource<S> for Planned<R> 
         let found = self.state.with(|s| s.region_block(addr, block.tag()).map(|b| (b, s.stream)));
         let Some((found, plan_stream)) = found else {
             self.upstream.deallocate(block, stream)?;
+            // Saturating: a block of the upstream that did not come
+            // through here is freed through it too.
+            let _ = self
+                .passed
+                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |p| Some(p.saturating_sub(block.size())));
             self.state.with(|s| {
                 if s.recording {
                     s.freed(addr);
@@ -1108,10 +1198,11 @@ impl<R: fmt::Debug> fmt::Debug for Planned<R> {
 // SAFETY: every block is either one of `R`'s, handed out unchanged and freed
 // only through `R::deallocate`, or a range inside a region: a block of `R`
 // that `Planned` holds while any block in it is live (a region goes back, at
-// a step or on drop, only when none is; one `step` at a time gives regions
-// back or takes them, `laying_out` refusing any other meanwhile, and a
-// region it may give back serves no block meanwhile: the step's region has
-// no plan, the carry region is out of the state). A block is placed in a
+// a step, a release or on drop, only when none is; one `step` or `release`
+// at a time gives regions back or takes them, `laying_out` refusing any
+// other step meanwhile, and a region it may give back serves no block
+// meanwhile: the step's region has no plan, the carry region is out of the
+// state; a release takes both out of the state with the plan). A block is placed in a
 // region only
 // where no live block lies (in the step's region a step departs before a
 // block freed later than recorded could be covered; in the carry region each

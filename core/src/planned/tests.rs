@@ -1180,3 +1180,92 @@ fn a_carried_block_whose_spare_regions_free_panics_takes_no_place() {
     assert_eq!(p.steps().planned_allocations, 1);
     p.check().unwrap();
 }
+
+#[test]
+fn release_gives_both_regions_back_once_no_block_lives_in_them_and_the_steps_are_planned_again() {
+    let up = Statistics::new(BumpUpstream::new(1 << 30));
+    let p = Planned::new(&up);
+    let mut grads = Vec::new();
+    for _ in 0..4 {
+        train_step(&p, &mut grads);
+    }
+    let regions = 8 * MIB + 1024;
+    assert_eq!((p.steps().region + p.steps().carry_region, up.usage().held), (regions, regions));
+    // The gradients live in the carry region: nothing goes back.
+    assert_eq!(p.release(&()).unwrap(), 0);
+    assert_eq!((p.held(), up.usage().held), (regions + p.passed_through(), regions));
+    // Freed, both regions go back, and the plan with them: the next
+    // steps are recorded, then laid out again.
+    for g in grads.drain(..) {
+        p.deallocate(g, &()).unwrap();
+    }
+    assert_eq!(p.release(&()).unwrap(), regions);
+    assert_eq!((p.steps().region, p.steps().carry_region, up.usage().held, p.held()), (0, 0, 0, 0));
+    assert_eq!(p.release(&()).unwrap(), 0, "nothing more to give back");
+    p.check().unwrap();
+    let plans = p.steps().plans;
+    for _ in 0..4 {
+        train_step(&p, &mut grads);
+        p.check().unwrap();
+    }
+    let s = p.steps();
+    assert_eq!((s.plans, s.region, s.carry_region), (plans + 1, 6 * MIB, 2 * MIB + 1024));
+    for g in grads.drain(..) {
+        p.deallocate(g, &()).unwrap();
+    }
+    assert_eq!(p.release(&()).unwrap(), regions);
+    assert_eq!(up.usage().held, 0);
+}
+
+#[test]
+fn release_keeps_a_region_a_block_lives_in_and_counts_what_passed_through() {
+    let up = Statistics::new(BumpUpstream::new(1 << 30));
+    let p = Planned::new(&up);
+    let mut grads = Vec::new();
+    for _ in 0..4 {
+        train_step(&p, &mut grads);
+    }
+    for g in grads.drain(..) {
+        p.deallocate(g, &()).unwrap();
+    }
+    // In a laid-out step: its first block lives in the step's region.
+    p.step(&()).unwrap();
+    let planned = p.steps().planned_allocations;
+    let act = p.allocate(req(4 * MIB), &()).unwrap();
+    assert_eq!(p.steps().planned_allocations, planned + 1, "from the region");
+    assert_eq!(p.release(&()).unwrap(), 0);
+    assert_eq!(p.steps().region, 6 * MIB);
+    // A block of another size goes upstream as it is: held, passed through.
+    let other = p.allocate(req(MIB / 2), &()).unwrap();
+    assert_eq!(p.passed_through(), MIB / 2);
+    assert_eq!(p.held(), 8 * MIB + 1024 + MIB / 2);
+    p.deallocate(other, &()).unwrap();
+    p.deallocate(act, &()).unwrap();
+    assert_eq!(p.passed_through(), 0);
+    assert_eq!(p.release(&()).unwrap(), 8 * MIB + 1024);
+    assert_eq!(up.usage().held, 0);
+    p.check().unwrap();
+}
+
+#[test]
+fn release_on_another_stream_gives_a_region_back_only_when_the_device_can_be_waited_for() {
+    for device in [false, true] {
+        let up = Statistics::new(BumpUpstream::new(1 << 30));
+        let p = Planned::new(&up);
+        let on = TestStream::new(1);
+        let mut grads = Vec::new();
+        for _ in 0..4 {
+            grads_step(&p, &on, &mut grads, &[MIB]);
+        }
+        for g in grads.drain(..) {
+            p.deallocate(g, &on).unwrap();
+        }
+        let held = up.usage().held;
+        assert!(held > 0);
+        let other = TestStream::new(2).device_sync(device);
+        assert_eq!(p.release(&other).unwrap(), if device { held } else { 0 }, "device {device}");
+        assert_eq!(up.usage().held, if device { 0 } else { held });
+        assert_eq!(p.release(&on).unwrap(), if device { 0 } else { held });
+        assert_eq!(up.usage().held, 0);
+    }
+}

@@ -60,7 +60,7 @@ where
     });
     b.register("planned", |call, cx| {
         call.expect_args(1, &[])?;
-        Ok(cx.keep(call, Planned::new(cx.upstream(call, 0)?)))
+        Ok(cx.keep_releasing(call, Planned::new(cx.upstream(call, 0)?)))
     });
     b.register("limit", |call, cx| {
         call.expect_args(2, &["bytes"])?;

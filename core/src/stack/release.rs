@@ -1,7 +1,7 @@
 //! Giving back what a built stack keeps free: the layers that keep memory
 //! freed through them ([`Release`]: the pools, the fixed-size, binning and
-//! arena resources, the stream-ordered layer, the virtual pool, a
-//! backend's driver pool), which constructors register with
+//! arena resources, the stream-ordered layer, the virtual pool, `planned`'s
+//! regions, a backend's driver pool), which constructors register with
 //! [`Context::keep_releasing`](super::Context::keep_releasing), and the
 //! list of them a [`Built`](super::Built) stack hands out
 //! ([`ReleaseLayers`]), what PyTorch's `empty_cache` reaches.
@@ -13,6 +13,7 @@ use crate::fixed::{FixedSizeResource, Slot};
 use crate::index::Node;
 use crate::lock::RawLock;
 use crate::per_stream::{ChunkPool, MakePool, PerStreamPool};
+use crate::planned::Planned;
 use crate::pool::{Chunk, CoalescingPool};
 use crate::storage::Storage;
 use crate::stream_ordered::StreamOrdered;
@@ -28,7 +29,8 @@ use core::fmt;
 /// back: a `pool` (one, or one per stream), `fixed`, `binning` or `arena`
 /// (wholly free chunks), a `stream` layer (the blocks listed for reuse), a
 /// virtual pool (`vpool`, memres-cuda's `vmm`: mapped granules no block
-/// uses), a backend's leaf over a driver's pool (memres-cuda's `async`).
+/// uses), `planned` (its regions, once no block lives in them), a
+/// backend's leaf over a driver's pool (memres-cuda's `async`).
 pub trait Release<S: ?Sized>: Send + Sync {
     /// Gives back what the layer keeps free, ordered on `stream`, once
     /// every stream of the device is done where `stream` can wait for
@@ -43,6 +45,14 @@ pub trait Release<S: ?Sized>: Send + Sync {
 
     /// Bytes the layer holds from below it.
     fn held(&self) -> u64;
+
+    /// Of those, the bytes of blocks from below that it handed out as they
+    /// are (`planned`'s outside its regions): what the layers over it free
+    /// into them leaves the stack at once, not at this layer's release.
+    /// None by default.
+    fn passed_through(&self) -> u64 {
+        0
+    }
 }
 
 /// A pool behind its lock.
@@ -182,6 +192,24 @@ where
     }
 }
 
+/// `planned`: its regions, once no block lives in them (the plan goes
+/// with them).
+impl<S, R> Release<S> for Planned<R>
+where
+    S: Stream + ?Sized,
+    R: MemoryResource<S> + Send + Sync,
+{
+    fn release(&self, stream: &S) -> Result<u64> {
+        Planned::release(self, stream)
+    }
+    fn held(&self) -> u64 {
+        Planned::held(self)
+    }
+    fn passed_through(&self) -> u64 {
+        Planned::passed_through(self)
+    }
+}
+
 /// A counted leaf is its leaf.
 impl<S: ?Sized, R: Release<S>> Release<S> for Counted<R> {
     fn release(&self, stream: &S) -> Result<u64> {
@@ -261,14 +289,20 @@ impl<S: ?Sized> ReleaseLayers<S> {
     /// Gives back what every layer keeps free, outermost first; returns the
     /// bytes that left the stack: those its innermost layers gave back (an
     /// outer layer's bytes count once, when the layer under it gives them
-    /// on).
+    /// on), and those the outer layers freed through an innermost layer
+    /// that passes blocks through (`planned` outside its regions; frees
+    /// through it by other threads meanwhile count too).
     ///
     /// # Errors
     ///
     /// The first layer's error; the layers after it still give back.
     pub fn release(&self, stream: &S) -> Result<u64> {
+        let through: Vec<u64> = self.layers.iter().map(|l| l.layer.passed_through()).collect();
         let (mut given, mut first) = (0, None);
-        for l in &self.layers {
+        for (l, before) in self.layers.iter().zip(through) {
+            if l.innermost {
+                given += before.saturating_sub(l.layer.passed_through());
+            }
             match l.layer.release(stream) {
                 Ok(n) if l.innermost => given += n,
                 Ok(_) => {}

@@ -369,6 +369,55 @@ impl Release<()> for Split {
 /// many layers it went through: in a tree of layers, and into another
 /// stack that the stack is built over (a Python object's upstream).
 #[test]
+fn a_release_counts_what_planned_gives_back_and_what_passes_through_it() {
+    use crate::adaptor::Statistics;
+    use crate::planned::Planned;
+    use crate::{DynResource, Error, MemoryResource, Request};
+    use alloc::sync::Arc;
+    let mut b = StackBuilder::<()>::new();
+    b.register("leaf", |call, cx| Ok(cx.keep(call, Unbacked::new())));
+    for text in [
+        "planned(stats(leaf))",
+        "fixed(planned(stats(leaf)), 4KiB)",
+        "pool(planned(stats(leaf)))",
+        "planned(pool(stats(leaf)))",
+        "pool(planned(pool(stats(leaf))), initial=1MiB)",
+    ] {
+        let built = b.build_with_handles(text, &()).unwrap();
+        let layers = built.release_layers();
+        let planned: Vec<Arc<Planned<DynResource>>> = built.all("planned");
+        let leaf = built.get::<Statistics<DynResource>>("stats").unwrap();
+        let lent = || leaf.get_bytes_counter().value as u64;
+        for step in 0..6 {
+            planned[0].step(&()).unwrap();
+            let mut blocks = Vec::new();
+            for size in [4 << 20, 4 << 10, 64 << 10] {
+                match built.resource.allocate(Request::new(size).unwrap(), &()) {
+                    Ok(x) => blocks.push(x),
+                    Err(Error::InvalidSize { .. }) if text.starts_with("fixed") => {}
+                    Err(e) => panic!("{text}: {e}"),
+                }
+            }
+            for x in blocks {
+                built.resource.deallocate(x, &()).unwrap();
+            }
+            if step == 3 {
+                // Mid-way: what went back is what the leaf no longer lends.
+                let before = lent();
+                assert_eq!(layers.release(&()).unwrap(), before - lent(), "{text}");
+            }
+        }
+        // The steps after the release repeated: a region again.
+        planned[0].step(&()).unwrap();
+        let before = lent();
+        assert!(before > 0, "{text}");
+        assert_eq!(layers.held(), before, "{text}");
+        assert_eq!(layers.release(&()).unwrap(), before, "{text}");
+        assert_eq!((lent(), layers.held()), (0, 0), "{text}");
+    }
+}
+
+#[test]
 fn a_release_counts_what_left_the_stack_once() {
     use crate::adaptor::Statistics;
     use crate::{DynResource, MemoryResource, Request};
