@@ -1,12 +1,13 @@
 //! `memres_step` through its C signature: without a GPU it fails cleanly;
 //! with one, a `planned` stack stops taking memory from the device once a
 //! repeating step is laid out, `memres_steps` counts the steps it followed,
-//! and a stack without `planned` steps nothing.
+//! a release gives the regions back once nothing lives in them (the steps
+//! are then laid out again), and a stack without `planned` steps nothing.
 
 mod common;
 
 use common::{alloc, free, gpu, stats, MIB};
-use memres::{memres_configure, memres_step, memres_steps, MemresSteps};
+use memres::{memres_configure, memres_release, memres_step, memres_steps, MemresSteps};
 use std::ffi::{c_void, CString};
 use std::ptr::null_mut;
 
@@ -85,6 +86,24 @@ fn a_planned_stack_takes_nothing_from_the_device_in_a_steady_step() {
     // SAFETY: a null `out` is refused, not written.
     assert_eq!(unsafe { memres_steps(0, null_mut()) }, -1);
     assert!(memres::last_error().contains("NULL"), "{}", memres::last_error());
+    for p in carried.drain(..) {
+        free(p, MIB);
+    }
+    // Nothing lives in the regions now: a release (`torch.cuda.empty_cache`)
+    // gives them to the pool under the plan, which gives every chunk back.
+    let held = stats().expect("device 0 was used").upstream_current;
+    assert!(held >= 25 * MIB as i64, "{held}");
+    // SAFETY: the null stream is the legacy default stream.
+    assert_eq!(unsafe { memres_release(0, null_mut()) }, held, "{}", memres::last_error());
+    assert_eq!(stats().unwrap().upstream_current, 0);
+    assert_eq!((steps().0.region, steps().0.carry_region), (0, 0));
+    // The plan went with them; the steps are recorded and laid out again.
+    for _ in 0..4 {
+        one_step(&mut carried);
+        assert_eq!(step(0), 1);
+    }
+    let (s, _) = steps();
+    assert_eq!((s.plans, s.followed), (2, 6), "{s:?}");
     for p in carried.drain(..) {
         free(p, MIB);
     }
