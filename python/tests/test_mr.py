@@ -406,6 +406,15 @@ def test_a_planned_stack_lays_out_a_step_once_it_repeats():
     s = res.steps()
     assert (s["steps"], s["plans"], s["followed"], s["planned_allocations"]) == (5, 1, 2, 9), s
     assert (s["region"], s["carry_region"]) == (3 * MiB, 0), s
+    # Nothing lives in the region: release() (empty_cache) gives it to the
+    # pool, which gives its chunks to the device; the plan goes with it.
+    held = res._native.pool_size()
+    assert res.release() == held > 0
+    assert res._native.pool_size() == 0
+    assert res.steps()["region"] == 0
+    for _ in range(3):
+        one_step()
+    assert res.steps()["plans"] == 2
     plain = mr.StackMemoryResource("pool(sim)", backend="sim")
     assert plain.step() == 0
     assert set(plain.steps().values()) == {0}
