@@ -746,7 +746,14 @@ impl<R> Planned<R> {
     where
         R: MemoryResource<S>,
     {
-        let (id, idle) = (stream.id(), stream.synchronize_device()?);
+        let id = stream.id();
+        // The device is waited for only where a region is another stream's.
+        let elsewhere = self.state.with(|s| {
+            [(s.region, s.region_stream), (s.carry.region, s.carry.region_stream)]
+                .iter()
+                .any(|&(region, on)| !region.is_empty() && on != id)
+        });
+        let idle = elsewhere && stream.synchronize_device()?;
         let taken = self.state.with(|s| {
             let free = s.live_count == 0 && s.carry.live.is_empty();
             let here = |region: Block, on: u64| region.is_empty() || on == id || idle;
@@ -1202,8 +1209,8 @@ impl<R: fmt::Debug> fmt::Debug for Planned<R> {
 // at a time gives regions back or takes them, `laying_out` refusing any
 // other step meanwhile, and a region it may give back serves no block
 // meanwhile: the step's region has no plan, the carry region is out of the
-// state; a release takes both out of the state with the plan). A block is placed in a
-// region only
+// state; a release takes both out of the state with the plan). A block is
+// placed in a region only
 // where no live block lies (in the step's region a step departs before a
 // block freed later than recorded could be covered; in the carry region each
 // block is checked against the live ones), so live blocks never overlap; the
