@@ -164,8 +164,9 @@ class DeviceMemoryResource:
         pools and of the fixed-size, binning and arena resources, a virtual
         pool's mapped granules that no block uses (``vmm``, ``vpool``), the
         driver pool's reserve beyond what is in use (``async``), the regions
-        of ``planned`` once no block lives in them (its plan goes with them,
-        and the next steps are laid out afresh). Returns the
+        of ``planned`` that no block lives in, once the step's region is free
+        (its plan goes, and the next steps are laid out afresh; gradients
+        kept between steps keep the carry region). Returns the
         bytes given back to the device (or the host), each counted once: a
         pool's chunk that a virtual pool under it then unmaps is counted
         when it is unmapped."""

@@ -44,9 +44,9 @@
 //! first [`step`](Planned::step), and in a step that departs from its
 //! plan, `Planned` is its upstream with a record kept beside it.
 //! [`release`](Planned::release) (what PyTorch's `empty_cache` reaches
-//! through a built stack) gives both regions back once no block lives in
-//! either; the plan goes with them, and the next steps are recorded and
-//! laid out afresh.
+//! through a built stack) gives back each region no block lives in, once
+//! the step's region is free; the plan goes then, and the next steps are
+//! recorded and laid out afresh.
 //!
 //! A block is never placed over a live one: in the step's region, a
 //! block freed later than in the recorded step makes the step depart
@@ -730,13 +730,15 @@ impl<R> Planned<R> {
         self.passed.load(Ordering::Relaxed)
     }
 
-    /// Gives both regions back, ordered on `stream`, if no block lives in
-    /// either; the plan goes with them, and the steps after it are
-    /// recorded and laid out afresh. A region taken on another stream
-    /// goes back only where `stream` can wait for the whole device
-    /// ([`Stream::synchronize_device`]). Returns the bytes given back (0
-    /// with a block live, or while a [`step`](Self::step) gives regions
-    /// back or takes them).
+    /// Gives back, ordered on `stream`, each region no block lives in,
+    /// once no block lives in the step's region: the plan goes then, and
+    /// the steps after it are recorded and laid out afresh. Gradients
+    /// live between steps keep only the carry region, where they stay
+    /// until freed (and its layout, for the next plan). A region taken on
+    /// another stream goes back only where `stream` can wait for the
+    /// whole device ([`Stream::synchronize_device`]). Returns the bytes
+    /// given back (0 with a block live in the step's region, or while a
+    /// [`step`](Self::step) gives regions back or takes them).
     ///
     /// # Errors
     ///
@@ -755,15 +757,11 @@ impl<R> Planned<R> {
         });
         let idle = elsewhere && stream.synchronize_device()?;
         let taken = self.state.with(|s| {
-            let free = s.live_count == 0 && s.carry.live.is_empty();
-            let here = |region: Block, on: u64| region.is_empty() || on == id || idle;
-            let empty = s.region.is_empty() && s.carry.region.is_empty();
-            if s.laying_out
-                || !free
-                || empty
-                || !here(s.region, s.region_stream)
-                || !here(s.carry.region, s.carry.region_stream)
-            {
+            let here = |region: Block, on: u64| !region.is_empty() && (on == id || idle);
+            let step = here(s.region, s.region_stream);
+            let carry = here(s.carry.region, s.carry.region_stream) && s.carry.live.is_empty();
+            // A live block of the step's region is found by the plan's slots.
+            if s.laying_out || s.live_count > 0 || !(step || carry) {
                 return None;
             }
             // The plan names places in the regions: none from now on. A
@@ -771,9 +769,14 @@ impl<R> Planned<R> {
             s.install(Plan::default());
             s.following = false;
             s.laying_out = true;
-            let carry = core::mem::replace(&mut s.carry.region, Block::EMPTY);
-            s.carry.lay_out(&[]);
-            Some([core::mem::replace(&mut s.region, Block::EMPTY), carry])
+            let step = if step { core::mem::replace(&mut s.region, Block::EMPTY) } else { Block::EMPTY };
+            let carry = if carry {
+                s.carry.lay_out(&[]);
+                core::mem::replace(&mut s.carry.region, Block::EMPTY)
+            } else {
+                Block::EMPTY
+            };
+            Some([step, carry])
         });
         let Some(regions) = taken else { return Ok(0) };
         let _laying_out = LayingOut(&self.state);

@@ -1182,38 +1182,51 @@ fn a_carried_block_whose_spare_regions_free_panics_takes_no_place() {
 }
 
 #[test]
-fn release_gives_both_regions_back_once_no_block_lives_in_them_and_the_steps_are_planned_again() {
+fn release_gives_back_each_region_no_block_lives_in_and_the_steps_are_planned_again() {
     let up = Statistics::new(BumpUpstream::new(1 << 30));
     let p = Planned::new(&up);
     let mut grads = Vec::new();
     for _ in 0..4 {
         train_step(&p, &mut grads);
     }
-    let regions = 8 * MIB + 1024;
-    assert_eq!((p.steps().region + p.steps().carry_region, up.usage().held), (regions, regions));
-    // The gradients live in the carry region: nothing goes back.
-    assert_eq!(p.release(&()).unwrap(), 0);
-    assert_eq!((p.held(), up.usage().held), (regions + p.passed_through(), regions));
-    // Freed, both regions go back, and the plan with them: the next
-    // steps are recorded, then laid out again.
+    let (step, carry) = (6 * MIB, 2 * MIB + 1024);
+    assert_eq!((p.steps().region, p.steps().carry_region, up.usage().held), (step, carry, step + carry));
+    // The gradients live in the carry region: the step's region goes, the
+    // plan with it; the carry region stays, and the gradients are freed
+    // there.
+    assert_eq!(p.release(&()).unwrap(), step);
+    assert_eq!((p.steps().region, p.steps().carry_region, up.usage().held), (0, carry, carry));
+    assert_eq!(p.held(), carry + p.passed_through());
+    assert_eq!(p.release(&()).unwrap(), 0, "nothing more while the gradients live");
     for g in grads.drain(..) {
         p.deallocate(g, &()).unwrap();
     }
-    assert_eq!(p.release(&()).unwrap(), regions);
-    assert_eq!((p.steps().region, p.steps().carry_region, up.usage().held, p.held()), (0, 0, 0, 0));
-    assert_eq!(p.release(&()).unwrap(), 0, "nothing more to give back");
+    assert_eq!(p.usage().used, 0);
     p.check().unwrap();
+    assert_eq!(p.release(&()).unwrap(), carry);
+    assert_eq!((p.steps().carry_region, up.usage().held, p.held()), (0, 0, 0));
+    // The next steps are recorded, then laid out again.
     let plans = p.steps().plans;
     for _ in 0..4 {
         train_step(&p, &mut grads);
         p.check().unwrap();
     }
     let s = p.steps();
-    assert_eq!((s.plans, s.region, s.carry_region), (plans + 1, 6 * MIB, 2 * MIB + 1024));
+    assert_eq!((s.plans, s.region, s.carry_region), (plans + 1, step, carry));
+    // Released with the gradients live, and the steps going on: the carry
+    // layout kept serves the next plan.
+    assert_eq!(p.release(&()).unwrap(), step);
+    for _ in 0..4 {
+        train_step(&p, &mut grads);
+        p.check().unwrap();
+    }
+    let s = p.steps();
+    assert_eq!((s.plans, s.region, s.carry_region), (plans + 2, step, carry));
+    assert_eq!(up.usage().held, step + carry);
     for g in grads.drain(..) {
         p.deallocate(g, &()).unwrap();
     }
-    assert_eq!(p.release(&()).unwrap(), regions);
+    assert_eq!(p.release(&()).unwrap(), step + carry);
     assert_eq!(up.usage().held, 0);
 }
 

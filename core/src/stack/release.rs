@@ -29,7 +29,7 @@ use core::fmt;
 /// back: a `pool` (one, or one per stream), `fixed`, `binning` or `arena`
 /// (wholly free chunks), a `stream` layer (the blocks listed for reuse), a
 /// virtual pool (`vpool`, memres-cuda's `vmm`: mapped granules no block
-/// uses), `planned` (its regions, once no block lives in them), a
+/// uses), `planned` (its regions that no block lives in), a
 /// backend's leaf over a driver's pool (memres-cuda's `async`).
 pub trait Release<S: ?Sized>: Send + Sync {
     /// Gives back what the layer keeps free, ordered on `stream`, once
@@ -192,8 +192,8 @@ where
     }
 }
 
-/// `planned`: its regions, once no block lives in them (the plan goes
-/// with them).
+/// `planned`: its regions that no block lives in, once the step's region
+/// is free (the plan goes then).
 impl<S, R> Release<S> for Planned<R>
 where
     S: Stream + ?Sized,

@@ -551,8 +551,9 @@ pub unsafe fn release(device: c_int, stream: *mut c_void) -> Result<u64, String>
 /// chunks of each `pool`, `fixed`, `binning` and `arena` layer, a `vmm`
 /// leaf's mapped granules that no block uses,
 /// an `async` leaf's driver pool reserve beyond what is in use, the
-/// regions of a `planned` layer once no block lives in them (its plan goes
-/// with them; the next steps are laid out afresh). Returns
+/// regions of a `planned` layer that no block lives in, once its step's
+/// region is free (its plan goes, and the next steps are laid out afresh;
+/// gradients kept between steps keep the carry region). Returns
 /// the bytes given back to the device, each counted once (a pool's chunk
 /// that `vmm` then unmaps counts when it is unmapped; 0 for a device not
 /// used yet), or -1 with a message.
