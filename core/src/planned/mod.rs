@@ -1212,8 +1212,9 @@ impl<R: fmt::Debug> fmt::Debug for Planned<R> {
 // at a time gives regions back or takes them, `laying_out` refusing any
 // other step meanwhile, and a region it may give back serves no block
 // meanwhile: the step's region has no plan, the carry region is out of the
-// state; a release takes both out of the state with the plan). A block is
-// placed in a region only
+// state; a release, only with no block live in the step's region, drops the
+// plan and takes out of the state each region it gives back, the carry
+// region only with none live in it). A block is placed in a region only
 // where no live block lies (in the step's region a step departs before a
 // block freed later than recorded could be covered; in the carry region each
 // block is checked against the live ones), so live blocks never overlap; the
