@@ -53,7 +53,10 @@ where
     builder.register("vpool", |call, cx| {
         if call.bool_arg("per_stream")? == Some(true) {
             let (space, config) = vpool_parts(call)?;
-            let pools = PerStreamPool::<_, S>::new(VirtualMaker::new(Arc::new(space), config));
+            // `vpool_parts` checked the configuration, naming where it fails.
+            let maker = VirtualMaker::new(Arc::new(space), config)
+                .map_err(|e| call.error(StackErrorKind::Resource(e)))?;
+            let pools = PerStreamPool::<_, S>::new(maker);
             return Ok(cx.keep_releasing(call, Shared::new(pools)));
         }
         Ok(cx.keep_releasing(call, Shared::new(vpool(call)?)))
@@ -190,8 +193,8 @@ fn vpool_parts(call: &Call) -> Result<(SimAddressSpace, VirtualConfig), StackErr
         .release_threshold(threshold)
         .slack_permille(slack)
         .trim_on_commit(trim_on_commit);
-    // Checked here: with `per_stream=true` each pool is made at its
-    // stream's first allocation.
+    // Checked here to name the value: with `per_stream=true` each pool is
+    // made at its stream's first allocation.
     config.check(granule).map_err(|e| {
         let at = call.keyed("reserve").map_or(call.pos, |v| v.pos());
         StackError::new(at, StackErrorKind::Resource(e))

@@ -33,7 +33,7 @@ fn kernel(space: &Space, block: Block, stream: &SimStream) {
 type Pools = Shared<PerStreamPool<VirtualMaker<Arc<Space>>, SimStream>>;
 
 fn per_stream(space: &Arc<Space>, config: VirtualConfig) -> Pools {
-    Shared::new(PerStreamPool::new(VirtualMaker::new(space.clone(), config)))
+    Shared::new(PerStreamPool::new(VirtualMaker::new(space.clone(), config).unwrap()))
 }
 
 #[test]

@@ -332,7 +332,7 @@ impl<S: Stream + ?Sized, V: ReservableSpace> ChunkPool<S> for VirtualPool<V> {
 /// use memres_core::vpool::VirtualConfig;
 /// use memres_core::{Inspect, MemoryResourceMut, Request};
 /// let space = CountingSpace::new(1 << 30, 2 << 20);
-/// let mut pools = PerStreamPool::new(VirtualMaker::new(&space, VirtualConfig::new(256 << 20)));
+/// let mut pools = PerStreamPool::new(VirtualMaker::new(&space, VirtualConfig::new(256 << 20))?);
 /// let (a, b) = (IdStream(1), IdStream(2));
 /// let x = pools.allocate(Request::new(3 << 20)?, &a)?;
 /// let y = pools.allocate(Request::new(3 << 20)?, &b)?;
@@ -349,12 +349,21 @@ pub struct VirtualMaker<V> {
     config: VirtualConfig,
 }
 
-impl<V> VirtualMaker<V> {
-    /// Pools over clones of `space` with `config`.
-    pub fn new(space: V, config: VirtualConfig) -> Self {
-        VirtualMaker { space, config }
+impl<V: ReservableSpace> VirtualMaker<V> {
+    /// Pools over clones of `space` with `config`, checked now (each pool
+    /// is made at its stream's first allocation).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidConfig`] for a configuration no pool over `space`
+    /// could take ([`VirtualConfig::check`]).
+    pub fn new(space: V, config: VirtualConfig) -> Result<Self> {
+        config.check(space.granule())?;
+        Ok(VirtualMaker { space, config })
     }
+}
 
+impl<V> VirtualMaker<V> {
     /// The configuration of every pool.
     pub fn config(&self) -> &VirtualConfig {
         &self.config

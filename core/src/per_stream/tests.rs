@@ -397,7 +397,7 @@ fn virtual_pools_wait_on_frees_from_other_streams_and_record_no_fence() {
     use crate::vmem::CountingSpace;
     use crate::vpool::VirtualConfig;
     let space = CountingSpace::new(64 * MIB, MIB);
-    let mut pools = PerStreamPool::new(VirtualMaker::new(&space, VirtualConfig::new(64 * MIB)));
+    let mut pools = PerStreamPool::new(VirtualMaker::new(&space, VirtualConfig::new(64 * MIB)).unwrap());
     let log = Rc::new(RefCell::new(Log::default()));
     let (a, b) = (TestStream { id: 1, log: log.clone() }, TestStream { id: 2, log: log.clone() });
     let x = pools.allocate(req(MIB), &a).unwrap();
@@ -452,7 +452,7 @@ fn a_virtual_pool_out_of_memory_tries_once_then_once_after_the_last_resort() {
     // Idle granules stay mapped (no release threshold reached), so b's
     // freed memory is still b's when a runs out.
     let config = VirtualConfig::new(64 * MIB).release_threshold(u64::MAX);
-    let mut pools = PerStreamPool::new(VirtualMaker::new(&tries, config));
+    let mut pools = PerStreamPool::new(VirtualMaker::new(&tries, config).unwrap());
     let log = Rc::new(RefCell::new(Log { device: true, ..Log::default() }));
     let (a, b) = (TestStream { id: 1, log: log.clone() }, TestStream { id: 2, log: log.clone() });
     let x = pools.allocate(req(MIB), &a).unwrap();
@@ -497,4 +497,18 @@ fn a_streams_first_allocation_reads_its_id_once() {
     }
     pools.check().unwrap();
     assert_eq!(up.usage().held, pools.usage().held, "every chunk the upstream lent is a pool's");
+}
+
+#[test]
+fn a_virtual_maker_refuses_a_configuration_no_pool_could_take_when_made() {
+    use crate::vmem::CountingSpace;
+    use crate::vpool::VirtualConfig;
+    let space = CountingSpace::new(64 * MIB, 256);
+    for config in
+        [VirtualConfig::new(0), VirtualConfig::new(1 << 40), VirtualConfig::new(MIB).max_reservations(0)]
+    {
+        assert!(matches!(VirtualMaker::new(&space, config), Err(Error::InvalidConfig { .. })), "{config:?}");
+    }
+    assert_eq!(space.reservation_count(), 0);
+    assert!(VirtualMaker::new(&space, VirtualConfig::new(MIB)).is_ok());
 }

@@ -182,10 +182,13 @@ impl VmmConfig {
     ///
     /// # Errors
     ///
-    /// The driver's error (no device, no virtual memory management).
+    /// The driver's error (no device, no virtual memory management);
+    /// [`Error::InvalidConfig`](memres_core::Error::InvalidConfig) for a
+    /// reservation no stream's pool could take
+    /// ([`VirtualConfig::check`](memres_core::vpool::VirtualConfig::check)).
     pub fn build_per_stream(&self, device: Device, gauge: Arc<Gauge>) -> Result<VmmPools> {
         let (space, config) = self.space(device, gauge)?;
-        Ok(Shared::new_in(PerStreamPool::new(VirtualMaker::new(Arc::new(space), config))))
+        Ok(Shared::new_in(PerStreamPool::new(VirtualMaker::new(Arc::new(space), config)?)))
     }
 
     /// The space of `device`, counted in `gauge`, and the pools'

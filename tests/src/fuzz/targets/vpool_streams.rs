@@ -215,7 +215,8 @@ pub fn run_vpool_streams(data: &[u8]) {
         sim = sim.with_pieces(pieces);
     }
     let space = Arc::new(UnmapChecked::new(sim, &streams.world));
-    let pools = PerStreamPool::new(VirtualMaker::new(space.clone(), config));
+    let pools =
+        PerStreamPool::new(VirtualMaker::new(space.clone(), config).expect("a configuration a pool takes"));
     let mut target =
         VpoolStreamsTarget { hb: HbChecked::new(Shared::new(pools)), space, streams, pieced: pieces > 0 };
     drive(&mut target, &mut u);
