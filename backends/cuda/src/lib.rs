@@ -85,7 +85,7 @@ pub use context::{driver_version, init, Context, Device, MemoryInfo};
 pub use copy::CudaCopy;
 pub use device_memory::CudaMemory;
 pub use error::{error_from_code, error_name};
-pub use managed::{prefetch, ManagedMemory, Prefetch};
+pub use managed::{prefetch, prefetch_to_host, ManagedMemory, Prefetch};
 pub use pinned::PinnedMemory;
 pub use stream::{AsRawStream, CudaEvent, CudaStream, StreamOptions, StreamPool};
 pub use vmm::{CudaVirtualSpace, DriverCalls};

@@ -212,6 +212,31 @@ pub fn prefetch<S: AsRawStream + ?Sized>(
     context: &Context,
     stream: &S,
 ) -> Result<bool> {
+    prefetch_to(addr, size, sys::PrefetchTo::Device(device.raw()), context, stream)
+}
+
+/// [`prefetch`] to the host (RMM's `cudaCpuDeviceId`): the pages move to
+/// host memory ahead of the host's use.
+///
+/// # Errors
+///
+/// As [`prefetch`]'s.
+pub fn prefetch_to_host<S: AsRawStream + ?Sized>(
+    addr: u64,
+    size: u64,
+    context: &Context,
+    stream: &S,
+) -> Result<bool> {
+    prefetch_to(addr, size, sys::PrefetchTo::Host, context, stream)
+}
+
+fn prefetch_to<S: AsRawStream + ?Sized>(
+    addr: u64,
+    size: u64,
+    to: sys::PrefetchTo,
+    context: &Context,
+    stream: &S,
+) -> Result<bool> {
     if size == 0 {
         return Ok(false);
     }
@@ -239,7 +264,7 @@ pub fn prefetch<S: AsRawStream + ?Sized>(
             // driver checks that the range lies in managed memory (else an
             // error code); the stream is valid while borrowed (`AsRawStream`'s
             // contract).
-            match unsafe { form.to_device(addr, size as usize, device.raw(), raw) } {
+            match unsafe { form.to(addr, size as usize, to, raw) } {
                 sys::CUDA_SUCCESS => Ok(true),
                 code => Err(error_from_code(code)),
             }

@@ -46,6 +46,9 @@ pub const CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED: c_int = 115;
 
 pub const CU_MEM_ALLOCATION_TYPE_PINNED: c_int = 1;
 pub const CU_MEM_LOCATION_TYPE_DEVICE: c_int = 1;
+pub const CU_MEM_LOCATION_TYPE_HOST: c_int = 2;
+/// `CU_DEVICE_CPU`: the host, where a device ordinal is asked for.
+pub const CU_DEVICE_CPU: CUdevice = -1;
 pub const CU_MEM_ALLOC_GRANULARITY_MINIMUM: c_int = 0;
 pub const CU_MEM_ACCESS_FLAGS_PROT_READWRITE: c_int = 3;
 
@@ -329,7 +332,7 @@ impl MemPrefetchAsync {
         })
     }
 
-    /// Prefetches `count` bytes at `ptr` to device `device`, ordered on `stream`.
+    /// Prefetches `count` bytes at `ptr` to `to`, ordered on `stream`.
     ///
     /// # Safety
     ///
@@ -338,20 +341,32 @@ impl MemPrefetchAsync {
     /// whatever it holds). Then as `cuMemPrefetchAsync`: `stream` is a
     /// valid stream or a special handle. The driver checks the range (an
     /// error code where it is not managed memory).
-    pub unsafe fn to_device(
-        self,
-        ptr: CUdeviceptr,
-        count: usize,
-        device: CUdevice,
-        stream: CUstream,
-    ) -> CuResult {
+    pub unsafe fn to(self, ptr: CUdeviceptr, count: usize, to: PrefetchTo, stream: CUstream) -> CuResult {
         match self {
-            // SAFETY: the caller's contract; flags must be 0.
-            MemPrefetchAsync::Location(f) => unsafe {
-                f(ptr, count, CuMemLocation { type_: CU_MEM_LOCATION_TYPE_DEVICE, id: device }, 0, stream)
-            },
-            // SAFETY: the caller's contract.
-            MemPrefetchAsync::Ordinal(f) => unsafe { f(ptr, count, device, stream) },
+            MemPrefetchAsync::Location(f) => {
+                let location = match to {
+                    PrefetchTo::Device(id) => CuMemLocation { type_: CU_MEM_LOCATION_TYPE_DEVICE, id },
+                    PrefetchTo::Host => CuMemLocation { type_: CU_MEM_LOCATION_TYPE_HOST, id: 0 },
+                };
+                // SAFETY: the caller's contract; flags must be 0.
+                unsafe { f(ptr, count, location, 0, stream) }
+            }
+            MemPrefetchAsync::Ordinal(f) => {
+                let ordinal = match to {
+                    PrefetchTo::Device(id) => id,
+                    PrefetchTo::Host => CU_DEVICE_CPU,
+                };
+                // SAFETY: the caller's contract.
+                unsafe { f(ptr, count, ordinal, stream) }
+            }
         }
     }
+}
+
+/// Where [`MemPrefetchAsync::to`] moves pages: a device (its ordinal) or
+/// the host, each form's way of saying it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PrefetchTo {
+    Device(CUdevice),
+    Host,
 }

@@ -7,8 +7,8 @@ mod common;
 
 use common::{expect_filled, fill, gpu};
 use memres_core::{MemoryResource, Request, Stream};
-use memres_cuda::sys::{self, MemPrefetchAsync};
-use memres_cuda::{prefetch, CudaStream, Device, ManagedMemory};
+use memres_cuda::sys::{self, MemPrefetchAsync, PrefetchTo};
+use memres_cuda::{prefetch, prefetch_to_host, CudaStream, Device, ManagedMemory};
 
 /// The device ordinal `addr` was last prefetched to, -2 (`CU_DEVICE_INVALID`) if none.
 fn last_prefetched_to(addr: u64, size: u64) -> i32 {
@@ -54,10 +54,18 @@ fn prefetch_with(form: MemPrefetchAsync, device: Device) {
     // SAFETY: `form` is the driver's (`get` or `as_of`); a stream of this
     // crate, alive while borrowed; the block is live managed memory of
     // `size` bytes.
-    let code = unsafe { form.to_device(block.addr(), size as usize, device.raw(), stream.raw()) };
+    let code =
+        unsafe { form.to(block.addr(), size as usize, PrefetchTo::Device(device.raw()), stream.raw()) };
     assert_eq!(code, sys::CUDA_SUCCESS, "{form:?}");
     stream.synchronize().unwrap();
     assert_eq!(last_prefetched_to(block.addr(), size), device.raw());
+    expect_filled(&stream, &block, 0x5EED_F00D);
+    // And back to the host, as each form says it.
+    // SAFETY: as above.
+    let code = unsafe { form.to(block.addr(), size as usize, PrefetchTo::Host, stream.raw()) };
+    assert_eq!(code, sys::CUDA_SUCCESS, "{form:?} to the host");
+    stream.synchronize().unwrap();
+    assert_eq!(last_prefetched_to(block.addr(), size), sys::CU_DEVICE_CPU);
     expect_filled(&stream, &block, 0x5EED_F00D);
     mr.deallocate(block, &stream).unwrap();
 }
@@ -103,10 +111,14 @@ fn the_public_prefetch_moves_managed_memory_and_skips_other_memory() {
     assert_eq!(prefetch(block.addr(), 1 << 20, device, &context, &stream), Ok(true));
     stream.synchronize().unwrap();
     assert_eq!(last_prefetched_to(block.addr(), 1 << 20), device.raw());
+    assert_eq!(prefetch_to_host(block.addr(), 1 << 20, &context, &stream), Ok(true));
+    stream.synchronize().unwrap();
+    assert_eq!(last_prefetched_to(block.addr(), 1 << 20), sys::CU_DEVICE_CPU);
     managed.deallocate(block, &stream).unwrap();
     let plain = memres_cuda::CudaMemory::new(device).unwrap();
     let block = plain.allocate(Request::new(1 << 20).unwrap(), &stream).unwrap();
     assert_eq!(prefetch(block.addr(), 1 << 20, device, &context, &stream), Ok(false));
+    assert_eq!(prefetch_to_host(block.addr(), 1 << 20, &context, &stream), Ok(false));
     plain.deallocate(block, &stream).unwrap();
 }
 
