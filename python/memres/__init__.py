@@ -12,12 +12,15 @@ import re
 
 from . import _native
 from ._buffer import DeviceBuffer
-from ._device import current_device, set_device
+from ._device import current_device, device_id as _device_id, set_device
 from ._errors import CudaUnavailable, MemresError, OutOfMemory
 from ._stream import DEFAULT_STREAM, Stream
 from . import mr, snapshot, statistics
 from .mr import (
+    disable_logging,
+    enable_logging,
     get_current_device_resource,
+    get_log_filenames,
     get_per_device_resource,
     is_initialized,
     set_current_device_resource,
@@ -43,6 +46,22 @@ def cuda_available():
 
 _SIM_LEAVES = re.compile(r"\b(sim|host|vpool)\b")
 
+# `(func, args, kwargs)` run before each `reinitialize`, last registered first.
+_reinitialize_hooks = []
+
+
+def register_reinitialize_hook(func, *args, **kwargs):
+    """Has ``reinitialize`` call ``func(*args, **kwargs)`` first (to free
+    what holds memory of the resources it replaces), as RMM's: the hooks
+    run in the reverse order of their registration. Returns ``func``."""
+    _reinitialize_hooks.append((func, args, kwargs))
+    return func
+
+
+def unregister_reinitialize_hook(func):
+    """Removes every registration of ``func``."""
+    _reinitialize_hooks[:] = [h for h in _reinitialize_hooks if h[0] != func]
+
 
 def reinitialize(pool_allocator=False, managed_memory=False, initial_pool_size=None,
                  maximum_pool_size=None, devices=0, logging=False, log_file_name=None,
@@ -53,7 +72,10 @@ def reinitialize(pool_allocator=False, managed_memory=False, initial_pool_size=N
     ``logging`` (to ``log_file_name``, else ``$MEMRES_LOG_FILE``; with
     several devices each logs to its own file, ``x.dev1.csv`` for device 1
     of ``x.csv``). ``stack`` names any stack instead, such as
-    ``"stats(pool(async))"``. Without CUDA the device is host memory."""
+    ``"stats(pool(async))"``. Without CUDA the device is host memory.
+    The hooks of ``register_reinitialize_hook`` run first."""
+    for func, args, kwargs in reversed(_reinitialize_hooks):
+        func(*args, **kwargs)
     made = _resources(pool_allocator, managed_memory, initial_pool_size, maximum_pool_size,
                       devices, logging, log_file_name, stack)
     # Only once every device's resource could be made: a failure changes nothing.
@@ -65,7 +87,9 @@ def _resources(pool_allocator=False, managed_memory=False, initial_pool_size=Non
                maximum_pool_size=None, devices=0, logging=False, log_file_name=None, stack=None):
     """``(device, resource)`` for each device, as ``reinitialize`` makes
     them, setting nothing."""
-    devices = [devices] if isinstance(devices, int) else list(devices)
+    if isinstance(devices, str) or not hasattr(devices, "__iter__"):
+        devices = [devices]
+    devices = [_device_id(d) for d in devices]
     if stack is not None and (pool_allocator or managed_memory or initial_pool_size is not None
                               or maximum_pool_size is not None):
         raise ValueError("memres: reinitialize takes stack= or RMM's keywords, not both")
@@ -99,7 +123,8 @@ def _resources(pool_allocator=False, managed_memory=False, initial_pool_size=Non
 
 __all__ = [
     "DEFAULT_STREAM", "CudaUnavailable", "DeviceBuffer", "MemresError", "OutOfMemory", "Stream",
-    "cuda_available", "current_device", "get_current_device_resource", "get_per_device_resource",
-    "is_initialized", "mr", "reinitialize", "set_current_device_resource", "set_device",
-    "set_per_device_resource", "snapshot", "statistics",
+    "cuda_available", "current_device", "disable_logging", "enable_logging",
+    "get_current_device_resource", "get_log_filenames", "get_per_device_resource", "is_initialized",
+    "mr", "register_reinitialize_hook", "reinitialize", "set_current_device_resource", "set_device",
+    "set_per_device_resource", "snapshot", "statistics", "unregister_reinitialize_hook",
 ]

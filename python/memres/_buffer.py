@@ -11,7 +11,8 @@ class DeviceBuffer:
     when collected."""
 
     def __init__(self, *, ptr=None, size=0, stream=None, mr=None):
-        if ptr is not None:
+        # RMM's `ptr=0` is a null pointer: nothing to copy.
+        if ptr not in (None, 0):
             raise ValueError("memres: DeviceBuffer(ptr=...) is not supported; use "
                              "copy_from_device or to_device")
         self._init(size, stream, mr, None)
@@ -76,6 +77,10 @@ class DeviceBuffer:
     def __len__(self):
         return self._buf.size
 
+    def __sizeof__(self):
+        # As RMM's: the bytes the buffer holds on the device.
+        return self._buf.size
+
     def capacity(self):
         return self._buf.capacity()
 
@@ -119,13 +124,17 @@ class DeviceBuffer:
         self._buf.copy_from_device(src._buf)
 
     def prefetch(self, device=None, stream=None):
-        """Prefetches managed memory to ``device`` (the current device) on
-        ``stream`` (the buffer's own), as RMM's; returns True where the
-        memory migrates and was prefetched, False (nothing done) otherwise."""
+        """Prefetches managed memory to ``device`` (the current device; -1,
+        RMM's ``cudaCpuDeviceId``, is the host) on ``stream`` (the
+        buffer's own), as RMM's; returns True where the memory migrates and
+        was prefetched, False (nothing done) otherwise."""
         from ._device import current_device
         device = current_device() if device is None else device
+        if isinstance(device, bool) or not isinstance(device, int) or device < -1:
+            raise ValueError(f"memres: prefetch: device must be a device number or -1 (the host), "
+                             f"not {device!r}")
         handle = None if stream is None else as_handle(stream)
-        return self._buf.prefetch(device, handle)
+        return self._buf.prefetch(self.mr.device_id, None if device == -1 else device, handle)
 
     def tobytes(self):
         return bytes(self._buf.copy_to_host())

@@ -19,8 +19,13 @@ def current_device():
     return _device
 
 
+def device_id(device):
+    """``device``, checked: a device number (an int from 0), else ValueError."""
+    if isinstance(device, bool) or not isinstance(device, int) or device < 0:
+        raise ValueError(f"memres: {device!r} is not a device id (an int from 0)")
+    return device
+
+
 def set_device(device):
     global _device
-    if isinstance(device, bool) or not isinstance(device, int) or device < 0:
-        raise ValueError(f"memres: {device!r} is not a device id")
-    _device = device
+    _device = device_id(device)

@@ -37,4 +37,9 @@ def cuda():
 
 
 def backend(name):
-    return cuda() if name == "cuda" else sim
+    """The native module of backend ``name``: "cuda" or "sim"."""
+    if name == "cuda":
+        return cuda()
+    if name == "sim":
+        return sim
+    raise ValueError(f"memres: backend {name!r}: \"cuda\" or \"sim\"")

@@ -21,7 +21,7 @@ import sys
 import weakref
 
 from . import _native
-from ._device import current_device
+from ._device import current_device, device_id as _device_id
 from ._stream import as_handle
 
 _WORD = re.compile(r"^[^,()=\s]+$")
@@ -51,8 +51,28 @@ def _word(value, what):
 
 
 def _size(value, what):
-    """A size argument of a stack, as its text."""
+    """A size argument of a stack (an int, or a string such as ``"2 GiB"``
+    or ``"500MB"``, as RMM's ``parse_bytes`` reads it), as its text."""
+    if isinstance(value, str):
+        value = _parse_bytes(value, what)
     return str(_nbytes(value, what))
+
+
+# Decimal and binary units, as RMM's sizes take them (case does not matter).
+_UNITS = {"": 1, "b": 1, **{prefix + suffix: base ** power
+                           for power, prefix in enumerate("kmgtp", start=1)
+                           for suffix, base in (("", 1000), ("b", 1000), ("i", 1024), ("ib", 1024))}}
+_BYTES = re.compile(r"\s*((?:\d+\.?\d*|\.\d+)(?:e[+-]?\d+)?)?\s*([a-z]*)\s*", re.IGNORECASE)
+
+
+def _parse_bytes(text, what):
+    """``"1.5 GiB"`` as 1610612736; ValueError naming ``what`` for text that
+    is no size."""
+    m = _BYTES.fullmatch(text)
+    unit = m and _UNITS.get(m.group(2).lower())
+    if unit is None or not (m.group(1) or m.group(2)):
+        raise ValueError(f"memres: {what} {text!r} is no size (such as 1000000, '500MB' or '2 GiB')")
+    return int(float(m.group(1) or 1) * unit)
 
 
 def _bin(exponent, what):
@@ -177,10 +197,14 @@ class DeviceMemoryResource:
 
 
 def _nbytes(n, what):
-    """``n`` as the native side takes a size or an address: an int of 0
-    to 2**64 - 1, else ValueError naming ``what``."""
-    if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n < 1 << 64:
-        raise ValueError(f"memres: {what} must be an int from 0 to 2**64 - 1, not {n!r}")
+    """``n`` as the native side takes a size or an address: an int of 0 to
+    2**64 - 1. As RMM's ``size_t`` arguments: TypeError for what is no int
+    (a bool included), OverflowError for one out of range; each names
+    ``what``."""
+    if isinstance(n, bool) or not isinstance(n, int):
+        raise TypeError(f"memres: {what} must be an int from 0 to 2**64 - 1, not {n!r}")
+    if not 0 <= n < 1 << 64:
+        raise OverflowError(f"memres: {what} must be an int from 0 to 2**64 - 1, not {n!r}")
     return n
 
 
@@ -345,9 +369,12 @@ class StatisticsResourceAdaptor(DeviceMemoryResource):
 
 
 def _counts(figures):
+    """The native side's figures as ``memres.statistics.Statistics`` (RMM's
+    type of ``allocation_counts``)."""
+    from .statistics import Statistics
     (b_now, b_peak, b_total), (c_now, c_peak, c_total) = figures
-    return {"current_bytes": b_now, "current_count": c_now, "peak_bytes": b_peak,
-            "peak_count": c_peak, "total_bytes": b_total, "total_count": c_total}
+    return Statistics(current_bytes=b_now, current_count=c_now, peak_bytes=b_peak,
+                      peak_count=c_peak, total_bytes=b_total, total_count=c_total)
 
 
 class TrackingResourceAdaptor(DeviceMemoryResource):
@@ -391,6 +418,11 @@ class LimitingResourceAdaptor(DeviceMemoryResource):
     def get_allocation_limit(self):
         return self._limit
 
+    def get_allocated_bytes(self):
+        """Bytes counted against the limit: the live blocks, each rounded up
+        as the adaptor counts it, as RMM's."""
+        return self._native.limited_bytes()
+
 
 class FailureCallbackResourceAdaptor(DeviceMemoryResource):
     """Calls ``callback(nbytes) -> bool`` when the upstream is out of
@@ -415,6 +447,7 @@ def _default_resource(device):
 def get_per_device_resource(device):
     """The resource of ``device`` (made on first use: CudaMemoryResource,
     or HostMemoryResource where CUDA is not available)."""
+    device = _device_id(device)
     if device not in _current:
         set_per_device_resource(device, _default_resource(device))
     return _current[device]
@@ -424,6 +457,7 @@ def set_per_device_resource(device, mr):
     """Makes ``mr`` the resource of ``device``; returns the previous one."""
     if not isinstance(mr, DeviceMemoryResource):
         raise TypeError(f"memres: {type(mr).__name__} is not a memres.mr resource")
+    device = _device_id(device)
     if mr.device_id != device:
         raise ValueError(f"memres: a resource of device {mr.device_id} set for device {device}")
     _native.backend(mr._backend).set_per_device_resource(device, mr._native)
@@ -442,6 +476,42 @@ def set_current_device_resource(mr):
 
 def get_current_device_resource_type():
     return type(get_current_device_resource())
+
+
+def get_per_device_resource_type(device):
+    return type(get_per_device_resource(device))
+
+
+def enable_logging(log_file_name=None):
+    """Puts a LoggingResourceAdaptor over the resource of every device that
+    has one (device 0 if none has), as RMM's ``rmm.enable_logging``: to
+    ``log_file_name``, else ``$MEMRES_LOG_FILE``; with several devices each
+    logs to its own file (``x.dev1.csv`` for device 1 of ``x.csv``)."""
+    devices = sorted(_current) or [0]
+    for device in devices:
+        res = get_per_device_resource(device)
+        if isinstance(res, LoggingResourceAdaptor):
+            continue
+        name = log_file_name or os.environ.get("MEMRES_LOG_FILE")
+        if name and len(devices) > 1:
+            name = _native.sim.log_file_of_device(os.fspath(name), device) or name
+        set_per_device_resource(device, LoggingResourceAdaptor(res, log_file_name=name))
+
+
+def disable_logging():
+    """Takes the LoggingResourceAdaptor off each device's resource where it
+    is outermost (its log is written out)."""
+    for device, res in list(_current.items()):
+        if isinstance(res, LoggingResourceAdaptor):
+            res.flush()
+            set_per_device_resource(device, res.upstream_mr)
+
+
+def get_log_filenames():
+    """``{device: the log file of its resource}``, None where its resource
+    is no LoggingResourceAdaptor."""
+    return {device: res.get_file_name() if isinstance(res, LoggingResourceAdaptor) else None
+            for device, res in _current.items()}
 
 
 def is_initialized():

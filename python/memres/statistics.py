@@ -39,43 +39,48 @@ def enable_statistics():
         _mr.set_current_device_resource(_mr.StatisticsResourceAdaptor(_mr.get_current_device_resource()))
 
 
-def _statistics(figures):
-    return Statistics(**_mr._counts(figures))
 
 
 def get_statistics():
     """The counts of the current level, or None when statistics are off."""
     native = _stats_native()
-    return None if native is None else _statistics(native.statistics())
+    return None if native is None else _mr._counts(native.statistics())
 
 
 def push_statistics():
     """Starts a new level of counts; returns those of the level left (None
     when statistics are off)."""
     native = _stats_native()
-    return None if native is None else _statistics(native.push_statistics())
+    return None if native is None else _mr._counts(native.push_statistics())
 
 
 def pop_statistics():
     """Ends the newest level; returns its counts (None when off)."""
     native = _stats_native()
-    return None if native is None else _statistics(native.pop_statistics())
+    return None if native is None else _mr._counts(native.pop_statistics())
 
 
 @contextlib.contextmanager
 def statistics():
-    """Counts the allocations of a block in a level of its own, enabling
-    statistics for the block if they are off."""
-    previous = None
-    if _stats_native() is None:
+    """Counts the allocations of a block in a level of its own; where
+    statistics are off, puts a StatisticsResourceAdaptor over the current
+    resource for the block and takes it off after. As RMM's, a change of
+    the current resource inside the block is a ``ValueError`` at its end
+    (the level could not be popped from the resource it was pushed on)."""
+    if push_statistics() is None:
         previous = _mr.get_current_device_resource()
         enable_statistics()
-    push_statistics()
+    else:
+        previous = None
+    current = _mr.get_current_device_resource()
     try:
         yield
     finally:
-        pop_statistics()
-        if previous is not None:
+        if _mr.get_current_device_resource() is not current:
+            raise ValueError("memres: the current resource was changed inside a statistics() block")
+        if previous is None:
+            pop_statistics()
+        else:
             _mr.set_current_device_resource(previous)
 
 
@@ -106,7 +111,9 @@ class ProfilerRecords:
     """Memory figures per profiled name (RMM's ``ProfilerRecords``)."""
 
     @dataclass
-    class MemoryRecord:
+    class Data:
+        """The figures of one name: calls, bytes allocated in all, the
+        largest peak of one call."""
         num_calls: int = 0
         memory_total: int = 0
         memory_peak: int = 0
@@ -118,9 +125,10 @@ class ProfilerRecords:
 
     def __init__(self):
         self._lock = threading.Lock()
-        self._records = collections.defaultdict(ProfilerRecords.MemoryRecord)
+        self._records = collections.defaultdict(ProfilerRecords.Data)
 
     def add(self, name, data):
+        """Adds the ``Statistics`` of one call of ``name`` (thread-safe)."""
         with self._lock:
             self._records[name].add(data.total_bytes, data.peak_bytes)
 
@@ -130,31 +138,47 @@ class ProfilerRecords:
             return dict(self._records)
 
     def report(self, ordered_by="memory_peak"):
-        """A table of the records, largest first."""
+        """A table of the records, largest first by ``ordered_by``
+        (``num_calls``, ``memory_peak`` or ``memory_total``)."""
         rows = sorted(self.records.items(), key=lambda kv: getattr(kv[1], ordered_by), reverse=True)
-        lines = ["Memory Profiling", "=" * 16, "",
-                 f"{'ncalls':>8} {'memory_peak':>14} {'memory_total':>14}  filename:lineno(function)"]
+        lines = ["Memory Profiling", "=" * 16, ""]
+        if not rows:
+            return "\n".join(lines + ["No data: were statistics on? (enable_statistics, statistics())"]) + "\n"
+        lines.append(f"{'ncalls':>8} {'memory_peak':>14} {'memory_total':>14}  filename:lineno(function)")
         lines += [f"{r.num_calls:>8} {r.memory_peak:>14} {r.memory_total:>14}  {name}" for name, r in rows]
         return "\n".join(lines) + "\n"
 
-    def __repr__(self):
+    def __str__(self):
         return self.report()
+
+    def __repr__(self):
+        return f"{type(self).__name__}({self.records})"
+
+
+def get_descriptive_name_of_object(obj):
+    """``file:line(qualified name)`` of a function (RMM's name of a
+    profiled function)."""
+    obj = inspect.unwrap(obj)
+    _, line = inspect.getsourcelines(obj)
+    return f"{inspect.getfile(obj)}:{line}({obj.__qualname__})"
 
 
 default_profiler_records = ProfilerRecords()
 
 
 class profiler:
-    """Records the memory a function (as a decorator) or a block (as a
-    context manager, ``name=`` required) allocates, in ``records``."""
+    """Records the statistics of a function (as a decorator; named by
+    ``name`` or else by ``get_descriptive_name_of_object``) or of a block
+    (as a context manager, ``name=`` required), each call in a level of
+    its own, into ``records``. As RMM's, it records nothing while
+    statistics are off (``enable_statistics``, ``statistics()``)."""
 
     def __init__(self, *, records=default_profiler_records, name=""):
         self.records = records
         self.name = name
 
     def __call__(self, func):
-        _, line = inspect.getsourcelines(func)
-        name = f"{inspect.getsourcefile(func)}:{line}({func.__qualname__})"
+        name = self.name or get_descriptive_name_of_object(func)
 
         @functools.wraps(func)
         def wrapper(*args, **kwargs):
@@ -165,12 +189,11 @@ class profiler:
     def __enter__(self):
         if not self.name:
             raise ValueError("memres: a profiler used as a context manager needs name=")
-        self._stats = statistics()
-        self._stats.__enter__()
+        push_statistics()
         return self
 
     def __exit__(self, *exc):
-        data = get_statistics()
-        self._stats.__exit__(*exc)
-        self.records.add(self.name, data)
+        data = pop_statistics()
+        if data is not None:
+            self.records.add(self.name, data)
         return False

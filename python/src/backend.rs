@@ -77,7 +77,13 @@ mod imp {
     }
 
     /// Host memory does not migrate: nothing to prefetch.
-    pub(crate) fn prefetch(_addr: u64, _size: u64, _device: u32, _stream: &Stream) -> PyResult<bool> {
+    pub(crate) fn prefetch(
+        _addr: u64,
+        _size: u64,
+        _device: u32,
+        _to: Option<u32>,
+        _stream: &Stream,
+    ) -> PyResult<bool> {
         Ok(false)
     }
 
@@ -207,11 +213,22 @@ mod imp {
         })
     }
 
-    /// Prefetches managed memory to `device` on `stream`; `false` for
-    /// memory that does not migrate.
-    pub(crate) fn prefetch(addr: u64, size: u64, device: u32, stream: &Stream) -> PyResult<bool> {
-        memres_cuda::prefetch(addr, size, device_of(device)?, &context(device)?, stream)
-            .map_err(|e| crate::errors::to_py(e, "prefetch"))
+    /// Prefetches managed memory to device `to` (the host for `None`) on
+    /// `stream`, whose device is `device`; `false` for memory that does not
+    /// migrate.
+    pub(crate) fn prefetch(
+        addr: u64,
+        size: u64,
+        device: u32,
+        to: Option<u32>,
+        stream: &Stream,
+    ) -> PyResult<bool> {
+        let context = context(device)?;
+        match to {
+            Some(to) => memres_cuda::prefetch(addr, size, device_of(to)?, &context, stream),
+            None => memres_cuda::prefetch_to_host(addr, size, &context, stream),
+        }
+        .map_err(|e| crate::errors::to_py(e, "prefetch"))
     }
 
     /// The core's names and the CUDA leaves of `device`, counted in its

@@ -253,11 +253,12 @@ impl Buffer {
         })
     }
 
-    /// Prefetches the bytes to `device` on `stream` (the buffer's own by
-    /// default): `True` where they are managed memory, `False` (nothing
-    /// done) where they do not migrate, as RMM.
-    #[pyo3(signature = (device, stream=None))]
-    fn prefetch(&self, py: Python<'_>, device: u32, stream: Option<u64>) -> PyResult<bool> {
+    /// Prefetches the bytes to device `to` (the host for `None`) on
+    /// `stream` (the buffer's own by default; `device` is the buffer's):
+    /// `True` where they are managed memory, `False` (nothing done) where
+    /// they do not migrate, as RMM.
+    #[pyo3(signature = (device, to, stream=None))]
+    fn prefetch(&self, py: Python<'_>, device: u32, to: Option<u32>, stream: Option<u64>) -> PyResult<bool> {
         // SAFETY: a handle of the package's Python layer (the module's
         // contract: "Streams at the boundary" in lib.rs).
         let other = stream.map(|h| unsafe { backend::stream(h, device) }).transpose()?;
@@ -266,7 +267,7 @@ impl Buffer {
             if b.is_empty() {
                 return Ok(false);
             }
-            backend::prefetch(b.addr(), b.len(), device, other.as_ref().unwrap_or(b.stream()))
+            backend::prefetch(b.addr(), b.len(), device, to, other.as_ref().unwrap_or(b.stream()))
         })
     }
 

@@ -9,16 +9,90 @@ use memres_core::adaptor::FailureCallback;
 use memres_core::stack::StackBuilder;
 use memres_core::{Block, Error, MemoryResource, Request};
 use pyo3::exceptions::{PyMemoryError, PyTypeError, PyValueError};
+use pyo3::gc::PyVisit;
 use pyo3::panic::PanicException;
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyInt};
+use pyo3::PyTraverseError;
 use std::cell::RefCell;
 use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 /// `(allocate, deallocate, on_failure)`: the Python functions of a build.
 pub(crate) type Callbacks = (Option<Py<PyAny>>, Option<Py<PyAny>>, Option<Py<PyAny>>);
+
+/// A Python function of a resource object, held for its stack: the
+/// object's `__traverse__` visits it and its `__clear__` takes it, so that
+/// a cycle through the function (a bound method of an object that holds
+/// the resource) is collected, and its memory given back. A stack whose
+/// function was taken fails as its callback would (a failure callback
+/// declines to retry).
+pub(crate) struct Function(Mutex<Option<Py<PyAny>>>);
+
+impl Function {
+    fn new(f: Py<PyAny>) -> Arc<Function> {
+        Arc::new(Function(Mutex::new(Some(f))))
+    }
+
+    /// The function, unless the garbage collector took it.
+    fn get(&self, py: Python<'_>) -> Option<Py<PyAny>> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).as_ref().map(|f| f.clone_ref(py))
+    }
+
+    /// For the owning object's `__traverse__`.
+    pub(crate) fn visit(&self, visit: &PyVisit<'_>) -> Result<(), PyTraverseError> {
+        // Never waits: the lock is held only by a thread that holds the
+        // GIL, as the collector's thread does.
+        match &*self.0.lock().unwrap_or_else(|p| p.into_inner()) {
+            Some(f) => visit.call(f),
+            None => Ok(()),
+        }
+    }
+
+    /// For the owning object's `__clear__`: the function, taken.
+    pub(crate) fn take(&self) -> Option<Py<PyAny>> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).take()
+    }
+}
+
+/// What a stack does once the garbage collector took its functions.
+const CLEARED: &str = "the resource's Python functions were taken by the garbage collector";
+
+thread_local! {
+    /// The exception a failure callback of this thread raised, for the
+    /// call that asked it: as RMM, that call raises it (a `KeyboardInterrupt`
+    /// too), and no failure callback is asked again meanwhile.
+    static FAILURE_RAISED: RefCell<Option<PyErr>> = const { RefCell::new(None) };
+}
+
+/// The exception a failure callback raised in this thread's call, taken.
+pub(crate) fn take_failure_raised() -> Option<PyErr> {
+    FAILURE_RAISED.with(|r| r.borrow_mut().take())
+}
+
+/// `on_failure`'s layer: refuses every allocation while the exception of a
+/// failure callback waits for the call that asked it, so that a pool above
+/// does not recover from it with a smaller request; the call fails, and
+/// raises it, as RMM's exception would unwind it.
+struct UntilRaised<R>(R);
+
+impl<S: ?Sized + memres_core::Stream, R: MemoryResource<S>> MemoryResource<S> for UntilRaised<R> {
+    fn allocate(&self, request: Request, stream: &S) -> memres_core::Result<Block> {
+        if FAILURE_RAISED.with(|r| r.borrow().is_some()) {
+            return Err(Error::Backend { code: -5, what: "a failure callback raised" });
+        }
+        self.0.allocate(request, stream)
+    }
+
+    fn deallocate(&self, block: Block, stream: &S) -> memres_core::Result<()> {
+        self.0.deallocate(block, stream)
+    }
+
+    fn id(&self) -> memres_core::ResourceId {
+        self.0.id()
+    }
+}
 
 /// The code of [`Error::Backend`] for a Python function that raised: its
 /// exception waits in [`take_raised`].
@@ -40,6 +114,22 @@ pub(crate) fn take_raised() -> Option<PyErr> {
 pub(crate) fn restore_raised(e: Option<PyErr>) {
     LAST_RAISED.with(|r| *r.borrow_mut() = e);
 }
+
+/// Runs `f` with the GIL taken, unless the interpreter is being finalized:
+/// no Python runs then (PyO3 would panic, in a drop an abort), and `None`
+/// says so. A pool over a `CallbackMemoryResource` that is dropped then
+/// gives its chunks back to no one: the process is ending.
+pub(crate) fn with_python<T>(f: impl FnOnce(Python<'_>) -> T) -> Option<T> {
+    // SAFETY: `Py_IsInitialized` may be called at any time, from any thread.
+    if unsafe { pyo3::ffi::Py_IsInitialized() } == 0 {
+        return None;
+    }
+    Some(Python::attach(f))
+}
+
+/// The error of a Python function that could not run: the interpreter is
+/// being finalized.
+const FINALIZING: Error = Error::Backend { code: -4, what: "the Python interpreter is being finalized" };
 
 /// Whether a build was ever given Python functions: only they run Python
 /// while a stack holds a lock, so only then may a lock's holder wait for
@@ -108,8 +198,8 @@ fn address(result: &Bound<'_, PyAny>) -> PyResult<u64> {
 /// Memory from Python functions: `allocate(nbytes) -> int` and
 /// `deallocate(ptr, nbytes)`.
 struct PyCallbacks {
-    allocate: Py<PyAny>,
-    deallocate: Py<PyAny>,
+    allocate: Arc<Function>,
+    deallocate: Arc<Function>,
     /// The `CallbackMemoryResource` object's.
     covers: Covers,
 }
@@ -117,15 +207,19 @@ struct PyCallbacks {
 impl<S: ?Sized + memres_core::Stream> MemoryResource<S> for PyCallbacks {
     fn allocate(&self, request: Request, _: &S) -> memres_core::Result<Block> {
         in_callback(&self.covers, || {
-            Python::attach(|py| {
-                let result = catching(|| self.allocate.call1(py, (request.size(),)))
+            with_python(|py| {
+                let (Some(allocate), Some(deallocate)) = (self.allocate.get(py), self.deallocate.get(py))
+                else {
+                    return Err(Error::Backend { code: -3, what: CLEARED });
+                };
+                let result = catching(|| allocate.call1(py, (request.size(),)))
                     .map_err(|e| raised(py, e, request.size(), "allocate_func raised"))?;
                 let addr = catching(|| address(result.bind(py)))
                     .map_err(|e| raised(py, e, request.size(), "allocate_func returned no int address"))?;
                 if addr == 0 || addr % request.align() != 0 {
                     if addr != 0 {
                         // Refused, the memory goes back: nobody else would free it.
-                        if let Err(e) = catching(|| self.deallocate.call1(py, (addr, request.size()))) {
+                        if let Err(e) = catching(|| deallocate.call1(py, (addr, request.size()))) {
                             e.print(py);
                         }
                     }
@@ -136,31 +230,39 @@ impl<S: ?Sized + memres_core::Stream> MemoryResource<S> for PyCallbacks {
                 }
                 Ok(Block::new(addr, request.size(), 0))
             })
+            .unwrap_or(Err(FINALIZING))
         })
     }
 
     fn deallocate(&self, block: Block, _: &S) -> memres_core::Result<()> {
         in_callback(&self.covers, || {
-            Python::attach(|py| {
-                catching(|| self.deallocate.call1(py, (block.addr(), block.size())))
+            with_python(|py| {
+                // The block stays live: nothing else could give it back.
+                let deallocate = self.deallocate.get(py).ok_or(Error::Backend { code: -3, what: CLEARED })?;
+                catching(|| deallocate.call1(py, (block.addr(), block.size())))
                     .map(drop)
                     .map_err(|e| raised(py, e, 0, "deallocate_func raised"))
             })
+            .unwrap_or(Err(FINALIZING))
         })
     }
 }
 
 /// Registers `callback` (a leaf) and `on_failure(UP)` for this build's
-/// Python functions, of the resource object of `covers`.
+/// Python functions, of the resource object of `covers`; returns them, for
+/// the object's `__traverse__` and `__clear__`.
 pub(crate) fn register_callbacks(
     builder: &mut StackBuilder<Stream>,
     (allocate, deallocate, on_failure): Callbacks,
     covers: &Covers,
-) {
+) -> Vec<Arc<Function>> {
     if allocate.is_some() || on_failure.is_some() {
         PYTHON_UNDER_STACKS.store(true, Ordering::Relaxed);
     }
+    let mut functions = Vec::new();
     if let (Some(allocate), Some(deallocate)) = (allocate, deallocate) {
+        let (allocate, deallocate) = (Function::new(allocate), Function::new(deallocate));
+        functions.extend([allocate.clone(), deallocate.clone()]);
         let leaf = Arc::new(PyCallbacks { allocate, deallocate, covers: covers.clone() });
         builder.register("callback", move |call, _| {
             call.expect_args(0, &[])?;
@@ -168,24 +270,35 @@ pub(crate) fn register_callbacks(
         });
     }
     if let Some(function) = on_failure {
+        let function = Function::new(function);
+        functions.push(function.clone());
         let function = Arc::new((function, covers.clone()));
         builder.register("on_failure", move |call, cx| {
             call.expect_args(1, &[])?;
             let adaptor = FailureCallback::new(
                 cx.upstream(call, 0)?,
                 function.clone(),
-                |bytes, f: &Arc<(Py<PyAny>, Covers)>| {
+                |bytes, f: &Arc<(Arc<Function>, Covers)>| {
+                    // A callback that raised ends the call: none is asked again.
+                    if FAILURE_RAISED.with(|r| r.borrow().is_some()) {
+                        return false;
+                    }
                     in_callback(&f.1, || {
-                        Python::attach(|py| {
-                            catching(|| f.0.call1(py, (bytes,))?.bind(py).is_truthy()).unwrap_or_else(|e| {
-                                e.print(py);
-                                false
-                            })
+                        with_python(|py| {
+                            let Some(callback) = f.0.get(py) else { return false };
+                            catching(|| callback.call1(py, (bytes,))?.bind(py).is_truthy()).unwrap_or_else(
+                                |e| {
+                                    FAILURE_RAISED.with(|r| *r.borrow_mut() = Some(e));
+                                    false
+                                },
+                            )
                         })
+                        .unwrap_or(false)
                     })
                 },
             );
-            Ok(cx.keep(call, adaptor))
+            Ok(cx.keep(call, UntilRaised(adaptor)))
         });
     }
+    functions
 }

@@ -188,7 +188,16 @@ pub unsafe extern "C" fn memres_py_alloc(size: isize, device: i32, stream: *mut 
         // An empty tensor's: no memory, and nothing failed.
         return std::ptr::null_mut();
     }
-    let failed = |why: String| {
+    let failed = |mut why: String| {
+        // PyTorch raises its own error: a failure callback's exception is
+        // said where Python says one it cannot raise.
+        if let Some(raised) = crate::callback::take_failure_raised() {
+            why = Python::attach(|py| {
+                let said = format!("{why} (the failure callback raised {raised})");
+                raised.write_unraisable(py, None);
+                said
+            });
+        }
         *LAST_ALLOC_ERROR.lock().unwrap_or_else(|p| p.into_inner()) =
             Some(format!("memres_py_alloc({size} bytes, device {device}): {why}"));
         std::ptr::null_mut()

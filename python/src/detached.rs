@@ -9,7 +9,6 @@
 //! reason.
 
 use crate::reentry::{self, Covers};
-use pyo3::prelude::*;
 use std::mem::ManuallyDrop;
 use std::ops::Deref;
 
@@ -49,13 +48,14 @@ impl<T: Send + 'static> Drop for DropDetached<T> {
         // after its `drop`).
         let value = unsafe { ManuallyDrop::take(&mut self.value) };
         let stack = self.stack.take();
+        let drop_it = move || match stack {
+            Some(covers) => reentry::drop_outside_calls(&covers, value),
+            None => drop(value),
+        };
         // A `Py` the value holds is released when the GIL is taken back
-        // (PyO3 defers it): after the rest of the value is gone.
-        Python::attach(|py| {
-            py.detach(move || match stack {
-                Some(covers) => reentry::drop_outside_calls(&covers, value),
-                None => drop(value),
-            })
-        });
+        // (PyO3 defers it): after the rest of the value is gone. While the
+        // interpreter is finalized `drop_it` is dropped unrun, and the value
+        // with it: no thread waits for the GIL then.
+        crate::callback::with_python(|py| py.detach(drop_it));
     }
 }

@@ -33,6 +33,10 @@ pub(crate) fn backend_error(message: String) -> PyErr {
 
 /// `e`, met while doing `what`, as the Python exception of its kind.
 pub(crate) fn to_py(e: Error, what: &str) -> PyErr {
+    // The call's own failure callback raised: that is what it raises, as in RMM.
+    if let Some(raised) = crate::callback::take_failure_raised() {
+        return raised;
+    }
     let message = format!("memres: {what}: {e}");
     match e {
         Error::OutOfMemory { requested, largest_free, pool_size, max_size } => python_error(

@@ -16,6 +16,16 @@
 //! callback runs at the root of its object's stack, after any call into
 //! them returned, so they hold no lock of this thread. A failure callback
 //! may free blocks of its own upstream, and have its retry see the memory.
+//!
+//! A free may go further, as it never runs the callback again: into the
+//! object whose callback runs (its root is the callback's layer, which
+//! holds no lock while the callback runs) and into any object that only
+//! passes calls on ([`Covers::new`]'s `passes_on`: `stats`, `track`,
+//! `log`, `limit`, `on_failure`, none of which holds a lock while it calls
+//! its upstream). So RMM's failure callback, `gc.collect()` and retry,
+//! sees the memory of the buffers it collected, also under
+//! `statistics()`. An allocation there would run the callback again, a
+//! recursion with no end, and stays refused.
 
 use crate::backend::{self, Stream};
 use memres_core::{Block, DynResource, Error, MemoryResource, Request};
@@ -32,20 +42,27 @@ pub(crate) struct Covers {
     own: u64,
     /// Sorted, without repeats; `own` among them.
     all: Arc<[u64]>,
+    /// The objects of `all` whose stacks only pass calls on; sorted.
+    passing_on: Arc<[u64]>,
 }
 
 impl Covers {
-    /// The set of a new resource over `upstreams`.
-    pub(crate) fn new<'a>(upstreams: impl IntoIterator<Item = &'a Covers>) -> Covers {
+    /// The set of a new resource over `upstreams`; `passes_on`: whether
+    /// every layer of its own stack passes each call on to its upstream
+    /// holding no lock meanwhile.
+    pub(crate) fn new<'a>(upstreams: impl IntoIterator<Item = &'a Covers>, passes_on: bool) -> Covers {
         static NEXT: AtomicU64 = AtomicU64::new(0);
         let own = NEXT.fetch_add(1, Ordering::Relaxed);
-        let mut all = vec![own];
+        let (mut all, mut passing_on) = (vec![own], if passes_on { vec![own] } else { vec![] });
         for u in upstreams {
             all.extend_from_slice(&u.all);
+            passing_on.extend_from_slice(&u.passing_on);
         }
-        all.sort_unstable();
-        all.dedup();
-        Covers { own, all: all.into() }
+        for ids in [&mut all, &mut passing_on] {
+            ids.sort_unstable();
+            ids.dedup();
+        }
+        Covers { own, all: all.into(), passing_on: passing_on.into() }
     }
 
     fn contains(&self, id: u64) -> bool {
@@ -56,6 +73,19 @@ impl Covers {
     fn under(&self, id: u64) -> bool {
         id != self.own && self.contains(id)
     }
+
+    fn passes_on(&self, id: u64) -> bool {
+        self.passing_on.binary_search(&id).is_ok()
+    }
+}
+
+/// What a call into a stack does, which decides where it may re-enter.
+#[derive(Clone, Copy, PartialEq)]
+enum Call {
+    /// Takes the stack's locks and may run its callbacks.
+    Allocate,
+    /// Gives a block back: runs no failure callback.
+    Free,
 }
 
 /// A call in progress on this thread.
@@ -71,9 +101,16 @@ impl Frame {
         Frame { covers, callbacks: Vec::new() }
     }
 
-    /// Whether a call into `other` would enter this call's stack.
-    fn meets(&self, other: &Covers) -> bool {
-        let out = |id: u64| !self.callbacks.is_empty() && self.callbacks.iter().all(|c| c.under(id));
+    /// Whether a call into `other` would enter this call's stack where it
+    /// may hold a lock (or, for an allocation, run a callback running now).
+    fn meets(&self, other: &Covers, call: Call) -> bool {
+        let out = |id: u64| {
+            !self.callbacks.is_empty()
+                && match call {
+                    Call::Allocate => self.callbacks.iter().all(|c| c.under(id)),
+                    Call::Free => other.passes_on(id) || self.callbacks.iter().all(|c| c.contains(id)),
+                }
+        };
         other.all.iter().any(|&id| self.covers.contains(id) && !out(id))
     }
 }
@@ -125,13 +162,29 @@ pub(crate) struct Entered {
 /// with Python functions notes every call into it. The calls PyTorch makes
 /// through `memres_py_alloc` stay as cheap as they were.
 pub(crate) fn enter(covers: &Covers) -> Result<Entered, Error> {
+    enter_for(covers, Call::Allocate)
+}
+
+/// Begins a free into the stack of `covers`, as [`enter`] an allocation:
+/// it may also go into what only passes calls on, and into the object
+/// whose callback runs (see the module's doc).
+fn enter_free(covers: &Covers) -> Result<Entered, Error> {
+    enter_for(covers, Call::Free)
+}
+
+fn enter_for(covers: &Covers, call: Call) -> Result<Entered, Error> {
     if !crate::callback::python_under_stacks() {
         return Ok(Entered { noted: false, on_this_thread: PhantomData });
     }
     STATE.with(|s| {
         let mut s = s.borrow_mut();
-        if s.active.iter().any(|a| a.meets(covers)) {
+        if s.active.iter().any(|a| a.meets(covers, call)) {
             return Err(Error::Reentrant);
+        }
+        if s.active.is_empty() {
+            // A new outermost call: an exception of a failure callback left
+            // by a call that recovered from it is no part of this one.
+            drop(crate::callback::take_failure_raised());
         }
         s.active.push(Frame::new(covers.clone()));
         Ok(Entered { noted: true, on_this_thread: PhantomData })
@@ -220,7 +273,7 @@ impl MemoryResource<Stream> for Guarded {
     }
 
     fn deallocate(&self, block: Block, stream: &Stream) -> memres_core::Result<()> {
-        match enter(&self.covers) {
+        match enter_free(&self.covers) {
             Ok(_call) => self.inner.deallocate(block, stream),
             Err(_) => {
                 let (inner, device) = (self.inner.clone(), self.device);

@@ -7,17 +7,19 @@
 //! adaptor wraps the very resource its upstream object is, as in RMM.
 
 use crate::backend::{self, Stream};
-use crate::callback::{register_callbacks, Callbacks};
+use crate::callback::{register_callbacks, Callbacks, Function};
 use crate::detached::DropDetached;
 use crate::errors::{backend_error, stack_to_py, to_py};
 use crate::put_back::PutBack;
 use crate::reentry::{self, Covers, Guarded};
-use memres_core::adaptor::{Logging, Statistics, Tracking};
+use memres_core::adaptor::{Limiting, Logging, Statistics, Tracking};
 use memres_core::planned::{Planned, Steps};
 use memres_core::stack::{parse, Call, ReleaseLayers, StackBuilder, Value};
 use memres_core::{Block, DynResource, Request};
-use pyo3::exceptions::PyValueError;
+use pyo3::exceptions::{PyIndexError, PyValueError};
+use pyo3::gc::PyVisit;
 use pyo3::prelude::*;
+use pyo3::PyTraverseError;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
@@ -55,6 +57,7 @@ pub(crate) struct Parts {
     covers: Covers,
     stats: Option<Arc<Statistics<Dyn>>>,
     track: Option<Arc<Tracking<Dyn>>>,
+    limit: Option<Arc<Limiting<Dyn>>>,
     logs: Vec<Arc<Logging<Dyn>>>,
     /// The layers that keep freed memory (`pool`, `fixed`, `binning`,
     /// `arena`, `vmm`, `vpool`, `async`), given back by `release`.
@@ -66,6 +69,9 @@ pub(crate) struct Parts {
     /// Blocks handed out through `allocate`, by address: a free by pointer
     /// carries the block's tag.
     live: Mutex<HashMap<u64, Block>>,
+    /// The Python functions this object gave its stack (`callback`,
+    /// `on_failure`): the only Python objects it owns alone.
+    functions: Vec<Arc<Function>>,
 }
 
 impl std::ops::Deref for Resource {
@@ -94,6 +100,18 @@ fn sees_the_program(call: &memres_core::stack::Call, name: &str) -> bool {
             _ => return false,
         }
     }
+}
+
+/// Whether every layer of `call` passes each call on to its upstream
+/// holding no lock meanwhile (the adaptors that count, track, log, limit
+/// or call back on failure), down to the upstream objects `upN`.
+fn passes_calls_on(call: &Call) -> bool {
+    let own = matches!(call.name.as_str(), "stats" | "track" | "log" | "limit" | "on_failure")
+        || call.name.strip_prefix("up").is_some_and(|i| i.parse::<usize>().is_ok());
+    own && call.args.iter().all(|a| match &a.value {
+        Value::Call(c) => passes_calls_on(c),
+        Value::Word { .. } => true,
+    })
 }
 
 /// Whether every leaf under `call` is memory with bytes behind it: a leaf
@@ -218,10 +236,8 @@ impl Resource {
                 Ok(r.clone())
             });
         }
-        let covers = Covers::new(upstreams.iter().map(|u| &u.covers));
-        if let Some(cb) = callbacks {
-            register_callbacks(&mut builder, cb, &covers);
-        }
+        let covers = Covers::new(upstreams.iter().map(|u| &u.covers), passes_calls_on(&call));
+        let functions = callbacks.map(|cb| register_callbacks(&mut builder, cb, &covers)).unwrap_or_default();
         let stream = backend::default_stream(device)?;
         // Building may allocate from the upstreams (a pool's initial size).
         let built = py.detach(|| {
@@ -237,6 +253,7 @@ impl Resource {
                 Parts {
                     stats: sees_the_program(&call, "stats").then(|| built.get("stats")).flatten(),
                     track: sees_the_program(&call, "track").then(|| built.get("track")).flatten(),
+                    limit: sees_the_program(&call, "limit").then(|| built.get("limit")).flatten(),
                     logs: built.all("log"),
                     releasing: built.release_layers(),
                     planned: built.all("planned"),
@@ -249,6 +266,7 @@ impl Resource {
                     inner,
                     streams,
                     live: Mutex::new(HashMap::new()),
+                    functions,
                 },
                 covers,
             ),
@@ -256,6 +274,19 @@ impl Resource {
             device,
             stack: text.to_string(),
         })
+    }
+
+    fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
+        self.functions.iter().try_for_each(|f| f.visit(&visit))
+    }
+
+    /// Breaks a cycle through the object's Python functions. The stream
+    /// objects are not the object's alone (its stack outlives it wherever
+    /// something else holds it), so they stay.
+    fn __clear__(&self) {
+        for f in &self.functions {
+            drop(f.take());
+        }
     }
 
     /// Keeps `stream`, the object of handle `handle`, alive as long as the
@@ -350,7 +381,13 @@ impl Resource {
     #[allow(clippy::type_complexity)]
     fn pop_statistics(&self, py: Python<'_>) -> PyResult<((i64, i64, i64), (i64, i64, i64))> {
         let s = self.stats.as_ref().ok_or_else(no_stats)?;
-        let (b, c) = py.detach(|| s.pop_counters()).map_err(|e| to_py(e, "pop_statistics"))?;
+        // RMM's error for a pop of the base level.
+        let (b, c) = py.detach(|| s.pop_counters()).map_err(|e| match e {
+            memres_core::Error::InvalidConfig { what } => {
+                PyIndexError::new_err(format!("memres: pop_statistics: {what}"))
+            }
+            e => to_py(e, "pop_statistics"),
+        })?;
         Ok(((b.value, b.peak, b.total), (c.value, c.peak, c.total)))
     }
 
@@ -362,6 +399,13 @@ impl Resource {
                 (live.count(), live.bytes())
             })
         })
+    }
+
+    /// Bytes charged against the outermost `limit` adaptor's limit (RMM's
+    /// `get_allocated_bytes`: each block rounded up as it counts it),
+    /// `None` where the stack's root is not one.
+    fn limited_bytes(&self) -> Option<u64> {
+        self.limit.as_ref().map(|l| l.get_allocated_bytes())
     }
 
     /// Writes out the buffers of the stack's `log` adaptors.

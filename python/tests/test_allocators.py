@@ -5,6 +5,8 @@ import gc
 import types
 import weakref
 
+import pytest
+
 import memres
 from memres import mr
 from memres.allocators import cupy as memres_cupy
@@ -47,3 +49,11 @@ def test_the_cupy_allocator_keeps_cupys_stream_alive_as_long_as_the_block(monkey
     del p
     gc.collect()
     assert t.get_outstanding_count() == 0
+
+
+def test_the_numba_manager_without_numba_says_what_it_needs():
+    from memres.allocators import numba as memres_numba
+    if memres_numba._NO_NUMBA is None:
+        pytest.skip("Numba is installed here")
+    with pytest.raises(ImportError, match="needs Numba"):
+        memres_numba.MemresNumbaManager()

@@ -40,14 +40,19 @@ def test_new_buffer_is_zeroed_and_resizes_keeping_contents():
     assert buf.capacity() >= 100 and buf.copy_to_host() == b"ab"
 
 
-@pytest.mark.parametrize("bad", [-1, 1.5, "10", True, 1 << 64])
-def test_bad_sizes_are_value_errors_that_leave_the_buffer_as_it_was(bad):
-    with pytest.raises(ValueError, match="size must be an int"):
+# As RMM's `size_t` arguments: no int is a TypeError, one out of range an OverflowError.
+BAD_SIZES = [(-1, OverflowError), (1 << 64, OverflowError), (1.5, TypeError), ("10", TypeError),
+             (True, TypeError)]
+
+
+@pytest.mark.parametrize("bad, error", BAD_SIZES)
+def test_bad_sizes_are_rmms_errors_and_leave_the_buffer_as_it_was(bad, error):
+    with pytest.raises(error, match="size must be an int"):
         memres.DeviceBuffer(size=bad)
     buf = memres.DeviceBuffer.to_device(b"abc")
-    with pytest.raises(ValueError, match="new_size must be an int"):
+    with pytest.raises(error, match="new_size must be an int"):
         buf.resize(bad)
-    with pytest.raises(ValueError, match="new_capacity must be an int"):
+    with pytest.raises(error, match="new_capacity must be an int"):
         buf.reserve(bad)
     assert buf.size == 3 and buf.copy_to_host() == b"abc"
 
@@ -110,12 +115,20 @@ def test_the_cuda_array_interface_names_the_buffers_stream(stream, exported):
 
 
 def test_bad_arguments():
-    with pytest.raises(ValueError):
+    with pytest.raises(OverflowError):
         memres.DeviceBuffer(size=-1)
     with pytest.raises(TypeError):
         memres.DeviceBuffer(size=1, mr="pool")
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="use copy_from_device or to_device"):
         memres.DeviceBuffer(ptr=1234, size=4)
+    # RMM's null pointer: nothing to copy from.
+    assert memres.DeviceBuffer(ptr=0, size=4).size == 4
+    assert memres.DeviceBuffer(size=1000).__sizeof__() == 1000  # as RMM's
+    buf = memres.DeviceBuffer(size=4)
+    assert buf.prefetch(device=-1) is False  # host memory does not migrate
+    for bad in (-2, "0", 1.0):
+        with pytest.raises(ValueError, match="device must be a device number or -1"):
+            buf.prefetch(device=bad)
 
 
 def test_out_of_memory_buffer():

@@ -28,16 +28,16 @@ def test_alloc_and_free_go_to_the_current_resource_and_back_to_their_own():
     first = mr.StatisticsResourceAdaptor(mr.HostMemoryResource())
     mr.set_current_device_resource(first)
     p = so.memres_py_alloc(1000, 0, None)
-    assert p and first.allocation_counts["current_bytes"] == 1000
+    assert p and first.allocation_counts.current_bytes == 1000
     assert _native.sim.c_live_count(0) == 1
     second = mr.StatisticsResourceAdaptor(mr.HostMemoryResource())
     mr.set_current_device_resource(second)
     q = so.memres_py_alloc(10, 0, None)
-    assert second.allocation_counts["current_bytes"] == 10
+    assert second.allocation_counts.current_bytes == 10
     so.memres_py_free(p, 1000, 0, None)  # back to `first`, not the current one
     so.memres_py_free(q, 10, 0, None)
-    assert first.allocation_counts["current_bytes"] == 0
-    assert second.allocation_counts["current_bytes"] == 0
+    assert first.allocation_counts.current_bytes == 0
+    assert second.allocation_counts.current_bytes == 0
     assert _native.sim.c_live_count(0) == 0
 
 
@@ -102,10 +102,10 @@ def test_an_address_live_already_is_refused_and_the_new_block_given_back():
     mr.set_current_device_resource(b)
     assert so.memres_py_alloc(1000, 0, None) is None
     assert "a live address" in _native.sim.last_alloc_error(clear=True)
-    assert b.allocation_counts["current_bytes"] == 0  # given back
-    assert a.allocation_counts["current_bytes"] == 1000 and _native.sim.c_live_count(0) == 1
+    assert b.allocation_counts.current_bytes == 0  # given back
+    assert a.allocation_counts.current_bytes == 1000 and _native.sim.c_live_count(0) == 1
     so.memres_py_free(p, 1000, 0, None)  # to `a`, whose block it is
-    assert a.allocation_counts["current_bytes"] == 0 and _native.sim.c_live_count(0) == 0
+    assert a.allocation_counts.current_bytes == 0 and _native.sim.c_live_count(0) == 0
 
 
 def test_a_free_that_fails_below_leaves_the_block_freeable():
@@ -123,10 +123,10 @@ def test_a_free_that_fails_below_leaves_the_block_freeable():
         p = so.memres_py_alloc(4096, 0, None)
         assert p and _native.sim.c_live_count(0) == 1
         so.memres_py_free(p, 4096, 0, None)  # fails: nothing to tell its caller
-        assert top.allocation_counts["current_count"] == 1  # live in the stack
+        assert top.allocation_counts.current_count == 1  # live in the stack
         assert _native.sim.c_live_count(0) == 1
         so.memres_py_free(p, 4096, 0, None)
-        assert top.allocation_counts["current_count"] == 0 and _native.sim.c_live_count(0) == 0
+        assert top.allocation_counts.current_count == 0 and _native.sim.c_live_count(0) == 0
         print("done")
     """))
 

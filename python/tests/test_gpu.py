@@ -127,7 +127,7 @@ def test_cupy_allocator_and_cuda_array_interface(gpu):
     cupy.cuda.set_allocator(memres_cupy_allocator)
     try:
         a = cupy.arange(1 << 20, dtype=cupy.float32)
-        assert stats.allocation_counts["current_bytes"] >= 4 * MiB
+        assert stats.allocation_counts.current_bytes >= 4 * MiB
         assert float((a * 2).sum()) == float(sum(range(1 << 20)) * 2)
         del a
     finally:

@@ -11,6 +11,7 @@ import pytest
 
 import memres
 from memres import mr
+from test_buffer import BAD_SIZES
 from test_reentry import FREE_PANICS_ONCE, run_child
 
 GiB = 1 << 30
@@ -37,7 +38,7 @@ def test_a_per_stream_pool_tells_what_it_holds_and_gives_it_back():
     # stream held 0 bytes and gave nothing back, whatever it held.
     host = mr.StatisticsResourceAdaptor(mr.HostMemoryResource())
     pool = mr.PoolMemoryResource(host, initial_pool_size=MiB, per_stream=True)
-    held = lambda: host.allocation_counts["current_bytes"]
+    held = lambda: host.allocation_counts.current_bytes
     assert held() == MiB and pool.pool_size() == MiB
     p = pool.allocate(4 * MiB)  # the pool grows
     size = pool.pool_size()
@@ -123,20 +124,20 @@ def test_release_gives_back_what_fixed_binning_and_arena_resources_keep():
         res = make(host)
         p = res.allocate(size)
         res.deallocate(p, size)
-        held = host.allocation_counts["current_bytes"]
+        held = host.allocation_counts.current_bytes
         assert held > 0, res.stack
         assert res.release() == held, res.stack
-        assert host.allocation_counts["current_bytes"] == 0, res.stack
+        assert host.allocation_counts.current_bytes == 0, res.stack
 
 
 def test_an_adaptor_wraps_the_same_upstream_object():
     stats = mr.StatisticsResourceAdaptor(mr.SimulatedMemoryResource(GiB))
     pool = mr.PoolMemoryResource(stats, initial_pool_size=2 * MiB)
     # The pool's initial chunk came through the very adaptor we hold.
-    assert stats.allocation_counts["current_bytes"] == 2 * MiB
+    assert stats.allocation_counts.current_bytes == 2 * MiB
     assert pool.upstream_mr is stats and pool.get_upstream() is stats
     p = stats.allocate(4096)
-    assert stats.allocation_counts["current_count"] == 2
+    assert stats.allocation_counts.current_count == 2
     stats.deallocate(p, 4096)
     assert "up0" in pool.stack
 
@@ -167,34 +168,44 @@ def test_a_free_that_fails_below_leaves_the_block_freeable():
             raise SystemExit("freed")
         except memres.MemresError as e:
             assert isinstance(e.__cause__, PE), e.__cause__
-        assert top.allocation_counts["current_count"] == 1  # live in the stack
+        assert top.allocation_counts.current_count == 1  # live in the stack
         assert top._native.live_count() == 1
         top.deallocate(p, 4096)
-        assert top.allocation_counts["current_count"] == 0 and top._native.live_count() == 0
+        assert top.allocation_counts.current_count == 0 and top._native.live_count() == 0
         print("done")
     """))
 
 
-@pytest.mark.parametrize("bad", [-1, 1.5, "10", True, 1 << 64])
-def test_bad_sizes_are_value_errors(bad):
+@pytest.mark.parametrize("bad, error", BAD_SIZES)
+def test_bad_sizes_are_rmms_errors(bad, error):
     pool = sim_pool()
-    with pytest.raises(ValueError, match="nbytes must be an int"):
+    with pytest.raises(error, match="nbytes must be an int"):
         pool.allocate(bad)
     p = pool.allocate(1000)
-    with pytest.raises(ValueError, match="nbytes must be an int"):
+    with pytest.raises(error, match="nbytes must be an int"):
         pool.deallocate(p, bad)
-    with pytest.raises(ValueError, match="ptr must be an int"):
+    with pytest.raises(error, match="ptr must be an int"):
         pool.deallocate(bad, 1000)
     pool.deallocate(p, 1000)
     assert pool._native.live_count() == 0
 
 
-@pytest.mark.parametrize("bad", [-1, 1.5, "10", True, 1 << 64])
-def test_bad_configuration_sizes_are_value_errors_naming_the_argument(bad):
-    with pytest.raises(ValueError, match="initial_pool_size must be an int"):
+@pytest.mark.parametrize("bad, error", [(b, e) for b, e in BAD_SIZES if not isinstance(b, str)]
+                         + [("ten", ValueError), ("1 GiBB", ValueError), ("-1", ValueError)])
+def test_bad_configuration_sizes_are_errors_naming_the_argument(bad, error):
+    with pytest.raises(error, match="initial_pool_size"):
         mr.PoolMemoryResource(mr.SimulatedMemoryResource(GiB), initial_pool_size=bad)
-    with pytest.raises(ValueError, match="allocation_limit must be an int"):
+    with pytest.raises(error, match="allocation_limit"):
         mr.LimitingResourceAdaptor(sim_pool(), allocation_limit=bad)
+
+
+def test_configuration_sizes_may_be_strings_as_in_rmm():
+    pool = mr.PoolMemoryResource(mr.SimulatedMemoryResource("2 GiB"), initial_pool_size="32MiB",
+                                 maximum_pool_size="1.5 GiB")
+    assert pool.pool_size() == 32 * MiB
+    assert mr.LimitingResourceAdaptor(pool, "500MB").get_allocation_limit() == 500 * 1000 ** 2
+    memres.reinitialize(pool_allocator=True, initial_pool_size="4 MiB")
+    assert mr.get_current_device_resource().pool_size() == 4 * MiB
 
 
 def test_out_of_memory_is_a_memory_error_with_the_figures():
@@ -217,7 +228,12 @@ def test_limiting_adaptor_reports_its_limit():
     with pytest.raises(memres.OutOfMemory) as e:
         lim.allocate(MiB)
     assert (e.value.requested, e.value.used, e.value.limit) == (MiB, MiB // 2, MiB)
+    assert lim.get_allocated_bytes() == MiB // 2
+    q = lim.allocate(100)
+    assert lim.get_allocated_bytes() == MiB // 2 + 256  # each block rounded up, as RMM's
     lim.deallocate(p, MiB // 2)
+    lim.deallocate(q, 100)
+    assert lim.get_allocated_bytes() == 0
 
 
 def test_failure_callback_is_asked_and_retries():
@@ -238,6 +254,113 @@ def test_failure_callback_is_asked_and_retries():
     fc.deallocate(p, 4096)
     with pytest.raises(TypeError):
         mr.FailureCallbackResourceAdaptor(lim, 42)
+
+
+@pytest.mark.parametrize("error", [RuntimeError, KeyboardInterrupt])
+def test_what_a_failure_callback_raises_is_what_the_allocation_raises(error):
+    # RMM's rule (its test_failure_callback_resource_adaptor_error): the
+    # exception ends the call, however the stack above would recover (a
+    # pool over the adaptor tries a smaller growth after a failed one), and
+    # no other failure callback is asked; Ctrl-C is never a MemoryError.
+    asked, outer_asked = [], []
+
+    def on_failure(nbytes):
+        asked.append(nbytes)
+        raise error("from the callback")
+
+    lim = mr.LimitingResourceAdaptor(mr.SimulatedMemoryResource(GiB), allocation_limit=4 * MiB)
+    inner = mr.FailureCallbackResourceAdaptor(lim, on_failure)
+    pool = mr.PoolMemoryResource(inner)
+    outer = mr.StatisticsResourceAdaptor(
+        mr.FailureCallbackResourceAdaptor(pool, lambda n: outer_asked.append(n) or False))
+    with pytest.raises(error, match="from the callback"):
+        outer.allocate(4096)
+    assert len(asked) == 1 and outer_asked == []
+    assert outer.allocation_counts.current_bytes == 0 and pool.pool_size() == 0
+    # The next call is its own: without a failure the pool serves it, and
+    # a failure with a callback that declines is out of memory.
+    inner_ok = mr.FailureCallbackResourceAdaptor(lim, lambda n: False)
+    p = inner_ok.allocate(MiB)
+    with pytest.raises(memres.OutOfMemory):
+        inner_ok.allocate(8 * MiB)
+    inner_ok.deallocate(p, MiB)
+
+
+def test_a_failure_callback_that_collects_garbage_retries_into_the_memory_it_freed():
+    # RMM's usual failure callback. The garbage holds buffers of the very
+    # adaptor and of a statistics adaptor over it: neither holds a lock
+    # while the callback runs, so their frees are applied at once and the
+    # retry finds the memory.
+    pool = mr.PoolMemoryResource(mr.HostMemoryResource(), initial_pool_size=8192, maximum_pool_size=8192)
+    calls = []
+
+    def on_failure(nbytes):
+        calls.append(nbytes)
+        gc.collect()
+        return len(calls) < 3
+
+    fc = mr.FailureCallbackResourceAdaptor(pool, on_failure)
+    top = mr.StatisticsResourceAdaptor(fc)
+
+    class Cycle:
+        def __init__(self, resource):
+            self.buf = memres.DeviceBuffer(size=4096, mr=resource)
+            self.me = self
+
+    gc.disable()
+    try:
+        Cycle(fc), Cycle(top)
+        b = memres.DeviceBuffer(size=8192, mr=top)
+    finally:
+        gc.enable()
+    assert len(calls) == 1
+    assert top.allocation_counts.current_bytes == 8192 and top.allocation_counts.current_count == 1
+    del b
+    assert top.allocation_counts.current_bytes == 0
+
+
+def test_a_cycle_through_a_resources_python_function_is_collected_and_its_memory_given_back():
+    host = mr.StatisticsResourceAdaptor(mr.HostMemoryResource())
+
+    class Service:
+        def __init__(self):
+            self.mr = mr.FailureCallbackResourceAdaptor(
+                mr.PoolMemoryResource(host, initial_pool_size=MiB), self.on_failure)
+            self.cb = mr.CallbackMemoryResource(self.alloc, self.free, backend="sim")
+
+        def on_failure(self, nbytes):
+            return False
+
+        def alloc(self, nbytes):
+            return 1 << 40
+
+        def free(self, ptr, nbytes):
+            pass
+
+    import weakref
+    s = Service()
+    alive = weakref.ref(s)
+    assert host.allocation_counts.current_bytes == MiB
+    del s
+    gc.collect()
+    assert alive() is None
+    assert host.allocation_counts.current_bytes == 0
+
+
+def test_a_pool_over_python_functions_alive_at_exit_ends_without_a_panic():
+    # Dropped while the interpreter is finalized, the pool's chunks cannot
+    # go back to the Python function: the process is ending. PyO3 panicked.
+    out = subprocess.run([sys.executable, "-c", textwrap.dedent("""
+        from memres import mr
+        cb = mr.CallbackMemoryResource(lambda n: 1 << 40, lambda p, n: None, backend="sim")
+        pool = mr.PoolMemoryResource(cb, initial_pool_size=1 << 20)
+        p = pool.allocate(100)
+        def keep(resource):
+            raise ValueError("uncaught, its frame keeps the pool until the end")
+        keep(pool)
+    """)], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 1, out.stderr
+    assert "ValueError: uncaught" in out.stderr and "panicked" not in out.stderr, out.stderr
 
 
 def test_callback_resource_calls_python():
@@ -354,9 +477,9 @@ def test_an_address_handed_out_while_live_is_refused_and_given_back():
     assert freed == [(1 << 40, 200)]  # the new block went back
     assert top._native.live_count() == 1
     counts = top.allocation_counts
-    assert counts["current_count"] == 1 and counts["current_bytes"] == 100, counts
+    assert counts.current_count == 1 and counts.current_bytes == 100, counts
     top.deallocate(p, 100)  # the older block is still freeable
-    assert top.allocation_counts["current_bytes"] == 0 and top._native.live_count() == 0
+    assert top.allocation_counts.current_bytes == 0 and top._native.live_count() == 0
 
 
 def test_every_algorithm_and_the_tracking_adaptor():
@@ -511,6 +634,50 @@ def test_reinitialize_logs_each_device_to_its_own_file_named_as_rmm(tmp_path, mo
         lines = (tmp_path / f"x.dev{device}.csv").read_text().splitlines()
         assert len(lines) == 3 and all(f",{nbytes}," in line for line in lines[1:]), lines
     assert not path.exists()
+
+
+def test_enable_and_disable_logging_over_each_devices_resource_as_rmm(tmp_path):
+    pool = sim_pool()
+    mr.set_current_device_resource(pool)
+    assert memres.get_log_filenames() == {0: None}
+    memres.enable_logging(log_file_name=tmp_path / "log.csv")
+    memres.enable_logging(log_file_name=tmp_path / "other.csv")  # once is enough
+    logged = mr.get_current_device_resource()
+    assert isinstance(logged, mr.LoggingResourceAdaptor) and logged.upstream_mr is pool
+    assert memres.get_log_filenames() == {0: str(tmp_path / "log.csv")}
+    logged.deallocate(logged.allocate(1000), 1000)
+    memres.disable_logging()
+    assert mr.get_current_device_resource() is pool and memres.get_log_filenames() == {0: None}
+    lines = (tmp_path / "log.csv").read_text().splitlines()
+    assert [line.split(",")[2] for line in lines[1:]] == ["allocate", "free"]
+
+
+def test_reinitialize_runs_the_hooks_last_registered_first():
+    ran = []
+    first = memres.register_reinitialize_hook(ran.append, "first")
+    memres.register_reinitialize_hook(lambda: ran.append("second"))
+    try:
+        memres.reinitialize()
+        assert ran == ["second", "first"] and first == ran.append
+        memres.unregister_reinitialize_hook(ran.append)
+        memres.reinitialize()
+        assert ran == ["second", "first", "second"]
+    finally:
+        memres._reinitialize_hooks.clear()
+
+
+@pytest.mark.parametrize("bad", [-1, True, "0", 1.0])
+def test_a_device_that_is_no_device_number_is_a_value_error_naming_it(bad):
+    for call in (lambda: mr.get_per_device_resource(bad), lambda: mr.set_per_device_resource(bad, sim_pool()),
+                 lambda: memres.reinitialize(devices=bad), lambda: memres.reinitialize(devices=[0, bad])):
+        with pytest.raises(ValueError, match="is not a device id"):
+            call()
+    assert mr.get_per_device_resource_type(0) in (mr.CudaMemoryResource, mr.HostMemoryResource)
+
+
+def test_an_unknown_backend_is_a_value_error():
+    with pytest.raises(ValueError, match="backend 'xx'"):
+        mr.StackMemoryResource("host", backend="xx")
 
 
 def test_logs_are_complete_when_the_interpreter_exits(tmp_path):

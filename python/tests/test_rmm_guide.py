@@ -68,6 +68,14 @@ def test_prefetching_to_a_device_on_a_stream(gpu):
     assert buf.prefetch(device=0, stream=stream) is True  # the guide's device=3 needs four GPUs
 
 
+def test_prefetching_to_the_host_with_rmms_cpu_device_id(gpu):
+    rmm.reinitialize(managed_memory=True)
+    buf = rmm.DeviceBuffer.to_device(b"host side")
+    assert buf.prefetch(device=-1) is True  # cudaCpuDeviceId
+    assert buf.tobytes() == b"host side"
+    assert buf.prefetch(device=0) is True
+
+
 def test_prefetching_memory_that_does_not_migrate_does_nothing(gpu):
     buf = rmm.DeviceBuffer(size=100, mr=rmm.mr.CudaMemoryResource())
     assert buf.prefetch() is False

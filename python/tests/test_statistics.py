@@ -40,8 +40,11 @@ def test_push_and_pop(pool):
     assert popped.peak_bytes == 50 and popped.total_count == 1
     assert statistics.get_statistics().current_bytes == 150
     del a, b
-    with pytest.raises(ValueError):
+    with pytest.raises(IndexError, match="no pushed level"):  # RMM's error
         statistics.pop_statistics()
+    with pytest.raises(IndexError):
+        mr.get_current_device_resource().pop_counters()
+    assert statistics.get_statistics().current_bytes == 0  # and the base level counts on
 
 
 def test_context_manager_counts_a_block_and_restores_the_resource(pool):
@@ -52,7 +55,40 @@ def test_context_manager_counts_a_block_and_restores_the_resource(pool):
     assert mr.get_current_device_resource() is pool
 
 
+def test_a_resource_changed_inside_a_statistics_block_is_a_value_error_at_its_end(pool):
+    other = mr.PoolMemoryResource(mr.HostMemoryResource())
+    with pytest.raises(ValueError, match="changed inside a statistics"):
+        with statistics.statistics():
+            mr.set_current_device_resource(other)
+    assert mr.get_current_device_resource() is other  # as RMM: the change stays
+
+
+def test_the_profiler_records_only_while_statistics_are_on_as_rmms(pool):
+    records = statistics.ProfilerRecords()
+
+    @statistics.profiler(records=records, name="named")
+    def f():
+        return memres.DeviceBuffer(size=64).size
+
+    f()
+    with statistics.profiler(records=records, name="block"):
+        memres.DeviceBuffer(size=10)
+    assert records.records == {}
+    assert "No data: were statistics on?" in records.report()
+    with statistics.statistics():
+        f()
+    assert list(records.records) == ["named"]  # the name given, not the function's
+    assert records.records["named"] == statistics.ProfilerRecords.Data(1, 64, 64)
+    # A function whose source cannot be read is named by name= alone.
+    namespace = {"memres": memres}
+    exec("def g():\n    return memres.DeviceBuffer(size=8)", namespace)
+    with statistics.statistics():
+        statistics.profiler(records=records, name="g")(namespace["g"])()
+    assert records.records["g"].memory_total == 8
+
+
 def test_profiler_report(pool):
+    statistics.enable_statistics()
     records = statistics.ProfilerRecords()
 
     @statistics.profiler(records=records)
@@ -64,7 +100,8 @@ def test_profiler_report(pool):
     with statistics.profiler(records=records, name="block"):
         memres.DeviceBuffer(size=10)
     recs = records.records
-    name = next(n for n in recs if "(f)" in n or n.endswith("f)"))
+    name = statistics.get_descriptive_name_of_object(f)
+    assert name.endswith("test_statistics.py:" + name.split(":")[-1]) and name.endswith("(test_profiler_report.<locals>.f)")
     assert recs[name].num_calls == 2 and recs[name].memory_total == 8192
     assert recs[name].memory_peak == 4096
     assert recs["block"].memory_total == 10

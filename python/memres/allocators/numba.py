@@ -13,9 +13,13 @@ from .._buffer import DeviceBuffer
 
 try:
     from numba.cuda import HostOnlyCUDAMemoryManager, MemoryPointer
-except ImportError:
+    _NO_NUMBA = None
+except ImportError as e:
+    # The module imports without Numba (`memres.allocators` lists it);
+    # the manager is what needs it.
     HostOnlyCUDAMemoryManager = object
     MemoryPointer = None
+    _NO_NUMBA = e
 
 
 class MemresNumbaManager(HostOnlyCUDAMemoryManager):
@@ -23,6 +27,9 @@ class MemresNumbaManager(HostOnlyCUDAMemoryManager):
     Numba's own."""
 
     def __init__(self, *args, **kwargs):
+        if _NO_NUMBA is not None:
+            raise ImportError(f"memres: MemresNumbaManager needs Numba's CUDA target "
+                              f"(numba.cuda): {_NO_NUMBA}")
         super().__init__(*args, **kwargs)
         self._buffers = {}
 
