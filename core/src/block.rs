@@ -76,10 +76,13 @@ impl Block {
         Block { tag, ..self }
     }
 
-    /// Whether this is the answer to a zero-byte request.
+    /// Whether this is the answer to a zero-byte request: no address and
+    /// no bytes. A block of zero bytes at an address is none: no resource
+    /// hands one out, so a free of one names a block with a wrong size (or
+    /// none), an error.
     #[inline]
     pub const fn is_empty(&self) -> bool {
-        self.size == 0
+        self.size == 0 && self.addr == 0
     }
 
     /// The addresses the block covers (its requested size).
