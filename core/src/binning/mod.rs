@@ -518,6 +518,11 @@ where
             Some(i) => self.bins[i].allocate(request, stream),
             None => {
                 let block = self.upstream.allocate(request, stream)?;
+                if let Err(e) = block.upstream_range(request.size()) {
+                    // Handed out whole as the request's block: it must hold it.
+                    let _ = self.upstream.deallocate(block, stream);
+                    return Err(e);
+                }
                 let footprint = request.rounded_size(256);
                 self.large.add(footprint);
                 if let Some(stale) = self.large_live.with(|m| m.insert(block.addr(), footprint)) {

@@ -110,3 +110,12 @@ mod live_ranges {
         assert!(live.is_empty());
     }
 }
+
+#[test]
+fn binning_gives_a_short_large_block_back() {
+    // No bins: every size takes the large path, straight to the upstream.
+    let up = Halving::default();
+    let binning = crate::binning::BinningResource::<_, ()>::new(&up);
+    assert_eq!(binning.allocate(Request::new(1 << 20).unwrap(), &()), Err(SHORT));
+    assert_eq!((up.live.load(Relaxed), binning.usage().used), (0, 0));
+}
