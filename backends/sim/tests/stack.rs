@@ -95,7 +95,7 @@ fn errors_name_the_position() {
         (
             "pool(sim, growth=0)",
             17,
-            StackErrorKind::BadValue("growth `0`: double, default or a divisor > 0".into()),
+            StackErrorKind::BadValue("growth `0`: double, default or a divisor from 1 to 4294967295".into()),
         ),
         (
             "pool(sim, initial=1000)",
@@ -121,6 +121,20 @@ fn errors_name_the_position() {
         ),
         ("log(sim)", 0, StackErrorKind::MissingArg("file=")),
         ("stats(pool(sim)", 15, StackErrorKind::Expected("`,` or `)`")),
+        ("pool(sim, initial=)", 18, StackErrorKind::Expected("a value after `=`")),
+        ("pool(sim, initial= , max=1G)", 19, StackErrorKind::Expected("a value after `=`")),
+        (
+            "pool(sim, growth=4294967296)",
+            17,
+            StackErrorKind::BadValue(
+                "growth `4294967296`: double, default or a divisor from 1 to 4294967295".into(),
+            ),
+        ),
+        (
+            "binning(sim, min_bin=1MiB, max_bin=4KiB)",
+            21,
+            StackErrorKind::BadValue("min_bin 1048576 above max_bin 4096".into()),
+        ),
     ];
     for (text, pos, kind) in cases {
         let e = build_err(text);
@@ -130,6 +144,10 @@ fn errors_name_the_position() {
     assert_eq!(e.pos, 14);
     assert!(matches!(&e.kind, StackErrorKind::Io(m) if m.contains("/nonexistent-dir/x/y.csv")), "{e}");
     assert_eq!(build_err("stats(slab(sim))").to_string(), "at byte 6: unknown resource `slab`");
+    assert_eq!(
+        build_err("stream(pool(sim))").to_string(),
+        "at byte 0: unknown resource `stream` (a builder has it once `register_stream_layer` added it)"
+    );
 }
 
 /// The simulated device's space is 64 TiB: a capacity above it is refused
@@ -279,7 +297,7 @@ fn pool_granule_and_release_apply() {
         ("pool(sim, granule=3000)", 18, "granule 3000: a power of two of at least 256"),
         ("pool(sim, granule=128)", 18, "granule 128: a power of two of at least 256"),
         ("pool(sim, growth=double, granule=1MiB)", 33, "granule= sizes fractional growth, not growth=double"),
-        ("pool(sim, release=no)", 18, "release `no`: true or false"),
+        ("pool(sim, release=no)", 18, "release `no`: true, false or peak"),
     ] {
         let e = build_err(text);
         assert_eq!((e.pos, e.kind), (pos, StackErrorKind::BadValue(what.into())), "{text}");
@@ -342,7 +360,7 @@ fn new_resources_keep_typed_handles_and_route_as_configured() {
 fn new_resources_reject_bad_arguments_where_they_are() {
     for (text, pos) in [
         ("binning(sim, min_bin=x)", 21),
-        ("binning(sim, min_bin=4MiB, max_bin=256KiB)", 0),
+        ("binning(sim, min_bin=4MiB, max_bin=256KiB)", 21),
         ("fixed(sim, size=lots)", 16),
         ("fixed(sim, 1MiB, size=1MiB)", 22),
         ("vpool(pool(sim))", 6),

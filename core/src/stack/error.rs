@@ -77,6 +77,12 @@ impl fmt::Display for StackErrorKind {
             StackErrorKind::BadSize(t) => {
                 write!(f, "bad size `{t}` (a number with B, K, KiB, KB, M, MiB, MB, G, GiB, GB, T, TiB or TB, any case)")
             }
+            StackErrorKind::UnknownName(n) if n == "stream" => {
+                write!(
+                    f,
+                    "unknown resource `stream` (a builder has it once `register_stream_layer` added it)"
+                )
+            }
             StackErrorKind::UnknownName(n) => write!(f, "unknown resource `{n}`"),
             StackErrorKind::UnknownKey(k) => write!(f, "unknown key `{k}`"),
             StackErrorKind::DuplicateKey(k) => write!(f, "key `{k}` given twice"),

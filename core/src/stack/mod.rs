@@ -40,9 +40,10 @@
 //!
 //! # The names
 //!
-//! [`StackBuilder::new`] knows the core's resources and adaptors; backends
-//! register their leaves, and any resource joins with one
-//! [`StackBuilder::register`] call.
+//! [`StackBuilder::new`] knows the core's resources and adaptors but
+//! `stream`, which [`StackBuilder::register_stream_layer`] adds for stream
+//! types that clone; backends register their leaves, and any resource
+//! joins with one [`StackBuilder::register`] call.
 //!
 //! | name | arguments | resource |
 //! | --- | --- | --- |

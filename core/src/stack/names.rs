@@ -182,7 +182,10 @@ pub fn pool_config(call: &Call) -> Result<PoolConfig, StackError> {
             _ => {
                 return Err(StackError::new(
                     pos,
-                    StackErrorKind::BadValue(format!("growth `{text}`: double, default or a divisor > 0")),
+                    StackErrorKind::BadValue(format!(
+                        "growth `{text}`: double, default or a divisor from 1 to {}",
+                        u32::MAX
+                    )),
                 ))
             }
         },
@@ -192,7 +195,18 @@ pub fn pool_config(call: &Call) -> Result<PoolConfig, StackError> {
         Some(v) if v.text().ok() == Some("peak") => {
             config = config.release_on_grow(true).keep_under_peak(true)
         }
-        Some(_) => config = config.release_on_grow(call.bool_arg("release")?.unwrap_or(true)),
+        Some(v) => {
+            let on = call.bool_arg("release").map_err(|_| {
+                StackError::new(
+                    v.pos(),
+                    StackErrorKind::BadValue(format!(
+                        "release `{}`: true, false or peak",
+                        v.text().unwrap_or("")
+                    )),
+                )
+            })?;
+            config = config.release_on_grow(on.unwrap_or(true))
+        }
         None => {}
     }
     match call.keyed("large") {
@@ -330,7 +344,16 @@ pub fn binning_exponents(call: &Call) -> Result<(u32, u32), StackError> {
             )),
         }
     };
-    Ok((exponent("min_bin", 18)?, exponent("max_bin", 22)?))
+    let (min, max) = (exponent("min_bin", 18)?, exponent("max_bin", 22)?);
+    if min > max {
+        // Said here in the text's terms: `with_exponents` speaks of exponents.
+        let pos = call.keyed("min_bin").or(call.keyed("max_bin")).map_or(call.pos, |v| v.pos());
+        return Err(StackError::new(
+            pos,
+            StackErrorKind::BadValue(format!("min_bin {} above max_bin {}", 1u64 << min, 1u64 << max)),
+        ));
+    }
+    Ok((min, max))
 }
 
 /// The configuration of `arena(UP, initial=, max=, superblock=)`.

@@ -189,6 +189,10 @@ impl<'a> Parser<'a> {
                 }
                 let key = word.to_string();
                 self.at += 1;
+                self.skip_ws();
+                if matches!(self.peek(), Some(b',' | b')') | None) {
+                    return Err(StackError::new(self.at, StackErrorKind::Expected("a value after `=`")));
+                }
                 Arg { key: Some(key), key_pos, value: self.value()? }
             } else {
                 self.at = save;

@@ -44,7 +44,7 @@ fn malformed_strings_name_the_position() {
         ("stats(sim) x", 11, StackErrorKind::TrailingInput),
         ("stats(,sim)", 6, StackErrorKind::EmptyName),
         ("stats(sim,)", 10, StackErrorKind::EmptyName),
-        ("pool(sim, max=)", 14, StackErrorKind::EmptyName),
+        ("pool(sim, max=)", 14, StackErrorKind::Expected("a value after `=`")),
         ("pool(sim, =4G)", 10, StackErrorKind::EmptyName),
         ("pool(sim max=4G)", 9, StackErrorKind::Expected("`,` or `)`")),
         ("4G(sim)", 0, StackErrorKind::Expected("a resource name before `(`")),
