@@ -3,6 +3,7 @@ always there) and ``_cuda`` (the CUDA backend), loaded only when a CUDA
 resource is first made, because it needs the driver library
 (``libcuda.so.1``) to load at all."""
 
+import atexit
 import os
 
 from . import _memres
@@ -11,6 +12,17 @@ from ._errors import CudaUnavailable
 sim = _memres
 _cuda = None
 _cuda_error = None
+
+
+@atexit.register
+def _at_exit():
+    """Before finalization: no memres call gives the GIL up any more, and
+    those that did are waited for, so that no thread takes it back inside
+    one (CPython ends such a thread mid-call, which aborted the process).
+    Registered first, so it runs after every other exit handler."""
+    sim.at_exit()
+    if _cuda is not None:
+        _cuda.at_exit()
 
 
 def cuda():

@@ -175,12 +175,11 @@ impl Buffer {
         // contract: "Streams at the boundary" in lib.rs).
         let s = unsafe { backend::stream(stream, mr.device)? };
         let engine = backend::engine(mr.device)?;
-        let inner = py
-            .detach(|| match data {
-                Some(bytes) => Inner::from_slice_in(bytes, s, resource, engine),
-                None => Inner::new_in(size, s, resource, engine),
-            })
-            .map_err(|e| container_error(e, "DeviceBuffer"))?;
+        let inner = crate::gil::detach(py, || match data {
+            Some(bytes) => Inner::from_slice_in(bytes, s, resource, engine),
+            None => Inner::new_in(size, s, resource, engine),
+        })
+        .map_err(|e| container_error(e, "DeviceBuffer"))?;
         Ok(Buffer { inner: DropDetached::new(Shared::new(inner)) })
     }
 
@@ -200,15 +199,16 @@ impl Buffer {
 
     /// The bytes, copied to the host (waits for the stream).
     fn copy_to_host<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyBytes>> {
-        let v = py
-            .detach(|| self.lock("copy_to_host")?.to_vec().map_err(|e| container_error(e, "copy_to_host")))?;
+        let v = crate::gil::detach(py, || {
+            self.lock("copy_to_host")?.to_vec().map_err(|e| container_error(e, "copy_to_host"))
+        })?;
         Ok(PyBytes::new(py, &v))
     }
 
     /// Writes `data` at `offset`.
     #[pyo3(signature = (data, offset=0))]
     fn copy_from_host(&self, py: Python<'_>, data: &[u8], offset: u64) -> PyResult<()> {
-        py.detach(|| {
+        crate::gil::detach(py, || {
             self.lock("copy_from_host")?.write(offset, data).map_err(|e| container_error(e, "copy_from_host"))
         })
     }
@@ -223,7 +223,7 @@ impl Buffer {
             return Ok(());
         }
         let src: &Buffer = &src;
-        py.detach(|| {
+        crate::gil::detach(py, || {
             let (dst, src) = if std::ptr::from_ref(self) < std::ptr::from_ref(src) {
                 let dst = self.lock("copy_from_device")?;
                 (dst, src.lock("copy_from_device")?)
@@ -262,7 +262,7 @@ impl Buffer {
         // SAFETY: a handle of the package's Python layer (the module's
         // contract: "Streams at the boundary" in lib.rs).
         let other = stream.map(|h| unsafe { backend::stream(h, device) }).transpose()?;
-        py.detach(|| {
+        crate::gil::detach(py, || {
             let b = self.lock("prefetch")?;
             if b.is_empty() {
                 return Ok(false);
@@ -273,11 +273,13 @@ impl Buffer {
 
     /// Sets the size (new bytes are zeros); may move the buffer.
     fn resize(&self, py: Python<'_>, size: u64) -> PyResult<()> {
-        py.detach(|| self.lock("resize")?.resize(size).map_err(|e| container_error(e, "resize")))
+        crate::gil::detach(py, || self.lock("resize")?.resize(size).map_err(|e| container_error(e, "resize")))
     }
 
     /// Capacity for at least `capacity` bytes; may move the buffer.
     fn reserve(&self, py: Python<'_>, capacity: u64) -> PyResult<()> {
-        py.detach(|| self.lock("reserve")?.reserve(capacity).map_err(|e| container_error(e, "reserve")))
+        crate::gil::detach(py, || {
+            self.lock("reserve")?.reserve(capacity).map_err(|e| container_error(e, "reserve"))
+        })
     }
 }

@@ -34,7 +34,7 @@ pub(crate) fn set_per_device_resource(py: Python<'_>, device: u32, mr: PyRef<'_,
     // With the GIL released: the registry's lock may be held by a thread
     // that builds a device's default resource, and the resource replaced
     // is dropped here.
-    py.detach(|| memres_core::device::set_per_device_resource::<Stream>(device, resource));
+    crate::gil::detach(py, || memres_core::device::set_per_device_resource::<Stream>(device, resource));
 }
 
 /// Registers [`default_resource`] as the default of devices nobody set a
@@ -61,7 +61,7 @@ fn default_resource(device: u32) -> memres_core::Result<DynResource<Stream>> {
 /// Blocks handed out by `memres_py_alloc` on `device` and not yet freed.
 #[pyfunction]
 pub(crate) fn c_live_count(py: Python<'_>, device: usize) -> usize {
-    py.detach(|| live(device).map_or(0, |l| l.lock().unwrap_or_else(|p| p.into_inner()).len()))
+    crate::gil::detach(py, || live(device).map_or(0, |l| l.lock().unwrap_or_else(|p| p.into_inner()).len()))
 }
 
 /// Bytes held from `device` by every leaf this module built, and reserved
@@ -86,7 +86,7 @@ static LAST_ALLOC_ERROR: Mutex<Option<String>> = Mutex::new(None);
 #[pyfunction]
 #[pyo3(signature = (clear=false))]
 pub(crate) fn last_alloc_error(py: Python<'_>, clear: bool) -> Option<String> {
-    py.detach(|| {
+    crate::gil::detach(py, || {
         let mut last = LAST_ALLOC_ERROR.lock().unwrap_or_else(|p| p.into_inner());
         if clear {
             last.take()
@@ -169,7 +169,7 @@ fn without_gil<T: Send>(f: impl FnOnce() -> T + Send) -> T {
     // thread at any time; this library is loaded by the interpreter that
     // defines it.
     if crate::callback::python_under_stacks() && unsafe { PyGILState_Check() } == 1 {
-        Python::attach(|py| py.detach(f))
+        Python::attach(|py| crate::gil::detach(py, f))
     } else {
         f()
     }

@@ -29,6 +29,7 @@ mod callback;
 pub mod current;
 mod detached;
 mod errors;
+mod gil;
 mod put_back;
 mod reentry;
 mod resource;
@@ -59,6 +60,7 @@ fn native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(snapshot::record, m)?)?;
     m.add_function(wrap_pyfunction!(snapshot::snapshot, m)?)?;
     m.add_function(wrap_pyfunction!(log_file_of_device, m)?)?;
+    m.add_function(wrap_pyfunction!(gil::at_exit, m)?)?;
     current::install_default();
     Ok(())
 }

@@ -240,7 +240,7 @@ impl Resource {
         let functions = callbacks.map(|cb| register_callbacks(&mut builder, cb, &covers)).unwrap_or_default();
         let stream = backend::default_stream(device)?;
         // Building may allocate from the upstreams (a pool's initial size).
-        let built = py.detach(|| {
+        let built = crate::gil::detach(py, || {
             let _call = reentry::enter(&covers).map_err(|e| to_py(e, &format!("stack `{text}`")))?;
             builder.build_call_with_handles(&call, &stream).map_err(|e| stack_to_py(e, text))
         })?;
@@ -312,13 +312,12 @@ impl Resource {
         // SAFETY: a handle of the package's Python layer (the module's contract:
         // "Streams at the boundary" in lib.rs).
         let s = unsafe { backend::stream(stream, self.device)? };
-        let block = py
-            .detach(|| self.blocks.allocate(request, &s))
+        let block = crate::gil::detach(py, || self.blocks.allocate(request, &s))
             .map_err(|e| to_py(e, &format!("allocate({nbytes})")))?;
         if let Err(older) = self.note_allocated(block) {
             // The older block stays freeable; the new one goes back
             // through the stack it came from.
-            let back = match py.detach(|| self.blocks.deallocate(block, &s)) {
+            let back = match crate::gil::detach(py, || self.blocks.deallocate(block, &s)) {
                 Ok(()) => "it was given back".to_string(),
                 Err(e) => format!("giving it back failed: {e}"),
             };
@@ -350,7 +349,7 @@ impl Resource {
                 block.size()
             )));
         }
-        py.detach(|| self.blocks.deallocate(block, &s))
+        crate::gil::detach(py, || self.blocks.deallocate(block, &s))
             .map_err(|e| to_py(e, &format!("deallocate({ptr:#x}, {nbytes})")))?;
         taken.kept_out();
         Ok(())
@@ -360,7 +359,7 @@ impl Resource {
     /// stack's `stats` adaptor, `None` where the stack's root is not one.
     #[allow(clippy::type_complexity)]
     fn statistics(&self, py: Python<'_>) -> Option<((i64, i64, i64), (i64, i64, i64))> {
-        py.detach(|| {
+        crate::gil::detach(py, || {
             self.stats.as_ref().map(|s| {
                 let (b, c) = (s.get_bytes_counter(), s.get_allocations_counter());
                 ((b.value, b.peak, b.total), (c.value, c.peak, c.total))
@@ -373,7 +372,7 @@ impl Resource {
     #[allow(clippy::type_complexity)]
     fn push_statistics(&self, py: Python<'_>) -> PyResult<((i64, i64, i64), (i64, i64, i64))> {
         let s = self.stats.as_ref().ok_or_else(no_stats)?;
-        let (b, c) = py.detach(|| s.push_counters());
+        let (b, c) = crate::gil::detach(py, || s.push_counters());
         Ok(((b.value, b.peak, b.total), (c.value, c.peak, c.total)))
     }
 
@@ -382,7 +381,7 @@ impl Resource {
     fn pop_statistics(&self, py: Python<'_>) -> PyResult<((i64, i64, i64), (i64, i64, i64))> {
         let s = self.stats.as_ref().ok_or_else(no_stats)?;
         // RMM's error for a pop of the base level.
-        let (b, c) = py.detach(|| s.pop_counters()).map_err(|e| match e {
+        let (b, c) = crate::gil::detach(py, || s.pop_counters()).map_err(|e| match e {
             memres_core::Error::InvalidConfig { what } => {
                 PyIndexError::new_err(format!("memres: pop_statistics: {what}"))
             }
@@ -393,7 +392,7 @@ impl Resource {
 
     /// `(count, bytes)` outstanding per the outermost `track` adaptor.
     fn outstanding(&self, py: Python<'_>) -> Option<(usize, u64)> {
-        py.detach(|| {
+        crate::gil::detach(py, || {
             self.track.as_ref().map(|t| {
                 let live = t.get_outstanding_allocations();
                 (live.count(), live.bytes())
@@ -410,7 +409,7 @@ impl Resource {
 
     /// Writes out the buffers of the stack's `log` adaptors.
     fn flush(&self, py: Python<'_>) -> PyResult<()> {
-        py.detach(|| self.logs.iter().try_for_each(|log| log.flush()))
+        crate::gil::detach(py, || self.logs.iter().try_for_each(|log| log.flush()))
             .map_err(|e| crate::errors::backend_error(format!("flushing a log: {e}")))
     }
 
@@ -421,7 +420,7 @@ impl Resource {
         // SAFETY: a handle of the package's Python layer (the module's contract:
         // "Streams at the boundary" in lib.rs).
         let s = unsafe { backend::stream(stream, self.device)? };
-        py.detach(|| {
+        crate::gil::detach(py, || {
             let _call = self.enter("step")?;
             self.planned.iter().try_for_each(|p| p.step(&s)).map_err(|e| to_py(e, "step"))
         })?;
@@ -432,7 +431,7 @@ impl Resource {
     /// `(steps, followed, plans, planned_allocations, region,
     /// carry_region)`, the fields of `memres_core::planned::Steps`.
     fn steps(&self, py: Python<'_>) -> PyResult<(u64, u64, u64, u64, u64, u64)> {
-        let s: Steps = py.detach(|| {
+        let s: Steps = crate::gil::detach(py, || {
             let _call = self.enter("steps")?;
             PyResult::Ok(self.planned.iter().map(|p| p.steps()).sum())
         })?;
@@ -448,7 +447,7 @@ impl Resource {
         // SAFETY: a handle of the package's Python layer (the module's contract:
         // "Streams at the boundary" in lib.rs).
         let s = unsafe { backend::stream(stream, self.device)? };
-        py.detach(|| {
+        crate::gil::detach(py, || {
             let _call = self.enter("release")?;
             self.releasing.release(&s).map_err(|e| to_py(e, "release"))
         })
@@ -456,7 +455,7 @@ impl Resource {
 
     /// Bytes the stack's pools hold from their upstreams.
     fn pool_size(&self, py: Python<'_>) -> PyResult<u64> {
-        py.detach(|| {
+        crate::gil::detach(py, || {
             let _call = self.enter("pool_size")?;
             Ok(self.releasing.held_by("pool"))
         })

@@ -92,7 +92,7 @@ pub(crate) fn program_side(resource: DynResource<Stream>, map: Option<Map>) -> D
 pub(crate) fn snapshot(py: Python<'_>) -> Bound<'_, PyBytes> {
     // With the GIL released: a map's lock is held while a stack's call
     // runs, which may be in a Python callback.
-    let bytes = py.detach(|| {
+    let bytes = crate::gil::detach(py, || {
         let maps = RECORD.lock().unwrap_or_else(|p| p.into_inner()).maps.clone();
         let used = maps.iter().rposition(Option::is_some).map_or(0, |d| d + 1);
         // Copies, so that no device's lock is held while pickling.

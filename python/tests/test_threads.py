@@ -121,3 +121,26 @@ def test_dropping_a_buffer_while_its_pool_is_in_a_python_callback_does_not_freez
     pool = mr.PoolMemoryResource(mr.FailureCallbackResourceAdaptor(lim, slow), initial_pool_size=1 << 16)
     buf = memres.DeviceBuffer(size=64, mr=pool)
 """, "pool.allocate(1 << 21)", "del buf"))
+
+
+def test_daemon_threads_inside_memres_calls_at_exit_end_with_the_process():
+    # CPython ends a thread that takes the GIL back during finalization by
+    # unwinding it: from inside a memres call that aborted the process
+    # (SIGABRT, "exception not rethrown"), in about one exit of five.
+    code = textwrap.dedent("""
+        import threading, memres
+        from memres import mr
+        res = mr.HostMemoryResource()
+        top = mr.StatisticsResourceAdaptor(mr.FailureCallbackResourceAdaptor(
+            mr.PoolMemoryResource(res, initial_pool_size=1 << 20), lambda n: False))
+        def spin(resource):
+            while True:
+                resource.deallocate(resource.allocate(100), 100)
+                memres.DeviceBuffer(size=64, mr=resource).tobytes()
+        for r in (res, top, res, top):
+            threading.Thread(target=spin, args=(r,), daemon=True).start()
+        print("done")
+    """)
+    for _ in range(20):
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=LIMIT_S)
+        assert out.returncode == 0 and out.stdout.strip() == "done", (out.returncode, out.stderr)

@@ -1,0 +1,67 @@
+//! The GIL given up around memres's calls, and never taken back inside
+//! them once the interpreter exits.
+//!
+//! CPython before 3.14 ends a thread that takes the GIL back while the
+//! interpreter is finalized (`pthread_exit`, a forced unwind). Taken back
+//! inside a call of this module, that unwind crosses Rust frames, and the
+//! process aborts: a daemon thread in an allocation at exit killed the
+//! program with SIGABRT, where RMM's threads just end. So [`at_exit`], which
+//! `atexit` runs before finalization begins, stops every later call from
+//! giving the GIL up, and waits for the calls that gave it up: each either
+//! takes it back before finalization begins, or, finding the exit begun,
+//! never takes it back (its thread sleeps until the process ends, holding
+//! no lock of a stack: the call is done).
+//!
+//! The CUDA and the simulated native modules each have their own: the
+//! package calls both at exit.
+
+use pyo3::prelude::*;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::SeqCst};
+
+/// Calls that gave the GIL up and have not taken it back.
+static GIVEN_UP: AtomicUsize = AtomicUsize::new(0);
+/// Set by [`at_exit`]; never cleared.
+static EXITING: AtomicBool = AtomicBool::new(false);
+
+/// Runs `f` with the GIL given up, as `Python::detach`, unless the
+/// interpreter exits: then with the GIL held.
+pub(crate) fn detach<T: Send>(py: Python<'_>, f: impl Send + FnOnce() -> T) -> T {
+    // Counted before the flag is read, and `at_exit` sets the flag before
+    // it reads the count (all SeqCst): either this call sees the exit, or
+    // the exit waits for this call.
+    GIVEN_UP.fetch_add(1, SeqCst);
+    if EXITING.load(SeqCst) {
+        GIVEN_UP.fetch_sub(1, SeqCst);
+        return f();
+    }
+    struct TakenBack;
+    impl Drop for TakenBack {
+        fn drop(&mut self) {
+            GIVEN_UP.fetch_sub(1, SeqCst);
+        }
+    }
+    // Dropped once `detach` has taken the GIL back (or unwinds).
+    let _taken_back = TakenBack;
+    py.detach(|| {
+        let result = f();
+        if EXITING.load(SeqCst) {
+            // Taking the GIL back could end the thread inside this call.
+            GIVEN_UP.fetch_sub(1, SeqCst);
+            loop {
+                std::thread::park();
+            }
+        }
+        result
+    })
+}
+
+/// Ends the giving up of the GIL and waits for the calls that gave it up
+/// (see the module's doc). Run by the package's `atexit` handler.
+#[pyfunction]
+pub(crate) fn at_exit(py: Python<'_>) {
+    EXITING.store(true, SeqCst);
+    while GIVEN_UP.load(SeqCst) != 0 {
+        // The GIL given up for a while: a call waiting for it takes it back.
+        py.detach(|| std::thread::sleep(std::time::Duration::from_millis(1)));
+    }
+}
