@@ -75,15 +75,17 @@ fn every_sized_entry_point_refuses_bad_sizes_and_alignments() {
 }
 
 /// A free whose size rounds past `u64::MAX` is a size mismatch (it
-/// overflowed), and the block can still be freed with its size.
+/// overflowed), as is one that rounds as the allocation's did, and the
+/// block can still be freed with its size.
 #[test]
 fn a_free_with_a_size_whose_rounding_overflows_is_a_mismatch() {
     let mut index: CoalescingIndex = CoalescingIndex::new(256);
     let first = index.add_range(Range::new(0, 4096).unwrap()).unwrap();
     let a = index.allocate(1000, 256).unwrap().unwrap();
     let before = state(&index);
-    for size in [u64::MAX, u64::MAX - 254, u64::MAX - 255 + 1] {
-        let e = Err(Error::SizeMismatch { addr: 0, expected: 1024, given: size });
+    // 1001 and 1024 round as 1000 does: still not the size asked for.
+    for size in [u64::MAX, u64::MAX - 254, u64::MAX - 255 + 1, 1001, 1024, 0] {
+        let e = Err(Error::SizeMismatch { addr: 0, expected: 1000, given: size });
         assert_eq!(index.free(a.tag, a.addr, size), e);
         assert_eq!(index.free_by_address(first, a.addr, size, false), e);
         assert_eq!(state(&index), before);

@@ -161,7 +161,7 @@ impl<N: Storage<Node>> CoalescingIndex<N> {
     pub fn allocate_with_range(&mut self, size: u64, align: u64) -> Result<Option<(Allocation, Range)>> {
         let Some(found) = self.find_fit(size, align)? else { return Ok(None) };
         let n = *self.node(found);
-        let a = self.carve(found, self.bytes_of(size), align.max(self.granule()));
+        let a = self.carve(found, size, align.max(self.granule()));
         Ok(Some((a, Range::new(n.addr, n.size).unwrap_or_default())))
     }
 
@@ -187,7 +187,7 @@ impl<N: Storage<Node>> CoalescingIndex<N> {
         if self.node(found).size > longest {
             return Ok(None);
         }
-        Ok(Some(self.carve(found, self.bytes_of(size), align.max(self.granule()))))
+        Ok(Some(self.carve(found, size, align.max(self.granule()))))
     }
 
     /// `size` rounded up to the granule; `size` passed `check_request`, so
@@ -288,7 +288,7 @@ impl<N: Storage<Node>> CoalescingIndex<N> {
                     let places = 1 + (end != start) as usize;
                     let free = Range::new(n.addr, n.size).unwrap_or_default();
                     if let Some(at) = [start, end].into_iter().take(places).find(|&at| fits(at, free)) {
-                        return Ok(self.carve_at(i, at, bytes));
+                        return Ok(self.carve_at(i, at, size));
                     }
                 }
                 left -= 1;
@@ -297,7 +297,7 @@ impl<N: Storage<Node>> CoalescingIndex<N> {
             bin = self.find_bin_from(b + 1);
         }
         // The range that took `a` back holds its place.
-        Ok(self.carve_at(home, a.addr, bytes))
+        Ok(self.carve_at(home, a.addr, size))
     }
 
     /// Allocates `size` bytes at `align` from the free range whose node is
@@ -336,7 +336,7 @@ impl<N: Storage<Node>> CoalescingIndex<N> {
             return Ok(None);
         }
         self.reserve_nodes(2)?;
-        Ok(Some(self.carve(node, bytes, align)))
+        Ok(Some(self.carve(node, size, align)))
     }
 
     /// Looks at up to `SCAN_LIMIT` ranges of the request's own bin and picks
@@ -363,18 +363,20 @@ impl<N: Storage<Node>> CoalescingIndex<N> {
         (best != NONE).then_some(best)
     }
 
-    /// Takes `bytes` at `align` out of free node `i`, splitting off the front
-    /// padding and the tail as free nodes.
+    /// Takes `size` bytes (rounded up to the granule) at `align` out of free
+    /// node `i`, splitting off the front padding and the tail as free nodes.
     #[inline]
-    fn carve(&mut self, i: u32, bytes: u64, align: u64) -> Allocation {
+    fn carve(&mut self, i: u32, size: u64, align: u64) -> Allocation {
         let addr = self.node(i).addr;
-        self.carve_at(i, addr + pad_to(addr, align), bytes)
+        self.carve_at(i, addr + pad_to(addr, align), size)
     }
 
-    /// Takes `bytes` at `aligned` out of free node `i`, which holds them,
-    /// splitting off what is left before and after as free nodes.
+    /// Takes `size` bytes (rounded up to the granule) at `aligned` out of
+    /// free node `i`, which holds them, splitting off what is left before
+    /// and after as free nodes.
     #[inline]
-    fn carve_at(&mut self, mut i: u32, aligned: u64, bytes: u64) -> Allocation {
+    fn carve_at(&mut self, mut i: u32, aligned: u64, size: u64) -> Allocation {
+        let bytes = self.bytes_of(size);
         let n = *self.node(i);
         // Checked before anything changes: a carve outside the range would
         // hand out addresses that are not free. The callers prove it holds.
@@ -412,6 +414,7 @@ impl<N: Storage<Node>> CoalescingIndex<N> {
         node.state = State::Used;
         node.gen = gen;
         let tag = ((node.gen as u64) << 32) | i as u64;
+        self.set_rounding(i, bytes - size);
         self.used_bytes += bytes;
         self.used_count += 1;
         Allocation { addr: aligned, tag }
@@ -459,8 +462,8 @@ impl<N: Storage<Node>> CoalescingIndex<N> {
     ///
     /// [`Error::DoubleFree`] if the range is free already;
     /// [`Error::UnknownBlock`] if the tag names no range at `addr`;
-    /// [`Error::SizeMismatch`] if `size` rounds to another size than the
-    /// allocation's. Nothing changes on error.
+    /// [`Error::SizeMismatch`] if `size` is not the size the allocation
+    /// asked for. Nothing changes on error.
     ///
     /// # Time Complexity
     ///
@@ -482,10 +485,11 @@ impl<N: Storage<Node>> CoalescingIndex<N> {
         if n.state == State::Free {
             return Err(Error::DoubleFree { addr });
         }
-        let g_mask = self.granule() - 1;
-        // A size whose rounding overflows matches no allocation.
-        if size.checked_add(g_mask).map(|s| s & !g_mask) != Some(n.size) {
-            return Err(Error::SizeMismatch { addr, expected: n.size, given: size });
+        // The size asked for, exactly: an adaptor above counts off the size
+        // a free states, so one that rounds the same would leave it off.
+        let asked = n.size - self.rounding(i);
+        if size != asked {
+            return Err(Error::SizeMismatch { addr, expected: asked, given: size });
         }
         self.used_bytes -= n.size;
         self.used_count -= 1;

@@ -133,7 +133,11 @@ fn bad_frees_are_errors_and_change_nothing() {
     ));
     // Wrong size.
     let wrong = Block::new(a.addr(), 5000, a.tag());
-    assert!(matches!(p.deallocate(wrong, &()), Err(Error::SizeMismatch { expected: 1024, given: 5000, .. })));
+    assert!(matches!(p.deallocate(wrong, &()), Err(Error::SizeMismatch { expected: 1000, given: 5000, .. })));
+    // A size that rounds as the allocation's did is wrong too: adaptors
+    // above count off the size a free states.
+    let wrong = Block::new(a.addr(), 1024, a.tag());
+    assert!(matches!(p.deallocate(wrong, &()), Err(Error::SizeMismatch { expected: 1000, given: 1024, .. })));
     let wrong = Block::from_addr(a.addr(), 5000);
     assert!(matches!(p.deallocate(wrong, &()), Err(Error::SizeMismatch { .. })));
     // A size whose rounding overflows (it panicked in the index's free), by

@@ -153,9 +153,10 @@ pub trait FuzzResource {
         self.size_class(size)
     }
 
-    /// Whether frees with sizes no block has are tried too: 0 (which frees
-    /// nothing: [`Block::is_empty`]) and sizes above `Request::MAX_SIZE`
-    /// (a wrong size as any other). Off by default.
+    /// Whether frees with sizes no block has are tried too: 0 and sizes
+    /// above `Request::MAX_SIZE`, each a wrong size as any other (zero
+    /// bytes at an address is no empty block: [`Block::is_empty`]). Off by
+    /// default.
     fn odd_free_sizes(&self) -> bool {
         false
     }

@@ -249,6 +249,10 @@ impl<N: Storage<Node>, C: Storage<Chunk>> FuzzResource for PoolTarget<N, C> {
     fn footprint(&self, size: u64) -> u64 {
         size.div_ceil(256) * 256
     }
+    fn size_class(&self, size: u64) -> u64 {
+        // The index checks the exact size a block was asked with.
+        size
+    }
     fn summary(&self) -> Vec<u64> {
         pool_summary(&self.pool)
     }

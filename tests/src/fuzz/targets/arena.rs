@@ -371,7 +371,8 @@ impl FuzzResource for ArenaTarget {
             return u64::MAX; // no block's
         }
         match self.placed.get(&block.addr()) {
-            Some(p) if p.large => round256(size),
+            // A large block's size is checked exactly (the global index).
+            Some(p) if p.large => size,
             _ => self.params.class(size),
         }
     }

@@ -84,6 +84,10 @@ impl FuzzResource for BinningTarget {
     fn footprint(&self, size: u64) -> u64 {
         self.bins.bin_for(size).unwrap_or(size.div_ceil(256) * 256)
     }
+    fn size_class(&self, size: u64) -> u64 {
+        // A bin's class, or, for the upstream's pool, the exact size.
+        self.bins.bin_for(size).unwrap_or(size)
+    }
     fn summary(&self) -> Vec<u64> {
         let (used, free, held) = self.fixed_figures();
         vec![self.used_bytes(), used, free, held, self.spy.inner.usage().held]

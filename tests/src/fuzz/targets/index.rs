@@ -217,6 +217,11 @@ impl FuzzResource for IndexTarget {
         size.div_ceil(g) * g
     }
 
+    fn size_class(&self, size: u64) -> u64 {
+        // It checks the exact size a block was asked with.
+        size
+    }
+
     fn summary(&self) -> Vec<u64> {
         vec![
             self.index.used_bytes(),

@@ -78,6 +78,10 @@ impl FuzzResource for StackTarget {
     fn footprint(&self, size: u64) -> u64 {
         size.div_ceil(256) * 256
     }
+    fn size_class(&self, size: u64) -> u64 {
+        // The index checks the exact size a block was asked with.
+        size
+    }
     fn summary(&self) -> Vec<u64> {
         self.pool.with(|p| pool_summary(p))
     }

@@ -206,6 +206,10 @@ impl FuzzResource for VpoolTarget {
     fn footprint(&self, size: u64) -> u64 {
         round256(size)
     }
+    fn size_class(&self, size: u64) -> u64 {
+        // The index checks the exact size a block was asked with.
+        size
+    }
     fn summary(&self) -> Vec<u64> {
         // Idle memory may be decommitted by any call: not in the summary.
         vec![self.pool.usage().used, self.pool.usage().free, self.pool.reserved_bytes()]

@@ -111,6 +111,10 @@ impl FuzzResource for VpoolStreamsTarget {
     fn footprint(&self, size: u64) -> u64 {
         round256(size)
     }
+    fn size_class(&self, size: u64) -> u64 {
+        // The index checks the exact size a block was asked with.
+        size
+    }
     fn summary(&self) -> Vec<u64> {
         // Idle memory may be unmapped by any call: not in the summary. The
         // longest unreserved run is, for `judge_alloc_failure`.
