@@ -341,11 +341,6 @@ fn wrong_size_everywhere() {
         with_live_block(st, x, |a| {
             // 0 too: zero bytes at a live block's address is no empty block.
             for given in [a.size() + 5000, 10, 0] {
-                if x.name == "FixedSizeResource" && given <= 4096 {
-                    // All blocks are one size: any size up to it frees the
-                    // block (its own test below).
-                    continue;
-                }
                 let r = x.res.deallocate(Block::new(a.addr(), given, a.tag()), &st.s1);
                 match x.name {
                     // Routed by size to another bin, which never handed it
@@ -368,14 +363,18 @@ fn wrong_size_everywhere() {
 }
 
 #[test]
-fn fixed_size_resource_frees_any_size_up_to_its_block_size_and_refuses_above() {
+fn fixed_size_resource_frees_a_block_only_with_the_size_it_was_asked_with() {
     let st = setup();
     let x = st.subjects.iter().find(|x| x.name == "FixedSizeResource").unwrap();
     let a = x.alloc(1000, &st.s1).unwrap();
-    let e = x.res.deallocate(Block::new(a.addr(), 4097, a.tag()), &st.s1).unwrap_err();
-    assert!(matches!(e, Error::SizeMismatch { expected: 4096, given: 4097, .. }), "{e:?}");
-    x.usable(4096, &st.s1);
-    x.res.deallocate(Block::new(a.addr(), 4096, a.tag()), &st.s1).unwrap();
+    // Any size a block of it could have is not enough: an adaptor above
+    // counts off the size a free states.
+    for (given, tag) in [(4097, a.tag()), (4096, a.tag()), (999, a.tag()), (4096, Block::NO_TAG)] {
+        let e = x.res.deallocate(Block::new(a.addr(), given, tag), &st.s1).unwrap_err();
+        assert!(matches!(e, Error::SizeMismatch { expected: 1000, given: g, .. } if g == given), "{e:?}");
+        x.usable(4096, &st.s1);
+    }
+    x.res.deallocate(a, &st.s1).unwrap();
     x.usable(0, &st.s1);
 }
 

@@ -185,21 +185,26 @@ fn limiting_exact_limit_and_rollback() {
     assert_eq!((l.get_allocated_bytes(), l.upstream().usage().held), (0, 0));
 }
 
-/// Resources that free a block by any size of a range (fixed-size: any
-/// size up to its block; arena: any size of the block's class): the limit
-/// counts off what the block was charged, never what the free states, so
-/// it neither wraps below zero nor lets the limit be overshot later.
+/// An upstream that frees a block by any size: the limit counts off what
+/// the block was charged, never what the free states, so it neither wraps
+/// below zero nor lets the limit be overshot later.
 #[test]
 fn limiting_counts_off_what_a_block_was_charged_whatever_size_its_free_states() {
-    use crate::arena::ArenaResource;
-    use crate::fixed::{FixedConfig, FixedSizeResource};
-    let fixed = Shared::new(
-        FixedSizeResource::with_config(BumpUpstream::new(1 << 30), FixedConfig::new(4096), &()).unwrap(),
-    );
-    let arena = ArenaResource::new(BumpUpstream::new(1 << 30));
-    let ups: [(&dyn MemoryResource, u64, u64); 2] = [(&fixed, 100, 4000), (&arena, 2049, 2560)];
-    for (up, asked, stated) in ups {
-        let l = Limiting::new(up, 8192);
+    // An upstream of the user's that takes any size (every memres resource
+    // takes only the size asked for).
+    struct AnySize(AtomicU64);
+    impl<S: crate::Stream + ?Sized> MemoryResource<S> for AnySize {
+        fn allocate(&self, request: crate::Request, _: &S) -> crate::Result<Block> {
+            let addr = (1 << 20) + self.0.fetch_add(request.rounded_size(256), Ordering::Relaxed);
+            Ok(Block::new(addr, request.size(), 0))
+        }
+        fn deallocate(&self, _: Block, _: &S) -> crate::Result<()> {
+            Ok(())
+        }
+    }
+    let up = AnySize(AtomicU64::new(0));
+    for (asked, stated) in [(100, 4000), (2049, 2560)] {
+        let l = Limiting::new(&up, 8192);
         let a = l.allocate(req(asked), &()).unwrap();
         let charged = asked.div_ceil(256) * 256;
         assert_eq!(l.get_allocated_bytes(), charged);

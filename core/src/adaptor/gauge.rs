@@ -163,10 +163,9 @@ impl Drop for Unheld<'_> {
 #[inline]
 pub(super) fn raise(peak: &AtomicU64, now: u64) {
     let mut seen = peak.load(Relaxed);
-    // Compared as signed: a caller that frees more bytes than it asked for
-    // (a size the resource takes: an arena size class, a fixed block) takes
-    // `current` below zero for a while, and a wrapped value must not become
-    // the peak.
+    // Compared as signed: a free of more bytes than were asked for, which
+    // an upstream of the user's may take, takes `current` below zero for a
+    // while, and a wrapped value must not become the peak.
     while (now as i64) > (seen as i64) {
         match peak.compare_exchange_weak(seen, now, Relaxed, Relaxed) {
             Ok(_) => return,

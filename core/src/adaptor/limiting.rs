@@ -31,10 +31,9 @@ use crate::{Block, Error, Inspect, MemoryResource, Request, Result, Stream, Usag
 ///
 /// A free counts off what the block was *charged* when it was handed out,
 /// kept in a table by address, never a figure derived from the size the
-/// free states: resources that free a block by a range of sizes (a
-/// fixed-size resource any size up to its block, the arena any size of the
-/// block's class) would otherwise let the count drift, below zero or under
-/// what is in use. A block the table does not hold (never handed out by
+/// free states: an upstream that frees a block by a range of sizes (none
+/// of memres's does; a user's may) would otherwise let the count drift,
+/// below zero or under what is in use. A block the table does not hold (never handed out by
 /// this adaptor, taken from the upstream directly, or freed already) is
 /// [`Error::UnknownBlock`] before the upstream sees it. A free the upstream
 /// refuses (a wrong size, say) keeps the block and its charge. A block

@@ -101,10 +101,10 @@ impl Local {
         self.supers.iter().map(|h| h.range)
     }
 
-    /// Frees a block by its index tag.
+    /// Frees a block by its index tag and the size it was asked with.
     #[inline]
-    pub(super) fn free(&mut self, tag: u64, addr: u64, class: u64) -> Result<()> {
-        self.index.free(tag, addr, class).map(|_| ())
+    pub(super) fn free(&mut self, tag: u64, addr: u64, size: u64) -> Result<()> {
+        self.index.free(tag, addr, size).map(|_| ())
     }
 
     /// The arena's figures for a dump (`None` for a free slot).
@@ -131,10 +131,11 @@ impl Local {
         !self.has_live() && self.supers.is_empty() && self.in_transit == 0
     }
 
+    /// A block of `size` bytes that takes its size class's `class`.
     #[inline]
-    pub(super) fn allocate(&mut self, size: u64, align: u64) -> Result<Option<Allocation>> {
+    pub(super) fn allocate(&mut self, size: u64, class: u64, align: u64) -> Result<Option<Allocation>> {
         self.touched = true;
-        self.index.allocate(size, align)
+        self.index.allocate_class(size, class, align)
     }
 
     /// Adds a superblock.

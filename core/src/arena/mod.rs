@@ -52,7 +52,8 @@ const GLOBAL_SLOT: usize = 0xff;
 /// multiple of 256 that no block has (and that rounds without overflow).
 const NO_SIZE: u64 = !255;
 
-/// The size a free of a large block is checked with.
+/// The size a free is checked with: the size itself (a block's index
+/// keeps the size it was asked with), or one no block has.
 #[inline]
 fn free_size(size: u64) -> u64 {
     if size > Request::MAX_SIZE {
@@ -320,17 +321,6 @@ impl<U, L: RawLock> ArenaResource<U, L> {
         }
     }
 
-    /// The size class a free of a small block of `size` bytes is checked
-    /// with.
-    #[inline]
-    fn free_class(&self, size: u64) -> u64 {
-        if size > Request::MAX_SIZE {
-            NO_SIZE
-        } else {
-            self.class_of(size)
-        }
-    }
-
     #[inline]
     fn is_large(&self, request: &Request) -> bool {
         request.size() > self.config.large_threshold
@@ -386,7 +376,7 @@ impl<U, L: RawLock> ArenaResource<U, L> {
         let class = self.class_of(request.size());
         let align = request.align();
         let serve = |a: &mut Local| -> Result<Option<Block>> {
-            let got = match a.allocate(class, align)? {
+            let got = match a.allocate(request.size(), class, align)? {
                 Some(got) => got,
                 None => {
                     // Lock order: arena, then global (never the reverse).
@@ -407,7 +397,7 @@ impl<U, L: RawLock> ArenaResource<U, L> {
                         let _ = self.global.0.with(|g| g.give_back(range.start()));
                         return Err(e);
                     }
-                    match a.allocate(class, align)? {
+                    match a.allocate(request.size(), class, align)? {
                         Some(got) => got,
                         None => return Ok(None),
                     }
@@ -416,7 +406,7 @@ impl<U, L: RawLock> ArenaResource<U, L> {
             match pack(slot, got.tag) {
                 Some(tag) => Ok(Some(Block::new(got.addr, request.size(), tag))),
                 None => {
-                    let _ = a.free(got.tag, got.addr, class);
+                    let _ = a.free(got.tag, got.addr, request.size());
                     Err(Error::CapacityExhausted { capacity: 1 << SLOT_SHIFT })
                 }
             }
@@ -471,8 +461,8 @@ impl<U, L: RawLock> ArenaResource<U, L> {
                 if self.stream_of(owner) != stream.id() {
                     stream.synchronize()?;
                 }
-                let class = self.free_class(block.size());
-                self.arenas[owner].0.with(|a| a.free_at(start, addr, class, tag)).map_err(|e| given(e, block))
+                let size = free_size(block.size());
+                self.arenas[owner].0.with(|a| a.free_at(start, addr, size, tag)).map_err(|e| given(e, block))
             }
             Located::Large { .. } if tag.is_some() => Err(Error::DoubleFree { addr }),
             Located::Large { tag } => {
@@ -568,8 +558,7 @@ where
             if self.stream_of(slot) != stream.id() {
                 stream.synchronize()?;
             }
-            let class = self.free_class(block.size());
-            self.arenas[slot].0.with(|a| a.free(inner, addr, class))
+            self.arenas[slot].0.with(|a| a.free(inner, addr, free_size(block.size())))
         } else {
             Err(Error::UnknownBlock { addr })
         };

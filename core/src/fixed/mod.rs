@@ -376,17 +376,22 @@ impl<U, C: Storage<Chunk>, L: Storage<Slot>> FixedSizeResource<U, C, L> {
         let Some(i) = self.slot_at(addr) else {
             return Err(Error::UnknownBlock { addr });
         };
-        if block.size() > self.block_size {
-            return Err(Error::SizeMismatch { addr, expected: self.block_size, given: block.size() });
-        }
         let slot = self.slots.table[i];
         if slot.link != slots::USED {
+            if block.size() > self.block_size {
+                // A size no block of it has.
+                return Err(Error::SizeMismatch { addr, expected: self.block_size, given: block.size() });
+            }
             return Err(Error::DoubleFree { addr });
         }
-        if block.tag() != Block::NO_TAG {
+        let tag_names_it = block.tag() as u32 as usize == i && self.slots.is_live(i, addr, block.tag());
+        if block.tag() != Block::NO_TAG && !tag_names_it {
             // The slot is live again under a newer tag: this block was
             // freed before.
             return Err(Error::DoubleFree { addr });
+        }
+        if block.size() != slot.size {
+            return Err(Error::SizeMismatch { addr, expected: slot.size, given: block.size() });
         }
         self.slots.push(i);
         Ok(())
@@ -517,7 +522,7 @@ where
     ///
     /// [`Error::DoubleFree`] for a block already free, [`Error::UnknownBlock`]
     /// for a block this resource did not hand out, [`Error::SizeMismatch`]
-    /// for a size above the block size.
+    /// for a size other than the one the block was asked with.
     ///
     /// # Time Complexity
     ///
@@ -526,8 +531,7 @@ where
     #[inline]
     fn deallocate(&mut self, block: Block, _stream: &S) -> Result<()> {
         let i = block.tag() as u32 as usize;
-        if self.slots.is_live(i, block.addr(), block.tag()) && block.size().wrapping_sub(1) < self.block_size
-        {
+        if self.slots.is_live_block(i, &block) {
             self.slots.push(i);
             return Ok(());
         }

@@ -52,6 +52,9 @@ pub struct Slot {
     /// not match the slot any more; never wrapped: at `u32::MAX` the slot is
     /// retired for good.
     pub(super) generation: u32,
+    /// The size the block was asked with while handed out: its free must
+    /// state it (an adaptor above counts off the size a free states).
+    pub(super) size: u64,
 }
 
 /// The slot table and the free stack: what the fixed-size resource carves
@@ -95,6 +98,7 @@ impl<L: Storage<Slot>> Slots<L> {
         let slot = &mut self.table[i as usize];
         self.head = slot.link;
         slot.link = USED;
+        slot.size = size;
         self.used += 1;
         Block::new(slot.addr, size, ((slot.generation as u64) << 32) | i as u64)
     }
@@ -105,6 +109,12 @@ impl<L: Storage<Slot>> Slots<L> {
         self.table
             .get(i)
             .is_some_and(|s| s.addr == addr && s.link == USED && s.generation == (tag >> 32) as u32)
+    }
+
+    /// Whether `block` is the live block of slot `i`, its size as asked.
+    #[inline(always)]
+    pub(super) fn is_live_block(&self, i: usize, block: &Block) -> bool {
+        self.is_live(i, block.addr(), block.tag()) && self.table[i].size == block.size()
     }
 
     /// Frees used slot `i`.
@@ -186,7 +196,7 @@ impl<L: Storage<Slot>> Carve for Slots<L> {
             None => {
                 let first = self.table.len();
                 for _ in 0..bpc {
-                    if self.table.try_push(Slot { addr: 0, link: VACANT, generation: 0 }).is_err() {
+                    if self.table.try_push(Slot { addr: 0, link: VACANT, generation: 0, size: 0 }).is_err() {
                         // Checked above; undo anyway rather than trust it.
                         self.trim_partial_group();
                         return Err(Error::CapacityExhausted { capacity: self.table.max_len() });

@@ -161,7 +161,7 @@ impl<N: Storage<Node>> CoalescingIndex<N> {
     pub fn allocate_with_range(&mut self, size: u64, align: u64) -> Result<Option<(Allocation, Range)>> {
         let Some(found) = self.find_fit(size, align)? else { return Ok(None) };
         let n = *self.node(found);
-        let a = self.carve(found, size, align.max(self.granule()));
+        let a = self.carve(found, size, self.bytes_of(size), align.max(self.granule()));
         Ok(Some((a, Range::new(n.addr, n.size).unwrap_or_default())))
     }
 
@@ -187,7 +187,36 @@ impl<N: Storage<Node>> CoalescingIndex<N> {
         if self.node(found).size > longest {
             return Ok(None);
         }
-        Ok(Some(self.carve(found, size, align.max(self.granule()))))
+        Ok(Some(self.carve(found, size, self.bytes_of(size), align.max(self.granule()))))
+    }
+
+    /// [`allocate`](Self::allocate) of `size` bytes that takes `class` bytes
+    /// (rounded up to the granule; at least `size`), for a caller that hands
+    /// out size classes. A free states `size`, as for any allocation.
+    ///
+    /// # Errors
+    ///
+    /// As [`allocate`](Self::allocate) for `class`; [`Error::InvalidSize`]
+    /// for a `class` below `size`.
+    ///
+    /// ```
+    /// use memres_core::index::CoalescingIndex;
+    /// use memres_core::Range;
+    /// let mut index: CoalescingIndex = CoalescingIndex::new(256);
+    /// index.add_range(Range::new(0, 4096).unwrap())?;
+    /// let a = index.allocate_class(300, 1024, 256)?.unwrap();
+    /// assert_eq!(index.used_bytes(), 1024);
+    /// assert!(index.free(a.tag, a.addr, 1024).is_err());
+    /// index.free(a.tag, a.addr, 300)?;
+    /// # Ok::<(), memres_core::Error>(())
+    /// ```
+    #[inline]
+    pub fn allocate_class(&mut self, size: u64, class: u64, align: u64) -> Result<Option<Allocation>> {
+        if class < size {
+            return Err(Error::InvalidSize { size: class });
+        }
+        let Some(found) = self.find_fit(class, align)? else { return Ok(None) };
+        Ok(Some(self.carve(found, size, self.bytes_of(class), align.max(self.granule()))))
     }
 
     /// `size` rounded up to the granule; `size` passed `check_request`, so
@@ -288,7 +317,7 @@ impl<N: Storage<Node>> CoalescingIndex<N> {
                     let places = 1 + (end != start) as usize;
                     let free = Range::new(n.addr, n.size).unwrap_or_default();
                     if let Some(at) = [start, end].into_iter().take(places).find(|&at| fits(at, free)) {
-                        return Ok(self.carve_at(i, at, size));
+                        return Ok(self.carve_at(i, at, size, bytes));
                     }
                 }
                 left -= 1;
@@ -297,7 +326,7 @@ impl<N: Storage<Node>> CoalescingIndex<N> {
             bin = self.find_bin_from(b + 1);
         }
         // The range that took `a` back holds its place.
-        Ok(self.carve_at(home, a.addr, size))
+        Ok(self.carve_at(home, a.addr, size, bytes))
     }
 
     /// Allocates `size` bytes at `align` from the free range whose node is
@@ -336,7 +365,7 @@ impl<N: Storage<Node>> CoalescingIndex<N> {
             return Ok(None);
         }
         self.reserve_nodes(2)?;
-        Ok(Some(self.carve(node, size, align)))
+        Ok(Some(self.carve(node, size, bytes, align)))
     }
 
     /// Looks at up to `SCAN_LIMIT` ranges of the request's own bin and picks
@@ -363,20 +392,20 @@ impl<N: Storage<Node>> CoalescingIndex<N> {
         (best != NONE).then_some(best)
     }
 
-    /// Takes `size` bytes (rounded up to the granule) at `align` out of free
-    /// node `i`, splitting off the front padding and the tail as free nodes.
+    /// Takes `bytes` (a multiple of the granule, at least `size`, the size
+    /// asked for) at `align` out of free node `i`, splitting off the front
+    /// padding and the tail as free nodes.
     #[inline]
-    fn carve(&mut self, i: u32, size: u64, align: u64) -> Allocation {
+    fn carve(&mut self, i: u32, size: u64, bytes: u64, align: u64) -> Allocation {
         let addr = self.node(i).addr;
-        self.carve_at(i, addr + pad_to(addr, align), size)
+        self.carve_at(i, addr + pad_to(addr, align), size, bytes)
     }
 
-    /// Takes `size` bytes (rounded up to the granule) at `aligned` out of
+    /// Takes `bytes` (as for [`carve`](Self::carve)) at `aligned` out of
     /// free node `i`, which holds them, splitting off what is left before
     /// and after as free nodes.
     #[inline]
-    fn carve_at(&mut self, mut i: u32, aligned: u64, size: u64) -> Allocation {
-        let bytes = self.bytes_of(size);
+    fn carve_at(&mut self, mut i: u32, aligned: u64, size: u64, bytes: u64) -> Allocation {
         let n = *self.node(i);
         // Checked before anything changes: a carve outside the range would
         // hand out addresses that are not free. The callers prove it holds.

@@ -366,15 +366,12 @@ impl FuzzResource for ArenaTarget {
         }
     }
 
-    fn size_class_of(&self, block: &Block, size: u64) -> u64 {
+    fn size_class_of(&self, _block: &Block, size: u64) -> u64 {
         if size > Request::MAX_SIZE {
             return u64::MAX; // no block's
         }
-        match self.placed.get(&block.addr()) {
-            // A large block's size is checked exactly (the global index).
-            Some(p) if p.large => size,
-            _ => self.params.class(size),
-        }
+        // Small and large blocks: the arena checks the exact size asked for.
+        size
     }
 
     fn odd_free_sizes(&self) -> bool {

@@ -85,8 +85,9 @@ impl FuzzResource for BinningTarget {
         self.bins.bin_for(size).unwrap_or(size.div_ceil(256) * 256)
     }
     fn size_class(&self, size: u64) -> u64 {
-        // A bin's class, or, for the upstream's pool, the exact size.
-        self.bins.bin_for(size).unwrap_or(size)
+        // Fixed bins and the upstream's pool check the exact size a block
+        // was asked with.
+        size
     }
     fn summary(&self) -> Vec<u64> {
         let (used, free, held) = self.fixed_figures();

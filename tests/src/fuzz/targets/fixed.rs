@@ -51,13 +51,16 @@ impl FuzzResource for FixedTarget {
         self.fixed.usage().used
     }
     fn footprint(&self, size: u64) -> u64 {
-        // Any size the resource takes occupies one block; a larger one is
-        // another class (a free with it is a size mismatch).
+        // Any size the resource takes occupies one block.
         if size <= self.fixed.block_size() {
             self.fixed.block_size()
         } else {
             size
         }
+    }
+    fn size_class(&self, size: u64) -> u64 {
+        // It checks the exact size a block was asked with.
+        size
     }
     fn summary(&self) -> Vec<u64> {
         vec![
