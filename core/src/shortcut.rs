@@ -6,12 +6,14 @@
 //!
 //! | trait | for | methods |
 //! | --- | --- | --- |
-//! | [`Allocate`] | `R: MemoryResource<()>` | `allocate(size)`, `deallocate(block)` |
-//! | [`AllocateOn`] | `R: MemoryResource<S>` | `allocate_on(size, &stream)`, `deallocate_on(block, &stream)` |
+//! | [`Allocate`] | `R: MemoryResource<()>` | `allocate(size)`, `allocate_aligned(size, align)`, `deallocate(block)` |
+//! | [`AllocateOn`] | `R: MemoryResource<S>` | `allocate_on(size, &stream)`, `allocate_aligned_on(size, align, &stream)`, `deallocate_on(block, &stream)` |
 //!
 //! The errors stay typed: a size above [`Request::MAX_SIZE`] is
-//! [`Error::InvalidSize`](crate::Error::InvalidSize) from the request,
-//! anything else the resource's own error.
+//! [`Error::InvalidSize`](crate::Error::InvalidSize) from the request, an
+//! alignment that is not a power of two or above [`Request::MAX_ALIGN`]
+//! [`Error::InvalidAlignment`](crate::Error::InvalidAlignment), anything
+//! else the resource's own error.
 //!
 //! `Allocate`'s methods have the names of [`MemoryResource`]'s, with
 //! fewer arguments: import one of the two traits where a value is used
@@ -45,6 +47,19 @@ pub trait Allocate: MemoryResource<()> {
     #[inline]
     fn allocate(&self, size: u64) -> Result<Block> {
         MemoryResource::allocate(self, Request::new(size)?, &())
+    }
+
+    /// Allocates `size` bytes aligned to `align` (a power of two; at least
+    /// 256 is given), as RMM's `allocate(bytes, alignment)`.
+    ///
+    /// # Errors
+    ///
+    /// As [`allocate`](Self::allocate), and
+    /// [`InvalidAlignment`](crate::Error::InvalidAlignment) for an alignment
+    /// no request can have, nothing asked of the resource.
+    #[inline]
+    fn allocate_aligned(&self, size: u64, align: u64) -> Result<Block> {
+        MemoryResource::allocate(self, Request::aligned(size, align)?, &())
     }
 
     /// Frees `block`.
@@ -84,6 +99,16 @@ pub trait AllocateOn<S: Stream + ?Sized>: MemoryResource<S> {
     #[inline]
     fn allocate_on(&self, size: u64, stream: &S) -> Result<Block> {
         self.allocate(Request::new(size)?, stream)
+    }
+
+    /// Allocates `size` bytes aligned to `align`, ordered on `stream`.
+    ///
+    /// # Errors
+    ///
+    /// As [`Allocate::allocate_aligned`].
+    #[inline]
+    fn allocate_aligned_on(&self, size: u64, align: u64, stream: &S) -> Result<Block> {
+        self.allocate(Request::aligned(size, align)?, stream)
     }
 
     /// Frees `block`, ordered on `stream`.

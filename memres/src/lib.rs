@@ -51,11 +51,12 @@
 //! # The prelude and the two forms of a call
 //!
 //! [`prelude`] brings the short path: [`Allocate`] (`allocate(size)`,
-//! `deallocate(block)` where the stream is `()`) and [`AllocateOn`]
-//! (`allocate_on(size, &stream)`); the errors are the typed [`Error`]. The
-//! full form, [`MemoryResource`] (`allocate(Request, &stream)`, for
-//! alignments), has the same method names: it is not in the prelude, and a
-//! module that imports both names the trait at the call
+//! `allocate_aligned(size, align)`, `deallocate(block)` where the stream
+//! is `()`) and [`AllocateOn`] (`allocate_on(size, &stream)`,
+//! `allocate_aligned_on`); the errors are the typed [`Error`]. The full
+//! form, [`MemoryResource`] (`allocate(Request, &stream)`), has the same
+//! method names: it is not in the prelude, and a module that imports both
+//! names the trait at the call
 //! (`MemoryResource::allocate(&mr, Request::aligned(100, 4096)?, &())`).
 //!
 //! # The tour

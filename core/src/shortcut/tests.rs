@@ -70,3 +70,20 @@ fn a_plain_pool_borrowed_mutably_goes_under_shared_and_adaptors_without_moving()
     assert!(crate::MemoryResource::<()>::is_equal(&shared, &&shared));
     stats.deallocate(b).unwrap();
 }
+
+#[test]
+fn allocate_aligned_asks_for_the_alignment_and_refuses_one_no_request_can_have() {
+    let stats = Statistics::new(Shared::new(CoalescingPool::new(BumpUpstream::new(1 << 30))));
+    let s = IdStream(2);
+    let a = stats.allocate_aligned(1000, 1 << 16).unwrap();
+    let b = stats.allocate_aligned_on(10, 1 << 20, &s).unwrap();
+    assert_eq!((a.size(), a.addr() % (1 << 16), b.size(), b.addr() % (1 << 20)), (1000, 0, 10, 0));
+    for align in [0, 3, Request::MAX_ALIGN << 1] {
+        assert_eq!(stats.allocate_aligned(1, align), Err(Error::InvalidAlignment { align }));
+        assert_eq!(stats.allocate_aligned_on(1, align, &s), Err(Error::InvalidAlignment { align }));
+    }
+    assert_eq!(stats.get_allocations_counter().value, 2);
+    stats.deallocate_on(b, &s).unwrap();
+    stats.deallocate(a).unwrap();
+    assert_eq!(stats.get_bytes_counter().value, 0);
+}
