@@ -132,7 +132,10 @@
 //!   later calls then fail with
 //!   [`Error::NotLive`](memres_core::Error::NotLive), touching nothing, or,
 //!   where the memory has been handed out again, read and write the new
-//!   holder's bytes: wrong data, never freed or uninitialized memory. Its
+//!   holder's bytes: wrong data, never freed or uninitialized memory. A pool
+//!   dropped under a live block keeps the chunk that holds it (never given
+//!   back upstream, so never handed out again): the container's calls go
+//!   on in that memory, which stays allocated until the process ends. Its
 //!   drop's free is refused by the resource (and ignored), or frees the
 //!   memory under its new holder, which then fares the same.
 //!
