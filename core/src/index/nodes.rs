@@ -36,7 +36,7 @@ pub struct Node {
     pub(super) next_phys: u32,
     /// Bin list links (free nodes), vacant-list link (`next_free`, vacant
     /// nodes), or, on a used node, the bytes its allocation was rounded up
-    /// by, low and high halves ([`rounding`](CoalescingIndex::rounding)):
+    /// by, low and high halves ([`rounding`](Node::rounding)):
     /// the size asked for is `size` less that, and a free must state it.
     pub(super) prev_free: u32,
     pub(super) next_free: u32,
@@ -48,6 +48,20 @@ pub struct Node {
     /// after `state`; saves recomputing the class on removal).
     pub(super) bin: u16,
     pub(super) state: State,
+}
+
+impl Node {
+    /// The bytes a used node's allocation was rounded up by.
+    #[inline(always)]
+    pub(super) fn rounding(&self) -> u64 {
+        self.prev_free as u64 | (self.next_free as u64) << 32
+    }
+
+    /// Notes the rounding of a used node (see [`rounding`](Self::rounding)).
+    #[inline(always)]
+    pub(super) fn set_rounding(&mut self, rounding: u64) {
+        (self.prev_free, self.next_free) = (rounding as u32, (rounding >> 32) as u32);
+    }
 }
 
 impl<N: Storage<Node>> CoalescingIndex<N> {
@@ -199,20 +213,6 @@ impl<N: Storage<Node>> CoalescingIndex<N> {
     /// slot. A region's first node stays as the region's header (see
     /// [`State::Retired`]).
     #[cold]
-    /// The bytes used node `i`'s allocation was rounded up by.
-    #[inline]
-    pub(super) fn rounding(&self, i: u32) -> u64 {
-        let n = self.node(i);
-        n.prev_free as u64 | (n.next_free as u64) << 32
-    }
-
-    /// Notes the rounding of used node `i` (see [`rounding`](Self::rounding)).
-    #[inline]
-    pub(super) fn set_rounding(&mut self, i: u32, rounding: u64) {
-        let n = self.node_mut(i);
-        (n.prev_free, n.next_free) = (rounding as u32, (rounding >> 32) as u32);
-    }
-
     pub(super) fn relocate(&mut self, i: u32) -> u32 {
         let j = self.take_vacant();
         let n = *self.node(i);

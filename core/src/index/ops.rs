@@ -442,8 +442,8 @@ impl<N: Storage<Node>> CoalescingIndex<N> {
         let node = self.node_mut(i);
         node.state = State::Used;
         node.gen = gen;
+        Node::set_rounding(node, bytes - size);
         let tag = ((node.gen as u64) << 32) | i as u64;
-        self.set_rounding(i, bytes - size);
         self.used_bytes += bytes;
         self.used_count += 1;
         Allocation { addr: aligned, tag }
@@ -516,7 +516,7 @@ impl<N: Storage<Node>> CoalescingIndex<N> {
         }
         // The size asked for, exactly: an adaptor above counts off the size
         // a free states, so one that rounds the same would leave it off.
-        let asked = n.size - self.rounding(i);
+        let asked = n.size - n.rounding();
         if size != asked {
             return Err(Error::SizeMismatch { addr, expected: asked, given: size });
         }
