@@ -57,6 +57,14 @@ pub struct Slot {
     pub(super) size: u64,
 }
 
+impl Slot {
+    /// Whether the slot is used, at `addr`, under `tag`'s generation.
+    #[inline(always)]
+    fn holds(&self, addr: u64, tag: u64) -> bool {
+        self.addr == addr && self.link == USED && self.generation == (tag >> 32) as u32
+    }
+}
+
 /// The slot table and the free stack: what the fixed-size resource carves
 /// its chunks into.
 pub(super) struct Slots<L: Storage<Slot>> {
@@ -106,15 +114,13 @@ impl<L: Storage<Slot>> Slots<L> {
     /// Whether `tag` names slot `i`, used, at `addr`.
     #[inline(always)]
     pub(super) fn is_live(&self, i: usize, addr: u64, tag: u64) -> bool {
-        self.table
-            .get(i)
-            .is_some_and(|s| s.addr == addr && s.link == USED && s.generation == (tag >> 32) as u32)
+        self.table.get(i).is_some_and(|s| s.holds(addr, tag))
     }
 
     /// Whether `block` is the live block of slot `i`, its size as asked.
     #[inline(always)]
     pub(super) fn is_live_block(&self, i: usize, block: &Block) -> bool {
-        self.is_live(i, block.addr(), block.tag()) && self.table[i].size == block.size()
+        self.table.get(i).is_some_and(|s| s.holds(block.addr(), block.tag()) && s.size == block.size())
     }
 
     /// Frees used slot `i`.
