@@ -91,6 +91,32 @@ def test_a_failed_allocation_keeps_its_reason_for_python():
     assert _native.sim.last_alloc_error() is None
 
 
+def test_a_failure_callbacks_exception_under_the_c_functions_is_said_and_named_in_the_reason():
+    # PyTorch raises its own error for NULL: the callback's exception goes to
+    # sys.unraisablehook, and the reason names it.
+    so = lib()
+    _native.sim.last_alloc_error(clear=True)
+
+    def on_failure(nbytes):
+        raise RuntimeError("from the callback")
+
+    limited = mr.LimitingResourceAdaptor(mr.HostMemoryResource(), 100)
+    mr.set_current_device_resource(mr.FailureCallbackResourceAdaptor(limited, on_failure))
+    seen, hook = [], sys.unraisablehook
+    sys.unraisablehook = lambda u: seen.append(u.exc_value)
+    try:
+        assert so.memres_py_alloc(1000, 0, None) is None
+    finally:
+        sys.unraisablehook = hook
+    assert [str(e) for e in seen] == ["from the callback"]
+    why = _native.sim.last_alloc_error(clear=True)
+    assert "the failure callback raised" in why and "from the callback" in why, why
+    # Nothing is left for the next call: a plain failure is its own.
+    mr.set_current_device_resource(limited)
+    assert so.memres_py_alloc(1000, 0, None) is None
+    assert "failure callback" not in _native.sim.last_alloc_error(clear=True)
+
+
 def test_an_address_live_already_is_refused_and_the_new_block_given_back():
     # Two simulated devices hand out the same addresses.
     so = lib()
