@@ -15,6 +15,7 @@ FailureCallbackResourceAdaptor. StackMemoryResource builds any stack string.
 """
 
 import atexit
+import logging
 import os
 import re
 import sys
@@ -378,16 +379,27 @@ def _counts(figures):
 
 
 class TrackingResourceAdaptor(DeviceMemoryResource):
-    """Keeps every outstanding allocation."""
+    """Keeps every outstanding allocation; with ``capture_stacks=True`` the
+    (native) backtrace of each too."""
 
     def __init__(self, upstream_mr, capture_stacks=False):
-        self._build("track", [], [upstream_mr])
+        self._build("track", [], [upstream_mr], backtraces="true" if capture_stacks else None)
 
     def get_allocated_bytes(self):
         return self._native.outstanding()[1]
 
     def get_outstanding_count(self):
         return self._native.outstanding()[0]
+
+    def get_outstanding_allocations_str(self):
+        """The outstanding allocations, one line each (address and size),
+        with its backtrace when ``capture_stacks=True``, as RMM's."""
+        return self._native.outstanding_report()
+
+    def log_outstanding_allocations(self):
+        """Logs ``get_outstanding_allocations_str()`` at debug level to the
+        ``memres`` logger (RMM's goes to its debug log)."""
+        logging.getLogger("memres").debug("Outstanding allocations: %s", self.get_outstanding_allocations_str())
 
 
 class LoggingResourceAdaptor(DeviceMemoryResource):

@@ -400,6 +400,13 @@ impl Resource {
         })
     }
 
+    /// The outermost `track` adaptor's outstanding allocations, one line
+    /// each (with its backtrace when captured), `None` where the stack's
+    /// root is not one.
+    fn outstanding_report(&self, py: Python<'_>) -> Option<String> {
+        crate::gil::detach(py, || self.track.as_ref().map(|t| t.get_outstanding_allocations().to_string()))
+    }
+
     /// Bytes charged against the outermost `limit` adaptor's limit (RMM's
     /// `get_allocated_bytes`: each block rounded up as it counts it),
     /// `None` where the stack's root is not one.

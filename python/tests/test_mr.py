@@ -499,6 +499,27 @@ def test_every_algorithm_and_the_tracking_adaptor():
         assert track.get_outstanding_count() == 0
 
 
+def test_tracking_reports_its_outstanding_allocations_as_rmm(caplog):
+    t = mr.TrackingResourceAdaptor(sim_pool())
+    a, b = t.allocate(100), t.allocate(3000)
+    report = t.get_outstanding_allocations_str()
+    assert report.splitlines() == ["2 outstanding allocation(s), 3100 bytes",
+                                   f"  {min(a, b):#x}: {100 if a < b else 3000} bytes",
+                                   f"  {max(a, b):#x}: {3000 if a < b else 100} bytes"]
+    with caplog.at_level("DEBUG", logger="memres"):
+        t.log_outstanding_allocations()
+    assert report in caplog.text
+    t.deallocate(a, 100)
+    t.deallocate(b, 3000)
+    assert t.get_outstanding_allocations_str() == "0 outstanding allocation(s), 0 bytes\n"
+    # capture_stacks=True: each line has the backtrace of its allocation.
+    traced = mr.TrackingResourceAdaptor(sim_pool(), capture_stacks=True)
+    assert "backtraces=true" in traced.stack
+    p = traced.allocate(10)
+    assert len(traced.get_outstanding_allocations_str().splitlines()) > 2
+    traced.deallocate(p, 10)
+
+
 def test_a_planned_stack_lays_out_a_step_once_it_repeats():
     res = mr.StackMemoryResource("stats(planned(pool(sim(1GiB))))", backend="sim")
 

@@ -122,6 +122,11 @@ fn errors_name_the_position() {
         ("log(sim)", 0, StackErrorKind::MissingArg("file=")),
         ("stats(pool(sim)", 15, StackErrorKind::Expected("`,` or `)`")),
         ("pool(sim, initial=)", 18, StackErrorKind::Expected("a value after `=`")),
+        (
+            "track(sim, backtraces=maybe)",
+            22,
+            StackErrorKind::BadValue("backtraces `maybe`: true or false".into()),
+        ),
         ("pool(sim, initial= , max=1G)", 19, StackErrorKind::Expected("a value after `=`")),
         (
             "pool(sim, growth=4294967296)",

@@ -52,7 +52,7 @@
 //! | `binning` | `upstream, min_bin=, max_bin=` (the smallest and largest bin, powers of two; default 256 KiB and 4 MiB) | [`BinningResource::with_exponents`](crate::binning::BinningResource::with_exponents) |
 //! | `arena` | `upstream, initial=, max=, superblock=` | [`ArenaResource`](crate::arena::ArenaResource) |
 //! | `stats` | `upstream` | [`Statistics`](crate::adaptor::Statistics) |
-//! | `track` | `upstream` | [`Tracking`](crate::adaptor::Tracking) |
+//! | `track` | `upstream, backtraces=true\|false` (a backtrace of each allocation, feature `std`; default false) | [`Tracking`](crate::adaptor::Tracking) |
 //! | `limit` | `upstream, bytes` (or `bytes=`) | [`Limiting`](crate::adaptor::Limiting) |
 //! | `planned` | `upstream` | [`Planned`](crate::planned::Planned): each step laid out from the step before it (steps are marked through [`Built::get`] and [`Planned::step`](crate::planned::Planned::step)) |
 //! | `align` | `upstream, alignment=, threshold=` | [`Aligned`](crate::adaptor::Aligned) |

@@ -55,8 +55,20 @@ where
         Ok(cx.keep(call, Statistics::new(cx.upstream(call, 0)?)))
     });
     b.register("track", |call, cx| {
-        call.expect_args(1, &[])?;
-        Ok(cx.keep(call, Tracking::new(cx.upstream(call, 0)?)))
+        call.expect_args(1, &["backtraces"])?;
+        let backtraces = call.bool_arg("backtraces")?.unwrap_or(false);
+        let tracking = Tracking::new(cx.upstream(call, 0)?);
+        #[cfg(feature = "std")]
+        let tracking = tracking.with_backtraces(backtraces);
+        #[cfg(not(feature = "std"))]
+        if backtraces {
+            let pos = call.keyed("backtraces").map_or(call.pos, |v| v.pos());
+            return Err(StackError::new(
+                pos,
+                StackErrorKind::BadValue("backtraces need the feature `std`".into()),
+            ));
+        }
+        Ok(cx.keep(call, tracking))
     });
     b.register("planned", |call, cx| {
         call.expect_args(1, &[])?;
