@@ -139,7 +139,10 @@ pub const NAMES: &[Name] = &[
         "StreamOrdered: per-stream free lists, blocks moved between streams by events",
     ),
     name("stats", Role::Adaptor, "upstream", "Statistics: counts bytes and blocks, current and peak"),
-    name("track", Role::Adaptor, "upstream", "Tracking: keeps every live block"),
+    Name {
+        keys: &[("backtraces", "true: a backtrace of each allocation, in its report")],
+        ..name("track", Role::Adaptor, "upstream", "Tracking: keeps every live block")
+    },
     name(
         "planned",
         Role::Adaptor,
