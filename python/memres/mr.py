@@ -494,6 +494,17 @@ def get_per_device_resource_type(device):
     return type(get_per_device_resource(device))
 
 
+def available_device_memory(device=None):
+    """``(free, total)`` bytes of ``device`` (the current one) as the driver
+    tells them now, as RMM's; ``memres.CudaUnavailable`` without CUDA."""
+    from . import cuda_available
+    from ._errors import CudaUnavailable
+    device = current_device() if device is None else _device_id(device)
+    if not cuda_available():
+        raise CudaUnavailable("memres: available_device_memory needs CUDA and a device")
+    return _native.cuda().memory_info(device)
+
+
 def enable_logging(log_file_name=None):
     """Puts a LoggingResourceAdaptor over the resource of every device that
     has one (device 0 if none has), as RMM's ``rmm.enable_logging``: to

@@ -76,6 +76,13 @@ mod imp {
         (0, 0)
     }
 
+    /// No device to ask without CUDA.
+    pub(crate) fn memory_info(_device: u32) -> PyResult<(u64, u64)> {
+        Err(pyo3::exceptions::PyValueError::new_err(
+            "memres: the simulated backend has no device memory to ask about",
+        ))
+    }
+
     /// Host memory does not migrate: nothing to prefetch.
     pub(crate) fn prefetch(
         _addr: u64,
@@ -213,6 +220,12 @@ mod imp {
         })
     }
 
+    /// Free and total bytes of `device` now (`cuMemGetInfo`).
+    pub(crate) fn memory_info(device: u32) -> PyResult<(u64, u64)> {
+        let info = context(device)?.memory_info().map_err(|e| crate::errors::to_py(e, "memory_info"))?;
+        Ok((info.free, info.total))
+    }
+
     /// Prefetches managed memory to device `to` (the host for `None`) on
     /// `stream`, whose device is `device`; `false` for memory that does not
     /// migrate.
@@ -241,8 +254,8 @@ mod imp {
 }
 
 pub(crate) use imp::{
-    default_stream, driver_reserved, engine, handle_of, note_driver_pools, prefetch, stream, Engine, Stream,
-    BACKEND, DEFAULT_LEAF,
+    default_stream, driver_reserved, engine, handle_of, memory_info, note_driver_pools, prefetch, stream,
+    Engine, Stream, BACKEND, DEFAULT_LEAF,
 };
 
 /// The builder of `device`'s stacks: the backend's leaves and the core's

@@ -64,6 +64,13 @@ pub(crate) fn c_live_count(py: Python<'_>, device: usize) -> usize {
     crate::gil::detach(py, || live(device).map_or(0, |l| l.lock().unwrap_or_else(|p| p.into_inner()).len()))
 }
 
+/// Free and total bytes of `device` now, as the driver tells them (RMM's
+/// `available_device_memory`).
+#[pyfunction]
+pub(crate) fn memory_info(py: Python<'_>, device: u32) -> PyResult<(u64, u64)> {
+    crate::gil::detach(py, || backend::memory_info(device))
+}
+
 /// Bytes held from `device` by every leaf this module built, and reserved
 /// by the driver's pools under its `async` leaves: `(now, peak, total,
 /// reserved now, reserved peak)`.

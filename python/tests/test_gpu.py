@@ -43,6 +43,14 @@ def test_cuda_resources_allocate_and_hold_contents(gpu):
         assert other.copy_to_host() == data[:10]
 
 
+def test_available_device_memory_is_what_the_driver_says(gpu):
+    free, total = mr.available_device_memory()
+    assert 0 < free <= total and mr.available_device_memory(0)[1] == total
+    buf = memres.DeviceBuffer(size=1 << 30, mr=mr.CudaMemoryResource())
+    assert mr.available_device_memory()[0] <= free - (1 << 30) + (64 << 20)  # the driver's own rounding
+    del buf
+
+
 def test_current_resource_defaults_to_cuda(gpu):
     assert isinstance(mr.get_current_device_resource(), mr.CudaMemoryResource)
     memres.reinitialize(pool_allocator=True, initial_pool_size=128 * MiB)

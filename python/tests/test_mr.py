@@ -696,6 +696,13 @@ def test_a_device_that_is_no_device_number_is_a_value_error_naming_it(bad):
     assert mr.get_per_device_resource_type(0) in (mr.CudaMemoryResource, mr.HostMemoryResource)
 
 
+def test_available_device_memory_needs_cuda():
+    if memres.cuda_available():
+        pytest.skip("CUDA is here: test_gpu.py asks the device")
+    with pytest.raises(memres.CudaUnavailable):
+        mr.available_device_memory()
+
+
 def test_an_unknown_backend_is_a_value_error():
     with pytest.raises(ValueError, match="backend 'xx'"):
         mr.StackMemoryResource("host", backend="xx")
