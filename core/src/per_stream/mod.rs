@@ -495,6 +495,8 @@ impl<M: MakePool<S>, S: Stream + ?Sized> PerStreamPool<M, S> {
             Ok(None) => self.grow(i, request, stream),
             Err(e) => Err(e),
         };
+        // The lane's index after a growth that dropped others.
+        let i = self.last;
         self.count_held();
         // Chunks moved in, or growth left one wholly free.
         self.chunks_freed(i, stream);
@@ -550,7 +552,9 @@ impl<M: MakePool<S>, S: Stream + ?Sized> PerStreamPool<M, S> {
 
     /// Gives the covered wholly free chunks of the other lanes back upstream
     /// (on `stream`, after a wait on each one's fence), then grows lane
-    /// `i`'s pool; on out of memory, the last resort and once more.
+    /// `i`'s pool; on out of memory, the last resort (every lane's free
+    /// memory back, then the lanes left holding nothing dropped, which moves
+    /// lane `i` to `self.last`) and once more.
     fn grow(&mut self, i: usize, request: Request, stream: &S) -> Result<Block> {
         let mut given_back = 0;
         for j in 0..self.lanes.len() {
@@ -579,8 +583,14 @@ impl<M: MakePool<S>, S: Stream + ?Sized> PerStreamPool<M, S> {
             }
         }
         released += self.lanes[i].pool.release(stream)?;
+        // Lanes left holding nothing keep what a growth of this one may need
+        // (a virtual pool's reservations of the shared address space): they
+        // go first, as they would after this call.
+        let lanes = self.lanes.len();
+        self.prune(i);
+        let i = self.last;
         match err {
-            Some(err) if released == 0 => Err(err),
+            Some(err) if released == 0 && self.lanes.len() == lanes => Err(err),
             _ => self.lanes[i].pool.allocate(request, stream),
         }
     }
