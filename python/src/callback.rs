@@ -56,8 +56,9 @@ impl Function {
     }
 }
 
-/// What a stack does once the garbage collector took its functions.
-const CLEARED: &str = "the resource's Python functions were taken by the garbage collector";
+/// What a stack answers once the garbage collector took its functions.
+const CLEARED: Error =
+    Error::Backend { code: -3, what: "the resource's Python functions were taken by the garbage collector" };
 
 thread_local! {
     /// The exception a failure callback of this thread raised, for the
@@ -71,6 +72,11 @@ pub(crate) fn take_failure_raised() -> Option<PyErr> {
     FAILURE_RAISED.with(|r| r.borrow_mut().take())
 }
 
+/// Whether a failure callback's exception waits for this thread's call.
+fn failure_raised() -> bool {
+    FAILURE_RAISED.with(|r| r.borrow().is_some())
+}
+
 /// `on_failure`'s layer: refuses every allocation while the exception of a
 /// failure callback waits for the call that asked it, so that a pool above
 /// does not recover from it with a smaller request; the call fails, and
@@ -79,7 +85,7 @@ struct UntilRaised<R>(R);
 
 impl<S: ?Sized + memres_core::Stream, R: MemoryResource<S>> MemoryResource<S> for UntilRaised<R> {
     fn allocate(&self, request: Request, stream: &S) -> memres_core::Result<Block> {
-        if FAILURE_RAISED.with(|r| r.borrow().is_some()) {
+        if failure_raised() {
             return Err(Error::Backend { code: -5, what: "a failure callback raised" });
         }
         self.0.allocate(request, stream)
@@ -113,18 +119,6 @@ pub(crate) fn take_raised() -> Option<PyErr> {
 /// Puts back an exception [`take_raised`] took, for the error it is behind.
 pub(crate) fn restore_raised(e: Option<PyErr>) {
     LAST_RAISED.with(|r| *r.borrow_mut() = e);
-}
-
-/// Runs `f` with the GIL taken, unless the interpreter is being finalized:
-/// no Python runs then (PyO3 would panic, in a drop an abort), and `None`
-/// says so. A pool over a `CallbackMemoryResource` that is dropped then
-/// gives its chunks back to no one: the process is ending.
-pub(crate) fn with_python<T>(f: impl FnOnce(Python<'_>) -> T) -> Option<T> {
-    // SAFETY: `Py_IsInitialized` may be called at any time, from any thread.
-    if unsafe { pyo3::ffi::Py_IsInitialized() } == 0 {
-        return None;
-    }
-    Some(Python::attach(f))
 }
 
 /// The error of a Python function that could not run: the interpreter is
@@ -207,10 +201,10 @@ struct PyCallbacks {
 impl<S: ?Sized + memres_core::Stream> MemoryResource<S> for PyCallbacks {
     fn allocate(&self, request: Request, _: &S) -> memres_core::Result<Block> {
         in_callback(&self.covers, || {
-            with_python(|py| {
+            crate::gil::with_python(|py| {
                 let (Some(allocate), Some(deallocate)) = (self.allocate.get(py), self.deallocate.get(py))
                 else {
-                    return Err(Error::Backend { code: -3, what: CLEARED });
+                    return Err(CLEARED);
                 };
                 let result = catching(|| allocate.call1(py, (request.size(),)))
                     .map_err(|e| raised(py, e, request.size(), "allocate_func raised"))?;
@@ -236,9 +230,9 @@ impl<S: ?Sized + memres_core::Stream> MemoryResource<S> for PyCallbacks {
 
     fn deallocate(&self, block: Block, _: &S) -> memres_core::Result<()> {
         in_callback(&self.covers, || {
-            with_python(|py| {
+            crate::gil::with_python(|py| {
                 // The block stays live: nothing else could give it back.
-                let deallocate = self.deallocate.get(py).ok_or(Error::Backend { code: -3, what: CLEARED })?;
+                let deallocate = self.deallocate.get(py).ok_or(CLEARED)?;
                 catching(|| deallocate.call1(py, (block.addr(), block.size())))
                     .map(drop)
                     .map_err(|e| raised(py, e, 0, "deallocate_func raised"))
@@ -280,11 +274,11 @@ pub(crate) fn register_callbacks(
                 function.clone(),
                 |bytes, f: &Arc<(Arc<Function>, Covers)>| {
                     // A callback that raised ends the call: none is asked again.
-                    if FAILURE_RAISED.with(|r| r.borrow().is_some()) {
+                    if failure_raised() {
                         return false;
                     }
                     in_callback(&f.1, || {
-                        with_python(|py| {
+                        crate::gil::with_python(|py| {
                             let Some(callback) = f.0.get(py) else { return false };
                             catching(|| callback.call1(py, (bytes,))?.bind(py).is_truthy()).unwrap_or_else(
                                 |e| {

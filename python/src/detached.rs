@@ -56,6 +56,6 @@ impl<T: Send + 'static> Drop for DropDetached<T> {
         // (PyO3 defers it): after the rest of the value is gone. While the
         // interpreter is finalized `drop_it` is dropped unrun, and the value
         // with it: no thread waits for the GIL then.
-        crate::callback::with_python(|py| crate::gil::detach(py, drop_it));
+        crate::gil::with_python(|py| crate::gil::detach(py, drop_it));
     }
 }

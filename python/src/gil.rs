@@ -13,10 +13,23 @@
 //! no lock of a stack: the call is done).
 //!
 //! The CUDA and the simulated native modules each have their own: the
-//! package calls both at exit.
+//! package calls both at exit. [`with_python`] takes the GIL only while
+//! the interpreter is not being finalized.
 
 use pyo3::prelude::*;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::SeqCst};
+
+/// Runs `f` with the GIL taken, unless the interpreter is being finalized:
+/// no Python runs then (PyO3 would panic, in a drop an abort), and `None`
+/// says so. A pool over a `CallbackMemoryResource` that is dropped then
+/// gives its chunks back to no one: the process is ending.
+pub(crate) fn with_python<T>(f: impl FnOnce(Python<'_>) -> T) -> Option<T> {
+    // SAFETY: `Py_IsInitialized` may be called at any time, from any thread.
+    if unsafe { pyo3::ffi::Py_IsInitialized() } == 0 {
+        return None;
+    }
+    Some(Python::attach(f))
+}
 
 /// Calls that gave the GIL up and have not taken it back.
 static GIVEN_UP: AtomicUsize = AtomicUsize::new(0);

@@ -80,7 +80,7 @@ impl Covers {
 }
 
 /// What a call into a stack does, which decides where it may re-enter.
-#[derive(Clone, Copy, PartialEq)]
+#[derive(Clone, Copy)]
 enum Call {
     /// Takes the stack's locks and may run its callbacks.
     Allocate,
