@@ -7,7 +7,6 @@ CUDA resource is first made. See docs/python.md in the repository for
 RMM's names beside memres's.
 """
 
-import os
 import re
 
 from . import _native
@@ -111,12 +110,7 @@ def _resources(pool_allocator=False, managed_memory=False, initial_pool_size=Non
                 res = mr.PoolMemoryResource(res, initial_pool_size=initial_pool_size,
                                             maximum_pool_size=maximum_pool_size)
         if logging:
-            # Several devices log to a file each, named as RMM and the C
-            # library name them: `.devN` before the extension.
-            name = log_file_name or os.environ.get("MEMRES_LOG_FILE")
-            if name and len(devices) > 1:
-                name = _native.sim.log_file_of_device(os.fspath(name), device) or name
-            res = mr.LoggingResourceAdaptor(res, log_file_name=name)
+            res = mr._logged(res, log_file_name, device, len(devices) > 1)
         made.append((device, res))
     return made
 

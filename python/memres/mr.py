@@ -513,12 +513,19 @@ def enable_logging(log_file_name=None):
     devices = sorted(_current) or [0]
     for device in devices:
         res = get_per_device_resource(device)
-        if isinstance(res, LoggingResourceAdaptor):
-            continue
-        name = log_file_name or os.environ.get("MEMRES_LOG_FILE")
-        if name and len(devices) > 1:
-            name = _native.sim.log_file_of_device(os.fspath(name), device) or name
-        set_per_device_resource(device, LoggingResourceAdaptor(res, log_file_name=name))
+        if not isinstance(res, LoggingResourceAdaptor):
+            set_per_device_resource(device, _logged(res, log_file_name, device, len(devices) > 1))
+
+
+def _logged(res, log_file_name, device, several):
+    """``res`` under a LoggingResourceAdaptor to ``log_file_name`` (else
+    ``$MEMRES_LOG_FILE``); with ``several`` devices each logs to a file of
+    its own, named as RMM and the C library name them: ``.devN`` before the
+    extension."""
+    name = log_file_name or os.environ.get("MEMRES_LOG_FILE")
+    if name and several:
+        name = _native.sim.log_file_of_device(os.fspath(name), device) or name
+    return LoggingResourceAdaptor(res, log_file_name=name)
 
 
 def disable_logging():
