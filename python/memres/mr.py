@@ -5,13 +5,15 @@ passed as its upstream), with ``allocate(nbytes, stream=None)`` and
 default stream), a ``memres.Stream`` or a framework's stream object; a bare
 int is a ``TypeError`` (``memres.Stream.from_handle`` wraps a raw handle).
 
-Leaves: CudaMemoryResource, CudaAsyncMemoryResource, ManagedMemoryResource,
-PinnedHostMemoryResource, VirtualMemoryResource (CUDA); SimulatedMemoryResource,
-HostMemoryResource (no GPU needed); CallbackMemoryResource. Algorithms:
-PoolMemoryResource, ArenaMemoryResource, BinningMemoryResource,
-FixedSizeMemoryResource. Adaptors: StatisticsResourceAdaptor,
-TrackingResourceAdaptor, LoggingResourceAdaptor, LimitingResourceAdaptor,
-FailureCallbackResourceAdaptor. StackMemoryResource builds any stack string.
+Leaves: CudaMemoryResource, CudaAsyncMemoryResource,
+CudaAsyncViewMemoryResource, ManagedMemoryResource, PinnedHostMemoryResource,
+VirtualMemoryResource (CUDA); SimulatedMemoryResource, HostMemoryResource (no
+GPU needed); CallbackMemoryResource. Algorithms: PoolMemoryResource,
+ArenaMemoryResource, BinningMemoryResource, FixedSizeMemoryResource.
+Adaptors: StatisticsResourceAdaptor, TrackingResourceAdaptor,
+LoggingResourceAdaptor, LimitingResourceAdaptor,
+FailureCallbackResourceAdaptor, PrefetchResourceAdaptor (CUDA).
+StackMemoryResource builds any stack string.
 """
 
 import atexit
@@ -259,6 +261,43 @@ class CudaAsyncMemoryResource(DeviceMemoryResource):
                     else _size(release_threshold, "release_threshold"))
 
 
+class CudaAsyncViewMemoryResource(DeviceMemoryResource):
+    """The driver's stream-ordered allocator on the device's default pool
+    (``cudaDeviceGetDefaultMemPool``), as RMM's view of an existing pool:
+    the pool is the driver's, left as it is and never destroyed.
+    ``pool_handle`` is that pool's handle (an int, or an object ``int()``
+    takes, such as cuda-python's ``cudaMemPool_t``); None means it. A pool
+    made elsewhere is refused with ValueError: memres cannot tell how long
+    it lives."""
+
+    def __init__(self, pool_handle=None, device=None):
+        from . import cuda_available
+        from ._errors import CudaUnavailable
+        device = current_device() if device is None else _device_id(device)
+        if not cuda_available():
+            raise CudaUnavailable("memres: CudaAsyncViewMemoryResource needs CUDA and a device")
+        default = _native.cuda().default_memory_pool(device)
+        if pool_handle is not None:
+            handle = _nbytes(_pool_int(pool_handle), "pool_handle")
+            if handle != default:
+                raise ValueError(f"memres: pool_handle {handle:#x} is not device {device}'s default memory "
+                                 f"pool ({default:#x}); memres views only that pool, whose life it knows")
+        self._pool_handle = default
+        self._build("async", [], backend="cuda", device=device, pool="default")
+
+    def pool_handle(self):
+        """The driver's handle of the pool viewed."""
+        return self._pool_handle
+
+
+def _pool_int(handle):
+    """A pool handle as an int: cuda-python's handle types convert with
+    ``int()``; a bool is no handle."""
+    if isinstance(handle, bool) or not hasattr(handle, "__int__"):
+        raise TypeError(f"memres: pool_handle must be an int or a driver pool handle, not {handle!r}")
+    return int(handle)
+
+
 class VirtualMemoryResource(DeviceMemoryResource):
     """A pool over one reserved address range that maps physical memory
     only under live blocks: CUDA VMM (the ``vmm`` leaf), or with
@@ -444,6 +483,19 @@ class FailureCallbackResourceAdaptor(DeviceMemoryResource):
         if not callable(callback):
             raise TypeError("memres: callback must be callable")
         self._build("on_failure", [], [upstream_mr], callbacks=(None, None, callback))
+
+
+class PrefetchResourceAdaptor(DeviceMemoryResource):
+    """Prefetches every block it hands out to the resource's device, on
+    the allocation's stream (``cuMemPrefetchAsync``), as RMM's: meant over
+    ManagedMemoryResource; memory that does not migrate is handed out as it
+    is. The CUDA backend only (the simulated one has no memory to move)."""
+
+    def __init__(self, upstream_mr):
+        if isinstance(upstream_mr, DeviceMemoryResource) and upstream_mr._backend != "cuda":
+            raise ValueError("memres: PrefetchResourceAdaptor needs an upstream of the CUDA backend "
+                             "(the simulated backend has no memory to prefetch)")
+        self._build("prefetch", [], [upstream_mr])
 
 
 # The current resource --------------------------------------------------------

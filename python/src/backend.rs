@@ -83,6 +83,13 @@ mod imp {
         ))
     }
 
+    /// No driver pool without CUDA.
+    pub(crate) fn default_memory_pool(_device: u32) -> PyResult<u64> {
+        Err(pyo3::exceptions::PyValueError::new_err(
+            "memres: the simulated backend has no driver memory pool",
+        ))
+    }
+
     /// Host memory does not migrate: nothing to prefetch.
     pub(crate) fn prefetch(
         _addr: u64,
@@ -226,6 +233,14 @@ mod imp {
         Ok((info.free, info.total))
     }
 
+    /// The handle of `device`'s default memory pool
+    /// (`cuDeviceGetDefaultMemPool`), which `async(pool=default)` views.
+    pub(crate) fn default_memory_pool(device: u32) -> PyResult<u64> {
+        let view = memres_cuda::CudaAsyncMemory::default_pool(device_of(device)?)
+            .map_err(|e| crate::errors::to_py(e, "default_memory_pool"))?;
+        Ok(view.pool_handle() as u64)
+    }
+
     /// Prefetches managed memory to device `to` (the host for `None`) on
     /// `stream`, whose device is `device`; `false` for memory that does not
     /// migrate.
@@ -254,8 +269,8 @@ mod imp {
 }
 
 pub(crate) use imp::{
-    default_stream, driver_reserved, engine, handle_of, memory_info, note_driver_pools, prefetch, stream,
-    Engine, Stream, BACKEND, DEFAULT_LEAF,
+    default_memory_pool, default_stream, driver_reserved, engine, handle_of, memory_info, note_driver_pools,
+    prefetch, stream, Engine, Stream, BACKEND, DEFAULT_LEAF,
 };
 
 /// The builder of `device`'s stacks: the backend's leaves and the core's

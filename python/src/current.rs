@@ -71,6 +71,13 @@ pub(crate) fn memory_info(py: Python<'_>, device: u32) -> PyResult<(u64, u64)> {
     crate::gil::detach(py, || backend::memory_info(device))
 }
 
+/// The handle of `device`'s default driver memory pool
+/// (`cudaDeviceGetDefaultMemPool`), for RMM's async view resource.
+#[pyfunction]
+pub(crate) fn default_memory_pool(py: Python<'_>, device: u32) -> PyResult<u64> {
+    crate::gil::detach(py, || backend::default_memory_pool(device))
+}
+
 /// Bytes held from `device` by every leaf this module built, and reserved
 /// by the driver's pools under its `async` leaves: `(now, peak, total,
 /// reserved now, reserved peak)`.

@@ -21,7 +21,7 @@
 //! object whose callback runs (its root is the callback's layer, which
 //! holds no lock while the callback runs) and into any object that only
 //! passes calls on ([`Covers::new`]'s `passes_on`: `stats`, `track`,
-//! `log`, `limit`, `on_failure`, none of which holds a lock while it calls
+//! `log`, `limit`, `on_failure`, `prefetch`, none of which holds a lock while it calls
 //! its upstream). So RMM's failure callback, `gc.collect()` and retry,
 //! sees the memory of the buffers it collected, also under
 //! `statistics()`. An allocation there would run the callback again, a

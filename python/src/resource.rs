@@ -84,7 +84,7 @@ impl std::ops::Deref for Resource {
 
 /// Whether the outermost `name` adaptor of the stack sees the program's
 /// calls: only adaptors that pass every call on unchanged (`stats`,
-/// `track`, `log`, `limit`) lie above it. One under a pool would count the
+/// `track`, `log`, `limit`, `prefetch`) lie above it. One under a pool would count the
 /// pool's chunks as the program's allocations.
 fn sees_the_program(call: &memres_core::stack::Call, name: &str) -> bool {
     let mut call = call;
@@ -92,7 +92,7 @@ fn sees_the_program(call: &memres_core::stack::Call, name: &str) -> bool {
         if call.name == name {
             return true;
         }
-        if !matches!(call.name.as_str(), "stats" | "track" | "log" | "limit") {
+        if !matches!(call.name.as_str(), "stats" | "track" | "log" | "limit" | "prefetch") {
             return false;
         }
         match call.positional(0) {
@@ -103,10 +103,10 @@ fn sees_the_program(call: &memres_core::stack::Call, name: &str) -> bool {
 }
 
 /// Whether every layer of `call` passes each call on to its upstream
-/// holding no lock meanwhile (the adaptors that count, track, log, limit
-/// or call back on failure), down to the upstream objects `upN`.
+/// holding no lock meanwhile (the adaptors that count, track, log, limit,
+/// call back on failure or prefetch), down to the upstream objects `upN`.
 fn passes_calls_on(call: &Call) -> bool {
-    let own = matches!(call.name.as_str(), "stats" | "track" | "log" | "limit" | "on_failure")
+    let own = matches!(call.name.as_str(), "stats" | "track" | "log" | "limit" | "on_failure" | "prefetch")
         || call.name.strip_prefix("up").is_some_and(|i| i.parse::<usize>().is_ok());
     own && call.args.iter().all(|a| match &a.value {
         Value::Call(c) => passes_calls_on(c),

@@ -270,3 +270,61 @@ def test_torch_empty_cache_reaches_memres(gpu):
         assert out.returncode == 0, out.stderr
         held = json.loads(out.stdout.strip().splitlines()[-1])
         assert held["before"] - held["after"] >= 256 * MiB, (stack, held)
+
+
+def last_prefetched_to(ptr, nbytes):
+    """The device ``ptr`` was last prefetched to, once the device is idle
+    (``cuMemRangeGetAttribute``; -2: never, -1: the host)."""
+    import ctypes
+    cuda = ctypes.CDLL("libcuda.so.1")
+    ctx = ctypes.c_void_p()
+    assert cuda.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), 0) == 0
+    try:
+        assert cuda.cuCtxSetCurrent(ctx) == 0
+        assert cuda.cuCtxSynchronize() == 0
+        to = ctypes.c_int(0)
+        last_prefetch_location = 3  # CU_MEM_RANGE_ATTRIBUTE_LAST_PREFETCH_LOCATION
+        assert cuda.cuMemRangeGetAttribute(ctypes.byref(to), ctypes.c_size_t(4), last_prefetch_location,
+                                           ctypes.c_uint64(ptr), ctypes.c_size_t(nbytes)) == 0
+        return to.value
+    finally:
+        cuda.cuDevicePrimaryCtxRelease(0)
+
+
+def test_a_prefetch_adaptor_moves_each_managed_block_it_hands_out(gpu):
+    managed = mr.ManagedMemoryResource()
+    plain = managed.allocate(4 * MiB)
+    assert last_prefetched_to(plain, 4 * MiB) != 0
+    res = mr.PrefetchResourceAdaptor(managed)
+    assert res.upstream_mr is managed and res.stack == "prefetch(up0)"
+    ptr = res.allocate(4 * MiB, stream=memres.Stream())
+    assert last_prefetched_to(ptr, 4 * MiB) == 0
+    data = os.urandom(4 * MiB)
+    buf = memres.DeviceBuffer.to_device(data, mr=res)
+    assert buf.copy_to_host() == data
+    res.deallocate(ptr, 4 * MiB)
+    managed.deallocate(plain, 4 * MiB)
+    # Over memory that does not migrate it hands blocks out as they are.
+    over_cuda = mr.PrefetchResourceAdaptor(mr.CudaMemoryResource())
+    over_cuda.deallocate(over_cuda.allocate(MiB), MiB)
+    # Under statistics, as RMM's stacks it.
+    stats = mr.StatisticsResourceAdaptor(mr.PrefetchResourceAdaptor(mr.PoolMemoryResource(managed)))
+    ptr = stats.allocate(MiB)
+    assert stats.allocation_counts.current_bytes == MiB
+    assert last_prefetched_to(ptr, MiB) == 0
+    stats.deallocate(ptr, MiB)
+
+
+def test_an_async_view_serves_from_the_devices_default_pool_and_refuses_another(gpu):
+    import cupy
+    default = cupy.cuda.runtime.deviceGetDefaultMemPool(0)
+    for view in (mr.CudaAsyncViewMemoryResource(default), mr.CudaAsyncViewMemoryResource()):
+        assert view.pool_handle() == default and view.stack == "async(pool=default)"
+        data = os.urandom(MiB + 3)
+        buf = memres.DeviceBuffer.to_device(data, mr=view)
+        assert buf.copy_to_host() == data
+        del buf
+    with pytest.raises(ValueError, match="is not device 0's default memory pool"):
+        mr.CudaAsyncViewMemoryResource(default + 4096)
+    with pytest.raises(TypeError, match="pool_handle must be an int"):
+        mr.CudaAsyncViewMemoryResource("default")

@@ -855,3 +855,16 @@ def test_release_of_a_resource_reaches_the_pools_it_is_built_over():
     # Still serves, growing again.
     stats.deallocate(stats.allocate(4096), 4096)
     assert pool.pool_size() > 0
+
+
+def test_a_prefetch_adaptor_needs_the_cuda_backend():
+    with pytest.raises(ValueError, match="PrefetchResourceAdaptor needs an upstream of the CUDA backend"):
+        mr.PrefetchResourceAdaptor(mr.HostMemoryResource())
+    with pytest.raises(TypeError, match="upstream_mr must be a memres.mr resource"):
+        mr.PrefetchResourceAdaptor(object())
+
+
+def test_an_async_view_needs_cuda(monkeypatch):
+    monkeypatch.setattr(memres, "cuda_available", lambda: False)
+    with pytest.raises(memres.CudaUnavailable, match="CudaAsyncViewMemoryResource needs CUDA"):
+        mr.CudaAsyncViewMemoryResource()

@@ -15,7 +15,8 @@
 //! | [`Device`], [`Context`] | `cuDevice*`, primary contexts | `cuda_device_id` |
 //!
 //! The resources are also the leaves `async`, `cuda`, `managed`, `pinned`
-//! and `vmm` of the core's stack strings ([`stack`]).
+//! and `vmm` of the core's stack strings, and [`Prefetch`] the layer
+//! `prefetch` ([`stack`]).
 //!
 //! Every resource implements [`memres_core::MemoryResource`] and so stacks
 //! under the core's algorithms (a [`CoalescingPool`](memres_core::pool::CoalescingPool)

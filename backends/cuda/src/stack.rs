@@ -1,13 +1,19 @@
 //! The CUDA resources as names of the core's
-//! [`StackBuilder`]: `async`, `cuda`, `managed`, `pinned` and `vmm`.
+//! [`StackBuilder`]: `async`, `cuda`, `managed`, `pinned` and `vmm`, and the
+//! layer `prefetch`.
 //!
 //! | name | arguments | resource (typed handle) |
 //! | --- | --- | --- |
-//! | `async` | `initial=`, `release_threshold=` | [`CudaAsyncMemory`] on its own pool (`Counted<CudaAsyncMemory>`) |
+//! | `async` | `initial=`, `release_threshold=`, `pool=own\|default` | [`CudaAsyncMemory`] on its own pool, or with `pool=default` on the device's default pool ([`CudaAsyncMemory::default_pool`], RMM's async view resource), left as it is (`Counted<CudaAsyncMemory>`) |
 //! | `cuda` | none | [`CudaMemory`] (`Counted<CudaMemory>`) |
 //! | `managed` | none | [`ManagedMemory`] (`Counted<ManagedMemory>`) |
 //! | `pinned` | none | [`PinnedMemory`], page-locked host memory (`Counted<PinnedMemory>`) |
 //! | `vmm` | `reserve=`, `release_threshold=`, `slack=`, `handle_granules=`, `large_handles=`, `trim_on_commit=`, `per_stream=` | a [`VirtualPool`](memres_core::vpool::VirtualPool) over [`CudaVirtualSpace`](crate::CudaVirtualSpace) ([`VmmPool`]), counted by the bytes it maps (see [`VmmConfig`]); with `per_stream=true` one per stream, stream-ordered ([`VmmPools`]) |
+//!
+//!
+//! | layer | arguments | resource (typed handle) |
+//! | --- | --- | --- |
+//! | `prefetch` | the upstream | [`Prefetch`] of the upstream to the builder's device: RMM's `prefetch_resource_adaptor`, meant over `managed` |
 //!
 //! Every leaf counts what it holds from the device in one [`Gauge`] per
 //! stack ([`Counted`]; `vmm` its mapped bytes, [`CountedSpace`]), so that
@@ -42,16 +48,18 @@ pub use vmm::{vmm_config, CountedSpace, VmmConfig, VmmPool, VmmPools, VMM_RESERV
 
 use crate::{
     AsyncConfig, CudaAsyncMemory, CudaCopy, CudaMemory, CudaStream, Device, ManagedMemory, PinnedMemory,
+    Prefetch,
 };
 use memres_core::adaptor::{Counted, Gauge};
 use memres_core::copy::MemoryOf;
-use memres_core::stack::{Call, StackBuilder, StackError, Unbacked};
+use memres_core::stack::{Call, StackBuilder, StackError, StackErrorKind, Unbacked};
 use memres_core::MemoryResource;
 use std::sync::Arc;
 
-/// The options of `async`: `initial=` (bytes reserved when made, default 0)
-/// and `release_threshold=` (bytes kept reserved across synchronizations,
-/// default: all of them).
+/// The options of `async`'s own pool: `initial=` (bytes reserved when made,
+/// default 0) and `release_threshold=` (bytes kept reserved across
+/// synchronizations, default: all of them); `pool=` is read by
+/// [`async_views_default_pool`].
 ///
 /// # Errors
 ///
@@ -68,7 +76,7 @@ use std::sync::Arc;
 /// # Ok::<(), memres_core::stack::StackError>(())
 /// ```
 pub fn async_config(call: &Call) -> Result<AsyncConfig, StackError> {
-    call.expect_args(0, &["initial", "release_threshold"])?;
+    call.expect_args(0, &["initial", "release_threshold", "pool"])?;
     let mut config = AsyncConfig::new();
     if let Some(initial) = call.size_arg("initial")? {
         config = config.initial_size(initial);
@@ -77,6 +85,49 @@ pub fn async_config(call: &Call) -> Result<AsyncConfig, StackError> {
         config = config.release_threshold(threshold);
     }
     Ok(config)
+}
+
+/// Whether `async` views the device's default pool (`pool=default`) rather
+/// than making a pool of its own (`pool=own`, the default). A view leaves
+/// the pool's attributes as they are, so it takes neither `initial=` nor
+/// `release_threshold=`.
+///
+/// # Errors
+///
+/// [`StackErrorKind::BadValue`] at `pool=` for another value, and at
+/// `initial=` or `release_threshold=` beside `pool=default`.
+///
+/// # Examples
+///
+/// ```
+/// use memres_cuda::stack::async_views_default_pool;
+/// use memres_core::stack::parse;
+/// assert!(async_views_default_pool(&parse("async(pool=default)")?)?);
+/// assert!(!async_views_default_pool(&parse("async(pool=own, initial=1GiB)")?)?);
+/// assert!(!async_views_default_pool(&parse("async")?)?);
+/// assert_eq!(async_views_default_pool(&parse("async(pool=mine)")?).unwrap_err().pos, 11);
+/// assert_eq!(async_views_default_pool(&parse("async(pool=default, initial=1GiB)")?).unwrap_err().pos, 28);
+/// # Ok::<(), memres_core::stack::StackError>(())
+/// ```
+pub fn async_views_default_pool(call: &Call) -> Result<bool, StackError> {
+    let Some(v) = call.keyed("pool") else { return Ok(false) };
+    match v.text()? {
+        "own" => Ok(false),
+        "default" => {
+            match ["initial", "release_threshold"].into_iter().find_map(|k| call.keyed(k).map(|v| (k, v))) {
+                Some((key, v)) => Err(StackError::new(
+                    v.pos(),
+                    StackErrorKind::BadValue(format!(
+                        "`{key}=` with `pool=default`: a view leaves the device's default pool as it is"
+                    )),
+                )),
+                None => Ok(true),
+            }
+        }
+        other => {
+            Err(StackError::new(v.pos(), StackErrorKind::BadValue(format!("pool `{other}`: own or default"))))
+        }
+    }
 }
 
 /// A leaf of no arguments made by `make` on `device`, counted in `gauge`.
@@ -98,7 +149,7 @@ fn plain_leaf<R>(
 }
 
 /// Registers the CUDA leaves of `device` in `builder` (see the
-/// [module](self)), every one counted in `gauge`.
+/// [module](self)), every one counted in `gauge`, and the `prefetch` layer.
 pub fn register(
     builder: &mut StackBuilder<CudaStream>,
     device: Device,
@@ -107,12 +158,22 @@ pub fn register(
     let g = gauge.clone();
     builder.register_leaf_of::<CudaCopy>("async", move |call, cx| {
         let config = async_config(call)?;
-        let leaf = CudaAsyncMemory::with_config(device, config).map_err(|e| call.resource_error(e))?;
+        let leaf = if async_views_default_pool(call)? {
+            CudaAsyncMemory::default_pool(device)
+        } else {
+            CudaAsyncMemory::with_config(device, config)
+        };
+        let leaf = leaf.map_err(|e| call.resource_error(e))?;
         Ok(cx.keep_leaf_of_releasing(call, Counted::new(leaf, g.clone())))
     });
     plain_leaf(builder, "cuda", device, &gauge, CudaMemory::new);
     plain_leaf(builder, "managed", device, &gauge, ManagedMemory::new);
     plain_leaf(builder, "pinned", device, &gauge, PinnedMemory::new);
+    builder.register("prefetch", move |call, cx| {
+        call.expect_args(1, &[])?;
+        let layer = Prefetch::new(cx.upstream(call, 0)?, device).map_err(|e| call.resource_error(e))?;
+        Ok(cx.keep(call, layer))
+    });
     builder.register_leaf_of::<CudaCopy>("vmm", move |call, cx| {
         let config = vmm_config(call)?;
         if config.per_stream {
@@ -130,7 +191,7 @@ type ArgCheck = fn(&Call) -> Result<(), StackError>;
 /// Registers the CUDA leaves for checking a stack without a device: each
 /// reads its arguments as [`register`]'s does, then stands in as an
 /// [`Unbacked`] leaf, which serves any size (only the device knows its
-/// memory).
+/// memory). `prefetch` reads its upstream and stands in as that upstream.
 ///
 /// # Examples
 ///
@@ -141,10 +202,12 @@ type ArgCheck = fn(&Call) -> Result<(), StackError>;
 /// memres_cuda::stack::register_checking(&mut b);
 /// assert!(b.build("stats(pool(async(initial=64GiB), initial=60GiB))", &CudaStream::legacy()).is_ok());
 /// assert_eq!(b.build("pool(async(bogus=1))", &CudaStream::legacy()).err().unwrap().pos, 11);
+/// assert!(b.build("stats(prefetch(managed))", &CudaStream::legacy()).is_ok());
+/// assert_eq!(b.build("prefetch(managed, cuda)", &CudaStream::legacy()).err().unwrap().pos, 18);
 /// ```
 pub fn register_checking(builder: &mut StackBuilder<CudaStream>) -> &mut StackBuilder<CudaStream> {
     let checks: [(&str, ArgCheck); 5] = [
-        ("async", |call| async_config(call).map(drop)),
+        ("async", |call| async_config(call).and_then(|_| async_views_default_pool(call)).map(drop)),
         ("cuda", |call| call.expect_args(0, &[])),
         ("managed", |call| call.expect_args(0, &[])),
         ("pinned", |call| call.expect_args(0, &[])),
@@ -156,5 +219,8 @@ pub fn register_checking(builder: &mut StackBuilder<CudaStream>) -> &mut StackBu
             Ok(cx.keep(call, Unbacked::new()))
         });
     }
-    builder
+    builder.register("prefetch", |call, cx| {
+        call.expect_args(1, &[])?;
+        cx.upstream(call, 0)
+    })
 }

@@ -131,3 +131,32 @@ fn asking_for_a_cuda_before_the_function_existed_is_an_error_not_a_wrong_form() 
     let got = MemPrefetchAsync::as_of(7050);
     assert!(got.is_err(), "{got:?}");
 }
+
+#[test]
+fn the_prefetch_layer_of_a_stack_string_moves_each_block_it_hands_out() {
+    let test = "the_prefetch_layer_of_a_stack_string_moves_each_block_it_hands_out";
+    let Some(device) = gpu(test) else { return };
+    if !can_prefetch(device, test) {
+        return;
+    }
+    let gauge = std::sync::Arc::new(memres_core::adaptor::Gauge::default());
+    let mut builder = memres_core::stack::StackBuilder::<CudaStream>::new();
+    memres_cuda::stack::register(&mut builder, device, gauge.clone());
+    let stream = CudaStream::new(device).unwrap();
+    let stack = builder.build("stats(prefetch(managed))", &stream).unwrap();
+    let block = stack.allocate(Request::new(4 << 20).unwrap(), &stream).unwrap();
+    stream.synchronize().unwrap();
+    assert_eq!(last_prefetched_to(block.addr(), 4 << 20), device.raw());
+    fill(&stream, &block, 0x00DD_BA11);
+    expect_filled(&stream, &block, 0x00DD_BA11);
+    assert_eq!(gauge.value(), 4 << 20);
+    stack.deallocate(block, &stream).unwrap();
+    assert_eq!(gauge.value(), 0);
+    // Over memory that does not migrate, the layer hands blocks out as they are.
+    let plain = builder.build("prefetch(cuda)", &stream).unwrap();
+    let block = plain.allocate(Request::new(1 << 20).unwrap(), &stream).unwrap();
+    plain.deallocate(block, &stream).unwrap();
+    // One upstream, no options.
+    let e = builder.build("prefetch(managed, cuda)", &stream).err().expect("two upstreams");
+    assert_eq!((e.pos, &e.kind), (18, &memres_core::stack::StackErrorKind::ExtraArg), "{e}");
+}

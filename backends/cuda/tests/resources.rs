@@ -100,6 +100,29 @@ fn default_pool_view_leaves_the_pool_alive() {
 }
 
 #[test]
+fn a_stack_strings_async_views_the_default_pool_with_pool_default() {
+    let Some(device) = gpu("a_stack_strings_async_views_the_default_pool_with_pool_default") else { return };
+    let stream = CudaStream::new(device).unwrap();
+    let gauge = std::sync::Arc::new(memres_core::adaptor::Gauge::default());
+    let mut builder = memres_core::stack::StackBuilder::<CudaStream>::new();
+    memres_cuda::stack::register(&mut builder, device, gauge.clone());
+    let default = CudaAsyncMemory::default_pool(device).unwrap().pool_handle();
+    for (text, views) in [("async(pool=default)", true), ("async(pool=own)", false), ("async", false)] {
+        let built = builder.build_with_handles(text, &stream).unwrap();
+        let leaf = built.get::<memres_core::adaptor::Counted<CudaAsyncMemory>>("async").unwrap();
+        assert_eq!(leaf.inner().pool_handle() == default, views, "{text}");
+        assert_eq!(leaf.inner().owns_pool(), !views, "{text}");
+        round_trip(&built.resource, &stream);
+        assert_eq!(gauge.value(), 0, "{text}");
+    }
+    let e = builder
+        .build("async(pool=default, release_threshold=1GiB)", &stream)
+        .err()
+        .expect("a view's attributes");
+    assert!(e.to_string().contains("a view leaves the device's default pool as it is"), "{e}");
+}
+
+#[test]
 fn managed_memory_round_trip_and_host_access() {
     let Some(device) = gpu("managed_memory_round_trip_and_host_access") else { return };
     let mr = ManagedMemory::new(device).unwrap();

@@ -279,7 +279,7 @@ type LeafConstructor<S, E> =
 /// [`new`](Self::new) registers the core's names (see the
 /// [module](super)); backends register their leaves (`memres-sim`: `sim`,
 /// `host`, `vpool`; `memres-cuda`: `cuda`, `async`, `managed`, `pinned`,
-/// `vmm`), and any other resource joins with one [`register`](Self::register)
+/// `vmm`, and the layer `prefetch`), and any other resource joins with one [`register`](Self::register)
 /// call. [`build_with_handles`](Self::build_with_handles) also hands back
 /// the typed resources (to read a `stats` adaptor's figures, a device's
 /// peak...).

@@ -87,13 +87,14 @@
 //! The others belong to one name: `growth=`, `release=` (`pool`),
 //! `blocks=` (`fixed`: blocks per chunk), `superblock=`
 //! (`arena`), `alignment=`, `threshold=` (`align`), `file=` (`log`),
-//! `handle_granules=`, `large_handles=`, `trim_on_commit=` (`vmm`).
+//! `handle_granules=`, `large_handles=`, `trim_on_commit=` (`vmm`), `pool=`
+//! (`async`: `own` or the device's `default` pool).
 //!
 //! The leaves come from the backends: `sim` (a simulated device), `host`
 //! (host memory) and `vpool` (a virtual pool over a simulated address
 //! space) from `memres-sim`; `cuda`, `async`, `managed`, `pinned` and
-//! `vmm` from `memres-cuda`. [`Unbacked`] stands in for a device while a
-//! stack is only checked.
+//! `vmm` from `memres-cuda`, with its layer `prefetch`. [`Unbacked`] stands
+//! in for a device while a stack is only checked.
 //!
 //! The readers of each name's arguments ([`pool_config`],
 //! [`fixed_config`], [`fixed_block_size`], [`binning_exponents`], [`arena_config`],
