@@ -127,13 +127,6 @@ class DeviceMemoryResource:
         upstream objects)."""
         return self._native.stack
 
-    @property
-    def upstream_mr(self):
-        return self._upstreams[0] if self._upstreams else None
-
-    def get_upstream(self):
-        return self.upstream_mr
-
     def allocate(self, nbytes, stream=None):
         """Allocates ``nbytes`` on ``stream``; returns the address."""
         handle = as_handle(stream)
@@ -197,6 +190,18 @@ class DeviceMemoryResource:
 
     def __repr__(self):
         return f"<memres.mr.{type(self).__name__} {self.stack!r} on device {self.device_id}>"
+
+
+class UpstreamResourceAdaptor(DeviceMemoryResource):
+    """Base of every resource built over another (the algorithms and the
+    adaptors), as RMM's: ``upstream_mr`` is the object it was given."""
+
+    @property
+    def upstream_mr(self):
+        return self._upstreams[0]
+
+    def get_upstream(self):
+        return self.upstream_mr
 
 
 def _nbytes(n, what):
@@ -345,7 +350,7 @@ class CallbackMemoryResource(DeviceMemoryResource):
 
 # Algorithms ----------------------------------------------------------------
 
-class PoolMemoryResource(DeviceMemoryResource):
+class PoolMemoryResource(UpstreamResourceAdaptor):
     """The coalescing pool. ``per_stream=True``: a pool per stream,
     stream-ordered as PyTorch's allocator (no ``maximum_pool_size``)."""
 
@@ -360,7 +365,7 @@ class PoolMemoryResource(DeviceMemoryResource):
         return self._native.pool_size()
 
 
-class ArenaMemoryResource(DeviceMemoryResource):
+class ArenaMemoryResource(UpstreamResourceAdaptor):
     """Global arena of superblocks with per-thread and per-stream arenas."""
 
     def __init__(self, upstream_mr, arena_size=None, dump_log_on_failure=False):
@@ -368,7 +373,7 @@ class ArenaMemoryResource(DeviceMemoryResource):
                     initial=None if arena_size is None else _size(arena_size, "arena_size"))
 
 
-class BinningMemoryResource(DeviceMemoryResource):
+class BinningMemoryResource(UpstreamResourceAdaptor):
     """Power-of-two bins from ``2**min_size_exponent`` to
     ``2**max_size_exponent``, larger sizes from the upstream."""
 
@@ -378,7 +383,7 @@ class BinningMemoryResource(DeviceMemoryResource):
                     max_bin=None if max_size_exponent in (None, -1) else _bin(max_size_exponent, "max_size_exponent"))
 
 
-class FixedSizeMemoryResource(DeviceMemoryResource):
+class FixedSizeMemoryResource(UpstreamResourceAdaptor):
     """Blocks of one size, ``blocks_to_preallocate`` per upstream chunk."""
 
     def __init__(self, upstream_mr, block_size=1 << 20, blocks_to_preallocate=128):
@@ -388,7 +393,7 @@ class FixedSizeMemoryResource(DeviceMemoryResource):
 
 # Adaptors ------------------------------------------------------------------
 
-class StatisticsResourceAdaptor(DeviceMemoryResource):
+class StatisticsResourceAdaptor(UpstreamResourceAdaptor):
     """Counts bytes and allocations: now, peak and total, in a stack of
     levels (``push_counters`` / ``pop_counters``)."""
 
@@ -417,7 +422,7 @@ def _counts(figures):
                       peak_count=c_peak, total_bytes=b_total, total_count=c_total)
 
 
-class TrackingResourceAdaptor(DeviceMemoryResource):
+class TrackingResourceAdaptor(UpstreamResourceAdaptor):
     """Keeps every outstanding allocation; with ``capture_stacks=True`` the
     (native) backtrace of each too."""
 
@@ -441,15 +446,16 @@ class TrackingResourceAdaptor(DeviceMemoryResource):
         logging.getLogger("memres").debug("Outstanding allocations: %s", self.get_outstanding_allocations_str())
 
 
-class LoggingResourceAdaptor(DeviceMemoryResource):
+class LoggingResourceAdaptor(UpstreamResourceAdaptor):
     """Logs every call in RMM's CSV format to ``log_file_name`` (else
-    ``$MEMRES_LOG_FILE``)."""
+    ``$MEMRES_LOG_FILE``), a path taken from the working directory when the
+    adaptor is made; ``get_file_name()`` gives it absolute, as RMM's."""
 
     def __init__(self, upstream_mr, log_file_name=None):
         name = log_file_name or os.environ.get("MEMRES_LOG_FILE")
         if not name:
             raise ValueError("memres: LoggingResourceAdaptor needs log_file_name or MEMRES_LOG_FILE")
-        self._file = os.fspath(name)
+        self._file = os.path.abspath(os.fspath(name))
         self._build("log", [], [upstream_mr], file=_word(self._file, "log_file_name"))
 
     def get_file_name(self):
@@ -459,7 +465,7 @@ class LoggingResourceAdaptor(DeviceMemoryResource):
         self._native.flush()
 
 
-class LimitingResourceAdaptor(DeviceMemoryResource):
+class LimitingResourceAdaptor(UpstreamResourceAdaptor):
     """Refuses allocations past ``allocation_limit`` bytes in use."""
 
     def __init__(self, upstream_mr, allocation_limit):
@@ -475,7 +481,7 @@ class LimitingResourceAdaptor(DeviceMemoryResource):
         return self._native.limited_bytes()
 
 
-class FailureCallbackResourceAdaptor(DeviceMemoryResource):
+class FailureCallbackResourceAdaptor(UpstreamResourceAdaptor):
     """Calls ``callback(nbytes) -> bool`` when the upstream is out of
     memory; a true answer retries the allocation."""
 
@@ -485,7 +491,7 @@ class FailureCallbackResourceAdaptor(DeviceMemoryResource):
         self._build("on_failure", [], [upstream_mr], callbacks=(None, None, callback))
 
 
-class PrefetchResourceAdaptor(DeviceMemoryResource):
+class PrefetchResourceAdaptor(UpstreamResourceAdaptor):
     """Prefetches every block it hands out to the resource's device, on
     the allocation's stream (``cuMemPrefetchAsync``), as RMM's: meant over
     ManagedMemoryResource; memory that does not migrate is handed out as it

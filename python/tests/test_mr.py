@@ -868,3 +868,32 @@ def test_an_async_view_needs_cuda(monkeypatch):
     monkeypatch.setattr(memres, "cuda_available", lambda: False)
     with pytest.raises(memres.CudaUnavailable, match="CudaAsyncViewMemoryResource needs CUDA"):
         mr.CudaAsyncViewMemoryResource()
+
+
+def test_the_algorithms_and_adaptors_are_upstream_resource_adaptors_as_rmms():
+    host = mr.HostMemoryResource()
+    pool = mr.PoolMemoryResource(host)
+    over = [(pool, host), (mr.ArenaMemoryResource(host), host), (mr.BinningMemoryResource(pool), pool),
+            (mr.FixedSizeMemoryResource(host), host), (mr.StatisticsResourceAdaptor(pool), pool),
+            (mr.TrackingResourceAdaptor(pool), pool), (mr.LimitingResourceAdaptor(pool, 1 << 20), pool),
+            (mr.FailureCallbackResourceAdaptor(pool, lambda n: False), pool)]
+    for res, upstream in over:
+        assert isinstance(res, mr.UpstreamResourceAdaptor), res
+        assert res.upstream_mr is upstream and res.get_upstream() is upstream, res
+    for leaf in (host, mr.SimulatedMemoryResource(1 << 30), mr.StackMemoryResource("pool(host)", backend="sim")):
+        assert not isinstance(leaf, mr.UpstreamResourceAdaptor)
+        assert not hasattr(leaf, "upstream_mr")
+    with pytest.raises(TypeError, match="abstract"):
+        mr.UpstreamResourceAdaptor(pool)
+
+
+def test_a_logs_file_name_is_taken_from_the_working_directory_when_made(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    logged = mr.LoggingResourceAdaptor(mr.HostMemoryResource(), log_file_name="rel.csv")
+    assert logged.get_file_name() == str(tmp_path / "rel.csv")
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    logged.deallocate(logged.allocate(1000), 1000)
+    logged.flush()
+    assert "allocate" in (tmp_path / "rel.csv").read_text()
+    assert not (tmp_path / "elsewhere" / "rel.csv").exists()
