@@ -153,10 +153,10 @@ impl ByAddr for Table {
 /// the upstream; one the upstream refuses or panics in keeps the block
 /// outstanding (the upstream may not have freed it), so that a retry
 /// frees it and a leak report names it. Zero-byte requests are not tracked. With `std`,
-/// `Tracking::with_backtraces` records a
-/// `std::backtrace::Backtrace::capture()` with every allocation (off by
-/// default; `capture` records frames only when `RUST_BACKTRACE` or
-/// `RUST_LIB_BACKTRACE` is set).
+/// `Tracking::with_backtraces` records a backtrace with every allocation
+/// (off by default; `std::backtrace::Backtrace::force_capture()`, whatever
+/// `RUST_BACKTRACE` says: asking for them is the switch, as RMM's
+/// `capture_stacks`).
 ///
 /// # Examples
 ///
@@ -296,7 +296,9 @@ impl<R> Tracking<R> {
         Entry {
             size,
             #[cfg(feature = "std")]
-            backtrace: self.backtraces.then(|| alloc::sync::Arc::new(std::backtrace::Backtrace::capture())),
+            backtrace: self
+                .backtraces
+                .then(|| alloc::sync::Arc::new(std::backtrace::Backtrace::force_capture())),
         }
     }
 }
