@@ -283,7 +283,7 @@ def last_prefetched_to(ptr, nbytes):
         assert cuda.cuCtxSetCurrent(ctx) == 0
         assert cuda.cuCtxSynchronize() == 0
         to = ctypes.c_int(0)
-        last_prefetch_location = 3  # CU_MEM_RANGE_ATTRIBUTE_LAST_PREFETCH_LOCATION
+        last_prefetch_location = 4  # CU_MEM_RANGE_ATTRIBUTE_LAST_PREFETCH_LOCATION
         assert cuda.cuMemRangeGetAttribute(ctypes.byref(to), ctypes.c_size_t(4), last_prefetch_location,
                                            ctypes.c_uint64(ptr), ctypes.c_size_t(nbytes)) == 0
         return to.value
