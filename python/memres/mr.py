@@ -337,15 +337,47 @@ class HostMemoryResource(DeviceMemoryResource):
 
 
 class CallbackMemoryResource(DeviceMemoryResource):
-    """Memory from Python functions: ``allocate_func(nbytes) -> int`` and
-    ``deallocate_func(ptr, nbytes)``."""
+    """Memory from Python functions, as RMM's: ``allocate_func(nbytes,
+    stream) -> int`` and ``deallocate_func(ptr, nbytes, stream)``, the
+    stream a ``memres.Stream``. Functions that take one argument fewer
+    (``allocate_func(nbytes)``, ``deallocate_func(ptr, nbytes)``) are
+    called without it."""
 
     def __init__(self, allocate_func, deallocate_func, backend="cuda", device=None):
         for name, f in (("allocate_func", allocate_func), ("deallocate_func", deallocate_func)):
             if not callable(f):
                 raise TypeError(f"memres: {name} must be callable, not {type(f).__name__}")
         self._build("callback", [], backend=backend, device=device,
-                    callbacks=(allocate_func, deallocate_func, None))
+                    callbacks=(_given_a_stream(allocate_func, 2), _given_a_stream(deallocate_func, 3), None))
+
+
+def _given_a_stream(f, arity):
+    """``f`` as the native side calls it, with the stream's raw handle
+    last: RMM's form (``arity`` arguments, the stream a ``memres.Stream``)
+    when ``f`` takes that many positional arguments or any number of them
+    (or its signature cannot be read), else called without the stream."""
+    import inspect
+    try:
+        params = inspect.signature(f).parameters.values()
+    except (TypeError, ValueError):
+        takes_stream = True
+    else:
+        positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+        takes_stream = len(positional) >= arity or any(p.kind == p.VAR_POSITIONAL for p in params)
+    if takes_stream:
+        def called(*args):
+            return f(*args[:-1], _stream_of(args[-1]))
+    else:
+        def called(*args):
+            return f(*args[:-1])
+    return called
+
+
+def _stream_of(handle):
+    """The ``memres.Stream`` of a handle the native side passes: one of
+    a stream this resource was given, so the driver knows it."""
+    from ._stream import Stream
+    return Stream() if handle == 0 else Stream.from_handle(handle)
 
 
 # Algorithms ----------------------------------------------------------------

@@ -189,8 +189,9 @@ fn address(result: &Bound<'_, PyAny>) -> PyResult<u64> {
     })
 }
 
-/// Memory from Python functions: `allocate(nbytes) -> int` and
-/// `deallocate(ptr, nbytes)`.
+/// Memory from Python functions: `allocate(nbytes, stream) -> int` and
+/// `deallocate(ptr, nbytes, stream)`, the stream as its raw handle (the
+/// Python layer gives RMM's functions a `memres.Stream` of it).
 struct PyCallbacks {
     allocate: Arc<Function>,
     deallocate: Arc<Function>,
@@ -198,22 +199,23 @@ struct PyCallbacks {
     covers: Covers,
 }
 
-impl<S: ?Sized + memres_core::Stream> MemoryResource<S> for PyCallbacks {
-    fn allocate(&self, request: Request, _: &S) -> memres_core::Result<Block> {
+impl MemoryResource<Stream> for PyCallbacks {
+    fn allocate(&self, request: Request, stream: &Stream) -> memres_core::Result<Block> {
+        let handle = crate::backend::handle_of(stream);
         in_callback(&self.covers, || {
             crate::gil::with_python(|py| {
                 let (Some(allocate), Some(deallocate)) = (self.allocate.get(py), self.deallocate.get(py))
                 else {
                     return Err(CLEARED);
                 };
-                let result = catching(|| allocate.call1(py, (request.size(),)))
+                let result = catching(|| allocate.call1(py, (request.size(), handle)))
                     .map_err(|e| raised(py, e, request.size(), "allocate_func raised"))?;
                 let addr = catching(|| address(result.bind(py)))
                     .map_err(|e| raised(py, e, request.size(), "allocate_func returned no int address"))?;
                 if addr == 0 || addr % request.align() != 0 {
                     if addr != 0 {
                         // Refused, the memory goes back: nobody else would free it.
-                        if let Err(e) = catching(|| deallocate.call1(py, (addr, request.size()))) {
+                        if let Err(e) = catching(|| deallocate.call1(py, (addr, request.size(), handle))) {
                             e.print(py);
                         }
                     }
@@ -228,12 +230,13 @@ impl<S: ?Sized + memres_core::Stream> MemoryResource<S> for PyCallbacks {
         })
     }
 
-    fn deallocate(&self, block: Block, _: &S) -> memres_core::Result<()> {
+    fn deallocate(&self, block: Block, stream: &Stream) -> memres_core::Result<()> {
+        let handle = crate::backend::handle_of(stream);
         in_callback(&self.covers, || {
             crate::gil::with_python(|py| {
                 // The block stays live: nothing else could give it back.
                 let deallocate = self.deallocate.get(py).ok_or(CLEARED)?;
-                catching(|| deallocate.call1(py, (block.addr(), block.size())))
+                catching(|| deallocate.call1(py, (block.addr(), block.size(), handle)))
                     .map(drop)
                     .map_err(|e| raised(py, e, 0, "deallocate_func raised"))
             })

@@ -897,3 +897,31 @@ def test_a_logs_file_name_is_taken_from_the_working_directory_when_made(tmp_path
     logged.flush()
     assert "allocate" in (tmp_path / "rel.csv").read_text()
     assert not (tmp_path / "elsewhere" / "rel.csv").exists()
+
+
+def test_callback_functions_get_the_calls_stream_as_rmms_or_none_if_they_take_none():
+    seen = []
+    host = mr.HostMemoryResource()
+
+    def allocate(nbytes, stream):
+        seen.append(("allocate", nbytes, stream))
+        return host.allocate(nbytes)
+
+    def deallocate(ptr, nbytes, stream):
+        seen.append(("deallocate", nbytes, stream))
+        host.deallocate(ptr, nbytes)
+
+    res = mr.CallbackMemoryResource(allocate, deallocate, backend="sim")
+    res.deallocate(res.allocate(1000), 1000)
+    assert [(what, n) for what, n, _ in seen] == [("allocate", 1000), ("deallocate", 1000)]
+    assert all(isinstance(s, memres.Stream) and s.handle == 0 for _, _, s in seen)
+    # memres's earlier form, without the stream; and a stream with a default.
+    short = mr.CallbackMemoryResource(lambda n: host.allocate(n), lambda p, n: host.deallocate(p, n), backend="sim")
+    short.deallocate(short.allocate(100), 100)
+    streams = []
+    optional = mr.CallbackMemoryResource(lambda n, stream=None: streams.append(stream) or host.allocate(n),
+                                         lambda p, n, *rest: streams.append(rest) or host.deallocate(p, n),
+                                         backend="sim")
+    optional.deallocate(optional.allocate(100), 100)
+    assert isinstance(streams[0], memres.Stream) and len(streams[1]) == 1
+    assert isinstance(streams[1][0], memres.Stream)
