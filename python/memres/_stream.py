@@ -45,6 +45,25 @@ class Stream:
     def __int__(self):
         return self.handle
 
+    def __cuda_stream__(self):
+        """The CUDA stream protocol's ``(version, handle)``: CuPy, Numba
+        and cuda-python take a memres ``Stream`` as their own."""
+        return (0, self.handle)
+
+    def is_default(self):
+        """Whether this is a default stream: the legacy one (handle 0 or
+        1) or the per-thread one (2), as RMM's."""
+        return self.handle in (0, _LEGACY, _PER_THREAD)
+
+    def synchronize(self):
+        """Waits until the work queued on the stream so far has finished,
+        as RMM's (on the current device; nothing to wait for without
+        CUDA)."""
+        from . import _native, cuda_available
+        from ._device import current_device
+        if cuda_available():
+            _native.cuda().synchronize_stream(self.handle, current_device())
+
     def __eq__(self, other):
         return isinstance(other, Stream) and other.handle == self.handle
 
@@ -112,4 +131,10 @@ def as_handle(stream):
     raise TypeError(f"memres: {type(stream).__name__} {stream!r} is not a stream: " + _WHAT_TO_PASS)
 
 
+# The driver's names for the two default streams (``cudaStreamLegacy``,
+# ``cudaStreamPerThread``).
+_LEGACY, _PER_THREAD = 1, 2
+
 DEFAULT_STREAM = Stream()
+LEGACY_DEFAULT_STREAM = Stream.from_handle(_LEGACY)
+PER_THREAD_DEFAULT_STREAM = Stream.from_handle(_PER_THREAD)

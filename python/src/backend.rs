@@ -152,9 +152,10 @@ mod imp {
         Context::primary(device).map_err(|e| backend_error(format!("device {device}: {e}")))
     }
 
-    /// Names the caller's stream: 0 is the legacy default stream of the
-    /// device's primary context (the thread may have no current context);
-    /// any other handle is asked for its own context when one is needed.
+    /// Names the caller's stream: 0 and `CU_STREAM_LEGACY` (1) are the
+    /// legacy default stream of the device's primary context (the thread
+    /// may have no current context); any other handle is asked for its own
+    /// context when one is needed.
     ///
     /// # Safety
     ///
@@ -162,7 +163,7 @@ mod imp {
     /// long as the stream returned, and everything it is given to (a
     /// buffer, a stack, a deferred free), uses it.
     pub(crate) unsafe fn stream(handle: u64, device: u32) -> PyResult<Stream> {
-        if handle == 0 {
+        if handle == 0 || handle as usize == memres_cuda::sys::CU_STREAM_LEGACY {
             return default_stream(device);
         }
         // A per-thread stream is named with its device's context, which its

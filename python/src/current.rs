@@ -71,6 +71,19 @@ pub(crate) fn memory_info(py: Python<'_>, device: u32) -> PyResult<(u64, u64)> {
     crate::gil::detach(py, || backend::memory_info(device))
 }
 
+/// Waits until the work queued so far on the stream of `handle` (of
+/// `device`) has finished: RMM's `Stream.synchronize()`.
+#[pyfunction]
+pub(crate) fn synchronize_stream(py: Python<'_>, handle: u64, device: u32) -> PyResult<()> {
+    crate::gil::detach(py, || {
+        // SAFETY: a handle of the package's Python layer (the module's
+        // contract: "Streams at the boundary" in lib.rs), used for this
+        // call only.
+        let stream = unsafe { backend::stream(handle, device)? };
+        memres_core::Stream::synchronize(&stream).map_err(|e| crate::errors::to_py(e, "synchronize"))
+    })
+}
+
 /// The handle of `device`'s default driver memory pool
 /// (`cudaDeviceGetDefaultMemPool`), for RMM's async view resource.
 #[pyfunction]

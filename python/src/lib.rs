@@ -59,6 +59,7 @@ fn native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(current::device_bytes, m)?)?;
     m.add_function(wrap_pyfunction!(current::memory_info, m)?)?;
     m.add_function(wrap_pyfunction!(current::default_memory_pool, m)?)?;
+    m.add_function(wrap_pyfunction!(current::synchronize_stream, m)?)?;
     m.add_function(wrap_pyfunction!(snapshot::record, m)?)?;
     m.add_function(wrap_pyfunction!(snapshot::snapshot, m)?)?;
     m.add_function(wrap_pyfunction!(log_file_of_device, m)?)?;

@@ -4,6 +4,7 @@ int included) is a TypeError, and Stream.from_handle wraps a raw handle."""
 import copy
 import ctypes
 import pickle
+import types
 
 import pytest
 
@@ -111,7 +112,6 @@ def test_resources_take_stream_objects():
 def _setup():
     """A tracked, counted pool of host memory with a buffer and a block of
     it: what the entry points below are called on."""
-    import types
     stats = mr.StatisticsResourceAdaptor(mr.PoolMemoryResource(mr.HostMemoryResource()))
     t = mr.TrackingResourceAdaptor(stats)
     return types.SimpleNamespace(t=t, stats=stats, pool=stats.upstream_mr,
@@ -204,3 +204,22 @@ def test_a_stream_does_not_pickle_but_the_default_stream_does():
     for s in (memres.DEFAULT_STREAM, memres.Stream(), memres.Stream.from_handle(0)):
         back = pickle.loads(pickle.dumps(s))
         assert isinstance(back, memres.Stream) and back.handle == 0 and back == memres.DEFAULT_STREAM
+
+
+def test_a_stream_speaks_rmms_methods_and_the_stream_protocol():
+    assert memres.DEFAULT_STREAM.is_default() and memres.LEGACY_DEFAULT_STREAM.is_default()
+    assert memres.PER_THREAD_DEFAULT_STREAM.is_default()
+    assert (memres.LEGACY_DEFAULT_STREAM.handle, memres.PER_THREAD_DEFAULT_STREAM.handle) == (1, 2)
+    other = memres.Stream.from_handle(0x1234)
+    assert not other.is_default()
+    assert other.__cuda_stream__() == (0, 0x1234)
+    # A consumer of the protocol reads the handle from it.
+    assert as_handle(types.SimpleNamespace(__cuda_stream__=other.__cuda_stream__)) == 0x1234
+
+
+def test_the_default_streams_serve_allocations(gpu):
+    res = mr.CudaMemoryResource()
+    for stream in (memres.DEFAULT_STREAM, memres.LEGACY_DEFAULT_STREAM, memres.PER_THREAD_DEFAULT_STREAM):
+        buf = memres.DeviceBuffer.to_device(b"on a default stream", stream=stream, mr=res)
+        stream.synchronize()
+        assert buf.tobytes() == b"on a default stream"
