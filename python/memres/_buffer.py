@@ -1,5 +1,7 @@
 """``memres.DeviceBuffer``: bytes from a memres resource, as RMM's."""
 
+import pickle
+
 from ._stream import as_handle
 from . import mr as _mr
 
@@ -38,9 +40,10 @@ class DeviceBuffer:
 
     @classmethod
     def to_device(cls, b, stream=None, mr=None):
-        """A buffer holding the bytes of ``b`` (any buffer object)."""
+        """A buffer holding the bytes of ``b``: ``bytes`` or any 1-D
+        contiguous buffer of an 8-bit type, as RMM's."""
         self = cls.__new__(cls)
-        self._init(0, stream, mr, bytes(memoryview(b).cast("B")))
+        self._init(0, stream, mr, bytes(_host_bytes(b, "to_device")))
         return self
 
     def copy(self):
@@ -57,10 +60,17 @@ class DeviceBuffer:
     def __deepcopy__(self, memo):
         return self.copy()
 
-    def __reduce__(self):
+    def __reduce_ex__(self, protocol):
         # As RMM: the bytes, rebuilt into a buffer of the current resource
-        # where it is unpickled.
-        return DeviceBuffer.to_device, (self.tobytes(),)
+        # where it is unpickled; from protocol 5 they may travel out of
+        # band (a `buffer_callback`), as RMM's NumPy array does.
+        data = self._buf.copy_to_host()
+        if protocol >= 5:
+            return DeviceBuffer.to_device, (pickle.PickleBuffer(bytearray(data)),)
+        return DeviceBuffer.to_device, (bytes(data),)
+
+    def __bytes__(self):
+        return self.tobytes()
 
     @property
     def ptr(self):
@@ -97,21 +107,23 @@ class DeviceBuffer:
 
     def copy_to_host(self, ary=None, stream=None):
         """The bytes, as a bytearray, or written into ``ary`` (a writable
-        buffer of at least ``size`` bytes), which is returned."""
+        1-D contiguous buffer of an 8-bit type, of at least ``size``
+        bytes), which is returned."""
         as_handle(stream)
         data = self._buf.copy_to_host()
         if ary is None:
             return bytearray(data)
-        view = memoryview(ary).cast("B")
+        view = _host_bytes(ary, "copy_to_host")
         if view.readonly or len(view) < len(data):
             raise ValueError(f"memres: copy_to_host needs a writable buffer of {len(data)} bytes")
         view[:len(data)] = data
         return ary
 
     def copy_from_host(self, ary, stream=None):
-        """Writes the bytes of ``ary`` at the start of the buffer."""
+        """Writes the bytes of ``ary`` (as ``to_device`` takes them) at the
+        start of the buffer."""
         as_handle(stream)
-        self._buf.copy_from_host(bytes(memoryview(ary).cast("B")))
+        self._buf.copy_from_host(bytes(_host_bytes(ary, "copy_from_host")))
 
     def copy_from_device(self, src, stream=None):
         """Copies the bytes of ``src`` (a memres DeviceBuffer) to the start
@@ -153,6 +165,21 @@ class DeviceBuffer:
 
     def __repr__(self):
         return f"<memres.DeviceBuffer size={self.size} ptr={self.ptr:#x}>"
+
+
+def _host_bytes(b, what):
+    """``b`` as bytes on the host: a 1-D contiguous buffer of an 8-bit
+    type (``bytes``, ``bytearray``, a ``uint8`` or ``int8`` array), as
+    RMM's ``const unsigned char[::1]`` takes it; ValueError for another
+    shape or type, TypeError for an object that is no buffer."""
+    try:
+        view = memoryview(b)
+    except TypeError:
+        raise TypeError(f"memres: {what} takes a bytes-like buffer, not {type(b).__name__}") from None
+    if view.ndim != 1 or not view.c_contiguous or view.format.lstrip("@=<>!") not in ("B", "b", "c"):
+        raise ValueError(f"memres: {what} takes a 1-D contiguous buffer of an 8-bit type, not "
+                         f"format {view.format!r} of shape {view.shape}")
+    return view.cast("B")
 
 
 def _native_buffer(mr):

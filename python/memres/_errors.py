@@ -5,6 +5,14 @@ class MemresError(RuntimeError):
     """A backend failed (the CUDA driver said no, a callback raised...)."""
 
 
+class InvalidArgument(MemresError, ValueError):
+    """A call or a configuration the resource refuses, changing nothing:
+    a free of a block it did not hand out or with another size, a pool
+    whose maximum is below its initial size, a bad alignment. A
+    ``ValueError``, and a ``RuntimeError`` as RMM raises its C++ errors in
+    Python, so that either ``except`` catches it."""
+
+
 class CudaUnavailable(MemresError, ImportError):
     """A CUDA resource was asked for where the CUDA side cannot load."""
 

@@ -116,7 +116,14 @@ def as_handle(stream):
     proto = getattr(stream, "__cuda_stream__", None)
     if proto is not None:
         value = proto() if callable(proto) else proto
-        return _checked(value[1] if isinstance(value, tuple) else value)
+        if not isinstance(value, tuple):
+            return _checked(value)
+        version, handle = value
+        if version != 0:
+            # As RMM: a later version may mean the handle differently.
+            raise NotImplementedError(f"memres: only version 0 of the CUDA stream protocol is "
+                                      f"supported, not version: {version!r}")
+        return _checked(handle)
     for attr in ("cuda_stream", "ptr"):
         value = getattr(stream, attr, None)
         if isinstance(value, int):

@@ -61,21 +61,25 @@ def _size(value, what):
     return str(_nbytes(value, what))
 
 
-# Decimal and binary units, as RMM's sizes take them (case does not matter).
-_UNITS = {"": 1, "b": 1, **{prefix + suffix: base ** power
+# The units RMM's sizes take, case aside: bytes, decimal (kb..pb) and
+# binary (kib..pib) prefixes, each ending in "b".
+_UNITS = {"": 1, "b": 1, **{prefix + middle + "b": base ** power
                            for power, prefix in enumerate("kmgtp", start=1)
-                           for suffix, base in (("", 1000), ("b", 1000), ("i", 1024), ("ib", 1024))}}
-_BYTES = re.compile(r"\s*((?:\d+\.?\d*|\.\d+)(?:e[+-]?\d+)?)?\s*([a-z]*)\s*", re.IGNORECASE)
+                           for middle, base in (("", 1000), ("i", 1024))}}
+# What RMM's parse_bytes reads: digits, perhaps a fraction, spaces or tabs,
+# perhaps a unit; nothing before or after.
+_BYTES = re.compile(r"([0-9]+(?:\.[0-9]*)?)[\t ]*([a-z]*)", re.IGNORECASE)
 
 
 def _parse_bytes(text, what):
-    """``"1.5 GiB"`` as 1610612736; ValueError naming ``what`` for text that
-    is no size."""
+    """``"1.5 GiB"`` as 1610612736, as RMM's ``parse_bytes`` reads sizes;
+    ValueError naming ``what`` for text that is no size."""
     m = _BYTES.fullmatch(text)
     unit = m and _UNITS.get(m.group(2).lower())
-    if unit is None or not (m.group(1) or m.group(2)):
-        raise ValueError(f"memres: {what} {text!r} is no size (such as 1000000, '500MB' or '2 GiB')")
-    return int(float(m.group(1) or 1) * unit)
+    if unit is None:
+        raise ValueError(f"memres: {what}: could not parse {text!r} as a byte specification "
+                         "(such as 1000000, '500MB' or '2 GiB')")
+    return int(float(m.group(1)) * unit)
 
 
 def _bin(exponent, what):
@@ -257,9 +261,12 @@ class PinnedHostMemoryResource(DeviceMemoryResource):
 class CudaAsyncMemoryResource(DeviceMemoryResource):
     """The driver's stream-ordered allocator on a pool of its own."""
 
-    def __init__(self, initial_pool_size=None, release_threshold=None, enable_ipc=False, device=None):
-        if enable_ipc:
-            raise ValueError("memres: enable_ipc is not supported")
+    def __init__(self, initial_pool_size=None, release_threshold=None, enable_ipc=False, enable_fabric=False,
+                 device=None):
+        from ._errors import InvalidArgument
+        for name, on in (("enable_ipc", enable_ipc), ("enable_fabric", enable_fabric)):
+            if on:
+                raise InvalidArgument(f"memres: {name} is not supported")
         self._build("async", [], backend="cuda", device=device,
                     initial=None if initial_pool_size is None else _size(initial_pool_size, "initial_pool_size"),
                     release_threshold=None if release_threshold is None
@@ -468,9 +475,10 @@ class TrackingResourceAdaptor(UpstreamResourceAdaptor):
         return self._native.outstanding()[0]
 
     def get_outstanding_allocations_str(self):
-        """The outstanding allocations, one line each (address and size),
-        with its backtrace when ``capture_stacks=True``, as RMM's."""
-        return self._native.outstanding_report()
+        """The outstanding allocations, a line of their count and bytes,
+        then one line each (address and size), with its backtrace when
+        ``capture_stacks=True``; ``""`` when there are none, as RMM's."""
+        return self._native.outstanding_report() if self.get_outstanding_count() else ""
 
     def log_outstanding_allocations(self):
         """Logs ``get_outstanding_allocations_str()`` at debug level to the

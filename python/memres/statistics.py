@@ -111,7 +111,7 @@ class ProfilerRecords:
     """Memory figures per profiled name (RMM's ``ProfilerRecords``)."""
 
     @dataclass
-    class Data:
+    class MemoryRecord:
         """The figures of one name: calls, bytes allocated in all, the
         largest peak of one call."""
         num_calls: int = 0
@@ -125,7 +125,7 @@ class ProfilerRecords:
 
     def __init__(self):
         self._lock = threading.Lock()
-        self._records = collections.defaultdict(ProfilerRecords.Data)
+        self._records = collections.defaultdict(ProfilerRecords.MemoryRecord)
 
     def add(self, name, data):
         """Adds the ``Statistics`` of one call of ``name`` (thread-safe)."""
@@ -155,7 +155,7 @@ class ProfilerRecords:
         return f"{type(self).__name__}({self.records})"
 
 
-def get_descriptive_name_of_object(obj):
+def _get_descriptive_name_of_object(obj):
     """``file:line(qualified name)`` of a function (RMM's name of a
     profiled function)."""
     obj = inspect.unwrap(obj)
@@ -168,7 +168,7 @@ default_profiler_records = ProfilerRecords()
 
 class profiler:
     """Records the statistics of a function (as a decorator; named by
-    ``name`` or else by ``get_descriptive_name_of_object``) or of a block
+    ``name`` or else by ``_get_descriptive_name_of_object``) or of a block
     (as a context manager, ``name=`` required), each call in a level of
     its own, into ``records``. As RMM's, it records nothing while
     statistics are off (``enable_statistics``, ``statistics()``)."""
@@ -178,7 +178,7 @@ class profiler:
         self.name = name
 
     def __call__(self, func):
-        name = self.name or get_descriptive_name_of_object(func)
+        name = self.name or _get_descriptive_name_of_object(func)
 
         @functools.wraps(func)
         def wrapper(*args, **kwargs):

@@ -107,7 +107,9 @@ pub(crate) const RAISED: i64 = -1;
 thread_local! {
     /// The exception of the last Python function of this thread that
     /// raised: it cannot travel through the resource's `Result`, so the
-    /// error raised to the caller takes it as its `__cause__`.
+    /// error raised to the caller takes it as its `__cause__`. Cleared when
+    /// an outermost call begins (`reentry`), so that one a call recovered
+    /// from is no part of the next.
     static LAST_RAISED: RefCell<Option<PyErr>> = const { RefCell::new(None) };
 }
 
@@ -162,13 +164,14 @@ fn catching<T>(f: impl FnOnce() -> PyResult<T>) -> PyResult<T> {
 /// What a failing Python function becomes: a `MemoryError` is out of
 /// memory for `requested` bytes (so that a `FailureCallbackResourceAdaptor`
 /// over it is asked, and the caller gets `memres.OutOfMemory`, as RMM);
-/// any other exception is kept for the caller ([`take_raised`]) and the
-/// call fails with [`RAISED`].
+/// any other exception fails the call with [`RAISED`]. Either is kept for
+/// the caller ([`take_raised`]), whose error it becomes the cause of.
 fn raised(py: Python<'_>, e: PyErr, requested: u64, what: &'static str) -> Error {
-    if e.is_instance_of::<PyMemoryError>(py) {
+    let out_of_memory = e.is_instance_of::<PyMemoryError>(py);
+    LAST_RAISED.with(|r| *r.borrow_mut() = Some(e));
+    if out_of_memory {
         return Error::OutOfMemory { requested, largest_free: 0, pool_size: 0, max_size: None };
     }
-    LAST_RAISED.with(|r| *r.borrow_mut() = Some(e));
     Error::Backend { code: RAISED, what }
 }
 

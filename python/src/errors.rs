@@ -1,7 +1,8 @@
 //! memres's errors as Python exceptions: out of memory is
 //! `memres.OutOfMemory` (a `MemoryError` carrying the figures), as is a
-//! size no resource can serve, misuse is `ValueError`, a backend's failure
-//! is `memres.MemresError`. The
+//! size no resource can serve, misuse is `memres.InvalidArgument` (a
+//! `ValueError` and a `RuntimeError`), a backend's failure is
+//! `memres.MemresError`. The
 //! exception classes are defined once, in `memres/_errors.py`.
 
 use memres_core::stack::StackError;
@@ -31,6 +32,12 @@ pub(crate) fn backend_error(message: String) -> PyErr {
     python_error("MemresError", format!("memres: {message}"), vec![])
 }
 
+/// What a resource refuses, as `memres.InvalidArgument`: a `ValueError`,
+/// and a `RuntimeError` as RMM's C++ errors are; `message` is said whole.
+pub(crate) fn invalid_argument(message: String) -> PyErr {
+    python_error("InvalidArgument", message, vec![])
+}
+
 /// `e`, met while doing `what`, as the Python exception of its kind.
 pub(crate) fn to_py(e: Error, what: &str) -> PyErr {
     // The call's own failure callback raised: that is what it raises, as in RMM.
@@ -39,16 +46,19 @@ pub(crate) fn to_py(e: Error, what: &str) -> PyErr {
     }
     let message = format!("memres: {what}: {e}");
     match e {
-        Error::OutOfMemory { requested, largest_free, pool_size, max_size } => python_error(
-            "OutOfMemory",
-            message,
-            vec![
-                ("requested", Some(requested)),
-                ("largest_free", Some(largest_free)),
-                ("pool_size", Some(pool_size)),
-                ("max_size", max_size),
-            ],
-        ),
+        // Out of memory, perhaps a Python function's `MemoryError`.
+        Error::OutOfMemory { requested, largest_free, pool_size, max_size } => caused(message, |message| {
+            python_error(
+                "OutOfMemory",
+                message,
+                vec![
+                    ("requested", Some(requested)),
+                    ("largest_free", Some(largest_free)),
+                    ("pool_size", Some(pool_size)),
+                    ("max_size", max_size),
+                ],
+            )
+        }),
         Error::LimitExceeded { requested, used, limit } => python_error(
             "OutOfMemory",
             message,
@@ -65,11 +75,7 @@ pub(crate) fn to_py(e: Error, what: &str) -> PyErr {
             vec![],
         ),
         Error::Backend { code: crate::callback::RAISED, .. } => {
-            let e = python_error("MemresError", message, vec![]);
-            if let Some(cause) = crate::callback::take_raised() {
-                Python::attach(|py| e.set_cause(py, Some(cause)));
-            }
-            e
+            caused(message, |message| python_error("MemresError", message, vec![]))
         }
         Error::Backend { .. } | Error::CapacityExhausted { .. } => {
             python_error("MemresError", message, vec![])
@@ -78,8 +84,21 @@ pub(crate) fn to_py(e: Error, what: &str) -> PyErr {
         // every allocation that fails.
         Error::InvalidSize { size } => python_error("OutOfMemory", message, vec![("requested", Some(size))]),
         _ if e.is_out_of_memory() => python_error("OutOfMemory", message, vec![]),
-        _ => PyValueError::new_err(message),
+        _ => invalid_argument(message),
     }
+}
+
+/// The error `make` makes of `message`, with the exception a Python
+/// function of this call raised (`callback::take_raised`), if any, as its
+/// `__cause__` and its text at the message's end, so that the function's
+/// own words (RMM's `match="My alloc error"`) are in what is raised.
+fn caused(message: String, make: impl FnOnce(String) -> PyErr) -> PyErr {
+    let Some(cause) = crate::callback::take_raised() else { return make(message) };
+    Python::attach(|py| {
+        let e = make(format!("{message} ({cause})"));
+        e.set_cause(py, Some(cause));
+        e
+    })
 }
 
 /// A stack that could not be built: `ValueError` for what the text says,

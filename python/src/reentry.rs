@@ -182,9 +182,10 @@ fn enter_for(covers: &Covers, call: Call) -> Result<Entered, Error> {
             return Err(Error::Reentrant);
         }
         if s.active.is_empty() {
-            // A new outermost call: an exception of a failure callback left
-            // by a call that recovered from it is no part of this one.
+            // A new outermost call: an exception of a callback left by a
+            // call that recovered from it is no part of this one.
             drop(crate::callback::take_failure_raised());
+            drop(crate::callback::take_raised());
         }
         s.active.push(Frame::new(covers.clone()));
         Ok(Entered { noted: true, on_this_thread: PhantomData })

@@ -9,7 +9,7 @@
 use crate::backend::{self, Stream};
 use crate::callback::{register_callbacks, Callbacks, Function};
 use crate::detached::DropDetached;
-use crate::errors::{backend_error, stack_to_py, to_py};
+use crate::errors::{backend_error, invalid_argument, stack_to_py, to_py};
 use crate::put_back::PutBack;
 use crate::reentry::{self, Covers, Guarded};
 use memres_core::adaptor::{Limiting, Logging, Statistics, Tracking};
@@ -170,7 +170,7 @@ impl Resource {
     /// The live block at `ptr`, taken out of the table until it is freed.
     fn take_live(&self, ptr: u64) -> PyResult<PutBack<Block, impl FnOnce(Block) + '_>> {
         let block = self.live.lock().unwrap_or_else(|p| p.into_inner()).remove(&ptr).ok_or_else(|| {
-            PyValueError::new_err(format!(
+            invalid_argument(format!(
                 "memres: deallocate({ptr:#x}): not allocated by this resource, or freed already"
             ))
         })?;
@@ -344,7 +344,7 @@ impl Resource {
         let taken = self.take_live(ptr)?;
         let block = *taken.value();
         if block.size() != nbytes {
-            return Err(PyValueError::new_err(format!(
+            return Err(invalid_argument(format!(
                 "memres: deallocate({ptr:#x}, {nbytes}): allocated with {} bytes",
                 block.size()
             )));

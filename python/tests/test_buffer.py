@@ -1,6 +1,7 @@
 """memres.DeviceBuffer over host memory (the simulated backend's memory
 with bytes)."""
 
+import array
 import copy
 import gc
 import pickle
@@ -169,3 +170,29 @@ def test_a_buffer_pickles_as_its_bytes_rebuilt_on_the_current_resource():
     back = pickle.loads(pickle.dumps(buf))
     assert back.copy_to_host() == b"pickled" and back.mr is t and back.ptr != buf.ptr
     assert t.get_outstanding_count() == 1
+
+
+def test_a_buffer_pickles_out_of_band_from_protocol_5_and_converts_to_bytes():
+    buf = memres.DeviceBuffer.to_device(b"out of band", mr=mr.HostMemoryResource())
+    assert bytes(buf) == b"out of band"
+    buffers = []
+    data = pickle.dumps(buf, protocol=5, buffer_callback=buffers.append)
+    assert len(buffers) == 1 and bytes(buffers[0]) == b"out of band"
+    assert pickle.loads(data, buffers=buffers).tobytes() == b"out of band"
+    for protocol in range(pickle.HIGHEST_PROTOCOL + 1):
+        assert pickle.loads(pickle.dumps(buf, protocol=protocol)).tobytes() == b"out of band"
+
+
+@pytest.mark.parametrize("bad", [array.array("H", [1, 2]), memoryview(b"abcd").cast("B", (2, 2)),
+                                 memoryview(b"abcdef")[::2], array.array("d", [1.0])])
+def test_host_bytes_are_one_dimensional_contiguous_and_of_an_8_bit_type_as_rmms(bad):
+    with pytest.raises(ValueError, match="1-D contiguous buffer of an 8-bit type"):
+        memres.DeviceBuffer.to_device(bad, mr=mr.HostMemoryResource())
+    buf = memres.DeviceBuffer(size=16, mr=mr.HostMemoryResource())
+    with pytest.raises(ValueError, match="1-D contiguous buffer of an 8-bit type"):
+        buf.copy_from_host(bad)
+    with pytest.raises(TypeError, match="takes a bytes-like buffer"):
+        buf.copy_from_host(12)
+    # An 8-bit type of either sign, as RMM's guide passes int8.
+    assert memres.DeviceBuffer.to_device(array.array("b", [-1, 2])).tobytes() == b"\xff\x02"
+    assert buf.tobytes() == bytes(16)

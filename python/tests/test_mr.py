@@ -191,7 +191,8 @@ def test_bad_sizes_are_rmms_errors(bad, error):
 
 
 @pytest.mark.parametrize("bad, error", [(b, e) for b, e in BAD_SIZES if not isinstance(b, str)]
-                         + [("ten", ValueError), ("1 GiBB", ValueError), ("-1", ValueError)])
+                         + [(t, ValueError) for t in ("ten", "1 GiBB", "-1", "2k", "1ki", "MiB", ".5kib",
+                                                      "1e3", " 1MB", "1MB ")])
 def test_bad_configuration_sizes_are_errors_naming_the_argument(bad, error):
     with pytest.raises(error, match="initial_pool_size"):
         mr.PoolMemoryResource(mr.SimulatedMemoryResource(GiB), initial_pool_size=bad)
@@ -206,6 +207,9 @@ def test_configuration_sizes_may_be_strings_as_in_rmm():
     assert mr.LimitingResourceAdaptor(pool, "500MB").get_allocation_limit() == 500 * 1000 ** 2
     memres.reinitialize(pool_allocator=True, initial_pool_size="4 MiB")
     assert mr.get_current_device_resource().pool_size() == 4 * MiB
+    # RMM's parse_bytes: digits, a fraction, spaces or a tab, a unit ending in b, any case.
+    for text, size in [("256", 256), ("512b", 512), ("2.5\tKiB", 2560), ("1.MB", 1000 ** 2), ("3 kb", 3000)]:
+        assert mr._parse_bytes(text, "size") == size, text
 
 
 def test_out_of_memory_is_a_memory_error_with_the_figures():
@@ -443,6 +447,24 @@ def test_a_callbacks_own_exception_is_the_cause_of_the_memres_error():
     assert ok._native.live_count() == 1  # a refused free changes nothing
 
 
+@pytest.mark.parametrize("error, raised", [(RuntimeError, memres.MemresError), (Exception, memres.MemresError),
+                                           (MemoryError, memres.OutOfMemory)])
+def test_a_callbacks_own_words_are_in_what_is_raised_as_rmms(error, raised):
+    # RMM's test_callback_mr_error: pytest.raises(..., match="My alloc error").
+    def alloc(nbytes, stream):
+        raise error("My alloc error")
+
+    cb = mr.CallbackMemoryResource(alloc, lambda p, n, s: None, backend="sim")
+    with pytest.raises(raised, match="My alloc error") as e:
+        cb.allocate(256)
+    assert type(e.value.__cause__) is error and e.value.__cause__.args == ("My alloc error",)
+    # A later failure of another kind carries no stale cause.
+    limited = mr.LimitingResourceAdaptor(mr.HostMemoryResource(), 1024)
+    with pytest.raises(memres.OutOfMemory) as e:
+        limited.allocate(4096)
+    assert e.value.__cause__ is None and "My alloc error" not in str(e.value)
+
+
 @pytest.mark.parametrize("returned, error, says", [
     ("4096", TypeError, "'4096' (a str)"),
     (4096.0, TypeError, "4096.0 (a float)"),
@@ -511,7 +533,7 @@ def test_tracking_reports_its_outstanding_allocations_as_rmm(caplog):
     assert report in caplog.text
     t.deallocate(a, 100)
     t.deallocate(b, 3000)
-    assert t.get_outstanding_allocations_str() == "0 outstanding allocation(s), 0 bytes\n"
+    assert t.get_outstanding_allocations_str() == ""  # as RMM's
     # capture_stacks=True: each line has the backtrace of its allocation.
     traced = mr.TrackingResourceAdaptor(sim_pool(), capture_stacks=True)
     assert "backtraces=true" in traced.stack
@@ -925,3 +947,24 @@ def test_callback_functions_get_the_calls_stream_as_rmms_or_none_if_they_take_no
     optional.deallocate(optional.allocate(100), 100)
     assert isinstance(streams[0], memres.Stream) and len(streams[1]) == 1
     assert isinstance(streams[1][0], memres.Stream)
+
+
+def test_what_a_resource_refuses_is_both_rmms_runtime_error_and_a_value_error():
+    # RMM's test_reinitialize_initial_pool_size_gt_max catches RuntimeError.
+    with pytest.raises(RuntimeError, match="maximum"):
+        memres.reinitialize(pool_allocator=True, initial_pool_size=2048, maximum_pool_size=1024)
+    with pytest.raises(ValueError) as e:
+        mr.PoolMemoryResource(mr.HostMemoryResource(), initial_pool_size=2048, maximum_pool_size=1024)
+    assert isinstance(e.value, memres.InvalidArgument) and isinstance(e.value, memres.MemresError)
+    pool = mr.PoolMemoryResource(mr.HostMemoryResource())
+    p = pool.allocate(1000)
+    with pytest.raises(memres.InvalidArgument):
+        pool.deallocate(p, 999)
+    pool.deallocate(p, 1000)
+
+
+@pytest.mark.parametrize("flag", ["enable_ipc", "enable_fabric"])
+def test_ipc_and_fabric_handles_are_refused_before_cuda_is_asked(flag):
+    with pytest.raises(RuntimeError, match=f"{flag} is not supported") as e:
+        mr.CudaAsyncMemoryResource(**{flag: True})
+    assert isinstance(e.value, ValueError)

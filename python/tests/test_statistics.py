@@ -40,7 +40,7 @@ def test_push_and_pop(pool):
     assert popped.peak_bytes == 50 and popped.total_count == 1
     assert statistics.get_statistics().current_bytes == 150
     del a, b
-    with pytest.raises(IndexError, match="no pushed level"):  # RMM's error
+    with pytest.raises(IndexError, match="cannot pop the last counter pair"):  # RMM's error and message
         statistics.pop_statistics()
     with pytest.raises(IndexError):
         mr.get_current_device_resource().pop_counters()
@@ -78,7 +78,7 @@ def test_the_profiler_records_only_while_statistics_are_on_as_rmms(pool):
     with statistics.statistics():
         f()
     assert list(records.records) == ["named"]  # the name given, not the function's
-    assert records.records["named"] == statistics.ProfilerRecords.Data(1, 64, 64)
+    assert records.records["named"] == statistics.ProfilerRecords.MemoryRecord(1, 64, 64)
     # A function whose source cannot be read is named by name= alone.
     namespace = {"memres": memres}
     exec("def g():\n    return memres.DeviceBuffer(size=8)", namespace)
@@ -100,7 +100,7 @@ def test_profiler_report(pool):
     with statistics.profiler(records=records, name="block"):
         memres.DeviceBuffer(size=10)
     recs = records.records
-    name = statistics.get_descriptive_name_of_object(f)
+    name = statistics._get_descriptive_name_of_object(f)
     assert name.endswith("test_statistics.py:" + name.split(":")[-1]) and name.endswith("(test_profiler_report.<locals>.f)")
     assert recs[name].num_calls == 2 and recs[name].memory_total == 8192
     assert recs[name].memory_peak == 4096

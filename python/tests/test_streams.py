@@ -223,3 +223,12 @@ def test_the_default_streams_serve_allocations(gpu):
         buf = memres.DeviceBuffer.to_device(b"on a default stream", stream=stream, mr=res)
         stream.synchronize()
         assert buf.tobytes() == b"on a default stream"
+
+
+def test_a_later_version_of_the_stream_protocol_is_refused_as_rmms():
+    class V1:
+        def __cuda_stream__(self):
+            return (1, 2)
+
+    with pytest.raises(NotImplementedError, match="version: 1"):
+        memres.Stream(V1())

@@ -308,7 +308,7 @@ impl<R> Statistics<R> {
     pub fn pop_counters(&self) -> Result<(Counter, Counter)> {
         self.levels.with(|levels| {
             let Some(top) = levels.pop() else {
-                return Err(crate::Error::InvalidConfig { what: "pop of counters with no pushed level" });
+                return Err(crate::Error::InvalidConfig { what: "cannot pop the last counter pair" });
             };
             let popped = self.both_at(Some(top));
             raise(&self.hot.bytes.held.peak, top.outer_peak_bytes);
