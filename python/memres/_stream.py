@@ -122,7 +122,7 @@ def as_handle(stream):
         if version != 0:
             # As RMM: a later version may mean the handle differently.
             raise NotImplementedError(f"memres: only version 0 of the CUDA stream protocol is "
-                                      f"supported, not version: {version!r}")
+                                      f"supported, not version: '{version}'")
         return _checked(handle)
     for attr in ("cuda_stream", "ptr"):
         value = getattr(stream, attr, None)

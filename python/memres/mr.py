@@ -77,7 +77,7 @@ def _parse_bytes(text, what):
     m = _BYTES.fullmatch(text)
     unit = m and _UNITS.get(m.group(2).lower())
     if unit is None:
-        raise ValueError(f"memres: {what}: could not parse {text!r} as a byte specification "
+        raise ValueError(f"memres: {what}: Could not parse {text!r} as a byte specification "
                          "(such as 1000000, '500MB' or '2 GiB')")
     return int(float(m.group(1)) * unit)
 
