@@ -125,15 +125,27 @@ class DeviceBuffer:
         as_handle(stream)
         self._buf.copy_from_host(bytes(_host_bytes(ary, "copy_from_host")))
 
-    def copy_from_device(self, src, stream=None):
-        """Copies the bytes of ``src`` (a memres DeviceBuffer) to the start
-        of this buffer."""
+    def copy_from_device(self, cuda_ary, stream=None):
+        """Copies the bytes of ``cuda_ary`` to the start of this buffer: a
+        memres DeviceBuffer, or on CUDA any 1-D contiguous array with
+        ``__cuda_array_interface__`` (CuPy, Numba, PyTorch), as RMM's; the
+        copy waits for the array's stream where its interface names one."""
         as_handle(stream)
-        if not isinstance(src, DeviceBuffer):
-            raise TypeError("memres: copy_from_device takes a memres.DeviceBuffer")
-        if type(src.mr._native) is not self._native_cls:
-            raise ValueError("memres: copy_from_device between backends (CUDA and simulated)")
-        self._buf.copy_from_device(src._buf)
+        if isinstance(cuda_ary, DeviceBuffer):
+            if type(cuda_ary.mr._native) is not self._native_cls:
+                raise ValueError("memres: copy_from_device between backends (CUDA and simulated)")
+            self._buf.copy_from_device(cuda_ary._buf)
+            return
+        iface = getattr(cuda_ary, "__cuda_array_interface__", None)
+        if iface is None:
+            raise ValueError("memres: copy_from_device: expected a memres DeviceBuffer or an object "
+                             "supporting the `__cuda_array_interface__` protocol")
+        if self.mr._backend != "cuda":
+            raise ValueError("memres: copy_from_device: a buffer of the simulated backend copies "
+                             "only a memres DeviceBuffer")
+        ptr, nbytes, stream_handle = _cuda_array(iface)
+        # `cuda_ary` stays referenced through the call, which waits for its copy.
+        self._buf.copy_from_cuda_array(ptr, nbytes, self.mr.device_id, stream_handle)
 
     def prefetch(self, device=None, stream=None):
         """Prefetches managed memory to ``device`` (the current device; -1,
@@ -165,6 +177,30 @@ class DeviceBuffer:
 
     def __repr__(self):
         return f"<memres.DeviceBuffer size={self.size} ptr={self.ptr:#x}>"
+
+
+def _cuda_array(iface):
+    """``(data pointer, bytes, stream handle or None)`` of a
+    ``__cuda_array_interface__`` that describes a 1-D contiguous array
+    without a mask; ValueError for another."""
+    shape, strides = tuple(iface["shape"]), iface.get("strides")
+    itemsize = int(iface["typestr"][2:])
+    if len(shape) > 1:
+        raise ValueError(f"memres: copy_from_device: only 1-D contiguous arrays are supported, "
+                         f"got {len(shape)}-D array")
+    if strides is not None and shape and shape[0] > 1 and strides[0] != itemsize:
+        raise ValueError("memres: copy_from_device: only 1-D contiguous arrays are supported, "
+                         "got a non-contiguous array")
+    if iface.get("mask") is not None:
+        raise ValueError("memres: copy_from_device: a masked array is not supported")
+    ptr = iface["data"][0]
+    nbytes = (shape[0] if shape else 1) * itemsize
+    # Version 3's "stream": the producer's stream to order after (None:
+    # nothing to wait for; 1 and 2 name the default streams).
+    stream = iface.get("stream") if iface.get("version", 0) >= 3 else None
+    if isinstance(stream, bool) or not (stream is None or isinstance(stream, int)):
+        raise ValueError(f"memres: copy_from_device: the interface's stream {stream!r} is no handle")
+    return _mr._nbytes(ptr, "the interface's data pointer"), _mr._nbytes(nbytes, "nbytes"), stream
 
 
 def _host_bytes(b, what):

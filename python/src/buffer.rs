@@ -253,6 +253,59 @@ impl Buffer {
         })
     }
 
+    /// Copies `nbytes` at device address `src`, an array's data given by its
+    /// `__cuda_array_interface__`, to the start of this buffer (of
+    /// `device`), after the work queued so far on the array's stream
+    /// (`src_stream`, the interface's `"stream"`, if it names one), and
+    /// waits for the copy, so that the array may go once this returns:
+    /// RMM's `copy_from_device` of a CuPy or Numba array. CUDA only: the
+    /// simulated backend's buffers are host memory.
+    #[pyo3(signature = (src, nbytes, device, src_stream=None))]
+    fn copy_from_cuda_array(
+        &self,
+        py: Python<'_>,
+        src: u64,
+        nbytes: u64,
+        device: u32,
+        src_stream: Option<u64>,
+    ) -> PyResult<()> {
+        if backend::BACKEND != "cuda" {
+            return Err(PyValueError::new_err(
+                "memres: copy_from_device: a buffer of the simulated backend copies only a memres DeviceBuffer",
+            ));
+        }
+        // SAFETY: a handle of the package's Python layer (the module's
+        // contract: "Streams at the boundary" in lib.rs), used in this call.
+        let producer = src_stream.map(|h| unsafe { backend::stream(h, device) }).transpose()?;
+        crate::gil::detach(py, || {
+            let dst = self.lock("copy_from_device")?;
+            if nbytes > dst.len() {
+                return Err(PyValueError::new_err(format!(
+                    "memres: copy_from_device: {nbytes} bytes into a buffer of {}",
+                    dst.len()
+                )));
+            }
+            if nbytes == 0 {
+                return Ok(());
+            }
+            let err = |e| to_py(e, "copy_from_device");
+            if let Some(producer) = &producer {
+                dst.stream().wait(&producer.record().map_err(err)?).map_err(err)?;
+            }
+            // SAFETY: the destination lies in this buffer's live block,
+            // which holds `nbytes` (checked above) of memory the engine may
+            // touch (`memory_of`). The source is `nbytes` of device memory
+            // by the module's contract for arrays ("Arrays at the boundary"
+            // in lib.rs): the Python layer passes only the data pointer and
+            // size of a 1-D contiguous array's interface, of an array it
+            // holds for the whole call; the copy runs after the producer's
+            // stream's work, and is waited for below, before the call
+            // returns and the array may be let go.
+            unsafe { dst.engine().copy(dst.addr(), src, nbytes, dst.stream()) }.map_err(err)?;
+            memres_core::Stream::synchronize(dst.stream()).map_err(err)
+        })
+    }
+
     /// Prefetches the bytes to device `to` (the host for `None`) on
     /// `stream` (the buffer's own by default; `device` is the buffer's):
     /// `True` where they are managed memory, `False` (nothing done) where

@@ -18,6 +18,15 @@
 //! here: the module is private, and a caller that passes it another int
 //! hands that to the driver, as a C caller of `memres_alloc` would. Every
 //! call of `backend::stream` names this contract.
+//!
+//! # Arrays at the boundary
+//!
+//! `NativeBuffer.copy_from_cuda_array` takes a raw device address and a
+//! size. The Python layer passes only those of an object's
+//! `__cuda_array_interface__` (CuPy's, Numba's, PyTorch's arrays), 1-D and
+//! contiguous, whose producer promises that many bytes of device memory
+//! while the object lives, and holds the object for the whole call; the
+//! call waits for its copy before it returns.
 
 // The simulated build's stream type is `()`: code written once for both
 // builds binds streams that are unit there.

@@ -65,8 +65,15 @@ def test_copy_from_device():
     assert b.copy_to_host() == b"xyz\0\0"
     with pytest.raises(ValueError):
         a.copy_from_device(memres.DeviceBuffer(size=10))
-    with pytest.raises(TypeError):
+    # As RMM's: what has no __cuda_array_interface__ is a ValueError.
+    with pytest.raises(ValueError, match="__cuda_array_interface__"):
         a.copy_from_device(b"xyz")
+    # A host buffer copies only memres buffers: an array's pointer is device memory.
+    fake = types.SimpleNamespace(__cuda_array_interface__={
+        "data": (1 << 40, False), "shape": (3,), "typestr": "|u1", "version": 3})
+    with pytest.raises(ValueError, match="simulated backend copies only a memres DeviceBuffer"):
+        a.copy_from_device(fake)
+    assert a.tobytes() == b"xyz"
 
 
 def test_copy_from_host_past_the_end_changes_nothing():

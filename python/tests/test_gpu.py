@@ -328,3 +328,23 @@ def test_an_async_view_serves_from_the_devices_default_pool_and_refuses_another(
         mr.CudaAsyncViewMemoryResource(default + 4096)
     with pytest.raises(TypeError, match="pool_handle must be an int"):
         mr.CudaAsyncViewMemoryResource("default")
+
+
+def test_copy_from_device_takes_cupy_and_torch_arrays_as_rmms(gpu):
+    import cupy
+    import torch
+    buf = memres.DeviceBuffer(size=16, mr=mr.CudaMemoryResource())
+    side = cupy.cuda.Stream(non_blocking=True)
+    with side:  # the array's interface names this stream: the copy waits for it
+        arr = cupy.arange(16, dtype=cupy.uint8) * 3
+    buf.copy_from_device(arr)
+    assert buf.tobytes() == bytes(i * 3 % 256 for i in range(16))
+    words = torch.arange(3, dtype=torch.int32, device="cuda")
+    buf.copy_from_device(words)
+    assert buf.tobytes()[:12] == b"".join(i.to_bytes(4, "little") for i in range(3))
+    for bad, says in [(cupy.zeros((2, 2), dtype=cupy.uint8), "1-D"),
+                      (cupy.arange(8, dtype=cupy.uint8)[::2], "non-contiguous"),
+                      (cupy.zeros(32, dtype=cupy.uint8), "32 bytes into a buffer of 16")]:
+        with pytest.raises(ValueError, match=says):
+            buf.copy_from_device(bad)
+    assert buf.tobytes()[:12] == b"".join(i.to_bytes(4, "little") for i in range(3))
