@@ -71,9 +71,10 @@ def test_copy_from_device():
     # A host buffer copies only memres buffers: an array's pointer is device memory.
     fake = types.SimpleNamespace(__cuda_array_interface__={
         "data": (1 << 40, False), "shape": (3,), "typestr": "|u1", "version": 3})
+    host = memres.DeviceBuffer.to_device(b"xyz", mr=mr.HostMemoryResource())
     with pytest.raises(ValueError, match="simulated backend copies only a memres DeviceBuffer"):
-        a.copy_from_device(fake)
-    assert a.tobytes() == b"xyz"
+        host.copy_from_device(fake)
+    assert host.tobytes() == b"xyz"
 
 
 def test_copy_from_host_past_the_end_changes_nothing():
