@@ -160,7 +160,10 @@ class DeviceBuffer:
         handle = None if stream is None else as_handle(stream)
         return self._buf.prefetch(self.mr.device_id, None if device == -1 else device, handle)
 
-    def tobytes(self):
+    def tobytes(self, stream=None):
+        """The bytes, as ``bytes`` (``stream`` checked, as RMM's takes
+        one, then not used: the copy runs on the buffer's own)."""
+        as_handle(stream)
         return bytes(self._buf.copy_to_host())
 
     @property

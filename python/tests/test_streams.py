@@ -133,6 +133,7 @@ ENTRY_POINTS = {
     "DeviceBuffer.resize": lambda c, s: c.buf.resize(64, stream=s),
     "DeviceBuffer.reserve": lambda c, s: c.buf.reserve(1000, stream=s),
     "DeviceBuffer.copy_to_host": lambda c, s: c.buf.copy_to_host(stream=s),
+    "DeviceBuffer.tobytes": lambda c, s: c.buf.tobytes(stream=s),
     "DeviceBuffer.copy_from_host": lambda c, s: c.buf.copy_from_host(b"xy", stream=s),
     "DeviceBuffer.copy_from_device": lambda c, s: c.buf.copy_from_device(c.src, stream=s),
     "DeviceBuffer.prefetch": lambda c, s: c.buf.prefetch(device=0, stream=s),
