@@ -259,15 +259,18 @@ class PinnedHostMemoryResource(DeviceMemoryResource):
 
 
 class CudaAsyncMemoryResource(DeviceMemoryResource):
-    """The driver's stream-ordered allocator on a pool of its own."""
+    """The driver's stream-ordered allocator on a pool of its own; with
+    ``enable_ipc=True`` its memory can be exported to other processes as
+    POSIX file descriptors, with ``enable_fabric=True`` as fabric handles
+    (the driver refuses what the system cannot do)."""
 
     def __init__(self, initial_pool_size=None, release_threshold=None, enable_ipc=False, enable_fabric=False,
                  device=None):
-        from ._errors import InvalidArgument
-        for name, on in (("enable_ipc", enable_ipc), ("enable_fabric", enable_fabric)):
-            if on:
-                raise InvalidArgument(f"memres: {name} is not supported")
-        self._build("async", [], backend="cuda", device=device,
+        if enable_ipc and enable_fabric:
+            from ._errors import InvalidArgument
+            raise InvalidArgument("memres: enable_ipc and enable_fabric at once are not supported: choose one")
+        ipc = "posix_fd" if enable_ipc else "fabric" if enable_fabric else None
+        self._build("async", [], backend="cuda", device=device, ipc=ipc,
                     initial=None if initial_pool_size is None else _size(initial_pool_size, "initial_pool_size"),
                     release_threshold=None if release_threshold is None
                     else _size(release_threshold, "release_threshold"))

@@ -348,3 +348,17 @@ def test_copy_from_device_takes_cupy_and_torch_arrays_as_rmms(gpu):
         with pytest.raises(ValueError, match=says):
             buf.copy_from_device(bad)
     assert buf.tobytes()[:12] == b"".join(i.to_bytes(4, "little") for i in range(3))
+
+
+def test_an_async_pool_made_for_ipc_serves_as_rmms(gpu):
+    res = mr.CudaAsyncMemoryResource(enable_ipc=True)
+    assert res.stack == "async(ipc=posix_fd)"
+    buf = memres.DeviceBuffer.to_device(b"shared", mr=res)
+    assert buf.tobytes() == b"shared"
+    # Fabric handles need a system with a fabric: made there, the driver's error elsewhere.
+    try:
+        fabric = mr.CudaAsyncMemoryResource(enable_fabric=True)
+    except memres.MemresError as e:
+        assert isinstance(e, RuntimeError) and "async(ipc=fabric)" in str(e), e
+    else:
+        assert memres.DeviceBuffer.to_device(b"fabric", mr=fabric).tobytes() == b"fabric"

@@ -4,7 +4,7 @@
 //!
 //! | name | arguments | resource (typed handle) |
 //! | --- | --- | --- |
-//! | `async` | `initial=`, `release_threshold=`, `pool=own\|default` | [`CudaAsyncMemory`] on its own pool, or with `pool=default` on the device's default pool ([`CudaAsyncMemory::default_pool`], RMM's async view resource), left as it is (`Counted<CudaAsyncMemory>`) |
+//! | `async` | `initial=`, `release_threshold=`, `ipc=none\|posix_fd\|fabric`, `pool=own\|default` | [`CudaAsyncMemory`] on its own pool, or with `pool=default` on the device's default pool ([`CudaAsyncMemory::default_pool`], RMM's async view resource), left as it is (`Counted<CudaAsyncMemory>`) |
 //! | `cuda` | none | [`CudaMemory`] (`Counted<CudaMemory>`) |
 //! | `managed` | none | [`ManagedMemory`] (`Counted<ManagedMemory>`) |
 //! | `pinned` | none | [`PinnedMemory`], page-locked host memory (`Counted<PinnedMemory>`) |
@@ -47,8 +47,8 @@ mod vmm;
 pub use vmm::{vmm_config, CountedSpace, VmmConfig, VmmPool, VmmPools, VMM_RESERVATIONS};
 
 use crate::{
-    AsyncConfig, CudaAsyncMemory, CudaCopy, CudaMemory, CudaStream, Device, ManagedMemory, PinnedMemory,
-    Prefetch,
+    AsyncConfig, CudaAsyncMemory, CudaCopy, CudaMemory, CudaStream, Device, IpcHandle, ManagedMemory,
+    PinnedMemory, Prefetch,
 };
 use memres_core::adaptor::{Counted, Gauge};
 use memres_core::copy::MemoryOf;
@@ -57,9 +57,11 @@ use memres_core::MemoryResource;
 use std::sync::Arc;
 
 /// The options of `async`'s own pool: `initial=` (bytes reserved when made,
-/// default 0) and `release_threshold=` (bytes kept reserved across
-/// synchronizations, default: all of them); `pool=` is read by
-/// [`async_views_default_pool`].
+/// default 0), `release_threshold=` (bytes kept reserved across
+/// synchronizations, default: all of them) and `ipc=` (the handle its
+/// memory can be exported as, for other processes: `none`, the default,
+/// `posix_fd` or `fabric`; [`IpcHandle`]); `pool=` is
+/// read by [`async_views_default_pool`].
 ///
 /// # Errors
 ///
@@ -73,11 +75,28 @@ use std::sync::Arc;
 /// let c = async_config(&parse("async(initial=1GiB, release_threshold=2GiB)")?)?;
 /// assert_eq!(c, memres_cuda::AsyncConfig::new().initial_size(1 << 30).release_threshold(2 << 30));
 /// assert!(async_config(&parse("async(initial=lots)")?).is_err());
+/// let ipc = async_config(&parse("async(ipc=posix_fd)")?)?;
+/// assert_eq!(ipc, memres_cuda::AsyncConfig::new().ipc_handle(memres_cuda::IpcHandle::PosixFileDescriptor));
+/// assert_eq!(async_config(&parse("async(ipc=yes)")?).unwrap_err().pos, 10);
 /// # Ok::<(), memres_core::stack::StackError>(())
 /// ```
 pub fn async_config(call: &Call) -> Result<AsyncConfig, StackError> {
-    call.expect_args(0, &["initial", "release_threshold", "pool"])?;
+    call.expect_args(0, &["initial", "release_threshold", "ipc", "pool"])?;
     let mut config = AsyncConfig::new();
+    if let Some(v) = call.keyed("ipc") {
+        let handle = match v.text()? {
+            "none" => IpcHandle::None,
+            "posix_fd" => IpcHandle::PosixFileDescriptor,
+            "fabric" => IpcHandle::Fabric,
+            other => {
+                return Err(StackError::new(
+                    v.pos(),
+                    StackErrorKind::BadValue(format!("ipc `{other}`: none, posix_fd or fabric")),
+                ))
+            }
+        };
+        config = config.ipc_handle(handle);
+    }
     if let Some(initial) = call.size_arg("initial")? {
         config = config.initial_size(initial);
     }
@@ -89,13 +108,13 @@ pub fn async_config(call: &Call) -> Result<AsyncConfig, StackError> {
 
 /// Whether `async` views the device's default pool (`pool=default`) rather
 /// than making a pool of its own (`pool=own`, the default). A view leaves
-/// the pool's attributes as they are, so it takes neither `initial=` nor
-/// `release_threshold=`.
+/// the pool's attributes as they are, so it takes none of `initial=`,
+/// `release_threshold=` and `ipc=`.
 ///
 /// # Errors
 ///
 /// [`StackErrorKind::BadValue`] at `pool=` for another value, and at
-/// `initial=` or `release_threshold=` beside `pool=default`.
+/// `initial=`, `release_threshold=` or `ipc=` beside `pool=default`.
 ///
 /// # Examples
 ///
@@ -114,7 +133,10 @@ pub fn async_views_default_pool(call: &Call) -> Result<bool, StackError> {
     match v.text()? {
         "own" => Ok(false),
         "default" => {
-            match ["initial", "release_threshold"].into_iter().find_map(|k| call.keyed(k).map(|v| (k, v))) {
+            match ["initial", "release_threshold", "ipc"]
+                .into_iter()
+                .find_map(|k| call.keyed(k).map(|v| (k, v)))
+            {
                 Some((key, v)) => Err(StackError::new(
                     v.pos(),
                     StackErrorKind::BadValue(format!(

@@ -43,6 +43,11 @@ pub const CU_MEMHOSTALLOC_WRITECOMBINED: c_uint = 0x4;
 
 pub const CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS: c_int = 89;
 pub const CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED: c_int = 115;
+/// `CU_DEVICE_ATTRIBUTE_MEMPOOL_SUPPORTED_HANDLE_TYPES`: a mask of the
+/// export handle types a device's pools can have.
+pub const CU_DEVICE_ATTRIBUTE_MEMPOOL_SUPPORTED_HANDLE_TYPES: c_int = 119;
+/// `CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR`.
+pub const CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR: c_int = 1;
 
 pub const CU_MEM_ALLOCATION_TYPE_PINNED: c_int = 1;
 pub const CU_MEM_LOCATION_TYPE_DEVICE: c_int = 1;
@@ -207,6 +212,12 @@ extern "C" {
     pub fn cuMemPoolDestroy(pool: CUmemoryPool) -> CuResult;
     pub fn cuMemPoolSetAttribute(pool: CUmemoryPool, attr: c_int, value: *mut c_void) -> CuResult;
     pub fn cuMemPoolGetAttribute(pool: CUmemoryPool, attr: c_int, value: *mut c_void) -> CuResult;
+    pub fn cuMemPoolExportToShareableHandle(
+        handle: *mut c_void,
+        pool: CUmemoryPool,
+        handle_type: c_int,
+        flags: u64,
+    ) -> CuResult;
     pub fn cuMemPoolTrimTo(pool: CUmemoryPool, keep: usize) -> CuResult;
     pub fn cuMemAllocFromPoolAsync(
         dptr: *mut CUdeviceptr,

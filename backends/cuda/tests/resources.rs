@@ -122,6 +122,63 @@ fn a_stack_strings_async_views_the_default_pool_with_pool_default() {
     assert!(e.to_string().contains("a view leaves the device's default pool as it is"), "{e}");
 }
 
+/// Exports `pool` as a POSIX file descriptor: the descriptor, or the
+/// driver's error code.
+fn export_fd(context: &memres_cuda::Context, pool: sys::CUmemoryPool) -> Result<i32, i32> {
+    context.bind().unwrap();
+    let mut fd: i32 = -1;
+    // SAFETY: a context is current on this thread; `fd` is a live `int`,
+    // what the POSIX handle type writes; `pool` is a live pool of it.
+    let code = unsafe {
+        sys::cuMemPoolExportToShareableHandle(
+            (&mut fd as *mut i32).cast(),
+            pool,
+            sys::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+            0,
+        )
+    };
+    if code == sys::CUDA_SUCCESS {
+        Ok(fd)
+    } else {
+        Err(code)
+    }
+}
+
+#[test]
+fn a_stack_strings_async_with_ipc_posix_fd_makes_a_pool_other_processes_can_open() {
+    let test = "a_stack_strings_async_with_ipc_posix_fd_makes_a_pool_other_processes_can_open";
+    let Some(device) = gpu(test) else { return };
+    let mask = device.attribute(sys::CU_DEVICE_ATTRIBUTE_MEMPOOL_SUPPORTED_HANDLE_TYPES).unwrap();
+    if mask & sys::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR == 0 {
+        eprintln!("SKIPPED {test}: the device's pools cannot be exported as file descriptors");
+        return;
+    }
+    let stream = CudaStream::new(device).unwrap();
+    let gauge = std::sync::Arc::new(memres_core::adaptor::Gauge::default());
+    let mut builder = memres_core::stack::StackBuilder::<CudaStream>::new();
+    memres_cuda::stack::register(&mut builder, device, gauge);
+    let context = device.primary_context().unwrap();
+    for (text, exports) in [("async(ipc=posix_fd)", true), ("async", false), ("async(ipc=none)", false)] {
+        let built = builder.build_with_handles(text, &stream).unwrap();
+        let leaf = built.get::<memres_core::adaptor::Counted<CudaAsyncMemory>>("async").unwrap();
+        round_trip(&built.resource, &stream);
+        match export_fd(&context, leaf.inner().pool_handle()) {
+            Ok(fd) => {
+                assert!(exports && fd >= 0, "{text}: exported as {fd}");
+                // SAFETY: the driver handed this descriptor to us; closed once.
+                assert_eq!(unsafe { close(fd) }, 0);
+            }
+            Err(code) => assert!(!exports, "{text}: the export failed with {code}"),
+        }
+    }
+    let e = builder.build("async(ipc=posix_fd, pool=default)", &stream).err().expect("a view's handle types");
+    assert!(e.to_string().contains("`ipc=` with `pool=default`"), "{e}");
+}
+
+extern "C" {
+    fn close(fd: i32) -> i32;
+}
+
 #[test]
 fn managed_memory_round_trip_and_host_access() {
     let Some(device) = gpu("managed_memory_round_trip_and_host_access") else { return };

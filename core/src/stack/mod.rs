@@ -88,7 +88,8 @@
 //! `blocks=` (`fixed`: blocks per chunk), `superblock=`
 //! (`arena`), `alignment=`, `threshold=` (`align`), `file=` (`log`),
 //! `handle_granules=`, `large_handles=`, `trim_on_commit=` (`vmm`), `pool=`
-//! (`async`: `own` or the device's `default` pool).
+//! (`async`: `own` or the device's `default` pool), `ipc=` (`async`: the
+//! handle its memory exports as, `none`, `posix_fd` or `fabric`).
 //!
 //! The leaves come from the backends: `sim` (a simulated device), `host`
 //! (host memory) and `vpool` (a virtual pool over a simulated address
