@@ -25,7 +25,8 @@ import weakref
 
 from . import _native
 from ._device import current_device, device_id as _device_id
-from ._stream import as_handle
+from ._errors import CudaUnavailable, InvalidArgument
+from ._stream import Stream, as_handle
 
 _WORD = re.compile(r"^[^,()=\s]+$")
 # The figures of `DeviceMemoryResource.steps`, in the order the native side gives them.
@@ -267,7 +268,6 @@ class CudaAsyncMemoryResource(DeviceMemoryResource):
     def __init__(self, initial_pool_size=None, release_threshold=None, enable_ipc=False, enable_fabric=False,
                  device=None):
         if enable_ipc and enable_fabric:
-            from ._errors import InvalidArgument
             raise InvalidArgument("memres: enable_ipc and enable_fabric at once are not supported: choose one")
         ipc = "posix_fd" if enable_ipc else "fabric" if enable_fabric else None
         self._build("async", [], backend="cuda", device=device, ipc=ipc,
@@ -287,7 +287,6 @@ class CudaAsyncViewMemoryResource(DeviceMemoryResource):
 
     def __init__(self, pool_handle=None, device=None):
         from . import cuda_available
-        from ._errors import CudaUnavailable
         device = current_device() if device is None else _device_id(device)
         if not cuda_available():
             raise CudaUnavailable("memres: CudaAsyncViewMemoryResource needs CUDA and a device")
@@ -376,18 +375,11 @@ def _given_a_stream(f, arity):
         takes_stream = len(positional) >= arity or any(p.kind == p.VAR_POSITIONAL for p in params)
     if takes_stream:
         def called(*args):
-            return f(*args[:-1], _stream_of(args[-1]))
+            return f(*args[:-1], Stream.from_handle(args[-1]))
     else:
         def called(*args):
             return f(*args[:-1])
     return called
-
-
-def _stream_of(handle):
-    """The ``memres.Stream`` of a handle the native side passes: one of
-    a stream this resource was given, so the driver knows it."""
-    from ._stream import Stream
-    return Stream() if handle == 0 else Stream.from_handle(handle)
 
 
 # Algorithms ----------------------------------------------------------------
@@ -599,7 +591,6 @@ def available_device_memory(device=None):
     """``(free, total)`` bytes of ``device`` (the current one) as the driver
     tells them now, as RMM's; ``memres.CudaUnavailable`` without CUDA."""
     from . import cuda_available
-    from ._errors import CudaUnavailable
     device = current_device() if device is None else _device_id(device)
     if not cuda_available():
         raise CudaUnavailable("memres: available_device_memory needs CUDA and a device")

@@ -82,17 +82,20 @@ impl std::ops::Deref for Resource {
     }
 }
 
+/// The adaptors that pass every call on unchanged, holding no lock while
+/// they call their upstream.
+const PASS_THROUGH: [&str; 5] = ["stats", "track", "log", "limit", "prefetch"];
+
 /// Whether the outermost `name` adaptor of the stack sees the program's
-/// calls: only adaptors that pass every call on unchanged (`stats`,
-/// `track`, `log`, `limit`, `prefetch`) lie above it. One under a pool would count the
-/// pool's chunks as the program's allocations.
+/// calls: only [`PASS_THROUGH`] adaptors lie above it. One under a pool
+/// would count the pool's chunks as the program's allocations.
 fn sees_the_program(call: &memres_core::stack::Call, name: &str) -> bool {
     let mut call = call;
     loop {
         if call.name == name {
             return true;
         }
-        if !matches!(call.name.as_str(), "stats" | "track" | "log" | "limit" | "prefetch") {
+        if !PASS_THROUGH.contains(&call.name.as_str()) {
             return false;
         }
         match call.positional(0) {
@@ -103,10 +106,11 @@ fn sees_the_program(call: &memres_core::stack::Call, name: &str) -> bool {
 }
 
 /// Whether every layer of `call` passes each call on to its upstream
-/// holding no lock meanwhile (the adaptors that count, track, log, limit,
-/// call back on failure or prefetch), down to the upstream objects `upN`.
+/// holding no lock meanwhile ([`PASS_THROUGH`], and `on_failure`, whose
+/// retries are calls of the same kind), down to the upstream objects `upN`.
 fn passes_calls_on(call: &Call) -> bool {
-    let own = matches!(call.name.as_str(), "stats" | "track" | "log" | "limit" | "on_failure" | "prefetch")
+    let own = PASS_THROUGH.contains(&call.name.as_str())
+        || call.name == "on_failure"
         || call.name.strip_prefix("up").is_some_and(|i| i.parse::<usize>().is_ok());
     own && call.args.iter().all(|a| match &a.value {
         Value::Call(c) => passes_calls_on(c),
