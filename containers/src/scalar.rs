@@ -120,8 +120,8 @@ where
     }
 
     /// The raw device address of the value, for kernels.
-    pub fn device_ptr(&self) -> u64 {
-        self.inner.device_ptr()
+    pub fn addr(&self) -> u64 {
+        self.inner.addr()
     }
 
     over_buffer!("scalar", inner, |inner| DeviceScalar { inner });

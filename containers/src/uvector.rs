@@ -35,7 +35,7 @@ use std::ops::{Bound, RangeBounds};
 /// assert_eq!(v.to_vec()?, vec![1, 20, 3]);
 /// assert_eq!(v.slice_to_vec(1..)?, vec![20, 3]);
 /// assert_eq!(v.iter().sum::<Result<u32, _>>()?, 24);
-/// assert_eq!(v.element_ptr(2)?, v.device_ptr() + 8);
+/// assert_eq!(v.element_addr(2)?, v.addr() + 8);
 /// assert!(v.element(3).is_err());
 /// # Ok::<(), memres_containers::ContainerError>(())
 /// ```
@@ -210,7 +210,7 @@ where
 
     /// The raw device address of element 0, for kernels (0 when empty and
     /// holding no memory).
-    pub fn device_ptr(&self) -> u64 {
+    pub fn addr(&self) -> u64 {
         self.buf.addr()
     }
 
@@ -219,7 +219,7 @@ where
     /// # Errors
     ///
     /// [`ContainerError::IndexOutOfRange`].
-    pub fn element_ptr(&self, index: usize) -> Result<u64> {
+    pub fn element_addr(&self, index: usize) -> Result<u64> {
         self.check_elements(index, 1)?;
         Ok(self.buf.addr() + (index * Element::<T>::SIZE) as u64)
     }

@@ -75,7 +75,7 @@ fn containers_without_a_resource_use_the_current_resource_of_the_streams_device(
     // SAFETY: `b`'s bytes: host memory this test holds, written above.
     let c = unsafe { DeviceBuffer::<_, HostCopy, _>::from_device_ptr(b.addr(), 3, &s2) }.unwrap();
     // SAFETY: as above, `v` zeroed on creation.
-    let z = unsafe { DeviceScalar::<u32, _, HostCopy, _>::from_device_ptr(v.device_ptr(), s2) }.unwrap();
+    let z = unsafe { DeviceScalar::<u32, _, HostCopy, _>::from_device_ptr(v.addr(), s2) }.unwrap();
     assert_eq!((one.live_count(), two.live_count()), (3, 3), "from device 2's");
     assert_eq!(
         (w.to_vec().unwrap(), c.to_vec().unwrap(), z.value().unwrap()),

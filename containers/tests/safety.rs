@@ -93,11 +93,11 @@ fn new_containers_read_zeros_not_what_the_memory_held() {
     assert_eq!(b.to_vec().unwrap(), [0; 100]);
     drop(b);
     let v = DeviceUVector::<u64, _, _>::new_in(8, (), &pool, HostCopy).unwrap();
-    assert_eq!(v.device_ptr(), junk);
+    assert_eq!(v.addr(), junk);
     assert_eq!(v.to_vec().unwrap(), [0; 8]);
     drop(v);
     let s = DeviceScalar::<u64, _, _>::new_in((), &pool, HostCopy).unwrap();
-    assert_eq!(s.device_ptr(), junk);
+    assert_eq!(s.addr(), junk);
     assert_eq!(s.value().unwrap(), 0);
 }
 
@@ -117,7 +117,7 @@ fn growth_reads_zeros_past_the_old_length() {
     // once the length grows over it (here the new block lies in the junk).
     let mut w = DeviceUVector::from_slice_in(&[9u64], (), &pool, HostCopy).unwrap();
     w.reserve(64).unwrap();
-    assert!(w.device_ptr() >= junk && w.device_ptr() + 64 * 8 <= junk + 1024, "{:#x}", w.device_ptr());
+    assert!(w.addr() >= junk && w.addr() + 64 * 8 <= junk + 1024, "{:#x}", w.addr());
     assert_eq!((w.len(), w.capacity()), (1, 64));
     w.resize(64).unwrap();
     let all = w.to_vec().unwrap();
@@ -266,10 +266,10 @@ fn a_block_freed_by_other_code_is_never_touched_again() {
     // A forged block, by address, frees a vector's and a scalar's memory.
     let v = DeviceUVector::from_slice_in(&[1u64, 2, 3, 4], (), &mem, HostCopy).unwrap();
     let s = DeviceScalar::from_value_in(&7u32, (), &mem, HostCopy).unwrap();
-    mem.deallocate(Block::from_addr(v.device_ptr(), 32), &()).unwrap();
-    mem.deallocate(Block::from_addr(s.device_ptr(), 4), &()).unwrap();
-    assert_eq!(v.element(2), Err(not_live(v.device_ptr() + 16, 8)));
-    assert_eq!(s.value(), Err(not_live(s.device_ptr(), 4)));
+    mem.deallocate(Block::from_addr(v.addr(), 32), &()).unwrap();
+    mem.deallocate(Block::from_addr(s.addr(), 4), &()).unwrap();
+    assert_eq!(v.element(2), Err(not_live(v.addr() + 16, 8)));
+    assert_eq!(s.value(), Err(not_live(s.addr(), 4)));
     assert_eq!(mem.live_count(), 0);
 }
 
@@ -277,7 +277,7 @@ fn a_block_freed_by_other_code_is_never_touched_again() {
 fn a_pool_ended_under_its_containers_leaves_them_nothing_to_touch() {
     let pool = Shared::new(CoalescingPool::new(HostMemory::new()));
     let mut v = DeviceUVector::from_slice_in(&[1u64, 2, 3], (), &pool, HostCopy).unwrap();
-    let addr = v.device_ptr();
+    let addr = v.addr();
     // The pool that takes its place holds its memory already, so none of it
     // can be where the old pool's was.
     let config = PoolConfig::new().initial_size(1 << 20).maximum_size(1 << 20);
@@ -349,11 +349,11 @@ impl CopyEngine<()> for PanicOnCopy {
 fn a_copy_engine_that_panics_mid_growth_leaves_nothing_behind() {
     let mem = HostMemory::new();
     let mut v = DeviceUVector::from_slice_in(&[1u8, 2, 3], (), &mem, PanicOnCopy).unwrap();
-    let (addr, cap) = (v.device_ptr(), v.capacity());
+    let (addr, cap) = (v.addr(), v.capacity());
     let grown = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| v.reserve(4096)));
     assert!(grown.is_err());
     assert_eq!(mem.live_count(), 1, "the new block went back during the unwind");
-    assert_eq!((v.device_ptr(), v.capacity(), v.to_vec().unwrap()), (addr, cap, vec![1, 2, 3]));
+    assert_eq!((v.addr(), v.capacity(), v.to_vec().unwrap()), (addr, cap, vec![1, 2, 3]));
     drop(v);
     assert_eq!(mem.live_count(), 0);
 }
@@ -520,7 +520,7 @@ fn a_raw_pointer_copy_of_memory_that_is_not_live_is_refused_and_takes_nothing() 
     let on_stack = stack.as_ptr() as u64;
     let v = DeviceUVector::from_slice_in(&[7u64; 4], (), &mem, HostCopy).unwrap();
     let freed = DeviceUVector::from_slice_in(&[8u64; 4], (), &mem, HostCopy).unwrap();
-    let gone = freed.device_ptr();
+    let gone = freed.addr();
     drop(freed);
     // SAFETY: contracts broken on purpose: `HostCopy` checks every range
     // against the live host allocations and refuses these, touching nothing.
@@ -529,11 +529,9 @@ fn a_raw_pointer_copy_of_memory_that_is_not_live_is_refused_and_takes_nothing() 
         assert_eq!(e, Err(not_live(on_stack, 64)), "a stack buffer");
         let e = DeviceUVector::<u64, _, _>::from_device_ptr_in(gone, 4, (), &mem, HostCopy).map(|_| ());
         assert_eq!(e, Err(not_live(gone, 32)), "a freed block");
-        let e = DeviceScalar::<[u64; 64], _, _>::from_device_ptr_in(v.device_ptr(), (), &mem, HostCopy)
-            .map(|_| ());
-        assert_eq!(e, Err(not_live(v.device_ptr(), 512)), "past the end of an allocation");
-        let e =
-            DeviceUVector::<u64, _, _>::from_device_ptr_in(v.device_ptr(), usize::MAX, (), &mem, HostCopy);
+        let e = DeviceScalar::<[u64; 64], _, _>::from_device_ptr_in(v.addr(), (), &mem, HostCopy).map(|_| ());
+        assert_eq!(e, Err(not_live(v.addr(), 512)), "past the end of an allocation");
+        let e = DeviceUVector::<u64, _, _>::from_device_ptr_in(v.addr(), usize::MAX, (), &mem, HostCopy);
         assert_eq!(e.map(|_| ()), Err(ContainerError::LengthOverflow { len: usize::MAX }));
     }
     assert_eq!(mem.live_count(), 1, "each refused copy gave its block back");
@@ -545,19 +543,19 @@ fn the_host_view_of_a_block_freed_by_other_code_fails_cleanly() {
     let mem = HostMemory::new();
     let mut v = DeviceUVector::from_slice_in(&[1u32; 100], (), &mem, HostCopy).unwrap();
     let mut s = DeviceScalar::from_value_in(&2u16, (), &mem, HostCopy).unwrap();
-    let addr = v.device_ptr();
+    let addr = v.addr();
     mem.deallocate(Block::from_addr(addr, 400), &()).unwrap();
-    mem.deallocate(Block::from_addr(s.device_ptr(), 2), &()).unwrap();
+    mem.deallocate(Block::from_addr(s.addr(), 2), &()).unwrap();
     let mut it = v.iter();
     assert_eq!(it.next(), Some(Err(not_live(addr, 400))));
     assert_eq!((it.next(), it.size_hint()), (None, (0, Some(0))), "the error ends the iteration");
     assert_eq!(v.slice_to_vec(1..3), Err(not_live(addr + 4, 8)));
     assert_eq!(v.back_element(), Err(not_live(addr + 396, 4)));
-    assert_eq!(v.element_ptr(5), Ok(addr + 20), "an address is only a number");
+    assert_eq!(v.element_addr(5), Ok(addr + 20), "an address is only a number");
     assert_eq!(v.fill_zero(), Err(not_live(addr, 400)));
     assert_eq!(v.set_element_to_zero_async(3), Err(not_live(addr + 12, 4)));
     assert_eq!(v.try_clone().map(|_| ()), Err(not_live(addr, 400)));
-    assert_eq!(s.set_value_to_zero_async(), Err(not_live(s.device_ptr(), 2)));
-    assert_eq!(s.try_clone().map(|_| ()), Err(not_live(s.device_ptr(), 2)));
+    assert_eq!(s.set_value_to_zero_async(), Err(not_live(s.addr(), 2)));
+    assert_eq!(s.try_clone().map(|_| ()), Err(not_live(s.addr(), 2)));
     assert_eq!(mem.live_count(), 0, "the failed clones gave their blocks back");
 }

@@ -55,7 +55,7 @@ fn containers_without_a_resource_use_the_default_and_clone_on_the_gpu() {
     let data: Vec<u32> = (0..10_000u64).map(common::pattern).collect();
     let mut v = DeviceUVector::<u32, _, CudaCopy, _>::from_slice(&data, &stream).unwrap();
     let w = v.clone();
-    assert_ne!(w.device_ptr(), v.device_ptr());
+    assert_ne!(w.addr(), v.addr());
     v.fill_zero().unwrap();
     assert_eq!(w.to_vec().unwrap(), data, "a deep copy, ordered before the fill");
     assert!(v.iter().all(|x| x == Ok(0)));

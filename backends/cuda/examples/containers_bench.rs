@@ -74,7 +74,7 @@ where
         // SAFETY: the elements are never read, nor the vector cloned.
         let v =
             unsafe { DeviceUVector::<u8, _, _, _>::new_uninit_in(CHURN_BYTES, stream, mr, engine) }.unwrap();
-        std::hint::black_box(v.device_ptr());
+        std::hint::black_box(v.addr());
     }
 }
 

@@ -320,7 +320,7 @@ fn containers_without_a_resource_use_the_devices_current_resource() {
     let w = v.try_clone().unwrap();
     // SAFETY: `v`'s memory, written on the same stream above.
     let c = unsafe {
-        DeviceUVector::<f32, _, CudaCopy, _>::from_device_ptr(v.element_ptr(1).unwrap(), 2, stream)
+        DeviceUVector::<f32, _, CudaCopy, _>::from_device_ptr(v.element_addr(1).unwrap(), 2, stream)
     }
     .unwrap();
     let mut s = DeviceScalar::<u64, _, CudaCopy, _>::new(stream).unwrap();

@@ -106,10 +106,10 @@ pub fn zero_length_containers_allocate_nothing<T: Setup>(t: &T) {
     assert_eq!(b.to_vec().unwrap(), Vec::<u8>::new());
     let v = DeviceUVector::<u32, _, _, _>::new_in(0, t.stream(), t.resource(), t.engine()).unwrap();
     assert!(v.is_empty());
-    assert_eq!(v.device_ptr(), 0);
+    assert_eq!(v.addr(), 0);
     assert_eq!(v.to_vec().unwrap(), Vec::<u32>::new());
     let w = DeviceUVector::<u64, _, _, _>::from_slice_in(&[], t.stream(), t.resource(), t.engine()).unwrap();
-    assert_eq!(w.device_ptr(), 0);
+    assert_eq!(w.addr(), 0);
     let c = b.try_clone_on(t.other_stream()).unwrap();
     assert_eq!(c.addr(), 0);
     assert_eq!(t.used(), 0);
@@ -120,13 +120,13 @@ pub fn zero_length_containers_allocate_nothing<T: Setup>(t: &T) {
 
 pub fn resize_beyond_the_limit_is_an_error_and_leaves_the_container_unchanged<T: Setup>(t: &T) {
     let mut v = DeviceUVector::from_slice_in(&[1u64, 2, 3, 4], t.stream(), t.resource(), t.engine()).unwrap();
-    let before = (v.len(), v.capacity(), v.device_ptr());
+    let before = (v.len(), v.capacity(), v.addr());
     let e = v.resize(t.too_many_u64()).unwrap_err();
     assert!(matches!(e, ContainerError::Memory(Error::OutOfMemory { .. })), "{e:?}");
-    assert_eq!((v.len(), v.capacity(), v.device_ptr()), before);
+    assert_eq!((v.len(), v.capacity(), v.addr()), before);
     assert_eq!(v.to_vec().unwrap(), vec![1, 2, 3, 4]);
     assert!(v.reserve(t.too_many_u64()).is_err());
-    assert_eq!((v.len(), v.capacity(), v.device_ptr()), before);
+    assert_eq!((v.len(), v.capacity(), v.addr()), before);
     assert_eq!(v.to_vec().unwrap(), vec![1, 2, 3, 4]);
     expect_one_block(t, 32);
     let e = v.resize(usize::MAX).unwrap_err();
@@ -174,7 +174,7 @@ pub fn uvector_elements_and_growth<T: Setup>(t: &T) {
     let all = v.to_vec().unwrap();
     assert_eq!(&all[..3], &[0.0, 1.5, 3.0]);
     assert_eq!(&all[n - 100..], &tail[..], "reallocations kept the last elements");
-    assert_ne!(v.device_ptr(), 0);
+    assert_ne!(v.addr(), 0);
     v.clear();
     assert_eq!(v.len(), 0);
     drop(v);
@@ -183,7 +183,7 @@ pub fn uvector_elements_and_growth<T: Setup>(t: &T) {
 
 pub fn buffer_vector_conversions<T: Setup>(t: &T) {
     let v = DeviceUVector::from_slice_in(&[1u32, 2, 3], t.stream(), t.resource(), t.engine()).unwrap();
-    let addr = v.device_ptr();
+    let addr = v.addr();
     let b = v.into_buffer();
     assert_eq!((b.len(), b.addr()), (12, addr));
     assert_eq!(b.to_vec().unwrap(), [1u32, 2, 3].iter().flat_map(|x| x.to_ne_bytes()).collect::<Vec<_>>());
@@ -246,7 +246,7 @@ pub fn scalar_round_trip<T: Setup>(t: &T) {
     assert_eq!(s.value().unwrap(), -5);
     let mut u = DeviceScalar::from_value_in(&[1u8, 2], t.stream(), t.resource(), t.engine()).unwrap();
     assert_eq!(u.value().unwrap(), [1, 2]);
-    assert_ne!(s.device_ptr(), u.device_ptr());
+    assert_ne!(s.addr(), u.addr());
     assert!(format!("{s:?}").contains("DeviceScalar"));
     s.set_value_async(&i64::MIN).unwrap();
     s.set_stream(t.other_stream()).unwrap();
@@ -274,7 +274,7 @@ pub fn element_types_aligned_above_256_get_blocks_of_their_alignment<T: Setup>(t
     let filler = DeviceBuffer::new_in(256, t.stream(), t.resource(), t.engine()).unwrap();
     let b = DeviceUVector::from_slice_in(&[big(2), big(3)], t.stream(), t.resource(), t.engine()).unwrap();
     let s = DeviceScalar::from_value_in(&big(4), t.stream(), t.resource(), t.engine()).unwrap();
-    for (what, ptr) in [("a", a.device_ptr()), ("b", b.device_ptr()), ("scalar", s.device_ptr())] {
+    for (what, ptr) in [("a", a.addr()), ("b", b.addr()), ("scalar", s.addr())] {
         assert_eq!(ptr % 512, 0, "{what} at {ptr:#x}");
     }
     assert_eq!((a.alignment(), b.alignment(), filler.alignment()), (512, 512, 256));
@@ -284,9 +284,9 @@ pub fn element_types_aligned_above_256_get_blocks_of_their_alignment<T: Setup>(t
     let clone = b.try_clone_on(t.other_stream()).unwrap();
     drop(b);
     let mut b = clone;
-    assert_eq!(b.device_ptr() % 512, 0);
+    assert_eq!(b.addr() % 512, 0);
     b.resize(5).unwrap();
-    assert_eq!((b.device_ptr() % 512, b.element(1).unwrap(), b.element(4).unwrap()), (0, big(3), big(0)));
+    assert_eq!((b.addr() % 512, b.element(1).unwrap(), b.element(4).unwrap()), (0, big(3), big(0)));
     let buf = b.into_buffer();
     assert_eq!(buf.alignment(), 512);
     let b: DeviceUVector<Big, _, _, _> = buf.try_into_uvector().unwrap();
@@ -298,18 +298,18 @@ pub fn explicit_alignment_is_kept_through_growth_and_clones<T: Setup>(t: &T) {
     let mut v = DeviceUVector::<u32, _, _, _>::new_in(0, t.stream(), t.resource(), t.engine()).unwrap();
     assert_eq!(v.alignment(), 256);
     v.set_alignment(4096).unwrap();
-    assert_eq!((v.alignment(), v.device_ptr()), (4096, 0), "an empty vector takes no memory");
+    assert_eq!((v.alignment(), v.addr()), (4096, 0), "an empty vector takes no memory");
     v.resize(100).unwrap();
-    assert_eq!(v.device_ptr() % 4096, 0);
+    assert_eq!(v.addr() % 4096, 0);
     v.copy_from_slice_at(0, &[1, 2, 3]).unwrap();
     for n in [5000, 20_000] {
         v.reserve(n).unwrap();
-        assert_eq!(v.device_ptr() % 4096, 0, "reserve({n})");
+        assert_eq!(v.addr() % 4096, 0, "reserve({n})");
     }
     v.shrink_to_fit().unwrap();
-    assert_eq!(v.device_ptr() % 4096, 0);
+    assert_eq!(v.addr() % 4096, 0);
     let c = v.try_clone().unwrap();
-    assert_eq!((c.alignment(), c.device_ptr() % 4096), (4096, 0));
+    assert_eq!((c.alignment(), c.addr() % 4096), (4096, 0));
     assert_eq!(c.slice_to_vec(..4).unwrap(), [1, 2, 3, 0]);
     // A held block moves only if it is not aligned so: the elements with it.
     let mut b = DeviceBuffer::from_slice_in(&[7u8; 300], t.stream(), t.resource(), t.engine()).unwrap();
@@ -344,17 +344,16 @@ pub fn copies_from_raw_device_pointers<T: Setup>(t: &T) {
     let (w, b, s, e) = unsafe {
         (
             DeviceUVector::<u32, _, _, _>::from_device_ptr_in(
-                v.element_ptr(10).unwrap(),
+                v.element_addr(10).unwrap(),
                 500,
                 t.stream(),
                 t.resource(),
                 t.engine(),
             )
             .unwrap(),
-            DeviceBuffer::from_device_ptr_in(v.device_ptr() + 1, 7, t.stream(), t.resource(), t.engine())
-                .unwrap(),
+            DeviceBuffer::from_device_ptr_in(v.addr() + 1, 7, t.stream(), t.resource(), t.engine()).unwrap(),
             DeviceScalar::<u32, _, _, _>::from_device_ptr_in(
-                v.element_ptr(999).unwrap(),
+                v.element_addr(999).unwrap(),
                 t.stream(),
                 t.resource(),
                 t.engine(),
@@ -368,7 +367,7 @@ pub fn copies_from_raw_device_pointers<T: Setup>(t: &T) {
     assert_eq!(b.to_vec().unwrap(), &bytes[1..8]);
     assert_eq!(s.value().unwrap(), data[999]);
     assert_eq!((e.len(), e.addr()), (0, 0), "nothing copied, nothing taken");
-    assert_ne!(w.device_ptr(), v.device_ptr(), "a copy, in a block of its own");
+    assert_ne!(w.addr(), v.addr(), "a copy, in a block of its own");
     drop(v);
     assert_eq!(w.element(0).unwrap(), data[10], "the copy outlives its source");
     drop((w, b, s, e));
@@ -384,7 +383,7 @@ pub fn clones_are_deep_copies_on_the_containers_own_stream<T: Setup>(t: &T) {
     let (b2, v2, s2) = (b.try_clone().unwrap(), v.try_clone().unwrap(), s.try_clone().unwrap());
     assert_eq!(b2.stream().id(), t.other_stream().id(), "on the buffer's own stream");
     assert_eq!((v2.stream().id(), s2.stream().id()), (t.stream().id(), t.stream().id()));
-    assert_ne!((b2.addr(), v2.device_ptr(), s2.device_ptr()), (b.addr(), v.device_ptr(), s.device_ptr()));
+    assert_ne!((b2.addr(), v2.addr(), s2.addr()), (b.addr(), v.addr(), s.addr()));
     b.fill(0).unwrap();
     v.fill_zero().unwrap();
     s.set_value_to_zero_async().unwrap();
@@ -405,7 +404,7 @@ pub fn clone_is_the_deep_copy_of_try_clone<T: Setup>(t: &T) {
     let s = DeviceScalar::from_value_in(&9u8, t.stream(), t.resource(), t.engine()).unwrap();
     let (mut b2, v2, mut s2) = (b.clone(), v.clone(), s.clone());
     assert_eq!((b2.stream().id(), v2.stream().id()), (t.other_stream().id(), t.stream().id()), "own streams");
-    assert_ne!((b2.addr(), v2.device_ptr(), s2.device_ptr()), (b.addr(), v.device_ptr(), s.device_ptr()));
+    assert_ne!((b2.addr(), v2.addr(), s2.addr()), (b.addr(), v.addr(), s.addr()));
     assert_eq!(
         (b2.to_vec().unwrap(), v2.to_vec().unwrap(), s2.value().unwrap()),
         (b"cloned bytes".to_vec(), vec![4, 5, 6], 9)
@@ -431,9 +430,9 @@ pub fn host_view_elements_ranges_and_iteration<T: Setup>(t: &T) {
     let data: Vec<u32> = (0..n as u32).map(|i| i.wrapping_mul(2_654_435_761)).collect();
     let mut v = DeviceUVector::from_slice_in(&data, t.stream(), t.resource(), t.engine()).unwrap();
     assert_eq!((v.front_element().unwrap(), v.back_element().unwrap()), (data[0], data[n - 1]));
-    assert_eq!(v.element_ptr(0).unwrap(), v.device_ptr());
-    assert_eq!(v.element_ptr(n - 1).unwrap(), v.device_ptr() + 4 * (n as u64 - 1));
-    assert_eq!(v.element_ptr(n), Err(ContainerError::IndexOutOfRange { index: n, len: n }));
+    assert_eq!(v.element_addr(0).unwrap(), v.addr());
+    assert_eq!(v.element_addr(n - 1).unwrap(), v.addr() + 4 * (n as u64 - 1));
+    assert_eq!(v.element_addr(n), Err(ContainerError::IndexOutOfRange { index: n, len: n }));
     let it = v.iter();
     assert_eq!(it.size_hint(), (1, Some(n)));
     assert_eq!(it.collect::<Result<Vec<u32>, _>>().unwrap(), data);
