@@ -8,17 +8,28 @@ _WHAT_TO_PASS = ("pass a memres.Stream, a torch/CuPy/Numba stream, an object wit
 
 
 class Stream:
-    """memres's stream object: a ``cudaStream_t`` it does not own, as RMM's
-    ``rmm.pylibrmm.stream.Stream``. ``Stream()`` (or ``Stream(None)``) is
-    the legacy default stream; ``Stream(obj)`` wraps the stream of ``obj``
-    (a memres ``Stream``, a ``torch.cuda.Stream``, a ``cupy.cuda.Stream``,
-    a Numba stream or an object with ``__cuda_stream__``) and keeps
-    ``obj`` alive as long as it is. An int is refused with ``TypeError``,
-    as RMM refuses it: a raw handle is wrapped with ``from_handle``."""
+    """memres's stream object, as RMM's ``rmm.pylibrmm.stream.Stream``.
+    ``Stream()`` (or ``Stream(None)``) makes a new stream on the current
+    device, as RMM's does (with CUDA: blocking, that is ordered with the
+    legacy default stream, at the default priority; without it, a stream
+    of the simulated device, where every call is ordered anyway). The
+    stream is destroyed once this object, every ``Stream`` made of it and
+    every buffer and resource given it are gone. ``DEFAULT_STREAM`` is the
+    legacy default stream. ``Stream(obj)`` wraps the stream of ``obj`` (a
+    memres ``Stream``, a ``torch.cuda.Stream``, a ``cupy.cuda.Stream``, a
+    Numba stream or an object with ``__cuda_stream__``) and keeps ``obj``
+    alive as long as it is. An int is refused with ``TypeError``, as RMM
+    refuses it: a raw handle is wrapped with ``from_handle``."""
 
     __slots__ = ("handle", "_owner")
 
     def __init__(self, obj=None):
+        if obj is None:
+            made = _make_stream()
+            self.handle = made.handle
+            # Owns the stream: collected last, it destroys it.
+            self._owner = made
+            return
         self.handle = as_handle(obj)
         # The object whose handle this is: torch's and CuPy's streams
         # destroy their handle when collected.
@@ -79,7 +90,7 @@ class Stream:
         # default stream (0) is every process's. RMM's Stream is not
         # picklable at all.
         if self.handle == 0:
-            return Stream, ()
+            return _default_stream, ()
         raise TypeError("memres: a Stream cannot be pickled: its handle is valid only in this process")
 
     def __copy__(self):
@@ -87,6 +98,20 @@ class Stream:
 
     def __deepcopy__(self, memo):
         return self
+
+
+def _make_stream():
+    """A new stream of the current device: CUDA's where CUDA is available,
+    else the simulated device's."""
+    from . import _native, cuda_available
+    from ._device import current_device
+    module = _native.cuda() if cuda_available() else _native.sim
+    return module.MadeStream(current_device())
+
+
+def _default_stream():
+    """``DEFAULT_STREAM``: what a pickled default stream becomes."""
+    return DEFAULT_STREAM
 
 
 def _checked(handle):
@@ -142,6 +167,6 @@ def as_handle(stream):
 # ``cudaStreamPerThread``).
 _LEGACY, _PER_THREAD = 1, 2
 
-DEFAULT_STREAM = Stream()
+DEFAULT_STREAM = Stream.from_handle(0)
 LEGACY_DEFAULT_STREAM = Stream.from_handle(_LEGACY)
 PER_THREAD_DEFAULT_STREAM = Stream.from_handle(_PER_THREAD)

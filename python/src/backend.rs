@@ -64,6 +64,23 @@ mod imp {
         0
     }
 
+    /// A stream made for `memres.Stream()`: only a number, since the
+    /// simulated device runs no work (any handle names its one order).
+    #[derive(Debug)]
+    pub(crate) struct MadeStream(u64);
+
+    /// A number no other made stream has, above the default streams' 0-2.
+    pub(crate) fn make_stream(_device: u32) -> PyResult<MadeStream> {
+        use std::sync::atomic::{AtomicU64, Ordering};
+        static NEXT: AtomicU64 = AtomicU64::new(0x1000);
+        Ok(MadeStream(NEXT.fetch_add(1, Ordering::Relaxed)))
+    }
+
+    /// The handle of a made stream.
+    pub(crate) fn made_handle(stream: &MadeStream) -> u64 {
+        stream.0
+    }
+
     pub(crate) fn engine(_device: u32) -> PyResult<Engine> {
         Ok(HostCopy)
     }
@@ -192,6 +209,22 @@ mod imp {
         stream.raw() as usize as u64
     }
 
+    /// A stream made for `memres.Stream()`: owned, destroyed when dropped.
+    pub(crate) type MadeStream = CudaStream;
+
+    /// A new stream on `device`'s primary context, blocking (ordered with
+    /// the legacy default stream) at the default priority, as RMM's
+    /// `Stream()` makes one.
+    pub(crate) fn make_stream(device: u32) -> PyResult<MadeStream> {
+        CudaStream::in_context(context(device)?, memres_cuda::StreamOptions::default())
+            .map_err(|e| backend_error(format!("device {device}: a new stream: {e}")))
+    }
+
+    /// The handle of a made stream.
+    pub(crate) fn made_handle(stream: &MadeStream) -> u64 {
+        handle_of(stream)
+    }
+
     pub(crate) fn engine(device: u32) -> PyResult<Engine> {
         Ok(CudaCopy::in_context(context(device)?))
     }
@@ -270,8 +303,8 @@ mod imp {
 }
 
 pub(crate) use imp::{
-    default_memory_pool, default_stream, driver_reserved, engine, handle_of, memory_info, note_driver_pools,
-    prefetch, stream, Engine, Stream, BACKEND, DEFAULT_LEAF,
+    default_memory_pool, default_stream, driver_reserved, engine, handle_of, made_handle, make_stream,
+    memory_info, note_driver_pools, prefetch, stream, Engine, MadeStream, Stream, BACKEND, DEFAULT_LEAF,
 };
 
 /// The builder of `device`'s stacks: the backend's leaves and the core's

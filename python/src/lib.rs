@@ -12,9 +12,10 @@
 //!
 //! The module's `stream` arguments are raw `cudaStream_t` handles, as the C
 //! library's are. The Python layer makes each of a stream object it
-//! accepted (`memres._stream.as_handle`: a framework's stream, kept alive
-//! by the buffer or stack that uses it) or of `Stream.from_handle`, whose
-//! caller vouches for it, and refuses a bare int. No handle can be checked
+//! accepted (`memres._stream.as_handle`: a framework's stream, or one this
+//! module made for `Stream()`, a `MadeStream`; either kept alive by the
+//! buffer or stack that uses it) or of `Stream.from_handle`, whose caller
+//! vouches for it, and refuses a bare int. No handle can be checked
 //! here: the module is private, and a caller that passes it another int
 //! hands that to the driver, as a C caller of `memres_alloc` would. Every
 //! call of `backend::stream` names this contract.
@@ -43,6 +44,7 @@ mod put_back;
 mod reentry;
 mod resource;
 mod snapshot;
+mod stream;
 
 use pyo3::prelude::*;
 
@@ -62,6 +64,7 @@ fn native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("MAX_DEVICES", backend::MAX_DEVICES)?;
     m.add_class::<resource::Resource>()?;
     m.add_class::<buffer::Buffer>()?;
+    m.add_class::<stream::MadeStream>()?;
     m.add_function(wrap_pyfunction!(current::set_per_device_resource, m)?)?;
     m.add_function(wrap_pyfunction!(current::c_live_count, m)?)?;
     m.add_function(wrap_pyfunction!(current::last_alloc_error, m)?)?;

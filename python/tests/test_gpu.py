@@ -297,7 +297,7 @@ def test_a_prefetch_adaptor_moves_each_managed_block_it_hands_out(gpu):
     assert last_prefetched_to(plain, 4 * MiB) != 0
     res = mr.PrefetchResourceAdaptor(managed)
     assert res.upstream_mr is managed and res.stack == "prefetch(up0)"
-    ptr = res.allocate(4 * MiB, stream=memres.Stream())
+    ptr = res.allocate(4 * MiB, stream=memres.DEFAULT_STREAM)
     assert last_prefetched_to(ptr, 4 * MiB) == 0
     data = os.urandom(4 * MiB)
     buf = memres.DeviceBuffer.to_device(data, mr=res)

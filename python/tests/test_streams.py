@@ -53,7 +53,7 @@ def test_handles():
     assert as_handle(NumbaLike()) == 0x9ABC
     assert as_handle(NumbaBindingLike()) == 0x7A5C
     assert as_handle(Protocol()) == 0xDEF0
-    assert memres.DEFAULT_STREAM == memres.Stream() == memres.Stream(None) == memres.Stream.from_handle(0)
+    assert memres.DEFAULT_STREAM == memres.Stream.from_handle(0)
     assert memres.Stream(CupyLike()) == memres.Stream.from_handle(0x5678)
     assert memres.Stream(memres.Stream(Protocol())).handle == 0xDEF0
     assert int(memres.Stream.from_handle(0x10)) == 0x10
@@ -198,13 +198,46 @@ def test_a_stream_does_not_pickle_but_the_default_stream_does():
         def __cuda_stream__(self):
             return (0, 0x5555DEADBEEF)
 
-    for s in (memres.Stream.from_handle(5), memres.Stream(FrameworkStream())):
+    for s in (memres.Stream.from_handle(5), memres.Stream(FrameworkStream()), memres.Stream()):
         with pytest.raises(TypeError, match="cannot be pickled"):
             pickle.dumps(s)
         assert copy.copy(s) is s and copy.deepcopy(s) is s
-    for s in (memres.DEFAULT_STREAM, memres.Stream(), memres.Stream.from_handle(0)):
+    for s in (memres.DEFAULT_STREAM, memres.Stream.from_handle(0)):
         back = pickle.loads(pickle.dumps(s))
-        assert isinstance(back, memres.Stream) and back.handle == 0 and back == memres.DEFAULT_STREAM
+        assert back is memres.DEFAULT_STREAM  # not a new stream
+
+
+def test_stream_makes_a_new_stream_as_rmms():
+    # RMM's `Stream()` and `Stream(None)` make a stream; here, without CUDA,
+    # one of the simulated device: a handle no other stream has.
+    a, b = memres.Stream(), memres.Stream(None)
+    assert a.handle not in (0, 1, 2, b.handle) and not a.is_default() and not b.is_default()
+    assert a != memres.DEFAULT_STREAM and a == memres.Stream(a) and memres.Stream(a).handle == a.handle
+    res = mr.StatisticsResourceAdaptor(mr.HostMemoryResource())
+    buf = memres.DeviceBuffer.to_device(b"on a made stream", stream=a, mr=res)
+    ptr = res.allocate(100, stream=b)
+    res.deallocate(ptr, 100, stream=b)
+    a.synchronize()
+    assert buf.tobytes() == b"on a made stream" and res.allocation_counts.current_count == 1
+
+
+def test_a_made_stream_lives_as_long_as_what_uses_it():
+    import gc
+    import weakref
+    s = memres.Stream()
+    made = weakref.ref(s._owner)
+    wrapped = memres.Stream(s)
+    res = mr.HostMemoryResource()
+    buf = memres.DeviceBuffer(size=8, stream=s, mr=res)
+    del s
+    gc.collect()
+    assert made() is not None  # the wrapping Stream and the buffer hold it
+    del wrapped, buf
+    gc.collect()
+    assert made() is not None  # the resource, given it, holds it
+    del res
+    gc.collect()
+    assert made() is None
 
 
 def test_a_stream_speaks_rmms_methods_and_the_stream_protocol():
@@ -224,6 +257,37 @@ def test_the_default_streams_serve_allocations(gpu):
         buf = memres.DeviceBuffer.to_device(b"on a default stream", stream=stream, mr=res)
         stream.synchronize()
         assert buf.tobytes() == b"on a default stream"
+
+
+def test_stream_makes_a_cuda_stream_that_the_driver_and_frameworks_see(gpu):
+    import gc
+    import weakref
+    cuda = ctypes.CDLL("libcuda.so.1")
+    s = memres.Stream()
+    assert not s.is_default() and s.handle not in (0, 1, 2)
+    # A live stream of the driver, made blocking (flags 0) as RMM's.
+    flags = ctypes.c_uint(99)
+    assert cuda.cuStreamGetFlags(ctypes.c_void_p(s.handle), ctypes.byref(flags)) == 0 and flags.value == 0
+    res = mr.PoolMemoryResource(mr.CudaMemoryResource(), per_stream=True)
+    buf = memres.DeviceBuffer.to_device(b"on a made stream" * 1000, stream=s, mr=res)
+    made = weakref.ref(s._owner)
+    handle = s.handle
+    del s
+    gc.collect()
+    assert made() is not None
+    # The buffer keeps the stream: its handle still names a live stream,
+    # which CuPy and PyTorch can order work on.
+    assert cuda.cuStreamQuery(ctypes.c_void_p(handle)) in (0, 600)  # done or not ready
+    try:
+        import cupy
+        with cupy.cuda.ExternalStream(handle):
+            doubled = cupy.arange(4) * 2
+        cupy.cuda.ExternalStream(handle).synchronize()
+        assert doubled.tolist() == [0, 2, 4, 6]
+    except ImportError:
+        pass
+    assert buf.tobytes() == b"on a made stream" * 1000
+    memres.Stream.from_handle(handle).synchronize()
 
 
 def test_a_later_version_of_the_stream_protocol_is_refused_as_rmms():
