@@ -34,8 +34,8 @@ use memres_core::binning::BinningResource;
 use memres_core::fixed::{FixedConfig, FixedSizeResource};
 use memres_core::pool::{CoalescingPool, PoolConfig};
 use memres_core::stack::{
-    arena_config, binning_exponents, fixed_block_size, fixed_config, pool_config, Call, StackBuilder,
-    StackError,
+    arena_config, binning_bins, binning_exponents, fixed_block_size, fixed_config, pool_config, Call,
+    StackBuilder, StackError,
 };
 use memres_core::{Block, Inspect, MemoryResource, MemoryResourceMut, StreamOrdered};
 use memres_sim::SimStream;
@@ -237,6 +237,10 @@ pub fn shape(call: &Call) -> Result<Option<Shape<'_>>, StackError> {
                 "fixed" => Shape::Fixed(fixed_config(call)?, fixed_block_size(call)?, l),
                 "binning" => {
                     let (min, max) = binning_exponents(call)?;
+                    if !binning_bins(call)?.is_empty() {
+                        // Bins given one by one: the builder's.
+                        return Ok(None);
+                    }
                     Shape::Binning(min, max, l)
                 }
                 _ => Shape::Arena(arena_config(call)?, l),

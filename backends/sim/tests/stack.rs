@@ -361,6 +361,51 @@ fn new_resources_keep_typed_handles_and_route_as_configured() {
     built.resource.deallocate(b, &()).unwrap();
 }
 
+/// RMM's `add_bin` in a string: `bin(SIZE)` a fixed-size bin over the
+/// upstream, `bin(SIZE, RESOURCE)` one served by the resource, replacing
+/// the power of two of its size; powers of two only where asked for once
+/// bins are given.
+#[test]
+fn bins_given_in_the_string_join_or_replace_the_powers_of_two() {
+    let built = builder::<()>()
+        .build_with_handles("binning(sim(1GiB), bin(1KiB, stats(sim(1GiB))), bin(768), bin(128MiB, sim(1GiB)), min_bin=1KiB, max_bin=2KiB)", &())
+        .unwrap();
+    let bins = built.get::<BinningResource<'static, DynResource, ()>>("binning").unwrap();
+    assert_eq!(bins.bin_sizes(), &[768, 1024, 2048, 128 << 20]);
+    assert!(bins.fixed_bin(1024).is_none(), "the given bin replaces the power of two");
+    assert!(bins.fixed_bin(768).is_some() && bins.fixed_bin(2048).is_some());
+    let stats = built.get::<memres_core::adaptor::Statistics<DynResource>>("stats").unwrap();
+    let sims = built.all::<SimDevice>("sim");
+    let (a, b, c) = (req(1000), req(100 << 20), req(700));
+    let (x, y, z) = (
+        built.resource.allocate(a, &()).unwrap(),
+        built.resource.allocate(b, &()).unwrap(),
+        built.resource.allocate(c, &()).unwrap(),
+    );
+    assert_eq!(stats.get_bytes_counter().value, 1000, "1000 bytes go to the 1 KiB bin's resource");
+    assert_eq!(
+        sims.iter().map(|s| s.usage().held).filter(|&h| h == 100 << 20).count(),
+        1,
+        "the 128 MiB bin's device"
+    );
+    let u = bins.usage();
+    assert_eq!(u.used, 1024 + (100 << 20) + 768);
+    for (block, _) in [(x, a), (y, b), (z, c)] {
+        built.resource.deallocate(block, &()).unwrap();
+    }
+    assert_eq!(bins.usage().used, 0);
+    bins.check().unwrap();
+
+    // Bins given without min_bin= or max_bin=: those bins only.
+    let built = builder::<()>().build_with_handles("binning(sim, bin(4KiB))", &()).unwrap();
+    let bins = built.get::<BinningResource<'static, DynResource, ()>>("binning").unwrap();
+    assert_eq!(bins.bin_sizes(), &[4096]);
+    // And none given: the powers of two of 256 KiB to 4 MiB, as before.
+    let built = builder::<()>().build_with_handles("binning(sim)", &()).unwrap();
+    let bins = built.get::<BinningResource<'static, DynResource, ()>>("binning").unwrap();
+    assert_eq!(bins.bin_sizes(), &[256 << 10, 512 << 10, 1 << 20, 2 << 20, 4 << 20]);
+}
+
 #[test]
 fn new_resources_reject_bad_arguments_where_they_are() {
     for (text, pos) in [
@@ -371,6 +416,14 @@ fn new_resources_reject_bad_arguments_where_they_are() {
         ("vpool(pool(sim))", 6),
         ("vpool(sim, granule=3000)", 19),
         ("host(1GiB)", 5),
+        ("binning(sim, pool(sim))", 13),
+        ("binning(sim, bin(1000))", 17),
+        ("binning(sim, bin(0))", 17),
+        ("binning(sim, bin(1KiB), bin(1KiB, sim))", 28),
+        ("binning(sim, bin(1KiB, sim, sim))", 28),
+        ("binning(sim, bin(size=1KiB))", 17),
+        ("binning(sim, bin())", 13),
+        ("binning(sim, bin(1KiB, 1KiB))", 23),
     ] {
         let e = build_err(text);
         assert_eq!(e.pos, pos, "{text}: {e}");

@@ -6,7 +6,8 @@
 //! [`FixedSizeResource`]s over the same upstream (one per power of two, as
 //! RMM's constructor makes them, or sizes picked by a [`BinPlan`] from a
 //! [`SizeHistogram`]), or any resource added with
-//! [`add_bin`](BinningResource::add_bin).
+//! [`add_bin`](BinningResource::add_bin) (or, for one whose figures cannot
+//! be read, [`add_counted_bin`](BinningResource::add_counted_bin)).
 
 mod plan;
 #[cfg(test)]
@@ -30,10 +31,69 @@ trait BinResource<S: Stream + ?Sized>: MemoryResource<S> + Inspect {}
 impl<S: Stream + ?Sized, R: MemoryResource<S> + Inspect> BinResource<S> for R {}
 
 /// One bin: a fixed-size resource made by the binning resource (which it can
-/// release), or a resource given by the caller.
+/// release), a resource given by the caller, or one given with no figures
+/// to read, whose blocks the binning resource counts itself.
 enum Bin<'a, U, S: Stream + ?Sized> {
     Fixed(Shared<FixedSizeResource<U>>),
     Other(Box<dyn BinResource<S> + Send + Sync + 'a>),
+    Counted(Box<dyn MemoryResource<S> + Send + Sync + 'a>, Tally),
+}
+
+/// The blocks handed out from a resource whose figures the binning resource
+/// keeps itself (the upstream's large blocks, a counted bin's): their
+/// footprints (sizes rounded up to 256), and each live one by address, so
+/// that a free is passed on only for a block that came from there.
+struct Tally {
+    held: Held,
+    live: Shared<AddrMap<u64>>,
+}
+
+impl Tally {
+    fn new() -> Self {
+        Tally { held: Held::default(), live: Shared::new(AddrMap::new()) }
+    }
+
+    /// A block of `from` for `request`, counted.
+    #[inline]
+    fn allocate<S, R>(&self, from: &R, request: Request, stream: &S) -> Result<Block>
+    where
+        S: Stream + ?Sized,
+        R: MemoryResource<S> + ?Sized,
+    {
+        let block = from.allocate(request, stream)?;
+        if let Err(e) = block.upstream_range(request.size()) {
+            // Handed out whole as the request's block: it must hold it.
+            let _ = from.deallocate(block, stream);
+            return Err(e);
+        }
+        let footprint = request.rounded_size(256);
+        self.held.add(footprint);
+        if let Some(stale) = self.live.with(|m| m.insert(block.addr(), footprint)) {
+            // `from` freed that block behind this resource's back and
+            // handed its address out again.
+            self.held.sub(stale);
+        }
+        Ok(block)
+    }
+
+    /// Frees `block` to `to` if it is one of the tally's; `None` (nothing
+    /// freed) if it is not.
+    #[inline]
+    fn deallocate<S, R>(&self, to: &R, block: Block, stream: &S) -> Option<Result<()>>
+    where
+        S: Stream + ?Sized,
+        R: MemoryResource<S> + ?Sized,
+    {
+        // Put back unless `to` frees it (its error, its panic): the block
+        // is still live.
+        let footprint = Restore::take(&self.live, block.addr())?;
+        Some(to.deallocate(block, stream).map(|()| self.held.sub(footprint.freed())))
+    }
+
+    /// A leaf's figures: what was handed out through the tally.
+    fn usage(&self) -> Usage {
+        Usage::leaf(self.held.value(), self.held.peak())
+    }
 }
 
 impl<U, S: Stream + ?Sized> Bin<'_, U, S>
@@ -45,23 +105,35 @@ where
         match self {
             Bin::Fixed(f) => f.allocate(request, stream),
             Bin::Other(r) => r.allocate(request, stream),
+            Bin::Counted(r, tally) => tally.allocate(&**r, request, stream),
         }
     }
 
+    /// `None`: a counted bin's free of a block it did not hand out.
     #[inline]
-    fn deallocate(&self, block: Block, stream: &S) -> Result<()> {
+    fn deallocate(&self, block: Block, stream: &S) -> Option<Result<()>> {
         match self {
-            Bin::Fixed(f) => f.deallocate(block, stream),
-            Bin::Other(r) => r.deallocate(block, stream),
+            Bin::Fixed(f) => Some(f.deallocate(block, stream)),
+            Bin::Other(r) => Some(r.deallocate(block, stream)),
+            Bin::Counted(r, tally) => tally.deallocate(&**r, block, stream),
         }
     }
 }
 
 impl<U, S: Stream + ?Sized> Bin<'_, U, S> {
-    fn inspected(&self) -> &dyn Inspect {
+    fn usage(&self) -> Usage {
         match self {
-            Bin::Fixed(f) => f,
-            Bin::Other(r) => r,
+            Bin::Fixed(f) => f.usage(),
+            Bin::Other(r) => r.usage(),
+            Bin::Counted(_, tally) => tally.usage(),
+        }
+    }
+
+    fn check(&self) -> core::result::Result<(), Violation> {
+        match self {
+            Bin::Fixed(f) => f.check(),
+            Bin::Other(r) => r.check(),
+            Bin::Counted(..) => Ok(()),
         }
     }
 }
@@ -70,7 +142,7 @@ impl<U, S: Stream + ?Sized> fmt::Debug for Bin<'_, U, S> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Bin::Fixed(fixed) => fixed.fmt(f),
-            Bin::Other(_) => f.write_str("MemoryResource"),
+            Bin::Other(_) | Bin::Counted(..) => f.write_str("MemoryResource"),
         }
     }
 }
@@ -136,14 +208,11 @@ impl<U, S: Stream + ?Sized> fmt::Debug for Bin<'_, U, S> {
 /// ```
 pub struct BinningResource<'a, U, S: Stream + ?Sized = ()> {
     upstream: U,
-    /// The blocks larger than every bin, served by the upstream: their
-    /// footprints (sizes rounded up to 256).
-    large: Held,
-    /// Those blocks, live, by address (their footprints): a free that
-    /// routes to the upstream is passed on only for one of them, never for
-    /// a bin's memory (a bin over the same upstream holds chunks that the
-    /// upstream would free whole).
-    large_live: Shared<AddrMap<u64>>,
+    /// The blocks larger than every bin, served by the upstream: a free
+    /// that routes to the upstream is passed on only for one of them, never
+    /// for a bin's memory (a bin over the same upstream holds chunks that
+    /// the upstream would free whole).
+    large: Tally,
     /// Bin sizes: ascending, distinct, non-zero; `sizes[i]` is `bins[i]`'s.
     sizes: Vec<u64>,
     /// The bins, in the order of `sizes`.
@@ -161,13 +230,7 @@ impl<'a, U, S: Stream + ?Sized> BinningResource<'a, U, S> {
     /// assert!(bins.bin_sizes().is_empty());
     /// ```
     pub fn new(upstream: U) -> Self {
-        BinningResource {
-            upstream,
-            large: Held::default(),
-            large_live: Shared::new(AddrMap::new()),
-            sizes: Vec::new(),
-            bins: Vec::new(),
-        }
+        BinningResource { upstream, large: Tally::new(), sizes: Vec::new(), bins: Vec::new() }
     }
 
     /// RMM's constructor: one [`FixedSizeResource`] bin (128 blocks per
@@ -282,6 +345,41 @@ impl<'a, U, S: Stream + ?Sized> BinningResource<'a, U, S> {
         self.insert(size, Bin::Other(Box::new(resource)))
     }
 
+    /// Adds a bin of `size` bytes served by `resource`, whose figures cannot
+    /// be read (a [`DynResource`](crate::DynResource), a stack built from a
+    /// string): the binning resource counts what it hands out through it,
+    /// as it counts the upstream's large blocks (each block used and held
+    /// at its footprint), and passes a free on to it only for a block that
+    /// came from it.
+    ///
+    /// # Errors
+    ///
+    /// As [`add_bin`](Self::add_bin).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use memres_core::binning::BinningResource;
+    /// use memres_core::pool::CoalescingPool;
+    /// use memres_core::{DynResource, Inspect, MemoryResource, Request, Shared};
+    /// # use memres_core::testing::BumpUpstream;
+    /// use std::sync::Arc;
+    /// let pool: DynResource = Arc::new(Shared::new(CoalescingPool::new(BumpUpstream::new(1 << 30))));
+    /// let mut bins: BinningResource<_> = BinningResource::new(BumpUpstream::new(1 << 30));
+    /// bins.add_counted_bin(64 << 10, pool)?;
+    /// let b = bins.allocate(Request::new(5000)?, &())?; // the pool bin
+    /// assert_eq!((bins.usage().used, bins.usage().held), (5120, 5120));
+    /// bins.deallocate(b, &())?;
+    /// assert_eq!(bins.usage().held, 0);
+    /// # Ok::<(), memres_core::Error>(())
+    /// ```
+    pub fn add_counted_bin<R>(&mut self, size: u64, resource: R) -> Result<()>
+    where
+        R: MemoryResource<S> + Send + Sync + 'a,
+    {
+        self.insert(size, Bin::Counted(Box::new(resource), Tally::new()))
+    }
+
     /// Adds a [`FixedSizeResource`] bin over a clone of the upstream, of
     /// `config`'s block size (RMM's `add_bin(size)` with no resource).
     ///
@@ -376,7 +474,7 @@ impl<'a, U, S: Stream + ?Sized> BinningResource<'a, U, S> {
     pub fn fixed_bin(&self, size: u64) -> Option<&Shared<FixedSizeResource<U>>> {
         match &self.bins[self.sizes.binary_search(&size).ok()?] {
             Bin::Fixed(f) => Some(f),
-            Bin::Other(_) => None,
+            Bin::Other(_) | Bin::Counted(..) => None,
         }
     }
 
@@ -462,8 +560,7 @@ impl<U, S: Stream + ?Sized> Inspect for BinningResource<'_, U, S> {
     /// # Ok::<(), memres_core::Error>(())
     /// ```
     fn usage(&self) -> Usage {
-        let large = Usage::leaf(self.large.value(), self.large.peak());
-        self.bins.iter().map(|b| b.inspected().usage()).fold(large, Usage::plus)
+        self.bins.iter().map(Bin::usage).fold(self.large.usage(), Usage::plus)
     }
 
     /// Runs the invariant checker of every bin, and checks the bin table
@@ -491,7 +588,7 @@ impl<U, S: Stream + ?Sized> Inspect for BinningResource<'_, U, S> {
                     return Err(Violation::new("fixed-size bin smaller than its size"));
                 }
             }
-            bin.inspected().check()?;
+            bin.check()?;
         }
         Ok(())
     }
@@ -516,22 +613,7 @@ where
         }
         match self.route(request.size()) {
             Some(i) => self.bins[i].allocate(request, stream),
-            None => {
-                let block = self.upstream.allocate(request, stream)?;
-                if let Err(e) = block.upstream_range(request.size()) {
-                    // Handed out whole as the request's block: it must hold it.
-                    let _ = self.upstream.deallocate(block, stream);
-                    return Err(e);
-                }
-                let footprint = request.rounded_size(256);
-                self.large.add(footprint);
-                if let Some(stale) = self.large_live.with(|m| m.insert(block.addr(), footprint)) {
-                    // The upstream freed that block behind this resource's
-                    // back and handed its address out again.
-                    self.large.sub(stale);
-                }
-                Ok(block)
-            }
+            None => self.large.allocate(&self.upstream, request, stream),
         }
     }
 
@@ -540,35 +622,29 @@ where
     /// The bin's or the upstream's error. A block freed with another size
     /// than it was asked for may reach the wrong bin: the error is then
     /// the one that bin gives to a foreign block. One too large for every
-    /// bin that did not come from the upstream through this resource is
-    /// refused here ([`Error::UnknownBlock`], or [`Error::SizeMismatch`]
-    /// for a fixed bin's block), nothing freed.
+    /// bin that did not come from the upstream through this resource, or
+    /// one routed to a counted bin that did not come from it, is refused
+    /// here ([`Error::UnknownBlock`], or [`Error::SizeMismatch`] for a
+    /// fixed bin's block), nothing freed.
     #[inline]
     fn deallocate(&self, block: Block, stream: &S) -> Result<()> {
         if block.is_empty() {
             return Ok(());
         }
-        match self.route(block.size()) {
+        let freed = match self.route(block.size()) {
             Some(i) => self.bins[i].deallocate(block, stream),
-            None => {
-                // Put back unless the upstream frees it (its error, its
-                // panic): the block is still live.
-                let Some(footprint) = Restore::take(&self.large_live, block.addr()) else {
-                    return Err(self.not_large(block));
-                };
-                self.upstream.deallocate(block, stream)?;
-                self.large.sub(footprint.freed());
-                Ok(())
-            }
-        }
+            None => self.large.deallocate(&self.upstream, block, stream),
+        };
+        freed.unwrap_or_else(|| Err(self.foreign(block)))
     }
 }
 
 impl<U, S: Stream + ?Sized> BinningResource<'_, U, S> {
-    /// Why `block`, too large for every bin, is no large block: a fixed
-    /// bin's block freed with a larger size, or no block of this resource.
+    /// Why `block`, routed to the upstream's large blocks or to a counted
+    /// bin, is none of theirs: a fixed bin's block freed with a larger size,
+    /// or no block of this resource.
     #[cold]
-    fn not_large(&self, block: Block) -> Error {
+    fn foreign(&self, block: Block) -> Error {
         let addr = block.addr();
         for (size, bin) in self.sizes.iter().zip(&self.bins) {
             if let Bin::Fixed(f) = bin {

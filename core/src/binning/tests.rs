@@ -497,3 +497,52 @@ fn a_histogram_of_extreme_counts_is_planned_without_a_panic() {
     let sizes = BinPlan::new().max_bin_size(1 << 62).max_waste_percent(100).choose(&h);
     assert_eq!(sizes, [1 << 62]);
 }
+
+/// A counted bin (a resource with no figures to read: a `DynResource`):
+/// the binning resource counts its blocks at their footprints, passes a
+/// free on only for a block that came from it, and keeps its figures when
+/// the bin refuses a free.
+#[test]
+fn a_counted_bins_blocks_are_counted_here_and_only_its_own_go_back_to_it() {
+    use std::sync::Arc;
+    // One upstream under the pool and the fixed bins: no address is both's.
+    let up = Arc::new(BumpUpstream::new(1 << 30));
+    let pool: crate::DynResource = Arc::new(Shared::new(CoalescingPool::new(up.clone())));
+    let mut bins: BinningResource<_> = BinningResource::with_exponents(up.clone(), 8, 9).unwrap();
+    bins.add_counted_bin(64 << 10, pool.clone()).unwrap();
+    assert!(matches!(bins.add_counted_bin(512, pool.clone()), Err(Error::InvalidConfig { .. })), "twice");
+    assert_eq!(bins.bin_sizes(), &[256, 512, 64 << 10]);
+    assert!(bins.fixed_bin(64 << 10).is_none());
+    let a = bins.allocate(Request::new(5000).unwrap(), &()).unwrap();
+    let b = bins.allocate(Request::new(60_000).unwrap(), &()).unwrap();
+    let counted = 5120 + 60_160;
+    let u = bins.usage();
+    assert_eq!((u.used, u.held, u.free), (counted, counted, 0));
+    assert_eq!(bins.fixed_bin(512).unwrap().with(|f| f.usage().held), 0, "the pool served them");
+
+    // Refused, nothing freed: a block of the pool that did not come
+    // through here, a fixed bin's block freed with a size routed to the
+    // counted bin, and the bin's own block freed with a size it refuses.
+    let direct = pool.allocate(Request::new(4000).unwrap(), &()).unwrap();
+    assert_eq!(bins.deallocate(direct, &()), Err(Error::UnknownBlock { addr: direct.addr() }));
+    let small = bins.allocate(Request::new(300).unwrap(), &()).unwrap();
+    let u = bins.usage();
+    assert_eq!(
+        bins.deallocate(Block::from_addr(small.addr(), 4000), &()),
+        Err(Error::SizeMismatch { addr: small.addr(), expected: 512, given: 4000 })
+    );
+    assert!(bins.deallocate(Block::new(a.addr(), 4999, a.tag()), &()).is_err());
+    assert_eq!(bins.usage(), u);
+    bins.check().unwrap();
+
+    bins.deallocate(a, &()).unwrap();
+    assert_eq!(bins.deallocate(a, &()), Err(Error::UnknownBlock { addr: a.addr() }), "twice");
+    pool.deallocate(direct, &()).unwrap();
+    bins.deallocate(b, &()).unwrap();
+    bins.deallocate(small, &()).unwrap();
+    let u = bins.usage();
+    assert_eq!(u.used, 0);
+    assert_eq!(u.held, 512 * 128, "the 512-byte bin's chunk; nothing counted for the pool");
+    assert!(u.peak_held >= 512 * 128 + counted);
+    bins.check().unwrap();
+}

@@ -49,7 +49,7 @@
 //! | --- | --- | --- |
 //! | `pool` | `upstream, initial=, max=, growth=double\|default\|N, granule=, release=true\|false\|peak, large=SIZE\|none, per_stream=true\|false` | [`CoalescingPool`](crate::pool::CoalescingPool) behind [`Shared`](crate::Shared) (`N`: grow by 1/N of the pool in steps of `granule=`, default 32 MiB; `release=`: give wholly free chunks back before growing, default true, `peak`: only past the peak in use; `large=`: requests of at least this size get chunks of their own, default none); with `per_stream=true` a [`PerStreamPool`](crate::per_stream::PerStreamPool) of such pools behind `Shared`, one per stream, stream-ordered (no `max=`: limit the upstream; `initial=` is the build stream's pool) |
 //! | `fixed` | `upstream, size` (or `size=`, default 1 MiB), `blocks=` (per chunk, default 128) | [`FixedSizeResource`](crate::fixed::FixedSizeResource) behind `Shared` |
-//! | `binning` | `upstream, min_bin=, max_bin=` (the smallest and largest bin, powers of two; default 256 KiB and 4 MiB) | [`BinningResource::with_exponents`](crate::binning::BinningResource::with_exponents) |
+//! | `binning` | `upstream, bin(SIZE), bin(SIZE, RESOURCE)..., min_bin=, max_bin=` (a bin of each power of two from `min_bin=` to `max_bin=`, default 256 KiB and 4 MiB, none when bins are given without these keys; each `bin(...)` adds one, a fixed-size bin over the upstream or one served by `RESOURCE`, and replaces the power of two of its size) | [`BinningResource`](crate::binning::BinningResource), with [`add_fixed_bin`](crate::binning::BinningResource::add_fixed_bin) and [`add_counted_bin`](crate::binning::BinningResource::add_counted_bin) |
 //! | `arena` | `upstream, initial=, max=, superblock=` | [`ArenaResource`](crate::arena::ArenaResource) |
 //! | `stats` | `upstream` | [`Statistics`](crate::adaptor::Statistics) |
 //! | `track` | `upstream, backtraces=true\|false` (a backtrace of each allocation, feature `std`; default false) | [`Tracking`](crate::adaptor::Tracking) |
@@ -98,7 +98,7 @@
 //! in for a device while a stack is only checked.
 //!
 //! The readers of each name's arguments ([`pool_config`],
-//! [`fixed_config`], [`fixed_block_size`], [`binning_exponents`], [`arena_config`],
+//! [`fixed_config`], [`fixed_block_size`], [`binning_exponents`], [`binning_bins`], [`arena_config`],
 //! [`log_file`], [`granule_arg`], [`one_of`]) are public, so that a leaf
 //! with the same keys reads them alike and code that builds the same
 //! resource typed (the replay tool's fast path) gives the keys the same
@@ -119,8 +119,8 @@ pub use log_env::{check_log_file, log_file_of_device, log_from_env, LOG_FILE_VAR
 #[cfg(feature = "std")]
 pub use names::open_log;
 pub use names::{
-    arena_config, binning_exponents, fixed_block_size, fixed_config, granule_arg, log_file, one_of,
-    pool_config, Unbacked,
+    arena_config, binning_bins, binning_exponents, fixed_block_size, fixed_config, granule_arg, log_file,
+    one_of, pool_config, Unbacked,
 };
 pub use parse::{parse, parse_size, Arg, Call, Value, MAX_DEPTH};
 pub use release::{Release, ReleaseLayers};

@@ -37,10 +37,28 @@ where
         Ok(cx.keep_releasing(call, Shared::new(fixed)))
     });
     b.register("binning", |call, cx| {
-        let (min, max) = binning_exponents(call)?;
+        let given = binning_bins(call)?;
+        let powers = if given.is_empty() || call.keyed("min_bin").is_some() || call.keyed("max_bin").is_some()
+        {
+            Some(binning_exponents(call)?)
+        } else {
+            None
+        };
         let upstream = cx.upstream(call, 0)?;
-        let bins = BinningResource::<'static, DynResource<S>, S>::with_exponents(upstream, min, max)
-            .map_err(|e| call.resource_error(e))?;
+        let mut bins = BinningResource::<'static, DynResource<S>, S>::new(upstream);
+        // A bin given for a size replaces the power of two of that size.
+        for e in powers.map_or(1..=0, |(min, max)| min..=max) {
+            if !given.iter().any(|&(size, _)| size == 1 << e) {
+                bins.add_fixed_bin(FixedConfig::new(1 << e)).map_err(|e| call.resource_error(e))?;
+            }
+        }
+        for (size, bin) in given {
+            match bin {
+                None => bins.add_fixed_bin(FixedConfig::new(size)),
+                Some(bin) => bins.add_counted_bin(size, cx.upstream(bin, 1)?),
+            }
+            .map_err(|e| bin.unwrap_or(call).resource_error(e))?;
+        }
         Ok(cx.keep_releasing(call, bins))
     });
     b.register("arena", |call, cx| {
@@ -345,7 +363,8 @@ pub fn fixed_block_size(call: &Call) -> Result<u64, StackError> {
 /// # Ok::<(), memres_core::stack::StackError>(())
 /// ```
 pub fn binning_exponents(call: &Call) -> Result<(u32, u32), StackError> {
-    call.expect_args(1, &["min_bin", "max_bin"])?;
+    // The upstream, then the bins given (`binning_bins`).
+    call.expect_args(usize::MAX, &["min_bin", "max_bin"])?;
     let exponent = |key: &str, default: u32| -> Result<u32, StackError> {
         let Some(v) = call.keyed(key) else { return Ok(default) };
         match v.size()? {
@@ -366,6 +385,58 @@ pub fn binning_exponents(call: &Call) -> Result<(u32, u32), StackError> {
         ));
     }
     Ok((min, max))
+}
+
+/// The bins given to `binning(UP, bin(SIZE), bin(SIZE, RESOURCE), ...)`,
+/// in order: each size (bytes, a multiple of 256, each given once) with the
+/// call of its `bin` when it names a resource (a bin served by it, whose
+/// blocks the binning resource counts:
+/// [`add_counted_bin`](BinningResource::add_counted_bin)), or `None` for a
+/// fixed-size bin over the upstream, as RMM's `add_bin` with and without a
+/// resource.
+///
+/// # Errors
+///
+/// A positional argument after the upstream that is not a `bin` call, a
+/// `bin` without a size, with a key or more than two arguments, a size
+/// that is not a non-zero multiple of 256, or a size given twice, at its
+/// position.
+///
+/// ```
+/// use memres_core::stack::{binning_bins, parse};
+/// let call = parse("binning(sim, bin(1KiB), bin(128MiB, pool(sim)))")?;
+/// let bins = binning_bins(&call)?;
+/// assert_eq!(bins.iter().map(|b| b.0).collect::<Vec<_>>(), [1 << 10, 128 << 20]);
+/// assert_eq!(bins[1].1.map(|c| c.resource(1).unwrap().name.as_str()), Some("pool"));
+/// assert!(binning_bins(&parse("binning(sim, bin(1000))")?).is_err());
+/// assert!(binning_bins(&parse("binning(sim, pool(sim))")?).is_err());
+/// # Ok::<(), memres_core::stack::StackError>(())
+/// ```
+pub fn binning_bins(call: &Call) -> Result<alloc::vec::Vec<(u64, Option<&Call>)>, StackError> {
+    let mut bins = alloc::vec::Vec::new();
+    for value in call.args.iter().filter(|a| a.key.is_none()).skip(1).map(|a| &a.value) {
+        let bin = value.call()?;
+        if bin.name != "bin" {
+            return Err(StackError::new(
+                bin.pos,
+                StackErrorKind::WrongKind("a bin, `bin(SIZE)` or `bin(SIZE, RESOURCE)`"),
+            ));
+        }
+        bin.expect_args(2, &[])?;
+        let at = bin.positional(0).ok_or_else(|| bin.error(StackErrorKind::MissingArg("the bin's size")))?;
+        let size = at.size()?;
+        let bad = |what: &str| {
+            StackError::new(at.pos(), StackErrorKind::BadValue(format!("bin size {size}: {what}")))
+        };
+        if size == 0 || size % 256 != 0 {
+            return Err(bad("a non-zero multiple of 256 bytes"));
+        }
+        if bins.iter().any(|&(s, _)| s == size) {
+            return Err(bad("given twice"));
+        }
+        bins.push((size, bin.positional(1).is_some().then_some(bin)));
+    }
+    Ok(bins)
 }
 
 /// The configuration of `arena(UP, initial=, max=, superblock=)`.
