@@ -102,7 +102,8 @@ class DeviceMemoryResource:
     def __init__(self, *args, **kwargs):
         raise TypeError("memres: DeviceMemoryResource is abstract; use a resource of memres.mr")
 
-    def _build(self, name, args, upstreams=(), backend=None, device=None, callbacks=None, **keys):
+    def _build(self, name, args, upstreams=(), backend=None, device=None, callbacks=None,
+               positional_upstreams=None, **keys):
         for u in upstreams:
             if not isinstance(u, DeviceMemoryResource):
                 raise TypeError(f"memres: upstream_mr must be a memres.mr resource, not {type(u).__name__}")
@@ -112,14 +113,17 @@ class DeviceMemoryResource:
             if any(u._backend != backend for u in upstreams):
                 raise ValueError("memres: upstreams of different backends (CUDA and simulated)")
         module = _native.backend(backend)
-        self._backend = backend
-        self._upstreams = tuple(upstreams)
-        refs = [f"up{i}" for i in range(len(upstreams))]
+        # The first `positional_upstreams` are the stack's upstreams; `args`
+        # may name the others.
+        refs = [f"up{i}" for i in range(len(upstreams))][:positional_upstreams]
         text = f"{name}({_args(refs + list(args), **keys)})" if refs or args or any(
             v is not None for v in keys.values()) else name
+        # Set only once built: a failed rebuild (`add_bin`) changes nothing.
         self._native = module.NativeResource.build(
             text, [u._native for u in upstreams],
             current_device() if device is None else device, callbacks)
+        self._backend = backend
+        self._upstreams = tuple(upstreams)
         _BUILT.add(self)
 
     @property
@@ -409,12 +413,63 @@ class ArenaMemoryResource(UpstreamResourceAdaptor):
 
 class BinningMemoryResource(UpstreamResourceAdaptor):
     """Power-of-two bins from ``2**min_size_exponent`` to
-    ``2**max_size_exponent``, larger sizes from the upstream."""
+    ``2**max_size_exponent`` and the bins of ``add_bin``; larger sizes from
+    the upstream."""
 
     def __init__(self, upstream_mr, min_size_exponent=None, max_size_exponent=None):
-        self._build("binning", [], [upstream_mr],
-                    min_bin=None if min_size_exponent in (None, -1) else _bin(min_size_exponent, "min_size_exponent"),
-                    max_bin=None if max_size_exponent in (None, -1) else _bin(max_size_exponent, "max_size_exponent"))
+        self._powers = dict(
+            min_bin=None if min_size_exponent in (None, -1) else _bin(min_size_exponent, "min_size_exponent"),
+            max_bin=None if max_size_exponent in (None, -1) else _bin(max_size_exponent, "max_size_exponent"))
+        self._bins = {}  # size: the resource given, or None for a fixed-size bin
+        self._bin_mrs = []
+        self._build("binning", [], [upstream_mr], **self._powers)
+
+    def add_bin(self, allocation_size, bin_resource=None):
+        """Adds a bin of ``allocation_size`` bytes, rounded up to 256 as
+        RMM's: requests up to that size that no smaller bin takes go to
+        ``bin_resource`` or, without one, to a fixed-size resource over the
+        upstream. A bin given a resource replaces one of that size (a power
+        of two of the constructor's, or one added before); without one, a
+        bin of that size stays as it is, as in RMM. Bins are added before
+        the resource is used: while it has live blocks, is a device's
+        resource, a buffer's or another resource's upstream, ``add_bin``
+        raises ``InvalidArgument`` and changes nothing."""
+        from ._errors import InvalidArgument
+        size = _nbytes(allocation_size, "allocation_size")
+        if size == 0:
+            raise InvalidArgument("memres: add_bin: allocation_size must be at least 1 byte")
+        size = (size + 255) // 256 * 256
+        if bin_resource is not None and not isinstance(bin_resource, DeviceMemoryResource):
+            raise TypeError(f"memres: bin_resource must be a memres.mr resource, not {type(bin_resource).__name__}")
+        if bin_resource is None and (size in self._bins or size in self._power_sizes()):
+            return
+        if self._native.in_use():
+            raise InvalidArgument(
+                "memres: add_bin on a resource in use (live blocks, a device's resource, a buffer's "
+                "or another resource's upstream): add its bins before it is used")
+        bins = {**self._bins, size: bin_resource}
+        given = list({id(r): r for r in bins.values() if r is not None}.values())
+        ref = {id(r): f"up{i}" for i, r in enumerate(given, start=1)}
+        args = [f"bin({s})" if r is None else f"bin({s}, {ref[id(r)]})" for s, r in sorted(bins.items())]
+        self._build("binning", args, [self.upstream_mr, *given], positional_upstreams=1, **self._powers)
+        self._bins = bins
+        if bin_resource is not None:
+            self._bin_mrs.append(bin_resource)
+
+    @property
+    def bin_mrs(self):
+        """The resources given to ``add_bin``, in order (RMM's)."""
+        return list(self._bin_mrs)
+
+    def _power_sizes(self):
+        """The sizes of the power-of-two bins the stack keeps once bins are
+        added: none without exponents (the stack's default bins go with
+        the first bin added, as RMM's has none)."""
+        low, high = self._powers["min_bin"], self._powers["max_bin"]
+        if low is None and high is None:
+            return set()
+        low, high = int(low or 256 << 10), int(high or 4 << 20)
+        return {1 << e for e in range(low.bit_length() - 1, high.bit_length())}
 
 
 class FixedSizeMemoryResource(UpstreamResourceAdaptor):

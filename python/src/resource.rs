@@ -72,6 +72,9 @@ pub(crate) struct Parts {
     /// The Python functions this object gave its stack (`callback`,
     /// `on_failure`): the only Python objects it owns alone.
     functions: Vec<Arc<Function>>,
+    /// The holders of `streams` once built (`inner`, `blocks` and this):
+    /// one more is a stack built over this one.
+    own_holders: usize,
 }
 
 impl std::ops::Deref for Resource {
@@ -138,7 +141,9 @@ fn bytes_of(call: &Call, upstreams: &[PyRef<'_, Resource>], builder: &StackBuild
         })
         .collect();
     if inner.is_empty() {
-        return builder.is_leaf_of::<backend::Engine>(&call.name);
+        // A binning layer's `bin(SIZE)` is a fixed-size bin over its
+        // upstream, which is looked at beside it.
+        return call.name == "bin" || builder.is_leaf_of::<backend::Engine>(&call.name);
     }
     inner.iter().all(|c| bytes_of(c, upstreams, builder))
 }
@@ -252,28 +257,28 @@ impl Resource {
         let streams =
             Arc::new(KeepStreams { inner: built.resource.clone(), streams: Mutex::new(HashMap::new()) });
         let inner: Dyn = streams.clone();
+        let mut parts = Parts {
+            stats: sees_the_program(&call, "stats").then(|| built.get("stats")).flatten(),
+            track: sees_the_program(&call, "track").then(|| built.get("track")).flatten(),
+            limit: sees_the_program(&call, "limit").then(|| built.get("limit")).flatten(),
+            logs: built.all("log"),
+            releasing: built.release_layers(),
+            planned: built.all("planned"),
+            blocks: Arc::new(Guarded {
+                inner: crate::snapshot::program_side(inner.clone(), map),
+                covers: covers.clone(),
+                device,
+            }),
+            covers: covers.clone(),
+            inner,
+            streams,
+            live: Mutex::new(HashMap::new()),
+            functions,
+            own_holders: 0,
+        };
+        parts.own_holders = Arc::strong_count(&parts.streams);
         Ok(Resource {
-            parts: DropDetached::of_stack(
-                Parts {
-                    stats: sees_the_program(&call, "stats").then(|| built.get("stats")).flatten(),
-                    track: sees_the_program(&call, "track").then(|| built.get("track")).flatten(),
-                    limit: sees_the_program(&call, "limit").then(|| built.get("limit")).flatten(),
-                    logs: built.all("log"),
-                    releasing: built.release_layers(),
-                    planned: built.all("planned"),
-                    blocks: Arc::new(Guarded {
-                        inner: crate::snapshot::program_side(inner.clone(), map),
-                        covers: covers.clone(),
-                        device,
-                    }),
-                    covers: covers.clone(),
-                    inner,
-                    streams,
-                    live: Mutex::new(HashMap::new()),
-                    functions,
-                },
-                covers,
-            ),
+            parts: DropDetached::of_stack(parts, covers),
             has_bytes: bytes_of(&call, &upstreams, &builder),
             device,
             stack: text.to_string(),
@@ -291,6 +296,16 @@ impl Resource {
         for f in &self.functions {
             drop(f.take());
         }
+    }
+
+    /// Whether anything but this object uses the stack: a block of
+    /// `allocate` not freed yet, or another holder (a buffer, a device's
+    /// registry entry, a stack built over it, a free deferred until a call
+    /// below returns).
+    fn in_use(&self) -> bool {
+        !self.live.lock().unwrap_or_else(|p| p.into_inner()).is_empty()
+            || Arc::strong_count(&self.blocks) > 1
+            || Arc::strong_count(&self.streams) > self.own_holders
     }
 
     /// Keeps `stream`, the object of handle `handle`, alive as long as the

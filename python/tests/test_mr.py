@@ -595,6 +595,83 @@ def test_binning_takes_rmm_exponents_and_refuses_bad_ones():
             mr.BinningMemoryResource(sim_pool(), bad, 20)
 
 
+def test_add_bin_routes_sizes_to_the_bins_added_as_rmms():
+    # RMM's own test adds a 1 KiB bin over the constructor's and a 128 MiB one.
+    up = sim_pool()
+    b = mr.BinningMemoryResource(up, 10, 17)
+    small, large = mr.StatisticsResourceAdaptor(up), mr.StatisticsResourceAdaptor(mr.HostMemoryResource())
+    b.add_bin(1 << 10, small)  # replaces the constructor's 1 KiB bin
+    b.add_bin(1 << 27, large)
+    assert b.bin_mrs == [small, large] and b.upstream_mr is up
+    assert b.stack == "binning(up0, bin(1024, up1), bin(134217728, up2), min_bin=1024, max_bin=131072)"
+    ptrs = {n: b.allocate(n) for n in (700, 3000, 100 << 20, 200 << 20)}
+    assert small.allocation_counts.current_bytes == 700  # the 1 KiB bin
+    assert large.allocation_counts.current_bytes == 100 << 20  # the 128 MiB bin
+    assert up.pool_size() >= (200 << 20) + 4096 * 128  # the 4 KiB power of two, and above every bin
+    for n, p in ptrs.items():
+        b.deallocate(p, n)
+    assert small.allocation_counts.current_bytes == large.allocation_counts.current_bytes == 0
+    # Without a resource: a fixed-size bin, the size rounded up to 256 as
+    # RMM's; one of a size there already changes nothing.
+    b.add_bin(3000)
+    b.add_bin(2000)  # 2048, a power of two of the constructor's
+    assert b.stack == ("binning(up0, bin(1024, up1), bin(3072), bin(134217728, up2), "
+                       "min_bin=1024, max_bin=131072)")
+    b.deallocate(b.allocate(3000), 3000)
+
+
+def test_add_bin_without_exponents_makes_the_bins_added_the_only_ones():
+    b = mr.BinningMemoryResource(sim_pool())
+    assert b.stack == "binning(up0)"  # the stack's default bins, 256 KiB to 4 MiB
+    b.add_bin(1 << 20)
+    b.add_bin(1 << 20)  # there already: nothing changes
+    assert b.stack == "binning(up0, bin(1048576))"  # as RMM's: only the bins added
+    one = mr.StatisticsResourceAdaptor(mr.HostMemoryResource())
+    b.add_bin(4096, one)
+    b.add_bin(8192, one)  # one resource, two bins
+    assert b.stack == "binning(up0, bin(4096, up1), bin(8192, up1), bin(1048576))"
+    b.deallocate(b.allocate(5000), 5000)
+    assert one.allocation_counts.total_count == 1
+
+
+def test_add_bin_is_refused_while_the_resource_is_used_and_changes_nothing():
+    from memres import InvalidArgument
+    b = mr.BinningMemoryResource(mr.PoolMemoryResource(mr.HostMemoryResource()), 10, 12)
+    before = b.stack
+    refused = pytest.raises(InvalidArgument, match="add its bins before it is used")
+    p = b.allocate(100)
+    with refused:
+        b.add_bin(1 << 20)
+    b.deallocate(p, 100)
+    over = mr.StatisticsResourceAdaptor(b)
+    with refused:
+        b.add_bin(1 << 20)
+    del over
+    gc.collect()
+    buf = memres.DeviceBuffer(size=10, mr=b)
+    with refused:
+        b.add_bin(1 << 20)
+    del buf
+    gc.collect()
+    mr.set_current_device_resource(b)
+    with refused:
+        b.add_bin(1 << 20)
+    mr.set_current_device_resource(mr.HostMemoryResource())
+    assert b.stack == before and b.bin_mrs == []
+    with pytest.raises(InvalidArgument, match="at least 1 byte"):
+        b.add_bin(0)
+    with pytest.raises(TypeError, match="bin_resource must be a memres.mr resource"):
+        b.add_bin(1 << 20, object())
+    for bad in (-1, 1.5, "1MiB"):
+        with pytest.raises((TypeError, OverflowError)):
+            b.add_bin(bad)
+    assert b.stack == before and b.bin_mrs == []
+    # Unused again: bins are added.
+    b.add_bin(1 << 20)
+    assert b.stack == "binning(up0, bin(1048576), min_bin=1024, max_bin=4096)"
+    b.deallocate(b.allocate(1 << 20), 1 << 20)
+
+
 def test_logging_adaptor_writes_rmm_csv(tmp_path):
     path = tmp_path / "log.csv"
     log = mr.LoggingResourceAdaptor(sim_pool(), log_file_name=str(path))

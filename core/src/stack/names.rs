@@ -47,7 +47,7 @@ where
         let upstream = cx.upstream(call, 0)?;
         let mut bins = BinningResource::<'static, DynResource<S>, S>::new(upstream);
         // A bin given for a size replaces the power of two of that size.
-        for e in powers.map_or(1..=0, |(min, max)| min..=max) {
+        for e in powers.into_iter().flat_map(|(min, max)| min..=max) {
             if !given.iter().any(|&(size, _)| size == 1 << e) {
                 bins.add_fixed_bin(FixedConfig::new(1 << e)).map_err(|e| call.resource_error(e))?;
             }
