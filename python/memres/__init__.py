@@ -13,7 +13,8 @@ from . import _native
 from ._buffer import DeviceBuffer
 from ._device import current_device, device_id as _device_id, set_device
 from ._errors import CudaUnavailable, InvalidArgument, MemresError, OutOfMemory
-from ._stream import DEFAULT_STREAM, LEGACY_DEFAULT_STREAM, PER_THREAD_DEFAULT_STREAM, Stream
+from ._stream import (CudaStreamFlags, CudaStreamPool, DEFAULT_STREAM, LEGACY_DEFAULT_STREAM,
+                      PER_THREAD_DEFAULT_STREAM, Stream)
 from . import mr, snapshot, statistics
 from .mr import (
     disable_logging,
@@ -116,7 +117,8 @@ def _resources(pool_allocator=False, managed_memory=False, initial_pool_size=Non
 
 
 __all__ = [
-    "DEFAULT_STREAM", "LEGACY_DEFAULT_STREAM", "PER_THREAD_DEFAULT_STREAM", "CudaUnavailable", "DeviceBuffer",
+    "DEFAULT_STREAM", "LEGACY_DEFAULT_STREAM", "PER_THREAD_DEFAULT_STREAM", "CudaStreamFlags", "CudaStreamPool",
+    "CudaUnavailable", "DeviceBuffer",
     "InvalidArgument", "MemresError", "OutOfMemory", "Stream",
     "cuda_available", "current_device", "disable_logging", "enable_logging",
     "get_current_device_resource", "get_log_filenames", "get_per_device_resource", "is_initialized",

@@ -2,6 +2,9 @@
 handle the native side takes. A bare int is not a stream: a handle is
 wrapped only on purpose, with ``Stream.from_handle``."""
 
+import enum
+import itertools
+
 _WHAT_TO_PASS = ("pass a memres.Stream, a torch/CuPy/Numba stream, an object with "
                  "__cuda_stream__, or None for the default stream; wrap a raw cudaStream_t "
                  "you know to be valid with memres.Stream.from_handle(handle)")
@@ -10,9 +13,10 @@ _WHAT_TO_PASS = ("pass a memres.Stream, a torch/CuPy/Numba stream, an object wit
 class Stream:
     """memres's stream object, as RMM's ``rmm.pylibrmm.stream.Stream``.
     ``Stream()`` (or ``Stream(None)``) makes a new stream on the current
-    device, as RMM's does (with CUDA: blocking, that is ordered with the
-    legacy default stream, at the default priority; without it, a stream
-    of the simulated device, where every call is ordered anyway). The
+    device, as RMM's does (with CUDA: at the default priority, ordered
+    with the legacy default stream unless ``flags`` is
+    ``CudaStreamFlags.NON_BLOCKING``; without CUDA, a stream of the
+    simulated device, where every call is ordered anyway). The
     stream is destroyed once this object, every ``Stream`` made of it and
     every buffer and resource given it are gone. ``DEFAULT_STREAM`` is the
     legacy default stream. ``Stream(obj)`` wraps the stream of ``obj`` (a
@@ -23,13 +27,15 @@ class Stream:
 
     __slots__ = ("handle", "_owner")
 
-    def __init__(self, obj=None):
+    def __init__(self, obj=None, flags=None):
         if obj is None:
-            made = _make_stream()
+            made = _make_stream(CudaStreamFlags.SYNC_DEFAULT if flags is None else flags)
             self.handle = made.handle
             # Owns the stream: collected last, it destroys it.
             self._owner = made
             return
+        if flags is not None:
+            raise ValueError("memres: flags may only be specified when obj is None (a stream memres makes)")
         self.handle = as_handle(obj)
         # The object whose handle this is: torch's and CuPy's streams
         # destroy their handle when collected.
@@ -100,13 +106,55 @@ class Stream:
         return self
 
 
-def _make_stream():
+def _make_stream(flags):
     """A new stream of the current device: CUDA's where CUDA is available,
-    else the simulated device's."""
+    else the simulated device's; ``flags`` a ``CudaStreamFlags``."""
     from . import _native, cuda_available
     from ._device import current_device
+    try:
+        flags = CudaStreamFlags(flags)
+    except ValueError:
+        raise ValueError(f"memres: flags must be a CudaStreamFlags, not {flags!r}") from None
     module = _native.cuda() if cuda_available() else _native.sim
-    return module.MadeStream(current_device())
+    return module.MadeStream(current_device(), non_blocking=flags is CudaStreamFlags.NON_BLOCKING)
+
+
+class CudaStreamFlags(enum.IntEnum):
+    """How a stream memres makes is ordered with the legacy default stream
+    (RMM's names and CUDA's values)."""
+    SYNC_DEFAULT = 0  # waits for it, and it for the stream
+    NON_BLOCKING = 1  # runs beside it (``CU_STREAM_NON_BLOCKING``)
+
+
+class CudaStreamPool:
+    """``pool_size`` streams made once, handed out in turn, as RMM's
+    ``rmm.pylibrmm.cuda_stream_pool.CudaStreamPool``: a program that wants
+    a stream per task takes them from a pool, so that resources (which
+    keep every stream given them) hold a few. The streams live as long as
+    the pool or any ``Stream`` it handed out."""
+
+    def __init__(self, pool_size=16, flags=CudaStreamFlags.SYNC_DEFAULT):
+        if isinstance(pool_size, bool) or not isinstance(pool_size, int):
+            raise TypeError(f"memres: pool_size must be an int, not {pool_size!r}")
+        if pool_size <= 0:
+            raise ValueError("memres: Pool size must be greater than zero")
+        self._streams = tuple(Stream(flags=flags) for _ in range(pool_size))
+        self._next = itertools.count()
+
+    def get_stream(self, stream_id=None):
+        """The stream ``stream_id`` (0 to ``get_pool_size() - 1``), or, with
+        none, the next one in turn (safe from several threads: taking a
+        number from ``itertools.count`` is one step under the GIL)."""
+        if stream_id is None:
+            return self._streams[next(self._next) % len(self._streams)]
+        if isinstance(stream_id, bool) or not isinstance(stream_id, int):
+            raise TypeError(f"memres: stream_id must be an int, not {stream_id!r}")
+        if not 0 <= stream_id < len(self._streams):
+            raise ValueError(f"memres: Stream id {stream_id} is out of range")
+        return self._streams[stream_id]
+
+    def get_pool_size(self):
+        return len(self._streams)
 
 
 def _default_stream():

@@ -69,8 +69,9 @@ mod imp {
     #[derive(Debug)]
     pub(crate) struct MadeStream(u64);
 
-    /// A number no other made stream has, above the default streams' 0-2.
-    pub(crate) fn make_stream(_device: u32) -> PyResult<MadeStream> {
+    /// A number no other made stream has, above the default streams' 0-2
+    /// (blocking or not, a simulated stream orders nothing).
+    pub(crate) fn make_stream(_device: u32, _non_blocking: bool) -> PyResult<MadeStream> {
         use std::sync::atomic::{AtomicU64, Ordering};
         static NEXT: AtomicU64 = AtomicU64::new(0x1000);
         Ok(MadeStream(NEXT.fetch_add(1, Ordering::Relaxed)))
@@ -212,11 +213,12 @@ mod imp {
     /// A stream made for `memres.Stream()`: owned, destroyed when dropped.
     pub(crate) type MadeStream = CudaStream;
 
-    /// A new stream on `device`'s primary context, blocking (ordered with
-    /// the legacy default stream) at the default priority, as RMM's
-    /// `Stream()` makes one.
-    pub(crate) fn make_stream(device: u32) -> PyResult<MadeStream> {
-        CudaStream::in_context(context(device)?, memres_cuda::StreamOptions::default())
+    /// A new stream on `device`'s primary context at the default priority,
+    /// blocking (ordered with the legacy default stream, as RMM's
+    /// `Stream()` makes one) unless `non_blocking`.
+    pub(crate) fn make_stream(device: u32, non_blocking: bool) -> PyResult<MadeStream> {
+        let options = memres_cuda::StreamOptions { non_blocking, priority: 0 };
+        CudaStream::in_context(context(device)?, options)
             .map_err(|e| backend_error(format!("device {device}: a new stream: {e}")))
     }
 

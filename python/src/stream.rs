@@ -17,11 +17,13 @@ pub(crate) struct MadeStream {
 
 #[pymethods]
 impl MadeStream {
-    /// A new stream on `device` (with CUDA: on its primary context,
-    /// blocking, at the default priority).
+    /// A new stream on `device` (with CUDA: on its primary context, at the
+    /// default priority; `non_blocking`: its work does not wait for the
+    /// legacy default stream's, `CU_STREAM_NON_BLOCKING`).
     #[new]
-    fn new(py: Python<'_>, device: u32) -> PyResult<Self> {
-        let stream = crate::gil::detach(py, || backend::make_stream(device))?;
+    #[pyo3(signature = (device, non_blocking=false))]
+    fn new(py: Python<'_>, device: u32, non_blocking: bool) -> PyResult<Self> {
+        let stream = crate::gil::detach(py, || backend::make_stream(device, non_blocking))?;
         Ok(MadeStream { stream })
     }
 

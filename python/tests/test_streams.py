@@ -240,6 +240,34 @@ def test_a_made_stream_lives_as_long_as_what_uses_it():
     assert made() is None
 
 
+def test_a_stream_pool_hands_out_its_streams_in_turn_as_rmms():
+    pool = memres.CudaStreamPool(3)
+    assert pool.get_pool_size() == 3
+    taken = [pool.get_stream() for _ in range(7)]
+    handles = [s.handle for s in taken]
+    assert len(set(handles)) == 3 and handles[3:6] == handles[:3] and handles[6] == handles[0]
+    assert not any(s.is_default() for s in taken)
+    assert [pool.get_stream(i).handle for i in range(3)] == handles[:3]
+    assert memres.CudaStreamPool().get_pool_size() == 16  # RMM's default
+    for bad, error in ((3, ValueError), (-1, ValueError), (1.0, TypeError), (True, TypeError)):
+        with pytest.raises(error):
+            pool.get_stream(bad)
+    for size, error in ((0, ValueError), (-2, ValueError), (2.5, TypeError)):
+        with pytest.raises(error):
+            memres.CudaStreamPool(size)
+    with pytest.raises(ValueError, match="CudaStreamFlags"):
+        memres.CudaStreamPool(2, flags=7)
+    # As RMM's: flags are for a stream memres makes.
+    assert not memres.Stream(flags=memres.CudaStreamFlags.NON_BLOCKING).is_default()
+    with pytest.raises(ValueError, match="flags may only be specified when obj is None"):
+        memres.Stream(memres.Stream(), flags=memres.CudaStreamFlags.NON_BLOCKING)
+    # Its streams serve buffers, and live while a buffer holds one.
+    res = mr.HostMemoryResource()
+    buf = memres.DeviceBuffer.to_device(b"pooled", stream=pool.get_stream(1), mr=res)
+    del pool, taken
+    assert buf.tobytes() == b"pooled"
+
+
 def test_a_stream_speaks_rmms_methods_and_the_stream_protocol():
     assert memres.DEFAULT_STREAM.is_default() and memres.LEGACY_DEFAULT_STREAM.is_default()
     assert memres.PER_THREAD_DEFAULT_STREAM.is_default()
@@ -288,6 +316,21 @@ def test_stream_makes_a_cuda_stream_that_the_driver_and_frameworks_see(gpu):
         pass
     assert buf.tobytes() == b"on a made stream" * 1000
     memres.Stream.from_handle(handle).synchronize()
+
+
+def test_a_stream_pool_makes_streams_with_rmms_flags(gpu):
+    cuda = ctypes.CDLL("libcuda.so.1")
+
+    def flags_of(stream):
+        flags = ctypes.c_uint(99)
+        assert cuda.cuStreamGetFlags(ctypes.c_void_p(stream.handle), ctypes.byref(flags)) == 0
+        return flags.value
+
+    for flags in memres.CudaStreamFlags:
+        pool = memres.CudaStreamPool(2, flags)
+        assert [flags_of(pool.get_stream(i)) for i in range(2)] == [int(flags)] * 2
+    assert flags_of(memres.Stream()) == 0
+    assert flags_of(memres.Stream(flags=memres.CudaStreamFlags.NON_BLOCKING)) == 1
 
 
 def test_a_later_version_of_the_stream_protocol_is_refused_as_rmms():
