@@ -69,9 +69,8 @@ def reinitialize(pool_allocator=False, managed_memory=False, initial_pool_size=N
     """Sets the resource of each of ``devices``, as RMM's
     ``rmm.reinitialize``: memory from the device (managed memory with
     ``managed_memory``), under a pool with ``pool_allocator``, logged with
-    ``logging`` (to ``log_file_name``, else ``$MEMRES_LOG_FILE``; with
-    several devices each logs to its own file, ``x.dev1.csv`` for device 1
-    of ``x.csv``). ``stack`` names any stack instead, such as
+    ``logging`` (to ``log_file_name``, else ``$MEMRES_LOG_FILE``, each
+    device to its own file, ``x.dev1.csv`` for device 1 of ``x.csv``). ``stack`` names any stack instead, such as
     ``"stats(pool(async))"``. Without CUDA the device is host memory.
     The hooks of ``register_reinitialize_hook`` run first."""
     for func, args, kwargs in reversed(_reinitialize_hooks):
@@ -111,7 +110,7 @@ def _resources(pool_allocator=False, managed_memory=False, initial_pool_size=Non
                 res = mr.PoolMemoryResource(res, initial_pool_size=initial_pool_size,
                                             maximum_pool_size=maximum_pool_size)
         if logging:
-            res = mr._logged(res, log_file_name, device, len(devices) > 1)
+            res = mr.LoggingResourceAdaptor(res, log_file_name=log_file_name)
         made.append((device, res))
     return made
 

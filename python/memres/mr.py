@@ -538,13 +538,17 @@ class TrackingResourceAdaptor(UpstreamResourceAdaptor):
 
 class LoggingResourceAdaptor(UpstreamResourceAdaptor):
     """Logs every call in RMM's CSV format to ``log_file_name`` (else
-    ``$MEMRES_LOG_FILE``), a path taken from the working directory when the
-    adaptor is made; ``get_file_name()`` gives it absolute, as RMM's."""
+    ``$MEMRES_LOG_FILE``) with the device's number before the extension, as
+    RMM's (``x.csv`` is ``x.dev0.csv`` for device 0), a path taken from the
+    working directory when the adaptor is made; ``get_file_name()`` gives
+    it absolute, as RMM's."""
 
     def __init__(self, upstream_mr, log_file_name=None):
         name = log_file_name or os.environ.get("MEMRES_LOG_FILE")
         if not name:
             raise ValueError("memres: LoggingResourceAdaptor needs log_file_name or MEMRES_LOG_FILE")
+        if isinstance(upstream_mr, DeviceMemoryResource):
+            name = _native.sim.log_file_of_device(os.fspath(name), upstream_mr.device_id) or name
         self._file = os.path.abspath(os.fspath(name))
         self._build("log", [], [upstream_mr], file=_word(self._file, "log_file_name"))
 
@@ -655,24 +659,12 @@ def available_device_memory(device=None):
 def enable_logging(log_file_name=None):
     """Puts a LoggingResourceAdaptor over the resource of every device that
     has one (device 0 if none has), as RMM's ``rmm.enable_logging``: to
-    ``log_file_name``, else ``$MEMRES_LOG_FILE``; with several devices each
-    logs to its own file (``x.dev1.csv`` for device 1 of ``x.csv``)."""
-    devices = sorted(_current) or [0]
-    for device in devices:
+    ``log_file_name``, else ``$MEMRES_LOG_FILE``, each device to its own
+    file (``x.dev1.csv`` for device 1 of ``x.csv``)."""
+    for device in sorted(_current) or [0]:
         res = get_per_device_resource(device)
         if not isinstance(res, LoggingResourceAdaptor):
-            set_per_device_resource(device, _logged(res, log_file_name, device, len(devices) > 1))
-
-
-def _logged(res, log_file_name, device, several):
-    """``res`` under a LoggingResourceAdaptor to ``log_file_name`` (else
-    ``$MEMRES_LOG_FILE``); with ``several`` devices each logs to a file of
-    its own, named as RMM and the C library name them: ``.devN`` before the
-    extension."""
-    name = log_file_name or os.environ.get("MEMRES_LOG_FILE")
-    if name and several:
-        name = _native.sim.log_file_of_device(os.fspath(name), device) or name
-    return LoggingResourceAdaptor(res, log_file_name=name)
+            set_per_device_resource(device, LoggingResourceAdaptor(res, log_file_name=log_file_name))
 
 
 def disable_logging():

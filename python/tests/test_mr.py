@@ -673,8 +673,9 @@ def test_add_bin_is_refused_while_the_resource_is_used_and_changes_nothing():
 
 
 def test_logging_adaptor_writes_rmm_csv(tmp_path):
-    path = tmp_path / "log.csv"
-    log = mr.LoggingResourceAdaptor(sim_pool(), log_file_name=str(path))
+    log = mr.LoggingResourceAdaptor(sim_pool(), log_file_name=str(tmp_path / "log.csv"))
+    path = tmp_path / "log.dev0.csv"  # the device's number before the extension, as RMM's
+    assert log.get_file_name() == str(path)
     log.deallocate(log.allocate(1234), 1234)
     log.flush()
     lines = path.read_text().splitlines()
@@ -732,7 +733,7 @@ def test_reinitialize_with_logging(tmp_path):
     del buf
     gc.collect()
     mr.get_current_device_resource().flush()
-    assert os.path.getsize(path) > 0
+    assert os.path.getsize(tmp_path / "rmm_log.dev0.csv") > 0  # as RMM's test reads it
 
 
 @pytest.mark.parametrize("from_env", [False, True])
@@ -764,11 +765,11 @@ def test_enable_and_disable_logging_over_each_devices_resource_as_rmm(tmp_path):
     memres.enable_logging(log_file_name=tmp_path / "other.csv")  # once is enough
     logged = mr.get_current_device_resource()
     assert isinstance(logged, mr.LoggingResourceAdaptor) and logged.upstream_mr is pool
-    assert memres.get_log_filenames() == {0: str(tmp_path / "log.csv")}
+    assert memres.get_log_filenames() == {0: str(tmp_path / "log.dev0.csv")}
     logged.deallocate(logged.allocate(1000), 1000)
     memres.disable_logging()
     assert mr.get_current_device_resource() is pool and memres.get_log_filenames() == {0: None}
-    lines = (tmp_path / "log.csv").read_text().splitlines()
+    lines = (tmp_path / "log.dev0.csv").read_text().splitlines()
     assert [line.split(",")[2] for line in lines[1:]] == ["allocate", "free"]
 
 
@@ -989,13 +990,13 @@ def test_the_algorithms_and_adaptors_are_upstream_resource_adaptors_as_rmms():
 def test_a_logs_file_name_is_taken_from_the_working_directory_when_made(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     logged = mr.LoggingResourceAdaptor(mr.HostMemoryResource(), log_file_name="rel.csv")
-    assert logged.get_file_name() == str(tmp_path / "rel.csv")
+    assert logged.get_file_name() == str(tmp_path / "rel.dev0.csv")
     (tmp_path / "elsewhere").mkdir()
     monkeypatch.chdir(tmp_path / "elsewhere")
     logged.deallocate(logged.allocate(1000), 1000)
     logged.flush()
-    assert "allocate" in (tmp_path / "rel.csv").read_text()
-    assert not (tmp_path / "elsewhere" / "rel.csv").exists()
+    assert "allocate" in (tmp_path / "rel.dev0.csv").read_text()
+    assert not (tmp_path / "elsewhere" / "rel.dev0.csv").exists()
 
 
 def test_callback_functions_get_the_calls_stream_as_rmms_or_none_if_they_take_none():
