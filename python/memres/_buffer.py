@@ -106,13 +106,18 @@ class DeviceBuffer:
         self._buf.reserve(_mr._nbytes(new_capacity, "new_capacity"))
 
     def copy_to_host(self, ary=None, stream=None):
-        """The bytes, as a bytearray, or written into ``ary`` (a writable
-        1-D contiguous buffer of an 8-bit type, of at least ``size``
-        bytes), which is returned."""
+        """The bytes, as a NumPy ``uint8`` array as RMM's (a bytearray
+        where NumPy is not installed: memres does not need it), or written
+        into ``ary`` (a writable 1-D contiguous buffer of an 8-bit type, of
+        at least ``size`` bytes), which is returned."""
         as_handle(stream)
         data = self._buf.copy_to_host()
         if ary is None:
-            return bytearray(data)
+            try:
+                import numpy
+            except ImportError:
+                return bytearray(data)
+            return numpy.frombuffer(bytearray(data), dtype=numpy.uint8)
         view = _host_bytes(ary, "copy_to_host")
         if view.readonly or len(view) < len(data):
             raise ValueError(f"memres: copy_to_host needs a writable buffer of {len(data)} bytes")

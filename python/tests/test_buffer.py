@@ -21,24 +21,40 @@ def tracked():
 def test_to_device_and_back():
     buf = memres.DeviceBuffer.to_device(b"hello memres")
     assert buf.size == buf.nbytes == len(buf) == 12
-    assert buf.copy_to_host() == b"hello memres"
+    assert bytes(buf.copy_to_host()) == b"hello memres"
     out = bytearray(20)
     assert buf.copy_to_host(out) is out and out[:12] == b"hello memres"
     with pytest.raises(ValueError):
         buf.copy_to_host(bytearray(3))
 
 
+def test_copy_to_host_is_a_numpy_array_as_rmms_and_a_bytearray_without_numpy(monkeypatch):
+    buf = memres.DeviceBuffer.to_device(b"abc")
+    try:
+        import numpy as np
+    except ImportError:
+        np = None
+    if np is not None:
+        got = buf.copy_to_host()
+        assert isinstance(got, np.ndarray) and got.dtype == np.uint8 and got.tolist() == [97, 98, 99]
+        got[0] = 0  # its own bytes, writable as RMM's
+        assert bytes(buf.copy_to_host()) == b"abc"
+    monkeypatch.setitem(__import__("sys").modules, "numpy", None)  # as if NumPy were not installed
+    got = buf.copy_to_host()
+    assert type(got) is bytearray and got == b"abc"
+
+
 def test_new_buffer_is_zeroed_and_resizes_keeping_contents():
     buf = memres.DeviceBuffer(size=8)
-    assert buf.copy_to_host() == bytes(8)
+    assert bytes(buf.copy_to_host()) == bytes(8)
     buf.copy_from_host(b"abcd")
     buf.resize(16)
-    assert buf.copy_to_host() == b"abcd" + bytes(12)
+    assert bytes(buf.copy_to_host()) == b"abcd" + bytes(12)
     assert buf.capacity() >= 16
     buf.resize(2)
-    assert buf.size == 2 and buf.copy_to_host() == b"ab"
+    assert buf.size == 2 and bytes(buf.copy_to_host()) == b"ab"
     buf.reserve(100)
-    assert buf.capacity() >= 100 and buf.copy_to_host() == b"ab"
+    assert buf.capacity() >= 100 and bytes(buf.copy_to_host()) == b"ab"
 
 
 # As RMM's `size_t` arguments: no int is a TypeError, one out of range an OverflowError.
@@ -55,14 +71,14 @@ def test_bad_sizes_are_rmms_errors_and_leave_the_buffer_as_it_was(bad, error):
         buf.resize(bad)
     with pytest.raises(error, match="new_capacity must be an int"):
         buf.reserve(bad)
-    assert buf.size == 3 and buf.copy_to_host() == b"abc"
+    assert buf.size == 3 and bytes(buf.copy_to_host()) == b"abc"
 
 
 def test_copy_from_device():
     a = memres.DeviceBuffer.to_device(b"xyz")
     b = memres.DeviceBuffer(size=5)
     b.copy_from_device(a)
-    assert b.copy_to_host() == b"xyz\0\0"
+    assert bytes(b.copy_to_host()) == b"xyz\0\0"
     with pytest.raises(ValueError):
         a.copy_from_device(memres.DeviceBuffer(size=10))
     # As RMM's: what has no __cuda_array_interface__ is a ValueError.
@@ -81,7 +97,7 @@ def test_copy_from_host_past_the_end_changes_nothing():
     buf = memres.DeviceBuffer.to_device(b"1234")
     with pytest.raises(ValueError, match="memres: copy_from_host"):  # as RMM's
         buf.copy_from_host(b"123456")
-    assert buf.copy_to_host() == b"1234"
+    assert bytes(buf.copy_to_host()) == b"1234"
 
 
 def test_collected_buffer_frees_its_block():
@@ -154,7 +170,7 @@ def test_buffers_over_every_stack_of_host_memory():
                 mr.BinningMemoryResource(mr.PoolMemoryResource(mr.HostMemoryResource())),
                 mr.LimitingResourceAdaptor(mr.FixedSizeMemoryResource(mr.HostMemoryResource(), 4096), 1 << 20)]:
         buf = memres.DeviceBuffer.to_device(b"stack", mr=res)
-        assert buf.copy_to_host() == b"stack", res
+        assert bytes(buf.copy_to_host()) == b"stack", res
 
 
 @pytest.mark.parametrize("how", ["copy", "copy.copy", "copy.deepcopy"])
@@ -165,10 +181,10 @@ def test_a_copy_is_a_new_buffer_of_the_same_resource(how):
     assert isinstance(dup, memres.DeviceBuffer) and dup.mr is t and dup.ptr != buf.ptr
     assert t.get_outstanding_count() == 2
     dup.copy_from_host(b"X")
-    assert buf.copy_to_host() == b"abc" and dup.copy_to_host() == b"Xbc"
+    assert bytes(buf.copy_to_host()) == b"abc" and bytes(dup.copy_to_host()) == b"Xbc"
     del dup
     gc.collect()
-    assert t.get_outstanding_count() == 1 and buf.copy_to_host() == b"abc"
+    assert t.get_outstanding_count() == 1 and bytes(buf.copy_to_host()) == b"abc"
 
 
 def test_a_buffer_pickles_as_its_bytes_rebuilt_on_the_current_resource():
@@ -176,7 +192,7 @@ def test_a_buffer_pickles_as_its_bytes_rebuilt_on_the_current_resource():
     buf = memres.DeviceBuffer.to_device(b"pickled", mr=mr.HostMemoryResource())
     mr.set_current_device_resource(t)
     back = pickle.loads(pickle.dumps(buf))
-    assert back.copy_to_host() == b"pickled" and back.mr is t and back.ptr != buf.ptr
+    assert bytes(back.copy_to_host()) == b"pickled" and back.mr is t and back.ptr != buf.ptr
     assert t.get_outstanding_count() == 1
 
 

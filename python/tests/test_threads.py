@@ -41,7 +41,7 @@ def test_two_buffers_copied_into_each_other_from_two_threads_do_not_deadlock():
         ts = [threading.Thread(target=run, args=(a, b)), threading.Thread(target=run, args=(b, a))]
         for t in ts: t.start()
         for t in ts: t.join()
-        assert a.copy_to_host() == b.copy_to_host()
+        assert bytes(a.copy_to_host()) == bytes(b.copy_to_host())
         print("done")
     """)
 
