@@ -21,6 +21,7 @@ import logging
 import os
 import re
 import sys
+import types
 import weakref
 
 from . import _native
@@ -306,6 +307,33 @@ class CudaAsyncViewMemoryResource(DeviceMemoryResource):
     def pool_handle(self):
         """The driver's handle of the pool viewed."""
         return self._pool_handle
+
+
+class CudaAsyncManagedMemoryResource(DeviceMemoryResource):
+    """The driver's stream-ordered allocator on the device's default pool
+    of managed memory (``cudaMemGetDefaultMemPool`` for managed memory,
+    CUDA 13 and later), as RMM's ``rmm.mr.experimental`` resource of that
+    name: blocks valid on the host and on every device, usable in the order
+    of their stream; the pool is the driver's, left as it is."""
+
+    def __init__(self, device=None):
+        from . import cuda_available
+        device = current_device() if device is None else _device_id(device)
+        if not cuda_available():
+            raise CudaUnavailable("memres: CudaAsyncManagedMemoryResource needs CUDA and a device")
+        self._pool_handle = _native.cuda().default_memory_pool(device, managed=True)
+        self._build("async", [], backend="cuda", device=device, pool="managed")
+
+    def pool_handle(self):
+        """The driver's handle of the pool of managed memory."""
+        return self._pool_handle
+
+
+# RMM's `rmm.mr.experimental`: `memres.mr.experimental` (importable too).
+experimental = types.ModuleType(__name__ + ".experimental", "RMM's experimental resources: "
+                                "CudaAsyncManagedMemoryResource.")
+experimental.CudaAsyncManagedMemoryResource = CudaAsyncManagedMemoryResource
+sys.modules[experimental.__name__] = experimental
 
 
 def _pool_int(handle):

@@ -102,7 +102,7 @@ mod imp {
     }
 
     /// No driver pool without CUDA.
-    pub(crate) fn default_memory_pool(_device: u32) -> PyResult<u64> {
+    pub(crate) fn default_memory_pool(_device: u32, _managed: bool) -> PyResult<u64> {
         Err(pyo3::exceptions::PyValueError::new_err(
             "memres: the simulated backend has no driver memory pool",
         ))
@@ -270,11 +270,17 @@ mod imp {
     }
 
     /// The handle of `device`'s default memory pool
-    /// (`cuDeviceGetDefaultMemPool`), which `async(pool=default)` views.
-    pub(crate) fn default_memory_pool(device: u32) -> PyResult<u64> {
-        let view = memres_cuda::CudaAsyncMemory::default_pool(device_of(device)?)
-            .map_err(|e| crate::errors::to_py(e, "default_memory_pool"))?;
-        Ok(view.pool_handle() as u64)
+    /// (`cuDeviceGetDefaultMemPool`), which `async(pool=default)` views, or
+    /// with `managed` of its default pool of managed memory (CUDA 13),
+    /// which `async(pool=managed)` views.
+    pub(crate) fn default_memory_pool(device: u32, managed: bool) -> PyResult<u64> {
+        let device = device_of(device)?;
+        let to_py = |e| crate::errors::to_py(e, "default_memory_pool");
+        let pool = match managed {
+            false => memres_cuda::CudaAsyncMemory::default_pool(device).map_err(to_py)?.pool_handle(),
+            true => memres_cuda::CudaAsyncManagedMemory::default_pool(device).map_err(to_py)?.pool_handle(),
+        };
+        Ok(pool as u64)
     }
 
     /// Prefetches managed memory to device `to` (the host for `None`) on

@@ -85,10 +85,13 @@ pub(crate) fn synchronize_stream(py: Python<'_>, handle: u64, device: u32) -> Py
 }
 
 /// The handle of `device`'s default driver memory pool
-/// (`cudaDeviceGetDefaultMemPool`), for RMM's async view resource.
+/// (`cudaDeviceGetDefaultMemPool`), for RMM's async view resource, or with
+/// `managed` of its default pool of managed memory (CUDA 13), for RMM's
+/// async managed resource.
 #[pyfunction]
-pub(crate) fn default_memory_pool(py: Python<'_>, device: u32) -> PyResult<u64> {
-    crate::gil::detach(py, || backend::default_memory_pool(device))
+#[pyo3(signature = (device, managed=false))]
+pub(crate) fn default_memory_pool(py: Python<'_>, device: u32, managed: bool) -> PyResult<u64> {
+    crate::gil::detach(py, || backend::default_memory_pool(device, managed))
 }
 
 /// Bytes held from `device` by every leaf this module built, and reserved

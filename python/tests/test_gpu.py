@@ -330,6 +330,30 @@ def test_an_async_view_serves_from_the_devices_default_pool_and_refuses_another(
         mr.CudaAsyncViewMemoryResource("default")
 
 
+def test_an_async_managed_resource_serves_managed_memory_from_the_drivers_pool_as_rmms(gpu):
+    import ctypes
+    cuda = ctypes.CDLL("libcuda.so.1")
+    version = ctypes.c_int(0)
+    assert cuda.cuDriverGetVersion(ctypes.byref(version)) == 0
+    if version.value < 13000:
+        pytest.skip(f"pools of managed memory need a CUDA 13 driver, not {version.value}")
+    res = mr.experimental.CudaAsyncManagedMemoryResource()
+    handle = res.pool_handle()
+    assert isinstance(handle, int) and handle != 0 and res.stack == "async(pool=managed)"
+    assert handle != mr.CudaAsyncViewMemoryResource().pool_handle(), "not the default pool of device memory"
+    assert mr.experimental.CudaAsyncManagedMemoryResource().pool_handle() == handle, "the driver's one pool"
+    mr.set_current_device_resource(res)
+    stream = memres.Stream()
+    for n in (1, 1000, MiB + 7):
+        buf = memres.DeviceBuffer.to_device(b"\x05" * n, stream=stream)
+        assert bytes(buf.copy_to_host()) == b"\x05" * n
+        managed = ctypes.c_uint(0)
+        assert cuda.cuPointerGetAttribute(ctypes.byref(managed), 8, ctypes.c_uint64(buf.ptr)) == 0  # IS_MANAGED
+        assert managed.value == 1
+        del buf
+    stream.synchronize()
+
+
 def test_copy_from_device_takes_cupy_and_torch_arrays_as_rmms(gpu):
     import cupy
     import torch

@@ -970,6 +970,15 @@ def test_an_async_view_needs_cuda(monkeypatch):
         mr.CudaAsyncViewMemoryResource()
 
 
+def test_an_async_managed_resource_needs_cuda_and_is_in_experimental_as_rmms(monkeypatch):
+    from memres.mr.experimental import CudaAsyncManagedMemoryResource
+    assert CudaAsyncManagedMemoryResource is mr.experimental.CudaAsyncManagedMemoryResource
+    assert CudaAsyncManagedMemoryResource is mr.CudaAsyncManagedMemoryResource
+    monkeypatch.setattr(memres, "cuda_available", lambda: False)
+    with pytest.raises(memres.CudaUnavailable, match="CudaAsyncManagedMemoryResource needs CUDA"):
+        CudaAsyncManagedMemoryResource()
+
+
 def test_the_algorithms_and_adaptors_are_upstream_resource_adaptors_as_rmms():
     host = mr.HostMemoryResource()
     pool = mr.PoolMemoryResource(host)

@@ -111,15 +111,15 @@ pub(crate) fn free(base: u64, release: impl FnOnce(u64) -> sys::CuResult) -> sys
 ///
 /// # Safety
 ///
-/// `release` must free an allocation that `alloc` made, called with the
-/// context current by [`free`] (which has taken it out of the table and
-/// holds the lock, so no `CudaCopy` access is under way in it or can
-/// start), on a base no one else frees.
+/// `release` must free (or queue the free of) an allocation that `alloc`
+/// made, called with the context current by [`free`] (which has taken it
+/// out of the table and holds the lock, so no `CudaCopy` access is under
+/// way in it or can start), on a base no one else frees.
 pub(crate) unsafe fn allocate(
     allocations: &HostAllocations,
     request: Request,
     alloc: impl FnOnce(usize, &mut u64) -> sys::CuResult,
-    release: unsafe fn(u64) -> sys::CuResult,
+    release: impl FnOnce(u64) -> sys::CuResult,
 ) -> Result<Block> {
     if request.is_zero() {
         return Ok(Block::EMPTY);
@@ -137,11 +137,11 @@ pub(crate) unsafe fn allocate(
                 }
                 code
             },
-            // SAFETY: `base` was just allocated by `alloc` (and put in the
-            // table) and is handed out to no one; `free` releases it under
-            // the table's lock, once it has left the table, within our
+            // `base` was just allocated by `alloc` (and put in the table)
+            // and is handed out to no one; `free` releases it under the
+            // table's lock, once it has left the table, within our
             // `context.scope`: what `release` needs, as our caller promised.
-            |base| free(base, |b| unsafe { release(b) }),
+            |base| free(base, release),
             || None,
         )
     })
@@ -156,16 +156,14 @@ pub(crate) unsafe fn allocate(
 pub(crate) unsafe fn deallocate(
     allocations: &HostAllocations,
     block: Block,
-    release: unsafe fn(u64) -> sys::CuResult,
+    release: impl FnOnce(u64) -> sys::CuResult,
 ) -> Result<()> {
-    deallocate_with(allocations.context(), allocations.live(), block, |base| {
-        // SAFETY: `deallocate_with` passes, with the context current, the
-        // base of an allocation of `allocations` that it has just taken out of that
-        // table, so no one else frees it; `free` releases it under the
-        // host-visible table's lock, once it has left that table: what
-        // `release` needs, as our caller promised.
-        free(base, |b| unsafe { release(b) })
-    })
+    // `deallocate_with` passes, with the context current, the base of an
+    // allocation of `allocations` that it has just taken out of that table,
+    // so no one else frees it; `free` releases it under the host-visible
+    // table's lock, once it has left that table: what `release` needs, as
+    // our caller promised.
+    deallocate_with(allocations.context(), allocations.live(), block, |base| free(base, release))
 }
 
 #[cfg(test)]

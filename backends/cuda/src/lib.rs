@@ -7,6 +7,7 @@
 //! | [`CudaMemory`] | `cuMemAlloc` / `cuMemFree` | `cuda_memory_resource` |
 //! | [`CudaAsyncMemory`] | `cuMemAllocFromPoolAsync` / `cuMemFreeAsync` on its own pool, the device's default pool, or a pool made elsewhere | `cuda_async_memory_resource`, `cuda_async_view_memory_resource` |
 //! | [`ManagedMemory`] | `cuMemAllocManaged` | `managed_memory_resource` |
+//! | [`CudaAsyncManagedMemory`] | `cuMemAllocFromPoolAsync` / `cuMemFreeAsync` on the device's default pool of managed memory (CUDA 13) | `cuda_async_managed_memory_resource` |
 //! | [`Prefetch`] | `cuMemPrefetchAsync` on each allocation | `prefetch_resource_adaptor` |
 //! | [`CudaCopy`] | `cuMemcpy*Async`, `cuMemsetD8Async` | the copies inside `device_buffer`, `device_uvector` |
 //! | [`PinnedMemory`] | `cuMemHostAlloc` / `cuMemFreeHost` | `pinned_memory_resource` |
@@ -47,7 +48,9 @@
 //! looked up at run time in the form the driver has
 //! ([`sys::MemPrefetchAsync`]), so that no driver refuses to load a program
 //! for it. The tests run both forms on a driver of CUDA 13 (a program built
-//! for CUDA 12.0 gets the older form there).
+//! for CUDA 12.0 gets the older form there). So is [`CudaAsyncManagedMemory`]'s
+//! `cuMemGetDefaultMemPool`, which only CUDA 13 drivers have
+//! ([`sys::get_default_mem_pool`]).
 //!
 //! # Example
 //!
@@ -64,6 +67,7 @@
 //! ```
 #![warn(missing_docs)]
 
+mod async_managed;
 mod async_memory;
 mod context;
 mod copy;
@@ -81,6 +85,7 @@ pub mod ops;
 pub mod stack;
 pub mod sys;
 
+pub use async_managed::CudaAsyncManagedMemory;
 pub use async_memory::{AsyncConfig, CudaAsyncMemory, IpcHandle};
 pub use context::{driver_version, init, Context, Device, MemoryInfo};
 pub use copy::CudaCopy;

@@ -4,7 +4,7 @@
 //!
 //! | name | arguments | resource (typed handle) |
 //! | --- | --- | --- |
-//! | `async` | `initial=`, `release_threshold=`, `ipc=none\|posix_fd\|fabric`, `pool=own\|default` | [`CudaAsyncMemory`] on its own pool, or with `pool=default` on the device's default pool ([`CudaAsyncMemory::default_pool`], RMM's async view resource), left as it is (`Counted<CudaAsyncMemory>`) |
+//! | `async` | `initial=`, `release_threshold=`, `ipc=none\|posix_fd\|fabric`, `pool=own\|default\|managed` | [`CudaAsyncMemory`] on its own pool, or with `pool=default` on the device's default pool ([`CudaAsyncMemory::default_pool`], RMM's async view resource), left as it is (`Counted<CudaAsyncMemory>`); with `pool=managed`, [`CudaAsyncManagedMemory`] on the device's default pool of managed memory (CUDA 13; RMM's `cuda_async_managed_memory_resource`; `Counted<CudaAsyncManagedMemory>`) |
 //! | `cuda` | none | [`CudaMemory`] (`Counted<CudaMemory>`) |
 //! | `managed` | none | [`ManagedMemory`] (`Counted<ManagedMemory>`) |
 //! | `pinned` | none | [`PinnedMemory`], page-locked host memory (`Counted<PinnedMemory>`) |
@@ -47,8 +47,8 @@ mod vmm;
 pub use vmm::{vmm_config, CountedSpace, VmmConfig, VmmPool, VmmPools, VMM_RESERVATIONS};
 
 use crate::{
-    AsyncConfig, CudaAsyncMemory, CudaCopy, CudaMemory, CudaStream, Device, IpcHandle, ManagedMemory,
-    PinnedMemory, Prefetch,
+    AsyncConfig, CudaAsyncManagedMemory, CudaAsyncMemory, CudaCopy, CudaMemory, CudaStream, Device,
+    IpcHandle, ManagedMemory, PinnedMemory, Prefetch,
 };
 use memres_core::adaptor::{Counted, Gauge};
 use memres_core::copy::MemoryOf;
@@ -61,7 +61,7 @@ use std::sync::Arc;
 /// synchronizations, default: all of them) and `ipc=` (the handle its
 /// memory can be exported as, for other processes: `none`, the default,
 /// `posix_fd` or `fabric`; [`IpcHandle`]); `pool=` is
-/// read by [`async_views_default_pool`].
+/// read by [`async_pool`].
 ///
 /// # Errors
 ///
@@ -106,49 +106,66 @@ pub fn async_config(call: &Call) -> Result<AsyncConfig, StackError> {
     Ok(config)
 }
 
-/// Whether `async` views the device's default pool (`pool=default`) rather
-/// than making a pool of its own (`pool=own`, the default). A view leaves
-/// the pool's attributes as they are, so it takes none of `initial=`,
+/// The pool `async` serves from (`pool=`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AsyncPool {
+    /// `pool=own` (the default): a pool made for the leaf, configured by
+    /// [`async_config`].
+    Own,
+    /// `pool=default`: the device's default pool, viewed as it is.
+    Default,
+    /// `pool=managed`: the device's default pool of managed memory (CUDA
+    /// 13), viewed as it is.
+    Managed,
+}
+
+/// The pool `async` serves from: its own (`pool=own`, the default), or a
+/// view of the device's default pool (`pool=default`) or of its default
+/// pool of managed memory (`pool=managed`). A view leaves the pool's
+/// attributes as they are, so it takes none of `initial=`,
 /// `release_threshold=` and `ipc=`.
 ///
 /// # Errors
 ///
 /// [`StackErrorKind::BadValue`] at `pool=` for another value, and at
-/// `initial=`, `release_threshold=` or `ipc=` beside `pool=default`.
+/// `initial=`, `release_threshold=` or `ipc=` beside a view.
 ///
 /// # Examples
 ///
 /// ```
-/// use memres_cuda::stack::async_views_default_pool;
+/// use memres_cuda::stack::{async_pool, AsyncPool};
 /// use memres_core::stack::parse;
-/// assert!(async_views_default_pool(&parse("async(pool=default)")?)?);
-/// assert!(!async_views_default_pool(&parse("async(pool=own, initial=1GiB)")?)?);
-/// assert!(!async_views_default_pool(&parse("async")?)?);
-/// assert_eq!(async_views_default_pool(&parse("async(pool=mine)")?).unwrap_err().pos, 11);
-/// assert_eq!(async_views_default_pool(&parse("async(pool=default, initial=1GiB)")?).unwrap_err().pos, 28);
+/// assert_eq!(async_pool(&parse("async(pool=default)")?)?, AsyncPool::Default);
+/// assert_eq!(async_pool(&parse("async(pool=managed)")?)?, AsyncPool::Managed);
+/// assert_eq!(async_pool(&parse("async(pool=own, initial=1GiB)")?)?, AsyncPool::Own);
+/// assert_eq!(async_pool(&parse("async")?)?, AsyncPool::Own);
+/// assert_eq!(async_pool(&parse("async(pool=mine)")?).unwrap_err().pos, 11);
+/// assert_eq!(async_pool(&parse("async(pool=default, initial=1GiB)")?).unwrap_err().pos, 28);
+/// assert_eq!(async_pool(&parse("async(pool=managed, ipc=posix_fd)")?).unwrap_err().pos, 24);
 /// # Ok::<(), memres_core::stack::StackError>(())
 /// ```
-pub fn async_views_default_pool(call: &Call) -> Result<bool, StackError> {
-    let Some(v) = call.keyed("pool") else { return Ok(false) };
-    match v.text()? {
-        "own" => Ok(false),
-        "default" => {
-            match ["initial", "release_threshold", "ipc"]
-                .into_iter()
-                .find_map(|k| call.keyed(k).map(|v| (k, v)))
-            {
-                Some((key, v)) => Err(StackError::new(
-                    v.pos(),
-                    StackErrorKind::BadValue(format!(
-                        "`{key}=` with `pool=default`: a view leaves the device's default pool as it is"
-                    )),
-                )),
-                None => Ok(true),
-            }
-        }
+pub fn async_pool(call: &Call) -> Result<AsyncPool, StackError> {
+    let Some(v) = call.keyed("pool") else { return Ok(AsyncPool::Own) };
+    let pool = match v.text()? {
+        "own" => return Ok(AsyncPool::Own),
+        "default" => AsyncPool::Default,
+        "managed" => AsyncPool::Managed,
         other => {
-            Err(StackError::new(v.pos(), StackErrorKind::BadValue(format!("pool `{other}`: own or default"))))
+            return Err(StackError::new(
+                v.pos(),
+                StackErrorKind::BadValue(format!("pool `{other}`: own, default or managed")),
+            ))
         }
+    };
+    match ["initial", "release_threshold", "ipc"].into_iter().find_map(|k| call.keyed(k).map(|v| (k, v))) {
+        Some((key, v)) => Err(StackError::new(
+            v.pos(),
+            StackErrorKind::BadValue(format!(
+                "`{key}=` with `pool={}`: a view leaves the device's pool as it is",
+                call.keyed("pool").and_then(|p| p.text().ok()).unwrap_or_default()
+            )),
+        )),
+        None => Ok(pool),
     }
 }
 
@@ -180,10 +197,14 @@ pub fn register(
     let g = gauge.clone();
     builder.register_leaf_of::<CudaCopy>("async", move |call, cx| {
         let config = async_config(call)?;
-        let leaf = if async_views_default_pool(call)? {
-            CudaAsyncMemory::default_pool(device)
-        } else {
-            CudaAsyncMemory::with_config(device, config)
+        let leaf = match async_pool(call)? {
+            AsyncPool::Own => CudaAsyncMemory::with_config(device, config),
+            AsyncPool::Default => CudaAsyncMemory::default_pool(device),
+            AsyncPool::Managed => {
+                let leaf =
+                    CudaAsyncManagedMemory::default_pool(device).map_err(|e| call.resource_error(e))?;
+                return Ok(cx.keep_leaf_of_releasing(call, Counted::new(leaf, g.clone())));
+            }
         };
         let leaf = leaf.map_err(|e| call.resource_error(e))?;
         Ok(cx.keep_leaf_of_releasing(call, Counted::new(leaf, g.clone())))
@@ -229,7 +250,7 @@ type ArgCheck = fn(&Call) -> Result<(), StackError>;
 /// ```
 pub fn register_checking(builder: &mut StackBuilder<CudaStream>) -> &mut StackBuilder<CudaStream> {
     let checks: [(&str, ArgCheck); 5] = [
-        ("async", |call| async_config(call).and_then(|_| async_views_default_pool(call)).map(drop)),
+        ("async", |call| async_config(call).and_then(|_| async_pool(call)).map(drop)),
         ("cuda", |call| call.expect_args(0, &[])),
         ("managed", |call| call.expect_args(0, &[])),
         ("pinned", |call| call.expect_args(0, &[])),

@@ -27,6 +27,7 @@ pub const CUDA_ERROR_NO_DEVICE: CuResult = 100;
 pub const CUDA_ERROR_INVALID_CONTEXT: CuResult = 201;
 pub const CUDA_ERROR_NOT_FOUND: CuResult = 500;
 pub const CUDA_ERROR_NOT_READY: CuResult = 600;
+pub const CUDA_ERROR_NOT_SUPPORTED: CuResult = 801;
 
 /// `CU_STREAM_LEGACY`: the legacy default stream, whatever the build's default.
 pub const CU_STREAM_LEGACY: usize = 0x1;
@@ -50,6 +51,8 @@ pub const CU_DEVICE_ATTRIBUTE_MEMPOOL_SUPPORTED_HANDLE_TYPES: c_int = 119;
 pub const CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR: c_int = 1;
 
 pub const CU_MEM_ALLOCATION_TYPE_PINNED: c_int = 1;
+/// `CU_MEM_ALLOCATION_TYPE_MANAGED` (CUDA 13): pools of managed memory.
+pub const CU_MEM_ALLOCATION_TYPE_MANAGED: c_int = 2;
 pub const CU_MEM_LOCATION_TYPE_DEVICE: c_int = 1;
 pub const CU_MEM_LOCATION_TYPE_HOST: c_int = 2;
 /// `CU_DEVICE_CPU`: the host, where a device ordinal is asked for.
@@ -372,6 +375,43 @@ impl MemPrefetchAsync {
             }
         }
     }
+}
+
+/// `cuMemGetDefaultMemPool` (CUDA 13): the default pool of a location for
+/// an allocation type.
+pub type GetDefaultMemPool = unsafe extern "C" fn(*mut CUmemoryPool, *mut CuMemLocation, c_int) -> CuResult;
+
+/// The first CUDA version with `cuMemGetDefaultMemPool` and pools of
+/// managed memory.
+pub const MANAGED_POOLS_SINCE: c_int = 13000;
+
+/// `cuMemGetDefaultMemPool`, looked up at run time (`cuGetProcAddress`)
+/// rather than linked, so that the crate still loads on a driver before
+/// CUDA 13, which has no such function.
+///
+/// # Errors
+///
+/// `CUDA_ERROR_NOT_SUPPORTED` on a driver before CUDA 13; the driver's
+/// code where the lookup fails.
+pub fn get_default_mem_pool() -> Result<GetDefaultMemPool, CuResult> {
+    let mut driver = 0;
+    // SAFETY: the out parameter is a live local.
+    match unsafe { cuDriverGetVersion(&mut driver) } {
+        CUDA_SUCCESS if driver >= MANAGED_POOLS_SINCE => {}
+        CUDA_SUCCESS => return Err(CUDA_ERROR_NOT_SUPPORTED),
+        code => return Err(code),
+    }
+    let mut pfn: *mut c_void = core::ptr::null_mut();
+    // SAFETY: the symbol is a NUL-terminated string, the out parameter a
+    // live local; flags 0 asks for the default stream semantics.
+    match unsafe { cuGetProcAddress(c"cuMemGetDefaultMemPool".as_ptr(), &mut pfn, MANAGED_POOLS_SINCE, 0) } {
+        CUDA_SUCCESS if !pfn.is_null() => {}
+        CUDA_SUCCESS => return Err(CUDA_ERROR_NOT_FOUND),
+        code => return Err(code),
+    }
+    // SAFETY: `cuGetProcAddress` returned the function as it is in CUDA
+    // 13.0, whose C signature this is.
+    Ok(unsafe { core::mem::transmute::<*mut c_void, GetDefaultMemPool>(pfn) })
 }
 
 /// Where [`MemPrefetchAsync::to`] moves pages: a device (its ordinal) or

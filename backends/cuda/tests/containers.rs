@@ -106,7 +106,7 @@ mod over_a_pool {
     use super::*;
     use memres_core::copy::MemoryOf;
     use memres_core::MemoryResource;
-    use memres_cuda::{ManagedMemory, PinnedMemory};
+    use memres_cuda::{CudaAsyncManagedMemory, ManagedMemory, PinnedMemory};
 
     /// The pool's maximum size.
     const MAX: u64 = 4 << 20;
@@ -114,15 +114,16 @@ mod over_a_pool {
     /// What a pool's upstream must offer: made for a device, and its bytes
     /// in use where the driver counts them.
     pub(crate) trait Upstream:
-        for<'a> MemoryResource<&'a CudaStream> + MemoryOf<CudaCopy> + 'static
+        for<'a> MemoryResource<&'a CudaStream> + MemoryOf<CudaCopy> + Sized + 'static
     {
-        fn make(device: Device) -> Self;
+        /// `None` where the device or driver has no such memory.
+        fn make(device: Device) -> Option<Self>;
         fn used_bytes(&self) -> Option<u64>;
     }
 
     impl Upstream for CudaAsyncMemory {
-        fn make(device: Device) -> Self {
-            CudaAsyncMemory::new(device).unwrap()
+        fn make(device: Device) -> Option<Self> {
+            Some(CudaAsyncMemory::new(device).unwrap())
         }
         fn used_bytes(&self) -> Option<u64> {
             Some(CudaAsyncMemory::used_bytes(self).unwrap())
@@ -132,8 +133,8 @@ mod over_a_pool {
     // Host-visible memory: every copy and fill is checked against the live
     // pinned and managed allocations and waits for its stream.
     impl Upstream for PinnedMemory {
-        fn make(device: Device) -> Self {
-            PinnedMemory::new(device).unwrap()
+        fn make(device: Device) -> Option<Self> {
+            Some(PinnedMemory::new(device).unwrap())
         }
         fn used_bytes(&self) -> Option<u64> {
             None
@@ -141,8 +142,25 @@ mod over_a_pool {
     }
 
     impl Upstream for ManagedMemory {
-        fn make(device: Device) -> Self {
-            ManagedMemory::new(device).unwrap()
+        fn make(device: Device) -> Option<Self> {
+            Some(ManagedMemory::new(device).unwrap())
+        }
+        fn used_bytes(&self) -> Option<u64> {
+            None
+        }
+    }
+
+    // Stream-ordered managed memory (CUDA 13): host-visible, as above.
+    impl Upstream for CudaAsyncManagedMemory {
+        fn make(device: Device) -> Option<Self> {
+            match CudaAsyncManagedMemory::default_pool(device) {
+                Ok(mr) => Some(mr),
+                Err(e) if memres_cuda::driver_version().unwrap() < 13000 => {
+                    eprintln!("SKIPPED: no pools of managed memory before CUDA 13 ({e})");
+                    None
+                }
+                Err(e) => panic!("{e}"),
+            }
         }
         fn used_bytes(&self) -> Option<u64> {
             None
@@ -160,7 +178,7 @@ mod over_a_pool {
         let device = gpu(test)?;
         let streams = Streams::new(device);
         let config = PoolConfig::new().maximum_size(MAX);
-        let pool = Shared::new(CoalescingPool::with_config(U::make(device), config, &&streams.a).unwrap());
+        let pool = Shared::new(CoalescingPool::with_config(U::make(device)?, config, &&streams.a).unwrap());
         Some(PoolSetup { pool, streams })
     }
 
@@ -226,6 +244,11 @@ mod over_a_pool {
     mod of_managed_memory {
         use super::*;
         container_suite!(setup::<ManagedMemory>);
+    }
+
+    mod of_async_managed_memory {
+        use super::*;
+        container_suite!(setup::<CudaAsyncManagedMemory>);
     }
 }
 

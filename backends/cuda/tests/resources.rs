@@ -6,7 +6,8 @@ mod common;
 use common::{expect_filled, fill, gpu, pattern};
 use memres_core::{Block, MemoryResource, Request};
 use memres_cuda::{
-    ops, sys, AsyncConfig, CudaAsyncMemory, CudaMemory, CudaStream, ManagedMemory, PinnedMemory, Prefetch,
+    ops, sys, AsyncConfig, CudaAsyncManagedMemory, CudaAsyncMemory, CudaMemory, CudaStream, ManagedMemory,
+    PinnedMemory, Prefetch,
 };
 
 /// Sizes with the odd ones a pool never sees: 4 bytes, not a multiple of
@@ -119,7 +120,65 @@ fn a_stack_strings_async_views_the_default_pool_with_pool_default() {
         .build("async(pool=default, release_threshold=1GiB)", &stream)
         .err()
         .expect("a view's attributes");
-    assert!(e.to_string().contains("a view leaves the device's default pool as it is"), "{e}");
+    assert!(e.to_string().contains("with `pool=default`: a view leaves the device's pool as it is"), "{e}");
+}
+
+/// The device's default pool of managed memory (CUDA 13), or `None` with
+/// the test reported SKIPPED on an older driver.
+fn managed_pool(test: &str, device: memres_cuda::Device) -> Option<CudaAsyncManagedMemory> {
+    match CudaAsyncManagedMemory::default_pool(device) {
+        Ok(mr) => Some(mr),
+        Err(memres_core::Error::InvalidConfig { what }) if memres_cuda::driver_version().unwrap() < 13000 => {
+            eprintln!("SKIPPED {test}: {what}");
+            None
+        }
+        Err(e) => panic!("{test}: {e}"),
+    }
+}
+
+#[test]
+fn async_managed_memory_round_trip_host_access_and_stack_string() {
+    let test = "async_managed_memory_round_trip_host_access_and_stack_string";
+    let Some(device) = gpu(test) else { return };
+    let Some(mr) = managed_pool(test, device) else { return };
+    let stream = CudaStream::new(device).unwrap();
+    // The driver's own default pool of managed memory, whoever asks.
+    assert_eq!(CudaAsyncManagedMemory::default_pool(device).unwrap().pool_handle(), mr.pool_handle());
+    assert!(
+        !mr.pool_handle().is_null()
+            && mr.pool_handle() != CudaAsyncMemory::default_pool(device).unwrap().pool_handle()
+    );
+    round_trip(&mr, &stream);
+    let b = mr.allocate(Request::new(4096).unwrap(), &stream).unwrap();
+    fill(&stream, &b, 0x4153_4D47);
+    memres_core::Stream::synchronize(&stream).unwrap();
+    // SAFETY: managed memory is host-accessible once the device work on it
+    // has completed (the stream was synchronized); the block is 4096 bytes.
+    let words = unsafe { std::slice::from_raw_parts(b.addr() as *const u32, 1024) };
+    assert!(words.iter().all(|&w| w == 0x4153_4D47));
+    let mut managed: u32 = 0;
+    // SAFETY: `managed` is a live `u32` the attribute writes (a boolean).
+    let code = unsafe {
+        sys::cuPointerGetAttribute(
+            (&mut managed as *mut u32).cast(),
+            sys::CU_POINTER_ATTRIBUTE_IS_MANAGED,
+            b.addr(),
+        )
+    };
+    assert_eq!((code, managed), (sys::CUDA_SUCCESS, 1), "managed memory");
+    mr.deallocate(b, &stream).unwrap();
+    assert_eq!(mr.deallocate(b, &stream), Err(memres_core::Error::UnknownBlock { addr: b.addr() }), "twice");
+
+    let gauge = std::sync::Arc::new(memres_core::adaptor::Gauge::default());
+    let mut builder = memres_core::stack::StackBuilder::<CudaStream>::new();
+    memres_cuda::stack::register(&mut builder, device, gauge.clone());
+    let built = builder.build_with_handles("async(pool=managed)", &stream).unwrap();
+    let leaf = built.get::<memres_core::adaptor::Counted<CudaAsyncManagedMemory>>("async").unwrap();
+    assert_eq!(leaf.inner().pool_handle(), mr.pool_handle());
+    round_trip(&built.resource, &stream);
+    assert_eq!(gauge.value(), 0);
+    let e = builder.build("async(pool=managed, initial=1GiB)", &stream).err().expect("a view's attributes");
+    assert!(e.to_string().contains("with `pool=managed`: a view leaves the device's pool as it is"), "{e}");
 }
 
 /// Exports `pool` as a POSIX file descriptor: the descriptor, or the

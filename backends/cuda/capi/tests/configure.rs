@@ -58,7 +58,7 @@ fn configure_checks_the_stack_and_reports_errors() {
         ("pool(async", "at byte 10: expected"),
         ("async(initial=lots)", "at byte 14: bad size `lots`"),
         ("async(initial=1GiB, pools=2)", "unknown key `pools`"),
-        ("async(initial=1GiB, pool=2)", "at byte 25: bad value: pool `2`: own or default"),
+        ("async(initial=1GiB, pool=2)", "at byte 25: bad value: pool `2`: own, default or managed"),
         ("async(pool=default, initial=1GiB)", "`initial=` with `pool=default`"),
         ("async(ipc=shm)", "ipc `shm`: none, posix_fd or fabric"),
         ("cuda(1GiB)", "too many positional arguments"),

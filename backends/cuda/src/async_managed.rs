@@ -1,0 +1,193 @@
+//! Stream-ordered managed memory from the device's default pool of managed
+//! memory (CUDA 13).
+
+use crate::async_memory::CudaAsyncMemory;
+use crate::context::Device;
+use crate::error::{check, error_from_code};
+use crate::host_visible::{self, HostAllocations};
+use crate::stream::{in_order, AsRawStream, CudaStream};
+use crate::sys;
+use memres_core::{Block, Error, MemoryResource, Request, Result};
+use std::ptr;
+use std::sync::Arc;
+
+/// Stream-ordered managed memory (`cuMemAllocFromPoolAsync` /
+/// `cuMemFreeAsync`) from the device's default pool of managed memory
+/// (`cuMemGetDefaultMemPool` for `CU_MEM_ALLOCATION_TYPE_MANAGED`, CUDA 13
+/// and later): RMM's `cuda_async_managed_memory_resource`.
+///
+/// ```text
+///  CudaAsyncManagedMemory { pool (the device's default managed pool), live }
+///    allocate(req, stream)  ──► cuMemAllocFromPoolAsync(pool, stream), then
+///                               recorded as host-visible memory
+///    deallocate(b, stream)  ──► under the host-visible table's lock: out of
+///                               the table, cuMemFreeAsync(stream)
+/// ```
+///
+/// Its blocks are managed memory, valid on the host and on every device,
+/// usable in the order of the stream they were allocated on. As for
+/// [`ManagedMemory`](crate::ManagedMemory), each allocation is in the table
+/// of host-visible allocations while it is live, which is what lets
+/// [`CudaCopy`](crate::CudaCopy) touch it; dropping the resource frees
+/// nothing, and its blocks still out are `NotLive` to `CudaCopy` from then
+/// on. The pool is the driver's, shared with every user of the device's
+/// default managed pool; its attributes are left as they are. Unlike
+/// [`CudaAsyncMemory`], it is not bounded by the device's memory: managed
+/// memory may exceed it.
+///
+/// # Errors
+///
+/// - [`Error::InvalidConfig`] when made on a driver before CUDA 13, or on
+///   a device without memory pools or concurrent managed access;
+/// - out of memory with figures, unknown addresses as
+///   [`Error::UnknownBlock`], the driver's other errors as
+///   [`Error::Backend`].
+///
+/// # Examples
+///
+/// ```no_run
+/// use memres_core::{MemoryResource, Request};
+/// use memres_cuda::{CudaAsyncManagedMemory, CudaStream, Device};
+/// let device = Device::get(0)?;
+/// let mr = CudaAsyncManagedMemory::default_pool(device)?;
+/// let stream = CudaStream::new(device)?;
+/// let b = mr.allocate(Request::new(1 << 20)?, &stream)?;
+/// mr.deallocate(b, &stream)?;
+/// # Ok::<(), memres_core::Error>(())
+/// ```
+#[derive(Clone, Debug)]
+pub struct CudaAsyncManagedMemory {
+    /// A view of the pool, for its attributes (reserved bytes, trimming);
+    /// blocks are not allocated through it.
+    pool: Arc<CudaAsyncMemory>,
+    /// The allocations handed out and not yet freed, and the device's
+    /// primary context, retained: shared by clones.
+    live: Arc<HostAllocations>,
+}
+
+impl CudaAsyncManagedMemory {
+    /// A resource over `device`'s default pool of managed memory.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidConfig`] on a driver before CUDA 13 or a device
+    /// without memory pools or concurrent managed access (which pools of
+    /// managed memory need); the driver's other errors as
+    /// [`Error::Backend`].
+    pub fn default_pool(device: Device) -> Result<CudaAsyncManagedMemory> {
+        if !device.supports_memory_pools()? || !device.concurrent_managed_access()? {
+            return Err(Error::InvalidConfig {
+                what: "pools of managed memory need a device with memory pools and concurrent managed access",
+            });
+        }
+        let get = sys::get_default_mem_pool().map_err(|code| match code {
+            sys::CUDA_ERROR_NOT_SUPPORTED => {
+                Error::InvalidConfig { what: "pools of managed memory need a CUDA 13 driver" }
+            }
+            code => error_from_code(code),
+        })?;
+        let context = device.primary_context()?;
+        let mut location = sys::CuMemLocation { type_: sys::CU_MEM_LOCATION_TYPE_DEVICE, id: device.raw() };
+        let mut raw = ptr::null_mut();
+        // SAFETY: `get` is the driver's `cuMemGetDefaultMemPool` (looked up
+        // for CUDA 13, whose signature `GetDefaultMemPool` is); the driver
+        // is initialized (a context was retained); both out and in
+        // parameters are live locals.
+        check(unsafe { get(&mut raw, &mut location, sys::CU_MEM_ALLOCATION_TYPE_MANAGED) })?;
+        // SAFETY: the device's default pool is the driver's for the whole
+        // process: valid while the view and every block lives.
+        let pool = unsafe { CudaAsyncMemory::from_pool(device, raw)? };
+        Ok(CudaAsyncManagedMemory { pool: Arc::new(pool), live: Arc::new(HostAllocations::new(context)) })
+    }
+
+    /// The driver's pool handle.
+    pub fn pool_handle(&self) -> sys::CUmemoryPool {
+        self.pool.pool_handle()
+    }
+
+    /// The device whose default managed pool this is.
+    pub fn device(&self) -> Device {
+        self.live.context().device()
+    }
+
+    /// Bytes the pool has reserved now (`CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT`).
+    ///
+    /// # Errors
+    ///
+    /// The driver's error as [`Error::Backend`].
+    pub fn reserved_bytes(&self) -> Result<u64> {
+        self.pool.reserved_bytes()
+    }
+}
+
+impl<S: AsRawStream + ?Sized> MemoryResource<S> for CudaAsyncManagedMemory {
+    fn allocate(&self, request: Request, stream: &S) -> Result<Block> {
+        if request.is_zero() {
+            return Ok(Block::EMPTY);
+        }
+        let pool = self.pool_handle();
+        stream.context().unwrap_or(self.live.context()).scope(|| {
+            in_order(stream, |raw| {
+                // SAFETY: a context is current; the pool is the driver's for
+                // the process and the stream valid while borrowed
+                // (`AsRawStream`'s contract); the out parameter is a live
+                // local.
+                let alloc =
+                    |bytes, base: &mut u64| unsafe { sys::cuMemAllocFromPoolAsync(base, bytes, pool, raw) };
+                // SAFETY: the release frees, on the allocating stream, an
+                // allocation that `alloc` made and no one else frees;
+                // `host_visible::allocate` calls it as its contract says
+                // (out of the table, under its lock, our context current).
+                unsafe {
+                    host_visible::allocate(&self.live, request, alloc, |base| sys::cuMemFreeAsync(base, raw))
+                }
+            })
+        })
+    }
+
+    fn deallocate(&self, block: Block, stream: &S) -> Result<()> {
+        if block.is_empty() {
+            return Ok(());
+        }
+        stream.context().unwrap_or(self.live.context()).scope(|| {
+            in_order(stream, |raw| {
+                // SAFETY: every allocation of `self.live` is one of this
+                // pool's, made by `allocate` above; it is freed on the
+                // caller's stream, which the caller orders after every use
+                // of the block (the resource contract of a stream-ordered
+                // free).
+                unsafe { host_visible::deallocate(&self.live, block, |base| sys::cuMemFreeAsync(base, raw)) }
+            })
+        })
+    }
+
+    /// Equal to its clones, which share its table of live allocations.
+    fn id(&self) -> memres_core::ResourceId {
+        memres_core::ResourceId::shared::<Self>(Arc::as_ptr(&self.live).cast())
+    }
+}
+
+// SAFETY: the block lies inside one driver allocation (`place` checks that
+// padding and size fit) that no other block shares: managed memory from the
+// driver's pool (`cuMemAllocFromPoolAsync`), which `CudaCopy`'s driver
+// copies reach by its unified address. Checked access, as for
+// `ManagedMemory`: the allocation is in the table of host-visible
+// allocations from before its block is handed out until its free is queued
+// under that table's lock, or until the resource ends (`HostAllocations`'
+// drop takes it out under that lock), and `CudaCopy` touches host-visible
+// memory only inside one entry, under the lock, until its work has
+// finished: no copy of `CudaCopy`'s is in flight in a block whose free is
+// queued, and none starts after.
+unsafe impl memres_core::copy::MemoryOf<crate::CudaCopy> for CudaAsyncManagedMemory {}
+
+/// `release` trims the device's default managed pool to what is in use
+/// (`cuMemPoolTrimTo(pool, 0)`) once the device is done, as for
+/// [`CudaAsyncMemory`]; it returns the reserved bytes given back.
+impl memres_core::stack::Release<CudaStream> for CudaAsyncManagedMemory {
+    fn release(&self, stream: &CudaStream) -> Result<u64> {
+        memres_core::stack::Release::release(&*self.pool, stream)
+    }
+    fn held(&self) -> u64 {
+        self.reserved_bytes().unwrap_or(0)
+    }
+}
