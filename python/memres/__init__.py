@@ -15,7 +15,9 @@ from ._device import current_device, device_id as _device_id, set_device
 from ._errors import CudaUnavailable, InvalidArgument, MemresError, OutOfMemory
 from ._stream import (CudaStreamFlags, CudaStreamPool, DEFAULT_STREAM, LEGACY_DEFAULT_STREAM,
                       PER_THREAD_DEFAULT_STREAM, Stream)
-from . import mr, snapshot, statistics
+from . import logger, mr, snapshot, statistics
+from .logger import (flush_logger, get_flush_level, get_logging_level, level_enum, set_flush_level,
+                     set_logging_level, should_log)
 from .mr import (
     disable_logging,
     enable_logging,
@@ -119,7 +121,9 @@ __all__ = [
     "DEFAULT_STREAM", "LEGACY_DEFAULT_STREAM", "PER_THREAD_DEFAULT_STREAM", "CudaStreamFlags", "CudaStreamPool",
     "CudaUnavailable", "DeviceBuffer",
     "InvalidArgument", "MemresError", "OutOfMemory", "Stream",
-    "cuda_available", "current_device", "disable_logging", "enable_logging",
+    "cuda_available", "current_device", "disable_logging", "enable_logging", "flush_logger",
+    "get_flush_level", "get_logging_level", "level_enum", "logger", "set_flush_level", "set_logging_level",
+    "should_log",
     "get_current_device_resource", "get_log_filenames", "get_per_device_resource", "is_initialized",
     "mr", "register_reinitialize_hook", "reinitialize", "set_current_device_resource", "set_device",
     "set_per_device_resource", "snapshot", "statistics", "unregister_reinitialize_hook",

@@ -17,7 +17,6 @@ StackMemoryResource builds any stack string.
 """
 
 import atexit
-import logging
 import os
 import re
 import sys
@@ -560,8 +559,11 @@ class TrackingResourceAdaptor(UpstreamResourceAdaptor):
 
     def log_outstanding_allocations(self):
         """Logs ``get_outstanding_allocations_str()`` at debug level to the
-        ``memres`` logger (RMM's goes to its debug log)."""
-        logging.getLogger("memres").debug("Outstanding allocations: %s", self.get_outstanding_allocations_str())
+        ``memres`` logger (RMM's goes to its debug log): shown once
+        ``memres.set_logging_level(memres.level_enum.debug)``, or a
+        ``logging`` setting, lets debug records through."""
+        from .logger import level_enum, log
+        log(level_enum.debug, "Outstanding allocations: %s", self.get_outstanding_allocations_str())
 
 
 class LoggingResourceAdaptor(UpstreamResourceAdaptor):
