@@ -30,6 +30,8 @@ from .mr import (
 )
 
 __version__ = "0.1.0"
+# The commit the package was built from ("" outside a git checkout), as RMM's.
+__git_commit__ = _native.sim.GIT_COMMIT
 
 _cuda_ok = None
 

@@ -62,6 +62,7 @@ fn log_file_of_device(name: std::path::PathBuf, device: u32) -> Option<std::path
 fn native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("BACKEND", backend::BACKEND)?;
     m.add("MAX_DEVICES", backend::MAX_DEVICES)?;
+    m.add("GIT_COMMIT", env!("MEMRES_GIT_COMMIT"))?;
     m.add_class::<resource::Resource>()?;
     m.add_class::<buffer::Buffer>()?;
     m.add_class::<stream::MadeStream>()?;

@@ -43,3 +43,15 @@ def test_the_installed_package_is_tested():
     import memres
     # The tests run against the installed wheel, not the source folder.
     assert "site-packages" in memres.__file__ or os.environ.get("MEMRES_TEST_SOURCE") == "1", memres.__file__
+
+
+def test_the_package_names_the_commit_it_was_built_from_as_rmms():
+    import re
+    import memres
+    commit = memres.__git_commit__
+    assert isinstance(commit, str) and re.fullmatch("[0-9a-f]{40}|", commit), commit
+    # Built from this checkout (python/test.sh builds, then tests): its HEAD.
+    head = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
+                          cwd=os.path.dirname(__file__))
+    if head.returncode == 0:
+        assert commit == head.stdout.strip()
