@@ -74,8 +74,9 @@ def reinitialize(pool_allocator=False, managed_memory=False, initial_pool_size=N
     ``rmm.reinitialize``: memory from the device (managed memory with
     ``managed_memory``), under a pool with ``pool_allocator``, logged with
     ``logging`` (to ``log_file_name``, else ``$MEMRES_LOG_FILE``, each
-    device to its own file, ``x.dev1.csv`` for device 1 of ``x.csv``). ``stack`` names any stack instead, such as
-    ``"stats(pool(async))"``. Without CUDA the device is host memory.
+    device to its own file, ``x.dev1.csv`` for device 1 of ``x.csv``).
+    ``stack`` names any stack instead, such as ``"stats(pool(async))"``.
+    Without CUDA the device is host memory.
     The hooks of ``register_reinitialize_hook`` run first."""
     for func, args, kwargs in reversed(_reinitialize_hooks):
         func(*args, **kwargs)

@@ -72,8 +72,9 @@ pub(crate) struct Parts {
     /// The Python functions this object gave its stack (`callback`,
     /// `on_failure`): the only Python objects it owns alone.
     functions: Vec<Arc<Function>>,
-    /// The holders of `streams` once built (`inner`, `blocks` and this):
-    /// one more is a stack built over this one.
+    /// How many hold `streams` once the stack is built (that field,
+    /// `inner`, the program side in `blocks`): one more is a stack built
+    /// over this one, or a free deferred below ([`Resource::in_use`]).
     own_holders: usize,
 }
 
