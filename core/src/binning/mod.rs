@@ -94,6 +94,15 @@ impl Tally {
     fn usage(&self) -> Usage {
         Usage::leaf(self.held.value(), self.held.peak())
     }
+
+    /// Whether the bytes counted are the live blocks' footprints.
+    fn check(&self) -> core::result::Result<(), Violation> {
+        let live: u64 = self.live.with(|m| m.iter().map(|(_, &footprint)| footprint).sum());
+        match live == self.held.value() {
+            true => Ok(()),
+            false => Err(Violation::new("bytes counted are not the live blocks' footprints")),
+        }
+    }
 }
 
 impl<U, S: Stream + ?Sized> Bin<'_, U, S>
@@ -133,7 +142,7 @@ impl<U, S: Stream + ?Sized> Bin<'_, U, S> {
         match self {
             Bin::Fixed(f) => f.check(),
             Bin::Other(r) => r.check(),
-            Bin::Counted(..) => Ok(()),
+            Bin::Counted(_, tally) => tally.check(),
         }
     }
 }
@@ -565,7 +574,8 @@ impl<U, S: Stream + ?Sized> Inspect for BinningResource<'_, U, S> {
 
     /// Runs the invariant checker of every bin, and checks the bin table
     /// (sizes ascending, distinct, non-zero; fixed-size bins at least their
-    /// size).
+    /// size) and the bytes counted for the large blocks and counted bins
+    /// (the live blocks' footprints).
     ///
     /// ```
     /// # use memres_core::binning::BinningResource;
@@ -590,7 +600,7 @@ impl<U, S: Stream + ?Sized> Inspect for BinningResource<'_, U, S> {
             }
             bin.check()?;
         }
-        Ok(())
+        self.large.check()
     }
 }
 

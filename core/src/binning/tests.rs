@@ -546,3 +546,25 @@ fn a_counted_bins_blocks_are_counted_here_and_only_its_own_go_back_to_it() {
     assert!(u.peak_held >= 512 * 128 + counted);
     bins.check().unwrap();
 }
+
+/// The checker compares the bytes counted for the large blocks and for a
+/// counted bin with the footprints of their live blocks.
+#[test]
+fn the_checker_finds_bytes_counted_that_no_live_block_has() {
+    let up = BumpUpstream::new(1 << 30);
+    let mut bins: BinningResource<_> = BinningResource::with_exponents(&up, 8, 8).unwrap();
+    bins.add_counted_bin(4096, Shared::new(CoalescingPool::new(&up))).unwrap();
+    let a = bins.allocate(Request::new(1000).unwrap(), &()).unwrap();
+    let b = bins.allocate(Request::new(10_000).unwrap(), &()).unwrap();
+    bins.check().unwrap();
+    let Bin::Counted(_, counted) = &bins.bins[1] else { unreachable!("the 4096-byte bin is counted") };
+    for held in [&bins.large.held, &counted.held] {
+        held.add(256);
+        assert!(bins.check().is_err());
+        held.sub(256);
+        bins.check().unwrap();
+    }
+    bins.deallocate(a, &()).unwrap();
+    bins.deallocate(b, &()).unwrap();
+    bins.check().unwrap();
+}
