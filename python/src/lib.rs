@@ -14,7 +14,8 @@
 //! library's are. The Python layer makes each of a stream object it
 //! accepted (`memres._stream.as_handle`: a framework's stream, or one this
 //! module made for `Stream()`, a `MadeStream`; either kept alive by the
-//! buffer or stack that uses it) or of `Stream.from_handle`, whose caller
+//! buffer that uses it, and by a stack that remembers it after the call,
+//! `Resource::keep`) or of `Stream.from_handle`, whose caller
 //! vouches for it, and refuses a bare int. No handle can be checked
 //! here: the module is private, and a caller that passes it another int
 //! hands that to the driver, as a C caller of `memres_alloc` would. Every

@@ -72,6 +72,9 @@ pub(crate) struct Parts {
     /// The Python functions this object gave its stack (`callback`,
     /// `on_failure`): the only Python objects it owns alone.
     functions: Vec<Arc<Function>>,
+    /// Whether a layer of the stack remembers streams after a call
+    /// ([`forgets_streams`]): only then are the streams' objects kept.
+    remembers_streams: bool,
     /// How many hold `streams` once the stack is built (that field,
     /// `inner`, the program side in `blocks`): one more is a stack built
     /// over this one, or a free deferred below ([`Resource::in_use`]).
@@ -118,6 +121,30 @@ fn passes_calls_on(call: &Call) -> bool {
         || call.name.strip_prefix("up").is_some_and(|i| i.parse::<usize>().is_ok());
     own && call.args.iter().all(|a| match &a.value {
         Value::Call(c) => passes_calls_on(c),
+        Value::Word { .. } => true,
+    })
+}
+
+/// The layers that use a stream only during the call that names it
+/// (neither per stream, nor keeping events or plans of a stream, nor
+/// running Python code that may keep one); `bin` is a binning layer's bin.
+const FORGET_STREAMS: [&str; 18] = [
+    "cuda", "async", "managed", "pinned", "host", "sim", "vmm", "vpool", "stats", "track", "log", "limit",
+    "prefetch", "align", "pool", "fixed", "binning", "bin",
+];
+
+/// Whether no layer of `call` remembers a stream after the call: every
+/// layer is one of [`FORGET_STREAMS`], none with `per_stream=true`, down to
+/// the upstream objects `upN` (which keep the streams they need
+/// themselves). The stream layer, the arena, `planned`, a pool per stream
+/// and the Python callbacks remember; so does any name not listed.
+fn forgets_streams(call: &Call) -> bool {
+    let upstream = call.name.strip_prefix("up").is_some_and(|i| i.parse::<usize>().is_ok());
+    let own = upstream
+        || (FORGET_STREAMS.contains(&call.name.as_str())
+            && matches!(call.bool_arg("per_stream"), Ok(None | Some(false))));
+    own && call.args.iter().filter(|a| a.key.is_none()).all(|a| match &a.value {
+        Value::Call(c) => forgets_streams(c),
         Value::Word { .. } => true,
     })
 }
@@ -275,6 +302,7 @@ impl Resource {
             streams,
             live: Mutex::new(HashMap::new()),
             functions,
+            remembers_streams: !forgets_streams(&call),
             own_holders: 0,
         };
         parts.own_holders = Arc::strong_count(&parts.streams);
@@ -310,8 +338,13 @@ impl Resource {
     }
 
     /// Keeps `stream`, the object of handle `handle`, alive as long as the
-    /// stack; whether it was new to it.
+    /// stack if a layer of it remembers streams; whether the upstream
+    /// objects are to be asked too (a stream new to this stack, or one it
+    /// does not keep).
     fn keep(&self, handle: u64, stream: Py<PyAny>) -> bool {
+        if !self.remembers_streams {
+            return true;
+        }
         let mut streams = self.streams.streams.lock().unwrap_or_else(|p| p.into_inner());
         match streams.entry(handle) {
             std::collections::hash_map::Entry::Occupied(_) => false,

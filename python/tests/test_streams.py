@@ -178,7 +178,7 @@ def test_a_stack_keeps_its_stream_objects_alive_as_long_as_it_lives():
     import weakref
     s = Handle(7)
     alive = weakref.ref(s)
-    res = mr.HostMemoryResource()
+    res = mr.PoolMemoryResource(mr.HostMemoryResource(), per_stream=True)  # a pool per stream remembers it
     res.allocate(100, stream=s)
     mr.set_current_device_resource(res)
     del s
@@ -227,7 +227,7 @@ def test_a_made_stream_lives_as_long_as_what_uses_it():
     s = memres.Stream()
     made = weakref.ref(s._owner)
     wrapped = memres.Stream(s)
-    res = mr.HostMemoryResource()
+    res = mr.PoolMemoryResource(mr.HostMemoryResource(), per_stream=True)
     buf = memres.DeviceBuffer(size=8, stream=s, mr=res)
     del s
     gc.collect()
@@ -238,6 +238,41 @@ def test_a_made_stream_lives_as_long_as_what_uses_it():
     del res
     gc.collect()
     assert made() is None
+
+
+@pytest.mark.parametrize("kind", ["host", "pool", "stats(pool)", "binning", "per-stream pool", "arena",
+                                  "pool over a per-stream pool", "callback"])
+def test_only_a_stack_that_remembers_streams_keeps_their_objects(kind):
+    # A stream made per call (as RMM's examples do) is let go when nothing
+    # remembers it: only stream-ordered layers (a pool per stream, the
+    # arena) and Python callbacks keep their streams' objects.
+    import gc
+    import weakref
+    host = mr.HostMemoryResource()
+    res = {
+        "host": lambda: host,
+        "pool": lambda: mr.PoolMemoryResource(host),
+        "stats(pool)": lambda: mr.StatisticsResourceAdaptor(mr.PoolMemoryResource(host)),
+        "binning": lambda: mr.BinningMemoryResource(mr.PoolMemoryResource(host), 8, 12),
+        "per-stream pool": lambda: mr.PoolMemoryResource(host, per_stream=True),
+        "arena": lambda: mr.ArenaMemoryResource(host),
+        "pool over a per-stream pool": lambda: mr.PoolMemoryResource(mr.PoolMemoryResource(host, per_stream=True)),
+        "callback": lambda: mr.CallbackMemoryResource(host.allocate, host.deallocate, backend="sim"),
+    }[kind]()
+    made = []
+    for _ in range(20):
+        s = memres.Stream()
+        made.append(weakref.ref(s._owner))
+        res.deallocate(res.allocate(1000, stream=s), 1000, stream=s)
+        buf = memres.DeviceBuffer(size=10, stream=s, mr=res) if kind != "callback" else None
+        del s, buf
+    gc.collect()
+    kept = sum(m() is not None for m in made)
+    remembers = kind in ("per-stream pool", "arena", "pool over a per-stream pool", "callback")
+    assert kept == (20 if remembers else 0), kind
+    del res
+    gc.collect()
+    assert all(m() is None for m in made), "every stream goes with the stack that kept it"
 
 
 def test_a_stream_pool_hands_out_its_streams_in_turn_as_rmms():
