@@ -149,13 +149,7 @@ fn async_managed_memory_round_trip_host_access_and_stack_string() {
             && mr.pool_handle() != CudaAsyncMemory::default_pool(device).unwrap().pool_handle()
     );
     round_trip(&mr, &stream);
-    let b = mr.allocate(Request::new(4096).unwrap(), &stream).unwrap();
-    fill(&stream, &b, 0x4153_4D47);
-    memres_core::Stream::synchronize(&stream).unwrap();
-    // SAFETY: managed memory is host-accessible once the device work on it
-    // has completed (the stream was synchronized); the block is 4096 bytes.
-    let words = unsafe { std::slice::from_raw_parts(b.addr() as *const u32, 1024) };
-    assert!(words.iter().all(|&w| w == 0x4153_4D47));
+    let b = read_back_on_the_host(&mr, &stream, 0x4153_4D47);
     let mut managed: u32 = 0;
     // SAFETY: `managed` is a live `u32` the attribute writes (a boolean).
     let code = unsafe {
@@ -244,14 +238,21 @@ fn managed_memory_round_trip_and_host_access() {
     let mr = ManagedMemory::new(device).unwrap();
     let stream = CudaStream::new(device).unwrap();
     round_trip(&mr, &stream);
-    let b = mr.allocate(Request::new(4096).unwrap(), &stream).unwrap();
-    fill(&stream, &b, 0x4D41_4E47);
-    memres_core::Stream::synchronize(&stream).unwrap();
+    let b = read_back_on_the_host(&mr, &stream, 0x4D41_4E47);
+    mr.deallocate(b, &stream).unwrap();
+}
+
+/// A 4096-byte block of `mr`, managed memory, filled with `word` on
+/// `stream` and read on the host once the stream is done.
+fn read_back_on_the_host<R: MemoryResource<CudaStream>>(mr: &R, stream: &CudaStream, word: u32) -> Block {
+    let b = mr.allocate(Request::new(4096).unwrap(), stream).unwrap();
+    fill(stream, &b, word);
+    memres_core::Stream::synchronize(stream).unwrap();
     // SAFETY: managed memory is host-accessible once the device work on it
     // has completed (the stream was synchronized); the block is 4096 bytes.
     let words = unsafe { std::slice::from_raw_parts(b.addr() as *const u32, 1024) };
-    assert!(words.iter().all(|&w| w == 0x4D41_4E47));
-    mr.deallocate(b, &stream).unwrap();
+    assert!(words.iter().all(|&w| w == word));
+    b
 }
 
 #[test]
