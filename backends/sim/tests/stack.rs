@@ -424,6 +424,8 @@ fn new_resources_reject_bad_arguments_where_they_are() {
         ("binning(sim, bin(size=1KiB))", 17),
         ("binning(sim, bin())", 13),
         ("binning(sim, bin(1KiB, 1KiB))", 23),
+        ("binning(sim, bin(1KiB), x=1)", 24),
+        ("binning(sim, bin(1KiB), min_bin=3000)", 32),
     ] {
         let e = build_err(text);
         assert_eq!(e.pos, pos, "{text}: {e}");

@@ -38,12 +38,10 @@ where
     });
     b.register("binning", |call, cx| {
         let given = binning_bins(call)?;
-        let powers = if given.is_empty() || call.keyed("min_bin").is_some() || call.keyed("max_bin").is_some()
-        {
-            Some(binning_exponents(call)?)
-        } else {
-            None
-        };
+        // Read (and its keys checked) whether or not bins are given.
+        let exponents = binning_exponents(call)?;
+        let asked = call.keyed("min_bin").is_some() || call.keyed("max_bin").is_some();
+        let powers = (given.is_empty() || asked).then_some(exponents);
         let upstream = cx.upstream(call, 0)?;
         let mut bins = BinningResource::<'static, DynResource<S>, S>::new(upstream);
         // A bin given for a size replaces the power of two of that size.
