@@ -111,6 +111,13 @@ fn stack(u: &mut Unstructured<'_>, depth: u32) -> ArbResult<String> {
     if matches!(name, "limit" | "fixed") && u.ratio(2, 3)? {
         text += &format!(", {}", pick(u, VALUES)?);
     }
+    if name == "binning" {
+        // Bins given one by one, fixed-size only: a bin over a resource
+        // would be a second `sim`, whose addresses coincide with the first's.
+        for _ in 0..u.int_in_range(0..=2)? {
+            text += &format!(", bin({})", pick(u, VALUES)?);
+        }
+    }
     keys(u, &mut text, own)?;
     Ok(text + ")")
 }
@@ -161,7 +168,8 @@ pub fn stack_string_of(data: &[u8]) -> Option<String> {
 /// Fuzz target `stack_string`: a stack string decoded from the input
 /// (every algorithm and adaptor of the core's builder, nested up to four
 /// deep, over `sim` or a `vpool`, with keys and values where configurations
-/// break, one text in four misspelt), built over a `SimWorld`, then up to
+/// break, `binning`'s `bin(SIZE)` bins, one text in four misspelt), built
+/// over a `SimWorld`, then up to
 /// 300 operations on three streams: allocations, frees of live blocks on
 /// any stream, double frees, frees of foreign addresses, `step()` of every
 /// `planned` layer, and `release()`.
