@@ -155,8 +155,10 @@ class DeviceMemoryResource:
         registry or blocks PyTorch has not freed yet may hold after this
         object is gone): stream-ordered layers remember a stream after the
         call, and a ``torch.cuda.Stream`` or ``cupy.cuda.Stream`` destroys
-        its handle when collected. One entry per distinct stream."""
-        if stream is None or handle == 0:
+        its handle when collected. One entry per distinct stream, in each
+        stack of the chain that remembers streams; nothing where none
+        does (``keeps_streams``)."""
+        if stream is None or handle == 0 or not self._native.keeps_streams:
             return
         if self._native.keep(handle, stream):
             for u in getattr(self, "_upstreams", ()):

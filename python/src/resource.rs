@@ -42,6 +42,10 @@ pub(crate) struct Resource {
     pub(crate) device: u32,
     #[pyo3(get)]
     pub(crate) stack: String,
+    /// Whether this stack or one it is built over keeps streams' objects:
+    /// if not, the Python layer need not offer them (`_keep`).
+    #[pyo3(get)]
+    pub(crate) keeps_streams: bool,
 }
 
 /// What a [`Resource`] holds of its stack.
@@ -306,9 +310,11 @@ impl Resource {
             own_holders: 0,
         };
         parts.own_holders = Arc::strong_count(&parts.streams);
+        let keeps_streams = parts.remembers_streams || upstreams.iter().any(|u| u.keeps_streams);
         Ok(Resource {
             parts: DropDetached::of_stack(parts, covers),
             has_bytes: bytes_of(&call, &upstreams, &builder),
+            keeps_streams,
             device,
             stack: text.to_string(),
         })

@@ -270,6 +270,7 @@ def test_only_a_stack_that_remembers_streams_keeps_their_objects(kind):
     kept = sum(m() is not None for m in made)
     remembers = kind in ("per-stream pool", "arena", "pool over a per-stream pool", "callback")
     assert kept == (20 if remembers else 0), kind
+    assert res._native.keeps_streams == remembers, "a chain that keeps none is not asked"
     del res
     gc.collect()
     assert all(m() is None for m in made), "every stream goes with the stack that kept it"

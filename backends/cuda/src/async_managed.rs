@@ -152,10 +152,10 @@ impl<S: AsRawStream + ?Sized> MemoryResource<S> for CudaAsyncManagedMemory {
         stream.context().unwrap_or(self.live.context()).scope(|| {
             in_order(stream, |raw| {
                 // SAFETY: every allocation of `self.live` is one of this
-                // pool's, made by `allocate` above; it is freed on the
-                // caller's stream, which the caller orders after every use
-                // of the block (the resource contract of a stream-ordered
-                // free).
+                // pool's, made by `allocate` above; `host_visible::deallocate`
+                // takes it out of that table first, so the release queues
+                // its free (on a stream valid while borrowed) once, and no
+                // one else frees it.
                 unsafe { host_visible::deallocate(&self.live, block, |base| sys::cuMemFreeAsync(base, raw)) }
             })
         })

@@ -146,7 +146,8 @@ pub enum AsyncPool {
 /// ```
 pub fn async_pool(call: &Call) -> Result<AsyncPool, StackError> {
     let Some(v) = call.keyed("pool") else { return Ok(AsyncPool::Own) };
-    let pool = match v.text()? {
+    let named = v.text()?;
+    let pool = match named {
         "own" => return Ok(AsyncPool::Own),
         "default" => AsyncPool::Default,
         "managed" => AsyncPool::Managed,
@@ -161,8 +162,7 @@ pub fn async_pool(call: &Call) -> Result<AsyncPool, StackError> {
         Some((key, v)) => Err(StackError::new(
             v.pos(),
             StackErrorKind::BadValue(format!(
-                "`{key}=` with `pool={}`: a view leaves the device's pool as it is",
-                call.keyed("pool").and_then(|p| p.text().ok()).unwrap_or_default()
+                "`{key}=` with `pool={named}`: a view leaves the device's pool as it is"
             )),
         )),
         None => Ok(pool),
