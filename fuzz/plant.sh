@@ -6,6 +6,7 @@
 #   fuzz/plant.sh skip_coalesce      # free does not merge with the next range
 #   fuzz/plant.sh split_off_by_one   # the tail of a split starts one granule early
 #   fuzz/plant.sh missing_wait       # stream layer: reuse across streams without the event wait
+#   fuzz/plant.sh tally_frees_size   # binning: a counted free takes the size off, not the footprint
 #
 # An optional second argument names the target (default: the one the bug is
 # in). With MEMRES_FUZZ_ORACLE=model in the environment the resources' own
@@ -16,7 +17,8 @@ bug=${1:?usage: fuzz/plant.sh BUG [TARGET]}
 case $bug in
   skip_coalesce | split_off_by_one) target=${2:-index} ;;
   missing_wait) target=${2:-stream} ;;
-  *) echo "unknown bug $bug (skip_coalesce, split_off_by_one, missing_wait)" >&2; exit 2 ;;
+  tally_frees_size) target=${2:-binning_counted} ;;
+  *) echo "unknown bug $bug (skip_coalesce, split_off_by_one, missing_wait, tally_frees_size)" >&2; exit 2 ;;
 esac
 cd "$(dirname "$0")/.." || exit 2
 # A build of its own, so that the clean fuzz build stays as it is.

@@ -18,3 +18,9 @@ pub(crate) const SPLIT_OFF_BY_ONE: bool = cfg!(memres_plant = "split_off_by_one"
 /// waiting on the event after its free (`missing_wait`).
 #[cfg(feature = "alloc")]
 pub(crate) const MISSING_WAIT: bool = cfg!(memres_plant = "missing_wait");
+
+/// The binning resource's tally (its large blocks, a counted bin's) takes
+/// a freed block's size off the bytes it counts, not the footprint it
+/// added (`tally_frees_size`).
+#[cfg(feature = "alloc")]
+pub(crate) const TALLY_FREES_SIZE: bool = cfg!(memres_plant = "tally_frees_size");

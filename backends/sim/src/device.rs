@@ -29,6 +29,8 @@ use std::sync::Mutex;
 #[derive(Debug)]
 pub struct SimDevice {
     capacity: u64,
+    /// Where its blocks lie: from its base, twice the capacity.
+    addresses: Range,
     state: Mutex<State>,
 }
 
@@ -53,17 +55,59 @@ impl SimDevice {
     /// `sim` refuses it).
     pub const MAX_CAPACITY: u64 = 1 << 46;
 
-    /// A device that holds at most `capacity` bytes at once.
+    /// A device that holds at most `capacity` bytes at once, its addresses
+    /// from [`BASE`](Self::BASE).
     pub fn new(capacity: u64) -> Self {
+        Self::with_base(capacity, Self::BASE).expect("BASE and any capacity fit")
+    }
+
+    /// A device whose addresses start at `base` rather than
+    /// [`BASE`](Self::BASE): a second device beside a first, whose blocks
+    /// the first never hands out too (as two GPUs, or `cuMemAlloc` and
+    /// another allocator, never give out one address twice). Its
+    /// [`addresses`](Self::addresses) must not meet the other's.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidConfig`] if `base` is zero or not a multiple of 256,
+    /// or its addresses would run past `u64::MAX`.
+    ///
+    /// ```
+    /// use memres_core::{Error, MemoryResource, Request};
+    /// use memres_sim::SimDevice;
+    /// let (a, b) = (SimDevice::new(1 << 30), SimDevice::with_base(1 << 30, 1 << 60)?);
+    /// assert!(a.addresses().end() <= b.addresses().start());
+    /// let block = b.allocate(Request::new(1000)?, &())?;
+    /// assert!(b.addresses().contains(block.addr()) && !a.addresses().contains(block.addr()));
+    /// // Bases it refuses: not a multiple of 256, zero, too near the top.
+    /// for base in [100, 0, u64::MAX - 4095] {
+    ///     assert!(matches!(SimDevice::with_base(1 << 30, base), Err(Error::InvalidConfig { .. })));
+    /// }
+    /// let top = SimDevice::with_base(1 << 19, 0u64.wrapping_sub((1 << 20) + 256))?; // 1 MiB of addresses
+    /// assert_eq!(top.addresses().end(), u64::MAX - 255);
+    /// let aligned = top.allocate(Request::aligned(4096, 2 << 20)?, &());
+    /// assert!(matches!(aligned, Err(Error::OutOfMemory { .. })), "no 2 MiB boundary there");
+    /// # b.deallocate(block, &())?;
+    /// # Ok::<(), Error>(())
+    /// ```
+    pub fn with_base(capacity: u64, base: u64) -> Result<Self> {
         // Twice the capacity in address space, so that fragmentation of the
         // simulated space never limits what the capacity allows.
         let span = capacity.saturating_mul(2).clamp(1 << 20, Self::MAX_CAPACITY) & !255;
-        let mut space = CoalescingIndex::new(256);
-        let first = space.add_range(Range::new(Self::BASE, span).expect("span fits")).expect("one node");
-        SimDevice {
-            capacity,
-            state: Mutex::new(State { space, first, tally: Tally::default(), fail: FailNth::new() }),
+        let bad = |what| Err(Error::InvalidConfig { what });
+        if base == 0 || base % 256 != 0 {
+            return bad("a simulated device's base is a non-zero multiple of 256");
         }
+        let Some(addresses) = Range::new(base, span) else {
+            return bad("a simulated device's addresses run past u64::MAX");
+        };
+        let mut space = CoalescingIndex::new(256);
+        let first = space.add_range(addresses)?;
+        Ok(SimDevice {
+            capacity,
+            addresses,
+            state: Mutex::new(State { space, first, tally: Tally::default(), fail: FailNth::new() }),
+        })
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
@@ -73,6 +117,12 @@ impl SimDevice {
     /// The capacity in bytes.
     pub fn capacity(&self) -> u64 {
         self.capacity
+    }
+
+    /// The addresses it hands its blocks out from (twice the capacity, at
+    /// least 1 MiB, from its base).
+    pub fn addresses(&self) -> Range {
+        self.addresses
     }
 
     accessors!();

@@ -87,7 +87,11 @@ impl Tally {
         // Put back unless `to` frees it (its error, its panic): the block
         // is still live.
         let footprint = Restore::take(&self.live, block.addr())?;
-        Some(to.deallocate(block, stream).map(|()| self.held.sub(footprint.freed())))
+        let size = block.size();
+        Some(to.deallocate(block, stream).map(|()| {
+            let footprint = footprint.freed();
+            self.held.sub(if crate::plant::TALLY_FREES_SIZE { size } else { footprint })
+        }))
     }
 
     /// A leaf's figures: what was handed out through the tally.

@@ -56,7 +56,10 @@ pub struct Spy {
 
 impl Spy {
     fn new(capacity: u64) -> Self {
-        Spy { inner: Arc::new(SimDevice::new(capacity)), log: Arc::default(), frees: Arc::default() }
+        Self::over(SimDevice::new(capacity))
+    }
+    fn over(device: SimDevice) -> Self {
+        Spy { inner: Arc::new(device), log: Arc::default(), frees: Arc::default() }
     }
     /// Forgets what the upstream answered so far.
     pub(super) fn clear_log(&self) {

@@ -1,24 +1,40 @@
-//! The fuzz target of the binning resource.
+//! The fuzz targets of the binning resource: fixed-size bins alone, and
+//! with a counted bin.
 
 use super::super::{drive, FuzzResource, Model};
-use super::{upstream_explains, Spy};
+use super::{round256, upstream_explains, Spy};
 use arbitrary::Unstructured;
 use memres_core::binning::BinningResource;
+use memres_core::fixed::FixedConfig;
 use memres_core::{Block, Error, Inspect, MemoryResource, Request, Result};
+use memres_sim::SimDevice;
 
 /// `BinningResource` with power-of-two fixed-size bins over the spied
-/// `SimDevice`, which also serves every larger request.
+/// `SimDevice`, which also serves every larger request, and perhaps a
+/// counted bin.
 struct BinningTarget {
     bins: BinningResource<'static, Spy>,
     spy: Spy,
+    /// A bin added with `add_counted_bin`, served by a second spied device
+    /// whose addresses the first never hands out.
+    counted: Option<Counted>,
     /// Whether a release gave a bin's chunk back (a stale block of a bin may
     /// then be unknown to it).
     released_any: bool,
 }
 
+/// The counted bin: its size, and the device behind it.
+struct Counted {
+    size: u64,
+    spy: Spy,
+}
+
 impl std::fmt::Debug for BinningTarget {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("BinningTarget").field("bins", &self.bins.bin_sizes()).finish_non_exhaustive()
+        f.debug_struct("BinningTarget")
+            .field("bins", &self.bins.bin_sizes())
+            .field("counted", &self.counted.as_ref().map(|c| c.size))
+            .finish_non_exhaustive()
     }
 }
 
@@ -35,6 +51,16 @@ impl BinningTarget {
             }
         }
         (used, free, held)
+    }
+
+    /// The counted bin, if a block of `size` bytes routes to it.
+    fn counted_for(&self, size: u64) -> Option<&Counted> {
+        self.counted.as_ref().filter(|c| self.bins.bin_for(size) == Some(c.size))
+    }
+
+    /// Bytes the counted bin's device holds: its live blocks' footprints.
+    fn counted_held(&self) -> u64 {
+        self.counted.as_ref().map_or(0, |c| c.spy.inner.usage().held)
     }
 }
 
@@ -56,11 +82,32 @@ impl FuzzResource for BinningTarget {
         }
         Some(got)
     }
+    fn fail_nth(&mut self, n: u64) -> bool {
+        self.spy.fail_nth(n);
+        if let Some(c) = &self.counted {
+            c.spy.fail_nth(n);
+        }
+        true
+    }
+    fn begin_allocate(&mut self) {
+        self.spy.clear_log();
+        if let Some(c) = &self.counted {
+            c.spy.clear_log();
+        }
+    }
     fn check(&self, model: &Model) -> std::result::Result<(), String> {
         if super::super::invariant_checker_on() {
             self.bins.check().map_err(|v| v.to_string())?;
         }
-        // Every live block sits in the bin its size routes to, or upstream.
+        // The figures the binning resource reports: every bin's and the
+        // large blocks', counted by it (the tallies) or by the bins.
+        let used = self.bins.usage().used;
+        if used != model.used() {
+            return Err(format!("the resource reports {used} bytes used, the model {}", model.used()));
+        }
+        // Every live block sits in the bin its size routes to, or upstream,
+        // and on the device that serves that route.
+        let mut counted_live = 0;
         for l in model.live() {
             let route = self.bins.bin_for(l.block.size());
             let owner = self.bins.bin_sizes().iter().copied().find(|&s| {
@@ -71,33 +118,55 @@ impl FuzzResource for BinningTarget {
                     .fixed_bin(s)
                     .is_some_and(|f| matches!(f.deallocate(probe, &()), Err(Error::SizeMismatch { .. })))
             });
-            if owner != route {
-                return Err(format!("{:?} routes to bin {route:?} but lies in bin {owner:?}", l.block));
+            let device = match self.counted_for(l.block.size()) {
+                Some(c) => {
+                    counted_live += l.footprint;
+                    &c.spy.inner
+                }
+                None if owner != route => {
+                    return Err(format!("{:?} routes to bin {route:?} but lies in bin {owner:?}", l.block));
+                }
+                None => &self.spy.inner,
+            };
+            if !device.addresses().contains(l.block.addr()) {
+                return Err(format!("{:?} lies outside the device its route {route:?} takes from", l.block));
             }
+        }
+        if counted_live != self.counted_held() {
+            return Err(format!(
+                "the counted bin's device holds {} bytes, its live blocks {counted_live}",
+                self.counted_held()
+            ));
         }
         Ok(())
     }
     fn used_bytes(&self) -> u64 {
         let (used, _, held) = self.fixed_figures();
-        used + (self.spy.inner.usage().held - held)
+        used + (self.spy.inner.usage().held - held) + self.counted_held()
     }
     fn footprint(&self, size: u64) -> u64 {
-        self.bins.bin_for(size).unwrap_or(size.div_ceil(256) * 256)
+        match self.counted_for(size) {
+            Some(_) => round256(size),
+            None => self.bins.bin_for(size).unwrap_or(round256(size)),
+        }
     }
     fn size_class(&self, size: u64) -> u64 {
-        // Fixed bins and the upstream's pool check the exact size a block
-        // was asked with.
+        // Fixed bins and the devices check the exact size a block was
+        // asked with.
         size
     }
     fn summary(&self) -> Vec<u64> {
         let (used, free, held) = self.fixed_figures();
-        vec![self.used_bytes(), used, free, held, self.spy.inner.usage().held]
+        vec![self.used_bytes(), used, free, held, self.spy.inner.usage().held, self.counted_held()]
     }
     fn spy(&self) -> Option<&Spy> {
         Some(&self.spy)
     }
     fn forgets(&self, block: &Block) -> bool {
-        self.bins.bin_for(block.size()).is_none() || self.released_any
+        // The large blocks and the counted bin's leave the tally at their
+        // free.
+        let route = self.bins.bin_for(block.size());
+        route.is_none() || self.counted_for(block.size()).is_some() || self.released_any
     }
     fn stale_errors(&self, block: &Block) -> Vec<Error> {
         // The upstream may have given the address to a bin as a chunk: the
@@ -107,6 +176,7 @@ impl FuzzResource for BinningTarget {
         self.bins
             .bin_sizes()
             .iter()
+            .filter(|&&bin| self.bins.fixed_bin(bin).is_some())
             .flat_map(|&bin| {
                 [
                     Error::SizeMismatch { addr, expected: bin * 128, given },
@@ -120,13 +190,19 @@ impl FuzzResource for BinningTarget {
         if self.bins.bin_for(given) == expected_route {
             return vec![Error::SizeMismatch { addr, expected, given }];
         }
+        if self.counted_for(expected).is_some() {
+            // Only the counted bin's device has that address: every other
+            // route finds no block there.
+            return vec![Error::UnknownBlock { addr }];
+        }
         // Routed to a resource that does not hold the block; the upstream
         // finds the bin's chunk there if the block is its first.
         let mut allowed = vec![Error::UnknownBlock { addr }, Error::DoubleFree { addr }];
         if let Some(bin) = expected_route {
             allowed.push(Error::SizeMismatch { addr, expected: bin * 128, given });
-            // A size for the upstream at an address in a bin's chunk: the
-            // binning resource refuses it, naming the bin.
+            // A size for the upstream or the counted bin at an address in
+            // a bin's chunk: the binning resource refuses it, naming the
+            // bin.
             allowed.push(Error::SizeMismatch { addr, expected: bin, given });
         }
         allowed
@@ -138,6 +214,13 @@ impl FuzzResource for BinningTarget {
         before: &[u64],
         _: &Model,
     ) -> std::result::Result<(), String> {
+        if self.summary() != before {
+            return Err("the failed allocation changed the figures".into());
+        }
+        if let Some(c) = self.counted_for(request.size()) {
+            // Any alignment: the device gives it.
+            return upstream_explains(&c.spy, err);
+        }
         match self.bins.bin_for(request.size()) {
             Some(_) if request.align() > 256 => match err {
                 Error::InvalidAlignment { align } if *align == request.align() => Ok(()),
@@ -148,9 +231,6 @@ impl FuzzResource for BinningTarget {
                 if free_in_bin != 0 {
                     return Err(format!("bin {bin} has {free_in_bin} bytes free and failed"));
                 }
-                if self.summary() != before {
-                    return Err("the failed allocation changed the figures".into());
-                }
                 upstream_explains(&self.spy, err)
             }
             None => upstream_explains(&self.spy, err),
@@ -158,16 +238,43 @@ impl FuzzResource for BinningTarget {
     }
 }
 
+/// The largest bin's exponent and the devices' capacity, as both targets
+/// decode them.
+fn decode_bins(u: &mut Unstructured<'_>) -> arbitrary::Result<(u32, u64)> {
+    Ok((u.int_in_range(8..=16)?, *u.choose(&[16u64 << 20, 1 << 30, 1 << 40])?))
+}
+
 /// Fuzz target `binning`: [`BinningResource`] with bins of 256 B up to
 /// 2^8..=2^16 bytes over a spied `SimDevice`, which serves larger requests.
 pub fn run_binning(data: &[u8]) {
     let mut u = Unstructured::new(data);
-    let Ok((max_exponent, capacity)) = (|| -> arbitrary::Result<(u32, u64)> {
-        Ok((u.int_in_range(8..=16)?, *u.choose(&[16u64 << 20, 1 << 30, 1 << 40])?))
+    let Ok((max_exponent, capacity)) = decode_bins(&mut u) else { return };
+    let spy = Spy::new(capacity);
+    let bins = BinningResource::with_exponents(spy.clone(), 8, max_exponent).expect("valid exponents");
+    drive(&mut BinningTarget { bins, spy, counted: None, released_any: false }, &mut u);
+}
+
+/// Fuzz target `binning_counted`: as `binning`, and a bin added with
+/// [`add_counted_bin`](BinningResource::add_counted_bin) of any multiple
+/// of 256 bytes up to twice the largest power-of-two bin (replacing the
+/// power of two of its size), served by a second spied `SimDevice` whose
+/// addresses start at 2^60, whose blocks the binning resource counts
+/// itself.
+pub fn run_binning_counted(data: &[u8]) {
+    let mut u = Unstructured::new(data);
+    let Ok((max_exponent, capacity, size)) = (|| -> arbitrary::Result<(u32, u64, u64)> {
+        let (max_exponent, capacity) = decode_bins(&mut u)?;
+        Ok((max_exponent, capacity, 256 * u.int_in_range(1..=2u64 << (max_exponent - 8))?))
     })() else {
         return;
     };
     let spy = Spy::new(capacity);
-    let bins = BinningResource::with_exponents(spy.clone(), 8, max_exponent).expect("valid exponents");
-    drive(&mut BinningTarget { bins, spy, released_any: false }, &mut u);
+    let mut bins = BinningResource::new(spy.clone());
+    for e in (8..=max_exponent).filter(|&e| 1 << e != size) {
+        bins.add_fixed_bin(FixedConfig::new(1 << e)).expect("a power-of-two bin");
+    }
+    let device = SimDevice::with_base(capacity, 1 << 60).expect("a base far above the first device's");
+    let counted = Counted { size, spy: Spy::over(device) };
+    bins.add_counted_bin(size, counted.spy.clone()).expect("a bin of a size not taken");
+    drive(&mut BinningTarget { bins, spy, counted: Some(counted), released_any: false }, &mut u);
 }
