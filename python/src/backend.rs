@@ -29,8 +29,8 @@ pub(crate) fn gauge(device: u32) -> PyResult<Arc<Gauge>> {
 mod imp {
     use super::gauge;
     use memres_core::adaptor::Counted;
-    use memres_core::stack::{one_of, StackBuilder};
-    use memres_sim::{HostCopy, HostMemory, SimDevice, DEFAULT_SIM_CAPACITY};
+    use memres_core::stack::StackBuilder;
+    use memres_sim::{HostCopy, HostMemory};
     use pyo3::PyResult;
 
     /// No stream: nothing runs on the simulated device or on the host.
@@ -126,10 +126,7 @@ mod imp {
         let mut b = memres_sim::builder::<Stream>();
         let g2 = g.clone();
         b.register("sim", move |call, cx| {
-            call.expect_args(1, &["capacity"])?;
-            let capacity = one_of(call, 0, "capacity")?.map(memres_sim::sim_capacity).transpose()?;
-            let leaf = SimDevice::new(capacity.unwrap_or(DEFAULT_SIM_CAPACITY));
-            Ok(cx.keep(call, Counted::new(leaf, g2.clone())))
+            Ok(cx.keep(call, Counted::new(memres_sim::sim(call, cx)?, g2.clone())))
         });
         b.register_leaf_of::<Engine>("host", move |call, cx| {
             call.expect_args(0, &[])?;

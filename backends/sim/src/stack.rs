@@ -3,9 +3,9 @@
 //!
 //! | name | arguments | resource (typed handle) |
 //! | --- | --- | --- |
-//! | `sim` | `[capacity]` (or `capacity=`; default 80 GiB, at most 64 TiB: [`SimDevice::MAX_CAPACITY`]) | [`SimDevice`] |
+//! | `sim` | `[capacity]` (or `capacity=`; default 80 GiB, at most 64 TiB: [`SimDevice::MAX_CAPACITY`]); each `sim` of a stack is a device with addresses of its own ([`sim`]) | [`SimDevice`] |
 //! | `host` | none | [`HostMemory`], a leaf of [`HostCopy`]'s memory ([`StackBuilder::is_leaf_of`]) |
-//! | `vpool` | `sim` or `sim(physical)`, `reserve=` (64 GiB), `release_threshold=` (all), `slack=` (40 permille), `trim_on_commit=` (true), `granule=` (2 MiB), `handle_granules=` (none: any granule goes back alone; `N`: memory held in pieces of up to N granules given back whole, as `vmm`'s handles, [`SimAddressSpace::with_pieces`]), `per_stream=` (false) | [`VirtualPool`] over a [`SimAddressSpace`], behind [`Shared`] (`Shared<VirtualPool<SimAddressSpace>>`); with `per_stream=true` a [`PerStreamPool`] of them over one space, each stream's pool with a reservation of its own, stream-ordered (`Shared<PerStreamPool<VirtualMaker<Arc<SimAddressSpace>>, S>>`) |
+//! | `vpool` | `sim` or `sim(physical)` (the addresses of every `vpool` coincide: one per stack), `reserve=` (64 GiB), `release_threshold=` (all), `slack=` (40 permille), `trim_on_commit=` (true), `granule=` (2 MiB), `handle_granules=` (none: any granule goes back alone; `N`: memory held in pieces of up to N granules given back whole, as `vmm`'s handles, [`SimAddressSpace::with_pieces`]), `per_stream=` (false) | [`VirtualPool`] over a [`SimAddressSpace`], behind [`Shared`] (`Shared<VirtualPool<SimAddressSpace>>`); with `per_stream=true` a [`PerStreamPool`] of them over one space, each stream's pool with a reservation of its own, stream-ordered (`Shared<PerStreamPool<VirtualMaker<Arc<SimAddressSpace>>, S>>`) |
 //!
 //! # Examples
 //!
@@ -20,7 +20,9 @@
 
 use crate::{HostCopy, HostMemory, SimAddressSpace, SimDevice};
 use memres_core::per_stream::{PerStreamPool, VirtualMaker};
-use memres_core::stack::{granule_arg, one_of, Call, StackBuilder, StackError, StackErrorKind, Value};
+use memres_core::stack::{
+    granule_arg, one_of, Call, Context, StackBuilder, StackError, StackErrorKind, Value,
+};
 use memres_core::vpool::{VirtualConfig, VirtualPool};
 use memres_core::{Shared, Stream};
 use std::sync::Arc;
@@ -41,11 +43,7 @@ pub fn register<S: Stream + ?Sized + 'static>(builder: &mut StackBuilder<S>) -> 
 where
     S::Event: Send,
 {
-    builder.register("sim", |call, cx| {
-        call.expect_args(1, &["capacity"])?;
-        let capacity = one_of(call, 0, "capacity")?.map(sim_capacity).transpose()?;
-        Ok(cx.keep(call, SimDevice::new(capacity.unwrap_or(DEFAULT_SIM_CAPACITY))))
-    });
+    builder.register("sim", |call, cx| Ok(cx.keep(call, sim(call, cx)?)));
     builder.register_leaf_of::<HostCopy>("host", |call, cx| {
         call.expect_args(0, &[])?;
         Ok(cx.keep_leaf_of(call, HostMemory::new()))
@@ -85,6 +83,46 @@ pub fn sim_capacity(value: &Value) -> Result<u64, StackError> {
         ));
     }
     Ok(bytes)
+}
+
+/// The device of a `sim` call of the stack `cx` builds. Each `sim` of one
+/// stack is a device of its own, as two devices or two allocators are:
+/// the `k`th built (from 0) has its addresses from
+/// [`SimDevice::BASE`] + `k` × 2^46, so no two hand out one address. For a
+/// builder that registers a `sim` of its own (one counted in a gauge).
+///
+/// # Errors
+///
+/// A bad capacity ([`sim_capacity`]) or an unknown key, at its position;
+/// at the call, a `sim` whose addresses would run past 2^64 (one of
+/// some 2^18 in one stack).
+///
+/// ```
+/// use memres_core::{MemoryResource, Request};
+/// use memres_sim::SimDevice;
+/// let built = memres_sim::builder::<()>().build_with_handles("binning(sim, bin(4096, sim(1GiB)))", &())?;
+/// let (outer, bin) = (built.get::<SimDevice>("sim").unwrap(), built.all::<SimDevice>("sim")[1].clone());
+/// // The upstream is built first.
+/// assert_eq!((outer.addresses().start(), bin.addresses().start()), (SimDevice::BASE, SimDevice::BASE + (1 << 46)));
+/// let (small, large) = (built.resource.allocate(Request::new(4000)?, &())?, built.resource.allocate(Request::new(8000)?, &())?);
+/// assert!(bin.addresses().contains(small.addr()) && outer.addresses().contains(large.addr()));
+/// # built.resource.deallocate(small, &())?;
+/// # built.resource.deallocate(large, &())?;
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub fn sim<S: Stream + ?Sized + 'static>(call: &Call, cx: &Context<'_, S>) -> Result<SimDevice, StackError> {
+    call.expect_args(1, &["capacity"])?;
+    let capacity = one_of(call, 0, "capacity")?.map(sim_capacity).transpose()?;
+    let k = cx.kept_count(&call.name) as u64;
+    let base = k.checked_mul(SimDevice::MAX_CAPACITY).and_then(|offset| offset.checked_add(SimDevice::BASE));
+    let device = base.map(|base| SimDevice::with_base(capacity.unwrap_or(DEFAULT_SIM_CAPACITY), base));
+    match device {
+        Some(Ok(device)) => Ok(device),
+        Some(Err(e)) => Err(call.resource_error(e)),
+        None => Err(call.resource_error(memres_core::Error::InvalidConfig {
+            what: "a simulated device's addresses run past u64::MAX",
+        })),
+    }
 }
 
 /// A builder with the core's names and this crate's leaves.

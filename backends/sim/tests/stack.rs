@@ -406,6 +406,54 @@ fn bins_given_in_the_string_join_or_replace_the_powers_of_two() {
     assert_eq!(bins.bin_sizes(), &[256 << 10, 512 << 10, 1 << 20, 2 << 20, 4 << 20]);
 }
 
+/// Each `sim` of one stack is a device of its own: no address of one is
+/// another's, in a plain build and in one that builds its `sim`s with
+/// another builder (as the replay tool's watched stacks do), so blocks of
+/// two devices never overlap.
+#[test]
+fn each_sim_of_a_stack_has_addresses_of_its_own() {
+    fn disjoint(sims: &[Arc<SimDevice>]) {
+        for (i, a) in sims.iter().enumerate() {
+            for b in &sims[i + 1..] {
+                let (a, b) = (a.addresses(), b.addresses());
+                assert!(a.end() <= b.start() || b.end() <= a.start(), "{a:?} meets {b:?}");
+            }
+        }
+    }
+    let text =
+        "track(binning(sim(1GiB), bin(1KiB, sim), bin(4KiB, pool(sim(64MiB))), min_bin=8KiB, max_bin=8KiB))";
+    let built = builder::<()>().build_with_handles(text, &()).unwrap();
+    let sims = built.all::<SimDevice>("sim");
+    assert_eq!(sims.len(), 3);
+    // A block of each device at once: before, the three devices handed out
+    // the same first address, and blocks overlapped.
+    let mut live = LiveBlocks::default();
+    let blocks: Vec<Block> = [1000, 4000, 8000, 100 << 10]
+        .into_iter()
+        .map(|size| {
+            let b = built.resource.allocate(req(size), &()).unwrap();
+            live.insert(b, req(size)).unwrap();
+            b
+        })
+        .collect();
+    for b in blocks {
+        built.resource.deallocate(b, &()).unwrap();
+    }
+    disjoint(&sims);
+
+    // `sim` built by another builder, nested: still counted.
+    let mut outer = StackBuilder::<()>::new();
+    let leaves = builder::<()>();
+    outer.register("sim", move |call, cx| {
+        let leaf = cx.build_with(&leaves, call)?;
+        Ok(cx.keep(call, Statistics::new(leaf)))
+    });
+    let built = outer.build_with_handles("binning(sim(1GiB), bin(1KiB, sim(1GiB)))", &()).unwrap();
+    let sims = built.all::<SimDevice>("sim");
+    assert_eq!(sims.len(), 2);
+    disjoint(&sims);
+}
+
 #[test]
 fn new_resources_reject_bad_arguments_where_they_are() {
     for (text, pos) in [

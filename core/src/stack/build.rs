@@ -29,6 +29,9 @@ pub struct Context<'a, S: ?Sized> {
     /// How many of `releasing` were kept when the call being built began:
     /// a layer kept after more has another under it.
     begun: Cell<usize>,
+    /// The build this one is nested in ([`build_with`](Self::build_with)),
+    /// which takes its handles when it ends.
+    outer: Option<&'a Context<'a, S>>,
 }
 
 /// A typed resource of a built stack, kept so that its figures can be read.
@@ -45,13 +48,14 @@ impl<S: ?Sized> fmt::Debug for Context<'_, S> {
 }
 
 impl<'a, S: ?Sized> Context<'a, S> {
-    fn new(builder: &'a StackBuilder<S>, stream: &'a S) -> Self {
+    fn new(builder: &'a StackBuilder<S>, stream: &'a S, outer: Option<&'a Context<'a, S>>) -> Self {
         Context {
             builder,
             stream,
             handles: RefCell::new(Vec::new()),
             releasing: RefCell::new(Vec::new()),
             begun: Cell::new(0),
+            outer,
         }
     }
 }
@@ -113,6 +117,30 @@ impl<S: Stream + ?Sized + 'static> Context<'_, S> {
         leaf_of(self.kept_releasing(call, resource))
     }
 
+    /// How many resources this build has kept under `name` so far: for a
+    /// leaf that gives each of its kind in one stack something of its own
+    /// (a simulated device its own addresses).
+    ///
+    /// ```
+    /// use memres_core::stack::StackBuilder;
+    /// use memres_core::testing::BumpUpstream;
+    /// use std::sync::{Arc, Mutex};
+    /// let seen = Arc::new(Mutex::new(Vec::new()));
+    /// let mut b = StackBuilder::<()>::new();
+    /// let log = seen.clone();
+    /// b.register("bump", move |call, cx| {
+    ///     log.lock().unwrap().push(cx.kept_count("bump"));
+    ///     Ok(cx.keep(call, BumpUpstream::new(1 << 20)))
+    /// });
+    /// b.build("binning(bump, bin(4096, bump))", &())?;
+    /// assert_eq!(*seen.lock().unwrap(), [0, 1]);
+    /// # Ok::<(), memres_core::stack::StackError>(())
+    /// ```
+    pub fn kept_count(&self, name: &str) -> usize {
+        let here = self.handles.borrow().iter().filter(|h| h.name == name).count();
+        here + self.outer.map_or(0, |outer| outer.kept_count(name))
+    }
+
     /// Builds `call` with the constructors of `builder` (a layer of this
     /// build that wraps another builder's resource: a snapshot's tap),
     /// keeping its handles and layers in this build.
@@ -150,7 +178,7 @@ impl<S: Stream + ?Sized + 'static> Context<'_, S> {
         builder: &StackBuilder<S>,
         f: impl FnOnce(&Context<'_, S>) -> Result<T, StackError>,
     ) -> Result<T, StackError> {
-        let cx = Context::new(builder, self.stream);
+        let cx = Context::new(builder, self.stream, Some(self));
         let built = f(&cx);
         self.handles.borrow_mut().append(&mut cx.handles.into_inner());
         self.releasing.borrow_mut().append(&mut cx.releasing.into_inner());
@@ -455,7 +483,7 @@ impl<S: Stream + ?Sized + 'static> StackBuilder<S> {
     /// [`StackErrorKind::WrongKind`] at the call if its name is not such a
     /// leaf of `E`; else as [`build_call`](Self::build_call).
     pub fn build_leaf_of<E: 'static>(&self, call: &Call, stream: &S) -> Result<LeafOf<S, E>, StackError> {
-        Context::new(self, stream).build_leaf_of_with(self, call)
+        Context::new(self, stream, None).build_leaf_of_with(self, call)
     }
 
     /// Registers (or replaces) `name` as a leaf that is `resource`, made by
@@ -527,7 +555,7 @@ impl<S: Stream + ?Sized + 'static> StackBuilder<S> {
     ///
     /// As [`build_call`](Self::build_call).
     pub fn build_call_with_handles(&self, call: &Call, stream: &S) -> Result<Built<S>, StackError> {
-        let cx = Context::new(self, stream);
+        let cx = Context::new(self, stream, None);
         let resource = self.build_in(call, &cx)?;
         let mut handles = cx.handles.into_inner();
         // A call's upstreams are written after its name: by position is

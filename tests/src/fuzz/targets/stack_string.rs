@@ -66,6 +66,9 @@ const LAYERS: &[(&str, &[&str])] = &[
     ("align", &["alignment", "threshold"]),
 ];
 
+/// Sizes a bin takes (multiples of 256 bytes).
+const BIN_SIZES: &[&str] = &["256", "512", "768", "1024", "4096", "64KiB", "1MiB"];
+
 const VPOOL_KEYS: &[&str] =
     &["reserve", "release_threshold", "granule", "slack", "trim_on_commit", "handle_granules", "per_stream"];
 
@@ -101,6 +104,24 @@ fn leaf(u: &mut Unstructured<'_>) -> ArbResult<String> {
     })
 }
 
+/// The resource of a counted bin: a `sim` of its own (each `sim` of a
+/// stack has addresses of its own; two `vpool`s' would coincide), bare or
+/// under one layer.
+fn bin_resource(u: &mut Unstructured<'_>) -> ArbResult<String> {
+    let sim = match u.int_in_range(0u8..=2)? {
+        0 => "sim".into(),
+        1 => format!("sim({})", pick(u, &["64GiB", "1GiB", "64MiB"])?),
+        _ => format!("sim({})", pick(u, VALUES)?),
+    };
+    if u.ratio(1, 2)? {
+        return Ok(sim);
+    }
+    let &(name, own) = u.choose(LAYERS)?;
+    let mut text = format!("{name}({sim}");
+    keys(u, &mut text, own)?;
+    Ok(text + ")")
+}
+
 /// A stack of up to `depth` layers over a leaf.
 fn stack(u: &mut Unstructured<'_>, depth: u32) -> ArbResult<String> {
     if depth == 0 || u.ratio(1, 4)? {
@@ -112,10 +133,15 @@ fn stack(u: &mut Unstructured<'_>, depth: u32) -> ArbResult<String> {
         text += &format!(", {}", pick(u, VALUES)?);
     }
     if name == "binning" {
-        // Bins given one by one, fixed-size only: a bin over a resource
-        // would be a second `sim`, whose addresses coincide with the first's.
+        // Bins given one by one: fixed-size ones over the upstream, and
+        // counted ones over a resource of their own.
         for _ in 0..u.int_in_range(0..=2)? {
-            text += &format!(", bin({})", pick(u, VALUES)?);
+            let size = if u.ratio(3, 4)? { pick(u, BIN_SIZES)? } else { pick(u, VALUES)? };
+            text += &format!(", bin({size}");
+            if u.ratio(1, 3)? {
+                text += &format!(", {}", bin_resource(u)?);
+            }
+            text += ")";
         }
     }
     keys(u, &mut text, own)?;
@@ -168,7 +194,8 @@ pub fn stack_string_of(data: &[u8]) -> Option<String> {
 /// Fuzz target `stack_string`: a stack string decoded from the input
 /// (every algorithm and adaptor of the core's builder, nested up to four
 /// deep, over `sim` or a `vpool`, with keys and values where configurations
-/// break, `binning`'s `bin(SIZE)` bins, one text in four misspelt), built
+/// break, `binning`'s `bin(SIZE)` bins and `bin(SIZE, RESOURCE)` bins over a
+/// `sim` of their own, one text in four misspelt), built
 /// over a `SimWorld`, then up to
 /// 300 operations on three streams: allocations, frees of live blocks on
 /// any stream, double frees, frees of foreign addresses, `step()` of every
