@@ -111,6 +111,7 @@ pub const NAMES: &[Name] = &[
         keys: &[
             ("min_bin", "the smallest bin's bytes, a power of two (default 256 KiB)"),
             ("max_bin", "the largest bin's bytes, a power of two (default 4 MiB)"),
+            ("powers", "false: no power-of-two bins, only those given (default: powers unless bins are given)"),
         ],
         ..name(
             "binning",

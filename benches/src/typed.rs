@@ -236,12 +236,12 @@ pub fn shape(call: &Call) -> Result<Option<Shape<'_>>, StackError> {
             match call.name.as_str() {
                 "fixed" => Shape::Fixed(fixed_config(call)?, fixed_block_size(call)?, l),
                 "binning" => {
-                    let (min, max) = binning_exponents(call)?;
-                    if !binning_bins(call)?.is_empty() {
-                        // Bins given one by one: the builder's.
-                        return Ok(None);
+                    let powers = binning_exponents(call)?;
+                    match powers {
+                        Some((min, max)) if binning_bins(call)?.is_empty() => Shape::Binning(min, max, l),
+                        // Bins given one by one, or none: the builder's.
+                        _ => return Ok(None),
                     }
-                    Shape::Binning(min, max, l)
                 }
                 _ => Shape::Arena(arena_config(call)?, l),
             }

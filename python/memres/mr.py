@@ -446,9 +446,12 @@ class BinningMemoryResource(UpstreamResourceAdaptor):
     the upstream."""
 
     def __init__(self, upstream_mr, min_size_exponent=None, max_size_exponent=None):
-        self._powers = dict(
+        powers = dict(
             min_bin=None if min_size_exponent in (None, -1) else _bin(min_size_exponent, "min_size_exponent"),
             max_bin=None if max_size_exponent in (None, -1) else _bin(max_size_exponent, "max_size_exponent"))
+        # Without exponents no bins, as RMM's: every size goes upstream
+        # until bins are added.
+        self._powers = powers if any(v is not None for v in powers.values()) else dict(powers="false")
         self._bins = {}  # size: the resource given, or None for a fixed-size bin
         self._bin_mrs = []
         self._build("binning", [], [upstream_mr], **self._powers)
@@ -491,12 +494,12 @@ class BinningMemoryResource(UpstreamResourceAdaptor):
         return list(self._bin_mrs)
 
     def _power_sizes(self):
-        """The sizes of the power-of-two bins the stack keeps once bins are
-        added: none without exponents (the stack's default bins go with
-        the first bin added, as RMM's has none)."""
-        low, high = self._powers["min_bin"], self._powers["max_bin"]
-        if low is None and high is None:
+        """The sizes of the power-of-two bins the stack keeps: none without
+        exponents, else from ``min_bin`` to ``max_bin`` (the stack's
+        defaults where one is not given)."""
+        if "powers" in self._powers:
             return set()
+        low, high = self._powers["min_bin"], self._powers["max_bin"]
         low, high = int(low or 256 << 10), int(high or 4 << 20)
         return {1 << e for e in range(low.bit_length() - 1, high.bit_length())}
 

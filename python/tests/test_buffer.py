@@ -167,7 +167,7 @@ def test_out_of_memory_buffer():
 def test_buffers_over_every_stack_of_host_memory():
     for res in [mr.PoolMemoryResource(mr.HostMemoryResource(), per_stream=True),
                 mr.StackMemoryResource("pool(host, growth=double, release=true)", backend="sim"),
-                mr.BinningMemoryResource(mr.PoolMemoryResource(mr.HostMemoryResource())),
+                mr.BinningMemoryResource(mr.PoolMemoryResource(mr.HostMemoryResource()), 8, 12),
                 mr.LimitingResourceAdaptor(mr.FixedSizeMemoryResource(mr.HostMemoryResource(), 4096), 1 << 20)]:
         buf = memres.DeviceBuffer.to_device(b"stack", mr=res)
         assert bytes(buf.copy_to_host()) == b"stack", res

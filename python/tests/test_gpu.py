@@ -22,7 +22,7 @@ def cuda_leaves():
             mr.PoolMemoryResource(mr.CudaMemoryResource(), initial_pool_size=64 * MiB),
             mr.PoolMemoryResource(mr.CudaAsyncMemoryResource(), per_stream=True),
             mr.ArenaMemoryResource(mr.CudaMemoryResource()),
-            mr.BinningMemoryResource(mr.PoolMemoryResource(mr.CudaMemoryResource())),
+            mr.BinningMemoryResource(mr.PoolMemoryResource(mr.CudaMemoryResource()), 10, 20),
             mr.VirtualMemoryResource(reserve=1 << 30),
             mr.VirtualMemoryResource(reserve=1 << 30, per_stream=True)]
 

@@ -621,15 +621,22 @@ def test_add_bin_routes_sizes_to_the_bins_added_as_rmms():
 
 
 def test_add_bin_without_exponents_makes_the_bins_added_the_only_ones():
-    b = mr.BinningMemoryResource(sim_pool())
-    assert b.stack == "binning(up0)"  # the stack's default bins, 256 KiB to 4 MiB
+    up = mr.StatisticsResourceAdaptor(sim_pool())
+    b = mr.BinningMemoryResource(up)
+    assert b.stack == "binning(up0, powers=false)"
+    # No bins, as RMM's: every size goes upstream as it is (a power-of-two
+    # bin would take a chunk of 128 blocks).
+    for n in (3000, 300 << 10, 3 << 20):
+        p = b.allocate(n)
+        assert up.allocation_counts.current_bytes == n
+        b.deallocate(p, n)
     b.add_bin(1 << 20)
     b.add_bin(1 << 20)  # there already: nothing changes
-    assert b.stack == "binning(up0, bin(1048576))"  # as RMM's: only the bins added
+    assert b.stack == "binning(up0, bin(1048576), powers=false)"  # as RMM's: only the bins added
     one = mr.StatisticsResourceAdaptor(mr.HostMemoryResource())
     b.add_bin(4096, one)
     b.add_bin(8192, one)  # one resource, two bins
-    assert b.stack == "binning(up0, bin(4096, up1), bin(8192, up1), bin(1048576))"
+    assert b.stack == "binning(up0, bin(4096, up1), bin(8192, up1), bin(1048576), powers=false)"
     b.deallocate(b.allocate(5000), 5000)
     assert one.allocation_counts.total_count == 1
 

@@ -404,6 +404,23 @@ fn bins_given_in_the_string_join_or_replace_the_powers_of_two() {
     let built = builder::<()>().build_with_handles("binning(sim)", &()).unwrap();
     let bins = built.get::<BinningResource<'static, DynResource, ()>>("binning").unwrap();
     assert_eq!(bins.bin_sizes(), &[256 << 10, 512 << 10, 1 << 20, 2 << 20, 4 << 20]);
+    // `powers=` says it outright: none (every size upstream, as RMM's
+    // binning resource without exponents), or powers beside the bins.
+    let sizes = |text: &str| {
+        let built = builder::<()>().build_with_handles(text, &()).unwrap();
+        built.get::<BinningResource<'static, DynResource, ()>>("binning").unwrap().bin_sizes().to_vec()
+    };
+    assert_eq!(sizes("binning(sim, powers=false)"), Vec::<u64>::new());
+    assert_eq!(sizes("binning(sim, bin(768), powers=false)"), [768]);
+    assert_eq!(sizes("binning(sim, bin(768), powers=true, max_bin=256KiB)"), [768, 256 << 10]);
+    let built = builder::<()>().build_with_handles("binning(sim, powers=false)", &()).unwrap();
+    let b = built.resource.allocate(req(3000), &()).unwrap();
+    assert_eq!(built.get::<SimDevice>("sim").unwrap().usage().held, 3072, "the block alone, upstream");
+    built.resource.deallocate(b, &()).unwrap();
+    for (text, at) in [("binning(sim, powers=false, min_bin=1KiB)", 35), ("binning(sim, powers=no)", 20)] {
+        let e = build_err(text);
+        assert!(matches!(e.kind, StackErrorKind::BadValue(_)) && e.pos == at, "{text}: {e}");
+    }
 }
 
 /// Each `sim` of one stack is a device of its own: no address of one is

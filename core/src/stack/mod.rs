@@ -49,7 +49,7 @@
 //! | --- | --- | --- |
 //! | `pool` | `upstream, initial=, max=, growth=double\|default\|N, granule=, release=true\|false\|peak, large=SIZE\|none, per_stream=true\|false` | [`CoalescingPool`](crate::pool::CoalescingPool) behind [`Shared`](crate::Shared) (`N`: grow by 1/N of the pool in steps of `granule=`, default 32 MiB; `release=`: give wholly free chunks back before growing, default true, `peak`: only past the peak in use; `large=`: requests of at least this size get chunks of their own, default none); with `per_stream=true` a [`PerStreamPool`](crate::per_stream::PerStreamPool) of such pools behind `Shared`, one per stream, stream-ordered (no `max=`: limit the upstream; `initial=` is the build stream's pool) |
 //! | `fixed` | `upstream, size` (or `size=`, default 1 MiB), `blocks=` (per chunk, default 128) | [`FixedSizeResource`](crate::fixed::FixedSizeResource) behind `Shared` |
-//! | `binning` | `upstream, bin(SIZE), bin(SIZE, RESOURCE)..., min_bin=, max_bin=` (a bin of each power of two from `min_bin=` to `max_bin=`, default 256 KiB and 4 MiB, none when bins are given without these keys; each `bin(...)` adds one, a fixed-size bin over the upstream or one served by `RESOURCE`, and replaces the power of two of its size) | [`BinningResource`](crate::binning::BinningResource), with [`add_fixed_bin`](crate::binning::BinningResource::add_fixed_bin) and [`add_counted_bin`](crate::binning::BinningResource::add_counted_bin) |
+//! | `binning` | `upstream, bin(SIZE), bin(SIZE, RESOURCE)..., min_bin=, max_bin=, powers=` (a bin of each power of two from `min_bin=` to `max_bin=`, default 256 KiB and 4 MiB, none when bins are given without these keys or with `powers=false`; each `bin(...)` adds one, a fixed-size bin over the upstream or one served by `RESOURCE`, and replaces the power of two of its size) | [`BinningResource`](crate::binning::BinningResource), with [`add_fixed_bin`](crate::binning::BinningResource::add_fixed_bin) and [`add_counted_bin`](crate::binning::BinningResource::add_counted_bin) |
 //! | `arena` | `upstream, initial=, max=, superblock=` | [`ArenaResource`](crate::arena::ArenaResource) |
 //! | `stats` | `upstream` | [`Statistics`](crate::adaptor::Statistics) |
 //! | `track` | `upstream, backtraces=true\|false` (a backtrace of each allocation, feature `std`; default false) | [`Tracking`](crate::adaptor::Tracking) |
@@ -81,6 +81,7 @@
 //! | `per_stream=` | `pool`, `vpool`, `vmm` | `true`: a pool per stream, stream-ordered ([`PerStreamPool`](crate::per_stream::PerStreamPool)); each virtual pool maps a reservation of its own |
 //! | `size=` | `fixed` | the block size in bytes |
 //! | `min_bin=`, `max_bin=` | `binning` | the smallest and largest bin size in bytes (powers of two) |
+//! | `powers=` | `binning` | `false`: no power-of-two bins, only the bins given (none: every size goes upstream, as RMM's binning resource made without exponents); `true`: powers of two beside the bins given |
 //! | `bytes=` | `limit` | the limit on bytes in use |
 //! | `capacity=` | `sim` | the device's memory in bytes |
 //!

@@ -38,10 +38,7 @@ where
     });
     b.register("binning", |call, cx| {
         let given = binning_bins(call)?;
-        // Read (and its keys checked) whether or not bins are given.
-        let exponents = binning_exponents(call)?;
-        let asked = call.keyed("min_bin").is_some() || call.keyed("max_bin").is_some();
-        let powers = (given.is_empty() || asked).then_some(exponents);
+        let powers = binning_exponents(call)?;
         let upstream = cx.upstream(call, 0)?;
         let mut bins = BinningResource::<'static, DynResource<S>, S>::new(upstream);
         // A bin given for a size replaces the power of two of that size.
@@ -344,25 +341,33 @@ pub fn fixed_block_size(call: &Call) -> Result<u64, StackError> {
     Ok(one_of(call, 1, "size")?.map(Value::size).transpose()?.unwrap_or(FixedConfig::DEFAULT_BLOCK_SIZE))
 }
 
-/// The bins of `binning(UP, min_bin=, max_bin=)`, as the exponents of
-/// [`BinningResource::with_exponents`]: the smallest and the largest bin
-/// size in bytes, each a power of two of at least 256 (defaults 256 KiB
-/// and 4 MiB, as RMM's harness).
+/// The power-of-two bins of `binning(UP, ..., min_bin=, max_bin=,
+/// powers=)`, as the exponents of [`BinningResource::with_exponents`]:
+/// the smallest and the largest bin size in bytes, each a power of two of
+/// at least 256 (defaults 256 KiB and 4 MiB, as RMM's harness); `None`
+/// where it has none: with `powers=false` (RMM's binning resource made
+/// without exponents, whose bins are those added), or with bins given
+/// (`binning_bins`) and neither key.
 ///
 /// # Errors
 ///
 /// An unknown key, a bad size or one that is not a power of two of at
-/// least 256, at its position.
+/// least 256, `min_bin=` above `max_bin=`, or either beside
+/// `powers=false`, at its position.
 ///
 /// ```
 /// use memres_core::stack::{binning_exponents, parse};
-/// assert_eq!(binning_exponents(&parse("binning(sim, max_bin=1MiB)")?)?, (18, 20));
+/// assert_eq!(binning_exponents(&parse("binning(sim, max_bin=1MiB)")?)?, Some((18, 20)));
+/// assert_eq!(binning_exponents(&parse("binning(sim, bin(768))")?)?, None);
+/// assert_eq!(binning_exponents(&parse("binning(sim, bin(768), powers=true)")?)?, Some((18, 22)));
+/// assert_eq!(binning_exponents(&parse("binning(sim, powers=false)")?)?, None);
 /// assert!(binning_exponents(&parse("binning(sim, min_bin=3000)")?).is_err());
+/// assert!(binning_exponents(&parse("binning(sim, powers=false, max_bin=1MiB)")?).is_err());
 /// # Ok::<(), memres_core::stack::StackError>(())
 /// ```
-pub fn binning_exponents(call: &Call) -> Result<(u32, u32), StackError> {
+pub fn binning_exponents(call: &Call) -> Result<Option<(u32, u32)>, StackError> {
     // The upstream, then the bins given (`binning_bins`).
-    call.expect_args(usize::MAX, &["min_bin", "max_bin"])?;
+    call.expect_args(usize::MAX, &["min_bin", "max_bin", "powers"])?;
     let exponent = |key: &str, default: u32| -> Result<u32, StackError> {
         let Some(v) = call.keyed(key) else { return Ok(default) };
         match v.size()? {
@@ -382,7 +387,21 @@ pub fn binning_exponents(call: &Call) -> Result<(u32, u32), StackError> {
             StackErrorKind::BadValue(format!("min_bin {} above max_bin {}", 1u64 << min, 1u64 << max)),
         ));
     }
-    Ok((min, max))
+    let asked = call.keyed("min_bin").or(call.keyed("max_bin"));
+    match (call.bool_arg("powers")?, asked) {
+        (Some(false), Some(v)) => Err(StackError::new(
+            v.pos(),
+            StackErrorKind::BadValue(
+                "a smallest or largest bin beside powers=false (no power-of-two bins)".into(),
+            ),
+        )),
+        (Some(false), None) => Ok(None),
+        (Some(true), _) => Ok(Some((min, max))),
+        (None, _) => {
+            let bins_given = call.args.iter().filter(|a| a.key.is_none()).count() > 1;
+            Ok((!bins_given || asked.is_some()).then_some((min, max)))
+        }
+    }
 }
 
 /// The bins given to `binning(UP, bin(SIZE), bin(SIZE, RESOURCE), ...)`,

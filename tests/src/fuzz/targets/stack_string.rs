@@ -56,7 +56,7 @@ const VALUES: &[&str] = &[
 const LAYERS: &[(&str, &[&str])] = &[
     ("pool", &["initial", "max", "growth", "granule", "release", "large", "per_stream"]),
     ("fixed", &["size", "blocks"]),
-    ("binning", &["min_bin", "max_bin"]),
+    ("binning", &["min_bin", "max_bin", "powers"]),
     ("arena", &["initial", "max", "superblock"]),
     ("stream", &[]),
     ("stats", &[]),
