@@ -5,7 +5,7 @@
 //! | --- | --- | --- |
 //! | `sim` | `[capacity]` (or `capacity=`; default 80 GiB, at most 64 TiB: [`SimDevice::MAX_CAPACITY`]); each `sim` of a stack is a device with addresses of its own ([`sim`]) | [`SimDevice`] |
 //! | `host` | none | [`HostMemory`], a leaf of [`HostCopy`]'s memory ([`StackBuilder::is_leaf_of`]) |
-//! | `vpool` | `sim` or `sim(physical)` (the addresses of every `vpool` coincide: one per stack), `reserve=` (64 GiB), `release_threshold=` (all), `slack=` (40 permille), `trim_on_commit=` (true), `granule=` (2 MiB), `handle_granules=` (none: any granule goes back alone; `N`: memory held in pieces of up to N granules given back whole, as `vmm`'s handles, [`SimAddressSpace::with_pieces`]), `per_stream=` (false) | [`VirtualPool`] over a [`SimAddressSpace`], behind [`Shared`] (`Shared<VirtualPool<SimAddressSpace>>`); with `per_stream=true` a [`PerStreamPool`] of them over one space, each stream's pool with a reservation of its own, stream-ordered (`Shared<PerStreamPool<VirtualMaker<Arc<SimAddressSpace>>, S>>`) |
+//! | `vpool` | `sim` or `sim(physical)` (each `vpool` of a stack has addresses of its own: [`own_addresses`]), `reserve=` (64 GiB), `release_threshold=` (all), `slack=` (40 permille), `trim_on_commit=` (true), `granule=` (2 MiB), `handle_granules=` (none: any granule goes back alone; `N`: memory held in pieces of up to N granules given back whole, as `vmm`'s handles, [`SimAddressSpace::with_pieces`]), `per_stream=` (false) | [`VirtualPool`] over a [`SimAddressSpace`], behind [`Shared`] (`Shared<VirtualPool<SimAddressSpace>>`); with `per_stream=true` a [`PerStreamPool`] of them over one space, each stream's pool with a reservation of its own, stream-ordered (`Shared<PerStreamPool<VirtualMaker<Arc<SimAddressSpace>>, S>>`) |
 //!
 //! # Examples
 //!
@@ -49,15 +49,17 @@ where
         Ok(cx.keep_leaf_of(call, HostMemory::new()))
     });
     builder.register("vpool", |call, cx| {
+        let (space, config) = vpool_parts(call)?;
+        let space = own_addresses(call, cx, space)?;
         if call.bool_arg("per_stream")? == Some(true) {
-            let (space, config) = vpool_parts(call)?;
             // `vpool_parts` checked the configuration, naming where it fails.
             let maker = VirtualMaker::new(Arc::new(space), config)
                 .map_err(|e| call.error(StackErrorKind::Resource(e)))?;
             let pools = PerStreamPool::<_, S>::new(maker);
             return Ok(cx.keep_releasing(call, Shared::new(pools)));
         }
-        Ok(cx.keep_releasing(call, Shared::new(vpool(call)?)))
+        let pool = VirtualPool::with_config(space, config).map_err(|e| call.resource_error(e))?;
+        Ok(cx.keep_releasing(call, Shared::new(pool)))
     })
 }
 
@@ -88,14 +90,15 @@ pub fn sim_capacity(value: &Value) -> Result<u64, StackError> {
 /// The device of a `sim` call of the stack `cx` builds. Each `sim` of one
 /// stack is a device of its own, as two devices or two allocators are:
 /// the `k`th built (from 0) has its addresses from
-/// [`SimDevice::BASE`] + `k` × 2^46, so no two hand out one address. For a
-/// builder that registers a `sim` of its own (one counted in a gauge).
+/// [`SimDevice::BASE`] + `k` × 2^46, so no two hand out one address (nor
+/// one that a `vpool` reserves: [`own_addresses`]). For a builder that
+/// registers a `sim` of its own (one counted in a gauge).
 ///
 /// # Errors
 ///
 /// A bad capacity ([`sim_capacity`]) or an unknown key, at its position;
-/// at the call, a `sim` whose addresses would run past 2^64 (one of
-/// some 2^18 in one stack).
+/// at the call, a `sim` whose addresses would run past 2^63 (one of
+/// some 2^17 in one stack).
 ///
 /// ```
 /// use memres_core::{MemoryResource, Request};
@@ -115,14 +118,61 @@ pub fn sim<S: Stream + ?Sized + 'static>(call: &Call, cx: &Context<'_, S>) -> Re
     let capacity = one_of(call, 0, "capacity")?.map(sim_capacity).transpose()?;
     let k = cx.kept_count(&call.name) as u64;
     let base = k.checked_mul(SimDevice::MAX_CAPACITY).and_then(|offset| offset.checked_add(SimDevice::BASE));
-    let device = base.map(|base| SimDevice::with_base(capacity.unwrap_or(DEFAULT_SIM_CAPACITY), base));
-    match device {
-        Some(Ok(device)) => Ok(device),
-        Some(Err(e)) => Err(call.resource_error(e)),
-        None => Err(call.resource_error(memres_core::Error::InvalidConfig {
-            what: "a simulated device's addresses run past u64::MAX",
-        })),
+    let below_vpools = |b: &u64| b.checked_add(SimDevice::MAX_CAPACITY).is_some_and(|end| end <= VPOOLS_FROM);
+    let Some(base) = base.filter(below_vpools) else {
+        return Err(call.resource_error(memres_core::Error::InvalidConfig {
+            what: "too many simulated devices in one stack: their addresses run past 2^63",
+        }));
+    };
+    SimDevice::with_base(capacity.unwrap_or(DEFAULT_SIM_CAPACITY), base).map_err(|e| call.resource_error(e))
+}
+
+/// Where the addresses of the second and later `vpool`s of one stack
+/// start, above every `sim`'s.
+const VPOOLS_FROM: u64 = 1 << 63;
+
+/// `space` with addresses of its own for the `vpool` call of the stack
+/// `cx` builds: the first `vpool` of a stack has
+/// [`SimAddressSpace::BASE`] (below the first `sim`'s), the `k`th after it
+/// 2^63 + (`k` - 1) × 2^46 (above every `sim`'s), so no two `vpool`s and
+/// no `sim` of one stack hand out one address.
+///
+/// # Errors
+///
+/// At the call, a `vpool` whose addresses would run past 2^64 (one of
+/// some 2^17 in one stack).
+///
+/// ```
+/// use memres_core::vpool::VirtualPool;
+/// use memres_core::{MemoryResource, Request, Shared};
+/// use memres_sim::{SimAddressSpace, SimDevice};
+/// let text = "binning(vpool(sim), bin(4096, vpool(sim)), bin(8192, sim))";
+/// let built = memres_sim::builder::<()>().build_with_handles(text, &())?;
+/// let pools = built.all::<Shared<VirtualPool<SimAddressSpace>>>("vpool");
+/// let starts: Vec<u64> = pools.iter().map(|p| p.with(|p| p.space().addresses().start())).collect();
+/// assert_eq!(starts, [SimAddressSpace::BASE, 1 << 63]); // the upstream first
+/// assert_eq!(built.get::<SimDevice>("sim").unwrap().addresses().start(), SimDevice::BASE);
+/// let (a, b) = (built.resource.allocate(Request::new(4000)?, &())?, built.resource.allocate(Request::new(1 << 20)?, &())?);
+/// assert!(a.addr() >= 1 << 63 && b.addr() < SimDevice::BASE);
+/// # built.resource.deallocate(a, &())?;
+/// # built.resource.deallocate(b, &())?;
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub fn own_addresses<S: Stream + ?Sized + 'static>(
+    call: &Call,
+    cx: &Context<'_, S>,
+    space: SimAddressSpace,
+) -> Result<SimAddressSpace, StackError> {
+    let k = cx.kept_count(&call.name) as u64;
+    if k == 0 {
+        return Ok(space);
     }
+    let at =
+        (k - 1).checked_mul(SimAddressSpace::DEFAULT_SPAN).and_then(|offset| offset.checked_add(VPOOLS_FROM));
+    let refused = memres_core::Error::InvalidConfig {
+        what: "too many simulated address spaces in one stack: their addresses run past 2^64",
+    };
+    at.ok_or(refused).and_then(|base| space.at(base)).map_err(|e| call.resource_error(e))
 }
 
 /// A builder with the core's names and this crate's leaves.

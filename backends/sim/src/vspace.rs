@@ -44,6 +44,8 @@ mod tests;
 #[derive(Debug)]
 pub struct SimAddressSpace {
     granule: u64,
+    /// Where its addresses start: a multiple of `MAX_GRANULE`.
+    base: u64,
     span: u64,
     /// Whether `State::pieces` is set: a space without pieces answers
     /// `releasable` without taking the lock.
@@ -120,6 +122,7 @@ impl SimAddressSpace {
         space.add_range(Range::new(Self::BASE, span).expect("the span fits above BASE")).expect("one node");
         SimAddressSpace {
             granule,
+            base: Self::BASE,
             span,
             pieced: false,
             state: Mutex::new(State {
@@ -164,6 +167,52 @@ impl SimAddressSpace {
         self.lock().ledger.hold_in_pieces(granules);
         self.pieced = true;
         self
+    }
+
+    /// The space with its addresses from `base` rather than
+    /// [`BASE`](Self::BASE): a second space beside a first, whose
+    /// reservations the first never makes too. Its
+    /// [`addresses`](Self::addresses) must not meet the other's.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidConfig`] if `base` is zero or not a multiple of
+    /// [`MAX_GRANULE`](Self::MAX_GRANULE) (to which every granule's
+    /// alignment is owed), its addresses would run past `u64::MAX`, or a
+    /// reservation is made already.
+    ///
+    /// ```
+    /// use memres_core::Error;
+    /// use memres_sim::SimAddressSpace;
+    /// let space = SimAddressSpace::new(1 << 30, 2 << 20).at(1 << 63)?;
+    /// assert_eq!(space.addresses().start(), 1 << 63);
+    /// assert!(matches!(SimAddressSpace::new(1 << 30, 2 << 20).at(3 << 20), Err(Error::InvalidConfig { .. })));
+    /// # Ok::<(), Error>(())
+    /// ```
+    pub fn at(mut self, base: u64) -> Result<Self> {
+        let bad = |what| Err(Error::InvalidConfig { what });
+        if base == 0 || base % Self::MAX_GRANULE != 0 {
+            return bad("a simulated space's base is a non-zero multiple of 2^45");
+        }
+        let Some(addresses) = Range::new(base, self.span) else {
+            return bad("a simulated space's addresses run past u64::MAX");
+        };
+        let mut s = self.lock();
+        if !s.reservations.is_empty() {
+            return bad("a simulated space with reservations cannot move");
+        }
+        let mut space = CoalescingIndex::new(self.granule);
+        space.add_range(addresses)?;
+        s.space = space;
+        drop(s);
+        self.base = base;
+        Ok(self)
+    }
+
+    /// The addresses it reserves from: [`BASE`](Self::BASE) (or the base
+    /// given to [`at`](Self::at)) and its span.
+    pub fn addresses(&self) -> Range {
+        Range::new(self.base, self.span).expect("checked when made")
     }
 
     /// Decommits refused for taking part of a piece

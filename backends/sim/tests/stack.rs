@@ -469,6 +469,35 @@ fn each_sim_of_a_stack_has_addresses_of_its_own() {
     let sims = built.all::<SimDevice>("sim");
     assert_eq!(sims.len(), 2);
     disjoint(&sims);
+
+    // And every `vpool`, one per stream or not, beside the `sim`s.
+    let text =
+        "binning(vpool(sim), bin(1KiB, vpool(sim, per_stream=true)), bin(4KiB, vpool(sim)), bin(8KiB, sim))";
+    let built = builder::<()>().build_with_handles(text, &()).unwrap();
+    let mut live = LiveBlocks::default();
+    let blocks: Vec<Block> = [1000, 4000, 8000, 3 << 20]
+        .into_iter()
+        .map(|size| {
+            let b = built.resource.allocate(req(size), &()).unwrap();
+            live.insert(b, req(size)).unwrap();
+            b
+        })
+        .collect();
+    for b in blocks {
+        built.resource.deallocate(b, &()).unwrap();
+    }
+    let spaces: Vec<_> = built
+        .all::<Shared<VirtualPool<SimAddressSpace>>>("vpool")
+        .iter()
+        .map(|p| p.with(|p| p.space().addresses()))
+        .chain(built.all::<SimDevice>("sim").iter().map(|s| s.addresses()))
+        .collect();
+    assert_eq!(spaces.len(), 3, "two typed pools, one device");
+    for (i, a) in spaces.iter().enumerate() {
+        for b in &spaces[i + 1..] {
+            assert!(a.end() <= b.start() || b.end() <= a.start(), "{a:?} meets {b:?}");
+        }
+    }
 }
 
 #[test]

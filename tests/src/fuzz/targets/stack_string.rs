@@ -104,20 +104,15 @@ fn leaf(u: &mut Unstructured<'_>) -> ArbResult<String> {
     })
 }
 
-/// The resource of a counted bin: a `sim` of its own (each `sim` of a
-/// stack has addresses of its own; two `vpool`s' would coincide), bare or
-/// under one layer.
+/// The resource of a counted bin: a leaf of its own (each `sim` and
+/// `vpool` of a stack has addresses of its own), bare or under one layer.
 fn bin_resource(u: &mut Unstructured<'_>) -> ArbResult<String> {
-    let sim = match u.int_in_range(0u8..=2)? {
-        0 => "sim".into(),
-        1 => format!("sim({})", pick(u, &["64GiB", "1GiB", "64MiB"])?),
-        _ => format!("sim({})", pick(u, VALUES)?),
-    };
+    let leaf = leaf(u)?;
     if u.ratio(1, 2)? {
-        return Ok(sim);
+        return Ok(leaf);
     }
     let &(name, own) = u.choose(LAYERS)?;
-    let mut text = format!("{name}({sim}");
+    let mut text = format!("{name}({leaf}");
     keys(u, &mut text, own)?;
     Ok(text + ")")
 }
@@ -195,7 +190,7 @@ pub fn stack_string_of(data: &[u8]) -> Option<String> {
 /// (every algorithm and adaptor of the core's builder, nested up to four
 /// deep, over `sim` or a `vpool`, with keys and values where configurations
 /// break, `binning`'s `bin(SIZE)` bins and `bin(SIZE, RESOURCE)` bins over a
-/// `sim` of their own, one text in four misspelt), built
+/// leaf of their own, one text in four misspelt), built
 /// over a `SimWorld`, then up to
 /// 300 operations on three streams: allocations, frees of live blocks on
 /// any stream, double frees, frees of foreign addresses, `step()` of every
