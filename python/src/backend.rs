@@ -32,6 +32,7 @@ mod imp {
     use memres_core::stack::StackBuilder;
     use memres_sim::{HostCopy, HostMemory};
     use pyo3::PyResult;
+    use std::sync::atomic::{AtomicU64, Ordering};
 
     /// No stream: nothing runs on the simulated device or on the host.
     pub(crate) type Stream = ();
@@ -126,7 +127,11 @@ mod imp {
         let mut b = memres_sim::builder::<Stream>();
         let g2 = g.clone();
         b.register("sim", move |call, cx| {
-            Ok(cx.keep(call, Counted::new(memres_sim::sim(call, cx)?, g2.clone())))
+            // Each resource is a stack of its own: a device of the process
+            // has addresses no other has (until some 2^17 were made).
+            static MADE: AtomicU64 = AtomicU64::new(0);
+            let nth = MADE.fetch_add(1, Ordering::Relaxed) % memres_sim::SIM_DEVICES;
+            Ok(cx.keep(call, Counted::new(memres_sim::sim_device(call, nth)?, g2.clone())))
         });
         b.register_leaf_of::<Engine>("host", move |call, cx| {
             call.expect_args(0, &[])?;

@@ -641,6 +641,24 @@ def test_add_bin_without_exponents_makes_the_bins_added_the_only_ones():
     assert one.allocation_counts.total_count == 1
 
 
+def test_simulated_devices_have_addresses_of_their_own():
+    # Each is a device of its own, as two GPUs are: a bin over one beside an
+    # upstream of another hands out blocks of both at once (their addresses
+    # coincided, and the second block was refused as live already).
+    a, b = mr.SimulatedMemoryResource(1 << 30), mr.SimulatedMemoryResource(1 << 30)
+    pa, pb = a.allocate(1000), b.allocate(1000)
+    assert pa != pb
+    bins = mr.BinningMemoryResource(a)
+    bins.add_bin(4096, b)
+    x, y = bins.allocate(100000), bins.allocate(1000)
+    assert abs(x - y) >= 1 << 40
+    for res, p, n in ((bins, x, 100000), (bins, y, 1000), (a, pa, 1000), (b, pb, 1000)):
+        res.deallocate(p, n)
+    # And so in one stack string.
+    s = mr.StackMemoryResource("binning(sim(1GiB), bin(4096, sim(1GiB)))", backend="sim")
+    s.deallocate(s.allocate(1000), 1000)
+
+
 def test_add_bin_is_refused_while_the_resource_is_used_and_changes_nothing():
     from memres import InvalidArgument
     b = mr.BinningMemoryResource(mr.PoolMemoryResource(mr.HostMemoryResource()), 10, 12)

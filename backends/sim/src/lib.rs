@@ -40,7 +40,9 @@ pub use copy::HostCopy;
 pub use device::SimDevice;
 pub use host::HostMemory;
 pub use order::{HbChecked, HbViolation};
-pub use stack::{builder, own_addresses, register, sim, sim_capacity, vpool, DEFAULT_SIM_CAPACITY};
+pub use stack::{
+    builder, own_addresses, register, sim, sim_capacity, sim_device, vpool, DEFAULT_SIM_CAPACITY, SIM_DEVICES,
+};
 pub use stream::{SimEvent, SimStream, SimWorld};
 pub use unmaps::UnmapChecked;
 pub use vspace::SimAddressSpace;

@@ -97,8 +97,8 @@ pub fn sim_capacity(value: &Value) -> Result<u64, StackError> {
 /// # Errors
 ///
 /// A bad capacity ([`sim_capacity`]) or an unknown key, at its position;
-/// at the call, a `sim` whose addresses would run past 2^63 (one of
-/// some 2^17 in one stack).
+/// at the call, a `sim` whose addresses would run past 2^63 (one of more
+/// than [`SIM_DEVICES`] in one stack).
 ///
 /// ```
 /// use memres_core::{MemoryResource, Request};
@@ -114,16 +114,40 @@ pub fn sim_capacity(value: &Value) -> Result<u64, StackError> {
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 pub fn sim<S: Stream + ?Sized + 'static>(call: &Call, cx: &Context<'_, S>) -> Result<SimDevice, StackError> {
+    sim_device(call, cx.kept_count(&call.name) as u64)
+}
+
+/// How many simulated devices have addresses of their own, below those of
+/// every `vpool` but a stack's first: [`sim_device`]'s numbers.
+pub const SIM_DEVICES: u64 = (VPOOLS_FROM - SimDevice::BASE) / SimDevice::MAX_CAPACITY;
+
+/// The device of a `sim` call, the `nth` of the [`SIM_DEVICES`] with
+/// addresses of their own: from [`SimDevice::BASE`] + `nth` × 2^46. For a
+/// builder whose `sim`s must differ beyond one stack (the Python
+/// package's, where each resource is a stack of its own).
+///
+/// # Errors
+///
+/// As [`sim`]; at the call, an `nth` of [`SIM_DEVICES`] or more.
+///
+/// ```
+/// use memres_core::stack::parse;
+/// use memres_sim::{sim_device, SimDevice, SIM_DEVICES};
+/// let call = parse("sim(1GiB)")?;
+/// assert_eq!(sim_device(&call, 2)?.addresses().start(), SimDevice::BASE + (2 << 46));
+/// assert!(sim_device(&call, SIM_DEVICES - 1)?.addresses().end() <= 1 << 63);
+/// assert!(sim_device(&call, SIM_DEVICES).is_err());
+/// # Ok::<(), memres_core::stack::StackError>(())
+/// ```
+pub fn sim_device(call: &Call, nth: u64) -> Result<SimDevice, StackError> {
     call.expect_args(1, &["capacity"])?;
     let capacity = one_of(call, 0, "capacity")?.map(sim_capacity).transpose()?;
-    let k = cx.kept_count(&call.name) as u64;
-    let base = k.checked_mul(SimDevice::MAX_CAPACITY).and_then(|offset| offset.checked_add(SimDevice::BASE));
-    let below_vpools = |b: &u64| b.checked_add(SimDevice::MAX_CAPACITY).is_some_and(|end| end <= VPOOLS_FROM);
-    let Some(base) = base.filter(below_vpools) else {
+    if nth >= SIM_DEVICES {
         return Err(call.resource_error(memres_core::Error::InvalidConfig {
-            what: "too many simulated devices in one stack: their addresses run past 2^63",
+            what: "too many simulated devices: their addresses run past 2^63",
         }));
-    };
+    }
+    let base = SimDevice::BASE + nth * SimDevice::MAX_CAPACITY;
     SimDevice::with_base(capacity.unwrap_or(DEFAULT_SIM_CAPACITY), base).map_err(|e| call.resource_error(e))
 }
 
