@@ -118,13 +118,17 @@ def test_a_failure_callbacks_exception_under_the_c_functions_is_said_and_named_i
 
 
 def test_an_address_live_already_is_refused_and_the_new_block_given_back():
-    # Two simulated devices hand out the same addresses.
+    # Two resources of the user's that hand out the same address.
     so = lib()
     _native.sim.last_alloc_error(clear=True)
-    a = mr.StatisticsResourceAdaptor(mr.SimulatedMemoryResource(1 << 30))
+
+    def same_address():
+        return mr.CallbackMemoryResource(lambda n: 1 << 40, lambda p, n: None, backend="sim")
+
+    a = mr.StatisticsResourceAdaptor(same_address())
     mr.set_current_device_resource(a)
     p = so.memres_py_alloc(1000, 0, None)
-    b = mr.StatisticsResourceAdaptor(mr.SimulatedMemoryResource(1 << 30))
+    b = mr.StatisticsResourceAdaptor(same_address())
     mr.set_current_device_resource(b)
     assert so.memres_py_alloc(1000, 0, None) is None
     assert "a live address" in _native.sim.last_alloc_error(clear=True)
