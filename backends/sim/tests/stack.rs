@@ -429,34 +429,39 @@ fn bins_given_in_the_string_join_or_replace_the_powers_of_two() {
 /// two devices never overlap.
 #[test]
 fn each_sim_of_a_stack_has_addresses_of_its_own() {
-    fn disjoint(sims: &[Arc<SimDevice>]) {
-        for (i, a) in sims.iter().enumerate() {
-            for b in &sims[i + 1..] {
-                let (a, b) = (a.addresses(), b.addresses());
+    fn disjoint(spaces: &[memres_core::Range]) {
+        for (i, a) in spaces.iter().enumerate() {
+            for b in &spaces[i + 1..] {
                 assert!(a.end() <= b.start() || b.end() <= a.start(), "{a:?} meets {b:?}");
             }
+        }
+    }
+    fn sims(built: &memres_core::stack::Built<()>) -> Vec<memres_core::Range> {
+        built.all::<SimDevice>("sim").iter().map(|s| s.addresses()).collect()
+    }
+    /// A block of each size at once: none overlaps another.
+    fn serve_at_once(built: &memres_core::stack::Built<()>, sizes: &[u64]) {
+        let mut live = LiveBlocks::default();
+        let blocks: Vec<Block> = sizes
+            .iter()
+            .map(|&size| {
+                let b = built.resource.allocate(req(size), &()).unwrap();
+                live.insert(b, req(size)).unwrap();
+                b
+            })
+            .collect();
+        for b in blocks {
+            built.resource.deallocate(b, &()).unwrap();
         }
     }
     let text =
         "track(binning(sim(1GiB), bin(1KiB, sim), bin(4KiB, pool(sim(64MiB))), min_bin=8KiB, max_bin=8KiB))";
     let built = builder::<()>().build_with_handles(text, &()).unwrap();
-    let sims = built.all::<SimDevice>("sim");
-    assert_eq!(sims.len(), 3);
-    // A block of each device at once: before, the three devices handed out
-    // the same first address, and blocks overlapped.
-    let mut live = LiveBlocks::default();
-    let blocks: Vec<Block> = [1000, 4000, 8000, 100 << 10]
-        .into_iter()
-        .map(|size| {
-            let b = built.resource.allocate(req(size), &()).unwrap();
-            live.insert(b, req(size)).unwrap();
-            b
-        })
-        .collect();
-    for b in blocks {
-        built.resource.deallocate(b, &()).unwrap();
-    }
-    disjoint(&sims);
+    // Before, the three devices handed out the same first address, and
+    // blocks overlapped.
+    serve_at_once(&built, &[1000, 4000, 8000, 100 << 10]);
+    assert_eq!(sims(&built).len(), 3);
+    disjoint(&sims(&built));
 
     // `sim` built by another builder, nested: still counted.
     let mut outer = StackBuilder::<()>::new();
@@ -466,38 +471,22 @@ fn each_sim_of_a_stack_has_addresses_of_its_own() {
         Ok(cx.keep(call, Statistics::new(leaf)))
     });
     let built = outer.build_with_handles("binning(sim(1GiB), bin(1KiB, sim(1GiB)))", &()).unwrap();
-    let sims = built.all::<SimDevice>("sim");
-    assert_eq!(sims.len(), 2);
-    disjoint(&sims);
+    assert_eq!(sims(&built).len(), 2);
+    disjoint(&sims(&built));
 
     // And every `vpool`, one per stream or not, beside the `sim`s.
     let text =
         "binning(vpool(sim), bin(1KiB, vpool(sim, per_stream=true)), bin(4KiB, vpool(sim)), bin(8KiB, sim))";
     let built = builder::<()>().build_with_handles(text, &()).unwrap();
-    let mut live = LiveBlocks::default();
-    let blocks: Vec<Block> = [1000, 4000, 8000, 3 << 20]
-        .into_iter()
-        .map(|size| {
-            let b = built.resource.allocate(req(size), &()).unwrap();
-            live.insert(b, req(size)).unwrap();
-            b
-        })
-        .collect();
-    for b in blocks {
-        built.resource.deallocate(b, &()).unwrap();
-    }
-    let spaces: Vec<_> = built
+    serve_at_once(&built, &[1000, 4000, 8000, 3 << 20]);
+    let mut spaces: Vec<_> = built
         .all::<Shared<VirtualPool<SimAddressSpace>>>("vpool")
         .iter()
         .map(|p| p.with(|p| p.space().addresses()))
-        .chain(built.all::<SimDevice>("sim").iter().map(|s| s.addresses()))
         .collect();
+    spaces.extend(sims(&built));
     assert_eq!(spaces.len(), 3, "two typed pools, one device");
-    for (i, a) in spaces.iter().enumerate() {
-        for b in &spaces[i + 1..] {
-            assert!(a.end() <= b.start() || b.end() <= a.start(), "{a:?} meets {b:?}");
-        }
-    }
+    disjoint(&spaces);
 }
 
 #[test]
