@@ -449,9 +449,9 @@ class BinningMemoryResource(UpstreamResourceAdaptor):
         powers = dict(
             min_bin=None if min_size_exponent in (None, -1) else _bin(min_size_exponent, "min_size_exponent"),
             max_bin=None if max_size_exponent in (None, -1) else _bin(max_size_exponent, "max_size_exponent"))
-        # Without exponents no bins, as RMM's: every size goes upstream
-        # until bins are added.
-        self._powers = powers if any(v is not None for v in powers.values()) else dict(powers="false")
+        # Without both exponents no bins, as RMM's: every size goes
+        # upstream until bins are added.
+        self._powers = powers if all(v is not None for v in powers.values()) else dict(powers="false")
         self._bins = {}  # size: the resource given, or None for a fixed-size bin
         self._bin_mrs = []
         self._build("binning", [], [upstream_mr], **self._powers)
@@ -495,12 +495,10 @@ class BinningMemoryResource(UpstreamResourceAdaptor):
 
     def _power_sizes(self):
         """The sizes of the power-of-two bins the stack keeps: none without
-        exponents, else from ``min_bin`` to ``max_bin`` (the stack's
-        defaults where one is not given)."""
+        both exponents, else from ``min_bin`` to ``max_bin``."""
         if "powers" in self._powers:
             return set()
-        low, high = self._powers["min_bin"], self._powers["max_bin"]
-        low, high = int(low or 256 << 10), int(high or 4 << 20)
+        low, high = int(self._powers["min_bin"]), int(self._powers["max_bin"])
         return {1 << e for e in range(low.bit_length() - 1, high.bit_length())}
 
 

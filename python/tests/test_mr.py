@@ -622,6 +622,8 @@ def test_add_bin_routes_sizes_to_the_bins_added_as_rmms():
 
 def test_add_bin_without_exponents_makes_the_bins_added_the_only_ones():
     up = mr.StatisticsResourceAdaptor(sim_pool())
+    # With one exponent, as with none: RMM's makes bins only given both.
+    assert mr.BinningMemoryResource(up, 10).stack == mr.BinningMemoryResource(up, -1, 20).stack
     b = mr.BinningMemoryResource(up)
     assert b.stack == "binning(up0, powers=false)"
     # No bins, as RMM's: every size goes upstream as it is (a power-of-two
