@@ -442,8 +442,8 @@ class ArenaMemoryResource(UpstreamResourceAdaptor):
 
 class BinningMemoryResource(UpstreamResourceAdaptor):
     """Power-of-two bins from ``2**min_size_exponent`` to
-    ``2**max_size_exponent`` and the bins of ``add_bin``; larger sizes from
-    the upstream."""
+    ``2**max_size_exponent`` (none unless both are given, as RMM's) and the
+    bins of ``add_bin``; other sizes from the upstream."""
 
     def __init__(self, upstream_mr, min_size_exponent=None, max_size_exponent=None):
         powers = dict(
