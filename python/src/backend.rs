@@ -121,7 +121,8 @@ mod imp {
     }
 
     /// The core's names, `vpool`, and `sim` and `host` counted in the
-    /// device gauge.
+    /// device gauge; each `sim` and each `vpool` of the process has
+    /// addresses of its own.
     pub(crate) fn builder(device: u32) -> PyResult<StackBuilder<Stream>> {
         let g = gauge(device)?;
         let mut b = memres_sim::builder::<Stream>();
@@ -132,6 +133,12 @@ mod imp {
             static MADE: AtomicU64 = AtomicU64::new(0);
             let nth = MADE.fetch_add(1, Ordering::Relaxed) % memres_sim::SIM_DEVICES;
             Ok(cx.keep(call, Counted::new(memres_sim::sim_device(call, nth)?, g2.clone())))
+        });
+        b.register("vpool", |call, cx| {
+            // So is each simulated address space.
+            static MADE: AtomicU64 = AtomicU64::new(0);
+            let nth = MADE.fetch_add(1, Ordering::Relaxed) % memres_sim::VPOOL_SPACES;
+            memres_sim::keep_vpool(call, cx, nth)
         });
         b.register_leaf_of::<Engine>("host", move |call, cx| {
             call.expect_args(0, &[])?;

@@ -661,6 +661,28 @@ def test_simulated_devices_have_addresses_of_their_own():
     s.deallocate(s.allocate(1000), 1000)
 
 
+def test_simulated_address_spaces_have_addresses_of_their_own():
+    # As simulated devices: each virtual pool over a simulated space
+    # reserves addresses no other has, so one can be the bin of a binning
+    # resource over another (every space started at one address, and the
+    # pools' first blocks coincided).
+    a, b = (mr.VirtualMemoryResource(simulated_capacity=1 << 30) for _ in range(2))
+    pa, pb = a.allocate(1000), b.allocate(1000)
+    assert abs(pa - pb) >= 1 << 40
+    dev = mr.SimulatedMemoryResource(1 << 30)
+    pd = dev.allocate(1000)
+    assert min(abs(pd - pa), abs(pd - pb)) >= 1 << 40
+    bins = mr.BinningMemoryResource(a)
+    bins.add_bin(4096, b)
+    x, y = bins.allocate(100000), bins.allocate(1000)
+    assert abs(x - y) >= 1 << 40
+    for res, p, n in ((bins, x, 100000), (bins, y, 1000), (a, pa, 1000), (b, pb, 1000), (dev, pd, 1000)):
+        res.deallocate(p, n)
+    # And so in one stack string.
+    s = mr.StackMemoryResource("binning(vpool(sim(1GiB)), bin(4096, vpool(sim(1GiB))))", backend="sim")
+    s.deallocate(s.allocate(1000), 1000)
+
+
 def test_add_bin_is_refused_while_the_resource_is_used_and_changes_nothing():
     from memres import InvalidArgument
     b = mr.BinningMemoryResource(mr.PoolMemoryResource(mr.HostMemoryResource()), 10, 12)

@@ -5,7 +5,7 @@
 //! | --- | --- | --- |
 //! | `sim` | `[capacity]` (or `capacity=`; default 80 GiB, at most 64 TiB: [`SimDevice::MAX_CAPACITY`]); each `sim` of a stack is a device with addresses of its own ([`sim`]) | [`SimDevice`] |
 //! | `host` | none | [`HostMemory`], a leaf of [`HostCopy`]'s memory ([`StackBuilder::is_leaf_of`]) |
-//! | `vpool` | `sim` or `sim(physical)` (each `vpool` of a stack has addresses of its own: [`own_addresses`]), `reserve=` (64 GiB), `release_threshold=` (all), `slack=` (40 permille), `trim_on_commit=` (true), `granule=` (2 MiB), `handle_granules=` (none: any granule goes back alone; `N`: memory held in pieces of up to N granules given back whole, as `vmm`'s handles, [`SimAddressSpace::with_pieces`]), `per_stream=` (false) | [`VirtualPool`] over a [`SimAddressSpace`], behind [`Shared`] (`Shared<VirtualPool<SimAddressSpace>>`); with `per_stream=true` a [`PerStreamPool`] of them over one space, each stream's pool with a reservation of its own, stream-ordered (`Shared<PerStreamPool<VirtualMaker<Arc<SimAddressSpace>>, S>>`) |
+//! | `vpool` | `sim` or `sim(physical)` (each `vpool` of a stack has addresses of its own: [`keep_vpool`]), `reserve=` (64 GiB), `release_threshold=` (all), `slack=` (40 permille), `trim_on_commit=` (true), `granule=` (2 MiB), `handle_granules=` (none: any granule goes back alone; `N`: memory held in pieces of up to N granules given back whole, as `vmm`'s handles, [`SimAddressSpace::with_pieces`]), `per_stream=` (false) | [`VirtualPool`] over a [`SimAddressSpace`], behind [`Shared`] (`Shared<VirtualPool<SimAddressSpace>>`); with `per_stream=true` a [`PerStreamPool`] of them over one space, each stream's pool with a reservation of its own, stream-ordered (`Shared<PerStreamPool<VirtualMaker<Arc<SimAddressSpace>>, S>>`) |
 //!
 //! # Examples
 //!
@@ -24,7 +24,7 @@ use memres_core::stack::{
     granule_arg, one_of, Call, Context, StackBuilder, StackError, StackErrorKind, Value,
 };
 use memres_core::vpool::{VirtualConfig, VirtualPool};
-use memres_core::{Shared, Stream};
+use memres_core::{DynResource, Shared, Stream};
 use std::sync::Arc;
 
 /// The capacity of `sim` when none is given: an 80 GiB device, as an H100.
@@ -48,19 +48,7 @@ where
         call.expect_args(0, &[])?;
         Ok(cx.keep_leaf_of(call, HostMemory::new()))
     });
-    builder.register("vpool", |call, cx| {
-        let (space, config) = vpool_parts(call)?;
-        let space = own_addresses(call, cx, space)?;
-        if call.bool_arg("per_stream")? == Some(true) {
-            // `vpool_parts` checked the configuration, naming where it fails.
-            let maker = VirtualMaker::new(Arc::new(space), config)
-                .map_err(|e| call.error(StackErrorKind::Resource(e)))?;
-            let pools = PerStreamPool::<_, S>::new(maker);
-            return Ok(cx.keep_releasing(call, Shared::new(pools)));
-        }
-        let pool = VirtualPool::with_config(space, config).map_err(|e| call.resource_error(e))?;
-        Ok(cx.keep_releasing(call, Shared::new(pool)))
-    })
+    builder.register("vpool", |call, cx| keep_vpool(call, cx, cx.kept_count(&call.name) as u64))
 }
 
 /// The capacity `value` of a `sim`: a size its space can hold, at most
@@ -91,7 +79,7 @@ pub fn sim_capacity(value: &Value) -> Result<u64, StackError> {
 /// stack is a device of its own, as two devices or two allocators are:
 /// the `k`th built (from 0) has its addresses from
 /// [`SimDevice::BASE`] + `k` × 2^46, so no two hand out one address (nor
-/// one that a `vpool` reserves: [`own_addresses`]). For a builder that
+/// one that a `vpool` reserves: [`keep_vpool`]). For a builder that
 /// registers a `sim` of its own (one counted in a gauge).
 ///
 /// # Errors
@@ -155,16 +143,24 @@ pub fn sim_device(call: &Call, nth: u64) -> Result<SimDevice, StackError> {
 /// start, above every `sim`'s.
 const VPOOLS_FROM: u64 = 1 << 63;
 
-/// `space` with addresses of its own for the `vpool` call of the stack
-/// `cx` builds: the first `vpool` of a stack has
-/// [`SimAddressSpace::BASE`] (below the first `sim`'s), the `k`th after it
-/// 2^63 + (`k` - 1) × 2^46 (above every `sim`'s), so no two `vpool`s and
-/// no `sim` of one stack hand out one address.
+/// How many simulated address spaces have addresses of their own:
+/// [`keep_vpool`]'s numbers.
+pub const VPOOL_SPACES: u64 = 1 + (u64::MAX - VPOOLS_FROM) / SimAddressSpace::DEFAULT_SPAN;
+
+/// Builds the `vpool` call into `cx` over the `nth` of the
+/// [`VPOOL_SPACES`] simulated address spaces with addresses of their own:
+/// the first (`nth` 0) has [`SimAddressSpace::BASE`] (below the first
+/// `sim`'s), the `nth` after it 2^63 + (`nth` - 1) × 2^46 (above every
+/// `sim`'s). The registered `vpool` numbers the `vpool`s of one stack so,
+/// and no two of them nor a `sim` of that stack hand out one address; a
+/// builder whose `vpool`s must differ beyond one stack (the Python
+/// package's, where each resource is a stack of its own) numbers them
+/// itself.
 ///
 /// # Errors
 ///
-/// At the call, a `vpool` whose addresses would run past 2^64 (one of
-/// some 2^17 in one stack).
+/// A bad key or value at its position; at the call, an `nth` of
+/// [`VPOOL_SPACES`] or more, or the pool's own refusal.
 ///
 /// ```
 /// use memres_core::vpool::VirtualPool;
@@ -180,21 +176,48 @@ const VPOOLS_FROM: u64 = 1 << 63;
 /// assert!(a.addr() >= 1 << 63 && b.addr() < SimDevice::BASE);
 /// # built.resource.deallocate(a, &())?;
 /// # built.resource.deallocate(b, &())?;
+/// // The last space ends a span below 2^64; there is none after it.
+/// let mut b = memres_core::stack::StackBuilder::<()>::new();
+/// let last = memres_sim::VPOOL_SPACES - 1;
+/// b.register("vpool", move |call, cx| memres_sim::keep_vpool(call, cx, last));
+/// let built = b.build_with_handles("vpool(sim)", &())?;
+/// let pool = built.get::<Shared<VirtualPool<SimAddressSpace>>>("vpool").unwrap();
+/// assert_eq!(pool.with(|p| p.space().addresses().end()), u64::MAX - SimAddressSpace::DEFAULT_SPAN + 1);
+/// b.register("vpool", move |call, cx| memres_sim::keep_vpool(call, cx, last + 1));
+/// assert!(b.build("vpool(sim)", &()).is_err());
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
-pub fn own_addresses<S: Stream + ?Sized + 'static>(
+pub fn keep_vpool<S: Stream + ?Sized + 'static>(
     call: &Call,
     cx: &Context<'_, S>,
-    space: SimAddressSpace,
-) -> Result<SimAddressSpace, StackError> {
-    let k = cx.kept_count(&call.name) as u64;
-    if k == 0 {
+    nth: u64,
+) -> Result<DynResource<S>, StackError>
+where
+    S::Event: Send,
+{
+    let (space, config) = vpool_parts(call)?;
+    let space = vpool_space(call, space, nth)?;
+    if call.bool_arg("per_stream")? == Some(true) {
+        // `vpool_parts` checked the configuration, naming where it fails.
+        let maker = VirtualMaker::new(Arc::new(space), config)
+            .map_err(|e| call.error(StackErrorKind::Resource(e)))?;
+        let pools = PerStreamPool::<_, S>::new(maker);
+        return Ok(cx.keep_releasing(call, Shared::new(pools)));
+    }
+    let pool = VirtualPool::with_config(space, config).map_err(|e| call.resource_error(e))?;
+    Ok(cx.keep_releasing(call, Shared::new(pool)))
+}
+
+/// `space` moved to the `nth` place of [`keep_vpool`].
+fn vpool_space(call: &Call, space: SimAddressSpace, nth: u64) -> Result<SimAddressSpace, StackError> {
+    if nth == 0 {
         return Ok(space);
     }
-    let at =
-        (k - 1).checked_mul(SimAddressSpace::DEFAULT_SPAN).and_then(|offset| offset.checked_add(VPOOLS_FROM));
+    let at = (nth - 1)
+        .checked_mul(SimAddressSpace::DEFAULT_SPAN)
+        .and_then(|offset| offset.checked_add(VPOOLS_FROM));
     let refused = memres_core::Error::InvalidConfig {
-        what: "too many simulated address spaces in one stack: their addresses run past 2^64",
+        what: "too many simulated address spaces: their addresses run past 2^64",
     };
     at.ok_or(refused).and_then(|base| space.at(base)).map_err(|e| call.resource_error(e))
 }
