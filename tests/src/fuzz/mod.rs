@@ -190,6 +190,13 @@ pub trait FuzzResource {
         false
     }
 
+    /// Where the simulated devices behind the resource start: a foreign
+    /// free "in the device's address space" picks one of them. By default
+    /// the one device at [`SimDevice::BASE`](memres_sim::SimDevice::BASE).
+    fn device_bases(&self) -> Vec<u64> {
+        vec![memres_sim::SimDevice::BASE]
+    }
+
     /// Whether a block known only by its address can be freed (`false`: such
     /// a free is [`Error::UnknownBlock`]).
     fn frees_by_address(&self) -> bool {

@@ -40,8 +40,9 @@ pub enum Op {
     },
     /// Free an address that was never handed out.
     FreeForeign {
-        /// 0: inside a live block; 1: any number; 2: in the simulated
-        /// device's address space; 3: a 256-aligned number.
+        /// 0: inside a live block; 1: any number; 2: in a simulated
+        /// device's address space (the offset's bits from 48 pick which,
+        /// among the resource's `device_bases`); 3: a 256-aligned number.
         base: u8,
         /// Offset or address.
         offset: u64,

@@ -136,7 +136,10 @@ fn apply<R: FuzzResource>(r: &mut R, m: &mut Model, op: Op) {
                     l.block.addr().wrapping_add(1 + (offset >> 8) % l.footprint.max(1))
                 }
                 (1, _) => offset,
-                (2, _) => memres_sim::SimDevice::BASE.wrapping_add(offset & 0xffff_ffff_ff00),
+                (2, _) => {
+                    let bases = r.device_bases();
+                    bases[(offset >> 48) as usize % bases.len()].wrapping_add(offset & 0xffff_ffff_ff00)
+                }
                 _ => offset & !255,
             };
             if m.live.iter().any(|l| l.block.addr() == addr) || addr.checked_add(256).is_none() {

@@ -159,6 +159,11 @@ impl FuzzResource for BinningTarget {
         let (used, free, held) = self.fixed_figures();
         vec![self.used_bytes(), used, free, held, self.spy.inner.usage().held, self.counted_held()]
     }
+    fn device_bases(&self) -> Vec<u64> {
+        let counted = self.counted.as_ref().map(|c| c.spy.inner.addresses().start());
+        [self.spy.inner.addresses().start()].into_iter().chain(counted).collect()
+    }
+
     fn spy(&self) -> Option<&Spy> {
         Some(&self.spy)
     }
