@@ -632,3 +632,66 @@ impl<const KIND: u32> Stream for TestStream<KIND> {
         Ok(true)
     }
 }
+
+/// What the [`LoggedStream`]s sharing it were asked, for the tests of the
+/// stream-ordered layers.
+#[cfg(all(test, feature = "alloc"))]
+#[derive(Debug, Default)]
+pub(crate) struct StreamLog {
+    /// The stream of each record.
+    pub(crate) records: alloc::vec::Vec<u64>,
+    /// (waiting stream, stream the event was recorded on).
+    pub(crate) waits: alloc::vec::Vec<(u64, u64)>,
+    /// The stream of each `synchronize`.
+    pub(crate) syncs: alloc::vec::Vec<u64>,
+    /// `synchronize_device` calls.
+    pub(crate) device_syncs: u64,
+    /// What every query answers.
+    pub(crate) complete: bool,
+    /// Whether `record` fails.
+    pub(crate) fail_record: bool,
+    /// Whether `synchronize_device` can.
+    pub(crate) device: bool,
+}
+
+/// A stream whose events name the stream they were recorded on, and which
+/// logs what it is asked in the [`StreamLog`] it shares with the test.
+#[cfg(all(test, feature = "alloc"))]
+#[derive(Clone, Debug)]
+pub(crate) struct LoggedStream {
+    pub(crate) id: u64,
+    pub(crate) log: alloc::rc::Rc<core::cell::RefCell<StreamLog>>,
+}
+
+#[cfg(all(test, feature = "alloc"))]
+impl Stream for LoggedStream {
+    /// The id of the stream it was recorded on.
+    type Event = u64;
+    fn id(&self) -> u64 {
+        self.id
+    }
+    fn record(&self) -> Result<u64> {
+        let mut log = self.log.borrow_mut();
+        if log.fail_record {
+            return Err(Error::Backend { code: 1, what: "record" });
+        }
+        log.records.push(self.id);
+        Ok(self.id)
+    }
+    fn wait(&self, e: &u64) -> Result<()> {
+        self.log.borrow_mut().waits.push((self.id, *e));
+        Ok(())
+    }
+    fn query(&self, _: &u64) -> Result<bool> {
+        Ok(self.log.borrow().complete)
+    }
+    fn synchronize(&self) -> Result<()> {
+        self.log.borrow_mut().syncs.push(self.id);
+        Ok(())
+    }
+    fn synchronize_device(&self) -> Result<bool> {
+        let mut log = self.log.borrow_mut();
+        log.device_syncs += 1;
+        Ok(log.device)
+    }
+}

@@ -2,73 +2,23 @@ extern crate std;
 
 use super::*;
 use crate::pool::{Growth, PoolConfig};
-use crate::testing::BumpUpstream;
+use crate::testing::{BumpUpstream, LoggedStream, StreamLog};
 use alloc::rc::Rc;
 use alloc::sync::Arc;
 use core::cell::RefCell;
 
-/// What the layer asked of the streams.
-#[derive(Debug, Default)]
-struct Log {
-    /// The stream of each record.
-    records: Vec<u64>,
-    /// (waiting stream, stream the event was recorded on).
-    waits: Vec<(u64, u64)>,
-    device_syncs: u64,
-    fail_record: bool,
-    /// Whether `synchronize_device` can.
-    device: bool,
-}
-
-#[derive(Clone, Debug)]
-struct TestStream {
-    id: u64,
-    log: Rc<RefCell<Log>>,
-}
-
-impl Stream for TestStream {
-    /// The id of the stream it was recorded on.
-    type Event = u64;
-    fn id(&self) -> u64 {
-        self.id
-    }
-    fn record(&self) -> Result<u64> {
-        let mut log = self.log.borrow_mut();
-        if log.fail_record {
-            return Err(Error::Backend { code: 1, what: "record" });
-        }
-        log.records.push(self.id);
-        Ok(self.id)
-    }
-    fn wait(&self, e: &u64) -> Result<()> {
-        self.log.borrow_mut().waits.push((self.id, *e));
-        Ok(())
-    }
-    fn query(&self, _: &u64) -> Result<bool> {
-        Ok(false)
-    }
-    fn synchronize(&self) -> Result<()> {
-        Ok(())
-    }
-    fn synchronize_device(&self) -> Result<bool> {
-        let mut log = self.log.borrow_mut();
-        log.device_syncs += 1;
-        Ok(log.device)
-    }
-}
-
 type Maker = PoolMaker<Arc<BumpUpstream>>;
-type Pools = PerStreamPool<Maker, TestStream>;
+type Pools = PerStreamPool<Maker, LoggedStream>;
 
 const MIB: u64 = 1 << 20;
 
 struct Rig {
     pools: Pools,
     up: Arc<BumpUpstream>,
-    log: Rc<RefCell<Log>>,
-    a: TestStream,
-    b: TestStream,
-    c: TestStream,
+    log: Rc<RefCell<StreamLog>>,
+    a: LoggedStream,
+    b: LoggedStream,
+    c: LoggedStream,
 }
 
 /// Pools that grow in 1 MiB chunks over an upstream of `capacity` bytes.
@@ -76,8 +26,8 @@ fn rig(capacity: u64) -> Rig {
     let up = Arc::new(BumpUpstream::new(capacity));
     let config = PoolConfig::new().growth(Growth::Fraction { divisor: 8, granule: MIB });
     let pools = PerStreamPool::new(PoolMaker::with_config(up.clone(), config).unwrap());
-    let log = Rc::new(RefCell::new(Log::default()));
-    let s = |id| TestStream { id, log: log.clone() };
+    let log = Rc::new(RefCell::new(StreamLog::default()));
+    let s = |id| LoggedStream { id, log: log.clone() };
     Rig { pools, up: up.clone(), a: s(1), b: s(2), c: s(3), log }
 }
 
@@ -86,13 +36,13 @@ fn req(n: u64) -> Request {
 }
 
 impl Rig {
-    fn alloc(&mut self, n: u64, s: &TestStream) -> Block {
+    fn alloc(&mut self, n: u64, s: &LoggedStream) -> Block {
         let b = self.pools.allocate(req(n), s).unwrap();
         self.pools.check().unwrap();
         b
     }
 
-    fn free(&mut self, b: Block, s: &TestStream) {
+    fn free(&mut self, b: Block, s: &LoggedStream) {
         self.pools.deallocate(b, s).unwrap();
         self.pools.check().unwrap();
     }
@@ -229,7 +179,7 @@ fn release_gives_back_the_free_chunks_that_the_stream_is_ordered_after() {
         // free on b that c has not waited for, so no fence covers it.
         r.free(x, &a);
         r.free(z, &b);
-        let held = |r: &Rig, s: &TestStream| r.pools.pool_of(s.id).map_or(0, |p| p.usage().held);
+        let held = |r: &Rig, s: &LoggedStream| r.pools.pool_of(s.id).map_or(0, |p| p.usage().held);
         let (of_a, of_b, of_c) = (held(&r, &a), held(&r, &b), held(&r, &c));
         assert!(of_a >= MIB && of_c >= MIB);
         let waits = r.waits().len();
@@ -398,8 +348,8 @@ fn virtual_pools_wait_on_frees_from_other_streams_and_record_no_fence() {
     use crate::vpool::VirtualConfig;
     let space = CountingSpace::new(64 * MIB, MIB);
     let mut pools = PerStreamPool::new(VirtualMaker::new(&space, VirtualConfig::new(64 * MIB)).unwrap());
-    let log = Rc::new(RefCell::new(Log::default()));
-    let (a, b) = (TestStream { id: 1, log: log.clone() }, TestStream { id: 2, log: log.clone() });
+    let log = Rc::new(RefCell::new(StreamLog::default()));
+    let (a, b) = (LoggedStream { id: 1, log: log.clone() }, LoggedStream { id: 2, log: log.clone() });
     let x = pools.allocate(req(MIB), &a).unwrap();
     let y = pools.allocate(req(MIB), &b).unwrap();
     pools.deallocate(x, &b).unwrap();
@@ -453,8 +403,8 @@ fn a_virtual_pool_out_of_memory_tries_once_then_once_after_the_last_resort() {
     // freed memory is still b's when a runs out.
     let config = VirtualConfig::new(64 * MIB).release_threshold(u64::MAX);
     let mut pools = PerStreamPool::new(VirtualMaker::new(&tries, config).unwrap());
-    let log = Rc::new(RefCell::new(Log { device: true, ..Log::default() }));
-    let (a, b) = (TestStream { id: 1, log: log.clone() }, TestStream { id: 2, log: log.clone() });
+    let log = Rc::new(RefCell::new(StreamLog { device: true, ..StreamLog::default() }));
+    let (a, b) = (LoggedStream { id: 1, log: log.clone() }, LoggedStream { id: 2, log: log.clone() });
     let x = pools.allocate(req(MIB), &a).unwrap();
     let y = pools.allocate(req(3 * MIB), &b).unwrap();
     pools.deallocate(y, &b).unwrap();

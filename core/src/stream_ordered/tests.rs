@@ -2,67 +2,23 @@ extern crate std;
 
 use super::*;
 use crate::pool::{CoalescingPool, PoolConfig};
-use crate::testing::BumpUpstream;
+use crate::testing::{BumpUpstream, LoggedStream, StreamLog};
 use crate::Inspect;
 use alloc::rc::Rc;
 use alloc::vec;
 use core::cell::RefCell;
 
-/// What the layer asked of the streams.
-#[derive(Debug, Default)]
-struct Log {
-    records: Vec<u64>,
-    waits: Vec<(u64, u64)>,
-    syncs: Vec<u64>,
-    /// What every query answers.
-    complete: bool,
-    fail_record: bool,
-}
+type Layer = StreamOrdered<CoalescingPool<BumpUpstream>, LoggedStream>;
 
-#[derive(Clone, Debug)]
-struct TestStream {
-    id: u64,
-    log: Rc<RefCell<Log>>,
-}
-
-impl Stream for TestStream {
-    /// The id of the stream it was recorded on.
-    type Event = u64;
-    fn id(&self) -> u64 {
-        self.id
-    }
-    fn record(&self) -> Result<u64> {
-        let mut log = self.log.borrow_mut();
-        if log.fail_record {
-            return Err(Error::Backend { code: 1, what: "record" });
-        }
-        log.records.push(self.id);
-        Ok(self.id)
-    }
-    fn wait(&self, e: &u64) -> Result<()> {
-        self.log.borrow_mut().waits.push((self.id, *e));
-        Ok(())
-    }
-    fn query(&self, _: &u64) -> Result<bool> {
-        Ok(self.log.borrow().complete)
-    }
-    fn synchronize(&self) -> Result<()> {
-        self.log.borrow_mut().syncs.push(self.id);
-        Ok(())
-    }
-}
-
-type Layer = StreamOrdered<CoalescingPool<BumpUpstream>, TestStream>;
-
-fn setup(max: Option<u64>) -> (Layer, TestStream, TestStream, Rc<RefCell<Log>>) {
-    let log = Rc::new(RefCell::new(Log::default()));
+fn setup(max: Option<u64>) -> (Layer, LoggedStream, LoggedStream, Rc<RefCell<StreamLog>>) {
+    let log = Rc::new(RefCell::new(StreamLog::default()));
     let config = match max {
         Some(m) => PoolConfig::new().initial_size(m).maximum_size(m),
         None => PoolConfig::new(),
     };
     let pool = CoalescingPool::with_config(BumpUpstream::new(1 << 30), config, &()).unwrap();
-    let a = TestStream { id: 1, log: log.clone() };
-    let b = TestStream { id: 2, log: log.clone() };
+    let a = LoggedStream { id: 1, log: log.clone() };
+    let b = LoggedStream { id: 2, log: log.clone() };
     (StreamOrdered::new(pool), a, b, log)
 }
 
@@ -326,9 +282,9 @@ fn a_free_whose_streams_id_panics_changes_nothing() {
 #[test]
 fn a_dropped_layer_gives_its_listed_blocks_back() {
     let up = BumpUpstream::new(1 << 30);
-    let log = Rc::new(RefCell::new(Log::default()));
-    let a = TestStream { id: 1, log };
-    let mut so = StreamOrdered::<_, TestStream>::new(CoalescingPool::new(&up));
+    let log = Rc::new(RefCell::new(StreamLog::default()));
+    let a = LoggedStream { id: 1, log };
+    let mut so = StreamOrdered::<_, LoggedStream>::new(CoalescingPool::new(&up));
     let kept = so.allocate(req(1000), &a).unwrap();
     let b = so.allocate(req(5000), &a).unwrap();
     so.deallocate(b, &a).unwrap();
@@ -342,9 +298,9 @@ fn a_dropped_layer_gives_its_listed_blocks_back() {
 #[test]
 fn a_reclaim_whose_inner_free_panics_keeps_no_empty_bucket() {
     let up = BumpUpstream::new(1 << 30);
-    let log = Rc::new(RefCell::new(Log::default()));
-    let a = TestStream { id: 1, log: log.clone() };
-    let mut so = StreamOrdered::<_, TestStream>::new(&up);
+    let log = Rc::new(RefCell::new(StreamLog::default()));
+    let a = LoggedStream { id: 1, log: log.clone() };
+    let mut so = StreamOrdered::<_, LoggedStream>::new(&up);
     let (x, y) = (so.allocate(req(1000), &a).unwrap(), so.allocate(req(5000), &a).unwrap());
     so.deallocate(x, &a).unwrap();
     so.deallocate(y, &a).unwrap();
