@@ -10,7 +10,8 @@ use std::fmt;
 /// Sizes in 256-byte units, checked to fit `u32`.
 #[inline]
 fn units(size: u64) -> Result<u32, Error> {
-    u32::try_from(size.div_ceil(GRANULE)).map_err(|_| Error::InvalidSize { size })
+    u32::try_from(size.div_ceil(GRANULE))
+        .map_err(|_| Error::InvalidSize { size, what: "more 256-byte units than a u32 counts" })
 }
 
 fn peer_out_of_memory(size: u64, capacity_units: u64) -> Error {

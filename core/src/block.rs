@@ -102,6 +102,7 @@ impl Block {
         if self.size < len {
             return Err(Error::InvalidConfig { what: "upstream block shorter than asked" });
         }
-        Range::new(self.addr, len).ok_or(Error::InvalidSize { size: len })
+        Range::new(self.addr, len)
+            .ok_or(Error::InvalidSize { size: len, what: "the block runs past the last address" })
     }
 }

@@ -17,6 +17,9 @@ pub type Result<T, E = Error> = core::result::Result<T, E>;
 ///     e.to_string(),
 ///     "out of memory: requested 4.00 KiB, largest free block 1.00 KiB, pool size 8.00 KiB, maximum 8.00 KiB",
 /// );
+/// // A size that no pool could serve says why.
+/// let e = memres_core::Request::new(u64::MAX).unwrap_err();
+/// assert_eq!(e.to_string(), format!("invalid size: {} bytes (above Request::MAX_SIZE)", u64::MAX));
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
@@ -37,6 +40,8 @@ pub enum Error {
     InvalidSize {
         /// The size asked for.
         size: u64,
+        /// Why it cannot be served (`"above the block size"`).
+        what: &'static str,
     },
     /// An alignment that is not a power of two, or too large.
     InvalidAlignment {
@@ -135,7 +140,7 @@ impl fmt::Display for Error {
                     None => write!(f, ", no maximum"),
                 }
             }
-            Error::InvalidSize { size } => write!(f, "invalid size: {size} bytes"),
+            Error::InvalidSize { size, what } => write!(f, "invalid size: {size} bytes ({what})"),
             Error::InvalidAlignment { align } => {
                 write!(f, "invalid alignment: {align} (must be a power of two up to 2^40)")
             }

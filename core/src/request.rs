@@ -52,7 +52,7 @@ impl Request {
             return Err(Error::InvalidAlignment { align });
         }
         if size > Self::MAX_SIZE {
-            return Err(Error::InvalidSize { size });
+            return Err(Error::InvalidSize { size, what: "above Request::MAX_SIZE" });
         }
         let align = if align < DEFAULT_ALIGNMENT { DEFAULT_ALIGNMENT } else { align };
         Ok(Request { size, align })

@@ -81,7 +81,10 @@ fn bad_input_through_the_short_path_is_typed_and_changes_nothing() {
     let mr = Statistics::new(Shared::new(CoalescingPool::new(get_per_device_resource(500).unwrap())));
     let live = mr.allocate(1000).unwrap();
     let too_big = Request::MAX_SIZE + 1;
-    assert_eq!(mr.allocate(too_big), Err(Error::InvalidSize { size: too_big }));
+    assert_eq!(
+        mr.allocate(too_big),
+        Err(Error::InvalidSize { size: too_big, what: "above Request::MAX_SIZE" })
+    );
     let e = mr.allocate(1 << 50).unwrap_err(); // larger than the simulated device
     assert!(e.is_out_of_memory(), "{e:?}");
     let forged = Block::from_addr(live.addr() + (1 << 40), 256);

@@ -82,7 +82,9 @@ pub(crate) fn to_py(e: Error, what: &str) -> PyErr {
         }
         // A size no resource can serve: RMM raises `MemoryError` for
         // every allocation that fails.
-        Error::InvalidSize { size } => python_error("OutOfMemory", message, vec![("requested", Some(size))]),
+        Error::InvalidSize { size, .. } => {
+            python_error("OutOfMemory", message, vec![("requested", Some(size))])
+        }
         _ if e.is_out_of_memory() => python_error("OutOfMemory", message, vec![]),
         _ => invalid_argument(message),
     }

@@ -225,6 +225,16 @@ def test_out_of_memory_is_a_memory_error_with_the_figures():
     pool.deallocate(pool.allocate(20 * MiB), 20 * MiB)
 
 
+def test_a_size_a_resource_never_serves_says_why():
+    fixed = mr.FixedSizeMemoryResource(sim_pool(), block_size=4096)
+    with pytest.raises(memres.OutOfMemory, match=r"4097 bytes \(above the block size\)") as e:
+        fixed.allocate(4097)
+    assert e.value.requested == 4097
+    with pytest.raises(memres.OutOfMemory, match=r"above Request::MAX_SIZE"):
+        sim_pool().allocate(1 << 63)
+    fixed.deallocate(fixed.allocate(4096), 4096)
+
+
 def test_limiting_adaptor_reports_its_limit():
     lim = mr.LimitingResourceAdaptor(sim_pool(), allocation_limit=MiB)
     assert lim.get_allocation_limit() == MiB

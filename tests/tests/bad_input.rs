@@ -245,7 +245,7 @@ fn zero_size_is_the_empty_block_and_its_free_a_no_op() {
 fn sizes_and_alignments_no_request_can_hold() {
     // Refused before any resource sees them.
     for size in [Request::MAX_SIZE + 1, u64::MAX - 255, u64::MAX] {
-        assert_eq!(Request::new(size), Err(Error::InvalidSize { size }));
+        assert_eq!(Request::new(size), Err(Error::InvalidSize { size, what: "above Request::MAX_SIZE" }));
     }
     // Rounding up to the alignment would overflow.
     assert!(matches!(Request::aligned(u64::MAX - 255, 512), Err(Error::InvalidSize { .. })));
@@ -263,7 +263,10 @@ fn largest_size_fails_cleanly_everywhere() {
             let e = x.res.allocate(Request::new(Request::MAX_SIZE).unwrap(), &st.s1).unwrap_err();
             match x.name {
                 // Above the block size.
-                "FixedSizeResource" => assert_eq!(e, Error::InvalidSize { size: Request::MAX_SIZE }),
+                "FixedSizeResource" => assert_eq!(
+                    e,
+                    Error::InvalidSize { size: Request::MAX_SIZE, what: "above the block size" }
+                ),
                 // Refused before the upstream is asked.
                 "Limiting" => assert!(matches!(e, Error::LimitExceeded { .. }), "{e:?}"),
                 _ => assert!(

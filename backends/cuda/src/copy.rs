@@ -155,7 +155,7 @@ impl CudaCopy {
 }
 
 fn bytes(len: u64) -> Result<usize> {
-    usize::try_from(len).map_err(|_| Error::InvalidSize { size: len })
+    usize::try_from(len).map_err(|_| Error::InvalidSize { size: len, what: "more than a usize holds" })
 }
 
 /// Whether `addr..addr + len` is host-visible memory (in one live pinned or

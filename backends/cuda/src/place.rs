@@ -21,7 +21,8 @@ const PAD_MASK: u64 = (1 << 48) - 1;
 pub(crate) fn padded_size(request: Request) -> Result<usize> {
     // Requests are at most 2^62 bytes aligned to at most 2^40: no overflow.
     let bytes = request.size() + request.align().saturating_sub(DRIVER_ALIGN);
-    usize::try_from(bytes).map_err(|_| Error::InvalidSize { size: request.size() })
+    usize::try_from(bytes)
+        .map_err(|_| Error::InvalidSize { size: request.size(), what: "more than a usize holds" })
 }
 
 /// The block of `request` in the driver allocation `base..base + bytes`, or

@@ -134,7 +134,8 @@ impl<S: Stream + ?Sized> MemoryResource<S> for HostMemory {
             return Ok(Block::EMPTY);
         }
         let size = request.rounded_size(256);
-        let too_big = Error::InvalidSize { size: request.size() };
+        let too_big =
+            Error::InvalidSize { size: request.size(), what: "more than host memory's allocator takes" };
         let layout =
             Layout::from_size_align(usize::try_from(size).map_err(|_| too_big)?, request.align() as usize)
                 .map_err(|_| too_big)?;

@@ -317,7 +317,7 @@ impl ReservableSpace for SimAddressSpace {
 
     fn reserve(&self, len: u64) -> Result<Range> {
         if len == 0 || len % self.granule != 0 {
-            return Err(Error::InvalidSize { size: len });
+            return Err(Error::InvalidSize { size: len, what: "not a non-zero multiple of the granule" });
         }
         let mut s = self.lock();
         let out_of_addresses = |s: &State| Error::OutOfMemory {

@@ -74,7 +74,7 @@ use slots::{Slots, NIL};
 /// let a = fixed.allocate(Request::new(4000)?, &())?;
 /// let b = fixed.allocate(Request::new(10)?, &())?;
 /// assert_eq!(b.addr() - a.addr(), 4096);
-/// assert!(matches!(fixed.allocate(Request::new(4097)?, &()), Err(Error::InvalidSize { size: 4097 })));
+/// assert!(matches!(fixed.allocate(Request::new(4097)?, &()), Err(Error::InvalidSize { size: 4097, .. })));
 /// fixed.deallocate(a, &())?;
 /// assert!(matches!(fixed.deallocate(a, &()), Err(Error::DoubleFree { .. })));
 /// fixed.deallocate(b, &())?;
@@ -349,7 +349,7 @@ impl<U, C: Storage<Chunk>, L: Storage<Slot>> FixedSizeResource<U, C, L> {
         if request.is_zero() {
             Ok(Block::EMPTY)
         } else if request.size() > self.block_size {
-            Err(Error::InvalidSize { size: request.size() })
+            Err(Error::InvalidSize { size: request.size(), what: "above the block size" })
         } else {
             Err(Error::InvalidAlignment { align: request.align() })
         }

@@ -198,7 +198,8 @@ fn blocks_are_consecutive_lowest_first_and_reused_lifo() {
 #[test]
 fn request_above_block_size_or_alignment_is_an_error() {
     let mut f = fixed(FixedConfig::new(1024).chunk_alignment(256));
-    assert_eq!(f.allocate(Request::new(1025).unwrap(), &()), Err(Error::InvalidSize { size: 1025 }));
+    let e = f.allocate(Request::new(1025).unwrap(), &()).unwrap_err();
+    assert_eq!(e, Error::InvalidSize { size: 1025, what: "above the block size" });
     assert_eq!(
         f.allocate(Request::aligned(16, 512).unwrap(), &()),
         Err(Error::InvalidAlignment { align: 512 })

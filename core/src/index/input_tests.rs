@@ -42,10 +42,11 @@ fn move_where_with_an_alignment_not_a_power_of_two_changes_nothing() {
 /// or overflows after.
 #[test]
 fn every_sized_entry_point_refuses_bad_sizes_and_alignments() {
+    const MAX: &str = "above Request::MAX_SIZE";
     let bad = [
-        (0, 256, Error::InvalidSize { size: 0 }),
-        (Request::MAX_SIZE + 1, 256, Error::InvalidSize { size: Request::MAX_SIZE + 1 }),
-        (u64::MAX, 256, Error::InvalidSize { size: u64::MAX }),
+        (0, 256, Error::InvalidSize { size: 0, what: "zero bytes" }),
+        (Request::MAX_SIZE + 1, 256, Error::InvalidSize { size: Request::MAX_SIZE + 1, what: MAX }),
+        (u64::MAX, 256, Error::InvalidSize { size: u64::MAX, what: MAX }),
         (256, 0, Error::InvalidAlignment { align: 0 }),
         (256, 3, Error::InvalidAlignment { align: 3 }),
         (256, 513, Error::InvalidAlignment { align: 513 }),

@@ -31,7 +31,7 @@ fn check_request(size: u64, align: u64) -> Result<()> {
 fn request_error(size: u64, align: u64) -> Error {
     match Request::aligned(size, align) {
         Err(e) => e,
-        Ok(_) => Error::InvalidSize { size },
+        Ok(_) => Error::InvalidSize { size, what: "zero bytes" },
     }
 }
 
@@ -213,7 +213,7 @@ impl<N: Storage<Node>> CoalescingIndex<N> {
     #[inline]
     pub fn allocate_class(&mut self, size: u64, class: u64, align: u64) -> Result<Option<Allocation>> {
         if class < size {
-            return Err(Error::InvalidSize { size: class });
+            return Err(Error::InvalidSize { size: class, what: "a size class below the size it serves" });
         }
         let Some(found) = self.find_fit(class, align)? else { return Ok(None) };
         Ok(Some(self.carve(found, size, self.bytes_of(class), align.max(self.granule()))))

@@ -23,8 +23,14 @@ fn bad_input_through_the_short_path_is_typed_and_changes_nothing() {
     let stats = Statistics::new(Shared::new(CoalescingPool::new(BumpUpstream::new(1 << 30))));
     let live = stats.allocate(100).unwrap();
     let too_big = Request::MAX_SIZE + 1;
-    assert_eq!(stats.allocate(too_big), Err(Error::InvalidSize { size: too_big }));
-    assert_eq!(stats.allocate_on(too_big, &IdStream(1)), Err(Error::InvalidSize { size: too_big }));
+    assert_eq!(
+        stats.allocate(too_big),
+        Err(Error::InvalidSize { size: too_big, what: "above Request::MAX_SIZE" })
+    );
+    assert_eq!(
+        stats.allocate_on(too_big, &IdStream(1)),
+        Err(Error::InvalidSize { size: too_big, what: "above Request::MAX_SIZE" })
+    );
     assert!(stats.allocate(u64::MAX).is_err());
     // A block the pool never handed out, and one freed twice.
     let forged = Block::from_addr(live.addr() + (1 << 40), 256);

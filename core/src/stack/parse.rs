@@ -471,8 +471,9 @@ impl Call {
     /// # use memres_core::stack::{parse, StackErrorKind};
     /// # use memres_core::Error;
     /// let c = parse("pool(sim)")?;
-    /// let e = c.resource_error(Error::InvalidSize { size: 0 });
-    /// assert_eq!((e.pos, e.kind), (0, StackErrorKind::Resource(Error::InvalidSize { size: 0 })));
+    /// let refused = Error::InvalidConfig { what: "no upstream" };
+    /// let e = c.resource_error(refused);
+    /// assert_eq!((e.pos, e.kind), (0, StackErrorKind::Resource(refused)));
     /// # Ok::<(), memres_core::stack::StackError>(())
     /// ```
     pub fn resource_error(&self, e: crate::Error) -> StackError {

@@ -202,7 +202,7 @@ impl ReservableSpace for CountingSpace {
         let mut s = self.state.borrow_mut();
         let g = s.ledger.granule();
         if len == 0 || len % g != 0 {
-            return Err(Error::InvalidSize { size: len });
+            return Err(Error::InvalidSize { size: len, what: "not a non-zero multiple of the granule" });
         }
         let room = Self::END - s.next;
         if len > room {
@@ -213,7 +213,8 @@ impl ReservableSpace for CountingSpace {
                 max_size: Some(Self::END - Self::BASE),
             });
         }
-        let range = Range::new(s.next, len).ok_or(Error::InvalidSize { size: len })?;
+        let range =
+            Range::new(s.next, len).ok_or(Error::InvalidSize { size: len, what: "past the last address" })?;
         s.next += len;
         s.reservations.push((range, alloc::vec![0; CommitLedger::words(len / g)]));
         Ok(range)

@@ -178,7 +178,7 @@ fn allocate<R: FuzzResource>(r: &mut R, m: &mut Model, size: u64, align: u64) {
     let expect = if !align.is_power_of_two() || align > Request::MAX_ALIGN {
         Err(Error::InvalidAlignment { align })
     } else if size > Request::MAX_SIZE {
-        Err(Error::InvalidSize { size })
+        Err(Error::InvalidSize { size, what: "above Request::MAX_SIZE" })
     } else {
         Ok(())
     };

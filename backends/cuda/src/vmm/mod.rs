@@ -569,8 +569,11 @@ impl ReservableSpace for CudaVirtualSpace {
     }
 
     fn reserve(&self, len: u64) -> Result<Range> {
-        if len == 0 || len % self.granule != 0 || usize::try_from(len).is_err() {
-            return Err(Error::InvalidSize { size: len });
+        if len == 0 || len % self.granule != 0 {
+            return Err(Error::InvalidSize { size: len, what: "not a non-zero multiple of the granule" });
+        }
+        if usize::try_from(len).is_err() {
+            return Err(Error::InvalidSize { size: len, what: "more than a usize holds" });
         }
         let mut st = self.lock();
         let _current = self.driver.enter()?;
@@ -588,7 +591,10 @@ impl ReservableSpace for CudaVirtualSpace {
         };
         let Some(range) = Range::new(start, len) else {
             let _ = self.driver.free(start, len);
-            return Err(Error::InvalidSize { size: len });
+            return Err(Error::InvalidSize {
+                size: len,
+                what: "the driver's reservation runs past the last address",
+            });
         };
         st.reservations.insert(start, len);
         Ok(range)

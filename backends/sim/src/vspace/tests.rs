@@ -24,8 +24,9 @@ fn reservations_beyond_the_address_space_are_errors() {
             max_size: Some(64 * MIB)
         }
     );
-    assert_eq!(space.reserve(0), Err(Error::InvalidSize { size: 0 }));
-    assert_eq!(space.reserve(MIB), Err(Error::InvalidSize { size: MIB }));
+    const NOT_GRANULES: &str = "not a non-zero multiple of the granule";
+    assert_eq!(space.reserve(0), Err(Error::InvalidSize { size: 0, what: NOT_GRANULES }));
+    assert_eq!(space.reserve(MIB), Err(Error::InvalidSize { size: MIB, what: NOT_GRANULES }));
     let a = space.reserve(40 * MIB).unwrap();
     // Room for 24 MiB only now.
     assert!(space.reserve(26 * MIB).unwrap_err().is_out_of_memory());

@@ -83,7 +83,7 @@ impl FuzzResource for FixedTarget {
         let want_size = request.size() > self.fixed.block_size();
         let want_align = !want_size && request.align() > self.fixed.alignment();
         match err {
-            Error::InvalidSize { size } if want_size && *size == request.size() => Ok(()),
+            Error::InvalidSize { size, .. } if want_size && *size == request.size() => Ok(()),
             Error::InvalidAlignment { align } if want_align && *align == request.align() => Ok(()),
             _ if want_size || want_align => Err("expected InvalidSize or InvalidAlignment".into()),
             _ if self.fixed.usage().held != before[2] => {
