@@ -30,9 +30,11 @@ mod imp {
     use super::gauge;
     use memres_core::adaptor::Counted;
     use memres_core::stack::StackBuilder;
+    use memres_core::stack::StackError;
+    use memres_core::{DynResource, MemoryResource};
     use memres_sim::{HostCopy, HostMemory};
     use pyo3::PyResult;
-    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::sync::{Arc, Mutex, PoisonError, Weak};
 
     /// No stream: nothing runs on the simulated device or on the host.
     pub(crate) type Stream = ();
@@ -120,25 +122,55 @@ mod imp {
         Ok(false)
     }
 
+    /// The numbers of resources that must not share addresses while they
+    /// live (each `sim`'s device, each `vpool`'s space): the lowest whose
+    /// resource is gone, so that a process may make and drop them without
+    /// end. The limit is on those living at once (`memres_sim`'s).
+    struct Numbers(Mutex<Vec<Weak<dyn MemoryResource<Stream> + Send + Sync>>>);
+
+    impl Numbers {
+        const fn new() -> Self {
+            Numbers(Mutex::new(Vec::new()))
+        }
+
+        /// What `make` builds with the lowest free number, which stays
+        /// taken while it lives. The lock is held while it is built, so
+        /// two threads never take one number; `make` builds a leaf, which
+        /// takes no other number of this kind.
+        fn build(
+            &self,
+            make: impl FnOnce(u64) -> Result<DynResource<Stream>, StackError>,
+        ) -> Result<DynResource<Stream>, StackError> {
+            let mut taken = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+            let nth = taken.iter().position(|w| w.strong_count() == 0).unwrap_or(taken.len());
+            let made = make(nth as u64)?;
+            let weak = Arc::downgrade(&made);
+            match taken.get_mut(nth) {
+                Some(slot) => *slot = weak,
+                None => taken.push(weak),
+            }
+            Ok(made)
+        }
+    }
+
     /// The core's names, `vpool`, and `sim` and `host` counted in the
     /// device gauge; each `sim` and each `vpool` of the process has
-    /// addresses of its own.
+    /// addresses no other living one has.
     pub(crate) fn builder(device: u32) -> PyResult<StackBuilder<Stream>> {
         let g = gauge(device)?;
         let mut b = memres_sim::builder::<Stream>();
         let g2 = g.clone();
         b.register("sim", move |call, cx| {
             // Each resource is a stack of its own: a device of the process
-            // has addresses no other has (until some 2^17 were made).
-            static MADE: AtomicU64 = AtomicU64::new(0);
-            let nth = MADE.fetch_add(1, Ordering::Relaxed) % memres_sim::SIM_DEVICES;
-            Ok(cx.keep(call, Counted::new(memres_sim::sim_device(call, nth)?, g2.clone())))
+            // has addresses no other living one has.
+            static DEVICES: Numbers = Numbers::new();
+            DEVICES
+                .build(|nth| Ok(cx.keep(call, Counted::new(memres_sim::sim_device(call, nth)?, g2.clone()))))
         });
         b.register("vpool", |call, cx| {
             // So is each simulated address space.
-            static MADE: AtomicU64 = AtomicU64::new(0);
-            let nth = MADE.fetch_add(1, Ordering::Relaxed) % memres_sim::VPOOL_SPACES;
-            memres_sim::keep_vpool(call, cx, nth)
+            static SPACES: Numbers = Numbers::new();
+            SPACES.build(|nth| memres_sim::keep_vpool(call, cx, nth))
         });
         b.register_leaf_of::<Engine>("host", move |call, cx| {
             call.expect_args(0, &[])?;

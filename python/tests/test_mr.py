@@ -693,6 +693,29 @@ def test_simulated_address_spaces_have_addresses_of_their_own():
     s.deallocate(s.allocate(1000), 1000)
 
 
+def test_the_addresses_of_a_dropped_simulated_resource_are_used_again_only_then():
+    # A process may make and drop simulated devices and spaces without end:
+    # each takes the lowest number no living one has, so a new one never
+    # meets the addresses of one still alive, however many came before.
+    import gc
+    for make in (lambda: mr.SimulatedMemoryResource(1 << 30),
+                 lambda: mr.VirtualMemoryResource(simulated_capacity=1 << 30)):
+        def first_block(res):
+            p = res.allocate(1000)
+            res.deallocate(p, 1000)
+            return p
+        gc.collect()  # so that a takes the lowest number none of the others' garbage holds
+        a, b = make(), make()
+        pa, pb = first_block(a), first_block(b)
+        del a
+        gc.collect()
+        c = make()
+        assert first_block(c) == pa  # a's number, free again
+        d = make()
+        assert abs(first_block(d) - pb) >= 1 << 40 and abs(first_block(d) - pa) >= 1 << 40
+        del b, c, d
+
+
 def test_add_bin_is_refused_while_the_resource_is_used_and_changes_nothing():
     from memres import InvalidArgument
     b = mr.BinningMemoryResource(mr.PoolMemoryResource(mr.HostMemoryResource()), 10, 12)
