@@ -36,9 +36,14 @@ pub(super) struct Carry {
     /// Per slot, ascending by index: the allocation index it serves, its
     /// offset in the region (the slot before's end) and its rounded size.
     pub(super) slots: Vec<(u32, u64, u64)>,
-    /// The live blocks by offset: their rounded size and the size asked
-    /// for. None overlaps another or leaves the region.
-    pub(super) live: BTreeMap<u64, (u64, u64)>,
+    /// The live blocks by offset: their rounded size, the size asked for
+    /// and their tag. None overlaps another or leaves the region.
+    pub(super) live: BTreeMap<u64, (u64, u64, u64)>,
+    /// Blocks served so far: the next one's tag, so that a stale block
+    /// (freed, its bytes served again) is told from the live one. It stops
+    /// one short of [`Block::NO_TAG`], where the blocks are told apart by
+    /// address only.
+    pub(super) served: u64,
     /// The region (`Block::EMPTY` until the first block it serves): at
     /// least the sum of the slots while a block is live.
     pub(super) region: Block,
@@ -111,32 +116,34 @@ impl Carry {
     }
 
     /// If `addr` is in the region: the live block starting there (its
-    /// offset, rounded size and size asked for), if any.
-    pub(super) fn block_at(&self, addr: u64) -> Option<Option<(u64, u64, u64)>> {
+    /// offset, rounded size, size asked for and tag), if any.
+    pub(super) fn block_at(&self, addr: u64) -> Option<Option<(u64, u64, u64, u64)>> {
         let offset = offset_in(self.region, addr)?;
-        Some(self.live.get(&offset).map(|&(n, asked)| (offset, n, asked)))
+        Some(self.live.get(&offset).map(|&(n, asked, tag)| (offset, n, asked, tag)))
     }
 
     /// Serves `request` at `offset` if the region is there, the block's
     /// bytes lie in it and no live block covers them, and its address
-    /// suits `request`.
-    pub(super) fn serve_at(&mut self, offset: u64, request: Request) -> Option<u64> {
+    /// suits `request`: its address and tag.
+    pub(super) fn serve_at(&mut self, offset: u64, request: Request) -> Option<(u64, u64)> {
         let size = request.rounded_size(UNIT);
         let (r, end) = (self.region, offset.checked_add(size)?);
         let below = self.live.range(..end).next_back();
-        let clear = below.is_none_or(|(&o, &(n, _))| o + n <= offset);
+        let clear = below.is_none_or(|(&o, &(n, ..))| o + n <= offset);
         if r.is_empty() || end > r.size() || !clear || (r.addr() + offset) % request.align() != 0 || size == 0
         {
             return None;
         }
-        self.live.insert(offset, (size, request.size()));
-        Some(r.addr() + offset)
+        let tag = self.served;
+        self.served = tag.saturating_add(1);
+        self.live.insert(offset, (size, request.size(), tag));
+        Some((r.addr() + offset, tag))
     }
 
     /// Frees the live block at `offset` of rounded size `size`; `false` if
     /// there is none.
     pub(super) fn free(&mut self, offset: u64, size: u64) -> bool {
-        if self.live.get(&offset).is_none_or(|&(n, _)| n != size) {
+        if self.live.get(&offset).is_none_or(|&(n, ..)| n != size) {
             return false;
         }
         self.live.remove(&offset);
@@ -145,11 +152,11 @@ impl Carry {
 
     /// The rounded bytes of the live blocks.
     pub(super) fn live_bytes(&self) -> u64 {
-        self.live.values().map(|&(n, _)| n).sum()
+        self.live.values().map(|&(n, ..)| n).sum()
     }
 
     /// The live blocks, by ascending offset: offset and rounded size.
     pub(super) fn live_blocks(&self) -> impl Iterator<Item = (u64, u64)> + '_ {
-        self.live.iter().map(|(&o, &(n, _))| (o, n))
+        self.live.iter().map(|(&o, &(n, ..))| (o, n))
     }
 }

@@ -111,6 +111,24 @@ pub const MAX_STEP_OPS: u32 = 1 << 22;
 /// A block still live when its step ended.
 const OPEN: u32 = u32::MAX;
 
+/// The low bits of a step block's tag: its slot (fewer than
+/// [`MAX_STEP_OPS`]). The bits above are the step that served it, so that
+/// a stale block (freed, its slot served again in a later step) is told
+/// from the live one.
+const SLOT_BITS: u32 = 22;
+const _: () = assert!(MAX_STEP_OPS <= 1 << SLOT_BITS);
+
+/// The tag of the block at `slot` served in step `epoch`:
+/// [`Block::NO_TAG`] (told apart by address only) once the steps run past
+/// what the tag holds, 2^42, so that a tag is never handed out twice.
+fn step_tag(epoch: u64, slot: u32) -> u64 {
+    if epoch < (1 << (64 - SLOT_BITS)) - 1 {
+        epoch << SLOT_BITS | u64::from(slot)
+    } else {
+        Block::NO_TAG
+    }
+}
+
 /// What [`Planned`] has done, for tests and reports.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Steps {
@@ -285,8 +303,9 @@ impl Plan {
 #[derive(Clone, Copy)]
 enum Found {
     /// In the step's region: its slot, the live mark there (its entry's
-    /// index + 1), the size asked for and its rounded size.
-    Step { slot: usize, live: u32, asked: u64, size: u64 },
+    /// index + 1) and the step that served it, the size asked for and its
+    /// rounded size.
+    Step { slot: usize, live: u32, epoch: u64, asked: u64, size: u64 },
     /// In the carry region: its offset, the size asked for and its
     /// rounded size.
     Carried { offset: u64, asked: u64, size: u64 },
@@ -294,8 +313,7 @@ enum Found {
 
 /// What [`State::place`] makes of an allocation.
 enum Served {
-    /// From a region, at this address, with this tag: the block's slot
-    /// of the plan, or [`Block::NO_TAG`] in the carry region.
+    /// From a region, at this address, with this tag.
     At(u64, u64),
     /// From the upstream; recorded at this index if the step is recorded.
     Upstream(Option<u32>),
@@ -357,14 +375,15 @@ impl<R> Drop for Recorded<'_, R> {
 struct Unserved<'a, R> {
     state: &'a Shared<State<R>>,
     addr: u64,
+    tag: u64,
 }
 
 impl<R> Unserved<'_, R> {
-    /// The block's address, for the caller.
-    fn hand_over(self) -> u64 {
-        let addr = self.addr;
+    /// The block's address and tag, for the caller.
+    fn hand_over(self) -> (u64, u64) {
+        let served = (self.addr, self.tag);
         core::mem::forget(self);
-        addr
+        served
     }
 }
 
@@ -372,7 +391,7 @@ impl<R> Drop for Unserved<'_, R> {
     fn drop(&mut self) {
         self.state.with(|s| {
             // Its region stays while the block is live in it.
-            if let Some(Some((offset, size, _))) = s.carry.block_at(self.addr) {
+            if let Some(Some((offset, size, ..))) = s.carry.block_at(self.addr) {
                 s.carry.free(offset, size);
                 s.steps.planned_allocations -= 1;
             }
@@ -436,6 +455,9 @@ struct State<R> {
     /// Per slot of the plan: the live block there (its entry's index + 1),
     /// 0 for none, with its top bit set once it is overdue.
     slot_live: Vec<u32>,
+    /// Per slot of the plan: the step that served its live block (its
+    /// tag's high bits).
+    slot_epoch: Vec<u64>,
     /// Live blocks in the step's region and their rounded bytes.
     live_count: u32,
     live_bytes: u64,
@@ -481,6 +503,7 @@ impl<R> State<R> {
             cursor: 0,
             overdue: 0,
             slot_live: Vec::new(),
+            slot_epoch: Vec::new(),
             live_count: 0,
             live_bytes: 0,
             stream: 0,
@@ -516,10 +539,11 @@ impl<R> State<R> {
                             if addr % request.align() == 0 {
                                 let size = request.rounded_size(UNIT);
                                 self.slot_live[slot as usize] = k + 1;
+                                self.slot_epoch[slot as usize] = self.epoch;
                                 self.live_count += 1;
                                 self.live_bytes += size;
                                 self.steps.planned_allocations += 1;
-                                return Served::At(addr, slot as u64);
+                                return Served::At(addr, step_tag(self.epoch, slot));
                             }
                         }
                         (Place::Step { .. } | Place::Upstream, _) | (_, false) => {}
@@ -537,9 +561,9 @@ impl<R> State<R> {
                                 let (size, generation) = (self.carry.size(), self.carry.generation);
                                 return Served::TakeCarry { offset, size, generation };
                             }
-                            if let Some(addr) = self.carry.serve_at(offset, request) {
+                            if let Some((addr, tag)) = self.carry.serve_at(offset, request) {
                                 self.steps.planned_allocations += 1;
-                                return Served::At(addr, Block::NO_TAG);
+                                return Served::At(addr, tag);
                             }
                         }
                     }
@@ -571,7 +595,7 @@ impl<R> State<R> {
         (generation, offset): (u64, u64),
         request: Request,
         stream: u64,
-    ) -> (Option<u64>, Option<Block>) {
+    ) -> (Option<(u64, u64)>, Option<Block>) {
         let Some(region) = region else {
             self.carry.refused = true;
             return (None, None);
@@ -586,9 +610,9 @@ impl<R> State<R> {
         } else {
             Some(region)
         };
-        let addr = self.carry.serve_at(offset, request);
-        self.steps.planned_allocations += u64::from(addr.is_some());
-        (addr, spare)
+        let served = self.carry.serve_at(offset, request);
+        self.steps.planned_allocations += u64::from(served.is_some());
+        (served, spare)
     }
 
     /// Marks the region blocks due by allocation `k` that are still live
@@ -624,26 +648,40 @@ impl<R> State<R> {
         }
     }
 
-    /// If `addr` lies in a region: the live block there, or `Err(())`
-    /// where none starts at `addr`. `tag` is the block's: the slot of a
-    /// step's block, looked at first (any other tag costs a search).
-    fn region_block(&self, addr: u64, tag: u64) -> Option<core::result::Result<Found, ()>> {
+    /// If `addr` lies in a region: the live block there, or the error for
+    /// a free of `addr` with `tag`: [`Error::DoubleFree`] for a stale tag
+    /// (the block was freed, and its bytes served again), else
+    /// [`Error::UnknownBlock`] where no live block starts at `addr`. A
+    /// free with [`Block::NO_TAG`] frees the live block at `addr`.
+    fn region_block(&self, addr: u64, tag: u64) -> Option<Result<Found>> {
+        let stale = || Err(Error::DoubleFree { addr });
+        let unknown = || Err(Error::UnknownBlock { addr });
         if let Some(found) = self.carry.block_at(addr) {
-            let found = found.map(|(offset, size, asked)| Found::Carried { offset, asked, size });
-            return Some(found.ok_or(()));
+            return Some(match found {
+                Some((_, _, _, live)) if tag != Block::NO_TAG && tag != live => stale(),
+                Some((offset, size, asked, _)) => Ok(Found::Carried { offset, asked, size }),
+                None => unknown(),
+            });
         }
         let offset = offset_in(self.region, addr)?;
-        // The tag names the slot if the slot is at `addr`'s offset; else
-        // the slots (distinct, ascending) are searched.
-        let tagged = usize::try_from(tag).ok().filter(|&t| self.plan.slots.get(t) == Some(&offset));
-        let found = tagged.or_else(|| self.plan.slots.binary_search(&offset).ok()).and_then(|slot| {
-            let live = self.slot_live[slot] & !OVERDUE;
-            (live != 0).then(|| {
-                let request = self.plan.entries[live as usize - 1].request;
-                Found::Step { slot, live, asked: request.size(), size: request.rounded_size(UNIT) }
-            })
-        });
-        Some(found.ok_or(()))
+        // The tag names the slot; a bare address is searched for among the
+        // slots (distinct, ascending).
+        let slot = if tag == Block::NO_TAG {
+            self.plan.slots.binary_search(&offset).ok()
+        } else {
+            let t = (tag & ((1 << SLOT_BITS) - 1)) as usize;
+            (self.plan.slots.get(t) == Some(&offset)).then_some(t)
+        };
+        let Some(slot) = slot else { return Some(unknown()) };
+        let (live, epoch) = (self.slot_live[slot] & !OVERDUE, self.slot_epoch[slot]);
+        if live == 0 {
+            return Some(unknown());
+        }
+        if tag != Block::NO_TAG && tag != step_tag(epoch, slot as u32) {
+            return Some(stale());
+        }
+        let request = self.plan.entries[live as usize - 1].request;
+        Some(Ok(Found::Step { slot, live, epoch, asked: request.size(), size: request.rounded_size(UNIT) }))
     }
 
     /// Whether the step that just ended was served from the plan from its
@@ -689,6 +727,7 @@ impl<R> State<R> {
     /// Puts `plan` in force with a fresh table of live slots.
     fn install(&mut self, plan: Plan) {
         self.slot_live = (0..plan.slots.len()).map(|_| 0).collect();
+        self.slot_epoch = (0..plan.slots.len()).map(|_| 0).collect();
         self.plan = plan;
         self.overdue = 0;
     }
@@ -1017,15 +1056,16 @@ impl<S: Stream + ?Sized, R: MemoryResource<S>> MemoryResource<S> for Planned<R> 
                 // was made: in the first planned step, after the blocks the
                 // step before carried (from upstream) are freed.
                 let region = Request::new(size).ok().and_then(|r| self.upstream.allocate(r, stream).ok());
-                let (addr, spare) =
+                let (served, spare) =
                     self.state.with(|s| s.carry_taken(region, (generation, offset), request, id));
                 // Given back to the carry region if the spare's free panics.
-                let served = addr.map(|addr| Unserved { state: &self.state, addr });
+                let served = served.map(|(addr, tag)| Unserved { state: &self.state, addr, tag });
                 let back = spare.map_or(Ok(()), |spare| self.upstream.deallocate(spare, stream));
                 if let Some(served) = served {
                     // Served: the block is the caller's whatever became of
                     // the spare region (taken by a thread beside this one).
-                    return Ok(Block::from_addr(served.hand_over(), request.size()));
+                    let (addr, tag) = served.hand_over();
+                    return Ok(Block::new(addr, request.size(), tag));
                 }
                 back?;
                 None
@@ -1059,10 +1099,9 @@ impl<S: Stream + ?Sized, R: MemoryResource<S>> MemoryResource<S> for Planned<R> 
             });
             return Ok(());
         };
-        let Ok(found) = found else { return Err(Error::UnknownBlock { addr }) };
+        let found = found?;
         let (Found::Step { asked, size, .. } | Found::Carried { asked, size, .. }) = found;
-        // A size whose rounding overflows matches no block.
-        if block.size().checked_next_multiple_of(UNIT) != Some(size) {
+        if block.size() != asked {
             return Err(Error::SizeMismatch { addr, expected: asked, given: block.size() });
         }
         if stream.id() != plan_stream {
@@ -1070,9 +1109,9 @@ impl<S: Stream + ?Sized, R: MemoryResource<S>> MemoryResource<S> for Planned<R> 
             stream.synchronize()?;
         }
         self.state.with(|s| match found {
-            Found::Step { slot, live, .. } => {
+            Found::Step { slot, live, epoch, .. } => {
                 let now = s.slot_live.get(slot).copied().unwrap_or(0);
-                if now & !OVERDUE != live {
+                if now & !OVERDUE != live || s.slot_epoch.get(slot) != Some(&epoch) {
                     // Freed by another thread meanwhile.
                     return Err(Error::UnknownBlock { addr });
                 }
@@ -1181,7 +1220,7 @@ impl<R: Inspect> Inspect for Planned<R> {
                 at += n;
             }
             let mut end = 0;
-            for (&o, &(n, asked)) in &c.live {
+            for (&o, &(n, asked, _)) in &c.live {
                 if o < end || o + n > c.region.size() || asked.div_ceil(UNIT) * UNIT != n {
                     return Err(Violation::new("blocks in the carry region overlap, leave it or miscount"));
                 }

@@ -310,31 +310,86 @@ fn a_planned_block_still_live_at_the_step_end_keeps_the_next_step_unplanned() {
 }
 
 #[test]
-fn a_region_block_is_found_by_its_address_whatever_its_tag() {
-    // Three blocks live at once, all laid out in the region: each comes
-    // with its slot as its tag, which the free looks at first.
+fn a_region_block_is_freed_with_its_own_tag_or_by_its_address_alone() {
+    // Three blocks live at once, all laid out in the region: each with a
+    // tag of its own, which names its slot.
     let script = [Op::Alloc(MIB), Op::Alloc(MIB), Op::Alloc(MIB), Op::Free(0), Op::Free(1), Op::Free(2)];
     let p = Planned::new(Statistics::new(BumpUpstream::new(1 << 30)));
     record_twice(&p, &script);
     p.step(&()).unwrap();
     let [a, b, c] = [(); 3].map(|_| p.allocate(req(MIB), &()).unwrap());
     assert_eq!(p.steps().planned_allocations, 3);
-    let mut tags = [a.tag(), b.tag(), c.tag()];
-    tags.sort_unstable();
-    assert_eq!(tags, [0, 1, 2], "the region's three slots");
-    // a freed with b's tag: the block at a's address goes, b stays.
-    p.deallocate(Block::new(a.addr(), MIB, b.tag()), &()).unwrap();
-    assert_eq!(p.usage().used, 2 * MIB);
+    let tags = [a.tag(), b.tag(), c.tag()];
+    assert!(tags[0] != tags[1] && tags[1] != tags[2] && tags[0] != tags[2], "{tags:?}");
+    assert!(!tags.contains(&Block::NO_TAG));
+    // a with b's tag, b with a tag no block has: refused, nothing changed.
+    for wrong in [Block::new(a.addr(), MIB, b.tag()), Block::new(b.addr(), MIB, 12345)] {
+        assert_eq!(p.deallocate(wrong, &()), Err(Error::UnknownBlock { addr: wrong.addr() }));
+    }
+    assert_eq!(p.usage().used, 3 * MIB);
     p.check().unwrap();
-    assert_eq!(p.deallocate(a, &()), Err(Error::UnknownBlock { addr: a.addr() }), "a is gone, tag or not");
-    // b with a tag no slot has, c by its address alone.
-    p.deallocate(Block::new(b.addr(), MIB, 12345), &()).unwrap();
+    // Each with its own tag, c by its address alone.
+    p.deallocate(a, &()).unwrap();
+    assert_eq!(p.deallocate(a, &()), Err(Error::UnknownBlock { addr: a.addr() }), "a is gone");
+    p.deallocate(b, &()).unwrap();
     p.deallocate(Block::from_addr(c.addr(), MIB), &()).unwrap();
     assert_eq!(p.usage().used, 0);
     p.check().unwrap();
     // The step followed its plan: the next one is served from it again.
     p.step(&()).unwrap();
     assert_eq!(p.steps().followed, 1);
+}
+
+#[test]
+fn a_stale_block_whose_place_was_served_again_is_a_double_free() {
+    // Every planned step serves the same slots at the same addresses: the
+    // block of the step before is told from this step's by its tag.
+    let script = [Op::Alloc(1000), Op::Alloc(3000), Op::Free(0), Op::Free(1)];
+    let p = Planned::new(Statistics::new(BumpUpstream::new(1 << 30)));
+    record_twice(&p, &script);
+    p.step(&()).unwrap();
+    let old = run(&p, &[Op::Alloc(1000)])[0].unwrap();
+    let other = p.allocate(req(3000), &()).unwrap();
+    p.deallocate(old, &()).unwrap();
+    p.deallocate(other, &()).unwrap();
+    p.step(&()).unwrap();
+    let new = p.allocate(req(1000), &()).unwrap();
+    let other = p.allocate(req(3000), &()).unwrap();
+    assert_eq!(p.steps().planned_allocations, 4);
+    assert_eq!(new.addr(), old.addr(), "the same place");
+    let used = p.usage().used;
+    assert_eq!(p.deallocate(old, &()), Err(Error::DoubleFree { addr: old.addr() }));
+    assert_eq!(p.usage().used, used, "nothing changed");
+    p.check().unwrap();
+    p.deallocate(new, &()).unwrap();
+    p.deallocate(other, &()).unwrap();
+    assert_eq!(p.usage().used, 0);
+}
+
+#[test]
+fn a_stale_block_of_the_carry_region_is_a_double_free() {
+    let p = Planned::new(Statistics::new(BumpUpstream::new(1 << 30)));
+    let mut grads = Vec::new();
+    let mut stale = Vec::new();
+    for _ in 0..4 {
+        stale = grads.clone();
+        train_step(&p, &mut grads);
+    }
+    // The gradients of the last two steps were served from the carry
+    // region, at the same places.
+    assert!(p.steps().carry_region > 0);
+    let addrs = |b: &[Block]| b.iter().map(Block::addr).collect::<Vec<_>>();
+    assert_eq!(addrs(&stale), addrs(&grads));
+    let used = p.usage().used;
+    for &g in &stale {
+        assert_eq!(p.deallocate(g, &()), Err(Error::DoubleFree { addr: g.addr() }));
+    }
+    assert_eq!(p.usage().used, used, "nothing changed");
+    p.check().unwrap();
+    for g in grads.drain(..) {
+        p.deallocate(g, &()).unwrap();
+    }
+    assert_eq!(p.usage().used, 0);
 }
 
 #[test]
@@ -353,6 +408,12 @@ fn bad_frees_are_refused_and_change_nothing() {
     assert_eq!(
         p.deallocate(wrong, &()),
         Err(Error::SizeMismatch { addr: a.addr(), expected: MIB, given: 512 })
+    );
+    // A size that rounds as the block's did is another size too.
+    let wrong = Block::new(a.addr(), MIB - 1, a.tag());
+    assert_eq!(
+        p.deallocate(wrong, &()),
+        Err(Error::SizeMismatch { addr: a.addr(), expected: MIB, given: MIB - 1 })
     );
     // A size whose rounding overflows (`div_ceil(UNIT) * UNIT` panicked).
     let wrong = Block::new(a.addr(), u64::MAX, a.tag());
