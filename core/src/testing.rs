@@ -646,6 +646,8 @@ pub(crate) struct StreamLog {
     pub(crate) syncs: alloc::vec::Vec<u64>,
     /// `synchronize_device` calls.
     pub(crate) device_syncs: u64,
+    /// `id` calls: a resource reads it once per call.
+    pub(crate) ids: u64,
     /// What every query answers.
     pub(crate) complete: bool,
     /// Whether `record` fails.
@@ -668,6 +670,7 @@ impl Stream for LoggedStream {
     /// The id of the stream it was recorded on.
     type Event = u64;
     fn id(&self) -> u64 {
+        self.log.borrow_mut().ids += 1;
         self.id
     }
     fn record(&self) -> Result<u64> {

@@ -339,8 +339,7 @@ impl<M: MakePool<S>, S: Stream + ?Sized> PerStreamPool<M, S> {
     /// (made now if it has none), settled, then its pool, then memory from
     /// elsewhere.
     #[cold]
-    fn allocate_other(&mut self, request: Request, stream: &S) -> Result<Block> {
-        let id = stream.id();
+    fn allocate_other(&mut self, request: Request, stream: &S, id: u64) -> Result<Block> {
         let i = match self.find(id) {
             Some(i) => i,
             None => {
@@ -365,8 +364,8 @@ impl<M: MakePool<S>, S: Stream + ?Sized> PerStreamPool<M, S> {
     /// the latest call's, or on a lane that settles first
     /// ([`ChunkPool::frees_give_back`]).
     #[cold]
-    fn deallocate_other(&mut self, block: Block, stream: &S) -> Result<()> {
-        let Some(i) = self.find(stream.id()) else { return self.deallocate_cross(block, stream) };
+    fn deallocate_other(&mut self, block: Block, stream: &S, id: u64) -> Result<()> {
+        let Some(i) = self.find(id) else { return self.deallocate_cross(block, stream, id) };
         self.last = i;
         if self.lanes[i].settles_before_free() && self.lanes[i].pool.holds(block.addr()) {
             self.settle(i, stream)?;
@@ -379,7 +378,7 @@ impl<M: MakePool<S>, S: Stream + ?Sized> PerStreamPool<M, S> {
                 }
                 Ok(())
             }
-            Err(Error::UnknownBlock { .. }) => self.deallocate_cross(block, stream),
+            Err(Error::UnknownBlock { .. }) => self.deallocate_cross(block, stream, id),
             Err(e) => Err(e),
         }
     }
@@ -459,10 +458,10 @@ impl<M: MakePool<S>, S: Stream + ?Sized> PerStreamPool<M, S> {
         Ok(())
     }
 
-    /// Frees `block` of another stream's pool on `stream`.
+    /// Frees `block` of another stream's pool on `stream`, whose id is `id`.
     #[cold]
-    fn deallocate_cross(&mut self, block: Block, stream: &S) -> Result<()> {
-        let (id, addr) = (stream.id(), block.addr());
+    fn deallocate_cross(&mut self, block: Block, stream: &S, id: u64) -> Result<()> {
+        let addr = block.addr();
         let owner = self
             .lanes
             .iter()
@@ -681,9 +680,12 @@ impl<M: MakePool<S>, S: Stream + ?Sized> MemoryResourceMut<S> for PerStreamPool<
         if request.is_zero() {
             return Ok(Block::EMPTY);
         }
+        // Read once: a stream's id may change from call to call, never
+        // within one (the lane found is the lane used).
+        let id = stream.id();
         // The stream of the latest call, with room and nothing to settle.
         if let Some(lane) = self.lanes.get_mut(self.last) {
-            if lane.id == stream.id() && !lane.settle_next {
+            if lane.id == id && !lane.settle_next {
                 let stamp = lane.stamp;
                 let got = lane.pool.try_allocate(request, stream);
                 self.count_held_if_grown();
@@ -695,7 +697,7 @@ impl<M: MakePool<S>, S: Stream + ?Sized> MemoryResourceMut<S> for PerStreamPool<
                 };
             }
         }
-        self.allocate_other(request, stream)
+        self.allocate_other(request, stream, id)
     }
 
     /// # Errors
@@ -715,17 +717,17 @@ impl<M: MakePool<S>, S: Stream + ?Sized> MemoryResourceMut<S> for PerStreamPool<
         if block.is_empty() {
             return Ok(());
         }
-        let last = self.last;
+        let (last, id) = (self.last, stream.id());
         let alone = self.lanes.len() == 1;
         match self.lanes.get_mut(last) {
             // One stream: no other would take a chunk, none to tell of.
-            Some(lane) if lane.id == stream.id() && alone && !lane.settles_before_free() => {
+            Some(lane) if lane.id == id && alone && !lane.settles_before_free() => {
                 match lane.pool.deallocate(restamp(block, lane.stamp), stream) {
-                    Err(Error::UnknownBlock { .. }) => self.deallocate_cross(block, stream),
+                    Err(Error::UnknownBlock { .. }) => self.deallocate_cross(block, stream, id),
                     other => other,
                 }
             }
-            Some(lane) if lane.id == stream.id() && !lane.settles_before_free() => {
+            Some(lane) if lane.id == id && !lane.settles_before_free() => {
                 match lane.pool.deallocate_reporting(restamp(block, lane.stamp), stream) {
                     Ok(false) => Ok(()),
                     Ok(true) => {
@@ -733,11 +735,11 @@ impl<M: MakePool<S>, S: Stream + ?Sized> MemoryResourceMut<S> for PerStreamPool<
                         Ok(())
                     }
                     // Not in this stream's pool: another's, or none's.
-                    Err(Error::UnknownBlock { .. }) => self.deallocate_cross(block, stream),
+                    Err(Error::UnknownBlock { .. }) => self.deallocate_cross(block, stream, id),
                     Err(e) => Err(e),
                 }
             }
-            _ => self.deallocate_other(block, stream),
+            _ => self.deallocate_other(block, stream, id),
         }
     }
 }

@@ -37,14 +37,29 @@ fn req(n: u64) -> Request {
 
 impl Rig {
     fn alloc(&mut self, n: u64, s: &LoggedStream) -> Block {
+        let ids = self.ids();
         let b = self.pools.allocate(req(n), s).unwrap();
+        self.read_id_once(ids);
         self.pools.check().unwrap();
         b
     }
 
     fn free(&mut self, b: Block, s: &LoggedStream) {
+        let ids = self.ids();
         self.pools.deallocate(b, s).unwrap();
+        self.read_id_once(ids);
         self.pools.check().unwrap();
+    }
+
+    fn ids(&self) -> u64 {
+        self.log.borrow().ids
+    }
+
+    /// A call reads its stream's id once, as `Stream::id` says: a stream
+    /// whose id changes between two reads would have a block found in one
+    /// lane and freed in another's.
+    fn read_id_once(&self, before: u64) {
+        assert!(self.ids() - before <= 1, "{} reads of the stream's id in one call", self.ids() - before);
     }
 
     fn records(&self) -> Vec<u64> {
