@@ -106,7 +106,8 @@ impl SimAddressSpace {
     }
 
     /// A space as [`new`](Self::new) with `span` bytes of addresses
-    /// (rounded down to the granule, at least one granule).
+    /// (rounded down to the granule, at least one granule, at most the
+    /// addresses above [`BASE`](Self::BASE)).
     ///
     /// # Panics
     ///
@@ -117,7 +118,7 @@ impl SimAddressSpace {
             granule.is_power_of_two() && (256..=Self::MAX_GRANULE).contains(&granule),
             "granule {granule} not a power of two from 256 to 2^45"
         );
-        let span = (span & !(granule - 1)).max(granule);
+        let span = (span.min(u64::MAX - Self::BASE) & !(granule - 1)).max(granule);
         let mut space = CoalescingIndex::new(granule);
         space.add_range(Range::new(Self::BASE, span).expect("the span fits above BASE")).expect("one node");
         SimAddressSpace {

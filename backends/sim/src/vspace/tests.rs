@@ -12,6 +12,18 @@ fn range(start: u64, len: u64) -> Range {
 }
 
 #[test]
+fn a_span_past_the_last_address_is_cut_to_what_lies_above_the_base() {
+    for granule in [256, 2 * MIB] {
+        let space = SimAddressSpace::with_span(1 << 30, granule, u64::MAX);
+        let top = (u64::MAX - SimAddressSpace::BASE) / granule * granule;
+        assert_eq!((space.addresses().start(), space.span()), (SimAddressSpace::BASE, top));
+        let r = space.reserve(granule).unwrap();
+        assert_eq!(r.start(), SimAddressSpace::BASE);
+        space.release(r).unwrap();
+    }
+}
+
+#[test]
 fn reservations_beyond_the_address_space_are_errors() {
     let space = SimAddressSpace::with_span(1 << 30, 2 * MIB, 64 * MIB);
     let err = space.reserve(66 * MIB).unwrap_err();
