@@ -25,6 +25,19 @@ def _at_exit():
         _cuda.at_exit()
 
 
+def _after_fork_in_child():
+    """The child of a fork has only the thread that forked, which was in no
+    memres call: the calls the parent's other threads were in are not the
+    child's to wait for at exit."""
+    sim.after_fork_in_child()
+    if _cuda is not None:
+        _cuda.after_fork_in_child()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
 def cuda():
     """The CUDA native module, or CudaUnavailable naming what is missing."""
     global _cuda, _cuda_error

@@ -176,8 +176,9 @@ def as_handle(stream):
     stream), a memres Stream, an object with ``__cuda_stream__``, a
     ``torch.cuda.Stream`` (``cuda_stream``), a ``cupy.cuda.Stream``
     (``ptr``) or a Numba stream (``handle``: a ctypes pointer or a
-    cuda-python ``CUstream``). Anything else, a bare int
-    or bool included, is a ``TypeError`` that says what to pass."""
+    cuda-python ``CUstream``), each told by its type's package. Anything
+    else, a bare int or bool included, is a ``TypeError`` that says what
+    to pass."""
     if stream is None:
         return 0
     if isinstance(stream, Stream):
@@ -197,14 +198,18 @@ def as_handle(stream):
             raise NotImplementedError(f"memres: only version 0 of the CUDA stream protocol is "
                                       f"supported, not version: '{version}'")
         return _checked(handle)
-    for attr in ("cuda_stream", "ptr"):
+    # Each framework's attribute only on its own streams, by the module of
+    # their type (as RMM tells them by their class): a DeviceBuffer's
+    # `ptr` is an address, not a stream.
+    framework = type(stream).__module__.partition(".")[0]
+    for attr, of in (("cuda_stream", "torch"), ("ptr", "cupy")):
         value = getattr(stream, attr, None)
-        if isinstance(value, int):
+        if isinstance(value, int) and framework == of:
             return _checked(value)
     # Numba: a ctypes c_void_p, or with NVIDIA's bindings (numba-cuda's
     # default) a cuda-python CUstream, whose int() is the handle.
     handle = getattr(stream, "handle", None)
-    if handle is not None:
+    if handle is not None and framework == "numba":
         if type(handle).__module__.partition(".")[0] == "cuda":
             return _checked(int(handle))
         return _checked(getattr(handle, "value", handle) or 0)

@@ -68,13 +68,34 @@ pub(crate) fn detach<T: Send>(py: Python<'_>, f: impl Send + FnOnce() -> T) -> T
     })
 }
 
+/// How long [`at_exit`] waits for the calls that gave the GIL up. A call
+/// that ends later finds the exit begun and never takes the GIL back; only
+/// one inside a Python function of the user's (a callback resource's, a
+/// failure callback) may still take it back during finalization. So the
+/// wait is for those, and is bounded: a callback that never returns (a
+/// daemon thread waiting on an event) kept the process from ending.
+const EXIT_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// Ends the giving up of the GIL and waits for the calls that gave it up
-/// (see the module's doc). Run by the package's `atexit` handler.
+/// (see the module's doc), for at most [`EXIT_WAIT`], or until a signal
+/// (Ctrl-C) comes. Run by the package's `atexit` handler.
 #[pyfunction]
 pub(crate) fn at_exit(py: Python<'_>) {
     EXITING.store(true, SeqCst);
-    while GIVEN_UP.load(SeqCst) != 0 {
+    let start = std::time::Instant::now();
+    while GIVEN_UP.load(SeqCst) != 0 && start.elapsed() < EXIT_WAIT {
         // The GIL given up for a while: a call waiting for it takes it back.
         py.detach(|| std::thread::sleep(std::time::Duration::from_millis(1)));
+        if py.check_signals().is_err() {
+            break;
+        }
     }
+}
+
+/// In the child of a `fork`: no call gave the GIL up. The calls counted
+/// were other threads', which the child does not have; counted still, the
+/// child's exit waited for them. Run by `os.register_at_fork`.
+#[pyfunction]
+pub(crate) fn after_fork_in_child() {
+    GIVEN_UP.store(0, SeqCst);
 }

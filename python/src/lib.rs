@@ -78,6 +78,7 @@ fn native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(snapshot::snapshot, m)?)?;
     m.add_function(wrap_pyfunction!(log_file_of_device, m)?)?;
     m.add_function(wrap_pyfunction!(gil::at_exit, m)?)?;
+    m.add_function(wrap_pyfunction!(gil::after_fork_in_child, m)?)?;
     current::install_default();
     Ok(())
 }

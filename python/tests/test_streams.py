@@ -14,14 +14,17 @@ from memres._stream import as_handle
 
 
 class TorchLike:
+    __module__ = "torch.cuda.streams"
     cuda_stream = 0x1234
 
 
 class CupyLike:
+    __module__ = "cupy.cuda.stream"
     ptr = 0x5678
 
 
 class NumbaLike:
+    __module__ = "numba.cuda.cudadrv.driver"
     handle = ctypes.c_void_p(0x9ABC)
 
 
@@ -37,6 +40,7 @@ class CUstream:
 
 
 class NumbaBindingLike:
+    __module__ = "numba.cuda.cudadrv.driver"
     handle = CUstream(0x7A5C)
 
 
@@ -66,6 +70,21 @@ def test_what_is_not_a_stream_is_a_type_error_that_says_what_to_pass(bad):
     for make in (as_handle, memres.Stream):
         with pytest.raises(TypeError, match=r"memres\.Stream.*__cuda_stream__.*None.*from_handle"):
             make(bad)
+
+
+def test_an_address_is_not_a_stream_whatever_its_attribute():
+    # A framework's attribute counts on that framework's streams only: a
+    # buffer's `ptr` is an address, which memres would have handed to the
+    # driver as a stream.
+    buf = memres.DeviceBuffer.to_device(b"abc", mr=mr.HostMemoryResource())
+    others = [buf, types.SimpleNamespace(ptr=0x5678), types.SimpleNamespace(cuda_stream=0x1234),
+              types.SimpleNamespace(handle=ctypes.c_void_p(0x9ABC))]
+    for bad in others:
+        for make in (as_handle, memres.Stream):
+            with pytest.raises(TypeError, match="is not a stream"):
+                make(bad)
+    with pytest.raises(TypeError, match="is not a stream"):
+        memres.DeviceBuffer(size=10, stream=buf, mr=mr.HostMemoryResource())
 
 
 @pytest.mark.parametrize("bad, error", [(-1, ValueError), (1 << 64, ValueError), (True, TypeError),

@@ -144,3 +144,45 @@ def test_daemon_threads_inside_memres_calls_at_exit_end_with_the_process():
     for _ in range(20):
         out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=LIMIT_S)
         assert out.returncode == 0 and out.stdout.strip() == "done", (out.returncode, out.stderr)
+
+
+def test_a_daemon_thread_blocked_in_a_python_callback_does_not_keep_the_process_alive():
+    # The exit waits for the calls that gave the GIL up, but not for ever:
+    # a callback that never returns kept the process from ending.
+    run_child("""
+        import threading, memres
+        from memres import mr
+        blocked = threading.Event()
+        def alloc(nbytes, stream):
+            blocked.set()
+            threading.Event().wait()
+        cb = mr.CallbackMemoryResource(alloc, lambda p, n, s: None, backend="sim")
+        threading.Thread(target=lambda: cb.allocate(100), daemon=True).start()
+        blocked.wait()
+        print("done")
+    """)
+
+
+def test_the_child_of_a_fork_exits_while_a_parent_thread_was_in_a_memres_call():
+    # The child has only the thread that forked: the calls other threads
+    # of the parent were in are not its to wait for (its exit hung).
+    run_child("""
+        import os, threading, time, memres
+        data = bytes(8 << 20)
+        def spin():
+            while True:
+                memres.DeviceBuffer.to_device(data)
+        threading.Thread(target=spin, daemon=True).start()
+        time.sleep(0.2)
+        for _ in range(5):
+            start = time.monotonic()
+            pid = os.fork()
+            if pid == 0:
+                raise SystemExit(0)  # the interpreter's whole exit, its handlers included
+            _, status = os.waitpid(pid, 0)
+            took = time.monotonic() - start
+            assert os.waitstatus_to_exitcode(status) == 0, status
+            # Far below the longest wait at exit (5 s), which it reached.
+            assert took < 2.5, took
+        print("done")
+    """)
