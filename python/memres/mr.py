@@ -17,6 +17,7 @@ StackMemoryResource builds any stack string.
 """
 
 import atexit
+import operator
 import os
 import re
 import sys
@@ -54,12 +55,19 @@ def _word(value, what):
     return text
 
 
-def _size(value, what):
+def _size(value, what, align=None):
     """A size argument of a stack (an int, or a string such as ``"2 GiB"``
-    or ``"500MB"``, as RMM's ``parse_bytes`` reads it), as its text."""
+    or ``"500MB"``, as RMM's ``parse_bytes`` reads it), as its text;
+    ``align="up"`` or ``"down"`` rounds it to a multiple of 256, as RMM
+    does where its resource needs one."""
     if isinstance(value, str):
         value = _parse_bytes(value, what)
-    return str(_nbytes(value, what))
+    n = _nbytes(value, what)
+    if align == "up":
+        n = min(-(-n // 256) * 256, (1 << 64) - 256)
+    elif align == "down":
+        n = n // 256 * 256
+    return str(n)
 
 
 # The units RMM's sizes take, case aside: bytes, decimal (kb..pb) and
@@ -84,10 +92,12 @@ def _parse_bytes(text, what):
 
 
 def _bin(exponent, what):
-    """RMM's bin exponent as the stack's bin size in bytes (``min_bin=``, ``max_bin=``)."""
+    """RMM's bin exponent as the stack's bin size in bytes (``min_bin=``,
+    ``max_bin=``), at least 256: RMM's bins below it hand out blocks of 256
+    bytes (a fixed-size resource rounds its block size up to 256)."""
     if isinstance(exponent, bool) or not isinstance(exponent, int) or not 0 <= exponent < 64:
         raise ValueError(f"memres: {what} must be an int from 0 to 63, not {exponent!r}")
-    return str(1 << exponent)
+    return str(max(1 << exponent, 256))
 
 
 def _args(positional, **keys):
@@ -217,11 +227,13 @@ class UpstreamResourceAdaptor(DeviceMemoryResource):
 
 def _nbytes(n, what):
     """``n`` as the native side takes a size or an address: an int of 0 to
-    2**64 - 1. As RMM's ``size_t`` arguments: TypeError for what is no int
-    (a bool included), OverflowError for one out of range; each names
-    ``what``."""
-    if isinstance(n, bool) or not isinstance(n, int):
+    2**64 - 1, or an integer of another type (NumPy's: ``np.prod(shape)``)
+    that says its value (``__index__``). As RMM's ``size_t`` arguments:
+    TypeError for what is no integer (a bool included), OverflowError for
+    one out of range; each names ``what``."""
+    if isinstance(n, bool) or not hasattr(type(n), "__index__"):
         raise TypeError(f"memres: {what} must be an int from 0 to 2**64 - 1, not {n!r}")
+    n = operator.index(n)
     if not 0 <= n < 1 << 64:
         raise OverflowError(f"memres: {what} must be an int from 0 to 2**64 - 1, not {n!r}")
     return n
@@ -436,8 +448,9 @@ class ArenaMemoryResource(UpstreamResourceAdaptor):
     """Global arena of superblocks with per-thread and per-stream arenas."""
 
     def __init__(self, upstream_mr, arena_size=None, dump_log_on_failure=False):
+        # Rounded down to 256, as RMM's global arena.
         self._build("arena", [], [upstream_mr],
-                    initial=None if arena_size is None else _size(arena_size, "arena_size"))
+                    initial=None if arena_size is None else _size(arena_size, "arena_size", align="down"))
 
 
 class BinningMemoryResource(UpstreamResourceAdaptor):
@@ -506,7 +519,8 @@ class FixedSizeMemoryResource(UpstreamResourceAdaptor):
     """Blocks of one size, ``blocks_to_preallocate`` per upstream chunk."""
 
     def __init__(self, upstream_mr, block_size=1 << 20, blocks_to_preallocate=128):
-        self._build("fixed", [], [upstream_mr], size=_size(block_size, "block_size"),
+        # Rounded up to 256, as RMM's.
+        self._build("fixed", [], [upstream_mr], size=_size(block_size, "block_size", align="up"),
                     blocks=_size(blocks_to_preallocate, "blocks_to_preallocate"))
 
 

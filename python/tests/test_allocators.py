@@ -14,6 +14,7 @@ from memres.allocators import cupy as memres_cupy
 
 class FakeCupyStream:
     """As ``cupy.cuda.Stream``: its handle is destroyed when collected."""
+    __module__ = "cupy.cuda.stream"
 
     def __init__(self, ptr):
         self.ptr = ptr

@@ -129,7 +129,7 @@ def test_host_buffer_has_no_cuda_array_interface():
 @pytest.mark.parametrize("stream, exported", [(None, 1), (memres.Stream.from_handle(0), 1),
                                              (memres.Stream.from_handle(2), 2),
                                              (memres.Stream.from_handle(0x7F00), 0x7F00),
-                                             (types.SimpleNamespace(ptr=0x55), 0x55)])
+                                             (type("Stream", (), {"__module__": "cupy.cuda.stream", "ptr": 0x55})(), 0x55)])
 def test_the_cuda_array_interface_names_the_buffers_stream(stream, exported):
     # A host buffer passed off as a CUDA one: the dict is the same.
     buf = memres.DeviceBuffer(size=4, mr=mr.HostMemoryResource(), stream=stream)

@@ -235,6 +235,34 @@ def test_a_size_a_resource_never_serves_says_why():
     fixed.deallocate(fixed.allocate(4096), 4096)
 
 
+def test_sizes_and_pointers_take_numpy_integers_as_rmms_size_t():
+    np = pytest.importorskip("numpy")
+    h = mr.HostMemoryResource()
+    p = h.allocate(np.int64(100))
+    h.deallocate(np.uint64(p), np.int32(100))
+    buf = memres.DeviceBuffer(size=np.prod((10, 10)), mr=h)
+    buf.resize(np.int32(20))
+    assert buf.size == 20
+    # Still refused: what is no integer, or out of range.
+    for bad, error in ((np.float64(1.0), TypeError), (np.int64(-1), OverflowError), (True, TypeError)):
+        with pytest.raises(error):
+            h.allocate(bad)
+
+
+def test_sizes_rmm_rounds_are_rounded_as_rmms():
+    h = mr.HostMemoryResource()
+    fixed = mr.FixedSizeMemoryResource(h, block_size=1000, blocks_to_preallocate=4)
+    assert "size=1024" in fixed.stack
+    fixed.deallocate(fixed.allocate(1024), 1024)
+    bins = mr.BinningMemoryResource(h, 5, 10)  # RMM's bins of 32 to 128 bytes hand out 256
+    assert "min_bin=256, max_bin=1024" in bins.stack
+    for n in (1, 32, 200, 1024, 5000):
+        bins.deallocate(bins.allocate(n), n)
+    arena = mr.ArenaMemoryResource(h, arena_size=(1 << 20) + 100)
+    assert f"initial={1 << 20}" in arena.stack
+    arena.deallocate(arena.allocate(100), 100)
+
+
 def test_limiting_adaptor_reports_its_limit():
     lim = mr.LimitingResourceAdaptor(sim_pool(), allocation_limit=MiB)
     assert lim.get_allocation_limit() == MiB
