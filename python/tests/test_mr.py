@@ -263,6 +263,16 @@ def test_sizes_rmm_rounds_are_rounded_as_rmms():
     arena.deallocate(arena.allocate(100), 100)
 
 
+def test_a_failed_growth_leaves_the_pool_holding_what_it_held():
+    # The pool gives its free chunks back before it grows; when the growth
+    # fails they are taken again (an impossible request emptied the pool).
+    pool = mr.PoolMemoryResource(mr.HostMemoryResource(), initial_pool_size=4 * MiB)
+    with pytest.raises(memres.OutOfMemory, match="pool size 4.00 MiB"):
+        pool.allocate(1 << 50)
+    assert pool.pool_size() == 4 * MiB
+    pool.deallocate(pool.allocate(MiB), MiB)
+
+
 def test_limiting_adaptor_reports_its_limit():
     lim = mr.LimitingResourceAdaptor(sim_pool(), allocation_limit=MiB)
     assert lim.get_allocation_limit() == MiB

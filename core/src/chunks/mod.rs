@@ -430,7 +430,8 @@ impl<U, C: Storage<Chunk>> ChunkTable<U, C> {
     /// Takes a chunk that holds `need` bytes (rounded up to 256): the size
     /// `growth` picks under the maximum, halved towards `need` while the
     /// upstream is out of memory, after giving wholly free chunks back as
-    /// `give_back` says. Returns the new chunk's handle: callers carve their
+    /// `give_back` says (taken again as one chunk of their bytes if the
+    /// growth fails). Returns the new chunk's handle: callers carve their
     /// block from it, since a chunk of exactly `need` bytes may sit in a
     /// size class below the one the index searches for `need`.
     ///
@@ -472,9 +473,38 @@ impl<U, C: Storage<Chunk>> ChunkTable<U, C> {
             GiveBack::AtMaximum if no_room(self) => self.release(stream, carve),
             GiveBack::AtMaximum | GiveBack::Never => Ok(0),
         };
+        let grown = self.take_growth(need, growth, stream, carve, gave_back);
+        if !matches!(grown, Ok(Some(_))) {
+            // What went back is taken again, as one chunk of its bytes, so
+            // that a failed growth leaves the pool holding what it held (a
+            // request no upstream could serve emptied a pool of its free
+            // chunks), as far as the upstream allows.
+            if let Ok(bytes @ 1..) = gave_back {
+                if carve.reserve().is_ok() {
+                    let _ = Request::new(bytes)
+                        .and_then(|r| self.take(r, stream, carve, |b| b.upstream_range(bytes)));
+                }
+            }
+        }
+        grown
+    }
+
+    /// [`grow`](Self::grow) once the chunks to give back went back (or
+    /// were refused: `gave_back`).
+    fn take_growth<S: Stream + ?Sized>(
+        &mut self,
+        need: u64,
+        growth: Growth,
+        stream: &S,
+        carve: &mut impl Carve,
+        gave_back: Result<u64>,
+    ) -> Result<Option<u32>>
+    where
+        U: MemoryResource<S>,
+    {
         // Out of memory after a refusal: the refusal is the cause to report.
         let out_of_memory = || gave_back.map(|_| None);
-        if no_room(self) {
+        if self.room().is_some_and(|room| need > room) {
             return out_of_memory();
         }
         // Slots for the chunk and the block carved from it, before taking

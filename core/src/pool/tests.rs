@@ -222,6 +222,28 @@ fn upstream_failure_while_growing_is_reported_and_pool_stays_usable() {
 }
 
 #[test]
+fn a_growth_the_upstream_cannot_serve_leaves_the_pool_holding_what_it_held() {
+    // The default gives wholly free chunks back before it grows: a request
+    // no upstream could serve emptied the pool, and its error said so.
+    let mut p =
+        CoalescingPool::with_config(BumpUpstream::new(1 << 30), PoolConfig::new().initial_size(4 << 20), &())
+            .unwrap();
+    let held = p.usage().held;
+    let e = p.allocate(Request::new(1 << 40).unwrap(), &()).unwrap_err();
+    assert!(
+        matches!(e, Error::OutOfMemory { requested: 1099511627776, pool_size, .. } if pool_size == held),
+        "{e:?}"
+    );
+    assert_eq!((p.usage().held, p.upstream().usage().held), (held, held));
+    p.check().unwrap();
+    // It serves from what it holds, with no upstream call.
+    let a = p.allocate(Request::new(1 << 20).unwrap(), &()).unwrap();
+    assert_eq!(p.upstream().usage().held, held);
+    p.deallocate(a, &()).unwrap();
+    p.check().unwrap();
+}
+
+#[test]
 fn upstream_out_of_memory_halves_then_reports_figures() {
     // Upstream of 40 MiB: doubling wants more, halving finds what fits.
     let mut p = CoalescingPool::with_config(

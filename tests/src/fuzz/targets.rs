@@ -43,6 +43,16 @@ struct SpyLog {
     failed_other: bool,
     /// Sizes of upstream allocations that succeeded.
     granted: Vec<u64>,
+    /// Sizes of the blocks given back upstream.
+    given_back: Vec<u64>,
+}
+
+impl SpyLog {
+    /// Whether what was granted is what failed growths take again: each
+    /// one chunk of the bytes it gave back (a layer above may try twice).
+    fn granted_only_what_went_back(&self) -> bool {
+        self.granted.iter().sum::<u64>() <= self.given_back.iter().sum::<u64>()
+    }
 }
 
 /// An upstream wrapper that records what the upstream answered, so that the
@@ -92,6 +102,7 @@ impl<S: Stream + ?Sized> MemoryResource<S> for Spy {
         let got = self.inner.deallocate(block, stream);
         if got.is_ok() {
             *self.frees.lock().expect("spy lock") += 1;
+            self.log.lock().expect("spy lock").given_back.push(block.size());
         }
         got
     }
@@ -145,11 +156,15 @@ fn judge_pool_failure<N: Storage<Node>, C: Storage<Chunk>>(
     }
     match *err {
         Error::OutOfMemory { requested, largest_free, pool_size: ps, max_size } => {
-            if !log.granted.is_empty() {
+            if !log.granted_only_what_went_back() {
                 return Err(format!(
-                    "the pool took chunks of {:?} bytes from upstream and still failed",
-                    log.granted
+                    "the pool took chunks of {:?} bytes from upstream (it gave back {:?}) and still failed",
+                    log.granted, log.given_back
                 ));
+            }
+            let took_back = !log.granted.is_empty() || log.failed_other || !log.refused.is_empty();
+            if pool_size < before[2] && !took_back {
+                return Err(format!("the pool gave back {:?} and did not ask for it again", log.given_back));
             }
             if requested != request.size()
                 || largest_free != pool.usage().largest_free
