@@ -187,6 +187,11 @@ impl<U, C: Storage<Chunk>> ChunkTable<U, C> {
         self.maximum.map(|m| m - self.held)
     }
 
+    /// Whether `bytes` more would take the table past its maximum.
+    fn no_room_for(&self, bytes: u64) -> bool {
+        self.room().is_some_and(|room| bytes > room)
+    }
+
     pub(crate) fn len(&self) -> usize {
         self.chunks.len()
     }
@@ -462,7 +467,6 @@ impl<U, C: Storage<Chunk>> ChunkTable<U, C> {
             // an invalid request (the request itself is valid).
             return Ok(None);
         }
-        let no_room = |t: &Self| t.room().is_some_and(|room| need > room);
         // Giving back only makes room: a chunk the upstream refuses stays,
         // and the growth goes on without the room it would have made.
         let gave_back = match give_back {
@@ -470,7 +474,7 @@ impl<U, C: Storage<Chunk>> ChunkTable<U, C> {
                 let size = growth.chunk_size(need, self.held, self.room());
                 self.release_above(bound.saturating_sub(size), stream, carve)
             }
-            GiveBack::AtMaximum if no_room(self) => self.release(stream, carve),
+            GiveBack::AtMaximum if self.no_room_for(need) => self.release(stream, carve),
             GiveBack::AtMaximum | GiveBack::Never => Ok(0),
         };
         let grown = self.take_growth(need, growth, stream, carve, gave_back);
@@ -504,7 +508,7 @@ impl<U, C: Storage<Chunk>> ChunkTable<U, C> {
     {
         // Out of memory after a refusal: the refusal is the cause to report.
         let out_of_memory = || gave_back.map(|_| None);
-        if self.room().is_some_and(|room| need > room) {
+        if self.no_room_for(need) {
             return out_of_memory();
         }
         // Slots for the chunk and the block carved from it, before taking

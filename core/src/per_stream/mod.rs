@@ -680,8 +680,9 @@ impl<M: MakePool<S>, S: Stream + ?Sized> MemoryResourceMut<S> for PerStreamPool<
         if request.is_zero() {
             return Ok(Block::EMPTY);
         }
-        // Read once: a stream's id may change from call to call, never
-        // within one (the lane found is the lane used).
+        // Read once per call, as `Stream::id` says the resources do: a
+        // stream may answer otherwise at the next read, and the lane found
+        // must be the lane used.
         let id = stream.id();
         // The stream of the latest call, with room and nothing to settle.
         if let Some(lane) = self.lanes.get_mut(self.last) {
