@@ -77,6 +77,21 @@ pub(crate) enum GiveBack {
     Above(u64),
 }
 
+/// What giving free chunks back did: the bytes that went back, and the
+/// upstream's first refusal (the chunks it refused stay).
+#[derive(Clone, Copy, Debug, Default)]
+struct GaveBack {
+    bytes: u64,
+    refused: Option<Error>,
+}
+
+impl GaveBack {
+    /// The bytes given back, or the refusal.
+    fn result(self) -> Result<u64> {
+        self.refused.map_or(Ok(self.bytes), Err)
+    }
+}
+
 /// What a resource cuts its chunks into, as the chunk table needs to see it.
 pub(crate) trait Carve {
     /// Makes sure that a chunk can be attached and a block carved from it
@@ -368,7 +383,16 @@ impl<U, C: Storage<Chunk>> ChunkTable<U, C> {
     where
         U: MemoryResource<S>,
     {
-        let (mut freed, mut refused) = (0, None);
+        self.give_back_free(stream, carve).result()
+    }
+
+    /// [`release`](Self::release), counting what went back even where the
+    /// upstream refused a chunk.
+    fn give_back_free<S: Stream + ?Sized>(&mut self, stream: &S, carve: &mut impl Carve) -> GaveBack
+    where
+        U: MemoryResource<S>,
+    {
+        let mut gave = GaveBack::default();
         let mut i = 0;
         while i < self.chunks.len() {
             let chunk = self.chunks[i];
@@ -377,39 +401,35 @@ impl<U, C: Storage<Chunk>> ChunkTable<U, C> {
                 continue;
             }
             if let Err(e) = self.upstream.deallocate(chunk.block, stream) {
-                refused.get_or_insert(e);
+                gave.refused.get_or_insert(e);
                 i += 1;
                 continue;
             }
             carve.detach(&chunk);
             self.remove(i);
-            freed += chunk.range.len();
+            gave.bytes += chunk.range.len();
         }
-        refused.map_or(Ok(freed), Err)
+        gave
     }
 
     /// Gives wholly free chunks back upstream, largest first, until at most
-    /// `bound` bytes are held or none is left; returns the bytes given back.
-    /// O(chunks) per chunk given back or refused.
-    ///
-    /// # Errors
-    ///
-    /// The upstream's first error if it refuses a chunk; the chunks it
-    /// refused stay, the next largest go back in their place.
-    fn release_above<S: Stream + ?Sized>(
+    /// `bound` bytes are held or none is left. A chunk the upstream refuses
+    /// stays, and the next largest go back in its place. O(chunks) per
+    /// chunk given back or refused.
+    fn give_back_above<S: Stream + ?Sized>(
         &mut self,
         bound: u64,
         stream: &S,
         carve: &mut impl Carve,
-    ) -> Result<u64>
+    ) -> GaveBack
     where
         U: MemoryResource<S>,
     {
         if bound == 0 {
             // All of them, in one pass.
-            return self.release(stream, carve);
+            return self.give_back_free(stream, carve);
         }
-        let (mut freed, mut refused) = (0, None);
+        let mut gave = GaveBack::default();
         // Chunks are tried in falling (length, start): every chunk at or
         // above the last one refused has been tried already.
         let key = |c: &Chunk| (c.range.len(), c.range.start());
@@ -421,15 +441,15 @@ impl<U, C: Storage<Chunk>> ChunkTable<U, C> {
             let Some(i) = largest else { break };
             let chunk = self.chunks[i];
             if let Err(e) = self.upstream.deallocate(chunk.block, stream) {
-                refused.get_or_insert(e);
+                gave.refused.get_or_insert(e);
                 below = key(&chunk);
                 continue;
             }
             carve.detach(&chunk);
             self.remove(i);
-            freed += chunk.range.len();
+            gave.bytes += chunk.range.len();
         }
-        refused.map_or(Ok(freed), Err)
+        gave
     }
 
     /// Takes a chunk that holds `need` bytes (rounded up to 256): the size
@@ -472,42 +492,39 @@ impl<U, C: Storage<Chunk>> ChunkTable<U, C> {
         let gave_back = match give_back {
             GiveBack::Above(bound) => {
                 let size = growth.chunk_size(need, self.held, self.room());
-                self.release_above(bound.saturating_sub(size), stream, carve)
+                self.give_back_above(bound.saturating_sub(size), stream, carve)
             }
-            GiveBack::AtMaximum if self.no_room_for(need) => self.release(stream, carve),
-            GiveBack::AtMaximum | GiveBack::Never => Ok(0),
+            GiveBack::AtMaximum if self.no_room_for(need) => self.give_back_free(stream, carve),
+            GiveBack::AtMaximum | GiveBack::Never => GaveBack::default(),
         };
-        let grown = self.take_growth(need, growth, stream, carve, gave_back);
-        if !matches!(grown, Ok(Some(_))) {
-            // What went back is taken again, as one chunk of its bytes, so
-            // that a failed growth leaves the pool holding what it held (a
-            // request no upstream could serve emptied a pool of its free
-            // chunks), as far as the upstream allows.
-            if let Ok(bytes @ 1..) = gave_back {
-                if carve.reserve().is_ok() {
-                    let _ = Request::new(bytes)
-                        .and_then(|r| self.take(r, stream, carve, |b| b.upstream_range(bytes)));
-                }
-            }
+        let grown = self.take_growth(need, growth, stream, carve, gave_back.refused);
+        // What went back is taken again, as one chunk of its bytes, so that
+        // a failed growth leaves the pool holding what it held (a request
+        // no upstream could serve emptied a pool of its free chunks), as
+        // far as the upstream allows: also where it refused some of them.
+        if gave_back.bytes > 0 && !matches!(grown, Ok(Some(_))) && carve.reserve().is_ok() {
+            let bytes = gave_back.bytes;
+            let _ =
+                Request::new(bytes).and_then(|r| self.take(r, stream, carve, |b| b.upstream_range(bytes)));
         }
         grown
     }
 
-    /// [`grow`](Self::grow) once the chunks to give back went back (or
-    /// were refused: `gave_back`).
+    /// [`grow`](Self::grow) once the chunks to give back went back, but
+    /// for those the upstream `refused`.
     fn take_growth<S: Stream + ?Sized>(
         &mut self,
         need: u64,
         growth: Growth,
         stream: &S,
         carve: &mut impl Carve,
-        gave_back: Result<u64>,
+        refused: Option<Error>,
     ) -> Result<Option<u32>>
     where
         U: MemoryResource<S>,
     {
         // Out of memory after a refusal: the refusal is the cause to report.
-        let out_of_memory = || gave_back.map(|_| None);
+        let out_of_memory = || refused.map_or(Ok(None), Err);
         if self.no_room_for(need) {
             return out_of_memory();
         }

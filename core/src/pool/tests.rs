@@ -432,6 +432,32 @@ fn a_chunk_refused_before_growing_stays_and_the_pool_grows_all_the_same() {
     assert_eq!(p.upstream().inner.usage().held, 0);
 }
 
+/// A growth no upstream can serve, after a give-back the upstream refused
+/// in part, takes back what did go back: the pool holds what it held.
+#[test]
+fn a_failed_growth_takes_back_what_went_back_beside_a_refused_chunk() {
+    const MIB: u64 = 1 << 20;
+    let up = RefusesOne { inner: BumpUpstream::new(1 << 30), addr: Default::default() };
+    let exact = PoolConfig::new().growth(Growth::Exact { granule: 256 });
+    let mut p = CoalescingPool::with_config(up, exact, &()).unwrap();
+    let a = p.allocate(Request::new(MIB).unwrap(), &()).unwrap();
+    let b = p.allocate(Request::new(2 * MIB).unwrap(), &()).unwrap();
+    p.deallocate(a, &()).unwrap();
+    p.deallocate(b, &()).unwrap();
+    p.upstream().addr.set(a.addr());
+    // `a`'s chunk is refused, `b`'s goes back, and the growth fails.
+    let e = p.allocate(Request::new(1 << 40).unwrap(), &()).unwrap_err();
+    assert!(matches!(e, Error::Backend { code: 7, .. }), "{e:?}");
+    p.check().unwrap();
+    assert_eq!((p.chunk_count(), p.usage().held, p.upstream().inner.usage().held), (2, 3 * MIB, 3 * MIB));
+    // It serves 2 MiB from what it holds, with no upstream call.
+    let c = p.allocate(Request::new(2 * MIB).unwrap(), &()).unwrap();
+    assert_eq!(p.upstream().inner.usage().held, 3 * MIB);
+    p.deallocate(c, &()).unwrap();
+    p.upstream().addr.set(0);
+    assert_eq!(p.release(&()).unwrap(), 3 * MIB);
+}
+
 /// Keeping free chunks under the peak gives back the largest first; one
 /// the upstream refuses stays, and the next largest go back in its place.
 #[test]
