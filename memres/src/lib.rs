@@ -150,7 +150,7 @@
 //!
 //! ```
 //! use memres::{prelude::*, sim::SimAddressSpace, vpool::{VirtualConfig, VirtualPool}};
-//! let space = SimAddressSpace::new(1 << 30, 2 << 20);
+//! let space = SimAddressSpace::new(1 << 30, 2 << 20)?;
 //! let vpool = Shared::new(VirtualPool::with_config(&space, VirtualConfig::new(16 << 30))?);
 //! let b = vpool.allocate(3 << 20)?;
 //! vpool.deallocate(b)?;

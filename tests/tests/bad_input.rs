@@ -202,7 +202,7 @@ fn setup() -> Setup {
 /// much physical memory in granules of `granule` bytes.
 fn setup_with(capacity: u64, granule: u64) -> Setup {
     let dev = Arc::new(SimDevice::new(capacity));
-    let space = Arc::new(SimAddressSpace::new(capacity, granule));
+    let space = Arc::new(SimAddressSpace::new(capacity, granule).unwrap());
     let world = SimWorld::new();
     let (s1, s2) = (world.stream(), world.stream());
     let subjects = make_subjects(&dev, &space, &world);

@@ -254,8 +254,9 @@ where
 /// assert_eq!((pool.reserved_bytes(), pool.granule()), (1 << 30, 64 << 10));
 /// assert!(memres_sim::vpool(&parse("vpool(sim, handle_granules=32)")?).is_ok());
 /// assert!(memres_sim::vpool(&parse("vpool(sim, handle_granules=0)")?).is_err());
-/// // Above the largest granule the simulated space aligns to (it panicked).
+/// // Above the largest granule the simulated space reserves (it panicked).
 /// assert!(memres_sim::vpool(&parse("vpool(sim, granule=4611686018427387904)")?).is_err());
+/// assert!(memres_sim::vpool(&parse("vpool(sim, granule=2199023255552)")?).is_err()); // 2^41
 /// assert!(!memres_sim::vpool(&parse("vpool(sim, trim_on_commit=false)")?)?.config().trims_on_commit());
 /// assert!(memres_sim::vpool(&parse("vpool(pool(sim))")?).is_err());
 /// assert!(memres_sim::vpool(&parse("vpool(sim, per_stream=true)")?).is_err());
@@ -297,22 +298,15 @@ fn vpool_parts(call: &Call) -> Result<(SimAddressSpace, VirtualConfig), StackErr
     space.expect_args(1, &[])?;
     let physical = space.positional(0).map(sim_capacity).transpose()?.unwrap_or(DEFAULT_SIM_CAPACITY);
     let granule = granule_arg(call, SimAddressSpace::DEFAULT_GRANULE)?;
-    if granule > SimAddressSpace::MAX_GRANULE {
-        let at = call.keyed("granule").map_or(call.pos, |v| v.pos());
-        return Err(StackError::new(
-            at,
-            StackErrorKind::BadValue(format!(
-                "granule `{granule}`: the simulated space's granules are at most 2^45 bytes"
-            )),
-        ));
-    }
+    let at = call.keyed("granule").map_or(call.pos, |v| v.pos());
+    let mut sim = SimAddressSpace::new(physical, granule)
+        .map_err(|e| StackError::new(at, StackErrorKind::BadValue(format!("granule `{granule}`: {e}"))))?;
     let reserve = call.size_arg("reserve")?.unwrap_or(VirtualConfig::DEFAULT_RESERVE);
     // Keep free memory mapped under a 4 % slack above the peak in use:
     // steady-state replays of the PyTorch traces then map nothing.
     let threshold = call.size_arg("release_threshold")?.unwrap_or(u64::MAX);
     let slack = call.u32_arg("slack", "a whole number of permille")?.unwrap_or(40);
     let trim_on_commit = call.bool_arg("trim_on_commit")?.unwrap_or(true);
-    let mut sim = SimAddressSpace::new(physical, granule);
     match call.u32_arg("handle_granules", "a number of granules, at least 1")? {
         Some(0) => {
             let at = call.keyed("handle_granules").map_or(call.pos, |v| v.pos());

@@ -23,7 +23,7 @@ use std::sync::Mutex;
 /// use memres_sim::{SimAddressSpace, SimWorld, UnmapChecked};
 /// let world = SimWorld::new();
 /// let (a, b) = (world.non_blocking_stream(), world.non_blocking_stream());
-/// let space = UnmapChecked::new(SimAddressSpace::new(1 << 30, 2 << 20), &world);
+/// let space = UnmapChecked::new(SimAddressSpace::new(1 << 30, 2 << 20)?, &world);
 /// let r = space.reserve(4 << 20)?;
 /// space.commit(r)?;
 /// a.enqueue(); // a kernel on `a`, still to run, that uses `r`

@@ -1,6 +1,6 @@
 use memres_core::index::CoalescingIndex;
 use memres_core::vmem::{self, CommitLedger, ReservableSpace};
-use memres_core::{Error, Range, Result, Stream};
+use memres_core::{Error, Range, Request, Result, Stream};
 use std::collections::BTreeMap;
 use std::sync::Mutex;
 
@@ -33,7 +33,7 @@ mod tests;
 /// use memres_sim::SimAddressSpace;
 /// // 80 GiB of physical memory, 2 MiB granules; the pool reserves 64 GiB
 /// // of addresses and keeps up to 256 MiB of free memory committed.
-/// let space = SimAddressSpace::new(80 << 30, SimAddressSpace::DEFAULT_GRANULE);
+/// let space = SimAddressSpace::new(80 << 30, SimAddressSpace::DEFAULT_GRANULE)?;
 /// let mut pool = VirtualPool::with_config(&space, VirtualConfig::new(64 << 30).release_threshold(256 << 20))?;
 /// let b = pool.allocate(Request::new(5 << 20)?, &())?;
 /// assert_eq!(space.committed_bytes(), 6 << 20);
@@ -44,7 +44,8 @@ mod tests;
 #[derive(Debug)]
 pub struct SimAddressSpace {
     granule: u64,
-    /// Where its addresses start: a multiple of `MAX_GRANULE`.
+    /// Where its addresses start: a multiple of `MAX_GRANULE`, so of
+    /// every granule.
     base: u64,
     span: u64,
     /// Whether `State::pieces` is set: a space without pieces answers
@@ -89,19 +90,28 @@ impl SimAddressSpace {
     pub const DEFAULT_SPAN: u64 = 1 << 46;
     /// The granule of CUDA's virtual memory on current GPUs: 2 MiB.
     pub const DEFAULT_GRANULE: u64 = 2 << 20;
-    /// The largest granule: [`BASE`](Self::BASE), the largest power of two
-    /// the space's start is aligned to.
-    pub const MAX_GRANULE: u64 = Self::BASE;
+    /// The largest granule: [`Request::MAX_ALIGN`], the largest alignment
+    /// a reservation may ask (a granule above it could never be reserved).
+    pub const MAX_GRANULE: u64 = Request::MAX_ALIGN;
 
     /// A space with `physical` bytes of memory to commit, granules of
     /// `granule` bytes, and [`DEFAULT_SPAN`](Self::DEFAULT_SPAN) bytes of
     /// addresses.
     ///
-    /// # Panics
+    /// # Errors
     ///
-    /// If `granule` is not a power of two from 256 to
-    /// [`MAX_GRANULE`](Self::MAX_GRANULE).
-    pub fn new(physical: u64, granule: u64) -> Self {
+    /// [`Error::InvalidConfig`] if `granule` is not a power of two from 256
+    /// to [`MAX_GRANULE`](Self::MAX_GRANULE).
+    ///
+    /// ```
+    /// use memres_core::Error;
+    /// use memres_sim::SimAddressSpace;
+    /// assert!(SimAddressSpace::new(1 << 30, 2 << 20).is_ok());
+    /// for bad in [0, 128, 3 << 20, SimAddressSpace::MAX_GRANULE << 1] {
+    ///     assert!(matches!(SimAddressSpace::new(1 << 30, bad), Err(Error::InvalidConfig { .. })));
+    /// }
+    /// ```
+    pub fn new(physical: u64, granule: u64) -> Result<Self> {
         Self::with_span(physical, granule, Self::DEFAULT_SPAN)
     }
 
@@ -109,19 +119,19 @@ impl SimAddressSpace {
     /// (rounded down to the granule, at least one granule, at most the
     /// addresses above [`BASE`](Self::BASE)).
     ///
-    /// # Panics
+    /// # Errors
     ///
-    /// If `granule` is not a power of two from 256 to
-    /// [`MAX_GRANULE`](Self::MAX_GRANULE).
-    pub fn with_span(physical: u64, granule: u64, span: u64) -> Self {
-        assert!(
-            granule.is_power_of_two() && (256..=Self::MAX_GRANULE).contains(&granule),
-            "granule {granule} not a power of two from 256 to 2^45"
-        );
+    /// As [`new`](Self::new).
+    pub fn with_span(physical: u64, granule: u64, span: u64) -> Result<Self> {
+        if !granule.is_power_of_two() || !(256..=Self::MAX_GRANULE).contains(&granule) {
+            return Err(Error::InvalidConfig {
+                what: "a simulated space's granule is a power of two from 256 to 2^40",
+            });
+        }
         let span = (span.min(u64::MAX - Self::BASE) & !(granule - 1)).max(granule);
         let mut space = CoalescingIndex::new(granule);
         space.add_range(Range::new(Self::BASE, span).expect("the span fits above BASE")).expect("one node");
-        SimAddressSpace {
+        Ok(SimAddressSpace {
             granule,
             base: Self::BASE,
             span,
@@ -131,7 +141,7 @@ impl SimAddressSpace {
                 reservations: BTreeMap::new(),
                 ledger: CommitLedger::new(physical, granule),
             }),
-        }
+        })
     }
 
     /// Commits each range in pieces of up to `granules` granules from its
@@ -152,7 +162,7 @@ impl SimAddressSpace {
     /// use memres_core::{Inspect, MemoryResourceMut, Request};
     /// use memres_sim::SimAddressSpace;
     /// let mib = 1 << 20;
-    /// let space = SimAddressSpace::new(1 << 30, 2 * mib).with_pieces(4);
+    /// let space = SimAddressSpace::new(1 << 30, 2 * mib)?.with_pieces(4);
     /// let mut pool = VirtualPool::with_config(&space, VirtualConfig::new(64 * mib))?;
     /// let a = pool.allocate(Request::new(3 * mib)?, &())?; // one piece of two granules
     /// let b = pool.allocate(Request::new(mib)?, &())?; // in a's second granule
@@ -185,15 +195,15 @@ impl SimAddressSpace {
     /// ```
     /// use memres_core::Error;
     /// use memres_sim::SimAddressSpace;
-    /// let space = SimAddressSpace::new(1 << 30, 2 << 20).at(1 << 63)?;
+    /// let space = SimAddressSpace::new(1 << 30, 2 << 20)?.at(1 << 63)?;
     /// assert_eq!(space.addresses().start(), 1 << 63);
-    /// assert!(matches!(SimAddressSpace::new(1 << 30, 2 << 20).at(3 << 20), Err(Error::InvalidConfig { .. })));
+    /// assert!(matches!(SimAddressSpace::new(1 << 30, 2 << 20)?.at(3 << 20), Err(Error::InvalidConfig { .. })));
     /// # Ok::<(), Error>(())
     /// ```
     pub fn at(mut self, base: u64) -> Result<Self> {
         let bad = |what| Err(Error::InvalidConfig { what });
         if base == 0 || base % Self::MAX_GRANULE != 0 {
-            return bad("a simulated space's base is a non-zero multiple of 2^45");
+            return bad("a simulated space's base is a non-zero multiple of 2^40");
         }
         let Some(addresses) = Range::new(base, self.span) else {
             return bad("a simulated space's addresses run past u64::MAX");
@@ -276,7 +286,7 @@ impl SimAddressSpace {
     /// use memres_core::vmem::{CommitLedger, ReservableSpace};
     /// use memres_core::Range;
     /// use memres_sim::SimAddressSpace;
-    /// let space = SimAddressSpace::new(1 << 30, 1 << 20);
+    /// let space = SimAddressSpace::new(1 << 30, 1 << 20)?;
     /// let r = space.reserve(4 << 20)?;
     /// let one = Range::new(r.start(), 1 << 20).unwrap();
     /// space.commit(one)?;

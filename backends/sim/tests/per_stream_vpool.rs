@@ -21,7 +21,7 @@ fn req(n: u64) -> Request {
 type Space = UnmapChecked<SimAddressSpace>;
 
 fn checked_space(world: &SimWorld, physical: u64) -> Arc<Space> {
-    Arc::new(UnmapChecked::new(SimAddressSpace::new(physical, 2 * MIB), world))
+    Arc::new(UnmapChecked::new(SimAddressSpace::new(physical, 2 * MIB).unwrap(), world))
 }
 
 /// A kernel on `stream` that uses `block`.

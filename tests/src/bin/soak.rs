@@ -461,7 +461,7 @@ fn soak_stream_pool(a: &Args) -> Outcome {
 }
 
 fn soak_vpool(a: &Args) -> Outcome {
-    let space = SimAddressSpace::new(DEVICE, SimAddressSpace::DEFAULT_GRANULE);
+    let space = SimAddressSpace::new(DEVICE, SimAddressSpace::DEFAULT_GRANULE).unwrap();
     // One reservation of 64 GiB; up to 64 MiB of idle committed memory kept.
     let pool = Shared::new(
         VirtualPool::with_config(&space, VirtualConfig::new(64 << 30).release_threshold(64 << 20))

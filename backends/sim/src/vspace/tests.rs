@@ -14,7 +14,7 @@ fn range(start: u64, len: u64) -> Range {
 #[test]
 fn a_span_past_the_last_address_is_cut_to_what_lies_above_the_base() {
     for granule in [256, 2 * MIB] {
-        let space = SimAddressSpace::with_span(1 << 30, granule, u64::MAX);
+        let space = SimAddressSpace::with_span(1 << 30, granule, u64::MAX).unwrap();
         let top = (u64::MAX - SimAddressSpace::BASE) / granule * granule;
         assert_eq!((space.addresses().start(), space.span()), (SimAddressSpace::BASE, top));
         let r = space.reserve(granule).unwrap();
@@ -24,8 +24,24 @@ fn a_span_past_the_last_address_is_cut_to_what_lies_above_the_base() {
 }
 
 #[test]
+fn every_granule_a_space_takes_can_be_reserved_and_the_others_are_refused() {
+    // Granules up to 2^45 were taken, but one above 2^40 (a request's
+    // largest alignment) could never be reserved.
+    for granule in [256, 2 * MIB, SimAddressSpace::MAX_GRANULE] {
+        let space = SimAddressSpace::new(1 << 50, granule).unwrap();
+        let r = space.reserve(granule).unwrap();
+        assert_eq!((r.start() % granule, r.len()), (0, granule));
+        space.release(r).unwrap();
+    }
+    for granule in [0, 255, 3 * MIB, SimAddressSpace::MAX_GRANULE << 1, 1 << 63] {
+        let e = SimAddressSpace::new(1 << 30, granule).unwrap_err();
+        assert!(matches!(e, Error::InvalidConfig { .. }), "{granule}: {e:?}");
+    }
+}
+
+#[test]
 fn reservations_beyond_the_address_space_are_errors() {
-    let space = SimAddressSpace::with_span(1 << 30, 2 * MIB, 64 * MIB);
+    let space = SimAddressSpace::with_span(1 << 30, 2 * MIB, 64 * MIB).unwrap();
     let err = space.reserve(66 * MIB).unwrap_err();
     assert_eq!(
         err,
@@ -55,7 +71,7 @@ fn reservations_beyond_the_address_space_are_errors() {
 
 #[test]
 fn misuse_is_an_error_and_counts_stay_exact() {
-    let space = SimAddressSpace::new(8 * MIB, 2 * MIB);
+    let space = SimAddressSpace::new(8 * MIB, 2 * MIB).unwrap();
     let r = space.reserve(16 * MIB).unwrap();
     let g = |i: u64, n: u64| range(r.start() + i * 2 * MIB, n * 2 * MIB);
     space.commit(g(0, 2)).unwrap();
@@ -81,7 +97,7 @@ fn misuse_is_an_error_and_counts_stay_exact() {
 
 #[test]
 fn decommits_are_ordered_on_the_stream_of_the_free() {
-    let space = SimAddressSpace::new(1 << 30, 2 * MIB);
+    let space = SimAddressSpace::new(1 << 30, 2 * MIB).unwrap();
     let mut pool = VirtualPool::with_config(&space, VirtualConfig::new(64 * MIB)).unwrap();
     let (s1, s2) = (TestStream::new(7), TestStream::new(7));
     let a = pool.allocate(Request::new(3 * MIB).unwrap(), &s1).unwrap();
@@ -96,7 +112,7 @@ fn decommits_are_ordered_on_the_stream_of_the_free() {
 
 #[test]
 fn a_failed_decommit_keeps_the_memory_counted_and_is_retried() {
-    let space = SimAddressSpace::new(1 << 30, 2 * MIB);
+    let space = SimAddressSpace::new(1 << 30, 2 * MIB).unwrap();
     let mut pool =
         VirtualPool::with_config(&space, VirtualConfig::new(64 * MIB).release_threshold(2 * MIB)).unwrap();
     let a = pool.allocate(Request::new(8 * MIB).unwrap(), &()).unwrap();
@@ -120,7 +136,7 @@ fn a_failed_decommit_keeps_the_memory_counted_and_is_retried() {
 
 #[test]
 fn randomized_pool_over_the_sim_space_from_threads() {
-    let space = SimAddressSpace::new(1 << 34, 2 * MIB);
+    let space = SimAddressSpace::new(1 << 34, 2 * MIB).unwrap();
     let config = VirtualConfig::new(1 << 30).release_threshold(8 * MIB).max_reservations(2);
     let pool = Shared::new(VirtualPool::with_config(&space, config).unwrap());
     std::thread::scope(|scope| {
@@ -168,7 +184,7 @@ fn randomized_pool_over_the_sim_space_from_threads() {
 
 #[test]
 fn with_pieces_only_whole_pieces_go_back() {
-    let space = SimAddressSpace::new(1 << 30, MIB).with_pieces(4);
+    let space = SimAddressSpace::new(1 << 30, MIB).unwrap().with_pieces(4);
     let r = space.reserve(16 * MIB).unwrap();
     // Pieces of 4 and 2 granules.
     space.commit(range(r.start(), 6 * MIB)).unwrap();
@@ -182,6 +198,6 @@ fn with_pieces_only_whole_pieces_go_back() {
     space.decommit(range(r.start(), 4 * MIB), &()).unwrap();
     assert_eq!((space.committed_bytes(), space.partial_decommits()), (0, 1));
     // Without pieces any granule goes back alone.
-    let plain = SimAddressSpace::new(1 << 30, MIB);
+    let plain = SimAddressSpace::new(1 << 30, MIB).unwrap();
     assert_eq!(plain.releasable(tail, MIB), Some(range(tail.end() - MIB, MIB)));
 }

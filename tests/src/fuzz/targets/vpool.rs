@@ -304,7 +304,8 @@ pub fn run_vpool(data: &[u8]) {
     else {
         return;
     };
-    let mut space = SimAddressSpace::with_span(physical, granule, granule << SPAN_GRANULES_LOG2);
+    let mut space = SimAddressSpace::with_span(physical, granule, granule << SPAN_GRANULES_LOG2)
+        .expect("the granules drawn are powers of two from 256");
     if pieces > 0 {
         space = space.with_pieces(pieces);
     }

@@ -214,7 +214,8 @@ pub fn run_vpool_streams(data: &[u8]) {
         return;
     };
     let streams = SimStreams::new(count);
-    let mut sim = SimAddressSpace::with_span(physical, granule, granule << SPAN_GRANULES_LOG2);
+    let mut sim = SimAddressSpace::with_span(physical, granule, granule << SPAN_GRANULES_LOG2)
+        .expect("the granules drawn are powers of two from 256");
     if pieces > 0 {
         sim = sim.with_pieces(pieces);
     }
