@@ -51,6 +51,8 @@ pub struct BumpUpstream {
     /// Calls of `allocate`, and of `deallocate`, to let through before one
     /// panics (`u64::MAX`: none).
     panic_after: [AtomicU64; 2],
+    /// The address whose free is refused (0: none).
+    refused: AtomicU64,
 }
 
 impl BumpUpstream {
@@ -63,7 +65,27 @@ impl BumpUpstream {
             peak: AtomicU64::new(0),
             fail_after: AtomicU64::new(u64::MAX),
             panic_after: [AtomicU64::new(u64::MAX), AtomicU64::new(u64::MAX)],
+            refused: AtomicU64::new(0),
         }
+    }
+
+    /// Refuses every free of the block at `addr` (`Backend`, nothing
+    /// freed), until told another address (0: none): an upstream that
+    /// will not take a chunk back.
+    ///
+    /// ```
+    /// use memres_core::{testing::BumpUpstream, Error, Inspect, MemoryResource, Request};
+    /// let up = BumpUpstream::new(1 << 20);
+    /// let b = up.allocate(Request::new(256)?, &())?;
+    /// up.refuse_free_at(b.addr());
+    /// assert!(matches!(up.deallocate(b, &()), Err(Error::Backend { .. })));
+    /// assert_eq!(up.usage().held, 256);
+    /// up.refuse_free_at(0);
+    /// up.deallocate(b, &())?;
+    /// # Ok::<(), memres_core::Error>(())
+    /// ```
+    pub fn refuse_free_at(&self, addr: u64) {
+        self.refused.store(addr, Ordering::Relaxed);
     }
 
     /// Lets `n` more allocations succeed, then fails every later one.
@@ -147,6 +169,9 @@ impl<S: Stream + ?Sized> MemoryResource<S> for BumpUpstream {
 
     fn deallocate(&self, block: Block, _: &S) -> Result<()> {
         self.call(1);
+        if block.addr() == self.refused.load(Ordering::Relaxed) && !block.is_empty() {
+            return Err(Error::Backend { code: -2, what: "injected refusal of a free" });
+        }
         let size = (block.size() + 255) & !255;
         self.outstanding.fetch_sub(size, Ordering::Relaxed);
         Ok(())

@@ -554,12 +554,21 @@ impl<M: MakePool<S>, S: Stream + ?Sized> PerStreamPool<M, S> {
     /// `i`'s pool; on out of memory, the last resort (every lane's free
     /// memory back, then the lanes left holding nothing dropped, which moves
     /// lane `i` to `self.last`) and once more.
+    ///
+    /// A chunk the upstream refuses to take back stays in its lane, and the
+    /// growth goes on without the room it would have made, as a pool's own
+    /// growth does: the refusal is the error only if the growth then runs
+    /// out of memory.
     fn grow(&mut self, i: usize, request: Request, stream: &S) -> Result<Block> {
+        let mut refused = None;
         let mut given_back = 0;
         for j in 0..self.lanes.len() {
             if let Some(fence) = self.fence_of(i, j) {
                 stream.wait(fence)?;
-                given_back += self.lanes[j].pool.release(stream)?;
+                given_back += self.lanes[j].pool.release(stream).unwrap_or_else(|e| {
+                    refused.get_or_insert(e);
+                    0
+                });
             }
         }
         self.stats.bytes_released += given_back;
@@ -576,21 +585,26 @@ impl<M: MakePool<S>, S: Stream + ?Sized> PerStreamPool<M, S> {
         // chunks may go back (on `stream`); else only this one's.
         self.stats.last_resorts += 1;
         let mut released = 0;
-        if stream.synchronize_device()? {
-            for j in (0..self.lanes.len()).filter(|&j| j != i) {
-                released += self.lanes[j].pool.release(stream)?;
-            }
+        let lanes_to_empty = if stream.synchronize_device()? { 0..self.lanes.len() } else { i..i + 1 };
+        for j in lanes_to_empty {
+            released += self.lanes[j].pool.release(stream).unwrap_or_else(|e| {
+                refused.get_or_insert(e);
+                0
+            });
         }
-        released += self.lanes[i].pool.release(stream)?;
         // Lanes left holding nothing keep what a growth of this one may need
         // (a virtual pool's reservations of the shared address space): they
         // go first, as they would after this call.
         let lanes = self.lanes.len();
         self.prune(i);
         let i = self.last;
-        match err {
+        let last = match err {
             Some(err) if released == 0 && self.lanes.len() == lanes => Err(err),
             _ => self.lanes[i].pool.allocate(request, stream),
+        };
+        match last {
+            Err(e) if e.is_out_of_memory() => Err(refused.unwrap_or(e)),
+            last => last,
         }
     }
 

@@ -181,6 +181,40 @@ fn growth_gives_the_free_chunks_of_other_streams_back_first() {
     r.exact();
 }
 
+/// A chunk of another stream that the upstream refuses to take back
+/// stays where it is, and the growth goes on without it (it failed with
+/// the refusal); the refusal is the error only where the upstream then has
+/// no room.
+#[test]
+fn a_chunk_the_upstream_refuses_before_growing_stays_and_the_growth_goes_on() {
+    let mut r = rig(7 * MIB);
+    let (a, b) = (r.a.clone(), r.b.clone());
+    let small = r.alloc(256, &b); // a then records a fence at its free
+    let x = r.alloc(MIB, &a);
+    r.free(x, &a);
+    let of_a = r.pools.pool_of(a.id).unwrap().usage().held;
+    r.up.refuse_free_at(x.addr());
+    let y = r.alloc(4 * MIB, &b);
+    assert!(r.waits().contains(&(b.id, a.id)), "a's chunk was offered back");
+    assert_eq!(r.pools.pool_of(a.id).unwrap().usage().held, of_a, "a's refused chunk stays");
+    assert_eq!(r.pools.stats().bytes_released, 0);
+    r.exact();
+    // Now the upstream has room for 1 MiB, and a's chunk is too small to
+    // move to b: the refusal is what went wrong.
+    let held = (r.pools.usage().held, r.up.usage().held);
+    let e = r.pools.allocate(req(2 * MIB), &b).unwrap_err();
+    assert_eq!(e, Error::Backend { code: -2, what: "injected refusal of a free" });
+    assert_eq!((r.pools.usage().held, r.up.usage().held), held);
+    r.pools.check().unwrap();
+    // Once the upstream takes it back, the same request fits in its room.
+    r.up.refuse_free_at(0);
+    let z = r.alloc(2 * MIB, &b);
+    r.free(z, &b);
+    r.free(y, &b);
+    r.free(small, &b);
+    r.exact();
+}
+
 #[test]
 fn release_gives_back_the_free_chunks_that_the_stream_is_ordered_after() {
     for device in [true, false] {
