@@ -85,6 +85,23 @@ pub trait FuzzResource {
         None
     }
 
+    /// Whether `err`, a release's answer, is the upstream's refusal of a
+    /// free that [`fail_nth`](Self::fail_nth) armed (the chunks it refused
+    /// stay; the resource's own check judges the rest). By default the
+    /// spied upstream's refusals.
+    fn release_refused(&self, err: &Error) -> bool {
+        self.spy().is_some_and(|spy| spy.refused_free(err))
+    }
+
+    /// Called once the operations decoded from the input are done, before
+    /// the final frees and release, which must succeed: disarms what would
+    /// make them fail. By default the spied upstream's refusals of frees.
+    fn end_of_input(&mut self) {
+        if let Some(spy) = self.spy() {
+            spy.refuse_nth_free(0);
+        }
+    }
+
     /// Arms the upstream to fail its `n`-th next allocation (`false`: no
     /// upstream that can fail). By default the spied upstream, if any.
     fn fail_nth(&mut self, n: u64) -> bool {

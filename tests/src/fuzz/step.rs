@@ -22,6 +22,7 @@ pub fn drive<R: FuzzResource>(resource: &mut R, u: &mut Unstructured<'_>) {
         apply(resource, &mut model, op);
         after_step(resource, &mut model);
     }
+    resource.end_of_input();
     // Free everything: the resource must end with nothing in use.
     while let Some(live) = model.live.last().copied() {
         model.step += 1;
@@ -155,6 +156,7 @@ fn apply<R: FuzzResource>(r: &mut R, m: &mut Model, op: Op) {
             match r.release() {
                 None => {}
                 Some(Ok(bytes)) => m.note(format_args!("release: {bytes} bytes back upstream")),
+                Some(Err(e)) if r.release_refused(&e) => m.note(format_args!("release: {e:?}")),
                 Some(Err(e)) => m.fail(&format!("release failed: {e:?}")),
             }
             if r.used_bytes() != before_used {

@@ -45,6 +45,8 @@ struct SpyLog {
     granted: Vec<u64>,
     /// Sizes of the blocks given back upstream.
     given_back: Vec<u64>,
+    /// Whether the upstream refused a free ([`Spy::refuse_nth_free`]).
+    free_refused: bool,
 }
 
 impl SpyLog {
@@ -62,6 +64,8 @@ pub struct Spy {
     inner: Arc<SimDevice>,
     log: Arc<Mutex<SpyLog>>,
     frees: Arc<Mutex<u64>>,
+    /// Frees to let through before one is refused (0: none is).
+    refuse_in: Arc<Mutex<u64>>,
 }
 
 impl Spy {
@@ -69,8 +73,11 @@ impl Spy {
         Self::over(SimDevice::new(capacity))
     }
     fn over(device: SimDevice) -> Self {
-        Spy { inner: Arc::new(device), log: Arc::default(), frees: Arc::default() }
+        Spy { inner: Arc::new(device), log: Arc::default(), frees: Arc::default(), refuse_in: Arc::default() }
     }
+
+    /// What a free the spy refuses answers.
+    const REFUSED: Error = Error::Backend { code: -3, what: "the spied upstream refuses this free" };
     /// Forgets what the upstream answered so far.
     pub(super) fn clear_log(&self) {
         *self.log.lock().expect("spy lock") = SpyLog::default();
@@ -84,6 +91,15 @@ impl Spy {
     /// Makes the upstream's `n`th allocation from now fail.
     pub(super) fn fail_nth(&self, n: u64) {
         self.inner.fail_nth(n);
+    }
+    /// Makes the spy refuse the `n`th free from now (the block stays held
+    /// upstream); `n = 0` cancels.
+    pub(super) fn refuse_nth_free(&self, n: u64) {
+        *self.refuse_in.lock().expect("spy lock") = n;
+    }
+    /// Whether `err` is the answer of a free the spy refused.
+    pub(super) fn refused_free(&self, err: &Error) -> bool {
+        *err == Self::REFUSED
     }
 }
 
@@ -99,6 +115,16 @@ impl<S: Stream + ?Sized> MemoryResource<S> for Spy {
         got
     }
     fn deallocate(&self, block: Block, stream: &S) -> Result<()> {
+        {
+            let mut left = self.refuse_in.lock().expect("spy lock");
+            if *left > 0 {
+                *left -= 1;
+                if *left == 0 {
+                    self.log.lock().expect("spy lock").free_refused = true;
+                    return Err(Self::REFUSED);
+                }
+            }
+        }
         let got = self.inner.deallocate(block, stream);
         if got.is_ok() {
             *self.frees.lock().expect("spy lock") += 1;
@@ -154,17 +180,22 @@ fn judge_pool_failure<N: Storage<Node>, C: Storage<Chunk>>(
     if pool_size > before[2] {
         return Err(format!("the pool grew from {} to {pool_size} and still failed", before[2]));
     }
+    // A failed growth takes again what it gave back (also beside a chunk
+    // the upstream refused), and nothing more.
+    if !log.granted_only_what_went_back() {
+        return Err(format!(
+            "the pool took chunks of {:?} bytes from upstream (it gave back {:?}) and still failed",
+            log.granted, log.given_back
+        ));
+    }
+    let took_back = !log.granted.is_empty() || log.failed_other || !log.refused.is_empty();
+    if pool_size < before[2] && !took_back {
+        return Err(format!("the pool gave back {:?} and did not ask for it again", log.given_back));
+    }
     match *err {
         Error::OutOfMemory { requested, largest_free, pool_size: ps, max_size } => {
-            if !log.granted_only_what_went_back() {
-                return Err(format!(
-                    "the pool took chunks of {:?} bytes from upstream (it gave back {:?}) and still failed",
-                    log.granted, log.given_back
-                ));
-            }
-            let took_back = !log.granted.is_empty() || log.failed_other || !log.refused.is_empty();
-            if pool_size < before[2] && !took_back {
-                return Err(format!("the pool gave back {:?} and did not ask for it again", log.given_back));
+            if log.free_refused {
+                return Err("out of memory after a refused free: the refusal is the cause".into());
             }
             if requested != request.size()
                 || largest_free != pool.usage().largest_free
@@ -191,6 +222,7 @@ fn judge_pool_failure<N: Storage<Node>, C: Storage<Chunk>>(
             }
         }
         Error::Backend { .. } if log.failed_other => Ok(()),
+        e if log.free_refused && spy.refused_free(&e) => Ok(()),
         // Fixed-capacity metadata: legitimate only once every slot is made.
         Error::CapacityExhausted { capacity } => {
             let nodes_full =
@@ -276,6 +308,13 @@ impl<N: Storage<Node>, C: Storage<Chunk>> FuzzResource for PoolTarget<N, C> {
     }
     fn spy(&self) -> Option<&Spy> {
         Some(&self.spy)
+    }
+    /// The upstream's `n`th allocation fails, and its `n`th free is
+    /// refused: a growth gives chunks back, a release too.
+    fn fail_nth(&mut self, n: u64) -> bool {
+        self.spy.fail_nth(n);
+        self.spy.refuse_nth_free(n);
+        true
     }
     fn judge_alloc_failure(
         &self,
