@@ -598,8 +598,10 @@ impl<M: MakePool<S>, S: Stream + ?Sized> PerStreamPool<M, S> {
         let lanes = self.lanes.len();
         self.prune(i);
         let i = self.last;
+        // Once more only if memory went back (a refused release may have
+        // given back part of a lane's) or lanes went.
         let last = match err {
-            Some(err) if released == 0 && self.lanes.len() == lanes => Err(err),
+            Some(err) if released == 0 && refused.is_none() && self.lanes.len() == lanes => Err(err),
             _ => self.lanes[i].pool.allocate(request, stream),
         };
         match last {
