@@ -359,6 +359,35 @@ fn upstream_failure_while_growing_changes_nothing() {
     arena.check().unwrap();
 }
 
+/// At its maximum the global arena gives its wholly free chunks back
+/// before it grows; where the upstream refuses one and the growth then
+/// fails, it takes back what did go back.
+#[test]
+fn a_failed_growth_at_the_maximum_takes_back_what_went_back_beside_a_refused_chunk() {
+    const MIB: u64 = 1 << 20;
+    let config = small_config().maximum_size(12 * MIB);
+    let arena = ArenaResource::with_config(BumpUpstream::new(9 * MIB), config, &()).unwrap();
+    let s = TestStream::new(0);
+    // Two large blocks, a 4 MiB chunk each, then both wholly free.
+    let a = arena.allocate(req(4 * MIB), &s).unwrap();
+    let b = arena.allocate(req(4 * MIB), &s).unwrap();
+    arena.deallocate(a, &s).unwrap();
+    arena.deallocate(b, &s).unwrap();
+    assert_eq!(arena.usage().held, 8 * MIB);
+    // 6 MiB more passes the maximum: both chunks are offered back, `a`'s
+    // is refused, and the 5 MiB left upstream cannot hold 6.
+    arena.upstream_with(|u| u.refuse_free_at(a.addr()));
+    let e = arena.allocate(req(6 * MIB), &s).unwrap_err();
+    assert!(matches!(e, Error::Backend { code: -2, .. }), "{e:?}");
+    arena.check().unwrap();
+    assert_eq!((arena.usage().held, arena.upstream_with(|u| u.usage().held)), (8 * MIB, 8 * MIB));
+    // Once the upstream takes `a`'s chunk back, 6 MiB fits.
+    arena.upstream_with(|u| u.refuse_free_at(0));
+    let c = arena.allocate(req(6 * MIB), &s).unwrap();
+    arena.deallocate(c, &s).unwrap();
+    arena.check().unwrap();
+}
+
 static DUMPS: AtomicUsize = AtomicUsize::new(0);
 fn count_dump(d: &ArenaDump) {
     assert!(d.requested.is_some() && !d.arenas.is_empty());
