@@ -307,16 +307,11 @@ fn vpool_parts(call: &Call) -> Result<(SimAddressSpace, VirtualConfig), StackErr
     let threshold = call.size_arg("release_threshold")?.unwrap_or(u64::MAX);
     let slack = call.u32_arg("slack", "a whole number of permille")?.unwrap_or(40);
     let trim_on_commit = call.bool_arg("trim_on_commit")?.unwrap_or(true);
-    match call.u32_arg("handle_granules", "a number of granules, at least 1")? {
-        Some(0) => {
-            let at = call.keyed("handle_granules").map_or(call.pos, |v| v.pos());
-            return Err(StackError::new(
-                at,
-                StackErrorKind::BadValue("handle_granules `0`: at least 1".into()),
-            ));
-        }
-        Some(n) => sim = sim.with_pieces(n.into()),
-        None => {}
+    if let Some(n) = call.u32_arg("handle_granules", "a number of granules, at least 1")? {
+        let at = call.keyed("handle_granules").map_or(call.pos, |v| v.pos());
+        sim = sim.with_pieces(n.into()).map_err(|e| {
+            StackError::new(at, StackErrorKind::BadValue(format!("handle_granules `{n}`: {e}")))
+        })?;
     }
     let config = VirtualConfig::new(reserve)
         .release_threshold(threshold)

@@ -151,9 +151,9 @@ impl SimAddressSpace {
     /// [`partial_decommits`](Self::partial_decommits)), and
     /// [`releasable`](ReservableSpace::releasable) answers whole pieces.
     ///
-    /// # Panics
+    /// # Errors
     ///
-    /// If `granules` is 0, or if memory is committed.
+    /// As [`CommitLedger::hold_in_pieces`].
     ///
     /// # Examples
     ///
@@ -162,7 +162,7 @@ impl SimAddressSpace {
     /// use memres_core::{Inspect, MemoryResourceMut, Request};
     /// use memres_sim::SimAddressSpace;
     /// let mib = 1 << 20;
-    /// let space = SimAddressSpace::new(1 << 30, 2 * mib)?.with_pieces(4);
+    /// let space = SimAddressSpace::new(1 << 30, 2 * mib)?.with_pieces(4)?;
     /// let mut pool = VirtualPool::with_config(&space, VirtualConfig::new(64 * mib))?;
     /// let a = pool.allocate(Request::new(3 * mib)?, &())?; // one piece of two granules
     /// let b = pool.allocate(Request::new(mib)?, &())?; // in a's second granule
@@ -174,10 +174,10 @@ impl SimAddressSpace {
     /// assert_eq!((space.committed_bytes(), space.partial_decommits()), (0, 0));
     /// # Ok::<(), memres_core::Error>(())
     /// ```
-    pub fn with_pieces(mut self, granules: u64) -> Self {
-        self.lock().ledger.hold_in_pieces(granules);
+    pub fn with_pieces(mut self, granules: u64) -> Result<Self> {
+        self.lock().ledger.hold_in_pieces(granules)?;
         self.pieced = true;
-        self
+        Ok(self)
     }
 
     /// The space with its addresses from `base` rather than

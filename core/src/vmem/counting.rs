@@ -77,9 +77,9 @@ impl CountingSpace {
     /// [`partial_decommits`](Self::partial_decommits)), and
     /// [`releasable`](ReservableSpace::releasable) answers whole pieces.
     ///
-    /// # Panics
+    /// # Errors
     ///
-    /// If `granules` is 0, or if memory is committed.
+    /// As [`CommitLedger::hold_in_pieces`](super::CommitLedger::hold_in_pieces).
     ///
     /// # Examples
     ///
@@ -87,7 +87,7 @@ impl CountingSpace {
     /// use memres_core::vmem::{CountingSpace, ReservableSpace};
     /// use memres_core::Range;
     /// let mib = 1 << 20;
-    /// let space = CountingSpace::new(64 * mib, mib).with_pieces(4);
+    /// let space = CountingSpace::new(64 * mib, mib).with_pieces(4)?;
     /// let r = space.reserve(16 * mib)?;
     /// space.commit(Range::new(r.start(), 6 * mib).unwrap())?; // pieces of 4 and 2 granules
     /// let tail = Range::new(r.start() + 2 * mib, 4 * mib).unwrap();
@@ -97,9 +97,9 @@ impl CountingSpace {
     /// assert_eq!(space.releasable(tail, mib), Range::new(r.start() + 4 * mib, 2 * mib));
     /// # Ok::<(), memres_core::Error>(())
     /// ```
-    pub fn with_pieces(self, granules: u64) -> Self {
-        self.state.borrow_mut().ledger.hold_in_pieces(granules);
-        self
+    pub fn with_pieces(self, granules: u64) -> Result<Self> {
+        self.state.borrow_mut().ledger.hold_in_pieces(granules)?;
+        Ok(self)
     }
 
     /// Decommits refused for taking part of a piece

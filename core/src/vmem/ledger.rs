@@ -83,10 +83,10 @@ impl CommitLedger {
     /// [`partial_decommits`](Self::partial_decommits)), and
     /// [`releasable`](Self::releasable) answers whole pieces.
     ///
-    /// # Panics
+    /// # Errors
     ///
-    /// If `granules` is 0, or if memory is committed (its pieces would be
-    /// unknown).
+    /// [`Error::InvalidConfig`] if `granules` is 0, or if memory is
+    /// committed (its pieces would be unknown); the ledger is unchanged.
     ///
     /// # Examples
     ///
@@ -95,7 +95,8 @@ impl CommitLedger {
     /// use memres_core::Range;
     /// let g = 1 << 20;
     /// let mut ledger = CommitLedger::new(64 * g, g);
-    /// ledger.hold_in_pieces(4);
+    /// assert!(ledger.hold_in_pieces(0).is_err());
+    /// ledger.hold_in_pieces(4)?;
     /// let reservation = Range::new(1 << 30, 16 * g).unwrap();
     /// let mut bits = vec![0; CommitLedger::words(16)];
     /// let at = |first: u64, n: u64| Range::new((1 << 30) + first * g, n * g).unwrap();
@@ -108,9 +109,16 @@ impl CommitLedger {
     /// # Ok::<(), memres_core::Error>(())
     /// ```
     #[cfg(feature = "alloc")]
-    pub fn hold_in_pieces(&mut self, granules: u64) {
-        assert_eq!(self.committed, 0, "pieces are chosen before anything is committed");
+    pub fn hold_in_pieces(&mut self, granules: u64) -> Result<()> {
+        let bad = |what| Err(Error::InvalidConfig { what });
+        if granules == 0 {
+            return bad("a piece holds at least one granule");
+        }
+        if self.committed != 0 {
+            return bad("pieces are chosen before anything is committed");
+        }
         self.pieces = Some(Pieces::new(granules, self.granule));
+        Ok(())
     }
 
     /// Decommits refused for taking part of a piece

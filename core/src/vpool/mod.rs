@@ -347,7 +347,7 @@ impl<V: ReservableSpace> VirtualPool<V> {
     /// use memres_core::{MemoryResourceMut, Request};
     /// let mib = 1 << 20;
     /// // Memory in pieces of 4 granules, given back whole only.
-    /// let space = CountingSpace::new(1 << 30, mib).with_pieces(4);
+    /// let space = CountingSpace::new(1 << 30, mib).with_pieces(4)?;
     /// let mut pool = VirtualPool::with_config(&space, VirtualConfig::new(64 * mib).release_threshold(u64::MAX))?;
     /// let x = pool.allocate(Request::new(4 * mib)?, &())?; // one piece
     /// pool.deallocate(x, &())?;

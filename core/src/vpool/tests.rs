@@ -206,13 +206,19 @@ pub(super) fn randomized_in_pieces() {
         (VirtualConfig::new(256 * MIB).release_threshold(u64::MAX).slack_permille(40), 8),
         (VirtualConfig::new(256 * MIB).release_threshold(5 * MIB + 4096), 9),
     ] {
-        randomized_in(CountingSpace::new(1 << 40, MIB).with_pieces(4), config, 30_000, seed);
+        randomized_in(CountingSpace::new(1 << 40, MIB).with_pieces(4).unwrap(), config, 30_000, seed);
     }
     // Keeping nothing, as `randomized_keep_nothing` (and its seed: trims
     // that meet a pending failed decommit are rare).
-    randomized_in(CountingSpace::new(1 << 40, MIB).with_pieces(4), VirtualConfig::new(256 * MIB), 100_000, 6);
+    randomized_in(
+        CountingSpace::new(1 << 40, MIB).with_pieces(4).unwrap(),
+        VirtualConfig::new(256 * MIB),
+        100_000,
+        6,
+    );
     let config = VirtualConfig::new(256 * MIB).release_threshold(16 * MIB);
-    let out_of_room = randomized_in(CountingSpace::new(40 * MIB, MIB).with_pieces(3), config, 20_000, 11);
+    let out_of_room =
+        randomized_in(CountingSpace::new(40 * MIB, MIB).with_pieces(3).unwrap(), config, 20_000, 11);
     assert!(out_of_room > 0 || cfg!(miri), "memory never ran short");
 }
 
@@ -654,7 +660,7 @@ fn a_small_block_that_only_a_new_reservation_holds_stays_there() {
 #[test]
 fn idle_granules_in_a_piece_the_failed_block_shared_go_back_and_the_block_fits() {
     // Seven granules of physical memory, held in pieces of up to four.
-    let space = CountingSpace::new(7 * MIB, MIB).with_pieces(4);
+    let space = CountingSpace::new(7 * MIB, MIB).with_pieces(4).unwrap();
     let mut pool =
         VirtualPool::with_config(&space, VirtualConfig::new(16 * MIB).release_threshold(1 << 40)).unwrap();
     // Granules 0..3 (one piece) and, aligned past a gap, 4..8 (another).

@@ -708,8 +708,10 @@ fn the_simulated_space_in_pieces_maps_what_this_space_maps() {
         let mut line = format!("{name}: mapped over the live peak, this space / simulated:");
         for handle_granules in [1, 4, 32] {
             let (space, _fake) = space(1 << 44, handle_granules);
-            let sim =
-                memres_sim::SimAddressSpace::new(1 << 44, G).unwrap().with_pieces(handle_granules.into());
+            let sim = memres_sim::SimAddressSpace::new(1 << 44, G)
+                .unwrap()
+                .with_pieces(handle_granules.into())
+                .unwrap();
             let config = VirtualConfig::new(64 << 30).release_threshold(u64::MAX).slack_permille(10);
             let mut pool = VirtualPool::with_config(&space, config).unwrap();
             let mut twin = VirtualPool::with_config(&sim, config).unwrap();

@@ -183,8 +183,20 @@ fn randomized_pool_over_the_sim_space_from_threads() {
 }
 
 #[test]
+fn pieces_of_no_granule_or_chosen_after_a_commit_are_refused() {
+    // Both panicked.
+    let e = SimAddressSpace::new(1 << 30, MIB).unwrap().with_pieces(0).unwrap_err();
+    assert_eq!(e, Error::InvalidConfig { what: "a piece holds at least one granule" });
+    let space = SimAddressSpace::new(1 << 30, MIB).unwrap();
+    let r = space.reserve(4 * MIB).unwrap();
+    space.commit(range(r.start(), MIB)).unwrap();
+    let e = space.with_pieces(4).unwrap_err();
+    assert_eq!(e, Error::InvalidConfig { what: "pieces are chosen before anything is committed" });
+}
+
+#[test]
 fn with_pieces_only_whole_pieces_go_back() {
-    let space = SimAddressSpace::new(1 << 30, MIB).unwrap().with_pieces(4);
+    let space = SimAddressSpace::new(1 << 30, MIB).unwrap().with_pieces(4).unwrap();
     let r = space.reserve(16 * MIB).unwrap();
     // Pieces of 4 and 2 granules.
     space.commit(range(r.start(), 6 * MIB)).unwrap();

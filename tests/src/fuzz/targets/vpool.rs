@@ -307,7 +307,7 @@ pub fn run_vpool(data: &[u8]) {
     let mut space = SimAddressSpace::with_span(physical, granule, granule << SPAN_GRANULES_LOG2)
         .expect("the granules drawn are powers of two from 256");
     if pieces > 0 {
-        space = space.with_pieces(pieces);
+        space = space.with_pieces(pieces).expect("no memory is committed yet");
     }
     let pool = VirtualPool::with_config(space, config).expect("a valid configuration");
     let idle_ceiling = config.release_threshold_bytes();

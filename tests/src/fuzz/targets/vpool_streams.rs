@@ -217,7 +217,7 @@ pub fn run_vpool_streams(data: &[u8]) {
     let mut sim = SimAddressSpace::with_span(physical, granule, granule << SPAN_GRANULES_LOG2)
         .expect("the granules drawn are powers of two from 256");
     if pieces > 0 {
-        sim = sim.with_pieces(pieces);
+        sim = sim.with_pieces(pieces).expect("no memory is committed yet");
     }
     let space = Arc::new(UnmapChecked::new(sim, &streams.world));
     let pools =
