@@ -561,14 +561,18 @@ impl<M: MakePool<S>, S: Stream + ?Sized> PerStreamPool<M, S> {
     /// out of memory.
     fn grow(&mut self, i: usize, request: Request, stream: &S) -> Result<Block> {
         let mut refused = None;
+        // A lane's release: its bytes, or 0 with the first refusal kept.
+        let mut counted = |got: Result<u64>| {
+            got.unwrap_or_else(|e| {
+                refused.get_or_insert(e);
+                0
+            })
+        };
         let mut given_back = 0;
         for j in 0..self.lanes.len() {
             if let Some(fence) = self.fence_of(i, j) {
                 stream.wait(fence)?;
-                given_back += self.lanes[j].pool.release(stream).unwrap_or_else(|e| {
-                    refused.get_or_insert(e);
-                    0
-                });
+                given_back += counted(self.lanes[j].pool.release(stream));
             }
         }
         self.stats.bytes_released += given_back;
@@ -587,10 +591,7 @@ impl<M: MakePool<S>, S: Stream + ?Sized> PerStreamPool<M, S> {
         let mut released = 0;
         let lanes_to_empty = if stream.synchronize_device()? { 0..self.lanes.len() } else { i..i + 1 };
         for j in lanes_to_empty {
-            released += self.lanes[j].pool.release(stream).unwrap_or_else(|e| {
-                refused.get_or_insert(e);
-                0
-            });
+            released += counted(self.lanes[j].pool.release(stream));
         }
         // Lanes left holding nothing keep what a growth of this one may need
         // (a virtual pool's reservations of the shared address space): they

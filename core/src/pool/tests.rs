@@ -360,27 +360,9 @@ fn chunks_never_coalesce_and_release_returns_free_chunks() {
     assert_eq!((p.usage().held, p.upstream().usage().held), (0, 0));
 }
 
-/// An upstream that refuses to take back the block at one address.
-struct RefusesOne {
-    inner: BumpUpstream,
-    addr: core::cell::Cell<u64>,
-}
-
-impl MemoryResource for RefusesOne {
-    fn allocate(&self, request: Request, s: &()) -> Result<Block> {
-        self.inner.allocate(request, s)
-    }
-    fn deallocate(&self, block: Block, s: &()) -> Result<()> {
-        if block.addr() == self.addr.get() {
-            return Err(Error::Backend { code: 7, what: "refused" });
-        }
-        self.inner.deallocate(block, s)
-    }
-}
-
 #[test]
 fn a_chunk_the_upstream_refuses_stays_and_the_others_go_back() {
-    let up = RefusesOne { inner: BumpUpstream::new(1 << 40), addr: Default::default() };
+    let up = BumpUpstream::new(1 << 40);
     let config = PoolConfig::new().growth(Growth::Fraction { divisor: 1 << 30, granule: 256 });
     let mut p = CoalescingPool::with_config(up, config, &()).unwrap();
     let blocks: Vec<Block> =
@@ -390,16 +372,16 @@ fn a_chunk_the_upstream_refuses_stays_and_the_others_go_back() {
         p.deallocate(b, &()).unwrap();
     }
     // The first chunk is refused; the two after it still go back.
-    p.upstream().addr.set(blocks[0].addr());
-    assert!(matches!(p.release(&()), Err(Error::Backend { code: 7, .. })));
+    p.upstream().refuse_free_at(blocks[0].addr());
+    assert!(matches!(p.release(&()), Err(Error::Backend { code: -2, .. })));
     p.check().unwrap();
-    assert_eq!((p.chunk_count(), p.usage().held, p.upstream().inner.usage().held), (1, 1 << 20, 1 << 20));
+    assert_eq!((p.chunk_count(), p.usage().held, p.upstream().usage().held), (1, 1 << 20, 1 << 20));
     let again = p.allocate(Request::new(1 << 20).unwrap(), &()).unwrap();
     assert_eq!(again.addr(), blocks[0].addr(), "the refused chunk serves as before");
     p.deallocate(again, &()).unwrap();
-    p.upstream().addr.set(0);
+    p.upstream().refuse_free_at(0);
     assert_eq!(p.release(&()).unwrap(), 1 << 20);
-    assert_eq!(p.upstream().inner.usage().held, 0);
+    assert_eq!(p.upstream().usage().held, 0);
 }
 
 /// A refused give-back before growing leaves that chunk in the pool and
@@ -409,27 +391,27 @@ fn a_chunk_the_upstream_refuses_stays_and_the_others_go_back() {
 #[test]
 fn a_chunk_refused_before_growing_stays_and_the_pool_grows_all_the_same() {
     const MIB: u64 = 1 << 20;
-    let up = RefusesOne { inner: BumpUpstream::new(4 * MIB), addr: Default::default() };
+    let up = BumpUpstream::new(4 * MIB);
     let exact = PoolConfig::new().growth(Growth::Exact { granule: 256 });
     let mut p = CoalescingPool::with_config(up, exact, &()).unwrap();
     let a = p.allocate(Request::new(MIB).unwrap(), &()).unwrap();
     p.deallocate(a, &()).unwrap();
-    p.upstream().addr.set(a.addr());
+    p.upstream().refuse_free_at(a.addr());
     // The default gives every free chunk back before growing: `a`'s is refused.
     let b = p.allocate(Request::new(2 * MIB).unwrap(), &()).unwrap();
     p.check().unwrap();
-    assert_eq!((p.chunk_count(), p.usage().held, p.upstream().inner.usage().held), (2, 3 * MIB, 3 * MIB));
+    assert_eq!((p.chunk_count(), p.usage().held, p.upstream().usage().held), (2, 3 * MIB, 3 * MIB));
     // No room left upstream for 2 MiB more: the refusal is what went wrong.
-    assert!(matches!(p.allocate(Request::new(2 * MIB).unwrap(), &()), Err(Error::Backend { code: 7, .. })));
+    assert!(matches!(p.allocate(Request::new(2 * MIB).unwrap(), &()), Err(Error::Backend { code: -2, .. })));
     p.check().unwrap();
     assert_eq!((p.chunk_count(), p.usage().held, p.usage().used), (2, 3 * MIB, 2 * MIB));
     // Once the upstream takes it back, the same request fits in its room.
-    p.upstream().addr.set(0);
+    p.upstream().refuse_free_at(0);
     let c = p.allocate(Request::new(2 * MIB).unwrap(), &()).unwrap();
     p.deallocate(b, &()).unwrap();
     p.deallocate(c, &()).unwrap();
     assert_eq!(p.release(&()).unwrap(), 4 * MIB);
-    assert_eq!(p.upstream().inner.usage().held, 0);
+    assert_eq!(p.upstream().usage().held, 0);
 }
 
 /// A growth no upstream can serve, after a give-back the upstream refused
@@ -437,24 +419,24 @@ fn a_chunk_refused_before_growing_stays_and_the_pool_grows_all_the_same() {
 #[test]
 fn a_failed_growth_takes_back_what_went_back_beside_a_refused_chunk() {
     const MIB: u64 = 1 << 20;
-    let up = RefusesOne { inner: BumpUpstream::new(1 << 30), addr: Default::default() };
+    let up = BumpUpstream::new(1 << 30);
     let exact = PoolConfig::new().growth(Growth::Exact { granule: 256 });
     let mut p = CoalescingPool::with_config(up, exact, &()).unwrap();
     let a = p.allocate(Request::new(MIB).unwrap(), &()).unwrap();
     let b = p.allocate(Request::new(2 * MIB).unwrap(), &()).unwrap();
     p.deallocate(a, &()).unwrap();
     p.deallocate(b, &()).unwrap();
-    p.upstream().addr.set(a.addr());
+    p.upstream().refuse_free_at(a.addr());
     // `a`'s chunk is refused, `b`'s goes back, and the growth fails.
     let e = p.allocate(Request::new(1 << 40).unwrap(), &()).unwrap_err();
-    assert!(matches!(e, Error::Backend { code: 7, .. }), "{e:?}");
+    assert!(matches!(e, Error::Backend { code: -2, .. }), "{e:?}");
     p.check().unwrap();
-    assert_eq!((p.chunk_count(), p.usage().held, p.upstream().inner.usage().held), (2, 3 * MIB, 3 * MIB));
+    assert_eq!((p.chunk_count(), p.usage().held, p.upstream().usage().held), (2, 3 * MIB, 3 * MIB));
     // It serves 2 MiB from what it holds, with no upstream call.
     let c = p.allocate(Request::new(2 * MIB).unwrap(), &()).unwrap();
-    assert_eq!(p.upstream().inner.usage().held, 3 * MIB);
+    assert_eq!(p.upstream().usage().held, 3 * MIB);
     p.deallocate(c, &()).unwrap();
-    p.upstream().addr.set(0);
+    p.upstream().refuse_free_at(0);
     assert_eq!(p.release(&()).unwrap(), 3 * MIB);
 }
 
@@ -463,7 +445,7 @@ fn a_failed_growth_takes_back_what_went_back_beside_a_refused_chunk() {
 #[test]
 fn a_largest_chunk_refused_under_the_peak_lets_the_next_largest_go_back() {
     const MIB: u64 = 1 << 20;
-    let up = RefusesOne { inner: BumpUpstream::new(1 << 40), addr: Default::default() };
+    let up = BumpUpstream::new(1 << 40);
     let config = PoolConfig::new().growth(Growth::Exact { granule: 256 }).keep_under_peak(true);
     let mut p = CoalescingPool::with_config(up, config, &()).unwrap();
     let blocks: Vec<Block> =
@@ -473,14 +455,14 @@ fn a_largest_chunk_refused_under_the_peak_lets_the_next_largest_go_back() {
     }
     // 5 MiB under a peak of 7 MiB leaves room for 2 MiB of free chunks:
     // the 4 MiB chunk (refused), then the 2 MiB and the 1 MiB go back.
-    p.upstream().addr.set(blocks[0].addr());
+    p.upstream().refuse_free_at(blocks[0].addr());
     let d = p.allocate(Request::new(5 * MIB).unwrap(), &()).unwrap();
     p.check().unwrap();
     let held: Vec<u64> = p.chunk_ranges().map(|r| r.len()).collect();
     assert_eq!(held, [4 * MIB, 5 * MIB]);
-    assert_eq!(p.upstream().inner.usage().held, 9 * MIB);
+    assert_eq!(p.upstream().usage().held, 9 * MIB);
     p.deallocate(d, &()).unwrap();
-    p.upstream().addr.set(0);
+    p.upstream().refuse_free_at(0);
     assert_eq!(p.release(&()).unwrap(), 9 * MIB);
 }
 

@@ -2,6 +2,7 @@
 
 use super::{drive, FuzzResource, Model};
 use arbitrary::Unstructured;
+use memres_core::check::FailNth;
 use memres_core::pool::{Chunk, CoalescingPool, Growth, Node, PoolConfig};
 use memres_core::storage::{ArrayStorage, Storage};
 use memres_core::{Block, Error, Inspect, MemoryResource, MemoryResourceMut, Request, Result, Stream};
@@ -64,8 +65,8 @@ pub struct Spy {
     inner: Arc<SimDevice>,
     log: Arc<Mutex<SpyLog>>,
     frees: Arc<Mutex<u64>>,
-    /// Frees to let through before one is refused (0: none is).
-    refuse_in: Arc<Mutex<u64>>,
+    /// The free to refuse.
+    refuse: Arc<Mutex<FailNth>>,
 }
 
 impl Spy {
@@ -73,11 +74,12 @@ impl Spy {
         Self::over(SimDevice::new(capacity))
     }
     fn over(device: SimDevice) -> Self {
-        Spy { inner: Arc::new(device), log: Arc::default(), frees: Arc::default(), refuse_in: Arc::default() }
+        Spy { inner: Arc::new(device), log: Arc::default(), frees: Arc::default(), refuse: Arc::default() }
     }
 
     /// What a free the spy refuses answers.
     const REFUSED: Error = Error::Backend { code: -3, what: "the spied upstream refuses this free" };
+
     /// Forgets what the upstream answered so far.
     pub(super) fn clear_log(&self) {
         *self.log.lock().expect("spy lock") = SpyLog::default();
@@ -95,7 +97,7 @@ impl Spy {
     /// Makes the spy refuse the `n`th free from now (the block stays held
     /// upstream); `n = 0` cancels.
     pub(super) fn refuse_nth_free(&self, n: u64) {
-        *self.refuse_in.lock().expect("spy lock") = n;
+        self.refuse.lock().expect("spy lock").arm(n);
     }
     /// Whether `err` is the answer of a free the spy refused.
     pub(super) fn refused_free(&self, err: &Error) -> bool {
@@ -115,15 +117,9 @@ impl<S: Stream + ?Sized> MemoryResource<S> for Spy {
         got
     }
     fn deallocate(&self, block: Block, stream: &S) -> Result<()> {
-        {
-            let mut left = self.refuse_in.lock().expect("spy lock");
-            if *left > 0 {
-                *left -= 1;
-                if *left == 0 {
-                    self.log.lock().expect("spy lock").free_refused = true;
-                    return Err(Self::REFUSED);
-                }
-            }
+        if self.refuse.lock().expect("spy lock").fires() {
+            self.log.lock().expect("spy lock").free_refused = true;
+            return Err(Self::REFUSED);
         }
         let got = self.inner.deallocate(block, stream);
         if got.is_ok() {
