@@ -561,18 +561,21 @@ impl<M: MakePool<S>, S: Stream + ?Sized> PerStreamPool<M, S> {
     /// out of memory.
     fn grow(&mut self, i: usize, request: Request, stream: &S) -> Result<Block> {
         let mut refused = None;
-        // A lane's release: its bytes, or 0 with the first refusal kept.
-        let mut counted = |got: Result<u64>| {
-            got.unwrap_or_else(|e| {
+        // A lane's release: the bytes its pool holds less after it, also
+        // where the upstream refused a chunk after taking others (the first
+        // refusal kept).
+        let mut release = |pool: &mut M::Pool| {
+            let before = pool.held();
+            if let Err(e) = pool.release(stream) {
                 refused.get_or_insert(e);
-                0
-            })
+            }
+            before.saturating_sub(pool.held())
         };
         let mut given_back = 0;
         for j in 0..self.lanes.len() {
             if let Some(fence) = self.fence_of(i, j) {
                 stream.wait(fence)?;
-                given_back += counted(self.lanes[j].pool.release(stream));
+                given_back += release(&mut self.lanes[j].pool);
             }
         }
         self.stats.bytes_released += given_back;
@@ -591,7 +594,7 @@ impl<M: MakePool<S>, S: Stream + ?Sized> PerStreamPool<M, S> {
         let mut released = 0;
         let lanes_to_empty = if stream.synchronize_device()? { 0..self.lanes.len() } else { i..i + 1 };
         for j in lanes_to_empty {
-            released += counted(self.lanes[j].pool.release(stream));
+            released += release(&mut self.lanes[j].pool);
         }
         // Lanes left holding nothing keep what a growth of this one may need
         // (a virtual pool's reservations of the shared address space): they
@@ -599,10 +602,9 @@ impl<M: MakePool<S>, S: Stream + ?Sized> PerStreamPool<M, S> {
         let lanes = self.lanes.len();
         self.prune(i);
         let i = self.last;
-        // Once more only if memory went back (a refused release may have
-        // given back part of a lane's) or lanes went.
+        // Once more only if memory went back or lanes went.
         let last = match err {
-            Some(err) if released == 0 && refused.is_none() && self.lanes.len() == lanes => Err(err),
+            Some(err) if released == 0 && self.lanes.len() == lanes => Err(err),
             _ => self.lanes[i].pool.allocate(request, stream),
         };
         match last {

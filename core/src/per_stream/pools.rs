@@ -98,7 +98,8 @@ pub trait ChunkPool<S: Stream + ?Sized>: MemoryResourceMut<S> + Inspect {
     ) -> core::result::Result<(), (Error, FreeChunk)>;
 
     /// Gives every wholly free chunk back upstream, freed on `stream`;
-    /// returns the bytes given back.
+    /// returns the bytes given back. The per-stream pool counts what went
+    /// back by [`held`](Self::held) before and after, refused or not.
     ///
     /// # Errors
     ///

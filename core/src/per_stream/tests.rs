@@ -215,6 +215,33 @@ fn a_chunk_the_upstream_refuses_before_growing_stays_and_the_growth_goes_on() {
     r.exact();
 }
 
+/// Where the upstream takes one of a stream's free chunks back and refuses
+/// the other, the bytes that went back are counted (they were not: the
+/// lane's release answered the refusal, not its bytes).
+#[test]
+fn the_bytes_a_refused_release_gave_back_are_counted() {
+    let mut r = rig(1 << 30);
+    let (a, b) = (r.a.clone(), r.b.clone());
+    let small = r.alloc(256, &b); // a then records a fence at its free
+    let x = r.alloc(MIB, &a);
+    let y = r.alloc(MIB, &a);
+    assert_eq!(r.pools.pool_of(a.id).unwrap().chunk_ranges().count(), 2);
+    r.free(x, &a);
+    r.free(y, &a);
+    r.up.refuse_free_at(x.addr());
+    let before = r.up.usage().held;
+    let z = r.alloc(4 * MIB, &b);
+    let of_a = r.pools.pool_of(a.id).unwrap().usage().held;
+    assert_eq!(of_a, MIB, "a keeps the refused chunk");
+    assert_eq!(r.pools.stats().bytes_released, MIB, "and y's went back");
+    assert_eq!(r.up.usage().held, before - MIB + 4 * MIB);
+    r.exact();
+    r.up.refuse_free_at(0);
+    r.free(z, &b);
+    r.free(small, &b);
+    r.exact();
+}
+
 #[test]
 fn release_gives_back_the_free_chunks_that_the_stream_is_ordered_after() {
     for device in [true, false] {
