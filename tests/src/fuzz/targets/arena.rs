@@ -27,6 +27,10 @@
 //! - out of memory only when no free range of the caller's arena or of the
 //!   global arena could serve, and the maximum or the upstream forbids
 //!   growing;
+//! - a growth at the maximum gives wholly free chunks back first; the
+//!   upstream may refuse one (it stays), and a growth that then fails
+//!   takes again what went back and answers the refusal, not out of
+//!   memory;
 //! - a maximum below the superblock size is `InvalidConfig`, with nothing
 //!   taken from upstream.
 
@@ -263,14 +267,11 @@ impl FuzzResource for ArenaTarget {
             return Some(Ok(0));
         }
         self.resync_keys(None);
-        if let Ok(bytes) = got {
+        // The superblocks go back to the global arena before its chunks go
+        // upstream: a refused chunk changes nothing of that.
+        let refused = matches!(&got, Err(e) if self.spy.refused_free(e));
+        if got.is_ok() || refused {
             let dump = self.arena.dump();
-            if held - bytes != dump.global.held {
-                panic!(
-                    "fuzz oracle: release gave back {bytes} bytes of {held}, {} held now",
-                    dump.global.held
-                );
-            }
             let on = LANES[self.current].0;
             for a in &dump.arenas {
                 let reclaims = self.params.device_sync
@@ -283,8 +284,22 @@ impl FuzzResource for ArenaTarget {
                     panic!("fuzz oracle: release left an idle arena its slot: {a:?}");
                 }
             }
-            if dump.global.used == 0 && dump.global.held != 0 {
-                panic!("fuzz oracle: release kept {} bytes with nothing lent or live", dump.global.held);
+            // The spy refuses one free: every other wholly free chunk
+            // went back.
+            let kept = if refused { 1 } else { 0 };
+            if dump.global.used == 0 && dump.chunks > kept {
+                panic!(
+                    "fuzz oracle: release kept {} chunks of {} bytes with nothing lent or live ({got:?})",
+                    dump.chunks, dump.global.held
+                );
+            }
+            if let Ok(bytes) = got {
+                if held - bytes != dump.global.held {
+                    panic!(
+                        "fuzz oracle: release gave back {bytes} bytes of {held}, {} held now",
+                        dump.global.held
+                    );
+                }
             }
         }
         Some(got)
@@ -417,6 +432,14 @@ impl FuzzResource for ArenaTarget {
         LANES.len() as u8
     }
 
+    /// The upstream's `n`th allocation fails, and its `n`th free is
+    /// refused: a growth at the maximum gives chunks back, a release too.
+    fn fail_nth(&mut self, n: u64) -> bool {
+        self.spy.fail_nth(n);
+        self.spy.refuse_nth_free(n);
+        true
+    }
+
     fn stream_op(&mut self, op: Op) {
         match op {
             Op::Stream { which } => self.current = which as usize % LANES.len(),
@@ -430,11 +453,19 @@ impl FuzzResource for ArenaTarget {
         &self,
         request: &Request,
         err: &Error,
-        _before: &[u64],
+        before: &[u64],
         _: &Model,
     ) -> std::result::Result<(), String> {
         let last = self.last;
         let log = self.spy.log();
+        // A failed growth at the maximum takes again what it gave back
+        // (also beside a chunk the upstream refused), as far as the
+        // upstream allows.
+        let held = self.arena.dump().global.held;
+        let took_back = !log.granted.is_empty() || log.failed_other || !log.refused.is_empty();
+        if held < before[1] && !took_back {
+            return Err(format!("the arena gave back {:?} and did not ask for it again", log.given_back));
+        }
         if last.table_full {
             return match err {
                 Error::CapacityExhausted { capacity } if *capacity == self.params.max_arenas => Ok(()),
@@ -453,9 +484,13 @@ impl FuzzResource for ArenaTarget {
         let Error::OutOfMemory { requested, largest_free, pool_size, max_size } = *err else {
             return match err {
                 Error::Backend { .. } if log.failed_other => Ok(()),
+                e if log.free_refused && self.spy.refused_free(e) => Ok(()),
                 _ => Err(format!("unexpected error; upstream log {log:?}")),
             };
         };
+        if log.free_refused {
+            return Err("out of memory after a refused free: the refusal is the cause".into());
+        }
         if !log.granted_only_what_went_back() {
             return Err(format!(
                 "the arena took chunks of {:?} bytes (it gave back {:?}) and still failed",
