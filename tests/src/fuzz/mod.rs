@@ -85,11 +85,12 @@ pub trait FuzzResource {
         None
     }
 
-    /// Whether `err`, a release's answer, is the upstream's refusal of a
-    /// free that [`fail_nth`](Self::fail_nth) armed (the chunks it refused
-    /// stay; the resource's own check judges the rest). By default the
-    /// spied upstream's refusals.
-    fn release_refused(&self, err: &Error) -> bool {
+    /// Whether `err`, the answer of a release or of a live block's free,
+    /// is the upstream's refusal of a free that [`fail_nth`](Self::fail_nth)
+    /// armed: the chunks it refused stay (the resource's own check judges
+    /// the rest), a block whose free it refused stays live and the free
+    /// changes nothing. By default the spied upstream's refusals.
+    fn refused_free(&self, err: &Error) -> bool {
         self.spy().is_some_and(|spy| spy.refused_free(err))
     }
 
@@ -102,10 +103,17 @@ pub trait FuzzResource {
         }
     }
 
-    /// Arms the upstream to fail its `n`-th next allocation (`false`: no
-    /// upstream that can fail). By default the spied upstream, if any.
+    /// Arms the upstream to fail its `n`-th next allocation, and to refuse
+    /// its `n`-th next free (`false`: no upstream that can fail). By
+    /// default the spied upstream, if any: a growth gives chunks back, a
+    /// release too, and the chunk refused stays with the resource.
     fn fail_nth(&mut self, n: u64) -> bool {
-        self.spy().map(|spy| spy.fail_nth(n)).is_some()
+        self.spy()
+            .map(|spy| {
+                spy.fail_nth(n);
+                spy.refuse_nth_free(n);
+            })
+            .is_some()
     }
 
     /// Runs the invariant checker and every cross-check against the model

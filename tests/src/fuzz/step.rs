@@ -71,15 +71,8 @@ fn apply<R: FuzzResource>(r: &mut R, m: &mut Model, op: Op) {
                 expect_unchanged_err(r, m, got, &[want], &before, "address-only free (unsupported)");
                 return;
             }
-            match r.deallocate(block) {
-                Ok(()) => {
-                    let gb = r.give_backs();
-                    m.remove(i, gb);
-                }
-                Err(e) => {
-                    m.fail(&format!("free of live {block:?} failed: {e:?} (summary before {before:?})"))
-                }
-            }
+            let got = r.deallocate(block);
+            freed_live(r, m, i, got, &before, "free of live");
         }
         Op::FreeWrongSize { index, by_address, delta } => {
             if m.live.is_empty() {
@@ -108,11 +101,7 @@ fn apply<R: FuzzResource>(r: &mut R, m: &mut Model, op: Op) {
                 expect_unchanged_err(r, m, got, &[want], &before, "address-only free (unsupported)");
             } else if fp_new == fp_old {
                 // The same footprint: a valid free of the block.
-                if let Err(e) = got {
-                    m.fail(&format!("free of live {b:?} with size {size} (same footprint) failed: {e:?}"));
-                }
-                let gb = r.give_backs();
-                m.remove(i, gb);
+                freed_live(r, m, i, got, &before, &format!("free with size {size} (same footprint) of live"));
             } else {
                 let want = r.mismatch_errors(b.addr(), fp_old, size);
                 expect_unchanged_err(r, m, got, &want, &before, "free with a wrong size");
@@ -156,7 +145,7 @@ fn apply<R: FuzzResource>(r: &mut R, m: &mut Model, op: Op) {
             match r.release() {
                 None => {}
                 Some(Ok(bytes)) => m.note(format_args!("release: {bytes} bytes back upstream")),
-                Some(Err(e)) if r.release_refused(&e) => m.note(format_args!("release: {e:?}")),
+                Some(Err(e)) if r.refused_free(&e) => m.note(format_args!("release: {e:?}")),
                 Some(Err(e)) => m.fail(&format!("release failed: {e:?}")),
             }
             if r.used_bytes() != before_used {
@@ -254,11 +243,8 @@ fn stale_or_foreign_free<R: FuzzResource>(
         } else if r.size_class_of(&live.block, block.size())
             == r.size_class_of(&live.block, live.block.size())
         {
-            if let Err(e) = r.deallocate(block) {
-                m.fail(&format!("address-only free of live {:?} failed: {e:?}", live.block));
-            }
-            let gb = r.give_backs();
-            m.remove(i, gb);
+            let got = r.deallocate(block);
+            freed_live(r, m, i, got, &before, "address-only free of live");
         } else {
             let got = r.deallocate(block);
             let want = r.mismatch_errors(addr, r.size_class_of(&live.block, live.block.size()), block.size());
@@ -303,7 +289,7 @@ fn stale_or_foreign_free<R: FuzzResource>(
 
 fn expect_unchanged_err<R: FuzzResource>(
     r: &R,
-    m: &Model,
+    m: &mut Model,
     got: Result<()>,
     allowed: &[Error],
     before: &[u64],
@@ -312,6 +298,8 @@ fn expect_unchanged_err<R: FuzzResource>(
     match got {
         Ok(()) => m.fail(&format!("{what} succeeded; expected one of {allowed:?}")),
         Err(e) if allowed.contains(&e) => {}
+        // A free passed upstream, which refused it before judging it.
+        Err(e) if r.refused_free(&e) => m.note(format_args!("{what}: the upstream refused the free")),
         Err(e) => m.fail(&format!("{what} failed with {e:?}; expected one of {allowed:?}")),
     }
     let after = r.summary();
@@ -343,5 +331,26 @@ fn wrong_size(size: u64, delta: u8, odd: bool) -> u64 {
         size + 1
     } else {
         s
+    }
+}
+
+/// Judges `got`, the answer of a valid free of live block `i`: the block
+/// is freed, or the upstream refused its free, and then it stays live and
+/// nothing changed.
+fn freed_live<R: FuzzResource>(r: &R, m: &mut Model, i: usize, got: Result<()>, before: &[u64], what: &str) {
+    let block = m.live[i].block;
+    match got {
+        Ok(()) => {
+            let gb = r.give_backs();
+            m.remove(i, gb);
+        }
+        Err(e) if r.refused_free(&e) => {
+            m.note(format_args!("{what} {block:?}: the upstream refused it, the block stays live"));
+            let after = r.summary();
+            if after != before {
+                m.fail(&format!("{what} {block:?}: refused upstream, yet changed {before:?} -> {after:?}"));
+            }
+        }
+        Err(e) => m.fail(&format!("{what} {block:?} failed: {e:?} (summary before {before:?})")),
     }
 }

@@ -305,13 +305,6 @@ impl<N: Storage<Node>, C: Storage<Chunk>> FuzzResource for PoolTarget<N, C> {
     fn spy(&self) -> Option<&Spy> {
         Some(&self.spy)
     }
-    /// The upstream's `n`th allocation fails, and its `n`th free is
-    /// refused: a growth gives chunks back, a release too.
-    fn fail_nth(&mut self, n: u64) -> bool {
-        self.spy.fail_nth(n);
-        self.spy.refuse_nth_free(n);
-        true
-    }
     fn judge_alloc_failure(
         &self,
         request: &Request,

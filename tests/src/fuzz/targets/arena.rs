@@ -432,14 +432,6 @@ impl FuzzResource for ArenaTarget {
         LANES.len() as u8
     }
 
-    /// The upstream's `n`th allocation fails, and its `n`th free is
-    /// refused: a growth at the maximum gives chunks back, a release too.
-    fn fail_nth(&mut self, n: u64) -> bool {
-        self.spy.fail_nth(n);
-        self.spy.refuse_nth_free(n);
-        true
-    }
-
     fn stream_op(&mut self, op: Op) {
         match op {
             Op::Stream { which } => self.current = which as usize % LANES.len(),

@@ -58,6 +58,11 @@ impl BinningTarget {
         self.counted.as_ref().filter(|c| self.bins.bin_for(size) == Some(c.size))
     }
 
+    /// The spied devices: the bins' and the counted bin's.
+    fn spies(&self) -> impl Iterator<Item = &Spy> {
+        std::iter::once(&self.spy).chain(self.counted.as_ref().map(|c| &c.spy))
+    }
+
     /// Bytes the counted bin's device holds: its live blocks' footprints.
     fn counted_held(&self) -> u64 {
         self.counted.as_ref().map_or(0, |c| c.spy.inner.usage().held)
@@ -72,9 +77,14 @@ impl FuzzResource for BinningTarget {
         self.bins.deallocate(block, &())
     }
     fn release(&mut self) -> Option<Result<u64>> {
+        let before = self.fixed_figures().2;
         let got = self.bins.release(&());
+        // Chunks go back beside one the upstream refuses.
+        self.released_any |= self.fixed_figures().2 < before;
         if let Ok(bytes) = got {
-            self.released_any |= bytes > 0;
+            if bytes != before - self.fixed_figures().2 {
+                panic!("fuzz oracle: release() says {bytes} bytes went back; the bins hold {before} less");
+            }
             let (used, _, held) = self.fixed_figures();
             if used == 0 && held != 0 {
                 panic!("fuzz oracle: release() kept {held} bytes in bins with nothing in use");
@@ -82,12 +92,17 @@ impl FuzzResource for BinningTarget {
         }
         Some(got)
     }
+    /// Both devices' `n`th allocation fails and their `n`th free is
+    /// refused.
     fn fail_nth(&mut self, n: u64) -> bool {
-        self.spy.fail_nth(n);
-        if let Some(c) = &self.counted {
-            c.spy.fail_nth(n);
+        for spy in self.spies() {
+            spy.fail_nth(n);
+            spy.refuse_nth_free(n);
         }
         true
+    }
+    fn end_of_input(&mut self) {
+        self.spies().for_each(|spy| spy.refuse_nth_free(0));
     }
     fn begin_allocate(&mut self) {
         self.spy.clear_log();
