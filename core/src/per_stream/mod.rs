@@ -602,9 +602,11 @@ impl<M: MakePool<S>, S: Stream + ?Sized> PerStreamPool<M, S> {
         let lanes = self.lanes.len();
         self.prune(i);
         let i = self.last;
-        // Once more only if memory went back or lanes went.
+        // Once more only if memory went back, lanes went, or the upstream
+        // refused (a pool's own growth gives back again, a virtual pool
+        // retries the trim that failed).
         let last = match err {
-            Some(err) if released == 0 && self.lanes.len() == lanes => Err(err),
+            Some(err) if released == 0 && refused.is_none() && self.lanes.len() == lanes => Err(err),
             _ => self.lanes[i].pool.allocate(request, stream),
         };
         match last {
