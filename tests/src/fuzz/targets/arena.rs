@@ -286,7 +286,7 @@ impl FuzzResource for ArenaTarget {
             }
             // The spy refuses one free: every other wholly free chunk
             // went back.
-            let kept = if refused { 1 } else { 0 };
+            let kept = usize::from(refused);
             if dump.global.used == 0 && dump.chunks > kept {
                 panic!(
                     "fuzz oracle: release kept {} chunks of {} bytes with nothing lent or live ({got:?})",
