@@ -98,22 +98,20 @@ pub trait FuzzResource {
     /// the final frees and release, which must succeed: disarms what would
     /// make them fail. By default the spied upstream's refusals of frees.
     fn end_of_input(&mut self) {
-        if let Some(spy) = self.spy() {
-            spy.refuse_nth_free(0);
-        }
+        self.spies().into_iter().for_each(|spy| spy.refuse_nth_free(0));
     }
 
     /// Arms the upstream to fail its `n`-th next allocation, and to refuse
     /// its `n`-th next free (`false`: no upstream that can fail). By
-    /// default the spied upstream, if any: a growth gives chunks back, a
-    /// release too, and the chunk refused stays with the resource.
+    /// default every spied upstream: a growth gives chunks back, a release
+    /// too, and the chunk refused stays with the resource.
     fn fail_nth(&mut self, n: u64) -> bool {
-        self.spy()
-            .map(|spy| {
-                spy.fail_nth(n);
-                spy.refuse_nth_free(n);
-            })
-            .is_some()
+        let spies = self.spies();
+        for spy in &spies {
+            spy.fail_nth(n);
+            spy.refuse_nth_free(n);
+        }
+        !spies.is_empty()
     }
 
     /// Runs the invariant checker and every cross-check against the model
@@ -151,16 +149,20 @@ pub trait FuzzResource {
     /// Called before each allocation, so that the resource can reset what it
     /// records about its upstream calls.
     fn begin_allocate(&mut self) {
-        if let Some(spy) = self.spy() {
-            spy.clear_log();
-        }
+        self.spies().into_iter().for_each(targets::Spy::clear_log);
     }
 
     /// The spy on the resource's upstream, if it has one: then the
-    /// upstream's frees are the give-backs, and its log restarts at each
-    /// allocation.
+    /// upstream's frees are the give-backs.
     fn spy(&self) -> Option<&targets::Spy> {
         None
+    }
+
+    /// Every spied upstream (a resource over two devices has two): their
+    /// logs restart at each allocation, and [`fail_nth`](Self::fail_nth)
+    /// arms them all. By default [`spy`](Self::spy).
+    fn spies(&self) -> Vec<&targets::Spy> {
+        self.spy().into_iter().collect()
     }
 
     /// What a free compares sizes by: two sizes of the same class free the

@@ -58,11 +58,6 @@ impl BinningTarget {
         self.counted.as_ref().filter(|c| self.bins.bin_for(size) == Some(c.size))
     }
 
-    /// The spied devices: the bins' and the counted bin's.
-    fn spies(&self) -> impl Iterator<Item = &Spy> {
-        std::iter::once(&self.spy).chain(self.counted.as_ref().map(|c| &c.spy))
-    }
-
     /// Bytes the counted bin's device holds: its live blocks' footprints.
     fn counted_held(&self) -> u64 {
         self.counted.as_ref().map_or(0, |c| c.spy.inner.usage().held)
@@ -94,21 +89,6 @@ impl FuzzResource for BinningTarget {
             }
         }
         Some(got)
-    }
-    /// Both devices' `n`th allocation fails and their `n`th free is
-    /// refused.
-    fn fail_nth(&mut self, n: u64) -> bool {
-        for spy in self.spies() {
-            spy.fail_nth(n);
-            spy.refuse_nth_free(n);
-        }
-        true
-    }
-    fn end_of_input(&mut self) {
-        self.spies().for_each(|spy| spy.refuse_nth_free(0));
-    }
-    fn begin_allocate(&mut self) {
-        self.spies().for_each(Spy::clear_log);
     }
     fn check(&self, model: &Model) -> std::result::Result<(), String> {
         if super::super::invariant_checker_on() {
@@ -181,6 +161,10 @@ impl FuzzResource for BinningTarget {
 
     fn spy(&self) -> Option<&Spy> {
         Some(&self.spy)
+    }
+    /// The bins' device and the counted bin's.
+    fn spies(&self) -> Vec<&Spy> {
+        std::iter::once(&self.spy).chain(self.counted.as_ref().map(|c| &c.spy)).collect()
     }
     fn forgets(&self, block: &Block) -> bool {
         // The large blocks and the counted bin's leave the tally at their
