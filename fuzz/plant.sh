@@ -7,6 +7,7 @@
 #   fuzz/plant.sh split_off_by_one   # the tail of a split starts one granule early
 #   fuzz/plant.sh missing_wait       # stream layer: reuse across streams without the event wait
 #   fuzz/plant.sh tally_frees_size   # binning: a counted free takes the size off, not the footprint
+#   fuzz/plant.sh forget_checked_free # tracking: a block checked is forgotten before the upstream frees it
 #
 # An optional second argument names the target (default: the one the bug is
 # in). With MEMRES_FUZZ_ORACLE=model in the environment the resources' own
@@ -18,7 +19,8 @@ case $bug in
   skip_coalesce | split_off_by_one) target=${2:-index} ;;
   missing_wait) target=${2:-stream} ;;
   tally_frees_size) target=${2:-binning_counted} ;;
-  *) echo "unknown bug $bug (skip_coalesce, split_off_by_one, missing_wait, tally_frees_size)" >&2; exit 2 ;;
+  forget_checked_free) target=${2:-device_stack} ;;
+  *) echo "unknown bug $bug (skip_coalesce, split_off_by_one, missing_wait, tally_frees_size, forget_checked_free)" >&2; exit 2 ;;
 esac
 cd "$(dirname "$0")/.." || exit 2
 # A build of its own, so that the clean fuzz build stays as it is.

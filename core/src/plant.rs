@@ -24,3 +24,9 @@ pub(crate) const MISSING_WAIT: bool = cfg!(memres_plant = "missing_wait");
 /// added (`tally_frees_size`).
 #[cfg(feature = "alloc")]
 pub(crate) const TALLY_FREES_SIZE: bool = cfg!(memres_plant = "tally_frees_size");
+
+/// The tracking adaptor forgets a block it has checked before the upstream
+/// frees it, so a free the upstream refuses loses a live block
+/// (`forget_checked_free`).
+#[cfg(feature = "alloc")]
+pub(crate) const FORGET_CHECKED_FREE: bool = cfg!(memres_plant = "forget_checked_free");

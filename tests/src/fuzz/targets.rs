@@ -12,6 +12,7 @@ use std::sync::{Arc, Mutex};
 mod adaptors;
 mod arena;
 mod binning;
+mod device_stack;
 mod fixed;
 mod index;
 mod planned;
@@ -24,6 +25,7 @@ mod vpool_streams;
 pub use adaptors::*;
 pub use arena::*;
 pub use binning::*;
+pub use device_stack::*;
 pub use fixed::*;
 pub use index::*;
 pub use planned::*;
@@ -65,6 +67,8 @@ pub struct Spy {
     inner: Arc<SimDevice>,
     log: Arc<Mutex<SpyLog>>,
     frees: Arc<Mutex<u64>>,
+    /// Frees that failed: refused, or bad frees the device answered.
+    failed_frees: Arc<Mutex<u64>>,
     /// The free to refuse.
     refuse: Arc<Mutex<FailNth>>,
 }
@@ -74,7 +78,13 @@ impl Spy {
         Self::over(SimDevice::new(capacity))
     }
     fn over(device: SimDevice) -> Self {
-        Spy { inner: Arc::new(device), log: Arc::default(), frees: Arc::default(), refuse: Arc::default() }
+        Spy {
+            inner: Arc::new(device),
+            log: Arc::default(),
+            frees: Arc::default(),
+            failed_frees: Arc::default(),
+            refuse: Arc::default(),
+        }
     }
 
     /// What a free the spy refuses answers.
@@ -89,6 +99,10 @@ impl Spy {
     }
     pub(super) fn frees(&self) -> u64 {
         *self.frees.lock().expect("spy lock")
+    }
+    /// Frees that failed so far, refused or judged bad by the device.
+    fn failed_frees(&self) -> u64 {
+        *self.failed_frees.lock().expect("spy lock")
     }
     /// Makes the upstream's `n`th allocation from now fail.
     pub(super) fn fail_nth(&self, n: u64) {
@@ -117,16 +131,29 @@ impl<S: Stream + ?Sized> MemoryResource<S> for Spy {
         got
     }
     fn deallocate(&self, block: Block, stream: &S) -> Result<()> {
-        if self.refuse.lock().expect("spy lock").fires() {
+        let got = if self.refuse.lock().expect("spy lock").fires() {
             self.log.lock().expect("spy lock").free_refused = true;
-            return Err(Self::REFUSED);
-        }
-        let got = self.inner.deallocate(block, stream);
+            Err(Self::REFUSED)
+        } else {
+            self.inner.deallocate(block, stream)
+        };
         if got.is_ok() {
             *self.frees.lock().expect("spy lock") += 1;
             self.log.lock().expect("spy lock").given_back.push(block.size());
+        } else {
+            *self.failed_frees.lock().expect("spy lock") += 1;
         }
         got
+    }
+}
+
+/// The device's figures and checker: the spy keeps nothing of its own.
+impl Inspect for Spy {
+    fn usage(&self) -> memres_core::Usage {
+        self.inner.usage()
+    }
+    fn check(&self) -> std::result::Result<(), memres_core::check::Violation> {
+        self.inner.check()
     }
 }
 
