@@ -4,20 +4,23 @@
 use super::super::{drive, FuzzResource, Model};
 use super::{decode_limit, limited_and_counted, Layers, Spy};
 use arbitrary::Unstructured;
-use memres_core::adaptor::{Logging, Tracking};
+use memres_core::adaptor::{Counted, Gauge, Logging, Tracking};
 use memres_core::{Block, Error, Inspect, MemoryResource, Request, Result};
 use std::sync::Arc;
 
 /// What the layers of [`limited_and_counted`] stand on: every free of a
-/// live block goes through these two to the device.
-type Below = Tracking<Logging<Spy, Vec<u8>>>;
+/// live block goes through these three to the device.
+type Below = Tracking<Logging<Counted<Spy>, Vec<u8>>>;
 
-/// `Statistics` over `Limiting` over `Tracking` over `Logging` over the
-/// spied `SimDevice`, driven through `dyn MemoryResource`.
+/// `Statistics` over `Limiting` over `Tracking` over `Logging` over
+/// `Counted` over the spied `SimDevice`, driven through
+/// `dyn MemoryResource`.
 #[derive(Debug)]
 struct DeviceStackTarget {
     layers: Layers,
     below: Arc<Below>,
+    /// `Counted`'s.
+    gauge: Arc<Gauge>,
     spy: Spy,
 }
 
@@ -59,6 +62,15 @@ impl FuzzResource for DeviceStackTarget {
                 self.spy.failed_frees()
             ));
         }
+        // Counted: the sizes of the live blocks, as they were asked.
+        if self.gauge.value() != sizes || self.gauge.peak() < sizes || self.gauge.total() < sizes {
+            return Err(format!(
+                "Counted holds {} bytes (peak {}, total {}), the live blocks {sizes}",
+                self.gauge.value(),
+                self.gauge.peak(),
+                self.gauge.total()
+            ));
+        }
         Ok(())
     }
     fn used_bytes(&self) -> u64 {
@@ -75,6 +87,7 @@ impl FuzzResource for DeviceStackTarget {
         let usage = self.spy.inner.usage();
         vec![
             usage.held,
+            self.gauge.value(),
             usage.peak_held,
             self.below.get_allocated_bytes(),
             self.below.get_outstanding_allocations().count() as u64,
@@ -126,18 +139,21 @@ impl FuzzResource for DeviceStackTarget {
 }
 
 /// Fuzz target `device_stack`: `Statistics` over `Limiting` over
-/// `Tracking` over `Logging` over the spied `SimDevice`, through
-/// `dyn MemoryResource`. Besides the [`stack`](super::run_stack_adaptors)
-/// target's checks, `Tracking` holds exactly the live blocks and
-/// `Logging` counts exactly the frees the device failed: a refused free
+/// `Tracking` over `Logging` over `Counted` over the spied `SimDevice`,
+/// through `dyn MemoryResource`. Besides the
+/// [`stack`](super::run_stack_adaptors) target's checks, `Tracking` and
+/// `Counted` hold exactly the live blocks, and `Logging` counts exactly
+/// the frees the device failed: a refused free
 /// of a live block reaches every layer, which must keep it live.
 pub fn run_device_stack(data: &[u8]) {
     let Some((limit, rest)) = decode_limit(data) else { return };
     let mut u = Unstructured::new(rest);
     let Ok(&capacity) = u.choose(&[64u64 << 20, 1 << 30, 1 << 44]) else { return };
     let spy = Spy::new(capacity);
-    let logging = Logging::new(spy.clone(), Vec::new()).expect("a log in memory takes its header");
+    let gauge = Arc::new(Gauge::default());
+    let counted = Counted::new(spy.clone(), Arc::clone(&gauge));
+    let logging = Logging::new(counted, Vec::new()).expect("a log in memory takes its header");
     let below = Arc::new(Tracking::new(logging));
     let layers = limited_and_counted(Arc::clone(&below), limit);
-    drive(&mut DeviceStackTarget { layers, below, spy }, &mut u);
+    drive(&mut DeviceStackTarget { layers, below, gauge, spy }, &mut u);
 }
