@@ -62,13 +62,13 @@ const MAX_HANDLE_GRANULES: u32 = 64;
 /// handle is a granule, unless [large handles](Self::with_large_handles)
 /// map the long runs.
 ///
-/// **Costs.** The driver's time goes by handles, not bytes: on an H100
-/// (driver 580), committing 2 GiB took 53 ms in 1024 handles of one
-/// granule and 1.8 ms in 32 handles of 32 (about 15 µs `cuMemCreate`, 4 µs
-/// `cuMemMap` and 35 µs of `cuMemSetAccess` per handle); giving it back,
-/// 39 ms and 2.8 ms (`cuMemUnmap` about 23 µs and `cuMemRelease` 15 µs per
-/// handle). A pool over this space is fast only while it rarely commits or
-/// decommits: give it a release threshold above the swing of its live bytes.
+/// **Costs.** The driver's time goes by handles, not bytes: each handle
+/// committed is a `cuMemCreate`, a `cuMemMap` and a `cuMemSetAccess`, each
+/// given back a `cuMemUnmap` and a `cuMemRelease`, so the same bytes in
+/// handles of one granule cost many times what they cost in large handles
+/// (`docs/measurements.md`, "Figures the rustdoc quotes"). A pool over this
+/// space is fast only while it rarely commits or decommits: give it a
+/// release threshold above the swing of its live bytes.
 ///
 /// **Handles kept for a commit.** A decommit that makes room for a commit
 /// ([`ReservableSpace::decommit_for_commit`], what a
@@ -302,8 +302,9 @@ impl CudaVirtualSpace {
     /// granules in handles of up to an eighth of it and a sixty-fourth of
     /// what the space has mapped (a power of two of granules, at most 64),
     /// and other runs in handles of up to `handle_granules`. A new peak of
-    /// gigabytes then takes hundreds of handles rather than thousands, at
-    /// about 50 µs of driver calls per handle.
+    /// gigabytes then takes hundreds of handles rather than thousands, and
+    /// the driver's time goes by handles (`docs/measurements.md`, "Large
+    /// handles").
     ///
     /// The driver frees a handle's memory whole, once none of it is
     /// mapped: the space answers [`ReservableSpace::releasable`] with whole
@@ -409,8 +410,9 @@ impl CudaVirtualSpace {
     }
 
     /// Whether `new` more bytes are beyond the device's free memory. Asks
-    /// the driver (`cuMemGetInfo`, about 8 µs) only when what it last told,
-    /// less what this space took since, leaves less than a sixteenth of
+    /// the driver (`cuMemGetInfo`, timed in `docs/measurements.md`, "GPU:
+    /// the virtual-memory pool") only when what it last told, less what
+    /// this space took since, leaves less than a sixteenth of
     /// the device beyond `new`: far from full, a fresh commit costs no
     /// question, and near full each one asks. Other users of the device
     /// who take more than that between two questions make a map fail
