@@ -129,7 +129,9 @@ pub(super) fn limited_and_counted<R: MemoryResource + 'static>(below: R, limit: 
 }
 
 /// Fuzz target `stack`: `Statistics` over `Limiting` over a shared pool,
-/// through `dyn MemoryResource` ([`limited_and_counted`]).
+/// through `dyn MemoryResource`. The statistics agree with what was handed
+/// out and freed; the limit refuses exactly when the model's bytes in use
+/// plus the request's footprint exceed it.
 pub fn run_stack_adaptors(data: &[u8]) {
     let Some((limit, rest)) = decode_limit(data) else { return };
     super::run_stack(rest, |pool: Arc<SharedPool>| limited_and_counted(pool, limit));
