@@ -118,8 +118,9 @@ impl FuzzResource for DeviceStackTarget {
         before: &[u64],
         model: &Model,
     ) -> std::result::Result<(), String> {
-        if self.summary() != before {
-            return Err(format!("the failed call changed {before:?} -> {:?}", self.summary()));
+        let after = self.summary();
+        if after != before {
+            return Err(format!("the failed call changed {before:?} -> {after:?}"));
         }
         if let Some(verdict) = (self.layers.judge)(request, err, model) {
             return verdict;
@@ -143,8 +144,8 @@ impl FuzzResource for DeviceStackTarget {
 /// through `dyn MemoryResource`. Besides the
 /// [`stack`](super::run_stack_adaptors) target's checks, `Tracking` and
 /// `Counted` hold exactly the live blocks, and `Logging` counts exactly
-/// the frees the device failed: a refused free
-/// of a live block reaches every layer, which must keep it live.
+/// the frees the device failed: a refused free of a live block reaches
+/// every layer, which must keep it live.
 pub fn run_device_stack(data: &[u8]) {
     let Some((limit, rest)) = decode_limit(data) else { return };
     let mut u = Unstructured::new(rest);
