@@ -679,6 +679,9 @@ pub(crate) struct StreamLog {
     pub(crate) fail_record: bool,
     /// Whether `synchronize_device` can.
     pub(crate) device: bool,
+    /// A block of an upstream that `synchronize_device` frees: memory that
+    /// comes free when the device is idle (another stream's frees done).
+    pub(crate) freed_at_device_sync: Option<(alloc::sync::Arc<BumpUpstream>, Block)>,
 }
 
 /// A stream whose events name the stream they were recorded on, and which
@@ -720,6 +723,9 @@ impl Stream for LoggedStream {
     fn synchronize_device(&self) -> Result<bool> {
         let mut log = self.log.borrow_mut();
         log.device_syncs += 1;
+        if let Some((up, block)) = log.freed_at_device_sync.take() {
+            MemoryResource::<()>::deallocate(&*up, block, &())?;
+        }
         Ok(log.device)
     }
 }

@@ -581,35 +581,29 @@ impl<M: MakePool<S>, S: Stream + ?Sized> PerStreamPool<M, S> {
         self.stats.bytes_released += given_back;
         // A pool that grows in `try_allocate` tried just that on the fast
         // path: again only once other streams gave memory back.
-        let mut err = None;
         if !M::Pool::GROWS_IN_TRY_ALLOCATE || given_back > 0 {
             match self.lanes[i].pool.allocate(request, stream) {
-                Err(e) if e.is_out_of_memory() => err = Some(e),
+                Err(e) if e.is_out_of_memory() => {}
                 other => return other,
             }
         }
         // The last resort: with the device idle, every stream's wholly free
         // chunks may go back (on `stream`); else only this one's.
         self.stats.last_resorts += 1;
-        let mut released = 0;
         let lanes_to_empty = if stream.synchronize_device()? { 0..self.lanes.len() } else { i..i + 1 };
         for j in lanes_to_empty {
-            released += release(&mut self.lanes[j].pool);
+            release(&mut self.lanes[j].pool);
         }
         // Lanes left holding nothing keep what a growth of this one may need
         // (a virtual pool's reservations of the shared address space): they
         // go first, as they would after this call.
-        let lanes = self.lanes.len();
         self.prune(i);
         let i = self.last;
-        // Once more only if memory went back, lanes went, or the upstream
-        // refused (a pool's own growth gives back again, a virtual pool
-        // retries the trim that failed).
-        let last = match err {
-            Some(err) if released == 0 && refused.is_none() && self.lanes.len() == lanes => Err(err),
-            _ => self.lanes[i].pool.allocate(request, stream),
-        };
-        match last {
+        // Once more, whatever went back: besides the lanes' memory, the
+        // upstream may hold memory that came free at the synchronization
+        // (another user's frees done), a pool's own growth gives back again
+        // what was refused, a virtual pool retries the trim that failed.
+        match self.lanes[i].pool.allocate(request, stream) {
             Err(e) if e.is_out_of_memory() => Err(refused.unwrap_or(e)),
             last => last,
         }

@@ -53,8 +53,8 @@ pub trait ChunkPool<S: Stream + ?Sized>: MemoryResourceMut<S> + Inspect {
     /// much as `allocate` would (a virtual pool maps granules): the
     /// per-stream pool then counts the peak of what its pools hold after
     /// every allocation, not only where they grew from upstream, and when
-    /// `try_allocate` finds no room it calls `allocate` only after memory
-    /// went back (other streams', or its last resort's).
+    /// `try_allocate` finds no room it calls `allocate` only after other
+    /// streams' memory went back, and once after its last resort.
     const GROWS_IN_TRY_ALLOCATE: bool = false;
 
     /// Whether a free may give memory back (a virtual pool over its release

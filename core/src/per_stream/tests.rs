@@ -314,6 +314,64 @@ fn out_of_memory_synchronizes_the_device_and_gives_every_free_chunk_back() {
     }
 }
 
+/// Memory that comes free upstream at the last resort's device
+/// synchronization (another user's frees done) serves one more try, though
+/// no lane gave anything back and nothing was refused; that try ran only
+/// where a lane gave back or the upstream refused.
+#[test]
+fn the_last_resort_tries_once_more_though_no_lane_gave_anything_back() {
+    for device in [true, false] {
+        let mut r = rig(4 * MIB);
+        r.log.borrow_mut().device = device;
+        let a = r.a.clone();
+        let x = r.alloc(MIB, &a);
+        let other = crate::MemoryResource::<()>::allocate(&*r.up, req(3 * MIB), &()).unwrap();
+        r.log.borrow_mut().freed_at_device_sync = Some((r.up.clone(), other));
+        let y = r.alloc(2 * MIB, &a);
+        assert_eq!(r.log.borrow().device_syncs, 1);
+        assert_eq!(r.pools.stats().last_resorts, 1);
+        assert_eq!(r.pools.stats().bytes_released, 0, "no chunk went back before the growth");
+        r.exact();
+        // With nothing to come free, the error is out of memory, nothing lost.
+        let before = (r.pools.usage().held, r.up.usage().held);
+        let e = r.pools.allocate(req(2 * MIB), &a).unwrap_err();
+        assert!(e.is_out_of_memory(), "{e}");
+        assert_eq!((r.pools.usage().held, r.up.usage().held), before);
+        assert_eq!(r.pools.stats().last_resorts, 2);
+        r.free(y, &a);
+        r.free(x, &a);
+        r.exact();
+    }
+}
+
+/// A chunk that the upstream refuses before the growth and again at the
+/// last resort (the device idle: every lane gives back) stays in its lane,
+/// and the try after the last resort is served from memory that came free
+/// at the synchronization: the refusal is not the answer where the request
+/// then fits.
+#[test]
+fn a_refusal_at_the_last_resort_does_not_stop_the_try_after_it() {
+    let mut r = rig(4 * MIB);
+    r.log.borrow_mut().device = true;
+    let (a, b) = (r.a.clone(), r.b.clone());
+    let small = r.alloc(256, &b); // a then records a fence at its free
+    let x = r.alloc(MIB, &a);
+    r.free(x, &a);
+    r.up.refuse_free_at(x.addr());
+    let other = crate::MemoryResource::<()>::allocate(&*r.up, req(2 * MIB), &()).unwrap();
+    r.log.borrow_mut().freed_at_device_sync = Some((r.up.clone(), other));
+    let y = r.alloc(2 * MIB, &b);
+    assert!(r.waits().contains(&(b.id, a.id)), "a's chunk was offered back");
+    assert_eq!(r.pools.stats().last_resorts, 1);
+    assert_eq!(r.pools.pool_of(a.id).unwrap().usage().held, MIB, "a keeps its refused chunk");
+    assert_eq!(r.pools.stats().bytes_released, 0);
+    r.exact();
+    r.up.refuse_free_at(0);
+    r.free(y, &b);
+    r.free(small, &b);
+    r.exact();
+}
+
 #[test]
 fn bad_frees_are_typed_errors_that_change_nothing() {
     let mut r = rig(1 << 30);
