@@ -67,9 +67,10 @@ thread_local! {
     static FAILURE_RAISED: RefCell<Option<PyErr>> = const { RefCell::new(None) };
 }
 
-/// The exception a failure callback raised in this thread's call, taken.
+/// The exception a failure callback raised in this thread's call, taken
+/// (none once the thread's locals are gone: its call raised nothing then).
 pub(crate) fn take_failure_raised() -> Option<PyErr> {
-    FAILURE_RAISED.with(|r| r.borrow_mut().take())
+    FAILURE_RAISED.try_with(|r| r.borrow_mut().take()).ok().flatten()
 }
 
 /// Whether a failure callback's exception waits for this thread's call.

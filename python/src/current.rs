@@ -218,16 +218,23 @@ pub unsafe extern "C" fn memres_py_alloc(size: isize, device: i32, stream: *mut 
         // An empty tensor's: no memory, and nothing failed.
         return std::ptr::null_mut();
     }
-    let failed = |mut why: String| {
+    let failed = |why: String| {
         // PyTorch raises its own error: a failure callback's exception is
-        // said where Python says one it cannot raise.
-        if let Some(raised) = crate::callback::take_failure_raised() {
-            why = Python::attach(|py| {
+        // said where Python says one it cannot raise. This runs outside the
+        // call's `catch_unwind`, so it has one of its own (the interpreter
+        // may be finalizing): the reason alone if it panics.
+        let with_raised = catch_unwind(AssertUnwindSafe(|| match crate::callback::take_failure_raised() {
+            Some(raised) => Python::attach(|py| {
                 let said = format!("{why} (the failure callback raised {raised})");
                 raised.write_unraisable(py, None);
                 said
-            });
-        }
+            }),
+            None => why.clone(),
+        }));
+        let why = with_raised.unwrap_or_else(|payload| {
+            std::mem::forget(payload);
+            why
+        });
         *LAST_ALLOC_ERROR.lock().unwrap_or_else(|p| p.into_inner()) =
             Some(format!("memres_py_alloc({size} bytes, device {device}): {why}"));
         std::ptr::null_mut()

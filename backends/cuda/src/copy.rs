@@ -145,8 +145,12 @@ impl CudaCopy {
             // SAFETY: `raw` is valid while `stream` is borrowed (`AsRawStream`'s
             // contract), in the
             // context made current above. The work must be done before the
-            // lock lets a free of its host-visible memory through; if the
-            // stream fails here, the context has failed and runs no more work.
+            // lock lets a free of its host-visible memory through. If the
+            // synchronize fails, either the context has failed (errors of
+            // work on a stream are sticky) and runs no more work, or the
+            // stream is capturing a graph and the work was captured, not run:
+            // a synchronize during capture invalidates the capture, so the
+            // graph is never made and the work never runs.
             let done = check(unsafe { sys::cuStreamSynchronize(raw) });
             drop(live);
             queued.and(done)

@@ -48,8 +48,13 @@
  * on the freeing one. Every other stack (pool without per_stream, vmm)
  * hands a freed block to the next request whatever its stream: correct
  * only when the program frees a block once every stream that used it is
- * done with it. Streams are used only during the call that names them and
- * may be destroyed at any time; a destroyed stream's handle reused by a new
+ * done with it. The stream of a call is a stream of its device: NULL,
+ * cudaStreamLegacy and cudaStreamPerThread name that device's default
+ * streams in its primary context, whatever context the calling thread has
+ * current (none, or another device's); any other handle must be a stream
+ * of the device's primary context (as the CUDA runtime's, PyTorch's and
+ * CuPy's streams are), valid for the call. Streams are used only during
+ * the call that names them and may be destroyed at any time; a destroyed stream's handle reused by a new
  * stream is taken for the same stream, so synchronize a stream before
  * destroying it if its handle may come back.
  *
@@ -98,8 +103,8 @@ typedef struct memres_steps_t {
 /* Allocates size bytes on device (negative: the current device), ordered
  * on stream (NULL: the legacy default stream). Returns NULL when size is 0,
  * and NULL with a message when the memory cannot be had or the device's
- * stack cannot be built. stream (a cudaStream_t) must be NULL or valid
- * for the call. */
+ * stack cannot be built. stream (a cudaStream_t) is a stream of device
+ * (see Streams above). */
 void *memres_alloc(ssize_t size, int device, void *stream);
 
 /* Frees ptr, allocated by memres_alloc with size bytes on device, ordered

@@ -9,7 +9,7 @@ use memres_core::adaptor::{Counted, Gauge, Logging, Statistics};
 use memres_core::planned::Planned;
 use memres_core::stack::{check_log_file, log_from_env, ReleaseLayers, StackBuilder, LOG_FILE_VAR};
 use memres_core::DynResource;
-use memres_cuda::{CudaAsyncMemory, CudaStream, Device};
+use memres_cuda::{Context, CudaAsyncMemory, CudaStream, Device};
 use std::ffi::c_int;
 use std::sync::{Arc, Mutex, OnceLock};
 
@@ -32,8 +32,8 @@ pub(crate) struct DeviceState {
     pub(crate) planned: Vec<Arc<Planned<DynResource<CudaStream>>>>,
     /// The layers that keep freed memory, given back by `memres_release`.
     pub(crate) releasing: ReleaseLayers<CudaStream>,
-    /// The legacy default stream of the device's primary context.
-    pub(crate) legacy: CudaStream,
+    /// The device's primary context, which its default streams name.
+    pub(crate) context: Context,
     /// What `memres_snapshot` writes, where watched.
     pub(crate) map: Option<snapshot::Map>,
 }
@@ -72,7 +72,7 @@ fn build(d: usize, stack: &str) -> Result<DeviceState, String> {
         None
     };
     refuse_host_leaves(&mut builder);
-    let legacy = CudaStream::legacy_in(context);
+    let legacy = CudaStream::legacy_in(context.clone());
     let built = builder
         .build_with_handles(stack, &legacy)
         .map_err(|e| format!("memres: device {d}: stack `{stack}`: {e}"))?;
@@ -94,7 +94,7 @@ fn build(d: usize, stack: &str) -> Result<DeviceState, String> {
         pools: built.all("async"),
         planned: built.all("planned"),
         releasing: built.release_layers(),
-        legacy,
+        context,
         logs,
         resource,
         stack: stack.to_string(),

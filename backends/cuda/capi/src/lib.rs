@@ -68,7 +68,14 @@
 //! # Streams
 //!
 //! The stream is the caller's `cudaStream_t`, named by a borrowed
-//! [`CudaStream`] (0 is the legacy default stream) for the call only.
+//! [`CudaStream`] for the call only, and it is a stream of the call's
+//! device: null, `CU_STREAM_LEGACY` and `CU_STREAM_PER_THREAD` name that
+//! device's default streams in its primary context, whatever context the
+//! calling thread has current (none, or another device's); any other
+//! handle is a stream of the device's primary context (as the CUDA
+//! runtime's, PyTorch's and CuPy's streams are), valid for the call. The
+//! per-stream pools keep events recorded on it after the call, and memres
+//! keeps the primary contexts alive, so those events stay valid.
 //!
 //! The default stack, `stats(pool(cuda, per_stream=true, growth=32,
 //! granule=2MiB))`, is stream-ordered as PyTorch's own allocator and
@@ -142,7 +149,7 @@ pub mod table;
 pub use devices::{configure, flush, stack};
 use memres_core::planned::Steps;
 use memres_core::{MemoryResource, Request};
-use memres_cuda::{CudaStream, Device};
+use memres_cuda::{sys, CudaStream, Device};
 use std::cell::RefCell;
 use std::ffi::{c_char, c_int, c_void, CStr};
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -281,14 +288,26 @@ fn device_index(device: c_int) -> Result<usize, String> {
     Ok(d)
 }
 
-/// Names the C caller's stream. Only called with the stream of an entry
-/// point, which the C contract says is null or valid for the call.
-fn stream_of(stream: *mut c_void) -> CudaStream {
-    // SAFETY: the stream is null (the legacy stream) or valid for the call
-    // (the entry points' contract); the borrowed handle is dropped before
-    // the call returns and never destroys the stream, and no resource keeps
-    // it (the per-stream pools keep events recorded on it, not the stream).
-    unsafe { CudaStream::from_raw(stream.cast(), None) }
+/// Names the C caller's stream, a stream of `st`'s device (the entry
+/// points' contract). A default handle (null, `CU_STREAM_LEGACY`,
+/// `CU_STREAM_PER_THREAD`) is named with the device's primary context, so
+/// that its calls run there whatever context the calling thread has
+/// current: none on a thread that never called CUDA, another device's
+/// after a switch. Named without one, its events went to the current
+/// context, or failed where none was.
+fn stream_of(stream: *mut c_void, st: &devices::DeviceState) -> CudaStream {
+    let known = match stream as usize {
+        0 | sys::CU_STREAM_LEGACY | sys::CU_STREAM_PER_THREAD => Some(st.context.clone()),
+        _ => None,
+    };
+    // SAFETY: the stream is null, a default handle or valid for the call
+    // (the entry points' contract), and it is a stream of `st`'s device,
+    // so a default handle's context is that device's primary one, `known`
+    // (the contexts memres makes current are primary ones); the borrowed
+    // handle is dropped before the call returns and never destroys the
+    // stream, and no resource keeps it (the per-stream pools keep events
+    // recorded on it, not the stream).
+    unsafe { CudaStream::from_raw(stream.cast(), known) }
 }
 
 fn allocate(size: isize, device: c_int, stream: *mut c_void) -> Result<*mut c_void, String> {
@@ -302,7 +321,7 @@ fn allocate(size: isize, device: c_int, stream: *mut c_void) -> Result<*mut c_vo
     let request = Request::new(size).map_err(|e| format!("memres: {size} bytes: {e}"))?;
     let block = st
         .resource
-        .allocate(request, &stream_of(stream))
+        .allocate(request, &stream_of(stream, st))
         .map_err(|e| format!("memres: device {d}: allocating {size} bytes: {e}"))?;
     if block.is_empty() {
         return Ok(std::ptr::null_mut());
@@ -333,7 +352,7 @@ fn deallocate(ptr: *mut c_void, size: isize, device: c_int, stream: *mut c_void)
             block.size()
         ));
     }
-    st.resource.deallocate(block, &stream_of(stream)).map_err(|e| {
+    st.resource.deallocate(block, &stream_of(stream, st)).map_err(|e| {
         st.table.insert(block);
         format!("memres: device {d}: free of {addr:#x}: {e}")
     })
@@ -399,7 +418,7 @@ unsafe fn copy_out(text: &str, buf: *mut c_char, len: usize) -> usize {
 ///
 /// # Safety
 ///
-/// `stream` is null or a valid stream of `device`.
+/// `stream` is a stream of `device` (see *Streams* above).
 #[no_mangle]
 pub unsafe extern "C" fn memres_alloc(size: isize, device: c_int, stream: *mut c_void) -> *mut c_void {
     guard(std::ptr::null_mut(), || allocate(size, device, stream))
@@ -412,7 +431,7 @@ pub unsafe extern "C" fn memres_alloc(size: isize, device: c_int, stream: *mut c
 ///
 /// # Safety
 ///
-/// `stream` is null or a valid stream of `device`; the memory at `ptr` is
+/// `stream` is a stream of `device` (see *Streams* above); the memory at `ptr` is
 /// no longer used by work that is not ordered before the free on `stream`.
 #[no_mangle]
 pub unsafe extern "C" fn memres_free(ptr: *mut c_void, size: isize, device: c_int, stream: *mut c_void) {
@@ -467,13 +486,13 @@ pub unsafe extern "C" fn memres_stats(device: c_int, out: *mut MemresStats) -> c
 ///
 /// # Safety
 ///
-/// `stream` is null or a valid stream of `device`.
+/// `stream` is a stream of `device` (see *Streams* above).
 #[no_mangle]
 pub unsafe extern "C" fn memres_step(device: c_int, stream: *mut c_void) -> c_int {
     guard(-1, || {
         let d = device_index(device)?;
         let st = devices::state(d)?;
-        let stream = stream_of(stream);
+        let stream = stream_of(stream, st);
         for p in &st.planned {
             p.step(&stream).map_err(|e| format!("memres: device {d}: step: {e}"))?;
         }
@@ -533,16 +552,11 @@ pub unsafe extern "C" fn memres_steps(device: c_int, out: *mut MemresSteps) -> c
 ///
 /// # Safety
 ///
-/// `stream` is null or a valid stream of `device`.
+/// `stream` is a stream of `device` (see *Streams* above).
 pub unsafe fn release(device: c_int, stream: *mut c_void) -> Result<u64, String> {
     let d = device_index(device)?;
     let Some(st) = devices::used(d) else { return Ok(0) };
-    let given = if stream.is_null() {
-        st.releasing.release(&st.legacy)
-    } else {
-        st.releasing.release(&stream_of(stream))
-    };
-    given.map_err(|e| format!("memres: device {d}: release: {e}"))
+    st.releasing.release(&stream_of(stream, st)).map_err(|e| format!("memres: device {d}: release: {e}"))
 }
 
 /// Gives back to `device` (negative: the current device) what the pools of
@@ -560,7 +574,7 @@ pub unsafe fn release(device: c_int, stream: *mut c_void) -> Result<u64, String>
 ///
 /// # Safety
 ///
-/// `stream` is null or a valid stream of `device`.
+/// `stream` is a stream of `device` (see *Streams* above).
 #[no_mangle]
 pub unsafe extern "C" fn memres_release(device: c_int, stream: *mut c_void) -> i64 {
     // SAFETY: the caller's promise is `release`'s.

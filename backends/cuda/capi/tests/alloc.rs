@@ -120,6 +120,32 @@ fn alloc_and_free_through_the_c_functions() {
     a.synchronize().unwrap();
     b.synchronize().unwrap();
     assert_eq!(stats().unwrap().live_blocks, 0);
+
+    // The default stream is the device's, whatever context the calling
+    // thread has current: here none, on a thread that never called CUDA.
+    // A block of `a` freed on it is a free on another stream, which records
+    // an event on the default stream in device 0's primary context (it
+    // failed: "no CUDA context is current for the default stream").
+    // SAFETY: `a` is a valid stream of device 0.
+    let p = unsafe { memres_alloc(1 << 20, 0, on(&a)) } as usize;
+    assert_ne!(p, 0, "{}", memres::last_error());
+    a.synchronize().unwrap();
+    let a_raw = on(&a) as usize;
+    std::thread::spawn(move || {
+        // SAFETY: null names device 0's legacy stream; no work uses `p`.
+        unsafe { memres_free(p as *mut c_void, 1 << 20, 0, null_mut()) };
+        assert_eq!(memres::last_error(), "", "the free on the default stream");
+        // SAFETY: as above.
+        let q = unsafe { memres_alloc(1 << 20, 0, null_mut()) };
+        assert!(!q.is_null(), "{}", memres::last_error());
+        // SAFETY: `q` is used by no work; `a` is a valid stream of device 0.
+        unsafe { memres_free(q, 1 << 20, 0, a_raw as *mut c_void) };
+        assert_eq!(memres::last_error(), "", "the free on `a` of the default stream's block");
+    })
+    .join()
+    .unwrap();
+    a.synchronize().unwrap();
+    assert_eq!(stats().unwrap().live_blocks, 0);
 }
 
 fn configure_is_refused_now() {
