@@ -293,8 +293,8 @@ fn device_index(device: c_int) -> Result<usize, String> {
 /// `CU_STREAM_PER_THREAD`) is named with the device's primary context, so
 /// that its calls run there whatever context the calling thread has
 /// current: none on a thread that never called CUDA, another device's
-/// after a switch. Named without one, its events went to the current
-/// context, or failed where none was.
+/// after a switch (named without one, its events would go to the current
+/// context, or fail where none is).
 fn stream_of(stream: *mut c_void, st: &devices::DeviceState) -> CudaStream {
     let known = match stream as usize {
         0 | sys::CU_STREAM_LEGACY | sys::CU_STREAM_PER_THREAD => Some(st.context.clone()),
@@ -418,7 +418,7 @@ unsafe fn copy_out(text: &str, buf: *mut c_char, len: usize) -> usize {
 ///
 /// # Safety
 ///
-/// `stream` is a stream of `device` (see *Streams* above).
+/// `stream` is a stream of `device` (the crate doc's *Streams*).
 #[no_mangle]
 pub unsafe extern "C" fn memres_alloc(size: isize, device: c_int, stream: *mut c_void) -> *mut c_void {
     guard(std::ptr::null_mut(), || allocate(size, device, stream))
@@ -431,7 +431,7 @@ pub unsafe extern "C" fn memres_alloc(size: isize, device: c_int, stream: *mut c
 ///
 /// # Safety
 ///
-/// `stream` is a stream of `device` (see *Streams* above); the memory at `ptr` is
+/// `stream` is a stream of `device` (the crate doc's *Streams*); the memory at `ptr` is
 /// no longer used by work that is not ordered before the free on `stream`.
 #[no_mangle]
 pub unsafe extern "C" fn memres_free(ptr: *mut c_void, size: isize, device: c_int, stream: *mut c_void) {
@@ -486,7 +486,7 @@ pub unsafe extern "C" fn memres_stats(device: c_int, out: *mut MemresStats) -> c
 ///
 /// # Safety
 ///
-/// `stream` is a stream of `device` (see *Streams* above).
+/// `stream` is a stream of `device` (the crate doc's *Streams*).
 #[no_mangle]
 pub unsafe extern "C" fn memres_step(device: c_int, stream: *mut c_void) -> c_int {
     guard(-1, || {
@@ -552,7 +552,7 @@ pub unsafe extern "C" fn memres_steps(device: c_int, out: *mut MemresSteps) -> c
 ///
 /// # Safety
 ///
-/// `stream` is a stream of `device` (see *Streams* above).
+/// `stream` is a stream of `device` (the crate doc's *Streams*).
 pub unsafe fn release(device: c_int, stream: *mut c_void) -> Result<u64, String> {
     let d = device_index(device)?;
     let Some(st) = devices::used(d) else { return Ok(0) };
@@ -574,7 +574,7 @@ pub unsafe fn release(device: c_int, stream: *mut c_void) -> Result<u64, String>
 ///
 /// # Safety
 ///
-/// `stream` is a stream of `device` (see *Streams* above).
+/// `stream` is a stream of `device` (the crate doc's *Streams*).
 #[no_mangle]
 pub unsafe extern "C" fn memres_release(device: c_int, stream: *mut c_void) -> i64 {
     // SAFETY: the caller's promise is `release`'s.
