@@ -8,9 +8,9 @@
 //! device is first used: then the device's CUDA leaves are tapped
 //! ([`Tap`], [`Side::Segments`]) and its stack's top too
 //! ([`Side::Blocks`]), all telling one [`MemoryMap`] per device. Without
-//! it, `memres_snapshot` answers -1 and says why. In a watched stack the
-//! `async` leaves are not reachable as such, so `memres_stats` reports no
-//! driver pool reservation there (`reserved_*` stay 0).
+//! it, `memres_snapshot` answers -1 and says why. A watched stack takes
+//! the same stack strings as an unwatched one, and its `async` leaves'
+//! driver pools are in `memres_stats` alike.
 
 use memres_core::adaptor::Gauge;
 use memres_core::snapshot::{pickle_devices, MemoryMap, Side, Tap};
@@ -39,14 +39,17 @@ pub(crate) fn enabled() -> bool {
     })
 }
 
-/// Registers the CUDA leaves of `device` in `builder`, each tapped into a
-/// new map; returns the map.
+/// Registers the CUDA names of `device` in `builder`, as
+/// [`memres_cuda::stack::register`] does, with the leaves tapped into a new
+/// map; returns the map.
 pub(crate) fn register_tapped(
     builder: &mut StackBuilder<CudaStream>,
     device: Device,
     gauge: Arc<Gauge>,
 ) -> Map {
     let map: Map = Arc::new(Shared::new(MemoryMap::new(TRACE_ENTRIES)));
+    // Every name, layers (`prefetch`) too, then the leaves replaced.
+    memres_cuda::stack::register(builder, device, gauge.clone());
     let mut leaves = StackBuilder::<CudaStream>::empty();
     memres_cuda::stack::register(&mut leaves, device, gauge);
     let leaves = Arc::new(leaves);

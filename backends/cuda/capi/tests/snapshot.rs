@@ -27,6 +27,9 @@ fn a_snapshot_needs_the_variable_and_holds_what_was_allocated() {
     assert_eq!(snapshot(&path), 0, "{}", memres::last_error());
     let empty = std::fs::read(&path).unwrap();
     assert!(empty.starts_with(b"\x80\x02}") && empty.ends_with(b"."));
+    // Watched, a stack takes every CUDA name, layers too (`prefetch` was
+    // unknown there, so every allocation failed).
+    assert_eq!(memres::configure("stats(prefetch(pool(async, per_stream=true)))"), Ok(()));
     // SAFETY: the null stream is the legacy default stream.
     let p = unsafe { memres::memres_alloc(1 << 20, 0, std::ptr::null_mut()) };
     if p.is_null() {
@@ -40,6 +43,9 @@ fn a_snapshot_needs_the_variable_and_holds_what_was_allocated() {
         let len = 8 - addr.iter().rev().take_while(|&&b| b == 0).count();
         assert!(bytes.windows(len).any(|w| w == &addr[..len]), "the block's address is in the snapshot");
         assert!(bytes.windows(16).any(|w| w == b"active_allocated"));
+        // The `async` leaf's driver pool is found through its tap.
+        let s = memres::stats(0).unwrap();
+        assert!(s.reserved_current >= 1 << 20, "{s:?}");
         // SAFETY: `p` came from memres_alloc with this size and device.
         unsafe { memres::memres_free(p, 1 << 20, 0, std::ptr::null_mut()) };
     }
