@@ -352,10 +352,20 @@ fn deallocate(ptr: *mut c_void, size: isize, device: c_int, stream: *mut c_void)
             block.size()
         ));
     }
-    st.resource.deallocate(block, &stream_of(stream, st)).map_err(|e| {
-        st.table.insert(block);
-        format!("memres: device {d}: free of {addr:#x}: {e}")
-    })
+    // Back in the table unless the free succeeds: a resource whose free
+    // fails or panics still holds the block, and the caller may free again.
+    let stream = stream_of(stream, st);
+    match catch_unwind(AssertUnwindSafe(|| st.resource.deallocate(block, &stream))) {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(e)) => {
+            st.table.insert(block);
+            Err(format!("memres: device {d}: free of {addr:#x}: {e}"))
+        }
+        Err(payload) => {
+            st.table.insert(block);
+            std::panic::resume_unwind(payload)
+        }
+    }
 }
 
 /// The state of `device` (negative: the current device), once used: what
