@@ -473,10 +473,14 @@ impl Resource {
         self.limit.as_ref().map(|l| l.get_allocated_bytes())
     }
 
-    /// Writes out the buffers of the stack's `log` adaptors.
+    /// Writes out the buffers of the stack's `log` adaptors, every one of
+    /// them; the first error, also rows that could not be written.
     fn flush(&self, py: Python<'_>) -> PyResult<()> {
-        crate::gil::detach(py, || self.logs.iter().try_for_each(|log| log.flush()))
-            .map_err(|e| crate::errors::backend_error(format!("flushing a log: {e}")))
+        crate::gil::detach(py, || {
+            let flushed: Vec<_> = self.logs.iter().map(|log| log.flush()).collect();
+            flushed.into_iter().collect::<std::io::Result<()>>()
+        })
+        .map_err(|e| crate::errors::backend_error(format!("flushing a log: {e}")))
     }
 
     /// Ends the step in progress of the stack's `planned` layers and

@@ -63,8 +63,9 @@ fn now_micros() -> u64 {
 /// freed there (a later free of it is a free of a pointer not live, which
 /// replays skip). Such frees are counted
 /// ([`refused_frees`](Self::refused_frees)). Write errors never fail a
-/// call: they are counted ([`write_errors`](Self::write_errors)). The file
-/// is flushed when the adaptor is dropped, or by [`flush`](Self::flush).
+/// call: they are counted ([`write_errors`](Self::write_errors)), and the
+/// next [`flush`](Self::flush) says so. The file is flushed when the
+/// adaptor is dropped, or by `flush`.
 ///
 /// # Examples
 ///
@@ -89,6 +90,8 @@ pub struct Logging<R, W: Write = BufWriter<File>> {
     out: Mutex<W>,
     /// Rows that could not be written.
     write_errors: AtomicU64,
+    /// Of `write_errors`, those a [`flush`](Logging::flush) has reported.
+    reported_errors: AtomicU64,
     /// Frees logged that the upstream then refused.
     refused_frees: AtomicU64,
     /// The file it made new ([`to_file`](Logging::to_file)), kept from any
@@ -215,6 +218,7 @@ impl<R, W: Write> Logging<R, W> {
             upstream,
             out: Mutex::new(writer),
             write_errors: AtomicU64::new(0),
+            reported_errors: AtomicU64::new(0),
             refused_frees: AtomicU64::new(0),
             _file: None,
         }
@@ -224,9 +228,20 @@ impl<R, W: Write> Logging<R, W> {
     ///
     /// # Errors
     ///
-    /// The writer's.
+    /// The writer's; else, where rows could not be written since the last
+    /// flush that said so ([`write_errors`](Self::write_errors)), an error
+    /// that says how many, so that a flush that succeeds means the log
+    /// lost nothing.
     pub fn flush(&self) -> io::Result<()> {
-        self.out.lock().unwrap_or_else(|p| p.into_inner()).flush()
+        let mut out = self.out.lock().unwrap_or_else(|p| p.into_inner());
+        out.flush()?;
+        // Under the writer's lock, as every row's count.
+        let lost = self.write_errors.load(Ordering::Relaxed);
+        let reported = self.reported_errors.swap(lost, Ordering::Relaxed);
+        match lost - reported {
+            0 => Ok(()),
+            n => Err(io::Error::other(format!("{n} rows of the log could not be written"))),
+        }
     }
 
     /// Rows that could not be written so far.

@@ -254,7 +254,7 @@ fn appending_continues_a_log_under_one_header() {
 }
 
 #[test]
-fn write_errors_are_counted_not_returned() {
+fn write_errors_are_counted_not_returned_and_the_next_flush_says_so() {
     struct Broken(bool);
     impl Write for Broken {
         fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
@@ -272,6 +272,12 @@ fn write_errors_are_counted_not_returned() {
     log.out.lock().unwrap().0 = true;
     let b = log.allocate(Request::new(10).unwrap(), &()).unwrap();
     log.deallocate(b, &()).unwrap();
+    assert_eq!(log.write_errors(), 2);
+    // The next flush says so, once, though the writer works again.
+    log.out.lock().unwrap().0 = false;
+    let e = log.flush().unwrap_err();
+    assert!(e.to_string().contains("2 rows"), "{e}");
+    log.flush().unwrap();
     assert_eq!(log.write_errors(), 2);
     assert!(Logging::new(BumpUpstream::new(1 << 20), Broken(true)).is_err());
 }
