@@ -273,35 +273,46 @@ mod imp {
     }
 
     type AsyncLeaf = memres_core::adaptor::Counted<memres_cuda::CudaAsyncMemory>;
+    type ManagedLeaf = memres_core::adaptor::Counted<memres_cuda::CudaAsyncManagedMemory>;
+
+    /// The `async` leaves built for a device: of pools of device memory,
+    /// and of the pool of managed memory (`pool=managed`).
+    #[derive(Default)]
+    struct AsyncLeaves {
+        own: Vec<Weak<AsyncLeaf>>,
+        managed: Vec<Weak<ManagedLeaf>>,
+    }
 
     /// The `async` leaves built for each device, to ask the driver what
     /// their pools reserve (which can exceed what memres holds from them).
-    fn driver_pools(device: u32) -> Option<&'static Mutex<Vec<Weak<AsyncLeaf>>>> {
-        static POOLS: [OnceLock<Mutex<Vec<Weak<AsyncLeaf>>>>; MAX_DEVICES] =
-            [const { OnceLock::new() }; MAX_DEVICES];
+    fn driver_pools(device: u32) -> Option<&'static Mutex<AsyncLeaves>> {
+        static POOLS: [OnceLock<Mutex<AsyncLeaves>>; MAX_DEVICES] = [const { OnceLock::new() }; MAX_DEVICES];
         Some(POOLS.get(device as usize)?.get_or_init(Default::default))
     }
 
     /// Remembers the `async` leaves of a stack just built for `device`.
     pub(crate) fn note_driver_pools(device: u32, built: &memres_core::stack::Built<Stream>) {
-        let leaves = built.all::<AsyncLeaf>("async");
-        if let (false, Some(pools)) = (leaves.is_empty(), driver_pools(device)) {
+        let (own, managed) = (built.all::<AsyncLeaf>("async"), built.all::<ManagedLeaf>("async"));
+        if let (false, Some(pools)) = (own.is_empty() && managed.is_empty(), driver_pools(device)) {
             let mut pools = pools.lock().unwrap_or_else(|p| p.into_inner());
-            pools.retain(|w| w.strong_count() > 0);
-            pools.extend(leaves.iter().map(Arc::downgrade));
+            pools.own.retain(|w| w.strong_count() > 0);
+            pools.managed.retain(|w| w.strong_count() > 0);
+            pools.own.extend(own.iter().map(Arc::downgrade));
+            pools.managed.extend(managed.iter().map(Arc::downgrade));
         }
     }
 
     /// Bytes the driver's pools under the live `async` leaves of `device`
-    /// reserve: `(now, the sum of their peaks)`; a pool the driver cannot
-    /// tell about counts 0.
+    /// reserve: `(now, the sum of their peaks)`, each pool once
+    /// ([`memres_cuda::reserved_by`]).
     pub(crate) fn driver_reserved(device: u32) -> (u64, u64) {
         let Some(pools) = driver_pools(device) else { return (0, 0) };
         let pools = pools.lock().unwrap_or_else(|p| p.into_inner());
-        pools.iter().filter_map(Weak::upgrade).fold((0, 0), |(now, peak), leaf| {
-            let pool = leaf.inner();
-            (now + pool.reserved_bytes().unwrap_or(0), peak + pool.peak_reserved_bytes().unwrap_or(0))
-        })
+        let own: Vec<_> = pools.own.iter().filter_map(Weak::upgrade).collect();
+        let managed: Vec<_> = pools.managed.iter().filter_map(Weak::upgrade).collect();
+        memres_cuda::reserved_by(
+            own.iter().map(|l| l.inner()).chain(managed.iter().map(|l| l.inner().pool())),
+        )
     }
 
     /// Free and total bytes of `device` now (`cuMemGetInfo`).

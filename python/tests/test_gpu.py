@@ -74,6 +74,32 @@ def test_device_statistics_see_what_the_driver_pool_reserves(gpu):
     assert memres.statistics.get_device_statistics(backend="cuda").reserved_bytes == before.reserved_bytes
 
 
+def test_device_statistics_count_each_driver_pool_once_and_the_managed_one(gpu):
+    # Two views of the device's default pool counted it twice, and the
+    # pool of managed memory not at all.
+    reserved = lambda: memres.statistics.get_device_statistics(backend="cuda").reserved_bytes
+    before = reserved()
+    a = mr.CudaAsyncViewMemoryResource()
+    p = a.allocate(256 * MiB)
+    one = reserved() - before
+    assert one >= 256 * MiB
+    b = mr.CudaAsyncViewMemoryResource()
+    assert reserved() - before == one, "a second view of the same pool adds nothing"
+    a.deallocate(p, 256 * MiB)
+    del a, b
+    gc.collect()
+    import ctypes
+    version = ctypes.c_int(0)
+    assert ctypes.CDLL("libcuda.so.1").cuDriverGetVersion(ctypes.byref(version)) == 0
+    if version.value < 13000:
+        pytest.skip(f"pools of managed memory need a CUDA 13 driver, not {version.value}")
+    before = reserved()
+    res = mr.experimental.CudaAsyncManagedMemoryResource()
+    p = res.allocate(256 * MiB)
+    assert reserved() - before >= 256 * MiB
+    res.deallocate(p, 256 * MiB)
+
+
 def test_out_of_memory_on_the_device(gpu):
     pool = mr.PoolMemoryResource(mr.CudaMemoryResource(), maximum_pool_size=64 * MiB)
     with pytest.raises(memres.OutOfMemory) as e:

@@ -118,6 +118,13 @@ impl CudaAsyncManagedMemory {
     pub fn reserved_bytes(&self) -> Result<u64> {
         self.pool.reserved_bytes()
     }
+
+    /// A view of the driver's pool, for its figures
+    /// ([`reserved_by`](crate::reserved_by)); blocks are not
+    /// allocated through it.
+    pub fn pool(&self) -> &CudaAsyncMemory {
+        &self.pool
+    }
 }
 
 impl<S: AsRawStream + ?Sized> MemoryResource<S> for CudaAsyncManagedMemory {

@@ -167,6 +167,25 @@ unsafe impl Send for CudaAsyncMemory {}
 // SAFETY: as above; every method takes `&self` and only passes handles on.
 unsafe impl Sync for CudaAsyncMemory {}
 
+/// What the driver pools of `pools` reserve: `(bytes now, the sum of each
+/// pool's most)`, each pool counted once however many resources view it
+/// (the device's default pool, say); a figure the driver cannot give
+/// counts 0. The sum of the peaks is what the driver can tell: each
+/// pool's peak, not the most the pools reserved at once.
+pub fn reserved_by<'a>(pools: impl IntoIterator<Item = &'a CudaAsyncMemory>) -> (u64, u64) {
+    let mut seen: Vec<sys::CUmemoryPool> = Vec::new();
+    let (mut now, mut peak) = (0, 0);
+    for pool in pools {
+        if seen.contains(&pool.pool) {
+            continue;
+        }
+        seen.push(pool.pool);
+        now += pool.reserved_bytes().unwrap_or(0);
+        peak += pool.peak_reserved_bytes().unwrap_or(0);
+    }
+    (now, peak)
+}
+
 impl CudaAsyncMemory {
     /// A resource over a new pool on `device` with [`AsyncConfig::new`]:
     /// starts empty, keeps what it reserves.

@@ -86,7 +86,7 @@ pub mod stack;
 pub mod sys;
 
 pub use async_managed::CudaAsyncManagedMemory;
-pub use async_memory::{AsyncConfig, CudaAsyncMemory, IpcHandle};
+pub use async_memory::{reserved_by, AsyncConfig, CudaAsyncMemory, IpcHandle};
 pub use context::{driver_version, init, Context, Device, MemoryInfo};
 pub use copy::CudaCopy;
 pub use device_memory::CudaMemory;

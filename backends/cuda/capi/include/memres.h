@@ -83,8 +83,8 @@ typedef struct memres_stats_t {
     int64_t upstream_current; /* held from the device by the CUDA leaves now (vmm: mapped) */
     int64_t upstream_peak;    /* most held from the device at once */
     int64_t upstream_total;   /* ever taken from the device */
-    int64_t reserved_current; /* reserved by the driver pools of async leaves now */
-    int64_t reserved_peak;    /* most reserved by those pools */
+    int64_t reserved_current; /* reserved by the driver pools of async leaves now, each pool once */
+    int64_t reserved_peak;    /* the sum of each of those pools' most reserved */
     int64_t live_blocks;      /* blocks from memres_alloc not yet freed */
     int64_t has_stats;        /* 1 when the stack has a stats adaptor, else 0 */
 } memres_stats_t;

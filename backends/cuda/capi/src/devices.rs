@@ -9,7 +9,7 @@ use memres_core::adaptor::{Counted, Gauge, Logging, Statistics};
 use memres_core::planned::Planned;
 use memres_core::stack::{check_log_file, log_from_env, ReleaseLayers, StackBuilder, LOG_FILE_VAR};
 use memres_core::DynResource;
-use memres_cuda::{Context, CudaAsyncMemory, CudaStream, Device};
+use memres_cuda::{Context, CudaAsyncManagedMemory, CudaAsyncMemory, CudaStream, Device};
 use std::ffi::c_int;
 use std::sync::{Arc, Mutex, OnceLock};
 
@@ -26,6 +26,8 @@ pub(crate) struct DeviceState {
     pub(crate) upstream: Arc<Gauge>,
     /// The `async` leaves, to ask the driver what their pools reserve.
     pub(crate) pools: Vec<Arc<Counted<CudaAsyncMemory>>>,
+    /// The `async(pool=managed)` leaves, likewise.
+    pub(crate) managed_pools: Vec<Arc<Counted<CudaAsyncManagedMemory>>>,
     /// The `log` adaptors, flushed by `memres_flush` and at exit.
     pub(crate) logs: Vec<Arc<Logging<DynResource<CudaStream>>>>,
     /// The `planned` layers, stepped by `memres_step`.
@@ -92,6 +94,7 @@ fn build(d: usize, stack: &str) -> Result<DeviceState, String> {
     Ok(DeviceState {
         stats: built.get("stats"),
         pools: built.all("async"),
+        managed_pools: built.all("async"),
         planned: built.all("planned"),
         releasing: built.release_layers(),
         context,

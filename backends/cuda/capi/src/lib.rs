@@ -199,9 +199,10 @@ pub struct MemresStats {
     pub upstream_peak: i64,
     /// Bytes the leaves ever took.
     pub upstream_total: i64,
-    /// Bytes the driver pools of `async` leaves have reserved now.
+    /// Bytes the driver pools of `async` leaves have reserved now, each
+    /// pool once (two leaves may view the device's default pool).
     pub reserved_current: i64,
-    /// The most bytes those pools had reserved.
+    /// The sum of each of those pools' most reserved bytes.
     pub reserved_peak: i64,
     /// Blocks handed out by `memres_alloc` and not yet freed.
     pub live_blocks: i64,
@@ -395,10 +396,10 @@ pub fn stats(device: c_int) -> Result<MemresStats, String> {
         (out.bytes_current, out.bytes_peak, out.bytes_total) = (bytes.value, bytes.peak, bytes.total);
         (out.count_current, out.count_peak, out.count_total) = (count.value, count.peak, count.total);
     }
-    for p in &st.pools {
-        out.reserved_current += p.inner().reserved_bytes().unwrap_or(0) as i64;
-        out.reserved_peak += p.inner().peak_reserved_bytes().unwrap_or(0) as i64;
-    }
+    let pools = st.pools.iter().map(|p| p.inner());
+    let (now, peak) =
+        memres_cuda::reserved_by(pools.chain(st.managed_pools.iter().map(|p| p.inner().pool())));
+    (out.reserved_current, out.reserved_peak) = (now as i64, peak as i64);
     Ok(out)
 }
 
