@@ -26,7 +26,8 @@
  * growth=double|default|N, granule= (32MiB: chunks are multiples of it),
  * release=true|false (give wholly free chunks back before growing; true),
  * per_stream=true|false (a pool per stream; false)), stats, track, limit,
- * align, log. sim, host and vpool (simulated or host memory) are refused.
+ * align, log. sim, host, vpool and pinned (simulated or host memory) are
+ * refused.
  * A file= is one device's: a second device whose stack names a file that
  * a live log writes fails its first call with a message naming the file
  * (MEMRES_LOG_FILE names one file per device).
@@ -131,7 +132,8 @@ int memres_stats(int device, memres_stats_t *out);
 size_t memres_last_error(char *buf, size_t len);
 
 /* Copies the stack device runs (or would run if first used now) into buf
- * as memres_last_error does; returns its length. */
+ * as memres_last_error does; returns its length, or 0 with a message (the
+ * device is out of range, MEMRES_STACK is not UTF-8). */
 size_t memres_stack(int device, char *buf, size_t len);
 
 /* Marks the start of a step (one iteration of a training loop) on device
