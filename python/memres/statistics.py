@@ -90,7 +90,8 @@ class DeviceStatistics:
     what CUDA's stream-ordered pools under its ``async`` leaves reserve
     (they keep memory a resource gave back until the next synchronization,
     so the device may hold more than ``peak_bytes``; 0 without such
-    leaves)."""
+    leaves). Each pool counts once, however many leaves view it;
+    ``peak_reserved_bytes`` is the sum of each pool's own peak."""
     current_bytes: int
     peak_bytes: int
     total_bytes: int
