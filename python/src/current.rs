@@ -104,20 +104,26 @@ pub(crate) fn device_bytes(device: u32) -> PyResult<(u64, u64, u64, u64, u64)> {
     Ok((g.value(), g.peak(), g.total(), reserved, peak_reserved))
 }
 
-/// Why the last allocation of [`memres_py_alloc`] that failed failed:
-/// PyTorch's `CUDAPluggableAllocator` does not check for NULL (it makes a
-/// tensor of it), so the reason is kept for Python to read. One for the
-/// process: the backward pass allocates on PyTorch's autograd threads, and
-/// Python reads the reason on its own.
-static LAST_ALLOC_ERROR: Mutex<Option<String>> = Mutex::new(None);
+/// Why the last call of [`memres_py_alloc`] or [`memres_py_free`] that
+/// failed failed: PyTorch's `CUDAPluggableAllocator` does not check for
+/// NULL (it makes a tensor of it), and a free returns nothing, so the
+/// reason is kept for Python to read. One for the process: the backward
+/// pass allocates on PyTorch's autograd threads, and Python reads the
+/// reason on its own.
+static LAST_ERROR: Mutex<Option<String>> = Mutex::new(None);
 
-/// The reason the last failed allocation of [`memres_py_alloc`] failed,
-/// `None` if none has; `clear` forgets it.
+/// Keeps `why` as the reason of the last failed call.
+fn set_last_error(why: String) {
+    *LAST_ERROR.lock().unwrap_or_else(|p| p.into_inner()) = Some(why);
+}
+
+/// The reason the last failed call of [`memres_py_alloc`] or
+/// [`memres_py_free`] failed, `None` if none has; `clear` forgets it.
 #[pyfunction]
 #[pyo3(signature = (clear=false))]
-pub(crate) fn last_alloc_error(py: Python<'_>, clear: bool) -> Option<String> {
+pub(crate) fn last_error(py: Python<'_>, clear: bool) -> Option<String> {
     crate::gil::detach(py, || {
-        let mut last = LAST_ALLOC_ERROR.lock().unwrap_or_else(|p| p.into_inner());
+        let mut last = LAST_ERROR.lock().unwrap_or_else(|p| p.into_inner());
         if clear {
             last.take()
         } else {
@@ -166,22 +172,23 @@ unsafe fn alloc(size: isize, device: i32, stream: *mut c_void) -> Result<*mut c_
 /// # Safety
 ///
 /// `stream` as [`memres_py_free`]'s.
-unsafe fn free(ptr: *mut c_void, device: i32, stream: *mut c_void) -> Option<()> {
-    let d = u32::try_from(device).ok()?;
-    let table = live(d as usize)?;
+unsafe fn free(ptr: *mut c_void, device: i32, stream: *mut c_void) -> Result<(), String> {
+    let unknown = || "not allocated here, or freed already".to_string();
+    let d = u32::try_from(device).map_err(|_| unknown())?;
+    let table = live(d as usize).ok_or_else(unknown)?;
     // SAFETY: null or a stream of `device` valid for the call, and for a
     // deferred free until it is applied (the contract).
-    let s = unsafe { backend::stream(stream as usize as u64, d) }.ok()?;
+    let s = unsafe { backend::stream(stream as usize as u64, d) }.map_err(|e| format!("the stream: {e}"))?;
     // Back in the table unless the free succeeds.
-    let entry = table.lock().unwrap_or_else(|p| p.into_inner()).remove(ptr as usize as u64)?;
+    let entry =
+        table.lock().unwrap_or_else(|p| p.into_inner()).remove(ptr as usize as u64).ok_or_else(unknown)?;
     let taken = PutBack::new(entry, |(block, resource): (Block, DynResource<Stream>)| {
         table.lock().unwrap_or_else(|p| p.into_inner()).insert(block.addr(), (block, resource));
     });
     let (block, resource) = taken.value();
-    if resource.deallocate(*block, &s).is_ok() {
-        taken.kept_out();
-    }
-    Some(())
+    resource.deallocate(*block, &s).map_err(|e| e.to_string())?;
+    taken.kept_out();
+    Ok(())
 }
 
 /// Runs `f`, with the GIL released if this thread holds it: a stack's lock
@@ -207,7 +214,7 @@ fn without_gil<T: Send>(f: impl FnOnce() -> T + Send) -> T {
 
 /// Allocates `size` bytes from `device`'s current resource on `stream`;
 /// NULL when that fails (or for 0 bytes), the reason kept for
-/// `last_alloc_error`. Never unwinds.
+/// `last_error`. Never unwinds.
 ///
 /// # Safety
 ///
@@ -235,8 +242,7 @@ pub unsafe extern "C" fn memres_py_alloc(size: isize, device: i32, stream: *mut 
             std::mem::forget(payload);
             why
         });
-        *LAST_ALLOC_ERROR.lock().unwrap_or_else(|p| p.into_inner()) =
-            Some(format!("memres_py_alloc({size} bytes, device {device}): {why}"));
+        set_last_error(format!("memres_py_alloc({size} bytes, device {device}): {why}"));
         std::ptr::null_mut()
     };
     // Pointers cross `without_gil` as integers: they are not `Send`.
@@ -256,8 +262,10 @@ pub unsafe extern "C" fn memres_py_alloc(size: isize, device: i32, stream: *mut 
     }
 }
 
-/// Frees `ptr`, from `memres_py_alloc` on `device`, on `stream`; a pointer
-/// not from there is ignored. Never unwinds. Called from inside a Python
+/// Frees `ptr`, from `memres_py_alloc` on `device`, on `stream`. A free
+/// that fails changes nothing (a pointer not from there, one whose free
+/// the stack refused: it stays live), and its reason is kept for
+/// `last_error`; NULL is ignored. Never unwinds. Called from inside a Python
 /// callback under the block's stack (a failure callback's `gc.collect()`
 /// that frees a tensor), the free is applied once the outermost call of
 /// memres in progress on this thread returns.
@@ -269,18 +277,25 @@ pub unsafe extern "C" fn memres_py_alloc(size: isize, device: i32, stream: *mut 
 /// before the free on `stream` uses the memory.
 #[no_mangle]
 pub unsafe extern "C" fn memres_py_free(ptr: *mut c_void, _size: isize, device: i32, stream: *mut c_void) {
-    // Pointers cross `without_gil` as integers: they are not `Send`.
-    let (ptr, stream) = (ptr as usize, stream as usize);
-    let freed = catch_unwind(AssertUnwindSafe(|| {
-        without_gil(|| {
-            // SAFETY: `stream` as this function's contract says.
-            unsafe { free(ptr as *mut c_void, device, stream as *mut c_void) };
-        })
-    }));
-    if let Err(payload) = freed {
-        // A payload whose `Drop` panicked would abort here: forget it.
-        std::mem::forget(payload);
+    if ptr.is_null() {
+        return;
     }
+    // Pointers cross `without_gil` as integers: they are not `Send`.
+    let (addr, stream) = (ptr as usize, stream as usize);
+    let freed = catch_unwind(AssertUnwindSafe(|| {
+        // SAFETY: `stream` as this function's contract says.
+        without_gil(|| unsafe { free(addr as *mut c_void, device, stream as *mut c_void) })
+    }));
+    let why = match freed {
+        Ok(Ok(())) => return,
+        Ok(Err(why)) => why,
+        Err(payload) => {
+            // A payload whose `Drop` panicked would abort here: forget it.
+            std::mem::forget(payload);
+            "a panic".to_string()
+        }
+    };
+    set_last_error(format!("memres_py_free({addr:#x}, device {device}): {why}"));
 }
 
 /// Gives back what the pools of every device's current resource keep free,

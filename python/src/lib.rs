@@ -69,7 +69,7 @@ fn native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<stream::MadeStream>()?;
     m.add_function(wrap_pyfunction!(current::set_per_device_resource, m)?)?;
     m.add_function(wrap_pyfunction!(current::c_live_count, m)?)?;
-    m.add_function(wrap_pyfunction!(current::last_alloc_error, m)?)?;
+    m.add_function(wrap_pyfunction!(current::last_error, m)?)?;
     m.add_function(wrap_pyfunction!(current::device_bytes, m)?)?;
     m.add_function(wrap_pyfunction!(current::memory_info, m)?)?;
     m.add_function(wrap_pyfunction!(current::default_memory_pool, m)?)?;

@@ -63,39 +63,51 @@ def test_the_reset_function_gives_back_what_every_devices_pools_keep():
     assert res[1].release() == 8 * MiB
 
 
-def test_failures_are_null_and_unknown_frees_ignored():
+def test_failures_are_null_and_unknown_frees_change_nothing_but_say_why():
     so = lib()
     mr.set_current_device_resource(mr.LimitingResourceAdaptor(mr.HostMemoryResource(), 100))
     assert so.memres_py_alloc(1000, 0, None) is None
     assert so.memres_py_alloc(0, 0, None) is None
     assert so.memres_py_alloc(-5, 0, None) is None
     assert so.memres_py_alloc(10, 999, None) is None
+    _native.sim.last_error(clear=True)
+    so.memres_py_free(None, 10, 0, None)  # NULL: nothing to free, nothing failed
+    assert _native.sim.last_error() is None
+    # A free returns nothing to PyTorch: the reason is kept for Python.
     so.memres_py_free(0x1000, 10, 0, None)
     assert _native.sim.c_live_count(0) == 0
+    why = _native.sim.last_error(clear=True)
+    assert why.startswith("memres_py_free(0x1000, device 0): ") and "not allocated here" in why, why
+    mr.set_current_device_resource(mr.HostMemoryResource())
+    p = so.memres_py_alloc(64, 0, None)
+    so.memres_py_free(p, 64, 0, None)
+    assert _native.sim.last_error() is None
+    so.memres_py_free(p, 64, 0, None)
+    assert "freed already" in _native.sim.last_error(clear=True)
 
 
 def test_a_failed_allocation_keeps_its_reason_for_python():
     # PyTorch's CUDAPluggableAllocator does not check for NULL: the reason
     # is what Python can learn.
     so = lib()
-    _native.sim.last_alloc_error(clear=True)
+    _native.sim.last_error(clear=True)
     mr.set_current_device_resource(mr.LimitingResourceAdaptor(mr.HostMemoryResource(), 100))
     assert so.memres_py_alloc(1000, 0, None) is None
-    why = _native.sim.last_alloc_error()
+    why = _native.sim.last_error()
     assert why.startswith("memres_py_alloc(1000 bytes, device 0): ") and "limit" in why, why
     # An empty tensor's allocation is NULL and no failure: the reason stays.
     assert so.memres_py_alloc(0, 0, None) is None
-    assert _native.sim.last_alloc_error() == why
+    assert _native.sim.last_error() == why
     assert so.memres_py_alloc(-5, 0, None) is None
-    assert "negative size" in _native.sim.last_alloc_error(clear=True)
-    assert _native.sim.last_alloc_error() is None
+    assert "negative size" in _native.sim.last_error(clear=True)
+    assert _native.sim.last_error() is None
 
 
 def test_a_failure_callbacks_exception_under_the_c_functions_is_said_and_named_in_the_reason():
     # PyTorch raises its own error for NULL: the callback's exception goes to
     # sys.unraisablehook, and the reason names it.
     so = lib()
-    _native.sim.last_alloc_error(clear=True)
+    _native.sim.last_error(clear=True)
 
     def on_failure(nbytes):
         raise RuntimeError("from the callback")
@@ -109,18 +121,18 @@ def test_a_failure_callbacks_exception_under_the_c_functions_is_said_and_named_i
     finally:
         sys.unraisablehook = hook
     assert [str(e) for e in seen] == ["from the callback"]
-    why = _native.sim.last_alloc_error(clear=True)
+    why = _native.sim.last_error(clear=True)
     assert "the failure callback raised" in why and "from the callback" in why, why
     # Nothing is left for the next call: a plain failure is its own.
     mr.set_current_device_resource(limited)
     assert so.memres_py_alloc(1000, 0, None) is None
-    assert "failure callback" not in _native.sim.last_alloc_error(clear=True)
+    assert "failure callback" not in _native.sim.last_error(clear=True)
 
 
 def test_an_address_live_already_is_refused_and_the_new_block_given_back():
     # Two resources of the user's that hand out the same address.
     so = lib()
-    _native.sim.last_alloc_error(clear=True)
+    _native.sim.last_error(clear=True)
 
     def same_address():
         return mr.CallbackMemoryResource(lambda n: 1 << 40, lambda p, n: None, backend="sim")
@@ -131,7 +143,7 @@ def test_an_address_live_already_is_refused_and_the_new_block_given_back():
     b = mr.StatisticsResourceAdaptor(same_address())
     mr.set_current_device_resource(b)
     assert so.memres_py_alloc(1000, 0, None) is None
-    assert "a live address" in _native.sim.last_alloc_error(clear=True)
+    assert "a live address" in _native.sim.last_error(clear=True)
     assert b.allocation_counts.current_bytes == 0  # given back
     assert a.allocation_counts.current_bytes == 1000 and _native.sim.c_live_count(0) == 1
     so.memres_py_free(p, 1000, 0, None)  # to `a`, whose block it is
@@ -153,6 +165,7 @@ def test_a_free_that_fails_below_leaves_the_block_freeable():
         p = so.memres_py_alloc(4096, 0, None)
         assert p and _native.sim.c_live_count(0) == 1
         so.memres_py_free(p, 4096, 0, None)  # fails: nothing to tell its caller
+        assert "memres_py_free" in _native.sim.last_error(clear=True)
         assert top.allocation_counts.current_count == 1  # live in the stack
         assert _native.sim.c_live_count(0) == 1
         so.memres_py_free(p, 4096, 0, None)

@@ -138,14 +138,16 @@ def steps(device=None):
 
 
 def last_error(clear=False):
-    """Why the last allocation PyTorch asked memres for failed, or None.
-    PyTorch's ``CUDAPluggableAllocator`` does not check the pointer it
-    gets: out of memory gives it NULL, which it makes a tensor of (no
+    """Why the last allocation or free PyTorch asked memres for failed, or
+    None. PyTorch's ``CUDAPluggableAllocator`` does not check the pointer
+    it gets: out of memory gives it NULL, which it makes a tensor of (no
     ``torch.cuda.OutOfMemoryError``), so check here after an allocation
-    that may fail. ``clear=True`` forgets it. There is one for the
+    that may fail; a free that fails (a pointer memres did not hand out, a
+    free the stack refused, whose block stays live) returns nothing to
+    PyTorch either. ``clear=True`` forgets it. There is one for the
     process, not one per thread: the backward pass allocates on
     PyTorch's autograd threads, not on the thread that reads this."""
-    return _native.cuda().last_alloc_error(clear)
+    return _native.cuda().last_error(clear)
 
 
 def empty_cache(device=None):
