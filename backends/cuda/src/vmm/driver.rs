@@ -38,6 +38,8 @@ pub(super) trait Driver: Send + Sync + fmt::Debug {
     fn release(&self, handle: u64) -> Code;
     /// `cuStreamSynchronize` of the legacy default stream of the context.
     fn sync_legacy(&self) -> Code;
+    /// `cuCtxSynchronize` of the context: all its work done.
+    fn sync_context(&self) -> Code;
     /// The device's free and total memory, if the driver tells.
     fn memory_info(&self) -> Option<MemoryInfo>;
 }
@@ -176,6 +178,11 @@ impl Driver for CudaDriver {
         // SAFETY: the null handle names the legacy default stream of the
         // current context (the caller entered ours).
         unsafe { sys::cuStreamSynchronize(core::ptr::null_mut()) }
+    }
+
+    fn sync_context(&self) -> Code {
+        // SAFETY: takes no argument; the caller entered the context.
+        unsafe { sys::cuCtxSynchronize() }
     }
 
     fn memory_info(&self) -> Option<MemoryInfo> {

@@ -85,7 +85,9 @@ const MAX_HANDLE_GRANULES: u32 = 64;
 /// (`()`, or the legacy default stream) also synchronizes the legacy
 /// default stream of the device's primary context, which `()` stands for in
 /// this crate. Retained granules are not unmapped, so their decommit does
-/// not wait at all.
+/// not wait at all; the unmap of their handle, on whatever stream, then
+/// waits for all work of the context (`cuCtxSynchronize`) where a decommit
+/// on another stream retained some of them.
 ///
 /// That order is only as good as the stream's [`Stream::synchronize`]: a
 /// stream type whose `synchronize` returns before its work is done (the
@@ -149,6 +151,41 @@ struct Mapping {
     /// Bit `i`: granule `i` of the mapping is committed. Never 0: a mapping
     /// whose last granule is decommitted is unmapped and released.
     committed: u64,
+    /// The streams of the decommits that retained granules of it (work on
+    /// them may use those granules until the unmap, which waits for it).
+    retained_by: Retainers,
+}
+
+/// The streams of the decommits that retained a mapping's granules.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+enum Retainers {
+    #[default]
+    None,
+    /// One stream, by its [`id`](Stream::id).
+    One(u64),
+    /// More than one.
+    Several,
+}
+
+impl Retainers {
+    /// With a decommit on the stream whose id is `id`.
+    fn and(self, id: u64) -> Retainers {
+        match self {
+            Retainers::None => Retainers::One(id),
+            Retainers::One(i) if i == id => self,
+            _ => Retainers::Several,
+        }
+    }
+
+    /// Whether the unmap, after a synchronize of the stream whose id is
+    /// `id`, must wait for other streams too.
+    fn beyond(self, id: u64) -> bool {
+        match self {
+            Retainers::None => false,
+            Retainers::One(i) => i != id,
+            Retainers::Several => true,
+        }
+    }
 }
 
 #[derive(Debug, Default)]
@@ -687,7 +724,10 @@ impl ReservableSpace for CudaVirtualSpace {
             }
         }
         for (s, len, handle) in made {
-            st.mappings.insert(s, Mapping { len, handle, committed: mask(0, len / self.granule) });
+            st.mappings.insert(
+                s,
+                Mapping { len, handle, committed: mask(0, len / self.granule), retained_by: Retainers::None },
+            );
             st.calls.maps += 1;
         }
         st.calls.reuses += reused;
@@ -773,15 +813,24 @@ impl CudaVirtualSpace {
         if cursor < range.end() {
             return Err(Error::InvalidConfig { what: "decommit of uncommitted memory" });
         }
+        let id = stream.id();
         if plan.iter().any(|&(_, _, empties)| empties) {
-            // The unmaps follow the work submitted to `stream` so far.
+            // The unmaps follow the work submitted to `stream` so far, and
+            // that of the streams whose decommits retained granules of the
+            // handles they unmap (all the context's work).
+            let others =
+                plan.iter().any(|&(s, _, empties)| empties && st.mappings[&s].retained_by.beyond(id));
             stream.synchronize()?;
             let _current = self.driver.enter()?;
-            if stream.id() == 0 {
-                match self.driver.sync_legacy() {
-                    sys::CUDA_SUCCESS => {}
-                    rc => return Err(error_from_code(rc)),
-                }
+            let synced = |rc| match rc {
+                sys::CUDA_SUCCESS => Ok(()),
+                rc => Err(error_from_code(rc)),
+            };
+            if id == 0 {
+                synced(self.driver.sync_legacy())?;
+            }
+            if others {
+                synced(self.driver.sync_context())?;
             }
             st.calls.syncs += 1;
             let mut done = Vec::new();
@@ -843,6 +892,7 @@ impl CudaVirtualSpace {
         for (s, bits, _) in plan {
             if let Some(m) = st.mappings.get_mut(&s) {
                 m.committed &= !bits;
+                m.retained_by = m.retained_by.and(id);
             }
         }
         st.committed -= range.len();

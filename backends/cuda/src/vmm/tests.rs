@@ -28,7 +28,9 @@ struct Model {
     /// Physical memory in use: mapped and kept handles.
     used: u64,
     handles: u64,
+    /// Of the legacy default stream, and of the whole context.
     syncs: u64,
+    context_syncs: u64,
     /// Maps refused for want of memory.
     refused: u64,
     /// Questions of the device's free memory.
@@ -146,6 +148,11 @@ impl Driver for Arc<Fake> {
         sys::CUDA_SUCCESS
     }
 
+    fn sync_context(&self) -> Code {
+        self.0.lock().unwrap().context_syncs += 1;
+        sys::CUDA_SUCCESS
+    }
+
     fn memory_info(&self) -> Option<MemoryInfo> {
         let mut m = self.0.lock().unwrap();
         m.infos += 1;
@@ -221,6 +228,58 @@ fn runs_are_committed_in_handles_and_partial_decommits_retain_until_the_last_gra
     assert_eq!((space.committed_bytes(), space.mapped_bytes()), (0, 0));
     assert_eq!((space.peak_committed_bytes(), space.peak_mapped_bytes()), (8 * G, 8 * G));
     space.release(r).unwrap();
+    agree(&space, &fake);
+}
+
+/// A stream known by its id, counting its synchronizations.
+#[derive(Debug, Default)]
+struct Counting(u64, std::sync::atomic::AtomicU64);
+
+impl Stream for Counting {
+    type Event = ();
+    fn id(&self) -> u64 {
+        self.0
+    }
+    fn record(&self) -> Result<()> {
+        Ok(())
+    }
+    fn wait(&self, _: &()) -> Result<()> {
+        Ok(())
+    }
+    fn query(&self, _: &()) -> Result<bool> {
+        Ok(true)
+    }
+    fn synchronize(&self) -> Result<()> {
+        self.1.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Ok(())
+    }
+}
+
+/// A granule that a decommit on one stream retained is unmapped with its
+/// handle by a decommit on another: the unmap waits for the whole
+/// context, the first stream's work included (it waited for the second
+/// stream's alone, so work of the first could still use the granule).
+#[test]
+fn the_unmap_of_a_handle_waits_for_the_streams_that_retained_its_granules() {
+    let (space, fake) = space(1 << 40, 4);
+    let r = space.reserve(64 * G).unwrap();
+    let (s1, s2) = (Counting(1, 0.into()), Counting(2, 0.into()));
+    space.commit(sub(r, 0, 4)).unwrap();
+    space.decommit(sub(r, 0, 1), &s1).unwrap();
+    assert_eq!(space.handle_count(), 1, "retained");
+    space.decommit(sub(r, 1, 3), &s2).unwrap();
+    assert_eq!(space.handle_count(), 0);
+    assert_eq!(s2.1.load(std::sync::atomic::Ordering::Relaxed), 1);
+    let context_syncs = || fake.0.lock().unwrap().context_syncs;
+    assert_eq!(context_syncs(), 1, "s1's work waited for");
+    agree(&space, &fake);
+    // Retained and unmapped on the same stream: that stream's wait is enough.
+    space.commit(sub(r, 0, 4)).unwrap();
+    space.decommit(sub(r, 0, 2), &s1).unwrap();
+    space.decommit(sub(r, 2, 2), &s1).unwrap();
+    assert_eq!(space.handle_count(), 0);
+    assert_eq!(context_syncs(), 1);
+    assert_eq!(s1.1.load(std::sync::atomic::Ordering::Relaxed), 1);
     agree(&space, &fake);
 }
 
