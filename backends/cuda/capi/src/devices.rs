@@ -36,6 +36,9 @@ pub(crate) struct DeviceState {
     pub(crate) releasing: ReleaseLayers<CudaStream>,
     /// The device's primary context, which its default streams name.
     pub(crate) context: Context,
+    /// The legacy default stream of the device's primary context, with its
+    /// cache of events: the stream of most calls (PyTorch's default).
+    pub(crate) legacy: CudaStream,
     /// What `memres_snapshot` writes, where watched.
     pub(crate) map: Option<snapshot::Map>,
 }
@@ -98,6 +101,7 @@ fn build(d: usize, stack: &str) -> Result<DeviceState, String> {
         planned: built.all("planned"),
         releasing: built.release_layers(),
         context,
+        legacy,
         logs,
         resource,
         stack: stack.to_string(),

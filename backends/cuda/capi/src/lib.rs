@@ -295,20 +295,38 @@ fn device_index(device: c_int) -> Result<usize, String> {
 /// that its calls run there whatever context the calling thread has
 /// current: none on a thread that never called CUDA, another device's
 /// after a switch (named without one, its events would go to the current
-/// context, or fail where none is).
-fn stream_of(stream: *mut c_void, st: &devices::DeviceState) -> CudaStream {
+/// context, or fail where none is). The legacy stream is the device's own,
+/// made once: no stream is made for most calls.
+fn stream_of(stream: *mut c_void, st: &devices::DeviceState) -> CallStream<'_> {
     let known = match stream as usize {
-        0 | sys::CU_STREAM_LEGACY | sys::CU_STREAM_PER_THREAD => Some(st.context.clone()),
+        0 | sys::CU_STREAM_LEGACY => return CallStream::Device(&st.legacy),
+        sys::CU_STREAM_PER_THREAD => Some(st.context.clone()),
         _ => None,
     };
-    // SAFETY: the stream is null, a default handle or valid for the call
-    // (the entry points' contract), and it is a stream of `st`'s device,
-    // so a default handle's context is that device's primary one, `known`
+    // SAFETY: the stream is a default handle or valid for the call (the
+    // entry points' contract), and it is a stream of `st`'s device, so the
+    // per-thread handle's context is that device's primary one, `known`
     // (the contexts memres makes current are primary ones); the borrowed
     // handle is dropped before the call returns and never destroys the
     // stream, and no resource keeps it (the per-stream pools keep events
     // recorded on it, not the stream).
-    unsafe { CudaStream::from_raw(stream.cast(), known) }
+    CallStream::Named(unsafe { CudaStream::from_raw(stream.cast(), known) })
+}
+
+/// The stream of a call: the device's legacy stream, or one named for it.
+enum CallStream<'a> {
+    Device(&'a CudaStream),
+    Named(CudaStream),
+}
+
+impl std::ops::Deref for CallStream<'_> {
+    type Target = CudaStream;
+    fn deref(&self) -> &CudaStream {
+        match self {
+            CallStream::Device(s) => s,
+            CallStream::Named(s) => s,
+        }
+    }
 }
 
 fn allocate(size: isize, device: c_int, stream: *mut c_void) -> Result<*mut c_void, String> {
@@ -322,7 +340,7 @@ fn allocate(size: isize, device: c_int, stream: *mut c_void) -> Result<*mut c_vo
     let request = Request::new(size).map_err(|e| format!("memres: {size} bytes: {e}"))?;
     let block = st
         .resource
-        .allocate(request, &stream_of(stream, st))
+        .allocate(request, &*stream_of(stream, st))
         .map_err(|e| format!("memres: device {d}: allocating {size} bytes: {e}"))?;
     if block.is_empty() {
         return Ok(std::ptr::null_mut());
@@ -567,7 +585,7 @@ pub unsafe extern "C" fn memres_steps(device: c_int, out: *mut MemresSteps) -> c
 pub unsafe fn release(device: c_int, stream: *mut c_void) -> Result<u64, String> {
     let d = device_index(device)?;
     let Some(st) = devices::used(d) else { return Ok(0) };
-    st.releasing.release(&stream_of(stream, st)).map_err(|e| format!("memres: device {d}: release: {e}"))
+    st.releasing.release(&*stream_of(stream, st)).map_err(|e| format!("memres: device {d}: release: {e}"))
 }
 
 /// Gives back to `device` (negative: the current device) what the pools of
