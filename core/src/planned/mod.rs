@@ -111,19 +111,20 @@ pub const MAX_STEP_OPS: u32 = 1 << 22;
 /// A block still live when its step ended.
 const OPEN: u32 = u32::MAX;
 
-/// The low bits of a step block's tag: its slot (fewer than
-/// [`MAX_STEP_OPS`]). The bits above are the step that served it, so that
-/// a stale block (freed, its slot served again in a later step) is told
-/// from the live one.
-const SLOT_BITS: u32 = 22;
-const _: () = assert!(MAX_STEP_OPS <= 1 << SLOT_BITS);
+/// The low bits of a step block's tag: the index of its allocation in the
+/// plan (fewer than [`MAX_STEP_OPS`]), which names its slot. The bits above
+/// are the step that served it, so that a stale block (freed, its slot
+/// served again, in this step or a later one) is told from the live one.
+const ENTRY_BITS: u32 = 22;
+const _: () = assert!(MAX_STEP_OPS <= 1 << ENTRY_BITS);
 
-/// The tag of the block at `slot` served in step `epoch`:
-/// [`Block::NO_TAG`] (told apart by address only) once the steps run past
-/// what the tag holds, 2^42, so that a tag is never handed out twice.
-fn step_tag(epoch: u64, slot: u32) -> u64 {
-    if epoch < (1 << (64 - SLOT_BITS)) - 1 {
-        epoch << SLOT_BITS | u64::from(slot)
+/// The tag of the block of the plan's allocation `k` served in step
+/// `epoch`: [`Block::NO_TAG`] (told apart by address only) once the steps
+/// run past what the tag holds, 2^42, so that a tag is never handed out
+/// twice.
+fn step_tag(epoch: u64, k: u64) -> u64 {
+    if epoch < (1 << (64 - ENTRY_BITS)) - 1 {
+        epoch << ENTRY_BITS | k
     } else {
         Block::NO_TAG
     }
@@ -543,7 +544,7 @@ impl<R> State<R> {
                                 self.live_count += 1;
                                 self.live_bytes += size;
                                 self.steps.planned_allocations += 1;
-                                return Served::At(addr, step_tag(self.epoch, slot));
+                                return Served::At(addr, step_tag(self.epoch, u64::from(k)));
                             }
                         }
                         (Place::Step { .. } | Place::Upstream, _) | (_, false) => {}
@@ -664,20 +665,27 @@ impl<R> State<R> {
             });
         }
         let offset = offset_in(self.region, addr)?;
-        // The tag names the slot; a bare address is searched for among the
-        // slots (distinct, ascending).
+        // The tag names the allocation, and so the slot; a bare address is
+        // searched for among the slots (distinct, ascending).
         let slot = if tag == Block::NO_TAG {
             self.plan.slots.binary_search(&offset).ok()
         } else {
-            let t = (tag & ((1 << SLOT_BITS) - 1)) as usize;
-            (self.plan.slots.get(t) == Some(&offset)).then_some(t)
+            let k = (tag & ((1 << ENTRY_BITS) - 1)) as usize;
+            match self.plan.entries.get(k).map(|e| e.place) {
+                Some(Place::Step { slot, .. }) if self.plan.slots.get(slot as usize) == Some(&offset) => {
+                    Some(slot as usize)
+                }
+                _ => None,
+            }
         };
         let Some(slot) = slot else { return Some(unknown()) };
         let (live, epoch) = (self.slot_live[slot] & !OVERDUE, self.slot_epoch[slot]);
         if live == 0 {
             return Some(unknown());
         }
-        if tag != Block::NO_TAG && tag != step_tag(epoch, slot as u32) {
+        // The live block's allocation and step: another block of its slot,
+        // freed already, has another.
+        if tag != Block::NO_TAG && tag != step_tag(epoch, u64::from(live) - 1) {
             return Some(stale());
         }
         let request = self.plan.entries[live as usize - 1].request;

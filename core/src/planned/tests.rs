@@ -367,6 +367,31 @@ fn a_stale_block_whose_place_was_served_again_is_a_double_free() {
 }
 
 #[test]
+fn a_block_freed_twice_in_its_step_after_its_place_was_served_again_is_a_double_free() {
+    // Three allocations in turn at one place: the tag tells the second
+    // from the first within the step (it told steps apart only, so the
+    // second free of `a` freed `b`, and `c` was placed over it).
+    let script = [Op::Alloc(MIB), Op::Free(0), Op::Alloc(MIB), Op::Free(1), Op::Alloc(MIB), Op::Free(2)];
+    let p = Planned::new(Statistics::new(BumpUpstream::new(1 << 30)));
+    record_twice(&p, &script);
+    p.step(&()).unwrap();
+    let a = p.allocate(req(MIB), &()).unwrap();
+    p.deallocate(a, &()).unwrap();
+    let b = p.allocate(req(MIB), &()).unwrap();
+    assert_eq!((b.addr(), p.steps().planned_allocations), (a.addr(), 2), "the same place, from the plan");
+    let used = p.usage().used;
+    assert_eq!(p.deallocate(a, &()), Err(Error::DoubleFree { addr: a.addr() }));
+    assert_eq!(p.usage().used, used, "b is still live");
+    p.check().unwrap();
+    let c = p.allocate(req(MIB), &()).unwrap();
+    assert!(c.addr() + MIB <= b.addr() || b.addr() + MIB <= c.addr(), "c is not placed over b");
+    p.deallocate(b, &()).unwrap();
+    p.deallocate(c, &()).unwrap();
+    assert_eq!(p.usage().used, 0);
+    p.check().unwrap();
+}
+
+#[test]
 fn a_stale_block_of_the_carry_region_is_a_double_free() {
     let p = Planned::new(Statistics::new(BumpUpstream::new(1 << 30)));
     let mut grads = Vec::new();
