@@ -55,10 +55,13 @@
 //! and goes upstream if it would overlap.
 //!
 //! Streams: a step's plan serves one stream, the one [`step`] is called
-//! with. A region block freed on another stream waits for that stream
-//! ([`Stream::synchronize`]) before its bytes are planned again, and a
-//! region is given back on another stream than its own only after the
-//! device is idle ([`Stream::synchronize_device`]).
+//! with, and each region is one stream's, the one whose steps it serves.
+//! A region block freed on any other stream waits for that stream
+//! ([`Stream::synchronize`]) before its bytes are planned again; a region
+//! serves the plan of another stream's steps, or is given back on
+//! another stream than its own, only after the device is idle
+//! ([`Stream::synchronize_device`]), and serves no plan while the device
+//! cannot be waited for.
 //!
 //! [`step`]: Planned::step
 //!
@@ -976,14 +979,32 @@ impl<R> Planned<R> {
         // this call does not have, and the device cannot be waited for.
         let mut keep = fits && region.size() - top <= region.size() / 8;
         let mut made = made;
+        let mut idle = false;
+        let mut wait_device = || -> Result<bool> {
+            idle = idle || stream.synchronize_device().inspect_err(|_| self.lay_out(carry.clone()))?;
+            Ok(idle)
+        };
         let blocked = !keep && !region.is_empty() && region_stream != id;
-        let blocked = blocked && !stream.synchronize_device().inspect_err(|_| self.lay_out(carry.clone()))?;
+        let blocked = blocked && !wait_device()?;
         if blocked {
             keep = true;
             if !fits {
                 // Held as it is, and no plan while it cannot be replaced.
                 made = None;
             }
+        }
+        // A region kept for the plan that was last used on another stream
+        // serves this one only once the device is waited for: frees into
+        // it on that stream, its steps' stream then, did not wait.
+        let carry_on = match &carry {
+            Some((_, (old, on))) => (!old.is_empty()).then_some(*on),
+            None => self.state.with(|s| (!s.carry.region.is_empty()).then_some(s.carry.region_stream)),
+        };
+        let elsewhere =
+            (keep && !region.is_empty() && region_stream != id) || carry_on.is_some_and(|on| on != id);
+        let moved = made.is_some() && elsewhere;
+        if moved && !wait_device()? {
+            made = None;
         }
         let mut new_region = region;
         if !keep {
@@ -1005,8 +1026,13 @@ impl<R> Planned<R> {
         self.lay_out(carry);
         self.state.with(|s| {
             s.laying_out = false;
-            if new_region != region {
+            if new_region != region || (moved && made.is_some()) {
+                // Its memory is this stream's now (the device was waited
+                // for where it was another's).
                 s.region_stream = id;
+                if moved && made.is_some() {
+                    s.carry.region_stream = id;
+                }
             }
             s.region = new_region;
             // Either region may be taken from now on.
@@ -1092,8 +1118,16 @@ impl<S: Stream + ?Sized, R: MemoryResource<S>> MemoryResource<S> for Planned<R> 
 
     fn deallocate(&self, block: Block, stream: &S) -> Result<()> {
         let addr = block.addr();
-        let found = self.state.with(|s| s.region_block(addr, block.tag()).map(|b| (b, s.stream)));
-        let Some((found, plan_stream)) = found else {
+        let found = self.state.with(|s| {
+            s.region_block(addr, block.tag()).map(|b| {
+                let region_stream = match b {
+                    Ok(Found::Carried { .. }) => s.carry.region_stream,
+                    _ => s.region_stream,
+                };
+                (b, s.stream, region_stream)
+            })
+        });
+        let Some((found, plan_stream, region_stream)) = found else {
             self.upstream.deallocate(block, stream)?;
             // Saturating: a block of the upstream that did not come
             // through here is freed through it too.
@@ -1112,8 +1146,11 @@ impl<S: Stream + ?Sized, R: MemoryResource<S>> MemoryResource<S> for Planned<R> 
         if block.size() != asked {
             return Err(Error::SizeMismatch { addr, expected: asked, given: block.size() });
         }
-        if stream.id() != plan_stream {
-            // Its bytes are planned again on the step's stream.
+        let id = stream.id();
+        if id != plan_stream || id != region_stream {
+            // Its bytes are served again on the step's stream and go back
+            // upstream on the region's: a free on that one stream needs no
+            // wait, a free on any other is done before either.
             stream.synchronize()?;
         }
         self.state.with(|s| match found {

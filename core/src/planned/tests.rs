@@ -983,7 +983,7 @@ fn a_step_block_is_placed_where_the_carried_blocks_are_freed_until_they_come_aga
 }
 
 #[test]
-fn a_carry_region_kept_on_another_stream_takes_no_plan_it_cannot_hold() {
+fn regions_last_used_on_another_stream_serve_no_plan_where_the_device_cannot_be_waited_for() {
     let p = Planned::new(Statistics::new(BumpUpstream::new(1 << 30)));
     let step = |stream: &TestStream, grads: &mut Vec<Block>, sizes: &[u64]| {
         grads_step(&p, stream, grads, sizes);
@@ -996,21 +996,121 @@ fn a_carry_region_kept_on_another_stream_takes_no_plan_it_cannot_hold() {
     }
     assert_eq!(p.steps().carry_region, 2 * MIB);
     // Then the steps run on a stream that cannot wait for the device,
-    // with more gradients than the carry region holds: it cannot go back
-    // (its blocks may be in use on s1) nor take the new layout. The plan
-    // made sends them upstream.
+    // with more gradients than the carry region holds. The regions' blocks
+    // were freed on s1 without a wait (its steps' stream), so they may
+    // still be in use there: the regions neither go back nor serve a plan
+    // on this stream (the step's region, which fits, served one: s1's work
+    // could still write what this stream's blocks were given), and every
+    // step runs from upstream.
     let before = upstream_allocations(&p);
     for _ in 0..4 {
         step(&blind, &mut grads, &[MIB, MIB, MIB]);
     }
     let s = p.steps();
-    assert_eq!((s.plans, s.carry_region), (2, 2 * MIB));
-    // Two steps recorded; the next two laid out in the step's region
-    // (kept: it fits), the gradients from upstream.
-    assert_eq!(upstream_allocations(&p) - before, 5 + 5 + 3 + 3);
+    assert_eq!((s.plans, s.carry_region), (1, 2 * MIB));
+    assert_eq!(upstream_allocations(&p) - before, 4 * 5);
     for g in grads.drain(..) {
         p.deallocate(g, &blind).unwrap();
     }
+    assert_eq!(p.usage().used, 0);
+    p.check().unwrap();
+}
+
+/// The steps move to another stream with the regions kept: the plan on
+/// the new stream is served from them only after the device is waited
+/// for (it was not: the blocks freed on the first stream, its steps'
+/// stream then, without a wait were handed to the second at once), and
+/// the regions are the second stream's from then on.
+#[test]
+fn a_region_kept_for_steps_on_another_stream_serves_them_after_the_device_is_waited_for() {
+    let p = Planned::new(Statistics::new(BumpUpstream::new(1 << 30)));
+    let (s1, s2) = (TestStream::new(1).device_sync(true), TestStream::new(2).device_sync(true));
+    let mut grads = Vec::new();
+    for _ in 0..4 {
+        grads_step(&p, &s1, &mut grads, &[MIB, MIB]);
+    }
+    let s = p.steps();
+    assert_eq!((s.plans, s.followed), (1, 1));
+    let held = (s.region, s.carry_region);
+    let syncs = (s1.faults().device_syncs(), s2.faults().device_syncs());
+    for _ in 0..4 {
+        grads_step(&p, &s2, &mut grads, &[MIB, MIB]);
+        p.check().unwrap();
+    }
+    let s = p.steps();
+    assert_eq!((s.region, s.carry_region), held, "the same regions, kept");
+    assert!(s.plans >= 2 && s.followed >= 2, "{s:?}");
+    assert_eq!(s1.faults().device_syncs(), syncs.0);
+    assert!(s2.faults().device_syncs() > syncs.1, "the device waited for before s2's plan");
+    // A free on s2 into the regions needs no wait now, and they go back on
+    // s2 with no device wait.
+    let before = s2.faults().syncs();
+    for g in grads.drain(..) {
+        p.deallocate(g, &s2).unwrap();
+    }
+    assert_eq!(s2.faults().syncs(), before);
+    let device = s2.faults().device_syncs();
+    assert_eq!(p.release(&s2).unwrap(), held.0 + held.1);
+    assert_eq!(s2.faults().device_syncs(), device);
+    assert_eq!(p.usage().used, 0);
+    p.check().unwrap();
+}
+
+/// The helper's sequence of a kept region: a block of the region freed on
+/// the steps' stream s1 without a wait, then a plan on s2 in the same
+/// region hands its bytes to s2 only after the device is waited for.
+#[test]
+fn a_block_freed_on_the_steps_stream_is_not_handed_to_the_next_streams_plan_before_the_device_is_waited_for()
+{
+    let p = Planned::new(Statistics::new(BumpUpstream::new(1 << 30)));
+    let (s1, s2) = (TestStream::new(1).device_sync(true), TestStream::new(2).device_sync(true));
+    for _ in 0..2 {
+        p.step(&s1).unwrap();
+        let b = p.allocate(req(MIB), &s1).unwrap();
+        p.deallocate(b, &s1).unwrap();
+    }
+    p.step(&s1).unwrap();
+    let x = p.allocate(req(MIB), &s1).unwrap();
+    assert_eq!(p.steps().planned_allocations, 1, "x is the region's");
+    // x lives past the step's end: the next step is recorded, and x is
+    // freed in it on s1, the steps' stream, with no wait.
+    p.step(&s1).unwrap();
+    p.deallocate(x, &s1).unwrap();
+    let y = p.allocate(req(MIB), &s1).unwrap();
+    p.deallocate(y, &s1).unwrap();
+    assert_eq!(s1.faults().syncs(), 0);
+    let device = s2.faults().device_syncs();
+    p.step(&s2).unwrap();
+    let z = p.allocate(req(MIB), &s2).unwrap();
+    assert_eq!(z.addr(), x.addr(), "s2's plan in the same region");
+    assert!(s2.faults().device_syncs() > device, "x's bytes handed to s2 with no wait for s1");
+    p.deallocate(z, &s2).unwrap();
+    p.check().unwrap();
+}
+
+/// A block of a region taken on one stream, freed on the steps' stream
+/// when that is another, waits for its stream: the region may go back on
+/// the first without a device wait (it did not wait, and went back while
+/// the free's work could still use it).
+#[test]
+fn a_free_into_a_region_of_another_stream_waits_for_its_stream_though_it_is_the_steps() {
+    let p = Planned::new(Statistics::new(BumpUpstream::new(1 << 30)));
+    let (s1, s2) = (TestStream::new(1), TestStream::new(2));
+    let mut grads = Vec::new();
+    for _ in 0..4 {
+        grads_step(&p, &s1, &mut grads, &[MIB, MIB]);
+    }
+    assert_eq!(p.steps().carry_region, 2 * MIB);
+    // A step on s2, which cannot wait for the device: no plan, and the
+    // gradients of s1's carry region are freed on s2, the steps' stream.
+    p.step(&s2).unwrap();
+    let before = s2.faults().syncs();
+    let n = grads.len();
+    for g in grads.drain(..) {
+        p.deallocate(g, &s2).unwrap();
+    }
+    assert_eq!(s2.faults().syncs() - before, n as u64, "each free waited for s2");
+    assert!(p.release(&s1).unwrap() > 0);
     assert_eq!(p.usage().used, 0);
     p.check().unwrap();
 }
