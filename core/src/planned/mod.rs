@@ -1002,9 +1002,9 @@ impl<R> Planned<R> {
         };
         let elsewhere =
             (keep && !region.is_empty() && region_stream != id) || carry_on.is_some_and(|on| on != id);
-        let moved = made.is_some() && elsewhere;
+        let mut moved = made.is_some() && elsewhere;
         if moved && !wait_device()? {
-            made = None;
+            (made, moved) = (None, false);
         }
         let mut new_region = region;
         if !keep {
@@ -1026,13 +1026,13 @@ impl<R> Planned<R> {
         self.lay_out(carry);
         self.state.with(|s| {
             s.laying_out = false;
-            if new_region != region || (moved && made.is_some()) {
-                // Its memory is this stream's now (the device was waited
-                // for where it was another's).
+            // The regions' memory is this stream's now: taken on it, or
+            // the device waited for where it was another's.
+            if new_region != region || moved {
                 s.region_stream = id;
-                if moved && made.is_some() {
-                    s.carry.region_stream = id;
-                }
+            }
+            if moved {
+                s.carry.region_stream = id;
             }
             s.region = new_region;
             // Either region may be taken from now on.

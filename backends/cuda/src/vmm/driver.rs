@@ -181,7 +181,8 @@ impl Driver for CudaDriver {
     }
 
     fn sync_context(&self) -> Code {
-        // SAFETY: takes no argument; the caller entered the context.
+        // SAFETY: takes no argument and acts on the current context (the
+        // caller entered ours; with none, the driver reports an error).
         unsafe { sys::cuCtxSynchronize() }
     }
 

@@ -5,7 +5,7 @@
 use super::driver::{Code, Driver};
 use super::*;
 use crate::context::{Current, MemoryInfo};
-use memres_core::testing::SplitMix64;
+use memres_core::testing::{SplitMix64, TestStream};
 use memres_core::vpool::{VirtualConfig, VirtualPool};
 use memres_core::Inspect;
 use memres_core::{Block, MemoryResourceMut, Request};
@@ -231,30 +231,6 @@ fn runs_are_committed_in_handles_and_partial_decommits_retain_until_the_last_gra
     agree(&space, &fake);
 }
 
-/// A stream known by its id, counting its synchronizations.
-#[derive(Debug, Default)]
-struct Counting(u64, std::sync::atomic::AtomicU64);
-
-impl Stream for Counting {
-    type Event = ();
-    fn id(&self) -> u64 {
-        self.0
-    }
-    fn record(&self) -> Result<()> {
-        Ok(())
-    }
-    fn wait(&self, _: &()) -> Result<()> {
-        Ok(())
-    }
-    fn query(&self, _: &()) -> Result<bool> {
-        Ok(true)
-    }
-    fn synchronize(&self) -> Result<()> {
-        self.1.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        Ok(())
-    }
-}
-
 /// A granule that a decommit on one stream retained is unmapped with its
 /// handle by a decommit on another: the unmap waits for the whole
 /// context, the first stream's work included (it waited for the second
@@ -263,13 +239,13 @@ impl Stream for Counting {
 fn the_unmap_of_a_handle_waits_for_the_streams_that_retained_its_granules() {
     let (space, fake) = space(1 << 40, 4);
     let r = space.reserve(64 * G).unwrap();
-    let (s1, s2) = (Counting(1, 0.into()), Counting(2, 0.into()));
+    let (s1, s2) = (TestStream::new(1), TestStream::new(2));
     space.commit(sub(r, 0, 4)).unwrap();
     space.decommit(sub(r, 0, 1), &s1).unwrap();
     assert_eq!(space.handle_count(), 1, "retained");
     space.decommit(sub(r, 1, 3), &s2).unwrap();
     assert_eq!(space.handle_count(), 0);
-    assert_eq!(s2.1.load(std::sync::atomic::Ordering::Relaxed), 1);
+    assert_eq!(s2.faults().syncs(), 1);
     let context_syncs = || fake.0.lock().unwrap().context_syncs;
     assert_eq!(context_syncs(), 1, "s1's work waited for");
     agree(&space, &fake);
@@ -279,7 +255,7 @@ fn the_unmap_of_a_handle_waits_for_the_streams_that_retained_its_granules() {
     space.decommit(sub(r, 2, 2), &s1).unwrap();
     assert_eq!(space.handle_count(), 0);
     assert_eq!(context_syncs(), 1);
-    assert_eq!(s1.1.load(std::sync::atomic::Ordering::Relaxed), 1);
+    assert_eq!(s1.faults().syncs(), 1);
     agree(&space, &fake);
 }
 
