@@ -68,8 +68,9 @@ fn run(u: &mut Unstructured<'_>) -> ArbResult<()> {
     }
     let mut live = LiveBlocks::new();
     let mut carried: Vec<Block> = Vec::new();
-    // A block freed in an earlier step, with its own tag: its place may
-    // have been served again since, to a block of a tag of its own.
+    // A block freed earlier, in this step or an earlier one, with its own
+    // tag: its place may have been served again since, to a block of a tag
+    // of its own.
     let mut stale: Option<Block> = None;
     // Frees `block` handed back with `tag`: its own, none (a C caller
     // has none), or any other. With none, the address decides which block
@@ -141,6 +142,11 @@ fn run(u: &mut Unstructured<'_>) -> ArbResult<()> {
                         let used = planned.usage().used;
                         assert!(planned.deallocate(b, &()).is_err(), "double free of {b:?}");
                         assert_eq!(planned.usage().used, used);
+                    }
+                    if !b.is_empty() && u.ratio(1, 4)? {
+                        // Freed again later in this step, after its place
+                        // may have been served again.
+                        stale = Some(b);
                     }
                 }
             }
