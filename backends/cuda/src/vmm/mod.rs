@@ -9,7 +9,7 @@ mod tests;
 use crate::context::{Device, MemoryInfo};
 use crate::error::error_from_code;
 use crate::sys;
-use driver::{CudaDriver, Driver};
+use driver::{Code, CudaDriver, Driver};
 use memres_core::vmem::ReservableSpace;
 use memres_core::{Error, Range, Result, Stream};
 use std::collections::BTreeMap;
@@ -109,7 +109,12 @@ const MAX_HANDLE_GRANULES: u32 = 64;
 /// not aligned, outside the reservations, committed twice) is
 /// [`Error::InvalidConfig`]; other driver failures are [`Error::Backend`].
 /// A failed call changes nothing, but for a decommit whose undo fails too
-/// ([`DECOMMITTED_IN_PART`](Self::DECOMMITTED_IN_PART)).
+/// ([`DECOMMITTED_IN_PART`](Self::DECOMMITTED_IN_PART)). Where an undo's
+/// `cuMemUnmap` fails too, the mapping stays the driver's: the space keeps
+/// it aside, counted in [`mapped_bytes`](Self::mapped_bytes), and unmaps
+/// it at its next call (and at drop); a commit or a release over it is
+/// refused ([`Error::Backend`] with [`STUCK`](Self::STUCK)) while the
+/// driver still will not unmap it.
 ///
 /// # Examples
 ///
@@ -202,6 +207,10 @@ struct State {
     /// Handles unmapped by `decommit_for_commit` and not released yet:
     /// length and handle, mapped again by the commits that follow.
     kept: Vec<(u64, u64)>,
+    /// Mappings that an undo could not unmap. Mapped still (none overlaps
+    /// `mappings`), used by nothing; each call of the space tries their
+    /// unmap again first.
+    stuck: Vec<Stuck>,
     /// The most of [`held`](State::held) at once.
     peak_mapped: u64,
     /// What the driver last told of the device's memory, and
@@ -216,13 +225,31 @@ impl State {
         self.kept.iter().map(|&(len, _)| len).sum()
     }
 
-    /// Device memory held: mapped, and kept.
+    /// Device memory held: mapped, kept, and stuck.
     fn held(&self) -> u64 {
-        self.mapped + self.kept_bytes()
+        self.mapped + self.kept_bytes() + self.stuck.iter().map(|m| m.len).sum::<u64>()
     }
 }
 
-/// How many driver calls of each kind a [`CudaVirtualSpace`] made.
+/// A mapping of an undone call that the driver would not unmap.
+#[derive(Clone, Copy, Debug)]
+struct Stuck {
+    start: u64,
+    len: u64,
+    handle: u64,
+    /// The failed `cuMemUnmap`'s answer, the last time it was tried.
+    code: Code,
+}
+
+/// Where an undo puts what it could not unmap, and the counts of what it
+/// did: the parts of [`State`] that a call's undo changes.
+struct Undo<'a> {
+    stuck: &'a mut Vec<Stuck>,
+    calls: &'a mut DriverCalls,
+}
+
+/// How many driver calls of each kind a [`CudaVirtualSpace`] made, those
+/// of the calls that failed and were undone included.
 ///
 /// # Examples
 ///
@@ -232,8 +259,8 @@ impl State {
 /// ```
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct DriverCalls {
-    /// Mappings made: `cuMemCreate` + `cuMemMap`, or `cuMemMap` alone of
-    /// a kept handle (`reuses`).
+    /// Mappings made (`cuMemMap` calls that succeeded): of a new handle
+    /// (after its `cuMemCreate`), or of a kept one (`reuses`).
     pub maps: u64,
     /// `cuMemSetAccess` calls that succeeded.
     pub set_access: u64,
@@ -283,6 +310,12 @@ impl CudaVirtualSpace {
     /// space commits each granule of the range again, a commit of committed
     /// memory being refused, and so counts what the space holds.
     pub const DECOMMITTED_IN_PART: &'static str = memres_core::vmem::DECOMMITTED_IN_PART;
+
+    /// The `what` of the [`Error::Backend`] (with the code of the failed
+    /// `cuMemUnmap`) of a commit or a release over memory that an undone
+    /// call left mapped and that the driver still will not unmap. Nothing
+    /// changed; the space tries the unmap again at each call.
+    pub const STUCK: &'static str = "an undone mapping the driver will not unmap lies in the range";
 
     /// The handles spanned by default: 32 granules (64 MiB on an H100).
     pub const DEFAULT_HANDLE_GRANULES: u32 = 32;
@@ -410,8 +443,9 @@ impl CudaVirtualSpace {
     }
 
     /// Bytes of device memory held now: mapped (the committed bytes and the
-    /// retained granules of partly decommitted handles), and kept for the
-    /// commits in progress ([`ReservableSpace::decommit_for_commit`]).
+    /// retained granules of partly decommitted handles), kept for the
+    /// commits in progress ([`ReservableSpace::decommit_for_commit`]), and
+    /// mapped by undone calls that the driver would not unmap yet.
     pub fn mapped_bytes(&self) -> u64 {
         self.lock().held()
     }
@@ -509,21 +543,21 @@ impl CudaVirtualSpace {
     }
 
     /// Maps `start..start + len` (nothing mapped there), pushed on `made`:
-    /// first the longest `kept` handles that fit what is left (counted in
-    /// `reused`), then new handles of up to `chunk` bytes; and makes it
-    /// read/write for the device. On failure, unmaps and releases what it
-    /// mapped. Call with the context current.
+    /// first the longest `kept` handles that fit what is left, then new
+    /// handles of up to `chunk` bytes; and makes it read/write for the
+    /// device, counting its calls in `undo.calls`. On failure, unmaps and
+    /// releases what it mapped. Call with the context current.
     fn map_fresh(
         &self,
         (start, len, chunk): (u64, u64, u64),
         made: &mut Vec<(u64, u64, u64)>,
         kept: &mut Vec<(u64, u64)>,
-        reused: &mut u64,
-    ) -> core::result::Result<(), i32> {
+        undo: &mut Undo<'_>,
+    ) -> core::result::Result<(), Code> {
         let first = made.len();
-        let undo = |made: &mut Vec<(u64, u64, u64)>| {
-            for (s, l, h) in made.drain(first..).rev() {
-                let _ = self.driver.unmap(s, l, h, false);
+        let undo_all = |made: &mut Vec<(u64, u64, u64)>, undo: &mut Undo<'_>| {
+            for m in made.drain(first..).rev() {
+                self.undo_map(m, undo);
             }
         };
         let mut at = start;
@@ -536,7 +570,7 @@ impl CudaVirtualSpace {
                     let h = kept.swap_remove(i).1;
                     match self.driver.map_kept(at, l, h) {
                         sys::CUDA_SUCCESS => {
-                            *reused += 1;
+                            undo.calls.reuses += 1;
                             Ok(h)
                         }
                         rc => {
@@ -548,18 +582,24 @@ impl CudaVirtualSpace {
                 None => self.driver.map(at, l),
             };
             match mapped {
-                Ok(h) => made.push((at, l, h)),
+                Ok(h) => {
+                    undo.calls.maps += 1;
+                    made.push((at, l, h));
+                }
                 Err(rc) => {
-                    undo(made);
+                    undo_all(made, undo);
                     return Err(rc);
                 }
             }
             at += l;
         }
         match self.driver.set_access(start, len) {
-            sys::CUDA_SUCCESS => Ok(()),
+            sys::CUDA_SUCCESS => {
+                undo.calls.set_access += 1;
+                Ok(())
+            }
             rc => {
-                undo(made);
+                undo_all(made, undo);
                 Err(rc)
             }
         }
@@ -587,6 +627,40 @@ impl CudaVirtualSpace {
         let lo = range.start().max(s);
         let hi = range.end().min(s + m.len);
         mask((lo - s) / self.granule, (hi - s) / self.granule)
+    }
+
+    /// Unmaps and releases the mapping `(start, len, handle)` of an undone
+    /// call, or keeps it in `undo.stuck` if the driver will not unmap it:
+    /// forgotten, it would stay mapped, and every later map over it fail.
+    /// Call with the context current.
+    fn undo_map(&self, (start, len, handle): (u64, u64, u64), undo: &mut Undo<'_>) {
+        match self.driver.unmap(start, len, handle, false) {
+            sys::CUDA_SUCCESS => undo.calls.unmaps += 1,
+            code => undo.stuck.push(Stuck { start, len, handle, code }),
+        }
+    }
+
+    /// Tries again the unmap of every stuck mapping, with the context
+    /// entered for it; keeps those the driver still refuses.
+    fn unstick(&self, st: &mut State) {
+        if st.stuck.is_empty() {
+            return;
+        }
+        let Ok(_current) = self.driver.enter() else { return };
+        let mut undo = Undo { stuck: &mut Vec::new(), calls: &mut st.calls };
+        for m in core::mem::take(&mut st.stuck) {
+            self.undo_map((m.start, m.len, m.handle), &mut undo);
+        }
+        st.stuck = core::mem::take(undo.stuck);
+    }
+
+    /// Refuses a call over `range` while a stuck mapping lies in it.
+    fn clear_of_stuck(&self, st: &mut State, range: Range) -> Result<()> {
+        self.unstick(st);
+        match st.stuck.iter().find(|m| m.start < range.end() && range.start() < m.start + m.len) {
+            Some(m) => Err(Error::Backend { code: i64::from(m.code), what: Self::STUCK }),
+            None => Ok(()),
+        }
     }
 }
 
@@ -647,6 +721,7 @@ impl ReservableSpace for CudaVirtualSpace {
         if Self::overlapping(&st, range).next().is_some() {
             return Err(Error::InvalidConfig { what: "release of a reservation with committed memory" });
         }
+        self.clear_of_stuck(&mut st, range)?;
         let _current = self.driver.enter()?;
         match self.driver.free(range.start(), range.len()) {
             sys::CUDA_SUCCESS => {}
@@ -660,6 +735,7 @@ impl ReservableSpace for CudaVirtualSpace {
         self.check_shape(range)?;
         let mut st = self.lock();
         Self::reservation_of(&st, range)?;
+        self.clear_of_stuck(&mut st, range)?;
         let mut pieces = Vec::new();
         let mut cursor = range.start();
         for (s, m) in Self::overlapping(&st, range) {
@@ -677,7 +753,6 @@ impl ReservableSpace for CudaVirtualSpace {
             pieces.push(Piece::Fresh { start: cursor, len: range.end() - cursor });
         }
         let mut made = Vec::new();
-        let mut reused = 0;
         let fresh: u64 = pieces.iter().map(|p| if let Piece::Fresh { len, .. } = *p { len } else { 0 }).sum();
         if fresh > 0 {
             // More than the device has free cannot be mapped: answer without
@@ -693,16 +768,18 @@ impl ReservableSpace for CudaVirtualSpace {
             for p in &pieces {
                 let Piece::Fresh { start, len } = *p else { continue };
                 let piece = (start, len, self.handle_len(len, st.mapped));
-                if let Err(rc) = self.map_fresh(piece, &mut made, &mut kept, &mut reused) {
+                let st = &mut *st;
+                let mut undo = Undo { stuck: &mut st.stuck, calls: &mut st.calls };
+                if let Err(rc) = self.map_fresh(piece, &mut made, &mut kept, &mut undo) {
                     // `map_fresh` undid its own piece; undo the earlier ones.
-                    for (s, l, h) in made.drain(..).rev() {
-                        let _ = self.driver.unmap(s, l, h, false);
+                    for m in made.drain(..).rev() {
+                        self.undo_map(m, &mut undo);
                     }
                     st.kept = kept;
                     return Err(if rc == sys::CUDA_ERROR_OUT_OF_MEMORY {
                         // Others took memory since the driver was last asked.
                         st.seen = None;
-                        let info = self.memory_info(&mut st);
+                        let info = self.memory_info(st);
                         Self::out_of_memory(range.len(), st.held(), info)
                     } else {
                         error_from_code(rc)
@@ -717,10 +794,7 @@ impl ReservableSpace for CudaVirtualSpace {
                 Piece::Revive { start, bits } => {
                     st.mappings.get_mut(&start).expect("planned under the lock").committed |= bits;
                 }
-                Piece::Fresh { len, .. } => {
-                    st.calls.set_access += 1;
-                    st.mapped += len;
-                }
+                Piece::Fresh { len, .. } => st.mapped += len,
             }
         }
         for (s, len, handle) in made {
@@ -728,9 +802,7 @@ impl ReservableSpace for CudaVirtualSpace {
                 s,
                 Mapping { len, handle, committed: mask(0, len / self.granule), retained_by: Retainers::None },
             );
-            st.calls.maps += 1;
         }
-        st.calls.reuses += reused;
         st.committed += range.len();
         st.peak_committed = st.peak_committed.max(st.committed);
         st.peak_mapped = st.peak_mapped.max(st.held());
@@ -782,6 +854,7 @@ impl ReservableSpace for CudaVirtualSpace {
 
     fn release_kept(&self) {
         let mut st = self.lock();
+        self.unstick(&mut st);
         if st.kept.is_empty() {
             return;
         }
@@ -799,10 +872,12 @@ impl CudaVirtualSpace {
     fn decommit_in<S: Stream + ?Sized>(&self, range: Range, stream: &S, keep: bool) -> Result<()> {
         self.check_shape(range)?;
         let mut st = self.lock();
+        self.unstick(&mut st);
+        let st = &mut *st;
         // Per mapping: its start, the bits `range` covers, whether it empties.
         let mut plan = Vec::new();
         let mut cursor = range.start();
-        for (s, m) in Self::overlapping(&st, range) {
+        for (s, m) in Self::overlapping(st, range) {
             let bits = self.bits_in(s, m, range);
             if s > cursor || m.committed & bits != bits {
                 return Err(Error::InvalidConfig { what: "decommit of uncommitted memory" });
@@ -840,7 +915,10 @@ impl CudaVirtualSpace {
                 }
                 let m = &st.mappings[&s];
                 match self.driver.unmap(s, m.len, m.handle, keep) {
-                    sys::CUDA_SUCCESS => done.push(s),
+                    sys::CUDA_SUCCESS => {
+                        st.calls.unmaps += 1;
+                        done.push(s);
+                    }
                     rc => {
                         // Map again what was unmapped (its contents were
                         // free memory), so that the whole range stays
@@ -850,27 +928,35 @@ impl CudaVirtualSpace {
                         let mut lost = false;
                         for &s in &done {
                             let m = st.mappings.get_mut(&s).expect("planned under the lock");
+                            let mut undo = Undo { stuck: &mut st.stuck, calls: &mut st.calls };
                             if keep && self.driver.map_kept(s, m.len, m.handle) == sys::CUDA_SUCCESS {
+                                undo.calls.maps += 1;
+                                undo.calls.reuses += 1;
                                 if self.driver.set_access(s, m.len) == sys::CUDA_SUCCESS {
+                                    undo.calls.set_access += 1;
                                     continue;
                                 }
-                                let _ = self.driver.unmap(s, m.len, m.handle, false);
+                                self.undo_map((s, m.len, m.handle), &mut undo);
                             } else if keep {
                                 let _ = self.driver.release(m.handle);
                             }
                             again.clear();
-                            // Within one mapping's length: exactly one handle.
-                            if self.map_fresh((s, m.len, m.len), &mut again, &mut none, &mut 0).is_ok() {
+                            // Within one mapping's length: exactly one handle;
+                            // not over a mapping the driver would not unmap.
+                            let clear = !undo.stuck.iter().any(|x| x.start == s);
+                            if clear
+                                && self.map_fresh((s, m.len, m.len), &mut again, &mut none, &mut undo).is_ok()
+                            {
                                 m.handle = again[0].2;
                                 continue;
                             }
-                            // Nothing is mapped there any more and its handle
-                            // is gone: the mapping leaves the table, and its
-                            // granules (all in `range`) the counts.
+                            // Nothing of the space's is mapped there any more
+                            // and its handle is gone: the mapping leaves the
+                            // table, and its granules (all in `range`) the
+                            // counts.
                             let m = st.mappings.remove(&s).expect("planned under the lock");
                             st.mapped -= m.len;
                             st.committed -= u64::from(m.committed.count_ones()) * self.granule;
-                            st.calls.unmaps += 1;
                             lost = true;
                         }
                         return Err(match lost {
@@ -883,7 +969,6 @@ impl CudaVirtualSpace {
             for s in done {
                 let m = st.mappings.remove(&s).expect("planned under the lock");
                 st.mapped -= m.len;
-                st.calls.unmaps += 1;
                 if keep {
                     st.kept.push((m.len, m.handle));
                 }
@@ -907,15 +992,16 @@ impl CudaVirtualSpace {
 impl Drop for CudaVirtualSpace {
     fn drop(&mut self) {
         let st = std::mem::take(&mut *self.lock());
-        if st.mappings.is_empty() && st.reservations.is_empty() && st.kept.is_empty() {
+        if st.mappings.is_empty() && st.reservations.is_empty() && st.kept.is_empty() && st.stuck.is_empty() {
             return;
         }
         let Ok(_current) = self.driver.enter() else { return };
         if !st.mappings.is_empty() {
             let _ = self.driver.sync_legacy();
         }
-        for (&s, m) in &st.mappings {
-            let _ = self.driver.unmap(s, m.len, m.handle, false);
+        let stuck = st.stuck.iter().map(|m| (m.start, m.len, m.handle));
+        for (s, len, handle) in st.mappings.iter().map(|(&s, m)| (s, m.len, m.handle)).chain(stuck) {
+            let _ = self.driver.unmap(s, len, handle, false);
         }
         for &(_, handle) in &st.kept {
             let _ = self.driver.release(handle);

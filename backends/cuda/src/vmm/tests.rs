@@ -39,6 +39,11 @@ struct Model {
     fail_map: u64,
     fail_access: u64,
     fail_unmap: u64,
+    /// Unmaps that fail too right after the one `fail_unmap` fails.
+    fail_unmap_again: u64,
+    unmap_failed: bool,
+    /// Calls that succeeded, as `DriverCalls` counts them.
+    done: DriverCalls,
 }
 
 #[derive(Debug)]
@@ -91,6 +96,7 @@ impl Driver for Arc<Fake> {
         m.handles += 1;
         let h = m.handles;
         m.maps.insert(start, (len, h, false));
+        m.done.maps += 1;
         Ok(h)
     }
 
@@ -106,6 +112,7 @@ impl Driver for Arc<Fake> {
             v.2 = true;
         }
         assert_eq!(cursor, start + len, "access over unmapped memory");
+        m.done.set_access += 1;
         sys::CUDA_SUCCESS
     }
 
@@ -119,16 +126,24 @@ impl Driver for Arc<Fake> {
         }
         m.kept.remove(&handle);
         m.maps.insert(start, (len, handle, false));
+        m.done.maps += 1;
+        m.done.reuses += 1;
         sys::CUDA_SUCCESS
     }
 
     fn unmap(&self, start: u64, len: u64, handle: u64, keep: bool) -> Code {
         let mut m = self.0.lock().unwrap();
         assert_eq!(m.maps.get(&start).map(|v| (v.0, v.1)), Some((len, handle)), "unmap of no mapping");
+        if m.fail_unmap_again > 0 && m.fail_unmap == 0 && m.unmap_failed {
+            m.fail_unmap_again -= 1;
+            return FAILED;
+        }
         if countdown(&mut m.fail_unmap) {
+            m.unmap_failed = true;
             return FAILED;
         }
         m.maps.remove(&start);
+        m.done.unmaps += 1;
         match keep {
             true => assert!(m.kept.insert(handle, len).is_none()),
             false => m.used -= len,
@@ -171,15 +186,17 @@ fn sub(r: Range, from: u64, len: u64) -> Range {
     Range::new(r.start() + from * G, len * G).unwrap()
 }
 
-/// The space's mappings are the model's, every one accessible, and the
-/// counts add up.
+/// The space's mappings (those in use, and those stuck) are the model's,
+/// every one in use accessible, and the counts add up.
 fn agree(space: &CudaVirtualSpace, fake: &Fake) {
     let st = space.lock();
     let m = fake.0.lock().unwrap();
-    let ours: Vec<_> = st.mappings.iter().map(|(&s, v)| (s, v.len, v.handle)).collect();
+    let stuck = st.stuck.iter().map(|v| (v.start, v.len, v.handle));
+    let mut ours: Vec<_> = st.mappings.iter().map(|(&s, v)| (s, v.len, v.handle)).chain(stuck).collect();
+    ours.sort_unstable();
     let theirs: Vec<_> = m.maps.iter().map(|(&s, &(l, h, _))| (s, l, h)).collect();
     assert_eq!(ours, theirs);
-    assert!(m.maps.values().all(|v| v.2), "a mapping without access");
+    assert!(st.mappings.keys().all(|s| m.maps[s].2), "a mapping in use without access");
     assert!(st.mappings.values().all(|v| v.committed != 0 && v.len <= 64 * G));
     assert_eq!(st.held(), m.used);
     let kept: BTreeMap<u64, u64> = st.kept.iter().map(|&(l, h)| (h, l)).collect();
@@ -187,8 +204,10 @@ fn agree(space: &CudaVirtualSpace, fake: &Fake) {
     let committed: u64 = st.mappings.values().map(|v| u64::from(v.committed.count_ones()) * G).sum();
     assert_eq!(st.committed, committed);
     assert_eq!(st.reservations, m.reservations);
-    // Every question to the driver of its memory is counted.
-    assert_eq!(st.calls.memory_infos, m.infos);
+    // Every call to the driver that succeeded is counted, those of undone
+    // calls too; syncs are counted once per decommit that waits.
+    let calls = DriverCalls { syncs: st.calls.syncs, memory_infos: m.infos, ..m.done };
+    assert_eq!(st.calls, calls);
 }
 
 #[test]
@@ -375,10 +394,14 @@ fn a_commit_failing_half_way_leaves_nothing_committed() {
         // Granule 3 revived, 4..7 mapped in two handles, 7 revived.
         let e = space.commit(sub(r, 3, 5)).unwrap_err();
         assert_eq!(e, Error::Backend { code: 999, what: "CUDA_ERROR_UNKNOWN" });
-        assert_eq!(before, (space.committed_bytes(), space.mapped_bytes(), space.driver_calls()));
+        assert_eq!((before.0, before.1), (space.committed_bytes(), space.mapped_bytes()));
+        // What the failed commit mapped, it unmapped, and counted both.
+        let failed = space.driver_calls();
+        assert_eq!(failed.maps - before.2.maps, failed.unmaps - before.2.unmaps);
+        assert_eq!(failed.maps - before.2.maps, fail_map.saturating_sub(1) + 2 * fail_access);
         agree(&space, &fake);
         space.commit(sub(r, 3, 5)).unwrap();
-        assert_eq!(space.driver_calls().maps, before.2.maps + 2);
+        assert_eq!(space.driver_calls().maps, failed.maps + 2);
         agree(&space, &fake);
         space.decommit(sub(r, 2, 7), &()).unwrap();
         agree(&space, &fake);
@@ -510,6 +533,67 @@ fn a_failed_unmap_whose_undo_fails_too_leaves_what_it_could_not_map_decommitted_
         space.decommit(sub(r, 0, 3), &()).unwrap();
         agree(&space, &fake);
     }
+}
+
+#[test]
+fn a_mapping_an_undo_could_not_unmap_is_held_retried_and_never_mapped_over() {
+    let (space, fake) = space(1 << 40, 1);
+    let r = space.reserve(8 * G).unwrap();
+    {
+        let mut m = fake.0.lock().unwrap();
+        // The commit's access fails, then the first unmap of its undo: that
+        // of its last handle, granule 2.
+        (m.fail_access, m.fail_unmap) = (1, 1);
+    }
+    assert!(matches!(space.commit(sub(r, 0, 3)), Err(Error::Backend { code: 999, .. })));
+    // Nothing committed; the mapping the driver kept is held, as it is.
+    assert_eq!((space.committed_bytes(), space.mapped_bytes()), (0, G));
+    agree(&space, &fake);
+    // While the driver still will not unmap it, a commit over it is
+    // refused and changes nothing; one beside it serves.
+    fake.0.lock().unwrap().fail_unmap = 1;
+    let e = space.commit(sub(r, 1, 2)).unwrap_err();
+    assert_eq!(e, Error::Backend { code: 999, what: CudaVirtualSpace::STUCK });
+    agree(&space, &fake);
+    fake.0.lock().unwrap().fail_unmap = 1;
+    space.commit(sub(r, 4, 2)).unwrap();
+    assert_eq!((space.committed_bytes(), space.mapped_bytes()), (2 * G, 3 * G));
+    agree(&space, &fake);
+    // So is a release of its reservation.
+    fake.0.lock().unwrap().fail_unmap = 1;
+    space.decommit(sub(r, 4, 2), &()).unwrap();
+    fake.0.lock().unwrap().fail_unmap = 1;
+    assert_eq!(space.release(r), Err(Error::Backend { code: 999, what: CudaVirtualSpace::STUCK }));
+    agree(&space, &fake);
+    // Once the driver unmaps it, the range commits.
+    space.commit(sub(r, 0, 3)).unwrap();
+    assert_eq!((space.committed_bytes(), space.mapped_bytes()), (3 * G, 3 * G));
+    agree(&space, &fake);
+    space.decommit(sub(r, 0, 3), &()).unwrap();
+    space.release(r).unwrap();
+    agree(&space, &fake);
+    assert_eq!(fake.0.lock().unwrap().used, 0);
+}
+
+#[test]
+fn a_decommit_whose_remap_cannot_be_undone_holds_the_mapping_and_drop_unmaps_it() {
+    let (space, fake) = space(1 << 40, 1);
+    let r = space.reserve(8 * G).unwrap();
+    space.commit(sub(r, 0, 3)).unwrap();
+    {
+        let mut m = fake.0.lock().unwrap();
+        // The second unmap fails; the first handle, kept, maps back but its
+        // access fails, and so does its unmap.
+        (m.fail_unmap, m.fail_unmap_again, m.fail_access) = (2, 1, 1);
+    }
+    let e = space.decommit_for_commit(sub(r, 0, 3), &()).unwrap_err();
+    assert_eq!(e, Error::Backend { code: 999, what: CudaVirtualSpace::DECOMMITTED_IN_PART });
+    // Granule 0 is decommitted, and its handle held where it is mapped.
+    assert_eq!((space.committed_bytes(), space.mapped_bytes()), (2 * G, 3 * G));
+    agree(&space, &fake);
+    drop(space);
+    let m = fake.0.lock().unwrap();
+    assert!(m.maps.is_empty() && m.kept.is_empty() && m.reservations.is_empty() && m.used == 0, "{m:?}");
 }
 
 #[test]
