@@ -185,9 +185,10 @@ mod imp {
     use super::{gauge, MAX_DEVICES};
     use crate::errors::backend_error;
     use memres_core::stack::StackBuilder;
+    use memres_cuda::stack::DriverPools;
     use memres_cuda::{Context, CudaCopy, CudaStream, Device};
     use pyo3::PyResult;
-    use std::sync::{Arc, Mutex, OnceLock, Weak};
+    use std::sync::{Mutex, OnceLock};
 
     /// The caller's `cudaStream_t`, borrowed.
     pub(crate) type Stream = CudaStream;
@@ -272,47 +273,26 @@ mod imp {
         Ok(CudaCopy::in_context(context(device)?))
     }
 
-    type AsyncLeaf = memres_core::adaptor::Counted<memres_cuda::CudaAsyncMemory>;
-    type ManagedLeaf = memres_core::adaptor::Counted<memres_cuda::CudaAsyncManagedMemory>;
-
-    /// The `async` leaves built for a device: of pools of device memory,
-    /// and of the pool of managed memory (`pool=managed`).
-    #[derive(Default)]
-    struct AsyncLeaves {
-        own: Vec<Weak<AsyncLeaf>>,
-        managed: Vec<Weak<ManagedLeaf>>,
-    }
-
-    /// The `async` leaves built for each device, to ask the driver what
-    /// their pools reserve (which can exceed what memres holds from them).
-    fn driver_pools(device: u32) -> Option<&'static Mutex<AsyncLeaves>> {
-        static POOLS: [OnceLock<Mutex<AsyncLeaves>>; MAX_DEVICES] = [const { OnceLock::new() }; MAX_DEVICES];
+    /// The driver pools under the `async` leaves built for each device, to
+    /// ask the driver what they reserve (which can exceed what memres holds
+    /// from them).
+    fn driver_pools(device: u32) -> Option<&'static Mutex<DriverPools>> {
+        static POOLS: [OnceLock<Mutex<DriverPools>>; MAX_DEVICES] = [const { OnceLock::new() }; MAX_DEVICES];
         Some(POOLS.get(device as usize)?.get_or_init(Default::default))
     }
 
     /// Remembers the `async` leaves of a stack just built for `device`.
     pub(crate) fn note_driver_pools(device: u32, built: &memres_core::stack::Built<Stream>) {
-        let (own, managed) = (built.all::<AsyncLeaf>("async"), built.all::<ManagedLeaf>("async"));
-        if let (false, Some(pools)) = (own.is_empty() && managed.is_empty(), driver_pools(device)) {
-            let mut pools = pools.lock().unwrap_or_else(|p| p.into_inner());
-            pools.own.retain(|w| w.strong_count() > 0);
-            pools.managed.retain(|w| w.strong_count() > 0);
-            pools.own.extend(own.iter().map(Arc::downgrade));
-            pools.managed.extend(managed.iter().map(Arc::downgrade));
+        if let Some(pools) = driver_pools(device) {
+            pools.lock().unwrap_or_else(|p| p.into_inner()).note(built);
         }
     }
 
     /// Bytes the driver's pools under the live `async` leaves of `device`
-    /// reserve: `(now, the sum of their peaks)`, each pool once
-    /// ([`memres_cuda::reserved_by`]).
+    /// reserve: `(now, the sum of their peaks)`, each pool once.
     pub(crate) fn driver_reserved(device: u32) -> (u64, u64) {
-        let Some(pools) = driver_pools(device) else { return (0, 0) };
-        let pools = pools.lock().unwrap_or_else(|p| p.into_inner());
-        let own: Vec<_> = pools.own.iter().filter_map(Weak::upgrade).collect();
-        let managed: Vec<_> = pools.managed.iter().filter_map(Weak::upgrade).collect();
-        memres_cuda::reserved_by(
-            own.iter().map(|l| l.inner()).chain(managed.iter().map(|l| l.inner().pool())),
-        )
+        driver_pools(device)
+            .map_or((0, 0), |pools| pools.lock().unwrap_or_else(|p| p.into_inner()).reserved())
     }
 
     /// Free and total bytes of `device` now (`cuMemGetInfo`).

@@ -24,6 +24,8 @@
 //! [`is_leaf_of::<CudaCopy>`](StackBuilder::is_leaf_of) says so of each
 //! name. [`register_checking`] registers the same names for checking a
 //! stack without a device (not as such leaves: nothing backs them).
+//! [`DriverPools`] finds the driver pools under a built stack's `async`
+//! leaves, whose reserve can exceed what the stack holds from them.
 //!
 //! # Examples
 //!
@@ -52,9 +54,9 @@ use crate::{
 };
 use memres_core::adaptor::{Counted, Gauge};
 use memres_core::copy::MemoryOf;
-use memres_core::stack::{Call, StackBuilder, StackError, StackErrorKind, Unbacked};
+use memres_core::stack::{Built, Call, StackBuilder, StackError, StackErrorKind, Unbacked};
 use memres_core::MemoryResource;
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 
 /// The options of `async`'s own pool: `initial=` (bytes reserved when made,
 /// default 0), `release_threshold=` (bytes kept reserved across
@@ -266,4 +268,42 @@ pub fn register_checking(builder: &mut StackBuilder<CudaStream>) -> &mut StackBu
         call.expect_args(1, &[])?;
         cx.upstream(call, 0)
     })
+}
+
+/// The driver pools under the `async` leaves of built stacks, to ask what
+/// they reserve: the driver's pool can hold more than the stack holds from
+/// it (its release threshold, other users of a shared pool). Held weakly,
+/// so a stack that goes takes its pools out of the figures.
+///
+/// # Examples
+///
+/// ```
+/// let pools = memres_cuda::stack::DriverPools::default();
+/// assert_eq!(pools.reserved(), (0, 0));
+/// ```
+#[derive(Debug, Default)]
+pub struct DriverPools {
+    /// `async` leaves of device memory (`pool=own` or `pool=default`).
+    own: Vec<Weak<Counted<CudaAsyncMemory>>>,
+    /// `async(pool=managed)` leaves.
+    managed: Vec<Weak<Counted<CudaAsyncManagedMemory>>>,
+}
+
+impl DriverPools {
+    /// Adds the `async` leaves of `built`, a stack built with the names of
+    /// [`register`], and forgets those of stacks that are gone.
+    pub fn note<S: ?Sized>(&mut self, built: &Built<S>) {
+        self.own.retain(|w| w.strong_count() > 0);
+        self.managed.retain(|w| w.strong_count() > 0);
+        self.own.extend(built.all::<Counted<CudaAsyncMemory>>("async").iter().map(Arc::downgrade));
+        self.managed.extend(built.all::<Counted<CudaAsyncManagedMemory>>("async").iter().map(Arc::downgrade));
+    }
+
+    /// What the pools of the live leaves reserve: `(bytes now, the sum of
+    /// each pool's most)`, each pool once ([`reserved_by`](crate::reserved_by)).
+    pub fn reserved(&self) -> (u64, u64) {
+        let own: Vec<_> = self.own.iter().filter_map(Weak::upgrade).collect();
+        let managed: Vec<_> = self.managed.iter().filter_map(Weak::upgrade).collect();
+        crate::reserved_by(own.iter().map(|l| l.inner()).chain(managed.iter().map(|l| l.inner().pool())))
+    }
 }

@@ -126,3 +126,29 @@ fn vmm_per_stream_maps_a_reservation_per_stream() {
     drop((pools, built));
     assert_eq!(counter.value(), 0, "every granule unmapped when the pools go");
 }
+
+/// `DriverPools` counts each driver pool under the stacks' `async` leaves
+/// once, and forgets those of a stack that is gone.
+#[test]
+fn driver_pools_count_each_pool_once_and_only_of_live_stacks() {
+    let Some(device) = gpu("driver_pools_count_each_pool_once_and_only_of_live_stacks") else { return };
+    let mut b = StackBuilder::<CudaStream>::new();
+    register(&mut b, device, Arc::new(Gauge::default()));
+    let stream = CudaStream::new(device).unwrap();
+    let (a, c) = (32 << 20, 64 << 20);
+    let one = b.build_with_handles(&format!("async(initial={a}, release_threshold={a})"), &stream).unwrap();
+    let two = b.build_with_handles(&format!("async(initial={c}, release_threshold={c})"), &stream).unwrap();
+    let mut pools = memres_cuda::stack::DriverPools::default();
+    pools.note(&one);
+    pools.note(&two);
+    // Noting a stack again adds no pool twice to the figures.
+    pools.note(&two);
+    let (now, peak) = pools.reserved();
+    assert!(now >= a + c && now < a + c + (64 << 20), "{now}");
+    assert!(peak >= now);
+    drop(two);
+    let (now, _) = pools.reserved();
+    assert!(now >= a && now < c, "{now}");
+    drop(one);
+    assert_eq!(pools.reserved(), (0, 0));
+}

@@ -5,11 +5,12 @@
 use crate::leaves::{checking_builder, refuse_host_leaves};
 use crate::table::Table;
 use crate::{device_index, guard, set_error, snapshot, DEFAULT_STACK, MAX_DEVICES, STACK_VAR};
-use memres_core::adaptor::{Counted, Gauge, Logging, Statistics};
+use memres_core::adaptor::{Gauge, Logging, Statistics};
 use memres_core::planned::Planned;
 use memres_core::stack::{check_log_file, log_from_env, ReleaseLayers, StackBuilder, LOG_FILE_VAR};
 use memres_core::DynResource;
-use memres_cuda::{Context, CudaAsyncManagedMemory, CudaAsyncMemory, CudaStream, Device};
+use memres_cuda::stack::DriverPools;
+use memres_cuda::{Context, CudaStream, Device};
 use std::ffi::c_int;
 use std::sync::{Arc, Mutex, OnceLock};
 
@@ -24,10 +25,9 @@ pub(crate) struct DeviceState {
     pub(crate) stats: Option<Arc<Statistics<DynResource<CudaStream>>>>,
     /// Bytes held by all CUDA leaves.
     pub(crate) upstream: Arc<Gauge>,
-    /// The `async` leaves, to ask the driver what their pools reserve.
-    pub(crate) pools: Vec<Arc<Counted<CudaAsyncMemory>>>,
-    /// The `async(pool=managed)` leaves, likewise.
-    pub(crate) managed_pools: Vec<Arc<Counted<CudaAsyncManagedMemory>>>,
+    /// The pools under the `async` leaves, to ask the driver what they
+    /// reserve (the stack lives as long as the process).
+    pub(crate) driver_pools: DriverPools,
     /// The `log` adaptors, flushed by `memres_flush` and at exit.
     pub(crate) logs: Vec<Arc<Logging<DynResource<CudaStream>>>>,
     /// The `planned` layers, stepped by `memres_step`.
@@ -81,6 +81,8 @@ fn build(d: usize, stack: &str) -> Result<DeviceState, String> {
     let built = builder
         .build_with_handles(stack, &legacy)
         .map_err(|e| format!("memres: device {d}: stack `{stack}`: {e}"))?;
+    let mut driver_pools = DriverPools::default();
+    driver_pools.note(&built);
     let mut logs = built.all("log");
     let mut resource = built.resource.clone();
     if let Some(log) = log_from_env(&resource, std::env::var_os(LOG_FILE_VAR).as_deref(), d as u32)
@@ -96,8 +98,7 @@ fn build(d: usize, stack: &str) -> Result<DeviceState, String> {
     memres_core::device::set_per_device_resource::<CudaStream>(d as u32, resource.clone());
     Ok(DeviceState {
         stats: built.get("stats"),
-        pools: built.all("async"),
-        managed_pools: built.all("async"),
+        driver_pools,
         planned: built.all("planned"),
         releasing: built.release_layers(),
         context,

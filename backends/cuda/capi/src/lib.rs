@@ -414,9 +414,7 @@ pub fn stats(device: c_int) -> Result<MemresStats, String> {
         (out.bytes_current, out.bytes_peak, out.bytes_total) = (bytes.value, bytes.peak, bytes.total);
         (out.count_current, out.count_peak, out.count_total) = (count.value, count.peak, count.total);
     }
-    let pools = st.pools.iter().map(|p| p.inner());
-    let (now, peak) =
-        memres_cuda::reserved_by(pools.chain(st.managed_pools.iter().map(|p| p.inner().pool())));
+    let (now, peak) = st.driver_pools.reserved();
     (out.reserved_current, out.reserved_peak) = (now as i64, peak as i64);
     Ok(out)
 }
