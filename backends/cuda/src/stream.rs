@@ -262,6 +262,25 @@ impl CudaStream {
         CudaStream::make(raw, false, context)
     }
 
+    /// Names a stream made elsewhere in `beside`'s context, sharing
+    /// `beside`'s idle events (events belong to a context, not a stream):
+    /// code that names a borrowed stream per call, as the C library's entry
+    /// points do, then records its events without making one each time.
+    /// `CU_STREAM_PER_THREAD` names the calling thread's stream, as
+    /// [`per_thread`](Self::per_thread) does.
+    ///
+    /// # Safety
+    ///
+    /// As [`from_raw`](Self::from_raw)'s, with `beside`'s context as the
+    /// stream's: `raw` must be null, `CU_STREAM_LEGACY`,
+    /// `CU_STREAM_PER_THREAD` or a stream handle that stays valid for as
+    /// long as the returned value and everything it is given to use it, and
+    /// a stream of `beside`'s context if `beside` has one.
+    pub unsafe fn from_raw_beside(raw: sys::CUstream, beside: &CudaStream) -> CudaStream {
+        let home = if raw as usize == sys::CU_STREAM_PER_THREAD { thread_number() } else { 0 };
+        CudaStream { raw, owned: false, context: beside.context.clone(), events: beside.events.clone(), home }
+    }
+
     fn make(raw: sys::CUstream, owned: bool, context: Option<Context>) -> CudaStream {
         let events =
             context.clone().map(|c| Arc::new(EventCache { _context: c, idle: Mutex::new(Vec::new()) }));
@@ -584,7 +603,8 @@ unsafe impl Send for EventCache {}
 unsafe impl Sync for EventCache {}
 
 impl EventCache {
-    /// Idle events kept per stream; more are destroyed.
+    /// Idle events kept per cache (a stream's, shared by those named
+    /// beside it); more are destroyed.
     const MAX: usize = 64;
 
     /// An idle event, now owned by the caller.

@@ -54,6 +54,37 @@ fn an_event_of_an_idle_stream_is_complete_after_synchronize() {
 }
 
 #[test]
+fn streams_named_beside_another_share_its_idle_events_and_keep_their_own_order() {
+    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let Some(device) = gpu("streams_named_beside_another_share_its_idle_events_and_keep_their_own_order")
+    else {
+        return;
+    };
+    let legacy = CudaStream::legacy_in(device.primary_context().unwrap());
+    let (made, other) = (CudaStream::new(device).unwrap(), CudaStream::new(device).unwrap());
+    // SAFETY: `made` and `other` are streams of the device's primary
+    // context, `legacy`'s, and outlive the names.
+    let (a, b) = unsafe {
+        (CudaStream::from_raw_beside(made.raw(), &legacy), CudaStream::from_raw_beside(other.raw(), &legacy))
+    };
+    assert_eq!((a.id(), b.id()), (made.id(), other.id()));
+    let first = a.record().unwrap();
+    a.synchronize().unwrap();
+    let raw = first.raw();
+    drop((first, a));
+    // An event recorded on one name goes back to the shared idle events:
+    // the next record on another name takes it, made nothing new.
+    let gate = Gate::block(&other);
+    let on_b = b.record().unwrap();
+    assert_eq!(on_b.raw(), raw);
+    // Recorded on `b`, it follows `b`'s work, not `made`'s.
+    assert!(!b.query(&on_b).unwrap(), "an event behind a closed gate reported complete");
+    gate.open();
+    b.synchronize().unwrap();
+    assert!(b.query(&on_b).unwrap());
+}
+
+#[test]
 fn a_primary_context_outlives_every_handle() {
     let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
     let Some(device) = gpu("a_primary_context_outlives_every_handle") else { return };

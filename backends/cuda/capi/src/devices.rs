@@ -10,7 +10,7 @@ use memres_core::planned::Planned;
 use memres_core::stack::{check_log_file, log_from_env, ReleaseLayers, StackBuilder, LOG_FILE_VAR};
 use memres_core::DynResource;
 use memres_cuda::stack::DriverPools;
-use memres_cuda::{Context, CudaStream, Device};
+use memres_cuda::{CudaStream, Device};
 use std::ffi::c_int;
 use std::sync::{Arc, Mutex, OnceLock};
 
@@ -34,8 +34,6 @@ pub(crate) struct DeviceState {
     pub(crate) planned: Vec<Arc<Planned<DynResource<CudaStream>>>>,
     /// The layers that keep freed memory, given back by `memres_release`.
     pub(crate) releasing: ReleaseLayers<CudaStream>,
-    /// The device's primary context, which its default streams name.
-    pub(crate) context: Context,
     /// The legacy default stream of the device's primary context, with its
     /// cache of events: the stream of most calls (PyTorch's default).
     pub(crate) legacy: CudaStream,
@@ -77,7 +75,7 @@ fn build(d: usize, stack: &str) -> Result<DeviceState, String> {
         None
     };
     refuse_host_leaves(&mut builder);
-    let legacy = CudaStream::legacy_in(context.clone());
+    let legacy = CudaStream::legacy_in(context);
     let built = builder
         .build_with_handles(stack, &legacy)
         .map_err(|e| format!("memres: device {d}: stack `{stack}`: {e}"))?;
@@ -101,7 +99,6 @@ fn build(d: usize, stack: &str) -> Result<DeviceState, String> {
         driver_pools,
         planned: built.all("planned"),
         releasing: built.release_layers(),
-        context,
         legacy,
         logs,
         resource,

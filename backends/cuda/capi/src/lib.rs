@@ -289,28 +289,27 @@ fn device_index(device: c_int) -> Result<usize, String> {
     Ok(d)
 }
 
-/// Names the C caller's stream, a stream of `st`'s device (the entry
-/// points' contract). A default handle (null, `CU_STREAM_LEGACY`,
-/// `CU_STREAM_PER_THREAD`) is named with the device's primary context, so
-/// that its calls run there whatever context the calling thread has
-/// current: none on a thread that never called CUDA, another device's
-/// after a switch (named without one, its events would go to the current
-/// context, or fail where none is). The legacy stream is the device's own,
-/// made once: no stream is made for most calls.
+/// Names the C caller's stream, a stream of `st`'s device's primary
+/// context (the entry points' contract). Every handle is named with that
+/// context, so that its calls run there whatever context the calling
+/// thread has current: none on a thread that never called CUDA, another
+/// device's after a switch (a default handle named without one would put
+/// its events in the current context, or fail where none is). The legacy
+/// stream is the device's own, made once: no stream is made for most
+/// calls; the others share its idle events, so a fence on a caller's
+/// stream makes no event once the first ones are back.
 fn stream_of(stream: *mut c_void, st: &devices::DeviceState) -> CallStream<'_> {
-    let known = match stream as usize {
-        0 | sys::CU_STREAM_LEGACY => return CallStream::Device(&st.legacy),
-        sys::CU_STREAM_PER_THREAD => Some(st.context.clone()),
-        _ => None,
-    };
+    if matches!(stream as usize, 0 | sys::CU_STREAM_LEGACY) {
+        return CallStream::Device(&st.legacy);
+    }
     // SAFETY: the stream is a default handle or valid for the call (the
-    // entry points' contract), and it is a stream of `st`'s device, so the
-    // per-thread handle's context is that device's primary one, `known`
-    // (the contexts memres makes current are primary ones); the borrowed
-    // handle is dropped before the call returns and never destroys the
-    // stream, and no resource keeps it (the per-stream pools keep events
-    // recorded on it, not the stream).
-    CallStream::Named(unsafe { CudaStream::from_raw(stream.cast(), known) })
+    // entry points' contract), and it is a stream of `st`'s device's
+    // primary context (the contract too; for the per-thread handle, the
+    // context memres makes current for the call), which is `st.legacy`'s;
+    // the borrowed handle is dropped before the call returns and never
+    // destroys the stream, and no resource keeps it (the per-stream pools
+    // keep events recorded on it, not the stream).
+    CallStream::Named(unsafe { CudaStream::from_raw_beside(stream.cast(), &st.legacy) })
 }
 
 /// The stream of a call: the device's legacy stream, or one named for it.
