@@ -17,7 +17,8 @@
 //! # Constructors
 //!
 //! Every constructor comes twice, as RMM's default argument `mr =
-//! get_current_device_resource()`:
+//! get_current_device_resource()` (but for the device, which is the
+//! stream's, not the thread's current one: `()` is device 0):
 //!
 //! | without a resource | with one |
 //! | --- | --- |
@@ -53,8 +54,8 @@
 //! ```
 //!
 //! [`Clone`] is RMM's copy construction: a deep copy on the container's
-//! own stream, from the same resource, that panics if the copy fails (as
-//! `Vec::clone` on allocation failure). A device copy can fail where a
+//! own stream, from the same resource, that panics if the copy fails
+//! (with the typed error in its message). A device copy can fail where a
 //! host copy cannot, so `try_clone` (on the container's stream) and
 //! `try_clone_on` (on another) return the error instead; see
 //! [`DeviceBuffer::try_clone`].
@@ -118,8 +119,14 @@
 //!   as memory of the engine's type, by a `MemoryOf` bound or an `unsafe`
 //!   call ([`memres_core::device`]).
 //! - **Stream order.** A container's work is ordered on its stream; a change
-//!   of stream and a deep copy on another stream wait on events both ways,
-//!   so a block is freed on drop only after the work that used it.
+//!   of stream makes the new stream wait on an event of the old, and a deep
+//!   copy on another stream waits on the source's stream and makes the
+//!   source's stream wait on the copy, so a block is freed on drop only
+//!   after the work that used it. A [`DeviceStream`](memres_core::device::DeviceStream)
+//!   whose `key` is another stream than itself (a safe trait; the workspace's
+//!   streams are their own keys) breaks this for the containers made without
+//!   a resource: their blocks are then freed on the key's stream, unordered
+//!   with the work on theirs (wrong data on the device, not on the host).
 //! - **Blocks freed by other code.** The types cannot stop other code from
 //!   freeing a container's block through the resource itself (a copy of
 //!   [`block`](DeviceBuffer::block), a forged

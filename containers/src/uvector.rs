@@ -331,7 +331,8 @@ where
     ///
     /// # Errors
     ///
-    /// The copy engine's error.
+    /// [`ContainerError::HostOutOfMemory`] when the host cannot hold them;
+    /// the copy engine's error.
     pub fn to_vec(&self) -> Result<Vec<T>> {
         self.slice_to_vec(..)
     }
@@ -422,7 +423,10 @@ where
     ///
     /// # Errors
     ///
-    /// The resource's error; the vector is then unchanged.
+    /// [`ContainerError::LengthOverflow`] for a capacity whose bytes
+    /// overflow; otherwise [`DeviceBuffer::reserve`]'s (the resource's, a
+    /// block too short or misaligned, the copy engine's). The vector is
+    /// then unchanged.
     pub fn reserve(&mut self, capacity: usize) -> Result<()> {
         self.buf.reserve(bytes_of_len::<T>(capacity)?)
     }
@@ -431,7 +435,8 @@ where
     ///
     /// # Errors
     ///
-    /// The resource's error; the vector is then unchanged.
+    /// [`DeviceBuffer::shrink_to_fit`]'s (the resource's, a block too short
+    /// or misaligned, the copy engine's); the vector is then unchanged.
     pub fn shrink_to_fit(&mut self) -> Result<()> {
         self.buf.shrink_to_fit()
     }

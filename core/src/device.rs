@@ -188,7 +188,8 @@ impl Registry {
             .get(&TypeId::of::<S>())
             .map(|f| *downcast_ref::<Factory<S>>(f))
             .ok_or(Error::InvalidConfig {
-                what: "no resource set for this device and no default factory registered",
+                what: "no resource set for this device and no default factory registered \
+                       (memres::device::install_defaults registers the backends')",
             })?;
         // Made outside the lock (a factory may be slow, or use the registry);
         // if two threads race, the first one stored wins and both return it.
@@ -271,6 +272,27 @@ impl Registry {
         map.insert(TypeId::of::<S>(), query).is_some()
     }
 
+    /// Registers `query` for streams of type `S` unless one is registered
+    /// already; returns whether it was: how a backend installs its default
+    /// without replacing the program's own.
+    ///
+    /// ```
+    /// # use memres_core::device::Registry;
+    /// let reg = Registry::new();
+    /// reg.set_current_device_query::<()>(|| Ok(1));
+    /// assert!(!reg.set_current_device_query_if_absent::<()>(|| Ok(2)));
+    /// assert_eq!(reg.current_device::<()>(), Ok(1));
+    /// ```
+    pub fn set_current_device_query_if_absent<S: Stream + ?Sized + 'static>(
+        &self,
+        query: CurrentDevice,
+    ) -> bool {
+        let mut map = self.queries.write().unwrap_or_else(|p| p.into_inner());
+        let absent = !map.contains_key(&TypeId::of::<S>());
+        map.entry(TypeId::of::<S>()).or_insert(query);
+        absent
+    }
+
     /// The device current on the calling thread for streams of type `S`:
     /// what the registered query says, else device 0.
     ///
@@ -302,6 +324,27 @@ impl Registry {
     pub fn set_default_factory<S: Stream + ?Sized + 'static>(&self, factory: Factory<S>) -> bool {
         let mut map = self.factories.write().unwrap_or_else(|p| p.into_inner());
         map.insert(TypeId::of::<S>(), Box::new(factory)).is_some()
+    }
+
+    /// Registers `factory` for streams of type `S` unless one is registered
+    /// already; returns whether it was: how a backend installs its default
+    /// without replacing the program's own.
+    ///
+    /// ```
+    /// # use memres_core::device::Registry;
+    /// # use memres_core::DynResource;
+    /// # use memres_core::testing::BumpUpstream;
+    /// # use std::sync::Arc;
+    /// let reg = Registry::new();
+    /// let factory = |_| Ok(Arc::new(BumpUpstream::new(256)) as DynResource);
+    /// assert!(reg.set_default_factory_if_absent::<()>(factory));
+    /// assert!(!reg.set_default_factory_if_absent::<()>(factory));
+    /// ```
+    pub fn set_default_factory_if_absent<S: Stream + ?Sized + 'static>(&self, factory: Factory<S>) -> bool {
+        let mut map = self.factories.write().unwrap_or_else(|p| p.into_inner());
+        let absent = !map.contains_key(&TypeId::of::<S>());
+        map.entry(TypeId::of::<S>()).or_insert_with(|| Box::new(factory));
+        absent
     }
 
     /// Forgets the resource of `device` for streams of type `S` (the next

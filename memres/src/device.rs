@@ -23,9 +23,11 @@
 //! installed in the core's process-wide registry once, by the first call of
 //! a function of this module (or of [`install_defaults`]): a program that
 //! uses the core's generic functions or the containers' constructors
-//! without a resource before any of these calls [`install_defaults`] first.
-//! A factory the program registers after that replaces the default; a
-//! resource it sets replaces the default of that device.
+//! without a resource before any of these calls [`install_defaults`] first
+//! (the core's error says so). A factory or current-device query the
+//! program registers before is kept (the defaults go only where none is);
+//! one it registers after replaces the default; a resource it sets
+//! replaces the default of that device.
 //!
 //! Where the default cannot be made (the `cuda` feature on a machine with
 //! no GPU), a get is the backend's typed error and nothing is stored: the
@@ -73,7 +75,9 @@ use std::io;
 use std::sync::{Arc, Mutex, Once};
 
 /// Installs the backends' default factories in the core's process-wide
-/// registry, once (every function of this module calls it first).
+/// registry, once (every function of this module calls it first), for the
+/// stream types that have none: a factory or current-device query the
+/// program registered before is kept.
 ///
 /// ```
 /// memres::device::install_defaults();
@@ -83,17 +87,22 @@ use std::sync::{Arc, Mutex, Once};
 pub fn install_defaults() {
     static ONCE: Once = Once::new();
     ONCE.call_once(|| {
-        #[cfg(feature = "sim")]
-        {
-            global().set_default_factory::<()>(sim::default::<()>);
-            global().set_default_factory::<memres_sim::SimStream>(sim::default::<memres_sim::SimStream>);
-        }
+        // The CUDA defaults first: with both features, `()` gets CUDA's.
         #[cfg(feature = "cuda")]
         {
-            global().set_default_factory::<()>(cuda::default::<()>);
-            global().set_default_factory::<memres_cuda::CudaStream>(cuda::default::<memres_cuda::CudaStream>);
-            global().set_current_device_query::<()>(cuda::current);
-            global().set_current_device_query::<memres_cuda::CudaStream>(cuda::current);
+            global().set_default_factory_if_absent::<()>(cuda::default::<()>);
+            global().set_default_factory_if_absent::<memres_cuda::CudaStream>(
+                cuda::default::<memres_cuda::CudaStream>,
+            );
+            global().set_current_device_query_if_absent::<()>(cuda::current);
+            global().set_current_device_query_if_absent::<memres_cuda::CudaStream>(cuda::current);
+        }
+        #[cfg(feature = "sim")]
+        {
+            global().set_default_factory_if_absent::<()>(sim::default::<()>);
+            global().set_default_factory_if_absent::<memres_sim::SimStream>(
+                sim::default::<memres_sim::SimStream>,
+            );
         }
     });
 }
@@ -312,7 +321,11 @@ mod cuda {
     ) -> Result<DynResource<S>> {
         let (made, engine) = MADE.get(device, || {
             let gpu = Device::get(device)?;
-            Ok((Made::new(CudaMemory::new(gpu)?, device)?, CudaCopy::new(gpu)?))
+            // The log last: made, it is listed for `flush_logs` for good,
+            // and its file emptied; an error after it would do so again at
+            // the next get.
+            let (engine, resource) = (CudaCopy::new(gpu)?, CudaMemory::new(gpu)?);
+            Ok((Made::new(resource, device)?, engine))
         })?;
         match &made {
             Made::Plain(mr) => promise_memory_of::<S, _, _>(mr, engine),

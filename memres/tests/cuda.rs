@@ -51,6 +51,10 @@ fn containers_without_a_resource_use_the_default_and_clone_on_the_gpu() {
     else {
         return;
     };
+    // The containers ask the core's registry: the defaults are installed
+    // by the first call of `memres::device`, which this test need not be
+    // the second of (tests run in any order).
+    memres::device::install_defaults();
     let stream = CudaStream::new(device).unwrap();
     let data: Vec<u32> = (0..10_000u64).map(common::pattern).collect();
     let mut v = DeviceUVector::<u32, _, CudaCopy, _>::from_slice(&data, &stream).unwrap();
