@@ -35,14 +35,15 @@
 //! | [`vmem`] | [`ReservableSpace`](vmem::ReservableSpace): reserve an address range once, commit and decommit granules of it (CUDA virtual memory, `mmap`) |
 //! | [`vpool`] | [`VirtualPool`](vpool::VirtualPool): the pool over one reserved range, physical memory mapped only where live blocks are (feature `alloc`) |
 //! | [`stack`] | stacks described by a string, `stats(pool(sim, initial=1GiB))`: the parser, and the builder that turns the text into resources, with a name registered for each (backends register their leaves) (feature `alloc`) |
-//! | [`snapshot`] | [`MemoryMap`](snapshot::MemoryMap): a resource's segments and blocks, as used and free runs and as a snapshot PyTorch's memory viewer opens (feature `alloc`) |
+//! | [`snapshot`] | [`MemoryMap`](snapshot::MemoryMap): a resource's segments and blocks, as used and free runs and as a snapshot PyTorch's memory viewer opens (feature `alloc`; its file, written whole, feature `std`) |
 //! | `trace` | RMM's log format: the rows the logging adaptor writes and the one reader of traces (feature `std`) |
 //!
 //! # Features
 //!
 //! - `alloc` (default): metadata in `Vec`s, forwarding impls for `Box` and `Arc`.
 //! - `std`: a lock over `std::sync::Mutex`, the per-device registry, the
-//!   logging adaptor and RMM's log format (`trace`).
+//!   logging adaptor and RMM's log format (`trace`), snapshot files written
+//!   whole (`snapshot::write_file`).
 //! - `heapless`: fixed-capacity metadata storage: no allocator at all.
 //! - `critical-section`: a lock for bare-metal targets.
 //! - `testing`: the test doubles of the `testing` module and the deliberately

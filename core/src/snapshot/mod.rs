@@ -10,7 +10,8 @@
 //! replay tool taps the leaf of a stack for the segments and its top for
 //! the blocks, so that any stack over any algorithm is mapped the same way.
 //! [`MemoryMap::pickle`] writes the snapshot; [`MemoryMap::runs`] gives
-//! each segment as used and free runs (the tool's `--map`).
+//! each segment as used and free runs (the tool's `--map`). `write_file`
+//! (feature `std`) puts it in a file whole, never truncated for a reader.
 //!
 //! Which fields are filled, and which cannot be: `docs/snapshots.md`.
 //!
@@ -27,11 +28,15 @@
 //! assert_eq!(&map.pickle()[..2], b"\x80\x02");
 //! ```
 
+#[cfg(feature = "std")]
+mod file;
 mod pickle;
 mod tap;
 #[cfg(test)]
 mod tests;
 
+#[cfg(feature = "std")]
+pub use file::write_file;
 pub use tap::{Side, Tap};
 
 use alloc::collections::{BTreeMap, VecDeque};

@@ -265,3 +265,97 @@ fn a_refused_free_on_another_stream_leaves_the_block_on_its_own() {
     assert_eq!(streams, [1], "the block's own stream");
     tap.deallocate(b, &IdStream(1)).unwrap();
 }
+
+/// A fresh directory of its own for a test of snapshot files.
+#[cfg(feature = "std")]
+fn file_test_dir(test: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(std::format!("memres-{test}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// The names in `dir`, sorted.
+#[cfg(feature = "std")]
+fn names_in(dir: &std::path::Path) -> Vec<std::string::String> {
+    let mut names: Vec<_> =
+        std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
+    names.sort();
+    names
+}
+
+/// A snapshot file written over a longer one holds the new bytes alone,
+/// and no temporary file is left beside it.
+#[cfg(feature = "std")]
+#[test]
+fn a_snapshot_file_holds_exactly_the_new_bytes_and_nothing_is_left_beside_it() {
+    let dir = file_test_dir("snapshot-file");
+    let path = dir.join("s.pickle");
+    let mut map = MemoryMap::new(10);
+    map.segment_alloc(0x1000, 4096, 0, None);
+    let bytes = map.pickle();
+    write_file(&path, &bytes).unwrap();
+    assert_eq!(std::fs::read(&path).unwrap(), bytes);
+    std::fs::write(&path, alloc::vec![b'x'; 3 * bytes.len()]).unwrap();
+    write_file(&path, &bytes).unwrap();
+    assert_eq!(std::fs::read(&path).unwrap(), bytes, "the old, longer file is gone");
+    assert_eq!(names_in(&dir), ["s.pickle"]);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// A reader never sees a snapshot file part written: each read while
+/// another thread rewrites it is one of the two whole files (written in
+/// place, reads found it empty or cut short).
+#[cfg(feature = "std")]
+#[test]
+#[cfg_attr(miri, ignore = "thousands of reads of a file of a MiB")]
+fn a_reader_sees_a_whole_snapshot_file_while_it_is_rewritten() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let dir = file_test_dir("snapshot-file-reader");
+    let path = dir.join("s.pickle");
+    let (a, b) = (alloc::vec![b'a'; 1 << 20], alloc::vec![b'b'; (1 << 20) + 4096]);
+    write_file(&path, &a).unwrap();
+    let done = AtomicBool::new(false);
+    let reads = std::thread::scope(|s| {
+        let reader = s.spawn(|| {
+            let mut reads = 0;
+            while !done.load(Ordering::Relaxed) {
+                let got = std::fs::read(&path).unwrap();
+                assert!(got == a || got == b, "a read of {} bytes, neither file", got.len());
+                reads += 1;
+            }
+            reads
+        });
+        for i in 0..40 {
+            write_file(&path, if i % 2 == 0 { &b } else { &a }).unwrap();
+        }
+        done.store(true, Ordering::Relaxed);
+        reader.join().unwrap()
+    });
+    assert!(reads > 0);
+    assert_eq!(names_in(&dir), ["s.pickle"]);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// Where the file cannot be put in place (its path is a directory), the
+/// error comes back, the temporary file goes and the directory is as it
+/// was; a path that names no file, or in a directory that does not exist,
+/// is an error that leaves nothing either.
+#[cfg(feature = "std")]
+#[test]
+fn a_snapshot_file_that_cannot_be_put_in_place_leaves_no_temporary_file() {
+    let dir = file_test_dir("snapshot-file-refused");
+    let target = dir.join("d.pickle");
+    std::fs::create_dir(&target).unwrap();
+    std::fs::write(target.join("inside"), b"kept").unwrap();
+    assert!(write_file(&target, &MemoryMap::new(1).pickle()).is_err());
+    assert_eq!(names_in(&dir), ["d.pickle"], "no temporary file left");
+    assert_eq!(names_in(&target), ["inside"]);
+    assert_eq!(std::fs::read(target.join("inside")).unwrap(), b"kept");
+    let missing = dir.join("no-such-dir").join("s.pickle");
+    assert_eq!(write_file(&missing, b"x").unwrap_err().kind(), std::io::ErrorKind::NotFound);
+    let no_name = write_file(std::path::Path::new("/"), b"x").unwrap_err();
+    assert_eq!(no_name.kind(), std::io::ErrorKind::InvalidInput);
+    assert_eq!(names_in(&dir), ["d.pickle"]);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
