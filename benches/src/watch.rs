@@ -136,7 +136,8 @@ pub fn write(
                     }
                     _ => (&full, "at the end".to_string()),
                 };
-                std::fs::write(&file, state.map.pickle())
+                // Whole: a viewer open on the file never reads part of it.
+                memres_core::snapshot::write_file(&file, &state.map.pickle())
                     .map_err(|e| format!("cannot write {}: {e}", file.display()))?;
                 notes.push(format!("wrote snapshot {} ({} on {}, {when})", file.display(), t.name, w.name));
             }

@@ -13,11 +13,12 @@
 //! driver pools are in `memres_stats` alike.
 
 use memres_core::adaptor::Gauge;
-use memres_core::snapshot::{pickle_devices, MemoryMap, Side, Tap};
+use memres_core::snapshot::{pickle_devices, write_file, MemoryMap, Side, Tap};
 use memres_core::stack::StackBuilder;
 use memres_core::{DynResource, Shared};
 use memres_cuda::{CudaStream, Device};
 use std::ffi::{c_char, c_int, CStr};
+use std::path::Path;
 use std::sync::Arc;
 
 /// The environment variable that turns watching on (read when a device is
@@ -84,13 +85,17 @@ fn write(path: &str) -> Result<(), String> {
     let maps: Vec<Option<MemoryMap>> =
         devices[..used].iter().map(|d| d.clone().flatten().map(|m| m.with(|m| m.clone()))).collect();
     let bytes = pickle_devices(&maps.iter().map(Option::as_ref).collect::<Vec<_>>());
-    std::fs::write(path, bytes).map_err(|e| format!("memres: cannot write snapshot {path}: {e}"))
+    // Whole or not at all: a viewer reading the file meanwhile, or a crash,
+    // never finds a truncated pickle.
+    write_file(Path::new(path), &bytes).map_err(|e| format!("memres: cannot write snapshot {path}: {e}"))
 }
 
-/// Writes a snapshot of every device used so far to the file `path`.
-/// Returns 0, or -1 with a message (`path` is NULL or not UTF-8, the file
-/// cannot be written, or [`SNAPSHOT_VAR`] was not set when a device was
-/// first used).
+/// Writes a snapshot of every device used so far to the file `path`,
+/// whole: into a temporary file beside it, then renamed over it, so that
+/// a reader never sees part of one. Returns 0, or -1 with a message
+/// (`path` is NULL or not UTF-8, the file cannot be written, or
+/// [`SNAPSHOT_VAR`] was not set when a device was first used); after a
+/// failure `path` is as it was and no temporary file is left.
 ///
 /// # Safety
 ///

@@ -1,7 +1,8 @@
 //! `memres_snapshot` through its C signature. With `MEMRES_SNAPSHOT` set
 //! and no device used yet it writes an empty snapshot, so this runs the same
-//! with or without a GPU; with a GPU, after an allocation, the device's
-//! segment and block are in it.
+//! with or without a GPU: the file is replaced whole, and a path it cannot
+//! be put at is refused with nothing left behind; with a GPU, after an
+//! allocation, the device's segment and block are in it.
 
 use memres::snapshot::{memres_snapshot, SNAPSHOT_VAR};
 use std::ffi::CString;
@@ -12,10 +13,20 @@ fn snapshot(path: &std::path::Path) -> i32 {
     unsafe { memres_snapshot(c.as_ptr()) }
 }
 
+/// The names in `dir`, sorted.
+fn names_in(dir: &std::path::Path) -> Vec<String> {
+    let mut names: Vec<String> =
+        std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
+    names.sort();
+    names
+}
+
 // One test: the environment and the devices are process-wide.
 #[test]
-fn a_snapshot_needs_the_variable_and_holds_what_was_allocated() {
+fn a_snapshot_needs_the_variable_is_written_whole_and_holds_what_was_allocated() {
     let dir = std::env::temp_dir().join(format!("memres-capi-snapshot-{}", std::process::id()));
+    // Empty: the test counts what is in it.
+    let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join("s.pickle");
     std::env::remove_var(SNAPSHOT_VAR);
@@ -27,6 +38,26 @@ fn a_snapshot_needs_the_variable_and_holds_what_was_allocated() {
     assert_eq!(snapshot(&path), 0, "{}", memres::last_error());
     let empty = std::fs::read(&path).unwrap();
     assert!(empty.starts_with(b"\x80\x02}") && empty.ends_with(b"."));
+    // Written whole: over a longer file it holds the new bytes alone, and
+    // no temporary file is left beside it.
+    std::fs::write(&path, vec![b'x'; 4 * empty.len()]).unwrap();
+    assert_eq!(snapshot(&path), 0, "{}", memres::last_error());
+    assert_eq!(std::fs::read(&path).unwrap(), empty);
+    assert_eq!(names_in(&dir), ["s.pickle"]);
+    // A path that is a directory: refused with the path in the message, the
+    // directory as it was, and no temporary file left.
+    let taken = dir.join("d.pickle");
+    std::fs::create_dir(&taken).unwrap();
+    std::fs::write(taken.join("inside"), b"kept").unwrap();
+    assert_eq!(snapshot(&taken), -1);
+    let message = memres::last_error();
+    assert!(
+        message.contains("cannot write snapshot") && message.contains(taken.to_str().unwrap()),
+        "{message}"
+    );
+    assert_eq!(names_in(&dir), ["d.pickle", "s.pickle"]);
+    assert_eq!(names_in(&taken), ["inside"]);
+    assert_eq!(std::fs::read(taken.join("inside")).unwrap(), b"kept");
     // Watched, a stack takes every CUDA name, layers too (`prefetch` was
     // unknown there, so every allocation failed).
     assert_eq!(memres::configure("stats(prefetch(pool(async, per_stream=true)))"), Ok(()));
