@@ -140,7 +140,10 @@ size_t memres_stack(int device, char *buf, size_t len);
  * (negative: the current device), ordered on stream (NULL: the legacy
  * default stream): each planned(...) layer of the device's stack lays the
  * coming step out from the one that ended. Returns how many planned layers
- * it stepped (0 for a stack with none), or -1 with a message. */
+ * it stepped (0 for a stack with none), or -1 with a message. Every layer
+ * is stepped, those after one that fails too, so that the layers stay in
+ * step with each other; the message is the first layer's error, with how
+ * many failed where more than one did. */
 int memres_step(int device, void *stream);
 
 /* Fills *out with what the planned layers of device's stack have done

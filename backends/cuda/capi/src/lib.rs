@@ -147,12 +147,13 @@ pub mod snapshot;
 pub mod table;
 
 pub use devices::{configure, flush, stack};
-use memres_core::planned::Steps;
-use memres_core::{MemoryResource, Request};
+use memres_core::planned::{Planned, Steps};
+use memres_core::{MemoryResource, Request, Stream};
 use memres_cuda::{sys, CudaStream, Device};
 use std::cell::RefCell;
 use std::ffi::{c_char, c_int, c_void, CStr};
 use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::Arc;
 
 /// The stack a device runs when neither `memres_configure` nor
 /// `MEMRES_STACK` names one: a pool per stream (see *Streams*) over
@@ -508,7 +509,10 @@ pub unsafe extern "C" fn memres_stats(device: c_int, out: *mut MemresStats) -> c
 /// next, laying it out from the last one (see `memres_core::planned`).
 /// Returns how many `planned` layers it stepped (0 for a stack with none,
 /// which is harmless), or -1 with a message (the stack cannot be built, an
-/// error of the upstream taking or giving back a plan's region).
+/// error of the upstream taking or giving back a plan's region). Every
+/// layer is stepped, those after one that fails too, so that the layers
+/// stay in step with each other; the message is the first layer's error,
+/// with how many failed where more than one did.
 ///
 /// # Safety
 ///
@@ -519,10 +523,36 @@ pub unsafe extern "C" fn memres_step(device: c_int, stream: *mut c_void) -> c_in
         let d = device_index(device)?;
         let st = devices::state(d)?;
         let stream = stream_of(stream, st);
-        for p in &st.planned {
-            p.step(&stream).map_err(|e| format!("memres: device {d}: step: {e}"))?;
-        }
+        step_each(d, &st.planned, &*stream)?;
         Ok(st.planned.len() as c_int)
+    })
+}
+
+/// Steps each of device `d`'s `layers` on `stream`, those after one that
+/// fails too: a layer left unstepped would lay out its next step from a
+/// step that spanned two, out of step with the others.
+///
+/// # Errors
+///
+/// The first layer's error, naming the device, and how many layers failed
+/// where more than one did.
+fn step_each<R, S>(d: usize, layers: &[Arc<Planned<R>>], stream: &S) -> Result<(), String>
+where
+    R: MemoryResource<S>,
+    S: Stream + ?Sized,
+{
+    let (mut first, mut failed) = (None, 0);
+    for p in layers {
+        if let Err(e) = p.step(stream) {
+            first.get_or_insert(e);
+            failed += 1;
+        }
+    }
+    let Some(e) = first else { return Ok(()) };
+    let step = format!("memres: device {d}: step: {e}");
+    Err(match failed {
+        1 => step,
+        n => format!("{step} ({n} of the {} planned layers failed; this is the first)", layers.len()),
     })
 }
 
@@ -691,6 +721,78 @@ mod tests {
         // where there is no GPU.
         let built = leaves::checking_builder().build(DEFAULT_STACK, &CudaStream::legacy());
         assert!(built.is_ok(), "{DEFAULT_STACK}: {:?}", built.err());
+    }
+
+    /// An upstream whose frees are refused while `refusing` is set.
+    #[derive(Debug)]
+    struct Refusing {
+        up: memres_core::testing::BumpUpstream,
+        refusing: std::sync::atomic::AtomicBool,
+    }
+
+    impl MemoryResource<()> for Refusing {
+        fn allocate(&self, request: Request, stream: &()) -> memres_core::Result<memres_core::Block> {
+            self.up.allocate(request, stream)
+        }
+        fn deallocate(&self, block: memres_core::Block, stream: &()) -> memres_core::Result<()> {
+            if self.refusing.load(std::sync::atomic::Ordering::Relaxed) {
+                return Err(memres_core::Error::Backend { code: 1, what: "refused" });
+            }
+            self.up.deallocate(block, stream)
+        }
+    }
+
+    /// Three planned layers, each with a plan and its region after two
+    /// repeating steps.
+    fn planned_layers() -> Vec<Arc<Planned<Refusing>>> {
+        let layers: Vec<_> = (0..3)
+            .map(|_| {
+                let up = memres_core::testing::BumpUpstream::new(1 << 30);
+                Arc::new(Planned::new(Refusing { up, refusing: false.into() }))
+            })
+            .collect();
+        assert_eq!(step_each(0, &layers, &()), Ok(()));
+        for _ in 0..2 {
+            for p in &layers {
+                let b = p.allocate(Request::new(1 << 20).unwrap(), &()).unwrap();
+                p.deallocate(b, &()).unwrap();
+            }
+            assert_eq!(step_each(0, &layers, &()), Ok(()));
+        }
+        for p in &layers {
+            let s = p.steps();
+            assert_eq!((s.steps, s.plans), (3, 1), "{s:?}");
+            assert!(s.region >= 1 << 20, "{s:?}");
+        }
+        layers
+    }
+
+    /// A layer whose step fails does not keep the layers after it from
+    /// stepping: each gives its region back and counts the step, the
+    /// failed one keeps its region; the first error comes back, naming the
+    /// device, with how many failed.
+    #[test]
+    fn every_planned_layer_steps_though_one_before_it_fails() {
+        // The step that ends now asked for nothing, so it left the plan:
+        // each layer gives its region back, the first's refused.
+        let layers = planned_layers();
+        layers[0].upstream().refusing.store(true, std::sync::atomic::Ordering::Relaxed);
+        let first = "memres: device 3: step: backend error 1: refused";
+        assert_eq!(step_each(3, &layers, &()), Err(first.to_string()));
+        let steps: Vec<_> = layers.iter().map(|p| p.steps()).collect();
+        assert!(steps.iter().all(|s| s.steps == 4), "{steps:?}");
+        assert!(steps[0].region >= 1 << 20, "the refused region is kept: {steps:?}");
+        assert_eq!((steps[1].region, steps[2].region), (0, 0), "{steps:?}");
+
+        let layers = planned_layers();
+        for p in [&layers[0], &layers[2]] {
+            p.upstream().refusing.store(true, std::sync::atomic::Ordering::Relaxed);
+        }
+        let both = format!("{first} (2 of the 3 planned layers failed; this is the first)");
+        assert_eq!(step_each(3, &layers, &()), Err(both));
+        let steps: Vec<_> = layers.iter().map(|p| p.steps()).collect();
+        assert!(steps.iter().all(|s| s.steps == 4), "{steps:?}");
+        assert_eq!(steps[1].region, 0, "{steps:?}");
     }
 
     #[test]
