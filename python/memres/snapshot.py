@@ -45,6 +45,8 @@ def snapshot(backend=None):
 
 def dump_snapshot(filename, backend=None):
     """Writes :func:`snapshot` to ``filename`` as a pickle, as
-    ``torch.cuda.memory._dump_snapshot``."""
-    with open(filename, "wb") as f:
-        pickle.dump(snapshot(backend), f)
+    ``torch.cuda.memory._dump_snapshot``, but whole: into a temporary file
+    beside it, renamed over it, so that a reader (or a crash midway) never
+    finds a truncated pickle. An ``OSError`` where it cannot be written
+    leaves ``filename`` as it was."""
+    _native.sim.write_file(filename, pickle.dumps(snapshot(backend)))

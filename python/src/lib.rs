@@ -76,6 +76,7 @@ fn native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(current::synchronize_stream, m)?)?;
     m.add_function(wrap_pyfunction!(snapshot::record, m)?)?;
     m.add_function(wrap_pyfunction!(snapshot::snapshot, m)?)?;
+    m.add_function(wrap_pyfunction!(snapshot::write_file, m)?)?;
     m.add_function(wrap_pyfunction!(log_file_of_device, m)?)?;
     m.add_function(wrap_pyfunction!(gil::at_exit, m)?)?;
     m.add_function(wrap_pyfunction!(gil::after_fork_in_child, m)?)?;

@@ -492,7 +492,18 @@ impl Resource {
         let s = unsafe { backend::stream(stream, self.device)? };
         crate::gil::detach(py, || {
             let _call = self.enter("step")?;
-            self.planned.iter().try_for_each(|p| p.step(&s)).map_err(|e| to_py(e, "step"))
+            // Every layer steps, those after one that fails too (see
+            // `Planned::step_each`).
+            Planned::step_each(self.planned.iter().map(|p| &**p), &s).map_err(|(e, failed)| match failed {
+                1 => to_py(e, "step"),
+                n => to_py(
+                    e,
+                    &format!(
+                        "step ({n} of the {} planned layers failed; this is the first)",
+                        self.planned.len()
+                    ),
+                ),
+            })
         })?;
         Ok(self.planned.len())
     }

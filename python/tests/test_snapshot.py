@@ -42,9 +42,20 @@ def test_a_pool_and_its_buffers_as_segments_and_blocks(recording, tmp_path):
     assert [e["action"] for e in after["device_traces"][0]].count("free_completed") == 2
 
     path = tmp_path / "memres.pickle"
-    memres.snapshot.dump_snapshot(str(path))
+    path.write_bytes(b"an older, longer file " * 1000)
+    memres.snapshot.dump_snapshot(path)
     with open(path, "rb") as f:
         assert pickle.load(f) == after
+    # Written whole, through a temporary file beside it that is gone.
+    assert [p.name for p in tmp_path.iterdir()] == ["memres.pickle"]
+    # Where it cannot be put (a directory of that name), an OSError, and the
+    # directory as it was, with nothing left beside it.
+    (tmp_path / "taken").mkdir()
+    (tmp_path / "taken" / "inside").write_bytes(b"kept")
+    with pytest.raises(OSError):
+        memres.snapshot.dump_snapshot(tmp_path / "taken")
+    assert (tmp_path / "taken" / "inside").read_bytes() == b"kept"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["memres.pickle", "taken"]
 
 
 def test_an_upstream_shows_as_segments_not_as_blocks(recording):

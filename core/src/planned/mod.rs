@@ -856,6 +856,40 @@ impl<R> Planned<R> {
         self.state.with(|s| Steps { region: s.region.size(), carry_region: s.carry.region.size(), ..s.steps })
     }
 
+    /// Steps each of `layers` (the `planned` layers of one stack) on
+    /// `stream`, those after one that fails too: a layer left unstepped
+    /// would lay out its next step from one that spanned two, out of step
+    /// with the others.
+    ///
+    /// # Errors
+    ///
+    /// The first layer's error, and how many layers failed.
+    ///
+    /// ```
+    /// use memres_core::planned::Planned;
+    /// use memres_core::testing::BumpUpstream;
+    /// let layers = [Planned::new(BumpUpstream::new(256)), Planned::new(BumpUpstream::new(256))];
+    /// Planned::step_each(&layers, &())?;
+    /// assert!(layers.iter().all(|p| p.steps().steps == 1));
+    /// # Ok::<(), (memres_core::Error, usize)>(())
+    /// ```
+    pub fn step_each<'a, S: Stream + ?Sized>(
+        layers: impl IntoIterator<Item = &'a Planned<R>>,
+        stream: &S,
+    ) -> core::result::Result<(), (Error, usize)>
+    where
+        R: MemoryResource<S> + 'a,
+    {
+        let (mut first, mut failed) = (None, 0);
+        for p in layers {
+            if let Err(e) = p.step(stream) {
+                first.get_or_insert(e);
+                failed += 1;
+            }
+        }
+        first.map_or(Ok(()), |e| Err((e, failed)))
+    }
+
     /// Ends the step in progress and begins the next one on `stream`.
     ///
     /// If the step that ended followed the plan to its end, the plan

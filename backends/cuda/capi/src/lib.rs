@@ -541,14 +541,7 @@ where
     R: MemoryResource<S>,
     S: Stream + ?Sized,
 {
-    let (mut first, mut failed) = (None, 0);
-    for p in layers {
-        if let Err(e) = p.step(stream) {
-            first.get_or_insert(e);
-            failed += 1;
-        }
-    }
-    let Some(e) = first else { return Ok(()) };
+    let Err((e, failed)) = Planned::step_each(layers.iter().map(|p| &**p), stream) else { return Ok(()) };
     let step = format!("memres: device {d}: step: {e}");
     Err(match failed {
         1 => step,
