@@ -43,7 +43,9 @@ _BUILT = weakref.WeakSet()
 def _flush_logs_at_exit():
     for r in list(_BUILT):
         try:
-            r._native.flush()
+            # Rows logged after this (PyTorch's frees at finalization) are
+            # then written at once.
+            r._native.flush(write_through=True)
         except Exception as e:  # noqa: BLE001 (at exit: say it, do not raise)
             print(f"memres: at exit: {e}", file=sys.stderr)
 

@@ -474,10 +474,15 @@ impl Resource {
     }
 
     /// Writes out the buffers of the stack's `log` adaptors, every one of
-    /// them; the first error, also rows that could not be written.
-    fn flush(&self, py: Python<'_>) -> PyResult<()> {
+    /// them; the first error, also rows that could not be written. With
+    /// `write_through`, each of them writes every row at once from now on
+    /// (`Logging::write_through`): at exit, for the rows logged after it.
+    #[pyo3(signature = (write_through=false))]
+    fn flush(&self, py: Python<'_>, write_through: bool) -> PyResult<()> {
         crate::gil::detach(py, || {
-            let flushed: Vec<_> = self.logs.iter().map(|log| log.flush()).collect();
+            let flush: fn(&Logging<Dyn>) -> std::io::Result<()> =
+                if write_through { Logging::write_through } else { Logging::flush };
+            let flushed: Vec<_> = self.logs.iter().map(|log| flush(log)).collect();
             flushed.into_iter().collect::<std::io::Result<()>>()
         })
         .map_err(|e| crate::errors::backend_error(format!("flushing a log: {e}")))

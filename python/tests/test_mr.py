@@ -931,8 +931,13 @@ def test_an_unknown_backend_is_a_value_error():
 def test_logs_are_complete_when_the_interpreter_exits(tmp_path):
     # The resource stays current until exit, never dropped: without the
     # flush at exit the log's buffer (and the trace's last lines) is lost.
+    # Rows logged after memres's exit handler (here by a handler registered
+    # before memres's, which runs after it; PyTorch's frees at
+    # finalization) are written too.
     path = tmp_path / "exit.csv"
     code = (
+        "import atexit\n"
+        "atexit.register(lambda: res.deallocate(res.allocate(12345), 12345))\n"
         "import memres\n"
         f"memres.reinitialize(stack='log(stats(pool(sim(1GiB))), file={path})')\n"
         "res = memres.mr.get_current_device_resource()\n"
@@ -941,9 +946,10 @@ def test_logs_are_complete_when_the_interpreter_exits(tmp_path):
     )
     subprocess.run([sys.executable, "-c", code], check=True)
     lines = path.read_text().splitlines()
-    assert len(lines) == 1 + 2 * 2000, len(lines)
+    assert len(lines) == 1 + 2 * 2000 + 2, len(lines)
     assert all(len(line.split(",")) == 6 for line in lines), [x for x in lines if len(x.split(",")) != 6][:3]
-    assert lines[-1].split(",")[2] == "free" and lines[-1].split(",")[4] == str(256 + 1999)
+    assert lines[-3].split(",")[2] == "free" and lines[-3].split(",")[4] == str(256 + 1999)
+    assert [line.split(",")[2:5:2] for line in lines[-2:]] == [["allocate", "12345"], ["free", "12345"]]
 
 
 def test_torch_use_without_pytorch_fails_and_changes_nothing():

@@ -8,7 +8,7 @@ use std::format;
 use std::fs::{File, OpenOptions};
 use std::io::{self, BufWriter, Write};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Mutex, OnceLock};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 use std::vec::Vec;
@@ -94,6 +94,8 @@ pub struct Logging<R, W: Write = BufWriter<File>> {
     reported_errors: AtomicU64,
     /// Frees logged that the upstream then refused.
     refused_frees: AtomicU64,
+    /// Each row is flushed as it is written ([`write_through`](Logging::write_through)).
+    write_through: AtomicBool,
     /// The file it made new ([`to_file`](Logging::to_file)), kept from any
     /// other `to_file` of the process while this lives.
     _file: Option<Claim>,
@@ -220,6 +222,7 @@ impl<R, W: Write> Logging<R, W> {
             write_errors: AtomicU64::new(0),
             reported_errors: AtomicU64::new(0),
             refused_frees: AtomicU64::new(0),
+            write_through: AtomicBool::new(false),
             _file: None,
         }
     }
@@ -242,6 +245,35 @@ impl<R, W: Write> Logging<R, W> {
             0 => Ok(()),
             n => Err(io::Error::other(format!("{n} rows of the log could not be written"))),
         }
+    }
+
+    /// From now on, flushes each row as it is written, after flushing
+    /// what is buffered: for a log that is never dropped, whose process
+    /// exits after its exit handler flushed it, so that the rows logged
+    /// later (by static destructors, other threads, an interpreter's
+    /// finalization) still reach the file.
+    ///
+    /// # Errors
+    ///
+    /// [`flush`](Self::flush)'s.
+    ///
+    /// ```
+    /// # use memres_core::adaptor::Logging;
+    /// # use memres_core::testing::BumpUpstream;
+    /// # use memres_core::MemoryResource;
+    /// # use memres_core::Request;
+    /// # use std::io::BufWriter;
+    /// let log = Logging::new(BumpUpstream::new(1 << 20), BufWriter::new(Vec::new()))?;
+    /// log.write_through()?;
+    /// log.allocate(Request::new(256)?, &())?;
+    /// // Written, not buffered: the header and the row.
+    /// let out = log.into_parts().1;
+    /// assert_eq!((out.buffer().len(), out.get_ref().iter().filter(|&&c| c == b'\n').count()), (0, 2));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn write_through(&self) -> io::Result<()> {
+        self.write_through.store(true, Ordering::Relaxed);
+        self.flush()
     }
 
     /// Rows that could not be written so far.
@@ -269,7 +301,8 @@ impl<R, W: Write> Logging<R, W> {
         let thread = thread_number();
         let mut out = self.out.lock().unwrap_or_else(|p| p.into_inner());
         let row = Record { thread, time: now_micros(), action, pointer: addr, size, stream };
-        if writeln!(out, "{row}").is_err() {
+        let through = self.write_through.load(Ordering::Relaxed);
+        if writeln!(out, "{row}").and_then(|()| if through { out.flush() } else { Ok(()) }).is_err() {
             self.write_errors.fetch_add(1, Ordering::Relaxed);
         }
     }

@@ -143,10 +143,19 @@ pub(crate) fn state(d: usize) -> Result<&'static DeviceState, String> {
 ///
 /// The first write error, as a message; every log is flushed regardless.
 pub fn flush() -> Result<(), String> {
+    each_log(Logging::flush)
+}
+
+/// `f` of every device's `log` adaptors, each of them.
+///
+/// # Errors
+///
+/// The first error, as a message.
+fn each_log(f: impl Fn(&Logging<DynResource<CudaStream>>) -> std::io::Result<()>) -> Result<(), String> {
     let mut result = Ok(());
     for (d, slot) in DEVICES.iter().enumerate() {
         for log in slot.get().map_or(&[][..], |s| &s.logs[..]) {
-            if let Err(e) = log.flush() {
+            if let Err(e) = f(log) {
                 result = result.and(Err(format!("memres: device {d}: flushing a log: {e}")));
             }
         }
@@ -162,7 +171,9 @@ fn flush_at_exit() {
         fn atexit(callback: extern "C" fn()) -> c_int;
     }
     extern "C" fn at_exit() {
-        guard((), flush);
+        // Flushed, and the rows logged after this handler (static
+        // destructors, other threads) written at once: no flush comes later.
+        guard((), || each_log(Logging::write_through));
     }
     static ONCE: std::sync::Once = std::sync::Once::new();
     ONCE.call_once(|| {
