@@ -55,7 +55,13 @@ impl RetryOn {
 /// that asks to retry forever is bounded: after
 /// [`max_retries`](Self::max_retries) retries (default
 /// [`DEFAULT_MAX_RETRIES`](Self::DEFAULT_MAX_RETRIES)) the last error is
-/// returned.
+/// returned. A callback that allocates through the same adaptor (its data
+/// holds it) gets that nested allocation's error back at once, without
+/// being called again: each failure would call it anew, a recursion with
+/// no end that overflowed the stack. With the feature `std` this holds per
+/// thread; without it no thread can be told from another, so while a
+/// callback runs, any failing allocation of the adaptor returns its error
+/// without calling it.
 ///
 /// # Examples
 ///
@@ -81,6 +87,60 @@ pub struct FailureCallback<R, T, F> {
     max_retries: u32,
     /// The failures that reach the callback.
     retry_on: RetryOn,
+    /// Callbacks running now, where threads cannot be told apart (without
+    /// `std`; with it, each thread's are in [`RUNNING`]).
+    #[cfg(not(feature = "std"))]
+    running: crate::primitive::AtomicU64,
+}
+
+#[cfg(feature = "std")]
+std::thread_local! {
+    /// The adaptors, by address, whose callback runs on this thread.
+    static RUNNING: core::cell::RefCell<alloc::vec::Vec<usize>> = const { core::cell::RefCell::new(alloc::vec::Vec::new()) };
+}
+
+/// A callback of the adaptor at `at` running, from [`Running::enter`]
+/// until dropped (a panicking callback included).
+struct Running<'a> {
+    #[cfg(feature = "std")]
+    at: usize,
+    #[cfg(not(feature = "std"))]
+    count: &'a crate::primitive::AtomicU64,
+    _life: core::marker::PhantomData<&'a ()>,
+}
+
+impl<'a> Running<'a> {
+    /// `None` if a callback of the adaptor runs already (on this thread,
+    /// with `std`): the caller is inside it.
+    #[cfg(feature = "std")]
+    fn enter<R, T, F>(adaptor: &'a FailureCallback<R, T, F>) -> Option<Running<'a>> {
+        let at = core::ptr::from_ref(adaptor) as usize;
+        // A thread being torn down has no list: no callback of its runs.
+        let entered = RUNNING
+            .try_with(|r| {
+                let mut r = r.borrow_mut();
+                (!r.contains(&at)).then(|| r.push(at)).is_some()
+            })
+            .unwrap_or(true);
+        entered.then_some(Running { at, _life: core::marker::PhantomData })
+    }
+
+    #[cfg(not(feature = "std"))]
+    fn enter<R, T, F>(adaptor: &'a FailureCallback<R, T, F>) -> Option<Running<'a>> {
+        use crate::primitive::Ordering;
+        let count = &adaptor.running;
+        (count.compare_exchange(0, 1, Ordering::Acquire, Ordering::Relaxed).is_ok())
+            .then_some(Running { count, _life: core::marker::PhantomData })
+    }
+}
+
+impl Drop for Running<'_> {
+    fn drop(&mut self) {
+        #[cfg(feature = "std")]
+        let _ = RUNNING.try_with(|r| r.borrow_mut().retain(|&a| a != self.at));
+        #[cfg(not(feature = "std"))]
+        self.count.store(0, crate::primitive::Ordering::Release);
+    }
 }
 
 impl<R, T, F: Fn(u64, &T) -> bool> FailureCallback<R, T, F> {
@@ -101,6 +161,8 @@ impl<R, T, F: Fn(u64, &T) -> bool> FailureCallback<R, T, F> {
             callback,
             max_retries: Self::DEFAULT_MAX_RETRIES,
             retry_on: RetryOn::OutOfMemory,
+            #[cfg(not(feature = "std"))]
+            running: crate::primitive::AtomicU64::new(0),
         }
     }
 
@@ -199,7 +261,11 @@ where
         loop {
             match self.upstream.allocate(request, stream) {
                 Err(e) if self.retry_on.catches(&e) => {
-                    if !(self.callback)(request.size(), &self.data) || retries >= self.max_retries {
+                    // Inside this adaptor's own callback: no second call.
+                    let Some(running) = Running::enter(self) else { return Err(e) };
+                    let retry = (self.callback)(request.size(), &self.data);
+                    drop(running);
+                    if !retry || retries >= self.max_retries {
                         return Err(e);
                     }
                     retries += 1;

@@ -156,6 +156,40 @@ fn failure_callback_ignores_other_errors() {
     assert_eq!(calls.load(Ordering::Relaxed), 0);
 }
 
+#[test]
+fn a_failure_callback_that_allocates_through_its_adaptor_gets_the_error_not_a_second_call() {
+    use std::sync::OnceLock;
+    type Me<'a> = OnceLock<&'a (dyn MemoryResource<()> + Sync)>;
+    let me: Me<'_> = OnceLock::new();
+    let (calls, nested) = (AtomicU64::new(0), Mutex::new(Vec::new()));
+    let r =
+        FailureCallback::new(BumpUpstream::new(1 << 20), (&me, &calls, &nested), |_, (me, calls, nested)| {
+            calls.fetch_add(1, Ordering::Relaxed);
+            // A staging buffer through the same adaptor: out of memory too.
+            nested.lock().unwrap().push(me.get().unwrap().allocate(req(2 << 20), &()));
+            true
+        })
+        .with_max_retries(2);
+    me.set(&r).ok().unwrap();
+    // Before, each nested failure called the callback anew until the stack
+    // overflowed and the process aborted.
+    let err = r.allocate(req(2 << 20), &()).unwrap_err();
+    assert!(matches!(err, Error::OutOfMemory { requested, .. } if requested == 2 << 20));
+    // Called for the first attempt and each retry, never from inside itself.
+    assert_eq!(calls.load(Ordering::Relaxed), 3);
+    {
+        let nested = nested.lock().unwrap();
+        assert_eq!(nested.len(), 3);
+        assert!(nested.iter().all(|n| matches!(n, Err(Error::OutOfMemory { .. }))));
+    }
+    // The adaptor serves on, and its callback runs at the next failure, on
+    // any thread.
+    assert!(r.allocate(req(256), &()).is_ok());
+    std::thread::scope(|s| s.spawn(|| assert!(r.allocate(req(2 << 20), &()).is_err())).join().unwrap());
+    assert_eq!(calls.load(Ordering::Relaxed), 6);
+}
+
+// ---------------------------------------------------------------- tracking
 // ---------------------------------------------------------------- tracking
 
 #[test]
