@@ -25,8 +25,10 @@
 //! A row has exactly these six fields (a seventh, even empty, is a
 //! malformed row), and its numbers are digits only, with no sign.
 //! Header lines are skipped wherever they are (traces concatenated by
-//! `cat` read as one), as are blank lines; fields are trimmed. A reader
-//! that wants gzip decodes it and hands the text over as a [`BufRead`].
+//! `cat` read as one), as are blank lines; fields are trimmed. A line is
+//! UTF-8 of at most [`MAX_LINE`] bytes, read no further: a longer one is a
+//! malformed line, as is one that is not UTF-8. A reader that wants gzip
+//! decodes it and hands the text over as a [`BufRead`].
 //!
 //! # Examples
 //!
@@ -45,7 +47,7 @@
 use alloc::string::{String, ToString};
 use alloc::vec::Vec;
 use core::fmt;
-use std::io::{self, BufRead};
+use std::io::{self, BufRead, Read};
 
 #[cfg(test)]
 mod tests;
@@ -213,13 +215,20 @@ impl std::error::Error for ReadError {
     }
 }
 
+/// The longest line [`read`] takes, in bytes, its line break not counted:
+/// a row of the format is under 200 bytes, and a longer line (a file with no
+/// line break, a gzip of zeros) would otherwise grow without bound.
+pub const MAX_LINE: usize = 4096;
+
 /// Hands every row of `reader` to `each`, in order, with its line number.
 ///
 /// # Errors
 ///
-/// [`ReadError::Io`] from the reader; [`ReadError::Malformed`] for a row
-/// that does not parse (see [`Record::parse`]) or that `each` refuses
-/// (its message), naming the line. Rows after the first error are not read.
+/// [`ReadError::Io`] from the reader; [`ReadError::Malformed`] for a line
+/// longer than [`MAX_LINE`] bytes (read no further than that), one that is
+/// not UTF-8, a row that does not parse (see [`Record::parse`]) or that
+/// `each` refuses (its message), naming the line. Rows after the first
+/// error are not read.
 ///
 /// ```
 /// use memres_core::trace::{read, ReadError};
@@ -231,20 +240,36 @@ impl std::error::Error for ReadError {
 /// # Ok::<(), ReadError>(())
 /// ```
 pub fn read(
-    reader: impl BufRead,
+    mut reader: impl BufRead,
     mut each: impl FnMut(u64, Record<&str>) -> Result<(), String>,
 ) -> Result<(), ReadError> {
-    for (i, line) in reader.lines().enumerate() {
-        let number = i as u64 + 1;
-        let line = line.map_err(ReadError::Io)?;
-        if is_skipped(&line) {
+    let mut bytes = Vec::new();
+    let mut number = 0u64;
+    loop {
+        bytes.clear();
+        // One byte past the longest line tells a longer one, whose rest is
+        // never read.
+        let n =
+            (&mut reader).take(MAX_LINE as u64 + 1).read_until(b'\n', &mut bytes).map_err(ReadError::Io)?;
+        if n == 0 {
+            return Ok(());
+        }
+        number += 1;
+        let malformed = |what| ReadError::Malformed { line: number, what };
+        let text = match bytes.strip_suffix(b"\n") {
+            Some(text) => text,
+            None if bytes.len() > MAX_LINE => {
+                return Err(malformed(alloc::format!("longer than {MAX_LINE} bytes")))
+            }
+            None => &bytes[..],
+        };
+        let line = core::str::from_utf8(text)
+            .map_err(|e| malformed(alloc::format!("not UTF-8 (byte {} of the line)", e.valid_up_to() + 1)))?;
+        if is_skipped(line) {
             continue;
         }
-        Record::parse(&line)
-            .and_then(|record| each(number, record))
-            .map_err(|what| ReadError::Malformed { line: number, what })?;
+        Record::parse(line).and_then(|record| each(number, record)).map_err(malformed)?;
     }
-    Ok(())
 }
 
 /// Every row of `reader`, kept.

@@ -112,6 +112,58 @@ fn reader_errors_are_io_errors() {
     }
     let e = read_all(std::io::BufReader::new(Broken)).unwrap_err();
     assert!(matches!(&e, ReadError::Io(io) if io.to_string() == "disk gone"), "{e}");
-    // Bytes that are not UTF-8 are the reader's error, not a panic.
-    assert!(matches!(read_all(&b"0,1,free,0x10,1,\xff\n"[..]), Err(ReadError::Io(_))));
+}
+
+/// Bytes that are not UTF-8 are a malformed line naming its line (they were
+/// the reader's error, with no line), and the rows before it are read.
+#[test]
+fn a_line_that_is_not_utf8_names_its_line() {
+    let mut seen = vec![];
+    let e = read(&b"0,1,allocate,0x10,1,0\n0,1,free,0x10,1,\xff\n0,2,free,0x20,1,0\n"[..], |line, _| {
+        seen.push(line);
+        Ok(())
+    })
+    .unwrap_err();
+    assert_eq!(e.to_string(), "line 2: not UTF-8 (byte 17 of the line)");
+    assert_eq!(seen, [1]);
+}
+
+/// A line is read no further than `MAX_LINE` bytes: a file with no line
+/// break (a gzip of zeros) is a malformed line, not a string that grows
+/// until memory runs out.
+#[test]
+fn a_line_longer_than_the_longest_row_is_refused_without_reading_its_rest() {
+    use std::io::{BufReader, Read};
+    /// Counts the bytes taken from it.
+    struct Counting<R>(R, std::rc::Rc<core::cell::Cell<u64>>);
+    impl<R: Read> Read for Counting<R> {
+        fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+            let n = self.0.read(buf)?;
+            self.1.set(self.1.get() + n as u64);
+            Ok(n)
+        }
+    }
+    let taken = std::rc::Rc::new(core::cell::Cell::new(0));
+    let endless = std::io::repeat(b'0').take(64 << 20);
+    let e = read(BufReader::new(Counting(endless, taken.clone())), |_, _| Ok(())).unwrap_err();
+    assert_eq!(e.to_string(), format!("line 1: longer than {MAX_LINE} bytes"));
+    assert!(taken.get() <= 2 * (MAX_LINE as u64 + 8192), "read {} bytes of one line", taken.get());
+    // The line is named where it lies; one of `MAX_LINE` bytes is read
+    // whole (as a row it has one field).
+    let header = "Thread,Time,Action,Pointer,Size,Stream\n";
+    for (length, what) in [
+        (MAX_LINE, "expected 6 fields, found 1".to_string()),
+        (MAX_LINE + 1, format!("longer than {MAX_LINE} bytes")),
+    ] {
+        // Followed by a row, or the last line, with no line break.
+        for rest in ["\n0,1,free,0x10,1,0\n", ""] {
+            let text = format!("{header}{}{rest}", "7".repeat(length));
+            match read_all(text.as_bytes()).unwrap_err() {
+                ReadError::Malformed { line, what: w } => {
+                    assert_eq!((line, &w), (2, &what), "{length} {rest:?}")
+                }
+                ReadError::Io(e) => panic!("{e}"),
+            }
+        }
+    }
 }
