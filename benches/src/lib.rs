@@ -15,6 +15,7 @@
 //!   for what a placement that never moves a block can reach.
 //! - `cuda` (feature `cuda`): the CUDA upstreams and plain CUDA resources.
 //! - [`report`]: the rows the tool prints, as a table or JSON lines.
+//! - [`paths`]: the files a replay reads and writes, checked before it runs.
 //!
 //! # Example
 //!
@@ -37,6 +38,7 @@ pub mod map;
 pub mod names;
 pub mod observe;
 pub mod offline;
+pub mod paths;
 pub mod peers;
 pub mod replay;
 pub mod report;

@@ -153,6 +153,13 @@ fn check_log_path(file: &Value) -> Result<(), StackError> {
     })
 }
 
+/// What [`check_stack`] found of a stack.
+#[derive(Clone, Debug, Default)]
+pub struct Checked {
+    /// The files its `log` layers write.
+    pub logs: Vec<PathBuf>,
+}
+
 /// Builds `text` once to check it, before anything is replayed: its names,
 /// keys and values. `cuda` and `async` leaves are known (as stand-ins that
 /// hold nothing) only with `--upstream cuda|async`.
@@ -161,11 +168,15 @@ fn check_log_path(file: &Value) -> Result<(), StackError> {
 ///
 /// The message of [`crate::names::explain`]: the fault's position, and
 /// for an unknown name or key the valid ones and the nearest.
-pub fn check_stack(text: &str, upstream: UpstreamKind) -> Result<(), String> {
+pub fn check_stack(text: &str, upstream: UpstreamKind) -> Result<Checked, String> {
     let mut b = builder();
+    let logs = Arc::new(Mutex::new(Vec::new()));
+    let seen = logs.clone();
     // Checked, not opened: a run refused later leaves the file as it was.
-    b.register("log", |call, cx| {
-        check_log_path(log_file(call)?)?;
+    b.register("log", move |call, cx| {
+        let file = log_file(call)?;
+        check_log_path(file)?;
+        seen.lock().unwrap_or_else(|p| p.into_inner()).push(PathBuf::from(file.text()?));
         cx.upstream(call, 0)
     });
     if upstream.is_cuda() {
@@ -179,7 +190,9 @@ pub fn check_stack(text: &str, upstream: UpstreamKind) -> Result<(), String> {
     let world = SimWorld::new();
     parse(text)
         .and_then(|call| b.build_call(&call, &world.default_stream()).map(drop))
-        .map_err(|e| crate::names::explain(text, &e))
+        .map_err(|e| crate::names::explain(text, &e))?;
+    let logs = std::mem::take(&mut *logs.lock().unwrap_or_else(|p| p.into_inner()));
+    Ok(Checked { logs })
 }
 
 /// Builds `text` and replays `workload` through it as `options` say:

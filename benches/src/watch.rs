@@ -5,6 +5,7 @@
 
 use crate::map;
 use crate::observe::{observe, Observation};
+use crate::paths::Named;
 use crate::timeline::{self, Chart};
 use crate::workload::Workload;
 use std::path::{Path, PathBuf};
@@ -57,6 +58,26 @@ impl Outputs {
             }
         }
         Ok(())
+    }
+
+    /// The files written for `pairs` watched (workload, stack) pairs, each
+    /// named as the command line named it.
+    pub fn files(&self, pairs: usize) -> Vec<Named> {
+        let mut files = Vec::new();
+        if let Some(path) = &self.snapshot {
+            for i in 0..pairs {
+                let file = numbered(path, i, pairs);
+                let what = match pairs {
+                    1 => format!("--snapshot {}", path.display()),
+                    _ => format!("--snapshot {} (its file {})", path.display(), file.display()),
+                };
+                files.push(Named::new(file, what));
+            }
+        }
+        if let Some(path) = &self.timeline {
+            files.push(Named::new(path, format!("--timeline {}", path.display())));
+        }
+        files
     }
 }
 

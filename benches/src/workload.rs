@@ -208,6 +208,13 @@ impl Workload {
     }
 }
 
+/// The trace file `spec` names: `None` for a generator (`random:...`,
+/// `lograndom:...`).
+pub fn trace_path(spec: &str) -> Option<&Path> {
+    let generated = spec.starts_with("random:") || spec.starts_with("lograndom:");
+    (!generated).then(|| Path::new(spec))
+}
+
 fn spec_error(spec: &str, what: impl Into<String>) -> WorkloadError {
     WorkloadError::Spec { spec: spec.to_owned(), what: what.into() }
 }

@@ -817,3 +817,54 @@ fn steps_inside_one_trace_are_laid_out_when_the_step_length_matches_the_loop() {
     let zero = memres(&["steps", "--stack", stack, "--every", "0", TRANSFORMER]);
     assert_eq!(zero.status.code(), Some(2), "{}", stderr(&zero));
 }
+
+/// An output that is a workload's trace, or another output, under any
+/// name, is refused before anything runs (exit status 2, both named), and
+/// the trace is left whole: it was overwritten by the timeline, the
+/// snapshot or a log.
+#[test]
+fn an_output_that_is_a_workload_or_another_output_is_refused_before_anything_runs() {
+    let text = "Thread,Time,Action,Pointer,Size,Stream\n0,1,allocate,0x100,1000,0\n0,2,free,0x100,1000,0\n";
+    let trace = Fixture::new("t.csv", text);
+    std::fs::create_dir(trace.0.with_file_name("sub")).unwrap();
+    let other = trace.0.with_file_name("sub/../t.csv");
+    let other = other.to_str().unwrap();
+    let out = trace.0.with_file_name("out.csv");
+    let out = out.to_str().unwrap();
+    let log = format!("log(pool(sim), file={other})");
+    let cases: [(Vec<&str>, &str); 5] = [
+        (vec!["--timeline", trace.path()], "--timeline"),
+        (vec!["--timeline", other], "--timeline"),
+        (vec!["--snapshot", trace.path()], "--snapshot"),
+        (vec!["--stack", &log], "the log"),
+        (vec!["--snapshot", out, "--timeline", out], "--snapshot"),
+    ];
+    for (args, first) in cases {
+        let mut all = vec!["replay", "-r", "pool"];
+        all.extend(&args);
+        all.push(trace.path());
+        let o = memres(&all);
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {}", stderr(&o));
+        assert_eq!(stdout(&o), "", "{args:?}: nothing ran");
+        let e = stderr(&o);
+        assert!(e.contains(first) && e.contains("are the same file"), "{args:?}: {e}");
+        assert_eq!(std::fs::read_to_string(trace.path()).unwrap(), text, "{args:?}");
+        assert!(!std::path::Path::new(out).exists(), "{args:?}");
+    }
+    // Two snapshots are FILE-0 and FILE-1: a timeline may be FILE.
+    let o = memres(&[
+        "replay",
+        "--passes",
+        "1",
+        "-r",
+        "pool,binning",
+        "--snapshot",
+        out,
+        "--timeline",
+        out,
+        trace.path(),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(std::fs::read_to_string(out).unwrap().starts_with("workload,resource,op,"));
+    assert_eq!(std::fs::read_to_string(trace.path()).unwrap(), text);
+}

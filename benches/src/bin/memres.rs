@@ -3,13 +3,14 @@
 
 use clap::{Parser, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
+use memres_bench::paths::{check_distinct, Named};
 use memres_bench::report::{csv_line, json_line, table, Row, CSV_HEADER};
 use memres_bench::resources::{
     select, spelled, Kind, Param, Resource, RunError, RunOptions, UpstreamKind, RESOURCES,
 };
 use memres_bench::stack::{check_stack, run_stack};
 use memres_bench::watch::{self, Outputs, SnapshotAt, Target};
-use memres_bench::workload::Workload;
+use memres_bench::workload::{trace_path, Workload};
 use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -386,9 +387,12 @@ fn replay(
             },
         })
         .collect();
+    let mut logs = Vec::new();
     for t in &targets {
         if let Some(text) = &t.stack {
-            check_stack(text, options.upstream).map_err(Failure::Usage)?;
+            let checked = check_stack(text, options.upstream).map_err(Failure::Usage)?;
+            let named = |p: PathBuf| Named::new(&p, format!("the log {} of `{text}`", p.display()));
+            logs.extend(checked.logs.into_iter().map(named));
         }
     }
     let family;
@@ -407,6 +411,14 @@ fn replay(
     } else {
         specs.to_vec()
     };
+    // No output may overwrite a trace or another output.
+    let inputs: Vec<Named> = specs
+        .iter()
+        .filter_map(|s| trace_path(s))
+        .map(|p| Named::new(p, format!("the workload {}", p.display())))
+        .collect();
+    let pairs = specs.len() * targets.iter().filter(|t| t.stack.is_some()).count();
+    check_distinct(&inputs, &outputs.files(pairs), &logs).map_err(Failure::Usage)?;
     // Decode every workload before replaying any: a bad one stops the run
     // before it prints anything.
     let workloads: Vec<Workload> = specs

@@ -1,0 +1,89 @@
+//! The files `memres replay` reads and writes, checked before anything
+//! runs: an output that is a workload's trace, or another output, would
+//! overwrite it.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+
+#[cfg(test)]
+mod tests;
+
+/// A file of the run and how the command line named it, for messages.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Named {
+    /// The path as given.
+    pub path: PathBuf,
+    /// What names it: `--timeline t.html`, `the workload t.csv`.
+    pub what: String,
+}
+
+impl Named {
+    /// `path`, named by `what`.
+    pub fn new(path: impl Into<PathBuf>, what: impl Into<String>) -> Named {
+        Named { path: path.into(), what: what.into() }
+    }
+}
+
+/// Where `path` lies: its canonical path, or for a file not made yet its
+/// canonical folder and its name.
+fn identity(path: &Path) -> Option<PathBuf> {
+    if let Ok(p) = fs::canonicalize(path) {
+        return Some(p);
+    }
+    let name = path.file_name()?;
+    let folder = match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    };
+    fs::canonicalize(folder).ok().map(|p| p.join(name))
+}
+
+/// Whether `a` and `b` are one file, under any names (links included). A
+/// device or a pipe (`/dev/null`) is no file to keep: never the same.
+pub fn same_file(a: &Path, b: &Path) -> bool {
+    match (fs::metadata(a), fs::metadata(b)) {
+        (Ok(x), Ok(y)) => {
+            if !(x.is_file() && y.is_file()) {
+                return false;
+            }
+            #[cfg(unix)]
+            {
+                use std::os::unix::fs::MetadataExt;
+                x.dev() == y.dev() && x.ino() == y.ino()
+            }
+            #[cfg(not(unix))]
+            {
+                identity(a).is_some() && identity(a) == identity(b)
+            }
+        }
+        // One is made by the run, the other is there already: two files.
+        (Ok(_), Err(_)) | (Err(_), Ok(_)) => false,
+        (Err(_), Err(_)) => identity(a).is_some() && identity(a) == identity(b),
+    }
+}
+
+/// Refuses an output that is the same file as a workload's trace or as
+/// another output; a log may be one file with another log (the later
+/// builds append to it), with nothing else.
+///
+/// # Errors
+///
+/// The message, naming both.
+pub fn check_distinct(inputs: &[Named], outputs: &[Named], logs: &[Named]) -> Result<(), String> {
+    let clash = |a: &Named, b: &Named| {
+        same_file(&a.path, &b.path)
+            .then(|| format!("{} and {} are the same file: it would be overwritten", a.what, b.what))
+    };
+    for (i, out) in outputs.iter().enumerate() {
+        let others = inputs.iter().chain(&outputs[i + 1..]).chain(logs);
+        if let Some(message) = others.filter_map(|other| clash(out, other)).next() {
+            return Err(message);
+        }
+    }
+    for log in logs {
+        if let Some(message) = inputs.iter().filter_map(|input| clash(log, input)).next() {
+            return Err(message);
+        }
+    }
+    Ok(())
+}

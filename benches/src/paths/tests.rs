@@ -1,0 +1,74 @@
+use super::*;
+
+/// A folder of its own, removed on drop.
+struct Folder(PathBuf);
+
+impl Folder {
+    fn new(name: &str) -> Folder {
+        let dir = std::env::temp_dir().join(format!("memres-paths-{}-{name}", std::process::id()));
+        fs::create_dir_all(&dir).unwrap();
+        Folder(dir)
+    }
+}
+
+impl Drop for Folder {
+    fn drop(&mut self) {
+        let _ = fs::remove_dir_all(&self.0);
+    }
+}
+
+#[test]
+fn one_file_under_any_name_is_the_same_and_two_are_not() {
+    let dir = Folder::new("same");
+    let (a, b) = (dir.0.join("a.csv"), dir.0.join("b.csv"));
+    fs::write(&a, "x").unwrap();
+    fs::write(&b, "x").unwrap();
+    fs::create_dir(dir.0.join("sub")).unwrap();
+    assert!(same_file(&a, &a));
+    assert!(same_file(&a, &dir.0.join("sub/../a.csv")), "another spelling");
+    assert!(!same_file(&a, &b), "two files of the same text");
+    #[cfg(unix)]
+    {
+        std::os::unix::fs::symlink(&a, dir.0.join("link.csv")).unwrap();
+        fs::hard_link(&a, dir.0.join("hard.csv")).unwrap();
+        assert!(same_file(&dir.0.join("link.csv"), &a), "a symbolic link");
+        assert!(same_file(&dir.0.join("hard.csv"), &a), "a hard link");
+        assert!(!same_file(Path::new("/dev/null"), Path::new("/dev/null")), "a device is no file to keep");
+    }
+    // Files not made yet: by their folder and name.
+    let new = dir.0.join("new.html");
+    assert!(same_file(&new, &dir.0.join("sub/../new.html")));
+    assert!(!same_file(&new, &dir.0.join("other.html")));
+    assert!(!same_file(&new, &a), "one there, one not");
+}
+
+#[test]
+fn an_output_clashing_with_a_workload_or_another_output_is_named_with_it() {
+    let dir = Folder::new("distinct");
+    let trace = dir.0.join("t.csv");
+    fs::write(&trace, "x").unwrap();
+    fs::create_dir(dir.0.join("sub")).unwrap();
+    let input = [Named::new(&trace, "the workload t.csv")];
+    let timeline = Named::new(dir.0.join("sub/../t.csv"), "--timeline t.csv");
+    let e = check_distinct(&input, &[timeline], &[]).unwrap_err();
+    assert_eq!(e, "--timeline t.csv and the workload t.csv are the same file: it would be overwritten");
+    let (x, y) = (
+        Named::new(dir.0.join("x.csv"), "--snapshot x.csv"),
+        Named::new(dir.0.join("x.csv"), "--timeline x.csv"),
+    );
+    let e = check_distinct(&input, &[x.clone(), y], &[]).unwrap_err();
+    assert!(e.starts_with("--snapshot x.csv and --timeline x.csv"), "{e}");
+    let log = Named::new(&trace, "the log t.csv");
+    assert!(check_distinct(&input, &[], std::slice::from_ref(&log))
+        .unwrap_err()
+        .starts_with("the log t.csv and the workload"));
+    assert!(check_distinct(
+        &[],
+        std::slice::from_ref(&x),
+        &[Named::new(dir.0.join("x.csv"), "the log x.csv")]
+    )
+    .is_err());
+    // Two logs may be one file; distinct files pass.
+    assert_eq!(check_distinct(&[], &[], &[log.clone(), log]), Ok(()));
+    assert_eq!(check_distinct(&input, &[x], &[Named::new(dir.0.join("l.csv"), "the log l.csv")]), Ok(()));
+}
