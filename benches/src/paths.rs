@@ -2,7 +2,8 @@
 //! runs: an output that is a workload's trace, or another output, would
 //! overwrite it.
 
-use std::fs;
+use std::fs::{self, OpenOptions};
+use std::io;
 use std::path::{Path, PathBuf};
 
 #[cfg(test)]
@@ -84,6 +85,41 @@ pub fn check_distinct(inputs: &[Named], outputs: &[Named], logs: &[Named]) -> Re
         if let Some(message) = inputs.iter().filter_map(|input| clash(log, input)).next() {
             return Err(message);
         }
+    }
+    Ok(())
+}
+
+/// Checks that `path` can be written, leaving it as it was: a directory is
+/// refused (a `--snapshot out/` wrote `out-0` beside it), an existing file
+/// is opened to append (and closed with nothing written), a new one is
+/// made and removed again (so a folder that does not exist or cannot be
+/// written to is told now, not after the run).
+///
+/// # Errors
+///
+/// Why it cannot be written.
+pub fn check_writable(path: &Path) -> io::Result<()> {
+    if path.is_dir() {
+        return Err(io::Error::new(io::ErrorKind::IsADirectory, "it is a directory"));
+    }
+    if path.exists() {
+        OpenOptions::new().append(true).open(path).map(drop)
+    } else {
+        OpenOptions::new().write(true).create_new(true).open(path).and_then(|made| {
+            drop(made);
+            fs::remove_file(path)
+        })
+    }
+}
+
+/// [`check_writable`] for each of `outputs`.
+///
+/// # Errors
+///
+/// The message, naming the first that cannot be written.
+pub fn check_outputs(outputs: &[Named]) -> Result<(), String> {
+    for out in outputs {
+        check_writable(&out.path).map_err(|e| format!("cannot write {}: {e}", out.what))?;
     }
     Ok(())
 }

@@ -48,7 +48,6 @@ use memres_core::{Block, DynResource, Inspect, MemoryResource, MemoryResourceMut
 use memres_sim::{HostMemory, SimAddressSpace, SimDevice, SimStream, SimWorld};
 use std::collections::BTreeSet;
 use std::fmt;
-use std::fs::OpenOptions;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -134,21 +133,11 @@ fn open_run_log<R>(file: &Value, upstream: R) -> Result<Logging<R>, StackError> 
     Ok(log)
 }
 
-/// Checks that `path` can be logged to, leaving it as it was: an existing
-/// file is opened to append (and closed with nothing written), a new one
-/// is made and removed again (so a directory that cannot be written to is
-/// told now).
+/// Checks that `path` can be logged to, leaving it as it was
+/// ([`crate::paths::check_writable`]).
 fn check_log_path(file: &Value) -> Result<(), StackError> {
     let path = Path::new(file.text()?);
-    let found = if path.exists() {
-        OpenOptions::new().append(true).open(path).map(drop)
-    } else {
-        OpenOptions::new().write(true).create_new(true).open(path).and_then(|made| {
-            drop(made);
-            std::fs::remove_file(path)
-        })
-    };
-    found.map_err(|e| {
+    crate::paths::check_writable(path).map_err(|e| {
         StackError::new(file.pos(), StackErrorKind::Io(format!("cannot log to `{}`: {e}", path.display())))
     })
 }
@@ -158,6 +147,9 @@ fn check_log_path(file: &Value) -> Result<(), StackError> {
 pub struct Checked {
     /// The files its `log` layers write.
     pub logs: Vec<PathBuf>,
+    /// Whether `--timeline`, `--snapshot` and `--map` can watch it: it has
+    /// a `sim` or `host` leaf (a `vpool` maps granules of its own space).
+    pub watched: bool,
 }
 
 /// Builds `text` once to check it, before anything is replayed: its names,
@@ -188,11 +180,12 @@ pub fn check_stack(text: &str, upstream: UpstreamKind) -> Result<Checked, String
         }
     }
     let world = SimWorld::new();
-    parse(text)
-        .and_then(|call| b.build_call(&call, &world.default_stream()).map(drop))
+    let built = parse(text)
+        .and_then(|call| b.build_call_with_handles(&call, &world.default_stream()))
         .map_err(|e| crate::names::explain(text, &e))?;
+    let watched = built.get::<SimDevice>("sim").is_some() || built.get::<HostMemory>("host").is_some();
     let logs = std::mem::take(&mut *logs.lock().unwrap_or_else(|p| p.into_inner()));
-    Ok(Checked { logs })
+    Ok(Checked { logs, watched })
 }
 
 /// Builds `text` and replays `workload` through it as `options` say:

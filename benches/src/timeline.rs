@@ -42,7 +42,10 @@ pub fn write(path: &Path, charts: &[Chart<'_>]) -> Result<(), String> {
         Some("html") | Some("htm") => html(charts)?,
         _ => return Err(format!("--timeline {}: the file must end in .html, .svg or .csv", path.display())),
     };
-    std::fs::write(path, text).map_err(|e| format!("cannot write {}: {e}", path.display()))
+    // Whole, as a snapshot: a browser open on the file never reads part of
+    // it, and a failure leaves the file as it was.
+    memres_core::snapshot::write_file(path, text.as_bytes())
+        .map_err(|e| format!("cannot write {}: {e}", path.display()))
 }
 
 /// The samples as CSV: one line per (workload, resource, sample).

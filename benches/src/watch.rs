@@ -40,12 +40,21 @@ impl Outputs {
         self.timeline.is_some() || self.snapshot.is_some() || self.map
     }
 
-    /// Refuses a timeline file of an unknown kind before anything runs.
+    /// Refuses a timeline file of an unknown kind, and a timeline or
+    /// snapshot that names a directory, before anything runs.
     ///
     /// # Errors
     ///
     /// The message to print.
     pub fn check(&self) -> Result<(), String> {
+        for (option, path) in [("--timeline", &self.timeline), ("--snapshot", &self.snapshot)] {
+            let Some(path) = path else { continue };
+            // Numbered snapshots of `out/` were written beside it, `out-0`.
+            let slash = path.to_string_lossy().ends_with(std::path::is_separator);
+            if slash || path.is_dir() {
+                return Err(format!("cannot write {option} {}: it names a directory", path.display()));
+            }
+        }
         if let Some(path) = &self.timeline {
             match path.extension().and_then(|e| e.to_str()) {
                 Some("html" | "htm" | "svg" | "csv") => {}
@@ -89,6 +98,15 @@ pub struct Target {
     pub name: String,
     /// The stack string.
     pub stack: Option<String>,
+    /// Whether its stack can be watched
+    /// ([`Checked::watched`](crate::stack::Checked::watched)).
+    pub watched: bool,
+}
+
+/// How many (workload, stack) pairs of `workloads` workloads are watched:
+/// the snapshots written, numbered in row order.
+pub fn pairs(targets: &[Target], workloads: usize) -> usize {
+    workloads * targets.iter().filter(|t| t.watched).count()
 }
 
 /// The file of the `i`th of `n` snapshots: `path` itself for one, else
@@ -120,13 +138,25 @@ pub fn write(
     let mut seen: Vec<(String, String, Observation)> = Vec::new();
     let mut notes = Vec::new();
     let mut map_text = String::new();
-    let pairs = workloads.len() * targets.iter().filter(|t| t.stack.is_some()).count();
+    let pairs = pairs(targets, workloads.len());
+    // The number of the next watched pair's snapshot, whether or not the
+    // one before could be watched: the names the check before the run saw.
+    let mut next = 0;
     for w in workloads {
         for t in targets {
             let Some(stack) = &t.stack else {
                 notes.push(format!("{} is not a memres stack: no timeline, snapshot or map", t.name));
                 continue;
             };
+            if !t.watched {
+                notes.push(format!(
+                    "{} has no sim or host leaf whose allocations can be watched: no timeline, snapshot or map",
+                    t.name
+                ));
+                continue;
+            }
+            let number = next;
+            next += 1;
             let full = match observe(stack, w, None) {
                 Ok(full) => full,
                 Err(e) => {
@@ -149,7 +179,7 @@ pub fn write(
                 None
             };
             if let Some(path) = &outputs.snapshot {
-                let file = numbered(path, seen.len(), pairs);
+                let file = numbered(path, number, pairs);
                 let (state, when) = match (&full.failure, outputs.at, &peak_state) {
                     (Some(f), ..) => (&full, format!("at the failed op {}", f.op)),
                     (None, SnapshotAt::Peak, Some(p)) => {

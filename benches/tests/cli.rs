@@ -868,3 +868,74 @@ fn an_output_that_is_a_workload_or_another_output_is_refused_before_anything_run
     assert!(std::fs::read_to_string(out).unwrap().starts_with("workload,resource,op,"));
     assert_eq!(std::fs::read_to_string(trace.path()).unwrap(), text);
 }
+
+/// Every output is checked before the run, as a log's file is: one that
+/// cannot be written (a missing folder, a directory) is bad usage with
+/// nothing run, where the whole run went by and then failed with status 1.
+#[test]
+fn an_output_that_cannot_be_written_is_refused_before_anything_runs() {
+    let dir = Fixture::new("placeholder", "");
+    let folder = dir.0.with_file_name("out");
+    std::fs::create_dir(&folder).unwrap();
+    let folder_slash = format!("{}/", folder.display());
+    let html_folder = dir.0.with_file_name("t.html");
+    std::fs::create_dir(&html_folder).unwrap();
+    let cases: [(&str, &str, &str); 5] = [
+        ("--timeline", "/nonexistent-dir/t.html", "pool"),
+        ("--snapshot", "/nonexistent-dir/s.pickle", "pool"),
+        ("--snapshot", folder.to_str().unwrap(), "pool"),
+        // Two pairs: `out-0` was written beside the directory.
+        ("--snapshot", &folder_slash, "pool,binning"),
+        ("--timeline", html_folder.to_str().unwrap(), "pool"),
+    ];
+    for (option, path, resources) in cases {
+        let o = memres(&["replay", "-r", resources, option, path, "random:100:1000:1"]);
+        assert_eq!(o.status.code(), Some(2), "{option} {path}: {}", stderr(&o));
+        assert_eq!(stdout(&o), "", "{option} {path}: nothing ran");
+        assert!(stderr(&o).contains(&format!("cannot write {option} {path}")), "{}", stderr(&o));
+    }
+    let beside: Vec<_> =
+        std::fs::read_dir(dir.0.parent().unwrap()).unwrap().map(|e| e.unwrap().file_name()).collect();
+    assert_eq!(beside.len(), 3, "nothing beside the directories: {beside:?}");
+    assert_eq!(std::fs::read_dir(&folder).unwrap().count(), 0);
+}
+
+/// A stack that cannot be watched (a `vpool`) takes no snapshot number: with
+/// one watched pair the snapshot is FILE itself, as documented.
+#[test]
+fn snapshots_are_numbered_over_the_stacks_that_can_be_watched() {
+    let dir = Fixture::new("placeholder", "");
+    let snap = dir.0.with_file_name("s.pickle");
+    let o = memres(&[
+        "replay",
+        "--passes",
+        "1",
+        "-r",
+        "pool,vpool",
+        "--snapshot",
+        snap.to_str().unwrap(),
+        "random:200:100000:1",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(snap.exists() && !dir.0.with_file_name("s-0.pickle").exists(), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("vpool has no sim or host leaf whose allocations can be watched"),
+        "{}",
+        stderr(&o)
+    );
+    // With two watched pairs the numbers follow the rows, the vpool's skipped.
+    let o = memres(&[
+        "replay",
+        "--passes",
+        "1",
+        "-r",
+        "vpool,pool,binning",
+        "--snapshot",
+        snap.to_str().unwrap(),
+        "random:200:100000:1",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let e = stderr(&o);
+    assert!(e.contains("s-0.pickle (pool on ") && e.contains("s-1.pickle (binning on "), "{e}");
+    assert!(!dir.0.with_file_name("s-2.pickle").exists());
+}

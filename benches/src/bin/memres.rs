@@ -3,7 +3,7 @@
 
 use clap::{Parser, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
-use memres_bench::paths::{check_distinct, Named};
+use memres_bench::paths::{check_distinct, check_outputs, Named};
 use memres_bench::report::{csv_line, json_line, table, Row, CSV_HEADER};
 use memres_bench::resources::{
     select, spelled, Kind, Param, Resource, RunError, RunOptions, UpstreamKind, RESOURCES,
@@ -76,9 +76,9 @@ enum Command {
         #[arg(long, value_name = "FILE")]
         timeline: Option<PathBuf>,
         /// Write a snapshot in the format of PyTorch's
-        /// `torch.cuda.memory._snapshot()` (a pickle) per (workload, stack):
-        /// FILE for one, FILE-0, FILE-1, ... for more; at an op that fails,
-        /// there.
+        /// `torch.cuda.memory._snapshot()` (a pickle) per (workload, stack)
+        /// that can be watched: FILE for one, FILE-0, FILE-1, ... for more;
+        /// at an op that fails, there.
         #[arg(long, value_name = "FILE")]
         snapshot: Option<PathBuf>,
         /// When the snapshot is taken.
@@ -377,7 +377,7 @@ fn replay(
     }
     // Every stack is built once before anything is replayed: a wrong name,
     // key or value stops the run at once.
-    let targets: Vec<Target> = sources
+    let mut targets: Vec<Target> = sources
         .iter()
         .map(|(name, source)| Target {
             name: name.clone(),
@@ -385,14 +385,16 @@ fn replay(
                 Source::Resource(r, param) => r.stack(options.upstream, *param),
                 Source::Stack(text) => Some(text.clone()),
             },
+            watched: false,
         })
         .collect();
     let mut logs = Vec::new();
-    for t in &targets {
+    for t in &mut targets {
         if let Some(text) = &t.stack {
             let checked = check_stack(text, options.upstream).map_err(Failure::Usage)?;
             let named = |p: PathBuf| Named::new(&p, format!("the log {} of `{text}`", p.display()));
             logs.extend(checked.logs.into_iter().map(named));
+            t.watched = checked.watched;
         }
     }
     let family;
@@ -417,8 +419,10 @@ fn replay(
         .filter_map(|s| trace_path(s))
         .map(|p| Named::new(p, format!("the workload {}", p.display())))
         .collect();
-    let pairs = specs.len() * targets.iter().filter(|t| t.stack.is_some()).count();
-    check_distinct(&inputs, &outputs.files(pairs), &logs).map_err(Failure::Usage)?;
+    let files = outputs.files(watch::pairs(&targets, specs.len()));
+    check_distinct(&inputs, &files, &logs).map_err(Failure::Usage)?;
+    // Each output can be written: told now, not after the run.
+    check_outputs(&files).map_err(Failure::Usage)?;
     // Decode every workload before replaying any: a bad one stops the run
     // before it prints anything.
     let workloads: Vec<Workload> = specs

@@ -55,3 +55,23 @@ fn a_trace_with_times_labels_the_ops_with_them() {
     assert!(csv(&[Chart { resource: "pool", workload: &w.name, observation: &o }])
         .contains(",pool,1,36001000000,"));
 }
+
+/// The timeline is written whole, into a new file renamed over the old
+/// one: another name of the old file (a hard link, a reader holding it
+/// open) keeps what it held, where it was truncated and written in place.
+#[cfg(unix)]
+#[test]
+fn the_timeline_is_written_whole_never_in_place() {
+    let dir = std::env::temp_dir().join(format!("memres-timeline-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (file, kept) = (dir.join("t.csv"), dir.join("kept.csv"));
+    std::fs::write(&file, "old").unwrap();
+    std::fs::hard_link(&file, &kept).unwrap();
+    write(&file, &[]).unwrap();
+    let (new, old) = (std::fs::read_to_string(&file).unwrap(), std::fs::read_to_string(&kept).unwrap());
+    let listed = std::fs::read_dir(&dir).unwrap().count();
+    std::fs::remove_dir_all(&dir).unwrap();
+    assert!(new.starts_with("workload,resource,op,"), "{new}");
+    assert_eq!(old, "old");
+    assert_eq!(listed, 2, "no temporary file left");
+}
