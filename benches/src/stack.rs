@@ -14,11 +14,13 @@
 //! workload stream on one thread, on the thread's own stream with
 //! `--streams`.
 //!
-//! Its peak upstream is the peak of its leaf: the outermost `sim` or
-//! `host` device, else a `vpool`'s peak committed bytes, else a CUDA leaf's.
-//! Its upstream allocations per timed pass are those of the outermost `sim`
-//! or `host` device, else the commits (maps) of its `vpool`'s space, on one
-//! thread; with no such leaf, or on threads, they are not counted.
+//! Its peak upstream is the peak of its leaves: what its `sim` and `host`
+//! devices held together (counted in one gauge they share), else a
+//! `vpool`'s peak committed bytes, else a CUDA leaf's; a `vpool` beside
+//! another leaf is refused. Its upstream allocations per timed pass are
+//! those of its `sim` and `host` devices, else the commits (maps) of its
+//! `vpool`'s space, on one thread; with no such leaf, or on threads, they
+//! are not counted.
 //!
 //! A `log` layer records only the first timed pass (the warm-up and later
 //! passes go straight to its upstream), so that the log of a replay replays
@@ -37,7 +39,7 @@ use crate::replay::{
 use crate::resources::{RunError, RunOptions, UpstreamKind};
 use crate::typed::{fixed_misfit, run_typed, Runner};
 use crate::workload::Workload;
-use memres_core::adaptor::Logging;
+use memres_core::adaptor::{Gauge, Logging};
 use memres_core::per_stream::{PerStreamPool, VirtualMaker};
 use memres_core::planned::Planned;
 use memres_core::stack::{
@@ -223,13 +225,16 @@ pub fn run_stack(
         Ok(typed) => return Ok(typed?),
         Err(runner) => runner,
     };
+    let gauge = sum_leaves(&mut builder);
     let built = builder.build_call_with_handles(&call, &build_stream).map_err(fail)?;
-    let (peak, counted) = leaf_figures(&built, cuda.is_some()).ok_or_else(|| {
-        RunError::Unsupported(format!(
-            "stack `{text}` has no sim, host or vpool leaf (or cuda or async, with --upstream cuda|async) \
-             whose peak the tool can read"
-        ))
-    })?;
+    let (peak, counted) = leaf_figures(&built, cuda.is_some(), gauge)
+        .map_err(|e| RunError::Unsupported(format!("stack `{text}` {e}")))?
+        .ok_or_else(|| {
+            RunError::Unsupported(format!(
+                "stack `{text}` has no sim, host or vpool leaf (or cuda or async, with --upstream cuda|async) \
+                 whose peak the tool can read"
+            ))
+        })?;
     let logs = built.all::<Gated<SimStream>>("log");
     if options.threads.is_some() && !logs.is_empty() {
         return Err(RunError::Unsupported(
@@ -261,26 +266,102 @@ type PeakOf = Box<dyn Fn() -> u64 + Send + Sync>;
 /// Reads the allocations a leaf has served so far, where it counts them.
 type AllocationsOf = Box<dyn Fn() -> Option<u64> + Send + Sync>;
 
-/// What a row reads of a built stack's leaf: the peak upstream of its
-/// outermost `sim` or `host`, else of its `vpool` (one, or one per stream
-/// over one space), else (with CUDA leaves) of its CUDA leaf; and the
-/// allocations made from it, which `sim` and `host` count, and a `vpool`
-/// as the commits (maps) of its space.
-fn leaf_figures(built: &Built<SimStream>, cuda: bool) -> Option<(PeakOf, AllocationsOf)> {
+/// A `sim` or `host` leaf that counts the bytes it holds in a gauge every
+/// such leaf of the stack shares: the peak of what several leaves hold
+/// together, which a sum of each one's peak is not (they need not peak at
+/// once). Counted as the leaves count them, each block rounded up to 256
+/// bytes.
+struct Summed {
+    leaf: DynResource<SimStream>,
+    gauge: Arc<Gauge>,
+}
+
+impl Summed {
+    /// What `sim` and `host` hold for a block of `size` bytes.
+    fn held(size: u64) -> u64 {
+        size.next_multiple_of(256)
+    }
+}
+
+impl MemoryResource<SimStream> for Summed {
+    fn allocate(&self, request: Request, stream: &SimStream) -> memres_core::Result<Block> {
+        let block = self.leaf.allocate(request, stream)?;
+        self.gauge.add(Self::held(block.size()));
+        Ok(block)
+    }
+
+    fn deallocate(&self, block: Block, stream: &SimStream) -> memres_core::Result<()> {
+        self.leaf.deallocate(block, stream)?;
+        self.gauge.sub(Self::held(block.size()));
+        Ok(())
+    }
+}
+
+/// Makes the `sim` and `host` leaves of what `builder` builds count in one
+/// gauge ([`Summed`]), which it returns. Each leaf is kept as its own type
+/// still (and numbered as before: the wrapper is not kept).
+fn sum_leaves(builder: &mut StackBuilder<SimStream>) -> Arc<Gauge> {
+    let gauge = Arc::new(Gauge::default());
+    for name in ["sim", "host"] {
+        let leaves = memres_sim::builder::<SimStream>();
+        let gauge = gauge.clone();
+        builder.register(name, move |call, cx| {
+            let leaf = cx.build_with(&leaves, call)?;
+            Ok(Arc::new(Summed { leaf, gauge: gauge.clone() }) as DynResource<SimStream>)
+        });
+    }
+    gauge
+}
+
+/// What a row reads of a built stack's leaves: the peak upstream of its
+/// `sim` or `host` leaf (of several, the peak of what they held together,
+/// from `gauge`, in which [`sum_leaves`] made them count), else of its
+/// `vpool` (one, or one per stream over one space), else (with CUDA
+/// leaves) of its CUDA leaf; and the allocations made from them, which
+/// `sim` and `host` count, and a `vpool` as the commits (maps) of its
+/// space.
+///
+/// # Errors
+///
+/// A stack whose leaves share no gauge: a `vpool` beside another leaf.
+fn leaf_figures(
+    built: &Built<SimStream>,
+    cuda: bool,
+    gauge: Arc<Gauge>,
+) -> Result<Option<(PeakOf, AllocationsOf)>, String> {
     let uncounted: AllocationsOf = Box::new(|| None);
-    if let Some(sim) = built.get::<SimDevice>("sim") {
+    let (sims, hosts) = (built.all::<SimDevice>("sim"), built.all::<HostMemory>("host"));
+    let single = built.all::<Shared<VirtualPool<SimAddressSpace>>>("vpool");
+    let per_stream = built.all::<VirtualPools>("vpool");
+    let (leaves, vpools) = (sims.len() + hosts.len(), single.len() + per_stream.len());
+    // Each vpool counts its committed bytes alone: what it and another
+    // leaf held at once is nowhere to read, and one leaf's peak alone was
+    // a footprint too low.
+    if vpools > 0 && leaves + vpools > 1 {
+        return Err(format!(
+            "has {} leaves, {vpools} of them vpool: the tool reads the peak of several leaves \
+             only where they are sim or host",
+            leaves + vpools
+        ));
+    }
+    Ok(if leaves > 1 {
+        let counts = move || {
+            Some(sims.iter().map(|s| s.call_counts().0).chain(hosts.iter().map(|h| h.call_counts().0)).sum())
+        };
+        Some((Box::new(move || gauge.peak()), Box::new(counts)))
+    } else if let Some(sim) = sims.into_iter().next() {
         let counts = sim.clone();
         Some((Box::new(move || sim.usage().peak_held), Box::new(move || Some(counts.call_counts().0))))
-    } else if let Some(host) = built.get::<HostMemory>("host") {
+    } else if let Some(host) = hosts.into_iter().next() {
         let counts = host.clone();
         Some((Box::new(move || host.usage().peak_held), Box::new(move || Some(counts.call_counts().0))))
-    } else if let Some(v) = built.get::<Shared<VirtualPool<SimAddressSpace>>>("vpool") {
+    } else if let Some(v) = single.into_iter().next() {
         let counts = v.clone();
         Some((
             Box::new(move || v.with(|v| v.usage().peak_held)),
             Box::new(move || Some(counts.with(|v| v.space().call_counts().0))),
         ))
-    } else if let Some(v) = built.get::<VirtualPools>("vpool") {
+    } else if let Some(v) = per_stream.into_iter().next() {
         let counts = v.clone();
         Some((
             Box::new(move || v.with(|v| v.usage().peak_held)),
@@ -290,7 +371,7 @@ fn leaf_figures(built: &Built<SimStream>, cuda: bool) -> Option<(PeakOf, Allocat
         cuda_peak(built).map(|peak| (peak, uncounted))
     } else {
         None
-    }
+    })
 }
 
 /// Replays a resource as the options say: on one thread, each op on the
@@ -479,14 +560,18 @@ pub fn run_steps(text: &str, workload: &Workload, every: u64, phase: u64) -> Res
         return Err(RunError::Unsupported("a step every 0 allocations".into()));
     }
     let world = SimWorld::new();
-    let built = builder()
+    let mut builder = builder();
+    let gauge = sum_leaves(&mut builder);
+    let built = builder
         .build_call_with_handles(&parse(text).map_err(fail)?, &world.default_stream())
         .map_err(fail)?;
-    let (peak, _) = leaf_figures(&built, false).ok_or_else(|| {
-        RunError::Unsupported(format!(
-            "stack `{text}` has no sim, host or vpool leaf whose peak the tool can read"
-        ))
-    })?;
+    let (peak, _) = leaf_figures(&built, false, gauge)
+        .map_err(|e| RunError::Unsupported(format!("stack `{text}` {e}")))?
+        .ok_or_else(|| {
+            RunError::Unsupported(format!(
+                "stack `{text}` has no sim, host or vpool leaf whose peak the tool can read"
+            ))
+        })?;
     let planned = built.all::<Planned<DynResource<SimStream>>>("planned");
     if planned.is_empty() {
         return Err(RunError::Unsupported(format!("stack `{text}` has no `planned` layer to step")));

@@ -939,3 +939,64 @@ fn snapshots_are_numbered_over_the_stacks_that_can_be_watched() {
     assert!(e.contains("s-0.pickle (pool on ") && e.contains("s-1.pickle (binning on "), "{e}");
     assert!(!dir.0.with_file_name("s-2.pickle").exists());
 }
+
+/// A stack of several leaves reports the peak of what they held together:
+/// it read its first leaf only (a footprint below 1, 1.000 where `--map`
+/// showed far more held), and a sum of each leaf's peak would be too high,
+/// the leaves peaking apart. A `vpool` beside another leaf, whose bytes
+/// count in no gauge the others share, is refused with why.
+#[test]
+fn a_stack_of_several_leaves_reports_the_peak_they_held_together() {
+    // Blocks of up to 768 bytes go to the bin's own `sim`, larger ones to
+    // the outer one: four small ones (3 KiB, the bin's peak), then 1 MiB
+    // (the outer one's peak) with one small one (the peak of the two).
+    let mut text = String::from("Thread,Time,Action,Pointer,Size,Stream\n");
+    for p in 1..=4 {
+        text.push_str(&format!("0,{p},allocate,0x{p}00,768,0\n"));
+    }
+    for p in 1..=4 {
+        text.push_str(&format!("0,{p},free,0x{p}00,768,0\n"));
+    }
+    text.push_str("0,9,allocate,0x900,1048576,0\n0,10,allocate,0xa00,768,0\n");
+    text.push_str("0,11,free,0x900,1048576,0\n0,12,free,0xa00,768,0\n");
+    let trace = Fixture::new("leaves.csv", &text);
+    let o = memres(&[
+        "replay",
+        "--json",
+        "--passes",
+        "1",
+        "--stack",
+        "binning(sim, bin(768, sim))",
+        trace.path(),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let row = &json_rows(&o)[0];
+    assert_eq!(row["peak_live"], 1048576 + 768);
+    assert_eq!(row["peak_upstream"], 1048576 + 768, "{row}");
+    assert_eq!(row["footprint"], 1.0, "{row}");
+    // Every leaf's allocations count: the six of the trace, each from a leaf.
+    assert_eq!(row["upstream_allocs_per_pass"], 6.0, "{row}");
+    // With threads the leaves count in the same gauge.
+    let o = memres(&[
+        "replay",
+        "--json",
+        "--passes",
+        "1",
+        "--streams",
+        "1",
+        "--stack",
+        "binning(sim, bin(768, sim))",
+        trace.path(),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(json_rows(&o)[0]["peak_upstream"], 1048576 + 768);
+    // The same under `steps`.
+    let o =
+        memres(&["steps", "--stack", "planned(binning(sim, bin(768, sim)))", "--every", "100", trace.path()]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stdout(&o).contains("footprint 1.000;"), "{}", stdout(&o));
+    let o = memres(&["replay", "--json", "--stack", "binning(vpool(sim), bin(768, sim))", trace.path()]);
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    let error = json_rows(&o)[0]["error"].as_str().unwrap().to_string();
+    assert!(error.contains("2 leaves, 1 of them vpool"), "{error}");
+}
