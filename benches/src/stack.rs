@@ -24,7 +24,8 @@
 //!
 //! A `log` layer records only the first timed pass (the warm-up and later
 //! passes go straight to its upstream), so that the log of a replay replays
-//! to the same table: the same ops, peak live and footprint. A run builds
+//! to the same table: the same ops, peak live and footprint; under
+//! [`run_steps`], its one pass. A run builds
 //! a stack several times (each workload's replay, the map's, the
 //! timeline's, the snapshot's): the first build in the process that logs
 //! to a file makes it anew, the later ones append to it, so that it holds
@@ -575,6 +576,11 @@ pub fn run_steps(text: &str, workload: &Workload, every: u64, phase: u64) -> Res
     let planned = built.all::<Planned<DynResource<SimStream>>>("planned");
     if planned.is_empty() {
         return Err(RunError::Unsupported(format!("stack `{text}` has no `planned` layer to step")));
+    }
+    // The one pass is logged (a `log` layer starts switched off for the
+    // warm-up of `replay`, which `steps` has not).
+    for log in built.all::<Gated<SimStream>>("log") {
+        log.set(true);
     }
     let streams: Vec<SimStream> = (0..workload.streams.max(1)).map(|_| world.stream()).collect();
     let mut replayer = StreamReplayer::new(Owned(built.resource), streams, move |_| peak());

@@ -1000,3 +1000,20 @@ fn a_stack_of_several_leaves_reports_the_peak_they_held_together() {
     let error = json_rows(&o)[0]["error"].as_str().unwrap().to_string();
     assert!(error.contains("2 leaves, 1 of them vpool"), "{error}");
 }
+
+/// `steps` logs its one pass: every op of the trace, which replays to the
+/// same peak live (the log held its header only).
+#[test]
+fn steps_log_every_op_of_their_one_pass() {
+    let dir = Fixture::new("placeholder", "");
+    let log = dir.0.with_file_name("steps.csv");
+    let spec = "lograndom:300:256:400000:4";
+    let stack = format!("planned(log(pool(sim), file={}))", log.display());
+    let o = memres(&["steps", "--stack", &stack, "--every", "2", spec]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let w = Workload::load(spec).unwrap();
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert_eq!(text.lines().count(), 1 + w.ops.len(), "a header and every op");
+    let again = Workload::load(log.to_str().unwrap()).unwrap();
+    assert_eq!((again.ops.len(), again.peak_live), (w.ops.len(), w.peak_live));
+}
