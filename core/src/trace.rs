@@ -25,7 +25,8 @@
 //! A row has exactly these six fields (a seventh, even empty, is a
 //! malformed row), and its numbers are digits only, with no sign.
 //! Header lines are skipped wherever they are (traces concatenated by
-//! `cat` read as one), as are blank lines; fields are trimmed. A line is
+//! `cat` read as one), as are blank lines; fields are trimmed, and so is a
+//! header, and a byte-order mark (U+FEFF) that starts a line is dropped. A line is
 //! UTF-8 of at most [`MAX_LINE`] bytes, read no further: a longer one is a
 //! malformed line, as is one that is not UTF-8. A reader that wants gzip
 //! decodes it and hands the text over as a [`BufRead`].
@@ -178,9 +179,11 @@ impl<'a> Record<&'a str> {
 /// ```
 /// use memres_core::trace::{is_skipped, HEADER};
 /// assert!(is_skipped(HEADER) && is_skipped("  ") && !is_skipped("0,1,free,0x100,256,0"));
+/// assert!(is_skipped(" Thread,Time,Action,Pointer,Size,Stream"));
 /// ```
 pub fn is_skipped(line: &str) -> bool {
-    line.trim().is_empty() || line.starts_with("Thread,")
+    let line = line.trim();
+    line.is_empty() || line.starts_with("Thread,")
 }
 
 /// Why a trace could not be read.
@@ -265,6 +268,9 @@ pub fn read(
         };
         let line = core::str::from_utf8(text)
             .map_err(|e| malformed(alloc::format!("not UTF-8 (byte {} of the line)", e.valid_up_to() + 1)))?;
+        // A byte-order mark is no text of a row: the first line of a file
+        // saved with one, wherever `cat` put that file.
+        let line = line.strip_prefix('\u{feff}').unwrap_or(line);
         if is_skipped(line) {
             continue;
         }

@@ -167,3 +167,25 @@ fn a_line_longer_than_the_longest_row_is_refused_without_reading_its_rest() {
         }
     }
 }
+
+/// A byte-order mark that starts a file (or a file that `cat` joined) is
+/// dropped, and a header with spaces before it is a header: line 1 was
+/// `unknown action \`Action\``, a data row after a mark an unknown thread.
+#[test]
+fn a_byte_order_mark_and_spaces_before_a_header_are_skipped() {
+    let trace = "\u{feff}Thread,Time,Action,Pointer,Size,Stream\n\
+                 0,1,allocate,0x10,256,0\n  \
+                 Thread,Time,Action,Pointer,Size,Stream\n\
+                 \u{feff}0,2,free,0x10,256,0\n\
+                 \u{feff} Thread,Time,Action,Pointer,Size,Stream\n";
+    let mut lines = vec![];
+    read(trace.as_bytes(), |line, r| {
+        lines.push((line, r.action, r.thread.to_string()));
+        Ok(())
+    })
+    .unwrap();
+    assert_eq!(lines, [(2, Action::Allocate, "0".into()), (4, Action::Free, "0".into())]);
+    // Only a mark at the start of a line goes: one inside a row is its text.
+    let e = read_all("0,1,\u{feff}free,0x10,256,0\n".as_bytes()).unwrap_err();
+    assert_eq!(e.to_string(), "line 1: unknown action `\u{feff}free`");
+}
