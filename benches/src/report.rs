@@ -21,6 +21,12 @@ pub struct Row {
     pub skipped_frees: u64,
     /// Failed allocations the trace logged, skipped.
     pub failed_allocations: u64,
+    /// Allocations of a pointer the trace held live already
+    /// ([`Workload::reused_pointers`](crate::workload::Workload::reused_pointers)).
+    pub reused_pointers: u64,
+    /// Frees stating another size than their allocation's
+    /// ([`Workload::size_mismatches`](crate::workload::Workload::size_mismatches)).
+    pub size_mismatches: u64,
     /// Whether the trace is held out from tuning
     /// ([`family::is_held_out`](crate::family::is_held_out)).
     pub held_out: bool,
@@ -42,7 +48,9 @@ footprint: peak upstream / peak live; 1.000 means no byte held beyond what was l
 grows/pass: allocations from the upstream per timed pass (mean; warm-up left out), a vpool's
   commits (maps) of granules: churn, 0 in a steady state; - where not counted (peers, CUDA,
   --streams).
-stray frees: frees of pointers the trace never allocated (skipped, as are rows it cannot use).
+stray frees: frees of pointers the trace never allocated (skipped, as are rows it cannot use);
+  a pointer allocated again while live keeps its first block live to the end; a free of
+  another size is replayed with its allocation's.
 ";
 
 /// The rows as text: per workload (in order of first appearance) a line
@@ -110,6 +118,12 @@ pub fn table(rows: &[Row]) -> String {
             if row.failed_allocations > 0 {
                 let _ = write!(out, ", {} failed allocations skipped", row.failed_allocations);
             }
+            if row.reused_pointers > 0 {
+                let _ = write!(out, ", {} pointers allocated again while live", row.reused_pointers);
+            }
+            if row.size_mismatches > 0 {
+                let _ = write!(out, ", {} frees of another size", row.size_mismatches);
+            }
             out.push('\n');
         }
         out.push_str(&render(line));
@@ -134,11 +148,12 @@ pub fn csv_field(s: &str) -> String {
 
 /// The header of [`csv_line`]'s lines.
 pub const CSV_HEADER: &str =
-    "resource,workload,ops,ns_per_op,peak_live,peak_upstream,footprint,passes,best_ns_per_op,cpu_ns_per_op,upstream,skipped_frees,failed_allocations,error,upstream_allocs_per_pass,held_out";
+    "resource,workload,ops,ns_per_op,peak_live,peak_upstream,footprint,passes,best_ns_per_op,cpu_ns_per_op,upstream,skipped_frees,failed_allocations,error,upstream_allocs_per_pass,held_out,reused_pointers,size_mismatches";
 
 /// The row as a line of CSV with the fields of [`json_line`] (empty where
-/// JSON has `null`); `upstream_allocs_per_pass` and `held_out` come
-/// last, after `error`, so that the columns before them keep their places.
+/// JSON has `null`); `upstream_allocs_per_pass`, `held_out`,
+/// `reused_pointers` and `size_mismatches` come last, after `error`, so that
+/// the columns before them keep their places.
 pub fn csv_line(row: &Row) -> String {
     let mut f = vec![csv_field(&row.resource), csv_field(&row.workload)];
     match &row.outcome {
@@ -166,6 +181,8 @@ pub fn csv_line(row: &Row) -> String {
             .map_or(String::new(), json_f64),
     );
     f.push(row.held_out.to_string());
+    f.push(row.reused_pointers.to_string());
+    f.push(row.size_mismatches.to_string());
     f.join(",")
 }
 
@@ -205,8 +222,10 @@ fn json_f64(x: f64) -> String {
 /// `upstream_allocs_per_pass` (allocations from the upstream per timed
 /// pass, the mean, a vpool's commits of granules; `null` where not
 /// counted) for a replay that ran,
-/// `upstream`, `skipped_frees`, `failed_allocations`, `held_out` (a trace
-/// held out from tuning), and `error` for a failed replay.
+/// `upstream`, `skipped_frees`, `failed_allocations`, `reused_pointers`
+/// and `size_mismatches` (the trace's figures: see
+/// [`Workload`](crate::workload::Workload)), `held_out` (a trace held out
+/// from tuning), and `error` for a failed replay.
 pub fn json_line(row: &Row) -> String {
     let mut out =
         format!("{{\"resource\":{},\"workload\":{},", json_string(&row.resource), json_string(&row.workload));
@@ -232,8 +251,13 @@ pub fn json_line(row: &Row) -> String {
     }
     let _ = write!(
         out,
-        "\"upstream\":\"{}\",\"skipped_frees\":{},\"failed_allocations\":{},\"held_out\":{}",
-        row.upstream, row.skipped_frees, row.failed_allocations, row.held_out
+        "\"upstream\":\"{}\",\"skipped_frees\":{},\"failed_allocations\":{},\"reused_pointers\":{},\"size_mismatches\":{},\"held_out\":{}",
+        row.upstream,
+        row.skipped_frees,
+        row.failed_allocations,
+        row.reused_pointers,
+        row.size_mismatches,
+        row.held_out
     );
     if let Err(e) = &row.outcome {
         let _ = write!(out, ",\"error\":{}", json_string(e));

@@ -56,6 +56,13 @@ pub struct Workload {
     /// Failed allocations of the trace (`allocate failure`, a null
     /// pointer), skipped: nothing was allocated.
     pub failed_allocations: u64,
+    /// Allocations of a pointer the trace had allocated and not freed: the
+    /// block it held stays live to the end of the trace (as RMM's harness
+    /// keeps it), raising the peak live bytes, and is freed there.
+    pub reused_pointers: u64,
+    /// Frees whose size is not their allocation's, replayed with the
+    /// allocation's size.
+    pub size_mismatches: u64,
     /// Each op's time in microseconds, where every row of a trace has one
     /// ([`time_us`]); the frees at the end take the last row's.
     pub times: Option<Vec<u64>>,
@@ -201,6 +208,8 @@ impl Workload {
             streams,
             skipped_frees,
             failed_allocations: 0,
+            reused_pointers: 0,
+            size_mismatches: 0,
             times: None,
             peak_live,
             peak_live_count,
@@ -319,8 +328,11 @@ pub fn generate(
 /// with a null pointer) too, counted in [`Workload::failed_allocations`]. A
 /// free of a pointer that is not live is skipped and counted in
 /// [`Workload::skipped_frees`]. An allocation of a pointer that is already
-/// live replaces it (as RMM's harness does); the replaced id and every id
-/// still live at the end are freed at the end, in id order. Each distinct
+/// live replaces it (as RMM's harness does), counted in
+/// [`Workload::reused_pointers`]; the replaced id and every id still live at
+/// the end are freed at the end, in id order. A free takes its
+/// allocation's size; one that states another is counted in
+/// [`Workload::size_mismatches`]. Each distinct
 /// value of the Stream column is one stream, numbered by first appearance;
 /// a free runs on its own line's stream, an end-of-trace free on its
 /// allocation's.
@@ -357,6 +369,7 @@ pub fn parse_trace(name: &str, reader: impl BufRead) -> Result<Workload, Workloa
     let mut next = 0u32;
     let mut skipped = 0u64;
     let mut failed = 0u64;
+    let (mut reused, mut mismatched) = (0u64, 0u64);
     let mut times: Option<Vec<u64>> = Some(Vec::new());
     // Streams are numbered when an op first uses them, so that skipped
     // rows leave no gaps.
@@ -383,6 +396,7 @@ pub fn parse_trace(name: &str, reader: impl BufRead) -> Result<Workload, Workloa
                 let stream = intern(row.stream)?;
                 if let Some(old) = live.insert(row.pointer, (next, row.size, stream)) {
                     replaced.push(old);
+                    reused += 1;
                 }
                 ops.push(Op { size: row.size, id: next, stream, alloc: true });
                 push_time(&mut times, row.time);
@@ -392,6 +406,7 @@ pub fn parse_trace(name: &str, reader: impl BufRead) -> Result<Workload, Workloa
                 // The free's own stream, which may differ from its
                 // allocation's: RMM lets a block be freed on another stream.
                 Some((id, size, _)) => {
+                    mismatched += u64::from(row.size != size);
                     ops.push(Op { size, id, stream: intern(row.stream)?, alloc: false });
                     push_time(&mut times, row.time);
                 }
@@ -414,6 +429,7 @@ pub fn parse_trace(name: &str, reader: impl BufRead) -> Result<Workload, Workloa
     }
     let mut w = Workload::from_ops(name.to_owned(), ops, skipped);
     w.failed_allocations = failed;
+    (w.reused_pointers, w.size_mismatches) = (reused, mismatched);
     w.times = times;
     Ok(w)
 }

@@ -1017,3 +1017,28 @@ fn steps_log_every_op_of_their_one_pass() {
     let again = Workload::load(log.to_str().unwrap()).unwrap();
     assert_eq!((again.ops.len(), again.peak_live), (w.ops.len(), w.peak_live));
 }
+
+/// A trace's pointers allocated again while live and frees of another size
+/// are told with the workload, as its stray frees are (they went unsaid).
+#[test]
+fn a_trace_with_pointers_allocated_again_and_frees_of_another_size_says_so() {
+    let trace = Fixture::new(
+        "odd.csv",
+        "0,1,allocate,0x100,1000,0\n0,2,allocate,0x100,2000,0\n0,3,free,0x100,1500,0\n0,4,free,0x300,999,0\n",
+    );
+    let o = memres(&["replay", "--passes", "1", "-r", "pool", trace.path()]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let line = format!(
+        "{}: 4 ops, 1 stray frees, 1 pointers allocated again while live, 1 frees of another size",
+        trace.path()
+    );
+    assert_eq!(stdout(&o).lines().nth(1), Some(line.as_str()), "{}", stdout(&o));
+    let o = memres(&["replay", "--json", "--passes", "1", "-r", "pool", trace.path()]);
+    let row = &json_rows(&o)[0];
+    assert_eq!(
+        (row["reused_pointers"].as_u64(), row["size_mismatches"].as_u64()),
+        (Some(1), Some(1)),
+        "{row}"
+    );
+    assert_eq!(row["peak_live"], 3000, "{row}");
+}

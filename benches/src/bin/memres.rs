@@ -506,6 +506,8 @@ fn run_all(
                 upstream: options.upstream,
                 skipped_frees: w.skipped_frees,
                 failed_allocations: w.failed_allocations,
+                reused_pointers: w.reused_pointers,
+                size_mismatches: w.size_mismatches,
                 held_out,
                 outcome,
             });

@@ -9,6 +9,8 @@ fn row(outcome: Result<Measurement, String>) -> Row {
         upstream: UpstreamKind::Sim,
         skipped_frees: 7,
         failed_allocations: 0,
+        reused_pointers: 0,
+        size_mismatches: 0,
         held_out: false,
         outcome,
     }
@@ -29,14 +31,14 @@ fn json_lines_escape_and_carry_every_key() {
     let line = json_line(&row(Ok(m)));
     assert_eq!(
         line,
-        r#"{"resource":"pool","workload":"a \"quoted\"\\path\n","ops":10,"ns_per_op":25,"peak_live":1000,"peak_upstream":1500,"footprint":1.5,"passes":1,"best_ns_per_op":20,"cpu_ns_per_op":15,"upstream_allocs_per_pass":2.5,"upstream":"sim","skipped_frees":7,"failed_allocations":0,"held_out":false}"#
+        r#"{"resource":"pool","workload":"a \"quoted\"\\path\n","ops":10,"ns_per_op":25,"peak_live":1000,"peak_upstream":1500,"footprint":1.5,"passes":1,"best_ns_per_op":20,"cpu_ns_per_op":15,"upstream_allocs_per_pass":2.5,"upstream":"sim","skipped_frees":7,"failed_allocations":0,"reused_pointers":0,"size_mismatches":0,"held_out":false}"#
     );
     let m = Measurement { upstream_allocations_per_pass: None, ..m };
     assert!(json_line(&row(Ok(m))).contains(r#","upstream_allocs_per_pass":null,"#));
     let line = json_line(&row(Err("out of memory".into())));
     assert!(
         line.contains(r#""ops":null,"#)
-            && line.ends_with(r#""failed_allocations":0,"held_out":false,"error":"out of memory"}"#),
+            && line.ends_with(r#""size_mismatches":0,"held_out":false,"error":"out of memory"}"#),
         "{line}"
     );
     assert_eq!(json_string("\u{1}"), r#""\u0001""#);
@@ -105,15 +107,17 @@ fn table_takes_names_of_any_length() {
 fn csv_lines_carry_the_json_fields() {
     let line = csv_line(&row(Ok(measured(1500, Some(1693.0)))));
     assert_eq!(line.matches(',').count(), CSV_HEADER.matches(',').count());
-    assert_eq!(line, "pool,\"a \"\"quoted\"\"\\path\n\",10,25,1000,1500,1.5,1,20,15,sim,7,0,,1693,false");
+    assert_eq!(line, "pool,\"a \"\"quoted\"\"\\path\n\",10,25,1000,1500,1.5,1,20,15,sim,7,0,,1693,false,0,0");
     // New columns come last, so the ones before them keep their places.
-    assert!(CSV_HEADER.ends_with(",failed_allocations,error,upstream_allocs_per_pass,held_out"));
+    assert!(CSV_HEADER.ends_with(
+        ",failed_allocations,error,upstream_allocs_per_pass,held_out,reused_pointers,size_mismatches"
+    ));
     let uncounted = csv_line(&row(Ok(measured(1500, None))));
-    assert!(uncounted.ends_with(",sim,7,0,,,false"), "{uncounted}");
+    assert!(uncounted.ends_with(",sim,7,0,,,false,0,0"), "{uncounted}");
     let failed = csv_line(&row(Err("out of memory, sorry".into())));
-    assert!(failed.ends_with(",,,,,,,,sim,7,0,\"out of memory, sorry\",,false"), "{failed}");
+    assert!(failed.ends_with(",,,,,,,,sim,7,0,\"out of memory, sorry\",,false,0,0"), "{failed}");
     let held = csv_line(&Row { held_out: true, ..row(Ok(measured(1500, None))) });
-    assert!(held.ends_with(",,true"), "{held}");
+    assert!(held.ends_with(",,true,0,0"), "{held}");
 }
 
 #[test]
@@ -123,4 +127,27 @@ fn bytes_in_binary_units() {
     assert_eq!(human_bytes(1536), "1.50 KiB");
     assert_eq!(human_bytes(5 << 30), "5.00 GiB");
     assert_eq!(human_bytes(u64::MAX), "16.00 EiB");
+}
+
+/// A trace's pointers allocated again while live and frees of another size
+/// are said beside its stray frees (nothing is said where there are none),
+/// and carried in JSON and CSV.
+#[test]
+fn reused_pointers_and_size_mismatches_are_reported_with_the_workload() {
+    let odd = Row {
+        workload: "t.csv".into(),
+        reused_pointers: 3,
+        size_mismatches: 2,
+        ..row(Ok(measured(1000, None)))
+    };
+    let text = table(std::slice::from_ref(&odd));
+    assert_eq!(
+        text.lines().nth(1),
+        Some("t.csv: 10 ops, 7 stray frees, 3 pointers allocated again while live, 2 frees of another size"),
+        "{text}"
+    );
+    let plain = table(&[Row { workload: "t.csv".into(), ..row(Ok(measured(1000, None))) }]);
+    assert_eq!(plain.lines().nth(1), Some("t.csv: 10 ops, 7 stray frees"), "{plain}");
+    assert!(json_line(&odd).contains(r#""reused_pointers":3,"size_mismatches":2,"#));
+    assert!(csv_line(&odd).ends_with(",false,3,2"));
 }

@@ -313,3 +313,25 @@ fn extreme_times_and_sizes_are_read_without_a_panic() {
     let w = parse_trace("big", t.as_bytes()).unwrap();
     assert_eq!(w.peak_live, u64::MAX);
 }
+
+/// A pointer allocated again while live, and a free that states another
+/// size, are counted (they went unsaid): the first block stays live to the
+/// end, raising the peak, and the free takes its allocation's size.
+#[test]
+fn pointers_allocated_again_while_live_and_frees_of_another_size_are_counted() {
+    let trace = "Thread,Time,Action,Pointer,Size,Stream\n\
+                 0,1,allocate,0x100,1000,0\n\
+                 0,2,allocate,0x100,2000,0\n\
+                 0,3,free,0x100,2000,0\n\
+                 0,4,allocate,0x200,512,0\n\
+                 0,5,free,0x200,256,0\n";
+    let w = parse_trace("t", trace.as_bytes()).unwrap();
+    assert_eq!((w.reused_pointers, w.size_mismatches, w.skipped_frees), (1, 1, 0));
+    // The figures as before: the first block of 0x100 is freed at the end.
+    assert_eq!(w.peak_live, 3000);
+    let frees: Vec<(u32, u64)> = w.ops.iter().filter(|op| !op.alloc).map(|op| (op.id, op.size)).collect();
+    assert_eq!(frees, [(1, 2000), (2, 512), (0, 1000)]);
+    // A well-formed trace counts neither.
+    let fine = parse_trace("f", "0,1,allocate,0x100,1000,0\n0,2,free,0x100,1000,0\n".as_bytes()).unwrap();
+    assert_eq!((fine.reused_pointers, fine.size_mismatches), (0, 0));
+}
