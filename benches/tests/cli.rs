@@ -1042,3 +1042,22 @@ fn a_trace_with_pointers_allocated_again_and_frees_of_another_size_says_so() {
     );
     assert_eq!(row["peak_live"], 3000, "{row}");
 }
+
+/// `steps` checks its stack as `replay` does: a `log` layer's file that is
+/// a workload's trace is refused with both named, the trace left whole
+/// (the build emptied it once the trace was read).
+#[test]
+fn steps_refuse_a_log_that_is_a_workloads_trace() {
+    let text = "0,1,allocate,0x100,1000,0\n0,2,free,0x100,1000,0\n";
+    let trace = Fixture::new("t.csv", text);
+    let stack = format!("planned(log(pool(sim), file={}))", trace.path());
+    let o = memres(&["steps", "--stack", &stack, "--every", "1", trace.path()]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains("are the same file"), "{}", stderr(&o));
+    assert_eq!(stdout(&o), "");
+    assert_eq!(std::fs::read_to_string(trace.path()).unwrap(), text);
+    // A stack that does not build is bad usage before any workload is read.
+    let o = memres(&["steps", "--stack", "planned(pol(sim))", "--every", "1", trace.path()]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains("did you mean `pool`?"), "{}", stderr(&o));
+}

@@ -278,6 +278,26 @@ fn offline(csv: bool, specs: &[String]) -> ExitCode {
 fn steps(stack: &str, every: u64, phase: u64, specs: &[String]) -> ExitCode {
     use memres_bench::report::human_bytes;
     use memres_bench::resources::RunError;
+    // The stack is checked first, as `replay` checks it: a `log` layer's
+    // file may not be a workload's trace, which its build would empty.
+    let logs = match check_stack(stack, UpstreamKind::Sim) {
+        Ok(checked) => checked.logs,
+        Err(e) => {
+            eprintln!("memres: error: {e}");
+            return ExitCode::from(USAGE);
+        }
+    };
+    let logs: Vec<Named> =
+        logs.iter().map(|p| Named::new(p, format!("the log {} of `{stack}`", p.display()))).collect();
+    let inputs: Vec<Named> = specs
+        .iter()
+        .filter_map(|s| trace_path(s))
+        .map(|p| Named::new(p, format!("the workload {}", p.display())))
+        .collect();
+    if let Err(e) = check_distinct(&inputs, &[], &logs) {
+        eprintln!("memres: error: {e}");
+        return ExitCode::from(USAGE);
+    }
     let workloads: Vec<Workload> = match specs.iter().map(|s| Workload::load(s)).collect() {
         Ok(w) => w,
         Err(e) => {
