@@ -1,6 +1,6 @@
-//! The files `memres replay` reads and writes, checked before anything
-//! runs: an output that is a workload's trace, or another output, would
-//! overwrite it.
+//! The files `memres replay` and `memres steps` read and write, checked
+//! before anything runs: an output that is a workload's trace, or another
+//! output, would overwrite it.
 
 use std::fs::{self, OpenOptions};
 use std::io;
