@@ -167,7 +167,8 @@ impl<V> AddrMap<V> {
 pub(crate) trait ByAddr {
     type Value;
     fn remove(&mut self, addr: u64) -> Option<Self::Value>;
-    fn insert(&mut self, addr: u64, value: Self::Value);
+    /// Puts `value` at `addr` if no value is there; else gives it back.
+    fn put_back(&mut self, addr: u64, value: Self::Value) -> Option<Self::Value>;
 }
 
 impl<V> ByAddr for AddrMap<V> {
@@ -175,8 +176,12 @@ impl<V> ByAddr for AddrMap<V> {
     fn remove(&mut self, addr: u64) -> Option<V> {
         AddrMap::remove(self, addr)
     }
-    fn insert(&mut self, addr: u64, value: V) {
+    fn put_back(&mut self, addr: u64, value: V) -> Option<V> {
+        if self.get(addr).is_some() {
+            return Some(value);
+        }
         AddrMap::insert(self, addr, value);
+        None
     }
 }
 
@@ -184,24 +189,29 @@ impl<V> ByAddr for AddrMap<V> {
 /// shared table before the upstream frees it (once freed, another thread
 /// may get the address and record it): put back when dropped, as the free
 /// failed or panicked and the block is still live, unless
-/// [`freed`](Self::freed) says the upstream freed it.
-pub(crate) struct Restore<'a, M: ByAddr> {
+/// [`freed`](Self::freed) says the upstream freed it. Where another
+/// allocation recorded the address meanwhile, the upstream did free the
+/// block (then failed or panicked): the newer value stays, and `stale`
+/// takes the old one, as the layer's allocation does with a value it finds
+/// at the address it records.
+pub(crate) struct Restore<'a, M: ByAddr, F: FnMut(M::Value)> {
     map: &'a crate::lock::Shared<M>,
     addr: u64,
     value: Option<M::Value>,
+    stale: F,
 }
 
-impl<'a, M: ByAddr> Restore<'a, M> {
+impl<'a, M: ByAddr, F: FnMut(M::Value)> Restore<'a, M, F> {
     /// Takes `addr`'s value out of `map`; `None` if it holds none.
-    pub(crate) fn take(map: &'a crate::lock::Shared<M>, addr: u64) -> Option<Self> {
+    pub(crate) fn take(map: &'a crate::lock::Shared<M>, addr: u64, stale: F) -> Option<Self> {
         let value = map.with(|m| m.remove(addr))?;
-        Some(Self::taken(map, addr, value))
+        Some(Self::taken(map, addr, value, stale))
     }
 
     /// `addr`'s value, which the caller took out of `map` (having checked
     /// it under the same lock).
-    pub(crate) fn taken(map: &'a crate::lock::Shared<M>, addr: u64, value: M::Value) -> Self {
-        Restore { map, addr, value: Some(value) }
+    pub(crate) fn taken(map: &'a crate::lock::Shared<M>, addr: u64, value: M::Value, stale: F) -> Self {
+        Restore { map, addr, value: Some(value), stale }
     }
 
     /// The block is freed: its value, which stays out of the map.
@@ -210,10 +220,12 @@ impl<'a, M: ByAddr> Restore<'a, M> {
     }
 }
 
-impl<M: ByAddr> Drop for Restore<'_, M> {
+impl<M: ByAddr, F: FnMut(M::Value)> Drop for Restore<'_, M, F> {
     fn drop(&mut self) {
         if let Some(value) = self.value.take() {
-            self.map.with(|m| m.insert(self.addr, value));
+            if let Some(old) = self.map.with(|m| m.put_back(self.addr, value)) {
+                (self.stale)(old);
+            }
         }
     }
 }

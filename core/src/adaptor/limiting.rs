@@ -179,7 +179,10 @@ impl<S: Stream + ?Sized, R: MemoryResource<S>> MemoryResource<S> for Limiting<R>
         // may get the same address and insert it.
         // Put back unless the upstream frees it: on its error, and on its
         // panic, the block is still live and counted.
-        let charge = Restore::take(&self.charged, addr).ok_or(Error::UnknownBlock { addr })?;
+        let stale = |charge| {
+            self.used.fetch_sub(charge, Relaxed);
+        };
+        let charge = Restore::take(&self.charged, addr, stale).ok_or(Error::UnknownBlock { addr })?;
         self.upstream.deallocate(block, stream)?;
         self.used.fetch_sub(charge.freed(), Relaxed);
         Ok(())

@@ -331,9 +331,22 @@ impl<S: Stream + ?Sized, R: MemoryResource<S>, W: Write> MemoryResource<S> for L
         // Before the upstream frees it: after, another thread may get the
         // address and log its allocation first.
         self.log(Action::Free, block.addr(), block.size(), stream.id());
-        self.upstream.deallocate(block, stream).inspect_err(|_| {
-            self.refused_frees.fetch_add(1, Ordering::Relaxed);
-        })
+        // Counted unless the upstream frees it: on its error, and on its
+        // panic, the row tells of a free that did not happen.
+        let refused = Refused(&self.refused_frees);
+        self.upstream.deallocate(block, stream)?;
+        core::mem::forget(refused);
+        Ok(())
+    }
+}
+
+/// Counts a refused free when dropped, unless forgotten once the free went
+/// through.
+struct Refused<'a>(&'a AtomicU64);
+
+impl Drop for Refused<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_add(1, Ordering::Relaxed);
     }
 }
 

@@ -41,6 +41,112 @@ impl MemoryResource for FlakyFree {
     }
 }
 
+/// An upstream of one address whose free, once `gate` is set, frees the
+/// block, lets another thread take the address through the layer above
+/// (the gate's two waits), then panics, as an upstream that frees and
+/// then fails to log would.
+#[derive(Default)]
+pub(super) struct FreeThenPanic {
+    live: Mutex<bool>,
+    gate: Mutex<Option<Arc<std::sync::Barrier>>>,
+}
+
+impl MemoryResource for FreeThenPanic {
+    fn allocate(&self, request: Request, _: &()) -> crate::Result<Block> {
+        let mut live = self.live.lock().unwrap();
+        if *live {
+            return Err(Error::OutOfMemory {
+                requested: request.size(),
+                largest_free: 0,
+                pool_size: 0,
+                max_size: None,
+            });
+        }
+        *live = true;
+        Ok(Block::new(1 << 20, request.size(), Block::NO_TAG))
+    }
+    fn deallocate(&self, _: Block, _: &()) -> crate::Result<()> {
+        *self.live.lock().unwrap() = false;
+        let gate = self.gate.lock().unwrap().take();
+        if let Some(gate) = gate {
+            gate.wait(); // freed
+            gate.wait(); // taken again
+            panic!("the upstream panics after its free");
+        }
+        Ok(())
+    }
+}
+
+/// Nothing to tell: the layers above it are checked.
+impl Inspect for FreeThenPanic {
+    fn usage(&self) -> crate::Usage {
+        crate::Usage::leaf(0, 0)
+    }
+    fn check(&self) -> core::result::Result<(), crate::check::Violation> {
+        Ok(())
+    }
+}
+
+/// Frees `a` through `layer` over `up`, whose free lets another thread
+/// allocate `size` through `layer` at the same address, then panics;
+/// returns that thread's block.
+pub(super) fn freed_then_taken<R: MemoryResource + Sync>(
+    up: &FreeThenPanic,
+    layer: &R,
+    a: Block,
+    size: u64,
+) -> Block {
+    let gate = Arc::new(std::sync::Barrier::new(2));
+    *up.gate.lock().unwrap() = Some(gate.clone());
+    std::thread::scope(|s| {
+        let other = s.spawn(|| {
+            gate.wait();
+            let b = layer.allocate(req(size), &()).unwrap();
+            gate.wait();
+            b
+        });
+        let freed = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| layer.deallocate(a, &())));
+        assert!(freed.is_err(), "the upstream's free panicked");
+        let b = other.join().unwrap();
+        assert_eq!(b.addr(), a.addr());
+        b
+    })
+}
+
+#[test]
+fn a_free_that_panics_after_the_address_was_taken_again_keeps_the_newer_block() {
+    // Before, the failed free's entry went back over the newer block's:
+    // Limiting charged both for good, Tracking refused the newer block's
+    // free as a size mismatch.
+    let up = FreeThenPanic::default();
+    let limit = Limiting::new(&up, 1 << 20);
+    let a = limit.allocate(req(256), &()).unwrap();
+    let b = freed_then_taken(&up, &limit, a, 4096);
+    assert_eq!(limit.get_allocated_bytes(), 4096);
+    limit.check().unwrap();
+    limit.deallocate(b, &()).unwrap();
+    assert_eq!(limit.get_allocated_bytes(), 0);
+
+    let up = FreeThenPanic::default();
+    let track = Tracking::new(&up);
+    let a = track.allocate(req(256), &()).unwrap();
+    let b = freed_then_taken(&up, &track, a, 4096);
+    assert_eq!((track.get_outstanding_allocations().count(), track.get_allocated_bytes()), (1, 4096));
+    assert_eq!(track.size_of(b.addr()), Some(4096));
+    track.deallocate(b, &()).unwrap();
+    assert_eq!(track.get_allocated_bytes(), 0);
+
+    let up = FreeThenPanic::default();
+    let bins: crate::binning::BinningResource<_> = crate::binning::BinningResource::new(&up);
+    let a = bins.allocate(req(256), &()).unwrap();
+    let b = freed_then_taken(&up, &bins, a, 4096);
+    assert_eq!(bins.usage().used, 4096);
+    bins.check().unwrap();
+    bins.deallocate(b, &()).unwrap();
+    assert_eq!(bins.usage().used, 0);
+}
+
+// ---------------------------------------------------------------- aligned
 // ---------------------------------------------------------------- aligned
 
 #[test]

@@ -122,6 +122,20 @@ struct Table {
 impl ByAddr for Table {
     type Value = Entry;
 
+    fn put_back(&mut self, addr: u64, entry: Entry) -> Option<Entry> {
+        if self.blocks.get(addr).is_some() {
+            return Some(entry);
+        }
+        self.insert(addr, entry);
+        None
+    }
+
+    fn remove(&mut self, addr: u64) -> Option<Entry> {
+        Table::remove(self, addr)
+    }
+}
+
+impl Table {
     fn insert(&mut self, addr: u64, entry: Entry) {
         self.bytes = self.bytes.wrapping_add(entry.size);
         // An address handed out again without a free through the adaptor
@@ -354,7 +368,8 @@ impl<S: Stream + ?Sized, R: MemoryResource<S>> MemoryResource<S> for Tracking<R>
         })?;
         // Put back unless the upstream frees it: on its error, and on its
         // panic, the block is still live and outstanding.
-        let entry = Restore::taken(&self.table, addr, entry);
+        // A stale entry's bytes left the table with it.
+        let entry = Restore::taken(&self.table, addr, entry, drop);
         if crate::plant::FORGET_CHECKED_FREE {
             entry.freed();
             return self.upstream.deallocate(block, stream);

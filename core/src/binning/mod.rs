@@ -86,7 +86,7 @@ impl Tally {
     {
         // Put back unless `to` frees it (its error, its panic): the block
         // is still live.
-        let footprint = Restore::take(&self.live, block.addr())?;
+        let footprint = Restore::take(&self.live, block.addr(), |stale| self.held.sub(stale))?;
         let size = block.size();
         Some(to.deallocate(block, stream).map(|()| {
             let footprint = footprint.freed();

@@ -366,3 +366,26 @@ fn a_second_log_to_the_file_of_a_live_one_is_refused_and_leaves_it_whole() {
     drop(nulls);
     std::fs::remove_file(&path).unwrap();
 }
+
+/// An upstream whose frees panic.
+#[derive(Debug)]
+struct PanickingFree(BumpUpstream);
+
+impl MemoryResource for PanickingFree {
+    fn allocate(&self, request: Request, s: &()) -> crate::Result<Block> {
+        self.0.allocate(request, s)
+    }
+    fn deallocate(&self, _: Block, _: &()) -> crate::Result<()> {
+        panic!("the upstream's free panics")
+    }
+}
+
+#[test]
+fn a_free_whose_upstream_panics_is_counted_refused() {
+    let log = Logging::new(PanickingFree(BumpUpstream::new(1 << 20)), Vec::new()).unwrap();
+    let b = log.allocate(Request::new(1000).unwrap(), &()).unwrap();
+    let freed = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| log.deallocate(b, &())));
+    assert!(freed.is_err());
+    // Its row is in the log: counted, as a free the upstream refused.
+    assert_eq!(log.refused_frees(), 1);
+}
