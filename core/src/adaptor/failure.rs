@@ -88,58 +88,35 @@ pub struct FailureCallback<R, T, F> {
     /// The failures that reach the callback.
     retry_on: RetryOn,
     /// Callbacks running now, where threads cannot be told apart (without
-    /// `std`; with it, each thread's are in [`RUNNING`]).
+    /// `std`; with it, each thread knows its own).
     #[cfg(not(feature = "std"))]
     running: crate::primitive::AtomicU64,
 }
 
-#[cfg(feature = "std")]
-std::thread_local! {
-    /// The adaptors, by address, whose callback runs on this thread.
-    static RUNNING: core::cell::RefCell<alloc::vec::Vec<usize>> = const { core::cell::RefCell::new(alloc::vec::Vec::new()) };
-}
+/// Without `std`: the adaptor's count of callbacks running, held at 1
+/// until dropped.
+#[cfg(not(feature = "std"))]
+struct Running<'a>(&'a crate::primitive::AtomicU64);
 
-/// A callback of the adaptor at `at` running, from [`Running::enter`]
-/// until dropped (a panicking callback included).
-struct Running<'a> {
+/// A guard while a callback of `adaptor` runs, until dropped (a panicking
+/// callback included); `None` if one runs already (on this thread, with
+/// `std`): the caller is inside it.
+#[allow(clippy::needless_return)] // one of the two returns is configured out
+fn enter<R, T, F>(adaptor: &FailureCallback<R, T, F>) -> Option<impl Sized + '_> {
     #[cfg(feature = "std")]
-    at: usize,
+    return super::on_thread::OnThread::enter(adaptor);
     #[cfg(not(feature = "std"))]
-    count: &'a crate::primitive::AtomicU64,
-    _life: core::marker::PhantomData<&'a ()>,
-}
-
-impl<'a> Running<'a> {
-    /// `None` if a callback of the adaptor runs already (on this thread,
-    /// with `std`): the caller is inside it.
-    #[cfg(feature = "std")]
-    fn enter<R, T, F>(adaptor: &'a FailureCallback<R, T, F>) -> Option<Running<'a>> {
-        let at = core::ptr::from_ref(adaptor) as usize;
-        // A thread being torn down has no list: no callback of its runs.
-        let entered = RUNNING
-            .try_with(|r| {
-                let mut r = r.borrow_mut();
-                (!r.contains(&at)).then(|| r.push(at)).is_some()
-            })
-            .unwrap_or(true);
-        entered.then_some(Running { at, _life: core::marker::PhantomData })
-    }
-
-    #[cfg(not(feature = "std"))]
-    fn enter<R, T, F>(adaptor: &'a FailureCallback<R, T, F>) -> Option<Running<'a>> {
+    {
         use crate::primitive::Ordering;
         let count = &adaptor.running;
-        (count.compare_exchange(0, 1, Ordering::Acquire, Ordering::Relaxed).is_ok())
-            .then_some(Running { count, _life: core::marker::PhantomData })
+        count.compare_exchange(0, 1, Ordering::Acquire, Ordering::Relaxed).is_ok().then(|| Running(count))
     }
 }
 
+#[cfg(not(feature = "std"))]
 impl Drop for Running<'_> {
     fn drop(&mut self) {
-        #[cfg(feature = "std")]
-        let _ = RUNNING.try_with(|r| r.borrow_mut().retain(|&a| a != self.at));
-        #[cfg(not(feature = "std"))]
-        self.count.store(0, crate::primitive::Ordering::Release);
+        self.0.store(0, crate::primitive::Ordering::Release);
     }
 }
 
@@ -262,7 +239,7 @@ where
             match self.upstream.allocate(request, stream) {
                 Err(e) if self.retry_on.catches(&e) => {
                     // Inside this adaptor's own callback: no second call.
-                    let Some(running) = Running::enter(self) else { return Err(e) };
+                    let Some(running) = enter(self) else { return Err(e) };
                     let retry = (self.callback)(request.size(), &self.data);
                     drop(running);
                     if !retry || retries >= self.max_retries {

@@ -1,6 +1,7 @@
 //! RMM's `logging_resource_adaptor`: every call as a row of RMM's log
 //! format ([`crate::trace`]; feature `std`).
 
+use super::on_thread::OnThread;
 use crate::trace::{Action, Record, HEADER};
 use crate::Pending;
 use crate::{Block, MemoryResource, Request, Result, Stream};
@@ -64,8 +65,10 @@ fn now_micros() -> u64 {
 /// replays skip). Such frees are counted
 /// ([`refused_frees`](Self::refused_frees)). Write errors never fail a
 /// call: they are counted ([`write_errors`](Self::write_errors)), and the
-/// next [`flush`](Self::flush) says so. The file is flushed when the
-/// adaptor is dropped, or by `flush`.
+/// next [`flush`](Self::flush) says so; so is a row logged by the writer's
+/// own call back into the adaptor (an allocation through it), which would
+/// wait for the lock the row being written holds. The file is flushed when
+/// the adaptor is dropped, or by `flush`.
 ///
 /// # Examples
 ///
@@ -236,6 +239,9 @@ impl<R, W: Write> Logging<R, W> {
     /// that says how many, so that a flush that succeeds means the log
     /// lost nothing.
     pub fn flush(&self) -> io::Result<()> {
+        let Some(_flushing) = OnThread::enter(self) else {
+            return Err(io::Error::other("a flush of the log from inside its own writer"));
+        };
         let mut out = self.out.lock().unwrap_or_else(|p| p.into_inner());
         out.flush()?;
         // Under the writer's lock, as every row's count.
@@ -298,6 +304,12 @@ impl<R, W: Write> Logging<R, W> {
     }
 
     fn log(&self, action: Action, addr: u64, size: u64, stream: u64) {
+        // The writer is the user's: one that allocates through this log
+        // (or flushes it) would wait for the lock its own row holds.
+        let Some(_writing) = OnThread::enter(self) else {
+            self.write_errors.fetch_add(1, Ordering::Relaxed);
+            return;
+        };
         let thread = thread_number();
         let mut out = self.out.lock().unwrap_or_else(|p| p.into_inner());
         let row = Record { thread, time: now_micros(), action, pointer: addr, size, stream };

@@ -42,6 +42,8 @@ mod gauge;
 mod limiting;
 #[cfg(feature = "std")]
 mod logging;
+#[cfg(feature = "std")]
+mod on_thread;
 mod statistics;
 #[cfg(feature = "alloc")]
 mod tracking;
