@@ -13,6 +13,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 /// pickle. On an error the temporary file is removed and `path` is as it
 /// was.
 ///
+/// What a user set up around the file is kept: where `path` is a symbolic
+/// link, the file it leads to is replaced and the link stays; a file that
+/// was there keeps its permissions. After the rename the directory is
+/// synced (on Unix) so that the new name survives a crash too.
+///
 /// ```
 /// # fn main() -> std::io::Result<()> {
 /// use memres_core::snapshot::{write_file, MemoryMap};
@@ -25,15 +30,22 @@ use std::sync::atomic::{AtomicU64, Ordering};
 ///
 /// # Errors
 ///
-/// `InvalidInput` for a path that names no file (`/`, `..`, empty);
-/// else the error of making, writing, syncing or renaming the temporary
-/// file (`path` a directory, a directory that does not exist or cannot be
-/// written).
+/// `InvalidInput` for a path that names no file (`/`, `..`, empty), or a
+/// chain of more than 40 symbolic links (a loop); else the error of
+/// reading the links or the old file's permissions, or of making,
+/// writing, syncing or renaming the temporary file (`path` a directory, a
+/// directory that does not exist or cannot be written).
 pub fn write_file(path: &Path, bytes: &[u8]) -> io::Result<()> {
+    let path = &followed(path)?;
     let tmp = temporary(path)?;
     let written = (|| {
         let mut file = File::create(&tmp)?;
         file.write_all(bytes)?;
+        match fs::metadata(path) {
+            Ok(old) => file.set_permissions(old.permissions())?,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => return Err(e),
+        }
         // On disk before the rename, so that a crash after it cannot leave
         // the new name over an empty or partial file.
         file.sync_all()?;
@@ -43,8 +55,51 @@ pub fn write_file(path: &Path, bytes: &[u8]) -> io::Result<()> {
     if written.is_err() {
         // Nothing to do if it was never made.
         let _ = fs::remove_file(&tmp);
+        return written;
     }
-    written
+    sync_directory(path);
+    Ok(())
+}
+
+/// `path` with the symbolic links at its end followed, so that the rename
+/// replaces the file they lead to, not the link. A link that leads nowhere
+/// yet is followed too: the file is made where it points.
+fn followed(path: &Path) -> io::Result<PathBuf> {
+    let mut path = path.to_path_buf();
+    // Linux's own limit on the links of one lookup.
+    for _ in 0..40 {
+        match fs::symlink_metadata(&path) {
+            Ok(meta) if meta.file_type().is_symlink() => {
+                let to = fs::read_link(&path)?;
+                path = match path.parent() {
+                    Some(dir) if to.is_relative() => dir.join(to),
+                    _ => to,
+                };
+            }
+            _ => return Ok(path),
+        }
+    }
+    Err(io::Error::new(io::ErrorKind::InvalidInput, "too many levels of symbolic links"))
+}
+
+/// Syncs the directory that holds `path`, so that the rename is on disk.
+/// Best effort: the new file is in place by now, and a file system that
+/// refuses a directory sync (some do) would only weaken what a crash
+/// keeps; an error here would say the write failed when it did not.
+fn sync_directory(path: &Path) {
+    // Miri cannot sync a directory; its tests check the rest.
+    #[cfg(all(unix, not(miri)))]
+    {
+        let dir = match path.parent() {
+            Some(dir) if !dir.as_os_str().is_empty() => dir,
+            _ => Path::new("."),
+        };
+        if let Ok(dir) = File::open(dir) {
+            let _ = dir.sync_all();
+        }
+    }
+    #[cfg(not(all(unix, not(miri))))]
+    let _ = path;
 }
 
 /// The temporary file beside `path`: hidden, and named by the process and

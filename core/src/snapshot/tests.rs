@@ -340,6 +340,42 @@ fn a_reader_sees_a_whole_snapshot_file_while_it_is_rewritten() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// A snapshot file reached through a symbolic link is written where the
+/// link leads, and the link stays (a user's `latest.pickle` pointing into
+/// a run's directory); a file that was there keeps its permissions (it
+/// was replaced by a link-less file of default permissions). A loop of
+/// links is an error that leaves nothing.
+#[cfg(all(feature = "std", unix))]
+#[test]
+fn a_snapshot_file_keeps_the_link_that_leads_to_it_and_its_permissions() {
+    use std::os::unix::fs::{symlink, PermissionsExt};
+    let dir = file_test_dir("snapshot-file-link");
+    std::fs::create_dir(dir.join("run")).unwrap();
+    let target = dir.join("run").join("s.pickle");
+    std::fs::write(&target, b"old").unwrap();
+    std::fs::set_permissions(&target, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let link = dir.join("latest.pickle");
+    symlink("run/s.pickle", &link).unwrap();
+    let bytes = MemoryMap::new(3).pickle();
+    write_file(&link, &bytes).unwrap();
+    assert!(std::fs::symlink_metadata(&link).unwrap().file_type().is_symlink(), "the link stays");
+    assert_eq!(std::fs::read(&target).unwrap(), bytes);
+    assert_eq!(std::fs::metadata(&target).unwrap().permissions().mode() & 0o777, 0o600);
+    assert_eq!(names_in(&dir.join("run")), ["s.pickle"]);
+    // A link to a file not there yet makes it where the link points.
+    let ahead = dir.join("ahead.pickle");
+    symlink("run/new.pickle", &ahead).unwrap();
+    write_file(&ahead, &bytes).unwrap();
+    assert!(std::fs::symlink_metadata(&ahead).unwrap().file_type().is_symlink());
+    assert_eq!(std::fs::read(dir.join("run").join("new.pickle")).unwrap(), bytes);
+    let (a, b) = (dir.join("a"), dir.join("b"));
+    symlink("b", &a).unwrap();
+    symlink("a", &b).unwrap();
+    assert_eq!(write_file(&a, &bytes).unwrap_err().kind(), std::io::ErrorKind::InvalidInput);
+    assert_eq!(names_in(&dir), ["a", "ahead.pickle", "b", "latest.pickle", "run"]);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 /// Where the file cannot be put in place (its path is a directory), the
 /// error comes back, the temporary file goes and the directory is as it
 /// was; a path that names no file, or in a directory that does not exist,
