@@ -44,7 +44,7 @@ use memres_core::adaptor::{Gauge, Logging};
 use memres_core::per_stream::{PerStreamPool, VirtualMaker};
 use memres_core::planned::Planned;
 use memres_core::stack::{
-    fixed_block_size, log_file, parse, Built, StackBuilder, StackError, StackErrorKind, Value,
+    fixed_block_size, log_file, parse, Built, Call, StackBuilder, StackError, StackErrorKind, Value,
 };
 use memres_core::vpool::VirtualPool;
 use memres_core::{Block, DynResource, Inspect, MemoryResource, MemoryResourceMut, Request, Shared};
@@ -226,8 +226,7 @@ pub fn run_stack(
         Ok(typed) => return Ok(typed?),
         Err(runner) => runner,
     };
-    let gauge = sum_leaves(&mut builder);
-    let built = builder.build_call_with_handles(&call, &build_stream).map_err(fail)?;
+    let (built, gauge) = build_summed(&mut builder, &call, &build_stream).map_err(fail)?;
     let (peak, counted) = leaf_figures(&built, cuda.is_some(), gauge)
         .map_err(|e| RunError::Unsupported(format!("stack `{text}` {e}")))?
         .ok_or_else(|| {
@@ -298,6 +297,24 @@ impl MemoryResource<SimStream> for Summed {
     }
 }
 
+/// Builds `call`, and where it has several `sim` and `host` leaves builds
+/// it again with them counting in one gauge ([`sum_leaves`]), which it
+/// returns: the gauge is an atomic add on every leaf call, kept out of the
+/// time of the stacks that do not need it.
+fn build_summed(
+    builder: &mut StackBuilder<SimStream>,
+    call: &Call,
+    stream: &SimStream,
+) -> Result<(Built<SimStream>, Option<Arc<Gauge>>), StackError> {
+    let built = builder.build_call_with_handles(call, stream)?;
+    if built.all::<SimDevice>("sim").len() + built.all::<HostMemory>("host").len() < 2 {
+        return Ok((built, None));
+    }
+    drop(built);
+    let gauge = sum_leaves(builder);
+    Ok((builder.build_call_with_handles(call, stream)?, Some(gauge)))
+}
+
 /// Makes the `sim` and `host` leaves of what `builder` builds count in one
 /// gauge ([`Summed`]), which it returns. Each leaf is kept as its own type
 /// still (and numbered as before: the wrapper is not kept).
@@ -316,7 +333,8 @@ fn sum_leaves(builder: &mut StackBuilder<SimStream>) -> Arc<Gauge> {
 
 /// What a row reads of a built stack's leaves: the peak upstream of its
 /// `sim` or `host` leaf (of several, the peak of what they held together,
-/// from `gauge`, in which [`sum_leaves`] made them count), else of its
+/// from `gauge`, in which [`sum_leaves`] made them count: given where the
+/// stack has several), else of its
 /// `vpool` (one, or one per stream over one space), else (with CUDA
 /// leaves) of its CUDA leaf; and the allocations made from them, which
 /// `sim` and `host` count, and a `vpool` as the commits (maps) of its
@@ -328,7 +346,7 @@ fn sum_leaves(builder: &mut StackBuilder<SimStream>) -> Arc<Gauge> {
 fn leaf_figures(
     built: &Built<SimStream>,
     cuda: bool,
-    gauge: Arc<Gauge>,
+    gauge: Option<Arc<Gauge>>,
 ) -> Result<Option<(PeakOf, AllocationsOf)>, String> {
     let uncounted: AllocationsOf = Box::new(|| None);
     let (sims, hosts) = (built.all::<SimDevice>("sim"), built.all::<HostMemory>("host"));
@@ -345,7 +363,7 @@ fn leaf_figures(
             leaves + vpools
         ));
     }
-    Ok(if leaves > 1 {
+    Ok(if let Some(gauge) = gauge {
         let counts = move || {
             Some(sims.iter().map(|s| s.call_counts().0).chain(hosts.iter().map(|h| h.call_counts().0)).sum())
         };
@@ -562,10 +580,8 @@ pub fn run_steps(text: &str, workload: &Workload, every: u64, phase: u64) -> Res
     }
     let world = SimWorld::new();
     let mut builder = builder();
-    let gauge = sum_leaves(&mut builder);
-    let built = builder
-        .build_call_with_handles(&parse(text).map_err(fail)?, &world.default_stream())
-        .map_err(fail)?;
+    let (built, gauge) =
+        build_summed(&mut builder, &parse(text).map_err(fail)?, &world.default_stream()).map_err(fail)?;
     let (peak, _) = leaf_figures(&built, false, gauge)
         .map_err(|e| RunError::Unsupported(format!("stack `{text}` {e}")))?
         .ok_or_else(|| {
@@ -606,4 +622,31 @@ pub fn run_steps(text: &str, workload: &Workload, every: u64, phase: u64) -> Res
     // Blocks the trace never frees go with the stack.
     let peak_upstream = replayer.peak_upstream();
     Ok(Stepped { peak_live: workload.peak_live, peak_upstream, steps })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Only a stack of several `sim` or `host` leaves gets the shared
+    /// gauge; one leaf is left bare, its calls not slowed by the gauge.
+    #[test]
+    fn only_a_stack_of_several_leaves_counts_them_in_a_gauge() {
+        let world = SimWorld::new();
+        let stream = world.default_stream();
+        for (text, summed) in [
+            ("pool(sim)", false),
+            ("sim", false),
+            ("host", false),
+            ("binning(sim, bin(768, pool(sim)))", true),
+        ] {
+            let (built, gauge) = build_summed(&mut builder(), &parse(text).unwrap(), &stream).unwrap();
+            assert_eq!(gauge.is_some(), summed, "{text}");
+            let block = built.resource.allocate(Request::new(1000).unwrap(), &stream).unwrap();
+            if let Some(gauge) = &gauge {
+                assert_eq!(gauge.peak(), 1024, "{text}: the block counted, rounded as the leaves round");
+            }
+            built.resource.deallocate(block, &stream).unwrap();
+        }
+    }
 }
