@@ -224,6 +224,12 @@ pub(crate) fn run_typed<K: Runner>(
     shape.run(call, u, stream, runner)
 }
 
+/// How many `cuda` and `async` leaves a built stack has.
+pub fn stack_leaf_count(built: &Built<SimStream>) -> usize {
+    built.all::<CudaUpstream<CudaAsyncMemory>>("async").len()
+        + built.all::<CudaUpstream<CudaMemory>>("cuda").len()
+}
+
 /// The peak of the outermost CUDA leaf of a built stack, if it has one.
 pub fn stack_leaf_peak(built: &Built<SimStream>) -> Option<Box<dyn Fn() -> u64 + Send + Sync>> {
     if let Some(leaf) = built.get::<CudaUpstream<CudaAsyncMemory>>("async") {

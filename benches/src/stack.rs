@@ -353,16 +353,7 @@ fn leaf_figures(
     let single = built.all::<Shared<VirtualPool<SimAddressSpace>>>("vpool");
     let per_stream = built.all::<VirtualPools>("vpool");
     let (leaves, vpools) = (sims.len() + hosts.len(), single.len() + per_stream.len());
-    // Each vpool counts its committed bytes alone: what it and another
-    // leaf held at once is nowhere to read, and one leaf's peak alone was
-    // a footprint too low.
-    if vpools > 0 && leaves + vpools > 1 {
-        return Err(format!(
-            "has {} leaves, {vpools} of them vpool: the tool reads the peak of several leaves \
-             only where they are sim or host",
-            leaves + vpools
-        ));
-    }
+    readable_together(leaves, vpools, if cuda { cuda_leaf_count(built) } else { 0 })?;
     Ok(if let Some(gauge) = gauge {
         let counts = move || {
             Some(sims.iter().map(|s| s.call_counts().0).chain(hosts.iter().map(|h| h.call_counts().0)).sum())
@@ -391,6 +382,24 @@ fn leaf_figures(
     } else {
         None
     })
+}
+
+/// Refuses a stack whose leaves' peak together cannot be read: a `vpool`
+/// or a CUDA leaf beside another leaf. Each of those counts its bytes
+/// alone, so what it and another leaf held at once is nowhere to read, and
+/// one leaf's peak alone was a footprint too low. `sim` and `host` leaves
+/// count together ([`sum_leaves`]).
+fn readable_together(sims_and_hosts: usize, vpools: usize, cudas: usize) -> Result<(), String> {
+    let all = sims_and_hosts + vpools + cudas;
+    for (count, what) in [(vpools, "vpool"), (cudas, "cuda or async")] {
+        if count > 0 && all > 1 {
+            return Err(format!(
+                "has {all} leaves, {count} of them {what}: the tool reads the peak of several leaves \
+                 only where they are sim or host"
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// Replays a resource as the options say: on one thread, each op on the
@@ -514,6 +523,16 @@ fn cuda_leaves(builder: &mut StackBuilder<SimStream>, options: &RunOptions) -> R
             )))
         }
     }
+}
+
+#[cfg(feature = "cuda")]
+fn cuda_leaf_count(built: &Built<SimStream>) -> usize {
+    crate::cuda::stack_leaf_count(built)
+}
+
+#[cfg(not(feature = "cuda"))]
+fn cuda_leaf_count(_: &Built<SimStream>) -> usize {
+    0
 }
 
 #[cfg(feature = "cuda")]
@@ -647,6 +666,22 @@ mod tests {
                 assert_eq!(gauge.peak(), 1024, "{text}: the block counted, rounded as the leaves round");
             }
             built.resource.deallocate(block, &stream).unwrap();
+        }
+    }
+
+    /// A `vpool` or CUDA leaf is read alone or not at all: beside another
+    /// leaf of any kind the row is refused, naming it (a CUDA leaf beside a
+    /// `sim` one reported the `sim` leaf's peak only).
+    #[test]
+    fn a_vpool_or_cuda_leaf_beside_another_leaf_is_refused() {
+        for ok in [(1, 0, 0), (5, 0, 0), (0, 1, 0), (0, 0, 1), (0, 0, 0)] {
+            assert_eq!(readable_together(ok.0, ok.1, ok.2), Ok(()), "{ok:?}");
+        }
+        for (counts, named) in
+            [((1, 0, 1), "1 of them cuda"), ((0, 0, 2), "2 of them cuda"), ((1, 1, 0), "vpool")]
+        {
+            let e = readable_together(counts.0, counts.1, counts.2).unwrap_err();
+            assert!(e.contains(named), "{counts:?}: {e}");
         }
     }
 }
