@@ -18,16 +18,20 @@
  *   log(pool(async), file=/tmp/trace.csv)
  *
  * Leaves: async (stream-ordered, on a driver pool of its own; initial=,
- * release_threshold=), cuda (cuMemAlloc), managed (cuMemAllocManaged),
+ * release_threshold=, ipc=none|posix_fd|fabric; pool=default|managed
+ * serves from the device's default pool, or its default pool of managed
+ * memory, as they are), cuda (cuMemAlloc), managed (cuMemAllocManaged),
  * vmm (a pool over one reserved address range that maps memory where live
  * blocks are, through cuMemCreate/cuMemMap; reserve=, release_threshold=,
- * handle_granules=, slack=, trim_on_commit=; it unmaps only after synchronizing the stream of the
- * call). Adaptors and algorithms: pool (initial=, max=,
- * growth=double|default|N, granule= (32MiB: chunks are multiples of it),
- * release=true|false (give wholly free chunks back before growing; true),
- * per_stream=true|false (a pool per stream; false)), stats, track, limit,
- * align, log. sim, host, vpool and pinned (simulated or host memory) are
- * refused.
+ * handle_granules=, large_handles=, slack=, trim_on_commit=,
+ * per_stream=true|false (a reservation and pool per stream; false); it
+ * unmaps only after synchronizing the stream of the call). Adaptors and
+ * algorithms: pool (initial=, max=, growth=double|default|N, granule=
+ * (32MiB: chunks are multiples of it), release=true|false (give wholly
+ * free chunks back before growing; true), per_stream=true|false (a pool
+ * per stream; false)), planned (lays out each step from the one before:
+ * see memres_step), stats, track, limit, align, log. sim, host, vpool and
+ * pinned (simulated or host memory) are refused.
  * A file= is one device's: a second device whose stack names a file that
  * a live log writes fails its first call with a message naming the file
  * (MEMRES_LOG_FILE names one file per device).
@@ -46,10 +50,15 @@
  * chunks, after a wait on an event recorded after their frees; on out of
  * memory the device is synchronized). A block freed on another stream than
  * its allocation's is reused by the allocating stream only after it waits
- * on the freeing one. Every other stack (pool without per_stream, vmm)
- * hands a freed block to the next request whatever its stream: correct
- * only when the program frees a block once every stream that used it is
- * done with it. The stream of a call is a stream of its device: NULL,
+ * on the freeing one. vmm(per_stream=true) is stream-ordered the same way,
+ * and a stack whose allocations reach an async leaf directly (stats(async))
+ * is ordered by the driver. Every other stack (a pool or vmm without
+ * per_stream, cuda, managed) hands a freed block to the next request
+ * whatever its stream: correct only when the program frees a block once
+ * every stream that used it is done with it. Under planned, a block of a
+ * step's region freed on another stream than the step's waits for that
+ * stream inside memres_free (a host synchronization: work on that stream
+ * must not wait for the freeing thread). The stream of a call is a stream of its device: NULL,
  * cudaStreamLegacy and cudaStreamPerThread name that device's default
  * streams in its primary context, whatever context the calling thread has
  * current (none, or another device's); any other handle must be a stream
@@ -60,7 +69,10 @@
  * destroying it if its handle may come back.
  *
  * No function aborts or lets an exception through; failures are return
- * values, with a message for memres_last_error.
+ * values, with a message for memres_last_error. A stream handle that is
+ * not a live stream (a made-up value, a destroyed stream's) is undefined
+ * behaviour, as it is for the CUDA runtime: it may crash the process in
+ * this call or a later one.
  */
 #ifndef MEMRES_H
 #define MEMRES_H
@@ -113,7 +125,8 @@ void *memres_alloc(ssize_t size, int device, void *stream);
  * on other streams that uses it must be ordered before the free. NULL is
  * ignored. A pointer not allocated here, or a size that differs from the
  * allocation's (a negative size skips that check), is refused with a
- * message. */
+ * message. It returns nothing (PyTorch's signature): it clears the calling
+ * thread's message first, so a message after it says that it failed. */
 void memres_free(void *ptr, ssize_t size, int device, void *stream);
 
 /* Sets the stack of every device used from now on. Returns 0, or -1 with a
@@ -127,7 +140,8 @@ int memres_stats(int device, memres_stats_t *out);
 
 /* Copies the calling thread's latest error message into buf (at most
  * len - 1 bytes and a NUL) and returns its full length: 0 when this thread
- * had none. Kept per thread, as cudaGetLastError's.
+ * had none (or none since its last memres_free). Kept per thread, as
+ * cudaGetLastError's.
  * buf may be NULL to ask for the length. */
 size_t memres_last_error(char *buf, size_t len);
 

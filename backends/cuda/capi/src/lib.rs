@@ -373,15 +373,17 @@ fn deallocate(ptr: *mut c_void, size: isize, device: c_int, stream: *mut c_void)
     }
     // Back in the table unless the free succeeds: a resource whose free
     // fails or panics still holds the block, and the caller may free again.
+    // Not over a newer block: one that freed and then panicked may have
+    // handed the address out again meanwhile.
     let stream = stream_of(stream, st);
     match catch_unwind(AssertUnwindSafe(|| st.resource.deallocate(block, &stream))) {
         Ok(Ok(())) => Ok(()),
         Ok(Err(e)) => {
-            st.table.insert(block);
+            st.table.put_back(block);
             Err(format!("memres: device {d}: free of {addr:#x}: {e}"))
         }
         Err(payload) => {
-            st.table.insert(block);
+            st.table.put_back(block);
             std::panic::resume_unwind(payload)
         }
     }
@@ -454,7 +456,9 @@ pub unsafe extern "C" fn memres_alloc(size: isize, device: c_int, stream: *mut c
 /// Frees `ptr`, allocated by `memres_alloc` with `size` bytes on `device`,
 /// ordered on `stream`. NULL is ignored; a pointer not allocated here, or a
 /// size that differs from the allocation's (a negative size skips that
-/// check), is refused with a message for `memres_last_error`.
+/// check), is refused with a message for `memres_last_error`. It returns
+/// nothing, so it clears the thread's message first: a message after it
+/// says that it failed.
 ///
 /// # Safety
 ///
@@ -462,6 +466,7 @@ pub unsafe extern "C" fn memres_alloc(size: isize, device: c_int, stream: *mut c
 /// no longer used by work that is not ordered before the free on `stream`.
 #[no_mangle]
 pub unsafe extern "C" fn memres_free(ptr: *mut c_void, size: isize, device: c_int, stream: *mut c_void) {
+    set_error(String::new());
     guard((), || deallocate(ptr, size, device, stream));
 }
 
@@ -706,6 +711,23 @@ mod tests {
         // A call that succeeds leaves the message of the last one that failed.
         assert_eq!(guard(1, || Ok(2)), 2);
         assert_eq!(last_error(), "mine");
+    }
+
+    /// `memres_free` returns nothing: a message after it is its own
+    /// failure, never an earlier call's.
+    #[test]
+    fn a_free_clears_the_threads_message_first() {
+        let freed_twice = 0x1000 as *mut c_void;
+        // SAFETY: the stream is null (the legacy stream); nothing is freed.
+        unsafe { memres_free(freed_twice, 8, 0, std::ptr::null_mut()) };
+        assert!(last_error().contains("0x1000"), "{}", last_error());
+        // SAFETY: as above; NULL is ignored.
+        unsafe { memres_free(std::ptr::null_mut(), 8, 0, std::ptr::null_mut()) };
+        assert_eq!(last_error(), "", "the free succeeded");
+        guard((), || Err("an allocation failed".into()));
+        // SAFETY: as above.
+        unsafe { memres_free(freed_twice, 8, 0, std::ptr::null_mut()) };
+        assert!(last_error().contains("0x1000"), "{}", last_error());
     }
 
     #[test]

@@ -79,6 +79,21 @@ impl Table {
             .map(|(size, tag)| Block::new(block.addr(), size, tag))
     }
 
+    /// Records `block` again after a free that did not succeed, unless the
+    /// address is recorded already: a resource that freed the block and
+    /// then panicked may have handed the address to another thread, whose
+    /// newer block stays (put over it, the stale entry made the newer
+    /// block's free a size mismatch, and a retried free freed it). Returns
+    /// whether `block` was put back.
+    pub fn put_back(&self, block: Block) -> bool {
+        let mut map = self.shard(block.addr()).lock().unwrap_or_else(|p| p.into_inner());
+        if map.get(block.addr()).is_some() {
+            return false;
+        }
+        map.insert(block.addr(), (block.size(), block.tag()));
+        true
+    }
+
     /// Takes the block at `addr` out of the table.
     pub fn remove(&self, addr: u64) -> Option<Block> {
         let mut map = self.shard(addr).lock().unwrap_or_else(|p| p.into_inner());
@@ -121,6 +136,20 @@ mod tests {
         // Every shard is used: addresses spread.
         let used = t.shards.iter().filter(|s| !s.0.lock().unwrap().is_empty()).count();
         assert_eq!(used, SHARDS);
+    }
+
+    #[test]
+    fn a_block_put_back_never_replaces_a_newer_one() {
+        let t = Table::new();
+        let old = Block::new(0x1000, 512, 1);
+        assert!(t.put_back(old));
+        assert_eq!(t.remove(0x1000), Some(old));
+        // The address handed out again meanwhile: the newer block stays.
+        let newer = Block::new(0x1000, 256, 2);
+        t.insert(newer);
+        assert!(!t.put_back(old));
+        assert_eq!(t.remove(0x1000), Some(newer));
+        assert!(t.is_empty());
     }
 
     #[test]
