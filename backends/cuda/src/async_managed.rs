@@ -133,7 +133,10 @@ impl<S: AsRawStream + ?Sized> MemoryResource<S> for CudaAsyncManagedMemory {
             return Ok(Block::EMPTY);
         }
         let pool = self.pool_handle();
-        stream.context().unwrap_or(self.live.context()).scope(|| {
+        // The stream's context current throughout, also inside
+        // `host_visible` (a default handle names its context's stream).
+        let context = stream.context().unwrap_or(self.live.context());
+        context.scope(|| {
             in_order(stream, |raw| {
                 // SAFETY: a context is current; the pool is the driver's for
                 // the process and the stream valid while borrowed
@@ -144,9 +147,12 @@ impl<S: AsRawStream + ?Sized> MemoryResource<S> for CudaAsyncManagedMemory {
                 // SAFETY: the release frees, on the allocating stream, an
                 // allocation that `alloc` made and no one else frees;
                 // `host_visible::allocate` calls it as its contract says
-                // (out of the table, under its lock, our context current).
+                // (out of the table, under its lock, the stream's context
+                // current).
                 unsafe {
-                    host_visible::allocate(&self.live, request, alloc, |base| sys::cuMemFreeAsync(base, raw))
+                    host_visible::allocate(&self.live, context, request, alloc, |base| {
+                        sys::cuMemFreeAsync(base, raw)
+                    })
                 }
             })
         })
@@ -156,14 +162,19 @@ impl<S: AsRawStream + ?Sized> MemoryResource<S> for CudaAsyncManagedMemory {
         if block.is_empty() {
             return Ok(());
         }
-        stream.context().unwrap_or(self.live.context()).scope(|| {
+        let context = stream.context().unwrap_or(self.live.context());
+        context.scope(|| {
             in_order(stream, |raw| {
                 // SAFETY: every allocation of `self.live` is one of this
                 // pool's, made by `allocate` above; `host_visible::deallocate`
                 // takes it out of that table first, so the release queues
-                // its free (on a stream valid while borrowed) once, and no
-                // one else frees it.
-                unsafe { host_visible::deallocate(&self.live, block, |base| sys::cuMemFreeAsync(base, raw)) }
+                // its free (on a stream valid while borrowed, its context
+                // current) once, and no one else frees it.
+                unsafe {
+                    host_visible::deallocate(&self.live, context, block, |base| {
+                        sys::cuMemFreeAsync(base, raw)
+                    })
+                }
             })
         })
     }

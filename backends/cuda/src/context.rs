@@ -242,8 +242,8 @@ impl Device {
 ///
 /// Why never released: the driver resets a primary context when its last
 /// retain goes, freeing all its memory, while threads may still have it
-/// current (a thread with no context keeps the one a call of this crate
-/// made current); a later handle then sets the whole context up again. The
+/// current (a thread with no context keeps device 0's when a call of this
+/// crate made it current); a later handle then sets the whole context up again. The
 /// CUDA runtime, which CuPy, PyTorch and RMM use, keeps the primary context
 /// for the life of the process too. A handle is a shared reference:
 /// cloning and dropping it make no driver call.
@@ -401,7 +401,8 @@ impl Context {
 }
 
 /// Makes a context current on this thread until dropped, then restores the
-/// one that was current before (a thread that had none keeps it). Costs one
+/// one that was current before (a thread that had none keeps device 0's
+/// primary context, as the CUDA runtime binds it; any other goes). Costs one
 /// `cuCtxGetCurrent` when the context is current already, the common case.
 /// It borrows what keeps the context alive for `'a`.
 pub(crate) struct Current<'a> {
@@ -436,10 +437,14 @@ impl<'a> Current<'a> {
         }
         // SAFETY: `ctx` is alive while the guard lives (the contract).
         check(unsafe { sys::cuCtxSetCurrent(ctx) })?;
-        // A thread with no context keeps ours, as the CUDA runtime binds the
-        // primary context to a thread on first use: restoring "none" would
-        // cost two driver calls on every later call for nothing.
-        Ok(Current { restore: (!now.is_null()).then_some(now), alive: PhantomData })
+        // A thread with no context keeps device 0's primary context, the one
+        // the CUDA runtime binds to a thread on first use: restoring "none"
+        // would cost two driver calls on every later call for nothing.
+        // Another device's goes: kept, it made that device the runtime's
+        // current device on the thread (`cudaGetDevice`, PyTorch's
+        // `device="cuda"`), which the runtime itself would not have done.
+        let keep = now.is_null() && Context::retained(0).is_some_and(|c| c.raw() == ctx);
+        Ok(Current { restore: (!keep).then_some(now), alive: PhantomData })
     }
 }
 

@@ -104,19 +104,22 @@ pub(crate) fn free(base: u64, release: impl FnOnce(u64) -> sys::CuResult) -> sys
 }
 
 /// The allocate of a resource of host-visible memory: `alloc` (the
-/// driver's call, run with the context of `allocations` current) through
-/// [`allocate_with`], the allocation recorded in the table before the block
-/// is handed out (and in `allocations`); one the block cannot be placed in
-/// goes back through [`free`] with `release`.
+/// driver's call, run with `context` current) through [`allocate_with`],
+/// the allocation recorded in the table before the block is handed out
+/// (and in `allocations`); one the block cannot be placed in goes back
+/// through [`free`] with `release`. `context` is the context of
+/// `allocations`, or for a stream-ordered call the stream's: the default
+/// stream handles (null, per-thread) name the current context's streams.
 ///
 /// # Safety
 ///
 /// `release` must free (or queue the free of) an allocation that `alloc`
-/// made, called with the context current by [`free`] (which has taken it
+/// made, called with `context` current by [`free`] (which has taken it
 /// out of the table and holds the lock, so no `CudaCopy` access is under
 /// way in it or can start), on a base no one else frees.
 pub(crate) unsafe fn allocate(
     allocations: &HostAllocations,
+    context: &Context,
     request: Request,
     alloc: impl FnOnce(usize, &mut u64) -> sys::CuResult,
     release: impl FnOnce(u64) -> sys::CuResult,
@@ -124,10 +127,10 @@ pub(crate) unsafe fn allocate(
     if request.is_zero() {
         return Ok(Block::EMPTY);
     }
-    let context = allocations.context();
     context.scope(|| {
         allocate_with(
-            context,
+            // Out of memory reports the memory of the allocations' device.
+            allocations.context(),
             allocations.live(),
             request,
             |bytes, base| {
@@ -147,23 +150,25 @@ pub(crate) unsafe fn allocate(
     })
 }
 
-/// The free of a resource of host-visible memory: [`deallocate_with`],
-/// whose release goes through [`free`] with `release`.
+/// The free of a resource of host-visible memory: [`deallocate_with`]
+/// with `context` current (as [`allocate`]'s), whose release goes through
+/// [`free`] with `release`.
 ///
 /// # Safety
 ///
 /// As [`allocate`], for the allocations of `allocations`.
 pub(crate) unsafe fn deallocate(
     allocations: &HostAllocations,
+    context: &Context,
     block: Block,
     release: impl FnOnce(u64) -> sys::CuResult,
 ) -> Result<()> {
-    // `deallocate_with` passes, with the context current, the base of an
+    // `deallocate_with` passes, with `context` current, the base of an
     // allocation of `allocations` that it has just taken out of that table,
     // so no one else frees it; `free` releases it under the host-visible
     // table's lock, once it has left that table: what `release` needs, as
     // our caller promised.
-    deallocate_with(allocations.context(), allocations.live(), block, |base| free(base, release))
+    deallocate_with(context, allocations.live(), block, |base| free(base, release))
 }
 
 #[cfg(test)]

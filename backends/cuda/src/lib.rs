@@ -32,7 +32,8 @@
 //!
 //! Each resource and stream holds its device's primary context and makes
 //! it current for the calls that need one, restoring the caller's context
-//! afterwards: any thread may use any resource, with no set-up. A primary
+//! afterwards (a thread that had none keeps device 0's, as the CUDA
+//! runtime binds it): any thread may use any resource, with no set-up. A primary
 //! context is retained at its first use and kept for the rest of the
 //! process, as the CUDA runtime keeps it ([`Context`] says why).
 //!

@@ -71,13 +71,15 @@ impl<S: Stream + ?Sized> MemoryResource<S> for ManagedMemory {
         // SAFETY: `free_managed` frees a managed allocation, which `alloc`
         // makes; `host_visible::allocate` calls it as `free_managed` asks,
         // with our context current.
-        unsafe { host_visible::allocate(&self.live, request, alloc, |b| free_managed(b)) }
+        unsafe {
+            host_visible::allocate(&self.live, self.live.context(), request, alloc, |b| free_managed(b))
+        }
     }
 
     fn deallocate(&self, block: Block, _stream: &S) -> Result<()> {
         // SAFETY: every allocation of `self.live` is a managed one of ours,
         // made by `allocate` above in our context.
-        unsafe { host_visible::deallocate(&self.live, block, |b| free_managed(b)) }
+        unsafe { host_visible::deallocate(&self.live, self.live.context(), block, |b| free_managed(b)) }
     }
 
     /// Equal to its clones, which share its table of live allocations (one

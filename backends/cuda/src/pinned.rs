@@ -82,13 +82,13 @@ impl<S: Stream + ?Sized> MemoryResource<S> for PinnedMemory {
         };
         // SAFETY: `free_host` frees a pinned allocation, which `alloc`
         // makes; `host_visible::allocate` calls it as `free_host` asks.
-        unsafe { host_visible::allocate(&self.live, request, alloc, |b| free_host(b)) }
+        unsafe { host_visible::allocate(&self.live, self.live.context(), request, alloc, |b| free_host(b)) }
     }
 
     fn deallocate(&self, block: Block, _stream: &S) -> Result<()> {
         // SAFETY: every allocation of `self.live` is a pinned one of ours,
         // made by `allocate` above.
-        unsafe { host_visible::deallocate(&self.live, block, |b| free_host(b)) }
+        unsafe { host_visible::deallocate(&self.live, self.live.context(), block, |b| free_host(b)) }
     }
 
     /// Equal to its clones, which share its table of live allocations (one
