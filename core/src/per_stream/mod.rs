@@ -604,8 +604,25 @@ impl<M: MakePool<S>, S: Stream + ?Sized> PerStreamPool<M, S> {
         // (another user's frees done), a pool's own growth gives back again
         // what was refused, a virtual pool retries the trim that failed.
         match self.lanes[i].pool.allocate(request, stream) {
-            Err(e) if e.is_out_of_memory() => Err(refused.unwrap_or(e)),
+            Err(e) if e.is_out_of_memory() => Err(self.whole(refused.unwrap_or(e))),
             last => last,
+        }
+    }
+
+    /// An out-of-memory error of one lane's pool as the whole resource's:
+    /// its pool size is what every stream's pool holds (one lane's was a
+    /// part of what the resource held, and the message said less than the
+    /// device had given). The largest free block stays the lane's: the one
+    /// the failed request could have used.
+    fn whole(&self, e: Error) -> Error {
+        match e {
+            Error::OutOfMemory { requested, largest_free, pool_size: _, max_size } => Error::OutOfMemory {
+                requested,
+                largest_free,
+                pool_size: self.lanes.iter().map(|l| l.pool.held()).sum(),
+                max_size,
+            },
+            other => other,
         }
     }
 
