@@ -753,8 +753,11 @@ impl<M: MakePool<S>, S: Stream + ?Sized> MemoryResourceMut<S> for PerStreamPool<
         let (last, id) = (self.last, stream.id());
         let alone = self.lanes.len() == 1;
         match self.lanes.get_mut(last) {
-            // One stream: no other would take a chunk, none to tell of.
-            Some(lane) if lane.id == id && alone && !lane.settles_before_free() => {
+            // One stream: no other would take a chunk, none to tell of;
+            // unless its fence says it covers every wholly free chunk
+            // (recorded while another stream had a pool, or for a release
+            // on another stream), which a free that leaves one must undo.
+            Some(lane) if lane.id == id && alone && !lane.covered && !lane.settles_before_free() => {
                 match lane.pool.deallocate(restamp(block, lane.stamp), stream) {
                     Err(Error::UnknownBlock { .. }) => self.deallocate_cross(block, stream, id),
                     other => other,

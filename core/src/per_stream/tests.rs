@@ -2,7 +2,7 @@ extern crate std;
 
 use super::*;
 use crate::pool::{Growth, PoolConfig};
-use crate::testing::{BumpUpstream, LoggedStream, StreamLog};
+use crate::testing::{BumpUpstream, IdStream, LoggedStream, StreamLog};
 use alloc::rc::Rc;
 use alloc::sync::Arc;
 use core::cell::RefCell;
@@ -596,4 +596,95 @@ fn a_virtual_maker_refuses_a_configuration_no_pool_could_take_when_made() {
     }
     assert_eq!(space.reservation_count(), 0);
     assert!(VirtualMaker::new(&space, VirtualConfig::new(MIB)).is_ok());
+}
+
+/// A stream whose events are numbered in the order they were recorded, and
+/// which logs each wait as (stream, event): a wait on an event recorded
+/// before a free does not order the waiter after it.
+#[derive(Clone)]
+struct SeqStream {
+    id: u64,
+    device: bool,
+    log: Rc<RefCell<(u64, Vec<(u64, u64)>)>>,
+}
+
+impl Stream for SeqStream {
+    type Event = u64;
+    fn id(&self) -> u64 {
+        self.id
+    }
+    fn record(&self) -> Result<u64> {
+        let mut log = self.log.borrow_mut();
+        log.0 += 1;
+        Ok(log.0)
+    }
+    fn wait(&self, e: &u64) -> Result<()> {
+        self.log.borrow_mut().1.push((self.id, *e));
+        Ok(())
+    }
+    fn query(&self, _: &u64) -> Result<bool> {
+        Ok(false)
+    }
+    fn synchronize(&self) -> Result<()> {
+        Ok(())
+    }
+    fn synchronize_device(&self) -> Result<bool> {
+        Ok(self.device)
+    }
+}
+
+/// A stream left alone with a fence from when another stream had a pool:
+/// a free that leaves a chunk wholly free unsets what the fence covered,
+/// so a release on a third stream (no device synchronization) gives that
+/// chunk back only once it waited on a fence recorded after the free. It
+/// waited on the old fence and gave the chunk back unordered.
+#[test]
+fn a_lone_stream_whose_fence_covered_its_chunks_uncovers_them_when_it_frees_one() {
+    let log = Rc::new(RefCell::new((0u64, Vec::new())));
+    let s = |id, device| SeqStream { id, device, log: log.clone() };
+    let (a, b, c) = (s(1, true), s(2, true), s(3, false));
+    let up = BumpUpstream::new(1 << 30);
+    let mut pools = PerStreamPool::new(PoolMaker::new(&up));
+    let x = pools.allocate(req(MIB), &a).unwrap();
+    let y = pools.allocate(req(MIB), &b).unwrap();
+    pools.deallocate(x, &a).unwrap(); // a's fence
+    pools.deallocate(y, &b).unwrap();
+    let big = pools.allocate(req(64 * MIB), &a).unwrap(); // b's pool goes
+    assert_eq!(pools.stream_count(), 1);
+    pools.deallocate(big, &a).unwrap();
+    pools.check().unwrap();
+    let freed_after = log.borrow().0;
+    assert_eq!(pools.release(&c).unwrap(), 0, "nothing covers the chunk freed last");
+    // Asked for a fence, a's next call records one after the free; the
+    // free that leaves the chunk wholly free again uncovers it.
+    let again = pools.allocate(req(256), &a).unwrap();
+    assert!(log.borrow().0 > freed_after, "a fence recorded at a's next call");
+    pools.deallocate(again, &a).unwrap();
+    pools.check().unwrap();
+    let waited = log.borrow().1.len();
+    assert_eq!(pools.release(&c).unwrap(), 0);
+    assert_eq!(log.borrow().1.len(), waited, "no fence covers the chunk now");
+    assert_eq!(pools.usage().held, up.usage().held);
+}
+
+/// The checker agrees: a lone stream's chunk left wholly free after its
+/// lane was settled is not said covered with no fence.
+#[test]
+fn a_lone_streams_wholly_free_chunk_after_a_settle_passes_the_checker() {
+    let up = BumpUpstream::new(1 << 30);
+    let mut pools = PerStreamPool::new(PoolMaker::new(&up));
+    let (a, b) = (IdStream(1), IdStream(2));
+    let x1 = pools.allocate(req(4096), &a).unwrap();
+    let x2 = pools.allocate(req(4096), &a).unwrap();
+    let y = pools.allocate(req(4096), &b).unwrap();
+    pools.deallocate(x1, &b).unwrap(); // a settles at its next call
+    let z = pools.allocate(req(4096), &a).unwrap(); // no wholly free chunk: no fence, covered
+    pools.deallocate(y, &b).unwrap();
+    let big = pools.allocate(req(64 << 20), &a).unwrap(); // b's pool goes
+    assert_eq!(pools.stream_count(), 1);
+    pools.deallocate(x2, &a).unwrap();
+    pools.deallocate(z, &a).unwrap(); // a's first chunk wholly free
+    pools.check().unwrap();
+    pools.deallocate(big, &a).unwrap();
+    pools.check().unwrap();
 }
