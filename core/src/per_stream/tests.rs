@@ -605,8 +605,11 @@ fn a_virtual_maker_refuses_a_configuration_no_pool_could_take_when_made() {
 struct SeqStream {
     id: u64,
     device: bool,
-    log: Rc<RefCell<(u64, Vec<(u64, u64)>)>>,
+    log: Rc<RefCell<SeqLog>>,
 }
+
+/// The last event recorded, and each wait as (stream, event).
+type SeqLog = (u64, Vec<(u64, u64)>);
 
 impl Stream for SeqStream {
     type Event = u64;
