@@ -161,3 +161,61 @@ fn a_list_cut_short_panics_at_its_end_and_reads_nothing_past_it() {
     assert!(message.contains("a list ends early"), "{message}");
     assert_eq!((index.vacant, index.vacant_len), (NONE, 4));
 }
+
+/// What every walk answers for `handle`, checking that the walk visits
+/// nothing: a handle that names no region's start is a region of no ranges.
+fn assert_no_region(index: &mut CoalescingIndex, handle: u32, addr: u64) {
+    index.for_each_in_region(handle, |r, free| panic!("slot {handle} walked to {r:?} (free: {free})"));
+    assert_eq!(index.find_used(handle, addr), None);
+    assert!(!index.is_free_at(handle, addr));
+    assert!(!index.is_region_free(handle));
+    for had_tag in [false, true] {
+        assert_eq!(index.free_by_address(handle, addr, 1024, had_tag), Err(Error::UnknownBlock { addr }));
+    }
+}
+
+/// A handle that starts no region: a slot that `reserve`, or an `allocate`
+/// of an empty index, made and no range ever used; a range inside a
+/// region; a slot a merge vacated. The walks answer as for a handle out of
+/// range, with no ranges, and change nothing. Before, a slot never used
+/// linked to slot 0 (its links were 0, not `NONE`), so a walk from slot 0
+/// went round it for ever; a range inside a region was walked as if it
+/// started one (`free_by_address` freed a block there), and a vacated slot
+/// by its stale links.
+#[test]
+fn a_handle_that_starts_no_region_is_a_region_of_no_ranges() {
+    let mut index: CoalescingIndex = CoalescingIndex::new(256);
+    index.reserve(2).unwrap();
+    for handle in [0, 1, 2, u32::MAX] {
+        assert_no_region(&mut index, handle, 0);
+    }
+    let mut index: CoalescingIndex = CoalescingIndex::new(256);
+    assert_eq!(index.allocate(1024, 256), Ok(None));
+    assert_eq!(index.node_slots(), 2);
+    for handle in [0, 1] {
+        assert_no_region(&mut index, handle, 0);
+    }
+
+    let first = index.add_range(Range::new(0, 4096).unwrap()).unwrap();
+    let a = index.allocate(1024, 256).unwrap().unwrap();
+    let b = index.allocate(1024, 256).unwrap().unwrap();
+    let inner = b.tag as u32;
+    assert_ne!(inner, first);
+    let before = state(&index);
+    assert_no_region(&mut index, inner, b.addr);
+    assert_eq!(state(&index), before);
+    // The region's handle still walks it.
+    assert_eq!(index.find_used(first, b.addr), Some(b.tag));
+    index.free(b.tag, b.addr, 1024).unwrap();
+    index.free(a.tag, a.addr, 1024).unwrap();
+    // `b`'s slot was merged into `a`'s: vacant, its links stale.
+    assert_no_region(&mut index, inner, b.addr);
+    let mut ranges = 0;
+    index.for_each_in_region(first, |r, free| {
+        assert_eq!((r, free), (Range::new(0, 4096).unwrap(), true));
+        ranges += 1;
+    });
+    assert_eq!(ranges, 1);
+    assert!(index.is_region_free(first));
+    index.check().unwrap();
+}

@@ -8,14 +8,13 @@ use crate::{Error, Result};
 /// "No node" in links and list heads.
 pub(super) const NONE: u32 = u32::MAX;
 
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum State {
     /// A free range, in the bin list of its size class.
     Free,
     /// A range handed out.
     Used,
     /// A slot on the vacant list, not describing any range.
-    #[default]
     Vacant,
     /// A slot whose generation is used up: never handed out or reused
     /// again, so no tag of it can match. A region's first node retired this
@@ -26,7 +25,7 @@ pub(super) enum State {
 
 /// One range of the index: free, used, or a vacant slot. Public only so that
 /// the storage type can be named; its fields are private.
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Copy, Debug)]
 pub struct Node {
     pub(super) addr: u64,
     pub(super) size: u64,
@@ -48,6 +47,23 @@ pub struct Node {
     /// after `state`; saves recomputing the class on removal).
     pub(super) bin: u16,
     pub(super) state: State,
+}
+
+impl Default for Node {
+    /// A vacant slot linked to nothing: a link of 0 would name slot 0.
+    fn default() -> Self {
+        Node {
+            addr: 0,
+            size: 0,
+            prev_phys: NONE,
+            next_phys: NONE,
+            prev_free: NONE,
+            next_free: NONE,
+            gen: 0,
+            bin: 0,
+            state: State::Vacant,
+        }
+    }
 }
 
 impl Node {
@@ -76,7 +92,8 @@ impl<N: Storage<Node>> CoalescingIndex<N> {
         // lists or not. Every `i` that reaches here is a list head, a link
         // read from a node, the vacant-list head, or a slot index that the
         // public entry points checked against `nodes.len()` (`resolve`,
-        // `allocate_in`, `remove_range`, `is_region_free`, the region walks).
+        // `allocate_in`, `region_start`: `remove_range`, `is_region_free`, the
+        // region walks).
         // The index stores in those words only `NONE` or the index of a slot
         // that exists (`reserve_nodes` pushes before it links, and stops
         // below `NONE`), and slots are never removed: the index only calls
@@ -110,13 +127,6 @@ impl<N: Storage<Node>> CoalescingIndex<N> {
         } else {
             &mut self.scratch
         }
-    }
-
-    /// Whether `i` names a slot: the check at the public entry points that
-    /// take a node index from the caller.
-    #[inline]
-    pub(super) fn in_range(&self, i: u32) -> bool {
-        (i as usize) < self.nodes.len()
     }
 
     /// Makes sure `n` node slots can be had without failing.

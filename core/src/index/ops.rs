@@ -85,14 +85,24 @@ impl<N: Storage<Node>> CoalescingIndex<N> {
 
     /// Whether the region whose first node is `first` is wholly free.
     pub fn is_region_free(&self, first: u32) -> bool {
+        self.region_start(first).is_some_and(|start| {
+            let n = self.node(start);
+            n.state == State::Free && n.next_phys == NONE
+        })
+    }
+
+    /// The first range of the region whose handle is `first`, or `None` if
+    /// `first` names no region: out of range, a vacant slot (its links are
+    /// stale), a retired slot that heads no region, or a range inside one.
+    /// The public walks start here: from any other node they would follow
+    /// links that need not end.
+    fn region_start(&self, first: u32) -> Option<u32> {
         let start = self.skip_header(first);
-        if !self.in_range(start) {
-            return false;
-        }
-        let n = self.node(start);
-        // Either `first` starts the region, or it is the header before it.
+        let n = self.nodes.get(start as usize)?;
+        // Either `first` starts the region, or it is the retired header
+        // before it (`skip_header` moved past it).
         let starts = n.prev_phys == NONE || start != first;
-        n.state == State::Free && n.next_phys == NONE && starts
+        (matches!(n.state, State::Free | State::Used) && starts).then_some(start)
     }
 
     /// Removes a wholly free region and returns its range.
@@ -551,7 +561,9 @@ impl<N: Storage<Node>> CoalescingIndex<N> {
 
     /// Finds the used node that starts at `addr` in the region whose first
     /// node is `first`, and returns its tag. A walk of the region: the slow
-    /// path for callers that only know the address.
+    /// path for callers that only know the address. `None` where `first`
+    /// names no region (out of range, a slot that is vacant or was never
+    /// used, a range inside a region).
     ///
     /// # Time Complexity
     ///
@@ -571,7 +583,9 @@ impl<N: Storage<Node>> CoalescingIndex<N> {
     ///
     /// [`Error::DoubleFree`] if `addr` is in a free range, or if the caller
     /// held a stale tag for a used range there; [`Error::UnknownBlock`] if no
-    /// range starts at `addr`; as [`free`](Self::free) otherwise.
+    /// range starts at `addr`, or `first` names no region (out of range, a
+    /// slot that is vacant or was never used, a range inside a region); as
+    /// [`free`](Self::free) otherwise. Nothing changes on error.
     ///
     /// # Time Complexity
     ///
@@ -601,7 +615,9 @@ impl<N: Storage<Node>> CoalescingIndex<N> {
     }
 
     /// Whether `addr` lies inside a free range of the region whose first node
-    /// is `first` (to tell a double free from a foreign address).
+    /// is `first` (to tell a double free from a foreign address); false
+    /// where `first` names no region (out of range, a slot that is vacant or
+    /// was never used, a range inside a region).
     pub fn is_free_at(&self, first: u32, addr: u64) -> bool {
         self.region(first)
             .find(|(_, n)| addr >= n.addr && addr - n.addr < n.size)
@@ -609,7 +625,31 @@ impl<N: Storage<Node>> CoalescingIndex<N> {
     }
 
     /// Visits the ranges of the region whose first node is `first`, in address
-    /// order, with whether each is free.
+    /// order, with whether each is free. Visits none where `first` names no
+    /// region: out of range, a slot that is vacant or was never used (one
+    /// that [`reserve`](Self::reserve) made), a range inside a region.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use memres_core::index::CoalescingIndex;
+    /// use memres_core::Range;
+    /// let mut index: CoalescingIndex = CoalescingIndex::new(256);
+    /// index.reserve(1)?; // slot 0: vacant, no region starts there
+    /// let mut visits = 0;
+    /// index.for_each_in_region(0, |_, _| visits += 1);
+    /// assert_eq!(visits, 0);
+    /// let first = index.add_range(Range::new(0, 4096).unwrap())?;
+    /// let _a = index.allocate(1024, 256)?.unwrap();
+    /// let b = index.allocate(1024, 256)?.unwrap();
+    /// let mut ranges = Vec::new();
+    /// index.for_each_in_region(first, |r, free| ranges.push((r.start(), free)));
+    /// assert_eq!(ranges, [(0, false), (1024, false), (2048, true)]);
+    /// // `b`'s node lies inside the region: no region starts there.
+    /// index.for_each_in_region(b.tag as u32, |_, _| visits += 1);
+    /// assert_eq!(visits, 0);
+    /// # Ok::<(), memres_core::Error>(())
+    /// ```
     pub fn for_each_in_region(&self, first: u32, mut f: impl FnMut(Range, bool)) {
         for (_, n) in self.region(first) {
             f(Range::new(n.addr, n.size).unwrap_or_default(), n.state == State::Free);
@@ -617,10 +657,10 @@ impl<N: Storage<Node>> CoalescingIndex<N> {
     }
 
     /// The nodes of the region whose first node is `first`, in address
-    /// order, with their indices (none for a handle out of range).
+    /// order, with their indices (none for a handle that names no region,
+    /// see [`region_start`](Self::region_start)).
     fn region(&self, first: u32) -> impl Iterator<Item = (u32, &Node)> + '_ {
-        let first = self.skip_header(first);
-        let mut i = if self.in_range(first) { first } else { NONE };
+        let mut i = self.region_start(first).unwrap_or(NONE);
         core::iter::from_fn(move || {
             if i == NONE {
                 return None;
