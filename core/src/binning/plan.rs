@@ -308,8 +308,9 @@ impl BinPlan {
         let mut count = vec![0u128; n + 1];
         let mut bytes = vec![0u128; n + 1];
         for (i, &(s, c)) in points.iter().enumerate() {
-            // u128 holds any real histogram's sums; one fed extreme
-            // counts saturates rather than panics.
+            // u128 holds any real histogram's sums: the counts of at most
+            // `MAX_POINTS` points stay below 2^75; the bytes of extreme
+            // counts and sizes saturate rather than panic.
             count[i + 1] = count[i] + c as u128;
             bytes[i + 1] = bytes[i].saturating_add(c as u128 * s as u128);
         }
@@ -379,7 +380,9 @@ pub(super) fn coarsened(histogram: &SizeHistogram, max_size: u64, max_points: us
             // Never above `max_size` (a multiple of 256, at least `s`).
             let s = s.div_ceil(granule).saturating_mul(granule).min(max_size);
             match merged.last_mut() {
-                Some(last) if last.0 == s => last.1 += c,
+                // Counts saturate, as the histogram's do: merged ones
+                // may add up past `u64::MAX`.
+                Some(last) if last.0 == s => last.1 = last.1.saturating_add(c),
                 _ => merged.push((s, c)),
             }
         }

@@ -496,6 +496,29 @@ fn a_histogram_of_extreme_counts_is_planned_without_a_panic() {
     h.record_n(1 << 62, 1 << 60);
     let sizes = BinPlan::new().max_bin_size(1 << 62).max_waste_percent(100).choose(&h);
     assert_eq!(sizes, [1 << 62]);
+
+    // More sizes than the plan optimizes over (1024): coarsening merges
+    // 256 and 512 into 512, 768 and 1024 into 1024, ..., whose counts add
+    // up past `u64::MAX` (a panic, or in release a wrap to 0 that left
+    // those sizes out of the plan). They saturate: every point counts
+    // `u64::MAX`, so the plan is that of one request of each point's size.
+    let mut h = SizeHistogram::new();
+    for k in 1..=1024u64 {
+        h.record_n(k * 256, u64::MAX / 2 + 1);
+    }
+    h.record_n(1025 * 256, u64::MAX);
+    let points = coarsened(&h, 1 << 20, 1024);
+    assert_eq!(points.len(), 513);
+    assert!(points.iter().all(|&(_, c)| c == u64::MAX), "{points:?}");
+    let mut once = SizeHistogram::new();
+    once.extend(points.iter().map(|&(s, _)| s));
+    let plan = BinPlan::new().min_share_percent(0);
+    let sizes = plan.choose(&h);
+    assert!(!sizes.is_empty());
+    assert_eq!(sizes, plan.choose(&once));
+    // With the default minimum share as well.
+    let sizes = BinPlan::new().choose(&h);
+    assert!(!sizes.is_empty() && sizes.len() <= 16 && sizes.windows(2).all(|w| w[0] < w[1]), "{sizes:?}");
 }
 
 /// A counted bin (a resource with no figures to read: a `DynResource`):
