@@ -515,6 +515,20 @@ impl<'a, U, S: Stream + ?Sized> BinningResource<'a, U, S> {
         self.route(size).map(|i| self.sizes[i])
     }
 
+    /// The bytes held from the upstream, the fixed-size bins' chunks and
+    /// the large blocks, and those counted for the live blocks of the
+    /// counted bins whose sizes `counts` picks: what this resource holds as
+    /// a layer of a stack, where a bin with a layer under it leaves its
+    /// blocks to that layer.
+    pub(crate) fn held_as_layer(&self, counts: impl Fn(u64) -> bool) -> u64 {
+        let bins = self.sizes.iter().zip(&self.bins).map(|(&size, bin)| match bin {
+            Bin::Fixed(f) => f.usage().held,
+            Bin::Counted(_, tally) if counts(size) => tally.usage().held,
+            Bin::Other(_) | Bin::Counted(..) => 0,
+        });
+        bins.sum::<u64>() + self.large.usage().held
+    }
+
     /// Gives every wholly free chunk of the fixed-size bins this resource
     /// made back to the upstream; returns the bytes given back.
     ///

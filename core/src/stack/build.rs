@@ -2,7 +2,7 @@
 //! stack into resources.
 
 use super::release::{Layer, Release, ReleaseLayers};
-use super::{parse, Call, StackError, StackErrorKind};
+use super::{parse, Call, StackError, StackErrorKind, Value};
 use crate::copy::{AssumeMemoryOf, MemoryOf};
 use crate::{Block, DynResource, MemoryResource, MemoryResourceMut, Request, Shared, Stream, StreamOrdered};
 use alloc::collections::BTreeMap;
@@ -26,12 +26,34 @@ pub struct Context<'a, S: ?Sized> {
     /// The layers kept so far that keep freed memory, with their call's
     /// name and position (see [`Context::keep_releasing`]).
     releasing: RefCell<Vec<Layer<S>>>,
-    /// How many of `releasing` were kept when the call being built began:
-    /// a layer kept after more has another under it.
-    begun: Cell<usize>,
+    /// The call being built: whether a layer is under it.
+    frame: Cell<Frame>,
     /// The build this one is nested in ([`build_with`](Self::build_with)),
     /// which takes its handles when it ends.
     outer: Option<&'a Context<'a, S>>,
+}
+
+/// What the build knows of the call being built.
+#[derive(Clone, Copy, Debug, Default)]
+struct Frame {
+    /// The address of the call's upstream (its first positional argument,
+    /// where that is a resource), to tell it when it is built; 0 for none.
+    upstream: usize,
+    /// Whether a layer that keeps freed memory was kept while the upstream
+    /// was built: what the call takes from its upstream reaches that layer
+    /// first. Its other resources (a binning resource's counted bins) are
+    /// not under it: what it gives back to its upstream does not go there.
+    layer_under: bool,
+}
+
+impl Frame {
+    fn of(call: &Call) -> Self {
+        let upstream = match call.positional(0) {
+            Some(Value::Call(up)) => up as *const Call as usize,
+            _ => 0,
+        };
+        Frame { upstream, layer_under: false }
+    }
 }
 
 /// A typed resource of a built stack, kept so that its figures can be read.
@@ -54,7 +76,7 @@ impl<'a, S: ?Sized> Context<'a, S> {
             stream,
             handles: RefCell::new(Vec::new()),
             releasing: RefCell::new(Vec::new()),
-            begun: Cell::new(0),
+            frame: Cell::new(Frame::default()),
             outer,
         }
     }
@@ -92,6 +114,13 @@ impl<S: Stream + ?Sized + 'static> Context<'_, S> {
     /// [`keep`](Self::keep), for a layer that keeps memory freed through
     /// it (a pool): [`Built::release_layers`] hands it out, so that what it
     /// keeps free can be given back later.
+    ///
+    /// The layer is one of the stack's innermost (what it gives back leaves
+    /// the stack, and [`ReleaseLayers::held`] counts what it holds) unless
+    /// such a layer was kept while its upstream was built: `call`'s first
+    /// positional argument. Its [`Release::held`] is what it holds from
+    /// that upstream; resources it builds from other arguments (a binning
+    /// resource's counted bins) are layers of their own.
     pub fn keep_releasing<T>(&self, call: &Call, resource: T) -> DynResource<S>
     where
         T: MemoryResource<S> + Release<S> + 'static,
@@ -191,11 +220,33 @@ impl<S: Stream + ?Sized + 'static> Context<'_, S> {
         resource
     }
 
+    /// [`keep`](Self::keep) of `resource`, with `layer(resource)` as
+    /// what `call` keeps freed: for a layer whose figures as a layer are
+    /// not the resource's own (`binning`, see [`BinningLayer`](super::release::BinningLayer)).
+    pub(super) fn keep_releasing_as<T>(
+        &self,
+        call: &Call,
+        resource: T,
+        layer: impl FnOnce(Arc<T>) -> Arc<dyn Release<S>>,
+    ) -> DynResource<S>
+    where
+        T: MemoryResource<S> + Send + Sync + 'static,
+    {
+        let resource = self.kept(call, resource);
+        self.push_releasing(call, layer(resource.clone()));
+        resource
+    }
+
+    /// How many layers that keep freed memory this build has kept so far:
+    /// a constructor tells by it whether one was kept while it built a
+    /// resource.
+    pub(super) fn layers_kept(&self) -> usize {
+        self.releasing.borrow().len()
+    }
+
     fn push_releasing(&self, call: &Call, layer: Arc<dyn Release<S>>) {
-        let mut releasing = self.releasing.borrow_mut();
-        // Layers kept since `call` began are its upstreams'.
-        let innermost = releasing.len() == self.begun.get();
-        releasing.push(Layer { name: call.name.clone(), pos: call.pos, innermost, layer });
+        let innermost = !self.frame.get().layer_under;
+        self.releasing.borrow_mut().push(Layer { name: call.name.clone(), pos: call.pos, innermost, layer });
     }
 
     fn kept<T: Send + Sync + 'static>(&self, call: &Call, resource: T) -> Arc<T> {
@@ -569,9 +620,15 @@ impl<S: Stream + ?Sized + 'static> StackBuilder<S> {
             .constructors
             .get(&call.name)
             .ok_or_else(|| call.error(StackErrorKind::UnknownName(call.name.clone())))?;
-        let outer = cx.begun.replace(cx.releasing.borrow().len());
+        let kept = cx.layers_kept();
+        let mut outer = cx.frame.replace(Frame::of(call));
         let built = constructor(call, cx);
-        cx.begun.set(outer);
+        // Only the upstream's layers are under the call that builds it,
+        // not those of its other resources (a binning resource's bins).
+        if outer.upstream == call as *const Call as usize {
+            outer.layer_under |= cx.layers_kept() > kept;
+        }
+        cx.frame.set(outer);
         built
     }
 }

@@ -2,6 +2,7 @@
 //! [`StackBuilder`], and the readers of their arguments, which code that
 //! builds the same resources typed (the replay tool) shares.
 
+use super::release::BinningLayer;
 use super::{Call, Context, StackBuilder, StackError, StackErrorKind, Value};
 use crate::adaptor::{Aligned, Limiting, Statistics, Tracking};
 use crate::arena::{ArenaConfig, ArenaResource};
@@ -12,6 +13,7 @@ use crate::planned::Planned;
 use crate::pool::{CoalescingPool, Growth, PoolConfig};
 use crate::{Block, DynResource, MemoryResource, Request, Result, Shared, Stream};
 use alloc::format;
+use alloc::sync::Arc;
 use core::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
 /// Registers the core's names in `b`.
@@ -47,14 +49,24 @@ where
                 bins.add_fixed_bin(FixedConfig::new(1 << e)).map_err(|e| call.resource_error(e))?;
             }
         }
+        // The counted bins whose resources keep no layer: no layer but this
+        // one counts their blocks.
+        let mut own = alloc::vec::Vec::new();
         for (size, bin) in given {
             match bin {
                 None => bins.add_fixed_bin(FixedConfig::new(size)),
-                Some(bin) => bins.add_counted_bin(size, cx.upstream(bin, 1)?),
+                Some(bin) => {
+                    let kept = cx.layers_kept();
+                    let resource = cx.upstream(bin, 1)?;
+                    if cx.layers_kept() == kept {
+                        own.push(size);
+                    }
+                    bins.add_counted_bin(size, resource)
+                }
             }
             .map_err(|e| bin.unwrap_or(call).resource_error(e))?;
         }
-        Ok(cx.keep_releasing(call, bins))
+        Ok(cx.keep_releasing_as(call, bins, |bins| Arc::new(BinningLayer { bins, own })))
     });
     b.register("arena", |call, cx| {
         let config = arena_config(call)?;

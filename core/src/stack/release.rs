@@ -43,7 +43,10 @@ pub trait Release<S: ?Sized>: Send + Sync {
     /// and the layer stays usable.
     fn release(&self, stream: &S) -> Result<u64>;
 
-    /// Bytes the layer holds from below it.
+    /// Bytes the layer holds from below it: from its upstream (its call's
+    /// first resource argument). Resources it serves from that it built
+    /// from other arguments (a binning resource's counted bins) are layers
+    /// of their own, or their leaves' memory.
     fn held(&self) -> u64;
 
     /// Of those, the bytes of blocks from below that it handed out as they
@@ -110,8 +113,9 @@ where
     }
 }
 
-/// Binning: the wholly free chunks of its fixed-size bins (the other bins
-/// are layers of their own).
+/// Binning: the wholly free chunks of its fixed-size bins. It holds what
+/// its upstream lent it, those chunks and its large blocks; the other bins
+/// are layers of their own (their resources' layers count what they hold).
 impl<S, U> Release<S> for BinningResource<'_, U, S>
 where
     S: Stream + ?Sized,
@@ -123,7 +127,30 @@ where
         BinningResource::release(self, stream)
     }
     fn held(&self) -> u64 {
-        self.usage().held
+        self.held_as_layer(|_| false)
+    }
+}
+
+/// `binning` as a layer of a built stack: the resource, and the sizes of
+/// its counted bins whose resources keep no layer of the stack (a leaf's
+/// bin), whose live blocks it counts as held too: no layer under them
+/// would. A counted bin over a layer (a pool) is left to that layer.
+pub(super) struct BinningLayer<B> {
+    pub(super) bins: Arc<B>,
+    pub(super) own: Vec<u64>,
+}
+
+impl<S, U> Release<S> for BinningLayer<BinningResource<'static, U, S>>
+where
+    S: Stream + ?Sized,
+    U: MemoryResource<S>,
+    BinningResource<'static, U, S>: Send + Sync,
+{
+    fn release(&self, stream: &S) -> Result<u64> {
+        Release::release(&*self.bins, stream)
+    }
+    fn held(&self) -> u64 {
+        self.bins.held_as_layer(|size| self.own.contains(&size))
     }
 }
 
@@ -228,7 +255,10 @@ impl<S: ?Sized, R: Release<S>> Release<S> for Counted<R> {
 /// layer (a pool over a pool, over `vmm`, over an `async` leaf): that one
 /// keeps what it got until it gives back in turn. So a release goes
 /// outermost first, and the bytes the stack gave back are those its
-/// innermost layers gave: what left the stack.
+/// innermost layers gave: what left the stack. A layer is innermost when
+/// no such layer is in its upstream, its call's first resource argument:
+/// `binning(UP, bin(4KiB, pool(...)))` over a bare `UP` is, beside its
+/// counted bin's pool.
 ///
 /// # Examples
 ///

@@ -300,6 +300,48 @@ fn fixed_binning_and_arena_layers_give_back_through_the_pool_under_them() {
     }
 }
 
+/// A `binning` layer whose counted bin has a layer of its own (a pool) is
+/// still innermost for what its upstream lends it, its fixed bins' chunks
+/// and its large blocks: `held` and `release` count those and the pool's
+/// chunks, each once, live blocks or not; a counted bin's blocks count in
+/// `binning` only where no layer under the bin holds them. Before, building
+/// the counted bin's pool made `binning` an outer layer, so its fixed bins'
+/// chunks went to the leaf uncounted (`held` 33554432 where the leaves held
+/// 33685504, and as much missing from what `release` returned).
+#[test]
+fn a_binning_layer_counts_its_own_chunks_beside_a_counted_bins_layers() {
+    use crate::adaptor::Statistics;
+    use crate::{Block, DynResource, Request};
+    let mut b = StackBuilder::<()>::new();
+    b.register("leaf", |call, cx| Ok(cx.keep(call, Unbacked::new())));
+    let from_leaves = |built: &Built<()>| -> u64 {
+        built.all::<Statistics<DynResource>>("stats").iter().map(|s| s.get_bytes_counter().value as u64).sum()
+    };
+    for text in [
+        "binning(stats(leaf), bin(1KiB), bin(4KiB, pool(stats(leaf))))",
+        "binning(stats(leaf), bin(1KiB), bin(4KiB, fixed(pool(stats(leaf)), 4KiB)))",
+        "binning(stats(leaf), bin(1KiB), bin(4KiB, stats(leaf)))",
+        "binning(pool(stats(leaf)), bin(1KiB), bin(4KiB, pool(stats(leaf))))",
+    ] {
+        let built = b.build_with_handles(text, &()).unwrap();
+        let layers = built.release_layers();
+        // A fixed bin's block, a counted bin's (a multiple of 256: its
+        // footprint is what a leaf under it lends) and a large block.
+        let live: Vec<Block> = [1000, 3072, 1 << 20]
+            .map(|size| built.resource.allocate(Request::new(size).unwrap(), &()).unwrap())
+            .into();
+        assert_eq!(layers.held(), from_leaves(&built), "{text}, blocks live");
+        for x in live {
+            built.resource.deallocate(x, &()).unwrap();
+        }
+        let before = from_leaves(&built);
+        assert!(before > 0, "{text}");
+        assert_eq!(layers.held(), before, "{text}");
+        assert_eq!(layers.release(&()).unwrap(), before, "{text}");
+        assert_eq!((from_leaves(&built), layers.held()), (0, 0), "{text}");
+    }
+}
+
 /// The `stream` layer keeps freed blocks listed for reuse: a release gives
 /// them to the pool under it once the stream that freed them is done, and
 /// the pool gives its chunk on. A failed synchronization leaves the block
