@@ -86,7 +86,10 @@ pub struct Stats {
 ///
 /// - A user's block carries a *tag* naming its slot and the slot's
 ///   generation, so `deallocate` finds the inner block in O(1) and tells a
-///   double free (older generation) from a foreign block. Generations never
+///   double free (older generation) from a foreign block: at the slot's
+///   address, or where the slot went on to another address, at one where
+///   the layer holds a block (listed, or served again); an older generation
+///   at any other address is a foreign block. Generations never
 ///   wrap: after 2^32 - 1 frees of one slot the slot is retired (one slot,
 ///   40 bytes, per 2^32 - 1 reuses), so a stale tag stays a double free.
 /// - `deallocate(b, s)` puts the inner block at the back of its bucket in
@@ -250,21 +253,37 @@ impl<A, S: Stream> StreamOrdered<A, S> {
         let addr = block.addr();
         let index = (block.tag() & 0xffff_ffff) as usize;
         let generation = (block.tag() >> 32) as u32;
-        match self.slots.get(index) {
-            Some(s) if block.tag() != Block::NO_TAG && s.inner.addr() == addr => {
-                if s.live && s.generation == generation {
-                    if s.size != block.size() {
-                        return Err(Error::SizeMismatch { addr, expected: s.size, given: block.size() });
-                    }
-                    Ok(index)
-                } else if generation < s.generation {
-                    Err(Error::DoubleFree { addr })
-                } else {
-                    Err(Error::UnknownBlock { addr })
+        let s = match self.slots.get(index) {
+            Some(s) if block.tag() != Block::NO_TAG => s,
+            _ => return Err(Error::UnknownBlock { addr }),
+        };
+        if s.inner.addr() == addr {
+            if s.live && s.generation == generation {
+                if s.size != block.size() {
+                    return Err(Error::SizeMismatch { addr, expected: s.size, given: block.size() });
                 }
+                return Ok(index);
             }
-            _ => Err(Error::UnknownBlock { addr }),
+            if generation < s.generation {
+                return Err(Error::DoubleFree { addr });
+            }
+        } else if generation < s.generation && self.holds(addr) {
+            // The slot went on to a block at another address; this one's
+            // is still the layer's (listed, or served again): freed before.
+            return Err(Error::DoubleFree { addr });
         }
+        Err(Error::UnknownBlock { addr })
+    }
+
+    /// Whether a block the layer holds, live or listed, starts at `addr`:
+    /// a stale tag's address held so was freed through this layer, any
+    /// other is not the layer's (a forged tag, another resource's block).
+    /// O(blocks held), on the path of a refused free only.
+    #[cold]
+    fn holds(&self, addr: u64) -> bool {
+        let live = self.slots.iter().any(|s| s.live && s.inner.addr() == addr);
+        let mut listed = self.lists.values().flat_map(|l| l.buckets.values().flatten());
+        live || listed.any(|(b, _)| b.addr() == addr)
     }
 
     fn take(&mut self, id: u64, (size, index): (u64, usize)) -> Block {
@@ -451,12 +470,32 @@ impl<A: MemoryResourceMut<()>, S: Stream + Clone> MemoryResourceMut<S> for Strea
     /// # Errors
     ///
     /// [`Error::UnknownBlock`] for a block this layer did not hand out
-    /// (blocks with [`Block::NO_TAG`] included), [`Error::DoubleFree`],
+    /// (blocks with [`Block::NO_TAG`] included), [`Error::DoubleFree`] for
+    /// a block's tag after its free (see the type's documentation),
     /// [`Error::SizeMismatch`]; nothing changes then.
     ///
     /// # Time Complexity
     ///
-    /// O(log n) in the stream's list.
+    /// O(log n) in the stream's list; a stale tag whose slot went on to
+    /// another address, O(blocks the layer holds).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use memres_core::pool::CoalescingPool;
+    /// use memres_core::stream_ordered::StreamOrdered;
+    /// use memres_core::testing::BumpUpstream;
+    /// use memres_core::{Block, Error, MemoryResourceMut, Request};
+    /// let mut so = StreamOrdered::<_, ()>::new(CoalescingPool::new(BumpUpstream::new(1 << 30)));
+    /// let a = so.allocate(Request::new(1000)?, &())?;
+    /// so.deallocate(a, &())?;
+    /// let b = so.allocate(Request::new(1 << 20)?, &())?; // `a`'s slot, another address
+    /// assert_eq!(so.deallocate(a, &()), Err(Error::DoubleFree { addr: a.addr() }));
+    /// let never = Block::new(0xdead_0000, 1000, a.tag());
+    /// assert_eq!(so.deallocate(never, &()), Err(Error::UnknownBlock { addr: 0xdead_0000 }));
+    /// so.deallocate(b, &())?;
+    /// # Ok::<(), memres_core::Error>(())
+    /// ```
     fn deallocate(&mut self, block: Block, stream: &S) -> Result<()> {
         if block.is_empty() {
             return Ok(());

@@ -100,6 +100,46 @@ fn bad_frees_are_errors_and_change_nothing() {
     so.check().unwrap();
 }
 
+/// A stale tag is a double free once its slot went to a block at another
+/// address, on any stream: its block's address is the layer's still
+/// (listed, or served again under another slot). An older generation of
+/// the slot at an address the layer does not hold (never handed out,
+/// inside a live block) stays unknown. Before, the slot's new address made
+/// every stale tag `UnknownBlock`.
+#[test]
+fn a_stale_tag_is_a_double_free_after_its_slot_went_to_another_address() {
+    let (mut so, a, b, _) = setup(None);
+    let x = so.allocate(req(1000), &a).unwrap();
+    so.deallocate(x, &a).unwrap();
+    // Too large for the listed block: from the pool, in `x`'s slot.
+    let y = so.allocate(req(1 << 20), &a).unwrap();
+    assert_eq!(y.tag() as u32, x.tag() as u32, "the same slot");
+    assert_ne!(y.addr(), x.addr());
+    let state = |so: &Layer| (so.live_count(), so.usage().used, so.listed_bytes(), so.listed_count());
+    let before = state(&so);
+    let double = Err(Error::DoubleFree { addr: x.addr() });
+    assert_eq!(so.deallocate(x, &a), double, "listed");
+    assert_eq!(so.deallocate(x, &b), double, "on another stream");
+    assert_eq!(so.deallocate(Block::new(x.addr(), 5000, x.tag()), &a), double, "whatever its size");
+    for (addr, what) in [(0xdead_0000, "never handed out"), (y.addr() + 256, "inside a live block")] {
+        let forged = Block::new(addr, 1000, x.tag());
+        assert_eq!(so.deallocate(forged, &a), Err(Error::UnknownBlock { addr }), "{what}");
+    }
+    assert_eq!(state(&so), before);
+    so.check().unwrap();
+    // `x`'s place served again, under another slot.
+    let z = so.allocate(req(1000), &a).unwrap();
+    assert_eq!(z.addr(), x.addr());
+    assert_ne!(z.tag() as u32, x.tag() as u32);
+    let before = state(&so);
+    assert_eq!(so.deallocate(x, &a), double, "live under another slot");
+    assert_eq!(state(&so), before);
+    so.deallocate(z, &a).unwrap();
+    so.deallocate(y, &a).unwrap();
+    assert_eq!((so.live_count(), so.usage().used), (0, 0));
+    so.check().unwrap();
+}
+
 /// A slot at the end of its generations is retired: a tag 2^32 - 1 frees
 /// old stays a double free (before, the generation wrapped, and the stale
 /// tag freed the block of the slot's next owner, at the same address).
