@@ -161,16 +161,17 @@ struct Padded<T>(T);
 ///   the arena's stream may reuse the block at once. Large blocks may be
 ///   reused by any stream: their free synchronizes the freeing stream, as
 ///   RMM's global arena does.
-/// - **Sizes of frees.** A free is checked against what the block occupies:
-///   a small block is freed by any size of its size class, a large block by
-///   any size that rounds up to the same multiple of 256; another size,
-///   one above [`Request::MAX_SIZE`] included, is [`Error::SizeMismatch`]
-///   naming the class or rounded size as `expected` and the size given, and
-///   frees nothing. The size is checked once the block is found: a free of
-///   a block already freed is [`Error::DoubleFree`], one of an address that
-///   is no block's [`Error::UnknownBlock`], whatever the size. A size of 0
-///   is an empty block ([`Block::is_empty`]): its free does nothing, as
-///   with every resource.
+/// - **Sizes of frees.** A free states the size the block was asked with,
+///   exactly, as with every resource (an adaptor above counts off the size
+///   a free states): any other size, one of the same size class or one
+///   that rounds up to the same multiple of 256, 0 and one above
+///   [`Request::MAX_SIZE`] included, is [`Error::SizeMismatch`] naming the
+///   size asked for as `expected` and the size given, and frees nothing.
+///   The size is checked once the block is found: a free of a block
+///   already freed is [`Error::DoubleFree`], one of an address that is no
+///   block's [`Error::UnknownBlock`], whatever the size. Only the empty
+///   block ([`Block::is_empty`]: no address, no bytes) frees with nothing
+///   done.
 /// - **Running dry.** When an arena cannot get a superblock, or a large
 ///   request finds no room, the resource takes every wholly free superblock
 ///   of every arena back to the global arena, then retries once, as RMM's
@@ -197,8 +198,12 @@ struct Padded<T>(T);
 ///   it has something to take back.
 /// - **Giving memory back.** Wholly free chunks go back upstream when the
 ///   global arena needs room under its maximum for a larger chunk, and on
-///   [`release`](ArenaResource::release). Dropping the resource does not
-///   give its chunks back (that needs a stream): call `release` first.
+///   [`release`](ArenaResource::release). Dropping the resource gives
+///   them back on the stream type's drop stream ([`Stream::at_drop`]; `()`
+///   at once), as the pool does: every chunk when no block is live, else
+///   those wholly free in the global arena; a chunk that holds a live block
+///   stays with the upstream. Over a stream type with no drop stream every
+///   chunk stays: call `release` first.
 ///
 /// # Examples
 ///
@@ -220,6 +225,27 @@ struct Padded<T>(T);
 /// });
 /// arena.check().unwrap();
 /// assert_eq!(arena.usage().used, 0);
+/// # Ok::<(), memres_core::Error>(())
+/// ```
+///
+/// A free states the size asked for, exactly; dropping the resource gives
+/// its chunks back:
+///
+/// ```
+/// use memres_core::arena::ArenaResource;
+/// use memres_core::{Block, Error, Inspect, MemoryResource, Request};
+/// # use memres_core::testing::BumpUpstream;
+/// let up = BumpUpstream::new(1 << 30);
+/// let arena = ArenaResource::new(&up);
+/// let b = arena.allocate(Request::new(1000)?, &())?; // in the 1024-byte class
+/// for given in [1024, 0] {
+///     let wrong = Block::new(b.addr(), given, b.tag());
+///     assert_eq!(arena.deallocate(wrong, &()), Err(Error::SizeMismatch { addr: b.addr(), expected: 1000, given }));
+/// }
+/// arena.deallocate(b, &())?;
+/// assert!(up.usage().held > 0);
+/// drop(arena);
+/// assert_eq!(up.usage().held, 0);
 /// # Ok::<(), memres_core::Error>(())
 /// ```
 pub struct ArenaResource<U, L: RawLock = SpinLock> {

@@ -58,8 +58,11 @@ use slots::{Slots, NIL};
 ///   block per 2^32 - 1 reuses of one slot; a chunk with retired blocks is
 ///   still given back by [`release`](Self::release) once its other blocks
 ///   are free, and its slot group, when reused, keeps the retirements.
-/// - Dropping the resource does not give its chunks back (that needs a
-///   stream): call [`release`](Self::release) first.
+/// - Dropping the resource gives every chunk with no live block back
+///   upstream, on the stream type's drop stream ([`Stream::at_drop`];
+///   `()` at once), as the pool does; a chunk that holds a live block stays
+///   with the upstream, and so does every chunk over a stream type with no
+///   drop stream: call [`release`](Self::release) first.
 ///
 /// The resource is a plain state machine (`&mut self`): wrap it in
 /// [`Shared`](crate::Shared) to share it between threads.
@@ -80,6 +83,22 @@ use slots::{Slots, NIL};
 /// fixed.deallocate(b, &())?;
 /// assert_eq!(fixed.release(&())?, 4096 * 128);
 /// # Ok::<(), Error>(())
+/// ```
+///
+/// Dropped, it gives its chunks back:
+///
+/// ```
+/// use memres_core::fixed::FixedSizeResource;
+/// use memres_core::{Inspect, MemoryResourceMut, Request};
+/// # use memres_core::testing::BumpUpstream;
+/// let up = BumpUpstream::new(1 << 30);
+/// let mut fixed = FixedSizeResource::new(&up);
+/// let b = fixed.allocate(Request::new(1000)?, &())?;
+/// fixed.deallocate(b, &())?;
+/// assert!(up.usage().held > 0);
+/// drop(fixed);
+/// assert_eq!(up.usage().held, 0);
+/// # Ok::<(), memres_core::Error>(())
 /// ```
 pub struct FixedSizeResource<
     U,
@@ -402,8 +421,8 @@ impl<U, C: Storage<Chunk>, L: Storage<Slot>> FixedSizeResource<U, C, L> {
     ///
     /// # Errors
     ///
-    /// The upstream's error if it refuses a chunk; that chunk, and those not
-    /// yet visited, stay in the resource.
+    /// The upstream's first error if it refuses a chunk; the chunks it
+    /// refused stay in the resource, the others go back all the same.
     ///
     /// # Time Complexity
     ///
@@ -424,6 +443,25 @@ impl<U, C: Storage<Chunk>, L: Storage<Slot>> FixedSizeResource<U, C, L> {
     /// f.deallocate(blocks[1], &())?;
     /// assert_eq!(f.release(&())?, 512);
     /// assert_eq!((f.chunk_count(), f.upstream().usage().held), (1, 512));
+    /// # Ok::<(), memres_core::Error>(())
+    /// ```
+    ///
+    /// A chunk the upstream refuses stays; those after it go back:
+    ///
+    /// ```
+    /// # use memres_core::Inspect;
+    /// use memres_core::fixed::{FixedConfig, FixedSizeResource};
+    /// use memres_core::{MemoryResourceMut, Request};
+    /// # use memres_core::testing::BumpUpstream;
+    /// let config = FixedConfig::new(256).blocks_per_chunk(1);
+    /// let mut f = FixedSizeResource::with_config(BumpUpstream::new(1 << 20), config, &())?;
+    /// let blocks: Vec<_> = (0..3).map(|_| f.allocate(Request::new(256).unwrap(), &()).unwrap()).collect();
+    /// for b in &blocks {
+    ///     f.deallocate(*b, &())?;
+    /// }
+    /// f.upstream().refuse_free_at(blocks[0].addr());
+    /// assert!(f.release(&()).is_err());
+    /// assert_eq!((f.chunk_count(), f.upstream().usage().held), (1, 256));
     /// # Ok::<(), memres_core::Error>(())
     /// ```
     pub fn release<S: Stream + ?Sized>(&mut self, stream: &S) -> Result<u64>
