@@ -208,7 +208,9 @@ fn without_gil<T: Send>(f: impl FnOnce() -> T + Send) -> T {
     if crate::callback::python_under_stacks() && unsafe { PyGILState_Check() } == 1 {
         Python::attach(|py| crate::gil::detach(py, f))
     } else {
-        f()
+        // A callback under it that calls memres again once the exit has
+        // begun must run: this call may hold a stack's lock.
+        crate::gil::in_a_call(f)
     }
 }
 

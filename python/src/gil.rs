@@ -12,11 +12,26 @@
 //! never takes it back (its thread sleeps until the process ends, holding
 //! no lock of a stack: the call is done).
 //!
+//! A call that begins once the exit has begun runs with the GIL held only
+//! where it must: on the thread that runs the exit (the finalizing thread,
+//! which drops what is left), and on a thread already inside a memres call
+//! (a Python callback under it calls memres again): parked there, that
+//! outer call would keep its stack's lock for good. On any other thread
+//! the call never runs: the thread gives the GIL up and sleeps until the
+//! process ends, holding no lock of a stack, as a call that ends after the
+//! exit began does (its Python code would not run again either). Run with
+//! the GIL held, it waited for a stack's lock that a thread in a Python
+//! callback held while that thread waited for the GIL, and the exit waited
+//! for the GIL: the process hung for ever.
+//!
 //! The CUDA and the simulated native modules each have their own: the
-//! package calls both at exit. [`with_python`] takes the GIL only while
-//! the interpreter is not being finalized.
+//! package calls both at exit, and a call of one module asks the other
+//! (through `memres._native`) whether its thread is inside a call of the
+//! other's. [`with_python`] takes the GIL only while the interpreter is not
+//! being finalized.
 
 use pyo3::prelude::*;
+use std::cell::Cell;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::SeqCst};
 
 /// Runs `f` with the GIL taken, unless the interpreter is being finalized:
@@ -36,8 +51,53 @@ static GIVEN_UP: AtomicUsize = AtomicUsize::new(0);
 /// Set by [`at_exit`]; never cleared.
 static EXITING: AtomicBool = AtomicBool::new(false);
 
+thread_local! {
+    /// The calls of this module running on this thread (see [`in_a_call`]).
+    static DEPTH: Cell<usize> = const { Cell::new(0) };
+    /// Whether this thread ran [`at_exit`]: the one that finalizes.
+    static FINALIZING: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Runs `f`, a call of this module (what it does with the GIL given up, or
+/// a C function's call made without the GIL), counted as running on this
+/// thread meanwhile.
+pub(crate) fn in_a_call<T>(f: impl FnOnce() -> T) -> T {
+    struct Out;
+    impl Drop for Out {
+        fn drop(&mut self) {
+            DEPTH.with(|d| d.set(d.get() - 1));
+        }
+    }
+    DEPTH.with(|d| d.set(d.get() + 1));
+    let _out = Out;
+    f()
+}
+
+/// Whether a call of this module runs on this thread now: a Python
+/// function of the user's under it calls memres again.
+#[pyfunction]
+pub(crate) fn running_a_call() -> bool {
+    DEPTH.with(|d| d.get() > 0)
+}
+
+/// Once the exit has begun: whether a call on this thread runs (with the
+/// GIL held), see the module's doc.
+fn runs_after_the_exit(py: Python<'_>) -> bool {
+    FINALIZING.with(Cell::get)
+        || running_a_call()
+        // The other native module's call (a callback under a stack of the
+        // other backend). Failing to ask, the call parks: it never holds
+        // the GIL while it waits.
+        || py
+            .import("memres._native")
+            .and_then(|m| m.call_method0("_running_a_call"))
+            .and_then(|r| r.is_truthy())
+            .unwrap_or(false)
+}
+
 /// Runs `f` with the GIL given up, as `Python::detach`, unless the
-/// interpreter exits: then with the GIL held.
+/// interpreter exits: then with the GIL held where it must run, else not
+/// at all (see the module's doc).
 pub(crate) fn detach<T: Send>(py: Python<'_>, f: impl Send + FnOnce() -> T) -> T {
     // Counted before the flag is read, and `at_exit` sets the flag before
     // it reads the count (all SeqCst): either this call sees the exit, or
@@ -45,7 +105,14 @@ pub(crate) fn detach<T: Send>(py: Python<'_>, f: impl Send + FnOnce() -> T) -> T
     GIVEN_UP.fetch_add(1, SeqCst);
     if EXITING.load(SeqCst) {
         GIVEN_UP.fetch_sub(1, SeqCst);
-        return f();
+        if runs_after_the_exit(py) {
+            return in_a_call(f);
+        }
+        // Holding no lock of a stack, and not counted: the exit does not
+        // wait for it.
+        return py.detach(|| loop {
+            std::thread::park();
+        });
     }
     struct TakenBack;
     impl Drop for TakenBack {
@@ -56,7 +123,7 @@ pub(crate) fn detach<T: Send>(py: Python<'_>, f: impl Send + FnOnce() -> T) -> T
     // Dropped once `detach` has taken the GIL back (or unwinds).
     let _taken_back = TakenBack;
     py.detach(|| {
-        let result = f();
+        let result = in_a_call(f);
         if EXITING.load(SeqCst) {
             // Taking the GIL back could end the thread inside this call.
             GIVEN_UP.fetch_sub(1, SeqCst);
@@ -81,6 +148,7 @@ const EXIT_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
 /// (Ctrl-C) comes. Run by the package's `atexit` handler.
 #[pyfunction]
 pub(crate) fn at_exit(py: Python<'_>) {
+    FINALIZING.with(|f| f.set(true));
     EXITING.store(true, SeqCst);
     let start = std::time::Instant::now();
     while GIVEN_UP.load(SeqCst) != 0 && start.elapsed() < EXIT_WAIT {

@@ -80,6 +80,7 @@ fn native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(log_file_of_device, m)?)?;
     m.add_function(wrap_pyfunction!(gil::at_exit, m)?)?;
     m.add_function(wrap_pyfunction!(gil::after_fork_in_child, m)?)?;
+    m.add_function(wrap_pyfunction!(gil::running_a_call, m)?)?;
     current::install_default();
     Ok(())
 }

@@ -16,16 +16,16 @@ import pytest
 LIMIT_S = 30
 
 
-def run_child(code):
+def run_child(code, expect="done"):
     """Runs ``code`` in a child Python; fails the test if it hangs or
-    does not print ``done``."""
+    does not print ``expect`` last."""
     try:
         out = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True,
                              text=True, timeout=LIMIT_S)
     except subprocess.TimeoutExpired:
         pytest.fail(f"the child hung (no end within {LIMIT_S} s)")
     assert out.returncode == 0, out.stderr
-    assert out.stdout.strip().endswith("done"), out.stdout + out.stderr
+    assert out.stdout.strip().endswith(expect), out.stdout + out.stderr
 
 
 def test_two_buffers_copied_into_each_other_from_two_threads_do_not_deadlock():
@@ -186,3 +186,77 @@ def test_the_child_of_a_fork_exits_while_a_parent_thread_was_in_a_memres_call():
             assert took < 2.5, took
         print("done")
     """)
+
+
+# The GIL changes hands only where a thread waits (the interval is never
+# reached), so that what a thread sees of another's frames tells where that
+# thread waits: the main thread gives the GIL up in `_at_exit` only inside
+# memres's exit handler, once the exit has begun.
+UNTIL_THE_EXIT = """
+    import sys, threading, time
+    sys.setswitchinterval(1000)
+    MAIN = threading.main_thread().ident
+
+    def wait_for(ident, name):
+        # Until the thread `ident` waits inside the Python function `name`.
+        while sys._current_frames()[ident].f_code.co_name != name:
+            time.sleep(0.001)
+"""
+
+
+def test_a_call_begun_at_exit_beside_a_callback_holding_a_pools_lock_does_not_hang():
+    # Once the exit had begun, a daemon thread's new call ran holding the
+    # GIL: it waited for the pool's lock, which a thread inside the pool's
+    # Python callback held while that one waited for the GIL, and the exit
+    # waited for the GIL too: the process hung for ever.
+    run_child(UNTIL_THE_EXIT + """
+    from memres import mr
+    inside, go, ident = threading.Event(), threading.Event(), {}
+    def free(p, n):
+        inside.set()
+        wait_for(MAIN, "_at_exit")
+        go.set()
+        # Until the other thread is inside its release, which waits for
+        # this one's pool lock (before the fix, with the GIL held: no
+        # thread ran again).
+        wait_for(ident["late"], "release")
+    cb = mr.CallbackMemoryResource(lambda n: 1 << 40, free, backend="sim")
+    pool = mr.PoolMemoryResource(cb, initial_pool_size=1 << 20)
+    threading.Thread(target=pool.release, daemon=True).start()
+    def late():
+        go.wait()
+        pool.release()
+    t = threading.Thread(target=late, daemon=True)
+    t.start()
+    ident["late"] = t.ident
+    inside.wait()
+    print("done")
+    """)
+
+
+@pytest.mark.parametrize("backend", ["sim", "cuda"])
+def test_a_call_from_a_callback_at_exit_still_runs(backend, request):
+    # A call from a Python callback under a memres call on its thread runs
+    # once the exit has begun (with the GIL held): parked, its outer call
+    # would keep the pool's lock, and the exit would wait for it in vain.
+    # The call is the simulated module's; under a CUDA stack, the module
+    # asks the other whether its thread is inside a call of the other's.
+    if backend == "cuda":
+        request.getfixturevalue("gpu")
+    run_child(UNTIL_THE_EXIT + f"""
+    from memres import mr
+    other = mr.HostMemoryResource()
+    def alloc(n):
+        wait_for(MAIN, "_at_exit")
+        other.deallocate(other.allocate(100), 100)
+        print("the call from the callback ran", flush=True)
+        return 1 << 40
+    cb = mr.CallbackMemoryResource(alloc, lambda p, n: None, backend="{backend}")
+    started = threading.Event()
+    def grow():
+        started.set()
+        mr.PoolMemoryResource(cb, initial_pool_size=1 << 20)
+    threading.Thread(target=grow, daemon=True).start()
+    started.wait()
+    print("done")
+    """, expect="done\nthe call from the callback ran")
