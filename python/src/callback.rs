@@ -8,7 +8,7 @@ use crate::reentry::{in_callback, Covers};
 use memres_core::adaptor::FailureCallback;
 use memres_core::stack::StackBuilder;
 use memres_core::{Block, Error, MemoryResource, Request};
-use pyo3::exceptions::{PyMemoryError, PyTypeError, PyValueError};
+use pyo3::exceptions::{PyMemoryError, PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::gc::PyVisit;
 use pyo3::panic::PanicException;
 use pyo3::prelude::*;
@@ -122,6 +122,31 @@ pub(crate) fn take_raised() -> Option<PyErr> {
 /// Puts back an exception [`take_raised`] took, for the error it is behind.
 pub(crate) fn restore_raised(e: Option<PyErr>) {
     LAST_RAISED.with(|r| *r.borrow_mut() = e);
+}
+
+/// Drops `value` (a stack, a buffer), and says on `sys.unraisablehook`, as
+/// Python says an exception it cannot raise, what a Python function raised
+/// in a free the drop made: a pool over a `CallbackMemoryResource` gives
+/// its chunks back when dropped, the drop cannot fail, and the core drops
+/// the free's error, so such a free was lost without a word. Nothing is
+/// said once the exit has begun: the process is ending, and the memory
+/// with it.
+pub(crate) fn drop_saying_what_raised<T>(value: T) {
+    // The exception the error of a call in progress may be behind.
+    let outer = take_raised();
+    drop(value);
+    if let Some(raised) = take_raised().filter(|_| !crate::gil::exiting()) {
+        crate::gil::with_python(|py| {
+            let e = crate::errors::backend_error(format!(
+                "a free that dropping a resource made failed ({raised}): the memory was not given back"
+            ));
+            e.set_cause(py, Some(raised));
+            // What Python's default hook names: "Exception ignored in: ...".
+            let context = pyo3::types::PyString::new(py, "memres: the drop of a resource");
+            e.write_unraisable(py, Some(context.as_any()));
+        });
+    }
+    restore_raised(outer);
 }
 
 /// The error of a Python function that could not run: the interpreter is
@@ -239,7 +264,18 @@ impl MemoryResource<Stream> for PyCallbacks {
         in_callback(&self.covers, || {
             crate::gil::with_python(|py| {
                 // The block stays live: nothing else could give it back.
-                let deallocate = self.deallocate.get(py).ok_or(CLEARED)?;
+                let Some(deallocate) = self.deallocate.get(py) else {
+                    // Said where a drop made this free (its error is dropped).
+                    LAST_RAISED.with(|r| {
+                        *r.borrow_mut() = Some(PyRuntimeError::new_err(format!(
+                            "memres: deallocate_func of the block at {:#x} ({} bytes) was taken by the \
+                             garbage collector (a cycle through it was collected)",
+                            block.addr(),
+                            block.size()
+                        )))
+                    });
+                    return Err(CLEARED);
+                };
                 catching(|| deallocate.call1(py, (block.addr(), block.size(), handle)))
                     .map(drop)
                     .map_err(|e| raised(py, e, 0, "deallocate_func raised"))

@@ -187,7 +187,10 @@ unsafe fn free(ptr: *mut c_void, device: i32, stream: *mut c_void) -> Result<(),
     });
     let (block, resource) = taken.value();
     resource.deallocate(*block, &s).map_err(|e| e.to_string())?;
+    // The last block of a stack no longer current: the stack goes with it.
+    let resource = resource.clone();
     taken.kept_out();
+    crate::callback::drop_saying_what_raised(resource);
     Ok(())
 }
 

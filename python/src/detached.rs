@@ -50,7 +50,7 @@ impl<T: Send + 'static> Drop for DropDetached<T> {
         let stack = self.stack.take();
         let drop_it = move || match stack {
             Some(covers) => reentry::drop_outside_calls(&covers, value),
-            None => drop(value),
+            None => crate::callback::drop_saying_what_raised(value),
         };
         // A `Py` the value holds is released when the GIL is taken back
         // (PyO3 defers it): after the rest of the value is gone. While the

@@ -95,6 +95,11 @@ fn runs_after_the_exit(py: Python<'_>) -> bool {
             .unwrap_or(false)
 }
 
+/// Whether the exit has begun ([`at_exit`] ran).
+pub(crate) fn exiting() -> bool {
+    EXITING.load(SeqCst)
+}
+
 /// Runs `f` with the GIL given up, as `Python::detach`, unless the
 /// interpreter exits: then with the GIL held where it must run, else not
 /// at all (see the module's doc).

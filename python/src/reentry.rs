@@ -250,10 +250,11 @@ fn run_deferred() {
 /// dropped once the thread's outermost call returns: dropping a pool gives
 /// its chunks back upstream, to a pool whose lock that call may hold.
 pub(crate) fn drop_outside_calls<T: Send + 'static>(covers: &Covers, value: T) {
+    use crate::callback::drop_saying_what_raised;
     match enter(covers) {
         // Frees that the drop makes from a callback are deferred in turn.
-        Ok(_call) => drop(value),
-        Err(_) => defer(covers, move || drop(value)),
+        Ok(_call) => drop_saying_what_raised(value),
+        Err(_) => defer(covers, move || drop_saying_what_raised(value)),
     }
 }
 

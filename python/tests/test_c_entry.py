@@ -211,3 +211,26 @@ def test_a_free_with_the_gil_held_waits_for_the_pool_without_it():
     except subprocess.TimeoutExpired:
         pytest.fail("the free with the GIL held hung")
     assert out.returncode == 0 and out.stdout.strip() == "done", out.stdout + out.stderr
+
+
+def test_a_free_that_a_python_function_refuses_as_the_last_block_drops_its_stack_is_said():
+    # The C functions' block is the last holder of a stack no longer
+    # current: its free drops the stack, whose pool gives its chunk back.
+    from test_mr import refusing_free, said_by_drops
+    so = lib()
+    pool = mr.PoolMemoryResource(mr.CallbackMemoryResource(lambda n: 1 << 40, refusing_free, backend="sim"),
+                                 initial_pool_size=MiB)
+    mr.set_current_device_resource(pool)
+    p = so.memres_py_alloc(100, 0, None)
+    assert p
+    mr.set_current_device_resource(mr.HostMemoryResource())
+    seen, hook = [], sys.unraisablehook
+    sys.unraisablehook = seen.append
+    try:
+        del pool
+        assert seen == []  # the block holds the stack
+        so.memres_py_free(p, 100, 0, None)
+    finally:
+        sys.unraisablehook = hook
+    assert said_by_drops(seen) == [("MemresError", "ValueError", "refused")]
+    assert _native.sim.c_live_count(0) == 0

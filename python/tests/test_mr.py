@@ -399,6 +399,31 @@ def test_a_cycle_through_a_resources_python_function_is_collected_and_its_memory
     assert host.allocation_counts.current_bytes == 0
 
 
+def refusing_free(ptr, nbytes):
+    raise ValueError("refused")
+
+
+def said_by_drops(seen):
+    """What the hook was told of frees that drops made: each a
+    ``MemresError`` whose cause is the function's exception."""
+    return [(type(u.exc_value).__name__, type(u.exc_value.__cause__).__name__, str(u.exc_value.__cause__))
+            for u in seen if u.object == "memres: the drop of a resource"]
+
+
+def test_a_free_that_a_python_function_refuses_as_a_resource_is_dropped_is_said():
+    # The pool gives its chunk back to `refusing_free` when dropped; the
+    # core drops the free's error, and the chunk was lost without a word.
+    pool = mr.PoolMemoryResource(mr.CallbackMemoryResource(lambda n: 1 << 40, refusing_free, backend="sim"),
+                                 initial_pool_size=MiB)
+    seen, hook = [], sys.unraisablehook
+    sys.unraisablehook = seen.append
+    try:
+        del pool
+    finally:
+        sys.unraisablehook = hook
+    assert said_by_drops(seen) == [("MemresError", "ValueError", "refused")]
+
+
 def test_a_pool_over_python_functions_alive_at_exit_ends_without_a_panic():
     # Dropped while the interpreter is finalized, the pool's chunks cannot
     # go back to the Python function: the process is ending. PyO3 panicked.

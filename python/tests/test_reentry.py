@@ -266,6 +266,41 @@ def test_a_resource_collected_inside_a_callback_under_its_upstream_pool_gives_it
     """)
 
 
+def test_a_free_refused_as_a_resource_collected_inside_a_callback_is_dropped_after_the_call_is_said():
+    # Collected inside `alloc`, the pool over `cb` is dropped once the
+    # growing allocation returns; its chunk goes back to `cb`, whose
+    # function refuses it: said on sys.unraisablehook, as a drop's.
+    run_child("""
+        import gc, sys
+        from memres import mr
+        gc.disable()
+        state = {"collect": False}
+        base = [1 << 40]
+        def alloc(n):
+            base[0] += 1 << 30
+            if state["collect"]:
+                gc.collect()
+            return base[0]
+        def free(p, n):
+            raise ValueError("refused")
+        cb = mr.CallbackMemoryResource(alloc, free, backend="sim")
+        pool = mr.PoolMemoryResource(cb, initial_pool_size=1 << 20)
+        class Cycle:
+            def __init__(self):
+                self.over = mr.PoolMemoryResource(cb, initial_pool_size=1 << 16)
+                self.me = self
+        Cycle()
+        seen = []
+        sys.unraisablehook = seen.append
+        state["collect"] = True
+        p = pool.allocate(1 << 22)  # past the pool's chunk: it grows, calling `alloc`
+        state["collect"] = False
+        said = [(u.object, type(u.exc_value).__name__, repr(u.exc_value.__cause__)) for u in seen]
+        assert said == [("memres: the drop of a resource", "MemresError", "ValueError('refused')")], said
+        print("done")
+    """)
+
+
 def test_a_callback_under_a_buffers_resize_that_uses_that_buffer_is_refused_and_changes_nothing():
     # A buffer holds its own lock while its resource grows it; the failure
     # callback reached from there waited for ever on that lock.
