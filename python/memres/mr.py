@@ -420,13 +420,37 @@ def _given_a_stream(f, arity):
     else:
         positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
         takes_stream = len(positional) >= arity or any(p.kind == p.VAR_POSITIONAL for p in params)
-    if takes_stream:
-        def called(*args):
-            return f(*args[:-1], Stream.from_handle(args[-1]))
-    else:
-        def called(*args):
-            return f(*args[:-1])
-    return called
+    return _Function(f, takes_stream)
+
+
+class _Function:
+    """A Python function of a resource, as its stack holds and calls it:
+    with the stream's raw handle last, given to ``f`` as a ``memres.Stream``
+    (``stream`` true), left out (false), or no stream at all (None: a
+    failure callback).
+
+    Its finalizer runs when the garbage collector finds it garbage (a cycle
+    through a bound method of an object that holds the resource), before
+    the collector clears anything of the cycle; from then on the native
+    side never calls it (``dead``, also once the collector cleared its
+    slots). A stack that outlives the collection (a block of the C
+    functions holds it) called a function the collector had cleared, and
+    the interpreter crashed."""
+
+    __slots__ = ("f", "stream", "dead")
+
+    def __init__(self, f, stream):
+        self.f, self.stream, self.dead = f, stream, False
+
+    def __call__(self, *args):
+        if self.stream is None:
+            return self.f(*args)
+        if self.stream:
+            return self.f(*args[:-1], Stream.from_handle(args[-1]))
+        return self.f(*args[:-1])
+
+    def __del__(self):
+        self.dead = True
 
 
 # Algorithms ----------------------------------------------------------------
@@ -631,7 +655,7 @@ class FailureCallbackResourceAdaptor(UpstreamResourceAdaptor):
     def __init__(self, upstream_mr, callback):
         if not callable(callback):
             raise TypeError("memres: callback must be callable")
-        self._build("on_failure", [], [upstream_mr], callbacks=(None, None, callback))
+        self._build("on_failure", [], [upstream_mr], callbacks=(None, None, _Function(callback, None)))
 
 
 class PrefetchResourceAdaptor(UpstreamResourceAdaptor):

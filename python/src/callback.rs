@@ -35,9 +35,17 @@ impl Function {
         Arc::new(Function(Mutex::new(Some(f))))
     }
 
-    /// The function, unless the garbage collector took it.
+    /// The function, unless the garbage collector took it or found it
+    /// garbage: the Python side's `_Function` is `dead` once its finalizer
+    /// ran, which the collector runs before it clears anything of a cycle,
+    /// and has no `dead` once its slots are cleared. Called after that, a
+    /// function the collector had cleared (its globals gone) crashed the
+    /// interpreter: a stack held outside Python (a block of the C
+    /// functions) outlives the collection of its objects.
     fn get(&self, py: Python<'_>) -> Option<Py<PyAny>> {
-        self.0.lock().unwrap_or_else(|p| p.into_inner()).as_ref().map(|f| f.clone_ref(py))
+        let f = self.0.lock().unwrap_or_else(|p| p.into_inner()).as_ref().map(|f| f.clone_ref(py))?;
+        let dead = f.bind(py).getattr(pyo3::intern!(py, "dead")).and_then(|d| d.is_truthy()).unwrap_or(true);
+        (!dead).then_some(f)
     }
 
     /// For the owning object's `__traverse__`.

@@ -234,3 +234,42 @@ def test_a_free_that_a_python_function_refuses_as_the_last_block_drops_its_stack
         sys.unraisablehook = hook
     assert said_by_drops(seen) == [("MemresError", "ValueError", "refused")]
     assert _native.sim.c_live_count(0) == 0
+
+
+def test_a_stack_that_outlives_the_collection_of_its_python_functions_never_calls_them():
+    # The cycle of `Owner` and its resource is collected while a block of
+    # the C functions holds the pool built over that resource: the pool's
+    # drop, at the block's free, called a function the collector had
+    # cleared, and the interpreter crashed (SIGSEGV). Now the free is
+    # refused, and said as a drop's.
+    run_child("""
+        import ctypes, gc, sys
+        from memres import _native, mr
+        so = ctypes.CDLL(_native.sim.__file__)
+        so.memres_py_alloc.restype = ctypes.c_void_p
+        so.memres_py_alloc.argtypes = [ctypes.c_ssize_t, ctypes.c_int, ctypes.c_void_p]
+        so.memres_py_free.argtypes = [ctypes.c_void_p, ctypes.c_ssize_t, ctypes.c_int, ctypes.c_void_p]
+        freed = []
+        class Owner:
+            def __init__(self):
+                self.cb = mr.CallbackMemoryResource(self.alloc, self.free, backend="sim")
+            def alloc(self, n):
+                return 1 << 40
+            def free(self, p, n):
+                freed.append(p)
+        o = Owner()
+        pool = mr.PoolMemoryResource(o.cb, initial_pool_size=1 << 20)
+        mr.set_current_device_resource(pool)
+        p = so.memres_py_alloc(100, 0, None)
+        mr.set_current_device_resource(mr.HostMemoryResource())
+        del pool, o
+        gc.collect()
+        seen = []
+        sys.unraisablehook = seen.append
+        so.memres_py_free(p, 100, 0, None)  # the stack's last holder: it is dropped
+        said = [(u.object, str(u.exc_value.__cause__)) for u in seen]
+        assert len(said) == 1 and said[0][0] == "memres: the drop of a resource", said
+        assert "garbage collector" in said[0][1], said
+        assert freed == [], freed
+        print("done")
+    """)
