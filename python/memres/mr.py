@@ -431,16 +431,18 @@ class _Function:
 
     Its finalizer runs when the garbage collector finds it garbage (a cycle
     through a bound method of an object that holds the resource), before
-    the collector clears anything of the cycle; from then on the native
-    side never calls it (``dead``, also once the collector cleared its
-    slots). A stack that outlives the collection (a block of the C
-    functions holds it) called a function the collector had cleared, and
-    the interpreter crashed."""
+    the collector clears anything of the cycle. A ``deallocate_func``'s
+    first has the pools over its resource give back what they keep free
+    through it (``give_back``, which the native side sets), while what it
+    uses is whole; from then on the native side never calls it (``dead``,
+    also once the collector cleared its slots). A stack that outlives the
+    collection (a block of the C functions holds it) called a function the
+    collector had cleared, and the interpreter crashed."""
 
-    __slots__ = ("f", "stream", "dead")
+    __slots__ = ("f", "stream", "give_back", "dead")
 
     def __init__(self, f, stream):
-        self.f, self.stream, self.dead = f, stream, False
+        self.f, self.stream, self.give_back, self.dead = f, stream, None, False
 
     def __call__(self, *args):
         if self.stream is None:
@@ -450,7 +452,11 @@ class _Function:
         return self.f(*args[:-1])
 
     def __del__(self):
-        self.dead = True
+        try:
+            if self.give_back is not None:
+                self.give_back()
+        finally:
+            self.dead = True
 
 
 # Algorithms ----------------------------------------------------------------

@@ -297,15 +297,23 @@ impl MemoryResource<Stream> for PyCallbacks {
 /// Python functions, of the resource object of `covers`; returns them, for
 /// the object's `__traverse__` and `__clear__`.
 pub(crate) fn register_callbacks(
+    py: Python<'_>,
     builder: &mut StackBuilder<Stream>,
     (allocate, deallocate, on_failure): Callbacks,
     covers: &Covers,
-) -> Vec<Arc<Function>> {
+) -> PyResult<Vec<Arc<Function>>> {
     if allocate.is_some() || on_failure.is_some() {
         PYTHON_UNDER_STACKS.store(true, Ordering::Relaxed);
     }
     let mut functions = Vec::new();
     if let (Some(allocate), Some(deallocate)) = (allocate, deallocate) {
+        // What `deallocate`'s finalizer runs (`mr._Function`): the stacks
+        // over this object give back what they keep free through it.
+        let owner = covers.own();
+        let give_back = pyo3::types::PyCFunction::new_closure(py, None, None, move |args, _| {
+            crate::resource::give_back_to(args.py(), owner)
+        })?;
+        deallocate.bind(py).setattr(pyo3::intern!(py, "give_back"), give_back)?;
         let (allocate, deallocate) = (Function::new(allocate), Function::new(deallocate));
         functions.extend([allocate.clone(), deallocate.clone()]);
         let leaf = Arc::new(PyCallbacks { allocate, deallocate, covers: covers.clone() });
@@ -345,5 +353,5 @@ pub(crate) fn register_callbacks(
             Ok(cx.keep(call, UntilRaised(adaptor)))
         });
     }
-    functions
+    Ok(functions)
 }

@@ -69,8 +69,13 @@ impl Covers {
         self.all.binary_search(&id).is_ok()
     }
 
+    /// The number of the object itself.
+    pub(crate) fn own(&self) -> u64 {
+        self.own
+    }
+
     /// Whether `id` lies under this object (covered, and not itself).
-    fn under(&self, id: u64) -> bool {
+    pub(crate) fn under(&self, id: u64) -> bool {
         id != self.own && self.contains(id)
     }
 

@@ -21,7 +21,7 @@ use pyo3::gc::PyVisit;
 use pyo3::prelude::*;
 use pyo3::PyTraverseError;
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 
 type Dyn = DynResource<Stream>;
 
@@ -83,6 +83,64 @@ pub(crate) struct Parts {
     /// `inner`, the program side in `blocks`): one more is a stack built
     /// over this one, or a free deferred below ([`Resource::in_use`]).
     own_holders: usize,
+    /// Whether the stack calls Python functions: its own, or those of the
+    /// objects it is built over.
+    calls_python: bool,
+    /// Its layers that keep freed memory, where it calls Python functions,
+    /// for [`give_back_to`]; registered while this lives.
+    over_python: Option<Arc<OverPython>>,
+}
+
+/// A stack that calls Python functions and keeps freed memory.
+struct OverPython {
+    covers: Covers,
+    layers: ReleaseLayers<Stream>,
+    device: u32,
+}
+
+/// Every [`OverPython`] whose object lives (`Parts::over_python`).
+static OVER_PYTHON: Mutex<Vec<Weak<OverPython>>> = Mutex::new(Vec::new());
+
+/// Gives back what the stacks built over the resource object `owner` keep
+/// free, through its Python functions. Run by the finalizer of its
+/// `deallocate_func` (`mr._Function`), which the garbage collector runs
+/// when it finds the function garbage (a cycle through a bound method of an
+/// object that holds the resource and the pools over it), before it clears
+/// anything of the cycle: the function and what it uses are whole. Freed
+/// when the collector dropped the pools later, the chunks went back to a
+/// function whose object it had cleared (its `__dict__` gone), and were
+/// lost. Every stack over it with a living object is garbage then: each
+/// holds its upstream objects, and so the function. Nothing once the exit
+/// has begun, nor for a stack in a call on this thread (a collection
+/// inside its callback): its drop gives back what it can after the call.
+pub(crate) fn give_back_to(py: Python<'_>, owner: u64) -> PyResult<()> {
+    if crate::gil::exiting() {
+        return Ok(());
+    }
+    let over: Vec<Arc<OverPython>> = OVER_PYTHON
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .iter()
+        .filter_map(Weak::upgrade)
+        .filter(|o| o.covers.under(owner))
+        .collect();
+    let mut first = None;
+    for o in &over {
+        let given_back = backend::default_stream(o.device).and_then(|s| {
+            crate::gil::detach(py, || match reentry::enter(&o.covers) {
+                Ok(_call) => o.layers.release(&s).map(drop).map_err(|e| {
+                    to_py(e, "giving back what the pools over a collected CallbackMemoryResource keep free")
+                }),
+                Err(_) => Ok(()),
+            })
+        });
+        if let Err(e) = given_back {
+            first.get_or_insert(e);
+        }
+    }
+    // Perhaps the last holder of a stack, whose drop may wait for a lock.
+    crate::gil::detach(py, move || drop(over));
+    first.map_or(Ok(()), Err)
 }
 
 impl std::ops::Deref for Resource {
@@ -278,7 +336,11 @@ impl Resource {
             });
         }
         let covers = Covers::new(upstreams.iter().map(|u| &u.covers), passes_calls_on(&call));
-        let functions = callbacks.map(|cb| register_callbacks(&mut builder, cb, &covers)).unwrap_or_default();
+        let functions = match callbacks {
+            Some(cb) => register_callbacks(py, &mut builder, cb, &covers)?,
+            None => Vec::new(),
+        };
+        let calls_python = !functions.is_empty() || upstreams.iter().any(|u| u.calls_python);
         let stream = backend::default_stream(device)?;
         // Building may allocate from the upstreams (a pool's initial size).
         let built = crate::gil::detach(py, || {
@@ -308,8 +370,18 @@ impl Resource {
             functions,
             remembers_streams: !forgets_streams(&call),
             own_holders: 0,
+            calls_python,
+            over_python: None,
         };
         parts.own_holders = Arc::strong_count(&parts.streams);
+        if calls_python && !parts.releasing.is_empty() {
+            let entry =
+                Arc::new(OverPython { covers: covers.clone(), layers: parts.releasing.clone(), device });
+            let mut all = OVER_PYTHON.lock().unwrap_or_else(|p| p.into_inner());
+            all.retain(|w| w.strong_count() > 0);
+            all.push(Arc::downgrade(&entry));
+            parts.over_python = Some(entry);
+        }
         let keeps_streams = parts.remembers_streams || upstreams.iter().any(|u| u.keeps_streams);
         Ok(Resource {
             parts: DropDetached::of_stack(parts, covers),

@@ -399,6 +399,53 @@ def test_a_cycle_through_a_resources_python_function_is_collected_and_its_memory
     assert host.allocation_counts.current_bytes == 0
 
 
+# Stacks over a CallbackMemoryResource that keep freed memory: pools, one
+# through an object over it, the fixed-size, binning and arena resources.
+OVER_A_CALLBACK = {
+    "pool": lambda cb: mr.PoolMemoryResource(cb, initial_pool_size=MiB),
+    "stats over a pool": lambda cb: mr.StatisticsResourceAdaptor(mr.PoolMemoryResource(cb, initial_pool_size=MiB)),
+    "pool over a pool": lambda cb: mr.PoolMemoryResource(mr.PoolMemoryResource(cb, initial_pool_size=MiB),
+                                                         initial_pool_size=1 << 16),
+    "fixed": lambda cb: mr.FixedSizeMemoryResource(cb, block_size=4096, blocks_to_preallocate=4),
+    "binning": lambda cb: mr.BinningMemoryResource(cb, 10, 14),
+    "arena": lambda cb: mr.ArenaMemoryResource(cb, arena_size=MiB),
+}
+
+
+@pytest.mark.parametrize("over", OVER_A_CALLBACK)
+def test_a_cycle_through_bound_methods_of_an_object_holding_pools_over_them_gives_their_memory_back(over):
+    # The usual pattern: the collector cleared the object's __dict__ before
+    # it dropped the pool, whose chunk then went back to `free`, which
+    # raised AttributeError: the chunk was never freed.
+    class Service:
+        def __init__(self):
+            self.live, self.next = {}, 1 << 40
+            self.cb = mr.CallbackMemoryResource(self.alloc, self.free, backend="sim")
+            self.top = OVER_A_CALLBACK[over](self.cb)
+            self.top.deallocate(self.top.allocate(1000), 1000)
+
+        def alloc(self, nbytes):
+            p = self.next
+            self.next += nbytes
+            self.live[p] = nbytes
+            return p
+
+        def free(self, ptr, nbytes):
+            del self.live[ptr]
+
+    s = Service()
+    live = s.live
+    assert live
+    seen, hook = [], sys.unraisablehook
+    sys.unraisablehook = seen.append
+    try:
+        del s
+        gc.collect()
+    finally:
+        sys.unraisablehook = hook
+    assert live == {} and seen == [], (live, [u.exc_value for u in seen])
+
+
 def refusing_free(ptr, nbytes):
     raise ValueError("refused")
 
