@@ -1,7 +1,9 @@
 """The framework allocators over host memory, with stand-ins for the
 frameworks (the GPU tests run them with the real ones)."""
 
+import ctypes
 import gc
+import sys
 import types
 import weakref
 
@@ -58,3 +60,93 @@ def test_the_numba_manager_without_numba_says_what_it_needs():
         pytest.skip("Numba is installed here")
     with pytest.raises(ImportError, match="needs Numba"):
         memres_numba.MemresNumbaManager()
+
+
+class FakeCUdeviceptr:
+    """As NVIDIA's binding's ``CUdeviceptr``: an address ``int()`` reads."""
+
+    def __init__(self, addr):
+        self.addr = addr
+
+    def __int__(self):
+        return self.addr
+
+
+class NumbaCudaMemoryPointer:
+    """What numba-cuda 0.30's ``MemoryPointer`` does with the address it
+    is given: a ``c_void_p`` becomes a ``CUdeviceptr``, anything else is
+    kept, and both figures read it with ``int()``."""
+
+    def __init__(self, context, pointer, size, owner=None, finalizer=None):
+        if isinstance(pointer, ctypes.c_void_p):
+            pointer = FakeCUdeviceptr(pointer.value)
+        self.context, self.device_pointer, self.size, self.finalizer = context, pointer, size, finalizer
+
+    @property
+    def device_ctypes_pointer(self):
+        return ctypes.c_size_t(int(self.device_pointer))
+
+    @property
+    def device_pointer_value(self):
+        return int(self.device_pointer) or None
+
+
+def fake_numba_driver(**attrs):
+    """Modules ``numba.cuda.cudadrv.driver`` and ``drvapi`` with ``attrs``."""
+    cudadrv = types.ModuleType("numba.cuda.cudadrv")
+    driver = types.ModuleType("numba.cuda.cudadrv.driver")
+    drvapi = types.ModuleType("numba.cuda.cudadrv.drvapi")
+    driver.__dict__.update(attrs)
+    drvapi.cu_device_ptr = ctypes.c_size_t
+    cudadrv.driver, cudadrv.drvapi = driver, drvapi
+    cuda = types.ModuleType("numba.cuda")
+    cuda.cudadrv = cudadrv
+    numba = types.ModuleType("numba")
+    numba.cuda = cuda
+    return {"numba": numba, "numba.cuda": cuda, "numba.cuda.cudadrv": cudadrv,
+            "numba.cuda.cudadrv.driver": driver, "numba.cuda.cudadrv.drvapi": drvapi}
+
+
+def test_the_numba_manager_hands_numba_cuda_an_address_it_reads(monkeypatch):
+    # numba-cuda (no USE_NV_BINDING: NVIDIA's binding only) reads the
+    # address with int(): a ctypes c_uint64 raised, and every array failed.
+    from memres.allocators import numba as memres_numba
+    for name, module in fake_numba_driver(binding=types.SimpleNamespace(CUdeviceptr=FakeCUdeviceptr)).items():
+        monkeypatch.setitem(sys.modules, name, module)
+    monkeypatch.setattr(memres_numba, "MemoryPointer", NumbaCudaMemoryPointer)
+    t = mr.TrackingResourceAdaptor(mr.HostMemoryResource())
+    mr.set_current_device_resource(t)
+    manager = memres_numba.MemresNumbaManager.__new__(memres_numba.MemresNumbaManager)
+    manager.context, manager._buffers = "context", {}
+    mp = manager.memalloc(4096)
+    (ptr,) = manager._buffers
+    assert mp.device_pointer_value == ptr and mp.device_ctypes_pointer.value == ptr
+    assert t.get_outstanding_count() == 1
+    mp.finalizer()
+    gc.collect()
+    assert t.get_outstanding_count() == 0
+
+
+def test_the_numba_manager_hands_numbas_ctypes_binding_its_own_pointer_type(monkeypatch):
+    # Numba's built-in CUDA target with its ctypes binding passes the
+    # address to the driver's functions, whose argument type is c_size_t.
+    from memres.allocators import numba as memres_numba
+    for name, module in fake_numba_driver(USE_NV_BINDING=False).items():
+        monkeypatch.setitem(sys.modules, name, module)
+    assert type(memres_numba._device_pointer(0x1000)) is ctypes.c_size_t
+    assert memres_numba._device_pointer(0x1000).value == 0x1000
+
+
+def test_the_numba_manager_with_the_numba_installed_here_hands_out_addresses_it_reads():
+    # Where numba.cuda imports (numba-cuda needs the CUDA runtime library
+    # to import, not a GPU): its own MemoryPointer, over host memory.
+    try:
+        from numba.cuda.cudadrv import driver  # noqa: F401
+    except Exception as e:  # noqa: BLE001 (any failure to import: no Numba here)
+        pytest.skip(f"numba.cuda does not import here: {e}")
+    from memres.allocators.numba import MemresNumbaManager
+    mr.set_current_device_resource(mr.HostMemoryResource())
+    manager = MemresNumbaManager(context=types.SimpleNamespace())
+    mp = manager.memalloc(4096)
+    (ptr,) = manager._buffers
+    assert mp.device_pointer_value == ptr and mp.device_ctypes_pointer.value == ptr

@@ -7,8 +7,6 @@
 or ``NUMBA_CUDA_MEMORY_MANAGER=memres.allocators.numba``.
 """
 
-from ctypes import c_uint64
-
 from .._buffer import DeviceBuffer
 
 try:
@@ -41,7 +39,7 @@ class MemresNumbaManager(HostOnlyCUDAMemoryManager):
         def finalizer():
             buffers.pop(ptr, None)  # collected, the buffer frees its block
 
-        return MemoryPointer(self.context, c_uint64(ptr), size, finalizer=finalizer)
+        return MemoryPointer(self.context, _device_pointer(ptr), size, finalizer=finalizer)
 
     def get_ipc_handle(self, memory):
         raise NotImplementedError("memres: IPC handles are not supported")
@@ -57,6 +55,22 @@ class MemresNumbaManager(HostOnlyCUDAMemoryManager):
     @property
     def interface_version(self):
         return 1
+
+
+def _device_pointer(ptr):
+    """``ptr`` as Numba's ``MemoryPointer`` takes a device address, as its
+    own allocations make one: NVIDIA's ``CUdeviceptr`` where Numba uses
+    NVIDIA's binding (numba-cuda, which has no other and no
+    ``USE_NV_BINDING``, and Numba's own CUDA target with
+    ``NUMBA_CUDA_USE_NVIDIA_BINDING=1``), else the ctypes type of its
+    driver API (``c_size_t``). numba-cuda reads the address with
+    ``int()``, which a ctypes integer refuses; Numba's ctypes binding
+    passes it to the driver's functions, which refuse a ``c_void_p``."""
+    from numba.cuda.cudadrv import driver
+    if getattr(driver, "USE_NV_BINDING", True):
+        return driver.binding.CUdeviceptr(ptr)
+    from numba.cuda.cudadrv import drvapi
+    return drvapi.cu_device_ptr(ptr)
 
 
 # Numba reads this name when NUMBA_CUDA_MEMORY_MANAGER names this module.
