@@ -7,8 +7,6 @@ CUDA resource is first made. See docs/python.md in the repository for
 RMM's names beside memres's.
 """
 
-import re
-
 from . import _native
 from ._buffer import DeviceBuffer
 from ._device import current_device, device_id as _device_id, set_device
@@ -48,7 +46,9 @@ def cuda_available():
     return _cuda_ok
 
 
-_SIM_LEAVES = re.compile(r"\b(sim|host|vpool)\b")
+# The resources of the simulated backend that a stack names (its leaves,
+# and the virtual pool over a simulated space): a stack with one is built there.
+_SIM_NAMES = frozenset({"sim", "host", "vpool"})
 
 # `(func, args, kwargs)` run before each `reinitialize`, last registered first.
 _reinitialize_hooks = []
@@ -102,7 +102,8 @@ def _resources(pool_allocator=False, managed_memory=False, initial_pool_size=Non
     made = []
     for device in devices:
         if stack is not None:
-            backend = "sim" if _SIM_LEAVES.search(stack) else "cuda"
+            # From the parsed stack: the text's words matched a log's path too.
+            backend = "sim" if _SIM_NAMES.intersection(_native.sim.stack_names(stack)) else "cuda"
             res = mr.StackMemoryResource(stack, backend=backend, device=device)
         else:
             if managed_memory:

@@ -57,6 +57,26 @@ fn log_file_of_device(name: std::path::PathBuf, device: u32) -> Option<std::path
     memres_core::stack::log_file_of_device(Some(name.as_os_str()), device)
 }
 
+/// The names of the resources of the stack `text`, outermost first: each
+/// call's, and those of the calls among its positional arguments (its
+/// upstreams), not the values of its keys (`file=/tmp/host.csv`,
+/// `per_stream=true`); `ValueError` for text that is no stack, as a build's.
+#[pyfunction]
+fn stack_names(text: &str) -> PyResult<Vec<String>> {
+    fn walk(call: &memres_core::stack::Call, names: &mut Vec<String>) {
+        names.push(call.name.clone());
+        for arg in call.args.iter().filter(|a| a.key.is_none()) {
+            if let memres_core::stack::Value::Call(c) = &arg.value {
+                walk(c, names);
+            }
+        }
+    }
+    let call = memres_core::stack::parse(text).map_err(|e| errors::stack_to_py(e, text))?;
+    let mut names = Vec::new();
+    walk(&call, &mut names);
+    Ok(names)
+}
+
 #[pymodule]
 #[cfg_attr(feature = "cuda", pyo3(name = "_cuda"))]
 #[cfg_attr(not(feature = "cuda"), pyo3(name = "_memres"))]
@@ -78,6 +98,7 @@ fn native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(snapshot::snapshot, m)?)?;
     m.add_function(wrap_pyfunction!(snapshot::write_file, m)?)?;
     m.add_function(wrap_pyfunction!(log_file_of_device, m)?)?;
+    m.add_function(wrap_pyfunction!(stack_names, m)?)?;
     m.add_function(wrap_pyfunction!(gil::at_exit, m)?)?;
     m.add_function(wrap_pyfunction!(gil::after_fork_in_child, m)?)?;
     m.add_function(wrap_pyfunction!(gil::running_a_call, m)?)?;

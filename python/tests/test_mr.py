@@ -10,7 +10,7 @@ import textwrap
 import pytest
 
 import memres
-from memres import mr
+from memres import _native, mr
 from test_buffer import BAD_SIZES
 from test_reentry import FREE_PANICS_ONCE, run_child
 
@@ -916,6 +916,28 @@ def test_reinitialize_with_rmm_keywords_and_with_a_stack():
     with pytest.raises(ValueError):
         memres.reinitialize(initial_pool_size=MiB)
     assert mr.get_current_device_resource() is before
+
+
+@pytest.mark.parametrize("device_leaf", ["cuda", "host"])
+def test_reinitialize_takes_the_backend_from_the_stacks_resources_not_the_words_of_its_paths(tmp_path, device_leaf):
+    # The backend was told by the words of the whole text: a log in
+    # /tmp/.../host.csv put `cuda` on the simulated backend ("unknown
+    # resource 'cuda'", a ValueError), and one in .../cuda.csv did not
+    # matter only because `host` came first.
+    other = {"cuda": "host", "host": "cuda"}[device_leaf]
+    stack = f"log({device_leaf}, file={tmp_path / other}.csv)"
+    if device_leaf == "cuda" and not memres.cuda_available():
+        with pytest.raises(memres.MemresError) as raised:  # CUDA's own refusal
+            memres.reinitialize(stack=stack)
+        assert not isinstance(raised.value, ValueError), raised.value
+    else:
+        memres.reinitialize(stack=stack)
+        res = mr.get_current_device_resource()
+        assert res.stack == stack and res._backend == {"cuda": "cuda", "host": "sim"}[device_leaf]
+        res.deallocate(res.allocate(100), 100)
+    assert _native.sim.stack_names(stack) == ["log", device_leaf]
+    # Keys' values are no resources, bare names included.
+    assert _native.sim.stack_names("log(cuda, file=host)") == ["log", "cuda"]
 
 
 def test_reinitialize_with_logging(tmp_path):
