@@ -157,11 +157,14 @@ class DeviceBuffer:
         RMM's ``cudaCpuDeviceId``, is the host) on ``stream`` (the
         buffer's own), as RMM's; returns True where the memory migrates and
         was prefetched, False (nothing done) otherwise."""
-        from ._device import current_device
+        from ._device import current_device, device_id
         device = current_device() if device is None else device
-        if isinstance(device, bool) or not isinstance(device, int) or device < -1:
-            raise ValueError(f"memres: prefetch: device must be a device number or -1 (the host), "
-                             f"not {device!r}")
+        if isinstance(device, bool) or not (isinstance(device, int) and device == -1):
+            try:
+                device_id(device)
+            except ValueError:
+                raise ValueError(f"memres: prefetch: device must be a device number or -1 (the host), "
+                                 f"not {device!r}") from None
         handle = None if stream is None else as_handle(stream)
         return self._buf.prefetch(self.mr.device_id, None if device == -1 else device, handle)
 

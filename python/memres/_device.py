@@ -3,6 +3,8 @@ else the one set with ``memres.set_device`` (0 at first)."""
 
 import sys
 
+from . import _native
+
 _device = 0
 
 
@@ -20,9 +22,14 @@ def current_device():
 
 
 def device_id(device):
-    """``device``, checked: a device number (an int from 0), else ValueError."""
-    if isinstance(device, bool) or not isinstance(device, int) or device < 0:
-        raise ValueError(f"memres: {device!r} is not a device id (an int from 0)")
+    """``device``, checked: a device number (an int from 0 to
+    ``MAX_DEVICES - 1``, the devices memres serves), else ValueError. Every
+    ``device=`` goes through it: the native side takes a 32-bit number, and
+    one past that was an OverflowError (``set_device``'s, at every later
+    call)."""
+    limit = _native.sim.MAX_DEVICES
+    if isinstance(device, bool) or not isinstance(device, int) or not 0 <= device < limit:
+        raise ValueError(f"memres: {device!r} is not a device id (an int from 0 to {limit - 1})")
     return device
 
 

@@ -133,7 +133,7 @@ class DeviceMemoryResource:
         # Set only once built: a failed rebuild (`add_bin`) changes nothing.
         self._native = module.NativeResource.build(
             text, [u._native for u in upstreams],
-            current_device() if device is None else device, callbacks)
+            current_device() if device is None else _device_id(device), callbacks)
         self._backend = backend
         self._upstreams = tuple(upstreams)
         _BUILT.add(self)
@@ -252,7 +252,7 @@ class StackMemoryResource(DeviceMemoryResource):
         module = _native.backend(backend)
         self._backend, self._upstreams = backend, ()
         self._native = module.NativeResource.build(
-            stack, [], current_device() if device is None else device)
+            stack, [], current_device() if device is None else _device_id(device))
         _BUILT.add(self)
 
 

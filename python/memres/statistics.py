@@ -102,8 +102,8 @@ class DeviceStatistics:
 def get_device_statistics(device=None, backend=None):
     """Bytes held from ``device`` now, at peak and ever, by the leaves of
     the current resource's backend (``"cuda"`` or ``"sim"``)."""
-    from ._device import current_device
-    device = current_device() if device is None else device
+    from ._device import current_device, device_id
+    device = current_device() if device is None else device_id(device)
     backend = _mr.get_current_device_resource()._backend if backend is None else backend
     return DeviceStatistics(*_native.backend(backend).device_bytes(device))
 
