@@ -510,6 +510,12 @@ fn a_histogram_of_extreme_counts_is_planned_without_a_panic() {
     let points = coarsened(&h, 1 << 20, 1024);
     assert_eq!(points.len(), 513);
     assert!(points.iter().all(|&(_, c)| c == u64::MAX), "{points:?}");
+    // Planning over 513 points takes minutes under Miri; the merge above,
+    // where the counts overflowed, runs there, and the plan has no unsafe
+    // code.
+    if cfg!(miri) {
+        return;
+    }
     let mut once = SizeHistogram::new();
     once.extend(points.iter().map(|&(s, _)| s));
     let plan = BinPlan::new().min_share_percent(0);
