@@ -2,7 +2,7 @@
 //! stack into resources.
 
 use super::release::{Layer, Release, ReleaseLayers};
-use super::{parse, Call, StackError, StackErrorKind, Value};
+use super::{parse, Call, StackError, StackErrorKind};
 use crate::copy::{AssumeMemoryOf, MemoryOf};
 use crate::{Block, DynResource, MemoryResource, MemoryResourceMut, Request, Shared, Stream, StreamOrdered};
 use alloc::collections::BTreeMap;
@@ -26,34 +26,16 @@ pub struct Context<'a, S: ?Sized> {
     /// The layers kept so far that keep freed memory, with their call's
     /// name and position (see [`Context::keep_releasing`]).
     releasing: RefCell<Vec<Layer<S>>>,
-    /// The call being built: whether a layer is under it.
-    frame: Cell<Frame>,
+    /// Whether a layer that keeps freed memory was kept while the upstream
+    /// of the call being built (its first positional argument, built
+    /// through [`Context::upstream`]) was built: what the call takes from
+    /// its upstream reaches that layer first. Its other resources (a
+    /// binning resource's counted bins) are not under it: what it gives
+    /// back to its upstream does not go there.
+    layer_under: Cell<bool>,
     /// The build this one is nested in ([`build_with`](Self::build_with)),
     /// which takes its handles when it ends.
     outer: Option<&'a Context<'a, S>>,
-}
-
-/// What the build knows of the call being built.
-#[derive(Clone, Copy, Debug, Default)]
-struct Frame {
-    /// The address of the call's upstream (its first positional argument,
-    /// where that is a resource), to tell it when it is built; 0 for none.
-    upstream: usize,
-    /// Whether a layer that keeps freed memory was kept while the upstream
-    /// was built: what the call takes from its upstream reaches that layer
-    /// first. Its other resources (a binning resource's counted bins) are
-    /// not under it: what it gives back to its upstream does not go there.
-    layer_under: bool,
-}
-
-impl Frame {
-    fn of(call: &Call) -> Self {
-        let upstream = match call.positional(0) {
-            Some(Value::Call(up)) => up as *const Call as usize,
-            _ => 0,
-        };
-        Frame { upstream, layer_under: false }
-    }
 }
 
 /// A typed resource of a built stack, kept so that its figures can be read.
@@ -76,7 +58,7 @@ impl<'a, S: ?Sized> Context<'a, S> {
             stream,
             handles: RefCell::new(Vec::new()),
             releasing: RefCell::new(Vec::new()),
-            frame: Cell::new(Frame::default()),
+            layer_under: Cell::new(false),
             outer,
         }
     }
@@ -85,11 +67,21 @@ impl<'a, S: ?Sized> Context<'a, S> {
 impl<S: Stream + ?Sized + 'static> Context<'_, S> {
     /// Builds the `i`th positional argument of `call` as a resource.
     ///
+    /// The first (`i == 0`) is the upstream of the call being built: a
+    /// layer that keeps freed memory kept while it is built is under that
+    /// call (see [`keep_releasing`](Self::keep_releasing)). Build any other
+    /// resource, a sub-call's included, from a later position.
+    ///
     /// # Errors
     ///
     /// A missing or malformed argument, or the upstream's own error.
     pub fn upstream(&self, call: &Call, i: usize) -> Result<DynResource<S>, StackError> {
-        self.builder.build_in(call.resource(i)?, self)
+        let kept = self.layers_kept();
+        let built = self.builder.build_in(call.resource(i)?, self);
+        if i == 0 && self.layers_kept() > kept {
+            self.layer_under.set(true);
+        }
+        built
     }
 
     /// Keeps `resource` as the typed handle of `call` and returns it as a
@@ -118,7 +110,7 @@ impl<S: Stream + ?Sized + 'static> Context<'_, S> {
     /// The layer is one of the stack's innermost (what it gives back leaves
     /// the stack, and [`ReleaseLayers::held`] counts what it holds) unless
     /// such a layer was kept while its upstream was built: `call`'s first
-    /// positional argument. Its [`Release::held`] is what it holds from
+    /// positional argument, built through [`upstream`](Self::upstream). Its [`Release::held`] is what it holds from
     /// that upstream; resources it builds from other arguments (a binning
     /// resource's counted bins) are layers of their own.
     pub fn keep_releasing<T>(&self, call: &Call, resource: T) -> DynResource<S>
@@ -245,7 +237,7 @@ impl<S: Stream + ?Sized + 'static> Context<'_, S> {
     }
 
     fn push_releasing(&self, call: &Call, layer: Arc<dyn Release<S>>) {
-        let innermost = !self.frame.get().layer_under;
+        let innermost = !self.layer_under.get();
         self.releasing.borrow_mut().push(Layer { name: call.name.clone(), pos: call.pos, innermost, layer });
     }
 
@@ -620,15 +612,11 @@ impl<S: Stream + ?Sized + 'static> StackBuilder<S> {
             .constructors
             .get(&call.name)
             .ok_or_else(|| call.error(StackErrorKind::UnknownName(call.name.clone())))?;
-        let kept = cx.layers_kept();
-        let mut outer = cx.frame.replace(Frame::of(call));
+        // The call's own upstream decides what is under it; the caller's
+        // is told after this returns, by `Context::upstream`.
+        let outer = cx.layer_under.replace(false);
         let built = constructor(call, cx);
-        // Only the upstream's layers are under the call that builds it,
-        // not those of its other resources (a binning resource's bins).
-        if outer.upstream == call as *const Call as usize {
-            outer.layer_under |= cx.layers_kept() > kept;
-        }
-        cx.frame.set(outer);
+        cx.layer_under.set(outer);
         built
     }
 }

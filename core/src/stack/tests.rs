@@ -276,6 +276,48 @@ fn a_layer_that_fails_to_release_leaves_the_others_giving_back() {
     assert_eq!(layers.release(&()), Err(Error::InvalidConfig { what: "refused" }));
 }
 
+/// A layer is under the call whose upstream built it however the
+/// constructor came by the call it builds from: one that builds its
+/// upstream from a copy of its call is an outer layer all the same. Before, the builder told the upstream by the address of its
+/// call in the parsed tree: the copy's upstream was no upstream, so both
+/// layers were innermost and `held` counted the pool's chunk twice.
+#[test]
+fn a_layer_is_under_its_callers_upstream_whoever_holds_the_call() {
+    use crate::{Block, DynResource, MemoryResource, Request};
+    /// Hands its upstream's blocks on and keeps nothing; `held` says
+    /// what it was built to say, so that a count of it shows.
+    struct Passing(DynResource);
+    impl MemoryResource<()> for Passing {
+        fn allocate(&self, request: Request, stream: &()) -> crate::Result<Block> {
+            self.0.allocate(request, stream)
+        }
+        fn deallocate(&self, block: Block, stream: &()) -> crate::Result<()> {
+            self.0.deallocate(block, stream)
+        }
+    }
+    impl Release<()> for Passing {
+        fn release(&self, _: &()) -> crate::Result<u64> {
+            Ok(0)
+        }
+        fn held(&self) -> u64 {
+            1
+        }
+    }
+    let mut b = StackBuilder::<()>::new();
+    b.register("leaf", |call, cx| Ok(cx.keep(call, Unbacked::new())));
+    b.register("copying", |call, cx| {
+        let copy = call.clone();
+        Ok(cx.keep_releasing(call, Passing(cx.upstream(&copy, 0)?)))
+    });
+    let built = b.build_with_handles("copying(pool(leaf))", &()).unwrap();
+    let x = built.resource.allocate(Request::new(4096).unwrap(), &()).unwrap();
+    let layers = built.release_layers();
+    let pool = layers.held_by("pool");
+    assert!(pool > 0);
+    assert_eq!(layers.held(), pool, "the pool alone is innermost");
+    built.resource.deallocate(x, &()).unwrap();
+}
+
 /// The fixed-size, binning and arena layers keep freed memory too: a
 /// release gives their free chunks to the pool under them, which gives
 /// them on.
