@@ -291,7 +291,8 @@ where
         match offset.checked_add(n) {
             Some(end) if end <= self.len => Ok(()),
             _ => Err(crate::ContainerError::IndexOutOfRange {
-                index: offset.saturating_add(n) as usize,
+                // The last byte the range would touch.
+                index: offset.saturating_add(n.max(1) - 1) as usize,
                 len: self.len as usize,
             }),
         }

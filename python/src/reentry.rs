@@ -312,7 +312,11 @@ fn free_later(resource: &DynResource<Stream>, block: Block, handle: u64, device:
     if let Err(e) = freed {
         // This free's callback's exception: its caller was told it freed.
         drop(crate::callback::take_raised());
-        eprintln!(
+        // Where standard error cannot be written, unsaid (`eprintln!`
+        // would panic, here under a call from C).
+        use std::io::Write;
+        let _ = writeln!(
+            std::io::stderr().lock(),
             "memres: freeing {:#x} ({} bytes), deferred from a call inside a callback, failed: {e}",
             block.addr(),
             block.size()

@@ -87,36 +87,36 @@ pub struct FailureCallback<R, T, F> {
     max_retries: u32,
     /// The failures that reach the callback.
     retry_on: RetryOn,
-    /// Callbacks running now, where threads cannot be told apart (without
-    /// `std`; with it, each thread knows its own).
+    /// What tells this adaptor's callback running on a thread (with
+    /// `std`); without `std`, where threads cannot be told apart, the
+    /// count of callbacks running.
+    #[cfg(feature = "std")]
+    running: super::on_thread::Key,
     #[cfg(not(feature = "std"))]
     running: crate::primitive::AtomicU64,
 }
 
-/// Without `std`: the adaptor's count of callbacks running, held at 1
-/// until dropped.
-#[cfg(not(feature = "std"))]
-struct Running<'a>(&'a crate::primitive::AtomicU64);
-
-/// A guard while a callback of `adaptor` runs, until dropped (a panicking
-/// callback included); `None` if one runs already (on this thread, with
-/// `std`): the caller is inside it.
+/// Runs `callback` as the callback of `adaptor`; `None`, without running
+/// it, if one runs already (on this thread, with `std`): the caller is
+/// inside it.
 #[allow(clippy::needless_return)] // one of the two returns is configured out
-fn enter<R, T, F>(adaptor: &FailureCallback<R, T, F>) -> Option<impl Sized + '_> {
+fn run_callback<R, T, F, U>(adaptor: &FailureCallback<R, T, F>, callback: impl FnOnce() -> U) -> Option<U> {
     #[cfg(feature = "std")]
-    return super::on_thread::OnThread::enter(adaptor);
+    return super::on_thread::run(&adaptor.running, callback);
     #[cfg(not(feature = "std"))]
     {
         use crate::primitive::Ordering;
+        /// Holds the count at 1 until dropped (a panicking callback included).
+        struct Running<'a>(&'a crate::primitive::AtomicU64);
+        impl Drop for Running<'_> {
+            fn drop(&mut self) {
+                self.0.store(0, Ordering::Release);
+            }
+        }
         let count = &adaptor.running;
-        count.compare_exchange(0, 1, Ordering::Acquire, Ordering::Relaxed).is_ok().then(|| Running(count))
-    }
-}
-
-#[cfg(not(feature = "std"))]
-impl Drop for Running<'_> {
-    fn drop(&mut self) {
-        self.0.store(0, crate::primitive::Ordering::Release);
+        count.compare_exchange(0, 1, Ordering::Acquire, Ordering::Relaxed).ok()?;
+        let _running = Running(count);
+        Some(callback())
     }
 }
 
@@ -138,6 +138,8 @@ impl<R, T, F: Fn(u64, &T) -> bool> FailureCallback<R, T, F> {
             callback,
             max_retries: Self::DEFAULT_MAX_RETRIES,
             retry_on: RetryOn::OutOfMemory,
+            #[cfg(feature = "std")]
+            running: super::on_thread::Key::default(),
             #[cfg(not(feature = "std"))]
             running: crate::primitive::AtomicU64::new(0),
         }
@@ -239,9 +241,8 @@ where
             match self.upstream.allocate(request, stream) {
                 Err(e) if self.retry_on.catches(&e) => {
                     // Inside this adaptor's own callback: no second call.
-                    let Some(running) = enter(self) else { return Err(e) };
-                    let retry = (self.callback)(request.size(), &self.data);
-                    drop(running);
+                    let called = run_callback(self, || (self.callback)(request.size(), &self.data));
+                    let Some(retry) = called else { return Err(e) };
                     if !retry || retries >= self.max_retries {
                         return Err(e);
                     }

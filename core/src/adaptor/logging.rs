@@ -1,14 +1,14 @@
 //! RMM's `logging_resource_adaptor`: every call as a row of RMM's log
 //! format ([`crate::trace`]; feature `std`).
 
-use super::on_thread::OnThread;
+use super::on_thread::{self, Key};
 use crate::trace::{Action, Record, HEADER};
 use crate::Pending;
 use crate::{Block, MemoryResource, Request, Result, Stream};
 use std::format;
 use std::fs::{File, OpenOptions};
 use std::io::{self, BufWriter, Write};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Mutex, OnceLock};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
@@ -90,7 +90,7 @@ fn now_micros() -> u64 {
 pub struct Logging<R, W: Write = BufWriter<File>> {
     upstream: R,
     /// The header is written; rows follow.
-    out: Mutex<W>,
+    out: Mutex<Writer<W>>,
     /// Rows that could not be written.
     write_errors: AtomicU64,
     /// Of `write_errors`, those a [`flush`](Logging::flush) has reported.
@@ -99,25 +99,90 @@ pub struct Logging<R, W: Write = BufWriter<File>> {
     refused_frees: AtomicU64,
     /// Each row is flushed as it is written ([`write_through`](Logging::write_through)).
     write_through: AtomicBool,
-    /// The file it made new ([`to_file`](Logging::to_file)), kept from any
-    /// other `to_file` of the process while this lives.
+    /// The regular file it writes ([`to_file`](Logging::to_file),
+    /// [`append_to_file`](Logging::append_to_file)), kept from any
+    /// `to_file` of the process while this lives.
     _file: Option<Claim>,
+    /// What tells this log's own code (a row, a flush) running on a thread.
+    writing: Key,
 }
 
-/// The files that live logs made by [`Logging::to_file`] write, by their
-/// canonical paths. A second `to_file` of one of them would cut the rows
-/// the first wrote, and the two would then write over each other at their
-/// own offsets: the same stack text built for two devices did that.
-static CLAIMED: Mutex<Vec<PathBuf>> = Mutex::new(Vec::new());
-
-/// A path in [`CLAIMED`], taken out when dropped.
+/// The log's writer, flushed when the log is dropped: while the thread
+/// unwinds, a panic of that flush is caught (a writer's own drop, as
+/// `BufWriter`'s, would flush again and abort the process; after a panic
+/// in its flush `BufWriter` writes nothing more).
 #[derive(Debug)]
-struct Claim(PathBuf);
+struct Writer<W: Write> {
+    /// `None` only once [`Logging::into_parts`] took it.
+    inner: Option<W>,
+}
+
+impl<W: Write> core::ops::Deref for Writer<W> {
+    type Target = W;
+    fn deref(&self) -> &W {
+        self.inner.as_ref().expect("the writer is taken only by `into_parts`, which ends the log")
+    }
+}
+
+impl<W: Write> core::ops::DerefMut for Writer<W> {
+    fn deref_mut(&mut self) -> &mut W {
+        self.inner.as_mut().expect("the writer is taken only by `into_parts`, which ends the log")
+    }
+}
+
+impl<W: Write> Drop for Writer<W> {
+    fn drop(&mut self) {
+        if let Some(w) = &mut self.inner {
+            // What cannot be written now is lost with the log.
+            crate::resource::in_destructor(|| drop(w.flush()));
+        }
+    }
+}
+
+/// The longest row: a thread, a time, a pointer, a size and a stream of up
+/// to 20 digits each (the pointer `0x` and 16), the longest action, the
+/// commas and the newline (125 bytes).
+const ROW_BYTES: usize = 4 * 20 + 18 + "allocate failure".len() + 5 + 1;
+
+/// A file whatever path reaches it: its device and inode (another path,
+/// a hard link, is the same file); elsewhere than Unix, its canonical path.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct FileId(#[cfg(unix)] (u64, u64), #[cfg(not(unix))] std::path::PathBuf);
+
+impl FileId {
+    fn of(file: &File, _path: &Path) -> io::Result<FileId> {
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::MetadataExt;
+            let m = file.metadata()?;
+            Ok(FileId((m.dev(), m.ino())))
+        }
+        #[cfg(not(unix))]
+        {
+            let _ = file;
+            Ok(FileId(std::fs::canonicalize(_path)?))
+        }
+    }
+}
+
+/// The regular files that live logs write, one entry per log. Every log writes
+/// at the end of its file ([`File`]s opened to append, each row written
+/// whole), so logs that append share a file; a log that makes it new
+/// would cut the others' rows, and is refused while another lives (the
+/// same stack text built for two devices did that).
+static CLAIMED: Mutex<Vec<FileId>> = Mutex::new(Vec::new());
+
+/// A file in [`CLAIMED`], taken out when dropped.
+#[derive(Debug)]
+struct Claim(FileId);
 
 impl Claim {
-    fn take(path: PathBuf) -> io::Result<Claim> {
+    /// Claims `file` for a log that makes it new: refused while another
+    /// log writes it.
+    fn new_file(file: &File, path: &Path) -> io::Result<Claim> {
+        let id = FileId::of(file, path)?;
         let mut claimed = CLAIMED.lock().unwrap_or_else(|p| p.into_inner());
-        if claimed.contains(&path) {
+        if claimed.contains(&id) {
             return Err(io::Error::new(
                 io::ErrorKind::AlreadyExists,
                 format!(
@@ -127,14 +192,32 @@ impl Claim {
                 ),
             ));
         }
-        claimed.push(path.clone());
-        Ok(Claim(path))
+        claimed.push(id.clone());
+        Ok(Claim(id))
+    }
+
+    /// Claims `file` for a log that appends to it, and runs `start` (which
+    /// writes the header of an empty file) while no other log of the
+    /// process starts on it.
+    fn appending<T>(
+        file: &File,
+        path: &Path,
+        start: impl FnOnce() -> io::Result<T>,
+    ) -> io::Result<(Claim, T)> {
+        let id = FileId::of(file, path)?;
+        let mut claimed = CLAIMED.lock().unwrap_or_else(|p| p.into_inner());
+        let started = start()?;
+        claimed.push(id.clone());
+        Ok((Claim(id), started))
     }
 }
 
 impl Drop for Claim {
     fn drop(&mut self) {
-        CLAIMED.lock().unwrap_or_else(|p| p.into_inner()).retain(|p| *p != self.0);
+        let mut claimed = CLAIMED.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(i) = claimed.iter().position(|c| *c == self.0) {
+            claimed.swap_remove(i);
+        }
     }
 }
 
@@ -145,7 +228,7 @@ impl<R> Logging<R> {
     ///
     /// The file cannot be created, or the header not written: at
     /// construction, never at the first allocation. `AlreadyExists` while
-    /// another log made by `to_file` in this process writes the same file
+    /// another log of this process writes the same file, by whatever path
     /// (which is then left as it is).
     ///
     /// ```
@@ -154,11 +237,13 @@ impl<R> Logging<R> {
     /// assert!(Logging::to_file(BumpUpstream::new(1 << 20), "/no/such/dir/log.csv").is_err());
     /// ```
     pub fn to_file(upstream: R, path: impl AsRef<Path>) -> io::Result<Self> {
-        // Opened uncut, so that a file another log writes is left whole.
-        let file = OpenOptions::new().create(true).write(true).truncate(false).open(path.as_ref())?;
+        let path = path.as_ref();
+        // Opened uncut, so that a file another log writes is left whole;
+        // to append, so that logs that append to it later keep their rows.
+        let file = OpenOptions::new().create(true).append(true).open(path)?;
         // A device (`/dev/null`) or a pipe has no rows to cut or offsets to clash.
         let claim = match file.metadata()?.is_file() {
-            true => Some(Claim::take(std::fs::canonicalize(path)?)?),
+            true => Some(Claim::new_file(&file, path)?),
             false => None,
         };
         if claim.is_some() {
@@ -175,10 +260,12 @@ impl<R> Logging<R> {
     /// Logs to the end of the file at `path`, made if missing: after the
     /// rows it holds (a log continued, by a stack built again in the same
     /// run), or from the header if it is empty. Its contents are never cut.
+    /// Logs of the process that write the same file at once keep each
+    /// row whole; a later `to_file` of it is refused while this lives.
     ///
     /// # Errors
     ///
-    /// As [`to_file`](Self::to_file).
+    /// The file cannot be opened, or the header not written.
     ///
     /// ```
     /// # use memres_core::adaptor::Logging;
@@ -186,15 +273,25 @@ impl<R> Logging<R> {
     /// assert!(Logging::append_to_file(BumpUpstream::new(1 << 20), "/no/such/dir/log.csv").is_err());
     /// ```
     pub fn append_to_file(upstream: R, path: impl AsRef<Path>) -> io::Result<Self> {
+        let path = path.as_ref();
         let file = OpenOptions::new().create(true).append(true).open(path)?;
-        let empty = file.metadata()?.len() == 0;
-        let mut out = BufWriter::new(file);
-        if empty {
-            writeln!(out, "{HEADER}")?;
+        let start = |file: File| -> io::Result<BufWriter<File>> {
+            let empty = file.metadata()?.len() == 0;
+            let mut out = BufWriter::new(file);
+            if empty {
+                writeln!(out, "{HEADER}")?;
+            }
+            // As in `to_file`: a file that accepts no writes fails here.
+            out.flush()?;
+            Ok(out)
+        };
+        if !file.metadata()?.is_file() {
+            return Ok(Logging::continuing(upstream, start(file)?));
         }
-        // As in `to_file`: a file that accepts no writes fails here.
-        out.flush()?;
-        Ok(Logging::continuing(upstream, out))
+        let (claim, out) = Claim::appending(&file.try_clone()?, path, || start(file))?;
+        let mut log = Logging::continuing(upstream, out);
+        log._file = Some(claim);
+        Ok(log)
     }
 }
 
@@ -221,12 +318,13 @@ impl<R, W: Write> Logging<R, W> {
     fn continuing(upstream: R, writer: W) -> Self {
         Logging {
             upstream,
-            out: Mutex::new(writer),
+            out: Mutex::new(Writer { inner: Some(writer) }),
             write_errors: AtomicU64::new(0),
             reported_errors: AtomicU64::new(0),
             refused_frees: AtomicU64::new(0),
             write_through: AtomicBool::new(false),
             _file: None,
+            writing: Key::default(),
         }
     }
 
@@ -239,18 +337,18 @@ impl<R, W: Write> Logging<R, W> {
     /// that says how many, so that a flush that succeeds means the log
     /// lost nothing.
     pub fn flush(&self) -> io::Result<()> {
-        let Some(_flushing) = OnThread::enter(self) else {
-            return Err(io::Error::other("a flush of the log from inside its own writer"));
-        };
-        let mut out = self.out.lock().unwrap_or_else(|p| p.into_inner());
-        out.flush()?;
-        // Under the writer's lock, as every row's count.
-        let lost = self.write_errors.load(Ordering::Relaxed);
-        let reported = self.reported_errors.swap(lost, Ordering::Relaxed);
-        match lost - reported {
-            0 => Ok(()),
-            n => Err(io::Error::other(format!("{n} rows of the log could not be written"))),
-        }
+        on_thread::run(&self.writing, || {
+            let mut out = self.out.lock().unwrap_or_else(|p| p.into_inner());
+            out.flush()?;
+            // Under the writer's lock, as every row's count.
+            let lost = self.write_errors.load(Ordering::Relaxed);
+            let reported = self.reported_errors.swap(lost, Ordering::Relaxed);
+            match lost - reported {
+                0 => Ok(()),
+                n => Err(io::Error::other(format!("{n} rows of the log could not be written"))),
+            }
+        })
+        .unwrap_or_else(|| Err(io::Error::other("a flush of the log from inside its own writer")))
     }
 
     /// From now on, flushes each row as it is written, after flushing
@@ -300,21 +398,29 @@ impl<R, W: Write> Logging<R, W> {
 
     /// The upstream and the writer.
     pub fn into_parts(self) -> (R, W) {
-        (self.upstream, self.out.into_inner().unwrap_or_else(|p| p.into_inner()))
+        let mut out = self.out.into_inner().unwrap_or_else(|p| p.into_inner());
+        (self.upstream, out.inner.take().expect("the writer is taken only here"))
     }
 
     fn log(&self, action: Action, addr: u64, size: u64, stream: u64) {
         // The writer is the user's: one that allocates through this log
         // (or flushes it) would wait for the lock its own row holds.
-        let Some(_writing) = OnThread::enter(self) else {
-            self.write_errors.fetch_add(1, Ordering::Relaxed);
-            return;
-        };
-        let thread = thread_number();
-        let mut out = self.out.lock().unwrap_or_else(|p| p.into_inner());
-        let row = Record { thread, time: now_micros(), action, pointer: addr, size, stream };
-        let through = self.write_through.load(Ordering::Relaxed);
-        if writeln!(out, "{row}").and_then(|()| if through { out.flush() } else { Ok(()) }).is_err() {
+        let written = on_thread::run(&self.writing, || {
+            let thread = thread_number();
+            let mut out = self.out.lock().unwrap_or_else(|p| p.into_inner());
+            let row = Record { thread, time: now_micros(), action, pointer: addr, size, stream };
+            let through = self.write_through.load(Ordering::Relaxed);
+            // Made whole first, so that the writer gets it in one call: a
+            // buffer flushes whole rows only, and logs that append to one
+            // file mix rows, never parts of them.
+            let mut line = [0u8; ROW_BYTES];
+            let mut cursor = io::Cursor::new(&mut line[..]);
+            let len = writeln!(cursor, "{row}").map(|()| cursor.position() as usize);
+            len.and_then(|n| out.write_all(&line[..n]))
+                .and_then(|()| if through { out.flush() } else { Ok(()) })
+                .is_ok()
+        });
+        if written != Some(true) {
             self.write_errors.fetch_add(1, Ordering::Relaxed);
         }
     }

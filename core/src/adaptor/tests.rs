@@ -262,6 +262,50 @@ fn failure_callback_ignores_other_errors() {
     assert_eq!(calls.load(Ordering::Relaxed), 0);
 }
 
+/// A failing allocation from a thread-local's destructor, after the
+/// thread's other thread-locals were destroyed, under a callback that
+/// allocates through its own adaptor: the callback runs once, not from
+/// inside itself. Before, the list of what runs on the thread was a
+/// thread-local destroyed by then, every call was let in, and the callback
+/// called itself until the stack overflowed (here capped at 8 levels).
+#[test]
+fn a_failure_callback_called_from_a_thread_local_destructor_does_not_call_itself() {
+    use std::sync::OnceLock;
+    type Adaptor = FailureCallback<BumpUpstream, (), fn(u64, &()) -> bool>;
+    static ADAPTOR: OnceLock<Adaptor> = OnceLock::new();
+    static DEPTH: AtomicU64 = AtomicU64::new(0);
+    static DEEPEST: AtomicU64 = AtomicU64::new(0);
+    fn allocating(_: u64, _: &()) -> bool {
+        let depth = DEPTH.fetch_add(1, Ordering::Relaxed) + 1;
+        DEEPEST.fetch_max(depth, Ordering::Relaxed);
+        if depth < 8 {
+            let _ = ADAPTOR.get().unwrap().allocate(req(256), &());
+        }
+        DEPTH.fetch_sub(1, Ordering::Relaxed);
+        false
+    }
+    struct AllocatesWhenDropped;
+    impl Drop for AllocatesWhenDropped {
+        fn drop(&mut self) {
+            let _ = ADAPTOR.get().unwrap().allocate(req(256), &());
+        }
+    }
+    std::thread_local! {
+        static LAST: AllocatesWhenDropped = const { AllocatesWhenDropped };
+    }
+    ADAPTOR.get_or_init(|| FailureCallback::new(BumpUpstream::new(0), (), allocating as fn(_, &_) -> _));
+    std::thread::spawn(|| {
+        // Used first, destroyed last: after anything the allocation below
+        // makes the thread keep.
+        LAST.with(|_| ());
+        let _ = ADAPTOR.get().unwrap().allocate(req(256), &());
+        DEEPEST.store(0, Ordering::Relaxed);
+    })
+    .join()
+    .unwrap();
+    assert_eq!(DEEPEST.load(Ordering::Relaxed), 1);
+}
+
 #[test]
 fn a_failure_callback_that_allocates_through_its_adaptor_gets_the_error_not_a_second_call() {
     use std::sync::OnceLock;

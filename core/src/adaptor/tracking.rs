@@ -325,8 +325,13 @@ impl<R> Drop for Tracking<R> {
         let report = self.get_outstanding_allocations();
         match &self.on_leak {
             Some(handler) => crate::resource::in_destructor(|| handler(&report)),
+            // A report that cannot be written (standard error closed) is
+            // dropped: `eprint!` would panic, and abort while unwinding.
             #[cfg(feature = "std")]
-            None => std::eprint!("memres: tracking adaptor dropped with {report}"),
+            None => crate::resource::in_destructor(|| {
+                use std::io::Write;
+                let _ = write!(std::io::stderr().lock(), "memres: tracking adaptor dropped with {report}");
+            }),
             #[cfg(not(feature = "std"))]
             None => {}
         }

@@ -150,7 +150,12 @@ impl<U, L: RawLock> ArenaResource<U, L> {
             DumpTarget::None => {}
             DumpTarget::Callback(f) => f(&self.snapshot(Some(requested))),
             #[cfg(feature = "std")]
-            DumpTarget::Stderr => std::eprint!("{}", self.snapshot(Some(requested))),
+            // A dump that cannot be written (standard error closed) is
+            // dropped: the error is what the caller asked for.
+            DumpTarget::Stderr => {
+                use std::io::Write;
+                let _ = write!(std::io::stderr().lock(), "{}", self.snapshot(Some(requested)));
+            }
         }
         Error::OutOfMemory { requested, largest_free: largest, pool_size: held, max_size }
     }

@@ -417,9 +417,12 @@ impl std::io::Write for Reentering<'_> {
 fn a_writer_that_allocates_through_its_log_has_those_rows_counted_lost_not_a_deadlock() {
     let (me, out) = (std::sync::OnceLock::new(), std::sync::Mutex::new(Vec::new()));
     let writes = std::sync::atomic::AtomicU64::new(0);
-    let log = Logging::new(BumpUpstream::new(1 << 20), Reentering { log: &me, out: &out, writes: &writes })
-        .unwrap();
-    me.set(&log as &(dyn MemoryResource<()> + Sync)).ok().unwrap();
+    // Leaked: its writer reaches it, and a log flushes its writer when dropped.
+    let log: &_ = alloc::boxed::Box::leak(alloc::boxed::Box::new(
+        Logging::new(BumpUpstream::new(1 << 20), Reentering { log: &me, out: &out, writes: &writes })
+            .unwrap(),
+    ));
+    me.set(log as &(dyn MemoryResource<()> + Sync)).ok().unwrap();
     // Before, the writer's allocation waited for the lock its own row held.
     let b = log.allocate(Request::new(1000).unwrap(), &()).unwrap();
     log.deallocate(b, &()).unwrap();
@@ -430,4 +433,118 @@ fn a_writer_that_allocates_through_its_log_has_those_rows_counted_lost_not_a_dea
     assert!(writes >= 2 && lost == 2 * writes, "{lost} rows lost in {writes} writes");
     let rows = read_all(&out.lock().unwrap()[..]).unwrap();
     assert_eq!(rows.iter().map(|r| r.size).collect::<Vec<_>>(), [1000, 1000]);
+}
+
+/// A failure callback over a log, holding it by value (at the callback's
+/// own address), that frees cached blocks through the stack, as RMM's
+/// free-on-out-of-memory callbacks do: the frees are logged. Before, the
+/// log took its row for the callback's own code back into the adaptor at
+/// that address, counted it lost, and the next `flush` failed.
+#[test]
+fn frees_from_a_failure_callback_over_the_log_are_logged() {
+    use crate::adaptor::FailureCallback;
+    use std::sync::{Mutex, OnceLock, Weak};
+    type Stack = FailureCallback<Logging<BumpUpstream, Vec<u8>>, Arc<Cache>, fn(u64, &Arc<Cache>) -> bool>;
+    #[derive(Default)]
+    struct Cache {
+        blocks: Mutex<Vec<Block>>,
+        stack: OnceLock<Weak<Stack>>,
+    }
+    fn free_cached(_: u64, cache: &Arc<Cache>) -> bool {
+        let stack = cache.stack.get().unwrap().upgrade().unwrap();
+        let blocks = core::mem::take(&mut *cache.blocks.lock().unwrap());
+        for &b in &blocks {
+            stack.deallocate(b, &()).unwrap();
+        }
+        !blocks.is_empty()
+    }
+    use alloc::sync::Arc;
+    let cache = Arc::new(Cache::default());
+    let log = Logging::new(BumpUpstream::new(4096), Vec::new()).unwrap();
+    let stack: Arc<Stack> = Arc::new(FailureCallback::new(log, cache.clone(), free_cached as fn(_, &_) -> _));
+    assert_eq!(core::ptr::from_ref(&*stack).cast::<u8>(), core::ptr::from_ref(stack.upstream()).cast::<u8>());
+    cache.stack.set(Arc::downgrade(&stack)).ok().unwrap();
+    let a = stack.allocate(Request::new(4096).unwrap(), &()).unwrap();
+    cache.blocks.lock().unwrap().push(a);
+    // Out of memory: the callback frees `a` through the stack; the retry gets it.
+    let b = stack.allocate(Request::new(4096).unwrap(), &()).unwrap();
+    stack.deallocate(b, &()).unwrap();
+    let log = stack.upstream();
+    assert_eq!(log.write_errors(), 0);
+    log.flush().unwrap();
+    let actions: Vec<_> = read_all(&log.out.lock().unwrap()[..]).unwrap().iter().map(|r| r.action).collect();
+    use Action::{Allocate, AllocateFailure, Free};
+    assert_eq!(actions, [Allocate, AllocateFailure, Free, Allocate, Free]);
+}
+
+/// A log dropped while its thread unwinds, whose buffered writer panics
+/// on the rows it still holds, flushes them in the drop: the panic is
+/// caught there. Before, `BufWriter`'s own drop flushed, panicked a
+/// second time, and the process aborted.
+#[test]
+fn a_log_dropped_while_unwinding_over_a_writer_that_panics_does_not_abort() {
+    let r = std::panic::catch_unwind(|| {
+        let log =
+            Logging::new(BumpUpstream::new(1 << 20), std::io::BufWriter::new(PanicsOnAllocate)).unwrap();
+        // Buffered: written when the log is dropped, during the unwind.
+        log.allocate(Request::new(256).unwrap(), &()).unwrap();
+        panic!("another panic while the log lives");
+    });
+    let payload = r.unwrap_err();
+    assert_eq!(payload.downcast_ref::<&str>(), Some(&"another panic while the log lives"));
+}
+
+/// Logs of one file by other means than two `to_file`s: a hard link names
+/// the same file under another canonical path, and a log appending to a
+/// file that a live `to_file` log writes (two builds of one `log(file=)`)
+/// wrote over its rows at its own offset, or had its rows cut by a
+/// `to_file` made after it. Now a file is known by its inode, every log
+/// appends whole rows, and `to_file` is refused while any other log
+/// writes the file.
+#[test]
+fn logs_of_one_file_by_a_link_or_by_appending_keep_every_row() {
+    let dir = std::env::temp_dir();
+    let path = dir.join(format!("memres-log-share-{}.csv", std::process::id()));
+    let link = dir.join(format!("memres-log-share-{}-link.csv", std::process::id()));
+    let _ = std::fs::remove_file(&link);
+    let first = Logging::to_file(BumpUpstream::new(1 << 20), &path).unwrap();
+    std::fs::hard_link(&path, &link).unwrap();
+    let by_link = Logging::to_file(BumpUpstream::new(1 << 20), &link).map(drop).unwrap_err();
+    assert_eq!(by_link.kind(), io::ErrorKind::AlreadyExists);
+    let a = first.allocate(Request::new(300).unwrap(), &()).unwrap();
+    first.flush().unwrap();
+    let second = Logging::append_to_file(BumpUpstream::new(1 << 20), &link).unwrap();
+    let b = second.allocate(Request::new(500).unwrap(), &()).unwrap();
+    second.flush().unwrap();
+    first.deallocate(a, &()).unwrap();
+    first.flush().unwrap();
+    second.deallocate(b, &()).unwrap();
+    drop(first);
+    // The appending log lives on: the file is still not to be made new.
+    let cut = Logging::to_file(BumpUpstream::new(1 << 20), &path).map(drop).unwrap_err();
+    assert_eq!(cut.kind(), io::ErrorKind::AlreadyExists);
+    drop(second);
+    let logged = rows(&std::fs::read(&path).unwrap());
+    let text = std::fs::read_to_string(&path).unwrap();
+    assert_eq!(text.matches(HEADER).count(), 1, "{text}");
+    assert_eq!(
+        logged.iter().map(|r| (r.action, r.size)).collect::<Vec<_>>(),
+        [(Action::Allocate, 300), (Action::Allocate, 500), (Action::Free, 300), (Action::Free, 500)]
+    );
+    std::fs::remove_file(&link).unwrap();
+    std::fs::remove_file(&path).unwrap();
+}
+
+/// A row of the largest figures fits the buffer a row is made in.
+#[test]
+fn the_longest_row_fits_its_buffer() {
+    let row = Record {
+        thread: u64::MAX,
+        time: u64::MAX,
+        action: Action::AllocateFailure,
+        pointer: u64::MAX,
+        size: u64::MAX,
+        stream: u64::MAX,
+    };
+    assert_eq!(format!("{row}\n").len(), ROW_BYTES);
 }
