@@ -392,7 +392,8 @@ fn a_free_whose_upstream_panics_is_counted_refused() {
 
 /// A writer that allocates through the log it writes for, once it is set.
 struct Reentering<'a> {
-    log: &'a std::sync::OnceLock<&'a (dyn MemoryResource<()> + Sync)>,
+    /// Weak: the log owns its writer.
+    log: &'a std::sync::OnceLock<alloc::sync::Weak<dyn MemoryResource<()> + Send + Sync + 'a>>,
     out: &'a std::sync::Mutex<Vec<u8>>,
     /// Calls of `write` that allocated through the log.
     writes: &'a std::sync::atomic::AtomicU64,
@@ -400,7 +401,7 @@ struct Reentering<'a> {
 
 impl std::io::Write for Reentering<'_> {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        if let Some(log) = self.log.get() {
+        if let Some(log) = self.log.get().and_then(alloc::sync::Weak::upgrade) {
             let b = log.allocate(Request::new(256).unwrap(), &()).unwrap();
             log.deallocate(b, &()).unwrap();
             self.writes.fetch_add(1, Ordering::Relaxed);
@@ -417,12 +418,13 @@ impl std::io::Write for Reentering<'_> {
 fn a_writer_that_allocates_through_its_log_has_those_rows_counted_lost_not_a_deadlock() {
     let (me, out) = (std::sync::OnceLock::new(), std::sync::Mutex::new(Vec::new()));
     let writes = std::sync::atomic::AtomicU64::new(0);
-    // Leaked: its writer reaches it, and a log flushes its writer when dropped.
-    let log: &_ = alloc::boxed::Box::leak(alloc::boxed::Box::new(
+    let log = alloc::sync::Arc::new(
         Logging::new(BumpUpstream::new(1 << 20), Reentering { log: &me, out: &out, writes: &writes })
             .unwrap(),
-    ));
-    me.set(log as &(dyn MemoryResource<()> + Sync)).ok().unwrap();
+    );
+    me.set(alloc::sync::Arc::downgrade(&log) as alloc::sync::Weak<dyn MemoryResource<()> + Send + Sync>)
+        .ok()
+        .unwrap();
     // Before, the writer's allocation waited for the lock its own row held.
     let b = log.allocate(Request::new(1000).unwrap(), &()).unwrap();
     log.deallocate(b, &()).unwrap();
