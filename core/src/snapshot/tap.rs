@@ -2,7 +2,7 @@
 //! that a running stack can dump a snapshot whatever its algorithm.
 
 use super::MemoryMap;
-use crate::{Block, MemoryResource, Request, Result, Shared, Stream};
+use crate::{Block, MemoryResource, Request, Result, Shared, Stream, DEFAULT_ALIGNMENT};
 use alloc::sync::Arc;
 
 /// What a [`Tap`] reports its blocks as.
@@ -73,8 +73,10 @@ impl<S: Stream + ?Sized, R: MemoryResource<S>> MemoryResource<S> for Tap<R> {
         };
         if !block.is_empty() {
             self.map.with(|m| match self.side {
+                // What a leaf holds for a block: its size in the unit of
+                // every request, whatever the block's alignment.
                 Side::Segments => {
-                    m.segment_alloc(block.addr(), request.rounded_size(request.align()), id, None)
+                    m.segment_alloc(block.addr(), request.rounded_size(DEFAULT_ALIGNMENT), id, None)
                 }
                 Side::Blocks => m.alloc(block.addr(), block.size(), request.size(), id, None),
             });

@@ -51,6 +51,27 @@ fn the_trace_keeps_the_last_entries() {
     assert_eq!(map.trace().next().unwrap().time_us, Some(6));
 }
 
+/// A segment is what the leaf holds for it: a request aligned above 256
+/// bytes (an `align` layer's) is held by the leaf rounded to 256, as the
+/// leaf counts it, not to its alignment. Before, the tap rounded to the
+/// alignment: the map of `align(sim, alignment=64KiB)` held 576 KiB at a
+/// peak where the leaves held 353 KiB.
+#[test]
+fn a_segment_is_what_the_leaf_holds_whatever_the_alignment() {
+    use crate::testing::BumpUpstream;
+    use crate::{Inspect, MemoryResource, Request, Shared};
+    use alloc::sync::Arc;
+    let map = Arc::new(Shared::new(MemoryMap::new(100)));
+    let up = BumpUpstream::new(1 << 20);
+    let leaf = Tap::new(&up, map.clone(), Side::Segments);
+    let b = leaf.allocate(Request::aligned(1000, 64 << 10).unwrap(), &()).unwrap();
+    assert_eq!(b.addr() % (64 << 10), 0);
+    assert_eq!(map.with(|m| m.held()), up.usage().held);
+    assert_eq!(map.with(|m| m.held()), 1024);
+    leaf.deallocate(b, &()).unwrap();
+    assert_eq!(map.with(|m| m.held()), 0);
+}
+
 #[test]
 fn taps_tell_a_block_free_before_its_segment_and_keep_a_refused_free_live() {
     use crate::testing::BumpUpstream;
