@@ -121,6 +121,8 @@ pub enum RunError {
     Unsupported(String),
     /// An op failed.
     Replay(ReplayError),
+    /// The run could not write what it makes (a `log` layer's rows).
+    Output(String),
 }
 
 impl fmt::Display for RunError {
@@ -128,6 +130,7 @@ impl fmt::Display for RunError {
         match self {
             RunError::Unsupported(what) => f.write_str(what),
             RunError::Replay(e) => e.fmt(f),
+            RunError::Output(what) => f.write_str(what),
         }
     }
 }
@@ -135,7 +138,7 @@ impl fmt::Display for RunError {
 impl std::error::Error for RunError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
-            RunError::Unsupported(_) => None,
+            RunError::Unsupported(_) | RunError::Output(_) => None,
             RunError::Replay(e) => Some(e),
         }
     }

@@ -62,6 +62,10 @@ type VirtualPools = Shared<PerStreamPool<VirtualMaker<Arc<SimAddressSpace>>, Sim
 pub struct Gated<S: ?Sized> {
     log: Logging<DynResource<S>>,
     on: AtomicBool,
+    /// The file it logs to, as the stack names it.
+    file: String,
+    /// The first error of a flush: rows lost, said by [`Gated::finish`].
+    failed: Mutex<Option<std::io::Error>>,
 }
 
 impl<S: ?Sized> fmt::Debug for Gated<S> {
@@ -74,7 +78,27 @@ impl<S: ?Sized> Gated<S> {
     /// Logs from now on (`true`) or stops logging.
     pub fn set(&self, on: bool) {
         self.on.store(on, Ordering::Relaxed);
-        let _ = self.log.flush();
+        self.flush();
+    }
+
+    /// Flushes the log, keeping its first error.
+    fn flush(&self) {
+        if let Err(e) = self.log.flush() {
+            self.failed.lock().unwrap_or_else(|p| p.into_inner()).get_or_insert(e);
+        }
+    }
+
+    /// Flushes the log: an error if any row of it could not be written.
+    ///
+    /// # Errors
+    ///
+    /// [`RunError::Output`] naming the file and what was lost.
+    pub fn finish(&self) -> Result<(), RunError> {
+        self.flush();
+        match self.failed.lock().unwrap_or_else(|p| p.into_inner()).take() {
+            None => Ok(()),
+            Some(e) => Err(RunError::Output(format!("the log of `{}` is not whole: {e}", self.file))),
+        }
     }
 }
 
@@ -111,7 +135,8 @@ pub fn builder() -> StackBuilder<SimStream> {
     b.register("log", |call, cx| {
         let file = log_file(call)?;
         let log = open_run_log(file, cx.upstream(call, 0)?)?;
-        Ok(cx.keep(call, Gated { log, on: AtomicBool::new(false) }))
+        let (file, on, failed) = (file.text()?.to_owned(), AtomicBool::new(false), Mutex::new(None));
+        Ok(cx.keep(call, Gated { log, on, file, failed }))
     });
     b
 }
@@ -247,6 +272,7 @@ pub fn run_stack(
             "a stack with `planned` replays on one thread only (its steps are the replay's passes)".into(),
         ));
     }
+    let finish = logs.clone();
     let on_pass = move |pass: usize, streams: &Vec<SimStream>| {
         // Pass 0 is the warm-up: log pass 1 only.
         for log in &logs {
@@ -258,7 +284,11 @@ pub fn run_stack(
             let _ = p.step(&streams[0]);
         }
     };
-    Ok(runner.run(Owned(built.resource), move |_| peak(), move |_| counted(), on_pass)?)
+    let measured = runner.run(Owned(built.resource), move |_| peak(), move |_| counted(), on_pass)?;
+    for log in &finish {
+        log.finish()?;
+    }
+    Ok(measured)
 }
 
 /// Reads the most bytes a leaf held at once.
@@ -614,7 +644,8 @@ pub fn run_steps(text: &str, workload: &Workload, every: u64, phase: u64) -> Res
     }
     // The one pass is logged (a `log` layer starts switched off for the
     // warm-up of `replay`, which `steps` has not).
-    for log in built.all::<Gated<SimStream>>("log") {
+    let logs = built.all::<Gated<SimStream>>("log");
+    for log in &logs {
         log.set(true);
     }
     let streams: Vec<SimStream> = (0..workload.streams.max(1)).map(|_| world.stream()).collect();
@@ -640,6 +671,9 @@ pub fn run_steps(text: &str, workload: &Workload, every: u64, phase: u64) -> Res
     let steps = planned.iter().map(|p| p.steps()).collect();
     // Blocks the trace never frees go with the stack.
     let peak_upstream = replayer.peak_upstream();
+    for log in &logs {
+        log.finish()?;
+    }
     Ok(Stepped { peak_live: workload.peak_live, peak_upstream, steps })
 }
 
