@@ -112,14 +112,18 @@ pub fn check_writable(path: &Path) -> io::Result<()> {
     }
 }
 
-/// [`check_writable`] for each of `outputs`.
+/// Checks that each of `outputs` (written whole after the run by
+/// [`write_file`](memres_core::snapshot::write_file), through a temporary
+/// file beside it) can be written, as that write would
+/// ([`check_file`](memres_core::snapshot::check_file)).
 ///
 /// # Errors
 ///
 /// The message, naming the first that cannot be written.
 pub fn check_outputs(outputs: &[Named]) -> Result<(), String> {
     for out in outputs {
-        check_writable(&out.path).map_err(|e| format!("cannot write {}: {e}", out.what))?;
+        memres_core::snapshot::check_file(&out.path)
+            .map_err(|e| format!("cannot write {}: {e}", out.what))?;
     }
     Ok(())
 }

@@ -545,9 +545,10 @@ fn a_log_that_cannot_write_its_rows_fails_the_run() {
     let log = dir.0.with_file_name("full.csv");
     let log = log.to_str().unwrap();
     let bin = env!("CARGO_BIN_EXE_memres");
-    for (command, stack) in
-        [("replay --passes 1", "log(pool(sim), file=F)"), ("steps --every 10", "planned(log(pool(sim), file=F))")]
-    {
+    for (command, stack) in [
+        ("replay --passes 1", "log(pool(sim), file=F)"),
+        ("steps --every 10", "planned(log(pool(sim), file=F))"),
+    ] {
         let stack = stack.replace('F', log);
         // 8 KiB at most per file; the signal of a write past it ignored, so
         // that the write fails instead.
@@ -562,6 +563,28 @@ fn a_log_that_cannot_write_its_rows_fails_the_run() {
         );
         assert!(std::fs::metadata(log).unwrap().len() <= 8192);
     }
+}
+
+/// The check of `--snapshot` and `--timeline` before the run makes what
+/// their write after it makes (a temporary file beside the file the links
+/// lead to): a name too long for that file is refused at once (exit 2);
+/// a link to a file not made yet is taken, and the file made where it
+/// points. Before, the check opened the file itself: the long name ran the
+/// whole replay and then failed (exit 1), and the link was refused ("File
+/// exists").
+#[test]
+fn outputs_are_checked_as_they_are_written() {
+    let dir = Fixture::new("outputs", "");
+    let long = dir.0.with_file_name("x".repeat(248) + ".pkl");
+    let o = memres(&["replay", "--passes", "1", "-r", "pool", "--snapshot", long.to_str().unwrap(), RESNET]);
+    assert_eq!(o.status.code(), Some(2), "{}{}", stdout(&o), stderr(&o));
+    assert!(stdout(&o).is_empty(), "nothing ran: {}", stdout(&o));
+    assert!(stderr(&o).contains("cannot write"), "{}", stderr(&o));
+    let link = dir.0.with_file_name("latest.pickle");
+    std::os::unix::fs::symlink("made.pickle", &link).unwrap();
+    let o = memres(&["replay", "--passes", "1", "-r", "pool", "--snapshot", link.to_str().unwrap(), RESNET]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(std::fs::read(dir.0.with_file_name("made.pickle")).unwrap().starts_with(b"\x80\x02"));
 }
 
 /// A replay that stops at a failed op frees the blocks it holds, so that a

@@ -61,6 +61,42 @@ pub fn write_file(path: &Path, bytes: &[u8]) -> io::Result<()> {
     Ok(())
 }
 
+/// Checks that [`write_file`] could write `path` now, and leaves
+/// everything as it was: follows its links, reads the old file's
+/// permissions, and makes and removes the temporary file beside it. A tool
+/// that writes a file after a long run tells the user before it.
+///
+/// ```
+/// # fn main() -> std::io::Result<()> {
+/// use memres_core::snapshot::check_file;
+/// let path = std::env::temp_dir().join(format!("memres-doc-check-{}.pickle", std::process::id()));
+/// check_file(&path)?;
+/// assert!(!path.exists(), "made nothing");
+/// assert!(check_file(&std::env::temp_dir()).is_err(), "a directory");
+/// # Ok(())
+/// # }
+/// ```
+///
+/// # Errors
+///
+/// What [`write_file`] would meet before its bytes: `path` a directory
+/// (`IsADirectory`), a name too long for the temporary file, a directory
+/// that does not exist or cannot be written, links that loop.
+pub fn check_file(path: &Path) -> io::Result<()> {
+    let path = &followed(path)?;
+    if path.is_dir() {
+        return Err(io::Error::new(io::ErrorKind::IsADirectory, "it is a directory"));
+    }
+    match fs::metadata(path) {
+        Ok(_) => {}
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e),
+    }
+    let tmp = temporary(path)?;
+    drop(File::create_new(&tmp)?);
+    fs::remove_file(&tmp)
+}
+
 /// `path` with the symbolic links at its end followed, so that the rename
 /// replaces the file they lead to, not the link. A link that leads nowhere
 /// yet is followed too: the file is made where it points.

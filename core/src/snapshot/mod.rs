@@ -36,7 +36,7 @@ mod tap;
 mod tests;
 
 #[cfg(feature = "std")]
-pub use file::write_file;
+pub use file::{check_file, write_file};
 pub use tap::{Side, Tap};
 
 use alloc::collections::{BTreeMap, VecDeque};

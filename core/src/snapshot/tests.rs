@@ -419,3 +419,31 @@ fn a_snapshot_file_that_cannot_be_put_in_place_leaves_no_temporary_file() {
     assert_eq!(names_in(&dir), ["d.pickle"]);
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// `check_file` meets what `write_file` would, and leaves nothing: a name
+/// too long for the temporary file beside it, a directory, a directory
+/// that does not exist, are refused; a file there, a new name, and a link
+/// that leads to a file not made yet are not, and none is made.
+#[cfg(all(feature = "std", unix))]
+#[test]
+fn checking_a_snapshot_file_meets_what_the_write_would_and_makes_nothing() {
+    use std::os::unix::fs::symlink;
+    let dir = file_test_dir("snapshot-file-check");
+    // 252 bytes: a name the file system takes, the temporary one it does not.
+    let long = dir.join("x".repeat(248) + ".pkl");
+    assert!(check_file(&long).is_err());
+    assert!(write_file(&long, b"x").is_err(), "as the write");
+    assert_eq!(check_file(&dir).unwrap_err().kind(), std::io::ErrorKind::IsADirectory);
+    assert_eq!(
+        check_file(&dir.join("none").join("s.pickle")).unwrap_err().kind(),
+        std::io::ErrorKind::NotFound
+    );
+    std::fs::write(dir.join("old.pickle"), b"old").unwrap();
+    check_file(&dir.join("old.pickle")).unwrap();
+    check_file(&dir.join("new.pickle")).unwrap();
+    symlink("later.pickle", dir.join("ahead.pickle")).unwrap();
+    check_file(&dir.join("ahead.pickle")).unwrap();
+    assert_eq!(names_in(&dir), ["ahead.pickle", "old.pickle"]);
+    assert_eq!(std::fs::read(dir.join("old.pickle")).unwrap(), b"old");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
