@@ -262,6 +262,32 @@ impl Resource {
         Some(text.replace("{up}", upstream.leaf()))
     }
 
+    /// Whether the resource can run as `options` say, told before any
+    /// replay: its size, its upstream, threads, the tool's features.
+    ///
+    /// # Errors
+    ///
+    /// Why it cannot, to print as bad usage.
+    pub fn check(&self, options: &RunOptions) -> Result<(), String> {
+        if self.param == Param::Size && options.param.is_none() {
+            return Err(format!("{0} needs a size: {0}:SIZE", self.name));
+        }
+        if self.sim_only && options.upstream != UpstreamKind::Sim {
+            return Err(format!(
+                "{} maps granules of a simulated address space: it runs only with --upstream sim, not {}",
+                self.name, options.upstream
+            ));
+        }
+        let peer = matches!(self.kind, Kind::OffsetAllocator | Kind::RangeAlloc);
+        if peer && options.threads.is_some() {
+            return Err(format!("{} cannot be shared between threads (--streams)", self.name));
+        }
+        if matches!(self.kind, Kind::Cuda(_)) && !cfg!(feature = "cuda") {
+            return Err(format!("resource `{}` needs the tool built with `--features cuda`", self.name));
+        }
+        Ok(())
+    }
+
     /// Replays `workload` as `options` say: on threads when
     /// [`RunOptions::threads`] is set.
     ///
@@ -275,22 +301,8 @@ impl Resource {
         options: &RunOptions,
         progress: &mut dyn FnMut(usize),
     ) -> Result<Measurement, RunError> {
-        if self.param == Param::Size && options.param.is_none() {
-            return Err(RunError::Unsupported(format!("{0} needs a size: {0}:SIZE", self.name)));
-        }
-        if self.sim_only && options.upstream != UpstreamKind::Sim {
-            return Err(RunError::Unsupported(format!(
-                "{} maps granules of a simulated address space: it runs only with --upstream sim, not {}",
-                self.name, options.upstream
-            )));
-        }
-        let peer = |r: &mut dyn FnMut() -> Result<Measurement, ReplayError>| match options.threads {
-            Some(_) => Err(RunError::Unsupported(format!(
-                "{} cannot be shared between threads (--streams)",
-                self.name
-            ))),
-            None => Ok(r()?),
-        };
+        self.check(options).map_err(RunError::Unsupported)?;
+        let peer = |r: &mut dyn FnMut() -> Result<Measurement, ReplayError>| Ok(r()?);
         match self.kind {
             Kind::Stack(..) => {
                 let text = self.stack(options.upstream, options.param).expect("a stack alias");
@@ -305,9 +317,7 @@ impl Resource {
             #[cfg(feature = "cuda")]
             Kind::Cuda(kind) => crate::cuda::run_plain(kind, workload, options, progress),
             #[cfg(not(feature = "cuda"))]
-            Kind::Cuda(kind) => Err(RunError::Unsupported(format!(
-                "resource `{kind}` needs the tool built with `--features cuda`"
-            ))),
+            Kind::Cuda(_) => unreachable!("refused by `check`"),
         }
     }
 }

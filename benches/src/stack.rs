@@ -178,6 +178,9 @@ pub struct Checked {
     /// Whether `--timeline`, `--snapshot` and `--map` can watch it: it has
     /// a `sim` or `host` leaf (a `vpool` maps granules of its own space).
     pub watched: bool,
+    /// The name of a layer that makes it replay on one thread only
+    /// (`log`, `planned`), if it has one.
+    pub one_thread: Option<&'static str>,
 }
 
 /// Builds `text` once to check it, before anything is replayed: its names,
@@ -213,7 +216,15 @@ pub fn check_stack(text: &str, upstream: UpstreamKind) -> Result<Checked, String
         .map_err(|e| crate::names::explain(text, &e))?;
     let watched = built.get::<SimDevice>("sim").is_some() || built.get::<HostMemory>("host").is_some();
     let logs = std::mem::take(&mut *logs.lock().unwrap_or_else(|p| p.into_inner()));
-    Ok(Checked { logs, watched })
+    // As `run_stack` refuses them with `--streams`.
+    let one_thread = if !logs.is_empty() {
+        Some("log")
+    } else if !built.all::<Planned<DynResource<SimStream>>>("planned").is_empty() {
+        Some("planned")
+    } else {
+        None
+    };
+    Ok(Checked { logs, watched, one_thread })
 }
 
 /// Builds `text` and replays `workload` through it as `options` say:

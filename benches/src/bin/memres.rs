@@ -5,9 +5,7 @@ use clap::{Parser, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
 use memres_bench::paths::{check_distinct, check_outputs, Named};
 use memres_bench::report::{csv_line, json_line, table, Row, CSV_HEADER};
-use memres_bench::resources::{
-    select, spelled, Kind, Param, Resource, RunError, RunOptions, UpstreamKind, RESOURCES,
-};
+use memres_bench::resources::{select, spelled, Param, Resource, RunOptions, UpstreamKind, RESOURCES};
 use memres_bench::stack::{check_stack, run_stack};
 use memres_bench::watch::{self, Outputs, SnapshotAt, Target};
 use memres_bench::workload::{trace_path, Workload};
@@ -82,7 +80,7 @@ enum Command {
         #[arg(long, value_name = "FILE")]
         snapshot: Option<PathBuf>,
         /// When the snapshot is taken.
-        #[arg(long, value_enum, default_value_t = SnapshotAt::Peak)]
+        #[arg(long, value_enum, default_value_t = SnapshotAt::Peak, requires = "snapshot")]
         snapshot_at: SnapshotAt,
         /// Print each memres stack's memory at its peak: every segment
         /// held from the upstream as a bar of used and free runs.
@@ -379,11 +377,8 @@ fn replay(
     outputs.check().map_err(Failure::Usage)?;
     let mut sources: Vec<(String, Source)> = Vec::new();
     if names.is_empty() && stacks.is_empty() {
-        let applies = |r: &&Resource| {
-            r.param != Param::Size
-                && (!matches!(r.kind, Kind::Cuda(_)) || cfg!(feature = "cuda"))
-                && (!r.sim_only || options.upstream == UpstreamKind::Sim)
-        };
+        // Those that can run as asked (the peers not on threads, say).
+        let applies = |r: &&Resource| r.check(&RunOptions { param: None, ..options }).is_ok();
         for r in RESOURCES.iter().filter(applies) {
             sources.push((r.name.to_string(), Source::Resource(r, None)));
         }
@@ -394,6 +389,20 @@ fn replay(
     }
     for s in stacks {
         sources.push((s.clone(), Source::Stack(s.clone())));
+    }
+    // What no row could run is bad usage, told before any row runs.
+    for (_, source) in &sources {
+        match source {
+            Source::Resource(r, param) => {
+                r.check(&RunOptions { param: *param, ..options }).map_err(Failure::Usage)?
+            }
+            Source::Stack(_) if options.upstream == UpstreamKind::Host => {
+                return Err(Failure::Usage(
+                    "--upstream host does not apply to a stack: its leaf names the upstream".into(),
+                ))
+            }
+            Source::Stack(_) => {}
+        }
     }
     // Every stack is built once before anything is replayed: a wrong name,
     // key or value stops the run at once.
@@ -412,10 +421,23 @@ fn replay(
     for t in &mut targets {
         if let Some(text) = &t.stack {
             let checked = check_stack(text, options.upstream).map_err(Failure::Usage)?;
+            if let (Some(_), Some(layer)) = (options.threads, &checked.one_thread) {
+                return Err(Failure::Usage(format!(
+                    "`{text}` replays on one thread only, not with --streams: its `{layer}` layer follows \
+                     the replay's op sequence"
+                )));
+            }
             let named = |p: PathBuf| Named::new(&p, format!("the log {} of `{text}`", p.display()));
             logs.extend(checked.logs.into_iter().map(named));
             t.watched = checked.watched;
         }
+    }
+    if outputs.any() && !targets.iter().any(|t| t.watched) {
+        return Err(Failure::Usage(
+            "--timeline, --snapshot and --map watch memres stacks with a `sim` or `host` leaf, and none \
+             is named"
+                .into(),
+        ));
     }
     let family;
     let specs = if specs.is_empty() {
@@ -509,10 +531,6 @@ fn run_all(
                 Source::Resource(r, param) => {
                     r.run(w, &RunOptions { param: *param, ..*options }, &mut progress)
                 }
-                // The stack's leaves name its upstream.
-                Source::Stack(_) if options.upstream == UpstreamKind::Host => Err(RunError::Unsupported(
-                    "--upstream host does not apply to a stack: its leaf names the upstream".into(),
-                )),
                 Source::Stack(text) => run_stack(text, w, options, &mut progress),
             }
             .map_err(|e| e.to_string());
