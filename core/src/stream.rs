@@ -65,6 +65,20 @@ pub trait Stream {
         let _ = give_back;
         false
     }
+
+    /// [`at_drop`](Self::at_drop)'s stream as a value that lives for
+    /// ever, for stream types that have one: a reference to the stream
+    /// type (`&S`, as the containers pass theirs) gives this one at drop,
+    /// as it cannot give one lent for the call alone. A type whose
+    /// `at_drop` gives a stream gives it here too where it can; the
+    /// default has none, and a resource over references to such streams
+    /// keeps its chunks when dropped.
+    fn static_drop_stream() -> Option<&'static Self>
+    where
+        Self: 'static,
+    {
+        None
+    }
 }
 
 impl Stream for () {
@@ -96,12 +110,17 @@ impl Stream for () {
         true
     }
     #[inline]
+    fn static_drop_stream() -> Option<&'static ()> {
+        Some(&())
+    }
+    #[inline]
     fn synchronize_device(&self) -> Result<bool> {
         Ok(true)
     }
 }
 
-impl<S: Stream + ?Sized> Stream for &S {
+// `S: 'static`, so that a reference to it gives its drop stream at drop.
+impl<S: Stream + ?Sized + 'static> Stream for &S {
     type Event = S::Event;
     #[inline]
     fn id(&self) -> u64 {
@@ -126,6 +145,15 @@ impl<S: Stream + ?Sized> Stream for &S {
     #[inline]
     fn synchronize_device(&self) -> Result<bool> {
         (**self).synchronize_device()
+    }
+    fn at_drop(give_back: &mut dyn FnMut(&Self)) -> bool {
+        match S::static_drop_stream() {
+            Some(stream) => {
+                give_back(&stream);
+                true
+            }
+            None => false,
+        }
     }
 }
 

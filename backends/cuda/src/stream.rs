@@ -82,7 +82,7 @@ unsafe impl AsRawStream for () {
 
 // SAFETY: forwards `S`'s answers, which hold while `*self` is borrowed, so
 // while `self` is.
-unsafe impl<S: AsRawStream + ?Sized> AsRawStream for &S {
+unsafe impl<S: AsRawStream + ?Sized + 'static> AsRawStream for &S {
     fn as_raw_stream(&self) -> sys::CUstream {
         (**self).as_raw_stream()
     }
@@ -409,6 +409,11 @@ impl Stream for CudaStream {
     fn at_drop(give_back: &mut dyn FnMut(&Self)) -> bool {
         give_back(&CudaStream::legacy());
         true
+    }
+
+    fn static_drop_stream() -> Option<&'static Self> {
+        static LEGACY: CudaStream = CudaStream::legacy();
+        Some(&LEGACY)
     }
 
     /// A default stream of no known context records in the current context,

@@ -68,7 +68,7 @@ impl DeviceStream for () {
     }
 }
 
-impl<S: DeviceStream + ?Sized> DeviceStream for &S {
+impl<S: DeviceStream + ?Sized + 'static> DeviceStream for &S {
     type Key = S::Key;
     fn key(&self) -> &S::Key {
         (**self).key()

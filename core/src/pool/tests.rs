@@ -625,3 +625,44 @@ fn a_pool_dropped_while_unwinding_over_a_panicking_upstream_does_not_abort() {
     assert!(r.is_err());
     assert!(up.usage().held > 0);
 }
+
+/// Resources used through references to their streams (`&S`, as the
+/// containers pass theirs) give their chunks back when dropped, as over
+/// the streams themselves: `&S` gives the stream type's drop stream.
+/// Before, `&S` had none, and the chunks stayed with the upstream for good.
+#[test]
+fn resources_over_references_to_streams_give_their_chunks_back_when_dropped() {
+    use crate::arena::ArenaResource;
+    use crate::fixed::FixedSizeResource;
+    use crate::planned::Planned;
+    use crate::{Inspect, MemoryResource};
+    let up = BumpUpstream::new(1 << 30);
+    let s: &() = &();
+    {
+        let mut pool = CoalescingPool::new(&up);
+        let b = MemoryResourceMut::<&()>::allocate(&mut pool, Request::new(1000).unwrap(), &s).unwrap();
+        MemoryResourceMut::<&()>::deallocate(&mut pool, b, &s).unwrap();
+        assert!(up.usage().held > 0);
+    }
+    assert_eq!(up.usage().held, 0, "the pool");
+    {
+        let mut fixed = FixedSizeResource::try_new(&up, crate::fixed::FixedConfig::new(4096)).unwrap();
+        let b = MemoryResourceMut::<&()>::allocate(&mut fixed, Request::new(4096).unwrap(), &s).unwrap();
+        MemoryResourceMut::<&()>::deallocate(&mut fixed, b, &s).unwrap();
+    }
+    assert_eq!(up.usage().held, 0, "the fixed-size resource");
+    {
+        let arena = ArenaResource::new(&up);
+        let b = MemoryResource::<&()>::allocate(&arena, Request::new(1000).unwrap(), &s).unwrap();
+        MemoryResource::<&()>::deallocate(&arena, b, &s).unwrap();
+    }
+    assert_eq!(up.usage().held, 0, "the arena");
+    {
+        let planned = Planned::new(&up);
+        planned.step(&s).unwrap();
+        let b = MemoryResource::<&()>::allocate(&planned, Request::new(1000).unwrap(), &s).unwrap();
+        MemoryResource::<&()>::deallocate(&planned, b, &s).unwrap();
+        planned.step(&s).unwrap();
+    }
+    assert_eq!(up.usage().held, 0, "the plan's regions");
+}
