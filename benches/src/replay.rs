@@ -485,8 +485,9 @@ pub(crate) fn run_ops<R: Replayer>(
 /// one untimed warm-up pass on one thread, then `passes` timed rounds in
 /// which every thread replays the whole op sequence on its own stream,
 /// with its own table of handles, through `resource`. ns per op is a
-/// round's wall time over `ops × threads`; CPU time is summed over the
-/// threads. `setup(i)` runs first on each thread that replays (`i`: the
+/// round's wall time over `ops × threads`, the wall time from the earliest
+/// thread's start to the latest thread's end, each read by the thread
+/// itself; CPU time is summed over the threads. `setup(i)` runs first on each thread that replays (`i`: the
 /// thread's index; the warm-up runs on the calling thread as index 0).
 /// Between the warm-up and the timed rounds, one untimed round, its
 /// threads started together as in the timed ones, counts the bytes live
@@ -531,8 +532,12 @@ where
     let mut times = Vec::with_capacity((passes as usize).min(1024));
     let mut cpu_times = Vec::with_capacity((passes as usize).min(1024));
     for _ in 0..passes {
-        let barrier = Barrier::new(streams.len() + 1);
-        let (wall, results) = std::thread::scope(|scope| {
+        // Each worker reads the clock itself, right after the barrier and
+        // at its end: read by the main thread once woken after the
+        // barrier, a round's start came late on a busy machine (after most
+        // of the round, with more threads than cores).
+        let barrier = Barrier::new(streams.len());
+        let results: Vec<_> = std::thread::scope(|scope| {
             let workers: Vec<_> = streams
                 .iter()
                 .enumerate()
@@ -542,27 +547,28 @@ where
                         setup(i);
                         let mut handles = vec![Block::EMPTY; workload.ids as usize];
                         barrier.wait();
+                        let start = Instant::now();
                         let cpu_start = thread_cpu_time();
                         let done = shared_pass(resource, stream, workload, &mut handles);
                         let cpu = match (cpu_start, thread_cpu_time()) {
                             (Some(a), Some(b)) => Some(b.saturating_sub(a)),
                             _ => None,
                         };
-                        done.map(|()| cpu)
+                        done.map(|()| (start, Instant::now(), cpu))
                     })
                 })
                 .collect();
-            barrier.wait();
-            let start = Instant::now();
-            let results: Vec<_> =
-                workers.into_iter().map(|w| w.join().expect("a replay thread panicked")).collect();
-            (start.elapsed(), results)
+            workers.into_iter().map(|w| w.join().expect("a replay thread panicked")).collect()
         });
         let mut cpu = Some(Duration::ZERO);
+        let mut span: Option<(Instant, Instant)> = None;
         for r in results {
-            let c = r?;
+            let (start, end, c) = r?;
             cpu = cpu.zip(c).map(|(a, b)| a + b);
+            span = Some(span.map_or((start, end), |(s, e)| (s.min(start), e.max(end))));
         }
+        // The earliest start to the latest end.
+        let wall = span.map_or(Duration::ZERO, |(start, end)| end.saturating_duration_since(start));
         times.push(wall);
         cpu_times.push(cpu);
     }
