@@ -25,6 +25,9 @@ use memres_core::{Block, DynResource, MemoryResource, Request, Shared};
 use memres_sim::{SimStream, SimWorld};
 use std::sync::Arc;
 
+#[cfg(test)]
+mod tests;
+
 /// The most samples a series keeps.
 pub const SAMPLES: usize = 2000;
 
@@ -130,6 +133,8 @@ pub fn observe(text: &str, workload: &Workload, stop_after: Option<u64>) -> Resu
     let mut samples = Vec::with_capacity(SAMPLES);
     const EMPTY: Sample = Sample { op: 0, live: 0, held: 0, largest_free: 0, time_us: None };
     let mut bucket = EMPTY;
+    // Whether an op ran since the last sample was pushed.
+    let mut pending = false;
     let mut peak: Option<Peak> = None;
     let mut failure = None;
     // Where the replay stopped: the ops before it ran.
@@ -165,14 +170,20 @@ pub fn observe(text: &str, workload: &Workload, stop_after: Option<u64>) -> Resu
             time_us: t,
             ..EMPTY
         };
+        pending = true;
         if (i + 1) % stride == 0 || i + 1 == workload.ops.len() {
             samples.push(Sample { largest_free: map.with(|m| m.largest_free()), ..bucket });
-            bucket = EMPTY;
+            (bucket, pending) = (EMPTY, false);
         }
         if stop_after == Some(i as u64) {
             stopped = i + 1;
             break;
         }
+    }
+    // A replay stopped between two boundaries (a failed op, `stop_after`)
+    // keeps its last ops: before a failure is where the peak usually is.
+    if pending && !unwatched {
+        samples.push(Sample { largest_free: map.with(|m| m.largest_free()), ..bucket });
     }
     let map = map.with(|m| m.clone());
     // The blocks the replay still holds go back before the stack is
