@@ -257,8 +257,14 @@ impl Measurement {
     /// Peak bytes held from upstream per peak byte live (`None` when
     /// nothing was ever live).
     pub fn footprint(&self) -> Option<f64> {
-        (self.peak_live > 0).then(|| self.peak_upstream as f64 / self.peak_live as f64)
+        footprint(self.peak_upstream, self.peak_live)
     }
+}
+
+/// `held` bytes per byte of `peak_live`: `None` when nothing was ever live,
+/// which the tool prints as `-` (an empty CSV field, JSON's `null`).
+pub fn footprint(held: u64, peak_live: u64) -> Option<f64> {
+    (peak_live > 0).then(|| held as f64 / peak_live as f64)
 }
 
 /// A replay that stopped: the op that failed and why.

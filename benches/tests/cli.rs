@@ -1144,3 +1144,34 @@ fn steps_refuse_a_log_that_is_a_workloads_trace() {
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
     assert!(stderr(&o).contains("did you mean `pool`?"), "{}", stderr(&o));
 }
+
+/// A workload where nothing was ever live (blocks of zero bytes) has no
+/// footprint: `offline` and `steps` print `-` (an empty CSV field), as
+/// `replay` does. They divided by a peak of at least 1 byte: `offline`
+/// printed 0.000, `steps` the bytes held (1048576.000 for a pool of 1 MiB).
+#[test]
+fn a_workload_with_nothing_ever_live_has_no_footprint() {
+    let trace = Fixture::new("nothing.csv", "0,1,allocate,0x100,0,0\n0,2,free,0x100,0,0\n");
+    let o = memres(&["replay", "--csv", "--passes", "1", "-r", "pool", trace.path()]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let row: Vec<String> = stdout(&o).lines().nth(1).unwrap().split(',').map(String::from).collect();
+    assert_eq!((row[4].as_str(), row[6].as_str()), ("0", ""), "replay: peak live 0, no footprint: {row:?}");
+
+    let o = memres(&["offline", "--csv", trace.path()]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = stdout(&o);
+    let row: Vec<&str> = out.lines().nth(1).unwrap().split(',').collect();
+    assert_eq!(row[1], "0", "{out}");
+    assert!(row[2..10].iter().all(|f| f.is_empty()), "every footprint empty: {out}");
+    let o = memres(&["offline", trace.path()]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = stdout(&o);
+    let cells: Vec<&str> = out.lines().nth(1).unwrap().split_whitespace().collect();
+    // The name, `0 B` live, seven methods, `0 B` offline, the footprint, the method.
+    assert_eq!(cells.len(), 1 + 2 + 7 + 2 + 1 + 1, "{out}");
+    assert!(cells[3..10].iter().chain([&cells[12]]).all(|&c| c == "-"), "{out}");
+
+    let o = memres(&["steps", "--stack", "planned(pool(sim, initial=1MiB))", "--every", "1", trace.path()]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stdout(&o).contains("peak upstream 1.00 MiB, footprint -;"), "{}", stdout(&o));
+}

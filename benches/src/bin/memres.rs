@@ -235,7 +235,8 @@ fn offline(csv: bool, specs: &[String]) -> ExitCode {
                 continue;
             }
         };
-        let footprint = |top: u64| top as f64 / w.peak_live.max(1) as f64;
+        // None where nothing was ever live: `-`, as `replay` prints it.
+        let footprint = |top: u64| memres_bench::replay::footprint(top, w.peak_live);
         let each: Vec<u64> = Method::ALL.iter().map(|&o| place(&blocks, o).top).collect();
         let (method, placement) = best(&blocks);
         if let Some((a, b)) = first_conflict(&blocks, &placement) {
@@ -244,25 +245,22 @@ fn offline(csv: bool, specs: &[String]) -> ExitCode {
             continue;
         }
         if csv {
-            let fields: Vec<String> = each.iter().map(|&t| format!("{:.4}", footprint(t))).collect();
+            let field = |top: u64| footprint(top).map_or(String::new(), |f| format!("{f:.4}"));
+            let fields: Vec<String> = each.iter().map(|&t| field(t)).collect();
             println!(
-                "{},{},{},{:.4},{}",
+                "{},{},{},{},{}",
                 memres_bench::report::csv_field(&w.name),
                 w.peak_live,
                 fields.join(","),
-                footprint(placement.top),
+                field(placement.top),
                 method.name()
             );
         } else {
             let width = workloads.iter().map(|w| w.name.chars().count()).max().unwrap_or(0);
+            let cell = |top: u64| footprint(top).map_or("-".into(), |f| format!("{f:.3}"));
             print!("{}  {:>11}", padded(&w.name, width), human_bytes(w.peak_live));
-            each.iter().for_each(|&t| print!("  {:>18.3}", footprint(t)));
-            println!(
-                "  {:>11}  {:>9.3}  {}",
-                human_bytes(placement.top),
-                footprint(placement.top),
-                method.name()
-            );
+            each.iter().for_each(|&t| print!("  {:>18}", cell(t)));
+            println!("  {:>11}  {:>9}  {}", human_bytes(placement.top), cell(placement.top), method.name());
         }
     }
     if ok {
@@ -306,9 +304,11 @@ fn steps(stack: &str, every: u64, phase: u64, specs: &[String]) -> ExitCode {
     for w in &workloads {
         match memres_bench::stack::run_steps(stack, w, every, phase) {
             Ok(run) => {
-                let footprint = run.peak_upstream as f64 / run.peak_live.max(1) as f64;
+                // `-` where nothing was ever live, as `replay` prints it.
+                let footprint = memres_bench::replay::footprint(run.peak_upstream, run.peak_live)
+                    .map_or("-".into(), |f| format!("{f:.3}"));
                 print!(
-                    "{}: peak live {}, peak upstream {}, footprint {footprint:.3}",
+                    "{}: peak live {}, peak upstream {}, footprint {footprint}",
                     w.name,
                     human_bytes(run.peak_live),
                     human_bytes(run.peak_upstream)
