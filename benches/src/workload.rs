@@ -327,8 +327,11 @@ pub fn generate(
 /// `allocate failure` records (an allocation that did not happen, logged
 /// with a null pointer) too, counted in [`Workload::failed_allocations`]. A
 /// free of a pointer that is not live is skipped and counted in
-/// [`Workload::skipped_frees`]. An allocation of a pointer that is already
-/// live replaces it (as RMM's harness does), counted in
+/// [`Workload::skipped_frees`]. An allocation of zero bytes at the null
+/// pointer is the empty block, of which any number may be live: each is an
+/// allocation of its own, and a null free of zero bytes frees one of them
+/// (a stray free where none is live). An allocation of a pointer that is
+/// already live replaces it (as RMM's harness does), counted in
 /// [`Workload::reused_pointers`]; the replaced id and every id still live at
 /// the end are freed at the end, in id order. A free takes its
 /// allocation's size; one that states another is counted in
@@ -365,6 +368,8 @@ pub fn parse_trace(name: &str, reader: impl BufRead) -> Result<Workload, Workloa
     let mut ops = Vec::new();
     let mut live: HashMap<u64, (u32, u64, u16)> = HashMap::new();
     let mut replaced: Vec<(u32, u64, u16)> = Vec::new();
+    // The live empty blocks (id, stream): see `Action::Allocate` below.
+    let mut empty: Vec<(u32, u16)> = Vec::new();
     let mut streams: HashMap<String, u16> = HashMap::new();
     let mut next = 0u32;
     let mut skipped = 0u64;
@@ -394,7 +399,15 @@ pub fn parse_trace(name: &str, reader: impl BufRead) -> Result<Workload, Workloa
                     return Err(format!("a size of {} bytes, above any request (2^62 bytes)", row.size));
                 }
                 let stream = intern(row.stream)?;
-                if let Some(old) = live.insert(row.pointer, (next, row.size, stream)) {
+                // Zero bytes at the null pointer is the empty block (RMM's
+                // answer to a zero-byte request, memres's `Block::EMPTY`),
+                // which any number of allocations hold at once: each is an
+                // op of its own, as the program made the call, kept out of
+                // `live` (keyed by the pointer, a second one replaced the
+                // first, and its free was a stray free).
+                if row.pointer == 0 && row.size == 0 {
+                    empty.push((next, stream));
+                } else if let Some(old) = live.insert(row.pointer, (next, row.size, stream)) {
                     replaced.push(old);
                     reused += 1;
                 }
@@ -402,16 +415,22 @@ pub fn parse_trace(name: &str, reader: impl BufRead) -> Result<Workload, Workloa
                 push_time(&mut times, row.time);
                 next += 1;
             }
-            Action::Free => match live.remove(&row.pointer) {
-                // The free's own stream, which may differ from its
-                // allocation's: RMM lets a block be freed on another stream.
-                Some((id, size, _)) => {
-                    mismatched += u64::from(row.size != size);
-                    ops.push(Op { size, id, stream: intern(row.stream)?, alloc: false });
-                    push_time(&mut times, row.time);
+            Action::Free => {
+                // A null free of zero bytes frees a live empty block (any:
+                // they are all alike), else it is looked up as any other.
+                let empty_block = if row.pointer == 0 && row.size == 0 { empty.pop() } else { None };
+                match empty_block.map(|(id, stream)| (id, 0, stream)).or_else(|| live.remove(&row.pointer)) {
+                    // The free's own stream, which may differ from its
+                    // allocation's: RMM lets a block be freed on another
+                    // stream.
+                    Some((id, size, _)) => {
+                        mismatched += u64::from(row.size != size);
+                        ops.push(Op { size, id, stream: intern(row.stream)?, alloc: false });
+                        push_time(&mut times, row.time);
+                    }
+                    None => skipped += 1,
                 }
-                None => skipped += 1,
-            },
+            }
             Action::AllocateFailure => failed += 1,
         }
         Ok(())
@@ -420,7 +439,8 @@ pub fn parse_trace(name: &str, reader: impl BufRead) -> Result<Workload, Workloa
         ReadError::Io(error) => WorkloadError::Io { path: name.to_owned(), error },
         ReadError::Malformed { line, what } => WorkloadError::Malformed { path: name.to_owned(), line, what },
     })?;
-    let mut rest: Vec<(u32, u64, u16)> = live.into_values().chain(replaced).collect();
+    let empty = empty.into_iter().map(|(id, stream)| (id, 0, stream));
+    let mut rest: Vec<(u32, u64, u16)> = live.into_values().chain(replaced).chain(empty).collect();
     rest.sort_unstable_by_key(|&(id, ..)| id);
     ops.extend(rest.into_iter().map(|(id, size, stream)| Op { size, id, stream, alloc: false }));
     if let Some(t) = &mut times {

@@ -335,3 +335,33 @@ fn pointers_allocated_again_while_live_and_frees_of_another_size_are_counted() {
     let fine = parse_trace("f", "0,1,allocate,0x100,1000,0\n0,2,free,0x100,1000,0\n".as_bytes()).unwrap();
     assert_eq!((fine.reused_pointers, fine.size_mismatches), (0, 0));
 }
+
+/// Zero-byte allocations logged with a null pointer (RMM's answer to a
+/// zero-byte request, memres's `Block::EMPTY`; `0x0` or `(nil)`) are empty
+/// blocks, each an allocation of its own that a null free of zero bytes
+/// frees: several live at once are no pointer allocated again, and their
+/// frees no stray frees (they counted as both on a clean trace). A null
+/// free of zero bytes with none live is still a stray free.
+#[test]
+fn zero_byte_allocations_at_the_null_pointer_are_empty_blocks_each_its_own() {
+    let trace = "Thread,Time,Action,Pointer,Size,Stream\n\
+                 0,1,allocate,0x0,0,s0\n\
+                 0,2,allocate,(nil),0,s1\n\
+                 0,3,allocate,0x100,1000,s0\n\
+                 0,4,free,(nil),0,s0\n\
+                 0,5,allocate,0x0,0,s0\n\
+                 0,6,free,0x0,0,s1\n\
+                 0,7,free,0x0,0,s0\n\
+                 0,8,free,0x100,1000,s0\n\
+                 0,9,free,0x0,0,s0\n\
+                 0,10,allocate,0x0,0,s1\n";
+    let w = parse_trace("t", trace.as_bytes()).unwrap();
+    check_well_formed(&w, u64::MAX);
+    assert_eq!((w.reused_pointers, w.skipped_frees, w.size_mismatches), (0, 1, 0));
+    // Every row replayed but the stray free, and the empty block still
+    // live at the end freed there, on its allocation's stream.
+    assert_eq!(w.ops.len(), 9 + 1);
+    assert_eq!((w.ids, w.peak_live, w.peak_live_count), (5, 1000, 3));
+    assert_eq!(w.ops.last(), Some(&Op { size: 0, id: 4, stream: 1, alloc: false }));
+    assert_eq!(w.times.as_ref().map(Vec::len), Some(w.ops.len()));
+}
