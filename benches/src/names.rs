@@ -45,7 +45,8 @@ const fn name(name: &'static str, role: Role, args: &'static str, help: &'static
 /// Every name, leaves first.
 pub const NAMES: &[Name] = &[
     Name {
-        keys: &[("capacity", "the device's bytes (default 1 TiB), or as the first argument")],
+        // The default is memres_sim::DEFAULT_SIM_CAPACITY (a test holds them equal).
+        keys: &[("capacity", "the device's bytes (default 80 GiB), or as the first argument")],
         ..name("sim", Role::Leaf, "[capacity]", "a simulated device: addresses only, no bytes behind them")
     },
     name("host", Role::Leaf, "", "real host memory (the bytes exist)"),

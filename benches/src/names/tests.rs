@@ -61,3 +61,18 @@ fn each_name_takes_exactly_its_listed_keys() {
         assert_eq!(taken, listed, "{}", n.name);
     }
 }
+
+/// The capacity the listing says a `sim` has when none is given is the one
+/// the tool's builder gives it (it said 1 TiB, the builder gives 80 GiB).
+#[test]
+fn the_sim_leafs_default_capacity_is_the_builders() {
+    let world = SimWorld::new();
+    let built = crate::stack::builder().build_with_handles("sim", &world.default_stream()).unwrap();
+    let capacity = built.get::<memres_sim::SimDevice>("sim").unwrap().capacity();
+    assert_eq!(capacity, memres_sim::DEFAULT_SIM_CAPACITY);
+    let sim = NAMES.iter().find(|n| n.name == "sim").unwrap();
+    let (_, help) = sim.keys.iter().find(|(k, _)| *k == "capacity").unwrap();
+    assert_eq!(capacity % (1 << 30), 0, "said in GiB");
+    let said = format!("(default {} GiB", capacity >> 30);
+    assert!(help.contains(&said), "{help} against {said}");
+}
