@@ -15,6 +15,10 @@ pub struct Row {
     pub resource: String,
     /// The workload's spec or path.
     pub workload: String,
+    /// The workload's ops, in one pass of one thread (the table's line of
+    /// the workload gives them: a row's own are K times as many with
+    /// `--streams K`, and a failed row has none).
+    pub workload_ops: u64,
     /// The upstream the memres resources used.
     pub upstream: UpstreamKind,
     /// Frees the workload skipped (pointers its trace never allocated).
@@ -54,7 +58,8 @@ stray frees: frees of pointers the trace never allocated (skipped, as are rows i
 ";
 
 /// The rows as text: per workload (in order of first appearance) a line
-/// that names it with its figures (and `held out` for a trace held out
+/// that names it with its figures (its ops, from the row, not a
+/// measurement: one row's may be of several threads, or missing) (and `held out` for a trace held out
 /// from tuning), then one aligned line per resource;
 /// then the errors of failed replays and the [`LEGEND`].
 pub fn table(rows: &[Row]) -> String {
@@ -111,10 +116,7 @@ pub fn table(rows: &[Row]) -> String {
             if row.held_out {
                 out.push_str(" (held out)");
             }
-            if let Ok(m) = &row.outcome {
-                let _ = write!(out, ": {} ops", m.ops);
-            }
-            let _ = write!(out, ", {} stray frees", row.skipped_frees);
+            let _ = write!(out, ": {} ops, {} stray frees", row.workload_ops, row.skipped_frees);
             if row.failed_allocations > 0 {
                 let _ = write!(out, ", {} failed allocations skipped", row.failed_allocations);
             }

@@ -123,6 +123,45 @@ pub fn numbered(path: &Path, i: usize, n: usize) -> PathBuf {
     path.with_file_name(name)
 }
 
+/// The state that the map and a snapshot at the peak show (the replay up
+/// to the peak's op, or the whole replay): the one they are labelled by.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Shown {
+    /// At the failed op, where the replay stopped.
+    Failed(u64),
+    /// After the op that made the peak of held bytes.
+    Peak(u64),
+    /// At the end: nothing was ever held, so there is no peak.
+    End,
+}
+
+impl Shown {
+    fn of(full: &Observation) -> Shown {
+        match (&full.failure, full.peak) {
+            (Some(f), _) => Shown::Failed(f.op),
+            (None, Some(p)) => Shown::Peak(p.op),
+            (None, None) => Shown::End,
+        }
+    }
+
+    /// As a snapshot's note says it.
+    fn note(self) -> String {
+        match self {
+            Shown::Failed(op) => format!("at the failed op {op}"),
+            Shown::Peak(op) => format!("at the peak, after op {op}"),
+            Shown::End => "at the end".into(),
+        }
+    }
+
+    /// As the map's heading says it (the peak's op follows in its label).
+    fn heading(self) -> String {
+        match self {
+            Shown::Peak(_) => "at the peak".into(),
+            other => other.note(),
+        }
+    }
+}
+
 /// Watches every pair and writes what `outputs` asks for; returns the
 /// map's text (empty without `--map`) and notes for stderr (files written,
 /// pairs that cannot be watched).
@@ -178,15 +217,16 @@ pub fn write(
             } else {
                 None
             };
+            let shown = Shown::of(&full);
             if let Some(path) = &outputs.snapshot {
                 let file = numbered(path, number, pairs);
-                let (state, when) = match (&full.failure, outputs.at, &peak_state) {
-                    (Some(f), ..) => (&full, format!("at the failed op {}", f.op)),
-                    (None, SnapshotAt::Peak, Some(p)) => {
-                        (p, format!("at the peak, after op {}", full.peak.map_or(0, |p| p.op)))
-                    }
-                    _ => (&full, "at the end".to_string()),
+                let (state, when) = match (outputs.at, &peak_state, shown) {
+                    (SnapshotAt::Peak, Some(p), _) => (p, shown),
+                    // The end of a replay that failed is the failed op.
+                    (_, _, Shown::Failed(_)) => (&full, shown),
+                    _ => (&full, Shown::End),
                 };
+                let when = when.note();
                 // Whole: a viewer open on the file never reads part of it.
                 memres_core::snapshot::write_file(&file, &state.map.pickle())
                     .map_err(|e| format!("cannot write {}: {e}", file.display()))?;
@@ -194,9 +234,10 @@ pub fn write(
             }
             if let (true, Some(p)) = (outputs.map, &peak_state) {
                 map_text.push_str(&format!(
-                    "map of {} on {} at the peak ({}):\n",
+                    "map of {} on {} {} ({}):\n",
                     t.name,
                     w.name,
+                    shown.heading(),
                     timeline::peak_label(&full)
                 ));
                 map_text.push_str(&map::render(&p.map.runs()));

@@ -1175,3 +1175,62 @@ fn a_workload_with_nothing_ever_live_has_no_footprint() {
     assert!(o.status.success(), "{}", stderr(&o));
     assert!(stdout(&o).contains("peak upstream 1.00 MiB, footprint -;"), "{}", stdout(&o));
 }
+
+/// The map's heading and a snapshot's note name the state they show: at
+/// the failed op where the replay failed (the map said "at the peak"), at
+/// the end where nothing was ever held (the note said "at the peak, after
+/// op 0").
+#[test]
+fn the_map_and_snapshot_name_the_state_they_show() {
+    let dir = Fixture::new("nothing.csv", "0,1,allocate,0x100,0,0\n0,2,free,0x100,0,0\n");
+    let snap = dir.0.with_file_name("s.pickle");
+    let args = |stack: &'static str, w: &str| {
+        let snap = snap.to_str().unwrap().to_string();
+        memres(&["replay", "--passes", "1", "--stack", stack, "--map", "--snapshot", &snap, w])
+    };
+    // 64 MiB: op 951 fails.
+    let o = args("pool(sim(64MiB))", "random:30000:4194304:1");
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    let heading = stdout(&o).lines().find(|l| l.starts_with("map of ")).unwrap().to_string();
+    assert!(
+        heading.starts_with("map of pool(sim(64MiB)) on random:30000:4194304:1 at the failed op 951 ("),
+        "{heading}"
+    );
+    assert!(stderr(&o).contains("at the failed op 951)"), "{}", stderr(&o));
+    // Nothing ever held: the state is the end's.
+    let o = args("pool(sim)", dir.path());
+    assert!(o.status.success(), "{}", stderr(&o));
+    let heading = stdout(&o).lines().find(|l| l.starts_with("map of ")).unwrap().to_string();
+    assert!(heading.ends_with(" at the end (nothing held):"), "{heading}");
+    assert!(stderr(&o).contains(", at the end)") && !stderr(&o).contains("peak"), "{}", stderr(&o));
+}
+
+/// The table's line of a workload gives its ops, whatever its rows: with
+/// `--streams K` a row's ops are K times as many (it said 800 ops for a
+/// workload of 200), and a first row that failed gave none.
+#[test]
+fn the_workload_line_gives_the_workloads_ops() {
+    let o = memres(&["replay", "--passes", "1", "--streams", "4", "-r", "pool", "random:100:1000:1"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(
+        stdout(&o).lines().nth(1),
+        Some("random:100:1000:1: 200 ops, 0 stray frees"),
+        "{}",
+        stdout(&o)
+    );
+    // 1 KiB: the pool's first chunk fails, in the first row.
+    let o = memres(&[
+        "replay",
+        "--passes",
+        "1",
+        "--stack",
+        "pool(sim(1KiB))",
+        "--stack",
+        "pool(sim)",
+        "random:100:1000:1",
+    ]);
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    let out = stdout(&o);
+    assert!(out.lines().nth(2).is_some_and(|l| l.contains("FAILED")), "{out}");
+    assert_eq!(out.lines().nth(1), Some("random:100:1000:1: 200 ops, 0 stray frees"), "{out}");
+}

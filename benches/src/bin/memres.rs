@@ -541,6 +541,7 @@ fn run_all(
                     None => name.clone(),
                 },
                 workload: w.name.clone(),
+                workload_ops: w.ops.len() as u64,
                 upstream: options.upstream,
                 skipped_frees: w.skipped_frees,
                 failed_allocations: w.failed_allocations,

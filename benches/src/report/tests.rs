@@ -6,6 +6,7 @@ fn row(outcome: Result<Measurement, String>) -> Row {
     Row {
         resource: "pool".into(),
         workload: "a \"quoted\"\\path\n".into(),
+        workload_ops: 10,
         upstream: UpstreamKind::Sim,
         skipped_frees: 7,
         failed_allocations: 0,
@@ -98,7 +99,7 @@ fn table_takes_names_of_any_length() {
     assert_eq!(lines[0].len(), lines[2].len());
     assert!(lines[0].starts_with(&format!("  resource{}   ns/op", " ".repeat(70_000 - 8))));
     assert!(lines[2].starts_with(&format!("  {long}  FAILED")));
-    assert_eq!(lines[3], format!("{long}, 7 stray frees"));
+    assert_eq!(lines[3], format!("{long}: 10 ops, 7 stray frees"));
     assert!(lines[4].starts_with(&format!("  pool{}  FAILED", " ".repeat(70_000 - 4))));
     assert_eq!(lines[5], format!("error: {long} on w: boom"));
 }
@@ -150,4 +151,14 @@ fn reused_pointers_and_size_mismatches_are_reported_with_the_workload() {
     assert_eq!(plain.lines().nth(1), Some("t.csv: 10 ops, 7 stray frees"), "{plain}");
     assert!(json_line(&odd).contains(r#""reused_pointers":3,"size_mismatches":2,"#));
     assert!(csv_line(&odd).ends_with(",false,3,2"));
+}
+
+/// A workload's line gives the workload's ops, not its first row's: a row
+/// on K threads counts K times as many, and a failed row none.
+#[test]
+fn the_workload_line_gives_the_workloads_ops_whatever_its_first_row() {
+    let threads = Row { workload: "w".into(), ..row(Ok(Measurement { ops: 40, ..measured(1000, None) })) };
+    assert_eq!(table(std::slice::from_ref(&threads)).lines().nth(1), Some("w: 10 ops, 7 stray frees"));
+    let failed = Row { workload: "w".into(), ..row(Err("boom".into())) };
+    assert_eq!(table(&[failed, threads]).lines().nth(1), Some("w: 10 ops, 7 stray frees"));
 }
