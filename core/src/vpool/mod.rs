@@ -436,6 +436,15 @@ impl<V: ReservableSpace> VirtualPool<V> {
             let _ = self.space.release(range);
             return Err(Error::InvalidConfig { what: "space returned a reservation of the wrong shape" });
         }
+        // Not given back: the range is, in part, one the pool holds.
+        let at = self.reservations.partition_point(|r| r.range.start() < range.start());
+        let overlaps = self.reservations.get(at).is_some_and(|r| r.range.start() < range.end())
+            || at.checked_sub(1).is_some_and(|i| self.reservations[i].range.end() > range.start());
+        if overlaps {
+            return Err(Error::InvalidConfig {
+                what: "space returned a reservation overlapping one the pool holds",
+            });
+        }
         let first = match self.index.add_range(range) {
             Ok(first) => first,
             Err(e) => {

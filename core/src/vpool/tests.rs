@@ -684,3 +684,64 @@ fn idle_granules_in_a_piece_the_failed_block_shared_go_back_and_the_block_fits()
     pool.deallocate(z, &()).unwrap();
     pool.check().unwrap();
 }
+
+/// A space (a safe trait of the user's) that hands out, as a new
+/// reservation, a range overlapping one the pool holds: refused, typed,
+/// and not given back (it is the pool's own); the pool serves on and its
+/// checker holds. Before, the pool took it: two live blocks at one
+/// address, and freeing them took its committed count below zero (a panic
+/// in debug builds).
+#[test]
+fn a_reservation_overlapping_one_the_pool_holds_is_refused() {
+    /// Hands the first range it reserved out again, whole or shifted by
+    /// a granule, for every later reservation.
+    struct Again<'a> {
+        inner: &'a CountingSpace,
+        first: core::cell::Cell<Option<Range>>,
+        shift: u64,
+    }
+    impl ReservableSpace for Again<'_> {
+        fn granule(&self) -> u64 {
+            self.inner.granule()
+        }
+        fn reserve(&self, len: u64) -> Result<Range> {
+            match self.first.get() {
+                Some(first) => Ok(range(first.start() + self.shift, len)),
+                None => {
+                    let r = self.inner.reserve(len)?;
+                    self.first.set(Some(r));
+                    Ok(r)
+                }
+            }
+        }
+        fn release(&self, range: Range) -> Result<()> {
+            self.inner.release(range)
+        }
+        fn commit(&self, range: Range) -> Result<()> {
+            self.inner.commit(range)
+        }
+        fn decommit<S: Stream + ?Sized>(&self, range: Range, stream: &S) -> Result<()> {
+            self.inner.decommit(range, stream)
+        }
+    }
+    for shift in [0, MIB, 3 * MIB] {
+        let inner = CountingSpace::new(1 << 30, MIB);
+        let space = Again { inner: &inner, first: Default::default(), shift };
+        let mut p =
+            VirtualPool::with_config(&space, VirtualConfig::new(4 * MIB).max_reservations(3)).unwrap();
+        let a = p.allocate(req(3 * MIB), &()).unwrap();
+        let err = p.allocate(req(3 * MIB), &()).unwrap_err();
+        assert!(
+            matches!(err, Error::InvalidConfig { what } if what.contains("overlapping")),
+            "{shift}: {err}"
+        );
+        assert_eq!((p.reservation_count(), inner.reservation_count()), (1, 1), "{shift}");
+        p.check().unwrap();
+        let b = p.allocate(req(MIB), &()).unwrap();
+        p.deallocate(a, &()).unwrap();
+        p.deallocate(b, &()).unwrap();
+        p.check().unwrap();
+        drop(p);
+        assert_eq!((inner.committed_bytes(), inner.reservation_count()), (0, 0), "{shift}");
+    }
+}
