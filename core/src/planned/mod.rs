@@ -890,6 +890,20 @@ impl<R> Planned<R> {
         first.map_or(Ok(()), |e| Err((e, failed)))
     }
 
+    /// `region`, taken from upstream for `len` bytes, if it holds them;
+    /// else it goes back, and the region is taken as refused: blocks laid
+    /// out past its size would lie in memory the upstream did not give.
+    fn whole<S: Stream + ?Sized>(&self, region: Block, len: u64, stream: &S) -> Option<Block>
+    where
+        R: MemoryResource<S>,
+    {
+        if region.upstream_range(len).is_ok() {
+            return Some(region);
+        }
+        let _ = self.upstream.deallocate(region, stream);
+        None
+    }
+
     /// Ends the step in progress and begins the next one on `stream`.
     ///
     /// If the step that ended followed the plan to its end, the plan
@@ -1054,6 +1068,7 @@ impl<R> Planned<R> {
                 new_region = Request::new(top)
                     .ok()
                     .and_then(|r| self.upstream.allocate(r, stream).ok())
+                    .and_then(|b| self.whole(b, top, stream))
                     .unwrap_or(Block::EMPTY);
             }
         }
@@ -1123,7 +1138,10 @@ impl<S: Stream + ?Sized, R: MemoryResource<S>> MemoryResource<S> for Planned<R> 
                 // The first block of the carry region since the layout
                 // was made: in the first planned step, after the blocks the
                 // step before carried (from upstream) are freed.
-                let region = Request::new(size).ok().and_then(|r| self.upstream.allocate(r, stream).ok());
+                let region = Request::new(size)
+                    .ok()
+                    .and_then(|r| self.upstream.allocate(r, stream).ok())
+                    .and_then(|b| self.whole(b, size, stream));
                 let (served, spare) =
                     self.state.with(|s| s.carry_taken(region, (generation, offset), request, id));
                 // Given back to the carry region if the spare's free panics.

@@ -1468,3 +1468,60 @@ fn release_on_another_stream_gives_a_region_back_only_when_the_device_can_be_wai
         assert_eq!(up.usage().held, 0);
     }
 }
+
+/// An upstream (a safe trait of the user's) that hands out a step's or the
+/// carry region's block shorter than asked: the region is given back and
+/// taken as refused, so no block is laid out past its end (the checker
+/// holds after every step) and nothing is lost. Before, the step's blocks
+/// were served up to the plan's top in a region half as long: memory the
+/// upstream did not give.
+#[test]
+fn regions_shorter_than_asked_are_given_back_and_taken_as_refused() {
+    use std::collections::BTreeMap;
+    use std::sync::Mutex;
+    extern crate std;
+    /// Blocks of 1 MiB or more come back half as long (their full size
+    /// remembered for the free).
+    struct Short {
+        up: BumpUpstream,
+        cut: Mutex<BTreeMap<u64, u64>>,
+    }
+    impl MemoryResource<()> for Short {
+        fn allocate(&self, request: Request, stream: &()) -> Result<Block> {
+            let b = self.up.allocate(request, stream)?;
+            if b.size() < MIB {
+                return Ok(b);
+            }
+            self.cut.lock().unwrap().insert(b.addr(), b.size());
+            Ok(Block::new(b.addr(), b.size() / 2, b.tag()))
+        }
+        fn deallocate(&self, block: Block, stream: &()) -> Result<()> {
+            let size = self.cut.lock().unwrap().remove(&block.addr()).unwrap_or(block.size());
+            self.up.deallocate(Block::new(block.addr(), size, block.tag()), stream)
+        }
+    }
+    impl Inspect for Short {
+        fn usage(&self) -> crate::Usage {
+            self.up.usage()
+        }
+        fn check(&self) -> core::result::Result<(), crate::check::Violation> {
+            Ok(())
+        }
+    }
+    let short = Short { up: BumpUpstream::new(1 << 30), cut: Default::default() };
+    {
+        let p = Planned::new(&short);
+        let mut grads = Vec::new();
+        for step in 0..6 {
+            train_step(&p, &mut grads);
+            p.check().unwrap_or_else(|v| panic!("step {step}: {v:?}"));
+        }
+        let s = p.steps();
+        assert_eq!((s.region, s.carry_region, s.planned_allocations), (0, 0, 0), "every region refused");
+        for g in grads.drain(..) {
+            p.deallocate(g, &()).unwrap();
+        }
+        assert_eq!(p.usage().used, 0);
+    }
+    assert_eq!(short.up.usage().held, 0, "every short region went back");
+}
