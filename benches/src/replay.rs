@@ -493,8 +493,9 @@ pub(crate) fn run_ops<R: Replayer>(
 /// with its own table of handles, through `resource`. ns per op is a
 /// round's wall time over `ops × threads`, the wall time from the earliest
 /// thread's start to the latest thread's end, each read by the thread
-/// itself; CPU time is summed over the threads. `setup(i)` runs first on each thread that replays (`i`: the
-/// thread's index; the warm-up runs on the calling thread as index 0).
+/// itself; CPU time is summed over the threads. `setup(i)` runs first on
+/// each thread that replays (`i`: the thread's index; the warm-up runs on
+/// the calling thread as index 0).
 /// Between the warm-up and the timed rounds, one untimed round, its
 /// threads started together as in the timed ones, counts the bytes live
 /// over all threads at once (an atomic counter in the timed rounds would
