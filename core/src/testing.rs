@@ -677,6 +677,8 @@ pub(crate) struct StreamLog {
     pub(crate) complete: bool,
     /// Whether `record` fails.
     pub(crate) fail_record: bool,
+    /// A wait on an event of this stream fails.
+    pub(crate) fail_wait_on: Option<u64>,
     /// Whether `synchronize_device` can.
     pub(crate) device: bool,
     /// A block of an upstream that `synchronize_device` frees: memory that
@@ -710,6 +712,9 @@ impl Stream for LoggedStream {
         Ok(self.id)
     }
     fn wait(&self, e: &u64) -> Result<()> {
+        if self.log.borrow().fail_wait_on == Some(*e) {
+            return Err(crate::Error::Backend { code: 3, what: "injected failure of a wait" });
+        }
         self.log.borrow_mut().waits.push((self.id, *e));
         Ok(())
     }

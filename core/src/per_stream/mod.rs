@@ -574,7 +574,11 @@ impl<M: MakePool<S>, S: Stream + ?Sized> PerStreamPool<M, S> {
         let mut given_back = 0;
         for j in 0..self.lanes.len() {
             if let Some(fence) = self.fence_of(i, j) {
-                stream.wait(fence)?;
+                if let Err(e) = stream.wait(fence) {
+                    // What the lanes before gave back went back all the same.
+                    self.stats.bytes_released += given_back;
+                    return Err(e);
+                }
                 given_back += release(&mut self.lanes[j].pool);
             }
         }

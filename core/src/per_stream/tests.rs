@@ -162,6 +162,35 @@ fn a_lone_stream_is_asked_for_a_fence_and_gives_its_chunks_after() {
     r.exact();
 }
 
+/// A growth whose wait on a later stream's fence fails returns that
+/// error, and counts what the streams before gave back. Before, it
+/// returned before counting: `bytes_released` said 0 where a chunk had
+/// gone back.
+#[test]
+fn a_growth_whose_wait_fails_counts_what_went_back_before() {
+    let mut r = rig(1 << 30);
+    let (a, b, c) = (r.a.clone(), r.b.clone(), r.c.clone());
+    let small = r.alloc(256, &b);
+    // Both live at once: each stream's pool takes a chunk of its own.
+    let (xa, xc) = (r.alloc(MIB, &a), r.alloc(MIB, &c));
+    r.free(xa, &a);
+    r.free(xc, &c);
+    let before = r.up.usage().held;
+    r.log.borrow_mut().fail_wait_on = Some(c.id);
+    let e = r.pools.allocate(req(4 * MIB), &b).unwrap_err();
+    assert!(matches!(e, Error::Backend { code: 3, .. }), "{e}");
+    assert!(r.waits().contains(&(b.id, a.id)), "{:?} {:?}", r.waits(), r.records());
+    assert_eq!(r.up.usage().held, before - MIB, "a's chunk went back");
+    assert_eq!(r.pools.stats().bytes_released, MIB);
+    r.pools.check().unwrap();
+    r.exact();
+    r.log.borrow_mut().fail_wait_on = None;
+    let y = r.alloc(4 * MIB, &b);
+    r.free(y, &b);
+    r.free(small, &b);
+    r.exact();
+}
+
 #[test]
 fn growth_gives_the_free_chunks_of_other_streams_back_first() {
     let mut r = rig(1 << 30);
