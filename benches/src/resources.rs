@@ -302,18 +302,15 @@ impl Resource {
         progress: &mut dyn FnMut(usize),
     ) -> Result<Measurement, RunError> {
         self.check(options).map_err(RunError::Unsupported)?;
-        let peer = |r: &mut dyn FnMut() -> Result<Measurement, ReplayError>| Ok(r()?);
         match self.kind {
             Kind::Stack(..) => {
                 let text = self.stack(options.upstream, options.param).expect("a stack alias");
                 run_stack(&text, workload, options, progress)
             }
             Kind::OffsetAllocator => {
-                peer(&mut || replay(&mut OffsetReplayer::new(workload), workload, options.passes, progress))
+                Ok(replay(&mut OffsetReplayer::new(workload), workload, options.passes, progress)?)
             }
-            Kind::RangeAlloc => {
-                peer(&mut || replay(&mut RangeReplayer::new(), workload, options.passes, progress))
-            }
+            Kind::RangeAlloc => Ok(replay(&mut RangeReplayer::new(), workload, options.passes, progress)?),
             #[cfg(feature = "cuda")]
             Kind::Cuda(kind) => crate::cuda::run_plain(kind, workload, options, progress),
             #[cfg(not(feature = "cuda"))]

@@ -196,15 +196,10 @@ impl Claim {
         Ok(Claim(id))
     }
 
-    /// Claims `file` for a log that appends to it, and runs `start` (which
-    /// writes the header of an empty file) while no other log of the
-    /// process starts on it.
-    fn appending<T>(
-        file: &File,
-        path: &Path,
-        start: impl FnOnce() -> io::Result<T>,
-    ) -> io::Result<(Claim, T)> {
-        let id = FileId::of(file, path)?;
+    /// Claims the file `id` for a log that appends to it, and runs `start`
+    /// (which writes the header of an empty file) while no other log of
+    /// the process starts on it.
+    fn appending<T>(id: FileId, start: impl FnOnce() -> io::Result<T>) -> io::Result<(Claim, T)> {
         let mut claimed = CLAIMED.lock().unwrap_or_else(|p| p.into_inner());
         let started = start()?;
         claimed.push(id.clone());
@@ -288,7 +283,8 @@ impl<R> Logging<R> {
         if !file.metadata()?.is_file() {
             return Ok(Logging::continuing(upstream, start(file)?));
         }
-        let (claim, out) = Claim::appending(&file.try_clone()?, path, || start(file))?;
+        let id = FileId::of(&file, path)?;
+        let (claim, out) = Claim::appending(id, || start(file))?;
         let mut log = Logging::continuing(upstream, out);
         log._file = Some(claim);
         Ok(log)
