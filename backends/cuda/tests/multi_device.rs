@@ -63,11 +63,10 @@ fn ended_under_a_buffer<'s, R>(
     drop(buf); // its free goes to the replacement, which refuses it: ignored
 }
 
-/// Pinned and managed memory of a resource that held the last retain of
-/// its context (unless the other test of this binary holds one meanwhile):
-/// when the resource ends, the driver destroys the context and frees the
-/// memory, and `CudaCopy` must refuse the range rather than copy from or to
-/// memory the process may have reused.
+/// Pinned and managed memory of a resource of another device than the
+/// engine's: when the resource ends, its allocations leave the table
+/// `CudaCopy` checks, and the engine must refuse the range rather than copy
+/// from or to memory nothing owns any more.
 #[test]
 fn host_visible_memory_of_an_ended_resource_is_not_live() {
     let Some(devices) = gpus("host_visible_memory_of_an_ended_resource_is_not_live", 2) else { return };

@@ -40,10 +40,9 @@ where
 }
 
 /// A buffer over a resource that is replaced (and so dropped) under it:
-/// every later access is refused, as the driver frees the memory of a
-/// resource's allocations with its context, which it destroys when the
-/// resource held its last retain (here `engine` keeps it alive; the
-/// multi-device test has the driver destroy it).
+/// every later access is refused, as a resource's drop takes its host
+/// allocations out of the table `CudaCopy` checks (the memory itself stays
+/// allocated: the buffer's block is never freed twice).
 fn ended_under_a_buffer<'s, R>(make: impl Fn() -> R, stream: &'s CudaStream, engine: &CudaCopy)
 where
     R: MemoryResource<&'s CudaStream> + MemoryOf<CudaCopy>,

@@ -360,8 +360,10 @@ impl<V: ReservableSpace> ReservableSpace for CountedSpace<V> {
         self.space.reserve(len)
     }
 
+    /// Counted too: a release may unmap a mapping an earlier failed
+    /// unmap left in place.
     fn release(&self, range: Range) -> Result<()> {
-        self.space.release(range)
+        self.counting(|s| s.release(range))
     }
 
     fn commit(&self, range: Range) -> Result<()> {

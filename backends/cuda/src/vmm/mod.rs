@@ -301,9 +301,10 @@ impl CudaVirtualSpace {
     /// all that it had unmapped: unlike other failures, this one changes
     /// something. The handles it could not map again are gone, and their
     /// granules are no longer committed (nor counted in
-    /// [`committed_bytes`](Self::committed_bytes) and
-    /// [`mapped_bytes`](Self::mapped_bytes)); the rest of the range stays
-    /// committed. Those granules can be committed again, and a decommit
+    /// [`committed_bytes`](Self::committed_bytes), nor in
+    /// [`mapped_bytes`](Self::mapped_bytes) unless the undo's own unmap
+    /// failed too, which leaves that mapping in place, counted until an
+    /// unmap of it succeeds); the rest of the range stays committed. Those granules can be committed again, and a decommit
     /// that covers them is refused as a decommit of uncommitted memory. It
     /// is the core's [`DECOMMITTED_IN_PART`](memres_core::vmem::DECOMMITTED_IN_PART),
     /// on which a [`VirtualPool`](memres_core::vpool::VirtualPool) over the

@@ -596,6 +596,27 @@ fn a_decommit_whose_remap_cannot_be_undone_holds_the_mapping_and_drop_unmaps_it(
     assert!(m.maps.is_empty() && m.kept.is_empty() && m.reservations.is_empty() && m.used == 0, "{m:?}");
 }
 
+/// `CountedSpace` (the gauge the `vmm` leaf reports) counts a release
+/// too: it may unmap a mapping an earlier unmap left stuck.
+#[test]
+fn a_counted_space_counts_the_stuck_mapping_a_release_unmaps() {
+    use crate::stack::CountedSpace;
+    use memres_core::adaptor::Gauge;
+    let (space, fake) = space(1 << 40, 1);
+    let gauge = Arc::new(Gauge::default());
+    let counted = CountedSpace::new(space, CudaVirtualSpace::mapped_bytes, gauge.clone());
+    let r = counted.reserve(8 * G).unwrap();
+    {
+        let mut m = fake.0.lock().unwrap();
+        // The first granule maps but its access fails, and so does its unmap.
+        (m.fail_access, m.fail_unmap) = (1, 1);
+    }
+    assert!(counted.commit(sub(r, 0, 3)).is_err());
+    assert_eq!((counted.inner().mapped_bytes(), gauge.value()), (G, G));
+    counted.release(r).unwrap();
+    assert_eq!((counted.inner().mapped_bytes(), gauge.value()), (0, 0));
+}
+
 #[test]
 fn misuse_is_refused_before_any_driver_call() {
     let (space, fake) = space(1 << 40, 4);
