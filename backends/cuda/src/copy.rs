@@ -190,11 +190,37 @@ fn host_visible_or_device(live: &LiveRanges, addr: u64, len: u64) -> Result<bool
     let [memory_type, managed, start, size] = values;
     let device = memory_type as u32 == sys::CU_MEMORYTYPE_DEVICE && managed as u32 == 0;
     let inside = addr >= start && addr.checked_add(len).is_some_and(|end| end <= start.saturating_add(size));
-    if device && inside {
+    if device && inside && mapped(addr, addr + len)? {
         Ok(false)
     } else {
         Err(Error::NotLive { addr, len })
     }
+}
+
+/// Whether all of `start..end` is mapped. For memory mapped with
+/// `cuMemMap` the driver's range of a pointer is the whole reservation,
+/// mapped or not; `cuMemGetAddressRange` gives the mapping that holds a
+/// pointer (for other device memory, its allocation, so one call), and
+/// the range is walked mapping by mapping.
+fn mapped(start: u64, end: u64) -> Result<bool> {
+    let mut at = start;
+    while at < end {
+        let (mut base, mut size) = (0, 0usize);
+        // SAFETY: two writable out-parameters that live across the call;
+        // the driver only reads `at` as a number.
+        match unsafe { sys::cuMemGetAddressRange_v2(&mut base, &mut size, at) } {
+            sys::CUDA_SUCCESS => {}
+            // Not mapped (the driver says "not found"), or not an address.
+            sys::CUDA_ERROR_NOT_FOUND | sys::CUDA_ERROR_INVALID_VALUE => return Ok(false),
+            code => check(code)?,
+        }
+        let next = base.saturating_add(size as u64);
+        if base > at || next <= at {
+            return Ok(false);
+        }
+        at = next;
+    }
+    Ok(true)
 }
 
 impl<S: AsRawStream + ?Sized> CopyEngine<S> for CudaCopy {

@@ -169,6 +169,8 @@ extern "C" {
         count: usize,
     ) -> CuResult;
     pub fn cuPointerGetAttribute(data: *mut c_void, attribute: c_int, ptr: CUdeviceptr) -> CuResult;
+    pub fn cuMemGetAddressRange_v2(pbase: *mut CUdeviceptr, psize: *mut usize, dptr: CUdeviceptr)
+        -> CuResult;
     pub fn cuPointerGetAttributes(
         num_attributes: c_uint,
         attributes: *mut c_int,

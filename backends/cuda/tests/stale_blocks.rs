@@ -12,8 +12,9 @@ mod common;
 use common::{gpu, Owned};
 use memres_containers::{ContainerError, DeviceBuffer};
 use memres_core::copy::{CopyEngine, MemoryOf};
+use memres_core::vmem::ReservableSpace;
 use memres_core::vpool::{VirtualConfig, VirtualPool};
-use memres_core::{Block, Error, MemoryResource, Request, Shared};
+use memres_core::{Block, Error, MemoryResource, Range, Request, Shared};
 use memres_cuda::{CudaCopy, CudaMemory, CudaStream, CudaVirtualSpace, ManagedMemory, PinnedMemory};
 
 fn not_live(addr: u64, len: u64) -> Error {
@@ -82,6 +83,27 @@ fn cuda_copy_touches_only_memory_it_can_vouch_for() {
     let pool = Shared::new(VirtualPool::with_config(&space, config).unwrap());
     freed_under_a_buffer(&pool, &stream, &engine);
     assert_eq!(space.mapped_bytes(), 0, "the freed block's granule was unmapped");
+
+    // A range of one reservation mapped in part: refused, though the driver
+    // reports the whole reservation as the pointer's range. Mapped all
+    // through, by two handles, it is served.
+    let space = CudaVirtualSpace::with_handle_granules(device, 1).unwrap();
+    let g = space.granule();
+    let r = space.reserve(4 * g).unwrap();
+    space.commit(Range::new(r.start(), g).unwrap()).unwrap();
+    // SAFETY: the range is refused untouched, or lies in committed memory
+    // that nothing else uses.
+    unsafe {
+        assert_eq!(engine.fill(r.start(), 0, 2 * g, &stream), Err(not_live(r.start(), 2 * g)));
+        assert_eq!(engine.fill(r.start() + g, 0, 8, &stream), Err(not_live(r.start() + g, 8)));
+        space.commit(Range::new(r.start() + g, g).unwrap()).unwrap();
+        engine.fill(r.start(), 0x5A, 2 * g, &stream).unwrap();
+        let mut out = [0u8; 16];
+        engine.copy_to_host(&mut out, r.start() + g - 8, &stream).unwrap();
+        assert_eq!(out, [0x5A; 16]);
+    }
+    space.decommit(Range::new(r.start(), 2 * g).unwrap(), &stream).unwrap();
+    space.release(r).unwrap();
 
     // Memory no resource of this crate handed out, or past a device
     // allocation's end, or two ranges that overlap: refused, nothing queued.

@@ -673,7 +673,7 @@ impl CudaVirtualSpace {
 // handle is unmapped only once none of its granules is committed). The
 // space never reads or writes it. Decommitted, released, or after the
 // space ends, a range is reserved device addresses or nothing, never host
-// memory, and `CudaCopy` has the driver confirm each range is device
+// memory, and `CudaCopy` has the driver confirm each range is mapped device
 // memory before it queues a copy.
 unsafe impl memres_core::copy::MemoryOf<crate::CudaCopy> for CudaVirtualSpace {}
 
