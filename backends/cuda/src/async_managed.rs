@@ -5,7 +5,7 @@ use crate::async_memory::CudaAsyncMemory;
 use crate::context::Device;
 use crate::error::{check, error_from_code};
 use crate::host_visible::{self, HostAllocations};
-use crate::stream::{in_order, AsRawStream, CudaStream};
+use crate::stream::{allocate_in_order, free_in_order, AsRawStream, CudaStream};
 use crate::sys;
 use memres_core::{Block, Error, MemoryResource, Request, Result};
 use std::ptr;
@@ -137,7 +137,7 @@ impl<S: AsRawStream + ?Sized> MemoryResource<S> for CudaAsyncManagedMemory {
         // `host_visible` (a default handle names its context's stream).
         let context = stream.context().unwrap_or(self.live.context());
         context.scope(|| {
-            in_order(stream, |raw| {
+            let queue = |raw| {
                 // SAFETY: a context is current; the pool is the driver's for
                 // the process and the stream valid while borrowed
                 // (`AsRawStream`'s contract); the out parameter is a live
@@ -154,7 +154,8 @@ impl<S: AsRawStream + ?Sized> MemoryResource<S> for CudaAsyncManagedMemory {
                         sys::cuMemFreeAsync(base, raw)
                     })
                 }
-            })
+            };
+            allocate_in_order(stream, queue, |block| self.deallocate(block, stream))
         })
     }
 
@@ -164,7 +165,7 @@ impl<S: AsRawStream + ?Sized> MemoryResource<S> for CudaAsyncManagedMemory {
         }
         let context = stream.context().unwrap_or(self.live.context());
         context.scope(|| {
-            in_order(stream, |raw| {
+            free_in_order(stream, |raw| {
                 // SAFETY: every allocation of `self.live` is one of this
                 // pool's, made by `allocate` above; `host_visible::deallocate`
                 // takes it out of that table first, so the release queues

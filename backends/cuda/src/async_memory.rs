@@ -5,7 +5,7 @@ use crate::context::{Context, Device};
 use crate::error::{check, check_free};
 use crate::live::LiveAllocations;
 use crate::place::{allocate_with, base_of, out_of_memory, padded_size};
-use crate::stream::{in_order, AsRawStream, CudaStream};
+use crate::stream::{allocate_in_order, free_in_order, AsRawStream, CudaStream};
 use crate::sys;
 use memres_core::{Block, Error, MemoryResource, Request, Result};
 use std::ffi::c_void;
@@ -377,20 +377,24 @@ impl<S: AsRawStream + ?Sized> MemoryResource<S> for CudaAsyncMemory {
             return Err(out_of_memory(&self.context, request.size(), self.reserved_bytes().ok()));
         }
         stream.context().unwrap_or(&self.context).scope(|| {
-            in_order(stream, |raw| {
-                allocate_with(
-                    &self.context,
-                    &self.live,
-                    request,
-                    // SAFETY: a context is current; the pool is valid while `self`
-                    // lives and the stream while borrowed (`AsRawStream`'s contract); the out
-                    // parameter is a live local.
-                    |bytes, base| unsafe { sys::cuMemAllocFromPoolAsync(base, bytes, self.pool, raw) },
-                    // SAFETY: `base` was just allocated on `raw` and is handed out to no one.
-                    |base| unsafe { sys::cuMemFreeAsync(base, raw) },
-                    || self.reserved_bytes().ok(),
-                )
-            })
+            allocate_in_order(
+                stream,
+                |raw| {
+                    allocate_with(
+                        &self.context,
+                        &self.live,
+                        request,
+                        // SAFETY: a context is current; the pool is valid while `self`
+                        // lives and the stream while borrowed (`AsRawStream`'s contract); the out
+                        // parameter is a live local.
+                        |bytes, base| unsafe { sys::cuMemAllocFromPoolAsync(base, bytes, self.pool, raw) },
+                        // SAFETY: `base` was just allocated on `raw` and is handed out to no one.
+                        |base| unsafe { sys::cuMemFreeAsync(base, raw) },
+                        || self.reserved_bytes().ok(),
+                    )
+                },
+                |block| self.deallocate(block, stream),
+            )
         })
     }
 
@@ -401,7 +405,7 @@ impl<S: AsRawStream + ?Sized> MemoryResource<S> for CudaAsyncMemory {
         let base = base_of(block)?;
         self.live.remove(base, block.addr(), block.size())?;
         let freed = stream.context().unwrap_or(&self.context).scope(|| {
-            in_order(stream, |raw| {
+            free_in_order(stream, |raw| {
                 // SAFETY: `base` is a live allocation of this pool (just taken
                 // out of the table, so no one frees it twice); the stream is
                 // valid while borrowed (`AsRawStream`'s contract).

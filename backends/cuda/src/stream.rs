@@ -4,7 +4,7 @@ use crate::context::{Context, Current, Device};
 use crate::error::{check, error_from_code};
 use crate::sys;
 use memres_core::device::{DeviceId, DeviceStream};
-use memres_core::{thread_number, Error, Result, Stream};
+use memres_core::{thread_number, Block, Error, Result, Stream};
 use std::ptr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -379,6 +379,44 @@ pub(crate) fn join_its_thread<S: AsRawStream + ?Sized>(stream: &S) -> Result<()>
         check(unsafe { sys::cuCtxSynchronize() })?;
     }
     Ok(())
+}
+
+/// A free in the stream's order: as [`in_order`], without the wait after
+/// the work. Once freed, a block is used by no later work of the stream's
+/// thread, and the driver hands its memory to another stream only after
+/// the free completes or behind a dependency on it; so a queued free is
+/// done, whatever a wait after it would say.
+pub(crate) fn free_in_order<S: AsRawStream + ?Sized>(
+    stream: &S,
+    queue: impl FnOnce(sys::CUstream) -> Result<()>,
+) -> Result<()> {
+    join_its_thread(stream)?;
+    queue(stream.as_raw_stream())
+}
+
+/// An allocation in the stream's order: as [`in_order`], but where the
+/// wait after a queued allocation fails, the block is not in the stream's
+/// order and is freed with `free` (on the calling thread's stream), and
+/// the wait's error returned.
+pub(crate) fn allocate_in_order<S: AsRawStream + ?Sized>(
+    stream: &S,
+    queue: impl FnOnce(sys::CUstream) -> Result<Block>,
+    free: impl FnOnce(Block) -> Result<()>,
+) -> Result<Block> {
+    let mut made = None;
+    let r = in_order(stream, |raw| {
+        let block = queue(raw)?;
+        made = Some(block);
+        Ok(block)
+    });
+    match (r, made) {
+        (Err(e), Some(block)) => {
+            // Nothing more to do if the free fails too: report the wait's error.
+            let _ = free(block);
+            Err(e)
+        }
+        (r, _) => r,
+    }
 }
 
 /// The second half of [`in_order`], after [`join_its_thread`].
