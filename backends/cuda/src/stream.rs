@@ -64,7 +64,8 @@ pub unsafe trait AsRawStream: Stream {
     /// Whether [`as_raw_stream`](Self::as_raw_stream) is
     /// `CU_STREAM_PER_THREAD` while the stream meant is another thread's
     /// than the caller's (the handle names the caller's): work queued on
-    /// it then waits for all work of the context first and is waited for.
+    /// it then waits for all work of the context first and is waited for
+    /// (but frees, which no later work depends on).
     /// Part of the trait's safety contract: a type that wraps a
     /// [`CudaStream`] forwards this with the handle, or its per-thread
     /// streams lose that order on other threads.
@@ -134,9 +135,10 @@ pub struct StreamOptions {
 /// conservatively instead: [`record`](Stream::record) and
 /// [`synchronize`](Stream::synchronize) first wait for all work of the
 /// context, [`wait`](Stream::wait) waits for the event on the host, and the
-/// work this crate queues on the stream (frees of
+/// work this crate queues on the stream (allocations of
 /// [`CudaAsyncMemory`](crate::CudaAsyncMemory), copies, prefetches) is queued
-/// after all work of the context and waited for. That is correct but slow
+/// after all work of the context and waited for (its frees are not waited
+/// for: no later work uses a freed block). That is correct but slow
 /// (a pool may do it under its lock, recording a fence for a block freed on
 /// such a stream), and not allowed while another thread captures a CUDA
 /// graph in global mode: a stream made with [`new`](CudaStream::new) moves
