@@ -5,7 +5,7 @@
 //! | --- | --- |
 //! | `void* memres_alloc(ssize_t size, int device, cudaStream_t stream)` | allocates from `device`'s stack on `stream`; NULL when out of memory (or on any error) |
 //! | `void memres_free(void* ptr, ssize_t size, int device, cudaStream_t stream)` | frees on `stream`; a bad free is recorded, never fatal |
-//! | `int memres_configure(const char* stack)` | sets the stack of every device not yet used; non-zero for a bad stack |
+//! | `int memres_configure(const char* stack)` | sets the stack of every device, before any is used; non-zero for a bad stack, or once a device was used |
 //! | `int memres_stats(int device, memres_stats_t* out)` | the figures of a device's stack |
 //! | `size_t memres_last_error(char* buf, size_t len)` | the calling thread's latest error message |
 //! | `size_t memres_stack(int device, char* buf, size_t len)` | the stack a device runs |
