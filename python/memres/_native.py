@@ -25,14 +25,6 @@ def _at_exit():
         _cuda.at_exit()
 
 
-def _running_a_call():
-    """Whether this thread runs inside a memres call of either native
-    module (a Python callback under it calls memres again): asked by a call
-    of one module once the exit has begun, which then runs rather than
-    sleeping until the process ends (see gil.rs)."""
-    return sim.running_a_call() or (_cuda is not None and _cuda.running_a_call())
-
-
 def _after_fork_in_child():
     """The child of a fork has only the thread that forked, which was in no
     memres call: the calls the parent's other threads were in are not the
@@ -59,6 +51,10 @@ def cuda():
         else:
             try:
                 from . import _cuda as module
+                # Each asks the other, without the GIL, whether its thread
+                # is inside a call of the other's (see gil.rs).
+                module.link_other(sim.running_a_call_capsule())
+                sim.link_other(module.running_a_call_capsule())
                 _cuda = module
                 return _cuda
             except ImportError as e:

@@ -10,7 +10,12 @@
 //! giving the GIL up, and waits for the calls that gave it up: each either
 //! takes it back before finalization begins, or, finding the exit begun,
 //! never takes it back (its thread sleeps until the process ends, holding
-//! no lock of a stack: the call is done).
+//! no lock of a stack: the call is done), unless it was called from a
+//! Python callback under another memres call on its thread. That one takes
+//! the GIL back and returns: parked, it would keep its outer call from
+//! ending, and with it the lock the outer call holds (a later exit handler
+//! freeing into that pool spun for ever); the outer call is still counted,
+//! so the exit is still waited for.
 //!
 //! A call that begins once the exit has begun runs with the GIL held only
 //! where it must: on the thread that runs the exit (the finalizing thread,
@@ -26,13 +31,18 @@
 //!
 //! The CUDA and the simulated native modules each have their own: the
 //! package calls both at exit, and a call of one module asks the other
-//! (through `memres._native`) whether its thread is inside a call of the
-//! other's. [`with_python`] takes the GIL only while the interpreter is not
-//! being finalized.
+//! whether its thread is inside a call of the other's (through a function
+//! each hands the other in a capsule, [`link_other`], which needs no GIL).
+//! [`with_python`] takes the GIL only while the interpreter is not being
+//! finalized.
 
+use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
+use pyo3::types::{PyCapsule, PyCapsuleMethods};
 use std::cell::Cell;
+use std::ffi::CStr;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::SeqCst};
+use std::sync::OnceLock;
 
 /// Runs `f` with the GIL taken, unless the interpreter is being finalized:
 /// no Python runs then (PyO3 would panic, in a drop an abort), and `None`
@@ -77,22 +87,56 @@ pub(crate) fn in_a_call<T>(f: impl FnOnce() -> T) -> T {
 /// function of the user's under it calls memres again.
 #[pyfunction]
 pub(crate) fn running_a_call() -> bool {
-    DEPTH.with(|d| d.get() > 0)
+    in_a_call_here()
+}
+
+/// [`running_a_call`] for the other module (see [`link_other`]); at a
+/// thread's exit `false` (no call runs once its locals are gone).
+extern "C" fn in_a_call_here() -> bool {
+    DEPTH.try_with(|d| d.get() > 0).unwrap_or(false)
+}
+
+/// The other native module's [`running_a_call`], once
+/// `memres._native` has linked the two.
+static OTHER: OnceLock<extern "C" fn() -> bool> = OnceLock::new();
+
+/// The name of the capsule of [`running_a_call`].
+const CAPSULE: &CStr = c"memres._running_a_call";
+
+/// A capsule holding this module's [`running_a_call`], for the other
+/// module's [`link_other`].
+#[pyfunction]
+pub(crate) fn running_a_call_capsule(py: Python<'_>) -> PyResult<Bound<'_, PyCapsule>> {
+    PyCapsule::new(py, in_a_call_here as extern "C" fn() -> bool, Some(CAPSULE.to_owned()))
+}
+
+/// Takes the other module's [`running_a_call`] from its capsule. The
+/// first one given stays.
+#[pyfunction]
+pub(crate) fn link_other(capsule: &Bound<'_, PyCapsule>) -> PyResult<()> {
+    if capsule.name()? != Some(CAPSULE) || !capsule.is_valid() {
+        return Err(PyValueError::new_err("memres: not a capsule of memres's native modules"));
+    }
+    // SAFETY: a valid capsule of this name is made only by
+    // `running_a_call_capsule` (Python code makes none without `ctypes`),
+    // which stores an `extern "C" fn() -> bool` as the capsule's value;
+    // the function is copied out, and stays valid for the process (an
+    // extension module is never unloaded).
+    let f = unsafe { *capsule.reference::<extern "C" fn() -> bool>() };
+    let _ = OTHER.set(f);
+    Ok(())
+}
+
+/// Whether a call of either native module runs on this thread now; asks
+/// no Python, so needs no GIL.
+fn inside_a_call() -> bool {
+    running_a_call() || OTHER.get().is_some_and(|other| other())
 }
 
 /// Once the exit has begun: whether a call on this thread runs (with the
 /// GIL held), see the module's doc.
-fn runs_after_the_exit(py: Python<'_>) -> bool {
-    FINALIZING.with(Cell::get)
-        || running_a_call()
-        // The other native module's call (a callback under a stack of the
-        // other backend). Failing to ask, the call parks: it never holds
-        // the GIL while it waits.
-        || py
-            .import("memres._native")
-            .and_then(|m| m.call_method0("_running_a_call"))
-            .and_then(|r| r.is_truthy())
-            .unwrap_or(false)
+fn runs_after_the_exit() -> bool {
+    FINALIZING.with(Cell::get) || inside_a_call()
 }
 
 /// Whether the exit has begun ([`at_exit`] ran).
@@ -110,7 +154,7 @@ pub(crate) fn detach<T: Send>(py: Python<'_>, f: impl Send + FnOnce() -> T) -> T
     GIVEN_UP.fetch_add(1, SeqCst);
     if EXITING.load(SeqCst) {
         GIVEN_UP.fetch_sub(1, SeqCst);
-        if runs_after_the_exit(py) {
+        if runs_after_the_exit() {
             return in_a_call(f);
         }
         // Holding no lock of a stack, and not counted: the exit does not
@@ -129,7 +173,7 @@ pub(crate) fn detach<T: Send>(py: Python<'_>, f: impl Send + FnOnce() -> T) -> T
     let _taken_back = TakenBack;
     py.detach(|| {
         let result = in_a_call(f);
-        if EXITING.load(SeqCst) {
+        if EXITING.load(SeqCst) && !inside_a_call() {
             // Taking the GIL back could end the thread inside this call.
             GIVEN_UP.fetch_sub(1, SeqCst);
             loop {

@@ -102,6 +102,8 @@ fn native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(gil::at_exit, m)?)?;
     m.add_function(wrap_pyfunction!(gil::after_fork_in_child, m)?)?;
     m.add_function(wrap_pyfunction!(gil::running_a_call, m)?)?;
+    m.add_function(wrap_pyfunction!(gil::running_a_call_capsule, m)?)?;
+    m.add_function(wrap_pyfunction!(gil::link_other, m)?)?;
     current::install_default();
     Ok(())
 }

@@ -260,3 +260,43 @@ def test_a_call_from_a_callback_at_exit_still_runs(backend, request):
     started.wait()
     print("done")
     """, expect="done\nthe call from the callback ran")
+
+
+@pytest.mark.parametrize("backend", ["sim", "cuda"])
+def test_a_call_from_a_callback_that_ends_once_the_exit_began_lets_its_outer_call_end(backend, request):
+    # A call from a Python callback under a memres call, begun before the
+    # exit and ended after it began, slept until the process ended, and its
+    # outer call with it, holding the pool's lock: an exit handler that
+    # ran later and freed into the pool spun for ever. Under a CUDA stack
+    # the call from the callback is the other module's.
+    if backend == "cuda":
+        request.getfixturevalue("gpu")
+    run_child("""
+    import atexit
+    def after():
+        # Runs after memres's exit handler (registered before it).
+        pool.deallocate(buf, 1000)
+        print("freed", flush=True)
+    atexit.register(after)
+    """ + UNTIL_THE_EXIT + f"""
+    from memres import mr
+    addr = [1 << 40]
+    def inner_alloc(n):
+        wait_for(MAIN, "_at_exit")
+        addr[0] += 1 << 30
+        return addr[0]
+    inner = mr.CallbackMemoryResource(inner_alloc, lambda p, n: None, backend="sim")
+    inside = threading.Event()
+    def outer_alloc(n):
+        if threading.current_thread().name == "grow":
+            inside.set()
+            inner.allocate(256)
+        addr[0] += 1 << 30
+        return addr[0]
+    cb = mr.CallbackMemoryResource(outer_alloc, lambda p, n: None, backend="{backend}")
+    pool = mr.PoolMemoryResource(cb, initial_pool_size=1 << 20)
+    buf = pool.allocate(1000)
+    threading.Thread(target=lambda: pool.allocate(1 << 30), name="grow", daemon=True).start()
+    inside.wait()
+    print("done")
+    """, expect="done\nfreed")
