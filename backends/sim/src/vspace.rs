@@ -18,7 +18,9 @@ mod tests;
 /// reservation with memory still committed are errors, never miscounts. It
 /// counts committed bytes and their peak, refuses commits beyond its
 /// physical memory ([`Error::OutOfMemory`]) and reservations beyond its
-/// address space, and can be told to fail the Nth commit or decommit. As the
+/// address space or beyond the granules it keeps bitmaps for
+/// ([`MAX_RESERVED_GRANULES`](Self::MAX_RESERVED_GRANULES)), and can be
+/// told to fail the Nth commit or decommit. As the
 /// CUDA backend may, `decommit` synchronizes the stream before unmapping.
 /// With [`with_pieces`](Self::with_pieces) it holds memory as CUDA holds
 /// physical handles: in pieces given back whole only.
@@ -93,6 +95,13 @@ impl SimAddressSpace {
     /// The largest granule: [`Request::MAX_ALIGN`], the largest alignment
     /// a reservation may ask (a granule above it could never be reserved).
     pub const MAX_GRANULE: u64 = Request::MAX_ALIGN;
+    /// The most granules reserved at once: each reservation keeps a bitmap
+    /// of its committed granules, and these 2^30 bits take 128 MiB of host
+    /// memory. So a reservation of 2^46 bytes in granules of 256 bytes is
+    /// refused ([`Error::OutOfMemory`]) rather than a bitmap of 32 GiB
+    /// allocated; with granules of 64 KiB or more, the whole default span
+    /// may be reserved.
+    pub const MAX_RESERVED_GRANULES: u64 = 1 << 30;
 
     /// A space with `physical` bytes of memory to commit, granules of
     /// `granule` bytes, and [`DEFAULT_SPAN`](Self::DEFAULT_SPAN) bytes of
@@ -331,22 +340,31 @@ impl ReservableSpace for SimAddressSpace {
             return Err(Error::InvalidSize { size: len, what: "not a non-zero multiple of the granule" });
         }
         let mut s = self.lock();
-        let out_of_addresses = |s: &State| Error::OutOfMemory {
+        let granules = len / self.granule;
+        let reserved: u64 = s.reservations.values().map(|r| r.len / self.granule).sum();
+        // The granules a bitmap may still be made for, in bytes.
+        let room = (Self::MAX_RESERVED_GRANULES - reserved).saturating_mul(self.granule);
+        let out_of_memory = |s: &State| Error::OutOfMemory {
             requested: len,
-            largest_free: s.space.largest_free(),
+            largest_free: s.space.largest_free().min(room),
             pool_size: self.span,
-            max_size: Some(self.span),
+            max_size: Some(self.span.min(Self::MAX_RESERVED_GRANULES.saturating_mul(self.granule))),
         };
-        if len > self.span {
-            return Err(out_of_addresses(&s));
+        if len > self.span || len > room {
+            return Err(out_of_memory(&s));
         }
+        // The bitmap before the addresses: a failure leaves nothing to undo.
+        let mut committed = Vec::new();
+        if committed.try_reserve_exact(CommitLedger::words(granules)).is_err() {
+            return Err(out_of_memory(&s));
+        }
+        committed.resize(CommitLedger::words(granules), 0);
         match s.space.allocate(len, self.granule)? {
             Some(a) => {
-                let words = (len / self.granule).div_ceil(64) as usize;
-                s.reservations.insert(a.addr, Reservation { len, tag: a.tag, committed: vec![0; words] });
+                s.reservations.insert(a.addr, Reservation { len, tag: a.tag, committed });
                 Ok(Range::new(a.addr, len).expect("inside the span"))
             }
-            None => Err(out_of_addresses(&s)),
+            None => Err(out_of_memory(&s)),
         }
     }
 

@@ -70,6 +70,35 @@ fn reservations_beyond_the_address_space_are_errors() {
 }
 
 #[test]
+fn reservations_beyond_the_granules_a_space_keeps_bitmaps_for_are_refused() {
+    // Each reservation's bitmap was allocated whatever its size: 32 GiB for
+    // 2^46 bytes in granules of 256 bytes, aborting the process when the
+    // allocation failed. (Before, this test made bitmaps of 128 MiB, never
+    // touched.)
+    let space = SimAddressSpace::new(1 << 30, 256).unwrap();
+    let most = SimAddressSpace::MAX_RESERVED_GRANULES * 256;
+    let refused = |requested, largest_free| Error::OutOfMemory {
+        requested,
+        largest_free,
+        pool_size: SimAddressSpace::DEFAULT_SPAN,
+        max_size: Some(most),
+    };
+    assert_eq!(space.reserve(most + 256), Err(refused(most + 256, most)));
+    assert_eq!(
+        space.reserve(SimAddressSpace::DEFAULT_SPAN),
+        Err(refused(SimAddressSpace::DEFAULT_SPAN, most))
+    );
+    // Counted over every reservation of the space.
+    let r = space.reserve(256).unwrap();
+    assert_eq!(space.reserve(most), Err(refused(most, most - 256)));
+    assert_eq!(space.reserved_bytes(), 256);
+    space.release(r).unwrap();
+    // With large granules the bound lies beyond the span.
+    let space = SimAddressSpace::new(1 << 30, 2 * MIB).unwrap();
+    assert_eq!(space.reserve(SimAddressSpace::DEFAULT_SPAN).unwrap().len(), SimAddressSpace::DEFAULT_SPAN);
+}
+
+#[test]
 fn misuse_is_an_error_and_counts_stay_exact() {
     let space = SimAddressSpace::new(8 * MIB, 2 * MIB).unwrap();
     let r = space.reserve(16 * MIB).unwrap();
