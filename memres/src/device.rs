@@ -11,7 +11,7 @@
 //!
 //! | features | `()` | [`SimStream`](memres_sim::SimStream) | `CudaStream` |
 //! | --- | --- | --- | --- |
-//! | `sim` (the default) | a simulated device ([`SimDevice`](memres_sim::SimDevice) of [`DEFAULT_SIM_CAPACITY`](memres_sim::DEFAULT_SIM_CAPACITY), numbers with no bytes behind them) | the same | |
+//! | `sim` (the default) | a simulated device ([`SimDevice`](memres_sim::SimDevice) of [`DEFAULT_SIM_CAPACITY`](memres_sim::DEFAULT_SIM_CAPACITY), numbers with no bytes behind them; device `d` is [`nth_sim_device`](memres_sim::nth_sim_device)`(.., d)`, with addresses no other device has, for `d` below [`SIM_DEVICES`](memres_sim::SIM_DEVICES)) | the same | |
 //! | `cuda` | the device's `cuMemAlloc` resource (`CudaMemory`, RMM's `cuda_memory_resource`), promised as memory of `CudaCopy` so that containers made without a resource use it | | the same |
 //!
 //! "The same" is the same object: a device's default is made once and
@@ -156,9 +156,10 @@ pub fn set_current_device_resource<S: Stream + ?Sized + 'static>(
 /// # Errors
 ///
 /// The default's: the driver's error as [`Error::Backend`] for a device
-/// that does not exist (`cuda`), [`Error::InvalidConfig`] for a
-/// `MEMRES_LOG_FILE` that cannot be made, or for a stream type with no
-/// default; nothing is stored then.
+/// that does not exist (`cuda`), [`Error::InvalidConfig`] for a device of
+/// [`SIM_DEVICES`](memres_sim::SIM_DEVICES) or more (`sim`: their addresses
+/// would run past 2^63), for a `MEMRES_LOG_FILE` that cannot be made, or
+/// for a stream type with no default; nothing is stored then.
 pub fn get_per_device_resource<S: Stream + ?Sized + 'static>(device: DeviceId) -> Result<DynResource<S>> {
     install_defaults();
     registry::get_per_device_resource::<S>(device)
@@ -288,14 +289,16 @@ impl<T: Clone> Defaults<T> {
 mod sim {
     use super::{Defaults, DeviceId, Made};
     use memres_core::{DynResource, Result, Stream};
-    use memres_sim::{SimDevice, DEFAULT_SIM_CAPACITY};
+    use memres_sim::{nth_sim_device, SimDevice, DEFAULT_SIM_CAPACITY};
 
     static MADE: Defaults<Made<SimDevice>> = Defaults::new();
 
     /// A simulated device of [`DEFAULT_SIM_CAPACITY`] bytes, one per device
-    /// id whatever the stream type.
+    /// id whatever the stream type, each with addresses of its own (so one
+    /// device refuses another's blocks).
     pub(super) fn default<S: Stream + ?Sized + 'static>(device: DeviceId) -> Result<DynResource<S>> {
-        let made = MADE.get(device, || Made::new(SimDevice::new(DEFAULT_SIM_CAPACITY), device))?;
+        let made =
+            MADE.get(device, || Made::new(nth_sim_device(DEFAULT_SIM_CAPACITY, device.into())?, device))?;
         Ok(made.resource())
     }
 }

@@ -7,7 +7,7 @@ use memres::device::{
     set_per_device_resource,
 };
 use memres::prelude::*;
-use memres::sim::{SimDevice, SimStream, SimWorld};
+use memres::sim::{SimDevice, SimStream, SimWorld, SIM_DEVICES};
 use memres::DynResource;
 use std::sync::{Arc, Barrier};
 
@@ -99,6 +99,34 @@ fn bad_input_through_the_short_path_is_typed_and_changes_nothing() {
     assert_eq!((mr.get_bytes_counter().value, mr.get_bytes_counter().peak), (0, 1000));
     mr.deallocate(mr.allocate(1000).unwrap()).unwrap();
     mr.check().unwrap(); // the pool's checker, through the adaptor and the lock
+}
+
+#[test]
+fn a_block_of_one_device_is_foreign_to_another() {
+    // Every device's default had the same addresses: device 0 took device
+    // 1's block, and freed its own live one under it.
+    let d0: DynResource = get_per_device_resource(700).unwrap();
+    let d1: DynResource = get_per_device_resource(701).unwrap();
+    let a = d0.allocate(1000).unwrap();
+    let b = d1.allocate(1000).unwrap();
+    let freed = d0.deallocate(b);
+    let c = d0.allocate(1000).unwrap();
+    assert!(freed.is_err() && a.addr() != c.addr(), "freed {freed:?}; a {a:?} b {b:?} c {c:?}");
+    for (mr, block) in [(&d0, a), (&d1, b), (&d0, c)] {
+        mr.deallocate(block).unwrap();
+    }
+}
+
+#[test]
+fn only_devices_with_addresses_of_their_own_have_a_simulated_default() {
+    // Any device number was taken, each device kept for ever.
+    let last = u32::try_from(SIM_DEVICES - 1).unwrap();
+    let top: DynResource = get_per_device_resource(last).unwrap();
+    assert!(top.deallocate(top.allocate(1000).unwrap()).is_ok());
+    for device in [last + 1, u32::MAX] {
+        let got = get_per_device_resource::<()>(device).map(|_| ());
+        assert!(matches!(got, Err(Error::InvalidConfig { .. })), "{device}: {got:?}");
+    }
 }
 
 #[test]

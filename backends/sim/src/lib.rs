@@ -41,8 +41,8 @@ pub use device::SimDevice;
 pub use host::HostMemory;
 pub use order::{HbChecked, HbViolation};
 pub use stack::{
-    builder, keep_vpool, register, sim, sim_capacity, sim_device, vpool, DEFAULT_SIM_CAPACITY, SIM_DEVICES,
-    VPOOL_SPACES,
+    builder, keep_vpool, nth_sim_device, register, sim, sim_capacity, sim_device, vpool,
+    DEFAULT_SIM_CAPACITY, SIM_DEVICES, VPOOL_SPACES,
 };
 pub use stream::{SimEvent, SimStream, SimWorld};
 pub use unmaps::UnmapChecked;

@@ -130,13 +130,37 @@ pub const SIM_DEVICES: u64 = (VPOOLS_FROM - SimDevice::BASE) / SimDevice::MAX_CA
 pub fn sim_device(call: &Call, nth: u64) -> Result<SimDevice, StackError> {
     call.expect_args(1, &["capacity"])?;
     let capacity = one_of(call, 0, "capacity")?.map(sim_capacity).transpose()?;
+    nth_sim_device(capacity.unwrap_or(DEFAULT_SIM_CAPACITY), nth).map_err(|e| call.resource_error(e))
+}
+
+/// The `nth` of the [`SIM_DEVICES`] simulated devices with addresses of
+/// their own, of `capacity` bytes: its addresses from [`SimDevice::BASE`] +
+/// `nth` × 2^46, which no other of them hands out. [`sim_device`]'s device,
+/// and `memres`'s default of device `nth`.
+///
+/// # Errors
+///
+/// [`Error::InvalidConfig`](memres_core::Error::InvalidConfig) for an `nth`
+/// of [`SIM_DEVICES`] or more.
+///
+/// ```
+/// use memres_core::{Error, MemoryResource, Request};
+/// use memres_sim::{nth_sim_device, SimDevice, SIM_DEVICES};
+/// let (zero, one) = (nth_sim_device(1 << 30, 0)?, nth_sim_device(1 << 30, 1)?);
+/// assert_eq!(zero.addresses().start(), SimDevice::BASE);
+/// let block = one.allocate(Request::new(1000)?, &())?;
+/// assert!(zero.deallocate(block, &()).is_err(), "a block of another device");
+/// assert!(matches!(nth_sim_device(1 << 30, SIM_DEVICES), Err(Error::InvalidConfig { .. })));
+/// # one.deallocate(block, &())?;
+/// # Ok::<(), Error>(())
+/// ```
+pub fn nth_sim_device(capacity: u64, nth: u64) -> memres_core::Result<SimDevice> {
     if nth >= SIM_DEVICES {
-        return Err(call.resource_error(memres_core::Error::InvalidConfig {
+        return Err(memres_core::Error::InvalidConfig {
             what: "too many simulated devices: their addresses run past 2^63",
-        }));
+        });
     }
-    let base = SimDevice::BASE + nth * SimDevice::MAX_CAPACITY;
-    SimDevice::with_base(capacity.unwrap_or(DEFAULT_SIM_CAPACITY), base).map_err(|e| call.resource_error(e))
+    SimDevice::with_base(capacity, SimDevice::BASE + nth * SimDevice::MAX_CAPACITY)
 }
 
 /// Where the addresses of the second and later `vpool`s of one stack
