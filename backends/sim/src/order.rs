@@ -67,6 +67,9 @@ impl std::error::Error for HbViolation {}
 /// a reuse on another stream must be ordered after the free (the reusing
 /// stream waited, directly or transitively, on an event recorded on the
 /// freeing stream after the free; or the host observed the free complete).
+/// Streams of several [`SimWorld`](crate::SimWorld)s may share one checked
+/// resource: a reuse on another world than the free's is ordered only once
+/// the host observed the free complete.
 /// The part of a record that a reuse overlaps is then dropped, the rest kept.
 ///
 /// Violations are counted and kept; [`panicking`](HbChecked::panicking)
@@ -105,10 +108,11 @@ struct CheckState {
     ordered_reuses: u64,
 }
 
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 struct FreeRecord {
     end: u64,
-    stream: u64,
+    /// The freeing stream itself: its id names it in its world only.
+    stream: SimStream,
     position: u64,
 }
 
@@ -179,7 +183,7 @@ impl CheckState {
         for k in self.overlapping(start, end) {
             let r = self.frees.remove(&k).expect("key just found");
             if k < start {
-                self.frees.insert(k, FreeRecord { end: start, ..r });
+                self.frees.insert(k, FreeRecord { end: start, ..r.clone() });
             }
             if r.end > end {
                 self.frees.insert(end, r);
@@ -210,18 +214,18 @@ impl<R: MemoryResource<SimStream>> MemoryResource<SimStream> for HbChecked<R> {
         let (start, end) = (block.addr(), block.addr().saturating_add(block.size()));
         let mut found = Vec::new();
         for k in st.overlapping(start, end) {
-            let r = st.frees[&k];
-            if r.stream == stream.id() {
+            let r = st.frees[&k].clone();
+            if r.stream.is(stream) {
                 continue;
             }
-            if stream.is_ordered_after(r.stream, r.position) {
+            if stream.is_ordered_after_stream(&r.stream, r.position) {
                 st.ordered_reuses += 1;
             } else {
                 found.push(HbViolation {
                     reuse: block,
                     reuse_stream: stream.id(),
                     freed: Range::new(k, r.end - k).expect("recorded ranges are valid"),
-                    free_stream: r.stream,
+                    free_stream: r.stream.id(),
                     free_position: r.position,
                 });
             }
@@ -248,7 +252,7 @@ impl<R: MemoryResource<SimStream>> MemoryResource<SimStream> for HbChecked<R> {
         self.inner.deallocate(block, stream)?;
         let (start, end) = (block.addr(), block.addr().saturating_add(block.size()));
         st.cut(start, end);
-        st.frees.insert(start, FreeRecord { end, stream: stream.id(), position });
+        st.frees.insert(start, FreeRecord { end, stream: stream.clone(), position });
         Ok(())
     }
 }

@@ -8,6 +8,12 @@
 //!
 //! # Model
 //!
+//! The streams of a world are numbered from 0, the default stream, in the
+//! order they were made; their ids ([`Stream::id`]) are unique in the
+//! process, but the default stream's: 0 in every world, as CUDA's legacy
+//! stream is the stream 0 of every device. So two worlds' streams share no
+//! free lists, and an event serves the streams of its own world only.
+//!
 //! Stream `i` keeps a vector clock `clock_i`: `clock_i[i]` is the number of
 //! operations submitted to `i` (its *position*), and `clock_i[j]` is how much
 //! of stream `j`'s work the next operation on `i` is ordered after (through
@@ -30,12 +36,23 @@
 use memres_core::check::FailNth;
 use memres_core::device::{DeviceId, DeviceStream};
 use memres_core::{Error, Result, Stream};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
+
+/// The next world's id: what tells its events from another world's.
+static NEXT_WORLD: AtomicU64 = AtomicU64::new(0);
+/// The next stream's id, in any world (the default streams' is 0).
+static NEXT_STREAM: AtomicU64 = AtomicU64::new(1);
+
+/// A wait on, a query of or a completion of an event of another world.
+const FOREIGN_EVENT: Error = Error::Backend { code: 4, what: "event of another simulated world" };
 
 /// The timeline of one simulated device: its streams, what they have
 /// submitted, and what has completed.
 ///
-/// Cheap to clone (a shared handle).
+/// Cheap to clone (a shared handle). Its events order its own streams
+/// only: a wait on, a query of or a completion of an event of another
+/// world is an error, and nothing changes.
 ///
 /// # Examples
 ///
@@ -55,12 +72,15 @@ use std::sync::{Arc, Mutex, MutexGuard};
 /// ```
 #[derive(Clone, Debug)]
 pub struct SimWorld {
+    /// Unique in the process.
+    id: u64,
     state: Arc<Mutex<World>>,
 }
 
 #[derive(Debug)]
 struct World {
-    /// Indexed by stream id; entry 0 is the default stream.
+    /// Indexed by the streams' numbers; entry 0 is the default stream.
+    /// Their ids rise with their numbers.
     streams: Vec<StreamState>,
     /// The injected failure of a stream call (record, wait, synchronize).
     fail: FailNth,
@@ -68,6 +88,8 @@ struct World {
 
 #[derive(Debug)]
 struct StreamState {
+    /// The stream's id: 0 for the default stream.
+    id: u64,
     /// Whether the stream synchronizes with the legacy default stream.
     blocking: bool,
     /// The stream's vector clock; missing entries are 0.
@@ -90,6 +112,11 @@ fn join(a: &mut Vec<u64>, b: &[u64]) {
 }
 
 impl World {
+    /// The number of the stream of this world whose id is `id`.
+    fn number_of(&self, id: u64) -> Option<usize> {
+        self.streams.binary_search_by_key(&id, |s| s.id).ok()
+    }
+
     /// The clock that the next operation on stream `i` is ordered after,
     /// implicit default-stream ordering included.
     fn effective(&self, i: usize) -> Vec<u64> {
@@ -144,8 +171,11 @@ impl Default for SimWorld {
 impl SimWorld {
     /// A world with only the default stream (id 0).
     pub fn new() -> Self {
-        let default = StreamState { blocking: true, clock: vec![0], completed: 0, observed: 0 };
-        SimWorld { state: Arc::new(Mutex::new(World { streams: vec![default], fail: FailNth::new() })) }
+        let default = StreamState { id: 0, blocking: true, clock: vec![0], completed: 0, observed: 0 };
+        SimWorld {
+            id: NEXT_WORLD.fetch_add(1, Ordering::Relaxed),
+            state: Arc::new(Mutex::new(World { streams: vec![default], fail: FailNth::new() })),
+        }
     }
 
     fn lock(&self) -> MutexGuard<'_, World> {
@@ -154,18 +184,20 @@ impl SimWorld {
 
     fn add_stream(&self, blocking: bool) -> SimStream {
         let mut w = self.lock();
-        let id = w.streams.len();
-        w.streams.push(StreamState { blocking, clock: vec![0; id + 1], completed: 0, observed: 0 });
-        SimStream { world: self.clone(), id: id as u64 }
+        let number = w.streams.len();
+        // Taken under the lock, so the world's ids rise with its numbers.
+        let id = NEXT_STREAM.fetch_add(1, Ordering::Relaxed);
+        w.streams.push(StreamState { id, blocking, clock: vec![0; number + 1], completed: 0, observed: 0 });
+        SimStream { world: self.clone(), id, number }
     }
 
     /// The default stream, id 0 (CUDA's legacy stream).
     pub fn default_stream(&self) -> SimStream {
-        SimStream { world: self.clone(), id: 0 }
+        SimStream { world: self.clone(), id: 0, number: 0 }
     }
 
     /// A new blocking stream (as `cudaStreamCreate`): ordered with the
-    /// default stream.
+    /// default stream. Its id is no other stream's of the process.
     pub fn stream(&self) -> SimStream {
         self.add_stream(true)
     }
@@ -191,8 +223,16 @@ impl SimWorld {
 
     /// The device finishes the work before `event` (and what it depends on);
     /// later work stays pending.
-    pub fn complete(&self, event: &SimEvent) {
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Backend`] for an event of another world; nothing completes.
+    pub fn complete(&self, event: &SimEvent) -> Result<()> {
+        if event.world != self.id {
+            return Err(FOREIGN_EVENT);
+        }
         self.lock().complete(&event.clock, false);
+        Ok(())
     }
 
     /// The host waits for the whole device (`cudaDeviceSynchronize`).
@@ -225,19 +265,23 @@ impl SimWorld {
 /// ```
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SimEvent {
+    /// The world's id.
+    world: u64,
+    /// The recording stream's id and number.
     stream: u64,
+    number: usize,
     clock: Vec<u64>,
 }
 
 impl SimEvent {
-    /// The stream it was recorded on.
+    /// The id of the stream it was recorded on.
     pub fn stream(&self) -> u64 {
         self.stream
     }
 
     /// The recording stream's position: the operations before the event.
     pub fn position(&self) -> u64 {
-        self.clock.get(self.stream as usize).copied().unwrap_or(0)
+        self.clock.get(self.number).copied().unwrap_or(0)
     }
 }
 
@@ -262,6 +306,8 @@ impl SimEvent {
 pub struct SimStream {
     world: SimWorld,
     id: u64,
+    /// Its number in the world: its entry in the clocks.
+    number: usize,
 }
 
 impl SimStream {
@@ -274,7 +320,7 @@ impl SimStream {
     /// position on the stream.
     pub fn enqueue(&self) -> u64 {
         let mut w = self.world.lock();
-        let i = self.id as usize;
+        let i = self.number;
         let mut c = w.effective(i);
         if c.len() <= i {
             c.resize(i + 1, 0);
@@ -288,27 +334,45 @@ impl SimStream {
     /// Operations submitted to the stream so far.
     pub fn position(&self) -> u64 {
         let w = self.world.lock();
-        w.streams[self.id as usize].clock.get(self.id as usize).copied().unwrap_or(0)
+        w.streams[self.number].clock.get(self.number).copied().unwrap_or(0)
     }
 
     /// Whether this stream's next operation is ordered after position `pos`
     /// of stream `other`: through waits (direct or transitive), the default
     /// stream's implicit ordering, or because the host has observed that
-    /// work complete. Always true for `other == self.id()`.
+    /// work complete. Always true for `other == self.id()`; false for a
+    /// stream of another world (but for `pos` 0).
     pub fn is_ordered_after(&self, other: u64, pos: u64) -> bool {
         if other == self.id {
             return true;
         }
         let w = self.world.lock();
-        let observed = w.streams.get(other as usize).map_or(0, |s| s.observed);
-        observed >= pos || w.effective(self.id as usize).get(other as usize).copied().unwrap_or(0) >= pos
+        let Some(j) = w.number_of(other) else { return pos == 0 };
+        w.streams[j].observed >= pos || w.effective(self.number).get(j).copied().unwrap_or(0) >= pos
     }
 
-    /// Whether the host has observed position `pos` of stream `other`
-    /// complete.
+    /// Whether the host has observed position `pos` of stream `other` of
+    /// this stream's world complete.
     pub fn is_observed(&self, other: u64, pos: u64) -> bool {
         let w = self.world.lock();
-        w.streams.get(other as usize).map_or(0, |s| s.observed) >= pos
+        w.number_of(other).map_or(0, |j| w.streams[j].observed) >= pos
+    }
+
+    /// Whether `other` is this stream: the same id in the same world (the
+    /// default streams of all worlds have id 0).
+    pub(crate) fn is(&self, other: &SimStream) -> bool {
+        self.id == other.id && self.world.id == other.world.id
+    }
+
+    /// Whether this stream's next operation is ordered after position
+    /// `pos` of `other`, a stream of any world: of another world only once
+    /// the host has observed that work complete, as nothing else orders
+    /// the work of two devices.
+    pub(crate) fn is_ordered_after_stream(&self, other: &SimStream, pos: u64) -> bool {
+        match self.world.id == other.world.id {
+            true => self.is_ordered_after(other.id, pos),
+            false => other.is_observed(other.id, pos),
+        }
     }
 }
 
@@ -322,20 +386,33 @@ impl Stream for SimStream {
     fn record(&self) -> Result<SimEvent> {
         let mut w = self.world.lock();
         w.fail_point()?;
-        Ok(SimEvent { stream: self.id, clock: w.effective(self.id as usize) })
+        let clock = w.effective(self.number);
+        Ok(SimEvent { world: self.world.id, stream: self.id, number: self.number, clock })
     }
 
+    /// Joins the event's clock into this stream's.
+    ///
+    /// # Errors
+    ///
+    /// An injected failure; [`Error::Backend`] for an event of another
+    /// world. Nothing changes then.
     fn wait(&self, event: &SimEvent) -> Result<()> {
         let mut w = self.world.lock();
         w.fail_point()?;
-        if event.clock.len() > w.streams.len() {
-            return Err(Error::Backend { code: 4, what: "event of another simulated world" });
+        if event.world != self.world.id {
+            return Err(FOREIGN_EVENT);
         }
-        join(&mut w.streams[self.id as usize].clock, &event.clock);
+        join(&mut w.streams[self.number].clock, &event.clock);
         Ok(())
     }
 
+    /// # Errors
+    ///
+    /// [`Error::Backend`] for an event of another world.
     fn query(&self, event: &SimEvent) -> Result<bool> {
+        if event.world != self.world.id {
+            return Err(FOREIGN_EVENT);
+        }
         let mut w = self.world.lock();
         if w.is_complete(&event.clock) {
             w.complete(&event.clock, true);
@@ -348,7 +425,7 @@ impl Stream for SimStream {
     fn synchronize(&self) -> Result<()> {
         let mut w = self.world.lock();
         w.fail_point()?;
-        let c = w.effective(self.id as usize);
+        let c = w.effective(self.number);
         w.complete(&c, true);
         Ok(())
     }

@@ -242,7 +242,7 @@ fn drive(rig: &Rig, seed: u64, steps: usize) -> memres_core::per_stream::Stats {
             93 => stream.synchronize().unwrap(),
             94..=95 => {
                 let ev = stream.record().unwrap();
-                rig.world.complete(&ev);
+                rig.world.complete(&ev).unwrap();
             }
             96..=97 => {
                 // A stream waits on another, as user code does.

@@ -165,7 +165,7 @@ fn randomized_three_streams_never_reuse_or_unmap_too_early() {
                 93 => stream.synchronize().unwrap(),
                 _ => {
                     let ev = stream.record().unwrap();
-                    world.complete(&ev);
+                    world.complete(&ev).unwrap();
                 }
             }
             res.inner().with(|p| {

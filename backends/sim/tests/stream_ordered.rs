@@ -114,7 +114,7 @@ fn drive(rig: &Rig, seed: u64, steps: usize) -> usize {
             93 => stream.synchronize().unwrap(),
             94..=95 => {
                 let ev = stream.record().unwrap();
-                rig.world.complete(&ev);
+                rig.world.complete(&ev).unwrap();
             }
             96..=97 => {
                 rig.layer(|l| l.reclaim()).unwrap();

@@ -108,3 +108,43 @@ fn failed_calls_record_nothing() {
     r.clear_frees();
     assert_eq!(r.violation_count(), 0);
 }
+
+#[test]
+fn an_event_of_another_world_orders_nothing() {
+    // A wait on it was taken when its clock was no longer than this
+    // world's, ordering `c` after `a`, the stream of this world of `x`'s
+    // number.
+    let (w1, w2) = (SimWorld::new(), SimWorld::new());
+    let (a, c) = (w1.non_blocking_stream(), w1.non_blocking_stream());
+    let x = w2.non_blocking_stream();
+    let dev = HbChecked::new(SimDevice::new(1 << 20));
+    let blk = dev.allocate(Request::new(256).unwrap(), &a).unwrap();
+    dev.deallocate(blk, &a).unwrap();
+    x.enqueue();
+    let waited = c.wait(&x.record().unwrap());
+    let y = dev.allocate(Request::new(256).unwrap(), &c).unwrap();
+    assert_eq!(y.addr(), blk.addr());
+    assert!(
+        waited.is_err() || dev.violation_count() == 1,
+        "waited {waited:?}, violations {}",
+        dev.violation_count()
+    );
+}
+
+#[test]
+fn a_reuse_in_another_world_is_ordered_only_by_the_host() {
+    // The default streams of two worlds have one id, 0: the reuse was
+    // taken as one on the freeing stream itself.
+    let (w1, w2) = (SimWorld::new(), SimWorld::new());
+    let r = HbChecked::new(Scripted::default());
+    let x = give(&r, 0x1000, 0x100, &w1.default_stream());
+    r.deallocate(x, &w1.default_stream()).unwrap();
+    w2.synchronize();
+    give(&r, 0x1000, 0x100, &w2.default_stream());
+    assert_eq!(r.violation_count(), 1);
+    let y = give(&r, 0x2000, 0x100, &w1.default_stream());
+    r.deallocate(y, &w1.default_stream()).unwrap();
+    w1.synchronize();
+    give(&r, 0x2000, 0x100, &w2.default_stream());
+    assert_eq!((r.violation_count(), r.ordered_cross_stream_reuses()), (1, 1));
+}

@@ -4,8 +4,46 @@ use super::*;
 fn default_stream_exists_with_id_zero() {
     let world = SimWorld::new();
     assert_eq!(world.default_stream().id(), 0);
-    assert_eq!(world.stream().id(), 1);
+    assert_ne!(world.stream().id(), 0);
     assert_eq!(world.stream_count(), 2);
+}
+
+#[test]
+fn streams_of_two_worlds_have_different_ids() {
+    // Each world numbered its streams 0, 1, 2...: two worlds' streams
+    // shared free lists.
+    let (w1, w2) = (SimWorld::new(), SimWorld::new());
+    let ids = [w1.stream(), w1.non_blocking_stream(), w2.stream(), w2.non_blocking_stream()].map(|s| s.id());
+    for (i, id) in ids.iter().enumerate() {
+        assert!(*id != 0 && !ids[i + 1..].contains(id), "{ids:?}");
+    }
+    // The default stream is 0 in every world, as CUDA's legacy stream.
+    assert_eq!((w1.default_stream().id(), w2.default_stream().id()), (0, 0));
+    // Each stream is still ordered by the ids of its own world.
+    let (a, b) = (w2.non_blocking_stream(), w2.non_blocking_stream());
+    let p = a.enqueue();
+    b.wait(&a.record().unwrap()).unwrap();
+    assert!(b.is_ordered_after(a.id(), p) && !b.is_ordered_after(w1.stream().id(), 1));
+}
+
+#[test]
+fn an_event_of_another_world_is_refused_and_changes_nothing() {
+    // An event whose clock was no longer than this world's was taken.
+    let (w1, w2) = (SimWorld::new(), SimWorld::new());
+    let (a, b) = (w1.non_blocking_stream(), w1.non_blocking_stream());
+    let x = w2.non_blocking_stream();
+    a.enqueue();
+    x.enqueue();
+    let foreign = x.record().unwrap();
+    let refused = Err(Error::Backend { code: 4, what: "event of another simulated world" });
+    assert_eq!(b.wait(&foreign), refused);
+    assert!(!b.is_ordered_after(a.id(), 1));
+    w2.advance();
+    assert_eq!(b.query(&foreign), refused.map(|()| true));
+    assert_eq!(w1.complete(&foreign), refused);
+    assert!(!b.query(&a.record().unwrap()).unwrap(), "a's work is pending");
+    // In its own world it serves.
+    assert!(w2.default_stream().query(&foreign).unwrap());
 }
 
 #[test]
@@ -53,7 +91,7 @@ fn completing_an_event_completes_what_it_depends_on() {
     let eb = b.record().unwrap();
     b.enqueue();
     let later = b.record().unwrap();
-    world.complete(&eb);
+    world.complete(&eb).unwrap();
     assert!(a.query(&ea).unwrap());
     assert!(a.query(&eb).unwrap());
     assert!(!a.query(&later).unwrap());
