@@ -158,9 +158,12 @@ impl<S: Stream + ?Sized> MemoryResource<S> for SimDevice {
             return Err(Error::Backend { code: 2, what: "injected failure of the simulated device" });
         }
         let size = request.rounded_size(256);
+        // The largest free range, as far as the capacity lets it be taken:
+        // ranges may be fewer than the capacity allows (fragmented, or a
+        // capacity beyond the space).
         let out_of_memory = |s: &State| Error::OutOfMemory {
             requested: request.size(),
-            largest_free: self.capacity - s.tally.held,
+            largest_free: s.space.largest_free().min(self.capacity - s.tally.held),
             pool_size: self.capacity,
             max_size: Some(self.capacity),
         };
@@ -191,5 +194,40 @@ impl<S: Stream + ?Sized> MemoryResource<S> for SimDevice {
         }
         s.tally.freed(block.size().next_multiple_of(256));
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::SimDevice;
+    use memres_core::{Block, Error, MemoryResource, Request};
+
+    fn out_of_memory(requested: u64, largest_free: u64, capacity: u64) -> Error {
+        Error::OutOfMemory { requested, largest_free, pool_size: capacity, max_size: Some(capacity) }
+    }
+
+    #[test]
+    fn out_of_memory_names_a_free_block_the_device_has() {
+        // It named the capacity not held, whether or not a free range that
+        // long was there.
+        let (all, quarter) = (SimDevice::MAX_CAPACITY, SimDevice::MAX_CAPACITY / 4);
+        // Fragmented: a capacity of its whole space, every other quarter free.
+        let dev = SimDevice::new(all);
+        let mut quarters: Vec<Block> =
+            (0..4).map(|_| dev.allocate(Request::new(quarter).unwrap(), &()).unwrap()).collect();
+        quarters.sort_by_key(|b| b.addr());
+        for b in [quarters[0], quarters[2]] {
+            dev.deallocate(b, &()).unwrap();
+        }
+        let e = dev.allocate(Request::new(2 * quarter).unwrap(), &());
+        assert_eq!(e, Err(out_of_memory(2 * quarter, quarter, all)));
+        dev.deallocate(dev.allocate(Request::new(quarter).unwrap(), &()).unwrap(), &()).unwrap();
+        // A capacity beyond its space: 2^50 bytes over 2^46 of addresses.
+        let dev = SimDevice::new(1 << 50);
+        assert_eq!(
+            dev.allocate(Request::new(1 << 47).unwrap(), &()),
+            Err(out_of_memory(1 << 47, all, 1 << 50))
+        );
+        dev.deallocate(dev.allocate(Request::new(all).unwrap(), &()).unwrap(), &()).unwrap();
     }
 }
