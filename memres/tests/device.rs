@@ -1,5 +1,9 @@
 //! The default resource of every device over the simulator, set and got
 //! from many threads, and bad input through the short path.
+//!
+//! The tests run in parallel over the process's one registry: each uses
+//! devices no other test uses (device 0, the current one, only
+//! `setting_returns_the_previous_resource`).
 #![cfg(not(feature = "cuda"))]
 
 use memres::device::{
@@ -18,9 +22,6 @@ fn every_device_has_a_simulated_default_without_registration() {
     assert!(!Arc::ptr_eq(&a, &get_per_device_resource(101).unwrap()), "one per device");
     let b = a.allocate(1 << 20).unwrap();
     a.deallocate(b).unwrap();
-    // The current device is device 0 without CUDA.
-    let current: DynResource = get_current_device_resource().unwrap();
-    assert!(Arc::ptr_eq(&current, &get_per_device_resource(0).unwrap()));
     // Simulated streams have a default too.
     let s: DynResource<SimStream> = get_per_device_resource(100).unwrap();
     let stream = SimWorld::new().stream();
@@ -36,10 +37,13 @@ fn setting_returns_the_previous_resource() {
     assert!(Arc::ptr_eq(&get_per_device_resource(200).unwrap(), &pool));
     // A device whose default was never made had nothing to replace.
     assert!(set_per_device_resource(201, pool.clone()).is_none());
-    // The current device's, through the same registry.
+    // The current device's, through the same registry: device 0 without
+    // CUDA. (Another test read device 0 twice, and this one's set could
+    // land between its reads.)
     let mine: DynResource = Arc::new(SimDevice::new(1 << 20));
     let before = set_current_device_resource(mine.clone()).unwrap();
     assert!(Arc::ptr_eq(&get_current_device_resource().unwrap(), &mine));
+    assert!(Arc::ptr_eq(&get_per_device_resource(0).unwrap(), &mine));
     if let Some(before) = before {
         set_current_device_resource(before).unwrap();
     }
