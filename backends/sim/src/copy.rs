@@ -110,12 +110,16 @@ impl<S: Stream + ?Sized> CopyEngine<S> for HostCopy {
 #[cfg(test)]
 mod tests {
     use super::HostCopy;
+    use crate::host::host_test_alone;
     use crate::HostMemory;
     use memres_core::copy::CopyEngine;
     use memres_core::{Error, MemoryResource, Request};
 
     #[test]
     fn only_live_host_memory_is_touched() {
+        // Alone: freed addresses below could be another test's blocks by now
+        // (the access then succeeded, writing under that test's `&mut`).
+        let _alone = host_test_alone();
         let host = HostMemory::new();
         let b = host.allocate(Request::new(512).unwrap(), &()).unwrap();
         let (a, end) = (b.addr(), b.addr() + 512);
@@ -136,7 +140,8 @@ mod tests {
         }
         assert_eq!(out, [7; 8]);
         host.deallocate(b, &()).unwrap();
-        // SAFETY: refused, as above.
+        // SAFETY: refused, as above: no other test holds host memory (its
+        // allocator may have handed out `a` again, but to no `HostMemory`).
         unsafe {
             assert_eq!(HostCopy.fill(a, 0, 1, &()), not_live(a, 1));
             assert_eq!(HostCopy.copy_to_host(&mut out, a, &()), not_live(a, 8));

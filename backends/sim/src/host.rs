@@ -94,6 +94,29 @@ pub(crate) fn live() -> MutexGuard<'static, LiveRanges> {
     LIVE.lock().unwrap_or_else(|p| p.into_inner())
 }
 
+/// The tests of this crate that allocate host memory run together; the one
+/// that hands [`HostCopy`](crate::HostCopy) freed addresses runs alone: the
+/// allocator may give a freed address to another test's block, which the
+/// access would then find live and write (under that test's `&mut`, where
+/// it holds one). Only `HostMemory` lists memory in `LIVE`, and every test
+/// that makes one holds this lock.
+#[cfg(test)]
+static HOST_TESTS: std::sync::RwLock<()> = std::sync::RwLock::new(());
+
+/// For a test that allocates host memory: it runs beside the others but
+/// not beside [`host_test_alone`]'s.
+#[cfg(test)]
+pub(crate) fn host_tests_together() -> std::sync::RwLockReadGuard<'static, ()> {
+    HOST_TESTS.read().unwrap_or_else(|p| p.into_inner())
+}
+
+/// For a test that hands `HostCopy` freed addresses: no other test holds
+/// host memory while it runs.
+#[cfg(test)]
+pub(crate) fn host_test_alone() -> std::sync::RwLockWriteGuard<'static, ()> {
+    HOST_TESTS.write().unwrap_or_else(|p| p.into_inner())
+}
+
 impl HostMemory {
     /// An empty resource.
     pub fn new() -> Self {

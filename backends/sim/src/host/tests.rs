@@ -1,10 +1,11 @@
-use super::HostMemory;
+use super::{host_tests_together, HostMemory};
 use memres_core::testing::{steps, SplitMix64};
 use memres_core::Inspect;
 use memres_core::{Block, Error, MemoryResource, Request};
 
 #[test]
 fn blocks_are_aligned_writable_and_counted() {
+    let _together = host_tests_together();
     let host = HostMemory::new();
     let mut blocks = Vec::new();
     // (Under Miri, which reads the bytes one by one, 64 KiB for 1 MiB.)
@@ -38,6 +39,7 @@ fn blocks_are_aligned_writable_and_counted() {
 
 #[test]
 fn zero_sized_requests_take_nothing() {
+    let _together = host_tests_together();
     let host = HostMemory::new();
     let b = host.allocate(Request::new(0).unwrap(), &()).unwrap();
     assert!(b.is_empty());
@@ -47,6 +49,7 @@ fn zero_sized_requests_take_nothing() {
 
 #[test]
 fn bad_frees_are_errors_and_change_nothing() {
+    let _together = host_tests_together();
     let host = HostMemory::new();
     let b = host.allocate(Request::new(1000).unwrap(), &()).unwrap();
     let stray = Block::from_addr(b.addr() + 256, 256);
@@ -67,6 +70,7 @@ fn bad_frees_are_errors_and_change_nothing() {
 #[cfg(not(miri))]
 #[test]
 fn impossible_requests_fail_cleanly() {
+    let _together = host_tests_together();
     let host = HostMemory::new();
     // Larger than any address space: the layout is refused or alloc fails.
     let err = host.allocate(Request::new(Request::MAX_SIZE).unwrap(), &()).unwrap_err();
@@ -78,6 +82,7 @@ fn impossible_requests_fail_cleanly() {
 
 #[test]
 fn random_sequence_keeps_exact_accounting() {
+    let _together = host_tests_together();
     let host = HostMemory::new();
     let mut rng = SplitMix64::new(3);
     let mut live: Vec<Block> = Vec::new();
@@ -108,6 +113,7 @@ fn random_sequence_keeps_exact_accounting() {
 
 #[test]
 fn reset_peak_restarts_from_held() {
+    let _together = host_tests_together();
     let host = HostMemory::new();
     let a = host.allocate(Request::new(4096).unwrap(), &()).unwrap();
     let b = host.allocate(Request::new(256).unwrap(), &()).unwrap();
@@ -119,6 +125,7 @@ fn reset_peak_restarts_from_held() {
 
 #[test]
 fn fresh_blocks_are_zeroed_even_in_reused_memory() {
+    let _together = host_tests_together();
     // Heap memory full of 0xAB, freed: the allocator carves the next
     // allocations out of it. A stale holder of a freed block may read a
     // fresh one at its address, so every byte handed out is initialized.
