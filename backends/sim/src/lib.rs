@@ -19,8 +19,9 @@
 //! - [`register`] and [`builder`]: the leaves `sim`, `host` and `vpool` of
 //!   the core's [`StackBuilder`](memres_core::stack::StackBuilder).
 //!
-//! Everything here implements [`memres_core::MemoryResource`] for every
-//! stream type.
+//! The resources here, [`SimDevice`] and [`HostMemory`], implement
+//! [`memres_core::MemoryResource`] for every stream type; [`HbChecked`],
+//! which checks the order of simulated streams, for [`SimStream`] only.
 //!
 //! Host memory lives here rather than in a crate of its own: it is the
 //! other backend that needs no GPU, used by the same tests and replays as
