@@ -138,12 +138,27 @@ impl Local {
         self.index.allocate_class(size, class, align)
     }
 
-    /// Adds a superblock.
-    pub(super) fn add(&mut self, range: Range) -> Result<()> {
+    /// [`allocate`](Self::allocate) from the superblock whose first node is
+    /// `first`, whatever its size class: a superblock of exactly what an
+    /// aligned request needs sits in a class below the one a search starts
+    /// at.
+    pub(super) fn allocate_in(
+        &mut self,
+        first: u32,
+        size: u64,
+        class: u64,
+        align: u64,
+    ) -> Result<Option<Allocation>> {
+        self.touched = true;
+        self.index.allocate_class_in(first, size, class, align)
+    }
+
+    /// Adds a superblock; returns its first node.
+    pub(super) fn add(&mut self, range: Range) -> Result<u32> {
         let first = self.index.add_range(range)?;
         self.supers.push(Held { range, first });
         self.held += range.len();
-        Ok(())
+        Ok(first)
     }
 
     /// Takes out every wholly free superblock, handing each to `out`, and

@@ -419,11 +419,16 @@ impl<U, L: RawLock> ArenaResource<U, L> {
                     let Some(range) = range else {
                         return Ok(None);
                     };
-                    if let Err(e) = a.add(range) {
-                        let _ = self.global.0.with(|g| g.give_back(range.start()));
-                        return Err(e);
-                    }
-                    match a.allocate(request.size(), class, align)? {
+                    let first = match a.add(range) {
+                        Ok(first) => first,
+                        Err(e) => {
+                            let _ = self.global.0.with(|g| g.give_back(range.start()));
+                            return Err(e);
+                        }
+                    };
+                    // From the new superblock itself: one of exactly the
+                    // bytes needed sits in a class below the one searched.
+                    match a.allocate_in(first, request.size(), class, align)? {
                         Some(got) => got,
                         None => return Ok(None),
                     }

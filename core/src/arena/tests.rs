@@ -616,3 +616,38 @@ fn an_arena_dropped_while_unwinding_over_a_panicking_upstream_does_not_abort() {
     // The chunk whose give-back panicked is left to the upstream.
     assert!(up.usage().held > 0);
 }
+
+/// The global arena at its maximum lends a superblock of exactly what an
+/// aligned small request needs, which sits in a size class below the one
+/// the arena's search starts at: the arena carves from it directly (it
+/// searched, found nothing, and answered `OutOfMemory`).
+#[test]
+fn an_aligned_small_request_is_served_from_the_superblock_left_at_the_maximum() {
+    let up = BumpUpstream::new(1 << 40);
+    let config = ArenaConfig::new().maximum_size((8 << 20) + 5119 * 256);
+    let arena = ArenaResource::with_config(&up, config, &()).unwrap();
+    let (s1, s2) = (TestStream::new(1), TestStream::new(2));
+    let keep = arena.allocate(req(1000), &s1).unwrap();
+    // 256 KiB + 1 MiB - 256: exactly the 1310464 bytes left at the maximum.
+    let b = arena.allocate(Request::aligned(256 << 10, 1 << 20).unwrap(), &s2).unwrap();
+    assert_eq!(b.addr() % (1 << 20), 0);
+    arena.check().unwrap();
+    arena.deallocate(b, &s2).unwrap();
+    arena.deallocate(keep, &s1).unwrap();
+    arena.check().unwrap();
+    assert_eq!(arena.usage().used, 0);
+}
+
+/// The same with a superblock size that is no class boundary: every new
+/// superblock is exactly what the request needs.
+#[test]
+fn an_aligned_small_request_is_served_from_a_superblock_of_exactly_its_need() {
+    let up = BumpUpstream::new(1 << 40);
+    let config = ArenaConfig::new().superblock_size(5119 * 256);
+    let arena = ArenaResource::with_config(&up, config, &()).unwrap();
+    let b = arena.allocate(Request::aligned(256 << 10, 1 << 20).unwrap(), &()).unwrap();
+    assert_eq!(b.addr() % (1 << 20), 0);
+    arena.check().unwrap();
+    arena.deallocate(b, &()).unwrap();
+    assert_eq!(arena.usage().used, 0);
+}

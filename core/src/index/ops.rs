@@ -366,9 +366,39 @@ impl<N: Storage<Node>> CoalescingIndex<N> {
     /// # Ok::<(), memres_core::Error>(())
     /// ```
     pub fn allocate_in(&mut self, node: u32, size: u64, align: u64) -> Result<Option<Allocation>> {
-        check_request(size, align)?;
+        self.allocate_class_in(node, size, size, align)
+    }
+
+    /// [`allocate_in`](Self::allocate_in) of `size` bytes that takes `class`
+    /// bytes, as [`allocate_class`](Self::allocate_class): an arena carves a
+    /// small block from the superblock it just took with it.
+    ///
+    /// # Errors
+    ///
+    /// As [`allocate_class`](Self::allocate_class).
+    ///
+    /// ```
+    /// use memres_core::index::CoalescingIndex;
+    /// use memres_core::Range;
+    /// let mut index: CoalescingIndex = CoalescingIndex::new(256);
+    /// let first = index.add_range(Range::new(0, 4096).unwrap())?;
+    /// let a = index.allocate_class_in(first, 300, 1024, 256)?.unwrap();
+    /// assert_eq!((a.addr, index.used_bytes()), (0, 1024));
+    /// # Ok::<(), memres_core::Error>(())
+    /// ```
+    pub fn allocate_class_in(
+        &mut self,
+        node: u32,
+        size: u64,
+        class: u64,
+        align: u64,
+    ) -> Result<Option<Allocation>> {
+        if class < size {
+            return Err(Error::InvalidSize { size: class, what: "a size class below the size it serves" });
+        }
+        check_request(class, align)?;
         let node = self.skip_header(node);
-        let bytes = self.bytes_of(size);
+        let bytes = self.bytes_of(class);
         let Some(n) = self.nodes.get(node as usize) else { return Ok(None) };
         let align = align.max(self.granule());
         if n.state != State::Free || pad_to(n.addr, align) + bytes > n.size {
