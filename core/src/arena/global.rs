@@ -245,11 +245,11 @@ impl<U> Global<U> {
     }
 
     /// For the arena's `Drop`: gives back every chunk wholly free in the
-    /// index, or every chunk when no block is live in any arena (`idle`):
-    /// then the superblocks still out hold only free blocks.
-    pub(super) fn give_back_on_drop(&mut self, idle: bool) {
+    /// index (the arenas gave their wholly free superblocks back first, so
+    /// every chunk that holds no live block).
+    pub(super) fn give_back_on_drop(&mut self) {
         let index = &self.index;
-        self.chunks.give_back_on_drop(|c| idle || index.is_free(c));
+        self.chunks.give_back_on_drop(|c| index.is_free(c));
     }
 
     pub(super) fn chunk_count(&self) -> usize {

@@ -200,10 +200,10 @@ struct Padded<T>(T);
 ///   global arena needs room under its maximum for a larger chunk, and on
 ///   [`release`](ArenaResource::release). Dropping the resource gives
 ///   them back on the stream type's drop stream ([`Stream::at_drop`]; `()`
-///   at once), as the pool does: every chunk when no block is live, else
-///   those wholly free in the global arena; a chunk that holds a live block
-///   stays with the upstream. Over a stream type with no drop stream every
-///   chunk stays: call `release` first.
+///   at once), as the pool does: every chunk that holds no live block,
+///   the arenas' wholly free superblocks taken back first; a chunk that
+///   holds a live block stays with the upstream. Over a stream type with
+///   no drop stream every chunk stays: call `release` first.
 ///
 /// # Examples
 ///

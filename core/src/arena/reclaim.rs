@@ -5,7 +5,7 @@ use super::local::Local;
 use super::slots::OwnerKey;
 use super::ArenaResource;
 use crate::lock::RawLock;
-use crate::{Inspect, MemoryResource, Range, Result, Stream};
+use crate::{MemoryResource, Range, Result, Stream};
 use alloc::vec::Vec;
 
 /// A superblock on its way from an arena to the global arena.
@@ -159,11 +159,23 @@ impl<U, L: RawLock> ArenaResource<U, L> {
 /// Gives the global arena's chunks back upstream, on the stream type's
 /// [`Stream::at_drop`] stream, as the pool does (see
 /// [`CoalescingPool`](crate::pool::CoalescingPool)'s `Drop`): every chunk
-/// when no block is live, otherwise those wholly free in the global arena.
-/// A chunk that still holds a live block stays with the upstream (leaked).
+/// that holds no live block, the arenas' wholly free superblocks taken back
+/// first. A chunk that still holds a live block stays with the upstream
+/// (leaked).
 impl<U, L: RawLock> Drop for ArenaResource<U, L> {
     fn drop(&mut self) {
-        let idle = self.usage().used == 0;
-        self.global.0.get_mut().give_back_on_drop(idle);
+        // No call runs (`&mut self`), so no stream is needed to take the
+        // superblocks back: their chunks go back on the drop stream, which
+        // orders them after the work of the frees into them as it orders
+        // every chunk of an arena dropped with nothing live (those chunks
+        // went back so already). They stay counted in transit: the arenas
+        // go with the resource.
+        let global = self.global.0.get_mut();
+        for arena in self.arenas.iter_mut() {
+            arena.0.get_mut().take_free(|range| {
+                let _ = global.give_back(range.start());
+            });
+        }
+        global.give_back_on_drop();
     }
 }

@@ -90,3 +90,24 @@ fn dropped_arena_keeps_the_chunk_of_a_live_block() {
     drop(arena);
     assert!(held(&up) >= live.size() && held(&up) < 300 << 20);
 }
+
+/// A superblock that an arena holds with nothing live in it is no live
+/// block: its chunk goes back, though another chunk holds one (it stayed
+/// with the upstream for good: the drop gave back only chunks wholly free
+/// in the global arena).
+#[test]
+fn dropped_arena_gives_back_the_chunks_of_free_superblocks_beside_a_live_block() {
+    let up = BumpUpstream::new(1 << 40);
+    let config = ArenaConfig::new().superblock_size(1 << 20).chunk_size(1 << 20).large_threshold(1 << 10);
+    // The initial chunk, taken on `()`, gives the drop a stream to give
+    // chunks back on (`TestStream` has none).
+    let arena = ArenaResource::with_config(&up, config.initial_size(1 << 20), &()).unwrap();
+    let (s1, s2) = (crate::testing::TestStream::new(1), crate::testing::TestStream::new(2));
+    // Two chunks, a superblock each, in two arenas.
+    let a = arena.allocate(Request::new(512).unwrap(), &s1).unwrap();
+    let _live = arena.allocate(Request::new(512).unwrap(), &s2).unwrap();
+    arena.deallocate(a, &s1).unwrap();
+    assert_eq!(held(&up), 2 << 20);
+    drop(arena);
+    assert_eq!(held(&up), 1 << 20);
+}
