@@ -77,18 +77,33 @@ pub(crate) enum GiveBack {
     Above(u64),
 }
 
-/// What giving free chunks back did: the bytes that went back, and the
-/// upstream's first refusal (the chunks it refused stay).
+/// The most classes of blocks a resource carves its chunks for (a pool's:
+/// blocks below its large threshold, and large ones).
+const CLASSES: usize = 2;
+
+/// What giving free chunks back did: the bytes that went back, by the class
+/// their chunks were carved for, and the upstream's first refusal (the
+/// chunks it refused stay).
 #[derive(Clone, Copy, Debug, Default)]
 struct GaveBack {
-    bytes: u64,
+    bytes: [u64; CLASSES],
     refused: Option<Error>,
 }
 
 impl GaveBack {
+    /// Counts `chunk` given back.
+    fn add(&mut self, chunk: &Chunk, carve: &impl Carve) {
+        self.bytes[carve.class_of(chunk)] += chunk.range.len();
+    }
+
+    /// The bytes given back, of every class.
+    fn total(&self) -> u64 {
+        self.bytes.iter().sum()
+    }
+
     /// The bytes given back, or the refusal.
     fn result(self) -> Result<u64> {
-        self.refused.map_or(Ok(self.bytes), Err)
+        self.refused.map_or(Ok(self.total()), Err)
     }
 }
 
@@ -106,6 +121,21 @@ pub(crate) trait Carve {
     fn detach(&mut self, chunk: &Chunk);
     /// Whether the chunk is covered exactly by what is carved of it.
     fn covers(&self, chunk: &Chunk) -> bool;
+    /// The class of blocks `chunk` is carved for, below [`CLASSES`] (0 for
+    /// a resource of one class).
+    fn class_of(&self, chunk: &Chunk) -> usize {
+        let _ = chunk;
+        0
+    }
+    /// The class the chunks attached next are carved for.
+    fn attach_class(&self) -> usize {
+        0
+    }
+    /// Makes the chunks attached next carved for `class` (as
+    /// [`class_of`](Self::class_of) numbers it).
+    fn set_attach_class(&mut self, class: usize) {
+        let _ = class;
+    }
 }
 
 impl<N: Storage<Node>> Carve for CoalescingIndex<N> {
@@ -405,9 +435,9 @@ impl<U, C: Storage<Chunk>> ChunkTable<U, C> {
                 i += 1;
                 continue;
             }
+            gave.add(&chunk, carve);
             carve.detach(&chunk);
             self.remove(i);
-            gave.bytes += chunk.range.len();
         }
         gave
     }
@@ -445,9 +475,9 @@ impl<U, C: Storage<Chunk>> ChunkTable<U, C> {
                 below = key(&chunk);
                 continue;
             }
+            gave.add(&chunk, carve);
             carve.detach(&chunk);
             self.remove(i);
-            gave.bytes += chunk.range.len();
         }
         gave
     }
@@ -455,10 +485,11 @@ impl<U, C: Storage<Chunk>> ChunkTable<U, C> {
     /// Takes a chunk that holds `need` bytes (rounded up to 256): the size
     /// `growth` picks under the maximum, halved towards `need` while the
     /// upstream is out of memory, after giving wholly free chunks back as
-    /// `give_back` says (taken again as one chunk of their bytes if the
-    /// growth fails). Returns the new chunk's handle: callers carve their
-    /// block from it, since a chunk of exactly `need` bytes may sit in a
-    /// size class below the one the index searches for `need`.
+    /// `give_back` says (taken again if the growth fails: see
+    /// [`take_back`](Self::take_back)). Returns the new chunk's handle:
+    /// callers carve their block from it, since a chunk of exactly `need`
+    /// bytes may sit in a size class below the one the index searches for
+    /// `need`.
     ///
     /// `Ok(None)`: the maximum or the upstream leaves no room, or `need`
     /// is more than any request may ask.
@@ -498,16 +529,32 @@ impl<U, C: Storage<Chunk>> ChunkTable<U, C> {
             GiveBack::AtMaximum | GiveBack::Never => GaveBack::default(),
         };
         let grown = self.take_growth(need, growth, stream, carve, gave_back.refused);
-        // What went back is taken again, as one chunk of its bytes, so that
-        // a failed growth leaves the pool holding what it held (a request
-        // no upstream could serve emptied a pool of its free chunks), as
-        // far as the upstream allows: also where it refused some of them.
-        if gave_back.bytes > 0 && !matches!(grown, Ok(Some(_))) && carve.reserve().is_ok() {
-            let bytes = gave_back.bytes;
-            let _ =
-                Request::new(bytes).and_then(|r| self.take(r, stream, carve, |b| b.upstream_range(bytes)));
+        if !matches!(grown, Ok(Some(_))) {
+            self.take_back(gave_back, stream, carve);
         }
         grown
+    }
+
+    /// Takes again what a failed growth gave back, as one chunk of its
+    /// bytes per class, each carved for the class its chunks were: a failed
+    /// growth leaves the pool holding what it held (a request no upstream
+    /// could serve emptied a pool of its free chunks; later, their bytes
+    /// came back in the failing request's class, where the other class's
+    /// requests could not use them), as far as the upstream allows: also
+    /// where it refused some of them.
+    fn take_back<S: Stream + ?Sized>(&mut self, gave_back: GaveBack, stream: &S, carve: &mut impl Carve)
+    where
+        U: MemoryResource<S>,
+    {
+        let growing = carve.attach_class();
+        for (class, bytes) in gave_back.bytes.into_iter().enumerate() {
+            carve.set_attach_class(class);
+            if bytes > 0 && carve.reserve().is_ok() {
+                let _ = Request::new(bytes)
+                    .and_then(|r| self.take(r, stream, carve, |b| b.upstream_range(bytes)));
+            }
+        }
+        carve.set_attach_class(growing);
     }
 
     /// [`grow`](Self::grow) once the chunks to give back went back, but

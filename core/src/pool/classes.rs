@@ -145,4 +145,13 @@ impl<N: Storage<Node>> Carve for Classes<N> {
         let (index, own) = self.of_chunk_ref(chunk);
         index.covers(&own)
     }
+    fn class_of(&self, chunk: &Chunk) -> usize {
+        Self::split_handle(chunk.first()).0 as usize
+    }
+    fn attach_class(&self) -> usize {
+        self.attach_large as usize
+    }
+    fn set_attach_class(&mut self, class: usize) {
+        self.attach_large = class == 1;
+    }
 }

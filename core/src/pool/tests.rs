@@ -243,6 +243,63 @@ fn a_growth_the_upstream_cannot_serve_leaves_the_pool_holding_what_it_held() {
     p.check().unwrap();
 }
 
+/// A large request the upstream cannot serve gives the free chunks back
+/// and takes their bytes again: in their own class, so the chunk of the
+/// blocks below the large threshold still serves them (it came back as a
+/// large chunk, and the next small request went upstream).
+#[test]
+fn a_failed_large_growth_takes_its_chunks_back_in_their_class() {
+    let config = PoolConfig::compact().initial_size(32 << 20);
+    let mut p = CoalescingPool::with_config(BumpUpstream::new(1 << 30), config, &()).unwrap();
+    let a = p.allocate(Request::new(1 << 20).unwrap(), &()).unwrap();
+    p.deallocate(a, &()).unwrap();
+    let held = p.usage().held;
+    p.allocate(Request::new(1 << 40).unwrap(), &()).unwrap_err();
+    assert_eq!(p.usage().held, held);
+    assert_eq!((p.index().free_bytes(), p.large_index().free_bytes()), (held, 0));
+    p.check().unwrap();
+    let b = p.allocate(Request::new(1 << 20).unwrap(), &()).unwrap();
+    assert_eq!(p.usage().held, held);
+    p.deallocate(b, &()).unwrap();
+    p.check().unwrap();
+}
+
+/// The other way round: a small request the upstream cannot serve (its
+/// alignment) leaves a large block's free chunk in the large class.
+#[test]
+fn a_failed_small_growth_takes_a_large_chunk_back_in_its_class() {
+    let mut p = CoalescingPool::with_config(BumpUpstream::new(1 << 30), PoolConfig::compact(), &()).unwrap();
+    let a = p.allocate(Request::new(32 << 20).unwrap(), &()).unwrap();
+    p.deallocate(a, &()).unwrap();
+    let held = p.usage().held;
+    p.allocate(Request::aligned(1 << 20, 1 << 40).unwrap(), &()).unwrap_err();
+    assert_eq!(p.usage().held, held);
+    assert_eq!((p.index().free_bytes(), p.large_index().free_bytes()), (0, held));
+    p.check().unwrap();
+    let b = p.allocate(Request::new(32 << 20).unwrap(), &()).unwrap();
+    assert_eq!(p.usage().held, held);
+    p.deallocate(b, &()).unwrap();
+    p.check().unwrap();
+}
+
+/// Chunks of both classes given back by one failed growth come back, each
+/// class's bytes as a chunk of that class.
+#[test]
+fn a_failed_growth_takes_back_the_chunks_of_both_classes_each_in_its_own() {
+    let mut p = CoalescingPool::with_config(BumpUpstream::new(1 << 30), PoolConfig::compact(), &()).unwrap();
+    let a = p.allocate(Request::new(32 << 20).unwrap(), &()).unwrap();
+    let b = p.allocate(Request::new(1 << 20).unwrap(), &()).unwrap();
+    for x in [a, b] {
+        p.deallocate(x, &()).unwrap();
+    }
+    let (shared, large) = (p.index().free_bytes(), p.large_index().free_bytes());
+    assert!(shared > 0 && large > 0);
+    p.allocate(Request::new(1 << 40).unwrap(), &()).unwrap_err();
+    assert_eq!((p.index().free_bytes(), p.large_index().free_bytes()), (shared, large));
+    assert_eq!(p.usage().held, shared + large);
+    p.check().unwrap();
+}
+
 #[test]
 fn upstream_out_of_memory_halves_then_reports_figures() {
     // Upstream of 40 MiB: doubling wants more, halving finds what fits.
