@@ -261,7 +261,8 @@ impl BinPlan {
         /// ```
         min_share_percent(percent: u32) => min_share_percent;
 
-        /// Blocks per upstream chunk of each bin.
+        /// Blocks per upstream chunk of each bin (at most
+        /// [`FixedConfig::MAX_BLOCKS_PER_CHUNK`](crate::fixed::FixedConfig::MAX_BLOCKS_PER_CHUNK)).
         ///
         /// ```
         /// # use memres_core::binning::BinPlan;

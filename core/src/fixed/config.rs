@@ -3,6 +3,9 @@
 use super::slots::MAX_SLOTS;
 use crate::{Error, Request, Result, DEFAULT_ALIGNMENT};
 
+// A chunk's slots are numbered below the slot table's markers.
+const _: () = assert!((FixedConfig::MAX_BLOCKS_PER_CHUNK as u64) < MAX_SLOTS);
+
 /// Sizes of a [`FixedSizeResource`](super::FixedSizeResource).
 ///
 /// # Examples
@@ -45,6 +48,16 @@ impl FixedConfig {
     /// assert_eq!(FixedConfig::new(256).blocks(), FixedConfig::DEFAULT_BLOCKS_PER_CHUNK);
     /// ```
     pub const DEFAULT_BLOCKS_PER_CHUNK: u32 = 128;
+    /// The most blocks per chunk: 2^20. Each block has a 24-byte slot of
+    /// host metadata, made when its chunk is taken, so this is 24 MiB per
+    /// chunk, 8192 times RMM's default; a count near `u32::MAX` asked the
+    /// host for about 100 GB at the first allocation.
+    ///
+    /// ```
+    /// # use memres_core::fixed::FixedConfig;
+    /// assert_eq!(FixedConfig::MAX_BLOCKS_PER_CHUNK, 1 << 20);
+    /// ```
+    pub const MAX_BLOCKS_PER_CHUNK: u32 = 1 << 20;
 
     /// Blocks of `block_size` bytes (a multiple of 256), 128 to a chunk.
     ///
@@ -62,7 +75,8 @@ impl FixedConfig {
     }
 
     crate::config::setters! {
-        /// Blocks carved from each upstream chunk (at least 1).
+        /// Blocks carved from each upstream chunk (1 to
+        /// [`MAX_BLOCKS_PER_CHUNK`](Self::MAX_BLOCKS_PER_CHUNK)).
         ///
         /// ```
         /// # use memres_core::fixed::FixedConfig;
@@ -156,8 +170,8 @@ impl FixedConfig {
                 what: "block size is zero, not a multiple of 256 or too large",
             });
         }
-        if self.blocks_per_chunk == 0 || self.blocks_per_chunk as u64 >= MAX_SLOTS {
-            return Err(Error::InvalidConfig { what: "blocks per chunk is zero or too large" });
+        if self.blocks_per_chunk == 0 || self.blocks_per_chunk > Self::MAX_BLOCKS_PER_CHUNK {
+            return Err(Error::InvalidConfig { what: "blocks per chunk is zero or above 2^20" });
         }
         if self.block_size.checked_mul(self.blocks_per_chunk as u64).is_none_or(|c| c > Request::MAX_SIZE) {
             return Err(Error::InvalidConfig { what: "chunk size overflows" });

@@ -135,7 +135,8 @@ default_constructors! {
     /// # Errors
     ///
     /// [`Error::InvalidConfig`] for a block size that is zero or not a
-    /// multiple of 256, zero blocks per chunk, a chunk size that overflows or
+    /// multiple of 256, zero blocks per chunk or more than
+    /// [`FixedConfig::MAX_BLOCKS_PER_CHUNK`], a chunk size that overflows or
     /// a bad chunk alignment; the upstream's error if it cannot supply the
     /// initial chunks.
     ///

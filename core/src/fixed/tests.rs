@@ -434,6 +434,32 @@ fn invalid_configs_are_rejected() {
     assert_eq!(up.usage().held, 0);
 }
 
+/// Each block has a slot of host metadata, made when its chunk is taken: a
+/// count near `u32::MAX` was taken, and the first allocation asked the host
+/// for about 100 GB of slots. The most is taken, and serves.
+#[test]
+fn more_blocks_per_chunk_than_the_most_are_refused() {
+    let up = BumpUpstream::new(1 << 40);
+    let max = FixedConfig::MAX_BLOCKS_PER_CHUNK;
+    for n in [max + 1, u32::MAX - 4, u32::MAX] {
+        let config = FixedConfig::new(256).blocks_per_chunk(n);
+        assert!(
+            matches!(FixedSizeResource::with_config(&up, config, &()), Err(Error::InvalidConfig { .. })),
+            "{n}"
+        );
+    }
+    let mut fixed =
+        FixedSizeResource::with_config(&up, FixedConfig::new(256).blocks_per_chunk(max), &()).unwrap();
+    assert_eq!(up.usage().held, 0);
+    // 24 MiB of slots: quick, but not under Miri.
+    if !cfg!(miri) {
+        let b = fixed.allocate(Request::new(256).unwrap(), &()).unwrap();
+        assert_eq!((fixed.usage().held, fixed.free_blocks()), (256 << 20, u64::from(max) - 1));
+        fixed.deallocate(b, &()).unwrap();
+        fixed.check().unwrap();
+    }
+}
+
 #[test]
 fn shared_between_threads() {
     let f = crate::Shared::new(fixed(FixedConfig::new(256).blocks_per_chunk(8)));

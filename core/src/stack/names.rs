@@ -314,7 +314,8 @@ pub fn granule_arg(call: &Call, default: u64) -> Result<u64, StackError> {
 }
 
 /// The configuration of `fixed(UP, size, blocks=)`: blocks of `size` bytes
-/// (or `size=`; default 1 MiB), `blocks=` per chunk (default 128).
+/// (or `size=`; default 1 MiB), `blocks=` per chunk (default 128; more than
+/// [`FixedConfig::MAX_BLOCKS_PER_CHUNK`] is refused when the layer is built).
 ///
 /// # Errors
 ///

@@ -66,6 +66,19 @@ fn every_name_builds_and_serves() {
     }
 }
 
+/// The count `fixed(leaf, 256, blocks=4294967291)` was taken, and its
+/// first allocation asked the host for about 100 GB of slots.
+#[test]
+fn a_fixed_layer_of_more_blocks_per_chunk_than_the_most_is_refused() {
+    let b = builder::<()>();
+    for blocks in [(1 << 20) + 1, u32::MAX - 4] {
+        let text = alloc::format!("fixed(bump(1TiB), 256, blocks={blocks})");
+        let e = b.build(&text, &()).err().unwrap_or_else(|| panic!("{text} built"));
+        assert!(matches!(e.kind, StackErrorKind::Resource(Error::InvalidConfig { .. })), "{text}: {e}");
+    }
+    assert!(b.build("fixed(bump(1TiB), 256, blocks=1048576)", &()).is_ok());
+}
+
 #[test]
 fn handles_are_typed_and_outermost_first() {
     let built = builder::<()>()
