@@ -26,17 +26,12 @@ class DeviceBuffer:
             raise TypeError(f"memres: mr must be a memres.mr resource, not {type(mr).__name__}")
         size = _mr._nbytes(size, "size")
         self.mr = mr
-        self.stream = stream  # kept alive as long as the buffer is
+        self.stream = stream
         self._native_cls = type(mr._native)
         mr._keep(handle, stream)
-        self._buf = _native_buffer(mr)(mr._native, size, handle, data)
-
-    def __del__(self):
-        # The native buffer frees its block on its stream: it goes first,
-        # while the stream's object and the resource's (which keeps alive
-        # every stream its stack has seen) are still held; clearing the
-        # attributes in order would let them go before it.
-        self.__dict__.pop("_buf", None)
+        # The native buffer holds the stream's object until its block is
+        # freed on the stream (after this object, if freed from a callback).
+        self._buf = _native_buffer(mr)(mr._native, size, handle, data, stream)
 
     @classmethod
     def to_device(cls, b, stream=None, mr=None):

@@ -159,7 +159,8 @@ class DeviceMemoryResource:
         long) on ``stream``; a refused free raises and changes nothing."""
         handle = as_handle(stream)
         self._keep(handle, stream)
-        self._native.deallocate(_nbytes(ptr, "ptr"), _nbytes(nbytes, "nbytes"), handle)
+        # The object keeps the handle valid for a free deferred from a callback.
+        self._native.deallocate(_nbytes(ptr, "ptr"), _nbytes(nbytes, "nbytes"), handle, stream)
 
     def _keep(self, handle, stream):
         """Keeps the Python object of every stream this stack has been

@@ -29,7 +29,10 @@ fn container_error(e: ContainerError, what: &str) -> PyErr {
 /// The buffer; the lock only makes it shareable between threads. A call
 /// that takes the lock releases the GIL first: the lock's holder may be in
 /// a Python callback (a resize through a failure callback), which needs
-/// the GIL. Collected, it frees its block with the GIL released.
+/// the GIL. Collected, it frees its block with the GIL released, on its
+/// stream, whose Python object it holds until then (inside a callback
+/// under its stack, until the thread's outermost call returns:
+/// [`reentry::drop_outside_frees`](crate::reentry::drop_outside_frees)).
 #[pyclass(module = "memres", name = "NativeBuffer", frozen)]
 pub(crate) struct Buffer {
     inner: DropDetached<Shared>,
@@ -45,12 +48,20 @@ struct Shared {
     /// them: read with no lock, as RMM's, so that a callback that reads
     /// them never waits for a buffer another thread holds.
     figures: [AtomicU64; 3],
+    /// The Python object of the buffer's stream, which keeps its handle
+    /// valid: dropped after `buffer`, whose drop frees the block on it.
+    _stream_object: Option<Py<PyAny>>,
 }
 
 impl Shared {
-    fn new(inner: Inner) -> Shared {
+    fn new(inner: Inner, stream_object: Option<Py<PyAny>>) -> Shared {
         let figures = figures_of(&inner).map(AtomicU64::new);
-        Shared { buffer: Mutex::new(inner), holder: AtomicU64::new(0), figures }
+        Shared {
+            buffer: Mutex::new(inner),
+            holder: AtomicU64::new(0),
+            figures,
+            _stream_object: stream_object,
+        }
     }
 
     fn figure(&self, i: usize) -> u64 {
@@ -155,20 +166,23 @@ fn memory_of(mr: &Resource) -> PyResult<AssumeMemoryOf<DynResource<Stream>, Kind
     // the same leaves), and the two layers this crate puts around a stack
     // (`KeepStreams`, and a snapshot's `Tap`) hand out its blocks unchanged
     // and free them only through it.
-    Ok(unsafe { AssumeMemoryOf::new(mr.blocks.clone()) })
+    Ok(unsafe { AssumeMemoryOf::new(mr.blocks.clone() as DynResource<Stream>) })
 }
 
 #[pymethods]
 impl Buffer {
-    /// A buffer of `size` zeroed bytes, or of `data`'s bytes.
+    /// A buffer of `size` zeroed bytes, or of `data`'s bytes, on `stream`,
+    /// whose handle `stream_object` keeps valid (held as long as the
+    /// buffer's block).
     #[new]
-    #[pyo3(signature = (mr, size=0, stream=0, data=None))]
+    #[pyo3(signature = (mr, size=0, stream=0, data=None, stream_object=None))]
     fn new(
         py: Python<'_>,
         mr: PyRef<'_, Resource>,
         size: u64,
         stream: u64,
         data: Option<&[u8]>,
+        stream_object: Option<Py<PyAny>>,
     ) -> PyResult<Self> {
         let resource = memory_of(&mr)?;
         // SAFETY: a handle of the package's Python layer (the module's
@@ -180,7 +194,7 @@ impl Buffer {
             None => Inner::new_in(size, s, resource, engine),
         })
         .map_err(|e| container_error(e, "DeviceBuffer"))?;
-        Ok(Buffer { inner: DropDetached::new(Shared::new(inner)) })
+        Ok(Buffer { inner: DropDetached::of_buffer(Shared::new(inner, stream_object), mr.covers.clone()) })
     }
 
     #[getter]

@@ -30,7 +30,7 @@ fn live(device: usize) -> Option<&'static Live> {
 /// Rust code).
 #[pyfunction]
 pub(crate) fn set_per_device_resource(py: Python<'_>, device: u32, mr: PyRef<'_, Resource>) {
-    let resource = mr.blocks.clone();
+    let resource: DynResource<Stream> = std::sync::Arc::new(crate::reentry::CFrees(mr.blocks.clone()));
     // With the GIL released: the registry's lock may be held by a thread
     // that builds a device's default resource, and the resource replaced
     // is dropped here.

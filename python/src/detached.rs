@@ -12,24 +12,32 @@ use crate::reentry::{self, Covers};
 use std::mem::ManuallyDrop;
 use std::ops::Deref;
 
-/// `T`, dropped with the GIL released; for a resource object's stack, also
-/// outside the calls in progress on the thread that meet it
-/// ([`reentry::drop_outside_calls`]).
+/// `T`, dropped with the GIL released, and outside the calls in progress on
+/// the thread that its drop would meet: a resource object's stack
+/// ([`reentry::drop_outside_calls`]), a buffer, which frees its block into
+/// a stack ([`reentry::drop_outside_frees`]).
 pub(crate) struct DropDetached<T: Send + 'static> {
     /// Taken only by `drop`.
     value: ManuallyDrop<T>,
-    /// The stack `value` is part of, if it is a resource object's.
-    stack: Option<Covers>,
+    /// The stack `value` is part of, or frees into; taken only by `drop`.
+    stack: ManuallyDrop<Stack>,
+}
+
+enum Stack {
+    PartOf(Covers),
+    FreesInto(Covers),
 }
 
 impl<T: Send + 'static> DropDetached<T> {
-    pub(crate) fn new(value: T) -> Self {
-        DropDetached { value: ManuallyDrop::new(value), stack: None }
-    }
-
     /// `value`, part of the stack over `covers`.
     pub(crate) fn of_stack(value: T, covers: Covers) -> Self {
-        DropDetached { value: ManuallyDrop::new(value), stack: Some(covers) }
+        DropDetached { value: ManuallyDrop::new(value), stack: ManuallyDrop::new(Stack::PartOf(covers)) }
+    }
+
+    /// `value`, a buffer whose drop frees its block into the stack over
+    /// `covers`.
+    pub(crate) fn of_buffer(value: T, covers: Covers) -> Self {
+        DropDetached { value: ManuallyDrop::new(value), stack: ManuallyDrop::new(Stack::FreesInto(covers)) }
     }
 }
 
@@ -43,14 +51,14 @@ impl<T: Send + 'static> Deref for DropDetached<T> {
 
 impl<T: Send + 'static> Drop for DropDetached<T> {
     fn drop(&mut self) {
-        // SAFETY: the value is taken once, here, as `self` is dropped, and
-        // `self.value` is never read again (no other code runs on `self`
+        // SAFETY: the value and the stack are taken once, here, as `self`
+        // is dropped, and never read again (no other code runs on `self`
         // after its `drop`).
-        let value = unsafe { ManuallyDrop::take(&mut self.value) };
-        let stack = self.stack.take();
+        let (value, stack) =
+            unsafe { (ManuallyDrop::take(&mut self.value), ManuallyDrop::take(&mut self.stack)) };
         let drop_it = move || match stack {
-            Some(covers) => reentry::drop_outside_calls(&covers, value),
-            None => crate::callback::drop_saying_what_raised(value),
+            Stack::PartOf(covers) => reentry::drop_outside_calls(&covers, value),
+            Stack::FreesInto(covers) => reentry::drop_outside_frees(&covers, value),
         };
         // A `Py` the value holds is released when the GIL is taken back
         // (PyO3 defers it): after the rest of the value is gone. While the

@@ -14,7 +14,8 @@
 //! library's are. The Python layer makes each of a stream object it
 //! accepted (`memres._stream.as_handle`: a framework's stream, or one this
 //! module made for `Stream()`, a `MadeStream`; either kept alive by the
-//! buffer that uses it, and by a stack that remembers it after the call,
+//! buffer that uses it, by a free deferred from inside a callback until it
+//! is applied, and by a stack that remembers it after the call,
 //! `Resource::keep`) or of `Stream.from_handle`, whose caller
 //! vouches for it, and refuses a bare int. No handle can be checked
 //! here: the module is private, and a caller that passes it another int

@@ -9,7 +9,11 @@
 //! progress on the thread is re-entrant. An allocation (anything that
 //! takes the stack's locks) is then refused with [`Error::Reentrant`] and
 //! changes nothing; a free is deferred, and applied once the outermost call
-//! in progress on the thread returns, with no lock of a stack held.
+//! in progress on the thread returns, with no lock of a stack held. A
+//! deferred free keeps what it is made with until it is applied: the
+//! stream value it was asked on (a per-thread stream's value says whose
+//! thread's it is) and what keeps that stream's handle valid (its Python
+//! object; a buffer, which holds both, is dropped then as a whole).
 //!
 //! While the callback of a resource object runs ([`in_callback`]), the
 //! resources under that object are no part of the call in progress: the
@@ -63,6 +67,12 @@ impl Covers {
             ids.dedup();
         }
         Covers { own, all: all.into(), passing_on: passing_on.into() }
+    }
+
+    /// The set of a call into no stack: a frame of it meets no call.
+    fn nothing() -> Covers {
+        // `own` is no object's: ids count up from 0.
+        Covers { own: u64::MAX, all: Arc::new([]), passing_on: Arc::new([]) }
     }
 
     fn contains(&self, id: u64) -> bool {
@@ -121,8 +131,9 @@ impl Frame {
 }
 
 /// Work put off until the thread's outermost call returns, and the stack
-/// it runs in.
-type Deferred = (Covers, Box<dyn FnOnce() + Send>);
+/// it runs in (`None`: work that enters the stacks it calls itself, through
+/// [`Guarded`]).
+type Deferred = (Option<Covers>, Box<dyn FnOnce() + Send>);
 
 #[derive(Default)]
 struct State {
@@ -177,15 +188,22 @@ fn enter_free(covers: &Covers) -> Result<Entered, Error> {
     enter_for(covers, Call::Free)
 }
 
+/// Whether a call of kind `call` into the stack of `covers` would meet a
+/// call in progress on this thread (see [`enter`]).
+fn meets_a_call(covers: &Covers, call: Call) -> bool {
+    crate::callback::python_under_stacks()
+        && STATE.with(|s| s.borrow().active.iter().any(|a| a.meets(covers, call)))
+}
+
 fn enter_for(covers: &Covers, call: Call) -> Result<Entered, Error> {
     if !crate::callback::python_under_stacks() {
         return Ok(Entered { noted: false, on_this_thread: PhantomData });
     }
+    if meets_a_call(covers, call) {
+        return Err(Error::Reentrant);
+    }
     STATE.with(|s| {
         let mut s = s.borrow_mut();
-        if s.active.iter().any(|a| a.meets(covers, call)) {
-            return Err(Error::Reentrant);
-        }
         if s.active.is_empty() {
             // A new outermost call: an exception of a callback left by a
             // call that recovered from it is no part of this one.
@@ -227,9 +245,10 @@ pub(crate) fn in_callback<T>(covers: &Covers, f: impl FnOnce() -> T) -> T {
 }
 
 /// Puts `work` off until the thread's outermost call returns; `work` runs
-/// as a call into the stack of `covers`.
-fn defer(covers: &Covers, work: impl FnOnce() + Send + 'static) {
-    STATE.with(|s| s.borrow_mut().deferred.push_back((covers.clone(), Box::new(work))));
+/// as a call into the stack of `covers`, or with `None` as a call into
+/// none (it enters the stacks it calls itself).
+fn defer(covers: Option<&Covers>, work: impl FnOnce() + Send + 'static) {
+    STATE.with(|s| s.borrow_mut().deferred.push_back((covers.cloned(), Box::new(work))));
 }
 
 /// Runs the deferred work in order, each as a call into its stack, so that
@@ -243,7 +262,7 @@ fn run_deferred() {
         }
     }
     while let Some((covers, work)) = STATE.with(|s| s.borrow_mut().deferred.pop_front()) {
-        push(covers);
+        push(covers.unwrap_or_else(Covers::nothing));
         let _pop = Pop;
         work();
     }
@@ -259,18 +278,65 @@ pub(crate) fn drop_outside_calls<T: Send + 'static>(covers: &Covers, value: T) {
     match enter(covers) {
         // Frees that the drop makes from a callback are deferred in turn.
         Ok(_call) => drop_saying_what_raised(value),
-        Err(_) => defer(covers, move || drop_saying_what_raised(value)),
+        Err(_) => defer(Some(covers), move || drop_saying_what_raised(value)),
+    }
+}
+
+/// Drops `value`, a buffer whose drop frees its block into the stack of
+/// `covers` through [`Guarded`], on the stream it holds. Where that free
+/// would meet a call in progress on this thread (the buffer collected by a
+/// finalizer or `gc.collect()` inside a callback under the stack), the
+/// buffer is dropped once the thread's outermost call returns, whole: its
+/// stream value, and the object that keeps the stream's handle valid, stay
+/// with its block until the block is freed.
+pub(crate) fn drop_outside_frees<T: Send + 'static>(covers: &Covers, value: T) {
+    use crate::callback::drop_saying_what_raised;
+    if meets_a_call(covers, Call::Free) {
+        defer(None, move || drop_saying_what_raised(value));
+    } else {
+        drop_saying_what_raised(value);
     }
 }
 
 /// A stack as the program calls it (`allocate`, buffers, the C functions):
-/// each call is a call of [`enter`], a re-entrant allocation is refused and
-/// a re-entrant free deferred. Stacks built over this one use the stack
-/// itself, not this: their calls into it are theirs.
+/// each call is a call of [`enter`], and a re-entrant allocation is
+/// refused. A re-entrant free is deferred by whoever owns its stream, which
+/// the deferred free keeps until it is applied ([`Guarded::free`], a
+/// buffer's drop through [`drop_outside_frees`], [`CFrees`]); through the
+/// trait, which only borrows the stream, one is refused
+/// ([`Error::Reentrant`]) and changes nothing. Stacks built over this one
+/// use the stack itself, not this: their calls into it are theirs.
 pub(crate) struct Guarded {
     pub(crate) inner: DynResource<Stream>,
     pub(crate) covers: Covers,
     pub(crate) device: u32,
+}
+
+impl Guarded {
+    /// Frees `block` on `stream` now, or, where that would meet a call in
+    /// progress on this thread, once the thread's outermost call returns
+    /// (`Ok` then: the free is taken). Until it is applied the deferred free
+    /// keeps `stream` and `keep`, what keeps the stream's handle valid (its
+    /// Python object; nothing where the caller vouches for it).
+    pub(crate) fn free(
+        &self,
+        block: Block,
+        stream: Stream,
+        keep: impl Send + 'static,
+    ) -> memres_core::Result<()> {
+        match enter_free(&self.covers) {
+            Ok(_call) => self.inner.deallocate(block, &stream),
+            Err(_) => {
+                let inner = self.inner.clone();
+                defer(Some(&self.covers), move || {
+                    free_later(&inner, block, &stream);
+                    // Only now may the stream's handle go.
+                    drop(keep);
+                });
+                Ok(())
+            }
+        }
+    }
 }
 
 impl MemoryResource<Stream> for Guarded {
@@ -280,15 +346,9 @@ impl MemoryResource<Stream> for Guarded {
     }
 
     fn deallocate(&self, block: Block, stream: &Stream) -> memres_core::Result<()> {
-        match enter_free(&self.covers) {
-            Ok(_call) => self.inner.deallocate(block, stream),
-            Err(_) => {
-                let (inner, device) = (self.inner.clone(), self.device);
-                let handle = backend::handle_of(stream);
-                defer(&self.covers, move || free_later(&inner, block, handle, device));
-                Ok(())
-            }
-        }
+        // A borrowed stream cannot wait with a deferred free.
+        let _call = enter_free(&self.covers)?;
+        self.inner.deallocate(block, stream)
     }
 
     fn id(&self) -> memres_core::ResourceId {
@@ -296,20 +356,47 @@ impl MemoryResource<Stream> for Guarded {
     }
 }
 
+/// [`Guarded`] as the device registry holds it for the C functions
+/// (`memres_py_alloc`, `memres_py_free`), the only callers of the
+/// registry's resources: a free that meets a call in progress is deferred
+/// on a stream named by its handle again.
+pub(crate) struct CFrees(pub(crate) Arc<Guarded>);
+
+impl MemoryResource<Stream> for CFrees {
+    fn allocate(&self, request: Request, stream: &Stream) -> memres_core::Result<Block> {
+        self.0.allocate(request, stream)
+    }
+
+    fn deallocate(&self, block: Block, stream: &Stream) -> memres_core::Result<()> {
+        if !meets_a_call(&self.0.covers, Call::Free) {
+            return self.0.deallocate(block, stream);
+        }
+        // SAFETY: a free through the registry's resource is one of
+        // `memres_py_free`, whose stream its caller named by this handle on
+        // this thread and keeps valid until a deferred free is applied (its
+        // contract), or the give-back of `memres_py_alloc` of a block this
+        // stack just handed out, which meets no call here: an allocation
+        // meets every call a free into the same stack meets
+        // (`Frame::meets`). The deferred free runs on this thread (the
+        // queue is the thread's), where the handle names the same stream as
+        // the caller's value (a per-thread stream: this thread's).
+        let again = unsafe { backend::stream(backend::handle_of(stream), self.0.device) }
+            .map_err(|_| Error::InvalidConfig { what: "the stream of a deferred free cannot be had" })?;
+        self.0.free(block, again, ())
+    }
+
+    fn id(&self) -> memres_core::ResourceId {
+        self.0.id()
+    }
+}
+
 /// A deferred free. Its caller was told the free succeeded, so a failure
 /// can only be said on stderr, as Python says an exception in `__del__`.
-fn free_later(resource: &DynResource<Stream>, block: Block, handle: u64, device: u32) {
+fn free_later(resource: &DynResource<Stream>, block: Block, stream: &Stream) {
     // The exception the outer call's error may be behind: this free's own
     // callback would write over it.
     let outer = crate::callback::take_raised();
-    // SAFETY: the handle of the stream the free was asked on, valid until
-    // the free is applied: a stack keeps the objects of the streams it was
-    // given (`KeepStreams`) and this deferred free keeps the stack, and
-    // `memres_py_free`'s caller promises its stream until then.
-    let freed = unsafe { backend::stream(handle, device) }
-        .map_err(|_| Error::InvalidConfig { what: "the stream of a deferred free cannot be had" })
-        .and_then(|s| resource.deallocate(block, &s));
-    if let Err(e) = freed {
+    if let Err(e) = resource.deallocate(block, stream) {
         // This free's callback's exception: its caller was told it freed.
         drop(crate::callback::take_raised());
         // Where standard error cannot be written, unsaid (`eprintln!`

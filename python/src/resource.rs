@@ -15,7 +15,7 @@ use crate::reentry::{self, Covers, Guarded};
 use memres_core::adaptor::{Limiting, Logging, Statistics, Tracking};
 use memres_core::planned::{Planned, Steps};
 use memres_core::stack::{parse, Call, ReleaseLayers, StackBuilder, Value};
-use memres_core::{Block, DynResource, Request};
+use memres_core::{Block, DynResource, MemoryResource as _, Request};
 use pyo3::exceptions::{PyIndexError, PyValueError};
 use pyo3::gc::PyVisit;
 use pyo3::prelude::*;
@@ -56,9 +56,9 @@ pub(crate) struct Parts {
     /// resource): `inner`, its blocks told to the snapshot's map when it
     /// was built while recording, its calls checked for re-entry
     /// ([`Guarded`]).
-    pub(crate) blocks: Dyn,
+    pub(crate) blocks: Arc<Guarded>,
     /// The resource objects this stack is built over, itself included.
-    covers: Covers,
+    pub(crate) covers: Covers,
     stats: Option<Arc<Statistics<Dyn>>>,
     track: Option<Arc<Tracking<Dyn>>>,
     limit: Option<Arc<Limiting<Dyn>>>,
@@ -461,10 +461,18 @@ impl Resource {
         Ok(block.addr())
     }
 
-    /// Frees `ptr`, allocated here with `nbytes`, on `stream`. A refused
-    /// free changes nothing.
-    #[pyo3(signature = (ptr, nbytes, stream=0))]
-    fn deallocate(&self, py: Python<'_>, ptr: u64, nbytes: u64, stream: u64) -> PyResult<()> {
+    /// Frees `ptr`, allocated here with `nbytes`, on `stream`, whose handle
+    /// `stream_object` keeps valid (a free deferred from inside a callback
+    /// keeps it until it is applied). A refused free changes nothing.
+    #[pyo3(signature = (ptr, nbytes, stream=0, stream_object=None))]
+    fn deallocate(
+        &self,
+        py: Python<'_>,
+        ptr: u64,
+        nbytes: u64,
+        stream: u64,
+        stream_object: Option<Py<PyAny>>,
+    ) -> PyResult<()> {
         if ptr == 0 && nbytes == 0 {
             return Ok(());
         }
@@ -480,7 +488,7 @@ impl Resource {
                 block.size()
             )));
         }
-        crate::gil::detach(py, || self.blocks.deallocate(block, &s))
+        crate::gil::detach(py, || self.blocks.free(block, s, stream_object))
             .map_err(|e| to_py(e, &format!("deallocate({ptr:#x}, {nbytes})")))?;
         taken.kept_out();
         Ok(())

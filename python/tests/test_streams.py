@@ -295,6 +295,55 @@ def test_only_a_stack_that_remembers_streams_keeps_their_objects(kind):
     assert all(m() is None for m in made), "every stream goes with the stack that kept it"
 
 
+def deferred_frees_on_streams_made_for_them(A, stream_of, bin_backend):
+    """Frees into ``A`` deferred from inside a callback (a binning layer
+    over ``A`` holds its call while its bin's ``allocate_func`` runs): a
+    collected buffer's, and a ``deallocate`` on a stream made for the call.
+    Returns ``A``'s bytes in use when each stream's object died."""
+    bytes_when_dead = []
+
+    class OwnStream:  # as a cupy.cuda.Stream or memres.Stream(): its handle dies with it
+        def __init__(self):
+            self.made = stream_of()
+
+        def __cuda_stream__(self):
+            return self.made.__cuda_stream__()
+
+        def __del__(self):
+            bytes_when_dead.append(A.allocation_counts.current_bytes)
+
+    p = A.allocate(100)
+    holder = [memres.DeviceBuffer(size=100, mr=A, stream=OwnStream())]
+
+    def alloc(n, stream):
+        holder.clear()                              # the buffer collected here
+        A.deallocate(p, 100, stream=OwnStream())    # a stream made for the call
+        return 0x10000
+
+    T = mr.BinningMemoryResource(A)
+    T.add_bin(256, mr.CallbackMemoryResource(alloc, lambda p, n, s: None, backend=bin_backend))
+    T.allocate(200)
+    assert A.allocation_counts.current_bytes == 0  # both frees applied once the call returned
+    return bytes_when_dead
+
+
+def test_a_deferred_free_keeps_its_streams_object_until_it_is_applied():
+    # Over a stack that forgets streams nothing but the free keeps the
+    # stream's object; each died, and its handle with it, while its block
+    # was still to be freed on it.
+    A = mr.StatisticsResourceAdaptor(mr.HostMemoryResource())
+    assert not A._native.keeps_streams
+    assert deferred_frees_on_streams_made_for_them(A, memres.Stream, "sim") == [0, 0]
+
+
+def test_a_deferred_free_on_a_stream_made_for_it_is_queued_on_the_live_stream(gpu, capfd):
+    # `cuMemFreeAsync` on the handle of a destroyed stream, or of a new one
+    # that took its handle.
+    A = mr.StatisticsResourceAdaptor(mr.CudaAsyncMemoryResource())
+    assert deferred_frees_on_streams_made_for_them(A, memres.Stream, "cuda") == [0, 0]
+    assert "failed" not in capfd.readouterr().err
+
+
 def test_a_stream_pool_hands_out_its_streams_in_turn_as_rmms():
     pool = memres.CudaStreamPool(3)
     assert pool.get_pool_size() == 3
