@@ -87,13 +87,18 @@ def reinitialize(pool_allocator=False, managed_memory=False, initial_pool_size=N
         set_per_device_resource(device, res)
 
 
+def _device_list(devices):
+    """``devices`` (one device, or several) as a list of device ids."""
+    if isinstance(devices, str) or not hasattr(devices, "__iter__"):
+        devices = [devices]
+    return [_device_id(d) for d in devices]
+
+
 def _resources(pool_allocator=False, managed_memory=False, initial_pool_size=None,
                maximum_pool_size=None, devices=0, logging=False, log_file_name=None, stack=None):
     """``(device, resource)`` for each device, as ``reinitialize`` makes
     them, setting nothing."""
-    if isinstance(devices, str) or not hasattr(devices, "__iter__"):
-        devices = [devices]
-    devices = [_device_id(d) for d in devices]
+    devices = _device_list(devices)
     if stack is not None and (pool_allocator or managed_memory or initial_pool_size is not None
                               or maximum_pool_size is not None):
         raise ValueError("memres: reinitialize takes stack= or RMM's keywords, not both")

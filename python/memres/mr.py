@@ -251,9 +251,11 @@ class StackMemoryResource(DeviceMemoryResource):
 
     def _build_text(self, stack, backend, device):
         module = _native.backend(backend)
-        self._backend, self._upstreams = backend, ()
-        self._native = module.NativeResource.build(
-            stack, [], current_device() if device is None else _device_id(device))
+        self._adopt(module.NativeResource.build(
+            stack, [], current_device() if device is None else _device_id(device)), backend)
+
+    def _adopt(self, native, backend):
+        self._backend, self._upstreams, self._native = backend, (), native
         _BUILT.add(self)
 
 
@@ -688,13 +690,42 @@ def _default_resource(device):
     return CudaMemoryResource(device=device) if cuda_available() else HostMemoryResource(device=device)
 
 
-def get_per_device_resource(device):
-    """The resource of ``device`` (made on first use: CudaMemoryResource,
-    or HostMemoryResource where CUDA is not available)."""
+def _made_for_c(device):
+    """The resource the C functions (PyTorch's allocations) made for
+    ``device``, which had none, as a resource object; None if they made
+    none."""
+    for backend, module in (("cuda", _native._cuda), ("sim", _native.sim)):
+        native = None if module is None else module.take_default(device)
+        if native is not None:
+            res = StackMemoryResource.__new__(StackMemoryResource)
+            res._adopt(native, backend)
+            return res
+    return None
+
+
+def _existing(device):
+    """The resource of ``device`` if it has one: the one set, or the one
+    the C functions made (which becomes the one set); else None."""
     device = _device_id(device)
     if device not in _current:
-        set_per_device_resource(device, _default_resource(device))
+        made = _made_for_c(device)
+        if made is None:
+            return None
+        set_per_device_resource(device, made)
     return _current[device]
+
+
+def get_per_device_resource(device):
+    """The resource of ``device``, made on first use: CudaMemoryResource
+    (RMM's default), or HostMemoryResource where CUDA is not available;
+    where PyTorch's allocations (the C functions) reached the device first,
+    the C library's default stack they made for it."""
+    res = _existing(device)
+    if res is None:
+        device = _device_id(device)
+        set_per_device_resource(device, _default_resource(device))
+        res = _current[device]
+    return res
 
 
 def set_per_device_resource(device, mr):

@@ -42,7 +42,8 @@ mod imp {
     pub(crate) type Engine = HostCopy;
     /// The backend's name, as `memres` reports it.
     pub(crate) const BACKEND: &str = "sim";
-    /// The resource of a device nobody set one for (Python's default too).
+    /// The backend's plain leaf, under the C functions' default stack
+    /// ([`c_default_stack`](super::c_default_stack)).
     pub(crate) const DEFAULT_LEAF: &str = "host";
     /// The leaves a snapshot counts as segments.
     pub(crate) const SEGMENT_LEAVES: &[&str] = &["sim", "host"];
@@ -196,7 +197,8 @@ mod imp {
     pub(crate) type Engine = CudaCopy;
     /// The backend's name, as `memres` reports it.
     pub(crate) const BACKEND: &str = "cuda";
-    /// The resource of a device nobody set one for (Python's default too).
+    /// The backend's plain leaf, under the C functions' default stack
+    /// ([`c_default_stack`](super::c_default_stack)).
     pub(crate) const DEFAULT_LEAF: &str = "cuda";
     /// The leaves a snapshot counts as segments (device memory).
     pub(crate) const SEGMENT_LEAVES: &[&str] = &["async", "cuda", "managed", "vmm"];
@@ -340,6 +342,13 @@ mod imp {
         memres_cuda::stack::register(&mut b, device_of(device)?, gauge(device)?);
         Ok(b)
     }
+}
+
+/// What the C functions give a device nobody set a resource for: the C
+/// library's `DEFAULT_STACK` (memres-cuda-capi) over the backend's leaf,
+/// which is that very stack with CUDA.
+pub(crate) fn c_default_stack() -> String {
+    format!("stats(pool({DEFAULT_LEAF}, per_stream=true, growth=32, granule=2MiB))")
 }
 
 pub(crate) use imp::{

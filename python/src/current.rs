@@ -11,13 +11,14 @@
 
 use crate::backend::{self, Stream, MAX_DEVICES};
 use crate::put_back::PutBack;
+use crate::reentry::CFrees;
 use crate::resource::Resource;
 use memres_core::addr_map::AddrMap;
 use memres_core::{Block, DynResource, MemoryResource, Request};
 use pyo3::prelude::*;
 use std::ffi::c_void;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::{Mutex, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 
 type Live = Mutex<AddrMap<(Block, DynResource<Stream>)>>;
 
@@ -30,11 +31,16 @@ fn live(device: usize) -> Option<&'static Live> {
 /// Rust code).
 #[pyfunction]
 pub(crate) fn set_per_device_resource(py: Python<'_>, device: u32, mr: PyRef<'_, Resource>) {
-    let resource: DynResource<Stream> = std::sync::Arc::new(crate::reentry::CFrees(mr.blocks.clone()));
+    let resource: DynResource<Stream> = Arc::new(CFrees(mr.blocks.clone()));
     // With the GIL released: the registry's lock may be held by a thread
     // that builds a device's default resource, and the resource replaced
     // is dropped here.
-    crate::gil::detach(py, || memres_core::device::set_per_device_resource::<Stream>(device, resource));
+    crate::gil::detach(py, || {
+        memres_core::device::set_per_device_resource::<Stream>(device, resource);
+        // After the registry took the new one: a default made before is
+        // replaced (one made meanwhile waited for the registry's lock).
+        drop(made(device).map(|m| m.lock().unwrap_or_else(|p| p.into_inner()).take()));
+    });
 }
 
 /// Registers [`default_resource`] as the default of devices nobody set a
@@ -43,19 +49,36 @@ pub(crate) fn install_default() {
     memres_core::device::set_default_factory::<Stream>(default_resource);
 }
 
+/// The resource [`default_resource`] made for `device`, until Python takes
+/// it as the device's resource object ([`take_default`]) or another is set.
+fn made(device: u32) -> Option<&'static Mutex<Option<Resource>>> {
+    static MADE: [Mutex<Option<Resource>>; MAX_DEVICES] = [const { Mutex::new(None) }; MAX_DEVICES];
+    MADE.get(device as usize)
+}
+
 /// The resource of a device nobody set one for, made when the C functions
-/// (PyTorch's allocator changed without `memres.allocators.torch.use`) or
-/// Rust code ask first: the one Python's `get_current_device_resource()`
-/// makes, the backend's plain leaf (`cuda`, or `host` without CUDA).
+/// (PyTorch's allocator changed without `memres.allocators.torch.use`, or
+/// a device `use()` did not configure) or Rust code ask first: the C
+/// library's default stack over the backend's leaf
+/// ([`backend::c_default_stack`]). Python's `get_per_device_resource` then
+/// takes it as the device's resource ([`take_default`]), so that the
+/// device has one resource for both.
 fn default_resource(device: u32) -> memres_core::Result<DynResource<Stream>> {
-    fn unusable<E>(_: E) -> memres_core::Error {
+    let slot = made(device).ok_or(memres_core::Error::InvalidConfig { what: "a device out of range" })?;
+    let resource = Resource::build_plain(&backend::c_default_stack(), device).map_err(|_| {
         memres_core::Error::InvalidConfig { what: "the device's default resource could not be built" }
-    }
-    let map = crate::snapshot::map(device);
-    let builder = backend::builder(device, map.as_ref()).map_err(unusable)?;
-    let stream = backend::default_stream(device).map_err(unusable)?;
-    let resource = builder.build(backend::DEFAULT_LEAF, &stream).map_err(unusable)?;
-    Ok(crate::snapshot::program_side(resource, map))
+    })?;
+    let registered: DynResource<Stream> = Arc::new(CFrees(resource.blocks.clone()));
+    *slot.lock().unwrap_or_else(|p| p.into_inner()) = Some(resource);
+    Ok(registered)
+}
+
+/// The resource the C functions made for `device` (nobody had set one),
+/// taken out for Python to hold as the device's resource object; `None`
+/// if they made none since one was last set.
+#[pyfunction]
+pub(crate) fn take_default(py: Python<'_>, device: u32) -> Option<Resource> {
+    crate::gil::detach(py, || made(device).and_then(|m| m.lock().unwrap_or_else(|p| p.into_inner()).take()))
 }
 
 /// Blocks handed out by `memres_py_alloc` on `device` and not yet freed.

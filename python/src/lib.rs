@@ -84,11 +84,13 @@ fn stack_names(text: &str) -> PyResult<Vec<String>> {
 fn native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("BACKEND", backend::BACKEND)?;
     m.add("MAX_DEVICES", backend::MAX_DEVICES)?;
+    m.add("C_DEFAULT_STACK", backend::c_default_stack())?;
     m.add("GIT_COMMIT", env!("MEMRES_GIT_COMMIT"))?;
     m.add_class::<resource::Resource>()?;
     m.add_class::<buffer::Buffer>()?;
     m.add_class::<stream::MadeStream>()?;
     m.add_function(wrap_pyfunction!(current::set_per_device_resource, m)?)?;
+    m.add_function(wrap_pyfunction!(current::take_default, m)?)?;
     m.add_function(wrap_pyfunction!(current::c_live_count, m)?)?;
     m.add_function(wrap_pyfunction!(current::last_error, m)?)?;
     m.add_function(wrap_pyfunction!(current::device_bytes, m)?)?;

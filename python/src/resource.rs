@@ -217,7 +217,7 @@ fn forgets_streams(call: &Call) -> bool {
 /// algorithm or adaptor only hands out parts of its upstreams' blocks.
 /// Upstreams are positional arguments; a keyed one is an option even when
 /// it is a bare name (`per_stream=true`).
-fn bytes_of(call: &Call, upstreams: &[PyRef<'_, Resource>], builder: &StackBuilder<Stream>) -> bool {
+fn bytes_of(call: &Call, upstreams: &[&Resource], builder: &StackBuilder<Stream>) -> bool {
     if let Some(i) = call.name.strip_prefix("up").and_then(|i| i.parse::<usize>().ok()) {
         return upstreams.get(i).is_some_and(|u| u.has_bytes);
     }
@@ -299,6 +299,87 @@ impl Resource {
     }
 }
 
+/// A stack just built, with what it was built from.
+struct Building<'a> {
+    text: &'a str,
+    call: Call,
+    builder: StackBuilder<Stream>,
+    built: memres_core::stack::Built<Stream>,
+    /// The snapshot's map its leaves were tapped into, if any.
+    map: Option<crate::snapshot::Map>,
+    device: u32,
+}
+
+impl Resource {
+    /// The stack `text` on `device`, over no resource object and calling no
+    /// Python function, built where the GIL may not be held (no Python
+    /// runs): what the C functions give a device nobody set a resource for.
+    pub(crate) fn build_plain(text: &str, device: u32) -> PyResult<Resource> {
+        let call = parse(text).map_err(|e| stack_to_py(e, text))?;
+        let map = crate::snapshot::map(device);
+        let builder = backend::builder(device, map.as_ref())?;
+        let covers = Covers::new([], passes_calls_on(&call));
+        let stream = backend::default_stream(device)?;
+        let built = builder.build_call_with_handles(&call, &stream).map_err(|e| stack_to_py(e, text))?;
+        Ok(Resource::of_built(Building { text, call, builder, built, map, device }, &[], covers, Vec::new()))
+    }
+
+    /// The resource object's native side of the stack `b` built over
+    /// `upstreams` (the stack's `upN`), given `functions`.
+    fn of_built(
+        b: Building<'_>,
+        upstreams: &[&Resource],
+        covers: Covers,
+        functions: Vec<Arc<Function>>,
+    ) -> Resource {
+        let Building { text, call, builder, built, map, device } = b;
+        let calls_python = !functions.is_empty() || upstreams.iter().any(|u| u.calls_python);
+        backend::note_driver_pools(device, &built);
+        let streams =
+            Arc::new(KeepStreams { inner: built.resource.clone(), streams: Mutex::new(HashMap::new()) });
+        let inner: Dyn = streams.clone();
+        let mut parts = Parts {
+            stats: sees_the_program(&call, "stats").then(|| built.get("stats")).flatten(),
+            track: sees_the_program(&call, "track").then(|| built.get("track")).flatten(),
+            limit: sees_the_program(&call, "limit").then(|| built.get("limit")).flatten(),
+            logs: built.all("log"),
+            releasing: built.release_layers(),
+            planned: built.all("planned"),
+            blocks: Arc::new(Guarded {
+                inner: crate::snapshot::program_side(inner.clone(), map),
+                covers: covers.clone(),
+                device,
+            }),
+            covers: covers.clone(),
+            inner,
+            streams,
+            live: Mutex::new(HashMap::new()),
+            functions,
+            remembers_streams: !forgets_streams(&call),
+            own_holders: 0,
+            calls_python,
+            over_python: None,
+        };
+        parts.own_holders = Arc::strong_count(&parts.streams);
+        if calls_python && !parts.releasing.is_empty() {
+            let entry =
+                Arc::new(OverPython { covers: covers.clone(), layers: parts.releasing.clone(), device });
+            let mut all = OVER_PYTHON.lock().unwrap_or_else(|p| p.into_inner());
+            all.retain(|w| w.strong_count() > 0);
+            all.push(Arc::downgrade(&entry));
+            parts.over_python = Some(entry);
+        }
+        let keeps_streams = parts.remembers_streams || upstreams.iter().any(|u| u.keeps_streams);
+        Resource {
+            parts: DropDetached::of_stack(parts, covers),
+            has_bytes: bytes_of(&call, upstreams, &builder),
+            keeps_streams,
+            device,
+            stack: text.to_string(),
+        }
+    }
+}
+
 #[pymethods]
 impl Resource {
     /// Builds `text` on `device`, its names `up0`, `up1`... standing for
@@ -340,56 +421,19 @@ impl Resource {
             Some(cb) => register_callbacks(py, &mut builder, cb, &covers)?,
             None => Vec::new(),
         };
-        let calls_python = !functions.is_empty() || upstreams.iter().any(|u| u.calls_python);
         let stream = backend::default_stream(device)?;
         // Building may allocate from the upstreams (a pool's initial size).
         let built = crate::gil::detach(py, || {
             let _call = reentry::enter(&covers).map_err(|e| to_py(e, &format!("stack `{text}`")))?;
             builder.build_call_with_handles(&call, &stream).map_err(|e| stack_to_py(e, text))
         })?;
-        backend::note_driver_pools(device, &built);
-        let streams =
-            Arc::new(KeepStreams { inner: built.resource.clone(), streams: Mutex::new(HashMap::new()) });
-        let inner: Dyn = streams.clone();
-        let mut parts = Parts {
-            stats: sees_the_program(&call, "stats").then(|| built.get("stats")).flatten(),
-            track: sees_the_program(&call, "track").then(|| built.get("track")).flatten(),
-            limit: sees_the_program(&call, "limit").then(|| built.get("limit")).flatten(),
-            logs: built.all("log"),
-            releasing: built.release_layers(),
-            planned: built.all("planned"),
-            blocks: Arc::new(Guarded {
-                inner: crate::snapshot::program_side(inner.clone(), map),
-                covers: covers.clone(),
-                device,
-            }),
-            covers: covers.clone(),
-            inner,
-            streams,
-            live: Mutex::new(HashMap::new()),
+        let upstreams: Vec<&Resource> = upstreams.iter().map(|u| &**u).collect();
+        Ok(Resource::of_built(
+            Building { text, call, builder, built, map, device },
+            &upstreams,
+            covers,
             functions,
-            remembers_streams: !forgets_streams(&call),
-            own_holders: 0,
-            calls_python,
-            over_python: None,
-        };
-        parts.own_holders = Arc::strong_count(&parts.streams);
-        if calls_python && !parts.releasing.is_empty() {
-            let entry =
-                Arc::new(OverPython { covers: covers.clone(), layers: parts.releasing.clone(), device });
-            let mut all = OVER_PYTHON.lock().unwrap_or_else(|p| p.into_inner());
-            all.retain(|w| w.strong_count() > 0);
-            all.push(Arc::downgrade(&entry));
-            parts.over_python = Some(entry);
-        }
-        let keeps_streams = parts.remembers_streams || upstreams.iter().any(|u| u.keeps_streams);
-        Ok(Resource {
-            parts: DropDetached::of_stack(parts, covers),
-            has_bytes: bytes_of(&call, &upstreams, &builder),
-            keeps_streams,
-            device,
-            stack: text.to_string(),
-        })
+        ))
     }
 
     fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {

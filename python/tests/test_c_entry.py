@@ -63,6 +63,29 @@ def test_the_reset_function_gives_back_what_every_devices_pools_keep():
     assert res[1].release() == 8 * MiB
 
 
+def test_a_device_nobody_gave_a_resource_gets_the_c_librarys_default_stack_for_python_too():
+    # Device 41: no other test sets it (the native registry outlives a test).
+    import memres.allocators.torch as mt
+    so = lib()
+    assert _native.sim.C_DEFAULT_STACK == mt.DEFAULT_STACK.replace("pool(cuda,", "pool(host,")
+    p = so.memres_py_alloc(1000, 41, None)
+    assert p
+    res = mr.get_per_device_resource(41)  # the one the C functions made, not another
+    assert res.stack == _native.sim.C_DEFAULT_STACK
+    assert res._native.statistics()[0][0] == 1000  # bytes in use
+    so.memres_py_free(p, 1000, 41, None)
+    assert res._native.statistics()[0][0] == 0
+    assert mr.get_per_device_resource(41) is res
+
+
+def test_the_reset_function_reaches_a_default_the_c_functions_made():
+    so = lib()
+    p = so.memres_py_alloc(8 * MiB, 42, None)
+    so.memres_py_free(p, 8 * MiB, 42, None)
+    so.memres_py_empty_cache()
+    assert 42 in mr._current and mr._current[42].release() == 0
+
+
 def test_failures_are_null_and_unknown_frees_change_nothing_but_say_why():
     so = lib()
     mr.set_current_device_resource(mr.LimitingResourceAdaptor(mr.HostMemoryResource(), 100))

@@ -59,6 +59,27 @@ def test_current_resource_defaults_to_cuda(gpu):
     assert held >= 128 * MiB
 
 
+def test_a_device_pytorchs_allocations_reach_first_gets_the_c_librarys_default_stack(gpu):
+    # In a child: device 0's registry entry outlives the tests here.
+    code = (
+        "import ctypes, memres\n"
+        "from memres.allocators.torch import DEFAULT_STACK\n"
+        "so = ctypes.CDLL(memres._native.cuda().__file__)\n"
+        "so.memres_py_alloc.restype = ctypes.c_void_p\n"
+        "so.memres_py_alloc.argtypes = [ctypes.c_ssize_t, ctypes.c_int, ctypes.c_void_p]\n"
+        "so.memres_py_free.argtypes = [ctypes.c_void_p, ctypes.c_ssize_t, ctypes.c_int, ctypes.c_void_p]\n"
+        "p = so.memres_py_alloc(1000, 0, None)\n"
+        "assert p, memres.allocators.torch.last_error()\n"
+        "res = memres.mr.get_current_device_resource()\n"
+        "assert res.stack == DEFAULT_STACK, res.stack\n"
+        "assert res._native.statistics()[0][0] == 1000\n"
+        "so.memres_py_free(p, 1000, 0, None)\n"
+        "print('done')\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0 and out.stdout.strip() == "done", out.stdout + out.stderr
+
+
 def test_device_statistics_see_what_the_driver_pool_reserves(gpu):
     before = memres.statistics.get_device_statistics(backend="cuda")
     res = mr.CudaAsyncMemoryResource()

@@ -1119,6 +1119,45 @@ def test_torch_use_refused_by_pytorch_changes_no_resource(monkeypatch, kwargs):
         assert not memres.is_initialized()
 
 
+def fake_torch(monkeypatch):
+    """``memres.allocators.torch`` over a stand-in for PyTorch that takes
+    the allocator (its CUDA not initialized: the current device is
+    memres's)."""
+    import types
+    import memres.allocators.torch as mt
+    cuda = types.SimpleNamespace(is_initialized=lambda: False, current_device=lambda: 0,
+                                 memory=types.SimpleNamespace(change_current_allocator=lambda a: None))
+    monkeypatch.setitem(sys.modules, "torch", types.SimpleNamespace(cuda=cuda))
+    monkeypatch.setattr(mt, "memres_torch_allocator", object())
+    monkeypatch.setattr(mt, "DEFAULT_STACK", "stats(pool(host))")  # no CUDA needed
+    return mt
+
+
+@pytest.mark.parametrize("kwargs, stack", [({"stack": "stats(pool(host, initial=1MiB))"},
+                                            "stats(pool(host, initial=1MiB))"),
+                                           ({"pool_allocator": True}, "pool(up0)"),
+                                           ({}, "stats(pool(host))")])
+def test_torch_use_sets_the_current_devices_resource_in_every_form(monkeypatch, kwargs, stack):
+    # The one-process-per-rank setup: the rank's device made current first.
+    mt = fake_torch(monkeypatch)
+    memres.set_device(1)
+    try:
+        mt.use(**kwargs)
+    finally:
+        memres.set_device(0)
+    assert {d: r.stack for d, r in mr._current.items()} == {1: stack}
+
+
+def test_torch_use_sets_the_devices_it_is_given(monkeypatch):
+    mt = fake_torch(monkeypatch)
+    mt.use(stack="stats(pool(host, initial=1MiB))", devices=[2, 3])
+    assert {d: r.stack for d, r in mr._current.items()} == {d: "stats(pool(host, initial=1MiB))" for d in (2, 3)}
+    kept = mr.get_per_device_resource(3)
+    mt.use(devices=[3, 4])  # a device with a resource keeps it; the other gets DEFAULT_STACK
+    assert mr.get_per_device_resource(3) is kept
+    assert mr.get_per_device_resource(4).stack == "stats(pool(host))"
+
+
 def test_torch_steps_reads_the_current_resources_planned_layers():
     # No PyTorch needed: the counts are the resource's.
     import memres.allocators.torch as mt

@@ -5,7 +5,9 @@
 
 or in one call, ``memres.allocators.torch.use()`` (``DEFAULT_STACK``, the C
 library's default, unless a resource is set) or ``use(stack=...)``, for a
-training loop ``use(stack=TRAINING_STACK)`` with ``step()``.
+training loop ``use(stack=TRAINING_STACK)`` with ``step()``. A device
+PyTorch allocates on that has no resource gets ``DEFAULT_STACK``, as from
+the C library.
 Every tensor's memory comes from the current memres resource of its device
 (``memres.set_current_device_resource``) through two C functions of the
 CUDA native module; ``empty_cache()``, and ``torch.cuda.empty_cache()``
@@ -52,8 +54,10 @@ def _reach_empty_cache(allocator, path):
 
 def _empty_caches():
     """What ``torch.cuda.empty_cache()`` runs through the reset function:
-    ``release()`` of every device's current resource, once every stream
-    of the device is done."""
+    ``release()`` of every device's current resource (those the C
+    functions made included), once every stream of the device is done."""
+    for device in range(_native.sim.MAX_DEVICES):
+        _mr._existing(device)
     for res in list(_mr._current.values()):
         res.release()
 
@@ -61,7 +65,8 @@ def _empty_caches():
 memres_torch_allocator = _make()
 
 
-# What ``use()`` gives a device that has no resource yet: the C library's
+# What ``use()`` gives a device that has no resource yet, and the C
+# functions a device PyTorch allocates on that has none: the C library's
 # default stack (its DEFAULT_STACK; a pool per stream over cuMemAlloc,
 # docs/cuda.md says why).
 DEFAULT_STACK = "stats(pool(cuda, per_stream=true, growth=32, granule=2MiB))"
@@ -76,24 +81,28 @@ TRAINING_STACK = "stats(planned(vmm(handle_granules=1, per_stream=true, slack=10
 
 
 def use(stack=None, **reinitialize_kwargs):
-    """Makes memres PyTorch's allocator: sets the device's resource from
-    ``stack`` (or ``memres.reinitialize``'s keywords); with neither, keeps
-    the current device's resource if one was set and else gives it
-    ``DEFAULT_STACK``. Then changes PyTorch's allocator. Call it before
-    the first CUDA tensor. Nothing changes when it fails."""
+    """Makes memres PyTorch's allocator: sets the resource of the current
+    device (or of ``devices=``, one or several) from ``stack`` (or
+    ``memres.reinitialize``'s keywords); with neither, keeps the resource
+    of each such device that has one and gives the others
+    ``DEFAULT_STACK``. Then changes PyTorch's allocator. A device PyTorch
+    allocates on later that has no resource gets ``DEFAULT_STACK`` too
+    (the C functions make it, and it is then the device's resource). Call
+    it before the first CUDA tensor. Nothing changes when it fails."""
     import torch
-    from .. import _resources
+    from .. import _device_list, _resources
     allocator = memres_torch_allocator or _make()
     if allocator is None:
         raise RuntimeError("memres: the PyTorch allocator needs PyTorch with CUDA and memres's CUDA side")
+    devices = reinitialize_kwargs.pop("devices", None)
+    devices = _device_list(current_device() if devices is None else devices)
     # The resources are made first and set only once PyTorch took the
     # allocator: it refuses once its own allocator is initialized (CUDA
     # was used), and then memres's resources stay as they were.
-    made = []
     if stack is not None or reinitialize_kwargs:
-        made = _resources(stack=stack, **reinitialize_kwargs)
-    elif not _mr.is_initialized():
-        made = _resources(stack=DEFAULT_STACK, devices=current_device())
+        made = _resources(stack=stack, devices=devices, **reinitialize_kwargs)
+    else:
+        made = _resources(stack=DEFAULT_STACK, devices=[d for d in devices if _mr._existing(d) is None])
     torch.cuda.memory.change_current_allocator(allocator)
     for device, res in made:
         _mr.set_per_device_resource(device, res)
