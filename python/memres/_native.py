@@ -51,17 +51,24 @@ def cuda():
         else:
             try:
                 from . import _cuda as module
-                # Each asks the other, without the GIL, whether its thread
-                # is inside a call of the other's (see gil.rs).
-                module.link_other(sim.running_a_call_capsule())
-                sim.link_other(module.running_a_call_capsule())
-                _cuda = module
-                return _cuda
             except ImportError as e:
                 _cuda_error = (f"the CUDA side of memres cannot load: {e}. It needs the "
                                "NVIDIA driver library libcuda.so.1 (installed with the GPU "
                                "driver); the simulated device (memres.mr.SimulatedMemoryResource, "
                                "HostMemoryResource) works without it")
+            else:
+                # Each asks the other, without the GIL, whether its thread
+                # is inside a call of the other's (see gil.rs).
+                module.link_other(sim.running_a_call_capsule())
+                sim.link_other(module.running_a_call_capsule())
+                # A device whose resource is simulated has none for the
+                # CUDA side's C functions (`mr.set_per_device_resource`).
+                from . import mr
+                for device, res in mr._current.items():
+                    if res._backend == "sim":
+                        module.set_other_backend(device)
+                _cuda = module
+                return _cuda
     raise CudaUnavailable(_cuda_error)
 
 

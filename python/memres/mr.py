@@ -729,13 +729,20 @@ def get_per_device_resource(device):
 
 
 def set_per_device_resource(device, mr):
-    """Makes ``mr`` the resource of ``device``; returns the previous one."""
+    """Makes ``mr`` the resource of ``device``; returns the previous one.
+    A device has one resource: the C functions of the other backend's
+    module (simulated or CUDA) let go of the one they had for it, and
+    refuse to allocate there (PyTorch's allocations on a device whose
+    resource is simulated fail, and ``last_error()`` says why)."""
     if not isinstance(mr, DeviceMemoryResource):
         raise TypeError(f"memres: {type(mr).__name__} is not a memres.mr resource")
     device = _device_id(device)
     if mr.device_id != device:
         raise ValueError(f"memres: a resource of device {mr.device_id} set for device {device}")
     _native.backend(mr._backend).set_per_device_resource(device, mr._native)
+    other = _native._cuda if mr._backend == "sim" else _native.sim
+    if other is not None:  # else marked when it loads (`_native.cuda`)
+        other.set_other_backend(device)
     previous = _current.get(device)
     _current[device] = mr
     return previous

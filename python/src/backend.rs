@@ -42,6 +42,10 @@ mod imp {
     pub(crate) type Engine = HostCopy;
     /// The backend's name, as `memres` reports it.
     pub(crate) const BACKEND: &str = "sim";
+    /// Why the C functions of this backend refuse a device whose resource
+    /// is of the other.
+    pub(crate) const OTHER_BACKENDS_RESOURCE: &str =
+        "the device's current resource is a CUDA one: the simulated backend's C functions serve only a simulated one";
     /// The backend's plain leaf, under the C functions' default stack
     /// ([`c_default_stack`](super::c_default_stack)).
     pub(crate) const DEFAULT_LEAF: &str = "host";
@@ -197,6 +201,10 @@ mod imp {
     pub(crate) type Engine = CudaCopy;
     /// The backend's name, as `memres` reports it.
     pub(crate) const BACKEND: &str = "cuda";
+    /// Why the C functions of this backend refuse a device whose resource
+    /// is of the other.
+    pub(crate) const OTHER_BACKENDS_RESOURCE: &str =
+        "the device's current resource is a simulated one (memres's sim backend): PyTorch's allocations need a CUDA resource";
     /// The backend's plain leaf, under the C functions' default stack
     /// ([`c_default_stack`](super::c_default_stack)).
     pub(crate) const DEFAULT_LEAF: &str = "cuda";
@@ -354,6 +362,7 @@ pub(crate) fn c_default_stack() -> String {
 pub(crate) use imp::{
     default_memory_pool, default_stream, driver_reserved, engine, handle_of, made_handle, make_stream,
     memory_info, note_driver_pools, prefetch, stream, Engine, MadeStream, Stream, BACKEND, DEFAULT_LEAF,
+    OTHER_BACKENDS_RESOURCE,
 };
 
 /// The builder of `device`'s stacks: the backend's leaves and the core's

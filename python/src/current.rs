@@ -31,14 +31,44 @@ fn live(device: usize) -> Option<&'static Live> {
 /// Rust code).
 #[pyfunction]
 pub(crate) fn set_per_device_resource(py: Python<'_>, device: u32, mr: PyRef<'_, Resource>) {
-    let resource: DynResource<Stream> = Arc::new(CFrees(mr.blocks.clone()));
-    // With the GIL released: the registry's lock may be held by a thread
-    // that builds a device's default resource, and the resource replaced
-    // is dropped here.
+    set(py, device, Arc::new(CFrees(mr.blocks.clone())));
+}
+
+/// What the registry of this module holds for a device whose resource is
+/// of the other backend (a simulated one where this is CUDA's, or the
+/// reverse): the C functions here refuse to allocate there, rather than
+/// serve from a resource that is no longer the device's, or make one.
+struct OtherBackend;
+
+impl MemoryResource<Stream> for OtherBackend {
+    fn allocate(&self, _request: Request, _stream: &Stream) -> memres_core::Result<Block> {
+        Err(memres_core::Error::InvalidConfig { what: backend::OTHER_BACKENDS_RESOURCE })
+    }
+
+    fn deallocate(&self, block: Block, _stream: &Stream) -> memres_core::Result<()> {
+        // It hands out nothing (a block goes back to its own resource).
+        Err(memres_core::Error::UnknownBlock { addr: block.addr() })
+    }
+}
+
+/// Takes `device`'s resource away from this module's C functions: its
+/// resource now is of the other backend. What they allocated before goes
+/// back to its own resource, which lives until the last such block is
+/// freed.
+#[pyfunction]
+pub(crate) fn set_other_backend(py: Python<'_>, device: u32) {
+    set(py, device, Arc::new(OtherBackend));
+}
+
+/// Makes `resource` the registry's entry of `device` (with the GIL
+/// released: the registry's lock may be held by a thread that builds a
+/// device's default resource, and the resource replaced is dropped here),
+/// and forgets a default made before ([`made`]).
+fn set(py: Python<'_>, device: u32, resource: DynResource<Stream>) {
     crate::gil::detach(py, || {
         memres_core::device::set_per_device_resource::<Stream>(device, resource);
-        // After the registry took the new one: a default made before is
-        // replaced (one made meanwhile waited for the registry's lock).
+        // After the registry took the new one: one made meanwhile waited
+        // for the registry's lock.
         drop(made(device).map(|m| m.lock().unwrap_or_else(|p| p.into_inner()).take()));
     });
 }

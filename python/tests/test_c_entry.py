@@ -86,6 +86,40 @@ def test_the_reset_function_reaches_a_default_the_c_functions_made():
     assert 42 in mr._current and mr._current[42].release() == 0
 
 
+def test_the_c_functions_let_go_of_a_devices_resource_once_the_other_backend_has_the_device():
+    # Device 43: no other test sets it. `set_other_backend` is what setting
+    # a CUDA resource for the device does to this (simulated) module.
+    import gc
+    from memres.statistics import get_device_statistics
+
+    def held():
+        return get_device_statistics(43, backend="sim").current_bytes
+
+    so = lib()
+    base = held()
+    mr.set_per_device_resource(43, mr.StackMemoryResource("pool(host, initial=1MiB)", backend="sim", device=43))
+    p = so.memres_py_alloc(1000, 43, None)
+    mr._current.clear()
+    gc.collect()
+    assert held() == base + MiB  # the C functions' registry holds it
+    _native.sim.set_other_backend(43)
+    _native.sim.last_error(clear=True)
+    assert so.memres_py_alloc(10, 43, None) is None
+    assert "current resource is a CUDA one" in _native.sim.last_error(clear=True)
+    assert held() == base + MiB  # its block keeps it
+    so.memres_py_free(p, 1000, 43, None)  # back to its own resource, which goes with it
+    assert held() == base
+
+
+def test_a_devices_resource_is_taken_from_the_other_backends_c_functions(monkeypatch):
+    import types
+    told = []
+    monkeypatch.setattr(_native, "_cuda", types.SimpleNamespace(set_other_backend=told.append,
+                                                                take_default=lambda device: None))
+    mr.set_per_device_resource(44, mr.HostMemoryResource(device=44))
+    assert told == [44]
+
+
 def test_failures_are_null_and_unknown_frees_change_nothing_but_say_why():
     so = lib()
     mr.set_current_device_resource(mr.LimitingResourceAdaptor(mr.HostMemoryResource(), 100))

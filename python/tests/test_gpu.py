@@ -80,6 +80,22 @@ def test_a_device_pytorchs_allocations_reach_first_gets_the_c_librarys_default_s
     assert out.returncode == 0 and out.stdout.strip() == "done", out.stdout + out.stderr
 
 
+def test_a_cuda_resource_replaced_by_a_simulated_one_is_let_go(gpu):
+    import ctypes
+    base = memres.statistics.get_device_statistics(0, backend="cuda").current_bytes
+    memres.reinitialize(pool_allocator=True, initial_pool_size=64 * MiB)
+    assert memres.statistics.get_device_statistics(0, backend="cuda").current_bytes == base + 64 * MiB
+    memres.reinitialize(stack="pool(sim(1GiB))")
+    gc.collect()
+    assert memres.statistics.get_device_statistics(0, backend="cuda").current_bytes == base
+    # PyTorch's allocations through memres are refused there, and say why.
+    so = ctypes.CDLL(memres._native.cuda().__file__)
+    so.memres_py_alloc.restype = ctypes.c_void_p
+    so.memres_py_alloc.argtypes = [ctypes.c_ssize_t, ctypes.c_int, ctypes.c_void_p]
+    assert so.memres_py_alloc(1000, 0, None) is None
+    assert "current resource is a simulated one" in memres._native.cuda().last_error(clear=True)
+
+
 def test_device_statistics_see_what_the_driver_pool_reserves(gpu):
     before = memres.statistics.get_device_statistics(backend="cuda")
     res = mr.CudaAsyncMemoryResource()
