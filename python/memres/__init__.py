@@ -76,7 +76,8 @@ def reinitialize(pool_allocator=False, managed_memory=False, initial_pool_size=N
     ``logging`` (to ``log_file_name``, else ``$MEMRES_LOG_FILE``, each
     device to its own file, ``x.dev1.csv`` for device 1 of ``x.csv``).
     ``stack`` names any stack instead, such as ``"stats(pool(async))"``.
-    Without CUDA the device is host memory.
+    Without CUDA the device is host memory. As RMM's, the pool sizes are
+    ignored without ``pool_allocator``, and ``devices=None`` is device 0.
     The hooks of ``register_reinitialize_hook`` run first."""
     for func, args, kwargs in reversed(_reinitialize_hooks):
         func(*args, **kwargs)
@@ -88,7 +89,10 @@ def reinitialize(pool_allocator=False, managed_memory=False, initial_pool_size=N
 
 
 def _device_list(devices):
-    """``devices`` (one device, or several) as a list of device ids."""
+    """``devices`` (one device, or several; None is device 0, as RMM's
+    ``reinitialize`` takes it) as a list of device ids."""
+    if devices is None:
+        return [0]
     if isinstance(devices, str) or not hasattr(devices, "__iter__"):
         devices = [devices]
     return [_device_id(d) for d in devices]
@@ -102,8 +106,6 @@ def _resources(pool_allocator=False, managed_memory=False, initial_pool_size=Non
     if stack is not None and (pool_allocator or managed_memory or initial_pool_size is not None
                               or maximum_pool_size is not None):
         raise ValueError("memres: reinitialize takes stack= or RMM's keywords, not both")
-    if not pool_allocator and (initial_pool_size is not None or maximum_pool_size is not None):
-        raise ValueError("memres: initial_pool_size and maximum_pool_size need pool_allocator=True")
     made = []
     for device in devices:
         if stack is not None:

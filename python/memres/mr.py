@@ -465,8 +465,11 @@ class _Function:
 # Algorithms ----------------------------------------------------------------
 
 class PoolMemoryResource(UpstreamResourceAdaptor):
-    """The coalescing pool. ``per_stream=True``: a pool per stream,
-    stream-ordered as PyTorch's allocator (no ``maximum_pool_size``)."""
+    """The coalescing pool. Without ``initial_pool_size`` it starts empty
+    and grows in chunks of at least 1/8 of what it holds, in 32 MiB steps
+    (RMM's starts at half the device's free memory). ``per_stream=True``:
+    a pool per stream, stream-ordered as PyTorch's allocator (no
+    ``maximum_pool_size``)."""
 
     def __init__(self, upstream_mr, initial_pool_size=None, maximum_pool_size=None, per_stream=False):
         self._build("pool", [], [upstream_mr],

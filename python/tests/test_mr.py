@@ -904,6 +904,16 @@ def test_current_and_per_device_resources():
     assert mr.get_current_device_resource() is pool
 
 
+def test_reinitialize_reads_rmms_keywords_as_rmm_does():
+    # RMM ignores the pool sizes without pool_allocator, and takes
+    # devices=None as device 0.
+    memres.reinitialize(pool_allocator=False, initial_pool_size=MiB, maximum_pool_size=2 * MiB)
+    assert type(mr._current[0]) in (mr.CudaMemoryResource, mr.HostMemoryResource)
+    mr._current.clear()
+    memres.reinitialize(pool_allocator=True, initial_pool_size=MiB, devices=None)
+    assert list(mr._current) == [0] and mr._current[0].pool_size() == MiB
+
+
 def test_reinitialize_with_rmm_keywords_and_with_a_stack():
     memres.reinitialize(pool_allocator=True, initial_pool_size=2 * MiB)
     cur = mr.get_current_device_resource()
