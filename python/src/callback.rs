@@ -81,9 +81,10 @@ pub(crate) fn take_failure_raised() -> Option<PyErr> {
     FAILURE_RAISED.try_with(|r| r.borrow_mut().take()).ok().flatten()
 }
 
-/// Whether a failure callback's exception waits for this thread's call.
+/// Whether a failure callback's exception waits for this thread's call
+/// (none once the thread's locals are gone).
 fn failure_raised() -> bool {
-    FAILURE_RAISED.with(|r| r.borrow().is_some())
+    FAILURE_RAISED.try_with(|r| r.borrow().is_some()).unwrap_or(false)
 }
 
 /// `on_failure`'s layer: refuses every allocation while the exception of a
@@ -122,14 +123,22 @@ thread_local! {
     static LAST_RAISED: RefCell<Option<PyErr>> = const { RefCell::new(None) };
 }
 
-/// The exception behind this thread's last [`RAISED`] error, taken.
+/// The exception behind this thread's last [`RAISED`] error, taken (none
+/// once the thread's locals are gone: a free from a destructor that runs
+/// at the thread's exit, after them, kept none).
 pub(crate) fn take_raised() -> Option<PyErr> {
-    LAST_RAISED.with(|r| r.borrow_mut().take())
+    LAST_RAISED.try_with(|r| r.borrow_mut().take()).ok().flatten()
 }
 
 /// Puts back an exception [`take_raised`] took, for the error it is behind.
 pub(crate) fn restore_raised(e: Option<PyErr>) {
-    LAST_RAISED.with(|r| *r.borrow_mut() = e);
+    keep_raised(e);
+}
+
+/// Keeps `e` as this thread's last raised exception; dropped once the
+/// thread's locals are gone (nothing could take it then).
+fn keep_raised(e: Option<PyErr>) {
+    let _ = LAST_RAISED.try_with(|r| *r.borrow_mut() = e);
 }
 
 /// Drops `value` (a stack, a buffer), and says on `sys.unraisablehook`, as
@@ -202,7 +211,7 @@ fn catching<T>(f: impl FnOnce() -> PyResult<T>) -> PyResult<T> {
 /// the caller ([`take_raised`]), whose error it becomes the cause of.
 fn raised(py: Python<'_>, e: PyErr, requested: u64, what: &'static str) -> Error {
     let out_of_memory = e.is_instance_of::<PyMemoryError>(py);
-    LAST_RAISED.with(|r| *r.borrow_mut() = Some(e));
+    keep_raised(Some(e));
     if out_of_memory {
         return Error::OutOfMemory { requested, largest_free: 0, pool_size: 0, max_size: None };
     }
@@ -274,14 +283,12 @@ impl MemoryResource<Stream> for PyCallbacks {
                 // The block stays live: nothing else could give it back.
                 let Some(deallocate) = self.deallocate.get(py) else {
                     // Said where a drop made this free (its error is dropped).
-                    LAST_RAISED.with(|r| {
-                        *r.borrow_mut() = Some(PyRuntimeError::new_err(format!(
-                            "memres: deallocate_func of the block at {:#x} ({} bytes) was taken by the \
-                             garbage collector (a cycle through it was collected)",
-                            block.addr(),
-                            block.size()
-                        )))
-                    });
+                    keep_raised(Some(PyRuntimeError::new_err(format!(
+                        "memres: deallocate_func of the block at {:#x} ({} bytes) was taken by the \
+                         garbage collector (a cycle through it was collected)",
+                        block.addr(),
+                        block.size()
+                    ))));
                     return Err(CLEARED);
                 };
                 catching(|| deallocate.call1(py, (block.addr(), block.size(), handle)))
@@ -341,7 +348,7 @@ pub(crate) fn register_callbacks(
                             let Some(callback) = f.0.get(py) else { return false };
                             catching(|| callback.call1(py, (bytes,))?.bind(py).is_truthy()).unwrap_or_else(
                                 |e| {
-                                    FAILURE_RAISED.with(|r| *r.borrow_mut() = Some(e));
+                                    let _ = FAILURE_RAISED.try_with(|r| *r.borrow_mut() = Some(e));
                                     false
                                 },
                             )

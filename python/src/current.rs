@@ -225,7 +225,7 @@ unsafe fn alloc(size: isize, device: i32, stream: *mut c_void) -> Result<*mut c_
 /// # Safety
 ///
 /// `stream` as [`memres_py_free`]'s.
-unsafe fn free(ptr: *mut c_void, device: i32, stream: *mut c_void) -> Result<(), String> {
+unsafe fn free(ptr: *mut c_void, size: isize, device: i32, stream: *mut c_void) -> Result<(), String> {
     let unknown = || "not allocated here, or freed already".to_string();
     let d = u32::try_from(device).map_err(|_| unknown())?;
     let table = live(d as usize).ok_or_else(unknown)?;
@@ -233,10 +233,23 @@ unsafe fn free(ptr: *mut c_void, device: i32, stream: *mut c_void) -> Result<(),
     // deferred free until it is applied (the contract).
     let s = unsafe { backend::stream(stream as usize as u64, d) }.map_err(|e| format!("the stream: {e}"))?;
     // Back in the table unless the free succeeds.
-    let entry =
-        table.lock().unwrap_or_else(|p| p.into_inner()).remove(ptr as usize as u64).ok_or_else(unknown)?;
+    let entry = {
+        let mut entries = table.lock().unwrap_or_else(|p| p.into_inner());
+        let addr = ptr as usize as u64;
+        let allocated = entries.get(addr).ok_or_else(unknown)?.0.size();
+        // A negative size skips the check, as the C library's free does.
+        if size >= 0 && size as u64 != allocated {
+            return Err(format!("freed with size {size}, allocated with {allocated}"));
+        }
+        entries.remove(addr).ok_or_else(unknown)?
+    };
     let taken = PutBack::new(entry, |(block, resource): (Block, DynResource<Stream>)| {
-        table.lock().unwrap_or_else(|p| p.into_inner()).insert(block.addr(), (block, resource));
+        // Not over a newer block: a free that freed and then failed or
+        // panicked may have let another thread get the address since.
+        let mut entries = table.lock().unwrap_or_else(|p| p.into_inner());
+        if entries.get(block.addr()).is_none() {
+            entries.insert(block.addr(), (block, resource));
+        }
     });
     let (block, resource) = taken.value();
     resource.deallocate(*block, &s).map_err(|e| e.to_string())?;
@@ -321,9 +334,10 @@ pub unsafe extern "C" fn memres_py_alloc(size: isize, device: i32, stream: *mut 
 }
 
 /// Frees `ptr`, from `memres_py_alloc` on `device`, on `stream`. A free
-/// that fails changes nothing (a pointer not from there, one whose free
-/// the stack refused: it stays live), and its reason is kept for
-/// `last_error`; NULL is ignored. Never unwinds. Called from inside a Python
+/// that fails changes nothing (a pointer not from there, a `size` that is
+/// not the allocation's, one whose free the stack refused: it stays live),
+/// and its reason is kept for `last_error`; NULL is ignored, and a negative
+/// `size` is not checked. Never unwinds. Called from inside a Python
 /// callback under the block's stack (a failure callback's `gc.collect()`
 /// that frees a tensor), the free is applied once the outermost call of
 /// memres in progress on this thread returns.
@@ -334,7 +348,7 @@ pub unsafe extern "C" fn memres_py_alloc(size: isize, device: i32, stream: *mut 
 /// a free so deferred, until it is applied); no work that is not ordered
 /// before the free on `stream` uses the memory.
 #[no_mangle]
-pub unsafe extern "C" fn memres_py_free(ptr: *mut c_void, _size: isize, device: i32, stream: *mut c_void) {
+pub unsafe extern "C" fn memres_py_free(ptr: *mut c_void, size: isize, device: i32, stream: *mut c_void) {
     if ptr.is_null() {
         return;
     }
@@ -342,7 +356,7 @@ pub unsafe extern "C" fn memres_py_free(ptr: *mut c_void, _size: isize, device: 
     let (addr, stream) = (ptr as usize, stream as usize);
     let freed = catch_unwind(AssertUnwindSafe(|| {
         // SAFETY: `stream` as this function's contract says.
-        without_gil(|| unsafe { free(addr as *mut c_void, device, stream as *mut c_void) })
+        without_gil(|| unsafe { free(addr as *mut c_void, size, device, stream as *mut c_void) })
     }));
     let why = match freed {
         Ok(Ok(())) => return,

@@ -159,6 +159,14 @@ fn pop() -> bool {
     })
 }
 
+/// Runs `f` on the thread's state; `None` once the thread's locals are
+/// gone (a free from a destructor that runs at the thread's exit, after
+/// them): no call is noted then, and none can be in progress on the
+/// thread but that free's own.
+fn with_state<T>(f: impl FnOnce(&mut State) -> T) -> Option<T> {
+    STATE.try_with(|s| f(&mut s.borrow_mut())).ok()
+}
+
 /// A call into a stack in progress on this thread (not `Send`: it ends on
 /// the thread it began on). When the outermost one ends, the work deferred
 /// meanwhile runs.
@@ -192,7 +200,7 @@ fn enter_free(covers: &Covers) -> Result<Entered, Error> {
 /// call in progress on this thread (see [`enter`]).
 fn meets_a_call(covers: &Covers, call: Call) -> bool {
     crate::callback::python_under_stacks()
-        && STATE.with(|s| s.borrow().active.iter().any(|a| a.meets(covers, call)))
+        && with_state(|s| s.active.iter().any(|a| a.meets(covers, call))).unwrap_or(false)
 }
 
 fn enter_for(covers: &Covers, call: Call) -> Result<Entered, Error> {
@@ -202,8 +210,7 @@ fn enter_for(covers: &Covers, call: Call) -> Result<Entered, Error> {
     if meets_a_call(covers, call) {
         return Err(Error::Reentrant);
     }
-    STATE.with(|s| {
-        let mut s = s.borrow_mut();
+    let noted = with_state(|s| {
         if s.active.is_empty() {
             // A new outermost call: an exception of a callback left by a
             // call that recovered from it is no part of this one.
@@ -211,8 +218,9 @@ fn enter_for(covers: &Covers, call: Call) -> Result<Entered, Error> {
             drop(crate::callback::take_raised());
         }
         s.active.push(Frame::new(covers.clone()));
-        Ok(Entered { noted: true, on_this_thread: PhantomData })
     })
+    .is_some();
+    Ok(Entered { noted, on_this_thread: PhantomData })
 }
 
 impl Drop for Entered {
@@ -232,14 +240,14 @@ pub(crate) fn in_callback<T>(covers: &Covers, f: impl FnOnce() -> T) -> T {
     struct Leave;
     impl Drop for Leave {
         fn drop(&mut self) {
-            STATE.with(|s| s.borrow_mut().active.last_mut().map(|f| f.callbacks.pop()));
+            with_state(|s| s.active.last_mut().map(|f| f.callbacks.pop()));
         }
     }
     // The innermost call is the one that reached the callback; with none
     // (a stack dropped, freeing into this one) nothing is in progress.
-    let entered = STATE.with(|s| {
-        s.borrow_mut().active.last_mut().map(|frame| frame.callbacks.push(covers.clone())).is_some()
-    });
+    let entered =
+        with_state(|s| s.active.last_mut().map(|frame| frame.callbacks.push(covers.clone())).is_some())
+            .unwrap_or(false);
     let _leave = entered.then_some(Leave);
     f()
 }
@@ -248,7 +256,13 @@ pub(crate) fn in_callback<T>(covers: &Covers, f: impl FnOnce() -> T) -> T {
 /// as a call into the stack of `covers`, or with `None` as a call into
 /// none (it enters the stacks it calls itself).
 fn defer(covers: Option<&Covers>, work: impl FnOnce() + Send + 'static) {
-    STATE.with(|s| s.borrow_mut().deferred.push_back((covers.cloned(), Box::new(work))));
+    let mut work = Some(work);
+    // Once the thread's locals are gone no call is in progress to wait for.
+    if with_state(|s| s.deferred.push_back((covers.cloned(), Box::new(work.take().unwrap())))).is_none() {
+        if let Some(work) = work {
+            work();
+        }
+    }
 }
 
 /// Runs the deferred work in order, each as a call into its stack, so that
@@ -416,5 +430,5 @@ fn free_later(resource: &DynResource<Stream>, block: Block, stream: &Stream) {
 /// call that may hold the stack's locks: it must not wait for a lock that
 /// another thread may hold while it waits for those.
 pub(crate) fn in_a_callback() -> bool {
-    STATE.with(|s| s.borrow().active.iter().any(|f| !f.callbacks.is_empty()))
+    with_state(|s| s.active.iter().any(|f| !f.callbacks.is_empty())).unwrap_or(false)
 }

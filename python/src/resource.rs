@@ -274,7 +274,9 @@ impl Resource {
             ))
         })?;
         Ok(PutBack::new(block, |b: Block| {
-            self.live.lock().unwrap_or_else(|p| p.into_inner()).insert(b.addr(), b);
+            // Not over a newer block: a free that freed and then failed or
+            // panicked may have let another thread get the address since.
+            self.live.lock().unwrap_or_else(|p| p.into_inner()).entry(b.addr()).or_insert(b);
         }))
     }
 

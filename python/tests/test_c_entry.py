@@ -2,9 +2,11 @@
 current resource (here on the simulated backend's module)."""
 
 import ctypes
+import shutil
 import subprocess
 import sys
 import textwrap
+import threading
 
 import pytest
 
@@ -229,6 +231,122 @@ def test_a_free_that_fails_below_leaves_the_block_freeable():
         assert top.allocation_counts.current_count == 0 and _native.sim.c_live_count(0) == 0
         print("done")
     """))
+
+
+def test_a_free_of_another_size_than_the_allocations_is_refused():
+    # The size was ignored: a free with any size freed the block, where the
+    # C library's and `deallocate` refuse it.
+    so = lib()
+    top = mr.StatisticsResourceAdaptor(mr.HostMemoryResource())
+    mr.set_current_device_resource(top)
+    p = so.memres_py_alloc(1000, 0, None)
+    _native.sim.last_error(clear=True)
+    so.memres_py_free(p, 5, 0, None)
+    why = _native.sim.last_error(clear=True)
+    assert why and "freed with size 5, allocated with 1000" in why, why
+    assert _native.sim.c_live_count(0) == 1 and top.allocation_counts.current_bytes == 1000
+    so.memres_py_free(p, -1, 0, None)  # a negative size is not checked
+    assert _native.sim.last_error() is None
+    assert _native.sim.c_live_count(0) == 0 and top.allocation_counts.current_bytes == 0
+
+
+def test_a_free_that_freed_and_then_failed_does_not_put_its_block_back_over_a_newer_one():
+    # As `deallocate`'s: the failed free put its block back over the block
+    # another thread was handed at the address meanwhile.
+    so = lib()
+    free, raise_once, newer, freed = [1 << 40], [False], [], []
+
+    def dealloc(p, n):
+        free.append(p)
+        freed.append(n)
+        if raise_once[0]:
+            raise_once[0] = False
+            t = threading.Thread(target=lambda: newer.append(so.memres_py_alloc(2000, 0, None)))
+            t.start()
+            t.join()
+            raise RuntimeError("failed after freeing")
+
+    mr.set_current_device_resource(mr.CallbackMemoryResource(lambda n: free.pop(), dealloc, backend="sim"))
+    p = so.memres_py_alloc(1000, 0, None)
+    raise_once[0] = True
+    so.memres_py_free(p, 1000, 0, None)
+    assert "deallocate_func raised" in _native.sim.last_error(clear=True)
+    assert newer == [p]
+    so.memres_py_free(p, 2000, 0, None)
+    assert _native.sim.last_error() is None and _native.sim.c_live_count(0) == 0
+    assert freed == [1000, 2000], "the newer block's free reached the stack as the older's"
+
+
+# A pthread key's destructor runs at its thread's exit after the thread's
+# Rust locals are gone (glibc runs those first): a C++ `thread_local` or a
+# library's key freeing a tensor there.
+FREE_AT_THREAD_EXIT = r"""
+#include <pthread.h>
+#include <sys/types.h>
+typedef void (*free_fn)(void *, ssize_t, int, void *);
+static pthread_key_t key;
+static free_fn fn;
+static ssize_t bytes;
+static void at_exit(void *p) { fn(p, bytes, 0, 0); }
+void free_at_thread_exit(void *p, ssize_t size, free_fn f) {
+    fn = f;
+    bytes = size;
+    pthread_key_create(&key, at_exit);
+    pthread_setspecific(key, p);
+}
+"""
+
+
+@pytest.mark.parametrize("callbacks", [False, True])
+def test_a_free_from_a_threads_exit_frees_its_block(tmp_path, callbacks):
+    # It panicked on a thread-local already destroyed (caught, but said on
+    # standard error): after the free, as it dropped the stack its last
+    # block held, or, with a Python callback anywhere, where it was to
+    # note the call, before the free, and the block stayed live.
+    cc = shutil.which("cc") or shutil.which("gcc")
+    assert cc, "the tests need a C compiler (Rust's linker is one)"
+    src, lib_path = tmp_path / "at_exit.c", tmp_path / "libat_exit.so"
+    src.write_text(FREE_AT_THREAD_EXIT)
+    subprocess.run([cc, "-shared", "-fPIC", "-o", str(lib_path), str(src), "-lpthread"], check=True)
+    out = run_child(f"""
+        import ctypes, threading, time
+        from memres import _native, mr
+        so = ctypes.CDLL(_native.sim.__file__)
+        so.memres_py_alloc.restype = ctypes.c_void_p
+        so.memres_py_alloc.argtypes = [ctypes.c_ssize_t, ctypes.c_int, ctypes.c_void_p]
+        so.memres_py_free.argtypes = [ctypes.c_void_p, ctypes.c_ssize_t, ctypes.c_int, ctypes.c_void_p]
+        at_exit = ctypes.CDLL({str(lib_path)!r})
+        at_exit.free_at_thread_exit.argtypes = [ctypes.c_void_p, ctypes.c_ssize_t, ctypes.c_void_p]
+        if {callbacks}:
+            keep = mr.CallbackMemoryResource(lambda n: 1 << 40, lambda p, n: None, backend="sim")
+        top = mr.StatisticsResourceAdaptor(mr.HostMemoryResource())
+        mr.set_current_device_resource(top)
+        _native.sim.last_error(clear=True)
+        armed, go = threading.Event(), threading.Event()
+        def worker():
+            so.memres_py_free(so.memres_py_alloc(64, 0, None), 64, 0, None)  # its locals in use
+            p = so.memres_py_alloc(1000, 0, None)
+            at_exit.free_at_thread_exit(p, 1000, ctypes.cast(so.memres_py_free, ctypes.c_void_p).value)
+            armed.set()
+            go.wait()
+        t = threading.Thread(target=worker)
+        t.start()
+        armed.wait()
+        # The block holds the last reference to its stack: its free drops it.
+        mr.set_current_device_resource(mr.HostMemoryResource())
+        del top
+        go.set()
+        t.join()
+        # The join returns once the thread's Python ends, before its exit.
+        for _ in range(500):
+            if _native.sim.c_live_count(0) == 0:
+                break
+            time.sleep(0.01)
+        assert _native.sim.c_live_count(0) == 0, "the block stayed live"
+        assert _native.sim.last_error() is None, _native.sim.last_error()
+        print("done")
+    """)
+    assert "panicked" not in out.stderr, out.stderr
 
 
 def test_a_free_with_the_gil_held_waits_for_the_pool_without_it():

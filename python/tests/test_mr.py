@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import threading
 
 import pytest
 
@@ -174,6 +175,32 @@ def test_a_free_that_fails_below_leaves_the_block_freeable():
         assert top.allocation_counts.current_count == 0 and top._native.live_count() == 0
         print("done")
     """))
+
+
+def test_a_free_that_freed_and_then_failed_does_not_put_its_block_back_over_a_newer_one():
+    # A deallocate_func that gives the memory back and then raises: another
+    # thread may be handed the address meanwhile. The failed free put its
+    # block back over the newer one, whose free was then refused as a size
+    # mismatch (and a retried free of the old pointer would have freed it).
+    free, raise_once, newer = [1 << 40], [False], []
+
+    def dealloc(p, n):
+        free.append(p)
+        if raise_once[0]:
+            raise_once[0] = False
+            t = threading.Thread(target=lambda: newer.append(res.allocate(2000)))
+            t.start()
+            t.join()
+            raise RuntimeError("failed after freeing")
+
+    res = mr.CallbackMemoryResource(lambda n: free.pop(), dealloc, backend="sim")
+    p = res.allocate(1000)
+    raise_once[0] = True
+    with pytest.raises(memres.MemresError):
+        res.deallocate(p, 1000)
+    assert newer == [p]
+    res.deallocate(p, 2000)
+    assert res._native.live_count() == 0
 
 
 @pytest.mark.parametrize("bad, error", BAD_SIZES)
