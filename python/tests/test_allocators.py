@@ -107,6 +107,36 @@ def fake_numba_driver(**attrs):
             "numba.cuda.cudadrv.driver": driver, "numba.cuda.cudadrv.drvapi": drvapi}
 
 
+def numba_manager(memres_numba, device):
+    """A manager over a stand-in for the Numba context of ``device``, as
+    Numba's ``HostOnlyCUDAMemoryManager.__init__`` leaves it."""
+    manager = memres_numba.MemresNumbaManager.__new__(memres_numba.MemresNumbaManager)
+    manager.context = types.SimpleNamespace(device=types.SimpleNamespace(id=device))
+    manager.allocations = {}
+    return manager
+
+
+def test_the_numba_manager_serves_its_contexts_device_and_its_reset_frees_what_it_holds(monkeypatch):
+    # After `numba.cuda.select_device(1)` its context is device 1's, while
+    # memres's current device stays 0: device-1 arrays got device-0 memory.
+    from memres.allocators import numba as memres_numba
+    for name, module in fake_numba_driver(binding=types.SimpleNamespace(CUdeviceptr=FakeCUdeviceptr)).items():
+        monkeypatch.setitem(sys.modules, name, module)
+    monkeypatch.setattr(memres_numba, "MemoryPointer", NumbaCudaMemoryPointer)
+    t = {d: mr.TrackingResourceAdaptor(mr.HostMemoryResource(device=d)) for d in (0, 1)}
+    for d, res in t.items():
+        mr.set_per_device_resource(d, res)
+    manager = numba_manager(memres_numba, device=1)
+    mp = manager.memalloc(4096)
+    assert (t[0].get_outstanding_count(), t[1].get_outstanding_count()) == (0, 1)
+    # Numba's context reset() clears the manager's allocations (as RMM's):
+    # their memory goes back, and a finalizer run after finds nothing.
+    manager.allocations.clear()
+    gc.collect()
+    assert t[1].get_outstanding_count() == 0
+    mp.finalizer()
+
+
 def test_the_numba_manager_hands_numba_cuda_an_address_it_reads(monkeypatch):
     # numba-cuda (no USE_NV_BINDING: NVIDIA's binding only) reads the
     # address with int(): a ctypes c_uint64 raised, and every array failed.
@@ -116,10 +146,9 @@ def test_the_numba_manager_hands_numba_cuda_an_address_it_reads(monkeypatch):
     monkeypatch.setattr(memres_numba, "MemoryPointer", NumbaCudaMemoryPointer)
     t = mr.TrackingResourceAdaptor(mr.HostMemoryResource())
     mr.set_current_device_resource(t)
-    manager = memres_numba.MemresNumbaManager.__new__(memres_numba.MemresNumbaManager)
-    manager.context, manager._buffers = "context", {}
+    manager = numba_manager(memres_numba, device=0)
     mp = manager.memalloc(4096)
-    (ptr,) = manager._buffers
+    (ptr,) = manager.allocations
     assert mp.device_pointer_value == ptr and mp.device_ctypes_pointer.value == ptr
     assert t.get_outstanding_count() == 1
     mp.finalizer()
@@ -146,7 +175,7 @@ def test_the_numba_manager_with_the_numba_installed_here_hands_out_addresses_it_
         pytest.skip(f"numba.cuda does not import here: {e}")
     from memres.allocators.numba import MemresNumbaManager
     mr.set_current_device_resource(mr.HostMemoryResource())
-    manager = MemresNumbaManager(context=types.SimpleNamespace())
+    manager = MemresNumbaManager(context=types.SimpleNamespace(device=types.SimpleNamespace(id=0)))
     mp = manager.memalloc(4096)
-    (ptr,) = manager._buffers
+    (ptr,) = manager.allocations
     assert mp.device_pointer_value == ptr and mp.device_ctypes_pointer.value == ptr

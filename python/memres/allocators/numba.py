@@ -8,6 +8,7 @@ or ``NUMBA_CUDA_MEMORY_MANAGER=memres.allocators.numba``.
 """
 
 from .._buffer import DeviceBuffer
+from ..mr import get_per_device_resource
 
 try:
     from numba.cuda import HostOnlyCUDAMemoryManager, MemoryPointer
@@ -21,23 +22,29 @@ except ImportError as e:
 
 
 class MemresNumbaManager(HostOnlyCUDAMemoryManager):
-    """Device memory from the current memres resource; host memory as
-    Numba's own."""
+    """Device memory from the memres resource of the device of the
+    manager's Numba context; host memory as Numba's own."""
 
     def __init__(self, *args, **kwargs):
         if _NO_NUMBA is not None:
             raise ImportError(f"memres: MemresNumbaManager needs Numba's CUDA target "
                               f"(numba.cuda): {_NO_NUMBA}")
         super().__init__(*args, **kwargs)
-        self._buffers = {}
 
     def memalloc(self, size):
-        buf = DeviceBuffer(size=size)
-        self._buffers[buf.ptr] = buf
-        buffers, ptr = self._buffers, buf.ptr
+        # The context's device (`numba.cuda.select_device`), as RMM's
+        # current device is the context's.
+        buf = DeviceBuffer(size=size, mr=get_per_device_resource(self.context.device.id))
+        ptr = buf.ptr
+        # Held in the manager's allocations, as RMM's: the context's
+        # `reset()` clears them, and each buffer, collected, frees its block.
+        # An empty buffer holds nothing.
+        allocations = self.allocations
+        if ptr:
+            allocations[ptr] = buf
 
         def finalizer():
-            buffers.pop(ptr, None)  # collected, the buffer frees its block
+            allocations.pop(ptr, None)  # after a reset(), gone already
 
         return MemoryPointer(self.context, _device_pointer(ptr), size, finalizer=finalizer)
 
