@@ -149,7 +149,9 @@ class DeviceMemoryResource:
         return self._native.stack
 
     def allocate(self, nbytes, stream=None):
-        """Allocates ``nbytes`` on ``stream``; returns the address."""
+        """Allocates ``nbytes`` on ``stream``; returns the address (0 for 0
+        bytes, which reach no layer: no statistics count them, no log
+        writes a row, where RMM's do)."""
         handle = as_handle(stream)
         self._keep(handle, stream)
         return self._native.allocate(_nbytes(nbytes, "nbytes"), handle)

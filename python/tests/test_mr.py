@@ -34,6 +34,18 @@ def test_allocate_and_deallocate_through_a_pool():
     assert pool.allocate(0) == 0
 
 
+def test_a_zero_byte_allocation_reaches_no_layer(tmp_path):
+    # What docs/python.md says where RMM differs: its statistics count one
+    # and its log writes a row; memres's adaptors count no zero-byte request.
+    stats = mr.StatisticsResourceAdaptor(mr.HostMemoryResource())
+    log = mr.LoggingResourceAdaptor(stats, log_file_name=str(tmp_path / "zero.csv"))
+    assert log.allocate(0) == 0
+    log.deallocate(0, 0)
+    log.flush()
+    assert stats.allocation_counts.total_count == 0
+    assert len(open(log.get_file_name()).read().splitlines()) == 1  # the header alone
+
+
 def test_a_per_stream_pool_tells_what_it_holds_and_gives_it_back():
     # pool_size() and release() saw only pools of one stream: a pool per
     # stream held 0 bytes and gave nothing back, whatever it held.
