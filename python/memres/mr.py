@@ -523,7 +523,9 @@ class BinningMemoryResource(UpstreamResourceAdaptor):
         size = _nbytes(allocation_size, "allocation_size")
         if size == 0:
             raise InvalidArgument("memres: add_bin: allocation_size must be at least 1 byte")
-        size = (size + 255) // 256 * 256
+        # Past the last multiple of 256 below 2**64 it stays there, where the
+        # stack refuses it as too large (rounded to 2**64 it was no number).
+        size = min((size + 255) // 256 * 256, (1 << 64) - 256)
         if bin_resource is not None and not isinstance(bin_resource, DeviceMemoryResource):
             raise TypeError(f"memres: bin_resource must be a memres.mr resource, not {type(bin_resource).__name__}")
         if bin_resource is None and (size in self._bins or size in self._power_sizes()):

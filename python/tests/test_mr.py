@@ -865,6 +865,18 @@ def test_the_addresses_of_a_dropped_simulated_resource_are_used_again_only_then(
         del b, c, d
 
 
+def test_a_bin_too_large_for_the_stack_is_refused_as_invalid_and_changes_nothing():
+    # 2**64 - 1 rounded up to 256 was 2**64: a `ValueError` that the stack
+    # could not parse the number, where a larger 2**64 - 256 is the typed refusal.
+    binning = mr.BinningMemoryResource(mr.SimulatedMemoryResource(GiB))
+    before = binning.stack
+    for size in (2**64 - 1, 2**64 - 256):
+        with pytest.raises(memres.InvalidArgument, match="too large"):
+            binning.add_bin(size)
+        assert binning.stack == before
+    binning.deallocate(binning.allocate(1000), 1000)
+
+
 def test_add_bin_is_refused_while_the_resource_is_used_and_changes_nothing():
     from memres import InvalidArgument
     b = mr.BinningMemoryResource(mr.PoolMemoryResource(mr.HostMemoryResource()), 10, 12)
