@@ -561,9 +561,18 @@ class FixedSizeMemoryResource(UpstreamResourceAdaptor):
     """Blocks of one size, ``blocks_to_preallocate`` per upstream chunk."""
 
     def __init__(self, upstream_mr, block_size=1 << 20, blocks_to_preallocate=128):
-        # Rounded up to 256, as RMM's.
-        self._build("fixed", [], [upstream_mr], size=_size(block_size, "block_size", align="up"),
-                    blocks=_size(blocks_to_preallocate, "blocks_to_preallocate"))
+        blocks = int(_size(blocks_to_preallocate, "blocks_to_preallocate"))
+        # The stack counts blocks in 32 bits, the top counts kept by the
+        # core: a count past them is asked as the largest, which the core
+        # refuses with its own word on the maximum.
+        try:
+            # Rounded up to 256, as RMM's.
+            self._build("fixed", [], [upstream_mr], size=_size(block_size, "block_size", align="up"),
+                        blocks=str(min(blocks, (1 << 32) - 1)))
+        except InvalidArgument as e:
+            if blocks < 1 << 32:
+                raise
+            raise InvalidArgument(f"memres: blocks_to_preallocate {blocks} is too large ({e})") from None
 
 
 # Adaptors ------------------------------------------------------------------

@@ -877,6 +877,13 @@ def test_a_bin_too_large_for_the_stack_is_refused_as_invalid_and_changes_nothing
     binning.deallocate(binning.allocate(1000), 1000)
 
 
+@pytest.mark.parametrize("blocks", [2**32 - 1, 2**32, 2**33, 2**64 - 1])
+def test_blocks_to_preallocate_too_large_is_refused_as_invalid_saying_so(blocks):
+    # Past 32 bits it was a `ValueError` that the value was no "whole number".
+    with pytest.raises(memres.InvalidArgument, match="too large"):
+        mr.FixedSizeMemoryResource(mr.SimulatedMemoryResource(GiB), block_size=256, blocks_to_preallocate=blocks)
+
+
 def test_add_bin_is_refused_while_the_resource_is_used_and_changes_nothing():
     from memres import InvalidArgument
     b = mr.BinningMemoryResource(mr.PoolMemoryResource(mr.HostMemoryResource()), 10, 12)
