@@ -171,7 +171,7 @@ impl FixedConfig {
             });
         }
         if self.blocks_per_chunk == 0 || self.blocks_per_chunk > Self::MAX_BLOCKS_PER_CHUNK {
-            return Err(Error::InvalidConfig { what: "blocks per chunk is zero or above 2^20" });
+            return Err(Error::InvalidConfig { what: "blocks per chunk is zero, or too large (above 2^20)" });
         }
         if self.block_size.checked_mul(self.blocks_per_chunk as u64).is_none_or(|c| c > Request::MAX_SIZE) {
             return Err(Error::InvalidConfig { what: "chunk size overflows" });
