@@ -162,71 +162,104 @@ impl<V> AddrMap<V> {
     }
 }
 
-/// A layer's table of live blocks by address, as [`Restore`] takes a
-/// block's value out of it and puts it back.
-pub(crate) trait ByAddr {
-    type Value;
-    fn remove(&mut self, addr: u64) -> Option<Self::Value>;
-    /// Puts `value` at `addr` if no value is there; else gives it back.
-    fn put_back(&mut self, addr: u64, value: Self::Value) -> Option<Self::Value>;
+/// A layer's table of the live blocks it handed out, by address: each value
+/// with the number of the allocation that recorded it, so that a free takes
+/// out the value it found and never a newer allocation's.
+///
+/// A free leaves its block's value in the table while the upstream frees it
+/// (no lock is held across the upstream's call, which may call back into
+/// the layer):
+///
+/// ```text
+///  allocate ─► upstream ─ok─► insert(addr, value): a new record number; a
+///                               value found there is stale (its block was
+///                               freed, its free not yet taken out) ─► the caller
+///  deallocate ─► freeing(addr): the record number ─► upstream ─ok─► freed(mark):
+///                └ none: not a live block                        the value, if
+///                                                                still that record
+/// ```
+///
+/// Another free of the same address meanwhile (one of the two is a stale
+/// block's, a double free) finds the value too and is passed on: the
+/// upstream alone tells which free is right, and the one it takes out the
+/// value. A free the upstream refuses, or panics in, changes nothing. Once
+/// the upstream freed the block, another thread may get the address and
+/// record its own block: that insert finds the freed block's value (stale)
+/// and gives it to the caller to count off, and the free's
+/// [`freed`](Self::freed) then finds a newer record and leaves it.
+///
+/// An upstream that frees by address alone (it cannot tell a stale block
+/// from the live one at the address) may take a stale free that was passed
+/// on before the address was recorded again as a free of the newer block:
+/// that block stays recorded, as one freed behind the layer's back, until
+/// the address is recorded again.
+#[derive(Debug)]
+pub(crate) struct Records<V> {
+    /// Each live block's value, with its record number.
+    map: AddrMap<(u64, V)>,
+    /// Inserts made: the next record's number (wrapping; a free would have
+    /// to last 2^64 inserts to mistake one record for another).
+    inserts: u64,
 }
 
-impl<V> ByAddr for AddrMap<V> {
-    type Value = V;
-    fn remove(&mut self, addr: u64) -> Option<V> {
-        AddrMap::remove(self, addr)
-    }
-    fn put_back(&mut self, addr: u64, value: V) -> Option<V> {
-        if self.get(addr).is_some() {
-            return Some(value);
-        }
-        AddrMap::insert(self, addr, value);
-        None
-    }
-}
-
-/// What a layer kept of a block whose free is under way, taken out of its
-/// shared table before the upstream frees it (once freed, another thread
-/// may get the address and record it): put back when dropped, as the free
-/// failed or panicked and the block is still live, unless
-/// [`freed`](Self::freed) says the upstream freed it. Where another
-/// allocation recorded the address meanwhile, the upstream did free the
-/// block (then failed or panicked): the newer value stays, and `stale`
-/// takes the old one, as the layer's allocation does with a value it finds
-/// at the address it records.
-pub(crate) struct Restore<'a, M: ByAddr, F: FnMut(M::Value)> {
-    map: &'a crate::lock::Shared<M>,
+/// A free under way: the address and the record number it found there.
+#[derive(Clone, Copy, Debug)]
+#[must_use = "a free's mark takes the value out once the upstream freed the block"]
+pub(crate) struct Freeing {
     addr: u64,
-    value: Option<M::Value>,
-    stale: F,
+    record: u64,
 }
 
-impl<'a, M: ByAddr, F: FnMut(M::Value)> Restore<'a, M, F> {
-    /// Takes `addr`'s value out of `map`; `None` if it holds none.
-    pub(crate) fn take(map: &'a crate::lock::Shared<M>, addr: u64, stale: F) -> Option<Self> {
-        let value = map.with(|m| m.remove(addr))?;
-        Some(Self::taken(map, addr, value, stale))
+impl<V> Records<V> {
+    /// No record.
+    pub(crate) const fn new() -> Self {
+        Records { map: AddrMap::new(), inserts: 0 }
     }
 
-    /// `addr`'s value, which the caller took out of `map` (having checked
-    /// it under the same lock).
-    pub(crate) fn taken(map: &'a crate::lock::Shared<M>, addr: u64, value: M::Value, stale: F) -> Self {
-        Restore { map, addr, value: Some(value), stale }
+    /// Records `value` at `addr`; returns the value recorded there before
+    /// (a block freed or under way to be: stale, for the caller to count off).
+    pub(crate) fn insert(&mut self, addr: u64, value: V) -> Option<V> {
+        let record = self.inserts;
+        self.inserts = self.inserts.wrapping_add(1);
+        self.map.insert(addr, (record, value)).map(|(_, old)| old)
     }
 
-    /// The block is freed: its value, which stays out of the map.
-    pub(crate) fn freed(mut self) -> M::Value {
-        self.value.take().expect("taken until freed or dropped")
+    /// The value at `addr`, if any.
+    pub(crate) fn get(&self, addr: u64) -> Option<&V> {
+        self.map.get(addr).map(|(_, v)| v)
     }
-}
 
-impl<M: ByAddr, F: FnMut(M::Value)> Drop for Restore<'_, M, F> {
-    fn drop(&mut self) {
-        if let Some(value) = self.value.take() {
-            if let Some(old) = self.map.with(|m| m.put_back(self.addr, value)) {
-                (self.stale)(old);
-            }
+    /// A free of the block at `addr` begins: its mark, to pass to
+    /// [`freed`](Self::freed) once the upstream freed it, and the block's
+    /// value; `None` if no block is recorded there.
+    pub(crate) fn freeing(&self, addr: u64) -> Option<(Freeing, &V)> {
+        self.map.get(addr).map(|(record, v)| (Freeing { addr, record: *record }, v))
+    }
+
+    /// The upstream freed the block `mark` found: its value, taken out, if
+    /// the address still holds that record (not if another free of it took
+    /// it out, nor if a newer allocation, recorded since, took its place and
+    /// gave it back as stale).
+    pub(crate) fn freed(&mut self, mark: Freeing) -> Option<V> {
+        match self.map.get(mark.addr) {
+            Some(&(record, _)) if record == mark.record => self.map.remove(mark.addr).map(|(_, v)| v),
+            _ => None,
         }
+    }
+
+    /// The records, in no particular order.
+    pub(crate) fn iter(&self) -> impl Iterator<Item = (u64, &V)> + '_ {
+        self.map.iter().map(|(a, (_, v))| (a, v))
+    }
+
+    /// The number of records.
+    pub(crate) fn len(&self) -> usize {
+        self.map.len()
+    }
+
+    /// Whether nothing is recorded.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.map.is_empty()
     }
 }
 
@@ -293,6 +326,26 @@ mod tests {
         }
         assert_eq!(m.get(same_home[1]), None);
         assert_eq!(m.len(), 3);
+    }
+
+    /// A free takes out the record it found, once: not a newer allocation's
+    /// at the same address (its insert gave the freed value back as
+    /// stale), nor again for a second free the upstream took too.
+    #[test]
+    fn a_free_takes_out_only_the_record_it_found() {
+        let mut r = Records::new();
+        assert!(r.freeing(0x1000).is_none());
+        r.insert(0x1000, 1);
+        let (freeing, &value) = r.freeing(0x1000).unwrap();
+        assert_eq!(value, 1);
+        assert_eq!(r.insert(0x1000, 2), Some(1), "the freed block's value, stale");
+        assert_eq!(r.freed(freeing), None);
+        assert_eq!(r.get(0x1000), Some(&2));
+        let (first, _) = r.freeing(0x1000).unwrap();
+        let (second, _) = r.freeing(0x1000).unwrap();
+        assert_eq!(r.freed(second), Some(2));
+        assert_eq!(r.freed(first), None);
+        assert!(r.is_empty() && r.get(0x1000).is_none());
     }
 
     #[test]

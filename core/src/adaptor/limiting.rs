@@ -1,6 +1,6 @@
 //! RMM's `limiting_resource_adaptor`: a byte limit.
 
-use crate::addr_map::{AddrMap, Restore};
+use crate::addr_map::Records;
 use crate::check::Violation;
 use crate::lock::Shared;
 use crate::primitive::{AtomicU64, Ordering::Relaxed};
@@ -17,8 +17,8 @@ use crate::{Block, Error, Inspect, MemoryResource, Request, Result, Stream, Usag
 ///                     │ ok
 ///                     ▼
 ///                  table.insert(addr, charge)
-///  deallocate(block) ─► table.remove(addr) ─► upstream ─ok─► used -= charge
-///                       └ not there: Error::UnknownBlock  └ error: table.insert back
+///  deallocate(block) ─► table.freeing(addr) ─► upstream ─ok─► table.freed: used -= charge
+///                       └ not there: Error::UnknownBlock  └ error: nothing changes
 /// ```
 ///
 /// Bytes are counted as RMM counts them: each size rounded up to the
@@ -36,11 +36,15 @@ use crate::{Block, Error, Inspect, MemoryResource, Request, Result, Stream, Usag
 /// below zero or under what is in use. A block the table does not hold (never handed out by
 /// this adaptor, taken from the upstream directly, or freed already) is
 /// [`Error::UnknownBlock`] before the upstream sees it. A free the upstream
-/// refuses (a wrong size, say) keeps the block and its charge. A block
-/// freed straight to the upstream, behind the adaptor's back, stays counted
-/// until the upstream hands its address out again through the adaptor. The
-/// table ([`AddrMap`]) costs one short lock and a probe or two per call;
-/// the reservation stays lock-free.
+/// refuses (a wrong size, say) keeps the block and its charge. The charge
+/// stays in the table while the upstream frees the block, so a double free
+/// made meanwhile (a stale copy of a block whose address was handed out
+/// again) never hides the live block from its own free: both go to the
+/// upstream, which tells them apart. A block freed straight to the
+/// upstream, behind the adaptor's back, stays counted until the upstream
+/// hands its address out again through the adaptor. The table
+/// ([`AddrMap`](crate::addr_map::AddrMap)) costs one short lock and a probe
+/// or two per call; the reservation stays lock-free.
 ///
 /// # Examples
 ///
@@ -66,7 +70,7 @@ pub struct Limiting<R> {
     /// flight; never above `limit`.
     used: AtomicU64,
     /// What each live block handed out was charged, by address.
-    charged: Shared<AddrMap<u64>>,
+    charged: Shared<Records<u64>>,
 }
 
 impl<R> Limiting<R> {
@@ -81,7 +85,7 @@ impl<R> Limiting<R> {
     /// assert_eq!(l.get_allocation_limit(), 1 << 20);
     /// ```
     pub fn new(upstream: R, limit: u64) -> Self {
-        Limiting { upstream, limit, used: AtomicU64::new(0), charged: Shared::new(AddrMap::new()) }
+        Limiting { upstream, limit, used: AtomicU64::new(0), charged: Shared::new(Records::new()) }
     }
 
     /// The limit in bytes (RMM's `get_allocation_limit`).
@@ -163,7 +167,8 @@ impl<S: Stream + ?Sized, R: MemoryResource<S>> MemoryResource<S> for Limiting<R>
         }
         if let Some(stale) = self.charged.with(|t| t.insert(block.addr(), charge)) {
             // The upstream handed out an address this adaptor still counts:
-            // that block was freed behind its back, so its charge goes.
+            // that block was freed (behind its back, or by a free not yet
+            // back from the upstream), so its charge goes.
             self.used.fetch_sub(stale, Relaxed);
         }
         core::mem::forget(reserved);
@@ -175,16 +180,16 @@ impl<S: Stream + ?Sized, R: MemoryResource<S>> MemoryResource<S> for Limiting<R>
             return self.upstream.deallocate(block, stream);
         }
         let addr = block.addr();
-        // Removed before the upstream frees it: once freed, another thread
-        // may get the same address and insert it.
-        // Put back unless the upstream frees it: on its error, and on its
-        // panic, the block is still live and counted.
-        let stale = |charge| {
-            self.used.fetch_sub(charge, Relaxed);
-        };
-        let charge = Restore::take(&self.charged, addr, stale).ok_or(Error::UnknownBlock { addr })?;
+        // The charge stays while the upstream frees the block: on its error
+        // or panic the block is still live and counted.
+        let freeing = self.charged.with(|t| t.freeing(addr).map(|(f, _)| f));
+        let freeing = freeing.ok_or(Error::UnknownBlock { addr })?;
         self.upstream.deallocate(block, stream)?;
-        self.used.fetch_sub(charge.freed(), Relaxed);
+        // Not there if an allocation at the address took its place (and
+        // counted it off) or a double free took it out first.
+        if let Some(charge) = self.charged.with(|t| t.freed(freeing)) {
+            self.used.fetch_sub(charge, Relaxed);
+        }
         Ok(())
     }
 }

@@ -1,4 +1,4 @@
-//! loom models of the adaptors' atomics: `RUSTFLAGS="--cfg loom" cargo test
+//! loom models of the adaptors' atomics and tables: `RUSTFLAGS="--cfg loom" cargo test
 //! -p memres-core --features std --lib loom`.
 
 use super::*;
@@ -48,5 +48,42 @@ fn limiting_one_winner() {
         assert!(mine ^ theirs);
         assert_eq!(l.get_allocated_bytes(), 512);
         assert_eq!(l.upstream().usage().held, 512);
+    });
+}
+
+/// A stale copy of a block freed again (a double free) races the live
+/// block at its address being freed and the address being handed out once
+/// more: whatever the interleaving, the live block's free succeeds, the
+/// stale one fails, and the charges are the live blocks'.
+#[test]
+fn limiting_double_free_beside_the_live_blocks_free() {
+    use crate::{pool::CoalescingPool, Shared};
+    // Threads with room for a pool on their stacks (two 8 KiB bin tables),
+    // which loom's default coroutine stack of 32 KiB is not.
+    fn big_stack<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> thread::JoinHandle<T> {
+        thread::Builder::new().stack_size(1 << 20).spawn(f).unwrap()
+    }
+    model(|| {
+        big_stack(|| {
+            let pool = Shared::new(CoalescingPool::new(BumpUpstream::new(1 << 20)));
+            let l = Arc::new(Limiting::new(pool, 1 << 20));
+            let r = Request::new(1000).unwrap();
+            let x = l.allocate(r, &()).unwrap();
+            l.deallocate(x, &()).unwrap();
+            let y = l.allocate(r, &()).unwrap();
+            let stale = {
+                let l = l.clone();
+                big_stack(move || l.deallocate(x, &()))
+            };
+            assert_eq!(l.deallocate(y, &()), Ok(()));
+            let z = l.allocate(r, &()).unwrap();
+            assert!(stale.join().unwrap().is_err());
+            assert_eq!((l.get_allocated_bytes(), l.upstream().usage().used), (1024, 1024));
+            l.check().unwrap();
+            l.deallocate(z, &()).unwrap();
+            assert_eq!((l.get_allocated_bytes(), l.upstream().usage().used), (0, 0));
+        })
+        .join()
+        .unwrap();
     });
 }

@@ -146,6 +146,123 @@ fn a_free_that_panics_after_the_address_was_taken_again_keeps_the_newer_block() 
     assert_eq!(bins.usage().used, 0);
 }
 
+/// A pool whose free of one block, once `gate` names its tag, stops after
+/// it began until the test lets it go on (the gate's two waits): the
+/// window in which a layer above has passed that free on.
+pub(super) struct StaleFreeWaits {
+    pub(super) pool: Shared<CoalescingPool<BumpUpstream>>,
+    /// The tag of the free that waits, and the gate.
+    gate: Mutex<Option<(u64, Arc<std::sync::Barrier>)>>,
+}
+
+impl Default for StaleFreeWaits {
+    fn default() -> Self {
+        let pool = Shared::new(CoalescingPool::new(BumpUpstream::new(1 << 30)));
+        StaleFreeWaits { pool, gate: Mutex::new(None) }
+    }
+}
+
+impl MemoryResource for StaleFreeWaits {
+    fn allocate(&self, request: Request, s: &()) -> crate::Result<Block> {
+        self.pool.allocate(request, s)
+    }
+    fn deallocate(&self, block: Block, s: &()) -> crate::Result<()> {
+        let gate = self.gate.lock().unwrap().take_if(|(tag, _)| *tag == block.tag());
+        if let Some((_, gate)) = gate {
+            gate.wait(); // passed on
+            gate.wait(); // go on
+        }
+        self.pool.deallocate(block, s)
+    }
+}
+
+impl Inspect for StaleFreeWaits {
+    fn usage(&self) -> crate::Usage {
+        self.pool.usage()
+    }
+    fn check(&self) -> core::result::Result<(), crate::check::Violation> {
+        self.pool.check()
+    }
+}
+
+/// Through `layer` over `up`: a block `x` is freed, its address handed
+/// out again as `y`; a stale copy of `x` is freed again (a double free),
+/// and while the pool has that free, `y` is freed and the address handed
+/// out once more. The live block's free must succeed and the stale one
+/// fail as a double free; returns the newest block.
+pub(super) fn freed_beside_a_double_free<R: MemoryResource + Sync>(up: &StaleFreeWaits, layer: &R) -> Block {
+    let r = req(1000);
+    let x = layer.allocate(r, &()).unwrap();
+    layer.deallocate(x, &()).unwrap();
+    let y = layer.allocate(r, &()).unwrap();
+    assert_eq!(x.addr(), y.addr(), "the pool hands the address out again");
+    let gate = Arc::new(std::sync::Barrier::new(2));
+    *up.gate.lock().unwrap() = Some((x.tag(), gate.clone()));
+    let (stale, live, z) = std::thread::scope(|s| {
+        let stale = s.spawn(|| layer.deallocate(x, &()));
+        gate.wait();
+        let live = layer.deallocate(y, &());
+        let z = layer.allocate(r, &());
+        gate.wait();
+        (stale.join().unwrap(), live, z)
+    });
+    assert_eq!(live, Ok(()), "the live block's free went through");
+    assert_eq!(stale, Err(Error::DoubleFree { addr: x.addr() }));
+    let z = z.unwrap();
+    assert_eq!(z.addr(), y.addr());
+    assert_eq!(up.pool.usage().used, 1024, "the newest block only is live");
+    z
+}
+
+// Before, in each layer, the stale free took the address out of the
+// layer's table while the pool had it: the live block's free was
+// `UnknownBlock`, and the block stayed live and counted for good.
+
+#[test]
+fn limiting_lets_a_live_blocks_free_through_beside_a_double_free() {
+    let up = StaleFreeWaits::default();
+    let limit = Limiting::new(&up, 1 << 20);
+    let z = freed_beside_a_double_free(&up, &limit);
+    assert_eq!(limit.get_allocated_bytes(), 1024);
+    limit.check().unwrap();
+    limit.deallocate(z, &()).unwrap();
+    assert_eq!((limit.get_allocated_bytes(), up.pool.usage().used), (0, 0));
+}
+
+#[test]
+fn tracking_lets_a_live_blocks_free_through_beside_a_double_free() {
+    let up = StaleFreeWaits::default();
+    let track = Tracking::new(&up);
+    let z = freed_beside_a_double_free(&up, &track);
+    assert_eq!((track.get_outstanding_allocations().count(), track.get_allocated_bytes()), (1, 1000));
+    assert_eq!(track.size_of(z.addr()), Some(1000));
+    track.deallocate(z, &()).unwrap();
+    assert_eq!((track.get_allocated_bytes(), up.pool.usage().used), (0, 0));
+}
+
+#[test]
+fn binning_lets_a_live_blocks_free_through_beside_a_double_free() {
+    // Its large blocks, then a counted bin's.
+    let up = StaleFreeWaits::default();
+    let bins: crate::binning::BinningResource<_> = crate::binning::BinningResource::new(&up);
+    let z = freed_beside_a_double_free(&up, &bins);
+    assert_eq!(bins.usage().used, 1024);
+    bins.check().unwrap();
+    bins.deallocate(z, &()).unwrap();
+    assert_eq!((bins.usage().used, up.pool.usage().used), (0, 0));
+
+    let up = StaleFreeWaits::default();
+    let mut bins: crate::binning::BinningResource<_> =
+        crate::binning::BinningResource::new(BumpUpstream::new(1 << 20));
+    bins.add_counted_bin(4096, &up).unwrap();
+    let z = freed_beside_a_double_free(&up, &bins);
+    assert_eq!(bins.usage().used, 1024);
+    bins.check().unwrap();
+    bins.deallocate(z, &()).unwrap();
+    assert_eq!((bins.usage().used, up.pool.usage().used), (0, 0));
+    bins.check().unwrap();
+}
+
 // ---------------------------------------------------------------- aligned
 // ---------------------------------------------------------------- aligned
 

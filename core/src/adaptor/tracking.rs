@@ -1,6 +1,6 @@
 //! RMM's `tracking_resource_adaptor`: every outstanding allocation.
 
-use crate::addr_map::{AddrMap, ByAddr, Restore};
+use crate::addr_map::{Freeing, Records};
 use crate::lock::Shared;
 use crate::{Block, Error, MemoryResource, Request, Result, Stream};
 use alloc::boxed::Box;
@@ -112,44 +112,30 @@ struct Entry {
 #[derive(Debug)]
 struct Table {
     /// Live blocks handed out through the adaptor, by address.
-    blocks: AddrMap<Entry>,
+    blocks: Records<Entry>,
     /// The sum of `blocks`' sizes, wrapping: an upstream outside the
     /// contract may hand out blocks whose sizes sum past `u64::MAX`, and
     /// every size added is taken off again.
     bytes: u64,
 }
 
-impl ByAddr for Table {
-    type Value = Entry;
-
-    fn put_back(&mut self, addr: u64, entry: Entry) -> Option<Entry> {
-        if self.blocks.get(addr).is_some() {
-            return Some(entry);
-        }
-        self.insert(addr, entry);
-        None
-    }
-
-    fn remove(&mut self, addr: u64) -> Option<Entry> {
-        Table::remove(self, addr)
-    }
-}
-
 impl Table {
     fn insert(&mut self, addr: u64, entry: Entry) {
         self.bytes = self.bytes.wrapping_add(entry.size);
         // An address handed out again without a free through the adaptor
-        // (the upstream freed it directly): the old entry is gone, so are
-        // its bytes.
+        // done (the upstream freed it directly, or a free is not yet back
+        // from it): the old entry is gone, so are its bytes.
         if let Some(old) = self.blocks.insert(addr, entry) {
             self.bytes = self.bytes.wrapping_sub(old.size);
         }
     }
 
-    fn remove(&mut self, addr: u64) -> Option<Entry> {
-        let entry = self.blocks.remove(addr)?;
-        self.bytes = self.bytes.wrapping_sub(entry.size);
-        Some(entry)
+    /// The upstream freed the block `freeing` found: its entry goes, if
+    /// still there (see [`Records::freed`]).
+    fn freed(&mut self, freeing: Freeing) {
+        if let Some(entry) = self.blocks.freed(freeing) {
+            self.bytes = self.bytes.wrapping_sub(entry.size);
+        }
     }
 }
 
@@ -158,15 +144,20 @@ impl Table {
 ///
 /// ```text
 ///  allocate ─► upstream ─ok─► table.insert(addr, size [, backtrace])
-///  deallocate ─► table.remove(addr) ─► upstream ─error, panic─► table.insert back
-///                └ not there: Error::UnknownBlock   └ wrong size: Error::SizeMismatch
+///  deallocate ─► table.freeing(addr) ─► upstream ─ok─► table.freed (the entry goes)
+///                ├ not there: Error::UnknownBlock └ error, panic: nothing changes
+///                └ wrong size: Error::SizeMismatch
 ///  drop ─► leaks? ─► the leak handler, or (std) a report on stderr
 /// ```
 ///
 /// A free of a block the table does not hold is refused before it reaches
 /// the upstream; one the upstream refuses or panics in keeps the block
 /// outstanding (the upstream may not have freed it), so that a retry
-/// frees it and a leak report names it. Zero-byte requests are not tracked. With `std`,
+/// frees it and a leak report names it. The entry stays in the table while
+/// the upstream frees the block: a double free made meanwhile (a stale copy
+/// of a block whose address was handed out again) goes to the upstream too,
+/// which tells the two apart, and never makes the live block's free fail.
+/// Zero-byte requests are not tracked. With `std`,
 /// `Tracking::with_backtraces` records a backtrace with every allocation
 /// (off by default; `std::backtrace::Backtrace::force_capture()`, whatever
 /// `RUST_BACKTRACE` says: asking for them is the switch, as RMM's
@@ -205,7 +196,7 @@ impl<R> Tracking<R> {
     pub fn new(upstream: R) -> Self {
         Tracking {
             upstream,
-            table: Shared::new(Table { blocks: AddrMap::new(), bytes: 0 }),
+            table: Shared::new(Table { blocks: Records::new(), bytes: 0 }),
             on_leak: None,
             #[cfg(feature = "std")]
             backtraces: false,
@@ -362,25 +353,21 @@ impl<S: Stream + ?Sized, R: MemoryResource<S>> MemoryResource<S> for Tracking<R>
             return self.upstream.deallocate(block, stream);
         }
         let addr = block.addr();
-        let entry = self.table.with(|t| match t.blocks.get(addr) {
+        let freeing = self.table.with(|t| match t.blocks.freeing(addr) {
             None => Err(Error::UnknownBlock { addr }),
-            Some(e) if e.size != block.size() => {
+            Some((_, e)) if e.size != block.size() => {
                 Err(Error::SizeMismatch { addr, expected: e.size, given: block.size() })
             }
-            // Removed before the upstream frees it: once freed, another
-            // thread may get the same address and insert it.
-            Some(_) => Ok(t.remove(addr).expect("present")),
+            Some((freeing, _)) => Ok(freeing),
         })?;
-        // Put back unless the upstream frees it: on its error, and on its
-        // panic, the block is still live and outstanding.
-        // A stale entry's bytes left the table with it.
-        let entry = Restore::taken(&self.table, addr, entry, drop);
         if crate::plant::FORGET_CHECKED_FREE {
-            entry.freed();
+            self.table.with(|t| t.freed(freeing));
             return self.upstream.deallocate(block, stream);
         }
+        // The entry stays while the upstream frees the block: on its error
+        // or panic the block is still live and outstanding.
         self.upstream.deallocate(block, stream)?;
-        entry.freed();
+        self.table.with(|t| t.freed(freeing));
         Ok(())
     }
 }

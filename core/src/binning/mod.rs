@@ -16,7 +16,7 @@ mod tests;
 pub use plan::{BinPlan, SizeHistogram};
 
 use crate::adaptor::Held;
-use crate::addr_map::{AddrMap, Restore};
+use crate::addr_map::Records;
 use crate::check::Violation;
 use crate::fixed::{FixedConfig, FixedSizeResource};
 use crate::{Block, Error, Inspect, MemoryResource, Request, Result, Shared, Stream, Usage};
@@ -45,12 +45,12 @@ enum Bin<'a, U, S: Stream + ?Sized> {
 /// that a free is passed on only for a block that came from there.
 struct Tally {
     held: Held,
-    live: Shared<AddrMap<u64>>,
+    live: Shared<Records<u64>>,
 }
 
 impl Tally {
     fn new() -> Self {
-        Tally { held: Held::default(), live: Shared::new(AddrMap::new()) }
+        Tally { held: Held::default(), live: Shared::new(Records::new()) }
     }
 
     /// A block of `from` for `request`, counted.
@@ -69,8 +69,8 @@ impl Tally {
         let footprint = request.rounded_size(256);
         self.held.add(footprint);
         if let Some(stale) = self.live.with(|m| m.insert(block.addr(), footprint)) {
-            // `from` freed that block behind this resource's back and
-            // handed its address out again.
+            // `from` freed that block (behind this resource's back, or for
+            // a free not yet back from it) and handed its address out again.
             self.held.sub(stale);
         }
         Ok(block)
@@ -84,13 +84,16 @@ impl Tally {
         S: Stream + ?Sized,
         R: MemoryResource<S> + ?Sized,
     {
-        // Put back unless `to` frees it (its error, its panic): the block
-        // is still live.
-        let footprint = Restore::take(&self.live, block.addr(), |stale| self.held.sub(stale))?;
+        // The footprint stays while `to` frees the block: on its error or
+        // panic the block is still live.
+        let freeing = self.live.with(|m| m.freeing(block.addr()).map(|(f, _)| f))?;
         let size = block.size();
         Some(to.deallocate(block, stream).map(|()| {
-            let footprint = footprint.freed();
-            self.held.sub(if crate::plant::TALLY_FREES_SIZE { size } else { footprint })
+            // Not there if an allocation at the address took its place (and
+            // counted it off) or a double free took it out first.
+            if let Some(footprint) = self.live.with(|m| m.freed(freeing)) {
+                self.held.sub(if crate::plant::TALLY_FREES_SIZE { size } else { footprint })
+            }
         }))
     }
 
