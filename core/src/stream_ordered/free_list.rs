@@ -1,6 +1,6 @@
 //! One stream's free list: blocks freed on it, found by footprint.
 
-use crate::{Block, Request, Stream, DEFAULT_ALIGNMENT};
+use crate::{Block, Range, Request, Stream, DEFAULT_ALIGNMENT};
 use alloc::collections::{BTreeMap, VecDeque};
 
 /// The blocks freed on one stream, by footprint, with the fence that
@@ -20,9 +20,18 @@ pub(super) struct FreeList<S: Stream> {
 }
 
 /// The bytes an inner block occupies: its size rounded up to the 256-byte
-/// granule every resource works in.
+/// granule every resource works in. Every block the layer holds has one
+/// that ends at an address (`StreamOrdered::inner_allocate` refuses the
+/// others).
 pub(super) fn footprint(block: &Block) -> u64 {
     block.size().div_ceil(DEFAULT_ALIGNMENT) * DEFAULT_ALIGNMENT
+}
+
+/// [`footprint`], where it ends at an address (`None`: an inner block
+/// longer than asked, within 255 bytes of the last address).
+pub(super) fn checked_footprint(block: &Block) -> Option<u64> {
+    let bytes = block.size().checked_next_multiple_of(DEFAULT_ALIGNMENT)?;
+    Range::new(block.addr(), bytes).map(|_| bytes)
 }
 
 impl<S: Stream> FreeList<S> {

@@ -17,7 +17,7 @@ use alloc::collections::BTreeMap;
 use alloc::vec::Vec;
 use core::fmt;
 use core::ops::Bound::{Excluded, Unbounded};
-use free_list::{footprint, FreeList};
+use free_list::{checked_footprint, footprint, FreeList};
 
 /// How blocks move between streams.
 ///
@@ -401,8 +401,14 @@ impl<A: MemoryResourceMut<()>, S: Stream + Clone> StreamOrdered<A, S> {
 
     fn inner_allocate(&mut self, request: Request) -> Result<Block> {
         let block = self.inner.allocate(request, &())?;
-        if let Err(e) = block.upstream_range(request.size()) {
-            // Handed out whole as the request's block: it must hold it.
+        // Handed out whole as the request's block: it must hold it. Kept
+        // whole, and counted by its footprint: that must end at an address,
+        // and leave the bytes held countable (the inner, the user's code,
+        // may hand out a block longer than asked up to the last address).
+        let counted = checked_footprint(&block).and_then(|bytes| self.held_bytes().checked_add(bytes)).ok_or(
+            Error::InvalidSize { size: block.size(), what: "inner block's footprint past the last address" },
+        );
+        if let Err(e) = block.upstream_range(request.size()).and(counted) {
             let _ = self.inner.deallocate(block, &());
             return Err(e);
         }

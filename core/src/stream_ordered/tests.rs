@@ -355,3 +355,62 @@ fn a_reclaim_whose_inner_free_panics_keeps_no_empty_bucket() {
     assert_eq!(so.reclaim().unwrap(), 1);
     assert_eq!((so.listed_bytes(), up.usage().held), (0, 0));
 }
+
+/// An inner block longer than asked is kept whole and counted by its
+/// footprint; one whose footprint would end past the last address (or
+/// take the bytes held past `u64::MAX`) goes back as an error. Before, its
+/// footprint overflowed inside the layer after the slot was taken: a panic
+/// in a debug build, a block counted as 0 bytes in a release build.
+#[test]
+fn an_inner_block_near_the_top_of_its_size_range() {
+    /// Hands out the block it is given, whatever the request; counts frees.
+    struct Huge {
+        block: Block,
+        frees: u32,
+    }
+    impl MemoryResourceMut<()> for Huge {
+        fn allocate(&mut self, _: Request, _: &()) -> Result<Block> {
+            Ok(self.block)
+        }
+        fn deallocate(&mut self, _: Block, _: &()) -> Result<()> {
+            self.frees += 1;
+            Ok(())
+        }
+    }
+    impl Inspect for Huge {
+        fn usage(&self) -> crate::Usage {
+            crate::Usage::leaf(0, 0)
+        }
+        fn check(&self) -> core::result::Result<(), crate::check::Violation> {
+            Ok(())
+        }
+    }
+    let exact = |so: &StreamOrdered<Huge, ()>, live: u64, listed: u64| {
+        so.check().unwrap();
+        assert_eq!((so.usage().used, so.listed_bytes(), so.held_bytes()), (live, listed, live + listed));
+    };
+
+    let mut so = StreamOrdered::<_, ()>::new(Huge { block: Block::new(0, u64::MAX - 100, 7), frees: 0 });
+    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| so.allocate(req(256), &())));
+    let err =
+        Error::InvalidSize { size: u64::MAX - 100, what: "inner block's footprint past the last address" };
+    assert_eq!(r.expect("allocate did not panic"), Err(err));
+    assert_eq!((so.live_count(), so.inner().frees), (0, 1), "given back");
+    exact(&so, 0, 0);
+
+    // The longest footprint that ends at an address serves, and is counted.
+    let longest = u64::MAX - 255;
+    so.inner.block = Block::new(0, longest - 200, 7);
+    let a = so.allocate(req(256), &()).unwrap();
+    assert_eq!((a.addr(), a.size()), (0, 256));
+    exact(&so, longest, 0);
+    // Then another over it (an inner outside the contract) would take the
+    // bytes held past `u64::MAX`.
+    so.inner.block = Block::new(1 << 20, 256, 8);
+    let err = Error::InvalidSize { size: 256, what: "inner block's footprint past the last address" };
+    assert_eq!(so.allocate(req(256), &()), Err(err));
+    assert_eq!(so.inner().frees, 2);
+    exact(&so, longest, 0);
+    so.deallocate(a, &()).unwrap();
+    exact(&so, 0, longest);
+}
