@@ -29,9 +29,11 @@ pub trait Stream {
 
     /// A number that identifies the stream among those in use (the raw
     /// handle of a CUDA stream). Free lists are kept per `id`. The
-    /// resources read it once per call, so an `id` that changes from call
-    /// to call misplaces blocks between lists but never hands out a block
-    /// that was not checked.
+    /// stream-ordered layer and the per-stream pool read it once per
+    /// allocation and free, so an `id` that changes from call to call
+    /// misplaces blocks between their lists but never hands out a block
+    /// that was not checked; other resources may read it more than once in
+    /// a call (the arena reads it again when it tries again).
     fn id(&self) -> u64;
 
     /// Records an event after all work submitted to the stream so far.

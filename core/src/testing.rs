@@ -671,7 +671,8 @@ pub(crate) struct StreamLog {
     pub(crate) syncs: alloc::vec::Vec<u64>,
     /// `synchronize_device` calls.
     pub(crate) device_syncs: u64,
-    /// `id` calls: a resource reads it once per call.
+    /// `id` calls (the stream-ordered layer and the per-stream pool read
+    /// it once per call).
     pub(crate) ids: u64,
     /// What every query answers.
     pub(crate) complete: bool,

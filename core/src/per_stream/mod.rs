@@ -716,7 +716,7 @@ impl<M: MakePool<S>, S: Stream + ?Sized> MemoryResourceMut<S> for PerStreamPool<
         if request.is_zero() {
             return Ok(Block::EMPTY);
         }
-        // Read once per call, as `Stream::id` says the resources do: a
+        // Read once per call, as `Stream::id` says this pool does: a
         // stream may answer otherwise at the next read, and the lane found
         // must be the lane used.
         let id = stream.id();

@@ -382,9 +382,9 @@ impl<A: MemoryResourceMut<()>, S: Stream + Clone> StreamOrdered<A, S> {
         Ok(())
     }
 
-    /// A fitting block from another stream's list, ordered after its free.
-    fn steal(&mut self, request: Request, stream: &S) -> Result<Option<Block>> {
-        let me = stream.id();
+    /// A fitting block from the list of another stream than `stream`
+    /// (whose id is `me`), ordered after its free.
+    fn steal(&mut self, request: Request, me: u64, stream: &S) -> Result<Option<Block>> {
         let found =
             self.lists.iter().filter(|(&id, _)| id != me).find_map(|(&id, l)| Some((id, l.find(request)?)));
         let Some((id, key)) = found else { return Ok(None) };
@@ -416,8 +416,8 @@ impl<A: MemoryResourceMut<()>, S: Stream + Clone> StreamOrdered<A, S> {
         Ok(block)
     }
 
-    fn allocate_slow(&mut self, request: Request, stream: &S) -> Result<Block> {
-        if let Some(b) = self.steal(request, stream)? {
+    fn allocate_slow(&mut self, request: Request, id: u64, stream: &S) -> Result<Block> {
+        if let Some(b) = self.steal(request, id, stream)? {
             return Ok(b);
         }
         let err = match self.inner_allocate(request) {
@@ -459,8 +459,9 @@ impl<A: MemoryResourceMut<()>, S: Stream + Clone> MemoryResourceMut<S> for Strea
         if request.is_zero() {
             return Ok(Block::EMPTY);
         }
-        // Read once: `find` and `take` must see the same list, whatever a
-        // stream's `id` answers from call to call.
+        // Read once: `find` and `take` must see the same list, and `steal`
+        // must leave it out, whatever a stream's `id` answers from read to
+        // read.
         let id = stream.id();
         let own = self.lists.get(&id).and_then(|l| l.find(request));
         let inner = match own {
@@ -468,7 +469,7 @@ impl<A: MemoryResourceMut<()>, S: Stream + Clone> MemoryResourceMut<S> for Strea
                 self.stats.own_hits += 1;
                 self.take(id, key)
             }
-            None => self.allocate_slow(request, stream)?,
+            None => self.allocate_slow(request, id, stream)?,
         };
         Ok(self.hand_out(inner, request))
     }

@@ -414,3 +414,31 @@ fn an_inner_block_near_the_top_of_its_size_range() {
     so.deallocate(a, &()).unwrap();
     exact(&so, 0, longest);
 }
+
+/// As `Stream::id` says: one read per allocation, on each of its paths
+/// (the inner algorithm with no list, the own list, another stream's list,
+/// the inner algorithm past the lists), and one per free. Before, the
+/// slow path read it again to leave the caller's list out.
+#[test]
+fn each_call_reads_its_streams_id_once() {
+    let (mut so, a, b, log) = setup(None);
+    let reads_in = |call: &mut dyn FnMut()| {
+        let before = log.borrow().ids;
+        call();
+        log.borrow().ids - before
+    };
+    let (mut x, mut own, mut stolen, mut past) = (Block::EMPTY, Block::EMPTY, Block::EMPTY, Block::EMPTY);
+    assert_eq!(reads_in(&mut || x = so.allocate(req(1000), &a).unwrap()), 1, "no list");
+    assert_eq!(reads_in(&mut || so.deallocate(x, &a).unwrap()), 1, "a free");
+    assert_eq!(reads_in(&mut || own = so.allocate(req(1000), &a).unwrap()), 1, "the own list");
+    assert_eq!(own.addr(), x.addr());
+    so.deallocate(own, &a).unwrap();
+    assert_eq!(reads_in(&mut || stolen = so.allocate(req(1000), &b).unwrap()), 1, "another stream's list");
+    assert_eq!(stolen.addr(), x.addr());
+    let y = so.allocate(req(1000), &a).unwrap();
+    so.deallocate(y, &a).unwrap();
+    assert_eq!(reads_in(&mut || past = so.allocate(req(4000), &b).unwrap()), 1, "past the lists");
+    assert_ne!(past.addr(), y.addr(), "the listed block is too short");
+    assert_eq!(so.stats().steals, 1);
+    so.check().unwrap();
+}
