@@ -10,8 +10,10 @@ use memres_containers::ContainerError;
 use memres_core::copy::{AssumeMemoryOf, CopyEngine};
 use memres_core::{DynResource, Error, Stream as _};
 use pyo3::exceptions::PyValueError;
+use pyo3::gc::PyVisit;
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
+use pyo3::PyTraverseError;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard, TryLockError};
 
@@ -50,18 +52,13 @@ struct Shared {
     figures: [AtomicU64; 3],
     /// The Python object of the buffer's stream, which keeps its handle
     /// valid: dropped after `buffer`, whose drop frees the block on it.
-    _stream_object: Option<Py<PyAny>>,
+    stream_object: Option<Py<PyAny>>,
 }
 
 impl Shared {
     fn new(inner: Inner, stream_object: Option<Py<PyAny>>) -> Shared {
         let figures = figures_of(&inner).map(AtomicU64::new);
-        Shared {
-            buffer: Mutex::new(inner),
-            holder: AtomicU64::new(0),
-            figures,
-            _stream_object: stream_object,
-        }
+        Shared { buffer: Mutex::new(inner), holder: AtomicU64::new(0), figures, stream_object }
     }
 
     fn figure(&self, i: usize) -> u64 {
@@ -195,6 +192,16 @@ impl Buffer {
         })
         .map_err(|e| container_error(e, "DeviceBuffer"))?;
         Ok(Buffer { inner: DropDetached::of_buffer(Shared::new(inner, stream_object), mr.covers.clone()) })
+    }
+
+    /// The stream's object, for the collector: a cycle through it (a
+    /// stream object that keeps the buffers made on it) is garbage, which
+    /// the collector breaks by clearing the Python `DeviceBuffer`.
+    fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
+        match &self.inner.stream_object {
+            Some(o) => visit.call(o),
+            None => Ok(()),
+        }
     }
 
     #[getter]

@@ -344,6 +344,28 @@ def test_a_deferred_free_on_a_stream_made_for_it_is_queued_on_the_live_stream(gp
     assert "failed" not in capfd.readouterr().err
 
 
+def test_a_buffer_in_a_cycle_through_its_stream_object_is_collected():
+    # The native buffer holds its stream's object: the collector must see it.
+    import gc
+    import weakref
+    stats = mr.StatisticsResourceAdaptor(mr.HostMemoryResource())
+
+    class Keeper:  # a stream object that keeps what is made on it
+        def __init__(self):
+            self.made = memres.Stream()
+            self.buffers = []
+
+        def __cuda_stream__(self):
+            return self.made.__cuda_stream__()
+
+    s = Keeper()
+    s.buffers.append(memres.DeviceBuffer(size=100, mr=stats, stream=s))
+    gone = weakref.ref(s)
+    del s
+    gc.collect()
+    assert gone() is None and stats.allocation_counts.current_bytes == 0
+
+
 def test_a_stream_pool_hands_out_its_streams_in_turn_as_rmms():
     pool = memres.CudaStreamPool(3)
     assert pool.get_pool_size() == 3
