@@ -1194,6 +1194,8 @@ def fake_torch(monkeypatch):
     cuda = types.SimpleNamespace(is_initialized=lambda: False, current_device=lambda: 0,
                                  memory=types.SimpleNamespace(change_current_allocator=lambda a: None))
     monkeypatch.setitem(sys.modules, "torch", types.SimpleNamespace(cuda=cuda))
+    # Nor CuPy's device (imported by other tests where a GPU is).
+    monkeypatch.delitem(sys.modules, "cupy", raising=False)
     monkeypatch.setattr(mt, "memres_torch_allocator", object())
     monkeypatch.setattr(mt, "DEFAULT_STACK", "stats(pool(host))")  # no CUDA needed
     return mt
