@@ -1194,8 +1194,10 @@ def fake_torch(monkeypatch):
     cuda = types.SimpleNamespace(is_initialized=lambda: False, current_device=lambda: 0,
                                  memory=types.SimpleNamespace(change_current_allocator=lambda a: None))
     monkeypatch.setitem(sys.modules, "torch", types.SimpleNamespace(cuda=cuda))
-    # Nor CuPy's device (imported by other tests where a GPU is).
+    # Nor CuPy's device (imported by other tests where a GPU is), nor CUDA
+    # (device 1 need not exist).
     monkeypatch.delitem(sys.modules, "cupy", raising=False)
+    monkeypatch.setattr(memres, "cuda_available", lambda: False)
     monkeypatch.setattr(mt, "memres_torch_allocator", object())
     monkeypatch.setattr(mt, "DEFAULT_STACK", "stats(pool(host))")  # no CUDA needed
     return mt
