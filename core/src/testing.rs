@@ -151,10 +151,10 @@ impl<S: Stream + ?Sized> MemoryResource<S> for BumpUpstream {
         }
         let size = request.rounded_size(256);
         let out = self.outstanding.load(Ordering::Relaxed);
-        if out + size > self.capacity {
+        if out.checked_add(size).is_none_or(|total| total > self.capacity) {
             return Err(Error::OutOfMemory {
                 requested: request.size(),
-                largest_free: self.capacity - out,
+                largest_free: self.capacity.saturating_sub(out),
                 pool_size: self.capacity,
                 max_size: Some(self.capacity),
             });
@@ -172,8 +172,12 @@ impl<S: Stream + ?Sized> MemoryResource<S> for BumpUpstream {
         if block.addr() == self.refused.load(Ordering::Relaxed) && !block.is_empty() {
             return Err(Error::Backend { code: -2, what: "injected refusal of a free" });
         }
-        let size = (block.size() + 255) & !255;
-        self.outstanding.fetch_sub(size, Ordering::Relaxed);
+        // A caller's block may be of any size: rounded and counted off
+        // without overflow, so a stale or made-up one cannot panic here.
+        let size = block.size().checked_next_multiple_of(256).unwrap_or(u64::MAX);
+        let _ = self
+            .outstanding
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |out| Some(out.saturating_sub(size)));
         Ok(())
     }
 }
@@ -733,5 +737,20 @@ impl Stream for LoggedStream {
             MemoryResource::<()>::deallocate(&*up, block, &())?;
         }
         Ok(log.device)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_bump_upstream_takes_a_made_up_block_of_any_size_without_overflow() {
+        let up = BumpUpstream::new(1 << 20);
+        let b = up.allocate(Request::new(1000).unwrap(), &()).unwrap();
+        assert!(up.deallocate(Block::new(1 << 20, u64::MAX, 0), &()).is_ok());
+        up.deallocate(b, &()).unwrap();
+        assert_eq!(up.usage().held, 0);
+        assert!(up.allocate(Request::new(Request::MAX_SIZE).unwrap(), &()).is_err());
     }
 }
