@@ -19,5 +19,6 @@ cargo clippy "${crates[@]}" --all-targets -- -D warnings
 cargo clippy -p memres-python --features cuda --all-targets -- -D warnings
 # Documented apart: the C library's lib is named `memres` too (libmemres.so).
 RUSTDOCFLAGS="-D warnings" cargo doc -p memres-cuda -p memres-cuda-capi --no-deps
+RUSTDOCFLAGS="-D warnings" cargo doc -p memres-cuda -p memres-cuda-capi --no-deps --document-private-items
 RUSTDOCFLAGS="-D warnings" cargo doc -p memres --features cuda --no-deps
 cargo test "${crates[@]}" "$@"

@@ -253,7 +253,7 @@ where
     ///
     /// # Errors
     ///
-    /// [`ContainerError::IndexOutOfRange`](crate::ContainerError::IndexOutOfRange)
+    /// [`ContainerError::IndexOutOfRange`]
     /// if the range passes the length; the copy engine's error.
     pub fn write(&mut self, offset: u64, data: &[u8]) -> Result<()> {
         self.check_range(offset, data.len() as u64)?;
@@ -273,7 +273,7 @@ where
     ///
     /// # Errors
     ///
-    /// [`ContainerError::IndexOutOfRange`](crate::ContainerError::IndexOutOfRange)
+    /// [`ContainerError::IndexOutOfRange`]
     /// if the range passes the length; the copy engine's error.
     pub fn read(&self, offset: u64, out: &mut [u8]) -> Result<()> {
         self.check_range(offset, out.len() as u64)?;

@@ -42,7 +42,7 @@ pub(crate) struct Buffer {
 
 struct Shared {
     buffer: Mutex<Inner>,
-    /// The number of the thread holding `buffer` (see [`this_thread`]), or
+    /// The number of the thread holding `buffer` (`memres_core::thread_number`), or
     /// 0. Only the holder writes it, so a thread that reads its own number
     /// here holds the lock.
     holder: AtomicU64,

@@ -126,7 +126,7 @@ impl AsyncConfig {
 /// The pool is the driver's: this type only names it, and destroys it on
 /// drop if it made it. Blocks are aligned to 256 bytes (or more when asked).
 /// It serves every stream that names a raw `CUstream` ([`AsRawStream`]):
-/// [`CudaStream`](crate::CudaStream), and `()` for the legacy default stream.
+/// [`CudaStream`], and `()` for the legacy default stream.
 ///
 /// # Errors
 ///

@@ -50,7 +50,7 @@ impl Tally {
 /// The public accessors of a leaf whose `lock()` guards a [`Tally`] in a
 /// field `tally`, beside its [`Usage`] (the bytes it holds out, sizes
 /// rounded to 256, and their peak since made or since
-/// [`reset_peak`](Self::reset_peak)): one definition for both leaves.
+/// `reset_peak`): one definition for both leaves.
 macro_rules! accessors {
     () => {
         /// Forgets the peak: it restarts from what is held now.

@@ -10,7 +10,7 @@ use alloc::sync::Arc;
 
 /// One figure counted with three atomics: what is held now, its exact
 /// peak, and the running total. [`Statistics`](super::Statistics) keeps
-/// two (bytes and allocations); [`Counted`](super::Counted) leaves share
+/// two (bytes and allocations); [`Counted`] leaves share
 /// one, through an `Arc`, to count what a stack holds from its devices.
 ///
 /// # Examples

@@ -64,7 +64,7 @@ impl ArenaStats {
     }
 }
 
-/// A snapshot of an [`ArenaResource`](super::ArenaResource): the global arena and every arena.
+/// A snapshot of an [`ArenaResource`]: the global arena and every arena.
 /// `Display` writes one line per arena.
 ///
 /// # Examples

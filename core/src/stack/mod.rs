@@ -2,7 +2,7 @@
 //! `limit(stats(pool(sim, initial=1GiB, max=4GiB)), 2GiB)`: the parser and
 //! the builder (feature `alloc`).
 //!
-//! [`parse`] turns the text into a tree of [`Call`]s (a name, positional
+//! [`parse()`] turns the text into a tree of [`Call`]s (a name, positional
 //! arguments, `key=value` arguments); a [`StackBuilder`] turns the tree
 //! into resources, through a constructor registered for each name. Every
 //! error names the byte position it is about. A built stack
