@@ -77,7 +77,9 @@ def reinitialize(pool_allocator=False, managed_memory=False, initial_pool_size=N
     device to its own file, ``x.dev1.csv`` for device 1 of ``x.csv``).
     ``stack`` names any stack instead, such as ``"stats(pool(async))"``.
     Without CUDA the device is host memory. As RMM's, the pool sizes are
-    ignored without ``pool_allocator``, and ``devices=None`` is device 0.
+    ignored without ``pool_allocator``, ``devices=None`` is device 0, and
+    every other device's resource is forgotten (its default is made on
+    next use).
     The hooks of ``register_reinitialize_hook`` run first."""
     for func, args, kwargs in reversed(_reinitialize_hooks):
         func(*args, **kwargs)
@@ -86,6 +88,10 @@ def reinitialize(pool_allocator=False, managed_memory=False, initial_pool_size=N
     # Only once every device's resource could be made: a failure changes nothing.
     for device, res in made:
         set_per_device_resource(device, res)
+    # As RMM's, which clears every device's resource first: the others
+    # get their default on next use.
+    for device in set(mr._current).difference(device for device, _ in made):
+        mr._forget(device)
 
 
 def _device_list(devices):

@@ -764,6 +764,16 @@ def set_per_device_resource(device, mr):
     return previous
 
 
+def _forget(device):
+    """Forgets the resource of ``device`` everywhere, as though none had
+    been set: the next use gets the device's default (Python's
+    ``get_per_device_resource``, or the C functions' ``DEFAULT_STACK``)."""
+    for module in (_native.sim, _native._cuda):
+        if module is not None:
+            module.forget_per_device_resource(device)
+    _current.pop(device, None)
+
+
 def get_current_device_resource():
     return get_per_device_resource(current_device())
 

@@ -73,6 +73,18 @@ fn set(py: Python<'_>, device: u32, resource: DynResource<Stream>) {
     });
 }
 
+/// Forgets `device`'s resource in this module's registry, as though none
+/// had been set: the C functions (and Rust code) get the device's default
+/// on their next use. What they allocated before goes back to its own
+/// resource.
+#[pyfunction]
+pub(crate) fn forget_per_device_resource(py: Python<'_>, device: u32) {
+    crate::gil::detach(py, || {
+        drop(memres_core::device::global().reset_per_device_resource::<Stream>(device));
+        drop(made(device).map(|m| m.lock().unwrap_or_else(|p| p.into_inner()).take()));
+    });
+}
+
 /// Registers [`default_resource`] as the default of devices nobody set a
 /// resource for.
 pub(crate) fn install_default() {

@@ -9,11 +9,12 @@ from memres import mr
 @pytest.fixture(autouse=True)
 def fresh_current_resource():
     """Each test starts with no resource set (its default is made on first
-    use) and leaves none behind."""
+    use) and leaves none behind, in Python or in the native registries."""
     saved = dict(mr._current)
     mr._current.clear()
     yield
-    mr._current.clear()
+    for device in list(mr._current):
+        mr._forget(device)
     mr._current.update(saved)
 
 

@@ -122,6 +122,23 @@ def test_a_devices_resource_is_taken_from_the_other_backends_c_functions(monkeyp
     assert told == [44]
 
 
+def test_reinitialize_forgets_the_resources_of_the_devices_it_was_not_given():
+    # As RMM's, which clears every device's resource first. Device 45: no
+    # other test sets it. The resource of device 45 stayed, for Python and
+    # for the C functions.
+    so = lib()
+    memres.reinitialize(devices=[0, 45], stack="stats(pool(host))")
+    old = mr.get_per_device_resource(45)
+    memres.reinitialize(stack="host")
+    assert 45 not in mr._current
+    p = so.memres_py_alloc(1000, 45, None)
+    assert p and old._native.statistics()[0][0] == 0
+    res = mr.get_per_device_resource(45)  # the default the C functions made
+    assert res is not old and res.stack == _native.sim.C_DEFAULT_STACK
+    so.memres_py_free(p, 1000, 45, None)
+    mr._forget(45)
+
+
 def test_failures_are_null_and_unknown_frees_change_nothing_but_say_why():
     so = lib()
     mr.set_current_device_resource(mr.LimitingResourceAdaptor(mr.HostMemoryResource(), 100))
