@@ -66,7 +66,8 @@ def test_the_reset_function_gives_back_what_every_devices_pools_keep():
 
 
 def test_a_device_nobody_gave_a_resource_gets_the_c_librarys_default_stack_for_python_too():
-    # Device 41: no other test sets it (the native registry outlives a test).
+    # Device 41: no other test sets it (what a test sets is forgotten at its end,
+    # but a default the C functions made that Python did not take stays).
     import memres.allocators.torch as mt
     so = lib()
     assert _native.sim.C_DEFAULT_STACK == mt.DEFAULT_STACK.replace("pool(cuda,", "pool(host,")
