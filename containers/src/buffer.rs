@@ -516,10 +516,10 @@ where
     ///
     /// The resource's, the stream's or the copy engine's error,
     /// [`ContainerError::BlockTooShort`], [`ContainerError::Misaligned`]; the
-    /// new buffer is then dropped (freed on `stream`). If the copy was queued
-    /// but this buffer's stream cannot be ordered after it (an event that
-    /// fails to record or be waited on), the host waits for the copy's stream
-    /// before the error comes back, so that this buffer's free never
+    /// new buffer is then dropped (freed on `stream`). Once the copy is
+    /// being queued, until this buffer's stream is ordered after it, any way
+    /// out (an error, or a panic of the engine or of a stream) first has the
+    /// host wait for the copy's stream, so that this buffer's free never
     /// overtakes the copy.
     pub fn try_clone_on(&self, stream: S) -> Result<Self>
     where
@@ -529,23 +529,24 @@ where
         let done = self.stream.record()?;
         stream.wait(&done)?;
         let (resource, engine) = (self.resource.clone(), self.engine.clone());
-        // SAFETY: the source is this buffer's bytes in use: memory of the
-        // engine in the block it holds (the resource's `MemoryOf` promise),
-        // all written (the invariant of `len`), and the copy's stream waits
-        // for the work submitted on this buffer's stream (above).
-        let copy =
-            unsafe { Self::copied(self.len, self.align, self.block.addr(), stream, resource, engine)? };
-        if self.len > 0 {
-            // The source's later work (its free included) after the copy;
-            // where the streams cannot order that, the host waits for the
-            // copy before the error comes back (a stream that cannot
-            // synchronize either has failed and runs no more work).
-            let ordered = copy.stream.record().and_then(|copied| self.stream.wait(&copied));
-            if let Err(e) = ordered {
-                let _ = copy.stream.synchronize();
-                return Err(e.into());
-            }
+        let copy = Self::unwritten(self.len, self.align, stream, resource, engine)?;
+        if self.len == 0 {
+            return Ok(copy);
         }
+        // Declared after `copy`, so dropped (the host waiting for the copy)
+        // before `copy` frees its block, on every way out but the last.
+        let in_flight = CopyInFlight(&copy.stream);
+        // SAFETY: the destination is the block just handed to `copy` by the
+        // resource (`MemoryOf<E::Kind>`), of at least `len` bytes, used by
+        // nothing else; the source is this buffer's bytes in use: memory of
+        // the engine in the block it holds, all written (the invariant of
+        // `len`), and the copy's stream waits for the work submitted on this
+        // buffer's stream (above).
+        unsafe { copy.engine.copy(copy.block.addr(), self.block.addr(), self.len, &copy.stream)? };
+        // The source's later work, its free included, after the copy.
+        let copied = copy.stream.record()?;
+        self.stream.wait(&copied)?;
+        in_flight.ordered();
         Ok(copy)
     }
 
@@ -559,6 +560,33 @@ where
         self,
     ) -> std::result::Result<crate::DeviceUVector<T, R, E, S>, (crate::ContainerError, Self)> {
         crate::DeviceUVector::try_from_buffer(self)
+    }
+}
+
+/// A copy queued on a stream that the source's stream is not ordered after
+/// yet: if this is dropped before [`ordered`](Self::ordered), the host waits
+/// for the copy's stream, so that the source's holder cannot free its block
+/// (on its own stream) while the copy still reads it. As `Pending` guards a
+/// block, this guards the order, on an error or a panic in user code.
+struct CopyInFlight<'a, S: Stream>(&'a S);
+
+impl<S: Stream> CopyInFlight<'_, S> {
+    /// The source's stream now waits for the copy: nothing left to do.
+    fn ordered(self) {
+        std::mem::forget(self);
+    }
+}
+
+impl<S: Stream> Drop for CopyInFlight<'_, S> {
+    fn drop(&mut self) {
+        // A stream that cannot synchronize has failed and runs no more
+        // work. While the thread unwinds, a panic of the stream is caught:
+        // a second panic in a destructor would abort the process.
+        if std::thread::panicking() {
+            let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.0.synchronize()));
+        } else {
+            let _ = self.0.synchronize();
+        }
     }
 }
 

@@ -11,9 +11,9 @@ use memres_containers::{ContainerError, DeviceBuffer, DeviceScalar, DeviceUVecto
 use memres_core::copy::{CopyEngine, MemoryOf};
 use memres_core::pool::{CoalescingPool, PoolConfig};
 use memres_core::{Block, Error, Inspect, MemoryResource, Request, Result as CoreResult, Shared, Stream};
-use memres_sim::{HostCopy, HostMemory, SimStream, SimWorld};
+use memres_sim::{HostCopy, HostMemory, SimEvent, SimStream, SimWorld};
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 
 /// Host memory that hands out blocks of at most `max` bytes, whatever is
@@ -128,39 +128,105 @@ fn growth_reads_zeros_past_the_old_length() {
     assert!(w.to_vec().unwrap()[1..].iter().all(|&x| x == 0));
 }
 
+/// A stream of the simulated world, or a wrapper of one.
+trait OnSim: Stream {
+    fn sim(&self) -> &SimStream;
+}
+
+impl OnSim for SimStream {
+    fn sim(&self) -> &SimStream {
+        self
+    }
+}
+
 /// Host copies that are also operations on a simulated stream, as a GPU's
 /// would be (copies to and from the host wait for the stream), counting the
-/// fills they make.
+/// fills they make. With `copy_panics`, a device-to-device copy panics once
+/// it is queued (a user's engine, safe to write, that breaks).
 #[derive(Clone, Default)]
 struct Queued {
     fills: Arc<AtomicU64>,
+    copy_panics: bool,
 }
 
-impl CopyEngine<SimStream> for Queued {
+impl<S: OnSim> CopyEngine<S> for Queued {
     type Kind = HostCopy;
 
-    unsafe fn copy_from_host(&self, dst: u64, src: &[u8], stream: &SimStream) -> CoreResult<()> {
-        stream.enqueue();
+    unsafe fn copy_from_host(&self, dst: u64, src: &[u8], stream: &S) -> CoreResult<()> {
+        stream.sim().enqueue();
         stream.synchronize()?;
         // SAFETY: forwarded with the caller's guarantees (memory of `HostCopy`).
         unsafe { HostCopy.copy_from_host(dst, src, stream) }
     }
-    unsafe fn copy_to_host(&self, dst: &mut [u8], src: u64, stream: &SimStream) -> CoreResult<()> {
-        stream.enqueue();
+    unsafe fn copy_to_host(&self, dst: &mut [u8], src: u64, stream: &S) -> CoreResult<()> {
+        stream.sim().enqueue();
         stream.synchronize()?;
         // SAFETY: forwarded with the caller's guarantees.
         unsafe { HostCopy.copy_to_host(dst, src, stream) }
     }
-    unsafe fn copy(&self, dst: u64, src: u64, len: u64, stream: &SimStream) -> CoreResult<()> {
-        stream.enqueue();
+    unsafe fn copy(&self, dst: u64, src: u64, len: u64, stream: &S) -> CoreResult<()> {
+        stream.sim().enqueue();
+        if self.copy_panics {
+            panic!("the engine breaks once the copy is queued");
+        }
         // SAFETY: forwarded with the caller's guarantees.
         unsafe { HostCopy.copy(dst, src, len, stream) }
     }
-    unsafe fn fill(&self, dst: u64, value: u8, len: u64, stream: &SimStream) -> CoreResult<()> {
-        stream.enqueue();
+    unsafe fn fill(&self, dst: u64, value: u8, len: u64, stream: &S) -> CoreResult<()> {
+        stream.sim().enqueue();
         self.fills.fetch_add(1, Relaxed);
         // SAFETY: forwarded with the caller's guarantees.
         unsafe { HostCopy.fill(dst, value, len, stream) }
+    }
+}
+
+/// A simulated stream whose `panic_in`-th call to `record` or `wait` from
+/// now panics (shared by its clones; 0: none): a user's stream, safe to
+/// write, that breaks.
+#[derive(Clone)]
+struct PanicsOnCall {
+    sim: SimStream,
+    panic_in: Arc<AtomicU32>,
+}
+
+impl PanicsOnCall {
+    fn count_down(&self) {
+        match self.panic_in.load(Relaxed) {
+            0 => {}
+            1 => {
+                self.panic_in.store(0, Relaxed);
+                panic!("the stream breaks");
+            }
+            n => self.panic_in.store(n - 1, Relaxed),
+        }
+    }
+}
+
+impl OnSim for PanicsOnCall {
+    fn sim(&self) -> &SimStream {
+        &self.sim
+    }
+}
+
+impl Stream for PanicsOnCall {
+    type Event = SimEvent;
+
+    fn id(&self) -> u64 {
+        self.sim.id()
+    }
+    fn record(&self) -> CoreResult<SimEvent> {
+        self.count_down();
+        self.sim.record()
+    }
+    fn wait(&self, event: &SimEvent) -> CoreResult<()> {
+        self.count_down();
+        self.sim.wait(event)
+    }
+    fn query(&self, event: &SimEvent) -> CoreResult<bool> {
+        self.sim.query(event)
+    }
+    fn synchronize(&self) -> CoreResult<()> {
+        self.sim.synchronize()
     }
 }
 
@@ -204,6 +270,33 @@ fn a_deep_copy_that_cannot_order_the_source_after_it_waits_for_it() {
             "call {nth}: the source's free waits for the copy"
         );
         assert_eq!(host.live_count(), 1, "call {nth}: the clone's block went back");
+        drop(a);
+    }
+}
+
+/// A deep copy on another stream whose ordering back panics (the stream
+/// panics recording the event after the copy, or waiting on it; or the copy
+/// engine panics once the copy is queued) waits on the host for the copy
+/// before the panic goes on: the source's free on drop never overtakes it.
+#[test]
+fn a_deep_copy_that_panics_once_the_copy_is_queued_waits_for_it() {
+    // Stream calls of `try_clone_on` as in the test above: the 3rd and 4th
+    // come after the copy; 0 panics in none of them.
+    for (panic_in, copy_panics) in [(3, false), (4, false), (0, true)] {
+        let world = SimWorld::new();
+        let panic_at = Arc::new(AtomicU32::new(0));
+        let stream = || PanicsOnCall { sim: world.non_blocking_stream(), panic_in: panic_at.clone() };
+        let (sa, sb) = (stream(), stream());
+        let host = HostMemory::new();
+        let engine = Queued { copy_panics, ..Queued::default() };
+        let a = DeviceBuffer::from_slice_in(b"hello", sa.clone(), &host, engine).unwrap();
+        panic_at.store(panic_in, Relaxed);
+        let cloned = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| a.try_clone_on(sb.clone())));
+        let case = format!("call {panic_in}, the engine panics: {copy_panics}");
+        assert!(cloned.is_err(), "{case}: the panic goes on");
+        assert_eq!(sb.sim.position(), 1, "{case}: the copy was queued");
+        assert!(sa.sim.is_ordered_after(sb.id(), 1), "{case}: the source's free waits for the copy");
+        assert_eq!(host.live_count(), 1, "{case}: the clone's block went back");
         drop(a);
     }
 }
