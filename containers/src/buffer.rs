@@ -290,10 +290,10 @@ where
     fn check_range(&self, offset: u64, n: u64) -> Result<()> {
         match offset.checked_add(n) {
             Some(end) if end <= self.len => Ok(()),
-            _ => Err(crate::ContainerError::IndexOutOfRange {
+            _ => Err(ContainerError::IndexOutOfRange {
                 // The last byte the range would touch.
-                index: offset.saturating_add(n.max(1) - 1) as usize,
-                len: self.len as usize,
+                index: saturating_usize(offset.saturating_add(n.max(1) - 1)),
+                len: saturating_usize(self.len),
             }),
         }
     }
@@ -305,7 +305,9 @@ where
     /// [`ContainerError::HostOutOfMemory`] if the host cannot hold them;
     /// the copy engine's error.
     pub fn to_vec(&self) -> Result<Vec<u8>> {
-        let mut v = crate::error::host_vec(self.len as usize, 0u8)?;
+        // More bytes than the host's address space can be copied into none.
+        let n = usize::try_from(self.len).map_err(|_| ContainerError::HostOutOfMemory { bytes: self.len })?;
+        let mut v = crate::error::host_vec(n, 0u8)?;
         self.read(0, &mut v)?;
         Ok(v)
     }
@@ -561,6 +563,12 @@ where
     ) -> std::result::Result<crate::DeviceUVector<T, R, E, S>, (crate::ContainerError, Self)> {
         crate::DeviceUVector::try_from_buffer(self)
     }
+}
+
+/// `n` as a `usize`, `usize::MAX` where it is more (a host of 32 bits): for
+/// the byte counts an error reports.
+fn saturating_usize(n: u64) -> usize {
+    usize::try_from(n).unwrap_or(usize::MAX)
 }
 
 /// A copy queued on a stream that the source's stream is not ordered after

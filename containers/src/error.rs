@@ -9,11 +9,12 @@ pub type Result<T, E = ContainerError> = std::result::Result<T, E>;
 pub enum ContainerError {
     /// The resource or the copy engine failed; the container is unchanged.
     Memory(memres_core::Error),
-    /// An element index at or past the length.
+    /// An element index at or past the length (a byte offset, for a
+    /// buffer).
     IndexOutOfRange {
-        /// The index asked for.
+        /// The index asked for (`usize::MAX` for a byte offset past it).
         index: usize,
-        /// The number of elements.
+        /// The number of elements (of bytes, `usize::MAX` where more).
         len: usize,
     },
     /// A byte length that is not a whole number of elements.
@@ -23,9 +24,9 @@ pub enum ContainerError {
         /// The element size in bytes.
         element_size: usize,
     },
-    /// A length whose size in bytes overflows.
+    /// A length whose size in bytes overflows a `usize`.
     LengthOverflow {
-        /// The number of elements asked for.
+        /// The number of elements asked for (`usize::MAX` where more).
         len: usize,
     },
     /// The resource handed out a block shorter than asked (a resource that

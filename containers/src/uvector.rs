@@ -55,7 +55,8 @@ where
     E: CopyEngine<S>,
     S: Stream,
 {
-    /// Its length is `len() * size_of::<T>()` bytes; its alignment at least
+    /// Its length is `len() * size_of::<T>()` bytes, at most `usize::MAX`
+    /// (so every element's byte offset is a `usize`); its alignment at least
     /// `element_align::<T>()`.
     buf: DeviceBuffer<R, E, S>,
     _t: PhantomData<T>,
@@ -73,8 +74,16 @@ impl<T> Element<T> {
     };
 }
 
+/// The bytes of `len` elements: at most `usize::MAX` (the vector's
+/// invariant), so every count of elements in them is a `usize`.
 fn bytes_of_len<T>(len: usize) -> Result<u64> {
-    len.checked_mul(Element::<T>::SIZE).map(|b| b as u64).ok_or(ContainerError::LengthOverflow { len })
+    let bytes = len.checked_mul(Element::<T>::SIZE).and_then(|b| u64::try_from(b).ok());
+    bytes.ok_or(ContainerError::LengthOverflow { len })
+}
+
+/// The whole elements in `bytes`, `usize::MAX` where more.
+fn elements_in<T>(bytes: u64) -> usize {
+    usize::try_from(bytes / Element::<T>::SIZE as u64).unwrap_or(usize::MAX)
 }
 
 /// The alignment of a vector of `T`s: `T`'s, at least the default.
@@ -161,9 +170,10 @@ where
     /// # Errors
     ///
     /// [`ContainerError::NotWholeElements`] if the buffer's length is not a
-    /// multiple of `size_of::<T>()`; [`ContainerError::Misaligned`] if its
-    /// block does not start at a multiple of `T`'s alignment. The buffer
-    /// comes back unchanged.
+    /// multiple of `size_of::<T>()`; [`ContainerError::LengthOverflow`] if it
+    /// is more bytes than a `usize` counts (a host of 32 bits);
+    /// [`ContainerError::Misaligned`] if its block does not start at a
+    /// multiple of `T`'s alignment. The buffer comes back unchanged.
     #[allow(clippy::result_large_err)]
     pub fn try_from_buffer(
         mut buf: DeviceBuffer<R, E, S>,
@@ -171,6 +181,9 @@ where
         let size = Element::<T>::SIZE;
         if buf.len() % size as u64 != 0 {
             return Err((ContainerError::NotWholeElements { bytes: buf.len(), element_size: size }, buf));
+        }
+        if usize::try_from(buf.len()).is_err() {
+            return Err((ContainerError::LengthOverflow { len: elements_in::<T>(buf.len()) }, buf));
         }
         if let Err(e) = buf.adopt_alignment(element_align::<T>()) {
             return Err((e, buf));
@@ -190,7 +203,8 @@ where
 
     /// Number of elements.
     pub fn len(&self) -> usize {
-        (self.buf.len() / Element::<T>::SIZE as u64) as usize
+        // Exact: the bytes fit in a `usize` (the invariant of `buf`).
+        elements_in::<T>(self.buf.len())
     }
 
     /// Whether there are no elements.
@@ -198,9 +212,11 @@ where
         self.buf.is_empty()
     }
 
-    /// Elements the vector can hold without reallocating.
+    /// Elements the vector can hold without reallocating (`usize::MAX` for
+    /// a block that holds more, from a resource that handed out more than
+    /// asked).
     pub fn capacity(&self) -> usize {
-        (self.buf.capacity() / Element::<T>::SIZE as u64) as usize
+        elements_in::<T>(self.buf.capacity())
     }
 
     /// Size of the elements in bytes.
@@ -220,8 +236,8 @@ where
     ///
     /// [`ContainerError::IndexOutOfRange`].
     pub fn element_addr(&self, index: usize) -> Result<u64> {
-        self.check_elements(index, 1)?;
-        Ok(self.buf.addr() + (index * Element::<T>::SIZE) as u64)
+        let offset = self.element_offset(index, 1)?;
+        Ok(self.buf.addr() + offset)
     }
 
     /// The alignment of the vector's memory in bytes (at least `T`'s).
@@ -255,10 +271,11 @@ where
         Ok(DeviceUVector { buf: self.buf.try_clone_on(stream)?, _t: PhantomData })
     }
 
-    /// Checks that elements `start..start + n` lie inside the length.
-    fn check_elements(&self, start: usize, n: usize) -> Result<()> {
+    /// The byte offset of element `start`, once elements `start..start + n`
+    /// are checked to lie inside the length.
+    fn element_offset(&self, start: usize, n: usize) -> Result<u64> {
         match start.checked_add(n) {
-            Some(end) if end <= self.len() => Ok(()),
+            Some(end) if end <= self.len() => bytes_of_len::<T>(start),
             _ => Err(ContainerError::IndexOutOfRange {
                 index: start.saturating_add(n.max(1) - 1),
                 len: self.len(),
@@ -282,8 +299,8 @@ where
     ///
     /// [`ContainerError::IndexOutOfRange`]; the copy engine's error.
     pub fn set_element_to_zero_async(&mut self, index: usize) -> Result<()> {
-        self.check_elements(index, 1)?;
-        self.buf.fill_range((index * Element::<T>::SIZE) as u64, Element::<T>::SIZE as u64, 0)
+        let offset = self.element_offset(index, 1)?;
+        self.buf.fill_range(offset, Element::<T>::SIZE as u64, 0)
     }
 
     /// Sets every element to zero, ordered on the vector's stream (a fill on
@@ -358,7 +375,8 @@ where
         let n = end
             .checked_sub(start)
             .ok_or(ContainerError::IndexOutOfRange { index: start, len: self.len() })?;
-        self.check_elements(start, n)?;
+        // Checked before the host allocates the copy.
+        self.element_offset(start, n)?;
         let mut v = crate::error::host_vec(n, T::zeroed())?;
         self.copy_to_slice_at(start, &mut v)?;
         Ok(v)
@@ -376,8 +394,8 @@ where
     ///
     /// [`ContainerError::IndexOutOfRange`]; the copy engine's error.
     pub fn copy_from_slice_at(&mut self, start: usize, data: &[T]) -> Result<()> {
-        self.check_elements(start, data.len())?;
-        self.buf.write((start * Element::<T>::SIZE) as u64, bytemuck::cast_slice(data))
+        let offset = self.element_offset(start, data.len())?;
+        self.buf.write(offset, bytemuck::cast_slice(data))
     }
 
     /// Copies elements `start..start + out.len()` into `out` (waits for the
@@ -387,8 +405,8 @@ where
     ///
     /// [`ContainerError::IndexOutOfRange`]; the copy engine's error.
     pub fn copy_to_slice_at(&self, start: usize, out: &mut [T]) -> Result<()> {
-        self.check_elements(start, out.len())?;
-        self.buf.read((start * Element::<T>::SIZE) as u64, bytemuck::cast_slice_mut(out))
+        let offset = self.element_offset(start, out.len())?;
+        self.buf.read(offset, bytemuck::cast_slice_mut(out))
     }
 
     /// Sets the length to `len` elements, keeping those up to it; new

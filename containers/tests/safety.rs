@@ -652,3 +652,58 @@ fn the_host_view_of_a_block_freed_by_other_code_fails_cleanly() {
     assert_eq!(s.try_clone().map(|_| ()), Err(not_live(s.addr(), 2)));
     assert_eq!(mem.live_count(), 0, "the failed clones gave their blocks back");
 }
+
+/// A host of 32 bits: run with `cargo +nightly miri test -p memres-containers
+/// --test safety --target i686-unknown-linux-gnu` on a host of 64.
+#[cfg(target_pointer_width = "32")]
+mod on_a_host_of_32_bits {
+    use super::*;
+    use memres_core::testing::BumpUpstream;
+
+    /// A copy engine that touches no memory (each call does nothing), for a
+    /// resource of numbers with no bytes behind them.
+    struct Untouched;
+
+    impl<S: Stream + ?Sized> CopyEngine<S> for Untouched {
+        type Kind = Untouched;
+
+        unsafe fn copy_from_host(&self, _: u64, _: &[u8], _: &S) -> CoreResult<()> {
+            Ok(())
+        }
+        unsafe fn copy_to_host(&self, _: &mut [u8], _: u64, _: &S) -> CoreResult<()> {
+            Ok(())
+        }
+        unsafe fn copy(&self, _: u64, _: u64, _: u64, _: &S) -> CoreResult<()> {
+            Ok(())
+        }
+        unsafe fn fill(&self, _: u64, _: u8, _: u64, _: &S) -> CoreResult<()> {
+            Ok(())
+        }
+    }
+
+    // SAFETY: `Untouched` touches no memory, so any block is memory it may touch.
+    unsafe impl MemoryOf<Untouched> for BumpUpstream {}
+
+    /// A device length past what a `usize` counts is refused, or reported
+    /// saturated, where it becomes a count of the host's: cut to 32 bits, a
+    /// buffer of 4 GiB + 8 bytes copied 8 bytes to the host as the whole of it,
+    /// and a vector over it counted 8 elements.
+    #[test]
+    fn a_length_past_the_hosts_usize_is_an_error_not_a_truncation() {
+        let mr = BumpUpstream::new(1 << 40);
+        let len = (1u64 << 32) + 8;
+        // SAFETY: no byte is read: `Untouched` copies nothing.
+        let mut b = unsafe { DeviceBuffer::new_uninit_in(len, (), &mr, Untouched) }.unwrap();
+        assert_eq!(b.to_vec(), Err(ContainerError::HostOutOfMemory { bytes: len }));
+        let past_all = ContainerError::IndexOutOfRange { index: usize::MAX, len: usize::MAX };
+        assert_eq!(b.write(len, &[1]), Err(past_all));
+        let (e, b) = b.try_into_uvector::<u64>().unwrap_err();
+        assert_eq!(e, ContainerError::LengthOverflow { len: (1 << 29) + 1 });
+        let (e, mut b) = b.try_into_uvector::<u8>().unwrap_err();
+        assert_eq!(e, ContainerError::LengthOverflow { len: usize::MAX });
+        // A capacity past `usize`: the vector's is all it can count.
+        b.resize(8).unwrap();
+        let v = b.try_into_uvector::<u8>().unwrap();
+        assert_eq!((v.len(), v.capacity()), (8, usize::MAX));
+    }
+}

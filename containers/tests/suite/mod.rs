@@ -87,6 +87,8 @@ pub fn buffer_round_trip_resize_reserve_shrink<T: Setup>(t: &T) {
     // names its last element (it said the byte after it: 11).
     assert_eq!(b.write(8, &[0; 3]), Err(ContainerError::IndexOutOfRange { index: 10, len: 10 }));
     assert_eq!(b.read(9, &mut out), Err(ContainerError::IndexOutOfRange { index: 12, len: 10 }));
+    let past_all = ContainerError::IndexOutOfRange { index: usize::MAX, len: 10 };
+    assert_eq!(b.write(u64::MAX - 1, &[0; 3]), Err(past_all));
     assert_eq!(
         b.to_vec().unwrap(),
         [0xAB, 0xAB, 1, 2, 3, 0xAB, 0xAB, 0xAB, 0xAB, 0xAB],
@@ -455,6 +457,15 @@ pub fn host_view_elements_ranges_and_iteration<T: Setup>(t: &T) {
     assert_eq!(v.copy_to_slice_at(n - 2, &mut out), Err(oob(n)));
     assert_eq!(out, data[100..103], "a failed read wrote nothing");
     assert_eq!(v.set_element_to_zero_async(n), Err(oob(n)));
+    // So are indices whose byte offsets pass any integer: the range is
+    // checked before an offset is computed.
+    let huge = usize::MAX / 2;
+    assert_eq!(v.element(huge), Err(oob(huge)));
+    assert_eq!(v.element_addr(usize::MAX), Err(oob(usize::MAX)));
+    assert_eq!(v.copy_to_slice_at(huge, &mut out), Err(oob(huge + 2)));
+    assert_eq!(v.copy_from_slice_at(usize::MAX, &out), Err(oob(usize::MAX)));
+    assert_eq!(v.set_element_to_zero_async(huge), Err(oob(huge)));
+    assert_eq!(v.slice_to_vec(huge..=huge), Err(oob(huge)));
     // Zero-fill: one element, then all.
     v.set_element_to_zero_async(1).unwrap();
     assert_eq!(v.slice_to_vec(..3).unwrap(), [data[0], 0, data[2]]);
