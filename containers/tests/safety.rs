@@ -1,11 +1,12 @@
 //! What the containers guarantee to safe code, over real host memory (these
 //! tests run under Miri too): a block shorter than asked is given back as an
 //! error, memory the container did not write is never read, a deep copy
-//! orders its source's stream after it, and a block freed or a resource
-//! ended by other code under a live container is never touched again
-//! (`HostCopy` checks every access against the live allocations). (That a
-//! resource of another kind of memory cannot be paired with an engine is a
-//! `compile_fail` example in the crate's documentation.)
+//! orders its source's stream after it, a container frees on its stream of
+//! the moment, and a block freed or a resource ended by other code under a
+//! live container is never touched again (`HostCopy` checks every access
+//! against the live allocations). (That a resource of another kind of
+//! memory cannot be paired with an engine is a `compile_fail` example in the
+//! crate's documentation.)
 
 use memres_containers::{ContainerError, DeviceBuffer, DeviceScalar, DeviceUVector};
 use memres_core::copy::{CopyEngine, MemoryOf};
@@ -298,6 +299,108 @@ fn a_deep_copy_that_panics_once_the_copy_is_queued_waits_for_it() {
         assert!(sa.sim.is_ordered_after(sb.id(), 1), "{case}: the source's free waits for the copy");
         assert_eq!(host.live_count(), 1, "{case}: the clone's block went back");
         drop(a);
+    }
+}
+
+/// A deep copy whose stream fails or panics before the copy (recording on
+/// the source's stream, the 1st call, or waiting on the copy's, the 2nd)
+/// takes no memory and queues nothing; the source is as it was.
+#[test]
+fn a_deep_copy_whose_streams_fail_before_the_copy_takes_nothing() {
+    for (nth, panics) in [(1, false), (2, false), (1, true), (2, true)] {
+        let world = SimWorld::new();
+        let panic_at = Arc::new(AtomicU32::new(0));
+        let stream = || PanicsOnCall { sim: world.non_blocking_stream(), panic_in: panic_at.clone() };
+        let (sa, sb) = (stream(), stream());
+        let host = HostMemory::new();
+        let a = DeviceBuffer::from_slice_in(b"hello", sa.clone(), &host, Queued::default()).unwrap();
+        match panics {
+            true => panic_at.store(nth, Relaxed),
+            false => world.fail_nth(nth.into()),
+        }
+        let cloned = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| a.try_clone_on(sb.clone())));
+        let case = format!("call {nth}, panics: {panics}");
+        match cloned {
+            Ok(Err(ContainerError::Memory(Error::Backend { .. }))) => assert!(!panics, "{case}"),
+            Err(_) => assert!(panics, "{case}"),
+            Ok(r) => panic!("{case}: {:?}", r.map(|_| ())),
+        }
+        assert_eq!((host.live_count(), sb.sim.position()), (1, 0), "{case}: no block taken, nothing queued");
+        assert_eq!(a.to_vec().unwrap(), b"hello", "{case}");
+    }
+}
+
+/// Host memory that logs each call with the id of the stream it came on.
+#[derive(Default)]
+struct LogsStreams {
+    host: HostMemory,
+    /// (`"allocate"` or `"free"`, the block's address, the stream's id).
+    log: Mutex<Vec<(&'static str, u64, u64)>>,
+}
+
+impl MemoryResource<SimStream> for LogsStreams {
+    fn allocate(&self, request: Request, stream: &SimStream) -> CoreResult<Block> {
+        let block = self.host.allocate(request, stream)?;
+        self.log.lock().unwrap().push(("allocate", block.addr(), stream.id()));
+        Ok(block)
+    }
+    fn deallocate(&self, block: Block, stream: &SimStream) -> CoreResult<()> {
+        self.log.lock().unwrap().push(("free", block.addr(), stream.id()));
+        self.host.deallocate(block, stream)
+    }
+}
+
+// SAFETY: every block is one of `host`'s, unchanged, given back only through
+// `host.deallocate`.
+unsafe impl MemoryOf<HostCopy> for LogsStreams {}
+
+/// A buffer frees on its stream of the moment, which is ordered after the
+/// work of the streams it had before: the old block of a growth after a
+/// change of stream, and its block on drop. (Added coverage: this held
+/// before.)
+#[test]
+fn a_buffer_frees_its_blocks_on_its_stream_of_the_moment() {
+    let world = SimWorld::new();
+    let (sa, sb) = (world.non_blocking_stream(), world.non_blocking_stream());
+    let mr = LogsStreams::default();
+    let mut b = DeviceBuffer::from_slice_in(b"abc", sa.clone(), &mr, HostCopy).unwrap();
+    let first = b.addr();
+    sa.enqueue(); // a kernel on the buffer
+    b.set_stream(sb.clone()).unwrap();
+    assert!(sb.is_ordered_after(sa.id(), sa.position()), "the new stream waits for the old one's work");
+    b.reserve(1000).unwrap();
+    let second = b.addr();
+    drop(b);
+    let log = mr.log.lock().unwrap().clone();
+    let (a_id, b_id) = (sa.id(), sb.id());
+    assert_eq!(
+        log,
+        [
+            ("allocate", first, a_id),
+            ("allocate", second, b_id),
+            ("free", first, b_id),
+            ("free", second, b_id)
+        ]
+    );
+}
+
+/// A change of stream whose event fails to record on the old stream, or
+/// the new stream to wait on it, leaves the buffer on the old one, which
+/// its drop frees on. (Added coverage: this held before.)
+#[test]
+fn a_failed_set_stream_leaves_the_buffer_on_its_stream() {
+    for nth in [1, 2] {
+        let world = SimWorld::new();
+        let (sa, sb) = (world.non_blocking_stream(), world.non_blocking_stream());
+        let mr = LogsStreams::default();
+        let mut b = DeviceBuffer::from_slice_in(b"abc", sa.clone(), &mr, HostCopy).unwrap();
+        world.fail_nth(nth);
+        let e = b.set_stream(sb.clone());
+        assert!(matches!(e, Err(ContainerError::Memory(Error::Backend { .. }))), "call {nth}: {e:?}");
+        assert_eq!(b.stream().id(), sa.id(), "call {nth}");
+        let addr = b.addr();
+        drop(b);
+        assert_eq!(mr.log.lock().unwrap().last(), Some(&("free", addr, sa.id())), "call {nth}");
     }
 }
 
