@@ -118,11 +118,25 @@
 //!   without a resource take one from the registry only if it was promised
 //!   as memory of the engine's type, by a `MemoryOf` bound or an `unsafe`
 //!   call ([`memres_core::device`]).
-//! - **Stream order.** A container's work is ordered on its stream; a change
-//!   of stream makes the new stream wait on an event of the old, and a deep
-//!   copy on another stream waits on the source's stream and makes the
-//!   source's stream wait on the copy, so a block is freed on drop only
-//!   after the work that used it. A [`DeviceStream`](memres_core::device::DeviceStream)
+//! - **Stream order.** A container's work is ordered on its stream, and it
+//!   frees its block on that stream; a change of stream makes the new stream
+//!   wait on an event of the old, and a deep copy on another stream waits on
+//!   the source's stream and makes the source's stream wait on the copy. So
+//!   the free comes after the work that used the block *on the stream*;
+//!   whether the block is handed out again before that work has run is the
+//!   resource's doing. A stream-ordered resource
+//!   ([`StreamOrdered`](memres_core::StreamOrdered),
+//!   [`PerStreamPool`](memres_core::per_stream::PerStreamPool), the
+//!   [arena](memres_core::arena::ArenaResource), CUDA's own pool
+//!   `CudaAsyncMemory`, `async` in a stack) reuses it only for work ordered
+//!   after the free. One that ignores streams, such as a plain
+//!   [`CoalescingPool`](memres_core::pool::CoalescingPool) (`pool(cuda)`),
+//!   takes the block back at once on the host, and may hand it to work on
+//!   another stream while the device still runs the old work on it (wrong
+//!   data on the device, not on the host): it is right on one stream, or
+//!   where a container is dropped only once every stream is done with its
+//!   block. With several streams, take a stream-ordered resource. A
+//!   [`DeviceStream`](memres_core::device::DeviceStream)
 //!   whose `key` is another stream than itself (a safe trait; the workspace's
 //!   streams are their own keys) breaks this for the containers made without
 //!   a resource: their blocks are then freed on the key's stream, unordered
