@@ -565,6 +565,45 @@ fn a_log_that_cannot_write_its_rows_fails_the_run() {
     }
 }
 
+/// Standard output that cannot be written (`> /dev/full`) is an error, exit
+/// status 1, said on stderr, in every command; `replay` writes its outputs
+/// all the same. A reader that went away (`| head`) ends the printing
+/// quietly: the exit status is the run's, the outputs written. Before,
+/// each panicked (exit 101), and `replay` before writing its timeline.
+#[test]
+#[cfg(target_os = "linux")]
+fn stdout_that_cannot_be_written_fails_the_run_but_not_its_outputs() {
+    let bin = env!("CARGO_BIN_EXE_memres");
+    let dir = Fixture::new("stdout", "");
+    let timeline = dir.0.with_file_name("t.csv");
+    let replay = ["replay", "-r", "pool", "--passes", "1", "--timeline", timeline.to_str().unwrap()];
+    let w = "random:10:100:1";
+    let commands: [&[&str]; 5] = [
+        &[&replay[..], &[w]].concat(),
+        &["offline", w],
+        &["steps", "--stack", "planned(pool(sim))", "--every", "5", w],
+        &["resources"],
+        &["stacks"],
+    ];
+    for args in commands {
+        let full = std::fs::OpenOptions::new().write(true).open("/dev/full").unwrap();
+        let o = Command::new(bin).args(args).stdout(full).output().unwrap();
+        assert_eq!(o.status.code(), Some(1), "{args:?}: {}", stderr(&o));
+        assert!(stderr(&o).contains("memres: error: cannot write to standard output: "), "{}", stderr(&o));
+    }
+    let text = std::fs::read_to_string(&timeline).unwrap();
+    assert!(text.starts_with("workload,resource,op,") && text.lines().count() > 1, "{text}");
+    std::fs::remove_file(&timeline).unwrap();
+    // A pipe whose reader is gone: `true` had its read end, and exited.
+    let mut reader = Command::new("true").stdin(std::process::Stdio::piped()).spawn().unwrap();
+    let gone = reader.stdin.take().unwrap();
+    reader.wait().unwrap();
+    let o = Command::new(bin).args(replay).arg(w).stdout(gone).output().unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(!stderr(&o).contains("error"), "{}", stderr(&o));
+    assert!(std::fs::read_to_string(&timeline).unwrap().starts_with("workload,resource,op,"));
+}
+
 /// The check of `--snapshot` and `--timeline` before the run makes what
 /// their write after it makes (a temporary file beside the file the links
 /// lead to): a name too long for that file is refused at once (exit 2);

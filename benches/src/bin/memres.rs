@@ -9,7 +9,8 @@ use memres_bench::resources::{select, spelled, Param, Resource, RunOptions, Upst
 use memres_bench::stack::{check_stack, run_stack};
 use memres_bench::watch::{self, Outputs, SnapshotAt, Target};
 use memres_bench::workload::{trace_path, Workload};
-use std::io::IsTerminal;
+use std::fmt;
+use std::io::{self, IsTerminal, Write};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -34,7 +35,10 @@ enum Command {
     /// held-out trace's rows are marked wherever it lies.
     ///
     /// Exit status: 0 every replay ran, 1 some replay failed (its row says
-    /// why), 2 bad usage (nothing ran).
+    /// why) or stdout or an output could not be written, 2 bad usage
+    /// (nothing ran). The outputs are written even where stdout could not
+    /// be; a reader of stdout that went away (`| head`) ends the printing
+    /// quietly, the status the run's.
     Replay {
         /// Resources to compare, comma separated (default: all but those
         /// that need a parameter; see `memres resources`), e.g.
@@ -98,8 +102,8 @@ enum Command {
     /// (the lowest offset free while a block is live, or the skyline, each
     /// in three orders); every placement is checked before it is printed. Footprint is the
     /// highest end offset over the peak live bytes, as for the peers in
-    /// `replay`. Exit status: 0 printed, 1 a placement failed its check,
-    /// 2 bad usage.
+    /// `replay`. Exit status: 0 printed, 1 a placement failed its check or
+    /// stdout could not be written, 2 bad usage.
     Offline {
         /// Print CSV (a header, then a line per workload) instead of a table.
         #[arg(long)]
@@ -114,7 +118,8 @@ enum Command {
     /// a step). Prints the peak live bytes, the leaf's peak (a `vpool`'s
     /// committed bytes), their ratio and each `planned` layer's figures.
     ///
-    /// Exit status: 0 printed, 1 an op failed, 2 bad usage.
+    /// Exit status: 0 printed, 1 an op failed or stdout could not be
+    /// written, 2 bad usage.
     Steps {
         /// The stack, e.g. `planned(vpool(sim(1TiB)))`.
         #[arg(long)]
@@ -139,8 +144,67 @@ enum Command {
 /// Bad usage: nothing ran.
 const USAGE: u8 = 2;
 
+/// Standard output through a writer whose failure is kept, not a panic
+/// (`println!` panics where stdout cannot be written: a reader gone, a full
+/// disk). After the first failure nothing more is written.
+struct Stdout {
+    out: io::StdoutLock<'static>,
+    failed: Option<io::Error>,
+}
+
+/// `print!` through a [`Stdout`].
+macro_rules! out {
+    ($out:expr, $($arg:tt)*) => { $out.print(format_args!($($arg)*)) };
+}
+
+/// `println!` through a [`Stdout`].
+macro_rules! outln {
+    ($out:expr) => { $out.print(format_args!("\n")) };
+    ($out:expr, $($arg:tt)*) => { $out.print(format_args!("{}\n", format_args!($($arg)*))) };
+}
+
+impl Stdout {
+    fn new() -> Stdout {
+        Stdout { out: io::stdout().lock(), failed: None }
+    }
+
+    fn print(&mut self, text: fmt::Arguments<'_>) {
+        if self.failed.is_none() {
+            self.failed = self.out.write_fmt(text).err();
+        }
+    }
+
+    /// Whether a write failed: what is left to print need not be made.
+    fn failed(&self) -> bool {
+        self.failed.is_some()
+    }
+
+    /// The exit status of a command that ends with `code`, once what it
+    /// printed is flushed. A reader that went away (`| head`) ends the
+    /// printing quietly, the status the command's own; any other failure
+    /// is said and makes it 1.
+    fn finish(mut self, code: ExitCode) -> ExitCode {
+        if self.failed.is_none() {
+            self.failed = self.out.flush().err();
+        }
+        match self.failed {
+            Some(e) if e.kind() != io::ErrorKind::BrokenPipe => {
+                eprintln!("memres: error: cannot write to standard output: {e}");
+                ExitCode::FAILURE
+            }
+            _ => code,
+        }
+    }
+}
+
 fn main() -> ExitCode {
-    match Cli::parse().command {
+    let mut out = Stdout::new();
+    let code = run(Cli::parse().command, &mut out);
+    out.finish(code)
+}
+
+fn run(command: Command, out: &mut Stdout) -> ExitCode {
+    match command {
         Command::Resources => {
             let width = RESOURCES.iter().map(|r| spelled(r).len()).max().unwrap_or(0);
             for r in RESOURCES {
@@ -149,16 +213,16 @@ fn main() -> ExitCode {
                     Some(text) => format!(" (= {text} with SIZE 1GiB)"),
                     None => String::new(),
                 };
-                println!("{:<width$}  {}{stack}", spelled(r), r.about);
+                outln!(out, "{:<width$}  {}{stack}", spelled(r), r.about);
             }
             ExitCode::SUCCESS
         }
         Command::Stacks => {
-            print!("{}", memres_bench::names::listing());
+            out!(out, "{}", memres_bench::names::listing());
             ExitCode::SUCCESS
         }
-        Command::Offline { csv, workloads } => offline(csv, &workloads),
-        Command::Steps { stack, every, phase, workloads } => steps(&stack, every, phase, &workloads),
+        Command::Offline { csv, workloads } => offline(csv, &workloads, out),
+        Command::Steps { stack, every, phase, workloads } => steps(&stack, every, phase, &workloads, out),
         Command::Replay {
             resource,
             stack,
@@ -182,7 +246,7 @@ fn main() -> ExitCode {
             } else {
                 Format::Table
             };
-            match replay(&resource, &stack, options, format, &outputs, &workloads) {
+            match replay(&resource, &stack, options, format, &outputs, &workloads, out) {
                 Ok(true) => ExitCode::SUCCESS,
                 Ok(false) => ExitCode::FAILURE,
                 Err(Failure::Usage(message)) => {
@@ -200,7 +264,7 @@ fn main() -> ExitCode {
 
 /// `memres offline`: one line per workload, every method's footprint and
 /// the best.
-fn offline(csv: bool, specs: &[String]) -> ExitCode {
+fn offline(csv: bool, specs: &[String], out: &mut Stdout) -> ExitCode {
     use memres_bench::offline::{lifetimes, op_count};
     use memres_bench::report::human_bytes;
     use memres_core::planned::placement::{best, first_conflict, place, Method};
@@ -218,15 +282,19 @@ fn offline(csv: bool, specs: &[String]) -> ExitCode {
     }
     let methods: Vec<&str> = Method::ALL.iter().map(|m| m.name()).collect();
     if csv {
-        println!("workload,peak_live,{},best,best_method", methods.join(","));
+        outln!(out, "workload,peak_live,{},best,best_method", methods.join(","));
     } else {
         let width = workloads.iter().map(|w| w.name.chars().count()).max().unwrap_or(0);
-        print!("{}  {:>11}", padded("workload", width), "peak live");
-        methods.iter().for_each(|m| print!("  {m:>18}"));
-        println!("  {:>11}  {:>9}  best method", "offline", "footprint");
+        out!(out, "{}  {:>11}", padded("workload", width), "peak live");
+        methods.iter().for_each(|m| out!(out, "  {m:>18}"));
+        outln!(out, "  {:>11}  {:>9}  best method", "offline", "footprint");
     }
     let mut ok = true;
     for w in &workloads {
+        // Nothing more is placed once nothing more can be printed.
+        if out.failed() {
+            break;
+        }
         let blocks = match lifetimes(w) {
             Ok(blocks) => blocks,
             Err(e) => {
@@ -247,7 +315,8 @@ fn offline(csv: bool, specs: &[String]) -> ExitCode {
         if csv {
             let field = |top: u64| footprint(top).map_or(String::new(), |f| format!("{f:.4}"));
             let fields: Vec<String> = each.iter().map(|&t| field(t)).collect();
-            println!(
+            outln!(
+                out,
                 "{},{},{},{},{}",
                 memres_bench::report::csv_field(&w.name),
                 w.peak_live,
@@ -258,9 +327,15 @@ fn offline(csv: bool, specs: &[String]) -> ExitCode {
         } else {
             let width = workloads.iter().map(|w| w.name.chars().count()).max().unwrap_or(0);
             let cell = |top: u64| footprint(top).map_or("-".into(), |f| format!("{f:.3}"));
-            print!("{}  {:>11}", padded(&w.name, width), human_bytes(w.peak_live));
-            each.iter().for_each(|&t| print!("  {:>18}", cell(t)));
-            println!("  {:>11}  {:>9}  {}", human_bytes(placement.top), cell(placement.top), method.name());
+            out!(out, "{}  {:>11}", padded(&w.name, width), human_bytes(w.peak_live));
+            each.iter().for_each(|&t| out!(out, "  {:>18}", cell(t)));
+            outln!(
+                out,
+                "  {:>11}  {:>9}  {}",
+                human_bytes(placement.top),
+                cell(placement.top),
+                method.name()
+            );
         }
     }
     if ok {
@@ -271,7 +346,7 @@ fn offline(csv: bool, specs: &[String]) -> ExitCode {
 }
 
 /// `memres steps`: one line per workload.
-fn steps(stack: &str, every: u64, phase: u64, specs: &[String]) -> ExitCode {
+fn steps(stack: &str, every: u64, phase: u64, specs: &[String], out: &mut Stdout) -> ExitCode {
     use memres_bench::report::human_bytes;
     use memres_bench::resources::RunError;
     // The stack is checked first, as `replay` checks it: a `log` layer's
@@ -302,19 +377,25 @@ fn steps(stack: &str, every: u64, phase: u64, specs: &[String]) -> ExitCode {
         }
     };
     for w in &workloads {
+        // Nothing more is replayed once nothing more can be printed.
+        if out.failed() {
+            break;
+        }
         match memres_bench::stack::run_steps(stack, w, every, phase) {
             Ok(run) => {
                 // `-` where nothing was ever live, as `replay` prints it.
                 let footprint = memres_bench::replay::footprint(run.peak_upstream, run.peak_live)
                     .map_or("-".into(), |f| format!("{f:.3}"));
-                print!(
+                out!(
+                    out,
                     "{}: peak live {}, peak upstream {}, footprint {footprint}",
                     w.name,
                     human_bytes(run.peak_live),
                     human_bytes(run.peak_upstream)
                 );
                 for s in &run.steps {
-                    print!(
+                    out!(
+                        out,
                         "; steps {}, followed {}, plans {}, region {}, carry region {}",
                         s.steps,
                         s.followed,
@@ -323,7 +404,7 @@ fn steps(stack: &str, every: u64, phase: u64, specs: &[String]) -> ExitCode {
                         human_bytes(s.carry_region)
                     );
                 }
-                println!();
+                outln!(out);
             }
             Err(RunError::Unsupported(e)) => {
                 eprintln!("memres: error: {e}");
@@ -359,7 +440,8 @@ enum Source {
 }
 
 /// Checks everything, runs every replay, prints every row, then writes the
-/// outputs. `Ok(false)`: some replay failed (its row says why).
+/// outputs, whether or not the rows could be printed. `Ok(false)`: some
+/// replay failed (its row says why).
 fn replay(
     names: &[String],
     stacks: &[String],
@@ -367,6 +449,7 @@ fn replay(
     format: Format,
     outputs: &Outputs,
     specs: &[String],
+    out: &mut Stdout,
 ) -> Result<bool, Failure> {
     if options.upstream.is_cuda() && !cfg!(feature = "cuda") {
         return Err(Failure::Usage(format!(
@@ -482,18 +565,18 @@ fn replay(
         .collect::<Result<_, _>>()?;
     let rows = run_all(&sources, &workloads, &held_out, &options);
     match format {
-        Format::Json => rows.iter().for_each(|row| println!("{}", json_line(row))),
+        Format::Json => rows.iter().for_each(|row| outln!(out, "{}", json_line(row))),
         Format::Csv => {
-            println!("{CSV_HEADER}");
-            rows.iter().for_each(|row| println!("{}", csv_line(row)));
+            outln!(out, "{CSV_HEADER}");
+            rows.iter().for_each(|row| outln!(out, "{}", csv_line(row)));
         }
-        Format::Table => print!("{}", table(&rows)),
+        Format::Table => out!(out, "{}", table(&rows)),
     }
     if outputs.any() {
         let (map, notes) = watch::write(&targets, &workloads, outputs).map_err(Failure::Output)?;
         // The map joins the table; machine output stays machine output.
         if format == Format::Table {
-            print!("\n{map}");
+            out!(out, "\n{map}");
         } else {
             eprint!("{map}");
         }
