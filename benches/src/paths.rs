@@ -39,24 +39,30 @@ fn identity(path: &Path) -> Option<PathBuf> {
     fs::canonicalize(folder).ok().map(|p| p.join(name))
 }
 
+/// One file under any of its names, hard links included: its device and
+/// inode on Unix (two links are two canonical paths), its canonical path
+/// elsewhere.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct FileId(#[cfg(unix)] (u64, u64), #[cfg(not(unix))] PathBuf);
+
+/// The file at `path`: `None` where there is none.
+pub fn file_id(path: &Path) -> Option<FileId> {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::MetadataExt;
+        fs::metadata(path).ok().map(|m| FileId((m.dev(), m.ino())))
+    }
+    #[cfg(not(unix))]
+    {
+        fs::canonicalize(path).ok().map(FileId)
+    }
+}
+
 /// Whether `a` and `b` are one file, under any names (links included). A
 /// device or a pipe (`/dev/null`) is no file to keep: never the same.
 pub fn same_file(a: &Path, b: &Path) -> bool {
     match (fs::metadata(a), fs::metadata(b)) {
-        (Ok(x), Ok(y)) => {
-            if !(x.is_file() && y.is_file()) {
-                return false;
-            }
-            #[cfg(unix)]
-            {
-                use std::os::unix::fs::MetadataExt;
-                x.dev() == y.dev() && x.ino() == y.ino()
-            }
-            #[cfg(not(unix))]
-            {
-                identity(a).is_some() && identity(a) == identity(b)
-            }
-        }
+        (Ok(x), Ok(y)) => x.is_file() && y.is_file() && file_id(a).is_some_and(|id| file_id(b) == Some(id)),
         // One is made by the run, the other is there already: two files.
         (Ok(_), Err(_)) | (Err(_), Ok(_)) => false,
         (Err(_), Err(_)) => identity(a).is_some() && identity(a) == identity(b),

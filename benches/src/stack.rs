@@ -28,11 +28,13 @@
 //! [`run_steps`], its one pass. A run builds
 //! a stack several times (each workload's replay, the map's, the
 //! timeline's, the snapshot's): the first build in the process that logs
-//! to a file makes it anew, the later ones append to it, so that it holds
+//! to a file (under any name, a hard link included) makes it anew, the
+//! later ones append to it, so that it holds
 //! every row of the run, each workload's pass in turn, under one header.
 //! The check of the stacks before a run opens no file, so that a run
 //! refused for bad usage leaves it as it was.
 
+use crate::paths::{file_id, FileId};
 use crate::replay::{
     free_held, replay, replay_threads, run_ops, DefaultStream, Measurement, Owned, ReplayError, Replayer,
     StreamReplayer,
@@ -141,8 +143,9 @@ pub fn builder() -> StackBuilder<SimStream> {
     b
 }
 
-/// The files a `log` layer opened in this process, by canonical path.
-static LOGGED: Mutex<BTreeSet<PathBuf>> = Mutex::new(BTreeSet::new());
+/// The files a `log` layer opened in this process, under any name (two
+/// stacks may log to two hard links of one file).
+static LOGGED: Mutex<BTreeSet<FileId>> = Mutex::new(BTreeSet::new());
 
 /// Logging over `upstream` to the file named by `file`: made anew by the
 /// first build of the process that logs to it, appended to by the later
@@ -150,13 +153,13 @@ static LOGGED: Mutex<BTreeSet<PathBuf>> = Mutex::new(BTreeSet::new());
 fn open_run_log<R>(file: &Value, upstream: R) -> Result<Logging<R>, StackError> {
     let path = file.text()?;
     let mut logged = LOGGED.lock().unwrap_or_else(|p| p.into_inner());
-    let seen = std::fs::canonicalize(path).is_ok_and(|p| logged.contains(&p));
+    let seen = file_id(Path::new(path)).is_some_and(|id| logged.contains(&id));
     let opened =
         if seen { Logging::append_to_file(upstream, path) } else { Logging::to_file(upstream, path) };
     let fail = |e| StackError::new(file.pos(), StackErrorKind::Io(format!("cannot log to `{path}`: {e}")));
     let log = opened.map_err(fail)?;
-    if let Ok(p) = std::fs::canonicalize(path) {
-        logged.insert(p);
+    if let Some(id) = file_id(Path::new(path)) {
+        logged.insert(id);
     }
     Ok(log)
 }

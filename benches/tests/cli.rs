@@ -535,6 +535,32 @@ fn a_log_file_holds_the_rows_of_every_replay_of_the_run() {
     assert!(stderr(&o).contains("cannot log to `/nonexistent-dir/x.csv`"), "{}", stderr(&o));
 }
 
+/// Two stacks that log to two hard links of one file append to it, as
+/// two stacks naming one path do: it holds both replays' rows. Before, the
+/// second build (another canonical path) made the file anew, and the first
+/// stack's rows were lost.
+#[test]
+fn stacks_logging_to_two_links_of_one_file_keep_both_replays() {
+    let dir = Fixture::new("a.csv", "");
+    let b = dir.0.with_file_name("b.csv");
+    std::fs::hard_link(&dir.0, &b).unwrap();
+    let w = "random:100:1000:1";
+    let o = memres(&[
+        "replay",
+        "--passes",
+        "1",
+        "--stack",
+        &format!("log(pool(sim), file={})", dir.path()),
+        "--stack",
+        &format!("log(binning(sim), file={})", b.to_str().unwrap()),
+        w,
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let text = std::fs::read_to_string(&dir.0).unwrap();
+    let ops = Workload::load(w).unwrap().ops.len();
+    assert_eq!(text.lines().count(), 1 + 2 * ops, "one header, then each stack's pass: {text}");
+}
+
 /// A `log` layer whose rows cannot all be written (the file reaches the
 /// process's limit of file size) fails the run: exit 1, naming the file,
 /// in `replay` and in `steps`. Before, the flushes' errors were dropped:
