@@ -174,10 +174,10 @@ impl Workload {
     /// # Panics
     ///
     /// If the ops do not allocate ids `0..n` in order, each freed once after
-    /// its allocation with its size.
+    /// its allocation with its size, or if the bytes live at once pass
+    /// `u64::MAX` (a trace whose do is refused when read: [`parse_trace`]).
     pub fn from_ops(name: String, ops: Vec<Op>, skipped_frees: u64) -> Workload {
-        // Live bytes may pass u64 (a few blocks of 2^62): the peak saturates.
-        let mut live = 0u128;
+        let mut live = 0u64;
         let mut peak_live = 0u64;
         let mut count = 0u32;
         let mut peak_live_count = 0u32;
@@ -190,14 +190,14 @@ impl Workload {
                 assert_eq!(op.id, ids, "ids are allocated in order");
                 ids += 1;
                 sizes.push(Some(op.size));
-                live += u128::from(op.size);
+                live = live.checked_add(op.size).expect("the bytes live at once fit in a u64");
                 count += 1;
-                peak_live = peak_live.max(u64::try_from(live).unwrap_or(u64::MAX));
+                peak_live = peak_live.max(live);
                 peak_live_count = peak_live_count.max(count);
             } else {
                 let size = sizes.get_mut(op.id as usize).and_then(Option::take);
                 assert_eq!(size, Some(op.size), "free of id {} that is live with this size", op.id);
-                live -= u128::from(op.size);
+                live -= op.size;
                 count -= 1;
             }
         }
@@ -345,7 +345,9 @@ pub fn generate(
 /// [`WorkloadError::Io`] when the file cannot be opened or read,
 /// [`WorkloadError::Malformed`] for a line with fewer than six fields, an
 /// unknown action, a pointer that is not hex or a size that is not a
-/// number, or more streams or allocations than an op can number.
+/// number, more streams or allocations than an op can number, or an
+/// allocation that takes the bytes live at once past `u64::MAX` (four
+/// blocks of 2^62 bytes), which no figure of a workload could hold.
 pub fn load_trace(path: &Path) -> Result<Workload, WorkloadError> {
     let name = path.display().to_string();
     let io = |error| WorkloadError::Io { path: name.clone(), error };
@@ -375,6 +377,8 @@ pub fn parse_trace(name: &str, reader: impl BufRead) -> Result<Workload, Workloa
     let mut skipped = 0u64;
     let mut failed = 0u64;
     let (mut reused, mut mismatched) = (0u64, 0u64);
+    // As `Workload::from_ops` counts them: a replaced block stays live.
+    let mut live_bytes = 0u64;
     let mut times: Option<Vec<u64>> = Some(Vec::new());
     // Streams are numbered when an op first uses them, so that skipped
     // rows leave no gaps.
@@ -398,6 +402,12 @@ pub fn parse_trace(name: &str, reader: impl BufRead) -> Result<Workload, Workloa
                 if row.size > Request::MAX_SIZE {
                     return Err(format!("a size of {} bytes, above any request (2^62 bytes)", row.size));
                 }
+                live_bytes = live_bytes.checked_add(row.size).ok_or_else(|| {
+                    format!(
+                        "{} bytes live at once, past the most a workload counts (2^64 - 1)",
+                        u128::from(live_bytes) + u128::from(row.size)
+                    )
+                })?;
                 let stream = intern(row.stream)?;
                 // Zero bytes at the null pointer is the empty block (RMM's
                 // answer to a zero-byte request, memres's `Block::EMPTY`),
@@ -424,6 +434,7 @@ pub fn parse_trace(name: &str, reader: impl BufRead) -> Result<Workload, Workloa
                     // allocation's: RMM lets a block be freed on another
                     // stream.
                     Some((id, size, _)) => {
+                        live_bytes -= size;
                         mismatched += u64::from(row.size != size);
                         ops.push(Op { size, id, stream: intern(row.stream)?, alloc: false });
                         push_time(&mut times, row.time);

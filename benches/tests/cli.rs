@@ -450,6 +450,34 @@ fn extreme_sizes_and_names_are_errors_or_output_not_panics() {
     assert!(stdout(&o).contains(&long));
 }
 
+/// A trace whose live bytes pass u64 (five blocks of 2^62 bytes) is a bad
+/// trace: exit status 2 before anything is printed, naming the line that
+/// takes them past it. Live bytes that fit but whose blocks, rounded up to
+/// 256 bytes, do not fail the offline placement (exit 1). Before, the peak
+/// saturated: "peak live 16.00 EiB", a footprint of 1.000, exit 0.
+#[test]
+fn live_bytes_past_u64_are_a_bad_trace() {
+    let big = memres_core::Request::MAX_SIZE;
+    let rows = |sizes: &[u64]| -> String {
+        sizes
+            .iter()
+            .enumerate()
+            .map(|(i, s)| format!("0,{i},allocate,{:#x},{s},0\n", (i + 1) << 20))
+            .collect()
+    };
+    let five = Fixture::new("five.csv", &rows(&[big; 5]));
+    for command in ["offline", "replay"] {
+        let o = memres(&[command, five.path()]);
+        assert_eq!(o.status.code(), Some(2), "{command}: {}{}", stdout(&o), stderr(&o));
+        assert_eq!(stdout(&o), "", "{command}");
+        assert!(stderr(&o).contains(&format!("{}:4: ", five.path())), "{}", stderr(&o));
+    }
+    let full = Fixture::new("full.csv", &rows(&[big, big, big, big - 1]));
+    let o = memres(&["offline", full.path()]);
+    assert_eq!(o.status.code(), Some(1), "{}{}", stdout(&o), stderr(&o));
+    assert!(stderr(&o).contains("placement reaches 2^64 - 1 bytes"), "{}", stderr(&o));
+}
+
 #[test]
 fn streams_run_threads_through_one_resource() {
     let o = memres(&[

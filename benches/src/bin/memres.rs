@@ -306,6 +306,12 @@ fn offline(csv: bool, specs: &[String], out: &mut Stdout) -> ExitCode {
         // None where nothing was ever live: `-`, as `replay` prints it.
         let footprint = |top: u64| memres_bench::replay::footprint(top, w.peak_live);
         let each: Vec<u64> = Method::ALL.iter().map(|&o| place(&blocks, o).top).collect();
+        // Offsets saturate there, so such a placement cannot be told or checked.
+        if let Some((m, _)) = Method::ALL.iter().zip(&each).find(|(_, &top)| top == u64::MAX) {
+            eprintln!("memres: error: {}: the {} placement reaches 2^64 - 1 bytes", w.name, m.name());
+            ok = false;
+            continue;
+        }
         let (method, placement) = best(&blocks);
         if let Some((a, b)) = first_conflict(&blocks, &placement) {
             eprintln!("memres: error: {}: blocks {a} and {b} overlap while live", w.name);

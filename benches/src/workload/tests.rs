@@ -302,16 +302,33 @@ fn workloads_with_nothing_to_replay_are_refused() {
     );
 }
 
-/// A clock past what microseconds in a u64 hold is no time (it overflowed),
-/// and live bytes past u64 (blocks of 2^62 bytes) saturate the peak.
+/// A clock past what microseconds in a u64 hold is no time (it overflowed).
 #[test]
-fn extreme_times_and_sizes_are_read_without_a_panic() {
+fn extreme_times_are_read_without_a_panic() {
     assert_eq!(time_us("99999999999999:00:00.0"), None);
     assert_eq!(time_us("1:00:00.5"), Some(3_600_500_000));
+}
+
+/// A trace whose live bytes pass u64 (blocks of 2^62 bytes, the largest
+/// request) is refused at the allocation that takes them past it, naming
+/// its line; up to u64::MAX they are counted. Before, the peak saturated,
+/// and `memres offline` printed a peak of 16.00 EiB as if it were one.
+#[test]
+fn live_bytes_past_u64_are_refused_naming_the_line() {
     let big = memres_core::Request::MAX_SIZE;
-    let t: String = (0..5).map(|i| format!("0,{i},allocate,{:#x},{big},0\n", (i + 1) << 20)).collect();
-    let w = parse_trace("big", t.as_bytes()).unwrap();
-    assert_eq!(w.peak_live, u64::MAX);
+    let blocks = |n: u64| -> String {
+        (0..n).map(|i| format!("0,{i},allocate,{:#x},{big},0\n", (i + 1) << 20)).collect()
+    };
+    let e = parse_trace("big", blocks(5).as_bytes()).unwrap_err().to_string();
+    assert_eq!(
+        e,
+        "big:4: malformed line: 18446744073709551616 bytes live at once, past the most a workload counts \
+         (2^64 - 1)"
+    );
+    // Three blocks and one that fills u64 to its last byte: counted.
+    let rest = u64::MAX - 3 * big;
+    let t = format!("{}0,4,allocate,0x900000,{rest},0\n0,5,free,0x900000,{rest},0\n", blocks(3));
+    assert_eq!(parse_trace("full", t.as_bytes()).unwrap().peak_live, u64::MAX);
 }
 
 /// A pointer allocated again while live, and a free that states another
