@@ -343,9 +343,10 @@ pub fn generate(
 /// # Errors
 ///
 /// [`WorkloadError::Io`] when the file cannot be opened or read,
-/// [`WorkloadError::Malformed`] for a line with fewer than six fields, an
-/// unknown action, a pointer that is not hex or a size that is not a
-/// number, more streams or allocations than an op can number, or an
+/// [`WorkloadError::Malformed`] for a line that is not a row of the format
+/// ([`memres_core::trace::Record::parse`]: other than six fields, an empty
+/// one, an unknown action, a pointer that is not hex or a size that is not
+/// a number), more streams or allocations than an op can number, or an
 /// allocation that takes the bytes live at once past `u64::MAX` (four
 /// blocks of 2^62 bytes), which no figure of a workload could hold.
 pub fn load_trace(path: &Path) -> Result<Workload, WorkloadError> {

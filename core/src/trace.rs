@@ -23,7 +23,9 @@
 //! - `Size` is the requested bytes.
 //!
 //! A row has exactly these six fields (a seventh, even empty, is a
-//! malformed row), and its numbers are digits only, with no sign.
+//! malformed row), none of them empty (as every writer writes them: an
+//! empty one is a row cut short), and its numbers are digits only, with no
+//! sign.
 //! Header lines are skipped wherever they are (traces concatenated by
 //! `cat` read as one), as are blank lines; fields are trimmed, and so is a
 //! header, and a byte-order mark (U+FEFF) that starts a line is dropped. A line is
@@ -124,9 +126,10 @@ impl<'a> Record<&'a str> {
     ///
     /// # Errors
     ///
-    /// What is wrong with it: other than six fields, an unknown action, a
-    /// pointer that is not hexadecimal digits (after an optional `0x`), a
-    /// size that is not decimal digits (a sign is neither).
+    /// What is wrong with it: other than six fields, an empty `Thread`,
+    /// `Time` or `Stream`, an unknown action, a pointer that is not
+    /// hexadecimal digits (after an optional `0x`), a size that is not
+    /// decimal digits (a sign is neither).
     pub fn parse(line: &'a str) -> Result<Self, String> {
         let line = line.trim_end_matches(['\r', '\n']);
         let mut cols = line.split(',').map(str::trim);
@@ -136,6 +139,13 @@ impl<'a> Record<&'a str> {
         else {
             return Err(alloc::format!("expected 6 fields, found {}", line.split(',').count()));
         };
+        // Every writer writes each field (RMM: a thread id, a clock time, the
+        // stream's handle): an empty one is a row cut short.
+        for (name, text) in [("Thread", thread), ("Time", time), ("Stream", stream)] {
+            if text.is_empty() {
+                return Err(alloc::format!("empty {name} field"));
+            }
+        }
         let action = match action {
             "allocate" => Action::Allocate,
             "free" => Action::Free,

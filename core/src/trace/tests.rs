@@ -102,6 +102,30 @@ fn malformed_rows_name_their_line() {
     assert_eq!(e.to_string(), "line 1: no frees");
 }
 
+/// Every writer of the format writes each field (RMM: `%t,%H:%M:%S.%f`,
+/// then the stream's handle), so an empty `Thread`, `Time` or `Stream` is
+/// a row cut short (a file cut after its last comma), malformed at its
+/// line. Before, it was a valid row.
+#[test]
+fn a_row_with_an_empty_field_is_malformed() {
+    for (row, what) in [
+        ("0,1,allocate,0x100,256,", "empty Stream field"),
+        ("0,1,allocate,0x100,256, ", "empty Stream field"),
+        (",1,allocate,0x100,256,0", "empty Thread field"),
+        ("0,,allocate,0x100,256,0", "empty Time field"),
+        ("0,1,allocate,,256,0", "pointer `` is not a hex number"),
+        ("0,1,allocate,0x100,,0", "size `` is not a number"),
+        (",,,,,", "empty Thread field"),
+    ] {
+        assert_eq!(Record::parse(row), Err(what.into()), "{row}");
+        let text = format!("{HEADER}\n0,1,free,0x10,1,0\n{row}\n");
+        match read_all(text.as_bytes()).unwrap_err() {
+            ReadError::Malformed { line, what: w } => assert_eq!((line, w.as_str()), (3, what), "{row}"),
+            ReadError::Io(e) => panic!("{e}"),
+        }
+    }
+}
+
 #[test]
 fn reader_errors_are_io_errors() {
     struct Broken;
