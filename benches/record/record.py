@@ -10,10 +10,11 @@ allocation and free in RMM's log format.
 For each workload NAME the driver runs the worker with
 MEMRES_STACK='log(async, file=DIR/NAME.csv)' under a timeout, checks the
 trace (every free matches a live allocation of its size, whatever the
-stream; no failed allocation), gzips it to DIR/NAME.csv.gz, and prints
-one line: name, rows, peak live bytes, seconds, OK or FAIL. DIR/NAME.log
-holds the worker's output, DIR/summary.json every figure. Exit status 0
-when every workload passed; a failing one does not stop the others.
+stream; no failed allocation), gzips it to DIR/NAME.csv.gz if it passed
+(one that failed stays DIR/NAME.csv), and prints one line: name, rows,
+peak live bytes, seconds, OK or FAIL. DIR/NAME.log holds the worker's
+output, DIR/summary.json every figure. Exit status 0 when every workload
+passed; a failing one does not stop the others.
 
 A dry run (--dry-run) runs each workload for a few small steps without
 the library and records nothing: on the CPU (--device cpu) it checks that
@@ -152,13 +153,15 @@ def run_one(w, args):
         return record
     trace = check_trace(csv)
     record["trace"] = trace
+    record["ok"] = trace["ok"]
+    if not trace["ok"]:
+        # Left plain, so that OUT/*.csv.gz are the traces that passed.
+        record["why"] = "; ".join(trace["problems"][:3]) or "no allocation"
+        return record
     with open(csv, "rb") as src, gzip.GzipFile(csv + ".gz", "wb", compresslevel=9, mtime=0) as dst:
         shutil.copyfileobj(src, dst)
     os.remove(csv)
     record["gz_bytes"] = os.path.getsize(csv + ".gz")
-    record["ok"] = trace["ok"]
-    if not trace["ok"]:
-        record["why"] = "; ".join(trace["problems"][:3]) or "no allocation"
     return record
 
 
@@ -166,16 +169,24 @@ def line(r):
     mib = 1 << 20
     status = "OK" if r["ok"] else f"FAIL ({r.get('why', '?')})"
     t = r.get("trace")
-    figures = (f"{t['rows']:8d} ops  peak live {t['peak_live_bytes'] / mib:9.1f} MiB  "
-               f"{r['gz_bytes'] / 1024:6.0f} KiB gz") if t else f"{'-':>8s} ops  {'':29s}"
+    gz = f"{r['gz_bytes'] / 1024:6.0f} KiB gz" if "gz_bytes" in r else f"{'-':>6s} KiB gz"
+    figures = (f"{t['rows']:8d} ops  peak live {t['peak_live_bytes'] / mib:9.1f} MiB  {gz}"
+               if t else f"{'-':>8s} ops  {'':29s}")
     held = " held-out" if r["held_out"] else ""
     return f"{r['name']:22s} {figures}  {r['seconds']:6.1f} s  {status}{held}"
 
 
+# What ends a word of a stack string (memres_core::stack::parse): the file
+# of `log(async, file=OUT/NAME.csv)` may hold none of it.
+NOT_IN_A_WORD = ",()= \t\n\r\x0c"
+
+
 def driver(args):
     args.out = os.path.abspath(args.out)
-    if any(c in args.out for c in ",()"):
-        raise SystemExit(f"--out {args.out!r}: a path with ',', '(' or ')' cannot be named in a memres stack")
+    bad = sorted({c for c in args.out if c in NOT_IN_A_WORD})
+    if bad:
+        raise SystemExit(f"--out {args.out!r}: a path with {' or '.join(map(repr, bad))} cannot be named "
+                         "in a memres stack (',', '(', ')', '=' and white space end its words)")
     os.makedirs(args.out, exist_ok=True)
     chosen = WORKLOADS
     if args.only:

@@ -5,14 +5,18 @@ NumPy is installed).
     python3 -m unittest discover -s benches/record
 """
 
+import argparse
 import ast
+import contextlib
 import gzip
+import io
 import json
 import os
 import subprocess
 import sys
 import tempfile
 import unittest
+from unittest import mock
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
@@ -80,6 +84,82 @@ class CheckTrace(unittest.TestCase):
             f.write("a,b\n0,1,allocate,0x100,64,0\n")
         self.assertFalse(check_trace(self.path("h.csv"))["ok"])
         self.assertFalse(check_trace(write(self.path("e.csv"), []))["ok"])
+
+    def test_a_wrong_header_or_a_bad_number_is_a_problem_with_every_key(self):
+        # Before, a wrong header gave a report without `peak_live_bytes` (the
+        # driver's line raised KeyError) and `0xZZ` raised ValueError.
+        good = check_trace(write(self.path("g.csv"), ["0,1,allocate,0x100,64,0"]))
+        with open(self.path("h.csv"), "w") as f:
+            f.write("a,b\n0,1,allocate,0x100,64,0\n")
+        header = check_trace(self.path("h.csv"))
+        self.assertEqual(header.keys(), good.keys())
+        self.assertFalse(header["ok"])
+        self.assertIn("line 1: header 'a,b'", header["problems"][0])
+        bad = check_trace(write(self.path("n.csv"), ["0,1,allocate,0x100,64,0", "0,2,free,0xZZ,64,0",
+                                                     "0,3,free,0x100,6x,0"]))
+        self.assertEqual(bad.keys(), good.keys())
+        self.assertFalse(bad["ok"])
+        self.assertEqual([p.split(":")[0] for p in bad["problems"]], ["line 3", "line 4"])
+        self.assertIn("'0xZZ'", bad["problems"][0])
+        self.assertEqual((bad["rows"], bad["live_at_end"]), (1, 1))
+
+
+class FakeWorker:
+    """Stands for a worker that ran and wrote TRACES[name] as its trace."""
+
+    def __init__(self, cmd, stdout, env, **_):
+        name = cmd[cmd.index("--worker") + 1]
+        csv = env["MEMRES_STACK"].split("file=", 1)[1][:-1]
+        with open(csv, "w") as f:
+            f.write(TRACES[name])
+        stdout.write("RESULT " + json.dumps({"name": name}) + "\n")
+        stdout.flush()
+        self.pid, self.returncode = 0, 0
+
+    def wait(self, timeout=None):
+        return self.returncode
+
+
+TRACES = {
+    "cupy_arrays": "a,b\n0,1,allocate,0x100,64,0\n",
+    "cupy_dataframe": HEADER + "\n0,1,allocate,0xZZ,64,0\n",
+    "cupy_kmeans_pca": HEADER + "\n0,1,allocate,0x100,64,0\n0,2,free,0x100,64,0\n",
+}
+
+
+class Driver(unittest.TestCase):
+    """The driver past the workers (stood for by FakeWorker): no GPU."""
+
+    def test_a_trace_that_fails_its_check_is_a_fail_line_and_the_others_go_on(self):
+        import record
+
+        with tempfile.TemporaryDirectory() as out, tempfile.NamedTemporaryFile() as so:
+            args = argparse.Namespace(out=out, only=",".join(TRACES), dry_run=False, device="cuda", so=so.name,
+                                      plain=False, timeout=10)
+            printed = io.StringIO()
+            with mock.patch.object(record.subprocess, "Popen", FakeWorker), contextlib.redirect_stdout(printed):
+                status = record.driver(args)
+            with open(os.path.join(out, "summary.json")) as f:
+                summary = json.load(f)
+            self.assertEqual(status, 1, printed.getvalue())
+            self.assertEqual(summary["failed"], ["cupy_arrays", "cupy_dataframe"])
+            lines = printed.getvalue().splitlines()
+            self.assertIn("FAIL (line 1: header 'a,b'", lines[0])
+            self.assertIn("FAIL (line 2: pointer '0xZZ'", lines[1])
+            self.assertTrue(lines[2].endswith("OK held-out"), lines[2])
+            # Only the trace that passed is gzipped; the others stay plain.
+            self.assertEqual(sorted(n for n in os.listdir(out) if n.endswith(".csv") or n.endswith(".gz")),
+                             ["cupy_arrays.csv", "cupy_dataframe.csv", "cupy_kmeans_pca.csv.gz"])
+
+    def test_an_out_folder_that_a_stack_cannot_name_is_refused(self):
+        with tempfile.TemporaryDirectory() as top:
+            for name in ("a b", "a=b", "a,b", "a(b"):
+                out = os.path.join(top, name)
+                cmd = [sys.executable, os.path.join(HERE, "record.py"), "--device", "cpu", "--dry-run", "--out", out]
+                p = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+                self.assertNotEqual(p.returncode, 0, name)
+                self.assertIn("cannot be named in a memres stack", p.stderr, name)
+                self.assertFalse(os.path.exists(out), name)
 
 
 class Registry(unittest.TestCase):

@@ -27,21 +27,29 @@ def check_trace(path):
     `ok` is true when the trace has a header, at least one allocation and
     no problem. `rows` counts records, `peak_live_bytes` the most bytes
     live at once, `live_at_end` the allocations never freed, `streams` the
-    distinct values of the Stream column. `problems` holds the first ten.
+    distinct values of the Stream column. `problems` holds the first ten:
+    a wrong header, a line that is no record (the wrong number of fields,
+    a pointer or size that is not a number) or does not replay. Every key
+    is there whatever the problems.
     """
     live, rows, allocs, frees, bad, peak, now, streams = {}, 0, 0, 0, [], 0, 0, set()
     with _open(path) as f:
         header = f.readline().strip()
         if header != HEADER:
-            return {"ok": False, "rows": 0, "problems": [f"header {header!r}"]}
-        for n, line in enumerate(f, 2):
+            bad.append(f"line 1: header {header!r}, not {HEADER!r}")
+        # Under a wrong header no record is read: it is not this format.
+        for n, line in enumerate(f if header == HEADER else [], 2):
             fields = line.rstrip("\n").split(",")
             if len(fields) != 6:
                 bad.append(f"line {n}: {len(fields)} fields")
                 continue
-            rows += 1
             _thread, _time, action, ptr, size, stream = fields
-            ptr, size = int(ptr, 16), int(size)
+            try:
+                ptr, size = int(ptr, 16), int(size)
+            except ValueError:
+                bad.append(f"line {n}: pointer {ptr!r} or size {size!r} is not a number")
+                continue
+            rows += 1
             streams.add(stream)
             if action == "allocate":
                 allocs += 1
