@@ -12,7 +12,7 @@
 
 use crate::replay::GRANULE;
 use crate::workload::Workload;
-use memres_core::planned::placement::Lifetime;
+use memres_core::planned::placement::{first_conflict, place, Lifetime, Method, Placement};
 
 #[cfg(test)]
 mod tests;
@@ -54,4 +54,36 @@ pub fn lifetimes(workload: &Workload) -> Result<Vec<Lifetime>, String> {
 pub fn op_count(name: &str, ops: usize) -> Result<u32, String> {
     u32::try_from(ops)
         .map_err(|_| format!("{name}: {ops} ops, more than the offline placement numbers ({})", u32::MAX))
+}
+
+/// Each method's placement of `blocks`, in the order of [`Method::ALL`],
+/// every one checked: each is printed, not only the best.
+///
+/// # Errors
+///
+/// As [`check`], for the first that fails.
+pub fn place_each(blocks: &[Lifetime]) -> Result<Vec<(Method, Placement)>, String> {
+    let each: Vec<(Method, Placement)> = Method::ALL.iter().map(|&m| (m, place(blocks, m))).collect();
+    each.iter().try_for_each(|(method, placement)| check(blocks, *method, placement))?;
+    Ok(each)
+}
+
+/// Checks the `placement` of `blocks` that `method` made.
+///
+/// # Errors
+///
+/// Two blocks live at once whose addresses overlap; a top of `u64::MAX`,
+/// where the offsets saturate (blocks that, rounded up, pass 2^64 bytes),
+/// so that neither its footprint nor its check could be trusted.
+pub fn check(blocks: &[Lifetime], method: Method, placement: &Placement) -> Result<(), String> {
+    let name = method.name();
+    if placement.top == u64::MAX {
+        return Err(format!("the {name} placement reaches 2^64 - 1 bytes"));
+    }
+    match first_conflict(blocks, placement) {
+        Some((a, b)) => {
+            Err(format!("the {name} placement puts blocks {a} and {b}, live at once, on one address"))
+        }
+        None => Ok(()),
+    }
 }

@@ -450,6 +450,21 @@ fn extreme_sizes_and_names_are_errors_or_output_not_panics() {
     assert!(stdout(&o).contains(&long));
 }
 
+/// `offline --help` names the method of every column `offline` prints (it
+/// left out the seventh, `best-fit`).
+#[test]
+fn offline_help_names_every_method_it_prints() {
+    let o = memres(&["offline", "--csv", "random:10:100:1"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let header = stdout(&o).lines().next().unwrap().to_string();
+    let methods: Vec<&str> = header.split(',').skip(2).take_while(|c| *c != "best").collect();
+    assert_eq!(methods.len(), 7, "{header}");
+    let help = stdout(&memres(&["offline", "--help"]));
+    for m in methods {
+        assert!(help.contains(&format!("`{m}`")), "{m}: {help}");
+    }
+}
+
 /// A trace whose live bytes pass u64 (five blocks of 2^62 bytes) is a bad
 /// trace: exit status 2 before anything is printed, naming the line that
 /// takes them past it. Live bytes that fit but whose blocks, rounded up to

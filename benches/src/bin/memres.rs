@@ -98,12 +98,18 @@ enum Command {
     /// the footprint a placement that never moves a block can reach once
     /// it has seen the whole sequence (a reference, not a resource).
     ///
-    /// Blocks are placed by each method of `memres_core::planned::placement`
-    /// (the lowest offset free while a block is live, or the skyline, each
-    /// in three orders); every placement is checked before it is printed. Footprint is the
-    /// highest end offset over the peak live bytes, as for the peers in
-    /// `replay`. Exit status: 0 printed, 1 a placement failed its check or
-    /// stdout could not be written, 2 bad usage.
+    /// Blocks are placed by each of the seven methods of
+    /// `memres_core::planned::placement`, a column each: at the lowest
+    /// offset free while a block is live, in three orders (`size`,
+    /// `size-then-lifetime`, `area`), the skyline in the same orders
+    /// (`skyline-size`, `skyline-size-then-lifetime`, `skyline-area`), and
+    /// in the order they come, each in the smallest free stretch
+    /// (`best-fit`); the lowest is the `offline` column. Every placement is
+    /// checked before it is printed: no two live blocks share an address,
+    /// none reaches 2^64 - 1 bytes. Footprint is the highest end offset
+    /// over the peak live bytes, as for the peers in `replay`. Exit status:
+    /// 0 printed, 1 a placement failed its check or stdout could not be
+    /// written, 2 bad usage.
     Offline {
         /// Print CSV (a header, then a line per workload) instead of a table.
         #[arg(long)]
@@ -265,9 +271,9 @@ fn run(command: Command, out: &mut Stdout) -> ExitCode {
 /// `memres offline`: one line per workload, every method's footprint and
 /// the best.
 fn offline(csv: bool, specs: &[String], out: &mut Stdout) -> ExitCode {
-    use memres_bench::offline::{lifetimes, op_count};
+    use memres_bench::offline::{lifetimes, op_count, place_each};
     use memres_bench::report::human_bytes;
-    use memres_core::planned::placement::{best, first_conflict, place, Method};
+    use memres_core::planned::placement::Method;
     let workloads: Vec<Workload> = match specs.iter().map(|s| Workload::load(s)).collect() {
         Ok(w) => w,
         Err(e) => {
@@ -305,19 +311,19 @@ fn offline(csv: bool, specs: &[String], out: &mut Stdout) -> ExitCode {
         };
         // None where nothing was ever live: `-`, as `replay` prints it.
         let footprint = |top: u64| memres_bench::replay::footprint(top, w.peak_live);
-        let each: Vec<u64> = Method::ALL.iter().map(|&o| place(&blocks, o).top).collect();
-        // Offsets saturate there, so such a placement cannot be told or checked.
-        if let Some((m, _)) = Method::ALL.iter().zip(&each).find(|(_, &top)| top == u64::MAX) {
-            eprintln!("memres: error: {}: the {} placement reaches 2^64 - 1 bytes", w.name, m.name());
-            ok = false;
+        let placements = match place_each(&blocks) {
+            Ok(placements) => placements,
+            Err(e) => {
+                eprintln!("memres: error: {}: {e}", w.name);
+                ok = false;
+                continue;
+            }
+        };
+        // The lowest, the first of equal ones (as `placement::best` picks).
+        let Some((method, placement)) = placements.iter().min_by_key(|(_, p)| p.top) else {
             continue;
-        }
-        let (method, placement) = best(&blocks);
-        if let Some((a, b)) = first_conflict(&blocks, &placement) {
-            eprintln!("memres: error: {}: blocks {a} and {b} overlap while live", w.name);
-            ok = false;
-            continue;
-        }
+        };
+        let each: Vec<u64> = placements.iter().map(|(_, p)| p.top).collect();
         if csv {
             let field = |top: u64| footprint(top).map_or(String::new(), |f| format!("{f:.4}"));
             let fields: Vec<String> = each.iter().map(|&t| field(t)).collect();

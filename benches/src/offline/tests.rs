@@ -1,6 +1,6 @@
 use super::*;
 use crate::workload::Op;
-use memres_core::planned::placement::{best, first_conflict, place, Method};
+use memres_core::planned::placement::{best, first_conflict, place, Method, Placement};
 
 const MIB: u64 = 1 << 20;
 
@@ -50,4 +50,29 @@ fn a_workload_of_more_ops_than_32_bits_number_is_refused() {
     let e = op_count("big.csv", u32::MAX as usize + 1).unwrap_err();
     assert_eq!(e, "big.csv: 4294967296 ops, more than the offline placement numbers (4294967295)");
     assert_eq!(lifetimes(&workload(&[(true, 0, 1), (false, 0, 1)])).map(|l| l.len()), Ok(1));
+}
+
+/// Every placement printed is checked, whichever method made it: the tool
+/// and its documentation said so, but only the best was checked, and a
+/// method whose placement overlapped live blocks printed its footprint as
+/// any other. A top of `u64::MAX` (offsets that saturate) fails too.
+#[test]
+fn every_placement_is_checked_not_only_the_best() {
+    let w = workload(&[(true, 0, 256), (true, 1, 256), (false, 0, 256), (false, 1, 256)]);
+    let blocks = lifetimes(&w).unwrap();
+    let each = place_each(&blocks).unwrap();
+    assert_eq!(each.iter().map(|(m, _)| *m).collect::<Vec<_>>(), Method::ALL);
+    assert!(each.iter().all(|(_, p)| p.top == 512));
+    // Not the lowest, so not the best: the old check never saw it.
+    let overlapping = Placement { offsets: vec![256, 300], top: 556 };
+    assert_eq!(
+        check(&blocks, Method::BestFit, &overlapping),
+        Err("the best-fit placement puts blocks 0 and 1, live at once, on one address".into())
+    );
+    let saturated = Placement { offsets: vec![0, u64::MAX - 256], top: u64::MAX };
+    assert_eq!(
+        check(&blocks, Method::ALL[0], &saturated),
+        Err("the size placement reaches 2^64 - 1 bytes".into())
+    );
+    assert_eq!(check(&blocks, Method::BestFit, &each[6].1), Ok(()));
 }
