@@ -14,7 +14,7 @@
 //! - [`offline`]: offline placement, knowing every lifetime: the reference
 //!   for what a placement that never moves a block can reach.
 //! - `cuda` (feature `cuda`): the CUDA upstreams and plain CUDA resources.
-//! - [`report`]: the rows the tool prints, as a table or JSON lines.
+//! - [`report`]: the rows the tool prints, as a table, JSON lines or CSV.
 //! - [`paths`]: the files a replay reads and writes, checked before it runs.
 //!
 //! # Example

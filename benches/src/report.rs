@@ -1,5 +1,5 @@
-//! The rows the replay tool prints: a table for people, JSON lines for
-//! scripts.
+//! The rows the replay tool prints: a table for people, JSON lines or CSV
+//! for scripts.
 
 use crate::replay::Measurement;
 use crate::resources::UpstreamKind;
@@ -247,8 +247,9 @@ pub fn json_line(row: &Row) -> String {
                 m.upstream_allocations_per_pass.map_or("null".into(), json_f64)
             );
         }
+        // Every key of a row that ran, as CSV has every column.
         Err(_) => out.push_str(
-            "\"ops\":null,\"ns_per_op\":null,\"peak_live\":null,\"peak_upstream\":null,\"footprint\":null,",
+            "\"ops\":null,\"ns_per_op\":null,\"peak_live\":null,\"peak_upstream\":null,\"footprint\":null,\"passes\":null,\"best_ns_per_op\":null,\"cpu_ns_per_op\":null,\"upstream_allocs_per_pass\":null,",
         ),
     }
     let _ = write!(

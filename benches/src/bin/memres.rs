@@ -40,8 +40,9 @@ enum Command {
     /// be; a reader of stdout that went away (`| head`) ends the printing
     /// quietly, the status the run's.
     Replay {
-        /// Resources to compare, comma separated (default: all but those
-        /// that need a parameter; see `memres resources`), e.g.
+        /// Resources to compare, comma separated (default, where no
+        /// `--stack` is named either: every one that needs no parameter and
+        /// can run as asked; see `memres resources`), e.g.
         /// `pool,fixed:1MiB,arena`: aliases of stack strings over the
         /// upstream (`pool` is `pool(sim(1TiB))`), the peers, the plain
         /// CUDA resources.

@@ -121,6 +121,31 @@ fn csv_lines_carry_the_json_fields() {
     assert!(held.ends_with(",,true,0,0"), "{held}");
 }
 
+/// JSON and CSV rows have the same fields, whether or not the replay ran:
+/// a failed JSON row has every key, `null` where it has no figure, as its
+/// CSV row has every column, empty (it lacked `passes`, `best_ns_per_op`,
+/// `cpu_ns_per_op` and `upstream_allocs_per_pass`); a row that ran leaves
+/// `error` out.
+#[test]
+fn json_and_csv_rows_have_the_same_fields_whether_or_not_they_ran() {
+    let object =
+        |line: String| -> serde_json::Map<String, serde_json::Value> { serde_json::from_str(&line).unwrap() };
+    let sorted = |mut keys: Vec<String>| {
+        keys.sort();
+        keys
+    };
+    let columns = sorted(CSV_HEADER.split(',').map(String::from).collect());
+    let failed = object(json_line(&row(Err("boom".into()))));
+    assert_eq!(sorted(failed.keys().cloned().collect()), columns);
+    let figures = ["ops", "ns_per_op", "peak_live", "peak_upstream", "footprint", "passes", "best_ns_per_op"];
+    for key in figures.iter().chain(&["cpu_ns_per_op", "upstream_allocs_per_pass"]) {
+        assert!(failed[*key].is_null(), "{key}");
+    }
+    let ran = object(json_line(&row(Ok(measured(1500, None)))));
+    let ran = sorted(ran.keys().cloned().chain(["error".to_string()]).collect());
+    assert_eq!(ran, columns);
+}
+
 #[test]
 fn bytes_in_binary_units() {
     assert_eq!(human_bytes(0), "0 B");
