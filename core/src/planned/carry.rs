@@ -140,10 +140,10 @@ impl Carry {
         Some((r.addr() + offset, tag))
     }
 
-    /// Frees the live block at `offset` of rounded size `size`; `false` if
-    /// there is none.
-    pub(super) fn free(&mut self, offset: u64, size: u64) -> bool {
-        if self.live.get(&offset).is_none_or(|&(n, ..)| n != size) {
+    /// Frees the live block at `offset` if its tag is `tag`; `false` if
+    /// there is none, or another (served there once it was freed).
+    pub(super) fn free(&mut self, offset: u64, tag: u64) -> bool {
+        if self.live.get(&offset).is_none_or(|&(.., t)| t != tag) {
             return false;
         }
         self.live.remove(&offset);

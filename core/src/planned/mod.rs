@@ -310,9 +310,9 @@ enum Found {
     /// index + 1) and the step that served it, the size asked for and its
     /// rounded size.
     Step { slot: usize, live: u32, epoch: u64, asked: u64, size: u64 },
-    /// In the carry region: its offset, the size asked for and its
-    /// rounded size.
-    Carried { offset: u64, asked: u64, size: u64 },
+    /// In the carry region: its offset, the size asked for and its tag (a
+    /// block served there once it is freed has another).
+    Carried { offset: u64, asked: u64, tag: u64 },
 }
 
 /// What [`State::place`] makes of an allocation.
@@ -394,10 +394,12 @@ impl<R> Unserved<'_, R> {
 impl<R> Drop for Unserved<'_, R> {
     fn drop(&mut self) {
         self.state.with(|s| {
-            // Its region stays while the block is live in it.
-            if let Some(Some((offset, size, ..))) = s.carry.block_at(self.addr) {
-                s.carry.free(offset, size);
-                s.steps.planned_allocations -= 1;
+            // Its region stays while the block is live in it. Freed
+            // meanwhile (by its address alone), its place may hold another.
+            if let Some(Some((offset, ..))) = s.carry.block_at(self.addr) {
+                if s.carry.free(offset, self.tag) {
+                    s.steps.planned_allocations -= 1;
+                }
             }
         });
     }
@@ -663,7 +665,7 @@ impl<R> State<R> {
         if let Some(found) = self.carry.block_at(addr) {
             return Some(match found {
                 Some((_, _, _, live)) if tag != Block::NO_TAG && tag != live => stale(),
-                Some((offset, size, asked, _)) => Ok(Found::Carried { offset, asked, size }),
+                Some((offset, _, asked, live)) => Ok(Found::Carried { offset, asked, tag: live }),
                 None => unknown(),
             });
         }
@@ -1194,7 +1196,7 @@ impl<S: Stream + ?Sized, R: MemoryResource<S>> MemoryResource<S> for Planned<R> 
             return Ok(());
         };
         let found = found?;
-        let (Found::Step { asked, size, .. } | Found::Carried { asked, size, .. }) = found;
+        let (Found::Step { asked, .. } | Found::Carried { asked, .. }) = found;
         if block.size() != asked {
             return Err(Error::SizeMismatch { addr, expected: asked, given: block.size() });
         }
@@ -1206,7 +1208,7 @@ impl<S: Stream + ?Sized, R: MemoryResource<S>> MemoryResource<S> for Planned<R> 
             stream.synchronize()?;
         }
         self.state.with(|s| match found {
-            Found::Step { slot, live, epoch, .. } => {
+            Found::Step { slot, live, epoch, size, .. } => {
                 let now = s.slot_live.get(slot).copied().unwrap_or(0);
                 if now & !OVERDUE != live || s.slot_epoch.get(slot) != Some(&epoch) {
                     // Freed by another thread meanwhile.
@@ -1220,10 +1222,10 @@ impl<S: Stream + ?Sized, R: MemoryResource<S>> MemoryResource<S> for Planned<R> 
                 s.live_bytes -= size;
                 Ok(())
             }
-            Found::Carried { offset, .. } => {
-                // Freed by another thread meanwhile: unknown now.
-                if s.carry.block_at(addr).flatten().map(|b| b.0) != Some(offset)
-                    || !s.carry.free(offset, size)
+            Found::Carried { offset, tag, .. } => {
+                // Freed by another thread meanwhile: unknown now, though
+                // its place may hold the block served there since.
+                if s.carry.block_at(addr).flatten().map(|b| b.0) != Some(offset) || !s.carry.free(offset, tag)
                 {
                     return Err(Error::UnknownBlock { addr });
                 }

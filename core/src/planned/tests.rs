@@ -417,6 +417,167 @@ fn a_stale_block_of_the_carry_region_is_a_double_free() {
     assert_eq!(p.usage().used, 0);
 }
 
+/// A stream that runs what another thread does meanwhile, one call after
+/// the other: at each `synchronize`, and where [`Reuses`] lets it run.
+struct Meanwhile<'a> {
+    id: u64,
+    calls: core::cell::RefCell<alloc::collections::VecDeque<alloc::boxed::Box<dyn FnOnce() + 'a>>>,
+}
+
+impl<'a> Meanwhile<'a> {
+    fn new(id: u64) -> Self {
+        Meanwhile { id, calls: Default::default() }
+    }
+
+    /// With `f` to run after the calls given before.
+    fn then(self, f: impl FnOnce() + 'a) -> Self {
+        self.calls.borrow_mut().push_back(alloc::boxed::Box::new(f));
+        self
+    }
+
+    /// Runs the next call, if any is left.
+    fn now(&self) {
+        let next = self.calls.borrow_mut().pop_front();
+        if let Some(f) = next {
+            f();
+        }
+    }
+}
+
+impl Stream for Meanwhile<'_> {
+    type Event = ();
+    fn id(&self) -> u64 {
+        self.id
+    }
+    fn record(&self) -> Result<()> {
+        Ok(())
+    }
+    fn wait(&self, _: &()) -> Result<()> {
+        Ok(())
+    }
+    fn query(&self, _: &()) -> Result<bool> {
+        Ok(true)
+    }
+    fn synchronize(&self) -> Result<()> {
+        self.now();
+        Ok(())
+    }
+}
+
+/// An upstream of addresses alone (a safe one) that hands out the address
+/// freed last first, as a pool may; it lets the stream's next call run
+/// before an allocation and after a free.
+struct Reuses {
+    next: core::cell::Cell<u64>,
+    freed: core::cell::Cell<Option<u64>>,
+    held: core::cell::Cell<u64>,
+}
+
+impl Reuses {
+    fn new() -> Self {
+        Reuses { next: (1 << 30).into(), freed: None.into(), held: 0.into() }
+    }
+}
+
+impl MemoryResource<Meanwhile<'_>> for Reuses {
+    fn allocate(&self, request: Request, stream: &Meanwhile<'_>) -> Result<Block> {
+        stream.now();
+        let at = self.freed.take().unwrap_or_else(|| self.next.replace(self.next.get() + (1 << 30)));
+        self.held.set(self.held.get() + request.size());
+        Ok(Block::from_addr(at, request.size()))
+    }
+    fn deallocate(&self, block: Block, stream: &Meanwhile<'_>) -> Result<()> {
+        self.held.set(self.held.get() - block.size());
+        self.freed.set(Some(block.addr()));
+        stream.now();
+        Ok(())
+    }
+}
+
+impl Inspect for Reuses {
+    fn usage(&self) -> Usage {
+        let held = self.held.get();
+        Usage::new(held, held, held, 0)
+    }
+    fn check(&self) -> core::result::Result<(), Violation> {
+        Ok(())
+    }
+}
+
+#[test]
+fn a_carried_block_freed_twice_at_once_leaves_its_successor_live() {
+    let p = Planned::new(Statistics::new(BumpUpstream::new(1 << 30)));
+    let mut grads = Vec::new();
+    for _ in 0..4 {
+        train_step(&p, &mut grads);
+    }
+    assert!(p.steps().carry_region > 0);
+    let (g, rest) = (grads[0], grads[1]);
+    let successor = core::cell::Cell::new(None);
+    // A free on another stream waits for it; meanwhile another thread
+    // frees the same block, the next step begins and g's successor is
+    // served in its place.
+    let other = Meanwhile::new(7).then(|| {
+        p.deallocate(g, &()).unwrap();
+        p.step(&()).unwrap();
+        let act = p.allocate(req(4 * MIB), &()).unwrap();
+        let act2 = p.allocate(req(2 * MIB), &()).unwrap();
+        p.deallocate(rest, &()).unwrap();
+        successor.set(Some(p.allocate(req(MIB), &()).unwrap()));
+        p.deallocate(act2, &()).unwrap();
+        p.deallocate(act, &()).unwrap();
+    });
+    assert_eq!(p.deallocate(g, &other), Err(Error::UnknownBlock { addr: g.addr() }));
+    let successor = successor.get().unwrap();
+    assert_eq!(successor.addr(), g.addr(), "in g's place");
+    assert_eq!(p.usage().used, MIB, "the successor is live");
+    p.check().unwrap();
+    p.deallocate(successor, &()).unwrap();
+    assert_eq!(p.usage().used, 0);
+}
+
+/// As in [`a_carried_block_whose_spare_regions_free_panics_takes_no_place`],
+/// but while the spare region goes back, the block of the call, not handed
+/// out yet, is freed by its address alone (the free of a stale copy), and
+/// the next step's block is served in its place.
+#[test]
+fn a_carried_block_whose_spare_regions_free_panics_leaves_the_block_served_in_its_place_live() {
+    let p = Planned::new(Reuses::new());
+    let quiet = Meanwhile::new(0);
+    let mut grads: Vec<Block> = Vec::new();
+    for _ in 0..2 {
+        p.step(&quiet).unwrap();
+        for g in grads.drain(..) {
+            p.deallocate(g, &quiet).unwrap();
+        }
+        grads = [MIB, MIB + 1000].iter().map(|&n| p.allocate(req(n), &quiet).unwrap()).collect();
+    }
+    p.step(&quiet).unwrap();
+    for g in grads.drain(..) {
+        p.deallocate(g, &quiet).unwrap();
+    }
+    // The first gradient's call takes the carry region; meanwhile the
+    // second one's takes one too and serves from it first.
+    let (second, successor) = (core::cell::Cell::new(None), core::cell::Cell::new(None));
+    let first = Meanwhile::new(0)
+        .then(|| second.set(Some(p.allocate(req(MIB + 1000), &quiet).unwrap())))
+        .then(|| {
+            let at = second.get().unwrap().addr() - MIB;
+            p.deallocate(Block::from_addr(at, MIB), &quiet).unwrap();
+            p.step(&quiet).unwrap();
+            successor.set(Some(p.allocate(req(MIB), &quiet).unwrap()));
+            panic!("the spare region's free panics");
+        });
+    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| p.allocate(req(MIB), &first)));
+    assert!(r.is_err());
+    let successor = successor.get().unwrap();
+    assert_eq!(successor.addr(), second.get().unwrap().addr() - MIB);
+    assert_eq!(p.usage().used, MIB + (MIB + 1024), "the successor and the second gradient");
+    p.check().unwrap();
+    p.deallocate(successor, &quiet).unwrap();
+    assert_eq!(p.usage().used, MIB + 1024);
+}
+
 #[test]
 fn bad_frees_are_refused_and_change_nothing() {
     let p = Planned::new(Statistics::new(BumpUpstream::new(1 << 30)));
