@@ -340,6 +340,33 @@ impl<R> Drop for LayingOut<'_, R> {
     }
 }
 
+/// The step's region, out of the state while [`Planned::step`] gives it
+/// back upstream (which may hand its addresses out again at once, and a
+/// block there is then the upstream's): put back when dropped, as the
+/// free failed or panicked, unless [`gone`](Self::gone).
+struct GoingBack<'a, R> {
+    state: &'a Shared<State<R>>,
+    region: Block,
+}
+
+impl<'a, R> GoingBack<'a, R> {
+    fn take(state: &'a Shared<State<R>>, region: Block) -> Self {
+        state.with(|s| s.region = Block::EMPTY);
+        GoingBack { state, region }
+    }
+
+    /// The upstream took the region back.
+    fn gone(self) {
+        core::mem::forget(self);
+    }
+}
+
+impl<R> Drop for GoingBack<'_, R> {
+    fn drop(&mut self) {
+        self.state.with(|s| s.region = self.region);
+    }
+}
+
 /// Allocation `k` of the recorded step of `epoch`, which the upstream is
 /// serving: recorded as live for no op (never placed) when dropped, as
 /// the upstream failed or panicked and the caller got no block, unless
@@ -1059,8 +1086,9 @@ impl<R> Planned<R> {
         let mut new_region = region;
         if !keep {
             if !region.is_empty() {
+                let going = GoingBack::take(&self.state, region);
                 self.upstream.deallocate(region, stream).inspect_err(|_| self.lay_out(carry.clone()))?;
-                self.state.with(|s| s.region = Block::EMPTY);
+                going.gone();
                 new_region = Block::EMPTY;
             }
             if top > 0 {
@@ -1349,10 +1377,11 @@ impl<R: fmt::Debug> fmt::Debug for Planned<R> {
 // a step, a release or on drop, only when none is; one `step` or `release`
 // at a time gives regions back or takes them, `laying_out` refusing any
 // other step meanwhile, and a region it may give back serves no block
-// meanwhile: the step's region has no plan, the carry region is out of the
-// state; a release, only with no block live in the step's region, drops the
-// plan and takes out of the state each region it gives back, the carry
-// region only with none live in it). A block is placed in a region only
+// meanwhile: the step's region has no plan, and each is out of the state
+// while it goes back, so that a block of `R` the upstream hands out there at
+// once is freed as `R`'s; a release, only with no block live in the step's
+// region, drops the plan and takes out of the state each region it gives
+// back, the carry region only with none live in it). A block is placed in a region only
 // where no live block lies (in the step's region a step departs before a
 // block freed later than recorded could be covered; in the carry region each
 // block is checked against the live ones), so live blocks never overlap; the

@@ -1358,6 +1358,63 @@ fn a_step_within_a_step_is_refused_and_every_block_stays_in_memory_held() {
     assert_eq!(up.up.usage().held, 0, "every region went back");
 }
 
+#[test]
+fn a_block_the_upstream_serves_from_a_region_a_step_gives_back_is_freed_upstream() {
+    let p = Planned::new(Reuses::new());
+    let quiet = Meanwhile::new(0);
+    for _ in 0..3 {
+        p.step(&quiet).unwrap();
+        let a = p.allocate(req(MIB), &quiet).unwrap();
+        p.deallocate(a, &quiet).unwrap();
+    }
+    let region = p.state.with(|s| s.region);
+    assert_eq!(region.size(), MIB);
+    // Another shape: the step leaves its plan, and the region goes back at
+    // the next step. Meanwhile another thread gets a block at its address
+    // from the upstream and frees it.
+    p.step(&quiet).unwrap();
+    let other = p.allocate(req(2 * MIB), &quiet).unwrap();
+    p.deallocate(other, &quiet).unwrap();
+    let (at, freed) = (core::cell::Cell::new(0), core::cell::Cell::new(None));
+    let going = Meanwhile::new(0).then(|| {
+        let b = p.allocate(req(4096), &quiet).unwrap();
+        at.set(b.addr());
+        freed.set(Some(p.deallocate(b, &quiet)));
+    });
+    p.step(&going).unwrap();
+    assert_eq!(at.get(), region.addr(), "served at the region's address");
+    assert_eq!(freed.take(), Some(Ok(())));
+    assert_eq!((p.steps().region, p.passed_through(), p.upstream().usage().held), (0, 0, 0));
+    p.check().unwrap();
+}
+
+#[test]
+fn a_step_region_whose_free_fails_or_panics_stays_held_with_no_plan() {
+    let p = Planned::new(BumpUpstream::new(1 << 30));
+    let shape = |n: u64| {
+        let a = p.allocate(req(n), &()).unwrap();
+        p.deallocate(a, &()).unwrap();
+    };
+    for _ in 0..3 {
+        p.step(&()).unwrap();
+        shape(MIB);
+    }
+    let region = p.state.with(|s| s.region);
+    p.step(&()).unwrap();
+    shape(2 * MIB);
+    p.upstream().refuse_free_at(region.addr());
+    assert!(matches!(p.step(&()), Err(Error::Backend { .. })));
+    assert_eq!(p.state.with(|s| (s.region, s.plan.entries.len())), (region, 0));
+    p.upstream().refuse_free_at(0);
+    p.upstream().panic_in("deallocate", 0);
+    let stepped = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| p.step(&())));
+    assert!(stepped.is_err());
+    assert_eq!(p.state.with(|s| (s.region, s.plan.entries.len())), (region, 0));
+    p.check().unwrap();
+    p.step(&()).unwrap();
+    assert_eq!((p.steps().region, p.upstream().usage().held), (0, 0));
+}
+
 /// An upstream that serves blocks of up to `3 << 60` bytes at a few
 /// addresses far apart, for steps whose blocks together exceed any request.
 struct Huge(std::sync::Mutex<Vec<u64>>);
