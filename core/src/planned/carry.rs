@@ -20,9 +20,9 @@ use alloc::vec::Vec;
 /// A slot belongs to one allocation index of the step: the gradient that
 /// backward allocates k-th in every step. At a step boundary every
 /// carried block is live, so no two share bytes: the layout is their sum,
-/// in order, with nothing to place. Between the free of a slot's block
-/// and its successor's allocation, the plan places blocks of the step
-/// there ([`Plan::of`](super::Plan)). Every block is handed out here only
+/// in order, with nothing to place (as far as one request holds them).
+/// Between the free of a slot's block and its successor's allocation, the
+/// plan places blocks of the step there ([`Plan::of`](super::Plan)). Every block is handed out here only
 /// where no live one lies (else it goes upstream): the region's live
 /// blocks are kept by offset.
 ///
@@ -34,7 +34,8 @@ use alloc::vec::Vec;
 #[derive(Debug, Default)]
 pub(super) struct Carry {
     /// Per slot, ascending by index: the allocation index it serves, its
-    /// offset in the region (the slot before's end) and its rounded size.
+    /// offset in the region (the slot before's end) and its rounded size;
+    /// at most [`Request::MAX_SIZE`] bytes in all ([`carried_of`]).
     pub(super) slots: Vec<(u32, u64, u64)>,
     /// The live blocks by offset: their rounded size, the size asked for
     /// and their tag. None overlaps another or leaves the region.
@@ -61,7 +62,8 @@ pub(super) struct Carry {
 /// (allocation index, rounded size): live at the step's end, on its
 /// stream, of some size, and allocated after the step freed the block of
 /// the same index that the step before left live (`carried_frees`: index
-/// and the op that freed it).
+/// and the op that freed it). Their region is one request: the blocks past
+/// [`Request::MAX_SIZE`] bytes in all are left out, and go upstream.
 pub(super) fn carried_of(
     record: &[(Lifetime, Request, bool)],
     carried_frees: &[(u32, u32)],
@@ -72,12 +74,17 @@ pub(super) fn carried_of(
             *f = Some(at);
         }
     }
+    let mut total: u64 = 0;
     (0..record.len())
         .filter(|&k| {
             let (life, _, on) = record[k];
             on && life.end == OPEN && life.size > 0 && freed_at[k].is_some_and(|at| at < life.start)
         })
         .map(|k| (k as u32, record[k].0.size))
+        .take_while(|&(_, n)| {
+            total = total.saturating_add(n);
+            total <= Request::MAX_SIZE
+        })
         .collect()
 }
 

@@ -1462,6 +1462,55 @@ fn a_plan_larger_than_any_request_leaves_the_steps_to_the_upstream() {
     p.check().unwrap();
 }
 
+/// An upstream of addresses alone that serves any size, each block 4 KiB
+/// below the one before: none lies in a region it served before, however
+/// large.
+struct Downward(core::cell::Cell<u64>);
+
+impl MemoryResource for Downward {
+    fn allocate(&self, request: Request, _: &()) -> Result<Block> {
+        self.0.set(self.0.get() - 4096);
+        Ok(Block::from_addr(self.0.get(), request.size()))
+    }
+    fn deallocate(&self, _: Block, _: &()) -> Result<()> {
+        Ok(())
+    }
+}
+
+impl Inspect for Downward {
+    fn usage(&self) -> Usage {
+        Usage::default()
+    }
+    fn check(&self) -> core::result::Result<(), Violation> {
+        Ok(())
+    }
+}
+
+/// Four gradients of `Request::MAX_SIZE` bytes add up to 2^64: laying
+/// them out at the third `step` panicked (debug) inside the lock, or
+/// wrapped (release).
+#[test]
+fn carried_blocks_past_the_largest_request_in_all_go_upstream() {
+    let p = Planned::new(Downward(core::cell::Cell::new(1 << 63)));
+    let mut grads = Vec::new();
+    for _ in 0..4 {
+        p.step(&()).unwrap();
+        for g in grads.drain(..) {
+            p.deallocate(g, &()).unwrap();
+        }
+        grads = (0..4).map(|_| p.allocate(req(Request::MAX_SIZE), &()).unwrap()).collect();
+    }
+    // The first gradient is laid out in the carry region, the others go
+    // upstream.
+    let s = p.steps();
+    assert_eq!((s.plans, s.followed, s.carry_region, s.planned_allocations), (1, 1, Request::MAX_SIZE, 2));
+    p.check().unwrap();
+    for g in grads {
+        p.deallocate(g, &()).unwrap();
+    }
+    p.check().unwrap();
+}
+
 /// Training steps over a fresh `Planned`, each freeing the gradient of the
 /// step before and allocating the next; in the second, recorded, the
 /// gradient's allocation fails, by the upstream's panic if `panics`, else
