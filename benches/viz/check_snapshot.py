@@ -6,9 +6,12 @@ memory tools read it (`torch.cuda.memory._snapshot()`'s format).
 Without PyTorch it checks what PyTorch's viewer and `_memory_viz` rely on:
 the fields and their types, blocks that tile each segment from its address
 (the viewer places blocks by adding sizes), `segsum`'s identity (allocated
-plus free is the segment's size), and that undoing the trace from the last
-event to the first, as the viewer's "Allocator State History" does, finds
-every block in a segment. With PyTorch installed it also runs
+plus free is the segment's size), that every `free_completed` comes right
+after its block's `free_requested` (the viewer merges the pair into one
+free; one alone it undoes into a block freed but waiting for a
+`record_stream`), and that undoing the trace from the last event to the
+first, as the viewer's "Allocator State History" does, finds every block in
+a segment. With PyTorch installed it also runs
 `torch.cuda._memory_viz`'s `segsum`, `trace` and `trace_plot` on it.
 """
 
@@ -59,9 +62,14 @@ def check(snapshot):
         requested += asked
     traces = snapshot["device_traces"]
     assert isinstance(traces, list) and len(traces) == 1, "one device"
-    for e in traces[0]:
+    for i, e in enumerate(traces[0]):
         _fields("event", e, EVENT_KEYS)
         assert e["action"] in ACTIONS, e["action"]
+        # The first event may have lost its pair to the trace's length.
+        if e["action"] == "free_completed" and i > 0:
+            before = traces[0][i - 1]
+            assert (before["action"], before["addr"]) == ("free_requested", e["addr"]), \
+                f"event {i}: a free_completed of {e['addr']:#x} without its free_requested before it"
     _undo(snapshot)
     return reserved, allocated, requested, traces[0]
 

@@ -48,8 +48,12 @@ use pickle::{dumps, Py};
 pub enum Action {
     /// A block handed out (`alloc`).
     Alloc,
-    /// A block given back (`free_completed`; memres frees at once, so no
-    /// `free_requested` comes before it).
+    /// A block the program frees (`free_requested`): always told with its
+    /// `free_completed` right after it, as PyTorch tells a free that waits
+    /// for no stream, which its viewer takes as one free.
+    FreeRequested,
+    /// A block given back (`free_completed`; memres frees at once, right
+    /// after its `free_requested`).
     FreeCompleted,
     /// Memory taken from the upstream (`segment_alloc`).
     SegmentAlloc,
@@ -64,6 +68,7 @@ impl Action {
     pub fn as_str(self) -> &'static str {
         match self {
             Action::Alloc => "alloc",
+            Action::FreeRequested => "free_requested",
             Action::FreeCompleted => "free_completed",
             Action::SegmentAlloc => "segment_alloc",
             Action::SegmentFree => "segment_free",
@@ -79,7 +84,7 @@ pub struct TraceEntry {
     pub action: Action,
     /// The block's or segment's address (0 for `oom`).
     pub addr: u64,
-    /// Its size (the request's, for `alloc`, `free_completed` and `oom`).
+    /// Its size (the request's, for `alloc`, the frees' and `oom`).
     pub size: u64,
     /// The stream's id.
     pub stream: u64,
@@ -217,9 +222,8 @@ impl MemoryMap {
 
     /// Takes back a [`free`](Self::free) of the block at `addr` that the
     /// resource refused: the block is live again (allocated on `stream`,
-    /// as `free` said), and the free's event,
-    /// the latest of that address, leaves the trace (no allocation is told:
-    /// none happened).
+    /// as `free` said), and the free's events, the latest of that address,
+    /// leave the trace (no allocation is told: none happened).
     pub fn unfree(&mut self, addr: u64, size: u64, requested: u64, stream: u64) {
         if let Some(old) = self.blocks.insert(addr, Live { size, requested, stream }) {
             self.live = self.live.wrapping_sub(old.requested);
@@ -228,15 +232,26 @@ impl MemoryMap {
         let freed = |e: &TraceEntry| e.action == Action::FreeCompleted && e.addr == addr;
         if let Some(i) = self.trace.iter().rposition(freed) {
             self.trace.remove(i);
+            // Its `free_requested`, right before it unless the trace's
+            // front cut it off.
+            let requested = |e: &TraceEntry| e.action == Action::FreeRequested && e.addr == addr;
+            if i > 0 && self.trace.get(i - 1).is_some_and(requested) {
+                self.trace.remove(i - 1);
+            }
         }
     }
 
-    /// The block at `addr` given back (an unknown one is ignored): its
+    /// The block at `addr` given back (an unknown one is ignored), told as
+    /// PyTorch tells a free, `free_requested` then `free_completed`: its
     /// size, requested size and the stream it was allocated on, which
     /// [`unfree`](Self::unfree) takes back.
     pub fn free(&mut self, addr: u64, stream: u64, time_us: Option<u64>) -> Option<(u64, u64, u64)> {
         let b = self.blocks.remove(&addr)?;
         self.live = self.live.wrapping_sub(b.requested);
+        // Both, adjacent: PyTorch's viewer merges the pair into one free; a
+        // `free_completed` alone it undoes into a block freed but waiting
+        // for a `record_stream`.
+        self.record(Action::FreeRequested, addr, b.requested, stream, time_us);
         self.record(Action::FreeCompleted, addr, b.requested, stream, time_us);
         Some((b.size, b.requested, b.stream))
     }

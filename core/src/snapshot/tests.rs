@@ -40,6 +40,37 @@ fn sizes_that_sum_past_u64_are_mapped_without_a_panic() {
     assert_eq!((map.held(), map.live()), (0, 0));
 }
 
+/// A free is told as PyTorch tells one that waits for no stream: a
+/// `free_requested` and its `free_completed`, adjacent, which its viewer
+/// merges into one free. Before, the `free_completed` alone: the viewer,
+/// stepping back over it, brought the block back "freed but waiting due
+/// to record_stream" (drawn red). A refused free's undo takes both back.
+#[test]
+fn a_free_is_told_as_requested_then_completed_and_its_undo_takes_both_back() {
+    let mut map = MemoryMap::new(100);
+    map.segment_alloc(0x10000, 4096, 0, None);
+    map.alloc(0x10000, 1024, 1000, 0, None);
+    map.alloc(0x10400, 1024, 1024, 0, None);
+    let before: Vec<TraceEntry> = map.trace().copied().collect();
+    let told = map.free(0x10000, 0, None).unwrap();
+    let actions: Vec<&str> = map.trace().map(|e| e.action.as_str()).collect();
+    assert_eq!(actions, ["segment_alloc", "alloc", "alloc", "free_requested", "free_completed"]);
+    assert!(map.trace().skip(3).all(|e| (e.addr, e.size) == (0x10000, 1000)));
+    let (size, requested, stream) = told;
+    map.unfree(0x10000, size, requested, stream);
+    assert_eq!(map.trace().copied().collect::<Vec<_>>(), before, "the undo takes both events back");
+    assert_eq!(map.live(), 2024);
+
+    // A trace whose front cut the `free_requested` off: the undo takes
+    // the `free_completed` alone.
+    let mut map = MemoryMap::new(1);
+    map.alloc(0x10000, 1024, 1000, 0, None);
+    let (size, requested, stream) = map.free(0x10000, 0, None).unwrap();
+    assert_eq!(map.trace().map(|e| e.action).collect::<Vec<_>>(), [Action::FreeCompleted]);
+    map.unfree(0x10000, size, requested, stream);
+    assert_eq!((map.trace().count(), map.live()), (0, 1000));
+}
+
 #[test]
 fn the_trace_keeps_the_last_entries() {
     let mut map = MemoryMap::new(2);
@@ -86,7 +117,8 @@ fn taps_tell_a_block_free_before_its_segment_and_keep_a_refused_free_live() {
     assert_eq!(map.with(|m| (m.held(), m.live())), (1024, 1000));
     top.deallocate(b, &()).unwrap();
     let actions: Vec<Action> = map.with(|m| m.trace().map(|e| e.action).collect());
-    assert_eq!(actions, [Action::SegmentAlloc, Action::Alloc, Action::FreeCompleted, Action::SegmentFree]);
+    use Action::{FreeCompleted, FreeRequested, SegmentAlloc, SegmentFree};
+    assert_eq!(actions, [SegmentAlloc, Action::Alloc, FreeRequested, FreeCompleted, SegmentFree]);
     assert_eq!(map.with(|m| (m.held(), m.live())), (0, 0));
     assert!(top.allocate(Request::new(2 << 20).unwrap(), &()).is_err());
     assert_eq!(map.with(|m| m.trace().last().map(|e| (e.action, e.size))), Some((Action::Oom, 2 << 20)));
