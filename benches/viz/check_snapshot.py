@@ -11,7 +11,7 @@ after its block's `free_requested` (the viewer merges the pair into one
 free; one alone it undoes into a block freed but waiting for a
 `record_stream`), and that undoing the trace from the last event to the
 first, as the viewer's "Allocator State History" does, finds every block in
-a segment. With PyTorch installed it also runs
+a segment and every `segment_alloc`'s segment. With PyTorch installed it also runs
 `torch.cuda._memory_viz`'s `segsum`, `trace` and `trace_plot` on it.
 """
 
@@ -75,7 +75,8 @@ def check(snapshot):
 
 
 def _undo(snapshot):
-    """The viewer's backward walk: every block lies in a live segment."""
+    """The viewer's backward walk: every block lies in a live segment, and
+    each `segment_alloc` undone finds its segment."""
     segments = {s["address"]: s["total_size"] for s in snapshot["segments"]}
     blocks = {b["address"]: b["size"] for s in snapshot["segments"] for b in s["blocks"]
               if b["state"] == "active_allocated"}
@@ -86,7 +87,8 @@ def _undo(snapshot):
         elif a == "free_completed":
             blocks[e["addr"]] = e["size"]
         elif a == "segment_alloc":
-            segments.pop(e["addr"], None)
+            # The viewer removes the segment at that address, another where none is.
+            assert segments.pop(e["addr"], None) is not None, f"segment_alloc of {e['addr']:#x}: no segment"
         elif a == "segment_free":
             segments[e["addr"]] = e["size"]
         for addr in blocks:

@@ -98,11 +98,37 @@ struct Segment {
     stream: u64,
 }
 
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct Live {
     size: u64,
     requested: u64,
     stream: u64,
+    /// It lay in no segment when handed out (its leaf is not tapped): it is
+    /// a segment of its own, whose `segment_alloc` and `segment_free` the
+    /// trace tells around the block's.
+    own_segment: bool,
+}
+
+/// A block that [`MemoryMap::free`] took out, as
+/// [`MemoryMap::unfree`] puts it back.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Freed(Live);
+
+impl Freed {
+    /// Its bytes.
+    pub fn size(&self) -> u64 {
+        self.0.size
+    }
+
+    /// The bytes requested.
+    pub fn requested(&self) -> u64 {
+        self.0.requested
+    }
+
+    /// The stream it was allocated on.
+    pub fn stream(&self) -> u64 {
+        self.0.stream
+    }
 }
 
 /// A run of a segment: a live block, or free bytes between blocks.
@@ -211,26 +237,49 @@ impl MemoryMap {
     }
 
     /// A block of `size` bytes at `addr` handed out for a request of
-    /// `requested` bytes.
+    /// `requested` bytes. One that lies in no segment (its leaf is not
+    /// tapped) is a segment of its own, in the snapshot and in the trace:
+    /// its `segment_alloc` comes right before the block's `alloc`, its
+    /// `segment_free` right after the block's free, so that a viewer
+    /// undoing the trace finds every block it brings back in a segment.
     pub fn alloc(&mut self, addr: u64, size: u64, requested: u64, stream: u64, time_us: Option<u64>) {
-        if let Some(old) = self.blocks.insert(addr, Live { size, requested, stream }) {
+        let alone = !self.lies_in_a_segment(addr);
+        let old = self.blocks.get(&addr).copied();
+        // A block handed out twice keeps the segment told for the first.
+        let told = old.is_some_and(|o| o.own_segment);
+        let own_segment = told || alone;
+        if let Some(old) = self.blocks.insert(addr, Live { size, requested, stream, own_segment }) {
             self.live = self.live.wrapping_sub(old.requested);
         }
         self.live = self.live.wrapping_add(requested);
+        if own_segment && !told {
+            self.record(Action::SegmentAlloc, addr, size, stream, time_us);
+        }
         self.record(Action::Alloc, addr, requested, stream, time_us);
     }
 
+    /// Whether `addr` lies in a segment held.
+    fn lies_in_a_segment(&self, addr: u64) -> bool {
+        self.segments.range(..=addr).next_back().is_some_and(|(&start, s)| addr - start < s.size)
+    }
+
     /// Takes back a [`free`](Self::free) of the block at `addr` that the
-    /// resource refused: the block is live again (allocated on `stream`,
-    /// as `free` said), and the free's events, the latest of that address,
-    /// leave the trace (no allocation is told: none happened).
-    pub fn unfree(&mut self, addr: u64, size: u64, requested: u64, stream: u64) {
-        if let Some(old) = self.blocks.insert(addr, Live { size, requested, stream }) {
+    /// resource refused: the block is live again, as `free` took it out,
+    /// and the free's events, the latest of that address, leave the trace
+    /// (no allocation is told: none happened).
+    pub fn unfree(&mut self, addr: u64, freed: Freed) {
+        let Freed(b) = freed;
+        if let Some(old) = self.blocks.insert(addr, b) {
             self.live = self.live.wrapping_sub(old.requested);
         }
-        self.live = self.live.wrapping_add(requested);
+        self.live = self.live.wrapping_add(b.requested);
         let freed = |e: &TraceEntry| e.action == Action::FreeCompleted && e.addr == addr;
         if let Some(i) = self.trace.iter().rposition(freed) {
+            // The end of its own segment, right after it.
+            let own_end = |e: &TraceEntry| e.action == Action::SegmentFree && e.addr == addr;
+            if b.own_segment && self.trace.get(i + 1).is_some_and(own_end) {
+                self.trace.remove(i + 1);
+            }
             self.trace.remove(i);
             // Its `free_requested`, right before it unless the trace's
             // front cut it off.
@@ -242,10 +291,10 @@ impl MemoryMap {
     }
 
     /// The block at `addr` given back (an unknown one is ignored), told as
-    /// PyTorch tells a free, `free_requested` then `free_completed`: its
-    /// size, requested size and the stream it was allocated on, which
-    /// [`unfree`](Self::unfree) takes back.
-    pub fn free(&mut self, addr: u64, stream: u64, time_us: Option<u64>) -> Option<(u64, u64, u64)> {
+    /// PyTorch tells a free, `free_requested` then `free_completed` (then
+    /// the `segment_free` of a block that is a segment of its own): the
+    /// block, which [`unfree`](Self::unfree) puts back.
+    pub fn free(&mut self, addr: u64, stream: u64, time_us: Option<u64>) -> Option<Freed> {
         let b = self.blocks.remove(&addr)?;
         self.live = self.live.wrapping_sub(b.requested);
         // Both, adjacent: PyTorch's viewer merges the pair into one free; a
@@ -253,7 +302,10 @@ impl MemoryMap {
         // for a `record_stream`.
         self.record(Action::FreeRequested, addr, b.requested, stream, time_us);
         self.record(Action::FreeCompleted, addr, b.requested, stream, time_us);
-        Some((b.size, b.requested, b.stream))
+        if b.own_segment {
+            self.record(Action::SegmentFree, addr, b.size, b.stream, time_us);
+        }
+        Some(Freed(b))
     }
 
     /// A request of `size` bytes that failed.
@@ -288,7 +340,8 @@ impl MemoryMap {
     }
 
     /// Every segment as runs, in address order. A live block that lies in
-    /// no segment (the leaf was not seen) is a segment of its own.
+    /// no segment (the leaf was not seen) is a segment of its own, as the
+    /// trace tells ([`alloc`](Self::alloc)).
     pub fn runs(&self) -> Vec<SegmentRuns> {
         let mut out = Vec::new();
         self.each_segment(|addr, seg, runs| {

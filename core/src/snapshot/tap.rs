@@ -93,9 +93,7 @@ impl<S: Stream + ?Sized, R: MemoryResource<S>> MemoryResource<S> for Tap<R> {
             // never finds a block outside the segments.
             Side::Blocks => {
                 let told = self.map.with(|m| m.free(addr, id, None));
-                let undo = told.map(|(size, requested, allocated_on)| {
-                    move |m: &mut MemoryMap| m.unfree(addr, size, requested, allocated_on)
-                });
+                let undo = told.map(|freed| move |m: &mut MemoryMap| m.unfree(addr, freed));
                 self.freeing(undo, || self.inner.deallocate(block, stream))
             }
             // Told before the leaf frees too: once freed, another thread

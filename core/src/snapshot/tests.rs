@@ -52,23 +52,105 @@ fn a_free_is_told_as_requested_then_completed_and_its_undo_takes_both_back() {
     map.alloc(0x10000, 1024, 1000, 0, None);
     map.alloc(0x10400, 1024, 1024, 0, None);
     let before: Vec<TraceEntry> = map.trace().copied().collect();
-    let told = map.free(0x10000, 0, None).unwrap();
+    let freed = map.free(0x10000, 0, None).unwrap();
     let actions: Vec<&str> = map.trace().map(|e| e.action.as_str()).collect();
     assert_eq!(actions, ["segment_alloc", "alloc", "alloc", "free_requested", "free_completed"]);
     assert!(map.trace().skip(3).all(|e| (e.addr, e.size) == (0x10000, 1000)));
-    let (size, requested, stream) = told;
-    map.unfree(0x10000, size, requested, stream);
+    map.unfree(0x10000, freed);
     assert_eq!(map.trace().copied().collect::<Vec<_>>(), before, "the undo takes both events back");
     assert_eq!(map.live(), 2024);
 
     // A trace whose front cut the `free_requested` off: the undo takes
     // the `free_completed` alone.
     let mut map = MemoryMap::new(1);
+    map.segment_alloc(0x10000, 1024, 0, None);
     map.alloc(0x10000, 1024, 1000, 0, None);
-    let (size, requested, stream) = map.free(0x10000, 0, None).unwrap();
+    let freed = map.free(0x10000, 0, None).unwrap();
     assert_eq!(map.trace().map(|e| e.action).collect::<Vec<_>>(), [Action::FreeCompleted]);
-    map.unfree(0x10000, size, requested, stream);
+    map.unfree(0x10000, freed);
     assert_eq!((map.trace().count(), map.live()), (0, 1000));
+}
+
+/// What PyTorch's viewer does in its "Allocator State History": from the
+/// snapshot's segments and live blocks, undoes the trace from its last
+/// event to its first. Asserts that every block is in a segment at each
+/// step, and that each `segment_alloc` undone finds its segment (the
+/// viewer's `find_segment` returns null for a block in none and the whole
+/// view fails).
+fn assert_the_viewer_finds_every_block_in_a_segment(map: &MemoryMap) {
+    use std::collections::BTreeMap;
+    let runs = map.runs();
+    let mut segments: BTreeMap<u64, u64> = runs.iter().map(|s| (s.addr, s.size)).collect();
+    let mut blocks: BTreeMap<u64, u64> = runs
+        .iter()
+        .flat_map(|s| &s.runs)
+        .filter(|r| r.requested.is_some())
+        .map(|r| (r.addr, r.size))
+        .collect();
+    for (i, e) in map.trace().enumerate().collect::<Vec<_>>().into_iter().rev() {
+        match e.action {
+            Action::Alloc => drop(blocks.remove(&e.addr)),
+            Action::FreeCompleted => drop(blocks.insert(e.addr, e.size)),
+            Action::FreeRequested => assert!(blocks.contains_key(&e.addr), "event {i}: no block"),
+            Action::SegmentAlloc => assert!(segments.remove(&e.addr).is_some(), "event {i}: no segment"),
+            Action::SegmentFree => drop(segments.insert(e.addr, e.size)),
+            Action::Oom => {}
+        }
+        for &b in blocks.keys() {
+            let holder = segments.range(..=b).next_back();
+            assert!(
+                holder.is_some_and(|(&s, &n)| b - s < n),
+                "undone to event {i}: block {b:#x} in no segment"
+            );
+        }
+    }
+}
+
+/// A block that lies in no segment (its leaf is not tapped: an upstream
+/// built before the record, a `vpool`) is a segment of its own in the
+/// trace too, whose `segment_alloc` and `segment_free` surround the
+/// block's events. Before, it was one only while live: once freed, a
+/// viewer undoing its `free_completed` found it in no segment, and the
+/// whole history view failed. A refused free's undo takes the segment's
+/// end back with the free.
+#[test]
+fn a_block_in_no_segment_is_a_segment_of_its_own_in_the_trace_too() {
+    let mut map = MemoryMap::new(100);
+    map.segment_alloc(0x8000, 1024, 0, None);
+    map.alloc(0x1000, 512, 256, 3, None);
+    map.alloc(0x2000, 256, 256, 0, None);
+    map.alloc(0x8000, 256, 256, 0, None); // in the segment
+    assert_the_viewer_finds_every_block_in_a_segment(&map);
+    let before: Vec<TraceEntry> = map.trace().copied().collect();
+    let freed = map.free(0x1000, 4, None).unwrap();
+    assert_the_viewer_finds_every_block_in_a_segment(&map);
+    let actions: Vec<&str> = map.trace().map(|e| e.action.as_str()).collect();
+    assert_eq!(
+        actions,
+        [
+            "segment_alloc",
+            "segment_alloc",
+            "alloc",
+            "segment_alloc",
+            "alloc",
+            "alloc",
+            "free_requested",
+            "free_completed",
+            "segment_free",
+        ]
+    );
+    let own = |e: &TraceEntry| e.addr == 0x1000 && e.action.as_str().starts_with("segment");
+    let told: Vec<(u64, u64)> = map.trace().filter(|e| own(e)).map(|e| (e.size, e.stream)).collect();
+    assert_eq!(told, [(512, 3), (512, 3)], "the block's own segment: its size, its stream");
+    assert_eq!((map.held(), map.runs().len()), (1024, 2), "held counts the leaves' segments alone");
+    map.unfree(0x1000, freed);
+    assert_eq!(map.trace().copied().collect::<Vec<_>>(), before, "the undo takes the segment's end back");
+    map.free(0x1000, 4, None).unwrap();
+    map.free(0x2000, 0, None).unwrap();
+    map.free(0x8000, 0, None).unwrap();
+    map.segment_free(0x8000, 0, None);
+    assert_the_viewer_finds_every_block_in_a_segment(&map);
+    assert_eq!((map.held(), map.live(), map.runs().len()), (0, 0, 0));
 }
 
 #[test]
