@@ -18,7 +18,8 @@ pub enum Side {
 
 /// `inner`, with each allocation and free told to a shared [`MemoryMap`]
 /// (an allocation after it succeeds, a failed one of [`Side::Blocks`] as
-/// an `oom` event; a free before it, taken back if refused). Two taps over
+/// an `oom` event; a free before it, taken back if refused; the empty block
+/// of a zero-byte request neither way). Two taps over
 /// one map, one at the leaf and one at the top, map the stack between them.
 ///
 /// ```
@@ -85,6 +86,10 @@ impl<S: Stream + ?Sized, R: MemoryResource<S>> MemoryResource<S> for Tap<R> {
     }
 
     fn deallocate(&self, block: Block, stream: &S) -> Result<()> {
+        // Never told (see `allocate`): its address may be a live block's.
+        if block.is_empty() {
+            return self.inner.deallocate(block, stream);
+        }
         let addr = block.addr();
         let id = stream.id();
         match self.side {

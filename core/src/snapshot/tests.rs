@@ -235,6 +235,37 @@ fn taps_tell_a_block_free_before_its_segment_and_keep_a_refused_free_live() {
     assert_eq!(map.with(|m| m.live()), 0);
 }
 
+/// An address space that starts at 0 (offsets in a heap, a user's safe
+/// resource): a live block at 0, and the empty block of a zero-byte
+/// request. The empty block's free is not told, as its allocation is not:
+/// before, it told the map that the block at 0 was gone while the resource
+/// still held it.
+#[test]
+fn freeing_the_empty_block_keeps_a_live_block_at_address_zero() {
+    use crate::{Block, MemoryResource, Request, Shared};
+    use alloc::sync::Arc;
+    struct FromZero;
+    impl MemoryResource for FromZero {
+        fn allocate(&self, r: Request, _: &()) -> crate::Result<Block> {
+            Ok(if r.is_zero() { Block::EMPTY } else { Block::new(0, r.size(), 0) })
+        }
+        fn deallocate(&self, _: Block, _: &()) -> crate::Result<()> {
+            Ok(())
+        }
+    }
+    let map = Arc::new(Shared::new(MemoryMap::new(100)));
+    let tap = Tap::new(FromZero, map.clone(), Side::Blocks);
+    let live = tap.allocate(Request::new(4096).unwrap(), &()).unwrap();
+    let empty = tap.allocate(Request::new(0).unwrap(), &()).unwrap();
+    assert_eq!((live.addr(), empty.addr()), (0, 0));
+    let before: Vec<TraceEntry> = map.with(|m| m.trace().copied().collect());
+    tap.deallocate(empty, &()).unwrap();
+    assert_eq!(map.with(|m| m.live()), 4096, "the block at 0 is still live");
+    assert_eq!(map.with(|m| m.trace().copied().collect::<Vec<_>>()), before, "nothing told");
+    tap.deallocate(live, &()).unwrap();
+    assert_eq!(map.with(|m| m.live()), 0);
+}
+
 /// A stream whose `id` panics in a tapped allocation loses no block: it is
 /// read before the resource is asked.
 #[test]
