@@ -27,8 +27,9 @@ def _backends():
 
 def record_memory_history(enabled=True, max_entries=DEFAULT_MAX_ENTRIES):
     """Starts a new record (``enabled``), keeping the last ``max_entries``
-    events of each device, or stops recording (``enabled=False``: the last
-    record stays readable). As ``torch.cuda.memory._record_memory_history``."""
+    events of each device, or stops recording (``enabled=False``: the
+    resources built during the record tell it nothing more, and it stays
+    readable as it was). As ``torch.cuda.memory._record_memory_history``."""
     if isinstance(max_entries, bool) or not isinstance(max_entries, int) or max_entries <= 0:
         raise ValueError(f"memres: max_entries must be a positive int, not {max_entries!r}")
     for module in _backends():

@@ -5,38 +5,55 @@
 //! what it takes from the device) and its program side ([`Side::Blocks`]:
 //! what `allocate`, `DeviceBuffer` and the PyTorch entry hand out; not what
 //! it hands to a stack it is the upstream of), all telling one map per
-//! device. Starting a record starts new maps; stacks built before keep
-//! telling the maps of their time. Watching costs a lock and a map update
-//! per call, so it is off unless asked for.
+//! device. Stopping a record (or starting another) stops the taps of every
+//! stack built during it: its maps stay as they were then, readable. A new
+//! record starts new maps. Watching costs a lock and a map update per call,
+//! so it is off unless asked for.
 
 use crate::backend::{Engine, Stream, MAX_DEVICES};
-use memres_core::snapshot::{pickle_devices, MemoryMap, Side, Tap};
+use memres_core::snapshot::{pickle_devices, MemoryMap, Recording, Side, Tap};
 use memres_core::stack::StackBuilder;
 use memres_core::{DynResource, Shared};
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 use std::sync::{Arc, Mutex};
 
-/// A device's map, shared by the taps of every stack built on it.
-pub(crate) type Map = Arc<Shared<MemoryMap>>;
+/// A device's map in a record, for the taps of every stack built on it
+/// while the record runs.
+#[derive(Clone)]
+pub(crate) struct Map {
+    map: Arc<Shared<MemoryMap>>,
+    recording: Arc<Recording>,
+}
+
+impl Map {
+    /// `inner`, told to the map as `side` while its record runs.
+    fn tap<R>(&self, inner: R, side: Side) -> Tap<R> {
+        Tap::in_record(inner, self.map.clone(), side, self.recording.clone())
+    }
+}
 
 /// The maps of the current (or last) record, one per device (made on first
-/// use), and how many events each keeps while recording (`None`: not
-/// recording; the maps stay readable).
+/// use); while recording, how many events each keeps and the flag its taps
+/// check (`None`: not recording; the maps stay readable).
 struct Record {
-    recording: Option<usize>,
-    maps: Vec<Option<Map>>,
+    recording: Option<(usize, Arc<Recording>)>,
+    maps: Vec<Option<Arc<Shared<MemoryMap>>>>,
 }
 
 static RECORD: Mutex<Record> = Mutex::new(Record { recording: None, maps: Vec::new() });
 
 /// Starts a record keeping `max_entries` events per device (a positive
-/// number), or stops recording (`0`).
+/// number), or stops recording (`0`). Either stops the record running:
+/// its taps tell nothing more, and its maps stay as they are.
 #[pyfunction]
 pub(crate) fn record(max_entries: usize) {
     let mut record = RECORD.lock().unwrap_or_else(|p| p.into_inner());
-    record.recording = (max_entries > 0).then_some(max_entries);
-    if record.recording.is_some() {
+    if let Some((_, running)) = record.recording.take() {
+        running.stop();
+    }
+    if max_entries > 0 {
+        record.recording = Some((max_entries, Arc::new(Recording::new())));
         record.maps = vec![None; MAX_DEVICES];
     }
 }
@@ -45,9 +62,10 @@ pub(crate) fn record(max_entries: usize) {
 /// recording.
 pub(crate) fn map(device: u32) -> Option<Map> {
     let mut record = RECORD.lock().unwrap_or_else(|p| p.into_inner());
-    let max_entries = record.recording?;
+    let (max_entries, recording) = record.recording.clone()?;
     let slot = record.maps.get_mut(device as usize)?;
-    Some(slot.get_or_insert_with(|| Arc::new(Shared::new(MemoryMap::new(max_entries)))).clone())
+    let map = slot.get_or_insert_with(|| Arc::new(Shared::new(MemoryMap::new(max_entries)))).clone();
+    Some(Map { map, recording })
 }
 
 /// `builder` with each of `leaves` (names registered in `inner`) tapped
@@ -65,22 +83,22 @@ pub(crate) fn tap_leaves(
         if inner.is_leaf_of::<Engine>(name) {
             builder.register_leaf_of::<Engine>(name, move |call, cx| {
                 let leaf = cx.build_leaf_of_with::<Engine>(&inner, call)?;
-                Ok(cx.keep_leaf_of(call, Tap::new(leaf, map.clone(), Side::Segments)))
+                Ok(cx.keep_leaf_of(call, map.tap(leaf, Side::Segments)))
             });
         } else {
             builder.register(name, move |call, cx| {
                 let leaf = cx.build_with(&inner, call)?;
-                Ok(cx.keep(call, Tap::new(leaf, map.clone(), Side::Segments)))
+                Ok(cx.keep(call, map.tap(leaf, Side::Segments)))
             });
         }
     }
 }
 
-/// `resource` as the program sees it: its blocks told to `map` while a
-/// snapshot is recorded, else `resource` itself.
+/// `resource` as the program sees it: its blocks told to `map` while its
+/// record runs, else `resource` itself.
 pub(crate) fn program_side(resource: DynResource<Stream>, map: Option<Map>) -> DynResource<Stream> {
     match map {
-        Some(map) => Arc::new(Tap::new(resource, map, Side::Blocks)),
+        Some(map) => Arc::new(map.tap(resource, Side::Blocks)),
         None => resource,
     }
 }

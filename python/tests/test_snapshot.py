@@ -109,6 +109,21 @@ def test_a_block_whose_leaf_is_not_tapped_is_a_segment_of_its_own_in_the_trace_t
         memres.snapshot.record_memory_history(enabled=False)
 
 
+def test_a_stopped_record_records_nothing_more(recording):
+    # The taps of the resources built during the record told it on after
+    # it stopped: the last record changed under the reader.
+    pool = mr.PoolMemoryResource(mr.HostMemoryResource(), initial_pool_size=1 << 20)
+    p = pool.allocate(1000)
+    memres.snapshot.record_memory_history(enabled=False)
+    stopped = memres.snapshot.snapshot(backend="sim")
+    q = pool.allocate(2000)
+    pool.deallocate(p, 1000)
+    pool.deallocate(q, 2000)
+    pool.release()
+    assert memres.snapshot.snapshot(backend="sim") == stopped
+    assert [b["requested_size"] for b in live_blocks(stopped)] == [1000]
+
+
 def test_bad_max_entries_is_a_value_error():
     for bad in (0, -1, 1.5, True):
         with pytest.raises(ValueError):

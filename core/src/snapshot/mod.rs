@@ -37,7 +37,7 @@ mod tests;
 
 #[cfg(feature = "std")]
 pub use file::{check_file, write_file};
-pub use tap::{Side, Tap};
+pub use tap::{Recording, Side, Tap};
 
 use alloc::collections::{BTreeMap, VecDeque};
 use alloc::vec::Vec;

@@ -2,6 +2,7 @@
 //! that a running stack can dump a snapshot whatever its algorithm.
 
 use super::MemoryMap;
+use crate::primitive::{AtomicBool, Ordering::Relaxed};
 use crate::{Block, MemoryResource, Request, Result, Shared, Stream, DEFAULT_ALIGNMENT};
 use alloc::sync::Arc;
 
@@ -44,12 +45,68 @@ pub struct Tap<R> {
     inner: R,
     map: Arc<Shared<MemoryMap>>,
     side: Side,
+    /// The record it tells while on; `None`: for as long as it lives.
+    recording: Option<Arc<Recording>>,
+}
+
+/// Whether the taps of one record tell their map, shared by them: on when
+/// made, until [`stop`](Self::stop)ped, as PyTorch's
+/// `_record_memory_history(enabled=None)` stops a record. A stopped
+/// record's map stays as it was then, readable.
+///
+/// ```
+/// use memres_core::snapshot::{MemoryMap, Recording, Side, Tap};
+/// use memres_core::{MemoryResource, Request, Shared};
+/// # use memres_core::testing::BumpUpstream;
+/// use std::sync::Arc;
+/// let (map, recording) = (Arc::new(Shared::new(MemoryMap::new(1000))), Arc::new(Recording::new()));
+/// let tap = Tap::in_record(BumpUpstream::new(1 << 30), map.clone(), Side::Blocks, recording.clone());
+/// let b = tap.allocate(Request::new(1000)?, &())?;
+/// recording.stop();
+/// tap.deallocate(b, &())?;
+/// assert_eq!(map.with(|m| m.live()), 1000); // the map as the record stopped
+/// # Ok::<(), memres_core::Error>(())
+/// ```
+#[derive(Debug)]
+pub struct Recording(AtomicBool);
+
+impl Recording {
+    /// A record running.
+    pub fn new() -> Self {
+        Recording(AtomicBool::new(true))
+    }
+
+    /// Stops it: its taps tell nothing more.
+    pub fn stop(&self) {
+        self.0.store(false, Relaxed);
+    }
+
+    /// Whether it runs.
+    pub fn is_on(&self) -> bool {
+        self.0.load(Relaxed)
+    }
+}
+
+impl Default for Recording {
+    fn default() -> Self {
+        Recording::new()
+    }
 }
 
 impl<R> Tap<R> {
     /// `inner`, told to `map` as `side`.
     pub fn new(inner: R, map: Arc<Shared<MemoryMap>>, side: Side) -> Self {
-        Tap { inner, map, side }
+        Tap { inner, map, side, recording: None }
+    }
+
+    /// `inner`, told to `map` as `side` while `recording` is on.
+    pub fn in_record(inner: R, map: Arc<Shared<MemoryMap>>, side: Side, recording: Arc<Recording>) -> Self {
+        Tap { inner, map, side, recording: Some(recording) }
+    }
+
+    /// Whether it tells its map now.
+    fn tells(&self) -> bool {
+        self.recording.as_ref().is_none_or(|r| r.is_on())
     }
 
     /// The resource tapped.
@@ -60,6 +117,9 @@ impl<R> Tap<R> {
 
 impl<S: Stream + ?Sized, R: MemoryResource<S>> MemoryResource<S> for Tap<R> {
     fn allocate(&self, request: Request, stream: &S) -> Result<Block> {
+        if !self.tells() {
+            return self.inner.allocate(request, stream);
+        }
         // Read before the inner call: `id` is the user's and may panic,
         // which after it would lose the block it took.
         let id = stream.id();
@@ -86,8 +146,9 @@ impl<S: Stream + ?Sized, R: MemoryResource<S>> MemoryResource<S> for Tap<R> {
     }
 
     fn deallocate(&self, block: Block, stream: &S) -> Result<()> {
-        // Never told (see `allocate`): its address may be a live block's.
-        if block.is_empty() {
+        // The empty block was never told (see `allocate`): its address may
+        // be a live block's. A stopped record tells nothing more.
+        if block.is_empty() || !self.tells() {
             return self.inner.deallocate(block, stream);
         }
         let addr = block.addr();

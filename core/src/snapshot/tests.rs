@@ -266,6 +266,31 @@ fn freeing_the_empty_block_keeps_a_live_block_at_address_zero() {
     assert_eq!(map.with(|m| m.live()), 0);
 }
 
+/// Once its record is stopped, a tap tells its map nothing more, neither
+/// side: the map stays as it was when the record stopped, and the stack
+/// works on.
+#[test]
+fn a_stopped_record_tells_its_map_nothing_more() {
+    use crate::testing::BumpUpstream;
+    use crate::{Inspect, MemoryResource, Request, Shared};
+    use alloc::sync::Arc;
+    let (map, recording) = (Arc::new(Shared::new(MemoryMap::new(100))), Arc::new(Recording::new()));
+    let up = BumpUpstream::new(1 << 30);
+    let leaf = Tap::in_record(&up, map.clone(), Side::Segments, recording.clone());
+    let top = Tap::in_record(&leaf, map.clone(), Side::Blocks, recording.clone());
+    let b = top.allocate(Request::new(1000).unwrap(), &()).unwrap();
+    let seen = |m: &mut MemoryMap| (m.held(), m.live(), m.runs(), m.trace().copied().collect::<Vec<_>>());
+    let before = map.with(seen);
+    recording.stop();
+    let c = top.allocate(Request::new(2000).unwrap(), &()).unwrap();
+    top.deallocate(b, &()).unwrap();
+    assert!(top.allocate(Request::new(2 << 30).unwrap(), &()).is_err());
+    assert_eq!(map.with(seen), before, "the map as the record stopped");
+    assert_eq!(up.usage().held, 2048);
+    top.deallocate(c, &()).unwrap();
+    assert_eq!(up.usage().held, 0);
+}
+
 /// A stream whose `id` panics in a tapped allocation loses no block: it is
 /// read before the resource is asked.
 #[test]
