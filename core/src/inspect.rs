@@ -76,14 +76,15 @@ impl Usage {
 
     /// The figures of two parts of one resource together: bytes add up,
     /// peaks too (at least the true peak), the largest free block is the
-    /// larger one.
+    /// larger one. The sums saturate, as [`new`](Self::new)'s difference
+    /// does: a part may be a user's, with any figures.
     #[cfg(feature = "alloc")]
     pub(crate) const fn plus(self, other: Usage) -> Usage {
         Usage {
-            used: self.used + other.used,
-            held: self.held + other.held,
-            peak_held: self.peak_held + other.peak_held,
-            free: self.free + other.free,
+            used: self.used.saturating_add(other.used),
+            held: self.held.saturating_add(other.held),
+            peak_held: self.peak_held.saturating_add(other.peak_held),
+            free: self.free.saturating_add(other.free),
             largest_free: if self.largest_free > other.largest_free {
                 self.largest_free
             } else {

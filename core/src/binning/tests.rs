@@ -597,3 +597,39 @@ fn the_checker_finds_bytes_counted_that_no_live_block_has() {
     bins.deallocate(b, &()).unwrap();
     bins.check().unwrap();
 }
+
+/// Safe user bins whose figures are large (a held count kept as
+/// "unknown", u64::MAX) are read without a panic: their sums saturate.
+/// Before, `usage` added them with `+`, which panicked on overflow in a
+/// debug build.
+#[test]
+fn bins_with_figures_near_u64_max_are_read_saturated() {
+    struct Big;
+    impl MemoryResource<()> for Big {
+        fn allocate(&self, request: Request, _: &()) -> Result<Block> {
+            Err(Error::OutOfMemory {
+                requested: request.size(),
+                largest_free: 0,
+                pool_size: 0,
+                max_size: None,
+            })
+        }
+        fn deallocate(&self, block: Block, _: &()) -> Result<()> {
+            Err(Error::UnknownBlock { addr: block.addr() })
+        }
+    }
+    impl Inspect for Big {
+        fn usage(&self) -> Usage {
+            Usage::new(u64::MAX - 1, u64::MAX, u64::MAX, 7)
+        }
+        fn check(&self) -> core::result::Result<(), crate::check::Violation> {
+            Ok(())
+        }
+    }
+    let up = BumpUpstream::new(1 << 30);
+    let mut bins = BinningResource::new(&up);
+    bins.add_bin(256, Big).unwrap();
+    bins.add_bin(512, Big).unwrap();
+    let u = bins.usage();
+    assert_eq!((u.used, u.held, u.peak_held, u.free, u.largest_free), (u64::MAX, u64::MAX, u64::MAX, 2, 7));
+}
