@@ -103,9 +103,6 @@ pub(crate) fn program_side(resource: DynResource<Stream>, map: Option<Map>) -> D
     }
 }
 
-/// Every device's map of the current (or last) record as one pickle in
-/// the format of `torch.cuda.memory._snapshot()`; an empty snapshot when
-/// nothing was recorded.
 /// Writes `bytes` to the file `path` whole (`memres_core::snapshot::write_file`):
 /// a reader, or a crash midway, never finds a truncated pickle.
 #[pyfunction]
@@ -113,6 +110,9 @@ pub(crate) fn write_file(py: Python<'_>, path: std::path::PathBuf, bytes: Vec<u8
     Ok(crate::gil::detach(py, || memres_core::snapshot::write_file(&path, &bytes))?)
 }
 
+/// Every device's map of the current (or last) record as one pickle in
+/// the format of `torch.cuda.memory._snapshot()`; an empty snapshot when
+/// nothing was recorded.
 #[pyfunction]
 pub(crate) fn snapshot(py: Python<'_>) -> Bound<'_, PyBytes> {
     // With the GIL released: a map's lock is held while a stack's call
