@@ -36,12 +36,17 @@ def record_memory_history(enabled=True, max_entries=DEFAULT_MAX_ENTRIES):
         module.record(max_entries if enabled else 0)
 
 
+def _pickled(backend):
+    """The record as the native side pickles it (protocol 2)."""
+    backend = _mr.get_current_device_resource()._backend if backend is None else backend
+    return _native.backend(backend).snapshot()
+
+
 def snapshot(backend=None):
     """The record of every device as a dict with ``segments`` and
     ``device_traces``, as ``torch.cuda.memory._snapshot()`` (of the current
     resource's backend by default)."""
-    backend = _mr.get_current_device_resource()._backend if backend is None else backend
-    return pickle.loads(_native.backend(backend).snapshot())
+    return pickle.loads(_pickled(backend))
 
 
 def dump_snapshot(filename, backend=None):
@@ -49,5 +54,6 @@ def dump_snapshot(filename, backend=None):
     ``torch.cuda.memory._dump_snapshot``, but whole: into a temporary file
     beside it, renamed over it, so that a reader (or a crash midway) never
     finds a truncated pickle. An ``OSError`` where it cannot be written
-    leaves ``filename`` as it was."""
-    _native.sim.write_file(filename, pickle.dumps(snapshot(backend)))
+    leaves ``filename`` as it was. The pickle is of protocol 2, which
+    PyTorch's viewer reads (it refuses Python's default from 3.14 on, 5)."""
+    _native.sim.write_file(filename, _pickled(backend))

@@ -124,6 +124,19 @@ def test_a_stopped_record_records_nothing_more(recording):
     assert [b["requested_size"] for b in live_blocks(stopped)] == [1000]
 
 
+def test_a_dumped_snapshot_is_in_a_protocol_pytorchs_viewer_reads(recording, tmp_path):
+    # It was re-pickled in Python's default protocol, 5 from Python 3.14 on,
+    # which the viewer's unpickler (protocols 2 to 4) refuses.
+    pool = mr.PoolMemoryResource(mr.HostMemoryResource(), initial_pool_size=1 << 20)
+    p = pool.allocate(1000)
+    path = tmp_path / "memres.pickle"
+    memres.snapshot.dump_snapshot(path, backend="sim")
+    written = path.read_bytes()
+    assert written[:2] == b"\x80\x02"
+    assert pickle.loads(written) == memres.snapshot.snapshot(backend="sim")
+    pool.deallocate(p, 1000)
+
+
 def test_bad_max_entries_is_a_value_error():
     for bad in (0, -1, 1.5, True):
         with pytest.raises(ValueError):
