@@ -593,9 +593,10 @@ fn a_virtual_pool_out_of_memory_tries_once_then_once_after_the_last_resort() {
     pools.check().unwrap();
 }
 
-/// A stream's first allocation reads its `id` once: a second read, after
-/// the maker took the pool's initial size, panicked and dropped the new
-/// pool with its chunk, lost to the upstream.
+/// A stream's first allocation reads its `id` once, so it succeeds under a
+/// stream whose second read panics: a second read, after the maker took
+/// the pool's initial size, panicked and dropped the new pool with its
+/// chunk, lost to the upstream.
 #[test]
 fn a_streams_first_allocation_reads_its_id_once() {
     use crate::testing::PanickingStream;
@@ -606,9 +607,8 @@ fn a_streams_first_allocation_reads_its_id_once() {
     s.panic_in("id", 1);
     let first = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| pools.allocate(req(1000), &s)));
     s.disarm();
-    if let Ok(Ok(b)) = first {
-        pools.deallocate(b, &s).unwrap();
-    }
+    let Ok(Ok(b)) = first else { panic!("the first allocation read the id twice, or failed: {first:?}") };
+    pools.deallocate(b, &s).unwrap();
     pools.check().unwrap();
     assert_eq!(up.usage().held, pools.usage().held, "every chunk the upstream lent is a pool's");
 }
