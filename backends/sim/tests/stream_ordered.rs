@@ -53,7 +53,8 @@ impl Rig {
 }
 
 /// One random workload step driver, shared by the correct and the broken
-/// layer. Returns the number of operations done.
+/// layer. Returns the number of allocations that succeeded (each block is
+/// freed again).
 fn drive(rig: &Rig, seed: u64, steps: usize) -> usize {
     let mut rng = SplitMix64::new(seed);
     let mut live = LiveBlocks::new();
@@ -62,6 +63,7 @@ fn drive(rig: &Rig, seed: u64, steps: usize) -> usize {
     // Blocks freed already: freeing one again must fail and change nothing.
     let mut stale: Vec<Block> = Vec::new();
     let n = rig.streams.len();
+    let mut allocated = 0;
     for _ in 0..steps {
         let s = rng.below(n as u64) as usize;
         let stream = &rig.streams[s];
@@ -79,6 +81,7 @@ fn drive(rig: &Rig, seed: u64, steps: usize) -> usize {
                         // The block is used by a kernel on its stream.
                         stream.enqueue();
                         blocks.push((b, s));
+                        allocated += 1;
                     }
                     Err(e) => assert!(e.is_out_of_memory(), "{e}"),
                 }
@@ -133,25 +136,27 @@ fn drive(rig: &Rig, seed: u64, steps: usize) -> usize {
         rig.res.deallocate(b, &rig.streams[s]).unwrap();
     }
     rig.check(&live);
-    steps
+    allocated
 }
 
 #[test]
 fn randomized_four_streams_checked_after_every_step() {
     let rig = rig(8 << 20, 4, CrossStream::Wait, true);
-    let ops = drive(&rig, 1, 100_000);
-    assert!(ops >= 100_000);
+    // Out of memory is the exception: 100 000 steps allocate some 42 000 blocks.
+    let allocated = drive(&rig, 1, 100_000);
+    assert!(allocated > 30_000, "{allocated} allocations succeeded");
     assert_eq!(rig.res.violation_count(), 0);
     let stats = rig.layer(|l| l.stats());
     // Every path of the layer ran.
     assert!(stats.own_hits > 0 && stats.steals > 0 && stats.inner_allocations > 0, "{stats:?}");
     assert!(stats.reclaimed > 0 && stats.last_resorts > 0, "{stats:?}");
     assert!(rig.res.ordered_cross_stream_reuses() > 0);
-    // Everything can go back to the device.
+    // Every listed block goes back to the pool, and the pool to the device.
     rig.layer(|l| l.synchronize_and_merge()).unwrap();
-    let released = rig.layer(|l| l.inner().usage().held);
-    assert_eq!(rig.layer(|l| l.inner().usage().used), 0);
-    assert_eq!(rig.device.usage().held, released);
+    assert_eq!(rig.layer(|l| (l.listed_bytes(), l.inner().usage().used)), (0, 0));
+    let Rig { device, res, .. } = rig;
+    drop(res);
+    assert_eq!(device.usage().held, 0, "the pool dropped gives every chunk back");
 }
 
 #[test]
