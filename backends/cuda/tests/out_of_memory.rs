@@ -62,9 +62,13 @@ fn an_initial_size_above_the_device_is_out_of_memory_and_leaves_nothing() {
         return;
     };
     let total = device.total_memory().unwrap();
+    // Read after the context is made (its own memory is not the pool's).
+    let before = device.memory_info().unwrap().free;
     let config = memres_cuda::AsyncConfig::new().initial_size(2 * total);
     let err = CudaAsyncMemory::with_config(device, config).unwrap_err();
     assert!(matches!(err, Error::OutOfMemory { requested, .. } if requested == 2 * total), "{err:?}");
-    let free = device.memory_info().unwrap().free;
-    assert!(free > 0);
+    // The other tests of this file run beside this one and hold a few MiB.
+    const SLACK: u64 = 64 << 20;
+    let after = device.memory_info().unwrap().free;
+    assert!(after + SLACK >= before, "{before} bytes free before the failed pool, {after} after");
 }
