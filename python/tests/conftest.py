@@ -22,6 +22,17 @@ def require_gpu():
     return os.environ.get("MEMRES_REQUIRE_GPU") == "1"
 
 
+def need(module):
+    """The module, or a skip (a failure with MEMRES_REQUIRE_GPU=1 for the
+    libraries the GPU machine has)."""
+    try:
+        return __import__(module)
+    except ImportError:
+        if require_gpu() and module in ("numpy", "cupy", "torch"):
+            pytest.fail(f"MEMRES_REQUIRE_GPU=1 but {module} is not installed")
+        pytest.skip(f"{module} is not installed")
+
+
 @pytest.fixture
 def gpu():
     """Skips without a GPU; fails instead with MEMRES_REQUIRE_GPU=1."""

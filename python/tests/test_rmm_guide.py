@@ -14,18 +14,7 @@ import pytest
 import memres as rmm
 import memres.statistics  # noqa: F401 (the guide's `import rmm.statistics`)
 
-from conftest import require_gpu
-
-
-def need(module):
-    """The module, or a skip (a failure with MEMRES_REQUIRE_GPU=1 for the
-    libraries the GPU machine has)."""
-    try:
-        return __import__(module)
-    except ImportError:
-        if require_gpu() and module in ("numpy", "cupy", "torch"):
-            pytest.fail(f"MEMRES_REQUIRE_GPU=1 but {module} is not installed")
-        pytest.skip(f"{module} is not installed")
+from conftest import need
 
 
 def run_python(code, env=None):
