@@ -247,6 +247,24 @@ impl SimWorld {
     pub fn fail_nth(&self, n: u64) {
         self.lock().fail.arm(n);
     }
+
+    /// Injected stream failures delivered so far: an armed failure fires
+    /// in a later call, or never.
+    ///
+    /// ```
+    /// use memres_core::Stream;
+    /// let world = memres_sim::SimWorld::new();
+    /// let s = world.stream();
+    /// world.fail_nth(2);
+    /// s.record()?;
+    /// assert_eq!(world.injected_failures(), 0);
+    /// assert!(s.record().is_err());
+    /// assert_eq!(world.injected_failures(), 1);
+    /// # Ok::<(), memres_core::Error>(())
+    /// ```
+    pub fn injected_failures(&self) -> u64 {
+        self.lock().fail.delivered()
+    }
 }
 
 /// A point in a stream's work: a copy of its vector clock when recorded.

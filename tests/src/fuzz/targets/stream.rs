@@ -16,13 +16,19 @@ struct StreamTarget {
     hb: HbChecked<Shared<Ordered>>,
     spy: Spy,
     streams: SimStreams,
-    /// Footprints of the blocks handed out and not freed.
-    handed: u64,
+    /// Injected stream failures delivered during the last allocate, for
+    /// `judge_alloc_failure`.
+    delivered: u64,
+    /// The bytes the layer counts for the last block it handed out (its
+    /// inner block's footprint), the block's footprint in the model.
+    counted: u64,
+    /// The first broken rule a call found (reported by `check`).
+    broken: Option<String>,
 }
 
 impl std::fmt::Debug for StreamTarget {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("StreamTarget").field("handed", &self.handed).finish_non_exhaustive()
+        f.debug_struct("StreamTarget").field("delivered", &self.delivered).finish_non_exhaustive()
     }
 }
 
@@ -34,29 +40,40 @@ impl StreamTarget {
 
 impl FuzzResource for StreamTarget {
     fn allocate(&mut self, request: Request) -> Result<Block> {
-        let block = self.hb.allocate(request, self.streams.current())?;
-        self.handed += round256(block.size());
+        let used = self.used_bytes();
+        let got;
+        (got, self.delivered) = self.streams.observe(|| self.hb.allocate(request, self.streams.current()));
+        let block = got?;
+        self.counted = self.used_bytes() - used;
+        // A listed block serves a request only if it wastes at most half.
+        let asked = if block.is_empty() { 0 } else { round256(request.size()) };
+        if self.counted < asked || self.counted > 2 * asked {
+            let counted = self.counted;
+            self.broken.get_or_insert(format!("{counted} bytes counted for {block:?}, asked {request:?}"));
+        }
         self.streams.allocated(&block);
         Ok(block)
     }
     fn deallocate(&mut self, block: Block) -> Result<()> {
         let on = self.streams.free_on(&block);
         self.hb.deallocate(block, self.streams.get(on))?;
-        self.handed -= round256(block.size());
         self.streams.freed(&block);
         Ok(())
     }
     fn release(&mut self) -> Option<Result<u64>> {
         // Blocks whose free completed go back to the pool, the pool's free
         // chunks upstream.
-        match self.with(|so| so.reclaim()) {
-            Ok(n) => Some(Ok(n as u64)),
-            // An injected failure of the event it records: the lists stay.
-            Err(Error::Backend { .. }) if self.streams.failure_armed => Some(Ok(0)),
-            Err(e) => Some(Err(e)),
+        match self.streams.observe(|| self.with(|so| so.reclaim())) {
+            (Ok(n), _) => Some(Ok(n as u64)),
+            // The failure injected into the event it records: the lists stay.
+            (Err(Error::Backend { .. }), delivered) if delivered > 0 => Some(Ok(0)),
+            (Err(e), _) => Some(Err(e)),
         }
     }
     fn check(&self, model: &Model) -> std::result::Result<(), String> {
+        if let Some(why) = &self.broken {
+            return Err(why.clone());
+        }
         if let Some(v) = self.hb.violations().first() {
             return Err(format!("happens-before violation: {v}"));
         }
@@ -87,22 +104,19 @@ impl FuzzResource for StreamTarget {
                     model.live().len()
                 ));
             }
-            // A listed block serves a request only if it wastes at most half.
-            if so.usage().used < model.used() || so.usage().used > 2 * model.used() {
-                return Err(format!(
-                    "{} bytes live behind {} bytes handed out",
-                    so.usage().used,
-                    model.used()
-                ));
-            }
             Ok(())
         })
     }
     fn used_bytes(&self) -> u64 {
-        self.handed
+        self.with(|so| so.usage().used)
     }
     fn footprint(&self, size: u64) -> u64 {
         round256(size)
+    }
+    fn footprint_of(&self, _: &Request) -> u64 {
+        // Called right after the allocation: what the layer counted for it
+        // (checked there), which its free must take back.
+        self.counted
     }
     fn size_class(&self, size: u64) -> u64 {
         // The layer checks the exact size a block was asked with.
@@ -118,10 +132,9 @@ impl FuzzResource for StreamTarget {
     fn summary(&self) -> Vec<u64> {
         self.with(|so| {
             vec![
-                self.handed,
+                so.usage().used,
                 so.live_count() as u64,
                 so.inner().usage().held,
-                so.usage().used,
                 so.listed_bytes(),
                 so.inner().usage().used,
             ]
@@ -143,7 +156,7 @@ impl FuzzResource for StreamTarget {
         before: &[u64],
         _: &Model,
     ) -> std::result::Result<(), String> {
-        if matches!(err, Error::Backend { .. }) && self.streams.failure_armed {
+        if matches!(err, Error::Backend { .. }) && self.delivered > 0 {
             return Ok(());
         }
         let pool_before = [0, 0, before[2]];
@@ -159,6 +172,7 @@ pub fn run_stream(data: &[u8]) {
     let Ok((pool, spy)) = super::build_pool::<Vec<_>, Vec<_>>(&mut u) else { return };
     let Ok(count) = u.int_in_range(2..=4usize) else { return };
     let hb = HbChecked::new(Shared::new(StreamOrdered::new(pool)));
-    let mut target = StreamTarget { hb, spy, streams: SimStreams::new(count), handed: 0 };
+    let mut target =
+        StreamTarget { hb, spy, streams: SimStreams::new(count), delivered: 0, counted: 0, broken: None };
     drive(&mut target, &mut u);
 }

@@ -15,9 +15,6 @@ pub(super) struct SimStreams {
     current: usize,
     /// The stream each live block was handed out on, by address.
     allocated_on: HashMap<u64, usize>,
-    /// Whether a stream call was made to fail (a backend error is then
-    /// legitimate).
-    pub(super) failure_armed: bool,
 }
 
 impl SimStreams {
@@ -28,7 +25,17 @@ impl SimStreams {
         for i in 1..count {
             list.push(if i == 3 { world.non_blocking_stream() } else { world.stream() });
         }
-        SimStreams { world, list, current: 1, allocated_on: HashMap::new(), failure_armed: false }
+        SimStreams { world, list, current: 1, allocated_on: HashMap::new() }
+    }
+
+    /// Runs `call`; returns what it returned and the injected stream
+    /// failures delivered during it: a backend error is legitimate only
+    /// from a call that met one (an armed failure fires in a later call,
+    /// or never).
+    pub(super) fn observe<T>(&self, call: impl FnOnce() -> T) -> (T, u64) {
+        let before = self.world.injected_failures();
+        let got = call();
+        (got, self.world.injected_failures() - before)
     }
 
     /// The stream of the next call.
@@ -81,10 +88,7 @@ impl SimStreams {
             Op::Stream { which } => self.current = which as usize % self.list.len(),
             Op::Advance => self.world.advance(),
             Op::Synchronize => self.world.synchronize(),
-            Op::FailStream { n } => {
-                self.world.fail_nth(n);
-                self.failure_armed = true;
-            }
+            Op::FailStream { n } => self.world.fail_nth(n),
             _ => {}
         }
     }

@@ -24,9 +24,10 @@ type Pools = PerStreamPool<VirtualMaker<Arc<Space>>, SimStream>;
 struct VpoolStreamsTarget {
     hb: HbChecked<Shared<Pools>>,
     space: Arc<Space>,
-    /// The streams; a commit or decommit made to fail arms them too (a
-    /// backend error is then legitimate).
     streams: SimStreams,
+    /// Injected failures (of stream calls, commits and decommits)
+    /// delivered during the last allocate, for `judge_alloc_failure`.
+    delivered: u64,
     /// Whether the space holds memory in pieces given back whole only.
     pieced: bool,
 }
@@ -41,24 +42,33 @@ impl VpoolStreamsTarget {
     fn with<T>(&self, f: impl FnOnce(&mut Pools) -> T) -> T {
         self.hb.inner().with(f)
     }
+
+    /// Injected commit and decommit failures delivered so far.
+    fn space_failures(&self) -> u64 {
+        let (commits, decommits) = self.space.inner().injected_failures();
+        commits + decommits
+    }
 }
 
 impl FuzzResource for VpoolStreamsTarget {
     fn allocate(&mut self, request: Request) -> Result<Block> {
-        let block = self.hb.allocate(request, self.streams.current())?;
+        let space_before = self.space_failures();
+        let (got, streams) = self.streams.observe(|| self.hb.allocate(request, self.streams.current()));
+        self.delivered = streams + self.space_failures() - space_before;
+        let block = got?;
         self.streams.allocated(&block);
         Ok(block)
     }
     fn deallocate(&mut self, block: Block) -> Result<()> {
         let on = self.streams.free_on(&block);
-        match self.hb.deallocate(block, self.streams.get(on)) {
-            // A stream call made to fail (the event of a free on another
-            // stream, a wait before one): the free changed nothing, and a
-            // caller tries again.
-            Err(Error::Backend { .. }) if self.streams.failure_armed => {
+        match self.streams.observe(|| self.hb.deallocate(block, self.streams.get(on))) {
+            // A stream call made to fail in this free (the event of a free
+            // on another stream, a wait before one): the free changed
+            // nothing, and a caller tries again.
+            (Err(Error::Backend { .. }), delivered) if delivered > 0 => {
                 self.hb.deallocate(block, self.streams.get(on))?;
             }
-            got => got?,
+            (got, _) => got?,
         }
         if !block.is_empty() {
             // The work before the free may use the block until it is done.
@@ -71,7 +81,6 @@ impl FuzzResource for VpoolStreamsTarget {
     fn fail_nth(&mut self, n: u64) -> bool {
         self.space.inner().fail_nth_commit(n);
         self.space.inner().fail_nth_decommit(n);
-        self.streams.failure_armed = true;
         true
     }
     fn check(&self, model: &Model) -> std::result::Result<(), String> {
@@ -143,7 +152,7 @@ impl FuzzResource for VpoolStreamsTarget {
         let g = space.granule();
         let need = request.rounded_size(256) + request.align().saturating_sub(g);
         match err {
-            Error::Backend { .. } if self.streams.failure_armed => Ok(()),
+            Error::Backend { .. } if self.delivered > 0 => Ok(()),
             Error::InvalidSize { .. } if need / g + 2 >= 1 << SPAN_GRANULES_LOG2 => Ok(()),
             Error::OutOfMemory { .. } => {
                 // Physical memory: every idle granule went back before the
@@ -222,7 +231,12 @@ pub fn run_vpool_streams(data: &[u8]) {
     let space = Arc::new(UnmapChecked::new(sim, &streams.world));
     let pools =
         PerStreamPool::new(VirtualMaker::new(space.clone(), config).expect("a configuration a pool takes"));
-    let mut target =
-        VpoolStreamsTarget { hb: HbChecked::new(Shared::new(pools)), space, streams, pieced: pieces > 0 };
+    let mut target = VpoolStreamsTarget {
+        hb: HbChecked::new(Shared::new(pools)),
+        space,
+        streams,
+        delivered: 0,
+        pieced: pieces > 0,
+    };
     drive(&mut target, &mut u);
 }
