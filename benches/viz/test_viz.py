@@ -1,6 +1,8 @@
 """Tests of what `memres replay` draws and dumps, read by other programs:
-snapshots as PyTorch's memory tools read them, and the timeline as a
-browser shows it (headless Chromium, where `chromium` is installed).
+snapshots as PyTorch's memory tools read them (PyTorch's own reader where
+PyTorch is installed: the GPU machine, python/gpu/run.sh, where
+`MEMRES_REQUIRE_GPU=1` makes its absence a failure), and the timeline as
+a browser shows it (headless Chromium, where `chromium` is installed).
 
     cargo build -p memres-bench --bin memres
     python3 -m unittest discover -s benches/viz
@@ -82,8 +84,12 @@ class Snapshot(unittest.TestCase):
         self.assertEqual(requested, 4096)
         self.assertEqual((events[-1]["action"], events[-1]["size"]), ("oom", 2199023255552))
 
-    @unittest.skipUnless(torch, "PyTorch is not installed")
     def test_pytorchs_memory_viz_reads_it(self):
+        if torch is None:
+            # The GPU machine has PyTorch (python/gpu/run.sh): there it runs.
+            if os.environ.get("MEMRES_REQUIRE_GPU") == "1":
+                self.fail("MEMRES_REQUIRE_GPU=1 but PyTorch is not installed")
+            self.skipTest("PyTorch is not installed")
         from check_snapshot import with_torch
 
         snap, _, _ = self.snapshot("-r", "pool", RESNET)

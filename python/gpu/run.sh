@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # On the GPU machine (PyTorch and CuPy installed, no network): installs the
 # carried wheel into a virtual environment that sees the system's packages,
-# runs every Python test with the GPU required, then trains the same
-# network with PyTorch's allocator and with memres's and prints both.
-# Exits with pytest's status.
+# runs every Python test with the GPU required, and benches/viz's snapshot
+# checks (PyTorch reading the snapshots), then trains the same network with
+# PyTorch's allocator and with memres's and prints both. Exits with pytest's
+# status, or failing that the snapshot checks'.
 set -euo pipefail
 cd "$(dirname "$0")"
 
@@ -17,6 +18,9 @@ echo "$base" > "$here/memres-base-packages.pth"
 venv/bin/python -m pip install -q --no-index --find-links wheels memres pytest
 status=0
 MEMRES_REQUIRE_GPU=1 MEMRES_README="$PWD/README.md" venv/bin/python -m pytest -v -p no:cacheprovider tests || status=$?
+echo "== snapshots as PyTorch reads them (benches/viz)"
+MEMRES_REQUIRE_GPU=1 MEMRES="$PWD/bin/memres" venv/bin/python -m unittest discover -v -s benches/viz ||
+  { [ "$status" != 0 ] || status=1; }
 
 echo "== PyTorch training: native allocator vs memres (median step, peak device bytes)"
 for a in native memres native memres; do
