@@ -20,6 +20,7 @@ cp README.md python/gpu/run.sh "$out/"
 cargo build --release -p memres-bench --bin memres
 mkdir -p "$out/bin" "$out/benches/viz" "$out/benches/data"
 cp "${CARGO_TARGET_DIR:-target}/release/memres" "$out/bin/"
+strip "$out/bin/memres"  # its debug info is most of its size
 cp benches/viz/test_viz.py benches/viz/check_snapshot.py "$out/benches/viz/"
 cp benches/data/resnet_train.csv.gz "$out/benches/data/"
 tar czf target/memres-gpu.tar.gz -C target memres-gpu
