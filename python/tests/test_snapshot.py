@@ -11,7 +11,10 @@ import memres
 from memres import mr
 
 # What PyTorch's viewer relies on, checked without PyTorch.
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "benches", "viz"))
+# benches/viz: in the repository, or beside the tests in the GPU bundle
+# (python/gpu/bundle.sh).
+_here = os.path.dirname(os.path.abspath(__file__))
+sys.path[:0] = [os.path.join(_here, "..", "..", "benches", "viz"), os.path.join(_here, "..", "benches", "viz")]
 import check_snapshot  # noqa: E402
 
 
