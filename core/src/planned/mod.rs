@@ -326,11 +326,6 @@ enum Served {
     TakeCarry { offset: u64, size: u64, generation: u64 },
 }
 
-/// A carry layout to put in ([`Planned::lay_out`]): the carried blocks, as
-/// (allocation index, rounded size), and the old region (`Block::EMPTY`
-/// with none) and the stream id it was taken on.
-type NewLayout = (Vec<(u32, u64)>, (Block, u64));
-
 /// Ends [`State::laying_out`] when a [`Planned::step`] returns or unwinds.
 struct LayingOut<'a, R>(&'a Shared<State<R>>);
 
@@ -340,19 +335,37 @@ impl<R> Drop for LayingOut<'_, R> {
     }
 }
 
-/// The step's region, out of the state while [`Planned::step`] gives it
-/// back upstream (which may hand its addresses out again at once, and a
-/// block there is then the upstream's): put back when dropped, as the
-/// free failed or panicked, unless [`gone`](Self::gone).
+/// Which region of the state a [`GoingBack`] is.
+#[derive(Clone, Copy)]
+enum Home {
+    Step,
+    Carry,
+}
+
+impl Home {
+    fn of<R>(self, s: &mut State<R>) -> &mut Block {
+        match self {
+            Home::Step => &mut s.region,
+            Home::Carry => &mut s.carry.region,
+        }
+    }
+}
+
+/// A region out of the state while [`Planned::step`] or
+/// [`Planned::release`] gives it back upstream (which may hand its
+/// addresses out again at once, and a block there is then the
+/// upstream's): put back when dropped, as the free failed or panicked,
+/// unless [`gone`](Self::gone).
 struct GoingBack<'a, R> {
     state: &'a Shared<State<R>>,
     region: Block,
+    home: Home,
 }
 
 impl<'a, R> GoingBack<'a, R> {
-    fn take(state: &'a Shared<State<R>>, region: Block) -> Self {
-        state.with(|s| s.region = Block::EMPTY);
-        GoingBack { state, region }
+    fn take(state: &'a Shared<State<R>>, region: Block, home: Home) -> Self {
+        state.with(|s| *home.of(s) = Block::EMPTY);
+        GoingBack { state, region, home }
     }
 
     /// The upstream took the region back.
@@ -363,7 +376,7 @@ impl<'a, R> GoingBack<'a, R> {
 
 impl<R> Drop for GoingBack<'_, R> {
     fn drop(&mut self) {
-        self.state.with(|s| s.region = self.region);
+        self.state.with(|s| *self.home.of(s) = self.region);
     }
 }
 
@@ -821,8 +834,8 @@ impl<R> Planned<R> {
     ///
     /// # Errors
     ///
-    /// The stream's, or the upstream's: a region it refused is kept, with
-    /// no plan, for the next release or step.
+    /// The stream's, or the upstream's: a region it refused (or whose
+    /// free panicked) is kept, with no plan, for the next release or step.
     pub fn release<S: Stream + ?Sized>(&self, stream: &S) -> Result<u64>
     where
         R: MemoryResource<S>,
@@ -843,36 +856,34 @@ impl<R> Planned<R> {
             if s.laying_out || s.live_count > 0 || !(step || carry) {
                 return None;
             }
-            // The plan names places in the regions: none from now on. A
-            // step's call meanwhile is refused, as while a step lays out.
+            // The plan names places in the regions, and the carry layout
+            // its region: none from now on, so that no block is served
+            // there. A step's call meanwhile is refused, as while a step
+            // lays out.
             s.install(Plan::default());
             s.following = false;
             s.laying_out = true;
-            let step = if step { core::mem::replace(&mut s.region, Block::EMPTY) } else { Block::EMPTY };
-            let carry = if carry {
+            if carry {
                 s.carry.lay_out(&[]);
-                core::mem::replace(&mut s.carry.region, Block::EMPTY)
-            } else {
-                Block::EMPTY
-            };
-            Some([step, carry])
+            }
+            Some([(s.region, Home::Step, step), (s.carry.region, Home::Carry, carry)])
         });
         let Some(regions) = taken else { return Ok(0) };
         let _laying_out = LayingOut(&self.state);
         let (mut given, mut first) = (0, None);
-        for (i, region) in regions.into_iter().enumerate() {
-            if region.is_empty() {
+        for (region, home, goes) in regions {
+            if !goes {
                 continue;
             }
+            // Kept, serving nothing, if its free fails or panics, for the
+            // next release or step to give back.
+            let going = GoingBack::take(&self.state, region, home);
             match self.upstream.deallocate(region, stream) {
-                Ok(()) => given += region.size(),
+                Ok(()) => {
+                    going.gone();
+                    given += region.size();
+                }
                 Err(e) => {
-                    // Kept, serving nothing, for the next release or step
-                    // to give back.
-                    self.state.with(|s| match i {
-                        0 => s.region = region,
-                        _ => s.carry.region = region,
-                    });
                     first.get_or_insert(e);
                 }
             }
@@ -983,17 +994,16 @@ impl<R> Planned<R> {
                 s.previous = asked;
                 // What a repeating step carried into the next one is laid
                 // out for the steps after it (`Carry`). The old layout
-                // goes once nothing lives in it (its region, taken out
-                // meanwhile, may serve the new one); until then the plan
-                // uses what of it still fits.
+                // goes once nothing lives in it (its region may serve the
+                // new one); until then the plan uses what of it still
+                // fits.
                 let carried = match &record {
                     Some(r) if repeats => carried_of(r, &s.carried_frees),
                     _ => Vec::new(),
                 };
                 let carry = (!s.carry.is(&carried) && s.carry.live.is_empty()).then(|| {
-                    let old = (core::mem::replace(&mut s.carry.region, Block::EMPTY), s.carry.region_stream);
                     s.carry.lay_out(&[]);
-                    (carried, old)
+                    (carried, (s.carry.region, s.carry.region_stream))
                 });
                 // What the plan is made with: the layout of the next steps.
                 let frees = core::mem::take(&mut s.carried_frees);
@@ -1023,28 +1033,22 @@ impl<R> Planned<R> {
             Some((carried, (old, on))) if !old.is_empty() => {
                 let need: u64 = carried.iter().map(|&(_, n)| n).sum();
                 let close = need <= old.size() && old.size() - need <= old.size() / 8;
-                let waited = if close {
-                    Ok(false)
+                let give_back = if close {
+                    false
                 } else if on != id {
-                    stream.synchronize_device()
+                    stream.synchronize_device()?
                 } else {
-                    Ok(true)
+                    true
                 };
-                let back = waited.and_then(|can| {
-                    if can {
-                        self.upstream.deallocate(old, stream).map(|()| true)
-                    } else {
-                        Ok(false)
-                    }
-                });
-                let kept = if matches!(back, Ok(true)) { Block::EMPTY } else { old };
-                if back.is_err() {
-                    self.state.with(|s| (s.carry.region, s.carry.region_stream) = (old, on));
+                if give_back {
+                    // Kept, with no layout, if its free fails or panics.
+                    let going = GoingBack::take(&self.state, old, Home::Carry);
+                    self.upstream.deallocate(old, stream)?;
+                    going.gone();
                 }
-                back?;
-                Some((carried, (kept, on)))
+                Some(carried)
             }
-            other => other,
+            other => other.map(|(carried, _)| carried),
         };
         let view = CarryView { slots: &slots, frees: &frees };
         let made = record.as_deref().and_then(|r| Plan::of(r, &view));
@@ -1058,7 +1062,7 @@ impl<R> Planned<R> {
         let mut made = made;
         let mut idle = false;
         let mut wait_device = || -> Result<bool> {
-            idle = idle || stream.synchronize_device().inspect_err(|_| self.lay_out(carry.clone()))?;
+            idle = idle || stream.synchronize_device().inspect_err(|_| self.lay_out(carry.as_deref()))?;
             Ok(idle)
         };
         let blocked = !keep && !region.is_empty() && region_stream != id;
@@ -1073,10 +1077,7 @@ impl<R> Planned<R> {
         // A region kept for the plan that was last used on another stream
         // serves this one only once the device is waited for: frees into
         // it on that stream, its steps' stream then, did not wait.
-        let carry_on = match &carry {
-            Some((_, (old, on))) => (!old.is_empty()).then_some(*on),
-            None => self.state.with(|s| (!s.carry.region.is_empty()).then_some(s.carry.region_stream)),
-        };
+        let carry_on = self.state.with(|s| (!s.carry.region.is_empty()).then_some(s.carry.region_stream));
         let elsewhere =
             (keep && !region.is_empty() && region_stream != id) || carry_on.is_some_and(|on| on != id);
         let mut moved = made.is_some() && elsewhere;
@@ -1086,8 +1087,8 @@ impl<R> Planned<R> {
         let mut new_region = region;
         if !keep {
             if !region.is_empty() {
-                let going = GoingBack::take(&self.state, region);
-                self.upstream.deallocate(region, stream).inspect_err(|_| self.lay_out(carry.clone()))?;
+                let going = GoingBack::take(&self.state, region, Home::Step);
+                self.upstream.deallocate(region, stream).inspect_err(|_| self.lay_out(carry.as_deref()))?;
                 going.gone();
                 new_region = Block::EMPTY;
             }
@@ -1102,7 +1103,7 @@ impl<R> Planned<R> {
                     .unwrap_or(Block::EMPTY);
             }
         }
-        self.lay_out(carry);
+        self.lay_out(carry.as_deref());
         self.state.with(|s| {
             s.laying_out = false;
             // The regions' memory is this stream's now: taken on it, or
@@ -1140,18 +1141,16 @@ impl<R> Planned<R> {
         Ok(())
     }
 
-    /// Puts a new carry layout in: `carried`, in the old region if it was
-    /// kept and fits, else with none (taken at the first carried
-    /// allocation). A kept region that does not fit stays with no slots.
-    fn lay_out(&self, carry: Option<NewLayout>) {
-        let Some((carried, (old, on))) = carry else { return };
+    /// Puts a new carry layout in, if any: `carried` (allocation index,
+    /// rounded size), in the old region if it was kept and fits, else
+    /// with none (taken at the first carried allocation). A kept region
+    /// that does not fit stays with no slots.
+    fn lay_out(&self, carried: Option<&[(u32, u64)]>) {
+        let Some(carried) = carried else { return };
         self.state.with(|s| {
-            s.carry.lay_out(&carried);
-            if !old.is_empty() {
-                if s.carry.size() > old.size() {
-                    s.carry.lay_out(&[]);
-                }
-                (s.carry.region, s.carry.region_stream) = (old, on);
+            s.carry.lay_out(carried);
+            if !s.carry.region.is_empty() && s.carry.size() > s.carry.region.size() {
+                s.carry.lay_out(&[]);
             }
         });
     }
@@ -1377,15 +1376,17 @@ impl<R: fmt::Debug> fmt::Debug for Planned<R> {
 // a step, a release or on drop, only when none is; one `step` or `release`
 // at a time gives regions back or takes them, `laying_out` refusing any
 // other step meanwhile, and a region it may give back serves no block
-// meanwhile: the step's region has no plan, and each is out of the state
-// while it goes back, so that a block of `R` the upstream hands out there at
-// once is freed as `R`'s; a release, only with no block live in the step's
-// region, drops the plan and takes out of the state each region it gives
-// back, the carry region only with none live in it). A block is placed in a region only
-// where no live block lies (in the step's region a step departs before a
-// block freed later than recorded could be covered; in the carry region each
-// block is checked against the live ones), so live blocks never overlap; the
-// records are kept in `Planned`'s own state, never in the memory.
+// meanwhile: the step's region has no plan, the carry region no layout (a
+// region taken for the old one meanwhile goes back as a spare), and each is
+// out of the state while it goes back, so that a block of `R` the upstream
+// hands out there at once is freed as `R`'s; a release, only with no block
+// live in the step's region, drops the plan, and the carry layout where it
+// gives the carry region back, only with none live in it). A block is
+// placed in a region only where no live block lies (in the step's region a
+// step departs before a block freed later than recorded could be covered; in
+// the carry region each block is checked against the live ones), so live
+// blocks never overlap; the records are kept in `Planned`'s own state, never
+// in the memory.
 unsafe impl<E, R: crate::copy::MemoryOf<E>> crate::copy::MemoryOf<E> for Planned<R> {}
 
 impl<R> Drop for Planned<R> {

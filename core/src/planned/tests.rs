@@ -1415,6 +1415,65 @@ fn a_step_region_whose_free_fails_or_panics_stays_held_with_no_plan() {
     assert_eq!((p.steps().region, p.upstream().usage().held), (0, 0));
 }
 
+/// A region whose free panics in a release stays in the state, as one
+/// whose free fails: held, counted and given back by the next release.
+/// The carry region's free panics after the step's region went back
+/// (`skip` 1), or the step's region's does and the carry region is not
+/// tried (`skip` 0).
+#[test]
+fn a_region_whose_free_panics_in_a_release_stays_held_for_the_next_one() {
+    let (step, carry) = (6 * MIB, 2 * MIB + 1024);
+    for skip in [0, 1] {
+        let p = Planned::new(BumpUpstream::new(1 << 30));
+        let mut grads = Vec::new();
+        for _ in 0..4 {
+            train_step(&p, &mut grads);
+        }
+        for g in grads.drain(..) {
+            p.deallocate(g, &()).unwrap();
+        }
+        p.upstream().panic_in("deallocate", skip);
+        let released = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| p.release(&())));
+        assert!(released.is_err());
+        let kept = if skip == 0 { step + carry } else { carry };
+        let s = p.steps();
+        assert_eq!((s.region + s.carry_region, p.held(), p.upstream().usage().held), (kept, kept, kept));
+        p.check().unwrap();
+        assert_eq!(p.release(&()).unwrap(), kept, "skip {skip}");
+        assert_eq!(p.upstream().usage().held, 0);
+    }
+}
+
+/// A step that gives the old carry region back (the steps changed shape)
+/// keeps it, with no layout, if its free panics, as if it failed: held,
+/// counted and given back by a release.
+#[test]
+fn a_carry_region_whose_free_panics_in_a_step_stays_held() {
+    let (step, carry) = (6 * MIB, 2 * MIB + 1024);
+    let p = Planned::new(BumpUpstream::new(1 << 30));
+    let mut grads = Vec::new();
+    for _ in 0..4 {
+        train_step(&p, &mut grads);
+    }
+    // A step of another shape, whose end gives both regions back: the
+    // carry region first.
+    p.step(&()).unwrap();
+    for g in grads.drain(..) {
+        p.deallocate(g, &()).unwrap();
+    }
+    let b = p.allocate(req(3 * MIB), &()).unwrap();
+    p.deallocate(b, &()).unwrap();
+    p.upstream().panic_in("deallocate", 0);
+    let stepped = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| p.step(&())));
+    assert!(stepped.is_err());
+    let s = p.steps();
+    assert_eq!((s.region, s.carry_region, p.held()), (step, carry, step + carry));
+    assert_eq!(p.state.with(|s| s.carry.slots.len()), 0, "no layout");
+    p.check().unwrap();
+    assert_eq!(p.release(&()).unwrap(), step + carry);
+    assert_eq!(p.upstream().usage().held, 0);
+}
+
 /// An upstream that serves blocks of up to `3 << 60` bytes at a few
 /// addresses far apart, for steps whose blocks together exceed any request.
 struct Huge(std::sync::Mutex<Vec<u64>>);
