@@ -2,8 +2,8 @@
 //! in a region of their own.
 
 use super::placement::Lifetime;
-use super::{offset_in, OPEN, UNIT};
-use crate::{Block, Request};
+use super::{offset_in, Region, OPEN, UNIT};
+use crate::Request;
 use alloc::collections::BTreeMap;
 use alloc::vec::Vec;
 
@@ -42,12 +42,12 @@ pub(super) struct Carry {
     pub(super) live: BTreeMap<u64, (u64, u64, u64)>,
     /// Blocks served so far: the next one's tag, so that a stale block
     /// (freed, its bytes served again) is told from the live one. It stops
-    /// one short of [`Block::NO_TAG`], where the blocks are told apart by
-    /// address only.
+    /// one short of [`Block::NO_TAG`](crate::Block::NO_TAG), where the
+    /// blocks are told apart by address only.
     pub(super) served: u64,
-    /// The region (`Block::EMPTY` until the first block it serves): at
+    /// The region (`Region::EMPTY` until the first block it serves): at
     /// least the sum of the slots while a block is live.
-    pub(super) region: Block,
+    pub(super) region: Region,
     /// The stream id the region was taken on.
     pub(super) region_stream: u64,
     /// Whether the upstream refused the region: not asked again until the

@@ -145,14 +145,16 @@ pub struct Steps {
     pub plans: u64,
     /// Allocations served from the regions.
     pub planned_allocations: u64,
-    /// Bytes of the step's region held from upstream now.
+    /// Bytes of the step's region held from upstream now: those asked for
+    /// (of a longer block, the rest is neither used nor counted).
     pub region: u64,
-    /// Bytes of the region of carried blocks held from upstream now.
+    /// Bytes of the region of carried blocks held from upstream now, as
+    /// [`region`](Self::region).
     pub carry_region: u64,
 }
 
 /// The counts of several [`Planned`] layers, added field by field (the
-/// regions' bytes too: what they all hold now).
+/// regions' bytes too: what they all hold now), saturating.
 ///
 /// ```
 /// use memres_core::planned::Steps;
@@ -163,12 +165,12 @@ pub struct Steps {
 impl core::iter::Sum for Steps {
     fn sum<I: Iterator<Item = Steps>>(iter: I) -> Steps {
         iter.fold(Steps::default(), |t, s| Steps {
-            steps: t.steps + s.steps,
-            followed: t.followed + s.followed,
-            plans: t.plans + s.plans,
-            planned_allocations: t.planned_allocations + s.planned_allocations,
-            region: t.region + s.region,
-            carry_region: t.carry_region + s.carry_region,
+            steps: t.steps.saturating_add(s.steps),
+            followed: t.followed.saturating_add(s.followed),
+            plans: t.plans.saturating_add(s.plans),
+            planned_allocations: t.planned_allocations.saturating_add(s.planned_allocations),
+            region: t.region.saturating_add(s.region),
+            carry_region: t.carry_region.saturating_add(s.carry_region),
         })
     }
 }
@@ -335,6 +337,33 @@ impl<R> Drop for LayingOut<'_, R> {
     }
 }
 
+/// A region from upstream: the upstream's block, given back as it came,
+/// and the bytes asked for of it, the only ones used and counted (the rest
+/// of a longer block lies idle, as the rest of a pool's chunk does): at
+/// most [`Request::MAX_SIZE`], so that the regions' sizes add up.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct Region {
+    block: Block,
+    size: u64,
+}
+
+impl Region {
+    const EMPTY: Region = Region { block: Block::EMPTY, size: 0 };
+
+    fn addr(&self) -> u64 {
+        self.block.addr()
+    }
+
+    /// The bytes asked for.
+    fn size(&self) -> u64 {
+        self.size
+    }
+
+    fn is_empty(&self) -> bool {
+        self.block.is_empty()
+    }
+}
+
 /// Which region of the state a [`GoingBack`] is.
 #[derive(Clone, Copy)]
 enum Home {
@@ -343,7 +372,7 @@ enum Home {
 }
 
 impl Home {
-    fn of<R>(self, s: &mut State<R>) -> &mut Block {
+    fn of<R>(self, s: &mut State<R>) -> &mut Region {
         match self {
             Home::Step => &mut s.region,
             Home::Carry => &mut s.carry.region,
@@ -358,13 +387,13 @@ impl Home {
 /// unless [`gone`](Self::gone).
 struct GoingBack<'a, R> {
     state: &'a Shared<State<R>>,
-    region: Block,
+    region: Region,
     home: Home,
 }
 
 impl<'a, R> GoingBack<'a, R> {
-    fn take(state: &'a Shared<State<R>>, region: Block, home: Home) -> Self {
-        state.with(|s| *home.of(s) = Block::EMPTY);
+    fn take(state: &'a Shared<State<R>>, region: Region, home: Home) -> Self {
+        state.with(|s| *home.of(s) = Region::EMPTY);
         GoingBack { state, region, home }
     }
 
@@ -509,8 +538,8 @@ struct State<R> {
     live_bytes: u64,
     /// The stream id the step is on (the stream `step` was called with).
     stream: u64,
-    /// The region from upstream (`Block::EMPTY` with none).
-    region: Block,
+    /// The region from upstream (`Region::EMPTY` with none).
+    region: Region,
     /// The stream id the region was taken on.
     region_stream: u64,
     /// Figures.
@@ -521,7 +550,7 @@ struct State<R> {
 }
 
 /// The offset of `addr` in `region`, if it lies there.
-fn offset_in(region: Block, addr: u64) -> Option<u64> {
+fn offset_in(region: Region, addr: u64) -> Option<u64> {
     let offset = addr.checked_sub(region.addr())?;
     (!region.is_empty() && offset < region.size()).then_some(offset)
 }
@@ -553,7 +582,7 @@ impl<R> State<R> {
             live_count: 0,
             live_bytes: 0,
             stream: 0,
-            region: Block::EMPTY,
+            region: Region::EMPTY,
             region_stream: 0,
             steps: Steps::default(),
             at_drop: None,
@@ -637,11 +666,11 @@ impl<R> State<R> {
     /// to give back (the upstream's or one that came in meanwhile).
     fn carry_taken(
         &mut self,
-        region: Option<Block>,
+        region: Option<Region>,
         (generation, offset): (u64, u64),
         request: Request,
         stream: u64,
-    ) -> (Option<(u64, u64)>, Option<Block>) {
+    ) -> (Option<(u64, u64)>, Option<Region>) {
         let Some(region) = region else {
             self.carry.refused = true;
             return (None, None);
@@ -809,11 +838,14 @@ impl<R> Planned<R> {
         &self.upstream
     }
 
-    /// Bytes held from the upstream: the regions, and the upstream's
-    /// blocks handed out as they are and not freed yet.
+    /// Bytes held from the upstream: the regions (the bytes asked for of
+    /// each), and the upstream's blocks handed out as they are and not
+    /// freed yet.
     pub fn held(&self) -> u64 {
+        // Each region at most `Request::MAX_SIZE`: they add up; the blocks
+        // handed out are as long as the upstream says, which may overlap.
         let regions = self.state.with(|s| s.region.size() + s.carry.region.size());
-        regions + self.passed_through()
+        regions.saturating_add(self.passed_through())
     }
 
     /// Bytes of the upstream's blocks handed out as they are (outside the
@@ -829,8 +861,9 @@ impl<R> Planned<R> {
     /// until freed (and its layout, for the next plan). A region taken on
     /// another stream goes back only where `stream` can wait for the
     /// whole device ([`Stream::synchronize_device`]). Returns the bytes
-    /// given back (0 with a block live in the step's region, or while a
-    /// [`step`](Self::step) gives regions back or takes them).
+    /// given back, as [`held`](Self::held) counted them (0 with a block
+    /// live in the step's region, or while a [`step`](Self::step) gives
+    /// regions back or takes them).
     ///
     /// # Errors
     ///
@@ -849,7 +882,7 @@ impl<R> Planned<R> {
         });
         let idle = elsewhere && stream.synchronize_device()?;
         let taken = self.state.with(|s| {
-            let here = |region: Block, on: u64| !region.is_empty() && (on == id || idle);
+            let here = |region: Region, on: u64| !region.is_empty() && (on == id || idle);
             let step = here(s.region, s.region_stream);
             let carry = here(s.carry.region, s.carry.region_stream) && s.carry.live.is_empty();
             // A live block of the step's region is found by the plan's slots.
@@ -878,7 +911,7 @@ impl<R> Planned<R> {
             // Kept, serving nothing, if its free fails or panics, for the
             // next release or step to give back.
             let going = GoingBack::take(&self.state, region, home);
-            match self.upstream.deallocate(region, stream) {
+            match self.upstream.deallocate(region.block, stream) {
                 Ok(()) => {
                     going.gone();
                     given += region.size();
@@ -930,18 +963,20 @@ impl<R> Planned<R> {
         first.map_or(Ok(()), |e| Err((e, failed)))
     }
 
-    /// `region`, taken from upstream for `len` bytes, if it holds them;
-    /// else it goes back, and the region is taken as refused: blocks laid
-    /// out past its size would lie in memory the upstream did not give.
-    fn whole<S: Stream + ?Sized>(&self, region: Block, len: u64, stream: &S) -> Option<Block>
+    /// A region of `size` bytes from upstream; `None` where no request
+    /// holds them, the upstream refuses, or its block is shorter than asked
+    /// (it goes back: blocks laid out past its size would lie in memory
+    /// the upstream did not give). A longer block serves as far as asked.
+    fn take_region<S: Stream + ?Sized>(&self, size: u64, stream: &S) -> Option<Region>
     where
         R: MemoryResource<S>,
     {
-        if region.upstream_range(len).is_ok() {
-            return Some(region);
+        let block = self.upstream.allocate(Request::new(size).ok()?, stream).ok()?;
+        if block.upstream_range(size).is_err() {
+            let _ = self.upstream.deallocate(block, stream);
+            return None;
         }
-        let _ = self.upstream.deallocate(region, stream);
-        None
+        Some(Region { block, size })
     }
 
     /// Ends the step in progress and begins the next one on `stream`.
@@ -1043,7 +1078,7 @@ impl<R> Planned<R> {
                 if give_back {
                     // Kept, with no layout, if its free fails or panics.
                     let going = GoingBack::take(&self.state, old, Home::Carry);
-                    self.upstream.deallocate(old, stream)?;
+                    self.upstream.deallocate(old.block, stream)?;
                     going.gone();
                 }
                 Some(carried)
@@ -1088,19 +1123,17 @@ impl<R> Planned<R> {
         if !keep {
             if !region.is_empty() {
                 let going = GoingBack::take(&self.state, region, Home::Step);
-                self.upstream.deallocate(region, stream).inspect_err(|_| self.lay_out(carry.as_deref()))?;
+                self.upstream
+                    .deallocate(region.block, stream)
+                    .inspect_err(|_| self.lay_out(carry.as_deref()))?;
                 going.gone();
-                new_region = Block::EMPTY;
+                new_region = Region::EMPTY;
             }
             if top > 0 {
                 // Without a region the steps run from upstream, recorded.
                 // A step whose blocks together exceed any request is
                 // refused as a region the upstream refuses.
-                new_region = Request::new(top)
-                    .ok()
-                    .and_then(|r| self.upstream.allocate(r, stream).ok())
-                    .and_then(|b| self.whole(b, top, stream))
-                    .unwrap_or(Block::EMPTY);
+                new_region = self.take_region(top, stream).unwrap_or(Region::EMPTY);
             }
         }
         self.lay_out(carry.as_deref());
@@ -1167,15 +1200,12 @@ impl<S: Stream + ?Sized, R: MemoryResource<S>> MemoryResource<S> for Planned<R> 
                 // The first block of the carry region since the layout
                 // was made: in the first planned step, after the blocks the
                 // step before carried (from upstream) are freed.
-                let region = Request::new(size)
-                    .ok()
-                    .and_then(|r| self.upstream.allocate(r, stream).ok())
-                    .and_then(|b| self.whole(b, size, stream));
+                let region = self.take_region(size, stream);
                 let (served, spare) =
                     self.state.with(|s| s.carry_taken(region, (generation, offset), request, id));
                 // Given back to the carry region if the spare's free panics.
                 let served = served.map(|(addr, tag)| Unserved { state: &self.state, addr, tag });
-                let back = spare.map_or(Ok(()), |spare| self.upstream.deallocate(spare, stream));
+                let back = spare.map_or(Ok(()), |spare| self.upstream.deallocate(spare.block, stream));
                 if let Some(served) = served {
                     // Served: the block is the caller's whatever became of
                     // the spare region (taken by a thread beside this one).
@@ -1371,8 +1401,9 @@ impl<R: fmt::Debug> fmt::Debug for Planned<R> {
 }
 
 // SAFETY: every block is either one of `R`'s, handed out unchanged and freed
-// only through `R::deallocate`, or a range inside a region: a block of `R`
-// that `Planned` holds while any block in it is live (a region goes back, at
+// only through `R::deallocate`, or a range inside a region's first bytes, as
+// many as were asked of `R` for it (`take_region` refuses a shorter block): a
+// block of `R` that `Planned` holds while any block in it is live (a region goes back, at
 // a step, a release or on drop, only when none is; one `step` or `release`
 // at a time gives regions back or takes them, `laying_out` refusing any
 // other step meanwhile, and a region it may give back serves no block
@@ -1399,7 +1430,7 @@ impl<R> Drop for Planned<R> {
         });
         for (region, free) in regions {
             if let (false, Some(give_back), true) = (region.is_empty(), at_drop, free) {
-                give_back(&self.upstream, region);
+                give_back(&self.upstream, region.block);
             }
         }
     }

@@ -1851,3 +1851,81 @@ fn regions_shorter_than_asked_are_given_back_and_taken_as_refused() {
     }
     assert_eq!(short.up.usage().held, 0, "every short region went back");
 }
+
+/// An upstream (a safe trait of the user's) that hands out a step's region
+/// longer than asked, `u64::MAX` bytes: the region is used and counted as
+/// asked, as a pool's chunk is, and goes back whole. Before, it was
+/// counted as it came, and `held()` and `usage()` added it to the carry
+/// region past `u64::MAX` (a panic in a debug build).
+#[test]
+fn a_region_longer_than_asked_is_used_and_counted_as_asked() {
+    use std::collections::BTreeMap;
+    use std::sync::Mutex;
+    /// Blocks above 4 MiB come back `u64::MAX` bytes long; their free must
+    /// give that size back.
+    struct Long {
+        up: BumpUpstream,
+        long: Mutex<BTreeMap<u64, u64>>,
+    }
+    impl MemoryResource<()> for Long {
+        fn allocate(&self, request: Request, stream: &()) -> Result<Block> {
+            let b = self.up.allocate(request, stream)?;
+            if b.size() <= 4 * MIB {
+                return Ok(b);
+            }
+            self.long.lock().unwrap().insert(b.addr(), b.size());
+            Ok(Block::new(b.addr(), u64::MAX, b.tag()))
+        }
+        fn deallocate(&self, block: Block, stream: &()) -> Result<()> {
+            let Some(&size) = self.long.lock().unwrap().get(&block.addr()) else {
+                return self.up.deallocate(block, stream);
+            };
+            if block.size() != u64::MAX {
+                return Err(Error::SizeMismatch {
+                    addr: block.addr(),
+                    expected: u64::MAX,
+                    given: block.size(),
+                });
+            }
+            self.long.lock().unwrap().remove(&block.addr());
+            self.up.deallocate(Block::new(block.addr(), size, block.tag()), stream)
+        }
+    }
+    impl Inspect for Long {
+        fn usage(&self) -> crate::Usage {
+            self.up.usage()
+        }
+        fn check(&self) -> core::result::Result<(), crate::check::Violation> {
+            Ok(())
+        }
+    }
+    let (step, carry) = (6 * MIB, 2 * MIB + 1024);
+    let long = Long { up: BumpUpstream::new(1 << 30), long: Default::default() };
+    let p = Planned::new(&long);
+    let mut grads = Vec::new();
+    for _ in 0..6 {
+        train_step(&p, &mut grads);
+        p.check().unwrap();
+    }
+    assert_eq!((p.held(), p.usage().used), (step + carry, carry));
+    let s = p.steps();
+    assert_eq!((s.plans, s.followed, s.region, s.carry_region), (1, 3, step, carry), "kept, as asked");
+    for g in grads.drain(..) {
+        p.deallocate(g, &()).unwrap();
+    }
+    assert_eq!(p.release(&()).unwrap(), step + carry);
+    assert_eq!(
+        (long.up.usage().held, long.long.lock().unwrap().len()),
+        (0, 0),
+        "the long region went back whole"
+    );
+}
+
+/// The figures of several layers (or made up) add up saturating: the
+/// regions' bytes of layers over several devices may pass `u64::MAX`.
+#[test]
+fn the_steps_of_several_layers_add_up_saturating() {
+    let a = Steps { steps: 2, region: u64::MAX - 1, carry_region: 1 << 62, ..Steps::default() };
+    let total: Steps = [a; 4].into_iter().sum();
+    assert_eq!((total.steps, total.region, total.carry_region), (8, u64::MAX, u64::MAX));
+}
