@@ -294,7 +294,7 @@ pub struct Built<S: ?Sized> {
 
 impl<S: ?Sized> fmt::Debug for Built<S> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let names: Vec<(&str, usize)> = self.handles.iter().map(|h| (h.name.as_str(), h.pos)).collect();
+        let names: Vec<(&str, usize)> = self.names().collect();
         f.debug_struct("Built").field("handles", &names).finish_non_exhaustive()
     }
 }
@@ -319,6 +319,21 @@ impl<S: ?Sized> Built<S> {
     /// ([`ReleaseLayers::release`], PyTorch's `empty_cache`).
     pub fn release_layers(&self) -> ReleaseLayers<S> {
         self.releasing.clone()
+    }
+
+    /// The name and the position in the text of every resource kept,
+    /// outermost first: what [`all`](Self::all) finds them by.
+    ///
+    /// ```
+    /// use memres_core::stack::{StackBuilder, Unbacked};
+    /// let mut b = StackBuilder::<()>::new();
+    /// b.register("leaf", |call, cx| Ok(cx.keep(call, Unbacked::new())));
+    /// let built = b.build_with_handles("stats(pool(leaf))", &())?;
+    /// assert_eq!(built.names().collect::<Vec<_>>(), [("stats", 0), ("pool", 6), ("leaf", 11)]);
+    /// # Ok::<(), memres_core::stack::StackError>(())
+    /// ```
+    pub fn names(&self) -> impl Iterator<Item = (&str, usize)> {
+        self.handles.iter().map(|h| (h.name.as_str(), h.pos))
     }
 
     /// Every resource named `name` of type `T`, outermost first.

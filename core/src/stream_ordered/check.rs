@@ -18,10 +18,30 @@ impl<A: Inspect, S: Stream> Inspect for StreamOrdered<A, S> {
         Usage::new(self.live_bytes, inner.held, inner.peak_held, inner.largest_free.max(longest))
     }
 
-    /// Checks the layer's invariants and the inner algorithm's: slots and
-    /// counters agree, listed blocks are keyed by their size and address and
-    /// have a sequence number below their list's next one, live and listed
-    /// blocks are pairwise disjoint.
+    /// Checks the layer's invariants ([`check_layer`](StreamOrdered::check_layer))
+    /// and the inner algorithm's.
+    ///
+    /// # Errors
+    ///
+    /// The first broken invariant.
+    ///
+    /// # Time Complexity
+    ///
+    /// O(n log n) in the number of live and listed blocks, and the inner
+    /// algorithm's check.
+    fn check(&self) -> core::result::Result<(), Violation> {
+        self.check_layer()?;
+        self.inner.check()
+    }
+}
+
+impl<A, S: Stream> StreamOrdered<A, S> {
+    /// Checks the layer's own invariants, not the inner algorithm's (for an
+    /// inner algorithm without a checker, as a built stack's `stream` over
+    /// the resources under it, checked each on its own): slots and counters
+    /// agree, listed blocks are keyed by their size and address and have a
+    /// sequence number below their list's next one, live and listed blocks
+    /// are pairwise disjoint.
     ///
     /// # Errors
     ///
@@ -30,7 +50,22 @@ impl<A: Inspect, S: Stream> Inspect for StreamOrdered<A, S> {
     /// # Time Complexity
     ///
     /// O(n log n) in the number of live and listed blocks.
-    fn check(&self) -> core::result::Result<(), Violation> {
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use memres_core::stream_ordered::StreamOrdered;
+    /// use memres_core::pool::CoalescingPool;
+    /// use memres_core::testing::IdStream;
+    /// use memres_core::{MemoryResourceMut, Request};
+    /// # use memres_core::testing::BumpUpstream;
+    /// let mut layer = StreamOrdered::new(CoalescingPool::new(BumpUpstream::new(1 << 20)));
+    /// let b = layer.allocate(Request::new(1000)?, &IdStream(1))?;
+    /// layer.deallocate(b, &IdStream(1))?;
+    /// layer.check_layer().unwrap();
+    /// # Ok::<(), memres_core::Error>(())
+    /// ```
+    pub fn check_layer(&self) -> core::result::Result<(), Violation> {
         let mut ranges = Vec::new();
         let (mut live, mut live_bytes) = (0usize, 0u64);
         for s in self.slots.iter().filter(|s| s.live) {
@@ -94,6 +129,6 @@ impl<A: Inspect, S: Stream> Inspect for StreamOrdered<A, S> {
         if ranges.windows(2).any(|w| w[0].0 + w[0].1 > w[1].0) {
             return Err(Violation::new("live or listed blocks overlap"));
         }
-        self.inner.check()
+        Ok(())
     }
 }

@@ -3,12 +3,20 @@
 //! built over the simulator and driven on three streams.
 
 use arbitrary::{Result as ArbResult, Unstructured};
-use memres_core::adaptor::Statistics;
+use memres_core::adaptor::{Aligned, Limiting, Statistics, Tracking};
+use memres_core::arena::ArenaResource;
+use memres_core::binning::BinningResource;
 use memres_core::check::LiveBlocks;
+use memres_core::fixed::FixedSizeResource;
+use memres_core::per_stream::{PerStreamPool, PoolMaker, VirtualMaker};
 use memres_core::planned::Planned;
-use memres_core::stack::Built;
-use memres_core::{Block, DynResource, Error, Inspect, MemoryResource, Request};
-use memres_sim::{SimDevice, SimStream, SimWorld};
+use memres_core::pool::CoalescingPool;
+use memres_core::stack::{parse, parse_size, Built, Call, OnStream, Value};
+use memres_core::stream_ordered::StreamOrdered;
+use memres_core::vpool::VirtualPool;
+use memres_core::{Block, DynResource, Error, Inspect, MemoryResource, Request, Shared, Stream};
+use memres_sim::{SimAddressSpace, SimDevice, SimStream, SimWorld};
+use std::any::Any;
 use std::sync::Arc;
 
 /// Values of keys and arguments: sizes where configurations break, and
@@ -197,13 +205,21 @@ pub fn stack_string_of(data: &[u8]) -> Option<String> {
 /// `planned` layer, and `release()`.
 ///
 /// A text that does not build fails with a `StackError` inside the text.
-/// Every block handed out holds its request, is aligned as asked and
-/// overlaps no live block; an allocation fails only as out of memory or as
-/// a request the stack cannot serve; a free of a live block succeeds on any
-/// stream; a double or foreign free fails; a stack with `stats` outermost
-/// counts exactly the live blocks' bytes after every call, and nothing
-/// once they are freed; once every block is freed, a `release()` leaves
-/// nothing lent by a `sim` leaf.
+/// After every operation the checker of every resource of the stack that
+/// has one passes (`pool`, `fixed`, `binning`, `arena`, `vpool`, `sim`,
+/// and `stream`'s own; not `planned` nor `limit`, whose checkers need
+/// one of the stack under them); the `stats`, `track` and `limit` layers
+/// at its top (over nothing but each other) count exactly the live
+/// blocks. Every block handed out holds its request, is aligned as asked
+/// and overlaps no live block. An allocation fails only as a request the
+/// stack cannot serve (a size or alignment above a `fixed` block's,
+/// metadata full) or out of memory where it may be: a `max=` or a `limit`
+/// in the stack, or a leaf without room for the request and the chunks
+/// its layers take (sizes the text names, the layers' defaults); a failed
+/// one leaves the resource under the top layers with the bytes in use it
+/// had. A free of a live block succeeds on any stream; a double or
+/// foreign free fails and changes no figure of any resource. Once every
+/// block is freed, a `release()` leaves nothing lent by a `sim` leaf.
 pub fn run_stack_string(data: &[u8]) {
     let mut u = Unstructured::new(data);
     let _ = run(&mut u);
@@ -214,6 +230,277 @@ pub fn run_stack_string(data: &[u8]) {
 fn overlaps_live(blocks: &[(Block, usize)], block: Block) -> bool {
     let end = block.addr().saturating_add(block.size());
     blocks.iter().any(|(b, _)| b.addr() < end && block.addr() < b.addr() + b.size())
+}
+
+type D = DynResource<SimStream>;
+type StreamLayer = Shared<StreamOrdered<OnStream<SimStream>, SimStream>>;
+type Vpool = Shared<VirtualPool<SimAddressSpace>>;
+type VpoolPerStream = Shared<PerStreamPool<VirtualMaker<Arc<SimAddressSpace>>, SimStream>>;
+
+/// The layers that pass every call through and hold no memory.
+const PASSING: &[&str] = &["stats", "track", "limit", "align"];
+
+/// The resources of a built stack, by the typed handles it keeps (each
+/// name's type: [`Built::get`]).
+struct Handles {
+    /// Every resource with a checker and figures.
+    inspected: Vec<Named>,
+    /// The stream-ordered layers: their checker leaves out the stack under
+    /// them, whose resources are checked each on its own.
+    streams: Vec<Arc<StreamLayer>>,
+    sims: Vec<Arc<SimDevice>>,
+    vpools: Vec<Arc<Vpool>>,
+    vpools_per_stream: Vec<Arc<VpoolPerStream>>,
+    planned: Vec<Arc<Planned<D>>>,
+    stats: Vec<Arc<Statistics<D>>>,
+    track: Vec<Arc<Tracking<D>>>,
+    limit: Vec<Arc<Limiting<D>>>,
+    /// How many of `stats`, `track` and `limit` (outermost first) are at
+    /// the top of the stack, over nothing but each other and `align`: they
+    /// see every call the caller makes.
+    top: [usize; 3],
+    /// The resource under them, which hands out the caller's blocks.
+    under_top: Under,
+}
+
+/// The resource under the layers at the top of a stack, as its bytes in
+/// use are read.
+enum Under {
+    Inspected(Arc<dyn Inspect + Send + Sync>),
+    Stream(Arc<StreamLayer>),
+    /// `planned`, which has no figures of its own.
+    Unread,
+}
+
+impl Under {
+    /// The resource under the top layers of a stack, `call`, the first of
+    /// its name in the text (the layers above are all before it).
+    fn of(built: &Built<SimStream>, call: &Call) -> Self {
+        fn first<T: Inspect + Any + Send + Sync>(built: &Built<SimStream>, name: &str) -> Under {
+            Under::Inspected(built.get::<T>(name).expect("the handle of a call built"))
+        }
+        let per_stream = call.bool_arg("per_stream") == Ok(Some(true));
+        match call.name.as_str() {
+            "sim" => first::<SimDevice>(built, "sim"),
+            "vpool" if per_stream => first::<VpoolPerStream>(built, "vpool"),
+            "vpool" => first::<Vpool>(built, "vpool"),
+            "pool" if per_stream => first::<Shared<PerStreamPool<PoolMaker<D>, SimStream>>>(built, "pool"),
+            "pool" => first::<Shared<CoalescingPool<D>>>(built, "pool"),
+            "fixed" => first::<Shared<FixedSizeResource<D>>>(built, "fixed"),
+            "binning" => first::<BinningResource<'static, D, SimStream>>(built, "binning"),
+            "arena" => first::<ArenaResource<D>>(built, "arena"),
+            "stream" => Under::Stream(built.get("stream").expect("the handle of a call built")),
+            _ => Under::Unread,
+        }
+    }
+
+    /// The bytes it has handed out, as it counts them (`None`: unread).
+    fn in_use(&self) -> Option<u64> {
+        match self {
+            Under::Inspected(r) => Some(r.usage().used),
+            Under::Stream(s) => Some(s.with(|so| so.held_bytes() - so.listed_bytes())),
+            Under::Unread => None,
+        }
+    }
+}
+
+/// A resource with a checker and figures, and its name.
+type Named = (&'static str, Arc<dyn Inspect + Send + Sync>);
+
+/// Every resource named `name` of type `T`.
+fn named<T: Inspect + Any + Send + Sync>(built: &Built<SimStream>, name: &'static str) -> Vec<Named> {
+    built.all::<T>(name).into_iter().map(|h| (name, h as Arc<dyn Inspect + Send + Sync>)).collect()
+}
+
+impl Handles {
+    fn of(built: &Built<SimStream>, root: &Call, text: &str) -> Self {
+        let mut inspected = named::<SimDevice>(built, "sim");
+        inspected.extend(named::<Vpool>(built, "vpool"));
+        inspected.extend(named::<VpoolPerStream>(built, "vpool"));
+        inspected.extend(named::<Shared<CoalescingPool<D>>>(built, "pool"));
+        inspected.extend(named::<Shared<PerStreamPool<PoolMaker<D>, SimStream>>>(built, "pool"));
+        inspected.extend(named::<Shared<FixedSizeResource<D>>>(built, "fixed"));
+        inspected.extend(named::<BinningResource<'static, D, SimStream>>(built, "binning"));
+        inspected.extend(named::<ArenaResource<D>>(built, "arena"));
+        let mut top = [0; 3];
+        let mut call = root;
+        while let Some(i) = PASSING.iter().position(|&n| n == call.name) {
+            if let Some(t) = top.get_mut(i) {
+                *t += 1;
+            }
+            call = call.resource(0).expect("it built");
+        }
+        let under_top = Under::of(built, call);
+        let h = Handles {
+            inspected,
+            streams: built.all("stream"),
+            sims: built.all("sim"),
+            vpools: built.all("vpool"),
+            vpools_per_stream: built.all("vpool"),
+            planned: built.all("planned"),
+            stats: built.all("stats"),
+            track: built.all("track"),
+            limit: built.all("limit"),
+            top,
+            under_top,
+        };
+        // Every handle is read as its type: none is left unchecked unseen.
+        let found = |name: &str| match name {
+            "stream" => h.streams.len(),
+            "planned" => h.planned.len(),
+            "stats" => h.stats.len(),
+            "track" => h.track.len(),
+            "limit" => h.limit.len(),
+            "align" => built.all::<Aligned<D>>("align").len(),
+            _ => h.inspected.iter().filter(|(n, _)| *n == name).count(),
+        };
+        for (name, _) in built.names() {
+            let kept = built.names().filter(|(n, _)| *n == name).count();
+            assert_eq!(
+                found(name),
+                kept,
+                "{text}: {kept} `{name}` kept, {} read as their types",
+                found(name)
+            );
+        }
+        h
+    }
+
+    /// Runs every checker; checks that the layers at the top count exactly
+    /// the live `blocks`.
+    fn check(&self, blocks: &[(Block, usize)], text: &str, when: &str) {
+        for (name, r) in &self.inspected {
+            if let Err(v) = r.check() {
+                panic!("{text}: a `{name}`'s checker {when}: {v}");
+            }
+        }
+        for s in &self.streams {
+            if let Err(v) = s.with(|so| so.check_layer()) {
+                panic!("{text}: a `stream`'s checker {when}: {v}");
+            }
+        }
+        let bytes: u64 = blocks.iter().map(|(b, _)| b.size()).sum();
+        let charged: u64 =
+            blocks.iter().map(|(b, _)| b.size().next_multiple_of(Limiting::<()>::GRANULE)).sum();
+        let [stats, track, limit] = self.top;
+        for (k, s) in self.stats[..stats].iter().enumerate() {
+            let counted = s.get_bytes_counter().value;
+            assert_eq!(
+                counted, bytes as i64,
+                "{text}: stats {k} counts {counted} bytes, the blocks {bytes}, {when}"
+            );
+        }
+        for (k, t) in self.track[..track].iter().enumerate() {
+            let counted = t.get_allocated_bytes();
+            assert_eq!(
+                counted, bytes,
+                "{text}: track {k} counts {counted} bytes, the blocks {bytes}, {when}"
+            );
+        }
+        for (k, l) in self.limit[..limit].iter().enumerate() {
+            let counted = l.get_allocated_bytes();
+            assert_eq!(
+                counted, charged,
+                "{text}: limit {k} charges {counted} bytes, the blocks {charged}, {when}"
+            );
+        }
+    }
+
+    /// Every figure of every resource: no failed free may change one.
+    fn figures(&self) -> Vec<u64> {
+        let mut f = Vec::new();
+        for (_, r) in &self.inspected {
+            let u = r.usage();
+            f.extend([u.used, u.held, u.peak_held, u.free, u.largest_free]);
+        }
+        for s in &self.streams {
+            f.extend(s.with(|so| [so.live_count() as u64, so.held_bytes(), so.listed_bytes()]));
+        }
+        for p in &self.planned {
+            f.extend([p.held(), p.passed_through()]);
+        }
+        for s in &self.stats {
+            let (b, a) = (s.get_bytes_counter(), s.get_allocations_counter());
+            f.extend([b.value, b.peak, b.total, a.value, a.peak, a.total].map(|v| v as u64));
+        }
+        f.extend(self.track.iter().map(|t| t.get_allocated_bytes()));
+        f.extend(self.limit.iter().map(|l| l.get_allocated_bytes()));
+        f
+    }
+
+    /// Whether a leaf has too little left (a device's memory, a virtual
+    /// pool's physical memory or reserved addresses) for four times `need`
+    /// and `margin` more (the chunks its layers take): out of memory is
+    /// fair then.
+    fn short_of(&self, need: u64, margin: u64, streams: &[SimStream]) -> bool {
+        let room = need.saturating_mul(4).saturating_add(margin);
+        let sim = self.sims.iter().any(|d| d.capacity().saturating_sub(d.usage().used) < room);
+        // A virtual pool's physical memory, and the addresses of its one
+        // reservation (or of the stream's pool; a stream without one has
+        // yet to reserve).
+        let physical = |s: &SimAddressSpace| s.physical_bytes().saturating_sub(s.committed_bytes()) < room;
+        let addresses = |free: u64, granule: u64| free < room.saturating_add(2 * granule);
+        let vpool = self
+            .vpools
+            .iter()
+            .any(|v| v.with(|p| physical(p.space()) || addresses(p.usage().largest_free, p.granule())));
+        let per_stream = self.vpools_per_stream.iter().any(|v| {
+            v.with(|p| {
+                physical(p.maker().space())
+                    || streams.iter().any(|s| {
+                        p.pool_of(s.id()).is_none_or(|q| addresses(q.usage().largest_free, q.granule()))
+                    })
+            })
+        });
+        sim || vpool || per_stream
+    }
+}
+
+/// What the text says that bounds what the stack may take: whether it has
+/// a `max=` or a `limit`, and the two largest numbers its layers are given
+/// (not a leaf's capacity, nor a reservation's size).
+fn bounds(call: &Call, bounded: &mut bool, numbers: &mut Vec<u64>) {
+    *bounded |= call.name == "limit";
+    for arg in &call.args {
+        *bounded |= arg.key.as_deref() == Some("max");
+        match &arg.value {
+            Value::Call(c) if c.args.is_empty() => numbers.extend(parse_size(&c.name)),
+            Value::Call(c) if call.name != "sim" => bounds(c, bounded, numbers),
+            Value::Word { text, .. } if call.name != "sim" && arg.key.as_deref() != Some("reserve") => {
+                numbers.extend(parse_size(text));
+            }
+            _ => {}
+        }
+    }
+}
+
+/// Whether `err`, the answer to the valid `request`, is one the stack
+/// may give: out of memory where [`Handles::short_of`] or a bound says so,
+/// a size or alignment a `fixed` block (a `binning`'s bins are) or a
+/// virtual pool's span refuses, metadata full in the resources that have
+/// it.
+fn may_fail(
+    h: &Handles,
+    names: &[&str],
+    (bounded, margin): (bool, u64),
+    request: &Request,
+    err: &Error,
+    streams: &[SimStream],
+) -> bool {
+    let has = |n: &str| names.contains(&n);
+    let align = if request.align() > 256 { request.align() } else { 0 };
+    let need = request.rounded_size(256).saturating_add(align);
+    // No leaf holds 64 TiB, and layers round up to sizes no request takes.
+    let huge = need > SimDevice::MAX_CAPACITY;
+    match err {
+        Error::OutOfMemory { .. } | Error::LimitExceeded { .. } => {
+            bounded || huge || h.short_of(need, margin, streams)
+        }
+        Error::InvalidSize { .. } => huge || has("fixed") || has("binning") || has("vpool"),
+        Error::InvalidAlignment { .. } => has("fixed") || has("binning"),
+        Error::CapacityExhausted { .. } => ["pool", "fixed", "binning", "arena"].iter().any(|n| has(n)),
+        _ => false,
+    }
 }
 
 fn run(u: &mut Unstructured<'_>) -> ArbResult<()> {
@@ -229,28 +516,28 @@ fn run(u: &mut Unstructured<'_>) -> ArbResult<()> {
             return Ok(());
         }
     };
-    let planned: Vec<Arc<Planned<DynResource<SimStream>>>> = built.all("planned");
-    let stats: Option<Arc<Statistics<DynResource<SimStream>>>> =
-        if text.starts_with("stats(") { built.get("stats") } else { None };
+    let root = parse(&text).expect("a text that builds parses");
+    let h = Handles::of(&built, &root, &text);
+    let names: Vec<&str> = built.names().map(|(n, _)| n).collect();
+    let (mut bounded, mut numbers) = (false, Vec::new());
+    bounds(&root, &mut bounded, &mut numbers);
+    numbers.sort_unstable_by(|a, b| b.cmp(a));
+    // A layer takes chunks of its sizes (a `fixed`'s, of up to 128 blocks
+    // by default, or as many as given), or of its defaults (a `binning`'s
+    // largest bin, 4 MiB, in chunks of 128 blocks): at most this.
+    let (big, next) = (numbers.first().copied().unwrap_or(0), numbers.get(1).copied().unwrap_or(0));
+    let margin = (1u64 << 30).max(big.saturating_mul(128)).max(big.saturating_mul(next)).saturating_mul(2);
     let mr = &built.resource;
-    let counted = |blocks: &[(Block, usize)], when: &str| {
-        if let Some(stats) = &stats {
-            let bytes: u64 = blocks.iter().map(|(b, _)| b.size()).sum();
-            let counted = stats.get_bytes_counter().value;
-            assert_eq!(
-                counted, bytes as i64,
-                "{text}: stats counts {counted} bytes, the blocks {bytes}, {when}"
-            );
-        }
-    };
     let mut live = LiveBlocks::new();
     let mut blocks: Vec<(Block, usize)> = Vec::new();
     let mut freed: Vec<Block> = Vec::new();
+    h.check(&blocks, &text, "once built");
     for _ in 0..u.int_in_range(0..=300)? {
         let stream = u.choose_index(streams.len())?;
         match u.int_in_range(0u8..=19)? {
             0..=8 => {
                 let Ok(request) = request(u)? else { continue };
+                let before = h.under_top.in_use();
                 match mr.allocate(request, &streams[stream]) {
                     Ok(block) => {
                         if let Err(v) = live.insert(block, request) {
@@ -258,16 +545,24 @@ fn run(u: &mut Unstructured<'_>) -> ArbResult<()> {
                         }
                         blocks.push((block, stream));
                     }
-                    Err(
-                        Error::OutOfMemory { .. }
-                        | Error::LimitExceeded { .. }
-                        | Error::InvalidSize { .. }
-                        | Error::InvalidAlignment { .. }
-                        | Error::CapacityExhausted { .. },
-                    ) => {}
-                    Err(e) => panic!("{text}: {request:?} failed with {e:?}"),
+                    Err(e) => {
+                        assert!(
+                            may_fail(&h, &names, (bounded, margin), &request, &e, &streams),
+                            "{text}: {request:?} failed with {e:?}"
+                        );
+                        // Nothing handed out: the resource under the top
+                        // layers counts its blocks as before (the layers
+                        // under it may hold more or less: a failed growth
+                        // takes back what it gave back, in chunks its
+                        // upstream sizes).
+                        let after = h.under_top.in_use();
+                        assert_eq!(
+                            after, before,
+                            "{text}: {request:?} failed with {e:?}, yet changed the bytes in use"
+                        );
+                    }
                 }
-                counted(&blocks, "after an allocation");
+                h.check(&blocks, &text, "after an allocation");
             }
             9..=15 if !blocks.is_empty() => {
                 let (block, _) = blocks.swap_remove(u.choose_index(blocks.len())?);
@@ -276,40 +571,45 @@ fn run(u: &mut Unstructured<'_>) -> ArbResult<()> {
                     panic!("{text}: the free of live {block:?} failed with {e:?}");
                 }
                 freed.push(block);
-                counted(&blocks, "after a free");
+                h.check(&blocks, &text, "after a free");
             }
             16 if !freed.is_empty() => {
                 // Only where no live block lies: that free would be the live one's.
                 let block = *u.choose(&freed)?;
                 if !block.is_empty() && !overlaps_live(&blocks, block) {
+                    let before = h.figures();
                     assert!(
                         mr.deallocate(block, &streams[stream]).is_err(),
                         "{text}: a double free of {block:?}"
                     );
+                    assert_eq!(h.figures(), before, "{text}: a double free of {block:?} changed figures");
                 }
-                counted(&blocks, "after a double free");
+                h.check(&blocks, &text, "after a double free");
             }
             17 => {
                 let addr = u.arbitrary::<u64>()? & !255;
                 let block = Block::from_addr(addr, 256 * u64::from(u.int_in_range(1u16..=4096)?));
                 if !overlaps_live(&blocks, block) {
+                    let before = h.figures();
                     assert!(
                         mr.deallocate(block, &streams[stream]).is_err(),
                         "{text}: a free of foreign {block:?}"
                     );
+                    assert_eq!(h.figures(), before, "{text}: a free of foreign {block:?} changed figures");
                 }
-                counted(&blocks, "after a foreign free");
+                h.check(&blocks, &text, "after a foreign free");
             }
             18 => {
-                for p in &planned {
+                for p in &h.planned {
                     p.step(&streams[stream]).unwrap_or_else(|e| panic!("{text}: step failed with {e:?}"));
                 }
+                h.check(&blocks, &text, "after a step");
             }
             _ => {
                 if let Err(e) = built.release_layers().release(&streams[stream]) {
                     panic!("{text}: release failed with {e:?}");
                 }
-                counted(&blocks, "after a release");
+                h.check(&blocks, &text, "after a release");
             }
         }
     }
@@ -319,13 +619,14 @@ fn run(u: &mut Unstructured<'_>) -> ArbResult<()> {
             panic!("{text}: the last free of {block:?} failed with {e:?}");
         }
     }
-    counted(&blocks, "once every block is freed");
+    h.check(&blocks, &text, "once every block is freed");
     // A simulated stream has no stream to free on when dropped: the caller
     // releases first. Then nothing stays held from a `sim` leaf.
     if let Err(e) = built.release_layers().release(&streams[0]) {
         panic!("{text}: the last release failed with {e:?}");
     }
-    for device in built.all::<SimDevice>("sim") {
+    h.check(&blocks, &text, "after the last release");
+    for device in &h.sims {
         let held = device.usage().used;
         assert_eq!(
             held, 0,
