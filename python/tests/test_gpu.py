@@ -194,7 +194,7 @@ def test_a_bare_int_stream_never_reaches_the_driver_and_from_handle_does(gpu):
 
 
 def test_cupy_allocator_and_cuda_array_interface(gpu):
-    cupy = pytest.importorskip("cupy")
+    cupy = need("cupy")
     from memres.allocators.cupy import memres_cupy_allocator
     stats = mr.StatisticsResourceAdaptor(mr.PoolMemoryResource(mr.CudaMemoryResource()))
     mr.set_current_device_resource(stats)
@@ -241,7 +241,7 @@ def train(allocator, steps=30, stack=None, extra=()):
 
 
 def test_torch_training_through_memres_gives_the_native_losses(gpu):
-    pytest.importorskip("torch")
+    need("torch")
     native = train("native")
     ours = train("memres")
     assert len(ours["losses"]) == 30
@@ -253,7 +253,7 @@ def test_torch_training_through_memres_gives_the_native_losses(gpu):
 
 
 def test_torch_training_laid_out_by_planned_steps_gives_the_native_losses(gpu):
-    pytest.importorskip("torch")
+    need("torch")
     from memres.allocators.torch import TRAINING_STACK
     native = train("native")
     ours = train("memres", stack=TRAINING_STACK)
@@ -269,7 +269,7 @@ def test_torch_training_laid_out_by_planned_steps_gives_the_native_losses(gpu):
 
 
 def test_a_loop_stepped_after_its_optimizer_is_laid_out_too(gpu):
-    pytest.importorskip("torch")
+    need("torch")
     from memres.allocators.torch import TRAINING_STACK
     native = train("native")
     ours = train("memres", stack=TRAINING_STACK,
@@ -329,7 +329,7 @@ print(json.dumps({"before": before, "after": held()}))
 def test_torch_empty_cache_reaches_memres(gpu):
     # PyTorch's pluggable allocator does nothing in torch.cuda.empty_cache()
     # without a reset function; memres gives it one.
-    pytest.importorskip("torch")
+    need("torch")
     from memres.allocators.torch import DEFAULT_STACK, TRAINING_STACK
     for stack in (DEFAULT_STACK, TRAINING_STACK):
         out = subprocess.run([sys.executable, "-c", TORCH_EMPTY_CACHE, stack], capture_output=True, text=True)

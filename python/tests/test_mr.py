@@ -12,6 +12,7 @@ import pytest
 
 import memres
 from memres import _native, mr
+from conftest import need
 from test_buffer import BAD_SIZES
 from test_reentry import FREE_PANICS_ONCE, run_child
 
@@ -275,7 +276,7 @@ def test_a_size_a_resource_never_serves_says_why():
 
 
 def test_sizes_and_pointers_take_numpy_integers_as_rmms_size_t():
-    np = pytest.importorskip("numpy")
+    np = need("numpy")
     h = mr.HostMemoryResource()
     p = h.allocate(np.int64(100))
     h.deallocate(np.uint64(p), np.int32(100))

@@ -9,6 +9,7 @@ import sys
 import pytest
 
 import memres
+from conftest import need
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -33,7 +34,7 @@ def test_the_quick_start_runs():
 
 
 def test_pytorch_in_two_lines(gpu):
-    pytest.importorskip("torch")
+    need("torch")
     code = blocks()[1]
     assert len(code.strip().splitlines()) == 2
     # The stack counts: PyTorch's tensors came through memres.
