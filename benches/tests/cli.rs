@@ -663,14 +663,67 @@ fn stdout_that_cannot_be_written_fails_the_run_but_not_its_outputs() {
     let text = std::fs::read_to_string(&timeline).unwrap();
     assert!(text.starts_with("workload,resource,op,") && text.lines().count() > 1, "{text}");
     std::fs::remove_file(&timeline).unwrap();
-    // A pipe whose reader is gone: `true` had its read end, and exited.
-    let mut reader = Command::new("true").stdin(std::process::Stdio::piped()).spawn().unwrap();
-    let gone = reader.stdin.take().unwrap();
-    reader.wait().unwrap();
-    let o = Command::new(bin).args(replay).arg(w).stdout(gone).output().unwrap();
+    let o = Command::new(bin).args(replay).arg(w).stdout(a_pipe_nobody_reads()).output().unwrap();
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     assert!(!stderr(&o).contains("error"), "{}", stderr(&o));
     assert!(std::fs::read_to_string(&timeline).unwrap().starts_with("workload,resource,op,"));
+}
+
+/// The write end of a pipe whose reader is gone (`| head` once it has read
+/// its lines): `true` had its read end, and exited.
+fn a_pipe_nobody_reads() -> std::process::ChildStdin {
+    let mut reader = Command::new("true").stdin(std::process::Stdio::piped()).spawn().unwrap();
+    let gone = reader.stdin.take().unwrap();
+    reader.wait().unwrap();
+    gone
+}
+
+/// Standard error that cannot be written is no panic either, in every
+/// command: a full disk (`2> /dev/full`) fails a run that printed there
+/// (`--map` with `--json` or `--csv`), exit status 1, with its stdout, its
+/// timeline and its snapshot whole; an error keeps its status (2: bad
+/// usage, nothing ran); a reader gone ends the printing quietly, the status
+/// the run's. Before, `eprintln!` panicked (exit 101), before the snapshot
+/// was written.
+#[test]
+#[cfg(target_os = "linux")]
+fn stderr_that_cannot_be_written_keeps_the_exit_status_and_the_outputs() {
+    let bin = env!("CARGO_BIN_EXE_memres");
+    let dir = Fixture::new("stderr", "");
+    let (timeline, snapshot) = (dir.0.with_file_name("t.csv"), dir.0.with_file_name("s.pickle"));
+    let (t, s) = (timeline.to_str().unwrap(), snapshot.to_str().unwrap());
+    let w = "random:10:100:1";
+    let mapped =
+        ["replay", "--json", "--map", "-r", "pool", "--passes", "1", "--timeline", t, "--snapshot", s, w];
+    let full = || std::fs::OpenOptions::new().write(true).open("/dev/full").unwrap();
+    // The exit status with stderr full, then with its reader gone.
+    let commands: [(&[&str], i32, i32); 6] = [
+        (&mapped, 1, 0),
+        (&["replay", "--json", "-r", "pool", "--passes", "1", w], 0, 0),
+        (&["replay", "-r", "nonesuch", w], 2, 2),
+        (&["offline", "random:0:1:1"], 2, 2),
+        (&["steps", "--stack", "nonesuch", "--every", "5", w], 2, 2),
+        (&["resources"], 0, 0),
+    ];
+    for (args, when_full, when_gone) in commands {
+        for (stderr, status) in
+            [(std::process::Stdio::from(full()), when_full), (a_pipe_nobody_reads().into(), when_gone)]
+        {
+            let o = Command::new(bin).args(args).stderr(stderr).output().unwrap();
+            assert_eq!(o.status.code(), Some(status), "{args:?}: {}", stdout(&o));
+            if args == mapped {
+                assert_eq!(json_rows(&o).len(), 1, "{}", stdout(&o));
+                let text = std::fs::read_to_string(&timeline).unwrap();
+                assert!(text.starts_with("workload,resource,op,") && text.lines().count() > 1, "{text}");
+                assert!(std::fs::read(&snapshot).unwrap().starts_with(b"\x80\x02"));
+                std::fs::remove_file(&timeline).unwrap();
+                std::fs::remove_file(&snapshot).unwrap();
+            }
+        }
+    }
+    // Neither stream: the failure is the run's, said nowhere.
+    let o = Command::new(bin).args(mapped).stdout(full()).stderr(full()).output().unwrap();
+    assert_eq!(o.status.code(), Some(1));
 }
 
 /// The check of `--snapshot` and `--timeline` before the run makes what

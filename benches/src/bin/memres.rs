@@ -35,9 +35,10 @@ enum Command {
     /// held-out trace's rows are marked wherever it lies.
     ///
     /// Exit status: 0 every replay ran, 1 some replay failed (its row says
-    /// why) or stdout or an output could not be written, 2 bad usage
-    /// (nothing ran). The outputs are written even where stdout could not
-    /// be; a reader of stdout that went away (`| head`) ends the printing
+    /// why) or stdout, stderr or an output could not be written, 2 bad
+    /// usage (nothing ran, even where stderr could not say why). The
+    /// outputs are written even where stdout or stderr could not be; a
+    /// reader of either that went away (`| head`) ends the printing
     /// quietly, the status the run's.
     Replay {
         /// Resources to compare, comma separated (default, where no
@@ -109,8 +110,8 @@ enum Command {
     /// checked before it is printed: no two live blocks share an address,
     /// none reaches 2^64 - 1 bytes. Footprint is the highest end offset
     /// over the peak live bytes, as for the peers in `replay`. Exit status:
-    /// 0 printed, 1 a placement failed its check or stdout could not be
-    /// written, 2 bad usage.
+    /// 0 printed, 1 a placement failed its check or stdout or stderr could
+    /// not be written, 2 bad usage.
     Offline {
         /// Print CSV (a header, then a line per workload) instead of a table.
         #[arg(long)]
@@ -125,8 +126,8 @@ enum Command {
     /// a step). Prints the peak live bytes, the leaf's peak (a `vpool`'s
     /// committed bytes), their ratio and each `planned` layer's figures.
     ///
-    /// Exit status: 0 printed, 1 an op failed or stdout could not be
-    /// written, 2 bad usage.
+    /// Exit status: 0 printed, 1 an op failed or stdout or stderr could not
+    /// be written, 2 bad usage.
     Steps {
         /// The stack, e.g. `planned(vpool(sim(1TiB)))`.
         #[arg(long)]
@@ -151,28 +152,42 @@ enum Command {
 /// Bad usage: nothing ran.
 const USAGE: u8 = 2;
 
-/// Standard output through a writer whose failure is kept, not a panic
-/// (`println!` panics where stdout cannot be written: a reader gone, a full
-/// disk). After the first failure nothing more is written.
-struct Stdout {
-    out: io::StdoutLock<'static>,
+/// A standard stream, stdout or stderr, through a writer whose failure is
+/// kept, not a panic (`println!` and `eprintln!` panic where the stream
+/// cannot be written: a reader gone, a full disk). After the first failure
+/// nothing more is written to it.
+struct StdStream<W: Write> {
+    out: W,
     failed: Option<io::Error>,
 }
 
-/// `print!` through a [`Stdout`].
+/// Standard output, locked once: the tool's one writer of it.
+type Stdout = StdStream<io::StdoutLock<'static>>;
+
+/// Standard error, locked at each write, not held: the core's adaptors and
+/// the progress bar write to it too, from whatever thread they run on.
+type Stderr = StdStream<io::Stderr>;
+
+/// The tool's standard streams.
+struct Console {
+    out: Stdout,
+    err: Stderr,
+}
+
+/// `print!` through a [`StdStream`].
 macro_rules! out {
     ($out:expr, $($arg:tt)*) => { $out.print(format_args!($($arg)*)) };
 }
 
-/// `println!` through a [`Stdout`].
+/// `println!` through a [`StdStream`].
 macro_rules! outln {
     ($out:expr) => { $out.print(format_args!("\n")) };
     ($out:expr, $($arg:tt)*) => { $out.print(format_args!("{}\n", format_args!($($arg)*))) };
 }
 
-impl Stdout {
-    fn new() -> Stdout {
-        Stdout { out: io::stdout().lock(), failed: None }
+impl<W: Write> StdStream<W> {
+    fn new(out: W) -> StdStream<W> {
+        StdStream { out, failed: None }
     }
 
     fn print(&mut self, text: fmt::Arguments<'_>) {
@@ -186,31 +201,40 @@ impl Stdout {
         self.failed.is_some()
     }
 
-    /// The exit status of a command that ends with `code`, once what it
-    /// printed is flushed. A reader that went away (`| head`) ends the
-    /// printing quietly, the status the command's own; any other failure
-    /// is said and makes it 1.
-    fn finish(mut self, code: ExitCode) -> ExitCode {
+    /// Flushes what was printed; the failure, if any, other than a reader
+    /// that went away (`| head`), which ends the printing quietly.
+    fn finish(mut self) -> Option<io::Error> {
         if self.failed.is_none() {
             self.failed = self.out.flush().err();
         }
-        match self.failed {
-            Some(e) if e.kind() != io::ErrorKind::BrokenPipe => {
-                eprintln!("memres: error: cannot write to standard output: {e}");
-                ExitCode::FAILURE
-            }
-            _ => code,
-        }
+        self.failed.filter(|e| e.kind() != io::ErrorKind::BrokenPipe)
+    }
+}
+
+/// The exit status of a command that ends with `code`, once what it printed
+/// is flushed: a stream that could not be written (but for a reader gone)
+/// makes a success 1, said on stderr where stdout failed; a failure keeps
+/// its own status (2: nothing ran, even where stderr could not say why).
+fn finish(code: ExitCode, Console { out, mut err }: Console) -> ExitCode {
+    let stdout = out.finish();
+    if let Some(e) = &stdout {
+        outln!(err, "memres: error: cannot write to standard output: {e}");
+    }
+    let stderr = err.finish();
+    if code == ExitCode::SUCCESS && (stdout.is_some() || stderr.is_some()) {
+        ExitCode::FAILURE
+    } else {
+        code
     }
 }
 
 fn main() -> ExitCode {
-    let mut out = Stdout::new();
-    let code = run(Cli::parse().command, &mut out);
-    out.finish(code)
+    let mut console = Console { out: StdStream::new(io::stdout().lock()), err: StdStream::new(io::stderr()) };
+    let code = run(Cli::parse().command, &mut console);
+    finish(code, console)
 }
 
-fn run(command: Command, out: &mut Stdout) -> ExitCode {
+fn run(command: Command, console: &mut Console) -> ExitCode {
     match command {
         Command::Resources => {
             let width = RESOURCES.iter().map(|r| spelled(r).len()).max().unwrap_or(0);
@@ -220,16 +244,16 @@ fn run(command: Command, out: &mut Stdout) -> ExitCode {
                     Some(text) => format!(" (= {text} with SIZE 1GiB)"),
                     None => String::new(),
                 };
-                outln!(out, "{:<width$}  {}{stack}", spelled(r), r.about);
+                outln!(console.out, "{:<width$}  {}{stack}", spelled(r), r.about);
             }
             ExitCode::SUCCESS
         }
         Command::Stacks => {
-            out!(out, "{}", memres_bench::names::listing());
+            out!(console.out, "{}", memres_bench::names::listing());
             ExitCode::SUCCESS
         }
-        Command::Offline { csv, workloads } => offline(csv, &workloads, out),
-        Command::Steps { stack, every, phase, workloads } => steps(&stack, every, phase, &workloads, out),
+        Command::Offline { csv, workloads } => offline(csv, &workloads, console),
+        Command::Steps { stack, every, phase, workloads } => steps(&stack, every, phase, &workloads, console),
         Command::Replay {
             resource,
             stack,
@@ -253,15 +277,15 @@ fn run(command: Command, out: &mut Stdout) -> ExitCode {
             } else {
                 Format::Table
             };
-            match replay(&resource, &stack, options, format, &outputs, &workloads, out) {
+            match replay(&resource, &stack, options, format, &outputs, &workloads, console) {
                 Ok(true) => ExitCode::SUCCESS,
                 Ok(false) => ExitCode::FAILURE,
                 Err(Failure::Usage(message)) => {
-                    eprintln!("memres: error: {message}");
+                    outln!(console.err, "memres: error: {message}");
                     ExitCode::from(USAGE)
                 }
                 Err(Failure::Output(message)) => {
-                    eprintln!("memres: error: {message}");
+                    outln!(console.err, "memres: error: {message}");
                     ExitCode::FAILURE
                 }
             }
@@ -271,20 +295,21 @@ fn run(command: Command, out: &mut Stdout) -> ExitCode {
 
 /// `memres offline`: one line per workload, every method's footprint and
 /// the best.
-fn offline(csv: bool, specs: &[String], out: &mut Stdout) -> ExitCode {
+fn offline(csv: bool, specs: &[String], console: &mut Console) -> ExitCode {
     use memres_bench::offline::{lifetimes, op_count, place_each};
     use memres_bench::report::human_bytes;
     use memres_core::planned::placement::Method;
+    let Console { out, err } = console;
     let workloads: Vec<Workload> = match specs.iter().map(|s| Workload::load(s)).collect() {
         Ok(w) => w,
         Err(e) => {
-            eprintln!("memres: error: {e}");
+            outln!(err, "memres: error: {e}");
             return ExitCode::from(USAGE);
         }
     };
     // Refused before anything is printed, as a workload that does not decode.
     if let Some(e) = workloads.iter().find_map(|w| op_count(&w.name, w.ops.len()).err()) {
-        eprintln!("memres: error: {e}");
+        outln!(err, "memres: error: {e}");
         return ExitCode::from(USAGE);
     }
     let methods: Vec<&str> = Method::ALL.iter().map(|m| m.name()).collect();
@@ -305,7 +330,7 @@ fn offline(csv: bool, specs: &[String], out: &mut Stdout) -> ExitCode {
         let blocks = match lifetimes(w) {
             Ok(blocks) => blocks,
             Err(e) => {
-                eprintln!("memres: error: {e}");
+                outln!(err, "memres: error: {e}");
                 ok = false;
                 continue;
             }
@@ -315,7 +340,7 @@ fn offline(csv: bool, specs: &[String], out: &mut Stdout) -> ExitCode {
         let placements = match place_each(&blocks) {
             Ok(placements) => placements,
             Err(e) => {
-                eprintln!("memres: error: {}: {e}", w.name);
+                outln!(err, "memres: error: {}: {e}", w.name);
                 ok = false;
                 continue;
             }
@@ -359,15 +384,16 @@ fn offline(csv: bool, specs: &[String], out: &mut Stdout) -> ExitCode {
 }
 
 /// `memres steps`: one line per workload.
-fn steps(stack: &str, every: u64, phase: u64, specs: &[String], out: &mut Stdout) -> ExitCode {
+fn steps(stack: &str, every: u64, phase: u64, specs: &[String], console: &mut Console) -> ExitCode {
     use memres_bench::report::human_bytes;
     use memres_bench::resources::RunError;
+    let Console { out, err } = console;
     // The stack is checked first, as `replay` checks it: a `log` layer's
     // file may not be a workload's trace, which its build would empty.
     let logs = match check_stack(stack, UpstreamKind::Sim) {
         Ok(checked) => checked.logs,
         Err(e) => {
-            eprintln!("memres: error: {e}");
+            outln!(err, "memres: error: {e}");
             return ExitCode::from(USAGE);
         }
     };
@@ -379,13 +405,13 @@ fn steps(stack: &str, every: u64, phase: u64, specs: &[String], out: &mut Stdout
         .map(|p| Named::new(p, format!("the workload {}", p.display())))
         .collect();
     if let Err(e) = check_distinct(&inputs, &[], &logs) {
-        eprintln!("memres: error: {e}");
+        outln!(err, "memres: error: {e}");
         return ExitCode::from(USAGE);
     }
     let workloads: Vec<Workload> = match specs.iter().map(|s| Workload::load(s)).collect() {
         Ok(w) => w,
         Err(e) => {
-            eprintln!("memres: error: {e}");
+            outln!(err, "memres: error: {e}");
             return ExitCode::from(USAGE);
         }
     };
@@ -420,11 +446,11 @@ fn steps(stack: &str, every: u64, phase: u64, specs: &[String], out: &mut Stdout
                 outln!(out);
             }
             Err(RunError::Unsupported(e)) => {
-                eprintln!("memres: error: {e}");
+                outln!(err, "memres: error: {e}");
                 return ExitCode::from(USAGE);
             }
             Err(e) => {
-                eprintln!("memres: error: {}: {e}", w.name);
+                outln!(err, "memres: error: {}: {e}", w.name);
                 return ExitCode::FAILURE;
             }
         }
@@ -462,8 +488,9 @@ fn replay(
     format: Format,
     outputs: &Outputs,
     specs: &[String],
-    out: &mut Stdout,
+    console: &mut Console,
 ) -> Result<bool, Failure> {
+    let Console { out, err } = console;
     if options.upstream.is_cuda() && !cfg!(feature = "cuda") {
         return Err(Failure::Usage(format!(
             "--upstream {} needs the tool built with `--features cuda`",
@@ -591,10 +618,10 @@ fn replay(
         if format == Format::Table {
             out!(out, "\n{map}");
         } else {
-            eprint!("{map}");
+            out!(err, "{map}");
         }
         for note in notes {
-            eprintln!("memres: {note}");
+            outln!(err, "memres: {note}");
         }
     }
     Ok(rows.iter().all(|r| r.outcome.is_ok()))
