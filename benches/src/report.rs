@@ -227,7 +227,8 @@ fn json_f64(x: f64) -> String {
 /// `upstream`, `skipped_frees`, `failed_allocations`, `reused_pointers`
 /// and `size_mismatches` (the trace's figures: see
 /// [`Workload`](crate::workload::Workload)), `held_out` (a trace held out
-/// from tuning), and `error` for a failed replay.
+/// from tuning), and `error` (why the replay failed, `null` where it ran):
+/// every row has every key, as every CSV line has every column.
 pub fn json_line(row: &Row) -> String {
     let mut out =
         format!("{{\"resource\":{},\"workload\":{},", json_string(&row.resource), json_string(&row.workload));
@@ -262,9 +263,8 @@ pub fn json_line(row: &Row) -> String {
         row.size_mismatches,
         row.held_out
     );
-    if let Err(e) = &row.outcome {
-        let _ = write!(out, ",\"error\":{}", json_string(e));
-    }
-    out.push('}');
+    // `null` where it ran: every row has every key.
+    let error = row.outcome.as_ref().err().map_or("null".into(), |e| json_string(e));
+    let _ = write!(out, ",\"error\":{error}}}");
     out
 }

@@ -186,7 +186,7 @@ fn sizes_take_decimal_units_and_any_case() {
     ]);
     assert!(o.status.success(), "{}", stderr(&o));
     let rows = json_rows(&o);
-    assert!(rows.iter().all(|r| r.get("error").is_none()), "{}", stdout(&o));
+    assert!(rows.iter().all(|r| r.get("error") == Some(&Value::Null)), "{}", stdout(&o));
     // pool:1GB holds 10^9 bytes rounded up to 256, at least.
     assert!(rows[0]["peak_upstream"].as_u64().unwrap() >= 1_000_000_000);
     assert!(rows[3]["peak_upstream"].as_u64().unwrap() >= 2 << 30);
@@ -319,7 +319,7 @@ fn a_failed_replay_is_an_error_row() {
     assert_eq!(rows.len(), 2);
     assert!(rows[0]["error"].as_str().unwrap().contains("out of memory"));
     assert!(rows[0]["ns_per_op"].is_null() && rows[0]["footprint"].is_null());
-    assert!(rows[1].get("error").is_none() && rows[1]["ops"] == 200);
+    assert!(rows[1].get("error") == Some(&Value::Null) && rows[1]["ops"] == 200);
 }
 
 #[test]
@@ -373,7 +373,7 @@ fn resources_that_cannot_run_give_error_rows() {
     let rows = json_rows(&o);
     let err = rows[0]["error"].as_str().unwrap().to_string();
     assert!(err.contains("blocks of 4096 bytes") && err.contains("asks for"), "{err}");
-    assert!(rows[1].get("error").is_none(), "{}", rows[1]);
+    assert!(rows[1].get("error") == Some(&Value::Null), "{}", rows[1]);
     // Vpool off the simulated device, a peer on threads, CUDA without the
     // feature (or the device): bad usage, before any row runs.
     let o = memres(&["replay", "--resource", "pool,vpool", "--upstream", "host", "random:50:100000:1"]);
@@ -778,7 +778,7 @@ fn what_no_row_could_run_is_refused_before_any_row_runs() {
     let o = memres(&["replay", "--passes", "1", "--json", "--streams", "2", w]);
     assert!(o.status.success(), "{}", stderr(&o));
     let rows = json_rows(&o);
-    assert!(rows.iter().all(|r| r.get("error").is_none()) && rows.len() > 1, "{}", stdout(&o));
+    assert!(rows.iter().all(|r| r.get("error") == Some(&Value::Null)) && rows.len() > 1, "{}", stdout(&o));
 }
 
 /// A replay that stops at a failed op frees the blocks it holds, so that a
