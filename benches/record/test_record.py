@@ -19,8 +19,9 @@ import unittest
 from unittest import mock
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+EXAMPLES = os.path.join(HERE, "..", "..", "backends", "cuda", "examples")
 sys.path.insert(0, HERE)
-sys.path.insert(0, os.path.join(HERE, "..", "..", "backends", "cuda", "examples"))
+sys.path.insert(0, EXAMPLES)
 from rmm_log import HEADER, check_trace  # noqa: E402
 from workloads import WORKLOADS  # noqa: E402
 
@@ -102,6 +103,39 @@ class CheckTrace(unittest.TestCase):
         self.assertEqual([p.split(":")[0] for p in bad["problems"]], ["line 3", "line 4"])
         self.assertIn("'0xZZ'", bad["problems"][0])
         self.assertEqual((bad["rows"], bad["live_at_end"]), (1, 1))
+
+    def test_a_trace_is_read_as_utf_8_whatever_the_locale(self):
+        # As memres reads it. Before, in the locale's encoding: where that
+        # is ASCII (LC_ALL=C), a stream named in UTF-8 raised
+        # UnicodeDecodeError.
+        path = self.path("u.csv")
+        with open(path, "wb") as f:
+            f.write(f"{HEADER}\n0,1,allocate,0x100,64,flux-\u00e9\n0,2,free,0x100,64,0\n".encode("utf-8"))
+        here = check_trace(path)
+        self.assertTrue(here["ok"], here)
+        self.assertEqual(here["streams"], 2)
+        code = ("import json, locale, sys; sys.path.insert(0, sys.argv[1]); from rmm_log import check_trace; "
+                "print(json.dumps([locale.getpreferredencoding(False), check_trace(sys.argv[2])]))")
+        env = {k: v for k, v in os.environ.items() if k != "PYTHONUTF8"}
+        env.update(LC_ALL="C", LANG="C")
+        p = subprocess.run([sys.executable, "-X", "utf8=0", "-c", code, EXAMPLES, path], env=env,
+                           capture_output=True, text=True, timeout=60)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        encoding, there = json.loads(p.stdout)
+        self.assertNotIn("UTF", encoding.upper(), "the child's locale is not UTF-8")
+        self.assertEqual(there, here)
+
+    def test_a_line_that_is_not_utf_8_is_a_problem_and_a_byte_order_mark_no_text(self):
+        # As memres reads them (`line 3: not UTF-8 (byte 13 of the line)`),
+        # \r\n line breaks too. Before, the mark made a wrong header and the
+        # line raised UnicodeDecodeError.
+        path = self.path("b.csv")
+        with open(path, "wb") as f:
+            f.write(b"\xef\xbb\xbf" + HEADER.encode() + b"\r\n0,1,allocate,0x100,64,0\r\n0,2,free,0x1\xff00,64,0\n"
+                    b"0,3,free,0x100,64,0\r\n")
+        r = check_trace(path)
+        self.assertEqual(r["problems"], ["line 3: not UTF-8 (byte 13 of the line)"])
+        self.assertEqual((r["rows"], r["frees"], r["live_at_end"], r["streams"]), (2, 1, 0, 1))
 
 
 class FakeWorker:
