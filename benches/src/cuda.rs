@@ -177,7 +177,7 @@ fn plain<U: Upstream>(
     let world = SimWorld::new();
     let setup = per_thread_stream(device);
     let runner = Replay { workload: w, options, progress, world: &world, setup: &setup };
-    Ok(runner.run_ref(u, |u| u.usage().peak_held, |_| None)?)
+    runner.run_ref(u, |u| u.usage().peak_held, |_| None)
 }
 
 /// Registers the `cuda` and `async` leaves of a stack replayed with

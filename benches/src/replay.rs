@@ -12,8 +12,9 @@ use crate::workload::{Op, Workload};
 use memres_core::{Block, Error, MemoryResource, MemoryResourceMut, Request, Stream};
 use memres_sim::SimStream;
 use std::fmt;
+use std::io;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Barrier;
+use std::sync::{Barrier, PoisonError, RwLock};
 use std::time::{Duration, Instant};
 
 #[cfg(test)]
@@ -293,6 +294,109 @@ impl std::error::Error for ReplayError {
     }
 }
 
+/// Why a replay on threads ([`replay_threads`]) stopped.
+#[derive(Debug)]
+pub enum ThreadsError {
+    /// An op failed, on one of the threads.
+    Replay(ReplayError),
+    /// A round's thread could not be made (a limit of the process: its
+    /// threads, the memory of their stacks); the round ran no op.
+    Spawn {
+        /// The thread's index.
+        thread: usize,
+        /// The round's threads.
+        threads: usize,
+        /// Why.
+        error: io::Error,
+    },
+}
+
+impl fmt::Display for ThreadsError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ThreadsError::Replay(e) => e.fmt(f),
+            ThreadsError::Spawn { thread, threads, error } => {
+                write!(f, "cannot start replay thread {} of {threads}: {error}", thread + 1)
+            }
+        }
+    }
+}
+
+impl std::error::Error for ThreadsError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            ThreadsError::Replay(e) => Some(e),
+            ThreadsError::Spawn { error, .. } => Some(error),
+        }
+    }
+}
+
+impl From<ReplayError> for ThreadsError {
+    fn from(e: ReplayError) -> Self {
+        ThreadsError::Replay(e)
+    }
+}
+
+/// Where the threads of a round wait to start together: once every one of
+/// them is made, or never where one could not be (a barrier alone would
+/// keep those made waiting for it).
+struct Start {
+    /// Write-locked while the threads are made; then whether all were.
+    made: RwLock<bool>,
+    barrier: Barrier,
+}
+
+impl Start {
+    /// Waits for every thread of the round; `false`: not all could be made,
+    /// and the caller runs nothing.
+    fn wait(&self) -> bool {
+        let made = *self.made.read().unwrap_or_else(PoisonError::into_inner);
+        if made {
+            self.barrier.wait();
+        }
+        made
+    }
+}
+
+/// Runs `work(i, stream, start)` on a thread of its own per stream; each
+/// calls `start.wait()` once ready and runs only where it says so. Their
+/// results, in order.
+///
+/// # Errors
+///
+/// [`ThreadsError::Spawn`] where a thread could not be made: the others
+/// end without running.
+fn on_threads<S, T>(
+    streams: &[S],
+    work: impl Fn(usize, &S, &Start) -> Option<T> + Sync,
+) -> Result<Vec<T>, ThreadsError>
+where
+    S: Sync,
+    T: Send,
+{
+    let start = Start { made: RwLock::new(false), barrier: Barrier::new(streams.len()) };
+    std::thread::scope(|scope| {
+        let mut made = start.made.write().unwrap_or_else(PoisonError::into_inner);
+        let mut workers = Vec::with_capacity(streams.len());
+        let mut failed = None;
+        for (i, stream) in streams.iter().enumerate() {
+            let (start, work) = (&start, &work);
+            match std::thread::Builder::new().spawn_scoped(scope, move || work(i, stream, start)) {
+                Ok(worker) => workers.push(worker),
+                Err(error) => {
+                    failed = Some(ThreadsError::Spawn { thread: i, threads: streams.len(), error });
+                    break;
+                }
+            }
+        }
+        *made = failed.is_none();
+        drop(made);
+        let done: Vec<Option<T>> =
+            workers.into_iter().map(|w| w.join().expect("a replay thread panicked")).collect();
+        failed.map_or_else(|| Ok(done.into_iter().flatten().collect()), Err)
+    })
+}
+
 /// Ops between two calls of the progress callback (and two clock reads).
 pub const CHUNK: usize = 1 << 16;
 
@@ -509,7 +613,8 @@ pub(crate) fn run_ops<R: Replayer>(
 ///
 /// # Errors
 ///
-/// The first op that fails (on any thread).
+/// The first op that fails (on any thread); a thread that could not be
+/// made, where its round runs no op.
 pub fn replay_threads<R, S>(
     resource: &R,
     streams: Vec<S>,
@@ -517,7 +622,7 @@ pub fn replay_threads<R, S>(
     passes: u32,
     setup: &(dyn Fn(usize) + Sync),
     peak: impl Fn(&R) -> u64,
-) -> Result<Measurement, ReplayError>
+) -> Result<Measurement, ThreadsError>
 where
     R: MemoryResource<S> + Sync,
     S: Stream + Send + Sync,
@@ -543,30 +648,21 @@ where
         // at its end: read by the main thread once woken after the
         // barrier, a round's start came late on a busy machine (after most
         // of the round, with more threads than cores).
-        let barrier = Barrier::new(streams.len());
-        let results: Vec<_> = std::thread::scope(|scope| {
-            let workers: Vec<_> = streams
-                .iter()
-                .enumerate()
-                .map(|(i, stream)| {
-                    let barrier = &barrier;
-                    scope.spawn(move || {
-                        setup(i);
-                        let mut handles = vec![Block::EMPTY; workload.ids as usize];
-                        barrier.wait();
-                        let start = Instant::now();
-                        let cpu_start = thread_cpu_time();
-                        let done = shared_pass(resource, stream, workload, &mut handles);
-                        let cpu = match (cpu_start, thread_cpu_time()) {
-                            (Some(a), Some(b)) => Some(b.saturating_sub(a)),
-                            _ => None,
-                        };
-                        done.map(|()| (start, Instant::now(), cpu))
-                    })
-                })
-                .collect();
-            workers.into_iter().map(|w| w.join().expect("a replay thread panicked")).collect()
-        });
+        let results = on_threads(&streams, |i, stream, start| {
+            setup(i);
+            let mut handles = vec![Block::EMPTY; workload.ids as usize];
+            if !start.wait() {
+                return None;
+            }
+            let start = Instant::now();
+            let cpu_start = thread_cpu_time();
+            let done = shared_pass(resource, stream, workload, &mut handles);
+            let cpu = match (cpu_start, thread_cpu_time()) {
+                (Some(a), Some(b)) => Some(b.saturating_sub(a)),
+                _ => None,
+            };
+            Some(done.map(|()| (start, Instant::now(), cpu)))
+        })?;
         let mut cpu = Some(Duration::ZERO);
         let mut span: Option<(Instant, Instant)> = None;
         for r in results {
@@ -603,7 +699,7 @@ fn counted_round<R, S>(
     streams: &[S],
     workload: &Workload,
     setup: &(dyn Fn(usize) + Sync),
-) -> Result<u64, ReplayError>
+) -> Result<u64, ThreadsError>
 where
     R: MemoryResource<S> + Sync,
     S: Stream + Send + Sync,
@@ -611,40 +707,32 @@ where
     let (live, most) = (AtomicU64::new(0), AtomicU64::new(0));
     // The threads start together, as in the timed rounds: started one by
     // one, a short workload's threads may not overlap at all.
-    let barrier = Barrier::new(streams.len());
-    std::thread::scope(|scope| {
-        let workers: Vec<_> = streams
-            .iter()
-            .enumerate()
-            .map(|(i, stream)| {
-                let (live, most, barrier) = (&live, &most, &barrier);
-                scope.spawn(move || {
-                    setup(i);
-                    let mut handles = vec![Block::EMPTY; workload.ids as usize];
-                    barrier.wait();
-                    for (i, op) in workload.ops.iter().enumerate() {
-                        let slot = &mut handles[op.id as usize];
-                        let done = if op.alloc {
-                            Request::new(op.size).and_then(|r| resource.allocate(r, stream)).map(|b| {
-                                *slot = b;
-                                let now = live.fetch_add(op.size, Ordering::Relaxed) + op.size;
-                                most.fetch_max(now, Ordering::Relaxed);
-                            })
-                        } else {
-                            live.fetch_sub(op.size, Ordering::Relaxed);
-                            resource.deallocate(*slot, stream)
-                        };
-                        if let Err(error) = done {
-                            let e = ReplayError { op: i, alloc: op.alloc, size: op.size, error };
-                            return Err(free_held_shared(resource, stream, &workload.ops, e, &handles));
-                        }
-                    }
-                    Ok(())
+    let rounds = on_threads(streams, |i, stream, start| {
+        setup(i);
+        let mut handles = vec![Block::EMPTY; workload.ids as usize];
+        if !start.wait() {
+            return None;
+        }
+        for (i, op) in workload.ops.iter().enumerate() {
+            let slot = &mut handles[op.id as usize];
+            let done = if op.alloc {
+                Request::new(op.size).and_then(|r| resource.allocate(r, stream)).map(|b| {
+                    *slot = b;
+                    let now = live.fetch_add(op.size, Ordering::Relaxed) + op.size;
+                    most.fetch_max(now, Ordering::Relaxed);
                 })
-            })
-            .collect();
-        workers.into_iter().try_for_each(|w| w.join().expect("a replay thread panicked"))
+            } else {
+                live.fetch_sub(op.size, Ordering::Relaxed);
+                resource.deallocate(*slot, stream)
+            };
+            if let Err(error) = done {
+                let e = ReplayError { op: i, alloc: op.alloc, size: op.size, error };
+                return Some(Err(free_held_shared(resource, stream, &workload.ops, e, &handles)));
+            }
+        }
+        Some(Ok(()))
     })?;
+    rounds.into_iter().collect::<Result<(), _>>()?;
     Ok(most.into_inner())
 }
 

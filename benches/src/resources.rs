@@ -18,7 +18,7 @@
 //! are. Adding a name is one line in [`RESOURCES`].
 
 use crate::peers::{OffsetReplayer, RangeReplayer};
-use crate::replay::{replay, Measurement, ReplayError};
+use crate::replay::{replay, Measurement, ReplayError, ThreadsError};
 use crate::stack::run_stack;
 use crate::workload::Workload;
 use std::fmt;
@@ -123,6 +123,9 @@ pub enum RunError {
     Replay(ReplayError),
     /// The run could not write what it makes (a `log` layer's rows).
     Output(String),
+    /// A thread of a replay on threads could not be made
+    /// ([`ThreadsError::Spawn`]).
+    Spawn(String),
 }
 
 impl fmt::Display for RunError {
@@ -130,7 +133,7 @@ impl fmt::Display for RunError {
         match self {
             RunError::Unsupported(what) => f.write_str(what),
             RunError::Replay(e) => e.fmt(f),
-            RunError::Output(what) => f.write_str(what),
+            RunError::Output(what) | RunError::Spawn(what) => f.write_str(what),
         }
     }
 }
@@ -138,7 +141,7 @@ impl fmt::Display for RunError {
 impl std::error::Error for RunError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
-            RunError::Unsupported(_) | RunError::Output(_) => None,
+            RunError::Unsupported(_) | RunError::Output(_) | RunError::Spawn(_) => None,
             RunError::Replay(e) => Some(e),
         }
     }
@@ -147,6 +150,15 @@ impl std::error::Error for RunError {
 impl From<ReplayError> for RunError {
     fn from(e: ReplayError) -> Self {
         RunError::Replay(e)
+    }
+}
+
+impl From<ThreadsError> for RunError {
+    fn from(e: ThreadsError) -> Self {
+        match e {
+            ThreadsError::Replay(e) => RunError::Replay(e),
+            spawn @ ThreadsError::Spawn { .. } => RunError::Spawn(spawn.to_string()),
+        }
     }
 }
 

@@ -36,8 +36,7 @@
 
 use crate::paths::{file_id, FileId};
 use crate::replay::{
-    free_held, replay, replay_threads, run_ops, DefaultStream, Measurement, Owned, ReplayError, Replayer,
-    StreamReplayer,
+    free_held, replay, replay_threads, run_ops, DefaultStream, Measurement, Owned, Replayer, StreamReplayer,
 };
 use crate::resources::{RunError, RunOptions, UpstreamKind};
 use crate::typed::{fixed_misfit, run_typed, Runner};
@@ -262,7 +261,7 @@ pub fn run_stack(
         }
     }
     let runner = match run_typed(&call, &builder, &build_stream, runner).map_err(fail)? {
-        Ok(typed) => return Ok(typed?),
+        Ok(typed) => return typed,
         Err(runner) => runner,
     };
     let (built, gauge) = build_summed(&mut builder, &call, &build_stream).map_err(fail)?;
@@ -468,7 +467,7 @@ impl Replay<'_> {
         peak: impl Fn(&R) -> u64 + 'static,
         upstream_allocations: impl Fn(&R) -> Option<u64> + 'static,
         on_pass: impl FnMut(usize, &Vec<SimStream>) + 'static,
-    ) -> Result<Measurement, ReplayError>
+    ) -> Result<Measurement, RunError>
     where
         R: MemoryResource<SimStream> + Sync,
     {
@@ -479,18 +478,18 @@ impl Replay<'_> {
                 let mut r = StreamReplayer::new(resource, streams, move |o| peak(&o.0))
                     .upstream_allocations(move |o| upstream_allocations(&o.0))
                     .on_pass(on_pass);
-                replay(&mut r, w, passes, self.progress)
+                Ok(replay(&mut r, w, passes, self.progress)?)
             }
             Some(k) => {
                 let streams = (0..k.max(1)).map(|_| self.world.non_blocking_stream()).collect();
-                replay_threads(&resource.0, streams, w, passes, self.setup, peak)
+                Ok(replay_threads(&resource.0, streams, w, passes, self.setup, peak)?)
             }
         }
     }
 }
 
 impl Runner for Replay<'_> {
-    type Output = Result<Measurement, ReplayError>;
+    type Output = Result<Measurement, RunError>;
 
     fn shared(&self) -> bool {
         self.options.threads.is_some()
@@ -511,12 +510,12 @@ impl Runner for Replay<'_> {
             return self.run(Owned(Shared::new(resource)), peak, counted, |_, _| {});
         }
         let streams: Vec<_> = (0..self.workload.streams.max(1)).map(|_| self.world.stream()).collect();
-        replay(
+        Ok(replay(
             &mut StreamReplayer::new(resource, streams, peak).upstream_allocations(upstream_allocations),
             self.workload,
             self.options.passes,
             self.progress,
-        )
+        )?)
     }
 
     fn run_ref<R>(
@@ -542,7 +541,7 @@ impl Runner for Replay<'_> {
     {
         let mut r =
             StreamReplayer::new(resource, DefaultStream, peak).upstream_allocations(upstream_allocations);
-        replay(&mut r, self.workload, self.options.passes, self.progress)
+        Ok(replay(&mut r, self.workload, self.options.passes, self.progress)?)
     }
 }
 

@@ -520,6 +520,28 @@ fn streams_run_threads_through_one_resource() {
     }
 }
 
+/// A replay thread that cannot be made (`--streams`, past a limit of the
+/// process: here every thread's stack too large to map) fails its row
+/// with why, exit status 1; the round's threads already made run nothing
+/// and end. Before, the spawn panicked (exit status 101), and where it was
+/// not the round's first thread, those made waited for it forever.
+#[test]
+#[cfg(target_os = "linux")]
+fn a_replay_thread_that_cannot_be_made_fails_its_row() {
+    let o = Command::new(env!("CARGO_BIN_EXE_memres"))
+        .args(["replay", "--json", "--passes", "1", "--streams", "2", "-r", "pool,arena", "random:100:100:1"])
+        .env("RUST_MIN_STACK", (1u64 << 50).to_string())
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    let rows = json_rows(&o);
+    assert_eq!(rows.len(), 2, "{}", stdout(&o));
+    for row in rows {
+        let error = row["error"].as_str().unwrap_or_default();
+        assert!(error.starts_with("cannot start replay thread 1 of 2: "), "{row}");
+    }
+}
+
 #[test]
 fn a_logged_replay_replays_to_the_same_table() {
     let dir = Fixture::new("placeholder", "");
