@@ -1,7 +1,7 @@
 //! Writing a snapshot file whole (feature `std`).
 
 use std::ffi::OsString;
-use std::fs::{self, File};
+use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -16,7 +16,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 /// What a user set up around the file is kept: where `path` is a symbolic
 /// link, the file it leads to is replaced and the link stays; a file that
 /// was there keeps its permissions. After the rename the directory is
-/// synced (on Unix) so that the new name survives a crash too.
+/// synced (on Unix) so that the new name survives a crash too. Where `path`
+/// is neither a file nor a directory (a device such as `/dev/null`, a named
+/// pipe), `bytes` are written into it: there is no file to replace, and a
+/// file renamed over it would take its place (`/dev/null` made a plain
+/// file, where the process may write to `/dev`).
 ///
 /// ```
 /// # fn main() -> std::io::Result<()> {
@@ -37,6 +41,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 /// directory that does not exist or cannot be written).
 pub fn write_file(path: &Path, bytes: &[u8]) -> io::Result<()> {
     let path = &followed(path)?;
+    if written_in_place(path) {
+        return OpenOptions::new().write(true).open(path)?.write_all(bytes);
+    }
     let tmp = temporary(path)?;
     let written = (|| {
         let mut file = File::create(&tmp)?;
@@ -77,6 +84,9 @@ pub fn write_file(path: &Path, bytes: &[u8]) -> io::Result<()> {
 /// # }
 /// ```
 ///
+/// A device or a named pipe, which [`write_file`] writes into, is taken
+/// as it is: opening a pipe would wait for its reader.
+///
 /// # Errors
 ///
 /// What [`write_file`] would meet before its bytes: `path` a directory
@@ -87,6 +97,9 @@ pub fn check_file(path: &Path) -> io::Result<()> {
     if path.is_dir() {
         return Err(io::Error::new(io::ErrorKind::IsADirectory, "it is a directory"));
     }
+    if written_in_place(path) {
+        return Ok(());
+    }
     match fs::metadata(path) {
         Ok(_) => {}
         Err(e) if e.kind() == io::ErrorKind::NotFound => {}
@@ -95,6 +108,12 @@ pub fn check_file(path: &Path) -> io::Result<()> {
     let tmp = temporary(path)?;
     drop(File::create_new(&tmp)?);
     fs::remove_file(&tmp)
+}
+
+/// Whether `path` (its links followed) is there and neither a file nor a
+/// directory: a device or a named pipe, which [`write_file`] writes into.
+fn written_in_place(path: &Path) -> bool {
+    fs::metadata(path).is_ok_and(|m| !m.is_file() && !m.is_dir())
 }
 
 /// `path` with the symbolic links at its end followed, so that the rename

@@ -590,6 +590,32 @@ fn a_snapshot_file_that_cannot_be_put_in_place_leaves_no_temporary_file() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// A snapshot written to a named pipe goes into the pipe, which stays (a
+/// device such as `/dev/null` alike); the check takes it as it is. Before,
+/// a file renamed over the pipe took its place, and so over `/dev/null`
+/// where the process could write to `/dev` (as root).
+#[cfg(all(feature = "std", target_os = "linux", not(miri)))]
+#[test]
+fn a_snapshot_written_to_a_pipe_goes_into_it_and_the_pipe_stays() {
+    use std::io::Read;
+    use std::os::unix::fs::FileTypeExt;
+    let dir = file_test_dir("snapshot-file-pipe");
+    let pipe = dir.join("s.pickle");
+    assert!(std::process::Command::new("mkfifo").arg(&pipe).status().unwrap().success());
+    // Both ends at once (Linux opens a pipe so without waiting): the
+    // write finds its reader, and the bytes wait here.
+    let mut ends = std::fs::OpenOptions::new().read(true).write(true).open(&pipe).unwrap();
+    let bytes = MemoryMap::new(2).pickle();
+    check_file(&pipe).unwrap();
+    write_file(&pipe, &bytes).unwrap();
+    assert!(std::fs::symlink_metadata(&pipe).unwrap().file_type().is_fifo(), "the pipe stays");
+    let mut got = alloc::vec![0; bytes.len()];
+    ends.read_exact(&mut got).unwrap();
+    assert_eq!(got, bytes);
+    assert_eq!(names_in(&dir), ["s.pickle"]);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 /// `check_file` meets what `write_file` would, and leaves nothing: a name
 /// too long for the temporary file beside it, a directory, a directory
 /// that does not exist, are refused; a file there, a new name, and a link
