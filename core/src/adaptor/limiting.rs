@@ -194,22 +194,111 @@ impl<S: Stream + ?Sized, R: MemoryResource<S>> MemoryResource<S> for Limiting<R>
     }
 }
 
-/// The upstream's figures; the checker also checks that the bytes in use
-/// are the sum of the charges of the blocks live through the adaptor.
+/// The upstream's figures; the checker is the layer's
+/// ([`check_layer`](Limiting::check_layer)) and the upstream's.
 impl<R: Inspect> Inspect for Limiting<R> {
     fn usage(&self) -> Usage {
         self.upstream.usage()
     }
 
     fn check(&self) -> core::result::Result<(), Violation> {
-        let charged: u64 = self.charged.with(|t| t.iter().map(|(_, &c)| c).sum());
-        if charged != self.used.load(Relaxed) {
+        self.check_layer()?;
+        self.upstream.check()
+    }
+}
+
+impl<R> Limiting<R> {
+    /// Checks the adaptor's own invariants, not the upstream's (for an
+    /// upstream without a checker, as a built stack's `limit` over the
+    /// resources under it, checked each on its own): every block it holds
+    /// is charged its size rounded up to [`GRANULE`](Self::GRANULE), so
+    /// some granules; the bytes in use are the sum of those charges; they
+    /// are at most the limit. Run it while no call is under way: a call
+    /// in flight holds a charge no block has yet.
+    ///
+    /// # Errors
+    ///
+    /// The first broken invariant.
+    ///
+    /// # Time Complexity
+    ///
+    /// O(n) in the number of live blocks.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use memres_core::adaptor::Limiting;
+    /// use memres_core::{MemoryResource, Request};
+    /// # use memres_core::testing::BumpUpstream;
+    /// let limited = Limiting::new(BumpUpstream::new(1 << 20), 4096);
+    /// let a = limited.allocate(Request::new(1000)?, &())?;
+    /// limited.check_layer().unwrap();
+    /// limited.deallocate(a, &())?;
+    /// limited.check_layer().unwrap();
+    /// # Ok::<(), memres_core::Error>(())
+    /// ```
+    pub fn check_layer(&self) -> core::result::Result<(), Violation> {
+        let charged = self.charged.with(|t| {
+            let mut sum = 0u64;
+            for (_, &c) in t.iter() {
+                if c == 0 || c % Self::GRANULE != 0 {
+                    return Err(Violation::new("a block charged no whole granules"));
+                }
+                sum = sum.checked_add(c).ok_or(Violation::new("the charges add up past u64::MAX"))?;
+            }
+            Ok(sum)
+        })?;
+        let used = self.used.load(Relaxed);
+        if charged != used {
             return Err(Violation::new("bytes in use under the limit differ from the charges"));
         }
-        self.upstream.check()
+        if used > self.limit {
+            return Err(Violation::new("bytes in use above the limit"));
+        }
+        Ok(())
     }
 }
 
 // SAFETY: `Limiting` hands out `R`'s blocks unchanged and gives them back only through
 // `R::deallocate`.
 unsafe impl<E, R: crate::copy::MemoryOf<E>> crate::copy::MemoryOf<E> for Limiting<R> {}
+
+#[cfg(all(test, feature = "std", not(loom)))]
+mod tests {
+    use super::Limiting;
+    use crate::testing::BumpUpstream;
+    use crate::{MemoryResource, Request};
+
+    /// What the layer's checker says of `l` with its charges and bytes in
+    /// use set to `charged` and `used`; they are put back after.
+    fn checked_with<R>(l: &Limiting<R>, addr: u64, charged: u64, used: u64) -> &'static str {
+        let was = (l.charged.with(|t| *t.get(addr).unwrap()), l.get_allocated_bytes());
+        l.charged.with(|t| t.insert(addr, charged));
+        l.used.store(used, super::Relaxed);
+        let got = l.check_layer();
+        l.charged.with(|t| t.insert(addr, was.0));
+        l.used.store(was.1, super::Relaxed);
+        l.check_layer().expect("the counts are whole again");
+        got.expect_err("the checker finds the change").what()
+    }
+
+    /// The layer's checker runs over an upstream without one (a built
+    /// stack's, behind `DynResource`) and finds bytes in use that the
+    /// charges of the blocks it holds, or the limit, do not allow.
+    #[test]
+    fn the_layer_checker_finds_bytes_in_use_that_the_charges_or_the_limit_do_not_allow() {
+        let up: crate::DynResource = alloc::sync::Arc::new(BumpUpstream::new(1 << 20));
+        let l = Limiting::new(up, 4096);
+        let a = l.allocate(Request::new(1000).unwrap(), &()).unwrap();
+        let b = l.allocate(Request::new(2000).unwrap(), &()).unwrap();
+        l.check_layer().unwrap();
+        let differ = "bytes in use under the limit differ from the charges";
+        assert_eq!(checked_with(&l, a.addr(), 1024, 1024 + 2048 + 256), differ);
+        assert_eq!(checked_with(&l, a.addr(), 1024, 2048), differ);
+        assert_eq!(checked_with(&l, a.addr(), 1000, 1000 + 2048), "a block charged no whole granules");
+        assert_eq!(checked_with(&l, a.addr(), 4096, 4096 + 2048), "bytes in use above the limit");
+        l.deallocate(a, &()).unwrap();
+        l.deallocate(b, &()).unwrap();
+        l.check_layer().unwrap();
+    }
+}
