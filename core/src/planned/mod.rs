@@ -1320,74 +1320,175 @@ impl<R: Inspect> Inspect for Planned<R> {
         Usage::new(used, up.held, up.peak_held, up.largest_free.max(longest))
     }
 
+    /// Checks the layer's invariants ([`check_layer`](Planned::check_layer))
+    /// and the upstream's.
+    ///
+    /// # Errors
+    ///
+    /// The first broken invariant.
     fn check(&self) -> core::result::Result<(), Violation> {
-        self.state.with(|s| {
-            let (mut at, mut sum, mut count, mut overdue) = (0, 0, 0, 0);
-            for (o, n) in s.live_blocks() {
-                if o < at || o + n > s.region.size() {
-                    return Err(Violation::new("planned blocks overlap or leave the region"));
-                }
-                at = o + n;
-                sum += n;
-                count += 1;
-            }
-            for (slot, &live) in s.slot_live.iter().enumerate() {
-                let Some(e) = (live & !OVERDUE).checked_sub(1).and_then(|k| s.plan.entries.get(k as usize))
-                else {
-                    if live & !OVERDUE != 0 {
-                        return Err(Violation::new("a live slot names no entry of the plan"));
-                    }
-                    continue;
-                };
-                if e.place != (Place::Step { offset: s.plan.slots[slot], slot: slot as u32 }) {
-                    return Err(Violation::new("a live block in another entry's slot"));
-                }
-                overdue += u32::from(live & OVERDUE != 0);
-            }
-            if (sum, count, overdue) != (s.live_bytes, s.live_count, s.overdue) {
-                return Err(Violation::new("planned blocks in use miscounted"));
-            }
-            if s.following && s.plan.entries.is_empty() {
-                return Err(Violation::new("following an empty plan"));
-            }
-            let c = &s.carry;
-            for e in &s.plan.entries {
-                let size = e.request.rounded_size(UNIT);
-                match e.place {
-                    Place::Step { offset, .. } if offset + size > s.region.size() => {
-                        return Err(Violation::new("a planned offset past the region's end"));
-                    }
-                    Place::Carried { slot }
-                        if c.slots.get(slot as usize).is_none_or(|&(_, _, n)| n != size) =>
-                    {
-                        return Err(Violation::new("a carried entry without its slot"));
-                    }
-                    Place::InCarry { offset } if offset + size > c.size() => {
-                        return Err(Violation::new("an offset in the carry region past its layout"));
-                    }
-                    _ => {}
-                }
-            }
-            let mut at = 0;
-            for &(_, o, n) in &c.slots {
-                if o != at {
-                    return Err(Violation::new("carried slots not side by side"));
-                }
-                at += n;
-            }
-            let mut end = 0;
-            for (&o, &(n, asked, _)) in &c.live {
-                if o < end || o + n > c.region.size() || asked.div_ceil(UNIT) * UNIT != n {
-                    return Err(Violation::new("blocks in the carry region overlap, leave it or miscount"));
-                }
-                end = o + n;
-            }
-            if (!c.live.is_empty() || !c.region.is_empty()) && at > c.region.size() {
-                return Err(Violation::new("carried slots past the carry region's end"));
-            }
-            Ok(())
-        })?;
+        self.check_layer()?;
         self.upstream.check()
+    }
+}
+
+impl<R> Planned<R> {
+    /// Checks the layer's own invariants, not the upstream's (for an
+    /// upstream without a checker, as a built stack's `planned` over the
+    /// resources under it, checked each on its own): each region lies
+    /// within the block it was taken as, at most [`Request::MAX_SIZE`]
+    /// bytes, apart from the other; the plan's tables agree (a slot per
+    /// distinct offset, ascending, each step-region entry in the slot of
+    /// its offset, every offset within the region, every carried entry in
+    /// a slot of its size, the carried slots side by side); the live
+    /// blocks of either region lie in it, overlap none other and are
+    /// counted as live (blocks, bytes, overdue ones), each in its entry's
+    /// slot; a step follows a plan only when there is one, and then is not
+    /// recorded. Run it while no other thread uses the layer.
+    ///
+    /// # Errors
+    ///
+    /// The first broken invariant.
+    ///
+    /// # Time Complexity
+    ///
+    /// O(n) in the entries of the plan and the live blocks.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use memres_core::planned::Planned;
+    /// use memres_core::{MemoryResource, Request};
+    /// # use memres_core::testing::BumpUpstream;
+    /// let planned = Planned::new(BumpUpstream::new(1 << 20));
+    /// for _ in 0..4 {
+    ///     planned.step(&())?;
+    ///     let a = planned.allocate(Request::new(1000)?, &())?;
+    ///     planned.check_layer().unwrap();
+    ///     planned.deallocate(a, &())?;
+    /// }
+    /// planned.check_layer().unwrap();
+    /// # Ok::<(), memres_core::Error>(())
+    /// ```
+    pub fn check_layer(&self) -> core::result::Result<(), Violation> {
+        self.state.with(|s| s.check())
+    }
+}
+
+/// The checks of [`Planned::check_layer`].
+impl<R> State<R> {
+    fn check(&self) -> core::result::Result<(), Violation> {
+        self.check_regions()?;
+        self.check_plan()?;
+        self.check_step_region()?;
+        self.check_carry()
+    }
+
+    /// Each region within its block, at most one request long, and apart
+    /// from the other.
+    fn check_regions(&self) -> core::result::Result<(), Violation> {
+        for r in [self.region, self.carry.region] {
+            if r.size() > r.block.size() || r.size() > Request::MAX_SIZE {
+                return Err(Violation::new("a region longer than its block or than a request"));
+            }
+        }
+        let (a, b) = (self.region, self.carry.region);
+        let apart =
+            a.addr().saturating_add(a.size()) <= b.addr() || b.addr().saturating_add(b.size()) <= a.addr();
+        if !a.is_empty() && !b.is_empty() && !apart {
+            return Err(Violation::new("the step's region and the carry region overlap"));
+        }
+        Ok(())
+    }
+
+    /// The plan's tables agree with each other, with the step's region and
+    /// with the carry layout.
+    fn check_plan(&self) -> core::result::Result<(), Violation> {
+        let plan = &self.plan;
+        if self.slot_live.len() != plan.slots.len() || self.slot_epoch.len() != plan.slots.len() {
+            return Err(Violation::new("a table of live slots not one per slot of the plan"));
+        }
+        if plan.slots.windows(2).any(|w| w[0] >= w[1]) {
+            return Err(Violation::new("the plan's slots not ascending"));
+        }
+        if self.following && (plan.entries.is_empty() || self.recording) {
+            return Err(Violation::new("following an empty plan, or recording a step that follows one"));
+        }
+        let c = &self.carry;
+        for e in &plan.entries {
+            let size = e.request.rounded_size(UNIT);
+            match e.place {
+                Place::Step { offset, slot } if plan.slots.get(slot as usize) != Some(&offset) => {
+                    return Err(Violation::new("a planned entry in the slot of another offset"));
+                }
+                Place::Step { offset, .. } if offset + size > self.region.size() => {
+                    return Err(Violation::new("a planned offset past the region's end"));
+                }
+                Place::Carried { slot } if c.slots.get(slot as usize).is_none_or(|&(_, _, n)| n != size) => {
+                    return Err(Violation::new("a carried entry without its slot"));
+                }
+                Place::InCarry { offset } if offset + size > c.size() => {
+                    return Err(Violation::new("an offset in the carry region past its layout"));
+                }
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+
+    /// The live blocks of the step's region: in it, apart, each in its
+    /// entry's slot, and counted.
+    fn check_step_region(&self) -> core::result::Result<(), Violation> {
+        let (mut at, mut sum, mut count, mut overdue) = (0, 0, 0, 0);
+        for (o, n) in self.live_blocks() {
+            if o < at || o + n > self.region.size() {
+                return Err(Violation::new("planned blocks overlap or leave the region"));
+            }
+            at = o + n;
+            sum += n;
+            count += 1;
+        }
+        for (slot, &live) in self.slot_live.iter().enumerate() {
+            let Some(e) = (live & !OVERDUE).checked_sub(1).and_then(|k| self.plan.entries.get(k as usize))
+            else {
+                if live & !OVERDUE != 0 {
+                    return Err(Violation::new("a live slot names no entry of the plan"));
+                }
+                continue;
+            };
+            if e.place != (Place::Step { offset: self.plan.slots[slot], slot: slot as u32 }) {
+                return Err(Violation::new("a live block in another entry's slot"));
+            }
+            overdue += u32::from(live & OVERDUE != 0);
+        }
+        if (sum, count, overdue) != (self.live_bytes, self.live_count, self.overdue) {
+            return Err(Violation::new("planned blocks in use miscounted"));
+        }
+        Ok(())
+    }
+
+    /// The carry layout's slots side by side, within its region while it
+    /// is held; its live blocks in it, apart, each as long as asked.
+    fn check_carry(&self) -> core::result::Result<(), Violation> {
+        let c = &self.carry;
+        let mut at = 0;
+        for &(_, o, n) in &c.slots {
+            if o != at {
+                return Err(Violation::new("carried slots not side by side"));
+            }
+            at += n;
+        }
+        let mut end = 0;
+        for (&o, &(n, asked, _)) in &c.live {
+            if o < end || o + n > c.region.size() || asked.div_ceil(UNIT) * UNIT != n {
+                return Err(Violation::new("blocks in the carry region overlap, leave it or miscount"));
+            }
+            end = o + n;
+        }
+        if (!c.live.is_empty() || !c.region.is_empty()) && at > c.region.size() {
+            return Err(Violation::new("carried slots past the carry region's end"));
+        }
+        Ok(())
     }
 }
 

@@ -391,6 +391,78 @@ fn a_block_freed_twice_in_its_step_after_its_place_was_served_again_is_a_double_
     p.check().unwrap();
 }
 
+/// What the layer's checker says of `p` with its state changed by
+/// `change`; `undo` takes the change back, and the checker passes again.
+fn checked_with<R>(
+    p: &Planned<R>,
+    change: impl FnOnce(&mut State<R>),
+    undo: impl FnOnce(&mut State<R>),
+) -> Violation {
+    p.state.with(change);
+    let got = p.check_layer();
+    p.state.with(undo);
+    p.check_layer().expect("the state is whole again");
+    got.expect_err("the checker finds the change")
+}
+
+/// The layer's checker runs over an upstream without one (a built
+/// stack's, behind `DynResource`) and finds each count, table and region
+/// of the state put out of step with the rest.
+#[test]
+fn the_layer_checker_needs_no_upstream_checker_and_finds_a_broken_count_plan_or_region() {
+    let up: crate::DynResource = alloc::sync::Arc::new(BumpUpstream::new(1 << 30));
+    let p = Planned::new(up);
+    let mut grads = Vec::new();
+    for _ in 0..4 {
+        train_step(&p, &mut grads);
+        p.check_layer().unwrap();
+    }
+    // A block live in each region: the first activation, the gradients.
+    p.step(&()).unwrap();
+    let act = p.allocate(req(4 * MIB), &()).unwrap();
+    let s = p.steps();
+    assert!(s.region > 0 && s.carry_region > 0 && s.planned_allocations > 0);
+    p.check_layer().unwrap();
+    let what = |v: Violation| v.what();
+    let miscounted = "planned blocks in use miscounted";
+    assert_eq!(what(checked_with(&p, |s| s.live_bytes += UNIT, |s| s.live_bytes -= UNIT)), miscounted);
+    assert_eq!(what(checked_with(&p, |s| s.live_count -= 1, |s| s.live_count += 1)), miscounted);
+    assert_eq!(what(checked_with(&p, |s| s.overdue += 1, |s| s.overdue -= 1)), miscounted);
+    assert_eq!(
+        what(checked_with(&p, |s| s.slot_live.push(0), |s| s.slot_live.truncate(s.slot_live.len() - 1))),
+        "a table of live slots not one per slot of the plan"
+    );
+    assert_eq!(
+        what(checked_with(&p, |s| s.recording = true, |s| s.recording = false)),
+        "following an empty plan, or recording a step that follows one"
+    );
+    let region = p.state.with(|s| s.region);
+    assert_eq!(
+        what(checked_with(&p, |s| s.region.size = UNIT, |s| s.region = region)),
+        "a planned offset past the region's end"
+    );
+    assert_eq!(
+        what(checked_with(&p, |s| s.region.size = region.block.size() + UNIT, |s| s.region = region)),
+        "a region longer than its block or than a request"
+    );
+    let carry = p.state.with(|s| s.carry.region);
+    assert_eq!(
+        what(checked_with(&p, |s| s.carry.region = region, |s| s.carry.region = carry)),
+        "the step's region and the carry region overlap"
+    );
+    let (grad, (_, was, _)) = p.state.with(|s| s.carry.live.iter().map(|(&o, &b)| (o, b)).next().unwrap());
+    let asked = |s: &mut State<_>, n: u64| s.carry.live.get_mut(&grad).unwrap().1 = n;
+    assert_eq!(
+        what(checked_with(&p, |s| asked(s, was + UNIT), |s| asked(s, was))),
+        "blocks in the carry region overlap, leave it or miscount"
+    );
+    p.deallocate(act, &()).unwrap();
+    for g in grads.drain(..) {
+        p.deallocate(g, &()).unwrap();
+    }
+    p.check_layer().unwrap();
+}
+
 #[test]
 fn a_stale_block_of_the_carry_region_is_a_double_free() {
     let p = Planned::new(Statistics::new(BumpUpstream::new(1 << 30)));
