@@ -206,12 +206,12 @@ pub fn stack_string_of(data: &[u8]) -> Option<String> {
 ///
 /// A text that does not build fails with a `StackError` inside the text.
 /// After every operation the checker of every resource of the stack that
-/// has one passes (`pool`, `fixed`, `binning`, `arena`, `vpool`, `sim`,
-/// and `stream`'s own; not `planned` nor `limit`, whose checkers need
-/// one of the stack under them); the `stats`, `track` and `limit` layers
-/// at its top (over nothing but each other) count exactly the live
-/// blocks. Every block handed out holds its request, is aligned as asked
-/// and overlaps no live block. An allocation fails only as a request the
+/// has one passes (`pool`, `fixed`, `binning`, `arena`, `vpool`, `sim`;
+/// `stream`, `planned` and `limit`, whose checkers need one of the stack
+/// under them, run their own layer's, `check_layer`); the `stats`, `track`
+/// and `limit` layers at its top (over nothing but each other) count
+/// exactly the live blocks. Every block handed out holds its request, is
+/// aligned as asked and overlaps no live block. An allocation fails only as a request the
 /// stack cannot serve (a size or alignment above a `fixed` block's,
 /// metadata full) or out of memory where it may be: a `max=` or a `limit`
 /// in the stack, or a leaf without room for the request and the chunks
@@ -251,9 +251,11 @@ struct Handles {
     sims: Vec<Arc<SimDevice>>,
     vpools: Vec<Arc<Vpool>>,
     vpools_per_stream: Vec<Arc<VpoolPerStream>>,
+    /// Checked as `streams` are, by their own layer's checker.
     planned: Vec<Arc<Planned<D>>>,
     stats: Vec<Arc<Statistics<D>>>,
     track: Vec<Arc<Tracking<D>>>,
+    /// Checked as `streams` are, by their own layer's checker.
     limit: Vec<Arc<Limiting<D>>>,
     /// How many of `stats`, `track` and `limit` (outermost first) are at
     /// the top of the stack, over nothing but each other and `align`: they
@@ -377,6 +379,16 @@ impl Handles {
         for s in &self.streams {
             if let Err(v) = s.with(|so| so.check_layer()) {
                 panic!("{text}: a `stream`'s checker {when}: {v}");
+            }
+        }
+        for p in &self.planned {
+            if let Err(v) = p.check_layer() {
+                panic!("{text}: a `planned`'s checker {when}: {v}");
+            }
+        }
+        for l in &self.limit {
+            if let Err(v) = l.check_layer() {
+                panic!("{text}: a `limit`'s checker {when}: {v}");
             }
         }
         let bytes: u64 = blocks.iter().map(|(b, _)| b.size()).sum();
