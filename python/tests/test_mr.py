@@ -985,6 +985,16 @@ def test_reinitialize_with_rmm_keywords_and_with_a_stack():
     assert mr.get_current_device_resource() is before
 
 
+@pytest.mark.parametrize("keywords", [dict(pool_allocator=True), dict(managed_memory=True),
+                                      dict(initial_pool_size=MiB), dict(maximum_pool_size=MiB)])
+def test_reinitialize_refuses_a_stack_with_rmms_keywords_and_changes_nothing(keywords):
+    memres.reinitialize(stack="stats(pool(sim(1GiB)))")
+    before = mr.get_current_device_resource()
+    with pytest.raises(ValueError, match="stack= or RMM's keywords, not both"):
+        memres.reinitialize(stack="pool(sim(1GiB))", **keywords)
+    assert mr.get_current_device_resource() is before
+
+
 @pytest.mark.parametrize("device_leaf", ["cuda", "host"])
 def test_reinitialize_takes_the_backend_from_the_stacks_resources_not_the_words_of_its_paths(tmp_path, device_leaf):
     # The backend was told by the words of the whole text: a log in
