@@ -92,11 +92,11 @@ class Stream:
 
     def __reduce__(self):
         # A handle is valid only in the process that has it: another one
-        # would hand the driver a stream it does not have. The legacy
-        # default stream (0) is every process's. RMM's Stream is not
-        # picklable at all.
-        if self.handle == 0:
-            return _default_stream, ()
+        # would hand the driver a stream it does not have. The default
+        # streams (0 and 1, the legacy one; 2, the per-thread one) are
+        # every process's. RMM's Stream is not picklable at all.
+        if self.is_default():
+            return _default_stream, (self.handle,)
         raise TypeError("memres: a Stream cannot be pickled: its handle is valid only in this process")
 
     def __copy__(self):
@@ -157,9 +157,11 @@ class CudaStreamPool:
         return len(self._streams)
 
 
-def _default_stream():
-    """``DEFAULT_STREAM``: what a pickled default stream becomes."""
-    return DEFAULT_STREAM
+def _default_stream(handle=0):
+    """What a pickled default stream becomes: ``DEFAULT_STREAM``,
+    ``LEGACY_DEFAULT_STREAM`` or ``PER_THREAD_DEFAULT_STREAM``, by its
+    handle (none: 0, as pickled before 1 and 2 pickled)."""
+    return {0: DEFAULT_STREAM, _LEGACY: LEGACY_DEFAULT_STREAM, _PER_THREAD: PER_THREAD_DEFAULT_STREAM}[handle]
 
 
 def _checked(handle):

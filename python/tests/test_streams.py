@@ -210,9 +210,9 @@ def test_a_stack_keeps_its_stream_objects_alive_as_long_as_it_lives():
     assert alive() is None
 
 
-def test_a_stream_does_not_pickle_but_the_default_stream_does():
+def test_a_stream_does_not_pickle_but_the_default_streams_do():
     # A handle is valid only in the process that has it (RMM's Stream does
-    # not pickle); the legacy default stream is every process's.
+    # not pickle); the default streams are every process's.
     class FrameworkStream:
         def __cuda_stream__(self):
             return (0, 0x5555DEADBEEF)
@@ -221,9 +221,9 @@ def test_a_stream_does_not_pickle_but_the_default_stream_does():
         with pytest.raises(TypeError, match="cannot be pickled"):
             pickle.dumps(s)
         assert copy.copy(s) is s and copy.deepcopy(s) is s
-    for s in (memres.DEFAULT_STREAM, memres.Stream.from_handle(0)):
-        back = pickle.loads(pickle.dumps(s))
-        assert back is memres.DEFAULT_STREAM  # not a new stream
+    for default in (memres.DEFAULT_STREAM, memres.LEGACY_DEFAULT_STREAM, memres.PER_THREAD_DEFAULT_STREAM):
+        for s in (default, memres.Stream.from_handle(default.handle)):
+            assert pickle.loads(pickle.dumps(s)) is default  # not a new stream
 
 
 def test_stream_makes_a_new_stream_as_rmms():
