@@ -2,7 +2,8 @@
 //!
 //! ```toml
 //! [dependencies]
-//! memres = { version = "0.1", features = ["cuda"] }  # or no features: the simulated device
+//! # Not on crates.io: the `memres/` directory of a checkout of this repository.
+//! memres = { path = "../memres/memres", features = ["cuda"] }  # or no features: the simulated device
 //! ```
 //!
 //! This crate re-exports the core ([`memres_core`]: the resources, the
