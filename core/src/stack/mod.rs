@@ -23,8 +23,9 @@
 //!
 //! White space between tokens is ignored. A value that is a bare name
 //! (`pool(sim)`) is a call with no arguments; any other word (`2GiB`,
-//! `/tmp/x.csv`) is text, read as a size by [`Value::size`] (suffixes `B`,
-//! `K`/`KiB`, `M`/`MiB`, `G`/`GiB`, `T`/`TiB`, all powers of 1024).
+//! `/tmp/x.csv`) is text, read as a size by [`Value::size`] (suffixes in
+//! any case, [`parse_size`]: `B`; `K`/`KiB`, `M`/`MiB`, `G`/`GiB`,
+//! `T`/`TiB`, powers of 1024; `KB`, `MB`, `GB`, `TB`, powers of 1000).
 //!
 //! # Examples
 //!
