@@ -79,6 +79,8 @@
 //! | `release_threshold=` | `async`, `vpool`, `vmm` | bytes of free memory kept rather than given back to the device (RMM's and CUDA's release threshold) |
 //! | `reserve=` | `vpool`, `vmm` | bytes of addresses per reservation |
 //! | `slack=` | `vpool`, `vmm` | thousandths of the peak in use that committed memory may exceed before it is trimmed |
+//! | `handle_granules=` | `vpool`, `vmm` | memory is held in pieces of up to this many granules, each given back whole (`vmm`: its physical handles, default 32; `vpool`: default none, any granule alone) |
+//! | `trim_on_commit=` | `vpool`, `vmm` | `true` (default) or `false`: whether an allocation that needs fresh granules first gives Idle ones back, so that committed memory stays within the peak in use ([`VirtualConfig::trim_on_commit`](crate::vpool::VirtualConfig::trim_on_commit)) |
 //! | `per_stream=` | `pool`, `vpool`, `vmm` | `true`: a pool per stream, stream-ordered ([`PerStreamPool`](crate::per_stream::PerStreamPool)); each virtual pool maps a reservation of its own |
 //! | `size=` | `fixed` | the block size in bytes |
 //! | `min_bin=`, `max_bin=` | `binning` | the smallest and largest bin size in bytes (powers of two) |
@@ -86,12 +88,13 @@
 //! | `bytes=` | `limit` | the limit on bytes in use |
 //! | `capacity=` | `sim` | the device's memory in bytes |
 //!
-//! The others belong to one name: `growth=`, `release=` (`pool`),
-//! `blocks=` (`fixed`: blocks per chunk), `superblock=`
-//! (`arena`), `alignment=`, `threshold=` (`align`), `file=` (`log`),
-//! `handle_granules=`, `large_handles=`, `trim_on_commit=` (`vmm`), `pool=`
-//! (`async`: `own` or the device's `default` pool), `ipc=` (`async`: the
-//! handle its memory exports as, `none`, `posix_fd` or `fabric`).
+//! The others belong to one name: `growth=`, `release=`, `large=`
+//! (`pool`), `blocks=` (`fixed`: blocks per chunk), `superblock=`
+//! (`arena`), `backtraces=` (`track`), `alignment=`, `threshold=`
+//! (`align`), `file=` (`log`), `large_handles=` (`vmm`), `pool=`
+//! (`async`: `own`, the device's `default` pool or its `managed` one),
+//! `ipc=` (`async`: the handle its memory exports as, `none`, `posix_fd`
+//! or `fabric`).
 //!
 //! The leaves come from the backends: `sim` (a simulated device), `host`
 //! (host memory) and `vpool` (a virtual pool over a simulated address
