@@ -27,11 +27,16 @@
  * per_stream=true|false (a reservation and pool per stream; false); it
  * unmaps only after synchronizing the stream of the call). Adaptors and
  * algorithms: pool (initial=, max=, growth=double|default|N, granule=
- * (32MiB: chunks are multiples of it), release=true|false (give wholly
- * free chunks back before growing; true), per_stream=true|false (a pool
- * per stream; false)), planned (lays out each step from the one before:
- * see memres_step), stats, track, limit, align, log. sim, host, vpool and
- * pinned (simulated or host memory) are refused.
+ * (32MiB: chunks are multiples of it), release=true|false|peak (give
+ * wholly free chunks back before growing; true; peak: only past the peak
+ * in use), large=SIZE|none (requests of at least SIZE get chunks of their
+ * own; none), per_stream=true|false (a pool per stream; false)), fixed
+ * (blocks of one size), binning (size bins: bin(SIZE), bin(SIZE, RESOURCE),
+ * min_bin=, max_bin=, powers=), arena (per-thread arenas over a global
+ * one), planned (lays out each step from the one before: see memres_step),
+ * stats, track, limit, align, log, prefetch (prefetches managed memory to
+ * the device). memres_core::stack's documentation gives every key. sim,
+ * host, vpool and pinned (simulated or host memory) are refused.
  * A file= is one device's: a second device whose stack names a file that
  * a live log writes fails its first call with a message naming the file
  * (MEMRES_LOG_FILE names one file per device).
