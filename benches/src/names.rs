@@ -117,7 +117,7 @@ pub const NAMES: &[Name] = &[
         ..name(
             "binning",
             Role::Resource,
-            "upstream",
+            "upstream, bin(SIZE), bin(SIZE, RESOURCE)...",
             "BinningResource: a fixed-size bin per power of two, larger requests to the upstream",
         )
     },

@@ -76,3 +76,12 @@ fn the_sim_leafs_default_capacity_is_the_builders() {
     let said = format!("(default {} GiB", capacity >> 30);
     assert!(help.contains(&said), "{help} against {said}");
 }
+
+/// Binning's bins are arguments, not keys: the listing shows both forms
+/// (it showed `binning(upstream)`, and no way to give a bin).
+#[test]
+fn the_listing_shows_how_binning_takes_its_bins() {
+    let text = listing();
+    let line = text.lines().find(|l| l.trim_start().starts_with("binning(")).unwrap();
+    assert!(line.contains("bin(SIZE)") && line.contains("bin(SIZE, RESOURCE)"), "{line}");
+}
