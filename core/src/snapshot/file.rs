@@ -40,10 +40,12 @@ use std::sync::atomic::{AtomicU64, Ordering};
 /// writing, syncing or renaming the temporary file (`path` a directory, a
 /// directory that does not exist or cannot be written).
 pub fn write_file(path: &Path, bytes: &[u8]) -> io::Result<()> {
-    let path = &followed(path)?;
+    // Before its links are followed by hand: a process's `/dev/stdout` or
+    // `/dev/fd/N` leads to a pipe by a name (`pipe:[N]`) no path reaches.
     if written_in_place(path) {
         return OpenOptions::new().write(true).open(path)?.write_all(bytes);
     }
+    let path = &followed(path)?;
     let tmp = temporary(path)?;
     let written = (|| {
         let mut file = File::create(&tmp)?;
@@ -93,12 +95,12 @@ pub fn write_file(path: &Path, bytes: &[u8]) -> io::Result<()> {
 /// (`IsADirectory`), a name too long for the temporary file, a directory
 /// that does not exist or cannot be written, links that loop.
 pub fn check_file(path: &Path) -> io::Result<()> {
+    if written_in_place(path) {
+        return Ok(());
+    }
     let path = &followed(path)?;
     if path.is_dir() {
         return Err(io::Error::new(io::ErrorKind::IsADirectory, "it is a directory"));
-    }
-    if written_in_place(path) {
-        return Ok(());
     }
     match fs::metadata(path) {
         Ok(_) => {}

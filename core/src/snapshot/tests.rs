@@ -616,6 +616,31 @@ fn a_snapshot_written_to_a_pipe_goes_into_it_and_the_pipe_stays() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// A snapshot written to a pipe with no name, as a shell's `>(...)` or a
+/// `/dev/stdout` piped to another program gives it (`/dev/fd/N`, a link to
+/// `pipe:[N]`), goes into the pipe: its links followed by hand led to a
+/// file `pipe:[N]` that is not there, which the check refused.
+#[cfg(all(feature = "std", target_os = "linux", not(miri)))]
+#[test]
+fn a_snapshot_written_to_a_pipe_with_no_name_goes_into_it() {
+    use std::io::Read;
+    use std::os::fd::AsRawFd;
+    use std::process::{Command, Stdio};
+    let mut cat = Command::new("cat").stdin(Stdio::piped()).stdout(Stdio::piped()).spawn().unwrap();
+    let stdin = cat.stdin.take().unwrap();
+    let path = std::path::PathBuf::from(std::format!("/proc/self/fd/{}", stdin.as_raw_fd()));
+    let bytes = MemoryMap::new(2).pickle();
+    let checked = check_file(&path);
+    let written = write_file(&path, &bytes);
+    drop(stdin);
+    let mut got = alloc::vec::Vec::new();
+    cat.stdout.take().unwrap().read_to_end(&mut got).unwrap();
+    assert!(cat.wait().unwrap().success());
+    checked.unwrap();
+    written.unwrap();
+    assert_eq!(got, bytes);
+}
+
 /// `check_file` meets what `write_file` would, and leaves nothing: a name
 /// too long for the temporary file beside it, a directory, a directory
 /// that does not exist, are refused; a file there, a new name, and a link
