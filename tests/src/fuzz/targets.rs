@@ -15,6 +15,7 @@ mod binning;
 mod device_stack;
 mod fixed;
 mod index;
+mod per_stream;
 mod planned;
 mod stack;
 mod stack_string;
@@ -28,6 +29,7 @@ pub use binning::*;
 pub use device_stack::*;
 pub use fixed::*;
 pub use index::*;
+pub use per_stream::*;
 pub use planned::*;
 pub use stack::*;
 pub use stack_string::*;
@@ -161,11 +163,11 @@ impl Inspect for Spy {
 
 type Pool<N = Vec<Node>, C = Vec<Chunk>> = CoalescingPool<Spy, N, C>;
 
-fn build_pool<N: Storage<Node>, C: Storage<Chunk>>(
-    u: &mut Unstructured<'_>,
-) -> arbitrary::Result<(Pool<N, C>, Spy)> {
+/// The capacity of a device and a configuration of the pools over it:
+/// with and without a maximum, default, doubling and fractional growth,
+/// release on grow or not.
+fn draw_pool_config(u: &mut Unstructured<'_>) -> arbitrary::Result<(u64, PoolConfig)> {
     let capacity = *u.choose(&[64u64 << 20, 1 << 30, 1 << 44])?;
-    let spy = Spy::new(capacity);
     let initial = match u.int_in_range(0..=3u8)? {
         0 => 0,
         1 => 256 * u.int_in_range(1..=64u64)?,
@@ -185,6 +187,14 @@ fn build_pool<N: Storage<Node>, C: Storage<Chunk>>(
             Growth::Fraction { divisor: u.int_in_range(1..=16)?, granule: 256 << u.int_in_range(0..=16u32)? }
         }
     });
+    Ok((capacity, config))
+}
+
+fn build_pool<N: Storage<Node>, C: Storage<Chunk>>(
+    u: &mut Unstructured<'_>,
+) -> arbitrary::Result<(Pool<N, C>, Spy)> {
+    let (capacity, config) = draw_pool_config(u)?;
+    let spy = Spy::new(capacity);
     let pool = CoalescingPool::with_config_in(spy.clone(), config, &())
         .expect("a valid configuration over a roomy device");
     Ok((pool, spy))
