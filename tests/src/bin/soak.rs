@@ -1,5 +1,6 @@
-//! Soak test: many threads, many operations, every shared resource, over a
-//! simulated device; at the end nothing may be lost.
+//! Soak test: many threads, many operations, six shared resources (the
+//! pool, fixed-size, binning, arena, stream-ordered and virtual-pool
+//! resources), over a simulated device; at the end nothing may be lost.
 //!
 //! ```text
 //! soak --threads T --ops N [--resource pool|fixed|binning|arena|stream-pool|vpool|all] [--seed S]
