@@ -442,6 +442,47 @@ impl<R> Drop for Recorded<'_, R> {
     }
 }
 
+/// A free [`State::freed`] recorded: of the recorded step's allocation
+/// `k`, or of allocation `k` of the step before, carried into this one.
+#[derive(Clone, Copy)]
+enum Freed {
+    Born(u32),
+    Carried(u32),
+}
+
+/// The free of a recorded block at `addr` while the upstream frees it:
+/// recorded before, as once freed the upstream may hand the address to
+/// another thread's allocation, recorded at once, whose life a free
+/// recorded later would end. Taken back when dropped (the upstream
+/// refused the free or panicked: the block is live still) unless
+/// [`made`](Self::made).
+struct Freeing<'a, R> {
+    state: &'a Shared<State<R>>,
+    addr: u64,
+    freed: Freed,
+    epoch: u64,
+}
+
+impl<R> Freeing<'_, R> {
+    /// The upstream freed the block.
+    fn made(self) {
+        core::mem::forget(self);
+    }
+}
+
+impl<R> Drop for Freeing<'_, R> {
+    fn drop(&mut self) {
+        self.state.with(|s| {
+            // A step that began meanwhile was planned with the block freed
+            // (its counterpart, placed, departs if freed later) and does
+            // not carry it.
+            if s.epoch == self.epoch {
+                s.unfree(self.addr, self.freed);
+            }
+        });
+    }
+}
+
 /// A block served in the carry region that the caller has not got yet:
 /// freed there when dropped (the code in between, a user's, panicked),
 /// unless [`hand_over`](Self::hand_over) gives it to the caller.
@@ -709,16 +750,35 @@ impl<R> State<R> {
     }
 
     /// Records the free of the recorded step's block at `addr`, if it is
-    /// one.
-    fn freed(&mut self, addr: u64) {
+    /// one, and says which it was.
+    fn freed(&mut self, addr: u64) -> Option<Freed> {
         let at = self.ops;
         if let Some(k) = self.born.remove(&addr) {
             if self.tick() {
                 self.record[k as usize].0.end = at;
             }
+            Some(Freed::Born(k))
         } else if let Some(k) = self.carried.remove(&addr) {
             if self.tick() {
                 self.carried_frees.push((k, at));
+            }
+            Some(Freed::Carried(k))
+        } else {
+            None
+        }
+    }
+
+    /// Takes back the free of the block at `addr` that
+    /// [`freed`](Self::freed) recorded in this step: it is live.
+    fn unfree(&mut self, addr: u64, freed: Freed) {
+        match freed {
+            Freed::Born(k) => {
+                self.record[k as usize].0.end = OPEN;
+                self.born.insert(addr, k);
+            }
+            Freed::Carried(k) => {
+                self.carried_frees.retain(|&(j, _)| j != k);
+                self.carried.insert(addr, k);
             }
         }
     }
@@ -1229,28 +1289,32 @@ impl<S: Stream + ?Sized, R: MemoryResource<S>> MemoryResource<S> for Planned<R> 
 
     fn deallocate(&self, block: Block, stream: &S) -> Result<()> {
         let addr = block.addr();
-        let found = self.state.with(|s| {
-            s.region_block(addr, block.tag()).map(|b| {
+        let found = self.state.with(|s| match s.region_block(addr, block.tag()) {
+            Some(b) => {
                 let region_stream = match b {
                     Ok(Found::Carried { .. }) => s.carry.region_stream,
                     _ => s.region_stream,
                 };
-                (b, s.stream, region_stream)
-            })
+                Ok((b, s.stream, region_stream))
+            }
+            // The upstream's block: its free recorded now (see `Freeing`).
+            None => Err(s.recording.then(|| s.freed(addr)).flatten().map(|freed| (freed, s.epoch))),
         });
-        let Some((found, plan_stream, region_stream)) = found else {
-            self.upstream.deallocate(block, stream)?;
-            // Saturating: a block of the upstream that did not come
-            // through here is freed through it too.
-            let _ = self
-                .passed
-                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |p| Some(p.saturating_sub(block.size())));
-            self.state.with(|s| {
-                if s.recording {
-                    s.freed(addr);
+        let (found, plan_stream, region_stream) = match found {
+            Ok(found) => found,
+            Err(freed) => {
+                let freeing = freed.map(|(freed, epoch)| Freeing { state: &self.state, addr, freed, epoch });
+                self.upstream.deallocate(block, stream)?;
+                if let Some(freeing) = freeing {
+                    freeing.made();
                 }
-            });
-            return Ok(());
+                // Saturating: a block of the upstream that did not come
+                // through here is freed through it too.
+                let _ = self.passed.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |p| {
+                    Some(p.saturating_sub(block.size()))
+                });
+                return Ok(());
+            }
         };
         let found = found?;
         let (Found::Step { asked, .. } | Found::Carried { asked, .. }) = found;

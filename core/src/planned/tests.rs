@@ -1348,6 +1348,118 @@ fn a_free_into_a_region_of_another_stream_waits_for_its_stream_though_it_is_the_
     p.check().unwrap();
 }
 
+/// One step of a program whose second block comes from another thread
+/// while the first one's free is under way (at once, or, where the first
+/// block is a region's, just after): a; a freed while b is allocated; c;
+/// b and c freed. Checks that b and c lie apart.
+fn racing_step(p: &Planned<Reuses>) {
+    let quiet = Meanwhile::new(0);
+    p.step(&quiet).unwrap();
+    let a = p.allocate(req(MIB), &quiet).unwrap();
+    let b = core::cell::Cell::new(None);
+    let freeing = Meanwhile::new(0).then(|| b.set(Some(p.allocate(req(MIB), &quiet).unwrap())));
+    p.deallocate(a, &freeing).unwrap();
+    freeing.now();
+    let b = b.get().unwrap();
+    let c = p.allocate(req(MIB), &quiet).unwrap();
+    assert!(b.addr() + MIB <= c.addr() || c.addr() + MIB <= b.addr(), "{b:?} {c:?}");
+    p.check().unwrap();
+    p.deallocate(b, &quiet).unwrap();
+    p.deallocate(c, &quiet).unwrap();
+    p.check().unwrap();
+}
+
+/// The lifetimes in the record of the step in progress.
+fn lifetimes<R>(p: &Planned<R>) -> Vec<(u32, u32)> {
+    p.state.with(|s| s.record.iter().map(|(l, ..)| (l.start, l.end)).collect())
+}
+
+/// A free whose block the upstream hands at once to another thread's
+/// allocation (b gets a's address): its record took the new block's
+/// entry, so b was recorded as freed when a was, and a as live for good;
+/// the plan made from that put c over b, and each planned step departed
+/// at c.
+#[test]
+fn a_free_is_recorded_for_its_own_block_though_another_thread_gets_its_address_at_once() {
+    let p = Planned::new(Reuses::new());
+    racing_step(&p);
+    // a: op 0, freed at op 1, before b comes (op 2); c at op 3; b freed,
+    // then c.
+    assert_eq!(lifetimes(&p), [(0, 1), (2, 4), (3, 5)]);
+    for _ in 0..5 {
+        racing_step(&p);
+    }
+    let s = p.steps();
+    assert_eq!((s.plans, s.followed, s.planned_allocations, s.region), (1, 3, 4 * 3, 2 * MIB));
+    assert_eq!((p.usage().used, p.held(), p.upstream().usage().held), (0, 2 * MIB, 2 * MIB));
+}
+
+/// As in [`a_free_is_recorded_for_its_own_block_though_another_thread_gets_its_address_at_once`],
+/// the free of a block carried from the step before (a gradient), whose
+/// address the next gradient gets at once: the new gradient was recorded
+/// as freed and the old one's free was lost, so no carry layout was made.
+#[test]
+fn a_carried_blocks_free_is_recorded_for_it_though_its_successor_gets_its_address_at_once() {
+    let p = Planned::new(Reuses::new());
+    let quiet = Meanwhile::new(0);
+    let mut grad: Option<Block> = None;
+    for _ in 0..6 {
+        p.step(&quiet).unwrap();
+        let act = p.allocate(req(2 * MIB), &quiet).unwrap();
+        let next = core::cell::Cell::new(None);
+        let freeing = Meanwhile::new(0).then(|| next.set(Some(p.allocate(req(MIB), &quiet).unwrap())));
+        if let Some(g) = grad {
+            p.deallocate(g, &freeing).unwrap();
+        }
+        freeing.now();
+        grad = next.get();
+        p.deallocate(act, &quiet).unwrap();
+        p.check().unwrap();
+        if p.steps().steps == 2 {
+            // The old gradient (allocation 1 of the step before) freed at
+            // op 1, the new one allocated at op 2 and live into the next
+            // step.
+            assert_eq!(lifetimes(&p), [(0, 3), (2, OPEN)]);
+            assert_eq!(p.state.with(|s| s.carried_frees.clone()), [(1, 1)]);
+        }
+    }
+    let s = p.steps();
+    assert_eq!((s.plans, s.carry_region), (1, MIB), "the gradient has its slot");
+    p.deallocate(grad.unwrap(), &quiet).unwrap();
+    assert_eq!(p.usage().used, 0);
+    assert_eq!(p.held(), p.upstream().usage().held);
+    p.check().unwrap();
+}
+
+/// A free recorded before the upstream frees the block is taken back where
+/// the upstream refuses it or panics: the block lives on, and so does its
+/// record, until a free the upstream takes. So for a block carried from
+/// the step before.
+#[test]
+fn a_free_the_upstream_refuses_or_panics_in_is_not_recorded() {
+    let p = Planned::new(BumpUpstream::new(1 << 30));
+    p.step(&()).unwrap();
+    let carried = p.allocate(req(MIB), &()).unwrap();
+    p.step(&()).unwrap();
+    let a = p.allocate(req(MIB), &()).unwrap();
+    for b in [a, carried] {
+        p.upstream().refuse_free_at(b.addr());
+        assert!(matches!(p.deallocate(b, &()), Err(Error::Backend { .. })));
+        p.upstream().refuse_free_at(0);
+        p.upstream().panic_in("deallocate", 0);
+        let freed = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| p.deallocate(b, &())));
+        assert!(freed.is_err());
+    }
+    assert_eq!(lifetimes(&p), [(0, OPEN)]);
+    assert!(p.state.with(|s| s.carried_frees.is_empty() && s.born.len() == 1 && s.carried.len() == 1));
+    p.deallocate(carried, &()).unwrap();
+    p.deallocate(a, &()).unwrap();
+    // Four ops of failed frees between, each ticked.
+    assert_eq!(lifetimes(&p), [(0, 6)]);
+    assert_eq!(p.state.with(|s| s.carried_frees.clone()), [(0, 5)]);
+    assert_eq!((p.held(), p.upstream().usage().held), (0, 0));
+}
+
 /// An upstream whose free of a block of `hook_size` bytes calls `step` on
 /// the planned resource above it, once: a user's upstream that calls back.
 struct CallsBack {
