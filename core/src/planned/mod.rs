@@ -89,6 +89,8 @@
 //! ```
 
 mod carry;
+#[cfg(all(test, feature = "std", loom))]
+mod loom_tests;
 pub mod placement;
 #[cfg(test)]
 mod tests;
