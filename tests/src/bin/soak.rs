@@ -3,7 +3,7 @@
 //! resources), over a simulated device; at the end nothing may be lost.
 //!
 //! ```text
-//! soak --threads T --ops N [--resource pool|fixed|binning|arena|stream-pool|vpool|all] [--seed S]
+//! soak --threads T --ops N [--resource pool|fixed|binning|arena|stream-pool|vpool|planned|all] [--seed S]
 //! ```
 //!
 //! Each of `T` threads runs `N` operations (an allocation of a random size,
@@ -22,6 +22,10 @@
 //! stream is ordered after the free (`HbChecked`). Any loss prints what was
 //! lost and the exit status is 1.
 //!
+//! `planned` runs a training loop instead (a plan needs the allocations of
+//! a step in the same order every step): thread 0 steps and allocates,
+//! every thread frees (see `soak_planned`).
+//!
 //! Not run in CI: `cargo run --release -p memres-tests --bin soak -- --threads 2 --ops 10000000 --resource all`.
 
 use memres_core::adaptor::Tracking;
@@ -30,18 +34,20 @@ use memres_core::binning::BinningResource;
 use memres_core::check::LiveBlocks;
 use memres_core::check::Violation;
 use memres_core::fixed::{FixedConfig, FixedSizeResource};
+use memres_core::planned::Planned;
 use memres_core::pool::CoalescingPool;
 use memres_core::stream_ordered::StreamOrdered;
 use memres_core::testing::SplitMix64;
 use memres_core::vpool::{VirtualConfig, VirtualPool};
-use memres_core::{Block, Inspect, MemoryResource, MemoryResourceMut, Request, Shared, Stream, Usage};
+use memres_core::{Block, Error, Inspect, MemoryResource, MemoryResourceMut, Request, Shared, Stream, Usage};
 use memres_sim::{HbChecked, SimAddressSpace, SimDevice, SimStream, SimWorld};
 use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Barrier, Mutex};
 use std::time::Instant;
 
 const USAGE: &str =
-    "usage: soak --threads T --ops N [--resource pool|fixed|binning|arena|stream-pool|vpool|all] [--seed S]";
+    "usage: soak --threads T --ops N [--resource pool|fixed|binning|arena|stream-pool|vpool|planned|all] [--seed S]";
 
 /// Capacity of the simulated device: far above what the workload holds, so
 /// that running out of memory is a failure too.
@@ -51,7 +57,7 @@ const LIVE_TARGET: u64 = 256;
 /// The threads meet to run the checker every this many operations.
 const CHECK_EVERY: u64 = 1 << 20;
 
-const KINDS: [&str; 6] = ["pool", "fixed", "binning", "arena", "stream-pool", "vpool"];
+const KINDS: [&str; 7] = ["pool", "fixed", "binning", "arena", "stream-pool", "vpool", "planned"];
 
 struct Args {
     threads: usize,
@@ -485,6 +491,186 @@ fn soak_vpool(a: &Args) -> Outcome {
     out
 }
 
+/// The allocations of one step of [`soak_planned`]'s training loop.
+const SCRIPT: usize = 64;
+
+/// `Planned` over a shared pool, in a training loop: thread 0 begins each
+/// step with `step()` (again while a release refuses it) and allocates the
+/// same script of sizes in the same order (all a plan needs; `--ops` is its
+/// allocations); by the block's place in the script it frees the block at
+/// the next allocation, frees it at once, carries it into the next step
+/// (freed after that step's fourth allocation, as gradients are), or hands
+/// it to the other threads, which free it after a while of their own:
+/// frees at other times than recorded make steps depart from their plans.
+/// Now and then another thread calls `release()`, and the checker runs
+/// every 64 steps beside the other threads' frees. At the end nothing is
+/// in use, the layer holds what the pool has in use, some allocations were
+/// served from a plan, and after the releases the device holds nothing.
+fn soak_planned(a: &Args) -> Outcome {
+    let dev = SimDevice::new(DEVICE);
+    let pool = Shared::new(CoalescingPool::new(&dev));
+    let planned = Planned::new(&pool);
+    let w = Workload { max_size: 1 << 20, max_align: 4 << 10, cross_stream: false };
+    let mut rng = SplitMix64::new(a.seed);
+    let script: Vec<Request> = (0..SCRIPT).map(|_| random_request(&mut rng, &w)).collect();
+    let steps = (a.ops / SCRIPT as u64).max(1);
+    let shared: Shared2<()> = Shared2 {
+        live: Mutex::new((LiveBlocks::new(), 0)),
+        mailbox: Mutex::new(Vec::new()),
+        losses: Mutex::new(Vec::new()),
+    };
+    let (done, allocations, frees, handed, checks) =
+        (AtomicBool::new(false), AtomicU64::new(0), AtomicU64::new(0), AtomicU64::new(0), AtomicU64::new(0));
+    let free = |b: Block| {
+        if let Err(v) = shared.live.lock().unwrap().0.remove(&b) {
+            shared.lose(format!("free of {b:?}: {v}"));
+            return;
+        }
+        match planned.deallocate(b, &()) {
+            Ok(()) => _ = frees.fetch_add(1, Ordering::Relaxed),
+            Err(e) => shared.lose(format!("free of {b:?} failed: {e}")),
+        }
+    };
+    let take_mail = || std::mem::take(&mut *shared.mailbox.lock().unwrap());
+    let check = || planned.check().map_err(|v| v.to_string());
+    let start = Instant::now();
+    std::thread::scope(|scope| {
+        for t in 1..a.threads {
+            let (shared, planned, done, free, take_mail) = (&shared, &planned, &done, &free, &take_mail);
+            scope.spawn(move || {
+                let mut rng = SplitMix64::new(a.seed ^ (t as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15));
+                // Each block with the rounds it waits for its free.
+                let mut held: Vec<(Block, u64)> = Vec::new();
+                loop {
+                    // Read before the mail: mail after it is none.
+                    let last = done.load(Ordering::Acquire);
+                    held.extend(take_mail().into_iter().map(|(b, ())| (b, rng.below(64))));
+                    if last && held.is_empty() {
+                        break;
+                    }
+                    let mut i = 0;
+                    while i < held.len() {
+                        if held[i].1 == 0 || last {
+                            free(held.swap_remove(i).0);
+                        } else {
+                            held[i].1 -= 1;
+                            i += 1;
+                        }
+                    }
+                    if rng.below(1 << 12) == 0 {
+                        if let Err(e) = planned.release(&()) {
+                            shared.lose(format!("release: {e}"));
+                        }
+                    }
+                    std::thread::yield_now();
+                }
+            });
+        }
+        let mut carried: Vec<Block> = Vec::new();
+        for step in 0..steps {
+            loop {
+                match planned.step(&()) {
+                    Ok(()) => break,
+                    Err(Error::Reentrant) => std::thread::yield_now(),
+                    Err(e) => {
+                        shared.lose(format!("step: {e}"));
+                        break;
+                    }
+                }
+            }
+            let mut previous: Option<Block> = None;
+            for (i, &request) in script.iter().enumerate() {
+                if let Some(b) = previous.take() {
+                    free(b);
+                }
+                if i == 4 {
+                    carried.drain(..).for_each(free);
+                }
+                let b = match planned.allocate(request, &()) {
+                    Ok(b) => b,
+                    Err(e) => {
+                        shared.lose(format!("allocation of {request:?} failed: {e}"));
+                        continue;
+                    }
+                };
+                allocations.fetch_add(1, Ordering::Relaxed);
+                let mut live = shared.live.lock().unwrap();
+                if let Err(v) = live.0.insert(b, request) {
+                    drop(live);
+                    shared.lose(format!("{b:?} for {request:?}: {v}"));
+                    continue;
+                }
+                live.1 = live.1.max(live.0.bytes());
+                drop(live);
+                match i % 4 {
+                    0 => previous = Some(b),
+                    1 if a.threads > 1 => {
+                        shared.mailbox.lock().unwrap().push((b, ()));
+                        handed.fetch_add(1, Ordering::Relaxed);
+                    }
+                    2 if i < 16 => carried.push(b),
+                    _ => free(b),
+                }
+            }
+            previous.into_iter().for_each(free);
+            if step % 64 == 63 {
+                checks.fetch_add(1, Ordering::Relaxed);
+                if let Err(e) = check() {
+                    shared.lose(format!("checker after step {}: {e}", step + 1));
+                }
+            }
+        }
+        carried.drain(..).for_each(free);
+        done.store(true, Ordering::Release);
+    });
+    let mut out = Outcome {
+        seconds: start.elapsed().as_secs_f64(),
+        allocations: allocations.into_inner(),
+        frees: frees.into_inner(),
+        handed_over: handed.into_inner(),
+        checks: checks.into_inner() + 1,
+        ..Outcome::default()
+    };
+    out.ops = out.allocations + out.frees;
+    out.losses = std::mem::take(&mut *shared.losses.lock().unwrap());
+    let (live, peak) = std::mem::take(&mut *shared.live.lock().unwrap());
+    out.peak_used = peak;
+    if !live.is_empty() {
+        out.lose(format!("{} blocks of {} bytes still live in the caller's view", live.len(), live.bytes()));
+    }
+    if out.allocations != out.frees {
+        out.lose(format!("{} allocations but {} frees", out.allocations, out.frees));
+    }
+    if let Err(e) = check() {
+        out.lose(format!("checker at the end: {e}"));
+    }
+    used_zero(&mut out, "the planned layer", planned.usage().used);
+    let (held, under) = (planned.held(), pool.with(|p| p.usage().used));
+    if held != under {
+        out.lose(format!("the planned layer holds {held} bytes, the pool has {under} in use"));
+    }
+    let s = planned.steps();
+    println!(
+        "    planned: {} steps, {} plans, {} followed, {} allocations from the regions",
+        s.steps, s.plans, s.followed, s.planned_allocations
+    );
+    if steps >= 8 && s.planned_allocations == 0 {
+        out.lose("no allocation was served from a plan");
+    }
+    match planned.release(&()) {
+        Ok(n) if n != held => out.lose(format!("release gave back {n} bytes of {held}")),
+        Ok(_) => {}
+        Err(e) => out.lose(format!("release: {e}")),
+    }
+    used_zero(&mut out, "the pool under the layer", pool.with(|p| p.usage().used));
+    if let Err(e) = pool.with(|p| p.release(&())) {
+        out.lose(format!("release of the pool: {e}"));
+    }
+    drop(planned);
+    device_empty(&mut out, &dev);
+    out
+}
+
 fn main() -> ExitCode {
     let args = match parse_args() {
         Ok(a) => a,
@@ -502,6 +688,7 @@ fn main() -> ExitCode {
             "arena" => soak_arena(&args),
             "stream-pool" => soak_stream_pool(&args),
             "vpool" => soak_vpool(&args),
+            "planned" => soak_planned(&args),
             _ => unreachable!("parsed names only"),
         };
         println!(
