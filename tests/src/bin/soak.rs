@@ -1,6 +1,7 @@
-//! Soak test: many threads, many operations, six shared resources (the
+//! Soak test: many threads, many operations, seven shared resources (the
 //! pool, fixed-size, binning, arena, stream-ordered and virtual-pool
-//! resources), over a simulated device; at the end nothing may be lost.
+//! resources, and `planned`), over a simulated device; at the end nothing
+//! may be lost.
 //!
 //! ```text
 //! soak --threads T --ops N [--resource pool|fixed|binning|arena|stream-pool|vpool|planned|all] [--seed S]
