@@ -771,8 +771,14 @@ impl<R> State<R> {
     }
 
     /// Takes back the free of the block at `addr` that
-    /// [`freed`](Self::freed) recorded in this step: it is live.
+    /// [`freed`](Self::freed) recorded in this step: it is live. Unless a
+    /// block was recorded at `addr` meanwhile: the upstream did free this
+    /// one (a double free racing this free freed it first, and the
+    /// address was handed out again), and the newer block keeps its entry.
     fn unfree(&mut self, addr: u64, freed: Freed) {
+        if self.born.contains_key(&addr) || self.carried.contains_key(&addr) {
+            return;
+        }
         match freed {
             Freed::Born(k) => {
                 self.record[k as usize].0.end = OPEN;

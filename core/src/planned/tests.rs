@@ -2113,3 +2113,56 @@ fn the_steps_of_several_layers_add_up_saturating() {
     let total: Steps = [a; 4].into_iter().sum();
     assert_eq!((total.steps, total.region, total.carry_region), (8, u64::MAX, u64::MAX));
 }
+
+/// [`Reuses`] with tags, whose free lets the stream's next call run first
+/// and then refuses a block that is not live with its tag: a double free
+/// racing a free reaches it first.
+struct Tagged {
+    up: Reuses,
+    live: core::cell::RefCell<BTreeMap<u64, u64>>,
+    next_tag: core::cell::Cell<u64>,
+}
+
+impl MemoryResource<Meanwhile<'_>> for Tagged {
+    fn allocate(&self, request: Request, stream: &Meanwhile<'_>) -> Result<Block> {
+        let b = self.up.allocate(request, stream)?;
+        let tag = self.next_tag.replace(self.next_tag.get() + 1);
+        self.live.borrow_mut().insert(b.addr(), tag);
+        Ok(Block::new(b.addr(), b.size(), tag))
+    }
+    fn deallocate(&self, block: Block, stream: &Meanwhile<'_>) -> Result<()> {
+        stream.now();
+        if self.live.borrow().get(&block.addr()) != Some(&block.tag()) {
+            return Err(Error::DoubleFree { addr: block.addr() });
+        }
+        self.live.borrow_mut().remove(&block.addr());
+        self.up.deallocate(Block::from_addr(block.addr(), block.size()), &Meanwhile::new(0))
+    }
+}
+
+/// A free the upstream refuses because a double free racing it freed the
+/// block first, and another allocation got the address, stands in the
+/// record: taking it back put the freed block's entry over the new one's,
+/// so the freed block was recorded live for good and the new block's free
+/// ended the freed one's lifetime.
+#[test]
+fn a_free_refused_beside_a_racing_double_free_stands_and_the_new_block_keeps_its_entry() {
+    let p = Planned::new(Tagged { up: Reuses::new(), live: Default::default(), next_tag: 1.into() });
+    let quiet = Meanwhile::new(0);
+    p.step(&quiet).unwrap();
+    let a = p.allocate(req(MIB), &quiet).unwrap();
+    let b = core::cell::Cell::new(None);
+    let racing = Meanwhile::new(0).then(|| {
+        p.deallocate(a, &Meanwhile::new(0)).unwrap();
+        b.set(Some(p.allocate(req(MIB), &Meanwhile::new(0)).unwrap()));
+    });
+    assert_eq!(p.deallocate(a, &racing), Err(Error::DoubleFree { addr: a.addr() }));
+    let b = b.get().unwrap();
+    assert_eq!(b.addr(), a.addr(), "the address handed out again");
+    let [(a_start, a_end), (b_start, OPEN)] = lifetimes(&p)[..] else { panic!("{:?}", lifetimes(&p)) };
+    assert!(a_start < a_end && a_end <= b_start, "a freed before b came: {:?}", lifetimes(&p));
+    p.deallocate(b, &quiet).unwrap();
+    assert_ne!(lifetimes(&p)[1].1, OPEN, "b's free ended b's lifetime");
+    assert!(p.upstream().live.borrow().is_empty());
+    p.check_layer().unwrap();
+}
