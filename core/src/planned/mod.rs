@@ -1511,15 +1511,8 @@ impl<R> State<R> {
     /// The live blocks of the step's region: in it, apart, each in its
     /// entry's slot, and counted.
     fn check_step_region(&self) -> core::result::Result<(), Violation> {
-        let (mut at, mut sum, mut count, mut overdue) = (0, 0, 0, 0);
-        for (o, n) in self.live_blocks() {
-            if o < at || o + n > self.region.size() {
-                return Err(Violation::new("planned blocks overlap or leave the region"));
-            }
-            at = o + n;
-            sum += n;
-            count += 1;
-        }
+        // Each slot's entry first: live_blocks() reads them.
+        let mut overdue = 0;
         for (slot, &live) in self.slot_live.iter().enumerate() {
             let Some(e) = (live & !OVERDUE).checked_sub(1).and_then(|k| self.plan.entries.get(k as usize))
             else {
@@ -1532,6 +1525,15 @@ impl<R> State<R> {
                 return Err(Violation::new("a live block in another entry's slot"));
             }
             overdue += u32::from(live & OVERDUE != 0);
+        }
+        let (mut at, mut sum, mut count) = (0, 0, 0);
+        for (o, n) in self.live_blocks() {
+            if o < at || o + n > self.region.size() {
+                return Err(Violation::new("planned blocks overlap or leave the region"));
+            }
+            at = o + n;
+            sum += n;
+            count += 1;
         }
         if (sum, count, overdue) != (self.live_bytes, self.live_count, self.overdue) {
             return Err(Violation::new("planned blocks in use miscounted"));

@@ -428,6 +428,14 @@ fn the_layer_checker_needs_no_upstream_checker_and_finds_a_broken_count_plan_or_
     assert_eq!(what(checked_with(&p, |s| s.live_bytes += UNIT, |s| s.live_bytes -= UNIT)), miscounted);
     assert_eq!(what(checked_with(&p, |s| s.live_count -= 1, |s| s.live_count += 1)), miscounted);
     assert_eq!(what(checked_with(&p, |s| s.overdue += 1, |s| s.overdue -= 1)), miscounted);
+    // A mark past the plan's entries is found, not read (it panicked).
+    let past = p.state.with(|s| s.plan.entries.len() as u32 + 5);
+    let slot = p.state.with(|s| s.slot_live.iter().position(|&l| l != 0).unwrap());
+    let mark = p.state.with(|s| s.slot_live[slot]);
+    assert_eq!(
+        what(checked_with(&p, |s| s.slot_live[slot] = past, |s| s.slot_live[slot] = mark)),
+        "a live slot names no entry of the plan"
+    );
     assert_eq!(
         what(checked_with(&p, |s| s.slot_live.push(0), |s| s.slot_live.truncate(s.slot_live.len() - 1))),
         "a table of live slots not one per slot of the plan"
