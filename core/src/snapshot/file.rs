@@ -20,7 +20,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 /// is neither a file nor a directory (a device such as `/dev/null`, a named
 /// pipe), `bytes` are written into it: there is no file to replace, and a
 /// file renamed over it would take its place (`/dev/null` made a plain
-/// file, where the process may write to `/dev`).
+/// file, where the process may write to `/dev`). Such a write is not
+/// whole: a pipe whose reader goes away midway has part of the bytes, and
+/// a named pipe with no reader waits for one.
 ///
 /// ```
 /// # fn main() -> std::io::Result<()> {
@@ -86,8 +88,9 @@ pub fn write_file(path: &Path, bytes: &[u8]) -> io::Result<()> {
 /// # }
 /// ```
 ///
-/// A device or a named pipe, which [`write_file`] writes into, is taken
-/// as it is: opening a pipe would wait for its reader.
+/// A device or a socket, which [`write_file`] writes into, is opened for
+/// writing (a socket cannot be: refused); a named pipe is taken as it is,
+/// since opening it would wait for its reader.
 ///
 /// # Errors
 ///
@@ -96,7 +99,11 @@ pub fn write_file(path: &Path, bytes: &[u8]) -> io::Result<()> {
 /// that does not exist or cannot be written, links that loop.
 pub fn check_file(path: &Path) -> io::Result<()> {
     if written_in_place(path) {
-        return Ok(());
+        #[cfg(unix)]
+        if std::os::unix::fs::FileTypeExt::is_fifo(&fs::metadata(path)?.file_type()) {
+            return Ok(());
+        }
+        return OpenOptions::new().write(true).open(path).map(drop);
     }
     let path = &followed(path)?;
     if path.is_dir() {

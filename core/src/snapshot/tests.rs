@@ -641,6 +641,21 @@ fn a_snapshot_written_to_a_pipe_with_no_name_goes_into_it() {
     assert_eq!(got, bytes);
 }
 
+/// A socket where a snapshot should go cannot be written: the check says
+/// so before the run, as the write would after it (the check took any path
+/// that is neither a file nor a directory).
+#[cfg(all(feature = "std", unix, not(miri)))]
+#[test]
+fn check_file_refuses_a_socket_as_write_file_does() {
+    let dir = file_test_dir("snapshot-file-socket");
+    let path = dir.join("s.pickle");
+    let listening = std::os::unix::net::UnixListener::bind(&path).unwrap();
+    assert!(write_file(&path, b"x").is_err());
+    assert!(check_file(&path).is_err());
+    drop(listening);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 /// `check_file` meets what `write_file` would, and leaves nothing: a name
 /// too long for the temporary file beside it, a directory, a directory
 /// that does not exist, are refused; a file there, a new name, and a link
