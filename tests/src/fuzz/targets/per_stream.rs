@@ -69,16 +69,7 @@ impl FuzzResource for PerStreamTarget {
         Ok(block)
     }
     fn deallocate(&mut self, block: Block) -> Result<()> {
-        let on = self.streams.free_on(&block);
-        match self.streams.observe(|| self.hb.deallocate(block, self.streams.get(on))) {
-            // A stream call made to fail in this free (the event of a free
-            // on another stream, a settle's wait): the free changed
-            // nothing, and a caller tries again.
-            (Err(Error::Backend { .. }), delivered) if delivered > 0 => {
-                self.hb.deallocate(block, self.streams.get(on))?;
-            }
-            (got, _) => got?,
-        }
+        self.streams.free_retrying(&block, |on| self.hb.deallocate(block, on))?;
         self.streams.freed(&block);
         Ok(())
     }

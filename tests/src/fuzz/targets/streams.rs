@@ -3,7 +3,7 @@
 //! than the block's.
 
 use super::super::Op;
-use memres_core::{Block, Stream};
+use memres_core::{Block, Error, Result, Stream};
 use memres_sim::{SimStream, SimWorld};
 use std::collections::HashMap;
 
@@ -36,6 +36,24 @@ impl SimStreams {
         let before = self.world.injected_failures();
         let got = call();
         (got, self.world.injected_failures() - before)
+    }
+
+    /// Frees `block` through `free`, on the stream a correct caller frees
+    /// it on ([`free_on`](Self::free_on)), and once more where the first
+    /// try met an injected stream failure (an event of a free on another
+    /// stream, a wait before one): such a free changes nothing, and a
+    /// caller tries again. The stream it was freed on.
+    pub(super) fn free_retrying(
+        &self,
+        block: &Block,
+        free: impl Fn(&SimStream) -> Result<()>,
+    ) -> Result<usize> {
+        let on = self.free_on(block);
+        match self.observe(|| free(self.get(on))) {
+            (Err(Error::Backend { .. }), delivered) if delivered > 0 => free(self.get(on))?,
+            (got, _) => got?,
+        }
+        Ok(on)
     }
 
     /// The stream of the next call.

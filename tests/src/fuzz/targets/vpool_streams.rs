@@ -60,16 +60,7 @@ impl FuzzResource for VpoolStreamsTarget {
         Ok(block)
     }
     fn deallocate(&mut self, block: Block) -> Result<()> {
-        let on = self.streams.free_on(&block);
-        match self.streams.observe(|| self.hb.deallocate(block, self.streams.get(on))) {
-            // A stream call made to fail in this free (the event of a free
-            // on another stream, a wait before one): the free changed
-            // nothing, and a caller tries again.
-            (Err(Error::Backend { .. }), delivered) if delivered > 0 => {
-                self.hb.deallocate(block, self.streams.get(on))?;
-            }
-            (got, _) => got?,
-        }
+        let on = self.streams.free_retrying(&block, |on| self.hb.deallocate(block, on))?;
         if !block.is_empty() {
             // The work before the free may use the block until it is done.
             let range = Range::new(block.addr(), round256(block.size())).expect("a block's range");
