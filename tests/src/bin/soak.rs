@@ -147,6 +147,30 @@ impl<E> Shared2<E> {
             l.push(what);
         }
     }
+
+    /// Takes `b`, handed out for `request`, into the live blocks and their
+    /// peak; false, a loss noted, where it overlaps one or misses the
+    /// request.
+    fn took(&self, b: Block, request: Request) -> bool {
+        let mut live = self.live.lock().unwrap();
+        if let Err(v) = live.0.insert(b, request) {
+            drop(live);
+            self.lose(format!("{b:?} for {request:?}: {v}"));
+            return false;
+        }
+        live.1 = live.1.max(live.0.bytes());
+        true
+    }
+
+    /// Takes `b` out of the live blocks before its free; false, a loss
+    /// noted, where it is none of them.
+    fn giving_back(&self, b: &Block) -> bool {
+        let gone = self.live.lock().unwrap().0.remove(b);
+        if let Err(v) = &gone {
+            self.lose(format!("free of {b:?}: {v}"));
+        }
+        gone.is_ok()
+    }
 }
 
 /// A random request: log-uniform size up to `max_size`, now and then a
@@ -198,8 +222,7 @@ where
                     let mut mine: Vec<Block> = Vec::new();
                     let (mut allocs, mut frees, mut handed, mut checks) = (0u64, 0u64, 0u64, 0u64);
                     let free = |b: Block, stream: &S| {
-                        if let Err(v) = shared.live.lock().unwrap().0.remove(&b) {
-                            shared.lose(format!("free of {b:?}: {v}"));
+                        if !shared.giving_back(&b) {
                             return;
                         }
                         if let Err(e) = tracked.deallocate(b, stream) {
@@ -241,14 +264,9 @@ where
                             match tracked.allocate(request, stream) {
                                 Ok(b) => {
                                     allocs += 1;
-                                    let mut live = shared.live.lock().unwrap();
-                                    if let Err(v) = live.0.insert(b, request) {
-                                        drop(live);
-                                        shared.lose(format!("{b:?} for {request:?}: {v}"));
+                                    if !shared.took(b, request) {
                                         continue;
                                     }
-                                    live.1 = live.1.max(live.0.bytes());
-                                    drop(live);
                                     mine.push(b);
                                 }
                                 Err(e) => shared.lose(format!("allocation of {request:?} failed: {e}")),
@@ -523,8 +541,7 @@ fn soak_planned(a: &Args) -> Outcome {
     let (done, allocations, frees, handed, checks) =
         (AtomicBool::new(false), AtomicU64::new(0), AtomicU64::new(0), AtomicU64::new(0), AtomicU64::new(0));
     let free = |b: Block| {
-        if let Err(v) = shared.live.lock().unwrap().0.remove(&b) {
-            shared.lose(format!("free of {b:?}: {v}"));
+        if !shared.giving_back(&b) {
             return;
         }
         match planned.deallocate(b, &()) {
@@ -595,14 +612,9 @@ fn soak_planned(a: &Args) -> Outcome {
                     }
                 };
                 allocations.fetch_add(1, Ordering::Relaxed);
-                let mut live = shared.live.lock().unwrap();
-                if let Err(v) = live.0.insert(b, request) {
-                    drop(live);
-                    shared.lose(format!("{b:?} for {request:?}: {v}"));
+                if !shared.took(b, request) {
                     continue;
                 }
-                live.1 = live.1.max(live.0.bytes());
-                drop(live);
                 match i % 4 {
                     0 => previous = Some(b),
                     1 if a.threads > 1 => {
