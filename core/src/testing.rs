@@ -7,9 +7,11 @@
 //! an id ([`IdStream`], [`TestStream`] with injected `synchronize`
 //! failures, [`PanickingStream`] with injected panics, by a [`PanicTrap`]
 //! that other doubles use too) and the deterministic generator of
-//! workloads and randomized tests ([`SplitMix64`]). The simulated device, streams with a
-//! happens-before checker and address space live in `memres-sim`; fault
-//! injection of those is [`FailNth`](crate::check::FailNth).
+//! workloads and randomized tests ([`SplitMix64`]); under `--cfg loom`,
+//! module `loom` runs the loom models of the core and the workspace. The
+//! simulated device, streams with a happens-before checker and address
+//! space live in `memres-sim`; fault injection of those is
+//! [`FailNth`](crate::check::FailNth).
 
 use crate::check::Violation;
 #[cfg(feature = "alloc")]
@@ -659,6 +661,33 @@ impl<const KIND: u32> Stream for TestStream<KIND> {
         self.faults.synchronize()?;
         self.faults.device_syncs.fetch_add(1, Ordering::Relaxed);
         Ok(true)
+    }
+}
+
+/// How the loom models (the core's, its arena's and the workspace's) run:
+/// `RUSTFLAGS="--cfg loom"` builds only.
+#[cfg(all(loom, feature = "alloc"))]
+pub mod loom {
+    use ::loom::thread;
+    use alloc::sync::Arc;
+
+    /// Explores every interleaving of `f` within `preemptions` preemptions
+    /// (all of them for `None`), on a thread with room for a pool's or an
+    /// arena's index on its stack (bin heads inline), which loom's default
+    /// coroutine stack of 32 KiB is not.
+    pub fn model(preemptions: Option<usize>, f: impl Fn() + Sync + Send + 'static) {
+        let mut b = ::loom::model::Builder::new();
+        b.preemption_bound = preemptions;
+        let f = Arc::new(f);
+        b.check(move || {
+            let f = f.clone();
+            spawn(move || f()).join().unwrap();
+        });
+    }
+
+    /// A loom thread with the stack [`model`]'s threads have (4 MiB).
+    pub fn spawn<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> thread::JoinHandle<T> {
+        thread::Builder::new().stack_size(4 << 20).spawn(f).unwrap()
     }
 }
 

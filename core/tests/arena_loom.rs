@@ -12,28 +12,9 @@
 
 use loom::sync::Arc;
 use memres_core::arena::{ArenaConfig, ArenaResource};
+use memres_core::testing::loom::{model, spawn};
 use memres_core::testing::{BumpUpstream, IdStream, TestStream};
 use memres_core::{Error, Inspect, MemoryResource, Request};
-
-fn model(f: impl Fn() + Sync + Send + 'static) {
-    model_bounded(3, f);
-}
-
-fn model_bounded(preemptions: usize, f: impl Fn() + Sync + Send + 'static) {
-    let mut builder = loom::model::Builder::new();
-    builder.preemption_bound = Some(preemptions);
-    // The model's own thread has a small stack, and an arena index carries
-    // its bin heads inline: run everything on threads with room.
-    let f = std::sync::Arc::new(f);
-    builder.check(move || {
-        let f = f.clone();
-        spawn(move || f()).join().unwrap();
-    });
-}
-
-fn spawn<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> loom::thread::JoinHandle<T> {
-    loom::thread::Builder::new().stack_size(4 << 20).spawn(f).unwrap()
-}
 
 /// Two streams each take a superblock, use it and free it, while one of
 /// them asks for a large block that needs all the memory back in the global
@@ -43,7 +24,7 @@ fn spawn<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> loom::thr
 /// done the large block can be had.
 #[test]
 fn loom_superblocks_return_to_the_global_arena_under_contention() {
-    model(|| {
+    model(Some(3), || {
         let config = ArenaConfig::new()
             .superblock_size(1 << 20)
             .chunk_size(1 << 20)
@@ -88,7 +69,7 @@ fn loom_superblocks_return_to_the_global_arena_under_contention() {
 /// allocations.
 #[test]
 fn loom_cross_thread_free_into_a_busy_arena() {
-    model(|| {
+    model(Some(3), || {
         let config = ArenaConfig::new().superblock_size(1 << 20).chunk_size(1 << 20).max_arenas(2);
         let arena = Arc::new(ArenaResource::with_config(BumpUpstream::new(1 << 30), config, &()).unwrap());
         let s1 = IdStream(1);
@@ -114,7 +95,7 @@ fn loom_cross_thread_free_into_a_busy_arena() {
 fn loom_an_idle_arena_changes_hands_under_its_former_owner() {
     // Two preemptions find the hand-off under a lookup (a missing owner
     // check fails here); three take several times longer.
-    model_bounded(2, || {
+    model(Some(2), || {
         // Room for both superblocks up front: no growth to explore.
         let config = ArenaConfig::new()
             .initial_size(2 << 20)
@@ -153,7 +134,7 @@ fn use_once(arena: &ArenaResource<BumpUpstream>, s: &TestStream) {
 /// is served (three superblocks fit), and the invariants hold.
 #[test]
 fn loom_an_idle_sweep_races_with_the_arena_owner() {
-    model_bounded(2, || {
+    model(Some(2), || {
         let config = ArenaConfig::new()
             .initial_size(3 << 20)
             .maximum_size(3 << 20)
@@ -193,7 +174,7 @@ fn loom_an_idle_sweep_races_with_the_arena_owner() {
 #[test]
 fn loom_superblocks_in_transit_keep_their_arena() {
     use memres_core::testing::TestStream;
-    model_bounded(2, || {
+    model(Some(2), || {
         let config = ArenaConfig::new()
             .initial_size(2 << 20)
             .superblock_size(1 << 20)

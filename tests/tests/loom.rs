@@ -6,33 +6,16 @@
 
 use loom::thread;
 use memres_core::pool::CoalescingPool;
+use memres_core::testing::loom::{model, spawn};
 use memres_core::testing::BumpUpstream;
 use memres_core::{Inspect, MemoryResource, Request, Shared};
 use std::sync::Arc;
-
-/// Runs `f` under loom with `bound` preemptions, on a thread with room
-/// for a pool on its stack (two 8 KiB bin tables), which loom's default
-/// coroutine stack of 32 KiB is not.
-fn model(bound: usize, f: impl Fn() + Sync + Send + 'static) {
-    let mut b = loom::model::Builder::new();
-    b.preemption_bound = Some(bound);
-    let f = Arc::new(f);
-    b.check(move || {
-        let f = f.clone();
-        big_stack(move || f()).join().unwrap();
-    });
-}
-
-/// A loom thread with a 1 MiB stack.
-fn big_stack<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> thread::JoinHandle<T> {
-    thread::Builder::new().stack_size(1 << 20).spawn(f).unwrap()
-}
 
 /// Two threads increment through the lock wrapper: no update is lost.
 /// Preemption bound: 3.
 #[test]
 fn shared_excludes() {
-    model(3, || {
+    model(Some(3), || {
         let counter = Arc::new(Shared::<u32>::new(0));
         let c2 = counter.clone();
         let t = thread::spawn(move || c2.with(|c| *c += 1));
@@ -47,10 +30,10 @@ fn shared_excludes() {
 /// Preemption bound: 2.
 #[test]
 fn shared_pool_two_threads() {
-    model(2, || {
+    model(Some(2), || {
         let pool = Arc::new(Shared::new(CoalescingPool::new(BumpUpstream::new(1 << 30))));
         let p2 = pool.clone();
-        let t = big_stack(move || {
+        let t = spawn(move || {
             let freed = p2.allocate(Request::new(256).unwrap(), &()).unwrap();
             p2.deallocate(freed, &()).unwrap();
             p2.allocate(Request::new(1000).unwrap(), &()).unwrap()
@@ -82,28 +65,12 @@ mod stream_ordered {
     use loom::sync::Mutex;
     use memres_core::pool::{CoalescingPool, PoolConfig};
     use memres_core::stream_ordered::{CrossStream, StreamOrdered};
+    use memres_core::testing::loom::{model, spawn};
     use memres_core::testing::BumpUpstream;
     use memres_core::{Block, Error, Inspect, MemoryResource, Request, Result, Shared, Stream};
     use std::sync::Arc;
 
     const STREAMS: usize = 3;
-
-    /// Explores every interleaving within `bound` preemptions (all of them
-    /// for `None`). The pool's index carries its bin heads inline:
-    /// everything runs on threads with room for it.
-    fn model(bound: Option<usize>, f: impl Fn() + Sync + Send + 'static) {
-        let f = Arc::new(f);
-        let mut b = loom::model::Builder::new();
-        b.preemption_bound = bound;
-        b.check(move || {
-            let f = f.clone();
-            spawn(move || f()).join().unwrap();
-        });
-    }
-
-    fn spawn<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> loom::thread::JoinHandle<T> {
-        loom::thread::Builder::new().stack_size(4 << 20).spawn(f).unwrap()
-    }
 
     /// A call the layer made on a stream.
     #[derive(Clone, Copy, Debug)]

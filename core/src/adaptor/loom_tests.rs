@@ -5,23 +5,17 @@
 use super::*;
 use crate::binning::BinningResource;
 use crate::pool::CoalescingPool;
+use crate::testing::loom::{model, spawn};
 use crate::testing::BumpUpstream;
 use crate::{Block, Inspect, MemoryResource, Request, Shared};
 use alloc::sync::Arc;
 use loom::thread;
 
-/// Explores interleavings with at most three preemptions.
-fn model(f: impl Fn() + Sync + Send + 'static) {
-    let mut builder = loom::model::Builder::new();
-    builder.preemption_bound = Some(3);
-    builder.check(f);
-}
-
 /// Two threads allocate and hold: whatever the interleaving, the peak is the
 /// sum (a load-then-store peak update would lose the larger one).
 #[test]
 fn statistics_peak_exact() {
-    model(|| {
+    model(Some(3), || {
         let s = Arc::new(Statistics::new(BumpUpstream::new(1 << 20)));
         let t = {
             let s = s.clone();
@@ -40,7 +34,7 @@ fn statistics_peak_exact() {
 /// the count never passes the limit.
 #[test]
 fn limiting_one_winner() {
-    model(|| {
+    model(Some(3), || {
         let l = Arc::new(Limiting::new(BumpUpstream::new(1 << 20), 512));
         let t = {
             let l = l.clone();
@@ -52,12 +46,6 @@ fn limiting_one_winner() {
         assert_eq!(l.get_allocated_bytes(), 512);
         assert_eq!(l.upstream().usage().held, 512);
     });
-}
-
-/// Threads with room for a pool on their stacks (two 8 KiB bin tables),
-/// which loom's default coroutine stack of 32 KiB is not.
-fn big_stack<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> thread::JoinHandle<T> {
-    thread::Builder::new().stack_size(1 << 20).spawn(f).unwrap()
 }
 
 /// A pool to put a table under, shared by the threads.
@@ -82,7 +70,7 @@ fn double_free_beside_the_live_blocks_free<R: MemoryResource + Send + Sync + 'st
     assert_eq!(y.addr(), x.addr(), "the pool hands the address out again");
     let stale = {
         let layer = layer.clone();
-        big_stack(move || layer.deallocate(x, &()))
+        spawn(move || layer.deallocate(x, &()))
     };
     assert_eq!(layer.deallocate(y, &()), Ok(()));
     let z = layer.allocate(r, &()).unwrap();
@@ -93,35 +81,27 @@ fn double_free_beside_the_live_blocks_free<R: MemoryResource + Send + Sync + 'st
 /// The limiting adaptor's charges: those of the live blocks.
 #[test]
 fn limiting_double_free_beside_the_live_blocks_free() {
-    model(|| {
-        big_stack(|| {
-            let l = Arc::new(Limiting::new(pool(), 1 << 20));
-            let z = double_free_beside_the_live_blocks_free(&l);
-            assert_eq!((l.get_allocated_bytes(), l.upstream().usage().used), (1024, 1024));
-            l.check().unwrap();
-            l.deallocate(z, &()).unwrap();
-            assert_eq!((l.get_allocated_bytes(), l.upstream().usage().used), (0, 0));
-        })
-        .join()
-        .unwrap();
+    model(Some(3), || {
+        let l = Arc::new(Limiting::new(pool(), 1 << 20));
+        let z = double_free_beside_the_live_blocks_free(&l);
+        assert_eq!((l.get_allocated_bytes(), l.upstream().usage().used), (1024, 1024));
+        l.check().unwrap();
+        l.deallocate(z, &()).unwrap();
+        assert_eq!((l.get_allocated_bytes(), l.upstream().usage().used), (0, 0));
     });
 }
 
 /// The tracking adaptor's table: the live block, outstanding with its size.
 #[test]
 fn tracking_double_free_beside_the_live_blocks_free() {
-    model(|| {
-        big_stack(|| {
-            let t = Arc::new(Tracking::new(pool()));
-            let z = double_free_beside_the_live_blocks_free(&t);
-            assert_eq!((t.get_allocated_bytes(), t.size_of(z.addr())), (1000, Some(1000)));
-            assert_eq!((t.get_outstanding_allocations().count(), t.upstream().usage().used), (1, 1024));
-            t.deallocate(z, &()).unwrap();
-            assert_eq!((t.get_allocated_bytes(), t.upstream().usage().used), (0, 0));
-            assert!(t.get_outstanding_allocations().is_empty());
-        })
-        .join()
-        .unwrap();
+    model(Some(3), || {
+        let t = Arc::new(Tracking::new(pool()));
+        let z = double_free_beside_the_live_blocks_free(&t);
+        assert_eq!((t.get_allocated_bytes(), t.size_of(z.addr())), (1000, Some(1000)));
+        assert_eq!((t.get_outstanding_allocations().count(), t.upstream().usage().used), (1, 1024));
+        t.deallocate(z, &()).unwrap();
+        assert_eq!((t.get_allocated_bytes(), t.upstream().usage().used), (0, 0));
+        assert!(t.get_outstanding_allocations().is_empty());
     });
 }
 
@@ -129,18 +109,14 @@ fn tracking_double_free_beside_the_live_blocks_free() {
 /// than every bin): the live block's footprint.
 #[test]
 fn binning_double_free_beside_the_live_blocks_free() {
-    model(|| {
-        big_stack(|| {
-            let bins: Arc<BinningResource<'static, Pool>> = Arc::new(BinningResource::new(pool()));
-            let z = double_free_beside_the_live_blocks_free(&bins);
-            assert_eq!((bins.usage().used, bins.upstream().usage().used), (1024, 1024));
-            bins.check().unwrap();
-            bins.deallocate(z, &()).unwrap();
-            assert_eq!((bins.usage().used, bins.upstream().usage().used), (0, 0));
-            bins.check().unwrap();
-        })
-        .join()
-        .unwrap();
+    model(Some(3), || {
+        let bins: Arc<BinningResource<'static, Pool>> = Arc::new(BinningResource::new(pool()));
+        let z = double_free_beside_the_live_blocks_free(&bins);
+        assert_eq!((bins.usage().used, bins.upstream().usage().used), (1024, 1024));
+        bins.check().unwrap();
+        bins.deallocate(z, &()).unwrap();
+        assert_eq!((bins.usage().used, bins.upstream().usage().used), (0, 0));
+        bins.check().unwrap();
     });
 }
 
@@ -148,21 +124,17 @@ fn binning_double_free_beside_the_live_blocks_free() {
 /// block's footprint.
 #[test]
 fn binning_double_free_in_a_counted_bin_beside_the_live_blocks_free() {
-    model(|| {
-        big_stack(|| {
-            let counted = pool();
-            let mut bins: BinningResource<'static, BumpUpstream> =
-                BinningResource::new(BumpUpstream::new(1 << 20));
-            bins.add_counted_bin(4096, counted.clone()).unwrap();
-            let bins = Arc::new(bins);
-            let z = double_free_beside_the_live_blocks_free(&bins);
-            assert_eq!((bins.usage().used, counted.usage().used), (1024, 1024));
-            bins.check().unwrap();
-            bins.deallocate(z, &()).unwrap();
-            assert_eq!((bins.usage().used, counted.usage().used), (0, 0));
-            bins.check().unwrap();
-        })
-        .join()
-        .unwrap();
+    model(Some(3), || {
+        let counted = pool();
+        let mut bins: BinningResource<'static, BumpUpstream> =
+            BinningResource::new(BumpUpstream::new(1 << 20));
+        bins.add_counted_bin(4096, counted.clone()).unwrap();
+        let bins = Arc::new(bins);
+        let z = double_free_beside_the_live_blocks_free(&bins);
+        assert_eq!((bins.usage().used, counted.usage().used), (1024, 1024));
+        bins.check().unwrap();
+        bins.deallocate(z, &()).unwrap();
+        assert_eq!((bins.usage().used, counted.usage().used), (0, 0));
+        bins.check().unwrap();
     });
 }

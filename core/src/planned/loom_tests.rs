@@ -3,30 +3,12 @@
 
 use super::*;
 use crate::pool::CoalescingPool;
+use crate::testing::loom::{model, spawn};
 use crate::testing::BumpUpstream;
 use alloc::sync::Arc;
-use loom::thread;
 use std::sync::Mutex;
 
 type Up = Shared<CoalescingPool<BumpUpstream>>;
-
-/// Runs `f` under loom with `bound` preemptions, on a thread with room for
-/// a pool on its stack (two 8 KiB bin tables), which loom's default
-/// coroutine stack of 32 KiB is not.
-fn model(bound: usize, f: impl Fn() + Sync + Send + 'static) {
-    let mut b = loom::model::Builder::new();
-    b.preemption_bound = Some(bound);
-    let f = Arc::new(f);
-    b.check(move || {
-        let f = f.clone();
-        big_stack(move || f()).join().unwrap();
-    });
-}
-
-/// A loom thread with a 1 MiB stack.
-fn big_stack<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> thread::JoinHandle<T> {
-    thread::Builder::new().stack_size(1 << 20).spawn(f).unwrap()
-}
 
 fn planned() -> Arc<Planned<Up>> {
     Arc::new(Planned::new(Shared::new(CoalescingPool::new(BumpUpstream::new(1 << 30)))))
@@ -74,13 +56,13 @@ fn settled(p: &Planned<Up>) {
 /// Preemption bound: 4.
 #[test]
 fn loom_planned_records_a_free_beside_an_allocation_at_its_address() {
-    model(4, || {
+    model(Some(4), || {
         let p = planned();
         p.step(&()).unwrap();
         let a = p.allocate(req(), &()).unwrap();
         let t = {
             let p = p.clone();
-            big_stack(move || p.allocate(req(), &()).unwrap())
+            spawn(move || p.allocate(req(), &()).unwrap())
         };
         p.deallocate(a, &()).unwrap();
         let b = t.join().unwrap();
@@ -102,7 +84,7 @@ fn loom_planned_records_a_free_beside_an_allocation_at_its_address() {
 /// back. Preemption bound: 3 (4 takes ten times as long: 20 s).
 #[test]
 fn loom_planned_step_beside_an_allocation_and_a_release() {
-    model(3, || {
+    model(Some(3), || {
         let p = planned();
         let shape = |p: &Planned<Up>| {
             let x = p.allocate(req(), &()).unwrap();
@@ -120,7 +102,7 @@ fn loom_planned_step_beside_an_allocation_and_a_release() {
         let x = live.take(p.allocate(req(), &()).unwrap());
         let t = {
             let (p, live) = (p.clone(), live.clone());
-            big_stack(move || {
+            spawn(move || {
                 let y = live.take(p.allocate(req(), &()).unwrap());
                 p.deallocate(live.leave(y), &()).unwrap();
                 p.release(&()).unwrap();
@@ -146,7 +128,7 @@ fn loom_planned_step_beside_an_allocation_and_a_release() {
 /// Preemption bound: 4.
 #[test]
 fn loom_planned_carried_blocks_allocated_at_once() {
-    model(4, || {
+    model(Some(4), || {
         let p = planned();
         let mut grads: Vec<Block> = Vec::new();
         for _ in 0..3 {
@@ -162,7 +144,7 @@ fn loom_planned_carried_blocks_allocated_at_once() {
         let live = Arc::new(Live::default());
         let t = {
             let (p, live) = (p.clone(), live.clone());
-            big_stack(move || live.take(p.allocate(Request::new(2 * N).unwrap(), &()).unwrap()))
+            spawn(move || live.take(p.allocate(Request::new(2 * N).unwrap(), &()).unwrap()))
         };
         let g1 = live.take(p.allocate(req(), &()).unwrap());
         let g2 = t.join().unwrap();
