@@ -13,7 +13,7 @@ use memres_core::{Block, Error, MemoryResource, MemoryResourceMut, Request, Stre
 use memres_sim::SimStream;
 use std::fmt;
 use std::io;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Barrier, PoisonError, RwLock};
 use std::time::{Duration, Instant};
 
@@ -309,6 +309,34 @@ pub enum ThreadsError {
         /// Why.
         error: io::Error,
     },
+    /// A round's thread (or the warm-up) could not allocate its table of
+    /// handles; the round ran no op.
+    Table(TableError),
+}
+
+/// A table of handles (one per id of the workload) that could not be
+/// allocated: a limit of the process's memory.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TableError {
+    /// The ids it was for.
+    pub ids: u32,
+    /// Its size.
+    pub bytes: u64,
+}
+
+impl fmt::Display for TableError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let (ids, bytes) = (self.ids, memres_core::Bytes(self.bytes));
+        write!(f, "cannot allocate a replay thread's table of handles: {bytes} for {ids} ids")
+    }
+}
+
+impl std::error::Error for TableError {}
+
+impl From<TableError> for ThreadsError {
+    fn from(e: TableError) -> Self {
+        ThreadsError::Table(e)
+    }
 }
 
 impl fmt::Display for ThreadsError {
@@ -318,6 +346,7 @@ impl fmt::Display for ThreadsError {
             ThreadsError::Spawn { thread, threads, error } => {
                 write!(f, "cannot start replay thread {} of {threads}: {error}", thread + 1)
             }
+            ThreadsError::Table(e) => e.fmt(f),
         }
     }
 }
@@ -327,6 +356,7 @@ impl std::error::Error for ThreadsError {
         match self {
             ThreadsError::Replay(e) => Some(e),
             ThreadsError::Spawn { error, .. } => Some(error),
+            ThreadsError::Table(e) => Some(e),
         }
     }
 }
@@ -338,50 +368,84 @@ impl From<ReplayError> for ThreadsError {
 }
 
 /// Where the threads of a round wait to start together: once every one of
-/// them is made, or never where one could not be (a barrier alone would
-/// keep those made waiting for it).
+/// them is made and has its table of handles, or never where one could not
+/// be made or get its table (a barrier alone would keep the others waiting
+/// for it).
 struct Start {
     /// Write-locked while the threads are made; then whether all were.
     made: RwLock<bool>,
+    /// Whether a thread could not get its table.
+    unready: AtomicBool,
     barrier: Barrier,
 }
 
 impl Start {
-    /// Waits for every thread of the round; `false`: not all could be made,
-    /// and the caller runs nothing.
-    fn wait(&self) -> bool {
-        let made = *self.made.read().unwrap_or_else(PoisonError::into_inner);
-        if made {
-            self.barrier.wait();
+    /// Waits until every thread of the round is made; `false`: not all
+    /// could be, and the caller runs nothing.
+    fn made(&self) -> bool {
+        *self.made.read().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Waits for every thread of the round, `table` the caller's: the table
+    /// to run with, `None` where another thread could not get its own and
+    /// none runs, or the caller's error.
+    fn ready<H>(&self, table: Result<Vec<H>, TableError>) -> Result<Option<Vec<H>>, TableError> {
+        if table.is_err() {
+            // The barrier orders this store before the loads after it.
+            self.unready.store(true, Ordering::Relaxed);
         }
-        made
+        self.barrier.wait();
+        let table = table?;
+        Ok((!self.unready.load(Ordering::Relaxed)).then_some(table))
     }
 }
 
-/// Runs `work(i, stream, start)` on a thread of its own per stream; each
-/// calls `start.wait()` once ready and runs only where it says so. Their
+/// Runs `work(stream, handles)` on a thread of its own per stream, with
+/// a table of handles of its own for `ids` ids (see [`table`]), once every
+/// thread is made and has its table; `setup(i)` runs first on each. Their
 /// results, in order.
 ///
 /// # Errors
 ///
-/// [`ThreadsError::Spawn`] where a thread could not be made: the others
-/// end without running.
+/// [`ThreadsError::Spawn`] where a thread could not be made,
+/// [`ThreadsError::Table`] where one could not get its table: the others
+/// end without running; else the first thread's (in order) that failed.
 fn on_threads<S, T>(
     streams: &[S],
-    work: impl Fn(usize, &S, &Start) -> Option<T> + Sync,
+    ids: u32,
+    setup: &(dyn Fn(usize) + Sync),
+    work: impl Fn(&S, &mut [Block]) -> Result<T, ReplayError> + Sync,
 ) -> Result<Vec<T>, ThreadsError>
 where
     S: Sync,
     T: Send,
 {
-    let start = Start { made: RwLock::new(false), barrier: Barrier::new(streams.len()) };
+    let start = Start {
+        made: RwLock::new(false),
+        unready: AtomicBool::new(false),
+        barrier: Barrier::new(streams.len()),
+    };
+    // On each thread: `None` where it did not run.
+    let run = |i: usize, stream: &S| -> Option<Result<T, ThreadsError>> {
+        if !start.made() {
+            return None;
+        }
+        setup(i);
+        // After every thread is made, so that a table that does not fit is
+        // told apart from a thread that cannot be made.
+        let mut handles = match start.ready(table(Block::EMPTY, ids)) {
+            Ok(handles) => handles?,
+            Err(e) => return Some(Err(e.into())),
+        };
+        Some(work(stream, &mut handles).map_err(ThreadsError::from))
+    };
     std::thread::scope(|scope| {
         let mut made = start.made.write().unwrap_or_else(PoisonError::into_inner);
         let mut workers = Vec::with_capacity(streams.len());
         let mut failed = None;
         for (i, stream) in streams.iter().enumerate() {
-            let (start, work) = (&start, &work);
-            match std::thread::Builder::new().spawn_scoped(scope, move || work(i, stream, start)) {
+            let run = &run;
+            match std::thread::Builder::new().spawn_scoped(scope, move || run(i, stream)) {
                 Ok(worker) => workers.push(worker),
                 Err(error) => {
                     failed = Some(ThreadsError::Spawn { thread: i, threads: streams.len(), error });
@@ -391,10 +455,27 @@ where
         }
         *made = failed.is_none();
         drop(made);
-        let done: Vec<Option<T>> =
+        let done: Vec<Option<Result<T, ThreadsError>>> =
             workers.into_iter().map(|w| w.join().expect("a replay thread panicked")).collect();
-        failed.map_or_else(|| Ok(done.into_iter().flatten().collect()), Err)
+        failed.map_or_else(|| done.into_iter().flatten().collect(), Err)
     })
+}
+
+/// A table of handles for `ids` ids, each `vacant`, allocated fallibly: one
+/// per replaying thread, a large trace's under a limit of the process's
+/// memory may not fit.
+///
+/// # Errors
+///
+/// [`TableError`], naming its size, where it cannot be allocated.
+pub fn table<H: Clone>(vacant: H, ids: u32) -> Result<Vec<H>, TableError> {
+    let len = ids as usize;
+    let mut handles = Vec::new();
+    handles
+        .try_reserve_exact(len)
+        .map_err(|_| TableError { ids, bytes: (len as u64).saturating_mul(size_of::<H>() as u64) })?;
+    handles.resize(len, vacant);
+    Ok(handles)
 }
 
 /// Ops between two calls of the progress callback (and two clock reads).
@@ -614,7 +695,8 @@ pub(crate) fn run_ops<R: Replayer>(
 /// # Errors
 ///
 /// The first op that fails (on any thread); a thread that could not be
-/// made, where its round runs no op.
+/// made or could not allocate its table of handles ([`table`]), where its
+/// round runs no op.
 pub fn replay_threads<R, S>(
     resource: &R,
     streams: Vec<S>,
@@ -631,7 +713,7 @@ where
     let passes = passes.max(1);
     if let Some(first) = streams.first() {
         setup(0);
-        let mut handles = vec![Block::EMPTY; workload.ids as usize];
+        let mut handles = table(Block::EMPTY, workload.ids)?;
         shared_pass(resource, first, workload, &mut handles)?;
     }
     // Before the timed rounds, so that the held peak read next is that of
@@ -648,25 +730,19 @@ where
         // at its end: read by the main thread once woken after the
         // barrier, a round's start came late on a busy machine (after most
         // of the round, with more threads than cores).
-        let results = on_threads(&streams, |i, stream, start| {
-            setup(i);
-            let mut handles = vec![Block::EMPTY; workload.ids as usize];
-            if !start.wait() {
-                return None;
-            }
+        let results = on_threads(&streams, workload.ids, setup, |stream, handles| {
             let start = Instant::now();
             let cpu_start = thread_cpu_time();
-            let done = shared_pass(resource, stream, workload, &mut handles);
+            shared_pass(resource, stream, workload, handles)?;
             let cpu = match (cpu_start, thread_cpu_time()) {
                 (Some(a), Some(b)) => Some(b.saturating_sub(a)),
                 _ => None,
             };
-            Some(done.map(|()| (start, Instant::now(), cpu)))
+            Ok((start, Instant::now(), cpu))
         })?;
         let mut cpu = Some(Duration::ZERO);
         let mut span: Option<(Instant, Instant)> = None;
-        for r in results {
-            let (start, end, c) = r?;
+        for (start, end, c) in results {
             cpu = cpu.zip(c).map(|(a, b)| a + b);
             span = Some(span.map_or((start, end), |(s, e)| (s.min(start), e.max(end))));
         }
@@ -707,12 +783,7 @@ where
     let (live, most) = (AtomicU64::new(0), AtomicU64::new(0));
     // The threads start together, as in the timed rounds: started one by
     // one, a short workload's threads may not overlap at all.
-    let rounds = on_threads(streams, |i, stream, start| {
-        setup(i);
-        let mut handles = vec![Block::EMPTY; workload.ids as usize];
-        if !start.wait() {
-            return None;
-        }
+    on_threads(streams, workload.ids, setup, |stream, handles| {
         for (i, op) in workload.ops.iter().enumerate() {
             let slot = &mut handles[op.id as usize];
             let done = if op.alloc {
@@ -727,12 +798,11 @@ where
             };
             if let Err(error) = done {
                 let e = ReplayError { op: i, alloc: op.alloc, size: op.size, error };
-                return Some(Err(free_held_shared(resource, stream, &workload.ops, e, &handles)));
+                return Err(free_held_shared(resource, stream, &workload.ops, e, handles));
             }
         }
-        Some(Ok(()))
+        Ok(())
     })?;
-    rounds.into_iter().collect::<Result<(), _>>()?;
     Ok(most.into_inner())
 }
 

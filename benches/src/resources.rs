@@ -18,7 +18,7 @@
 //! are. Adding a name is one line in [`RESOURCES`].
 
 use crate::peers::{OffsetReplayer, RangeReplayer};
-use crate::replay::{replay, Measurement, ReplayError, ThreadsError};
+use crate::replay::{replay, Measurement, ReplayError, TableError, ThreadsError};
 use crate::stack::run_stack;
 use crate::workload::Workload;
 use std::fmt;
@@ -126,6 +126,9 @@ pub enum RunError {
     /// A thread of a replay on threads could not be made
     /// ([`ThreadsError::Spawn`]).
     Spawn(String),
+    /// A thread of a replay on threads could not allocate its table of
+    /// handles ([`ThreadsError::Table`]).
+    Table(TableError),
 }
 
 impl fmt::Display for RunError {
@@ -134,6 +137,7 @@ impl fmt::Display for RunError {
             RunError::Unsupported(what) => f.write_str(what),
             RunError::Replay(e) => e.fmt(f),
             RunError::Output(what) | RunError::Spawn(what) => f.write_str(what),
+            RunError::Table(e) => e.fmt(f),
         }
     }
 }
@@ -143,6 +147,7 @@ impl std::error::Error for RunError {
         match self {
             RunError::Unsupported(_) | RunError::Output(_) | RunError::Spawn(_) => None,
             RunError::Replay(e) => Some(e),
+            RunError::Table(e) => Some(e),
         }
     }
 }
@@ -158,6 +163,7 @@ impl From<ThreadsError> for RunError {
         match e {
             ThreadsError::Replay(e) => RunError::Replay(e),
             spawn @ ThreadsError::Spawn { .. } => RunError::Spawn(spawn.to_string()),
+            ThreadsError::Table(e) => RunError::Table(e),
         }
     }
 }

@@ -542,6 +542,31 @@ fn a_replay_thread_that_cannot_be_made_fails_its_row() {
     }
 }
 
+/// A replay thread whose table of handles does not fit in the process's
+/// memory (`--streams`, under `ulimit -v`: 64 tables of 300,000 ids, 7 MiB
+/// each, in 200 MB, which the binary, the workload, the warm-up's table
+/// and the threads' small stacks fit in) fails its row with the table's
+/// size, exit status 1. Before, the allocation aborted the process.
+#[test]
+#[cfg(target_os = "linux")]
+fn a_replay_thread_whose_table_does_not_fit_fails_its_row() {
+    use std::os::unix::process::ExitStatusExt;
+    let o = Command::new("sh")
+        .args(["-c", "ulimit -v 200000 && exec \"$0\" \"$@\"", env!("CARGO_BIN_EXE_memres")])
+        .args(["replay", "--json", "--passes", "1", "--streams", "64", "-r", "pool", "random:300000:1000:1"])
+        .env("RUST_MIN_STACK", "262144")
+        .output()
+        .unwrap();
+    assert_eq!(o.status.signal(), None, "{}", stderr(&o));
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    let rows = json_rows(&o);
+    assert_eq!(rows.len(), 1, "{}", stdout(&o));
+    let error = rows[0]["error"].as_str().unwrap_or_default();
+    let table = "cannot allocate a replay thread's table of handles: 6.87 MiB for 300000 ids";
+    assert_eq!(error, table, "{}", rows[0]);
+    assert!(!stderr(&o).contains("memory allocation of"), "{}", stderr(&o));
+}
+
 #[test]
 fn a_logged_replay_replays_to_the_same_table() {
     let dir = Fixture::new("placeholder", "");

@@ -280,6 +280,7 @@ fn registry_runs_every_resource_and_failures_are_errors() {
                 RunError::Replay(err) => assert_eq!((err.op, err.alloc), (0, true), "{}: {err}", r.name),
                 RunError::Unsupported(e) => assert_eq!(r.name, "fixed", "{e}"),
                 RunError::Output(e) | RunError::Spawn(e) => panic!("{}: {e}", r.name),
+                RunError::Table(e) => panic!("{}: {e}", r.name),
             }
         }
     }
