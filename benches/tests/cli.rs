@@ -716,6 +716,30 @@ fn stdout_that_cannot_be_written_fails_the_run_but_not_its_outputs() {
     assert!(std::fs::read_to_string(&timeline).unwrap().starts_with("workload,resource,op,"));
 }
 
+/// Help and version that cannot be written (`--help > /dev/full`) fail as
+/// the commands' own output does: exit status 1, said on stderr; a reader
+/// gone (`--help | head`) ends them quietly, exit status 0. Before, clap
+/// dropped the write's error and the tool exited 0.
+#[test]
+fn help_and_version_that_cannot_be_written_fail() {
+    let Ok(full) = std::fs::OpenOptions::new().write(true).open("/dev/full") else {
+        eprintln!("skipped: no /dev/full");
+        return;
+    };
+    for args in [&["--help"][..], &["--version"], &["replay", "--help"], &["help", "steps"]] {
+        let o = memres_with_stdout(args, full.try_clone().unwrap().into());
+        assert_eq!(o.status.code(), Some(1), "{args:?}: {}", stderr(&o));
+        assert!(stderr(&o).contains("memres: error: cannot write to standard output: "), "{}", stderr(&o));
+        let o = memres_with_stdout(args, a_pipe_nobody_reads().into());
+        assert_eq!(o.status.code(), Some(0), "{args:?}: {}", stderr(&o));
+        assert_eq!(stderr(&o), "", "{args:?}");
+    }
+}
+
+fn memres_with_stdout(args: &[&str], stdout: std::process::Stdio) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_memres")).args(args).stdout(stdout).output().unwrap()
+}
+
 /// The write end of a pipe whose reader is gone (`| head` once it has read
 /// its lines): `true` had its read end, and exited.
 fn a_pipe_nobody_reads() -> std::process::ChildStdin {

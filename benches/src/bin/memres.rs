@@ -196,6 +196,12 @@ impl<W: Write> StdStream<W> {
         }
     }
 
+    /// Keeps the failure of a write to the stream made by another writer
+    /// (clap's), as if it were its own.
+    fn keep_failure(&mut self, error: io::Error) {
+        self.failed.get_or_insert(error);
+    }
+
     /// Whether a write failed: what is left to print need not be made.
     fn failed(&self) -> bool {
         self.failed.is_some()
@@ -230,8 +236,26 @@ fn finish(code: ExitCode, Console { out, mut err }: Console) -> ExitCode {
 
 fn main() -> ExitCode {
     let mut console = Console { out: StdStream::new(io::stdout().lock()), err: StdStream::new(io::stderr()) };
-    let code = run(Cli::parse().command, &mut console);
+    let code = match Cli::try_parse() {
+        Ok(cli) => run(cli.command, &mut console),
+        Err(e) => clap_message(&e, &mut console),
+    };
     finish(code, console)
+}
+
+/// Prints clap's help, version or usage error as clap does (in color on a
+/// terminal): its exit status, a write that failed kept in the console as
+/// the tool's own (clap's `Error::exit` drops it: `--help > /dev/full`
+/// exited 0).
+fn clap_message(e: &clap::Error, console: &mut Console) -> ExitCode {
+    if let Err(failed) = e.print() {
+        if e.use_stderr() {
+            console.err.keep_failure(failed);
+        } else {
+            console.out.keep_failure(failed);
+        }
+    }
+    ExitCode::from(u8::try_from(e.exit_code()).unwrap_or(USAGE))
 }
 
 fn run(command: Command, console: &mut Console) -> ExitCode {
