@@ -136,7 +136,9 @@ def run_one(w, args):
             record["why"] = f"timed out after {args.timeout} s"
     record["seconds"] = round(time.perf_counter() - t0, 2)
     record["exit"] = p.returncode
-    with open(log_path) as f:
+    # UTF-8 whatever the locale, as the worker (Python, PyTorch, CUDA) writes
+    # it; a byte that is not UTF-8 is replaced, not an error.
+    with open(log_path, encoding="utf-8", errors="replace") as f:
         output = f.read()
     results = [line for line in output.splitlines() if line.startswith("RESULT ")]
     if p.returncode != 0 or not results:
@@ -181,6 +183,13 @@ def line(r):
 NOT_IN_A_WORD = ",()= \t\n\r\x0c"
 
 
+def printable(text):
+    """`text` as standard output can print it: a character its encoding
+    lacks (a worker's UTF-8 under LC_ALL=C) as an escape, not an error."""
+    encoding = getattr(sys.stdout, "encoding", None) or "utf-8"
+    return text.encode(encoding, "backslashreplace").decode(encoding)
+
+
 def driver(args):
     args.out = os.path.abspath(args.out)
     bad = sorted({c for c in args.out if c in NOT_IN_A_WORD})
@@ -199,9 +208,9 @@ def driver(args):
     for w in chosen:
         r = run_one(w, args)
         records.append(r)
-        print(line(r), flush=True)
+        print(printable(line(r)), flush=True)
         if not r["ok"] and r.get("log_tail", "").strip():
-            print("    " + "\n    ".join(r["log_tail"].splitlines()[-15:]), flush=True)
+            print(printable("    " + "\n    ".join(r["log_tail"].splitlines()[-15:])), flush=True)
     failed = [r["name"] for r in records if not r["ok"]]
     total = time.perf_counter() - t0
     summary = {"mode": "dry-run" if args.dry_run else "record", "device": args.device,

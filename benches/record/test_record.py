@@ -101,8 +101,41 @@ class CheckTrace(unittest.TestCase):
         self.assertEqual(bad.keys(), good.keys())
         self.assertFalse(bad["ok"])
         self.assertEqual([p.split(":")[0] for p in bad["problems"]], ["line 3", "line 4"])
-        self.assertIn("'0xZZ'", bad["problems"][0])
+        self.assertIn("`0xZZ`", bad["problems"][0])
         self.assertEqual((bad["rows"], bad["live_at_end"]), (1, 1))
+
+    def test_numbers_memres_refuses_are_problems_in_its_words(self):
+        # As memres_core::trace::Record::parse reads them: ASCII digits
+        # only. Before, Python's int() took a sign, `_` between digits and
+        # other scripts' digits (Arabic-Indic one here), and no `(nil)`.
+        rows = [
+            "0,1,allocate,0x100,64,0",
+            "0,2,allocate,0x200,+5,0",
+            "0,3,allocate,0x300,1_0,0",
+            "0,4,allocate,0x400,\u0661,0",
+            "0,5,allocate,+400,8,0",
+            "0,6,allocate,0x4_00,8,0",
+            "0,7,allocate,\u0661,8,0",
+            "0,8,allocate,0x500,18446744073709551616,0",
+            "0,9,allocate,0x10000000000000000,8,0",
+            "0,10,allocate,0x,8,0",
+            " 0 , 11 ,free, 100 , 64 , 0 ",  # trimmed, as memres trims
+            "0,12,allocate failure,(nil),8,0",
+        ]
+        r = check_trace(write(self.path("n.csv"), rows))
+        self.assertEqual(r["problems"], [
+            "line 3: size `+5` is not a number",
+            "line 4: size `1_0` is not a number",
+            "line 5: size `\u0661` is not a number",
+            "line 6: pointer `+400` is not a hex number",
+            "line 7: pointer `0x4_00` is not a hex number",
+            "line 8: pointer `\u0661` is not a hex number",
+            "line 9: size `18446744073709551616` is not a number",
+            "line 10: pointer `0x10000000000000000` is not a hex number",
+            "line 11: pointer `0x` is not a hex number",
+            "line 13: allocation failure of 8 bytes",  # read, and a problem of the recording
+        ])
+        self.assertEqual((r["rows"], r["frees"], r["live_at_end"], r["streams"]), (3, 1, 0, 1))
 
     def test_a_trace_is_read_as_utf_8_whatever_the_locale(self):
         # As memres reads it. Before, in the locale's encoding: where that
@@ -179,11 +212,53 @@ class Driver(unittest.TestCase):
             self.assertEqual(summary["failed"], ["cupy_arrays", "cupy_dataframe"])
             lines = printed.getvalue().splitlines()
             self.assertIn("FAIL (line 1: header 'a,b'", lines[0])
-            self.assertIn("FAIL (line 2: pointer '0xZZ'", lines[1])
+            self.assertIn("FAIL (line 2: pointer `0xZZ` is not a hex number", lines[1])
             self.assertTrue(lines[2].endswith("OK held-out"), lines[2])
             # Only the trace that passed is gzipped; the others stay plain.
             self.assertEqual(sorted(n for n in os.listdir(out) if n.endswith(".csv") or n.endswith(".gz")),
                              ["cupy_arrays.csv", "cupy_dataframe.csv", "cupy_kmeans_pca.csv.gz"])
+
+    def test_a_worker_s_log_is_read_as_utf_8_whatever_the_locale(self):
+        # Before, in the locale's encoding: where that is ASCII (LC_ALL=C),
+        # a log with UTF-8 text raised UnicodeDecodeError and the driver
+        # stopped with no summary.
+        code = r"""if True:
+            import argparse, json, locale, sys
+            sys.path.insert(0, sys.argv[1])
+            import record
+
+            class Worker:
+                def __init__(self, cmd, stdout, **_):
+                    name = cmd[cmd.index("--worker") + 1]
+                    text = "caf\u00e9 \u2713 RESULT-less\n" if name == "cupy_dataframe" else ""
+                    result = "" if text else "RESULT " + json.dumps({"name": name}) + "\n"
+                    stdout.buffer.write(("d\u00e9j\u00e0 vu\n" + text + result).encode("utf-8"))
+                    stdout.flush()
+                    self.pid, self.returncode = 0, 1 if text else 0
+
+                def wait(self, timeout=None):
+                    return self.returncode
+
+            record.subprocess.Popen = Worker
+            args = argparse.Namespace(out=sys.argv[2], only="cupy_arrays,cupy_dataframe", dry_run=True,
+                                      device="cpu", so=None, plain=False, timeout=10)
+            print(locale.getpreferredencoding(False))
+            sys.exit(record.driver(args))
+        """
+        env = {k: v for k, v in os.environ.items() if k != "PYTHONUTF8"}
+        env.update(LC_ALL="C", LANG="C")
+        with tempfile.TemporaryDirectory() as out:
+            p = subprocess.run([sys.executable, "-X", "utf8=0", "-c", code, HERE, out], env=env,
+                               capture_output=True, timeout=60)
+            stdout = p.stdout.decode("ascii")
+            self.assertEqual(p.returncode, 1, stdout + p.stderr.decode(errors="replace"))
+            self.assertNotIn("UTF", stdout.splitlines()[0].upper(), "the child's locale is not UTF-8")
+            with open(os.path.join(out, "summary.json"), encoding="utf-8") as f:
+                summary = json.load(f)
+        self.assertEqual(summary["failed"], ["cupy_dataframe"])
+        self.assertEqual(summary["workloads"][1]["log_tail"], "d\u00e9j\u00e0 vu\ncaf\u00e9 \u2713 RESULT-less\n")
+        # The tail printed, escaped where the locale cannot print it.
+        self.assertIn("    caf\\xe9 \\u2713 RESULT-less", stdout)
 
     def test_an_out_folder_that_a_stack_cannot_name_is_refused(self):
         with tempfile.TemporaryDirectory() as top:

@@ -11,12 +11,69 @@ may be allocated twice while live, and no allocation may have failed.
 
 The trace is read as memres reads it (`memres_core::trace::read`),
 whatever the locale's encoding: lines end at `\n` (a `\r` before it is
-dropped), each is UTF-8, and a byte-order mark that starts one is dropped.
+dropped), each is UTF-8, and a byte-order mark that starts one is dropped;
+blank lines and repeated headers are skipped; each row is parsed as
+`memres_core::trace::Record::parse` parses it, a line it refuses a problem
+in its words: its fields trimmed of white space, the pointer ASCII hex
+digits after an optional `0x` (or `(nil)`), the size ASCII decimal digits,
+each at most 64 bits (no sign, no `_`, no other script's digits, which
+Python's `int` takes).
 """
 
 import gzip
 
 HEADER = "Thread,Time,Action,Pointer,Size,Stream"
+
+# What Rust's `str::trim` takes off (`char::is_whitespace`, Unicode's
+# White_Space); Python's `str.strip()` takes \x1c-\x1f too.
+WHITE_SPACE = ("\t\n\x0b\x0c\r \x85\xa0\u1680\u2000\u2001\u2002\u2003\u2004\u2005\u2006\u2007"
+               "\u2008\u2009\u200a\u2028\u2029\u202f\u205f\u3000")
+# The longest line memres reads (`memres_core::trace::MAX_LINE`).
+MAX_LINE = 4096
+HEX_DIGITS = frozenset("0123456789abcdefABCDEF")
+DIGITS = frozenset("0123456789")
+ACTIONS = ("allocate", "free", "allocate failure")
+
+
+def _number(text, digits, base):
+    """`text` as a number of 64 bits made of `digits` only, or None."""
+    if not text or not set(text) <= digits:
+        return None
+    value = int(text, base)
+    return value if value < 1 << 64 else None
+
+
+def parse_record(line):
+    """(action, pointer, size, stream) of a row, as
+    `memres_core::trace::Record::parse` reads it; ValueError with its words
+    where it refuses the row."""
+    fields = [f.strip(WHITE_SPACE) for f in line.split(",")]
+    if len(fields) != 6:
+        raise ValueError(f"expected 6 fields, found {len(fields)}")
+    thread, time, action, pointer, size, stream = fields
+    for name, text in (("Thread", thread), ("Time", time), ("Stream", stream)):
+        if not text:
+            raise ValueError(f"empty {name} field")
+    if action not in ACTIONS:
+        raise ValueError(f"unknown action `{action}`")
+    if pointer == "(nil)":
+        ptr = 0
+    else:
+        digits = pointer[2:] if pointer[:2] in ("0x", "0X") else pointer
+        ptr = _number(digits, HEX_DIGITS, 16)
+        if ptr is None:
+            raise ValueError(f"pointer `{pointer}` is not a hex number")
+    value = _number(size, DIGITS, 10)
+    if value is None:
+        raise ValueError(f"size `{size}` is not a number")
+    return action, ptr, value, stream
+
+
+def _skipped(line):
+    """Whether memres skips the line (`memres_core::trace::is_skipped`):
+    blank, or a header."""
+    line = line.strip(WHITE_SPACE)
+    return not line or line.startswith("Thread,")
 
 
 def _open(path):
@@ -29,8 +86,11 @@ def _open(path):
 def _lines(f):
     """(number, text, problem) for each line of the trace's bytes: its text
     without the line break, or None and why (in memres's words) where it is
-    not UTF-8."""
+    longer than memres reads or not UTF-8."""
     for n, raw in enumerate(f, 1):
+        if len(raw) - raw.endswith(b"\n") > MAX_LINE:
+            yield n, None, f"line {n}: longer than {MAX_LINE} bytes"
+            continue
         try:
             text = raw.decode("utf-8")
         except UnicodeDecodeError as e:
@@ -47,9 +107,10 @@ def check_trace(path):
     no problem. `rows` counts records, `peak_live_bytes` the most bytes
     live at once, `live_at_end` the allocations never freed, `streams` the
     distinct values of the Stream column. `problems` holds the first ten:
-    a wrong header, a line that is no record (not UTF-8, the wrong number
-    of fields, a pointer or size that is not a number) or does not replay. Every key
-    is there whatever the problems.
+    a wrong header, a line that is no record (as memres refuses it: not
+    UTF-8, the wrong number of fields, an unknown action, a pointer or size
+    that is not a number; `parse_record`) or does not replay. Every key is
+    there whatever the problems.
     """
     live, rows, allocs, frees, bad, peak, now, streams = {}, 0, 0, 0, [], 0, 0, set()
     with _open(path) as f:
@@ -63,15 +124,12 @@ def check_trace(path):
             if problem:
                 bad.append(problem)
                 continue
-            fields = line.split(",")
-            if len(fields) != 6:
-                bad.append(f"line {n}: {len(fields)} fields")
+            if _skipped(line):
                 continue
-            _thread, _time, action, ptr, size, stream = fields
             try:
-                ptr, size = int(ptr, 16), int(size)
-            except ValueError:
-                bad.append(f"line {n}: pointer {ptr!r} or size {size!r} is not a number")
+                action, ptr, size, stream = parse_record(line)
+            except ValueError as e:
+                bad.append(f"line {n}: {e}")
                 continue
             rows += 1
             streams.add(stream)
@@ -89,10 +147,8 @@ def check_trace(path):
                 else:
                     del live[ptr]
                     now -= size
-            elif action == "allocate failure":
-                bad.append(f"line {n}: allocation failure of {size} bytes")
             else:
-                bad.append(f"line {n}: unknown action {action!r}")
+                bad.append(f"line {n}: allocation failure of {size} bytes")
     return {
         "ok": not bad and allocs > 0,
         "rows": rows,
