@@ -307,8 +307,8 @@ pub struct CountedSpace<V> {
     held: fn(&V) -> u64,
     gauge: Arc<Gauge>,
     /// `held(space)` as last counted in `gauge`. Its lock is held across
-    /// each commit or decommit, so that the counts of concurrent calls
-    /// never cross.
+    /// each call that may change it (all but `releasable`), so that the
+    /// counts of concurrent calls never cross.
     counted: Mutex<u64>,
 }
 
@@ -355,9 +355,10 @@ impl<V: ReservableSpace> ReservableSpace for CountedSpace<V> {
         self.space.granule()
     }
 
-    /// Addresses only: nothing to count.
+    /// Counted too: a reserve, as a release, may unmap a mapping an
+    /// earlier failed unmap left in place.
     fn reserve(&self, len: u64) -> Result<Range> {
-        self.space.reserve(len)
+        self.counting(|s| s.reserve(len))
     }
 
     /// Counted too: a release may unmap a mapping an earlier failed

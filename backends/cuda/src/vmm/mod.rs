@@ -111,8 +111,10 @@ const MAX_HANDLE_GRANULES: u32 = 64;
 /// A failed call changes nothing, but for a decommit whose undo fails too
 /// ([`DECOMMITTED_IN_PART`](Self::DECOMMITTED_IN_PART)). Where an undo's
 /// `cuMemUnmap` fails too, the mapping stays the driver's: the space keeps
-/// it aside, counted in [`mapped_bytes`](Self::mapped_bytes), and unmaps
-/// it at its next call (and at drop); a commit or a release over it is
+/// it aside, counted in [`mapped_bytes`](Self::mapped_bytes) (and its
+/// peak) and in [`handle_count`](Self::handle_count), and tries its unmap
+/// again at each later call that reaches the driver (`reserve`, `commit`,
+/// `decommit`, `release`, `release_kept`) and at drop; a commit or a release over it is
 /// refused ([`Error::Backend`] with [`STUCK`](Self::STUCK)) while the
 /// driver still will not unmap it.
 ///
@@ -208,8 +210,8 @@ struct State {
     /// length and handle, mapped again by the commits that follow.
     kept: Vec<(u64, u64)>,
     /// Mappings that an undo could not unmap. Mapped still (none overlaps
-    /// `mappings`), used by nothing; each call of the space tries their
-    /// unmap again first.
+    /// `mappings`), used by nothing; each call of the space that reaches
+    /// the driver tries their unmap again first.
     stuck: Vec<Stuck>,
     /// The most of [`held`](State::held) at once.
     peak_mapped: u64,
@@ -315,7 +317,8 @@ impl CudaVirtualSpace {
     /// The `what` of the [`Error::Backend`] (with the code of the failed
     /// `cuMemUnmap`) of a commit or a release over memory that an undone
     /// call left mapped and that the driver still will not unmap. Nothing
-    /// changed; the space tries the unmap again at each call.
+    /// changed; the space tries the unmap again at each call that reaches
+    /// the driver.
     pub const STUCK: &'static str = "an undone mapping the driver will not unmap lies in the range";
 
     /// The handles spanned by default: 32 granules (64 MiB on an H100).
@@ -463,9 +466,12 @@ impl CudaVirtualSpace {
         self.lock().reservations.len()
     }
 
-    /// Number of physical handles mapped now.
+    /// Number of physical handles mapped now: those of committed and
+    /// retained granules, and those of undone calls that the driver would
+    /// not unmap yet (see [`STUCK`](Self::STUCK)).
     pub fn handle_count(&self) -> usize {
-        self.lock().mappings.len()
+        let st = self.lock();
+        st.mappings.len() + st.stuck.len()
     }
 
     /// The driver calls made so far.
@@ -690,6 +696,7 @@ impl ReservableSpace for CudaVirtualSpace {
             return Err(Error::InvalidSize { size: len, what: "more than a usize holds" });
         }
         let mut st = self.lock();
+        self.unstick(&mut st);
         let _current = self.driver.enter()?;
         let start = match self.driver.reserve(len, self.granule) {
             Ok(start) => start,
@@ -777,6 +784,8 @@ impl ReservableSpace for CudaVirtualSpace {
                         self.undo_map(m, &mut undo);
                     }
                     st.kept = kept;
+                    // What the undo could not unmap is held from now on.
+                    st.peak_mapped = st.peak_mapped.max(st.held());
                     return Err(if rc == sys::CUDA_ERROR_OUT_OF_MEMORY {
                         // Others took memory since the driver was last asked.
                         st.seen = None;

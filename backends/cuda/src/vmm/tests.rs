@@ -575,6 +575,28 @@ fn a_mapping_an_undo_could_not_unmap_is_held_retried_and_never_mapped_over() {
     assert_eq!(fake.0.lock().unwrap().used, 0);
 }
 
+/// A failed commit that leaves a mapping stuck raises what the space
+/// holds: the peak and the handles count it (the peak stayed below
+/// `mapped_bytes`, and the handle was not counted as mapped), until the
+/// next call that reaches the driver, here a reserve, unmaps it.
+#[test]
+fn a_mapping_an_undo_could_not_unmap_counts_in_the_peak_and_the_handles_until_a_reserve_unmaps_it() {
+    let (space, fake) = space(1 << 40, 1);
+    let r = space.reserve(8 * G).unwrap();
+    {
+        let mut m = fake.0.lock().unwrap();
+        // The commit's access fails, then the first unmap of its undo.
+        (m.fail_access, m.fail_unmap) = (1, 1);
+    }
+    assert!(space.commit(sub(r, 0, 3)).is_err());
+    let held = || (space.mapped_bytes(), space.peak_mapped_bytes(), space.handle_count());
+    assert_eq!(held(), (G, G, 1));
+    agree(&space, &fake);
+    space.reserve(4 * G).unwrap();
+    assert_eq!(held(), (0, G, 0));
+    agree(&space, &fake);
+}
+
 #[test]
 fn a_decommit_whose_remap_cannot_be_undone_holds_the_mapping_and_drop_unmaps_it() {
     let (space, fake) = space(1 << 40, 1);
@@ -614,6 +636,25 @@ fn a_counted_space_counts_the_stuck_mapping_a_release_unmaps() {
     assert!(counted.commit(sub(r, 0, 3)).is_err());
     assert_eq!((counted.inner().mapped_bytes(), gauge.value()), (G, G));
     counted.release(r).unwrap();
+    assert_eq!((counted.inner().mapped_bytes(), gauge.value()), (0, 0));
+}
+
+/// And a reserve, which tries the unmap of a stuck mapping again too.
+#[test]
+fn a_counted_space_counts_the_stuck_mapping_a_reserve_unmaps() {
+    use crate::stack::CountedSpace;
+    use memres_core::adaptor::Gauge;
+    let (space, fake) = space(1 << 40, 1);
+    let gauge = Arc::new(Gauge::default());
+    let counted = CountedSpace::new(space, CudaVirtualSpace::mapped_bytes, gauge.clone());
+    let r = counted.reserve(8 * G).unwrap();
+    {
+        let mut m = fake.0.lock().unwrap();
+        (m.fail_access, m.fail_unmap) = (1, 1);
+    }
+    assert!(counted.commit(sub(r, 0, 3)).is_err());
+    assert_eq!((counted.inner().mapped_bytes(), gauge.value()), (G, G));
+    counted.reserve(8 * G).unwrap();
     assert_eq!((counted.inner().mapped_bytes(), gauge.value()), (0, 0));
 }
 
