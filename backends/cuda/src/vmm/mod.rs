@@ -250,8 +250,9 @@ struct Undo<'a> {
     calls: &'a mut DriverCalls,
 }
 
-/// How many driver calls of each kind a [`CudaVirtualSpace`] made, those
-/// of the calls that failed and were undone included.
+/// How many driver calls of each kind a [`CudaVirtualSpace`] made that
+/// succeeded, those made by its calls that failed (and their undos)
+/// included: a map or an unmap the driver refused is not counted.
 ///
 /// # Examples
 ///
@@ -271,7 +272,11 @@ pub struct DriverCalls {
     /// Of `maps`, handles mapped again after `decommit_for_commit` kept
     /// them: no `cuMemCreate` for them, and no `cuMemRelease` before.
     pub reuses: u64,
-    /// Stream synchronizations made by `decommit`.
+    /// Decommits (and `decommit_for_commit`s) that waited so as to unmap:
+    /// one each, however many waits it took (the stream's, the legacy
+    /// default stream's for a stream whose id is 0, the whole context's
+    /// where other streams retained granules). One whose wait failed is not
+    /// counted (it unmapped nothing).
     pub syncs: u64,
     /// `cuMemGetInfo` calls: before mapping fresh memory near full, and
     /// for the figures of an out of memory that a failed map found.

@@ -808,6 +808,70 @@ fn a_virtual_pool_over_the_space_keeps_everything_consistent() {
     }
 }
 
+/// Randomized allocate and free through a `VirtualPool` with every kind of
+/// driver failure injected now and then (maps, accesses, unmaps, and
+/// unmaps failing twice in a row, so that undos fail too): `DriverCalls`
+/// is the driver's own count of the calls that succeeded after every step,
+/// and what the space maps is what the driver maps.
+#[test]
+fn driver_calls_are_the_drivers_own_count_whatever_fails() {
+    for (seed, handle_granules, keep) in [(11, 1, 0), (12, 4, 8 * G), (13, 1, 1 << 40), (14, 32, 64 * G)] {
+        let (space, fake) = space(400 * G, handle_granules);
+        let mut rng = SplitMix64::new(seed);
+        {
+            let config = VirtualConfig::new(256 * G).release_threshold(keep).max_reservations(4);
+            let mut pool = VirtualPool::with_config(&space, config).unwrap();
+            let mut live: Vec<Block> = Vec::new();
+            for step in 0..3000 {
+                if rng.below(30) == 0 {
+                    let mut m = fake.0.lock().unwrap();
+                    match rng.below(4) {
+                        0 => m.fail_map = 1 + rng.below(3),
+                        1 => m.fail_access = 1 + rng.below(2),
+                        2 => m.fail_unmap = 1 + rng.below(3),
+                        _ => {
+                            (m.fail_unmap, m.fail_unmap_again, m.unmap_failed) = (1 + rng.below(3), 1, false)
+                        }
+                    }
+                }
+                if live.is_empty() || rng.below(100) < 52 {
+                    let bits = rng.below(27);
+                    let size = 1 + rng.below(1 << bits);
+                    match pool.allocate(Request::new(size).unwrap(), &()) {
+                        Ok(b) => live.push(b),
+                        Err(e) => assert!(
+                            e.is_out_of_memory() || matches!(e, Error::Backend { code: 999, .. }),
+                            "step {step}: {e:?}"
+                        ),
+                    }
+                } else {
+                    let b = live.swap_remove(rng.below(live.len() as u64) as usize);
+                    if let Err(e) = pool.deallocate(b, &()) {
+                        panic!("step {step}: {e:?}");
+                    }
+                }
+                pool.check().unwrap_or_else(|v| panic!("step {step}: {v}"));
+                agree(&space, &fake);
+            }
+            {
+                let mut m = fake.0.lock().unwrap();
+                (m.fail_map, m.fail_access, m.fail_unmap, m.fail_unmap_again) = (0, 0, 0, 0);
+            }
+            for b in live.drain(..) {
+                pool.deallocate(b, &()).unwrap();
+            }
+            pool.trim(&()).unwrap();
+            agree(&space, &fake);
+            // On `()`, each decommit that waited is one wait for the legacy
+            // default stream.
+            assert_eq!(space.driver_calls().syncs, fake.0.lock().unwrap().syncs);
+        }
+        drop(space);
+        let m = fake.0.lock().unwrap();
+        assert!(m.maps.is_empty() && m.reservations.is_empty() && m.used == 0, "seed {seed}: {m:?}");
+    }
+}
+
 /// The traces of `benches/data`, sorted, read from the source tree the
 /// tests were built in (the tests that replay them need no GPU).
 fn traces() -> Vec<std::path::PathBuf> {
