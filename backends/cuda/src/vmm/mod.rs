@@ -1003,7 +1003,10 @@ impl CudaVirtualSpace {
 /// Unmaps and releases everything, then frees every reservation, after the
 /// work on the legacy default stream of the device's primary context (and
 /// so on its blocking streams): synchronize other streams that used the
-/// memory before. Driver errors are ignored.
+/// memory before. Driver errors are ignored, but for a reservation in which
+/// an unmap failed: it is not freed (the driver frees only reservations
+/// with nothing mapped in them), and its addresses and that memory stay the
+/// context's.
 impl Drop for CudaVirtualSpace {
     fn drop(&mut self) {
         let st = std::mem::take(&mut *self.lock());
@@ -1015,14 +1018,19 @@ impl Drop for CudaVirtualSpace {
             let _ = self.driver.sync_legacy();
         }
         let stuck = st.stuck.iter().map(|m| (m.start, m.len, m.handle));
+        let mut still_mapped = Vec::new();
         for (s, len, handle) in st.mappings.iter().map(|(&s, m)| (s, m.len, m.handle)).chain(stuck) {
-            let _ = self.driver.unmap(s, len, handle, false);
+            if self.driver.unmap(s, len, handle, false) != sys::CUDA_SUCCESS {
+                still_mapped.push(s);
+            }
         }
         for &(_, handle) in &st.kept {
             let _ = self.driver.release(handle);
         }
         for (&s, &l) in &st.reservations {
-            let _ = self.driver.free(s, l);
+            if !still_mapped.iter().any(|&m| s <= m && m < s + l) {
+                let _ = self.driver.free(s, l);
+            }
         }
     }
 }

@@ -618,6 +618,34 @@ fn a_decommit_whose_remap_cannot_be_undone_holds_the_mapping_and_drop_unmaps_it(
     assert!(m.maps.is_empty() && m.kept.is_empty() && m.reservations.is_empty() && m.used == 0, "{m:?}");
 }
 
+/// A drop whose unmaps fail (that of a stuck mapping and that of one in
+/// use) frees no reservation with memory mapped in it, against the
+/// driver's contract (it freed them all), and the others it frees.
+#[test]
+fn a_drop_whose_unmaps_fail_frees_only_the_reservations_with_nothing_mapped() {
+    let (space, fake) = space(1 << 40, 1);
+    let (r, s, t) =
+        (space.reserve(8 * G).unwrap(), space.reserve(8 * G).unwrap(), space.reserve(8 * G).unwrap());
+    space.commit(sub(s, 0, 1)).unwrap();
+    space.commit(sub(t, 0, 1)).unwrap();
+    {
+        let mut m = fake.0.lock().unwrap();
+        // The commit's access fails, then the first unmap of its undo.
+        (m.fail_access, m.fail_unmap) = (1, 1);
+    }
+    assert!(space.commit(sub(r, 0, 3)).is_err());
+    agree(&space, &fake);
+    {
+        let mut m = fake.0.lock().unwrap();
+        // At drop, after `s`'s: the unmaps of `t`'s mapping and of the stuck one.
+        (m.fail_unmap, m.fail_unmap_again, m.unmap_failed) = (2, 1, false);
+    }
+    drop(space);
+    let m = fake.0.lock().unwrap();
+    assert_eq!(m.maps.keys().copied().collect::<Vec<_>>(), [r.start() + 2 * G, t.start()]);
+    assert_eq!(m.reservations.keys().copied().collect::<Vec<_>>(), [r.start(), t.start()]);
+}
+
 /// `CountedSpace` (the gauge the `vmm` leaf reports) counts a release
 /// too: it may unmap a mapping an earlier unmap left stuck.
 #[test]
