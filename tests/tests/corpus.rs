@@ -12,7 +12,8 @@ fn corpus_dir(target: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../fuzz/corpus").join(target)
 }
 
-fn replay(target: &str, run: fuzz::Target) {
+/// The committed inputs of `target`, sorted.
+fn corpus_files(target: &str) -> Vec<PathBuf> {
     let dir = corpus_dir(target);
     let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
         .unwrap_or_else(|e| panic!("target {target} has no corpus at {}: {e}", dir.display()))
@@ -21,7 +22,11 @@ fn replay(target: &str, run: fuzz::Target) {
         .collect();
     files.sort();
     assert!(!files.is_empty(), "target {target} has an empty corpus at {}", dir.display());
-    for file in &files {
+    files
+}
+
+fn replay(target: &str, run: fuzz::Target) {
+    for file in &corpus_files(target) {
         let data = std::fs::read(file).expect("read corpus file");
         let got = std::panic::catch_unwind(|| run(&data));
         assert!(got.is_ok(), "target {target}: corpus file {} fails", file.display());
@@ -34,6 +39,24 @@ fn corpus_of_every_target() {
     for &(name, run) in TARGETS {
         replay(name, run);
     }
+}
+
+/// The `callback` target's committed inputs reach what its oracles judge:
+/// a retry that serves an allocation once the callback made room, a
+/// callback that declines, retries used up, frees the device refuses, and
+/// bad blocks of the allocate closure.
+#[test]
+fn the_callback_corpus_retries_declines_and_meets_refused_frees_and_bad_blocks() {
+    let mut reached = fuzz::CallbackOutcomes::default();
+    for file in &corpus_files("callback") {
+        reached += fuzz::callback_outcomes(&std::fs::read(file).expect("read corpus file"));
+    }
+    let fuzz::CallbackOutcomes { served_on_retry, declined, retries_used_up, refused_frees, bad_blocks } =
+        reached;
+    assert!(
+        [served_on_retry, declined, retries_used_up, refused_frees, bad_blocks].iter().all(|&n| n > 0),
+        "the callback corpus misses an outcome: {reached:?}"
+    );
 }
 
 #[test]

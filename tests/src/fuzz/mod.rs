@@ -24,9 +24,10 @@ pub mod targets;
 pub use ops::{Op, SizeClass};
 pub use step::drive;
 pub use targets::{
-    run_arena, run_binning, run_binning_counted, run_device_stack, run_fixed, run_index, run_per_stream,
-    run_planned, run_pool, run_pool_fixed, run_pool_stack, run_stack, run_stack_adaptors, run_stack_string,
-    run_stream, run_vpool, run_vpool_streams, stack_string_of, LayerCheck, LayerJudge, Layers, SharedPool,
+    callback_outcomes, run_arena, run_binning, run_binning_counted, run_callback, run_device_stack,
+    run_fixed, run_index, run_per_stream, run_planned, run_pool, run_pool_fixed, run_pool_stack, run_stack,
+    run_stack_adaptors, run_stack_string, run_stream, run_vpool, run_vpool_streams, stack_string_of,
+    CallbackOutcomes, LayerCheck, LayerJudge, Layers, SharedPool,
 };
 
 use memres_core::check::LiveBlocks;
@@ -55,6 +56,7 @@ pub const TARGETS: &[(&str, Target)] = &[
     ("binning_counted", run_binning_counted),
     ("device_stack", run_device_stack),
     ("per_stream", run_per_stream),
+    ("callback", run_callback),
 ];
 
 /// Whether the resources' own invariant checkers run (the default). With
