@@ -366,27 +366,32 @@ impl Region {
     }
 }
 
-/// Which region of the state a [`GoingBack`] is.
+/// Which region of the state a [`GoingBack`] is: the step's, the carry
+/// region, or one of the spares (with the stream id it was taken on).
 #[derive(Clone, Copy)]
 enum Home {
     Step,
     Carry,
+    Spare(u64),
 }
 
 impl Home {
-    fn of<R>(self, s: &mut State<R>) -> &mut Region {
+    /// The state's place of a region that has one (not a spare).
+    fn of<R>(self, s: &mut State<R>) -> Option<&mut Region> {
         match self {
-            Home::Step => &mut s.region,
-            Home::Carry => &mut s.carry.region,
+            Home::Step => Some(&mut s.region),
+            Home::Carry => Some(&mut s.carry.region),
+            Home::Spare(_) => None,
         }
     }
 }
 
-/// A region out of the state while [`Planned::step`] or
-/// [`Planned::release`] gives it back upstream (which may hand its
-/// addresses out again at once, and a block there is then the
+/// A region out of the state while it goes back upstream (which may hand
+/// its addresses out again at once, and a block there is then the
 /// upstream's): put back when dropped, as the free failed or panicked,
-/// unless [`gone`](Self::gone).
+/// unless [`gone`](Self::gone). A region that serves nothing (a spare, or
+/// one shorter than asked) is put back among the spares, to go back at
+/// the next chance.
 struct GoingBack<'a, R> {
     state: &'a Shared<State<R>>,
     region: Region,
@@ -395,7 +400,11 @@ struct GoingBack<'a, R> {
 
 impl<'a, R> GoingBack<'a, R> {
     fn take(state: &'a Shared<State<R>>, region: Region, home: Home) -> Self {
-        state.with(|s| *home.of(s) = Region::EMPTY);
+        state.with(|s| {
+            if let Some(r) = home.of(s) {
+                *r = Region::EMPTY;
+            }
+        });
         GoingBack { state, region, home }
     }
 
@@ -407,7 +416,14 @@ impl<'a, R> GoingBack<'a, R> {
 
 impl<R> Drop for GoingBack<'_, R> {
     fn drop(&mut self) {
-        self.state.with(|s| *self.home.of(s) = self.region);
+        self.state.with(|s| match (self.home, self.region) {
+            (Home::Spare(on), region) => s.spares.push((region, on)),
+            (home, region) => {
+                if let Some(r) = home.of(s) {
+                    *r = region;
+                }
+            }
+        });
     }
 }
 
@@ -585,6 +601,13 @@ struct State<R> {
     region: Region,
     /// The stream id the region was taken on.
     region_stream: u64,
+    /// Regions that serve nothing and that the upstream would not take
+    /// back (a spare carry region, taken beside another thread's; a region
+    /// shorter than asked, its bytes as handed out), with the stream id
+    /// each was taken on: held, and given back at the next step or release
+    /// on that stream (any stream's once the device is waited for), or on
+    /// drop.
+    spares: Vec<(Region, u64)>,
     /// Figures.
     steps: Steps,
     /// How the region goes back upstream when `Planned` is dropped: set
@@ -627,6 +650,7 @@ impl<R> State<R> {
             stream: 0,
             region: Region::EMPTY,
             region_stream: 0,
+            spares: Vec::new(),
             steps: Steps::default(),
             at_drop: None,
         }
@@ -907,12 +931,16 @@ impl<R> Planned<R> {
     }
 
     /// Bytes held from the upstream: the regions (the bytes asked for of
-    /// each), and the upstream's blocks handed out as they are and not
-    /// freed yet.
+    /// each), those the upstream would not take back (a spare carry
+    /// region, or one shorter than asked: see [`release`](Self::release)),
+    /// and the upstream's blocks handed out as they are and not freed yet.
     pub fn held(&self) -> u64 {
         // Each region at most `Request::MAX_SIZE`: they add up; the blocks
         // handed out are as long as the upstream says, which may overlap.
-        let regions = self.state.with(|s| s.region.size() + s.carry.region.size());
+        let regions = self.state.with(|s| {
+            let spares = s.spares.iter().fold(0, |n: u64, (r, _)| n.saturating_add(r.size()));
+            (s.region.size() + s.carry.region.size()).saturating_add(spares)
+        });
         regions.saturating_add(self.passed_through())
     }
 
@@ -928,10 +956,13 @@ impl<R> Planned<R> {
     /// live between steps keep only the carry region, where they stay
     /// until freed (and its layout, for the next plan). A region taken on
     /// another stream goes back only where `stream` can wait for the
-    /// whole device ([`Stream::synchronize_device`]). Returns the bytes
-    /// given back, as [`held`](Self::held) counted them (0 with a block
-    /// live in the step's region, or while a [`step`](Self::step) gives
-    /// regions back or takes them).
+    /// whole device ([`Stream::synchronize_device`]). A region that serves
+    /// nothing and that the upstream would not take back before (a spare
+    /// carry region, or one shorter than asked) is given back too, whatever
+    /// lives in the others. Returns the bytes given back, as
+    /// [`held`](Self::held) counted them (none of the step's or the carry
+    /// region with a block live in the step's region, or while a
+    /// [`step`](Self::step) gives regions back or takes them).
     ///
     /// # Errors
     ///
@@ -946,9 +977,11 @@ impl<R> Planned<R> {
         let elsewhere = self.state.with(|s| {
             [(s.region, s.region_stream), (s.carry.region, s.carry.region_stream)]
                 .iter()
+                .chain(&s.spares)
                 .any(|&(region, on)| !region.is_empty() && on != id)
         });
         let idle = elsewhere && stream.synchronize_device()?;
+        let (spared, refused) = self.give_back_spares(stream, idle);
         let taken = self.state.with(|s| {
             let here = |region: Region, on: u64| !region.is_empty() && (on == id || idle);
             let step = here(s.region, s.region_stream);
@@ -969,9 +1002,9 @@ impl<R> Planned<R> {
             }
             Some([(s.region, Home::Step, step), (s.carry.region, Home::Carry, carry)])
         });
-        let Some(regions) = taken else { return Ok(0) };
+        let Some(regions) = taken else { return refused.map_or(Ok(spared), Err) };
         let _laying_out = LayingOut(&self.state);
-        let (mut given, mut first) = (0, None);
+        let (mut given, mut first) = (spared, refused);
         for (region, home, goes) in regions {
             if !goes {
                 continue;
@@ -1034,17 +1067,66 @@ impl<R> Planned<R> {
     /// A region of `size` bytes from upstream; `None` where no request
     /// holds them, the upstream refuses, or its block is shorter than asked
     /// (it goes back: blocks laid out past its size would lie in memory
-    /// the upstream did not give). A longer block serves as far as asked.
+    /// the upstream did not give; kept as a spare if the upstream will not
+    /// take it). A longer block serves as far as asked.
     fn take_region<S: Stream + ?Sized>(&self, size: u64, stream: &S) -> Option<Region>
     where
         R: MemoryResource<S>,
     {
         let block = self.upstream.allocate(Request::new(size).ok()?, stream).ok()?;
         if block.upstream_range(size).is_err() {
-            let _ = self.upstream.deallocate(block, stream);
+            self.give_back_spare(Region { block, size: block.size() }, stream);
             return None;
         }
         Some(Region { block, size })
+    }
+
+    /// Gives back `spare`, a region taken on `stream` that serves nothing:
+    /// kept among the spares, held, if the upstream refuses it (or
+    /// panics), for the next step or release to give back.
+    fn give_back_spare<S: Stream + ?Sized>(&self, spare: Region, stream: &S)
+    where
+        R: MemoryResource<S>,
+    {
+        let going = GoingBack { state: &self.state, region: spare, home: Home::Spare(stream.id()) };
+        if self.upstream.deallocate(spare.block, stream).is_ok() {
+            going.gone();
+        }
+    }
+
+    /// Gives back the spares taken on `stream` (every stream's where
+    /// `idle`: the device was waited for): the bytes given back, as
+    /// [`held`](Self::held) counted them, and the upstream's first error.
+    /// A spare it refuses (or panics in) stays one.
+    fn give_back_spares<S: Stream + ?Sized>(&self, stream: &S, idle: bool) -> (u64, Option<Error>)
+    where
+        R: MemoryResource<S>,
+    {
+        let id = stream.id();
+        let spares: Vec<(Region, u64)> = self.state.with(|s| {
+            let (going, staying) =
+                core::mem::take(&mut s.spares).into_iter().partition(|&(_, on)| on == id || idle);
+            s.spares = staying;
+            going
+        });
+        // Each put back if its free fails, or if a free before it panics.
+        let going: Vec<GoingBack<'_, R>> = spares
+            .into_iter()
+            .map(|(region, on)| GoingBack { state: &self.state, region, home: Home::Spare(on) })
+            .collect();
+        let (mut given, mut first) = (0u64, None);
+        for going in going {
+            match self.upstream.deallocate(going.region.block, stream) {
+                Ok(()) => {
+                    given = given.saturating_add(going.region.size());
+                    going.gone();
+                }
+                Err(e) => {
+                    first.get_or_insert(e);
+                }
+            }
+        }
+        (given, first)
     }
 
     /// Ends the step in progress and begins the next one on `stream`.
@@ -1061,7 +1143,9 @@ impl<R> Planned<R> {
     ///
     /// The upstream's, from giving back a region; after one, no plan is in
     /// force and the resource is otherwise as before. A region the
-    /// upstream refuses is no error: the steps run from upstream.
+    /// upstream refuses is no error: the steps run from upstream; nor is a
+    /// spare it refuses to take back (see [`release`](Self::release)): it
+    /// stays held.
     /// [`Error::Reentrant`] while another `step` or a
     /// [`release`](Self::release) gives regions back or takes them (from
     /// an upstream that calls back into this one, or from another thread
@@ -1124,10 +1208,12 @@ impl<R> Planned<R> {
             s.begin(id);
             Ok(ended)
         })?;
+        // Where the step lays out: until the last lock below, however this
+        // call ends (an error, or an upstream that panics).
+        let _laying_out = ended.is_some().then(|| LayingOut(&self.state));
+        // A spare refused again stays held, for the next step or release.
+        let _ = self.give_back_spares(stream, false);
         let Some((record, (slots, frees), region, region_stream, carry)) = ended else { return Ok(()) };
-        // Until the last lock below, however this call ends (an error, or
-        // an upstream that panics).
-        let _laying_out = LayingOut(&self.state);
         // The old carry region serves the new layout if it is the same or
         // fits it closely; else it goes back, or is kept with no slots
         // where it was used on another stream and the device cannot be
@@ -1273,14 +1359,15 @@ impl<S: Stream + ?Sized, R: MemoryResource<S>> MemoryResource<S> for Planned<R> 
                     self.state.with(|s| s.carry_taken(region, (generation, offset), request, id));
                 // Given back to the carry region if the spare's free panics.
                 let served = served.map(|(addr, tag)| Unserved { state: &self.state, addr, tag });
-                let back = spare.map_or(Ok(()), |spare| self.upstream.deallocate(spare.block, stream));
+                if let Some(spare) = spare {
+                    self.give_back_spare(spare, stream);
+                }
                 if let Some(served) = served {
                     // Served: the block is the caller's whatever became of
                     // the spare region (taken by a thread beside this one).
                     let (addr, tag) = served.hand_over();
                     return Ok(Block::new(addr, request.size(), tag));
                 }
-                back?;
                 None
             }
         };
@@ -1583,7 +1670,8 @@ impl<R: fmt::Debug> fmt::Debug for Planned<R> {
 // at a time gives regions back or takes them, `laying_out` refusing any
 // other step meanwhile, and a region it may give back serves no block
 // meanwhile: the step's region has no plan, the carry region no layout (a
-// region taken for the old one meanwhile goes back as a spare), and each is
+// region taken for the old one meanwhile goes back as a spare, and a spare
+// the upstream refuses, in the state's spares, never serves), and each is
 // out of the state while it goes back, so that a block of `R` the upstream
 // hands out there at once is freed as `R`'s; a release, only with no block
 // live in the step's region, drops the plan, and the carry layout where it
@@ -1598,12 +1686,14 @@ unsafe impl<E, R: crate::copy::MemoryOf<E>> crate::copy::MemoryOf<E> for Planned
 impl<R> Drop for Planned<R> {
     /// Gives each region back on the stream type's drop stream, if it has
     /// one and no block in the region is live (a block someone may still
-    /// use is never freed under it).
+    /// use is never freed under it), and each spare.
     fn drop(&mut self) {
-        let (regions, at_drop) = self.state.with(|s| {
-            ([(s.region, s.live_count == 0), (s.carry.region, s.carry.live.is_empty())], s.at_drop)
+        let (regions, spares, at_drop) = self.state.with(|s| {
+            let regions = [(s.region, s.live_count == 0), (s.carry.region, s.carry.live.is_empty())];
+            (regions, core::mem::take(&mut s.spares), s.at_drop)
         });
-        for (region, free) in regions {
+        let spares = spares.into_iter().map(|(region, _)| (region, true));
+        for (region, free) in regions.into_iter().chain(spares) {
             if let (false, Some(give_back), true) = (region.is_empty(), at_drop, free) {
                 give_back(&self.upstream, region.block);
             }

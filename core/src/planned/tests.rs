@@ -1883,6 +1883,10 @@ fn a_carried_block_whose_spare_regions_free_panics_takes_no_place() {
     assert_eq!(p.usage().used, spare);
     assert_eq!(p.steps().planned_allocations, 1);
     p.check().unwrap();
+    // The spare is held, and given back by the next release.
+    assert_eq!(p.held(), 2 * spare);
+    assert_eq!(p.release(&()).unwrap(), 2 * spare);
+    assert_eq!((p.held(), up.up.usage().held), (0, 0));
 }
 
 #[test]
@@ -2042,6 +2046,138 @@ fn regions_shorter_than_asked_are_given_back_and_taken_as_refused() {
         assert_eq!(p.usage().used, 0);
     }
     assert_eq!(short.up.usage().held, 0, "every short region went back");
+}
+
+/// An upstream (a safe trait of the user's) that serves a request of
+/// `short` bytes with half as many, and refuses the free of such a block
+/// while `refusing`.
+struct CutShort {
+    up: BumpUpstream,
+    short: u64,
+    cut: std::sync::Mutex<std::collections::BTreeSet<u64>>,
+    refusing: core::sync::atomic::AtomicBool,
+}
+
+impl MemoryResource for CutShort {
+    fn allocate(&self, request: Request, stream: &()) -> Result<Block> {
+        if request.size() != self.short {
+            return self.up.allocate(request, stream);
+        }
+        let b = self.up.allocate(req(self.short / 2), stream)?;
+        self.cut.lock().unwrap().insert(b.addr());
+        Ok(b)
+    }
+    fn deallocate(&self, block: Block, stream: &()) -> Result<()> {
+        let short = self.cut.lock().unwrap().contains(&block.addr());
+        if short && self.refusing.load(core::sync::atomic::Ordering::Relaxed) {
+            return Err(Error::Backend { code: -2, what: "a short block's free refused" });
+        }
+        self.up.deallocate(block, stream)?;
+        self.cut.lock().unwrap().remove(&block.addr());
+        Ok(())
+    }
+}
+
+impl Inspect for CutShort {
+    fn usage(&self) -> Usage {
+        self.up.usage()
+    }
+    fn check(&self) -> core::result::Result<(), Violation> {
+        Ok(())
+    }
+}
+
+/// A carry region shorter than asked whose free the upstream refuses is
+/// kept, held and counted, and given back at the next step on its stream,
+/// at a release, or on drop. Before, it dropped out of `held()` while the
+/// upstream held it, and was never given back.
+#[test]
+fn a_short_carry_region_whose_free_is_refused_stays_held_until_it_can_go_back() {
+    use core::sync::atomic::Ordering::Relaxed;
+    let short = CutShort {
+        up: BumpUpstream::new(1 << 30),
+        short: 3 * MIB,
+        cut: Default::default(),
+        refusing: true.into(),
+    };
+    let held = |p: &Planned<&CutShort>| (p.held(), short.up.usage().held);
+    {
+        let p = Planned::new(&short);
+        let step = |grads: &mut Vec<Block>| grads_step(&p, &(), grads, &[MIB, 2 * MIB]);
+        let mut grads = Vec::new();
+        for n in 0..5 {
+            step(&mut grads);
+            let (mine, up) = held(&p);
+            assert_eq!(mine, up, "step {n}");
+            p.check().unwrap();
+        }
+        // Steps 3 to 5 each asked for the carry region: three kept.
+        assert_eq!(short.cut.lock().unwrap().len(), 3);
+        assert_eq!(p.steps().carry_region, 0);
+        // The next step gives them back (and its own short region).
+        short.refusing.store(false, Relaxed);
+        step(&mut grads);
+        assert!(short.cut.lock().unwrap().is_empty());
+        assert_eq!(held(&p).0, held(&p).1);
+        // A release gives back one kept meanwhile, once the upstream takes it.
+        short.refusing.store(true, Relaxed);
+        step(&mut grads);
+        assert!(matches!(p.release(&()), Err(Error::Backend { .. })));
+        assert_eq!(short.cut.lock().unwrap().len(), 1);
+        assert_eq!(held(&p).0, held(&p).1);
+        short.refusing.store(false, Relaxed);
+        assert_eq!(p.release(&()).unwrap(), 3 * MIB / 2);
+        assert!(short.cut.lock().unwrap().is_empty());
+        assert_eq!(held(&p).0, held(&p).1);
+        // And the drop one kept in the first step planned again.
+        short.refusing.store(true, Relaxed);
+        for _ in 0..3 {
+            step(&mut grads);
+        }
+        for g in grads.drain(..) {
+            p.deallocate(g, &()).unwrap();
+        }
+        short.refusing.store(false, Relaxed);
+        assert_eq!(short.cut.lock().unwrap().len(), 1);
+    }
+    assert_eq!(short.up.usage().held, 0, "every region went back");
+}
+
+/// A spare whose free panics at a step that lays out stays held, and the
+/// step after it lays out as usual (the panic left no step laying out for
+/// good, which would refuse every later one as `Reentrant`).
+#[test]
+fn a_spare_whose_free_panics_in_a_step_stays_held_and_the_steps_go_on() {
+    use core::sync::atomic::Ordering::Relaxed;
+    let short = CutShort {
+        up: BumpUpstream::new(1 << 30),
+        short: 3 * MIB,
+        cut: Default::default(),
+        refusing: true.into(),
+    };
+    let p = Planned::new(&short);
+    let mut grads = Vec::new();
+    for _ in 0..3 {
+        grads_step(&p, &(), &mut grads, &[MIB, 2 * MIB]);
+    }
+    assert_eq!(short.cut.lock().unwrap().len(), 1, "a spare kept");
+    // A step of another shape: the next one lays out.
+    p.step(&()).unwrap();
+    for g in grads.drain(..) {
+        p.deallocate(g, &()).unwrap();
+    }
+    let b = p.allocate(req(MIB), &()).unwrap();
+    p.deallocate(b, &()).unwrap();
+    short.refusing.store(false, Relaxed);
+    short.up.panic_in("deallocate", 0);
+    let stepped = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| p.step(&())));
+    assert!(stepped.is_err());
+    assert_eq!(short.cut.lock().unwrap().len(), 1);
+    assert_eq!(p.held(), short.up.usage().held);
+    p.step(&()).unwrap();
+    assert!(short.cut.lock().unwrap().is_empty(), "given back at the next step");
+    assert_eq!(p.held(), short.up.usage().held);
+    p.check().unwrap();
 }
 
 /// An upstream (a safe trait of the user's) that hands out a step's region
