@@ -674,7 +674,10 @@ pub mod loom {
     /// Explores every interleaving of `f` within `preemptions` preemptions
     /// (all of them for `None`), on a thread with room for a pool's or an
     /// arena's index on its stack (bin heads inline), which loom's default
-    /// coroutine stack of 32 KiB is not.
+    /// coroutine stack of 32 KiB is not. Once `f` is done it waits until
+    /// every thread has given back its number for the arena's per-thread
+    /// arenas: loom destroys a thread's thread-locals after its `join`
+    /// returns, and its statics when the execution ends.
     pub fn model(preemptions: Option<usize>, f: impl Fn() + Sync + Send + 'static) {
         let mut b = ::loom::model::Builder::new();
         b.preemption_bound = preemptions;
@@ -682,6 +685,11 @@ pub mod loom {
         b.check(move || {
             let f = f.clone();
             spawn(move || f()).join().unwrap();
+            // Before loom drops the statics that the numbers go back to.
+            #[cfg(feature = "std")]
+            while !crate::arena::thread_numbers_given_back() {
+                thread::yield_now();
+            }
         });
     }
 

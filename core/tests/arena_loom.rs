@@ -1,20 +1,25 @@
 //! loom models of the superblock hand-off between arenas and the global
-//! arena, and of an arena's slot changing hands. Run with
+//! arena, of an arena's slot changing hands, and of the per-thread arenas
+//! of the default stream (a free from another thread, a thread's number and
+//! arena handed on when it exits). Run with
 //! `RUSTFLAGS="--cfg loom" cargo test -p memres-core --release --test arena_loom`.
 //!
 //! The tests' names start with `loom` so that one filter picks them and the
 //! library's loom tests in a single run:
 //! `RUSTFLAGS="--cfg loom" cargo test -p memres-core --features std --release --lib --test arena_loom loom`.
 //!
-//! Preemption bound: 3 (about 3 s in release; unbounded, the spin locks
-//! and the growth path make too many interleavings).
+//! Preemption bound: 2 or 3 (about 3 s in release; unbounded, the spin
+//! locks and the growth path make too many interleavings), none for the
+//! models of per-thread arenas, which have no growth to explore (every
+//! interleaving in under a second).
 #![cfg(loom)]
 
 use loom::sync::Arc;
-use memres_core::arena::{ArenaConfig, ArenaResource};
+use memres_core::arena::{ArenaConfig, ArenaDump, ArenaResource, Owner};
 use memres_core::testing::loom::{model, spawn};
 use memres_core::testing::{BumpUpstream, IdStream, TestStream};
 use memres_core::{Error, Inspect, MemoryResource, Request};
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 /// Two streams each take a superblock, use it and free it, while one of
 /// them asks for a large block that needs all the memory back in the global
@@ -206,4 +211,110 @@ fn loom_superblocks_in_transit_keep_their_arena() {
         }
         arena.check().unwrap();
     });
+}
+
+/// Two threads on the default stream (`()`), each with an arena of its own:
+/// the second frees a block of the first's while the first allocates and
+/// frees in that arena (a free from another thread into a busy arena), and
+/// the first frees the second's block once the second is done.
+/// Whatever the interleaving: the invariants hold, each thread's blocks come
+/// from its own arena, the bytes in use are exact, and everything goes back.
+#[test]
+fn loom_a_thread_frees_into_another_threads_busy_arena() {
+    model(None, || {
+        // Room for both superblocks up front: no growth to explore.
+        let config = ArenaConfig::new()
+            .initial_size(2 << 20)
+            .superblock_size(1 << 20)
+            .chunk_size(1 << 20)
+            .max_arenas(2);
+        let arena = Arc::new(ArenaResource::with_config(BumpUpstream::new(1 << 30), config, &()).unwrap());
+        // This thread is thread 1 on the default stream, the other thread 2.
+        let a = arena.allocate(Request::new(1000).unwrap(), &()).unwrap();
+        let other = arena.clone();
+        let t = spawn(move || {
+            let b = other.allocate(Request::new(1000).unwrap(), &()).unwrap();
+            other.deallocate(a, &()).unwrap();
+            b
+        });
+        let c = arena.allocate(Request::new(1000).unwrap(), &()).unwrap();
+        arena.deallocate(c, &()).unwrap();
+        let b = t.join().unwrap();
+        arena.check().unwrap();
+        assert_eq!(arena.usage().used, 1024);
+        assert_eq!(arenas(&arena.dump()), [(Owner::Thread(1), 1, 0), (Owner::Thread(2), 1, 1024)]);
+        // Into the arena of a thread that is done.
+        arena.deallocate(b, &()).unwrap();
+        arena.check().unwrap();
+        assert_eq!(arena.usage().used, 0);
+        assert_eq!(arena.release(&()), Ok(2 << 20));
+        assert_eq!(
+            (arena.usage().held, arena.upstream_with(|u| u.usage().held), arena.arena_count()),
+            (0, 0, 0)
+        );
+    });
+}
+
+/// Each arena of `dump` as (owner, superblocks, bytes in use), by owner.
+fn arenas(dump: &ArenaDump) -> Vec<(Owner, usize, u64)> {
+    let mut arenas: Vec<_> = dump.arenas.iter().map(|a| (a.owner, a.superblocks, a.used)).collect();
+    arenas.sort_by_key(|&(owner, ..)| match owner {
+        Owner::Thread(n) => (0, n),
+        Owner::Stream(s) => (1, s),
+        Owner::Global => (2, 0),
+    });
+    arenas
+}
+
+/// Executions of the model below in which the new thread got the number of
+/// the thread that exited, and in which it got a new one.
+static HANDED_ON: AtomicUsize = AtomicUsize::new(0);
+static NEW_NUMBER: AtomicUsize = AtomicUsize::new(0);
+
+/// A thread on the default stream uses its arena and exits holding no
+/// block; its arena keeps a wholly free superblock. A new thread takes the
+/// exited thread's number, and with it its arena and that superblock
+/// (rather than taking another superblock, leaving that one stranded).
+/// loom's `join` may return before the exited thread's thread-locals are
+/// destroyed (std's returns after), so in some interleavings the new thread
+/// comes first and gets a new number: then it has an arena of its own, and
+/// thread 1's keeps its superblock for the next thread. Whatever the
+/// interleaving the invariants hold and the bytes in use are exact; both
+/// cases occur.
+#[test]
+fn loom_a_new_thread_takes_the_number_and_arena_of_one_that_exited() {
+    model(None, || {
+        let config = ArenaConfig::new()
+            .initial_size(2 << 20)
+            .superblock_size(1 << 20)
+            .chunk_size(1 << 20)
+            .max_arenas(2);
+        let arena = Arc::new(ArenaResource::with_config(BumpUpstream::new(1 << 30), config, &()).unwrap());
+        let first = arena.clone();
+        let x = spawn(move || {
+            let x = first.allocate(Request::new(1000).unwrap(), &()).unwrap();
+            first.deallocate(x, &()).unwrap();
+            x.addr()
+        })
+        .join()
+        .unwrap();
+        let second = arena.clone();
+        let y = spawn(move || second.allocate(Request::new(1000).unwrap(), &()).unwrap()).join().unwrap();
+        arena.check().unwrap();
+        assert_eq!(arena.usage().used, 1024);
+        let dump = arena.dump();
+        if arenas(&dump) == [(Owner::Thread(1), 1, 1024)] {
+            // Thread 1's arena, and its superblock: the block is where x was.
+            assert_eq!((y.addr(), dump.global.superblocks), (x, 1));
+            HANDED_ON.fetch_add(1, Ordering::Relaxed);
+        } else {
+            assert_eq!(arenas(&dump), [(Owner::Thread(1), 1, 0), (Owner::Thread(2), 1, 1024)]);
+            NEW_NUMBER.fetch_add(1, Ordering::Relaxed);
+        }
+        arena.deallocate(y, &()).unwrap();
+        arena.check().unwrap();
+        assert_eq!(arena.usage().used, 0);
+    });
+    assert!(HANDED_ON.load(Ordering::Relaxed) > 0, "no execution handed thread 1's number on");
+    assert!(NEW_NUMBER.load(Ordering::Relaxed) > 0, "no execution gave the new thread a new number");
 }

@@ -38,6 +38,14 @@ use global::{Global, Located};
 use local::Local;
 use slots::{OwnerKey, SlotKey, EMPTY, STREAM, THREAD};
 
+/// Whether every thread that took a number for the default stream's
+/// per-thread arenas has given it back (run its thread-locals'
+/// destructors): the loom models wait for it ([`crate::testing::loom::model`]).
+#[cfg(all(loom, feature = "std"))]
+pub(crate) fn thread_numbers_given_back() -> bool {
+    slots::thread_no::all_given_back()
+}
+
 /// The most arenas a resource can have: tags name an arena in 8 bits, and
 /// the value 255 names the global arena.
 pub const MAX_ARENAS: u32 = 255;

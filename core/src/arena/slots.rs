@@ -70,24 +70,50 @@ pub(super) struct SlotKey {
 /// The calling thread's number: small, unique among live threads, reused
 /// after a thread exits (so that its arena, and the superblocks it holds,
 /// go to the next new thread rather than being stranded).
-#[cfg(all(feature = "std", not(loom)))]
+///
+/// Under `cfg(loom)` the same code runs on loom's thread-locals (whose
+/// destructors run when a loom thread ends), atomics and lock, and its
+/// statics are loom's `lazy_static`s, made afresh for each execution: loom
+/// models the per-thread arenas, numbers handed on included.
+#[cfg(feature = "std")]
 pub(super) mod thread_no {
     use alloc::vec::Vec;
+    #[cfg(not(loom))]
     use core::sync::atomic::{AtomicU64, Ordering};
-    use std::sync::Mutex;
+    #[cfg(loom)]
+    use loom::{
+        sync::atomic::{AtomicU64, Ordering},
+        sync::Mutex,
+        thread_local,
+    };
+    #[cfg(not(loom))]
+    use std::{sync::Mutex, thread_local};
 
+    #[cfg(not(loom))]
     static NEXT: AtomicU64 = AtomicU64::new(1);
+    #[cfg(not(loom))]
     static FREED: Mutex<Vec<u64>> = Mutex::new(Vec::new());
+    #[cfg(loom)]
+    loom::lazy_static! {
+        static ref NEXT: AtomicU64 = AtomicU64::new(1);
+        static ref FREED: Mutex<Vec<u64>> = Mutex::new(Vec::new());
+    }
 
     struct No(u64);
 
     impl Drop for No {
         fn drop(&mut self) {
+            // A failed loom execution unwinds its threads after its state,
+            // these statics included, is gone.
+            #[cfg(loom)]
+            if std::thread::panicking() {
+                return;
+            }
             FREED.lock().unwrap_or_else(|p| p.into_inner()).push(self.0);
         }
     }
 
-    std::thread_local! {
+    thread_local! {
         static NO: No = No(FREED.lock().unwrap_or_else(|p| p.into_inner()).pop()
             .unwrap_or_else(|| NEXT.fetch_add(1, Ordering::Relaxed)));
     }
@@ -97,11 +123,19 @@ pub(super) mod thread_no {
     pub(super) fn current() -> u64 {
         NO.try_with(|n| n.0).unwrap_or(0)
     }
+
+    /// Whether every number handed out has been given back: every thread
+    /// that took one has run its thread-locals' destructors.
+    #[cfg(loom)]
+    pub(crate) fn all_given_back() -> bool {
+        let freed = FREED.lock().unwrap_or_else(|p| p.into_inner()).len() as u64;
+        freed == NEXT.load(Ordering::Relaxed) - 1
+    }
 }
 
 /// Without `std` there is no thread identity: all threads share one arena
 /// for the default stream.
-#[cfg(not(all(feature = "std", not(loom))))]
+#[cfg(not(feature = "std"))]
 pub(super) mod thread_no {
     #[inline]
     pub(super) fn current() -> u64 {
