@@ -97,6 +97,7 @@ mod tests;
 
 use crate::check::Violation;
 use crate::lock::Shared;
+use crate::primitive::{AtomicU64, Ordering};
 use crate::{Block, Error, Inspect, MemoryResource, Request, Result, Stream, Usage};
 use alloc::collections::BTreeMap;
 use alloc::vec::Vec;
@@ -437,12 +438,12 @@ struct Recorded<'a, R> {
 }
 
 impl<R> Recorded<'_, R> {
-    /// The caller gets the block at `addr`: recorded in `s`, the state
-    /// (locked).
-    fn born(self, s: &mut State<R>, addr: u64) {
-        if s.epoch == self.epoch {
-            s.born.insert(addr, self.k);
-        }
+    fn born(self, addr: u64) {
+        self.state.with(|s| {
+            if s.epoch == self.epoch {
+                s.born.insert(addr, self.k);
+            }
+        });
         core::mem::forget(self);
     }
 }
@@ -467,19 +468,16 @@ enum Freed {
     Carried(u32),
 }
 
-/// The free of an upstream's block at `addr` while the upstream frees it:
-/// recorded (if the step records the block) and uncounted (if it came
-/// through here) before, as once freed the upstream may hand the address
-/// to another thread's allocation, recorded and counted at once, whose
-/// life a free recorded later would end. Taken back when dropped (the
-/// upstream refused the free or panicked: the block is live still)
-/// unless [`made`](Self::made).
+/// The free of a recorded block at `addr` while the upstream frees it:
+/// recorded before, as once freed the upstream may hand the address to
+/// another thread's allocation, recorded at once, whose life a free
+/// recorded later would end. Taken back when dropped (the upstream
+/// refused the free or panicked: the block is live still) unless
+/// [`made`](Self::made).
 struct Freeing<'a, R> {
     state: &'a Shared<State<R>>,
     addr: u64,
-    freed: Option<Freed>,
-    /// Its entry in [`State::passed`].
-    passed: Option<((u64, u64), u64)>,
+    freed: Freed,
     epoch: u64,
 }
 
@@ -492,19 +490,12 @@ impl<R> Freeing<'_, R> {
 
 impl<R> Drop for Freeing<'_, R> {
     fn drop(&mut self) {
-        if self.freed.is_none() && self.passed.is_none() {
-            return;
-        }
         self.state.with(|s| {
-            if let Some((key, size)) = self.passed {
-                s.passed.put_back(key, size);
-            }
             // A step that began meanwhile was planned with the block freed
             // (its counterpart, placed, departs if freed later) and does
             // not carry it.
-            match self.freed {
-                Some(freed) if s.epoch == self.epoch => s.unfree(self.addr, freed),
-                _ => {}
+            if s.epoch == self.epoch {
+                s.unfree(self.addr, self.freed);
             }
         });
     }
@@ -539,45 +530,6 @@ impl<R> Drop for Unserved<'_, R> {
                 }
             }
         });
-    }
-}
-
-/// The upstream's blocks handed out as they are (not a region's) and not
-/// freed yet, by address and the order they came in (an upstream may hand
-/// an address out twice): their size; and their bytes in all, exact (fewer
-/// than 2^64 blocks of fewer than 2^64 bytes each).
-#[derive(Default)]
-struct Passed {
-    blocks: BTreeMap<(u64, u64), u64>,
-    next: u64,
-    bytes: u128,
-}
-
-impl Passed {
-    fn add(&mut self, block: Block) {
-        self.blocks.insert((block.addr(), self.next), block.size());
-        self.next = self.next.wrapping_add(1);
-        self.bytes += u128::from(block.size());
-    }
-
-    /// Takes out the block at `addr` (the last one counted there, if
-    /// several are): its key and size.
-    fn take(&mut self, addr: u64) -> Option<((u64, u64), u64)> {
-        let (&key, &size) = self.blocks.range((addr, 0)..=(addr, u64::MAX)).next_back()?;
-        self.blocks.remove(&key);
-        self.bytes -= u128::from(size);
-        Some((key, size))
-    }
-
-    /// Puts back a block [`take`](Self::take) took out.
-    fn put_back(&mut self, key: (u64, u64), size: u64) {
-        self.blocks.insert(key, size);
-        self.bytes += u128::from(size);
-    }
-
-    /// The bytes in all, `u64::MAX` past it.
-    fn bytes(&self) -> u64 {
-        u64::try_from(self.bytes).unwrap_or(u64::MAX)
     }
 }
 
@@ -649,9 +601,6 @@ struct State<R> {
     region: Region,
     /// The stream id the region was taken on.
     region_stream: u64,
-    /// The upstream's blocks handed out as they are: with the regions and
-    /// the spares, what `Planned` holds from its upstream.
-    passed: Passed,
     /// Regions that serve nothing and that the upstream would not take
     /// back (a spare carry region, taken beside another thread's; a region
     /// shorter than asked, its bytes as handed out), with the stream id
@@ -701,7 +650,6 @@ impl<R> State<R> {
             stream: 0,
             region: Region::EMPTY,
             region_stream: 0,
-            passed: Passed::default(),
             spares: Vec::new(),
             steps: Steps::default(),
             at_drop: None,
@@ -964,13 +912,17 @@ impl<R> State<R> {
 pub struct Planned<R> {
     upstream: R,
     state: Shared<State<R>>,
+    /// Bytes of the upstream's blocks handed out as they are (not
+    /// regions) and not freed yet: with the regions, what `Planned` holds
+    /// from its upstream.
+    passed: AtomicU64,
 }
 
 impl<R> Planned<R> {
     /// `upstream` with no plan yet: nothing is recorded before the first
     /// [`step`](Self::step).
     pub fn new(upstream: R) -> Self {
-        Planned { upstream, state: Shared::new(State::new()) }
+        Planned { upstream, state: Shared::new(State::new()), passed: AtomicU64::new(0) }
     }
 
     /// The upstream.
@@ -985,18 +937,17 @@ impl<R> Planned<R> {
     pub fn held(&self) -> u64 {
         // Each region at most `Request::MAX_SIZE`: they add up; the blocks
         // handed out are as long as the upstream says, which may overlap.
-        self.state.with(|s| {
+        let regions = self.state.with(|s| {
             let spares = s.spares.iter().fold(0, |n: u64, (r, _)| n.saturating_add(r.size()));
-            (s.region.size() + s.carry.region.size()).saturating_add(spares).saturating_add(s.passed.bytes())
-        })
+            (s.region.size() + s.carry.region.size()).saturating_add(spares)
+        });
+        regions.saturating_add(self.passed_through())
     }
 
     /// Bytes of the upstream's blocks handed out as they are (outside the
-    /// regions) and not freed yet (`u64::MAX` where they add up past it):
-    /// lowered only by the free of such a block that the upstream takes,
-    /// not by that of a block that did not come through here.
+    /// regions) and not freed yet.
     pub fn passed_through(&self) -> u64 {
-        self.state.with(|s| s.passed.bytes())
+        self.passed.load(Ordering::Relaxed)
     }
 
     /// Gives back, ordered on `stream`, each region no block lives in,
@@ -1424,12 +1375,10 @@ impl<S: Stream + ?Sized, R: MemoryResource<S>> MemoryResource<S> for Planned<R> 
         // upstream's error, and on its panic).
         let recorded = recorded.map(|k| Recorded { state: &self.state, k, epoch });
         let block = self.upstream.allocate(request, stream)?;
-        self.state.with(|s| {
-            s.passed.add(block);
-            if let Some(recorded) = recorded {
-                recorded.born(s, block.addr());
-            }
-        });
+        self.passed.fetch_add(block.size(), Ordering::Relaxed);
+        if let Some(recorded) = recorded {
+            recorded.born(block.addr());
+        }
         Ok(block)
     }
 
@@ -1443,19 +1392,22 @@ impl<S: Stream + ?Sized, R: MemoryResource<S>> MemoryResource<S> for Planned<R> 
                 };
                 Ok((b, s.stream, region_stream))
             }
-            // The upstream's block: its free recorded and uncounted now
-            // (see `Freeing`). One that did not come through here is
-            // neither, and its free is the upstream's to judge.
-            None => {
-                let freed = if s.recording { s.freed(addr) } else { None };
-                Err(Freeing { state: &self.state, addr, freed, passed: s.passed.take(addr), epoch: s.epoch })
-            }
+            // The upstream's block: its free recorded now (see `Freeing`).
+            None => Err(s.recording.then(|| s.freed(addr)).flatten().map(|freed| (freed, s.epoch))),
         });
         let (found, plan_stream, region_stream) = match found {
             Ok(found) => found,
-            Err(freeing) => {
+            Err(freed) => {
+                let freeing = freed.map(|(freed, epoch)| Freeing { state: &self.state, addr, freed, epoch });
                 self.upstream.deallocate(block, stream)?;
-                freeing.made();
+                if let Some(freeing) = freeing {
+                    freeing.made();
+                }
+                // Saturating: a block of the upstream that did not come
+                // through here is freed through it too.
+                let _ = self.passed.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |p| {
+                    Some(p.saturating_sub(block.size()))
+                });
                 return Ok(());
             }
         };
