@@ -945,7 +945,11 @@ impl<R> Planned<R> {
     }
 
     /// Bytes of the upstream's blocks handed out as they are (outside the
-    /// regions) and not freed yet.
+    /// regions) and not freed yet: counted when handed out, counted off
+    /// when the upstream takes a free (never below 0). A block that did
+    /// not come through here, freed through here and taken by the
+    /// upstream, counts off too; a free the upstream refuses counts off
+    /// nothing.
     pub fn passed_through(&self) -> u64 {
         self.passed.load(Ordering::Relaxed)
     }
@@ -1015,7 +1019,9 @@ impl<R> Planned<R> {
             match self.upstream.deallocate(region.block, stream) {
                 Ok(()) => {
                     going.gone();
-                    given += region.size();
+                    // Saturating: the spares' bytes are as long as the
+                    // upstream said they were.
+                    given = given.saturating_add(region.size());
                 }
                 Err(e) => {
                     first.get_or_insert(e);

@@ -2310,3 +2310,105 @@ fn a_free_refused_beside_a_racing_double_free_stands_and_the_new_block_keeps_its
     assert!(p.upstream().live.borrow().is_empty());
     p.check_layer().unwrap();
 }
+
+/// An upstream of addresses alone (a safe one) that refuses the free of a
+/// block it does not hold; before it judges a free it lets the stream's
+/// next call run (another thread's free of the same block arriving first).
+struct Strict {
+    next: core::cell::Cell<u64>,
+    live: core::cell::RefCell<std::collections::BTreeMap<u64, u64>>,
+}
+
+impl MemoryResource<Meanwhile<'_>> for Strict {
+    fn allocate(&self, request: Request, _: &Meanwhile<'_>) -> Result<Block> {
+        let at = self.next.replace(self.next.get() + (1 << 30));
+        self.live.borrow_mut().insert(at, request.size());
+        Ok(Block::from_addr(at, request.size()))
+    }
+    fn deallocate(&self, block: Block, stream: &Meanwhile<'_>) -> Result<()> {
+        stream.now();
+        match self.live.borrow_mut().remove(&block.addr()) {
+            Some(_) => Ok(()),
+            None => Err(Error::DoubleFree { addr: block.addr() }),
+        }
+    }
+}
+
+/// A double free racing the free of a block that passed through reaches
+/// the upstream first and is taken; the first is refused as a double free:
+/// the block is counted off once (a table of the blocks passed through,
+/// taking the block out before the free and putting it back when refused,
+/// counted it for good).
+#[test]
+fn a_double_free_racing_a_passed_blocks_free_leaves_it_counted_off() {
+    let p = Planned::new(Strict { next: (1 << 30).into(), live: Default::default() });
+    let quiet = Meanwhile::new(0);
+    let x = p.allocate(req(MIB), &quiet).unwrap();
+    assert_eq!(p.passed_through(), MIB);
+    let racing = Meanwhile::new(0).then(|| p.deallocate(x, &quiet).unwrap());
+    assert_eq!(p.deallocate(x, &racing), Err(Error::DoubleFree { addr: x.addr() }));
+    assert!(p.upstream().live.borrow().is_empty(), "the upstream freed x");
+    assert_eq!((p.passed_through(), p.held()), (0, 0), "x is counted though freed");
+}
+
+/// Two live blocks the upstream (of addresses alone) hands out at one
+/// address, of different sizes: each free counts off its own block.
+#[test]
+fn blocks_at_one_address_are_each_counted_off_by_their_own_free() {
+    let a = 1 << 40;
+    let p = Planned::new(Huge(std::sync::Mutex::new(vec![a, a])));
+    let small = p.allocate(req(MIB), &()).unwrap();
+    let large = p.allocate(req(4 * MIB), &()).unwrap();
+    assert_eq!(p.passed_through(), 5 * MIB);
+    p.deallocate(small, &()).unwrap();
+    assert_eq!(p.passed_through(), 4 * MIB, "the large block is live");
+    p.deallocate(large, &()).unwrap();
+    assert_eq!(p.passed_through(), 0);
+}
+
+/// An upstream that serves a request of `bad` bytes with a block that runs
+/// past the last address, `u64::MAX` bytes long, and refuses its free
+/// while `refusing`.
+struct RunsPast {
+    up: BumpUpstream,
+    bad: u64,
+    refusing: core::sync::atomic::AtomicBool,
+}
+
+const PAST: u64 = u64::MAX - (1 << 20);
+
+impl MemoryResource for RunsPast {
+    fn allocate(&self, request: Request, stream: &()) -> Result<Block> {
+        if request.size() == self.bad {
+            return Ok(Block::new(PAST, u64::MAX, 0));
+        }
+        self.up.allocate(request, stream)
+    }
+    fn deallocate(&self, block: Block, stream: &()) -> Result<()> {
+        if block.addr() == PAST {
+            if self.refusing.load(core::sync::atomic::Ordering::Relaxed) {
+                return Err(Error::Backend { code: -2, what: "refused" });
+            }
+            return Ok(());
+        }
+        self.up.deallocate(block, stream)
+    }
+}
+
+/// A carry region that runs past the last address, whose free is refused,
+/// is kept as a spare of `u64::MAX` bytes; a release that gives it back
+/// and the step's region answers the bytes saturated (it overflowed).
+#[test]
+fn a_release_of_a_huge_spare_and_the_steps_region_adds_them_up_without_overflow() {
+    let up = RunsPast { up: BumpUpstream::new(1 << 30), bad: 3 * MIB, refusing: true.into() };
+    let p = Planned::new(&up);
+    let mut grads = Vec::new();
+    for _ in 0..3 {
+        grads_step(&p, &(), &mut grads, &[MIB, 2 * MIB]);
+    }
+    assert!(p.steps().region > 0, "a step region");
+    assert_eq!(p.held(), u64::MAX, "the spare, saturating");
+    up.refusing.store(false, core::sync::atomic::Ordering::Relaxed);
+    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| p.release(&())));
+    assert_eq!(r.ok(), Some(Ok(u64::MAX)), "release panicked or failed");
+}
