@@ -59,6 +59,22 @@ fn the_callback_corpus_retries_declines_and_meets_refused_frees_and_bad_blocks()
     );
 }
 
+/// The `stack_string` target's committed inputs move freed memory to
+/// another stream in stacks that promise stream order, where the
+/// happens-before checker judges each such reuse, and race in stacks that
+/// do not, where it sees the reuse unordered: the check has work to do.
+#[test]
+fn the_stack_string_corpus_reuses_memory_across_streams_ordered_where_promised() {
+    let mut seen = fuzz::StackOrder::default();
+    for file in &corpus_files("stack_string") {
+        seen += fuzz::stack_string_order(&std::fs::read(file).expect("read corpus file"));
+    }
+    assert!(
+        seen.ordered_reuses > 0 && seen.races_unpromised > 0,
+        "the stack_string corpus misses a reuse across streams: {seen:?}"
+    );
+}
+
 #[test]
 fn every_fuzz_target_is_replayed() {
     let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../fuzz/fuzz_targets");

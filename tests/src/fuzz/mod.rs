@@ -27,7 +27,7 @@ pub use targets::{
     callback_outcomes, run_arena, run_binning, run_binning_counted, run_callback, run_device_stack,
     run_fixed, run_index, run_per_stream, run_planned, run_pool, run_pool_fixed, run_pool_stack, run_stack,
     run_stack_adaptors, run_stack_string, run_stream, run_vpool, run_vpool_streams, stack_string_of,
-    CallbackOutcomes, LayerCheck, LayerJudge, Layers, SharedPool,
+    stack_string_order, CallbackOutcomes, LayerCheck, LayerJudge, Layers, SharedPool, StackOrder,
 };
 
 use memres_core::check::LiveBlocks;

@@ -14,8 +14,8 @@ use memres_core::pool::CoalescingPool;
 use memres_core::stack::{parse, parse_size, Built, Call, OnStream, Value};
 use memres_core::stream_ordered::StreamOrdered;
 use memres_core::vpool::VirtualPool;
-use memres_core::{Block, DynResource, Error, Inspect, MemoryResource, Request, Shared, Stream};
-use memres_sim::{SimAddressSpace, SimDevice, SimStream, SimWorld};
+use memres_core::{Block, DynResource, Error, Inspect, MemoryResource, Request, Result, Shared, Stream};
+use memres_sim::{HbChecked, SimAddressSpace, SimDevice, SimStream, SimWorld};
 use std::any::Any;
 use std::sync::Arc;
 
@@ -199,10 +199,13 @@ pub fn stack_string_of(data: &[u8]) -> Option<String> {
 /// deep, over `sim` or a `vpool`, with keys and values where configurations
 /// break, `binning`'s `bin(SIZE)` bins and `bin(SIZE, RESOURCE)` bins over a
 /// leaf of their own, one text in four misspelt), built
-/// over a `SimWorld`, then up to
-/// 300 operations on three streams: allocations, frees of live blocks on
-/// any stream, double frees, frees of foreign addresses, `step()` of every
-/// `planned` layer, and `release()`.
+/// over a `SimWorld` (each `sim`'s frees synchronize it, as `cuMemFree`
+/// does: `FreeSynchronizes`), then up to
+/// 300 operations on three streams, behind the happens-before checker
+/// (`HbChecked`): allocations (each used by a kernel on its stream), frees
+/// of live blocks on any stream (ordered after the block's use, as a
+/// correct caller does), double frees, frees of foreign addresses,
+/// `step()` of every `planned` layer, and `release()`.
 ///
 /// A text that does not build fails with a `StackError` inside the text.
 /// After every operation the checker of every resource of the stack that
@@ -211,7 +214,10 @@ pub fn stack_string_of(data: &[u8]) -> Option<String> {
 /// under them, run their own layer's, `check_layer`); the `stats`, `track`
 /// and `limit` layers at its top (over nothing but each other) count
 /// exactly the live blocks. Every block handed out holds its request, is
-/// aligned as asked and overlaps no live block. An allocation fails only as a request the
+/// aligned as asked and overlaps no live block; in a stack that promises
+/// stream order (`promises_stream_order`) it is no reuse, on another
+/// stream, of memory freed there that the stream is not ordered after
+/// (no `HbViolation`). An allocation fails only as a request the
 /// stack cannot serve (a size or alignment above a `fixed` block's,
 /// metadata full) or out of memory where it may be: a `max=` or a `limit`
 /// in the stack, or a leaf without room for the request and the chunks
@@ -221,8 +227,36 @@ pub fn stack_string_of(data: &[u8]) -> Option<String> {
 /// foreign free fails and changes no figure of any resource. Once every
 /// block is freed, a `release()` leaves nothing lent by a `sim` leaf.
 pub fn run_stack_string(data: &[u8]) {
-    let mut u = Unstructured::new(data);
-    let _ = run(&mut u);
+    stack_string_order(data);
+}
+
+/// What a run of the `stack_string` target saw of memory moving between
+/// streams: the corpus test checks that the committed inputs reach both.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct StackOrder {
+    /// Reuses of freed memory on another stream than the free's, ordered
+    /// after it, in stacks that promise stream order: what the checker
+    /// judged there and found right.
+    pub ordered_reuses: u64,
+    /// Reuses on another stream not ordered after the free, in stacks that
+    /// do not promise stream order (documented, not prevented): races the
+    /// checker sees but does not judge.
+    pub races_unpromised: u64,
+}
+
+impl std::ops::AddAssign for StackOrder {
+    fn add_assign(&mut self, o: Self) {
+        self.ordered_reuses += o.ordered_reuses;
+        self.races_unpromised += o.races_unpromised;
+    }
+}
+
+/// Runs `data` as [`run_stack_string`] does, and says what the run saw
+/// across streams.
+pub fn stack_string_order(data: &[u8]) -> StackOrder {
+    let mut order = StackOrder::default();
+    let _ = run(&mut Unstructured::new(data), &mut order);
+    order
 }
 
 /// Whether `block` shares a byte with a live block (a free of it would
@@ -230,6 +264,67 @@ pub fn run_stack_string(data: &[u8]) {
 fn overlaps_live(blocks: &[(Block, usize)], block: Block) -> bool {
     let end = block.addr().saturating_add(block.size());
     blocks.iter().any(|(b, _)| b.addr() < end && block.addr() < b.addr() + b.size())
+}
+
+/// A `sim` leaf as the `cuda` leaf is (`cuMemFree`): a free waits for the
+/// whole device first, so memory it takes back may go to any stream at
+/// once. (`SimDevice` alone ignores streams: a stack that gives memory
+/// back to it and takes it again on another stream would race by the
+/// device's doing, which no real device does.) The stack keeps the
+/// device itself as the `sim`'s handle.
+struct FreeSynchronizes {
+    device: D,
+    world: SimWorld,
+}
+
+impl MemoryResource<SimStream> for FreeSynchronizes {
+    fn allocate(&self, request: Request, stream: &SimStream) -> Result<Block> {
+        self.device.allocate(request, stream)
+    }
+    fn deallocate(&self, block: Block, stream: &SimStream) -> Result<()> {
+        self.world.synchronize();
+        self.device.deallocate(block, stream)
+    }
+}
+
+/// Whether the stack `call` promises stream order to its caller, as the
+/// docs say (docs/safety.md, *Stream order*; docs/cuda.md, *Why the
+/// default is stream-ordered*; each layer's rustdoc): memory freed on a
+/// stream is handed out on another only once that stream is ordered after
+/// the free. It holds for
+///
+/// - `stream` (`StreamOrdered`): a block reaches another stream after an
+///   event wait, and goes back to the layers under it only once its free
+///   completed (a release synchronizes first);
+/// - `arena`: a free on another stream than the block's arena's
+///   synchronizes the freeing stream, and superblocks leave an arena only
+///   after a synchronization;
+/// - `vpool(..., per_stream=true)`: each stream's pool has addresses of its
+///   own;
+/// - a `sim` leaf, whose frees synchronize the device here
+///   ([`FreeSynchronizes`]);
+/// - `pool(UP, per_stream=true)` where `UP` promises it: chunks move
+///   between streams' pools ordered, but what goes back upstream is freed
+///   there on the calling stream, for `UP` to hand to any stream;
+/// - `planned(UP)` where `UP` promises it: its regions serve another
+///   stream only after a synchronization, every other block is `UP`'s;
+/// - the layers that pass calls through (`stats`, `track`, `limit`,
+///   `align`) where the stack under them promises it.
+///
+/// It does not hold for `pool`, `fixed`, `binning` and `vpool` without
+/// `per_stream`: one free list for all streams takes a block back at once
+/// and may hand it to another stream, which the docs say and nothing
+/// prevents (docs/safety.md).
+fn promises_stream_order(call: &Call) -> bool {
+    let upstream_promises = || call.resource(0).is_ok_and(promises_stream_order);
+    let per_stream = call.bool_arg("per_stream") == Ok(Some(true));
+    match call.name.as_str() {
+        "stream" | "arena" | "sim" => true,
+        "vpool" => per_stream,
+        "pool" => per_stream && upstream_promises(),
+        "planned" | "stats" | "track" | "limit" | "align" => upstream_promises(),
+        _ => false,
+    }
 }
 
 type D = DynResource<SimStream>;
@@ -515,12 +610,17 @@ fn may_fail(
     }
 }
 
-fn run(u: &mut Unstructured<'_>) -> ArbResult<()> {
+fn run(u: &mut Unstructured<'_>, order: &mut StackOrder) -> ArbResult<()> {
     let text = text(u)?;
     let world = SimWorld::new();
     let streams: Vec<SimStream> = (0..3).map(|_| world.stream()).collect();
     let mut builder = memres_sim::builder::<SimStream>();
     builder.register_stream_layer();
+    let device_world = world.clone();
+    builder.register("sim", move |call, cx| {
+        let device = cx.keep(call, memres_sim::sim(call, cx)?);
+        Ok(Arc::new(FreeSynchronizes { device, world: device_world.clone() }))
+    });
     let built: Built<SimStream> = match builder.build_with_handles(&text, &streams[0]) {
         Ok(built) => built,
         Err(e) => {
@@ -539,7 +639,15 @@ fn run(u: &mut Unstructured<'_>) -> ArbResult<()> {
     // largest bin, 4 MiB, in chunks of 128 blocks): at most this.
     let (big, next) = (numbers.first().copied().unwrap_or(0), numbers.get(1).copied().unwrap_or(0));
     let margin = (1u64 << 30).max(big.saturating_mul(128)).max(big.saturating_mul(next)).saturating_mul(2);
-    let mr = &built.resource;
+    // Every call goes through the happens-before checker; its violations
+    // are judged where the stack promises stream order.
+    let ordered = promises_stream_order(&root);
+    let mr = HbChecked::new(&built.resource);
+    let judge_order = |when: &str| {
+        if let Some(v) = mr.violations().first().filter(|_| ordered) {
+            panic!("{text}: promises stream order, yet {when}: {v}");
+        }
+    };
     let mut live = LiveBlocks::new();
     let mut blocks: Vec<(Block, usize)> = Vec::new();
     let mut freed: Vec<Block> = Vec::new();
@@ -555,6 +663,7 @@ fn run(u: &mut Unstructured<'_>) -> ArbResult<()> {
                         if let Err(v) = live.insert(block, request) {
                             panic!("{text}: {request:?} got {block:?}: {v:?}");
                         }
+                        streams[stream].enqueue(); // a kernel uses it
                         blocks.push((block, stream));
                     }
                     Err(e) => {
@@ -574,11 +683,17 @@ fn run(u: &mut Unstructured<'_>) -> ArbResult<()> {
                         );
                     }
                 }
+                judge_order("after an allocation");
                 h.check(&blocks, &text, "after an allocation");
             }
             9..=15 if !blocks.is_empty() => {
-                let (block, _) = blocks.swap_remove(u.choose_index(blocks.len())?);
+                let (block, used_on) = blocks.swap_remove(u.choose_index(blocks.len())?);
                 live.remove(&block).expect("a live block");
+                if used_on != stream {
+                    // As a correct caller: the free comes after the block's use.
+                    let used = streams[used_on].record().expect("no stream call fails here");
+                    streams[stream].wait(&used).expect("no stream call fails here");
+                }
                 if let Err(e) = mr.deallocate(block, &streams[stream]) {
                     panic!("{text}: the free of live {block:?} failed with {e:?}");
                 }
@@ -630,6 +745,11 @@ fn run(u: &mut Unstructured<'_>) -> ArbResult<()> {
         if let Err(e) = mr.deallocate(block, &streams[stream]) {
             panic!("{text}: the last free of {block:?} failed with {e:?}");
         }
+    }
+    if ordered {
+        order.ordered_reuses = mr.ordered_cross_stream_reuses();
+    } else {
+        order.races_unpromised = mr.violation_count() as u64;
     }
     h.check(&blocks, &text, "once every block is freed");
     // A simulated stream has no stream to free on when dropped: the caller
