@@ -386,17 +386,40 @@ impl Start {
         *self.made.read().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Waits for every thread of the round, `table` the caller's: the table
-    /// to run with, `None` where another thread could not get its own and
-    /// none runs, or the caller's error.
-    fn ready<H>(&self, table: Result<Vec<H>, TableError>) -> Result<Option<Vec<H>>, TableError> {
-        if table.is_err() {
+    /// Waits for every thread of the round, the caller `ready` or not:
+    /// whether all were, and the round runs.
+    fn arrive(&self, ready: bool) -> bool {
+        if !ready {
             // The barrier orders this store before the loads after it.
             self.unready.store(true, Ordering::Relaxed);
         }
         self.barrier.wait();
-        let table = table?;
-        Ok((!self.unready.load(Ordering::Relaxed)).then_some(table))
+        !self.unready.load(Ordering::Relaxed)
+    }
+}
+
+/// A thread of the round on its way to the start gate. Dropped before it
+/// gets there (a panic in `setup` or in getting its table), it arrives
+/// there not ready on its way out, so that the other threads are let go
+/// and run nothing, and the panic goes on to the caller.
+struct Arriving<'a>(Option<&'a Start>);
+
+impl Arriving<'_> {
+    /// Arrives with `table`, the caller's: the table to run with, `None`
+    /// where another thread was not ready and none runs, or the caller's
+    /// error.
+    fn ready<H>(mut self, table: Result<Vec<H>, TableError>) -> Result<Option<Vec<H>>, TableError> {
+        let start = self.0.take().expect("a thread arrives once");
+        let all = start.arrive(table.is_ok());
+        Ok(all.then_some(table?))
+    }
+}
+
+impl Drop for Arriving<'_> {
+    fn drop(&mut self) {
+        if let Some(start) = self.0.take() {
+            start.arrive(false);
+        }
     }
 }
 
@@ -410,6 +433,11 @@ impl Start {
 /// [`ThreadsError::Spawn`] where a thread could not be made,
 /// [`ThreadsError::Table`] where one could not get its table: the others
 /// end without running; else the first thread's (in order) that failed.
+///
+/// # Panics
+///
+/// With the first thread's (in order) panic, once every thread has ended:
+/// one that panics in `setup` lets the others go without running.
 fn on_threads<S, T>(
     streams: &[S],
     ids: u32,
@@ -430,10 +458,11 @@ where
         if !start.made() {
             return None;
         }
+        let arriving = Arriving(Some(&start));
         setup(i);
         // After every thread is made, so that a table that does not fit is
         // told apart from a thread that cannot be made.
-        let mut handles = match start.ready(table(Block::EMPTY, ids)) {
+        let mut handles = match arriving.ready(table(Block::EMPTY, ids)) {
             Ok(handles) => handles?,
             Err(e) => return Some(Err(e.into())),
         };
@@ -455,8 +484,12 @@ where
         }
         *made = failed.is_none();
         drop(made);
-        let done: Vec<Option<Result<T, ThreadsError>>> =
-            workers.into_iter().map(|w| w.join().expect("a replay thread panicked")).collect();
+        // Every thread joined before a panic of one goes on to the caller.
+        let joined: Vec<_> = workers.into_iter().map(|w| w.join()).collect();
+        let mut done = Vec::with_capacity(joined.len());
+        for result in joined {
+            done.push(result.unwrap_or_else(|panic| std::panic::resume_unwind(panic)));
+        }
         failed.map_or_else(|| done.into_iter().flatten().collect(), Err)
     })
 }
@@ -697,6 +730,11 @@ pub(crate) fn run_ops<R: Replayer>(
 /// The first op that fails (on any thread); a thread that could not be
 /// made or could not allocate its table of handles ([`table`]), where its
 /// round runs no op.
+///
+/// # Panics
+///
+/// With a thread's panic (in `setup`, say), once every thread of its round
+/// has ended; one in `setup` before a round keeps that round from running.
 pub fn replay_threads<R, S>(
     resource: &R,
     streams: Vec<S>,

@@ -329,3 +329,26 @@ fn with_threads_a_rounds_wall_time_covers_all_its_ops() {
     assert!(m.fastest >= spans[0], "fastest round {:?}, spans {spans:?}", m.fastest);
     assert!(m.elapsed >= spans[spans.len() / 2], "median round {:?}, spans {spans:?}", m.elapsed);
 }
+
+/// A thread's `setup` that panics (before the start gate) lets the round's
+/// other threads go, and its panic reaches the caller: before, they and the
+/// caller waited at the gate for ever (the channel's timeout only keeps
+/// such a hang from hanging the test run).
+#[test]
+fn a_setup_that_panics_on_a_thread_lets_the_round_go_and_reaches_the_caller() {
+    use memres_sim::SimDevice;
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let w = small();
+        let dev = SimDevice::new(1 << 30);
+        let setup = |i: usize| assert!(i != 1, "setup of thread 1");
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            replay_threads(&dev, vec![(); 2], &w, 1, &setup, |_| 0).is_ok()
+        }));
+        let message = r.err().and_then(|p| p.downcast_ref::<&str>().map(|m| m.to_string()));
+        let _ = tx.send(message);
+    });
+    let message = rx.recv_timeout(std::time::Duration::from_secs(20));
+    let message = message.expect("replay_threads still waiting 20 s after thread 1's setup panicked");
+    assert_eq!(message.as_deref(), Some("setup of thread 1"));
+}
