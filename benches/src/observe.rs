@@ -15,7 +15,7 @@
 //! most held bytes (so that no peak falls between samples) and the largest
 //! free block at its end.
 
-use crate::replay::held;
+use crate::replay::{held, table};
 use crate::resources::RunError;
 use crate::stack::builder;
 use crate::workload::Workload;
@@ -120,7 +120,8 @@ fn build(
 ///
 /// [`RunError::Unsupported`] for a stack that does not build, or whose
 /// blocks come from no tapped leaf (a `vpool`, which maps granules of its
-/// own address space).
+/// own address space); [`RunError::Table`] where the table of handles does
+/// not fit in the process's memory.
 pub fn observe(text: &str, workload: &Workload, stop_after: Option<u64>) -> Result<Observation, RunError> {
     let map = Arc::new(Shared::new(MemoryMap::new(TRACE_ENTRIES)));
     let world = SimWorld::new();
@@ -128,7 +129,7 @@ pub fn observe(text: &str, workload: &Workload, stop_after: Option<u64>) -> Resu
         .map_err(|e| RunError::Unsupported(format!("stack `{text}`: {e}")))?;
     let resource = Tap::new(built, map.clone(), Side::Blocks);
     let streams: Vec<SimStream> = (0..workload.streams.max(1)).map(|_| world.stream()).collect();
-    let mut handles = vec![Block::EMPTY; workload.ids as usize];
+    let mut handles = table(Block::EMPTY, workload.ids)?;
     let stride = workload.ops.len().div_ceil(SAMPLES).max(1);
     let mut samples = Vec::with_capacity(SAMPLES);
     const EMPTY: Sample = Sample { op: 0, live: 0, held: 0, largest_free: 0, time_us: None };

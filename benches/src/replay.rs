@@ -8,6 +8,7 @@
 //! as in RMM's harness; more give the median pass, which a busy machine
 //! disturbs less on short workloads.
 
+use crate::resources::RunError;
 use crate::workload::{Op, Workload};
 use memres_core::{Block, Error, MemoryResource, MemoryResourceMut, Request, Stream};
 use memres_sim::SimStream;
@@ -520,17 +521,19 @@ pub const CHUNK: usize = 1 << 16;
 ///
 /// # Errors
 ///
-/// The first op that fails, with the resource's error; the blocks the
-/// pass held are freed first ([`free_held`]), so that what the resource
-/// still holds then is its own.
+/// [`RunError::Replay`]: the first op that fails, with the resource's
+/// error; the blocks the pass held are freed first ([`free_held`]), so
+/// that what the resource still holds then is its own.
+/// [`RunError::Table`]: the table of handles ([`table`]) does not fit in
+/// the process's memory; no op ran.
 pub fn replay<R: Replayer>(
     resource: &mut R,
     workload: &Workload,
     passes: u32,
     progress: &mut dyn FnMut(usize),
-) -> Result<Measurement, ReplayError> {
+) -> Result<Measurement, RunError> {
     let passes = passes.max(1);
-    let mut handles = vec![resource.vacant(); workload.ids as usize];
+    let mut handles = table(resource.vacant(), workload.ids)?;
     resource.begin_pass(0);
     run_pass(resource, workload, &mut handles, progress)?;
     let warm = resource.upstream_allocations();

@@ -126,8 +126,8 @@ pub enum RunError {
     /// A thread of a replay on threads could not be made
     /// ([`ThreadsError::Spawn`]).
     Spawn(String),
-    /// A thread of a replay on threads could not allocate its table of
-    /// handles ([`ThreadsError::Table`]).
+    /// A replay's table of handles (on threads, a thread's:
+    /// [`ThreadsError::Table`]) could not be allocated.
     Table(TableError),
 }
 
@@ -155,6 +155,12 @@ impl std::error::Error for RunError {
 impl From<ReplayError> for RunError {
     fn from(e: ReplayError) -> Self {
         RunError::Replay(e)
+    }
+}
+
+impl From<TableError> for RunError {
+    fn from(e: TableError) -> Self {
+        RunError::Table(e)
     }
 }
 

@@ -36,7 +36,8 @@
 
 use crate::paths::{file_id, FileId};
 use crate::replay::{
-    free_held, replay, replay_threads, run_ops, DefaultStream, Measurement, Owned, Replayer, StreamReplayer,
+    free_held, replay, replay_threads, run_ops, table, DefaultStream, Measurement, Owned, Replayer,
+    StreamReplayer,
 };
 use crate::resources::{RunError, RunOptions, UpstreamKind};
 use crate::typed::{fixed_misfit, run_typed, Runner};
@@ -510,12 +511,12 @@ impl Runner for Replay<'_> {
             return self.run(Owned(Shared::new(resource)), peak, counted, |_, _| {});
         }
         let streams: Vec<_> = (0..self.workload.streams.max(1)).map(|_| self.world.stream()).collect();
-        Ok(replay(
+        replay(
             &mut StreamReplayer::new(resource, streams, peak).upstream_allocations(upstream_allocations),
             self.workload,
             self.options.passes,
             self.progress,
-        )?)
+        )
     }
 
     fn run_ref<R>(
@@ -541,7 +542,7 @@ impl Runner for Replay<'_> {
     {
         let mut r =
             StreamReplayer::new(resource, DefaultStream, peak).upstream_allocations(upstream_allocations);
-        Ok(replay(&mut r, self.workload, self.options.passes, self.progress)?)
+        replay(&mut r, self.workload, self.options.passes, self.progress)
     }
 }
 
@@ -634,7 +635,8 @@ pub struct Stepped {
 ///
 /// [`RunError::Unsupported`] for a stack that does not build, has no
 /// `planned` layer or no leaf whose peak can be read, or `every` 0; an
-/// op's failure.
+/// op's failure; [`RunError::Table`] where the table of handles does not
+/// fit in the process's memory.
 pub fn run_steps(text: &str, workload: &Workload, every: u64, phase: u64) -> Result<Stepped, RunError> {
     let fail = |e: StackError| RunError::Unsupported(format!("stack `{text}`: {e}"));
     if every == 0 {
@@ -663,7 +665,7 @@ pub fn run_steps(text: &str, workload: &Workload, every: u64, phase: u64) -> Res
     }
     let streams: Vec<SimStream> = (0..workload.streams.max(1)).map(|_| world.stream()).collect();
     let mut replayer = StreamReplayer::new(Owned(built.resource), streams, move |_| peak());
-    let mut handles = vec![Block::EMPTY; workload.ids as usize];
+    let mut handles = table(Block::EMPTY, workload.ids)?;
     // The ops between two steps run as a replay pass's do.
     let ops = &workload.ops;
     let (mut from, mut allocations) = (0, 0u64);

@@ -567,6 +567,32 @@ fn a_replay_thread_whose_table_does_not_fit_fails_its_row() {
     assert!(!stderr(&o).contains("memory allocation of"), "{}", stderr(&o));
 }
 
+/// A replay's table of handles on one thread that does not fit in the
+/// process's memory fails its row with the table's size, exit status 1, as
+/// a thread's does with `--streams`. Under `ulimit -v 225000` (KiB) the
+/// workload of 2^22 allocations fits (its 2^23 ops take 128 MiB, 192 MiB
+/// while their vector grows) and its table of 96 MiB does not: in a debug
+/// build the table fits from about 245000 and the workload from 210000.
+/// Before, the allocation aborted the process.
+#[test]
+#[cfg(target_os = "linux")]
+fn a_replays_table_that_does_not_fit_fails_its_row() {
+    use std::os::unix::process::ExitStatusExt;
+    let o = Command::new("sh")
+        .args(["-c", "ulimit -v 225000 && exec \"$0\" \"$@\"", env!("CARGO_BIN_EXE_memres")])
+        .args(["replay", "--json", "--passes", "1", "-r", "pool", "random:4194304:1000:1"])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.signal(), None, "{}", stderr(&o));
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    let rows = json_rows(&o);
+    assert_eq!(rows.len(), 1, "{}", stdout(&o));
+    let error = rows[0]["error"].as_str().unwrap_or_default();
+    let table = "cannot allocate a replay thread's table of handles: 96.00 MiB for 4194304 ids";
+    assert_eq!(error, table, "{}", rows[0]);
+    assert!(!stderr(&o).contains("memory allocation of"), "{}", stderr(&o));
+}
+
 #[test]
 fn a_logged_replay_replays_to_the_same_table() {
     let dir = Fixture::new("placeholder", "");

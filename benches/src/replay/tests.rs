@@ -154,7 +154,7 @@ fn progress_comes_in_chunks() {
 fn a_failing_op_stops_the_replay_with_its_index() {
     let w = small();
     let mut r = Recorder { fail_at_call: Some(6 + 3), ..Recorder::default() };
-    let err = replay(&mut r, &w, 1, &mut |_| {}).unwrap_err();
+    let Err(RunError::Replay(err)) = replay(&mut r, &w, 1, &mut |_| {}) else { panic!("no op failed") };
     // Call 8 is the timed pass's op 3 (the warm-up made 6 calls).
     assert_eq!((err.op, err.alloc, err.size), (3, true, 300));
     assert!(err.to_string().starts_with("op 3 (allocation of 300 B) failed: out of memory"), "{err}");
