@@ -137,6 +137,17 @@ class CheckTrace(unittest.TestCase):
         ])
         self.assertEqual((r["rows"], r["frees"], r["live_at_end"], r["streams"]), (3, 1, 0, 1))
 
+    def test_a_header_memres_refuses_is_a_problem(self):
+        # memres's trim keeps \x1c-\x1f, so this first line is a row to it:
+        # `memres replay` exits 2 with "line 1: unknown action `Action`".
+        # Before, str.strip() took the \x1c off and the header passed.
+        path = self.path("fs.csv")
+        with open(path, "w", encoding="utf-8", newline="") as f:
+            f.write("\x1c" + HEADER + "\n0,1,allocate,0x100,64,0\n0,2,free,0x100,64,0\n")
+        r = check_trace(path)
+        self.assertFalse(r["ok"], r)
+        self.assertEqual(r["problems"], [f"line 1: header {chr(0x1c) + HEADER!r}, not {HEADER!r}"])
+
     def test_a_trace_is_read_as_utf_8_whatever_the_locale(self):
         # As memres reads it. Before, in the locale's encoding: where that
         # is ASCII (LC_ALL=C), a stream named in UTF-8 raised

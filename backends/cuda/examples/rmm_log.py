@@ -116,7 +116,7 @@ def check_trace(path):
     with _open(path) as f:
         lines = _lines(f)
         _, header, problem = next(lines, (1, "", None))
-        header = header.strip() if header is not None else None
+        header = header.strip(WHITE_SPACE) if header is not None else None
         if header != HEADER:
             bad.append(problem or f"line 1: header {header!r}, not {HEADER!r}")
         # Under a wrong header no record is read: it is not this format.
