@@ -22,6 +22,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 EXAMPLES = os.path.join(HERE, "..", "..", "backends", "cuda", "examples")
 sys.path.insert(0, HERE)
 sys.path.insert(0, EXAMPLES)
+import rmm_log  # noqa: E402
 from rmm_log import HEADER, check_trace  # noqa: E402
 from workloads import WORKLOADS  # noqa: E402
 
@@ -147,6 +148,44 @@ class CheckTrace(unittest.TestCase):
         r = check_trace(path)
         self.assertFalse(r["ok"], r)
         self.assertEqual(r["problems"], [f"line 1: header {chr(0x1c) + HEADER!r}, not {HEADER!r}"])
+
+    def test_sizes_memres_refuses_are_problems_in_its_words(self):
+        # As memres's workload reader refuses them (`memres replay` exits 2,
+        # "line 2: malformed line: a size of ..."). Before, the check passed
+        # them. A refused row is left out.
+        r = check_trace(write(self.path("big.csv"), ["0,1,allocate,0x100,4611686018427387905,0",
+                                                     "0,2,free,0x100,4611686018427387905,0",
+                                                     "0,3,allocate,0x100,64,0", "0,4,free,0x100,64,0"]))
+        self.assertFalse(r["ok"], r)
+        self.assertEqual(r["problems"], [
+            "line 2: a size of 4611686018427387905 bytes, above any request (2^62 bytes)",
+            "line 3: free of 0x100 (4611686018427387905 bytes) not matching a live allocation",
+        ])
+        # Four blocks of 2^62 bytes live at once: 2^64, past any figure.
+        rows = [f"0,{i},allocate,{0x100 * (i + 1):#x},4611686018427387904,0" for i in range(4)]
+        r = check_trace(write(self.path("live.csv"), rows))
+        self.assertEqual(r["problems"], [
+            "line 5: 18446744073709551616 bytes live at once, past the most a workload counts (2^64 - 1)",
+        ])
+        self.assertEqual((r["allocations"], r["peak_live_bytes"]), (3, 3 << 62))
+
+    def test_more_streams_or_allocations_than_memres_numbers_are_problems_in_its_words(self):
+        # 65535 streams are memres's most; a free of no live block numbers
+        # none (memres skips it).
+        rows = [f"0,{i},allocate,{0x100 * (i + 1):#x},8,s{i}" for i in range(65535)]
+        rows += ["0,0,free,0x1,8,stray", "0,0,allocate,0x1,8,s65535", "0,0,free,0x100,8,s65536"]
+        r = check_trace(write(self.path("streams.csv"), rows))
+        self.assertEqual(r["problems"], [
+            "line 65537: free of 0x1 (8 bytes) not matching a live allocation",
+            "line 65538: more than 65535 distinct streams",
+            "line 65539: more than 65535 distinct streams",
+        ])
+        # 2^32 - 1 allocations are its most (ids are u32 below u32::MAX):
+        # checked at a stand-in most.
+        with mock.patch.object(rmm_log, "MAX_ALLOCATIONS", 2):
+            r = check_trace(write(self.path("ids.csv"), ["0,1,allocate,0x100,8,0", "0,2,free,0x100,8,0",
+                                                         "0,3,allocate,0x100,8,0", "0,4,allocate,0x200,8,0"]))
+        self.assertEqual(r["problems"], ["line 5: more than 2^32 - 1 allocations"])
 
     def test_a_trace_is_read_as_utf_8_whatever_the_locale(self):
         # As memres reads it. Before, in the locale's encoding: where that

@@ -17,7 +17,10 @@ blank lines and repeated headers are skipped; each row is parsed as
 in its words: its fields trimmed of white space, the pointer ASCII hex
 digits after an optional `0x` (or `(nil)`), the size ASCII decimal digits,
 each at most 64 bits (no sign, no `_`, no other script's digits, which
-Python's `int` takes).
+Python's `int` takes). What memres's workload reader
+(`memres_bench::workload::parse_trace`) refuses is a problem in its words
+too: an allocation above any request (2^62 bytes), the bytes live at once
+past 2^64 - 1, more than 65535 distinct streams or 2^32 - 1 allocations.
 """
 
 import gzip
@@ -33,6 +36,11 @@ MAX_LINE = 4096
 HEX_DIGITS = frozenset("0123456789abcdefABCDEF")
 DIGITS = frozenset("0123456789")
 ACTIONS = ("allocate", "free", "allocate failure")
+# The most memres's workload reader takes; past them it refuses the trace.
+MAX_SIZE = 1 << 62  # `Request::MAX_SIZE`
+MAX_LIVE_BYTES = (1 << 64) - 1  # a figure of a workload: a u64
+MAX_STREAMS = 65535  # numbered by a u16 below u16::MAX
+MAX_ALLOCATIONS = (1 << 32) - 1  # ids: a u32 below u32::MAX
 
 
 def _number(text, digits, base):
@@ -67,6 +75,23 @@ def parse_record(line):
     if value is None:
         raise ValueError(f"size `{size}` is not a number")
     return action, ptr, value, stream
+
+
+def _past_memres_limits(action, size, stream, live_bytes, allocations, streams):
+    """Why memres's workload reader refuses the row (in its words, in its
+    order), or None. `stream`: the row's where memres numbers it (an
+    allocation's, a free's of a live pointer), else None; `streams`: those
+    it has numbered."""
+    if action == "allocate":
+        if allocations == MAX_ALLOCATIONS:
+            return "more than 2^32 - 1 allocations"
+        if size > MAX_SIZE:
+            return f"a size of {size} bytes, above any request (2^62 bytes)"
+        if live_bytes + size > MAX_LIVE_BYTES:
+            return f"{live_bytes + size} bytes live at once, past the most a workload counts (2^64 - 1)"
+    if stream is not None and stream not in streams and len(streams) == MAX_STREAMS:
+        return "more than 65535 distinct streams"
+    return None
 
 
 def _skipped(line):
@@ -109,10 +134,15 @@ def check_trace(path):
     distinct values of the Stream column. `problems` holds the first ten:
     a wrong header, a line that is no record (as memres refuses it: not
     UTF-8, the wrong number of fields, an unknown action, a pointer or size
-    that is not a number; `parse_record`) or does not replay. Every key is
-    there whatever the problems.
+    that is not a number; `parse_record`) or past what memres's workload
+    reader takes (a size above 2^62, the bytes live past 2^64 - 1, more
+    than 65535 streams or 2^32 - 1 allocations: such a row is left out),
+    or does not replay. Every key is there whatever the problems.
     """
     live, rows, allocs, frees, bad, peak, now, streams = {}, 0, 0, 0, [], 0, 0, set()
+    # The streams memres numbers: those of allocations and of frees of a
+    # live pointer (a stray free's is none).
+    numbered = set()
     with _open(path) as f:
         lines = _lines(f)
         _, header, problem = next(lines, (1, "", None))
@@ -131,6 +161,13 @@ def check_trace(path):
             except ValueError as e:
                 bad.append(f"line {n}: {e}")
                 continue
+            numbers = action == "allocate" or (action == "free" and ptr in live)
+            past = _past_memres_limits(action, size, stream if numbers else None, now, allocs, numbered)
+            if past:
+                bad.append(f"line {n}: {past}")
+                continue
+            if numbers:
+                numbered.add(stream)
             rows += 1
             streams.add(stream)
             if action == "allocate":
