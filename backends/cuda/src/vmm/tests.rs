@@ -646,23 +646,30 @@ fn a_drop_whose_unmaps_fail_frees_only_the_reservations_with_nothing_mapped() {
     assert_eq!(m.reservations.keys().copied().collect::<Vec<_>>(), [r.start(), t.start()]);
 }
 
-/// `CountedSpace` (the gauge the `vmm` leaf reports) counts a release
-/// too: it may unmap a mapping an earlier unmap left stuck.
-#[test]
-fn a_counted_space_counts_the_stuck_mapping_a_release_unmaps() {
+/// A `CountedSpace` (the gauge the `vmm` leaf reports) over a space with a
+/// reservation `r` whose first granule's mapping is stuck: its access
+/// failed, and so did the undo's unmap. Counted: `G` bytes.
+fn counted_with_a_stuck_mapping(
+) -> (crate::stack::CountedSpace<CudaVirtualSpace>, Arc<memres_core::adaptor::Gauge>, Range) {
     use crate::stack::CountedSpace;
-    use memres_core::adaptor::Gauge;
     let (space, fake) = space(1 << 40, 1);
-    let gauge = Arc::new(Gauge::default());
+    let gauge = Arc::new(memres_core::adaptor::Gauge::default());
     let counted = CountedSpace::new(space, CudaVirtualSpace::mapped_bytes, gauge.clone());
     let r = counted.reserve(8 * G).unwrap();
     {
         let mut m = fake.0.lock().unwrap();
-        // The first granule maps but its access fails, and so does its unmap.
         (m.fail_access, m.fail_unmap) = (1, 1);
     }
     assert!(counted.commit(sub(r, 0, 3)).is_err());
     assert_eq!((counted.inner().mapped_bytes(), gauge.value()), (G, G));
+    (counted, gauge, r)
+}
+
+/// `CountedSpace` counts a release too: it may unmap a mapping an earlier
+/// unmap left stuck.
+#[test]
+fn a_counted_space_counts_the_stuck_mapping_a_release_unmaps() {
+    let (counted, gauge, r) = counted_with_a_stuck_mapping();
     counted.release(r).unwrap();
     assert_eq!((counted.inner().mapped_bytes(), gauge.value()), (0, 0));
 }
@@ -670,18 +677,7 @@ fn a_counted_space_counts_the_stuck_mapping_a_release_unmaps() {
 /// And a reserve, which tries the unmap of a stuck mapping again too.
 #[test]
 fn a_counted_space_counts_the_stuck_mapping_a_reserve_unmaps() {
-    use crate::stack::CountedSpace;
-    use memres_core::adaptor::Gauge;
-    let (space, fake) = space(1 << 40, 1);
-    let gauge = Arc::new(Gauge::default());
-    let counted = CountedSpace::new(space, CudaVirtualSpace::mapped_bytes, gauge.clone());
-    let r = counted.reserve(8 * G).unwrap();
-    {
-        let mut m = fake.0.lock().unwrap();
-        (m.fail_access, m.fail_unmap) = (1, 1);
-    }
-    assert!(counted.commit(sub(r, 0, 3)).is_err());
-    assert_eq!((counted.inner().mapped_bytes(), gauge.value()), (G, G));
+    let (counted, gauge, _) = counted_with_a_stuck_mapping();
     counted.reserve(8 * G).unwrap();
     assert_eq!((counted.inner().mapped_bytes(), gauge.value()), (0, 0));
 }
