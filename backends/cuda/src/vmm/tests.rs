@@ -794,20 +794,7 @@ fn a_virtual_pool_over_the_space_keeps_everything_consistent() {
                 if rng.below(50) == 0 {
                     fake.0.lock().unwrap().fail_map = 1 + rng.below(3);
                 }
-                if live.is_empty() || rng.below(100) < 52 {
-                    let bits = rng.below(27);
-                    let size = 1 + rng.below(1 << bits);
-                    match pool.allocate(Request::new(size).unwrap(), &()) {
-                        Ok(b) => live.push(b),
-                        Err(e) => assert!(
-                            e.is_out_of_memory() || matches!(e, Error::Backend { code: 999, .. }),
-                            "step {step}: {e:?}"
-                        ),
-                    }
-                } else {
-                    let b = live.swap_remove(rng.below(live.len() as u64) as usize);
-                    pool.deallocate(b, &()).unwrap();
-                }
+                allocate_or_free(&mut pool, &mut live, &mut rng, step);
                 pool.check().unwrap_or_else(|v| panic!("step {step}: {v}"));
                 agree(&space, &fake);
                 assert!(space.lock().kept.is_empty(), "step {step}: the pool released what it kept");
@@ -829,6 +816,34 @@ fn a_virtual_pool_over_the_space_keeps_everything_consistent() {
         assert!(keep == 0 || handle_granules > 4 || calls.reuses > 0, "seed {seed}: {calls:?}");
         let m = fake.0.lock().unwrap();
         assert!(m.maps.is_empty() && m.reservations.is_empty(), "{m:?}");
+    }
+}
+
+/// One step of the randomized pool tests: most often (and always with
+/// nothing live) an allocation of up to 64 MiB, which may fail only as out
+/// of memory or as the fake driver's injected failure; else the free of a
+/// live block at random, which must succeed.
+fn allocate_or_free<V: memres_core::vmem::ReservableSpace>(
+    pool: &mut VirtualPool<V>,
+    live: &mut Vec<Block>,
+    rng: &mut SplitMix64,
+    step: usize,
+) {
+    if live.is_empty() || rng.below(100) < 52 {
+        let bits = rng.below(27);
+        let size = 1 + rng.below(1 << bits);
+        match pool.allocate(Request::new(size).unwrap(), &()) {
+            Ok(b) => live.push(b),
+            Err(e) => assert!(
+                e.is_out_of_memory() || matches!(e, Error::Backend { code: 999, .. }),
+                "step {step}: {e:?}"
+            ),
+        }
+    } else {
+        let b = live.swap_remove(rng.below(live.len() as u64) as usize);
+        if let Err(e) = pool.deallocate(b, &()) {
+            panic!("step {step}: {e:?}");
+        }
     }
 }
 
@@ -858,22 +873,7 @@ fn driver_calls_are_the_drivers_own_count_whatever_fails() {
                         }
                     }
                 }
-                if live.is_empty() || rng.below(100) < 52 {
-                    let bits = rng.below(27);
-                    let size = 1 + rng.below(1 << bits);
-                    match pool.allocate(Request::new(size).unwrap(), &()) {
-                        Ok(b) => live.push(b),
-                        Err(e) => assert!(
-                            e.is_out_of_memory() || matches!(e, Error::Backend { code: 999, .. }),
-                            "step {step}: {e:?}"
-                        ),
-                    }
-                } else {
-                    let b = live.swap_remove(rng.below(live.len() as u64) as usize);
-                    if let Err(e) = pool.deallocate(b, &()) {
-                        panic!("step {step}: {e:?}");
-                    }
-                }
+                allocate_or_free(&mut pool, &mut live, &mut rng, step);
                 pool.check().unwrap_or_else(|v| panic!("step {step}: {v}"));
                 agree(&space, &fake);
             }
