@@ -213,6 +213,14 @@ fn loom_superblocks_in_transit_keep_their_arena() {
     });
 }
 
+/// An arena resource for two arenas of one 1 MiB superblock each, both
+/// superblocks there from the start: no growth to explore.
+fn two_arenas() -> Arc<ArenaResource<BumpUpstream>> {
+    let config =
+        ArenaConfig::new().initial_size(2 << 20).superblock_size(1 << 20).chunk_size(1 << 20).max_arenas(2);
+    Arc::new(ArenaResource::with_config(BumpUpstream::new(1 << 30), config, &()).unwrap())
+}
+
 /// Two threads on the default stream (`()`), each with an arena of its own:
 /// the second frees a block of the first's while the first allocates and
 /// frees in that arena (a free from another thread into a busy arena), and
@@ -222,13 +230,7 @@ fn loom_superblocks_in_transit_keep_their_arena() {
 #[test]
 fn loom_a_thread_frees_into_another_threads_busy_arena() {
     model(None, || {
-        // Room for both superblocks up front: no growth to explore.
-        let config = ArenaConfig::new()
-            .initial_size(2 << 20)
-            .superblock_size(1 << 20)
-            .chunk_size(1 << 20)
-            .max_arenas(2);
-        let arena = Arc::new(ArenaResource::with_config(BumpUpstream::new(1 << 30), config, &()).unwrap());
+        let arena = two_arenas();
         // This thread is thread 1 on the default stream, the other thread 2.
         let a = arena.allocate(Request::new(1000).unwrap(), &()).unwrap();
         let other = arena.clone();
@@ -284,12 +286,7 @@ static NEW_NUMBER: AtomicUsize = AtomicUsize::new(0);
 #[test]
 fn loom_a_new_thread_takes_the_number_and_arena_of_one_that_exited() {
     model(None, || {
-        let config = ArenaConfig::new()
-            .initial_size(2 << 20)
-            .superblock_size(1 << 20)
-            .chunk_size(1 << 20)
-            .max_arenas(2);
-        let arena = Arc::new(ArenaResource::with_config(BumpUpstream::new(1 << 30), config, &()).unwrap());
+        let arena = two_arenas();
         let first = arena.clone();
         let x = spawn(move || {
             let x = first.allocate(Request::new(1000).unwrap(), &()).unwrap();
