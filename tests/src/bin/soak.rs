@@ -127,6 +127,25 @@ impl Outcome {
     fn lose(&mut self, what: impl Into<String>) {
         self.losses.push(what.into());
     }
+
+    /// Takes the threads' losses and the caller's peak from `shared` once
+    /// every thread is done: a loss too for each block still live in the
+    /// caller's view, and for allocations not matched by frees.
+    fn settle<E>(&mut self, shared: &Shared2<E>) {
+        self.losses = std::mem::take(&mut *shared.losses.lock().unwrap());
+        let (live, peak) = std::mem::take(&mut *shared.live.lock().unwrap());
+        self.peak_used = peak;
+        if !live.is_empty() {
+            self.lose(format!(
+                "{} blocks of {} bytes still live in the caller's view",
+                live.len(),
+                live.bytes()
+            ));
+        }
+        if self.allocations != self.frees {
+            self.lose(format!("{} allocations but {} frees", self.allocations, self.frees));
+        }
+    }
 }
 
 /// The caller's view shared by all threads, and the mailbox of blocks on
@@ -310,15 +329,7 @@ where
         out.handed_over += h;
         out.checks += c;
     }
-    out.losses = std::mem::take(&mut *shared.losses.lock().unwrap());
-    let (live, peak) = std::mem::take(&mut *shared.live.lock().unwrap());
-    out.peak_used = peak;
-    if !live.is_empty() {
-        out.lose(format!("{} blocks of {} bytes still live in the caller's view", live.len(), live.bytes()));
-    }
-    if out.allocations != out.frees {
-        out.lose(format!("{} allocations but {} frees", out.allocations, out.frees));
-    }
+    out.settle(&shared);
     let report = tracked.get_outstanding_allocations();
     if !report.is_empty() {
         out.lose(format!("leaks: {report}"));
@@ -645,15 +656,7 @@ fn soak_planned(a: &Args) -> Outcome {
         ..Outcome::default()
     };
     out.ops = out.allocations + out.frees;
-    out.losses = std::mem::take(&mut *shared.losses.lock().unwrap());
-    let (live, peak) = std::mem::take(&mut *shared.live.lock().unwrap());
-    out.peak_used = peak;
-    if !live.is_empty() {
-        out.lose(format!("{} blocks of {} bytes still live in the caller's view", live.len(), live.bytes()));
-    }
-    if out.allocations != out.frees {
-        out.lose(format!("{} allocations but {} frees", out.allocations, out.frees));
-    }
+    out.settle(&shared);
     if let Err(e) = check() {
         out.lose(format!("checker at the end: {e}"));
     }
