@@ -12,7 +12,9 @@ may be allocated twice while live, and no allocation may have failed.
 The trace is read as memres reads it (`memres_core::trace::read`),
 whatever the locale's encoding: lines end at `\n` (a `\r` before it is
 dropped), each is UTF-8, and a byte-order mark that starts one is dropped;
-blank lines and repeated headers are skipped; each row is parsed as
+blank lines and headers are skipped wherever they are, and none is
+required (memres reads traces that `cat` joined, and rows under no
+header); each row is parsed as
 `memres_core::trace::Record::parse` parses it, a line it refuses a problem
 in its words: its fields trimmed of white space, the pointer ASCII hex
 digits after an optional `0x` (or `(nil)`), the size ASCII decimal digits,
@@ -128,13 +130,13 @@ def _lines(f):
 def check_trace(path):
     """Replays the trace's records; returns a dict of figures and problems.
 
-    `ok` is true when the trace has a header, at least one allocation and
-    no problem. `rows` counts records, `peak_live_bytes` the most bytes
-    live at once, `live_at_end` the allocations never freed, `streams` the
+    `ok` is true when the trace has at least one allocation and no
+    problem. `rows` counts records, `peak_live_bytes` the most bytes live
+    at once, `live_at_end` the allocations never freed, `streams` the
     distinct values of the Stream column. `problems` holds the first ten:
-    a wrong header, a line that is no record (as memres refuses it: not
-    UTF-8, the wrong number of fields, an unknown action, a pointer or size
-    that is not a number; `parse_record`) or past what memres's workload
+    a line that is no record (as memres refuses it: not UTF-8, longer than
+    it reads, the wrong number of fields, an unknown action, a pointer or
+    size that is not a number; `parse_record`) or past what memres's workload
     reader takes (a size above 2^62, the bytes live past 2^64 - 1, more
     than 65535 streams or 2^32 - 1 allocations: such a row is left out),
     or does not replay. Every key is there whatever the problems.
@@ -144,13 +146,7 @@ def check_trace(path):
     # live pointer (a stray free's is none).
     numbered = set()
     with _open(path) as f:
-        lines = _lines(f)
-        _, header, problem = next(lines, (1, "", None))
-        header = header.strip(WHITE_SPACE) if header is not None else None
-        if header != HEADER:
-            bad.append(problem or f"line 1: header {header!r}, not {HEADER!r}")
-        # Under a wrong header no record is read: it is not this format.
-        for n, line, problem in lines if header == HEADER else []:
+        for n, line, problem in _lines(f):
             if problem:
                 bad.append(problem)
                 continue
