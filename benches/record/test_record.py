@@ -171,6 +171,26 @@ class CheckTrace(unittest.TestCase):
             f.write("# recorded on an H100\n" + HEADER + "\n0,1,allocate,0x100,64,0\n")
         self.assertEqual(check_trace(path)["problems"], ["line 1: expected 6 fields, found 1"])
 
+    def test_empty_blocks_at_null_are_live_at_once_as_memres_reads_them(self):
+        # Zero bytes at the null pointer is RMM's answer to a zero-byte
+        # request, which any number of allocations hold at once: memres's
+        # workload reader replays each, and a null free of zero bytes frees
+        # one of them. Before, the second was "0x0 allocated while live".
+        rows = [
+            "0,1,allocate,0x0,0,0",
+            "0,2,allocate,(nil),0,1",
+            "0,3,allocate,0x100,64,0",
+            "0,4,free,0x0,0,1",
+            "0,5,free,0x100,64,0",
+        ]
+        r = check_trace(write(self.path("empty.csv"), rows))
+        self.assertTrue(r["ok"], r)
+        self.assertEqual((r["allocations"], r["frees"], r["live_at_end"], r["peak_live_bytes"]), (3, 2, 1, 64))
+        # A free of more empty blocks than are live is a stray free.
+        r = check_trace(write(self.path("stray.csv"), rows + ["0,6,free,0x0,0,0", "0,7,free,0x0,0,0"]))
+        self.assertEqual(r["problems"], ["line 8: free of 0x0 (0 bytes) not matching a live allocation"])
+        self.assertEqual(r["live_at_end"], 0)
+
     def test_sizes_memres_refuses_are_problems_in_its_words(self):
         # As memres's workload reader refuses them (`memres replay` exits 2,
         # "line 2: malformed line: a size of ..."). Before, the check passed

@@ -7,7 +7,9 @@ plain or gzip, as the `log` adaptor writes it.
 
 Every free must match a live allocation of the same size at that pointer
 (whatever its stream: a block may be freed on another stream), no pointer
-may be allocated twice while live, and no allocation may have failed.
+may be allocated twice while live (but null for zero bytes: the empty
+block, which any number of allocations hold at once, as memres reads
+them), and no allocation may have failed.
 
 The trace is read as memres reads it (`memres_core::trace::read`),
 whatever the locale's encoding: lines end at `\n` (a `\r` before it is
@@ -142,8 +144,12 @@ def check_trace(path):
     or does not replay. Every key is there whatever the problems.
     """
     live, rows, allocs, frees, bad, peak, now, streams = {}, 0, 0, 0, [], 0, 0, set()
+    # The live empty blocks (zero bytes at the null pointer: RMM's answer to
+    # a zero-byte request), which any number of allocations hold at once, as
+    # memres's workload reader counts them: kept out of `live`.
+    empty = 0
     # The streams memres numbers: those of allocations and of frees of a
-    # live pointer (a stray free's is none).
+    # live block (a stray free's is none).
     numbered = set()
     with _open(path) as f:
         for n, line, problem in _lines(f):
@@ -157,7 +163,8 @@ def check_trace(path):
             except ValueError as e:
                 bad.append(f"line {n}: {e}")
                 continue
-            numbers = action == "allocate" or (action == "free" and ptr in live)
+            empty_block = ptr == 0 and size == 0
+            numbers = action == "allocate" or (action == "free" and (ptr in live or (empty_block and empty > 0)))
             past = _past_memres_limits(action, size, stream if numbers else None, now, allocs, numbered)
             if past:
                 bad.append(f"line {n}: {past}")
@@ -168,14 +175,19 @@ def check_trace(path):
             streams.add(stream)
             if action == "allocate":
                 allocs += 1
-                if ptr in live:
-                    bad.append(f"line {n}: {ptr:#x} allocated while live")
-                live[ptr] = size
-                now += size
+                if empty_block:
+                    empty += 1
+                else:
+                    if ptr in live:
+                        bad.append(f"line {n}: {ptr:#x} allocated while live")
+                    live[ptr] = size
+                    now += size
                 peak = max(peak, now)
             elif action == "free":
                 frees += 1
-                if live.get(ptr) != size:
+                if empty_block and empty > 0:
+                    empty -= 1
+                elif live.get(ptr) != size:
                     bad.append(f"line {n}: free of {ptr:#x} ({size} bytes) not matching a live allocation")
                 else:
                     del live[ptr]
@@ -187,7 +199,7 @@ def check_trace(path):
         "rows": rows,
         "allocations": allocs,
         "frees": frees,
-        "live_at_end": len(live),
+        "live_at_end": len(live) + empty,
         "peak_live_bytes": peak,
         "streams": len(streams),
         "problems": bad[:10],
