@@ -15,6 +15,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import tracemalloc
 import unittest
 from unittest import mock
 
@@ -190,6 +191,30 @@ class CheckTrace(unittest.TestCase):
         r = check_trace(write(self.path("stray.csv"), rows + ["0,6,free,0x0,0,0", "0,7,free,0x0,0,0"]))
         self.assertEqual(r["problems"], ["line 8: free of 0x0 (0 bytes) not matching a live allocation"])
         self.assertEqual(r["live_at_end"], 0)
+
+    def test_a_line_longer_than_memres_reads_is_read_no_further(self):
+        # As memres_core::trace::read: 4096 bytes a line at most, and past
+        # them nothing is read. Before, the whole line was read first: a
+        # file with no line break (here 32 MiB of a gzip) went into memory.
+        row = "0,1,allocate,0x100,64,"
+        rows = [row + "s" * (rmm_log.MAX_LINE - len(row)), "0,2,free,0x100,64,0"]
+        r = check_trace(write(self.path("4096.csv"), rows))
+        self.assertTrue(r["ok"], r)
+        r = check_trace(write(self.path("4097.csv"), [rows[0] + "s", rows[1], "0,3,resize,0x100,64,0"]))
+        self.assertEqual(r["problems"], ["line 2: longer than 4096 bytes"])
+        path = self.path("endless.csv.gz")
+        with gzip.open(path, "wb") as f:
+            f.write(HEADER.encode() + b"\n")
+            for _ in range(32):
+                f.write(b"7" * (1 << 20))
+        tracemalloc.start()
+        try:
+            r = check_trace(path)
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+        self.assertEqual(r["problems"], ["line 2: longer than 4096 bytes"])
+        self.assertLess(peak, 1 << 20)
 
     def test_sizes_memres_refuses_are_problems_in_its_words(self):
         # As memres's workload reader refuses them (`memres replay` exits 2,

@@ -28,6 +28,7 @@ past 2^64 - 1, more than 65535 distinct streams or 2^32 - 1 allocations.
 """
 
 import gzip
+import itertools
 
 HEADER = "Thread,Time,Action,Pointer,Size,Stream"
 
@@ -115,11 +116,17 @@ def _open(path):
 def _lines(f):
     """(number, text, problem) for each line of the trace's bytes: its text
     without the line break, or None and why (in memres's words) where it is
-    longer than memres reads or not UTF-8."""
-    for n, raw in enumerate(f, 1):
+    longer than memres reads or not UTF-8. A longer line is the last: as
+    memres, nothing past its first MAX_LINE + 1 bytes is read (a file with
+    no line break, a gzip of zeros, would be read into memory whole)."""
+    for n in itertools.count(1):
+        # One byte past the longest line tells a longer one.
+        raw = f.readline(MAX_LINE + 1)
+        if not raw:
+            return
         if len(raw) - raw.endswith(b"\n") > MAX_LINE:
             yield n, None, f"line {n}: longer than {MAX_LINE} bytes"
-            continue
+            return
         try:
             text = raw.decode("utf-8")
         except UnicodeDecodeError as e:
@@ -137,7 +144,7 @@ def check_trace(path):
     at once, `live_at_end` the allocations never freed, `streams` the
     distinct values of the Stream column. `problems` holds the first ten:
     a line that is no record (as memres refuses it: not UTF-8, longer than
-    it reads, the wrong number of fields, an unknown action, a pointer or
+    it reads, which ends the reading as it ends memres's, the wrong number of fields, an unknown action, a pointer or
     size that is not a number; `parse_record`) or past what memres's workload
     reader takes (a size above 2^62, the bytes live past 2^64 - 1, more
     than 65535 streams or 2^32 - 1 allocations: such a row is left out),
