@@ -15,7 +15,7 @@
 //! most held bytes (so that no peak falls between samples) and the largest
 //! free block at its end.
 
-use crate::replay::{held, table};
+use crate::replay::{held, table, TableOf};
 use crate::resources::RunError;
 use crate::stack::builder;
 use crate::workload::Workload;
@@ -129,7 +129,7 @@ pub fn observe(text: &str, workload: &Workload, stop_after: Option<u64>) -> Resu
         .map_err(|e| RunError::Unsupported(format!("stack `{text}`: {e}")))?;
     let resource = Tap::new(built, map.clone(), Side::Blocks);
     let streams: Vec<SimStream> = (0..workload.streams.max(1)).map(|_| world.stream()).collect();
-    let mut handles = table(Block::EMPTY, workload.ids)?;
+    let mut handles = table(TableOf::Watched, Block::EMPTY, workload.ids)?;
     let stride = workload.ops.len().div_ceil(SAMPLES).max(1);
     let mut samples = Vec::with_capacity(SAMPLES);
     const EMPTY: Sample = Sample { op: 0, live: 0, held: 0, largest_free: 0, time_us: None };

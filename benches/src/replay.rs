@@ -319,16 +319,40 @@ pub enum ThreadsError {
 /// allocated: a limit of the process's memory.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct TableError {
+    /// Whose table it was.
+    pub of: TableOf,
     /// The ids it was for.
     pub ids: u32,
     /// Its size.
     pub bytes: u64,
 }
 
+/// Whose table of handles a [`TableError`] is about, so that its text
+/// names the replay that could not run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TableOf {
+    /// A replay on the calling thread ([`replay`]; the warm-up pass of
+    /// [`replay_threads`]).
+    Replay,
+    /// A thread of a replay on threads ([`replay_threads`]' rounds).
+    Thread,
+    /// The one pass of `memres steps` ([`crate::stack::run_steps`]).
+    Steps,
+    /// A watched replay (`--timeline`, `--snapshot`, `--map`:
+    /// [`crate::observe::observe`]).
+    Watched,
+}
+
 impl fmt::Display for TableError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let (ids, bytes) = (self.ids, memres_core::Bytes(self.bytes));
-        write!(f, "cannot allocate a replay thread's table of handles: {bytes} for {ids} ids")
+        let whose = match self.of {
+            TableOf::Replay => "a replay's",
+            TableOf::Thread => "a replay thread's",
+            TableOf::Steps => "a stepped replay's",
+            TableOf::Watched => "a watched replay's",
+        };
+        write!(f, "cannot allocate {whose} table of handles: {bytes} for {ids} ids")
     }
 }
 
@@ -463,7 +487,7 @@ where
         setup(i);
         // After every thread is made, so that a table that does not fit is
         // told apart from a thread that cannot be made.
-        let mut handles = match arriving.ready(table(Block::EMPTY, ids)) {
+        let mut handles = match arriving.ready(table(TableOf::Thread, Block::EMPTY, ids)) {
             Ok(handles) => handles?,
             Err(e) => return Some(Err(e.into())),
         };
@@ -501,13 +525,16 @@ where
 ///
 /// # Errors
 ///
-/// [`TableError`], naming its size, where it cannot be allocated.
-pub fn table<H: Clone>(vacant: H, ids: u32) -> Result<Vec<H>, TableError> {
+/// [`TableError`], naming whose table (`of`) and its size, where it cannot
+/// be allocated.
+pub fn table<H: Clone>(of: TableOf, vacant: H, ids: u32) -> Result<Vec<H>, TableError> {
     let len = ids as usize;
     let mut handles = Vec::new();
-    handles
-        .try_reserve_exact(len)
-        .map_err(|_| TableError { ids, bytes: (len as u64).saturating_mul(size_of::<H>() as u64) })?;
+    handles.try_reserve_exact(len).map_err(|_| TableError {
+        of,
+        ids,
+        bytes: (len as u64).saturating_mul(size_of::<H>() as u64),
+    })?;
     handles.resize(len, vacant);
     Ok(handles)
 }
@@ -533,7 +560,7 @@ pub fn replay<R: Replayer>(
     progress: &mut dyn FnMut(usize),
 ) -> Result<Measurement, RunError> {
     let passes = passes.max(1);
-    let mut handles = table(resource.vacant(), workload.ids)?;
+    let mut handles = table(TableOf::Replay, resource.vacant(), workload.ids)?;
     resource.begin_pass(0);
     run_pass(resource, workload, &mut handles, progress)?;
     let warm = resource.upstream_allocations();
@@ -754,7 +781,7 @@ where
     let passes = passes.max(1);
     if let Some(first) = streams.first() {
         setup(0);
-        let mut handles = table(Block::EMPTY, workload.ids)?;
+        let mut handles = table(TableOf::Replay, Block::EMPTY, workload.ids)?;
         shared_pass(resource, first, workload, &mut handles)?;
     }
     // Before the timed rounds, so that the held peak read next is that of

@@ -569,38 +569,69 @@ fn a_replay_thread_whose_table_does_not_fit_fails_its_row() {
 
 /// A replay's table of handles on one thread that does not fit in the
 /// process's memory fails its row with the table's size, exit status 1, as
-/// a thread's does with `--streams`. Under `ulimit -v 225000` (KiB) the
+/// a thread's does with `--streams`; the table of a watched replay
+/// (`--map`) and of `memres steps` is refused as one, each error naming
+/// whose table it was. Under `ulimit -v 225000` (KiB) the
 /// workload of 2^22 allocations fits (its 2^23 ops take 128 MiB, 192 MiB
 /// while their vector grows) and its table of 96 MiB does not: in a debug
 /// build the table fits from about 245000 and the workload from 210000.
-/// Before, the allocation aborted the process.
+/// Before, the allocation aborted the process; then each of these errors
+/// said "a replay thread's table", where no thread replayed.
 #[test]
 #[cfg(target_os = "linux")]
 fn a_replays_table_that_does_not_fit_fails_its_row() {
+    let workload = "random:4194304:1000:1";
+    let o = under_the_least_memory_that_loads(&[
+        "replay", "--json", "--passes", "1", "-r", "pool", "--map", workload,
+    ]);
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    let rows = json_rows(&o);
+    assert_eq!(rows.len(), 1, "{}", stdout(&o));
+    let table = "cannot allocate a replay's table of handles: 96.00 MiB for 4194304 ids";
+    assert_eq!(rows[0]["error"].as_str().unwrap_or_default(), table, "{}", rows[0]);
+    let watched = format!(
+        "pool on {workload}: cannot allocate a watched replay's table of handles: 96.00 MiB for 4194304 ids: \
+         no timeline, snapshot or map"
+    );
+    assert!(stderr(&o).contains(&watched), "{}", stderr(&o));
+    let o = under_the_least_memory_that_loads(&[
+        "steps",
+        "--stack",
+        "planned(pool(sim))",
+        "--every",
+        "1000",
+        workload,
+    ]);
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    let steps = format!(
+        "memres: error: {workload}: cannot allocate a stepped replay's table of handles: 96.00 MiB for 4194304 ids\n"
+    );
+    assert_eq!(stderr(&o), steps);
+}
+
+/// `memres args` under the least limit of memory (`ulimit -v`, in steps of
+/// 5000 KiB) under which it does not abort: where the workload of 2^22
+/// allocations is loaded and its table of handles (96 MiB) is not. The
+/// limits between the one the workload (64 MiB of ops) needs and the one
+/// its table needs too move with the build: they are searched for,
+/// upwards, a run under each either aborting before the table (the
+/// workload does not fit) or failing as the table does not fit. Never an
+/// abort at the table.
+#[cfg(target_os = "linux")]
+fn under_the_least_memory_that_loads(args: &[&str]) -> std::process::Output {
     use std::os::unix::process::ExitStatusExt;
-    // The limits of memory between the one the workload (64 MiB of ops)
-    // needs and the one its table (96 MiB) needs too move with the build:
-    // they are searched for, upwards, a run under each limit either
-    // aborting before the table (the workload does not fit) or failing
-    // its row as the table does not fit. Never an abort at the table.
-    let table = "cannot allocate a replay thread's table of handles: 96.00 MiB for 4194304 ids";
     for kib in (150_000..1_000_000).step_by(5_000) {
         let o = Command::new("sh")
             .args(["-c", &format!("ulimit -v {kib} && exec \"$0\" \"$@\""), env!("CARGO_BIN_EXE_memres")])
-            .args(["replay", "--json", "--passes", "1", "-r", "pool", "random:4194304:1000:1"])
+            .args(args)
             .output()
             .unwrap();
         assert!(!stderr(&o).contains("memory allocation of 100663296 bytes"), "{kib} KiB: {}", stderr(&o));
-        if o.status.signal().is_some() {
-            continue;
+        if o.status.signal().is_none() {
+            return o;
         }
-        assert_eq!(o.status.code(), Some(1), "{kib} KiB: {}", stderr(&o));
-        let rows = json_rows(&o);
-        assert_eq!(rows.len(), 1, "{}", stdout(&o));
-        assert_eq!(rows[0]["error"].as_str().unwrap_or_default(), table, "{kib} KiB: {}", rows[0]);
-        return;
     }
-    panic!("no limit let the workload load");
+    panic!("no limit let the workload load: {args:?}");
 }
 
 #[test]
