@@ -120,8 +120,9 @@ fn build(
 ///
 /// [`RunError::Unsupported`] for a stack that does not build, or whose
 /// blocks come from no tapped leaf (a `vpool`, which maps granules of its
-/// own address space); [`RunError::Table`] where the table of handles does
-/// not fit in the process's memory.
+/// own address space); [`RunError::Table`] where the table of handles, or
+/// that of the blocks the replay holds at its end (whose frees are then
+/// left to the stack's drop), does not fit in the process's memory.
 pub fn observe(text: &str, workload: &Workload, stop_after: Option<u64>) -> Result<Observation, RunError> {
     let map = Arc::new(Shared::new(MemoryMap::new(TRACE_ENTRIES)));
     let world = SimWorld::new();
@@ -129,7 +130,7 @@ pub fn observe(text: &str, workload: &Workload, stop_after: Option<u64>) -> Resu
         .map_err(|e| RunError::Unsupported(format!("stack `{text}`: {e}")))?;
     let resource = Tap::new(built, map.clone(), Side::Blocks);
     let streams: Vec<SimStream> = (0..workload.streams.max(1)).map(|_| world.stream()).collect();
-    let mut handles = table(TableOf::Watched, Block::EMPTY, workload.ids)?;
+    let mut handles = table(TableOf::Watched, Block::EMPTY, workload.ids as usize)?;
     let stride = workload.ops.len().div_ceil(SAMPLES).max(1);
     let mut samples = Vec::with_capacity(SAMPLES);
     const EMPTY: Sample = Sample { op: 0, live: 0, held: 0, largest_free: 0, time_us: None };
@@ -189,7 +190,7 @@ pub fn observe(text: &str, workload: &Workload, stop_after: Option<u64>) -> Resu
     let map = map.with(|m| m.clone());
     // The blocks the replay still holds go back before the stack is
     // dropped, so that a `track` layer's leak report names none of them.
-    for op in held(&workload.ops, stopped, failure.is_some(), handles.len()) {
+    for op in held(&workload.ops, stopped, failure.is_some(), handles.len())? {
         let _ = resource.deallocate(handles[op.id as usize], &streams[op.stream as usize]);
     }
     if unwatched {

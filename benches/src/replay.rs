@@ -280,12 +280,20 @@ pub struct ReplayError {
     pub size: u64,
     /// The resource's error.
     pub error: Error,
+    /// Why the blocks the replay held when it stopped were left to the
+    /// resource, not freed ([`free_held`]): the table that finds them
+    /// could not be allocated. `None`: they were freed.
+    pub unfreed: Option<TableError>,
 }
 
 impl fmt::Display for ReplayError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let what = if self.alloc { "allocation" } else { "free" };
-        write!(f, "op {} ({what} of {}) failed: {}", self.op, memres_core::Bytes(self.size), self.error)
+        write!(f, "op {} ({what} of {}) failed: {}", self.op, memres_core::Bytes(self.size), self.error)?;
+        match &self.unfreed {
+            Some(e) => write!(f, "; the blocks it held are left to the resource: {e}"),
+            None => Ok(()),
+        }
     }
 }
 
@@ -315,20 +323,21 @@ pub enum ThreadsError {
     Table(TableError),
 }
 
-/// A table of handles (one per id of the workload) that could not be
-/// allocated: a limit of the process's memory.
+/// A table of one entry per id of the workload (a replay's handles, or
+/// which blocks a stopped replay holds) that could not be allocated: a
+/// limit of the process's memory.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct TableError {
     /// Whose table it was.
     pub of: TableOf,
     /// The ids it was for.
-    pub ids: u32,
+    pub ids: usize,
     /// Its size.
     pub bytes: u64,
 }
 
-/// Whose table of handles a [`TableError`] is about, so that its text
-/// names the replay that could not run.
+/// Whose table a [`TableError`] is about, so that its text names the
+/// replay that could not run (or could not free what it held).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum TableOf {
     /// A replay on the calling thread ([`replay`]; the warm-up pass of
@@ -341,18 +350,21 @@ pub enum TableOf {
     /// A watched replay (`--timeline`, `--snapshot`, `--map`:
     /// [`crate::observe::observe`]).
     Watched,
+    /// Which blocks a stopped replay holds, to free them ([`free_held`]).
+    Held,
 }
 
 impl fmt::Display for TableError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let (ids, bytes) = (self.ids, memres_core::Bytes(self.bytes));
-        let whose = match self.of {
-            TableOf::Replay => "a replay's",
-            TableOf::Thread => "a replay thread's",
-            TableOf::Steps => "a stepped replay's",
-            TableOf::Watched => "a watched replay's",
+        let table = match self.of {
+            TableOf::Replay => "a replay's table of handles",
+            TableOf::Thread => "a replay thread's table of handles",
+            TableOf::Steps => "a stepped replay's table of handles",
+            TableOf::Watched => "a watched replay's table of handles",
+            TableOf::Held => "the table of the blocks a stopped replay holds",
         };
-        write!(f, "cannot allocate {whose} table of handles: {bytes} for {ids} ids")
+        write!(f, "cannot allocate {table}: {bytes} for {ids} ids")
     }
 }
 
@@ -487,7 +499,7 @@ where
         setup(i);
         // After every thread is made, so that a table that does not fit is
         // told apart from a thread that cannot be made.
-        let mut handles = match arriving.ready(table(TableOf::Thread, Block::EMPTY, ids)) {
+        let mut handles = match arriving.ready(table(TableOf::Thread, Block::EMPTY, ids as usize)) {
             Ok(handles) => handles?,
             Err(e) => return Some(Err(e.into())),
         };
@@ -527,15 +539,14 @@ where
 ///
 /// [`TableError`], naming whose table (`of`) and its size, where it cannot
 /// be allocated.
-pub fn table<H: Clone>(of: TableOf, vacant: H, ids: u32) -> Result<Vec<H>, TableError> {
-    let len = ids as usize;
+pub fn table<H: Clone>(of: TableOf, vacant: H, ids: usize) -> Result<Vec<H>, TableError> {
     let mut handles = Vec::new();
-    handles.try_reserve_exact(len).map_err(|_| TableError {
+    handles.try_reserve_exact(ids).map_err(|_| TableError {
         of,
         ids,
-        bytes: (len as u64).saturating_mul(size_of::<H>() as u64),
+        bytes: (ids as u64).saturating_mul(size_of::<H>() as u64),
     })?;
-    handles.resize(len, vacant);
+    handles.resize(ids, vacant);
     Ok(handles)
 }
 
@@ -560,7 +571,7 @@ pub fn replay<R: Replayer>(
     progress: &mut dyn FnMut(usize),
 ) -> Result<Measurement, RunError> {
     let passes = passes.max(1);
-    let mut handles = table(TableOf::Replay, resource.vacant(), workload.ids)?;
+    let mut handles = table(TableOf::Replay, resource.vacant(), workload.ids as usize)?;
     resource.begin_pass(0);
     run_pass(resource, workload, &mut handles, progress)?;
     let warm = resource.upstream_allocations();
@@ -663,16 +674,27 @@ pub fn pass<R: Replayer>(
 /// allocated first. With `refused`, op `stopped` failed, and if it is a
 /// free its block is left out: it is not asked again, its block is as the
 /// resource left it.
-pub(crate) fn held(ops: &[Op], stopped: usize, refused: bool, ids: usize) -> Vec<Op> {
+///
+/// # Errors
+///
+/// [`TableError`] ([`TableOf::Held`]) where its table, an entry per id of
+/// the `ids`, cannot be allocated: as large as the trace's ids, it may not
+/// fit where the replay stopped for want of memory.
+pub(crate) fn held(
+    ops: &[Op],
+    stopped: usize,
+    refused: bool,
+    ids: usize,
+) -> Result<impl Iterator<Item = Op> + '_, TableError> {
     let done = &ops[..stopped.min(ops.len())];
-    let mut live = vec![false; ids];
+    let mut live = table(TableOf::Held, false, ids)?;
     for op in done {
         live[op.id as usize] = op.alloc;
     }
     if let Some(op) = ops.get(stopped).filter(|op| refused && !op.alloc) {
         live[op.id as usize] = false;
     }
-    done.iter().rev().filter(|op| op.alloc && live[op.id as usize]).copied().collect()
+    Ok(done.iter().rev().filter(move |op| op.alloc && live[op.id as usize]).copied())
 }
 
 /// Frees, each on its allocation's stream, the blocks a pass over `ops`
@@ -681,15 +703,22 @@ pub(crate) fn held(ops: &[Op], stopped: usize, refused: bool, ids: usize) -> Vec
 /// replay that ran to the end holds nothing, and one that stopped early
 /// leaves nothing to a resource's leak report (a `track` layer's, when the
 /// stack is dropped) that the workload would have freed. Their own errors
-/// are dropped: the replay's error is the op's.
+/// are dropped: the replay's error is the op's. Where `held` cannot
+/// allocate its table, none is freed and the error says why
+/// ([`ReplayError::unfreed`]).
 pub fn free_held<R: Replayer>(
     resource: &mut R,
     ops: &[Op],
-    error: ReplayError,
+    mut error: ReplayError,
     handles: &[R::Handle],
 ) -> ReplayError {
-    for op in held(ops, error.op, true, handles.len()) {
-        let _ = resource.deallocate(handles[op.id as usize], op.size, op.stream);
+    match held(ops, error.op, true, handles.len()) {
+        Ok(blocks) => {
+            for op in blocks {
+                let _ = resource.deallocate(handles[op.id as usize], op.size, op.stream);
+            }
+        }
+        Err(e) => error.unfreed = Some(e),
     }
     error
 }
@@ -699,15 +728,20 @@ fn free_held_shared<R, S>(
     resource: &R,
     stream: &S,
     ops: &[Op],
-    error: ReplayError,
+    mut error: ReplayError,
     handles: &[Block],
 ) -> ReplayError
 where
     R: MemoryResource<S> + ?Sized,
     S: Stream + ?Sized,
 {
-    for op in held(ops, error.op, true, handles.len()) {
-        let _ = resource.deallocate(handles[op.id as usize], stream);
+    match held(ops, error.op, true, handles.len()) {
+        Ok(blocks) => {
+            for op in blocks {
+                let _ = resource.deallocate(handles[op.id as usize], stream);
+            }
+        }
+        Err(e) => error.unfreed = Some(e),
     }
     error
 }
@@ -729,7 +763,7 @@ pub(crate) fn run_ops<R: Replayer>(
             resource.deallocate(*slot, op.size, op.stream)
         };
         if let Err(error) = done {
-            return Err(ReplayError { op: first + i, alloc: op.alloc, size: op.size, error });
+            return Err(ReplayError { op: first + i, alloc: op.alloc, size: op.size, error, unfreed: None });
         }
     }
     Ok(())
@@ -781,7 +815,7 @@ where
     let passes = passes.max(1);
     if let Some(first) = streams.first() {
         setup(0);
-        let mut handles = table(TableOf::Replay, Block::EMPTY, workload.ids)?;
+        let mut handles = table(TableOf::Replay, Block::EMPTY, workload.ids as usize)?;
         shared_pass(resource, first, workload, &mut handles)?;
     }
     // Before the timed rounds, so that the held peak read next is that of
@@ -865,7 +899,7 @@ where
                 resource.deallocate(*slot, stream)
             };
             if let Err(error) = done {
-                let e = ReplayError { op: i, alloc: op.alloc, size: op.size, error };
+                let e = ReplayError { op: i, alloc: op.alloc, size: op.size, error, unfreed: None };
                 return Err(free_held_shared(resource, stream, &workload.ops, e, handles));
             }
         }
@@ -898,7 +932,7 @@ where
             resource.deallocate(*slot, stream)
         };
         if let Err(error) = done {
-            let e = ReplayError { op: i, alloc: op.alloc, size: op.size, error };
+            let e = ReplayError { op: i, alloc: op.alloc, size: op.size, error, unfreed: None };
             return Err(free_held_shared(resource, stream, &workload.ops, e, handles));
         }
     }

@@ -665,7 +665,7 @@ pub fn run_steps(text: &str, workload: &Workload, every: u64, phase: u64) -> Res
     }
     let streams: Vec<SimStream> = (0..workload.streams.max(1)).map(|_| world.stream()).collect();
     let mut replayer = StreamReplayer::new(Owned(built.resource), streams, move |_| peak());
-    let mut handles = table(TableOf::Steps, Block::EMPTY, workload.ids)?;
+    let mut handles = table(TableOf::Steps, Block::EMPTY, workload.ids as usize)?;
     // The ops between two steps run as a replay pass's do.
     let ops = &workload.ops;
     let (mut from, mut allocations) = (0, 0u64);

@@ -283,12 +283,67 @@ fn with_threads_the_held_peak_is_that_of_the_counted_round() {
 #[test]
 fn held_blocks_are_those_allocated_and_not_freed_before_the_stop() {
     let w = small();
-    let ids = |held: Vec<Op>| held.iter().map(|op| (op.id, op.size)).collect::<Vec<_>>();
-    assert_eq!(ids(held(&w.ops, 0, true, 3)), []);
-    assert_eq!(ids(held(&w.ops, 2, false, 3)), [(1, 200), (0, 100)], "stopped after op 1");
-    assert_eq!(ids(held(&w.ops, 2, true, 3)), [(1, 200)], "op 2, the free of id 0, refused");
-    assert_eq!(ids(held(&w.ops, 3, true, 3)), [(1, 200)], "op 3, an allocation, failed");
-    assert_eq!(ids(held(&w.ops, w.ops.len(), false, 3)), [], "a whole pass frees everything");
+    let ids = |stopped, refused| {
+        let held = held(&w.ops, stopped, refused, 3).expect("a table of 3 ids");
+        held.map(|op| (op.id, op.size)).collect::<Vec<_>>()
+    };
+    assert_eq!(ids(0, true), []);
+    assert_eq!(ids(2, false), [(1, 200), (0, 100)], "stopped after op 1");
+    assert_eq!(ids(2, true), [(1, 200)], "op 2, the free of id 0, refused");
+    assert_eq!(ids(3, true), [(1, 200)], "op 3, an allocation, failed");
+    assert_eq!(ids(w.ops.len(), false), [], "a whole pass frees everything");
+}
+
+/// The table that finds the blocks a stopped pass holds has an entry per
+/// id of the trace: one that cannot be allocated is a [`TableError`], as
+/// the replay's own tables are, not an abort. (Asked for more ids than any
+/// allocation can hold, it fails without taking memory: under a limit of
+/// the process's memory, a table of a large trace's ids fails the same
+/// way.) A replay stopped there leaves its blocks to the resource, and its
+/// error says so. Before, `vec!` panicked (capacity overflow) or aborted
+/// the process (out of memory).
+#[test]
+fn held_blocks_whose_table_does_not_fit_are_a_table_error() {
+    let w = small();
+    let Err(e) = held(&w.ops, 2, true, usize::MAX) else { panic!("a table of usize::MAX ids was allocated") };
+    assert_eq!(e, TableError { of: TableOf::Held, ids: usize::MAX, bytes: usize::MAX as u64 });
+    assert!(
+        e.to_string().starts_with("cannot allocate the table of the blocks a stopped replay holds: "),
+        "{e}"
+    );
+    // Handles of no size: a table of usize::MAX of them takes no memory,
+    // and `held`'s, of as many ids, cannot be allocated.
+    struct Unit(usize);
+    impl Replayer for Unit {
+        type Handle = ();
+        fn vacant(&self) {}
+        fn allocate(&mut self, _: u64, _: u16) -> Result<(), Error> {
+            Ok(())
+        }
+        fn deallocate(&mut self, (): (), _: u64, _: u16) -> Result<(), Error> {
+            self.0 += 1;
+            Ok(())
+        }
+        fn peak_upstream(&self) -> u64 {
+            0
+        }
+    }
+    let mut unit = Unit(0);
+    let error = ReplayError {
+        op: 2,
+        alloc: false,
+        size: 100,
+        error: Error::UnknownBlock { addr: 0x10 },
+        unfreed: None,
+    };
+    let e = free_held(&mut unit, &w.ops, error, &[(); usize::MAX]);
+    assert_eq!(e.unfreed.as_ref().map(|t| t.of), Some(TableOf::Held));
+    let text = e.to_string();
+    assert!(
+        text.contains("; the blocks it held are left to the resource: cannot allocate the table of"),
+        "{text}"
+    );
+    assert_eq!(unit.0, 0, "no block was asked to be freed");
 }
 
 /// With threads, a round's wall time spans every op of the round: it is
