@@ -898,6 +898,15 @@ impl<R> State<R> {
         })
     }
 
+    /// Bytes of the regions held from upstream: the step's, the carry
+    /// region and the spares, as [`Planned::held`] counts them (each
+    /// region at most `Request::MAX_SIZE`, so they add up; a spare is as
+    /// long as the upstream said).
+    fn regions_held(&self) -> u64 {
+        let spares = self.spares.iter().fold(0, |n: u64, (r, _)| n.saturating_add(r.size()));
+        (self.region.size() + self.carry.region.size()).saturating_add(spares)
+    }
+
     /// Puts `plan` in force with a fresh table of live slots.
     fn install(&mut self, plan: Plan) {
         self.slot_live = (0..plan.slots.len()).map(|_| 0).collect();
@@ -935,13 +944,9 @@ impl<R> Planned<R> {
     /// region, or one shorter than asked: see [`release`](Self::release)),
     /// and the upstream's blocks handed out as they are and not freed yet.
     pub fn held(&self) -> u64 {
-        // Each region at most `Request::MAX_SIZE`: they add up; the blocks
-        // handed out are as long as the upstream says, which may overlap.
-        let regions = self.state.with(|s| {
-            let spares = s.spares.iter().fold(0, |n: u64, (r, _)| n.saturating_add(r.size()));
-            (s.region.size() + s.carry.region.size()).saturating_add(spares)
-        });
-        regions.saturating_add(self.passed_through())
+        // Saturating: the blocks handed out are as long as the upstream
+        // says, which may overlap.
+        self.state.with(|s| s.regions_held()).saturating_add(self.passed_through())
     }
 
     /// Bytes of the upstream's blocks handed out as they are (outside the
@@ -1462,8 +1467,9 @@ impl<S: Stream + ?Sized, R: MemoryResource<S>> MemoryResource<S> for Planned<R> 
 
 impl<R: Inspect> Inspect for Planned<R> {
     /// The upstream's figures, with the regions' bytes not in use by a
-    /// live block counted free (the largest free block is the upstream's
-    /// or a region's longest free run).
+    /// live block counted free, and all of a spare's (held till the
+    /// upstream takes it back, it serves no block); the largest free block
+    /// is the upstream's or a region's longest free run.
     fn usage(&self) -> Usage {
         let up = self.upstream.usage();
         let (regions, live_bytes, longest) = self.state.with(|s| {
@@ -1479,7 +1485,7 @@ impl<R: Inspect> Inspect for Planned<R> {
             let c = &s.carry;
             let longest =
                 run(s.region.size(), &mut s.live_blocks()).max(run(c.region.size(), &mut c.live_blocks()));
-            (s.region.size() + c.region.size(), s.live_bytes + c.live_bytes(), longest)
+            (s.regions_held(), s.live_bytes + c.live_bytes(), longest)
         });
         let used = up.used.saturating_sub(regions) + live_bytes;
         Usage::new(used, up.held, up.peak_held, up.largest_free.max(longest))

@@ -1873,14 +1873,14 @@ fn a_carried_block_whose_spare_regions_free_panics_takes_no_place() {
     assert!(r.is_err());
     let inner = up.got.lock().unwrap().take().unwrap();
     assert_eq!(p.steps().carry_region, 2 * MIB + 1024, "the inner call took the carry region");
-    // In use: the inner block, and the spare region whose free panicked
-    // (the upstream's: it may not have freed it).
+    // In use: the inner block. The spare region whose free panicked is
+    // held (the upstream may not have freed it) and serves nothing.
     let spare = 2 * MIB + 1024;
     assert_eq!(up.up.usage().held, 2 * spare, "the carry region and the spare one");
-    assert_eq!(p.usage().used, spare + MIB + 1024);
+    assert_eq!(p.usage().used, MIB + 1024);
     p.check().unwrap();
     p.deallocate(inner, &()).unwrap();
-    assert_eq!(p.usage().used, spare);
+    assert_eq!(p.usage().used, 0);
     assert_eq!(p.steps().planned_allocations, 1);
     p.check().unwrap();
     // The spare is held, and given back by the next release.
@@ -2141,6 +2141,39 @@ fn a_short_carry_region_whose_free_is_refused_stays_held_until_it_can_go_back() 
         assert_eq!(short.cut.lock().unwrap().len(), 1);
     }
     assert_eq!(short.up.usage().held, 0, "every region went back");
+}
+
+/// A spare region (a carry region shorter than asked, whose free the
+/// upstream refused) is held and serves no block: `usage()` counts it held
+/// and free, and no part of the largest free block. It was counted used.
+#[test]
+fn a_spare_region_is_counted_held_and_free_not_used() {
+    let short = CutShort {
+        up: BumpUpstream::new(1 << 30),
+        short: 3 * MIB,
+        cut: Default::default(),
+        refusing: true.into(),
+    };
+    let p = Planned::new(&short);
+    let mut grads = Vec::new();
+    for _ in 0..3 {
+        grads_step(&p, &(), &mut grads, &[MIB, 2 * MIB]);
+    }
+    assert_eq!(short.cut.lock().unwrap().len(), 1, "a spare kept");
+    let (spare, region) = (3 * MIB / 2, p.steps().region);
+    assert_eq!(p.held(), region + spare + 3 * MIB, "the gradients passed through");
+    let u = p.usage();
+    assert_eq!((u.used, u.held, u.free), (3 * MIB, p.held(), region + spare), "the gradients in use");
+    for g in grads.drain(..) {
+        p.deallocate(g, &()).unwrap();
+    }
+    let u = p.usage();
+    assert_eq!((u.used, u.held, u.free, u.largest_free), (0, region + spare, region + spare, region));
+    p.check().unwrap();
+    short.refusing.store(false, core::sync::atomic::Ordering::Relaxed);
+    assert_eq!(p.release(&()).unwrap(), region + spare);
+    let u = p.usage();
+    assert_eq!((u.used, u.held, u.free), (0, 0, 0));
 }
 
 /// A spare whose free panics at a step that lays out stays held, and the
