@@ -621,6 +621,15 @@ fn offset_in(region: Region, addr: u64) -> Option<u64> {
     (!region.is_empty() && offset < region.size()).then_some(offset)
 }
 
+/// Whether regions `a` and `b` share no byte they count (an empty one
+/// shares none).
+fn apart(a: Region, b: Region) -> bool {
+    a.is_empty()
+        || b.is_empty()
+        || a.addr().saturating_add(a.size()) <= b.addr()
+        || b.addr().saturating_add(b.size()) <= a.addr()
+}
+
 /// The flag of [`State::slot_live`] for an overdue block.
 const OVERDUE: u32 = 1 << 31;
 
@@ -1508,14 +1517,21 @@ impl<R> Planned<R> {
     /// upstream without a checker, as a built stack's `planned` over the
     /// resources under it, checked each on its own): each region lies
     /// within the block it was taken as, at most [`Request::MAX_SIZE`]
-    /// bytes, apart from the other; the plan's tables agree (a slot per
+    /// bytes, apart from the other; each spare (a region the upstream
+    /// would not take back) within its block, apart from the regions and
+    /// the other spares; the plan's tables agree (a slot per
     /// distinct offset, ascending, each step-region entry in the slot of
     /// its offset, every offset within the region, every carried entry in
     /// a slot of its size, the carried slots side by side); the live
     /// blocks of either region lie in it, overlap none other and are
     /// counted as live (blocks, bytes, overdue ones), each in its entry's
     /// slot; a step follows a plan only when there is one, and then is not
-    /// recorded. Run it while no other thread uses the layer.
+    /// recorded. [`passed_through`](Self::passed_through) is not checked:
+    /// the layer keeps no list of the blocks it counts (a free of a block
+    /// that did not come through here counts off too), so nothing in its
+    /// state bounds it; [`held`](Self::held) is the sum of the regions',
+    /// the spares' and that count by construction. Run it while no other
+    /// thread uses the layer.
     ///
     /// # Errors
     ///
@@ -1550,6 +1566,7 @@ impl<R> Planned<R> {
 impl<R> State<R> {
     fn check(&self) -> core::result::Result<(), Violation> {
         self.check_regions()?;
+        self.check_spares()?;
         self.check_plan()?;
         self.check_step_region()?;
         self.check_carry()
@@ -1563,11 +1580,24 @@ impl<R> State<R> {
                 return Err(Violation::new("a region longer than its block or than a request"));
             }
         }
-        let (a, b) = (self.region, self.carry.region);
-        let apart =
-            a.addr().saturating_add(a.size()) <= b.addr() || b.addr().saturating_add(b.size()) <= a.addr();
-        if !a.is_empty() && !b.is_empty() && !apart {
+        if !apart(self.region, self.carry.region) {
             return Err(Violation::new("the step's region and the carry region overlap"));
+        }
+        Ok(())
+    }
+
+    /// Each spare counted within its block (as asked, or as handed out),
+    /// apart from the regions and from the other spares: each is a block
+    /// of the upstream's that the layer holds, as the regions are.
+    fn check_spares(&self) -> core::result::Result<(), Violation> {
+        for (i, &(spare, _)) in self.spares.iter().enumerate() {
+            if spare.size() > spare.block.size() {
+                return Err(Violation::new("a spare longer than its block"));
+            }
+            let others = self.spares[..i].iter().map(|&(r, _)| r);
+            if !others.chain([self.region, self.carry.region]).all(|r| apart(r, spare)) {
+                return Err(Violation::new("a spare overlaps a region or another spare"));
+            }
         }
         Ok(())
     }

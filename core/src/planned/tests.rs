@@ -2176,6 +2176,40 @@ fn a_spare_region_is_counted_held_and_free_not_used() {
     assert_eq!((u.used, u.held, u.free), (0, 0, 0));
 }
 
+/// The layer's checker finds a spare put out of step with the regions: one
+/// longer than its block, one over the step's region, one over another
+/// spare (spares were not checked).
+#[test]
+fn the_layer_checker_finds_a_spare_past_its_block_or_over_a_region_or_another_spare() {
+    let short = CutShort {
+        up: BumpUpstream::new(1 << 30),
+        short: 3 * MIB,
+        cut: Default::default(),
+        refusing: true.into(),
+    };
+    let p = Planned::new(&short);
+    let mut grads = Vec::new();
+    for _ in 0..3 {
+        grads_step(&p, &(), &mut grads, &[MIB, 2 * MIB]);
+    }
+    let (spare, region) = p.state.with(|s| (s.spares[0], s.region));
+    assert!(!region.is_empty(), "a step's region");
+    p.check_layer().unwrap();
+    let what = |v: Violation| v.what();
+    let longer = |s: &mut State<_>| s.spares[0].0.size = spare.0.block.size() + UNIT;
+    assert_eq!(what(checked_with(&p, longer, |s| s.spares[0] = spare)), "a spare longer than its block");
+    let overlaps = "a spare overlaps a region or another spare";
+    let over_region = |s: &mut State<_>| s.spares.push((region, 0));
+    assert_eq!(what(checked_with(&p, over_region, |s| s.spares.truncate(s.spares.len() - 1))), overlaps);
+    let twice = |s: &mut State<_>| s.spares.push(spare);
+    assert_eq!(what(checked_with(&p, twice, |s| s.spares.truncate(s.spares.len() - 1))), overlaps);
+    for g in grads.drain(..) {
+        p.deallocate(g, &()).unwrap();
+    }
+    short.refusing.store(false, core::sync::atomic::Ordering::Relaxed);
+    p.release(&()).unwrap();
+}
+
 /// A spare whose free panics at a step that lays out stays held, and the
 /// step after it lays out as usual (the panic left no step laying out for
 /// good, which would refuse every later one as `Reentrant`).
