@@ -90,8 +90,7 @@ def reinitialize(pool_allocator=False, managed_memory=False, initial_pool_size=N
         set_per_device_resource(device, res)
     # As RMM's, which clears every device's resource first: the others
     # get their default on next use.
-    for device in set(mr._current).difference(device for device, _ in made):
-        mr._forget(device)
+    mr._forget_all(but=[device for device, _ in made])
 
 
 def _device_list(devices):

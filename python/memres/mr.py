@@ -774,6 +774,15 @@ def _forget(device):
     _current.pop(device, None)
 
 
+def _forget_all(but=()):
+    """Forgets the resource of every device but those in ``but``, as
+    ``_forget``: also of a device whose default only the C functions made
+    (PyTorch's allocations), which is not in ``_current``."""
+    for device in range(_native.sim.MAX_DEVICES):
+        if device not in but:
+            _forget(device)
+
+
 def get_current_device_resource():
     return get_per_device_resource(current_device())
 

@@ -13,8 +13,7 @@ def fresh_current_resource():
     saved = dict(mr._current)
     mr._current.clear()
     yield
-    for device in list(mr._current):
-        mr._forget(device)
+    mr._forget_all()  # also the defaults that only the C functions made
     mr._current.update(saved)
 
 

@@ -466,3 +466,12 @@ def test_a_stack_that_outlives_the_collection_of_its_python_functions_never_call
         assert freed == [], freed
         print("done")
     """)
+
+
+def test_reinitialize_forgets_a_default_the_c_functions_made_for_another_device():
+    so = lib()
+    p = so.memres_py_alloc(1000, 1, None)
+    so.memres_py_free(p, 1000, 1, None)  # device 1's C default keeps its 2 MiB chunk
+    memres.reinitialize(devices=[0])
+    res = mr.get_per_device_resource(1)
+    assert (res._native.stack, res._native.pool_size()) == ("host", 0)
