@@ -177,9 +177,8 @@ impl Registry {
         &self,
         device: DeviceId,
     ) -> Result<DynResource<S>> {
-        let key = (TypeId::of::<S>(), device);
-        if let Some(r) = self.resources.read().unwrap_or_else(|p| p.into_inner()).get(&key) {
-            return Ok(downcast_ref::<DynResource<S>>(r).clone());
+        if let Some(r) = self.existing_per_device_resource(device) {
+            return Ok(r);
         }
         let factory = self
             .factories
@@ -196,7 +195,7 @@ impl Registry {
         let made = factory(device)?;
         let (stored, lost) = {
             let mut map = self.resources.write().unwrap_or_else(|p| p.into_inner());
-            match map.entry(key) {
+            match map.entry((TypeId::of::<S>(), device)) {
                 Entry::Occupied(e) => (downcast_ref::<DynResource<S>>(e.get()).clone(), Some(made)),
                 Entry::Vacant(e) => (downcast_ref::<DynResource<S>>(e.insert(Box::new(made))).clone(), None),
             }
@@ -205,6 +204,31 @@ impl Registry {
         // the registry.
         drop(lost);
         Ok(stored)
+    }
+
+    /// The resource of `device` for streams of type `S` if it has one (set,
+    /// or made by the default factory); never makes one. A factory that
+    /// serializes the threads racing to make a device's first resource
+    /// asks it for the one stored while they waited.
+    ///
+    /// ```
+    /// # use memres_core::device::Registry;
+    /// # use memres_core::DynResource;
+    /// # use memres_core::testing::BumpUpstream;
+    /// # use std::sync::Arc;
+    /// let reg = Registry::new();
+    /// reg.set_default_factory::<()>(|_device| Ok(Arc::new(BumpUpstream::new(256)) as DynResource));
+    /// assert!(reg.existing_per_device_resource::<()>(0).is_none()); // the factory is not asked
+    /// let made = reg.get_per_device_resource::<()>(0)?;
+    /// assert!(Arc::ptr_eq(&reg.existing_per_device_resource::<()>(0).unwrap(), &made));
+    /// # Ok::<(), memres_core::Error>(())
+    /// ```
+    pub fn existing_per_device_resource<S: Stream + ?Sized + 'static>(
+        &self,
+        device: DeviceId,
+    ) -> Option<DynResource<S>> {
+        let map = self.resources.read().unwrap_or_else(|p| p.into_inner());
+        map.get(&(TypeId::of::<S>(), device)).map(|r| downcast_ref::<DynResource<S>>(r).clone())
     }
 
     /// The resource of the device current on the calling thread (see

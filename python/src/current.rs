@@ -61,14 +61,14 @@ pub(crate) fn set_other_backend(py: Python<'_>, device: u32) {
 }
 
 /// Makes `resource` the registry's entry of `device` (with the GIL
-/// released: the registry's lock may be held by a thread that builds a
+/// released: [`made`]'s lock may be held by a thread that builds a
 /// device's default resource, and the resource replaced is dropped here),
 /// and forgets a default made before ([`made`]).
 fn set(py: Python<'_>, device: u32, resource: DynResource<Stream>) {
     crate::gil::detach(py, || {
         memres_core::device::set_per_device_resource::<Stream>(device, resource);
-        // After the registry took the new one: one made meanwhile waited
-        // for the registry's lock.
+        // After the registry took the new one: a default made meanwhile
+        // is there by now, and one made later finds the new one stored.
         drop(made(device).map(|m| m.lock().unwrap_or_else(|p| p.into_inner()).take()));
     });
 }
@@ -93,6 +93,8 @@ pub(crate) fn install_default() {
 
 /// The resource [`default_resource`] made for `device`, until Python takes
 /// it as the device's resource object ([`take_default`]) or another is set.
+/// Its lock serializes the making: threads that race to make the device's
+/// default wait here, and all get the one made first.
 fn made(device: u32) -> Option<&'static Mutex<Option<Resource>>> {
     static MADE: [Mutex<Option<Resource>>; MAX_DEVICES] = [const { Mutex::new(None) }; MAX_DEVICES];
     MADE.get(device as usize)
@@ -105,14 +107,28 @@ fn made(device: u32) -> Option<&'static Mutex<Option<Resource>>> {
 /// ([`backend::c_default_stack`]). Python's `get_per_device_resource` then
 /// takes it as the device's resource ([`take_default`]), so that the
 /// device has one resource for both.
+///
+/// The registry calls this outside its lock, and keeps the first it gets:
+/// threads that race here all hand out that one, so that the stack Python
+/// takes is the one that served every block (made once, under [`made`]'s
+/// lock; the registry's when one was stored while they waited, even taken
+/// by Python since). Nothing is replaced, so nothing is dropped under the
+/// lock (a stack's drop may take the GIL).
 fn default_resource(device: u32) -> memres_core::Result<DynResource<Stream>> {
     let slot = made(device).ok_or(memres_core::Error::InvalidConfig { what: "a device out of range" })?;
-    let resource = Resource::build_plain(&backend::c_default_stack(), device).map_err(|_| {
-        memres_core::Error::InvalidConfig { what: "the device's default resource could not be built" }
-    })?;
-    let registered: DynResource<Stream> = Arc::new(CFrees(resource.blocks.clone()));
-    *slot.lock().unwrap_or_else(|p| p.into_inner()) = Some(resource);
-    Ok(registered)
+    let mut made = slot.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(stored) = memres_core::device::global().existing_per_device_resource::<Stream>(device) {
+        return Ok(stored);
+    }
+    let resource = match &mut *made {
+        Some(waiting) => waiting,
+        none @ None => {
+            none.insert(Resource::build_plain(&backend::c_default_stack(), device).map_err(|_| {
+                memres_core::Error::InvalidConfig { what: "the device's default resource could not be built" }
+            })?)
+        }
+    };
+    Ok(Arc::new(CFrees(resource.blocks.clone())))
 }
 
 /// The resource the C functions made for `device` (nobody had set one),

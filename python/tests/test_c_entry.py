@@ -475,3 +475,27 @@ def test_reinitialize_forgets_a_default_the_c_functions_made_for_another_device(
     memres.reinitialize(devices=[0])
     res = mr.get_per_device_resource(1)
     assert (res._native.stack, res._native.pool_size()) == ("host", 0)
+
+
+def test_racing_first_allocations_on_a_device_give_python_the_stack_that_serves_them():
+    # Each thread's first use asks for the device's default: one stack must
+    # serve all four, and be the one Python takes as the device's resource.
+    so = lib()
+    wrong = []
+    for d in range(_native.sim.MAX_DEVICES):
+        go, ptrs = threading.Barrier(4), []
+
+        def alloc():
+            go.wait()
+            ptrs.append(so.memres_py_alloc(1000, d, None))  # ctypes releases the GIL
+
+        ts = [threading.Thread(target=alloc) for _ in range(4)]
+        [t.start() for t in ts]
+        [t.join() for t in ts]
+        stats = mr.get_per_device_resource(d)._native.statistics()  # None: not the C functions' stack
+        live = None if stats is None else stats[1][0]
+        if live != 4:
+            wrong.append((d, live))
+        for p in ptrs:
+            so.memres_py_free(p, 1000, d, None)
+    assert not wrong, f"(device, blocks live per Python's resource) where 4 C blocks are live: {wrong}"
