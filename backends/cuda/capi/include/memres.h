@@ -120,8 +120,9 @@ typedef struct memres_steps_t {
 
 /* Allocates size bytes on device (negative: the current device), ordered
  * on stream (NULL: the legacy default stream). Returns NULL when size is 0,
- * and NULL with a message when the memory cannot be had or the device's
- * stack cannot be built. stream (a cudaStream_t) is a stream of device
+ * and NULL with a message when the memory cannot be had, the device's
+ * stack cannot be built, or the stack handed out an address that is live
+ * (the new block goes back to it). stream (a cudaStream_t) is a stream of device
  * (see Streams above). */
 void *memres_alloc(ssize_t size, int device, void *stream);
 

@@ -148,12 +148,13 @@ pub mod table;
 
 pub use devices::{configure, flush, stack};
 use memres_core::planned::{Planned, Steps};
-use memres_core::{MemoryResource, Request, Stream};
+use memres_core::{Block, MemoryResource, Request, Stream};
 use memres_cuda::{sys, CudaStream, Device};
 use std::cell::RefCell;
 use std::ffi::{c_char, c_int, c_void, CStr};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
+use table::Table;
 
 /// The stack a device runs when neither `memres_configure` nor
 /// `MEMRES_STACK` names one: a pool per stream (see *Streams*) over
@@ -338,19 +339,38 @@ fn allocate(size: isize, device: c_int, stream: *mut c_void) -> Result<*mut c_vo
     }
     let st = devices::state(d)?;
     let request = Request::new(size).map_err(|e| format!("memres: {size} bytes: {e}"))?;
+    let stream = stream_of(stream, st);
     let block = st
         .resource
-        .allocate(request, &*stream_of(stream, st))
+        .allocate(request, &stream)
         .map_err(|e| format!("memres: device {d}: allocating {size} bytes: {e}"))?;
     if block.is_empty() {
         return Ok(std::ptr::null_mut());
     }
-    if let Some(old) = st.table.insert(block) {
-        // A resource handed out an address that is live: keep the newer
-        // block and say so (the older one can no longer be freed here).
-        set_error(format!("memres: device {d}: address {:#x} handed out twice", old.addr()));
-    }
+    record(d, &st.table, &*st.resource, block, &*stream)?;
     Ok(block.addr() as usize as *mut c_void)
+}
+
+/// Records `block`, just handed out by `resource` on `stream`, in `table`.
+/// At an address that is live already (a resource that handed it out
+/// twice, or two whose ranges overlap) the older block stays, freeable,
+/// and the new one goes back to `resource`: an error (as Python's
+/// `memres_py_alloc` answers).
+fn record<R, S>(d: usize, table: &Table, resource: &R, block: Block, stream: &S) -> Result<(), String>
+where
+    R: MemoryResource<S> + ?Sized,
+    S: Stream + ?Sized,
+{
+    let Some(older) = table.insert(block) else { return Ok(()) };
+    let back = match resource.deallocate(block, stream) {
+        Ok(()) => "it was given back".to_string(),
+        Err(e) => format!("giving it back failed: {e}"),
+    };
+    Err(format!(
+        "memres: device {d}: the stack handed out {:#x}, a live address (of a block of {} bytes): {back}",
+        block.addr(),
+        older.size()
+    ))
 }
 
 fn deallocate(ptr: *mut c_void, size: isize, device: c_int, stream: *mut c_void) -> Result<(), String> {
@@ -379,11 +399,11 @@ fn deallocate(ptr: *mut c_void, size: isize, device: c_int, stream: *mut c_void)
     match catch_unwind(AssertUnwindSafe(|| st.resource.deallocate(block, &stream))) {
         Ok(Ok(())) => Ok(()),
         Ok(Err(e)) => {
-            st.table.put_back(block);
+            st.table.insert(block);
             Err(format!("memres: device {d}: free of {addr:#x}: {e}"))
         }
         Err(payload) => {
-            st.table.put_back(block);
+            st.table.insert(block);
             std::panic::resume_unwind(payload)
         }
     }
@@ -808,6 +828,40 @@ mod tests {
         let steps: Vec<_> = layers.iter().map(|p| p.steps()).collect();
         assert!(steps.iter().all(|s| s.steps == 4), "{steps:?}");
         assert_eq!(steps[1].region, 0, "{steps:?}");
+    }
+
+    /// A resource that hands out one address every time, and keeps the
+    /// blocks that come back.
+    #[derive(Debug, Default)]
+    struct OneAddress {
+        back: std::sync::Mutex<Vec<Block>>,
+    }
+
+    impl MemoryResource<()> for OneAddress {
+        fn allocate(&self, request: Request, _stream: &()) -> memres_core::Result<Block> {
+            Ok(Block::new(0x1000, request.size(), 7))
+        }
+        fn deallocate(&self, block: Block, _stream: &()) -> memres_core::Result<()> {
+            self.back.lock().unwrap().push(block);
+            Ok(())
+        }
+    }
+
+    /// What `memres_alloc` does with the block its stack handed out (the C
+    /// library takes no stack of the program's, so none that misbehaves).
+    #[test]
+    fn an_address_live_already_is_refused_and_the_new_block_given_back() {
+        let (table, resource) = (Table::new(), OneAddress::default());
+        let older = resource.allocate(Request::new(512).unwrap(), &()).unwrap();
+        assert_eq!(record(5, &table, &resource, older, &()), Ok(()));
+        let newer = resource.allocate(Request::new(256).unwrap(), &()).unwrap();
+        let refused = "memres: device 5: the stack handed out 0x1000, a live address \
+                       (of a block of 512 bytes): it was given back";
+        assert_eq!(record(5, &table, &resource, newer, &()), Err(refused.to_string()));
+        assert_eq!(*resource.back.lock().unwrap(), [newer]);
+        // The older block stays, and its free frees it.
+        assert_eq!(table.remove(0x1000), Some(older));
+        assert!(table.is_empty());
     }
 
     #[test]

@@ -71,27 +71,22 @@ impl Table {
         &self.shards[i as usize].0
     }
 
-    /// Records a live block; returns the block that was recorded at the
-    /// same address, if any (which a correct resource never leaves).
+    /// Records a live block, unless its address is recorded already: then
+    /// the recorded block stays, and is returned. A correct resource never
+    /// hands out a live address; one that does (or two whose ranges
+    /// overlap) must not make the older block unfreeable, nor its free
+    /// free the newer. A block put back after a free that did not succeed
+    /// must not go over a newer one either: a resource that freed it and
+    /// then panicked may have handed the address to another thread, whose
+    /// block stays (put over it, the stale entry made the newer block's
+    /// free a size mismatch, and a retried free freed it).
     pub fn insert(&self, block: Block) -> Option<Block> {
         let mut map = self.shard(block.addr()).lock().unwrap_or_else(|p| p.into_inner());
-        map.insert(block.addr(), (block.size(), block.tag()))
-            .map(|(size, tag)| Block::new(block.addr(), size, tag))
-    }
-
-    /// Records `block` again after a free that did not succeed, unless the
-    /// address is recorded already: a resource that freed the block and
-    /// then panicked may have handed the address to another thread, whose
-    /// newer block stays (put over it, the stale entry made the newer
-    /// block's free a size mismatch, and a retried free freed it). Returns
-    /// whether `block` was put back.
-    pub fn put_back(&self, block: Block) -> bool {
-        let mut map = self.shard(block.addr()).lock().unwrap_or_else(|p| p.into_inner());
-        if map.get(block.addr()).is_some() {
-            return false;
+        if let Some(&(size, tag)) = map.get(block.addr()) {
+            return Some(Block::new(block.addr(), size, tag));
         }
         map.insert(block.addr(), (block.size(), block.tag()));
-        true
+        None
     }
 
     /// Takes the block at `addr` out of the table.
@@ -126,8 +121,8 @@ mod tests {
             let addr = (rng.next_u64() % 4096) << 8;
             if rng.next_u64() % 2 == 0 {
                 let b = Block::new(addr, step, step ^ 0xABC);
-                let old = model.insert(addr, b);
-                assert_eq!(t.insert(b), old);
+                let old = *model.entry(addr).or_insert(b);
+                assert_eq!(t.insert(b), (old != b).then_some(old));
             } else {
                 assert_eq!(t.remove(addr), model.remove(&addr));
             }
@@ -139,16 +134,22 @@ mod tests {
     }
 
     #[test]
-    fn a_block_put_back_never_replaces_a_newer_one() {
+    fn an_insert_never_replaces_the_block_recorded_at_its_address() {
         let t = Table::new();
         let old = Block::new(0x1000, 512, 1);
-        assert!(t.put_back(old));
+        assert_eq!(t.insert(old), None);
         assert_eq!(t.remove(0x1000), Some(old));
-        // The address handed out again meanwhile: the newer block stays.
+        // The address handed out again meanwhile: the newer block stays
+        // when the old one is put back.
         let newer = Block::new(0x1000, 256, 2);
-        t.insert(newer);
-        assert!(!t.put_back(old));
+        assert_eq!(t.insert(newer), None);
+        assert_eq!(t.insert(old), Some(newer));
         assert_eq!(t.remove(0x1000), Some(newer));
+        // A resource that hands a live address out again: the older block
+        // stays.
+        t.insert(old);
+        assert_eq!(t.insert(newer), Some(old));
+        assert_eq!(t.remove(0x1000), Some(old));
         assert!(t.is_empty());
     }
 
