@@ -20,6 +20,7 @@ use pyo3::exceptions::{PyIndexError, PyValueError};
 use pyo3::gc::PyVisit;
 use pyo3::prelude::*;
 use pyo3::PyTraverseError;
+use std::collections::hash_map::Entry;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, Weak};
 
@@ -266,13 +267,25 @@ impl memres_core::MemoryResource<Stream> for KeepStreams {
 }
 
 impl Resource {
-    /// The live block at `ptr`, taken out of the table until it is freed.
-    fn take_live(&self, ptr: u64) -> PyResult<PutBack<Block, impl FnOnce(Block) + '_>> {
-        let block = self.live.lock().unwrap_or_else(|p| p.into_inner()).remove(&ptr).ok_or_else(|| {
-            invalid_argument(format!(
-                "memres: deallocate({ptr:#x}): not allocated by this resource, or freed already"
-            ))
-        })?;
+    /// The live block at `ptr`, allocated with `nbytes`, taken out of the
+    /// table until it is freed. Its size is checked under the table's lock:
+    /// a free of another size leaves it there, never out for a moment in
+    /// which the right free of it finds it gone.
+    fn take_live(&self, ptr: u64, nbytes: u64) -> PyResult<PutBack<Block, impl FnOnce(Block) + '_>> {
+        let block = match self.live.lock().unwrap_or_else(|p| p.into_inner()).entry(ptr) {
+            Entry::Occupied(e) if e.get().size() == nbytes => e.remove(),
+            Entry::Occupied(e) => {
+                return Err(invalid_argument(format!(
+                    "memres: deallocate({ptr:#x}, {nbytes}): allocated with {} bytes",
+                    e.get().size()
+                )))
+            }
+            Entry::Vacant(_) => {
+                return Err(invalid_argument(format!(
+                    "memres: deallocate({ptr:#x}): not allocated by this resource, or freed already"
+                )))
+            }
+        };
         Ok(PutBack::new(block, |b: Block| {
             // Not over a newer block: a free that freed and then failed or
             // panicked may have let another thread get the address since.
@@ -285,8 +298,8 @@ impl Resource {
     /// and returns it.
     fn note_allocated(&self, block: Block) -> Result<(), Block> {
         match self.live.lock().unwrap_or_else(|p| p.into_inner()).entry(block.addr()) {
-            std::collections::hash_map::Entry::Occupied(older) => Err(*older.get()),
-            std::collections::hash_map::Entry::Vacant(v) => {
+            Entry::Occupied(older) => Err(*older.get()),
+            Entry::Vacant(v) => {
                 v.insert(block);
                 Ok(())
             }
@@ -471,8 +484,8 @@ impl Resource {
         }
         let mut streams = self.streams.streams.lock().unwrap_or_else(|p| p.into_inner());
         match streams.entry(handle) {
-            std::collections::hash_map::Entry::Occupied(_) => false,
-            std::collections::hash_map::Entry::Vacant(v) => {
+            Entry::Occupied(_) => false,
+            Entry::Vacant(v) => {
                 v.insert(stream);
                 true
             }
@@ -526,14 +539,8 @@ impl Resource {
         // "Streams at the boundary" in lib.rs).
         let s = unsafe { backend::stream(stream, self.device)? };
         // Back in the table unless the free succeeds.
-        let taken = self.take_live(ptr)?;
+        let taken = self.take_live(ptr, nbytes)?;
         let block = *taken.value();
-        if block.size() != nbytes {
-            return Err(invalid_argument(format!(
-                "memres: deallocate({ptr:#x}, {nbytes}): allocated with {} bytes",
-                block.size()
-            )));
-        }
         crate::gil::detach(py, || self.blocks.free(block, s, stream_object))
             .map_err(|e| to_py(e, &format!("deallocate({ptr:#x}, {nbytes})")))?;
         taken.kept_out();

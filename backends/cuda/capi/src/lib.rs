@@ -381,16 +381,13 @@ fn deallocate(ptr: *mut c_void, size: isize, device: c_int, stream: *mut c_void)
     let d = device_index(device)?;
     let st = devices::used(d)
         .ok_or_else(|| format!("memres: free of {addr:#x} on device {d}, which has allocated nothing"))?;
-    let block = st.table.remove(addr).ok_or_else(|| {
-        format!("memres: device {d}: free of {addr:#x}, not allocated here or freed already")
+    // A negative size skips the check.
+    let block = st.table.remove_sized(addr, u64::try_from(size).ok()).map_err(|kept| match kept {
+        Some(block) => {
+            format!("memres: device {d}: free of {addr:#x} with size {size}, allocated with {}", block.size())
+        }
+        None => format!("memres: device {d}: free of {addr:#x}, not allocated here or freed already"),
     })?;
-    if size >= 0 && size as u64 != block.size() {
-        st.table.insert(block);
-        return Err(format!(
-            "memres: device {d}: free of {addr:#x} with size {size}, allocated with {}",
-            block.size()
-        ));
-    }
     // Back in the table unless the free succeeds: a resource whose free
     // fails or panics still holds the block, and the caller may free again.
     // Not over a newer block: one that freed and then panicked may have

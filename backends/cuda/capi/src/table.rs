@@ -95,6 +95,21 @@ impl Table {
         map.remove(addr).map(|(size, tag)| Block::new(addr, size, tag))
     }
 
+    /// Takes the block at `addr` out of the table if it has `size` bytes
+    /// (any size for `None`); a block of another size stays, and is the
+    /// error (`Err(None)`: no block at `addr`). Checked under the shard's
+    /// lock: a free of the wrong size never takes a block out, even for a
+    /// moment in which the right free of it finds it gone.
+    pub fn remove_sized(&self, addr: u64, size: Option<u64>) -> Result<Block, Option<Block>> {
+        let mut map = self.shard(addr).lock().unwrap_or_else(|p| p.into_inner());
+        let &(allocated, tag) = map.get(addr).ok_or(None)?;
+        if size.is_some_and(|s| s != allocated) {
+            return Err(Some(Block::new(addr, allocated, tag)));
+        }
+        map.remove(addr);
+        Ok(Block::new(addr, allocated, tag))
+    }
+
     /// The number of live blocks (locks each shard in turn: not a snapshot
     /// while other threads allocate).
     pub fn len(&self) -> usize {
@@ -150,6 +165,20 @@ mod tests {
         t.insert(old);
         assert_eq!(t.insert(newer), Some(old));
         assert_eq!(t.remove(0x1000), Some(old));
+        assert!(t.is_empty());
+    }
+
+    #[test]
+    fn a_remove_of_another_size_leaves_the_block_recorded() {
+        let t = Table::new();
+        let b = Block::new(0x1000, 512, 1);
+        t.insert(b);
+        assert_eq!(t.remove_sized(0x1000, Some(256)), Err(Some(b)));
+        assert_eq!(t.remove_sized(0x2000, Some(512)), Err(None));
+        assert_eq!(t.remove_sized(0x1000, Some(512)), Ok(b));
+        assert_eq!(t.remove_sized(0x1000, Some(512)), Err(None));
+        t.insert(b);
+        assert_eq!(t.remove_sized(0x1000, None), Ok(b));
         assert!(t.is_empty());
     }
 
