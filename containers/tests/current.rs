@@ -5,7 +5,7 @@
 
 use memres_containers::{ContainerError, Current, DeviceBuffer, DeviceScalar, DeviceUVector};
 use memres_core::device::{global, promise_memory_of, set_per_device_resource_of, DeviceId, DeviceStream};
-use memres_core::{DynResource, Error, Inspect, Result as CoreResult, Stream};
+use memres_core::{DynResource, Error, Inspect, MemoryResource, Result as CoreResult, Stream};
 use memres_sim::{HostCopy, HostMemory, SimDevice};
 use std::sync::Arc;
 
@@ -146,4 +146,15 @@ fn the_unit_stream_is_device_zero() {
     set_per_device_resource_of::<(), _, _>(0, host.clone(), HostCopy);
     let s = DeviceScalar::<i32, _, HostCopy>::from_value(&-1, ()).unwrap();
     assert_eq!((s.value().unwrap(), host.live_count()), (-1, 1));
+}
+
+#[test]
+fn two_containers_of_one_current_resource_are_equal() {
+    let host = Arc::new(HostMemory::new());
+    set_per_device_resource_of::<OnDevice, _, _>(14, host.clone(), HostCopy);
+    let a: DeviceBuffer<_, HostCopy, _> = DeviceBuffer::new(8, on(14)).unwrap();
+    let b: DeviceBuffer<_, HostCopy, _> = DeviceBuffer::new(8, on(14)).unwrap();
+    // A block of one may be given back to the other: they are equal.
+    assert!(MemoryResource::<OnDevice>::is_equal(a.resource(), b.resource()));
+    assert!(MemoryResource::<OnDevice>::is_equal(a.resource(), &host));
 }

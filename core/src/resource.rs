@@ -104,6 +104,7 @@ impl fmt::Debug for ResourceId {
 /// | --- | --- |
 /// | any (the default) | itself only: two pools over one upstream are not equal, nor a pool and its upstream |
 /// | `&R`, `Box<R>`, `Arc<R>` | what `R` is equal to: two clones of one `Arc` are equal |
+/// | a view that hands out a resource's blocks unchanged and only vouches for them ([`AssumeMemoryOf`](crate::copy::AssumeMemoryOf), `CurrentResource`) | what the resource is equal to: two containers made from one current resource are equal |
 /// | a handle whose clones share one state (`CudaMemory`, `ManagedMemory`, `PinnedMemory`) | its clones ([`ResourceId::shared`]) |
 /// | an adaptor that keeps no record of blocks ([`Aligned`](crate::adaptor::Aligned), [`FailureCallback`](crate::adaptor::FailureCallback), `Prefetch`) | an adaptor of the same type over an equal upstream, as in RMM ([`ResourceId::over`]) |
 /// | an adaptor that keeps one (`Statistics`, `Tracking`, `Limiting`, `Logging`, `Counted`) | itself only, where RMM says equal over an equal upstream: a block freed through the other would leave both adaptors' figures or records wrong |

@@ -121,6 +121,12 @@ impl<K: Stream + ?Sized + 'static, S: DeviceStream<Key = K> + ?Sized, E> MemoryR
     fn deallocate(&self, block: Block, stream: &S) -> Result<()> {
         self.resource.deallocate(block, stream.key())
     }
+    /// The resource itself: this is a view of it, as
+    /// [`AssumeMemoryOf`](crate::copy::AssumeMemoryOf) is.
+    #[inline]
+    fn id(&self) -> crate::ResourceId {
+        self.resource.id()
+    }
 }
 
 // SAFETY: a `CurrentResource` is made only by `Registry::get_per_device_resource_of`, from a

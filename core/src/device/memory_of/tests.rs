@@ -119,6 +119,19 @@ fn a_promise_ends_with_its_object() {
 }
 
 #[test]
+fn a_current_resource_is_equal_to_the_resource_it_views_and_its_clones() {
+    let reg = Registry::new();
+    let mr = numbers();
+    reg.set_per_device_resource_of::<(), _, _>(6, mr.clone(), Engine(0));
+    let (a, _) = reg.get_per_device_resource_of::<(), Engine>(6).unwrap();
+    let (b, _) = reg.get_per_device_resource_of::<(), Engine>(6).unwrap();
+    assert!(MemoryResource::<()>::is_equal(&a, &b), "two views of one current resource");
+    assert!(MemoryResource::<()>::is_equal(&a, &a.clone()));
+    assert!(MemoryResource::<()>::is_equal(&a, &mr), "a view and what it views");
+    assert!(!MemoryResource::<()>::is_equal(&a, &numbers()), "another object");
+}
+
+#[test]
 fn global_functions() {
     let mr = numbers();
     set_per_device_resource_of::<TestStream<7>, _, _>(1, mr, Engine(4));
