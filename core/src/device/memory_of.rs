@@ -181,8 +181,14 @@ fn address<K: ?Sized>(resource: &DynResource<K>) -> usize {
 /// backend's default factory calls this on what it makes. A second promise
 /// of the same object for the same `E` replaces the engine.
 ///
-/// The promise lasts as long as the object; it costs a small entry, pruned
-/// once the object is gone.
+/// The promise lasts as long as the object. It costs an entry that holds
+/// the engine and keeps the object's `Arc` allocation (not the object), so
+/// that no other object takes its address while the promise is listed. Once
+/// the object is gone, the entry, and the engine with it, is dropped by the
+/// next promise or the next lookup that finds a resource
+/// ([`Registry::get_per_device_resource_of`], a container made without a
+/// resource), whatever object either is about: an engine that holds much
+/// (a CUDA context) is held until then.
 ///
 /// ```
 /// use memres_core::device::{promise_memory_of, Registry};
@@ -232,25 +238,39 @@ where
     let promise = Promised::<K, E> { resource: Arc::downgrade(resource), engine: Arc::new(engine) };
     // The entries taken out drop after the lock goes: an engine's `Drop`
     // may use the promises.
-    let mut gone: Vec<Box<dyn Promise>> = Vec::new();
-    {
+    let gone = {
         let mut promises = PROMISES.write().unwrap_or_else(|p| p.into_inner());
-        let dead: Vec<_> = promises.iter().filter(|(_, p)| !p.is_alive()).map(|(k, _)| *k).collect();
-        gone.extend(dead.iter().filter_map(|k| promises.remove(k)));
+        let mut gone = take_dead(&mut promises);
         gone.extend(promises.insert(key, Box::new(promise)));
-    }
+        gone
+    };
     drop(gone);
 }
 
-/// The engine promised with `resource` for `E`, if it was promised.
+/// Takes out the entries whose objects are gone, for the caller to drop
+/// once it lets go of the lock.
+fn take_dead(promises: &mut Promises) -> Vec<Box<dyn Promise>> {
+    let dead: Vec<_> = promises.iter().filter(|(_, p)| !p.is_alive()).map(|(k, _)| *k).collect();
+    dead.iter().filter_map(|k| promises.remove(k)).collect()
+}
+
+/// The engine promised with `resource` for `E`, if it was promised; prunes
+/// the entries whose objects are gone on the way.
 fn promised_engine<K: ?Sized + 'static, E: Clone + 'static>(resource: &DynResource<K>) -> Option<E> {
     let key = (TypeId::of::<K>(), TypeId::of::<E>(), address(resource));
-    let engine = {
+    let (engine, any_dead) = {
         let promises = PROMISES.read().unwrap_or_else(|p| p.into_inner());
-        promises.get(&key)?.as_any().downcast_ref::<Promised<K, E>>()?.engine.clone()
+        let engine = promises.get(&key).and_then(|p| p.as_any().downcast_ref::<Promised<K, E>>());
+        // A look at each entry's count, under the read lock already taken:
+        // the write lock only where there is something to prune.
+        (engine.map(|p| p.engine.clone()), promises.values().any(|p| !p.is_alive()))
     };
+    if any_dead {
+        let gone = take_dead(&mut PROMISES.write().unwrap_or_else(|p| p.into_inner()));
+        drop(gone);
+    }
     // Cloned with the lock gone: an engine's `Clone` may use the promises.
-    Some(E::clone(&engine))
+    engine.map(|engine| E::clone(&engine))
 }
 
 const NOT_PROMISED: Error = Error::InvalidConfig {

@@ -119,6 +119,20 @@ fn a_promise_ends_with_its_object() {
 }
 
 #[test]
+fn a_lookup_prunes_the_promises_whose_objects_are_gone() {
+    let reg = Registry::new();
+    reg.set_per_device_resource_of::<TestStream<11>, _, _>(0, numbers(), Engine(1));
+    let mr = numbers();
+    let erased: DynResource<TestStream<10>> = mr.clone();
+    let key = (TypeId::of::<TestStream<10>>(), TypeId::of::<Engine>(), address(&erased));
+    promise_memory_of::<TestStream<10>, _, _>(&mr, Engine(0));
+    drop((mr, erased));
+    // A lookup of another object, with no promise made since.
+    assert_eq!(reg.get_per_device_resource_of::<TestStream<11>, Engine>(0).unwrap().1, Engine(1));
+    assert!(!PROMISES.read().unwrap().contains_key(&key));
+}
+
+#[test]
 fn a_current_resource_is_equal_to_the_resource_it_views_and_its_clones() {
     let reg = Registry::new();
     let mr = numbers();
@@ -188,5 +202,10 @@ fn an_engine_whose_clone_or_drop_uses_the_promises_does_not_hang() {
         drop(reg);
         drop(mr);
         promise_memory_of::<TestStream<8>, _, _>(&numbers(), Engine(0));
+        // So does the next lookup.
+        let reg = Registry::new();
+        reg.set_per_device_resource_of::<TestStream<8>, _, _>(0, numbers(), Engine(1));
+        promise_memory_of::<TestStream<8>, _, _>(&numbers(), Busy(3));
+        assert!(reg.get_per_device_resource_of::<TestStream<8>, Engine>(0).is_ok());
     }));
 }
