@@ -121,7 +121,8 @@ where
             // the resource (`MemoryOf<E::Kind>`), of at least `len` bytes,
             // used by nothing else; the source is memory of the engine that
             // the caller holds, written and ordered with the stream (this
-            // function's contract), so apart from the new block.
+            // function's contract). Should they overlap, the engine copies
+            // as `memmove` does or refuses (its duty, not the caller's).
             unsafe { buf.engine.copy(buf.block.addr(), src, len, &buf.stream)? };
         }
         Ok(buf)
@@ -347,7 +348,9 @@ where
             // (`MemoryOf<E::Kind>`) handed to this buffer and that it holds:
             // `keep` is at most the old length and at most `capacity`, which
             // `allocate` checked `new` holds; both are used on `self.stream`
-            // only; they overlap only if other code freed the old block.
+            // only. They overlap where other code freed the old block and the
+            // resource handed its address out again as `new`: the engine
+            // copies as `memmove` does or refuses (its duty, not ours).
             unsafe { self.engine.copy(new.addr(), self.block.addr(), keep, &self.stream)? };
         }
         // Freed after the copy on the same stream: a refused free leaves the
@@ -543,7 +546,9 @@ where
         // nothing else; the source is this buffer's bytes in use: memory of
         // the engine in the block it holds, all written (the invariant of
         // `len`), and the copy's stream waits for the work submitted on this
-        // buffer's stream (above).
+        // buffer's stream (above). They overlap where other code freed this
+        // buffer's block and the resource handed it out again to `copy`:
+        // the engine copies as `memmove` does or refuses (its duty).
         unsafe { copy.engine.copy(copy.block.addr(), self.block.addr(), self.len, &copy.stream)? };
         // The source's later work, its free included, after the copy.
         let copied = copy.stream.record()?;

@@ -153,7 +153,11 @@
 //!   later calls then fail with
 //!   [`Error::NotLive`](memres_core::Error::NotLive), touching nothing, or,
 //!   where the memory has been handed out again, read and write the new
-//!   holder's bytes: wrong data, never freed or uninitialized memory. A pool
+//!   holder's bytes: wrong data, never freed or uninitialized memory. Where
+//!   the memory was handed out again to the same container (a growth, a
+//!   deep copy), the engine copies between ranges that overlap, which every
+//!   engine copies as `memmove` does or refuses ([implementing a
+//!   `CopyEngine`](memres_core::copy::CopyEngine#implementing)). A pool
 //!   dropped under a live block keeps the chunk that holds it (never given
 //!   back upstream, so never handed out again): the container's calls go
 //!   on in that memory, which stays allocated until the process ends. Its

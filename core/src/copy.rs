@@ -46,6 +46,30 @@ use core::marker::PhantomData;
 /// [`MemoryOf`] makes the calls sound then too (an engine of host-addressable
 /// memory checks every access, see [checked access](self#checked-access)).
 ///
+/// # Implementing
+///
+/// The trait is safe to implement, and its callers (the containers, in
+/// safe code) promise no more than the methods' `# Safety` sections say.
+/// What they cannot promise is the engine's to answer for, in its own
+/// `unsafe` code:
+///
+/// - **Blocks freed by other code.** The ranges are in blocks of resources
+///   that are [`MemoryOf<Self::Kind>`](MemoryOf), whose promise is that the
+///   engine named by `Kind` stays sound on them after other code frees
+///   them. An engine whose `Kind` names another engine (a wrapper of
+///   `memres_sim::HostCopy` with `type Kind = HostCopy`) is handed those
+///   ranges too, and takes on that engine's duties: it checks its accesses
+///   as that engine does ([checked access](self#checked-access)), most
+///   simply by forwarding them to it.
+/// - **Ranges that overlap in [`copy`](Self::copy).** Two blocks the caller
+///   holds overlap once other code has freed one and the resource has
+///   handed its address out again, to the same caller: a container that
+///   grows or is cloned then copies between them. `copy` copies such
+///   ranges as `memmove` does ([`core::ptr::copy`], never
+///   `copy_nonoverlapping`), or refuses them with an error and touches
+///   nothing (`memres_cuda::CudaCopy` answers
+///   [`Error::NotLive`](crate::Error::NotLive)).
+///
 /// # Examples
 ///
 /// A host-memory backend can implement it with plain pointer copies checked
@@ -67,7 +91,9 @@ use core::marker::PhantomData;
 pub trait CopyEngine<S: Stream + ?Sized> {
     /// The engine that names the memory this one may touch: `Self` for an
     /// engine, the engine behind it for a reference. Containers ask their
-    /// resource for [`MemoryOf<Self::Kind>`](MemoryOf).
+    /// resource for [`MemoryOf<Self::Kind>`](MemoryOf). An engine that
+    /// names another takes on that engine's checked access (see
+    /// [implementing](#implementing)).
     type Kind;
 
     /// Copies `src` to `dst..dst + src.len()`.
@@ -88,13 +114,14 @@ pub trait CopyEngine<S: Stream + ?Sized> {
     /// with `stream`.
     unsafe fn copy_to_host(&self, dst: &mut [u8], src: u64, stream: &S) -> Result<()>;
 
-    /// Copies `len` bytes from `src` to `dst`.
+    /// Copies `len` bytes from `src` to `dst`. The ranges may overlap (see
+    /// [implementing](#implementing)): the engine then copies as `memmove`
+    /// does, or returns an error and touches nothing.
     ///
     /// # Safety
     ///
     /// Both ranges must be memory of this backend that the caller holds,
-    /// used only by work ordered with `stream`, and must not overlap (two
-    /// blocks the caller holds overlap only if other code freed one).
+    /// used only by work ordered with `stream`.
     unsafe fn copy(&self, dst: u64, src: u64, len: u64, stream: &S) -> Result<()>;
 
     /// Sets `len` bytes at `dst` to `value`.
@@ -175,7 +202,10 @@ impl<S: Stream + ?Sized, E: CopyEngine<S> + ?Sized> CopyEngine<S> for &E {
 /// early (dropped, or moved out from under a [`Shared`](crate::Shared) lock
 /// through `with`). So the promise goes on: `E`'s methods called on ranges
 /// of a block that other code has freed, or whose resource has ended, must
-/// not reach undefined behaviour. What that takes depends on the memory:
+/// not reach undefined behaviour, and so must the methods of every engine
+/// whose `Kind` is `E`, which are handed the same blocks (they take on
+/// `E`'s duties: [implementing a `CopyEngine`](CopyEngine#implementing)).
+/// What that takes depends on the memory:
 ///
 /// - **Host-addressable memory** (`E`, or the driver it calls, reads and
 ///   writes host pages): *checked access*. `E` touches a range only while
