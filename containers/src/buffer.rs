@@ -14,7 +14,11 @@ use std::fmt;
 ///   block.addr() % align == 0                    (checked on every block)
 /// ```
 ///
-/// A buffer of length zero holds no memory ([`Block::EMPTY`]). Growing past
+/// A buffer made with length zero holds no memory (its resource answers a
+/// zero-byte request with [`Block::EMPTY`]). Its length and its capacity
+/// are apart: [`clear`](Self::clear) and [`resize`](Self::resize) to zero
+/// keep the memory, as RMM's `resize` does, and
+/// [`shrink_to_fit`](Self::shrink_to_fit) gives it back. Growing past
 /// the capacity allocates a new block, copies the bytes in use on the
 /// buffer's stream and frees the old block on it; if any of the three
 /// fails (or the copy engine panics), the buffer is unchanged and the new

@@ -5,7 +5,7 @@
 
 use memres_containers::{ContainerError, DeviceBuffer, DeviceScalar, DeviceUVector};
 use memres_core::copy::{CopyEngine, MemoryOf};
-use memres_core::{Error, MemoryResource, Request, Stream};
+use memres_core::{Block, Error, MemoryResource, Request, Stream};
 
 /// What the assertions run over. Each test takes a fresh one: nothing is
 /// allocated from it yet.
@@ -95,10 +95,13 @@ pub fn buffer_round_trip_resize_reserve_shrink<T: Setup>(t: &T) {
         "failed calls wrote nothing"
     );
     b.clear();
-    assert!(b.is_empty());
+    assert_eq!((b.len(), b.capacity()), (0, 10), "clearing keeps the memory");
+    b.resize(0).unwrap();
+    assert_eq!(b.capacity(), 10, "so does resizing to zero");
+    expect_one_block(t, 10);
     b.shrink_to_fit().unwrap();
-    assert_eq!(b.capacity(), 0);
-    assert_eq!(t.used(), 0, "an empty buffer holds no memory");
+    assert_eq!((b.capacity(), b.block()), (0, Block::EMPTY));
+    assert_eq!(t.used(), 0, "an empty buffer shrunk to fit holds no memory");
     drop(b);
     assert_eq!(t.used(), 0, "drop frees to the resource");
 }
