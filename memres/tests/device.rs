@@ -3,7 +3,8 @@
 //!
 //! The tests run in parallel over the process's one registry: each uses
 //! devices no other test uses (device 0, the current one, only
-//! `setting_returns_the_previous_resource`).
+//! `setting_returns_the_previous_resource`), below `SIM_DEVICES` (62) where
+//! a default is made.
 #![cfg(not(feature = "cuda"))]
 
 use memres::device::{
@@ -17,26 +18,26 @@ use std::sync::{Arc, Barrier};
 
 #[test]
 fn every_device_has_a_simulated_default_without_registration() {
-    let a = get_per_device_resource(100).unwrap();
-    assert!(Arc::ptr_eq(&a, &get_per_device_resource(100).unwrap()), "made once, then kept");
-    assert!(!Arc::ptr_eq(&a, &get_per_device_resource(101).unwrap()), "one per device");
+    let a = get_per_device_resource(10).unwrap();
+    assert!(Arc::ptr_eq(&a, &get_per_device_resource(10).unwrap()), "made once, then kept");
+    assert!(!Arc::ptr_eq(&a, &get_per_device_resource(11).unwrap()), "one per device");
     let b = a.allocate(1 << 20).unwrap();
     a.deallocate(b).unwrap();
     // Simulated streams have a default too.
-    let s: DynResource<SimStream> = get_per_device_resource(100).unwrap();
+    let s: DynResource<SimStream> = get_per_device_resource(10).unwrap();
     let stream = SimWorld::new().stream();
     s.deallocate_on(s.allocate_on(256, &stream).unwrap(), &stream).unwrap();
 }
 
 #[test]
 fn setting_returns_the_previous_resource() {
-    let default = get_per_device_resource(200).unwrap();
+    let default = get_per_device_resource(20).unwrap();
     let pool: DynResource = Arc::new(Shared::new(CoalescingPool::new(SimDevice::new(1 << 30))));
-    let previous = set_per_device_resource(200, pool.clone()).unwrap();
+    let previous = set_per_device_resource(20, pool.clone()).unwrap();
     assert!(Arc::ptr_eq(&previous, &default));
-    assert!(Arc::ptr_eq(&get_per_device_resource(200).unwrap(), &pool));
+    assert!(Arc::ptr_eq(&get_per_device_resource(20).unwrap(), &pool));
     // A device whose default was never made had nothing to replace.
-    assert!(set_per_device_resource(201, pool.clone()).is_none());
+    assert!(set_per_device_resource(21, pool.clone()).is_none());
     // The current device's, through the same registry: device 0 without
     // CUDA. (Another test read device 0 twice, and this one's set could
     // land between its reads.)
@@ -60,9 +61,9 @@ fn per_device_resources_from_many_threads() {
                 s.spawn(move || {
                     start.wait();
                     // All threads race for the default of one fresh device...
-                    let first = get_per_device_resource(300).unwrap();
+                    let first = get_per_device_resource(30).unwrap();
                     // ...and each sets and gets its own device many times.
-                    let device = 400 + t;
+                    let device = 40 + t;
                     for i in 0..200 {
                         let mine: DynResource = Arc::new(SimDevice::new(1 << 20));
                         let previous = set_per_device_resource(device, mine.clone());
@@ -82,7 +83,7 @@ fn per_device_resources_from_many_threads() {
 
 #[test]
 fn bad_input_through_the_short_path_is_typed_and_changes_nothing() {
-    let mr = Statistics::new(Shared::new(CoalescingPool::new(get_per_device_resource(500).unwrap())));
+    let mr = Statistics::new(Shared::new(CoalescingPool::new(get_per_device_resource(50).unwrap())));
     let live = mr.allocate(1000).unwrap();
     let too_big = Request::MAX_SIZE + 1;
     assert_eq!(
@@ -109,8 +110,8 @@ fn bad_input_through_the_short_path_is_typed_and_changes_nothing() {
 fn a_block_of_one_device_is_foreign_to_another() {
     // Every device's default had the same addresses: device 0 took device
     // 1's block, and freed its own live one under it.
-    let d0: DynResource = get_per_device_resource(700).unwrap();
-    let d1: DynResource = get_per_device_resource(701).unwrap();
+    let d0: DynResource = get_per_device_resource(56).unwrap();
+    let d1: DynResource = get_per_device_resource(57).unwrap();
     let a = d0.allocate(1000).unwrap();
     let b = d1.allocate(1000).unwrap();
     let freed = d0.deallocate(b);

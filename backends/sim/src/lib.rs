@@ -42,7 +42,7 @@ pub use device::SimDevice;
 pub use host::HostMemory;
 pub use order::{HbChecked, HbViolation};
 pub use stack::{
-    builder, keep_vpool, nth_sim_device, register, sim, sim_capacity, sim_device, vpool,
+    builder, keep_vpool, nth_sim_device, register, sim, sim_capacity, sim_device, vpool, ADDRESSES_END,
     DEFAULT_SIM_CAPACITY, SIM_DEVICES, VPOOL_SPACES,
 };
 pub use stream::{SimEvent, SimStream, SimWorld};

@@ -85,8 +85,8 @@ pub fn sim_capacity(value: &Value) -> Result<u64, StackError> {
 /// # Errors
 ///
 /// A bad capacity ([`sim_capacity`]) or an unknown key, at its position;
-/// at the call, a `sim` whose addresses would run past 2^63 (one of more
-/// than [`SIM_DEVICES`] in one stack).
+/// at the call, a `sim` whose addresses would meet the `vpool`s' (one of
+/// more than [`SIM_DEVICES`] in one stack).
 ///
 /// ```
 /// use memres_core::{MemoryResource, Request};
@@ -123,7 +123,7 @@ pub const SIM_DEVICES: u64 = (VPOOLS_FROM - SimDevice::BASE) / SimDevice::MAX_CA
 /// use memres_sim::{sim_device, SimDevice, SIM_DEVICES};
 /// let call = parse("sim(1GiB)")?;
 /// assert_eq!(sim_device(&call, 2)?.addresses().start(), SimDevice::BASE + (2 << 46));
-/// assert!(sim_device(&call, SIM_DEVICES - 1)?.addresses().end() <= 1 << 63);
+/// assert!(sim_device(&call, SIM_DEVICES - 1)?.addresses().end() <= 1 << 52);
 /// assert!(sim_device(&call, SIM_DEVICES).is_err());
 /// # Ok::<(), memres_core::stack::StackError>(())
 /// ```
@@ -157,7 +157,7 @@ pub fn sim_device(call: &Call, nth: u64) -> Result<SimDevice, StackError> {
 pub fn nth_sim_device(capacity: u64, nth: u64) -> memres_core::Result<SimDevice> {
     if nth >= SIM_DEVICES {
         return Err(memres_core::Error::InvalidConfig {
-            what: "too many simulated devices: their addresses run past 2^63",
+            what: "too many simulated devices: their addresses run past 2^52, into the vpools'",
         });
     }
     SimDevice::with_base(capacity, SimDevice::BASE + nth * SimDevice::MAX_CAPACITY)
@@ -165,17 +165,23 @@ pub fn nth_sim_device(capacity: u64, nth: u64) -> memres_core::Result<SimDevice>
 
 /// Where the addresses of the second and later `vpool`s of one stack
 /// start, above every `sim`'s.
-const VPOOLS_FROM: u64 = 1 << 63;
+const VPOOLS_FROM: u64 = 1 << 52;
+
+/// Where the addresses of every `sim` and `vpool` this crate builds end:
+/// 2^53, the integers a JavaScript number holds exactly. PyTorch's memory
+/// viewer reads a snapshot's addresses as such numbers (one of 2^63 or
+/// more it cannot load at all), so a snapshot of these stacks opens there.
+pub const ADDRESSES_END: u64 = 1 << 53;
 
 /// How many simulated address spaces have addresses of their own:
 /// [`keep_vpool`]'s numbers.
-pub const VPOOL_SPACES: u64 = 1 + (u64::MAX - VPOOLS_FROM) / SimAddressSpace::DEFAULT_SPAN;
+pub const VPOOL_SPACES: u64 = 1 + (ADDRESSES_END - VPOOLS_FROM) / SimAddressSpace::DEFAULT_SPAN;
 
 /// Builds the `vpool` call into `cx` over the `nth` of the
 /// [`VPOOL_SPACES`] simulated address spaces with addresses of their own:
 /// the first (`nth` 0) has [`SimAddressSpace::BASE`] (below the first
-/// `sim`'s), the `nth` after it 2^63 + (`nth` - 1) × 2^46 (above every
-/// `sim`'s). The registered `vpool` numbers the `vpool`s of one stack so,
+/// `sim`'s), the `nth` after it 2^52 + (`nth` - 1) × 2^46 (above every
+/// `sim`'s, below [`ADDRESSES_END`]). The registered `vpool` numbers the `vpool`s of one stack so,
 /// and no two of them nor a `sim` of that stack hand out one address; a
 /// builder whose `vpool`s must differ beyond one stack (the Python
 /// package's, where each resource is a stack of its own) numbers them
@@ -194,19 +200,19 @@ pub const VPOOL_SPACES: u64 = 1 + (u64::MAX - VPOOLS_FROM) / SimAddressSpace::DE
 /// let built = memres_sim::builder::<()>().build_with_handles(text, &())?;
 /// let pools = built.all::<Shared<VirtualPool<SimAddressSpace>>>("vpool");
 /// let starts: Vec<u64> = pools.iter().map(|p| p.with(|p| p.space().addresses().start())).collect();
-/// assert_eq!(starts, [SimAddressSpace::BASE, 1 << 63]); // the upstream first
+/// assert_eq!(starts, [SimAddressSpace::BASE, 1 << 52]); // the upstream first
 /// assert_eq!(built.get::<SimDevice>("sim").unwrap().addresses().start(), SimDevice::BASE);
 /// let (a, b) = (built.resource.allocate(Request::new(4000)?, &())?, built.resource.allocate(Request::new(1 << 20)?, &())?);
-/// assert!(a.addr() >= 1 << 63 && b.addr() < SimDevice::BASE);
+/// assert!(a.addr() >= 1 << 52 && b.addr() < SimDevice::BASE);
 /// # built.resource.deallocate(a, &())?;
 /// # built.resource.deallocate(b, &())?;
-/// // The last space ends a span below 2^64; there is none after it.
+/// // The last space ends at 2^53; there is none after it.
 /// let mut b = memres_core::stack::StackBuilder::<()>::new();
 /// let last = memres_sim::VPOOL_SPACES - 1;
 /// b.register("vpool", move |call, cx| memres_sim::keep_vpool(call, cx, last));
 /// let built = b.build_with_handles("vpool(sim)", &())?;
 /// let pool = built.get::<Shared<VirtualPool<SimAddressSpace>>>("vpool").unwrap();
-/// assert_eq!(pool.with(|p| p.space().addresses().end()), u64::MAX - SimAddressSpace::DEFAULT_SPAN + 1);
+/// assert_eq!(pool.with(|p| p.space().addresses().end()), memres_sim::ADDRESSES_END);
 /// b.register("vpool", move |call, cx| memres_sim::keep_vpool(call, cx, last + 1));
 /// assert!(b.build("vpool(sim)", &()).is_err());
 /// # Ok::<(), Box<dyn std::error::Error>>(())
@@ -237,13 +243,12 @@ fn vpool_space(call: &Call, space: SimAddressSpace, nth: u64) -> Result<SimAddre
     if nth == 0 {
         return Ok(space);
     }
-    let at = (nth - 1)
-        .checked_mul(SimAddressSpace::DEFAULT_SPAN)
-        .and_then(|offset| offset.checked_add(VPOOLS_FROM));
-    let refused = memres_core::Error::InvalidConfig {
-        what: "too many simulated address spaces: their addresses run past 2^64",
-    };
-    at.ok_or(refused).and_then(|base| space.at(base)).map_err(|e| call.resource_error(e))
+    if nth >= VPOOL_SPACES {
+        let what = "too many simulated address spaces: their addresses run past 2^53";
+        return Err(call.resource_error(memres_core::Error::InvalidConfig { what }));
+    }
+    let base = VPOOLS_FROM + (nth - 1) * SimAddressSpace::DEFAULT_SPAN;
+    space.at(base).map_err(|e| call.resource_error(e))
 }
 
 /// A builder with the core's names and this crate's leaves.

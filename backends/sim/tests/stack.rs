@@ -489,6 +489,45 @@ fn each_sim_of_a_stack_has_addresses_of_its_own() {
     disjoint(&spaces);
 }
 
+/// PyTorch's memory viewer reads a snapshot's addresses as JavaScript
+/// numbers, exact below 2^53; one of 2^63 or more (a stack's second `vpool`
+/// had its addresses from 2^63) it could not load at all. Every simulated
+/// device and space with addresses of their own lies below 2^53, none
+/// meeting another.
+#[test]
+fn every_simulated_address_lies_below_2_53_for_pytorchs_viewer() {
+    const LIMIT: u64 = 1 << 53;
+    let mut ranges = Vec::new();
+    for nth in 0..memres_sim::SIM_DEVICES {
+        ranges.push(memres_sim::nth_sim_device(SimDevice::MAX_CAPACITY, nth).unwrap().addresses());
+    }
+    for nth in 0..memres_sim::VPOOL_SPACES {
+        let mut b = StackBuilder::<()>::new();
+        b.register("vpool", move |call, cx| memres_sim::keep_vpool(call, cx, nth));
+        let built = b.build_with_handles("vpool(sim)", &()).unwrap();
+        let pool = built.get::<Shared<VirtualPool<SimAddressSpace>>>("vpool").unwrap();
+        ranges.push(pool.with(|p| p.space().addresses()));
+    }
+    for (i, a) in ranges.iter().enumerate() {
+        assert!(a.end() <= LIMIT, "{a:?} runs past 2^53");
+        assert!(
+            ranges[i + 1..].iter().all(|b| a.end() <= b.start() || b.end() <= a.start()),
+            "{a:?} meets another"
+        );
+    }
+    assert_eq!(memres_sim::ADDRESSES_END, LIMIT);
+
+    // Several `vpool`s alive at once in one stack, each serving a block.
+    let text = "binning(vpool(sim), bin(1KiB, vpool(sim)), bin(4KiB, vpool(sim)), bin(8KiB, sim))";
+    let built = build(text).unwrap();
+    let blocks: Vec<Block> =
+        [1000, 4000, 8000, 3 << 20].map(|size| built.allocate(req(size), &()).unwrap()).into();
+    for b in blocks {
+        assert!(b.addr() + b.size() <= LIMIT, "{b:?} runs past 2^53");
+        built.deallocate(b, &()).unwrap();
+    }
+}
+
 #[test]
 fn new_resources_reject_bad_arguments_where_they_are() {
     for (text, pos) in [
