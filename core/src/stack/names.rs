@@ -21,70 +21,74 @@ pub(super) fn register<S: Stream + ?Sized + 'static>(b: &mut StackBuilder<S>)
 where
     S::Event: Send,
 {
+    // Each constructor builds its upstreams, a level of the stack's
+    // recursion, then makes its resource `out_of_line`: the resources are
+    // large (a pool 16 KiB, an arena 8 KiB, moved a few times as they are
+    // made and kept), and made in the constructor's own frame they took that
+    // much of the thread's stack for every level under them (MAX_DEPTH).
     b.register("pool", |call, cx| {
         let config = pool_config(call)?;
         let upstream = cx.upstream(call, 0)?;
         if call.bool_arg("per_stream")? == Some(true) {
-            return per_stream_pool(call, cx, upstream, config);
+            return out_of_line(|| per_stream_pool(call, cx, upstream, config));
         }
-        let pool =
-            CoalescingPool::with_config(upstream, config, cx.stream).map_err(|e| call.resource_error(e))?;
-        Ok(cx.keep_releasing(call, Shared::new(pool)))
+        out_of_line(|| {
+            let pool = CoalescingPool::with_config(upstream, config, cx.stream)
+                .map_err(|e| call.resource_error(e))?;
+            Ok(cx.keep_releasing(call, Shared::new(pool)))
+        })
     });
     b.register("fixed", |call, cx| {
         let config = fixed_config(call)?;
         let upstream = cx.upstream(call, 0)?;
-        let fixed = FixedSizeResource::with_config(upstream, config, cx.stream)
-            .map_err(|e| call.resource_error(e))?;
-        Ok(cx.keep_releasing(call, Shared::new(fixed)))
+        out_of_line(|| {
+            let fixed = FixedSizeResource::with_config(upstream, config, cx.stream)
+                .map_err(|e| call.resource_error(e))?;
+            Ok(cx.keep_releasing(call, Shared::new(fixed)))
+        })
     });
     b.register("binning", |call, cx| {
         let given = binning_bins(call)?;
         let powers = binning_exponents(call)?;
         let upstream = cx.upstream(call, 0)?;
-        let mut bins = BinningResource::<'static, DynResource<S>, S>::new(upstream);
-        // A bin given for a size replaces the power of two of that size.
-        for e in powers.into_iter().flat_map(|(min, max)| min..=max) {
-            if !given.iter().any(|&(size, _)| size == 1 << e) {
-                bins.add_fixed_bin(FixedConfig::new(1 << e)).map_err(|e| call.resource_error(e))?;
-            }
-        }
+        // The bins' resources are built before the binning resource is made.
         // The counted bins whose resources keep no layer: no layer but this
         // one counts their blocks.
         let mut own = alloc::vec::Vec::new();
+        let mut bins = alloc::vec::Vec::with_capacity(given.len());
         for (size, bin) in given {
-            match bin {
-                None => bins.add_fixed_bin(FixedConfig::new(size)),
+            let resource = match bin {
+                None => None,
                 Some(bin) => {
                     let kept = cx.layers_kept();
                     let resource = cx.upstream(bin, 1)?;
                     if cx.layers_kept() == kept {
                         own.push(size);
                     }
-                    bins.add_counted_bin(size, resource)
+                    Some((bin, resource))
                 }
-            }
-            .map_err(|e| bin.unwrap_or(call).resource_error(e))?;
+            };
+            bins.push((size, resource));
         }
-        Ok(cx.keep_releasing_as(call, bins, |bins| Arc::new(BinningLayer { bins, own })))
+        out_of_line(|| keep_binning(call, cx, upstream, powers, bins, own))
     });
     b.register("arena", |call, cx| {
         let config = arena_config(call)?;
         let upstream = cx.upstream(call, 0)?;
-        let arena =
-            ArenaResource::with_config(upstream, config, cx.stream).map_err(|e| call.resource_error(e))?;
-        Ok(cx.keep_releasing(call, arena))
+        out_of_line(|| {
+            let arena = ArenaResource::with_config(upstream, config, cx.stream)
+                .map_err(|e| call.resource_error(e))?;
+            Ok(cx.keep_releasing(call, arena))
+        })
     });
     b.register("stats", |call, cx| {
         call.expect_args(1, &[])?;
-        Ok(cx.keep(call, Statistics::new(cx.upstream(call, 0)?)))
+        let upstream = cx.upstream(call, 0)?;
+        out_of_line(|| Ok(cx.keep(call, Statistics::new(upstream))))
     });
     b.register("track", |call, cx| {
         call.expect_args(1, &["backtraces"])?;
         let backtraces = call.bool_arg("backtraces")?.unwrap_or(false);
-        let tracking = Tracking::new(cx.upstream(call, 0)?);
-        #[cfg(feature = "std")]
-        let tracking = tracking.with_backtraces(backtraces);
         #[cfg(not(feature = "std"))]
         if backtraces {
             let pos = call.keyed("backtraces").map_or(call.pos, |v| v.pos());
@@ -93,11 +97,18 @@ where
                 StackErrorKind::BadValue("backtraces need the feature `std`".into()),
             ));
         }
-        Ok(cx.keep(call, tracking))
+        let upstream = cx.upstream(call, 0)?;
+        out_of_line(|| {
+            let tracking = Tracking::new(upstream);
+            #[cfg(feature = "std")]
+            let tracking = tracking.with_backtraces(backtraces);
+            Ok(cx.keep(call, tracking))
+        })
     });
     b.register("planned", |call, cx| {
         call.expect_args(1, &[])?;
-        Ok(cx.keep_releasing(call, Planned::new(cx.upstream(call, 0)?)))
+        let upstream = cx.upstream(call, 0)?;
+        out_of_line(|| Ok(cx.keep_releasing(call, Planned::new(upstream))))
     });
     b.register("limit", |call, cx| {
         call.expect_args(2, &["bytes"])?;
@@ -105,24 +116,72 @@ where
         let bytes = one_of(call, 1, "bytes")?
             .ok_or_else(|| call.error(StackErrorKind::MissingArg("the limit in bytes")))?
             .size()?;
-        Ok(cx.keep(call, Limiting::new(cx.upstream(call, 0)?, bytes)))
+        let upstream = cx.upstream(call, 0)?;
+        out_of_line(|| Ok(cx.keep(call, Limiting::new(upstream, bytes))))
     });
     b.register("align", |call, cx| {
         call.expect_args(1, &["alignment", "threshold"])?;
         let alignment = call.size_arg("alignment")?.unwrap_or(Aligned::<()>::DEFAULT_ALIGNMENT);
         let threshold = call.size_arg("threshold")?.unwrap_or(Aligned::<()>::DEFAULT_THRESHOLD);
         let upstream = cx.upstream(call, 0)?;
-        let aligned = Aligned::new(upstream, alignment, threshold).map_err(|e| {
-            let pos = call.keyed("alignment").map_or(call.pos, |v| v.pos());
-            StackError::new(pos, StackErrorKind::Resource(e))
-        })?;
-        Ok(cx.keep(call, aligned))
+        out_of_line(|| {
+            let aligned = Aligned::new(upstream, alignment, threshold).map_err(|e| {
+                let pos = call.keyed("alignment").map_or(call.pos, |v| v.pos());
+                StackError::new(pos, StackErrorKind::Resource(e))
+            })?;
+            Ok(cx.keep(call, aligned))
+        })
     });
     #[cfg(feature = "std")]
     b.register("log", |call, cx| {
         let file = log_file(call)?;
-        Ok(cx.keep(call, open_log(file, cx.upstream(call, 0)?)?))
+        let upstream = cx.upstream(call, 0)?;
+        out_of_line(|| Ok(cx.keep(call, open_log(file, upstream)?)))
     });
+}
+
+/// Runs `make` in a frame of its own, popped before the caller returns:
+/// what it makes takes the stack only while it is made, not for every
+/// level of a build's recursion under the caller.
+#[inline(never)]
+fn out_of_line<T>(make: impl FnOnce() -> T) -> T {
+    make()
+}
+
+/// A bin given to `binning`: its size, and its call and resource if it
+/// names one.
+type GivenBin<'c, S> = (u64, Option<(&'c Call, DynResource<S>)>);
+
+/// The `binning` resource over `upstream`: a fixed bin for each power of
+/// two from `powers` that no bin given replaces, and the bins given
+/// (`bins`, their resources built), kept with the counted bins of its own.
+fn keep_binning<S: Stream + ?Sized + 'static>(
+    call: &Call,
+    cx: &Context<'_, S>,
+    upstream: DynResource<S>,
+    powers: Option<(u32, u32)>,
+    bins: alloc::vec::Vec<GivenBin<'_, S>>,
+    own: alloc::vec::Vec<u64>,
+) -> Result<DynResource<S>, StackError>
+where
+    S::Event: Send,
+{
+    let mut binning = BinningResource::<'static, DynResource<S>, S>::new(upstream);
+    // A bin given for a size replaces the power of two of that size.
+    for e in powers.into_iter().flat_map(|(min, max)| min..=max) {
+        if !bins.iter().any(|&(size, _)| size == 1 << e) {
+            binning.add_fixed_bin(FixedConfig::new(1 << e)).map_err(|e| call.resource_error(e))?;
+        }
+    }
+    for (size, bin) in bins {
+        match bin {
+            None => binning.add_fixed_bin(FixedConfig::new(size)).map_err(|e| call.resource_error(e))?,
+            Some((bin, resource)) => {
+                binning.add_counted_bin(size, resource).map_err(|e| bin.resource_error(e))?
+            }
+        }
+    }
+    Ok(cx.keep_releasing_as(call, binning, |bins| Arc::new(BinningLayer { bins, own })))
 }
 
 // Every name above but `binning` (whose bins may be any resource) builds a

@@ -555,3 +555,35 @@ fn a_release_counts_what_left_the_stack_once() {
     assert_eq!(layers.release(&()).unwrap(), before);
     assert_eq!((from_leaves(&below), layers.held_by("pool"), below.release_layers().held()), (0, 0, 0));
 }
+
+/// A build recursed once per level with the layer's resource in its frame
+/// (a pool 16 KiB, moved a few times as it was made and kept): `MAX_DEPTH`
+/// nested pools overflowed a 2 MiB thread stack, aborting the process, and
+/// the C library builds its stack on whichever thread allocates first.
+/// Now `MAX_DEPTH` layers, pools and arenas among them, build and serve on
+/// a thread of 256 KiB, in a debug build as in a release one.
+// Not under Miri: it gives no thread a stack of the size asked, so there
+// is nothing to overflow, and the build has no unsafe code of its own.
+#[cfg(not(miri))]
+#[test]
+fn a_stack_of_max_depth_layers_builds_and_serves_on_a_small_thread_stack() {
+    extern crate std;
+    let layers = ["pool(", "arena(", "binning(", "planned(", "track(", "stats(", "align("];
+    let mut text: alloc::string::String = (0..MAX_DEPTH).map(|i| layers[i % layers.len()]).collect();
+    text += "leaf";
+    text += &")".repeat(MAX_DEPTH);
+    let served = std::thread::Builder::new()
+        .stack_size(256 << 10)
+        .spawn(move || {
+            let mut b = StackBuilder::<()>::new();
+            b.register("leaf", |call, cx| Ok(cx.keep(call, Unbacked::new())));
+            let stack = b.build(&text, &()).unwrap();
+            let block = stack.allocate(crate::Request::new(1000).unwrap(), &()).unwrap();
+            stack.deallocate(block, &()).unwrap();
+            block.size()
+        })
+        .unwrap()
+        .join()
+        .unwrap();
+    assert_eq!(served, 1000);
+}
