@@ -99,10 +99,6 @@ pub struct Logging<R, W: Write = BufWriter<File>> {
     refused_frees: AtomicU64,
     /// Each row is flushed as it is written ([`write_through`](Logging::write_through)).
     write_through: AtomicBool,
-    /// The regular file it writes ([`to_file`](Logging::to_file),
-    /// [`append_to_file`](Logging::append_to_file)), kept from any
-    /// `to_file` of the process while this lives.
-    _file: Option<Claim>,
     /// What tells this log's own code (a row, a flush) running on a thread.
     writing: Key,
 }
@@ -113,8 +109,41 @@ pub struct Logging<R, W: Write = BufWriter<File>> {
 /// in its flush `BufWriter` writes nothing more).
 #[derive(Debug)]
 struct Writer<W: Write> {
-    /// `None` only once [`Logging::into_parts`] took it.
+    /// `None` only once [`Logging::into_parts`] took it, or while the
+    /// rows are `held`.
     inner: Option<W>,
+    /// The rows of a log whose file is made later ([`Logging::held`]),
+    /// until it is ([`Logging::open_held`]).
+    held: Option<Vec<u8>>,
+    /// The regular file it writes ([`to_file`](Logging::to_file),
+    /// [`append_to_file`](Logging::append_to_file)), kept from any
+    /// `to_file` of the process while this lives; given up after the
+    /// writer's last flush.
+    claim: Option<Claim>,
+}
+
+impl<W: Write> Writer<W> {
+    /// Writes one whole row, or holds it.
+    fn row(&mut self, row: &[u8], through: bool) -> io::Result<()> {
+        if let Some(held) = &mut self.held {
+            held.try_reserve(row.len()).map_err(|_| io::Error::from(io::ErrorKind::OutOfMemory))?;
+            held.extend_from_slice(row);
+            return Ok(());
+        }
+        self.write_all(row)?;
+        if through {
+            self.flush()?;
+        }
+        Ok(())
+    }
+
+    /// Flushes the writer; held rows wait for their file.
+    fn flush_out(&mut self) -> io::Result<()> {
+        match self.held {
+            Some(_) => Ok(()),
+            None => self.flush(),
+        }
+    }
 }
 
 impl<W: Write> core::ops::Deref for Writer<W> {
@@ -232,24 +261,34 @@ impl<R> Logging<R> {
     /// assert!(Logging::to_file(BumpUpstream::new(1 << 20), "/no/such/dir/log.csv").is_err());
     /// ```
     pub fn to_file(upstream: R, path: impl AsRef<Path>) -> io::Result<Self> {
-        let path = path.as_ref();
-        // Opened uncut, so that a file another log writes is left whole;
-        // to append, so that logs that append to it later keep their rows.
-        let file = OpenOptions::new().create(true).append(true).open(path)?;
-        // A device (`/dev/null`) or a pipe has no rows to cut or offsets to clash.
-        let claim = match file.metadata()?.is_file() {
-            true => Some(Claim::new_file(&file, path)?),
-            false => None,
-        };
-        if claim.is_some() {
-            file.set_len(0)?;
-        }
-        let mut log = Logging::new(upstream, BufWriter::new(file))?;
-        log._file = claim;
-        // Make the header reach the file now, so that a file that accepts no
-        // writes fails here.
-        log.out.get_mut().unwrap_or_else(|p| p.into_inner()).flush()?;
+        let (out, claim) = new_file(path.as_ref())?;
+        let mut log = Logging::continuing(upstream, out);
+        log.out.get_mut().unwrap_or_else(|p| p.into_inner()).claim = claim;
         Ok(log)
+    }
+
+    /// A log whose file is made later, by [`open_held`](Self::open_held):
+    /// until then it holds its rows, and makes nothing if it is dropped
+    /// first. A stack's `log` layer is so, its file made once the whole
+    /// stack is built: a stack refused leaves the file as it was.
+    pub(crate) fn held(upstream: R) -> Self {
+        Logging::with_writer(upstream, Writer { inner: None, held: Some(Vec::new()), claim: None })
+    }
+
+    /// Makes the file of a [`held`](Self::held) log at `path`, as
+    /// [`to_file`](Self::to_file) does, and writes the rows it held there.
+    ///
+    /// # Errors
+    ///
+    /// [`to_file`](Self::to_file)'s, or the rows held cannot be written;
+    /// the log holds its rows still.
+    pub(crate) fn open_held(&self, path: &Path) -> io::Result<()> {
+        let mut out = self.out.lock().unwrap_or_else(|p| p.into_inner());
+        let (mut file, claim) = new_file(path)?;
+        file.write_all(out.held.as_deref().unwrap_or_default())?;
+        file.flush()?;
+        *out = Writer { inner: Some(file), held: None, claim };
+        Ok(())
     }
 
     /// Logs to the end of the file at `path`, made if missing: after the
@@ -286,9 +325,31 @@ impl<R> Logging<R> {
         let id = FileId::of(&file, path)?;
         let (claim, out) = Claim::appending(id, || start(file))?;
         let mut log = Logging::continuing(upstream, out);
-        log._file = Some(claim);
+        log.out.get_mut().unwrap_or_else(|p| p.into_inner()).claim = Some(claim);
         Ok(log)
     }
+}
+
+/// The file of [`Logging::to_file`] made anew at `path`, its header
+/// written, and its claim (none for a device or a pipe).
+fn new_file(path: &Path) -> io::Result<(BufWriter<File>, Option<Claim>)> {
+    // Opened uncut, so that a file another log writes is left whole;
+    // to append, so that logs that append to it later keep their rows.
+    let file = OpenOptions::new().create(true).append(true).open(path)?;
+    // A device (`/dev/null`) or a pipe has no rows to cut or offsets to clash.
+    let claim = match file.metadata()?.is_file() {
+        true => Some(Claim::new_file(&file, path)?),
+        false => None,
+    };
+    if claim.is_some() {
+        file.set_len(0)?;
+    }
+    let mut out = BufWriter::new(file);
+    writeln!(out, "{HEADER}")?;
+    // Make the header reach the file now, so that a file that accepts no
+    // writes fails here.
+    out.flush()?;
+    Ok((out, claim))
 }
 
 impl<R, W: Write> Logging<R, W> {
@@ -312,14 +373,17 @@ impl<R, W: Write> Logging<R, W> {
 
     /// Logs rows to `writer`, which has the header already.
     fn continuing(upstream: R, writer: W) -> Self {
+        Logging::with_writer(upstream, Writer { inner: Some(writer), held: None, claim: None })
+    }
+
+    fn with_writer(upstream: R, out: Writer<W>) -> Self {
         Logging {
             upstream,
-            out: Mutex::new(Writer { inner: Some(writer) }),
+            out: Mutex::new(out),
             write_errors: AtomicU64::new(0),
             reported_errors: AtomicU64::new(0),
             refused_frees: AtomicU64::new(0),
             write_through: AtomicBool::new(false),
-            _file: None,
             writing: Key::default(),
         }
     }
@@ -335,7 +399,7 @@ impl<R, W: Write> Logging<R, W> {
     pub fn flush(&self) -> io::Result<()> {
         on_thread::run(&self.writing, || {
             let mut out = self.out.lock().unwrap_or_else(|p| p.into_inner());
-            out.flush()?;
+            out.flush_out()?;
             // Under the writer's lock, as every row's count.
             let lost = self.write_errors.load(Ordering::Relaxed);
             let reported = self.reported_errors.swap(lost, Ordering::Relaxed);
@@ -412,9 +476,7 @@ impl<R, W: Write> Logging<R, W> {
             let mut line = [0u8; ROW_BYTES];
             let mut cursor = io::Cursor::new(&mut line[..]);
             let len = writeln!(cursor, "{row}").map(|()| cursor.position() as usize);
-            len.and_then(|n| out.write_all(&line[..n]))
-                .and_then(|()| if through { out.flush() } else { Ok(()) })
-                .is_ok()
+            len.and_then(|n| out.row(&line[..n], through)).is_ok()
         });
         if written != Some(true) {
             self.write_errors.fetch_add(1, Ordering::Relaxed);

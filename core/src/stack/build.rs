@@ -36,7 +36,14 @@ pub struct Context<'a, S: ?Sized> {
     /// The build this one is nested in ([`build_with`](Self::build_with)),
     /// which takes its handles when it ends.
     outer: Option<&'a Context<'a, S>>,
+    /// What is done once the whole stack is built, in order: a `log`
+    /// layer's file is made then, so that a stack refused leaves it as it
+    /// was ([`when_built`](Self::when_built)).
+    when_built: RefCell<Vec<WhenBuilt>>,
 }
+
+/// A step of [`Context::when_built`].
+type WhenBuilt = alloc::boxed::Box<dyn FnOnce() -> Result<(), StackError>>;
 
 /// A typed resource of a built stack, kept so that its figures can be read.
 struct Handle {
@@ -60,7 +67,16 @@ impl<'a, S: ?Sized> Context<'a, S> {
             releasing: RefCell::new(Vec::new()),
             layer_under: Cell::new(false),
             outer,
+            when_built: RefCell::new(Vec::new()),
         }
+    }
+
+    /// Runs what waited for the whole stack to be built, in order.
+    fn finish(self) -> Result<(Vec<Handle>, Vec<Layer<S>>), StackError> {
+        for step in self.when_built.into_inner() {
+            step()?;
+        }
+        Ok((self.handles.into_inner(), self.releasing.into_inner()))
     }
 }
 
@@ -203,7 +219,17 @@ impl<S: Stream + ?Sized + 'static> Context<'_, S> {
         let built = f(&cx);
         self.handles.borrow_mut().append(&mut cx.handles.into_inner());
         self.releasing.borrow_mut().append(&mut cx.releasing.into_inner());
+        self.when_built.borrow_mut().append(&mut cx.when_built.into_inner());
         built
+    }
+
+    /// Has `step` done once the whole stack is built, and the build fail
+    /// with its error: for what a stack refused must leave as it was (a
+    /// `log` layer's file). Not done if the build fails.
+    // Only `log` (feature `std`) waits so far.
+    #[cfg_attr(not(feature = "std"), allow(dead_code))]
+    pub(super) fn when_built(&self, step: impl FnOnce() -> Result<(), StackError> + 'static) {
+        self.when_built.borrow_mut().push(alloc::boxed::Box::new(step));
     }
 
     fn kept_releasing<T: Release<S> + 'static>(&self, call: &Call, resource: T) -> Arc<T> {
@@ -241,7 +267,7 @@ impl<S: Stream + ?Sized + 'static> Context<'_, S> {
         self.releasing.borrow_mut().push(Layer { name: call.name.clone(), pos: call.pos, innermost, layer });
     }
 
-    fn kept<T: Send + Sync + 'static>(&self, call: &Call, resource: T) -> Arc<T> {
+    pub(super) fn kept<T: Send + Sync + 'static>(&self, call: &Call, resource: T) -> Arc<T> {
         let resource = Arc::new(resource);
         self.handles.borrow_mut().push(Handle {
             name: call.name.clone(),
@@ -541,7 +567,10 @@ impl<S: Stream + ?Sized + 'static> StackBuilder<S> {
     /// [`StackErrorKind::WrongKind`] at the call if its name is not such a
     /// leaf of `E`; else as [`build_call`](Self::build_call).
     pub fn build_leaf_of<E: 'static>(&self, call: &Call, stream: &S) -> Result<LeafOf<S, E>, StackError> {
-        Context::new(self, stream, None).build_leaf_of_with(self, call)
+        let cx = Context::new(self, stream, None);
+        let leaf = cx.build_leaf_of_with(self, call)?;
+        cx.finish()?;
+        Ok(leaf)
     }
 
     /// Registers (or replaces) `name` as a leaf that is `resource`, made by
@@ -615,11 +644,11 @@ impl<S: Stream + ?Sized + 'static> StackBuilder<S> {
     pub fn build_call_with_handles(&self, call: &Call, stream: &S) -> Result<Built<S>, StackError> {
         let cx = Context::new(self, stream, None);
         let resource = self.build_in(call, &cx)?;
-        let mut handles = cx.handles.into_inner();
+        let (mut handles, releasing) = cx.finish()?;
         // A call's upstreams are written after its name: by position is
         // outermost first.
         handles.sort_by_key(|h| h.pos);
-        Ok(Built { resource, handles, releasing: ReleaseLayers::new(cx.releasing.into_inner()) })
+        Ok(Built { resource, handles, releasing: ReleaseLayers::new(releasing) })
     }
 
     fn build_in(&self, call: &Call, cx: &Context<'_, S>) -> Result<DynResource<S>, StackError> {

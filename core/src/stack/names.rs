@@ -136,7 +136,7 @@ where
     b.register("log", |call, cx| {
         let file = log_file(call)?;
         let upstream = cx.upstream(call, 0)?;
-        out_of_line(|| Ok(cx.keep(call, open_log(file, upstream)?)))
+        out_of_line(|| keep_log(call, cx, file, upstream))
     });
 }
 
@@ -146,6 +146,31 @@ where
 #[inline(never)]
 fn out_of_line<T>(make: impl FnOnce() -> T) -> T {
     make()
+}
+
+/// The `log` layer over `upstream`, its file made once the whole stack is
+/// built: a stack refused after this layer was built (an outer layer's
+/// argument, a pool's initial size out of memory) leaves the file as it
+/// was. What the layer logs meanwhile (that initial allocation) is held
+/// and written after the header.
+#[cfg(feature = "std")]
+fn keep_log<S: Stream + ?Sized + 'static>(
+    call: &Call,
+    cx: &Context<'_, S>,
+    file: &Value,
+    upstream: DynResource<S>,
+) -> Result<DynResource<S>, StackError> {
+    let (path, pos) = (alloc::string::String::from(file.text()?), file.pos());
+    let log = cx.kept(call, crate::adaptor::Logging::held(upstream));
+    let opened = log.clone();
+    cx.when_built(move || opened.open_held(path.as_ref()).map_err(|e| log_error(pos, &path, e)));
+    Ok(log)
+}
+
+/// The error of a log file that cannot be made.
+#[cfg(feature = "std")]
+fn log_error(pos: usize, path: &str, e: std::io::Error) -> StackError {
+    StackError::new(pos, StackErrorKind::Io(format!("cannot log to `{path}`: {e}")))
 }
 
 /// A bin given to `binning`: its size, and its call and resource if it
@@ -581,8 +606,7 @@ pub fn log_file(call: &Call) -> Result<&Value, StackError> {
 #[cfg(feature = "std")]
 pub fn open_log<R>(file: &Value, upstream: R) -> Result<crate::adaptor::Logging<R>, StackError> {
     let path = file.text()?;
-    crate::adaptor::Logging::to_file(upstream, path)
-        .map_err(|e| StackError::new(file.pos(), StackErrorKind::Io(format!("cannot log to `{path}`: {e}"))))
+    crate::adaptor::Logging::to_file(upstream, path).map_err(|e| log_error(file.pos(), path, e))
 }
 
 /// A leaf with no memory behind it: it hands out addresses from a counter,

@@ -587,3 +587,34 @@ fn a_stack_of_max_depth_layers_builds_and_serves_on_a_small_thread_stack() {
         .unwrap();
     assert_eq!(served, 1000);
 }
+
+/// A stack refused after its `log` layer was built (an outer layer's bad
+/// argument, a pool whose initial size its upstream cannot give, a bin's
+/// bad argument) had made the log file anew: what it held was gone. The
+/// file is made once the whole stack is built, with what the layer logged
+/// while it was (the pool's initial chunk).
+#[test]
+fn a_refused_stack_leaves_its_log_file_as_it_was() {
+    extern crate std;
+    let dir = std::env::temp_dir().join(alloc::format!("memres-refused-log-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("log.csv");
+    let mut b = StackBuilder::<()>::new();
+    b.register("leaf", |call, cx| Ok(cx.keep(call, Unbacked::new())));
+    b.register("small", |call, cx| Ok(cx.keep(call, crate::testing::BumpUpstream::new(1 << 20))));
+    for text in [
+        "align(log(leaf, file={F}), alignment=3)",
+        "pool(log(small, file={F}), initial=2MiB)",
+        "binning(log(leaf, file={F}), bin(4KiB, pool(leaf, growth=0)))",
+    ] {
+        std::fs::write(&path, "precious rows\n").unwrap();
+        let text = text.replace("{F}", path.to_str().unwrap());
+        assert!(b.build(&text, &()).is_err(), "{text}");
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), "precious rows\n", "{text}");
+    }
+    let text = alloc::format!("pool(log(leaf, file={}), initial=1MiB)", path.display());
+    drop(b.build(&text, &()).unwrap());
+    let rows = crate::trace::read_all(&std::fs::read(&path).unwrap()[..]).unwrap();
+    assert_eq!((rows[0].action, rows[0].size), (crate::trace::Action::Allocate, 1 << 20));
+    std::fs::remove_dir_all(&dir).unwrap();
+}
