@@ -228,7 +228,8 @@ impl std::error::Error for ReadError {
     }
 }
 
-/// The longest line [`read`] takes, in bytes, its line break not counted:
+/// The longest line [`read`] takes, in bytes, its line break (`\n` or
+/// `\r\n`) not counted:
 /// a row of the format is under 200 bytes, and a longer line (a file with no
 /// line break, a gzip of zeros) would otherwise grow without bound.
 pub const MAX_LINE: usize = 4096;
@@ -260,22 +261,22 @@ pub fn read(
     let mut number = 0u64;
     loop {
         bytes.clear();
-        // One byte past the longest line tells a longer one, whose rest is
-        // never read.
+        // One byte past the longest line and its longest break (`\r\n`)
+        // tells a longer one, whose rest is never read.
         let n =
-            (&mut reader).take(MAX_LINE as u64 + 1).read_until(b'\n', &mut bytes).map_err(ReadError::Io)?;
+            (&mut reader).take(MAX_LINE as u64 + 2).read_until(b'\n', &mut bytes).map_err(ReadError::Io)?;
         if n == 0 {
             return Ok(());
         }
         number += 1;
         let malformed = |what| ReadError::Malformed { line: number, what };
         let text = match bytes.strip_suffix(b"\n") {
-            Some(text) => text,
-            None if bytes.len() > MAX_LINE => {
-                return Err(malformed(alloc::format!("longer than {MAX_LINE} bytes")))
-            }
+            Some(text) => text.strip_suffix(b"\r").unwrap_or(text),
             None => &bytes[..],
         };
+        if text.len() > MAX_LINE {
+            return Err(malformed(alloc::format!("longer than {MAX_LINE} bytes")));
+        }
         let line = core::str::from_utf8(text)
             .map_err(|e| malformed(alloc::format!("not UTF-8 (byte {} of the line)", e.valid_up_to() + 1)))?;
         // A byte-order mark is no text of a row: the first line of a file

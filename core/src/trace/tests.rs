@@ -192,6 +192,24 @@ fn a_line_longer_than_the_longest_row_is_refused_without_reading_its_rest() {
     }
 }
 
+/// A line break is not counted in `MAX_LINE`, `\r\n` (a trace saved on
+/// Windows) no more than `\n`: a line of `MAX_LINE` bytes and `\r\n` was
+/// refused as longer.
+#[test]
+fn a_crlf_line_break_is_not_counted_in_the_longest_line() {
+    let header = "Thread,Time,Action,Pointer,Size,Stream\r\n";
+    let row = "0,1,free,0x10,1,0";
+    let longest = format!("{row}{}", " ".repeat(MAX_LINE - row.len())); // spaces trimmed
+    for rest in ["\r\n0,2,free,0x20,2,0\r\n", "\r\n", ""] {
+        let rows = read_all(format!("{header}{longest}{rest}").as_bytes()).unwrap();
+        assert_eq!(rows[0].size, 1, "{rest:?}");
+    }
+    for line_break in ["\r\n", "\n", ""] {
+        let e = read_all(format!("{header}{longest} {line_break}").as_bytes()).unwrap_err();
+        assert_eq!(e.to_string(), format!("line 2: longer than {MAX_LINE} bytes"), "{line_break:?}");
+    }
+}
+
 /// A byte-order mark that starts a file (or a file that `cat` joined) is
 /// dropped, and a header with spaces before it is a header: line 1 was
 /// `unknown action \`Action\``, a data row after a mark an unknown thread.
