@@ -298,8 +298,8 @@ pub fn pool_config(call: &Call) -> Result<PoolConfig, StackError> {
             }
             None => Growth::Double,
         },
-        Some((pos, text)) => match text.parse::<u32>() {
-            Ok(divisor) if divisor > 0 => Growth::Fraction { divisor, granule },
+        Some((pos, text)) => match super::parse::whole_u32(text) {
+            Some(divisor) if divisor > 0 => Growth::Fraction { divisor, granule },
             _ => {
                 return Err(StackError::new(
                     pos,

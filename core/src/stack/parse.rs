@@ -218,6 +218,15 @@ impl<'a> Parser<'a> {
     }
 }
 
+/// A whole number of 32 bits: digits only, with no sign, as sizes and the
+/// trace reader's numbers are (`str::parse` takes a leading `+`).
+pub(super) fn whole_u32(text: &str) -> Option<u32> {
+    match text.bytes().all(|b| b.is_ascii_digit()) {
+        true => text.parse().ok(),
+        false => None,
+    }
+}
+
 /// Reads a size: a decimal number with an optional suffix, in any case:
 /// `B`; `K`/`KiB`, `M`/`MiB`, `G`/`GiB`, `T`/`TiB` (powers of 1024);
 /// `KB`, `MB`, `GB`, `TB` (powers of 1000, as the SI units they are).
@@ -455,7 +464,8 @@ impl Call {
     /// # Errors
     ///
     /// [`StackErrorKind::BadValue`] at the value if it is not a whole number
-    /// that fits 32 bits.
+    /// that fits 32 bits (digits only: `+16` is refused, as a size with a
+    /// sign is).
     ///
     /// ```
     /// let c = memres_core::stack::parse("fixed(sim, blocks=16, size=x)")?;
@@ -466,7 +476,7 @@ impl Call {
     pub fn u32_arg(&self, key: &str, what: &str) -> Result<Option<u32>, StackError> {
         let Some(v) = self.keyed(key) else { return Ok(None) };
         let text = v.text()?;
-        text.parse::<u32>().map(Some).map_err(|_| {
+        whole_u32(text).map(Some).ok_or_else(|| {
             StackError::new(v.pos(), StackErrorKind::BadValue(alloc::format!("{key} `{text}`: {what}")))
         })
     }

@@ -104,6 +104,23 @@ fn bad_sizes_unknown_and_duplicate_keys() {
     assert_eq!(c.resource(2).unwrap_err().kind, StackErrorKind::MissingArg("an upstream resource"));
 }
 
+/// Whole numbers are digits only, as sizes and the trace reader's numbers
+/// are: `growth=+4` and `blocks=+16` were taken (`str::parse` reads a
+/// leading `+`) where `initial=+4` was refused.
+#[test]
+fn whole_numbers_take_no_sign() {
+    for (text, at) in [("pool(sim, growth=+4)", 17), ("pool(sim, growth=-4)", 17)] {
+        let e = pool_config(&parse(text).unwrap()).unwrap_err();
+        assert_eq!((e.pos, matches!(e.kind, StackErrorKind::BadValue(_))), (at, true), "{text}: {e}");
+    }
+    for (text, at) in [("fixed(sim, blocks=+16)", 18), ("fixed(sim, blocks=16x)", 18)] {
+        let e = fixed_config(&parse(text).unwrap()).unwrap_err();
+        assert_eq!((e.pos, matches!(e.kind, StackErrorKind::BadValue(_))), (at, true), "{text}: {e}");
+    }
+    assert_eq!(parse("fixed(sim, blocks=16)").unwrap().u32_arg("blocks", "").unwrap(), Some(16));
+    assert!(parse_size("+4").is_none());
+}
+
 #[test]
 fn sizes() {
     for (text, want) in [
