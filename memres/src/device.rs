@@ -158,7 +158,7 @@ pub fn set_current_device_resource<S: Stream + ?Sized + 'static>(
 /// The default's: the driver's error as [`Error::Backend`] for a device
 /// that does not exist (`cuda`), [`Error::InvalidConfig`] for a device of
 /// [`SIM_DEVICES`](memres_sim::SIM_DEVICES) or more (`sim`: their addresses
-/// would run past 2^52), for a `MEMRES_LOG_FILE` that cannot be made, or
+/// would run into the `vpool`s'), for a `MEMRES_LOG_FILE` that cannot be made, or
 /// for a stream type with no default; nothing is stored then.
 pub fn get_per_device_resource<S: Stream + ?Sized + 'static>(device: DeviceId) -> Result<DynResource<S>> {
     install_defaults();

@@ -3,7 +3,7 @@
 //!
 //! The tests run in parallel over the process's one registry: each uses
 //! devices no other test uses (device 0, the current one, only
-//! `setting_returns_the_previous_resource`), below `SIM_DEVICES` (62) where
+//! `setting_returns_the_previous_resource`), below `SIM_DEVICES` (64) where
 //! a default is made.
 #![cfg(not(feature = "cuda"))]
 

@@ -106,8 +106,9 @@ pub fn sim<S: Stream + ?Sized + 'static>(call: &Call, cx: &Context<'_, S>) -> Re
 }
 
 /// How many simulated devices have addresses of their own, below those of
-/// every `vpool` but a stack's first: [`sim_device`]'s numbers.
-pub const SIM_DEVICES: u64 = (VPOOLS_FROM - SimDevice::BASE) / SimDevice::MAX_CAPACITY;
+/// every `vpool` but a stack's first: [`sim_device`]'s numbers. 64, the
+/// Python package's devices, each a default `sim` of its own.
+pub const SIM_DEVICES: u64 = 64;
 
 /// The device of a `sim` call, the `nth` of the [`SIM_DEVICES`] with
 /// addresses of their own: from [`SimDevice::BASE`] + `nth` × 2^46. For a
@@ -123,7 +124,7 @@ pub const SIM_DEVICES: u64 = (VPOOLS_FROM - SimDevice::BASE) / SimDevice::MAX_CA
 /// use memres_sim::{sim_device, SimDevice, SIM_DEVICES};
 /// let call = parse("sim(1GiB)")?;
 /// assert_eq!(sim_device(&call, 2)?.addresses().start(), SimDevice::BASE + (2 << 46));
-/// assert!(sim_device(&call, SIM_DEVICES - 1)?.addresses().end() <= 1 << 52);
+/// assert!(sim_device(&call, SIM_DEVICES - 1)?.addresses().end() <= memres_sim::ADDRESSES_END);
 /// assert!(sim_device(&call, SIM_DEVICES).is_err());
 /// # Ok::<(), memres_core::stack::StackError>(())
 /// ```
@@ -157,15 +158,15 @@ pub fn sim_device(call: &Call, nth: u64) -> Result<SimDevice, StackError> {
 pub fn nth_sim_device(capacity: u64, nth: u64) -> memres_core::Result<SimDevice> {
     if nth >= SIM_DEVICES {
         return Err(memres_core::Error::InvalidConfig {
-            what: "too many simulated devices: their addresses run past 2^52, into the vpools'",
+            what: "too many simulated devices: their addresses would run into the vpools'",
         });
     }
     SimDevice::with_base(capacity, SimDevice::BASE + nth * SimDevice::MAX_CAPACITY)
 }
 
 /// Where the addresses of the second and later `vpool`s of one stack
-/// start, above every `sim`'s.
-const VPOOLS_FROM: u64 = 1 << 52;
+/// start, above every `sim`'s (2^52 + 127 TiB).
+const VPOOLS_FROM: u64 = SimDevice::BASE + SIM_DEVICES * SimDevice::MAX_CAPACITY;
 
 /// Where the addresses of every `sim` and `vpool` this crate builds end:
 /// 2^53, the integers a JavaScript number holds exactly. PyTorch's memory
@@ -180,7 +181,7 @@ pub const VPOOL_SPACES: u64 = 1 + (ADDRESSES_END - VPOOLS_FROM) / SimAddressSpac
 /// Builds the `vpool` call into `cx` over the `nth` of the
 /// [`VPOOL_SPACES`] simulated address spaces with addresses of their own:
 /// the first (`nth` 0) has [`SimAddressSpace::BASE`] (below the first
-/// `sim`'s), the `nth` after it 2^52 + (`nth` - 1) × 2^46 (above every
+/// `sim`'s), the `nth` after it 2^52 + 127 TiB + (`nth` - 1) × 2^46 (above every
 /// `sim`'s, below [`ADDRESSES_END`]). The registered `vpool` numbers the `vpool`s of one stack so,
 /// and no two of them nor a `sim` of that stack hand out one address; a
 /// builder whose `vpool`s must differ beyond one stack (the Python
@@ -200,19 +201,21 @@ pub const VPOOL_SPACES: u64 = 1 + (ADDRESSES_END - VPOOLS_FROM) / SimAddressSpac
 /// let built = memres_sim::builder::<()>().build_with_handles(text, &())?;
 /// let pools = built.all::<Shared<VirtualPool<SimAddressSpace>>>("vpool");
 /// let starts: Vec<u64> = pools.iter().map(|p| p.with(|p| p.space().addresses().start())).collect();
-/// assert_eq!(starts, [SimAddressSpace::BASE, 1 << 52]); // the upstream first
+/// let above_the_sims = SimDevice::BASE + memres_sim::SIM_DEVICES * SimDevice::MAX_CAPACITY;
+/// assert_eq!(starts, [SimAddressSpace::BASE, above_the_sims]); // the upstream first
 /// assert_eq!(built.get::<SimDevice>("sim").unwrap().addresses().start(), SimDevice::BASE);
 /// let (a, b) = (built.resource.allocate(Request::new(4000)?, &())?, built.resource.allocate(Request::new(1 << 20)?, &())?);
-/// assert!(a.addr() >= 1 << 52 && b.addr() < SimDevice::BASE);
+/// assert!(a.addr() >= above_the_sims && b.addr() < SimDevice::BASE);
 /// # built.resource.deallocate(a, &())?;
 /// # built.resource.deallocate(b, &())?;
-/// // The last space ends at 2^53; there is none after it.
+/// // The last space ends within a span of 2^53; there is none after it.
 /// let mut b = memres_core::stack::StackBuilder::<()>::new();
 /// let last = memres_sim::VPOOL_SPACES - 1;
 /// b.register("vpool", move |call, cx| memres_sim::keep_vpool(call, cx, last));
 /// let built = b.build_with_handles("vpool(sim)", &())?;
 /// let pool = built.get::<Shared<VirtualPool<SimAddressSpace>>>("vpool").unwrap();
-/// assert_eq!(pool.with(|p| p.space().addresses().end()), memres_sim::ADDRESSES_END);
+/// let end = pool.with(|p| p.space().addresses().end());
+/// assert!(end <= memres_sim::ADDRESSES_END && end + SimAddressSpace::DEFAULT_SPAN > memres_sim::ADDRESSES_END);
 /// b.register("vpool", move |call, cx| memres_sim::keep_vpool(call, cx, last + 1));
 /// assert!(b.build("vpool(sim)", &()).is_err());
 /// # Ok::<(), Box<dyn std::error::Error>>(())
