@@ -2078,6 +2078,31 @@ impl MemoryResource for CutShort {
     }
 }
 
+impl CutShort {
+    /// Serves 3 MiB requests (the carry region of [`spare_kept`]'s steps)
+    /// with half as many bytes, and refuses their frees.
+    fn refusing() -> Self {
+        CutShort {
+            up: BumpUpstream::new(1 << 30),
+            short: 3 * MIB,
+            cut: Default::default(),
+            refusing: true.into(),
+        }
+    }
+}
+
+/// Three steps of gradients of 1 and 2 MiB through `p` over
+/// [`CutShort::refusing`], after which the layer keeps a spare (a carry
+/// region served short, whose free was refused). Returns the gradients
+/// still live.
+fn spare_kept(p: &Planned<&CutShort>) -> Vec<Block> {
+    let mut grads = Vec::new();
+    for _ in 0..3 {
+        grads_step(p, &(), &mut grads, &[MIB, 2 * MIB]);
+    }
+    grads
+}
+
 impl Inspect for CutShort {
     fn usage(&self) -> Usage {
         self.up.usage()
@@ -2094,12 +2119,7 @@ impl Inspect for CutShort {
 #[test]
 fn a_short_carry_region_whose_free_is_refused_stays_held_until_it_can_go_back() {
     use core::sync::atomic::Ordering::Relaxed;
-    let short = CutShort {
-        up: BumpUpstream::new(1 << 30),
-        short: 3 * MIB,
-        cut: Default::default(),
-        refusing: true.into(),
-    };
+    let short = CutShort::refusing();
     let held = |p: &Planned<&CutShort>| (p.held(), short.up.usage().held);
     {
         let p = Planned::new(&short);
@@ -2148,17 +2168,9 @@ fn a_short_carry_region_whose_free_is_refused_stays_held_until_it_can_go_back() 
 /// and free, and no part of the largest free block. It was counted used.
 #[test]
 fn a_spare_region_is_counted_held_and_free_not_used() {
-    let short = CutShort {
-        up: BumpUpstream::new(1 << 30),
-        short: 3 * MIB,
-        cut: Default::default(),
-        refusing: true.into(),
-    };
+    let short = CutShort::refusing();
     let p = Planned::new(&short);
-    let mut grads = Vec::new();
-    for _ in 0..3 {
-        grads_step(&p, &(), &mut grads, &[MIB, 2 * MIB]);
-    }
+    let mut grads = spare_kept(&p);
     assert_eq!(short.cut.lock().unwrap().len(), 1, "a spare kept");
     let (spare, region) = (3 * MIB / 2, p.steps().region);
     assert_eq!(p.held(), region + spare + 3 * MIB, "the gradients passed through");
@@ -2181,17 +2193,9 @@ fn a_spare_region_is_counted_held_and_free_not_used() {
 /// spare (spares were not checked).
 #[test]
 fn the_layer_checker_finds_a_spare_past_its_block_or_over_a_region_or_another_spare() {
-    let short = CutShort {
-        up: BumpUpstream::new(1 << 30),
-        short: 3 * MIB,
-        cut: Default::default(),
-        refusing: true.into(),
-    };
+    let short = CutShort::refusing();
     let p = Planned::new(&short);
-    let mut grads = Vec::new();
-    for _ in 0..3 {
-        grads_step(&p, &(), &mut grads, &[MIB, 2 * MIB]);
-    }
+    let mut grads = spare_kept(&p);
     let (spare, region) = p.state.with(|s| (s.spares[0], s.region));
     assert!(!region.is_empty(), "a step's region");
     p.check_layer().unwrap();
@@ -2216,17 +2220,9 @@ fn the_layer_checker_finds_a_spare_past_its_block_or_over_a_region_or_another_sp
 #[test]
 fn a_spare_whose_free_panics_in_a_step_stays_held_and_the_steps_go_on() {
     use core::sync::atomic::Ordering::Relaxed;
-    let short = CutShort {
-        up: BumpUpstream::new(1 << 30),
-        short: 3 * MIB,
-        cut: Default::default(),
-        refusing: true.into(),
-    };
+    let short = CutShort::refusing();
     let p = Planned::new(&short);
-    let mut grads = Vec::new();
-    for _ in 0..3 {
-        grads_step(&p, &(), &mut grads, &[MIB, 2 * MIB]);
-    }
+    let mut grads = spare_kept(&p);
     assert_eq!(short.cut.lock().unwrap().len(), 1, "a spare kept");
     // A step of another shape: the next one lays out.
     p.step(&()).unwrap();
