@@ -52,7 +52,7 @@
 //!
 //! # Frees by address
 //!
-//! A C caller frees with a pointer; the resources want the [`Block`](memres_core::Block) they
+//! A C caller frees with a pointer; the resources want the [`Block`] they
 //! handed out, tag included. Each device keeps its live blocks in a sharded
 //! hash table ([`table::Table`]), filled by `memres_alloc` and emptied by
 //! `memres_free`, so a free costs one hash lookup under an uncontended lock
