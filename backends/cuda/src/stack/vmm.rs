@@ -73,8 +73,8 @@ pub type VmmPools =
 /// `slack=` (free committed memory is trimmed only above 1 + slack/1000
 /// times the peak in use; default 40), `handle_granules=` (the most granules one
 /// physical handle spans, 1 to 64; default 32), `large_handles=` (`false`,
-/// the default, or `true`: a long fresh run is mapped in handles of up to
-/// an eighth of it and a sixty-fourth of the space,
+/// the default, or `true`: a long fresh run may be mapped in handles longer
+/// than `handle_granules`, up to an eighth of it and a sixty-fourth of the space,
 /// [`CudaVirtualSpace::with_large_handles`]), `trim_on_commit=`
 /// (`true`, the default, or `false`: see [`VirtualConfig::trim_on_commit`])
 /// and `per_stream=` (`false`, the default, or `true`: a pool per stream,
@@ -111,8 +111,8 @@ pub struct VmmConfig {
     pub release_threshold: u64,
     /// The most granules one physical handle spans (1 to 64).
     pub handle_granules: u32,
-    /// Whether a long fresh run is mapped in handles of up to an eighth of
-    /// it and a sixty-fourth of the space
+    /// Whether a long fresh run may be mapped in handles longer than
+    /// `handle_granules`, up to an eighth of it and a sixty-fourth of the space
     /// ([`CudaVirtualSpace::with_large_handles`]).
     pub large_handles: bool,
     /// Whether an allocation that maps past the peak first decommits idle

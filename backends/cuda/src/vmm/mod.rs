@@ -26,8 +26,9 @@ const MAX_HANDLE_GRANULES: u32 = 64;
 /// ```text
 ///  reserve(len)  ── cuMemAddressReserve (aligned to the granule)
 ///  commit(r)     ── for each uncommitted run of r, in handles of at most
-///                   `handle_granules` granules (with large handles, up to
-///                   an eighth of a long run): cuMemCreate + cuMemMap,
+///                   `handle_granules` granules (with large handles, a
+///                   long run's may be longer, up to an eighth of it):
+///                   cuMemCreate + cuMemMap,
 ///                   then one cuMemSetAccess (read/write, this device)
 ///  decommit(r,s) ── s.synchronize(), then cuMemUnmap + cuMemRelease of
 ///                   every handle none of whose granules is committed now
@@ -105,7 +106,11 @@ const MAX_HANDLE_GRANULES: u32 = 64;
 ///
 /// Out of physical memory is [`Error::OutOfMemory`] with the range asked
 /// for, the device's free memory (`largest_free`), this space's mapped
-/// bytes (`pool_size`) and the device's memory (`max_size`); misuse (a range
+/// bytes (`pool_size`) and the device's memory (`max_size`); out of
+/// addresses at a [`reserve`](ReservableSpace::reserve) is
+/// [`Error::OutOfMemory`] too, with the length asked for, no free figure
+/// (`largest_free` 0), the bytes this space has reserved (`pool_size`) and
+/// no `max_size`; misuse (a range
 /// not aligned, outside the reservations, committed twice) is
 /// [`Error::InvalidConfig`]; other driver failures are [`Error::Backend`].
 /// A failed call changes nothing, but for a decommit whose undo fails too
@@ -143,8 +148,9 @@ pub struct CudaVirtualSpace {
     granule: u64,
     /// The most granules per physical handle (1 to 64).
     handle_granules: u32,
-    /// Whether a long fresh run is mapped in handles of up to an eighth of
-    /// it ([`with_large_handles`](Self::with_large_handles)).
+    /// Whether a long fresh run may be mapped in handles longer than
+    /// `handle_granules`, up to an eighth of it
+    /// ([`with_large_handles`](Self::with_large_handles)).
     large_handles: bool,
     state: Mutex<State>,
 }
@@ -378,9 +384,12 @@ impl CudaVirtualSpace {
     }
 
     /// Maps a fresh run of at least [`LARGE_RUN`](Self::LARGE_RUN)
-    /// granules in handles of up to an eighth of it and a sixty-fourth of
-    /// what the space has mapped (a power of two of granules, at most 64),
-    /// and other runs in handles of up to `handle_granules`. A new peak of
+    /// granules in handles of the largest power of two of granules within
+    /// an eighth of it and a sixty-fourth of what the space has mapped (at
+    /// most 64), or of `handle_granules` where that is more: large handles
+    /// only ever lengthen handles, so they change something only where
+    /// `handle_granules` is below that bound (the recommended stack has
+    /// 1). Other runs are mapped in handles of up to `handle_granules`. A new peak of
     /// gigabytes then takes hundreds of handles rather than thousands, and
     /// the driver's time goes by handles (`docs/measurements.md`, "Large
     /// handles").

@@ -35,6 +35,8 @@ struct Model {
     refused: u64,
     /// Questions of the device's free memory.
     infos: u64,
+    /// Bytes of addresses the driver reserves at most (0: no limit).
+    addresses: u64,
     /// Calls of each kind to let through before one fails (0: none).
     fail_map: u64,
     fail_access: u64,
@@ -65,6 +67,9 @@ impl Driver for Arc<Fake> {
     fn reserve(&self, len: u64, align: u64) -> core::result::Result<u64, Code> {
         let mut m = self.0.lock().unwrap();
         assert!(len % align == 0 && align == G);
+        if m.addresses != 0 && m.reservations.values().sum::<u64>() + len > m.addresses {
+            return Err(sys::CUDA_ERROR_OUT_OF_MEMORY);
+        }
         let start = (1 << 40) + m.next;
         m.next += len + G;
         m.reservations.insert(start, len);
@@ -328,6 +333,45 @@ fn long_fresh_runs_are_mapped_in_handles_of_an_eighth_of_them() {
     plain.commit(sub(r, 0, 64)).unwrap();
     assert_eq!(plain.handle_count(), 64);
     agree(&plain, &plain_fake);
+}
+
+#[test]
+fn out_of_addresses_is_out_of_memory_with_the_bytes_reserved() {
+    let (space, fake) = space(1 << 40, 1);
+    fake.0.lock().unwrap().addresses = 96 * G;
+    let r = space.reserve(64 * G).unwrap();
+    space.commit(sub(r, 0, 4)).unwrap();
+    let err = space.reserve(64 * G).unwrap_err();
+    assert_eq!(
+        err,
+        Error::OutOfMemory { requested: 64 * G, largest_free: 0, pool_size: 64 * G, max_size: None }
+    );
+    // Nothing changed: the first reservation serves on, and a smaller one fits.
+    assert_eq!(space.mapped_bytes(), 4 * G);
+    space.commit(sub(r, 4, 4)).unwrap();
+    space.reserve(32 * G).unwrap();
+    agree(&space, &fake);
+}
+
+#[test]
+fn large_handles_only_lengthen_the_handles_of_handle_granules() {
+    let (space, fake) = space(1 << 40, 4);
+    let space = space.with_large_handles(true);
+    let r = space.reserve(8192 * G).unwrap();
+    let lens = |from: u64, to: u64| -> Vec<u64> {
+        let fake = fake.0.lock().unwrap();
+        fake.maps.range(r.start() + from * G..r.start() + to * G).map(|(_, v)| v.0 / G).collect()
+    };
+    // From nothing mapped, the bound is one granule: handles of 4 all the same.
+    space.commit(sub(r, 0, 4096)).unwrap();
+    assert_eq!(lens(0, 4096), [4; 1024]);
+    // An eighth of a run of 16 is 2, under 4: still handles of 4; a run of
+    // 1000 gets handles of 64.
+    space.commit(sub(r, 4096, 16)).unwrap();
+    assert_eq!(lens(4096, 4112), [4; 4]);
+    space.commit(sub(r, 4112, 1000)).unwrap();
+    assert_eq!(lens(4112, 4112 + 1000)[0], 64);
+    agree(&space, &fake);
 }
 
 #[test]
