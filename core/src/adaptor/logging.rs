@@ -113,7 +113,7 @@ struct Writer<W: Write> {
     /// rows are `held`.
     inner: Option<W>,
     /// The rows of a log whose file is made later ([`Logging::held`]),
-    /// until it is ([`Logging::open_held`]).
+    /// until it is ([`Logging::start_held`]).
     held: Option<Vec<u8>>,
     /// The regular file it writes ([`to_file`](Logging::to_file),
     /// [`append_to_file`](Logging::append_to_file)), kept from any
@@ -250,8 +250,9 @@ impl<R> Logging<R> {
     ///
     /// # Errors
     ///
-    /// The file cannot be created, or the header not written: at
-    /// construction, never at the first allocation. `AlreadyExists` while
+    /// The file cannot be created, or the header not written (a file it
+    /// made is then removed): at construction, never at the first
+    /// allocation. `AlreadyExists` while
     /// another log of this process writes the same file, by whatever path
     /// (which is then left as it is).
     ///
@@ -261,13 +262,13 @@ impl<R> Logging<R> {
     /// assert!(Logging::to_file(BumpUpstream::new(1 << 20), "/no/such/dir/log.csv").is_err());
     /// ```
     pub fn to_file(upstream: R, path: impl AsRef<Path>) -> io::Result<Self> {
-        let (out, claim) = new_file(path.as_ref())?;
+        let (out, claim) = LogFile::open(path.as_ref())?.start(&[])?;
         let mut log = Logging::continuing(upstream, out);
         log.out.get_mut().unwrap_or_else(|p| p.into_inner()).claim = claim;
         Ok(log)
     }
 
-    /// A log whose file is made later, by [`open_held`](Self::open_held):
+    /// A log whose file is made later, by [`start_held`](Self::start_held):
     /// until then it holds its rows, and makes nothing if it is dropped
     /// first. A stack's `log` layer is so, its file made once the whole
     /// stack is built: a stack refused leaves the file as it was.
@@ -275,18 +276,15 @@ impl<R> Logging<R> {
         Logging::with_writer(upstream, Writer { inner: None, held: Some(Vec::new()), claim: None })
     }
 
-    /// Makes the file of a [`held`](Self::held) log at `path`, as
+    /// Makes `file` the file of a [`held`](Self::held) log, as
     /// [`to_file`](Self::to_file) does, and writes the rows it held there.
     ///
     /// # Errors
     ///
-    /// [`to_file`](Self::to_file)'s, or the rows held cannot be written;
-    /// the log holds its rows still.
-    pub(crate) fn open_held(&self, path: &Path) -> io::Result<()> {
+    /// [`LogFile::start`]'s; the log holds its rows still.
+    pub(crate) fn start_held(&self, file: LogFile) -> io::Result<()> {
         let mut out = self.out.lock().unwrap_or_else(|p| p.into_inner());
-        let (mut file, claim) = new_file(path)?;
-        file.write_all(out.held.as_deref().unwrap_or_default())?;
-        file.flush()?;
+        let (file, claim) = file.start(out.held.as_deref().unwrap_or_default())?;
         *out = Writer { inner: Some(file), held: None, claim };
         Ok(())
     }
@@ -330,26 +328,98 @@ impl<R> Logging<R> {
     }
 }
 
-/// The file of [`Logging::to_file`] made anew at `path`, its header
-/// written, and its claim (none for a device or a pipe).
-fn new_file(path: &Path) -> io::Result<(BufWriter<File>, Option<Claim>)> {
-    // Opened uncut, so that a file another log writes is left whole;
-    // to append, so that logs that append to it later keep their rows.
-    let file = OpenOptions::new().create(true).append(true).open(path)?;
-    // A device (`/dev/null`) or a pipe has no rows to cut or offsets to clash.
-    let claim = match file.metadata()?.is_file() {
-        true => Some(Claim::new_file(&file, path)?),
-        false => None,
-    };
-    if claim.is_some() {
+/// The file of a log made new ([`Logging::to_file`], a stack's `log`
+/// layer), opened and claimed but not yet cut: so a stack opens all its
+/// logs' files before it cuts any, and one refused leaves the others as
+/// they were. Dropped before it is [`start`](Self::start)ed, it leaves the
+/// file as it was, and takes back one it made where nothing was.
+#[derive(Debug)]
+pub(crate) struct LogFile {
+    file: File,
+    /// `None` for a device or a pipe.
+    claim: Option<Claim>,
+    /// Last, so that the file is closed before it is removed.
+    made: MadeAnew,
+}
+
+impl LogFile {
+    /// Opens the file at `path`, made if missing, and claims it.
+    ///
+    /// # Errors
+    ///
+    /// The file cannot be opened; `AlreadyExists` while another log of this
+    /// process writes it, by whatever path (which is then left as it is).
+    pub(crate) fn open(path: &Path) -> io::Result<LogFile> {
+        // Opened uncut, so that a file another log writes is left whole;
+        // to append, so that logs that append to it later keep their rows.
+        // Made new only where nothing was, so that what is taken back on a
+        // refusal is only what was made.
+        let (file, made) = match OpenOptions::new().create_new(true).append(true).open(path) {
+            Ok(file) => (file, MadeAnew(Some(path.to_path_buf()))),
+            // A file, or a link (to a file it may make: that one is kept).
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
+                (OpenOptions::new().create(true).append(true).open(path)?, MadeAnew(None))
+            }
+            Err(e) => return Err(e),
+        };
+        // A device (`/dev/null`) or a pipe has no rows to cut or offsets to clash.
+        let claim = match file.metadata()?.is_file() {
+            true => Some(Claim::new_file(&file, path)?),
+            false => None,
+        };
+        Ok(LogFile { file, claim, made })
+    }
+
+    /// Cuts the file, writes the header and then `rows`, and gives the
+    /// writer and the claim.
+    ///
+    /// # Errors
+    ///
+    /// The file cannot be cut or written (a file made anew is then taken
+    /// back).
+    fn start(self, rows: &[u8]) -> io::Result<(BufWriter<File>, Option<Claim>)> {
+        let LogFile { file, claim, made } = self;
+        // On an error the file is closed before `made` takes it back.
+        let out = write_start(file, claim.is_some(), rows)?;
+        made.keep();
+        Ok((out, claim))
+    }
+}
+
+/// `file` cut (unless it is a device or a pipe) and its header and `rows`
+/// written.
+fn write_start(file: File, cut: bool, rows: &[u8]) -> io::Result<BufWriter<File>> {
+    if cut {
         file.set_len(0)?;
     }
     let mut out = BufWriter::new(file);
     writeln!(out, "{HEADER}")?;
+    out.write_all(rows)?;
     // Make the header reach the file now, so that a file that accepts no
     // writes fails here.
     out.flush()?;
-    Ok((out, claim))
+    Ok(out)
+}
+
+/// The path of a file a [`LogFile`] made where nothing was, removed when
+/// dropped: `None` once the file is the log's.
+#[derive(Debug)]
+struct MadeAnew(Option<std::path::PathBuf>);
+
+impl MadeAnew {
+    /// Leaves the file made to its log.
+    fn keep(mut self) {
+        self.0 = None;
+    }
+}
+
+impl Drop for MadeAnew {
+    fn drop(&mut self) {
+        if let Some(path) = &self.0 {
+            // What cannot be removed is left, empty or with the header.
+            drop(std::fs::remove_file(path));
+        }
+    }
 }
 
 impl<R, W: Write> Logging<R, W> {

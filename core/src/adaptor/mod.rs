@@ -58,6 +58,8 @@ pub(crate) use gauge::Held;
 #[cfg(feature = "alloc")]
 pub use limiting::Limiting;
 #[cfg(feature = "std")]
+pub(crate) use logging::LogFile;
+#[cfg(feature = "std")]
 pub use logging::Logging;
 pub use statistics::{Counter, Statistics};
 #[cfg(feature = "alloc")]

@@ -42,8 +42,13 @@ pub struct Context<'a, S: ?Sized> {
     when_built: RefCell<Vec<WhenBuilt>>,
 }
 
-/// A step of [`Context::when_built`].
-type WhenBuilt = alloc::boxed::Box<dyn FnOnce() -> Result<(), StackError>>;
+/// A step of [`Context::when_built`]: it readies what it changes (opens
+/// a `log` layer's file, cutting nothing), and gives what changes it.
+type WhenBuilt = alloc::boxed::Box<dyn FnOnce() -> Result<Ready, StackError>>;
+
+/// A step readied, done once every step is: dropped undone, it leaves
+/// things as they were.
+type Ready = alloc::boxed::Box<dyn FnOnce() -> Result<(), StackError>>;
 
 /// A typed resource of a built stack, kept so that its figures can be read.
 struct Handle {
@@ -73,8 +78,13 @@ impl<'a, S: ?Sized> Context<'a, S> {
 
     /// Runs what waited for the whole stack to be built, in order.
     fn finish(self) -> Result<(Vec<Handle>, Vec<Layer<S>>), StackError> {
-        for step in self.when_built.into_inner() {
-            step()?;
+        // Every step readied before any is done: one refused (a second log
+        // file that cannot be opened) leaves what the others would change
+        // (the first log's file) as it was.
+        let ready: Vec<Ready> =
+            self.when_built.into_inner().into_iter().map(|step| step()).collect::<Result<_, _>>()?;
+        for done in ready {
+            done()?;
         }
         Ok((self.handles.into_inner(), self.releasing.into_inner()))
     }
@@ -223,12 +233,19 @@ impl<S: Stream + ?Sized + 'static> Context<'_, S> {
         built
     }
 
-    /// Has `step` done once the whole stack is built, and the build fail
-    /// with its error: for what a stack refused must leave as it was (a
-    /// `log` layer's file). Not done if the build fails.
+    /// Has `ready` run once the whole stack is built, and what it gives
+    /// done once every such step is ready; the build fails with the
+    /// error of either: for what a stack refused must leave as it was (a
+    /// `log` layer's file, opened by `ready`, cut by what it gives). Not
+    /// run if the build fails; what `ready` gives is dropped undone if
+    /// another step's `ready` fails.
     // Only `log` (feature `std`) waits so far.
     #[cfg_attr(not(feature = "std"), allow(dead_code))]
-    pub(super) fn when_built(&self, step: impl FnOnce() -> Result<(), StackError> + 'static) {
+    pub(super) fn when_built<D: FnOnce() -> Result<(), StackError> + 'static>(
+        &self,
+        ready: impl FnOnce() -> Result<D, StackError> + 'static,
+    ) {
+        let step = move || ready().map(|done| alloc::boxed::Box::new(done) as Ready);
         self.when_built.borrow_mut().push(alloc::boxed::Box::new(step));
     }
 

@@ -57,7 +57,7 @@
 //! | `limit` | `upstream, bytes` (or `bytes=`) | [`Limiting`](crate::adaptor::Limiting) |
 //! | `planned` | `upstream` | [`Planned`](crate::planned::Planned): each step laid out from the step before it (steps are marked through [`Built::get`] and [`Planned::step`](crate::planned::Planned::step)) |
 //! | `align` | `upstream, alignment=, threshold=` | [`Aligned`](crate::adaptor::Aligned) |
-//! | `log` | `upstream, file=` | `Logging` to a file (feature `std`), made once the whole stack is built: a stack refused leaves it as it was |
+//! | `log` | `upstream, file=` | `Logging` to a file (feature `std`), made once the whole stack is built and every log file of the stack is opened: a stack refused (another of its log files too) leaves it as it was, and does not leave one it made |
 //! | `stream` | `upstream` | [`StreamOrdered`](crate::StreamOrdered) behind `Shared`, inner calls on the build stream (registered by [`StackBuilder::register_stream_layer`], for stream types that clone) |
 //!
 //! A resource the program made, which no string can describe (a

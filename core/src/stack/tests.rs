@@ -635,3 +635,53 @@ fn a_refused_stack_leaves_its_log_file_as_it_was() {
     assert_eq!((rows[0].action, rows[0].size), (crate::trace::Action::Allocate, 1 << 20));
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// A stack of two `log` layers whose second file cannot be made (its
+/// directory is missing, or it is the first's file, which a live log
+/// writes) was refused after the first file was made: cut to its header,
+/// or made where nothing was. Every file is opened before any is cut, so
+/// the first is as it was, and one the build made is gone.
+#[test]
+fn a_stack_whose_second_log_file_is_refused_leaves_the_first_as_it_was() {
+    extern crate std;
+    let dir = std::env::temp_dir().join(alloc::format!("memres-second-log-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let first = dir.join("first.csv");
+    let missing = dir.join("no-such-dir").join("second.csv");
+    let mut b = StackBuilder::<()>::new();
+    b.register("leaf", |call, cx| Ok(cx.keep(call, Unbacked::new())));
+    for second in [&missing, &first] {
+        let text = alloc::format!(
+            "pool(log(log(leaf, file={}), file={}), initial=1MiB)",
+            first.display(),
+            second.display()
+        );
+        std::fs::write(&first, "precious rows\n").unwrap();
+        assert!(b.build(&text, &()).is_err(), "{text}");
+        assert_eq!(std::fs::read_to_string(&first).unwrap(), "precious rows\n", "{text}");
+        std::fs::remove_file(&first).unwrap();
+        assert!(b.build(&text, &()).is_err(), "{text}");
+        assert!(!first.exists(), "{text}");
+    }
+    let text = alloc::format!(
+        "binning(log(leaf, file={}), bin(4KiB, log(leaf, file={})))",
+        first.display(),
+        missing.display()
+    );
+    std::fs::write(&first, "precious rows\n").unwrap();
+    assert!(b.build(&text, &()).is_err());
+    assert_eq!(std::fs::read_to_string(&first).unwrap(), "precious rows\n");
+    // Both files made, each with the pool's initial chunk.
+    let second = dir.join("second.csv");
+    let text = alloc::format!(
+        "pool(log(log(leaf, file={}), file={}), initial=1MiB)",
+        first.display(),
+        second.display()
+    );
+    drop(b.build(&text, &()).unwrap());
+    for path in [&first, &second] {
+        let rows = crate::trace::read_all(&std::fs::read(path).unwrap()[..]).unwrap();
+        assert_eq!((rows[0].action, rows[0].size), (crate::trace::Action::Allocate, 1 << 20));
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
