@@ -121,8 +121,6 @@ pub use build::{Built, Constructor, Context, LeafOf, OnStream, StackBuilder};
 pub use error::{StackError, StackErrorKind};
 #[cfg(feature = "std")]
 pub use log_env::{check_log_file, log_file_of_device, log_from_env, LOG_FILE_VAR};
-#[cfg(feature = "std")]
-pub use names::open_log;
 pub use names::{
     arena_config, binning_bins, binning_exponents, fixed_block_size, fixed_config, granule_arg, log_file,
     one_of, pool_config, Unbacked,

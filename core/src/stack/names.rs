@@ -602,18 +602,6 @@ pub fn log_file(call: &Call) -> Result<&Value, StackError> {
     call.keyed("file").ok_or_else(|| call.error(StackErrorKind::MissingArg("file=")))
 }
 
-/// [`Logging`](crate::adaptor::Logging) over `upstream` to the file named
-/// by `file` (the value of a `file=`; feature `std`).
-///
-/// # Errors
-///
-/// [`StackErrorKind::Io`] at the value when the file cannot be made.
-#[cfg(feature = "std")]
-pub fn open_log<R>(file: &Value, upstream: R) -> Result<crate::adaptor::Logging<R>, StackError> {
-    let path = file.text()?;
-    crate::adaptor::Logging::to_file(upstream, path).map_err(|e| log_error(file.pos(), path, e))
-}
-
 /// A leaf with no memory behind it: it hands out addresses from a counter,
 /// never the same twice, and takes frees without looking. It stands in for
 /// a device while a stack is only checked (a C caller's stack before any
