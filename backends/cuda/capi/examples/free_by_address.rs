@@ -49,7 +49,12 @@ fn run(live: usize, table: bool) -> Result<f64, memres_core::Error> {
             blocks.swap(i, rng.below(i as u64 + 1) as usize);
         }
         for (addr, size) in blocks {
-            let b = if table { t.remove(addr).expect("live") } else { Block::from_addr(addr, size) };
+            // As `memres_free` does: the table checks the size it is given.
+            let b = if table {
+                t.remove_sized(addr, Some(size)).expect("live")
+            } else {
+                Block::from_addr(addr, size)
+            };
             pool.deallocate(b, &())?;
         }
     }

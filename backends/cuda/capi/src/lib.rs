@@ -857,7 +857,7 @@ mod tests {
         assert_eq!(record(5, &table, &resource, newer, &()), Err(refused.to_string()));
         assert_eq!(*resource.back.lock().unwrap(), [newer]);
         // The older block stays, and its free frees it.
-        assert_eq!(table.remove(0x1000), Some(older));
+        assert_eq!(table.remove_sized(0x1000, Some(512)), Ok(older));
         assert!(table.is_empty());
     }
 

@@ -38,8 +38,10 @@ struct Shard(Mutex<Map>);
 /// let t = Table::new();
 /// t.insert(Block::new(0x1000, 64, 7));
 /// assert_eq!(t.len(), 1);
-/// assert_eq!(t.remove(0x1000), Some(Block::new(0x1000, 64, 7)));
-/// assert_eq!(t.remove(0x1000), None);
+/// // A free of another size leaves the block recorded.
+/// assert_eq!(t.remove_sized(0x1000, Some(32)), Err(Some(Block::new(0x1000, 64, 7))));
+/// assert_eq!(t.remove_sized(0x1000, Some(64)), Ok(Block::new(0x1000, 64, 7)));
+/// assert_eq!(t.remove_sized(0x1000, Some(64)), Err(None));
 /// ```
 pub struct Table {
     /// Every live block is in exactly one shard: the one its address picks.
@@ -89,12 +91,6 @@ impl Table {
         None
     }
 
-    /// Takes the block at `addr` out of the table.
-    pub fn remove(&self, addr: u64) -> Option<Block> {
-        let mut map = self.shard(addr).lock().unwrap_or_else(|p| p.into_inner());
-        map.remove(addr).map(|(size, tag)| Block::new(addr, size, tag))
-    }
-
     /// Takes the block at `addr` out of the table if it has `size` bytes
     /// (any size for `None`); a block of another size stays, and is the
     /// error (`Err(None)`: no block at `addr`). Checked under the shard's
@@ -139,7 +135,7 @@ mod tests {
                 let old = *model.entry(addr).or_insert(b);
                 assert_eq!(t.insert(b), (old != b).then_some(old));
             } else {
-                assert_eq!(t.remove(addr), model.remove(&addr));
+                assert_eq!(t.remove_sized(addr, None).ok(), model.remove(&addr));
             }
         }
         assert_eq!(t.len(), model.len());
@@ -153,18 +149,18 @@ mod tests {
         let t = Table::new();
         let old = Block::new(0x1000, 512, 1);
         assert_eq!(t.insert(old), None);
-        assert_eq!(t.remove(0x1000), Some(old));
+        assert_eq!(t.remove_sized(0x1000, None), Ok(old));
         // The address handed out again meanwhile: the newer block stays
         // when the old one is put back.
         let newer = Block::new(0x1000, 256, 2);
         assert_eq!(t.insert(newer), None);
         assert_eq!(t.insert(old), Some(newer));
-        assert_eq!(t.remove(0x1000), Some(newer));
+        assert_eq!(t.remove_sized(0x1000, None), Ok(newer));
         // A resource that hands a live address out again: the older block
         // stays.
         t.insert(old);
         assert_eq!(t.insert(newer), Some(old));
-        assert_eq!(t.remove(0x1000), Some(old));
+        assert_eq!(t.remove_sized(0x1000, None), Ok(old));
         assert!(t.is_empty());
     }
 
@@ -197,7 +193,7 @@ mod tests {
         });
         assert_eq!(t.len(), 4000);
         for a in 0..4000u64 {
-            let b = t.remove((a << 8) + (1 << 40)).expect("inserted by some thread");
+            let b = t.remove_sized((a << 8) + (1 << 40), Some(256)).expect("inserted by some thread");
             assert_eq!(b.tag(), a / 4);
         }
         assert!(t.is_empty());
