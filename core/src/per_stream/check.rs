@@ -48,7 +48,7 @@ impl<M: MakePool<S>, S: Stream + ?Sized> Inspect for PerStreamPool<M, S> {
         if chunks.windows(2).any(|w| w[0].end() > w[1].start()) {
             return Err(Violation::new("chunks of two pools overlap"));
         }
-        if self.peak_held < self.lanes.iter().map(|l| l.pool.held()).sum() {
+        if self.peak_held < self.held() {
             return Err(Violation::new("peak held below what the pools hold"));
         }
         Ok(())

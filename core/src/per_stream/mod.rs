@@ -620,12 +620,9 @@ impl<M: MakePool<S>, S: Stream + ?Sized> PerStreamPool<M, S> {
     /// the failed request could have used.
     fn whole(&self, e: Error) -> Error {
         match e {
-            Error::OutOfMemory { requested, largest_free, pool_size: _, max_size } => Error::OutOfMemory {
-                requested,
-                largest_free,
-                pool_size: self.lanes.iter().map(|l| l.pool.held()).sum(),
-                max_size,
-            },
+            Error::OutOfMemory { requested, largest_free, pool_size: _, max_size } => {
+                Error::OutOfMemory { requested, largest_free, pool_size: self.held(), max_size }
+            }
             other => other,
         }
     }
@@ -642,8 +639,14 @@ impl<M: MakePool<S>, S: Stream + ?Sized> PerStreamPool<M, S> {
 
     /// Raises the peak held to what the pools hold now.
     fn count_held(&mut self) {
-        let held = self.lanes.iter().map(|l| l.pool.held()).sum();
-        self.peak_held = self.peak_held.max(held);
+        self.peak_held = self.peak_held.max(self.held());
+    }
+
+    /// What the pools hold together. The sum saturates, as `Usage::plus`'s
+    /// does: an upstream outside the contract may hand every lane the same
+    /// bytes.
+    pub(super) fn held(&self) -> u64 {
+        self.lanes.iter().fold(0, |sum, l| sum.saturating_add(l.pool.held()))
     }
 
     /// Drops the lanes other than `keep` that hold no chunk (streams whose

@@ -720,3 +720,43 @@ fn a_lone_streams_wholly_free_chunk_after_a_settle_passes_the_checker() {
     pools.deallocate(big, &a).unwrap();
     pools.check().unwrap();
 }
+
+/// An upstream outside the contract that hands every chunk out at one
+/// address, refusing after its fourth.
+struct OneAddress(core::cell::Cell<u32>);
+
+impl<S: Stream + ?Sized> crate::MemoryResource<S> for OneAddress {
+    fn allocate(&self, r: Request, _: &S) -> Result<Block> {
+        if self.0.get() == 4 {
+            return Err(Error::OutOfMemory {
+                requested: r.size(),
+                largest_free: 0,
+                pool_size: 0,
+                max_size: None,
+            });
+        }
+        self.0.set(self.0.get() + 1);
+        Ok(Block::new(1 << 20, r.size(), 0))
+    }
+    fn deallocate(&self, _: Block, _: &S) -> Result<()> {
+        Ok(())
+    }
+}
+
+/// The pools' held bytes are added up saturating: four lanes of `2^62`
+/// bytes each (the same bytes, from an upstream outside the contract)
+/// neither panic nor wrap the peak or an out-of-memory's pool size to 0.
+#[test]
+fn lanes_whose_held_bytes_sum_past_u64_max_saturate() {
+    let up = OneAddress(core::cell::Cell::new(0));
+    let maker = PoolMaker::with_config(&up, PoolConfig::new().initial_size(1 << 62)).unwrap();
+    let mut pools = PerStreamPool::new(maker);
+    for id in 1..=4 {
+        pools.allocate(req(256), &IdStream(id)).unwrap();
+    }
+    assert_eq!(pools.usage().peak_held, u64::MAX);
+    match pools.allocate(req(1 << 62), &IdStream(1)) {
+        Err(Error::OutOfMemory { pool_size, .. }) => assert_eq!(pool_size, u64::MAX),
+        other => panic!("not out of memory: {other:?}"),
+    }
+}
