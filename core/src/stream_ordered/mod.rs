@@ -401,14 +401,19 @@ impl<A: MemoryResourceMut<()>, S: Stream + Clone> StreamOrdered<A, S> {
 
     fn inner_allocate(&mut self, request: Request) -> Result<Block> {
         let block = self.inner.allocate(request, &())?;
-        // Handed out whole as the request's block: it must hold it. Kept
-        // whole, and counted by its footprint: that must end at an address,
-        // and leave the bytes held countable (the inner, the user's code,
-        // may hand out a block longer than asked up to the last address).
+        // Handed out whole as the request's block: it must hold it, aligned
+        // as asked. Kept whole, and counted by its footprint: that must end
+        // at an address, and leave the bytes held countable (the inner, the
+        // user's code, may hand out a block longer than asked up to the last
+        // address).
+        let aligned = match block.addr() % request.align() {
+            0 => Ok(()),
+            _ => Err(Error::InvalidConfig { what: "inner block not aligned as asked" }),
+        };
         let counted = checked_footprint(&block).and_then(|bytes| self.held_bytes().checked_add(bytes)).ok_or(
             Error::InvalidSize { size: block.size(), what: "inner block's footprint past the last address" },
         );
-        if let Err(e) = block.upstream_range(request.size()).and(counted) {
+        if let Err(e) = block.upstream_range(request.size()).and(aligned).and(counted) {
             let _ = self.inner.deallocate(block, &());
             return Err(e);
         }

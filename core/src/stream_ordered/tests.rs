@@ -415,6 +415,44 @@ fn an_inner_block_near_the_top_of_its_size_range() {
     exact(&so, 0, longest);
 }
 
+/// An inner block not aligned as the request asks goes back to the inner
+/// algorithm as an error, nothing counted, and the layer serves on. Before,
+/// it was handed out as the request's block.
+#[test]
+fn an_inner_block_not_aligned_as_asked_goes_back_as_an_error() {
+    /// Hands out every block at an address aligned to 256 only; counts frees.
+    struct Skewed {
+        frees: u32,
+    }
+    impl MemoryResourceMut<()> for Skewed {
+        fn allocate(&mut self, r: Request, _: &()) -> Result<Block> {
+            Ok(Block::new((1 << 20) + 256, r.size(), 7))
+        }
+        fn deallocate(&mut self, _: Block, _: &()) -> Result<()> {
+            self.frees += 1;
+            Ok(())
+        }
+    }
+    impl Inspect for Skewed {
+        fn usage(&self) -> crate::Usage {
+            crate::Usage::leaf(0, 0)
+        }
+        fn check(&self) -> core::result::Result<(), crate::check::Violation> {
+            Ok(())
+        }
+    }
+    let mut so = StreamOrdered::<_, ()>::new(Skewed { frees: 0 });
+    let err = Error::InvalidConfig { what: "inner block not aligned as asked" };
+    assert_eq!(so.allocate(Request::aligned(4096, 4096).unwrap(), &()), Err(err));
+    assert_eq!((so.live_count(), so.held_bytes(), so.inner().frees), (0, 0, 1), "given back");
+    so.check().unwrap();
+    // A request the block answers is served.
+    let a = so.allocate(req(4096), &()).unwrap();
+    assert_eq!((a.addr(), so.held_bytes()), ((1 << 20) + 256, 4096));
+    so.deallocate(a, &()).unwrap();
+    so.check().unwrap();
+}
+
 /// As `Stream::id` says: one read per allocation, on each of its paths
 /// (the inner algorithm with no list, the own list, another stream's list,
 /// the inner algorithm past the lists), and one per free. Before, the
