@@ -225,6 +225,39 @@ fn limiting_counts_off_what_a_block_was_charged_whatever_size_its_free_states() 
     }
 }
 
+/// A zero-byte request that an upstream outside the contract answers at an
+/// address, not with the empty block: the limit records it, charged
+/// nothing, and takes its free (once); the empty block still passes
+/// through unrecorded. Before, the block was handed out unrecorded and its
+/// free was `UnknownBlock` for good.
+#[test]
+fn limiting_takes_the_free_of_a_zero_byte_block_at_an_address() {
+    /// Hands every block out at one address; counts frees.
+    #[derive(Default)]
+    struct AtAnAddress(AtomicU64);
+    impl MemoryResource<()> for AtAnAddress {
+        fn allocate(&self, r: crate::Request, _: &()) -> crate::Result<Block> {
+            Ok(Block::new(1 << 20, r.size(), 0))
+        }
+        fn deallocate(&self, _: Block, _: &()) -> crate::Result<()> {
+            self.0.fetch_add(1, Ordering::Relaxed);
+            Ok(())
+        }
+    }
+    let up = AtAnAddress::default();
+    let l = Limiting::new(&up, 0);
+    let b = l.allocate(req(0), &()).unwrap();
+    assert_eq!((b.addr(), l.get_allocated_bytes()), (1 << 20, 0));
+    l.check_layer().unwrap();
+    assert_eq!(l.deallocate(b, &()), Ok(()));
+    assert_eq!(l.deallocate(b, &()), Err(Error::UnknownBlock { addr: 1 << 20 }));
+    assert_eq!((up.0.load(Ordering::Relaxed), l.get_allocated_bytes()), (1, 0));
+    l.check_layer().unwrap();
+    // The empty block holds nothing: its free goes straight through.
+    assert_eq!(l.deallocate(Block::EMPTY, &()), Ok(()));
+    assert_eq!(up.0.load(Ordering::Relaxed), 2);
+}
+
 /// A block the limit never handed out (taken from its upstream directly, or
 /// freed already) is refused before the upstream sees it: nothing is freed
 /// and the count does not move.
