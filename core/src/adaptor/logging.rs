@@ -535,7 +535,7 @@ impl<R, W: Write> Logging<R, W> {
     fn log(&self, action: Action, addr: u64, size: u64, stream: u64) {
         // The writer is the user's: one that allocates through this log
         // (or flushes it) would wait for the lock its own row holds.
-        let written = on_thread::run(&self.writing, || {
+        let ran = on_thread::run(&self.writing, || {
             let thread = thread_number();
             let mut out = self.out.lock().unwrap_or_else(|p| p.into_inner());
             let row = Record { thread, time: now_micros(), action, pointer: addr, size, stream };
@@ -546,9 +546,15 @@ impl<R, W: Write> Logging<R, W> {
             let mut line = [0u8; ROW_BYTES];
             let mut cursor = io::Cursor::new(&mut line[..]);
             let len = writeln!(cursor, "{row}").map(|()| cursor.position() as usize);
-            len.and_then(|n| out.row(&line[..n], through)).is_ok()
+            if len.and_then(|n| out.row(&line[..n], through)).is_err() {
+                // Counted before the lock goes, as `flush` reads the count
+                // under it: a flush after this row never misses it.
+                self.write_errors.fetch_add(1, Ordering::Relaxed);
+            }
         });
-        if written != Some(true) {
+        if ran.is_none() {
+            // Refused inside this thread's own writer call, which holds the
+            // lock (a row's or a flush's): counted under it still.
             self.write_errors.fetch_add(1, Ordering::Relaxed);
         }
     }
