@@ -15,7 +15,7 @@
 //! | [`MemoryResource`], [`MemoryResourceMut`] | the stream-ordered resource trait (`&self`, shareable) and its `&mut self` form for plain algorithms |
 //! | `Pending` (feature `std`) | a block taken from a resource and not yet handed over: freed back if the code in between panics or returns early (the logging adaptor, the containers) |
 //! | [`Allocate`], [`AllocateOn`] | the short path ([`shortcut`]): `allocate(size)` / `deallocate(block)` where the stream is `()`, `allocate_on(size, &stream)` where it is not |
-//! | [`Stream`] | record an event, wait on an event, query an event, synchronize (the stream, or as a last resort the device); `()` is the stream of resources for which streams mean nothing |
+//! | [`Stream`] | record an event, wait on an event, query an event, synchronize (the stream, or the whole device); `()` is the stream of resources for which streams mean nothing |
 //! | `thread_number` (feature `std`) | a number for the calling thread, never reused and never 0: what names a per-thread stream or a lock's holder |
 //! | [`Error`] | every failure as a typed value; out of memory carries its figures |
 //! | [`Usage`], [`Inspect`] | one set of figures for every resource (bytes used, held from upstream, its peak, free, the largest free block) and the trait that reads them and runs the invariant checker |

@@ -4,9 +4,15 @@ use crate::Result;
 /// reuse memory safely across streams.
 ///
 /// A block freed on stream A may be reused on A at once. Another stream B may
-/// take it only after B waits on an event recorded on A after the free. The
-/// core never blocks on a stream except in [`synchronize`](Stream::synchronize),
-/// its last resort before reporting out of memory.
+/// take it only after B waits on an event recorded on A after the free.
+/// The core blocks the calling thread ([`synchronize`](Stream::synchronize),
+/// [`synchronize_device`](Stream::synchronize_device)) only where it must
+/// know work complete with no event to wait on: at its last resort before
+/// reporting out of memory; to give memory that other streams used back
+/// upstream (a `release`, a planned step that lets its region go); and at
+/// frees it orders so: the arena's of a large block and of a block on
+/// another stream than its arena's (as RMM's arena), `Planned`'s of a block
+/// on another stream than its step's.
 ///
 /// `()` is the stream of resources for which streams mean nothing: all its
 /// operations succeed at once.
@@ -50,8 +56,10 @@ pub trait Stream {
 
     /// Blocks the calling thread until all work on every stream of the
     /// stream's device has completed (`cuCtxSynchronize`), and says whether
-    /// it could: the last resort, before out of memory, of resources that
-    /// keep no handle of the streams they served. The default cannot
+    /// it could: how resources that keep no handle of the streams they
+    /// served know those streams idle, at their last resort before out of
+    /// memory and before they give memory other streams used back upstream
+    /// (`PerStreamPool::release` calls it first). The default cannot
     /// (`Ok(false)`).
     fn synchronize_device(&self) -> Result<bool> {
         Ok(false)

@@ -170,7 +170,7 @@ impl<W: Write> Drop for Writer<W> {
 
 /// The longest row: a thread, a time, a pointer, a size and a stream of up
 /// to 20 digits each (the pointer `0x` and 16), the longest action, the
-/// commas and the newline (125 bytes).
+/// commas and the newline (120 bytes).
 const ROW_BYTES: usize = 4 * 20 + 18 + "allocate failure".len() + 5 + 1;
 
 /// A file whatever path reaches it: its device and inode (another path,

@@ -153,6 +153,16 @@ where
 }
 
 /// Makes the pool of a stream the first time the stream allocates.
+///
+/// Every pool a maker makes must be over one upstream: the per-stream pool
+/// moves wholly free chunks between its pools, so a chunk one pool took
+/// from its upstream may be handed out, and freed, by another. The types
+/// cannot hold a maker to it: a closure (`FnMut(&S) -> Result<P>` is a
+/// maker) may make pools over different upstreams, and then a chunk moved
+/// between them goes back to an upstream that never gave it. So only
+/// [`PoolMaker`] over an `Arc` or a reference, and [`VirtualMaker`] (whose
+/// pools hand no chunk over), make a per-stream pool that vouches for its
+/// memory ([`MemoryOf`](crate::copy::MemoryOf)).
 pub trait MakePool<S: Stream + ?Sized> {
     /// The pool of one stream.
     type Pool: ChunkPool<S>;

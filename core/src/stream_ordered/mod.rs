@@ -103,8 +103,9 @@ pub struct Stats {
 ///   again; finally RMM's last resort: synchronize every stream known, give
 ///   every listed block back, try the inner algorithm once more.
 /// - A listed block serves a request only if it wastes at most half of
-///   itself (`size <= 2 · max(request, 256)`), since listed blocks are not
-///   split.
+///   itself counted in footprints, sizes rounded up to 256 (`round(size)
+///   <= 2 · round(request)`: a 1000-byte block serves a 257-byte request,
+///   512 bytes rounded), since listed blocks are not split.
 /// - [`reclaim`](StreamOrdered::reclaim) gives back the blocks covered by a
 ///   completed fence (one event query per stream; they are the fronts of the
 ///   buckets) and fences the rest.

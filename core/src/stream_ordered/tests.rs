@@ -74,6 +74,25 @@ fn much_larger_listed_blocks_are_not_wasted_on_small_requests() {
     so.check().unwrap();
 }
 
+/// The bound is in footprints (sizes rounded up to 256): a listed block
+/// serves a request whose footprint is at least half its own, so a
+/// 1000-byte block (1024) serves 257 bytes (512), and a 1025-byte block
+/// (1280) does not serve 512 bytes.
+#[test]
+fn a_listed_block_serves_requests_of_at_least_half_its_footprint() {
+    let (mut so, a, _, _) = setup(None);
+    let x = so.allocate(req(1000), &a).unwrap();
+    let w = so.allocate(req(1025), &a).unwrap();
+    so.deallocate(x, &a).unwrap();
+    so.deallocate(w, &a).unwrap();
+    let y = so.allocate(req(257), &a).unwrap();
+    assert_eq!((y.addr(), so.stats().own_hits), (x.addr(), 1));
+    let z = so.allocate(req(512), &a).unwrap();
+    assert_ne!(z.addr(), w.addr());
+    assert_eq!(so.stats().own_hits, 1);
+    so.check().unwrap();
+}
+
 #[test]
 fn bad_frees_are_errors_and_change_nothing() {
     let (mut so, a, b, _) = setup(None);
