@@ -334,7 +334,8 @@ impl<S: ?Sized> ReleaseLayers<S> {
                 given += before.saturating_sub(l.layer.passed_through());
             }
             match l.layer.release(stream) {
-                Ok(n) if l.innermost => given += n,
+                // Saturating: a layer registered from outside may report any figure.
+                Ok(n) if l.innermost => given = given.saturating_add(n),
                 Ok(_) => {}
                 Err(e) => {
                     first.get_or_insert(e);
@@ -347,12 +348,13 @@ impl<S: ?Sized> ReleaseLayers<S> {
     /// Bytes the stack holds from the memory under it: those its innermost
     /// layers hold.
     pub fn held(&self) -> u64 {
-        self.layers.iter().filter(|l| l.innermost).map(|l| l.layer.held()).sum()
+        // Saturating: a layer registered from outside may report any figure.
+        self.layers.iter().filter(|l| l.innermost).map(|l| l.layer.held()).fold(0, u64::saturating_add)
     }
 
     /// Bytes the layers named `name` hold, summed.
     pub fn held_by(&self, name: &str) -> u64 {
-        self.layers.iter().filter(|l| l.name == name).map(|l| l.layer.held()).sum()
+        self.layers.iter().filter(|l| l.name == name).map(|l| l.layer.held()).fold(0, u64::saturating_add)
     }
 
     /// Number of layers.

@@ -685,3 +685,40 @@ fn a_stack_whose_second_log_file_is_refused_leaves_the_first_as_it_was() {
     }
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// A layer registered from outside may report any figure: two innermost
+/// layers that each hold (and give back) nearly all of `u64` add up
+/// saturated, neither panicking nor wrapping to a small count.
+#[test]
+fn the_figures_of_layers_that_add_up_past_u64_max_saturate() {
+    use crate::{Block, MemoryResource, Request};
+    /// Holds and gives back what it was built to say.
+    struct Huge;
+    impl MemoryResource<()> for Huge {
+        fn allocate(&self, _: Request, _: &()) -> crate::Result<Block> {
+            Err(crate::Error::InvalidConfig { what: "serves nothing" })
+        }
+        fn deallocate(&self, block: Block, _: &()) -> crate::Result<()> {
+            Err(crate::Error::UnknownBlock { addr: block.addr() })
+        }
+    }
+    impl Release<()> for Huge {
+        fn release(&self, _: &()) -> crate::Result<u64> {
+            Ok(u64::MAX - 1)
+        }
+        fn held(&self) -> u64 {
+            u64::MAX - 1
+        }
+    }
+    let mut b = StackBuilder::<()>::new();
+    b.register("huge", |call, cx| Ok(cx.keep_releasing(call, Huge)));
+    b.register("split", |call, cx| {
+        let (small, large) = (cx.upstream(call, 0)?, cx.upstream(call, 1)?);
+        Ok(cx.keep_releasing(call, Split(small, large)))
+    });
+    let built = b.build_with_handles("split(huge, huge)", &()).unwrap();
+    let layers = built.release_layers();
+    assert_eq!(layers.held(), u64::MAX);
+    assert_eq!(layers.held_by("huge"), u64::MAX);
+    assert_eq!(layers.release(&()), Ok(u64::MAX));
+}
