@@ -111,3 +111,58 @@ fn dropped_arena_gives_back_the_chunks_of_free_superblocks_beside_a_live_block()
     drop(arena);
     assert_eq!(held(&up), 1 << 20);
 }
+
+/// Arms the upstream's next free to panic and drops `resource`: the drop
+/// panics.
+fn drop_with_a_panicking_free<R>(resource: R, up: &BumpUpstream) {
+    up.panic_in("deallocate", 0);
+    let dropped = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || drop(resource)));
+    assert!(dropped.is_err(), "the free's panic goes on");
+}
+
+#[test]
+fn a_dropped_pool_whose_upstream_free_panics_gives_back_every_other_chunk() {
+    let up = BumpUpstream::new(1 << 30);
+    let config =
+        PoolConfig::new().growth(crate::chunks::Growth::Exact { granule: 1 << 20 }).release_on_grow(false);
+    let mut pool = CoalescingPool::with_config(&up, config, &()).unwrap();
+    let blocks: Vec<_> =
+        (0..3).map(|_| pool.allocate(Request::new(1 << 20).unwrap(), &()).unwrap()).collect();
+    for b in blocks {
+        pool.deallocate(b, &()).unwrap();
+    }
+    assert_eq!(pool.chunk_count(), 3);
+    drop_with_a_panicking_free(pool, &up);
+    // Only the chunk whose free panicked stays with the upstream.
+    assert_eq!(held(&up), 1 << 20);
+}
+
+#[test]
+fn a_dropped_fixed_size_resource_whose_upstream_free_panics_gives_back_every_other_chunk() {
+    let up = BumpUpstream::new(1 << 30);
+    let config = FixedConfig::new(4096).blocks_per_chunk(1);
+    let mut fixed = FixedSizeResource::with_config(&up, config, &()).unwrap();
+    let blocks: Vec<_> = (0..3).map(|_| fixed.allocate(Request::new(4096).unwrap(), &()).unwrap()).collect();
+    for b in blocks {
+        fixed.deallocate(b, &()).unwrap();
+    }
+    assert_eq!(fixed.chunk_count(), 3);
+    drop_with_a_panicking_free(fixed, &up);
+    assert_eq!(held(&up), 4096);
+}
+
+#[test]
+fn a_dropped_arena_whose_upstream_free_panics_gives_back_every_other_chunk() {
+    let up = BumpUpstream::new(1 << 30);
+    let config = ArenaConfig::new().superblock_size(1 << 20).chunk_size(1 << 20).large_threshold(1 << 10);
+    let arena = ArenaResource::with_config(&up, config, &()).unwrap();
+    // Large blocks, a chunk each.
+    let blocks: Vec<_> =
+        (0..3).map(|_| arena.allocate(Request::new(1 << 20).unwrap(), &()).unwrap()).collect();
+    for b in blocks {
+        arena.deallocate(b, &()).unwrap();
+    }
+    assert_eq!(arena.dump().chunks, 3);
+    drop_with_a_panicking_free(arena, &up);
+    assert_eq!(held(&up), 1 << 20);
+}

@@ -194,6 +194,43 @@ pub(crate) fn give_back_at_drop<S: Stream + ?Sized, U: MemoryResource<S>>(upstre
     });
 }
 
+/// The chunks [`ChunkTable::give_back_on_drop`] has yet to visit. Its own
+/// drop visits the rest: a free that panics leaves the loop, not the chunks
+/// after it.
+struct DropRest<'t, U, C: Storage<Chunk>, F: Fn(&Chunk) -> bool> {
+    table: &'t mut ChunkTable<U, C>,
+    free: F,
+    give_back: fn(&U, Block),
+    /// The table index of the next chunk to visit.
+    next: usize,
+}
+
+impl<U, C: Storage<Chunk>, F: Fn(&Chunk) -> bool> DropRest<'_, U, C, F> {
+    fn give_back(&mut self) {
+        while self.next < self.table.chunks.len() {
+            if (self.free)(&self.table.chunks[self.next]) {
+                // Out of the table first: a chunk whose free panics is
+                // not visited again.
+                let chunk = self.table.remove(self.next);
+                (self.give_back)(&self.table.upstream, chunk.block);
+            } else {
+                self.next += 1;
+            }
+        }
+    }
+}
+
+impl<U, C: Storage<Chunk>, F: Fn(&Chunk) -> bool> Drop for DropRest<'_, U, C, F> {
+    fn drop(&mut self) {
+        // Chunks are left only when a free panicked: this runs while that
+        // panic unwinds, and `give_back_at_drop` catches further panics.
+        // Without `std` none could be caught (a second one would abort):
+        // the rest stays with the upstream.
+        #[cfg(feature = "std")]
+        self.give_back();
+    }
+}
+
 impl<U, C: Storage<Chunk>> ChunkTable<U, C> {
     pub(crate) fn new(upstream: U, maximum: Option<u64>) -> Self {
         ChunkTable {
@@ -316,17 +353,13 @@ impl<U, C: Storage<Chunk>> ChunkTable<U, C> {
     /// no live block back upstream, on the drop stream learnt from the
     /// calls (none learnt: nothing goes back). A chunk that still holds a
     /// live block stays held: never freed under a block someone may use.
+    ///
+    /// A free that panics (not while unwinding) loses only its own chunk:
+    /// the chunks after it still go back, and the panic goes on once they
+    /// did.
     pub(crate) fn give_back_on_drop(&mut self, free: impl Fn(&Chunk) -> bool) {
         let Some(give_back) = self.at_drop else { return };
-        let mut i = 0;
-        while i < self.chunks.len() {
-            if free(&self.chunks[i]) {
-                let chunk = self.remove(i);
-                give_back(&self.upstream, chunk.block);
-            } else {
-                i += 1;
-            }
-        }
+        DropRest { table: self, free, give_back, next: 0 }.give_back();
     }
 
     /// Records `range`, upstream's `block`, as a chunk attached to `carve`;
