@@ -203,7 +203,9 @@ struct Padded<T>(T);
 ///   unused for long, so give their memory to the others and their slots
 ///   to new streams: neither waits for the table to fill or the memory to
 ///   run out. A sweep locks every arena in turn; it synchronizes only when
-///   it has something to take back.
+///   it has something to take back. It is housekeeping: a sweep whose
+///   synchronization fails takes nothing back and fails nothing (the
+///   request goes on to the global arena), and the next sweep asks again.
 /// - **Giving memory back.** Wholly free chunks go back upstream when the
 ///   global arena needs room under its maximum for a larger chunk, and on
 ///   [`release`](ArenaResource::release). Dropping the resource gives
@@ -384,7 +386,9 @@ impl<U, L: RawLock> ArenaResource<U, L> {
             match self.allocate_in(slot, me, request, stream, &sweep) {
                 Some(Ok(None)) if sweep.get() == Sweep::Due => {
                     sweep.set(Sweep::Done);
-                    self.sweep_idle(stream)?;
+                    // Housekeeping: a sweep that cannot synchronize changes
+                    // nothing, and the request goes on to the global arena.
+                    let _ = self.sweep_idle(stream);
                 }
                 Some(got) => return got,
                 None => {}

@@ -164,6 +164,32 @@ fn an_arena_idle_for_long_gives_its_superblocks_and_slot_back() {
     }
 }
 
+/// The idle sweep is housekeeping: one whose device synchronization fails
+/// changes nothing and fails no allocation. As above, the second sweep
+/// (request 8, at the 25th block) finds stream 1's arena idle and
+/// synchronizes the device; that fails, and the block comes from a new
+/// superblock all the same.
+#[test]
+fn an_idle_sweep_whose_synchronization_fails_fails_no_allocation() {
+    let config = small_config().idle_after(4);
+    let arena = ArenaResource::with_config(BumpUpstream::new(1 << 30), config, &()).unwrap();
+    let (a, b) = (TestStream::new(1).device_sync(true), TestStream::new(2).device_sync(true));
+    let x = arena.allocate(req(1000), &a).unwrap();
+    arena.deallocate(x, &a).unwrap();
+    b.faults().fail_nth(1);
+    let blocks: Vec<_> = (0..25).map(|_| arena.allocate(req(200 << 10), &b).unwrap()).collect();
+    assert_eq!(b.faults().failed_syncs(), 1);
+    // Stream 1's arena kept its superblock and its slot.
+    assert_eq!(arena.arena_count(), 2);
+    let lent: usize = arena.dump().arenas.iter().map(|s| s.superblocks).sum();
+    assert_eq!(lent, 8);
+    arena.check().unwrap();
+    for x in blocks {
+        arena.deallocate(x, &b).unwrap();
+    }
+    arena.check().unwrap();
+}
+
 /// Streams that come and go with no `release` (the case: only
 /// `max_arenas` distinct streams could ever use one arena): 1000 streams,
 /// each allocating and freeing in turn, 64 slots, all served; the slots
