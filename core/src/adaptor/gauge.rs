@@ -32,8 +32,8 @@ pub struct Gauge {
 }
 
 /// A figure held now and its exact peak, one read-modify-write per change:
-/// a [`Gauge`] without its running total, alone where nobody reads a total
-/// (the large blocks of a [`BinningResource`](crate::binning::BinningResource)).
+/// a [`Gauge`] without its running total (what [`Unheld`] takes off and
+/// counts back).
 #[derive(Debug, Default)]
 pub(crate) struct Held {
     /// Held now, absolute (since made). Wraps rather than panics if a

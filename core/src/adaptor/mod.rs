@@ -54,8 +54,6 @@ pub use failure::{FailureCallback, RetryOn};
 pub use gauge::Counted;
 pub use gauge::Gauge;
 #[cfg(feature = "alloc")]
-pub(crate) use gauge::Held;
-#[cfg(feature = "alloc")]
 pub use limiting::Limiting;
 #[cfg(feature = "std")]
 pub(crate) use logging::LogFile;

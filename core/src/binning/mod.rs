@@ -15,7 +15,6 @@ mod tests;
 
 pub use plan::{BinPlan, SizeHistogram};
 
-use crate::adaptor::Held;
 use crate::addr_map::Records;
 use crate::check::Violation;
 use crate::fixed::{FixedConfig, FixedSizeResource};
@@ -44,13 +43,23 @@ enum Bin<'a, U, S: Stream + ?Sized> {
 /// footprints (sizes rounded up to 256), and each live one by address, so
 /// that a free is passed on only for a block that came from there.
 struct Tally {
-    held: Held,
-    live: Shared<Records<u64>>,
+    live: Shared<Live>,
+}
+
+/// A tally's blocks and bytes, under one lock. The bytes are counted in
+/// 128 bits: the footprints of a resource of the user's may add up past
+/// `u64::MAX` (four disjoint blocks may cover the address space), and
+/// counted exactly they never wrap, nor undercount once they fall back;
+/// [`Tally::usage`] reads them saturated.
+struct Live {
+    blocks: Records<u64>,
+    held: u128,
+    peak: u128,
 }
 
 impl Tally {
     fn new() -> Self {
-        Tally { held: Held::default(), live: Shared::new(Records::new()) }
+        Tally { live: Shared::new(Live { blocks: Records::new(), held: 0, peak: 0 }) }
     }
 
     /// A block of `from` for `request`, counted.
@@ -67,12 +76,16 @@ impl Tally {
             return Err(e);
         }
         let footprint = request.rounded_size(256);
-        self.held.add(footprint);
-        if let Some(stale) = self.live.with(|m| m.insert(block.addr(), footprint)) {
-            // `from` freed that block (behind this resource's back, or for
-            // a free not yet back from it) and handed its address out again.
-            self.held.sub(stale);
-        }
+        self.live.with(|l| {
+            l.held += u128::from(footprint);
+            l.peak = l.peak.max(l.held);
+            if let Some(stale) = l.blocks.insert(block.addr(), footprint) {
+                // `from` freed that block (behind this resource's back, or
+                // for a free not yet back from it) and handed its address
+                // out again.
+                l.held -= u128::from(stale);
+            }
+        });
         Ok(block)
     }
 
@@ -86,26 +99,30 @@ impl Tally {
     {
         // The footprint stays while `to` frees the block: on its error or
         // panic the block is still live.
-        let freeing = self.live.with(|m| m.freeing(block.addr()).map(|(f, _)| f))?;
+        let freeing = self.live.with(|l| l.blocks.freeing(block.addr()).map(|(f, _)| f))?;
         let size = block.size();
         Some(to.deallocate(block, stream).map(|()| {
             // Not there if an allocation at the address took its place (and
             // counted it off) or a double free took it out first.
-            if let Some(footprint) = self.live.with(|m| m.freed(freeing)) {
-                self.held.sub(if crate::plant::TALLY_FREES_SIZE { size } else { footprint })
-            }
+            self.live.with(|l| {
+                if let Some(footprint) = l.blocks.freed(freeing) {
+                    l.held -= u128::from(if crate::plant::TALLY_FREES_SIZE { size } else { footprint });
+                }
+            })
         }))
     }
 
     /// A leaf's figures: what was handed out through the tally.
     fn usage(&self) -> Usage {
-        Usage::leaf(self.held.value(), self.held.peak())
+        let saturated = |n: u128| u64::try_from(n).unwrap_or(u64::MAX);
+        self.live.with(|l| Usage::leaf(saturated(l.held), saturated(l.peak)))
     }
 
     /// Whether the bytes counted are the live blocks' footprints.
     fn check(&self) -> core::result::Result<(), Violation> {
-        let live: u64 = self.live.with(|m| m.iter().map(|(_, &footprint)| footprint).sum());
-        match live == self.held.value() {
+        let (live, held) =
+            self.live.with(|l| (l.blocks.iter().map(|(_, &f)| u128::from(f)).sum::<u128>(), l.held));
+        match live == held {
             true => Ok(()),
             false => Err(Violation::new("bytes counted are not the live blocks' footprints")),
         }
@@ -529,7 +546,8 @@ impl<'a, U, S: Stream + ?Sized> BinningResource<'a, U, S> {
             Bin::Counted(_, tally) if counts(size) => tally.usage().held,
             Bin::Other(_) | Bin::Counted(..) => 0,
         });
-        bins.sum::<u64>() + self.large.usage().held
+        // Saturating, as `Usage::plus`: a tally's figures may be any.
+        bins.fold(self.large.usage().held, u64::saturating_add)
     }
 
     /// Gives every wholly free chunk of the fixed-size bins this resource

@@ -587,10 +587,10 @@ fn the_checker_finds_bytes_counted_that_no_live_block_has() {
     let b = bins.allocate(Request::new(10_000).unwrap(), &()).unwrap();
     bins.check().unwrap();
     let Bin::Counted(_, counted) = &bins.bins[1] else { unreachable!("the 4096-byte bin is counted") };
-    for held in [&bins.large.held, &counted.held] {
-        held.add(256);
+    for tally in [&bins.large, counted] {
+        tally.live.with(|l| l.held += 256);
         assert!(bins.check().is_err());
-        held.sub(256);
+        tally.live.with(|l| l.held -= 256);
         bins.check().unwrap();
     }
     bins.deallocate(a, &()).unwrap();
@@ -632,4 +632,45 @@ fn bins_with_figures_near_u64_max_are_read_saturated() {
     bins.add_bin(512, Big).unwrap();
     let u = bins.usage();
     assert_eq!((u.used, u.held, u.peak_held, u.free, u.largest_free), (u64::MAX, u64::MAX, u64::MAX, 2, 7));
+}
+
+/// An upstream outside the contract whose large blocks' footprints add up
+/// past `u64::MAX`: each block at the start of a quarter of the address
+/// space in turn (the fifth back at 0, over the bin's chunk). The bytes
+/// are read saturated and checked exactly, and count down exactly from
+/// there. Before, the large blocks' tally wrapped to 0 at 2^64 and its
+/// checker's sum panicked in a debug build (as did `held_as_layer`).
+#[test]
+fn large_blocks_whose_footprints_add_up_past_u64_max_are_counted_saturated() {
+    struct Quarters(core::sync::atomic::AtomicU64);
+    impl MemoryResource for Quarters {
+        fn allocate(&self, request: Request, _: &()) -> Result<Block> {
+            let n = self.0.fetch_add(1, core::sync::atomic::Ordering::Relaxed);
+            Ok(Block::new((n % 4) << 62, request.size(), 0))
+        }
+        fn deallocate(&self, _: Block, _: &()) -> Result<()> {
+            Ok(())
+        }
+    }
+    let up = Quarters(core::sync::atomic::AtomicU64::new(0));
+    let bins = BinningResource::with_exponents(&up, 8, 8).unwrap();
+    let small = bins.allocate(Request::new(256).unwrap(), &()).unwrap();
+    let in_bin = bins.usage().held;
+    // Footprints 2^62 each: 2^64. The block in the last quarter ends at
+    // the last address.
+    let large: std::vec::Vec<_> = [1 << 62, 1 << 62, (1 << 62) - 1, 1 << 62]
+        .map(|size| bins.allocate(Request::new(size).unwrap(), &()).unwrap())
+        .into();
+    assert_eq!(bins.usage().held, u64::MAX);
+    assert_eq!(bins.held_as_layer(|_| true), u64::MAX);
+    assert_eq!(bins.check(), Ok(()));
+    for &b in &large[..3] {
+        bins.deallocate(b, &()).unwrap();
+    }
+    assert_eq!(bins.usage().held, in_bin + (1 << 62));
+    assert_eq!(bins.usage().peak_held, u64::MAX);
+    bins.deallocate(large[3], &()).unwrap();
+    bins.deallocate(small, &()).unwrap();
+    assert_eq!(bins.usage().held, in_bin);
+    assert_eq!(bins.check(), Ok(()));
 }
