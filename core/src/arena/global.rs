@@ -50,7 +50,8 @@ pub(super) struct Global<U> {
     /// Bytes (rounded to 256) and number of large blocks live.
     large_bytes: u64,
     large_count: u64,
-    /// Chunks of `max(need, chunk size, held / 8)` in whole superblocks.
+    /// Chunks of `max(need, chunk size, held / 8)`, the last two in whole
+    /// superblocks ([`Growth`]: cut or halved, in multiples of 256).
     growth: Growth,
     superblock_size: u64,
     /// Superblock requests so far: the clock of the idle sweeps.

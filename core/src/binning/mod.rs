@@ -209,12 +209,17 @@ impl<U, S: Stream + ?Sized> fmt::Debug for Bin<'_, U, S> {
 /// - **Thread safety: `&self`, a lock per bin.** The binning resource is a
 ///   [`MemoryResource`] (not a `&mut self` algorithm): routing reads only the
 ///   bin table, which is fixed once the resource is shared (adding a bin
-///   takes `&mut self`). Each bin it makes sits behind its own
-///   [`SpinLock`](crate::lock::SpinLock) (its critical section is a pop or
-///   a push), so threads working on different sizes never contend, and
-///   the large path takes whatever lock the upstream has. Bins given by the
-///   caller must be `Send + Sync` and bring their own locking. The resource
-///   is `Send + Sync` when `U` is.
+///   takes `&mut self`). Each bin it makes is a [`Shared`] fixed-size
+///   resource behind its own [`SpinLock`](crate::lock::SpinLock), so
+///   threads working on different sizes never contend. Its critical
+///   section is a pop or a push, except when the bin grows or is released:
+///   the upstream's allocation or free of a chunk runs with the bin's lock
+///   held, and threads of that size spin until it returns (an upstream that
+///   calls back into the same bin spins forever, as documented for
+///   [`Shared`]). The large path takes whatever lock the upstream has (and
+///   that of its count of the large blocks, around the count only). Bins given by
+///   the caller must be `Send + Sync` and bring their own locking. The
+///   resource is `Send + Sync` when `U` is.
 /// - **Bins from a histogram.** [`from_histogram`](Self::from_histogram)
 ///   picks the bin sizes from measured request sizes with a [`BinPlan`]:
 ///   bins for the sizes that are frequent enough, covering as many requests

@@ -8,7 +8,10 @@ use crate::Request;
 ///
 /// Whatever the policy, a chunk is never larger than the room left under
 /// the resource's maximum, and when the upstream is out of memory the size
-/// asked is halved down to what the request needs, as RMM does.
+/// asked is halved down to what the request needs, as RMM does. The
+/// policy's rounding (to a granule, in steps) holds for the size it picks;
+/// a chunk cut to the room left, to [`Request::MAX_SIZE`], or halved is
+/// rounded up to 256 only.
 ///
 /// Footprint (peak bytes held from upstream / peak live bytes) depends on
 /// the policy: growth that doubles wastes up to the top half of the last
@@ -36,28 +39,30 @@ pub enum Growth {
     Fraction {
         /// The resource grows by at least `1/divisor` of what it holds.
         divisor: u32,
-        /// Chunk sizes are multiples of this (a power of two, at least 256,
-        /// at most [`Request::MAX_SIZE`]).
+        /// The size picked is a multiple of this (a power of two, at least
+        /// 256, at most [`Request::MAX_SIZE`]).
         granule: u64,
     },
     /// Grow by exactly what the request needs, rounded up to `granule` (a
     /// power of two, at least 256): the chunks a pool gives its large
     /// blocks, one block each.
     Exact {
-        /// Chunk sizes are multiples of this.
+        /// The size picked is a multiple of this.
         granule: u64,
     },
     /// Grow by `max(minimum, held / divisor)` rounded up to `step`, or by
     /// exactly what the request needs (rounded to 256) if that is more:
     /// the arena's policy, whose `minimum` is its chunk size and `step` its
-    /// superblock size, so that chunks hold whole superblocks and a large
-    /// block gets a chunk of its own size.
+    /// superblock size, so that chunks hold whole superblocks (unless cut
+    /// to the room left or halved) and a large block gets a chunk of its
+    /// own size.
     Steps {
         /// The smallest growth (a multiple of 256).
         minimum: u64,
         /// The resource grows by at least `1/divisor` of what it holds.
         divisor: u32,
-        /// Growth steps are multiples of this (a multiple of 256).
+        /// The size picked, unless the need, is a multiple of this (a
+        /// multiple of 256).
         step: u64,
     },
 }

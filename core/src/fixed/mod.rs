@@ -53,7 +53,9 @@ use slots::{Slots, NIL};
 ///   by binary search over the chunks.
 /// - A slot's generation is bumped at every free and never wraps: after
 ///   2^32 - 1 frees of one slot the slot is retired, its block held but
-///   never handed out again (nor counted free), so a stale tag stays a
+///   never handed out again (nor counted in
+///   [`free_blocks`](Self::free_blocks) or `usage().largest_free`; it is
+///   in `usage().free`, the bytes held and not used), so a stale tag stays a
 ///   [`Error::DoubleFree`] for the life of the resource. The price is one
 ///   block per 2^32 - 1 reuses of one slot; a chunk with retired blocks is
 ///   still given back by [`release`](Self::release) once its other blocks
@@ -270,7 +272,7 @@ impl<U, C: Storage<Chunk>, L: Storage<Slot>> FixedSizeResource<U, C, L> {
         self.slots.used
     }
 
-    /// Blocks held and free.
+    /// Blocks held and free to hand out (not the retired ones).
     ///
     /// ```
     /// # use memres_core::fixed::FixedSizeResource;
