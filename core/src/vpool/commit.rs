@@ -167,6 +167,9 @@ impl<V: ReservableSpace> VirtualPool<V> {
             let before = self.committed;
             let trimmed = self.trim_to(0, false, stream);
             if self.committed < before {
+                // Granules the first try committed and could not decommit
+                // stay committed: no longer fresh.
+                let fresh = self.uncommitted(lo, hi);
                 committed = self.commit_slots(r, lo, hi, fresh, stream);
             }
             // Still out of memory with Idle granules left committed: the
@@ -257,11 +260,17 @@ impl<V: ReservableSpace> VirtualPool<V> {
         (peak_used.saturating_add(slack) >> self.shift).max(peak_busy)
     }
 
+    /// The number of Uncommitted granules in slots `lo..hi`.
+    #[inline]
+    pub(super) fn uncommitted(&self, lo: u32, hi: u32) -> u64 {
+        (hi - lo - self.committed_bits.count(lo, hi)) as u64
+    }
+
     /// Sets the bits of slots `lo..hi` (empty or not) and counts those
     /// that were clear as committed.
     fn count_committed(&mut self, lo: u32, hi: u32) {
         if lo < hi {
-            self.committed += (hi - lo - self.committed_bits.count(lo, hi)) as u64;
+            self.committed += self.uncommitted(lo, hi);
             self.committed_bits.set(lo, hi, true);
             self.peak_committed = self.peak_committed.max(self.committed);
         }

@@ -601,7 +601,7 @@ impl<V: ReservableSpace> VirtualPool<V> {
             self.touched.set(lo, hi, true);
         }
         if !self.committed_bits.all(lo, hi) {
-            let fresh = (hi - lo - self.committed_bits.count(lo, hi)) as u64;
+            let fresh = self.uncommitted(lo, hi);
             if let Err(failed) = self.commit_fresh(&a, request, (lo, hi), fresh, stream) {
                 return match retry && failed.gave_back {
                     true => self.place_again(request, stream, failed.error),

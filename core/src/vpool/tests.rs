@@ -440,6 +440,42 @@ pub(super) fn out_of_physical_memory_with_a_failing_trim_is_the_decommit_failure
 }
 
 #[test]
+fn a_second_try_after_running_out_of_memory_counts_each_busy_granule_once() {
+    // Granules 0, 1 and 3 Uncommitted, 2 and 4 Idle, after five blocks at
+    // once; then another user of the space holds one of its five granules.
+    // A block over granules 0..4 commits 0..2, runs out of physical memory
+    // at 3, and cannot decommit 0..2: they stay committed. The trim gives 4
+    // back and the second try commits 3 alone, once counted Busy.
+    let space = CountingSpace::new(5 * MIB, MIB);
+    let mut p =
+        VirtualPool::with_config(&space, VirtualConfig::new(64 * MIB).release_threshold(8 * MIB)).unwrap();
+    let base = p.reservations[0].range.start();
+    let blocks = [0; 5].map(|_| p.allocate(req(MIB), &()).unwrap());
+    assert_eq!(blocks.map(|b| b.addr()), [0, 1, 2, 3, 4].map(|i| base + i * MIB));
+    for i in [0, 1, 3] {
+        p.deallocate(blocks[i], &()).unwrap();
+    }
+    assert_eq!(p.trim(&()), Ok(3 * MIB));
+    for i in [2, 4] {
+        p.deallocate(blocks[i], &()).unwrap();
+    }
+    let other = space.reserve(MIB).unwrap();
+    space.commit(other).unwrap();
+    space.fail_nth_decommit(1);
+    let b = p.allocate(req(4 * MIB), &()).unwrap();
+    assert_eq!(b.addr(), base);
+    assert!(space.is_committed(granules_of(&b, MIB)));
+    assert_eq!((p.idle_bytes(), p.usage().held, space.committed_bytes()), (0, 4 * MIB, 5 * MIB));
+    // Never more than the five first blocks' granules Busy at once.
+    assert!(p.peak_busy_bytes() <= 5 * MIB, "Busy peak {} MiB", p.peak_busy_bytes() / MIB);
+    p.check().unwrap();
+    p.deallocate(b, &()).unwrap();
+    space.decommit(other, &()).unwrap();
+    space.release(other).unwrap();
+    p.check().unwrap();
+}
+
+#[test]
 pub(super) fn keep_zero_decommits_every_time_and_keep_avoids_it() {
     let rounds = crate::testing::steps(1000);
     for (keep, commits) in [(0, rounds as u64), (2 * MIB, 1)] {
