@@ -110,9 +110,9 @@ struct Live {
 }
 
 /// A block that [`MemoryMap::free`] took out, as
-/// [`MemoryMap::unfree`] puts it back.
+/// [`MemoryMap::unfree`] puts it back, and the number of that free.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Freed(Live);
+pub struct Freed(Live, u64);
 
 impl Freed {
     /// Its bytes.
@@ -165,6 +165,10 @@ pub struct MemoryMap {
     trace: VecDeque<TraceEntry>,
     max_entries: usize,
     now: Option<u64>,
+    /// The frees told and not yet answered, by address: the number of
+    /// the latest. An undo of one no longer there takes nothing back.
+    in_flight: BTreeMap<u64, u64>,
+    frees: u64,
 }
 
 impl MemoryMap {
@@ -179,6 +183,8 @@ impl MemoryMap {
             trace: VecDeque::new(),
             max_entries,
             now: None,
+            in_flight: BTreeMap::new(),
+            frees: 0,
         }
     }
 
@@ -248,6 +254,8 @@ impl MemoryMap {
         // A block handed out twice keeps the segment told for the first.
         let told = old.is_some_and(|o| o.own_segment);
         let own_segment = told || alone;
+        // Handed out again: a free of the old block in flight was done.
+        self.in_flight.remove(&addr);
         if let Some(old) = self.blocks.insert(addr, Live { size, requested, stream, own_segment }) {
             self.live = self.live.wrapping_sub(old.requested);
         }
@@ -266,12 +274,20 @@ impl MemoryMap {
     /// Takes back a [`free`](Self::free) of the block at `addr` that the
     /// resource refused: the block is live again, as `free` took it out,
     /// and the free's events, the latest of that address, leave the trace
-    /// (no allocation is told: none happened).
+    /// (no allocation is told: none happened). A block freed meanwhile by
+    /// another free ([`freed`](Self::freed)), or a block handed out at
+    /// `addr` since, shows that the resource did free it (a double free
+    /// racing the free refused): nothing changes.
     pub fn unfree(&mut self, addr: u64, freed: Freed) {
-        let Freed(b) = freed;
-        if let Some(old) = self.blocks.insert(addr, b) {
-            self.live = self.live.wrapping_sub(old.requested);
+        let Freed(b, number) = freed;
+        if self.in_flight.get(&addr) != Some(&number) {
+            return;
         }
+        self.in_flight.remove(&addr);
+        if self.blocks.contains_key(&addr) {
+            return;
+        }
+        self.blocks.insert(addr, b);
         self.live = self.live.wrapping_add(b.requested);
         let freed = |e: &TraceEntry| e.action == Action::FreeCompleted && e.addr == addr;
         if let Some(i) = self.trace.iter().rposition(freed) {
@@ -305,7 +321,19 @@ impl MemoryMap {
         if b.own_segment {
             self.record(Action::SegmentFree, addr, b.size, b.stream, time_us);
         }
-        Some(Freed(b))
+        self.frees += 1;
+        self.in_flight.insert(addr, self.frees);
+        Some(Freed(b, self.frees))
+    }
+
+    /// The resource freed the block at `addr`, whose free `told` it (what
+    /// [`free`](Self::free) returned; `None`: the map held no such block,
+    /// another free of it in flight took it out): that free, and any other
+    /// of the address in flight, can no longer be taken back.
+    pub fn freed(&mut self, addr: u64, told: Option<&Freed>) {
+        if told.is_none_or(|f| self.in_flight.get(&addr) == Some(&f.1)) {
+            self.in_flight.remove(&addr);
+        }
     }
 
     /// A request of `size` bytes that failed.

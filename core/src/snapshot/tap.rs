@@ -19,8 +19,9 @@ pub enum Side {
 
 /// `inner`, with each allocation and free told to a shared [`MemoryMap`]
 /// (an allocation after it succeeds, a failed one of [`Side::Blocks`] as
-/// an `oom` event; a free before it, taken back if refused; the empty block
-/// of a zero-byte request neither way). Two taps over
+/// an `oom` event; a free before it, taken back if refused, unless another
+/// free of the block went through meanwhile (a racing double free); the
+/// empty block of a zero-byte request neither way). Two taps over
 /// one map, one at the leaf and one at the top, map the stack between them.
 ///
 /// ```
@@ -160,7 +161,11 @@ impl<S: Stream + ?Sized, R: MemoryResource<S>> MemoryResource<S> for Tap<R> {
             Side::Blocks => {
                 let told = self.map.with(|m| m.free(addr, id, None));
                 let undo = told.map(|freed| move |m: &mut MemoryMap| m.unfree(addr, freed));
-                self.freeing(undo, || self.inner.deallocate(block, stream))
+                self.freeing(undo, || self.inner.deallocate(block, stream))?;
+                // Freed: a free of the block racing this one (a double
+                // free), refused, must not bring it back.
+                self.map.with(|m| m.freed(addr, told.as_ref()));
+                Ok(())
             }
             // Told before the leaf frees too: once freed, another thread
             // may be handed the address and tell its own segment, which a

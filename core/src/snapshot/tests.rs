@@ -435,6 +435,63 @@ fn a_segment_unfree_after_the_address_was_handed_out_again_changes_nothing() {
     assert_eq!(map.segment_free(0x1000, 3, None), None);
 }
 
+/// A leaf that holds a set of live addresses; its next free runs `hook`
+/// first (another thread's free, at the same time).
+#[derive(Default)]
+struct Racy {
+    live: std::sync::Mutex<std::collections::BTreeSet<u64>>,
+    hook: std::sync::Mutex<Option<alloc::boxed::Box<dyn FnOnce() + Send>>>,
+}
+
+impl crate::MemoryResource for Racy {
+    fn allocate(&self, r: crate::Request, _: &()) -> crate::Result<crate::Block> {
+        let mut live = self.live.lock().unwrap();
+        let addr = 0x10000 + 0x1000 * live.len() as u64;
+        live.insert(addr);
+        Ok(crate::Block::new(addr, r.size(), crate::Block::NO_TAG))
+    }
+    fn deallocate(&self, b: crate::Block, _: &()) -> crate::Result<()> {
+        let hook = self.hook.lock().unwrap().take();
+        if let Some(hook) = hook {
+            hook();
+        }
+        match self.live.lock().unwrap().remove(&b.addr()) {
+            true => Ok(()),
+            false => Err(crate::Error::DoubleFree { addr: b.addr() }),
+        }
+    }
+}
+
+/// Two frees of one block at once through the blocks' tap: the first tells
+/// the map, the second finds nothing to tell and the leaf frees the block,
+/// then refuses the first as a double free. Before, the first's undo put
+/// the block back in the map, live for good though no one held it.
+#[test]
+fn a_free_refused_as_the_double_of_a_racing_free_leaves_the_block_freed() {
+    use crate::{MemoryResource, Request, Shared};
+    use alloc::sync::Arc;
+    let map = Arc::new(Shared::new(MemoryMap::new(100)));
+    let leaf = Arc::new(Racy::default());
+    let tap = Arc::new(Tap::new(leaf.clone(), map.clone(), Side::Blocks));
+    let x = tap.allocate(Request::new(1000).unwrap(), &()).unwrap();
+    let other = tap.clone();
+    *leaf.hook.lock().unwrap() = Some(alloc::boxed::Box::new(move || other.deallocate(x, &()).unwrap()));
+    assert_eq!(tap.deallocate(x, &()), Err(crate::Error::DoubleFree { addr: x.addr() }));
+    assert!(leaf.live.lock().unwrap().is_empty());
+    assert_eq!(map.with(|m| (m.live(), m.runs().len())), (0, 0), "the block freed in the map");
+    let actions: Vec<Action> = map.with(|m| m.trace().map(|e| e.action).collect());
+    use Action::{Alloc, FreeCompleted, FreeRequested, SegmentAlloc, SegmentFree};
+    assert_eq!(actions, [SegmentAlloc, Alloc, FreeRequested, FreeCompleted, SegmentFree], "freed once");
+
+    // Handed out again before the refused free's undo: the new block stays.
+    let mut map = MemoryMap::new(100);
+    map.alloc(0x1000, 256, 256, 1, None);
+    let freed = map.free(0x1000, 1, None).unwrap();
+    map.alloc(0x1000, 512, 500, 2, None);
+    map.unfree(0x1000, freed);
+    assert_eq!((map.live(), map.runs()[0].stream), (500, 2));
+}
+
 /// A refused free goes back into the map as the block it was: allocated on
 /// its own stream, not the stream of the free that failed (which a block
 /// outside every segment shows as its segment's stream).
