@@ -110,9 +110,45 @@ struct Live {
 }
 
 /// A block that [`MemoryMap::free`] took out, as
-/// [`MemoryMap::unfree`] puts it back, and the number of that free.
+/// [`MemoryMap::unfree`] puts it back, the number of that free, and the
+/// events it pushed out of a full trace.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Freed(Live, u64);
+pub struct Freed(Live, u64, Evicted);
+
+/// A segment that [`MemoryMap::segment_free`] took out, as
+/// [`MemoryMap::segment_unfree`] puts it back, and the event its free
+/// pushed out of a full trace.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SegmentFreed {
+    size: u64,
+    stream: u64,
+    evicted: Evicted,
+}
+
+impl SegmentFreed {
+    /// Its bytes.
+    pub fn size(&self) -> u64 {
+        self.size
+    }
+
+    /// The stream it was taken on.
+    pub fn stream(&self) -> u64 {
+        self.stream
+    }
+}
+
+/// The events that a free pushed out of a full trace, oldest first, which
+/// an undo of the free puts back: only those that were in the trace before
+/// the free (at most the three events it tells), and only if no other was
+/// pushed out since (the trace would have a gap).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Evicted {
+    entries: [Option<TraceEntry>; 3],
+    /// How many entries older than the free the trace held, not yet out.
+    older: usize,
+    /// The map's count of evictions once the free was told.
+    evictions: u64,
+}
 
 impl Freed {
     /// Its bytes.
@@ -169,6 +205,8 @@ pub struct MemoryMap {
     /// the latest. An undo of one no longer there takes nothing back.
     in_flight: BTreeMap<u64, u64>,
     frees: u64,
+    /// The events pushed out of the full trace, less those put back.
+    evictions: u64,
 }
 
 impl MemoryMap {
@@ -185,6 +223,7 @@ impl MemoryMap {
             now: None,
             in_flight: BTreeMap::new(),
             frees: 0,
+            evictions: 0,
         }
     }
 
@@ -194,15 +233,60 @@ impl MemoryMap {
         self.now = time_us;
     }
 
-    fn record(&mut self, action: Action, addr: u64, size: u64, stream: u64, time_us: Option<u64>) {
+    /// Adds an event to the trace; returns the oldest one if that pushed
+    /// it out.
+    fn record(
+        &mut self,
+        action: Action,
+        addr: u64,
+        size: u64,
+        stream: u64,
+        time_us: Option<u64>,
+    ) -> Option<TraceEntry> {
         if self.max_entries == 0 {
-            return;
+            return None;
         }
-        if self.trace.len() == self.max_entries {
-            self.trace.pop_front();
-        }
+        let out = match self.trace.len() == self.max_entries {
+            true => self.trace.pop_front(),
+            false => None,
+        };
+        self.evictions += out.is_some() as u64;
         let time_us = time_us.or(self.now);
         self.trace.push_back(TraceEntry { action, addr, size, stream, time_us });
+        out
+    }
+
+    /// Before a free tells its events: what they push out will go here.
+    fn evicting(&self) -> Evicted {
+        Evicted { entries: [None; 3], older: self.trace.len(), evictions: self.evictions }
+    }
+
+    /// Keeps `out`, an entry a free's event pushed out, if older than the
+    /// free.
+    fn evicted(&self, evicted: &mut Evicted, out: Option<TraceEntry>) {
+        if let Some(e) = out.filter(|_| evicted.older > 0) {
+            evicted.older -= 1;
+            if let Some(slot) = evicted.entries.iter_mut().find(|s| s.is_none()) {
+                *slot = Some(e);
+            }
+        }
+        evicted.evictions = self.evictions;
+    }
+
+    /// After an undo took a free's events out of the trace: puts back at
+    /// its front the events the free pushed out, if none was pushed out
+    /// since.
+    fn put_back(&mut self, evicted: Evicted) {
+        if evicted.evictions != self.evictions {
+            return;
+        }
+        for e in evicted.entries.iter().rev().flatten() {
+            if self.trace.len() == self.max_entries {
+                break;
+            }
+            self.trace.push_front(*e);
+            self.evictions -= 1;
+        }
     }
 
     /// `size` bytes at `addr` taken from the upstream on `stream`.
@@ -216,30 +300,34 @@ impl MemoryMap {
         self.record(Action::SegmentAlloc, addr, size, stream, time_us);
     }
 
-    /// The segment at `addr` given back (an unknown one is ignored): its
-    /// size and the stream it was taken on.
-    pub fn segment_free(&mut self, addr: u64, stream: u64, time_us: Option<u64>) -> Option<(u64, u64)> {
+    /// The segment at `addr` given back (an unknown one is ignored): the
+    /// segment, which [`segment_unfree`](Self::segment_unfree) puts back.
+    pub fn segment_free(&mut self, addr: u64, stream: u64, time_us: Option<u64>) -> Option<SegmentFreed> {
         let s = self.segments.remove(&addr)?;
         self.held = self.held.wrapping_sub(s.size);
-        self.record(Action::SegmentFree, addr, s.size, stream, time_us);
-        Some((s.size, s.stream))
+        let mut evicted = self.evicting();
+        let out = self.record(Action::SegmentFree, addr, s.size, stream, time_us);
+        self.evicted(&mut evicted, out);
+        Some(SegmentFreed { size: s.size, stream: s.stream, evicted })
     }
 
     /// Takes back a [`segment_free`](Self::segment_free) that the upstream
-    /// refused: the segment of `size` bytes taken on `stream` is held
-    /// again, and the free's event, the latest of that address, leaves the
-    /// trace. A segment held at `addr` meanwhile shows that the upstream
-    /// did free it (it handed the address out again): nothing changes.
-    pub fn segment_unfree(&mut self, addr: u64, size: u64, stream: u64) {
+    /// refused: the segment is held again, and the free's event, the
+    /// latest of that address, leaves the trace, which gets back the event
+    /// it pushed out (unless others were pushed out since). A segment held
+    /// at `addr` meanwhile shows that the upstream did free it (it handed
+    /// the address out again): nothing changes.
+    pub fn segment_unfree(&mut self, addr: u64, freed: SegmentFreed) {
         if self.segments.contains_key(&addr) {
             return;
         }
-        self.segments.insert(addr, Segment { size, stream });
-        self.held = self.held.wrapping_add(size);
-        let freed = |e: &TraceEntry| e.action == Action::SegmentFree && e.addr == addr;
-        if let Some(i) = self.trace.iter().rposition(freed) {
+        self.segments.insert(addr, Segment { size: freed.size, stream: freed.stream });
+        self.held = self.held.wrapping_add(freed.size);
+        let told = |e: &TraceEntry| e.action == Action::SegmentFree && e.addr == addr;
+        if let Some(i) = self.trace.iter().rposition(told) {
             self.trace.remove(i);
         }
+        self.put_back(freed.evicted);
     }
 
     /// A block of `size` bytes at `addr` handed out for a request of
@@ -274,12 +362,14 @@ impl MemoryMap {
     /// Takes back a [`free`](Self::free) of the block at `addr` that the
     /// resource refused: the block is live again, as `free` took it out,
     /// and the free's events, the latest of that address, leave the trace
-    /// (no allocation is told: none happened). A block freed meanwhile by
+    /// (no allocation is told: none happened); the trace gets back the
+    /// events they pushed out, unless others were pushed out since. A
+    /// block freed meanwhile by
     /// another free ([`freed`](Self::freed)), or a block handed out at
     /// `addr` since, shows that the resource did free it (a double free
     /// racing the free refused): nothing changes.
     pub fn unfree(&mut self, addr: u64, freed: Freed) {
-        let Freed(b, number) = freed;
+        let Freed(b, number, evicted) = freed;
         if self.in_flight.get(&addr) != Some(&number) {
             return;
         }
@@ -304,6 +394,7 @@ impl MemoryMap {
                 self.trace.remove(i - 1);
             }
         }
+        self.put_back(evicted);
     }
 
     /// The block at `addr` given back (an unknown one is ignored), told as
@@ -316,14 +407,18 @@ impl MemoryMap {
         // Both, adjacent: PyTorch's viewer merges the pair into one free; a
         // `free_completed` alone it undoes into a block freed but waiting
         // for a `record_stream`.
-        self.record(Action::FreeRequested, addr, b.requested, stream, time_us);
-        self.record(Action::FreeCompleted, addr, b.requested, stream, time_us);
+        let mut evicted = self.evicting();
+        let out = self.record(Action::FreeRequested, addr, b.requested, stream, time_us);
+        self.evicted(&mut evicted, out);
+        let out = self.record(Action::FreeCompleted, addr, b.requested, stream, time_us);
+        self.evicted(&mut evicted, out);
         if b.own_segment {
-            self.record(Action::SegmentFree, addr, b.size, b.stream, time_us);
+            let out = self.record(Action::SegmentFree, addr, b.size, b.stream, time_us);
+            self.evicted(&mut evicted, out);
         }
         self.frees += 1;
         self.in_flight.insert(addr, self.frees);
-        Some(Freed(b, self.frees))
+        Some(Freed(b, self.frees, evicted))
     }
 
     /// The resource freed the block at `addr`, whose free `told` it (what

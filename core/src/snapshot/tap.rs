@@ -172,8 +172,7 @@ impl<S: Stream + ?Sized, R: MemoryResource<S>> MemoryResource<S> for Tap<R> {
             // late end would take for this one.
             Side::Segments => {
                 let told = self.map.with(|m| m.segment_free(addr, id, None));
-                let undo = told
-                    .map(|(size, taken_on)| move |m: &mut MemoryMap| m.segment_unfree(addr, size, taken_on));
+                let undo = told.map(|freed| move |m: &mut MemoryMap| m.segment_unfree(addr, freed));
                 self.freeing(undo, || self.inner.deallocate(block, stream))
             }
         }

@@ -61,14 +61,15 @@ fn a_free_is_told_as_requested_then_completed_and_its_undo_takes_both_back() {
     assert_eq!(map.live(), 2024);
 
     // A trace whose front cut the `free_requested` off: the undo takes
-    // the `free_completed` alone.
+    // the `free_completed` alone, and puts back the `alloc` it pushed out.
     let mut map = MemoryMap::new(1);
     map.segment_alloc(0x10000, 1024, 0, None);
     map.alloc(0x10000, 1024, 1000, 0, None);
     let freed = map.free(0x10000, 0, None).unwrap();
     assert_eq!(map.trace().map(|e| e.action).collect::<Vec<_>>(), [Action::FreeCompleted]);
     map.unfree(0x10000, freed);
-    assert_eq!((map.trace().count(), map.live()), (0, 1000));
+    assert_eq!(map.trace().map(|e| e.action).collect::<Vec<_>>(), [Action::Alloc]);
+    assert_eq!(map.live(), 1000);
 }
 
 /// What PyTorch's viewer does in its "Allocator State History": from the
@@ -418,6 +419,39 @@ fn a_segment_free_the_leaf_refuses_or_panics_in_leaves_the_map_as_it_was() {
     assert_eq!((map.with(|m| m.held()), &actions[..]), (0, &[A, A, F, F][..]));
 }
 
+/// A refused free at a full trace, whose events pushed the oldest ones
+/// out: its undo puts them back, so the trace is as before. Before, they
+/// were lost for good (a trace that is full in any long run lost two or
+/// three events at each refused free).
+#[test]
+fn a_refused_free_at_a_full_trace_gives_the_trace_back_as_it_was() {
+    let mut map = MemoryMap::new(4);
+    map.segment_alloc(0x1000, 4096, 0, None);
+    map.alloc(0x1000, 256, 256, 0, None);
+    map.alloc(0x1100, 256, 256, 0, None);
+    map.alloc(0x9000, 256, 256, 0, None); // a segment of its own
+    let before: Vec<TraceEntry> = map.trace().copied().collect();
+    assert_eq!(before.len(), 4);
+    let freed = map.free(0x1000, 0, None).unwrap();
+    map.unfree(0x1000, freed);
+    assert_eq!(map.trace().copied().collect::<Vec<_>>(), before, "a block's free");
+    let freed = map.free(0x9000, 0, None).unwrap();
+    map.unfree(0x9000, freed);
+    assert_eq!(map.trace().copied().collect::<Vec<_>>(), before, "with its own segment's end");
+    let freed = map.segment_free(0x1000, 0, None).unwrap();
+    map.segment_unfree(0x1000, freed);
+    assert_eq!(map.trace().copied().collect::<Vec<_>>(), before, "a segment's free");
+    assert_eq!((map.held(), map.live()), (4096, 768));
+
+    // Another event pushed one out meanwhile: putting back the older ones
+    // would leave a gap, so the trace keeps the last events it has.
+    let freed = map.free(0x1100, 0, None).unwrap();
+    map.oom(1 << 40, 0, None);
+    map.unfree(0x1100, freed);
+    let actions: Vec<Action> = map.trace().map(|e| e.action).collect();
+    assert_eq!(actions, [Action::Alloc, Action::Oom]);
+}
+
 /// A segment free taken back after the address was handed out again (a
 /// leaf that freed, then panicked) keeps the new segment and the end of
 /// the old one: the trace still tells what the map holds.
@@ -425,13 +459,14 @@ fn a_segment_free_the_leaf_refuses_or_panics_in_leaves_the_map_as_it_was() {
 fn a_segment_unfree_after_the_address_was_handed_out_again_changes_nothing() {
     let mut map = MemoryMap::new(10);
     map.segment_alloc(0x1000, 1024, 1, None);
-    assert_eq!(map.segment_free(0x1000, 2, None), Some((1024, 1)));
+    let freed = map.segment_free(0x1000, 2, None).unwrap();
+    assert_eq!((freed.size(), freed.stream()), (1024, 1));
     map.segment_alloc(0x1000, 512, 3, None);
-    map.segment_unfree(0x1000, 1024, 1);
+    map.segment_unfree(0x1000, freed);
     assert_eq!((map.held(), map.runs()[0].stream), (512, 3));
     let actions: Vec<Action> = map.trace().map(|e| e.action).collect();
     assert_eq!(actions, [Action::SegmentAlloc, Action::SegmentFree, Action::SegmentAlloc]);
-    assert_eq!(map.segment_free(0x1000, 3, None), Some((512, 3)));
+    assert_eq!(map.segment_free(0x1000, 3, None).map(|f| (f.size(), f.stream())), Some((512, 3)));
     assert_eq!(map.segment_free(0x1000, 3, None), None);
 }
 
