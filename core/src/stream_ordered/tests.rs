@@ -375,6 +375,32 @@ fn a_reclaim_whose_inner_free_panics_keeps_no_empty_bucket() {
     assert_eq!((so.listed_bytes(), up.usage().held), (0, 0));
 }
 
+/// An inner algorithm outside the contract: it hands out the block it is
+/// given, whatever the request, and counts frees.
+struct GivenBlock {
+    block: Block,
+    frees: u32,
+}
+
+impl MemoryResourceMut<()> for GivenBlock {
+    fn allocate(&mut self, _: Request, _: &()) -> Result<Block> {
+        Ok(self.block)
+    }
+    fn deallocate(&mut self, _: Block, _: &()) -> Result<()> {
+        self.frees += 1;
+        Ok(())
+    }
+}
+
+impl Inspect for GivenBlock {
+    fn usage(&self) -> crate::Usage {
+        crate::Usage::leaf(0, 0)
+    }
+    fn check(&self) -> core::result::Result<(), crate::check::Violation> {
+        Ok(())
+    }
+}
+
 /// An inner block longer than asked is kept whole and counted by its
 /// footprint; one whose footprint would end past the last address (or
 /// take the bytes held past `u64::MAX`) goes back as an error. Before, its
@@ -382,34 +408,13 @@ fn a_reclaim_whose_inner_free_panics_keeps_no_empty_bucket() {
 /// in a debug build, a block counted as 0 bytes in a release build.
 #[test]
 fn an_inner_block_near_the_top_of_its_size_range() {
-    /// Hands out the block it is given, whatever the request; counts frees.
-    struct Huge {
-        block: Block,
-        frees: u32,
-    }
-    impl MemoryResourceMut<()> for Huge {
-        fn allocate(&mut self, _: Request, _: &()) -> Result<Block> {
-            Ok(self.block)
-        }
-        fn deallocate(&mut self, _: Block, _: &()) -> Result<()> {
-            self.frees += 1;
-            Ok(())
-        }
-    }
-    impl Inspect for Huge {
-        fn usage(&self) -> crate::Usage {
-            crate::Usage::leaf(0, 0)
-        }
-        fn check(&self) -> core::result::Result<(), crate::check::Violation> {
-            Ok(())
-        }
-    }
-    let exact = |so: &StreamOrdered<Huge, ()>, live: u64, listed: u64| {
+    let exact = |so: &StreamOrdered<GivenBlock, ()>, live: u64, listed: u64| {
         so.check().unwrap();
         assert_eq!((so.usage().used, so.listed_bytes(), so.held_bytes()), (live, listed, live + listed));
     };
 
-    let mut so = StreamOrdered::<_, ()>::new(Huge { block: Block::new(0, u64::MAX - 100, 7), frees: 0 });
+    let mut so =
+        StreamOrdered::<_, ()>::new(GivenBlock { block: Block::new(0, u64::MAX - 100, 7), frees: 0 });
     let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| so.allocate(req(256), &())));
     let err =
         Error::InvalidSize { size: u64::MAX - 100, what: "inner block's footprint past the last address" };
@@ -439,28 +444,9 @@ fn an_inner_block_near_the_top_of_its_size_range() {
 /// it was handed out as the request's block.
 #[test]
 fn an_inner_block_not_aligned_as_asked_goes_back_as_an_error() {
-    /// Hands out every block at an address aligned to 256 only; counts frees.
-    struct Skewed {
-        frees: u32,
-    }
-    impl MemoryResourceMut<()> for Skewed {
-        fn allocate(&mut self, r: Request, _: &()) -> Result<Block> {
-            Ok(Block::new((1 << 20) + 256, r.size(), 7))
-        }
-        fn deallocate(&mut self, _: Block, _: &()) -> Result<()> {
-            self.frees += 1;
-            Ok(())
-        }
-    }
-    impl Inspect for Skewed {
-        fn usage(&self) -> crate::Usage {
-            crate::Usage::leaf(0, 0)
-        }
-        fn check(&self) -> core::result::Result<(), crate::check::Violation> {
-            Ok(())
-        }
-    }
-    let mut so = StreamOrdered::<_, ()>::new(Skewed { frees: 0 });
+    // A block aligned to 256 only.
+    let mut so =
+        StreamOrdered::<_, ()>::new(GivenBlock { block: Block::new((1 << 20) + 256, 4096, 7), frees: 0 });
     let err = Error::InvalidConfig { what: "inner block not aligned as asked" };
     assert_eq!(so.allocate(Request::aligned(4096, 4096).unwrap(), &()), Err(err));
     assert_eq!((so.live_count(), so.held_bytes(), so.inner().frees), (0, 0, 1), "given back");
