@@ -122,6 +122,8 @@ pub struct Freed(Live, u64, Evicted);
 pub struct SegmentFreed {
     size: u64,
     stream: u64,
+    /// The number of the free ([`InFlight`]).
+    number: u64,
     evicted: Evicted,
 }
 
@@ -191,6 +193,49 @@ pub struct SegmentRuns {
     pub runs: Vec<Run>,
 }
 
+/// The frees of one kind (blocks or segments) told to a map and not yet
+/// answered, by address: the number of the latest. An undo of a free no
+/// longer in flight takes nothing back: another free of the address went
+/// through meanwhile (a racing double free), or it was handed out again.
+#[derive(Clone, Debug, Default)]
+struct InFlight {
+    latest: BTreeMap<u64, u64>,
+    /// Frees told so far: the number of the last.
+    told: u64,
+}
+
+impl InFlight {
+    /// A free of `addr` told: its number.
+    fn tell(&mut self, addr: u64) -> u64 {
+        self.told += 1;
+        self.latest.insert(addr, self.told);
+        self.told
+    }
+
+    /// Takes free `number` of `addr` out: whether it was still in flight.
+    fn take(&mut self, addr: u64, number: u64) -> bool {
+        let current = self.latest.get(&addr) == Some(&number);
+        if current {
+            self.latest.remove(&addr);
+        }
+        current
+    }
+
+    /// The resource freed `addr`, whose free `told` it (`None`: it told
+    /// nothing, as another free in flight took the entry out): neither can
+    /// be taken back.
+    fn answered(&mut self, addr: u64, told: Option<u64>) {
+        if told.is_none_or(|n| self.latest.get(&addr) == Some(&n)) {
+            self.latest.remove(&addr);
+        }
+    }
+
+    /// `addr` handed out again: a free of it in flight was done.
+    fn forget(&mut self, addr: u64) {
+        self.latest.remove(&addr);
+    }
+}
+
 /// The segments and live blocks of a resource, and the last events.
 #[derive(Clone, Debug)]
 pub struct MemoryMap {
@@ -201,10 +246,10 @@ pub struct MemoryMap {
     trace: VecDeque<TraceEntry>,
     max_entries: usize,
     now: Option<u64>,
-    /// The frees told and not yet answered, by address: the number of
-    /// the latest. An undo of one no longer there takes nothing back.
-    in_flight: BTreeMap<u64, u64>,
-    frees: u64,
+    /// The frees of blocks told and not yet answered.
+    blocks_freeing: InFlight,
+    /// The frees of segments told and not yet answered.
+    segments_freeing: InFlight,
     /// The events pushed out of the full trace, less those put back.
     evictions: u64,
 }
@@ -221,8 +266,8 @@ impl MemoryMap {
             trace: VecDeque::new(),
             max_entries,
             now: None,
-            in_flight: BTreeMap::new(),
-            frees: 0,
+            blocks_freeing: InFlight::default(),
+            segments_freeing: InFlight::default(),
             evictions: 0,
         }
     }
@@ -293,6 +338,8 @@ impl MemoryMap {
     pub fn segment_alloc(&mut self, addr: u64, size: u64, stream: u64, time_us: Option<u64>) {
         // The sums wrap as the adaptors' counts do: sizes of a map fed from
         // outside may pass u64, and each size added is taken off again.
+        // Handed out again: a free of the old segment in flight was done.
+        self.segments_freeing.forget(addr);
         if let Some(old) = self.segments.insert(addr, Segment { size, stream }) {
             self.held = self.held.wrapping_sub(old.size);
         }
@@ -308,17 +355,29 @@ impl MemoryMap {
         let mut evicted = self.evicting();
         let out = self.record(Action::SegmentFree, addr, s.size, stream, time_us);
         self.evicted(&mut evicted, out);
-        Some(SegmentFreed { size: s.size, stream: s.stream, evicted })
+        let number = self.segments_freeing.tell(addr);
+        Some(SegmentFreed { size: s.size, stream: s.stream, number, evicted })
+    }
+
+    /// The upstream gave back the segment at `addr`, whose free `told` it
+    /// (what [`segment_free`](Self::segment_free) returned; `None`: the
+    /// map held no such segment, another free of it in flight took it
+    /// out): that free, and any other of the address in flight, can no
+    /// longer be taken back.
+    pub fn segment_freed(&mut self, addr: u64, told: Option<&SegmentFreed>) {
+        self.segments_freeing.answered(addr, told.map(|f| f.number));
     }
 
     /// Takes back a [`segment_free`](Self::segment_free) that the upstream
     /// refused: the segment is held again, and the free's event, the
     /// latest of that address, leaves the trace, which gets back the event
-    /// it pushed out (unless others were pushed out since). A segment held
-    /// at `addr` meanwhile shows that the upstream did free it (it handed
-    /// the address out again): nothing changes.
+    /// it pushed out (unless others were pushed out since). A segment
+    /// given back meanwhile by another free
+    /// ([`segment_freed`](Self::segment_freed)), or one held at `addr`
+    /// since, shows that the upstream did free it (a double free racing
+    /// the free refused): nothing changes.
     pub fn segment_unfree(&mut self, addr: u64, freed: SegmentFreed) {
-        if self.segments.contains_key(&addr) {
+        if !self.segments_freeing.take(addr, freed.number) || self.segments.contains_key(&addr) {
             return;
         }
         self.segments.insert(addr, Segment { size: freed.size, stream: freed.stream });
@@ -343,7 +402,7 @@ impl MemoryMap {
         let told = old.is_some_and(|o| o.own_segment);
         let own_segment = told || alone;
         // Handed out again: a free of the old block in flight was done.
-        self.in_flight.remove(&addr);
+        self.blocks_freeing.forget(addr);
         if let Some(old) = self.blocks.insert(addr, Live { size, requested, stream, own_segment }) {
             self.live = self.live.wrapping_sub(old.requested);
         }
@@ -370,11 +429,7 @@ impl MemoryMap {
     /// racing the free refused): nothing changes.
     pub fn unfree(&mut self, addr: u64, freed: Freed) {
         let Freed(b, number, evicted) = freed;
-        if self.in_flight.get(&addr) != Some(&number) {
-            return;
-        }
-        self.in_flight.remove(&addr);
-        if self.blocks.contains_key(&addr) {
+        if !self.blocks_freeing.take(addr, number) || self.blocks.contains_key(&addr) {
             return;
         }
         self.blocks.insert(addr, b);
@@ -416,9 +471,8 @@ impl MemoryMap {
             let out = self.record(Action::SegmentFree, addr, b.size, b.stream, time_us);
             self.evicted(&mut evicted, out);
         }
-        self.frees += 1;
-        self.in_flight.insert(addr, self.frees);
-        Some(Freed(b, self.frees, evicted))
+        let number = self.blocks_freeing.tell(addr);
+        Some(Freed(b, number, evicted))
     }
 
     /// The resource freed the block at `addr`, whose free `told` it (what
@@ -426,9 +480,7 @@ impl MemoryMap {
     /// another free of it in flight took it out): that free, and any other
     /// of the address in flight, can no longer be taken back.
     pub fn freed(&mut self, addr: u64, told: Option<&Freed>) {
-        if told.is_none_or(|f| self.in_flight.get(&addr) == Some(&f.1)) {
-            self.in_flight.remove(&addr);
-        }
+        self.blocks_freeing.answered(addr, told.map(|f| f.1));
     }
 
     /// A request of `size` bytes that failed.

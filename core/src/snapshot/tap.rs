@@ -20,7 +20,8 @@ pub enum Side {
 /// `inner`, with each allocation and free told to a shared [`MemoryMap`]
 /// (an allocation after it succeeds, a failed one of [`Side::Blocks`] as
 /// an `oom` event; a free before it, taken back if refused, unless another
-/// free of the block went through meanwhile (a racing double free); the
+/// free of the block or segment went through meanwhile (a racing double
+/// free); the
 /// empty block of a zero-byte request neither way). Two taps over
 /// one map, one at the leaf and one at the top, map the stack between them.
 ///
@@ -173,7 +174,11 @@ impl<S: Stream + ?Sized, R: MemoryResource<S>> MemoryResource<S> for Tap<R> {
             Side::Segments => {
                 let told = self.map.with(|m| m.segment_free(addr, id, None));
                 let undo = told.map(|freed| move |m: &mut MemoryMap| m.segment_unfree(addr, freed));
-                self.freeing(undo, || self.inner.deallocate(block, stream))
+                self.freeing(undo, || self.inner.deallocate(block, stream))?;
+                // As a block's: a racing free refused must not bring the
+                // segment back.
+                self.map.with(|m| m.segment_freed(addr, told.as_ref()));
+                Ok(())
             }
         }
     }

@@ -527,6 +527,35 @@ fn a_free_refused_as_the_double_of_a_racing_free_leaves_the_block_freed() {
     assert_eq!((map.live(), map.runs()[0].stream), (500, 2));
 }
 
+/// The same race at the leaf, through the segments' tap: the first free
+/// tells the map, the second finds nothing to tell and the leaf gives the
+/// segment back, then refuses the first. Before, the first's undo put the
+/// segment back in the map, held for good though the leaf had it no more.
+#[test]
+fn a_segment_free_refused_as_the_double_of_a_racing_free_leaves_the_segment_given_back() {
+    use crate::{MemoryResource, Request, Shared};
+    use alloc::sync::Arc;
+    let map = Arc::new(Shared::new(MemoryMap::new(100)));
+    let leaf = Arc::new(Racy::default());
+    let tap = Arc::new(Tap::new(leaf.clone(), map.clone(), Side::Segments));
+    let x = tap.allocate(Request::new(4096).unwrap(), &()).unwrap();
+    let other = tap.clone();
+    *leaf.hook.lock().unwrap() = Some(alloc::boxed::Box::new(move || other.deallocate(x, &()).unwrap()));
+    assert_eq!(tap.deallocate(x, &()), Err(crate::Error::DoubleFree { addr: x.addr() }));
+    assert!(leaf.live.lock().unwrap().is_empty());
+    assert_eq!(map.with(|m| (m.held(), m.runs().len())), (0, 0), "the segment given back in the map");
+    let actions: Vec<Action> = map.with(|m| m.trace().map(|e| e.action).collect());
+    assert_eq!(actions, [Action::SegmentAlloc, Action::SegmentFree], "given back once");
+
+    // Taken again before the refused free's undo: the new segment stays.
+    let mut map = MemoryMap::new(100);
+    map.segment_alloc(0x1000, 4096, 1, None);
+    let freed = map.segment_free(0x1000, 1, None).unwrap();
+    map.segment_alloc(0x1000, 8192, 2, None);
+    map.segment_unfree(0x1000, freed);
+    assert_eq!(map.held(), 8192);
+}
+
 /// A refused free goes back into the map as the block it was: allocated on
 /// its own stream, not the stream of the free that failed (which a block
 /// outside every segment shows as its segment's stream).
