@@ -263,6 +263,54 @@ impl<V> Records<V> {
     }
 }
 
+/// The frees of one kind told to a record before the memory below frees
+/// them, and not yet answered, by address: the number of the latest. A
+/// record that must tell a free before the free happens (once freed, the
+/// address may be handed to another thread and recorded at once) takes
+/// the free back if refused, but only while it is still in flight: a free
+/// of the address that went through meanwhile (a double free racing it)
+/// answers it, so that the refused one brings nothing back to life.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct InFlight {
+    latest: AddrMap<u64>,
+    /// Frees told so far: the number of the last (wrapping; a free would
+    /// have to last 2^64 others to be mistaken for one).
+    told: u64,
+}
+
+impl InFlight {
+    /// A free of `addr` told: its number.
+    pub(crate) fn tell(&mut self, addr: u64) -> u64 {
+        self.told = self.told.wrapping_add(1);
+        self.latest.insert(addr, self.told);
+        self.told
+    }
+
+    /// Takes free `number` of `addr` out to undo it: whether it was still
+    /// in flight.
+    pub(crate) fn take(&mut self, addr: u64, number: u64) -> bool {
+        let current = self.latest.get(addr) == Some(&number);
+        if current {
+            self.latest.remove(addr);
+        }
+        current
+    }
+
+    /// The memory below freed `addr`, whose free `told` it (`None`: the
+    /// record held nothing to tell, as another free in flight had taken
+    /// it out): neither can be taken back.
+    pub(crate) fn answered(&mut self, addr: u64, told: Option<u64>) {
+        if told.is_none_or(|n| self.latest.get(addr) == Some(&n)) {
+            self.latest.remove(addr);
+        }
+    }
+
+    /// `addr` handed out again: a free of it in flight was done.
+    pub(crate) fn forget(&mut self, addr: u64) {
+        self.latest.remove(addr);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -122,7 +122,7 @@ pub struct Freed(Live, u64, Evicted);
 pub struct SegmentFreed {
     size: u64,
     stream: u64,
-    /// The number of the free ([`InFlight`]).
+    /// The number of the free ([`InFlight`](crate::addr_map::InFlight)).
     number: u64,
     evicted: Evicted,
 }
@@ -193,49 +193,6 @@ pub struct SegmentRuns {
     pub runs: Vec<Run>,
 }
 
-/// The frees of one kind (blocks or segments) told to a map and not yet
-/// answered, by address: the number of the latest. An undo of a free no
-/// longer in flight takes nothing back: another free of the address went
-/// through meanwhile (a racing double free), or it was handed out again.
-#[derive(Clone, Debug, Default)]
-struct InFlight {
-    latest: BTreeMap<u64, u64>,
-    /// Frees told so far: the number of the last.
-    told: u64,
-}
-
-impl InFlight {
-    /// A free of `addr` told: its number.
-    fn tell(&mut self, addr: u64) -> u64 {
-        self.told += 1;
-        self.latest.insert(addr, self.told);
-        self.told
-    }
-
-    /// Takes free `number` of `addr` out: whether it was still in flight.
-    fn take(&mut self, addr: u64, number: u64) -> bool {
-        let current = self.latest.get(&addr) == Some(&number);
-        if current {
-            self.latest.remove(&addr);
-        }
-        current
-    }
-
-    /// The resource freed `addr`, whose free `told` it (`None`: it told
-    /// nothing, as another free in flight took the entry out): neither can
-    /// be taken back.
-    fn answered(&mut self, addr: u64, told: Option<u64>) {
-        if told.is_none_or(|n| self.latest.get(&addr) == Some(&n)) {
-            self.latest.remove(&addr);
-        }
-    }
-
-    /// `addr` handed out again: a free of it in flight was done.
-    fn forget(&mut self, addr: u64) {
-        self.latest.remove(&addr);
-    }
-}
-
 /// The segments and live blocks of a resource, and the last events.
 #[derive(Clone, Debug)]
 pub struct MemoryMap {
@@ -247,9 +204,9 @@ pub struct MemoryMap {
     max_entries: usize,
     now: Option<u64>,
     /// The frees of blocks told and not yet answered.
-    blocks_freeing: InFlight,
+    blocks_freeing: crate::addr_map::InFlight,
     /// The frees of segments told and not yet answered.
-    segments_freeing: InFlight,
+    segments_freeing: crate::addr_map::InFlight,
     /// The events pushed out of the full trace, less those put back.
     evictions: u64,
 }
@@ -266,8 +223,8 @@ impl MemoryMap {
             trace: VecDeque::new(),
             max_entries,
             now: None,
-            blocks_freeing: InFlight::default(),
-            segments_freeing: InFlight::default(),
+            blocks_freeing: crate::addr_map::InFlight::default(),
+            segments_freeing: crate::addr_map::InFlight::default(),
             evictions: 0,
         }
     }
