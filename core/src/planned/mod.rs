@@ -95,6 +95,7 @@ pub mod placement;
 #[cfg(test)]
 mod tests;
 
+use crate::addr_map::InFlight;
 use crate::check::Violation;
 use crate::lock::Shared;
 use crate::primitive::{AtomicU64, Ordering};
@@ -473,12 +474,15 @@ enum Freed {
 /// another thread's allocation, recorded at once, whose life a free
 /// recorded later would end. Taken back when dropped (the upstream
 /// refused the free or panicked: the block is live still) unless
-/// [`made`](Self::made).
+/// [`made`](Self::made), or answered by a double free racing it that the
+/// upstream took (`State::frees_in_flight`).
 struct Freeing<'a, R> {
     state: &'a Shared<State<R>>,
     addr: u64,
     freed: Freed,
     epoch: u64,
+    /// Its number among the step's frees in flight.
+    number: u64,
 }
 
 impl<R> Freeing<'_, R> {
@@ -493,8 +497,9 @@ impl<R> Drop for Freeing<'_, R> {
         self.state.with(|s| {
             // A step that began meanwhile was planned with the block freed
             // (its counterpart, placed, departs if freed later) and does
-            // not carry it.
-            if s.epoch == self.epoch {
+            // not carry it. Nor is a free that a double free racing it
+            // answered: the upstream freed the block.
+            if s.epoch == self.epoch && s.frees_in_flight.take(self.addr, self.number) {
                 s.unfree(self.addr, self.freed);
             }
         });
@@ -568,6 +573,10 @@ struct State<R> {
     /// Those of them freed in this step: their index in the record of
     /// the step before, and the op that freed them in this one.
     carried_frees: Vec<(u32, u32)>,
+    /// This step's recorded frees of the upstream's blocks while the
+    /// upstream frees them ([`Freeing`]): one refused is taken back only
+    /// while in flight, not once a double free racing it went through.
+    frees_in_flight: InFlight,
     /// The plan in force (no entries: none). Every offset in the step's
     /// region plus its rounded size is at most `region.size()`; every
     /// carried slot is one of `carry`'s.
@@ -646,6 +655,7 @@ impl<R> State<R> {
             born: BTreeMap::new(),
             carried: BTreeMap::new(),
             carried_frees: Vec::new(),
+            frees_in_flight: InFlight::default(),
             plan: Plan::default(),
             carry: Carry::default(),
             following: false,
@@ -880,6 +890,8 @@ impl<R> State<R> {
         let whole = self.recording && self.ops < MAX_STEP_OPS;
         self.carried = if whole { core::mem::take(&mut self.born) } else { BTreeMap::new() };
         self.carried_frees.clear();
+        // A free in flight across the boundary is not taken back (`Freeing`).
+        self.frees_in_flight = InFlight::default();
         // A region the upstream refused is asked for again once a step.
         self.carry.refused = false;
         self.record.clear();
@@ -1413,15 +1425,29 @@ impl<S: Stream + ?Sized, R: MemoryResource<S>> MemoryResource<S> for Planned<R> 
                 Ok((b, s.stream, region_stream))
             }
             // The upstream's block: its free recorded now (see `Freeing`).
-            None => Err(s.recording.then(|| s.freed(addr)).flatten().map(|freed| (freed, s.epoch))),
+            None => Err(s
+                .recording
+                .then(|| s.freed(addr).map(|freed| (freed, s.epoch, s.frees_in_flight.tell(addr))))),
         });
         let (found, plan_stream, region_stream) = match found {
             Ok(found) => found,
-            Err(freed) => {
-                let freeing = freed.map(|(freed, epoch)| Freeing { state: &self.state, addr, freed, epoch });
+            Err(told) => {
+                let recording = told.is_some();
+                let freeing = told.flatten().map(|(freed, epoch, number)| Freeing {
+                    state: &self.state,
+                    addr,
+                    freed,
+                    epoch,
+                    number,
+                });
                 self.upstream.deallocate(block, stream)?;
-                if let Some(freeing) = freeing {
-                    freeing.made();
+                match freeing {
+                    Some(freeing) => freeing.made(),
+                    // Nothing recorded to free, and the upstream freed the
+                    // block: the double of a free in flight, which may yet
+                    // be refused and must not bring the block back.
+                    None if recording => self.state.with(|s| s.frees_in_flight.answered(addr, None)),
+                    None => {}
                 }
                 // Saturating: a block of the upstream that did not come
                 // through here is freed through it too.

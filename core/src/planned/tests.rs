@@ -2374,6 +2374,24 @@ fn a_free_refused_beside_a_racing_double_free_stands_and_the_new_block_keeps_its
     p.check_layer().unwrap();
 }
 
+/// A free the upstream refuses because a double free racing it freed the
+/// block first stands in the record, though no block took the address:
+/// taking it back recorded the freed block live for good (its lifetime
+/// open, a block that every later step would carry).
+#[test]
+fn a_free_refused_as_the_double_of_a_racing_free_stands_in_the_record() {
+    let p = Planned::new(Strict { next: (1 << 30).into(), live: Default::default() });
+    let quiet = Meanwhile::new(0);
+    p.step(&quiet).unwrap();
+    let x = p.allocate(req(MIB), &quiet).unwrap();
+    let racing = Meanwhile::new(0).then(|| p.deallocate(x, &quiet).unwrap());
+    assert_eq!(p.deallocate(x, &racing), Err(Error::DoubleFree { addr: x.addr() }));
+    assert!(p.upstream().live.borrow().is_empty(), "the upstream freed x");
+    let [(start, end)] = lifetimes(&p)[..] else { panic!("{:?}", lifetimes(&p)) };
+    assert!(start < end && end != OPEN, "x freed in the record: {:?}", lifetimes(&p));
+    p.check_layer().unwrap();
+}
+
 /// An upstream of addresses alone (a safe one) that refuses the free of a
 /// block it does not hold; before it judges a free it lets the stream's
 /// next call run (another thread's free of the same block arriving first).
