@@ -497,22 +497,32 @@ impl crate::MemoryResource for Racy {
     }
 }
 
+/// A block of `size` bytes through a tap of `side` over a [`Racy`] leaf,
+/// then two frees of it at once: the first tells the map, the second (run
+/// by the leaf first) finds nothing to tell and the leaf frees the block,
+/// then refuses the first as a double free. The map, for the caller to
+/// check.
+fn refused_beside_a_racing_free(side: Side, size: u64) -> alloc::sync::Arc<crate::Shared<MemoryMap>> {
+    use crate::{MemoryResource, Request, Shared};
+    use alloc::sync::Arc;
+    let map = Arc::new(Shared::new(MemoryMap::new(100)));
+    let leaf = Arc::new(Racy::default());
+    let tap = Arc::new(Tap::new(leaf.clone(), map.clone(), side));
+    let x = tap.allocate(Request::new(size).unwrap(), &()).unwrap();
+    let other = tap.clone();
+    *leaf.hook.lock().unwrap() = Some(alloc::boxed::Box::new(move || other.deallocate(x, &()).unwrap()));
+    assert_eq!(tap.deallocate(x, &()), Err(crate::Error::DoubleFree { addr: x.addr() }));
+    assert!(leaf.live.lock().unwrap().is_empty(), "the leaf freed the block");
+    map
+}
+
 /// Two frees of one block at once through the blocks' tap: the first tells
 /// the map, the second finds nothing to tell and the leaf frees the block,
 /// then refuses the first as a double free. Before, the first's undo put
 /// the block back in the map, live for good though no one held it.
 #[test]
 fn a_free_refused_as_the_double_of_a_racing_free_leaves_the_block_freed() {
-    use crate::{MemoryResource, Request, Shared};
-    use alloc::sync::Arc;
-    let map = Arc::new(Shared::new(MemoryMap::new(100)));
-    let leaf = Arc::new(Racy::default());
-    let tap = Arc::new(Tap::new(leaf.clone(), map.clone(), Side::Blocks));
-    let x = tap.allocate(Request::new(1000).unwrap(), &()).unwrap();
-    let other = tap.clone();
-    *leaf.hook.lock().unwrap() = Some(alloc::boxed::Box::new(move || other.deallocate(x, &()).unwrap()));
-    assert_eq!(tap.deallocate(x, &()), Err(crate::Error::DoubleFree { addr: x.addr() }));
-    assert!(leaf.live.lock().unwrap().is_empty());
+    let map = refused_beside_a_racing_free(Side::Blocks, 1000);
     assert_eq!(map.with(|m| (m.live(), m.runs().len())), (0, 0), "the block freed in the map");
     let actions: Vec<Action> = map.with(|m| m.trace().map(|e| e.action).collect());
     use Action::{Alloc, FreeCompleted, FreeRequested, SegmentAlloc, SegmentFree};
@@ -533,16 +543,7 @@ fn a_free_refused_as_the_double_of_a_racing_free_leaves_the_block_freed() {
 /// segment back in the map, held for good though the leaf had it no more.
 #[test]
 fn a_segment_free_refused_as_the_double_of_a_racing_free_leaves_the_segment_given_back() {
-    use crate::{MemoryResource, Request, Shared};
-    use alloc::sync::Arc;
-    let map = Arc::new(Shared::new(MemoryMap::new(100)));
-    let leaf = Arc::new(Racy::default());
-    let tap = Arc::new(Tap::new(leaf.clone(), map.clone(), Side::Segments));
-    let x = tap.allocate(Request::new(4096).unwrap(), &()).unwrap();
-    let other = tap.clone();
-    *leaf.hook.lock().unwrap() = Some(alloc::boxed::Box::new(move || other.deallocate(x, &()).unwrap()));
-    assert_eq!(tap.deallocate(x, &()), Err(crate::Error::DoubleFree { addr: x.addr() }));
-    assert!(leaf.live.lock().unwrap().is_empty());
+    let map = refused_beside_a_racing_free(Side::Segments, 4096);
     assert_eq!(map.with(|m| (m.held(), m.runs().len())), (0, 0), "the segment given back in the map");
     let actions: Vec<Action> = map.with(|m| m.trace().map(|e| e.action).collect());
     assert_eq!(actions, [Action::SegmentAlloc, Action::SegmentFree], "given back once");
