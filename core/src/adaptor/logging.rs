@@ -276,6 +276,17 @@ impl<R> Logging<R> {
         Logging::with_writer(upstream, Writer { inner: None, held: Some(Vec::new()), claim: None })
     }
 
+    /// Tries the first write of the rows it holds into `file`, before any
+    /// file of its stack is cut ([`LogFile::try_write`]).
+    ///
+    /// # Errors
+    ///
+    /// [`LogFile::try_write`]'s.
+    pub(crate) fn try_held(&self, file: &mut LogFile) -> io::Result<()> {
+        let out = self.out.lock().unwrap_or_else(|p| p.into_inner());
+        file.try_write(out.held.as_deref().unwrap_or_default())
+    }
+
     /// Makes `file` the file of a [`held`](Self::held) log, as
     /// [`to_file`](Self::to_file) does, and writes the rows it held there.
     ///
@@ -330,14 +341,20 @@ impl<R> Logging<R> {
 
 /// The file of a log made new ([`Logging::to_file`], a stack's `log`
 /// layer), opened and claimed but not yet cut: so a stack opens all its
-/// logs' files before it cuts any, and one refused leaves the others as
-/// they were. Dropped before it is [`start`](Self::start)ed, it leaves the
-/// file as it was, and takes back one it made where nothing was.
+/// logs' files, and tries their first writes
+/// ([`try_write`](Self::try_write)), before it cuts any, and one refused
+/// leaves the others as they were. Dropped before it is
+/// [`start`](Self::start)ed, it leaves the file as it was (but for what a
+/// device or a pipe was written), and takes back one it made where
+/// nothing was.
 #[derive(Debug)]
 pub(crate) struct LogFile {
     file: File,
     /// `None` for a device or a pipe.
     claim: Option<Claim>,
+    /// A device's or a pipe's header and rows are written: by
+    /// [`try_write`](Self::try_write), as its log's.
+    written: bool,
     /// Last, so that the file is closed before it is removed.
     made: MadeAnew,
 }
@@ -367,38 +384,71 @@ impl LogFile {
             true => Some(Claim::new_file(&file, path)?),
             false => None,
         };
-        Ok(LogFile { file, claim, made })
+        Ok(LogFile { file, claim, written: false, made })
     }
 
-    /// Cuts the file, writes the header and then `rows`, and gives the
-    /// writer and the claim.
+    /// Tries the first write of the header and `rows`, so that a file
+    /// that accepts none (a full disk, `/dev/full`) refuses a stack
+    /// before any of its log files is cut. A regular file has them written
+    /// after what it holds, then is cut back to that: as it was, and with
+    /// room for them once cut. A device or a pipe has nothing to cut, and
+    /// cannot take a write back: they are written as its log's.
+    ///
+    /// # Errors
+    ///
+    /// The file cannot be written (or cut back).
+    pub(crate) fn try_write(&mut self, rows: &[u8]) -> io::Result<()> {
+        if self.claim.is_none() {
+            write_log(&self.file, rows)?;
+            self.written = true;
+            return Ok(());
+        }
+        // A write, as only a write meets a full disk; after what the file
+        // holds, so that cutting back restores it without a copy of it.
+        let len = self.file.metadata()?.len();
+        let tried = write_log(&self.file, rows);
+        // Whether the write failed or not, what it wrote goes.
+        self.file.set_len(len)?;
+        tried
+    }
+
+    /// Cuts the file, writes the header and then `rows` (unless
+    /// [`try_write`](Self::try_write) wrote them to a device or a pipe),
+    /// and gives the writer and the claim. After a `try_write`, only a
+    /// disk another process filled meanwhile fails here.
     ///
     /// # Errors
     ///
     /// The file cannot be cut or written (a file made anew is then taken
     /// back).
     fn start(self, rows: &[u8]) -> io::Result<(BufWriter<File>, Option<Claim>)> {
-        let LogFile { file, claim, made } = self;
+        let LogFile { file, claim, written, made } = self;
         // On an error the file is closed before `made` takes it back.
-        let out = write_start(file, claim.is_some(), rows)?;
+        let out = write_start(file, claim.is_some(), (!written).then_some(rows))?;
         made.keep();
         Ok((out, claim))
     }
 }
 
 /// `file` cut (unless it is a device or a pipe) and its header and `rows`
-/// written.
-fn write_start(file: File, cut: bool, rows: &[u8]) -> io::Result<BufWriter<File>> {
+/// written (unless they are).
+fn write_start(file: File, cut: bool, rows: Option<&[u8]>) -> io::Result<BufWriter<File>> {
     if cut {
         file.set_len(0)?;
     }
+    if let Some(rows) = rows {
+        write_log(&file, rows)?;
+    }
+    Ok(BufWriter::new(file))
+}
+
+/// The header and `rows` written to `file`, at its end, and flushed: so
+/// that a file that accepts no writes fails here.
+fn write_log(file: &File, rows: &[u8]) -> io::Result<()> {
     let mut out = BufWriter::new(file);
     writeln!(out, "{HEADER}")?;
     out.write_all(rows)?;
-    // Make the header reach the file now, so that a file that accepts no
-    // writes fails here.
-    out.flush()?;
-    Ok(out)
+    out.flush()
 }
 
 /// The path of a file a [`LogFile`] made where nothing was, removed when

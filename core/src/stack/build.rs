@@ -43,7 +43,8 @@ pub struct Context<'a, S: ?Sized> {
 }
 
 /// A step of [`Context::when_built`]: it readies what it changes (opens
-/// a `log` layer's file, cutting nothing), and gives what changes it.
+/// a `log` layer's file and tries its first write, cutting nothing), and
+/// gives what changes it.
 type WhenBuilt = alloc::boxed::Box<dyn FnOnce() -> Result<Ready, StackError>>;
 
 /// A step readied, done once every step is: dropped undone, it leaves
@@ -79,8 +80,8 @@ impl<'a, S: ?Sized> Context<'a, S> {
     /// Runs what waited for the whole stack to be built, in order.
     fn finish(self) -> Result<(Vec<Handle>, Vec<Layer<S>>), StackError> {
         // Every step readied before any is done: one refused (a second log
-        // file that cannot be opened) leaves what the others would change
-        // (the first log's file) as it was.
+        // file that cannot be opened, or written) leaves what the others
+        // would change (the first log's file) as it was.
         let ready: Vec<Ready> =
             self.when_built.into_inner().into_iter().map(|step| step()).collect::<Result<_, _>>()?;
         for done in ready {
@@ -236,7 +237,8 @@ impl<S: Stream + ?Sized + 'static> Context<'_, S> {
     /// Has `ready` run once the whole stack is built, and what it gives
     /// done once every such step is ready; the build fails with the
     /// error of either: for what a stack refused must leave as it was (a
-    /// `log` layer's file, opened by `ready`, cut by what it gives). Not
+    /// `log` layer's file, opened and its first write tried by `ready`,
+    /// cut by what it gives). Not
     /// run if the build fails; what `ready` gives is dropped undone if
     /// another step's `ready` fails.
     // Only `log` (feature `std`) waits so far.

@@ -151,7 +151,7 @@ fn out_of_line<T>(make: impl FnOnce() -> T) -> T {
 /// The `log` layer over `upstream`, its file made once the whole stack is
 /// built: a stack refused after this layer was built (an outer layer's
 /// argument, a pool's initial size out of memory, another log file that
-/// cannot be opened) leaves the file as it was. What the layer logs
+/// cannot be opened or written) leaves the file as it was. What the layer logs
 /// meanwhile (that initial allocation) is held and written after the
 /// header.
 #[cfg(feature = "std")]
@@ -164,9 +164,11 @@ fn keep_log<S: Stream + ?Sized + 'static>(
     let (path, pos) = (alloc::string::String::from(file.text()?), file.pos());
     let log = cx.kept(call, crate::adaptor::Logging::held(upstream));
     let held = log.clone();
-    // Opened with every other log file of the stack before any is cut.
+    // Opened, and its first write tried, with every other log file of the
+    // stack before any is cut.
     cx.when_built(move || {
-        let file = crate::adaptor::LogFile::open(path.as_ref()).map_err(|e| log_error(pos, &path, e))?;
+        let mut file = crate::adaptor::LogFile::open(path.as_ref()).map_err(|e| log_error(pos, &path, e))?;
+        held.try_held(&mut file).map_err(|e| log_error(pos, &path, e))?;
         Ok(move || held.start_held(file).map_err(|e| log_error(pos, &path, e)))
     });
     Ok(log)

@@ -722,3 +722,27 @@ fn the_figures_of_layers_that_add_up_past_u64_max_saturate() {
     assert_eq!(layers.held_by("huge"), u64::MAX);
     assert_eq!(layers.release(&()), Ok(u64::MAX));
 }
+
+/// A stack of two `log` layers whose second file opens but refuses its
+/// first write (`/dev/full`, as a full disk) was refused after the first
+/// file was cut to its header and rows, or made where nothing was. Every
+/// file's first write is tried before any is cut, so the first is as it
+/// was, and one the build made is gone.
+#[cfg(target_os = "linux")]
+#[test]
+fn a_stack_whose_second_log_file_refuses_its_first_write_leaves_the_first_as_it_was() {
+    extern crate std;
+    let dir = std::env::temp_dir().join(alloc::format!("memres-full-log-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let first = dir.join("first.csv");
+    let mut b = StackBuilder::<()>::new();
+    b.register("leaf", |call, cx| Ok(cx.keep(call, Unbacked::new())));
+    let text = alloc::format!("pool(log(log(leaf, file={}), file=/dev/full), initial=1MiB)", first.display());
+    std::fs::write(&first, "precious rows\n").unwrap();
+    assert!(b.build(&text, &()).is_err());
+    assert_eq!(std::fs::read_to_string(&first).unwrap(), "precious rows\n");
+    std::fs::remove_file(&first).unwrap();
+    assert!(b.build(&text, &()).is_err());
+    assert!(!first.exists());
+    std::fs::remove_dir_all(&dir).unwrap();
+}
