@@ -367,18 +367,7 @@ impl LogFile {
     /// The file cannot be opened; `AlreadyExists` while another log of this
     /// process writes it, by whatever path (which is then left as it is).
     pub(crate) fn open(path: &Path) -> io::Result<LogFile> {
-        // Opened uncut, so that a file another log writes is left whole;
-        // to append, so that logs that append to it later keep their rows.
-        // Made new only where nothing was, so that what is taken back on a
-        // refusal is only what was made.
-        let (file, made) = match OpenOptions::new().create_new(true).append(true).open(path) {
-            Ok(file) => (file, MadeAnew(Some(path.to_path_buf()))),
-            // A file, or a link (to a file it may make: that one is kept).
-            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
-                (OpenOptions::new().create(true).append(true).open(path)?, MadeAnew(None))
-            }
-            Err(e) => return Err(e),
-        };
+        let (file, made) = open_or_make(path)?;
         // A device (`/dev/null`) or a pipe has no rows to cut or offsets to clash.
         let claim = match file.metadata()?.is_file() {
             true => Some(Claim::new_file(&file, path)?),
@@ -449,6 +438,31 @@ fn write_log(file: &File, rows: &[u8]) -> io::Result<()> {
     writeln!(out, "{HEADER}")?;
     out.write_all(rows)?;
     out.flush()
+}
+
+/// The file at `path` opened uncut, so that a file another log writes is
+/// left whole, and to append, so that logs that append to it later keep
+/// their rows; made where nothing was, then a [`MadeAnew`] of it: what a
+/// refusal takes back is only what was made.
+fn open_or_make(path: &Path) -> io::Result<(File, MadeAnew)> {
+    let mut at = path.to_path_buf();
+    loop {
+        match OpenOptions::new().create_new(true).append(true).open(&at) {
+            Ok(file) => return Ok((file, MadeAnew(Some(at)))),
+            // `create_new` refuses a link even to nothing (dangling): it is
+            // followed then, to make the file it names as made. A loop of
+            // links is `try_exists`'s error.
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists && !at.try_exists()? => {
+                let target = std::fs::read_link(&at)?;
+                at = at.parent().unwrap_or(Path::new("")).join(target);
+            }
+            // A file, or a link to one: it was there, and is kept.
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
+                return Ok((OpenOptions::new().create(true).append(true).open(&at)?, MadeAnew(None)))
+            }
+            Err(e) => return Err(e),
+        }
+    }
 }
 
 /// The path of a file a [`LogFile`] made where nothing was, removed when

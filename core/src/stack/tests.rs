@@ -746,3 +746,27 @@ fn a_stack_whose_second_log_file_refuses_its_first_write_leaves_the_first_as_it_
     assert!(!first.exists());
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// A `log` file named by a link to nothing (dangling) was taken for a file
+/// that was there: the file the refused build made through the link was
+/// left behind. It is removed, and the link, which was there, is left.
+#[cfg(unix)]
+#[test]
+fn a_refused_stack_removes_the_file_it_made_through_a_dangling_link_and_keeps_the_link() {
+    extern crate std;
+    let dir = std::env::temp_dir().join(alloc::format!("memres-link-log-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (link, target) = (dir.join("link.csv"), dir.join("target.csv"));
+    std::os::unix::fs::symlink("target.csv", &link).unwrap();
+    let mut b = StackBuilder::<()>::new();
+    b.register("leaf", |call, cx| Ok(cx.keep(call, Unbacked::new())));
+    let missing = dir.join("no-such-dir").join("second.csv");
+    let text = alloc::format!("log(log(leaf, file={}), file={})", link.display(), missing.display());
+    assert!(b.build(&text, &()).is_err());
+    assert!(!target.exists(), "the file made through the link is removed");
+    assert!(std::fs::symlink_metadata(&link).unwrap().file_type().is_symlink(), "the link is left");
+    // Built, the log writes its file through the link.
+    drop(b.build(&alloc::format!("log(leaf, file={})", link.display()), &()).unwrap());
+    assert_eq!(std::fs::read_to_string(&target).unwrap(), alloc::format!("{}\n", crate::trace::HEADER));
+    std::fs::remove_dir_all(&dir).unwrap();
+}
