@@ -67,7 +67,9 @@ fn now_micros() -> u64 {
 /// call: they are counted ([`write_errors`](Self::write_errors)), and the
 /// next [`flush`](Self::flush) says so; so is a row logged by the writer's
 /// own call back into the adaptor (an allocation through it), which would
-/// wait for the lock the row being written holds. The file is flushed when
+/// wait for the lock the row being written holds, and a row whose writer
+/// panics (the panic goes on to the caller; the log goes on, its lock
+/// taken again though the panic poisoned it). The file is flushed when
 /// the adaptor is dropped, or by `flush`.
 ///
 /// # Examples
@@ -574,7 +576,8 @@ impl<R, W: Write> Logging<R, W> {
         self.flush()
     }
 
-    /// Rows that could not be written so far.
+    /// Rows that could not be written so far: the writer's error or
+    /// panic, or a row of its own call back into the log.
     pub fn write_errors(&self) -> u64 {
         self.write_errors.load(Ordering::Relaxed)
     }
@@ -610,10 +613,13 @@ impl<R, W: Write> Logging<R, W> {
             let mut line = [0u8; ROW_BYTES];
             let mut cursor = io::Cursor::new(&mut line[..]);
             let len = writeln!(cursor, "{row}").map(|()| cursor.position() as usize);
-            if len.and_then(|n| out.row(&line[..n], through)).is_err() {
-                // Counted before the lock goes, as `flush` reads the count
-                // under it: a flush after this row never misses it.
-                self.write_errors.fetch_add(1, Ordering::Relaxed);
+            // Counted lost unless written, on an error and on the writer's
+            // panic alike; before the lock goes (the guard is dropped
+            // first), as `flush` reads the count under it: a flush after
+            // this row never misses it.
+            let lost = Count(&self.write_errors);
+            if len.and_then(|n| out.row(&line[..n], through)).is_ok() {
+                core::mem::forget(lost);
             }
         });
         if ran.is_none() {
@@ -649,18 +655,18 @@ impl<S: Stream + ?Sized, R: MemoryResource<S>, W: Write> MemoryResource<S> for L
         self.log(Action::Free, block.addr(), block.size(), stream.id());
         // Counted unless the upstream frees it: on its error, and on its
         // panic, the row tells of a free that did not happen.
-        let refused = Refused(&self.refused_frees);
+        let refused = Count(&self.refused_frees);
         self.upstream.deallocate(block, stream)?;
         core::mem::forget(refused);
         Ok(())
     }
 }
 
-/// Counts a refused free when dropped, unless forgotten once the free went
-/// through.
-struct Refused<'a>(&'a AtomicU64);
+/// Counts one when dropped, unless forgotten once what it counts did not
+/// happen: a free refused, a row lost.
+struct Count<'a>(&'a AtomicU64);
 
-impl Drop for Refused<'_> {
+impl Drop for Count<'_> {
     fn drop(&mut self) {
         self.0.fetch_add(1, Ordering::Relaxed);
     }

@@ -550,3 +550,44 @@ fn the_longest_row_fits_its_buffer() {
     };
     assert_eq!(format!("{row}\n").len(), ROW_BYTES);
 }
+
+/// A writer that panics while its flag is set.
+struct PanicsWhile<'a>(&'a std::sync::atomic::AtomicBool, Vec<u8>);
+
+impl std::io::Write for PanicsWhile<'_> {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        assert!(!self.0.load(Ordering::Relaxed), "the writer panics");
+        self.1.extend_from_slice(bytes);
+        Ok(bytes.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// A row whose writer panics is lost: it was not counted, and the next
+/// flush said the log lost nothing. It is counted as a row not written;
+/// the log goes on (its lock, poisoned by the panic, is taken all the
+/// same), and the flush after says so once.
+#[test]
+fn a_row_whose_writer_panics_is_counted_lost_and_the_log_goes_on() {
+    let panics = std::sync::atomic::AtomicBool::new(false);
+    let log = Logging::new(BumpUpstream::new(1 << 20), PanicsWhile(&panics, Vec::new())).unwrap();
+    panics.store(true, Ordering::Relaxed);
+    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        log.allocate(Request::new(1000).unwrap(), &())
+    }));
+    assert!(r.is_err());
+    panics.store(false, Ordering::Relaxed);
+    assert_eq!(log.write_errors(), 1);
+    let b = log.allocate(Request::new(2000).unwrap(), &()).unwrap();
+    log.deallocate(b, &()).unwrap();
+    let err = log.flush().unwrap_err();
+    assert!(err.to_string().starts_with("1 rows"), "{err}");
+    log.flush().unwrap();
+    let rows = rows(&log.into_parts().1 .1);
+    assert_eq!(
+        rows.iter().map(|r| (r.action, r.size)).collect::<Vec<_>>(),
+        [(Action::Allocate, 2000), (Action::Free, 2000)]
+    );
+}
