@@ -100,6 +100,23 @@ impl CudaAsyncManagedMemory {
         Ok(CudaAsyncManagedMemory { pool: Arc::new(pool), live: Arc::new(HostAllocations::new(context)) })
     }
 
+    /// A resource over `pool` in a context that names no driver context,
+    /// for models of the driver.
+    #[cfg(test)]
+    pub(crate) fn fake(pool: sys::CUmemoryPool) -> CudaAsyncManagedMemory {
+        let context = crate::Context::fake(Device::fake(0));
+        CudaAsyncManagedMemory {
+            pool: Arc::new(CudaAsyncMemory::fake(pool)),
+            live: Arc::new(HostAllocations::new(context)),
+        }
+    }
+
+    /// The allocations handed out and not yet freed.
+    #[cfg(test)]
+    pub(crate) fn live(&self) -> &HostAllocations {
+        &self.live
+    }
+
     /// The driver's pool handle.
     pub fn pool_handle(&self) -> sys::CUmemoryPool {
         self.pool.pool_handle()
@@ -155,7 +172,16 @@ impl<S: AsRawStream + ?Sized> MemoryResource<S> for CudaAsyncManagedMemory {
                     })
                 }
             };
-            allocate_in_order(stream, queue, |block| self.deallocate(block, stream))
+            allocate_in_order(stream, queue, |block, raw| {
+                // SAFETY: the allocation, just made on `raw` with `context`
+                // current (still, in this scope), is one of `self.live`'s,
+                // handed out to no one; `host_visible::discard` takes it
+                // out of that table first, and the release queues its free
+                // on `raw` (valid while the stream is borrowed, `AsRawStream`'s
+                // contract) once, under the host-visible table's lock, once
+                // out of it: no one else frees it.
+                unsafe { host_visible::discard(&self.live, block, |base| sys::cuMemFreeAsync(base, raw)) }
+            })
         })
     }
 

@@ -4,7 +4,7 @@
 use crate::context::{Context, Device};
 use crate::error::{check, check_free};
 use crate::live::LiveAllocations;
-use crate::place::{allocate_with, base_of, out_of_memory, padded_size};
+use crate::place::{allocate_with, base_of, discard_with, out_of_memory, padded_size};
 use crate::stream::{allocate_in_order, free_in_order, AsRawStream, CudaStream};
 use crate::sys;
 use memres_core::{Block, Error, MemoryResource, Request, Result};
@@ -270,6 +270,20 @@ impl CudaAsyncMemory {
         Ok(CudaAsyncMemory { pool, owned: false, context: device.primary_context()?, live: Box::default() })
     }
 
+    /// A view of `pool` in a context that names no driver context, for
+    /// models of the driver.
+    #[cfg(test)]
+    pub(crate) fn fake(pool: sys::CUmemoryPool) -> CudaAsyncMemory {
+        let context = Context::fake(Device::fake(0));
+        CudaAsyncMemory { pool, owned: false, context, live: Box::default() }
+    }
+
+    /// The allocations handed out and not yet freed.
+    #[cfg(test)]
+    pub(crate) fn live(&self) -> &LiveAllocations {
+        &self.live
+    }
+
     /// The driver's pool handle.
     pub fn pool_handle(&self) -> sys::CUmemoryPool {
         self.pool
@@ -393,7 +407,14 @@ impl<S: AsRawStream + ?Sized> MemoryResource<S> for CudaAsyncMemory {
                         || self.reserved_bytes().ok(),
                     )
                 },
-                |block| self.deallocate(block, stream),
+                |block, raw| {
+                    // SAFETY: `base` was just allocated on `raw`, in the
+                    // context still current, and handed out to no one;
+                    // `discard_with` has taken it out of the table, so no
+                    // one else frees it. The stream is valid while borrowed
+                    // (`AsRawStream`'s contract).
+                    discard_with(&self.live, block, |base| unsafe { sys::cuMemFreeAsync(base, raw) })
+                },
             )
         })
     }

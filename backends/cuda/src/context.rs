@@ -331,6 +331,13 @@ impl Context {
         Ok(Context { inner })
     }
 
+    /// A context value that names no driver context, for models of the
+    /// driver: making it current makes no driver call, as for a null one.
+    #[cfg(test)]
+    pub(crate) fn fake(device: Device) -> Context {
+        Context { inner: Box::leak(Box::new(Retained { device, raw: ptr::null_mut() })) }
+    }
+
     /// The device of the context.
     pub fn device(&self) -> Device {
         self.inner.device

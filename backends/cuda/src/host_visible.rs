@@ -22,7 +22,7 @@
 
 use crate::context::Context;
 use crate::live::LiveAllocations;
-use crate::place::{allocate_with, deallocate_with};
+use crate::place::{allocate_with, deallocate_with, discard_with};
 use crate::sys;
 use memres_core::copy::LiveRanges;
 use memres_core::{Block, Request, Result};
@@ -103,6 +103,17 @@ pub(crate) fn free(base: u64, release: impl FnOnce(u64) -> sys::CuResult) -> sys
     code
 }
 
+/// As [`free`], for an allocation handed out to no one: it leaves the
+/// table whatever the driver answers, as no one holds it to free it again
+/// (the memory, if the driver kept it, is touched by no one).
+fn free_for_good(base: u64, release: impl FnOnce(u64) -> sys::CuResult) -> sys::CuResult {
+    let mut live = lock();
+    if live.remove(base).is_none() {
+        return sys::CUDA_ERROR_INVALID_VALUE;
+    }
+    release(base)
+}
+
 /// The allocate of a resource of host-visible memory: `alloc` (the
 /// driver's call, run with `context` current) through [`allocate_with`],
 /// the allocation recorded in the table before the block is handed out
@@ -169,6 +180,28 @@ pub(crate) unsafe fn deallocate(
     // table's lock, once it has left that table: what `release` needs, as
     // our caller promised.
     deallocate_with(context, allocations.live(), block, |base| free(base, release))
+}
+
+/// Gives back `block`, made by [`allocate`] for `allocations` and handed
+/// out to no one, through [`place::discard_with`](crate::place::discard_with):
+/// its allocation leaves `allocations` and the table of host-visible
+/// allocations, and `release` frees it, whatever the driver answers.
+///
+/// # Safety
+///
+/// As [`allocate`], for the allocations of `allocations`, with the
+/// context `release` needs current.
+pub(crate) unsafe fn discard(
+    allocations: &HostAllocations,
+    block: Block,
+    release: impl FnOnce(u64) -> sys::CuResult,
+) {
+    // `discard_with` passes the base of an allocation of `allocations`
+    // that it has just taken out of that table, so no one else frees it;
+    // `free_for_good` releases it under the host-visible table's lock,
+    // once it has left that table: what `release` needs, as our caller
+    // promised.
+    discard_with(allocations.live(), block, |base| free_for_good(base, release))
 }
 
 #[cfg(test)]

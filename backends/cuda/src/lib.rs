@@ -74,6 +74,8 @@ mod context;
 mod copy;
 mod device_memory;
 mod error;
+#[cfg(test)]
+mod fake;
 mod host_visible;
 mod live;
 mod managed;

@@ -83,6 +83,12 @@ impl LiveAllocations {
         self.insert(base, addr, size);
     }
 
+    /// How many allocations are live.
+    #[cfg(test)]
+    pub(crate) fn len(&self) -> usize {
+        self.shards.iter().map(|s| s.lock().unwrap_or_else(|p| p.into_inner()).len()).sum()
+    }
+
     /// The bases of the allocations still live, taking them out of the table.
     pub(crate) fn drain(&mut self) -> impl Iterator<Item = u64> + '_ {
         self.shards

@@ -110,6 +110,20 @@ pub(crate) fn deallocate_with(
     freed
 }
 
+/// Gives back `block`, of a resource that keeps its blocks in `live`,
+/// which was allocated and handed out to no one: takes its allocation out
+/// of the table and frees it with `free` (called on the base address, with
+/// the allocation's context current). It stays out of the table whatever
+/// the driver answers: no one else holds the block to free it again.
+pub(crate) fn discard_with(live: &LiveAllocations, block: Block, free: impl FnOnce(u64) -> sys::CuResult) {
+    // A block of ours: its tag names its allocation.
+    let Ok(base) = base_of(block) else { return };
+    if live.remove(base, block.addr(), block.size()).is_ok() {
+        // Nothing else to do if the driver refuses: no one can free it.
+        let _ = free(base);
+    }
+}
+
 /// [`Error::OutOfMemory`] for `requested` bytes: the largest free block is
 /// at most the device's free memory (`cuMemGetInfo`), the maximum is the
 /// device's memory. Figures the driver cannot give are 0.

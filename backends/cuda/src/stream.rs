@@ -397,24 +397,31 @@ pub(crate) fn free_in_order<S: AsRawStream + ?Sized>(
 }
 
 /// An allocation in the stream's order: as [`in_order`], but where the
-/// wait after a queued allocation fails, the block is not in the stream's
-/// order and is freed with `free` (on the calling thread's stream), and
-/// the wait's error returned.
+/// wait after a queued allocation fails, the block, handed to no one, goes
+/// to `discard` with the handle it was allocated on, and the wait's error
+/// is returned.
+///
+/// `discard` frees it in that handle's order without waiting for anything
+/// first: no work but its allocation was ever ordered on it, and a free on
+/// the handle comes after that. (A free through the resource's
+/// `deallocate` would first wait for the whole context, which fails again
+/// where the wait failed for good.) It takes the block out of the
+/// resource's table whatever the driver answers: no one holds the block to
+/// free it later, so kept there it would be live for good.
 pub(crate) fn allocate_in_order<S: AsRawStream + ?Sized>(
     stream: &S,
     queue: impl FnOnce(sys::CUstream) -> Result<Block>,
-    free: impl FnOnce(Block) -> Result<()>,
+    discard: impl FnOnce(Block, sys::CUstream),
 ) -> Result<Block> {
     let mut made = None;
     let r = in_order(stream, |raw| {
         let block = queue(raw)?;
-        made = Some(block);
+        made = Some((block, raw));
         Ok(block)
     });
     match (r, made) {
-        (Err(e), Some(block)) => {
-            // Nothing more to do if the free fails too: report the wait's error.
-            let _ = free(block);
+        (Err(e), Some((block, raw))) => {
+            discard(block, raw);
             Err(e)
         }
         (r, _) => r,

@@ -1,0 +1,172 @@
+#![allow(non_snake_case)]
+//! A model of the driver's stream-ordered calls for unit tests without a
+//! GPU: `cuMemAllocFromPoolAsync`, `cuMemFreeAsync`, `cuStreamSynchronize`
+//! and `cuCtxSynchronize` (which [`sys`](crate::sys) names in test builds)
+//! answer from the model on a thread where a test installed one, and are
+//! the driver's elsewhere. A test sets when a synchronization fails, and
+//! whether its error is sticky (every later call answers it, as after a
+//! fault in a kernel); the model keeps the allocations live in its pool
+//! and every call it answered.
+
+use crate::sys::{self, CUdeviceptr, CUmemoryPool, CUstream, CuResult};
+use std::cell::RefCell;
+use std::collections::BTreeMap;
+
+/// Where a test's pool hands out its allocations: addresses no driver
+/// hands out, 256-aligned.
+const FIRST_BASE: u64 = 0xfa4e_0000_0000;
+
+/// The model: what a test sets, and what the calls did.
+#[derive(Debug, Default)]
+pub(crate) struct Driver {
+    /// The error the next stream synchronization answers (then cleared).
+    pub(crate) fail_wait: Option<CuResult>,
+    /// Whether that error is sticky: every call after it answers it too.
+    pub(crate) sticky: bool,
+    /// Each test uses its own addresses (the table of host-visible
+    /// allocations is the process's): the `n`th hands out bases from
+    /// `FIRST_BASE + (n << 32)`.
+    pub(crate) addresses: u64,
+    /// The sticky error in effect.
+    error: Option<CuResult>,
+    /// Allocations made and not freed: base to bytes.
+    pub(crate) allocated: BTreeMap<u64, usize>,
+    /// Every call answered, in order.
+    pub(crate) calls: Vec<Call>,
+}
+
+/// A call the model answered, with the stream handle it named.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Call {
+    /// `base`: what it handed out (0: nothing).
+    Alloc {
+        base: u64,
+        stream: usize,
+    },
+    Free {
+        base: u64,
+        stream: usize,
+    },
+    StreamSync {
+        stream: usize,
+    },
+    ContextSync,
+}
+
+thread_local! {
+    static DRIVER: RefCell<Option<Driver>> = const { RefCell::new(None) };
+}
+
+/// Makes `driver` answer the calls of this thread.
+pub(crate) fn install(driver: Driver) {
+    DRIVER.with(|d| *d.borrow_mut() = Some(driver));
+}
+
+/// The model of this thread, taken out: the calls go to the driver again.
+pub(crate) fn take() -> Driver {
+    DRIVER.with(|d| d.borrow_mut().take()).expect("no fake driver installed")
+}
+
+/// `f`'s answer from this thread's model, if there is one.
+fn answer(f: impl FnOnce(&mut Driver) -> CuResult) -> Option<CuResult> {
+    DRIVER.with(|d| d.borrow_mut().as_mut().map(f))
+}
+
+/// # Safety
+///
+/// As the driver's `cuMemAllocFromPoolAsync`.
+pub(crate) unsafe fn cuMemAllocFromPoolAsync(
+    dptr: *mut CUdeviceptr,
+    bytes: usize,
+    pool: CUmemoryPool,
+    stream: CUstream,
+) -> CuResult {
+    let faked = answer(|d| {
+        if let Some(e) = d.error {
+            d.calls.push(Call::Alloc { base: 0, stream: stream as usize });
+            return e;
+        }
+        let top = d.allocated.last_key_value().map(|(&b, &n)| b + (n as u64).next_multiple_of(256));
+        let base = top.unwrap_or(FIRST_BASE + (d.addresses << 32));
+        d.allocated.insert(base, bytes);
+        d.calls.push(Call::Alloc { base, stream: stream as usize });
+        // SAFETY: the driver's contract: `dptr` is valid for a write.
+        unsafe { dptr.write(base) };
+        sys::CUDA_SUCCESS
+    });
+    // SAFETY: as the caller promises.
+    faked.unwrap_or_else(|| unsafe { linked::cuMemAllocFromPoolAsync(dptr, bytes, pool, stream) })
+}
+
+/// # Safety
+///
+/// As the driver's `cuMemFreeAsync`.
+pub(crate) unsafe fn cuMemFreeAsync(dptr: CUdeviceptr, stream: CUstream) -> CuResult {
+    let faked = answer(|d| {
+        d.calls.push(Call::Free { base: dptr, stream: stream as usize });
+        if let Some(e) = d.error {
+            return e;
+        }
+        match d.allocated.remove(&dptr) {
+            Some(_) => sys::CUDA_SUCCESS,
+            None => sys::CUDA_ERROR_INVALID_VALUE,
+        }
+    });
+    // SAFETY: as the caller promises.
+    faked.unwrap_or_else(|| unsafe { linked::cuMemFreeAsync(dptr, stream) })
+}
+
+/// # Safety
+///
+/// As the driver's `cuStreamSynchronize`.
+pub(crate) unsafe fn cuStreamSynchronize(stream: CUstream) -> CuResult {
+    let faked = answer(|d| {
+        d.calls.push(Call::StreamSync { stream: stream as usize });
+        if let Some(e) = d.error {
+            return e;
+        }
+        match d.fail_wait.take() {
+            Some(e) => {
+                if d.sticky {
+                    d.error = Some(e);
+                }
+                e
+            }
+            None => sys::CUDA_SUCCESS,
+        }
+    });
+    // SAFETY: as the caller promises.
+    faked.unwrap_or_else(|| unsafe { linked::cuStreamSynchronize(stream) })
+}
+
+/// # Safety
+///
+/// As the driver's `cuCtxSynchronize`.
+pub(crate) unsafe fn cuCtxSynchronize() -> CuResult {
+    let faked = answer(|d| {
+        d.calls.push(Call::ContextSync);
+        d.error.unwrap_or(sys::CUDA_SUCCESS)
+    });
+    // SAFETY: as the caller promises.
+    faked.unwrap_or_else(|| unsafe { linked::cuCtxSynchronize() })
+}
+
+/// The driver's functions of the same names.
+mod linked {
+    use super::*;
+
+    #[link(name = "cuda")]
+    extern "C" {
+        pub(super) fn cuMemAllocFromPoolAsync(
+            dptr: *mut CUdeviceptr,
+            bytes: usize,
+            pool: CUmemoryPool,
+            stream: CUstream,
+        ) -> CuResult;
+        pub(super) fn cuMemFreeAsync(dptr: CUdeviceptr, stream: CUstream) -> CuResult;
+        pub(super) fn cuStreamSynchronize(stream: CUstream) -> CuResult;
+        pub(super) fn cuCtxSynchronize() -> CuResult;
+    }
+}
+
+mod tests;

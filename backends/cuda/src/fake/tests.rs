@@ -1,0 +1,119 @@
+//! The stream-ordered resources against the model of the driver: what a
+//! GPU test cannot do, fail a wait at will and make the context's error
+//! sticky.
+
+use super::{install, take, Call, Driver};
+use crate::host_visible;
+use crate::sys;
+use crate::{CudaAsyncManagedMemory, CudaAsyncMemory, CudaStream};
+use memres_core::{Error, MemoryResource, Request};
+
+/// A pool handle the model takes; no driver sees it.
+const POOL: sys::CUmemoryPool = 0x5000 as sys::CUmemoryPool;
+const ILLEGAL_ADDRESS: sys::CuResult = 700;
+const UNKNOWN: sys::CuResult = 999;
+
+/// Runs `f` on another thread than the one `stream` is the per-thread
+/// stream of, with `driver` answering its calls: the allocations there
+/// join the stream's thread and wait for their work
+/// ([`in_order`](crate::stream::in_order)). Returns `f`'s answer and the
+/// model after it.
+fn elsewhere<T: Send + 'static>(
+    driver: Driver,
+    f: impl FnOnce(&CudaStream) -> T + Send + 'static,
+) -> (T, Driver) {
+    let stream = CudaStream::per_thread();
+    std::thread::spawn(move || {
+        assert!(crate::AsRawStream::off_its_thread(&stream));
+        install(driver);
+        let answer = f(&stream);
+        (answer, take())
+    })
+    .join()
+    .unwrap()
+}
+
+/// The calls after the wait that failed.
+fn after_the_wait(driver: &Driver) -> &[Call] {
+    let wait = driver.calls.iter().position(|c| matches!(c, Call::StreamSync { .. })).expect("a wait");
+    &driver.calls[wait + 1..]
+}
+
+const PER_THREAD: usize = sys::CU_STREAM_PER_THREAD;
+
+/// A sticky error in the wait after the allocation: the free of the block
+/// no one was handed fails too (as every call does), and the block is
+/// still out of the resource's table, the wait's error returned.
+#[test]
+fn a_block_whose_wait_fails_for_good_is_not_kept_live() {
+    let driver = Driver { fail_wait: Some(ILLEGAL_ADDRESS), sticky: true, addresses: 1, ..Driver::default() };
+    let mr = CudaAsyncMemory::fake(POOL);
+    let ((got, live), driver) = elsewhere(driver, move |stream| {
+        let got = mr.allocate(Request::new(1000).unwrap(), stream);
+        (got, mr.live().len())
+    });
+    assert_eq!(got, Err(crate::error_from_code(ILLEGAL_ADDRESS)));
+    assert_eq!(live, 0, "the block stays counted live: {:?}", driver.calls);
+    let base = *driver.allocated.keys().next().expect("the driver could not free it");
+    assert_eq!(after_the_wait(&driver), [Call::Free { base, stream: PER_THREAD }]);
+}
+
+/// A wait that fails, the context still usable: the block is freed on the
+/// handle it was allocated on, without waiting for anything first.
+#[test]
+fn a_block_whose_wait_fails_is_freed_where_it_was_allocated() {
+    let driver = Driver { fail_wait: Some(UNKNOWN), addresses: 2, ..Driver::default() };
+    let mr = CudaAsyncMemory::fake(POOL);
+    let ((got, live), driver) = elsewhere(driver, move |stream| {
+        let got = mr.allocate(Request::new(1000).unwrap(), stream);
+        (got, mr.live().len())
+    });
+    assert_eq!(got, Err(crate::error_from_code(UNKNOWN)));
+    assert_eq!(live, 0);
+    assert!(driver.allocated.is_empty(), "not freed: {:?}", driver.calls);
+    let &[Call::Free { base, stream }] = after_the_wait(&driver) else {
+        panic!("the free waited, or there was none: {:?}", driver.calls)
+    };
+    assert_eq!(
+        driver.calls[..2],
+        [Call::ContextSync, Call::Alloc { base, stream: PER_THREAD }],
+        "the allocation joins the stream's thread"
+    );
+    assert_eq!(stream, PER_THREAD);
+}
+
+/// The same of managed memory: the allocation leaves the resource's table
+/// and the table of host-visible allocations, so `CudaCopy` refuses it.
+#[test]
+fn a_managed_block_whose_wait_fails_for_good_is_not_kept_live() {
+    let driver = Driver { fail_wait: Some(ILLEGAL_ADDRESS), sticky: true, addresses: 3, ..Driver::default() };
+    let mr = CudaAsyncManagedMemory::fake(POOL);
+    let ((got, live), driver) = elsewhere(driver, move |stream| {
+        let got = mr.allocate(Request::new(1000).unwrap(), stream);
+        (got, mr.live().live().len())
+    });
+    assert_eq!(got, Err(crate::error_from_code(ILLEGAL_ADDRESS)));
+    assert_eq!(live, 0, "the block stays counted live: {:?}", driver.calls);
+    let base = *driver.allocated.keys().next().expect("the driver could not free it");
+    assert_eq!(host_visible::lock().check(base, 1), Err(Error::NotLive { addr: base, len: 1 }));
+    assert_eq!(after_the_wait(&driver), [Call::Free { base, stream: PER_THREAD }]);
+}
+
+#[test]
+fn a_managed_block_whose_wait_fails_is_freed_where_it_was_allocated() {
+    let driver = Driver { fail_wait: Some(UNKNOWN), addresses: 4, ..Driver::default() };
+    let mr = CudaAsyncManagedMemory::fake(POOL);
+    let ((got, live), driver) = elsewhere(driver, move |stream| {
+        let got = mr.allocate(Request::new(1000).unwrap(), stream);
+        (got, mr.live().live().len())
+    });
+    assert_eq!(got, Err(crate::error_from_code(UNKNOWN)));
+    assert_eq!(live, 0);
+    assert!(driver.allocated.is_empty(), "not freed: {:?}", driver.calls);
+    let &[Call::Free { base, stream }] = after_the_wait(&driver) else {
+        panic!("the free waited, or there was none: {:?}", driver.calls)
+    };
+    assert_eq!(driver.calls[1], Call::Alloc { base, stream: PER_THREAD });
+    assert_eq!(stream, PER_THREAD);
+    assert_eq!(host_visible::lock().check(base, 1), Err(Error::NotLive { addr: base, len: 1 }));
+}
