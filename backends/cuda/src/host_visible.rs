@@ -118,16 +118,17 @@ fn free_for_good(base: u64, release: impl FnOnce(u64) -> sys::CuResult) -> sys::
 /// driver's call, run with `context` current) through [`allocate_with`],
 /// the allocation recorded in the table before the block is handed out
 /// (and in `allocations`); one the block cannot be placed in goes back
-/// through [`free`] with `release`. `context` is the context of
+/// through [`free_for_good`] with `release`. `context` is the context of
 /// `allocations`, or for a stream-ordered call the stream's: the default
 /// stream handles (null, per-thread) name the current context's streams.
 ///
 /// # Safety
 ///
 /// `release` must free (or queue the free of) an allocation that `alloc`
-/// made, called with `context` current by [`free`] (which has taken it
-/// out of the table and holds the lock, so no `CudaCopy` access is under
-/// way in it or can start), on a base no one else frees.
+/// made, called with `context` current by [`free`] or [`free_for_good`]
+/// (which have taken it out of the table and hold the lock, so no
+/// `CudaCopy` access is under way in it or can start), on a base no one
+/// else frees.
 pub(crate) unsafe fn allocate(
     allocations: &HostAllocations,
     context: &Context,
@@ -152,10 +153,11 @@ pub(crate) unsafe fn allocate(
                 code
             },
             // `base` was just allocated by `alloc` (and put in the table)
-            // and is handed out to no one; `free` releases it under the
-            // table's lock, once it has left the table, within our
-            // `context.scope`: what `release` needs, as our caller promised.
-            |base| free(base, release),
+            // and is handed out to no one; `free_for_good` releases it
+            // under the table's lock, once it has left the table (for good:
+            // no one could free it later), within our `context.scope`: what
+            // `release` needs, as our caller promised.
+            |base| free_for_good(base, release),
             || None,
         )
     })
@@ -226,6 +228,42 @@ mod tests {
         }
         assert_eq!(lock().check(other, 64), Ok(()), "another resource's allocation stays live");
         assert_eq!(free(other, |_| sys::CUDA_SUCCESS), sys::CUDA_SUCCESS);
+    }
+
+    /// An allocation the block cannot be placed in (a driver that broke
+    /// its alignment promise) is handed out to no one: it leaves the table
+    /// though the driver refuses its free, or it would stay live for good,
+    /// after its resource too.
+    #[test]
+    fn an_allocation_no_block_was_placed_in_leaves_the_table_though_its_free_fails() {
+        // An address no driver hands out (the test needs no GPU), not 256-aligned.
+        let base = 0xbeef_0003_0001;
+        let context = Context::fake(crate::Device::fake(0));
+        let allocations = HostAllocations::new(context.clone());
+        let request = Request::new(512).unwrap();
+        let mut freed = None;
+        // SAFETY: nothing is allocated or freed: neither closure calls the driver.
+        let got = unsafe {
+            allocate(
+                &allocations,
+                &context,
+                request,
+                |bytes, b| {
+                    assert_eq!(bytes, 512);
+                    *b = base;
+                    sys::CUDA_SUCCESS
+                },
+                |b| {
+                    freed = Some(b);
+                    sys::CUDA_ERROR_INVALID_CONTEXT
+                },
+            )
+        };
+        assert_eq!(got, Err(crate::place::MISALIGNED));
+        assert_eq!(freed, Some(base), "given back");
+        assert_eq!(allocations.live().len(), 0);
+        drop(allocations);
+        assert_eq!(lock().check(base, 1), Err(Error::NotLive { addr: base, len: 1 }));
     }
 
     #[test]
