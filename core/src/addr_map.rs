@@ -309,6 +309,12 @@ impl InFlight {
     pub(crate) fn forget(&mut self, addr: u64) {
         self.latest.remove(addr);
     }
+
+    /// The addresses with a free in flight.
+    #[cfg(test)]
+    pub(crate) fn len(&self) -> usize {
+        self.latest.len()
+    }
 }
 
 #[cfg(test)]

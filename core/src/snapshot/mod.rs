@@ -9,6 +9,8 @@
 //! those events is kept. Whoever sees both sides of a resource feeds it: the
 //! replay tool taps the leaf of a stack for the segments and its top for
 //! the blocks, so that any stack over any algorithm is mapped the same way.
+//! A free it tells before the memory below frees it, which that may yet
+//! refuse, goes through a [`Freeing`], taken back if refused.
 //! [`MemoryMap::pickle`] writes the snapshot; [`MemoryMap::runs`] gives
 //! each segment as used and free runs (the tool's `--map`). `write_file`
 //! (feature `std`) puts it in a file whole, never truncated for a reader.
@@ -37,7 +39,7 @@ mod tests;
 
 #[cfg(feature = "std")]
 pub use file::{check_file, write_file};
-pub use tap::{Recording, Side, Tap};
+pub use tap::{Freeing, Recording, Side, Tap};
 
 use alloc::collections::{BTreeMap, VecDeque};
 use alloc::vec::Vec;
@@ -109,22 +111,25 @@ struct Live {
     own_segment: bool,
 }
 
-/// A block that [`MemoryMap::free`] took out, as
-/// [`MemoryMap::unfree`] puts it back, the number of that free, and the
-/// events it pushed out of a full trace.
+/// A block that [`MemoryMap::free`] took out, and the events its free
+/// pushed out of a full trace: what a refused [`Freeing`] puts back.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Freed(Live, u64, Evicted);
+pub struct Freed(Live, Evicted);
 
-/// A segment that [`MemoryMap::segment_free`] took out, as
-/// [`MemoryMap::segment_unfree`] puts it back, and the event its free
-/// pushed out of a full trace.
+/// A segment that [`MemoryMap::segment_free`] took out, and the event its
+/// free pushed out of a full trace: what a refused [`Freeing`] puts back.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct SegmentFreed {
     size: u64,
     stream: u64,
-    /// The number of the free ([`InFlight`](crate::addr_map::InFlight)).
-    number: u64,
     evicted: Evicted,
+}
+
+/// What a [`Freeing`] told the map.
+#[derive(Clone, Copy, Debug)]
+enum Told {
+    Block(Freed),
+    Segment(SegmentFreed),
 }
 
 impl SegmentFreed {
@@ -203,9 +208,9 @@ pub struct MemoryMap {
     trace: VecDeque<TraceEntry>,
     max_entries: usize,
     now: Option<u64>,
-    /// The frees of blocks told and not yet answered.
+    /// The frees of blocks told ahead ([`Freeing`]) and not yet answered.
     blocks_freeing: crate::addr_map::InFlight,
-    /// The frees of segments told and not yet answered.
+    /// The frees of segments told ahead and not yet answered.
     segments_freeing: crate::addr_map::InFlight,
     /// The events pushed out of the full trace, less those put back.
     evictions: u64,
@@ -305,36 +310,25 @@ impl MemoryMap {
     }
 
     /// The segment at `addr` given back (an unknown one is ignored): the
-    /// segment, which [`segment_unfree`](Self::segment_unfree) puts back.
+    /// segment. The free is final; one that the upstream may yet refuse is
+    /// told through a [`Freeing`].
     pub fn segment_free(&mut self, addr: u64, stream: u64, time_us: Option<u64>) -> Option<SegmentFreed> {
         let s = self.segments.remove(&addr)?;
         self.held = self.held.wrapping_sub(s.size);
         let mut evicted = self.evicting();
         let out = self.record(Action::SegmentFree, addr, s.size, stream, time_us);
         self.evicted(&mut evicted, out);
-        let number = self.segments_freeing.tell(addr);
-        Some(SegmentFreed { size: s.size, stream: s.stream, number, evicted })
-    }
-
-    /// The upstream gave back the segment at `addr`, whose free `told` it
-    /// (what [`segment_free`](Self::segment_free) returned; `None`: the
-    /// map held no such segment, another free of it in flight took it
-    /// out): that free, and any other of the address in flight, can no
-    /// longer be taken back.
-    pub fn segment_freed(&mut self, addr: u64, told: Option<&SegmentFreed>) {
-        self.segments_freeing.answered(addr, told.map(|f| f.number));
+        Some(SegmentFreed { size: s.size, stream: s.stream, evicted })
     }
 
     /// Takes back a [`segment_free`](Self::segment_free) that the upstream
     /// refused: the segment is held again, and the free's event, the
     /// latest of that address, leaves the trace, which gets back the event
     /// it pushed out (unless others were pushed out since). A segment
-    /// given back meanwhile by another free
-    /// ([`segment_freed`](Self::segment_freed)), or one held at `addr`
-    /// since, shows that the upstream did free it (a double free racing
-    /// the free refused): nothing changes.
-    pub fn segment_unfree(&mut self, addr: u64, freed: SegmentFreed) {
-        if !self.segments_freeing.take(addr, freed.number) || self.segments.contains_key(&addr) {
+    /// held at `addr` since shows that the upstream did free it: nothing
+    /// changes.
+    fn segment_unfree(&mut self, addr: u64, freed: SegmentFreed) {
+        if self.segments.contains_key(&addr) {
             return;
         }
         self.segments.insert(addr, Segment { size: freed.size, stream: freed.stream });
@@ -380,13 +374,11 @@ impl MemoryMap {
     /// and the free's events, the latest of that address, leave the trace
     /// (no allocation is told: none happened); the trace gets back the
     /// events they pushed out, unless others were pushed out since. A
-    /// block freed meanwhile by
-    /// another free ([`freed`](Self::freed)), or a block handed out at
-    /// `addr` since, shows that the resource did free it (a double free
-    /// racing the free refused): nothing changes.
-    pub fn unfree(&mut self, addr: u64, freed: Freed) {
-        let Freed(b, number, evicted) = freed;
-        if !self.blocks_freeing.take(addr, number) || self.blocks.contains_key(&addr) {
+    /// block handed out at `addr` since shows that the resource did free
+    /// it: nothing changes.
+    fn unfree(&mut self, addr: u64, freed: Freed) {
+        let Freed(b, evicted) = freed;
+        if self.blocks.contains_key(&addr) {
             return;
         }
         self.blocks.insert(addr, b);
@@ -412,7 +404,8 @@ impl MemoryMap {
     /// The block at `addr` given back (an unknown one is ignored), told as
     /// PyTorch tells a free, `free_requested` then `free_completed` (then
     /// the `segment_free` of a block that is a segment of its own): the
-    /// block, which [`unfree`](Self::unfree) puts back.
+    /// block. The free is final; one that the resource may yet refuse is
+    /// told through a [`Freeing`].
     pub fn free(&mut self, addr: u64, stream: u64, time_us: Option<u64>) -> Option<Freed> {
         let b = self.blocks.remove(&addr)?;
         self.live = self.live.wrapping_sub(b.requested);
@@ -428,16 +421,53 @@ impl MemoryMap {
             let out = self.record(Action::SegmentFree, addr, b.size, b.stream, time_us);
             self.evicted(&mut evicted, out);
         }
-        let number = self.blocks_freeing.tell(addr);
-        Some(Freed(b, number, evicted))
+        Some(Freed(b, evicted))
     }
 
-    /// The resource freed the block at `addr`, whose free `told` it (what
-    /// [`free`](Self::free) returned; `None`: the map held no such block,
-    /// another free of it in flight took it out): that free, and any other
-    /// of the address in flight, can no longer be taken back.
-    pub fn freed(&mut self, addr: u64, told: Option<&Freed>) {
-        self.blocks_freeing.answered(addr, told.map(|f| f.1));
+    /// The frees of `side` told ahead and not yet answered.
+    fn in_flight(&mut self, side: Side) -> &mut crate::addr_map::InFlight {
+        match side {
+            Side::Blocks => &mut self.blocks_freeing,
+            Side::Segments => &mut self.segments_freeing,
+        }
+    }
+
+    /// Tells a free of `side` at `addr` before the memory below frees it
+    /// ([`Freeing`]): what it took out and its number in flight; `None`
+    /// if the map held nothing there.
+    fn tell_ahead(
+        &mut self,
+        side: Side,
+        addr: u64,
+        stream: u64,
+        time_us: Option<u64>,
+    ) -> Option<(Told, u64)> {
+        let told = match side {
+            Side::Blocks => Told::Block(self.free(addr, stream, time_us)?),
+            Side::Segments => Told::Segment(self.segment_free(addr, stream, time_us)?),
+        };
+        Some((told, self.in_flight(side).tell(addr)))
+    }
+
+    /// The memory below freed `addr`, whose free told ahead is `number`
+    /// (`None`: it told nothing, as another free in flight had taken the
+    /// address out): neither can be taken back.
+    fn answered(&mut self, side: Side, addr: u64, number: Option<u64>) {
+        self.in_flight(side).answered(addr, number);
+    }
+
+    /// The memory below refused the free told ahead as `number`: taken
+    /// back if it is still the address's free in flight (not if another
+    /// free of the address went through meanwhile, a double free racing
+    /// it, nor if the address was handed out again).
+    fn take_back(&mut self, addr: u64, told: Told, number: u64) {
+        match told {
+            Told::Block(freed) if self.blocks_freeing.take(addr, number) => self.unfree(addr, freed),
+            Told::Segment(freed) if self.segments_freeing.take(addr, number) => {
+                self.segment_unfree(addr, freed)
+            }
+            _ => {}
+        }
     }
 
     /// A request of `size` bytes that failed.

@@ -1,7 +1,7 @@
 //! [`Tap`]: a layer that tells a [`MemoryMap`] what passes through it, so
 //! that a running stack can dump a snapshot whatever its algorithm.
 
-use super::MemoryMap;
+use super::{MemoryMap, Told};
 use crate::primitive::{AtomicBool, Ordering::Relaxed};
 use crate::{Block, MemoryResource, Request, Result, Shared, Stream, DEFAULT_ALIGNMENT};
 use alloc::sync::Arc;
@@ -153,64 +153,88 @@ impl<S: Stream + ?Sized, R: MemoryResource<S>> MemoryResource<S> for Tap<R> {
         if block.is_empty() || !self.tells() {
             return self.inner.deallocate(block, stream);
         }
-        let addr = block.addr();
-        let id = stream.id();
-        match self.side {
-            // The block goes before what holds it may go (the free can give
-            // a segment back): a viewer that undoes the trace event by event
-            // never finds a block outside the segments.
-            Side::Blocks => {
-                let told = self.map.with(|m| m.free(addr, id, None));
-                let undo = told.map(|freed| move |m: &mut MemoryMap| m.unfree(addr, freed));
-                self.freeing(undo, || self.inner.deallocate(block, stream))?;
-                // Freed: a free of the block racing this one (a double
-                // free), refused, must not bring it back.
-                self.map.with(|m| m.freed(addr, told.as_ref()));
-                Ok(())
-            }
-            // Told before the leaf frees too: once freed, another thread
-            // may be handed the address and tell its own segment, which a
-            // late end would take for this one.
-            Side::Segments => {
-                let told = self.map.with(|m| m.segment_free(addr, id, None));
-                let undo = told.map(|freed| move |m: &mut MemoryMap| m.segment_unfree(addr, freed));
-                self.freeing(undo, || self.inner.deallocate(block, stream))?;
-                // As a block's: a racing free refused must not bring the
-                // segment back.
-                self.map.with(|m| m.segment_freed(addr, told.as_ref()));
-                Ok(())
-            }
-        }
+        // Told before the inner resource frees: a block goes before what
+        // holds it may go (the free can give a segment back), so that a
+        // viewer that undoes the trace event by event never finds a block
+        // outside the segments; and once freed, the address may be handed
+        // to another thread, whose allocation a late free would end.
+        // Refused, or panicking (the inner resource still holds it, as
+        // every adaptor takes a free that panicked), the free is taken
+        // back as the guard drops.
+        let freeing = Freeing::new(&self.map, self.side, block.addr(), stream.id(), None);
+        self.inner.deallocate(block, stream)?;
+        freeing.done();
+        Ok(())
     }
 }
 
-impl<R> Tap<R> {
-    /// Runs `free`, the inner resource's free of a block or segment whose
-    /// free the map was told already; `undo` takes that back unless `free`
-    /// succeeds (refused, or panicking: the inner resource still holds it,
-    /// as every adaptor takes a free that panicked).
-    fn freeing(
-        &self,
-        undo: Option<impl FnOnce(&mut MemoryMap)>,
-        free: impl FnOnce() -> Result<()>,
-    ) -> Result<()> {
-        struct Told<'a, F: FnOnce(&mut MemoryMap)> {
-            map: &'a Shared<MemoryMap>,
-            undo: Option<F>,
+/// A free told to a shared [`MemoryMap`] before the memory below frees it,
+/// as a [`Tap`] tells one: once freed, the address may be handed to
+/// another thread and told as its block or segment at once, which a free
+/// told afterwards would end. [`done`](Self::done) once the memory below
+/// freed it; dropped otherwise (refused, or panicking), it is taken back:
+/// the block or segment is back in the map and the free's events leave the
+/// trace, as if it had never been told. Either way the map keeps nothing
+/// of it after, so that a free left unsettled cannot be.
+///
+/// Another free of the address may run at the same time (a double free):
+/// the first tells the map, the second finds nothing to tell, and the
+/// memory below takes one of them. The second's `done` answers the first,
+/// which, refused, then brings nothing back; nor does one refused after
+/// the address was told handed out again.
+///
+/// Settled under the map's lock: done or dropped outside a closure of the
+/// same map.
+///
+/// ```
+/// use memres_core::snapshot::{Freeing, MemoryMap, Side};
+/// use memres_core::Shared;
+/// let map = Shared::new(MemoryMap::new(100));
+/// map.with(|m| m.segment_alloc(0x1000, 4096, 0, None));
+/// map.with(|m| m.alloc(0x1000, 256, 256, 0, None));
+/// let refused = Freeing::new(&map, Side::Blocks, 0x1000, 0, None);
+/// assert_eq!(map.with(|m| m.live()), 0);
+/// drop(refused); // the memory below refused it
+/// assert_eq!(map.with(|m| (m.live(), m.trace().count())), (256, 2));
+/// let freeing = Freeing::new(&map, Side::Blocks, 0x1000, 0, None);
+/// freeing.done(); // the memory below freed it
+/// assert_eq!(map.with(|m| (m.live(), m.trace().count())), (0, 4));
+/// ```
+#[derive(Debug)]
+#[must_use = "dropped, it takes the free back; `done` once the memory below freed it"]
+pub struct Freeing<'a> {
+    map: &'a Shared<MemoryMap>,
+    side: Side,
+    addr: u64,
+    /// What the free told and its number in flight; `None`: the map held
+    /// nothing at the address.
+    told: Option<(Told, u64)>,
+}
+
+impl<'a> Freeing<'a> {
+    /// Tells `map` the free of the block or segment (`side`) at `addr`, on
+    /// stream `stream` (as [`MemoryMap::free`] or
+    /// [`MemoryMap::segment_free`]), before the memory below frees it.
+    pub fn new(map: &'a Shared<MemoryMap>, side: Side, addr: u64, stream: u64, time_us: Option<u64>) -> Self {
+        let told = map.with(|m| m.tell_ahead(side, addr, stream, time_us));
+        Freeing { map, side, addr, told }
+    }
+
+    /// The memory below freed it: the free stands. A free of the address
+    /// told before this one and still in flight (a racing double free)
+    /// can no longer be taken back.
+    pub fn done(self) {
+        let this = core::mem::ManuallyDrop::new(self);
+        let number = this.told.map(|(_, n)| n);
+        this.map.with(|m| m.answered(this.side, this.addr, number));
+    }
+}
+
+impl Drop for Freeing<'_> {
+    fn drop(&mut self) {
+        if let Some((told, number)) = self.told.take() {
+            self.map.with(|m| m.take_back(self.addr, told, number));
         }
-        impl<F: FnOnce(&mut MemoryMap)> Drop for Told<'_, F> {
-            fn drop(&mut self) {
-                if let Some(undo) = self.undo.take() {
-                    self.map.with(undo);
-                }
-            }
-        }
-        let mut told = Told { map: &self.map, undo };
-        let done = free();
-        if done.is_ok() {
-            told.undo = None;
-        }
-        done
     }
 }
 

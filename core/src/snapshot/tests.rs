@@ -2,6 +2,18 @@ extern crate std;
 
 use super::*;
 
+/// Tells the free of the block or segment (`side`) at `addr` ahead, as a
+/// tap does, runs `meanwhile` on the map (what the map shows while the
+/// memory below frees, or what other threads do then), and has the free
+/// refused.
+fn refused(map: &mut MemoryMap, side: Side, addr: u64, stream: u64, meanwhile: impl FnOnce(&mut MemoryMap)) {
+    let shared = crate::Shared::new(core::mem::replace(map, MemoryMap::new(0)));
+    let freeing = Freeing::new(&shared, side, addr, stream, None);
+    shared.with(meanwhile);
+    drop(freeing);
+    *map = shared.into_inner();
+}
+
 #[test]
 fn runs_tile_each_segment_and_stray_blocks_stand_alone() {
     let mut map = MemoryMap::new(0);
@@ -40,6 +52,24 @@ fn sizes_that_sum_past_u64_are_mapped_without_a_panic() {
     assert_eq!((map.held(), map.live()), (0, 0));
 }
 
+/// A map fed by hand, whose frees are final (no one takes them back),
+/// keeps nothing per free once it is told. Before, each free left its
+/// number in flight at its address until the address was handed out
+/// again: a caller that frees ever new addresses grew the map for good.
+#[test]
+fn frees_told_by_hand_keep_nothing_in_flight() {
+    let mut map = MemoryMap::new(10);
+    for i in 1..=1000u64 {
+        let addr = i << 16;
+        map.segment_alloc(addr, 4096, 0, None);
+        map.alloc(addr, 256, 256, 0, None);
+        assert!(map.free(addr, 0, None).is_some());
+        assert!(map.segment_free(addr, 0, None).is_some());
+    }
+    assert_eq!((map.held(), map.live()), (0, 0));
+    assert_eq!((map.blocks_freeing.len(), map.segments_freeing.len()), (0, 0), "nothing in flight");
+}
+
 /// A free is told as PyTorch tells one that waits for no stream: a
 /// `free_requested` and its `free_completed`, adjacent, which its viewer
 /// merges into one free. Before, the `free_completed` alone: the viewer,
@@ -52,11 +82,11 @@ fn a_free_is_told_as_requested_then_completed_and_its_undo_takes_both_back() {
     map.alloc(0x10000, 1024, 1000, 0, None);
     map.alloc(0x10400, 1024, 1024, 0, None);
     let before: Vec<TraceEntry> = map.trace().copied().collect();
-    let freed = map.free(0x10000, 0, None).unwrap();
-    let actions: Vec<&str> = map.trace().map(|e| e.action.as_str()).collect();
-    assert_eq!(actions, ["segment_alloc", "alloc", "alloc", "free_requested", "free_completed"]);
-    assert!(map.trace().skip(3).all(|e| (e.addr, e.size) == (0x10000, 1000)));
-    map.unfree(0x10000, freed);
+    refused(&mut map, Side::Blocks, 0x10000, 0, |map| {
+        let actions: Vec<&str> = map.trace().map(|e| e.action.as_str()).collect();
+        assert_eq!(actions, ["segment_alloc", "alloc", "alloc", "free_requested", "free_completed"]);
+        assert!(map.trace().skip(3).all(|e| (e.addr, e.size) == (0x10000, 1000)));
+    });
     assert_eq!(map.trace().copied().collect::<Vec<_>>(), before, "the undo takes both events back");
     assert_eq!(map.live(), 2024);
 
@@ -65,9 +95,9 @@ fn a_free_is_told_as_requested_then_completed_and_its_undo_takes_both_back() {
     let mut map = MemoryMap::new(1);
     map.segment_alloc(0x10000, 1024, 0, None);
     map.alloc(0x10000, 1024, 1000, 0, None);
-    let freed = map.free(0x10000, 0, None).unwrap();
-    assert_eq!(map.trace().map(|e| e.action).collect::<Vec<_>>(), [Action::FreeCompleted]);
-    map.unfree(0x10000, freed);
+    refused(&mut map, Side::Blocks, 0x10000, 0, |map| {
+        assert_eq!(map.trace().map(|e| e.action).collect::<Vec<_>>(), [Action::FreeCompleted]);
+    });
     assert_eq!(map.trace().map(|e| e.action).collect::<Vec<_>>(), [Action::Alloc]);
     assert_eq!(map.live(), 1000);
 }
@@ -123,28 +153,28 @@ fn a_block_in_no_segment_is_a_segment_of_its_own_in_the_trace_too() {
     map.alloc(0x8000, 256, 256, 0, None); // in the segment
     assert_the_viewer_finds_every_block_in_a_segment(&map);
     let before: Vec<TraceEntry> = map.trace().copied().collect();
-    let freed = map.free(0x1000, 4, None).unwrap();
-    assert_the_viewer_finds_every_block_in_a_segment(&map);
-    let actions: Vec<&str> = map.trace().map(|e| e.action.as_str()).collect();
-    assert_eq!(
-        actions,
-        [
-            "segment_alloc",
-            "segment_alloc",
-            "alloc",
-            "segment_alloc",
-            "alloc",
-            "alloc",
-            "free_requested",
-            "free_completed",
-            "segment_free",
-        ]
-    );
-    let own = |e: &TraceEntry| e.addr == 0x1000 && e.action.as_str().starts_with("segment");
-    let told: Vec<(u64, u64)> = map.trace().filter(|e| own(e)).map(|e| (e.size, e.stream)).collect();
-    assert_eq!(told, [(512, 3), (512, 3)], "the block's own segment: its size, its stream");
-    assert_eq!((map.held(), map.runs().len()), (1024, 2), "held counts the leaves' segments alone");
-    map.unfree(0x1000, freed);
+    refused(&mut map, Side::Blocks, 0x1000, 4, |map| {
+        assert_the_viewer_finds_every_block_in_a_segment(map);
+        let actions: Vec<&str> = map.trace().map(|e| e.action.as_str()).collect();
+        assert_eq!(
+            actions,
+            [
+                "segment_alloc",
+                "segment_alloc",
+                "alloc",
+                "segment_alloc",
+                "alloc",
+                "alloc",
+                "free_requested",
+                "free_completed",
+                "segment_free",
+            ]
+        );
+        let own = |e: &TraceEntry| e.addr == 0x1000 && e.action.as_str().starts_with("segment");
+        let told: Vec<(u64, u64)> = map.trace().filter(|e| own(e)).map(|e| (e.size, e.stream)).collect();
+        assert_eq!(told, [(512, 3), (512, 3)], "the block's own segment: its size, its stream");
+        assert_eq!((map.held(), map.runs().len()), (1024, 2), "held counts the leaves' segments alone");
+    });
     assert_eq!(map.trace().copied().collect::<Vec<_>>(), before, "the undo takes the segment's end back");
     map.free(0x1000, 4, None).unwrap();
     map.free(0x2000, 0, None).unwrap();
@@ -234,6 +264,8 @@ fn taps_tell_a_block_free_before_its_segment_and_keep_a_refused_free_live() {
     assert_eq!(after, before, "a free that panicked leaves the block live in the map");
     tap.deallocate(b, &()).unwrap();
     assert_eq!(map.with(|m| m.live()), 0);
+    let in_flight = map.with(|m| (m.blocks_freeing.len(), m.segments_freeing.len()));
+    assert_eq!(in_flight, (0, 0), "frees done, refused or panicking keep nothing in flight");
 }
 
 /// An address space that starts at 0 (offsets in a heap, a user's safe
@@ -432,22 +464,17 @@ fn a_refused_free_at_a_full_trace_gives_the_trace_back_as_it_was() {
     map.alloc(0x9000, 256, 256, 0, None); // a segment of its own
     let before: Vec<TraceEntry> = map.trace().copied().collect();
     assert_eq!(before.len(), 4);
-    let freed = map.free(0x1000, 0, None).unwrap();
-    map.unfree(0x1000, freed);
+    refused(&mut map, Side::Blocks, 0x1000, 0, |_| {});
     assert_eq!(map.trace().copied().collect::<Vec<_>>(), before, "a block's free");
-    let freed = map.free(0x9000, 0, None).unwrap();
-    map.unfree(0x9000, freed);
+    refused(&mut map, Side::Blocks, 0x9000, 0, |_| {});
     assert_eq!(map.trace().copied().collect::<Vec<_>>(), before, "with its own segment's end");
-    let freed = map.segment_free(0x1000, 0, None).unwrap();
-    map.segment_unfree(0x1000, freed);
+    refused(&mut map, Side::Segments, 0x1000, 0, |_| {});
     assert_eq!(map.trace().copied().collect::<Vec<_>>(), before, "a segment's free");
     assert_eq!((map.held(), map.live()), (4096, 768));
 
     // Another event pushed one out meanwhile: putting back the older ones
     // would leave a gap, so the trace keeps the last events it has.
-    let freed = map.free(0x1100, 0, None).unwrap();
-    map.oom(1 << 40, 0, None);
-    map.unfree(0x1100, freed);
+    refused(&mut map, Side::Blocks, 0x1100, 0, |map| map.oom(1 << 40, 0, None));
     let actions: Vec<Action> = map.trace().map(|e| e.action).collect();
     assert_eq!(actions, [Action::Alloc, Action::Oom]);
 }
@@ -459,10 +486,7 @@ fn a_refused_free_at_a_full_trace_gives_the_trace_back_as_it_was() {
 fn a_segment_unfree_after_the_address_was_handed_out_again_changes_nothing() {
     let mut map = MemoryMap::new(10);
     map.segment_alloc(0x1000, 1024, 1, None);
-    let freed = map.segment_free(0x1000, 2, None).unwrap();
-    assert_eq!((freed.size(), freed.stream()), (1024, 1));
-    map.segment_alloc(0x1000, 512, 3, None);
-    map.segment_unfree(0x1000, freed);
+    refused(&mut map, Side::Segments, 0x1000, 2, |map| map.segment_alloc(0x1000, 512, 3, None));
     assert_eq!((map.held(), map.runs()[0].stream), (512, 3));
     let actions: Vec<Action> = map.trace().map(|e| e.action).collect();
     assert_eq!(actions, [Action::SegmentAlloc, Action::SegmentFree, Action::SegmentAlloc]);
@@ -513,6 +537,8 @@ fn refused_beside_a_racing_free(side: Side, size: u64) -> alloc::sync::Arc<crate
     *leaf.hook.lock().unwrap() = Some(alloc::boxed::Box::new(move || other.deallocate(x, &()).unwrap()));
     assert_eq!(tap.deallocate(x, &()), Err(crate::Error::DoubleFree { addr: x.addr() }));
     assert!(leaf.live.lock().unwrap().is_empty(), "the leaf freed the block");
+    let in_flight = map.with(|m| (m.blocks_freeing.len(), m.segments_freeing.len()));
+    assert_eq!(in_flight, (0, 0), "both frees settled");
     map
 }
 
@@ -531,9 +557,7 @@ fn a_free_refused_as_the_double_of_a_racing_free_leaves_the_block_freed() {
     // Handed out again before the refused free's undo: the new block stays.
     let mut map = MemoryMap::new(100);
     map.alloc(0x1000, 256, 256, 1, None);
-    let freed = map.free(0x1000, 1, None).unwrap();
-    map.alloc(0x1000, 512, 500, 2, None);
-    map.unfree(0x1000, freed);
+    refused(&mut map, Side::Blocks, 0x1000, 1, |map| map.alloc(0x1000, 512, 500, 2, None));
     assert_eq!((map.live(), map.runs()[0].stream), (500, 2));
 }
 
@@ -551,9 +575,7 @@ fn a_segment_free_refused_as_the_double_of_a_racing_free_leaves_the_segment_give
     // Taken again before the refused free's undo: the new segment stays.
     let mut map = MemoryMap::new(100);
     map.segment_alloc(0x1000, 4096, 1, None);
-    let freed = map.segment_free(0x1000, 1, None).unwrap();
-    map.segment_alloc(0x1000, 8192, 2, None);
-    map.segment_unfree(0x1000, freed);
+    refused(&mut map, Side::Segments, 0x1000, 1, |map| map.segment_alloc(0x1000, 8192, 2, None));
     assert_eq!(map.held(), 8192);
 }
 
