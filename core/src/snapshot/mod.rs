@@ -111,18 +111,17 @@ struct Live {
     own_segment: bool,
 }
 
-/// A block that [`MemoryMap::free`] took out, and the events its free
-/// pushed out of a full trace: what a refused [`Freeing`] puts back.
+/// A block that [`MemoryMap::free`] took out: what a refused [`Freeing`]
+/// puts back.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Freed(Live, Evicted);
+pub struct Freed(Live);
 
-/// A segment that [`MemoryMap::segment_free`] took out, and the event its
-/// free pushed out of a full trace: what a refused [`Freeing`] puts back.
+/// A segment that [`MemoryMap::segment_free`] took out: what a refused
+/// [`Freeing`] puts back.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct SegmentFreed {
     size: u64,
     stream: u64,
-    evicted: Evicted,
 }
 
 /// What a [`Freeing`] told the map.
@@ -130,6 +129,16 @@ pub struct SegmentFreed {
 enum Told {
     Block(Freed),
     Segment(SegmentFreed),
+}
+
+impl Told {
+    /// The events its free told.
+    fn events(&self) -> usize {
+        match self {
+            Told::Block(Freed(b)) => 2 + usize::from(b.own_segment),
+            Told::Segment(_) => 1,
+        }
+    }
 }
 
 impl SegmentFreed {
@@ -142,19 +151,6 @@ impl SegmentFreed {
     pub fn stream(&self) -> u64 {
         self.stream
     }
-}
-
-/// The events that a free pushed out of a full trace, oldest first, which
-/// an undo of the free puts back: only those that were in the trace before
-/// the free (at most the three events it tells), and only if no other was
-/// pushed out since (the trace would have a gap).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-struct Evicted {
-    entries: [Option<TraceEntry>; 3],
-    /// How many entries older than the free the trace held, not yet out.
-    older: usize,
-    /// The map's count of evictions once the free was told.
-    evictions: u64,
 }
 
 impl Freed {
@@ -199,21 +195,33 @@ pub struct SegmentRuns {
 }
 
 /// The segments and live blocks of a resource, and the last events.
+///
+/// A free told ahead ([`Freeing`]) and refused leaves the trace as it would
+/// be had it never been told: the last `max_entries` events of all the
+/// others, in order. So the events pushed out of a full trace while frees
+/// told ahead are in flight are kept aside, as many as those frees told
+/// (an undo takes its own events out and puts back as many as it took out
+/// of the trace: the newest pushed out, whether its own events or later
+/// ones pushed them out), and let go once the frees are settled.
 #[derive(Clone, Debug)]
 pub struct MemoryMap {
     segments: BTreeMap<u64, Segment>,
     blocks: BTreeMap<u64, Live>,
     held: u64,
     live: u64,
+    /// The trace, after the `pushed_out` events at its front: those
+    /// pushed out of it, oldest first, kept for frees told ahead.
     trace: VecDeque<TraceEntry>,
+    /// At most `told_ahead`.
+    pushed_out: usize,
+    /// The events told by frees told ahead and not yet settled.
+    told_ahead: usize,
     max_entries: usize,
     now: Option<u64>,
     /// The frees of blocks told ahead ([`Freeing`]) and not yet answered.
     blocks_freeing: crate::addr_map::InFlight,
     /// The frees of segments told ahead and not yet answered.
     segments_freeing: crate::addr_map::InFlight,
-    /// The events pushed out of the full trace, less those put back.
-    evictions: u64,
 }
 
 impl MemoryMap {
@@ -226,11 +234,12 @@ impl MemoryMap {
             held: 0,
             live: 0,
             trace: VecDeque::new(),
+            pushed_out: 0,
+            told_ahead: 0,
             max_entries,
             now: None,
             blocks_freeing: crate::addr_map::InFlight::default(),
             segments_freeing: crate::addr_map::InFlight::default(),
-            evictions: 0,
         }
     }
 
@@ -240,59 +249,48 @@ impl MemoryMap {
         self.now = time_us;
     }
 
-    /// Adds an event to the trace; returns the oldest one if that pushed
-    /// it out.
-    fn record(
-        &mut self,
-        action: Action,
-        addr: u64,
-        size: u64,
-        stream: u64,
-        time_us: Option<u64>,
-    ) -> Option<TraceEntry> {
+    /// Adds an event to the trace, pushing the oldest out of a full one.
+    fn record(&mut self, action: Action, addr: u64, size: u64, stream: u64, time_us: Option<u64>) {
         if self.max_entries == 0 {
-            return None;
-        }
-        let out = match self.trace.len() == self.max_entries {
-            true => self.trace.pop_front(),
-            false => None,
-        };
-        self.evictions += out.is_some() as u64;
-        let time_us = time_us.or(self.now);
-        self.trace.push_back(TraceEntry { action, addr, size, stream, time_us });
-        out
-    }
-
-    /// Before a free tells its events: what they push out will go here.
-    fn evicting(&self) -> Evicted {
-        Evicted { entries: [None; 3], older: self.trace.len(), evictions: self.evictions }
-    }
-
-    /// Keeps `out`, an entry a free's event pushed out, if older than the
-    /// free.
-    fn evicted(&self, evicted: &mut Evicted, out: Option<TraceEntry>) {
-        if let Some(e) = out.filter(|_| evicted.older > 0) {
-            evicted.older -= 1;
-            if let Some(slot) = evicted.entries.iter_mut().find(|s| s.is_none()) {
-                *slot = Some(e);
-            }
-        }
-        evicted.evictions = self.evictions;
-    }
-
-    /// After an undo took a free's events out of the trace: puts back at
-    /// its front the events the free pushed out, if none was pushed out
-    /// since.
-    fn put_back(&mut self, evicted: Evicted) {
-        if evicted.evictions != self.evictions {
             return;
         }
-        for e in evicted.entries.iter().rev().flatten() {
-            if self.trace.len() == self.max_entries {
-                break;
-            }
-            self.trace.push_front(*e);
-            self.evictions -= 1;
+        if self.trace.len() - self.pushed_out == self.max_entries {
+            self.pushed_out += 1;
+            // Before the push: a trace with no free told ahead keeps its
+            // capacity.
+            self.let_go();
+        }
+        let time_us = time_us.or(self.now);
+        self.trace.push_back(TraceEntry { action, addr, size, stream, time_us });
+    }
+
+    /// Lets go of the events pushed out that no free told ahead may need.
+    fn let_go(&mut self) {
+        while self.pushed_out > self.told_ahead {
+            self.trace.pop_front();
+            self.pushed_out -= 1;
+        }
+    }
+
+    /// A free told ahead was settled (done or refused).
+    fn settled(&mut self, told: Told) {
+        self.told_ahead -= told.events();
+        self.let_go();
+    }
+
+    /// After an undo took a free's events out (of the trace or of the
+    /// events pushed out): puts back at the trace's front the events
+    /// pushed out last, as many as fit.
+    fn put_back(&mut self) {
+        let room = self.max_entries - (self.trace.len() - self.pushed_out);
+        self.pushed_out -= room.min(self.pushed_out);
+    }
+
+    /// Takes out the event at `i` of the trace or of the events pushed out.
+    fn take_out(&mut self, i: usize) {
+        self.trace.remove(i);
+        if i < self.pushed_out {
+            self.pushed_out -= 1;
         }
     }
 
@@ -315,18 +313,15 @@ impl MemoryMap {
     pub fn segment_free(&mut self, addr: u64, stream: u64, time_us: Option<u64>) -> Option<SegmentFreed> {
         let s = self.segments.remove(&addr)?;
         self.held = self.held.wrapping_sub(s.size);
-        let mut evicted = self.evicting();
-        let out = self.record(Action::SegmentFree, addr, s.size, stream, time_us);
-        self.evicted(&mut evicted, out);
-        Some(SegmentFreed { size: s.size, stream: s.stream, evicted })
+        self.record(Action::SegmentFree, addr, s.size, stream, time_us);
+        Some(SegmentFreed { size: s.size, stream: s.stream })
     }
 
     /// Takes back a [`segment_free`](Self::segment_free) that the upstream
     /// refused: the segment is held again, and the free's event, the
     /// latest of that address, leaves the trace, which gets back the event
-    /// it pushed out (unless others were pushed out since). A segment
-    /// held at `addr` since shows that the upstream did free it: nothing
-    /// changes.
+    /// pushed out last. A segment held at `addr` since shows that the
+    /// upstream did free it: nothing changes.
     fn segment_unfree(&mut self, addr: u64, freed: SegmentFreed) {
         if self.segments.contains_key(&addr) {
             return;
@@ -335,9 +330,9 @@ impl MemoryMap {
         self.held = self.held.wrapping_add(freed.size);
         let told = |e: &TraceEntry| e.action == Action::SegmentFree && e.addr == addr;
         if let Some(i) = self.trace.iter().rposition(told) {
-            self.trace.remove(i);
+            self.take_out(i);
         }
-        self.put_back(freed.evicted);
+        self.put_back();
     }
 
     /// A block of `size` bytes at `addr` handed out for a request of
@@ -372,33 +367,39 @@ impl MemoryMap {
     /// Takes back a [`free`](Self::free) of the block at `addr` that the
     /// resource refused: the block is live again, as `free` took it out,
     /// and the free's events, the latest of that address, leave the trace
-    /// (no allocation is told: none happened); the trace gets back the
-    /// events they pushed out, unless others were pushed out since. A
-    /// block handed out at `addr` since shows that the resource did free
-    /// it: nothing changes.
+    /// (no allocation is told: none happened); the trace gets back as
+    /// many events as it lost, those pushed out last. A block handed out
+    /// at `addr` since shows that the resource did free it: nothing
+    /// changes.
     fn unfree(&mut self, addr: u64, freed: Freed) {
-        let Freed(b, evicted) = freed;
+        let Freed(b) = freed;
         if self.blocks.contains_key(&addr) {
             return;
         }
         self.blocks.insert(addr, b);
         self.live = self.live.wrapping_add(b.requested);
+        // Its events, adjacent, the latest of the address (a later free of
+        // it would have followed an allocation there), unless the oldest
+        // were let go from the front.
         let freed = |e: &TraceEntry| e.action == Action::FreeCompleted && e.addr == addr;
-        if let Some(i) = self.trace.iter().rposition(freed) {
-            // The end of its own segment, right after it.
-            let own_end = |e: &TraceEntry| e.action == Action::SegmentFree && e.addr == addr;
-            if b.own_segment && self.trace.get(i + 1).is_some_and(own_end) {
-                self.trace.remove(i + 1);
+        let own_end = |e: &TraceEntry| e.action == Action::SegmentFree && e.addr == addr;
+        match self.trace.iter().rposition(freed) {
+            Some(i) => {
+                // The end of its own segment, right after it.
+                if b.own_segment && self.trace.get(i + 1).is_some_and(own_end) {
+                    self.take_out(i + 1);
+                }
+                self.take_out(i);
+                let requested = |e: &TraceEntry| e.action == Action::FreeRequested && e.addr == addr;
+                if i > 0 && self.trace.get(i - 1).is_some_and(requested) {
+                    self.take_out(i - 1);
+                }
             }
-            self.trace.remove(i);
-            // Its `free_requested`, right before it unless the trace's
-            // front cut it off.
-            let requested = |e: &TraceEntry| e.action == Action::FreeRequested && e.addr == addr;
-            if i > 0 && self.trace.get(i - 1).is_some_and(requested) {
-                self.trace.remove(i - 1);
-            }
+            // Only the end of its own segment is left, at the front.
+            None if b.own_segment && self.trace.front().is_some_and(own_end) => self.take_out(0),
+            None => {}
         }
-        self.put_back(evicted);
+        self.put_back();
     }
 
     /// The block at `addr` given back (an unknown one is ignored), told as
@@ -412,16 +413,12 @@ impl MemoryMap {
         // Both, adjacent: PyTorch's viewer merges the pair into one free; a
         // `free_completed` alone it undoes into a block freed but waiting
         // for a `record_stream`.
-        let mut evicted = self.evicting();
-        let out = self.record(Action::FreeRequested, addr, b.requested, stream, time_us);
-        self.evicted(&mut evicted, out);
-        let out = self.record(Action::FreeCompleted, addr, b.requested, stream, time_us);
-        self.evicted(&mut evicted, out);
+        self.record(Action::FreeRequested, addr, b.requested, stream, time_us);
+        self.record(Action::FreeCompleted, addr, b.requested, stream, time_us);
         if b.own_segment {
-            let out = self.record(Action::SegmentFree, addr, b.size, b.stream, time_us);
-            self.evicted(&mut evicted, out);
+            self.record(Action::SegmentFree, addr, b.size, b.stream, time_us);
         }
-        Some(Freed(b, evicted))
+        Some(Freed(b))
     }
 
     /// The frees of `side` told ahead and not yet answered.
@@ -442,18 +439,28 @@ impl MemoryMap {
         stream: u64,
         time_us: Option<u64>,
     ) -> Option<(Told, u64)> {
-        let told = match side {
-            Side::Blocks => Told::Block(self.free(addr, stream, time_us)?),
-            Side::Segments => Told::Segment(self.segment_free(addr, stream, time_us)?),
+        // Counted before it is told: what its events push out is kept.
+        let events = match side {
+            Side::Blocks => 2 + usize::from(self.blocks.get(&addr)?.own_segment),
+            Side::Segments => self.segments.get(&addr).map(|_| 1)?,
         };
-        Some((told, self.in_flight(side).tell(addr)))
+        self.told_ahead += events;
+        let told = match side {
+            Side::Blocks => self.free(addr, stream, time_us).map(Told::Block),
+            Side::Segments => self.segment_free(addr, stream, time_us).map(Told::Segment),
+        };
+        debug_assert_eq!(told.map(|t| t.events()), Some(events));
+        Some((told?, self.in_flight(side).tell(addr)))
     }
 
-    /// The memory below freed `addr`, whose free told ahead is `number`
+    /// The memory below freed `addr`, whose free told ahead is `told`
     /// (`None`: it told nothing, as another free in flight had taken the
     /// address out): neither can be taken back.
-    fn answered(&mut self, side: Side, addr: u64, number: Option<u64>) {
-        self.in_flight(side).answered(addr, number);
+    fn answered(&mut self, side: Side, addr: u64, told: Option<(Told, u64)>) {
+        self.in_flight(side).answered(addr, told.map(|(_, number)| number));
+        if let Some((told, _)) = told {
+            self.settled(told);
+        }
     }
 
     /// The memory below refused the free told ahead as `number`: taken
@@ -468,6 +475,7 @@ impl MemoryMap {
             }
             _ => {}
         }
+        self.settled(told);
     }
 
     /// A request of `size` bytes that failed.
@@ -487,7 +495,7 @@ impl MemoryMap {
 
     /// The events kept, oldest first.
     pub fn trace(&self) -> impl Iterator<Item = &TraceEntry> {
-        self.trace.iter()
+        self.trace.range(self.pushed_out..)
     }
 
     /// The largest run of free bytes inside one segment.
@@ -596,8 +604,7 @@ impl MemoryMap {
     fn trace_py(&self) -> Py<'static> {
         let int = |n: u64| Py::Int(i128::from(n));
         let events = self
-            .trace
-            .iter()
+            .trace()
             .map(|e| {
                 let mut fields = alloc::vec![
                     ("action", Py::Str(e.action.as_str())),

@@ -174,8 +174,12 @@ impl<S: Stream + ?Sized, R: MemoryResource<S>> MemoryResource<S> for Tap<R> {
 /// told afterwards would end. [`done`](Self::done) once the memory below
 /// freed it; dropped otherwise (refused, or panicking), it is taken back:
 /// the block or segment is back in the map and the free's events leave the
-/// trace, as if it had never been told. Either way the map keeps nothing
-/// of it after, so that a free left unsettled cannot be.
+/// trace, as if it had never been told ([`MemoryMap`] says how). Either
+/// way, once settled, the map keeps nothing for it; and as the guard
+/// settles it when dropped, no free told ahead is left in flight (short of
+/// `mem::forget`, which leaks what the free holds in the map: a number at
+/// its address until the address is handed out again, and the room of its
+/// events among those the trace keeps aside).
 ///
 /// Another free of the address may run at the same time (a double free):
 /// the first tells the map, the second finds nothing to tell, and the
@@ -225,8 +229,7 @@ impl<'a> Freeing<'a> {
     /// can no longer be taken back.
     pub fn done(self) {
         let this = core::mem::ManuallyDrop::new(self);
-        let number = this.told.map(|(_, n)| n);
-        this.map.with(|m| m.answered(this.side, this.addr, number));
+        this.map.with(|m| m.answered(this.side, this.addr, this.told));
     }
 }
 

@@ -472,11 +472,101 @@ fn a_refused_free_at_a_full_trace_gives_the_trace_back_as_it_was() {
     assert_eq!(map.trace().copied().collect::<Vec<_>>(), before, "a segment's free");
     assert_eq!((map.held(), map.live()), (4096, 768));
 
-    // Another event pushed one out meanwhile: putting back the older ones
-    // would leave a gap, so the trace keeps the last events it has.
+    // Another event pushed one out meanwhile: the trace is the last four
+    // events as if the free had never been told, the `oom` among them.
     refused(&mut map, Side::Blocks, 0x1100, 0, |map| map.oom(1 << 40, 0, None));
-    let actions: Vec<Action> = map.trace().map(|e| e.action).collect();
-    assert_eq!(actions, [Action::Alloc, Action::Oom]);
+    let mut expected = before[1..].to_vec();
+    expected.extend(map.trace().last().copied().filter(|e| e.action == Action::Oom));
+    assert_eq!(map.trace().copied().collect::<Vec<_>>(), expected, "an event told meanwhile");
+}
+
+/// The trace of a map fed through frees told ahead: each free done or
+/// refused, other events told while they are in flight.
+enum Step {
+    /// A free of the block at the address told ahead.
+    Tell(u64),
+    /// Another event (an allocation that failed).
+    Oom(u64),
+    /// The free of the address refused.
+    Refuse(u64),
+    /// The free of the address done.
+    Done(u64),
+}
+
+/// Runs `steps` over a map of five blocks (the first two in a segment, the
+/// third a segment of its own) that keeps `entries` events; returns its
+/// trace.
+fn trace_after(entries: usize, steps: &[Step]) -> Vec<TraceEntry> {
+    let map = crate::Shared::new(MemoryMap::new(entries));
+    map.with(|m| {
+        m.segment_alloc(0x1000, 4096, 0, None);
+        m.alloc(0x1000, 256, 256, 0, None);
+        m.alloc(0x1100, 256, 256, 0, None);
+        m.alloc(0x9000, 256, 256, 0, None);
+        m.alloc(0x1200, 256, 256, 0, None);
+        m.alloc(0x1300, 256, 256, 0, None);
+    });
+    let mut in_flight = alloc::vec::Vec::new();
+    for step in steps {
+        match *step {
+            Step::Tell(addr) => in_flight.push((addr, Freeing::new(&map, Side::Blocks, addr, 0, None))),
+            Step::Oom(size) => map.with(|m| m.oom(size, 0, None)),
+            Step::Refuse(addr) | Step::Done(addr) => {
+                let i = in_flight.iter().position(|(a, _)| *a == addr).unwrap();
+                let (_, freeing) = in_flight.remove(i);
+                match step {
+                    Step::Done(_) => freeing.done(),
+                    _ => drop(freeing),
+                }
+            }
+        }
+    }
+    assert!(in_flight.is_empty());
+    map.with(|m| {
+        assert_eq!((m.told_ahead, m.pushed_out), (0, 0), "nothing kept aside once all are settled");
+        m.trace().copied().collect()
+    })
+}
+
+/// A refused free's undo gives the trace back as it would be had the free
+/// never been told: the last events told, as many as it keeps, others told
+/// while the free was in flight included, and frees refused in any order.
+/// It puts back at the front as many events as it takes out of the trace,
+/// those pushed out last (by the free's events, or by later ones that the
+/// free's would not have let in). Before, an event pushed out since kept
+/// the undo from putting back any, so the events the free had pushed out
+/// were lost (a trace short of them for good, in a long run where other
+/// threads allocate meanwhile).
+#[test]
+fn a_refused_free_gives_back_the_events_it_pushed_out_though_others_came_since() {
+    use Step::{Done, Oom, Refuse, Tell};
+    // Whatever is refused leaves the trace of the run without it.
+    let runs: [(&[Step], &[Step]); 6] = [
+        (&[Tell(0x1000), Oom(1), Refuse(0x1000)], &[Oom(1)]),
+        (&[Tell(0x1000), Oom(1), Oom(2), Oom(3), Refuse(0x1000)], &[Oom(1), Oom(2), Oom(3)]),
+        (&[Tell(0x9000), Oom(1), Refuse(0x9000)], &[Oom(1)]),
+        (&[Tell(0x1000), Tell(0x1100), Oom(1), Refuse(0x1100), Refuse(0x1000)], &[Oom(1)]),
+        (&[Tell(0x1000), Tell(0x1100), Oom(1), Refuse(0x1000), Oom(2), Refuse(0x1100)], &[Oom(1), Oom(2)]),
+        (
+            &[Tell(0x1000), Tell(0x9000), Oom(1), Done(0x1000), Oom(2), Refuse(0x9000)],
+            &[Tell(0x1000), Oom(1), Done(0x1000), Oom(2)],
+        ),
+    ];
+    for entries in [3, 5, 7, 100] {
+        for (i, (run, without)) in runs.iter().enumerate() {
+            assert_eq!(trace_after(entries, run), trace_after(entries, without), "run {i}, {entries} kept");
+        }
+    }
+    // The first run at five events: the free pushed out the `alloc` of
+    // 0x1100 and the `segment_alloc` of 0x9000, the `oom` then the `alloc`
+    // of 0x9000. Without the free, the `oom` alone pushed out one, that
+    // `alloc` of 0x1100: the two events after it come back.
+    let events: Vec<(Action, u64)> = trace_after(5, runs[0].0).iter().map(|e| (e.action, e.addr)).collect();
+    use Action::{Alloc, SegmentAlloc};
+    assert_eq!(
+        events,
+        [(SegmentAlloc, 0x9000), (Alloc, 0x9000), (Alloc, 0x1200), (Alloc, 0x1300), (Action::Oom, 0)]
+    );
 }
 
 /// A segment free taken back after the address was handed out again (a
