@@ -97,12 +97,20 @@ impl Block {
 
     /// The first `len` bytes of a block an upstream handed out for a request
     /// of `len` bytes. A shorter block is an error: what lies past its size
-    /// is not the upstream's to give (see [`MemoryOf`](crate::copy::MemoryOf)).
+    /// is not the upstream's to give (see [`MemoryOf`](crate::copy::MemoryOf));
+    /// so is one whose first `len` bytes run past the last address. Either
+    /// is the upstream's fault ([`Error::UpstreamMisbehaved`]), not the
+    /// request's.
     pub(crate) fn upstream_range(&self, len: u64) -> Result<Range> {
         if self.size < len {
-            return Err(Error::InvalidConfig { what: "upstream block shorter than asked" });
+            return Err(self.misbehaved("shorter than asked"));
         }
-        Range::new(self.addr, len)
-            .ok_or(Error::InvalidSize { size: len, what: "the block runs past the last address" })
+        Range::new(self.addr, len).ok_or(self.misbehaved("running past the last address"))
+    }
+
+    /// [`Error::UpstreamMisbehaved`] for this block, an upstream's answer,
+    /// with what is wrong with it.
+    pub(crate) const fn misbehaved(&self, what: &'static str) -> Error {
+        Error::UpstreamMisbehaved { addr: self.addr, size: self.size, what }
     }
 }

@@ -102,6 +102,28 @@ pub enum Error {
     /// [`Planned::step`](crate::planned::Planned::step) while another one
     /// runs: refused, and nothing changed.
     Reentrant,
+    /// An upstream (the resource, inner algorithm or reservable space a
+    /// resource takes its memory from, perhaps the user's code) answered a
+    /// valid request outside its contract: memory shorter than asked, not
+    /// aligned or sized as asked, running past the last address, or
+    /// overlapping memory it lent already. The fault is the upstream's, not
+    /// the caller's: what it handed out went back to it (memory overlapping
+    /// what the resource holds is only kept out of use, as it is in part
+    /// the resource's own), nothing is counted, and the resource serves on.
+    ///
+    /// ```
+    /// # use memres_core::Error;
+    /// let e = Error::UpstreamMisbehaved { addr: 0x100000, size: 512, what: "shorter than asked" };
+    /// assert_eq!(e.to_string(), "upstream misbehaved: it handed out 512 bytes at 0x100000, shorter than asked");
+    /// ```
+    UpstreamMisbehaved {
+        /// The address of what the upstream handed out.
+        addr: u64,
+        /// Its size in bytes.
+        size: u64,
+        /// What is wrong with it (`"shorter than asked"`).
+        what: &'static str,
+    },
     /// The backend failed for a reason of its own.
     Backend {
         /// The backend's error code (a `CUresult` for CUDA).
@@ -163,6 +185,9 @@ impl fmt::Display for Error {
             }
             Error::InvalidConfig { what } => write!(f, "invalid configuration: {what}"),
             Error::Reentrant => f.write_str("re-entrant or overlapping call into a resource (refused)"),
+            Error::UpstreamMisbehaved { addr, size, what } => {
+                write!(f, "upstream misbehaved: it handed out {size} bytes at {addr:#x}, {what}")
+            }
             Error::Backend { code, what } => write!(f, "backend error {code}: {what}"),
         }
     }

@@ -2,7 +2,8 @@
 
 
 class MemresError(RuntimeError):
-    """A backend failed (the CUDA driver said no, a callback raised...)."""
+    """A backend failed (the CUDA driver said no, a callback raised, an
+    upstream resource handed out memory outside its contract...)."""
 
 
 class InvalidArgument(MemresError, ValueError):

@@ -1,8 +1,8 @@
 //! memres's errors as Python exceptions: out of memory is
 //! `memres.OutOfMemory` (a `MemoryError` carrying the figures), as is a
 //! size no resource can serve, misuse is `memres.InvalidArgument` (a
-//! `ValueError` and a `RuntimeError`), a backend's failure is
-//! `memres.MemresError`. The
+//! `ValueError` and a `RuntimeError`), a backend's failure, or an
+//! upstream's answer outside its contract, is `memres.MemresError`. The
 //! exception classes are defined once, in `memres/_errors.py`.
 
 use memres_core::stack::StackError;
@@ -77,7 +77,9 @@ pub(crate) fn to_py(e: Error, what: &str) -> PyErr {
         Error::Backend { code: crate::callback::RAISED, .. } => {
             caused(message, |message| python_error("MemresError", message, vec![]))
         }
-        Error::Backend { .. } | Error::CapacityExhausted { .. } => {
+        // Not the caller's fault: an upstream (a Python function's resource
+        // under a pool) answered outside its contract.
+        Error::Backend { .. } | Error::CapacityExhausted { .. } | Error::UpstreamMisbehaved { .. } => {
             python_error("MemresError", message, vec![])
         }
         // A size no resource can serve: RMM raises `MemoryError` for

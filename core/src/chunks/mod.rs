@@ -14,6 +14,8 @@
 #[cfg(all(test, feature = "alloc"))]
 mod drop_tests;
 mod growth;
+#[cfg(all(test, feature = "alloc"))]
+mod upstream_tests;
 
 pub use growth::Growth;
 
@@ -314,7 +316,9 @@ impl<U, C: Storage<Chunk>> ChunkTable<U, C> {
     /// Takes a chunk of `request` from upstream, whose addresses `shape`
     /// picks out of the upstream's block (or refuses), and attaches it to
     /// `carve`; returns its handle. On error nothing is held: a block the
-    /// table could not record goes back upstream.
+    /// table could not record goes back upstream. A block whose addresses
+    /// are not aligned as `request` asks, or overlap a chunk held, is
+    /// [`Error::UpstreamMisbehaved`].
     pub(crate) fn take<S: Stream + ?Sized>(
         &mut self,
         request: Request,
@@ -330,7 +334,12 @@ impl<U, C: Storage<Chunk>> ChunkTable<U, C> {
         self.has_room()?;
         self.learn_drop::<S>();
         let block = self.upstream.allocate(request, stream)?;
-        let added = shape(&block).and_then(|range| self.insert(range, block, carve));
+        let added = shape(&block)
+            .and_then(|range| match range.start() % request.align() {
+                0 => Ok(range),
+                _ => Err(block.misbehaved("not aligned as asked")),
+            })
+            .and_then(|range| self.insert(range, block, carve));
         if added.is_err() {
             // Upstream misbehaved or our metadata is full: give it back.
             let _ = self.upstream.deallocate(block, stream);
@@ -372,9 +381,7 @@ impl<U, C: Storage<Chunk>> ChunkTable<U, C> {
         let after = self.chunks.get(at).is_some_and(|c| c.range.start() < range.end());
         let before = at > 0 && self.chunks[at - 1].range.end() > range.start();
         if before || after {
-            return Err(Error::InvalidConfig {
-                what: "the upstream handed out memory a chunk already holds",
-            });
+            return Err(block.misbehaved("overlapping memory a chunk already holds"));
         }
         let first = carve.attach(range)?;
         let chunk = Chunk { range, block, first };

@@ -29,13 +29,18 @@ impl<S: crate::Stream + ?Sized> MemoryResource<S> for Halving {
     }
 }
 
-const SHORT: Error = Error::InvalidConfig { what: "upstream block shorter than asked" };
+/// The upstream's fault, not the request's: its first block, at 1 MiB, is
+/// half as long as `asked`.
+fn short(asked: u64) -> Result<Block> {
+    Err(Error::UpstreamMisbehaved { addr: 1 << 20, size: asked / 2, what: "shorter than asked" })
+}
 
 #[test]
 fn pool_gives_a_short_chunk_back() {
     let up = Halving::default();
     let mut pool = CoalescingPool::new(&up);
-    assert_eq!(pool.allocate(Request::new(1000).unwrap(), &()), Err(SHORT));
+    let err = pool.allocate(Request::new(1000).unwrap(), &()).unwrap_err();
+    assert!(matches!(err, Error::UpstreamMisbehaved { what: "shorter than asked", .. }), "{err}");
     assert_eq!((up.live.load(Relaxed), pool.usage().held), (0, 0));
     pool.check().unwrap();
 }
@@ -62,7 +67,7 @@ fn fixed_size_resource_gives_a_short_chunk_back() {
 fn stream_ordered_layer_gives_a_short_block_back() {
     let up = Halving::default();
     let mut so: StreamOrdered<_, IdStream> = StreamOrdered::new(&up);
-    assert_eq!(so.allocate(Request::new(1000).unwrap(), &IdStream(1)), Err(SHORT));
+    assert_eq!(so.allocate(Request::new(1000).unwrap(), &IdStream(1)), short(1000));
     assert_eq!((up.live.load(Relaxed), so.live_count()), (0, 0));
 }
 
@@ -116,6 +121,6 @@ fn binning_gives_a_short_large_block_back() {
     // No bins: every size takes the large path, straight to the upstream.
     let up = Halving::default();
     let binning = crate::binning::BinningResource::<_, ()>::new(&up);
-    assert_eq!(binning.allocate(Request::new(1 << 20).unwrap(), &()), Err(SHORT));
+    assert_eq!(binning.allocate(Request::new(1 << 20).unwrap(), &()), short(1 << 20));
     assert_eq!((up.live.load(Relaxed), binning.usage().used), (0, 0));
 }

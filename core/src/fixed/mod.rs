@@ -19,7 +19,7 @@ pub use slots::Slot;
 use crate::chunks::{Carve, ChunkTable};
 use crate::resource::{default_constructors, with_config_in};
 use crate::storage::{DefaultStorage, Storage};
-use crate::{Block, Error, MemoryResource, MemoryResourceMut, Range, Request, Result, Stream};
+use crate::{Block, Error, MemoryResource, MemoryResourceMut, Request, Result, Stream};
 use core::fmt;
 use slots::{Slots, NIL};
 
@@ -328,14 +328,10 @@ impl<U, C: Storage<Chunk>, L: Storage<Slot>> FixedSizeResource<U, C, L> {
         crate::chunks::Carve::reserve(&mut self.slots)?;
         let chunk_size = self.config.chunk_size();
         let align = self.config.chunk_align();
-        let shape = |block: &Block| {
-            let misplaced = block.addr() % align != 0
-                || block.addr().checked_add(chunk_size).is_none()
-                || block.size() != chunk_size;
-            match misplaced {
-                true => Err(Error::InvalidConfig { what: "upstream chunk not aligned or sized as asked" }),
-                false => Ok(Range::new(block.addr(), chunk_size).unwrap_or_default()),
-            }
+        // Not aligned as asked is the table's to refuse.
+        let shape = |block: &Block| match block.size() == chunk_size {
+            true => block.upstream_range(chunk_size),
+            false => Err(block.misbehaved("not sized as asked")),
         };
         let request = Request::aligned(chunk_size, align)?;
         // A chunk the table could not record left its group vacant.

@@ -439,6 +439,25 @@ fn an_inner_block_near_the_top_of_its_size_range() {
     exact(&so, 0, longest);
 }
 
+/// An inner block whose asked bytes run past the last address goes back to
+/// the inner algorithm as its fault (`UpstreamMisbehaved`), nothing
+/// counted, and the layer serves on. Before, it was `InvalidSize`, as if
+/// the request's size were wrong.
+#[test]
+fn an_inner_block_running_past_the_last_address_is_the_inners_fault() {
+    let top = u64::MAX - 255;
+    let mut so = StreamOrdered::<_, ()>::new(GivenBlock { block: Block::new(top, 4096, 7), frees: 0 });
+    let err = Error::UpstreamMisbehaved { addr: top, size: 4096, what: "running past the last address" };
+    assert_eq!(so.allocate(req(4096), &()), Err(err));
+    assert_eq!((so.live_count(), so.held_bytes(), so.inner().frees), (0, 0, 1), "given back");
+    so.check().unwrap();
+    so.inner.block = Block::new(1 << 20, 4096, 7);
+    let a = so.allocate(req(4096), &()).unwrap();
+    assert_eq!((a.addr(), so.held_bytes()), (1 << 20, 4096));
+    so.deallocate(a, &()).unwrap();
+    so.check().unwrap();
+}
+
 /// An inner block not aligned as the request asks goes back to the inner
 /// algorithm as an error, nothing counted, and the layer serves on. Before,
 /// it was handed out as the request's block.
