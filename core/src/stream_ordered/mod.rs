@@ -411,11 +411,11 @@ impl<A: MemoryResourceMut<()>, S: Stream + Clone> StreamOrdered<A, S> {
         // alignment is a power of two (`Request`'s invariant).
         let aligned = match block.addr() & (request.align() - 1) {
             0 => Ok(()),
-            _ => Err(Error::InvalidConfig { what: "inner block not aligned as asked" }),
+            _ => Err(block.misbehaved("not aligned as asked")),
         };
-        let counted = checked_footprint(&block).and_then(|bytes| self.held_bytes().checked_add(bytes)).ok_or(
-            Error::InvalidSize { size: block.size(), what: "inner block's footprint past the last address" },
-        );
+        let counted = checked_footprint(&block)
+            .and_then(|bytes| self.held_bytes().checked_add(bytes))
+            .ok_or(block.misbehaved("its footprint, with the bytes held, past the last address"));
         if let Err(e) = block.upstream_range(request.size()).and(aligned).and(counted) {
             let _ = self.inner.deallocate(block, &());
             return Err(e);

@@ -416,8 +416,8 @@ fn an_inner_block_near_the_top_of_its_size_range() {
     let mut so =
         StreamOrdered::<_, ()>::new(GivenBlock { block: Block::new(0, u64::MAX - 100, 7), frees: 0 });
     let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| so.allocate(req(256), &())));
-    let err =
-        Error::InvalidSize { size: u64::MAX - 100, what: "inner block's footprint past the last address" };
+    const WHAT: &str = "its footprint, with the bytes held, past the last address";
+    let err = Error::UpstreamMisbehaved { addr: 0, size: u64::MAX - 100, what: WHAT };
     assert_eq!(r.expect("allocate did not panic"), Err(err));
     assert_eq!((so.live_count(), so.inner().frees), (0, 1), "given back");
     exact(&so, 0, 0);
@@ -431,7 +431,7 @@ fn an_inner_block_near_the_top_of_its_size_range() {
     // Then another over it (an inner outside the contract) would take the
     // bytes held past `u64::MAX`.
     so.inner.block = Block::new(1 << 20, 256, 8);
-    let err = Error::InvalidSize { size: 256, what: "inner block's footprint past the last address" };
+    let err = Error::UpstreamMisbehaved { addr: 1 << 20, size: 256, what: WHAT };
     assert_eq!(so.allocate(req(256), &()), Err(err));
     assert_eq!(so.inner().frees, 2);
     exact(&so, longest, 0);
@@ -466,7 +466,7 @@ fn an_inner_block_not_aligned_as_asked_goes_back_as_an_error() {
     // A block aligned to 256 only.
     let mut so =
         StreamOrdered::<_, ()>::new(GivenBlock { block: Block::new((1 << 20) + 256, 4096, 7), frees: 0 });
-    let err = Error::InvalidConfig { what: "inner block not aligned as asked" };
+    let err = Error::UpstreamMisbehaved { addr: (1 << 20) + 256, size: 4096, what: "not aligned as asked" };
     assert_eq!(so.allocate(Request::aligned(4096, 4096).unwrap(), &()), Err(err));
     assert_eq!((so.live_count(), so.held_bytes(), so.inner().frees), (0, 0, 1), "given back");
     so.check().unwrap();
