@@ -721,6 +721,78 @@ fn idle_granules_in_a_piece_the_failed_block_shared_go_back_and_the_block_fits()
     pool.check().unwrap();
 }
 
+/// A space (a safe trait of the user's) that hands out a new reservation
+/// shorter than asked or not aligned to its granule: the space's fault
+/// (`UpstreamMisbehaved`), not the request's; the range goes back to the
+/// space, nothing is counted, and the pool serves on. Before, it was
+/// `InvalidConfig`, as if the caller had asked for something wrong.
+#[test]
+fn a_reservation_of_the_wrong_shape_is_the_spaces_fault() {
+    use core::cell::Cell;
+    /// Once armed, hands out the next reservation moved by `skew.0` and
+    /// shortened by `skew.1`; takes it back as the range it reserved.
+    struct Skewed<'a> {
+        inner: &'a CountingSpace,
+        skew: (u64, u64),
+        armed: Cell<bool>,
+        /// The range handed out skewed, and the one reserved for it.
+        skewed: Cell<Option<(Range, Range)>>,
+    }
+    impl ReservableSpace for Skewed<'_> {
+        fn granule(&self) -> u64 {
+            self.inner.granule()
+        }
+        fn reserve(&self, len: u64) -> Result<Range> {
+            let r = self.inner.reserve(len)?;
+            if !self.armed.replace(false) {
+                return Ok(r);
+            }
+            let skewed = range(r.start() + self.skew.0, r.len() - self.skew.1);
+            self.skewed.set(Some((skewed, r)));
+            Ok(skewed)
+        }
+        fn release(&self, range: Range) -> Result<()> {
+            match self.skewed.get() {
+                Some((skewed, reserved)) if skewed == range => self.inner.release(reserved),
+                _ => self.inner.release(range),
+            }
+        }
+        fn commit(&self, range: Range) -> Result<()> {
+            self.inner.commit(range)
+        }
+        fn decommit<S: Stream + ?Sized>(&self, range: Range, stream: &S) -> Result<()> {
+            self.inner.decommit(range, stream)
+        }
+    }
+    for skew in [(0, MIB), (256, 0), (MIB / 2, MIB / 2)] {
+        let inner = CountingSpace::new(1 << 30, MIB);
+        let space = Skewed { inner: &inner, skew, armed: Cell::new(false), skewed: Cell::new(None) };
+        let mut p =
+            VirtualPool::with_config(&space, VirtualConfig::new(4 * MIB).max_reservations(3)).unwrap();
+        let a = p.allocate(req(3 * MIB), &()).unwrap();
+        let before = figures(&p);
+        space.armed.set(true);
+        let err = p.allocate(req(3 * MIB), &()).unwrap_err();
+        let (skewed, _) = space.skewed.get().unwrap();
+        let what = "a reservation not sized or aligned as asked";
+        assert_eq!(
+            err,
+            Error::UpstreamMisbehaved { addr: skewed.start(), size: skewed.len(), what },
+            "{skew:?}"
+        );
+        assert_eq!((figures(&p), inner.reservation_count()), (before, 1), "{skew:?}: given back");
+        p.check().unwrap();
+        // The same request, from a reservation as asked.
+        let b = p.allocate(req(3 * MIB), &()).unwrap();
+        assert_eq!(p.reservation_count(), 2, "{skew:?}");
+        p.deallocate(a, &()).unwrap();
+        p.deallocate(b, &()).unwrap();
+        p.check().unwrap();
+        drop(p);
+        assert_eq!((inner.committed_bytes(), inner.reservation_count()), (0, 0), "{skew:?}");
+    }
+}
+
 /// A space (a safe trait of the user's) that hands out, as a new
 /// reservation, a range overlapping one the pool holds: refused, typed,
 /// and not given back (it is the pool's own); the pool serves on and its
@@ -768,7 +840,10 @@ fn a_reservation_overlapping_one_the_pool_holds_is_refused() {
         let a = p.allocate(req(3 * MIB), &()).unwrap();
         let err = p.allocate(req(3 * MIB), &()).unwrap_err();
         assert!(
-            matches!(err, Error::InvalidConfig { what } if what.contains("overlapping")),
+            matches!(
+                err,
+                Error::UpstreamMisbehaved { what: "a reservation overlapping one the pool holds", .. }
+            ),
             "{shift}: {err}"
         );
         assert_eq!((p.reservation_count(), inner.reservation_count()), (1, 1), "{shift}");
