@@ -380,27 +380,24 @@ impl LogFile {
 
     /// Tries the first write of the header and `rows`, so that a file
     /// that accepts none (a full disk, `/dev/full`) refuses a stack
-    /// before any of its log files is cut. A regular file has them written
-    /// after what it holds, then is cut back to that: as it was, and with
-    /// room for them once cut. A device or a pipe has nothing to cut, and
-    /// cannot take a write back: they are written as its log's.
+    /// before any of its log files is cut. A regular file
+    /// ([`try_regular`]) is first cut to its own length, so that one that
+    /// cannot be cut (append-only) is refused with nothing written; then
+    /// has them written after what it holds, and is cut back to that: as
+    /// it was, and with room for them once cut. A device or a pipe has
+    /// nothing to cut, and cannot take a write back: they are written as
+    /// its log's.
     ///
     /// # Errors
     ///
-    /// The file cannot be written (or cut back).
+    /// The file cannot be cut, written, or cut back.
     pub(crate) fn try_write(&mut self, rows: &[u8]) -> io::Result<()> {
         if self.claim.is_none() {
             write_log(&self.file, rows)?;
             self.written = true;
             return Ok(());
         }
-        // A write, as only a write meets a full disk; after what the file
-        // holds, so that cutting back restores it without a copy of it.
-        let len = self.file.metadata()?.len();
-        let tried = write_log(&self.file, rows);
-        // Whether the write failed or not, what it wrote goes.
-        self.file.set_len(len)?;
-        tried
+        try_regular(&self.file, rows)
     }
 
     /// Cuts the file, writes the header and then `rows` (unless
@@ -419,6 +416,47 @@ impl LogFile {
         made.keep();
         Ok((out, claim))
     }
+}
+
+/// What [`LogFile::try_write`] does to a regular file, so that its order
+/// is tested on files that refuse a step.
+trait Trial {
+    /// The length of the file.
+    fn size(&self) -> io::Result<u64>;
+    /// The file cut (or grown) to `len`.
+    fn cut(&self, len: u64) -> io::Result<()>;
+    /// The header and `rows` written at the file's end, and flushed.
+    fn write_log(&self, rows: &[u8]) -> io::Result<()>;
+}
+
+impl Trial for File {
+    fn size(&self) -> io::Result<u64> {
+        Ok(self.metadata()?.len())
+    }
+
+    fn cut(&self, len: u64) -> io::Result<()> {
+        self.set_len(len)
+    }
+
+    fn write_log(&self, rows: &[u8]) -> io::Result<()> {
+        write_log(self, rows)
+    }
+}
+
+/// The trial write of a regular file's header and `rows`, which leaves it
+/// as it was.
+fn try_regular(file: &impl Trial, rows: &[u8]) -> io::Result<()> {
+    let len = file.size()?;
+    // A cut to what it holds changes nothing, but is refused where the cut
+    // back would be (an append-only file, whose writes pass): before
+    // anything is written, which could not be taken back then.
+    file.cut(len)?;
+    // A write, as only a write meets a full disk; after what the file
+    // holds, so that cutting back restores it without a copy of it.
+    let tried = file.write_log(rows);
+    // Whether the write failed or not, what it wrote goes.
+    file.cut(len)?;
+    tried
 }
 
 /// `file` cut (unless it is a device or a pipe) and its header and `rows`

@@ -591,3 +591,90 @@ fn a_row_whose_writer_panics_is_counted_lost_and_the_log_goes_on() {
         [(Action::Allocate, 2000), (Action::Free, 2000)]
     );
 }
+
+/// A regular file as [`try_regular`] sees it: its bytes, a cut refused
+/// with `cut_error`, a write that writes half its bytes and then fails
+/// with `write_error`; the steps it was asked, in order.
+#[derive(Default)]
+struct FakeFile {
+    bytes: core::cell::RefCell<Vec<u8>>,
+    cut_error: Option<io::ErrorKind>,
+    write_error: Option<io::ErrorKind>,
+    steps: core::cell::RefCell<Vec<&'static str>>,
+}
+
+impl FakeFile {
+    fn holding(bytes: &[u8]) -> Self {
+        FakeFile { bytes: core::cell::RefCell::new(bytes.to_vec()), ..FakeFile::default() }
+    }
+}
+
+impl Trial for FakeFile {
+    fn size(&self) -> io::Result<u64> {
+        Ok(self.bytes.borrow().len() as u64)
+    }
+
+    fn cut(&self, len: u64) -> io::Result<()> {
+        self.steps.borrow_mut().push("cut");
+        if let Some(kind) = self.cut_error {
+            return Err(kind.into());
+        }
+        self.bytes.borrow_mut().resize(len as usize, 0);
+        Ok(())
+    }
+
+    fn write_log(&self, rows: &[u8]) -> io::Result<()> {
+        self.steps.borrow_mut().push("write");
+        let whole = [format!("{HEADER}\n").as_bytes(), rows].concat();
+        let Some(kind) = self.write_error else {
+            self.bytes.borrow_mut().extend_from_slice(&whole);
+            return Ok(());
+        };
+        self.bytes.borrow_mut().extend_from_slice(&whole[..whole.len() / 2]);
+        Err(kind.into())
+    }
+}
+
+/// Removes the append-only attribute of a file when dropped.
+struct AppendOnly<'a>(&'a std::path::Path);
+
+impl Drop for AppendOnly<'_> {
+    fn drop(&mut self) {
+        drop(std::process::Command::new("chattr").arg("-a").arg(self.0).status());
+    }
+}
+
+/// A log file that cannot be cut (append-only: its writes pass, its cuts
+/// are refused) is refused by its trial write with nothing written, so
+/// that a refused stack leaves it as it was. Before, the header and the
+/// rows were written after what it held, and the cut back refused: they
+/// stayed. Tried on a file that refuses cuts, and on a real append-only
+/// file too where this machine can make one (`chattr +a`, which takes
+/// root, or the capability, and a file system with the attribute; not
+/// under Miri).
+#[test]
+fn a_log_file_that_cannot_be_cut_is_refused_with_nothing_written() {
+    let file =
+        FakeFile { cut_error: Some(io::ErrorKind::PermissionDenied), ..FakeFile::holding(b"old rows\n") };
+    let e = try_regular(&file, b"0,1,allocate,0x100,256,0\n").unwrap_err();
+    assert_eq!(e.kind(), io::ErrorKind::PermissionDenied);
+    assert_eq!(file.bytes.borrow().as_slice(), b"old rows\n");
+    assert_eq!(*file.steps.borrow(), ["cut"]);
+
+    // Miri runs no other process.
+    if cfg!(miri) {
+        return;
+    }
+    let path = std::env::temp_dir().join(format!("memres-log-append-only-{}.csv", std::process::id()));
+    std::fs::write(&path, "old rows\n").unwrap();
+    let made = std::process::Command::new("chattr").arg("+a").arg(&path).status().is_ok_and(|s| s.success());
+    let append_only = AppendOnly(&path);
+    if made {
+        let mut file = LogFile::open(&path).unwrap();
+        assert!(file.try_write(b"0,1,allocate,0x100,256,0\n").is_err());
+        drop(file);
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), "old rows\n");
+    }
+    drop(append_only);
+    std::fs::remove_file(&path).unwrap();
+}
