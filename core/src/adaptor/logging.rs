@@ -388,9 +388,19 @@ impl LogFile {
     /// nothing to cut, and cannot take a write back: they are written as
     /// its log's.
     ///
+    /// A regular file that holds rows whose write is refused for want of
+    /// room (a full disk, a quota, the limit of file size: what it holds
+    /// may be what takes it, as a log that filled the disk) is not refused
+    /// here: it is cut back, as it was, and its [`start`](Self::start),
+    /// which cuts it first, decides. If that fails too, the build is
+    /// refused with this file cut (its rows gone, the new ones maybe not
+    /// all written), and the log files the stack started before it cut and
+    /// written; those after it are left as they were.
+    ///
     /// # Errors
     ///
-    /// The file cannot be cut, written, or cut back.
+    /// The file cannot be cut, written (but for want of room, where it
+    /// holds rows), or cut back.
     pub(crate) fn try_write(&mut self, rows: &[u8]) -> io::Result<()> {
         if self.claim.is_none() {
             write_log(&self.file, rows)?;
@@ -403,7 +413,8 @@ impl LogFile {
     /// Cuts the file, writes the header and then `rows` (unless
     /// [`try_write`](Self::try_write) wrote them to a device or a pipe),
     /// and gives the writer and the claim. After a `try_write`, only a
-    /// disk another process filled meanwhile fails here.
+    /// disk another process filled meanwhile fails here, or one whose
+    /// trial was left to this (a file holding rows, out of room).
     ///
     /// # Errors
     ///
@@ -456,7 +467,22 @@ fn try_regular(file: &impl Trial, rows: &[u8]) -> io::Result<()> {
     let tried = file.write_log(rows);
     // Whether the write failed or not, what it wrote goes.
     file.cut(len)?;
-    tried
+    match tried {
+        // What the file holds may be what takes the room (the log of the
+        // run before filled the disk): cut, it may leave room for the new
+        // rows. The start, which cuts it and writes them, decides.
+        Err(e) if len > 0 && out_of_room(&e) => Ok(()),
+        tried => tried,
+    }
+}
+
+/// A write refused for want of room (a full disk, a quota, the process's
+/// limit of file size), which a file cut may have.
+fn out_of_room(e: &io::Error) -> bool {
+    matches!(
+        e.kind(),
+        io::ErrorKind::StorageFull | io::ErrorKind::QuotaExceeded | io::ErrorKind::FileTooLarge
+    )
 }
 
 /// `file` cut (unless it is a device or a pipe) and its header and `rows`

@@ -678,3 +678,27 @@ fn a_log_file_that_cannot_be_cut_is_refused_with_nothing_written() {
     drop(append_only);
     std::fs::remove_file(&path).unwrap();
 }
+
+/// A regular file holding rows whose trial write is refused for want of
+/// room (a full disk, a quota, the limit of file size) is cut back and
+/// left to the start, which cuts it first: the rows it holds may be what
+/// takes the room. Before, the trial refused it, and every stack over an
+/// old log that had filled the disk. An empty file out of room, or a
+/// write refused otherwise, still refuses.
+#[test]
+fn a_trial_write_out_of_room_over_old_rows_is_left_to_the_start() {
+    let rows = b"0,1,allocate,0x100,256,0\n";
+    for kind in [io::ErrorKind::StorageFull, io::ErrorKind::QuotaExceeded, io::ErrorKind::FileTooLarge] {
+        let file = FakeFile { write_error: Some(kind), ..FakeFile::holding(b"old rows\n") };
+        assert!(try_regular(&file, rows).is_ok(), "{kind:?}");
+        assert_eq!(file.bytes.borrow().as_slice(), b"old rows\n", "{kind:?}");
+        assert_eq!(*file.steps.borrow(), ["cut", "write", "cut"], "{kind:?}");
+        let empty = FakeFile { write_error: Some(kind), ..FakeFile::holding(b"") };
+        assert_eq!(try_regular(&empty, rows).unwrap_err().kind(), kind);
+        assert!(empty.bytes.borrow().is_empty());
+    }
+    let file =
+        FakeFile { write_error: Some(io::ErrorKind::PermissionDenied), ..FakeFile::holding(b"old rows\n") };
+    assert_eq!(try_regular(&file, rows).unwrap_err().kind(), io::ErrorKind::PermissionDenied);
+    assert_eq!(file.bytes.borrow().as_slice(), b"old rows\n");
+}
