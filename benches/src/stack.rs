@@ -90,7 +90,8 @@ impl<S: ?Sized> Gated<S> {
         }
     }
 
-    /// Flushes the log: an error if any row of it could not be written.
+    /// Flushes the log: an error if any row of it may not have been
+    /// written.
     ///
     /// # Errors
     ///

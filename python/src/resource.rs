@@ -607,9 +607,10 @@ impl Resource {
     }
 
     /// Writes out the buffers of the stack's `log` adaptors, every one of
-    /// them; the first error, also rows that could not be written. With
-    /// `write_through`, each of them writes every row at once from now on
-    /// (`Logging::write_through`): at exit, for the rows logged after it.
+    /// them; the first error, also rows that may not have been
+    /// written. With `write_through`, each of them writes every row at
+    /// once from now on (`Logging::write_through`): at exit, for the rows
+    /// logged after it.
     #[pyo3(signature = (write_through=false))]
     fn flush(&self, py: Python<'_>, write_through: bool) -> PyResult<()> {
         crate::gil::detach(py, || {

@@ -69,8 +69,11 @@ fn now_micros() -> u64 {
 /// own call back into the adaptor (an allocation through it), which would
 /// wait for the lock the row being written holds, and a row whose writer
 /// panics (the panic goes on to the caller; the log goes on, its lock
-/// taken again though the panic poisoned it). The file is flushed when
-/// the adaptor is dropped, or by `flush`.
+/// taken again though the panic poisoned it). The count is of rows that
+/// may not have been written: a row whose write passed and whose flush
+/// (written through) failed or panicked is counted, though it may be in
+/// the log. The file is flushed when the adaptor is dropped, or by
+/// `flush`.
 ///
 /// # Examples
 ///
@@ -93,7 +96,7 @@ pub struct Logging<R, W: Write = BufWriter<File>> {
     upstream: R,
     /// The header is written; rows follow.
     out: Mutex<Writer<W>>,
-    /// Rows that could not be written.
+    /// Rows that may not have been written.
     write_errors: AtomicU64,
     /// Of `write_errors`, those a [`flush`](Logging::flush) has reported.
     reported_errors: AtomicU64,
@@ -592,10 +595,10 @@ impl<R, W: Write> Logging<R, W> {
     ///
     /// # Errors
     ///
-    /// The writer's; else, where rows could not be written since the last
-    /// flush that said so ([`write_errors`](Self::write_errors)), an error
-    /// that says how many, so that a flush that succeeds means the log
-    /// lost nothing.
+    /// The writer's; else, where rows may not have been written since the
+    /// last flush that said so ([`write_errors`](Self::write_errors)), an
+    /// error that says how many, so that a flush that succeeds means the
+    /// log lost nothing.
     pub fn flush(&self) -> io::Result<()> {
         on_thread::run(&self.writing, || {
             let mut out = self.out.lock().unwrap_or_else(|p| p.into_inner());
@@ -605,7 +608,7 @@ impl<R, W: Write> Logging<R, W> {
             let reported = self.reported_errors.swap(lost, Ordering::Relaxed);
             match lost - reported {
                 0 => Ok(()),
-                n => Err(io::Error::other(format!("{n} rows of the log could not be written"))),
+                n => Err(io::Error::other(format!("{n} rows of the log may not have been written"))),
             }
         })
         .unwrap_or_else(|| Err(io::Error::other("a flush of the log from inside its own writer")))
@@ -640,8 +643,10 @@ impl<R, W: Write> Logging<R, W> {
         self.flush()
     }
 
-    /// Rows that could not be written so far: the writer's error or
-    /// panic, or a row of its own call back into the log.
+    /// Rows that may not have been written so far: the writer's error or
+    /// panic, or a row of its own call back into the log. A row written
+    /// whose flush (written through) failed or panicked is counted, though
+    /// it may be in the log.
     pub fn write_errors(&self) -> u64 {
         self.write_errors.load(Ordering::Relaxed)
     }
