@@ -2,7 +2,7 @@
 
 import pickle
 
-from ._stream import as_handle
+from ._stream import Stream, as_handle
 from . import mr as _mr
 
 
@@ -29,9 +29,12 @@ class DeviceBuffer:
         self.stream = stream
         self._native_cls = type(mr._native)
         mr._keep(handle, stream)
-        # The native buffer holds the stream's object until its block is
-        # freed on the stream (after this object, if freed from a callback).
-        self._buf = _native_buffer(mr)(mr._native, size, handle, data, stream)
+        # The native buffer holds what keeps the handle valid until its
+        # block is freed on it (after this object, if freed from a
+        # callback): the stream a memres `Stream` made (which the collector
+        # cannot clear), or a framework's stream object.
+        keeper = stream._owner if isinstance(stream, Stream) else stream
+        self._buf = _native_buffer(mr)(mr._native, size, handle, data, keeper)
 
     @classmethod
     def to_device(cls, b, stream=None, mr=None):

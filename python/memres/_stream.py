@@ -18,12 +18,19 @@ class Stream:
     ``CudaStreamFlags.NON_BLOCKING``; without CUDA, a stream of the
     simulated device, where every call is ordered anyway). The
     stream is destroyed once this object, every ``Stream`` made of it and
-    every buffer and resource given it are gone. ``DEFAULT_STREAM`` is the
-    legacy default stream. ``Stream(obj)`` wraps the stream of ``obj`` (a
-    memres ``Stream``, a ``torch.cuda.Stream``, a ``cupy.cuda.Stream``, a
-    Numba stream or an object with ``__cuda_stream__``) and keeps ``obj``
-    alive as long as it is. An int is refused with ``TypeError``, as RMM
-    refuses it: a raw handle is wrapped with ``from_handle``."""
+    every buffer and resource given it are gone, whatever order the
+    garbage collector clears a cycle through them in: a buffer holds the
+    stream itself, which the collector never clears. ``DEFAULT_STREAM`` is
+    the legacy default stream. ``Stream(obj)`` wraps the stream of ``obj``
+    (a memres ``Stream``, a ``torch.cuda.Stream``, a ``cupy.cuda.Stream``,
+    a Numba stream or an object with ``__cuda_stream__``) and keeps ``obj``
+    alive as long as it is. A buffer made on such an object (wrapped or
+    not) holds it out of the collector's sight until its block is freed, so
+    that the collector cannot finalize it (destroying its handle) first: a
+    cycle through the object and a buffer made on it (an object that keeps
+    the buffers made on it) is therefore never collected, a leak until the
+    cycle is broken. An int is refused with ``TypeError``, as RMM refuses
+    it: a raw handle is wrapped with ``from_handle``."""
 
     __slots__ = ("handle", "_owner")
 
@@ -31,7 +38,8 @@ class Stream:
         if obj is None:
             made = _make_stream(CudaStreamFlags.SYNC_DEFAULT if flags is None else flags)
             self.handle = made.handle
-            # Owns the stream: collected last, it destroys it.
+            # Owns the stream: it destroys it when its last holder (this
+            # object, a buffer, a resource) lets it go.
             self._owner = made
             return
         if flags is not None:

@@ -10,10 +10,8 @@ use memres_containers::ContainerError;
 use memres_core::copy::{AssumeMemoryOf, CopyEngine};
 use memres_core::{DynResource, Error, Stream as _};
 use pyo3::exceptions::PyValueError;
-use pyo3::gc::PyVisit;
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
-use pyo3::PyTraverseError;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard, TryLockError};
 
@@ -32,9 +30,20 @@ fn container_error(e: ContainerError, what: &str) -> PyErr {
 /// that takes the lock releases the GIL first: the lock's holder may be in
 /// a Python callback (a resize through a failure callback), which needs
 /// the GIL. Collected, it frees its block with the GIL released, on its
-/// stream, whose Python object it holds until then (inside a callback
-/// under its stack, until the thread's outermost call returns:
+/// stream, whose keeper it holds until then (inside a callback under its
+/// stack, until the thread's outermost call returns:
 /// [`reentry::drop_outside_frees`](crate::reentry::drop_outside_frees)).
+///
+/// The keeper is not shown to the garbage collector: the collector
+/// finalizes a cycle's objects (a framework's stream destroys its handle in
+/// its finalizer), then clears them in no set order (a memres `Stream`
+/// cleared drops the stream it made), either of which, had it reached the
+/// keeper while the buffer still held its block, left the block to be
+/// freed on a destroyed stream. Held out of its sight, the keeper is
+/// reachable until the buffer is gone. A stream a memres `Stream` made
+/// (`MadeStream`, which the collector never clears) keeps no cycle alive;
+/// a framework's stream object that holds the buffers made on it is a
+/// cycle the collector does not collect.
 #[pyclass(module = "memres", name = "NativeBuffer", frozen)]
 pub(crate) struct Buffer {
     inner: DropDetached<Shared>,
@@ -50,15 +59,16 @@ struct Shared {
     /// them: read with no lock, as RMM's, so that a callback that reads
     /// them never waits for a buffer another thread holds.
     figures: [AtomicU64; 3],
-    /// The Python object of the buffer's stream, which keeps its handle
-    /// valid: dropped after `buffer`, whose drop frees the block on it.
-    stream_object: Option<Py<PyAny>>,
+    /// What keeps the stream's handle valid (a `MadeStream`, or a
+    /// framework's stream object): held, never read, and dropped after
+    /// `buffer`, whose drop frees the block on it.
+    _keeper: Option<Py<PyAny>>,
 }
 
 impl Shared {
-    fn new(inner: Inner, stream_object: Option<Py<PyAny>>) -> Shared {
+    fn new(inner: Inner, keeper: Option<Py<PyAny>>) -> Shared {
         let figures = figures_of(&inner).map(AtomicU64::new);
-        Shared { buffer: Mutex::new(inner), holder: AtomicU64::new(0), figures, stream_object }
+        Shared { buffer: Mutex::new(inner), holder: AtomicU64::new(0), figures, _keeper: keeper }
     }
 
     fn figure(&self, i: usize) -> u64 {
@@ -169,17 +179,17 @@ fn memory_of(mr: &Resource) -> PyResult<AssumeMemoryOf<DynResource<Stream>, Kind
 #[pymethods]
 impl Buffer {
     /// A buffer of `size` zeroed bytes, or of `data`'s bytes, on `stream`,
-    /// whose handle `stream_object` keeps valid (held as long as the
-    /// buffer's block).
+    /// whose handle `keeper` keeps valid (held as long as the buffer's
+    /// block).
     #[new]
-    #[pyo3(signature = (mr, size=0, stream=0, data=None, stream_object=None))]
+    #[pyo3(signature = (mr, size=0, stream=0, data=None, keeper=None))]
     fn new(
         py: Python<'_>,
         mr: PyRef<'_, Resource>,
         size: u64,
         stream: u64,
         data: Option<&[u8]>,
-        stream_object: Option<Py<PyAny>>,
+        keeper: Option<Py<PyAny>>,
     ) -> PyResult<Self> {
         let resource = memory_of(&mr)?;
         // SAFETY: a handle of the package's Python layer (the module's
@@ -191,17 +201,7 @@ impl Buffer {
             None => Inner::new_in(size, s, resource, engine),
         })
         .map_err(|e| container_error(e, "DeviceBuffer"))?;
-        Ok(Buffer { inner: DropDetached::of_buffer(Shared::new(inner, stream_object), mr.covers.clone()) })
-    }
-
-    /// The stream's object, for the collector: a cycle through it (a
-    /// stream object that keeps the buffers made on it) is garbage, which
-    /// the collector breaks by clearing the Python `DeviceBuffer`.
-    fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
-        match &self.inner.stream_object {
-            Some(o) => visit.call(o),
-            None => Ok(()),
-        }
+        Ok(Buffer { inner: DropDetached::of_buffer(Shared::new(inner, keeper), mr.covers.clone()) })
     }
 
     #[getter]

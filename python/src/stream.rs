@@ -7,7 +7,9 @@ use pyo3::prelude::*;
 /// A stream made on a device and destroyed when the object is collected.
 /// The Python `Stream` that holds it, and every buffer or stack given that
 /// `Stream`, keep it alive, so its handle stays valid while any of them
-/// uses it.
+/// uses it. The class does not take part in garbage collection (it holds
+/// no Python object): the collector never clears it, so a buffer that
+/// holds it in a cycle with its `Stream` frees its block before it goes.
 #[pyclass(module = "memres", name = "MadeStream", frozen, weakref)]
 pub(crate) struct MadeStream {
     /// Owned: dropping it destroys the stream (the driver lets queued work

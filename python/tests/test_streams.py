@@ -344,13 +344,62 @@ def test_a_deferred_free_on_a_stream_made_for_it_is_queued_on_the_live_stream(gp
     assert "failed" not in capfd.readouterr().err
 
 
-def test_a_buffer_in_a_cycle_through_its_stream_object_is_collected():
-    # The native buffer holds its stream's object: the collector must see it.
+def test_a_buffer_in_a_cycle_through_its_stream_is_collected_after_its_block_is_freed():
+    # The collector clears a cycle's objects in no set order: clearing the
+    # `Stream` destroyed the stream it made while the buffer's block was
+    # still to be freed on it.
     import gc
     import weakref
     stats = mr.StatisticsResourceAdaptor(mr.HostMemoryResource())
+    bytes_when_destroyed = []
 
-    class Keeper:  # a stream object that keeps what is made on it
+    class Keeper(memres.Stream):  # a stream that keeps what is made on it
+        def __init__(self):
+            super().__init__()
+            self.buffers = []
+
+    class Model:  # a cycle that holds a buffer and the stream it is on
+        def __init__(self, s):
+            self.stream = s
+            self.buf = memres.DeviceBuffer(size=1 << 20, stream=s, mr=stats)
+            self.hook = self.forward
+
+        def forward(self):
+            pass
+
+    def collected(cycle):
+        """The bytes in use when the stream of the garbage cycle that
+        ``cycle()`` makes (returning the cycle's stream) was destroyed."""
+        s = cycle()
+        weakref.finalize(s._owner, lambda: bytes_when_destroyed.append(stats.allocation_counts.current_bytes))
+        del s
+        gc.collect()
+        assert stats.allocation_counts.current_bytes == 0 and len(bytes_when_destroyed) == 1
+        return bytes_when_destroyed.pop()
+
+    def keeper():
+        k = Keeper()
+        k.buffers.append(memres.DeviceBuffer(size=100, mr=stats, stream=k))
+        return k
+
+    def model():
+        s = memres.Stream()
+        Model(s)
+        return s
+
+    assert collected(keeper) == 0
+    assert collected(model) == 0
+
+
+def test_a_foreign_stream_object_is_finalized_only_after_the_buffers_block_is_freed():
+    # A framework's stream destroys its handle in its finalizer, which the
+    # collector ran while a buffer's block was still to be freed on it.
+    import gc
+    import weakref
+    stats = mr.StatisticsResourceAdaptor(mr.HostMemoryResource())
+    bytes_when_dead = []
+
+    class Foreign:  # as a cupy.cuda.Stream: its handle dies with it
         def __init__(self):
             self.made = memres.Stream()
             self.buffers = []
@@ -358,12 +407,37 @@ def test_a_buffer_in_a_cycle_through_its_stream_object_is_collected():
         def __cuda_stream__(self):
             return self.made.__cuda_stream__()
 
-    s = Keeper()
-    s.buffers.append(memres.DeviceBuffer(size=100, mr=stats, stream=s))
-    gone = weakref.ref(s)
-    del s
+        def __del__(self):
+            bytes_when_dead.append(stats.allocation_counts.current_bytes)
+
+    class Model:
+        def __init__(self, s):
+            self.stream = s
+            self.buf = memres.DeviceBuffer(size=1 << 20, stream=s, mr=stats)
+            self.hook = self.forward
+
+        def forward(self):
+            pass
+
+    # A cycle that holds a buffer and its stream: collected, the stream after.
+    for wrap in (lambda f: f, memres.Stream):
+        m = Model(wrap(Foreign()))
+        del m
+        gc.collect()
+        assert bytes_when_dead == [0] and stats.allocation_counts.current_bytes == 0
+        bytes_when_dead.clear()
+    # A cycle through the stream object itself is not collected (a leak,
+    # where collecting it could destroy the stream first) until broken.
+    f = Foreign()
+    f.buffers.append(memres.DeviceBuffer(size=100, mr=stats, stream=f))
+    alive = weakref.ref(f)
+    del f
     gc.collect()
-    assert gone() is None and stats.allocation_counts.current_bytes == 0
+    assert alive() is not None and bytes_when_dead == []
+    assert stats.allocation_counts.current_bytes == 100
+    alive().buffers.clear()
+    gc.collect()
+    assert alive() is None and bytes_when_dead == [0]
 
 
 def test_a_stream_pool_hands_out_its_streams_in_turn_as_rmms():
