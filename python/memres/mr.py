@@ -116,6 +116,17 @@ class DeviceMemoryResource:
 
     def _build(self, name, args, upstreams=(), backend=None, device=None, callbacks=None,
                positional_upstreams=None, **keys):
+        # Set only once built: a failed rebuild (`add_bin`) changes nothing.
+        self._native, self._backend = self._stack_of(name, args, upstreams, backend, device, callbacks,
+                                                     positional_upstreams, **keys)
+        self._upstreams = tuple(upstreams)
+        _BUILT.add(self)
+
+    @staticmethod
+    def _stack_of(name, args, upstreams=(), backend=None, device=None, callbacks=None,
+                  positional_upstreams=None, **keys):
+        """The native stack ``name(args, keys)`` over ``upstreams``, and its
+        backend."""
         for u in upstreams:
             if not isinstance(u, DeviceMemoryResource):
                 raise TypeError(f"memres: upstream_mr must be a memres.mr resource, not {type(u).__name__}")
@@ -130,13 +141,10 @@ class DeviceMemoryResource:
         refs = [f"up{i}" for i in range(len(upstreams))][:positional_upstreams]
         text = f"{name}({_args(refs + list(args), **keys)})" if refs or args or any(
             v is not None for v in keys.values()) else name
-        # Set only once built: a failed rebuild (`add_bin`) changes nothing.
-        self._native = module.NativeResource.build(
+        native = module.NativeResource.build(
             text, [u._native for u in upstreams],
             current_device() if device is None else _device_id(device), callbacks)
-        self._backend = backend
-        self._upstreams = tuple(upstreams)
-        _BUILT.add(self)
+        return native, backend
 
     @property
     def device_id(self):
@@ -518,7 +526,9 @@ class BinningMemoryResource(UpstreamResourceAdaptor):
         bin of that size stays as it is, as in RMM. Bins are added before
         the resource is used: while it has live blocks, is a device's
         resource, a buffer's or another resource's upstream, ``add_bin``
-        raises ``InvalidArgument`` and changes nothing."""
+        raises ``InvalidArgument`` and changes nothing. An ``allocate`` of
+        another thread that ends on the stack ``add_bin`` replaced raises
+        ``InvalidArgument`` (allocate again), its block given back."""
         from ._errors import InvalidArgument
         size = _nbytes(allocation_size, "allocation_size")
         if size == 0:
@@ -530,15 +540,24 @@ class BinningMemoryResource(UpstreamResourceAdaptor):
             raise TypeError(f"memres: bin_resource must be a memres.mr resource, not {type(bin_resource).__name__}")
         if bin_resource is None and (size in self._bins or size in self._power_sizes()):
             return
+        in_use = InvalidArgument(
+            "memres: add_bin on a resource in use (live blocks, a device's resource, a buffer's "
+            "or another resource's upstream): add its bins before it is used")
         if self._native.in_use():
-            raise InvalidArgument(
-                "memres: add_bin on a resource in use (live blocks, a device's resource, a buffer's "
-                "or another resource's upstream): add its bins before it is used")
+            raise in_use
         bins = {**self._bins, size: bin_resource}
         given = list({id(r): r for r in bins.values() if r is not None}.values())
         ref = {id(r): f"up{i}" for i, r in enumerate(given, start=1)}
         args = [f"bin({s})" if r is None else f"bin({s}, {ref[id(r)]})" for s, r in sorted(bins.items())]
-        self._build("binning", args, [self.upstream_mr, *given], positional_upstreams=1, **self._powers)
+        upstreams = (self.upstream_mr, *given)
+        # The GIL is released while it builds: another thread may use the
+        # old stack meanwhile. Retiring it checks again, and refuses the
+        # allocations that end on it from then on; the new stack, unused,
+        # is dropped if it is in use (or another add_bin retired it first).
+        native, _ = self._stack_of("binning", args, upstreams, positional_upstreams=1, **self._powers)
+        if not self._native.retire():
+            raise in_use
+        self._native, self._upstreams = native, upstreams
         self._bins = bins
         if bin_resource is not None:
             self._bin_mrs.append(bin_resource)

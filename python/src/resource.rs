@@ -22,6 +22,7 @@ use pyo3::prelude::*;
 use pyo3::PyTraverseError;
 use std::collections::hash_map::Entry;
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 
 type Dyn = DynResource<Stream>;
@@ -74,6 +75,10 @@ pub(crate) struct Parts {
     /// Blocks handed out through `allocate`, by address: a free by pointer
     /// carries the block's tag.
     live: Mutex<HashMap<u64, Block>>,
+    /// Whether the object has let this stack go for a rebuild
+    /// ([`Resource::retire`]): `allocate` refuses. Read and written only
+    /// under `live`'s lock.
+    retired: AtomicBool,
     /// The Python functions this object gave its stack (`callback`,
     /// `on_failure`): the only Python objects it owns alone.
     functions: Vec<Arc<Function>>,
@@ -295,15 +300,27 @@ impl Resource {
 
     /// Notes a block just allocated as live; if its address is live
     /// already (the resource handed it out twice), keeps the older entry
-    /// and returns it.
-    fn note_allocated(&self, block: Block) -> Result<(), Block> {
-        match self.live.lock().unwrap_or_else(|p| p.into_inner()).entry(block.addr()) {
-            Entry::Occupied(older) => Err(*older.get()),
+    /// and says so; if the stack is retired, notes nothing and says so.
+    fn note_allocated(&self, block: Block) -> Result<(), NotNoted> {
+        let mut live = self.live.lock().unwrap_or_else(|p| p.into_inner());
+        if self.retired.load(Ordering::Relaxed) {
+            return Err(NotNoted::Retired);
+        }
+        match live.entry(block.addr()) {
+            Entry::Occupied(older) => Err(NotNoted::LiveAlready(*older.get())),
             Entry::Vacant(v) => {
                 v.insert(block);
                 Ok(())
             }
         }
+    }
+
+    /// Whether anything but this object uses the stack, `live` being its
+    /// table of live blocks.
+    fn used(&self, live: &HashMap<u64, Block>) -> bool {
+        !live.is_empty()
+            || Arc::strong_count(&self.blocks) > 1
+            || Arc::strong_count(&self.streams) > self.own_holders
     }
 
     /// Begins a call that takes the stack's locks without going through
@@ -312,6 +329,14 @@ impl Resource {
     fn enter(&self, what: &str) -> PyResult<reentry::Entered> {
         reentry::enter(&self.covers).map_err(|e| to_py(e, what))
     }
+}
+
+/// Why [`Resource::note_allocated`] did not note a block.
+enum NotNoted {
+    /// The block of the address that is live already.
+    LiveAlready(Block),
+    /// The stack is retired ([`Resource::retire`]).
+    Retired,
 }
 
 /// A stack just built, with what it was built from.
@@ -369,6 +394,7 @@ impl Resource {
             inner,
             streams,
             live: Mutex::new(HashMap::new()),
+            retired: AtomicBool::new(false),
             functions,
             remembers_streams: !forgets_streams(&call),
             own_holders: 0,
@@ -469,9 +495,22 @@ impl Resource {
     /// registry entry, a stack built over it, a free deferred until a call
     /// below returns).
     fn in_use(&self) -> bool {
-        !self.live.lock().unwrap_or_else(|p| p.into_inner()).is_empty()
-            || Arc::strong_count(&self.blocks) > 1
-            || Arc::strong_count(&self.streams) > self.own_holders
+        self.used(&self.live.lock().unwrap_or_else(|p| p.into_inner()))
+    }
+
+    /// Lets the stack go for a rebuild of its object (`add_bin`), unless
+    /// anything but the object uses it or it is retired already: whether it
+    /// did. The check and the retiring are one step under the table's lock,
+    /// so an allocation that ends after it finds the stack retired and is
+    /// refused, its block given back, rather than noted in a table the
+    /// object no longer frees from (a block lost for good).
+    fn retire(&self) -> bool {
+        let live = self.live.lock().unwrap_or_else(|p| p.into_inner());
+        if self.retired.load(Ordering::Relaxed) || self.used(&live) {
+            return false;
+        }
+        self.retired.store(true, Ordering::Relaxed);
+        true
     }
 
     /// Keeps `stream`, the object of handle `handle`, alive as long as the
@@ -504,20 +543,27 @@ impl Resource {
         let s = unsafe { backend::stream(stream, self.device)? };
         let block = crate::gil::detach(py, || self.blocks.allocate(request, &s))
             .map_err(|e| to_py(e, &format!("allocate({nbytes})")))?;
-        if let Err(older) = self.note_allocated(block) {
-            // The older block stays freeable; the new one goes back
-            // through the stack it came from.
-            let back = match crate::gil::detach(py, || self.blocks.deallocate(block, &s)) {
-                Ok(()) => "it was given back".to_string(),
-                Err(e) => format!("giving it back failed: {e}"),
-            };
-            return Err(backend_error(format!(
+        let refused = match self.note_allocated(block) {
+            Ok(()) => return Ok(block.addr()),
+            Err(refused) => refused,
+        };
+        // The block goes back through the stack it came from (the older
+        // block of its address stays freeable).
+        let back = match crate::gil::detach(py, || self.blocks.deallocate(block, &s)) {
+            Ok(()) => "it was given back".to_string(),
+            Err(e) => format!("giving it back failed: {e}"),
+        };
+        Err(match refused {
+            NotNoted::LiveAlready(older) => backend_error(format!(
                 "allocate({nbytes}): the resource handed out {:#x}, a live address (of a block of {} bytes): {back}",
                 block.addr(),
                 older.size()
-            )));
-        }
-        Ok(block.addr())
+            )),
+            NotNoted::Retired => invalid_argument(format!(
+                "memres: allocate({nbytes}): add_bin rebuilt the resource during the call, and the \
+                 new stack cannot free a block of the old one: {back}; allocate again"
+            )),
+        })
     }
 
     /// Frees `ptr`, allocated here with `nbytes`, on `stream`, whose handle

@@ -803,6 +803,51 @@ def test_add_bin_without_exponents_makes_the_bins_added_the_only_ones():
     assert one.allocation_counts.total_count == 1
 
 
+def test_add_bin_while_another_thread_allocates_loses_no_block():
+    # add_bin checked that the resource was unused, then (the GIL released
+    # while it built) replaced the stack: an allocation on the old stack
+    # that ended after the check was a block the new stack refused to free,
+    # lost for good.
+    handed, freed = [], []
+    inside, go = threading.Event(), threading.Event()
+
+    def alloc(n):
+        inside.set()
+        go.wait()  # the allocation ends only once add_bin has checked
+        handed.append(0x100000 * (len(handed) + 1))
+        return handed[-1]
+
+    b = mr.BinningMemoryResource(mr.CallbackMemoryResource(alloc, lambda p, n: freed.append(p),
+                                                           backend="sim"))
+    outcome = []
+
+    def allocate():
+        try:
+            outcome.append(b.allocate(5000))
+        except memres.MemresError as e:
+            outcome.append(e)
+
+    t = threading.Thread(target=allocate)
+    t.start()
+    inside.wait()
+    try:
+        b.add_bin(4096, mr.HostMemoryResource())
+        added = True
+    except memres.InvalidArgument:
+        added = False
+    go.set()
+    t.join()
+    # Either add_bin saw the allocation and changed nothing, or the
+    # allocation on the stack it replaced was refused, its block given back.
+    [got] = outcome
+    if isinstance(got, int):
+        assert not added and b.stack == "binning(up0, powers=false)"
+        b.deallocate(got, 5000)
+    else:
+        assert added and "add_bin" in str(got)
+    assert freed == handed
+
+
 def test_simulated_devices_have_addresses_of_their_own():
     # Each is a device of its own, as two GPUs are: a bin over one beside an
     # upstream of another hands out blocks of both at once (their addresses
