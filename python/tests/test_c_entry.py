@@ -65,6 +65,34 @@ def test_the_reset_function_gives_back_what_every_devices_pools_keep():
     assert res[1].release() == 8 * MiB
 
 
+def test_the_reset_function_releases_every_device_though_one_refuses(monkeypatch):
+    # The first device whose release raised ended it: the devices after it
+    # kept what their pools held. As the C library's memres_empty_cache,
+    # every device is released and the first error reported at the end.
+    so = lib()
+    chunks = iter(range(1 << 30, 1 << 40, 1 << 30))
+
+    def refuse(p, n):
+        raise RuntimeError("this free is refused")
+
+    res = {0: mr.PoolMemoryResource(mr.CallbackMemoryResource(lambda n: next(chunks), refuse,
+                                                              backend="sim", device=0)),
+           1: mr.StackMemoryResource("pool(host)", backend="sim", device=1)}
+    for d, r in res.items():
+        mr.set_per_device_resource(d, r)
+        p = so.memres_py_alloc(8 * MiB, d, None)
+        assert p, d
+        so.memres_py_free(p, 8 * MiB, d, None)
+    assert list(mr._current)[:2] == [0, 1]  # device 0's release runs first
+    assert res[1]._native.pool_size() >= 8 * MiB
+    told = []
+    monkeypatch.setattr(sys, "unraisablehook", told.append)
+    so.memres_py_empty_cache()
+    assert res[1]._native.pool_size() == 0
+    [said] = told
+    assert "this free is refused" in repr(said.exc_value) + repr(said.exc_value.__cause__)
+
+
 def test_a_device_nobody_gave_a_resource_gets_the_c_librarys_default_stack_for_python_too():
     # Device 41: no other test sets it (what a test sets is forgotten at its end,
     # but a default the C functions made that Python did not take stays).

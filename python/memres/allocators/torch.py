@@ -55,11 +55,21 @@ def _reach_empty_cache(allocator, path):
 def _empty_caches():
     """What ``torch.cuda.empty_cache()`` runs through the reset function:
     ``release()`` of every device's current resource (those the C
-    functions made included), once every stream of the device is done."""
+    functions made included), once every stream of the device is done.
+    A device whose release raises does not stop the others': the first
+    exception is raised once every device was released, as the C
+    library's ``memres_empty_cache`` reports the first error."""
     for device in range(_native.sim.MAX_DEVICES):
         _mr._existing(device)
+    first = None
     for res in list(_mr._current.values()):
-        res.release()
+        try:
+            res.release()
+        except Exception as e:
+            if first is None:
+                first = e
+    if first is not None:
+        raise first
 
 
 memres_torch_allocator = _make()
