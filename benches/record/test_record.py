@@ -216,6 +216,41 @@ class CheckTrace(unittest.TestCase):
         self.assertEqual(r["problems"], ["line 2: longer than 4096 bytes"])
         self.assertLess(peak, 1 << 20)
 
+    def test_a_crlf_line_break_is_not_counted_in_the_longest_line(self):
+        # As memres_core::trace::read: a line of 4096 bytes ending in \r\n
+        # (a trace saved on Windows) is read, one byte more is not, and
+        # only one \r before the \n is the line break. Before, the check
+        # read 4097 bytes a line and refused the first as longer.
+        row = "0,1,allocate,0x100,64,0"
+        longest = row + " " * (rmm_log.MAX_LINE - len(row))
+        for rest in ["\r\n0,2,free,0x100,64,0\r\n", "\r\n", ""]:
+            path = self.path("crlf.csv")
+            with open(path, "w", encoding="utf-8", newline="") as f:
+                f.write(HEADER + "\r\n" + longest + rest)
+            r = check_trace(path)
+            self.assertEqual((r["problems"], r["allocations"]), ([], 1), repr(rest))
+        for longer in [longest + " \r\n", longest + " \n", longest + " ", longest + "\r\r\n", longest + "\r"]:
+            path = self.path("crlf.csv")
+            with open(path, "w", encoding="utf-8", newline="") as f:
+                f.write(HEADER + "\r\n" + longer)
+            self.assertEqual(check_trace(path)["problems"], ["line 2: longer than 4096 bytes"], repr(longer[-3:]))
+
+    def test_a_gzip_cut_short_or_corrupt_is_a_problem(self):
+        # memres's reading ends with the decoder's error. Before, the check
+        # raised EOFError (cut short) or BadGzipFile (corrupt).
+        rows = ["0,1,allocate,0x100,64,0", "0,2,free,0x100,64,0"] * 2000
+        whole = open(write(self.path("t.csv.gz"), rows, gz=True), "rb").read()
+        corrupt = bytearray(whole)
+        corrupt[3] = 0xff  # reserved flag bits
+        for name, data in [("cut", whole[:len(whole) // 2]), ("corrupt", bytes(corrupt))]:
+            path = self.path(f"{name}.csv.gz")
+            with open(path, "wb") as f:
+                f.write(data)
+            r = check_trace(path)
+            self.assertFalse(r["ok"], (name, r))
+            [problem] = r["problems"]
+            self.assertRegex(problem, r"^line \d+: the gzip data is cut short or corrupt \(", name)
+
     def test_sizes_memres_refuses_are_problems_in_its_words(self):
         # As memres's workload reader refuses them (`memres replay` exits 2,
         # "line 2: malformed line: a size of ..."). Before, the check passed

@@ -29,6 +29,7 @@ past 2^64 - 1, more than 65535 distinct streams or 2^32 - 1 allocations.
 
 import gzip
 import itertools
+import zlib
 
 HEADER = "Thread,Time,Action,Pointer,Size,Stream"
 
@@ -115,16 +116,26 @@ def _open(path):
 
 def _lines(f):
     """(number, text, problem) for each line of the trace's bytes: its text
-    without the line break, or None and why (in memres's words) where it is
-    longer than memres reads or not UTF-8. A longer line is the last: as
-    memres, nothing past its first MAX_LINE + 1 bytes is read (a file with
-    no line break, a gzip of zeros, would be read into memory whole)."""
+    without the line break (`\n` or `\r\n`), or None and why (in memres's
+    words) where it is longer than memres reads or not UTF-8. A longer line
+    is the last: as memres, nothing past its first MAX_LINE + 2 bytes is
+    read (a file with no line break, a gzip of zeros, would be read into
+    memory whole). So is a gzip cut short or corrupt, where memres's
+    reading ends with the decoder's error."""
     for n in itertools.count(1):
-        # One byte past the longest line tells a longer one.
-        raw = f.readline(MAX_LINE + 1)
+        # One byte past the longest line and its longest break (`\r\n`)
+        # tells a longer one.
+        try:
+            raw = f.readline(MAX_LINE + 2)
+        except (EOFError, OSError, zlib.error) as e:
+            yield n, None, f"line {n}: the gzip data is cut short or corrupt ({e})"
+            return
         if not raw:
             return
-        if len(raw) - raw.endswith(b"\n") > MAX_LINE:
+        if raw.endswith(b"\n"):
+            raw = raw[:-1]
+            raw = raw[:-1] if raw.endswith(b"\r") else raw
+        if len(raw) > MAX_LINE:
             yield n, None, f"line {n}: longer than {MAX_LINE} bytes"
             return
         try:
@@ -132,8 +143,7 @@ def _lines(f):
         except UnicodeDecodeError as e:
             yield n, None, f"line {n}: not UTF-8 (byte {e.start + 1} of the line)"
             continue
-        text = text[1:] if text.startswith("\ufeff") else text
-        yield n, text.rstrip("\r\n"), None
+        yield n, text[1:] if text.startswith("\ufeff") else text, None
 
 
 def check_trace(path):
@@ -144,9 +154,10 @@ def check_trace(path):
     at once, `live_at_end` the allocations never freed, `streams` the
     distinct values of the Stream column. `problems` holds the first ten:
     a line that is no record (as memres refuses it: not UTF-8, longer than
-    it reads, which ends the reading as it ends memres's, the wrong number of fields, an unknown action, a pointer or
-    size that is not a number; `parse_record`) or past what memres's workload
-    reader takes (a size above 2^62, the bytes live past 2^64 - 1, more
+    it reads, the wrong number of fields, an unknown action, a pointer or
+    size that is not a number; `parse_record`), a gzip cut short or corrupt
+    (that and a line longer than memres reads end the reading, as they end
+    memres's), or a row past what memres's workload reader takes (a size above 2^62, the bytes live past 2^64 - 1, more
     than 65535 streams or 2^32 - 1 allocations: such a row is left out),
     or does not replay. Every key is there whatever the problems.
     """
