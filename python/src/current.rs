@@ -104,7 +104,8 @@ fn made(device: u32) -> Option<&'static Mutex<Option<Resource>>> {
 /// (PyTorch's allocator changed without `memres.allocators.torch.use`, or
 /// a device `use()` did not configure) or Rust code ask first: the C
 /// library's default stack over the backend's leaf
-/// ([`backend::c_default_stack`]). Python's `get_per_device_resource` then
+/// ([`backend::c_default_stack`]), or the one [`set_c_default_stack`]
+/// set. Python's `get_per_device_resource` then
 /// takes it as the device's resource ([`take_default`]), so that the
 /// device has one resource for both.
 ///
@@ -114,6 +115,11 @@ fn made(device: u32) -> Option<&'static Mutex<Option<Resource>>> {
 /// lock; the registry's when one was stored while they waited, even taken
 /// by Python since). Nothing is replaced, so nothing is dropped under the
 /// lock (a stack's drop may take the GIL).
+///
+/// A stack that cannot be built is the registry's
+/// [`InvalidConfig`](memres_core::Error::InvalidConfig), whose text is
+/// fixed: why, in the build's words, is kept for this thread
+/// ([`take_default_failure`]), where `memres_py_alloc` says it.
 fn default_resource(device: u32) -> memres_core::Result<DynResource<Stream>> {
     let slot = made(device).ok_or(memres_core::Error::InvalidConfig { what: "a device out of range" })?;
     let mut made = slot.lock().unwrap_or_else(|p| p.into_inner());
@@ -122,13 +128,59 @@ fn default_resource(device: u32) -> memres_core::Result<DynResource<Stream>> {
     }
     let resource = match &mut *made {
         Some(waiting) => waiting,
-        none @ None => {
-            none.insert(Resource::build_plain(&backend::c_default_stack(), device).map_err(|_| {
-                memres_core::Error::InvalidConfig { what: "the device's default resource could not be built" }
-            })?)
-        }
+        none @ None => none.insert(Resource::build_plain(&default_stack(), device).map_err(|e| {
+            // The build's error holds the GIL's objects already (made with
+            // it): reading its text takes the GIL as its making did.
+            let why = Python::attach(|py| e.value(py).to_string());
+            // At a thread's exit the slot may be gone: nothing is kept.
+            let _ = DEFAULT_FAILURE.try_with(|f| *f.borrow_mut() = Some(why));
+            memres_core::Error::InvalidConfig { what: DEFAULT_NOT_BUILT }
+        })?),
     };
     Ok(Arc::new(CFrees(resource.blocks.clone())))
+}
+
+/// The registry's text for a default stack that could not be built.
+const DEFAULT_NOT_BUILT: &str = "the device's default resource could not be built";
+
+thread_local! {
+    /// Why this thread's last build of a device's default stack failed
+    /// ([`default_resource`]), until taken.
+    static DEFAULT_FAILURE: std::cell::RefCell<Option<String>> = const { std::cell::RefCell::new(None) };
+}
+
+/// Why this thread's last build of a device's default stack failed, if one
+/// did since the last call; forgotten here.
+fn take_default_failure() -> Option<String> {
+    // At a thread's exit (a free from a key's destructor) the slot may be
+    // gone: then there is nothing to say.
+    DEFAULT_FAILURE.try_with(|f| f.borrow_mut().take()).ok().flatten()
+}
+
+/// The stack set by [`set_c_default_stack`], if any.
+static CONFIGURED_DEFAULT: Mutex<Option<String>> = Mutex::new(None);
+
+/// The stack [`default_resource`] builds: the one set by
+/// [`set_c_default_stack`], else the C library's
+/// ([`backend::c_default_stack`]).
+fn default_stack() -> String {
+    CONFIGURED_DEFAULT
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .clone()
+        .unwrap_or_else(backend::c_default_stack)
+}
+
+/// Sets the stack the C functions build for a device nobody gave a
+/// resource, from its next such build on (`None`: the C library's
+/// default, `C_DEFAULT_STACK`), as the C library's `memres_configure`
+/// does for its own. The text is checked when a device's default is
+/// built: a stack that cannot be built fails that allocation, whose
+/// `last_error` says why.
+#[pyfunction]
+#[pyo3(signature = (stack=None))]
+pub(crate) fn set_c_default_stack(py: Python<'_>, stack: Option<String>) {
+    crate::gil::detach(py, || *CONFIGURED_DEFAULT.lock().unwrap_or_else(|p| p.into_inner()) = stack);
 }
 
 /// The resource the C functions made for `device` (nobody had set one),
@@ -223,7 +275,14 @@ unsafe fn alloc(size: isize, device: i32, stream: *mut c_void) -> Result<*mut c_
     let d = u32::try_from(device).map_err(|_| "a negative device")?;
     // Before allocating: a block with no table would never be freed.
     let table = live(d as usize).ok_or("a device out of range")?;
-    let resource = memres_core::device::get_per_device_resource::<Stream>(d).map_err(|e| e.to_string())?;
+    drop(take_default_failure()); // another call's, on this thread
+    let resource = memres_core::device::get_per_device_resource::<Stream>(d).map_err(|e| match e {
+        memres_core::Error::InvalidConfig { what: DEFAULT_NOT_BUILT } => match take_default_failure() {
+            Some(why) => format!("{e}: {why}"),
+            None => e.to_string(),
+        },
+        _ => e.to_string(),
+    })?;
     // SAFETY: null or a stream of `device` valid for the call (the contract).
     let s = unsafe { backend::stream(stream as usize as u64, d) }.map_err(|e| e.to_string())?;
     let request = Request::new(size).map_err(|e| e.to_string())?;

@@ -91,6 +91,7 @@ fn native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<stream::MadeStream>()?;
     m.add_function(wrap_pyfunction!(current::set_per_device_resource, m)?)?;
     m.add_function(wrap_pyfunction!(current::take_default, m)?)?;
+    m.add_function(wrap_pyfunction!(current::set_c_default_stack, m)?)?;
     m.add_function(wrap_pyfunction!(current::set_other_backend, m)?)?;
     m.add_function(wrap_pyfunction!(current::forget_per_device_resource, m)?)?;
     m.add_function(wrap_pyfunction!(current::c_live_count, m)?)?;

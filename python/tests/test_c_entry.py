@@ -168,6 +168,47 @@ def test_reinitialize_forgets_the_resources_of_the_devices_it_was_not_given():
     mr._forget(45)
 
 
+def test_a_default_stack_that_cannot_be_built_says_why():
+    # Device 46: no other test sets it. The reason was the registry's fixed
+    # text, "the device's default resource could not be built", without
+    # the build's error.
+    so = lib()
+    _native.sim.set_c_default_stack("pool(cuda)")  # no `cuda` leaf on the simulated backend
+    try:
+        _native.sim.last_error(clear=True)
+        assert so.memres_py_alloc(1000, 46, None) is None
+        why = _native.sim.last_error(clear=True)
+        assert _native.sim.c_live_count(46) == 0
+    finally:
+        _native.sim.set_c_default_stack(None)
+    assert why.startswith("memres_py_alloc(1000 bytes, device 46): "), why
+    assert "the device's default resource could not be built: memres: stack `pool(cuda)`: " in why, why
+    assert "`cuda`" in why.split("stack `pool(cuda)`: ", 1)[1], why
+    # Nothing was made: the next allocation builds the C library's default.
+    p = so.memres_py_alloc(1000, 46, None)
+    assert p and _native.sim.last_error() is None
+    res = mr.get_per_device_resource(46)
+    assert res.stack == _native.sim.C_DEFAULT_STACK
+    so.memres_py_free(p, 1000, 46, None)
+    mr._forget(46)
+
+
+def test_a_configured_default_stack_serves_a_device_nobody_gave_a_resource():
+    # Device 47: no other test sets it.
+    so = lib()
+    _native.sim.set_c_default_stack("stats(pool(host, initial=1MiB))")
+    try:
+        p = so.memres_py_alloc(1000, 47, None)
+    finally:
+        _native.sim.set_c_default_stack(None)
+    assert p
+    res = mr.get_per_device_resource(47)
+    assert res.stack == "stats(pool(host, initial=1MiB))"
+    assert res._native.statistics()[0][0] == 1000
+    so.memres_py_free(p, 1000, 47, None)
+    mr._forget(47)
+
+
 def test_failures_are_null_and_unknown_frees_change_nothing_but_say_why():
     so = lib()
     mr.set_current_device_resource(mr.LimitingResourceAdaptor(mr.HostMemoryResource(), 100))
