@@ -132,7 +132,8 @@ class DeviceBuffer:
         """Copies the bytes of ``cuda_ary`` to the start of this buffer: a
         memres DeviceBuffer, or on CUDA any 1-D contiguous array with
         ``__cuda_array_interface__`` (CuPy, Numba, PyTorch), as RMM's; the
-        copy waits for the array's stream where its interface names one."""
+        copy waits for the array's stream where its interface names one (1
+        and 2, the default streams, of the array's device)."""
         as_handle(stream)
         if isinstance(cuda_ary, DeviceBuffer):
             if type(cuda_ary.mr._native) is not self._native_cls:
@@ -147,8 +148,15 @@ class DeviceBuffer:
             raise ValueError("memres: copy_from_device: a buffer of the simulated backend copies "
                              "only a memres DeviceBuffer")
         ptr, nbytes, stream_handle = _cuda_array(iface)
+        # The default streams (1, 2) are those of the array's device, which
+        # may not be this buffer's: the driver tells where its data lies.
+        src_device = self.mr.device_id
+        if stream_handle in (1, 2):
+            from . import _native
+            found = _native.cuda().pointer_device(ptr)
+            src_device = src_device if found is None else found
         # `cuda_ary` stays referenced through the call, which waits for its copy.
-        self._buf.copy_from_cuda_array(ptr, nbytes, self.mr.device_id, stream_handle)
+        self._buf.copy_from_cuda_array(ptr, nbytes, src_device, stream_handle)
 
     def prefetch(self, device=None, stream=None):
         """Prefetches managed memory to ``device`` (the current device; -1,

@@ -257,6 +257,25 @@ mod imp {
         Ok(CudaStream::legacy_in(context(device)?))
     }
 
+    /// The device whose memory `addr` lies in, as the driver tells it
+    /// (`CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL`); `None` where the driver
+    /// does not know the address.
+    pub(crate) fn pointer_device(addr: u64) -> Option<u32> {
+        let mut ordinal: std::ffi::c_int = -1;
+        // SAFETY: `ordinal` is a valid out-pointer of the attribute's type
+        // (int); the driver answers for any address (an address it does
+        // not know is an error code, handled below) and writes nothing
+        // else.
+        let code = unsafe {
+            memres_cuda::sys::cuPointerGetAttribute(
+                (&mut ordinal as *mut std::ffi::c_int).cast(),
+                memres_cuda::sys::CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
+                addr,
+            )
+        };
+        (code == memres_cuda::sys::CUDA_SUCCESS).then_some(()).and_then(|()| u32::try_from(ordinal).ok())
+    }
+
     /// The handle of `stream`, which [`stream`] takes back.
     pub(crate) fn handle_of(stream: &Stream) -> u64 {
         stream.raw() as usize as u64
@@ -359,6 +378,8 @@ pub(crate) fn c_default_stack() -> String {
     format!("stats(pool({DEFAULT_LEAF}, per_stream=true, growth=32, granule=2MiB))")
 }
 
+#[cfg(feature = "cuda")]
+pub(crate) use imp::pointer_device;
 pub(crate) use imp::{
     default_memory_pool, default_stream, driver_reserved, engine, handle_of, made_handle, make_stream,
     memory_info, note_driver_pools, prefetch, stream, Engine, MadeStream, Stream, BACKEND, DEFAULT_LEAF,

@@ -275,19 +275,20 @@ impl Buffer {
     }
 
     /// Copies `nbytes` at device address `src`, an array's data given by its
-    /// `__cuda_array_interface__`, to the start of this buffer (of
-    /// `device`), after the work queued so far on the array's stream
-    /// (`src_stream`, the interface's `"stream"`, if it names one), and
-    /// waits for the copy, so that the array may go once this returns:
-    /// RMM's `copy_from_device` of a CuPy or Numba array. CUDA only: the
+    /// `__cuda_array_interface__`, to the start of this buffer, after the
+    /// work queued so far on the array's stream (`src_stream`, the
+    /// interface's `"stream"`, if it names one, a stream of `src_device`,
+    /// the array's device, whose default streams 1 and 2 name), and waits
+    /// for the copy, so that the array may go once this returns: RMM's
+    /// `copy_from_device` of a CuPy or Numba array. CUDA only: the
     /// simulated backend's buffers are host memory.
-    #[pyo3(signature = (src, nbytes, device, src_stream=None))]
+    #[pyo3(signature = (src, nbytes, src_device, src_stream=None))]
     fn copy_from_cuda_array(
         &self,
         py: Python<'_>,
         src: u64,
         nbytes: u64,
-        device: u32,
+        src_device: u32,
         src_stream: Option<u64>,
     ) -> PyResult<()> {
         if backend::BACKEND != "cuda" {
@@ -297,7 +298,7 @@ impl Buffer {
         }
         // SAFETY: a handle of the package's Python layer (the module's
         // contract: "Streams at the boundary" in lib.rs), used in this call.
-        let producer = src_stream.map(|h| unsafe { backend::stream(h, device) }).transpose()?;
+        let producer = src_stream.map(|h| unsafe { backend::stream(h, src_device) }).transpose()?;
         crate::gil::detach(py, || {
             let dst = self.lock("copy_from_device")?;
             if nbytes > dst.len() {

@@ -204,6 +204,14 @@ pub(crate) fn memory_info(py: Python<'_>, device: u32) -> PyResult<(u64, u64)> {
     crate::gil::detach(py, || backend::memory_info(device))
 }
 
+/// The device whose memory `addr` lies in (an array's data pointer), as
+/// the driver tells it; `None` where the driver does not know the address.
+#[cfg(feature = "cuda")]
+#[pyfunction]
+pub(crate) fn pointer_device(py: Python<'_>, addr: u64) -> Option<u32> {
+    crate::gil::detach(py, || backend::pointer_device(addr))
+}
+
 /// Waits until the work queued so far on the stream of `handle` (of
 /// `device`) has finished: RMM's `Stream.synchronize()`.
 #[pyfunction]

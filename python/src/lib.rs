@@ -100,6 +100,8 @@ fn native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(current::memory_info, m)?)?;
     m.add_function(wrap_pyfunction!(current::default_memory_pool, m)?)?;
     m.add_function(wrap_pyfunction!(current::synchronize_stream, m)?)?;
+    #[cfg(feature = "cuda")]
+    m.add_function(wrap_pyfunction!(current::pointer_device, m)?)?;
     m.add_function(wrap_pyfunction!(snapshot::record, m)?)?;
     m.add_function(wrap_pyfunction!(snapshot::snapshot, m)?)?;
     m.add_function(wrap_pyfunction!(snapshot::write_file, m)?)?;

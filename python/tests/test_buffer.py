@@ -93,6 +93,27 @@ def test_copy_from_device():
     assert host.tobytes() == b"xyz"
 
 
+def test_an_arrays_default_stream_is_named_on_the_arrays_device(monkeypatch):
+    # A CUDA buffer of device 0 and an array of device 1 (as the driver
+    # tells its data pointer's device), recorded where the native copy is
+    # asked for. The legacy (1) and per-thread (2) default streams of the
+    # array's interface were named on the buffer's device, 0: the copy
+    # waited for the wrong device's stream.
+    from memres import _native
+    buf = memres.DeviceBuffer(size=8)
+    asked = []
+    monkeypatch.setattr(buf, "mr", types.SimpleNamespace(_backend="cuda", device_id=0))
+    monkeypatch.setattr(buf, "_buf", types.SimpleNamespace(copy_from_cuda_array=lambda *a: asked.append(a)))
+    devices = {1 << 40: 1}  # another address: the driver does not know it
+    monkeypatch.setattr(_native, "cuda", lambda: types.SimpleNamespace(pointer_device=devices.get))
+    for ptr in (1 << 40, 1 << 41):
+        for stream in (1, 2, 0x5000, None):
+            buf.copy_from_device(types.SimpleNamespace(__cuda_array_interface__={
+                "data": (ptr, False), "shape": (3,), "typestr": "|u1", "version": 3, "stream": stream}))
+    assert asked == [(1 << 40, 3, 1, 1), (1 << 40, 3, 1, 2), (1 << 40, 3, 0, 0x5000), (1 << 40, 3, 0, None),
+                     (1 << 41, 3, 0, 1), (1 << 41, 3, 0, 2), (1 << 41, 3, 0, 0x5000), (1 << 41, 3, 0, None)]
+
+
 def test_copy_from_host_past_the_end_changes_nothing():
     buf = memres.DeviceBuffer.to_device(b"1234")
     with pytest.raises(ValueError, match="memres: copy_from_host"):  # as RMM's

@@ -66,6 +66,9 @@ pub const CU_POINTER_ATTRIBUTE_IS_MANAGED: c_int = 8;
 pub const CU_POINTER_ATTRIBUTE_MEMORY_TYPE: c_int = 2;
 pub const CU_POINTER_ATTRIBUTE_RANGE_START_ADDR: c_int = 11;
 pub const CU_POINTER_ATTRIBUTE_RANGE_SIZE: c_int = 12;
+/// `CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL`: the device an address's memory
+/// was allocated on (an `int`).
+pub const CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL: c_int = 9;
 /// `CU_MEMORYTYPE_DEVICE`, a `CUmemorytype`.
 pub const CU_MEMORYTYPE_DEVICE: c_uint = 2;
 /// `CU_MEM_RANGE_ATTRIBUTE_LAST_PREFETCH_LOCATION`: the device ordinal a
