@@ -2,6 +2,7 @@
 current resource (here on the simulated backend's module)."""
 
 import ctypes
+import inspect
 import shutil
 import subprocess
 import sys
@@ -17,12 +18,28 @@ MiB = 1 << 20
 from test_reentry import FREE_PANICS_ONCE, run_child
 
 
-def lib():
-    so = ctypes.CDLL(_native.sim.__file__)
+def lib(load=ctypes.CDLL):
+    """The simulated backend's module with the C functions' signatures, as
+    PyTorch calls them (ctypes.PyDLL: with the GIL held)."""
+    so = load(_native.sim.__file__)
     so.memres_py_alloc.restype = ctypes.c_void_p
     so.memres_py_alloc.argtypes = [ctypes.c_ssize_t, ctypes.c_int, ctypes.c_void_p]
     so.memres_py_free.argtypes = [ctypes.c_void_p, ctypes.c_ssize_t, ctypes.c_int, ctypes.c_void_p]
     return so
+
+
+# The head of a child's code that calls the C functions: `lib` as here.
+CHILD_LIB = "import ctypes\nfrom memres import _native, mr\n" + inspect.getsource(lib)
+
+
+def alloc_and_free_on_each(so, resources, nbytes):
+    """Makes each of ``resources`` (device to resource) its device's, and
+    allocates and frees ``nbytes`` there through the C functions."""
+    for d, r in resources.items():
+        mr.set_per_device_resource(d, r)
+        p = so.memres_py_alloc(nbytes, d, None)
+        assert p, d
+        so.memres_py_free(p, nbytes, d, None)
 
 
 def test_alloc_and_free_go_to_the_current_resource_and_back_to_their_own():
@@ -49,11 +66,7 @@ def test_the_reset_function_gives_back_what_every_devices_pools_keep():
     so = lib()
     res = {0: mr.StackMemoryResource("pool(host, per_stream=true)", backend="sim", device=0),
            1: mr.StackMemoryResource("vpool(sim(1GiB))", backend="sim", device=1)}
-    for d, r in res.items():
-        mr.set_per_device_resource(d, r)
-        p = so.memres_py_alloc(8 * MiB, d, None)
-        assert p, d
-        so.memres_py_free(p, 8 * MiB, d, None)
+    alloc_and_free_on_each(so, res, 8 * MiB)
     assert res[0]._native.pool_size() >= 8 * MiB
     so.memres_py_empty_cache()
     assert res[0]._native.pool_size() == 0
@@ -78,11 +91,7 @@ def test_the_reset_function_releases_every_device_though_one_refuses(monkeypatch
     res = {0: mr.PoolMemoryResource(mr.CallbackMemoryResource(lambda n: next(chunks), refuse,
                                                               backend="sim", device=0)),
            1: mr.StackMemoryResource("pool(host)", backend="sim", device=1)}
-    for d, r in res.items():
-        mr.set_per_device_resource(d, r)
-        p = so.memres_py_alloc(8 * MiB, d, None)
-        assert p, d
-        so.memres_py_free(p, 8 * MiB, d, None)
+    alloc_and_free_on_each(so, res, 8 * MiB)
     assert list(mr._current)[:2] == [0, 1]  # device 0's release runs first
     assert res[1]._native.pool_size() >= 8 * MiB
     told = []
@@ -300,13 +309,8 @@ def test_a_free_that_fails_below_leaves_the_block_freeable():
     # As `deallocate`'s: the block left the table for its free and came
     # back only on an error, so one whose free panicked below was never
     # freed.
-    run_child(FREE_PANICS_ONCE + textwrap.dedent("""
-        import ctypes
-        from memres import _native
-        so = ctypes.CDLL(_native.sim.__file__)
-        so.memres_py_alloc.restype = ctypes.c_void_p
-        so.memres_py_alloc.argtypes = [ctypes.c_ssize_t, ctypes.c_int, ctypes.c_void_p]
-        so.memres_py_free.argtypes = [ctypes.c_void_p, ctypes.c_ssize_t, ctypes.c_int, ctypes.c_void_p]
+    run_child(FREE_PANICS_ONCE + CHILD_LIB + textwrap.dedent("""
+        so = lib()
         mr.set_current_device_resource(top)
         p = so.memres_py_alloc(4096, 0, None)
         assert p and _native.sim.c_live_count(0) == 1
@@ -395,13 +399,9 @@ def test_a_free_from_a_threads_exit_frees_its_block(tmp_path, callbacks):
     src, lib_path = tmp_path / "at_exit.c", tmp_path / "libat_exit.so"
     src.write_text(FREE_AT_THREAD_EXIT)
     subprocess.run([cc, "-shared", "-fPIC", "-o", str(lib_path), str(src), "-lpthread"], check=True)
-    out = run_child(f"""
-        import ctypes, threading, time
-        from memres import _native, mr
-        so = ctypes.CDLL(_native.sim.__file__)
-        so.memres_py_alloc.restype = ctypes.c_void_p
-        so.memres_py_alloc.argtypes = [ctypes.c_ssize_t, ctypes.c_int, ctypes.c_void_p]
-        so.memres_py_free.argtypes = [ctypes.c_void_p, ctypes.c_ssize_t, ctypes.c_int, ctypes.c_void_p]
+    out = run_child(CHILD_LIB + textwrap.dedent(f"""
+        import threading, time
+        so = lib()
         at_exit = ctypes.CDLL({str(lib_path)!r})
         at_exit.free_at_thread_exit.argtypes = [ctypes.c_void_p, ctypes.c_ssize_t, ctypes.c_void_p]
         if {callbacks}:
@@ -432,7 +432,7 @@ def test_a_free_from_a_threads_exit_frees_its_block(tmp_path, callbacks):
         assert _native.sim.c_live_count(0) == 0, "the block stayed live"
         assert _native.sim.last_error() is None, _native.sim.last_error()
         print("done")
-    """)
+    """))
     assert "panicked" not in out.stderr, out.stderr
 
 
@@ -440,13 +440,9 @@ def test_a_free_with_the_gil_held_waits_for_the_pool_without_it():
     # PyTorch frees a tensor's storage holding the GIL (ctypes.PyDLL keeps
     # it). Another thread holds the pool's lock inside a Python callback
     # that needs the GIL: the free must not wait for the lock with it.
-    code = """
-        import ctypes, threading, time, memres
-        from memres import _native, mr
-        so = ctypes.PyDLL(_native.sim.__file__)
-        so.memres_py_alloc.restype = ctypes.c_void_p
-        so.memres_py_alloc.argtypes = [ctypes.c_ssize_t, ctypes.c_int, ctypes.c_void_p]
-        so.memres_py_free.argtypes = [ctypes.c_void_p, ctypes.c_ssize_t, ctypes.c_int, ctypes.c_void_p]
+    code = CHILD_LIB + textwrap.dedent("""
+        import threading, time
+        so = lib(ctypes.PyDLL)
         inside = threading.Event()
         n = [0]
         def alloc(size):
@@ -466,9 +462,9 @@ def test_a_free_with_the_gil_held_waits_for_the_pool_without_it():
         t.join()
         assert _native.sim.c_live_count(0) == 0
         print("done")
-    """
+    """)
     try:
-        out = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True,
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True,
                              text=True, timeout=60)
     except subprocess.TimeoutExpired:
         pytest.fail("the free with the GIL held hung")
@@ -504,13 +500,9 @@ def test_a_stack_that_outlives_the_collection_of_its_python_functions_never_call
     # drop, at the block's free, called a function the collector had
     # cleared, and the interpreter crashed (SIGSEGV). Now the free is
     # refused, and said as a drop's.
-    run_child("""
-        import ctypes, gc, sys
-        from memres import _native, mr
-        so = ctypes.CDLL(_native.sim.__file__)
-        so.memres_py_alloc.restype = ctypes.c_void_p
-        so.memres_py_alloc.argtypes = [ctypes.c_ssize_t, ctypes.c_int, ctypes.c_void_p]
-        so.memres_py_free.argtypes = [ctypes.c_void_p, ctypes.c_ssize_t, ctypes.c_int, ctypes.c_void_p]
+    run_child(CHILD_LIB + textwrap.dedent("""
+        import gc, sys
+        so = lib()
         freed = []
         class Owner:
             def __init__(self):
@@ -534,7 +526,7 @@ def test_a_stack_that_outlives_the_collection_of_its_python_functions_never_call
         assert "garbage collector" in said[0][1], said
         assert freed == [], freed
         print("done")
-    """)
+    """))
 
 
 def test_reinitialize_forgets_a_default_the_c_functions_made_for_another_device():

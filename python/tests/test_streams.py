@@ -344,6 +344,19 @@ def test_a_deferred_free_on_a_stream_made_for_it_is_queued_on_the_live_stream(gp
     assert "failed" not in capfd.readouterr().err
 
 
+class Model:
+    """A garbage cycle (through its bound method, as a model's hook) that
+    holds a MiB buffer of ``res`` and the stream ``s`` it is on."""
+
+    def __init__(self, s, res):
+        self.stream = s
+        self.buf = memres.DeviceBuffer(size=1 << 20, stream=s, mr=res)
+        self.hook = self.forward
+
+    def forward(self):
+        pass
+
+
 def test_a_buffer_in_a_cycle_through_its_stream_is_collected_after_its_block_is_freed():
     # The collector clears a cycle's objects in no set order: clearing the
     # `Stream` destroyed the stream it made while the buffer's block was
@@ -357,15 +370,6 @@ def test_a_buffer_in_a_cycle_through_its_stream_is_collected_after_its_block_is_
         def __init__(self):
             super().__init__()
             self.buffers = []
-
-    class Model:  # a cycle that holds a buffer and the stream it is on
-        def __init__(self, s):
-            self.stream = s
-            self.buf = memres.DeviceBuffer(size=1 << 20, stream=s, mr=stats)
-            self.hook = self.forward
-
-        def forward(self):
-            pass
 
     def collected(cycle):
         """The bytes in use when the stream of the garbage cycle that
@@ -384,7 +388,7 @@ def test_a_buffer_in_a_cycle_through_its_stream_is_collected_after_its_block_is_
 
     def model():
         s = memres.Stream()
-        Model(s)
+        Model(s, stats)
         return s
 
     assert collected(keeper) == 0
@@ -410,18 +414,9 @@ def test_a_foreign_stream_object_is_finalized_only_after_the_buffers_block_is_fr
         def __del__(self):
             bytes_when_dead.append(stats.allocation_counts.current_bytes)
 
-    class Model:
-        def __init__(self, s):
-            self.stream = s
-            self.buf = memres.DeviceBuffer(size=1 << 20, stream=s, mr=stats)
-            self.hook = self.forward
-
-        def forward(self):
-            pass
-
     # A cycle that holds a buffer and its stream: collected, the stream after.
     for wrap in (lambda f: f, memres.Stream):
-        m = Model(wrap(Foreign()))
+        m = Model(wrap(Foreign()), stats)
         del m
         gc.collect()
         assert bytes_when_dead == [0] and stats.allocation_counts.current_bytes == 0
