@@ -9,6 +9,7 @@
 //! crate's documentation.)
 
 use memres_containers::{ContainerError, DeviceBuffer, DeviceScalar, DeviceUVector};
+use memres_core::adaptor::Logging;
 use memres_core::copy::{CopyEngine, MemoryOf};
 use memres_core::pool::{CoalescingPool, PoolConfig};
 use memres_core::{Block, Error, Inspect, MemoryResource, Request, Result as CoreResult, Shared, Stream};
@@ -601,6 +602,36 @@ fn a_resource_whose_frees_panic_mid_growth_does_not_abort_the_process() {
     mr.host.deallocate(kept[1], &()).unwrap();
     drop(buf);
     assert_eq!(mr.host.live_count(), 0);
+}
+
+/// A log writer that panics on the row of a free.
+struct PanicsOnFreeRow;
+
+impl std::io::Write for PanicsOnFreeRow {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        assert!(!bytes.windows(4).any(|w| w == b"free"), "the writer panics on a free");
+        Ok(bytes.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// A buffer dropped over a log whose writer panics on the free's row: the
+/// panic goes on to the drop's caller, and the block is freed all the
+/// same. Before, the log's free left at the panic, before its upstream's,
+/// and the drop could not free again: the block was lost while the
+/// resource lived.
+#[test]
+fn a_buffer_dropped_over_a_log_whose_writer_panics_frees_its_block() {
+    let host = HostMemory::new();
+    let log = Logging::new(&host, PanicsOnFreeRow).unwrap();
+    let buf = DeviceBuffer::from_slice_in(b"hello", (), &log, HostCopy).unwrap();
+    assert_eq!(host.live_count(), 1);
+    let dropped = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| drop(buf)));
+    assert!(dropped.is_err(), "the writer's panic goes on to the drop's caller");
+    assert_eq!(host.live_count(), 0);
+    assert_eq!(log.write_errors(), 1);
 }
 
 /// Host memory that refuses the next free it is asked for, once, as a

@@ -67,13 +67,16 @@ fn now_micros() -> u64 {
 /// call: they are counted ([`write_errors`](Self::write_errors)), and the
 /// next [`flush`](Self::flush) says so; so is a row logged by the writer's
 /// own call back into the adaptor (an allocation through it), which would
-/// wait for the lock the row being written holds, and a row whose writer
+/// wait for the lock the row being written holds, a row whose writer
 /// panics (the panic goes on to the caller; the log goes on, its lock
-/// taken again though the panic poisoned it). The count is of rows that
-/// may not have been written: a row whose write passed and whose flush
-/// (written through) failed or panicked is counted, though it may be in
-/// the log. The file is flushed when the adaptor is dropped, or by
-/// `flush`.
+/// taken again though the panic poisoned it), and a free's row whose
+/// stream's [`Stream::id`] panics. Such a panic loses no block: an
+/// allocation's block goes back upstream (the caller never gets it), and a
+/// free's block is freed upstream all the same (the caller gave it up),
+/// while the panic unwinds. The count is of rows that may not have been
+/// written: a row whose write passed and whose flush (written through)
+/// failed or panicked is counted, though it may be in the log. The file is
+/// flushed when the adaptor is dropped, or by `flush`.
 ///
 /// # Examples
 ///
@@ -644,7 +647,8 @@ impl<R, W: Write> Logging<R, W> {
     }
 
     /// Rows that may not have been written so far: the writer's error or
-    /// panic, or a row of its own call back into the log. A row written
+    /// panic, a free's row whose stream's `id` panicked, or a row of the
+    /// writer's own call back into the log. A row written
     /// whose flush (written through) failed or panicked is counted, though
     /// it may be in the log.
     pub fn write_errors(&self) -> u64 {
@@ -719,9 +723,16 @@ impl<S: Stream + ?Sized, R: MemoryResource<S>, W: Write> MemoryResource<S> for L
     }
 
     fn deallocate(&self, block: Block, stream: &S) -> Result<()> {
+        // The caller gave the block up: if the stream's `id` or the writer
+        // (the user's) panics, it still goes back upstream, its row lost.
+        let pending = Pending::new(&self.upstream, block, stream);
+        let unread = Count(&self.write_errors);
+        let id = stream.id();
+        core::mem::forget(unread);
         // Before the upstream frees it: after, another thread may get the
         // address and log its allocation first.
-        self.log(Action::Free, block.addr(), block.size(), stream.id());
+        self.log(Action::Free, block.addr(), block.size(), id);
+        let block = pending.hand_over();
         // Counted unless the upstream frees it: on its error, and on its
         // panic, the row tells of a free that did not happen.
         let refused = Count(&self.refused_frees);

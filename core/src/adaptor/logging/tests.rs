@@ -309,6 +309,63 @@ fn a_writer_that_panics_on_an_allocation_loses_no_block() {
     assert_eq!(up.usage().held, 0);
 }
 
+/// A writer that panics on the row of a free.
+struct PanicsOnFreeRow;
+
+impl std::io::Write for PanicsOnFreeRow {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        assert!(!bytes.windows(4).any(|w| w == b"free"), "the writer panics on a free");
+        Ok(bytes.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// The block of a free whose row the writer panicked on still goes back
+/// upstream: the caller gave it up, and nobody else would free it. The
+/// panic goes on to the caller and the row is counted lost. Before, the
+/// call left at the panic with the block held upstream for good.
+#[test]
+fn a_writer_that_panics_on_a_free_still_frees_the_block() {
+    use crate::Inspect;
+    let up = BumpUpstream::new(1 << 30);
+    let log = Logging::new(&up, PanicsOnFreeRow).unwrap();
+    let b = log.allocate(Request::new(1 << 20).unwrap(), &()).unwrap();
+    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| log.deallocate(b, &())));
+    let payload = r.unwrap_err();
+    let message = payload.downcast_ref::<&str>().copied().unwrap_or("");
+    assert!(message.contains("the writer panics on a free"), "{message:?}");
+    assert_eq!(up.usage().held, 0);
+    assert_eq!((log.write_errors(), log.refused_frees()), (1, 0));
+}
+
+/// A free whose stream's `id` panics (no row can be made) still frees the
+/// block, and its row is counted lost; the log goes on.
+#[test]
+fn a_free_whose_streams_id_panics_still_frees_the_block() {
+    use crate::testing::PanickingStream;
+    use crate::Inspect;
+    let up = BumpUpstream::new(1 << 30);
+    let log = Logging::new(&up, Vec::new()).unwrap();
+    let stream = PanickingStream::new(5);
+    let b = log.allocate(Request::new(1 << 20).unwrap(), &stream).unwrap();
+    stream.panic_in("id", 0);
+    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| log.deallocate(b, &stream)));
+    assert!(r.is_err());
+    assert_eq!(up.usage().held, 0);
+    assert_eq!(log.write_errors(), 1);
+    let err = log.flush().unwrap_err();
+    assert!(err.to_string().starts_with("1 rows"), "{err}");
+    let c = log.allocate(Request::new(2000).unwrap(), &stream).unwrap();
+    log.deallocate(c, &stream).unwrap();
+    let rows = rows(&log.into_parts().1);
+    assert_eq!(
+        rows.iter().map(|r| (r.action, r.size, r.stream)).collect::<Vec<_>>(),
+        [(Action::Allocate, 1 << 20, 5), (Action::Allocate, 2000, 5), (Action::Free, 2000, 5)]
+    );
+}
+
 /// An upstream whose frees panic.
 struct PanicsOnFree(BumpUpstream);
 
