@@ -8,7 +8,7 @@
 #![cfg(not(feature = "cuda"))]
 
 use memres::device::{
-    get_current_device_resource, get_per_device_resource, install_defaults, set_current_device_resource,
+    get_current_device_resource, get_per_device_resource, set_current_device_resource,
     set_per_device_resource,
 };
 use memres::prelude::*;
@@ -132,13 +132,4 @@ fn only_devices_with_addresses_of_their_own_have_a_simulated_default() {
         let got = get_per_device_resource::<()>(device).map(|_| ());
         assert!(matches!(got, Err(Error::InvalidConfig { .. })), "{device}: {got:?}");
     }
-}
-
-#[test]
-fn install_defaults_is_idempotent_and_keeps_what_was_set() {
-    let mine: DynResource = Arc::new(SimDevice::new(1 << 20));
-    set_per_device_resource(600, mine.clone());
-    install_defaults();
-    install_defaults();
-    assert!(Arc::ptr_eq(&get_per_device_resource(600).unwrap(), &mine));
 }
