@@ -372,9 +372,9 @@ where
     ///
     /// # Errors
     ///
-    /// The resource's error, [`ContainerError::BlockTooShort`],
-    /// [`ContainerError::Misaligned`]: the buffer is then unchanged. The copy
-    /// engine's error: the length is then unchanged.
+    /// As [`reserve`](Self::reserve): the buffer is then unchanged. The copy
+    /// engine's error writing the zeros: the length is then unchanged (the
+    /// capacity may have grown).
     pub fn resize(&mut self, len: u64) -> Result<()> {
         self.reserve(len)?;
         if len > self.len {
@@ -395,7 +395,7 @@ where
     ///
     /// # Errors
     ///
-    /// As [`resize`](Self::resize), less the copy engine's.
+    /// As [`reserve`](Self::reserve); the buffer is then unchanged.
     pub unsafe fn resize_uninit(&mut self, len: u64) -> Result<()> {
         self.reserve(len)?;
         self.len = len;
@@ -408,8 +408,11 @@ where
     ///
     /// # Errors
     ///
-    /// The resource's error, [`ContainerError::BlockTooShort`],
-    /// [`ContainerError::Misaligned`]; the buffer is then unchanged.
+    /// The resource's error (allocating the new block, or refusing to free
+    /// the old one), [`ContainerError::BlockTooShort`],
+    /// [`ContainerError::Misaligned`], the copy engine's error (moving the
+    /// bytes in use); the buffer is then unchanged, and any new block goes
+    /// back.
     pub fn reserve(&mut self, capacity: u64) -> Result<()> {
         if capacity > self.capacity() {
             self.reallocate(capacity, self.align)?;
@@ -421,8 +424,8 @@ where
     ///
     /// # Errors
     ///
-    /// The resource's error, [`ContainerError::BlockTooShort`],
-    /// [`ContainerError::Misaligned`]; the buffer is then unchanged.
+    /// As [`reserve`](Self::reserve): the buffer is then unchanged, and any
+    /// new block goes back.
     pub fn shrink_to_fit(&mut self) -> Result<()> {
         if self.len < self.capacity() {
             self.reallocate(self.len, self.align)?;
@@ -452,7 +455,8 @@ where
     /// [`Error::InvalidAlignment`](memres_core::Error::InvalidAlignment) for
     /// an alignment that is not a power of two or above
     /// [`Request::MAX_ALIGN`]; the resource's error (one that cannot align so
-    /// far: `InvalidAlignment`, or out of memory),
+    /// far: `InvalidAlignment`, or out of memory; or its refusal to free the
+    /// old block),
     /// [`ContainerError::Misaligned`] (a resource that hands out a block
     /// aligned less than asked), [`ContainerError::BlockTooShort`], the copy
     /// engine's error. The buffer is then unchanged, its alignment included.

@@ -442,9 +442,9 @@ where
     /// # Errors
     ///
     /// [`ContainerError::LengthOverflow`] for a capacity whose bytes
-    /// overflow; otherwise [`DeviceBuffer::reserve`]'s (the resource's, a
-    /// block too short or misaligned, the copy engine's). The vector is
-    /// then unchanged.
+    /// overflow; otherwise [`DeviceBuffer::reserve`]'s (the resource's, for
+    /// the new block or the old one's free, a block too short or misaligned,
+    /// the copy engine's). The vector is then unchanged.
     pub fn reserve(&mut self, capacity: usize) -> Result<()> {
         self.buf.reserve(bytes_of_len::<T>(capacity)?)
     }
@@ -453,8 +453,9 @@ where
     ///
     /// # Errors
     ///
-    /// [`DeviceBuffer::shrink_to_fit`]'s (the resource's, a block too short
-    /// or misaligned, the copy engine's); the vector is then unchanged.
+    /// [`DeviceBuffer::shrink_to_fit`]'s (the resource's, for the new block
+    /// or the old one's free, a block too short or misaligned, the copy
+    /// engine's); the vector is then unchanged.
     pub fn shrink_to_fit(&mut self) -> Result<()> {
         self.buf.shrink_to_fit()
     }
