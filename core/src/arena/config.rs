@@ -75,7 +75,7 @@ impl ArenaConfig {
         ArenaConfig {
             initial_size: 0,
             maximum_size: None,
-            chunk_size: 32 << 20,
+            chunk_size: Self::DEFAULT_CHUNK_SIZE,
             superblock_size: 8 << 20,
             large_threshold: 1 << 20,
             max_arenas: 64,
@@ -84,6 +84,14 @@ impl ArenaConfig {
             idle_after: 64,
         }
     }
+
+    /// The default chunk size: 32 MiB.
+    ///
+    /// ```
+    /// # use memres_core::arena::ArenaConfig;
+    /// assert_eq!(ArenaConfig::DEFAULT_CHUNK_SIZE, 32 << 20);
+    /// ```
+    pub const DEFAULT_CHUNK_SIZE: u64 = 32 << 20;
 
     crate::config::setters! {
         /// Bytes taken from upstream when the resource is made (a multiple of

@@ -560,7 +560,10 @@ pub fn binning_bins(call: &Call) -> Result<alloc::vec::Vec<(u64, Option<&Call>)>
     Ok(bins)
 }
 
-/// The configuration of `arena(UP, initial=, max=, superblock=)`.
+/// The configuration of `arena(UP, initial=, max=, superblock=)`. A
+/// superblock above [`ArenaConfig::DEFAULT_CHUNK_SIZE`] makes the chunk,
+/// the global arena's smallest growth, its size: a chunk holds whole
+/// superblocks.
 ///
 /// # Errors
 ///
@@ -582,7 +585,9 @@ pub fn arena_config(call: &Call) -> Result<ArenaConfig, StackError> {
         config = config.maximum_size(max);
     }
     if let Some(sb) = call.size_arg("superblock")? {
-        config = config.superblock_size(sb);
+        // A chunk holds whole superblocks: one above the default chunk
+        // makes the chunk its size.
+        config = config.superblock_size(sb).chunk_size(sb.max(ArenaConfig::DEFAULT_CHUNK_SIZE));
     }
     Ok(config)
 }

@@ -66,6 +66,28 @@ fn every_name_builds_and_serves() {
     }
 }
 
+/// An arena's chunks hold whole superblocks: a `superblock=` above the
+/// default chunk (32 MiB) makes the chunk its size. Before, it was refused
+/// as a chunk below the superblock.
+#[test]
+fn an_arena_of_superblocks_above_the_default_chunk_builds_and_serves() {
+    let b = builder::<()>();
+    for sb in [48u64 << 20, 64 << 20] {
+        let text = alloc::format!("arena(bump(1GiB), superblock={sb})");
+        let built = b.build_with_handles(&text, &()).unwrap_or_else(|e| panic!("{text}: {e}"));
+        // A block of a whole superblock (from the global arena) and a small
+        // one (from a superblock lent to this thread's arena).
+        let large = built.resource.allocate(req(sb), &()).unwrap();
+        let small = built.resource.allocate(req(1000), &()).unwrap();
+        let arena = built.get::<ArenaResource<DynResource>>("arena").unwrap();
+        assert_eq!(arena.usage().used, sb + 1024, "{text}");
+        assert!(arena.usage().held >= 2 * sb, "{text}: {:?}", arena.usage());
+        built.resource.deallocate(small, &()).unwrap();
+        built.resource.deallocate(large, &()).unwrap();
+        assert_eq!(arena.usage().used, 0, "{text}");
+    }
+}
+
 /// The count `fixed(leaf, 256, blocks=4294967291)` was taken, and its
 /// first allocation asked the host for about 100 GB of slots.
 #[test]
