@@ -554,7 +554,15 @@ class BinningMemoryResource(UpstreamResourceAdaptor):
         # old stack meanwhile. Retiring it checks again, and refuses the
         # allocations that end on it from then on; the new stack, unused,
         # is dropped if it is in use (or another add_bin retired it first).
-        native, _ = self._stack_of("binning", args, upstreams, positional_upstreams=1, **self._powers)
+        try:
+            native, _ = self._stack_of("binning", args, upstreams, positional_upstreams=1, **self._powers)
+        except InvalidArgument:
+            raise
+        except ValueError as e:
+            # What the stack refuses of the bin (a size too large for one,
+            # said at its value as every value of a stack string) is the
+            # resource's refusal of the argument here, as RMM's.
+            raise InvalidArgument(str(e)) from None
         if not self._native.retire():
             raise in_use
         self._native, self._upstreams = native, upstreams

@@ -76,7 +76,7 @@ impl ArenaConfig {
             initial_size: 0,
             maximum_size: None,
             chunk_size: Self::DEFAULT_CHUNK_SIZE,
-            superblock_size: 8 << 20,
+            superblock_size: Self::DEFAULT_SUPERBLOCK_SIZE,
             large_threshold: 1 << 20,
             max_arenas: 64,
             size_classes: true,
@@ -92,6 +92,14 @@ impl ArenaConfig {
     /// assert_eq!(ArenaConfig::DEFAULT_CHUNK_SIZE, 32 << 20);
     /// ```
     pub const DEFAULT_CHUNK_SIZE: u64 = 32 << 20;
+
+    /// The default superblock size: 8 MiB.
+    ///
+    /// ```
+    /// # use memres_core::arena::ArenaConfig;
+    /// assert_eq!(ArenaConfig::DEFAULT_SUPERBLOCK_SIZE, 8 << 20);
+    /// ```
+    pub const DEFAULT_SUPERBLOCK_SIZE: u64 = 8 << 20;
 
     crate::config::setters! {
         /// Bytes taken from upstream when the resource is made (a multiple of

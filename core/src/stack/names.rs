@@ -65,7 +65,7 @@ where
                     if cx.layers_kept() == kept {
                         own.push(size);
                     }
-                    Some((bin, resource))
+                    Some(resource)
                 }
             };
             bins.push((size, resource));
@@ -180,9 +180,8 @@ fn log_error(pos: usize, path: &str, e: std::io::Error) -> StackError {
     StackError::new(pos, StackErrorKind::Io(format!("cannot log to `{path}`: {e}")))
 }
 
-/// A bin given to `binning`: its size, and its call and resource if it
-/// names one.
-type GivenBin<'c, S> = (u64, Option<(&'c Call, DynResource<S>)>);
+/// A bin given to `binning`: its size, and its resource if it names one.
+type GivenBin<S> = (u64, Option<DynResource<S>>);
 
 /// The `binning` resource over `upstream`: a fixed bin for each power of
 /// two from `powers` that no bin given replaces, and the bins given
@@ -192,26 +191,35 @@ fn keep_binning<S: Stream + ?Sized + 'static>(
     cx: &Context<'_, S>,
     upstream: DynResource<S>,
     powers: Option<(u32, u32)>,
-    bins: alloc::vec::Vec<GivenBin<'_, S>>,
+    bins: alloc::vec::Vec<GivenBin<S>>,
     own: alloc::vec::Vec<u64>,
 ) -> Result<DynResource<S>, StackError>
 where
     S::Event: Send,
 {
     let mut binning = BinningResource::<'static, DynResource<S>, S>::new(upstream);
+    // A refusal (which `binning_exponents` and `binning_bins` leave none
+    // of) at what asked for the bin: `max_bin=` or `min_bin=` for a power
+    // of two, else the call; a bin's size for a bin given.
+    let powers_at = call.keyed("max_bin").or(call.keyed("min_bin")).map_or(call.pos, Value::pos);
+    let size_at = |i: usize| {
+        let bin = call.positional(i + 1).and_then(|v| v.call().ok());
+        bin.and_then(|b| b.positional(0)).map_or(call.pos, Value::pos)
+    };
     // A bin given for a size replaces the power of two of that size.
     for e in powers.into_iter().flat_map(|(min, max)| min..=max) {
         if !bins.iter().any(|&(size, _)| size == 1 << e) {
-            binning.add_fixed_bin(FixedConfig::new(1 << e)).map_err(|e| call.resource_error(e))?;
+            binning
+                .add_fixed_bin(FixedConfig::new(1 << e))
+                .map_err(|e| StackError::new(powers_at, StackErrorKind::Resource(e)))?;
         }
     }
-    for (size, bin) in bins {
-        match bin {
-            None => binning.add_fixed_bin(FixedConfig::new(size)).map_err(|e| call.resource_error(e))?,
-            Some((bin, resource)) => {
-                binning.add_counted_bin(size, resource).map_err(|e| bin.resource_error(e))?
-            }
-        }
+    for (i, (size, bin)) in bins.into_iter().enumerate() {
+        let added = match bin {
+            None => binning.add_fixed_bin(FixedConfig::new(size)),
+            Some(resource) => binning.add_counted_bin(size, resource),
+        };
+        added.map_err(|e| StackError::new(size_at(i), StackErrorKind::Resource(e)))?;
     }
     Ok(cx.keep_releasing_as(call, binning, |bins| Arc::new(BinningLayer { bins, own })))
 }
@@ -445,6 +453,18 @@ pub fn fixed_block_size(call: &Call) -> Result<u64, StackError> {
     Ok(one_of(call, 1, "size")?.map(Value::size).transpose()?.unwrap_or(FixedConfig::DEFAULT_BLOCK_SIZE))
 }
 
+/// The largest block size of a fixed-size bin (a power of two, or a bin
+/// given without a resource), 2^55 bytes: its chunk of
+/// [`FixedConfig::DEFAULT_BLOCKS_PER_CHUNK`] blocks is a request, at most
+/// [`Request::MAX_SIZE`].
+const LARGEST_FIXED_BIN: u64 = Request::MAX_SIZE / FixedConfig::DEFAULT_BLOCKS_PER_CHUNK as u64;
+
+/// Why a fixed-size bin above [`LARGEST_FIXED_BIN`] is refused.
+const TOO_LARGE_FOR_A_FIXED_BIN: &str =
+    "too large for a fixed-size bin, at most 36028797018963968 (2^55): its chunk of 128 blocks must fit in a request";
+
+const _: () = assert!(LARGEST_FIXED_BIN == 1 << 55 && FixedConfig::DEFAULT_BLOCKS_PER_CHUNK == 128);
+
 /// The power-of-two bins of `binning(UP, ..., min_bin=, max_bin=,
 /// powers=)`, as the exponents of [`BinningResource::with_exponents`]:
 /// the smallest and the largest bin size in bytes, each a power of two of
@@ -456,7 +476,8 @@ pub fn fixed_block_size(call: &Call) -> Result<u64, StackError> {
 /// # Errors
 ///
 /// An unknown key, a bad size or one that is not a power of two of at
-/// least 256, `min_bin=` above `max_bin=`, or either beside
+/// least 256 or is above 2^55 (the largest fixed-size bin, whose chunk of
+/// 128 blocks is a request), `min_bin=` above `max_bin=`, or either beside
 /// `powers=false`, at its position.
 ///
 /// ```
@@ -474,13 +495,14 @@ pub fn binning_exponents(call: &Call) -> Result<Option<(u32, u32)>, StackError> 
     call.expect_args(usize::MAX, &["min_bin", "max_bin", "powers"])?;
     let exponent = |key: &str, default: u32| -> Result<u32, StackError> {
         let Some(v) = call.keyed(key) else { return Ok(default) };
-        match v.size()? {
-            size if size.is_power_of_two() && size >= 256 => Ok(size.trailing_zeros()),
-            size => Err(StackError::new(
-                v.pos(),
-                StackErrorKind::BadValue(format!("{key} {size}: a power of two of at least 256 bytes")),
-            )),
-        }
+        let what = match v.size()? {
+            size if !size.is_power_of_two() || size < 256 => {
+                format!("{key} {size}: a power of two of at least 256 bytes")
+            }
+            size if size > LARGEST_FIXED_BIN => format!("{key} {size}: {TOO_LARGE_FOR_A_FIXED_BIN}"),
+            size => return Ok(size.trailing_zeros()),
+        };
+        Err(StackError::new(v.pos(), StackErrorKind::BadValue(what)))
     };
     let (min, max) = (exponent("min_bin", 18)?, exponent("max_bin", 22)?);
     if min > max {
@@ -520,8 +542,9 @@ pub fn binning_exponents(call: &Call) -> Result<Option<(u32, u32)>, StackError> 
 ///
 /// A positional argument after the upstream that is not a `bin` call, a
 /// `bin` without a size, with a key or more than two arguments, a size
-/// that is not a non-zero multiple of 256, or a size given twice, at its
-/// position.
+/// that is not a non-zero multiple of 256, above 2^55 for a fixed-size bin
+/// (its chunk of 128 blocks is a request) or above [`Request::MAX_SIZE`]
+/// for a bin with a resource, or a size given twice, at its position.
 ///
 /// ```
 /// use memres_core::stack::{binning_bins, parse};
@@ -552,42 +575,87 @@ pub fn binning_bins(call: &Call) -> Result<alloc::vec::Vec<(u64, Option<&Call>)>
         if size == 0 || size % 256 != 0 {
             return Err(bad("a non-zero multiple of 256 bytes"));
         }
+        let served = bin.positional(1).is_some();
+        if !served && size > LARGEST_FIXED_BIN {
+            return Err(bad(TOO_LARGE_FOR_A_FIXED_BIN));
+        }
+        if served && size > Request::MAX_SIZE {
+            return Err(bad(&format!("too large, above {}, the largest request", Request::MAX_SIZE)));
+        }
         if bins.iter().any(|&(s, _)| s == size) {
             return Err(bad("given twice"));
         }
-        bins.push((size, bin.positional(1).is_some().then_some(bin)));
+        bins.push((size, served.then_some(bin)));
     }
     Ok(bins)
 }
 
-/// The configuration of `arena(UP, initial=, max=, superblock=)`. A
-/// superblock above [`ArenaConfig::DEFAULT_CHUNK_SIZE`] makes the chunk,
+/// The configuration of `arena(UP, initial=, max=, superblock=)`: each
+/// size a multiple of 256 bytes, the superblock from 1 MiB to 1 TiB (8 MiB
+/// by default), the maximum at least the initial size and the superblock.
+/// A superblock above [`ArenaConfig::DEFAULT_CHUNK_SIZE`] makes the chunk,
 /// the global arena's smallest growth, its size: a chunk holds whole
 /// superblocks.
 ///
 /// # Errors
 ///
-/// An unknown key or a bad size, at its position.
+/// An unknown key, a bad size, or a size the arena refuses, at its value
+/// (a maximum below the initial size or the superblock: at `max=`).
 ///
 /// ```
 /// use memres_core::stack::{arena_config, parse};
 /// assert_eq!(arena_config(&parse("arena(sim, max=1GiB)")?)?.maximum(), Some(1 << 30));
 /// assert!(arena_config(&parse("arena(sim, superblock=lots)")?).is_err());
+/// let e = arena_config(&parse("arena(sim, superblock=1000000)")?).unwrap_err();
+/// assert_eq!(e.to_string(), "at byte 22: bad value: superblock 1000000: a multiple of 256 bytes from 1 MiB to 1 TiB");
 /// # Ok::<(), memres_core::stack::StackError>(())
 /// ```
 pub fn arena_config(call: &Call) -> Result<ArenaConfig, StackError> {
     call.expect_args(1, &["initial", "max", "superblock"])?;
+    // Checked here, at each value and in the text's terms: the arena's own
+    // check names no key, and one of its messages covers several.
+    let bad = |key: &str, what: alloc::string::String| {
+        let pos = call.keyed(key).map_or(call.pos, |v| v.pos());
+        StackError::new(pos, StackErrorKind::BadValue(what))
+    };
     let mut config = ArenaConfig::new();
     if let Some(initial) = call.size_arg("initial")? {
+        if initial % 256 != 0 || initial > Request::MAX_SIZE {
+            let what = format!("initial {initial}: a multiple of 256 bytes of at most {}", Request::MAX_SIZE);
+            return Err(bad("initial", what));
+        }
         config = config.initial_size(initial);
     }
-    if let Some(max) = call.size_arg("max")? {
-        config = config.maximum_size(max);
-    }
-    if let Some(sb) = call.size_arg("superblock")? {
+    let superblock = call.size_arg("superblock")?;
+    if let Some(sb) = superblock {
+        if sb % 256 != 0 || !(1 << 20..=1 << 40).contains(&sb) {
+            return Err(bad(
+                "superblock",
+                format!("superblock {sb}: a multiple of 256 bytes from 1 MiB to 1 TiB"),
+            ));
+        }
         // A chunk holds whole superblocks: one above the default chunk
         // makes the chunk its size.
         config = config.superblock_size(sb).chunk_size(sb.max(ArenaConfig::DEFAULT_CHUNK_SIZE));
+    }
+    if let Some(max) = call.size_arg("max")? {
+        let initial = call.size_arg("initial")?.unwrap_or(0);
+        let sb = superblock.unwrap_or(ArenaConfig::DEFAULT_SUPERBLOCK_SIZE);
+        let refused = if max % 256 != 0 {
+            Some(format!("max {max}: a multiple of 256 bytes"))
+        } else if max < initial {
+            Some(format!("max {max} below initial {initial}"))
+        } else if max < sb {
+            // No superblock could be had: no small request could be served.
+            let default = if superblock.is_none() { " (the default)" } else { "" };
+            Some(format!("max {max} below superblock {sb}{default}"))
+        } else {
+            None
+        };
+        if let Some(what) = refused {
+            return Err(bad("max", what));
+        }
+        config = config.maximum_size(max);
     }
     Ok(config)
 }

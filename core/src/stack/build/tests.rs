@@ -187,6 +187,83 @@ fn errors_name_the_position_and_build_nothing() {
     }
 }
 
+/// A size of an arena or a bin that its resource refuses is an error at
+/// its value that names its key. Before, each was the resource's own
+/// message at the call (byte 0): one for any arena size not a multiple of
+/// 256, and "chunk size overflows" for a bin too large.
+#[test]
+fn a_refused_arena_or_bin_size_is_an_error_at_its_value_naming_its_key() {
+    use alloc::string::String;
+    let b = builder::<()>();
+    let largest_request = Request::MAX_SIZE;
+    let too_large = "too large for a fixed-size bin, at most 36028797018963968 (2^55): its chunk of 128 blocks must fit in a request";
+    let cases = [
+        (
+            "arena(bump, initial=2MiB, superblock=1000000)",
+            "superblock=",
+            String::from("superblock 1000000: a multiple of 256 bytes from 1 MiB to 1 TiB"),
+        ),
+        (
+            "arena(bump, superblock=2TiB)",
+            "superblock=",
+            alloc::format!("superblock {}: a multiple of 256 bytes from 1 MiB to 1 TiB", 2u64 << 40),
+        ),
+        (
+            "arena(bump, initial=1000, max=1GiB)",
+            "initial=",
+            alloc::format!("initial 1000: a multiple of 256 bytes of at most {largest_request}"),
+        ),
+        ("arena(bump, max=1000)", "max=", String::from("max 1000: a multiple of 256 bytes")),
+        (
+            "arena(bump, initial=4MiB, max=2MiB, superblock=1MiB)",
+            "max=",
+            String::from("max 2097152 below initial 4194304"),
+        ),
+        ("arena(bump, max=1MiB)", "max=", String::from("max 1048576 below superblock 8388608 (the default)")),
+        (
+            "arena(bump, superblock=4MiB, max=2MiB)",
+            "max=",
+            String::from("max 2097152 below superblock 4194304"),
+        ),
+        (
+            "binning(bump, max_bin=4611686018427387904)",
+            "max_bin=",
+            alloc::format!("max_bin 4611686018427387904: {too_large}"),
+        ),
+        (
+            "binning(bump, min_bin=72057594037927936, max_bin=72057594037927936)",
+            "min_bin=",
+            alloc::format!("min_bin 72057594037927936: {too_large}"),
+        ),
+        (
+            "binning(bump, bin(1KiB), bin(72057594037927936))",
+            "bin(7",
+            alloc::format!("bin size 72057594037927936: {too_large}"),
+        ),
+        (
+            "binning(bump, bin(4611686018427388160, bump))",
+            "bin(",
+            alloc::format!(
+                "bin size 4611686018427388160: too large, above {largest_request}, the largest request"
+            ),
+        ),
+    ];
+    for (text, key, message) in cases {
+        let e = b.build(text, &()).err().unwrap_or_else(|| panic!("{text} built"));
+        // The key's value: after `key=`, or a bin's size after `bin(`.
+        let at = text.find(key).unwrap() + key.find(['=', '(']).unwrap() + 1;
+        assert_eq!((e.pos, e.kind), (at, StackErrorKind::BadValue(message)), "{text}");
+    }
+    // The largest of each builds.
+    for text in [
+        "arena(bump, initial=1MiB, max=1MiB, superblock=1MiB)",
+        "binning(bump, min_bin=36028797018963968, max_bin=36028797018963968)",
+        "binning(bump, bin(36028797018963968), bin(4611686018427387904, bump))",
+    ] {
+        b.build(text, &()).unwrap_or_else(|e| panic!("{text}: {e}"));
+    }
+}
+
 #[test]
 fn per_stream_pools_keep_one_pool_per_stream() {
     type Pools = Shared<PerStreamPool<PoolMaker<DynResource<IdStream>>, IdStream>>;
