@@ -106,10 +106,13 @@ fn caused(message: String, make: impl FnOnce(String) -> PyErr) -> PyErr {
 }
 
 /// A stack that could not be built: `ValueError` for what the text says,
-/// the resource's own error (out of memory, the driver) otherwise.
+/// the resource's own error (out of memory, the driver) otherwise; either
+/// says the byte of the text it is at.
 pub(crate) fn stack_to_py(e: StackError, text: &str) -> PyErr {
     match e.kind {
-        memres_core::stack::StackErrorKind::Resource(inner) => to_py(inner, &format!("stack `{text}`")),
+        memres_core::stack::StackErrorKind::Resource(inner) => {
+            to_py(inner, &format!("stack `{text}`: at byte {}", e.pos))
+        }
         _ => PyValueError::new_err(format!("memres: stack `{text}`: {e}")),
     }
 }

@@ -1474,3 +1474,16 @@ def test_ipc_and_fabric_handles_at_once_are_refused_before_cuda_is_asked():
     with pytest.raises(RuntimeError, match="enable_ipc and enable_fabric at once") as e:
         mr.CudaAsyncMemoryResource(enable_ipc=True, enable_fabric=True)
     assert isinstance(e.value, ValueError)
+
+
+def test_a_stack_the_resource_refuses_says_the_byte_as_a_malformed_one_does():
+    # A malformed stack says the byte it is at; so does one whose resource
+    # refuses it, keeping the exception of the resource's error.
+    with pytest.raises(ValueError, match=r"^memres: stack `pool\(sim, bogus=1\)`: at byte 10: unknown key"):
+        mr.StackMemoryResource("pool(sim, bogus=1)", backend="sim")
+    with pytest.raises(memres.InvalidArgument,
+                       match=r"^memres: stack `align\(sim, alignment=3000\)`: at byte 21: "):
+        mr.StackMemoryResource("align(sim, alignment=3000)", backend="sim")
+    with pytest.raises(memres.OutOfMemory,
+                       match=r"^memres: stack `stats\(pool\(sim\(1GiB\), initial=2GiB\)\)`: at byte 6: "):
+        mr.StackMemoryResource("stats(pool(sim(1GiB), initial=2GiB))", backend="sim")
