@@ -29,7 +29,8 @@ from ._device import current_device, device_id as _device_id
 from ._errors import CudaUnavailable, InvalidArgument
 from ._stream import Stream, as_handle
 
-_WORD = re.compile(r"^[^,()=\s]+$")
+# Matched whole (`fullmatch`): `$` also matches before a final newline.
+_WORD = re.compile(r"[^,()=\s]+")
 # The figures of `DeviceMemoryResource.steps`, in the order the native side gives them.
 _STEPS_FIELDS = ("steps", "followed", "plans", "planned_allocations", "region", "carry_region")
 
@@ -52,7 +53,7 @@ def _flush_logs_at_exit():
 
 def _word(value, what):
     text = str(value)
-    if not _WORD.match(text):
+    if not _WORD.fullmatch(text):
         raise ValueError(f"memres: {what} {text!r} may not hold spaces, commas, '=' or parentheses")
     return text
 

@@ -980,6 +980,13 @@ def test_logging_adaptor_writes_rmm_csv(tmp_path):
         mr.LoggingResourceAdaptor(sim_pool(), log_file_name=str(tmp_path / "a b.csv"))
 
 
+def test_a_log_file_name_ending_in_a_newline_is_refused(tmp_path):
+    # The name is checked whole: a final newline is whitespace too.
+    with pytest.raises(ValueError, match="may not hold spaces"):
+        mr.LoggingResourceAdaptor(sim_pool(), log_file_name=str(tmp_path / "x.csv") + "\n")
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_bad_stack_is_a_value_error_naming_the_position():
     with pytest.raises(ValueError, match="pool"):
         mr.StackMemoryResource("pool(sim, bogus=1)", backend="sim")
