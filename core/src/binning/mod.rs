@@ -70,8 +70,14 @@ impl Tally {
         R: MemoryResource<S> + ?Sized,
     {
         let block = from.allocate(request, stream)?;
-        if let Err(e) = block.upstream_range(request.size()) {
-            // Handed out whole as the request's block: it must hold it.
+        // Handed out whole as the request's block: it must hold it, aligned
+        // as asked (a mask: the alignment is a power of two, `Request`'s
+        // invariant).
+        let aligned = match block.addr() & (request.align() - 1) {
+            0 => Ok(()),
+            _ => Err(block.misbehaved("not aligned as asked")),
+        };
+        if let Err(e) = block.upstream_range(request.size()).and(aligned) {
             let _ = from.deallocate(block, stream);
             return Err(e);
         }

@@ -1,7 +1,7 @@
 //! An upstream outside its contract (a safe trait of the user's) that hands
 //! a resource a block overlapping a chunk it holds, running past the last
 //! address, shorter or not aligned as asked: the resource (one keeping a
-//! chunk table, or the binning resource's large path) answers the caller's
+//! chunk table, or the binning resource's large path and counted bins) answers the caller's
 //! valid request with the upstream's fault (`UpstreamMisbehaved`), gives
 //! the block back, counts nothing and serves on. Before, the pool, the
 //! fixed-size resource and the arena answered `InvalidConfig` or
@@ -187,4 +187,38 @@ fn binning_blames_its_upstream_for_a_large_block_past_the_last_address() {
         binning.deallocate(x, &()).unwrap();
     }
     assert_eq!((up.out(), binning.usage().used), ((0, 0), 0));
+}
+
+#[test]
+fn binning_blames_its_upstream_and_a_counted_bin_for_a_block_not_aligned_as_asked() {
+    // No bins of its own: 4 KiB goes upstream; 1 KiB to a counted bin of
+    // the same kind of resource.
+    let (up, bin) = (Misbehaving::new(), Misbehaving::new());
+    let mut binning = BinningResource::<_, ()>::new(&up);
+    binning.add_counted_bin(1024, &bin).unwrap();
+    let mut live =
+        [binning.allocate(req(4096), &()).unwrap(), binning.allocate(req(1024), &()).unwrap()].to_vec();
+    for (from, size) in [(&up, 4096), (&bin, 1024)] {
+        let (up_out, bin_out, used) = (up.out(), bin.out(), binning.usage().used);
+        let aligned = |align| Request::aligned(size, align).unwrap();
+        for (addr, request) in [((1 << 50) + 128, req(size)), ((1 << 50) + 4096, aligned(1 << 16))] {
+            from.tell(addr, size);
+            blames_upstream(binning.allocate(request, &()).unwrap_err(), addr, size, "not aligned as asked");
+            // Given back, nothing counted.
+            assert_eq!(
+                (up.out(), bin.out(), binning.usage().used),
+                (up_out, bin_out, used),
+                "{size} at {addr:#x}"
+            );
+            binning.check().unwrap();
+        }
+        // It serves on, aligned as asked.
+        let b = binning.allocate(aligned(1 << 16), &()).unwrap();
+        assert_eq!(b.addr() % (1 << 16), 0);
+        live.push(b);
+    }
+    for x in live {
+        binning.deallocate(x, &()).unwrap();
+    }
+    assert_eq!((up.out(), bin.out(), binning.usage().used), ((0, 0), (0, 0), 0));
 }
