@@ -1,7 +1,7 @@
 //! RMM's `callback_memory_resource`: a leaf resource whose allocate and
 //! deallocate are two closures given by the program, with a context.
 
-use crate::{Block, Error, MemoryResource, Request, Result, Stream};
+use crate::{Block, MemoryResource, Request, Result, Stream};
 use core::fmt;
 
 /// A resource that allocates and frees through two closures, each given the
@@ -17,8 +17,11 @@ use core::fmt;
 /// than asked, an address not aligned to the request's alignment, a range
 /// that wraps around the address space) is handed to the deallocate
 /// closure at once (unless it is the empty block) and the allocation fails
-/// with [`CallbackResource::BAD_BLOCK`]. The resource keeps no state, so a
-/// closure that panics leaves nothing to put right. Everything else (which blocks are
+/// with [`Error::UpstreamMisbehaved`](crate::Error::UpstreamMisbehaved) naming the block and what is wrong
+/// with it: the closures' fault, not the request's. The resource counts
+/// nothing and keeps no state, so a closure that panics leaves nothing to
+/// put right, and a block whose give-back the deallocate closure refuses
+/// stays with the closures' owner, never handed to the caller. Everything else (which blocks are
 /// live, a double free) is the closures' to check and answer.
 ///
 /// A stack string cannot hold one (it has no syntax for code): register
@@ -53,13 +56,6 @@ pub struct CallbackResource<C, A, D> {
 }
 
 impl<C, A, D> CallbackResource<C, A, D> {
-    /// What an allocation answers when the allocate closure returns a block
-    /// that does not answer the request.
-    pub const BAD_BLOCK: Error = Error::Backend {
-        code: -1,
-        what: "the allocate callback returned a block of another size than asked, misaligned, or wrapping around",
-    };
-
     /// Allocates with `allocate(request, stream, &context)` and frees with
     /// `deallocate(block, stream, &context)`.
     pub fn new(context: C, allocate: A, deallocate: D) -> Self {
@@ -84,12 +80,20 @@ impl<C: fmt::Debug, A, D> fmt::Debug for CallbackResource<C, A, D> {
     }
 }
 
-/// Whether `block` answers `request`: its size, its alignment, a range that
-/// does not wrap.
-fn answers(block: Block, request: Request) -> bool {
-    block.size() == request.size()
-        && block.addr() % request.align() == 0
-        && block.addr().checked_add(block.size()).is_some()
+/// Whether `block` answers `request` (its size, its alignment, a range that
+/// does not wrap); if not, the closures' fault.
+fn answers(block: Block, request: Request) -> Result<()> {
+    if block.size() < request.size() {
+        Err(block.misbehaved("shorter than asked"))
+    } else if block.size() > request.size() {
+        Err(block.misbehaved("not sized as asked"))
+    } else if block.addr() % request.align() != 0 {
+        Err(block.misbehaved("not aligned as asked"))
+    } else if block.addr().checked_add(block.size()).is_none() {
+        Err(block.misbehaved("running past the last address"))
+    } else {
+        Ok(())
+    }
 }
 
 impl<S, C, A, D> MemoryResource<S> for CallbackResource<C, A, D>
@@ -103,14 +107,14 @@ where
             return Ok(Block::EMPTY);
         }
         let block = (self.allocate)(request, stream, &self.context)?;
-        if !answers(block, request) {
+        if let Err(e) = answers(block, request) {
             // Given back so that nothing is lost (the empty block holds
             // nothing, and its free reaches no closure); the free's own
             // answer cannot change the allocation's.
             if !block.is_empty() {
                 let _ = (self.deallocate)(block, stream, &self.context);
             }
-            return Err(Self::BAD_BLOCK);
+            return Err(e);
         }
         Ok(block)
     }

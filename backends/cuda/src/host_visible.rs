@@ -259,7 +259,8 @@ mod tests {
                 },
             )
         };
-        assert_eq!(got, Err(crate::place::MISALIGNED));
+        let what = "not aligned to 256 bytes, as the driver promises";
+        assert_eq!(got, Err(Error::UpstreamMisbehaved { addr: base, size: 512, what }), "the driver's fault");
         assert_eq!(freed, Some(base), "given back");
         assert_eq!(allocations.live().len(), 0);
         drop(allocations);

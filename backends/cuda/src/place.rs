@@ -44,9 +44,16 @@ pub(crate) fn base_of(block: Block) -> Result<u64> {
     block.addr().checked_sub(tag & PAD_MASK).ok_or(Error::UnknownBlock { addr: block.addr() })
 }
 
-/// The error when the driver's allocation does not have the alignment it promises.
-pub(crate) const MISALIGNED: Error =
-    Error::Backend { code: -1, what: "driver allocation not aligned to 256 bytes" };
+/// The error when the driver's allocation of `bytes` at `base` does not
+/// have the alignment it promises: the driver, this resource's upstream,
+/// broke its contract ([`Error::UpstreamMisbehaved`]), not a request's.
+pub(crate) fn misaligned(base: u64, bytes: usize) -> Error {
+    Error::UpstreamMisbehaved {
+        addr: base,
+        size: bytes as u64,
+        what: "not aligned to 256 bytes, as the driver promises",
+    }
+}
 
 /// Runs a driver allocation `alloc(bytes, &mut base)` for `request` and
 /// places the block in it; out of memory gets the figures (`pool_size`: the
@@ -78,7 +85,7 @@ pub(crate) fn allocate_with(
         None => {
             // Nothing to do if giving it back fails too: report the first error.
             let _ = free(base);
-            Err(MISALIGNED)
+            Err(misaligned(base, bytes))
         }
     }
 }

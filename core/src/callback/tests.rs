@@ -81,8 +81,50 @@ fn a_block_that_does_not_answer_is_given_back_unless_empty() {
             Ok(())
         },
     );
-    assert_eq!(r.allocate(req(1000), &()), Err(Counted::BAD_BLOCK));
+    let shorter = |addr, size| Err(Error::UpstreamMisbehaved { addr, size, what: "shorter than asked" });
+    assert_eq!(r.allocate(req(1000), &()), shorter(0, 0));
     assert_eq!(frees.load(Ordering::Relaxed), 0);
-    assert_eq!(r.allocate(req(2000), &()), Err(Counted::BAD_BLOCK));
+    assert_eq!(r.allocate(req(2000), &()), shorter(1 << 20, 10));
     assert_eq!(frees.load(Ordering::Relaxed), 1);
+}
+
+/// A block that does not answer the request is the closures' fault
+/// (`UpstreamMisbehaved`, naming the block and what is wrong), not a
+/// backend's: it goes back to the deallocate closure, nothing stays
+/// lent, and the resource serves on.
+#[test]
+fn a_bad_block_is_the_closures_fault_and_goes_back() {
+    let top = u64::MAX - 255;
+    let cases = [
+        ((1 << 30) + 128, 1000, req(1000), "not aligned as asked"),
+        ((1 << 30) + 1024, 1000, Request::aligned(1000, 4096).unwrap(), "not aligned as asked"),
+        (1 << 30, 999, req(1000), "shorter than asked"),
+        (1 << 30, 1256, req(1000), "not sized as asked"),
+        (top, 1000, req(1000), "running past the last address"),
+    ];
+    for (addr, size, request, what) in cases {
+        // Lends the one block, and takes it back once.
+        let lent = AtomicU64::new(0);
+        let r = CallbackResource::new(
+            &lent,
+            |r: Request, _: &(), lent: &&AtomicU64| {
+                lent.fetch_add(1, Ordering::Relaxed);
+                Ok(Block::from_addr(addr, if r.size() == 1 { 1 } else { size }))
+            },
+            |b: Block, _: &(), lent: &&AtomicU64| {
+                assert_eq!(b, Block::from_addr(addr, b.size()), "{what}: another block given back");
+                lent.fetch_sub(1, Ordering::Relaxed);
+                Ok(())
+            },
+        );
+        let err = r.allocate(request, &()).unwrap_err();
+        assert_eq!(err, Error::UpstreamMisbehaved { addr, size, what }, "{what}");
+        assert_eq!(lent.load(Ordering::Relaxed), 0, "{what}: the block went back");
+        // Serves on: a request the closure answers as asked.
+        if addr % 256 == 0 {
+            let b = r.allocate(req(1), &()).unwrap();
+            r.deallocate(b, &()).unwrap();
+            assert_eq!(lent.load(Ordering::Relaxed), 0, "{what}");
+        }
+    }
 }

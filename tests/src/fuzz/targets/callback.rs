@@ -318,7 +318,7 @@ impl CallbackTarget {
 }
 
 /// The callback resource's answers, judged by its allocate closure's: a
-/// good block as it is, a bad one `BAD_BLOCK` and handed back to the
+/// good block as it is, a bad one `UpstreamMisbehaved` naming it and handed back to the
 /// deallocate closure (unless empty), an error as it is; a zero-byte
 /// request the empty block without a closure.
 fn judge_closures(request: &Request, t: &Trace) -> std::result::Result<(), String> {
@@ -342,7 +342,14 @@ fn judge_closures(request: &Request, t: &Trace) -> std::result::Result<(), Strin
                 if !b.is_empty() {
                     bad.push(b);
                 }
-                Err(Closures::BAD_BLOCK)
+                // The closures' fault, naming their block.
+                if matches!(*resource, Err(Error::UpstreamMisbehaved { addr, size, .. }) if (addr, size) == (b.addr(), b.size()))
+                {
+                    continue;
+                }
+                return Err(format!(
+                    "the allocate closure answered {closure:?}, the callback resource {resource:?}, not the closures' fault naming the block"
+                ));
             }
             Answer::Failed(e) => Err(e),
         };
@@ -468,7 +475,7 @@ impl FuzzResource for CallbackTarget {
 /// closure spoils. After every call: the adaptor answers its upstream's
 /// last answer, retries only as the callback asked and the cap allows, and
 /// calls the callback exactly once per failure it catches; the callback
-/// resource hands every bad block back and answers `BAD_BLOCK`; the caller
+/// resource hands every bad block back and answers `UpstreamMisbehaved`; the caller
 /// holds exactly the device's blocks the program lent; the figures are the
 /// device's. At the end the device holds nothing.
 pub fn run_callback(data: &[u8]) {
