@@ -5,8 +5,8 @@ use crate::error::error_from_code;
 use crate::host_visible::{self, HostAllocations};
 use crate::stream::{in_order, AsRawStream};
 use crate::sys;
-use memres_core::{Block, MemoryResource, Request, Result, Stream};
-use std::sync::Arc;
+use memres_core::{Block, Error, MemoryResource, Request, Result, Stream};
+use std::sync::{Arc, Mutex, PoisonError};
 
 /// Managed memory (`cuMemAllocManaged`, attached globally): RMM's
 /// `managed_memory_resource`. The driver migrates its pages between host
@@ -122,8 +122,14 @@ unsafe impl memres_core::copy::MemoryOf<crate::CudaCopy> for ManagedMemory {}
 ///
 /// Meant over [`ManagedMemory`]. A block that is not managed memory (asked of
 /// the driver with `cuPointerGetAttribute`) is handed out as it is, as RMM
-/// does: prefetching is a hint. A prefetch error frees the block again and is
-/// returned.
+/// does: prefetching is a hint. So is a prefetch the driver refuses: the
+/// block is handed out all the same (its memory is managed memory, valid
+/// wherever it lies; the pages move on first touch instead), and the
+/// failure is counted, with its error, in
+/// [`failed_prefetches`](Prefetch::failed_prefetches). Handing it back
+/// instead could lose it: after a sticky error the upstream refuses the
+/// free too, and the block would stay live upstream for good, held by no
+/// one.
 ///
 /// # Examples
 ///
@@ -142,6 +148,8 @@ pub struct Prefetch<R> {
     upstream: R,
     /// The prefetch target's primary context (for the legacy stream).
     context: Context,
+    /// The prefetches the driver refused: how many, and the last one's error.
+    failed: Mutex<(u64, Option<Error>)>,
 }
 
 impl<R> Prefetch<R> {
@@ -151,7 +159,13 @@ impl<R> Prefetch<R> {
     ///
     /// The driver's error as [`Error::Backend`](memres_core::Error::Backend).
     pub fn new(upstream: R, device: Device) -> Result<Prefetch<R>> {
-        Ok(Prefetch { upstream, context: device.primary_context()? })
+        Ok(Prefetch { upstream, context: device.primary_context()?, failed: Mutex::new((0, None)) })
+    }
+
+    /// The prefetches the driver refused (their blocks were handed out all
+    /// the same), and the last one's error.
+    pub fn failed_prefetches(&self) -> (u64, Option<Error>) {
+        *self.failed.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// The upstream resource.
@@ -172,20 +186,10 @@ impl<R> Prefetch<R> {
 
 impl<S: AsRawStream + ?Sized, R: MemoryResource<S>> MemoryResource<S> for Prefetch<R> {
     fn allocate(&self, request: Request, stream: &S) -> Result<Block> {
-        let block = self.upstream.allocate(request, stream)?;
-        if block.is_empty() {
-            return Ok(block);
-        }
         let ctx = stream.context().unwrap_or(&self.context);
-        let prefetched = prefetch(block.addr(), block.size(), self.context.device(), ctx, stream);
-        match prefetched {
-            Ok(_) => Ok(block),
-            Err(e) => {
-                // A failed call changes nothing: give the block back.
-                let _ = self.upstream.deallocate(block, stream);
-                Err(e)
-            }
-        }
+        self.allocate_hinting(request, stream, |b| {
+            prefetch(b.addr(), b.size(), self.context.device(), ctx, stream)
+        })
     }
 
     fn deallocate(&self, block: Block, stream: &S) -> Result<()> {
@@ -195,6 +199,30 @@ impl<S: AsRawStream + ?Sized, R: MemoryResource<S>> MemoryResource<S> for Prefet
     /// Equal to a `Prefetch` over an equal upstream, as in RMM.
     fn id(&self) -> memres_core::ResourceId {
         memres_core::ResourceId::over::<Self>(self.upstream.id())
+    }
+}
+
+impl<R> Prefetch<R> {
+    /// `upstream`'s block for `request`, with `prefetch` (of that block)
+    /// as a hint: its failure is counted, never the allocation's.
+    fn allocate_hinting<S: Stream + ?Sized>(
+        &self,
+        request: Request,
+        stream: &S,
+        prefetch: impl FnOnce(Block) -> Result<bool>,
+    ) -> Result<Block>
+    where
+        R: MemoryResource<S>,
+    {
+        let block = self.upstream.allocate(request, stream)?;
+        if block.is_empty() {
+            return Ok(block);
+        }
+        if let Err(e) = prefetch(block) {
+            let mut failed = self.failed.lock().unwrap_or_else(PoisonError::into_inner);
+            *failed = (failed.0 + 1, Some(e));
+        }
+        Ok(block)
     }
 }
 
@@ -277,3 +305,67 @@ fn prefetch_to<S: AsRawStream + ?Sized>(
 // SAFETY: `Prefetch` hands out `R`'s blocks unchanged (a prefetch moves
 // pages, not data) and gives them back only through `R::deallocate`.
 unsafe impl<E, R: memres_core::copy::MemoryOf<E>> memres_core::copy::MemoryOf<E> for Prefetch<R> {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::context::Device;
+    use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+
+    /// Lends blocks and counts them out; refuses every free once `sticky`
+    /// (as the driver after a sticky error).
+    #[derive(Default)]
+    struct Upstream {
+        next: AtomicU64,
+        out: AtomicU64,
+        sticky: std::sync::atomic::AtomicBool,
+    }
+
+    const STICKY: Error = Error::Backend { code: 700, what: "CUDA_ERROR_ILLEGAL_ADDRESS" };
+
+    impl MemoryResource<()> for Upstream {
+        fn allocate(&self, request: Request, _: &()) -> Result<Block> {
+            self.out.fetch_add(1, Relaxed);
+            Ok(Block::from_addr((1 << 20) + self.next.fetch_add(1 << 20, Relaxed), request.size()))
+        }
+        fn deallocate(&self, _: Block, _: &()) -> Result<()> {
+            if self.sticky.load(Relaxed) {
+                return Err(STICKY);
+            }
+            self.out.fetch_sub(1, Relaxed);
+            Ok(())
+        }
+    }
+
+    /// A prefetch the driver refuses is a hint that failed: the block is
+    /// handed out, counted nowhere else, and freed by its owner; the
+    /// failure is counted with its error. Before, the block went back
+    /// upstream, and after a sticky error that free failed too: the block
+    /// stayed live upstream with no one to free it.
+    #[test]
+    fn a_failed_prefetch_hands_the_block_out_and_is_counted() {
+        let mr = Prefetch {
+            upstream: Upstream::default(),
+            context: Context::fake(Device::fake(0)),
+            failed: Mutex::new((0, None)),
+        };
+        let request = Request::new(1000).unwrap();
+        mr.upstream.sticky.store(true, Relaxed);
+        let got = mr.allocate_hinting(request, &(), |_| Err(STICKY));
+        let block = got.expect("a failed prefetch fails no allocation");
+        assert_eq!(block.size(), 1000);
+        assert_eq!(mr.upstream.out.load(Relaxed), 1, "the block is the caller's, not lost upstream");
+        assert_eq!(mr.failed_prefetches(), (1, Some(STICKY)));
+        // Its owner frees it once the upstream frees again.
+        assert_eq!(mr.deallocate(block, &()), Err(STICKY));
+        mr.upstream.sticky.store(false, Relaxed);
+        mr.deallocate(block, &()).unwrap();
+        assert_eq!(mr.upstream.out.load(Relaxed), 0);
+        // A prefetch that succeeds, or finds no managed memory, counts nothing.
+        for answer in [Ok(true), Ok(false)] {
+            let b = mr.allocate_hinting(request, &(), |_| answer).unwrap();
+            mr.deallocate(b, &()).unwrap();
+        }
+        assert_eq!(mr.failed_prefetches(), (1, Some(STICKY)));
+    }
+}
