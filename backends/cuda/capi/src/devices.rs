@@ -3,7 +3,7 @@
 //! callers on it, and the configuration that decides the stack.
 
 use crate::leaves::{checking_builder, refuse_host_leaves};
-use crate::table::Table;
+use crate::table::{Stranded, Table};
 use crate::{device_index, guard, set_error, snapshot, DEFAULT_STACK, MAX_DEVICES, STACK_VAR};
 use memres_core::adaptor::{Gauge, Logging, Statistics};
 use memres_core::planned::Planned;
@@ -21,6 +21,9 @@ pub(crate) struct DeviceState {
     pub(crate) stack: String,
     /// Every block handed out and not yet freed.
     pub(crate) table: Table,
+    /// Blocks handed out at a live address whose give-back the stack
+    /// refused, given back again by each release.
+    pub(crate) stranded: Stranded,
     /// The outermost `stats` adaptor, if any.
     pub(crate) stats: Option<Arc<Statistics<DynResource<CudaStream>>>>,
     /// Bytes held by all CUDA leaves.
@@ -104,6 +107,7 @@ fn build(d: usize, stack: &str) -> Result<DeviceState, String> {
         resource,
         stack: stack.to_string(),
         table: Table::new(),
+        stranded: Stranded::default(),
         upstream,
         map,
     })

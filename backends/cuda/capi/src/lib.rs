@@ -154,7 +154,7 @@ use std::cell::RefCell;
 use std::ffi::{c_char, c_int, c_void, CStr};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
-use table::Table;
+use table::{Stranded, Table};
 
 /// The stack a device runs when neither `memres_configure` nor
 /// `MEMRES_STACK` names one: a pool per stream (see *Streams*) over
@@ -347,7 +347,7 @@ fn allocate(size: isize, device: c_int, stream: *mut c_void) -> Result<*mut c_vo
     if block.is_empty() {
         return Ok(std::ptr::null_mut());
     }
-    record(d, &st.table, &*st.resource, block, &*stream)?;
+    record(d, &st.table, &st.stranded, &*st.resource, block, &*stream)?;
     Ok(block.addr() as usize as *mut c_void)
 }
 
@@ -355,8 +355,18 @@ fn allocate(size: isize, device: c_int, stream: *mut c_void) -> Result<*mut c_vo
 /// At an address that is live already (a resource that handed it out
 /// twice, or two whose ranges overlap) the older block stays, freeable,
 /// and the new one goes back to `resource`: an error (as Python's
-/// `memres_py_alloc` answers).
-fn record<R, S>(d: usize, table: &Table, resource: &R, block: Block, stream: &S) -> Result<(), String>
+/// `memres_py_alloc` answers). If `resource` refuses it, it is kept in
+/// `stranded` for the device's next release to give back, once `stream`
+/// is done with what it ordered before (the release may free on another
+/// stream).
+fn record<R, S>(
+    d: usize,
+    table: &Table,
+    stranded: &Stranded,
+    resource: &R,
+    block: Block,
+    stream: &S,
+) -> Result<(), String>
 where
     R: MemoryResource<S> + ?Sized,
     S: Stream + ?Sized,
@@ -364,7 +374,14 @@ where
     let Some(older) = table.insert(block) else { return Ok(()) };
     let back = match resource.deallocate(block, stream) {
         Ok(()) => "it was given back".to_string(),
-        Err(e) => format!("giving it back failed: {e}"),
+        Err(e) => {
+            let waited = match stream.synchronize() {
+                Ok(()) => String::new(),
+                Err(w) => format!(" (waiting for its stream failed: {w})"),
+            };
+            stranded.keep(block);
+            format!("giving it back failed: {e}; kept to give back at the next memres_release{waited}")
+        }
     };
     Err(format!(
         "memres: device {d}: the stack handed out {:#x}, a live address (of a block of {} bytes): {back}",
@@ -614,7 +631,9 @@ pub unsafe extern "C" fn memres_steps(device: c_int, out: *mut MemresSteps) -> c
 
 /// Gives back what the pools of `device`'s stack keep free (see
 /// `memres_release`): the Rust form, returning the bytes given back (0 for
-/// a device not used yet).
+/// a device not used yet). First it gives back the blocks kept since the
+/// stack handed out a live address and refused them back (see `record`);
+/// those still refused stay kept, and the first refusal is the error.
 ///
 /// # Errors
 ///
@@ -627,7 +646,11 @@ pub unsafe extern "C" fn memres_steps(device: c_int, out: *mut MemresSteps) -> c
 pub unsafe fn release(device: c_int, stream: *mut c_void) -> Result<u64, String> {
     let d = device_index(device)?;
     let Some(st) = devices::used(d) else { return Ok(0) };
-    st.releasing.release(&*stream_of(stream, st)).map_err(|e| format!("memres: device {d}: release: {e}"))
+    let stream = stream_of(stream, st);
+    let stranded = st.stranded.give_back(|b| st.resource.deallocate(b, &*stream));
+    let released = st.releasing.release(&*stream).map_err(|e| format!("memres: device {d}: release: {e}"));
+    stranded.map_err(|e| format!("memres: device {d}: release: giving back a block kept since the stack handed out a live address: {e}"))?;
+    released
 }
 
 /// Gives back to `device` (negative: the current device) what the pools of
@@ -832,6 +855,8 @@ mod tests {
     #[derive(Debug, Default)]
     struct OneAddress {
         back: std::sync::Mutex<Vec<Block>>,
+        /// Whether frees are refused.
+        refusing: std::sync::atomic::AtomicBool,
     }
 
     impl MemoryResource<()> for OneAddress {
@@ -839,6 +864,9 @@ mod tests {
             Ok(Block::new(0x1000, request.size(), 7))
         }
         fn deallocate(&self, block: Block, _stream: &()) -> memres_core::Result<()> {
+            if self.refusing.load(std::sync::atomic::Ordering::Relaxed) {
+                return Err(memres_core::Error::Backend { code: 1, what: "refused" });
+            }
             self.back.lock().unwrap().push(block);
             Ok(())
         }
@@ -850,15 +878,42 @@ mod tests {
     fn an_address_live_already_is_refused_and_the_new_block_given_back() {
         let (table, resource) = (Table::new(), OneAddress::default());
         let older = resource.allocate(Request::new(512).unwrap(), &()).unwrap();
-        assert_eq!(record(5, &table, &resource, older, &()), Ok(()));
+        let stranded = Stranded::default();
+        assert_eq!(record(5, &table, &stranded, &resource, older, &()), Ok(()));
         let newer = resource.allocate(Request::new(256).unwrap(), &()).unwrap();
         let refused = "memres: device 5: the stack handed out 0x1000, a live address \
                        (of a block of 512 bytes): it was given back";
-        assert_eq!(record(5, &table, &resource, newer, &()), Err(refused.to_string()));
+        assert_eq!(record(5, &table, &stranded, &resource, newer, &()), Err(refused.to_string()));
         assert_eq!(*resource.back.lock().unwrap(), [newer]);
+        assert!(stranded.blocks().is_empty());
         // The older block stays, and its free frees it.
         assert_eq!(table.remove_sized(0x1000, Some(512)), Ok(older));
         assert!(table.is_empty());
+    }
+
+    /// A stack that hands out a live address and refuses the block back:
+    /// the block is kept, not lost, and a later give-back (what each
+    /// release does first) frees it; one still refused stays kept.
+    #[test]
+    fn a_block_whose_give_back_is_refused_is_kept_and_given_back_later() {
+        let (table, stranded, resource) = (Table::new(), Stranded::default(), OneAddress::default());
+        let older = resource.allocate(Request::new(512).unwrap(), &()).unwrap();
+        assert_eq!(record(5, &table, &stranded, &resource, older, &()), Ok(()));
+        let newer = resource.allocate(Request::new(256).unwrap(), &()).unwrap();
+        resource.refusing.store(true, std::sync::atomic::Ordering::Relaxed);
+        let err = record(5, &table, &stranded, &resource, newer, &()).unwrap_err();
+        assert!(err.contains("giving it back failed: backend error 1: refused"), "{err}");
+        assert!(err.contains("kept to give back at the next memres_release"), "{err}");
+        assert_eq!(stranded.blocks(), [newer], "kept, not lost");
+        // Still refused: still kept, and the error says so.
+        assert!(stranded.give_back(|b| resource.deallocate(b, &())).is_err());
+        assert_eq!(stranded.blocks(), [newer]);
+        resource.refusing.store(false, std::sync::atomic::Ordering::Relaxed);
+        assert_eq!(stranded.give_back(|b| resource.deallocate(b, &())), Ok(()));
+        assert!(stranded.blocks().is_empty());
+        assert_eq!(*resource.back.lock().unwrap(), [newer], "given back");
+        // The older block stays the caller's.
+        assert_eq!(table.remove_sized(0x1000, Some(512)), Ok(older));
     }
 
     #[test]

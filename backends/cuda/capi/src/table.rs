@@ -199,3 +199,43 @@ mod tests {
         assert!(t.is_empty());
     }
 }
+
+/// Blocks the stack handed out at an address live already whose give-back
+/// it refused at once: kept here, never lost, and given back again by each
+/// release of the device (`memres_release`, `memres_empty_cache`).
+#[derive(Debug, Default)]
+pub struct Stranded(Mutex<Vec<Block>>);
+
+impl Stranded {
+    /// Keeps `block` to give back later.
+    pub(crate) fn keep(&self, block: Block) {
+        self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner).push(block);
+    }
+
+    /// The blocks kept and not given back yet.
+    pub fn blocks(&self) -> Vec<Block> {
+        self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone()
+    }
+
+    /// Gives each block kept back with `free`; keeps those it refuses,
+    /// and answers the first refusal. A free that panics keeps its block
+    /// and those not reached yet.
+    pub(crate) fn give_back<E>(&self, mut free: impl FnMut(Block) -> Result<(), E>) -> Result<(), E> {
+        let taken = std::mem::take(&mut *self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner));
+        let mut first = Ok(());
+        for (i, &block) in taken.iter().enumerate() {
+            match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| free(block))) {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => {
+                    self.keep(block);
+                    first = first.and(Err(e));
+                }
+                Err(payload) => {
+                    taken[i..].iter().for_each(|&b| self.keep(b));
+                    std::panic::resume_unwind(payload)
+                }
+            }
+        }
+        first
+    }
+}
