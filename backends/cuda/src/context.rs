@@ -220,6 +220,16 @@ impl Device {
         Context::retain(*self)
     }
 
+    /// Whether the device's primary context is active now
+    /// (`cuDevicePrimaryCtxGetState`); asking makes nothing.
+    fn primary_active(&self) -> Result<bool> {
+        let (mut flags, mut active) = (0, 0);
+        // SAFETY: a `Device` exists only once the driver is initialized and
+        // `raw` came from it; both out parameters point at live locals.
+        check(unsafe { sys::cuDevicePrimaryCtxGetState(self.raw, &mut flags, &mut active) })?;
+        Ok(active != 0)
+    }
+
     /// The device's legacy default stream (the null stream of its primary
     /// context). Work on it is ordered with all blocking streams of the
     /// context.
@@ -381,7 +391,8 @@ impl Context {
     ///
     /// [`Error::InvalidConfig`] when no context is current or it is not a
     /// primary one (this crate can keep only primary contexts alive); the
-    /// driver's error as [`Error::Backend`].
+    /// driver's error as [`Error::Backend`]. It never makes a primary
+    /// context: one the device has not made is not the current one.
     pub(crate) fn current_primary() -> Result<Context> {
         init()?;
         let mut now = ptr::null_mut();
@@ -390,11 +401,21 @@ impl Context {
         if now.is_null() {
             return Err(Error::InvalidConfig { what: "no CUDA context is current for the default stream" });
         }
-        let context = Context::retain(Device::current()?)?;
+        let not_primary = Error::InvalidConfig {
+            what: "the default stream of a context that is not primary: name the stream with its context",
+        };
+        let device = Device::current()?;
+        // Retaining an inactive primary context would create it (device
+        // memory for good) only to find it is not `now`: an inactive one
+        // cannot be current, so only an active one is retained, which
+        // creates nothing.
+        let context = match Context::retained(device.ordinal() as usize) {
+            Some(context) => context,
+            None if device.primary_active()? => Context::retain(device)?,
+            None => return Err(not_primary),
+        };
         if context.raw() != now {
-            return Err(Error::InvalidConfig {
-                what: "the default stream of a context that is not primary: name the stream with its context",
-            });
+            return Err(not_primary);
         }
         Ok(context)
     }
