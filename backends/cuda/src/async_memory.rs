@@ -203,7 +203,11 @@ impl CudaAsyncMemory {
     ///
     /// [`Error::InvalidConfig`] if the device has no memory pools; out of
     /// memory if the initial size cannot be reserved; the driver's other
-    /// errors as [`Error::Backend`]. Nothing is left behind on failure.
+    /// errors as [`Error::Backend`]. Nothing is left behind on failure but
+    /// in one case: the block that reserves the initial size, freed at
+    /// once, cannot be freed even once the device is idle (the driver's
+    /// error); the pool then keeps that block's memory for the rest of the
+    /// process.
     pub fn with_config(device: Device, config: AsyncConfig) -> Result<CudaAsyncMemory> {
         if !device.supports_memory_pools()? {
             return Err(Error::InvalidConfig { what: "the device does not support memory pools" });
@@ -227,12 +231,31 @@ impl CudaAsyncMemory {
         let mr = CudaAsyncMemory { pool, owned: true, context, live: Box::default() };
         let info = mr.context.memory_info()?;
         mr.set_release_threshold(config.release_threshold.unwrap_or(info.total))?;
-        let initial = config.initial_size.unwrap_or(info.free / 2) & !255;
-        if initial > 0 {
-            let block = mr.allocate(Request::new(initial)?, &())?;
-            mr.deallocate(block, &())?;
-        }
+        mr.prime(config.initial_size.unwrap_or(info.free / 2) & !255)?;
         Ok(mr)
+    }
+
+    /// Has the pool reserve `bytes` (0: nothing) by allocating them and
+    /// freeing them at once. A refused free is tried once more after the
+    /// context is idle: a block no one holds would keep the pool's memory
+    /// (its destruction deferred) for the rest of the process.
+    ///
+    /// # Errors
+    ///
+    /// The allocation's error; the second free's error if the block could
+    /// still not be freed, which is then left behind.
+    pub(crate) fn prime(&self, bytes: u64) -> Result<()> {
+        if bytes == 0 {
+            return Ok(());
+        }
+        let block = self.allocate(Request::new(bytes)?, &())?;
+        if self.deallocate(block, &()).is_ok() {
+            return Ok(());
+        }
+        // SAFETY: the scope makes the pool's context current; synchronizing
+        // it takes no arguments.
+        self.context.scope(|| check(unsafe { sys::cuCtxSynchronize() }))?;
+        self.deallocate(block, &())
     }
 
     /// A view of `device`'s default memory pool (`cuDeviceGetDefaultMemPool`,

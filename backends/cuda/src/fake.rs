@@ -5,7 +5,7 @@
 //! answer from the model on a thread where a test installed one, and are
 //! the driver's elsewhere. A test sets when a synchronization fails, and
 //! whether its error is sticky (every later call answers it, as after a
-//! fault in a kernel); the model keeps the allocations live in its pool
+//! fault in a kernel), and which frees are refused; the model keeps the allocations live in its pool
 //! and every call it answered.
 
 use crate::sys::{self, CUdeviceptr, CUmemoryPool, CUstream, CuResult};
@@ -23,6 +23,9 @@ pub(crate) struct Driver {
     pub(crate) fail_wait: Option<CuResult>,
     /// Whether that error is sticky: every call after it answers it too.
     pub(crate) sticky: bool,
+    /// The errors the next frees answer, first first (each refused free
+    /// frees nothing).
+    pub(crate) refuse_frees: Vec<CuResult>,
     /// Each test uses its own addresses (the table of host-visible
     /// allocations is the process's): the `n`th hands out bases from
     /// `FIRST_BASE + (n << 32)`.
@@ -106,6 +109,9 @@ pub(crate) unsafe fn cuMemFreeAsync(dptr: CUdeviceptr, stream: CUstream) -> CuRe
         d.calls.push(Call::Free { base: dptr, stream: stream as usize });
         if let Some(e) = d.error {
             return e;
+        }
+        if !d.refuse_frees.is_empty() {
+            return d.refuse_frees.remove(0);
         }
         match d.allocated.remove(&dptr) {
             Some(_) => sys::CUDA_SUCCESS,

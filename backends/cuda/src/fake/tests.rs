@@ -117,3 +117,35 @@ fn a_managed_block_whose_wait_fails_is_freed_where_it_was_allocated() {
     assert_eq!(stream, PER_THREAD);
     assert_eq!(host_visible::lock().check(base, 1), Err(Error::NotLive { addr: base, len: 1 }));
 }
+
+/// The free that follows the allocation reserving a pool's initial size
+/// is refused once: it is tried again after the context is idle, and the
+/// block is freed, none left live.
+#[test]
+fn a_refused_priming_free_is_tried_again_once_the_context_is_idle() {
+    install(Driver { refuse_frees: vec![UNKNOWN], addresses: 5, ..Driver::default() });
+    let mr = CudaAsyncMemory::fake(POOL);
+    let got = mr.prime(4096);
+    let (live, driver) = (mr.live().len(), take());
+    assert_eq!(got, Ok(()));
+    assert_eq!(live, 0, "the block stays live: {:?}", driver.calls);
+    assert!(driver.allocated.is_empty(), "not freed: {:?}", driver.calls);
+    let frees: Vec<_> = driver.calls.iter().filter(|c| matches!(c, Call::Free { .. })).collect();
+    assert_eq!(frees.len(), 2, "{:?}", driver.calls);
+    let retry = driver.calls.iter().rposition(|c| matches!(c, Call::Free { .. })).unwrap();
+    assert_eq!(driver.calls[retry - 1], Call::ContextSync, "the retry waits for the context first");
+}
+
+/// Refused twice, the free's error is returned and the block is still
+/// counted live (it was not freed).
+#[test]
+fn a_priming_free_refused_twice_is_the_error() {
+    install(Driver { refuse_frees: vec![UNKNOWN, UNKNOWN], addresses: 6, ..Driver::default() });
+    let mr = CudaAsyncMemory::fake(POOL);
+    let got = mr.prime(4096);
+    let (live, driver) = (mr.live().len(), take());
+    assert_eq!(got, Err(crate::error_from_code(UNKNOWN)));
+    assert_eq!(live, 1);
+    assert_eq!(driver.allocated.len(), 1);
+    assert_eq!(driver.calls.iter().filter(|c| matches!(c, Call::Free { .. })).count(), 2);
+}
