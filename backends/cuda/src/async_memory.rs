@@ -54,7 +54,8 @@ impl IpcHandle {
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct AsyncConfig {
-    /// Bytes to reserve when the pool is made; `None`: half the device's free memory.
+    /// Bytes to reserve when the pool is made (rounded down to a multiple of
+    /// 256); `None`: half the device's free memory.
     initial_size: Option<u64>,
     /// Bytes the pool keeps reserved across synchronizations; `None`: the
     /// device's memory (keep everything).
@@ -84,7 +85,8 @@ impl AsyncConfig {
     }
 
     /// Reserve `bytes` when the pool is made (allocated and freed once, as
-    /// RMM primes its pool).
+    /// RMM primes its pool), rounded down to a multiple of 256: below 256
+    /// nothing is reserved.
     pub const fn initial_size(mut self, bytes: u64) -> Self {
         self.initial_size = Some(bytes);
         self

@@ -21,11 +21,13 @@
  * release_threshold=, ipc=none|posix_fd|fabric; pool=default|managed
  * serves from the device's default pool, or its default pool of managed
  * memory, as they are), cuda (cuMemAlloc), managed (cuMemAllocManaged),
- * vmm (a pool over one reserved address range that maps memory where live
- * blocks are, through cuMemCreate/cuMemMap; reserve=, release_threshold=,
- * handle_granules=, large_handles=, slack=, trim_on_commit=,
- * per_stream=true|false (a reservation and pool per stream; false); it
- * unmaps only after synchronizing the stream of the call). Adaptors and
+ * vmm (a pool over reserved address ranges that maps memory where live
+ * blocks are, through cuMemCreate/cuMemMap: one range of reserve= bytes,
+ * and when it is full another as large, up to 4; reserve=,
+ * release_threshold=, handle_granules=, large_handles=, slack=,
+ * trim_on_commit=, per_stream=true|false (a pool per stream, with
+ * reservations of its own; false); it unmaps only after synchronizing the
+ * stream of the call). Adaptors and
  * algorithms: pool (initial=, max=, growth=double|default|N, granule=
  * (32MiB: chunks are multiples of it), release=true|false|peak (give
  * wholly free chunks back before growing; true; peak: only past the peak
