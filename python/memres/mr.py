@@ -374,8 +374,9 @@ def _pool_int(handle):
 
 
 class VirtualMemoryResource(DeviceMemoryResource):
-    """A pool over one reserved address range that maps physical memory
-    only under live blocks: CUDA VMM (the ``vmm`` leaf), or with
+    """A pool over reserved address ranges (one of ``reserve`` bytes; over
+    CUDA another as large when one is full, up to 4) that maps physical
+    memory only under live blocks: CUDA VMM (the ``vmm`` leaf), or with
     ``simulated_capacity=N`` the same pool over a simulated address space
     of N physical bytes (``vpool``). ``per_stream=True``: a pool per
     stream, each in a reservation of its own, stream-ordered."""

@@ -1,5 +1,6 @@
-//! The virtual-memory pool: one reserved address range, physical memory
-//! mapped only where live blocks are.
+//! The virtual-memory pool: reserved address ranges (one unless
+//! `max_reservations` allows more), physical memory mapped only where live
+//! blocks are.
 //!
 //! A pool over separate upstream chunks strands the free space between
 //! chunks: blocks never span two chunks, so a large request may need a new
@@ -69,8 +70,9 @@ fn slots_touched(r: &Reservation, shift: u32, start: u64, end: u64) -> (u32, u32
     (r.base + lo as u32, r.base + hi as u32)
 }
 
-/// A pool over one reserved address range that maps physical memory only
-/// where live blocks are: the design of the CUDA driver's pool and of
+/// A pool over reserved address ranges (one unless
+/// [`VirtualConfig::max_reservations`] allows more) that maps physical memory
+/// only where live blocks are: the design of the CUDA driver's pool and of
 /// PyTorch's expandable segments, with the O(1) index of
 /// [`CoalescingPool`](crate::pool::CoalescingPool).
 ///
