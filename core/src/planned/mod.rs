@@ -972,10 +972,11 @@ impl<R> Planned<R> {
 
     /// Bytes of the upstream's blocks handed out as they are (outside the
     /// regions) and not freed yet: counted when handed out, counted off
-    /// when the upstream takes a free (never below 0). A block that did
-    /// not come through here, freed through here and taken by the
-    /// upstream, counts off too; a free the upstream refuses counts off
-    /// nothing.
+    /// when the upstream takes a free (never below 0, never past
+    /// `u64::MAX`: blocks of the upstream that overlap may add up past it).
+    /// A block that did not come through here, freed through here and
+    /// taken by the upstream, counts off too; a free the upstream refuses
+    /// counts off nothing.
     pub fn passed_through(&self) -> u64 {
         self.passed.load(Ordering::Relaxed)
     }
@@ -1407,7 +1408,11 @@ impl<S: Stream + ?Sized, R: MemoryResource<S>> MemoryResource<S> for Planned<R> 
         // upstream's error, and on its panic).
         let recorded = recorded.map(|k| Recorded { state: &self.state, k, epoch });
         let block = self.upstream.allocate(request, stream)?;
-        self.passed.fetch_add(block.size(), Ordering::Relaxed);
+        // Saturating, as `held` adds: blocks of the upstream that overlap
+        // may add up past `u64::MAX`.
+        let _ = self
+            .passed
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |p| Some(p.saturating_add(block.size())));
         if let Some(recorded) = recorded {
             recorded.born(block.addr());
         }

@@ -2493,3 +2493,37 @@ fn a_release_of_a_huge_spare_and_the_steps_region_adds_them_up_without_overflow(
     let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| p.release(&())));
     assert_eq!(r.ok(), Some(Ok(u64::MAX)), "release panicked or failed");
 }
+
+/// An upstream (a safe trait of the user's) that answers every request
+/// with a block of 2^63 bytes, each at its own address, and counts the
+/// frees it takes.
+struct HalfSpace {
+    next: core::cell::Cell<u64>,
+    freed: core::cell::Cell<u64>,
+}
+
+impl MemoryResource for HalfSpace {
+    fn allocate(&self, _: Request, _: &()) -> Result<Block> {
+        let n = self.next.get();
+        self.next.set(n + 1);
+        Ok(Block::new(n << 20, 1 << 63, 0))
+    }
+    fn deallocate(&self, _: Block, _: &()) -> Result<()> {
+        self.freed.set(self.freed.get() + 1);
+        Ok(())
+    }
+}
+
+#[test]
+fn the_bytes_passed_through_saturate_past_the_last_address() {
+    let p = Planned::new(HalfSpace { next: core::cell::Cell::new(1), freed: core::cell::Cell::new(0) });
+    let a = p.allocate(req(1000), &()).unwrap();
+    assert_eq!((p.passed_through(), p.held()), (1 << 63, 1 << 63));
+    // Two blocks of 2^63 bytes count 2^64: saturated, as `held` adds.
+    let b = p.allocate(req(1000), &()).unwrap();
+    assert_eq!((p.passed_through(), p.held()), (u64::MAX, u64::MAX), "the count wrapped");
+    p.deallocate(a, &()).unwrap();
+    assert_eq!(p.passed_through(), (1 << 63) - 1);
+    p.deallocate(b, &()).unwrap();
+    assert_eq!((p.passed_through(), p.held(), p.upstream().freed.get()), (0, 0, 2));
+}
