@@ -532,6 +532,34 @@ fn virtual_pools_wait_on_frees_from_other_streams_and_record_no_fence() {
     assert_eq!(log.borrow().records, [b.id], "frees on their own streams record nothing");
 }
 
+/// A stream's virtual pool out of addresses for another reservation: the
+/// error names the request, as the virtual pool's does, and what every
+/// stream's pool holds.
+#[test]
+fn virtual_pools_out_of_addresses_fail_with_the_request() {
+    use crate::vmem::CountingSpace;
+    use crate::vpool::VirtualConfig;
+    // Granules of 1 GiB, reservations of 2^45 bytes: the space's addresses
+    // hold three.
+    let space = CountingSpace::new(1 << 47, 1 << 30);
+    let config = VirtualConfig::new(1 << 45).max_reservations(8);
+    let mut pools = PerStreamPool::new(VirtualMaker::new(&space, config).unwrap());
+    let log = Rc::new(RefCell::new(StreamLog::default()));
+    let (a, b) = (LoggedStream { id: 1, log: log.clone() }, LoggedStream { id: 2, log: log.clone() });
+    let x = pools.allocate(req(1 << 45), &a).unwrap();
+    let y = pools.allocate(req(1 << 45), &b).unwrap();
+    let z = pools.allocate(req(1 << 45), &a).unwrap();
+    let e = pools.allocate(req(1000), &a).unwrap_err();
+    let expected =
+        Error::OutOfMemory { requested: 1000, largest_free: 0, pool_size: 3 << 45, max_size: Some(2 << 45) };
+    assert_eq!(e, expected);
+    pools.check().unwrap();
+    for (block, s) in [(x, &a), (y, &b), (z, &a)] {
+        pools.deallocate(block, s).unwrap();
+    }
+    pools.check().unwrap();
+}
+
 /// A space that counts the commits asked of it, failed ones too.
 struct Tries<'a> {
     inner: &'a crate::vmem::CountingSpace,

@@ -150,7 +150,9 @@ fn slots_touched(r: &Reservation, shift: u32, start: u64, end: u64) -> (u32, u32
 ///   block: while it was placed, it held them.)
 /// - Out of reserved room: another reservation when the configuration
 ///   allows one, else [`Error::OutOfMemory`] with the request, the largest
-///   free block, the committed bytes and the bytes reserved.
+///   free block, the committed bytes and the bytes reserved; so too where
+///   the space is out of addresses for it (its out-of-memory error), or
+///   its granules would take the pool's to `u32::MAX`.
 ///
 /// **Streams.** A decommit is ordered on the stream of the call in progress
 /// (see [`ReservableSpace::decommit`]). As every plain memres pool, the
@@ -649,12 +651,17 @@ impl<V: ReservableSpace> VirtualPool<V> {
             let need = request.rounded_size(256) + pad;
             // From the new reservation itself: one of exactly `need` bytes
             // may sit in a size class that the index's class search skips.
-            self.add_reservation(need.max(self.config.reserve)).and_then(|first| {
-                let range = self.reservations.iter().find(|r| r.first == first).map(|r| r.range);
-                let a = self.index.allocate_in(first, request.size(), request.align())?;
-                // The new reservation was one free range.
-                Ok(a.zip(range))
-            })
+            match self.add_reservation(need.max(self.config.reserve)) {
+                Ok(first) => {
+                    let range = self.reservations.iter().find(|r| r.first == first).map(|r| r.range);
+                    // The new reservation was one free range.
+                    self.index.allocate_in(first, request.size(), request.align()).map(|a| a.zip(range))
+                }
+                // Out of room for it (the space's addresses, or the pool's
+                // slots): the request's error, below, not the reservation's.
+                Err(e) if e.is_out_of_memory() => Ok(None),
+                Err(e) => Err(e),
+            }
         };
         if let Ok(Some(a)) = grown {
             return Ok(a);

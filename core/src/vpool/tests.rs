@@ -856,3 +856,41 @@ fn a_reservation_overlapping_one_the_pool_holds_is_refused() {
         assert_eq!((inner.committed_bytes(), inner.reservation_count()), (0, 0), "{shift}");
     }
 }
+
+/// Out of the space's addresses for another reservation that the
+/// configuration allows, the error is the request's (the space's error
+/// named the reservation, and the space's figures).
+#[test]
+fn out_of_addresses_for_a_reservation_the_error_is_the_requests() {
+    // Granules of 1 GiB: one reservation of 2^46 bytes fills the space's
+    // addresses as far as a second one goes.
+    let space = CountingSpace::new(1 << 47, 1 << 30);
+    let mut p = VirtualPool::with_config(&space, VirtualConfig::new(1 << 46).max_reservations(8)).unwrap();
+    let a = p.allocate(req(1 << 46), &()).unwrap();
+    let e = p.allocate(req(1000), &()).unwrap_err();
+    let expected =
+        Error::OutOfMemory { requested: 1000, largest_free: 0, pool_size: 1 << 46, max_size: Some(1 << 46) };
+    assert_eq!(e, expected);
+    assert_eq!((p.reservation_count(), space.reservation_count()), (1, 1));
+    p.deallocate(a, &()).unwrap();
+    p.check().unwrap();
+}
+
+/// Out of slots for another reservation (its granules would take all the
+/// pool's to `u32::MAX`), the error is the request's, not the
+/// reservation's.
+#[test]
+fn out_of_slots_for_a_reservation_the_error_is_the_requests() {
+    // Granules of 256 bytes: a request aligned to 2^40 needs 2^32 of them.
+    let space = CountingSpace::new(1 << 30, 256);
+    let mut p = VirtualPool::with_config(&space, VirtualConfig::new(MIB).max_reservations(8)).unwrap();
+    let aligned = Request::aligned(1000, Request::MAX_ALIGN).unwrap();
+    let e = p.allocate(aligned, &()).unwrap_err();
+    let expected =
+        Error::OutOfMemory { requested: 1000, largest_free: MIB, pool_size: 0, max_size: Some(MIB) };
+    assert_eq!(e, expected);
+    assert_eq!((p.reservation_count(), space.reservation_count()), (1, 1));
+    let b = p.allocate(req(1000), &()).unwrap();
+    p.deallocate(b, &()).unwrap();
+    p.check().unwrap();
+}
