@@ -706,8 +706,14 @@ impl<M: MakePool<S>, S: Stream + ?Sized> MemoryResourceMut<S> for PerStreamPool<
     ///
     /// The pool maker's error for a stream's first allocation; a stream's
     /// from wait or record; the pool's out of memory after the last resort;
-    /// the pool's other errors. Nothing changes then (waits and records
-    /// made add only order).
+    /// the pool's other errors. No block is handed out or changed then
+    /// (waits and records made add only order; what other streams' pools
+    /// gave back stays given back). A stream's first allocation that fails
+    /// after its pool was made keeps that pool for the stream's next calls,
+    /// with what the maker gave it: a chunk pool's initial chunk (the one
+    /// [`first_initial_size`](PoolMaker::first_initial_size) is used up),
+    /// a virtual pool's reservation (until a growth drops the pools that
+    /// hold nothing).
     ///
     /// # Time Complexity
     ///
