@@ -8,7 +8,8 @@ use crate::plant;
 use crate::storage::Storage;
 use crate::{Error, Range, Request, Result};
 
-/// How many blocks of the request's own class are looked at for a fit before
+/// How many blocks of the request's own class (and, where asked, of the
+/// class of its size plus the worst padding) are looked at for a fit before
 /// falling back to a class that fits by construction.
 const SCAN_LIMIT: u32 = 8;
 
@@ -140,7 +141,8 @@ impl<N: Storage<Node>> CoalescingIndex<N> {
     /// O(1): at most 8 list entries and two bitmap scans.
     #[inline]
     pub fn allocate(&mut self, size: u64, align: u64) -> Result<Option<Allocation>> {
-        self.allocate_from_at_most(size, align, u64::MAX)
+        let Some(found) = self.find_fit(size, align, false)? else { return Ok(None) };
+        Ok(Some(self.carve(found, size, self.bytes_of(size), align.max(self.granule()))))
     }
 
     /// [`allocate`](Self::allocate), also returning the free range the
@@ -169,7 +171,7 @@ impl<N: Storage<Node>> CoalescingIndex<N> {
     /// ```
     #[inline]
     pub fn allocate_with_range(&mut self, size: u64, align: u64) -> Result<Option<(Allocation, Range)>> {
-        let Some(found) = self.find_fit(size, align)? else { return Ok(None) };
+        let Some(found) = self.find_fit(size, align, false)? else { return Ok(None) };
         let n = *self.node(found);
         let a = self.carve(found, size, self.bytes_of(size), align.max(self.granule()));
         Ok(Some((a, Range::new(n.addr, n.size).unwrap_or_default())))
@@ -179,13 +181,18 @@ impl<N: Storage<Node>> CoalescingIndex<N> {
     /// bytes: `Ok(None)` when the range it would carve is longer (a pool
     /// keeps a large block's chunk for a request of about its size).
     ///
+    /// For an alignment above the granule it also looks at the class of
+    /// `size` plus the worst padding, which `allocate` skips: a range just
+    /// long enough for the request at any address (the chunk a pool grows
+    /// for it) is found again, within the scan limit of its class.
+    ///
     /// # Errors
     ///
     /// As [`allocate`](Self::allocate).
     ///
     /// # Time Complexity
     ///
-    /// O(1), as [`allocate`](Self::allocate).
+    /// O(1): at most 16 list entries and two bitmap scans.
     #[inline]
     pub fn allocate_from_at_most(
         &mut self,
@@ -193,7 +200,7 @@ impl<N: Storage<Node>> CoalescingIndex<N> {
         align: u64,
         longest: u64,
     ) -> Result<Option<Allocation>> {
-        let Some(found) = self.find_fit(size, align)? else { return Ok(None) };
+        let Some(found) = self.find_fit(size, align, true)? else { return Ok(None) };
         if self.node(found).size > longest {
             return Ok(None);
         }
@@ -225,7 +232,7 @@ impl<N: Storage<Node>> CoalescingIndex<N> {
         if class < size {
             return Err(Error::InvalidSize { size: class, what: "a size class below the size it serves" });
         }
-        let Some(found) = self.find_fit(class, align)? else { return Ok(None) };
+        let Some(found) = self.find_fit(class, align, false)? else { return Ok(None) };
         Ok(Some(self.carve(found, size, self.bytes_of(class), align.max(self.granule()))))
     }
 
@@ -237,9 +244,10 @@ impl<N: Storage<Node>> CoalescingIndex<N> {
     }
 
     /// The free range `allocate` carves `size` bytes at `align` from, with
-    /// two vacant nodes ready for the carve; `None` if none fits.
+    /// two vacant nodes ready for the carve; `None` if none fits. With
+    /// `padded_class`, as `allocate_from_at_most` searches.
     #[inline(always)]
-    fn find_fit(&mut self, size: u64, align: u64) -> Result<Option<u32>> {
+    fn find_fit(&mut self, size: u64, align: u64, padded_class: bool) -> Result<Option<u32>> {
         check_request(size, align)?;
         let units = (size + self.granule() - 1) >> self.shift;
         let align = align.max(self.granule());
@@ -249,10 +257,21 @@ impl<N: Storage<Node>> CoalescingIndex<N> {
         if self.vacant_len < 2 {
             self.reserve_nodes(2)?;
         }
-        Ok(match self.scan_own_bin(units, align) {
-            Some(i) => Some(i),
-            None => self.find_bin_from(bin_ceil(units + pad_units)).map(|bin| self.heads[bin]),
-        })
+        let own = bin_floor(units);
+        // With `padded_class`: the bin of a range just long enough at the
+        // worst padding, when neither the own bin's scan nor the bins that
+        // fit by construction cover it.
+        let padded = bin_floor(units + pad_units);
+        let ceil = bin_ceil(units + pad_units);
+        let scan_padded = padded_class && padded != own && padded < ceil;
+        let found = self.scan_bin(own, units, align).or_else(|| {
+            if scan_padded {
+                self.scan_bin(padded, units, align)
+            } else {
+                None
+            }
+        });
+        Ok(found.or_else(|| self.find_bin_from(ceil).map(|bin| self.heads[bin])))
     }
 
     /// Moves `a`, an allocation of `size` bytes at `align` not yet handed
@@ -408,12 +427,12 @@ impl<N: Storage<Node>> CoalescingIndex<N> {
         Ok(Some(self.carve(node, size, bytes, align)))
     }
 
-    /// Looks at up to `SCAN_LIMIT` ranges of the request's own bin and picks
-    /// the smallest that fits (an exact fit at once).
+    /// Looks at up to `SCAN_LIMIT` ranges of `bin` and picks the smallest
+    /// that holds `units` granules at `align` (an exact fit at once).
     #[inline]
-    fn scan_own_bin(&self, units: u64, align: u64) -> Option<u32> {
+    fn scan_bin(&self, bin: usize, units: u64, align: u64) -> Option<u32> {
         let bytes = units << self.shift;
-        let mut i = self.heads[bin_floor(units)];
+        let mut i = self.heads[bin];
         let mut best = NONE;
         let mut best_size = u64::MAX;
         let mut seen = 0;

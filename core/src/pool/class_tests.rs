@@ -153,3 +153,46 @@ fn large_none_turns_the_class_off_and_large_bytes_are_checked() {
     }
     p.check().unwrap();
 }
+
+/// A large request at an alignment whose padding makes its chunk longer
+/// than a quarter and a granule above its size, allocated and freed in a
+/// loop, is served from the chunk grown for it the first time (before, the
+/// chunk was too long for the request: every cycle grew another, until the
+/// maximum refused a request that a wholly free chunk held).
+#[test]
+fn a_freed_large_aligned_chunk_serves_the_same_request_again() {
+    let config = PoolConfig::new()
+        .large_threshold(16 * MIB)
+        .growth(Growth::Fraction { divisor: 8, granule: 2 * MIB })
+        .release_on_grow(false)
+        .maximum_size(128 * MIB);
+    let mut p = CoalescingPool::with_config(BumpUpstream::new(1 << 40), config, &()).unwrap();
+    let r = Request::aligned(16 * MIB, 8 * MIB).unwrap();
+    for cycle in 0..8 {
+        let b = p.allocate(r, &()).unwrap_or_else(|e| panic!("cycle {cycle}: {e:?}; {:?}", p.usage()));
+        assert_eq!(b.addr() % (8 * MIB), 0);
+        p.deallocate(b, &()).unwrap();
+        // The padding's worst case in the granule: 16 + 8 MiB.
+        assert_eq!((p.usage().held, p.chunk_count()), (24 * MIB, 1), "cycle {cycle}");
+    }
+    p.check().unwrap();
+}
+
+/// The compact policy gives free chunks back only above the peak in use:
+/// the same large aligned request, allocated and freed again, takes the
+/// chunk it freed, not a new one from upstream in its place (before, the
+/// freed chunk went back and an equal one was taken every time).
+#[test]
+fn the_compact_pool_reuses_a_freed_large_aligned_chunk() {
+    let mut p = pool();
+    for r in [Request::aligned(16 * MIB, 8 * MIB).unwrap(), Request::aligned(300 * MIB, 16 * MIB).unwrap()] {
+        let first = p.allocate(r, &()).unwrap();
+        p.deallocate(first, &()).unwrap();
+        let chunks = p.chunk_ranges().collect::<alloc::vec::Vec<_>>();
+        let again = p.allocate(r, &()).unwrap();
+        assert_eq!(again.addr(), first.addr());
+        p.deallocate(again, &()).unwrap();
+        assert_eq!(p.chunk_ranges().collect::<alloc::vec::Vec<_>>(), chunks, "{r:?}: a new chunk");
+    }
+    p.check().unwrap();
+}

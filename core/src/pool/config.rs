@@ -87,8 +87,11 @@ impl PoolConfig {
         /// Requests of at least this many bytes get chunks of their own, sized
         /// for them ([`Growth::Exact`] in the growth's granule), which smaller
         /// blocks never share, each reused only by a request of about its
-        /// size (default `u64::MAX`: every block shares chunks, as in RMM's
-        /// pool; [`PoolConfig::compact`]: 16 MiB).
+        /// size: within a quarter and a granule, or no longer than the chunk
+        /// growth would take for that request with its alignment padding (so
+        /// a chunk always serves again the request it was grown for)
+        /// (default `u64::MAX`: every block shares chunks, as in RMM's pool;
+        /// [`PoolConfig::compact`]: 16 MiB).
         large_threshold(bytes: u64) => large_threshold;
     }
 

@@ -210,15 +210,20 @@ impl<U, N: Storage<Node>, C: Storage<Chunk>> CoalescingPool<U, N, C> {
         }
     }
 
+    /// Bytes that surely hold `request` at its alignment in a fresh chunk
+    /// (upstream chunks are 256-aligned): at most 2^62 + 2^40, no overflow.
+    #[inline]
+    fn need(request: Request) -> u64 {
+        request.rounded_size(256) + (request.align() - 256)
+    }
+
     /// Grows the pool so that `request` fits, then allocates it.
     #[cold]
     fn grow_and_allocate<S: Stream + ?Sized>(&mut self, request: Request, stream: &S) -> Result<Block>
     where
         U: MemoryResource<S>,
     {
-        // Bytes that surely hold the request at its alignment in a fresh chunk
-        // (upstream chunks are 256-aligned).
-        let need = request.rounded_size(256) + (request.align() - 256);
+        let need = Self::need(request);
         // The peak in use with this request: what the pool may hold.
         let peak = self.peak_used.max(self.index.used_bytes() + request.rounded_size(256));
         let give_back = match (self.config.release_on_grow, self.config.keep_under_peak) {
@@ -357,8 +362,14 @@ impl<U, N: Storage<Node>, C: Storage<Chunk>> CoalescingPool<U, N, C> {
         let large = self.index.is_large(size);
         let found = if large {
             // A large chunk serves a request of about its size, no smaller:
-            // its tail would be stranded until that block is freed.
-            let longest = size.saturating_add(size / 4).saturating_add(self.config.large_granule());
+            // its tail would be stranded until that block is freed. Nor
+            // shorter than the chunk growth takes for this request (longer
+            // than that bound only by its alignment padding): else a chunk
+            // grown for a request never serves it again.
+            let about = size.saturating_add(size / 4).saturating_add(self.config.large_granule());
+            let grown =
+                self.config.large_growth().chunk_size(Self::need(request).min(Request::MAX_SIZE), 0, None);
+            let longest = about.max(grown);
             self.index.large.allocate_from_at_most(size, request.align(), longest)?
         } else {
             self.index.shared.allocate(size, request.align())?
