@@ -56,7 +56,7 @@ impl<N: Storage<Node>> CoalescingIndex<N> {
         self.heads[bin] = i;
         self.fl_bitmap |= 1 << (bin / SL_COUNT);
         self.sl_bitmap[bin / SL_COUNT] |= 1 << (bin % SL_COUNT);
-        self.free_bytes += self.node(i).size;
+        self.free_bytes += u128::from(self.node(i).size);
     }
 
     #[inline]
@@ -72,7 +72,7 @@ impl<N: Storage<Node>> CoalescingIndex<N> {
         let (fl, sl) = (bin / SL_COUNT, bin % SL_COUNT);
         self.sl_bitmap[fl] &= !(((self.heads[bin] == NONE) as u32) << sl);
         self.fl_bitmap &= !(((self.sl_bitmap[fl] == 0) as u64) << fl);
-        self.free_bytes -= size;
+        self.free_bytes -= u128::from(size);
     }
 
     /// The first non-empty bin at or above `bin`, or `None`.

@@ -25,7 +25,7 @@ impl<N: Storage<Node>> CoalescingIndex<N> {
     /// O(nodes): for tests and fuzzing, not the hot path.
     pub fn check(&self) -> core::result::Result<(), Violation> {
         let g_mask = self.granule() - 1;
-        let (mut free, mut used, mut used_n, mut listed) = (0u64, 0u64, 0u64, 0usize);
+        let (mut free, mut used, mut used_n, mut listed) = (0u128, 0u128, 0u64, 0usize);
         for (idx, n) in self.nodes.iter().enumerate() {
             let i = idx as u32;
             match n.state {
@@ -43,9 +43,9 @@ impl<N: Storage<Node>> CoalescingIndex<N> {
                     }
                     continue;
                 }
-                State::Free => free += n.size,
+                State::Free => free += u128::from(n.size),
                 State::Used => {
-                    used += n.size;
+                    used += u128::from(n.size);
                     used_n += 1;
                 }
             }

@@ -219,3 +219,25 @@ fn a_handle_that_starts_no_region_is_a_region_of_no_ranges() {
     assert!(index.is_region_free(first));
     index.check().unwrap();
 }
+
+/// Regions added overlapping (against `add_range`'s contract) may hold more
+/// than `u64::MAX` bytes: the counts read saturated and stay exact beneath,
+/// the lists consistent (before, the free count overflowed: a panic in a
+/// debug build, a wrap in a release one).
+#[test]
+fn overlapping_regions_past_u64_max_are_counted_saturated() {
+    let mut index: CoalescingIndex = CoalescingIndex::new(256);
+    let r = Range::new(0, 1 << 63).unwrap();
+    let first = index.add_range(r).unwrap();
+    let second = index.add_range(r).unwrap();
+    index.check().unwrap();
+    assert_eq!(index.free_bytes(), u64::MAX);
+    let a = index.allocate(Request::MAX_SIZE, 256).unwrap().unwrap();
+    index.check().unwrap();
+    assert_eq!((index.used_bytes(), index.free_bytes()), (1 << 62, 3 << 62));
+    index.free(a.tag, a.addr, Request::MAX_SIZE).unwrap();
+    assert_eq!(index.free_bytes(), u64::MAX);
+    assert_eq!((index.remove_range(first), index.remove_range(second)), (Ok(r), Ok(r)));
+    assert_eq!((index.used_bytes(), index.free_bytes()), (0, 0));
+    index.check().unwrap();
+}

@@ -20,6 +20,12 @@ use bins::{BIN_COUNT, FL_COUNT};
 use core::fmt;
 use nodes::NONE;
 
+/// A byte count read as `u64`: `u64::MAX` if it is more.
+#[inline]
+fn saturated(n: u128) -> u64 {
+    u64::try_from(n).unwrap_or(u64::MAX)
+}
+
 /// What the index hands out: an address and the tag that frees it in O(1).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Allocation {
@@ -102,10 +108,11 @@ pub struct CoalescingIndex<N: Storage<Node> = DefaultStorage<Node>> {
     heads: [u32; BIN_COUNT],
     /// log2 of the granule.
     shift: u32,
-    /// Sum of the sizes of free nodes.
-    free_bytes: u64,
-    /// Sum of the sizes of used nodes.
-    used_bytes: u64,
+    /// Sum of the sizes of free nodes: in 128 bits, as overlapping regions
+    /// (a caller's mistake) may sum past `u64::MAX`.
+    free_bytes: u128,
+    /// Sum of the sizes of used nodes, likewise.
+    used_bytes: u128,
     /// Number of used nodes.
     used_count: u64,
 }
@@ -139,16 +146,19 @@ impl<N: Storage<Node>> CoalescingIndex<N> {
         1 << self.shift
     }
 
-    /// Bytes in free ranges.
+    /// Bytes in free ranges (`u64::MAX` if more: only regions added
+    /// overlapping, against [`add_range`](Self::add_range)'s contract, hold
+    /// more).
     #[inline]
     pub fn free_bytes(&self) -> u64 {
-        self.free_bytes
+        saturated(self.free_bytes)
     }
 
-    /// Bytes in used ranges (sizes rounded up to the granule).
+    /// Bytes in used ranges (sizes rounded up to the granule; `u64::MAX`
+    /// if more, as for [`free_bytes`](Self::free_bytes)).
     #[inline]
     pub fn used_bytes(&self) -> u64 {
-        self.used_bytes
+        saturated(self.used_bytes)
     }
 
     /// Number of ranges handed out and not freed.

@@ -55,7 +55,9 @@ impl<N: Storage<Node>> CoalescingIndex<N> {
     ///
     /// The range must not overlap a region already added: the index cannot
     /// tell in O(1), and would hand out the shared addresses twice (its own
-    /// lists stay consistent).
+    /// lists stay consistent, and its byte counts exact: they are kept in
+    /// 128 bits and read saturated, as overlapping regions may hold more
+    /// than `u64::MAX` bytes).
     ///
     /// # Errors
     ///
@@ -503,7 +505,7 @@ impl<N: Storage<Node>> CoalescingIndex<N> {
         node.gen = gen;
         Node::set_rounding(node, bytes - size);
         let tag = ((node.gen as u64) << 32) | i as u64;
-        self.used_bytes += bytes;
+        self.used_bytes += u128::from(bytes);
         self.used_count += 1;
         Allocation { addr: aligned, tag }
     }
@@ -579,7 +581,7 @@ impl<N: Storage<Node>> CoalescingIndex<N> {
         if size != asked {
             return Err(Error::SizeMismatch { addr, expected: asked, given: size });
         }
-        self.used_bytes -= n.size;
+        self.used_bytes -= u128::from(n.size);
         self.used_count -= 1;
         let mut i = i;
         if n.next_phys != NONE && self.node(n.next_phys).state == State::Free && !plant::SKIP_COALESCE {
