@@ -282,12 +282,19 @@ fn write_errors_are_counted_not_returned_and_the_next_flush_says_so() {
     assert!(Logging::new(BumpUpstream::new(1 << 20), Broken(true)).is_err());
 }
 
-/// A writer that panics on the row of an allocation.
-struct PanicsOnAllocate;
+/// A writer that panics with `.1` on a row of one action (`.0`).
+struct PanicsOnRow(&'static [u8], &'static str);
 
-impl std::io::Write for PanicsOnAllocate {
+/// A writer that panics on the row of an allocation.
+const PANICS_ON_ALLOCATE: PanicsOnRow = PanicsOnRow(b"allocate", "the writer panics");
+/// A writer that panics on the row of a free.
+const PANICS_ON_FREE: PanicsOnRow = PanicsOnRow(b"free", "the writer panics on a free");
+
+impl std::io::Write for PanicsOnRow {
     fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
-        assert!(!bytes.windows(8).any(|w| w == b"allocate"), "the writer panics");
+        if bytes.windows(self.0.len()).any(|w| w == self.0) {
+            std::panic::panic_any(self.1);
+        }
         Ok(bytes.len())
     }
     fn flush(&mut self) -> std::io::Result<()> {
@@ -301,25 +308,12 @@ impl std::io::Write for PanicsOnAllocate {
 fn a_writer_that_panics_on_an_allocation_loses_no_block() {
     use crate::Inspect;
     let up = BumpUpstream::new(1 << 30);
-    let log = Logging::new(&up, PanicsOnAllocate).unwrap();
+    let log = Logging::new(&up, PANICS_ON_ALLOCATE).unwrap();
     let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         log.allocate(Request::new(1 << 20).unwrap(), &())
     }));
     assert!(r.is_err());
     assert_eq!(up.usage().held, 0);
-}
-
-/// A writer that panics on the row of a free.
-struct PanicsOnFreeRow;
-
-impl std::io::Write for PanicsOnFreeRow {
-    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
-        assert!(!bytes.windows(4).any(|w| w == b"free"), "the writer panics on a free");
-        Ok(bytes.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
 }
 
 /// The block of a free whose row the writer panicked on still goes back
@@ -330,7 +324,7 @@ impl std::io::Write for PanicsOnFreeRow {
 fn a_writer_that_panics_on_a_free_still_frees_the_block() {
     use crate::Inspect;
     let up = BumpUpstream::new(1 << 30);
-    let log = Logging::new(&up, PanicsOnFreeRow).unwrap();
+    let log = Logging::new(&up, PANICS_ON_FREE).unwrap();
     let b = log.allocate(Request::new(1 << 20).unwrap(), &()).unwrap();
     let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| log.deallocate(b, &())));
     let payload = r.unwrap_err();
@@ -383,7 +377,7 @@ impl MemoryResource<()> for PanicsOnFree {
 /// unwinding it would abort the process): the caller sees the writer's.
 #[test]
 fn a_writer_and_an_upstream_free_that_both_panic_do_not_abort() {
-    let log = Logging::new(PanicsOnFree(BumpUpstream::new(1 << 30)), PanicsOnAllocate).unwrap();
+    let log = Logging::new(PanicsOnFree(BumpUpstream::new(1 << 30)), PANICS_ON_ALLOCATE).unwrap();
     let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         log.allocate(Request::new(1 << 20).unwrap(), &())
     }));
@@ -544,7 +538,7 @@ fn frees_from_a_failure_callback_over_the_log_are_logged() {
 fn a_log_dropped_while_unwinding_over_a_writer_that_panics_does_not_abort() {
     let r = std::panic::catch_unwind(|| {
         let log =
-            Logging::new(BumpUpstream::new(1 << 20), std::io::BufWriter::new(PanicsOnAllocate)).unwrap();
+            Logging::new(BumpUpstream::new(1 << 20), std::io::BufWriter::new(PANICS_ON_ALLOCATE)).unwrap();
         // Buffered: written when the log is dropped, during the unwind.
         log.allocate(Request::new(256).unwrap(), &()).unwrap();
         panic!("another panic while the log lives");
