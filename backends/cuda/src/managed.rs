@@ -24,8 +24,8 @@ use std::sync::{Arc, Mutex, PoisonError};
 /// # Errors
 ///
 /// As [`CudaMemory`](crate::CudaMemory): out of memory with figures,
-/// unknown addresses as [`Error::UnknownBlock`](memres_core::Error::UnknownBlock),
-/// other driver errors as [`Error::Backend`](memres_core::Error::Backend).
+/// unknown addresses as [`Error::UnknownBlock`],
+/// other driver errors as [`Error::Backend`].
 ///
 /// # Examples
 ///
@@ -52,7 +52,7 @@ impl ManagedMemory {
     ///
     /// # Errors
     ///
-    /// The driver's error as [`Error::Backend`](memres_core::Error::Backend).
+    /// The driver's error as [`Error::Backend`].
     pub fn new(device: Device) -> Result<ManagedMemory> {
         Ok(ManagedMemory { live: Arc::new(HostAllocations::new(device.primary_context()?)) })
     }
@@ -157,7 +157,7 @@ impl<R> Prefetch<R> {
     ///
     /// # Errors
     ///
-    /// The driver's error as [`Error::Backend`](memres_core::Error::Backend).
+    /// The driver's error as [`Error::Backend`].
     pub fn new(upstream: R, device: Device) -> Result<Prefetch<R>> {
         Ok(Prefetch { upstream, context: device.primary_context()?, failed: Mutex::new((0, None)) })
     }
@@ -233,7 +233,7 @@ impl<R> Prefetch<R> {
 ///
 /// # Errors
 ///
-/// The driver's error as [`Error::Backend`](memres_core::Error::Backend),
+/// The driver's error as [`Error::Backend`],
 /// such as a range past the end of its managed allocation.
 pub fn prefetch<S: AsRawStream + ?Sized>(
     addr: u64,
