@@ -760,6 +760,15 @@ def _existing(device):
     return _current[device]
 
 
+def _existing_all():
+    """``{device: resource}`` of every device that has one, as ``_existing``
+    finds it: those whose default only the C functions made (PyTorch's
+    allocations) included, which then become the ones set."""
+    for device in range(_native.sim.MAX_DEVICES):
+        _existing(device)
+    return dict(_current)
+
+
 def get_per_device_resource(device):
     """The resource of ``device``, made on first use: CudaMemoryResource
     (RMM's default), or HostMemoryResource where CUDA is not available;
@@ -842,8 +851,10 @@ def enable_logging(log_file_name=None):
     """Puts a LoggingResourceAdaptor over the resource of every device that
     has one (device 0 if none has), as RMM's ``rmm.enable_logging``: to
     ``log_file_name``, else ``$MEMRES_LOG_FILE``, each device to its own
-    file (``x.dev1.csv`` for device 1 of ``x.csv``)."""
-    for device in sorted(_current) or [0]:
+    file (``x.dev1.csv`` for device 1 of ``x.csv``). A device whose
+    resource the C functions made (PyTorch's allocations reached it first)
+    has one."""
+    for device in sorted(_existing_all()) or [0]:
         res = get_per_device_resource(device)
         if not isinstance(res, LoggingResourceAdaptor):
             set_per_device_resource(device, LoggingResourceAdaptor(res, log_file_name=log_file_name))
@@ -859,11 +870,14 @@ def disable_logging():
 
 
 def get_log_filenames():
-    """``{device: the log file of its resource}``, None where its resource
-    is no LoggingResourceAdaptor."""
+    """``{device: the log file of its resource}`` for every device that has
+    one (as ``enable_logging`` finds them), None where its resource is no
+    LoggingResourceAdaptor."""
     return {device: res.get_file_name() if isinstance(res, LoggingResourceAdaptor) else None
-            for device, res in _current.items()}
+            for device, res in _existing_all().items()}
 
 
 def is_initialized():
-    return current_device() in _current
+    """Whether the current device has a resource: one set, or the default
+    made on first use, by Python or by the C functions."""
+    return _existing(current_device()) is not None

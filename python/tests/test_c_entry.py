@@ -566,3 +566,23 @@ def test_racing_first_allocations_on_a_device_give_python_the_stack_that_serves_
         for p in ptrs:
             so.memres_py_free(p, 1000, d, None)
     assert not wrong, f"(device, blocks live per Python's resource) where 4 C blocks are live: {wrong}"
+
+
+def test_logging_and_is_initialized_see_a_resource_the_c_functions_made(tmp_path):
+    # PyTorch's allocations reached device 0 first, and device 1 while
+    # device 0 had a resource set: each device has a resource.
+    so = lib()
+    p = so.memres_py_alloc(1000, 0, None)
+    assert memres.is_initialized()
+    made = mr.get_per_device_resource(0)
+    assert made.stack == _native.sim.C_DEFAULT_STACK
+    so.memres_py_free(p, 1000, 0, None)
+    mr.set_per_device_resource(0, mr.HostMemoryResource(device=0))
+    q = so.memres_py_alloc(1000, 1, None)
+    assert memres.get_log_filenames() == {0: None, 1: None}
+    memres.enable_logging(log_file_name=tmp_path / "x.csv")
+    assert memres.get_log_filenames() == {d: str(tmp_path / f"x.dev{d}.csv") for d in (0, 1)}
+    logged = mr.get_per_device_resource(1)
+    assert logged.upstream_mr.stack == _native.sim.C_DEFAULT_STACK
+    so.memres_py_free(q, 1000, 1, None)  # to the stack that served it
+    assert logged.upstream_mr._native.statistics()[0][0] == 0

@@ -59,10 +59,8 @@ def _empty_caches():
     A device whose release raises does not stop the others': the first
     exception is raised once every device was released, as the C
     library's ``memres_empty_cache`` reports the first error."""
-    for device in range(_native.sim.MAX_DEVICES):
-        _mr._existing(device)
     first = None
-    for res in list(_mr._current.values()):
+    for res in _mr._existing_all().values():
         try:
             res.release()
         except Exception as e:
