@@ -853,11 +853,16 @@ def enable_logging(log_file_name=None):
     ``log_file_name``, else ``$MEMRES_LOG_FILE``, each device to its own
     file (``x.dev1.csv`` for device 1 of ``x.csv``). A device whose
     resource the C functions made (PyTorch's allocations reached it first)
-    has one."""
+    has one. Every log is made before any is set: one that cannot be made
+    (its file written by another live log) raises, and no device's resource
+    changes."""
+    made = []
     for device in sorted(_existing_all()) or [0]:
         res = get_per_device_resource(device)
         if not isinstance(res, LoggingResourceAdaptor):
-            set_per_device_resource(device, LoggingResourceAdaptor(res, log_file_name=log_file_name))
+            made.append((device, LoggingResourceAdaptor(res, log_file_name=log_file_name)))
+    for device, res in made:
+        set_per_device_resource(device, res)
 
 
 def disable_logging():

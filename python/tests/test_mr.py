@@ -1116,6 +1116,20 @@ def test_enable_and_disable_logging_over_each_devices_resource_as_rmm(tmp_path):
     assert [line.split(",")[2] for line in lines[1:]] == ["allocate", "free"]
 
 
+def test_enable_logging_that_cannot_log_one_device_changes_no_device(tmp_path):
+    # Device 1's file is written by a live log already: its adaptor is
+    # refused, after device 0's was made.
+    held = mr.LoggingResourceAdaptor(mr.HostMemoryResource(device=1), log_file_name=tmp_path / "x.csv")
+    plain = {d: mr.HostMemoryResource(device=d) for d in (0, 1)}
+    for d, res in plain.items():
+        mr.set_per_device_resource(d, res)
+    with pytest.raises(ValueError, match="written by another log"):
+        memres.enable_logging(log_file_name=tmp_path / "x.csv")
+    assert {d: mr.get_per_device_resource(d) for d in (0, 1)} == plain
+    assert memres.get_log_filenames() == {0: None, 1: None}
+    assert held.get_file_name() == str(tmp_path / "x.dev1.csv")
+
+
 def test_reinitialize_runs_the_hooks_last_registered_first():
     ran = []
     first = memres.register_reinitialize_hook(ran.append, "first")
