@@ -85,12 +85,14 @@ def reinitialize(pool_allocator=False, managed_memory=False, initial_pool_size=N
         func(*args, **kwargs)
     made = _resources(pool_allocator, managed_memory, initial_pool_size, maximum_pool_size,
                       devices, logging, log_file_name, stack)
-    # Only once every device's resource could be made: a failure changes nothing.
-    for device, res in made:
-        set_per_device_resource(device, res)
-    # As RMM's, which clears every device's resource first: the others
-    # get their default on next use.
-    mr._forget_all(but=[device for device, _ in made])
+    # Only once every device's resource could be made: a failure changes
+    # nothing. One step for other threads.
+    with mr._REGISTRY:
+        for device, res in made:
+            set_per_device_resource(device, res)
+        # As RMM's, which clears every device's resource first: the others
+        # get their default on next use.
+        mr._forget_all(but=[device for device, _ in made])
 
 
 def _device_list(devices):

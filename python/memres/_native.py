@@ -62,12 +62,15 @@ def cuda():
                 module.link_other(sim.running_a_call_capsule())
                 sim.link_other(module.running_a_call_capsule())
                 # A device whose resource is simulated has none for the
-                # CUDA side's C functions (`mr.set_per_device_resource`).
+                # CUDA side's C functions (`mr.set_per_device_resource`):
+                # marked with the registry held, so that no device is set
+                # between the marks and `_cuda` (where a set marks it).
                 from . import mr
-                for device, res in mr._current.items():
-                    if res._backend == "sim":
-                        module.set_other_backend(device)
-                _cuda = module
+                with mr._REGISTRY:
+                    for device, res in mr._current.items():
+                        if res._backend == "sim":
+                            module.set_other_backend(device)
+                    _cuda = module
                 return _cuda
     raise CudaUnavailable(_cuda_error)
 

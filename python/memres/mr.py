@@ -21,6 +21,7 @@ import operator
 import os
 import re
 import sys
+import threading
 import types
 import weakref
 
@@ -728,6 +729,13 @@ class PrefetchResourceAdaptor(UpstreamResourceAdaptor):
 # The current resource --------------------------------------------------------
 
 _current = {}
+# Held while a device's resource is looked up, made or changed: the native
+# registries' calls give the GIL up, so without it two threads that set a
+# device's resource at once could leave `_current` naming one and the C
+# functions serving the other, and two first uses could each make a default.
+# Re-entrant: a Python callback under a resource dropped or built meanwhile
+# (on this thread) may ask for a device's resource again.
+_REGISTRY = threading.RLock()
 
 
 def _default_resource(device):
@@ -752,12 +760,13 @@ def _existing(device):
     """The resource of ``device`` if it has one: the one set, or the one
     the C functions made (which becomes the one set); else None."""
     device = _device_id(device)
-    if device not in _current:
-        made = _made_for_c(device)
-        if made is None:
-            return None
-        set_per_device_resource(device, made)
-    return _current[device]
+    with _REGISTRY:
+        if device not in _current:
+            made = _made_for_c(device)
+            if made is None:
+                return None
+            set_per_device_resource(device, made)
+        return _current[device]
 
 
 def _existing_all():
@@ -774,12 +783,13 @@ def get_per_device_resource(device):
     (RMM's default), or HostMemoryResource where CUDA is not available;
     where PyTorch's allocations (the C functions) reached the device first,
     the C library's default stack they made for it."""
-    res = _existing(device)
-    if res is None:
-        device = _device_id(device)
-        set_per_device_resource(device, _default_resource(device))
-        res = _current[device]
-    return res
+    with _REGISTRY:
+        res = _existing(device)
+        if res is None:
+            device = _device_id(device)
+            set_per_device_resource(device, _default_resource(device))
+            res = _current[device]
+        return res
 
 
 def set_per_device_resource(device, mr):
@@ -793,32 +803,35 @@ def set_per_device_resource(device, mr):
     device = _device_id(device)
     if mr.device_id != device:
         raise ValueError(f"memres: a resource of device {mr.device_id} set for device {device}")
-    _native.backend(mr._backend).set_per_device_resource(device, mr._native)
-    other = _native._cuda if mr._backend == "sim" else _native.sim
-    if other is not None:  # else marked when it loads (`_native.cuda`)
-        other.set_other_backend(device)
-    previous = _current.get(device)
-    _current[device] = mr
-    return previous
+    with _REGISTRY:
+        _native.backend(mr._backend).set_per_device_resource(device, mr._native)
+        other = _native._cuda if mr._backend == "sim" else _native.sim
+        if other is not None:  # else marked when it loads (`_native.cuda`)
+            other.set_other_backend(device)
+        previous = _current.get(device)
+        _current[device] = mr
+        return previous
 
 
 def _forget(device):
     """Forgets the resource of ``device`` everywhere, as though none had
     been set: the next use gets the device's default (Python's
     ``get_per_device_resource``, or the C functions' ``DEFAULT_STACK``)."""
-    for module in (_native.sim, _native._cuda):
-        if module is not None:
-            module.forget_per_device_resource(device)
-    _current.pop(device, None)
+    with _REGISTRY:
+        for module in (_native.sim, _native._cuda):
+            if module is not None:
+                module.forget_per_device_resource(device)
+        _current.pop(device, None)
 
 
 def _forget_all(but=()):
     """Forgets the resource of every device but those in ``but``, as
     ``_forget``: also of a device whose default only the C functions made
     (PyTorch's allocations), which is not in ``_current``."""
-    for device in range(_native.sim.MAX_DEVICES):
-        if device not in but:
-            _forget(device)
+    with _REGISTRY:
+        for device in range(_native.sim.MAX_DEVICES):
+            if device not in but:
+                _forget(device)
 
 
 def get_current_device_resource():

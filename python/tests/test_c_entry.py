@@ -586,3 +586,74 @@ def test_logging_and_is_initialized_see_a_resource_the_c_functions_made(tmp_path
     assert logged.upstream_mr.stack == _native.sim.C_DEFAULT_STACK
     so.memres_py_free(q, 1000, 1, None)  # to the stack that served it
     assert logged.upstream_mr._native.statistics()[0][0] == 0
+
+
+# How long a thread inside the registry waits for the other thread to come
+# in beside it: it never does once the two are serialized, and the wait
+# then ends in BrokenBarrierError and goes on (the outcome does not depend
+# on it; before the registry was serialized the other came in at once).
+BESIDE_S = 2
+
+
+def test_two_threads_setting_a_devices_resource_leave_one_for_python_and_the_c_functions(monkeypatch):
+    # Each set gives the GIL up in the native registry. The set of `a` is
+    # made to reach the native registry first and end last: Python then
+    # named `a` while the C functions served `b`.
+    so = lib()
+    a, b = (mr.StatisticsResourceAdaptor(mr.HostMemoryResource()) for _ in range(2))
+    real = _native.sim
+    beside = threading.Barrier(2, timeout=BESIDE_S)
+    a_set, b_done = threading.Event(), threading.Event()
+
+    class Sim:
+        def __getattr__(self, name):
+            return getattr(real, name)
+
+        def set_per_device_resource(self, device, native):
+            try:
+                beside.wait()
+            except threading.BrokenBarrierError:
+                return real.set_per_device_resource(device, native)
+            if native is a._native:
+                real.set_per_device_resource(device, native)
+                a_set.set()
+                b_done.wait()
+            else:
+                a_set.wait()
+                real.set_per_device_resource(device, native)
+
+    monkeypatch.setattr(_native, "sim", Sim())
+
+    def set_b():
+        mr.set_per_device_resource(0, b)
+        b_done.set()
+
+    ts = [threading.Thread(target=mr.set_per_device_resource, args=(0, a)), threading.Thread(target=set_b)]
+    [t.start() for t in ts]
+    [t.join() for t in ts]
+    monkeypatch.setattr(_native, "sim", real)
+    res = mr.get_per_device_resource(0)
+    p = so.memres_py_alloc(1000, 0, None)
+    served = res.allocation_counts.current_bytes
+    so.memres_py_free(p, 1000, 0, None)
+    assert served == 1000, f"Python's resource of device 0 is {'a' if res is a else 'b'}, the C functions' the other"
+
+
+def test_two_threads_first_using_a_device_get_one_default(monkeypatch):
+    made, beside = [], threading.Barrier(2, timeout=BESIDE_S)
+    real = mr._default_resource
+
+    def default(device):
+        try:
+            beside.wait()
+        except threading.BrokenBarrierError:
+            pass
+        made.append(real(device))
+        return made[-1]
+
+    monkeypatch.setattr(mr, "_default_resource", default)
+    got = []
+    ts = [threading.Thread(target=lambda: got.append(mr.get_per_device_resource(0))) for _ in range(2)]
+    [t.start() for t in ts]
+    [t.join() for t in ts]
+    assert len(made) == 1 and got == made * 2 and mr.get_per_device_resource(0) is made[0]
