@@ -166,6 +166,37 @@ def test_the_numba_manager_hands_numbas_ctypes_binding_its_own_pointer_type(monk
     assert memres_numba._device_pointer(0x1000).value == 0x1000
 
 
+class FakeDriver:
+    """Numba's driver object: ``cuMemGetInfo`` as NVIDIA's binding returns
+    the figures (``nv=True``), or as Numba's ctypes binding takes two
+    pointers to write them into (called without them, ctypes raises)."""
+
+    def __init__(self, nv):
+        self.nv = nv
+
+    def cuMemGetInfo(self, *pointers):  # noqa: N802 (the driver's name)
+        if self.nv:
+            return 3 << 30, 80 << 30
+        if len(pointers) != 2:
+            raise TypeError(f"this function takes at least 2 arguments ({len(pointers)} given)")
+        pointers[0]._obj.value, pointers[1]._obj.value = 3 << 30, 80 << 30
+
+
+@pytest.mark.parametrize("nv", [True, False])
+def test_the_numba_managers_memory_info_is_numbas_through_either_binding(monkeypatch, nv):
+    # Numba's contexts answer get_memory_info() with a MemoryInfo, whose
+    # `free` and `total` callers read; the manager gave a bare tuple, and
+    # under Numba's ctypes binding called cuMemGetInfo without its pointers.
+    import collections
+    from memres.allocators import numba as memres_numba
+    info = collections.namedtuple("MemoryInfo", "free,total")
+    binding = {} if nv else {"USE_NV_BINDING": False}
+    for name, module in fake_numba_driver(driver=FakeDriver(nv), MemoryInfo=info, **binding).items():
+        monkeypatch.setitem(sys.modules, name, module)
+    got = numba_manager(memres_numba, device=0).get_memory_info()
+    assert type(got) is info and (got.free, got.total) == (3 << 30, 80 << 30)
+
+
 def test_the_numba_manager_with_the_numba_installed_here_hands_out_addresses_it_reads():
     # Where numba.cuda imports (numba-cuda needs the CUDA runtime library
     # to import, not a GPU): its own MemoryPointer, over host memory.

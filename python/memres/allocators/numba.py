@@ -52,9 +52,19 @@ class MemresNumbaManager(HostOnlyCUDAMemoryManager):
         raise NotImplementedError("memres: IPC handles are not supported")
 
     def get_memory_info(self):
-        from numba.cuda.cudadrv.driver import driver
-        free, total = driver.cuMemGetInfo()
-        return int(free), int(total)
+        """Free and total bytes of the current context's device as the
+        driver tells them, as Numba's own manager answers: its
+        ``MemoryInfo(free, total)``, through NVIDIA's binding (which returns
+        the figures) or Numba's ctypes binding (which writes them)."""
+        from numba.cuda.cudadrv import driver
+        if getattr(driver, "USE_NV_BINDING", True):
+            free, total = driver.driver.cuMemGetInfo()
+        else:
+            import ctypes
+            free, total = ctypes.c_size_t(), ctypes.c_size_t()
+            driver.driver.cuMemGetInfo(ctypes.byref(free), ctypes.byref(total))
+            free, total = free.value, total.value
+        return driver.MemoryInfo(free=int(free), total=int(total))
 
     def initialize(self):
         super().initialize()
