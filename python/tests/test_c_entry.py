@@ -657,3 +657,20 @@ def test_two_threads_first_using_a_device_get_one_default(monkeypatch):
     [t.start() for t in ts]
     [t.join() for t in ts]
     assert len(made) == 1 and got == made * 2 and mr.get_per_device_resource(0) is made[0]
+
+
+def test_the_torch_helpers_make_no_resource_for_a_device_pytorch_has_not_used(monkeypatch):
+    # `empty_cache(5)`, `step(5)` or `steps(5)` before any tensor of device
+    # 5 made its default: a bare HostMemoryResource here (a bare
+    # CudaMemoryResource with CUDA), which PyTorch's allocations there then
+    # got instead of DEFAULT_STACK.
+    import types
+    import memres.allocators.torch as mt
+    cuda = types.SimpleNamespace(is_initialized=lambda: False, current_stream=lambda device=None: None)
+    monkeypatch.setitem(sys.modules, "torch", types.SimpleNamespace(cuda=cuda))
+    so = lib()
+    assert mt.empty_cache(5) == 0 and mt.step(5) == 0 and mt.steps(5) == dict.fromkeys(mr._STEPS_FIELDS, 0)
+    assert not memres.get_log_filenames()  # no device has a resource
+    p = so.memres_py_alloc(1000, 5, None)
+    assert mr.get_per_device_resource(5).stack == _native.sim.C_DEFAULT_STACK
+    so.memres_py_free(p, 1000, 5, None)

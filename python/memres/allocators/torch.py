@@ -117,16 +117,25 @@ def use(stack=None, **reinitialize_kwargs):
     return allocator
 
 
+def _resource_of(device):
+    """The resource of ``device`` (the current device for None) if it has
+    one, else None: ``step``, ``steps`` and ``empty_cache`` make none, so
+    that a device PyTorch has not allocated on yet still gets
+    ``DEFAULT_STACK`` from the C functions."""
+    return _mr._existing(current_device() if device is None else device)
+
+
 def step(device=None):
     """Marks the start of a training step for the ``planned(...)`` layers of
     ``device``'s resource, on PyTorch's current stream: call it at the top
     of each iteration with a stack that has such a layer, as
     ``TRAINING_STACK`` does.
-    Returns how many such layers the resource has (0: it does nothing)."""
+    Returns how many such layers the resource has (0: it does nothing, as
+    on a device that has no resource yet)."""
     import torch
 
-    res = _mr.get_current_device_resource() if device is None else _mr.get_per_device_resource(device)
-    return res.step(torch.cuda.current_stream(device))
+    res = _resource_of(device)
+    return 0 if res is None else res.step(torch.cuda.current_stream(device))
 
 
 def step_after(optimizer=None, device=None):
@@ -149,9 +158,10 @@ def step_after(optimizer=None, device=None):
 def steps(device=None):
     """What the ``planned(...)`` layers of ``device``'s resource have done
     (``DeviceMemoryResource.steps``): a training loop is laid out when
-    ``followed`` grows with ``steps``."""
-    res = _mr.get_current_device_resource() if device is None else _mr.get_per_device_resource(device)
-    return res.steps()
+    ``followed`` grows with ``steps``; all 0 on a device that has no
+    resource yet."""
+    res = _resource_of(device)
+    return dict.fromkeys(_mr._STEPS_FIELDS, 0) if res is None else res.steps()
 
 
 def last_error(clear=False):
@@ -172,7 +182,8 @@ def empty_cache(device=None):
     device (``DeviceMemoryResource.release``): wholly free chunks (pools,
     fixed-size, binning and arena resources), mapped granules no block
     uses, a driver pool's reserve. Returns the bytes
-    given back. ``torch.cuda.empty_cache()`` does the same for every
-    device's resource once memres is PyTorch's allocator."""
-    res = _mr.get_current_device_resource() if device is None else _mr.get_per_device_resource(device)
-    return res.release()
+    given back (0 on a device that has no resource yet).
+    ``torch.cuda.empty_cache()`` does the same for every device's resource
+    once memres is PyTorch's allocator."""
+    res = _resource_of(device)
+    return 0 if res is None else res.release()
