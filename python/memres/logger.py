@@ -41,8 +41,9 @@ def _checked(level):
 
 
 def _of_python(number):
-    """The highest ``level_enum`` whose Python level is at most ``number``."""
-    return max((lvl for lvl, n in _PYTHON.items() if n <= number), default=level_enum.trace)
+    """The lowest ``level_enum`` whose records a logger at Python level
+    ``number`` logs (``off`` where it logs none of them)."""
+    return min((lvl for lvl, n in _PYTHON.items() if n >= number), default=level_enum.off)
 
 
 def set_logging_level(level):

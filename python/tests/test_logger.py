@@ -29,6 +29,19 @@ def test_every_level_is_set_and_read_back_as_rmms(level):
     assert memres.logger.get_logging_level is memres.get_logging_level  # RMM's rmm.pylibrmm.logger
 
 
+@pytest.mark.parametrize("python_level, expected", [(1, level_enum.trace), (15, level_enum.info),
+                                                     (logging.WARNING, level_enum.warn),
+                                                     (55, level_enum.off), (100, level_enum.off)])
+def test_a_python_level_between_rmms_reads_as_the_lowest_level_logged(python_level, expected):
+    # `logging` takes any number: at 15 debug records are not logged, info
+    # ones are; at 55 not even critical ones.
+    logging.getLogger("memres").setLevel(python_level)
+    level = memres.get_logging_level()
+    assert level == expected
+    assert memres.should_log(level) or level == level_enum.off
+    assert not any(memres.should_log(lvl) for lvl in level_enum if lvl < level)
+
+
 @pytest.mark.parametrize("bad", ["INFO", 3, "invalid", 100, None, 1.2345, [1, 2, 3]])
 def test_what_is_no_level_is_a_type_error_as_rmms(bad):
     before = (memres.get_logging_level(), memres.get_flush_level())
