@@ -208,7 +208,9 @@ fn catching<T>(f: impl FnOnce() -> PyResult<T>) -> PyResult<T> {
 /// memory for `requested` bytes (so that a `FailureCallbackResourceAdaptor`
 /// over it is asked, and the caller gets `memres.OutOfMemory`, as RMM);
 /// any other exception fails the call with [`RAISED`]. Either is kept for
-/// the caller ([`take_raised`]), whose error it becomes the cause of.
+/// the caller ([`take_raised`]), whose error it becomes the cause of (one
+/// that is no `Exception`, as Ctrl-C's, is what the caller raises:
+/// `errors::caused`).
 fn raised(py: Python<'_>, e: PyErr, requested: u64, what: &'static str) -> Error {
     let out_of_memory = e.is_instance_of::<PyMemoryError>(py);
     keep_raised(Some(e));

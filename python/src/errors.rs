@@ -7,7 +7,8 @@
 
 use memres_core::stack::StackError;
 use memres_core::Error;
-use pyo3::exceptions::{PyRuntimeError, PyValueError};
+use pyo3::exceptions::{PyException, PyRuntimeError, PyValueError};
+use pyo3::panic::PanicException;
 use pyo3::prelude::*;
 
 /// An instance of `memres._errors.NAME(args...)`, or a plain
@@ -99,6 +100,14 @@ pub(crate) fn to_py(e: Error, what: &str) -> PyErr {
 fn caused(message: String, make: impl FnOnce(String) -> PyErr) -> PyErr {
     let Some(cause) = crate::callback::take_raised() else { return make(message) };
     Python::attach(|py| {
+        // Ctrl-C (`KeyboardInterrupt`) or `sys.exit()` in the function asks
+        // the program to stop, and is no `Exception`: raised as it is, as a
+        // failure callback's, so that no `except Exception` (nor `except
+        // RuntimeError`) around the call swallows it. A Rust panic's
+        // `PanicException` stays the function's error.
+        if !cause.is_instance_of::<PyException>(py) && !cause.is_instance_of::<PanicException>(py) {
+            return cause;
+        }
         let e = make(format!("{message} ({cause})"));
         e.set_cause(py, Some(cause));
         e

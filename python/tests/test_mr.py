@@ -625,6 +625,44 @@ def test_a_callbacks_own_words_are_in_what_is_raised_as_rmms(error, raised):
     assert e.value.__cause__ is None and "My alloc error" not in str(e.value)
 
 
+@pytest.mark.parametrize("error", [KeyboardInterrupt, SystemExit])
+def test_ctrl_c_or_exit_in_a_callback_resources_function_is_raised_as_it_is(error):
+    # Ctrl-C while allocate_func or deallocate_func runs, or sys.exit() in
+    # one, became a MemresError (a RuntimeError, an Exception), which
+    # `except Exception` around the call swallowed: the program went on.
+    # As a failure callback's, it is what the call raises; nothing changes.
+    fail, freed = [True], []
+
+    def alloc(nbytes):
+        if fail[0]:
+            raise error("stop")
+        return 1 << 40
+
+    def dealloc(ptr, nbytes):
+        if fail[0]:
+            raise error("stop")
+        freed.append(ptr)
+
+    cb = mr.CallbackMemoryResource(alloc, dealloc, backend="sim")
+    pool = mr.PoolMemoryResource(cb)
+    top = mr.StatisticsResourceAdaptor(pool)
+    for r in (cb, top):
+        with pytest.raises(error, match="stop"):
+            r.allocate(4096)
+    assert top.allocation_counts.current_count == 0 and pool.pool_size() == 0
+    fail[0] = False
+    p = cb.allocate(4096)
+    fail[0] = True
+    with pytest.raises(error, match="stop"):
+        cb.deallocate(p, 4096)
+    assert cb._native.live_count() == 1 and freed == []  # a refused free changes nothing
+    fail[0] = False
+    cb.deallocate(p, 4096)
+    assert freed == [p] and cb._native.live_count() == 0
+    q = top.allocate(4096)
+    top.deallocate(q, 4096)
+
+
 @pytest.mark.parametrize("returned, error, says", [
     ("4096", TypeError, "'4096' (a str)"),
     (4096.0, TypeError, "4096.0 (a float)"),
