@@ -121,8 +121,8 @@ impl Buffer {
     /// `Error::Reentrant` instead, and nothing changes. Nor does any
     /// callback wait for a buffer another thread holds: that thread may be
     /// waiting for a lock of the stack the callback runs under (its own
-    /// resize into the same pool), so the callback gets `Error::Reentrant`
-    /// too while the other holds it.
+    /// resize into the same pool), so the callback gets a `MemresError`
+    /// saying so while the other holds it.
     fn lock(&self, what: &str) -> PyResult<Locked<'_>> {
         let me = memres_core::thread_number();
         let shared = &*self.inner;
@@ -133,11 +133,15 @@ impl Buffer {
             match shared.buffer.try_lock() {
                 Ok(guard) => guard,
                 Err(TryLockError::Poisoned(p)) => p.into_inner(),
+                // Not re-entrant: the buffer's call is another thread's, and
+                // this callback may run under any stack.
                 Err(TryLockError::WouldBlock) => {
-                    return Err(to_py(
-                        Error::Reentrant,
-                        &format!("DeviceBuffer.{what} (held by another thread)"),
-                    ))
+                    return Err(crate::errors::backend_error(format!(
+                        "DeviceBuffer.{what}: held by another thread, in a call of its own; this call \
+                         comes from a Python callback under a memres call of this thread, which must not \
+                         wait for it (that thread may wait for a lock this thread holds): refused, \
+                         nothing changed"
+                    )))
                 }
             }
         } else {

@@ -113,6 +113,48 @@ def test_reading_a_buffer_while_it_grows_through_a_failure_callback_does_not_fre
     run_child(held(BUFFER_OVER_A_FAILURE_CALLBACK, "buf.resize(1 << 21)", f"{read}; assert buf.size == 100"))
 
 
+def test_a_callback_refused_a_buffer_another_thread_holds_is_told_so():
+    # A callback of one resource reads a buffer of another, unrelated one
+    # that another thread holds (its resize waits in a failure callback).
+    # The refusal said "a re-entrant call from inside a callback under the
+    # same resource (its stack is in a call on this thread ...)": neither
+    # is so, and the buffer's holder, the other thread, went unsaid.
+    run_child("""
+    import threading, memres
+    from memres import mr
+    in_callback, go_on = threading.Event(), threading.Event()
+    def on_oom(nbytes):
+        in_callback.set()
+        go_on.wait()
+        return False
+    lim = mr.LimitingResourceAdaptor(mr.HostMemoryResource(), 1 << 20)
+    buf = memres.DeviceBuffer(size=16, mr=mr.FailureCallbackResourceAdaptor(lim, on_oom))
+    def grow():
+        try:
+            buf.resize(4 << 20)
+        except memres.OutOfMemory:
+            pass
+    t = threading.Thread(target=grow)
+    t.start()
+    in_callback.wait()
+    said = []
+    def alloc(nbytes):
+        try:
+            buf.tobytes()
+        except memres.MemresError as e:
+            said.append(str(e))
+        return 1 << 40
+    cb = mr.CallbackMemoryResource(alloc, lambda p, n: None, backend="sim")
+    cb.deallocate(cb.allocate(256), 256)
+    go_on.set()
+    t.join()
+    assert len(said) == 1, said
+    assert "held by another thread" in said[0] and "re-entrant" not in said[0], said[0]
+    assert buf.tobytes() == bytes(16)  # nothing changed
+    print("done")
+""")
+
+
 def test_dropping_a_buffer_while_its_pool_is_in_a_python_callback_does_not_freeze():
     # The pool's growth fails and asks the failure callback, holding the
     # pool's lock; the buffer's free needs it.
