@@ -429,6 +429,14 @@ impl MemoryMap {
         }
     }
 
+    /// The stream the block or segment (`side`) at `addr` was taken on.
+    fn stream_of(&self, side: Side, addr: u64) -> Option<u64> {
+        match side {
+            Side::Blocks => self.blocks.get(&addr).map(|b| b.stream),
+            Side::Segments => self.segments.get(&addr).map(|s| s.stream),
+        }
+    }
+
     /// Tells a free of `side` at `addr` before the memory below frees it
     /// ([`Freeing`]): what it took out and its number in flight; `None`
     /// if the map held nothing there.

@@ -21,7 +21,8 @@ pub enum Side {
 /// (an allocation after it succeeds, a failed one of [`Side::Blocks`] as
 /// an `oom` event; a free before it, taken back if refused, unless another
 /// free of the block or segment went through meanwhile (a racing double
-/// free); the
+/// free; a free whose stream's `id` panics still goes to `inner`, told on
+/// the stream the block was taken on); the
 /// empty block of a zero-byte request neither way). Two taps over
 /// one map, one at the leaf and one at the top, map the stack between them.
 ///
@@ -153,6 +154,11 @@ impl<S: Stream + ?Sized, R: MemoryResource<S>> MemoryResource<S> for Tap<R> {
         if block.is_empty() || !self.tells() {
             return self.inner.deallocate(block, stream);
         }
+        // The caller gave the block up: should the stream's `id` (the
+        // user's) panic, the block still goes back, told on its own stream.
+        let unread = GivenUp { tap: self, block, stream };
+        let id = stream.id();
+        core::mem::forget(unread);
         // Told before the inner resource frees: a block goes before what
         // holds it may go (the free can give a segment back), so that a
         // viewer that undoes the trace event by event never finds a block
@@ -161,10 +167,31 @@ impl<S: Stream + ?Sized, R: MemoryResource<S>> MemoryResource<S> for Tap<R> {
         // Refused, or panicking (the inner resource still holds it, as
         // every adaptor takes a free that panicked), the free is taken
         // back as the guard drops.
-        let freeing = Freeing::new(&self.map, self.side, block.addr(), stream.id(), None);
+        let freeing = Freeing::new(&self.map, self.side, block.addr(), id, None);
         self.inner.deallocate(block, stream)?;
         freeing.done();
         Ok(())
+    }
+}
+
+/// A block given to [`Tap::deallocate`] before the free's stream is known:
+/// dropped (the stream's `id` panicked), it is freed and told as freed on
+/// the stream it was taken on.
+struct GivenUp<'a, R: MemoryResource<S>, S: Stream + ?Sized> {
+    tap: &'a Tap<R>,
+    block: Block,
+    stream: &'a S,
+}
+
+impl<R: MemoryResource<S>, S: Stream + ?Sized> Drop for GivenUp<'_, R, S> {
+    fn drop(&mut self) {
+        let GivenUp { tap, block, stream } = *self;
+        crate::resource::in_destructor(|| {
+            let freeing = Freeing::on_its_stream(&tap.map, tap.side, block.addr());
+            if tap.inner.deallocate(block, stream).is_ok() {
+                freeing.done();
+            }
+        });
     }
 }
 
@@ -221,6 +248,13 @@ impl<'a> Freeing<'a> {
     /// [`MemoryMap::segment_free`]), before the memory below frees it.
     pub fn new(map: &'a Shared<MemoryMap>, side: Side, addr: u64, stream: u64, time_us: Option<u64>) -> Self {
         let told = map.with(|m| m.tell_ahead(side, addr, stream, time_us));
+        Freeing { map, side, addr, told }
+    }
+
+    /// As [`new`](Self::new), told on the stream the block or segment was
+    /// taken on.
+    fn on_its_stream(map: &'a Shared<MemoryMap>, side: Side, addr: u64) -> Self {
+        let told = map.with(|m| m.tell_ahead(side, addr, m.stream_of(side, addr)?, None));
         Freeing { map, side, addr, told }
     }
 

@@ -341,6 +341,32 @@ fn a_tapped_allocation_whose_streams_id_panics_takes_nothing() {
     assert_eq!(up.usage().held, 0);
 }
 
+/// A tapped free whose stream's `id` panics still frees the block (the
+/// caller gave it up), and the map tells the free on the stream the block
+/// was allocated on, for want of the free's: nothing is lost below, and
+/// the map does not keep a freed block live.
+#[test]
+fn a_tapped_free_whose_streams_id_panics_still_frees_the_block() {
+    use crate::testing::{BumpUpstream, PanickingStream};
+    use crate::{Inspect, MemoryResource, Request, Shared};
+    for side in [Side::Blocks, Side::Segments] {
+        let up = BumpUpstream::new(1 << 30);
+        let map = alloc::sync::Arc::new(Shared::new(MemoryMap::new(100)));
+        let tap = Tap::new(&up, map.clone(), side);
+        let s = PanickingStream::new(7);
+        let b = tap.allocate(Request::new(1 << 20).unwrap(), &s).unwrap();
+        s.panic_in("id", 0);
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| tap.deallocate(b, &s)));
+        assert!(r.is_err(), "{side:?}: the panic goes on to the caller");
+        assert_eq!(up.usage().held, 0, "{side:?}: the block went back");
+        let freed = if side == Side::Blocks { Action::FreeCompleted } else { Action::SegmentFree };
+        let told =
+            |m: &mut MemoryMap| m.trace().any(|e| (e.action, e.addr, e.stream) == (freed, b.addr(), 7));
+        assert_eq!(map.with(|m| (m.held(), m.live(), told(m))), (0, 0, true), "{side:?}");
+        map.with(|m| assert_eq!((m.blocks_freeing.len(), m.segments_freeing.len()), (0, 0)));
+    }
+}
+
 /// A leaf of one 1 KiB segment at 0x1000 that refuses to free any other
 /// block, and whose free, once armed, hands the address out again through
 /// a tap over it before it returns: what another thread does when the leaf
