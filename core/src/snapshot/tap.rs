@@ -10,8 +10,9 @@ use alloc::sync::Arc;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Side {
     /// Placed over a stack's leaf: what the stack takes from its upstream
-    /// (PyTorch's segments), each counted at its request rounded to its
-    /// alignment, as a device rounds.
+    /// (PyTorch's segments), each counted at its request's size rounded up
+    /// to [`DEFAULT_ALIGNMENT`] (256 bytes) whatever the request's
+    /// alignment, as a device counts what it holds.
     Segments,
     /// Placed at a stack's top: what the program holds (PyTorch's blocks).
     Blocks,
