@@ -150,6 +150,19 @@ class CheckTrace(unittest.TestCase):
         self.assertFalse(r["ok"], r)
         self.assertEqual(r["problems"], ["line 1: unknown action `Action`"])
 
+    def test_a_header_of_other_columns_is_a_problem_as_memres_refuses_it(self):
+        # As memres_core::trace::read: a header in another order would
+        # have its rows read in the format's (every size the stream's 0).
+        path = self.path("o.csv")
+        with open(path, "w") as f:
+            f.write("Thread,Time,Action,Pointer,Stream,Size\n0,1,allocate,0x100,0,64\n")
+        r = check_trace(path)
+        self.assertFalse(r["ok"], r)
+        self.assertEqual(r["problems"][0], f"line 1: a header other than `{HEADER}`")
+        with open(path, "w") as f:
+            f.write(" Thread , Time,Action,Pointer,Size,Stream\n0,1,allocate,0x100,64,0\n0,2,free,0x100,64,0\n")
+        self.assertTrue(check_trace(path)["ok"])
+
     def test_headers_are_skipped_wherever_memres_skips_them_and_none_is_required(self):
         # As memres_core::trace::read: a header (trimmed, after a
         # byte-order mark) and a blank line are skipped on any line, a

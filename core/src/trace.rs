@@ -27,8 +27,11 @@
 //! empty one is a row cut short), and its numbers are digits only, with no
 //! sign.
 //! Header lines are skipped wherever they are (traces concatenated by
-//! `cat` read as one), as are blank lines; fields are trimmed, and so is a
-//! header, and a byte-order mark (U+FEFF) that starts a line is dropped. A line is
+//! `cat` read as one), as are blank lines; fields are trimmed, a header's
+//! too, and a byte-order mark (U+FEFF) that starts a line is dropped. A
+//! header of other columns, or of these in another order (a line whose
+//! first field is `Thread`), is a malformed line: its rows would be read
+//! in this order. A line is
 //! UTF-8 of at most [`MAX_LINE`] bytes, read no further: a longer one is a
 //! malformed line, as is one that is not UTF-8. A reader that wants gzip
 //! decodes it and hands the text over as a [`BufRead`].
@@ -184,16 +187,19 @@ impl<'a> Record<&'a str> {
     }
 }
 
-/// Whether [`read`] skips `line`: blank, or a header.
+/// Whether [`read`] skips `line`: blank, or the header (its fields
+/// trimmed, as a row's are). A header of other columns, or of these in
+/// another order, is not skipped: [`read`] refuses it.
 ///
 /// ```
 /// use memres_core::trace::{is_skipped, HEADER};
 /// assert!(is_skipped(HEADER) && is_skipped("  ") && !is_skipped("0,1,free,0x100,256,0"));
 /// assert!(is_skipped(" Thread,Time,Action,Pointer,Size,Stream"));
+/// assert!(!is_skipped("Thread,Time,Action,Pointer,Stream,Size"));
 /// ```
 pub fn is_skipped(line: &str) -> bool {
     let line = line.trim();
-    line.is_empty() || line.starts_with("Thread,")
+    line.is_empty() || line.split(',').map(str::trim).eq(HEADER.split(','))
 }
 
 /// Why a trace could not be read.
@@ -240,7 +246,7 @@ pub const MAX_LINE: usize = 4096;
 ///
 /// [`ReadError::Io`] from the reader; [`ReadError::Malformed`] for a line
 /// longer than [`MAX_LINE`] bytes (read no further than that), one that is
-/// not UTF-8, a row that does not parse (see [`Record::parse`]) or that
+/// not UTF-8, a header other than [`HEADER`], a row that does not parse (see [`Record::parse`]) or that
 /// `each` refuses (its message), naming the line. Rows after the first
 /// error are not read.
 ///
@@ -284,6 +290,10 @@ pub fn read(
         let line = line.strip_prefix('\u{feff}').unwrap_or(line);
         if is_skipped(line) {
             continue;
+        }
+        // Another header: its rows would be read in this one's order.
+        if line.split(',').next().map(str::trim) == Some("Thread") {
+            return Err(malformed(alloc::format!("a header other than `{HEADER}`")));
         }
         Record::parse(line).and_then(|record| each(number, record)).map_err(malformed)?;
     }

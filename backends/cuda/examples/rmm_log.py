@@ -16,7 +16,8 @@ whatever the locale's encoding: lines end at `\n` (a `\r` before it is
 dropped), each is UTF-8, and a byte-order mark that starts one is dropped;
 blank lines and headers are skipped wherever they are, and none is
 required (memres reads traces that `cat` joined, and rows under no
-header); each row is parsed as
+header), but a header of other columns or another order is a problem;
+each row is parsed as
 `memres_core::trace::Record::parse` parses it, a line it refuses a problem
 in its words: its fields trimmed of white space, the pointer ASCII hex
 digits after an optional `0x` (or `(nil)`), the size ASCII decimal digits,
@@ -102,9 +103,15 @@ def _past_memres_limits(action, size, stream, live_bytes, allocations, streams):
 
 def _skipped(line):
     """Whether memres skips the line (`memres_core::trace::is_skipped`):
-    blank, or a header."""
+    blank, or the header (its fields trimmed, as a row's are)."""
     line = line.strip(WHITE_SPACE)
-    return not line or line.startswith("Thread,")
+    return not line or [f.strip(WHITE_SPACE) for f in line.split(",")] == HEADER.split(",")
+
+
+def _other_header(line):
+    """Whether memres refuses the line as a header of other columns, or of
+    these in another order: its first field is `Thread`."""
+    return line.split(",")[0].strip(WHITE_SPACE) == "Thread"
 
 
 def _open(path):
@@ -175,6 +182,9 @@ def check_trace(path):
                 bad.append(problem)
                 continue
             if _skipped(line):
+                continue
+            if _other_header(line):
+                bad.append(f"line {n}: a header other than `{HEADER}`")
                 continue
             try:
                 action, ptr, size, stream = parse_record(line)

@@ -231,3 +231,28 @@ fn a_byte_order_mark_and_spaces_before_a_header_are_skipped() {
     let e = read_all("0,1,\u{feff}free,0x10,256,0\n".as_bytes()).unwrap_err();
     assert_eq!(e.to_string(), "line 1: unknown action `\u{feff}free`");
 }
+
+/// A header of other columns, or of these in another order, is a
+/// malformed line: its rows would be read by the format's order (with
+/// `Size` and `Stream` swapped, every size read as the stream's `0`).
+/// Before, any line starting `Thread,` was skipped as a header.
+#[test]
+fn a_header_of_other_columns_is_malformed() {
+    for header in [
+        "Thread,Time,Action,Pointer,Stream,Size",
+        "Thread,Time,Action,Pointer,Size",
+        "Thread,Time,Action,Pointer,Size,Stream,Device",
+        "Thread,",
+    ] {
+        let trace = format!("{header}\n0,1,allocate,0x100,0,256\n");
+        let e = read_all(trace.as_bytes()).unwrap_err();
+        assert_eq!(e.to_string(), format!("line 1: a header other than `{HEADER}`"), "{header}");
+        assert!(!is_skipped(header), "{header}");
+    }
+    // The header itself, its fields trimmed as a row's are, is skipped.
+    for header in [HEADER, " Thread , Time,Action,Pointer,Size,Stream\r"] {
+        assert!(is_skipped(header), "{header:?}");
+        let rows = read_all(format!("{header}\n0,1,allocate,0x100,256,0\n").as_bytes()).unwrap();
+        assert_eq!(rows.iter().map(|r| r.size).collect::<Vec<_>>(), [256], "{header:?}");
+    }
+}
