@@ -6,9 +6,10 @@ use core::cell::RefCell;
 /// A reservable space of bare numbers that checks every call: the space of
 /// examples and tests in the core (`memres-sim` has a thread-safe one).
 ///
-/// Reservations are handed out from a counter and never reused; each keeps a
-/// bitmap of its committed granules, so a commit of committed memory or a
-/// decommit of uncommitted memory is an error, not a silent miscount. It
+/// Reservations are handed out from a counter, each on a granule boundary,
+/// and never reused; each keeps a bitmap of its committed granules, so a
+/// commit of committed memory or a decommit of uncommitted memory is an
+/// error, not a silent miscount. It
 /// counts committed bytes and their peak, holds at most `physical` bytes
 /// committed, and can be told to fail the Nth commit or decommit from now.
 /// It is not `Sync` (a `RefCell` inside).
@@ -204,7 +205,10 @@ impl ReservableSpace for CountingSpace {
         if len == 0 || len % g != 0 {
             return Err(Error::InvalidSize { size: len, what: "not a non-zero multiple of the granule" });
         }
-        let room = Self::END - s.next;
+        // Reservations start on a granule boundary (the space's base is
+        // one only for granules up to 4 GiB); none past the end.
+        let start = s.next.checked_next_multiple_of(g).filter(|&at| at <= Self::END).unwrap_or(Self::END);
+        let room = Self::END - start;
         if len > room {
             return Err(Error::OutOfMemory {
                 requested: len,
@@ -214,8 +218,8 @@ impl ReservableSpace for CountingSpace {
             });
         }
         let range =
-            Range::new(s.next, len).ok_or(Error::InvalidSize { size: len, what: "past the last address" })?;
-        s.next += len;
+            Range::new(start, len).ok_or(Error::InvalidSize { size: len, what: "past the last address" })?;
+        s.next = start + len;
         s.reservations.push((range, alloc::vec![0; CommitLedger::words(len / g)]));
         Ok(range)
     }
@@ -244,5 +248,41 @@ impl ReservableSpace for CountingSpace {
 
     fn releasable(&self, range: Range, want: u64) -> Option<Range> {
         self.state.borrow().ledger.releasable(range, want)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every reservation starts on a granule boundary, as the trait's
+    /// contract asks, whatever the granule: with granules above the space's
+    /// base (4 GiB) reservations started off the boundary, and no commit
+    /// in them was taken.
+    #[test]
+    fn reservations_start_on_a_granule_boundary_for_every_granule() {
+        for shift in [8, 21, 32, 33, 40, 45] {
+            let g = 1u64 << shift;
+            let space = CountingSpace::new(3 * g, g);
+            let (a, b) = (space.reserve(g).unwrap(), space.reserve(2 * g).unwrap());
+            for r in [a, b] {
+                assert_eq!(r.start() % g, 0, "granule 2^{shift}: {r:?}");
+                space.commit(r).unwrap();
+                space.decommit(r, &()).unwrap();
+                space.release(r).unwrap();
+            }
+            assert_eq!((space.committed_bytes(), space.peak_committed_bytes()), (0, 2 * g));
+        }
+        // The last boundary that leaves room for a granule, then none:
+        // out of addresses, not a panic.
+        let g = 1u64 << 46;
+        let space = CountingSpace::new(g, g);
+        assert_eq!(space.reserve(g), Ok(Range::new(g, g).unwrap()));
+        assert!(space.reserve(g).unwrap_err().is_out_of_memory());
+        for shift in [47, 63] {
+            let g = 1u64 << shift;
+            let e = CountingSpace::new(g, g).reserve(g).unwrap_err();
+            assert!(e.is_out_of_memory(), "granule 2^{shift}: {e}");
+        }
     }
 }
