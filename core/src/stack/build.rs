@@ -191,7 +191,10 @@ impl<S: Stream + ?Sized + 'static> Context<'_, S> {
 
     /// Builds `call` with the constructors of `builder` (a layer of this
     /// build that wraps another builder's resource: a snapshot's tap),
-    /// keeping its handles and layers in this build.
+    /// keeping its handles and layers in this build. What it builds is
+    /// under the call being built, as its upstream is
+    /// ([`upstream`](Self::upstream)): a layer that keeps freed memory
+    /// kept while it is built is under that call's.
     ///
     /// # Errors
     ///
@@ -229,7 +232,12 @@ impl<S: Stream + ?Sized + 'static> Context<'_, S> {
         let cx = Context::new(builder, self.stream, Some(self));
         let built = f(&cx);
         self.handles.borrow_mut().append(&mut cx.handles.into_inner());
-        self.releasing.borrow_mut().append(&mut cx.releasing.into_inner());
+        let mut layers = cx.releasing.into_inner();
+        if !layers.is_empty() {
+            // What the call being built wraps: its upstream.
+            self.layer_under.set(true);
+        }
+        self.releasing.borrow_mut().append(&mut layers);
         self.when_built.borrow_mut().append(&mut cx.when_built.into_inner());
         built
     }

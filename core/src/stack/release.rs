@@ -308,10 +308,13 @@ impl<S: ?Sized> Clone for Layer<S> {
 }
 
 impl<S: ?Sized> ReleaseLayers<S> {
-    /// The layers of a stack, in any order.
+    /// The layers of a stack, in the order they were kept.
     pub(super) fn new(mut layers: Vec<Layer<S>>) -> Self {
         // A call's upstreams are written after its name: by position is
-        // outermost first.
+        // outermost first. Layers of one call (one that wraps what it built
+        // of that call with another builder) are kept upstream first: of
+        // those, the last kept is the outermost.
+        layers.reverse();
         layers.sort_by_key(|l| l.pos);
         ReleaseLayers { layers }
     }

@@ -256,6 +256,45 @@ fn a_layer_built_with_another_builder_keeps_its_handles_and_what_it_releases() {
     assert_eq!((layers.held_by("pool"), layers.held_by("chunks")), (0, 0));
 }
 
+/// A layer that keeps freed memory over a resource it built with another
+/// builder (`Context::build_with`, for the same call) is over that
+/// resource's layers, as over an upstream: it is released first, and what
+/// left the stack is what the layers under it gave back. Before, the
+/// wrapped pool, kept first at the same position, was taken for the outer
+/// layer and both for innermost: `held()` counted the wrapper's chunks
+/// twice, and the release gave the wrapper's chunks to the wrapped pool
+/// after it had been released, where they stayed, said to have left.
+#[test]
+fn a_layer_over_what_it_built_with_another_builder_is_released_first() {
+    use crate::pool::CoalescingPool;
+    use crate::{DynResource, Request, Shared};
+    use alloc::sync::Arc;
+    type Pool<U> = Shared<CoalescingPool<U>>;
+    let mut inner = StackBuilder::<()>::empty();
+    inner.register("chunks", |call, cx| {
+        Ok(cx.keep_releasing(call, Shared::new(CoalescingPool::new(Unbacked::new()))))
+    });
+    let inner = Arc::new(inner);
+    let mut b = StackBuilder::<()>::new();
+    b.register("chunks", move |call, cx| {
+        let leaf = cx.build_with(&inner, call)?;
+        Ok(cx.keep_releasing(call, Shared::new(CoalescingPool::new(leaf))))
+    });
+    let built = b.build_with_handles("stats(chunks)", &()).unwrap();
+    let wrapped = built.get::<Pool<Unbacked>>("chunks").unwrap();
+    let wrapper = built.get::<Pool<DynResource>>("chunks").unwrap();
+    assert_eq!(built.names().collect::<Vec<_>>(), [("stats", 0), ("chunks", 6), ("chunks", 6)]);
+    let x = built.resource.allocate(Request::new(4 << 20).unwrap(), &()).unwrap();
+    built.resource.deallocate(x, &()).unwrap();
+    let from_leaf = wrapped.with(|p| p.held_bytes());
+    assert!(from_leaf >= 4 << 20 && wrapper.with(|p| p.held_bytes()) > 0);
+    let layers = built.release_layers();
+    assert_eq!(layers.held(), from_leaf, "what the stack holds from its leaf, once");
+    assert_eq!(layers.release(&()).unwrap(), from_leaf);
+    assert_eq!((wrapper.with(|p| p.held_bytes()), wrapped.with(|p| p.held_bytes())), (0, 0));
+    assert_eq!(layers.held(), 0);
+}
+
 /// A layer whose release fails does not keep the layers under it from
 /// giving back: the error comes back after all of them ran.
 #[test]
