@@ -285,4 +285,18 @@ mod tests {
             assert!(e.is_out_of_memory(), "granule 2^{shift}: {e}");
         }
     }
+
+    /// Nothing to give back is `None`, as `ReservableSpace::releasable`
+    /// says: the default answered an empty range (`Some`) to a `want` of 0
+    /// or an empty `range`, which no decommit takes.
+    #[test]
+    fn releasable_of_nothing_is_none() {
+        let space = CountingSpace::new(4 << 20, 1 << 20);
+        let r = space.reserve(4 << 20).unwrap();
+        space.commit(r).unwrap();
+        assert_eq!(space.releasable(r, 1 << 20), Range::new(r.start() + (3 << 20), 1 << 20));
+        assert_eq!(space.releasable(r, 0), None);
+        assert_eq!(space.releasable(Range::new(r.start(), 0).unwrap(), 1 << 20), None);
+        space.decommit(r, &()).unwrap();
+    }
 }

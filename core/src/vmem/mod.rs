@@ -212,11 +212,21 @@ pub const DECOMMITTED_IN_PART: &str =
 
 /// The highest `want` bytes of `range`, all of it if shorter: what a space
 /// that frees any granule answers to [`ReservableSpace::releasable`] (the
-/// trait's default, for a space that answers otherwise only at times).
+/// trait's default, for a space that answers otherwise only at times);
+/// `None` where that is nothing (an empty range, or `want` 0).
+///
+/// ```
+/// use memres_core::vmem::highest;
+/// use memres_core::Range;
+/// let r = Range::new(1 << 20, 4 << 20).unwrap();
+/// assert_eq!(highest(r, 1 << 20), Range::new(4 << 20, 1 << 20));
+/// assert_eq!(highest(r, u64::MAX), Some(r));
+/// assert_eq!(highest(r, 0), None);
+/// ```
 #[inline]
 pub fn highest(range: Range, want: u64) -> Option<Range> {
     let len = want.min(range.len());
-    Range::new(range.end() - len, len)
+    Range::new(range.end() - len, len).filter(|r| !r.is_empty())
 }
 
 macro_rules! forward {
