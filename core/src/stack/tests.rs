@@ -219,6 +219,18 @@ fn a_name_replaced_or_never_a_leaf_of_the_engine_has_no_promise() {
     assert!(b.build("bytes", &()).is_ok(), "the plain constructor replaced it");
 }
 
+/// Another builder, whose `chunks` is a pool over unbacked space that
+/// keeps freed memory, for a layer to wrap with `Context::build_with`.
+fn a_builder_of_a_releasing_pool() -> alloc::sync::Arc<StackBuilder<()>> {
+    use crate::pool::CoalescingPool;
+    use crate::Shared;
+    let mut inner = StackBuilder::<()>::empty();
+    inner.register("chunks", |call, cx| {
+        Ok(cx.keep_releasing(call, Shared::new(CoalescingPool::new(Unbacked::new()))))
+    });
+    alloc::sync::Arc::new(inner)
+}
+
 /// The layers that keep freed memory are found through a layer that wraps
 /// another builder's resource (a snapshot's tap), and given back outermost
 /// first. Before, the wrapped leaf was built in a context of its own, and
@@ -228,13 +240,8 @@ fn a_layer_built_with_another_builder_keeps_its_handles_and_what_it_releases() {
     use crate::adaptor::Statistics;
     use crate::pool::CoalescingPool;
     use crate::{DynResource, Request, Shared};
-    use alloc::sync::Arc;
     type Inner = Shared<CoalescingPool<Unbacked>>;
-    let mut inner = StackBuilder::<()>::empty();
-    inner.register("chunks", |call, cx| {
-        Ok(cx.keep_releasing(call, Shared::new(CoalescingPool::new(Unbacked::new()))))
-    });
-    let inner = Arc::new(inner);
+    let inner = a_builder_of_a_releasing_pool();
     let mut b = StackBuilder::<()>::new();
     b.register("chunks", move |call, cx| {
         let leaf = cx.build_with(&inner, call)?;
@@ -268,13 +275,8 @@ fn a_layer_built_with_another_builder_keeps_its_handles_and_what_it_releases() {
 fn a_layer_over_what_it_built_with_another_builder_is_released_first() {
     use crate::pool::CoalescingPool;
     use crate::{DynResource, Request, Shared};
-    use alloc::sync::Arc;
     type Pool<U> = Shared<CoalescingPool<U>>;
-    let mut inner = StackBuilder::<()>::empty();
-    inner.register("chunks", |call, cx| {
-        Ok(cx.keep_releasing(call, Shared::new(CoalescingPool::new(Unbacked::new()))))
-    });
-    let inner = Arc::new(inner);
+    let inner = a_builder_of_a_releasing_pool();
     let mut b = StackBuilder::<()>::new();
     b.register("chunks", move |call, cx| {
         let leaf = cx.build_with(&inner, call)?;
