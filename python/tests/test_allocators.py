@@ -137,6 +137,33 @@ def test_the_numba_manager_serves_its_contexts_device_and_its_reset_frees_what_i
     mp.finalizer()
 
 
+def test_a_numba_finalizer_run_after_a_reset_leaves_a_new_block_at_its_address_alone(monkeypatch):
+    # After Numba's context reset() the address of a block it freed is
+    # handed out again; the old pointer's finalizer, run later, took the
+    # new block out of the allocations, freeing it under its live array.
+    from memres.allocators import numba as memres_numba
+    for name, module in fake_numba_driver(binding=types.SimpleNamespace(CUdeviceptr=FakeCUdeviceptr)).items():
+        monkeypatch.setitem(sys.modules, name, module)
+    monkeypatch.setattr(memres_numba, "MemoryPointer", NumbaCudaMemoryPointer)
+    # A pool hands the address of a block freed out again.
+    t = mr.TrackingResourceAdaptor(mr.PoolMemoryResource(mr.HostMemoryResource(), initial_pool_size=1 << 20))
+    mr.set_current_device_resource(t)
+    manager = numba_manager(memres_numba, device=0)
+    old = manager.memalloc(4096)
+    manager.allocations.clear()  # reset()
+    gc.collect()
+    assert t.get_outstanding_count() == 0
+    new = manager.memalloc(4096)
+    assert new.device_pointer_value == old.device_pointer_value  # the address reused
+    old.finalizer()
+    gc.collect()
+    assert t.get_outstanding_count() == 1
+    assert list(manager.allocations) == [new.device_pointer_value]
+    new.finalizer()
+    gc.collect()
+    assert t.get_outstanding_count() == 0 and not manager.allocations
+
+
 def test_the_numba_manager_hands_numba_cuda_an_address_it_reads(monkeypatch):
     # numba-cuda (no USE_NV_BINDING: NVIDIA's binding only) reads the
     # address with int(): a ctypes c_uint64 raised, and every array failed.

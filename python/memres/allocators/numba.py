@@ -7,6 +7,8 @@
 or ``NUMBA_CUDA_MEMORY_MANAGER=memres.allocators.numba``.
 """
 
+import weakref
+
 from .._buffer import DeviceBuffer
 from ..mr import get_per_device_resource
 
@@ -37,14 +39,21 @@ class MemresNumbaManager(HostOnlyCUDAMemoryManager):
         buf = DeviceBuffer(size=size, mr=get_per_device_resource(self.context.device.id))
         ptr = buf.ptr
         # Held in the manager's allocations, as RMM's: the context's
-        # `reset()` clears them, and each buffer, collected, frees its block.
-        # An empty buffer holds nothing.
+        # `reset()` clears them, and each buffer, collected, frees its block
+        # (to the resource that made it, which it holds). An empty buffer
+        # holds nothing.
         allocations = self.allocations
         if ptr:
             allocations[ptr] = buf
+        # Weakly: a reset() frees the buffer. The finalizer then finds
+        # another buffer (a block made since at the same address) or none,
+        # and leaves it.
+        mine = weakref.ref(buf)
 
         def finalizer():
-            allocations.pop(ptr, None)  # after a reset(), gone already
+            held = mine()
+            if held is not None and allocations.get(ptr) is held:
+                del allocations[ptr]
 
         return MemoryPointer(self.context, _device_pointer(ptr), size, finalizer=finalizer)
 
