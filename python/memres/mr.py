@@ -880,11 +880,15 @@ def enable_logging(log_file_name=None):
 
 def disable_logging():
     """Takes the LoggingResourceAdaptor off each device's resource where it
-    is outermost (its log is written out)."""
-    for device, res in list(_current.items()):
-        if isinstance(res, LoggingResourceAdaptor):
-            res.flush()
-            set_per_device_resource(device, res.upstream_mr)
+    is outermost, once every such log is written out: one that cannot be
+    (its flush raises) raises, and no device's resource changes, as
+    ``enable_logging``."""
+    logged = [(device, res) for device, res in list(_current.items())
+              if isinstance(res, LoggingResourceAdaptor)]
+    for _, res in logged:
+        res.flush()
+    for device, res in logged:
+        set_per_device_resource(device, res.upstream_mr)
 
 
 def get_log_filenames():

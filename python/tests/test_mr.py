@@ -1168,6 +1168,26 @@ def test_enable_logging_that_cannot_log_one_device_changes_no_device(tmp_path):
     assert held.get_file_name() == str(tmp_path / "x.dev1.csv")
 
 
+def test_disable_logging_whose_flush_fails_on_one_device_changes_no_device(tmp_path):
+    # Device 1's log cannot be written out: device 0's adaptor was taken
+    # off already, and the call left one device logged and the other not.
+    for d in (0, 1):
+        mr.set_per_device_resource(d, mr.HostMemoryResource(device=d))
+    memres.enable_logging(log_file_name=tmp_path / "x.csv")
+    logged = {d: mr.get_per_device_resource(d) for d in (0, 1)}
+
+    def fail():
+        raise OSError("no space left on device")
+
+    logged[1].flush = fail
+    with pytest.raises(OSError, match="no space left"):
+        memres.disable_logging()
+    assert {d: mr.get_per_device_resource(d) for d in (0, 1)} == logged
+    del logged[1].flush
+    memres.disable_logging()
+    assert memres.get_log_filenames() == {0: None, 1: None}
+
+
 def test_reinitialize_runs_the_hooks_last_registered_first():
     ran = []
     first = memres.register_reinitialize_hook(ran.append, "first")
