@@ -868,27 +868,30 @@ def enable_logging(log_file_name=None):
     resource the C functions made (PyTorch's allocations reached it first)
     has one. Every log is made before any is set: one that cannot be made
     (its file written by another live log) raises, and no device's resource
-    changes."""
-    made = []
-    for device in sorted(_existing_all()) or [0]:
-        res = get_per_device_resource(device)
-        if not isinstance(res, LoggingResourceAdaptor):
-            made.append((device, LoggingResourceAdaptor(res, log_file_name=log_file_name)))
-    for device, res in made:
-        set_per_device_resource(device, res)
+    changes. One step for other threads (the registry held): none sets a
+    device's resource between its log's making and its setting."""
+    with _REGISTRY:
+        made = []
+        for device in sorted(_existing_all()) or [0]:
+            res = get_per_device_resource(device)
+            if not isinstance(res, LoggingResourceAdaptor):
+                made.append((device, LoggingResourceAdaptor(res, log_file_name=log_file_name)))
+        for device, res in made:
+            set_per_device_resource(device, res)
 
 
 def disable_logging():
     """Takes the LoggingResourceAdaptor off each device's resource where it
     is outermost, once every such log is written out: one that cannot be
     (its flush raises) raises, and no device's resource changes, as
-    ``enable_logging``."""
-    logged = [(device, res) for device, res in list(_current.items())
-              if isinstance(res, LoggingResourceAdaptor)]
-    for _, res in logged:
-        res.flush()
-    for device, res in logged:
-        set_per_device_resource(device, res.upstream_mr)
+    ``enable_logging``, and as it one step for other threads."""
+    with _REGISTRY:
+        logged = [(device, res) for device, res in _current.items()
+                  if isinstance(res, LoggingResourceAdaptor)]
+        for _, res in logged:
+            res.flush()
+        for device, res in logged:
+            set_per_device_resource(device, res.upstream_mr)
 
 
 def get_log_filenames():

@@ -1188,6 +1188,44 @@ def test_disable_logging_whose_flush_fails_on_one_device_changes_no_device(tmp_p
     assert memres.get_log_filenames() == {0: None, 1: None}
 
 
+def registry_free_to_another_thread():
+    """Whether another thread could take the device registry now (and so
+    set a device's resource)."""
+    got = []
+
+    def other():
+        got.append(mr._REGISTRY.acquire(blocking=False))
+        if got[0]:
+            mr._REGISTRY.release()
+
+    t = threading.Thread(target=other)
+    t.start()
+    t.join()
+    return got[0]
+
+
+def test_enable_and_disable_logging_are_one_step_for_other_threads(tmp_path, monkeypatch):
+    # Making a log and writing one out give the GIL up: another thread could
+    # set the device's resource meanwhile, which the call then replaced with
+    # a log over the old resource (or with the old log's upstream).
+    free = []
+
+    class Watched(mr.LoggingResourceAdaptor):
+        def __init__(self, *args, **kwargs):
+            free.append(registry_free_to_another_thread())
+            super().__init__(*args, **kwargs)
+
+        def flush(self):
+            free.append(registry_free_to_another_thread())
+            super().flush()
+
+    monkeypatch.setattr(mr, "LoggingResourceAdaptor", Watched)
+    mr.set_per_device_resource(0, mr.HostMemoryResource())
+    memres.enable_logging(log_file_name=tmp_path / "x.csv")
+    memres.disable_logging()
+    assert free == [False, False]
+
+
 def test_reinitialize_runs_the_hooks_last_registered_first():
     ran = []
     first = memres.register_reinitialize_hook(ran.append, "first")
