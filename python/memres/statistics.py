@@ -34,9 +34,12 @@ def _stats_native():
 
 def enable_statistics():
     """Puts a StatisticsResourceAdaptor over the current device resource
-    (unless its outermost resource counts already)."""
-    if _stats_native() is None:
-        _mr.set_current_device_resource(_mr.StatisticsResourceAdaptor(_mr.get_current_device_resource()))
+    (unless its outermost resource counts already), in one step for other
+    threads (the registry held): none sets the device's resource between
+    the adaptor's making and its setting."""
+    with _mr._REGISTRY:
+        if _stats_native() is None:
+            _mr.set_current_device_resource(_mr.StatisticsResourceAdaptor(_mr.get_current_device_resource()))
 
 
 
@@ -67,21 +70,24 @@ def statistics():
     resource for the block and takes it off after. As RMM's, a change of
     the current resource inside the block is a ``ValueError`` at its end
     (the level could not be popped from the resource it was pushed on)."""
-    if push_statistics() is None:
-        previous = _mr.get_current_device_resource()
-        enable_statistics()
-    else:
-        previous = None
-    current = _mr.get_current_device_resource()
+    # Each end one step for other threads, as `enable_statistics`.
+    with _mr._REGISTRY:
+        if push_statistics() is None:
+            previous = _mr.get_current_device_resource()
+            enable_statistics()
+        else:
+            previous = None
+        current = _mr.get_current_device_resource()
     try:
         yield
     finally:
-        if _mr.get_current_device_resource() is not current:
-            raise ValueError("memres: the current resource was changed inside a statistics() block")
-        if previous is None:
-            pop_statistics()
-        else:
-            _mr.set_current_device_resource(previous)
+        with _mr._REGISTRY:
+            if _mr.get_current_device_resource() is not current:
+                raise ValueError("memres: the current resource was changed inside a statistics() block")
+            if previous is None:
+                pop_statistics()
+            else:
+                _mr.set_current_device_resource(previous)
 
 
 @dataclass

@@ -1,4 +1,5 @@
 import os
+import threading
 
 import pytest
 
@@ -40,3 +41,19 @@ def gpu():
             pytest.fail("MEMRES_REQUIRE_GPU=1 but memres's CUDA side sees no GPU")
         pytest.skip("no GPU (set MEMRES_REQUIRE_GPU=1 to make this a failure)")
     memres.set_device(0)
+
+
+def registry_free_to_another_thread():
+    """Whether another thread could take the device registry now (and so
+    set a device's resource)."""
+    got = []
+
+    def other():
+        got.append(mr._REGISTRY.acquire(blocking=False))
+        if got[0]:
+            mr._REGISTRY.release()
+
+    t = threading.Thread(target=other)
+    t.start()
+    t.join()
+    return got[0]

@@ -12,7 +12,7 @@ import pytest
 
 import memres
 from memres import _native, mr
-from conftest import need
+from conftest import need, registry_free_to_another_thread
 from test_buffer import BAD_SIZES
 from test_reentry import FREE_PANICS_ONCE, run_child
 
@@ -1186,22 +1186,6 @@ def test_disable_logging_whose_flush_fails_on_one_device_changes_no_device(tmp_p
     del logged[1].flush
     memres.disable_logging()
     assert memres.get_log_filenames() == {0: None, 1: None}
-
-
-def registry_free_to_another_thread():
-    """Whether another thread could take the device registry now (and so
-    set a device's resource)."""
-    got = []
-
-    def other():
-        got.append(mr._REGISTRY.acquire(blocking=False))
-        if got[0]:
-            mr._REGISTRY.release()
-
-    t = threading.Thread(target=other)
-    t.start()
-    t.join()
-    return got[0]
 
 
 def test_enable_and_disable_logging_are_one_step_for_other_threads(tmp_path, monkeypatch):

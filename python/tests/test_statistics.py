@@ -6,6 +6,7 @@ import pytest
 
 import memres
 from memres import mr, statistics
+from conftest import registry_free_to_another_thread
 
 
 @pytest.fixture
@@ -28,6 +29,27 @@ def test_statistics_off_then_on(pool):
     assert s == statistics.Statistics(current_bytes=24, current_count=1, peak_bytes=1024,
                                       peak_count=2, total_bytes=1024, total_count=2)
     del b
+
+
+def test_statistics_are_put_on_in_one_step_for_other_threads(pool, monkeypatch):
+    # Building the adaptor gives the GIL up: another thread could set the
+    # device's resource meanwhile, which the adaptor over the old resource
+    # then replaced.
+    free = []
+
+    class Watched(mr.StatisticsResourceAdaptor):
+        def __init__(self, upstream_mr):
+            free.append(registry_free_to_another_thread())
+            super().__init__(upstream_mr)
+
+    monkeypatch.setattr(mr, "StatisticsResourceAdaptor", Watched)
+    statistics.enable_statistics()
+    with statistics.statistics():
+        pass
+    mr.set_current_device_resource(pool)
+    with statistics.statistics():
+        pass
+    assert free == [False, False] and mr.get_current_device_resource() is pool
 
 
 def test_push_and_pop(pool):
