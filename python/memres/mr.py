@@ -531,7 +531,9 @@ class BinningMemoryResource(UpstreamResourceAdaptor):
         resource, a buffer's or another resource's upstream, ``add_bin``
         raises ``InvalidArgument`` and changes nothing. An ``allocate`` of
         another thread that ends on the stack ``add_bin`` replaced raises
-        ``InvalidArgument`` (allocate again), its block given back."""
+        ``InvalidArgument`` (allocate again), its block given back. Of two
+        ``add_bin`` at once, one may raise ``InvalidArgument`` (add the bin
+        again); none loses the other's bin."""
         from ._errors import InvalidArgument
         size = _nbytes(allocation_size, "allocation_size")
         if size == 0:
@@ -546,7 +548,9 @@ class BinningMemoryResource(UpstreamResourceAdaptor):
         in_use = InvalidArgument(
             "memres: add_bin on a resource in use (live blocks, a device's resource, a buffer's "
             "or another resource's upstream): add its bins before it is used")
-        if self._native.in_use():
+        # The stack the bins below are read with: only it is replaced.
+        old = self._native
+        if old.in_use():
             raise in_use
         bins = {**self._bins, size: bin_resource}
         given = list({id(r): r for r in bins.values() if r is not None}.values())
@@ -556,7 +560,8 @@ class BinningMemoryResource(UpstreamResourceAdaptor):
         # The GIL is released while it builds: another thread may use the
         # old stack meanwhile. Retiring it checks again, and refuses the
         # allocations that end on it from then on; the new stack, unused,
-        # is dropped if it is in use (or another add_bin retired it first).
+        # is dropped if it is in use, or if another add_bin retired it
+        # first (that one's bin is kept: this one read the bins before it).
         try:
             native, _ = self._stack_of("binning", args, upstreams, positional_upstreams=1, **self._powers)
         except InvalidArgument:
@@ -566,7 +571,7 @@ class BinningMemoryResource(UpstreamResourceAdaptor):
             # said at its value as every value of a stack string) is the
             # resource's refusal of the argument here, as RMM's.
             raise InvalidArgument(str(e)) from None
-        if not self._native.retire():
+        if not old.retire():
             raise in_use
         self._native, self._upstreams = native, upstreams
         self._bins = bins

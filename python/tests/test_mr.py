@@ -886,6 +886,29 @@ def test_add_bin_while_another_thread_allocates_loses_no_block():
     assert freed == handed
 
 
+def test_of_two_add_bin_at_once_neither_loses_the_others_bin():
+    # The GIL is released while add_bin builds: another thread's add_bin
+    # that ended meanwhile was replaced by a stack without its bin, though
+    # it had returned (it retired the stack this add_bin read, and this one
+    # retired its unused new stack in turn).
+    b = mr.BinningMemoryResource(sim_pool())
+    other = []
+
+    def build_while_another_adds(*args, **kwargs):
+        if not other:
+            other.append(threading.Thread(target=b.add_bin, args=(2048,)))
+            other[0].start()
+            other[0].join()
+        return mr.BinningMemoryResource._stack_of(*args, **kwargs)
+
+    b._stack_of = build_while_another_adds
+    with pytest.raises(memres.InvalidArgument, match="in use"):
+        b.add_bin(1024)
+    assert b.stack == "binning(up0, bin(2048), powers=false)"
+    b.add_bin(1024)
+    assert b.stack == "binning(up0, bin(1024), bin(2048), powers=false)"
+
+
 def test_simulated_devices_have_addresses_of_their_own():
     # Each is a device of its own, as two GPUs are: a bin over one beside an
     # upstream of another hands out blocks of both at once (their addresses
