@@ -237,3 +237,22 @@ def test_the_numba_manager_with_the_numba_installed_here_hands_out_addresses_it_
     mp = manager.memalloc(4096)
     (ptr,) = manager.allocations
     assert mp.device_pointer_value == ptr and mp.device_ctypes_pointer.value == ptr
+
+
+def test_torch_use_keeps_in_one_step_a_resource_another_thread_sets(monkeypatch):
+    # use() without a stack gives DEFAULT_STACK only to a device that has
+    # no resource: it looked, built the stack and changed PyTorch's
+    # allocator without the registry, so a resource another thread set
+    # meanwhile was replaced by DEFAULT_STACK.
+    from conftest import registry_free_to_another_thread
+    import memres.allocators.torch as mt
+    free = []
+    torch = types.ModuleType("torch")
+    torch.cuda = types.SimpleNamespace(
+        is_initialized=lambda: False,
+        memory=types.SimpleNamespace(change_current_allocator=lambda a: free.append(registry_free_to_another_thread())))
+    monkeypatch.setitem(sys.modules, "torch", torch)
+    monkeypatch.setattr(mt, "memres_torch_allocator", object())
+    monkeypatch.setattr(mt, "DEFAULT_STACK", "stats(pool(host))")
+    mt.use()
+    assert free == [False] and mr.get_current_device_resource().stack == "stats(pool(host))"

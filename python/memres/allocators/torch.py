@@ -96,7 +96,9 @@ def use(stack=None, **reinitialize_kwargs):
     ``DEFAULT_STACK``. Then changes PyTorch's allocator. A device PyTorch
     allocates on later that has no resource gets ``DEFAULT_STACK`` too
     (the C functions make it, and it is then the device's resource). Call
-    it before the first CUDA tensor. Nothing changes when it fails."""
+    it before the first CUDA tensor. Nothing changes when it fails. One
+    step for other threads: a resource another thread sets meanwhile is
+    kept (it is set before ``use`` looks) or replaced (after)."""
     import torch
     from .. import _device_list, _resources
     allocator = memres_torch_allocator or _make()
@@ -106,14 +108,17 @@ def use(stack=None, **reinitialize_kwargs):
     devices = _device_list(current_device() if devices is None else devices)
     # The resources are made first and set only once PyTorch took the
     # allocator: it refuses once its own allocator is initialized (CUDA
-    # was used), and then memres's resources stay as they were.
-    if stack is not None or reinitialize_kwargs:
-        made = _resources(stack=stack, devices=devices, **reinitialize_kwargs)
-    else:
-        made = _resources(stack=DEFAULT_STACK, devices=[d for d in devices if _mr._existing(d) is None])
-    torch.cuda.memory.change_current_allocator(allocator)
-    for device, res in made:
-        _mr.set_per_device_resource(device, res)
+    # was used), and then memres's resources stay as they were. One step
+    # for other threads (the registry held): none sets a device's resource
+    # between the look for one and the set of DEFAULT_STACK.
+    with _mr._REGISTRY:
+        if stack is not None or reinitialize_kwargs:
+            made = _resources(stack=stack, devices=devices, **reinitialize_kwargs)
+        else:
+            made = _resources(stack=DEFAULT_STACK, devices=[d for d in devices if _mr._existing(d) is None])
+        torch.cuda.memory.change_current_allocator(allocator)
+        for device, res in made:
+            _mr.set_per_device_resource(device, res)
     return allocator
 
 
