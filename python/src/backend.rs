@@ -8,26 +8,25 @@
 //! and `vpool`. With `cuda` (`memres._cuda`): streams are the caller's
 //! `cudaStream_t`, the leaves are `memres_cuda::stack`'s.
 
+use crate::errors::GilFree;
 use memres_core::adaptor::Gauge;
-use pyo3::exceptions::PyValueError;
-use pyo3::PyResult;
 use std::sync::{Arc, OnceLock};
 
 /// Devices `0..MAX_DEVICES` are served.
 pub(crate) const MAX_DEVICES: usize = 64;
 
 /// Bytes held from each device by every leaf this module built.
-pub(crate) fn gauge(device: u32) -> PyResult<Arc<Gauge>> {
+pub(crate) fn gauge(device: u32) -> Result<Arc<Gauge>, GilFree> {
     static GAUGES: [OnceLock<Arc<Gauge>>; MAX_DEVICES] = [const { OnceLock::new() }; MAX_DEVICES];
     let slot = GAUGES.get(device as usize).ok_or_else(|| {
-        PyValueError::new_err(format!("memres: device {device} out of range (0 to {})", MAX_DEVICES - 1))
+        GilFree::Value(format!("memres: device {device} out of range (0 to {})", MAX_DEVICES - 1))
     })?;
     Ok(slot.get_or_init(Default::default).clone())
 }
 
 #[cfg(not(feature = "cuda"))]
 mod imp {
-    use super::gauge;
+    use super::{gauge, GilFree};
     use memres_core::adaptor::Counted;
     use memres_core::stack::StackBuilder;
     use memres_core::stack::StackError;
@@ -63,7 +62,7 @@ mod imp {
     }
 
     /// The device's default stream.
-    pub(crate) fn default_stream(_device: u32) -> PyResult<Stream> {
+    pub(crate) fn default_stream(_device: u32) -> Result<Stream, GilFree> {
         Ok(())
     }
 
@@ -161,7 +160,7 @@ mod imp {
     /// The core's names, `vpool`, and `sim` and `host` counted in the
     /// device gauge; each `sim` and each `vpool` of the process has
     /// addresses no other living one has.
-    pub(crate) fn builder(device: u32) -> PyResult<StackBuilder<Stream>> {
+    pub(crate) fn builder(device: u32) -> Result<StackBuilder<Stream>, GilFree> {
         let g = gauge(device)?;
         let mut b = memres_sim::builder::<Stream>();
         let g2 = g.clone();
@@ -187,7 +186,7 @@ mod imp {
 
 #[cfg(feature = "cuda")]
 mod imp {
-    use super::{gauge, MAX_DEVICES};
+    use super::{gauge, GilFree, MAX_DEVICES};
     use crate::errors::backend_error;
     use memres_core::stack::StackBuilder;
     use memres_cuda::stack::DriverPools;
@@ -211,15 +210,15 @@ mod imp {
     /// The leaves a snapshot counts as segments (device memory).
     pub(crate) const SEGMENT_LEAVES: &[&str] = &["async", "cuda", "managed", "vmm"];
 
-    fn device_of(device: u32) -> PyResult<Device> {
-        Device::get(device).map_err(|e| backend_error(format!("device {device}: {e}")))
+    fn device_of(device: u32) -> Result<Device, GilFree> {
+        Device::get(device).map_err(|e| GilFree::Backend(format!("device {device}: {e}")))
     }
 
     /// The primary context of `device` (kept for the process; after its
     /// first use a lookup with no driver call: a stream is named with it on
     /// every call of PyTorch's).
-    fn context(device: u32) -> PyResult<Context> {
-        Context::primary(device).map_err(|e| backend_error(format!("device {device}: {e}")))
+    fn context(device: u32) -> Result<Context, GilFree> {
+        Context::primary(device).map_err(|e| GilFree::Backend(format!("device {device}: {e}")))
     }
 
     /// Names the caller's stream: 0 and `CU_STREAM_LEGACY` (1) are the
@@ -234,7 +233,7 @@ mod imp {
     /// buffer, a stack, a deferred free), uses it.
     pub(crate) unsafe fn stream(handle: u64, device: u32) -> PyResult<Stream> {
         if handle == 0 || handle as usize == memres_cuda::sys::CU_STREAM_LEGACY {
-            return default_stream(device);
+            return Ok(default_stream(device)?);
         }
         // A per-thread stream is named with its device's context, which its
         // calls then use on any thread (a buffer collected on another).
@@ -253,7 +252,7 @@ mod imp {
     }
 
     /// The legacy default stream of the device's primary context.
-    pub(crate) fn default_stream(device: u32) -> PyResult<Stream> {
+    pub(crate) fn default_stream(device: u32) -> Result<Stream, GilFree> {
         Ok(CudaStream::legacy_in(context(device)?))
     }
 
@@ -364,7 +363,7 @@ mod imp {
 
     /// The core's names and the CUDA leaves of `device`, counted in its
     /// gauge.
-    pub(crate) fn builder(device: u32) -> PyResult<StackBuilder<Stream>> {
+    pub(crate) fn builder(device: u32) -> Result<StackBuilder<Stream>, GilFree> {
         let mut b = StackBuilder::new();
         memres_cuda::stack::register(&mut b, device_of(device)?, gauge(device)?);
         Ok(b)
@@ -392,7 +391,7 @@ pub(crate) use imp::{
 pub(crate) fn builder(
     device: u32,
     map: Option<&crate::snapshot::Map>,
-) -> PyResult<memres_core::stack::StackBuilder<Stream>> {
+) -> Result<memres_core::stack::StackBuilder<Stream>, GilFree> {
     let mut b = imp::builder(device)?;
     if let Some(map) = map {
         crate::snapshot::tap_leaves(&mut b, imp::builder(device)?, imp::SEGMENT_LEAVES, map);

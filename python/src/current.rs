@@ -119,7 +119,11 @@ fn made(device: u32) -> Option<&'static Mutex<Option<Resource>>> {
 /// A stack that cannot be built is the registry's
 /// [`InvalidConfig`](memres_core::Error::InvalidConfig), whose text is
 /// fixed: why, in the build's words, is kept for this thread
-/// ([`take_default_failure`]), where `memres_py_alloc` says it.
+/// ([`take_default_failure`]), where `memres_py_alloc` says it. Nothing here
+/// takes the GIL, the failure's text included ([`Resource::build_plain`]):
+/// a call holding it may wait for [`made`]'s lock (`memres_py_alloc` keeps
+/// it where no Python function is under any stack), and taken under that
+/// lock each waited for the other.
 fn default_resource(device: u32) -> memres_core::Result<DynResource<Stream>> {
     let slot = made(device).ok_or(memres_core::Error::InvalidConfig { what: "a device out of range" })?;
     let mut made = slot.lock().unwrap_or_else(|p| p.into_inner());
@@ -128,10 +132,7 @@ fn default_resource(device: u32) -> memres_core::Result<DynResource<Stream>> {
     }
     let resource = match &mut *made {
         Some(waiting) => waiting,
-        none @ None => none.insert(Resource::build_plain(&default_stack(), device).map_err(|e| {
-            // The build's error holds the GIL's objects already (made with
-            // it): reading its text takes the GIL as its making did.
-            let why = Python::attach(|py| e.value(py).to_string());
+        none @ None => none.insert(Resource::build_plain(&default_stack(), device).map_err(|why| {
             // At a thread's exit the slot may be gone: nothing is kept.
             let _ = DEFAULT_FAILURE.try_with(|f| *f.borrow_mut() = Some(why));
             memres_core::Error::InvalidConfig { what: DEFAULT_NOT_BUILT }

@@ -39,6 +39,40 @@ pub(crate) fn invalid_argument(message: String) -> PyErr {
     python_error("InvalidArgument", message, vec![])
 }
 
+/// An error made where the GIL may not be taken: under a lock that a
+/// thread holding the GIL may wait for (the making of a device's default,
+/// `current`), taking it would have each wait for the other. Its text needs
+/// no Python; it becomes its exception (`?` in a `PyResult`) where the GIL
+/// may be taken.
+#[derive(Debug)]
+pub(crate) enum GilFree {
+    /// A `ValueError` saying this.
+    Value(String),
+    /// A `memres.MemresError` ([`backend_error`]) of this message (the
+    /// driver's: the simulated backend has none).
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    Backend(String),
+}
+
+impl std::fmt::Display for GilFree {
+    /// The text of the exception it becomes.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            GilFree::Value(message) => f.write_str(message),
+            GilFree::Backend(message) => write!(f, "memres: {message}"),
+        }
+    }
+}
+
+impl From<GilFree> for PyErr {
+    fn from(e: GilFree) -> PyErr {
+        match e {
+            GilFree::Value(message) => PyValueError::new_err(message),
+            GilFree::Backend(message) => backend_error(message),
+        }
+    }
+}
+
 /// `e`, met while doing `what`, as the Python exception of its kind.
 pub(crate) fn to_py(e: Error, what: &str) -> PyErr {
     // The call's own failure callback raised: that is what it raises, as in RMM.
@@ -112,6 +146,17 @@ fn caused(message: String, make: impl FnOnce(String) -> PyErr) -> PyErr {
         e.set_cause(py, Some(cause));
         e
     })
+}
+
+/// The text of [`stack_to_py`]'s exception for a stack of no Python
+/// function (no callback's exception is behind it), made without the GIL.
+pub(crate) fn stack_text(e: &StackError, text: &str) -> String {
+    match &e.kind {
+        memres_core::stack::StackErrorKind::Resource(inner) => {
+            format!("memres: stack `{text}`: at byte {}: {inner}", e.pos)
+        }
+        _ => format!("memres: stack `{text}`: {e}"),
+    }
 }
 
 /// A stack that could not be built: `ValueError` for what the text says,

@@ -9,7 +9,7 @@
 use crate::backend::{self, Stream};
 use crate::callback::{register_callbacks, Callbacks, Function};
 use crate::detached::DropDetached;
-use crate::errors::{backend_error, invalid_argument, stack_to_py, to_py};
+use crate::errors::{backend_error, invalid_argument, stack_text, stack_to_py, to_py};
 use crate::put_back::PutBack;
 use crate::reentry::{self, Covers, Guarded};
 use memres_core::adaptor::{Limiting, Logging, Statistics, Tracking};
@@ -132,7 +132,7 @@ pub(crate) fn give_back_to(py: Python<'_>, owner: u64) -> PyResult<()> {
         .collect();
     let mut first = None;
     for o in &over {
-        let given_back = backend::default_stream(o.device).and_then(|s| {
+        let given_back = backend::default_stream(o.device).map_err(PyErr::from).and_then(|s| {
             crate::gil::detach(py, || match reentry::enter(&o.covers) {
                 Ok(_call) => o.layers.release(&s).map(drop).map_err(|e| {
                     to_py(e, "giving back what the pools over a collected CallbackMemoryResource keep free")
@@ -354,13 +354,16 @@ impl Resource {
     /// The stack `text` on `device`, over no resource object and calling no
     /// Python function, built where the GIL may not be held (no Python
     /// runs): what the C functions give a device nobody set a resource for.
-    pub(crate) fn build_plain(text: &str, device: u32) -> PyResult<Resource> {
-        let call = parse(text).map_err(|e| stack_to_py(e, text))?;
+    /// Its error is the text of the exception it would be, made without
+    /// the GIL: the build runs under a lock that a thread holding the GIL
+    /// may wait for (`current`'s making of a device's default).
+    pub(crate) fn build_plain(text: &str, device: u32) -> Result<Resource, String> {
+        let call = parse(text).map_err(|e| stack_text(&e, text))?;
         let map = crate::snapshot::map(device);
-        let builder = backend::builder(device, map.as_ref())?;
+        let builder = backend::builder(device, map.as_ref()).map_err(|e| e.to_string())?;
         let covers = Covers::new([], passes_calls_on(&call));
-        let stream = backend::default_stream(device)?;
-        let built = builder.build_call_with_handles(&call, &stream).map_err(|e| stack_to_py(e, text))?;
+        let stream = backend::default_stream(device).map_err(|e| e.to_string())?;
+        let built = builder.build_call_with_handles(&call, &stream).map_err(|e| stack_text(&e, text))?;
         Ok(Resource::of_built(Building { text, call, builder, built, map, device }, &[], covers, Vec::new()))
     }
 

@@ -202,6 +202,34 @@ def test_a_default_stack_that_cannot_be_built_says_why():
     mr._forget(46)
 
 
+def test_a_default_stack_failing_on_one_thread_does_not_hang_an_allocation_holding_the_gil():
+    # A thread without the GIL (ctypes.CDLL releases it) makes the device's
+    # default under its lock, and its build fails; the main thread calls
+    # with the GIL held (ctypes.PyDLL, as PyTorch may), and no Python
+    # callback was ever built, so it keeps the GIL while it waits for that
+    # lock. The failing build took the GIL for its reason under the lock:
+    # each waited for the other. In a child: no callback built, and a hang.
+    run_child(CHILD_LIB + textwrap.dedent("""
+        import sys, threading
+        sys.setswitchinterval(0.05)  # the main thread keeps the GIL while it runs
+        plain, holding = lib(), lib(ctypes.PyDLL)
+        _native.sim.set_c_default_stack("pool(cuda)")  # no `cuda` leaf on the simulated backend
+        N = 2000
+        def without_gil():
+            for _ in range(N):
+                assert plain.memres_py_alloc(1000, 0, None) is None
+        t = threading.Thread(target=without_gil)
+        t.start()
+        for _ in range(N):
+            assert holding.memres_py_alloc(1000, 0, None) is None
+        t.join()
+        why = _native.sim.last_error()
+        assert "could not be built: memres: stack `pool(cuda)`: " in why, why
+        assert _native.sim.c_live_count(0) == 0
+        print("done")
+    """))
+
+
 def test_a_configured_default_stack_serves_a_device_nobody_gave_a_resource():
     # Device 47: no other test sets it.
     so = lib()
