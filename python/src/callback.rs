@@ -226,15 +226,32 @@ fn address(result: &Bound<'_, PyAny>) -> PyResult<u64> {
     if result.is_instance_of::<PyBool>() || !result.is_instance_of::<PyInt>() {
         return Err(PyTypeError::new_err(format!(
             "memres: allocate_func returned {} (a {}), not an int address",
-            result.repr()?,
-            result.get_type().name()?
+            shown(result),
+            type_name(result)
         )));
     }
     result.extract().map_err(|_| {
         PyValueError::new_err(format!(
-            "memres: allocate_func returned {result}, not an address from 0 to 2**64 - 1"
+            "memres: allocate_func returned {}, not an address from 0 to 2**64 - 1",
+            shown(result)
         ))
     })
+}
+
+/// `obj`'s repr, for an error's text; where its `__repr__` raises, a text
+/// that says so: the error being made stays what is raised (the repr's
+/// exception took its place, a `MemoryError` then out of memory).
+fn shown(obj: &Bound<'_, PyAny>) -> String {
+    match obj.repr() {
+        Ok(repr) => repr.to_string_lossy().into_owned(),
+        Err(e) => format!("<{} object, whose repr raised {}>", type_name(obj), type_name(e.value(obj.py()))),
+    }
+}
+
+/// The name of `obj`'s type, for an error's text (`?` where even that
+/// raises).
+fn type_name(obj: &Bound<'_, PyAny>) -> String {
+    obj.get_type().name().map_or_else(|_| "?".to_string(), |n| n.to_string_lossy().into_owned())
 }
 
 /// Memory from Python functions: `allocate(nbytes, stream) -> int` and

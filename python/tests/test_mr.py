@@ -680,6 +680,46 @@ def test_allocate_func_returning_no_int_address_says_what_it_returned(returned, 
     assert cb._native.live_count() == 0 and freed == []
 
 
+class _ReprRaises:
+    def __init__(self, error):
+        self.error = error
+
+    def __repr__(self):
+        raise self.error("no repr")
+
+    __str__ = __repr__
+
+
+class _NegativeReprRaises(int):
+    def __repr__(self):
+        raise RuntimeError("no repr")
+
+    __str__ = __repr__
+
+
+@pytest.mark.parametrize("returned, error, says", [
+    (_ReprRaises(RuntimeError), TypeError,
+     "returned <_ReprRaises object, whose repr raised RuntimeError> (a _ReprRaises)"),
+    # Raised from the repr, a MemoryError was out of memory for the call.
+    (_ReprRaises(MemoryError), TypeError,
+     "returned <_ReprRaises object, whose repr raised MemoryError> (a _ReprRaises)"),
+    (_NegativeReprRaises(-256), ValueError,
+     "returned <_NegativeReprRaises object, whose repr raised RuntimeError>, not an address"),
+], ids=["object", "memory-error", "int"])
+def test_an_address_whose_repr_raises_is_still_said_as_no_int_address(monkeypatch, returned, error, says):
+    # The repr's exception was what the call raised, in place of the
+    # TypeError (the str's, said on sys.unraisablehook, beside the
+    # ValueError).
+    said = []
+    monkeypatch.setattr(sys, "unraisablehook", said.append)
+    freed = []
+    cb = mr.CallbackMemoryResource(lambda n: returned, lambda p, n: freed.append(p), backend="sim")
+    with pytest.raises(memres.MemresError, match="allocate_func returned no int address") as e:
+        cb.allocate(4096)
+    assert type(e.value.__cause__) is error and says in str(e.value.__cause__), e.value.__cause__
+    assert said == [] and cb._native.live_count() == 0 and freed == []
+
+
 def test_callback_functions_must_be_callable():
     with pytest.raises(TypeError, match="allocate_func must be callable"):
         mr.CallbackMemoryResource(1, lambda p, n: None, backend="sim")
