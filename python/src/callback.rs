@@ -281,7 +281,17 @@ impl MemoryResource<Stream> for PyCallbacks {
                     if addr != 0 {
                         // Refused, the memory goes back: nobody else would free it.
                         if let Err(e) = catching(|| deallocate.call1(py, (addr, request.size(), handle))) {
-                            e.print(py);
+                            // The call raises: the function's exception is
+                            // its error's cause (a `SystemExit` what it
+                            // raises), never printed (`PyErr_Print` of a
+                            // `SystemExit` ended the process here).
+                            keep_raised(Some(e));
+                            return Err(Error::Backend {
+                                code: RAISED,
+                                what:
+                                    "allocate_func returned a misaligned address, and deallocate_func raised \
+                                       giving it back",
+                            });
                         }
                     }
                     return Err(Error::Backend {

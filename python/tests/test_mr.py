@@ -720,6 +720,47 @@ def test_an_address_whose_repr_raises_is_still_said_as_no_int_address(monkeypatc
     assert said == [] and cb._native.live_count() == 0 and freed == []
 
 
+def test_a_refused_address_whose_give_back_raises_is_the_cause_of_the_refusal(capfd):
+    # The exception was printed on stderr, and the call's error had no
+    # cause.
+    addrs, freed = [(1 << 40) + 8, 1 << 40], []
+
+    def deallocate(p, n):
+        freed.append(p)
+        if p % 256:
+            raise RuntimeError("no give-back")
+
+    cb = mr.CallbackMemoryResource(lambda n: addrs.pop(0), deallocate, backend="sim")
+    with pytest.raises(memres.MemresError, match="misaligned") as e:
+        cb.allocate(4096)
+    assert type(e.value.__cause__) is RuntimeError and "no give-back" in str(e.value), e.value
+    assert "no give-back" not in capfd.readouterr().err
+    assert cb._native.live_count() == 0 and freed == [(1 << 40) + 8]
+    p = cb.allocate(4096)  # serves on
+    cb.deallocate(p, 4096)
+    assert freed == [(1 << 40) + 8, 1 << 40] and cb._native.live_count() == 0
+
+
+def test_sys_exit_in_the_give_back_of_a_refused_address_is_what_the_call_raises():
+    # Printed as the error was, SystemExit ended the process at once, from
+    # inside the allocation.
+    run_child("""
+        import sys
+        from memres import mr
+        def deallocate(p, n):
+            sys.exit(3)
+        cb = mr.CallbackMemoryResource(lambda n: (1 << 40) + 8, deallocate, backend="sim")
+        try:
+            cb.allocate(4096)
+        except SystemExit as e:
+            assert e.code == 3
+        else:
+            raise AssertionError("no SystemExit")
+        assert cb._native.live_count() == 0
+        print("done")
+    """)
+
+
 def test_callback_functions_must_be_callable():
     with pytest.raises(TypeError, match="allocate_func must be callable"):
         mr.CallbackMemoryResource(1, lambda p, n: None, backend="sim")
