@@ -155,7 +155,8 @@ pub(crate) fn drop_saying_what_raised<T>(value: T) {
     if let Some(raised) = take_raised().filter(|_| !crate::gil::exiting()) {
         crate::gil::with_python(|py| {
             let e = crate::errors::backend_error(format!(
-                "a free that dropping a resource made failed ({raised}): the memory was not given back"
+                "a free that dropping a resource made failed ({}): the memory was not given back",
+                crate::errors::said(py, &raised)
             ));
             e.set_cause(py, Some(raised));
             // What Python's default hook names: "Exception ignored in: ...".

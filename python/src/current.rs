@@ -399,7 +399,8 @@ pub unsafe extern "C" fn memres_py_alloc(size: isize, device: i32, stream: *mut 
         // may be finalizing): the reason alone if it panics.
         let with_raised = catch_unwind(AssertUnwindSafe(|| match crate::callback::take_failure_raised() {
             Some(raised) => Python::attach(|py| {
-                let said = format!("{why} (the failure callback raised {raised})");
+                let said =
+                    format!("{why} (the failure callback raised {})", crate::errors::said(py, &raised));
                 raised.write_unraisable(py, None);
                 said
             }),

@@ -127,6 +127,23 @@ pub(crate) fn to_py(e: Error, what: &str) -> PyErr {
     }
 }
 
+/// `e` as its text in an error's message (`Type: text`, as PyO3's
+/// `Display` of it), without failing: that `Display` fails where the
+/// type's `__qualname__` raises (a metaclass's doing), and `format!` then
+/// panicked in place of the error being made.
+pub(crate) fn said(py: Python<'_>, e: &PyErr) -> String {
+    let value = e.value(py);
+    let ty = value.get_type();
+    let name = ty
+        .qualname()
+        .or_else(|_| ty.name())
+        .map_or_else(|_| "?".to_string(), |n| n.to_string_lossy().into_owned());
+    match value.str() {
+        Ok(text) => format!("{name}: {}", text.to_string_lossy()),
+        Err(_) => format!("{name}: <exception str() failed>"),
+    }
+}
+
 /// The error `make` makes of `message`, with the exception a Python
 /// function of this call raised (`callback::take_raised`), if any, as its
 /// `__cause__` and its text at the message's end, so that the function's
@@ -142,7 +159,7 @@ fn caused(message: String, make: impl FnOnce(String) -> PyErr) -> PyErr {
         if !cause.is_instance_of::<PyException>(py) && !cause.is_instance_of::<PanicException>(py) {
             return cause;
         }
-        let e = make(format!("{message} ({cause})"));
+        let e = make(format!("{message} ({})", said(py, &cause)));
         e.set_cause(py, Some(cause));
         e
     })

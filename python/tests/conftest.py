@@ -57,3 +57,15 @@ def registry_free_to_another_thread():
     t.start()
     t.join()
     return got[0]
+
+
+class _NoQualname(type):
+    def __getattribute__(cls, name):
+        if name == "__qualname__":
+            raise RuntimeError("no __qualname__")
+        return super().__getattribute__(name)
+
+
+class OddError(Exception, metaclass=_NoQualname):
+    """An exception whose type's ``__qualname__`` raises (its metaclass's
+    doing): PyO3's ``Display`` of it fails."""

@@ -12,7 +12,7 @@ import pytest
 
 import memres
 from memres import _native, mr
-from conftest import need, registry_free_to_another_thread
+from conftest import OddError, need, registry_free_to_another_thread
 from test_buffer import BAD_SIZES
 from test_reentry import FREE_PANICS_ONCE, run_child
 
@@ -509,6 +509,30 @@ def test_a_free_that_a_python_function_refuses_as_a_resource_is_dropped_is_said(
     finally:
         sys.unraisablehook = hook
     assert said_by_drops(seen) == [("MemresError", "ValueError", "refused")]
+
+
+def test_a_functions_exception_whose_type_has_no_qualname_is_still_the_cause():
+    # Said in the error's text through PyO3's `Display` of an exception,
+    # which fails where the type's `__qualname__` raises: `format!`
+    # panicked, and the call raised a PanicException in place of the
+    # function's exception (a drop said that panic).
+    def fail(*args):
+        raise OddError("odd")
+
+    cb = mr.CallbackMemoryResource(fail, lambda p, n: None, backend="sim")
+    with pytest.raises(memres.MemresError, match=r"allocate_func raised \(OddError: odd\)") as e:
+        cb.allocate(4096)
+    assert type(e.value.__cause__) is OddError
+    pool = mr.PoolMemoryResource(mr.CallbackMemoryResource(lambda n: 1 << 40, fail, backend="sim"),
+                                 initial_pool_size=MiB)
+    seen, hook = [], sys.unraisablehook
+    sys.unraisablehook = seen.append
+    try:
+        del pool
+    finally:
+        sys.unraisablehook = hook
+    assert said_by_drops(seen) == [("MemresError", "OddError", "odd")]
+    assert "(OddError: odd)" in str(seen[0].exc_value), seen[0].exc_value
 
 
 def test_a_pool_over_python_functions_alive_at_exit_ends_without_a_panic():
