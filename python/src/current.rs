@@ -393,33 +393,20 @@ pub unsafe extern "C" fn memres_py_alloc(size: isize, device: i32, stream: *mut 
         return std::ptr::null_mut();
     }
     let failed = |why: String| {
-        // PyTorch raises its own error: a failure callback's exception is
-        // said where Python says one it cannot raise. This runs outside the
-        // call's `catch_unwind`, so it has one of its own (the interpreter
-        // may be finalizing): the reason alone if it panics.
-        let with_raised = catch_unwind(AssertUnwindSafe(|| match crate::callback::take_failure_raised() {
-            Some(raised) => Python::attach(|py| {
-                let said =
-                    format!("{why} (the failure callback raised {})", crate::errors::said(py, &raised));
-                raised.write_unraisable(py, None);
-                said
-            }),
-            None => why.clone(),
-        }));
-        let why = with_raised.unwrap_or_else(|payload| {
-            std::mem::forget(payload);
-            why
-        });
-        set_last_error(format!("memres_py_alloc({size} bytes, device {device}): {why}"));
+        set_last_error(format!(
+            "memres_py_alloc({size} bytes, device {device}): {}",
+            naming_what_raised(why)
+        ));
         std::ptr::null_mut()
     };
     // Pointers cross `without_gil` as integers: they are not `Send`.
     let stream = stream as usize;
+    let outer = OuterRaised::take();
     let result = catch_unwind(AssertUnwindSafe(|| {
         // SAFETY: `stream` as this function's contract says.
         without_gil(|| unsafe { alloc(size, device, stream as *mut c_void) }.map(|p| p as usize))
     }));
-    match result {
+    let ptr = match result {
         Ok(Ok(ptr)) => ptr as *mut c_void,
         Ok(Err(why)) => failed(why),
         Err(payload) => {
@@ -427,6 +414,27 @@ pub unsafe extern "C" fn memres_py_alloc(size: isize, device: i32, stream: *mut 
             std::mem::forget(payload);
             failed("a panic".to_string())
         }
+    };
+    outer.put_back();
+    ptr
+}
+
+/// The exception of a Python function that an earlier call on this thread
+/// left (`callback::take_raised`), held out while a C function runs: the
+/// error of a call this one runs inside (a failure callback's
+/// `gc.collect()` freeing a tensor) may be behind it, and one that a
+/// finished call recovered from is no part of this call's reason
+/// ([`naming_what_raised`]).
+struct OuterRaised(Option<PyErr>);
+
+impl OuterRaised {
+    fn take() -> OuterRaised {
+        OuterRaised(crate::callback::take_raised())
+    }
+
+    /// Puts it back, dropping what this call's functions raised.
+    fn put_back(self) {
+        crate::callback::restore_raised(self.0);
     }
 }
 
@@ -451,20 +459,53 @@ pub unsafe extern "C" fn memres_py_free(ptr: *mut c_void, size: isize, device: i
     }
     // Pointers cross `without_gil` as integers: they are not `Send`.
     let (addr, stream) = (ptr as usize, stream as usize);
+    let outer = OuterRaised::take();
     let freed = catch_unwind(AssertUnwindSafe(|| {
         // SAFETY: `stream` as this function's contract says.
         without_gil(|| unsafe { free(addr as *mut c_void, size, device, stream as *mut c_void) })
     }));
     let why = match freed {
-        Ok(Ok(())) => return,
-        Ok(Err(why)) => why,
+        Ok(Ok(())) => None,
+        Ok(Err(why)) => Some(why),
         Err(payload) => {
             // A payload whose `Drop` panicked would abort here: forget it.
             std::mem::forget(payload);
-            "a panic".to_string()
+            Some("a panic".to_string())
         }
     };
-    set_last_error(format!("memres_py_free({addr:#x}, device {device}): {why}"));
+    if let Some(why) = why {
+        set_last_error(format!("memres_py_free({addr:#x}, device {device}): {}", naming_what_raised(why)));
+    }
+    outer.put_back();
+}
+
+/// `why`, the reason a call of the C functions failed, naming what a
+/// Python function of the call raised: a failure callback's exception, or
+/// that of a `CallbackMemoryResource`'s function behind the call's error
+/// (`callback::take_raised`). The caller gets NULL or nothing, so the
+/// exception is said where Python says one it cannot raise. This runs
+/// outside the call's `catch_unwind`, so it has one of its own (the
+/// interpreter may be finalizing): the reason alone if it panics.
+fn naming_what_raised(why: String) -> String {
+    let named = catch_unwind(AssertUnwindSafe(|| {
+        // Both taken: neither is any part of a later call.
+        let failure = crate::callback::take_failure_raised();
+        let function = crate::callback::take_raised();
+        let (raised, said) = match (failure, function) {
+            (Some(raised), _) => (raised, "the failure callback raised "),
+            (None, Some(raised)) => (raised, ""),
+            (None, None) => return why.clone(),
+        };
+        Python::attach(|py| {
+            let named = format!("{why} ({said}{})", crate::errors::said(py, &raised));
+            raised.write_unraisable(py, None);
+            named
+        })
+    }));
+    named.unwrap_or_else(|payload| {
+        std::mem::forget(payload);
+        why
+    })
 }
 
 /// Gives back what the pools of every device's current resource keep free,

@@ -316,6 +316,69 @@ def test_a_failure_callbacks_exception_under_the_c_functions_is_said_and_named_i
     assert "failure callback" not in _native.sim.last_error(clear=True)
 
 
+def test_a_python_functions_exception_under_the_c_functions_is_said_and_named_in_the_reason():
+    # As a failure callback's: the reason said only "allocate_func raised"
+    # (or "deallocate_func raised"), and the exception was lost unsaid.
+    so = lib()
+    _native.sim.last_error(clear=True)
+    refuse = [True]
+
+    def allocate(nbytes):
+        raise RuntimeError("from allocate_func")
+
+    def deallocate(ptr, nbytes):
+        if refuse[0]:
+            raise RuntimeError("from deallocate_func")
+
+    seen, hook = [], sys.unraisablehook
+    sys.unraisablehook = lambda u: seen.append(u.exc_value)
+    try:
+        mr.set_current_device_resource(mr.CallbackMemoryResource(allocate, deallocate, backend="sim"))
+        assert so.memres_py_alloc(1000, 0, None) is None
+        why_alloc = _native.sim.last_error(clear=True)
+        mr.set_current_device_resource(mr.CallbackMemoryResource(lambda n: 1 << 40, deallocate, backend="sim"))
+        p = so.memres_py_alloc(1000, 0, None)
+        so.memres_py_free(p, 1000, 0, None)
+        why_free = _native.sim.last_error(clear=True)
+    finally:
+        sys.unraisablehook = hook
+    assert [str(e) for e in seen] == ["from allocate_func", "from deallocate_func"]
+    assert "allocate_func raised (RuntimeError: from allocate_func)" in why_alloc, why_alloc
+    assert "deallocate_func raised (RuntimeError: from deallocate_func)" in why_free, why_free
+    assert _native.sim.c_live_count(0) == 1  # a refused free changes nothing
+    refuse[0] = False
+    so.memres_py_free(p, 1000, 0, None)
+    assert _native.sim.c_live_count(0) == 0 and _native.sim.last_error() is None
+
+
+def test_the_c_functions_name_no_exception_of_an_earlier_call():
+    # A call that recovered from a function's exception (a failure callback
+    # retried) leaves it behind: a later failure of the C functions for a
+    # reason of its own must not name it.
+    so = lib()
+    raise_once = [True]
+
+    def allocate(nbytes):
+        if raise_once[0]:
+            raise_once[0] = False
+            raise MemoryError("once")
+        return 1 << 40
+
+    resource = mr.FailureCallbackResourceAdaptor(
+        mr.CallbackMemoryResource(allocate, lambda p, n: None, backend="sim"), lambda nbytes: True)
+    p = resource.allocate(1000)  # recovered: the retry served it
+    seen, hook = [], sys.unraisablehook
+    sys.unraisablehook = lambda u: seen.append(u.exc_value)
+    try:
+        _native.sim.last_error(clear=True)
+        so.memres_py_free(0xdead00, 8, 0, None)
+        why = _native.sim.last_error(clear=True)
+    finally:
+        sys.unraisablehook = hook
+    assert seen == [] and "MemoryError" not in why, why
+    resource.deallocate(p, 1000)
+
+
 def test_an_address_live_already_is_refused_and_the_new_block_given_back():
     # Two resources of the user's that hand out the same address.
     so = lib()
@@ -392,8 +455,14 @@ def test_a_free_that_freed_and_then_failed_does_not_put_its_block_back_over_a_ne
     mr.set_current_device_resource(mr.CallbackMemoryResource(lambda n: free.pop(), dealloc, backend="sim"))
     p = so.memres_py_alloc(1000, 0, None)
     raise_once[0] = True
-    so.memres_py_free(p, 1000, 0, None)
-    assert "deallocate_func raised" in _native.sim.last_error(clear=True)
+    seen, hook = [], sys.unraisablehook
+    sys.unraisablehook = lambda u: seen.append(u.exc_value)
+    try:
+        so.memres_py_free(p, 1000, 0, None)
+    finally:
+        sys.unraisablehook = hook
+    assert [str(e) for e in seen] == ["failed after freeing"]
+    assert "deallocate_func raised (RuntimeError: failed after freeing)" in _native.sim.last_error(clear=True)
     assert newer == [p]
     so.memres_py_free(p, 2000, 0, None)
     assert _native.sim.last_error() is None and _native.sim.c_live_count(0) == 0
