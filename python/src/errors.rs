@@ -148,7 +148,7 @@ pub(crate) fn said(py: Python<'_>, e: &PyErr) -> String {
 /// function of this call raised (`callback::take_raised`), if any, as its
 /// `__cause__` and its text at the message's end, so that the function's
 /// own words (RMM's `match="My alloc error"`) are in what is raised.
-fn caused(message: String, make: impl FnOnce(String) -> PyErr) -> PyErr {
+pub(crate) fn caused(message: String, make: impl FnOnce(String) -> PyErr) -> PyErr {
     let Some(cause) = crate::callback::take_raised() else { return make(message) };
     Python::attach(|py| {
         // Ctrl-C (`KeyboardInterrupt`) or `sys.exit()` in the function asks

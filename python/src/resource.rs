@@ -9,7 +9,7 @@
 use crate::backend::{self, Stream};
 use crate::callback::{register_callbacks, Callbacks, Function};
 use crate::detached::DropDetached;
-use crate::errors::{backend_error, invalid_argument, stack_text, stack_to_py, to_py};
+use crate::errors::{backend_error, caused, invalid_argument, stack_text, stack_to_py, to_py};
 use crate::put_back::PutBack;
 use crate::reentry::{self, Covers, Guarded};
 use memres_core::adaptor::{Limiting, Logging, Statistics, Tracking};
@@ -552,21 +552,31 @@ impl Resource {
         };
         // The block goes back through the stack it came from (the older
         // block of its address stays freeable).
-        let back = match crate::gil::detach(py, || self.blocks.deallocate(block, &s)) {
-            Ok(()) => "it was given back".to_string(),
-            Err(e) => format!("giving it back failed: {e}"),
+        let (back, failed) = match crate::gil::detach(py, || self.blocks.deallocate(block, &s)) {
+            Ok(()) => ("it was given back".to_string(), false),
+            Err(e) => (format!("giving it back failed: {e}"), true),
         };
-        Err(match refused {
-            NotNoted::LiveAlready(older) => backend_error(format!(
-                "allocate({nbytes}): the resource handed out {:#x}, a live address (of a block of {} bytes): {back}",
-                block.addr(),
-                older.size()
-            )),
-            NotNoted::Retired => invalid_argument(format!(
-                "memres: allocate({nbytes}): add_bin rebuilt the resource during the call, and the \
-                 new stack cannot free a block of the old one: {back}; allocate again"
-            )),
-        })
+        let (message, make): (String, fn(String) -> PyErr) = match refused {
+            NotNoted::LiveAlready(older) => (
+                format!(
+                    "allocate({nbytes}): the resource handed out {:#x}, a live address (of a block of {} bytes): \
+                     {back}",
+                    block.addr(),
+                    older.size()
+                ),
+                backend_error,
+            ),
+            NotNoted::Retired => (
+                format!(
+                    "memres: allocate({nbytes}): add_bin rebuilt the resource during the call, and the new \
+                     stack cannot free a block of the old one: {back}; allocate again"
+                ),
+                invalid_argument,
+            ),
+        };
+        // A Python function that raised in the give-back: its exception
+        // is the cause, as an allocation's own.
+        Err(if failed { caused(message, make) } else { make(message) })
     }
 
     /// Frees `ptr`, allocated here with `nbytes`, on `stream`, whose handle

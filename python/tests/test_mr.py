@@ -785,6 +785,26 @@ def test_sys_exit_in_the_give_back_of_a_refused_address_is_what_the_call_raises(
     """)
 
 
+def test_a_live_address_whose_give_back_raises_has_the_functions_exception_as_cause():
+    # The error said "deallocate_func raised", without the function's
+    # exception, which was lost.
+    refuse = [True]
+
+    def deallocate(p, n):
+        if refuse[0]:
+            raise RuntimeError("no give-back")
+
+    cb = mr.CallbackMemoryResource(lambda n: 1 << 40, deallocate, backend="sim")
+    p = cb.allocate(100)
+    with pytest.raises(memres.MemresError, match="a live address") as e:
+        cb.allocate(200)  # the same address again
+    assert type(e.value.__cause__) is RuntimeError and "(RuntimeError: no give-back)" in str(e.value), e.value
+    assert cb._native.live_count() == 1
+    refuse[0] = False
+    cb.deallocate(p, 100)
+    assert cb._native.live_count() == 0
+
+
 def test_callback_functions_must_be_callable():
     with pytest.raises(TypeError, match="allocate_func must be callable"):
         mr.CallbackMemoryResource(1, lambda p, n: None, backend="sim")
