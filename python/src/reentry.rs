@@ -405,23 +405,47 @@ impl MemoryResource<Stream> for CFrees {
 }
 
 /// A deferred free. Its caller was told the free succeeded, so a failure
-/// can only be said on stderr, as Python says an exception in `__del__`.
+/// is said where Python says an exception in `__del__`
+/// (`sys.unraisablehook`), with the exception of a Python function behind
+/// it as its cause, as a drop's refused free; on stderr once the exit has
+/// begun (no Python runs for it then).
 fn free_later(resource: &DynResource<Stream>, block: Block, stream: &Stream) {
     // The exception the outer call's error may be behind: this free's own
     // callback would write over it.
     let outer = crate::callback::take_raised();
     if let Err(e) = resource.deallocate(block, stream) {
         // This free's callback's exception: its caller was told it freed.
-        drop(crate::callback::take_raised());
-        // Where standard error cannot be written, unsaid (`eprintln!`
-        // would panic, here under a call from C).
-        use std::io::Write;
-        let _ = writeln!(
-            std::io::stderr().lock(),
-            "memres: freeing {:#x} ({} bytes), deferred from a call inside a callback, failed: {e}",
+        let raised = crate::callback::take_raised();
+        let what = format!(
+            "freeing {:#x} ({} bytes), deferred from a call inside a callback, failed: {e}",
             block.addr(),
             block.size()
         );
+        let said = (!crate::gil::exiting()).then(|| {
+            crate::gil::with_python(|py| {
+                let e = match raised {
+                    Some(raised) => {
+                        let e = crate::errors::backend_error(format!(
+                            "{what} ({})",
+                            crate::errors::said(py, &raised)
+                        ));
+                        e.set_cause(py, Some(raised));
+                        e
+                    }
+                    None => crate::errors::backend_error(what.clone()),
+                };
+                // What Python's default hook names: "Exception ignored in: ...".
+                let context =
+                    pyo3::types::PyString::new(py, "memres: a free deferred from a call inside a callback");
+                e.write_unraisable(py, Some(context.as_any()));
+            })
+        });
+        if said.flatten().is_none() {
+            // Where standard error cannot be written, unsaid (`eprintln!`
+            // would panic, here under a call from C).
+            use std::io::Write;
+            let _ = writeln!(std::io::stderr().lock(), "memres: {what}");
+        }
     }
     crate::callback::restore_raised(outer);
 }

@@ -805,6 +805,39 @@ def test_a_live_address_whose_give_back_raises_has_the_functions_exception_as_ca
     assert cb._native.live_count() == 0
 
 
+def test_a_deferred_free_that_a_python_function_refuses_is_said_with_its_exception():
+    # Said on stderr as "deallocate_func raised", the function's exception
+    # lost, where a drop's refused free is said on sys.unraisablehook.
+    # A free into the object whose callback runs is applied at once: the
+    # one that waits goes through a binning layer above it.
+    state = {"next": 1 << 40}
+
+    def allocate(n):
+        if n == 16 << 20:
+            binning.deallocate(state["q"], 8 << 20)  # re-entrant: applied once the allocation returns
+        state["next"] += 1 << 30
+        return state["next"]
+
+    def deallocate(p, n):
+        if p == state["q"]:
+            raise RuntimeError("refused later")
+
+    binning = mr.BinningMemoryResource(mr.CallbackMemoryResource(allocate, deallocate, backend="sim"))
+    state["q"] = binning.allocate(8 << 20)
+    seen, hook = [], sys.unraisablehook
+    sys.unraisablehook = seen.append
+    try:
+        p = binning.allocate(16 << 20)
+    finally:
+        sys.unraisablehook = hook
+    said = [(type(u.exc_value).__name__, repr(u.exc_value.__cause__)) for u in seen
+            if u.object == "memres: a free deferred from a call inside a callback"]
+    assert said == [("MemresError", "RuntimeError('refused later')")], seen
+    assert "(RuntimeError: refused later)" in str(seen[0].exc_value), seen[0].exc_value
+    binning.deallocate(p, 16 << 20)
+    assert binning._native.live_count() == 0
+
+
 def test_callback_functions_must_be_callable():
     with pytest.raises(TypeError, match="allocate_func must be callable"):
         mr.CallbackMemoryResource(1, lambda p, n: None, backend="sim")
