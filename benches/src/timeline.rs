@@ -23,6 +23,9 @@ pub struct Chart<'a> {
     pub workload: &'a str,
     /// What the replay saw.
     pub observation: &'a Observation,
+    /// The workload's time of each op, in microseconds, where the trace
+    /// has times ([`crate::workload::Workload::times`]).
+    pub times: Option<&'a [u64]>,
 }
 
 /// Width and height of one chart, in pixels.
@@ -118,6 +121,22 @@ pub fn svg(charts: &[Chart<'_>]) -> Result<String, String> {
     Ok(out)
 }
 
+/// The label of the x-axis tick at op `op`: the op, and where the trace
+/// has times, op `op`'s time since op 0's.
+///
+/// Read from the workload's times, not from the samples: a sample's time
+/// is its bucket's last op's, up to a bucket's worth of ops after the
+/// tick's (and the first sample's is not op 0's).
+pub fn tick_label(c: &Chart<'_>, op: u64) -> String {
+    let times = c.times.unwrap_or_default();
+    let at = usize::try_from(op).ok().and_then(|i| times.get(i));
+    match (times.first(), at) {
+        (Some(start), Some(t)) => format!("{op} ({:.2} s)", t.saturating_sub(*start) as f64 / 1e6),
+        // Past the last op (the axis's end) there is no op to time.
+        _ => op.to_string(),
+    }
+}
+
 /// Reads one series' value from a sample.
 type Value = fn(&crate::observe::Sample) -> u64;
 
@@ -136,22 +155,15 @@ fn draw(area: &Area<'_>, c: &Chart<'_>) -> Result<(), Box<dyn std::error::Error>
         .y_label_area_size(64)
         // Headroom above the data for the legend, so that it hides no line.
         .build_cartesian_2d(0u64..xmax, 0f64..y(ymax) * 1.4)?;
-    // Where the trace has times, each tick says the time since its start.
-    let start = o.samples.first().and_then(|s| s.time_us);
-    let at = |op: &u64| {
-        let i = o.samples.partition_point(|s| s.op < *op).min(o.samples.len().saturating_sub(1));
-        match (start, o.samples.get(i).and_then(|s| s.time_us)) {
-            (Some(a), Some(b)) => format!("{op} ({:.2} s)", b.saturating_sub(a) as f64 / 1e6),
-            _ => op.to_string(),
-        }
-    };
-    let x_desc = if start.is_some() { "operation (trace time)" } else { "operation" };
+    let timed = c.times.is_some_and(|t| !t.is_empty());
+    let at = |op: &u64| tick_label(c, *op);
+    let x_desc = if timed { "operation (trace time)" } else { "operation" };
     chart
         .configure_mesh()
         .x_desc(x_desc)
         .y_desc(unit)
         .x_label_formatter(&at)
-        .x_labels(if start.is_some() { 6 } else { 10 })
+        .x_labels(if timed { 6 } else { 10 })
         .light_line_style(WHITE)
         .draw()?;
     let series: [(&str, RGBColor, Value); 3] = [

@@ -174,7 +174,7 @@ pub fn write(
     workloads: &[Workload],
     outputs: &Outputs,
 ) -> Result<(String, Vec<String>), String> {
-    let mut seen: Vec<(String, String, Observation)> = Vec::new();
+    let mut seen: Vec<(String, &Workload, Observation)> = Vec::new();
     let mut notes = Vec::new();
     let mut map_text = String::new();
     let pairs = pairs(targets, workloads.len());
@@ -243,12 +243,19 @@ pub fn write(
                 map_text.push_str(&map::render(&p.map.runs()));
                 map_text.push('\n');
             }
-            seen.push((t.name.clone(), w.name.clone(), full));
+            seen.push((t.name.clone(), w, full));
         }
     }
     if let Some(path) = &outputs.timeline {
-        let charts: Vec<Chart<'_>> =
-            seen.iter().map(|(r, w, o)| Chart { resource: r, workload: w, observation: o }).collect();
+        let charts: Vec<Chart<'_>> = seen
+            .iter()
+            .map(|(r, w, o)| Chart {
+                resource: r,
+                workload: &w.name,
+                observation: o,
+                times: w.times.as_deref(),
+            })
+            .collect();
         timeline::write(path, &charts)?;
         notes.push(format!("wrote timeline {}", path.display()));
     }

@@ -11,7 +11,7 @@ fn watched() -> (Workload, Observation) {
 #[test]
 fn the_svg_draws_three_series_and_names_the_peak() {
     let (w, o) = watched();
-    let charts = [Chart { resource: "pool", workload: &w.name, observation: &o }];
+    let charts = [Chart { resource: "pool", workload: &w.name, observation: &o, times: w.times.as_deref() }];
     let svg = svg(&charts).unwrap();
     assert!(svg.starts_with("<svg"), "{}", &svg[..80]);
     for color in ["#0000FF", "#FF0000", "#008C00"] {
@@ -26,7 +26,7 @@ fn the_svg_draws_three_series_and_names_the_peak() {
 #[test]
 fn the_html_is_self_contained_and_the_csv_has_every_sample() {
     let (w, o) = watched();
-    let charts = [Chart { resource: "a<b", workload: &w.name, observation: &o }];
+    let charts = [Chart { resource: "a<b", workload: &w.name, observation: &o, times: w.times.as_deref() }];
     let page = html(&charts).unwrap();
     assert!(page.contains("<svg") && page.contains("a&lt;b"));
     for fetch in ["src=", "href=", "@import", "url("] {
@@ -50,10 +50,37 @@ fn a_trace_with_times_labels_the_ops_with_them() {
     assert_eq!(w.times.as_ref().map(|t| t.len()), Some(40));
     let o = observe("pool(sim)", &w, None).unwrap();
     assert_eq!(o.samples[1].time_us.unwrap() - o.samples[0].time_us.unwrap(), 1_000_000);
-    let svg = svg(&[Chart { resource: "pool", workload: &w.name, observation: &o }]).unwrap();
+    let svg =
+        svg(&[Chart { resource: "pool", workload: &w.name, observation: &o, times: w.times.as_deref() }])
+            .unwrap();
     assert!(svg.contains("operation (trace time)") && svg.contains("10 (10.00 s)"), "{svg}");
-    assert!(csv(&[Chart { resource: "pool", workload: &w.name, observation: &o }])
-        .contains(",pool,1,36001000000,"));
+    assert!(csv(&[Chart {
+        resource: "pool",
+        workload: &w.name,
+        observation: &o,
+        times: w.times.as_deref()
+    }])
+    .contains(",pool,1,36001000000,"));
+}
+
+#[test]
+fn a_tick_reads_the_time_of_its_own_op() {
+    // Samples of several ops, and times that jump by a minute after op
+    // 1000: a label read from the sample covering op 1000 (its last op,
+    // 1001) or measured from the first sample's op says 61 s.
+    let mut w = Workload::load("random:3000:4096:7").unwrap();
+    let n = w.ops.len() as u64;
+    w.times = Some((0..n).map(|i| 5_000_000 + i * 1000 + if i > 1000 { 60_000_000 } else { 0 }).collect());
+    let o = observe("pool(sim(1TiB))", &w, None).unwrap();
+    assert_eq!(o.samples[0].op, 2, "samples of three ops");
+    let c = Chart { resource: "pool", workload: &w.name, observation: &o, times: w.times.as_deref() };
+    assert_eq!(tick_label(&c, 0), "0 (0.00 s)");
+    assert_eq!(tick_label(&c, 1000), "1000 (1.00 s)");
+    assert_eq!(tick_label(&c, 1001), "1001 (61.00 s)");
+    assert_eq!(tick_label(&c, n - 1), format!("{} ({:.2} s)", n - 1, (n - 1) as f64 / 1e3 + 60.0));
+    // Past the last op there is no op, and no time to say.
+    assert_eq!(tick_label(&c, n), n.to_string());
+    assert_eq!(tick_label(&Chart { times: None, ..c }, 1000), "1000");
 }
 
 /// The timeline is written whole, into a new file renamed over the old
