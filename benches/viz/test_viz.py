@@ -96,6 +96,75 @@ class Snapshot(unittest.TestCase):
         self.assertIn("total_reserved", with_torch(snap))
 
 
+def _segment(address, *blocks):
+    """A segment tiled by `blocks`, (size, live) pairs."""
+    tiles, at = [], address
+    for size, live in blocks:
+        state = "active_allocated" if live else "inactive"
+        tiles.append({"address": at, "size": size, "requested_size": size, "state": state, "frames": []})
+        at += size
+    used = sum(size for size, live in blocks if live)
+    return {"device": 0, "address": address, "total_size": at - address, "allocated_size": used,
+            "active_size": used, "requested_size": used, "stream": 0, "segment_type": "large",
+            "blocks": tiles, "frames": []}
+
+
+def _event(action, addr, size):
+    return {"action": action, "addr": addr, "size": size, "stream": 0, "frames": []}
+
+
+def _snapshot(segments, *events):
+    return {"segments": segments, "device_traces": [[_event(*e) for e in events]]}
+
+
+class CheckSnapshot(unittest.TestCase):
+    """What check_snapshot refuses: snapshots PyTorch's viewer would
+    misdraw, made by hand."""
+
+    def test_a_consistent_history_passes(self):
+        segments = [_segment(0x1000, (0x100, True), (0x300, False)), _segment(0x8000, (0x400, True))]
+        check(_snapshot(segments, ("segment_alloc", 0x1000, 0x400), ("alloc", 0x1000, 0x100),
+                        ("alloc", 0x1100, 0x100), ("free_requested", 0x1100, 0x100),
+                        ("free_completed", 0x1100, 0x100), ("segment_alloc", 0x8000, 0x400),
+                        ("alloc", 0x8000, 0x400), ("segment_alloc", 0x4000, 0x100),
+                        ("segment_free", 0x4000, 0x100)))
+
+    def assertRefused(self, snapshot, message):
+        with self.assertRaises(AssertionError) as refused:
+            check(snapshot)
+        self.assertIn(message, str(refused.exception))
+
+    def test_a_free_undone_into_no_segment_is_refused(self):
+        segments = [_segment(0x1000, (0x100, True))]
+        self.assertRefused(_snapshot(segments, ("alloc", 0x9000, 0x100), ("free_requested", 0x9000, 0x100),
+                                     ("free_completed", 0x9000, 0x100), ("alloc", 0x1000, 0x100)),
+                           "block 0x9000 in no segment")
+
+    def test_a_segment_undone_under_a_live_block_is_refused(self):
+        # The block was live before its segment was made.
+        segments = [_segment(0x1000, (0x100, True), (0x100, False))]
+        self.assertRefused(_snapshot(segments, ("alloc", 0x1000, 0x100), ("segment_alloc", 0x1000, 0x200)),
+                           "block 0x1000 in no segment")
+
+    def test_a_segment_alloc_of_no_segment_is_refused(self):
+        segments = [_segment(0x1000, (0x100, True))]
+        self.assertRefused(_snapshot(segments, ("segment_alloc", 0x2000, 0x100), ("alloc", 0x1000, 0x100)),
+                           "segment_alloc of 0x2000: no segment")
+
+    def test_a_segment_free_undone_smaller_over_a_live_block_is_refused(self):
+        # Undone, the free puts back a segment of 0x100 bytes at 0x1000 in
+        # place of the 0x200 that holds the live block at 0x1100.
+        segments = [_segment(0x1000, (0x100, False), (0x100, True))]
+        self.assertRefused(_snapshot(segments, ("alloc", 0x1100, 0x100), ("segment_free", 0x1000, 0x100)),
+                           "block 0x1100 in no segment")
+
+    def test_a_block_in_no_segment_from_the_start_is_refused(self):
+        # Two segments at one address: the viewer keeps the last, which
+        # leaves the first's live block outside.
+        segments = [_segment(0x1000, (0x100, False), (0x100, True)), _segment(0x1000, (0x100, False))]
+        self.assertRefused(_snapshot(segments, ("alloc", 0x5000, 0x100)), "block 0x1100 in no segment")
+
+
 @unittest.skipUnless(shutil.which("chromium"), "chromium is not installed")
 class Timeline(unittest.TestCase):
     def test_the_html_timeline_renders_in_headless_chromium(self):
