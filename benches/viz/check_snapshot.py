@@ -75,24 +75,49 @@ def check(snapshot):
 
 
 def _undo(snapshot):
-    """The viewer's backward walk: every block lies in a live segment, and
-    each `segment_alloc` undone finds its segment."""
+    """The viewer's backward walk: after each event undone, every block lies
+    in a live segment, and each `segment_alloc` undone finds its segment.
+
+    Only what an event changes is looked at (a block brought back, the
+    blocks under a segment taken away or replaced), not every block against
+    every segment after each event, which grew as events times blocks times
+    segments."""
     segments = {s["address"]: s["total_size"] for s in snapshot["segments"]}
     blocks = {b["address"]: b["size"] for s in snapshot["segments"] for b in s["blocks"]
               if b["state"] == "active_allocated"}
+
+    def covered(addr):
+        return any(s <= addr < s + n for s, n in segments.items())
+
+    def in_range(addrs, start, size):
+        return {a for a in addrs if start <= a < start + size}
+
+    # The blocks in no live segment, kept exact as events are undone.
+    orphans = {a for a in blocks if not covered(a)}
     for e in reversed(snapshot["device_traces"][0]):
-        a = e["action"]
+        a, addr = e["action"], e["addr"]
         if a == "alloc":
-            blocks.pop(e["addr"], None)
+            blocks.pop(addr, None)
+            orphans.discard(addr)
         elif a == "free_completed":
-            blocks[e["addr"]] = e["size"]
+            blocks[addr] = e["size"]
+            if covered(addr):
+                orphans.discard(addr)
+            else:
+                orphans.add(addr)
         elif a == "segment_alloc":
             # The viewer removes the segment at that address, another where none is.
-            assert segments.pop(e["addr"], None) is not None, f"segment_alloc of {e['addr']:#x}: no segment"
+            size = segments.pop(addr, None)
+            assert size is not None, f"segment_alloc of {addr:#x}: no segment"
+            orphans |= {b for b in in_range(blocks, addr, size) if not covered(b)}
         elif a == "segment_free":
-            segments[e["addr"]] = e["size"]
-        for addr in blocks:
-            assert any(s <= addr < s + n for s, n in segments.items()), f"block {addr:#x} in no segment"
+            old = segments.get(addr)
+            segments[addr] = e["size"]
+            # A segment put back over a live one at its address replaces it.
+            if old is not None:
+                orphans |= {b for b in in_range(blocks, addr, old) if not covered(b)}
+            orphans -= in_range(orphans, addr, e["size"])
+        assert not orphans, f"block {min(orphans):#x} in no segment"
 
 
 def with_torch(snapshot):
