@@ -440,10 +440,14 @@ impl Stream for SimStream {
         }
     }
 
+    /// The host waits for the work submitted to the stream: its last
+    /// operation's clock, not its next one's, which on a blocking stream
+    /// takes in default-stream work submitted since (that work may be
+    /// pending still).
     fn synchronize(&self) -> Result<()> {
         let mut w = self.world.lock();
         w.fail_point()?;
-        let c = w.effective(self.number);
+        let c = w.streams[self.number].clock.clone();
         w.complete(&c, true);
         Ok(())
     }

@@ -148,3 +148,27 @@ fn a_reuse_in_another_world_is_ordered_only_by_the_host() {
     give(&r, 0x2000, 0x100, &w2.default_stream());
     assert_eq!((r.violation_count(), r.ordered_cross_stream_reuses()), (1, 1));
 }
+
+#[test]
+fn synchronizing_a_stream_observes_no_later_default_stream_free() {
+    // A blocking stream's synchronize observed the default stream's work
+    // submitted after its own (its next operation's clock, not its last):
+    // that free counted as complete, and its reuse as ordered.
+    let world = SimWorld::new();
+    let (blocking, other) = (world.stream(), world.non_blocking_stream());
+    let default = world.default_stream();
+    let dev = HbChecked::new(SimDevice::new(1 << 20));
+    let x = dev.allocate(Request::new(256).unwrap(), &default).unwrap();
+    blocking.enqueue();
+    dev.deallocate(x, &default).unwrap();
+    blocking.synchronize().unwrap();
+    assert!(!other.is_ordered_after(0, default.position()), "the free may still be pending");
+    let y = dev.allocate(Request::new(256).unwrap(), &other).unwrap();
+    assert_eq!(y.addr(), x.addr());
+    assert_eq!(dev.violation_count(), 1);
+    // The freeing stream's own synchronize observes its free.
+    dev.deallocate(y, &other).unwrap();
+    other.synchronize().unwrap();
+    let z = dev.allocate(Request::new(256).unwrap(), &default).unwrap();
+    assert_eq!((z.addr(), dev.violation_count()), (x.addr(), 1));
+}
