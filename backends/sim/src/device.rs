@@ -160,10 +160,11 @@ impl<S: Stream + ?Sized> MemoryResource<S> for SimDevice {
         let size = request.rounded_size(256);
         // The largest free range, as far as the capacity lets it be taken:
         // ranges may be fewer than the capacity allows (fragmented, or a
-        // capacity beyond the space).
+        // capacity beyond the space). Blocks are whole 256-byte units, so
+        // is what the capacity leaves.
         let out_of_memory = |s: &State| Error::OutOfMemory {
             requested: request.size(),
-            largest_free: s.space.largest_free().min(self.capacity - s.tally.held),
+            largest_free: s.space.largest_free().min((self.capacity - s.tally.held) & !255),
             pool_size: self.capacity,
             max_size: Some(self.capacity),
         };
@@ -204,6 +205,18 @@ mod tests {
 
     fn out_of_memory(requested: u64, largest_free: u64, capacity: u64) -> Error {
         Error::OutOfMemory { requested, largest_free, pool_size: capacity, max_size: Some(capacity) }
+    }
+
+    #[test]
+    fn out_of_memory_names_no_free_block_smaller_than_it_hands_out() {
+        // What the capacity leaves was named as it was, below 256 bytes too:
+        // a device of 1000 bytes refused 1000 with 1000 said free, though
+        // it hands out 256-byte multiples only.
+        let dev = SimDevice::new(1000);
+        assert_eq!(dev.allocate(Request::new(1000).unwrap(), &()), Err(out_of_memory(1000, 768, 1000)));
+        let b = dev.allocate(Request::new(768).unwrap(), &()).unwrap();
+        assert_eq!(dev.allocate(Request::new(1).unwrap(), &()), Err(out_of_memory(1, 0, 1000)));
+        dev.deallocate(b, &()).unwrap();
     }
 
     #[test]
