@@ -292,24 +292,31 @@ impl CommitLedger {
         Ok(())
     }
 
-    /// Decommits `range` in the reservation the space found for it; every
-    /// bit must be set, and with pieces no piece may cross its ends.
+    /// Decommits `range` in the reservation the space found for it: the
+    /// bits first, which must all be set, then with pieces that no piece
+    /// crosses its ends, then an injected failure. Misuse is told before
+    /// an injected failure, as for [`commit`](Self::commit): it neither
+    /// fires nor uses up an armed one.
     ///
     /// # Errors
     ///
-    /// [`Error::InvalidConfig`] for a decommit of part of a piece; an
-    /// injected [`Error::Backend`] (the memory stays committed);
-    /// [`Error::InvalidConfig`] as for [`commit`](Self::commit). Nothing
+    /// [`Error::InvalidConfig`] as for [`commit`](Self::commit), or for a
+    /// decommit of part of a piece (counted in
+    /// [`partial_decommits`](Self::partial_decommits)); an injected
+    /// [`Error::Backend`] (the memory stays committed). Nothing else
     /// changes on error.
-    pub fn decommit(&mut self, reservation: Option<(&mut [u64], Range)>, range: Range) -> Result<()> {
+    pub fn decommit(&mut self, mut reservation: Option<(&mut [u64], Range)>, range: Range) -> Result<()> {
+        self.flip(reservation.as_mut().map(|(bits, r)| (&mut **bits, *r)), range, false)?;
         #[cfg(feature = "alloc")]
-        if let Some(pieces) = &mut self.pieces {
-            pieces.check_decommit(range)?;
+        let misuse = self.pieces.as_mut().and_then(|pieces| pieces.check_decommit(range).err());
+        #[cfg(not(feature = "alloc"))]
+        let misuse = None;
+        let failed = misuse.or_else(|| self.fail_decommit.fires().then_some(Self::INJECTED_DECOMMIT_FAILURE));
+        if let Some(e) = failed {
+            // Cannot fail: the bits were just cleared.
+            let _ = self.flip(reservation, range, true);
+            return Err(e);
         }
-        if self.fail_decommit.fires() {
-            return Err(Self::INJECTED_DECOMMIT_FAILURE);
-        }
-        self.flip(reservation, range, false)?;
         #[cfg(feature = "alloc")]
         if let Some(pieces) = &mut self.pieces {
             pieces.decommitted(range);
@@ -407,5 +414,52 @@ mod tests {
             (bits.iter().sum::<u64>(), ledger.committed_bytes(), ledger.peak_committed_bytes()),
             (0, 0, 70 * G)
         );
+    }
+
+    #[test]
+    fn a_misused_decommit_is_refused_before_an_armed_failure_fires() {
+        let reservation = range(0, 8);
+        let mut bits = [0; CommitLedger::words(8)];
+        let mut ledger = CommitLedger::new(8 * G, G);
+        ledger.commit(Some((&mut bits, reservation)), range(0, 2)).unwrap();
+        ledger.fail_nth_decommit(1);
+        let before = bits;
+        let misaligned = Range::new((1 << 40) + 1, G).unwrap();
+        for (inside, bad, what) in [
+            (true, range(1, 2), "decommit of uncommitted memory"),
+            (false, range(0, 2), "range outside the reservations"),
+            (true, misaligned, "range empty or not aligned to the granule"),
+        ] {
+            let r = inside.then_some((&mut bits[..], reservation));
+            assert_eq!(ledger.decommit(r, bad), Err(Error::InvalidConfig { what }));
+        }
+        assert_eq!((bits, ledger.committed_bytes(), ledger.injected_failures()), (before, 2 * G, (0, 0)));
+        // The armed failure is still the next decommit's.
+        let err = ledger.decommit(Some((&mut bits, reservation)), range(0, 2)).unwrap_err();
+        assert_eq!(
+            (err, ledger.injected_failures(), bits),
+            (CommitLedger::INJECTED_DECOMMIT_FAILURE, (0, 1), before)
+        );
+        ledger.decommit(Some((&mut bits, reservation)), range(0, 2)).unwrap();
+        assert_eq!((ledger.committed_bytes(), ledger.call_counts()), (0, (1, 1)));
+    }
+
+    #[cfg(feature = "alloc")]
+    #[test]
+    fn a_decommit_of_part_of_a_piece_is_refused_before_an_armed_failure_fires() {
+        let reservation = range(0, 8);
+        let mut bits = [0; CommitLedger::words(8)];
+        let mut ledger = CommitLedger::new(8 * G, G);
+        ledger.hold_in_pieces(4).unwrap();
+        ledger.commit(Some((&mut bits, reservation)), range(0, 4)).unwrap();
+        ledger.fail_nth_decommit(1);
+        let err = ledger.decommit(Some((&mut bits, reservation)), range(0, 2)).unwrap_err();
+        assert_eq!(err, Error::InvalidConfig { what: "decommit of part of a piece" });
+        assert_eq!((ledger.injected_failures(), ledger.partial_decommits()), ((0, 0), 1));
+        assert!(ledger.is_committed(&bits, reservation, range(0, 4)));
+        // Uncommitted and cutting no piece: told as uncommitted, not counted as partial.
+        let err = ledger.decommit(Some((&mut bits, reservation)), range(4, 4)).unwrap_err();
+        assert_eq!(err, Error::InvalidConfig { what: "decommit of uncommitted memory" });
+        assert_eq!((ledger.injected_failures(), ledger.partial_decommits()), ((0, 0), 1));
     }
 }
