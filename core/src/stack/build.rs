@@ -353,16 +353,23 @@ impl<S: ?Sized> fmt::Debug for Built<S> {
 }
 
 impl<S: ?Sized> Built<S> {
-    /// The outermost resource named `name`, if it has type `T`. The core's
-    /// names keep these types (`D` is [`DynResource<S>`]): `pool`
-    /// `Shared<CoalescingPool<D>>` (with `per_stream=true`:
+    /// The first resource in the text named `name` among those of type `T`:
+    /// the outermost along one chain of layers, the leftmost between
+    /// siblings (the bins of a `binning`); `None` if none is. A resource
+    /// named `name` of another type is passed over, not an answer: in
+    /// `pool(pool(leaf), per_stream=true)` the `Shared<CoalescingPool<D>>`
+    /// asked for is the inner pool. Only resources kept by their
+    /// constructor ([`Context::keep`] and the like, those of a nested
+    /// builder's included) are found, and the `Arc` is the stack's own
+    /// resource, shared. The core's names keep these types (`D` is
+    /// [`DynResource<S>`]): `pool` `Shared<CoalescingPool<D>>` (with `per_stream=true`:
     /// `Shared<PerStreamPool<PoolMaker<D>, S>>`), `stats` `Statistics<D>`,
     /// `track` `Tracking<D>`, `limit` `Limiting<D>`, `planned` `Planned<D>`,
     /// `align` `Aligned<D>`,
     /// `log` `Logging<D>`, `fixed` `Shared<FixedSizeResource<D>>`, `binning`
     /// `BinningResource<'static, D, S>`, `arena` `ArenaResource<D>`,
-    /// `stream` `Shared<StreamOrdered<OnStream<S>, S>>`; a backend's leaves
-    /// say theirs.
+    /// `stream` (with [`register_stream_layer`](StackBuilder::register_stream_layer))
+    /// `Shared<StreamOrdered<OnStream<S>, S>>`; a backend's leaves say theirs.
     pub fn get<T: Any + Send + Sync>(&self, name: &str) -> Option<Arc<T>> {
         self.all(name).into_iter().next()
     }
