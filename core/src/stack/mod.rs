@@ -25,7 +25,8 @@
 //! (`pool(sim)`) is a call with no arguments; any other word (`2GiB`,
 //! `/tmp/x.csv`) is text, read as a size by [`Value::size`] (suffixes in
 //! any case, [`parse_size`]: `B`; `K`/`KiB`, `M`/`MiB`, `G`/`GiB`,
-//! `T`/`TiB`, powers of 1024; `KB`, `MB`, `GB`, `TB`, powers of 1000).
+//! `T`/`TiB`, powers of 1024; `KB`, `MB`, `GB`, `TB`, powers of 1000;
+//! digits grouped by underscores between them, `1_000`).
 //!
 //! # Examples
 //!

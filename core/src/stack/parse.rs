@@ -230,7 +230,8 @@ pub(super) fn whole_u32(text: &str) -> Option<u32> {
 /// Reads a size: a decimal number with an optional suffix, in any case:
 /// `B`; `K`/`KiB`, `M`/`MiB`, `G`/`GiB`, `T`/`TiB` (powers of 1024);
 /// `KB`, `MB`, `GB`, `TB` (powers of 1000, as the SI units they are).
-/// Underscores between digits are ignored.
+/// Digits may be grouped by underscores, each between two digits (`1_000`;
+/// `1_`, `1__0` and `_1` are no sizes).
 ///
 /// ```
 /// use memres_core::stack::parse_size;
@@ -239,13 +240,15 @@ pub(super) fn whole_u32(text: &str) -> Option<u32> {
 /// assert_eq!(parse_size("2GB"), Some(2_000_000_000));
 /// assert_eq!(parse_size("64kb"), Some(64_000));
 /// assert_eq!(parse_size("1_000"), Some(1000));
+/// assert_eq!(parse_size("64_MiB"), None);
 /// assert_eq!(parse_size("1.5G"), None);
 /// assert_eq!(parse_size("99999999TiB"), None); // overflows
 /// ```
 pub fn parse_size(text: &str) -> Option<u64> {
     let digits_end = text.find(|c: char| !c.is_ascii_digit() && c != '_').unwrap_or(text.len());
     let (number, suffix) = text.split_at(digits_end);
-    if !number.starts_with(|c: char| c.is_ascii_digit()) {
+    // Each underscore between two digits: none leads, trails or doubles.
+    if number.split('_').any(str::is_empty) {
         return None;
     }
     let mut n: u64 = 0;

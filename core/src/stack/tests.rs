@@ -157,6 +157,29 @@ fn sizes() {
     }
 }
 
+/// Underscores group digits: each sits between two. `1_`, `1__0` and
+/// `64_MiB` were taken, the dangling or doubled underscore dropped.
+#[test]
+fn underscores_in_a_size_sit_between_digits() {
+    for (text, want) in [
+        ("1_000", Some(1000)),
+        ("1_0_0", Some(100)),
+        ("64_000KB", Some(64_000_000)),
+        ("1_", None),
+        ("1__0", None),
+        ("64_MiB", None),
+        ("1_000_", None),
+        ("_1", None),
+        ("_", None),
+        ("1_K_iB", None),
+    ] {
+        assert_eq!(parse_size(text), want, "{text:?}");
+    }
+    let c = parse("pool(sim, initial=64_MiB)").unwrap();
+    let e = c.size_arg("initial").unwrap_err();
+    assert_eq!((e.pos, e.kind), (18, StackErrorKind::BadSize("64_MiB".into())));
+}
+
 #[test]
 fn non_ascii_text_is_kept_whole() {
     let c = parse("log(sim, file=/tmp/é.csv)").unwrap();
