@@ -21,7 +21,9 @@
 //!  word   := any run of characters other than  , ( ) =  and white space
 //! ```
 //!
-//! White space between tokens is ignored. A value that is a bare name
+//! White space between tokens is ignored: Unicode's, as [`char::is_whitespace`]
+//! and [`str::trim`] take it (a no-break space too); error positions are
+//! bytes of the text. A value that is a bare name
 //! (`pool(sim)`) is a call with no arguments; any other word (`2GiB`,
 //! `/tmp/x.csv`) is text, read as a size by [`Value::size`] (suffixes in
 //! any case, [`parse_size`]: `B`; `K`/`KiB`, `M`/`MiB`, `G`/`GiB`,

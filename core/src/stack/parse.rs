@@ -120,8 +120,10 @@ struct Parser<'a> {
     depth: usize,
 }
 
-fn is_word_byte(b: u8) -> bool {
-    !matches!(b, b',' | b'(' | b')' | b'=') && !b.is_ascii_whitespace()
+/// Whether `c` may be in a word: white space (Unicode's, a no-break space
+/// too, as `str::trim` takes it) and the delimiters may not.
+fn is_word_char(c: char) -> bool {
+    !matches!(c, ',' | '(' | ')' | '=') && !c.is_whitespace()
 }
 
 fn is_name(s: &str) -> bool {
@@ -131,9 +133,15 @@ fn is_name(s: &str) -> bool {
 }
 
 impl<'a> Parser<'a> {
+    /// The char at `at`, a char boundary: `at` moves over whole chars, or
+    /// one byte past an ASCII delimiter that `peek` saw.
+    fn char_at(&self) -> Option<char> {
+        self.src[self.at..].chars().next()
+    }
+
     fn skip_ws(&mut self) {
-        while self.text.get(self.at).is_some_and(u8::is_ascii_whitespace) {
-            self.at += 1;
+        while let Some(c) = self.char_at().filter(|c| c.is_whitespace()) {
+            self.at += c.len_utf8();
         }
     }
 
@@ -146,10 +154,9 @@ impl<'a> Parser<'a> {
     fn word(&mut self) -> (usize, &'a str) {
         self.skip_ws();
         let start = self.at;
-        while self.text.get(self.at).is_some_and(|&b| is_word_byte(b)) {
-            self.at += 1;
+        while let Some(c) = self.char_at().filter(|&c| is_word_char(c)) {
+            self.at += c.len_utf8();
         }
-        // Word bytes exclude only ASCII delimiters, so these are char boundaries.
         (start, &self.src[start..self.at])
     }
 

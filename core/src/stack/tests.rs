@@ -57,6 +57,36 @@ fn malformed_strings_name_the_position() {
     }
 }
 
+/// White space is Unicode's everywhere the parser takes it: a no-break
+/// space (U+00A0, 2 bytes in UTF-8), an em space (U+2003) or an
+/// ideographic space (U+3000, 3 bytes each) separates tokens as a space
+/// does, and errors name byte positions past them. Before, they were word
+/// characters: `pool(\u{3000}sim)` had a word `\u{3000}sim`, no resource.
+#[test]
+fn unicode_white_space_is_white_space_and_errors_count_its_bytes() {
+    let c = parse("\u{a0}pool(\u{3000}sim,\u{a0}max\u{2003}=\u{2003}4G\u{3000})\u{a0}").unwrap();
+    assert_eq!((c.name.as_str(), c.pos), ("pool", 2));
+    assert_eq!((c.resource(0).unwrap().name.as_str(), c.resource(0).unwrap().pos), ("sim", 10));
+    assert_eq!((c.args[1].key.as_deref(), c.args[1].key_pos), (Some("max"), 16));
+    assert_eq!((c.args[1].value.text().unwrap(), c.args[1].value.pos()), ("4G", 26));
+    let cases: &[(&str, usize, StackErrorKind)] = &[
+        ("\u{3000}", 3, StackErrorKind::EmptyName),
+        ("stats(sim)\u{a0}x", 12, StackErrorKind::TrailingInput),
+        ("stats(sim)\u{2003})", 13, StackErrorKind::UnbalancedParen),
+        ("stats(\u{3000}pool(sim)", 18, StackErrorKind::Expected("`,` or `)`")),
+        ("pool(sim,\u{2003}=4G)", 12, StackErrorKind::EmptyName),
+        ("pool(sim,\u{a0}max=\u{3000})", 18, StackErrorKind::Expected("a value after `=`")),
+        ("pool(sim\u{a0}max=4G)", 10, StackErrorKind::Expected("`,` or `)`")),
+        ("pool(sim,\u{3000}1x=4G)", 12, StackErrorKind::Expected("a key name before `=`")),
+    ];
+    for (text, pos, kind) in cases {
+        let e = err(text);
+        assert_eq!((e.pos, &e.kind), (*pos, kind), "{text:?}: {e}");
+    }
+    let e = parse("pool(sim,\u{a0}initial=\u{2003}1x)").unwrap().size_arg("initial").unwrap_err();
+    assert_eq!((e.pos, e.kind), (22, StackErrorKind::BadSize("1x".into())));
+}
+
 /// Parentheses nested past `MAX_DEPTH` are an error naming the call that
 /// opens one level too many, never a stack overflow; `MAX_DEPTH` parse.
 #[test]
