@@ -5,7 +5,8 @@ use alloc::vec;
 use alloc::vec::Vec;
 
 /// How many request sizes a workload asked for: sizes rounded up to 256
-/// bytes (as every resource rounds them), with their counts.
+/// bytes (as every resource rounds them), with their counts; a size whose
+/// rounding would pass `u64::MAX` counts as `u64::MAX`.
 ///
 /// Zero-byte requests are not recorded: they never reach a bin.
 ///
@@ -137,8 +138,11 @@ impl Extend<u64> for SizeHistogram {
     }
 }
 
+/// `size` rounded up to 256; `u64::MAX` where that would pass it, so a
+/// size is never filed under a smaller one (no bin holds it: the plan's
+/// bins are multiples of 256).
 fn round256(size: u64) -> u64 {
-    size.saturating_add(255) & !255
+    size.checked_add(255).map_or(u64::MAX, |s| s & !255)
 }
 
 /// How [`BinningResource::from_histogram`](super::BinningResource::from_histogram)

@@ -483,6 +483,27 @@ fn a_wrong_size_free_never_hands_an_added_bins_chunk_upstream() {
     bins.check().unwrap();
 }
 
+/// A size whose rounding up to 256 would pass `u64::MAX` counts as
+/// `u64::MAX`, never under a smaller size: it was filed under
+/// `u64::MAX - 255` (`saturating_add(255)` then the mask rounded it down),
+/// with that size's exact requests, and a plan of bins up to `u64::MAX`
+/// chose a bin of `u64::MAX - 255` bytes for it.
+#[test]
+fn a_size_whose_rounding_up_passes_u64_max_counts_as_u64_max() {
+    let top = u64::MAX - 255; // the largest multiple of 256
+    let mut h = SizeHistogram::new();
+    h.record(top);
+    h.record(top + 1);
+    h.record(u64::MAX);
+    h.record(top - 1);
+    assert_eq!(h.iter().collect::<Vec<_>>(), [(top, 2), (u64::MAX, 2)]);
+    assert_eq!((h.count(top), h.count(top + 1), h.count(u64::MAX)), (2, 2, 2));
+    let mut huge = SizeHistogram::new();
+    huge.record_n(u64::MAX, 10);
+    let plan = BinPlan::new().max_bin_size(u64::MAX).max_waste_percent(100);
+    assert_eq!(plan.choose(&huge), [0u64; 0], "no bin holds u64::MAX bytes");
+}
+
 /// Extreme counts and sizes saturate rather than overflow (a histogram
 /// fed from outside: `record_n` and the plan's sums panicked).
 #[test]
