@@ -329,8 +329,11 @@ impl<'a, U, S: Stream + ?Sized> BinningResource<'a, U, S> {
     ///
     /// # Errors
     ///
-    /// [`Error::InvalidConfig`] if a chosen bin's chunk would overflow (only
-    /// with a plan whose largest bin size is absurd).
+    /// [`Error::InvalidConfig`] for a plan whose bins could not all be made,
+    /// whatever the histogram holds (an empty one too): blocks per chunk 0
+    /// or above [`FixedConfig::MAX_BLOCKS_PER_CHUNK`], or a chunk of the
+    /// largest bin size it allows ([`BinPlan::max_bin_size`] rounded down to
+    /// 256) above [`Request::MAX_SIZE`]. Nothing is taken from `upstream`.
     ///
     /// # Examples
     ///
@@ -350,6 +353,7 @@ impl<'a, U, S: Stream + ?Sized> BinningResource<'a, U, S> {
     where
         U: MemoryResource<S> + Clone,
     {
+        plan.validate()?;
         let mut bins = Self::new(upstream);
         for size in plan.choose(histogram) {
             bins.add_fixed_bin(FixedConfig::new(size).blocks_per_chunk(plan.blocks()))?;

@@ -231,6 +231,10 @@ impl BinPlan {
         max_bins(n: u32) => max_bins;
 
         /// No bin larger than `bytes`: larger requests always go upstream.
+        /// [`from_histogram`](super::BinningResource::from_histogram)
+        /// refuses a size whose chunk (of
+        /// [`blocks_per_chunk`](Self::blocks_per_chunk) blocks) passes
+        /// [`Request::MAX_SIZE`](crate::Request::MAX_SIZE).
         ///
         /// ```
         /// # use memres_core::binning::{BinPlan, SizeHistogram};
@@ -283,6 +287,27 @@ impl BinPlan {
     /// ```
     pub const fn blocks(&self) -> u32 {
         self.blocks_per_chunk
+    }
+
+    /// Refuses a plan whose bins could not all be made, whatever sizes it
+    /// chooses: blocks per chunk 0 or above
+    /// [`FixedConfig::MAX_BLOCKS_PER_CHUNK`](crate::fixed::FixedConfig::MAX_BLOCKS_PER_CHUNK),
+    /// or a chunk of its largest bin size (`max_bin_size` rounded down to
+    /// 256) above [`Request::MAX_SIZE`](crate::Request::MAX_SIZE).
+    pub(super) fn validate(&self) -> crate::Result<()> {
+        use crate::{fixed::FixedConfig, Error, Request};
+        if self.blocks_per_chunk == 0 || self.blocks_per_chunk > FixedConfig::MAX_BLOCKS_PER_CHUNK {
+            return Err(Error::InvalidConfig {
+                what: "plan's blocks per chunk is zero, or too large (above 2^20)",
+            });
+        }
+        let largest = self.max_bin_size & !255;
+        if largest.checked_mul(u64::from(self.blocks_per_chunk)).is_none_or(|c| c > Request::MAX_SIZE) {
+            return Err(Error::InvalidConfig {
+                what: "plan's largest bin size times blocks per chunk is above the largest request",
+            });
+        }
+        Ok(())
     }
 
     /// The bin sizes for `histogram`, ascending (multiples of 256): see the

@@ -287,6 +287,41 @@ fn shared_between_threads_with_a_lock_per_bin() {
     pool.with(|p| assert_eq!(p.usage().used, 0));
 }
 
+/// A plan no bin could be made by is refused whatever the histogram
+/// holds: with an empty one, or one whose sizes it chooses no bin for, a
+/// plan of 0 blocks per chunk made a binning resource with no bins.
+#[test]
+fn a_bad_plan_is_refused_whatever_the_histogram_holds() {
+    let up = BumpUpstream::new(1 << 30);
+    let empty = SizeHistogram::new();
+    let small: SizeHistogram = [512; 100].into_iter().collect();
+    let huge: SizeHistogram = [1 << 40; 100].into_iter().collect();
+    let too_many = FixedConfig::MAX_BLOCKS_PER_CHUNK + 1;
+    for plan in [
+        BinPlan::new().blocks_per_chunk(0),
+        BinPlan::new().blocks_per_chunk(too_many),
+        BinPlan::new().blocks_per_chunk(0).max_bins(0),
+        // Its largest bins' chunks: 2^62 in 128 blocks, past any request.
+        BinPlan::new().max_bin_size(1 << 62),
+        BinPlan::new().max_bin_size(u64::MAX).blocks_per_chunk(1),
+    ] {
+        for h in [&empty, &small, &huge] {
+            let made = BinningResource::<_>::from_histogram(&up, h, &plan);
+            assert!(matches!(made, Err(Error::InvalidConfig { .. })), "{plan:?} over {:?}", h.iter().next());
+        }
+    }
+    assert_eq!(up.usage().held, 0);
+    // The largest chunk a request may take is a plan's bound.
+    for plan in
+        [BinPlan::new().max_bin_size(1 << 55), BinPlan::new().max_bin_size(1 << 62).blocks_per_chunk(1)]
+    {
+        for (h, bins) in [(&empty, &[][..]), (&small, &[512][..]), (&huge, &[1 << 40][..])] {
+            let made = BinningResource::<_>::from_histogram(&up, h, &plan).unwrap();
+            assert_eq!(made.bin_sizes(), bins, "{plan:?}");
+        }
+    }
+}
+
 #[test]
 fn bins_from_a_histogram_serve_the_hot_sizes() {
     let mut rng = SplitMix64::new(5);
