@@ -210,6 +210,56 @@ fn underscores_in_a_size_sit_between_digits() {
     assert_eq!((e.pos, e.kind), (18, StackErrorKind::BadSize("64_MiB".into())));
 }
 
+/// Many bins in any order: `binning_bins` keeps the text's order and finds
+/// a size given twice at its second place, and the built resource has the
+/// same bins, sorted, as from the sizes given in order.
+#[test]
+fn many_bins_in_any_order_make_the_same_binning_resource() {
+    use crate::binning::BinningResource;
+    let n = if cfg!(miri) { 200 } else { 5_000 };
+    let mut rng = crate::testing::SplitMix64::new(11);
+    let mut sizes: Vec<u64> = (1..=n).map(|k| k * 256).collect();
+    let sorted = sizes.clone();
+    for i in (1..sizes.len()).rev() {
+        sizes.swap(i, rng.below(i as u64 + 1) as usize);
+    }
+    let text = |sizes: &[u64]| {
+        let mut t = alloc::string::String::from("binning(leaf");
+        for (i, s) in sizes.iter().enumerate() {
+            // Every third bin with a resource of its own.
+            t.push_str(&if i % 3 == 0 {
+                alloc::format!(", bin({s}, leaf)")
+            } else {
+                alloc::format!(", bin({s})")
+            });
+        }
+        t + ")"
+    };
+    let mut b = StackBuilder::<()>::new();
+    b.register("leaf", |call, cx| Ok(cx.keep(call, Unbacked::new())));
+    let bins_of = |sizes: &[u64]| {
+        let call = parse(&text(sizes)).unwrap();
+        let given: Vec<u64> = binning_bins(&call).unwrap().iter().map(|b| b.0).collect();
+        assert_eq!(given, sizes, "in the text's order");
+        let built = b.build_call_with_handles(&call, &()).unwrap();
+        let binning = built.get::<BinningResource<'static, crate::DynResource, ()>>("binning").unwrap();
+        binning.bin_sizes().to_vec()
+    };
+    for order in [&sizes, &sorted, &sorted.iter().rev().copied().collect::<Vec<_>>()] {
+        assert_eq!(bins_of(order), sorted);
+    }
+    // A size given twice, far apart: refused at its second place.
+    let mut twice = sizes.clone();
+    twice.push(sizes[0]);
+    let t = text(&twice);
+    let e = binning_bins(&parse(&t).unwrap()).unwrap_err();
+    let at = t.rfind(&alloc::format!("bin({}", sizes[0])).unwrap() + 4;
+    assert_eq!(
+        (e.pos, e.kind),
+        (at, StackErrorKind::BadValue(alloc::format!("bin size {}: given twice", sizes[0])))
+    );
+}
+
 #[test]
 fn non_ascii_text_is_kept_whole() {
     let c = parse("log(sim, file=/tmp/é.csv)").unwrap();
