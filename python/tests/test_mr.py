@@ -497,10 +497,10 @@ def said_by_drops(seen):
             for u in seen if u.object == "memres: the drop of a resource"]
 
 
-def test_a_free_that_a_python_function_refuses_as_a_resource_is_dropped_is_said():
-    # The pool gives its chunk back to `refusing_free` when dropped; the
-    # core drops the free's error, and the chunk was lost without a word.
-    pool = mr.PoolMemoryResource(mr.CallbackMemoryResource(lambda n: 1 << 40, refusing_free, backend="sim"),
+def said_as_a_pool_over_is_dropped(deallocate_func):
+    """What sys.unraisablehook is told as a pool of one chunk over
+    ``deallocate_func`` is dropped."""
+    pool = mr.PoolMemoryResource(mr.CallbackMemoryResource(lambda n: 1 << 40, deallocate_func, backend="sim"),
                                  initial_pool_size=MiB)
     seen, hook = [], sys.unraisablehook
     sys.unraisablehook = seen.append
@@ -508,7 +508,13 @@ def test_a_free_that_a_python_function_refuses_as_a_resource_is_dropped_is_said(
         del pool
     finally:
         sys.unraisablehook = hook
-    assert said_by_drops(seen) == [("MemresError", "ValueError", "refused")]
+    return seen
+
+
+def test_a_free_that_a_python_function_refuses_as_a_resource_is_dropped_is_said():
+    # The pool gives its chunk back to `refusing_free` when dropped; the
+    # core drops the free's error, and the chunk was lost without a word.
+    assert said_by_drops(said_as_a_pool_over_is_dropped(refusing_free)) == [("MemresError", "ValueError", "refused")]
 
 
 def test_a_functions_exception_whose_type_has_no_qualname_is_still_the_cause():
@@ -523,14 +529,7 @@ def test_a_functions_exception_whose_type_has_no_qualname_is_still_the_cause():
     with pytest.raises(memres.MemresError, match=r"allocate_func raised \(OddError: odd\)") as e:
         cb.allocate(4096)
     assert type(e.value.__cause__) is OddError
-    pool = mr.PoolMemoryResource(mr.CallbackMemoryResource(lambda n: 1 << 40, fail, backend="sim"),
-                                 initial_pool_size=MiB)
-    seen, hook = [], sys.unraisablehook
-    sys.unraisablehook = seen.append
-    try:
-        del pool
-    finally:
-        sys.unraisablehook = hook
+    seen = said_as_a_pool_over_is_dropped(fail)
     assert said_by_drops(seen) == [("MemresError", "OddError", "odd")]
     assert "(OddError: odd)" in str(seen[0].exc_value), seen[0].exc_value
 
