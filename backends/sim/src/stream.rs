@@ -443,11 +443,14 @@ impl Stream for SimStream {
     /// The host waits for the work submitted to the stream: its last
     /// operation's clock, not its next one's, which on a blocking stream
     /// takes in default-stream work submitted since (that work may be
-    /// pending still).
+    /// pending still). The default stream's synchronize is itself an
+    /// operation of the legacy stream, which first waits on every blocking
+    /// stream (CUDA's "standard default stream semantics"): its next
+    /// operation's clock.
     fn synchronize(&self) -> Result<()> {
         let mut w = self.world.lock();
         w.fail_point()?;
-        let c = w.streams[self.number].clock.clone();
+        let c = if self.number == 0 { w.effective(0) } else { w.streams[self.number].clock.clone() };
         w.complete(&c, true);
         Ok(())
     }

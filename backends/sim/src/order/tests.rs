@@ -172,3 +172,19 @@ fn synchronizing_a_stream_observes_no_later_default_stream_free() {
     let z = dev.allocate(Request::new(256).unwrap(), &default).unwrap();
     assert_eq!((z.addr(), dev.violation_count()), (x.addr(), 1));
 }
+
+#[test]
+fn synchronizing_the_default_stream_observes_every_blocking_streams_work() {
+    // The legacy stream's synchronize waits on the blocking streams first,
+    // as any of its operations does: a free on one is complete after it.
+    let world = SimWorld::new();
+    let (blocking, other) = (world.stream(), world.non_blocking_stream());
+    let default = world.default_stream();
+    let dev = HbChecked::new(SimDevice::new(1 << 20));
+    let x = dev.allocate(Request::new(256).unwrap(), &blocking).unwrap();
+    dev.deallocate(x, &blocking).unwrap();
+    default.synchronize().unwrap();
+    assert!(other.is_ordered_after(blocking.id(), blocking.position()));
+    let y = dev.allocate(Request::new(256).unwrap(), &other).unwrap();
+    assert_eq!((y.addr(), dev.violation_count()), (x.addr(), 0));
+}
