@@ -295,19 +295,10 @@ impl BinPlan {
     /// or a chunk of its largest bin size (`max_bin_size` rounded down to
     /// 256) above [`Request::MAX_SIZE`](crate::Request::MAX_SIZE).
     pub(super) fn validate(&self) -> crate::Result<()> {
-        use crate::{fixed::FixedConfig, Error, Request};
-        if self.blocks_per_chunk == 0 || self.blocks_per_chunk > FixedConfig::MAX_BLOCKS_PER_CHUNK {
-            return Err(Error::InvalidConfig {
-                what: "plan's blocks per chunk is zero, or too large (above 2^20)",
-            });
-        }
-        let largest = self.max_bin_size & !255;
-        if largest.checked_mul(u64::from(self.blocks_per_chunk)).is_none_or(|c| c > Request::MAX_SIZE) {
-            return Err(Error::InvalidConfig {
-                what: "plan's largest bin size times blocks per chunk is above the largest request",
-            });
-        }
-        Ok(())
+        // The largest bin's configuration is the one that can fail; below
+        // 256 no bin is chosen, and a 256-byte bin checks the blocks alone.
+        let largest = (self.max_bin_size & !255).max(256);
+        crate::fixed::FixedConfig::new(largest).blocks_per_chunk(self.blocks_per_chunk).validate()
     }
 
     /// The bin sizes for `histogram`, ascending (multiples of 256): see the

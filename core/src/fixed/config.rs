@@ -164,7 +164,7 @@ impl FixedConfig {
         self.chunk_align
     }
 
-    pub(super) fn validate(&self) -> Result<()> {
+    pub(crate) fn validate(&self) -> Result<()> {
         if self.block_size == 0 || self.block_size % 256 != 0 || self.block_size > Request::MAX_SIZE {
             return Err(Error::InvalidConfig {
                 what: "block size is zero, not a multiple of 256 or too large",
