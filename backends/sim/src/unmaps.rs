@@ -1,7 +1,7 @@
 //! The unmap checker: memory is taken away only once the work that used
 //! it is done.
 
-use crate::stream::SimWorld;
+use crate::SimStream;
 use memres_core::vmem::ReservableSpace;
 use memres_core::{Range, Result, Stream};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -11,7 +11,8 @@ use std::sync::Mutex;
 /// says was used by the work of a stream up to some position
 /// ([`used`](Self::used)) may be decommitted only once the host has
 /// observed that work complete (a synchronization of that stream, of one
-/// ordered after it, or of the device). A decommit that takes such memory
+/// ordered after it, or of its device). The streams may be of any
+/// [`SimWorld`](crate::SimWorld): each is checked in its own. A decommit that takes such memory
 /// too early is counted ([`early_unmaps`](Self::early_unmaps)); on a GPU it
 /// would unmap memory a kernel still touches.
 ///
@@ -23,7 +24,7 @@ use std::sync::Mutex;
 /// use memres_sim::{SimAddressSpace, SimWorld, UnmapChecked};
 /// let world = SimWorld::new();
 /// let (a, b) = (world.non_blocking_stream(), world.non_blocking_stream());
-/// let space = UnmapChecked::new(SimAddressSpace::new(1 << 30, 2 << 20)?, &world);
+/// let space = UnmapChecked::new(SimAddressSpace::new(1 << 30, 2 << 20)?);
 /// let r = space.reserve(4 << 20)?;
 /// space.commit(r)?;
 /// a.enqueue(); // a kernel on `a`, still to run, that uses `r`
@@ -39,16 +40,16 @@ use std::sync::Mutex;
 #[derive(Debug)]
 pub struct UnmapChecked<V> {
     space: V,
-    world: SimWorld,
-    /// Ranges in use: the range, the stream, the stream's position then.
-    used: Mutex<Vec<(Range, u64, u64)>>,
+    /// Ranges in use: the range, the stream (its id names it in its world
+    /// only), the stream's position then.
+    used: Mutex<Vec<(Range, SimStream, u64)>>,
     early: AtomicUsize,
 }
 
 impl<V> UnmapChecked<V> {
-    /// Checks the decommits of `space`, whose streams belong to `world`.
-    pub fn new(space: V, world: &SimWorld) -> Self {
-        UnmapChecked { space, world: world.clone(), used: Mutex::new(Vec::new()), early: AtomicUsize::new(0) }
+    /// Checks the decommits of `space`.
+    pub fn new(space: V) -> Self {
+        UnmapChecked { space, used: Mutex::new(Vec::new()), early: AtomicUsize::new(0) }
     }
 
     /// The checked space.
@@ -57,8 +58,8 @@ impl<V> UnmapChecked<V> {
     }
 
     /// Records that the work submitted to `stream` so far uses `range`.
-    pub fn used(&self, range: Range, stream: &crate::SimStream) {
-        self.lock().push((range, stream.id(), stream.position()));
+    pub fn used(&self, range: Range, stream: &SimStream) {
+        self.lock().push((range, stream.clone(), stream.position()));
     }
 
     /// Decommits that took memory before the work using it was done.
@@ -66,7 +67,7 @@ impl<V> UnmapChecked<V> {
         self.early.load(Ordering::Relaxed)
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<(Range, u64, u64)>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<(Range, SimStream, u64)>> {
         self.used.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
@@ -91,12 +92,11 @@ impl<V: ReservableSpace> ReservableSpace for UnmapChecked<V> {
     /// check of the ranges in use that it took.
     fn decommit<S: Stream + ?Sized>(&self, range: Range, stream: &S) -> Result<()> {
         self.space.decommit(range, stream)?;
-        let host = self.world.default_stream();
-        self.lock().retain(|&(r, s, pos)| {
+        self.lock().retain(|(r, s, pos)| {
             if r.end() <= range.start() || range.end() <= r.start() {
                 return true;
             }
-            if !host.is_observed(s, pos) {
+            if !s.is_observed(s.id(), *pos) {
                 self.early.fetch_add(1, Ordering::Relaxed);
             }
             false
@@ -104,3 +104,6 @@ impl<V: ReservableSpace> ReservableSpace for UnmapChecked<V> {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests;

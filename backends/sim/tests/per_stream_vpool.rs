@@ -20,8 +20,8 @@ fn req(n: u64) -> Request {
 
 type Space = UnmapChecked<SimAddressSpace>;
 
-fn checked_space(world: &SimWorld, physical: u64) -> Arc<Space> {
-    Arc::new(UnmapChecked::new(SimAddressSpace::new(physical, 2 * MIB).unwrap(), world))
+fn checked_space(physical: u64) -> Arc<Space> {
+    Arc::new(UnmapChecked::new(SimAddressSpace::new(physical, 2 * MIB).unwrap()))
 }
 
 /// A kernel on `stream` that uses `block`.
@@ -43,7 +43,7 @@ fn a_granule_freed_on_another_stream_is_unmapped_only_after_that_stream_s_work()
     for per_stream_pools in [false, true] {
         let world = SimWorld::new();
         let (a, b) = (world.non_blocking_stream(), world.non_blocking_stream());
-        let space = checked_space(&world, 1 << 30);
+        let space = checked_space(1 << 30);
         let plain = Shared::new(VirtualPool::with_config(space.clone(), config).unwrap());
         let pools = per_stream(&space, config);
         let res: &dyn MemoryResource<SimStream> = if per_stream_pools { &pools } else { &plain };
@@ -77,7 +77,7 @@ fn out_of_memory_on_one_stream_unmaps_the_idle_granules_of_the_others() {
     let world = SimWorld::new();
     let (a, b) = (world.non_blocking_stream(), world.non_blocking_stream());
     // 8 MiB of physical memory; idle granules stay mapped up to the slack.
-    let space = checked_space(&world, 8 * MIB);
+    let space = checked_space(8 * MIB);
     let pools =
         per_stream(&space, VirtualConfig::new(64 * MIB).release_threshold(u64::MAX).slack_permille(1000));
     let xs: Vec<Block> = (0..4).map(|_| pools.allocate(req(2 * MIB), &a).unwrap()).collect();
@@ -108,7 +108,7 @@ fn randomized_three_streams_never_reuse_or_unmap_too_early() {
         let streams: Vec<SimStream> =
             (0..3).map(|i| if i == 0 { world.stream() } else { world.non_blocking_stream() }).collect();
         // A small device, so that streams run out and take each other's memory.
-        let space = checked_space(&world, 96 * MIB);
+        let space = checked_space(96 * MIB);
         let threshold = [0, 4 * MIB, u64::MAX][seed as usize % 3];
         let config = VirtualConfig::new(256 * MIB).release_threshold(threshold).slack_permille(40);
         let res = HbChecked::new(per_stream(&space, config)).panicking();

@@ -219,7 +219,7 @@ pub fn run_vpool_streams(data: &[u8]) {
     if pieces > 0 {
         sim = sim.with_pieces(pieces).expect("no memory is committed yet");
     }
-    let space = Arc::new(UnmapChecked::new(sim, &streams.world));
+    let space = Arc::new(UnmapChecked::new(sim));
     let pools =
         PerStreamPool::new(VirtualMaker::new(space.clone(), config).expect("a configuration a pool takes"));
     let mut target = VpoolStreamsTarget {
