@@ -62,7 +62,8 @@ impl std::error::Error for HbViolation {}
 /// around any resource on [`SimStream`]s.
 ///
 /// Each `deallocate` is a stream operation: the wrapper enqueues it on the
-/// stream and records the freed range with the stream and the position.
+/// stream and records the freed range with the stream and the position (a
+/// free the inner resource refuses is taken back from the stream).
 /// Each `allocate` checks the block against the recorded frees it overlaps:
 /// a reuse on another stream must be ordered after the free (the reusing
 /// stream waited, directly or transitively, on an event recorded on the
@@ -247,9 +248,15 @@ impl<R: MemoryResource<SimStream>> MemoryResource<SimStream> for HbChecked<R> {
             return self.inner.deallocate(block, stream);
         }
         // The free is an operation on the stream: work submitted before it
-        // may still use the block.
-        let position = stream.enqueue();
-        self.inner.deallocate(block, stream)?;
+        // may still use the block. Submitted before the inner call, so that
+        // an event the inner resource records in it comes after the free.
+        let op = stream.submit();
+        if let Err(e) = self.inner.deallocate(block, stream) {
+            // A refused free submits nothing.
+            stream.retract(op);
+            return Err(e);
+        }
+        let position = op.position;
         let (start, end) = (block.addr(), block.addr().saturating_add(block.size()));
         st.cut(start, end);
         st.frees.insert(start, FreeRecord { end, stream: stream.clone(), position });

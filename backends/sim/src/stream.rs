@@ -84,6 +84,21 @@ struct World {
     streams: Vec<StreamState>,
     /// The injected failure of a stream call (record, wait, synchronize).
     fail: FailNth,
+    /// Calls so far that changed a clock or a completion, or recorded an
+    /// event: an operation can be taken back while it is the last of them.
+    changes: u64,
+}
+
+/// An operation [`SimStream::submit`] submitted: what
+/// [`SimStream::retract`] needs to take it back.
+#[derive(Debug)]
+pub(crate) struct Submitted {
+    /// Its position on the stream.
+    pub(crate) position: u64,
+    /// The stream's clock before it.
+    before: Vec<u64>,
+    /// The world's `changes` after it.
+    changes: u64,
 }
 
 #[derive(Debug)]
@@ -144,6 +159,7 @@ impl World {
     /// Marks the work of every clock entry as completed, and as observed by
     /// the host when `observe`.
     fn complete(&mut self, clock: &[u64], observe: bool) {
+        self.changes += 1;
         for (s, &p) in self.streams.iter_mut().zip(clock) {
             s.completed = s.completed.max(p);
             if observe {
@@ -174,7 +190,7 @@ impl SimWorld {
         let default = StreamState { id: 0, blocking: true, clock: vec![0], completed: 0, observed: 0 };
         SimWorld {
             id: NEXT_WORLD.fetch_add(1, Ordering::Relaxed),
-            state: Arc::new(Mutex::new(World { streams: vec![default], fail: FailNth::new() })),
+            state: Arc::new(Mutex::new(World { streams: vec![default], fail: FailNth::new(), changes: 0 })),
         }
     }
 
@@ -337,6 +353,12 @@ impl SimStream {
     /// Submits one operation (a kernel, a copy, a free) and returns its
     /// position on the stream.
     pub fn enqueue(&self) -> u64 {
+        self.submit().position
+    }
+
+    /// [`enqueue`](Self::enqueue), keeping what [`retract`](Self::retract)
+    /// needs.
+    pub(crate) fn submit(&self) -> Submitted {
         let mut w = self.world.lock();
         let i = self.number;
         let mut c = w.effective(i);
@@ -344,9 +366,23 @@ impl SimStream {
             c.resize(i + 1, 0);
         }
         c[i] += 1;
-        let pos = c[i];
-        w.streams[i].clock = c;
-        pos
+        let position = c[i];
+        let before = std::mem::replace(&mut w.streams[i].clock, c);
+        w.changes += 1;
+        Submitted { position, before, changes: w.changes }
+    }
+
+    /// Takes back `op`, the operation of this stream that a call then
+    /// failed to make: its position is free again, and a blocking stream
+    /// is no longer ordered after the default stream's work through it. Only
+    /// while nothing changed in the world since (no operation, wait,
+    /// record or completion); else it stays, an operation that does nothing.
+    pub(crate) fn retract(&self, op: Submitted) {
+        let mut w = self.world.lock();
+        if w.changes == op.changes {
+            w.streams[self.number].clock = op.before;
+            w.changes += 1;
+        }
     }
 
     /// Operations submitted to the stream so far.
@@ -405,6 +441,7 @@ impl Stream for SimStream {
         let mut w = self.world.lock();
         w.fail_point()?;
         let clock = w.effective(self.number);
+        w.changes += 1;
         Ok(SimEvent { world: self.world.id, stream: self.id, number: self.number, clock })
     }
 
@@ -421,6 +458,7 @@ impl Stream for SimStream {
             return Err(FOREIGN_EVENT);
         }
         join(&mut w.streams[self.number].clock, &event.clock);
+        w.changes += 1;
         Ok(())
     }
 

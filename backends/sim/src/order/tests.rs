@@ -188,3 +188,21 @@ fn synchronizing_the_default_stream_observes_every_blocking_streams_work() {
     let y = dev.allocate(Request::new(256).unwrap(), &other).unwrap();
     assert_eq!((y.addr(), dev.violation_count()), (x.addr(), 0));
 }
+
+#[test]
+fn a_refused_free_submits_nothing() {
+    // A free the inner resource refused stayed submitted: on a blocking
+    // stream it took in the default stream's later free, which that
+    // stream's synchronize then observed, and the reuse passed as ordered.
+    let world = SimWorld::new();
+    let (blocking, other) = (world.stream(), world.non_blocking_stream());
+    let default = world.default_stream();
+    let dev = HbChecked::new(SimDevice::new(1 << 20));
+    let x = dev.allocate(Request::new(256).unwrap(), &default).unwrap();
+    dev.deallocate(x, &default).unwrap();
+    assert!(dev.deallocate(Block::from_addr(0x10_0000_0000, 256), &blocking).is_err());
+    assert_eq!(blocking.position(), 0);
+    blocking.synchronize().unwrap();
+    let y = dev.allocate(Request::new(256).unwrap(), &other).unwrap();
+    assert_eq!((y.addr(), dev.violation_count()), (x.addr(), 1));
+}
