@@ -627,6 +627,29 @@ pub struct Stepped {
     pub steps: Vec<memres_core::planned::Steps>,
 }
 
+/// Checks that the first step of [`run_steps`], before allocation `phase`
+/// (counted from 0), comes before one of `workload`'s allocations: a later
+/// one would run no step at all. Phase 0 is taken for any workload.
+///
+/// # Errors
+///
+/// [`RunError::Unsupported`] naming the workload's allocations.
+pub fn check_phase(workload: &Workload, phase: u64) -> Result<(), RunError> {
+    let allocations = workload.ops.iter().filter(|op| op.alloc).count() as u64;
+    if phase == 0 || phase < allocations {
+        return Ok(());
+    }
+    let last = match allocations {
+        0 | 1 => "so only phase 0".to_string(),
+        n => format!("phases 0 to {}", n - 1),
+    };
+    Err(RunError::Unsupported(format!(
+        "{}: --phase {phase} is past its last allocation, which would run no step: it has {allocations} allocation{} ({last})",
+        workload.name,
+        if allocations == 1 { "" } else { "s" },
+    )))
+}
+
 /// Replays `workload` once through the stack `text`, with no warm-up pass,
 /// calling `step()` on its `planned` layers before allocation `phase` and
 /// before every `every`-th allocation after it: the steps of a training
@@ -635,14 +658,16 @@ pub struct Stepped {
 /// # Errors
 ///
 /// [`RunError::Unsupported`] for a stack that does not build, has no
-/// `planned` layer or no leaf whose peak can be read, or `every` 0; an
-/// op's failure; [`RunError::Table`] where the table of handles does not
+/// `planned` layer or no leaf whose peak can be read, `every` 0, or a
+/// `phase` past the workload's allocations ([`check_phase`]); an op's
+/// failure; [`RunError::Table`] where the table of handles does not
 /// fit in the process's memory.
 pub fn run_steps(text: &str, workload: &Workload, every: u64, phase: u64) -> Result<Stepped, RunError> {
     let fail = |e: StackError| RunError::Unsupported(format!("stack `{text}`: {e}"));
     if every == 0 {
         return Err(RunError::Unsupported("a step every 0 allocations".into()));
     }
+    check_phase(workload, phase)?;
     let world = SimWorld::new();
     let mut builder = builder();
     let (built, gauge) =

@@ -1533,3 +1533,23 @@ fn the_workload_line_gives_the_workloads_ops() {
     assert!(out.lines().nth(2).is_some_and(|l| l.contains("FAILED")), "{out}");
     assert_eq!(out.lines().nth(1), Some("random:100:1000:1: 200 ops, 0 stray frees"), "{out}");
 }
+
+/// `steps --phase` past the workload's last allocation is bad usage, the
+/// allocations named, before anything runs. Before: no step ran, and the
+/// run printed `steps 0` with exit status 0.
+#[test]
+fn steps_refuse_a_phase_past_the_last_allocation() {
+    let text = "Thread,Time,Action,Pointer,Size,Stream\n0,1,allocate,0x100,1000,0\n0,2,allocate,0x200,1000,0\n0,3,free,0x100,1000,0\n0,4,free,0x200,1000,0\n";
+    let trace = Fixture::new("two.csv", text);
+    let steps = |phase: &str| {
+        memres(&["steps", "--stack", "planned(pool(sim))", "--every", "1", "--phase", phase, trace.path()])
+    };
+    let last = steps("1");
+    assert!(last.status.success(), "{}", stderr(&last));
+    assert!(stdout(&last).contains("steps 1,"), "{}", stdout(&last));
+    let past = steps("2");
+    assert_eq!(past.status.code(), Some(2), "{}", stdout(&past));
+    assert_eq!(stdout(&past), "");
+    let e = stderr(&past);
+    assert!(e.contains("--phase 2") && e.contains("2 allocations") && e.contains(trace.path()), "{e}");
+}

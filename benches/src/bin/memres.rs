@@ -135,7 +135,8 @@ enum Command {
         /// Allocations per step.
         #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
         every: u64,
-        /// The allocation before which the first step is called.
+        /// The allocation before which the first step is called, counted
+        /// from 0: one of the workload's (0 is taken for any workload).
         #[arg(long, default_value_t = 0)]
         phase: u64,
         /// Workload specs or trace paths, as for `replay`.
@@ -439,6 +440,11 @@ fn steps(stack: &str, every: u64, phase: u64, specs: &[String], console: &mut Co
             return ExitCode::from(USAGE);
         }
     };
+    // Refused before anything is printed, as a workload that does not decode.
+    if let Some(e) = workloads.iter().find_map(|w| memres_bench::stack::check_phase(w, phase).err()) {
+        outln!(err, "memres: error: {e}");
+        return ExitCode::from(USAGE);
+    }
     for w in &workloads {
         // Nothing more is replayed once nothing more can be printed.
         if out.failed() {
