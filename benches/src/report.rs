@@ -57,17 +57,34 @@ stray frees: frees of pointers the trace never allocated (skipped, as are rows i
   another size is replayed with its allocation's.
 ";
 
+/// `s` for a line of text: its control characters (a line break, a tab, an
+/// escape) as [`char::escape_debug`] writes them (`\n`, `\u{1b}`), the
+/// rest as it is, so that a name (a trace's file name may hold a line
+/// break) keeps its row to one line.
+pub fn text_name(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        if c.is_control() {
+            out.extend(c.escape_debug());
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
 /// The rows as text: per workload (in order of first appearance) a line
 /// that names it with its figures (its ops, from the row, not a
 /// measurement: one row's may be of several threads, or missing) (and `held out` for a trace held out
 /// from tuning), then one aligned line per resource;
-/// then the errors of failed replays and the [`LEGEND`].
+/// then the errors of failed replays and the [`LEGEND`]. Names and errors
+/// are written through [`text_name`].
 pub fn table(rows: &[Row]) -> String {
     let header = ["resource", "ns/op", "cpu ns/op", "peak live", "peak upstream", "footprint", "grows/pass"];
     let mut cells: Vec<Vec<String>> = vec![header.iter().map(|s| s.to_string()).collect()];
     let mut errors = Vec::new();
     for row in rows {
-        let mut line = vec![row.resource.clone()];
+        let mut line = vec![text_name(&row.resource)];
         match &row.outcome {
             Ok(m) => line.extend([
                 format!("{:.1}", m.ns_per_op()),
@@ -80,7 +97,12 @@ pub fn table(rows: &[Row]) -> String {
             Err(e) => {
                 line.push("FAILED".to_string());
                 line.extend(std::iter::repeat_n("-".to_string(), header.len() - 2));
-                errors.push(format!("{} on {}: {e}", row.resource, row.workload));
+                errors.push(format!(
+                    "{} on {}: {}",
+                    text_name(&row.resource),
+                    text_name(&row.workload),
+                    text_name(e)
+                ));
             }
         }
         cells.push(line);
@@ -112,7 +134,7 @@ pub fn table(rows: &[Row]) -> String {
     for (row, line) in rows.iter().zip(&cells[1..]) {
         if workload != Some(row.workload.as_str()) {
             workload = Some(&row.workload);
-            let _ = write!(out, "{}", row.workload);
+            out.push_str(&text_name(&row.workload));
             if row.held_out {
                 out.push_str(" (held out)");
             }

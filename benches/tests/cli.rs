@@ -1553,3 +1553,25 @@ fn steps_refuse_a_phase_past_the_last_allocation() {
     let e = stderr(&past);
     assert!(e.contains("--phase 2") && e.contains("2 allocations") && e.contains(trace.path()), "{e}");
 }
+
+/// A trace whose file name holds a line break keeps each row of the text
+/// tables (`replay`, `offline`, `steps`) to one line: the name is printed
+/// with `\n` for the break. Before: the row broke in two.
+#[test]
+fn text_tables_escape_a_line_break_in_a_workload_name() {
+    let text = "Thread,Time,Action,Pointer,Size,Stream\n0,1,allocate,0x100,1000,0\n0,2,free,0x100,1000,0\n";
+    let trace = Fixture::new("two\nlines.csv", text);
+    let escaped = trace.path().replace('\n', "\\n");
+    let commands: [&[&str]; 3] = [
+        &["replay", "-r", "pool", "--passes", "1", trace.path()],
+        &["offline", trace.path()],
+        &["steps", "--stack", "planned(pool(sim))", "--every", "1", trace.path()],
+    ];
+    for args in commands {
+        let o = memres(args);
+        assert!(o.status.success(), "{args:?}: {}", stderr(&o));
+        let out = stdout(&o);
+        assert!(out.lines().any(|l| l.contains(&escaped)), "{args:?}: {out}");
+        assert!(!out.lines().any(|l| l.starts_with("lines.csv")), "{args:?}: {out}");
+    }
+}

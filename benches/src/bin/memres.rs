@@ -322,7 +322,7 @@ fn run(command: Command, console: &mut Console) -> ExitCode {
 /// the best.
 fn offline(csv: bool, specs: &[String], console: &mut Console) -> ExitCode {
     use memres_bench::offline::{lifetimes, op_count, place_each};
-    use memres_bench::report::human_bytes;
+    use memres_bench::report::{human_bytes, text_name};
     use memres_core::planned::placement::Method;
     let Console { out, err } = console;
     let workloads: Vec<Workload> = match specs.iter().map(|s| Workload::load(s)).collect() {
@@ -341,7 +341,7 @@ fn offline(csv: bool, specs: &[String], console: &mut Console) -> ExitCode {
     if csv {
         outln!(out, "workload,peak_live,{},best,best_method", methods.join(","));
     } else {
-        let width = workloads.iter().map(|w| w.name.chars().count()).max().unwrap_or(0);
+        let width = workloads.iter().map(|w| text_name(&w.name).chars().count()).max().unwrap_or(0);
         out!(out, "{}  {:>11}", padded("workload", width), "peak live");
         methods.iter().for_each(|m| out!(out, "  {m:>18}"));
         outln!(out, "  {:>11}  {:>9}  best method", "offline", "footprint");
@@ -388,9 +388,9 @@ fn offline(csv: bool, specs: &[String], console: &mut Console) -> ExitCode {
                 method.name()
             );
         } else {
-            let width = workloads.iter().map(|w| w.name.chars().count()).max().unwrap_or(0);
+            let width = workloads.iter().map(|w| text_name(&w.name).chars().count()).max().unwrap_or(0);
             let cell = |top: u64| footprint(top).map_or("-".into(), |f| format!("{f:.3}"));
-            out!(out, "{}  {:>11}", padded(&w.name, width), human_bytes(w.peak_live));
+            out!(out, "{}  {:>11}", padded(&text_name(&w.name), width), human_bytes(w.peak_live));
             each.iter().for_each(|&t| out!(out, "  {:>18}", cell(t)));
             outln!(
                 out,
@@ -410,7 +410,7 @@ fn offline(csv: bool, specs: &[String], console: &mut Console) -> ExitCode {
 
 /// `memres steps`: one line per workload.
 fn steps(stack: &str, every: u64, phase: u64, specs: &[String], console: &mut Console) -> ExitCode {
-    use memres_bench::report::human_bytes;
+    use memres_bench::report::{human_bytes, text_name};
     use memres_bench::resources::RunError;
     let Console { out, err } = console;
     // The stack is checked first, as `replay` checks it: a `log` layer's
@@ -458,7 +458,7 @@ fn steps(stack: &str, every: u64, phase: u64, specs: &[String], console: &mut Co
                 out!(
                     out,
                     "{}: peak live {}, peak upstream {}, footprint {footprint}",
-                    w.name,
+                    text_name(&w.name),
                     human_bytes(run.peak_live),
                     human_bytes(run.peak_upstream)
                 );

@@ -187,3 +187,19 @@ fn the_workload_line_gives_the_workloads_ops_whatever_its_first_row() {
     let failed = Row { workload: "w".into(), ..row(Err("boom".into())) };
     assert_eq!(table(&[failed, threads]).lines().nth(1), Some("w: 10 ops, 7 stray frees"));
 }
+
+/// A name with a line break or another control character (a trace's file
+/// name may hold one) is escaped in the table, as `escape_debug` writes
+/// it, so that each row stays one line; CSV and JSON quote it. Before: the
+/// workload's line and the error line broke in two.
+#[test]
+fn table_escapes_control_characters_in_names() {
+    let mut rows = [row(Err("boom".into()))];
+    rows[0].resource = "po\tol".into();
+    let text = table(&rows);
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines[1], "a \"quoted\"\\path\\n: 10 ops, 7 stray frees", "{text}");
+    assert!(lines[2].starts_with("  po\\tol    FAILED"), "{text}");
+    assert_eq!(lines[3], "error: po\\tol on a \"quoted\"\\path\\n: boom", "{text}");
+    assert_eq!(text_name("é\u{1b}[0m\r"), "é\\u{1b}[0m\\r");
+}
