@@ -17,6 +17,9 @@ pub type Result<T, E = Error> = core::result::Result<T, E>;
 ///     e.to_string(),
 ///     "out of memory: requested 4.00 KiB, largest free block 1.00 KiB, pool size 8.00 KiB, maximum 8.00 KiB",
 /// );
+/// // A pool with no maximum of its own, over an upstream that has one.
+/// let e = Error::OutOfMemory { requested: 4096, largest_free: 0, pool_size: 0, max_size: None };
+/// assert!(e.to_string().ends_with("pool size 0 B, no maximum of its own"));
 /// // A size that no pool could serve says why.
 /// let e = memres_core::Request::new(u64::MAX).unwrap_err();
 /// assert_eq!(e.to_string(), format!("invalid size: {} bytes (above Request::MAX_SIZE)", u64::MAX));
@@ -32,7 +35,8 @@ pub enum Error {
         largest_free: u64,
         /// Bytes the resource holds from its upstream.
         pool_size: u64,
-        /// The resource's maximum size, if it has one.
+        /// The resource's maximum size, if it has one of its own (`None`
+        /// says nothing of its upstream's, which may be what it met).
         max_size: Option<u64>,
     },
     /// A size that cannot be served at all (above [`Request::MAX_SIZE`](crate::Request::MAX_SIZE),
@@ -159,7 +163,8 @@ impl fmt::Display for Error {
                 )?;
                 match max_size {
                     Some(m) => write!(f, ", maximum {}", Bytes(m)),
-                    None => write!(f, ", no maximum"),
+                    // Its upstream may have one, which it met.
+                    None => write!(f, ", no maximum of its own"),
                 }
             }
             Error::InvalidSize { size, what } => write!(f, "invalid size: {size} bytes ({what})"),

@@ -724,3 +724,17 @@ fn resources_over_references_to_streams_give_their_chunks_back_when_dropped() {
     }
     assert_eq!(up.usage().held, 0, "the plan's regions");
 }
+
+/// A pool with no maximum over an upstream that has one: the message did
+/// say "no maximum", as if nothing bounded the pool; the bound is its
+/// upstream's.
+#[test]
+fn out_of_memory_under_a_bounded_upstream_claims_no_maximum_of_its_own_only() {
+    let mut p = CoalescingPool::with_config(BumpUpstream::new(1 << 20), PoolConfig::new(), &()).unwrap();
+    let e = p.allocate(Request::new(2 << 20).unwrap(), &()).unwrap_err();
+    assert_eq!(
+        std::string::ToString::to_string(&e),
+        "out of memory: requested 2.00 MiB, largest free block 0 B, pool size 0 B, no maximum of its own"
+    );
+    p.check().unwrap();
+}
