@@ -1,7 +1,8 @@
 #![allow(non_snake_case)]
 //! A model of the driver's stream-ordered calls for unit tests without a
-//! GPU: `cuMemAllocFromPoolAsync`, `cuMemFreeAsync`, `cuStreamSynchronize`
-//! and `cuCtxSynchronize` (which [`sys`](crate::sys) names in test builds)
+//! GPU: `cuMemAllocFromPoolAsync`, `cuMemFreeAsync`, `cuStreamSynchronize`,
+//! `cuCtxSynchronize` and `cuPointerGetAttribute` (which [`sys`](crate::sys)
+//! names in test builds)
 //! answer from the model on a thread where a test installed one, and are
 //! the driver's elsewhere. A test sets when a synchronization fails, and
 //! whether its error is sticky (every later call answers it, as after a
@@ -11,6 +12,7 @@
 use crate::sys::{self, CUdeviceptr, CUmemoryPool, CUstream, CuResult};
 use std::cell::RefCell;
 use std::collections::BTreeMap;
+use std::ffi::{c_int, c_uint, c_void};
 
 /// Where a test's pool hands out its allocations: addresses no driver
 /// hands out, 256-aligned.
@@ -157,6 +159,34 @@ pub(crate) unsafe fn cuCtxSynchronize() -> CuResult {
     faked.unwrap_or_else(|| unsafe { linked::cuCtxSynchronize() })
 }
 
+/// # Safety
+///
+/// As the driver's `cuPointerGetAttribute`. The model answers
+/// `CU_POINTER_ATTRIBUTE_IS_MANAGED` only: its allocations are its pool's
+/// device memory, not managed; an address outside them is unknown.
+pub(crate) unsafe fn cuPointerGetAttribute(
+    data: *mut c_void,
+    attribute: c_int,
+    ptr: CUdeviceptr,
+) -> CuResult {
+    let faked = answer(|d| {
+        if let Some(e) = d.error {
+            return e;
+        }
+        assert_eq!(attribute, sys::CU_POINTER_ATTRIBUTE_IS_MANAGED, "the model answers IS_MANAGED only");
+        let known = d.allocated.range(..=ptr).next_back().is_some_and(|(&b, &n)| ptr - b < n as u64);
+        if !known {
+            return sys::CUDA_ERROR_INVALID_VALUE;
+        }
+        // SAFETY: the driver's contract: `data` is valid for a write of the
+        // attribute's type, an unsigned int.
+        unsafe { data.cast::<c_uint>().write(0) };
+        sys::CUDA_SUCCESS
+    });
+    // SAFETY: as the caller promises.
+    faked.unwrap_or_else(|| unsafe { linked::cuPointerGetAttribute(data, attribute, ptr) })
+}
+
 /// The driver's functions of the same names.
 mod linked {
     use super::*;
@@ -172,6 +202,11 @@ mod linked {
         pub(super) fn cuMemFreeAsync(dptr: CUdeviceptr, stream: CUstream) -> CuResult;
         pub(super) fn cuStreamSynchronize(stream: CUstream) -> CuResult;
         pub(super) fn cuCtxSynchronize() -> CuResult;
+        pub(super) fn cuPointerGetAttribute(
+            data: *mut c_void,
+            attribute: c_int,
+            ptr: CUdeviceptr,
+        ) -> CuResult;
     }
 }
 

@@ -122,10 +122,11 @@ unsafe impl memres_core::copy::MemoryOf<crate::CudaCopy> for ManagedMemory {}
 ///
 /// Meant over [`ManagedMemory`]. A block that is not managed memory (asked of
 /// the driver with `cuPointerGetAttribute`) is handed out as it is, as RMM
-/// does: prefetching is a hint. So is a prefetch the driver refuses: the
-/// block is handed out all the same (its memory is managed memory, valid
-/// wherever it lies; the pages move on first touch instead), and the
-/// failure is counted, with its error, in
+/// does: prefetching is a hint. So is a prefetch the driver refuses, or
+/// the question before it (after a sticky error every call fails): the
+/// block is handed out all the same (managed memory is valid wherever it
+/// lies; the pages move on first touch instead), and the failure is
+/// counted, with its error, in
 /// [`failed_prefetches`](Prefetch::failed_prefetches). Handing it back
 /// instead could lose it: after a sticky error the upstream refuses the
 /// free too, and the block would stay live upstream for good, held by no
@@ -234,7 +235,8 @@ impl<R> Prefetch<R> {
 /// # Errors
 ///
 /// The driver's error as [`Error::Backend`],
-/// such as a range past the end of its managed allocation.
+/// such as a range past the end of its managed allocation, or the context's
+/// sticky error (after a fault on the device, which every call answers).
 pub fn prefetch<S: AsRawStream + ?Sized>(
     addr: u64,
     size: u64,
@@ -284,8 +286,13 @@ fn prefetch_to<S: AsRawStream + ?Sized>(
                 addr,
             )
         };
-        if code != sys::CUDA_SUCCESS || managed == 0 {
-            return Ok(false);
+        match code {
+            sys::CUDA_SUCCESS if managed != 0 => {}
+            // Memory the driver does not know is not managed memory.
+            sys::CUDA_SUCCESS | sys::CUDA_ERROR_INVALID_VALUE => return Ok(false),
+            // Not an answer about the address: a sticky error, say, which
+            // every later call answers too.
+            code => return Err(error_from_code(code)),
         }
         let form = sys::MemPrefetchAsync::get().map_err(error_from_code)?;
         in_order(stream, |raw| {
@@ -367,5 +374,42 @@ mod tests {
             mr.deallocate(b, &()).unwrap();
         }
         assert_eq!(mr.failed_prefetches(), (1, Some(STICKY)));
+    }
+
+    /// After a sticky error (here a kernel's fault, seen by a wait), the
+    /// driver answers every call with it, the question whether a block is
+    /// managed memory included: that is the prefetch's failure, counted,
+    /// not an answer that the block is not managed memory. Before, the
+    /// prefetch returned `Ok(false)` and the failure went unseen.
+    #[test]
+    fn a_prefetch_after_a_sticky_error_reports_it() {
+        use crate::fake::{self, Driver};
+        let mr = Prefetch {
+            upstream: Upstream::default(),
+            context: Context::fake(Device::fake(0)),
+            failed: Mutex::new((0, None)),
+        };
+        let request = Request::new(1000).unwrap();
+        // Not sticky: an address the driver does not know is not managed memory.
+        fake::install(Driver::default());
+        let got = mr.allocate(request, &());
+        let answer = prefetch(0x1000, 1000, Device::fake(0), &mr.context, &());
+        fake::take();
+        mr.deallocate(got.unwrap(), &()).unwrap();
+        assert_eq!(answer, Ok(false));
+        assert_eq!(mr.failed_prefetches(), (0, None));
+        let mut driver = Driver::default();
+        (driver.fail_wait, driver.sticky) = (Some(700), true);
+        fake::install(driver);
+        // SAFETY: the model answers; the handle names the legacy stream.
+        let wait = unsafe { sys::cuStreamSynchronize(std::ptr::null_mut()) };
+        let got = mr.allocate(request, &());
+        let answer = prefetch(0x1000, 1000, Device::fake(0), &mr.context, &());
+        fake::take();
+        assert_eq!(wait, 700);
+        let b = got.expect("a failed prefetch fails no allocation");
+        assert_eq!(mr.failed_prefetches(), (1, Some(STICKY)), "the sticky error went unseen");
+        assert_eq!(answer, Err(STICKY));
+        mr.deallocate(b, &()).unwrap();
     }
 }

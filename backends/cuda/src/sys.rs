@@ -132,7 +132,7 @@ const _: () = assert!(core::mem::size_of::<CuMemAccessDesc>() == 12);
 // Unit tests give these to a model of the driver where they install one.
 #[cfg(test)]
 pub(crate) use crate::fake::{
-    cuCtxSynchronize, cuMemAllocFromPoolAsync, cuMemFreeAsync, cuStreamSynchronize,
+    cuCtxSynchronize, cuMemAllocFromPoolAsync, cuMemFreeAsync, cuPointerGetAttribute, cuStreamSynchronize,
 };
 
 #[link(name = "cuda")]
@@ -177,6 +177,7 @@ extern "C" {
         ptr: CUdeviceptr,
         count: usize,
     ) -> CuResult;
+    #[cfg(not(test))]
     pub fn cuPointerGetAttribute(data: *mut c_void, attribute: c_int, ptr: CUdeviceptr) -> CuResult;
     pub fn cuMemGetAddressRange_v2(pbase: *mut CUdeviceptr, psize: *mut usize, dptr: CUdeviceptr)
         -> CuResult;
