@@ -40,7 +40,8 @@ use std::sync::Arc;
 /// - [`Error::InvalidConfig`] when made on a driver before CUDA 13, or on
 ///   a device without memory pools or concurrent managed access;
 /// - out of memory with figures, unknown addresses as
-///   [`Error::UnknownBlock`], the driver's other errors as
+///   [`Error::UnknownBlock`], a free with another size than the
+///   allocation's as [`Error::SizeMismatch`], the driver's other errors as
 ///   [`Error::Backend`].
 ///
 /// # Examples

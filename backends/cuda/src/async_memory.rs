@@ -135,7 +135,9 @@ impl AsyncConfig {
 /// - [`Error::OutOfMemory`] when the pool cannot grow to hold the block:
 ///   `pool_size` is what the pool has reserved, `largest_free` the device's
 ///   free memory (an upper bound), `max_size` the device's memory.
-/// - [`Error::UnknownBlock`] when the driver does not know the address freed.
+/// - [`Error::UnknownBlock`] when the block freed is not one handed out and
+///   live, [`Error::SizeMismatch`] when it is freed with another size than
+///   it was asked for (both answered by the resource, not the driver).
 /// - Other driver errors as [`Error::Backend`].
 ///
 /// # Examples

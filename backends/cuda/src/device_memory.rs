@@ -30,6 +30,8 @@ use std::sync::Arc;
 /// - [`Error::UnknownBlock`](memres_core::Error::UnknownBlock) when the
 ///   block freed is not one handed out and live (never handed out, freed
 ///   already, or another address inside a live allocation).
+/// - [`Error::SizeMismatch`](memres_core::Error::SizeMismatch) when it is
+///   freed with another size than it was asked for.
 /// - Other driver errors as [`Error::Backend`](memres_core::Error::Backend).
 ///
 /// # Examples

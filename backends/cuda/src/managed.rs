@@ -24,7 +24,8 @@ use std::sync::{Arc, Mutex, PoisonError};
 /// # Errors
 ///
 /// As [`CudaMemory`](crate::CudaMemory): out of memory with figures,
-/// unknown addresses as [`Error::UnknownBlock`],
+/// unknown addresses as [`Error::UnknownBlock`], a free with another size
+/// than the allocation's as [`Error::SizeMismatch`],
 /// other driver errors as [`Error::Backend`].
 ///
 /// # Examples

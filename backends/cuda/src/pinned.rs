@@ -25,6 +25,8 @@ use std::sync::Arc;
 ///
 /// Out of memory with figures (those of the device, the only ones the driver
 /// gives), unknown addresses as [`Error::UnknownBlock`](memres_core::Error::UnknownBlock),
+/// a free with another size than the allocation's as
+/// [`Error::SizeMismatch`](memres_core::Error::SizeMismatch),
 /// other driver errors as [`Error::Backend`](memres_core::Error::Backend).
 ///
 /// # Examples
