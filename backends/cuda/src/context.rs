@@ -100,7 +100,9 @@ impl Device {
     /// # Errors
     ///
     /// `CUDA_ERROR_INVALID_DEVICE` for an ordinal out of range, or the
-    /// driver's initialization error, as [`Error::Backend`].
+    /// driver's initialization error, as [`Error::Backend`];
+    /// [`Error::InvalidConfig`] for one above `i32::MAX`, which no driver
+    /// call can take.
     pub fn get(ordinal: u32) -> Result<Device> {
         init()?;
         let ord =
