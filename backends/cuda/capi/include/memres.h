@@ -148,8 +148,8 @@ int memres_stats(int device, memres_stats_t *out);
 
 /* Copies the calling thread's latest error message into buf (at most
  * len - 1 bytes and a NUL) and returns its full length: 0 when this thread
- * had none (or none since its last memres_free). Kept per thread, as
- * cudaGetLastError's.
+ * had none (or none since its last memres_free or memres_empty_cache).
+ * Kept per thread, as cudaGetLastError's.
  * buf may be NULL to ask for the length. */
 size_t memres_last_error(char *buf, size_t len);
 
@@ -190,7 +190,9 @@ int64_t memres_release(int device, void *stream);
 
 /* memres_release of every device used so far, on its legacy default
  * stream; a failure is kept for memres_last_error, and the other devices
- * still give back. Its signature is that of the reset function of
+ * still give back. It returns nothing: it clears the calling thread's
+ * message first, so a message after it says that a device failed. Its
+ * signature is that of the reset function of
  * PyTorch's CUDAPluggableAllocator, which torch.cuda.empty_cache() calls:
  * allocator.allocator().set_reset_fn(address of memres_empty_cache). */
 void memres_empty_cache(void);

@@ -677,11 +677,14 @@ pub unsafe extern "C" fn memres_release(device: c_int, stream: *mut c_void) -> i
 
 /// `memres_release` of every device used so far, on its legacy default
 /// stream; a failure is kept for `memres_last_error`, and the other
-/// devices still give back. Its signature is that of the reset function of
-/// PyTorch's `CUDAPluggableAllocator` (`allocator.allocator().set_reset_fn`),
-/// which `torch.cuda.empty_cache()` calls.
+/// devices still give back. It returns nothing, so it clears the thread's
+/// message first: a message after it says that a device failed. Its
+/// signature is that of the reset function of PyTorch's
+/// `CUDAPluggableAllocator` (`allocator.allocator().set_reset_fn`), which
+/// `torch.cuda.empty_cache()` calls.
 #[no_mangle]
 pub extern "C" fn memres_empty_cache() {
+    set_error(String::new());
     for d in 0..MAX_DEVICES as c_int {
         // SAFETY: the null stream is the device's legacy default stream.
         guard((), || unsafe { release(d, std::ptr::null_mut()) }.map(drop));
@@ -768,6 +771,15 @@ mod tests {
         // SAFETY: as above.
         unsafe { memres_free(freed_twice, 8, 0, std::ptr::null_mut()) };
         assert!(last_error().contains("0x1000"), "{}", last_error());
+    }
+
+    /// `memres_empty_cache` returns nothing either: a message after it is
+    /// a device's failure to give back, never an earlier call's.
+    #[test]
+    fn an_empty_cache_clears_the_threads_message_first() {
+        guard((), || Err("an allocation failed".into()));
+        memres_empty_cache();
+        assert_eq!(last_error(), "", "no device failed to give back");
     }
 
     #[test]
