@@ -189,9 +189,9 @@ int memres_steps(int device, memres_steps_t *out);
 int64_t memres_release(int device, void *stream);
 
 /* memres_release of every device used so far, on its legacy default
- * stream; a failure is kept for memres_last_error, and the other devices
- * still give back. It returns nothing: it clears the calling thread's
- * message first, so a message after it says that a device failed. Its
+ * stream; the first failure is kept for memres_last_error, and the other
+ * devices still give back. It returns nothing: it clears the calling
+ * thread's message, so a message after it is a device's failure. Its
  * signature is that of the reset function of
  * PyTorch's CUDAPluggableAllocator, which torch.cuda.empty_cache() calls:
  * allocator.allocator().set_reset_fn(address of memres_empty_cache). */

@@ -259,24 +259,24 @@ pub fn last_error() -> String {
 
 /// Runs an entry point: an `Err` or a panic is recorded and becomes `fallback`.
 pub(crate) fn guard<T>(fallback: T, f: impl FnOnce() -> Result<T, String>) -> T {
-    match catch_unwind(AssertUnwindSafe(f)) {
-        Ok(Ok(v)) => v,
-        Ok(Err(message)) => {
-            set_error(message);
-            fallback
-        }
-        Err(payload) => {
-            let what = payload
-                .downcast_ref::<&str>()
-                .map(|s| s.to_string())
-                .or_else(|| payload.downcast_ref::<String>().cloned())
-                .unwrap_or_else(|| "unknown".into());
-            // Dropping a payload could itself panic: leak it instead.
-            std::mem::forget(payload);
-            set_error(format!("memres: internal error (panic: {what})"));
-            fallback
-        }
-    }
+    caught(f).unwrap_or_else(|message| {
+        set_error(message);
+        fallback
+    })
+}
+
+/// `f`'s answer, a panic of it turned into an error message.
+fn caught<T>(f: impl FnOnce() -> Result<T, String>) -> Result<T, String> {
+    catch_unwind(AssertUnwindSafe(f)).unwrap_or_else(|payload| {
+        let what = payload
+            .downcast_ref::<&str>()
+            .map(|s| s.to_string())
+            .or_else(|| payload.downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "unknown".into());
+        // Dropping a payload could itself panic: leak it instead.
+        std::mem::forget(payload);
+        Err(format!("memres: internal error (panic: {what})"))
+    })
 }
 
 fn device_index(device: c_int) -> Result<usize, String> {
@@ -676,19 +676,27 @@ pub unsafe extern "C" fn memres_release(device: c_int, stream: *mut c_void) -> i
 }
 
 /// `memres_release` of every device used so far, on its legacy default
-/// stream; a failure is kept for `memres_last_error`, and the other
-/// devices still give back. It returns nothing, so it clears the thread's
-/// message first: a message after it says that a device failed. Its
+/// stream; the first failure is kept for `memres_last_error`, and the
+/// other devices still give back. It returns nothing, so it clears the
+/// thread's message: a message after it is the first device's failure. Its
 /// signature is that of the reset function of PyTorch's
 /// `CUDAPluggableAllocator` (`allocator.allocator().set_reset_fn`), which
 /// `torch.cuda.empty_cache()` calls.
 #[no_mangle]
 pub extern "C" fn memres_empty_cache() {
-    set_error(String::new());
+    // SAFETY: the null stream is the device's legacy default stream.
+    release_each(|d| unsafe { release(d, std::ptr::null_mut()) });
+}
+
+/// `release` of every device, as `memres_empty_cache` does: those after
+/// one that fails or panics too; the first failure is the thread's
+/// message, else none.
+fn release_each(mut release: impl FnMut(c_int) -> Result<u64, String>) {
+    let mut first = Ok(());
     for d in 0..MAX_DEVICES as c_int {
-        // SAFETY: the null stream is the device's legacy default stream.
-        guard((), || unsafe { release(d, std::ptr::null_mut()) }.map(drop));
+        first = first.and(caught(|| release(d)).map(drop));
     }
+    set_error(first.err().unwrap_or_default());
 }
 
 /// Writes out what the `log` adaptors of every device hold in their
@@ -780,6 +788,24 @@ mod tests {
         guard((), || Err("an allocation failed".into()));
         memres_empty_cache();
         assert_eq!(last_error(), "", "no device failed to give back");
+    }
+
+    /// Every device gives back, those after one that fails or panics too,
+    /// and the message is the first failure's (as `memres_step`'s is).
+    #[test]
+    fn an_empty_cache_releases_every_device_and_keeps_the_first_error() {
+        let mut asked = Vec::new();
+        release_each(|d| {
+            asked.push(d);
+            match d {
+                1 => Err("memres: device 1: release: refused".into()),
+                3 => Err("memres: device 3: release: refused".into()),
+                5 => panic!("device 5"),
+                _ => Ok(0),
+            }
+        });
+        assert_eq!(asked, (0..MAX_DEVICES as c_int).collect::<Vec<_>>());
+        assert_eq!(last_error(), "memres: device 1: release: refused");
     }
 
     #[test]
