@@ -134,7 +134,16 @@ pub(crate) fn state(d: usize) -> Result<&'static DeviceState, String> {
     if let Some(s) = slot.get() {
         return Ok(s);
     }
-    let made = build(d, &stack_text(&config)?)?;
+    let stack = stack_text(&config)?;
+    if config.is_none() {
+        // `configure` checked its stack; the variable's is checked here,
+        // before the device's primary context is made (for good), so that
+        // a typo is named as one, with a GPU or without.
+        checking_builder()
+            .build(&stack, &CudaStream::legacy())
+            .map_err(|e| format!("memres: {STACK_VAR} `{stack}`: {e}"))?;
+    }
+    let made = build(d, &stack)?;
     if !made.logs.is_empty() {
         flush_at_exit();
     }

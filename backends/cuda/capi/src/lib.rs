@@ -25,7 +25,9 @@
 //! used, from the stack description (`stats(pool(async, per_stream=true, initial=1GiB))`,
 //! see [`memres_core::stack`]) set by `memres_configure`, else the
 //! environment variable `MEMRES_STACK` as it is then, else
-//! [`DEFAULT_STACK`]. The CUDA leaves are `async`, `cuda`, `managed` and
+//! [`DEFAULT_STACK`]. `MEMRES_STACK` is checked as `memres_configure`
+//! checks its stack, before the device is touched: a malformed one fails
+//! the call with a message naming the variable. The CUDA leaves are `async`, `cuda`, `managed` and
 //! `vmm` ([`memres_cuda::stack`]); every leaf counts the bytes it holds
 //! (`vmm`: the bytes it has mapped, see [`VmmConfig`](memres_cuda::stack::VmmConfig)),
 //! so `memres_stats` reports the bytes held from the device whatever the
