@@ -10,6 +10,7 @@
 //! | `size_t memres_last_error(char* buf, size_t len)` | the calling thread's latest error message |
 //! | `size_t memres_stack(int device, char* buf, size_t len)` | the stack a device runs |
 //! | `int memres_step(int device, cudaStream_t stream)` | marks the start of a step (a training iteration) for the `planned` layers of a device's stack |
+//! | `int memres_steps(int device, memres_steps_t* out)` | what the `planned` layers of a device's stack have done, summed over them |
 //! | `int64_t memres_release(int device, cudaStream_t stream)` | gives back what the pools of a device's stack keep free, once the device is done |
 //! | `void memres_empty_cache(void)` | `memres_release` of every device used: the reset function of PyTorch's pluggable allocator, for `torch.cuda.empty_cache()` |
 //! | `int memres_flush(void)` | writes out the buffers of `log` adaptors (also done at exit) |
