@@ -399,14 +399,14 @@ fn deallocate(ptr: *mut c_void, size: isize, device: c_int, stream: *mut c_void)
     }
     let addr = ptr as usize as u64;
     let d = device_index(device)?;
-    let st = devices::used(d)
-        .ok_or_else(|| format!("memres: free of {addr:#x} on device {d}, which has allocated nothing"))?;
+    let tables = || (0..MAX_DEVICES).filter_map(|o| Some((o, &devices::used(o)?.table)));
+    let st = devices::used(d).ok_or_else(|| not_held(d, addr, false, tables()))?;
     // A negative size skips the check.
     let block = st.table.remove_sized(addr, u64::try_from(size).ok()).map_err(|kept| match kept {
         Some(block) => {
             format!("memres: device {d}: free of {addr:#x} with size {size}, allocated with {}", block.size())
         }
-        None => format!("memres: device {d}: free of {addr:#x}, not allocated here or freed already"),
+        None => not_held(d, addr, true, tables()),
     })?;
     // Back in the table unless the free succeeds: a resource whose free
     // fails or panics still holds the block, and the caller may free again.
@@ -423,6 +423,29 @@ fn deallocate(ptr: *mut c_void, size: isize, device: c_int, stream: *mut c_void)
             st.table.insert(block);
             std::panic::resume_unwind(payload)
         }
+    }
+}
+
+/// The message of a free of `addr` on device `d`, whose table does not
+/// hold it (`used`: `d` has a table), naming the device whose table does
+/// where one of `tables` does: the free named the wrong device, and
+/// "freed already" would send the caller after a double free.
+fn not_held<'a>(
+    d: usize,
+    addr: u64,
+    used: bool,
+    mut tables: impl Iterator<Item = (usize, &'a Table)>,
+) -> String {
+    let here = if used {
+        format!("memres: device {d}: free of {addr:#x}, not allocated here or freed already")
+    } else {
+        format!("memres: free of {addr:#x} on device {d}, which has allocated nothing")
+    };
+    match tables.find_map(|(o, t)| Some((o, t.get(addr)?)).filter(|_| o != d)) {
+        Some((o, block)) => {
+            format!("{here}: it is live on device {o} ({} bytes); free it there", block.size())
+        }
+        None => here,
     }
 }
 
@@ -809,6 +832,30 @@ mod tests {
         });
         assert_eq!(asked, (0..MAX_DEVICES as c_int).collect::<Vec<_>>());
         assert_eq!(last_error(), "memres: device 1: release: refused");
+    }
+
+    /// A free that names another device than the block's is refused (the
+    /// block stays live where it is) with a message naming its device.
+    #[test]
+    fn a_free_on_another_device_names_the_blocks_device() {
+        let (zero, two) = (Table::new(), Table::new());
+        zero.insert(Block::new(0x1000, 512, 7));
+        let tables = || [(0, &zero), (2, &two)].into_iter();
+        let e = not_held(2, 0x1000, true, tables());
+        assert_eq!(
+            e,
+            "memres: device 2: free of 0x1000, not allocated here or freed already: \
+             it is live on device 0 (512 bytes); free it there"
+        );
+        let e = not_held(1, 0x1000, false, tables());
+        assert_eq!(
+            e,
+            "memres: free of 0x1000 on device 1, which has allocated nothing: \
+             it is live on device 0 (512 bytes); free it there"
+        );
+        // Live nowhere: freed already, or never allocated here.
+        let e = not_held(2, 0x2000, true, tables());
+        assert_eq!(e, "memres: device 2: free of 0x2000, not allocated here or freed already");
     }
 
     #[test]

@@ -106,6 +106,12 @@ impl Table {
         Ok(Block::new(addr, allocated, tag))
     }
 
+    /// The live block at `addr`, if any.
+    pub fn get(&self, addr: u64) -> Option<Block> {
+        let map = self.shard(addr).lock().unwrap_or_else(|p| p.into_inner());
+        map.get(addr).map(|&(size, tag)| Block::new(addr, size, tag))
+    }
+
     /// The number of live blocks (locks each shard in turn: not a snapshot
     /// while other threads allocate).
     pub fn len(&self) -> usize {
