@@ -143,7 +143,8 @@ void memres_free(void *ptr, ssize_t size, int device, void *stream);
 int memres_configure(const char *stack);
 
 /* Fills *out with the figures of device's stack. Returns 0, or -1 with a
- * message (the device has not been used yet, out is NULL). */
+ * message (the device has not been used yet, out is NULL or not aligned
+ * for a memres_stats_t). */
 int memres_stats(int device, memres_stats_t *out);
 
 /* Copies the calling thread's latest error message into buf (at most
@@ -171,7 +172,7 @@ int memres_step(int device, void *stream);
 /* Fills *out with what the planned layers of device's stack have done
  * (zeros for a stack without one). Returns how many planned layers there
  * are, or -1 with a message (the device has not been used yet, out is
- * NULL). */
+ * NULL or not aligned for a memres_steps_t). */
 int memres_steps(int device, memres_steps_t *out);
 
 /* Gives back to device (negative: the current device) what the pools of

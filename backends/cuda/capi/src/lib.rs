@@ -550,19 +550,25 @@ pub unsafe extern "C" fn memres_configure(stack: *const c_char) -> c_int {
 }
 
 /// Fills `*out` with the figures of `device`'s stack. Returns 0, or -1
-/// with a message (the device has not been used, `out` is NULL).
+/// with a message (the device has not been used, `out` is NULL or not
+/// aligned for a `memres_stats_t`).
 ///
 /// # Safety
 ///
-/// `out` is NULL or valid for writing one `memres_stats_t`.
+/// `out` is NULL, not aligned (refused), or valid for writing one
+/// `memres_stats_t`.
 #[no_mangle]
 pub unsafe extern "C" fn memres_stats(device: c_int, out: *mut MemresStats) -> c_int {
     guard(-1, || {
         if out.is_null() {
             return Err("memres: memres_stats(.., NULL)".into());
         }
+        if !out.is_aligned() {
+            return Err(format!("memres: memres_stats: out is not aligned for memres_stats_t (at {out:p})"));
+        }
         let s = stats(device)?;
-        // SAFETY: `out` is valid for one write (the caller's promise).
+        // SAFETY: `out` is not NULL and is aligned (both checked above), and
+        // valid for one write (the caller's promise, which no check can see).
         unsafe { out.write(s) };
         Ok(0)
     })
@@ -637,19 +643,24 @@ pub fn steps(device: c_int) -> Result<(MemresSteps, usize), String> {
 /// Fills `*out` with what the `planned` layers of `device`'s stack have
 /// done (zeros for a stack without one). Returns how many `planned` layers
 /// there are, or -1 with a message (the device has not been used, `out` is
-/// NULL).
+/// NULL or not aligned for a `memres_steps_t`).
 ///
 /// # Safety
 ///
-/// `out` is NULL or valid for writing one `memres_steps_t`.
+/// `out` is NULL, not aligned (refused), or valid for writing one
+/// `memres_steps_t`.
 #[no_mangle]
 pub unsafe extern "C" fn memres_steps(device: c_int, out: *mut MemresSteps) -> c_int {
     guard(-1, || {
         if out.is_null() {
             return Err("memres: memres_steps(.., NULL)".into());
         }
+        if !out.is_aligned() {
+            return Err(format!("memres: memres_steps: out is not aligned for memres_steps_t (at {out:p})"));
+        }
         let (s, layers) = steps(device)?;
-        // SAFETY: `out` is valid for one write (the caller's promise).
+        // SAFETY: `out` is not NULL and is aligned (both checked above), and
+        // valid for one write (the caller's promise, which no check can see).
         unsafe { out.write(s) };
         Ok(layers as c_int)
     })
@@ -856,6 +867,22 @@ mod tests {
         // Live nowhere: freed already, or never allocated here.
         let e = not_held(2, 0x2000, true, tables());
         assert_eq!(e, "memres: device 2: free of 0x2000, not allocated here or freed already");
+    }
+
+    /// A figures struct at an address not aligned for it is refused before
+    /// anything is written, not written through a misaligned pointer.
+    #[test]
+    fn a_misaligned_out_is_refused() {
+        let mut bytes = [0u64; 16];
+        let odd = bytes.as_mut_ptr().cast::<u8>().wrapping_add(4);
+        // SAFETY: `odd` is not NULL and has room for either struct; only
+        // its alignment is wrong, which the calls refuse.
+        assert_eq!(unsafe { memres_stats(0, odd.cast()) }, -1);
+        assert!(last_error().contains("memres_stats: out is not aligned"), "{}", last_error());
+        // SAFETY: as above.
+        assert_eq!(unsafe { memres_steps(0, odd.cast()) }, -1);
+        assert!(last_error().contains("memres_steps: out is not aligned"), "{}", last_error());
+        assert_eq!(bytes, [0; 16], "nothing written");
     }
 
     #[test]
