@@ -340,8 +340,9 @@ fn allocate(size: isize, device: c_int, stream: *mut c_void) -> Result<*mut c_vo
         // Nothing to allocate: the device is not even set up for it.
         return Ok(std::ptr::null_mut());
     }
-    let st = devices::state(d)?;
+    // Checked first: a size no request can have leaves the device as it is.
     let request = Request::new(size).map_err(|e| format!("memres: {size} bytes: {e}"))?;
+    let st = devices::state(d)?;
     let stream = stream_of(stream, st);
     let block = st
         .resource
@@ -503,7 +504,9 @@ unsafe fn copy_out(text: &str, buf: *mut c_char, len: usize) -> usize {
 /// Allocates `size` bytes on `device` (negative: the current device),
 /// ordered on `stream` (null: the legacy default stream). Returns NULL
 /// when `size` is 0, and NULL with a message for `memres_last_error` when
-/// the memory cannot be had or the device's stack cannot be built.
+/// the memory cannot be had or the device's stack cannot be built, or for
+/// a size no request can have (negative, above `Request::MAX_SIZE`),
+/// refused before the device is set up.
 ///
 /// # Safety
 ///

@@ -20,6 +20,11 @@ fn alloc_and_free_through_the_c_functions() {
     // SAFETY: the device is out of range and refused before any use.
     assert!(unsafe { memres_alloc(64, 1 << 20, null_mut()) }.is_null());
     assert!(memres::last_error().contains("out of range"));
+    // A size no request can have: refused before the device is set up
+    // (`configure` below still finds no device in use).
+    assert!(alloc(isize::MAX).is_null());
+    assert!(memres::last_error().contains("above Request::MAX_SIZE"), "{}", memres::last_error());
+    assert_eq!(stats(), None, "no device was built");
     free(null_mut(), 0); // ignored
 
     let Some(device) = gpu("alloc_and_free_through_the_c_functions") else {
