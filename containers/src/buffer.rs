@@ -420,7 +420,10 @@ where
         Ok(())
     }
 
-    /// Makes the capacity equal to the length (no memory at all for length 0).
+    /// Moves the bytes in use to a block asked for exactly the length (no
+    /// memory at all for length 0): the capacity is then the length, or
+    /// more where the resource hands out more than asked (each call then
+    /// moves the bytes again).
     ///
     /// # Errors
     ///

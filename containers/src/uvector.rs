@@ -449,7 +449,8 @@ where
         self.buf.reserve(bytes_of_len::<T>(capacity)?)
     }
 
-    /// Makes the capacity equal to the length.
+    /// Makes the capacity the length, or more where the resource hands out
+    /// more than asked (see [`DeviceBuffer::shrink_to_fit`]).
     ///
     /// # Errors
     ///
