@@ -12,7 +12,9 @@ pub enum ContainerError {
     /// An element index at or past the length (a byte offset, for a
     /// buffer).
     IndexOutOfRange {
-        /// The index asked for (`usize::MAX` for a byte offset past it).
+        /// The last element (byte, for a buffer) the call would touch, or
+        /// the start of a reversed range (`usize::MAX` for a byte past what
+        /// a `usize` counts).
         index: usize,
         /// The number of elements (of bytes, `usize::MAX` where more).
         len: usize,
