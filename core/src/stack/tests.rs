@@ -754,6 +754,7 @@ fn a_stack_of_max_depth_layers_builds_and_serves_on_a_small_thread_stack() {
 /// bad argument) had made the log file anew: what it held was gone. The
 /// file is made once the whole stack is built, with what the layer logged
 /// while it was (the pool's initial chunk).
+#[cfg(feature = "std")] // its `log` layer
 #[test]
 fn a_refused_stack_leaves_its_log_file_as_it_was() {
     extern crate std;
@@ -785,6 +786,7 @@ fn a_refused_stack_leaves_its_log_file_as_it_was() {
 /// writes) was refused after the first file was made: cut to its header,
 /// or made where nothing was. Every file is opened before any is cut, so
 /// the first is as it was, and one the build made is gone.
+#[cfg(feature = "std")] // its `log` layer
 #[test]
 fn a_stack_whose_second_log_file_is_refused_leaves_the_first_as_it_was() {
     extern crate std;
@@ -895,6 +897,7 @@ fn a_stack_whose_second_log_file_refuses_its_first_write_leaves_the_first_as_it_
 /// that was there: the file the refused build made through the link was
 /// left behind. It is removed, and the link, which was there, is left.
 #[cfg(unix)]
+#[cfg(feature = "std")] // its `log` layer
 #[test]
 fn a_refused_stack_removes_the_file_it_made_through_a_dangling_link_and_keeps_the_link() {
     extern crate std;
