@@ -115,7 +115,7 @@ unsafe impl<T, const N: usize> Storage<T> for heapless::Vec<T, N> {
         heapless::Vec::swap_remove(self, index)
     }
     fn max_len(&self) -> u32 {
-        N as u32
+        N.min(u32::MAX as usize) as u32
     }
 }
 
@@ -201,3 +201,19 @@ pub type DefaultStorage<T> = alloc::vec::Vec<T>;
 /// `alloc` feature, a 1024-element [`ArrayStorage`] without it.
 #[cfg(not(feature = "alloc"))]
 pub type DefaultStorage<T> = ArrayStorage<T, 1024>;
+
+#[cfg(all(test, feature = "heapless", target_pointer_width = "64"))]
+mod tests {
+    use super::Storage;
+
+    /// A capacity past `u32::MAX` (zero-sized elements cost nothing) is
+    /// `u32::MAX`, as for `ArrayStorage`; it was cut to its low 32 bits,
+    /// 0 here, and every push was refused as over capacity.
+    #[test]
+    fn a_heapless_capacity_past_u32_max_saturates() {
+        let s: heapless::Vec<(), { 1 << 32 }> = Default::default();
+        assert_eq!(Storage::max_len(&s), u32::MAX);
+        let s: heapless::Vec<(), { (1 << 32) + 8 }> = Default::default();
+        assert_eq!(Storage::max_len(&s), u32::MAX);
+    }
+}
