@@ -240,8 +240,9 @@ unsafe impl RawLock for CriticalSectionLock {
 /// Makes a `&mut self` algorithm a shareable `&self` [`MemoryResource`] by
 /// putting it behind a lock of type `L`.
 ///
-/// `Shared<R, L>` is `Sync` when `R` is `Send`: every access to the inner
-/// algorithm happens inside a closure of the lock.
+/// `Shared<R, L>` is `Sync` when `R` is `Send` and the lock is `Sync` (as
+/// memres's locks are): every access to the inner algorithm happens inside
+/// a closure of the lock.
 ///
 /// A resource must not call back into the same `Shared` from inside its own
 /// `allocate` (through its upstream, say). The nested call never runs: it
