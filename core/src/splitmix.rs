@@ -39,6 +39,10 @@ impl SplitMix64 {
     }
 
     /// A number in `0..n` (`n > 0`), by modulo as RMM's harness does.
+    ///
+    /// # Panics
+    ///
+    /// If `n` is 0: `0..0` holds no number.
     #[inline]
     pub fn below(&mut self, n: u64) -> u64 {
         self.next_u64() % n
