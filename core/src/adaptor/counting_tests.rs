@@ -497,3 +497,33 @@ fn tracking_keeps_a_block_outstanding_when_the_upstreams_free_panics() {
     assert!(t.get_outstanding_allocations().is_empty());
     assert_eq!((t.get_allocated_bytes(), t.upstream().usage().held), (0, 0));
 }
+
+/// Serves any size, at one address: each block is freed before the next.
+struct AnySize;
+
+impl MemoryResource<()> for AnySize {
+    fn allocate(&self, request: crate::Request, _: &()) -> crate::Result<Block> {
+        Ok(Block::new(1 << 20, request.size(), Block::NO_TAG))
+    }
+    fn deallocate(&self, _: Block, _: &()) -> crate::Result<()> {
+        Ok(())
+    }
+}
+
+/// The running total of bytes passes `i64::MAX` after two of the largest
+/// requests: it saturates there. It was cast, and read as `i64::MIN`, a
+/// negative total.
+#[test]
+fn statistics_total_past_i64_max_saturates() {
+    let stats = Statistics::new(AnySize);
+    for _ in 0..2 {
+        let b = stats.allocate(crate::Request::new(crate::Request::MAX_SIZE).unwrap(), &()).unwrap();
+        stats.deallocate(b, &()).unwrap();
+    }
+    let bytes = stats.get_bytes_counter();
+    assert_eq!((bytes.value, bytes.peak, bytes.total), (0, 1 << 62, i64::MAX));
+    stats.push_counters();
+    let b = stats.allocate(crate::Request::new(1).unwrap(), &()).unwrap();
+    stats.deallocate(b, &()).unwrap();
+    assert_eq!(stats.get_bytes_counter().total, 1);
+}

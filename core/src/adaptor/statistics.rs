@@ -31,7 +31,7 @@ pub struct Counter {
     /// The highest `value` since the level began.
     pub peak: i64,
     /// Sum of everything allocated since the level began (frees do not
-    /// subtract).
+    /// subtract), at most `i64::MAX`.
     pub total: i64,
 }
 
@@ -41,7 +41,8 @@ impl Gauge {
         Counter {
             value: current.wrapping_sub(base.current) as i64,
             peak: signed_max(self.held.peak.load(Relaxed), current).wrapping_sub(base.current) as i64,
-            total: self.total.load(Relaxed).wrapping_sub(base.total) as i64,
+            // Never negative: it only grows, and past `i64::MAX` it stays there.
+            total: self.total.load(Relaxed).wrapping_sub(base.total).min(i64::MAX as u64) as i64,
         }
     }
 }
