@@ -37,13 +37,16 @@ impl LiveBlocks {
     ///
     /// # Errors
     ///
-    /// If it is misaligned, smaller than asked, or overlaps a live block.
+    /// If a zero-byte request gets another block than the empty one, or
+    /// another request the empty one; if it is misaligned or sized otherwise
+    /// than asked; if it overlaps a live block.
     pub fn insert(&mut self, block: Block, request: Request) -> Result<(), Violation> {
-        if block.is_empty() {
-            return if request.is_zero() {
-                Ok(())
-            } else {
-                Err(Violation::new("empty block for a non-zero request"))
+        if block.is_empty() || request.is_zero() {
+            return match (block.is_empty(), request.is_zero()) {
+                (true, true) => Ok(()),
+                (true, false) => Err(Violation::new("empty block for a non-zero request")),
+                // The empty block answers it alone (`MemoryResource`'s contract).
+                _ => Err(Violation::new("non-empty block for a zero request")),
             };
         }
         if block.size() != request.size() {
@@ -101,5 +104,25 @@ impl LiveBlocks {
     /// Whether no block is live.
     pub fn is_empty(&self) -> bool {
         self.by_addr.is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::LiveBlocks;
+    use crate::{Block, Request};
+
+    /// A zero-byte request is answered with the empty block alone (the
+    /// contract of `MemoryResource`): a block of no bytes elsewhere is a
+    /// resource's fault, and is not recorded.
+    #[test]
+    fn a_zero_request_takes_only_the_empty_block() {
+        let mut live = LiveBlocks::new();
+        let zero = Request::new(0).unwrap();
+        assert_eq!(live.insert(Block::EMPTY, zero), Ok(()));
+        assert!(live.insert(Block::from_addr(0x1000, 0), zero).is_err());
+        assert!(live.is_empty());
+        // Nothing recorded at 0x1000 stands in the way of a real block there.
+        assert_eq!(live.insert(Block::from_addr(0xf00, 0x200), Request::new(0x200).unwrap()), Ok(()));
     }
 }
