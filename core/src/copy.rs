@@ -366,29 +366,30 @@ unsafe impl<R, E> MemoryOf<E> for AssumeMemoryOf<R, E> {}
 #[cfg(feature = "alloc")]
 #[derive(Debug, Default)]
 pub struct LiveRanges {
-    /// Start of each live allocation to its end (exclusive).
-    ends: alloc::collections::BTreeMap<u64, u64>,
+    /// Start of each live allocation to its length (not its end: a
+    /// length that runs past the last address is given back unchanged).
+    lens: alloc::collections::BTreeMap<u64, u64>,
 }
 
 #[cfg(feature = "alloc")]
 impl LiveRanges {
     /// An empty table (a `const fn`, for a `static`).
     pub const fn new() -> Self {
-        LiveRanges { ends: alloc::collections::BTreeMap::new() }
+        LiveRanges { lens: alloc::collections::BTreeMap::new() }
     }
 
     /// Records the allocation `start..start + len` (nothing for `len` 0).
     pub fn insert(&mut self, start: u64, len: u64) {
         if len > 0 {
             debug_assert!(self.check(start, 1).is_err(), "allocations overlap at {start:#x}");
-            self.ends.insert(start, start.saturating_add(len));
+            self.lens.insert(start, len);
         }
     }
 
     /// Forgets the allocation that starts at `start`, returning its length
     /// (`None` if there is none).
     pub fn remove(&mut self, start: u64) -> Option<u64> {
-        self.ends.remove(&start).map(|end| end - start)
+        self.lens.remove(&start)
     }
 
     /// Whether `addr..addr + len` lies in one live allocation (an empty range
@@ -400,7 +401,10 @@ impl LiveRanges {
     pub fn check(&self, addr: u64, len: u64) -> Result<()> {
         let inside = len == 0
             || addr.checked_add(len).is_some_and(|end| {
-                self.ends.range(..=addr).next_back().is_some_and(|(_, &live_end)| end <= live_end)
+                self.lens
+                    .range(..=addr)
+                    .next_back()
+                    .is_some_and(|(&start, &live)| end <= start.saturating_add(live))
             });
         if inside {
             Ok(())
@@ -411,12 +415,12 @@ impl LiveRanges {
 
     /// Number of live allocations.
     pub fn len(&self) -> usize {
-        self.ends.len()
+        self.lens.len()
     }
 
     /// Whether no allocation is live.
     pub fn is_empty(&self) -> bool {
-        self.ends.is_empty()
+        self.lens.is_empty()
     }
 }
 

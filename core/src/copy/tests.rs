@@ -114,6 +114,17 @@ mod live_ranges {
         assert_eq!(live.remove(0x1100), Some(0x100));
         assert!(live.is_empty());
     }
+
+    /// An allocation that reaches the last address gives back the length
+    /// it was recorded with, not what is left below the end of the space.
+    #[test]
+    fn an_allocation_at_the_top_gives_its_length_back() {
+        let mut live = LiveRanges::new();
+        live.insert(u64::MAX - 0xf, 0x100);
+        assert_eq!(live.check(u64::MAX - 0xf, 0xf), Ok(()));
+        assert_eq!(live.remove(u64::MAX - 0xf), Some(0x100));
+        assert!(live.is_empty());
+    }
 }
 
 #[test]
