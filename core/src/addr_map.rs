@@ -91,15 +91,21 @@ impl<V> AddrMap<V> {
 
     /// Puts `value` at `addr`; returns the value that was there.
     pub fn insert(&mut self, addr: u64, value: V) -> Option<V> {
+        // A replacement takes no slot: only a new entry may grow the map.
+        let mut i = 0; // no slots: the map grows below, and finds it then
+        if !self.slots.is_empty() {
+            match self.find(addr) {
+                (found, true) => return self.slots[found].replace((addr, value)).map(|(_, v)| v),
+                (empty, false) => i = empty,
+            }
+        }
         if (self.len + 1) * 2 > self.slots.len() {
             self.resize((self.slots.len() * 2).max(MIN_SLOTS));
+            i = self.find(addr).0;
         }
-        let (i, found) = self.find(addr);
-        let old = self.slots[i].replace((addr, value)).map(|(_, v)| v);
-        if !found {
-            self.len += 1;
-        }
-        old
+        self.slots[i] = Some((addr, value));
+        self.len += 1;
+        None
     }
 
     /// Takes the value at `addr` out.
@@ -400,6 +406,19 @@ mod tests {
         assert_eq!(r.freed(second), Some(2));
         assert_eq!(r.freed(first), None);
         assert!(r.is_empty() && r.get(0x1000).is_none());
+    }
+
+    /// A new value at an address already in the map takes no slot, so it
+    /// grows nothing, even with the slots half full.
+    #[test]
+    fn replacing_a_value_does_not_grow_the_slots() {
+        let mut m = AddrMap::new();
+        for a in 0..4u64 {
+            m.insert(a << 8, a);
+        }
+        assert_eq!(m.slots.len(), MIN_SLOTS);
+        assert_eq!(m.insert(0, 9), Some(0));
+        assert_eq!((m.slots.len(), m.len(), m.get(0)), (MIN_SLOTS, 4, Some(&9)));
     }
 
     #[test]
