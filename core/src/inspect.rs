@@ -6,7 +6,9 @@ use crate::check::Violation;
 /// What a resource holds and hands out, in bytes: the same five figures,
 /// with the same meaning, for every resource and adaptor.
 ///
-/// `used + free == held` always. A leaf (a device, host memory) holds what
+/// `used + free == held`, unless figures made with [`new`](Self::new) (or
+/// summed from a user's resource) have more used than held: `free` is
+/// then 0. A leaf (a device, host memory) holds what
 /// it handed out: `used == held`, `free == 0`, `largest_free == 0`. An
 /// adaptor reports the figures of the resource under it.
 ///
