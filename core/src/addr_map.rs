@@ -92,17 +92,20 @@ impl<V> AddrMap<V> {
     /// Puts `value` at `addr`; returns the value that was there.
     pub fn insert(&mut self, addr: u64, value: V) -> Option<V> {
         // A replacement takes no slot: only a new entry may grow the map.
-        let mut i = 0; // no slots: the map grows below, and finds it then
-        if !self.slots.is_empty() {
-            match self.find(addr) {
+        let empty = match self.slots.is_empty() {
+            true => None,
+            false => match self.find(addr) {
                 (found, true) => return self.slots[found].replace((addr, value)).map(|(_, v)| v),
-                (empty, false) => i = empty,
+                (empty, false) => Some(empty),
+            },
+        };
+        let i = match empty {
+            Some(i) if (self.len + 1) * 2 <= self.slots.len() => i,
+            _ => {
+                self.resize((self.slots.len() * 2).max(MIN_SLOTS));
+                self.find(addr).0
             }
-        }
-        if (self.len + 1) * 2 > self.slots.len() {
-            self.resize((self.slots.len() * 2).max(MIN_SLOTS));
-            i = self.find(addr).0;
-        }
+        };
         self.slots[i] = Some((addr, value));
         self.len += 1;
         None
