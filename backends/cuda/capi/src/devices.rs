@@ -139,9 +139,7 @@ pub(crate) fn state(d: usize) -> Result<&'static DeviceState, String> {
         // `configure` checked its stack; the variable's is checked here,
         // before the device's primary context is made (for good), so that
         // a typo is named as one, with a GPU or without.
-        checking_builder()
-            .build(&stack, &CudaStream::legacy())
-            .map_err(|e| format!("memres: {STACK_VAR} `{stack}`: {e}"))?;
+        check_stack(&stack).map_err(|e| format!("memres: {STACK_VAR} `{stack}`: {e}"))?;
     }
     let made = build(d, &stack)?;
     if !made.logs.is_empty() {
@@ -199,6 +197,12 @@ fn flush_at_exit() {
     });
 }
 
+/// Builds `stack` with the checking builder: what a device's build would
+/// refuse, without touching a device.
+fn check_stack(stack: &str) -> Result<(), memres_core::stack::StackError> {
+    checking_builder().build(stack, &CudaStream::legacy()).map(drop)
+}
+
 /// Checks `stack` and makes it the stack of every device used from now on:
 /// the Rust form of `memres_configure`.
 ///
@@ -210,9 +214,7 @@ fn flush_at_exit() {
 /// used already (its stack cannot change while blocks may be out).
 pub fn configure(stack: &str) -> Result<(), String> {
     let mut config = CONFIG.lock().unwrap_or_else(|p| p.into_inner());
-    checking_builder()
-        .build(stack, &CudaStream::legacy())
-        .map_err(|e| format!("memres: stack `{stack}`: {e}"))?;
+    check_stack(stack).map_err(|e| format!("memres: stack `{stack}`: {e}"))?;
     check_log_file(std::env::var_os(LOG_FILE_VAR).as_deref()).map_err(|e| format!("memres: {e}"))?;
     if let Some(d) = DEVICES.iter().position(|s| s.get().is_some()) {
         return Err(format!("memres: device {d} is in use already; configure before the first allocation"));

@@ -552,6 +552,18 @@ pub unsafe extern "C" fn memres_configure(stack: *const c_char) -> c_int {
     })
 }
 
+/// Refuses an `out` of `call` that is NULL or not aligned for its struct
+/// `ty`: neither can be written through.
+fn check_out<T>(out: *mut T, call: &str, ty: &str) -> Result<(), String> {
+    if out.is_null() {
+        return Err(format!("memres: {call}(.., NULL)"));
+    }
+    if !out.is_aligned() {
+        return Err(format!("memres: {call}: out is not aligned for {ty} (at {out:p})"));
+    }
+    Ok(())
+}
+
 /// Fills `*out` with the figures of `device`'s stack. Returns 0, or -1
 /// with a message (the device has not been used, `out` is NULL or not
 /// aligned for a `memres_stats_t`).
@@ -563,12 +575,7 @@ pub unsafe extern "C" fn memres_configure(stack: *const c_char) -> c_int {
 #[no_mangle]
 pub unsafe extern "C" fn memres_stats(device: c_int, out: *mut MemresStats) -> c_int {
     guard(-1, || {
-        if out.is_null() {
-            return Err("memres: memres_stats(.., NULL)".into());
-        }
-        if !out.is_aligned() {
-            return Err(format!("memres: memres_stats: out is not aligned for memres_stats_t (at {out:p})"));
-        }
+        check_out(out, "memres_stats", "memres_stats_t")?;
         let s = stats(device)?;
         // SAFETY: `out` is not NULL and is aligned (both checked above), and
         // valid for one write (the caller's promise, which no check can see).
@@ -655,12 +662,7 @@ pub fn steps(device: c_int) -> Result<(MemresSteps, usize), String> {
 #[no_mangle]
 pub unsafe extern "C" fn memres_steps(device: c_int, out: *mut MemresSteps) -> c_int {
     guard(-1, || {
-        if out.is_null() {
-            return Err("memres: memres_steps(.., NULL)".into());
-        }
-        if !out.is_aligned() {
-            return Err(format!("memres: memres_steps: out is not aligned for memres_steps_t (at {out:p})"));
-        }
+        check_out(out, "memres_steps", "memres_steps_t")?;
         let (s, layers) = steps(device)?;
         // SAFETY: `out` is not NULL and is aligned (both checked above), and
         // valid for one write (the caller's promise, which no check can see).
