@@ -483,13 +483,17 @@ pub fn stats(device: c_int) -> Result<MemresStats, String> {
 }
 
 /// Copies `text` into `buf` as C's `snprintf` would; returns its length.
+/// A cut falls between characters, so what `buf` holds is UTF-8 still.
 ///
 /// # Safety
 ///
 /// `buf` is null or valid for `len` bytes of writes.
 unsafe fn copy_out(text: &str, buf: *mut c_char, len: usize) -> usize {
     if !buf.is_null() && len > 0 {
-        let n = text.len().min(len - 1);
+        let mut n = text.len().min(len - 1);
+        while !text.is_char_boundary(n) {
+            n -= 1;
+        }
         // SAFETY: `buf` is valid for `len > n` bytes (the caller's promise);
         // the source is `n` bytes of `text`; the two cannot overlap (`text`
         // is ours).
@@ -750,8 +754,9 @@ pub extern "C" fn memres_flush() -> c_int {
 }
 
 /// Copies the latest error message of the calling thread into `buf` (at most
-/// `len - 1` bytes and a NUL) and returns its full length: 0 when no error
-/// happened yet. `buf` may be NULL to ask for the length.
+/// `len - 1` bytes and a NUL, cut between UTF-8 characters) and returns its
+/// full length: 0 when no error happened yet. `buf` may be NULL to ask for
+/// the length.
 ///
 /// # Safety
 ///
@@ -1044,5 +1049,15 @@ mod tests {
         assert_eq!(buf.map(|c| c as u8), *b"abcd\0");
         // SAFETY: NULL asks for the length only.
         assert_eq!(unsafe { copy_out("abc", std::ptr::null_mut(), 0) }, 3);
+    }
+
+    #[test]
+    fn copy_out_cuts_between_characters() {
+        // `é` is two bytes: three bytes of room hold "a", the NUL, and not
+        // half of `é`.
+        let mut buf = [0x7f as c_char; 3];
+        // SAFETY: `buf` is 3 bytes.
+        assert_eq!(unsafe { copy_out("aé", buf.as_mut_ptr(), 3) }, 3);
+        assert_eq!(buf.map(|c| c as u8), *b"a\0\x7f");
     }
 }
