@@ -1,7 +1,7 @@
 #![allow(non_snake_case)]
 //! A model of the driver's stream-ordered calls for unit tests without a
 //! GPU: `cuMemAllocFromPoolAsync`, `cuMemFreeAsync`, `cuStreamSynchronize`,
-//! `cuCtxSynchronize` and `cuPointerGetAttribute` (which [`sys`](crate::sys)
+//! `cuCtxSynchronize`, `cuPointerGetAttribute` and `cuMemGetInfo_v2` (which [`sys`](crate::sys)
 //! names in test builds)
 //! answer from the model on a thread where a test installed one, and are
 //! the driver's elsewhere. A test sets when a synchronization fails, and
@@ -28,6 +28,9 @@ pub(crate) struct Driver {
     /// The errors the next frees answer, first first (each refused free
     /// frees nothing).
     pub(crate) refuse_frees: Vec<CuResult>,
+    /// The device's memory that `cuMemGetInfo_v2` reports; `None`: it
+    /// answers `CUDA_ERROR_NOT_SUPPORTED`.
+    pub(crate) memory: Option<u64>,
     /// Each test uses its own addresses (the table of host-visible
     /// allocations is the process's): the `n`th hands out bases from
     /// `FIRST_BASE + (n << 32)`.
@@ -187,6 +190,28 @@ pub(crate) unsafe fn cuPointerGetAttribute(
     faked.unwrap_or_else(|| unsafe { linked::cuPointerGetAttribute(data, attribute, ptr) })
 }
 
+/// # Safety
+///
+/// As the driver's `cuMemGetInfo_v2`. Free memory is the device's less
+/// the model's allocations.
+pub(crate) unsafe fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) -> CuResult {
+    let faked = answer(|d| {
+        if let Some(e) = d.error {
+            return e;
+        }
+        let Some(memory) = d.memory else { return sys::CUDA_ERROR_NOT_SUPPORTED };
+        let used: u64 = d.allocated.values().map(|&n| n as u64).sum();
+        // SAFETY: the driver's contract: both point at writable `size_t`s.
+        unsafe {
+            free.write(memory.saturating_sub(used) as usize);
+            total.write(memory as usize);
+        }
+        sys::CUDA_SUCCESS
+    });
+    // SAFETY: as the caller promises.
+    faked.unwrap_or_else(|| unsafe { linked::cuMemGetInfo_v2(free, total) })
+}
+
 /// The driver's functions of the same names.
 mod linked {
     use super::*;
@@ -202,6 +227,7 @@ mod linked {
         pub(super) fn cuMemFreeAsync(dptr: CUdeviceptr, stream: CUstream) -> CuResult;
         pub(super) fn cuStreamSynchronize(stream: CUstream) -> CuResult;
         pub(super) fn cuCtxSynchronize() -> CuResult;
+        pub(super) fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) -> CuResult;
         pub(super) fn cuPointerGetAttribute(
             data: *mut c_void,
             attribute: c_int,

@@ -19,8 +19,8 @@ const SHARDS: usize = 16;
 pub(crate) struct LiveAllocations {
     /// Shard `i` holds the bases whose hash is `i`.
     shards: [Mutex<HashMap<u64, Handed>>; SHARDS],
-    /// The device's memory in bytes, read once: a request above it is out of
-    /// memory without asking the driver.
+    /// The device's memory in bytes, read once the driver answers: a
+    /// request above it is out of memory without asking the driver.
     total: OnceLock<u64>,
 }
 
@@ -40,9 +40,16 @@ fn shard_of(base: u64) -> usize {
 }
 
 impl LiveAllocations {
-    /// The device's memory, asked of the driver on first use.
+    /// The device's memory, asked of the driver until it answers;
+    /// `u64::MAX` (no early refusal) while it does not.
     pub(crate) fn device_total(&self, context: &Context) -> u64 {
-        *self.total.get_or_init(|| context.memory_info().map(|m| m.total).unwrap_or(u64::MAX))
+        if let Some(&total) = self.total.get() {
+            return total;
+        }
+        match context.memory_info() {
+            Ok(m) => *self.total.get_or_init(|| m.total),
+            Err(_) => u64::MAX,
+        }
     }
 
     fn shard(&self, base: u64) -> MutexGuard<'_, HashMap<u64, Handed>> {
@@ -142,6 +149,23 @@ mod tests {
         assert_eq!(live.remove(base, addr + 256, 1000), Err(Error::UnknownBlock { addr: addr + 256 }));
         assert_eq!(live.remove(0x9000_0000, 0x9000_0000, 64), Ok(()));
         assert_eq!(live.remove(base, addr, 1000), Ok(()));
+    }
+
+    #[test]
+    fn a_failed_question_of_the_devices_memory_is_asked_again() {
+        use crate::context::{Context, Device};
+        use crate::fake::{install, take, Driver};
+        let (live, context) = (LiveAllocations::default(), Context::fake(Device::fake(0)));
+        install(Driver::default());
+        let first = live.device_total(&context);
+        take();
+        let mut driver = Driver::default();
+        driver.memory = Some(1 << 30);
+        install(driver);
+        let second = live.device_total(&context);
+        take();
+        // No figure, no early refusal; the next answer is kept.
+        assert_eq!((first, second), (u64::MAX, 1 << 30));
     }
 
     #[test]

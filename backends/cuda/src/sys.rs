@@ -132,7 +132,8 @@ const _: () = assert!(core::mem::size_of::<CuMemAccessDesc>() == 12);
 // Unit tests give these to a model of the driver where they install one.
 #[cfg(test)]
 pub(crate) use crate::fake::{
-    cuCtxSynchronize, cuMemAllocFromPoolAsync, cuMemFreeAsync, cuPointerGetAttribute, cuStreamSynchronize,
+    cuCtxSynchronize, cuMemAllocFromPoolAsync, cuMemFreeAsync, cuMemGetInfo_v2, cuPointerGetAttribute,
+    cuStreamSynchronize,
 };
 
 #[link(name = "cuda")]
@@ -155,6 +156,7 @@ extern "C" {
     pub fn cuCtxSetCurrent(ctx: CUcontext) -> CuResult;
     pub fn cuCtxGetDevice(device: *mut CUdevice) -> CuResult;
 
+    #[cfg(not(test))]
     pub fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) -> CuResult;
     pub fn cuMemAlloc_v2(dptr: *mut CUdeviceptr, bytes: usize) -> CuResult;
     pub fn cuMemFree_v2(dptr: CUdeviceptr) -> CuResult;
