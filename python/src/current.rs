@@ -373,9 +373,10 @@ fn without_gil<T: Send>(f: impl FnOnce() -> T + Send) -> T {
     if crate::callback::python_under_stacks() && unsafe { PyGILState_Check() } == 1 {
         Python::attach(|py| crate::gil::detach(py, f))
     } else {
-        // A callback under it that calls memres again once the exit has
-        // begun must run: this call may hold a stack's lock.
-        crate::gil::in_a_call(f)
+        // Once the exit has begun, it runs no Python (a callback under it
+        // that calls memres again still runs: this call may hold a stack's
+        // lock).
+        crate::gil::without_the_gil(f)
     }
 }
 

@@ -27,7 +27,9 @@
 //! exit began does (its Python code would not run again either). Run with
 //! the GIL held, it waited for a stack's lock that a thread in a Python
 //! callback held while that thread waited for the GIL, and the exit waited
-//! for the GIL: the process hung for ever.
+//! for the GIL: the process hung for ever. A C function's call on a thread
+//! that does not hold the GIL has none to give up: it runs, but runs no
+//! Python ([`without_the_gil`]).
 //!
 //! The CUDA and the simulated native modules each have their own: the
 //! package calls both at exit, and a call of one module asks the other
@@ -44,13 +46,14 @@ use std::ffi::CStr;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::SeqCst};
 use std::sync::OnceLock;
 
-/// Runs `f` with the GIL taken, unless the interpreter is being finalized:
+/// Runs `f` with the GIL taken, unless the interpreter is being finalized
+/// or this thread runs a call that may not take it ([`without_the_gil`]):
 /// no Python runs then (PyO3 would panic, in a drop an abort), and `None`
 /// says so. A pool over a `CallbackMemoryResource` that is dropped then
 /// gives its chunks back to no one: the process is ending.
 pub(crate) fn with_python<T>(f: impl FnOnce(Python<'_>) -> T) -> Option<T> {
     // SAFETY: `Py_IsInitialized` may be called at any time, from any thread.
-    if unsafe { pyo3::ffi::Py_IsInitialized() } == 0 {
+    if unsafe { pyo3::ffi::Py_IsInitialized() } == 0 || NO_PYTHON.try_with(Cell::get).unwrap_or(false) {
         return None;
     }
     Some(Python::attach(f))
@@ -66,6 +69,9 @@ thread_local! {
     static DEPTH: Cell<usize> = const { Cell::new(0) };
     /// Whether this thread ran [`at_exit`]: the one that finalizes.
     static FINALIZING: Cell<bool> = const { Cell::new(false) };
+    /// Whether this thread runs a call that may not take the GIL
+    /// ([`without_the_gil`]).
+    static NO_PYTHON: Cell<bool> = const { Cell::new(false) };
 }
 
 /// Runs `f`, a call of this module (what it does with the GIL given up, or
@@ -182,6 +188,28 @@ pub(crate) fn detach<T: Send>(py: Python<'_>, f: impl Send + FnOnce() -> T) -> T
         }
         result
     })
+}
+
+/// Runs `f`, a C function's call on a thread that does not hold the GIL
+/// (a PyTorch autograd thread's). Begun once the exit has begun, on a
+/// thread where a call need not run (see the module's doc), it runs with
+/// no Python: a Python function under it fails as one does once the
+/// interpreter is finalized, and its C caller gets that error. Taking the
+/// GIL, the thread could be ended inside the call by the finalization
+/// that follows, which aborts the process. Unlike [`detach`], it does not
+/// put the thread to sleep: the thread has no GIL to take back.
+pub(crate) fn without_the_gil<T>(f: impl FnOnce() -> T) -> T {
+    if !EXITING.load(SeqCst) || runs_after_the_exit() {
+        return in_a_call(f);
+    }
+    struct Restore(bool);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            let _ = NO_PYTHON.try_with(|n| n.set(self.0));
+        }
+    }
+    let _restore = NO_PYTHON.try_with(|n| n.replace(true)).ok().map(Restore);
+    in_a_call(f)
 }
 
 /// How long [`at_exit`] waits for the calls that gave the GIL up. A call

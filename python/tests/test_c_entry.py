@@ -572,6 +572,31 @@ def test_a_free_with_the_gil_held_waits_for_the_pool_without_it():
     assert out.returncode == 0 and out.stdout.strip() == "done", out.stdout + out.stderr
 
 
+def test_a_call_without_the_gil_begun_once_the_exit_began_runs_no_python():
+    # A call from a thread that does not hold the GIL (ctypes.CDLL, as a
+    # PyTorch autograd thread's) took the GIL for its stack's Python
+    # function once memres's exit handler had run: CPython ends a thread
+    # that takes the GIL during the finalization that follows, inside
+    # memres's frames, and the process aborts.
+    run_child(CHILD_LIB + textwrap.dedent("""
+        import threading
+        so = lib()
+        ran = []
+        cb = mr.CallbackMemoryResource(lambda n: ran.append(n) or 1 << 40, lambda p, n: None, backend="sim")
+        mr.set_current_device_resource(cb)
+        _native.sim.at_exit()  # the exit begins, as memres's exit handler begins it
+        got = []
+        t = threading.Thread(target=lambda: got.append(so.memres_py_alloc(256, 0, None)))
+        t.start()
+        t.join()
+        assert (got, ran) == ([None], []), (got, ran)
+        why = _native.sim.last_error()
+        assert "the Python interpreter is being finalized" in why, why
+        assert _native.sim.c_live_count(0) == 0
+        print("done")
+    """))
+
+
 def test_a_free_that_a_python_function_refuses_as_the_last_block_drops_its_stack_is_said():
     # The C functions' block is the last holder of a stack no longer
     # current: its free drops the stack, whose pool gives its chunk back.
