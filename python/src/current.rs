@@ -367,10 +367,14 @@ fn without_gil<T: Send>(f: impl FnOnce() -> T + Send) -> T {
         // `pyo3::ffi` under abi3), exported by every interpreter since.
         fn PyGILState_Check() -> std::ffi::c_int;
     }
+    if !crate::callback::python_under_stacks() {
+        // No Python runs under it: nothing for the exit to wait for.
+        return crate::gil::in_a_call(f);
+    }
     // SAFETY: `PyGILState_Check` takes nothing and may be called from any
     // thread at any time; this library is loaded by the interpreter that
     // defines it.
-    if crate::callback::python_under_stacks() && unsafe { PyGILState_Check() } == 1 {
+    if unsafe { PyGILState_Check() } == 1 {
         Python::attach(|py| crate::gil::detach(py, f))
     } else {
         // Once the exit has begun, it runs no Python (a callback under it

@@ -15,7 +15,9 @@
 //! the GIL back and returns: parked, it would keep its outer call from
 //! ending, and with it the lock the outer call holds (a later exit handler
 //! freeing into that pool spun for ever); the outer call is still counted,
-//! so the exit is still waited for.
+//! so the exit is still waited for. It waits too for the calls of the C
+//! functions made on a thread that does not hold the GIL
+//! ([`without_the_gil`]), whose Python functions take it until they end.
 //!
 //! A call that begins once the exit has begun runs with the GIL held only
 //! where it must: on the thread that runs the exit (the finalizing thread,
@@ -59,7 +61,8 @@ pub(crate) fn with_python<T>(f: impl FnOnce(Python<'_>) -> T) -> Option<T> {
     Some(Python::attach(f))
 }
 
-/// Calls that gave the GIL up and have not taken it back.
+/// Calls that gave the GIL up and have not taken it back, and calls
+/// without it ([`without_the_gil`]) that have not ended.
 static GIVEN_UP: AtomicUsize = AtomicUsize::new(0);
 /// Set by [`at_exit`]; never cleared.
 static EXITING: AtomicBool = AtomicBool::new(false);
@@ -199,7 +202,21 @@ pub(crate) fn detach<T: Send>(py: Python<'_>, f: impl Send + FnOnce() -> T) -> T
 /// that follows, which aborts the process. Unlike [`detach`], it does not
 /// put the thread to sleep: the thread has no GIL to take back.
 pub(crate) fn without_the_gil<T>(f: impl FnOnce() -> T) -> T {
-    if !EXITING.load(SeqCst) || runs_after_the_exit() {
+    struct Ended;
+    impl Drop for Ended {
+        fn drop(&mut self) {
+            GIVEN_UP.fetch_sub(1, SeqCst);
+        }
+    }
+    // Counted as `detach` counts, so that `at_exit` waits for a call begun
+    // before it: its Python functions may take the GIL until it ends.
+    GIVEN_UP.fetch_add(1, SeqCst);
+    let ended = Ended;
+    if !EXITING.load(SeqCst) {
+        return in_a_call(f);
+    }
+    drop(ended);
+    if runs_after_the_exit() {
         return in_a_call(f);
     }
     struct Restore(bool);
@@ -212,12 +229,13 @@ pub(crate) fn without_the_gil<T>(f: impl FnOnce() -> T) -> T {
     in_a_call(f)
 }
 
-/// How long [`at_exit`] waits for the calls that gave the GIL up. A call
-/// that ends later finds the exit begun and never takes the GIL back; only
-/// one inside a Python function of the user's (a callback resource's, a
-/// failure callback) may still take it back during finalization. So the
-/// wait is for those, and is bounded: a callback that never returns (a
-/// daemon thread waiting on an event) kept the process from ending.
+/// How long [`at_exit`] waits for the calls that gave the GIL up (or run
+/// without it). A call that ends later finds the exit begun and never
+/// takes the GIL back; only one inside a Python function of the user's (a
+/// callback resource's, a failure callback) may still take it back during
+/// finalization. So the wait is for those, and is bounded: a callback
+/// that never returns (a daemon thread waiting on an event) kept the
+/// process from ending.
 const EXIT_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// Ends the giving up of the GIL and waits for the calls that gave it up

@@ -597,6 +597,28 @@ def test_a_call_without_the_gil_begun_once_the_exit_began_runs_no_python():
     """))
 
 
+def test_the_exit_waits_for_a_call_without_the_gil_begun_before_it():
+    # Not waited for, such a call's Python function could take the GIL
+    # during the finalization that follows memres's exit handler (which
+    # ends the thread inside memres's frames: an abort).
+    run_child(CHILD_LIB + textwrap.dedent("""
+        import threading, time
+        so = lib()
+        inside = threading.Event()
+        def alloc(n):
+            inside.set()
+            time.sleep(0.5)
+            return 1 << 40
+        cb = mr.CallbackMemoryResource(alloc, lambda p, n: None, backend="sim")
+        mr.set_current_device_resource(cb)
+        threading.Thread(target=lambda: so.memres_py_alloc(256, 0, None), daemon=True).start()
+        inside.wait()
+        _native.sim.at_exit()
+        assert _native.sim.c_live_count(0) == 1, "the exit did not wait for the call"
+        print("done")
+    """))
+
+
 def test_a_free_that_a_python_function_refuses_as_the_last_block_drops_its_stack_is_said():
     # The C functions' block is the last holder of a stack no longer
     # current: its free drops the stack, whose pool gives its chunk back.
