@@ -488,8 +488,11 @@ pub unsafe extern "C" fn memres_py_free(ptr: *mut c_void, size: isize, device: i
 /// Python function of the call raised: a failure callback's exception, or
 /// that of a `CallbackMemoryResource`'s function behind the call's error
 /// (`callback::take_raised`). The caller gets NULL or nothing, so the
-/// exception is said where Python says one it cannot raise. This runs
-/// outside the call's `catch_unwind`, so it has one of its own (the
+/// exception is said where Python says one it cannot raise, but once the
+/// exit has begun on a thread that may not take the GIL then
+/// ([`gil::may_take_the_gil`](crate::gil::may_take_the_gil)): the
+/// finalization that follows could end the thread inside this call. This
+/// runs outside the call's `catch_unwind`, so it has one of its own (the
 /// interpreter may be finalizing): the reason alone if it panics.
 fn naming_what_raised(why: String) -> String {
     let named = catch_unwind(AssertUnwindSafe(|| {
@@ -501,6 +504,10 @@ fn naming_what_raised(why: String) -> String {
             (None, Some(raised)) => (raised, ""),
             (None, None) => return why.clone(),
         };
+        if !crate::gil::may_take_the_gil() {
+            let who = if said.is_empty() { "a Python function" } else { "the failure callback" };
+            return format!("{why} ({who} raised; not said: the interpreter exits)");
+        }
         Python::attach(|py| {
             let named = format!("{why} ({said}{})", crate::errors::said(py, &raised));
             raised.write_unraisable(py, None);

@@ -148,6 +148,12 @@ fn runs_after_the_exit() -> bool {
     FINALIZING.with(Cell::get) || inside_a_call()
 }
 
+/// Whether this thread may take the GIL now: until the exit begins, and
+/// then where a call still runs with it (see the module's doc).
+pub(crate) fn may_take_the_gil() -> bool {
+    !EXITING.load(SeqCst) || runs_after_the_exit()
+}
+
 /// Whether the exit has begun ([`at_exit`] ran).
 pub(crate) fn exiting() -> bool {
     EXITING.load(SeqCst)

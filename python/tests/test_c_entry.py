@@ -619,6 +619,35 @@ def test_the_exit_waits_for_a_call_without_the_gil_begun_before_it():
     """))
 
 
+def test_a_call_without_the_gil_that_ends_once_the_exit_began_takes_no_gil_to_name_what_raised():
+    # Its reason named the exception its Python function raised, taking
+    # the GIL after the call, once the exit handler had stopped waiting for
+    # it: the finalization that follows could end the thread there.
+    from test_threads import UNTIL_THE_EXIT
+    run_child(CHILD_LIB + textwrap.dedent(UNTIL_THE_EXIT + """
+    so = lib()
+    inside = threading.Event()
+    def alloc(n):
+        inside.set()
+        wait_for(MAIN, "_at_exit")
+        raise RuntimeError("raised at exit")
+    mr.set_current_device_resource(mr.CallbackMemoryResource(alloc, lambda p, n: None, backend="sim"))
+    seen = []
+    sys.unraisablehook = seen.append
+    t = threading.Thread(target=lambda: so.memres_py_alloc(256, 0, None))
+    t.start()
+    inside.wait()
+    def _at_exit():
+        _native.sim.at_exit()
+    _at_exit()
+    t.join()
+    assert seen == [], [str(s.exc_value) for s in seen]
+    why = _native.sim.last_error()
+    assert why.endswith("(a Python function raised; not said: the interpreter exits)"), why
+    print("done")
+    """))
+
+
 def test_a_free_that_a_python_function_refuses_as_the_last_block_drops_its_stack_is_said():
     # The C functions' block is the last holder of a stack no longer
     # current: its free drops the stack, whose pool gives its chunk back.
