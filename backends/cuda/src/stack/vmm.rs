@@ -99,6 +99,7 @@ pub type VmmPools =
 /// assert!(vmm_config(&parse("vmm(handle_granules=1, large_handles=true)")?)?.large_handles);
 /// assert_eq!(vmm_config(&parse("vmm")?)?, VmmConfig::default());
 /// assert!(vmm_config(&parse("vmm(handle_granules=65)")?).is_err());
+/// assert!(vmm_config(&parse("vmm(slack=4%)")?).is_err());
 /// # Ok::<(), memres_core::stack::StackError>(())
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -210,9 +211,10 @@ impl VmmConfig {
 /// # Errors
 ///
 /// A positional argument, an unknown key, a bad size, a reservation of 0
-/// bytes, `handle_granules=` not a whole number from 1 to 64, or
-/// `large_handles=`, `trim_on_commit=` or `per_stream=` neither `true` nor
-/// `false`, at its position.
+/// bytes, `handle_granules=` not a whole number from 1 to 64, `slack=` not
+/// a whole number (of permille, below 2^32), or `large_handles=`,
+/// `trim_on_commit=` or `per_stream=` neither `true` nor `false`, at its
+/// position.
 pub fn vmm_config(call: &Call) -> std::result::Result<VmmConfig, StackError> {
     call.expect_args(
         0,
