@@ -928,6 +928,12 @@ impl<R> State<R> {
         (self.region.size() + self.carry.region.size()).saturating_add(spares)
     }
 
+    /// Whether `region` shares no byte with the regions and spares held.
+    fn apart_from_held(&self, region: Region) -> bool {
+        let held = [self.region, self.carry.region].into_iter().chain(self.spares.iter().map(|&(r, _)| r));
+        held.into_iter().all(|r| apart(r, region))
+    }
+
     /// Puts `plan` in force with a fresh table of live slots.
     fn install(&mut self, plan: Plan) {
         self.slot_live = (0..plan.slots.len()).map(|_| 0).collect();
@@ -1101,7 +1107,10 @@ impl<R> Planned<R> {
     /// holds them, the upstream refuses, or its block is shorter than asked
     /// (it goes back: blocks laid out past its size would lie in memory
     /// the upstream did not give; kept as a spare if the upstream will not
-    /// take it). A longer block serves as far as asked.
+    /// take it) or lies over a region or spare held already (an upstream
+    /// outside the contract that hands one address out twice: not given
+    /// back, as it is in part the one held). A longer block serves as far
+    /// as asked.
     fn take_region<S: Stream + ?Sized>(&self, size: u64, stream: &S) -> Option<Region>
     where
         R: MemoryResource<S>,
@@ -1111,7 +1120,8 @@ impl<R> Planned<R> {
             self.give_back_spare(Region { block, size: block.size() }, stream);
             return None;
         }
-        Some(Region { block, size })
+        let region = Region { block, size };
+        self.state.with(|s| s.apart_from_held(region)).then_some(region)
     }
 
     /// Gives back `spare`, a region taken on `stream` that serves nothing:
