@@ -60,7 +60,8 @@ pub(super) struct Carry {
 
 /// The blocks of a recorded step to carry into the next ones, as
 /// (allocation index, rounded size): live at the step's end, on its
-/// stream, of some size, and allocated after the step freed the block of
+/// stream, of some size, aligned to at most `UNIT` (the slots' offsets are
+/// its multiples), and allocated after the step freed the block of
 /// the same index that the step before left live (`carried_frees`: index
 /// and the op that freed it). Their region is one request: the blocks past
 /// [`Request::MAX_SIZE`] bytes in all are left out, and go upstream.
@@ -77,8 +78,11 @@ pub(super) fn carried_of(
     let mut total: u64 = 0;
     (0..record.len())
         .filter(|&k| {
-            let (life, _, on) = record[k];
-            on && life.end == OPEN && life.size > 0 && freed_at[k].is_some_and(|at| at < life.start)
+            let (life, request, on) = record[k];
+            on && life.end == OPEN
+                && life.size > 0
+                && request.align() <= UNIT
+                && freed_at[k].is_some_and(|at| at < life.start)
         })
         .map(|k| (k as u32, record[k].0.size))
         .take_while(|&(_, n)| {

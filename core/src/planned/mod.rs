@@ -26,7 +26,8 @@
 //!         ... allocated and freed in step 2   -> placed over the carry
 //!           region's slots while they are free, or region + offset[k]
 //!           (placement::best_around)
-//!         ... living longer, or on another stream -> upstream
+//!         ... living longer, on another stream, or aligned beyond 256
+//!                                             -> upstream
 //!         anything else (another size, an extra allocation)
 //!                               -> upstream, and so is the rest of the step
 //!         the carry region is taken with the first block it serves:
@@ -231,10 +232,11 @@ impl Plan {
     ///
     /// - blocks live at the step's end, on its stream, that the carry
     ///   layout has a slot for go to their slot;
-    /// - blocks allocated and freed inside the step on its stream are
-    ///   placed ([`placement::best_around`]) in the carry region where
-    ///   they fit between a slot's free and its next allocation, else in
-    ///   the step's region;
+    /// - blocks allocated and freed inside the step on its stream, aligned
+    ///   to at most `UNIT` (the offsets' multiple), are placed
+    ///   ([`placement::best_around`]) in the carry region where they fit
+    ///   between a slot's free and its next allocation, else in the
+    ///   step's region;
     /// - every other allocation goes upstream.
     ///
     /// `None` when nothing is to be laid out.
@@ -251,17 +253,18 @@ impl Plan {
             let freed = frees.get(&k).copied().unwrap_or(OPEN);
             fixed.push((Lifetime { start: 0, end: freed, size }, offset));
             let Some(&(life, request, on)) = record.get(k as usize) else { continue };
-            if on && life.end == OPEN && request.rounded_size(UNIT) == size {
+            if on && life.end == OPEN && request.rounded_size(UNIT) == size && request.align() <= UNIT {
                 entries[k as usize].place = Place::Carried { slot: slot as u32 };
                 fixed.push((Lifetime { start: life.start, end: OPEN, size }, offset));
             }
         }
         // On the step's stream, freed in the step, live for an op at least
-        // (a failed allocation is not) and of some size.
+        // (a failed allocation is not), of some size and aligned as the
+        // offsets are.
         let placed: Vec<usize> = (0..record.len())
             .filter(|&k| {
-                let (life, _, on) = record[k];
-                on && life.end != OPEN && life.end > life.start && life.size > 0
+                let (life, request, on) = record[k];
+                on && life.end != OPEN && life.end > life.start && life.size > 0 && request.align() <= UNIT
             })
             .collect();
         let carried = entries.iter().any(|e| matches!(e.place, Place::Carried { .. }));

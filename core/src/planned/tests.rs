@@ -2576,3 +2576,25 @@ fn a_region_over_one_held_already_is_refused() {
     }
     p.check_layer().unwrap();
 }
+
+/// A block aligned beyond the region's unit goes upstream: the region's
+/// offsets are multiples of 256 only, and a region laid out for it would
+/// sit idle beside the upstream's block that serves it.
+#[test]
+fn blocks_aligned_beyond_the_unit_go_upstream_and_take_no_room_in_the_region() {
+    let p = Planned::new(Statistics::new(BumpUpstream::new(1 << 30)));
+    for _ in 0..6 {
+        p.step(&()).unwrap();
+        let a = p.allocate(Request::aligned(3000, 4096).unwrap(), &()).unwrap();
+        let b = p.allocate(Request::aligned(1000, 4096).unwrap(), &()).unwrap();
+        let c = p.allocate(req(2000), &()).unwrap();
+        assert_eq!((a.addr() % 4096, b.addr() % 4096), (0, 0));
+        for x in [a, b, c] {
+            p.deallocate(x, &()).unwrap();
+        }
+        p.check().unwrap();
+    }
+    // Steps 3 to 6 serve `c` from the region, which holds it alone.
+    let s = p.steps();
+    assert_eq!((s.plans, s.followed, s.planned_allocations, s.region), (1, 3, 4, 2048));
+}
