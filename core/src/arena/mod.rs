@@ -214,6 +214,12 @@ struct Padded<T>(T);
 ///   the arenas' wholly free superblocks taken back first; a chunk that
 ///   holds a live block stays with the upstream. Over a stream type with
 ///   no drop stream every chunk stays: call `release` first.
+/// - **Re-entry.** Under a lock that refuses re-entry
+///   (`CriticalSectionLock`), an allocate, free or
+///   [`release`](ArenaResource::release) called from inside the upstream's
+///   call (an upstream that calls back into the arena) is
+///   [`Error::Reentrant`]: no block is handed out or freed, as for a
+///   [`Shared`] resource.
 ///
 /// # Examples
 ///
@@ -418,7 +424,9 @@ impl<U, L: RawLock> ArenaResource<U, L> {
                 Some(got) => got,
                 None => {
                     // Lock order: arena, then global (never the reverse).
-                    let range = self.global.0.with(|g| {
+                    // Refused where this call comes from inside the
+                    // upstream's, under the global lock.
+                    let range = self.global.0.try_with(|g| {
                         if sweep.get() == Sweep::NotAsked {
                             let due = g.tick(self.config.idle_after);
                             sweep.set(if due { Sweep::Due } else { Sweep::Done });
@@ -427,7 +435,7 @@ impl<U, L: RawLock> ArenaResource<U, L> {
                             }
                         }
                         g.acquire(class + align - 256, slot, stream)
-                    })?;
+                    })??;
                     let Some(range) = range else {
                         return Ok(None);
                     };
@@ -454,7 +462,11 @@ impl<U, L: RawLock> ArenaResource<U, L> {
                 }
             }
         };
-        self.arenas[slot].0.with(|a| (a.owner() == me).then(|| serve(a)))
+        match self.arenas[slot].0.try_with(|a| (a.owner() == me).then(|| serve(a))) {
+            Ok(served) => served,
+            // Held by the call this one comes from (through the upstream).
+            Err(e) => Some(Err(e)),
+        }
     }
 
     /// A large block from the global arena. `Ok(None)`: no room.
@@ -462,7 +474,7 @@ impl<U, L: RawLock> ArenaResource<U, L> {
     where
         U: MemoryResource<S>,
     {
-        self.global.0.with(|g| {
+        self.global.0.try_with(|g| {
             let Some(got) = g.allocate_large(request.size(), request.align(), stream)? else {
                 return Ok(None);
             };
@@ -473,7 +485,7 @@ impl<U, L: RawLock> ArenaResource<U, L> {
                     Err(Error::CapacityExhausted { capacity: 1 << SLOT_SHIFT })
                 }
             }
-        })
+        })?
     }
 
     /// Runs `f` with the upstream resource (under the global arena's lock).
@@ -499,20 +511,22 @@ impl<U, L: RawLock> ArenaResource<U, L> {
         tag: Option<u64>,
     ) -> Result<()> {
         let addr = block.addr();
-        match self.global.0.with(|g| g.locate(addr)) {
+        match self.global.0.try_with(|g| g.locate(addr))? {
             Located::Super { owner, start } => {
                 if self.stream_of(owner) != stream.id() {
                     stream.synchronize()?;
                 }
                 let size = free_size(block.size());
-                self.arenas[owner].0.with(|a| a.free_at(start, addr, size, tag)).map_err(|e| given(e, block))
+                let freed = self.arenas[owner].0.try_with(|a| a.free_at(start, addr, size, tag));
+                freed.and_then(|r| r).map_err(|e| given(e, block))
             }
             Located::Large { .. } if tag.is_some() => Err(Error::DoubleFree { addr }),
             Located::Large { tag } => {
                 stream.synchronize()?;
                 self.global
                     .0
-                    .with(|g| g.free_large(tag, addr, free_size(block.size())))
+                    .try_with(|g| g.free_large(tag, addr, free_size(block.size())))
+                    .and_then(|r| r)
                     .map_err(|e| given(e, block))
             }
             Located::Free => Err(Error::DoubleFree { addr }),
@@ -594,14 +608,14 @@ where
         let inner = tag & !SLOT_MASK;
         let freed = if slot == GLOBAL_SLOT {
             stream.synchronize()?;
-            self.global.0.with(|g| g.free_large(inner, addr, free_size(block.size())))
+            self.global.0.try_with(|g| g.free_large(inner, addr, free_size(block.size()))).and_then(|r| r)
         } else if slot < self.arenas.len()
             && matches!(self.keys[slot].state.load(Ordering::Acquire), STREAM | THREAD)
         {
             if self.stream_of(slot) != stream.id() {
                 stream.synchronize()?;
             }
-            self.arenas[slot].0.with(|a| a.free(inner, addr, free_size(block.size())))
+            self.arenas[slot].0.try_with(|a| a.free(inner, addr, free_size(block.size()))).and_then(|r| r)
         } else {
             Err(Error::UnknownBlock { addr })
         };

@@ -55,8 +55,10 @@ impl<U, L: RawLock> ArenaResource<U, L> {
         let mut moved: Vec<Moved> = Vec::new();
         for i in self.claimed() {
             // The owner as the arena's lock sees it: the slot may have
-            // changed hands since the table was read.
-            self.arenas[i].0.with(|a| {
+            // changed hands since the table was read. An arena whose lock
+            // the call this one comes from holds (through the upstream) is
+            // in use: it keeps its superblocks.
+            let _ = self.arenas[i].0.try_with(|a| {
                 if a.owner() != OwnerKey::NOBODY && pick(i, a) {
                     let mine = a.owner().stream_id() == sid;
                     a.take_free(|range| moved.push(Moved { slot: i, range, mine }));
@@ -79,7 +81,9 @@ impl<U, L: RawLock> ArenaResource<U, L> {
             other => other,
         };
         let goes = |m: &Moved| synced == Ok(true) || (m.mine && synced.is_ok());
-        let bytes = self.global.0.with(|g| {
+        // Refused from inside the upstream's call: every superblock goes
+        // back to its arena.
+        let bytes = self.global.0.try_with(|g| {
             moved
                 .iter()
                 .filter(|m| goes(m) && g.give_back(m.range.start()).is_ok())
@@ -87,8 +91,9 @@ impl<U, L: RawLock> ArenaResource<U, L> {
                 .sum()
         });
         for m in core::mem::take(&mut taken.moved) {
-            self.arrive(&m, goes(&m));
+            self.arrive(&m, bytes.is_ok() && goes(&m));
         }
+        let bytes = bytes?;
         synced.map(|_| bytes)
     }
 
@@ -133,7 +138,9 @@ impl<U, L: RawLock> ArenaResource<U, L> {
     /// # Errors
     ///
     /// The stream's error if it cannot synchronize (nothing changes); the
-    /// upstream's error if it refuses a chunk (that chunk stays).
+    /// upstream's error if it refuses a chunk (that chunk stays);
+    /// [`Error::Reentrant`](crate::Error::Reentrant) from inside the
+    /// upstream's call, under a lock that refuses re-entry (nothing goes back).
     ///
     /// ```
     /// use memres_core::arena::ArenaResource;
@@ -152,7 +159,7 @@ impl<U, L: RawLock> ArenaResource<U, L> {
     {
         self.reclaim(stream, |_, _| true)?;
         self.retire_idle();
-        self.global.0.with(|g| g.release(stream))
+        self.global.0.try_with(|g| g.release(stream))?
     }
 }
 

@@ -241,7 +241,9 @@ impl<U, L: RawLock> ArenaResource<U, L> {
             if !matches!(k.state.load(Ordering::Relaxed), STREAM | THREAD) {
                 continue;
             }
-            arena.0.with(|a| {
+            // An arena whose lock the call this one comes from holds
+            // (through the upstream) is in use.
+            let _ = arena.0.try_with(|a| {
                 // Under the arena's lock, so no allocation of its owner is
                 // under way; a slot still being claimed is left alone.
                 if a.owner() != OwnerKey::NOBODY

@@ -651,3 +651,77 @@ fn an_aligned_small_request_is_served_from_a_superblock_of_exactly_its_need() {
     arena.deallocate(b, &()).unwrap();
     assert_eq!(arena.usage().used, 0);
 }
+
+/// An upstream that, once armed, calls back into the arena above it from
+/// its allocate (a small and a large request) and its free (a free of a
+/// large block of the arena): a user's upstream wired in a cycle.
+#[cfg(feature = "critical-section")]
+struct CallsBack {
+    up: BumpUpstream,
+    above: std::sync::Mutex<
+        std::sync::Weak<ArenaResource<std::sync::Arc<CallsBack>, crate::lock::CriticalSectionLock>>,
+    >,
+    free: std::sync::Mutex<Option<Block>>,
+    answers: std::sync::Mutex<Vec<Result<()>>>,
+}
+
+#[cfg(feature = "critical-section")]
+impl MemoryResource for CallsBack {
+    fn allocate(&self, request: Request, stream: &()) -> Result<Block> {
+        if let Some(arena) = core::mem::take(&mut *self.above.lock().unwrap()).upgrade() {
+            let mut answers = self.answers.lock().unwrap();
+            answers.push(arena.allocate(req(1000), stream).map(|_| ()));
+            answers.push(arena.allocate(req(2 << 20), stream).map(|_| ()));
+        }
+        self.up.allocate(request, stream)
+    }
+    fn deallocate(&self, block: Block, stream: &()) -> Result<()> {
+        if let Some(arena) = core::mem::take(&mut *self.above.lock().unwrap()).upgrade() {
+            if let Some(b) = self.free.lock().unwrap().take() {
+                self.answers.lock().unwrap().push(arena.deallocate(b, stream));
+            }
+        }
+        self.up.deallocate(block, stream)
+    }
+}
+
+/// Under a lock that refuses re-entry, a call into the arena from inside
+/// its upstream's call is `Reentrant` and changes nothing, as for a
+/// `Shared` resource; it panicked (`with` on a lock the outer call held).
+#[cfg(feature = "critical-section")]
+#[test]
+fn an_upstream_calling_back_into_the_arena_gets_a_reentrant_error() {
+    use std::sync::{Arc, Mutex, Weak};
+    let up = Arc::new(CallsBack {
+        up: BumpUpstream::new(1 << 30),
+        above: Mutex::new(Weak::new()),
+        free: Mutex::new(None),
+        answers: Mutex::new(Vec::new()),
+    });
+    let arena: Arc<ArenaResource<_, crate::lock::CriticalSectionLock>> =
+        Arc::new(ArenaResource::with_config_in(up.clone(), small_config(), &()).unwrap());
+    *up.above.lock().unwrap() = Arc::downgrade(&arena);
+    // The first small request grows under the arena's lock and the global one.
+    let small = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| arena.allocate(req(1000), &())));
+    let small = small.expect("the nested calls panicked").unwrap();
+    assert_eq!(*up.answers.lock().unwrap(), [Err(Error::Reentrant), Err(Error::Reentrant)]);
+    arena.check().unwrap();
+    assert_eq!(arena.usage().used, 1024);
+    // A free from inside the upstream's free (a release, under the global lock).
+    let big = arena.allocate(req(2 << 20), &()).unwrap();
+    // A chunk of its own, wholly free again: the release gives it back.
+    let other = arena.allocate(req(3 << 20), &()).unwrap();
+    arena.deallocate(other, &()).unwrap();
+    arena.deallocate(small, &()).unwrap();
+    up.answers.lock().unwrap().clear();
+    *up.free.lock().unwrap() = Some(big);
+    *up.above.lock().unwrap() = Arc::downgrade(&arena);
+    let released = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| arena.release(&())));
+    assert!(released.expect("the nested free panicked").unwrap() > 0);
+    assert_eq!(*up.answers.lock().unwrap(), [Err(Error::Reentrant)]);
+    assert_eq!(arena.usage().used, 2 << 20, "the large block stays live");
+    arena.check().unwrap();
+    arena.deallocate(big, &()).unwrap();
+    arena.check().unwrap();
+    assert_eq!(arena.usage().used, 0);
+}
