@@ -725,3 +725,43 @@ fn an_upstream_calling_back_into_the_arena_gets_a_reentrant_error() {
     arena.check().unwrap();
     assert_eq!(arena.usage().used, 0);
 }
+
+/// At its maximum the global arena lends a superblock from a free range
+/// shorter than `superblock_size`: the longest it holds, found only among
+/// the first ranges of its size class. With the longest further down that
+/// list, a small request failed with `OutOfMemory` though every free range
+/// could hold its superblock.
+#[test]
+fn at_the_maximum_a_superblock_comes_from_any_free_range_that_holds_it() {
+    let max = 24 << 20;
+    let config = ArenaConfig::new()
+        .superblock_size(2 << 20)
+        .chunk_size(max)
+        .initial_size(max)
+        .maximum_size(max)
+        .large_threshold(256 << 10);
+    let arena = ArenaResource::with_config(BumpUpstream::new(1 << 30), config, &()).unwrap();
+    let s = TestStream::new(1);
+    // Ten holes of one size class, the longest first, kept apart.
+    let mut holes = Vec::new();
+    let mut kept = Vec::new();
+    for k in 0..10 {
+        holes.push(arena.allocate(req(if k == 0 { (1536 + 31) << 10 } else { 1536 << 10 }), &s).unwrap());
+        kept.push(arena.allocate(req(512 << 10), &s).unwrap());
+    }
+    let rest = max - arena.usage().used;
+    kept.push(arena.allocate(req(rest), &s).unwrap());
+    assert_eq!(arena.usage().used, max);
+    // Freed longest first: it ends last in its class's list.
+    for h in holes {
+        arena.deallocate(h, &s).unwrap();
+    }
+    let small = arena.allocate(req(1000), &TestStream::new(2)).unwrap();
+    arena.check().unwrap();
+    arena.deallocate(small, &TestStream::new(2)).unwrap();
+    for b in kept {
+        arena.deallocate(b, &s).unwrap();
+    }
+    arena.check().unwrap();
+    assert_eq!(arena.usage().used, 0);
+}
