@@ -114,7 +114,8 @@ impl ArenaConfig {
         /// least the superblock size, at most [`Request::MAX_SIZE`]).
         chunk_size(bytes: u64) => chunk_size;
 
-        /// Size of the superblocks lent to arenas (a multiple of 256, at least 1 MiB).
+        /// Size of the superblocks lent to arenas (a multiple of 256, at least
+        /// 1 MiB and at most 1 TiB).
         superblock_size(bytes: u64) => superblock_size;
 
         /// Requests above this many bytes go straight to the global arena (its

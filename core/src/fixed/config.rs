@@ -84,8 +84,8 @@ impl FixedConfig {
         /// ```
         blocks_per_chunk(n: u32) => blocks_per_chunk;
 
-        /// The alignment asked of upstream for each chunk (a power of two, at
-        /// least 256; 256 by default, as RMM).
+        /// The alignment asked of upstream for each chunk (a power of two
+        /// from 256 to [`Request::MAX_ALIGN`]; 256 by default, as RMM).
         ///
         /// ```
         /// # use memres_core::fixed::FixedConfig;

@@ -40,7 +40,9 @@ use slots::{Slots, NIL};
 /// ```
 ///
 /// - Every block is `block_size` bytes at an address aligned to
-///   [`alignment`](Self::alignment) (the chunk alignment, 256 by default).
+///   [`alignment`](Self::alignment) (the chunk alignment, 256 by default,
+///   or the largest power of two dividing the block size if that is
+///   smaller).
 /// - A request larger than the block size is [`Error::InvalidSize`]; one
 ///   aligned above [`alignment`](Self::alignment) is
 ///   [`Error::InvalidAlignment`]: neither is ever silently truncated.
