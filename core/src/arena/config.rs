@@ -119,7 +119,8 @@ impl ArenaConfig {
         superblock_size(bytes: u64) => superblock_size;
 
         /// Requests above this many bytes go straight to the global arena (its
-        /// size class must fit in a superblock).
+        /// size class, or with `size_classes(false)` its size rounded up to
+        /// 256, must fit in a superblock).
         large_threshold(bytes: u64) => large_threshold;
 
         /// Number of arena slots (1 to [`MAX_ARENAS`]).
@@ -140,6 +141,18 @@ impl ArenaConfig {
     /// The maximum size, if any.
     pub const fn maximum(&self) -> Option<u64> {
         self.maximum_size
+    }
+
+    /// What a small block of `size` bytes (at most [`Request::MAX_SIZE`])
+    /// takes: its [`size_class`], or with `size_classes(false)` its size
+    /// rounded up to 256.
+    #[inline]
+    pub(super) fn class_of(&self, size: u64) -> u64 {
+        if self.size_classes {
+            size_class(size)
+        } else {
+            (size.max(1) + 255) & !255
+        }
     }
 
     pub(super) fn validate(&self) -> Result<()> {
@@ -167,7 +180,8 @@ impl ArenaConfig {
                 return bad("maximum size below the superblock size");
             }
         }
-        if self.large_threshold > Request::MAX_SIZE || size_class(self.large_threshold) > self.superblock_size
+        if self.large_threshold > Request::MAX_SIZE
+            || self.class_of(self.large_threshold) > self.superblock_size
         {
             return bad("the size class of the large threshold does not fit in a superblock");
         }

@@ -77,3 +77,21 @@ fn configs_no_request_could_use_are_refused() {
     arena.deallocate(b, &()).unwrap();
     arena.check().unwrap();
 }
+
+/// Without size classes a small block takes its size rounded up to 256, so
+/// a threshold that rounds to at most a superblock fits one: it was refused
+/// as if its jemalloc size class (here 1.25 MiB) had to fit.
+#[test]
+fn without_size_classes_the_threshold_need_only_round_into_a_superblock() {
+    let up = BumpUpstream::new(1 << 30);
+    let sb = (1 << 20) + 256;
+    let c = small_config().superblock_size(sb).large_threshold(sb);
+    let r = ArenaResource::with_config(&up, c, &());
+    assert!(matches!(r, Err(Error::InvalidConfig { .. })), "{:?}", r.map(|_| ()));
+    let arena = ArenaResource::with_config(&up, c.size_classes(false), &()).unwrap();
+    let s = TestStream::new(1);
+    let b = arena.allocate(req(sb), &s).unwrap();
+    assert_eq!(arena.dump().arenas[0].used, sb, "served by the stream's arena");
+    arena.deallocate(b, &s).unwrap();
+    arena.check().unwrap();
+}

@@ -356,11 +356,7 @@ impl<U, L: RawLock> ArenaResource<U, L> {
 
     #[inline]
     fn class_of(&self, size: u64) -> u64 {
-        if self.config.size_classes {
-            size_class(size)
-        } else {
-            (size.max(1) + 255) & !255
-        }
+        self.config.class_of(size)
     }
 
     #[inline]
