@@ -202,6 +202,8 @@ def as_handle(stream):
         value = proto() if callable(proto) else proto
         if not isinstance(value, tuple):
             return _checked(value)
+        if len(value) != 2:
+            raise ValueError(f"memres: __cuda_stream__() must return (version, handle), not {value!r}")
         version, handle = value
         if version != 0:
             # As RMM: a later version may mean the handle differently.

@@ -104,6 +104,17 @@ def test_a_framework_handle_that_cannot_be_one_is_refused(value):
         as_handle(Odd())
 
 
+@pytest.mark.parametrize("value", [(), (0,), (0, 5, 6)])
+def test_a_stream_protocol_tuple_of_another_length_is_a_clear_error(value):
+    # It was unpacked as it came: "not enough values to unpack".
+    class Odd:
+        def __cuda_stream__(self):
+            return value
+
+    with pytest.raises(ValueError, match=r"memres: __cuda_stream__\(\) must return \(version, handle\)"):
+        as_handle(Odd())
+
+
 def test_a_stream_keeps_the_framework_stream_it_wraps_alive():
     import gc
     import weakref
