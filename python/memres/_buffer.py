@@ -215,7 +215,7 @@ def _cuda_array(iface):
     # Version 3's "stream": the producer's stream to order after (None:
     # nothing to wait for; 1 and 2 name the default streams).
     stream = iface.get("stream") if iface.get("version", 0) >= 3 else None
-    if isinstance(stream, bool) or not (stream is None or isinstance(stream, int)):
+    if isinstance(stream, bool) or not (stream is None or isinstance(stream, int) and 0 <= stream < 1 << 64):
         raise ValueError(f"memres: copy_from_device: the interface's stream {stream!r} is no handle")
     return _mr._nbytes(ptr, "the interface's data pointer"), _mr._nbytes(nbytes, "nbytes"), stream
 

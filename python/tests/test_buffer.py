@@ -114,6 +114,19 @@ def test_an_arrays_default_stream_is_named_on_the_arrays_device(monkeypatch):
                      (1 << 41, 3, 0, 1), (1 << 41, 3, 0, 2), (1 << 41, 3, 0, 0x5000), (1 << 41, 3, 0, None)]
 
 
+def test_an_interfaces_stream_no_handle_can_be_is_a_clear_error(monkeypatch):
+    # A "stream" below 0 or past 64 bits reached the native call, whose
+    # argument conversion raised PyO3's OverflowError. The buffer's native
+    # side is the real one (its conversion runs first), told it is CUDA's.
+    buf = memres.DeviceBuffer.to_device(b"abc")
+    monkeypatch.setattr(buf, "mr", types.SimpleNamespace(_backend="cuda", device_id=0))
+    for stream in (-1, 1 << 64):
+        with pytest.raises(ValueError, match=f"the interface's stream {stream} is no handle"):
+            buf.copy_from_device(types.SimpleNamespace(__cuda_array_interface__={
+                "data": (1 << 40, False), "shape": (3,), "typestr": "|u1", "version": 3, "stream": stream}))
+    assert buf.tobytes() == b"abc"
+
+
 def test_copy_from_host_past_the_end_changes_nothing():
     buf = memres.DeviceBuffer.to_device(b"1234")
     with pytest.raises(ValueError, match="memres: copy_from_host"):  # as RMM's
