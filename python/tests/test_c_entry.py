@@ -597,6 +597,29 @@ def test_a_call_without_the_gil_begun_once_the_exit_began_runs_no_python():
     """))
 
 
+def test_the_reset_function_called_without_the_gil_once_the_exit_began_runs_no_python():
+    # It took the GIL on a thread that did not hold it (ctypes.CDLL, as a
+    # native thread's) once memres's exit handler had run: CPython ends a
+    # thread that takes the GIL during the finalization that follows,
+    # inside memres's frames, and the process aborts. The thread that runs
+    # the exit still releases.
+    run_child(CHILD_LIB + textwrap.dedent("""
+        import threading
+        import memres.allocators.torch as torch_allocator
+        so = lib()
+        ran = []
+        torch_allocator._empty_caches = lambda: ran.append(threading.current_thread())
+        _native.sim.at_exit()  # the exit begins, as memres's exit handler begins it
+        t = threading.Thread(target=so.memres_py_empty_cache)
+        t.start()
+        t.join()
+        assert ran == [], ran
+        so.memres_py_empty_cache()
+        assert ran == [threading.main_thread()], ran
+        print("done")
+    """))
+
+
 def test_the_exit_waits_for_a_call_without_the_gil_begun_before_it():
     # Not waited for, such a call's Python function could take the GIL
     # during the finalization that follows memres's exit handler (which
