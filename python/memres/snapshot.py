@@ -13,11 +13,14 @@ map per device. Resources built before recording started are not seen.
 docs/snapshots.md lists the fields memres fills."""
 
 import pickle
+import sys
 
 from . import _native
 from . import mr as _mr
 
 DEFAULT_MAX_ENTRIES = 100_000
+# The largest count the native side takes (its `usize`).
+_MAX_COUNT = sys.maxsize * 2 + 1
 
 
 def _backends():
@@ -29,9 +32,12 @@ def record_memory_history(enabled=True, max_entries=DEFAULT_MAX_ENTRIES):
     """Starts a new record (``enabled``), keeping the last ``max_entries``
     events of each device, or stops recording (``enabled=False``: the
     resources built during the record tell it nothing more, and it stays
-    readable as it was). As ``torch.cuda.memory._record_memory_history``."""
+    readable as it was). As ``torch.cuda.memory._record_memory_history``;
+    a ``max_entries`` past what the native side counts (64 bits) keeps
+    every event."""
     if isinstance(max_entries, bool) or not isinstance(max_entries, int) or max_entries <= 0:
         raise ValueError(f"memres: max_entries must be a positive int, not {max_entries!r}")
+    max_entries = min(max_entries, _MAX_COUNT)
     for module in _backends():
         module.record(max_entries if enabled else 0)
 

@@ -146,6 +146,17 @@ def test_bad_max_entries_is_a_value_error():
             memres.snapshot.record_memory_history(max_entries=bad)
 
 
+def test_a_max_entries_past_64_bits_keeps_every_event(recording):
+    # It reached the native side's 64-bit count, whose conversion raised
+    # PyO3's OverflowError.
+    memres.snapshot.record_memory_history(max_entries=1 << 64)
+    pool = mr.PoolMemoryResource(mr.HostMemoryResource(), initial_pool_size=1 << 20)
+    p = pool.allocate(1000)
+    snap = memres.snapshot.snapshot(backend="sim")
+    assert [b["requested_size"] for b in live_blocks(snap)] == [1000]
+    pool.deallocate(p, 1000)
+
+
 def test_a_cuda_pool_in_pytorchs_tools(gpu, recording):
     pool = mr.PoolMemoryResource(mr.CudaMemoryResource(), initial_pool_size=64 << 20)
     mr.set_current_device_resource(pool)
