@@ -199,9 +199,17 @@ class DeviceBuffer:
 def _cuda_array(iface):
     """``(data pointer, bytes, stream handle or None)`` of a
     ``__cuda_array_interface__`` that describes a 1-D contiguous array
-    without a mask; ValueError for another."""
-    shape, strides = tuple(iface["shape"]), iface.get("strides")
-    itemsize = int(iface["typestr"][2:])
+    without a mask; ValueError for another, or for one malformed."""
+    try:
+        shape, strides = tuple(iface["shape"]), iface.get("strides")
+        strides = None if strides is None else tuple(strides)
+        itemsize = int(iface["typestr"][2:])
+        ptr = iface["data"][0]
+        if strides is not None and len(strides) != len(shape):
+            raise ValueError(f"{len(strides)} strides for {len(shape)} dimensions")
+    except (AttributeError, KeyError, TypeError, ValueError, IndexError) as e:
+        raise ValueError(f"memres: copy_from_device: a malformed __cuda_array_interface__ "
+                         f"({type(e).__name__}: {e})") from None
     if len(shape) > 1:
         raise ValueError(f"memres: copy_from_device: only 1-D contiguous arrays are supported, "
                          f"got {len(shape)}-D array")
@@ -210,7 +218,6 @@ def _cuda_array(iface):
                          "got a non-contiguous array")
     if iface.get("mask") is not None:
         raise ValueError("memres: copy_from_device: a masked array is not supported")
-    ptr = iface["data"][0]
     nbytes = (shape[0] if shape else 1) * itemsize
     # Version 3's "stream": the producer's stream to order after (None:
     # nothing to wait for; 1 and 2 name the default streams).

@@ -127,6 +127,20 @@ def test_an_interfaces_stream_no_handle_can_be_is_a_clear_error(monkeypatch):
     assert buf.tobytes() == b"abc"
 
 
+@pytest.mark.parametrize("change", [{"shape": None}, {"typestr": "<f"}, {"typestr": 4}, {"data": None},
+                                    {"shape": 3}, {"strides": 1}, {"strides": ()}])
+def test_a_malformed_array_interface_is_a_clear_error(monkeypatch, change):
+    # Read as it came: a KeyError, a TypeError or an IndexError of the
+    # reading, or int()'s ValueError on the type string.
+    buf = memres.DeviceBuffer.to_device(b"abc")
+    monkeypatch.setattr(buf, "mr", types.SimpleNamespace(_backend="cuda", device_id=0))
+    iface = {"data": (1 << 40, False), "shape": (3,), "typestr": "|u1", "version": 3, **change}
+    iface = {k: v for k, v in iface.items() if v is not None or k != "shape"}
+    with pytest.raises(ValueError, match="copy_from_device: a malformed __cuda_array_interface__"):
+        buf.copy_from_device(types.SimpleNamespace(__cuda_array_interface__=iface))
+    assert buf.tobytes() == b"abc"
+
+
 def test_copy_from_host_past_the_end_changes_nothing():
     buf = memres.DeviceBuffer.to_device(b"1234")
     with pytest.raises(ValueError, match="memres: copy_from_host"):  # as RMM's
