@@ -114,6 +114,10 @@ def get_device_statistics(device=None, backend=None):
     return DeviceStatistics(*_native.backend(backend).device_bytes(device))
 
 
+# The figures a report can be ordered by.
+_FIGURES = ("num_calls", "memory_peak", "memory_total")
+
+
 class ProfilerRecords:
     """Memory figures per profiled name (RMM's ``ProfilerRecords``)."""
 
@@ -146,7 +150,10 @@ class ProfilerRecords:
 
     def report(self, ordered_by="memory_peak"):
         """A table of the records, largest first by ``ordered_by``
-        (``num_calls``, ``memory_peak`` or ``memory_total``)."""
+        (``num_calls``, ``memory_peak`` or ``memory_total``; another is a
+        ``ValueError``)."""
+        if ordered_by not in _FIGURES:
+            raise ValueError(f"memres: ordered_by must be one of {', '.join(_FIGURES)}, not {ordered_by!r}")
         rows = sorted(self.records.items(), key=lambda kv: getattr(kv[1], ordered_by), reverse=True)
         lines = ["Memory Profiling", "=" * 16, ""]
         if not rows:

@@ -130,6 +130,17 @@ def test_profiler_report(pool):
     assert "block" in records.report() and "ncalls" in records.report()
 
 
+def test_a_report_ordered_by_no_figure_is_a_value_error():
+    # It was getattr()'s AttributeError on a record, and only where there
+    # were records: without any, the bad name passed unnoticed.
+    records = statistics.ProfilerRecords()
+    for filled in (False, True):
+        with pytest.raises(ValueError, match="ordered_by must be one of"):
+            records.report(ordered_by="memory")
+        records.add("f", statistics.Statistics(total_bytes=8, peak_bytes=8))
+    assert records.report(ordered_by="num_calls").splitlines()[-1].split()[:3] == ["2", "8", "16"]
+
+
 def test_bytes_held_from_the_device():
     # The figures are the whole simulated device's: garbage of earlier tests
     # (pools in cycles) is collected first, and not in the middle.
