@@ -1,5 +1,6 @@
 """``memres.DeviceBuffer``: bytes from a memres resource, as RMM's."""
 
+import operator
 import pickle
 
 from ._stream import Stream, as_handle
@@ -201,12 +202,15 @@ def _cuda_array(iface):
     ``__cuda_array_interface__`` that describes a 1-D contiguous array
     without a mask; ValueError for another, or for one malformed."""
     try:
-        shape, strides = tuple(iface["shape"]), iface.get("strides")
+        shape, strides = tuple(operator.index(n) for n in iface["shape"]), iface.get("strides")
         strides = None if strides is None else tuple(strides)
         itemsize = int(iface["typestr"][2:])
         ptr = iface["data"][0]
         if strides is not None and len(strides) != len(shape):
             raise ValueError(f"{len(strides)} strides for {len(shape)} dimensions")
+        # Version 3's "stream": the producer's stream to order after (None:
+        # nothing to wait for; 1 and 2 name the default streams).
+        stream = iface.get("stream") if iface.get("version", 0) >= 3 else None
     except (AttributeError, KeyError, TypeError, ValueError, IndexError) as e:
         raise ValueError(f"memres: copy_from_device: a malformed __cuda_array_interface__ "
                          f"({type(e).__name__}: {e})") from None
@@ -219,9 +223,6 @@ def _cuda_array(iface):
     if iface.get("mask") is not None:
         raise ValueError("memres: copy_from_device: a masked array is not supported")
     nbytes = (shape[0] if shape else 1) * itemsize
-    # Version 3's "stream": the producer's stream to order after (None:
-    # nothing to wait for; 1 and 2 name the default streams).
-    stream = iface.get("stream") if iface.get("version", 0) >= 3 else None
     if isinstance(stream, bool) or not (stream is None or isinstance(stream, int) and 0 <= stream < 1 << 64):
         raise ValueError(f"memres: copy_from_device: the interface's stream {stream!r} is no handle")
     return _mr._nbytes(ptr, "the interface's data pointer"), _mr._nbytes(nbytes, "nbytes"), stream

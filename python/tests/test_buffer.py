@@ -128,7 +128,8 @@ def test_an_interfaces_stream_no_handle_can_be_is_a_clear_error(monkeypatch):
 
 
 @pytest.mark.parametrize("change", [{"shape": None}, {"typestr": "<f"}, {"typestr": 4}, {"data": None},
-                                    {"shape": 3}, {"strides": 1}, {"strides": ()}])
+                                    {"shape": 3}, {"shape": (2.5,)}, {"strides": 1}, {"strides": ()},
+                                    {"version": "3"}])
 def test_a_malformed_array_interface_is_a_clear_error(monkeypatch, change):
     # Read as it came: a KeyError, a TypeError or an IndexError of the
     # reading, or int()'s ValueError on the type string.
