@@ -75,6 +75,25 @@ fn every_sized_entry_point_refuses_bad_sizes_and_alignments() {
     index.check().unwrap();
 }
 
+/// `allocate_class` errs as `allocate` does: a size of zero is refused
+/// whatever its class (a class of 256 carved a block stating 0 bytes).
+#[test]
+fn allocate_class_refuses_a_size_of_zero_whatever_the_class() {
+    let mut index: CoalescingIndex = CoalescingIndex::new(256);
+    let first = index.add_range(Range::new(0, 4096).unwrap()).unwrap();
+    let before = state(&index);
+    let e = Err(Error::InvalidSize { size: 0, what: "zero bytes" });
+    for class in [0, 256, 1024] {
+        assert_eq!(index.allocate_class(0, class, 256), e, "class {class}");
+        assert_eq!(index.allocate_class_in(first, 0, class, 256), e, "class {class}");
+        assert_eq!(state(&index), before);
+    }
+    let a = index.allocate_class(300, 1024, 256).unwrap().unwrap();
+    index.free(a.tag, a.addr, 300).unwrap();
+    assert_eq!((index.used_bytes(), index.free_bytes()), (0, 4096));
+    index.check().unwrap();
+}
+
 /// A free whose size rounds past `u64::MAX` is a size mismatch (it
 /// overflowed), as is one that rounds as the allocation's did, and the
 /// block can still be freed with its size.

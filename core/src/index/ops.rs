@@ -27,6 +27,17 @@ fn check_request(size: u64, align: u64) -> Result<()> {
     Ok(())
 }
 
+/// `check_request` for a block of `size` bytes that takes `class`: a size
+/// of zero is refused as `allocate` refuses it, whatever the class.
+#[inline(always)]
+fn check_class(size: u64, class: u64, align: u64) -> Result<()> {
+    check_request(size, align)?;
+    if class < size {
+        return Err(Error::InvalidSize { size: class, what: "a size class below the size it serves" });
+    }
+    check_request(class, align)
+}
+
 #[cold]
 #[inline(never)]
 fn request_error(size: u64, align: u64) -> Error {
@@ -215,8 +226,8 @@ impl<N: Storage<Node>> CoalescingIndex<N> {
     ///
     /// # Errors
     ///
-    /// As [`allocate`](Self::allocate) for `class`; [`Error::InvalidSize`]
-    /// for a `class` below `size`.
+    /// As [`allocate`](Self::allocate) for `size`, then for `class`;
+    /// [`Error::InvalidSize`] for a `class` below `size`.
     ///
     /// ```
     /// use memres_core::index::CoalescingIndex;
@@ -231,9 +242,7 @@ impl<N: Storage<Node>> CoalescingIndex<N> {
     /// ```
     #[inline]
     pub fn allocate_class(&mut self, size: u64, class: u64, align: u64) -> Result<Option<Allocation>> {
-        if class < size {
-            return Err(Error::InvalidSize { size: class, what: "a size class below the size it serves" });
-        }
+        check_class(size, class, align)?;
         let Some(found) = self.find_fit(class, align, false)? else { return Ok(None) };
         Ok(Some(self.carve(found, size, self.bytes_of(class), align.max(self.granule()))))
     }
@@ -414,10 +423,7 @@ impl<N: Storage<Node>> CoalescingIndex<N> {
         class: u64,
         align: u64,
     ) -> Result<Option<Allocation>> {
-        if class < size {
-            return Err(Error::InvalidSize { size: class, what: "a size class below the size it serves" });
-        }
-        check_request(class, align)?;
+        check_class(size, class, align)?;
         let node = self.skip_header(node);
         let bytes = self.bytes_of(class);
         let Some(n) = self.nodes.get(node as usize) else { return Ok(None) };
