@@ -17,6 +17,7 @@ StackMemoryResource builds any stack string.
 """
 
 import atexit
+import fractions
 import operator
 import os
 import re
@@ -85,14 +86,22 @@ _BYTES = re.compile(r"([0-9]+(?:\.[0-9]*)?)[\t ]*([a-z]*)", re.IGNORECASE)
 
 
 def _parse_bytes(text, what):
-    """``"1.5 GiB"`` as 1610612736, as RMM's ``parse_bytes`` reads sizes;
-    ValueError naming ``what`` for text that is no size."""
+    """``"1.5 GiB"`` as 1610612736, as RMM's ``parse_bytes`` reads sizes
+    (but exactly: not through a float, which loses a large size's last
+    digits); ValueError naming ``what`` for text that is no size,
+    OverflowError for a size of 2**64 bytes or more."""
     m = _BYTES.fullmatch(text)
     unit = m and _UNITS.get(m.group(2).lower())
     if unit is None:
         raise ValueError(f"memres: {what}: Could not parse {text!r} as a byte specification "
                          "(such as 1000000, '500MB' or '2 GiB')")
-    return int(float(m.group(1)) * unit)
+    # More than 20 digits is past 2**64 whatever the unit (and long
+    # enough digits are past what `int` converts).
+    whole = m.group(1).partition(".")[0].lstrip("0")
+    n = int(fractions.Fraction(m.group(1)) * unit) if len(whole) <= 20 else 1 << 64
+    if n >> 64:
+        raise OverflowError(f"memres: {what}: {text!r} is more than 2**64 - 1 bytes")
+    return n
 
 
 def _bin(exponent, what):

@@ -252,6 +252,17 @@ def test_configuration_sizes_may_be_strings_as_in_rmm():
         assert mr._parse_bytes(text, "size") == size, text
 
 
+def test_a_size_string_parses_exactly_and_one_past_2_64_names_itself():
+    # Through a float, a 20-digit size lost its last digits, and one of 309
+    # digits was infinity: an OverflowError about a float, naming nothing.
+    assert mr._parse_bytes("12345678901234567891", "size") == 12345678901234567891
+    assert mr._parse_bytes("18446744073709551615b", "size") == (1 << 64) - 1
+    assert mr._parse_bytes("0.3 kb", "size") == 300
+    for text in ("18446744073709551616", "16777216 TiB", "9" * 309, "1" * 5000 + " GiB"):
+        with pytest.raises(OverflowError, match=r"memres: initial_pool_size: '[0-9]+.*' is more than 2\*\*64 - 1"):
+            mr.PoolMemoryResource(mr.SimulatedMemoryResource(GiB), initial_pool_size=text)
+
+
 def test_out_of_memory_is_a_memory_error_with_the_figures():
     pool = mr.PoolMemoryResource(mr.SimulatedMemoryResource(64 * MiB), maximum_pool_size=32 * MiB)
     p = pool.allocate(16 * MiB)
