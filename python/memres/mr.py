@@ -171,17 +171,21 @@ class DeviceMemoryResource:
         """Allocates ``nbytes`` on ``stream``; returns the address (0 for 0
         bytes, which reach no layer: no statistics count them, no log
         writes a row, where RMM's do)."""
+        # The size first: a call refused for it keeps no stream.
+        nbytes = _nbytes(nbytes, "nbytes")
         handle = as_handle(stream)
         self._keep(handle, stream)
-        return self._native.allocate(_nbytes(nbytes, "nbytes"), handle)
+        return self._native.allocate(nbytes, handle)
 
     def deallocate(self, ptr, nbytes, stream=None):
         """Frees ``ptr`` (from ``allocate`` of this object, ``nbytes``
         long) on ``stream``; a refused free raises and changes nothing."""
+        # The sizes first: a call refused for them keeps no stream.
+        ptr, nbytes = _nbytes(ptr, "ptr"), _nbytes(nbytes, "nbytes")
         handle = as_handle(stream)
         self._keep(handle, stream)
         # The object keeps the handle valid for a free deferred from a callback.
-        self._native.deallocate(_nbytes(ptr, "ptr"), _nbytes(nbytes, "nbytes"), handle, stream)
+        self._native.deallocate(ptr, nbytes, handle, stream)
 
     def _keep(self, handle, stream):
         """Keeps the Python object of every stream this stack has been

@@ -221,6 +221,36 @@ def test_a_stack_keeps_its_stream_objects_alive_as_long_as_it_lives():
     assert alive() is None
 
 
+@pytest.mark.parametrize("call", ["allocate", "deallocate nbytes", "deallocate ptr"])
+def test_a_call_refused_for_its_size_keeps_no_stream(call):
+    # The stream was kept (for the stack's life) before the size was checked.
+    class Handle:
+        def __init__(self, handle):
+            self.handle_value = handle
+
+        def __cuda_stream__(self):
+            return (0, self.handle_value)
+
+    import gc
+    import weakref
+    res = mr.PoolMemoryResource(mr.HostMemoryResource(), per_stream=True)  # a stack that keeps streams
+    p = res.allocate(100)
+    s = Handle(7)
+    alive = weakref.ref(s)
+    with pytest.raises(OverflowError, match="must be an int"):
+        if call == "allocate":
+            res.allocate(-1, stream=s)
+        elif call == "deallocate nbytes":
+            res.deallocate(p, -1, stream=s)
+        else:
+            res.deallocate(-1, 100, stream=s)
+    del s
+    gc.collect()
+    assert alive() is None
+    res.deallocate(p, 100)
+    assert res._native.live_count() == 0
+
+
 def test_a_stream_does_not_pickle_but_the_default_streams_do():
     # A handle is valid only in the process that has it (RMM's Stream does
     # not pickle); the default streams are every process's.
