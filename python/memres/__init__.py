@@ -113,6 +113,8 @@ def _resources(pool_allocator=False, managed_memory=False, initial_pool_size=Non
     if stack is not None and (pool_allocator or managed_memory or initial_pool_size is not None
                               or maximum_pool_size is not None):
         raise ValueError("memres: reinitialize takes stack= or RMM's keywords, not both")
+    if stack is not None:
+        mr._stack(stack)
     made = []
     for device in devices:
         if stack is not None:

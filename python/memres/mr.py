@@ -104,6 +104,25 @@ def _parse_bytes(text, what):
     return n
 
 
+def _path(value, what):
+    """A path argument (a str, bytes or an ``os.PathLike``, as ``open``
+    takes) as a str; TypeError naming ``what`` for anything else."""
+    try:
+        return os.fsdecode(value)
+    except TypeError:
+        raise TypeError(f"memres: {what} must be a path (str, bytes or os.PathLike), "
+                        f"not {type(value).__name__}") from None
+
+
+def _stack(stack):
+    """``stack`` if it is a stack string; TypeError for anything else (the
+    native side's would name its own argument)."""
+    if not isinstance(stack, str):
+        raise TypeError("memres: stack must be a str (a stack string such as 'stats(pool(cuda))'), "
+                        f"not {type(stack).__name__}")
+    return stack
+
+
 def _bin(exponent, what):
     """RMM's bin exponent as the stack's bin size in bytes (``min_bin=``,
     ``max_bin=``), at least 256: RMM's bins below it hand out blocks of 256
@@ -277,7 +296,7 @@ class StackMemoryResource(DeviceMemoryResource):
     def _build_text(self, stack, backend, device):
         module = _native.backend(backend)
         self._adopt(module.NativeResource.build(
-            stack, [], current_device() if device is None else _device_id(device)), backend)
+            _stack(stack), [], current_device() if device is None else _device_id(device)), backend)
 
     def _adopt(self, native, backend):
         self._backend, self._upstreams, self._native = backend, (), native
@@ -683,8 +702,8 @@ class TrackingResourceAdaptor(UpstreamResourceAdaptor):
 
 
 class LoggingResourceAdaptor(UpstreamResourceAdaptor):
-    """Logs every call in RMM's CSV format to ``log_file_name`` (else
-    ``$MEMRES_LOG_FILE``) with the device's number before the extension, as
+    """Logs every call in RMM's CSV format to ``log_file_name`` (a str,
+    bytes or ``os.PathLike`` path; else ``$MEMRES_LOG_FILE``) with the device's number before the extension, as
     RMM's (``x.csv`` is ``x.dev0.csv`` for device 0), a path taken from the
     working directory when the adaptor is made; ``get_file_name()`` gives
     it absolute, as RMM's."""
@@ -693,9 +712,10 @@ class LoggingResourceAdaptor(UpstreamResourceAdaptor):
         name = log_file_name or os.environ.get("MEMRES_LOG_FILE")
         if not name:
             raise ValueError("memres: LoggingResourceAdaptor needs log_file_name or MEMRES_LOG_FILE")
+        name = _path(name, "log_file_name")
         if isinstance(upstream_mr, DeviceMemoryResource):
-            name = _native.sim.log_file_of_device(os.fspath(name), upstream_mr.device_id) or name
-        self._file = os.path.abspath(os.fspath(name))
+            name = _native.sim.log_file_of_device(name, upstream_mr.device_id) or name
+        self._file = os.path.abspath(name)
         self._build("log", [], [upstream_mr], file=_word(self._file, "log_file_name"))
 
     def get_file_name(self):

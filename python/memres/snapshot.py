@@ -56,11 +56,12 @@ def snapshot(backend=None):
 
 
 def dump_snapshot(filename, backend=None):
-    """Writes :func:`snapshot` to ``filename`` as a pickle, as
+    """Writes :func:`snapshot` to ``filename`` (a str, bytes or
+    ``os.PathLike`` path, as ``open`` takes) as a pickle, as
     ``torch.cuda.memory._dump_snapshot``, but whole: into a temporary file
     beside it, renamed over it, so that a reader (or a crash midway) never
     finds a truncated pickle (a device or a named pipe, such as
     ``/dev/null``, is written into). An ``OSError`` where it cannot be written
     leaves ``filename`` as it was. The pickle is of protocol 2, which
     PyTorch's viewer reads (it refuses Python's default from 3.14 on, 5)."""
-    _native.sim.write_file(filename, _pickled(backend))
+    _native.sim.write_file(_mr._path(filename, "filename"), _pickled(backend))

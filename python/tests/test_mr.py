@@ -1345,6 +1345,27 @@ def test_enable_and_disable_logging_over_each_devices_resource_as_rmm(tmp_path):
     assert [line.split(",")[2] for line in lines[1:]] == ["allocate", "free"]
 
 
+@pytest.mark.parametrize("bad", [5, b"pool(host)", ["pool(host)"]])
+def test_a_stack_that_is_no_str_is_a_type_error_naming_it(bad):
+    # It reached the native side, whose TypeError named its own argument.
+    with pytest.raises(TypeError, match=r"^memres: stack must be a str \(a stack string"):
+        mr.StackMemoryResource(bad, backend="sim")
+    with pytest.raises(TypeError, match=r"^memres: stack must be a str \(a stack string"):
+        memres.reinitialize(stack=bad)
+    with pytest.raises(TypeError, match=r"^memres: stack must be a str \(a stack string"):
+        mr.StackMemoryResource(None, backend="sim")
+
+
+def test_a_log_file_name_may_be_bytes_or_a_path_and_else_is_a_type_error(tmp_path):
+    # Bytes, and what is no path, reached the native side's TypeError.
+    log = mr.LoggingResourceAdaptor(sim_pool(), log_file_name=os.fsencode(tmp_path / "b.csv"))
+    assert log.get_file_name() == str(tmp_path / "b.dev0.csv")
+    log = mr.LoggingResourceAdaptor(sim_pool(), log_file_name=tmp_path / "p.csv")
+    assert log.get_file_name() == str(tmp_path / "p.dev0.csv")
+    with pytest.raises(TypeError, match=r"^memres: log_file_name must be a path \(str, bytes or os.PathLike\), not int"):
+        mr.LoggingResourceAdaptor(sim_pool(), log_file_name=5)
+
+
 def test_enable_logging_that_cannot_log_one_device_changes_no_device(tmp_path):
     # Device 1's file is written by a live log already: its adaptor is
     # refused, after device 0's was made.

@@ -67,6 +67,16 @@ def test_a_pool_and_its_buffers_as_segments_and_blocks(recording, tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["memres.pickle", "taken"]
 
 
+def test_dump_snapshot_takes_a_bytes_path_and_else_names_what_it_takes(tmp_path):
+    # Bytes, and what is no path, reached the native side's TypeError.
+    memres.snapshot.dump_snapshot(os.fsencode(tmp_path / "s.pickle"), backend="sim")
+    with open(tmp_path / "s.pickle", "rb") as f:
+        assert pickle.load(f) == memres.snapshot.snapshot(backend="sim")
+    with pytest.raises(TypeError, match=r"^memres: filename must be a path \(str, bytes or os.PathLike\), not int"):
+        memres.snapshot.dump_snapshot(5, backend="sim")
+    assert [p.name for p in tmp_path.iterdir()] == ["s.pickle"]
+
+
 def test_an_upstream_shows_as_segments_not_as_blocks(recording):
     up = mr.HostMemoryResource()
     pool = mr.PoolMemoryResource(up)
