@@ -30,8 +30,8 @@ use crate::Request;
 #[non_exhaustive]
 pub enum Growth {
     /// RMM's policy: grow by `max(request, bytes held)` without a maximum
-    /// (the resource doubles), and by up to half the room left under a
-    /// maximum.
+    /// (the resource doubles), and by `max(request, half the room left)`
+    /// under a maximum.
     Double,
     /// Grow by `max(request, held / divisor)` rounded up to `granule`:
     /// geometric growth with ratio `1 + 1/divisor`, so the unused tail of

@@ -138,9 +138,12 @@ default_constructors! {
     ///
     /// # Errors
     ///
-    /// [`Error::InvalidConfig`] for sizes that are not multiples of 256 or a
-    /// maximum below the initial size; the upstream's error if it cannot
-    /// supply the initial size.
+    /// [`Error::InvalidConfig`] for sizes that are not multiples of 256, a
+    /// maximum below the initial size, or a growth policy that
+    /// [`PoolConfig`] refuses (see `docs/bad-input.md`); the upstream's
+    /// error if it cannot supply the initial size, or
+    /// [`Error::UpstreamMisbehaved`] for a block it hands out outside its
+    /// contract (given back).
     with_config;
 }
 
@@ -430,9 +433,12 @@ with_config_in! {
     ///
     /// # Errors
     ///
-    /// [`Error::InvalidConfig`] for sizes that are not multiples of 256 or a
-    /// maximum below the initial size; the upstream's error if it cannot
-    /// supply the initial size.
+    /// [`Error::InvalidConfig`] for sizes that are not multiples of 256, a
+    /// maximum below the initial size, or a growth policy that
+    /// [`PoolConfig`] refuses (see `docs/bad-input.md`); the upstream's
+    /// error if it cannot supply the initial size, or
+    /// [`Error::UpstreamMisbehaved`] for a block it hands out outside its
+    /// contract (given back).
 }
 
 impl<U, N: Storage<Node>, C: Storage<Chunk>> Inspect for CoalescingPool<U, N, C> {
