@@ -130,8 +130,9 @@ fn written_in_place(path: &Path) -> bool {
 /// yet is followed too: the file is made where it points.
 fn followed(path: &Path) -> io::Result<PathBuf> {
     let mut path = path.to_path_buf();
-    // Linux's own limit on the links of one lookup.
-    for _ in 0..40 {
+    // Linux's own limit on the links of one lookup: 40 followed, then one
+    // more look at where the last leads.
+    for _ in 0..=40 {
         match fs::symlink_metadata(&path) {
             Ok(meta) if meta.file_type().is_symlink() => {
                 let to = fs::read_link(&path)?;

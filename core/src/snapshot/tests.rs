@@ -827,6 +827,35 @@ fn a_snapshot_file_keeps_the_link_that_leads_to_it_and_its_permissions() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// A chain of 40 symbolic links, as many as Linux follows in one lookup,
+/// leads to the file written (the 40th link was taken for one too many);
+/// a chain of 41 is an error that leaves nothing.
+#[cfg(all(feature = "std", unix))]
+#[test]
+fn a_snapshot_file_is_written_through_forty_links_and_not_forty_one() {
+    use std::os::unix::fs::symlink;
+    let dir = file_test_dir("snapshot-file-forty-links");
+    let bytes = MemoryMap::new(3).pickle();
+    // `l0` -> `l1` -> ... -> `l{n-1}` -> `s.pickle`: `n` links.
+    let chain = |n: usize| {
+        for i in 0..n {
+            let to = if i + 1 == n { "s.pickle".into() } else { std::format!("l{}", i + 1) };
+            symlink(to, dir.join(std::format!("l{i}"))).unwrap();
+        }
+    };
+    chain(40);
+    write_file(&dir.join("l0"), &bytes).unwrap();
+    assert_eq!(std::fs::read(dir.join("s.pickle")).unwrap(), bytes);
+    check_file(&dir.join("l0")).unwrap();
+    std::fs::remove_dir_all(&dir).unwrap();
+    std::fs::create_dir_all(&dir).unwrap();
+    chain(41);
+    let err = write_file(&dir.join("l0"), &bytes).unwrap_err();
+    assert_eq!(err.kind(), std::io::ErrorKind::InvalidInput);
+    assert_eq!(names_in(&dir).len(), 41, "nothing made beside the links");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 /// Where the file cannot be put in place (its path is a directory), the
 /// error comes back, the temporary file goes and the directory is as it
 /// was; a path that names no file, or in a directory that does not exist,
