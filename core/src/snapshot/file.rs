@@ -51,12 +51,14 @@ pub fn write_file(path: &Path, bytes: &[u8]) -> io::Result<()> {
     let tmp = temporary(path)?;
     let written = (|| {
         let mut file = File::create(&tmp)?;
-        file.write_all(bytes)?;
+        // Before the bytes: a file kept private is never readable by
+        // others under the new name's default permissions while written.
         match fs::metadata(path) {
             Ok(old) => file.set_permissions(old.permissions())?,
             Err(e) if e.kind() == io::ErrorKind::NotFound => {}
             Err(e) => return Err(e),
         }
+        file.write_all(bytes)?;
         // On disk before the rename, so that a crash after it cannot leave
         // the new name over an empty or partial file.
         file.sync_all()?;
