@@ -61,6 +61,9 @@ pub struct Stats {
     /// Times every stream was synchronized and every list merged back before
     /// out of memory (RMM's last resort).
     pub last_resorts: u64,
+    /// Listed blocks the inner algorithm refused back (its `deallocate`
+    /// failed, outside its contract); each stays listed and is offered again.
+    pub refused: u64,
 }
 
 /// RMM's stream-ordered memory resource over a stream-agnostic algorithm `A`
@@ -109,6 +112,11 @@ pub struct Stats {
 /// - [`reclaim`](StreamOrdered::reclaim) gives back the blocks covered by a
 ///   completed fence (one event query per stream; they are the fronts of the
 ///   buckets) and fences the rest.
+/// - A listed block the inner refuses back (its `deallocate` fails, outside
+///   its contract) is still the inner's block held by this layer: it stays
+///   listed and serves as before, goes to the back of its bucket, and is
+///   offered again after the next fence (or at the last resort, or on
+///   drop); the others go back all the same ([`Stats::refused`]).
 ///
 /// # Examples
 ///
@@ -301,19 +309,30 @@ impl<A: MemoryResourceMut<()>, S: Stream + Clone> StreamOrdered<A, S> {
     /// blocks not yet covered; returns the blocks given back.
     ///
     /// A block freed at a time `t` is given back by the first call after a
-    /// fence recorded after `t` has completed.
+    /// fence recorded after `t` has completed. A block the inner algorithm
+    /// refuses back (its `deallocate` fails, outside its contract) stays
+    /// listed, serving as before, at the back of its bucket, to be offered
+    /// again after the next fence; counted in [`Stats::refused`].
     ///
     /// # Errors
     ///
-    /// A stream's error from query or record, or the inner algorithm's from
-    /// deallocate; what was done before stays done and consistent.
+    /// A stream's error from query or record; what was done before stays
+    /// done and consistent. The inner algorithm's first refusal, once every
+    /// other block was given back.
     ///
     /// # Time Complexity
     ///
     /// One query (and at most one record) per stream, plus O(log n) per
     /// block given back.
     pub fn reclaim(&mut self) -> Result<usize> {
-        let mut given = 0;
+        let (given, refused) = self.reclaim_past_refusals()?;
+        refused.map_or(Ok(given), Err)
+    }
+
+    /// [`reclaim`](Self::reclaim), with the inner's first refusal beside
+    /// the count.
+    fn reclaim_past_refusals(&mut self) -> Result<(usize, Option<Error>)> {
+        let (mut given, mut refused) = (0, None);
         for list in self.lists.values_mut() {
             if let Some((event, upto)) = &list.fence {
                 if !list.stream.query(event)? {
@@ -330,8 +349,17 @@ impl<A: MemoryResourceMut<()>, S: Stream + Clone> StreamOrdered<A, S> {
                         if seq >= upto {
                             break;
                         }
-                        self.inner.deallocate(block, &())?;
+                        // Popped after the free: one that panics leaves
+                        // the block listed.
+                        let freed = self.inner.deallocate(block, &());
                         q.pop_front();
+                        if let Err(e) = freed {
+                            refused.get_or_insert(e);
+                            self.stats.refused += 1;
+                            q.push_back((block, list.next_seq));
+                            list.next_seq += 1;
+                            continue;
+                        }
                         list.len -= 1;
                         self.listed_bytes -= size;
                         self.stats.reclaimed += 1;
@@ -347,40 +375,61 @@ impl<A: MemoryResourceMut<()>, S: Stream + Clone> StreamOrdered<A, S> {
                 list.fence = Some((list.stream.record()?, list.next_seq));
             }
         }
-        Ok(given)
+        Ok((given, refused))
     }
 
     /// RMM's last resort: synchronizes every stream with a free list and
-    /// gives every listed block back to the inner algorithm.
+    /// gives every listed block back to the inner algorithm. A block the
+    /// inner refuses back stays listed, as in [`reclaim`](Self::reclaim).
     ///
     /// # Errors
     ///
-    /// A stream's error from synchronize, or the inner algorithm's from
-    /// deallocate; the lists handled before stay merged.
+    /// A stream's error from synchronize; the lists handled before stay
+    /// merged. The inner algorithm's first refusal, once every other block
+    /// was given back.
     ///
     /// # Time Complexity
     ///
     /// One synchronize per stream, O(log n) per listed block.
     pub fn synchronize_and_merge(&mut self) -> Result<()> {
+        self.merge_past_refusals()?.map_or(Ok(()), Err)
+    }
+
+    /// [`synchronize_and_merge`](Self::synchronize_and_merge), with the
+    /// inner's first refusal apart.
+    fn merge_past_refusals(&mut self) -> Result<Option<Error>> {
+        let mut refused = None;
         for list in self.lists.values_mut() {
             if list.len == 0 {
                 continue;
             }
             list.stream.synchronize()?;
-            while let Some(mut entry) = list.buckets.first_entry() {
-                let size = *entry.key();
-                let q = entry.get_mut();
-                while let Some(&(block, _)) = q.front() {
-                    self.inner.deallocate(block, &())?;
+            let mut next = list.buckets.keys().next().copied();
+            while let Some(size) = next {
+                next = list.buckets.range((Excluded(size), Unbounded)).next().map(|(&k, _)| k);
+                let Some(q) = list.buckets.get_mut(&size) else { break };
+                // Each block once: a refused one goes to the back.
+                for _ in 0..q.len() {
+                    let Some(&(block, _)) = q.front() else { break };
+                    let freed = self.inner.deallocate(block, &());
                     q.pop_front();
+                    if let Err(e) = freed {
+                        refused.get_or_insert(e);
+                        self.stats.refused += 1;
+                        q.push_back((block, list.next_seq));
+                        list.next_seq += 1;
+                        continue;
+                    }
                     list.len -= 1;
                     self.listed_bytes -= size;
                 }
-                entry.remove();
+                if q.is_empty() {
+                    list.buckets.remove(&size);
+                }
             }
             list.fence = None;
         }
-        Ok(())
+        Ok(refused)
     }
 
     /// A fitting block from the list of another stream than `stream`
@@ -435,7 +484,11 @@ impl<A: MemoryResourceMut<()>, S: Stream + Clone> StreamOrdered<A, S> {
         if self.listed_bytes == 0 {
             return Err(err);
         }
-        let err = match self.reclaim()? {
+        // Past a block the inner refuses back, as a pool's growth goes on
+        // past a chunk refused: the refusal is the error only where no
+        // room was made.
+        let (given, mut refused) = self.reclaim_past_refusals()?;
+        let err = match given {
             0 => err,
             _ => match self.inner_allocate(request) {
                 Err(e) if e.is_out_of_memory() => e,
@@ -443,11 +496,16 @@ impl<A: MemoryResourceMut<()>, S: Stream + Clone> StreamOrdered<A, S> {
             },
         };
         if self.listed_bytes == 0 {
-            return Err(err);
+            return Err(refused.unwrap_or(err));
         }
         self.stats.last_resorts += 1;
-        self.synchronize_and_merge()?;
-        self.inner_allocate(request)
+        if let Some(e) = self.merge_past_refusals()? {
+            refused.get_or_insert(e);
+        }
+        match self.inner_allocate(request) {
+            Err(e) if e.is_out_of_memory() => Err(refused.unwrap_or(e)),
+            other => other,
+        }
     }
 }
 

@@ -504,3 +504,53 @@ fn each_call_reads_its_streams_id_once() {
     assert_eq!(so.stats().steals, 1);
     so.check().unwrap();
 }
+
+/// An inner algorithm that refuses a listed block back (outside its
+/// contract): the block stays listed, serving as before, and the blocks
+/// behind it in its bucket go back all the same; no later call stops at it.
+#[test]
+fn a_block_the_inner_refuses_back_stays_listed_and_the_others_go_back() {
+    let up = BumpUpstream::new(1 << 30);
+    let log = Rc::new(RefCell::new(StreamLog::default()));
+    let a = LoggedStream { id: 1, log: log.clone() };
+    let mut so = StreamOrdered::<_, LoggedStream>::new(&up);
+    let (x, y) = (so.allocate(req(1000), &a).unwrap(), so.allocate(req(1000), &a).unwrap());
+    so.deallocate(x, &a).unwrap(); // the front of the bucket
+    so.deallocate(y, &a).unwrap();
+    so.reclaim().unwrap(); // fences both
+    log.borrow_mut().complete = true;
+    up.refuse_free_at(x.addr());
+    assert!(matches!(so.reclaim(), Err(Error::Backend { .. })));
+    so.check().unwrap();
+    assert_eq!((so.listed_bytes(), so.listed_count(), up.usage().held), (1024, 1, 1024), "y went back");
+    assert_eq!((so.stats().reclaimed, so.stats().refused), (1, 1));
+    // Refused again at the next reclaim, then taken once the inner will.
+    assert!(matches!(so.reclaim(), Err(Error::Backend { .. })));
+    up.refuse_free_at(0);
+    assert_eq!(so.reclaim().unwrap(), 1);
+    assert_eq!((so.listed_bytes(), up.usage().held, so.stats().refused), (0, 0, 2));
+    so.check().unwrap();
+}
+
+/// The last resort goes on past a block the inner refuses back: the others
+/// go back and the allocation is served from the room they leave.
+#[test]
+fn the_last_resort_goes_on_past_a_block_the_inner_refuses_back() {
+    let up = BumpUpstream::new(2048);
+    let log = Rc::new(RefCell::new(StreamLog::default()));
+    let a = LoggedStream { id: 1, log: log.clone() };
+    let mut so = StreamOrdered::<_, LoggedStream>::new(&up);
+    let (x, y) = (so.allocate(req(1024), &a).unwrap(), so.allocate(req(1024), &a).unwrap());
+    so.deallocate(x, &a).unwrap();
+    so.deallocate(y, &a).unwrap();
+    up.refuse_free_at(x.addr());
+    // 256 bytes: no listed block serves it, the inner is full.
+    let z = so.allocate(req(256), &a).unwrap();
+    so.check().unwrap();
+    assert_eq!((so.listed_bytes(), so.stats().last_resorts, so.stats().refused), (1024, 1, 1));
+    assert_eq!(up.usage().held, 1024 + 256);
+    // The refused block still serves its stream.
+    assert_eq!(so.allocate(req(1024), &a).unwrap().addr(), x.addr());
+    so.deallocate(z, &a).unwrap();
+    so.check().unwrap();
+}
