@@ -61,7 +61,7 @@ pub enum Action {
     SegmentAlloc,
     /// Memory given back to the upstream (`segment_free`).
     SegmentFree,
-    /// An allocation that failed (`oom`).
+    /// An allocation that failed for want of memory (`oom`).
     Oom,
 }
 
@@ -486,7 +486,7 @@ impl MemoryMap {
         self.settled(told);
     }
 
-    /// A request of `size` bytes that failed.
+    /// A request of `size` bytes that failed for want of memory.
     pub fn oom(&mut self, size: u64, stream: u64, time_us: Option<u64>) {
         self.record(Action::Oom, 0, size, stream, time_us);
     }

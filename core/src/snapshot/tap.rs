@@ -19,8 +19,10 @@ pub enum Side {
 }
 
 /// `inner`, with each allocation and free told to a shared [`MemoryMap`]
-/// (an allocation after it succeeds, a failed one of [`Side::Blocks`] as
-/// an `oom` event; a free before it, taken back if refused, unless another
+/// (an allocation after it succeeds, one of [`Side::Blocks`] that fails
+/// for want of memory ([`Error::is_out_of_memory`](crate::Error::is_out_of_memory):
+/// `OutOfMemory`, `LimitExceeded`) as an `oom` event, one that fails
+/// otherwise not at all; a free before it, taken back if refused, unless another
 /// free of the block or segment went through meanwhile (a racing double
 /// free; a free whose stream's `id` panics still goes to `inner`, told on
 /// the stream the block was taken on); the
@@ -130,7 +132,9 @@ impl<S: Stream + ?Sized, R: MemoryResource<S>> MemoryResource<S> for Tap<R> {
         let block = match self.inner.allocate(request, stream) {
             Ok(block) => block,
             Err(e) => {
-                if self.side == Side::Blocks {
+                // PyTorch records an `oom` on out of memory only, and its
+                // viewer shows it as such: a backend's error is none.
+                if self.side == Side::Blocks && e.is_out_of_memory() {
                     self.map.with(|m| m.oom(request.size(), id, None));
                 }
                 return Err(e);

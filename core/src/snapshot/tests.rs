@@ -972,3 +972,23 @@ fn checking_a_snapshot_file_meets_what_the_write_would_and_makes_nothing() {
     assert_eq!(std::fs::read(dir.join("old.pickle")).unwrap(), b"old");
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// A tapped allocation that fails for another reason than memory (a
+/// backend's error) tells no `oom`: PyTorch records one on out of memory
+/// only, and its viewer shows it as such. One over a limit does.
+#[test]
+fn a_tapped_allocation_that_fails_for_another_reason_than_memory_tells_no_oom() {
+    use crate::adaptor::Limiting;
+    use crate::testing::BumpUpstream;
+    use crate::{MemoryResource, Request, Shared};
+    use alloc::sync::Arc;
+    let map = Arc::new(Shared::new(MemoryMap::new(100)));
+    let up = BumpUpstream::new(1 << 20);
+    up.fail_after(0); // every allocation: `Backend`
+    let top = Tap::new(up, map.clone(), Side::Blocks);
+    assert!(matches!(top.allocate(Request::new(1000).unwrap(), &()), Err(crate::Error::Backend { .. })));
+    assert_eq!(map.with(|m| m.trace().count()), 0);
+    let limited = Tap::new(Limiting::new(BumpUpstream::new(1 << 20), 256), map.clone(), Side::Blocks);
+    assert!(limited.allocate(Request::new(1000).unwrap(), &()).unwrap_err().is_out_of_memory());
+    assert_eq!(map.with(|m| m.trace().map(|e| e.action).collect::<Vec<_>>()), [Action::Oom]);
+}
