@@ -526,10 +526,9 @@ fn naming_what_raised(why: String) -> String {
 /// that `torch.cuda.empty_cache()` reaches memres. Takes the GIL (PyTorch
 /// calls it holding it). Never unwinds; does nothing once the interpreter
 /// is gone, nor once the exit has begun on a thread that may not take the
-/// GIL then ([`gil::may_take_the_gil`](crate::gil::may_take_the_gil)): the
-/// finalization that follows could end the thread inside this call. An
-/// error is reported as Python reports one it cannot raise
-/// (`sys.unraisablehook`).
+/// GIL then (`gil::may_take_the_gil`): the finalization that follows could
+/// end the thread inside this call. An error is reported as Python reports
+/// one it cannot raise (`sys.unraisablehook`).
 #[no_mangle]
 pub extern "C" fn memres_py_empty_cache() {
     // SAFETY: `Py_IsInitialized` may be called at any time, from any thread.
