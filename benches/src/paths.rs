@@ -26,11 +26,32 @@ impl Named {
 }
 
 /// Where `path` lies: its canonical path, or for a file not made yet its
-/// canonical folder and its name.
+/// canonical folder and its name, found through its links (a dangling
+/// link is written through to the file it names); `None` for links that
+/// loop.
 fn identity(path: &Path) -> Option<PathBuf> {
     if let Ok(p) = fs::canonicalize(path) {
         return Some(p);
     }
+    let mut path = path.to_path_buf();
+    // Linux's own limit on the links of one lookup.
+    for _ in 0..=40 {
+        match fs::symlink_metadata(&path) {
+            Ok(meta) if meta.file_type().is_symlink() => {
+                let to = fs::read_link(&path).ok()?;
+                path = match path.parent() {
+                    Some(dir) if to.is_relative() => dir.join(to),
+                    _ => to,
+                };
+            }
+            _ => return unmade(&path),
+        }
+    }
+    None
+}
+
+/// The canonical folder of the file `path`, not made yet, and its name.
+fn unmade(path: &Path) -> Option<PathBuf> {
     let name = path.file_name()?;
     let folder = match path.parent() {
         Some(p) if !p.as_os_str().is_empty() => p,

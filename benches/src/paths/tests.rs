@@ -72,3 +72,24 @@ fn an_output_clashing_with_a_workload_or_another_output_is_named_with_it() {
     assert_eq!(check_distinct(&[], &[], &[log.clone(), log]), Ok(()));
     assert_eq!(check_distinct(&input, &[x], &[Named::new(dir.0.join("l.csv"), "the log l.csv")]), Ok(()));
 }
+
+/// A symbolic link to a file not made yet is that file: writing either
+/// writes the one file (a `--snapshot` through a dangling link to the
+/// `--timeline` file was overwritten by it, with no clash told).
+#[cfg(unix)]
+#[test]
+fn a_dangling_link_is_the_file_it_leads_to() {
+    let dir = Folder::new("dangling");
+    fs::create_dir(dir.0.join("sub")).unwrap();
+    let target = dir.0.join("t.csv");
+    std::os::unix::fs::symlink("t.csv", dir.0.join("link.csv")).unwrap();
+    std::os::unix::fs::symlink("../link.csv", dir.0.join("sub/chain.csv")).unwrap();
+    assert!(same_file(&dir.0.join("link.csv"), &target), "a relative link");
+    assert!(same_file(&dir.0.join("sub/chain.csv"), &target), "a chain of links");
+    assert!(!same_file(&dir.0.join("link.csv"), &dir.0.join("other.csv")));
+    std::os::unix::fs::symlink("loop.csv", dir.0.join("loop.csv")).unwrap();
+    assert!(!same_file(&dir.0.join("loop.csv"), &target), "a loop leads nowhere");
+    let (snapshot, timeline) =
+        (Named::new(dir.0.join("link.csv"), "--snapshot link.csv"), Named::new(&target, "--timeline t.csv"));
+    assert!(check_distinct(&[], &[snapshot, timeline], &[]).is_err());
+}
