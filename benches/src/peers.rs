@@ -7,6 +7,9 @@ use crate::workload::Workload;
 use memres_core::Error;
 use std::fmt;
 
+#[cfg(test)]
+mod tests;
+
 /// Sizes in 256-byte units, checked to fit `u32`.
 #[inline]
 fn units(size: u64) -> Result<u32, Error> {
@@ -14,10 +17,12 @@ fn units(size: u64) -> Result<u32, Error> {
         .map_err(|_| Error::InvalidSize { size, what: "more 256-byte units than a u32 counts" })
 }
 
-fn peer_out_of_memory(size: u64, capacity_units: u64) -> Error {
+/// `size` refused by a peer of `capacity_units` whose largest free range
+/// is `largest_free_units` long.
+fn peer_out_of_memory(size: u64, capacity_units: u64, largest_free_units: u64) -> Error {
     Error::OutOfMemory {
         requested: size,
-        largest_free: 0,
+        largest_free: largest_free_units * GRANULE,
         pool_size: capacity_units * GRANULE,
         max_size: Some(capacity_units * GRANULE),
     }
@@ -60,7 +65,12 @@ impl Replayer for OffsetReplayer {
         if n == 0 {
             return Ok(None);
         }
-        let a = self.inner.allocate(n).ok_or_else(|| peer_out_of_memory(size, u32::MAX as u64))?;
+        let a = self.inner.allocate(n).ok_or_else(|| {
+            // The largest block it can hand out (its free ranges are
+            // binned, each as the size of its bin).
+            let largest = self.inner.storage_report().largest_free_region;
+            peer_out_of_memory(size, u32::MAX as u64, largest.into())
+        })?;
         self.peak_end = self.peak_end.max(a.offset as u64 + n as u64);
         Ok(Some(a))
     }
@@ -98,6 +108,21 @@ impl RangeReplayer {
     }
 }
 
+impl RangeReplayer {
+    /// The longest free range, in units: the longest gap between the
+    /// ranges handed out, or at either end (read only when out of memory:
+    /// it walks them all).
+    fn largest_free(&self) -> u64 {
+        let mut largest = 0;
+        let mut at = 0;
+        for r in self.inner.allocated_ranges() {
+            largest = largest.max(r.start - at);
+            at = r.end;
+        }
+        largest.max(Self::CAPACITY - at)
+    }
+}
+
 impl Default for RangeReplayer {
     fn default() -> Self {
         Self::new()
@@ -118,7 +143,10 @@ impl Replayer for RangeReplayer {
         if n == 0 {
             return Ok((0, 0));
         }
-        let r = self.inner.allocate_range(n).map_err(|_| peer_out_of_memory(size, Self::CAPACITY))?;
+        let r = self
+            .inner
+            .allocate_range(n)
+            .map_err(|_| peer_out_of_memory(size, Self::CAPACITY, self.largest_free()))?;
         self.peak_end = self.peak_end.max(r.end);
         Ok((r.start, r.end))
     }
