@@ -33,21 +33,31 @@ fn identity(path: &Path) -> Option<PathBuf> {
     if let Ok(p) = fs::canonicalize(path) {
         return Some(p);
     }
+    unmade(&followed(path).ok()?)
+}
+
+/// Where the links of `path` lead, followed by hand: a link to a file not
+/// made yet leads to that file's name (which `canonicalize` refuses).
+///
+/// # Errors
+///
+/// A link that cannot be read, or more than 40 in a row (a loop).
+fn followed(path: &Path) -> io::Result<PathBuf> {
     let mut path = path.to_path_buf();
     // Linux's own limit on the links of one lookup.
     for _ in 0..=40 {
         match fs::symlink_metadata(&path) {
             Ok(meta) if meta.file_type().is_symlink() => {
-                let to = fs::read_link(&path).ok()?;
+                let to = fs::read_link(&path)?;
                 path = match path.parent() {
                     Some(dir) if to.is_relative() => dir.join(to),
                     _ => to,
                 };
             }
-            _ => return unmade(&path),
+            _ => return Ok(path),
         }
     }
-    None
+    Err(io::Error::new(io::ErrorKind::InvalidInput, "too many levels of symbolic links"))
 }
 
 /// The canonical folder of the file `path`, not made yet, and its name.
@@ -120,12 +130,14 @@ pub fn check_distinct(inputs: &[Named], outputs: &[Named], logs: &[Named]) -> Re
 /// refused (a `--snapshot out/` wrote `out-0` beside it), an existing file
 /// is opened to append (and closed with nothing written), a new one is
 /// made and removed again (so a folder that does not exist or cannot be
-/// written to is told now, not after the run).
+/// written to is told now, not after the run), where its links lead.
 ///
 /// # Errors
 ///
 /// Why it cannot be written.
 pub fn check_writable(path: &Path) -> io::Result<()> {
+    // A link to a file not made yet is written through: its file is made.
+    let path = &followed(path)?;
     if path.is_dir() {
         return Err(io::Error::new(io::ErrorKind::IsADirectory, "it is a directory"));
     }

@@ -93,3 +93,20 @@ fn a_dangling_link_is_the_file_it_leads_to() {
         (Named::new(dir.0.join("link.csv"), "--snapshot link.csv"), Named::new(&target, "--timeline t.csv"));
     assert!(check_distinct(&[], &[snapshot, timeline], &[]).is_err());
 }
+
+/// A log through a symbolic link to a file not made yet is written through
+/// it (its file is made where the link leads): the check follows the link
+/// too, and leaves both as they were (it said "File exists", the link
+/// being there).
+#[cfg(unix)]
+#[test]
+fn a_file_not_made_yet_can_be_written_through_a_dangling_link() {
+    let dir = Folder::new("writable");
+    let link = dir.0.join("link.csv");
+    std::os::unix::fs::symlink("t.csv", &link).unwrap();
+    check_writable(&link).unwrap();
+    assert!(fs::symlink_metadata(&link).unwrap().file_type().is_symlink(), "the link stays");
+    assert!(!dir.0.join("t.csv").exists(), "nothing made");
+    std::os::unix::fs::symlink("loop.csv", dir.0.join("loop.csv")).unwrap();
+    assert!(check_writable(&dir.0.join("loop.csv")).is_err());
+}
