@@ -6,7 +6,7 @@
 //! | spec | what |
 //! | --- | --- |
 //! | `random:N:MAXBYTES:SEED` | `N` allocations of uniform sizes in `1..=MAXBYTES` |
-//! | `lograndom:N:MINB:MAXB:SEED` | `N` allocations of log-uniform sizes in `MINB..=MAXB` |
+//! | `lograndom:N:MINB:MAXB:SEED` | `N` allocations of log-uniform sizes in `MINB..=MAXB`, as far as floating point goes ([`SizeLaw::LogUniform`]) |
 //! | anything else | a path to a CSV trace (`Thread,Time,Action,Pointer,Size,Stream`), plain or gzip |
 //!
 //! Every allocation gets a fresh id (`0, 1, 2, ...`); every id is freed
@@ -246,7 +246,17 @@ pub enum SizeLaw {
     /// `min + r % (max - min + 1)`.
     Uniform,
     /// `exp(ln min + u (ln max - ln min))`, truncated, with `u` the top 53
-    /// bits of `r` as a fraction.
+    /// bits of `r` as a fraction. As in RMM's harness, the rounding of
+    /// `exp(ln x)` can land a size just off the bounds: a byte below `min`
+    /// where it rounds down to `min - 1`, past `max` for sizes of about
+    /// 2^52 bytes and more.
+    ///
+    /// ```
+    /// use memres_bench::workload::Workload;
+    /// let w = Workload::load("lograndom:1:1000:1000:1")?;
+    /// assert_eq!(w.ops[0].size, 999);
+    /// # Ok::<(), memres_bench::workload::WorkloadError>(())
+    /// ```
     LogUniform,
 }
 
