@@ -333,7 +333,9 @@ pub fn generate(
 /// Rows are read as [`memres_core::trace`] says (RMM's own logs and
 /// memres's): header lines are skipped wherever they are, so traces
 /// concatenated by `cat` read as one (as do gzip files of several members,
-/// which every member of is read); blank lines are skipped;
+/// which every member of is read; zero bytes after the last member are
+/// padding, as gzip reads them, and any other byte there is an error that
+/// says so); blank lines are skipped;
 /// `allocate failure` records (an allocation that did not happen, logged
 /// with a null pointer) too, counted in [`Workload::failed_allocations`]. A
 /// free of a pointer that is not live is skipped and counted in
@@ -365,9 +367,69 @@ pub fn load_trace(path: &Path) -> Result<Workload, WorkloadError> {
     let file = std::fs::File::open(path).map_err(io)?;
     let mut reader = BufReader::new(file);
     let gzip = reader.fill_buf().map_err(io)?.starts_with(&[0x1f, 0x8b]);
-    let reader: Box<dyn Read> =
-        if gzip { Box::new(flate2::read::MultiGzDecoder::new(reader)) } else { Box::new(reader) };
+    let reader: Box<dyn Read> = if gzip {
+        Box::new(Members { member: Some(flate2::bufread::GzDecoder::new(reader)) })
+    } else {
+        Box::new(reader)
+    };
     parse_trace(&name, BufReader::new(reader))
+}
+
+/// The gzip members of a file, one after the other (`cat a.gz b.gz`), read
+/// as gzip reads them: zero bytes after the last member are padding (a
+/// block device's, a tape's); any other byte that starts no member is an
+/// error, not a member cut short.
+struct Members<R> {
+    /// The member being read; `None` once the file is read.
+    member: Option<flate2::bufread::GzDecoder<R>>,
+}
+
+impl<R: BufRead> Read for Members<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        while let Some(member) = &mut self.member {
+            let n = member.read(buf)?;
+            if n > 0 || buf.is_empty() {
+                return Ok(n);
+            }
+            // The member ended: what follows is another, padding or nothing.
+            let Some(mut rest) = self.member.take().map(flate2::bufread::GzDecoder::into_inner) else {
+                break;
+            };
+            match rest.fill_buf()?.first() {
+                Some(0x1f) => self.member = Some(flate2::bufread::GzDecoder::new(rest)),
+                Some(0) => padding(&mut rest)?,
+                Some(_) => return Err(after_the_last_member()),
+                None => {}
+            }
+        }
+        Ok(0)
+    }
+}
+
+/// Reads zero bytes to the end.
+///
+/// # Errors
+///
+/// A byte other than zero, or the reader's error.
+fn padding(rest: &mut impl BufRead) -> std::io::Result<()> {
+    loop {
+        let bytes = rest.fill_buf()?;
+        if bytes.is_empty() {
+            return Ok(());
+        }
+        if bytes.iter().any(|&b| b != 0) {
+            return Err(after_the_last_member());
+        }
+        let n = bytes.len();
+        rest.consume(n);
+    }
+}
+
+fn after_the_last_member() -> std::io::Error {
+    std::io::Error::new(
+        std::io::ErrorKind::InvalidData,
+        "bytes after the last gzip member that are neither a member nor zero padding",
+    )
 }
 
 /// [`load_trace`] over any reader; `name` names it in errors. The rows are

@@ -382,3 +382,35 @@ fn zero_byte_allocations_at_the_null_pointer_are_empty_blocks_each_its_own() {
     assert_eq!(w.ops.last(), Some(&Op { size: 0, id: 4, stream: 1, alloc: false }));
     assert_eq!(w.times.as_ref().map(Vec::len), Some(w.ops.len()));
 }
+
+/// A gzip trace padded with zero bytes (a block device's, a tape's) reads
+/// as gzip and Python's `gzip` read it: the padding is no member. Other
+/// bytes after the last member (a line break added to the file) are an
+/// error that says so: it said "unexpected end of file" or "invalid gzip
+/// header", as if the data were cut short or not gzip at all.
+#[test]
+fn bytes_after_the_last_gzip_member_are_padding_or_a_clear_error() {
+    let dir = std::env::temp_dir().join(format!("memres-trace-tail-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut enc = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+    enc.write_all(TRACE.as_bytes()).unwrap();
+    let member = enc.finish().unwrap();
+    let want = parse_trace("plain", TRACE.as_bytes()).unwrap();
+    let load = |tail: &[u8]| {
+        let gz = dir.join("t.csv.gz");
+        std::fs::write(&gz, [&member[..], tail].concat()).unwrap();
+        Workload::load(gz.to_str().unwrap())
+    };
+    for zeros in [1, 7, 512, 70_000] {
+        let w = load(&vec![0; zeros]).unwrap_or_else(|e| panic!("{zeros} zero bytes: {e}"));
+        assert_eq!(w.ops, want.ops, "{zeros} zero bytes");
+    }
+    for tail in [&b"\n"[..], b"\n\n", b"garbage after the data", b"\0\0\n"] {
+        let e = load(tail).unwrap_err().to_string();
+        assert!(e.contains("after the last gzip member"), "{tail:?}: {e}");
+    }
+    // A member cut short is still told as such.
+    let e = load(&member[..member.len() / 2]).unwrap_err().to_string();
+    assert!(!e.contains("after the last gzip member"), "{e}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
