@@ -64,7 +64,9 @@ pub struct Workload {
     /// allocation's size.
     pub size_mismatches: u64,
     /// Each op's time in microseconds, where every row of a trace has one
-    /// ([`time_us`]); the frees at the end take the last row's.
+    /// ([`time_us`]; RMM's clock times counted on past midnight, a clock
+    /// half a day or more before the row before being the next day's);
+    /// the frees at the end take the last row's.
     pub times: Option<Vec<u64>>,
     /// The most bytes (as requested) live at once.
     pub peak_live: u64,
@@ -453,6 +455,7 @@ pub fn parse_trace(name: &str, reader: impl BufRead) -> Result<Workload, Workloa
     // As `Workload::from_ops` counts them: a replaced block stays live.
     let mut live_bytes = 0u64;
     let mut times: Option<Vec<u64>> = Some(Vec::new());
+    let mut days = 0;
     // Streams are numbered when an op first uses them, so that skipped
     // rows leave no gaps.
     let mut intern = |stream: &str| match streams.get(stream) {
@@ -495,7 +498,7 @@ pub fn parse_trace(name: &str, reader: impl BufRead) -> Result<Workload, Workloa
                     reused += 1;
                 }
                 ops.push(Op { size: row.size, id: next, stream, alloc: true });
-                push_time(&mut times, row.time);
+                push_time(&mut times, row.time, &mut days);
                 next += 1;
             }
             Action::Free => {
@@ -510,7 +513,7 @@ pub fn parse_trace(name: &str, reader: impl BufRead) -> Result<Workload, Workloa
                         live_bytes -= size;
                         mismatched += u64::from(row.size != size);
                         ops.push(Op { size, id, stream: intern(row.stream)?, alloc: false });
-                        push_time(&mut times, row.time);
+                        push_time(&mut times, row.time, &mut days);
                     }
                     None => skipped += 1,
                 }
@@ -538,11 +541,33 @@ pub fn parse_trace(name: &str, reader: impl BufRead) -> Result<Workload, Workloa
     Ok(w)
 }
 
+/// A day in microseconds.
+const DAY_US: u64 = 86_400_000_000;
+
 /// Appends a row's time, or gives the times up at a row without one.
-fn push_time(times: &mut Option<Vec<u64>>, text: &str) {
-    match (times.as_mut(), time_us(text)) {
-        (Some(t), Some(us)) => t.push(us),
-        _ => *times = None,
+/// RMM's clock times start again at midnight: `days` counts the midnights
+/// passed, a clock half a day or more before the row before being the
+/// next day's (and one half a day or more after it, a row logged late,
+/// the day before's).
+fn push_time(times: &mut Option<Vec<u64>>, text: &str, days: &mut u64) {
+    let (Some(t), Some(us)) = (times.as_mut(), time_us(text)) else {
+        *times = None;
+        return;
+    };
+    let clock = text.contains(':');
+    let on = |days: u64| days.checked_mul(DAY_US).and_then(|d| d.checked_add(us));
+    let at = match (clock, t.last().copied(), on(*days)) {
+        (true, Some(last), Some(at)) if at.saturating_add(DAY_US / 2) <= last => {
+            *days += 1;
+            on(*days)
+        }
+        (true, Some(last), Some(at)) if *days > 0 && at >= last.saturating_add(DAY_US / 2) => on(*days - 1),
+        (_, _, at) => at,
+    };
+    match at {
+        Some(at) => t.push(at),
+        // Past what microseconds in a u64 hold: no time.
+        None => *times = None,
     }
 }
 

@@ -414,3 +414,22 @@ fn bytes_after_the_last_gzip_member_are_padding_or_a_clear_error() {
     assert!(!e.contains("after the last gzip member"), "{e}");
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// RMM's clock times start again at midnight: a trace that runs past it
+/// counts on from the day before (its times went back a day, and the
+/// timeline's ticks after midnight read 0.00 s since the first op).
+#[test]
+fn clock_times_past_midnight_count_on() {
+    let trace = "0,23:59:59.900000,allocate,0x100,1000,s\n\
+                 0,23:59:59.899000,allocate,0x200,1000,s\n\
+                 0,00:00:00.100000,free,0x100,1000,s\n\
+                 0,23:59:59.000000,free,0x200,1000,s\n";
+    let w = parse_trace("t", trace.as_bytes()).unwrap();
+    let day = 86_400_000_000;
+    // A row a little out of order stays on its day, on either side of
+    // midnight; a clock half a day back is the next day's.
+    assert_eq!(w.times, Some(vec![day - 100_000, day - 101_000, day + 100_000, day - 1_000_000]));
+    // Microseconds since the epoch are taken as they are.
+    let trace = "0,1795342456727905,allocate,0x100,1000,s\n0,1,free,0x100,1000,s\n";
+    assert_eq!(parse_trace("t", trace.as_bytes()).unwrap().times, Some(vec![1795342456727905, 1]));
+}
