@@ -26,7 +26,8 @@ pub fn trace_name(path: &Path) -> Option<&str> {
     file.strip_suffix(".csv.gz").or_else(|| file.strip_suffix(".csv"))
 }
 
-/// The names that `dir`'s `held_out.txt` lists: none without the file.
+/// The names that `dir`'s `held_out.txt` lists: none without the file (a
+/// byte-order mark that starts it is dropped).
 ///
 /// # Errors
 ///
@@ -37,7 +38,9 @@ pub fn held_out_names(dir: &Path) -> io::Result<Vec<String>> {
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
         Err(e) => return Err(e),
     };
+    // A byte-order mark (some editors save one) is no part of a name.
     Ok(text
+        .trim_start_matches('\u{feff}')
         .lines()
         .map(|line| line.split('#').next().unwrap_or_default().trim())
         .filter(|name| !name.is_empty())

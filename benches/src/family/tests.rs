@@ -39,3 +39,15 @@ fn a_list_beside_the_traces_marks_them_and_orders_them_last() {
     assert!(traces(&dir).is_err());
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// A list saved with a byte-order mark (as some editors save text) names
+/// its first trace all the same: the mark was part of the name, and that
+/// trace passed for a tuning one.
+#[test]
+fn a_byte_order_mark_is_no_part_of_the_first_name() {
+    let dir = std::env::temp_dir().join(format!("memres-family-bom-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join(HELD_OUT_FILE), "\u{feff}b\nc\n").unwrap();
+    assert_eq!(held_out_names(&dir).unwrap(), ["b", "c"]);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
