@@ -2,8 +2,8 @@
 //! is given no workload, and which traces are held out from tuning.
 //!
 //! A directory of traces may hold `held_out.txt`: the names of the traces
-//! no default may be tuned on (file names without `.csv.gz` or `.csv`),
-//! one per line, `#` starting a comment. The replay marks their rows
+//! no default may be tuned on (file names without `.csv.gz` or `.csv`, or
+//! with them), one per line, `#` starting a comment. The replay marks their rows
 //! wherever the trace lies, and replays them after the others in its
 //! default run, so that they are reported apart.
 
@@ -44,6 +44,8 @@ pub fn held_out_names(dir: &Path) -> io::Result<Vec<String>> {
         .lines()
         .map(|line| line.split('#').next().unwrap_or_default().trim())
         .filter(|name| !name.is_empty())
+        // Listed by its file name, it is the trace of that name.
+        .map(|name| name.strip_suffix(".csv.gz").or_else(|| name.strip_suffix(".csv")).unwrap_or(name))
         .map(String::from)
         .collect())
 }

@@ -51,3 +51,22 @@ fn a_byte_order_mark_is_no_part_of_the_first_name() {
     assert_eq!(held_out_names(&dir).unwrap(), ["b", "c"]);
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// A trace listed by its file name, extension and all, is held out as by
+/// its name: it matched no trace, and passed, silently, for a tuning one.
+#[test]
+fn a_trace_listed_by_its_file_name_is_held_out() {
+    let dir = std::env::temp_dir().join(format!("memres-family-ext-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    for f in ["a.csv.gz", "b.csv.gz", "c.csv"] {
+        std::fs::write(dir.join(f), "").unwrap();
+    }
+    std::fs::write(dir.join(HELD_OUT_FILE), "b.csv.gz\nc.csv\n").unwrap();
+    assert!(is_held_out(&dir.join("b.csv.gz")).unwrap());
+    assert!(is_held_out(&dir.join("c.csv")).unwrap());
+    assert!(!is_held_out(&dir.join("a.csv.gz")).unwrap());
+    let names: Vec<String> =
+        traces(&dir).unwrap().iter().map(|p| trace_name(p).unwrap().to_string()).collect();
+    assert_eq!(names, ["a", "b", "c"]);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
