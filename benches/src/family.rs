@@ -3,9 +3,10 @@
 //!
 //! A directory of traces may hold `held_out.txt`: the names of the traces
 //! no default may be tuned on (file names without `.csv.gz` or `.csv`, or
-//! with them), one per line, `#` starting a comment. The replay marks their rows
-//! wherever the trace lies, and replays them after the others in its
-//! default run, so that they are reported apart.
+//! with them), one per line, `#` starting a comment. The replay marks the
+//! rows of a trace named in the `held_out.txt` beside it (a held-out trace
+//! copied elsewhere without that file is not marked), and replays them after
+//! the others in its default run, so that they are reported apart.
 
 use std::io;
 use std::path::{Path, PathBuf};

@@ -16,6 +16,9 @@
 //! - `cuda` (feature `cuda`): the CUDA upstreams and plain CUDA resources.
 //! - [`report`]: the rows the tool prints, as a table, JSON lines or CSV.
 //! - [`paths`]: the files a replay reads and writes, checked before it runs.
+//! - [`names`]: the stack names and keys as `memres stacks` lists them.
+//! - [`observe`]: an untimed replay that watches memory, and [`watch`]: what
+//!   it writes, the [`timeline`], snapshots and the [`map`].
 //!
 //! # Example
 //!

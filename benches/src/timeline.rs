@@ -2,7 +2,7 @@
 //! and the largest free block against the operation index, one chart per
 //! (workload, resource), the peak of held bytes marked and the op that made
 //! it named. The file's extension picks the form: `.svg` (the charts),
-//! `.html` (the charts inline and a table of peaks: one self-contained file)
+//! `.html` or `.htm` (the charts inline and a table of peaks: one self-contained file)
 //! or `.csv` (the numbers). The charts are drawn by `plotters`.
 
 use crate::observe::Observation;
