@@ -210,7 +210,8 @@ pub struct Measurement {
     pub ops: u64,
     /// Timed passes run.
     pub passes: u32,
-    /// Wall time of the median timed pass.
+    /// Wall time of the median timed pass (of an even number of passes,
+    /// the slower of the two middle ones).
     pub elapsed: Duration,
     /// Wall time of the fastest timed pass: on a busy machine, the one
     /// least disturbed.
