@@ -178,18 +178,22 @@ pub fn find(name: &str) -> Option<&'static Name> {
     NAMES.iter().find(|n| n.name == name)
 }
 
-/// The candidate nearest to `word`, if one is near enough to be a typo.
+/// The candidate nearest to `word`, if one is near enough to be a typo;
+/// case is no part of the distance, since names are lower case and a name
+/// typed in capitals is the commonest slip.
 ///
 /// ```
 /// use memres_bench::names::nearest;
 /// assert_eq!(nearest("poool", ["pool", "fixed"]), Some("pool"));
+/// assert_eq!(nearest("POOL", ["pool", "fixed"]), Some("pool"));
 /// assert_eq!(nearest("zzz", ["pool", "fixed"]), None);
 /// ```
 pub fn nearest<'a>(word: &str, candidates: impl IntoIterator<Item = &'a str>) -> Option<&'a str> {
     let limit = (word.chars().count() / 3).max(2);
+    let word = word.to_lowercase();
     candidates
         .into_iter()
-        .map(|c| (strsim::levenshtein(word, c), c))
+        .map(|c| (strsim::levenshtein(&word, &c.to_lowercase()), c))
         .filter(|&(d, _)| d <= limit)
         .min_by_key(|&(d, _)| d)
         .map(|(_, c)| c)
