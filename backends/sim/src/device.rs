@@ -9,8 +9,10 @@ use std::sync::Mutex;
 ///
 /// Like `cuMemAlloc`, every allocation is a separate range aligned to 256
 /// bytes (or more when asked); freed ranges are reused. It checks every free
-/// (unknown and double frees are errors), counts the bytes it holds and their
-/// peak, and can be told to fail the Nth allocation from now.
+/// (a double free is [`Error::DoubleFree`] by the block's tag, an unknown
+/// block or a bare address not live [`Error::UnknownBlock`]), counts the
+/// bytes it holds and their peak, and can be told to fail the Nth
+/// allocation from now.
 ///
 /// # Examples
 ///
@@ -185,15 +187,20 @@ impl<S: Stream + ?Sized> MemoryResource<S> for SimDevice {
             return Ok(());
         }
         let mut s = self.lock();
+        let (addr, size) = (block.addr(), block.size());
         if block.tag() == Block::NO_TAG {
             // Address-only free: find the node by address.
-            let tag =
-                s.space.find_used(s.first, block.addr()).ok_or(Error::UnknownBlock { addr: block.addr() })?;
-            s.space.free(tag, block.addr(), block.size())?;
-        } else {
-            s.space.free(block.tag(), block.addr(), block.size())?;
+            let tag = s.space.find_used(s.first, addr).ok_or(Error::UnknownBlock { addr })?;
+            s.space.free(tag, addr, size)?;
+        } else if let Err(e) = s.space.free(block.tag(), addr, size) {
+            // A tag that names no live range: its block was freed (and the
+            // range merged into a free neighbour or handed out again), or
+            // it is another's. The address tells which; nothing is freed.
+            let Error::UnknownBlock { .. } = e else { return Err(e) };
+            let first = s.first;
+            s.space.free_by_address(first, addr, size, true)?;
         }
-        s.tally.freed(block.size().next_multiple_of(256));
+        s.tally.freed(size.next_multiple_of(256));
         Ok(())
     }
 }
@@ -201,7 +208,7 @@ impl<S: Stream + ?Sized> MemoryResource<S> for SimDevice {
 #[cfg(test)]
 mod tests {
     use super::SimDevice;
-    use memres_core::{Block, Error, MemoryResource, Request};
+    use memres_core::{Block, Error, Inspect, MemoryResource, Request};
 
     fn out_of_memory(requested: u64, largest_free: u64, capacity: u64) -> Error {
         Error::OutOfMemory { requested, largest_free, pool_size: capacity, max_size: Some(capacity) }
@@ -242,5 +249,34 @@ mod tests {
             Err(out_of_memory(1 << 47, all, 1 << 50))
         );
         dev.deallocate(dev.allocate(Request::new(all).unwrap(), &()).unwrap(), &()).unwrap();
+    }
+
+    #[test]
+    fn a_double_free_is_told_as_one_whatever_became_of_the_range() {
+        // A freed block whose range merged into a free neighbour, or was
+        // handed out again, has a tag that names no live range: its second
+        // free was an unknown block.
+        let dev = SimDevice::new(1 << 20);
+        let one = || Request::new(256).unwrap();
+        let [x, a, y] = [(); 3].map(|_| dev.allocate(one(), &()).unwrap());
+        dev.deallocate(x, &()).unwrap();
+        dev.deallocate(a, &()).unwrap(); // merged into `x`'s free range
+        assert_eq!(dev.deallocate(a, &()), Err(Error::DoubleFree { addr: a.addr() }));
+        // A bare address has no tag to tell it by: unknown, as documented.
+        let by_address = Block::from_addr(a.addr(), 256);
+        assert_eq!(dev.deallocate(by_address, &()), Err(Error::UnknownBlock { addr: a.addr() }));
+        let z = dev.allocate(one(), &()).unwrap();
+        assert_eq!(z.addr(), x.addr(), "handed out again");
+        assert_eq!(dev.deallocate(x, &()), Err(Error::DoubleFree { addr: x.addr() }));
+        // Still unknown: an address inside a live block, and one outside the space.
+        let inside = Block::from_addr(y.addr() + 128, 128);
+        assert_eq!(dev.deallocate(inside, &()), Err(Error::UnknownBlock { addr: inside.addr() }));
+        let outside = Block::new(dev.addresses().end(), 256, a.tag());
+        assert_eq!(dev.deallocate(outside, &()), Err(Error::UnknownBlock { addr: outside.addr() }));
+        // Nothing changed: the live blocks go back, and the counts are exact.
+        assert_eq!((dev.usage().held, dev.call_counts()), (512, (4, 2)));
+        dev.deallocate(z, &()).unwrap();
+        dev.deallocate(y, &()).unwrap();
+        assert_eq!((dev.usage().held, dev.check()), (0, Ok(())));
     }
 }
