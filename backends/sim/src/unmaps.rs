@@ -70,6 +70,20 @@ impl<V> UnmapChecked<V> {
     fn lock(&self) -> std::sync::MutexGuard<'_, Vec<(Range, SimStream, u64)>> {
         self.used.lock().unwrap_or_else(|p| p.into_inner())
     }
+
+    /// Checks the ranges in use that a decommit of `range` took, and
+    /// forgets them.
+    fn took(&self, range: Range) {
+        self.lock().retain(|(r, s, pos)| {
+            if r.end() <= range.start() || range.end() <= r.start() {
+                return true;
+            }
+            if !s.is_observed(s.id(), *pos) {
+                self.early.fetch_add(1, Ordering::Relaxed);
+            }
+            false
+        });
+    }
 }
 
 impl<V: ReservableSpace> ReservableSpace for UnmapChecked<V> {
@@ -92,16 +106,18 @@ impl<V: ReservableSpace> ReservableSpace for UnmapChecked<V> {
     /// check of the ranges in use that it took.
     fn decommit<S: Stream + ?Sized>(&self, range: Range, stream: &S) -> Result<()> {
         self.space.decommit(range, stream)?;
-        self.lock().retain(|(r, s, pos)| {
-            if r.end() <= range.start() || range.end() <= r.start() {
-                return true;
-            }
-            if !s.is_observed(s.id(), *pos) {
-                self.early.fetch_add(1, Ordering::Relaxed);
-            }
-            false
-        });
+        self.took(range);
         Ok(())
+    }
+    /// The space's own, checked as [`decommit`](Self::decommit): a space
+    /// that keeps memory for the commits to come does so checked too.
+    fn decommit_for_commit<S: Stream + ?Sized>(&self, range: Range, stream: &S) -> Result<()> {
+        self.space.decommit_for_commit(range, stream)?;
+        self.took(range);
+        Ok(())
+    }
+    fn release_kept(&self) {
+        self.space.release_kept();
     }
 }
 

@@ -30,3 +30,55 @@ fn work_of_another_world_is_checked_in_its_own_world() {
     space.decommit(r, &here).unwrap();
     assert_eq!(space.early_unmaps(), 1);
 }
+
+/// A space that lists which of its decommits were called.
+struct Listing {
+    space: SimAddressSpace,
+    calls: std::cell::RefCell<Vec<&'static str>>,
+}
+
+impl ReservableSpace for Listing {
+    fn granule(&self) -> u64 {
+        self.space.granule()
+    }
+    fn reserve(&self, len: u64) -> Result<Range> {
+        self.space.reserve(len)
+    }
+    fn release(&self, range: Range) -> Result<()> {
+        self.space.release(range)
+    }
+    fn commit(&self, range: Range) -> Result<()> {
+        self.space.commit(range)
+    }
+    fn decommit<S: Stream + ?Sized>(&self, range: Range, stream: &S) -> Result<()> {
+        self.calls.borrow_mut().push("decommit");
+        self.space.decommit(range, stream)
+    }
+    fn decommit_for_commit<S: Stream + ?Sized>(&self, range: Range, stream: &S) -> Result<()> {
+        self.calls.borrow_mut().push("decommit_for_commit");
+        self.space.decommit(range, stream)
+    }
+    fn release_kept(&self) {
+        self.calls.borrow_mut().push("release_kept");
+    }
+}
+
+#[test]
+fn a_decommit_for_a_commit_reaches_the_space_and_is_checked() {
+    // The checker forwarded neither `decommit_for_commit` nor
+    // `release_kept`: the space's plain `decommit` ran instead, so a space
+    // that keeps memory for the commits to come ran another path checked
+    // than unchecked.
+    let world = SimWorld::new();
+    let (a, b) = (world.non_blocking_stream(), world.non_blocking_stream());
+    let inner = Listing { space: SimAddressSpace::new(1 << 30, 2 << 20).unwrap(), calls: Default::default() };
+    let space = UnmapChecked::new(inner);
+    let r = space.reserve(4 << 20).unwrap();
+    space.commit(r).unwrap();
+    a.enqueue();
+    space.used(r, &a);
+    space.decommit_for_commit(r, &b).unwrap(); // `b` never waited on `a`
+    space.release_kept();
+    assert_eq!(*space.inner().calls.borrow(), ["decommit_for_commit", "release_kept"]);
+    assert_eq!((space.early_unmaps(), space.inner().space.committed_bytes()), (1, 0));
+}
