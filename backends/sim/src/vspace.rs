@@ -21,7 +21,9 @@ mod tests;
 /// address space or beyond the granules it keeps bitmaps for
 /// ([`MAX_RESERVED_GRANULES`](Self::MAX_RESERVED_GRANULES)), and can be
 /// told to fail the Nth commit or decommit. As the
-/// CUDA backend may, `decommit` synchronizes the stream before unmapping.
+/// CUDA backend may, `decommit` synchronizes the stream before unmapping;
+/// as it does, only to unmap: a decommit of a range misshapen, outside the
+/// reservations or not wholly committed synchronizes nothing.
 /// With [`with_pieces`](Self::with_pieces) it holds memory as CUDA holds
 /// physical handles: in pieces given back whole only.
 /// It is `Sync`: one space can serve several pools and be inspected while
@@ -388,8 +390,14 @@ impl ReservableSpace for SimAddressSpace {
     }
 
     fn decommit<S: Stream + ?Sized>(&self, range: Range, stream: &S) -> Result<()> {
-        // As a CUDA backend may: let the stream's work finish, then unmap.
-        stream.synchronize()?;
+        let g = self.granule;
+        let aligned = !range.is_empty() && range.start() % g == 0 && range.len() % g == 0;
+        if aligned && self.is_committed(range) {
+            // As a CUDA backend may: let the stream's work finish, then unmap.
+            stream.synchronize()?;
+        }
+        // Misuse is told unsynchronized, as the CUDA space tells it: a
+        // decommit that unmaps nothing orders no work.
         let s = &mut *self.lock();
         s.ledger.decommit(reservation_of(&mut s.reservations, range), range)
     }

@@ -140,6 +140,27 @@ fn decommits_are_ordered_on_the_stream_of_the_free() {
 }
 
 #[test]
+fn a_decommit_refused_for_misuse_synchronizes_nothing() {
+    // The stream was synchronized before the range was looked at, so a
+    // refused decommit took the stream's work as done (observed, on a
+    // simulated stream): the CUDA space looks first and synchronizes only
+    // to unmap, so on a GPU that work may still run.
+    let space = SimAddressSpace::new(1 << 30, 2 * MIB).unwrap();
+    let r = space.reserve(8 * MIB).unwrap();
+    let g = |i: u64, n: u64| range(r.start() + i * 2 * MIB, n * 2 * MIB);
+    space.commit(g(0, 2)).unwrap();
+    let s = TestStream::new(7);
+    for bad in
+        [g(1, 2), g(2, 1), range(r.start() + 256, 2 * MIB), range(r.end(), 2 * MIB), range(r.start(), 0)]
+    {
+        assert!(matches!(space.decommit(bad, &s), Err(Error::InvalidConfig { .. })), "{bad:?}");
+    }
+    assert_eq!((s.faults().syncs(), space.committed_bytes()), (0, 4 * MIB));
+    space.decommit(g(0, 2), &s).unwrap();
+    assert_eq!((s.faults().syncs(), space.committed_bytes()), (1, 0));
+}
+
+#[test]
 fn a_failed_decommit_keeps_the_memory_counted_and_is_retried() {
     let space = SimAddressSpace::new(1 << 30, 2 * MIB).unwrap();
     let mut pool =
