@@ -18,8 +18,9 @@ mod tests;
 /// reservation with memory still committed are errors, never miscounts. It
 /// counts committed bytes and their peak, refuses commits beyond its
 /// physical memory ([`Error::OutOfMemory`]) and reservations beyond its
-/// address space or beyond the granules it keeps bitmaps for
-/// ([`MAX_RESERVED_GRANULES`](Self::MAX_RESERVED_GRANULES)), and can be
+/// address space, beyond the granules it keeps bitmaps for
+/// ([`MAX_RESERVED_GRANULES`](Self::MAX_RESERVED_GRANULES)) or longer than
+/// [`Request::MAX_SIZE`], and can be
 /// told to fail the Nth commit or decommit. As the
 /// CUDA backend may, `decommit` synchronizes the stream before unmapping;
 /// as it does, only to unmap: a decommit of a range misshapen, outside the
@@ -346,13 +347,17 @@ impl ReservableSpace for SimAddressSpace {
         let reserved: u64 = s.reservations.values().map(|r| r.len / self.granule).sum();
         // The granules a bitmap may still be made for, in bytes.
         let room = (Self::MAX_RESERVED_GRANULES - reserved).saturating_mul(self.granule);
+        // The longest reservation ever made: the span, the granules kept
+        // bitmaps for, and the longest range the index hands out.
+        let longest =
+            self.span.min(Self::MAX_RESERVED_GRANULES.saturating_mul(self.granule)).min(Request::MAX_SIZE);
         let out_of_memory = |s: &State| Error::OutOfMemory {
             requested: len,
-            largest_free: s.space.largest_free().min(room),
+            largest_free: s.space.largest_free().min(room).min(longest),
             pool_size: self.span,
-            max_size: Some(self.span.min(Self::MAX_RESERVED_GRANULES.saturating_mul(self.granule))),
+            max_size: Some(longest),
         };
-        if len > self.span || len > room {
+        if len > longest || len > room {
             return Err(out_of_memory(&s));
         }
         // The bitmap before the addresses: a failure leaves nothing to undo.

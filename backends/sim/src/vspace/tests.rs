@@ -99,6 +99,29 @@ fn reservations_beyond_the_granules_a_space_keeps_bitmaps_for_are_refused() {
 }
 
 #[test]
+fn a_reservation_longer_than_any_range_the_space_hands_out_is_out_of_memory() {
+    // With a span past 2^62 and large granules, a reservation longer than
+    // the index's largest range passed the checks and was refused by the
+    // index as an invalid size: the trait asks `OutOfMemory` of a length
+    // that is a multiple of the granule.
+    let g = SimAddressSpace::MAX_GRANULE;
+    let space = SimAddressSpace::with_span(1 << 30, g, u64::MAX).unwrap();
+    let most = Request::MAX_SIZE;
+    for len in [most + g, 1 << 63, space.span()] {
+        let refused = Error::OutOfMemory {
+            requested: len,
+            largest_free: most,
+            pool_size: space.span(),
+            max_size: Some(most),
+        };
+        assert_eq!(space.reserve(len), Err(refused));
+    }
+    let r = space.reserve(most).unwrap();
+    assert_eq!((r.len(), space.reserved_bytes()), (most, most));
+    space.release(r).unwrap();
+}
+
+#[test]
 fn misuse_is_an_error_and_counts_stay_exact() {
     let space = SimAddressSpace::new(8 * MIB, 2 * MIB).unwrap();
     let r = space.reserve(16 * MIB).unwrap();
