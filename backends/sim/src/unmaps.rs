@@ -2,8 +2,8 @@
 //! it is done.
 
 use crate::SimStream;
-use memres_core::vmem::ReservableSpace;
-use memres_core::{Range, Result, Stream};
+use memres_core::vmem::{ReservableSpace, DECOMMITTED_IN_PART};
+use memres_core::{Error, Range, Result, Stream};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 
@@ -71,18 +71,28 @@ impl<V> UnmapChecked<V> {
         self.used.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Checks the ranges in use that a decommit of `range` took, and
-    /// forgets them.
-    fn took(&self, range: Range) {
-        self.lock().retain(|(r, s, pos)| {
-            if r.end() <= range.start() || range.end() <= r.start() {
-                return true;
-            }
-            if !s.is_observed(s.id(), *pos) {
-                self.early.fetch_add(1, Ordering::Relaxed);
-            }
-            false
-        });
+    /// Checks the ranges in use that a decommit of `range`, which answered
+    /// `done`, took, and forgets them; answers `done`. A decommit that
+    /// failed half-way ([`DECOMMITTED_IN_PART`]) took part of the range,
+    /// which part unknown here: it is checked as one that took it all.
+    fn took(&self, range: Range, done: Result<()>) -> Result<()> {
+        let took = match done {
+            Ok(()) => true,
+            Err(Error::Backend { what, .. }) => what == DECOMMITTED_IN_PART,
+            Err(_) => false,
+        };
+        if took {
+            self.lock().retain(|(r, s, pos)| {
+                if r.end() <= range.start() || range.end() <= r.start() {
+                    return true;
+                }
+                if !s.is_observed(s.id(), *pos) {
+                    self.early.fetch_add(1, Ordering::Relaxed);
+                }
+                false
+            });
+        }
+        done
     }
 }
 
@@ -103,18 +113,14 @@ impl<V: ReservableSpace> ReservableSpace for UnmapChecked<V> {
         self.space.releasable(range, want)
     }
     /// The space's decommit (which orders itself on `stream`), then the
-    /// check of the ranges in use that it took.
+    /// check of the ranges in use that it took (failed half-way too).
     fn decommit<S: Stream + ?Sized>(&self, range: Range, stream: &S) -> Result<()> {
-        self.space.decommit(range, stream)?;
-        self.took(range);
-        Ok(())
+        self.took(range, self.space.decommit(range, stream))
     }
     /// The space's own, checked as [`decommit`](Self::decommit): a space
     /// that keeps memory for the commits to come does so checked too.
     fn decommit_for_commit<S: Stream + ?Sized>(&self, range: Range, stream: &S) -> Result<()> {
-        self.space.decommit_for_commit(range, stream)?;
-        self.took(range);
-        Ok(())
+        self.took(range, self.space.decommit_for_commit(range, stream))
     }
     fn release_kept(&self) {
         self.space.release_kept();

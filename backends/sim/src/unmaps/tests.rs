@@ -82,3 +82,44 @@ fn a_decommit_for_a_commit_reaches_the_space_and_is_checked() {
     assert_eq!(*space.inner().calls.borrow(), ["decommit_for_commit", "release_kept"]);
     assert_eq!((space.early_unmaps(), space.inner().space.committed_bytes()), (1, 0));
 }
+
+/// A space whose decommits take the first granule of their range and
+/// then fail, unable to map it again.
+struct HalfWay(SimAddressSpace);
+
+impl ReservableSpace for HalfWay {
+    fn granule(&self) -> u64 {
+        self.0.granule()
+    }
+    fn reserve(&self, len: u64) -> Result<Range> {
+        self.0.reserve(len)
+    }
+    fn release(&self, range: Range) -> Result<()> {
+        self.0.release(range)
+    }
+    fn commit(&self, range: Range) -> Result<()> {
+        self.0.commit(range)
+    }
+    fn decommit<S: Stream + ?Sized>(&self, range: Range, stream: &S) -> Result<()> {
+        self.0.decommit(Range::new(range.start(), self.granule()).unwrap(), stream)?;
+        Err(memres_core::Error::Backend { code: 1, what: memres_core::vmem::DECOMMITTED_IN_PART })
+    }
+}
+
+#[test]
+fn a_decommit_that_failed_half_way_is_checked_for_what_it_took() {
+    // A decommit that failed was not checked, though one that failed half
+    // way had taken part of its range: an early unmap there went untold.
+    let world = SimWorld::new();
+    let (a, b) = (world.non_blocking_stream(), world.non_blocking_stream());
+    let space = UnmapChecked::new(HalfWay(SimAddressSpace::new(1 << 30, 2 << 20).unwrap()));
+    let r = space.reserve(4 << 20).unwrap();
+    space.commit(r).unwrap();
+    a.enqueue();
+    space.used(r, &a);
+    let e = space.decommit(r, &b).unwrap_err(); // `b` never waited on `a`
+    assert!(
+        matches!(e, memres_core::Error::Backend { what, .. } if what == memres_core::vmem::DECOMMITTED_IN_PART)
+    );
+    assert_eq!((space.early_unmaps(), space.inner().0.committed_bytes()), (1, 2 << 20));
+}
