@@ -5,7 +5,7 @@
 //! | --- | --- | --- |
 //! | `sim` | `[capacity]` (or `capacity=`; default 80 GiB, at most 64 TiB: [`SimDevice::MAX_CAPACITY`]); each `sim` of a stack is a device with addresses of its own ([`sim`]) | [`SimDevice`] |
 //! | `host` | none | [`HostMemory`], a leaf of [`HostCopy`]'s memory ([`StackBuilder::is_leaf_of`]) |
-//! | `vpool` | `sim` or `sim(physical)` (each `vpool` of a stack has addresses of its own: [`keep_vpool`]), `reserve=` (64 GiB), `release_threshold=` (all), `slack=` (40 permille), `trim_on_commit=` (true), `granule=` (2 MiB), `handle_granules=` (none: any granule goes back alone; `N`: memory held in pieces of up to N granules given back whole, as `vmm`'s handles, [`SimAddressSpace::with_pieces`]), `per_stream=` (false) | [`VirtualPool`] over a [`SimAddressSpace`], behind [`Shared`] (`Shared<VirtualPool<SimAddressSpace>>`); with `per_stream=true` a [`PerStreamPool`] of them over one space, each stream's pool with a reservation of its own, stream-ordered (`Shared<PerStreamPool<VirtualMaker<Arc<SimAddressSpace>>, S>>`) |
+//! | `vpool` | `sim` or `sim(physical)` (or `sim(capacity=)`, as `sim` takes it; each `vpool` of a stack has addresses of its own: [`keep_vpool`]), `reserve=` (64 GiB), `release_threshold=` (all), `slack=` (40 permille), `trim_on_commit=` (true), `granule=` (2 MiB), `handle_granules=` (none: any granule goes back alone; `N`: memory held in pieces of up to N granules given back whole, as `vmm`'s handles, [`SimAddressSpace::with_pieces`]), `per_stream=` (false) | [`VirtualPool`] over a [`SimAddressSpace`], behind [`Shared`] (`Shared<VirtualPool<SimAddressSpace>>`); with `per_stream=true` a [`PerStreamPool`] of them over one space, each stream's pool with a reservation of its own, stream-ordered (`Shared<PerStreamPool<VirtualMaker<Arc<SimAddressSpace>>, S>>`) |
 //!
 //! # Examples
 //!
@@ -327,8 +327,9 @@ fn vpool_parts(call: &Call) -> Result<(SimAddressSpace, VirtualConfig), StackErr
             space.name
         ))));
     }
-    space.expect_args(1, &[])?;
-    let physical = space.positional(0).map(sim_capacity).transpose()?.unwrap_or(DEFAULT_SIM_CAPACITY);
+    space.expect_args(1, &["capacity"])?;
+    let physical =
+        one_of(space, 0, "capacity")?.map(sim_capacity).transpose()?.unwrap_or(DEFAULT_SIM_CAPACITY);
     let granule = granule_arg(call, SimAddressSpace::DEFAULT_GRANULE)?;
     let at = call.keyed("granule").map_or(call.pos, |v| v.pos());
     let mut sim = SimAddressSpace::new(physical, granule)

@@ -181,6 +181,18 @@ fn a_sim_capacity_its_space_cannot_hold_is_refused() {
 }
 
 #[test]
+fn a_vpools_sim_takes_its_capacity_as_a_sim_does() {
+    // `sim(capacity=1GiB)` builds, but under `vpool` the key was unknown.
+    let call = memres_core::stack::parse("vpool(sim(capacity=1GiB))").unwrap();
+    let pool = memres_sim::vpool(&call).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(pool.space().physical_bytes(), 1 << 30);
+    let e = build_err("vpool(sim(1GiB, capacity=2GiB))");
+    assert_eq!((e.pos, e.kind), (25, StackErrorKind::DuplicateKey("capacity".into())));
+    let e = build_err("vpool(sim(capacity=65TiB))");
+    assert!(matches!(e.kind, StackErrorKind::BadValue(_)), "{e}");
+}
+
+#[test]
 fn registry_takes_new_names_and_works_for_other_streams() {
     // Any stream type other than the simulated one.
     let s = IdStream(3);
