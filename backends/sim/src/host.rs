@@ -4,6 +4,7 @@ use memres_core::copy::LiveRanges;
 use memres_core::{Block, Error, Inspect, MemoryResource, Request, Result, Stream, Usage};
 use std::alloc::Layout;
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard};
 
 #[cfg(test)]
@@ -17,13 +18,18 @@ mod tests;
 ///                     └ record addr ─► outstanding: addr → layout
 ///                                      LIVE (every HostMemory): addr..addr + size
 ///  deallocate(b) ──► look b.addr up in outstanding ── missing ─► UnknownBlock
+///                     ├ found, b's tag another's ─► DoubleFree
 ///                     └ found, sizes agree ─► under LIVE's lock: remove, dealloc
 /// ```
 ///
-/// A block's address is the pointer as a number. Every free is checked
-/// against the table of outstanding allocations before memory goes back to
-/// the global allocator, so an unknown or repeated free is an
-/// [`Error::UnknownBlock`] value, never undefined behaviour. Whatever is
+/// A block's address is the pointer as a number, its tag a number no other
+/// block of the process had. Every free is checked against the table of
+/// outstanding allocations before memory goes back to the global
+/// allocator, so an unknown or repeated free is an [`Error::UnknownBlock`]
+/// value, or [`Error::DoubleFree`] where the allocator handed the address
+/// out again (the tag tells; a bare address, [`Block::NO_TAG`], is freed by
+/// its address), never undefined behaviour nor the free of another
+/// holder's block. Whatever is
 /// still outstanding when the resource is dropped is freed then.
 ///
 /// The live allocations of all `HostMemory`s are also listed in one
@@ -80,7 +86,13 @@ struct Outstanding {
     layout: Layout,
     /// The size the caller asked for, which its free must repeat.
     requested: u64,
+    /// The block's tag, which its free repeats or leaves out.
+    tag: u64,
 }
+
+/// The next block's tag: one count for every `HostMemory`, so that a stale
+/// block never bears the tag of a live one at its address.
+static NEXT_TAG: AtomicU64 = AtomicU64::new(0);
 
 /// Every allocation of every `HostMemory` not yet freed: what `HostCopy`
 /// checks its accesses against. Memory is freed only while this lock is held
@@ -176,10 +188,11 @@ impl<S: Stream + ?Sized> MemoryResource<S> for HostMemory {
             });
         }
         let addr = ptr as u64;
-        s.outstanding.insert(addr, Outstanding { layout, requested: request.size() });
+        let tag = NEXT_TAG.fetch_add(1, Ordering::Relaxed);
+        s.outstanding.insert(addr, Outstanding { layout, requested: request.size(), tag });
         live().insert(addr, size);
         s.tally.allocated(size);
-        Ok(Block::new(addr, request.size(), Block::NO_TAG))
+        Ok(Block::new(addr, request.size(), tag))
     }
 
     fn deallocate(&self, block: Block, _stream: &S) -> Result<()> {
@@ -189,6 +202,10 @@ impl<S: Stream + ?Sized> MemoryResource<S> for HostMemory {
         let mut s = self.lock();
         let addr = block.addr();
         let entry = *s.outstanding.get(&addr).ok_or(Error::UnknownBlock { addr })?;
+        if block.tag() != Block::NO_TAG && block.tag() != entry.tag {
+            // A block freed before, whose address was handed out again.
+            return Err(Error::DoubleFree { addr });
+        }
         if entry.requested != block.size() {
             return Err(Error::SizeMismatch { addr, expected: entry.requested, given: block.size() });
         }
