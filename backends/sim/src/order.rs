@@ -63,7 +63,9 @@ impl std::error::Error for HbViolation {}
 ///
 /// Each `deallocate` is a stream operation: the wrapper enqueues it on the
 /// stream and records the freed range with the stream and the position (a
-/// free the inner resource refuses is taken back from the stream).
+/// free the inner resource refuses is taken back from the stream, unless
+/// the world changed since: it then stays, an operation that does
+/// nothing).
 /// Each `allocate` checks the block against the recorded frees it overlaps:
 /// a reuse on another stream must be ordered after the free (the reusing
 /// stream waited, directly or transitively, on an event recorded on the
