@@ -331,13 +331,13 @@ impl<S: ?Sized> ReleaseLayers<S> {
     /// The first layer's error; the layers after it still give back.
     pub fn release(&self, stream: &S) -> Result<u64> {
         let through: Vec<u64> = self.layers.iter().map(|l| l.layer.passed_through()).collect();
-        let (mut given, mut first) = (0, None);
+        let (mut given, mut first) = (0u64, None);
         for (l, before) in self.layers.iter().zip(through) {
+            // Saturating: a layer registered from outside may report any figure.
             if l.innermost {
-                given += before.saturating_sub(l.layer.passed_through());
+                given = given.saturating_add(before.saturating_sub(l.layer.passed_through()));
             }
             match l.layer.release(stream) {
-                // Saturating: a layer registered from outside may report any figure.
                 Ok(n) if l.innermost => given = given.saturating_add(n),
                 Ok(_) => {}
                 Err(e) => {

@@ -869,6 +869,50 @@ fn the_figures_of_layers_that_add_up_past_u64_max_saturate() {
     assert_eq!(layers.release(&()), Ok(u64::MAX));
 }
 
+/// What passed through an innermost layer during a release adds up
+/// saturated too: after a layer that gave back all of `u64`, one whose
+/// passed-through bytes went down by one panicked in a debug build (an
+/// overflow in the sum) and wrapped the count to 0 in release.
+#[test]
+fn bytes_passed_through_during_a_release_add_up_saturated() {
+    use crate::{Block, MemoryResource, Request};
+    use core::sync::atomic::{AtomicU64, Ordering::Relaxed};
+    /// Serves nothing; gives back what it was built to say, and its
+    /// passed-through bytes go down by one at each look.
+    struct Odd {
+        given: u64,
+        through: AtomicU64,
+    }
+    impl MemoryResource<()> for Odd {
+        fn allocate(&self, _: Request, _: &()) -> crate::Result<Block> {
+            Err(crate::Error::InvalidConfig { what: "serves nothing" })
+        }
+        fn deallocate(&self, block: Block, _: &()) -> crate::Result<()> {
+            Err(crate::Error::UnknownBlock { addr: block.addr() })
+        }
+    }
+    impl Release<()> for Odd {
+        fn release(&self, _: &()) -> crate::Result<u64> {
+            Ok(self.given)
+        }
+        fn held(&self) -> u64 {
+            0
+        }
+        fn passed_through(&self) -> u64 {
+            self.through.fetch_sub(1, Relaxed)
+        }
+    }
+    let mut b = StackBuilder::<()>::new();
+    b.register("huge", |call, cx| Ok(cx.keep_releasing(call, Odd { given: u64::MAX, through: 1.into() })));
+    b.register("odd", |call, cx| Ok(cx.keep_releasing(call, Odd { given: 0, through: 2.into() })));
+    b.register("split", |call, cx| {
+        let (small, large) = (cx.upstream(call, 0)?, cx.upstream(call, 1)?);
+        Ok(cx.keep_releasing(call, Split(small, large)))
+    });
+    let built = b.build_with_handles("split(huge, odd)", &()).unwrap();
+    assert_eq!(built.release_layers().release(&()), Ok(u64::MAX));
+}
+
 /// A stack of two `log` layers whose second file opens but refuses its
 /// first write (`/dev/full`, as a full disk) was refused after the first
 /// file was cut to its header and rows, or made where nothing was. Every
