@@ -299,4 +299,18 @@ mod tests {
         assert_eq!(space.releasable(Range::new(r.start(), 0).unwrap(), 1 << 20), None);
         space.decommit(r, &()).unwrap();
     }
+
+    /// A space that holds memory in pieces answers nothing to a `want` of
+    /// 0 too, as the default does: it answered a whole piece, which a
+    /// caller would decommit for nothing.
+    #[test]
+    fn releasable_of_nothing_is_none_with_pieces() {
+        let space = CountingSpace::new(4 << 20, 1 << 20).with_pieces(2).unwrap();
+        let r = space.reserve(4 << 20).unwrap();
+        space.commit(r).unwrap();
+        assert_eq!(space.releasable(r, 1), Range::new(r.start() + (2 << 20), 2 << 20));
+        assert_eq!(space.releasable(r, 0), None);
+        assert_eq!(space.releasable(Range::new(r.start(), 0).unwrap(), 1 << 20), None);
+        space.decommit(r, &()).unwrap();
+    }
 }

@@ -136,6 +136,7 @@ impl CommitLedger {
     /// [`ReservableSpace::releasable`](super::ReservableSpace::releasable)
     /// asks: with pieces, whole pieces inside `range` from the highest
     /// down; else the highest `want` bytes ([`highest`](super::highest)).
+    /// `None` where that is nothing: `want` 0 included.
     pub fn releasable(&self, range: Range, want: u64) -> Option<Range> {
         #[cfg(feature = "alloc")]
         if let Some(pieces) = &self.pieces {

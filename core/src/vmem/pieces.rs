@@ -74,8 +74,11 @@ impl Pieces {
 
     /// The pieces wholly inside `range`, adjacent, from the highest down
     /// until they hold `want` bytes: what a space holding these gives back
-    /// of `range`. `None` if no piece lies wholly inside it.
+    /// of `range`. `None` if no piece lies wholly inside it, or `want` is 0.
     pub(super) fn releasable(&self, range: Range, want: u64) -> Option<Range> {
+        if want == 0 {
+            return None;
+        }
         let mut taken: Option<(u64, u64)> = None;
         for (&p, &l) in self.pieces.range(..range.end()).rev() {
             if p + l > range.end() {
