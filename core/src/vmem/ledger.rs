@@ -12,7 +12,8 @@ use crate::{Error, Range, Result};
 /// and lets the ledger judge and count the call.
 ///
 /// A reservation's committed granules are a bitmap of `u64` words, one bit
-/// per granule from its start ([`words`](Self::words) says how many).
+/// per granule from its start ([`words`](Self::words) says how many; a
+/// shorter one is misuse, refused).
 ///
 /// With [`hold_in_pieces`](Self::hold_in_pieces) (feature `alloc`) the
 /// ledger also keeps the pieces the memory is held in, as CUDA holds
@@ -240,9 +241,10 @@ impl CommitLedger {
     }
 
     /// Whether every granule `range` touches is committed in `bits`, the
-    /// bitmap of `reservation` (false for a range not inside it).
+    /// bitmap of `reservation` (false for a range not inside it, or a
+    /// bitmap shorter than it).
     pub fn is_committed(&self, bits: &[u64], reservation: Range, range: Range) -> bool {
-        if !reservation.contains_range(&range) {
+        if !reservation.contains_range(&range) || !self.fits(bits, reservation) {
             return false;
         }
         let first = (range.start() - reservation.start()) / self.granule;
@@ -261,7 +263,8 @@ impl CommitLedger {
     /// # Errors
     ///
     /// [`Error::InvalidConfig`] for a misshapen range, one outside
-    /// `reservation`, or one partly committed; an injected
+    /// `reservation`, or one partly committed, or a bitmap shorter than
+    /// `reservation`; an injected
     /// [`Error::Backend`]; [`Error::OutOfMemory`] beyond the physical
     /// memory. Nothing changes on error.
     pub fn commit(&mut self, mut reservation: Option<(&mut [u64], Range)>, range: Range) -> Result<()> {
@@ -327,12 +330,21 @@ impl CommitLedger {
         Ok(())
     }
 
+    /// Whether `bits` has a bit for every granule of `reservation`.
+    fn fits(&self, bits: &[u64], reservation: Range) -> bool {
+        // In `u64`: `words` is cut to `usize` on 32-bit targets.
+        bits.len() as u64 >= (reservation.len() / self.granule).div_ceil(64)
+    }
+
     /// Sets the bits of `range` to `to`; they must all be `!to`.
     fn flip(&self, reservation: Option<(&mut [u64], Range)>, range: Range, to: bool) -> Result<()> {
         self.check_shape(range)?;
         let Some((bits, reservation)) = reservation.filter(|(_, r)| r.contains_range(&range)) else {
             return Err(Error::InvalidConfig { what: "range outside the reservations" });
         };
+        if !self.fits(bits, reservation) {
+            return Err(Error::InvalidConfig { what: "a bitmap shorter than its reservation" });
+        }
         let first = (range.start() - reservation.start()) / self.granule;
         let last = first + range.len() / self.granule;
         // A word at a time: a commit of a large block flips hundreds of bits.
@@ -443,6 +455,27 @@ mod tests {
         );
         ledger.decommit(Some((&mut bits, reservation)), range(0, 2)).unwrap();
         assert_eq!((ledger.committed_bytes(), ledger.call_counts()), (0, (1, 1)));
+    }
+
+    /// A bitmap shorter than its reservation (a space's own bug) is
+    /// misuse, told as such with nothing changed: a commit, decommit or
+    /// question past its end panicked on an index out of bounds.
+    #[test]
+    fn a_bitmap_shorter_than_its_reservation_is_misuse_not_a_panic() {
+        let reservation = range(0, 128);
+        let mut bits = [0; CommitLedger::words(64)];
+        let mut ledger = CommitLedger::new(128 * G, G);
+        let short = Err(Error::InvalidConfig { what: "a bitmap shorter than its reservation" });
+        for r in [range(100, 1), range(0, 1)] {
+            assert_eq!(ledger.commit(Some((&mut bits, reservation)), r), short);
+            assert_eq!(ledger.decommit(Some((&mut bits, reservation)), r), short);
+            assert!(!ledger.is_committed(&bits, reservation, r));
+        }
+        assert_eq!((bits, ledger.committed_bytes(), ledger.call_counts()), ([0], 0, (0, 0)));
+        // Long enough, it serves.
+        let mut bits = [0; CommitLedger::words(128)];
+        ledger.commit(Some((&mut bits, reservation)), range(100, 1)).unwrap();
+        assert!(ledger.is_committed(&bits, reservation, range(100, 1)));
     }
 
     #[cfg(feature = "alloc")]
