@@ -188,17 +188,19 @@ impl<'a> Record<&'a str> {
 }
 
 /// Whether [`read`] skips `line`: blank, or the header (its fields
-/// trimmed, as a row's are). A header of other columns, or of these in
-/// another order, is not skipped: [`read`] refuses it.
+/// trimmed, as a row's are), after the byte-order mark that [`read`]
+/// drops where it starts the line. A header of other columns, or of these
+/// in another order, is not skipped: [`read`] refuses it.
 ///
 /// ```
 /// use memres_core::trace::{is_skipped, HEADER};
 /// assert!(is_skipped(HEADER) && is_skipped("  ") && !is_skipped("0,1,free,0x100,256,0"));
 /// assert!(is_skipped(" Thread,Time,Action,Pointer,Size,Stream"));
+/// assert!(is_skipped("\u{feff}Thread,Time,Action,Pointer,Size,Stream"));
 /// assert!(!is_skipped("Thread,Time,Action,Pointer,Stream,Size"));
 /// ```
 pub fn is_skipped(line: &str) -> bool {
-    let line = line.trim();
+    let line = line.strip_prefix('\u{feff}').unwrap_or(line).trim();
     line.is_empty() || line.split(',').map(str::trim).eq(HEADER.split(','))
 }
 
@@ -285,12 +287,12 @@ pub fn read(
         }
         let line = core::str::from_utf8(text)
             .map_err(|e| malformed(alloc::format!("not UTF-8 (byte {} of the line)", e.valid_up_to() + 1)))?;
-        // A byte-order mark is no text of a row: the first line of a file
-        // saved with one, wherever `cat` put that file.
-        let line = line.strip_prefix('\u{feff}').unwrap_or(line);
         if is_skipped(line) {
             continue;
         }
+        // A byte-order mark is no text of a row: the first line of a file
+        // saved with one, wherever `cat` put that file.
+        let line = line.strip_prefix('\u{feff}').unwrap_or(line);
         // Another header: its rows would be read in this one's order.
         if line.split(',').next().map(str::trim) == Some("Thread") {
             return Err(malformed(alloc::format!("a header other than `{HEADER}`")));

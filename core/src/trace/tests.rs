@@ -232,6 +232,30 @@ fn a_byte_order_mark_and_spaces_before_a_header_are_skipped() {
     assert_eq!(e.to_string(), "line 1: unknown action `\u{feff}free`");
 }
 
+/// `is_skipped` answers what `read` does with a line, one that starts
+/// with a byte-order mark included: it said `false` to a header or a
+/// blank line after a mark, which `read` skips.
+#[test]
+fn is_skipped_answers_as_read_does_after_a_byte_order_mark() {
+    for line in [
+        format!("\u{feff}{HEADER}"),
+        "\u{feff}".into(),
+        "\u{feff}  ".into(),
+        "\u{feff} Thread , Time,Action,Pointer,Size,Stream".into(),
+        format!(" \u{feff}{HEADER}"),
+        "\u{feff}0,1,free,0x10,256,0".into(),
+        format!("\u{feff}\u{feff}{HEADER}"),
+    ] {
+        let mut rows = 0;
+        let read = read(line.as_bytes(), |_, _| {
+            rows += 1;
+            Ok(())
+        });
+        let skipped = read.is_ok() && rows == 0;
+        assert_eq!(is_skipped(&line), skipped, "{line:?}");
+    }
+}
+
 /// A header of other columns, or of these in another order, is a
 /// malformed line: its rows would be read by the format's order (with
 /// `Size` and `Stream` swapped, every size read as the stream's `0`).
