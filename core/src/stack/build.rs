@@ -101,14 +101,32 @@ impl<S: Stream + ?Sized + 'static> Context<'_, S> {
     ///
     /// # Errors
     ///
-    /// A missing or malformed argument, or the upstream's own error.
+    /// A missing or malformed argument, or the upstream's own error; what
+    /// its build kept is let go, so that a constructor that goes on (to
+    /// another resource) builds as if it had not tried.
     pub fn upstream(&self, call: &Call, i: usize) -> Result<DynResource<S>, StackError> {
-        let kept = self.layers_kept();
+        let mark = self.mark();
         let built = self.builder.build_in(call.resource(i)?, self);
-        if i == 0 && self.layers_kept() > kept {
-            self.layer_under.set(true);
+        match &built {
+            Err(_) => self.undo(mark),
+            Ok(_) if i == 0 && self.layers_kept() > mark.1 => self.layer_under.set(true),
+            Ok(_) => {}
         }
         built
+    }
+
+    /// How many handles, layers and steps this build has kept so far.
+    fn mark(&self) -> (usize, usize, usize) {
+        (self.handles.borrow().len(), self.layers_kept(), self.when_built.borrow().len())
+    }
+
+    /// Lets go of what this build kept since `mark`: the handles (and with
+    /// them the resources only they hold), layers and steps of a build
+    /// that failed.
+    fn undo(&self, (handles, layers, steps): (usize, usize, usize)) {
+        self.handles.borrow_mut().truncate(handles);
+        self.releasing.borrow_mut().truncate(layers);
+        self.when_built.borrow_mut().truncate(steps);
     }
 
     /// Keeps `resource` as the typed handle of `call` and returns it as a
@@ -198,7 +216,8 @@ impl<S: Stream + ?Sized + 'static> Context<'_, S> {
     ///
     /// # Errors
     ///
-    /// As [`StackBuilder::build_call`].
+    /// As [`StackBuilder::build_call`]; what the build kept is let go, as
+    /// for [`upstream`](Self::upstream).
     pub fn build_with(&self, builder: &StackBuilder<S>, call: &Call) -> Result<DynResource<S>, StackError> {
         self.nested(builder, |cx| builder.build_in(call, cx))
     }
@@ -210,7 +229,7 @@ impl<S: Stream + ?Sized + 'static> Context<'_, S> {
     /// # Errors
     ///
     /// [`StackErrorKind::WrongKind`] at the call if its name is not such a
-    /// leaf of `E`; else as [`StackBuilder::build_call`].
+    /// leaf of `E`; else as [`build_with`](Self::build_with).
     pub fn build_leaf_of_with<E: 'static>(
         &self,
         builder: &StackBuilder<S>,
@@ -223,14 +242,15 @@ impl<S: Stream + ?Sized + 'static> Context<'_, S> {
     }
 
     /// Runs `f` in a context of `builder` whose handles and layers join
-    /// this one's.
+    /// this one's if it succeeds.
     fn nested<T>(
         &self,
         builder: &StackBuilder<S>,
         f: impl FnOnce(&Context<'_, S>) -> Result<T, StackError>,
     ) -> Result<T, StackError> {
         let cx = Context::new(builder, self.stream, Some(self));
-        let built = f(&cx);
+        // On error what it kept goes with `cx`, as an upstream's that failed.
+        let built = f(&cx)?;
         self.handles.borrow_mut().append(&mut cx.handles.into_inner());
         let mut layers = cx.releasing.into_inner();
         if !layers.is_empty() {
@@ -239,7 +259,7 @@ impl<S: Stream + ?Sized + 'static> Context<'_, S> {
         }
         self.releasing.borrow_mut().append(&mut layers);
         self.when_built.borrow_mut().append(&mut cx.when_built.into_inner());
-        built
+        Ok(built)
     }
 
     /// Has `ready` run once the whole stack is built, and what it gives

@@ -328,3 +328,34 @@ fn log_writes_its_file_and_says_when_it_cannot() {
     let e = builder::<()>().build("log(bump)", &()).err().unwrap();
     assert_eq!((e.pos, e.kind), (0, StackErrorKind::MissingArg("file=")));
 }
+
+/// A constructor that goes on after an upstream failed to build (here:
+/// its first upstream, else its second) builds as if it had not tried:
+/// what the failed build kept is let go. Before, its handles, layers and
+/// steps stayed in the build: a pool made there was kept alive by its
+/// handle, holding its initial size from the leaf for as long as the
+/// stack lived, and counted as a layer of a stack it is not in.
+#[test]
+fn a_failed_build_a_constructor_goes_on_from_keeps_nothing() {
+    let below = Arc::new(Statistics::new(Unbacked::new()));
+    let mut b = StackBuilder::<()>::new();
+    b.register_resource("leaf", below.clone());
+    b.register("first_of", |call, cx| {
+        call.expect_args(2, &[])?;
+        cx.upstream(call, 0).or_else(|_| cx.upstream(call, 1))
+    });
+    b.register("first_with", |call, cx| {
+        call.expect_args(2, &[])?;
+        cx.build_with(cx.builder, call.resource(0)?).or_else(|_| cx.upstream(call, 1))
+    });
+    for name in ["first_of", "first_with"] {
+        // `align` builds its upstream, then refuses its alignment.
+        let text = alloc::format!("{name}(align(pool(stats(leaf), initial=1MiB), alignment=3000), leaf)");
+        let built = b.build_with_handles(&text, &()).unwrap();
+        let layers = built.release_layers();
+        let kept = (built.names().count(), layers.len(), layers.held(), below.get_bytes_counter().value);
+        assert_eq!(kept, (0, 0, 0, 0), "{text}");
+        let x = built.resource.allocate(req(1000), &()).unwrap();
+        built.resource.deallocate(x, &()).unwrap();
+    }
+}
