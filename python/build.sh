@@ -10,5 +10,9 @@ cd "$(dirname "$0")/.."
 . .ci/cuda-env.sh
 
 cargo build --release -p memres-python --features cuda --lib
-cp target/release/libmemres_native.so python/memres/_cuda.abi3.so
+# From where cargo put it: with CARGO_TARGET_DIR (or a configured
+# target-dir) target/release holds another build's library, or none.
+target_dir=$(cargo metadata --format-version 1 --no-deps |
+  python3 -c 'import json, sys; print(json.load(sys.stdin)["target_directory"])')
+cp "$target_dir/release/libmemres_native.so" python/memres/_cuda.abi3.so
 maturin build --manifest-path python/Cargo.toml --out target/wheels "${@:---release}"

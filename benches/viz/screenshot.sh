@@ -6,10 +6,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 out=${1:-docs/timeline.png}
-cargo build -q -p memres-bench --bin memres
 dir=$(mktemp -d)
 trap 'rm -rf "$dir"' EXIT
-target/debug/memres replay --passes 1 -r pool,binning \
+cargo run -q -p memres-bench --bin memres -- replay --passes 1 -r pool,binning \
     --timeline "$dir/timeline.html" benches/data/transformer_train.csv.gz >/dev/null
 chromium --headless --no-sandbox --disable-gpu --hide-scrollbars --window-size=1000,900 \
     --screenshot="$out" "file://$dir/timeline.html" 2>/dev/null

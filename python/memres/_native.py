@@ -52,10 +52,17 @@ def cuda():
             try:
                 from . import _cuda as module
             except ImportError as e:
-                _cuda_error = (f"the CUDA side of memres cannot load: {e}. It needs the "
-                               "NVIDIA driver library libcuda.so.1 (installed with the GPU "
-                               "driver); the simulated device (memres.mr.SimulatedMemoryResource, "
-                               "HostMemoryResource) works without it")
+                if "libcuda" in str(e):
+                    _cuda_error = (f"the CUDA side of memres cannot load: {e}. It needs the "
+                                   "NVIDIA driver library libcuda.so.1 (installed with the GPU "
+                                   "driver); the simulated device (memres.mr.SimulatedMemoryResource, "
+                                   "HostMemoryResource) works without it")
+                else:
+                    # Not the driver: a module of another build (python/build.sh
+                    # makes both sides of one wheel).
+                    _cuda_error = (f"the CUDA side of memres cannot load: {e}. It is not "
+                                   "this package's build of memres/_cuda*.so; rebuild the "
+                                   "wheel with python/build.sh")
             else:
                 # Each asks the other, without the GIL, whether its thread
                 # is inside a call of the other's (see gil.rs).
