@@ -23,6 +23,7 @@ use memres_core::snapshot::{MemoryMap, Side, Tap};
 use memres_core::stack::{parse, StackError};
 use memres_core::{Block, DynResource, MemoryResource, Request, Shared};
 use memres_sim::{SimStream, SimWorld};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 #[cfg(test)]
@@ -94,23 +95,27 @@ pub struct Observation {
     pub failure: Option<Failure>,
 }
 
-/// Builds `text` with its leaves tapped into `map`.
+/// Builds `text` with its leaves tapped into `map`, and says how many
+/// leaves it tapped.
 fn build(
     text: &str,
     map: &Arc<Shared<MemoryMap>>,
     stream: &SimStream,
-) -> Result<DynResource<SimStream>, StackError> {
+) -> Result<(DynResource<SimStream>, usize), StackError> {
     let call = parse(text)?;
     let mut b = builder();
+    let tapped = Arc::new(AtomicUsize::new(0));
     for name in ["sim", "host"] {
         let leaves = memres_sim::builder::<SimStream>();
-        let map = map.clone();
+        let (map, tapped) = (map.clone(), tapped.clone());
         b.register(name, move |call, cx| {
             let leaf = cx.build_with(&leaves, call)?;
+            tapped.fetch_add(1, Ordering::Relaxed);
             Ok(cx.keep(call, Tap::new(leaf, map.clone(), Side::Segments)))
         });
     }
-    b.build_call(&call, stream)
+    let built = b.build_call(&call, stream)?;
+    Ok((built, tapped.load(Ordering::Relaxed)))
 }
 
 /// Replays `workload` through the stack `text`, watched, up to the end,
@@ -118,15 +123,15 @@ fn build(
 ///
 /// # Errors
 ///
-/// [`RunError::Unsupported`] for a stack that does not build, or whose
-/// blocks come from no tapped leaf (a `vpool`, which maps granules of its
-/// own address space); [`RunError::Table`] where the table of handles, or
+/// [`RunError::Unsupported`] for a stack that does not build, or that has
+/// no tapped leaf while it holds blocks (a `vpool`, which maps granules of
+/// its own address space); [`RunError::Table`] where the table of handles, or
 /// that of the blocks the replay holds at its end (whose frees are then
 /// left to the stack's drop), does not fit in the process's memory.
 pub fn observe(text: &str, workload: &Workload, stop_after: Option<u64>) -> Result<Observation, RunError> {
     let map = Arc::new(Shared::new(MemoryMap::new(TRACE_ENTRIES)));
     let world = SimWorld::new();
-    let built = build(text, &map, &world.default_stream())
+    let (built, tapped) = build(text, &map, &world.default_stream())
         .map_err(|e| RunError::Unsupported(format!("stack `{text}`: {e}")))?;
     let resource = Tap::new(built, map.clone(), Side::Blocks);
     let streams: Vec<SimStream> = (0..workload.streams.max(1)).map(|_| world.stream()).collect();
@@ -158,7 +163,9 @@ pub fn observe(text: &str, workload: &Workload, stop_after: Option<u64>) -> Resu
             break;
         }
         let (live, held) = map.with(|m| (m.live(), m.held()));
-        if live > 0 && held == 0 {
+        // Blocks live with nothing held come from no tapped leaf; beside a
+        // tapped one (a `vpool` beside a `sim`) the map shows them alone.
+        if tapped == 0 && live > 0 && held == 0 {
             (stopped, unwatched) = (i + 1, true);
             break;
         }

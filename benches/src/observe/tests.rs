@@ -21,3 +21,17 @@ fn a_replay_that_stops_early_keeps_the_samples_of_its_last_ops() {
     assert_eq!(o.samples.last().map(|s| s.op), Some(stop));
     assert_eq!(o.samples.len(), 11);
 }
+
+/// A stack with a watched leaf beside an unwatched one (a `vpool`) is
+/// watched while only blocks of the unwatched part are live: the replay
+/// runs on (it stopped saying the stack had no watched leaf at all).
+#[test]
+fn a_stack_with_a_watched_leaf_is_watched_while_only_unwatched_blocks_live() {
+    let w = Workload::load("random:2000:2048:7").unwrap();
+    let o = observe("binning(sim, bin(768, vpool(sim)))", &w, None);
+    let o = o.unwrap_or_else(|e| panic!("{e}"));
+    assert!(o.peak.is_some());
+    // A stack with no watched leaf at all still says so.
+    let e = observe("vpool(sim)", &w, None).unwrap_err().to_string();
+    assert!(e.contains("has no sim or host leaf"), "{e}");
+}
