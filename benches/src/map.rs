@@ -8,7 +8,9 @@
 //! ```
 //!
 //! Each cell of a bar covers an equal share of the segment: `#` all used,
-//! `.` all free, `1`..`9` that many tenths used.
+//! `.` all free, `1`..`9` that many tenths used. Live blocks that lie in no
+//! segment held (from a leaf not watched, a `vpool` beside a `sim`) are
+//! summed up in one line of their own, apart from the bytes held.
 
 use crate::report::human_bytes;
 use memres_core::snapshot::SegmentRuns;
@@ -56,15 +58,17 @@ pub fn bar(seg: &SegmentRuns) -> String {
 }
 
 /// The map of `segments`: a line of figures and a bar each, the largest
-/// [`MAX_SEGMENTS`] in address order, then totals.
-pub fn render(segments: &[SegmentRuns]) -> String {
-    let mut shown: Vec<&SegmentRuns> = segments.iter().collect();
+/// [`MAX_SEGMENTS`] in address order, then totals; blocks alone
+/// ([`SegmentRuns::alone`]) are no segment held and only summed up.
+pub fn render(all: &[SegmentRuns]) -> String {
+    let (alone, segments): (Vec<&SegmentRuns>, Vec<&SegmentRuns>) = all.iter().partition(|s| s.alone);
+    let mut shown: Vec<&SegmentRuns> = segments.clone();
     shown.sort_by_key(|s| std::cmp::Reverse(s.size));
     let hidden: Vec<&SegmentRuns> = shown.split_off(shown.len().min(MAX_SEGMENTS));
     shown.sort_by_key(|s| s.addr);
     let mut out = String::new();
     let (mut held, mut used_all, mut free_all) = (0u64, 0u64, 0u64);
-    for s in segments {
+    for s in &segments {
         let used: u64 = s.runs.iter().filter(|r| r.requested.is_some()).map(|r| r.size).sum();
         held += s.size;
         used_all += used;
@@ -88,6 +92,17 @@ pub fn render(segments: &[SegmentRuns]) -> String {
     if !hidden.is_empty() {
         let bytes: u64 = hidden.iter().map(|s| s.size).sum();
         let _ = writeln!(out, "... and {} smaller segments of {} in all", hidden.len(), human_bytes(bytes));
+    }
+    if !alone.is_empty() {
+        let requested: u64 = alone.iter().flat_map(|s| &s.runs).filter_map(|r| r.requested).sum();
+        let bytes: u64 = alone.iter().map(|s| s.size).sum();
+        let _ = writeln!(
+            out,
+            "{} blocks outside watched segments: {} live in {}",
+            alone.len(),
+            human_bytes(requested),
+            human_bytes(bytes)
+        );
     }
     let _ = writeln!(
         out,

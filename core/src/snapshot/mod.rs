@@ -192,6 +192,9 @@ pub struct SegmentRuns {
     pub stream: u64,
     /// Its runs.
     pub runs: Vec<Run>,
+    /// Whether it is a live block that lies in no segment held, standing
+    /// as a segment of its own: none of [`MemoryMap::held`]'s bytes.
+    pub alone: bool,
 }
 
 /// The segments and live blocks of a resource, and the last events.
@@ -509,7 +512,7 @@ impl MemoryMap {
     /// The largest run of free bytes inside one segment.
     pub fn largest_free(&self) -> u64 {
         let mut largest = 0;
-        self.each_segment(|_, _, runs| {
+        self.each_segment(|_, _, runs, _| {
             for r in runs.iter().filter(|r| r.requested.is_none()) {
                 largest = largest.max(r.size);
             }
@@ -522,14 +525,15 @@ impl MemoryMap {
     /// trace tells ([`alloc`](Self::alloc)).
     pub fn runs(&self) -> Vec<SegmentRuns> {
         let mut out = Vec::new();
-        self.each_segment(|addr, seg, runs| {
-            out.push(SegmentRuns { addr, size: seg.size, stream: seg.stream, runs: runs.to_vec() })
+        self.each_segment(|addr, seg, runs, alone| {
+            out.push(SegmentRuns { addr, size: seg.size, stream: seg.stream, runs: runs.to_vec(), alone })
         });
         out
     }
 
-    /// Calls `each` with every segment and its runs (one buffer reused).
-    fn each_segment(&self, mut each: impl FnMut(u64, Segment, &[Run])) {
+    /// Calls `each` with every segment, its runs (one buffer reused) and
+    /// whether it is a block alone.
+    fn each_segment(&self, mut each: impl FnMut(u64, Segment, &[Run], bool)) {
         let mut runs = Vec::new();
         let mut blocks = self.blocks.iter().peekable();
         for (&addr, &seg) in &self.segments {
@@ -537,7 +541,7 @@ impl MemoryMap {
             // Blocks before this segment lie in none.
             while let Some((&b, live)) = blocks.next_if(|(&b, _)| b < addr) {
                 let one = [Run { addr: b, size: live.size, requested: Some(live.requested) }];
-                each(b, Segment { size: live.size, stream: live.stream }, &one);
+                each(b, Segment { size: live.size, stream: live.stream }, &one, true);
             }
             runs.clear();
             let mut at = addr;
@@ -552,11 +556,11 @@ impl MemoryMap {
             if at < end {
                 runs.push(Run { addr: at, size: end - at, requested: None });
             }
-            each(addr, seg, &runs);
+            each(addr, seg, &runs, false);
         }
         for (&b, live) in blocks {
             let one = [Run { addr: b, size: live.size, requested: Some(live.requested) }];
-            each(b, Segment { size: live.size, stream: live.stream }, &one);
+            each(b, Segment { size: live.size, stream: live.stream }, &one, true);
         }
     }
 
@@ -571,7 +575,7 @@ impl MemoryMap {
     fn segments_py(&self, device: i128, out: &mut Vec<Py<'static>>) {
         let int = |n: u64| Py::Int(i128::from(n));
         let empty = || Py::List(Vec::new());
-        self.each_segment(|addr, seg, runs| {
+        self.each_segment(|addr, seg, runs, _| {
             let sum = |n: u64, m: u64| n.saturating_add(m);
             let allocated = runs.iter().filter(|r| r.requested.is_some()).map(|r| r.size).fold(0, sum);
             let requested = runs.iter().filter_map(|r| r.requested).fold(0, sum);

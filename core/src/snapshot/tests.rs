@@ -26,6 +26,7 @@ fn runs_tile_each_segment_and_stray_blocks_stand_alone() {
     assert_eq!(runs[0].runs.iter().map(|r| r.size).sum::<u64>(), 100);
     assert_eq!(runs[0].runs[1], Run { addr: 1010, size: 80, requested: None });
     assert_eq!((runs[1].addr, runs[1].size, runs[1].stream), (5000, 64, 3));
+    assert_eq!((runs[0].alone, runs[1].alone), (false, true));
     assert_eq!((map.held(), map.live(), map.largest_free()), (100, 79, 80));
     map.free(1000, 0, None);
     map.free(1000, 0, None); // twice: ignored
