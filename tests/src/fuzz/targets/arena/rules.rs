@@ -79,6 +79,8 @@ pub(super) struct Params {
     pub(super) maximum: Option<u64>,
     /// The streams can synchronize the device.
     pub(super) device_sync: bool,
+    /// Superblock requests between idle sweeps (0: never).
+    pub(super) idle_after: u32,
 }
 
 impl Params {
@@ -115,6 +117,9 @@ pub(super) struct Attempt {
     pub(super) table_full: bool,
     /// A synchronization failed during the call.
     pub(super) stream_failed: bool,
+    /// The call was small with idle sweeps on: the failed synchronization
+    /// may be a sweep's, which fails nothing.
+    pub(super) may_sweep: bool,
 }
 
 pub(super) fn dump_seen(dump: &ArenaDump) {
