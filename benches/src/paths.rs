@@ -2,6 +2,7 @@
 //! before anything runs: an output that is a workload's trace, or another
 //! output, would overwrite it.
 
+use memres_core::snapshot::follow_links;
 use std::fs::{self, OpenOptions};
 use std::io;
 use std::path::{Path, PathBuf};
@@ -33,31 +34,7 @@ fn identity(path: &Path) -> Option<PathBuf> {
     if let Ok(p) = fs::canonicalize(path) {
         return Some(p);
     }
-    unmade(&followed(path).ok()?)
-}
-
-/// Where the links of `path` lead, followed by hand: a link to a file not
-/// made yet leads to that file's name (which `canonicalize` refuses).
-///
-/// # Errors
-///
-/// A link that cannot be read, or more than 40 in a row (a loop).
-fn followed(path: &Path) -> io::Result<PathBuf> {
-    let mut path = path.to_path_buf();
-    // Linux's own limit on the links of one lookup.
-    for _ in 0..=40 {
-        match fs::symlink_metadata(&path) {
-            Ok(meta) if meta.file_type().is_symlink() => {
-                let to = fs::read_link(&path)?;
-                path = match path.parent() {
-                    Some(dir) if to.is_relative() => dir.join(to),
-                    _ => to,
-                };
-            }
-            _ => return Ok(path),
-        }
-    }
-    Err(io::Error::new(io::ErrorKind::InvalidInput, "too many levels of symbolic links"))
+    unmade(&follow_links(path).ok()?)
 }
 
 /// The canonical folder of the file `path`, not made yet, and its name.
@@ -137,7 +114,7 @@ pub fn check_distinct(inputs: &[Named], outputs: &[Named], logs: &[Named]) -> Re
 /// Why it cannot be written.
 pub fn check_writable(path: &Path) -> io::Result<()> {
     // A link to a file not made yet is written through: its file is made.
-    let path = &followed(path)?;
+    let path = &follow_links(path)?;
     if path.is_dir() {
         return Err(io::Error::new(io::ErrorKind::IsADirectory, "it is a directory"));
     }

@@ -47,7 +47,7 @@ pub fn write_file(path: &Path, bytes: &[u8]) -> io::Result<()> {
     if written_in_place(path) {
         return OpenOptions::new().write(true).open(path)?.write_all(bytes);
     }
-    let path = &followed(path)?;
+    let path = &follow_links(path)?;
     let tmp = temporary(path)?;
     let written = (|| {
         let mut file = File::create(&tmp)?;
@@ -107,7 +107,7 @@ pub fn check_file(path: &Path) -> io::Result<()> {
         }
         return OpenOptions::new().write(true).open(path).map(drop);
     }
-    let path = &followed(path)?;
+    let path = &follow_links(path)?;
     if path.is_dir() {
         return Err(io::Error::new(io::ErrorKind::IsADirectory, "it is a directory"));
     }
@@ -129,8 +129,13 @@ fn written_in_place(path: &Path) -> bool {
 
 /// `path` with the symbolic links at its end followed, so that the rename
 /// replaces the file they lead to, not the link. A link that leads nowhere
-/// yet is followed too: the file is made where it points.
-fn followed(path: &Path) -> io::Result<PathBuf> {
+/// yet is followed too (which `canonicalize` refuses): the file is made
+/// where it points.
+///
+/// # Errors
+///
+/// A link that cannot be read, or more than 40 in a row (a loop).
+pub fn follow_links(path: &Path) -> io::Result<PathBuf> {
     let mut path = path.to_path_buf();
     // Linux's own limit on the links of one lookup: 40 followed, then one
     // more look at where the last leads.
