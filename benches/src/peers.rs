@@ -106,9 +106,7 @@ impl RangeReplayer {
     pub fn new() -> Self {
         RangeReplayer { inner: range_alloc::RangeAllocator::new(0..Self::CAPACITY), peak_end: 0 }
     }
-}
 
-impl RangeReplayer {
     /// The longest free range, in units: the longest gap between the
     /// ranges handed out, or at either end (read only when out of memory:
     /// it walks them all).
