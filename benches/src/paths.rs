@@ -107,7 +107,10 @@ pub fn check_distinct(inputs: &[Named], outputs: &[Named], logs: &[Named]) -> Re
 /// refused (a `--snapshot out/` wrote `out-0` beside it), an existing file
 /// is opened to append (and closed with nothing written), a new one is
 /// made and removed again (so a folder that does not exist or cannot be
-/// written to is told now, not after the run), where its links lead.
+/// written to is told now, not after the run), where its links lead. A
+/// named pipe is taken as it is, as [`check_file`](memres_core::snapshot::check_file)
+/// takes it: opening it would wait for a reader, and closing it would end
+/// the stream that reader sees before the log is written.
 ///
 /// # Errors
 ///
@@ -115,6 +118,10 @@ pub fn check_distinct(inputs: &[Named], outputs: &[Named], logs: &[Named]) -> Re
 pub fn check_writable(path: &Path) -> io::Result<()> {
     // A link to a file not made yet is written through: its file is made.
     let path = &follow_links(path)?;
+    #[cfg(unix)]
+    if fs::metadata(path).is_ok_and(|m| std::os::unix::fs::FileTypeExt::is_fifo(&m.file_type())) {
+        return Ok(());
+    }
     if path.is_dir() {
         return Err(io::Error::new(io::ErrorKind::IsADirectory, "it is a directory"));
     }

@@ -110,3 +110,24 @@ fn a_file_not_made_yet_can_be_written_through_a_dangling_link() {
     std::os::unix::fs::symlink("loop.csv", dir.0.join("loop.csv")).unwrap();
     assert!(check_writable(&dir.0.join("loop.csv")).is_err());
 }
+
+/// A log to a named pipe is checked without opening it: the open waited
+/// for a reader, and with one there its close was the end of the stream
+/// the reader saw, before the log opened the pipe again.
+#[cfg(target_os = "linux")]
+#[test]
+fn a_named_pipe_is_checked_without_opening_it() {
+    let dir = Folder::new("pipe");
+    let pipe = dir.0.join("log.csv");
+    assert!(std::process::Command::new("mkfifo").arg(&pipe).status().unwrap().success());
+    let (tx, rx) = std::sync::mpsc::channel();
+    let checked = pipe.clone();
+    let check = std::thread::spawn(move || tx.send(check_writable(&checked).map_err(|e| e.to_string())));
+    // A check that opened the pipe waits for a reader: one is made to end it.
+    let answer = rx.recv_timeout(std::time::Duration::from_secs(20));
+    if answer.is_err() {
+        drop(fs::File::open(&pipe));
+    }
+    check.join().unwrap().unwrap();
+    assert_eq!(answer, Ok(Ok(())), "the check opened the pipe");
+}
