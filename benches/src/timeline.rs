@@ -36,14 +36,19 @@ pub const CHART: (u32, u32) = (960, 320);
 ///
 /// # Errors
 ///
-/// An extension other than `.html`, `.svg` or `.csv`, a chart that cannot
+/// An extension other than `.html` (or `.htm`), `.svg` or `.csv`, a chart that cannot
 /// be drawn, or the file's I/O error.
 pub fn write(path: &Path, charts: &[Chart<'_>]) -> Result<(), String> {
     let text = match path.extension().and_then(|e| e.to_str()) {
         Some("csv") => csv(charts),
         Some("svg") => svg(charts)?,
         Some("html") | Some("htm") => html(charts)?,
-        _ => return Err(format!("--timeline {}: the file must end in .html, .svg or .csv", path.display())),
+        _ => {
+            return Err(format!(
+                "--timeline {}: the file must end in .html (or .htm), .svg or .csv",
+                path.display()
+            ))
+        }
     };
     // Whole, as a snapshot: a browser open on the file never reads part of
     // it, and a failure leaves the file as it was.

@@ -60,7 +60,7 @@ impl Outputs {
                 Some("html" | "htm" | "svg" | "csv") => {}
                 _ => {
                     return Err(format!(
-                        "--timeline {}: the file must end in .html, .svg or .csv",
+                        "--timeline {}: the file must end in .html (or .htm), .svg or .csv",
                         path.display()
                     ))
                 }
