@@ -21,7 +21,7 @@ pub(crate) struct DeviceState {
     pub(crate) stack: String,
     /// Every block handed out and not yet freed.
     pub(crate) table: Table,
-    /// Blocks handed out at a live address whose give-back the stack
+    /// Blocks handed out at a live address or at 0 whose give-back the stack
     /// refused, given back again by each release.
     pub(crate) stranded: Stranded,
     /// The outermost `stats` adaptor, if any.

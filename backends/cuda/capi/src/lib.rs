@@ -348,9 +348,6 @@ fn allocate(size: isize, device: c_int, stream: *mut c_void) -> Result<*mut c_vo
         .resource
         .allocate(request, &stream)
         .map_err(|e| format!("memres: device {d}: allocating {size} bytes: {e}"))?;
-    if block.is_empty() {
-        return Ok(std::ptr::null_mut());
-    }
     record(d, &st.table, &st.stranded, &*st.resource, block, &*stream)?;
     Ok(block.addr() as usize as *mut c_void)
 }
@@ -359,7 +356,9 @@ fn allocate(size: isize, device: c_int, stream: *mut c_void) -> Result<*mut c_vo
 /// At an address that is live already (a resource that handed it out
 /// twice, or two whose ranges overlap) the older block stays, freeable,
 /// and the new one goes back to `resource`: an error (as Python's
-/// `memres_py_alloc` answers). If `resource` refuses it, it is kept in
+/// `memres_py_alloc` answers). So does a block at address 0 (the empty
+/// block included): C would take it for NULL, a failure, and never free
+/// it. If `resource` refuses it, it is kept in
 /// `stranded` for the device's next release to give back, once `stream`
 /// is done with what it ordered before (the release may free on another
 /// stream).
@@ -375,7 +374,12 @@ where
     R: MemoryResource<S> + ?Sized,
     S: Stream + ?Sized,
 {
-    let Some(older) = table.insert(block) else { return Ok(()) };
+    let what = if block.addr() == 0 {
+        format!("a block of {} bytes at address 0, which C takes for NULL", block.size())
+    } else {
+        let Some(older) = table.insert(block) else { return Ok(()) };
+        format!("{:#x}, a live address (of a block of {} bytes)", block.addr(), older.size())
+    };
     let back = match resource.deallocate(block, stream) {
         Ok(()) => "it was given back".to_string(),
         Err(e) => {
@@ -387,11 +391,7 @@ where
             format!("giving it back failed: {e}; kept to give back at the next memres_release{waited}")
         }
     };
-    Err(format!(
-        "memres: device {d}: the stack handed out {:#x}, a live address (of a block of {} bytes): {back}",
-        block.addr(),
-        older.size()
-    ))
+    Err(format!("memres: device {d}: the stack handed out {what}: {back}"))
 }
 
 fn deallocate(ptr: *mut c_void, size: isize, device: c_int, stream: *mut c_void) -> Result<(), String> {
@@ -678,7 +678,7 @@ pub unsafe extern "C" fn memres_steps(device: c_int, out: *mut MemresSteps) -> c
 /// Gives back what the pools of `device`'s stack keep free (see
 /// `memres_release`): the Rust form, returning the bytes given back (0 for
 /// a device not used yet). First it gives back the blocks kept since the
-/// stack handed out a live address and refused them back (see `record`);
+/// stack handed out a live address (or 0) and refused them back (see `record`);
 /// those still refused stay kept, and the first refusal is the error.
 ///
 /// # Errors
@@ -695,7 +695,7 @@ pub unsafe fn release(device: c_int, stream: *mut c_void) -> Result<u64, String>
     let stream = stream_of(stream, st);
     let stranded = st.stranded.give_back(|b| st.resource.deallocate(b, &*stream));
     let released = st.releasing.release(&*stream).map_err(|e| format!("memres: device {d}: release: {e}"));
-    stranded.map_err(|e| format!("memres: device {d}: release: giving back a block kept since the stack handed out a live address: {e}"))?;
+    stranded.map_err(|e| format!("memres: device {d}: release: giving back a block kept since the stack handed it out at a live address or 0: {e}"))?;
     released
 }
 
@@ -1014,6 +1014,23 @@ mod tests {
         // The older block stays, and its free frees it.
         assert_eq!(table.remove_sized(0x1000, Some(512)), Ok(older));
         assert!(table.is_empty());
+    }
+
+    /// A block at address 0 would reach C as NULL, which the caller takes
+    /// for a failure and never frees: it is refused and given back, with
+    /// a message, and nothing is left live.
+    #[test]
+    fn a_block_at_address_zero_is_refused_and_given_back() {
+        let (table, stranded) = (Table::new(), Stranded::default());
+        let resource = OneAddress::default();
+        for handed in [Block::new(0, 256, 7), Block::EMPTY] {
+            let err = record(5, &table, &stranded, &resource, handed, &()).unwrap_err();
+            assert!(err.contains("address 0"), "{err}");
+            assert!(err.contains("it was given back"), "{err}");
+            assert_eq!(resource.back.lock().unwrap().pop(), Some(handed));
+        }
+        assert!(table.is_empty(), "nothing live");
+        assert!(stranded.blocks().is_empty());
     }
 
     /// A stack that hands out a live address and refuses the block back:

@@ -206,7 +206,7 @@ mod tests {
     }
 }
 
-/// Blocks the stack handed out at an address live already whose give-back
+/// Blocks the stack handed out at an address live already (or at 0) whose give-back
 /// it refused at once: kept here, never lost, and given back again by each
 /// release of the device (`memres_release`, `memres_empty_cache`).
 #[derive(Debug, Default)]
