@@ -82,3 +82,35 @@ fn unset_or_blank_logs_nothing() {
         assert!(log_from_env(&stack, value, 0).unwrap().is_none());
     }
 }
+
+/// A name that ends with a separator names a directory, there or not: it
+/// was taken for the file `dir.dev0` beside it. A name with white space
+/// around it (a stray space or newline from a script) named a file nobody
+/// meant, `x.dev0.csv `. Both are errors, and no file is made.
+#[test]
+fn a_directory_name_or_white_space_around_the_name_is_an_error() {
+    let stack = builder::<()>().build("pool(sim)", &()).unwrap();
+    let dir = temp("slash");
+    let file = temp("spaced.csv");
+    let cases = [
+        (format!("{}/", dir.display()), std::io::ErrorKind::IsADirectory),
+        (format!("{} ", file.display()), std::io::ErrorKind::InvalidInput),
+        (format!("{}\n", file.display()), std::io::ErrorKind::InvalidInput),
+    ];
+    for (value, kind) in cases {
+        let v = Some(OsStr::new(&value));
+        let checked = check_log_file(v).unwrap_err();
+        let made = log_from_env(&stack, v, 0).err().unwrap_or_else(|| panic!("{value:?} was logged to"));
+        for e in [checked, made] {
+            assert_eq!(e.kind(), kind, "{value:?}: {e}");
+            assert!(e.to_string().contains(LOG_FILE_VAR), "{e}");
+        }
+        exercise(&stack);
+    }
+    let made: Vec<_> = std::fs::read_dir(std::env::temp_dir())
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .filter(|n| n.contains(&format!("memres-log-env-{}-s", std::process::id())))
+        .collect();
+    assert!(made.is_empty(), "made {made:?}");
+}

@@ -46,9 +46,12 @@ pub fn log_file_of_device(value: Option<&OsStr>, device: u32) -> Option<PathBuf>
 
 /// Checks `value`, the setting of [`LOG_FILE_VAR`], before any device is
 /// used, creating nothing: a name whose directory does not exist or is not
-/// a directory, that names a directory, or a file or directory that is read
-/// only, is an error that names the variable. A file that cannot be
-/// created for another reason is found when a device first logs.
+/// a directory, that names a directory (an existing one, or any name that
+/// ends with a separator, `.` or `..`), that starts or ends with white
+/// space (a stray space or newline, never meant as part of a file's name),
+/// or a file or directory that is read only, is an error that names the
+/// variable. A file that cannot be created for another reason is found
+/// when a device first logs.
 ///
 /// # Errors
 ///
@@ -61,6 +64,8 @@ pub fn log_file_of_device(value: Option<&OsStr>, device: u32) -> Option<PathBuf>
 /// let dir = std::env::temp_dir();
 /// assert!(check_log_file(Some(dir.join("memres.csv").as_os_str())).is_ok());
 /// assert!(check_log_file(Some(dir.as_os_str())).is_err(), "a directory");
+/// assert!(check_log_file(Some(OsStr::new("logs/"))).is_err(), "a directory, there or not");
+/// assert!(check_log_file(Some(OsStr::new("memres.csv\n"))).is_err(), "white space around it");
 /// assert!(check_log_file(Some(OsStr::new("/no/such/dir/memres.csv"))).is_err());
 /// ```
 pub fn check_log_file(value: Option<&OsStr>) -> io::Result<()> {
@@ -68,6 +73,14 @@ pub fn check_log_file(value: Option<&OsStr>) -> io::Result<()> {
         return Ok(());
     };
     let fail = |kind: io::ErrorKind, why: &str| Err(named(value, io::Error::new(kind, why.to_string())));
+    let text = value.unwrap_or_default().to_string_lossy();
+    if text.trim() != text {
+        return fail(io::ErrorKind::InvalidInput, "the name starts or ends with white space");
+    }
+    // `Path` drops a final separator: `logs/` would log to the file `logs.dev0`.
+    if text.ends_with(std::path::is_separator) || Path::new(value.unwrap_or_default()).file_name().is_none() {
+        return fail(io::ErrorKind::IsADirectory, "it names a directory; name a file in it");
+    }
     let dir = match file.parent() {
         Some(d) if !d.as_os_str().is_empty() => d,
         _ => Path::new("."),

@@ -47,8 +47,9 @@
  * a file, each device's stack logs every call in RMM's CSV format to that
  * name with ".dev<N>" before its extension (trace.csv: trace.dev0.csv).
  * memres_configure checks the name (-1 when its directory is missing, it
- * is a directory or read only); a file that cannot be made is the error
- * of the device's first call.
+ * is a directory or ends with "/", has white space around it, or is read
+ * only); a file that cannot be made is the error of the device's first
+ * call.
  *
  * Streams. With per_stream=true (the default stack) the pool is
  * stream-ordered, as PyTorch's own allocator is: a block freed on a stream

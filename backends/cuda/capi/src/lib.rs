@@ -40,8 +40,9 @@
 //! before its extension (`trace.csv`: `trace.dev0.csv`, as RMM's Python
 //! names per-device logs), flushed as the `log` adaptors are
 //! ([`memres_core::stack::log_from_env`]). `memres_configure` checks the
-//! name (a missing directory, a directory, a read-only file: -1 with a
-//! message naming the variable); a file that cannot be made is the error
+//! name (a missing directory, a directory or a name ending with `/`, white
+//! space around it, a read-only file: -1 with a message naming the
+//! variable); a file that cannot be made is the error
 //! of the device's first call (NULL with that message), never an abort.
 //! A `log(..., file=)` in the stack is built for each device: a file that
 //! a live log of the process writes is refused the same way (`Logging::to_file`),
