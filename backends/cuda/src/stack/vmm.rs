@@ -242,28 +242,17 @@ pub fn vmm_config(call: &Call) -> std::result::Result<VmmConfig, StackError> {
     if let Some(threshold) = call.size_arg("release_threshold")? {
         config.release_threshold = threshold;
     }
-    if let Some(v) = call.keyed("handle_granules") {
-        let text = v.text()?;
-        config.handle_granules = match text.parse::<u32>() {
-            Ok(n) if (1..=64).contains(&n) => n,
-            _ => {
-                return Err(StackError::new(
-                    v.pos(),
-                    StackErrorKind::BadValue(format!(
-                        "handle_granules `{text}`: a whole number of granules per handle, 1 to 64"
-                    )),
-                ))
-            }
-        };
+    // `u32_arg` reads digits only: `str::parse` takes a sign (`+8`).
+    let granules = "a whole number of granules per handle, 1 to 64";
+    if let (Some(n), Some(v)) = (call.u32_arg("handle_granules", granules)?, call.keyed("handle_granules")) {
+        if !(1..=64).contains(&n) {
+            let why = format!("handle_granules `{}`: {granules}", v.text()?);
+            return Err(StackError::new(v.pos(), StackErrorKind::BadValue(why)));
+        }
+        config.handle_granules = n;
     }
-    if let Some(v) = call.keyed("slack") {
-        let text = v.text()?;
-        config.slack_permille = text.parse::<u32>().map_err(|_| {
-            StackError::new(
-                v.pos(),
-                StackErrorKind::BadValue(format!("slack `{text}`: a whole number of permille")),
-            )
-        })?;
+    if let Some(slack) = call.u32_arg("slack", "a whole number of permille")? {
+        config.slack_permille = slack;
     }
     if let Some(trim) = call.bool_arg("trim_on_commit")? {
         config.trim_on_commit = trim;

@@ -70,6 +70,17 @@ fn bad_options_are_refused_at_their_position() {
     }
 }
 
+/// A whole number takes no sign, as every other whole number of a stack
+/// (`growth=+4`, a `vpool`'s `slack=+40`); `str::parse` took `+`.
+#[test]
+fn whole_numbers_take_no_sign() {
+    for (text, pos) in [("vmm(slack=+40)", 10), ("vmm(handle_granules=+8)", 20)] {
+        let e = config(text).map(|c| format!("taken: {c:?}")).unwrap_err();
+        assert_eq!(e.pos, pos, "{text}");
+        assert!(matches!(&e.kind, StackErrorKind::BadValue(_)), "{text}: {e}");
+    }
+}
+
 #[test]
 fn the_reservation_defaults_to_twice_the_device() {
     let c = VmmConfig::default().virtual_config(80 << 30);
