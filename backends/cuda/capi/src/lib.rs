@@ -359,7 +359,7 @@ fn allocate(size: isize, device: c_int, stream: *mut c_void) -> Result<*mut c_vo
 /// and the new one goes back to `resource`: an error (as Python's
 /// `memres_py_alloc` answers). So does a block at address 0 (the empty
 /// block included): C would take it for NULL, a failure, and never free
-/// it. If `resource` refuses it, it is kept in
+/// it. If `resource` refuses it (or panics), it is kept in
 /// `stranded` for the device's next release to give back, once `stream`
 /// is done with what it ordered before (the release may free on another
 /// stream).
@@ -381,7 +381,8 @@ where
         let Some(older) = table.insert(block) else { return Ok(()) };
         format!("{:#x}, a live address (of a block of {} bytes)", block.addr(), older.size())
     };
-    let back = match resource.deallocate(block, stream) {
+    // A give-back that panics is refused too: the block is kept, not lost.
+    let back = match caught(|| resource.deallocate(block, stream).map_err(|e| e.to_string())) {
         Ok(()) => "it was given back".to_string(),
         Err(e) => {
             let waited = match stream.synchronize() {
@@ -983,6 +984,8 @@ mod tests {
         back: std::sync::Mutex<Vec<Block>>,
         /// Whether frees are refused.
         refusing: std::sync::atomic::AtomicBool,
+        /// Whether frees panic.
+        panicking: std::sync::atomic::AtomicBool,
     }
 
     impl MemoryResource<()> for OneAddress {
@@ -990,6 +993,9 @@ mod tests {
             Ok(Block::new(0x1000, request.size(), 7))
         }
         fn deallocate(&self, block: Block, _stream: &()) -> memres_core::Result<()> {
+            if self.panicking.load(std::sync::atomic::Ordering::Relaxed) {
+                panic!("a free that panics");
+            }
             if self.refusing.load(std::sync::atomic::Ordering::Relaxed) {
                 return Err(memres_core::Error::Backend { code: 1, what: "refused" });
             }
@@ -1056,6 +1062,26 @@ mod tests {
         assert!(stranded.blocks().is_empty());
         assert_eq!(*resource.back.lock().unwrap(), [newer], "given back");
         // The older block stays the caller's.
+        assert_eq!(table.remove_sized(0x1000, Some(512)), Ok(older));
+    }
+
+    /// A give-back that panics keeps the block too, as one refused, and
+    /// the error says what happened at the live address.
+    #[test]
+    fn a_block_whose_give_back_panics_is_kept() {
+        let (table, stranded, resource) = (Table::new(), Stranded::default(), OneAddress::default());
+        let older = resource.allocate(Request::new(512).unwrap(), &()).unwrap();
+        assert_eq!(record(5, &table, &stranded, &resource, older, &()), Ok(()));
+        let newer = resource.allocate(Request::new(256).unwrap(), &()).unwrap();
+        resource.panicking.store(true, std::sync::atomic::Ordering::Relaxed);
+        let err = guard(String::new(), || {
+            record(5, &table, &stranded, &resource, newer, &()).map(|()| "recorded".into())
+        });
+        assert_eq!(err, "");
+        let err = last_error();
+        assert!(err.contains("a live address"), "{err}");
+        assert!(err.contains("panic: a free that panics"), "{err}");
+        assert_eq!(stranded.blocks(), [newer], "kept, not lost");
         assert_eq!(table.remove_sized(0x1000, Some(512)), Ok(older));
     }
 
