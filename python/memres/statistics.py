@@ -184,12 +184,20 @@ class profiler:
     """Records the statistics of a function (as a decorator; named by
     ``name`` or else by ``_get_descriptive_name_of_object``) or of a block
     (as a context manager, ``name=`` required), each call in a level of
-    its own, into ``records``. As RMM's, it records nothing while
-    statistics are off (``enable_statistics``, ``statistics()``)."""
+    its own, into ``records``. As RMM's, it records nothing where
+    statistics are off when the call begins (``enable_statistics``,
+    ``statistics()``). Each call's level is popped from the resource it was
+    pushed on, even if the current resource changed meanwhile (statistics
+    put on inside the call, or another resource set): popped from the
+    current one, it was a level the call did not push, or none
+    (``IndexError``)."""
 
     def __init__(self, *, records=default_profiler_records, name=""):
         self.records = records
         self.name = name
+        # Per thread, innermost last: the native stack each open call
+        # pushed a level on (None where statistics were off).
+        self._pushed = threading.local()
 
     def __call__(self, func):
         name = self.name or _get_descriptive_name_of_object(func)
@@ -203,11 +211,20 @@ class profiler:
     def __enter__(self):
         if not self.name:
             raise ValueError("memres: a profiler used as a context manager needs name=")
-        push_statistics()
+        native = _stats_native()
+        if native is not None:
+            native.push_statistics()
+        self._open().append(native)
         return self
 
     def __exit__(self, *exc):
-        data = pop_statistics()
-        if data is not None:
-            self.records.add(self.name, data)
+        native = self._open().pop()
+        if native is not None:
+            self.records.add(self.name, _mr._counts(native.pop_statistics()))
         return False
+
+    def _open(self):
+        """This thread's open calls (``_pushed``)."""
+        if not hasattr(self._pushed, "natives"):
+            self._pushed.natives = []
+        return self._pushed.natives

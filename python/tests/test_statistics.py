@@ -191,3 +191,31 @@ def test_a_stats_layer_under_the_root_does_not_count_the_stacks_calls():
     stats = memres.statistics.get_statistics()
     assert (stats.current_bytes, stats.current_count) == (10, 1), stats
     del buf
+
+
+def test_the_profiler_pops_the_level_it_pushed_where_statistics_changed_inside(pool):
+    # It popped the current resource's newest level at its end: statistics
+    # put on inside the block (a profiled main() that enables them) had no
+    # level to pop (IndexError), and a resource replaced inside lost its
+    # base level while the old one kept the block's for ever.
+    records = statistics.ProfilerRecords()
+
+    @statistics.profiler(records=records, name="main")
+    def main():
+        statistics.enable_statistics()
+        return memres.DeviceBuffer(size=64)
+
+    buf = main()
+    assert records.records == {}  # off when it began: nothing recorded, as RMM's
+    assert statistics.get_statistics().current_bytes == 64
+    counting = mr.get_current_device_resource()
+    with statistics.profiler(records=records, name="block"):
+        memres.DeviceBuffer(size=32)
+        mr.set_current_device_resource(mr.StatisticsResourceAdaptor(pool))
+    assert records.records["block"] == statistics.ProfilerRecords.MemoryRecord(1, 32, 32)
+    # Each adaptor is back at its base level.
+    for res in (counting, mr.get_current_device_resource()):
+        with pytest.raises(IndexError):
+            res.pop_counters()
+    assert counting.allocation_counts.current_bytes == 64
+    del buf
