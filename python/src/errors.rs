@@ -130,17 +130,31 @@ pub(crate) fn to_py(e: Error, what: &str) -> PyErr {
 /// `e` as its text in an error's message (`Type: text`, as PyO3's
 /// `Display` of it), without failing: that `Display` fails where the
 /// type's `__qualname__` raises (a metaclass's doing), and `format!` then
-/// panicked in place of the error being made.
+/// panicked in place of the error being made. Each lookup may run Python
+/// code that raises a `PanicException`, which PyO3 turns back into a panic
+/// when it fetches it: caught here, as any other failure of it (it made
+/// the call raise that `PanicException`, the function's exception lost).
 pub(crate) fn said(py: Python<'_>, e: &PyErr) -> String {
     let value = e.value(py);
     let ty = value.get_type();
-    let name = ty
-        .qualname()
-        .or_else(|_| ty.name())
-        .map_or_else(|_| "?".to_string(), |n| n.to_string_lossy().into_owned());
-    match value.str() {
-        Ok(text) => format!("{name}: {}", text.to_string_lossy()),
-        Err(_) => format!("{name}: <exception str() failed>"),
+    let name = caught(|| ty.qualname())
+        .or_else(|| caught(|| ty.name()))
+        .map_or_else(|| "?".to_string(), |n| n.to_string_lossy().into_owned());
+    match caught(|| value.str().map(|text| text.to_string_lossy().into_owned())) {
+        Some(text) => format!("{name}: {text}"),
+        None => format!("{name}: <exception str() failed>"),
+    }
+}
+
+/// `f`'s value, `None` where it fails or panics.
+fn caught<T>(f: impl FnOnce() -> PyResult<T>) -> Option<T> {
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
+        Ok(result) => result.ok(),
+        Err(payload) => {
+            // A payload whose `Drop` panicked would unwind from here: forget it.
+            std::mem::forget(payload);
+            None
+        }
     }
 }
 

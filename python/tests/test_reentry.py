@@ -477,3 +477,33 @@ def test_a_panic_exception_from_a_callback_is_the_error_of_a_callback_that_raise
             fc.deallocate(fc.allocate(100), 100)
         print("done")
     """))
+
+
+def test_an_exception_whose_str_raises_a_panic_exception_is_still_said():
+    # Saying a function's exception fetched its str() and its type's name
+    # through PyO3, which turns a PanicException raised there into a panic:
+    # the call raised that PanicException, the function's exception lost.
+    run_child(PANIC_EXCEPTION + textwrap.dedent("""
+        class Unsayable(Exception):
+            def __str__(self):
+                raise PE("str")
+        class Meta(type):
+            def __getattribute__(cls, name):
+                if name == "__qualname__":
+                    raise PE("qualname")
+                return super().__getattribute__(name)
+        class Unnamed(Exception, metaclass=Meta):
+            pass
+        for error, says in ((Unsayable, "Unsayable: <exception str() failed>"), (Unnamed, "Unnamed: ")):
+            def alloc(n):
+                raise error()
+            cb = mr.CallbackMemoryResource(alloc, lambda p, n: None, backend="sim")
+            try:
+                cb.allocate(10)
+                raise SystemExit("allocated")
+            except memres.MemresError as e:
+                assert says in str(e) and isinstance(e.__cause__, error), (e, e.__cause__)
+            assert cb._native.live_count() == 0
+            cb.deallocate(cb.allocate(0), 0)
+        print("done")
+    """))
