@@ -219,3 +219,18 @@ def test_the_profiler_pops_the_level_it_pushed_where_statistics_changed_inside(p
             res.pop_counters()
     assert counting.allocation_counts.current_bytes == 64
     del buf
+
+
+def test_device_statistics_read_the_devices_backend_and_make_no_resource():
+    # It took the backend of the current device's resource, making one
+    # (CudaMemoryResource with CUDA) where there was none: PyTorch's
+    # allocations there were then served by it, not by DEFAULT_STACK.
+    # Device 3's resource simulated, device 0's default CUDA's where CUDA is.
+    sim = mr.SimulatedMemoryResource(1 << 30, device=3)
+    mr.set_per_device_resource(3, sim)
+    before = statistics.get_device_statistics(3).current_bytes
+    p = sim.allocate(1 << 20)
+    assert statistics.get_device_statistics(3).current_bytes == before + (1 << 20)
+    sim.deallocate(p, 1 << 20)
+    statistics.get_device_statistics(0)
+    assert mr._existing(0) is None
