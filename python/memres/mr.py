@@ -807,6 +807,16 @@ def _existing(device):
         return _current[device]
 
 
+def _backend_of(device):
+    """The backend (``"cuda"`` or ``"sim"``) of ``device``'s resource, or
+    where it has none yet, of the default it would get: looked up without
+    making one, which would be the device's resource from then on
+    (PyTorch's allocations served by it, not by ``DEFAULT_STACK``)."""
+    from . import cuda_available
+    res = _existing(device)
+    return res._backend if res is not None else "cuda" if cuda_available() else "sim"
+
+
 def _existing_all():
     """``{device: resource}`` of every device that has one, as ``_existing``
     finds it: those whose default only the C functions made (PyTorch's

@@ -17,6 +17,7 @@ import sys
 
 from . import _native
 from . import mr as _mr
+from ._device import current_device
 
 DEFAULT_MAX_ENTRIES = 100_000
 # The largest count the native side takes (its `usize`).
@@ -44,14 +45,15 @@ def record_memory_history(enabled=True, max_entries=DEFAULT_MAX_ENTRIES):
 
 def _pickled(backend):
     """The record as the native side pickles it (protocol 2)."""
-    backend = _mr.get_current_device_resource()._backend if backend is None else backend
+    backend = _mr._backend_of(current_device()) if backend is None else backend
     return _native.backend(backend).snapshot()
 
 
 def snapshot(backend=None):
     """The record of every device as a dict with ``segments`` and
-    ``device_traces``, as ``torch.cuda.memory._snapshot()`` (of the current
-    resource's backend by default)."""
+    ``device_traces``, as ``torch.cuda.memory._snapshot()`` (by default of
+    the backend of the current device's resource, or of the default it
+    would get where it has none yet, which this does not make)."""
     return pickle.loads(_pickled(backend))
 
 

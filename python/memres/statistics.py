@@ -110,14 +110,9 @@ def get_device_statistics(device=None, backend=None):
     ever, by the leaves of ``backend`` (``"cuda"`` or ``"sim"``; by
     default that of ``device``'s resource, or where it has none yet, of
     the default it would get, which this does not make)."""
-    from . import cuda_available
     from ._device import current_device, device_id
     device = current_device() if device is None else device_id(device)
-    if backend is None:
-        # Made here, a default would be the device's resource from then on
-        # (PyTorch's allocations served by it, not by DEFAULT_STACK).
-        res = _mr._existing(device)
-        backend = res._backend if res is not None else "cuda" if cuda_available() else "sim"
+    backend = _mr._backend_of(device) if backend is None else backend
     return DeviceStatistics(*_native.backend(backend).device_bytes(device))
 
 

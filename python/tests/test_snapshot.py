@@ -194,3 +194,12 @@ def test_release_reaches_a_leaf_the_record_taps(gpu, recording):
     before = held()  # the granules stay mapped
     assert res.release() >= 64 << 20
     assert before - held() >= 64 << 20
+
+
+def test_a_snapshot_makes_no_resource():
+    # It took the backend of the current device's resource, making one
+    # where there was none: a default (CudaMemoryResource with CUDA) that
+    # was then the device's resource, so PyTorch's allocations there were
+    # served by it, not by DEFAULT_STACK.
+    memres.snapshot.snapshot()
+    assert mr._existing(memres.current_device()) is None
