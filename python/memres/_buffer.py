@@ -4,7 +4,7 @@ import operator
 import pickle
 
 from ._stream import Stream, as_handle
-from . import mr as _mr
+from . import _native, mr as _mr
 
 
 class DeviceBuffer:
@@ -29,7 +29,9 @@ class DeviceBuffer:
         self.mr = mr
         self.stream = stream
         self._native_cls = type(mr._native)
-        mr._keep(handle, stream)
+        # Not for a buffer refused before the stack sees its stream.
+        if mr._native.has_bytes and size <= _native.sim.MAX_REQUEST:
+            mr._keep(handle, stream)
         # The native buffer holds what keeps the handle valid until its
         # block is freed on it (after this object, if freed from a
         # callback): the stream a memres `Stream` made (which the collector
@@ -153,7 +155,6 @@ class DeviceBuffer:
         # may not be this buffer's: the driver tells where its data lies.
         src_device = self.mr.device_id
         if stream_handle in (1, 2):
-            from . import _native
             found = _native.cuda().pointer_device(ptr)
             src_device = src_device if found is None else found
         # `cuda_ary` stays referenced through the call, which waits for its copy.
@@ -244,5 +245,4 @@ def _host_bytes(b, what):
 
 
 def _native_buffer(mr):
-    from . import _native
     return _native.backend(mr._backend).NativeBuffer

@@ -190,19 +190,25 @@ class DeviceMemoryResource:
         """Allocates ``nbytes`` on ``stream``; returns the address (0 for 0
         bytes, which reach no layer: no statistics count them, no log
         writes a row, where RMM's do)."""
-        # The size first: a call refused for it keeps no stream.
+        # The size first: a call refused for it keeps no stream, nor does
+        # one the stack never sees (0 bytes, a size no resource serves).
         nbytes = _nbytes(nbytes, "nbytes")
         handle = as_handle(stream)
-        self._keep(handle, stream)
+        if 0 < nbytes <= _native.sim.MAX_REQUEST:
+            self._keep(handle, stream)
         return self._native.allocate(nbytes, handle)
 
     def deallocate(self, ptr, nbytes, stream=None):
         """Frees ``ptr`` (from ``allocate`` of this object, ``nbytes``
         long) on ``stream``; a refused free raises and changes nothing."""
-        # The sizes first: a call refused for them keeps no stream.
+        # The sizes first: a call refused for them keeps no stream, nor
+        # does a free of no live block of this object, which the stack
+        # never sees (one freed meanwhile by another thread is refused
+        # after its stream was kept, which is harmless).
         ptr, nbytes = _nbytes(ptr, "ptr"), _nbytes(nbytes, "nbytes")
         handle = as_handle(stream)
-        self._keep(handle, stream)
+        if self._native.holds(ptr, nbytes):
+            self._keep(handle, stream)
         # The object keeps the handle valid for a free deferred from a callback.
         self._native.deallocate(ptr, nbytes, handle, stream)
 

@@ -84,6 +84,7 @@ fn stack_names(text: &str) -> PyResult<Vec<String>> {
 fn native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("BACKEND", backend::BACKEND)?;
     m.add("MAX_DEVICES", backend::MAX_DEVICES)?;
+    m.add("MAX_REQUEST", memres_core::Request::MAX_SIZE)?;
     m.add("C_DEFAULT_STACK", backend::c_default_stack())?;
     m.add("GIT_COMMIT", env!("MEMRES_GIT_COMMIT"))?;
     m.add_class::<resource::Resource>()?;

@@ -740,6 +740,12 @@ impl Resource {
         })
     }
 
+    /// Whether `ptr` is a live block of this object's `allocate`, of
+    /// `nbytes`: a free of it reaches the stack.
+    fn holds(&self, ptr: u64, nbytes: u64) -> bool {
+        self.live.lock().unwrap_or_else(|p| p.into_inner()).get(&ptr).is_some_and(|b| b.size() == nbytes)
+    }
+
     /// Blocks allocated through this object and not yet freed.
     fn live_count(&self) -> usize {
         self.live.lock().unwrap_or_else(|p| p.into_inner()).len()

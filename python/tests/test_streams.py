@@ -251,6 +251,44 @@ def test_a_call_refused_for_its_size_keeps_no_stream(call):
     assert res._native.live_count() == 0
 
 
+@pytest.mark.parametrize("call", ["allocate too large", "deallocate unknown", "deallocate other size",
+                                  "buffer too large", "buffer without bytes"])
+def test_a_call_refused_before_the_stack_keeps_no_stream(call):
+    # Refused before the stack saw the stream (a size past what any
+    # resource serves, a free of no live block, a buffer of a resource with
+    # no bytes), the call still kept its stream object for the stack's life.
+    class Handle:
+        def __init__(self, handle):
+            self.handle_value = handle
+
+        def __cuda_stream__(self):
+            return (0, self.handle_value)
+
+    import gc
+    import weakref
+    upstream = mr.SimulatedMemoryResource() if call == "buffer without bytes" else mr.HostMemoryResource()
+    res = mr.PoolMemoryResource(upstream, per_stream=True)  # a stack that keeps streams
+    p = res.allocate(100)
+    s = Handle(7)
+    alive = weakref.ref(s)
+    with pytest.raises((memres.OutOfMemory, memres.InvalidArgument, ValueError)):
+        if call == "allocate too large":
+            res.allocate(1 << 63, stream=s)
+        elif call == "deallocate unknown":
+            res.deallocate(p + 4096, 100, stream=s)
+        elif call == "deallocate other size":
+            res.deallocate(p, 99, stream=s)
+        elif call == "buffer too large":
+            memres.DeviceBuffer(size=1 << 63, stream=s, mr=res)
+        else:
+            memres.DeviceBuffer(size=10, stream=s, mr=res)
+    del s
+    gc.collect()
+    assert alive() is None
+    res.deallocate(p, 100)
+    assert res._native.live_count() == 0
+
+
 def test_a_stream_does_not_pickle_but_the_default_streams_do():
     # A handle is valid only in the process that has it (RMM's Stream does
     # not pickle); the default streams are every process's.
