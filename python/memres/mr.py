@@ -229,17 +229,19 @@ class DeviceMemoryResource:
 
     def step(self, stream=None):
         """Marks the start of a step (one iteration of a training loop) on
-        ``stream`` for the stack's ``planned(...)`` layers: each lays the
+        ``stream`` for the stack's ``planned(...)`` layers, and those of the
+        resources it is built over (a planned stack under
+        ``enable_statistics()`` or ``enable_logging()``): each lays the
         coming steps out once a step asks for what the step before it
         asked for, and serves them from one region. Returns how many such
-        layers the stack has (0: it does nothing)."""
+        layers it stepped (0: it does nothing)."""
         handle = as_handle(stream)
         self._keep(handle, stream)
         return self._native.step(handle)
 
     def steps(self):
-        """What the stack's ``planned(...)`` layers have done, summed over
-        them, as a dict: ``steps`` (calls of ``step``), ``followed`` (steps
+        """What the ``planned(...)`` layers ``step`` steps have done, summed
+        over them, as a dict: ``steps`` (calls of ``step``), ``followed`` (steps
         served from a plan from start to end), ``plans`` (plans made),
         ``planned_allocations`` (allocations served from the plans'
         regions), ``region`` and ``carry_region`` (bytes of the regions

@@ -68,7 +68,8 @@ pub(crate) struct Parts {
     /// The layers that keep freed memory (`pool`, `fixed`, `binning`,
     /// `arena`, `vmm`, `vpool`, `async`), given back by `release`.
     releasing: ReleaseLayers<Stream>,
-    /// The `planned` layers, stepped by `step`.
+    /// The `planned` layers, stepped by `step`: the stack's, then those of
+    /// the objects it is built over.
     planned: Vec<Arc<Planned<Dyn>>>,
     /// The stack's stream objects (`inner` and `blocks` are this).
     streams: Arc<KeepStreams>,
@@ -244,6 +245,23 @@ fn bytes_of(call: &Call, upstreams: &[&Resource], builder: &StackBuilder<Stream>
     inner.iter().all(|c| bytes_of(c, upstreams, builder))
 }
 
+/// `own`, the `planned` layers of a stack, then those of the objects it is
+/// built over, each once (two `upN` may be one object): a step of the
+/// object reaches a planned stack under an adaptor object (one that
+/// `enable_statistics()` or `enable_logging()` put over it), as a release
+/// reaches the pools below.
+fn with_upstreams_planned(
+    mut own: Vec<Arc<Planned<Dyn>>>,
+    upstreams: &[&Resource],
+) -> Vec<Arc<Planned<Dyn>>> {
+    for p in upstreams.iter().flat_map(|u| &u.planned) {
+        if !own.iter().any(|q| Arc::ptr_eq(p, q)) {
+            own.push(p.clone());
+        }
+    }
+    own
+}
+
 /// A stack and the Python objects of the streams it has been given, alive
 /// as long as it is: stream-ordered layers remember a stream after the
 /// call (its free memory, its events), and a `torch.cuda.Stream` or
@@ -387,7 +405,7 @@ impl Resource {
             limit: sees_the_program(&call, "limit").then(|| built.get("limit")).flatten(),
             logs: built.all("log"),
             releasing: built.release_layers(),
-            planned: built.all("planned"),
+            planned: with_upstreams_planned(built.all("planned"), upstreams),
             blocks: Arc::new(Guarded {
                 inner: crate::snapshot::program_side(inner.clone(), map),
                 covers: covers.clone(),
@@ -681,8 +699,9 @@ impl Resource {
         .map_err(|e| crate::errors::backend_error(format!("flushing a log: {e}")))
     }
 
-    /// Ends the step in progress of the stack's `planned` layers and
-    /// begins the next on `stream`; returns how many layers it stepped.
+    /// Ends the step in progress of the stack's `planned` layers (those of
+    /// the objects it is built over too) and begins the next on `stream`;
+    /// returns how many layers it stepped.
     #[pyo3(signature = (stream=0))]
     fn step(&self, py: Python<'_>, stream: u64) -> PyResult<usize> {
         // SAFETY: a handle of the package's Python layer (the module's contract:
@@ -706,7 +725,8 @@ impl Resource {
         Ok(self.planned.len())
     }
 
-    /// What the stack's `planned` layers have done, summed over them:
+    /// What the stack's `planned` layers (those of the objects it is built
+    /// over too) have done, summed over them:
     /// `(steps, followed, plans, planned_allocations, region,
     /// carry_region)`, the fields of `memres_core::planned::Steps`.
     fn steps(&self, py: Python<'_>) -> PyResult<(u64, u64, u64, u64, u64, u64)> {

@@ -952,6 +952,30 @@ def test_a_planned_stack_lays_out_a_step_once_it_repeats():
     assert set(plain.steps().values()) == {0}
 
 
+def test_a_planned_stack_under_an_adaptor_object_is_stepped_through_it():
+    # step() and steps() read the planned layers of the object's own stack
+    # only: enable_statistics() or enable_logging() over a planned stack
+    # (TRAINING_STACK) put an object on top whose step() stepped nothing,
+    # and the loop was never laid out, without a word.
+    planned = mr.StackMemoryResource("planned(pool(sim(1GiB)))", backend="sim")
+    top = mr.StatisticsResourceAdaptor(mr.LimitingResourceAdaptor(planned, 1 << 30))
+    for _ in range(5):
+        assert top.step() == 1
+        a = top.allocate(MiB)
+        b = top.allocate(MiB)
+        top.deallocate(a, MiB)
+        c = top.allocate(2 * MiB)
+        top.deallocate(b, MiB)
+        top.deallocate(c, 2 * MiB)
+    s = top.steps()
+    assert (s["steps"], s["plans"], s["followed"]) == (5, 1, 2), s
+    assert top.steps() == planned.steps()
+    # Two objects over one planned stack step it once each.
+    both = mr.BinningMemoryResource(planned)
+    both.add_bin(4096, planned)
+    assert both.step() == 1
+
+
 def test_binning_takes_rmm_exponents_and_refuses_bad_ones():
     # RMM's exponents become the stack's bin sizes in bytes (min_bin=, max_bin=).
     b = mr.BinningMemoryResource(sim_pool(), 8, 22)
