@@ -288,7 +288,8 @@ impl<N: Storage<Node>> CoalescingIndex<N> {
     /// Moves `a`, an allocation of `size` bytes at `align` not yet handed
     /// out, to the first place that `fits` accepts (`fits(addr, free)` for
     /// the block at `addr` in the free range `free`), if any; else it stays
-    /// where it is. The places,
+    /// where it is. It takes the bytes it took before (its class, for one
+    /// of [`allocate_class`](Self::allocate_class)). The places,
     /// with `a` freed: the ranges of the request's own class that fit, then
     /// those of the classes above, smaller classes first (at most `tries`
     /// ranges looked at), each at its start, then at its end. Either way
@@ -335,14 +336,17 @@ impl<N: Storage<Node>> CoalescingIndex<N> {
         mut fits: impl FnMut(u64, Range) -> bool,
     ) -> Result<Allocation> {
         check_request(size, align)?;
-        let bytes = self.bytes_of(size);
-        let units = bytes >> self.shift;
         let align = align.max(self.granule());
         // A carve needs two nodes at most, wherever it goes.
         if self.vacant_len < 2 {
             self.reserve_nodes(2)?;
         }
+        // The bytes `a` takes go with it: its class, for one of
+        // `allocate_class`. Read before the free, which refuses a tag that
+        // names no used range (then this is never used).
+        let bytes = self.resolve(a.tag, a.addr).map_or(0, |i| self.node(i).size);
         let home = self.free_node(a.tag, a.addr, size)?;
+        let units = bytes >> self.shift;
         let mut left = tries;
         let mut bin = self.find_bin_from(bin_floor(units));
         while let Some(b) = bin.filter(|_| left > 0) {

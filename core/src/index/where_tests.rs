@@ -102,3 +102,20 @@ fn a_block_that_is_not_live_is_refused_and_nothing_changes() {
     assert_eq!(free_ranges(&index, first), before);
     index.check().unwrap();
 }
+
+#[test]
+fn a_block_of_a_size_class_keeps_its_class_where_it_goes() {
+    let mut index: CoalescingIndex = CoalescingIndex::new(256);
+    let first = index.add_range(Range::new(0, 4 * K).unwrap()).unwrap();
+    let a = index.allocate_class(300, K, 256).unwrap().unwrap();
+    // Refused everywhere: re-carved where it was, a class as before.
+    let a = index.move_where(a, 300, 256, 8, |_, _| false).unwrap();
+    assert_eq!((a.addr, index.used_bytes()), (0, K));
+    // Moved to the range's end: the class goes with it.
+    let b = index.move_where(a, 300, 256, 8, |addr, _| addr != 0).unwrap();
+    assert_eq!((b.addr, index.used_bytes()), (3 * K, K));
+    assert_eq!(free_ranges(&index, first), [(0, 3 * K)]);
+    index.check().unwrap();
+    index.free(b.tag, b.addr, 300).unwrap();
+    assert_eq!(free_ranges(&index, first), [(0, 4 * K)]);
+}
