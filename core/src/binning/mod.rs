@@ -40,8 +40,9 @@ enum Bin<'a, U, S: Stream + ?Sized> {
 
 /// The blocks handed out from a resource whose figures the binning resource
 /// keeps itself (the upstream's large blocks, a counted bin's): their
-/// footprints (sizes rounded up to 256), and each live one by address, so
-/// that a free is passed on only for a block that came from there.
+/// footprints (sizes rounded up to 256), and each live one by address with
+/// its size, so that a free is passed on only for a block that came from
+/// there.
 struct Tally {
     live: Shared<Live>,
 }
@@ -52,7 +53,8 @@ struct Tally {
 /// counted exactly they never wrap, nor undercount once they fall back;
 /// [`Tally::usage`] reads them saturated.
 struct Live {
-    blocks: Records<u64>,
+    /// Each live block's footprint and size, by address.
+    blocks: Records<(u64, u64)>,
     held: u128,
     peak: u128,
 }
@@ -85,7 +87,7 @@ impl Tally {
         self.live.with(|l| {
             l.held += u128::from(footprint);
             l.peak = l.peak.max(l.held);
-            if let Some(stale) = l.blocks.insert(block.addr(), footprint) {
+            if let Some((stale, _)) = l.blocks.insert(block.addr(), (footprint, block.size())) {
                 // `from` freed that block (behind this resource's back, or
                 // for a free not yet back from it) and handed its address
                 // out again.
@@ -111,7 +113,7 @@ impl Tally {
             // Not there if an allocation at the address took its place (and
             // counted it off) or a double free took it out first.
             self.live.with(|l| {
-                if let Some(footprint) = l.blocks.freed(freeing) {
+                if let Some((footprint, _)) = l.blocks.freed(freeing) {
                     l.held -= u128::from(if crate::plant::TALLY_FREES_SIZE { size } else { footprint });
                 }
             })
@@ -124,10 +126,15 @@ impl Tally {
         self.live.with(|l| Usage::leaf(saturated(l.held), saturated(l.peak)))
     }
 
+    /// Whether a live block is of at most `size` bytes.
+    fn has_live_block_of_at_most(&self, size: u64) -> bool {
+        self.live.with(|l| l.blocks.iter().any(|(_, &(_, s))| s <= size))
+    }
+
     /// Whether the bytes counted are the live blocks' footprints.
     fn check(&self) -> core::result::Result<(), Violation> {
         let (live, held) =
-            self.live.with(|l| (l.blocks.iter().map(|(_, &f)| u128::from(f)).sum::<u128>(), l.held));
+            self.live.with(|l| (l.blocks.iter().map(|(_, &(f, _))| u128::from(f)).sum::<u128>(), l.held));
         match live == held {
             true => Ok(()),
             false => Err(Violation::new("bytes counted are not the live blocks' footprints")),
@@ -368,8 +375,12 @@ impl<'a, U, S: Stream + ?Sized> BinningResource<'a, U, S> {
     /// # Errors
     ///
     /// [`Error::InvalidConfig`] if `size` is zero or above
-    /// [`Request::MAX_SIZE`], or a bin of that size exists; the resource
-    /// is unchanged.
+    /// [`Request::MAX_SIZE`], a bin of that size exists, or a live block
+    /// of at most `size` bytes came from the next bin up (or the upstream,
+    /// for a bin above all): its free would come to the new bin. A bin
+    /// given with [`add_bin`](Self::add_bin) cannot tell its live blocks:
+    /// add no bin below it while it has one of the new bin's sizes. The
+    /// resource is unchanged.
     ///
     /// # Examples
     ///
@@ -476,6 +487,19 @@ impl<'a, U, S: Stream + ?Sized> BinningResource<'a, U, S> {
 
     fn insert(&mut self, size: u64, bin: Bin<'a, U, S>) -> Result<()> {
         let i = self.vacancy(size)?;
+        // The frees of the blocks of up to `size` bytes that the next bin
+        // up (or the upstream) handed out would come to the new bin, which
+        // never had them: they could never be freed.
+        let takes_over = match self.bins.get(i) {
+            None => self.large.has_live_block_of_at_most(size),
+            Some(Bin::Fixed(f)) => f.with(|f| f.has_live_block_of_at_most(size)),
+            Some(Bin::Counted(_, tally)) => tally.has_live_block_of_at_most(size),
+            // Its blocks cannot be read: the caller's to keep apart.
+            Some(Bin::Other(_)) => false,
+        };
+        if takes_over {
+            return Err(Error::InvalidConfig { what: "a live block would be freed to the new bin" });
+        }
         self.sizes.insert(i, size);
         self.bins.insert(i, bin);
         Ok(())

@@ -730,3 +730,30 @@ fn large_blocks_whose_footprints_add_up_past_u64_max_are_counted_saturated() {
     assert_eq!(bins.usage().held, in_bin);
     assert_eq!(bins.check(), Ok(()));
 }
+
+/// A bin added while blocks are live would take over the frees of those
+/// of its sizes that a larger bin or the upstream handed out: their frees
+/// would reach it, which never had them, and they could never be freed.
+/// Such a bin is refused; one that takes over no live block is added.
+#[test]
+fn a_bin_that_would_take_over_live_blocks_is_refused_and_they_still_free() {
+    let up = BumpUpstream::new(1 << 40);
+    let mut bins = BinningResource::with_exponents(&up, 8, 10).unwrap();
+    let other = || Shared::new(CoalescingPool::new(&up));
+    let small = bins.allocate(Request::new(300).unwrap(), &()).unwrap(); // the 512 bin's
+    let large = bins.allocate(Request::new(3000).unwrap(), &()).unwrap(); // the upstream's
+    let refused = |r: Result<()>| matches!(r, Err(Error::InvalidConfig { .. }));
+    assert!(refused(bins.add_fixed_bin(FixedConfig::new(3072))), "over a large block");
+    assert!(refused(bins.add_counted_bin(3000, other())), "over a large block, its size");
+    assert!(refused(bins.add_bin(400, other())), "over a fixed bin's block");
+    assert_eq!(bins.bin_sizes(), &[256, 512, 1024]);
+    // Below every live block of the bin above: nothing to take over.
+    bins.add_fixed_bin(FixedConfig::new(2048)).unwrap();
+    bins.add_bin(288, other()).unwrap();
+    bins.check().unwrap();
+    bins.deallocate(small, &()).unwrap();
+    bins.deallocate(large, &()).unwrap();
+    assert_eq!(bins.usage().used, 0);
+    bins.add_fixed_bin(FixedConfig::new(4096)).unwrap();
+    bins.check().unwrap();
+}

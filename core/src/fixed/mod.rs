@@ -306,6 +306,18 @@ impl<U, C: Storage<Chunk>, L: Storage<Slot>> FixedSizeResource<U, C, L> {
         self.chunks.starts_at(addr)
     }
 
+    /// Whether a block of at most `size` bytes (the size it was asked
+    /// with) is live: a binning resource does not put a bin of `size`
+    /// below this one while one is, as its free would go there.
+    ///
+    /// # Time Complexity
+    ///
+    /// O(blocks held).
+    #[cfg(feature = "alloc")]
+    pub(crate) fn has_live_block_of_at_most(&self, size: u64) -> bool {
+        self.slots.table.iter().any(|s| s.link == slots::USED && s.size <= size)
+    }
+
     /// Number of chunks held from upstream.
     ///
     /// ```
