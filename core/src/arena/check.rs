@@ -13,7 +13,9 @@ impl<U, L: RawLock> Inspect for ArenaResource<U, L> {
     /// 256; held: the global arena's chunks; largest free: the longest free
     /// range of the global arena, or of any arena's superblocks up to the
     /// large threshold (larger requests go to the global arena). Locks the
-    /// global arena and every arena in turn: not for the hot path.
+    /// global arena and every arena in turn: not for the hot path. Called
+    /// from inside a call on the arena (its upstream's) under a lock that
+    /// refuses re-entry, it panics, as [`Shared`](crate::Shared)'s does.
     ///
     /// ```
     /// # use memres_core::arena::ArenaResource;
@@ -48,7 +50,8 @@ impl<U, L: RawLock> Inspect for ArenaResource<U, L> {
     ///
     /// It locks the global arena and each arena in turn: run it while no
     /// other thread uses the resource, or it may report a superblock in
-    /// transit.
+    /// transit. Called from inside a call on the arena (its upstream's)
+    /// under a lock that refuses re-entry, it reports that as a violation.
     ///
     /// # Errors
     ///
@@ -61,36 +64,46 @@ impl<U, L: RawLock> Inspect for ArenaResource<U, L> {
     /// assert!(ArenaResource::new(BumpUpstream::new(1 << 30)).check().is_ok());
     /// ```
     fn check(&self) -> core::result::Result<(), Violation> {
-        let lent: Vec<(u64, u64, usize)> = self.global.0.with(|g| {
-            g.check()?;
-            Ok::<_, Violation>(g.lent().collect())
-        })?;
+        // From inside a call on the resource (its upstream's), under a lock
+        // that refuses re-entry: a violation, as `Shared`'s, not a panic.
+        let in_use = |_| Violation::new("checked from inside a call on the same resource");
+        let lent: Vec<(u64, u64, usize)> = self
+            .global
+            .0
+            .try_with(|g| {
+                g.check()?;
+                Ok::<_, Violation>(g.lent().collect())
+            })
+            .map_err(in_use)??;
         let mut matched = 0;
         for i in 0..self.arenas.len() {
             let k = &self.keys[i];
             let (state, key) = (k.state.load(Ordering::Acquire), k.key.load(Ordering::Relaxed));
-            self.arenas[i].0.with(|a| {
-                if a.owner() == OwnerKey::NOBODY {
-                    return match state == EMPTY && a.is_idle() {
-                        true => Ok(()),
-                        false => Err(Violation::new("an unclaimed arena slot is in use")),
-                    };
-                }
-                if a.owner() != (OwnerKey { kind: state, key }) {
-                    return Err(Violation::new("an arena's slot names another owner"));
-                }
-                if a.in_transit() {
-                    return Err(Violation::new("an arena's superblocks are in transit"));
-                }
-                a.check()?;
-                for h in a.superblocks() {
-                    match lent.binary_search_by_key(&h.start(), |l| l.0) {
-                        Ok(j) if lent[j].1 == h.len() && lent[j].2 == i => matched += 1,
-                        _ => return Err(Violation::new("an arena holds a superblock not lent to it")),
+            self.arenas[i]
+                .0
+                .try_with(|a| {
+                    if a.owner() == OwnerKey::NOBODY {
+                        return match state == EMPTY && a.is_idle() {
+                            true => Ok(()),
+                            false => Err(Violation::new("an unclaimed arena slot is in use")),
+                        };
                     }
-                }
-                Ok(())
-            })?;
+                    if a.owner() != (OwnerKey { kind: state, key }) {
+                        return Err(Violation::new("an arena's slot names another owner"));
+                    }
+                    if a.in_transit() {
+                        return Err(Violation::new("an arena's superblocks are in transit"));
+                    }
+                    a.check()?;
+                    for h in a.superblocks() {
+                        match lent.binary_search_by_key(&h.start(), |l| l.0) {
+                            Ok(j) if lent[j].1 == h.len() && lent[j].2 == i => matched += 1,
+                            _ => return Err(Violation::new("an arena holds a superblock not lent to it")),
+                        }
+                    }
+                    Ok(())
+                })
+                .map_err(in_use)??;
         }
         if matched != lent.len() {
             return Err(Violation::new("a superblock lent is held by no arena"));

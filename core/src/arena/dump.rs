@@ -163,6 +163,11 @@ impl<U, L: RawLock> ArenaResource<U, L> {
     /// A snapshot of the global arena and every arena (RMM's failure dump:
     /// superblocks, free bytes, fragmentation per arena). Locks each in turn.
     ///
+    /// # Panics
+    ///
+    /// Called from inside a call on the arena (its upstream's) under a lock
+    /// that refuses re-entry, as [`usage`](crate::Inspect::usage).
+    ///
     /// ```
     /// # use memres_core::arena::ArenaResource;
     /// # use memres_core::testing::BumpUpstream;

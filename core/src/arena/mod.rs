@@ -633,8 +633,12 @@ unsafe impl<E, U: crate::copy::MemoryOf<E>, L: RawLock> crate::copy::MemoryOf<E>
 
 impl<U, L: RawLock> fmt::Debug for ArenaResource<U, L> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // From inside a call on the arena (its upstream's), as `Shared`'s.
+        let Ok(held) = self.global.0.try_with(|g| g.held()) else {
+            return f.write_str("ArenaResource { <in use by the caller> }");
+        };
         f.debug_struct("ArenaResource")
-            .field("held", &self.global.0.with(|g| g.held()))
+            .field("held", &held)
             .field("arenas", &self.arena_count())
             .field("config", &self.config)
             .finish()

@@ -765,3 +765,54 @@ fn at_the_maximum_a_superblock_comes_from_any_free_range_that_holds_it() {
     arena.check().unwrap();
     assert_eq!(arena.usage().used, 0);
 }
+
+/// An upstream that, once armed, checks the arena above it and formats it
+/// from inside its allocate (under the arena's locks).
+#[cfg(feature = "critical-section")]
+struct Inspects {
+    up: BumpUpstream,
+    above: std::sync::Mutex<
+        std::sync::Weak<ArenaResource<std::sync::Arc<Inspects>, crate::lock::CriticalSectionLock>>,
+    >,
+    seen: std::sync::Mutex<Vec<(bool, std::string::String)>>,
+}
+
+#[cfg(feature = "critical-section")]
+impl MemoryResource for Inspects {
+    fn allocate(&self, request: Request, stream: &()) -> Result<Block> {
+        if let Some(arena) = core::mem::take(&mut *self.above.lock().unwrap()).upgrade() {
+            let checked = arena.check().is_err();
+            self.seen.lock().unwrap().push((checked, std::format!("{arena:?}")));
+        }
+        self.up.allocate(request, stream)
+    }
+    fn deallocate(&self, block: Block, stream: &()) -> Result<()> {
+        self.up.deallocate(block, stream)
+    }
+}
+
+/// Under a lock that refuses re-entry, the arena checked from inside its
+/// upstream's call reports a violation, and its `Debug` says it is in use,
+/// as a `Shared` resource's do; both panicked (`with` on a lock held).
+#[cfg(feature = "critical-section")]
+#[test]
+fn an_arena_checked_from_inside_its_upstream_reports_it_without_a_panic() {
+    use std::sync::{Arc, Mutex, Weak};
+    let up = Arc::new(Inspects {
+        up: BumpUpstream::new(1 << 30),
+        above: Mutex::new(Weak::new()),
+        seen: Mutex::new(Vec::new()),
+    });
+    let arena: Arc<ArenaResource<_, crate::lock::CriticalSectionLock>> =
+        Arc::new(ArenaResource::with_config_in(up.clone(), small_config(), &()).unwrap());
+    *up.above.lock().unwrap() = Arc::downgrade(&arena);
+    let b = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| arena.allocate(req(1000), &())));
+    let b = b.expect("checking from inside the upstream panicked").unwrap();
+    let seen = up.seen.lock().unwrap().clone();
+    assert_eq!(seen.len(), 1);
+    assert!(seen[0].0, "a check under the arena's own locks cannot pass");
+    assert!(seen[0].1.contains("in use"), "{}", seen[0].1);
+    arena.check().unwrap();
+    arena.deallocate(b, &()).unwrap();
+    assert_eq!(arena.usage().used, 0);
+}
