@@ -196,3 +196,23 @@ fn the_compact_pool_reuses_a_freed_large_aligned_chunk() {
     }
     p.check().unwrap();
 }
+
+/// At the maximum a large request takes a free large chunk longer than
+/// "about its size" rather than fail: no chunk of its own can be had. It
+/// was `OutOfMemory` naming a largest free block that held it.
+#[test]
+fn at_the_maximum_a_large_request_takes_a_longer_free_large_chunk() {
+    let config = PoolConfig::compact().maximum_size(64 * MIB).release_on_grow(false);
+    let mut p = CoalescingPool::with_config(BumpUpstream::new(1 << 40), config, &()).unwrap();
+    let a = p.allocate(req(40 * MIB), &()).unwrap();
+    let b = p.allocate(req(20 * MIB), &()).unwrap();
+    p.deallocate(a, &()).unwrap();
+    // 60 MiB held: no room for a 20 MiB chunk; the free 40 MiB one holds it.
+    let c = p.allocate(req(20 * MIB), &()).unwrap();
+    assert_eq!((c.addr(), p.usage().held), (a.addr(), 60 * MIB));
+    p.check().unwrap();
+    p.deallocate(c, &()).unwrap();
+    p.deallocate(b, &()).unwrap();
+    p.check().unwrap();
+    assert_eq!(p.usage().used, 0);
+}

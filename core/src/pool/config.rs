@@ -89,8 +89,9 @@ impl PoolConfig {
         /// blocks never share, each reused only by a request of about its
         /// size: within a quarter and a granule, or no longer than the chunk
         /// growth would take for that request with its alignment padding (so
-        /// a chunk always serves again the request it was grown for)
-        /// (default `u64::MAX`: every block shares chunks, as in RMM's pool;
+        /// a chunk always serves again the request it was grown for), or by
+        /// any request when no chunk can be had (at the maximum, or the
+        /// upstream out of memory) (default `u64::MAX`: every block shares chunks, as in RMM's pool;
         /// [`PoolConfig::compact`]: 16 MiB).
         large_threshold(bytes: u64) => large_threshold;
     }

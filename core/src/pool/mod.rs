@@ -238,7 +238,17 @@ impl<U, N: Storage<Node>, C: Storage<Chunk>> CoalescingPool<U, N, C> {
         let growth = if large { self.config.large_growth() } else { self.config.growth };
         self.index.attach_large = large;
         let grown = self.chunks.grow(need, growth, give_back, stream, &mut self.index)?;
-        let Some(first) = grown else { return Err(self.out_of_memory(request.size())) };
+        let Some(first) = grown else {
+            // No chunk of its own to be had: a free large chunk longer than
+            // "about its size" serves rather than the request failing.
+            if large {
+                if let Some(a) = self.index.large.allocate(request.size(), request.align())? {
+                    let tag = Classes::<N>::outer_tag(true, a.tag);
+                    return Ok(self.used(Block::new(a.addr, request.size(), tag)));
+                }
+            }
+            return Err(self.out_of_memory(request.size()));
+        };
         let (index, node) = self.index.of_handle(first);
         // From the new chunk itself: one of exactly `need` bytes may sit in a
         // size class that the index's class search skips.
