@@ -11,7 +11,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 /// on one file system), synced, then renamed over `path`. A reader, or a
 /// crash midway, sees the old file or the new one, never a truncated
 /// pickle. On an error the temporary file is removed and `path` is as it
-/// was.
+/// was. The temporary file is made new: whatever lies under its name (a
+/// link planted by another user of the directory) is never followed nor
+/// truncated, and a file that takes an old one's permissions is private
+/// until it does.
 ///
 /// What a user set up around the file is kept: where `path` is a symbolic
 /// link, the file it leads to is replaced and the link stays; a file that
@@ -48,15 +51,17 @@ pub fn write_file(path: &Path, bytes: &[u8]) -> io::Result<()> {
         return OpenOptions::new().write(true).open(path)?.write_all(bytes);
     }
     let path = &follow_links(path)?;
-    let tmp = temporary(path)?;
+    let old = match fs::metadata(path) {
+        Ok(old) => Some(old.permissions()),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => None,
+        Err(e) => return Err(e),
+    };
+    let (mut file, tmp) = create_temporary(path, old.is_some())?;
     let written = (|| {
-        let mut file = File::create(&tmp)?;
-        // Before the bytes: a file kept private is never readable by
-        // others under the new name's default permissions while written.
-        match fs::metadata(path) {
-            Ok(old) => file.set_permissions(old.permissions())?,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-            Err(e) => return Err(e),
+        // Before the bytes: the file made private, it takes the old file's
+        // permissions, never readable by others meanwhile.
+        if let Some(old) = old {
+            file.set_permissions(old)?;
         }
         file.write_all(bytes)?;
         // On disk before the rename, so that a crash after it cannot leave
@@ -66,7 +71,7 @@ pub fn write_file(path: &Path, bytes: &[u8]) -> io::Result<()> {
         fs::rename(&tmp, path)
     })();
     if written.is_err() {
-        // Nothing to do if it was never made.
+        // Ours: it was made new.
         let _ = fs::remove_file(&tmp);
         return written;
     }
@@ -116,8 +121,8 @@ pub fn check_file(path: &Path) -> io::Result<()> {
         Err(e) if e.kind() == io::ErrorKind::NotFound => {}
         Err(e) => return Err(e),
     }
-    let tmp = temporary(path)?;
-    drop(File::create_new(&tmp)?);
+    let (file, tmp) = create_temporary(path, false)?;
+    drop(file);
     fs::remove_file(&tmp)
 }
 
@@ -172,6 +177,30 @@ fn sync_directory(path: &Path) {
     }
     #[cfg(not(all(unix, not(miri))))]
     let _ = path;
+}
+
+/// Makes the temporary file beside `path`, new: a file or link already
+/// under its name (planted by another user of the directory, or left by
+/// a process of the same id) is never followed nor truncated; the next
+/// name is tried. `private`: readable by the owner alone (on Unix), for
+/// a file that takes an old one's permissions before its bytes.
+fn create_temporary(path: &Path, private: bool) -> io::Result<(File, PathBuf)> {
+    let mut tries = 0;
+    loop {
+        let tmp = temporary(path)?;
+        let mut options = OpenOptions::new();
+        options.write(true).create_new(true);
+        #[cfg(unix)]
+        if private {
+            std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
+        }
+        #[cfg(not(unix))]
+        let _ = private;
+        match options.open(&tmp) {
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists && tries < 1000 => tries += 1,
+            made => return made.map(|file| (file, tmp)),
+        }
+    }
 }
 
 /// The temporary file beside `path`: hidden, and named by the process and

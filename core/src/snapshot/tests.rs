@@ -993,3 +993,29 @@ fn a_tapped_allocation_that_fails_for_another_reason_than_memory_tells_no_oom() 
     assert!(limited.allocate(Request::new(1000).unwrap(), &()).unwrap_err().is_out_of_memory());
     assert_eq!(map.with(|m| m.trace().map(|e| e.action).collect::<Vec<_>>()), [Action::Oom]);
 }
+
+/// The temporary file is made new: a link planted under its name (by
+/// another user of a shared directory) is neither followed nor renamed
+/// over the snapshot. The bytes went through the link into the file it
+/// led to, and the link took the snapshot's name.
+#[cfg(all(feature = "std", unix))]
+#[test]
+fn a_link_planted_under_the_temporary_name_is_not_followed() {
+    use std::os::unix::fs::symlink;
+    let dir = file_test_dir("snapshot-file-planted");
+    let victim = dir.join("victim");
+    std::fs::write(&victim, b"kept").unwrap();
+    // Every name the next writes of this process may take.
+    let pid = std::process::id();
+    for n in 0..256 {
+        symlink(&victim, dir.join(std::format!(".s.pickle.{pid}.{n}.tmp"))).unwrap();
+    }
+    let path = dir.join("s.pickle");
+    let bytes = MemoryMap::new(3).pickle();
+    write_file(&path, &bytes).unwrap();
+    assert_eq!(std::fs::read(&victim).unwrap(), b"kept", "written through the planted link");
+    assert!(std::fs::symlink_metadata(&path).unwrap().file_type().is_file(), "the link took its name");
+    assert_eq!(std::fs::read(&path).unwrap(), bytes);
+    check_file(&path).unwrap();
+    std::fs::remove_dir_all(&dir).unwrap();
+}
