@@ -234,10 +234,19 @@ class DeviceMemoryResource:
         ``enable_statistics()`` or ``enable_logging()``): each lays the
         coming steps out once a step asks for what the step before it
         asked for, and serves them from one region. Returns how many such
-        layers it stepped (0: it does nothing)."""
+        layers it stepped (0: it does nothing, and keeps no stream)."""
         handle = as_handle(stream)
-        self._keep(handle, stream)
-        return self._native.step(handle)
+        try:
+            n = self._native.step(handle)
+        except BaseException:
+            # Some layers may have begun their step on it before one failed.
+            self._keep(handle, stream)
+            raise
+        # Only a planned layer remembers the stream of a step: kept once
+        # one has (this call's reference holds it until then).
+        if n:
+            self._keep(handle, stream)
+        return n
 
     def steps(self):
         """What the ``planned(...)`` layers ``step`` steps have done, summed

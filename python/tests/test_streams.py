@@ -289,6 +289,36 @@ def test_a_call_refused_before_the_stack_keeps_no_stream(call):
     assert res._native.live_count() == 0
 
 
+def test_a_step_that_steps_nothing_keeps_no_stream():
+    # step() kept its stream for the stack's life even where no planned
+    # layer is in the chain (a pool per stream alone): one stream held per
+    # handle for nothing.
+    class Handle:
+        def __init__(self, handle):
+            self.handle_value = handle
+
+        def __cuda_stream__(self):
+            return (0, self.handle_value)
+
+    import gc
+    import weakref
+    res = mr.PoolMemoryResource(mr.HostMemoryResource(), per_stream=True)  # a stack that keeps streams
+    s = Handle(7)
+    alive = weakref.ref(s)
+    assert res.step(stream=s) == 0
+    del s
+    gc.collect()
+    assert alive() is None
+    # A planned stack remembers the stream of its step: that one is kept.
+    planned = mr.StackMemoryResource("planned(pool(sim(1GiB)))", backend="sim")
+    s = Handle(8)
+    alive = weakref.ref(s)
+    assert planned.step(stream=s) == 1
+    del s
+    gc.collect()
+    assert alive() is not None
+
+
 def test_a_stream_does_not_pickle_but_the_default_streams_do():
     # A handle is valid only in the process that has it (RMM's Stream does
     # not pickle); the default streams are every process's.
