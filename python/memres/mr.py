@@ -545,12 +545,23 @@ class PoolMemoryResource(UpstreamResourceAdaptor):
 
 
 class ArenaMemoryResource(UpstreamResourceAdaptor):
-    """Global arena of superblocks with per-thread and per-stream arenas."""
+    """Global arena of superblocks with per-thread and per-stream arenas.
+    ``arena_size`` (the global arena's initial size) is rounded down to 256
+    and must then be at least 1 MiB, RMM's smallest superblock
+    (``InvalidArgument`` below)."""
 
     def __init__(self, upstream_mr, arena_size=None, dump_log_on_failure=False):
-        # Rounded down to 256, as RMM's global arena.
-        self._build("arena", [], [upstream_mr],
-                    initial=None if arena_size is None else _size(arena_size, "arena_size", align="down"))
+        # Rounded down to 256, then at least a superblock, as RMM's global
+        # arena (below, 0 would silently mean no arena size at all).
+        initial = None if arena_size is None else _size(arena_size, "arena_size", align="down")
+        if initial is not None and int(initial) < _MIN_ARENA:
+            raise InvalidArgument(f"memres: arena_size {arena_size!r} is below a superblock: it "
+                                  "must be at least 1 MiB once rounded down to 256, as RMM's")
+        self._build("arena", [], [upstream_mr], initial=initial)
+
+
+# RMM's minimum superblock size, the smallest arena it takes.
+_MIN_ARENA = 1 << 20
 
 
 class BinningMemoryResource(UpstreamResourceAdaptor):

@@ -314,6 +314,17 @@ def test_sizes_rmm_rounds_are_rounded_as_rmms():
     arena.deallocate(arena.allocate(100), 100)
 
 
+@pytest.mark.parametrize("size", [0, 100, 255, (1 << 20) - 1, "512 KiB"])
+def test_an_arena_size_below_a_superblock_is_refused_as_rmms(size):
+    # Rounded down to 256 it became initial=0 (or a chunk too small for a
+    # superblock), accepted without a word; RMM refuses an arena below its
+    # minimum superblock size (1 MiB).
+    h = mr.HostMemoryResource()
+    with pytest.raises(memres.InvalidArgument, match="arena_size .* must be at least 1 MiB"):
+        mr.ArenaMemoryResource(h, arena_size=size)
+    assert f"initial={1 << 20}" in mr.ArenaMemoryResource(h, arena_size="1 MiB").stack
+
+
 def test_a_failed_growth_leaves_the_pool_holding_what_it_held():
     # The pool gives its free chunks back before it grows; when the growth
     # fails they are taken again (an impossible request emptied the pool).
