@@ -205,8 +205,11 @@ impl<U> Global<U> {
     {
         let mut got = self.index.allocate(size, align)?;
         if got.is_none() {
-            if let Some(first) = self.grow(((size + 255) & !255) + align - 256, stream)? {
-                got = self.index.allocate_in(first, size, align)?;
+            match self.grow(((size + 255) & !255) + align - 256, stream)? {
+                Some(first) => got = self.index.allocate_in(first, size, align)?,
+                // At the maximum: any free range that holds it, beyond the
+                // first ranges of its class that the search looks at.
+                None => got = self.index.allocate_exhaustive(size, align)?,
             }
         }
         if got.is_some() {

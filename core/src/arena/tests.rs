@@ -766,6 +766,49 @@ fn at_the_maximum_a_superblock_comes_from_any_free_range_that_holds_it() {
     assert_eq!(arena.usage().used, 0);
 }
 
+/// At its maximum the global arena serves a large request from any free
+/// range that holds it: the class search looks only at the first ranges of
+/// the request's class. With the one range that fits further down that
+/// list, the request failed with `OutOfMemory` naming that range as the
+/// largest free.
+#[test]
+fn at_the_maximum_a_large_block_comes_from_any_free_range_that_holds_it() {
+    let max = 24 << 20;
+    let config = ArenaConfig::new()
+        .superblock_size(2 << 20)
+        .chunk_size(max)
+        .initial_size(max)
+        .maximum_size(max)
+        .large_threshold(256 << 10);
+    let arena = ArenaResource::with_config(BumpUpstream::new(1 << 30), config, &()).unwrap();
+    let s = TestStream::new(1);
+    // Ten holes of one size class, the longest first, kept apart.
+    let long = (1536 + 31) << 10;
+    let mut holes = Vec::new();
+    let mut kept = Vec::new();
+    for k in 0..10 {
+        holes.push(arena.allocate(req(if k == 0 { long } else { 1536 << 10 }), &s).unwrap());
+        kept.push(arena.allocate(req(512 << 10), &s).unwrap());
+    }
+    let rest = max - arena.usage().used;
+    kept.push(arena.allocate(req(rest), &s).unwrap());
+    assert_eq!(arena.usage().used, max);
+    // Freed longest first: it ends last in its class's list.
+    let at = holes[0].addr();
+    for h in holes {
+        arena.deallocate(h, &s).unwrap();
+    }
+    let big = arena.allocate(req(long), &s).unwrap();
+    assert_eq!(big.addr(), at);
+    arena.check().unwrap();
+    arena.deallocate(big, &s).unwrap();
+    for b in kept {
+        arena.deallocate(b, &s).unwrap();
+    }
+    arena.check().unwrap();
+    assert_eq!(arena.usage().used, 0);
+}
+
 /// An upstream that, once armed, checks the arena above it and formats it
 /// from inside its allocate (under the arena's locks).
 #[cfg(feature = "critical-section")]

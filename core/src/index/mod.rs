@@ -57,7 +57,11 @@ pub struct Allocation {
 /// in the pool). A free range sits in the bin of its size rounded down; a
 /// request first looks at up to 8 ranges of its own bin for one that fits
 /// (best fit among them, an exact fit at once), then takes the head of the
-/// first non-empty bin whose every range fits. Both steps are O(1).
+/// first non-empty bin whose every range fits. Both steps are O(1), so a
+/// free range that fits may be missed: one beyond the first 8 of the
+/// request's bin, when no bin above holds a range. A caller that cannot add
+/// a range then takes the O(free ranges) last resort,
+/// [`allocate_exhaustive`](Self::allocate_exhaustive), which misses none.
 ///
 /// Freeing a range merges it with free neighbours in its region, so two free
 /// ranges are never adjacent. Metadata lives in the `N` storage, outside the

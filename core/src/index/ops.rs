@@ -10,7 +10,8 @@ use crate::{Error, Range, Request, Result};
 
 /// How many blocks of the request's own class (and, where asked, of the
 /// class of its size plus the worst padding) are looked at for a fit before
-/// falling back to a class that fits by construction.
+/// falling back to a class that fits by construction; a range beyond them
+/// is found only by `allocate_exhaustive`, the last resort.
 const SCAN_LIMIT: u32 = 8;
 
 /// Refuses what the index cannot carve: a size of 0 or above
@@ -188,6 +189,61 @@ impl<N: Storage<Node>> CoalescingIndex<N> {
         let n = *self.node(found);
         let a = self.carve(found, size, self.bytes_of(size), align.max(self.granule()));
         Ok(Some((a, Range::new(n.addr, n.size).unwrap_or_default())))
+    }
+
+    /// [`allocate`](Self::allocate) that looks at every range of the classes
+    /// that may hold the request, not only the first ones: `Ok(None)` only
+    /// when no free range fits. The last resort of a caller that cannot add
+    /// a range (at its maximum), after `allocate` found none: it is not
+    /// O(1), so the hot path never takes it.
+    ///
+    /// # Errors
+    ///
+    /// As [`allocate`](Self::allocate).
+    ///
+    /// # Time Complexity
+    ///
+    /// O(free ranges in the classes from the request's own up to the first
+    /// whose every range fits it) plus a bitmap scan per class.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use memres_core::index::CoalescingIndex;
+    /// use memres_core::Range;
+    /// let mut index: CoalescingIndex = CoalescingIndex::new(256);
+    /// // Ten ranges of one class (64 and 65 granules), kept apart; only the
+    /// // first added fits.
+    /// for k in 0..10u64 {
+    ///     index.add_range(Range::new(k << 20, if k == 0 { 65 * 256 } else { 64 * 256 }).unwrap())?;
+    /// }
+    /// assert_eq!(index.allocate(65 * 256, 256)?, None); // the search stops at 8
+    /// assert_eq!(index.allocate_exhaustive(65 * 256, 256)?.unwrap().addr, 0);
+    /// # Ok::<(), memres_core::Error>(())
+    /// ```
+    pub fn allocate_exhaustive(&mut self, size: u64, align: u64) -> Result<Option<Allocation>> {
+        check_request(size, align)?;
+        let units = (size + self.granule() - 1) >> self.shift;
+        let align = align.max(self.granule());
+        let pad_units = (align >> self.shift) - 1;
+        if self.vacant_len < 2 {
+            self.reserve_nodes(2)?;
+        }
+        // Below `ceil` a range fits or not by its size and address: look at
+        // them all, smaller classes first (the best fit, as `scan_bin`).
+        let ceil = bin_ceil(units + pad_units);
+        let mut bin = self.find_bin_from(bin_floor(units));
+        let mut found = None;
+        while let Some(b) = bin.filter(|&b| b < ceil) {
+            found = self.best_in_bin(b, units, align, u32::MAX);
+            if found.is_some() {
+                break;
+            }
+            bin = self.find_bin_from(b + 1);
+        }
+        let found = found.or_else(|| self.find_bin_from(ceil).map(|b| self.heads[b]));
+        let Some(found) = found else { return Ok(None) };
+        Ok(Some(self.carve(found, size, self.bytes_of(size), align)))
     }
 
     /// [`allocate`](Self::allocate) from a free range of at most `longest`
@@ -443,12 +499,19 @@ impl<N: Storage<Node>> CoalescingIndex<N> {
     /// that holds `units` granules at `align` (an exact fit at once).
     #[inline]
     fn scan_bin(&self, bin: usize, units: u64, align: u64) -> Option<u32> {
+        self.best_in_bin(bin, units, align, SCAN_LIMIT)
+    }
+
+    /// Looks at up to `limit` ranges of `bin` and picks the smallest that
+    /// holds `units` granules at `align` (an exact fit at once).
+    #[inline(always)]
+    fn best_in_bin(&self, bin: usize, units: u64, align: u64, limit: u32) -> Option<u32> {
         let bytes = units << self.shift;
         let mut i = self.heads[bin];
         let mut best = NONE;
         let mut best_size = u64::MAX;
         let mut seen = 0;
-        while i != NONE && seen < SCAN_LIMIT {
+        while i != NONE && seen < limit {
             let n = self.node(i);
             if pad_to(n.addr, align) + bytes <= n.size && n.size < best_size {
                 if n.size == bytes {

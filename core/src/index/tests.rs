@@ -1,4 +1,4 @@
-//! The index at the end of its generations.
+//! The index at the end of its generations, and its last-resort search.
 
 use super::nodes::State;
 use super::*;
@@ -88,5 +88,28 @@ fn a_used_up_inner_node_moves_and_a_used_up_vacated_node_retires() {
         let x = index.allocate(256, 256).unwrap().unwrap();
         assert!(slot(x) != slot(b) && slot(x) != inner);
     }
+    index.check().unwrap();
+}
+
+/// The last resort finds the one range that holds an aligned request: in
+/// a class above the request's own, below those that fit by construction,
+/// behind ranges whose padding leaves too little. `allocate` misses it.
+#[test]
+fn the_exhaustive_search_finds_an_aligned_fit_that_allocate_misses() {
+    let mut index: CoalescingIndex = CoalescingIndex::new(256);
+    // 70 granules each; only the first, at an aligned address, holds 64 at
+    // 4096 (the others would need 15 granules of padding).
+    for k in 0..10u64 {
+        let start = (k << 20) + if k == 0 { 0 } else { 256 };
+        index.add_range(Range::new(start, 70 * 256).unwrap()).unwrap();
+    }
+    assert_eq!(index.allocate(64 * 256, 4096).unwrap(), None);
+    assert!(matches!(index.allocate_exhaustive(64 * 256, 3000), Err(Error::InvalidAlignment { .. })));
+    let a = index.allocate_exhaustive(64 * 256, 4096).unwrap().unwrap();
+    assert_eq!((a.addr, index.used_bytes()), (0, 64 * 256));
+    assert_eq!(index.allocate_exhaustive(64 * 256, 4096).unwrap(), None);
+    index.check().unwrap();
+    index.free(a.tag, a.addr, 64 * 256).unwrap();
+    assert_eq!((index.used_bytes(), index.free_bytes()), (0, 10 * 70 * 256));
     index.check().unwrap();
 }
