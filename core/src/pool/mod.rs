@@ -239,13 +239,14 @@ impl<U, N: Storage<Node>, C: Storage<Chunk>> CoalescingPool<U, N, C> {
         self.index.attach_large = large;
         let grown = self.chunks.grow(need, growth, give_back, stream, &mut self.index)?;
         let Some(first) = grown else {
-            // No chunk of its own to be had: a free large chunk longer than
-            // "about its size" serves rather than the request failing.
-            if large {
-                if let Some(a) = self.index.large.allocate(request.size(), request.align())? {
-                    let tag = Classes::<N>::outer_tag(true, a.tag);
-                    return Ok(self.used(Block::new(a.addr, request.size(), tag)));
-                }
+            // No chunk to be had: any free range of its class that holds it
+            // serves rather than the request failing, one beyond the first
+            // ranges the class search looks at, or a free large chunk
+            // longer than "about its size".
+            let index = self.index.of_class(large);
+            if let Some(a) = index.allocate_exhaustive(request.size(), request.align())? {
+                let tag = Classes::<N>::outer_tag(large, a.tag);
+                return Ok(self.used(Block::new(a.addr, request.size(), tag)));
             }
             return Err(self.out_of_memory(request.size()));
         };
