@@ -149,8 +149,8 @@ impl<U> Global<U> {
 
     /// A superblock for arena `owner` that holds `need` bytes at 256-byte
     /// alignment: the configured size if it can be had (growing if needed),
-    /// else the largest that fits, down to `max(need, 1 MiB)` (that size
-    /// itself where the longest free range lies beyond the search).
+    /// else as long as the longest free range allows, down to
+    /// `max(need, 1 MiB)`.
     pub(super) fn acquire<S: Stream + ?Sized>(
         &mut self,
         need: u64,
@@ -169,15 +169,11 @@ impl<U> Global<U> {
         }
         if got.is_none() {
             // At the maximum: a smaller superblock out of what is left, the
-            // longest free range if the search finds it (it looks only at
-            // the first ranges of a size class), else one that holds `small`.
+            // longest free range, wherever it lies in its class's list.
             let small = MIN_SUPERBLOCK.max((need + 255) & !255);
             let fit = self.index.largest_free().min(full) & !255;
             if fit >= small {
-                got = match self.index.allocate(fit, 256)? {
-                    Some(a) => Some((a, fit)),
-                    None => self.index.allocate(small, 256)?.map(|a| (a, small)),
-                };
+                got = self.index.allocate_exhaustive(fit, 256)?.map(|a| (a, fit));
             }
         }
         Ok(got.map(|(a, len)| {

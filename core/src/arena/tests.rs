@@ -809,6 +809,47 @@ fn at_the_maximum_a_large_block_comes_from_any_free_range_that_holds_it() {
     assert_eq!(arena.usage().used, 0);
 }
 
+/// At its maximum the global arena lends a superblock from any free range
+/// that holds what an aligned small request needs: with `need` inside a
+/// size class, the class search missed the one range that fits further
+/// down that class's list, and the request failed with `OutOfMemory`.
+#[test]
+fn at_the_maximum_an_aligned_superblock_comes_from_any_free_range_that_holds_it() {
+    let max = 24 << 20;
+    let config = ArenaConfig::new()
+        .superblock_size(2 << 20)
+        .chunk_size(max)
+        .initial_size(max)
+        .maximum_size(max)
+        .large_threshold(256 << 10);
+    let arena = ArenaResource::with_config(BumpUpstream::new(1 << 30), config, &()).unwrap();
+    let s = TestStream::new(1);
+    // A superblock for 256 KiB at 1 MiB needs 1280 KiB less 256 bytes;
+    // ten holes of its class, only the first (last in the list) that long.
+    let need = (1280 << 10) - 256;
+    let mut holes = Vec::new();
+    let mut kept = Vec::new();
+    for k in 0..10 {
+        holes.push(arena.allocate(req(if k == 0 { need } else { 1248 << 10 }), &s).unwrap());
+        kept.push(arena.allocate(req(512 << 10), &s).unwrap());
+    }
+    let rest = max - arena.usage().used;
+    kept.push(arena.allocate(req(rest), &s).unwrap());
+    assert_eq!(arena.usage().used, max);
+    for h in holes {
+        arena.deallocate(h, &s).unwrap();
+    }
+    let small = arena.allocate(Request::aligned(256 << 10, 1 << 20).unwrap(), &TestStream::new(2)).unwrap();
+    assert_eq!(small.addr() % (1 << 20), 0);
+    arena.check().unwrap();
+    arena.deallocate(small, &TestStream::new(2)).unwrap();
+    for b in kept {
+        arena.deallocate(b, &s).unwrap();
+    }
+    arena.check().unwrap();
+    assert_eq!(arena.usage().used, 0);
+}
+
 /// An upstream that, once armed, checks the arena above it and formats it
 /// from inside its allocate (under the arena's locks).
 #[cfg(feature = "critical-section")]
