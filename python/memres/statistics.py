@@ -68,26 +68,38 @@ def statistics():
     """Counts the allocations of a block in a level of its own; where
     statistics are off, puts a StatisticsResourceAdaptor over the current
     resource for the block and takes it off after. As RMM's, a change of
-    the current resource inside the block is a ``ValueError`` at its end
-    (the level could not be popped from the resource it was pushed on)."""
+    the current resource inside the block (another resource set, or
+    another device made current) is a ``ValueError`` at its end; unlike
+    RMM's, the block's level is popped from the resource it was pushed on
+    even then, and an adaptor it put on is taken off its device where it
+    is still that device's resource."""
+    from ._device import current_device
     # Each end one step for other threads, as `enable_statistics`.
     with _mr._REGISTRY:
-        if push_statistics() is None:
+        device = current_device()
+        pushed = _stats_native()
+        if pushed is not None:
+            pushed.push_statistics()
+            previous = None
+        else:
             previous = _mr.get_current_device_resource()
             enable_statistics()
-        else:
-            previous = None
         current = _mr.get_current_device_resource()
     try:
         yield
     finally:
         with _mr._REGISTRY:
-            if _mr.get_current_device_resource() is not current:
-                raise ValueError("memres: the current resource was changed inside a statistics() block")
-            if previous is None:
-                pop_statistics()
-            else:
-                _mr.set_current_device_resource(previous)
+            # Looked up without making one: a default made on another
+            # device would be its resource from then on.
+            changed = _mr._existing(current_device()) is not current
+            try:
+                if pushed is not None:
+                    pushed.pop_statistics()
+                elif _mr._existing(device) is current:
+                    _mr.set_per_device_resource(device, previous)
+            finally:
+                if changed:
+                    raise ValueError("memres: the current resource was changed inside a statistics() block")
 
 
 @dataclass

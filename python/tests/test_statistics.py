@@ -85,6 +85,38 @@ def test_a_resource_changed_inside_a_statistics_block_is_a_value_error_at_its_en
     assert mr.get_current_device_resource() is other  # as RMM: the change stays
 
 
+def test_a_statistics_block_undoes_its_level_where_the_resource_changed_inside(pool):
+    # At the ValueError it left the level it pushed on the adaptor for ever
+    # (every later level off by one), and where it had put statistics on,
+    # the adaptor stayed the resource of the device it began on.
+    statistics.enable_statistics()
+    counting = mr.get_current_device_resource()
+    buf = memres.DeviceBuffer(size=64)
+    with pytest.raises(ValueError, match="changed inside a statistics"):
+        with statistics.statistics():
+            memres.DeviceBuffer(size=32)
+            mr.set_current_device_resource(mr.StatisticsResourceAdaptor(pool))
+    with pytest.raises(IndexError):
+        counting.pop_counters()  # back at its base level
+    assert counting.allocation_counts.current_bytes == 64
+    mr.set_current_device_resource(counting)
+    # Another device made current inside the block: each device's resource
+    # is left as it was, and nothing is made for the other.
+    for counts in (True, False):
+        mr.set_current_device_resource(counting if counts else pool)
+        try:
+            with pytest.raises(ValueError, match="changed inside a statistics"):
+                with statistics.statistics():
+                    memres.set_device(1)
+        finally:
+            memres.set_device(0)
+        assert mr.get_current_device_resource() is (counting if counts else pool)
+        assert mr._existing(1) is None
+    with pytest.raises(IndexError):
+        counting.pop_counters()
+    del buf
+
+
 def test_the_profiler_records_only_while_statistics_are_on_as_rmms(pool):
     records = statistics.ProfilerRecords()
 
