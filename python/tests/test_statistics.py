@@ -1,6 +1,7 @@
 """memres.statistics, as RMM's rmm.statistics."""
 
 import gc
+import sys
 
 import pytest
 
@@ -85,7 +86,7 @@ def test_a_resource_changed_inside_a_statistics_block_is_a_value_error_at_its_en
     assert mr.get_current_device_resource() is other  # as RMM: the change stays
 
 
-def test_a_statistics_block_undoes_its_level_where_the_resource_changed_inside(pool):
+def test_a_statistics_block_undoes_its_level_where_the_resource_changed_inside(pool, monkeypatch):
     # At the ValueError it left the level it pushed on the adaptor for ever
     # (every later level off by one), and where it had put statistics on,
     # the adaptor stayed the resource of the device it began on.
@@ -101,7 +102,11 @@ def test_a_statistics_block_undoes_its_level_where_the_resource_changed_inside(p
     assert counting.allocation_counts.current_bytes == 64
     mr.set_current_device_resource(counting)
     # Another device made current inside the block: each device's resource
-    # is left as it was, and nothing is made for the other.
+    # is left as it was, and nothing is made for the other. The device is
+    # memres's own: PyTorch's or CuPy's, where another test imported them,
+    # would be the current one (and device 1 need not exist).
+    for framework in ("torch", "cupy"):
+        monkeypatch.delitem(sys.modules, framework, raising=False)
     for counts in (True, False):
         mr.set_current_device_resource(counting if counts else pool)
         try:
