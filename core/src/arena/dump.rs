@@ -140,11 +140,15 @@ impl fmt::Display for ArenaDump {
 
 impl<U, L: RawLock> ArenaResource<U, L> {
     /// The out-of-memory error with figures (and the dump, if configured).
+    /// Its largest free block is its usage's: the largest block it could
+    /// hand out without growing, an arena's free range counted only up to
+    /// the large threshold (a larger request goes to the global arena).
     #[cold]
     pub(super) fn out_of_memory(&self, requested: u64) -> Error {
         let (held, max_size, mut largest) = self.global.0.with(|g| (g.held(), g.maximum(), g.largest_free()));
         for i in self.claimed() {
-            largest = largest.max(self.arenas[i].0.with(|a| a.largest_free()));
+            largest =
+                largest.max(self.arenas[i].0.with(|a| a.largest_free()).min(self.config.large_threshold));
         }
         match self.config.dump_on_failure {
             DumpTarget::None => {}

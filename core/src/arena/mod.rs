@@ -191,9 +191,9 @@ struct Padded<T>(T);
 ///   event of its stream). A stream that cannot synchronize the device
 ///   (`Ok(false)`) takes back only its own stream id's. A failed
 ///   synchronization fails the request with its error and changes nothing.
-///   Then the request is [`Error::OutOfMemory`] with the largest free range
-///   anywhere, the bytes held and the maximum (and a dump of the state if
-///   configured).
+///   Then the request is [`Error::OutOfMemory`] with the largest free block
+///   (its usage's: an arena's free range counts up to the large threshold),
+///   the bytes held and the maximum (and a dump of the state if configured).
 /// - **Idle arenas.** Every [`idle_after`](ArenaConfig::idle_after)
 ///   superblock requests (64; requests of every arena count), the arena
 ///   asking first sweeps: an arena that served no allocation since the

@@ -485,7 +485,7 @@ fn other_streams_free_superblocks_serve_after_a_device_synchronization() {
                 assert!(!device, "{e}");
                 let want = Error::OutOfMemory {
                     requested: 1000,
-                    largest_free: 1 << 20,
+                    largest_free: 256 << 10,
                     pool_size: 2 << 20,
                     max_size: Some(2 << 20),
                 };
@@ -502,6 +502,35 @@ fn other_streams_free_superblocks_serve_after_a_device_synchronization() {
         arena.deallocate(big, &a).unwrap();
         arena.check().unwrap();
     }
+}
+
+/// Out of memory names the largest block the arena could hand out, as its
+/// usage does: an arena's free range counts only up to the large threshold
+/// (a larger request goes to the global arena). A wholly free superblock
+/// that another stream's arena keeps was named whole: 1 MiB, for a request
+/// of 512 KiB that no arena could ever serve.
+#[test]
+fn out_of_memory_names_no_free_range_longer_than_a_block_it_could_hand_out() {
+    let config = small_config().maximum_size(2 << 20);
+    let arena = ArenaResource::with_config(BumpUpstream::new(1 << 30), config, &()).unwrap();
+    let (a, b) = (TestStream::new(1), TestStream::new(2));
+    let blocks: Vec<Block> = (0..8).map(|_| arena.allocate(req(200 << 10), &a).unwrap()).collect();
+    for x in blocks {
+        arena.deallocate(x, &a).unwrap();
+    }
+    // Stream 2 cannot synchronize the device: stream 1's arena keeps both.
+    for size in [1000, 512 << 10] {
+        let err = arena.allocate(req(size), &b).unwrap_err();
+        let want = Error::OutOfMemory {
+            requested: size,
+            largest_free: 256 << 10,
+            pool_size: 2 << 20,
+            max_size: Some(2 << 20),
+        };
+        assert_eq!(err, want);
+        assert_eq!(arena.usage().largest_free, 256 << 10);
+    }
+    arena.check().unwrap();
 }
 
 /// A failed device synchronization while running dry fails the request

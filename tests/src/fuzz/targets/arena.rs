@@ -494,7 +494,12 @@ impl FuzzResource for ArenaTarget {
             ));
         }
         let dump = self.arena.dump();
-        let largest = dump.arenas.iter().map(|a| a.largest_free).fold(dump.global.largest_free, u64::max);
+        // An arena's free range serves blocks up to the large threshold only.
+        let largest = dump
+            .arenas
+            .iter()
+            .map(|a| a.largest_free.min(self.params.threshold))
+            .fold(dump.global.largest_free, u64::max);
         if requested != request.size()
             || pool_size != dump.global.held
             || max_size != self.params.maximum
