@@ -124,9 +124,9 @@ typedef struct memres_steps_t {
 /* Allocates size bytes on device (negative: the current device), ordered
  * on stream (NULL: the legacy default stream). Returns NULL when size is 0,
  * and NULL with a message when the memory cannot be had, the device's
- * stack cannot be built, or the stack handed out an address that is live
- * (the new block goes back to it). stream (a cudaStream_t) is a stream of device
- * (see Streams above). */
+ * stack cannot be built, or the stack handed out a block at an address
+ * that is live, at 0, or of another size than asked (the block goes back to
+ * it). stream (a cudaStream_t) is a stream of device (see Streams above). */
 void *memres_alloc(ssize_t size, int device, void *stream);
 
 /* Frees ptr, allocated by memres_alloc with size bytes on device, ordered

@@ -21,8 +21,9 @@ pub(crate) struct DeviceState {
     pub(crate) stack: String,
     /// Every block handed out and not yet freed.
     pub(crate) table: Table,
-    /// Blocks handed out at a live address or at 0 whose give-back the stack
-    /// refused, given back again by each release.
+    /// Blocks handed out at a live address, at 0 or of another size than
+    /// asked whose give-back the stack refused, given back again by each
+    /// release.
     pub(crate) stranded: Stranded,
     /// The outermost `stats` adaptor, if any.
     pub(crate) stats: Option<Arc<Statistics<DynResource<CudaStream>>>>,

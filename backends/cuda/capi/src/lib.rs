@@ -349,7 +349,7 @@ fn allocate(size: isize, device: c_int, stream: *mut c_void) -> Result<*mut c_vo
         .resource
         .allocate(request, &stream)
         .map_err(|e| format!("memres: device {d}: allocating {size} bytes: {e}"))?;
-    record(d, &st.table, &st.stranded, &*st.resource, block, &*stream)?;
+    record(d, &st.table, &st.stranded, &*st.resource, block, size, &*stream)?;
     Ok(block.addr() as usize as *mut c_void)
 }
 
@@ -359,16 +359,20 @@ fn allocate(size: isize, device: c_int, stream: *mut c_void) -> Result<*mut c_vo
 /// and the new one goes back to `resource`: an error (as Python's
 /// `memres_py_alloc` answers). So does a block at address 0 (the empty
 /// block included): C would take it for NULL, a failure, and never free
-/// it. If `resource` refuses it (or panics), it is kept in
-/// `stranded` for the device's next release to give back, once `stream`
-/// is done with what it ordered before (the release may free on another
-/// stream).
+/// it; and one of another size than the `asked` bytes: one shorter would
+/// be written past its end, one longer is recorded at its own size, so
+/// the caller's free of the size it asked for would be refused and the
+/// block stay live for good. If `resource` refuses it (or panics), it is
+/// kept in `stranded` for the device's next release to give back, once
+/// `stream` is done with what it ordered before (the release may free on
+/// another stream).
 fn record<R, S>(
     d: usize,
     table: &Table,
     stranded: &Stranded,
     resource: &R,
     block: Block,
+    asked: u64,
     stream: &S,
 ) -> Result<(), String>
 where
@@ -377,6 +381,12 @@ where
 {
     let what = if block.addr() == 0 {
         format!("a block of {} bytes at address 0, which C takes for NULL", block.size())
+    } else if block.size() != asked {
+        let how = match block.size() < asked {
+            true => "shorter than asked",
+            false => "longer than asked, so a free of the size asked would be refused",
+        };
+        format!("a block of {} bytes at {:#x} for a request of {asked}: {how}", block.size(), block.addr())
     } else {
         let Some(older) = table.insert(block) else { return Ok(()) };
         format!("{:#x}, a live address (of a block of {} bytes)", block.addr(), older.size())
@@ -680,8 +690,9 @@ pub unsafe extern "C" fn memres_steps(device: c_int, out: *mut MemresSteps) -> c
 /// Gives back what the pools of `device`'s stack keep free (see
 /// `memres_release`): the Rust form, returning the bytes given back (0 for
 /// a device not used yet). First it gives back the blocks kept since the
-/// stack handed out a live address (or 0) and refused them back (see `record`);
-/// those still refused stay kept, and the first refusal is the error.
+/// stack handed out a live address (or 0, or another size than asked) and
+/// refused them back (see `record`); those still refused stay kept, and the
+/// first refusal is the error.
 ///
 /// # Errors
 ///
@@ -697,7 +708,7 @@ pub unsafe fn release(device: c_int, stream: *mut c_void) -> Result<u64, String>
     let stream = stream_of(stream, st);
     let stranded = st.stranded.give_back(|b| st.resource.deallocate(b, &*stream));
     let released = st.releasing.release(&*stream).map_err(|e| format!("memres: device {d}: release: {e}"));
-    stranded.map_err(|e| format!("memres: device {d}: release: giving back a block kept since the stack handed it out at a live address or 0: {e}"))?;
+    stranded.map_err(|e| format!("memres: device {d}: release: giving back a block kept since the stack handed it out at a live address, at 0 or of another size than asked: {e}"))?;
     released
 }
 
@@ -1011,11 +1022,14 @@ mod tests {
         let (table, resource) = (Table::new(), OneAddress::default());
         let older = resource.allocate(Request::new(512).unwrap(), &()).unwrap();
         let stranded = Stranded::default();
-        assert_eq!(record(5, &table, &stranded, &resource, older, &()), Ok(()));
+        assert_eq!(record(5, &table, &stranded, &resource, older, older.size(), &()), Ok(()));
         let newer = resource.allocate(Request::new(256).unwrap(), &()).unwrap();
         let refused = "memres: device 5: the stack handed out 0x1000, a live address \
                        (of a block of 512 bytes): it was given back";
-        assert_eq!(record(5, &table, &stranded, &resource, newer, &()), Err(refused.to_string()));
+        assert_eq!(
+            record(5, &table, &stranded, &resource, newer, newer.size(), &()),
+            Err(refused.to_string())
+        );
         assert_eq!(*resource.back.lock().unwrap(), [newer]);
         assert!(stranded.blocks().is_empty());
         // The older block stays, and its free frees it.
@@ -1031,13 +1045,39 @@ mod tests {
         let (table, stranded) = (Table::new(), Stranded::default());
         let resource = OneAddress::default();
         for handed in [Block::new(0, 256, 7), Block::EMPTY] {
-            let err = record(5, &table, &stranded, &resource, handed, &()).unwrap_err();
+            let err = record(5, &table, &stranded, &resource, handed, 256, &()).unwrap_err();
             assert!(err.contains("address 0"), "{err}");
             assert!(err.contains("it was given back"), "{err}");
             assert_eq!(resource.back.lock().unwrap().pop(), Some(handed));
         }
         assert!(table.is_empty(), "nothing live");
         assert!(stranded.blocks().is_empty());
+    }
+
+    /// A block of another size than asked: one shorter would be written
+    /// past its end, one longer recorded at its own size, so the caller's
+    /// free of the size it asked for would be refused and the block stay
+    /// live for good. Either is refused as a block at address 0 is: given
+    /// back, or kept for the next release if refused, with a message.
+    #[test]
+    fn a_block_of_another_size_than_asked_is_refused_and_given_back() {
+        let (table, stranded, resource) = (Table::new(), Stranded::default(), OneAddress::default());
+        for (size, what) in [(256, "shorter than asked"), (1024, "longer than asked")] {
+            let handed = Block::new(0x1000, size, 7);
+            let err = record(5, &table, &stranded, &resource, handed, 512, &()).unwrap_err();
+            assert!(
+                err.contains(&format!("a block of {size} bytes at 0x1000 for a request of 512: {what}")),
+                "{err}"
+            );
+            assert!(err.contains("it was given back"), "{err}");
+            assert_eq!(resource.back.lock().unwrap().pop(), Some(handed));
+        }
+        resource.refusing.store(true, std::sync::atomic::Ordering::Relaxed);
+        let handed = Block::new(0x1000, 256, 7);
+        let err = record(5, &table, &stranded, &resource, handed, 512, &()).unwrap_err();
+        assert!(err.contains("kept to give back at the next memres_release"), "{err}");
+        assert_eq!(stranded.blocks(), [handed], "kept, not lost");
+        assert!(table.is_empty(), "nothing live");
     }
 
     /// A stack that hands out a live address and refuses the block back:
@@ -1047,10 +1087,10 @@ mod tests {
     fn a_block_whose_give_back_is_refused_is_kept_and_given_back_later() {
         let (table, stranded, resource) = (Table::new(), Stranded::default(), OneAddress::default());
         let older = resource.allocate(Request::new(512).unwrap(), &()).unwrap();
-        assert_eq!(record(5, &table, &stranded, &resource, older, &()), Ok(()));
+        assert_eq!(record(5, &table, &stranded, &resource, older, older.size(), &()), Ok(()));
         let newer = resource.allocate(Request::new(256).unwrap(), &()).unwrap();
         resource.refusing.store(true, std::sync::atomic::Ordering::Relaxed);
-        let err = record(5, &table, &stranded, &resource, newer, &()).unwrap_err();
+        let err = record(5, &table, &stranded, &resource, newer, newer.size(), &()).unwrap_err();
         assert!(err.contains("giving it back failed: backend error 1: refused"), "{err}");
         assert!(err.contains("kept to give back at the next memres_release"), "{err}");
         assert_eq!(stranded.blocks(), [newer], "kept, not lost");
@@ -1071,11 +1111,11 @@ mod tests {
     fn a_block_whose_give_back_panics_is_kept() {
         let (table, stranded, resource) = (Table::new(), Stranded::default(), OneAddress::default());
         let older = resource.allocate(Request::new(512).unwrap(), &()).unwrap();
-        assert_eq!(record(5, &table, &stranded, &resource, older, &()), Ok(()));
+        assert_eq!(record(5, &table, &stranded, &resource, older, older.size(), &()), Ok(()));
         let newer = resource.allocate(Request::new(256).unwrap(), &()).unwrap();
         resource.panicking.store(true, std::sync::atomic::Ordering::Relaxed);
         let err = guard(String::new(), || {
-            record(5, &table, &stranded, &resource, newer, &()).map(|()| "recorded".into())
+            record(5, &table, &stranded, &resource, newer, newer.size(), &()).map(|()| "recorded".into())
         });
         assert_eq!(err, "");
         let err = last_error();

@@ -206,9 +206,10 @@ mod tests {
     }
 }
 
-/// Blocks the stack handed out at an address live already (or at 0) whose give-back
-/// it refused at once: kept here, never lost, and given back again by each
-/// release of the device (`memres_release`, `memres_empty_cache`).
+/// Blocks the stack handed out at an address live already (or at 0, or of
+/// another size than asked) whose give-back it refused at once: kept here,
+/// never lost, and given back again by each release of the device
+/// (`memres_release`, `memres_empty_cache`).
 #[derive(Debug, Default)]
 pub struct Stranded(Mutex<Vec<Block>>);
 
