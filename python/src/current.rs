@@ -296,24 +296,31 @@ unsafe fn alloc(size: isize, device: i32, stream: *mut c_void) -> Result<*mut c_
     let s = unsafe { backend::stream(stream as usize as u64, d) }.map_err(|e| e.to_string())?;
     let request = Request::new(size).map_err(|e| e.to_string())?;
     let block = resource.allocate(request, &s).map_err(|e| e.to_string())?;
-    let mut entries = table.lock().unwrap_or_else(|p| p.into_inner());
-    if let Some(older) = entries.insert(block.addr(), (block, resource.clone())) {
-        // The address is live (two resources whose ranges overlap, or one
-        // that handed it out twice): the older block stays freeable, the
-        // new one goes back through the stack it came from.
+    record(table, &resource, block, &s)?;
+    Ok(block.addr() as usize as *mut c_void)
+}
+
+/// Records `block`, just handed out by `resource` on `s`, in `table`. At
+/// an address that is live already (two resources whose ranges overlap,
+/// or one that handed it out twice) the older block stays freeable, and
+/// the new one goes back through the stack it came from: an error. So does
+/// a block at address 0 (the empty block included): the caller would take
+/// it for NULL, a failure, and never free it. As the C library's.
+fn record(table: &Live, resource: &DynResource<Stream>, block: Block, s: &Stream) -> Result<(), String> {
+    let what = if block.addr() == 0 {
+        format!("a block of {} bytes at address 0, which C takes for NULL", block.size())
+    } else {
+        let mut entries = table.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(older) = entries.insert(block.addr(), (block, resource.clone())) else { return Ok(()) };
         let older_size = older.0.size();
         entries.insert(block.addr(), older);
-        drop(entries);
-        let back = match resource.deallocate(block, &s) {
-            Ok(()) => "it was given back".to_string(),
-            Err(e) => format!("giving it back failed: {e}"),
-        };
-        return Err(format!(
-            "the resource handed out {:#x}, a live address (of a block of {older_size} bytes): {back}",
-            block.addr()
-        ));
-    }
-    Ok(block.addr() as usize as *mut c_void)
+        format!("{:#x}, a live address (of a block of {older_size} bytes)", block.addr())
+    };
+    let back = match resource.deallocate(block, s) {
+        Ok(()) => "it was given back".to_string(),
+        Err(e) => format!("giving it back failed: {e}"),
+    };
+    Err(format!("the resource handed out {what}: {back}"))
 }
 
 /// [`memres_py_free`]'s work.
@@ -546,5 +553,44 @@ pub extern "C" fn memres_py_empty_cache() {
     if let Err(payload) = emptied {
         // A payload whose `Drop` panicked would abort here: forget it.
         std::mem::forget(payload);
+    }
+}
+
+#[cfg(all(test, not(feature = "cuda")))]
+mod tests {
+    use super::*;
+
+    /// Hands out every block at `addr`, and keeps those given back.
+    #[derive(Default)]
+    struct OneAddress {
+        addr: u64,
+        back: Mutex<Vec<Block>>,
+    }
+
+    impl MemoryResource<Stream> for OneAddress {
+        fn allocate(&self, request: Request, _stream: &Stream) -> memres_core::Result<Block> {
+            Ok(Block::new(self.addr, request.size(), 7))
+        }
+
+        fn deallocate(&self, block: Block, _stream: &Stream) -> memres_core::Result<()> {
+            self.back.lock().unwrap().push(block);
+            Ok(())
+        }
+    }
+
+    /// A block at address 0 would reach the caller as NULL, which it takes
+    /// for a failure and never frees: it is refused and given back, with
+    /// a message, and nothing is left live.
+    #[test]
+    fn a_block_at_address_zero_is_refused_and_given_back() {
+        let (table, resource) = (Live::default(), Arc::new(OneAddress::default()));
+        let handing: DynResource<Stream> = resource.clone();
+        for handed in [Block::new(0, 256, 7), Block::EMPTY] {
+            let err = record(&table, &handing, handed, &()).unwrap_err();
+            assert!(err.contains("address 0"), "{err}");
+            assert!(err.contains("it was given back"), "{err}");
+            assert_eq!(resource.back.lock().unwrap().pop(), Some(handed));
+        }
+        assert_eq!(table.lock().unwrap().len(), 0, "nothing live");
     }
 }
