@@ -22,6 +22,17 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 type Live = Mutex<AddrMap<(Block, DynResource<Stream>)>>;
 
+/// Blocks a resource handed out at a live address or at 0 whose give-back
+/// it refused (or panicked in), with that resource: kept here, never lost,
+/// and given back again by each [`memres_py_empty_cache`], as the C
+/// library's `memres_empty_cache` gives back its own.
+type Kept = Mutex<Vec<(Block, DynResource<Stream>)>>;
+
+fn kept(device: usize) -> Option<&'static Kept> {
+    static KEPT: [OnceLock<Kept>; MAX_DEVICES] = [const { OnceLock::new() }; MAX_DEVICES];
+    KEPT.get(device).map(|slot| slot.get_or_init(Default::default))
+}
+
 fn live(device: usize) -> Option<&'static Live> {
     static LIVE: [OnceLock<Live>; MAX_DEVICES] = [const { OnceLock::new() }; MAX_DEVICES];
     LIVE.get(device).map(|slot| slot.get_or_init(Default::default))
@@ -247,7 +258,8 @@ pub(crate) fn device_bytes(device: u32) -> PyResult<(u64, u64, u64, u64, u64)> {
 }
 
 /// Why the last call of [`memres_py_alloc`] or [`memres_py_free`] that
-/// failed failed: PyTorch's `CUDAPluggableAllocator` does not check for
+/// failed failed (or the last give-back of a kept block that
+/// [`memres_py_empty_cache`] was refused): PyTorch's `CUDAPluggableAllocator` does not check for
 /// NULL (it makes a tensor of it), and a free returns nothing, so the
 /// reason is kept for Python to read. One for the process: the backward
 /// pass allocates on PyTorch's autograd threads, and Python reads the
@@ -296,7 +308,7 @@ unsafe fn alloc(size: isize, device: i32, stream: *mut c_void) -> Result<*mut c_
     let s = unsafe { backend::stream(stream as usize as u64, d) }.map_err(|e| e.to_string())?;
     let request = Request::new(size).map_err(|e| e.to_string())?;
     let block = resource.allocate(request, &s).map_err(|e| e.to_string())?;
-    record(table, &resource, block, &s)?;
+    record(table, kept(d as usize).ok_or("a device out of range")?, &resource, block, &s)?;
     Ok(block.addr() as usize as *mut c_void)
 }
 
@@ -305,8 +317,18 @@ unsafe fn alloc(size: isize, device: i32, stream: *mut c_void) -> Result<*mut c_
 /// or one that handed it out twice) the older block stays freeable, and
 /// the new one goes back through the stack it came from: an error. So does
 /// a block at address 0 (the empty block included): the caller would take
-/// it for NULL, a failure, and never free it. As the C library's.
-fn record(table: &Live, resource: &DynResource<Stream>, block: Block, s: &Stream) -> Result<(), String> {
+/// it for NULL, a failure, and never free it. If `resource` refuses it
+/// (or panics), it is kept in `kept` for the device's next
+/// [`memres_py_empty_cache`] to give back, once `s` is done with what it
+/// ordered before (that gives back on the device's default stream). As
+/// the C library's.
+fn record(
+    table: &Live,
+    kept: &Kept,
+    resource: &DynResource<Stream>,
+    block: Block,
+    s: &Stream,
+) -> Result<(), String> {
     let what = if block.addr() == 0 {
         format!("a block of {} bytes at address 0, which C takes for NULL", block.size())
     } else {
@@ -316,11 +338,54 @@ fn record(table: &Live, resource: &DynResource<Stream>, block: Block, s: &Stream
         entries.insert(block.addr(), older);
         format!("{:#x}, a live address (of a block of {older_size} bytes)", block.addr())
     };
-    let back = match resource.deallocate(block, s) {
+    // A give-back that panics is refused too: the block is kept, not lost.
+    let back = match freed(resource, block, s) {
         Ok(()) => "it was given back".to_string(),
-        Err(e) => format!("giving it back failed: {e}"),
+        Err(e) => {
+            let waited = match memres_core::Stream::synchronize(s) {
+                Ok(()) => String::new(),
+                Err(w) => format!(" (waiting for its stream failed: {w})"),
+            };
+            kept.lock().unwrap_or_else(|p| p.into_inner()).push((block, resource.clone()));
+            format!("giving it back failed: {e}; kept to give back at the next memres_py_empty_cache{waited}")
+        }
     };
     Err(format!("the resource handed out {what}: {back}"))
+}
+
+/// Frees `block` to `resource` on `s`; a panic there is an error that
+/// says it.
+fn freed(resource: &DynResource<Stream>, block: Block, s: &Stream) -> Result<(), String> {
+    catch_unwind(AssertUnwindSafe(|| resource.deallocate(block, s).map_err(|e| e.to_string())))
+        .unwrap_or_else(|payload| {
+            let what = match (payload.downcast_ref::<&str>(), payload.downcast_ref::<String>()) {
+                (Some(s), _) => s.to_string(),
+                (None, Some(s)) => s.clone(),
+                (None, None) => "unknown".to_string(),
+            };
+            // A payload whose `Drop` panicked would abort here: forget it.
+            std::mem::forget(payload);
+            Err(format!("a panic ({what})"))
+        })
+}
+
+/// Gives each block of `kept` back to its resource on `s`, handing the
+/// resource to `dropped` then (the last block of a stack no longer current
+/// takes the stack with it); keeps those refused (or whose free panics),
+/// and answers the first refusal.
+fn give_back(kept: &Kept, s: &Stream, dropped: impl Fn(DynResource<Stream>)) -> Result<(), String> {
+    let taken = std::mem::take(&mut *kept.lock().unwrap_or_else(|p| p.into_inner()));
+    let mut first = Ok(());
+    for (block, resource) in taken {
+        match freed(&resource, block, s) {
+            Ok(()) => dropped(resource),
+            Err(e) => {
+                first = first.and(Err(e));
+                kept.lock().unwrap_or_else(|p| p.into_inner()).push((block, resource));
+            }
+        }
+    }
+    first
 }
 
 /// [`memres_py_free`]'s work.
@@ -527,6 +592,40 @@ fn naming_what_raised(why: String) -> String {
     })
 }
 
+/// Gives back the blocks each device keeps ([`Kept`]), on its default
+/// stream; why one was refused is kept for `last_error`. Never unwinds.
+fn give_back_kept() {
+    for d in 0..MAX_DEVICES {
+        let Some(kept) = kept(d).filter(|k| !k.lock().unwrap_or_else(|p| p.into_inner()).is_empty()) else {
+            continue;
+        };
+        let outer = OuterRaised::take();
+        let given = catch_unwind(AssertUnwindSafe(|| {
+            without_gil(|| {
+                let s = backend::default_stream(d as u32).map_err(|e| format!("the default stream: {e}"))?;
+                give_back(kept, &s, crate::callback::drop_saying_what_raised)
+            })
+        }));
+        let why = match given {
+            Ok(Ok(())) => None,
+            Ok(Err(why)) => Some(why),
+            Err(payload) => {
+                // A payload whose `Drop` panicked would abort here: forget it.
+                std::mem::forget(payload);
+                Some("a panic".to_string())
+            }
+        };
+        if let Some(why) = why {
+            set_last_error(format!(
+                "memres_py_empty_cache: device {d}: giving back a block kept since its resource handed it out \
+                 at a live address or 0: {}",
+                naming_what_raised(why)
+            ));
+        }
+        outer.put_back();
+    }
+}
+
 /// Gives back what the pools of every device's current resource keep free,
 /// through `memres.allocators.torch._empty_caches`: the reset function that
 /// `memres.allocators.torch` gives PyTorch's `CUDAPluggableAllocator`, so
@@ -535,13 +634,17 @@ fn naming_what_raised(why: String) -> String {
 /// is gone, nor once the exit has begun on a thread that may not take the
 /// GIL then (`gil::may_take_the_gil`): the finalization that follows could
 /// end the thread inside this call. An error is reported as Python reports
-/// one it cannot raise (`sys.unraisablehook`).
+/// one it cannot raise (`sys.unraisablehook`). First it gives back the
+/// blocks kept since a resource handed them out at a live address (or 0)
+/// and refused them back ([`Kept`]); those still refused stay kept, and
+/// the reason is kept for `last_error`.
 #[no_mangle]
 pub extern "C" fn memres_py_empty_cache() {
     // SAFETY: `Py_IsInitialized` may be called at any time, from any thread.
     if unsafe { pyo3::ffi::Py_IsInitialized() } == 0 || !crate::gil::may_take_the_gil() {
         return;
     }
+    give_back_kept();
     let emptied = catch_unwind(|| {
         Python::attach(|py| {
             let result = py.import("memres.allocators.torch").and_then(|m| m.call_method0("_empty_caches"));
@@ -559,12 +662,17 @@ pub extern "C" fn memres_py_empty_cache() {
 #[cfg(all(test, not(feature = "cuda")))]
 mod tests {
     use super::*;
+    use std::sync::atomic::{AtomicBool, Ordering};
 
     /// Hands out every block at `addr`, and keeps those given back.
     #[derive(Default)]
     struct OneAddress {
         addr: u64,
         back: Mutex<Vec<Block>>,
+        /// Whether frees are refused.
+        refusing: AtomicBool,
+        /// Whether frees panic.
+        panicking: AtomicBool,
     }
 
     impl MemoryResource<Stream> for OneAddress {
@@ -573,6 +681,12 @@ mod tests {
         }
 
         fn deallocate(&self, block: Block, _stream: &Stream) -> memres_core::Result<()> {
+            if self.panicking.load(Ordering::Relaxed) {
+                panic!("a free that panics");
+            }
+            if self.refusing.load(Ordering::Relaxed) {
+                return Err(memres_core::Error::Backend { code: 1, what: "refused" });
+            }
             self.back.lock().unwrap().push(block);
             Ok(())
         }
@@ -586,11 +700,47 @@ mod tests {
         let (table, resource) = (Live::default(), Arc::new(OneAddress::default()));
         let handing: DynResource<Stream> = resource.clone();
         for handed in [Block::new(0, 256, 7), Block::EMPTY] {
-            let err = record(&table, &handing, handed, &()).unwrap_err();
+            let err = record(&table, &Kept::default(), &handing, handed, &()).unwrap_err();
             assert!(err.contains("address 0"), "{err}");
             assert!(err.contains("it was given back"), "{err}");
             assert_eq!(resource.back.lock().unwrap().pop(), Some(handed));
         }
         assert_eq!(table.lock().unwrap().len(), 0, "nothing live");
+    }
+
+    /// A block the stack refuses back, or whose give-back panics, is kept
+    /// with its resource, not lost, and the error says so; a later
+    /// give-back (what each `memres_py_empty_cache` does first) frees it.
+    #[test]
+    fn a_block_whose_give_back_is_refused_or_panics_is_kept() {
+        let (table, kept) = (Live::default(), Kept::default());
+        let resource = Arc::new(OneAddress { addr: 0x1000, ..Default::default() });
+        let handing: DynResource<Stream> = resource.clone();
+        let older = Block::new(0x1000, 512, 7);
+        assert_eq!(record(&table, &kept, &handing, older, &()), Ok(()));
+        resource.refusing.store(true, Ordering::Relaxed);
+        let refused = Block::new(0x1000, 256, 7);
+        let err = record(&table, &kept, &handing, refused, &()).unwrap_err();
+        assert!(err.contains("a live address") && err.contains("refused") && err.contains("kept"), "{err}");
+        resource.refusing.store(false, Ordering::Relaxed);
+        resource.panicking.store(true, Ordering::Relaxed);
+        let panicked = Block::new(0, 128, 7);
+        let err = record(&table, &kept, &handing, panicked, &()).unwrap_err();
+        assert!(
+            err.contains("address 0") && err.contains("a free that panics") && err.contains("kept"),
+            "{err}"
+        );
+        let blocks = || kept.lock().unwrap().iter().map(|(b, _)| *b).collect::<Vec<_>>();
+        assert_eq!(blocks(), [refused, panicked], "kept, not lost");
+        // Still refused: kept again, and the refusal said.
+        resource.panicking.store(false, Ordering::Relaxed);
+        resource.refusing.store(true, Ordering::Relaxed);
+        assert!(give_back(&kept, &(), drop).unwrap_err().contains("refused"));
+        assert_eq!(blocks(), [refused, panicked]);
+        resource.refusing.store(false, Ordering::Relaxed);
+        assert_eq!(give_back(&kept, &(), drop), Ok(()));
+        assert_eq!(*resource.back.lock().unwrap(), [refused, panicked]);
+        assert!(blocks().is_empty());
+        assert_eq!(table.lock().unwrap().get(0x1000).map(|e| e.0), Some(older), "the older block stays");
     }
 }
