@@ -3,8 +3,10 @@ int included) is a TypeError, and Stream.from_handle wraps a raw handle."""
 
 import copy
 import ctypes
+import gc
 import pickle
 import types
+import weakref
 
 import pytest
 
@@ -224,31 +226,43 @@ def test_a_stack_keeps_its_stream_objects_alive_as_long_as_it_lives():
 @pytest.mark.parametrize("call", ["allocate", "deallocate nbytes", "deallocate ptr"])
 def test_a_call_refused_for_its_size_keeps_no_stream(call):
     # The stream was kept (for the stack's life) before the size was checked.
-    class Handle:
-        def __init__(self, handle):
-            self.handle_value = handle
-
-        def __cuda_stream__(self):
-            return (0, self.handle_value)
-
-    import gc
-    import weakref
     res = mr.PoolMemoryResource(mr.HostMemoryResource(), per_stream=True)  # a stack that keeps streams
     p = res.allocate(100)
-    s = Handle(7)
-    alive = weakref.ref(s)
-    with pytest.raises(OverflowError, match="must be an int"):
-        if call == "allocate":
-            res.allocate(-1, stream=s)
-        elif call == "deallocate nbytes":
-            res.deallocate(p, -1, stream=s)
-        else:
-            res.deallocate(-1, 100, stream=s)
-    del s
-    gc.collect()
-    assert alive() is None
+
+    def refused(s):
+        with pytest.raises(OverflowError, match="must be an int"):
+            if call == "allocate":
+                res.allocate(-1, stream=s)
+            elif call == "deallocate nbytes":
+                res.deallocate(p, -1, stream=s)
+            else:
+                res.deallocate(-1, 100, stream=s)
+
+    assert not kept_after(refused)
     res.deallocate(p, 100)
     assert res._native.live_count() == 0
+
+
+class FrameworkStream:
+    """A stream object as torch's or cupy's: its handle dies with it."""
+
+    def __init__(self, handle):
+        self.handle_value = handle
+
+    def __cuda_stream__(self):
+        return (0, self.handle_value)
+
+
+def kept_after(call, handle=7):
+    """Whether the stream object ``call`` is given (a new
+    ``FrameworkStream`` of ``handle``) outlives the call once the caller
+    lets it go: a stack kept it."""
+    s = FrameworkStream(handle)
+    alive = weakref.ref(s)
+    call(s)
+    del s
+    gc.collect()
+    return alive() is not None
 
 
 @pytest.mark.parametrize("call", ["allocate too large", "deallocate unknown", "deallocate other size",
@@ -257,34 +271,24 @@ def test_a_call_refused_before_the_stack_keeps_no_stream(call):
     # Refused before the stack saw the stream (a size past what any
     # resource serves, a free of no live block, a buffer of a resource with
     # no bytes), the call still kept its stream object for the stack's life.
-    class Handle:
-        def __init__(self, handle):
-            self.handle_value = handle
-
-        def __cuda_stream__(self):
-            return (0, self.handle_value)
-
-    import gc
-    import weakref
     upstream = mr.SimulatedMemoryResource() if call == "buffer without bytes" else mr.HostMemoryResource()
     res = mr.PoolMemoryResource(upstream, per_stream=True)  # a stack that keeps streams
     p = res.allocate(100)
-    s = Handle(7)
-    alive = weakref.ref(s)
-    with pytest.raises((memres.OutOfMemory, memres.InvalidArgument, ValueError)):
-        if call == "allocate too large":
-            res.allocate(1 << 63, stream=s)
-        elif call == "deallocate unknown":
-            res.deallocate(p + 4096, 100, stream=s)
-        elif call == "deallocate other size":
-            res.deallocate(p, 99, stream=s)
-        elif call == "buffer too large":
-            memres.DeviceBuffer(size=1 << 63, stream=s, mr=res)
-        else:
-            memres.DeviceBuffer(size=10, stream=s, mr=res)
-    del s
-    gc.collect()
-    assert alive() is None
+
+    def refused(s):
+        with pytest.raises((memres.OutOfMemory, memres.InvalidArgument, ValueError)):
+            if call == "allocate too large":
+                res.allocate(1 << 63, stream=s)
+            elif call == "deallocate unknown":
+                res.deallocate(p + 4096, 100, stream=s)
+            elif call == "deallocate other size":
+                res.deallocate(p, 99, stream=s)
+            elif call == "buffer too large":
+                memres.DeviceBuffer(size=1 << 63, stream=s, mr=res)
+            else:
+                memres.DeviceBuffer(size=10, stream=s, mr=res)
+
+    assert not kept_after(refused)
     res.deallocate(p, 100)
     assert res._native.live_count() == 0
 
@@ -293,30 +297,11 @@ def test_a_step_that_steps_nothing_keeps_no_stream():
     # step() kept its stream for the stack's life even where no planned
     # layer is in the chain (a pool per stream alone): one stream held per
     # handle for nothing.
-    class Handle:
-        def __init__(self, handle):
-            self.handle_value = handle
-
-        def __cuda_stream__(self):
-            return (0, self.handle_value)
-
-    import gc
-    import weakref
     res = mr.PoolMemoryResource(mr.HostMemoryResource(), per_stream=True)  # a stack that keeps streams
-    s = Handle(7)
-    alive = weakref.ref(s)
-    assert res.step(stream=s) == 0
-    del s
-    gc.collect()
-    assert alive() is None
+    assert not kept_after(lambda s: res.step(stream=s))
     # A planned stack remembers the stream of its step: that one is kept.
     planned = mr.StackMemoryResource("planned(pool(sim(1GiB)))", backend="sim")
-    s = Handle(8)
-    alive = weakref.ref(s)
-    assert planned.step(stream=s) == 1
-    del s
-    gc.collect()
-    assert alive() is not None
+    assert kept_after(lambda s: planned.step(stream=s), handle=8)
 
 
 def test_a_stream_does_not_pickle_but_the_default_streams_do():
