@@ -234,18 +234,20 @@ class DeviceMemoryResource:
         ``enable_statistics()`` or ``enable_logging()``): each lays the
         coming steps out once a step asks for what the step before it
         asked for, and serves them from one region. Returns how many such
-        layers it stepped (0: it does nothing, and keeps no stream)."""
+        layers it stepped (0: it does nothing, and keeps no stream; nor does
+        a step refused before any layer, such as one re-entering the stack
+        from a callback under it)."""
         handle = as_handle(stream)
-        try:
-            n = self._native.step(handle)
-        except BaseException:
-            # Some layers may have begun their step on it before one failed.
-            self._keep(handle, stream)
-            raise
+        # A step refused before the layers (re-entrant) raises here: no
+        # layer saw the stream. Every layer steps, those after one that
+        # failed too, so a layer's failure comes back to raise below.
+        n, failed = self._native.step(handle)
         # Only a planned layer remembers the stream of a step: kept once
-        # one has (this call's reference holds it until then).
+        # one has, failed or not (this call's reference holds it until then).
         if n:
             self._keep(handle, stream)
+        if failed is not None:
+            raise failed
         return n
 
     def steps(self):

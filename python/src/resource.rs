@@ -701,28 +701,30 @@ impl Resource {
 
     /// Ends the step in progress of the stack's `planned` layers (those of
     /// the objects it is built over too) and begins the next on `stream`;
-    /// returns how many layers it stepped.
+    /// returns how many layers it stepped, and the first layer's error if
+    /// any failed (every layer steps anyway, so each was given the
+    /// stream): the Python layer keeps the stream's object, then raises
+    /// it. A call refused before any layer (re-entrant, or a handle that
+    /// names no stream) raises here, and no layer was given the stream.
     #[pyo3(signature = (stream=0))]
-    fn step(&self, py: Python<'_>, stream: u64) -> PyResult<usize> {
+    fn step(&self, py: Python<'_>, stream: u64) -> PyResult<(usize, Option<PyErr>)> {
         // SAFETY: a handle of the package's Python layer (the module's contract:
         // "Streams at the boundary" in lib.rs).
         let s = unsafe { backend::stream(stream, self.device)? };
-        crate::gil::detach(py, || {
+        let stepped = crate::gil::detach(py, || {
             let _call = self.enter("step")?;
             // Every layer steps, those after one that fails too (see
             // `Planned::step_each`).
-            Planned::step_each(self.planned.iter().map(|p| &**p), &s).map_err(|(e, failed)| match failed {
-                1 => to_py(e, "step"),
-                n => to_py(
-                    e,
-                    &format!(
-                        "step ({n} of the {} planned layers failed; this is the first)",
-                        self.planned.len()
-                    ),
-                ),
-            })
+            PyResult::Ok(Planned::step_each(self.planned.iter().map(|p| &**p), &s))
         })?;
-        Ok(self.planned.len())
+        let failed = stepped.err().map(|(e, failed)| match failed {
+            1 => to_py(e, "step"),
+            n => to_py(
+                e,
+                &format!("step ({n} of the {} planned layers failed; this is the first)", self.planned.len()),
+            ),
+        });
+        Ok((self.planned.len(), failed))
     }
 
     /// What the stack's `planned` layers (those of the objects it is built

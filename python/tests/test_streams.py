@@ -304,6 +304,35 @@ def test_a_step_that_steps_nothing_keeps_no_stream():
     assert kept_after(lambda s: planned.step(stream=s), handle=8)
 
 
+def test_a_step_refused_before_the_layers_keeps_no_stream():
+    # A step() that raised kept its stream for the stack's life, though it
+    # was refused before any planned layer saw it: here a step re-entering
+    # the stack from a Python function under it.
+    planned = mr.StackMemoryResource("planned(pool(sim(1GiB)))", backend="sim")
+    stepping, refused = [], []
+
+    def alloc(n):
+        try:
+            top.step(stream=stepping[0])
+        except memres.MemresError as e:
+            refused.append(str(e))
+        return 1 << 40
+
+    top = mr.BinningMemoryResource(planned)  # keeps streams: its planned layer does
+    top.add_bin(4096, mr.CallbackMemoryResource(alloc, lambda p, n: None, backend="sim"))
+
+    def allocate_stepping_on(s):
+        stepping.append(s)
+        p = top.allocate(4096)
+        stepping.clear()
+        top.deallocate(p, 4096)
+
+    assert not kept_after(allocate_stepping_on)
+    assert len(refused) == 1 and "re-entrant" in refused[0], refused
+    # One that reaches the layers keeps it.
+    assert kept_after(lambda s: top.step(stream=s), handle=8)
+
+
 def test_a_stream_does_not_pickle_but_the_default_streams_do():
     # A handle is valid only in the process that has it (RMM's Stream does
     # not pickle); the default streams are every process's.
