@@ -84,8 +84,9 @@ def flush_logger():
 
 
 def log(level, message, *args):
-    """Logs ``message % args`` at ``level`` to the ``memres`` logger, then
+    """Logs ``message % args`` at ``level`` (a ``level_enum``; TypeError
+    otherwise, as the level functions) to the ``memres`` logger, then
     flushes at or above the flush level."""
-    LOGGER.log(_PYTHON[level], message, *args)
+    LOGGER.log(_PYTHON[_checked(level)], message, *args)
     if level >= _flush_level and should_log(level):
         flush_logger()

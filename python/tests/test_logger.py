@@ -45,7 +45,10 @@ def test_a_python_level_between_rmms_reads_as_the_lowest_level_logged(python_lev
 @pytest.mark.parametrize("bad", ["INFO", 3, "invalid", 100, None, 1.2345, [1, 2, 3]])
 def test_what_is_no_level_is_a_type_error_as_rmms(bad):
     before = (memres.get_logging_level(), memres.get_flush_level())
-    for call in (memres.set_logging_level, memres.set_flush_level, memres.should_log):
+    # memres.logger.log, memres's own, too: it raised KeyError (a name) or
+    # logged (an int that is a level's number).
+    for call in (memres.set_logging_level, memres.set_flush_level, memres.should_log,
+                 lambda lvl: memres.logger.log(lvl, "a record")):
         with pytest.raises(TypeError, match="level_enum"):
             call(bad)
     assert (memres.get_logging_level(), memres.get_flush_level()) == before
