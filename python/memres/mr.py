@@ -81,8 +81,9 @@ _UNITS = {"": 1, "b": 1, **{prefix + middle + "b": base ** power
                            for power, prefix in enumerate("kmgtp", start=1)
                            for middle, base in (("", 1000), ("i", 1024))}}
 # What RMM's parse_bytes reads: digits, perhaps a fraction, spaces or tabs,
-# perhaps a unit; nothing before or after.
-_BYTES = re.compile(r"([0-9]+(?:\.[0-9]*)?)[\t ]*([a-z]*)", re.IGNORECASE)
+# perhaps a unit; nothing before or after but one newline at the end, which
+# the `$` ending its pattern lets through.
+_BYTES = re.compile(r"([0-9]+(?:\.[0-9]*)?)[\t ]*([a-z]*)\n?", re.IGNORECASE)
 
 
 def _parse_bytes(text, what):

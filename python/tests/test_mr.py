@@ -252,6 +252,17 @@ def test_configuration_sizes_may_be_strings_as_in_rmm():
         assert mr._parse_bytes(text, "size") == size, text
 
 
+def test_a_size_string_takes_and_refuses_what_rmms_parse_bytes_does():
+    # RMM's pattern ends in `$`, which also matches before a newline that
+    # ends the text: "2 GiB\n" is 2 GiB there, and was refused here. Nothing
+    # before the digits, no unit alone, no exponent, nothing after the unit.
+    assert mr._parse_bytes("2 GiB\n", "size") == 2 * GiB
+    assert mr._parse_bytes("256\n", "size") == 256
+    for text in (" 2 GiB", "MB", "1e9", "2 GiB ", "2 GiB\n\n", "\n2 GiB", "2 k", "-1"):
+        with pytest.raises(ValueError, match="size: Could not parse"):
+            mr._parse_bytes(text, "size")
+
+
 def test_a_size_string_parses_exactly_and_one_past_2_64_names_itself():
     # Through a float, a 20-digit size lost its last digits, and one of 309
     # digits was infinity: an OverflowError about a float, naming nothing.
