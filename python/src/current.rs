@@ -308,7 +308,7 @@ unsafe fn alloc(size: isize, device: i32, stream: *mut c_void) -> Result<*mut c_
     let s = unsafe { backend::stream(stream as usize as u64, d) }.map_err(|e| e.to_string())?;
     let request = Request::new(size).map_err(|e| e.to_string())?;
     let block = resource.allocate(request, &s).map_err(|e| e.to_string())?;
-    record(table, kept(d as usize).ok_or("a device out of range")?, &resource, block, &s)?;
+    record(table, kept(d as usize).ok_or("a device out of range")?, &resource, block, size, &s)?;
     Ok(block.addr() as usize as *mut c_void)
 }
 
@@ -317,7 +317,10 @@ unsafe fn alloc(size: isize, device: i32, stream: *mut c_void) -> Result<*mut c_
 /// or one that handed it out twice) the older block stays freeable, and
 /// the new one goes back through the stack it came from: an error. So does
 /// a block at address 0 (the empty block included): the caller would take
-/// it for NULL, a failure, and never free it. If `resource` refuses it
+/// it for NULL, a failure, and never free it; and one of another size than
+/// the `asked` bytes: one shorter would be written past its end, one longer
+/// is recorded at its own size, so the caller's free of the size it asked
+/// for would be refused and the block stay live for good. If `resource` refuses it
 /// (or panics), it is kept in `kept` for the device's next
 /// [`memres_py_empty_cache`] to give back, once `s` is done with what it
 /// ordered before (that gives back on the device's default stream). As
@@ -327,10 +330,17 @@ fn record(
     kept: &Kept,
     resource: &DynResource<Stream>,
     block: Block,
+    asked: u64,
     s: &Stream,
 ) -> Result<(), String> {
     let what = if block.addr() == 0 {
         format!("a block of {} bytes at address 0, which C takes for NULL", block.size())
+    } else if block.size() != asked {
+        let how = match block.size() < asked {
+            true => "shorter than asked",
+            false => "longer than asked, so a free of the size asked would be refused",
+        };
+        format!("a block of {} bytes at {:#x} for a request of {asked}: {how}", block.size(), block.addr())
     } else {
         let mut entries = table.lock().unwrap_or_else(|p| p.into_inner());
         let Some(older) = entries.insert(block.addr(), (block, resource.clone())) else { return Ok(()) };
@@ -700,9 +710,27 @@ mod tests {
         let (table, resource) = (Live::default(), Arc::new(OneAddress::default()));
         let handing: DynResource<Stream> = resource.clone();
         for handed in [Block::new(0, 256, 7), Block::EMPTY] {
-            let err = record(&table, &Kept::default(), &handing, handed, &()).unwrap_err();
+            let err = record(&table, &Kept::default(), &handing, handed, 256, &()).unwrap_err();
             assert!(err.contains("address 0"), "{err}");
             assert!(err.contains("it was given back"), "{err}");
+            assert_eq!(resource.back.lock().unwrap().pop(), Some(handed));
+        }
+        assert_eq!(table.lock().unwrap().len(), 0, "nothing live");
+    }
+
+    /// A block of another size than asked: one shorter would be written
+    /// past its end, one longer recorded at its own size, so the caller's
+    /// free of the size it asked for would be refused and the block stay
+    /// live for good. Either is refused as a block at address 0 is.
+    #[test]
+    fn a_block_of_another_size_than_asked_is_refused_and_given_back() {
+        let (table, resource) = (Live::default(), Arc::new(OneAddress::default()));
+        let handing: DynResource<Stream> = resource.clone();
+        for (size, what) in [(256, "shorter than asked"), (1024, "longer than asked")] {
+            let handed = Block::new(0x1000, size, 7);
+            let err = record(&table, &Kept::default(), &handing, handed, 512, &()).unwrap_err();
+            let said = format!("a block of {size} bytes at 0x1000 for a request of 512: {what}");
+            assert!(err.contains(&said) && err.contains("it was given back"), "{err}");
             assert_eq!(resource.back.lock().unwrap().pop(), Some(handed));
         }
         assert_eq!(table.lock().unwrap().len(), 0, "nothing live");
@@ -717,15 +745,15 @@ mod tests {
         let resource = Arc::new(OneAddress { addr: 0x1000, ..Default::default() });
         let handing: DynResource<Stream> = resource.clone();
         let older = Block::new(0x1000, 512, 7);
-        assert_eq!(record(&table, &kept, &handing, older, &()), Ok(()));
+        assert_eq!(record(&table, &kept, &handing, older, older.size(), &()), Ok(()));
         resource.refusing.store(true, Ordering::Relaxed);
         let refused = Block::new(0x1000, 256, 7);
-        let err = record(&table, &kept, &handing, refused, &()).unwrap_err();
+        let err = record(&table, &kept, &handing, refused, refused.size(), &()).unwrap_err();
         assert!(err.contains("a live address") && err.contains("refused") && err.contains("kept"), "{err}");
         resource.refusing.store(false, Ordering::Relaxed);
         resource.panicking.store(true, Ordering::Relaxed);
         let panicked = Block::new(0, 128, 7);
-        let err = record(&table, &kept, &handing, panicked, &()).unwrap_err();
+        let err = record(&table, &kept, &handing, panicked, panicked.size(), &()).unwrap_err();
         assert!(
             err.contains("address 0") && err.contains("a free that panics") && err.contains("kept"),
             "{err}"
