@@ -316,7 +316,25 @@ struct PoolTarget<N: Storage<Node> = Vec<Node>, C: Storage<Chunk> = Vec<Chunk>> 
 
 impl<N: Storage<Node>, C: Storage<Chunk>> FuzzResource for PoolTarget<N, C> {
     fn allocate(&mut self, request: Request) -> Result<Block> {
-        self.pool.allocate(request, &())
+        let held = self.pool.held_bytes();
+        let got = self.pool.allocate(request, &());
+        // An upstream failure is a growth's, and a failed growth leaves the
+        // pool as it was (taking again what it gave back, as far as the
+        // upstream allows): the request may still be served from a free
+        // range held before, with nothing new taken from the upstream.
+        let log = self.spy.log();
+        if got.is_ok()
+            && log.failed_other
+            && (!log.granted_only_what_went_back() || self.pool.held_bytes() > held)
+        {
+            panic!(
+                "fuzz oracle: {request:?} succeeded though the upstream failed, with chunks of {:?} bytes taken (it gave back {:?}), {held} bytes held before and {} after",
+                log.granted,
+                log.given_back,
+                self.pool.held_bytes()
+            );
+        }
+        got
     }
     fn deallocate(&mut self, block: Block) -> Result<()> {
         self.pool.deallocate(block, &())

@@ -32,6 +32,9 @@
 //!   upstream may refuse one (it stays), and a growth that then fails
 //!   takes again what went back and answers the refusal, not out of
 //!   memory;
+//! - a growth that fails (the upstream's error) takes nothing new from the
+//!   upstream, and a call may then still be served from a free range the
+//!   arena held;
 //! - a maximum below the superblock size is `InvalidConfig`, with nothing
 //!   taken from upstream.
 
@@ -182,7 +185,7 @@ impl FuzzResource for ArenaTarget {
         let full = claims && self.keys.len() >= self.params.max_arenas as usize;
         let on = LANES[self.current].0;
         let table_full = full && !self.arena.dump().arenas.iter().any(|a| self.retirable(a, on));
-        let injected = self.injected();
+        let (injected, held) = (self.injected(), self.arena.usage().held);
         let got = self.on_lane(move |a, s| a.allocate(request, s));
         let stream_failed = self.injected() != injected;
         // A small request's superblock request may sweep idle arenas
@@ -207,10 +210,17 @@ impl FuzzResource for ArenaTarget {
             }
             // An upstream failure fails the call, but for one in taking
             // back what a failed growth gave back first (as far as the
-            // upstream allows), after which the call goes on.
+            // upstream allows), after which the call goes on, and for a
+            // growth's: a failed growth leaves the arena as it was, and
+            // the call may still be served from a free range held before,
+            // with nothing taken from the upstream.
             let log = self.spy.log();
-            if (stream_failed && !may_sweep) || (log.failed_other && log.given_back.is_empty()) {
-                panic!("fuzz oracle: {request:?} succeeded though a synchronization or the upstream failed");
+            let took = !log.granted.is_empty() || self.arena.usage().held > held;
+            if (stream_failed && !may_sweep) || (log.failed_other && log.given_back.is_empty() && took) {
+                panic!(
+                    "fuzz oracle: {request:?} succeeded though a synchronization (failed: {stream_failed}) or the upstream failed; {held} bytes held before, {} after; upstream log {log:?}",
+                    self.arena.usage().held
+                );
             }
             if !block.is_empty() {
                 let footprint = self.footprint_of(&request);
