@@ -251,3 +251,84 @@ fn at_the_maximum_a_request_comes_from_any_free_range_that_holds_it() {
     p.check().unwrap();
     assert_eq!(p.usage().used, 0);
 }
+
+/// Fills `bytes` of the pool with ten blocks of one class, the first
+/// `long` bytes, kept apart by the blocks returned second.
+fn holes_with_one_fit_past_the_search(
+    p: &mut CoalescingPool<BumpUpstream>,
+    bytes: u64,
+    long: u64,
+) -> (alloc::vec::Vec<Block>, alloc::vec::Vec<Block>) {
+    let mut holes = alloc::vec::Vec::new();
+    let mut kept = alloc::vec::Vec::new();
+    for k in 0..10 {
+        holes.push(p.allocate(req(if k == 0 { long } else { 1536 << 10 }), &()).unwrap());
+        kept.push(p.allocate(req(512 << 10), &()).unwrap());
+    }
+    kept.push(p.allocate(req(bytes - p.usage().used), &()).unwrap());
+    (holes, kept)
+}
+
+/// Frees the holes longest first: it ends last in its class's list, where
+/// the class search misses it. Returns its address.
+fn free_holes(p: &mut CoalescingPool<BumpUpstream>, holes: alloc::vec::Vec<Block>) -> u64 {
+    let at = holes[0].addr();
+    for h in holes {
+        p.deallocate(h, &()).unwrap();
+    }
+    at
+}
+
+/// With the upstream out of memory (no maximum set) a request takes any
+/// free range that holds it, as at the maximum.
+#[test]
+fn with_the_upstream_out_of_memory_a_request_comes_from_any_free_range_that_holds_it() {
+    let full = 24 * MIB;
+    let config = PoolConfig::new().initial_size(full);
+    let mut p = CoalescingPool::with_config(BumpUpstream::new(full), config, &()).unwrap();
+    let long = (1536 + 31) << 10;
+    let (holes, kept) = holes_with_one_fit_past_the_search(&mut p, full, long);
+    let at = free_holes(&mut p, holes);
+    let big = p.allocate(req(long), &()).unwrap();
+    assert_eq!((big.addr(), p.usage().held), (at, full));
+    p.deallocate(big, &()).unwrap();
+    for b in kept {
+        p.deallocate(b, &()).unwrap();
+    }
+    p.check().unwrap();
+    assert_eq!(p.usage().used, 0);
+}
+
+/// A growth that fails with the upstream's error (it refused a wholly free
+/// chunk given back, and then there was no room) still lets a request take
+/// any free range that holds it; the error stands only where none does.
+#[test]
+fn a_growth_refused_by_the_upstream_still_lets_a_request_take_any_free_range_that_holds_it() {
+    let max = 25 * MIB;
+    let config = PoolConfig::new().initial_size(24 * MIB).maximum_size(max);
+    let mut p = CoalescingPool::with_config(BumpUpstream::new(1 << 40), config, &()).unwrap();
+    let long = (1536 + 31) << 10;
+    let (holes, mut kept) = holes_with_one_fit_past_the_search(&mut p, 24 * MIB, long);
+    // A second chunk, the last MiB under the maximum, wholly free, and
+    // the upstream refuses to take it back.
+    let small = p.allocate(req(512 << 10), &()).unwrap();
+    assert_eq!(p.usage().held, max);
+    let chunk = p.chunk_ranges().find(|c| c.contains(small.addr())).unwrap();
+    p.deallocate(small, &()).unwrap();
+    p.upstream().refuse_free_at(chunk.start());
+    let at = free_holes(&mut p, holes);
+    let big = p.allocate(req(long), &()).unwrap();
+    assert_eq!((big.addr(), p.usage().held), (at, max));
+    p.check().unwrap();
+    // Nothing free holds 2 MiB: the refusal is the error.
+    let e = p.allocate(req(2 * MIB), &()).unwrap_err();
+    assert!(matches!(e, Error::Backend { code: -2, .. }), "{e:?}");
+    p.check().unwrap();
+    p.upstream().refuse_free_at(0);
+    kept.push(big);
+    for b in kept {
+        p.deallocate(b, &()).unwrap();
+    }
+    p.check().unwrap();
+    assert_eq!(p.usage().used, 0);
+}

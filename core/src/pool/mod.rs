@@ -237,18 +237,26 @@ impl<U, N: Storage<Node>, C: Storage<Chunk>> CoalescingPool<U, N, C> {
         let large = self.index.is_large(request.size());
         let growth = if large { self.config.large_growth() } else { self.config.growth };
         self.index.attach_large = large;
-        let grown = self.chunks.grow(need, growth, give_back, stream, &mut self.index)?;
-        let Some(first) = grown else {
+        let grown = self.chunks.grow(need, growth, give_back, stream, &mut self.index);
+        let Ok(Some(first)) = grown else {
             // No chunk to be had: any free range of its class that holds it
             // serves rather than the request failing, one beyond the first
             // ranges the class search looks at, or a free large chunk
-            // longer than "about its size".
+            // longer than "about its size". Also where the growth failed
+            // with an error (an upstream that refused a chunk given back,
+            // metadata slots run out): a failed growth leaves the pool as
+            // it was, and a request that its free ranges hold needs nothing
+            // of the upstream. The growth's error stands where none does.
             let index = self.index.of_class(large);
-            if let Some(a) = index.allocate_exhaustive(request.size(), request.align())? {
-                let tag = Classes::<N>::outer_tag(large, a.tag);
-                return Ok(self.used(Block::new(a.addr, request.size(), tag)));
-            }
-            return Err(self.out_of_memory(request.size()));
+            let found = index.allocate_exhaustive(request.size(), request.align());
+            return match (found, grown) {
+                (Ok(Some(a)), _) => {
+                    let tag = Classes::<N>::outer_tag(large, a.tag);
+                    Ok(self.used(Block::new(a.addr, request.size(), tag)))
+                }
+                (_, Err(e)) | (Err(e), _) => Err(e),
+                (Ok(None), _) => Err(self.out_of_memory(request.size())),
+            };
         };
         let (index, node) = self.index.of_handle(first);
         // From the new chunk itself: one of exactly `need` bytes may sit in a

@@ -369,7 +369,21 @@ impl<N: Storage<Node>, C: Storage<Chunk>> FuzzResource for PoolTarget<N, C> {
         before: &[u64],
         _: &Model,
     ) -> std::result::Result<(), String> {
-        judge_pool_failure(&self.pool, &self.spy, request, err, before)
+        judge_pool_failure(&self.pool, &self.spy, request, err, before)?;
+        // A growth that failed with an error leaves the pool as it was:
+        // the error stands only where no free range holds the request.
+        // The drawn configurations set no large threshold, so every block
+        // is the shared index's; the last resort needs two node slots.
+        let log = self.spy.log();
+        let growth_failed = (matches!(err, Error::Backend { .. }) && log.failed_other)
+            || (log.free_refused && self.spy.refused_free(err));
+        let index = self.pool.index();
+        let fit = request.rounded_size(256) + request.align() - 256;
+        let slots = index.node_slots() + 2 <= N::default().max_len() as usize;
+        if growth_failed && slots && index.largest_free() >= fit {
+            return Err(format!("a free range of {} bytes holds it", index.largest_free()));
+        }
+        Ok(())
     }
 }
 
