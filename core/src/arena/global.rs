@@ -162,9 +162,15 @@ impl<U> Global<U> {
     {
         let full = self.superblock_size.max((need + 255) & !255);
         let mut got = self.index.allocate(full, 256)?.map(|a| (a, full));
+        let mut failed = None;
         if got.is_none() {
-            if let Some(first) = self.grow(full, stream)? {
-                got = self.index.allocate_in(first, full, 256)?.map(|a| (a, full));
+            match self.grow(full, stream) {
+                Ok(Some(first)) => got = self.index.allocate_in(first, full, 256)?.map(|a| (a, full)),
+                Ok(None) => {}
+                // A failed growth leaves the arena as it was: what is free
+                // may still hold a superblock, and the error stands where
+                // nothing does.
+                Err(e) => failed = Some(e),
             }
         }
         if got.is_none() {
@@ -173,8 +179,14 @@ impl<U> Global<U> {
             let small = MIN_SUPERBLOCK.max((need + 255) & !255);
             let fit = self.index.largest_free().min(full) & !255;
             if fit >= small {
-                got = self.index.allocate_exhaustive(fit, 256)?.map(|a| (a, fit));
+                got = match self.index.allocate_exhaustive(fit, 256) {
+                    Ok(a) => a.map(|a| (a, fit)),
+                    Err(e) => return Err(failed.unwrap_or(e)),
+                };
             }
+        }
+        if let (None, Some(e)) = (&got, failed) {
+            return Err(e);
         }
         Ok(got.map(|(a, len)| {
             self.supers.insert(a.addr, SuperOut { len, owner, tag: a.tag });
@@ -201,11 +213,19 @@ impl<U> Global<U> {
     {
         let mut got = self.index.allocate(size, align)?;
         if got.is_none() {
-            match self.grow(((size + 255) & !255) + align - 256, stream)? {
-                Some(first) => got = self.index.allocate_in(first, size, align)?,
+            match self.grow(((size + 255) & !255) + align - 256, stream) {
+                Ok(Some(first)) => got = self.index.allocate_in(first, size, align)?,
                 // At the maximum: any free range that holds it, beyond the
                 // first ranges of its class that the search looks at.
-                None => got = self.index.allocate_exhaustive(size, align)?,
+                Ok(None) => got = self.index.allocate_exhaustive(size, align)?,
+                // Also where the growth failed with an error (a chunk the
+                // upstream refused back, metadata run out): a failed growth
+                // leaves the arena as it was, and the error stands where
+                // nothing free holds the block.
+                Err(e) => match self.index.allocate_exhaustive(size, align) {
+                    Ok(Some(a)) => got = Some(a),
+                    _ => return Err(e),
+                },
             }
         }
         if got.is_some() {

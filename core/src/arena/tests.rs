@@ -879,6 +879,64 @@ fn at_the_maximum_an_aligned_superblock_comes_from_any_free_range_that_holds_it(
     assert_eq!(arena.usage().used, 0);
 }
 
+/// A growth that fails with the upstream's error (it refused the wholly
+/// free chunk given back at the maximum, and then there was no room) still
+/// lets a large block, and a superblock, come from any free range that
+/// holds it; the error stands only where none does.
+#[test]
+fn a_growth_refused_by_the_upstream_still_lets_a_block_come_from_any_free_range_that_holds_it() {
+    let max = 25 << 20;
+    let config = ArenaConfig::new()
+        .superblock_size(2 << 20)
+        .chunk_size(24 << 20)
+        .initial_size(24 << 20)
+        .maximum_size(max)
+        .large_threshold(256 << 10);
+    let arena = ArenaResource::with_config(BumpUpstream::new(1 << 30), config, &()).unwrap();
+    let s = TestStream::new(1);
+    // Ten holes of one size class, the longest first, kept apart; the
+    // first one also holds the superblock of an aligned 256 KiB request.
+    let long = (1536 + 31) << 10;
+    let mut holes = Vec::new();
+    let mut kept = Vec::new();
+    for k in 0..10 {
+        holes.push(arena.allocate(req(if k == 0 { long } else { 1536 << 10 }), &s).unwrap());
+        kept.push(arena.allocate(req(512 << 10), &s).unwrap());
+    }
+    let rest = (24 << 20) - arena.usage().used;
+    kept.push(arena.allocate(req(rest), &s).unwrap());
+    // A second chunk, the last MiB under the maximum, wholly free, and the
+    // upstream refuses to take it back.
+    let last = arena.allocate(req(512 << 10), &s).unwrap();
+    assert_eq!(arena.usage().held, max);
+    arena.deallocate(last, &s).unwrap();
+    arena.upstream_with(|u| u.refuse_free_at(last.addr()));
+    // Freed longest first: it ends last in its class's list.
+    let at = holes[0].addr();
+    for h in holes {
+        arena.deallocate(h, &s).unwrap();
+    }
+    let big = arena.allocate(req(long), &s).unwrap();
+    assert_eq!(big.addr(), at);
+    arena.check().unwrap();
+    arena.deallocate(big, &s).unwrap();
+    let t = TestStream::new(2);
+    let small = arena.allocate(Request::aligned(256 << 10, 1 << 20).unwrap(), &t).unwrap();
+    assert_eq!(small.addr() % (1 << 20), 0);
+    arena.check().unwrap();
+    // Nothing free holds 2 MiB: the refusal is the error.
+    let e = arena.allocate(req(2 << 20), &s).unwrap_err();
+    assert!(matches!(e, Error::Backend { code: -2, .. }), "{e:?}");
+    arena.check().unwrap();
+    arena.upstream_with(|u| u.refuse_free_at(0));
+    arena.deallocate(small, &t).unwrap();
+    for b in kept {
+        arena.deallocate(b, &s).unwrap();
+    }
+    arena.check().unwrap();
+    assert_eq!(arena.usage().used, 0);
+}
+
 /// An upstream that, once armed, checks the arena above it and formats it
 /// from inside its allocate (under the arena's locks).
 #[cfg(feature = "critical-section")]

@@ -34,7 +34,8 @@
 //!   memory;
 //! - a growth that fails (the upstream's error) takes nothing new from the
 //!   upstream, and a call may then still be served from a free range the
-//!   arena held;
+//!   arena held; its error stands only where no free range of the global
+//!   arena holds the block (a small one: a superblock for it);
 //! - a maximum below the superblock size is `InvalidConfig`, with nothing
 //!   taken from upstream.
 
@@ -488,11 +489,25 @@ impl FuzzResource for ArenaTarget {
             };
         }
         let Error::OutOfMemory { requested, largest_free, pool_size, max_size } = *err else {
-            return match err {
-                Error::Backend { .. } if log.failed_other => Ok(()),
-                e if log.free_refused && self.spy.refused_free(e) => Ok(()),
-                _ => Err(format!("unexpected error; upstream log {log:?}")),
+            let growth_failed = (matches!(err, Error::Backend { .. }) && log.failed_other)
+                || (log.free_refused && self.spy.refused_free(err));
+            if !growth_failed {
+                return Err(format!("unexpected error; upstream log {log:?}"));
+            }
+            // A failed growth leaves the arena as it was: its error stands
+            // only where no free range of the global arena holds the block,
+            // or for a small one, a superblock for it.
+            let (size, align) = (request.size(), request.align());
+            let holds = if last.large {
+                round256(size) + align - 256
+            } else {
+                round256(self.params.class(size) + align - 256).max(1 << 20)
             };
+            let largest = self.arena.dump().global.largest_free;
+            if largest >= holds {
+                return Err(format!("the global arena's free range of {largest} bytes holds it"));
+            }
+            return Ok(());
         };
         if log.free_refused {
             return Err("out of memory after a refused free: the refusal is the cause".into());
