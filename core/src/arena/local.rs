@@ -138,6 +138,19 @@ impl Local {
         self.index.allocate_class(size, class, align)
     }
 
+    /// [`allocate`](Self::allocate) from any free range that holds it, not
+    /// only the first ranges of its class: the last resort when no
+    /// superblock is to be had.
+    pub(super) fn allocate_exhaustive(
+        &mut self,
+        size: u64,
+        class: u64,
+        align: u64,
+    ) -> Result<Option<Allocation>> {
+        self.touched = true;
+        self.index.allocate_class_exhaustive(size, class, align)
+    }
+
     /// [`allocate`](Self::allocate) from the superblock whose first node is
     /// `first`, whatever its size class: a superblock of exactly what an
     /// aligned request needs sits in a class below the one a search starts

@@ -415,6 +415,15 @@ impl<U, L: RawLock> ArenaResource<U, L> {
     {
         let class = self.class_of(request.size());
         let align = request.align();
+        let pack_or_free = |a: &mut Local, got: crate::index::Allocation| -> Result<Option<Block>> {
+            match pack(slot, got.tag) {
+                Some(tag) => Ok(Some(Block::new(got.addr, request.size(), tag))),
+                None => {
+                    let _ = a.free(got.tag, got.addr, request.size());
+                    Err(Error::CapacityExhausted { capacity: 1 << SLOT_SHIFT })
+                }
+            }
+        };
         let serve = |a: &mut Local| -> Result<Option<Block>> {
             let got = match a.allocate(request.size(), class, align)? {
                 Some(got) => got,
@@ -433,7 +442,13 @@ impl<U, L: RawLock> ArenaResource<U, L> {
                         g.acquire(class + align - 256, slot, stream)
                     })??;
                     let Some(range) = range else {
-                        return Ok(None);
+                        // No superblock to be had: any free range of this
+                        // arena that holds it, past the first ranges of its
+                        // class that the search looks at.
+                        match a.allocate_exhaustive(request.size(), class, align)? {
+                            Some(got) => return pack_or_free(a, got),
+                            None => return Ok(None),
+                        }
                     };
                     let first = match a.add(range) {
                         Ok(first) => first,
@@ -450,13 +465,7 @@ impl<U, L: RawLock> ArenaResource<U, L> {
                     }
                 }
             };
-            match pack(slot, got.tag) {
-                Some(tag) => Ok(Some(Block::new(got.addr, request.size(), tag))),
-                None => {
-                    let _ = a.free(got.tag, got.addr, request.size());
-                    Err(Error::CapacityExhausted { capacity: 1 << SLOT_SHIFT })
-                }
-            }
+            pack_or_free(a, got)
         };
         match self.arenas[slot].0.try_with(|a| (a.owner() == me).then(|| serve(a))) {
             Ok(served) => served,

@@ -937,6 +937,51 @@ fn a_growth_refused_by_the_upstream_still_lets_a_block_come_from_any_free_range_
     assert_eq!(arena.usage().used, 0);
 }
 
+/// At the maximum a small block comes from any free range of the thread's
+/// own superblocks that holds it: the class search looks only at the first
+/// ranges of its class, and with no superblock to be had the request
+/// failed with `OutOfMemory` though its arena held a range that fits.
+#[test]
+fn at_the_maximum_a_small_block_comes_from_any_free_range_of_its_arena_that_holds_it() {
+    let max = 2 << 20;
+    let config = ArenaConfig::new()
+        .superblock_size(max)
+        .chunk_size(max)
+        .initial_size(max)
+        .maximum_size(max)
+        .large_threshold(256 << 10)
+        .size_classes(false);
+    let arena = ArenaResource::with_config(BumpUpstream::new(1 << 30), config, &()).unwrap();
+    let s = TestStream::new(1);
+    // Ten holes of one size class (400 to 407 granules), the longest
+    // first, kept apart; then the superblock full.
+    let long = 407 << 8;
+    let mut holes = Vec::new();
+    let mut kept = Vec::new();
+    for k in 0..10 {
+        holes.push(arena.allocate(req(if k == 0 { long } else { 400 << 8 }), &s).unwrap());
+        kept.push(arena.allocate(req(256), &s).unwrap());
+    }
+    while arena.usage().used < max {
+        let rest = max - arena.usage().used;
+        kept.push(arena.allocate(req(rest.min(256 << 10)), &s).unwrap());
+    }
+    // Freed longest first: it ends last in its class's list.
+    let at = holes[0].addr();
+    for h in holes {
+        arena.deallocate(h, &s).unwrap();
+    }
+    let b = arena.allocate(req(long), &s).unwrap();
+    assert_eq!(b.addr(), at);
+    arena.check().unwrap();
+    arena.deallocate(b, &s).unwrap();
+    for b in kept {
+        arena.deallocate(b, &s).unwrap();
+    }
+    arena.check().unwrap();
+    assert_eq!(arena.usage().used, 0);
+}
+
 /// An upstream that, once armed, checks the arena above it and formats it
 /// from inside its allocate (under the arena's locks).
 #[cfg(feature = "critical-section")]

@@ -61,7 +61,9 @@ pub struct Allocation {
 /// free range that fits may be missed: one beyond the first 8 of the
 /// request's bin, when no bin above holds a range. A caller that cannot add
 /// a range then takes the O(free ranges) last resort,
-/// [`allocate_exhaustive`](Self::allocate_exhaustive), which misses none.
+/// [`allocate_exhaustive`](Self::allocate_exhaustive) (or
+/// [`allocate_class_exhaustive`](Self::allocate_class_exhaustive)), which
+/// misses none.
 ///
 /// Freeing a range merges it with free neighbours in its region, so two free
 /// ranges are never adjacent. Metadata lives in the `N` storage, outside the

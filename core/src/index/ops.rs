@@ -222,6 +222,35 @@ impl<N: Storage<Node>> CoalescingIndex<N> {
     /// # Ok::<(), memres_core::Error>(())
     /// ```
     pub fn allocate_exhaustive(&mut self, size: u64, align: u64) -> Result<Option<Allocation>> {
+        let Some(found) = self.find_exhaustive(size, align)? else { return Ok(None) };
+        Ok(Some(self.carve(found, size, self.bytes_of(size), align.max(self.granule()))))
+    }
+
+    /// [`allocate_exhaustive`](Self::allocate_exhaustive) of `size` bytes
+    /// that takes `class` bytes, as [`allocate_class`](Self::allocate_class):
+    /// the last resort of a caller that hands out size classes.
+    ///
+    /// # Errors
+    ///
+    /// As [`allocate_class`](Self::allocate_class).
+    ///
+    /// # Time Complexity
+    ///
+    /// As [`allocate_exhaustive`](Self::allocate_exhaustive) for `class`.
+    pub fn allocate_class_exhaustive(
+        &mut self,
+        size: u64,
+        class: u64,
+        align: u64,
+    ) -> Result<Option<Allocation>> {
+        check_class(size, class, align)?;
+        let Some(found) = self.find_exhaustive(class, align)? else { return Ok(None) };
+        Ok(Some(self.carve(found, size, self.bytes_of(class), align.max(self.granule()))))
+    }
+
+    /// The free range `allocate_exhaustive` carves from, with two vacant
+    /// nodes ready for the carve; `None` if none fits.
+    fn find_exhaustive(&mut self, size: u64, align: u64) -> Result<Option<u32>> {
         check_request(size, align)?;
         let units = (size + self.granule() - 1) >> self.shift;
         let align = align.max(self.granule());
@@ -241,9 +270,7 @@ impl<N: Storage<Node>> CoalescingIndex<N> {
             }
             bin = self.find_bin_from(b + 1);
         }
-        let found = found.or_else(|| self.find_bin_from(ceil).map(|b| self.heads[b]));
-        let Some(found) = found else { return Ok(None) };
-        Ok(Some(self.carve(found, size, self.bytes_of(size), align)))
+        Ok(found.or_else(|| self.find_bin_from(ceil).map(|b| self.heads[b])))
     }
 
     /// [`allocate`](Self::allocate) from a free range of at most `longest`
