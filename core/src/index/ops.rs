@@ -251,13 +251,7 @@ impl<N: Storage<Node>> CoalescingIndex<N> {
     /// The free range `allocate_exhaustive` carves from, with two vacant
     /// nodes ready for the carve; `None` if none fits.
     fn find_exhaustive(&mut self, size: u64, align: u64) -> Result<Option<u32>> {
-        check_request(size, align)?;
-        let units = (size + self.granule() - 1) >> self.shift;
-        let align = align.max(self.granule());
-        let pad_units = (align >> self.shift) - 1;
-        if self.vacant_len < 2 {
-            self.reserve_nodes(2)?;
-        }
+        let (units, align, pad_units) = self.prepare_fit(size, align)?;
         // Below `ceil` a range fits or not by its size and address: look at
         // them all, smaller classes first (the best fit, as `scan_bin`).
         let ceil = bin_ceil(units + pad_units);
@@ -337,11 +331,12 @@ impl<N: Storage<Node>> CoalescingIndex<N> {
         ((size + self.granule() - 1) >> self.shift) << self.shift
     }
 
-    /// The free range `allocate` carves `size` bytes at `align` from, with
-    /// two vacant nodes ready for the carve; `None` if none fits. With
-    /// `padded_class`, as `allocate_from_at_most` searches.
+    /// What a search for `size` bytes at `align` works with, once the
+    /// request is checked: its granules, its alignment (at least the
+    /// granule) and the granules of the worst-case padding, with two
+    /// vacant nodes ready for the carve.
     #[inline(always)]
-    fn find_fit(&mut self, size: u64, align: u64, padded_class: bool) -> Result<Option<u32>> {
+    fn prepare_fit(&mut self, size: u64, align: u64) -> Result<(u64, u64, u64)> {
         check_request(size, align)?;
         let units = (size + self.granule() - 1) >> self.shift;
         let align = align.max(self.granule());
@@ -351,6 +346,15 @@ impl<N: Storage<Node>> CoalescingIndex<N> {
         if self.vacant_len < 2 {
             self.reserve_nodes(2)?;
         }
+        Ok((units, align, pad_units))
+    }
+
+    /// The free range `allocate` carves `size` bytes at `align` from, with
+    /// two vacant nodes ready for the carve; `None` if none fits. With
+    /// `padded_class`, as `allocate_from_at_most` searches.
+    #[inline(always)]
+    fn find_fit(&mut self, size: u64, align: u64, padded_class: bool) -> Result<Option<u32>> {
+        let (units, align, pad_units) = self.prepare_fit(size, align)?;
         let own = bin_floor(units);
         // With `padded_class`: the bin of a range just long enough at the
         // worst padding, when neither the own bin's scan nor the bins that
