@@ -431,7 +431,7 @@ impl<U, L: RawLock> ArenaResource<U, L> {
                     // Lock order: arena, then global (never the reverse).
                     // Refused where this call comes from inside the
                     // upstream's, under the global lock.
-                    let range = self.global.0.try_with(|g| {
+                    let acquired = self.global.0.try_with(|g| {
                         if sweep.get() == Sweep::NotAsked {
                             let due = g.tick(self.config.idle_after);
                             sweep.set(if due { Sweep::Due } else { Sweep::Done });
@@ -440,7 +440,17 @@ impl<U, L: RawLock> ArenaResource<U, L> {
                             }
                         }
                         g.acquire(class + align - 256, slot, stream)
-                    })??;
+                    })?;
+                    let range = match acquired {
+                        Ok(range) => range,
+                        // A failed growth leaves the global arena as it
+                        // was: any free range of this arena that holds it,
+                        // the growth's error standing where none does.
+                        Err(e) => match a.allocate_exhaustive(request.size(), class, align) {
+                            Ok(Some(got)) => return pack_or_free(a, got),
+                            _ => return Err(e),
+                        },
+                    };
                     let Some(range) = range else {
                         // No superblock to be had: any free range of this
                         // arena that holds it, past the first ranges of its

@@ -982,6 +982,62 @@ fn at_the_maximum_a_small_block_comes_from_any_free_range_of_its_arena_that_hold
     assert_eq!(arena.usage().used, 0);
 }
 
+/// A superblock request whose growth fails with the upstream's error (it
+/// refused the wholly free chunk given back at the maximum, and then there
+/// was no room) still lets a small block come from any free range of the
+/// thread's own superblocks that holds it; the error stands where none does.
+#[test]
+fn a_growth_refused_by_the_upstream_still_lets_a_small_block_come_from_its_arena() {
+    let config = ArenaConfig::new()
+        .superblock_size(2 << 20)
+        .chunk_size(2 << 20)
+        .initial_size(2 << 20)
+        .maximum_size((2 << 20) + (768 << 10))
+        .large_threshold(256 << 10)
+        .size_classes(false);
+    let arena = ArenaResource::with_config(BumpUpstream::new(1 << 30), config, &()).unwrap();
+    let s = TestStream::new(1);
+    // Ten holes of one size class (400 to 407 granules), the longest
+    // first, kept apart; then the superblock full.
+    let long = 407 << 8;
+    let mut holes = Vec::new();
+    let mut kept = Vec::new();
+    for k in 0..10 {
+        holes.push(arena.allocate(req(if k == 0 { long } else { 400 << 8 }), &s).unwrap());
+        kept.push(arena.allocate(req(256), &s).unwrap());
+    }
+    while arena.usage().used < 2 << 20 {
+        let rest = (2 << 20) - arena.usage().used;
+        kept.push(arena.allocate(req(rest.min(128 << 10)), &s).unwrap());
+    }
+    // A second chunk, too short for a superblock, wholly free, and the
+    // upstream refuses to take it back.
+    let last = arena.allocate(req(512 << 10), &s).unwrap();
+    assert_eq!(arena.usage().held, (2 << 20) + (768 << 10));
+    arena.deallocate(last, &s).unwrap();
+    arena.upstream_with(|u| u.refuse_free_at(last.addr()));
+    // Freed longest first: it ends last in its class's list.
+    let at = holes[0].addr();
+    for h in holes {
+        arena.deallocate(h, &s).unwrap();
+    }
+    let b = arena.allocate(req(long), &s).unwrap();
+    assert_eq!(b.addr(), at);
+    arena.check().unwrap();
+    // Nothing free in the thread's arena holds 200 KiB: the refusal is
+    // the error.
+    let e = arena.allocate(req(200 << 10), &s).unwrap_err();
+    assert!(matches!(e, Error::Backend { code: -2, .. }), "{e:?}");
+    arena.check().unwrap();
+    arena.upstream_with(|u| u.refuse_free_at(0));
+    arena.deallocate(b, &s).unwrap();
+    for b in kept {
+        arena.deallocate(b, &s).unwrap();
+    }
+    arena.check().unwrap();
+    assert_eq!(arena.usage().used, 0);
+}
+
 /// An upstream that, once armed, checks the arena above it and formats it
 /// from inside its allocate (under the arena's locks).
 #[cfg(feature = "critical-section")]
