@@ -22,10 +22,11 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 type Live = Mutex<AddrMap<(Block, DynResource<Stream>)>>;
 
-/// Blocks a resource handed out at a live address or at 0 whose give-back
-/// it refused (or panicked in), with that resource: kept here, never lost,
-/// and given back again by each [`memres_py_empty_cache`], as the C
-/// library's `memres_empty_cache` gives back its own.
+/// Blocks a resource handed out at a live address, at 0 or of another
+/// size than asked whose give-back it refused (or panicked in), with that
+/// resource: kept here, never lost, and given back again by each
+/// [`memres_py_empty_cache`], as the C library's `memres_empty_cache`
+/// gives back its own.
 type Kept = Mutex<Vec<(Block, DynResource<Stream>)>>;
 
 fn kept(device: usize) -> Option<&'static Kept> {
@@ -489,21 +490,23 @@ pub unsafe extern "C" fn memres_py_alloc(size: isize, device: i32, stream: *mut 
     // Pointers cross `without_gil` as integers: they are not `Send`.
     let stream = stream as usize;
     let outer = OuterRaised::take();
-    let result = catch_unwind(AssertUnwindSafe(|| {
-        // SAFETY: `stream` as this function's contract says.
-        without_gil(|| unsafe { alloc(size, device, stream as *mut c_void) }.map(|p| p as usize))
-    }));
-    let ptr = match result {
-        Ok(Ok(ptr)) => ptr as *mut c_void,
-        Ok(Err(why)) => failed(why),
-        Err(payload) => {
-            // A payload whose `Drop` panicked would abort here: forget it.
-            std::mem::forget(payload);
-            failed("a panic".to_string())
-        }
+    // SAFETY: `stream` as this function's contract says.
+    let ptr = match guarded(|| unsafe { alloc(size, device, stream as *mut c_void) }.map(|p| p as usize)) {
+        Ok(ptr) => ptr as *mut c_void,
+        Err(why) => failed(why),
     };
     outer.put_back();
     ptr
+}
+
+/// Runs `f` without the GIL ([`without_gil`]); a panic there is the error
+/// "a panic". Never unwinds.
+fn guarded<T: Send>(f: impl FnOnce() -> Result<T, String> + Send) -> Result<T, String> {
+    catch_unwind(AssertUnwindSafe(|| without_gil(f))).unwrap_or_else(|payload| {
+        // A payload whose `Drop` panicked would abort here: forget it.
+        std::mem::forget(payload);
+        Err("a panic".to_string())
+    })
 }
 
 /// The exception of a Python function that an earlier call on this thread
@@ -547,20 +550,8 @@ pub unsafe extern "C" fn memres_py_free(ptr: *mut c_void, size: isize, device: i
     // Pointers cross `without_gil` as integers: they are not `Send`.
     let (addr, stream) = (ptr as usize, stream as usize);
     let outer = OuterRaised::take();
-    let freed = catch_unwind(AssertUnwindSafe(|| {
-        // SAFETY: `stream` as this function's contract says.
-        without_gil(|| unsafe { free(addr as *mut c_void, size, device, stream as *mut c_void) })
-    }));
-    let why = match freed {
-        Ok(Ok(())) => None,
-        Ok(Err(why)) => Some(why),
-        Err(payload) => {
-            // A payload whose `Drop` panicked would abort here: forget it.
-            std::mem::forget(payload);
-            Some("a panic".to_string())
-        }
-    };
-    if let Some(why) = why {
+    // SAFETY: `stream` as this function's contract says.
+    if let Err(why) = guarded(|| unsafe { free(addr as *mut c_void, size, device, stream as *mut c_void) }) {
         set_last_error(format!("memres_py_free({addr:#x}, device {device}): {}", naming_what_raised(why)));
     }
     outer.put_back();
@@ -610,25 +601,14 @@ fn give_back_kept() {
             continue;
         };
         let outer = OuterRaised::take();
-        let given = catch_unwind(AssertUnwindSafe(|| {
-            without_gil(|| {
-                let s = backend::default_stream(d as u32).map_err(|e| format!("the default stream: {e}"))?;
-                give_back(kept, &s, crate::callback::drop_saying_what_raised)
-            })
-        }));
-        let why = match given {
-            Ok(Ok(())) => None,
-            Ok(Err(why)) => Some(why),
-            Err(payload) => {
-                // A payload whose `Drop` panicked would abort here: forget it.
-                std::mem::forget(payload);
-                Some("a panic".to_string())
-            }
-        };
-        if let Some(why) = why {
+        let given = guarded(|| {
+            let s = backend::default_stream(d as u32).map_err(|e| format!("the default stream: {e}"))?;
+            give_back(kept, &s, crate::callback::drop_saying_what_raised)
+        });
+        if let Err(why) = given {
             set_last_error(format!(
                 "memres_py_empty_cache: device {d}: giving back a block kept since its resource handed it out \
-                 at a live address or 0: {}",
+                 at a live address, at 0 or of another size than asked: {}",
                 naming_what_raised(why)
             ));
         }
@@ -645,9 +625,9 @@ fn give_back_kept() {
 /// GIL then (`gil::may_take_the_gil`): the finalization that follows could
 /// end the thread inside this call. An error is reported as Python reports
 /// one it cannot raise (`sys.unraisablehook`). First it gives back the
-/// blocks kept since a resource handed them out at a live address (or 0)
-/// and refused them back ([`Kept`]); those still refused stay kept, and
-/// the reason is kept for `last_error`.
+/// blocks kept since a resource handed them out at a live address (or 0,
+/// or of another size than asked) and refused them back ([`Kept`]); those
+/// still refused stay kept, and the reason is kept for `last_error`.
 #[no_mangle]
 pub extern "C" fn memres_py_empty_cache() {
     // SAFETY: `Py_IsInitialized` may be called at any time, from any thread.
