@@ -18,6 +18,27 @@ pub(super) fn req(size: u64) -> Request {
     Request::new(size).unwrap()
 }
 
+/// Ten blocks of one size class, each followed by a `spacer`-byte block
+/// that keeps it apart from the next: the first `long` bytes, the others
+/// `short`. Freed in order, the first (the longest) ends last in its
+/// class's free list, past the ranges the bounded class search looks at.
+/// Answers the ten and the spacers.
+fn ten_holes<R: MemoryResource<TestStream>>(
+    r: &R,
+    s: &TestStream,
+    long: u64,
+    short: u64,
+    spacer: u64,
+) -> (Vec<Block>, Vec<Block>) {
+    let mut holes = Vec::new();
+    let mut spacers = Vec::new();
+    for k in 0..10 {
+        holes.push(r.allocate(req(if k == 0 { long } else { short }), s).unwrap());
+        spacers.push(r.allocate(req(spacer), s).unwrap());
+    }
+    (holes, spacers)
+}
+
 #[test]
 fn randomized_ops_on_several_streams_with_checker_every_step() {
     let streams = [TestStream::new(0), TestStream::new(1), TestStream::new(2), TestStream::new(0xdead_beef)];
@@ -772,12 +793,7 @@ fn at_the_maximum_a_superblock_comes_from_any_free_range_that_holds_it() {
     let arena = ArenaResource::with_config(BumpUpstream::new(1 << 30), config, &()).unwrap();
     let s = TestStream::new(1);
     // Ten holes of one size class, the longest first, kept apart.
-    let mut holes = Vec::new();
-    let mut kept = Vec::new();
-    for k in 0..10 {
-        holes.push(arena.allocate(req(if k == 0 { (1536 + 31) << 10 } else { 1536 << 10 }), &s).unwrap());
-        kept.push(arena.allocate(req(512 << 10), &s).unwrap());
-    }
+    let (holes, mut kept) = ten_holes(&arena, &s, (1536 + 31) << 10, 1536 << 10, 512 << 10);
     let rest = max - arena.usage().used;
     kept.push(arena.allocate(req(rest), &s).unwrap());
     assert_eq!(arena.usage().used, max);
@@ -813,12 +829,7 @@ fn at_the_maximum_a_large_block_comes_from_any_free_range_that_holds_it() {
     let s = TestStream::new(1);
     // Ten holes of one size class, the longest first, kept apart.
     let long = (1536 + 31) << 10;
-    let mut holes = Vec::new();
-    let mut kept = Vec::new();
-    for k in 0..10 {
-        holes.push(arena.allocate(req(if k == 0 { long } else { 1536 << 10 }), &s).unwrap());
-        kept.push(arena.allocate(req(512 << 10), &s).unwrap());
-    }
+    let (holes, mut kept) = ten_holes(&arena, &s, long, 1536 << 10, 512 << 10);
     let rest = max - arena.usage().used;
     kept.push(arena.allocate(req(rest), &s).unwrap());
     assert_eq!(arena.usage().used, max);
@@ -856,12 +867,7 @@ fn at_the_maximum_an_aligned_superblock_comes_from_any_free_range_that_holds_it(
     // A superblock for 256 KiB at 1 MiB needs 1280 KiB less 256 bytes;
     // ten holes of its class, only the first (last in the list) that long.
     let need = (1280 << 10) - 256;
-    let mut holes = Vec::new();
-    let mut kept = Vec::new();
-    for k in 0..10 {
-        holes.push(arena.allocate(req(if k == 0 { need } else { 1248 << 10 }), &s).unwrap());
-        kept.push(arena.allocate(req(512 << 10), &s).unwrap());
-    }
+    let (holes, mut kept) = ten_holes(&arena, &s, need, 1248 << 10, 512 << 10);
     let rest = max - arena.usage().used;
     kept.push(arena.allocate(req(rest), &s).unwrap());
     assert_eq!(arena.usage().used, max);
@@ -897,12 +903,7 @@ fn a_growth_refused_by_the_upstream_still_lets_a_block_come_from_any_free_range_
     // Ten holes of one size class, the longest first, kept apart; the
     // first one also holds the superblock of an aligned 256 KiB request.
     let long = (1536 + 31) << 10;
-    let mut holes = Vec::new();
-    let mut kept = Vec::new();
-    for k in 0..10 {
-        holes.push(arena.allocate(req(if k == 0 { long } else { 1536 << 10 }), &s).unwrap());
-        kept.push(arena.allocate(req(512 << 10), &s).unwrap());
-    }
+    let (holes, mut kept) = ten_holes(&arena, &s, long, 1536 << 10, 512 << 10);
     let rest = (24 << 20) - arena.usage().used;
     kept.push(arena.allocate(req(rest), &s).unwrap());
     // A second chunk, the last MiB under the maximum, wholly free, and the
@@ -956,12 +957,7 @@ fn at_the_maximum_a_small_block_comes_from_any_free_range_of_its_arena_that_hold
     // Ten holes of one size class (400 to 407 granules), the longest
     // first, kept apart; then the superblock full.
     let long = 407 << 8;
-    let mut holes = Vec::new();
-    let mut kept = Vec::new();
-    for k in 0..10 {
-        holes.push(arena.allocate(req(if k == 0 { long } else { 400 << 8 }), &s).unwrap());
-        kept.push(arena.allocate(req(256), &s).unwrap());
-    }
+    let (holes, mut kept) = ten_holes(&arena, &s, long, 400 << 8, 256);
     while arena.usage().used < max {
         let rest = max - arena.usage().used;
         kept.push(arena.allocate(req(rest.min(256 << 10)), &s).unwrap());
@@ -1000,12 +996,7 @@ fn a_growth_refused_by_the_upstream_still_lets_a_small_block_come_from_its_arena
     // Ten holes of one size class (400 to 407 granules), the longest
     // first, kept apart; then the superblock full.
     let long = 407 << 8;
-    let mut holes = Vec::new();
-    let mut kept = Vec::new();
-    for k in 0..10 {
-        holes.push(arena.allocate(req(if k == 0 { long } else { 400 << 8 }), &s).unwrap());
-        kept.push(arena.allocate(req(256), &s).unwrap());
-    }
+    let (holes, mut kept) = ten_holes(&arena, &s, long, 400 << 8, 256);
     while arena.usage().used < 2 << 20 {
         let rest = (2 << 20) - arena.usage().used;
         kept.push(arena.allocate(req(rest.min(128 << 10)), &s).unwrap());
