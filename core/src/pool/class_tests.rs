@@ -226,21 +226,9 @@ fn at_the_maximum_a_request_comes_from_any_free_range_that_holds_it() {
     let max = 24 * MIB;
     let config = PoolConfig::new().initial_size(max).maximum_size(max);
     let mut p = CoalescingPool::with_config(BumpUpstream::new(1 << 40), config, &()).unwrap();
-    // Ten holes of one size class, the longest first, kept apart.
     let long = (1536 + 31) << 10;
-    let mut holes = alloc::vec::Vec::new();
-    let mut kept = alloc::vec::Vec::new();
-    for k in 0..10 {
-        holes.push(p.allocate(req(if k == 0 { long } else { 1536 << 10 }), &()).unwrap());
-        kept.push(p.allocate(req(512 << 10), &()).unwrap());
-    }
-    let rest = max - p.usage().used;
-    kept.push(p.allocate(req(rest), &()).unwrap());
-    // Freed longest first: it ends last in its class's list.
-    let at = holes[0].addr();
-    for h in holes {
-        p.deallocate(h, &()).unwrap();
-    }
+    let (holes, kept) = holes_with_one_fit_past_the_search(&mut p, max, long);
+    let at = free_holes(&mut p, holes);
     let big = p.allocate(req(long), &()).unwrap();
     assert_eq!((big.addr(), p.usage().held), (at, max));
     p.check().unwrap();
