@@ -248,6 +248,44 @@ impl<N: Storage<Node>> CoalescingIndex<N> {
         Ok(Some(self.carve(found, size, self.bytes_of(class), align.max(self.granule()))))
     }
 
+    /// [`allocate_exhaustive`](Self::allocate_exhaustive), also returning
+    /// the free range the allocation was carved from, as
+    /// [`allocate_with_range`](Self::allocate_with_range): the last resort
+    /// of the virtual pool.
+    ///
+    /// # Errors
+    ///
+    /// As [`allocate`](Self::allocate).
+    ///
+    /// # Time Complexity
+    ///
+    /// As `allocate_exhaustive`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use memres_core::index::CoalescingIndex;
+    /// use memres_core::Range;
+    /// let mut index: CoalescingIndex = CoalescingIndex::new(256);
+    /// // Ten ranges of one class, kept apart; only the first added fits.
+    /// for k in 0..10u64 {
+    ///     index.add_range(Range::new(k << 20, if k == 0 { 65 * 256 } else { 64 * 256 }).unwrap())?;
+    /// }
+    /// let (a, from) = index.allocate_exhaustive_with_range(65 * 256, 256)?.unwrap();
+    /// assert_eq!((a.addr, from), (0, Range::new(0, 65 * 256).unwrap()));
+    /// # Ok::<(), memres_core::Error>(())
+    /// ```
+    pub fn allocate_exhaustive_with_range(
+        &mut self,
+        size: u64,
+        align: u64,
+    ) -> Result<Option<(Allocation, Range)>> {
+        let Some(found) = self.find_exhaustive(size, align)? else { return Ok(None) };
+        let n = *self.node(found);
+        let a = self.carve(found, size, self.bytes_of(size), align.max(self.granule()));
+        Ok(Some((a, Range::new(n.addr, n.size).unwrap_or_default())))
+    }
+
     /// The free range `allocate_exhaustive` carves from, with two vacant
     /// nodes ready for the carve; `None` if none fits.
     fn find_exhaustive(&mut self, size: u64, align: u64) -> Result<Option<u32>> {

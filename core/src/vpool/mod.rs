@@ -149,10 +149,12 @@ fn slots_touched(r: &Reservation, shift: u32, start: u64, end: u64) -> (u32, u32
 ///   gives back only then the Idle granules that share a piece with the
 ///   block: while it was placed, it held them.)
 /// - Out of reserved room: another reservation when the configuration
-///   allows one, else [`Error::OutOfMemory`] with the request, the largest
-///   free block, the committed bytes and the bytes reserved; so too where
-///   the space is out of addresses for it (its out-of-memory error), or
-///   its granules would take the pool's to `u32::MAX`.
+///   allows one. Where none can be added (at `max_reservations`, the space
+///   out of addresses for it (its out-of-memory error), or its granules
+///   would take the pool's to `u32::MAX`), any free range that holds the
+///   block, past the first ranges of its size class that the O(1) search
+///   looks at; else [`Error::OutOfMemory`] with the request, the largest
+///   free block, the committed bytes and the bytes reserved.
 ///
 /// **Streams.** A decommit is ordered on the stream of the call in progress
 /// (see [`ReservableSpace::decommit`]). As every plain memres pool, the
@@ -164,7 +166,9 @@ fn slots_touched(r: &Reservation, shift: u32, start: u64, end: u64) -> (u32, u32
 /// When no granule needs mapping or unmapping, allocate and free are O(1)
 /// whatever the block's size, plus, for a block under a granule that the
 /// index places on a granule no live block touches, a look at up to 8
-/// other free ranges. A call that maps or unmaps costs what that costs,
+/// other free ranges. Where the O(1) search finds no room and no
+/// reservation can be added, allocate looks at every free range that may
+/// hold the block: O(free ranges). A call that maps or unmaps costs what that costs,
 /// plus O(granules / 64) over the bitmaps, plus, where it searches for
 /// Idle granules (a commit beyond the limit whose candidates ran short, a
 /// trim, a free beyond `keep` after other Idle granules), O(free ranges of
@@ -634,8 +638,9 @@ impl<V: ReservableSpace> VirtualPool<V> {
         }
     }
 
-    /// Reserves another range so that `request` fits, then allocates it.
-    /// If that fails, retries a pending trim (ordered on `stream`), as
+    /// Reserves another range so that `request` fits, then allocates it;
+    /// where no reservation can be added, from any free range that holds
+    /// it. If that fails, retries a pending trim (ordered on `stream`), as
     /// every failed allocate does.
     #[cold]
     fn grow_and_allocate<S: Stream + ?Sized>(
@@ -643,25 +648,33 @@ impl<V: ReservableSpace> VirtualPool<V> {
         request: Request,
         stream: &S,
     ) -> Result<(Allocation, Range)> {
-        let grown = if self.reservations.len() >= self.config.max_reservations as usize {
+        let added = if self.reservations.len() >= self.config.max_reservations as usize {
             Ok(None)
         } else {
             // Reservations start on a granule: only alignment beyond it pads.
             let pad = request.align().saturating_sub(self.granule());
             let need = request.rounded_size(256) + pad;
-            // From the new reservation itself: one of exactly `need` bytes
-            // may sit in a size class that the index's class search skips.
             match self.add_reservation(need.max(self.config.reserve)) {
-                Ok(first) => {
-                    let range = self.reservations.iter().find(|r| r.first == first).map(|r| r.range);
-                    // The new reservation was one free range.
-                    self.index.allocate_in(first, request.size(), request.align()).map(|a| a.zip(range))
-                }
+                Ok(first) => Ok(Some(first)),
                 // Out of room for it (the space's addresses, or the pool's
                 // slots): the request's error, below, not the reservation's.
                 Err(e) if e.is_out_of_memory() => Ok(None),
                 Err(e) => Err(e),
             }
+        };
+        let grown = match added {
+            Ok(Some(first)) => {
+                let range = self.reservations.iter().find(|r| r.first == first).map(|r| r.range);
+                // From the new reservation itself (it was one free range):
+                // one of exactly `need` bytes may sit in a size class that
+                // the index's class search skips.
+                self.index.allocate_in(first, request.size(), request.align()).map(|a| a.zip(range))
+            }
+            // No reservation to be had: any free range that holds it, past
+            // the first ranges of its class that the class search looks at.
+            // Only here, so that the hot path places blocks as before.
+            Ok(None) => self.index.allocate_exhaustive_with_range(request.size(), request.align()),
+            Err(e) => Err(e),
         };
         if let Ok(Some(a)) = grown {
             return Ok(a);
