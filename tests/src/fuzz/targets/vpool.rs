@@ -249,9 +249,11 @@ impl FuzzResource for VpoolTarget {
             Error::OutOfMemory { .. } => {
                 // A reservation made for the block stays when the commit
                 // then fails (address space only, kept for later).
-                // Reserved room: the index's promise as in the `index` target.
+                // Reserved room: where no reservation can be added, any free
+                // range that holds the block serves, so none holds it at any
+                // address.
                 let granules = request.size().div_ceil(256) + request.align() / 256 - 1;
-                let room_short = self.pool.usage().largest_free < 256 * (granules + granules / 32);
+                let room_short = self.pool.usage().largest_free < 256 * granules;
                 let no_more = at_max
                     || need.max(self.pool.config().reserve_size()).next_multiple_of(g)
                         > (g << SPAN_GRANULES_LOG2) - reserved;
