@@ -39,6 +39,25 @@ fn ten_holes<R: MemoryResource<TestStream>>(
     (holes, spacers)
 }
 
+/// Frees `holes` in order, the longest first: it ends last in its class's
+/// list, where the class search misses it. Answers its address.
+fn free_holes<R: MemoryResource<TestStream>>(r: &R, s: &TestStream, holes: Vec<Block>) -> u64 {
+    let at = holes[0].addr();
+    for h in holes {
+        r.deallocate(h, s).unwrap();
+    }
+    at
+}
+
+/// Frees `blocks`, then checks the arena and that nothing is used.
+fn free_all(arena: &ArenaResource<BumpUpstream>, s: &TestStream, blocks: Vec<Block>) {
+    for b in blocks {
+        arena.deallocate(b, s).unwrap();
+    }
+    arena.check().unwrap();
+    assert_eq!(arena.usage().used, 0);
+}
+
 #[test]
 fn randomized_ops_on_several_streams_with_checker_every_step() {
     let streams = [TestStream::new(0), TestStream::new(1), TestStream::new(2), TestStream::new(0xdead_beef)];
@@ -804,11 +823,7 @@ fn at_the_maximum_a_superblock_comes_from_any_free_range_that_holds_it() {
     let small = arena.allocate(req(1000), &TestStream::new(2)).unwrap();
     arena.check().unwrap();
     arena.deallocate(small, &TestStream::new(2)).unwrap();
-    for b in kept {
-        arena.deallocate(b, &s).unwrap();
-    }
-    arena.check().unwrap();
-    assert_eq!(arena.usage().used, 0);
+    free_all(&arena, &s, kept);
 }
 
 /// At its maximum the global arena serves a large request from any free
@@ -833,20 +848,12 @@ fn at_the_maximum_a_large_block_comes_from_any_free_range_that_holds_it() {
     let rest = max - arena.usage().used;
     kept.push(arena.allocate(req(rest), &s).unwrap());
     assert_eq!(arena.usage().used, max);
-    // Freed longest first: it ends last in its class's list.
-    let at = holes[0].addr();
-    for h in holes {
-        arena.deallocate(h, &s).unwrap();
-    }
+    let at = free_holes(&arena, &s, holes);
     let big = arena.allocate(req(long), &s).unwrap();
     assert_eq!(big.addr(), at);
     arena.check().unwrap();
     arena.deallocate(big, &s).unwrap();
-    for b in kept {
-        arena.deallocate(b, &s).unwrap();
-    }
-    arena.check().unwrap();
-    assert_eq!(arena.usage().used, 0);
+    free_all(&arena, &s, kept);
 }
 
 /// At its maximum the global arena lends a superblock from any free range
@@ -878,11 +885,7 @@ fn at_the_maximum_an_aligned_superblock_comes_from_any_free_range_that_holds_it(
     assert_eq!(small.addr() % (1 << 20), 0);
     arena.check().unwrap();
     arena.deallocate(small, &TestStream::new(2)).unwrap();
-    for b in kept {
-        arena.deallocate(b, &s).unwrap();
-    }
-    arena.check().unwrap();
-    assert_eq!(arena.usage().used, 0);
+    free_all(&arena, &s, kept);
 }
 
 /// A growth that fails with the upstream's error (it refused the wholly
@@ -912,11 +915,7 @@ fn a_growth_refused_by_the_upstream_still_lets_a_block_come_from_any_free_range_
     assert_eq!(arena.usage().held, max);
     arena.deallocate(last, &s).unwrap();
     arena.upstream_with(|u| u.refuse_free_at(last.addr()));
-    // Freed longest first: it ends last in its class's list.
-    let at = holes[0].addr();
-    for h in holes {
-        arena.deallocate(h, &s).unwrap();
-    }
+    let at = free_holes(&arena, &s, holes);
     let big = arena.allocate(req(long), &s).unwrap();
     assert_eq!(big.addr(), at);
     arena.check().unwrap();
@@ -931,11 +930,7 @@ fn a_growth_refused_by_the_upstream_still_lets_a_block_come_from_any_free_range_
     arena.check().unwrap();
     arena.upstream_with(|u| u.refuse_free_at(0));
     arena.deallocate(small, &t).unwrap();
-    for b in kept {
-        arena.deallocate(b, &s).unwrap();
-    }
-    arena.check().unwrap();
-    assert_eq!(arena.usage().used, 0);
+    free_all(&arena, &s, kept);
 }
 
 /// At the maximum a small block comes from any free range of the thread's
@@ -962,20 +957,12 @@ fn at_the_maximum_a_small_block_comes_from_any_free_range_of_its_arena_that_hold
         let rest = max - arena.usage().used;
         kept.push(arena.allocate(req(rest.min(256 << 10)), &s).unwrap());
     }
-    // Freed longest first: it ends last in its class's list.
-    let at = holes[0].addr();
-    for h in holes {
-        arena.deallocate(h, &s).unwrap();
-    }
+    let at = free_holes(&arena, &s, holes);
     let b = arena.allocate(req(long), &s).unwrap();
     assert_eq!(b.addr(), at);
     arena.check().unwrap();
     arena.deallocate(b, &s).unwrap();
-    for b in kept {
-        arena.deallocate(b, &s).unwrap();
-    }
-    arena.check().unwrap();
-    assert_eq!(arena.usage().used, 0);
+    free_all(&arena, &s, kept);
 }
 
 /// A superblock request whose growth fails with the upstream's error (it
@@ -1007,11 +994,7 @@ fn a_growth_refused_by_the_upstream_still_lets_a_small_block_come_from_its_arena
     assert_eq!(arena.usage().held, (2 << 20) + (768 << 10));
     arena.deallocate(last, &s).unwrap();
     arena.upstream_with(|u| u.refuse_free_at(last.addr()));
-    // Freed longest first: it ends last in its class's list.
-    let at = holes[0].addr();
-    for h in holes {
-        arena.deallocate(h, &s).unwrap();
-    }
+    let at = free_holes(&arena, &s, holes);
     let b = arena.allocate(req(long), &s).unwrap();
     assert_eq!(b.addr(), at);
     arena.check().unwrap();
@@ -1022,11 +1005,7 @@ fn a_growth_refused_by_the_upstream_still_lets_a_small_block_come_from_its_arena
     arena.check().unwrap();
     arena.upstream_with(|u| u.refuse_free_at(0));
     arena.deallocate(b, &s).unwrap();
-    for b in kept {
-        arena.deallocate(b, &s).unwrap();
-    }
-    arena.check().unwrap();
-    assert_eq!(arena.usage().used, 0);
+    free_all(&arena, &s, kept);
 }
 
 /// An upstream that, once armed, checks the arena above it and formats it
