@@ -626,7 +626,7 @@ fn give_back_kept() {
 /// end the thread inside this call. An error is reported as Python reports
 /// one it cannot raise (`sys.unraisablehook`). First it gives back the
 /// blocks kept since a resource handed them out at a live address (or 0,
-/// or of another size than asked) and refused them back ([`Kept`]); those
+/// or of another size than asked) and refused them back (`Kept`); those
 /// still refused stay kept, and the reason is kept for `last_error`.
 #[no_mangle]
 pub extern "C" fn memres_py_empty_cache() {
