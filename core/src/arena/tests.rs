@@ -39,6 +39,23 @@ fn ten_holes<R: MemoryResource<TestStream>>(
     (holes, spacers)
 }
 
+/// [`ten_holes`] of one small size class (the first `long` bytes, the
+/// others 400 granules, kept apart by 256 bytes), then the thread's one
+/// superblock of `superblock` bytes filled.
+fn small_holes_in_a_full_superblock(
+    arena: &ArenaResource<BumpUpstream>,
+    s: &TestStream,
+    long: u64,
+    superblock: u64,
+) -> (Vec<Block>, Vec<Block>) {
+    let (holes, mut kept) = ten_holes(arena, s, long, 400 << 8, 256);
+    while arena.usage().used < superblock {
+        let rest = superblock - arena.usage().used;
+        kept.push(arena.allocate(req(rest.min(128 << 10)), s).unwrap());
+    }
+    (holes, kept)
+}
+
 /// Frees `holes` in order, the longest first: it ends last in its class's
 /// list, where the class search misses it. Answers its address.
 fn free_holes<R: MemoryResource<TestStream>>(r: &R, s: &TestStream, holes: Vec<Block>) -> u64 {
@@ -949,14 +966,8 @@ fn at_the_maximum_a_small_block_comes_from_any_free_range_of_its_arena_that_hold
         .size_classes(false);
     let arena = ArenaResource::with_config(BumpUpstream::new(1 << 30), config, &()).unwrap();
     let s = TestStream::new(1);
-    // Ten holes of one size class (400 to 407 granules), the longest
-    // first, kept apart; then the superblock full.
     let long = 407 << 8;
-    let (holes, mut kept) = ten_holes(&arena, &s, long, 400 << 8, 256);
-    while arena.usage().used < max {
-        let rest = max - arena.usage().used;
-        kept.push(arena.allocate(req(rest.min(256 << 10)), &s).unwrap());
-    }
+    let (holes, kept) = small_holes_in_a_full_superblock(&arena, &s, long, max);
     let at = free_holes(&arena, &s, holes);
     let b = arena.allocate(req(long), &s).unwrap();
     assert_eq!(b.addr(), at);
@@ -980,14 +991,8 @@ fn a_growth_refused_by_the_upstream_still_lets_a_small_block_come_from_its_arena
         .size_classes(false);
     let arena = ArenaResource::with_config(BumpUpstream::new(1 << 30), config, &()).unwrap();
     let s = TestStream::new(1);
-    // Ten holes of one size class (400 to 407 granules), the longest
-    // first, kept apart; then the superblock full.
     let long = 407 << 8;
-    let (holes, mut kept) = ten_holes(&arena, &s, long, 400 << 8, 256);
-    while arena.usage().used < 2 << 20 {
-        let rest = (2 << 20) - arena.usage().used;
-        kept.push(arena.allocate(req(rest.min(128 << 10)), &s).unwrap());
-    }
+    let (holes, kept) = small_holes_in_a_full_superblock(&arena, &s, long, 2 << 20);
     // A second chunk, too short for a superblock, wholly free, and the
     // upstream refuses to take it back.
     let last = arena.allocate(req(512 << 10), &s).unwrap();
