@@ -273,7 +273,14 @@ class DeviceMemoryResource:
         kept between steps keep the carry region). Returns the
         bytes given back to the device (or the host), each counted once: a
         pool's chunk that a virtual pool under it then unmaps is counted
-        when it is unmapped."""
+        when it is unmapped.
+
+        First it gives back the blocks ``allocate`` kept: one the stack
+        handed out that the call could not take (at an address live
+        already) and that the stack then refused back (its Python function
+        raised). One refused again stays kept, and ``MemresError`` is
+        raised once the pools gave back. A kept block counts as use
+        (``add_bin`` refuses)."""
         return self._native.release(as_handle(stream))
 
     def __repr__(self):

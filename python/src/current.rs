@@ -10,6 +10,7 @@
 //! resource even after the current one changed.
 
 use crate::backend::{self, Stream, MAX_DEVICES};
+use crate::kept::{self, give_back, Kept};
 use crate::put_back::PutBack;
 use crate::reentry::CFrees;
 use crate::resource::Resource;
@@ -22,13 +23,11 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 type Live = Mutex<AddrMap<(Block, DynResource<Stream>)>>;
 
-/// Blocks a resource handed out at a live address, at 0 or of another
-/// size than asked whose give-back it refused (or panicked in), with that
-/// resource: kept here, never lost, and given back again by each
-/// [`memres_py_empty_cache`], as the C library's `memres_empty_cache`
-/// gives back its own.
-type Kept = Mutex<Vec<(Block, DynResource<Stream>)>>;
-
+/// The blocks of `device` that a resource handed out at a live address,
+/// at 0 or of another size than asked and refused back (or panicked in
+/// giving back), with that resource: kept here, never lost, and given back
+/// again by each [`memres_py_empty_cache`], as the C library's
+/// `memres_empty_cache` gives back its own.
 fn kept(device: usize) -> Option<&'static Kept> {
     static KEPT: [OnceLock<Kept>; MAX_DEVICES] = [const { OnceLock::new() }; MAX_DEVICES];
     KEPT.get(device).map(|slot| slot.get_or_init(Default::default))
@@ -334,14 +333,8 @@ fn record(
     asked: u64,
     s: &Stream,
 ) -> Result<(), String> {
-    let what = if block.addr() == 0 {
-        format!("a block of {} bytes at address 0, which C takes for NULL", block.size())
-    } else if block.size() != asked {
-        let how = match block.size() < asked {
-            true => "shorter than asked",
-            false => "longer than asked, so a free of the size asked would be refused",
-        };
-        format!("a block of {} bytes at {:#x} for a request of {asked}: {how}", block.size(), block.addr())
+    let what = if let Some(misfit) = kept::misfit(block, asked, "which C takes for NULL") {
+        misfit
     } else {
         let mut entries = table.lock().unwrap_or_else(|p| p.into_inner());
         let Some(older) = entries.insert(block.addr(), (block, resource.clone())) else { return Ok(()) };
@@ -350,53 +343,14 @@ fn record(
         format!("{:#x}, a live address (of a block of {older_size} bytes)", block.addr())
     };
     // A give-back that panics is refused too: the block is kept, not lost.
-    let back = match freed(resource, block, s) {
+    let back = match kept::freed(&**resource, block, s) {
         Ok(()) => "it was given back".to_string(),
         Err(e) => {
-            let waited = match memres_core::Stream::synchronize(s) {
-                Ok(()) => String::new(),
-                Err(w) => format!(" (waiting for its stream failed: {w})"),
-            };
-            kept.lock().unwrap_or_else(|p| p.into_inner()).push((block, resource.clone()));
+            let waited = kept::keep(kept, block, resource.clone(), s);
             format!("giving it back failed: {e}; kept to give back at the next memres_py_empty_cache{waited}")
         }
     };
     Err(format!("the resource handed out {what}: {back}"))
-}
-
-/// Frees `block` to `resource` on `s`; a panic there is an error that
-/// says it.
-fn freed(resource: &DynResource<Stream>, block: Block, s: &Stream) -> Result<(), String> {
-    catch_unwind(AssertUnwindSafe(|| resource.deallocate(block, s).map_err(|e| e.to_string())))
-        .unwrap_or_else(|payload| {
-            let what = match (payload.downcast_ref::<&str>(), payload.downcast_ref::<String>()) {
-                (Some(s), _) => s.to_string(),
-                (None, Some(s)) => s.clone(),
-                (None, None) => "unknown".to_string(),
-            };
-            // A payload whose `Drop` panicked would abort here: forget it.
-            std::mem::forget(payload);
-            Err(format!("a panic ({what})"))
-        })
-}
-
-/// Gives each block of `kept` back to its resource on `s`, handing the
-/// resource to `dropped` then (the last block of a stack no longer current
-/// takes the stack with it); keeps those refused (or whose free panics),
-/// and answers the first refusal.
-fn give_back(kept: &Kept, s: &Stream, dropped: impl Fn(DynResource<Stream>)) -> Result<(), String> {
-    let taken = std::mem::take(&mut *kept.lock().unwrap_or_else(|p| p.into_inner()));
-    let mut first = Ok(());
-    for (block, resource) in taken {
-        match freed(&resource, block, s) {
-            Ok(()) => dropped(resource),
-            Err(e) => {
-                first = first.and(Err(e));
-                kept.lock().unwrap_or_else(|p| p.into_inner()).push((block, resource));
-            }
-        }
-    }
-    first
 }
 
 /// [`memres_py_free`]'s work.
@@ -652,35 +606,8 @@ pub extern "C" fn memres_py_empty_cache() {
 #[cfg(all(test, not(feature = "cuda")))]
 mod tests {
     use super::*;
-    use std::sync::atomic::{AtomicBool, Ordering};
-
-    /// Hands out every block at `addr`, and keeps those given back.
-    #[derive(Default)]
-    struct OneAddress {
-        addr: u64,
-        back: Mutex<Vec<Block>>,
-        /// Whether frees are refused.
-        refusing: AtomicBool,
-        /// Whether frees panic.
-        panicking: AtomicBool,
-    }
-
-    impl MemoryResource<Stream> for OneAddress {
-        fn allocate(&self, request: Request, _stream: &Stream) -> memres_core::Result<Block> {
-            Ok(Block::new(self.addr, request.size(), 7))
-        }
-
-        fn deallocate(&self, block: Block, _stream: &Stream) -> memres_core::Result<()> {
-            if self.panicking.load(Ordering::Relaxed) {
-                panic!("a free that panics");
-            }
-            if self.refusing.load(Ordering::Relaxed) {
-                return Err(memres_core::Error::Backend { code: 1, what: "refused" });
-            }
-            self.back.lock().unwrap().push(block);
-            Ok(())
-        }
-    }
+    use crate::kept::testing::OneAddress;
+    use std::sync::atomic::Ordering;
 
     /// A block at address 0 would reach the caller as NULL, which it takes
     /// for a failure and never frees: it is refused and given back, with

@@ -42,6 +42,7 @@ pub mod current;
 mod detached;
 mod errors;
 mod gil;
+mod kept;
 mod put_back;
 mod reentry;
 mod resource;

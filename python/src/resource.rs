@@ -10,6 +10,7 @@ use crate::backend::{self, Stream};
 use crate::callback::{register_callbacks, Callbacks, Function};
 use crate::detached::DropDetached;
 use crate::errors::{backend_error, caused, invalid_argument, stack_text, stack_to_py, to_py};
+use crate::kept::{self, Kept};
 use crate::put_back::PutBack;
 use crate::reentry::{self, Covers, Guarded};
 use memres_core::adaptor::{Limiting, Logging, Statistics, Tracking};
@@ -73,13 +74,8 @@ pub(crate) struct Parts {
     planned: Vec<Arc<Planned<Dyn>>>,
     /// The stack's stream objects (`inner` and `blocks` are this).
     streams: Arc<KeepStreams>,
-    /// Blocks handed out through `allocate`, by address: a free by pointer
-    /// carries the block's tag.
-    live: Mutex<HashMap<u64, Block>>,
-    /// Whether the object has let this stack go for a rebuild
-    /// ([`Resource::retire`]): `allocate` refuses. Read and written only
-    /// under `live`'s lock.
-    retired: AtomicBool,
+    /// The blocks handed out through `allocate`.
+    table: Table,
     /// The Python functions this object gave its stack (`callback`,
     /// `on_failure`): the only Python objects it owns alone.
     functions: Vec<Arc<Function>>,
@@ -96,6 +92,23 @@ pub(crate) struct Parts {
     /// Its layers that keep freed memory, where it calls Python functions,
     /// for [`give_back_to`]; registered while this lives.
     over_python: Option<Arc<OverPython>>,
+}
+
+impl Drop for Parts {
+    /// Gives the kept blocks back once more ([`Table::kept`]): the stack
+    /// goes with the object, a retired one (which no `release` reaches)
+    /// too. One refused again is lost with the stack, as a block of
+    /// `allocate` that nobody freed is.
+    fn drop(&mut self) {
+        let kept = self.table.kept.get_mut().unwrap_or_else(|p| p.into_inner());
+        // Once the exit has begun no Python function runs for it.
+        if kept.is_empty() || crate::gil::exiting() {
+            return;
+        }
+        if let Ok(s) = backend::default_stream(self.blocks.device) {
+            let _ = kept::give_back(&self.table.kept, &s, drop);
+        }
+    }
 }
 
 /// A stack that calls Python functions and keeps freed memory.
@@ -295,7 +308,7 @@ impl Resource {
     /// a free of another size leaves it there, never out for a moment in
     /// which the right free of it finds it gone.
     fn take_live(&self, ptr: u64, nbytes: u64) -> PyResult<PutBack<Block, impl FnOnce(Block) + '_>> {
-        let block = match self.live.lock().unwrap_or_else(|p| p.into_inner()).entry(ptr) {
+        let block = match self.table.live.lock().unwrap_or_else(|p| p.into_inner()).entry(ptr) {
             Entry::Occupied(e) if e.get().size() == nbytes => e.remove(),
             Entry::Occupied(e) => {
                 return Err(invalid_argument(format!(
@@ -312,10 +325,45 @@ impl Resource {
         Ok(PutBack::new(block, |b: Block| {
             // Not over a newer block: a free that freed and then failed or
             // panicked may have let another thread get the address since.
-            self.live.lock().unwrap_or_else(|p| p.into_inner()).entry(b.addr()).or_insert(b);
+            self.table.live.lock().unwrap_or_else(|p| p.into_inner()).entry(b.addr()).or_insert(b);
         }))
     }
 
+    /// Whether anything but this object uses the stack, `live` being its
+    /// table of live blocks. A kept block counts: a rebuild (`add_bin`)
+    /// would leave it with the old stack, which no `release` reaches.
+    fn used(&self, live: &HashMap<u64, Block>) -> bool {
+        !live.is_empty()
+            || !self.table.kept.lock().unwrap_or_else(|p| p.into_inner()).is_empty()
+            || Arc::strong_count(&self.blocks) > 1
+            || Arc::strong_count(&self.streams) > self.own_holders
+    }
+
+    /// Begins a call that takes the stack's locks without going through
+    /// `blocks` (a step, a release, a look at a pool): refused when it
+    /// would re-enter the stack from below it.
+    fn enter(&self, what: &str) -> PyResult<reentry::Entered> {
+        reentry::enter(&self.covers).map_err(|e| to_py(e, what))
+    }
+}
+
+/// The blocks a resource object handed out through `allocate`.
+#[derive(Default)]
+struct Table {
+    /// Blocks live, by address: a free by pointer carries the block's tag.
+    live: Mutex<HashMap<u64, Block>>,
+    /// Whether the object has let its stack go for a rebuild
+    /// ([`Resource::retire`]): `allocate` refuses. Read and written only
+    /// under `live`'s lock.
+    retired: AtomicBool,
+    /// Blocks the stack handed out that `allocate` refused and the stack
+    /// refused back (or panicked in giving back): given back again first
+    /// by each `release`, and once more when the stack is dropped. They
+    /// count as use ([`Resource::in_use`]).
+    kept: Kept,
+}
+
+impl Table {
     /// Notes a block just allocated as live; if its address is live
     /// already (the resource handed it out twice), keeps the older entry
     /// and says so; if the stack is retired, notes nothing and says so.
@@ -333,28 +381,72 @@ impl Resource {
         }
     }
 
-    /// Whether anything but this object uses the stack, `live` being its
-    /// table of live blocks.
-    fn used(&self, live: &HashMap<u64, Block>) -> bool {
-        !live.is_empty()
-            || Arc::strong_count(&self.blocks) > 1
-            || Arc::strong_count(&self.streams) > self.own_holders
-    }
-
-    /// Begins a call that takes the stack's locks without going through
-    /// `blocks` (a step, a release, a look at a pool): refused when it
-    /// would re-enter the stack from below it.
-    fn enter(&self, what: &str) -> PyResult<reentry::Entered> {
-        reentry::enter(&self.covers).map_err(|e| to_py(e, what))
+    /// Takes `block`, just handed out through `stack` on `s` for `nbytes`:
+    /// notes it live, or refuses it and gives it back through `stack` (the
+    /// older block of its address stays freeable). If `stack` refuses it
+    /// back (or panics), it is kept ([`kept`](Table::kept)) with `below`,
+    /// the resource under `stack` that `release` gives it back to.
+    fn take_allocated(
+        &self,
+        stack: &dyn memres_core::MemoryResource<Stream>,
+        below: &Dyn,
+        block: Block,
+        nbytes: u64,
+        s: &Stream,
+    ) -> Result<(), Refused> {
+        let refused = match self.note_allocated(block) {
+            Ok(()) => return Ok(()),
+            Err(refused) => refused,
+        };
+        // A give-back that panics is refused too: the block is kept, not lost.
+        let (back, failed) = match kept::freed(stack, block, s) {
+            Ok(()) => ("it was given back".to_string(), false),
+            Err(e) => {
+                let waited = kept::keep(&self.kept, block, below.clone(), s);
+                (format!("giving it back failed: {e}; kept to give back at the next release(){waited}"), true)
+            }
+        };
+        let (message, retired) = match refused {
+            NotNoted::LiveAlready(older) => (
+                format!(
+                    "allocate({nbytes}): the resource handed out {:#x}, a live address (of a block of {} bytes): \
+                     {back}",
+                    block.addr(),
+                    older.size()
+                ),
+                false,
+            ),
+            NotNoted::Retired => (
+                format!(
+                    "memres: allocate({nbytes}): add_bin rebuilt the resource during the call, and the new \
+                     stack cannot free a block of the old one: {back}; allocate again"
+                ),
+                true,
+            ),
+        };
+        Err(Refused { message, retired, failed })
     }
 }
 
-/// Why [`Resource::note_allocated`] did not note a block.
+/// Why [`Table::note_allocated`] did not note a block.
 enum NotNoted {
     /// The block of the address that is live already.
     LiveAlready(Block),
     /// The stack is retired ([`Resource::retire`]).
     Retired,
+}
+
+/// Why [`Table::take_allocated`] did not take a block.
+struct Refused {
+    /// The error's text (a `MemresError`'s after `memres: `, or whole).
+    message: String,
+    /// Whether the stack was retired during the call: the caller's to
+    /// allocate again (`InvalidArgument`), not the stack's failure
+    /// (`MemresError`).
+    retired: bool,
+    /// Whether the give-back failed: a Python function's exception may be
+    /// behind it.
+    failed: bool,
 }
 
 /// A stack just built, with what it was built from.
@@ -414,8 +506,7 @@ impl Resource {
             covers: covers.clone(),
             inner,
             streams,
-            live: Mutex::new(HashMap::new()),
-            retired: AtomicBool::new(false),
+            table: Table::default(),
             functions,
             remembers_streams: !forgets_streams(&call),
             own_holders: 0,
@@ -512,11 +603,11 @@ impl Resource {
     }
 
     /// Whether anything but this object uses the stack: a block of
-    /// `allocate` not freed yet, or another holder (a buffer, a device's
-    /// registry entry, a stack built over it, a free deferred until a call
-    /// below returns).
+    /// `allocate` not freed yet, or one it kept ([`Table::kept`]), or
+    /// another holder (a buffer, a device's registry entry, a stack built
+    /// over it, a free deferred until a call below returns).
     fn in_use(&self) -> bool {
-        self.used(&self.live.lock().unwrap_or_else(|p| p.into_inner()))
+        self.used(&self.table.live.lock().unwrap_or_else(|p| p.into_inner()))
     }
 
     /// Lets the stack go for a rebuild of its object (`add_bin`), unless
@@ -526,11 +617,11 @@ impl Resource {
     /// refused, its block given back, rather than noted in a table the
     /// object no longer frees from (a block lost for good).
     fn retire(&self) -> bool {
-        let live = self.live.lock().unwrap_or_else(|p| p.into_inner());
-        if self.retired.load(Ordering::Relaxed) || self.used(&live) {
+        let live = self.table.live.lock().unwrap_or_else(|p| p.into_inner());
+        if self.table.retired.load(Ordering::Relaxed) || self.used(&live) {
             return false;
         }
-        self.retired.store(true, Ordering::Relaxed);
+        self.table.retired.store(true, Ordering::Relaxed);
         true
     }
 
@@ -564,37 +655,15 @@ impl Resource {
         let s = unsafe { backend::stream(stream, self.device)? };
         let block = crate::gil::detach(py, || self.blocks.allocate(request, &s))
             .map_err(|e| to_py(e, &format!("allocate({nbytes})")))?;
-        let refused = match self.note_allocated(block) {
-            Ok(()) => return Ok(block.addr()),
-            Err(refused) => refused,
+        let Err(refused) = crate::gil::detach(py, || {
+            self.table.take_allocated(&*self.blocks, &self.blocks.inner, block, nbytes, &s)
+        }) else {
+            return Ok(block.addr());
         };
-        // The block goes back through the stack it came from (the older
-        // block of its address stays freeable).
-        let (back, failed) = match crate::gil::detach(py, || self.blocks.deallocate(block, &s)) {
-            Ok(()) => ("it was given back".to_string(), false),
-            Err(e) => (format!("giving it back failed: {e}"), true),
-        };
-        let (message, make): (String, fn(String) -> PyErr) = match refused {
-            NotNoted::LiveAlready(older) => (
-                format!(
-                    "allocate({nbytes}): the resource handed out {:#x}, a live address (of a block of {} bytes): \
-                     {back}",
-                    block.addr(),
-                    older.size()
-                ),
-                backend_error,
-            ),
-            NotNoted::Retired => (
-                format!(
-                    "memres: allocate({nbytes}): add_bin rebuilt the resource during the call, and the new \
-                     stack cannot free a block of the old one: {back}; allocate again"
-                ),
-                invalid_argument,
-            ),
-        };
+        let make: fn(String) -> PyErr = if refused.retired { invalid_argument } else { backend_error };
         // A Python function that raised in the give-back: its exception
         // is the cause, as an allocation's own.
-        Err(if failed { caused(message, make) } else { make(message) })
+        Err(if refused.failed { caused(refused.message, make) } else { make(refused.message) })
     }
 
     /// Frees `ptr`, allocated here with `nbytes`, on `stream`, whose handle
@@ -739,10 +808,12 @@ impl Resource {
         Ok((s.steps, s.followed, s.plans, s.planned_allocations, s.region, s.carry_region))
     }
 
-    /// Gives back what the stack's pools keep free (wholly free chunks,
-    /// idle mapped granules, the driver pool's reserve), then what those of
-    /// its upstreams keep, once the device is idle; returns the bytes that
-    /// left the stack and its upstreams.
+    /// Gives back the blocks `allocate` kept ([`Table::kept`]), keeping
+    /// those refused again (an error then, once the pools gave back), then
+    /// what the stack's pools keep free (wholly free chunks, idle mapped
+    /// granules, the driver pool's reserve), then what those of its
+    /// upstreams keep, once the device is idle; returns the bytes that left
+    /// the stack and its upstreams.
     #[pyo3(signature = (stream=0))]
     fn release(&self, py: Python<'_>, stream: u64) -> PyResult<u64> {
         // SAFETY: a handle of the package's Python layer (the module's contract:
@@ -750,7 +821,15 @@ impl Resource {
         let s = unsafe { backend::stream(stream, self.device)? };
         crate::gil::detach(py, || {
             let _call = self.enter("release")?;
-            self.releasing.release(&s).map_err(|e| to_py(e, "release"))
+            // Through the stack under `blocks`: this call is in it already.
+            let kept = kept::give_back(&self.table.kept, &s, drop).map_err(|e| {
+                let message =
+                    format!("release: giving back a block allocate kept failed: {e}; it is still kept");
+                caused(message, backend_error)
+            });
+            // The pools give back what they keep free all the same.
+            let released = self.releasing.release(&s).map_err(|e| to_py(e, "release"));
+            kept.and(released)
         })
     }
 
@@ -765,15 +844,69 @@ impl Resource {
     /// Whether `ptr` is a live block of this object's `allocate`, of
     /// `nbytes`: a free of it reaches the stack.
     fn holds(&self, ptr: u64, nbytes: u64) -> bool {
-        self.live.lock().unwrap_or_else(|p| p.into_inner()).get(&ptr).is_some_and(|b| b.size() == nbytes)
+        self.table
+            .live
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&ptr)
+            .is_some_and(|b| b.size() == nbytes)
     }
 
     /// Blocks allocated through this object and not yet freed.
     fn live_count(&self) -> usize {
-        self.live.lock().unwrap_or_else(|p| p.into_inner()).len()
+        self.table.live.lock().unwrap_or_else(|p| p.into_inner()).len()
     }
 }
 
 fn no_stats() -> PyErr {
     PyValueError::new_err("memres: this resource is not a StatisticsResourceAdaptor")
+}
+
+#[cfg(all(test, not(feature = "cuda")))]
+mod tests {
+    use super::*;
+    use crate::kept::testing::OneAddress;
+
+    /// A resource object's table, and its stack: `leaf` alone.
+    fn over(leaf: &Arc<OneAddress>) -> (Table, Dyn) {
+        (Table::default(), leaf.clone())
+    }
+
+    /// Allocates `nbytes` as `allocate` does, after the stack's answer: the
+    /// block, or why it was refused.
+    fn allocate((table, stack): &(Table, Dyn), nbytes: u64) -> Result<Block, String> {
+        let block = stack.allocate(Request::new(nbytes).unwrap(), &()).unwrap();
+        table.take_allocated(&**stack, stack, block, nbytes, &()).map(|()| block).map_err(|e| e.message)
+    }
+
+    /// A block refused at a live address whose give-back the stack
+    /// refuses, or panics in, is kept with the resource under the stack,
+    /// not lost, and the error says so; a later give-back (what each
+    /// `release` does first) frees it, and keeps it while it is refused.
+    #[test]
+    fn a_block_whose_give_back_is_refused_or_panics_is_kept() {
+        let leaf = Arc::new(OneAddress { addr: 0x1000, ..Default::default() });
+        let r = over(&leaf);
+        let older = allocate(&r, 512).unwrap();
+        leaf.refusing.store(true, Ordering::Relaxed);
+        let err = allocate(&r, 256).unwrap_err();
+        assert!(err.contains("a live address") && err.contains("refused"), "{err}");
+        assert!(err.contains("kept to give back at the next release()"), "{err}");
+        leaf.refusing.store(false, Ordering::Relaxed);
+        leaf.panicking.store(true, Ordering::Relaxed);
+        let err = allocate(&r, 128).unwrap_err();
+        assert!(err.contains("a panic (a free that panics)") && err.contains("kept"), "{err}");
+        leaf.panicking.store(false, Ordering::Relaxed);
+        let kept = || r.0.kept.lock().unwrap().iter().map(|(b, _)| *b).collect::<Vec<_>>();
+        let (refused, panicked) = (Block::new(0x1000, 256, 7), Block::new(0x1000, 128, 7));
+        assert_eq!(kept(), [refused, panicked], "kept, not lost");
+        assert_eq!(r.0.live.lock().unwrap().get(&0x1000), Some(&older), "the older block stays");
+        leaf.refusing.store(true, Ordering::Relaxed);
+        assert!(kept::give_back(&r.0.kept, &(), drop).unwrap_err().contains("refused"));
+        assert_eq!(kept(), [refused, panicked]);
+        leaf.refusing.store(false, Ordering::Relaxed);
+        assert_eq!(kept::give_back(&r.0.kept, &(), drop), Ok(()));
+        assert_eq!(*leaf.back.lock().unwrap(), [refused, panicked]);
+        assert!(kept().is_empty());
+    }
 }

@@ -835,6 +835,38 @@ def test_a_live_address_whose_give_back_raises_has_the_functions_exception_as_ca
     refuse[0] = False
     cb.deallocate(p, 100)
     assert cb._native.live_count() == 0
+    cb.release()  # the block refused back, kept
+    assert not cb._native.in_use()
+
+
+def test_a_block_refused_back_at_a_live_address_is_kept_for_release():
+    # Its give-back refused, the new block was lost: in no table, live in
+    # its stack for good. It is kept, counts as use, and release() gives it
+    # back first, keeping it while it is refused.
+    refuse, freed = [True], []
+
+    def deallocate(p, n):
+        if refuse[0]:
+            raise RuntimeError("no give-back")
+        freed.append((p, n))
+
+    cb = mr.CallbackMemoryResource(lambda n: 1 << 40, deallocate, backend="sim")
+    p = cb.allocate(100)
+    with pytest.raises(memres.MemresError, match="kept to give back at the next release") as e:
+        cb.allocate(200)  # the same address again
+    assert type(e.value.__cause__) is RuntimeError, e.value
+    refuse[0] = False
+    cb.deallocate(p, 100)
+    assert freed == [(1 << 40, 100)] and cb._native.live_count() == 0
+    assert cb._native.in_use()  # the kept block
+    refuse[0] = True
+    with pytest.raises(memres.MemresError, match="still kept") as e:
+        cb.release()
+    assert type(e.value.__cause__) is RuntimeError, e.value
+    refuse[0] = False
+    assert cb.release() == 0
+    assert freed == [(1 << 40, 100), (1 << 40, 200)]
+    assert not cb._native.in_use()
 
 
 def test_a_deferred_free_that_a_python_function_refuses_is_said_with_its_exception():
