@@ -277,8 +277,8 @@ class DeviceMemoryResource:
 
         First it gives back the blocks ``allocate`` kept: one the stack
         handed out that the call could not take (at an address live
-        already) and that the stack then refused back (its Python function
-        raised). One refused again stays kept, and ``MemresError`` is
+        already, at address 0, of another size than asked) and that the
+        stack then refused back (its Python function raised). One refused again stays kept, and ``MemresError`` is
         raised once the pools gave back. A kept block counts as use
         (``add_bin`` refuses)."""
         return self._native.release(as_handle(stream))

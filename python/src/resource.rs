@@ -383,7 +383,11 @@ impl Table {
 
     /// Takes `block`, just handed out through `stack` on `s` for `nbytes`:
     /// notes it live, or refuses it and gives it back through `stack` (the
-    /// older block of its address stays freeable). If `stack` refuses it
+    /// older block of its address stays freeable). A block at address 0
+    /// or of another size than asked is refused too ([`kept::misfit`]):
+    /// Python takes address 0 for no memory, and would never free it; one
+    /// shorter would be written past its end, one longer freed with the
+    /// size asked, which the table refuses. If `stack` refuses it
     /// back (or panics), it is kept ([`kept`](Table::kept)) with `below`,
     /// the resource under `stack` that `release` gives it back to.
     fn take_allocated(
@@ -394,10 +398,14 @@ impl Table {
         nbytes: u64,
         s: &Stream,
     ) -> Result<(), Refused> {
-        let refused = match self.note_allocated(block) {
-            Ok(()) => return Ok(()),
-            Err(refused) => refused,
-        };
+        let refused =
+            match kept::misfit(block, nbytes, "which the caller takes for no memory (allocate's 0 bytes)") {
+                Some(what) => NotNoted::Misfit(what),
+                None => match self.note_allocated(block) {
+                    Ok(()) => return Ok(()),
+                    Err(refused) => refused,
+                },
+            };
         // A give-back that panics is refused too: the block is kept, not lost.
         let (back, failed) = match kept::freed(stack, block, s) {
             Ok(()) => ("it was given back".to_string(), false),
@@ -407,6 +415,7 @@ impl Table {
             }
         };
         let (message, retired) = match refused {
+            NotNoted::Misfit(what) => (format!("allocate({nbytes}): the resource handed out {what}: {back}"), false),
             NotNoted::LiveAlready(older) => (
                 format!(
                     "allocate({nbytes}): the resource handed out {:#x}, a live address (of a block of {} bytes): \
@@ -434,6 +443,9 @@ enum NotNoted {
     LiveAlready(Block),
     /// The stack is retired ([`Resource::retire`]).
     Retired,
+    /// Not looked at: the block is at address 0 or of another size than
+    /// asked ([`kept::misfit`]), what it says.
+    Misfit(String),
 }
 
 /// Why [`Table::take_allocated`] did not take a block.
@@ -908,5 +920,38 @@ mod tests {
         assert_eq!(kept::give_back(&r.0.kept, &(), drop), Ok(()));
         assert_eq!(*leaf.back.lock().unwrap(), [refused, panicked]);
         assert!(kept().is_empty());
+    }
+
+    /// A Rust resource under the stack that hands out a block at address
+    /// 0 (or the empty block) for a nonzero request, or one of another
+    /// size than asked: it reached Python as address 0 (no memory, never
+    /// freed) or a block its caller could never free with the size it
+    /// asked for. It is refused and given back, as `memres_py_alloc` does.
+    #[test]
+    fn a_block_at_address_zero_or_of_another_size_is_refused_and_given_back() {
+        let leaf = Arc::new(OneAddress { addr: 0x1000, ..Default::default() });
+        let r = over(&leaf);
+        let handed = [
+            (Block::new(0, 256, 7), 256, "a block of 256 bytes at address 0".to_string()),
+            (Block::EMPTY, 256, "a block of 0 bytes at address 0".to_string()),
+            (
+                Block::new(0x1000, 128, 7),
+                256,
+                "at 0x1000 for a request of 256: shorter than asked".to_string(),
+            ),
+            (
+                Block::new(0x1000, 1024, 7),
+                512,
+                "at 0x1000 for a request of 512: longer than asked".to_string(),
+            ),
+        ];
+        for (block, asked, said) in handed {
+            *leaf.handing.lock().unwrap() = Some(block);
+            let err = allocate(&r, asked).unwrap_err();
+            assert!(err.contains(&said) && err.contains("it was given back"), "{err}");
+            assert_eq!(leaf.back.lock().unwrap().pop(), Some(block));
+            assert!(r.0.live.lock().unwrap().is_empty(), "nothing live");
+        }
+        assert_eq!(allocate(&r, 256), Ok(Block::new(0x1000, 256, 7)), "the resource still serves");
     }
 }
