@@ -547,27 +547,43 @@ fn naming_what_raised(why: String) -> String {
     })
 }
 
-/// Gives back the blocks each device keeps ([`Kept`]), on its default
-/// stream; why one was refused is kept for `last_error`. Never unwinds.
+/// Gives back the blocks each device keeps ([`kept`]): [`give_back_kept_of`]
+/// for every device, as `memres_py_empty_cache`. Never unwinds.
 fn give_back_kept() {
     for d in 0..MAX_DEVICES {
-        let Some(kept) = kept(d).filter(|k| !k.lock().unwrap_or_else(|p| p.into_inner()).is_empty()) else {
-            continue;
-        };
-        let outer = OuterRaised::take();
-        let given = guarded(|| {
-            let s = backend::default_stream(d as u32).map_err(|e| format!("the default stream: {e}"))?;
-            give_back(kept, &s, crate::callback::drop_saying_what_raised)
-        });
-        if let Err(why) = given {
-            set_last_error(format!(
-                "memres_py_empty_cache: device {d}: giving back a block kept since its resource handed it out \
-                 at a live address, at 0 or of another size than asked: {}",
-                naming_what_raised(why)
-            ));
-        }
-        outer.put_back();
+        give_back_kept_of(d, "memres_py_empty_cache");
     }
+}
+
+/// Gives back the blocks `device` keeps ([`kept`]), on its default stream;
+/// why one was refused is kept for `last_error`, said as `caller`'s. Never
+/// unwinds.
+fn give_back_kept_of(d: usize, caller: &str) {
+    let Some(kept) = kept(d).filter(|k| !k.lock().unwrap_or_else(|p| p.into_inner()).is_empty()) else {
+        return;
+    };
+    let outer = OuterRaised::take();
+    let given = guarded(|| {
+        let s = backend::default_stream(d as u32).map_err(|e| format!("the default stream: {e}"))?;
+        give_back(kept, &s, crate::callback::drop_saying_what_raised)
+    });
+    if let Err(why) = given {
+        set_last_error(format!(
+            "{caller}: device {d}: giving back a block kept since its resource handed it out at a live \
+             address, at 0 or of another size than asked: {}",
+            naming_what_raised(why)
+        ));
+    }
+    outer.put_back();
+}
+
+/// Gives back the blocks the C functions keep for `device` (see
+/// [`memres_py_empty_cache`]), as `torch.cuda.empty_cache()` does first:
+/// for `memres.allocators.torch.empty_cache()`. One refused again stays
+/// kept, and why is kept for `last_error`.
+#[pyfunction]
+pub(crate) fn give_back_c_kept(device: usize) {
+    give_back_kept_of(device, "memres.allocators.torch.empty_cache");
 }
 
 /// Gives back what the pools of every device's current resource keep free,

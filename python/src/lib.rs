@@ -97,6 +97,7 @@ fn native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(current::set_other_backend, m)?)?;
     m.add_function(wrap_pyfunction!(current::forget_per_device_resource, m)?)?;
     m.add_function(wrap_pyfunction!(current::c_live_count, m)?)?;
+    m.add_function(wrap_pyfunction!(current::give_back_c_kept, m)?)?;
     m.add_function(wrap_pyfunction!(current::last_error, m)?)?;
     m.add_function(wrap_pyfunction!(current::device_bytes, m)?)?;
     m.add_function(wrap_pyfunction!(current::memory_info, m)?)?;

@@ -435,6 +435,39 @@ def test_a_block_refused_back_at_a_live_address_is_kept_for_the_reset_function(m
     assert a.allocation_counts.current_bytes == 0 and _native.sim.c_live_count(0) == 0
 
 
+def test_the_torch_modules_empty_cache_gives_back_the_kept_blocks_too(monkeypatch):
+    # Only torch.cuda.empty_cache() (the reset function) gave them back:
+    # memres.allocators.torch.empty_cache() released the pools alone.
+    import memres.allocators.torch as mt
+    so = lib()
+    monkeypatch.setattr(sys, "unraisablehook", lambda u: None)
+    _native.sim.last_error(clear=True)
+    refusing = [True]
+
+    def dealloc(p, n):
+        if refusing[0]:
+            raise RuntimeError("this free is refused")
+
+    a = mr.StatisticsResourceAdaptor(
+        mr.CallbackMemoryResource(lambda n: 1 << 40, lambda p, n: None, backend="sim"))
+    mr.set_current_device_resource(a)
+    p = so.memres_py_alloc(1000, 0, None)
+    b = mr.StatisticsResourceAdaptor(mr.CallbackMemoryResource(lambda n: 1 << 40, dealloc, backend="sim"))
+    mr.set_current_device_resource(b)
+    assert so.memres_py_alloc(1000, 0, None) is None
+    assert "kept to give back" in _native.sim.last_error(clear=True)
+    mt.empty_cache(0)  # still refused: kept again, and said
+    why = _native.sim.last_error(clear=True)
+    assert why and "empty_cache: device 0" in why and "this free is refused" in why, why
+    assert b.allocation_counts.current_bytes == 1000
+    refusing[0] = False
+    mt.empty_cache(0)
+    assert _native.sim.last_error() is None
+    assert b.allocation_counts.current_bytes == 0
+    so.memres_py_free(p, 1000, 0, None)
+    assert a.allocation_counts.current_bytes == 0 and _native.sim.c_live_count(0) == 0
+
+
 def test_a_free_that_fails_below_leaves_the_block_freeable():
     # As `deallocate`'s: the block left the table for its free and came
     # back only on an error, so one whose free panicked below was never

@@ -18,7 +18,7 @@ the steps out, and ``steps()`` says whether it did.
 """
 
 from .. import _native, mr as _mr
-from .._device import current_device
+from .._device import current_device, device_id as _device_id
 
 try:
     from torch.cuda.memory import CUDAPluggableAllocator
@@ -189,6 +189,17 @@ def empty_cache(device=None):
     uses, a driver pool's reserve. Returns the bytes
     given back (0 on a device that has no resource yet).
     ``torch.cuda.empty_cache()`` does the same for every device's resource
-    once memres is PyTorch's allocator."""
+    once memres is PyTorch's allocator.
+
+    First, as ``torch.cuda.empty_cache()`` does, it gives back the blocks
+    the C functions keep for the device (those of the simulated backend's
+    module too): blocks a resource handed ``memres_py_alloc`` that it could
+    not hand PyTorch (at an address live already, at address 0, of another
+    size than asked) and that the resource then refused back. One refused
+    again stays kept, and ``last_error()`` says why."""
+    device = _device_id(current_device() if device is None else device)
+    for module in (_native.sim, _native._cuda):
+        if module is not None:
+            module.give_back_c_kept(device)
     res = _resource_of(device)
     return 0 if res is None else res.release()
