@@ -508,8 +508,9 @@ class _Function:
     through a bound method of an object that holds the resource), before
     the collector clears anything of the cycle. A ``deallocate_func``'s
     first has the pools over its resource give back what they keep free
-    through it (``give_back``, which the native side sets), while what it
-    uses is whole; from then on the native side never calls it (``dead``,
+    through it, and the blocks ``allocate`` kept over it (refused back:
+    ``release``), through ``give_back``, which the native side sets, while
+    what it uses is whole; from then on the native side never calls it (``dead``,
     also once the collector cleared its slots). A stack that outlives the
     collection (a block of the C functions holds it) called a function the
     collector had cleared, and the interpreter crashed."""

@@ -345,7 +345,8 @@ pub(crate) fn register_callbacks(
     let mut functions = Vec::new();
     if let (Some(allocate), Some(deallocate)) = (allocate, deallocate) {
         // What `deallocate`'s finalizer runs (`mr._Function`): the stacks
-        // over this object give back what they keep free through it.
+        // over this object give back what they keep free through it, and
+        // they and its own stack the blocks `allocate` kept.
         let owner = covers.own();
         let give_back = pyo3::types::PyCFunction::new_closure(py, None, None, move |args, _| {
             crate::resource::give_back_to(args.py(), owner)

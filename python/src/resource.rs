@@ -89,8 +89,8 @@ pub(crate) struct Parts {
     /// Whether the stack calls Python functions: its own, or those of the
     /// objects it is built over.
     calls_python: bool,
-    /// Its layers that keep freed memory, where it calls Python functions,
-    /// for [`give_back_to`]; registered while this lives.
+    /// Its kept blocks and layers that keep freed memory, where it calls
+    /// Python functions, for [`give_back_to`]; registered while this lives.
     over_python: Option<Arc<OverPython>>,
 }
 
@@ -100,9 +100,8 @@ impl Drop for Parts {
     /// too. One refused again is lost with the stack, as a block of
     /// `allocate` that nobody freed is.
     fn drop(&mut self) {
-        let kept = self.table.kept.get_mut().unwrap_or_else(|p| p.into_inner());
         // Once the exit has begun no Python function runs for it.
-        if kept.is_empty() || crate::gil::exiting() {
+        if self.table.kept.lock().unwrap_or_else(|p| p.into_inner()).is_empty() || crate::gil::exiting() {
             return;
         }
         if let Ok(s) = backend::default_stream(self.blocks.device) {
@@ -111,9 +110,11 @@ impl Drop for Parts {
     }
 }
 
-/// A stack that calls Python functions and keeps freed memory.
+/// A stack that calls Python functions: its kept blocks, and its layers
+/// that keep freed memory.
 struct OverPython {
     covers: Covers,
+    kept: Arc<Kept>,
     layers: ReleaseLayers<Stream>,
     device: u32,
 }
@@ -122,14 +123,15 @@ struct OverPython {
 static OVER_PYTHON: Mutex<Vec<Weak<OverPython>>> = Mutex::new(Vec::new());
 
 /// Gives back what the stacks built over the resource object `owner` keep
-/// free, through its Python functions. Run by the finalizer of its
+/// free, and the blocks they and its own stack kept ([`Table::kept`]),
+/// through its Python functions. Run by the finalizer of its
 /// `deallocate_func` (`mr._Function`), which the garbage collector runs
 /// when it finds the function garbage (a cycle through a bound method of an
 /// object that holds the resource and the pools over it), before it clears
 /// anything of the cycle: the function and what it uses are whole. Freed
 /// when the collector dropped the pools later, the chunks went back to a
 /// function whose object it had cleared (its `__dict__` gone), and were
-/// lost. Every stack over it with a living object is garbage then: each
+/// lost; so were the kept blocks, given back at the drop. Every stack over it with a living object is garbage then: each
 /// holds its upstream objects, and so the function. Nothing once the exit
 /// has begun, nor for a stack in a call on this thread (a collection
 /// inside its callback): its drop gives back what it can after the call.
@@ -142,15 +144,25 @@ pub(crate) fn give_back_to(py: Python<'_>, owner: u64) -> PyResult<()> {
         .unwrap_or_else(|p| p.into_inner())
         .iter()
         .filter_map(Weak::upgrade)
-        .filter(|o| o.covers.under(owner))
+        .filter(|o| o.covers.under(owner) || o.covers.own() == owner)
         .collect();
     let mut first = None;
     for o in &over {
         let given_back = backend::default_stream(o.device).map_err(PyErr::from).and_then(|s| {
             crate::gil::detach(py, || match reentry::enter(&o.covers) {
-                Ok(_call) => o.layers.release(&s).map(drop).map_err(|e| {
-                    to_py(e, "giving back what the pools over a collected CallbackMemoryResource keep free")
-                }),
+                Ok(_call) => {
+                    let kept = kept::give_back(&o.kept, &s, drop).map_err(|e| {
+                        let message = format!(
+                            "giving back a block allocate kept over a collected CallbackMemoryResource failed: \
+                             {e}; it is still kept"
+                        );
+                        caused(message, backend_error)
+                    });
+                    let released = o.layers.release(&s).map(drop).map_err(|e| {
+                        to_py(e, "giving back what the pools over a collected CallbackMemoryResource keep free")
+                    });
+                    kept.and(released)
+                }
                 Err(_) => Ok(()),
             })
         });
@@ -359,8 +371,9 @@ struct Table {
     /// Blocks the stack handed out that `allocate` refused and the stack
     /// refused back (or panicked in giving back): given back again first
     /// by each `release`, and once more when the stack is dropped. They
-    /// count as use ([`Resource::in_use`]).
-    kept: Kept,
+    /// count as use ([`Resource::in_use`]). Shared with
+    /// [`give_back_to`] where the stack calls Python functions.
+    kept: Arc<Kept>,
 }
 
 impl Table {
@@ -526,9 +539,13 @@ impl Resource {
             over_python: None,
         };
         parts.own_holders = Arc::strong_count(&parts.streams);
-        if calls_python && !parts.releasing.is_empty() {
-            let entry =
-                Arc::new(OverPython { covers: covers.clone(), layers: parts.releasing.clone(), device });
+        if calls_python {
+            let entry = Arc::new(OverPython {
+                covers: covers.clone(),
+                kept: parts.table.kept.clone(),
+                layers: parts.releasing.clone(),
+                device,
+            });
             let mut all = OVER_PYTHON.lock().unwrap_or_else(|p| p.into_inner());
             all.retain(|w| w.strong_count() > 0);
             all.push(Arc::downgrade(&entry));

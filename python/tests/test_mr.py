@@ -519,6 +519,39 @@ def test_a_cycle_through_bound_methods_of_an_object_holding_pools_over_them_give
     assert live == {} and seen == [], (live, [u.exc_value for u in seen])
 
 
+def test_a_block_kept_in_a_collected_cycle_is_given_back_before_its_function_is_cleared():
+    # A block allocate kept (refused back) went back only at the stack's
+    # drop, after the collector had cleared the function's object: refused
+    # again, and lost.
+    class Service:
+        def __init__(self):
+            self.refusing, self.freed = True, []
+            self.cb = mr.CallbackMemoryResource(self.alloc, self.free, backend="sim")
+            self.p = self.cb.allocate(100)
+            with pytest.raises(memres.MemresError, match="kept"):
+                self.cb.allocate(200)  # the same address again
+            self.refusing = False
+
+        def alloc(self, nbytes):
+            return 1 << 40
+
+        def free(self, ptr, nbytes):
+            if self.refusing:
+                raise RuntimeError("refused")
+            self.freed.append((ptr, nbytes))
+
+    s = Service()
+    freed = s.freed
+    seen, hook = [], sys.unraisablehook
+    sys.unraisablehook = seen.append
+    try:
+        del s
+        gc.collect()
+    finally:
+        sys.unraisablehook = hook
+    assert freed == [(1 << 40, 200)] and seen == [], (freed, [u.exc_value for u in seen])
+
+
 def refusing_free(ptr, nbytes):
     raise ValueError("refused")
 
