@@ -131,10 +131,11 @@ static OVER_PYTHON: Mutex<Vec<Weak<OverPython>>> = Mutex::new(Vec::new());
 /// anything of the cycle: the function and what it uses are whole. Freed
 /// when the collector dropped the pools later, the chunks went back to a
 /// function whose object it had cleared (its `__dict__` gone), and were
-/// lost; so were the kept blocks, given back at the drop. Every stack over it with a living object is garbage then: each
-/// holds its upstream objects, and so the function. Nothing once the exit
-/// has begun, nor for a stack in a call on this thread (a collection
-/// inside its callback): its drop gives back what it can after the call.
+/// lost; so were the kept blocks, given back at the drop. Every stack over
+/// it with a living object is garbage then: each holds its upstream
+/// objects, and so the function. Nothing once the exit has begun, nor for
+/// a stack in a call on this thread (a collection inside its callback):
+/// its drop gives back what it can after the call.
 pub(crate) fn give_back_to(py: Python<'_>, owner: u64) -> PyResult<()> {
     if crate::gil::exiting() {
         return Ok(());
@@ -411,14 +412,17 @@ impl Table {
         nbytes: u64,
         s: &Stream,
     ) -> Result<(), Refused> {
-        let refused =
-            match kept::misfit(block, nbytes, "which the caller takes for no memory (allocate's 0 bytes)") {
-                Some(what) => NotNoted::Misfit(what),
-                None => match self.note_allocated(block) {
-                    Ok(()) => return Ok(()),
-                    Err(refused) => refused,
-                },
-            };
+        let refused = match kept::misfit(
+            block,
+            nbytes,
+            "which Python takes for no memory (allocate's answer for 0 bytes)",
+        ) {
+            Some(what) => NotNoted::Misfit(what),
+            None => match self.note_allocated(block) {
+                Ok(()) => return Ok(()),
+                Err(refused) => refused,
+            },
+        };
         // A give-back that panics is refused too: the block is kept, not lost.
         let (back, failed) = match kept::freed(stack, block, s) {
             Ok(()) => ("it was given back".to_string(), false),
