@@ -547,7 +547,7 @@ fn naming_what_raised(why: String) -> String {
     })
 }
 
-/// Gives back the blocks each device keeps ([`kept`]): [`give_back_kept_of`]
+/// Gives back the blocks each device keeps ([`kept()`]): [`give_back_kept_of`]
 /// for every device, as `memres_py_empty_cache`. Never unwinds.
 fn give_back_kept() {
     for d in 0..MAX_DEVICES {
@@ -555,7 +555,7 @@ fn give_back_kept() {
     }
 }
 
-/// Gives back the blocks `device` keeps ([`kept`]), on its default stream;
+/// Gives back the blocks `device` keeps ([`kept()`]), on its default stream;
 /// why one was refused is kept for `last_error`, said as `caller`'s. Never
 /// unwinds.
 fn give_back_kept_of(d: usize, caller: &str) {
