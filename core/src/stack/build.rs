@@ -101,7 +101,9 @@ impl<S: Stream + ?Sized + 'static> Context<'_, S> {
     ///
     /// # Errors
     ///
-    /// A missing or malformed argument, or the upstream's own error; what
+    /// A missing or malformed argument (calls nested more than
+    /// [`MAX_DEPTH`](super::MAX_DEPTH) deep in one made by hand:
+    /// [`StackErrorKind::TooDeep`]), or the upstream's own error; what
     /// its build kept is let go, so that a constructor that goes on (to
     /// another resource) builds as if it had not tried.
     pub fn upstream(&self, call: &Call, i: usize) -> Result<DynResource<S>, StackError> {
@@ -238,6 +240,7 @@ impl<S: Stream + ?Sized + 'static> Context<'_, S> {
         let typed = builder
             .leaf_constructor::<E>(&call.name)
             .ok_or_else(|| call.error(StackErrorKind::WrongKind("a leaf whose memory the engine reaches")))?;
+        call.check_depth()?;
         self.nested(builder, |cx| typed(call, cx))
     }
 
@@ -671,11 +674,14 @@ impl<S: Stream + ?Sized + 'static> StackBuilder<S> {
         self.build_call(&parse(text)?, stream)
     }
 
-    /// Builds a parsed stack.
+    /// Builds a parsed stack (or one made by hand).
     ///
     /// # Errors
     ///
-    /// As [`build`](Self::build), less the parse errors.
+    /// As [`build`](Self::build), less the parse errors but
+    /// [`StackErrorKind::TooDeep`]: a call made by hand nested more than
+    /// [`MAX_DEPTH`](super::MAX_DEPTH) deep is refused before anything is
+    /// built.
     pub fn build_call(&self, call: &Call, stream: &S) -> Result<DynResource<S>, StackError> {
         Ok(self.build_call_with_handles(call, stream)?.resource)
     }
@@ -706,6 +712,9 @@ impl<S: Stream + ?Sized + 'static> StackBuilder<S> {
     }
 
     fn build_in(&self, call: &Call, cx: &Context<'_, S>) -> Result<DynResource<S>, StackError> {
+        // Every call a build recurses into: a constructor may hand
+        // `Context::upstream` or `build_with` one made by hand.
+        call.check_depth()?;
         let constructor = self
             .constructors
             .get(&call.name)

@@ -62,8 +62,9 @@ pub enum StackErrorKind {
     Resource(crate::Error),
     /// An I/O error of a backend (opening a log file...).
     Io(String),
-    /// Parentheses nested more than [`MAX_DEPTH`] deep (`pos`: the call
-    /// that opens one too many).
+    /// Parentheses nested more than [`MAX_DEPTH`] deep, or calls of a
+    /// [`Call`](super::Call) made by hand (`pos`: the call that opens one
+    /// too many).
     TooDeep,
 }
 

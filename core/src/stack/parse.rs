@@ -71,7 +71,8 @@ pub enum Value {
 /// The most calls nested inside each other's parentheses: the parser (and
 /// every walk of the tree, and the build) recurses once per level, so an
 /// unbounded depth would overflow the stack; real stacks are a handful
-/// deep. The core's layers make their resources out of the build's
+/// deep. [`parse`] refuses deeper text, and a [`StackBuilder`](super::StackBuilder)
+/// a deeper [`Call`] made by hand, before it builds anything. The core's layers make their resources out of the build's
 /// recursion: a stack of this depth, pools and arenas included, builds and
 /// serves on a thread stack of 256 KiB (debug builds need some 96 KiB of
 /// it; tested as `a_stack_of_max_depth_layers_builds_and_serves_on_a_small_thread_stack`).
@@ -359,6 +360,35 @@ impl Value {
 }
 
 impl Call {
+    /// Refuses calls nested more than [`MAX_DEPTH`] deep, as [`parse`]
+    /// does: a call made by hand may be, and a build recurses once per
+    /// level. The walk is a loop, to refuse any depth.
+    ///
+    /// # Errors
+    ///
+    /// [`StackErrorKind::TooDeep`] at the first call, in the order of the
+    /// text, that opens one level too many: one with arguments inside
+    /// `MAX_DEPTH` calls.
+    pub(super) fn check_depth(&self) -> Result<(), StackError> {
+        // The calls to look at, each with how many calls are around it;
+        // arguments pushed last first, so that the first is met first.
+        let mut todo = alloc::vec![(self, 0)];
+        while let Some((call, around)) = todo.pop() {
+            if call.args.is_empty() {
+                continue;
+            }
+            if around == MAX_DEPTH {
+                return Err(call.error(StackErrorKind::TooDeep));
+            }
+            let inner = call.args.iter().rev().filter_map(|a| match &a.value {
+                Value::Call(c) => Some((c, around + 1)),
+                Value::Word { .. } => None,
+            });
+            todo.extend(inner);
+        }
+        Ok(())
+    }
+
     /// The error "`kind` about this call", at its name.
     ///
     /// ```

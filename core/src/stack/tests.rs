@@ -749,6 +749,115 @@ fn a_stack_of_max_depth_layers_builds_and_serves_on_a_small_thread_stack() {
     assert_eq!(served, 1000);
 }
 
+/// `wrap(wrap(...(leaf)))`, `levels` calls around `leaf`, made by hand at
+/// the positions `parse` gives them in that text (`wrap(` is 5 bytes).
+fn nested_by_hand(levels: usize) -> Call {
+    let mut call = Call { name: "leaf".into(), pos: levels * 5, args: Vec::new() };
+    for level in (0..levels).rev() {
+        let arg = Arg { key: None, key_pos: (level + 1) * 5, value: Value::Call(call) };
+        call = Call { name: "wrap".into(), pos: level * 5, args: alloc::vec![arg] };
+    }
+    call
+}
+
+/// Drops a chain of calls a level at a time: the derived drop recurses
+/// once per level.
+fn drop_level_by_level(mut call: Call) {
+    while let Some(Arg { value: Value::Call(inner), .. }) = call.args.pop() {
+        call = inner;
+    }
+}
+
+/// The core's names, `leaf`, the leaf of `Engine` `bytes`, and `wrap(UP)`
+/// (statistics over `UP`), each counting its constructor's runs in
+/// `entered`.
+fn counting_builder(entered: &alloc::sync::Arc<core::sync::atomic::AtomicUsize>) -> StackBuilder<()> {
+    use core::sync::atomic::Ordering::Relaxed;
+    let mut b = bytes_builder();
+    let seen = entered.clone();
+    b.register("leaf", move |call, cx| {
+        seen.fetch_add(1, Relaxed);
+        Ok(cx.keep(call, Unbacked::new()))
+    });
+    let seen = entered.clone();
+    b.register("wrap", move |call, cx| {
+        seen.fetch_add(1, Relaxed);
+        call.expect_args(1, &[])?;
+        Ok(cx.keep(call, crate::adaptor::Statistics::new(cx.upstream(call, 0)?)))
+    });
+    b
+}
+
+/// A `Call` can be made by hand, nested deeper than `parse` takes: its
+/// build recursed once per level and overflowed the thread's stack,
+/// aborting the process. Every build refuses it as `parse` refuses its
+/// text, `TooDeep` at the call that opens one level too many, before any
+/// constructor runs; `MAX_DEPTH` levels build.
+#[test]
+fn a_call_made_by_hand_nested_past_the_limit_is_refused_before_anything_is_built() {
+    extern crate std;
+    use core::sync::atomic::{AtomicUsize, Ordering::Relaxed};
+    let entered = alloc::sync::Arc::new(AtomicUsize::new(0));
+    let b = counting_builder(&entered);
+    let levels = MAX_DEPTH + 1;
+    let e = err(&alloc::format!("{}leaf{}", "wrap(".repeat(levels), ")".repeat(levels)));
+    let refused = (MAX_DEPTH * 5, StackErrorKind::TooDeep);
+    assert_eq!((e.pos, e.kind), refused, "the text's error");
+    // Deep enough to overflow a small thread's stack, built on one (Miri
+    // gives no thread the size asked: a chain it walks at its pace).
+    let deep = nested_by_hand(if cfg!(miri) { 2 * MAX_DEPTH } else { 20_000 });
+    let mut leaf_of_deep = nested_by_hand(MAX_DEPTH + 1);
+    leaf_of_deep.name = "bytes".into();
+    let errors = std::thread::scope(|s| {
+        let builds = std::thread::Builder::new().stack_size(256 << 10).spawn_scoped(s, || {
+            [
+                b.build_call(&deep, &()).err(),
+                b.build_call_with_handles(&deep, &()).err(),
+                b.build_call(&nested_by_hand(MAX_DEPTH + 1), &()).err(),
+                b.build_leaf_of::<Engine>(&leaf_of_deep, &()).err(),
+            ]
+        });
+        builds.unwrap().join().unwrap()
+    });
+    for e in errors {
+        let e = e.expect("refused");
+        assert_eq!((e.pos, e.kind), refused);
+    }
+    assert_eq!(entered.load(Relaxed), 0, "no constructor ran");
+    drop_level_by_level(deep);
+    let stack = b.build_call(&nested_by_hand(MAX_DEPTH), &()).unwrap();
+    assert_eq!(entered.load(Relaxed), MAX_DEPTH + 1);
+    let block = stack.allocate(crate::Request::new(1000).unwrap(), &()).unwrap();
+    stack.deallocate(block, &()).unwrap();
+}
+
+/// A constructor may hand the build any call, one made by hand too:
+/// `Context::upstream`, `build_with` and `build_leaf_of_with` refuse one
+/// nested past `MAX_DEPTH` as a build does, before its constructors run.
+/// Before, they built it (the leaf of `Engine` refused its argument).
+#[test]
+fn a_call_made_by_hand_in_a_constructor_nested_past_the_limit_is_refused() {
+    use core::sync::atomic::{AtomicUsize, Ordering::Relaxed};
+    let entered = alloc::sync::Arc::new(AtomicUsize::new(0));
+    let mut b = counting_builder(&entered);
+    b.register("by_upstream", |call, cx| {
+        let arg = Arg { key: None, key_pos: 0, value: Value::Call(nested_by_hand(MAX_DEPTH + 1)) };
+        let made = Call { args: alloc::vec![arg], ..call.clone() };
+        cx.upstream(&made, 0)
+    });
+    b.register("by_build_with", |_, cx| cx.build_with(cx.builder, &nested_by_hand(MAX_DEPTH + 1)));
+    b.register("by_leaf_of_with", |_, cx| {
+        let mut deep = nested_by_hand(MAX_DEPTH + 1);
+        deep.name = "bytes".into();
+        cx.build_leaf_of_with::<Engine>(cx.builder, &deep).map(crate::copy::AssumeMemoryOf::into_inner)
+    });
+    for name in ["by_upstream", "by_build_with", "by_leaf_of_with"] {
+        let e = b.build(name, &()).err().expect(name);
+        assert_eq!((e.pos, e.kind), (MAX_DEPTH * 5, StackErrorKind::TooDeep), "{name}");
+    }
+    assert_eq!(entered.load(Relaxed), 0, "no constructor under them ran");
+}
+
 /// A stack refused after its `log` layer was built (an outer layer's bad
 /// argument, a pool whose initial size its upstream cannot give, a bin's
 /// bad argument) had made the log file anew: what it held was gone. The
