@@ -139,6 +139,13 @@ class CheckTrace(unittest.TestCase):
         ])
         self.assertEqual((r["rows"], r["frees"], r["live_at_end"], r["streams"]), (3, 1, 0, 1))
 
+    def test_an_allocate_failure_with_a_pointer_is_a_problem_in_memres_words(self):
+        # A failure allocated nothing: memres and RMM log it with the null
+        # pointer, and memres refuses a failure with another. Before, the
+        # check read it as a failure.
+        r = check_trace(write(self.path("f.csv"), ["0,1,allocate,0x100,64,0", "0,2,allocate failure,0x200,8,0"]))
+        self.assertEqual(r["problems"], ["line 3: an allocate failure with pointer `0x200` (a failure's is null)"])
+
     def test_a_header_memres_refuses_is_a_problem(self):
         # memres's trim keeps \x1c-\x1f, so this first line is a row to it:
         # `memres replay` exits 2 with "line 1: unknown action `Action`".

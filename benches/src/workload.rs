@@ -339,7 +339,8 @@ pub fn generate(
 /// padding, as gzip reads them, and any other byte there is an error that
 /// says so); blank lines are skipped;
 /// `allocate failure` records (an allocation that did not happen, logged
-/// with a null pointer) too, counted in [`Workload::failed_allocations`]. A
+/// with a null pointer; another pointer is a malformed line) too, counted
+/// in [`Workload::failed_allocations`]. A
 /// free of a pointer that is not live is skipped and counted in
 /// [`Workload::skipped_frees`]. An allocation of zero bytes at the null
 /// pointer is the empty block, of which any number may be live: each is an

@@ -19,7 +19,8 @@
 //! - `Action` is `allocate`, `free` or `allocate failure`.
 //! - `Pointer` is hexadecimal, with or without `0x`; a failed allocation's
 //!   null pointer is `0x0` (memres, RMM through `fmt`) or `(nil)` (RMM
-//!   through `printf`'s `%p`).
+//!   through `printf`'s `%p`), and a failure with another pointer is a
+//!   malformed row.
 //! - `Size` is the requested bytes.
 //!
 //! A row has exactly these six fields (a seventh, even empty, is a
@@ -131,8 +132,9 @@ impl<'a> Record<&'a str> {
     ///
     /// What is wrong with it: other than six fields, an empty `Thread`,
     /// `Time` or `Stream`, an unknown action, a pointer that is not
-    /// hexadecimal digits (after an optional `0x`), a size that is not
-    /// decimal digits (a sign is neither).
+    /// hexadecimal digits (after an optional `0x`), an `allocate failure`
+    /// whose pointer is not null, a size that is not decimal digits (a
+    /// sign is neither).
     pub fn parse(line: &'a str) -> Result<Self, String> {
         let line = line.trim_end_matches(['\r', '\n']);
         let mut cols = line.split(',').map(str::trim);
@@ -155,7 +157,8 @@ impl<'a> Record<&'a str> {
             "allocate failure" => Action::AllocateFailure,
             other => return Err(alloc::format!("unknown action `{other}`")),
         };
-        let pointer = match pointer {
+        let pointer_text = pointer;
+        let pointer = match pointer_text {
             "(nil)" => 0,
             p => {
                 let digits = p.strip_prefix("0x").or_else(|| p.strip_prefix("0X")).unwrap_or(p);
@@ -167,6 +170,13 @@ impl<'a> Record<&'a str> {
                     .ok_or_else(|| alloc::format!("pointer `{p}` is not a hex number"))?
             }
         };
+        // A failure allocated nothing: every writer logs it with the null
+        // pointer, and another is a row mangled (an `allocate`'s).
+        if action == Action::AllocateFailure && pointer != 0 {
+            return Err(alloc::format!(
+                "an allocate failure with pointer `{pointer_text}` (a failure's is null)"
+            ));
+        }
         let size = Some(size)
             .filter(|s| s.bytes().all(|b| b.is_ascii_digit()))
             .and_then(|s| s.parse::<u64>().ok())

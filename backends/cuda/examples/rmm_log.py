@@ -78,6 +78,9 @@ def parse_record(line):
         ptr = _number(digits, HEX_DIGITS, 16)
         if ptr is None:
             raise ValueError(f"pointer `{pointer}` is not a hex number")
+    # A failure allocated nothing: every writer logs it with the null pointer.
+    if action == "allocate failure" and ptr != 0:
+        raise ValueError(f"an allocate failure with pointer `{pointer}` (a failure's is null)")
     value = _number(size, DIGITS, 10)
     if value is None:
         raise ValueError(f"size `{size}` is not a number")
@@ -162,7 +165,8 @@ def check_trace(path):
     distinct values of the Stream column. `problems` holds the first ten:
     a line that is no record (as memres refuses it: not UTF-8, longer than
     it reads, the wrong number of fields, an unknown action, a pointer or
-    size that is not a number; `parse_record`), a gzip cut short or corrupt
+    size that is not a number, a failure whose pointer is not null;
+    `parse_record`), a gzip cut short or corrupt
     (that and a line longer than memres reads end the reading, as they end
     memres's), or a row past what memres's workload reader takes (a size above 2^62, the bytes live past 2^64 - 1, more
     than 65535 streams or 2^32 - 1 allocations: such a row is left out),

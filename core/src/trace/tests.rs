@@ -52,6 +52,26 @@ fn reads_what_rmm_writes() {
     assert_eq!((rows[0].thread.as_str(), rows[0].time.as_str()), ("140245113054976", "14:03:21.123456"));
 }
 
+/// A failed allocation allocated nothing: memres and RMM log it with a
+/// null pointer (`0x0`, `(nil)`), as `Record`'s docs say it is. One with
+/// another pointer is a row no writer writes (an `allocate` row mangled),
+/// malformed at its line. Before, it was read with its pointer, and the
+/// replay skipped the allocation and then, as stray, its free.
+#[test]
+fn an_allocate_failure_with_a_pointer_is_malformed() {
+    for null in ["0x0", "(nil)", "0", "0X00"] {
+        let row = format!("0,1,allocate failure,{null},64,0");
+        assert_eq!(Record::parse(&row).map(|r| r.pointer), Ok(0), "{row}");
+    }
+    let what = "an allocate failure with pointer `0x7f00` (a failure's is null)";
+    assert_eq!(Record::parse("0,1,allocate failure,0x7f00,64,0"), Err(what.into()));
+    let text = format!("{HEADER}\n0,1,allocate failure,0x0,64,0\n0,2,allocate failure,0x7f00,64,0\n");
+    match read_all(text.as_bytes()).unwrap_err() {
+        ReadError::Malformed { line, what: w } => assert_eq!((line, w.as_str()), (3, what)),
+        ReadError::Io(e) => panic!("{e}"),
+    }
+}
+
 #[test]
 fn headers_blank_lines_and_spaces_are_skipped() {
     let trace = "Thread,Time,Action,Pointer,Size,Stream\r\n\
