@@ -15,7 +15,9 @@ use alloc::vec::Vec;
 /// level (see [`Statistics::push_counters`]).
 ///
 /// The figures are signed, as RMM's: inside a pushed level, freeing a block
-/// allocated before the push makes `value` negative.
+/// allocated before the push makes `value` negative. So `value` and `peak`
+/// hold up to `i64::MAX` bytes: more live at once (only an upstream that
+/// lends address ranges alone can give that much) reads as negative.
 ///
 /// # Examples
 ///

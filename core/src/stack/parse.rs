@@ -71,11 +71,13 @@ pub enum Value {
 /// The most calls nested inside each other's parentheses: the parser (and
 /// every walk of the tree, and the build) recurses once per level, so an
 /// unbounded depth would overflow the stack; real stacks are a handful
-/// deep. [`parse`] refuses deeper text, and a [`StackBuilder`](super::StackBuilder)
-/// a deeper [`Call`] made by hand, before it builds anything. The core's layers make their resources out of the build's
-/// recursion: a stack of this depth, pools and arenas included, builds and
-/// serves on a thread stack of 256 KiB (debug builds need some 96 KiB of
-/// it; tested as `a_stack_of_max_depth_layers_builds_and_serves_on_a_small_thread_stack`).
+/// deep. [`parse`] refuses deeper text, and a
+/// [`StackBuilder`](super::StackBuilder) a deeper [`Call`] made by hand,
+/// before it builds anything. The core's layers make their resources out
+/// of the build's recursion: a stack of this depth, pools and arenas
+/// included, builds and serves on a thread stack of 256 KiB (debug builds
+/// need some 96 KiB of it; tested as
+/// `a_stack_of_max_depth_layers_builds_and_serves_on_a_small_thread_stack`).
 /// A constructor registered by others that recurses with a large resource
 /// in its frame takes that much for every level under it.
 pub const MAX_DEPTH: usize = 64;
