@@ -77,7 +77,9 @@ impl Gauge {
         self.total.fetch_add(n, Relaxed);
     }
 
-    /// Counts `n` fewer held.
+    /// Counts `n` fewer held. Taking off more than is held wraps (no
+    /// panic on a hot path): [`value`](Self::value) then reads near
+    /// `u64::MAX`, the two's complement of the shortfall.
     #[inline]
     pub fn sub(&self, n: u64) {
         self.held.sub(n);
