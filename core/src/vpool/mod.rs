@@ -154,7 +154,11 @@ fn slots_touched(r: &Reservation, shift: u32, start: u64, end: u64) -> (u32, u32
 ///   would take the pool's to `u32::MAX`), any free range that holds the
 ///   block, past the first ranges of its size class that the O(1) search
 ///   looks at; else [`Error::OutOfMemory`] with the request, the largest
-///   free block, the committed bytes and the bytes reserved.
+///   free block, the committed bytes and the bytes reserved. Where adding
+///   one fails with another error (the space's, or a reservation of the
+///   wrong shape or overlapping one the pool holds: `UpstreamMisbehaved`),
+///   which changes nothing, any free range that holds the block as well;
+///   else that error.
 ///
 /// **Streams.** A decommit is ordered on the stream of the call in progress
 /// (see [`ReservableSpace::decommit`]). As every plain memres pool, the
@@ -167,8 +171,8 @@ fn slots_touched(r: &Reservation, shift: u32, start: u64, end: u64) -> (u32, u32
 /// whatever the block's size, plus, for a block under a granule that the
 /// index places on a granule no live block touches, a look at up to 8
 /// other free ranges. Where the O(1) search finds no room and no
-/// reservation can be added, allocate looks at every free range that may
-/// hold the block: O(free ranges). A call that maps or unmaps costs what
+/// reservation can be added (or adding one fails), allocate looks at every
+/// free range that may hold the block: O(free ranges). A call that maps or unmaps costs what
 /// that costs, plus O(granules / 64) over the bitmaps, plus, where it
 /// searches for Idle granules (a commit beyond the limit whose candidates
 /// ran short, a trim, a free beyond `keep` after other Idle granules),
@@ -639,9 +643,9 @@ impl<V: ReservableSpace> VirtualPool<V> {
     }
 
     /// Reserves another range so that `request` fits, then allocates it;
-    /// where no reservation can be added, from any free range that holds
-    /// it. If that fails, retries a pending trim (ordered on `stream`), as
-    /// every failed allocate does.
+    /// where no reservation can be added, or adding one failed, from any
+    /// free range that holds it. If that fails, retries a pending trim
+    /// (ordered on `stream`), as every failed allocate does.
     #[cold]
     fn grow_and_allocate<S: Stream + ?Sized>(
         &mut self,
@@ -672,9 +676,16 @@ impl<V: ReservableSpace> VirtualPool<V> {
             }
             // No reservation to be had: any free range that holds it, past
             // the first ranges of its class that the class search looks at.
-            // Only here, so that the hot path places blocks as before.
+            // Only here, so that the hot path places blocks as before. Also
+            // where adding one failed with an error (the space's, one of
+            // the wrong shape or overlapping, the index's): that changed
+            // nothing, and a request a free range holds needs no
+            // reservation. The reservation's error stands where none does.
             Ok(None) => self.index.allocate_exhaustive_with_range(request.size(), request.align()),
-            Err(e) => Err(e),
+            Err(e) => match self.index.allocate_exhaustive_with_range(request.size(), request.align()) {
+                Ok(Some(found)) => Ok(Some(found)),
+                _ => Err(e),
+            },
         };
         if let Ok(Some(a)) = grown {
             return Ok(a);

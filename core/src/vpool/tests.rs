@@ -905,6 +905,32 @@ fn out_of_slots_for_a_reservation_the_error_is_the_requests() {
     p.check().unwrap();
 }
 
+/// The longest of [`ten_holes_the_longest_last`]'s holes.
+const LONG_HOLE: u64 = 407 << 8;
+
+/// Fills the pool's one reservation, leaving ten holes of one size class
+/// (400 to 407 units of 256 bytes) kept apart, the longest last in its
+/// class's list, past the ranges the class search looks at. Returns its
+/// address and the blocks live.
+fn ten_holes_the_longest_last<V: ReservableSpace>(p: &mut VirtualPool<V>) -> (u64, Vec<Block>) {
+    let reserve = p.reserved_bytes();
+    let mut holes = Vec::new();
+    let mut kept = Vec::new();
+    for k in 0..10 {
+        holes.push(p.allocate(req(if k == 0 { LONG_HOLE } else { 400 << 8 }), &()).unwrap());
+        kept.push(p.allocate(req(256), &()).unwrap());
+    }
+    while p.usage().used < reserve {
+        kept.push(p.allocate(req((reserve - p.usage().used).min(MIB)), &()).unwrap());
+    }
+    // Freed longest first: it ends last in its class's list.
+    let at = holes[0].addr();
+    for h in holes {
+        p.deallocate(h, &()).unwrap();
+    }
+    (at, kept)
+}
+
 /// With no reservation to be added (at `max_reservations`, or the space
 /// out of addresses), a request comes from any free range that holds it:
 /// the index's class search looks only at the first ranges of a class,
@@ -922,30 +948,14 @@ fn with_no_reservation_to_add_a_block_comes_from_any_free_range_that_holds_it() 
         let max = if out_of_addresses { 4 } else { 1 };
         let config = VirtualConfig::new(reserve).max_reservations(max);
         let mut p = VirtualPool::with_config(&space, config).unwrap();
-        // Ten holes of one size class (400 to 407 units of 256 bytes), the
-        // longest first, kept apart; then the reservation full.
-        let long = 407 << 8;
-        let mut holes = Vec::new();
-        let mut kept = Vec::new();
-        for k in 0..10 {
-            holes.push(p.allocate(req(if k == 0 { long } else { 400 << 8 }), &()).unwrap());
-            kept.push(p.allocate(req(256), &()).unwrap());
-        }
-        while p.usage().used < reserve {
-            kept.push(p.allocate(req((reserve - p.usage().used).min(MIB)), &()).unwrap());
-        }
-        // Freed longest first: it ends last in its class's list.
-        let at = holes[0].addr();
-        for h in holes {
-            p.deallocate(h, &()).unwrap();
-        }
-        let b = p.allocate(req(long), &()).unwrap_or_else(|e| panic!("{out_of_addresses}: {e}"));
+        let (at, kept) = ten_holes_the_longest_last(&mut p);
+        let b = p.allocate(req(LONG_HOLE), &()).unwrap_or_else(|e| panic!("{out_of_addresses}: {e}"));
         assert_eq!(b.addr(), at);
         assert!(space.is_committed(granules_of(&b, p.granule())));
         assert_eq!((p.reservation_count(), space.committed_bytes()), (1, p.usage().held));
         p.check().unwrap();
         // Nothing free holds more: out of memory, with the figures.
-        let e = p.allocate(req(long + 256), &()).unwrap_err();
+        let e = p.allocate(req(LONG_HOLE + 256), &()).unwrap_err();
         assert!(matches!(e, Error::OutOfMemory { max_size: Some(m), .. } if m == reserve), "{e}");
         p.deallocate(b, &()).unwrap();
         for b in kept {
@@ -957,5 +967,88 @@ fn with_no_reservation_to_add_a_block_comes_from_any_free_range_that_holds_it() 
         if let Some(r) = taken {
             space.release(r).unwrap();
         }
+    }
+}
+
+/// A space that refuses another reservation with an error (its own, or one
+/// of the wrong shape or overlapping one the pool holds, which the pool
+/// refuses): a request that a free range holds comes from it, as with no
+/// reservation to add; the reservation's error stands where none holds it.
+/// Before, the request failed with that error though a range held it, past
+/// the first ranges of its class that the class search looks at.
+#[test]
+fn a_reservation_refused_with_an_error_still_lets_a_block_come_from_any_free_range_that_holds_it() {
+    use core::cell::Cell;
+    const REFUSED: Error = Error::Backend { code: -3, what: "injected refusal of a reservation" };
+    /// Once the first reservation is made: refuses (0), hands out one a
+    /// granule longer than asked (1), or the first one again (2).
+    struct Refusing<'a> {
+        inner: &'a CountingSpace,
+        how: u8,
+        first: Cell<Option<Range>>,
+    }
+    impl ReservableSpace for Refusing<'_> {
+        fn granule(&self) -> u64 {
+            self.inner.granule()
+        }
+        fn reserve(&self, len: u64) -> Result<Range> {
+            let Some(first) = self.first.get() else {
+                let r = self.inner.reserve(len)?;
+                self.first.set(Some(r));
+                return Ok(r);
+            };
+            match self.how {
+                0 => Err(REFUSED),
+                1 => self.inner.reserve(len + self.granule()),
+                _ => Ok(first),
+            }
+        }
+        fn release(&self, range: Range) -> Result<()> {
+            self.inner.release(range)
+        }
+        fn commit(&self, range: Range) -> Result<()> {
+            self.inner.commit(range)
+        }
+        fn decommit<S: Stream + ?Sized>(&self, range: Range, stream: &S) -> Result<()> {
+            self.inner.decommit(range, stream)
+        }
+    }
+    // One granule per reservation, as above.
+    let reserve = 32 * MIB;
+    for how in 0..3 {
+        let inner = CountingSpace::new(1 << 30, reserve);
+        let space = Refusing { inner: &inner, how, first: Cell::new(None) };
+        let config = VirtualConfig::new(reserve).max_reservations(4);
+        let mut p = VirtualPool::with_config(&space, config).unwrap();
+        let (at, kept) = ten_holes_the_longest_last(&mut p);
+        let b = p.allocate(req(LONG_HOLE), &()).unwrap_or_else(|e| panic!("{how}: {e}"));
+        assert_eq!(b.addr(), at, "{how}");
+        assert!(inner.is_committed(granules_of(&b, p.granule())), "{how}");
+        assert_eq!((p.reservation_count(), inner.reservation_count()), (1, 1), "{how}");
+        p.check().unwrap();
+        // Nothing free holds more: the reservation's error.
+        let before = figures(&p);
+        let e = p.allocate(req(LONG_HOLE + 256), &()).unwrap_err();
+        let expected = match how {
+            0 => e == REFUSED,
+            1 => matches!(
+                e,
+                Error::UpstreamMisbehaved { what: "a reservation not sized or aligned as asked", .. }
+            ),
+            _ => matches!(
+                e,
+                Error::UpstreamMisbehaved { what: "a reservation overlapping one the pool holds", .. }
+            ),
+        };
+        assert!(expected, "{how}: {e}");
+        assert_eq!((figures(&p), inner.reservation_count()), (before, 1), "{how}");
+        p.deallocate(b, &()).unwrap();
+        for b in kept {
+            p.deallocate(b, &()).unwrap();
+        }
+        assert_eq!((p.usage().used, inner.committed_bytes()), (0, 0), "{how}");
+        p.check().unwrap();
+        drop(p);
+        assert_eq!(inner.reservation_count(), 0, "{how}");
     }
 }
