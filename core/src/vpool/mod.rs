@@ -446,16 +446,17 @@ impl<V: ReservableSpace> VirtualPool<V> {
         let range = self.space.reserve(len)?;
         // The space's fault, not the request's.
         let misbehaved = |what| Error::UpstreamMisbehaved { addr: range.start(), size: range.len(), what };
-        if range.len() != len || range.start() % g != 0 {
-            let _ = self.space.release(range);
-            return Err(misbehaved("a reservation not sized or aligned as asked"));
-        }
-        // Not given back: the range is, in part, one the pool holds.
+        // Not given back: the range is, in part, one the pool holds (told
+        // before its shape, so that one the pool holds never goes back).
         let at = self.reservations.partition_point(|r| r.range.start() < range.start());
         let overlaps = self.reservations.get(at).is_some_and(|r| r.range.start() < range.end())
             || at.checked_sub(1).is_some_and(|i| self.reservations[i].range.end() > range.start());
         if overlaps {
             return Err(misbehaved("a reservation overlapping one the pool holds"));
+        }
+        if range.len() != len || range.start() % g != 0 {
+            let _ = self.space.release(range);
+            return Err(misbehaved("a reservation not sized or aligned as asked"));
         }
         let first = match self.index.add_range(range) {
             Ok(first) => first,

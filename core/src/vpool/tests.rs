@@ -811,12 +811,14 @@ fn a_reservation_of_the_wrong_shape_is_the_spaces_fault() {
 /// in debug builds).
 #[test]
 fn a_reservation_overlapping_one_the_pool_holds_is_refused() {
-    /// Hands the first range it reserved out again, whole or shifted by
-    /// a granule, for every later reservation.
+    /// Hands the first range it reserved out again, shifted by `shift`
+    /// with the length asked, or (`whole`) as it is, for every later
+    /// reservation.
     struct Again<'a> {
         inner: &'a CountingSpace,
         first: core::cell::Cell<Option<Range>>,
         shift: u64,
+        whole: bool,
     }
     impl ReservableSpace for Again<'_> {
         fn granule(&self) -> u64 {
@@ -824,6 +826,7 @@ fn a_reservation_overlapping_one_the_pool_holds_is_refused() {
         }
         fn reserve(&self, len: u64) -> Result<Range> {
             match self.first.get() {
+                Some(first) if self.whole => Ok(first),
                 Some(first) => Ok(range(first.start() + self.shift, len)),
                 None => {
                     let r = self.inner.reserve(len)?;
@@ -844,7 +847,7 @@ fn a_reservation_overlapping_one_the_pool_holds_is_refused() {
     }
     for shift in [0, MIB, 3 * MIB] {
         let inner = CountingSpace::new(1 << 30, MIB);
-        let space = Again { inner: &inner, first: Default::default(), shift };
+        let space = Again { inner: &inner, first: Default::default(), shift, whole: false };
         let mut p =
             VirtualPool::with_config(&space, VirtualConfig::new(4 * MIB).max_reservations(3)).unwrap();
         let a = p.allocate(req(3 * MIB), &()).unwrap();
@@ -865,6 +868,22 @@ fn a_reservation_overlapping_one_the_pool_holds_is_refused() {
         drop(p);
         assert_eq!((inner.committed_bytes(), inner.reservation_count()), (0, 0), "{shift}");
     }
+    // The pool's own reservation whole for a longer one: not sized as
+    // asked, and overlapping; not given back either. Before, the pool
+    // gave its own reservation back to the space, and served from it.
+    let inner = CountingSpace::new(1 << 30, MIB);
+    let space = Again { inner: &inner, first: Default::default(), shift: 0, whole: true };
+    let mut p = VirtualPool::with_config(&space, VirtualConfig::new(4 * MIB).max_reservations(3)).unwrap();
+    let err = p.allocate(req(5 * MIB), &()).unwrap_err();
+    let what = "a reservation overlapping one the pool holds";
+    assert!(matches!(err, Error::UpstreamMisbehaved { what: w, .. } if w == what), "{err}");
+    assert_eq!((p.reservation_count(), inner.reservation_count()), (1, 1));
+    let b = p.allocate(req(3 * MIB), &()).unwrap();
+    assert!(inner.is_committed(granules_of(&b, MIB)));
+    p.deallocate(b, &()).unwrap();
+    p.check().unwrap();
+    drop(p);
+    assert_eq!((inner.committed_bytes(), inner.reservation_count()), (0, 0));
 }
 
 /// Out of the space's addresses for another reservation that the
