@@ -3,17 +3,91 @@
 use super::super::{drive, FuzzResource, Model};
 use super::round256;
 use arbitrary::Unstructured;
-use memres_core::vmem::CommitLedger;
+use memres_core::vmem::{CommitLedger, ReservableSpace};
 use memres_core::vpool::{VirtualConfig, VirtualPool};
-use memres_core::{Block, Error, Inspect, MemoryResourceMut, Request, Result};
+use memres_core::{Block, Error, Inspect, MemoryResourceMut, Range, Request, Result, Stream};
 use memres_sim::SimAddressSpace;
+use std::cell::Cell;
 
 /// The simulated space spans 2^18 granules: the pool keeps one slot per
 /// granule reserved, and a reservation of a terabyte would take gigabytes.
 const SPAN_GRANULES_LOG2: u32 = 18;
 
+/// The error of an injected refusal of a reservation.
+const REFUSED_RESERVATION: Error = Error::Backend { code: 3, what: "injected refusal of a reservation" };
+
+/// How [`Refusing`] answers the next reservation once armed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Refusal {
+    /// With [`REFUSED_RESERVATION`].
+    Error,
+    /// With the first range it reserved, the pool's own.
+    Overlapping,
+    /// With a range a granule longer than asked (reserved, so the pool
+    /// gives it back), or the error where the space has no room for it.
+    TooLong,
+}
+
+/// A `SimAddressSpace` whose next reservation an input may make fail, with
+/// an error or a range the pool must refuse (`UpstreamMisbehaved`).
+#[derive(Debug)]
+struct Refusing {
+    inner: SimAddressSpace,
+    armed: Cell<Option<Refusal>>,
+    /// The first range reserved.
+    first: Cell<Option<Range>>,
+    /// Reservations refused so far, and granted so far.
+    refused: Cell<u64>,
+    granted: Cell<u64>,
+}
+
+impl core::ops::Deref for Refusing {
+    type Target = SimAddressSpace;
+    fn deref(&self) -> &SimAddressSpace {
+        &self.inner
+    }
+}
+
+impl ReservableSpace for Refusing {
+    fn granule(&self) -> u64 {
+        self.inner.granule()
+    }
+    fn reserve(&self, len: u64) -> Result<Range> {
+        let Some(refusal) = self.armed.take() else {
+            let got = self.inner.reserve(len);
+            match (&got, self.first.get()) {
+                (Ok(r), None) => self.first.set(Some(*r)),
+                (Ok(_), Some(_)) => self.granted.set(self.granted.get() + 1),
+                (Err(_), _) => {}
+            }
+            return got;
+        };
+        self.refused.set(self.refused.get() + 1);
+        match refusal {
+            Refusal::Error => Err(REFUSED_RESERVATION),
+            Refusal::Overlapping => Ok(self.first.get().expect("the pool's first reservation")),
+            // Out of room for that: the error (out of memory would say the
+            // space had no room for `len`).
+            Refusal::TooLong => self.inner.reserve(len + self.granule()).map_err(|_| REFUSED_RESERVATION),
+        }
+    }
+    fn release(&self, range: Range) -> Result<()> {
+        self.inner.release(range)
+    }
+    fn commit(&self, range: Range) -> Result<()> {
+        self.inner.commit(range)
+    }
+    fn decommit<S: Stream + ?Sized>(&self, range: Range, stream: &S) -> Result<()> {
+        self.inner.decommit(range, stream)
+    }
+    fn releasable(&self, range: Range, want: u64) -> Option<Range> {
+        self.inner.releasable(range, want)
+    }
+}
+
 /// `VirtualPool` over a `SimAddressSpace`, which may hold its memory in
-/// pieces given back whole only (as CUDA's physical handles).
+/// pieces given back whole only (as CUDA's physical handles), and may
+/// refuse a reservation.
 ///
 /// Injected failures are judged by the call they fire in, not by whether one
 /// was armed: an armed failure fires in a later call or never. The space
@@ -21,10 +95,12 @@ const SPAN_GRANULES_LOG2: u32 = 18;
 /// and after.
 #[derive(Debug)]
 struct VpoolTarget {
-    pool: VirtualPool<SimAddressSpace>,
+    pool: VirtualPool<Refusing>,
     /// Injected (commit, decommit) failures delivered during the last
     /// allocate, for `judge_alloc_failure`.
     delivered: (u64, u64),
+    /// Reservations refused during the last allocate.
+    refused: u64,
     /// The most idle bytes the space could give back that the pool may
     /// hold now ([`VirtualPool::releasable_bytes`]: all idle bytes unless
     /// the space holds pieces). `keep` unless a decommit failed: then
@@ -68,7 +144,7 @@ impl VpoolTarget {
 
     /// Runs `call` on the pool; returns what it returned and the injected
     /// failures the space delivered during it (commits, decommits).
-    fn observe<T>(&mut self, call: impl FnOnce(&mut VirtualPool<SimAddressSpace>) -> T) -> (T, (u64, u64)) {
+    fn observe<T>(&mut self, call: impl FnOnce(&mut VirtualPool<Refusing>) -> T) -> (T, (u64, u64)) {
         let before = self.pool.space().injected_failures();
         let got = call(&mut self.pool);
         let now = self.pool.space().injected_failures();
@@ -96,11 +172,27 @@ impl VpoolTarget {
 
 impl FuzzResource for VpoolTarget {
     fn allocate(&mut self, request: Request) -> Result<Block> {
+        let space = self.pool.space();
+        let (refused, granted) = (space.refused.get(), space.granted.get());
+        let reservations = self.pool.reservation_count();
         let got;
         (got, self.delivered) = self.observe(|pool| pool.allocate(request, &()));
         if got.is_ok() && self.delivered.0 > 0 {
             // A failed commit is never retried: the allocate fails with it.
             self.broke(format!("an allocate succeeded though a commit failed: {got:?}"));
+        }
+        // A refused reservation changes nothing, and the call may still be
+        // served from a free range held before: with nothing new reserved,
+        // but for a reservation granted later in the call (the second try
+        // after running out of physical memory).
+        let space = self.pool.space();
+        self.refused = space.refused.get() - refused;
+        let granted = (space.granted.get() - granted) as usize;
+        if got.is_ok() && self.refused > 0 && self.pool.reservation_count() != reservations + granted {
+            self.broke(format!(
+                "{request:?} succeeded though a reservation was refused, with {reservations} reservations before and {} after ({granted} granted)",
+                self.pool.reservation_count()
+            ));
         }
         // A failed allocate retries a pending trim; a successful one only
         // takes Idle granules.
@@ -146,9 +238,15 @@ impl FuzzResource for VpoolTarget {
     fn fail_nth(&mut self, n: u64) -> bool {
         // The `n`th commit and the `n`th decommit from now: a commit that
         // fails, the undo of one, a trim and the retry after running out of
-        // physical memory all meet failures, alone and together.
-        self.pool.space().fail_nth_commit(n);
-        self.pool.space().fail_nth_decommit(n);
+        // physical memory all meet failures, alone and together. And the
+        // next reservation, for `n` up to 3: refused with an error, or
+        // answered with a range the pool must refuse.
+        let space = self.pool.space();
+        space.fail_nth_commit(n);
+        space.fail_nth_decommit(n);
+        let refusal =
+            [Refusal::Error, Refusal::Overlapping, Refusal::TooLong].get((n as usize).wrapping_sub(1));
+        space.armed.set(refusal.copied());
         true
     }
     fn check(&self, model: &Model) -> std::result::Result<(), String> {
@@ -244,6 +342,24 @@ impl FuzzResource for VpoolTarget {
                 Ok(())
             }
             Error::InvalidSize { .. } if reserved / g + need.div_ceil(g) >= u64::from(u32::MAX) => Ok(()),
+            // A refused reservation's error stands only where no free range
+            // held the request: the pool looks at every one. (A failed
+            // allocate leaves the free ranges as they were.)
+            Error::Backend { .. } | Error::UpstreamMisbehaved { .. } if self.refused > 0 => {
+                let refusal = *err == REFUSED_RESERVATION
+                    || matches!(err, Error::UpstreamMisbehaved { what, .. } if what.contains("reservation"));
+                let granules = request.size().div_ceil(256) + request.align() / 256 - 1;
+                if !refusal {
+                    Err(format!("{} reservations refused in the call, not its error", self.refused))
+                } else if self.pool.usage().largest_free >= 256 * granules {
+                    Err(format!(
+                        "a refused reservation's error, though the largest free range ({} bytes) holds the request",
+                        self.pool.usage().largest_free
+                    ))
+                } else {
+                    Ok(())
+                }
+            }
             // Out of physical memory, the space's error comes through as it
             // is: `requested` is then the bytes of the commit.
             Error::OutOfMemory { .. } => {
@@ -286,8 +402,8 @@ impl FuzzResource for VpoolTarget {
 
 /// Fuzz target `vpool`: [`VirtualPool`] over a `SimAddressSpace` of a few
 /// granule sizes, physical sizes, reservation sizes, release thresholds and
-/// pieces (none, or up to 1, 4 or 32 granules each); commits and decommits
-/// made to fail.
+/// pieces (none, or up to 1, 4 or 32 granules each); commits, decommits
+/// and reservations made to fail.
 pub fn run_vpool(data: &[u8]) {
     let mut u = Unstructured::new(data);
     let Ok((granule, physical, pieces, config)) =
@@ -311,8 +427,16 @@ pub fn run_vpool(data: &[u8]) {
     if pieces > 0 {
         space = space.with_pieces(pieces).expect("no memory is committed yet");
     }
+    let space = Refusing {
+        inner: space,
+        armed: Cell::new(None),
+        first: Cell::new(None),
+        refused: Cell::new(0),
+        granted: Cell::new(0),
+    };
     let pool = VirtualPool::with_config(space, config).expect("a valid configuration");
     let idle_ceiling = config.release_threshold_bytes();
-    let mut target = VpoolTarget { pool, delivered: (0, 0), idle_ceiling, broken: None, pieced: pieces > 0 };
+    let mut target =
+        VpoolTarget { pool, delivered: (0, 0), refused: 0, idle_ceiling, broken: None, pieced: pieces > 0 };
     drive(&mut target, &mut u);
 }
