@@ -172,11 +172,12 @@ fn slots_touched(r: &Reservation, shift: u32, start: u64, end: u64) -> (u32, u32
 /// index places on a granule no live block touches, a look at up to 8
 /// other free ranges. Where the O(1) search finds no room and no
 /// reservation can be added (or adding one fails), allocate looks at every
-/// free range that may hold the block: O(free ranges). A call that maps or unmaps costs what
-/// that costs, plus O(granules / 64) over the bitmaps, plus, where it
-/// searches for Idle granules (a commit beyond the limit whose candidates
-/// ran short, a trim, a free beyond `keep` after other Idle granules),
-/// O(free ranges of a granule or more + their granules / 64).
+/// free range that may hold the block: O(free ranges). A call that maps
+/// or unmaps costs what that costs, plus O(granules / 64) over the
+/// bitmaps, plus, where it searches for Idle granules (a commit beyond the
+/// limit whose candidates ran short, a trim, a free beyond `keep` after
+/// other Idle granules), O(free ranges of a granule or more + their
+/// granules / 64).
 ///
 /// # Examples
 ///
