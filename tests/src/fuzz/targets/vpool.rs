@@ -14,11 +14,12 @@ use std::cell::Cell;
 const SPAN_GRANULES_LOG2: u32 = 18;
 
 /// The error of an injected refusal of a reservation.
-const REFUSED_RESERVATION: Error = Error::Backend { code: 3, what: "injected refusal of a reservation" };
+pub(super) const REFUSED_RESERVATION: Error =
+    Error::Backend { code: 3, what: "injected refusal of a reservation" };
 
 /// How [`Refusing`] answers the next reservation once armed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Refusal {
+pub(super) enum Refusal {
     /// With [`REFUSED_RESERVATION`].
     Error,
     /// With the first range it reserved, the pool's own.

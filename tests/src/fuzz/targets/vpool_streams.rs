@@ -3,19 +3,81 @@
 use super::super::{drive, FuzzResource, Model, Op};
 use super::round256;
 use super::streams::SimStreams;
-use super::vpool::busy_bytes;
+use super::vpool::{busy_bytes, Refusal, REFUSED_RESERVATION};
 use arbitrary::Unstructured;
 use memres_core::per_stream::{PerStreamPool, VirtualMaker};
 use memres_core::vmem::ReservableSpace;
 use memres_core::vpool::VirtualConfig;
 use memres_core::{Block, Error, Inspect, MemoryResource, Range, Request, Result, Shared, Stream};
 use memres_sim::{HbChecked, SimAddressSpace, SimStream, UnmapChecked};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 
 /// The simulated space spans 2^18 granules, as in the `vpool` target.
 const SPAN_GRANULES_LOG2: u32 = 18;
 
-type Space = UnmapChecked<SimAddressSpace>;
+/// A `SimAddressSpace` whose next reservation an input may make fail, with
+/// an error or a range the pool must refuse (`UpstreamMisbehaved`), as in
+/// the `vpool` target. Every stream's pool reserves from it (one when the
+/// pool is made), so the range handed out again is one of the calling
+/// stream's pool, named before each call: another pool's range is one no
+/// pool could tell from a free one.
+#[derive(Debug)]
+struct Refusing {
+    inner: SimAddressSpace,
+    armed: Mutex<Option<Refusal>>,
+    /// The first reservation of the calling stream's pool, if it has one.
+    own: Mutex<Option<Range>>,
+    /// Reservations refused so far, and granted so far.
+    refused: AtomicU64,
+    granted: AtomicU64,
+}
+
+impl core::ops::Deref for Refusing {
+    type Target = SimAddressSpace;
+    fn deref(&self) -> &SimAddressSpace {
+        &self.inner
+    }
+}
+
+impl ReservableSpace for Refusing {
+    fn granule(&self) -> u64 {
+        self.inner.granule()
+    }
+    fn reserve(&self, len: u64) -> Result<Range> {
+        let Some(refusal) = self.armed.lock().expect("not poisoned").take() else {
+            let got = self.inner.reserve(len);
+            if got.is_ok() {
+                self.granted.fetch_add(1, Ordering::Relaxed);
+            }
+            return got;
+        };
+        self.refused.fetch_add(1, Ordering::Relaxed);
+        let own = *self.own.lock().expect("not poisoned");
+        match (refusal, own) {
+            (Refusal::Overlapping, Some(own)) => Ok(own),
+            // A stream without a pool: nothing of its own to hand out.
+            (Refusal::Error | Refusal::Overlapping, _) => Err(REFUSED_RESERVATION),
+            (Refusal::TooLong, _) => {
+                self.inner.reserve(len + self.granule()).map_err(|_| REFUSED_RESERVATION)
+            }
+        }
+    }
+    fn release(&self, range: Range) -> Result<()> {
+        self.inner.release(range)
+    }
+    fn commit(&self, range: Range) -> Result<()> {
+        self.inner.commit(range)
+    }
+    fn decommit<S: Stream + ?Sized>(&self, range: Range, stream: &S) -> Result<()> {
+        self.inner.decommit(range, stream)
+    }
+    fn releasable(&self, range: Range, want: u64) -> Option<Range> {
+        self.inner.releasable(range, want)
+    }
+}
+
+type Space = UnmapChecked<Refusing>;
 type Pools = PerStreamPool<VirtualMaker<Arc<Space>>, SimStream>;
 
 /// A [`PerStreamPool`] of virtual pools over one simulated space, on a few
@@ -28,8 +90,12 @@ struct VpoolStreamsTarget {
     /// Injected failures (of stream calls, commits and decommits)
     /// delivered during the last allocate, for `judge_alloc_failure`.
     delivered: u64,
+    /// Reservations refused during the last allocate.
+    refused: u64,
     /// Whether the space holds memory in pieces given back whole only.
     pieced: bool,
+    /// The first broken rule a call found (reported by `check`).
+    broken: Option<String>,
 }
 
 impl std::fmt::Debug for VpoolStreamsTarget {
@@ -53,8 +119,31 @@ impl VpoolStreamsTarget {
 impl FuzzResource for VpoolStreamsTarget {
     fn allocate(&mut self, request: Request) -> Result<Block> {
         let space_before = self.space_failures();
+        let id = self.streams.current().id();
+        let reservations =
+            self.with(|p| p.pool_of(id).map(|v| (v.reservation_count(), v.reservations().next())));
+        let refusing = self.space.inner();
+        *refusing.own.lock().expect("not poisoned") = reservations.and_then(|(_, first)| first);
+        let (refused, granted) =
+            (refusing.refused.load(Ordering::Relaxed), refusing.granted.load(Ordering::Relaxed));
         let (got, streams) = self.streams.observe(|| self.hb.allocate(request, self.streams.current()));
         self.delivered = streams + self.space_failures() - space_before;
+        // A refused reservation changes nothing, and the call may still be
+        // served from a free range the stream's pool held: with nothing
+        // new reserved but what was granted in the call (the pool made for
+        // the stream, a growth on the second try after running out of
+        // physical memory). Only the stream's pool reserves in its call;
+        // the others may only be dropped.
+        let refusing = self.space.inner();
+        self.refused = refusing.refused.load(Ordering::Relaxed) - refused;
+        let granted = (refusing.granted.load(Ordering::Relaxed) - granted) as usize;
+        let before = reservations.map_or(0, |(n, _)| n);
+        let after = self.with(|p| p.pool_of(id).map_or(0, |v| v.reservation_count()));
+        if got.is_ok() && self.refused > 0 && after != before + granted {
+            self.broken.get_or_insert(format!(
+                "{request:?} succeeded though a reservation was refused, with {before} reservations of the stream's pool before and {after} after ({granted} granted)"
+            ));
+        }
         let block = got?;
         self.streams.allocated(&block);
         Ok(block)
@@ -70,11 +159,21 @@ impl FuzzResource for VpoolStreamsTarget {
         Ok(())
     }
     fn fail_nth(&mut self, n: u64) -> bool {
-        self.space.inner().fail_nth_commit(n);
-        self.space.inner().fail_nth_decommit(n);
+        // And the next reservation, for `n` up to 3, as in the `vpool`
+        // target: refused with an error, or answered with a range the pool
+        // must refuse.
+        let space = self.space.inner();
+        space.fail_nth_commit(n);
+        space.fail_nth_decommit(n);
+        let refusal =
+            [Refusal::Error, Refusal::Overlapping, Refusal::TooLong].get((n as usize).wrapping_sub(1));
+        *space.armed.lock().expect("not poisoned") = refusal.copied();
         true
     }
     fn check(&self, model: &Model) -> std::result::Result<(), String> {
+        if let Some(why) = &self.broken {
+            return Err(why.clone());
+        }
         if let Some(v) = self.hb.violations().first() {
             return Err(format!("happens-before violation: {v}"));
         }
@@ -94,6 +193,18 @@ impl FuzzResource for VpoolStreamsTarget {
         self.with(|p| {
             if super::super::invariant_checker_on() {
                 p.check().map_err(|v| v.to_string())?;
+            }
+            // Every reservation is a stream's pool's (a refused one went
+            // back or was never taken).
+            let reserved: u64 = (0..self.streams.count() as usize)
+                .filter_map(|i| p.pool_of(self.streams.get(i).id()))
+                .map(|v| v.reserved_bytes())
+                .sum();
+            if reserved != space.reserved_bytes() {
+                return Err(format!(
+                    "the pools hold {reserved} bytes reserved, the space {}",
+                    space.reserved_bytes()
+                ));
             }
             if p.usage().held != space.committed_bytes() {
                 return Err(format!(
@@ -144,6 +255,26 @@ impl FuzzResource for VpoolStreamsTarget {
         let need = request.rounded_size(256) + request.align().saturating_sub(g);
         match err {
             Error::Backend { .. } if self.delivered > 0 => Ok(()),
+            // A refused reservation's error stands only where the stream's
+            // pool (if it has one: making it reserves) has no free range
+            // that holds the request: it looks at every one. A failed
+            // allocate leaves its free ranges as they were.
+            Error::Backend { .. } | Error::UpstreamMisbehaved { .. } if self.refused > 0 => {
+                let refusal = *err == REFUSED_RESERVATION
+                    || matches!(err, Error::UpstreamMisbehaved { what, .. } if what.contains("reservation"));
+                let units = request.size().div_ceil(256) + request.align() / 256 - 1;
+                let largest =
+                    self.with(|p| p.pool_of(self.streams.current().id()).map(|v| v.usage().largest_free));
+                if !refusal {
+                    Err(format!("{} reservations refused in the call, not its error", self.refused))
+                } else if largest.is_some_and(|free| free >= 256 * units) {
+                    Err(format!(
+                        "a refused reservation's error, though the stream's pool's largest free range ({largest:?} bytes) holds the request"
+                    ))
+                } else {
+                    Ok(())
+                }
+            }
             Error::InvalidSize { .. } if need / g + 2 >= 1 << SPAN_GRANULES_LOG2 => Ok(()),
             Error::OutOfMemory { .. } => {
                 // Physical memory: every idle granule went back before the
@@ -192,9 +323,9 @@ impl FuzzResource for VpoolStreamsTarget {
 /// ([`VirtualMaker`]) over one `SimAddressSpace` of a few granule sizes,
 /// physical sizes, reservation sizes, release thresholds and pieces (none,
 /// or up to 1, 4 or 32 granules each, as CUDA's handles), on two to four
-/// streams of one `SimWorld`; commits, decommits and stream calls made to
-/// fail. The happens-before checker must find no reuse, and the space no
-/// unmap, that is not ordered after the frees before it.
+/// streams of one `SimWorld`; commits, decommits, reservations and stream
+/// calls made to fail. The happens-before checker must find no reuse, and
+/// the space no unmap, that is not ordered after the frees before it.
 pub fn run_vpool_streams(data: &[u8]) {
     let mut u = Unstructured::new(data);
     let Ok((granule, physical, config, count, pieces)) =
@@ -219,6 +350,13 @@ pub fn run_vpool_streams(data: &[u8]) {
     if pieces > 0 {
         sim = sim.with_pieces(pieces).expect("no memory is committed yet");
     }
+    let sim = Refusing {
+        inner: sim,
+        armed: Mutex::new(None),
+        own: Mutex::new(None),
+        refused: AtomicU64::new(0),
+        granted: AtomicU64::new(0),
+    };
     let space = Arc::new(UnmapChecked::new(sim));
     let pools =
         PerStreamPool::new(VirtualMaker::new(space.clone(), config).expect("a configuration a pool takes"));
@@ -227,7 +365,9 @@ pub fn run_vpool_streams(data: &[u8]) {
         space,
         streams,
         delivered: 0,
+        refused: 0,
         pieced: pieces > 0,
+        broken: None,
     };
     drive(&mut target, &mut u);
 }
