@@ -395,15 +395,10 @@ impl Table {
         }
     }
 
-    /// Takes `block`, just handed out through `stack` on `s` for `nbytes`:
-    /// notes it live, or refuses it and gives it back through `stack` (the
-    /// older block of its address stays freeable). A block at address 0
-    /// or of another size than asked is refused too ([`kept::misfit`]):
-    /// Python takes address 0 for no memory, and would never free it; one
-    /// shorter would be written past its end, one longer freed with the
-    /// size asked, which the table refuses. If `stack` refuses it
-    /// back (or panics), it is kept ([`kept`](Table::kept)) with `below`,
-    /// the resource under `stack` that `release` gives it back to.
+    /// [`note`](Self::note), then [`refuse`](Self::refuse) where it
+    /// refused: `allocate` runs the two apart, holding the GIL for the
+    /// first only.
+    #[cfg(all(test, not(feature = "cuda")))]
     fn take_allocated(
         &self,
         stack: &dyn memres_core::MemoryResource<Stream>,
@@ -412,17 +407,39 @@ impl Table {
         nbytes: u64,
         s: &Stream,
     ) -> Result<(), Refused> {
-        let refused = match kept::misfit(
-            block,
-            nbytes,
-            "which Python takes for no memory (allocate's answer for 0 bytes)",
-        ) {
-            Some(what) => NotNoted::Misfit(what),
-            None => match self.note_allocated(block) {
-                Ok(()) => return Ok(()),
-                Err(refused) => refused,
-            },
-        };
+        self.note(block, nbytes).map_err(|refused| self.refuse(stack, below, block, nbytes, refused, s))
+    }
+
+    /// Notes `block`, just handed out for `nbytes`, as live, or says why
+    /// not. A block at address 0 or of another size than asked is refused
+    /// too ([`kept::misfit`]): Python takes address 0 for no memory, and
+    /// would never free it; one shorter would be written past its end, one
+    /// longer freed with the size asked, which the table refuses. Calls
+    /// nothing of the stack's, so `allocate` runs it holding the GIL.
+    fn note(&self, block: Block, nbytes: u64) -> Result<(), NotNoted> {
+        match kept::misfit(block, nbytes, "which Python takes for no memory (allocate's answer for 0 bytes)")
+        {
+            Some(what) => Err(NotNoted::Misfit(what)),
+            None => self.note_allocated(block),
+        }
+    }
+
+    /// Gives `block`, which [`note`](Self::note) refused, back through
+    /// `stack`, the stack it came from on `s` (the older block of its
+    /// address stays freeable); if `stack` refuses it back (or panics),
+    /// keeps it ([`kept`](Table::kept)) with `below`, the resource under
+    /// `stack` that `release` gives it back to. Answers the error to
+    /// raise. It calls the stack, so `allocate` runs it with the GIL
+    /// released.
+    fn refuse(
+        &self,
+        stack: &dyn memres_core::MemoryResource<Stream>,
+        below: &Dyn,
+        block: Block,
+        nbytes: u64,
+        refused: NotNoted,
+        s: &Stream,
+    ) -> Refused {
         // A give-back that panics is refused too: the block is kept, not lost.
         let (back, failed) = match kept::freed(stack, block, s) {
             Ok(()) => ("it was given back".to_string(), false),
@@ -450,7 +467,7 @@ impl Table {
                 true,
             ),
         };
-        Err(Refused { message, retired, failed })
+        Refused { message, retired, failed }
     }
 }
 
@@ -465,7 +482,7 @@ enum NotNoted {
     Misfit(String),
 }
 
-/// Why [`Table::take_allocated`] did not take a block.
+/// Why a block was not taken ([`Table::refuse`]'s answer).
 struct Refused {
     /// The error's text (a `MemresError`'s after `memres: `, or whole).
     message: String,
@@ -688,11 +705,11 @@ impl Resource {
         let s = unsafe { backend::stream(stream, self.device)? };
         let block = crate::gil::detach(py, || self.blocks.allocate(request, &s))
             .map_err(|e| to_py(e, &format!("allocate({nbytes})")))?;
-        let Err(refused) = crate::gil::detach(py, || {
-            self.table.take_allocated(&*self.blocks, &self.blocks.inner, block, nbytes, &s)
-        }) else {
-            return Ok(block.addr());
-        };
+        // The give-back of a block refused calls the stack: without the GIL.
+        let Err(refused) = self.table.note(block, nbytes) else { return Ok(block.addr()) };
+        let refused = crate::gil::detach(py, || {
+            self.table.refuse(&*self.blocks, &self.blocks.inner, block, nbytes, refused, &s)
+        });
         let make: fn(String) -> PyErr = if refused.retired { invalid_argument } else { backend_error };
         // A Python function that raised in the give-back: its exception
         // is the cause, as an allocation's own.
