@@ -400,11 +400,16 @@ def test_an_address_live_already_is_refused_and_the_new_block_given_back():
     assert a.allocation_counts.current_bytes == 0 and _native.sim.c_live_count(0) == 0
 
 
-def test_a_block_refused_back_at_a_live_address_is_kept_for_the_reset_function(monkeypatch):
+@pytest.mark.parametrize("reset", ["memres_py_empty_cache", "memres.allocators.torch.empty_cache"])
+def test_a_block_refused_back_at_a_live_address_is_kept_for_the_reset_functions(monkeypatch, reset):
     # Its give-back refused, the new block was lost: in neither the table
     # nor anywhere else, live in its stack for good. As the C library's, it
-    # is kept, and the reset function gives it back.
+    # is kept, and the reset function (torch.cuda.empty_cache()) gives it
+    # back; so does memres.allocators.torch.empty_cache(), which released
+    # the pools alone.
+    import memres.allocators.torch as mt
     so = lib()
+    empty_cache = so.memres_py_empty_cache if reset == "memres_py_empty_cache" else lambda: mt.empty_cache(0)
     monkeypatch.setattr(sys, "unraisablehook", lambda u: None)
     _native.sim.last_error(clear=True)
     refusing = [True]
@@ -423,45 +428,12 @@ def test_a_block_refused_back_at_a_live_address_is_kept_for_the_reset_function(m
     why = _native.sim.last_error(clear=True)
     assert "a live address" in why and "kept to give back" in why, why
     assert b.allocation_counts.current_bytes == 1000
-    so.memres_py_empty_cache()  # still refused: kept again, and said
+    empty_cache()  # still refused: kept again, and said
     why = _native.sim.last_error(clear=True)
-    assert "memres_py_empty_cache: device 0" in why and "this free is refused" in why, why
+    assert why and f"{reset}: device 0" in why and "this free is refused" in why, why
     assert b.allocation_counts.current_bytes == 1000
     refusing[0] = False
-    so.memres_py_empty_cache()
-    assert _native.sim.last_error() is None
-    assert b.allocation_counts.current_bytes == 0
-    so.memres_py_free(p, 1000, 0, None)
-    assert a.allocation_counts.current_bytes == 0 and _native.sim.c_live_count(0) == 0
-
-
-def test_the_torch_modules_empty_cache_gives_back_the_kept_blocks_too(monkeypatch):
-    # Only torch.cuda.empty_cache() (the reset function) gave them back:
-    # memres.allocators.torch.empty_cache() released the pools alone.
-    import memres.allocators.torch as mt
-    so = lib()
-    monkeypatch.setattr(sys, "unraisablehook", lambda u: None)
-    _native.sim.last_error(clear=True)
-    refusing = [True]
-
-    def dealloc(p, n):
-        if refusing[0]:
-            raise RuntimeError("this free is refused")
-
-    a = mr.StatisticsResourceAdaptor(
-        mr.CallbackMemoryResource(lambda n: 1 << 40, lambda p, n: None, backend="sim"))
-    mr.set_current_device_resource(a)
-    p = so.memres_py_alloc(1000, 0, None)
-    b = mr.StatisticsResourceAdaptor(mr.CallbackMemoryResource(lambda n: 1 << 40, dealloc, backend="sim"))
-    mr.set_current_device_resource(b)
-    assert so.memres_py_alloc(1000, 0, None) is None
-    assert "kept to give back" in _native.sim.last_error(clear=True)
-    mt.empty_cache(0)  # still refused: kept again, and said
-    why = _native.sim.last_error(clear=True)
-    assert why and "empty_cache: device 0" in why and "this free is refused" in why, why
-    assert b.allocation_counts.current_bytes == 1000
-    refusing[0] = False
-    mt.empty_cache(0)
+    empty_cache()
     assert _native.sim.last_error() is None
     assert b.allocation_counts.current_bytes == 0
     so.memres_py_free(p, 1000, 0, None)
