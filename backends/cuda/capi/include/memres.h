@@ -22,8 +22,9 @@
  * serves from the device's default pool, or its default pool of managed
  * memory, as they are), cuda (cuMemAlloc), managed (cuMemAllocManaged),
  * vmm (a pool over reserved address ranges that maps memory where live
- * blocks are, through cuMemCreate/cuMemMap: one range of reserve= bytes,
- * and when it is full another as large, up to 4; reserve=,
+ * blocks are, through cuMemCreate/cuMemMap: one range of reserve= bytes
+ * (rounded up to the device's granule), and when it is full another as
+ * large, up to 4; reserve=,
  * release_threshold=, handle_granules=, large_handles=, slack=,
  * trim_on_commit=, per_stream=true|false (a pool per stream, with
  * reservations of its own; false); it unmaps only after synchronizing the

@@ -67,8 +67,8 @@ pub type VmmPool = Shared<VirtualPool<CountedSpace<CudaVirtualSpace>>, StdLock>;
 pub type VmmPools =
     Shared<PerStreamPool<VirtualMaker<Arc<CountedSpace<CudaVirtualSpace>>>, CudaStream>, StdLock>;
 
-/// The options of `vmm`: `reserve=` (bytes of addresses per reservation;
-/// default twice the device's memory), `release_threshold=` (free committed bytes kept
+/// The options of `vmm`: `reserve=` (bytes of addresses per reservation,
+/// rounded up to the device's granule; default twice the device's memory), `release_threshold=` (free committed bytes kept
 /// mapped, the release threshold; default all of them, under the slack),
 /// `slack=` (free committed memory is trimmed only above 1 + slack/1000
 /// times the peak in use; default 40), `handle_granules=` (the most granules one

@@ -353,6 +353,22 @@ fn out_of_addresses_is_out_of_memory_with_the_bytes_reserved() {
     agree(&space, &fake);
 }
 
+/// A stack's `vmm(reserve=)` need not be a multiple of the device's
+/// granule, which is known only once the device is: the pool (each
+/// stream's too, made by the same constructor) reserves it rounded up, and
+/// serves from the first call.
+#[test]
+fn a_reservation_not_a_multiple_of_the_granule_is_rounded_up_to_it() {
+    let (space, fake) = space(400 * G, 4);
+    for (reserve, reserved) in [(1, G), (G - 1, G), (3 * G + 12345, 4 * G)] {
+        let mut pool = VirtualPool::with_config(&space, VirtualConfig::new(reserve)).unwrap();
+        let b = pool.allocate(Request::new(1000).unwrap(), &()).unwrap();
+        assert_eq!(pool.reserved_bytes(), reserved, "reserve={reserve}");
+        pool.deallocate(b, &()).unwrap();
+    }
+    agree(&space, &fake);
+}
+
 #[test]
 fn large_handles_only_lengthen_the_handles_of_handle_granules() {
     let (space, fake) = space(1 << 40, 4);
