@@ -127,7 +127,9 @@ typedef struct memres_steps_t {
  * and NULL with a message when the memory cannot be had, the device's
  * stack cannot be built, or the stack handed out a block at an address
  * that is live, at 0, or of another size than asked (the block goes back to
- * it). stream (a cudaStream_t) is a stream of device (see Streams above). */
+ * it; one the stack refuses back is kept, the message says so, and
+ * memres_release gives it back). stream (a cudaStream_t) is a stream of
+ * device (see Streams above). */
 void *memres_alloc(ssize_t size, int device, void *stream);
 
 /* Frees ptr, allocated by memres_alloc with size bytes on device, ordered
@@ -188,7 +190,9 @@ int memres_steps(int device, memres_steps_t *out);
  * between steps keep the carry region). Returns the bytes given
  * back to the device, each counted once (a pool's chunk that vmm then
  * unmaps counts when it is unmapped; 0 for a device not used yet), or -1
- * with a message. */
+ * with a message. First it gives back the blocks kept by memres_alloc
+ * (above); one still refused stays kept, and makes the call -1 with a
+ * message saying so, once the pools have given back. */
 int64_t memres_release(int device, void *stream);
 
 /* memres_release of every device used so far, on its legacy default

@@ -723,7 +723,10 @@ pub unsafe fn release(device: c_int, stream: *mut c_void) -> Result<u64, String>
 /// gradients kept between steps keep the carry region). Returns
 /// the bytes given back to the device, each counted once (a pool's chunk
 /// that `vmm` then unmaps counts when it is unmapped; 0 for a device not
-/// used yet), or -1 with a message.
+/// used yet), or -1 with a message. First it gives back the blocks that
+/// `memres_alloc` kept since the stack refused them back (see `record`);
+/// one still refused stays kept, and the call is -1 with a message saying
+/// so, once the pools have given back.
 ///
 /// # Safety
 ///
