@@ -287,6 +287,20 @@ def test_a_failed_allocation_keeps_its_reason_for_python():
     assert _native.sim.last_error() is None
 
 
+def test_a_failure_on_another_thread_is_the_reason_python_reads():
+    # PyTorch's backward pass allocates on autograd's threads, and
+    # DataParallel's replicas on threads of their own: the reason is one for
+    # the process, read on the thread that checks (CUDA's is per thread).
+    so = lib()
+    _native.sim.last_error(clear=True)
+    mr.set_current_device_resource(mr.LimitingResourceAdaptor(mr.HostMemoryResource(), 100))
+    t = threading.Thread(target=lambda: so.memres_py_alloc(1000, 0, None))
+    t.start()
+    t.join()
+    why = _native.sim.last_error(clear=True)
+    assert why is not None and why.startswith("memres_py_alloc(1000 bytes, device 0): "), why
+
+
 # OddError: named through PyO3's `Display`, which fails for it, the reason
 # was a panic's ("a panic"), and the exception was not said.
 @pytest.mark.parametrize("error", [RuntimeError, OddError])
