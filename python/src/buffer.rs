@@ -230,11 +230,21 @@ impl Buffer {
         Ok(PyBytes::new(py, &v))
     }
 
-    /// Writes `data` at `offset`.
+    /// Writes `data` at `offset`; past the end, a `ValueError` naming both
+    /// sizes, as RMM's (the container's names the last byte's index).
     #[pyo3(signature = (data, offset=0))]
     fn copy_from_host(&self, py: Python<'_>, data: &[u8], offset: u64) -> PyResult<()> {
         crate::gil::detach(py, || {
-            self.lock("copy_from_host")?.write(offset, data).map_err(|e| container_error(e, "copy_from_host"))
+            let mut buf = self.lock("copy_from_host")?;
+            if offset.checked_add(data.len() as u64).is_none_or(|end| end > buf.len()) {
+                let at = if offset == 0 { String::new() } else { format!(" at offset {offset}") };
+                return Err(PyValueError::new_err(format!(
+                    "memres: copy_from_host: {} bytes{at} into a buffer of {}",
+                    data.len(),
+                    buf.len()
+                )));
+            }
+            buf.write(offset, data).map_err(|e| container_error(e, "copy_from_host"))
         })
     }
 
