@@ -748,10 +748,14 @@ class LoggingResourceAdaptor(UpstreamResourceAdaptor):
     it absolute, as RMM's."""
 
     def __init__(self, upstream_mr, log_file_name=None):
-        name = log_file_name or os.environ.get("MEMRES_LOG_FILE")
+        # As RMM's: the environment names the file only where no name is
+        # given (an empty one, or one that is no path, is an error).
+        if log_file_name is None:
+            name = os.environ.get("MEMRES_LOG_FILE")
+        else:
+            name = _path(log_file_name, "log_file_name")
         if not name:
             raise ValueError("memres: LoggingResourceAdaptor needs log_file_name or MEMRES_LOG_FILE")
-        name = _path(name, "log_file_name")
         if isinstance(upstream_mr, DeviceMemoryResource):
             name = _native.sim.log_file_of_device(name, upstream_mr.device_id) or name
         self._file = os.path.abspath(name)

@@ -1477,6 +1477,24 @@ def test_a_log_file_name_may_be_bytes_or_a_path_and_else_is_a_type_error(tmp_pat
         mr.LoggingResourceAdaptor(sim_pool(), log_file_name=5)
 
 
+@pytest.mark.parametrize("bad", [0, [], (), False])
+def test_a_falsy_log_file_name_that_is_no_path_is_a_type_error_not_the_environments(tmp_path, monkeypatch, bad):
+    # It was taken as not given: the log went to $MEMRES_LOG_FILE.
+    monkeypatch.setenv("MEMRES_LOG_FILE", str(tmp_path / "env.csv"))
+    with pytest.raises(TypeError, match=r"^memres: log_file_name must be a path"):
+        mr.LoggingResourceAdaptor(sim_pool(), log_file_name=bad)
+    assert not (tmp_path / "env.dev0.csv").exists()
+
+
+@pytest.mark.parametrize("empty", ["", b""])
+def test_an_empty_log_file_name_is_refused_even_with_the_environments(tmp_path, monkeypatch, empty):
+    # As RMM's: the environment names the file only where no name is given.
+    monkeypatch.setenv("MEMRES_LOG_FILE", str(tmp_path / "env.csv"))
+    with pytest.raises(ValueError, match="needs log_file_name or MEMRES_LOG_FILE"):
+        mr.LoggingResourceAdaptor(sim_pool(), log_file_name=empty)
+    assert not (tmp_path / "env.dev0.csv").exists()
+
+
 def test_enable_logging_that_cannot_log_one_device_changes_no_device(tmp_path):
     # Device 1's file is written by a live log already: its adaptor is
     # refused, after device 0's was made.
