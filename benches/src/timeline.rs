@@ -6,7 +6,7 @@
 //! or `.csv` (the numbers). The charts are drawn by `plotters`.
 
 use crate::observe::Observation;
-use crate::report::{csv_field, human_bytes};
+use crate::report::{csv_field, human_bytes, text_name};
 use plotters::prelude::*;
 use std::fmt::Write as _;
 use std::path::Path;
@@ -153,8 +153,11 @@ fn draw(area: &Area<'_>, c: &Chart<'_>) -> Result<(), Box<dyn std::error::Error>
     let ymax = o.samples.iter().map(|s| s.held.max(s.live)).max().unwrap_or(0).max(1);
     let (unit, div) = unit(ymax);
     let y = |b: u64| b as f64 / div;
+    // XML allows no control character (a trace's file name may hold one):
+    // written as the text table writes it.
+    let caption = format!("{} on {}", text_name(c.resource), text_name(c.workload));
     let mut chart = ChartBuilder::on(area)
-        .caption(format!("{} on {}", c.resource, c.workload), ("sans-serif", 16))
+        .caption(caption, ("sans-serif", 16))
         .margin(12)
         .x_label_area_size(36)
         .y_label_area_size(64)
@@ -194,7 +197,7 @@ fn draw(area: &Area<'_>, c: &Chart<'_>) -> Result<(), Box<dyn std::error::Error>
         .background_style(WHITE.mix(0.85))
         .border_style(BLACK)
         .draw()?;
-    area.draw(&Text::new(peak_label(o), (80, CHART.1 as i32 - 14), ("sans-serif", 13)))?;
+    area.draw(&Text::new(text_name(&peak_label(o)), (80, CHART.1 as i32 - 14), ("sans-serif", 13)))?;
     Ok(())
 }
 

@@ -23,6 +23,19 @@ fn the_svg_draws_three_series_and_names_the_peak() {
     assert!(svg.contains("largest free block"));
 }
 
+/// A name with a control character (a trace's file name may hold one) is
+/// written as the text table writes it: XML allows no such character, and
+/// a browser shows an `.svg` that holds one as an error, not the chart.
+#[test]
+fn the_svg_escapes_control_characters_in_names() {
+    let (_, o) = watched();
+    let charts = [Chart { resource: "po\u{1b}ol", workload: "a\u{1}b.csv", observation: &o, times: None }];
+    let svg = svg(&charts).unwrap();
+    let bad = svg.chars().find(|&c| c.is_control() && !matches!(c, '\n' | '\t' | '\r'));
+    assert_eq!(bad, None, "a character XML refuses");
+    assert!(svg.contains("po\\u{1b}ol on a\\u{1}b.csv"));
+}
+
 #[test]
 fn the_html_is_self_contained_and_the_csv_has_every_sample() {
     let (w, o) = watched();
