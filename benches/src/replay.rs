@@ -62,8 +62,9 @@ pub trait Replayer {
     }
 
     /// Called before each pass: `0` is the warm-up, `1` the first timed
-    /// pass. Does nothing unless a resource needs to know (a log that
-    /// records one pass).
+    /// pass; and once after the last one (`passes + 1`), after the figures
+    /// are read, to end it. Does nothing unless a resource needs to know (a
+    /// log that records one pass, a `planned` layer's steps).
     fn begin_pass(&mut self, _pass: usize) {}
 }
 
@@ -586,6 +587,9 @@ pub fn replay<R: Replayer>(
         times.push(wall);
         cpu_times.push(cpu);
     }
+    // Read before the last pass is ended: what ending it takes (a
+    // `planned` layer's region for a pass that never runs) is no pass's.
+    let (peak_upstream, after) = (resource.peak_upstream(), resource.upstream_allocations());
     resource.begin_pass(passes as usize + 1);
     times.sort_unstable();
     let cpu = cpu_times.iter().copied().collect::<Option<Vec<Duration>>>().map(|mut c| {
@@ -599,9 +603,9 @@ pub fn replay<R: Replayer>(
         fastest: times[0],
         cpu,
         peak_live: workload.peak_live,
-        peak_upstream: resource.peak_upstream(),
+        peak_upstream,
         upstream_allocations_per_pass: warm
-            .zip(resource.upstream_allocations())
+            .zip(after)
             .map(|(a, b)| b.saturating_sub(a) as f64 / f64::from(passes)),
     })
 }
