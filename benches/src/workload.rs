@@ -177,7 +177,7 @@ impl Workload {
     ///
     /// If the ops do not allocate ids `0..n` in order, each freed once after
     /// its allocation with its size, or if the bytes live at once pass
-    /// `u64::MAX` (a trace whose do is refused when read: [`parse_trace`]).
+    /// `u64::MAX` (a trace that does so is refused when read: [`parse_trace`]).
     pub fn from_ops(name: String, ops: Vec<Op>, skipped_frees: u64) -> Workload {
         let mut live = 0u64;
         let mut peak_live = 0u64;
