@@ -146,13 +146,21 @@ impl<U, S: Stream + ?Sized> Bin<'_, U, S>
 where
     U: MemoryResource<S>,
 {
+    /// Allocates from the bin of `size` bytes.
     #[inline]
-    fn allocate(&self, request: Request, stream: &S) -> Result<Block> {
-        match self {
+    fn allocate(&self, size: u64, request: Request, stream: &S) -> Result<Block> {
+        let block = match self {
             Bin::Fixed(f) => f.allocate(request, stream),
             Bin::Other(r) => r.allocate(request, stream),
             Bin::Counted(r, tally) => tally.allocate(&**r, request, stream),
+        }?;
+        // A free goes to the bin its size routes to: that of a block
+        // longer than this bin would never come back here.
+        if block.size() > size {
+            let _ = self.deallocate(block, stream);
+            return Err(block.misbehaved("longer than its bin"));
         }
+        Ok(block)
     }
 
     /// `None`: a counted bin's free of a block it did not hand out.
@@ -700,7 +708,7 @@ where
             return Ok(Block::EMPTY);
         }
         match self.route(request.size()) {
-            Some(i) => self.bins[i].allocate(request, stream),
+            Some(i) => self.bins[i].allocate(self.sizes[i], request, stream),
             None => self.large.allocate(&self.upstream, request, stream),
         }
     }

@@ -60,6 +60,16 @@ impl<S: Stream + ?Sized> MemoryResource<S> for Misbehaving {
     }
 }
 
+/// A leaf: it holds the bytes it has out.
+impl Inspect for Misbehaving {
+    fn usage(&self) -> crate::Usage {
+        crate::Usage::leaf(self.bytes.load(Relaxed), 0)
+    }
+    fn check(&self) -> core::result::Result<(), crate::check::Violation> {
+        Ok(())
+    }
+}
+
 fn req(size: u64) -> Request {
     Request::new(size).unwrap()
 }
@@ -221,4 +231,27 @@ fn binning_blames_its_upstream_and_a_counted_bin_for_a_block_not_aligned_as_aske
         binning.deallocate(x, &()).unwrap();
     }
     assert_eq!((up.out(), bin.out(), binning.usage().used), ((0, 0), (0, 0), 0));
+}
+
+/// A counted bin (or a bin of `add_bin`) that answers with a block longer
+/// than the bin: the block's free, routed by its size, would go to another
+/// bin or upstream, and never reach the bin. Before, the block was handed
+/// out and its free was `UnknownBlock`: held by the bin for good.
+#[test]
+fn binning_blames_a_bin_for_a_block_longer_than_the_bin() {
+    let (up, counted, other) = (Misbehaving::new(), Misbehaving::new(), Misbehaving::new());
+    let mut binning = BinningResource::<_, ()>::new(&up);
+    binning.add_counted_bin(1024, &counted).unwrap();
+    binning.add_bin(4096, &other).unwrap();
+    for (bin, size, addr) in [(&counted, 1000, 1 << 50), (&other, 3000, 1 << 51)] {
+        bin.tell(addr, 8192);
+        blames_upstream(binning.allocate(req(size), &()).unwrap_err(), addr, 8192, "longer than its bin");
+        // Given back, nothing counted.
+        assert_eq!((up.out(), counted.out(), other.out(), binning.usage().used), ((0, 0), (0, 0), (0, 0), 0));
+        binning.check().unwrap();
+        // It serves on.
+        let b = binning.allocate(req(size), &()).unwrap();
+        binning.deallocate(b, &()).unwrap();
+    }
+    assert_eq!((up.out(), counted.out(), other.out()), ((0, 0), (0, 0), (0, 0)));
 }
