@@ -72,14 +72,7 @@ impl Tally {
         R: MemoryResource<S> + ?Sized,
     {
         let block = from.allocate(request, stream)?;
-        // Handed out whole as the request's block: it must hold it, aligned
-        // as asked (a mask: the alignment is a power of two, `Request`'s
-        // invariant).
-        let aligned = match block.addr() & (request.align() - 1) {
-            0 => Ok(()),
-            _ => Err(block.misbehaved("not aligned as asked")),
-        };
-        if let Err(e) = block.upstream_range(request.size()).and(aligned) {
+        if let Err(e) = answers(&block, request) {
             let _ = from.deallocate(block, stream);
             return Err(e);
         }
@@ -142,6 +135,17 @@ impl Tally {
     }
 }
 
+/// Whether `block`, handed out whole as the request's block, holds it,
+/// aligned as asked (a mask: the alignment is a power of two, `Request`'s
+/// invariant); else the fault of whoever handed it out.
+fn answers(block: &Block, request: Request) -> Result<()> {
+    let aligned = match block.addr() & (request.align() - 1) {
+        0 => Ok(()),
+        _ => Err(block.misbehaved("not aligned as asked")),
+    };
+    block.upstream_range(request.size()).and(aligned).map(|_| ())
+}
+
 impl<U, S: Stream + ?Sized> Bin<'_, U, S>
 where
     U: MemoryResource<S>,
@@ -154,11 +158,20 @@ where
             Bin::Other(r) => r.allocate(request, stream),
             Bin::Counted(r, tally) => tally.allocate(&**r, request, stream),
         }?;
+        let answered = match self {
+            // A counted bin's tally checked it.
+            Bin::Fixed(_) | Bin::Counted(..) => Ok(()),
+            Bin::Other(_) => answers(&block, request),
+        };
         // A free goes to the bin its size routes to: that of a block
         // longer than this bin would never come back here.
-        if block.size() > size {
+        let routed = match block.size() > size {
+            true => Err(block.misbehaved("longer than its bin")),
+            false => Ok(()),
+        };
+        if let Err(e) = answered.and(routed) {
             let _ = self.deallocate(block, stream);
-            return Err(block.misbehaved("longer than its bin"));
+            return Err(e);
         }
         Ok(block)
     }

@@ -255,3 +255,28 @@ fn binning_blames_a_bin_for_a_block_longer_than_the_bin() {
     }
     assert_eq!((up.out(), counted.out(), other.out()), ((0, 0), (0, 0), (0, 0)));
 }
+
+/// A bin of `add_bin` (a resource of the user's) that answers with a block
+/// shorter than asked, or not aligned as asked: the caller never gets it.
+/// Before, it was handed out (a shorter one's free, routed by its size,
+/// could go to a bin below, which never handed it out).
+#[test]
+fn binning_blames_an_added_bin_for_a_block_shorter_or_not_aligned_as_asked() {
+    let (up, below, other) = (Misbehaving::new(), Misbehaving::new(), Misbehaving::new());
+    let mut binning = BinningResource::<_, ()>::new(&up);
+    binning.add_bin(256, &below).unwrap();
+    binning.add_bin(1024, &other).unwrap();
+    for (addr, size, request, what) in [
+        (1 << 50, 200, req(1000), "shorter than asked"),
+        ((1 << 50) + 256, 1000, Request::aligned(1000, 512).unwrap(), "not aligned as asked"),
+    ] {
+        other.tell(addr, size);
+        blames_upstream(binning.allocate(request, &()).unwrap_err(), addr, size, what);
+        // Given back, nothing held.
+        assert_eq!((up.out(), below.out(), other.out()), ((0, 0), (0, 0), (0, 0)), "{what}");
+        binning.check().unwrap();
+        let b = binning.allocate(request, &()).unwrap();
+        binning.deallocate(b, &()).unwrap();
+    }
+    assert_eq!((up.out(), below.out(), other.out()), ((0, 0), (0, 0), (0, 0)));
+}
