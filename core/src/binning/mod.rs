@@ -64,15 +64,15 @@ impl Tally {
         Tally { live: Shared::new(Live { blocks: Records::new(), held: 0, peak: 0 }) }
     }
 
-    /// A block of `from` for `request`, counted.
+    /// A block of `from` for `request`, of at most `most` bytes, counted.
     #[inline]
-    fn allocate<S, R>(&self, from: &R, request: Request, stream: &S) -> Result<Block>
+    fn allocate<S, R>(&self, from: &R, request: Request, most: u64, stream: &S) -> Result<Block>
     where
         S: Stream + ?Sized,
         R: MemoryResource<S> + ?Sized,
     {
         let block = from.allocate(request, stream)?;
-        if let Err(e) = answers(&block, request) {
+        if let Err(e) = answers(&block, request, most) {
             let _ = from.deallocate(block, stream);
             return Err(e);
         }
@@ -137,13 +137,19 @@ impl Tally {
 
 /// Whether `block`, handed out whole as the request's block, holds it,
 /// aligned as asked (a mask: the alignment is a power of two, `Request`'s
-/// invariant); else the fault of whoever handed it out.
-fn answers(block: &Block, request: Request) -> Result<()> {
+/// invariant), in at most `most` bytes (a bin's size: a free goes to the
+/// bin its size routes to, and that of a longer block would never come
+/// back); else the fault of whoever handed it out.
+fn answers(block: &Block, request: Request, most: u64) -> Result<()> {
     let aligned = match block.addr() & (request.align() - 1) {
         0 => Ok(()),
         _ => Err(block.misbehaved("not aligned as asked")),
     };
-    block.upstream_range(request.size()).and(aligned).map(|_| ())
+    let routed = match block.size() > most {
+        true => Err(block.misbehaved("longer than its bin")),
+        false => Ok(()),
+    };
+    block.upstream_range(request.size()).and(aligned).and(routed).map(|_| ())
 }
 
 impl<U, S: Stream + ?Sized> Bin<'_, U, S>
@@ -153,27 +159,18 @@ where
     /// Allocates from the bin of `size` bytes.
     #[inline]
     fn allocate(&self, size: u64, request: Request, stream: &S) -> Result<Block> {
-        let block = match self {
+        match self {
             Bin::Fixed(f) => f.allocate(request, stream),
-            Bin::Other(r) => r.allocate(request, stream),
-            Bin::Counted(r, tally) => tally.allocate(&**r, request, stream),
-        }?;
-        let answered = match self {
-            // A counted bin's tally checked it.
-            Bin::Fixed(_) | Bin::Counted(..) => Ok(()),
-            Bin::Other(_) => answers(&block, request),
-        };
-        // A free goes to the bin its size routes to: that of a block
-        // longer than this bin would never come back here.
-        let routed = match block.size() > size {
-            true => Err(block.misbehaved("longer than its bin")),
-            false => Ok(()),
-        };
-        if let Err(e) = answered.and(routed) {
-            let _ = self.deallocate(block, stream);
-            return Err(e);
+            Bin::Other(r) => {
+                let block = r.allocate(request, stream)?;
+                if let Err(e) = answers(&block, request, size) {
+                    let _ = r.deallocate(block, stream);
+                    return Err(e);
+                }
+                Ok(block)
+            }
+            Bin::Counted(r, tally) => tally.allocate(&**r, request, size, stream),
         }
-        Ok(block)
     }
 
     /// `None`: a counted bin's free of a block it did not hand out.
@@ -722,7 +719,7 @@ where
         }
         match self.route(request.size()) {
             Some(i) => self.bins[i].allocate(self.sizes[i], request, stream),
-            None => self.large.allocate(&self.upstream, request, stream),
+            None => self.large.allocate(&self.upstream, request, u64::MAX, stream),
         }
     }
 

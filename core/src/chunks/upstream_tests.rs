@@ -280,3 +280,29 @@ fn binning_blames_an_added_bin_for_a_block_shorter_or_not_aligned_as_asked() {
     }
     assert_eq!((up.out(), below.out(), other.out()), ((0, 0), (0, 0), (0, 0)));
 }
+
+/// Answers every request with a block of 8 KiB at 1 MiB, and refuses every
+/// free.
+struct LongAndKept;
+
+impl<S: Stream + ?Sized> MemoryResource<S> for LongAndKept {
+    fn allocate(&self, _: Request, _: &S) -> Result<Block> {
+        Ok(Block::new(1 << 20, 8192, 0))
+    }
+    fn deallocate(&self, _: Block, _: &S) -> Result<()> {
+        Err(Error::Backend { code: -1, what: "refused" })
+    }
+}
+
+/// A counted bin's block longer than the bin, which the bin will not take
+/// back: the binning resource never counted it. Before, its tally kept it,
+/// counted held and used for good, though nobody held it.
+#[test]
+fn a_counted_bins_block_longer_than_the_bin_is_never_counted() {
+    let up = Misbehaving::new();
+    let mut binning = BinningResource::<_, ()>::new(&up);
+    binning.add_counted_bin(1024, LongAndKept).unwrap();
+    blames_upstream(binning.allocate(req(1000), &()).unwrap_err(), 1 << 20, 8192, "longer than its bin");
+    assert_eq!((binning.usage().used, binning.usage().held), (0, 0));
+    binning.check().unwrap();
+}
