@@ -43,7 +43,9 @@ impl Gauge {
         Counter {
             value: current.wrapping_sub(base.current) as i64,
             peak: signed_max(self.held.peak.load(Relaxed), current).wrapping_sub(base.current) as i64,
-            // Never negative: it only grows, and past `i64::MAX` it stays there.
+            // Never negative: past `i64::MAX` it reads `i64::MAX`, until the
+            // `u64` total wraps after 2^64 bytes counted (RMM's `int64`
+            // overflows at half of that).
             total: self.total.load(Relaxed).wrapping_sub(base.total).min(i64::MAX as u64) as i64,
         }
     }
