@@ -21,7 +21,8 @@
 //! resource is set (or a factory registered).
 //! With both features, `()` gets the CUDA resource. The defaults are
 //! installed in the core's process-wide registry once, by the first call of
-//! a function of this module (or of [`install_defaults`]): a program that
+//! one of the four functions, [`get_per_device_resource_of`],
+//! [`current_device`] or [`install_defaults`]: a program that
 //! uses the core's generic functions or the containers' constructors
 //! without a resource before any of these calls [`install_defaults`] first
 //! (the core's error says so). A factory or current-device query the
@@ -75,7 +76,10 @@ use std::io;
 use std::sync::{Arc, Mutex, Once};
 
 /// Installs the backends' default factories in the core's process-wide
-/// registry, once (every function of this module calls it first), for the
+/// registry, once (the four functions of this module,
+/// [`get_per_device_resource_of`] and [`current_device`] call it first;
+/// the registrations, `set_default_factory` and `set_current_device_query`,
+/// do not), for the
 /// stream types that have none: a factory or current-device query the
 /// program registered before is kept.
 ///
@@ -163,6 +167,26 @@ pub fn set_current_device_resource<S: Stream + ?Sized + 'static>(
 pub fn get_per_device_resource<S: Stream + ?Sized + 'static>(device: DeviceId) -> Result<DynResource<S>> {
     install_defaults();
     registry::get_per_device_resource::<S>(device)
+}
+
+/// The resource of `device` for streams of type `K`, with its engine, if
+/// it was promised as memory of the copy engine `E`: the core's
+/// [`get_per_device_resource_of`](memres_core::device::get_per_device_resource_of)
+/// with the defaults installed first (with `cuda`, a device's default is
+/// promised for `CudaCopy`).
+///
+/// # Errors
+///
+/// [`get_per_device_resource`]'s; [`Error::InvalidConfig`] if the
+/// resource was not promised for `E` (a simulated device is memory of no
+/// engine).
+pub fn get_per_device_resource_of<K, E>(device: DeviceId) -> Result<(CurrentResource<K, E>, E)>
+where
+    K: Stream + ?Sized + 'static,
+    E: Clone + Send + Sync + 'static,
+{
+    install_defaults();
+    registry::get_per_device_resource_of::<K, E>(device)
 }
 
 /// Makes `resource` the resource of `device` and returns the one it
