@@ -160,7 +160,8 @@ pub fn set_current_device_resource<S: Stream + ?Sized + 'static>(
 /// # Errors
 ///
 /// The default's: the driver's error as [`Error::Backend`] for a device
-/// that does not exist (`cuda`), [`Error::InvalidConfig`] for a device of
+/// that does not exist (`cuda`; [`Error::InvalidConfig`] for one above
+/// `i32::MAX`, which no driver call can take), [`Error::InvalidConfig`] for a device of
 /// [`SIM_DEVICES`](memres_sim::SIM_DEVICES) or more (`sim`: their addresses
 /// would run into the `vpool`s'), for a `MEMRES_LOG_FILE` that cannot be made, or
 /// for a stream type with no default; nothing is stored then.
