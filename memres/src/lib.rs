@@ -241,6 +241,8 @@
 
 pub use memres_core::*;
 
+// Without a backend there is no default to make: its makers go unused.
+#[cfg_attr(not(any(feature = "sim", feature = "cuda")), allow(dead_code, unused_imports))]
 pub mod device;
 
 pub use memres_containers as containers;
