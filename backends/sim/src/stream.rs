@@ -203,7 +203,9 @@ impl SimWorld {
         let number = w.streams.len();
         // Taken under the lock, so the world's ids rise with its numbers.
         let id = NEXT_STREAM.fetch_add(1, Ordering::Relaxed);
-        w.streams.push(StreamState { id, blocking, clock: vec![0; number + 1], completed: 0, observed: 0 });
+        // Empty: a clock grows only as its stream learns of others (its own
+        // work included), so n streams do not hold n² entries.
+        w.streams.push(StreamState { id, blocking, clock: Vec::new(), completed: 0, observed: 0 });
         SimStream { world: self.clone(), id, number }
     }
 

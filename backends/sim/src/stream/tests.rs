@@ -135,3 +135,24 @@ fn streams_are_send_sync_and_share_state() {
     a2.enqueue();
     assert_eq!(a.position(), 1);
 }
+
+#[test]
+fn clocks_grow_with_what_streams_learn_not_with_the_stream_count() {
+    // Each stream's clock held an entry per stream made before it: a
+    // world of n streams held n²/2 entries before any work.
+    let world = SimWorld::new();
+    let n = 2000;
+    let streams: Vec<_> = (0..n).map(|_| world.stream()).collect();
+    // As a stream-ordered pool does: a taker waits on an event of the
+    // stream that freed the block.
+    for pair in streams.windows(2) {
+        pair[1].wait(&pair[0].record().unwrap()).unwrap();
+    }
+    let total: usize = world.lock().streams.iter().map(|s| s.clock.len()).sum();
+    assert!(total <= 2 * (n + 1), "{total} clock entries for {n} streams");
+    // What the clocks say is unchanged.
+    let p = streams[5].enqueue();
+    streams[1500].wait(&streams[5].record().unwrap()).unwrap();
+    assert!(streams[1500].is_ordered_after(streams[5].id(), p));
+    assert!(!streams[1499].is_ordered_after(streams[5].id(), p));
+}
