@@ -156,3 +156,18 @@ fn clocks_grow_with_what_streams_learn_not_with_the_stream_count() {
     assert!(streams[1500].is_ordered_after(streams[5].id(), p));
     assert!(!streams[1499].is_ordered_after(streams[5].id(), p));
 }
+
+#[test]
+fn events_that_say_the_same_are_equal_whatever_the_length_of_their_clocks() {
+    // A clock grows with what its stream learns: after a wait that taught
+    // it only zeros, an event says what one before it said, in a longer
+    // clock. They compared unequal.
+    let world = SimWorld::new();
+    let s = world.non_blocking_stream();
+    let before = s.record().unwrap();
+    s.wait(&world.default_stream().record().unwrap()).unwrap();
+    let after = s.record().unwrap();
+    assert_eq!(before, after);
+    s.enqueue();
+    assert_ne!(before, s.record().unwrap());
+}
