@@ -218,7 +218,9 @@ pub fn configure(stack: &str) -> Result<(), String> {
     check_stack(stack).map_err(|e| format!("memres: stack `{stack}`: {e}"))?;
     check_log_file(std::env::var_os(LOG_FILE_VAR).as_deref()).map_err(|e| format!("memres: {e}"))?;
     if let Some(d) = DEVICES.iter().position(|s| s.get().is_some()) {
-        return Err(format!("memres: device {d} is in use already; configure before the first allocation"));
+        return Err(format!(
+            "memres: device {d} is in use already; configure before the first allocation or step"
+        ));
     }
     *config = Some(stack.to_string());
     Ok(())
