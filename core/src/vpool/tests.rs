@@ -803,6 +803,46 @@ fn a_reservation_of_the_wrong_shape_is_the_spaces_fault() {
     }
 }
 
+/// A space (a safe trait of the user's) whose first reservation is
+/// `inner`'s and every later one what `then(inner, first, len)` answers:
+/// refused, misshapen, or a range the pool holds handed out again.
+struct AfterFirst<'a, F> {
+    inner: &'a CountingSpace,
+    first: core::cell::Cell<Option<Range>>,
+    then: F,
+}
+
+impl<'a, F: Fn(&CountingSpace, Range, u64) -> Result<Range>> AfterFirst<'a, F> {
+    fn new(inner: &'a CountingSpace, then: F) -> Self {
+        AfterFirst { inner, first: core::cell::Cell::new(None), then }
+    }
+}
+
+impl<F: Fn(&CountingSpace, Range, u64) -> Result<Range>> ReservableSpace for AfterFirst<'_, F> {
+    fn granule(&self) -> u64 {
+        self.inner.granule()
+    }
+    fn reserve(&self, len: u64) -> Result<Range> {
+        match self.first.get() {
+            Some(first) => (self.then)(self.inner, first, len),
+            None => {
+                let r = self.inner.reserve(len)?;
+                self.first.set(Some(r));
+                Ok(r)
+            }
+        }
+    }
+    fn release(&self, range: Range) -> Result<()> {
+        self.inner.release(range)
+    }
+    fn commit(&self, range: Range) -> Result<()> {
+        self.inner.commit(range)
+    }
+    fn decommit<S: Stream + ?Sized>(&self, range: Range, stream: &S) -> Result<()> {
+        self.inner.decommit(range, stream)
+    }
+}
+
 /// A space (a safe trait of the user's) that hands out, as a new
 /// reservation, a range overlapping one the pool holds: refused, typed,
 /// and not given back (it is the pool's own); the pool serves on and its
@@ -811,43 +851,10 @@ fn a_reservation_of_the_wrong_shape_is_the_spaces_fault() {
 /// in debug builds).
 #[test]
 fn a_reservation_overlapping_one_the_pool_holds_is_refused() {
-    /// Hands the first range it reserved out again, shifted by `shift`
-    /// with the length asked, or (`whole`) as it is, for every later
-    /// reservation.
-    struct Again<'a> {
-        inner: &'a CountingSpace,
-        first: core::cell::Cell<Option<Range>>,
-        shift: u64,
-        whole: bool,
-    }
-    impl ReservableSpace for Again<'_> {
-        fn granule(&self) -> u64 {
-            self.inner.granule()
-        }
-        fn reserve(&self, len: u64) -> Result<Range> {
-            match self.first.get() {
-                Some(first) if self.whole => Ok(first),
-                Some(first) => Ok(range(first.start() + self.shift, len)),
-                None => {
-                    let r = self.inner.reserve(len)?;
-                    self.first.set(Some(r));
-                    Ok(r)
-                }
-            }
-        }
-        fn release(&self, range: Range) -> Result<()> {
-            self.inner.release(range)
-        }
-        fn commit(&self, range: Range) -> Result<()> {
-            self.inner.commit(range)
-        }
-        fn decommit<S: Stream + ?Sized>(&self, range: Range, stream: &S) -> Result<()> {
-            self.inner.decommit(range, stream)
-        }
-    }
     for shift in [0, MIB, 3 * MIB] {
         let inner = CountingSpace::new(1 << 30, MIB);
-        let space = Again { inner: &inner, first: Default::default(), shift, whole: false };
+        // Later reservations: the first one shifted, of the length asked.
+        let space = AfterFirst::new(&inner, move |_, first, len| Ok(range(first.start() + shift, len)));
         let mut p =
             VirtualPool::with_config(&space, VirtualConfig::new(4 * MIB).max_reservations(3)).unwrap();
         let a = p.allocate(req(3 * MIB), &()).unwrap();
@@ -872,7 +879,7 @@ fn a_reservation_overlapping_one_the_pool_holds_is_refused() {
     // asked, and overlapping; not given back either. Before, the pool
     // gave its own reservation back to the space, and served from it.
     let inner = CountingSpace::new(1 << 30, MIB);
-    let space = Again { inner: &inner, first: Default::default(), shift: 0, whole: true };
+    let space = AfterFirst::new(&inner, |_, first, _| Ok(first));
     let mut p = VirtualPool::with_config(&space, VirtualConfig::new(4 * MIB).max_reservations(3)).unwrap();
     let err = p.allocate(req(5 * MIB), &()).unwrap_err();
     let what = "a reservation overlapping one the pool holds";
@@ -997,46 +1004,18 @@ fn with_no_reservation_to_add_a_block_comes_from_any_free_range_that_holds_it() 
 /// the first ranges of its class that the class search looks at.
 #[test]
 fn a_reservation_refused_with_an_error_still_lets_a_block_come_from_any_free_range_that_holds_it() {
-    use core::cell::Cell;
     const REFUSED: Error = Error::Backend { code: -3, what: "injected refusal of a reservation" };
-    /// Once the first reservation is made: refuses (0), hands out one a
-    /// granule longer than asked (1), or the first one again (2).
-    struct Refusing<'a> {
-        inner: &'a CountingSpace,
-        how: u8,
-        first: Cell<Option<Range>>,
-    }
-    impl ReservableSpace for Refusing<'_> {
-        fn granule(&self) -> u64 {
-            self.inner.granule()
-        }
-        fn reserve(&self, len: u64) -> Result<Range> {
-            let Some(first) = self.first.get() else {
-                let r = self.inner.reserve(len)?;
-                self.first.set(Some(r));
-                return Ok(r);
-            };
-            match self.how {
-                0 => Err(REFUSED),
-                1 => self.inner.reserve(len + self.granule()),
-                _ => Ok(first),
-            }
-        }
-        fn release(&self, range: Range) -> Result<()> {
-            self.inner.release(range)
-        }
-        fn commit(&self, range: Range) -> Result<()> {
-            self.inner.commit(range)
-        }
-        fn decommit<S: Stream + ?Sized>(&self, range: Range, stream: &S) -> Result<()> {
-            self.inner.decommit(range, stream)
-        }
-    }
     // One granule per reservation, as above.
     let reserve = 32 * MIB;
     for how in 0..3 {
         let inner = CountingSpace::new(1 << 30, reserve);
-        let space = Refusing { inner: &inner, how, first: Cell::new(None) };
+        // Later reservations: refused (0), a granule longer than asked (1),
+        // or the first one again (2).
+        let space = AfterFirst::new(&inner, move |inner, first, len| match how {
+            0 => Err(REFUSED),
+            1 => inner.reserve(len + inner.granule()),
+            _ => Ok(first),
+        });
         let config = VirtualConfig::new(reserve).max_reservations(4);
         let mut p = VirtualPool::with_config(&space, config).unwrap();
         let (at, kept) = ten_holes_the_longest_last(&mut p);
