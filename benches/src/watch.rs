@@ -6,6 +6,7 @@
 use crate::map;
 use crate::observe::{observe, Observation};
 use crate::paths::Named;
+use crate::report::text_name;
 use crate::resources::RunError;
 use crate::timeline::{self, Chart};
 use crate::workload::Workload;
@@ -168,7 +169,8 @@ impl Shown {
 
 /// Watches every pair and writes what `outputs` asks for; returns the
 /// map's text (empty without `--map`) and notes for stderr (files written,
-/// pairs that cannot be watched).
+/// pairs that cannot be watched), their names and the notes written
+/// through [`text_name`].
 ///
 /// # Errors
 ///
@@ -259,8 +261,8 @@ fn write_with(
             if let (true, Some(p)) = (outputs.map, &peak_state) {
                 map_text.push_str(&format!(
                     "map of {} on {} {} ({}):\n",
-                    t.name,
-                    w.name,
+                    text_name(&t.name),
+                    text_name(&w.name),
                     shown.heading(),
                     timeline::peak_label(&full)
                 ));
@@ -283,5 +285,7 @@ fn write_with(
         timeline::write(path, &charts)?;
         notes.push(format!("wrote timeline {}", path.display()));
     }
-    Ok((map_text, notes))
+    // One line each, as the table's names (a trace's name may hold a line
+    // break).
+    Ok((map_text, notes.iter().map(|n| text_name(n)).collect()))
 }

@@ -32,3 +32,28 @@ fn a_replay_to_the_peak_that_fails_is_noted_with_its_pair() {
                    no timeline, snapshot or map";
     assert_eq!(notes[1], refused);
 }
+
+/// A name with a control character (a trace's file name may hold a line
+/// break, a stack's text too) is escaped in the map's heading and in the
+/// notes as in the table, so that each stays one line. Before, the heading
+/// and the snapshot's note broke in two.
+#[test]
+fn the_map_heading_and_the_notes_escape_control_characters() {
+    let dir = std::env::temp_dir().join(format!("memres-watch-names-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut w = Workload::load("random:50:1000:1").unwrap();
+    w.name = "a\nb\u{1b}".into();
+    let targets = [
+        Target { name: "pool(\tsim)".into(), stack: Some("pool(\tsim)".into()), watched: true },
+        Target { name: "off\nset".into(), stack: None, watched: false },
+    ];
+    let outputs = Outputs { snapshot: Some(dir.join("s.pickle")), map: true, ..Outputs::default() };
+    let written = write(&targets, std::slice::from_ref(&w), &outputs);
+    let _ = std::fs::remove_dir_all(&dir);
+    let (map, notes) = written.unwrap_or_else(|e| panic!("{e}"));
+    assert!(map.starts_with("map of pool(\\tsim) on a\\nb\\u{1b} at the peak ("), "{map}");
+    assert_eq!(notes.len(), 2, "{notes:?}");
+    assert!(notes[0].contains("(pool(\\tsim) on a\\nb\\u{1b}, at the peak"), "{notes:?}");
+    assert!(notes[1].starts_with("off\\nset is not a memres stack"), "{notes:?}");
+    assert!(notes.iter().all(|n| !n.contains(char::is_control)), "{notes:?}");
+}
