@@ -237,7 +237,11 @@ fn fields<const K: usize>(spec: &str, rest: &str) -> Result<[u64; K], WorkloadEr
     }
     let mut out = [0u64; K];
     for (o, p) in out.iter_mut().zip(parts) {
-        *o = p.parse().map_err(|_| spec_error(spec, format!("`{p}` is not a non-negative integer")))?;
+        // Digits only, as a trace's numbers: `str::parse` takes a `+`.
+        if p.is_empty() || !p.bytes().all(|b| b.is_ascii_digit()) {
+            return Err(spec_error(spec, format!("`{p}` is not a number (digits only, with no sign)")));
+        }
+        *o = p.parse().map_err(|_| spec_error(spec, format!("`{p}` is past {}", u64::MAX)))?;
     }
     Ok(out)
 }

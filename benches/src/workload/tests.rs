@@ -111,6 +111,12 @@ fn bad_specs_are_refused() {
         assert!(matches!(err, WorkloadError::Spec { .. }), "{spec}: {err}");
         assert!(err.to_string().contains(spec));
     }
+    // Digits only, as a trace's numbers and a stack's: `str::parse` takes
+    // a leading `+`.
+    for (spec, field) in [("random:+5:10:1", "+5"), ("random:5:10:+1", "+1"), ("lograndom:1:+1:10:1", "+1")] {
+        let err = Workload::load(spec).map(|w| w.ops.len()).unwrap_err().to_string();
+        assert!(err.contains(&format!("`{field}` is not a number (digits only, with no sign)")), "{err}");
+    }
     let err = generate("huge", 10, 1, 1 << 40, 1, SizeLaw::Uniform, 1 << 30).unwrap_err();
     assert!(err.to_string().contains("exceeds the live cap"), "{err}");
 }
