@@ -10,7 +10,8 @@
 //! for itself, such as a fixed-size bin's free slots, count as free).
 //!
 //! The replay runs once on one thread, each op on the simulated stream of
-//! its workload stream (`--streams` does not apply). The series is sampled
+//! its workload stream (`--streams` does not apply), with no warm-up and
+//! no step of a `planned` layer, which so serves from its upstream. The series is sampled
 //! in at most [`SAMPLES`] buckets, each with the bucket's most live and
 //! most held bytes (so that no peak falls between samples) and the largest
 //! free block at its end.
