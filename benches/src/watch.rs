@@ -167,6 +167,21 @@ impl Shown {
     }
 }
 
+/// A file of `--timeline` or `--snapshot` that could not be written.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Unwritten {
+    /// Why, naming the file.
+    pub error: String,
+    /// The notes of the files written before it (as [`write`]'s).
+    pub notes: Vec<String>,
+}
+
+impl std::fmt::Display for Unwritten {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.error)
+    }
+}
+
 /// Watches every pair and writes what `outputs` asks for; returns the
 /// map's text (empty without `--map`) and notes for stderr (files written,
 /// pairs that cannot be watched), their names and the notes written
@@ -174,12 +189,13 @@ impl Shown {
 ///
 /// # Errors
 ///
-/// A stack that does not build, a file that cannot be written.
+/// A file that cannot be written, with the notes of those written before
+/// it (a pair that cannot be watched is a note).
 pub fn write(
     targets: &[Target],
     workloads: &[Workload],
     outputs: &Outputs,
-) -> Result<(String, Vec<String>), String> {
+) -> Result<(String, Vec<String>), Unwritten> {
     write_with(targets, workloads, outputs, &observe)
 }
 
@@ -192,7 +208,7 @@ fn write_with(
     workloads: &[Workload],
     outputs: &Outputs,
     observe: &Observe,
-) -> Result<(String, Vec<String>), String> {
+) -> Result<(String, Vec<String>), Unwritten> {
     let mut seen: Vec<(String, &Workload, Observation)> = Vec::new();
     let mut notes = Vec::new();
     let mut map_text = String::new();
@@ -254,8 +270,10 @@ fn write_with(
                 };
                 let when = when.note();
                 // Whole: a viewer open on the file never reads part of it.
-                memres_core::snapshot::write_file(&file, &state.map.pickle())
-                    .map_err(|e| format!("cannot write {}: {e}", file.display()))?;
+                if let Err(e) = memres_core::snapshot::write_file(&file, &state.map.pickle()) {
+                    let error = format!("cannot write {}: {e}", file.display());
+                    return Err(Unwritten { error, notes: lines(&notes) });
+                }
                 notes.push(format!("wrote snapshot {} ({} on {}, {when})", file.display(), t.name, w.name));
             }
             if let (true, Some(p)) = (outputs.map, &peak_state) {
@@ -282,10 +300,16 @@ fn write_with(
                 times: w.times.as_deref(),
             })
             .collect();
-        timeline::write(path, &charts)?;
+        if let Err(error) = timeline::write(path, &charts) {
+            return Err(Unwritten { error, notes: lines(&notes) });
+        }
         notes.push(format!("wrote timeline {}", path.display()));
     }
-    // One line each, as the table's names (a trace's name may hold a line
-    // break).
-    Ok((map_text, notes.iter().map(|n| text_name(n)).collect()))
+    Ok((map_text, lines(&notes)))
+}
+
+/// `notes` one line each, as the table's names (a trace's name may hold a
+/// line break).
+fn lines(notes: &[String]) -> Vec<String> {
+    notes.iter().map(|n| text_name(n)).collect()
 }

@@ -643,7 +643,16 @@ fn replay(
         Format::Table => out!(out, "{}", table(&rows)),
     }
     if outputs.any() {
-        let (map, notes) = watch::write(&targets, &workloads, outputs).map_err(Failure::Output)?;
+        let (map, notes) = match watch::write(&targets, &workloads, outputs) {
+            Ok(written) => written,
+            Err(e) => {
+                // The files written before it are there all the same.
+                for note in e.notes {
+                    outln!(err, "memres: {note}");
+                }
+                return Err(Failure::Output(e.error));
+            }
+        };
         // The map joins the table; machine output stays machine output.
         if format == Format::Table {
             out!(out, "\n{map}");

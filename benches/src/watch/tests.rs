@@ -57,3 +57,22 @@ fn the_map_heading_and_the_notes_escape_control_characters() {
     assert!(notes[1].starts_with("off\\nset is not a memres stack"), "{notes:?}");
     assert!(notes.iter().all(|n| !n.contains(char::is_control)), "{notes:?}");
 }
+
+/// A snapshot that cannot be written after others were (a full disk; here
+/// a directory in its place) fails the run with its file, and the notes of
+/// the files written before it stay, to be printed. Before, they were lost
+/// with the error: `s-0.pickle` written and not said.
+#[test]
+fn a_file_that_cannot_be_written_keeps_the_notes_of_those_written() {
+    let dir = std::env::temp_dir().join(format!("memres-watch-unwritten-{}", std::process::id()));
+    std::fs::create_dir_all(dir.join("s-1.pickle")).unwrap();
+    let w = [Workload::load("random:50:1000:1").unwrap(), Workload::load("random:50:1000:2").unwrap()];
+    let targets = [Target { name: "pool".into(), stack: Some("pool(sim)".into()), watched: true }];
+    let outputs = Outputs { snapshot: Some(dir.join("s.pickle")), ..Outputs::default() };
+    let written = write(&targets, &w, &outputs);
+    let _ = std::fs::remove_dir_all(&dir);
+    let e = written.unwrap_err();
+    assert!(e.error.starts_with("cannot write ") && e.error.contains("s-1.pickle"), "{}", e.error);
+    assert_eq!(e.notes.len(), 1, "{:?}", e.notes);
+    assert!(e.notes[0].starts_with("wrote snapshot ") && e.notes[0].contains("s-0.pickle"), "{:?}", e.notes);
+}
