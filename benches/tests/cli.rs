@@ -1575,3 +1575,22 @@ fn text_tables_escape_a_line_break_in_a_workload_name() {
         assert!(!out.lines().any(|l| l.starts_with("lines.csv")), "{args:?}: {out}");
     }
 }
+
+#[test]
+fn an_error_is_one_line_whatever_the_input_holds() {
+    // A workload, stack or file name with a newline in it goes into the
+    // message escaped: the error is one line, as a script reading stderr
+    // expects, and a terminal is not driven by what a name holds.
+    for args in [
+        &["replay", "random:1\n0:1:1"][..],
+        &["replay", "--stack", "pool(\nsim", "random:10:10:1"],
+        &["replay", "no\x1b[2Jfile.csv"],
+    ] {
+        let o = memres(args);
+        assert_eq!(o.status.code(), Some(2), "{args:?}");
+        let err = stderr(&o);
+        assert!(err.starts_with("memres: error: "), "{err}");
+        assert_eq!(err.lines().count(), 1, "{err}");
+        assert!(!err.trim_end().chars().any(char::is_control), "{err:?}");
+    }
+}

@@ -4,7 +4,7 @@
 use clap::{Parser, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
 use memres_bench::paths::{check_distinct, check_outputs, Named};
-use memres_bench::report::{csv_line, json_line, table, Row, CSV_HEADER};
+use memres_bench::report::{csv_line, json_line, table, text_name, Row, CSV_HEADER};
 use memres_bench::resources::{select, spelled, Param, Resource, RunOptions, UpstreamKind, RESOURCES};
 use memres_bench::stack::{check_stack, run_stack};
 use memres_bench::watch::{self, Outputs, SnapshotAt, Target};
@@ -186,6 +186,12 @@ macro_rules! outln {
     ($out:expr, $($arg:tt)*) => { $out.print(format_args!("{}\n", format_args!($($arg)*))) };
 }
 
+/// `memres: error: ...` on one line: a message quotes names as given
+/// (a workload, a stack, a path), escaped here as the table escapes them.
+macro_rules! error {
+    ($out:expr, $($arg:tt)*) => { outln!($out, "memres: error: {}", text_name(&format!($($arg)*))) };
+}
+
 impl<W: Write> StdStream<W> {
     fn new(out: W) -> StdStream<W> {
         StdStream { out, failed: None }
@@ -225,7 +231,7 @@ impl<W: Write> StdStream<W> {
 fn finish(code: ExitCode, Console { out, mut err }: Console) -> ExitCode {
     let stdout = out.finish();
     if let Some(e) = &stdout {
-        outln!(err, "memres: error: cannot write to standard output: {e}");
+        error!(err, "cannot write to standard output: {e}");
     }
     let stderr = err.finish();
     if code == ExitCode::SUCCESS && (stdout.is_some() || stderr.is_some()) {
@@ -306,11 +312,11 @@ fn run(command: Command, console: &mut Console) -> ExitCode {
                 Ok(true) => ExitCode::SUCCESS,
                 Ok(false) => ExitCode::FAILURE,
                 Err(Failure::Usage(message)) => {
-                    outln!(console.err, "memres: error: {message}");
+                    error!(console.err, "{message}");
                     ExitCode::from(USAGE)
                 }
                 Err(Failure::Output(message)) => {
-                    outln!(console.err, "memres: error: {message}");
+                    error!(console.err, "{message}");
                     ExitCode::FAILURE
                 }
             }
@@ -328,13 +334,13 @@ fn offline(csv: bool, specs: &[String], console: &mut Console) -> ExitCode {
     let workloads: Vec<Workload> = match specs.iter().map(|s| Workload::load(s)).collect() {
         Ok(w) => w,
         Err(e) => {
-            outln!(err, "memres: error: {e}");
+            error!(err, "{e}");
             return ExitCode::from(USAGE);
         }
     };
     // Refused before anything is printed, as a workload that does not decode.
     if let Some(e) = workloads.iter().find_map(|w| op_count(&w.name, w.ops.len()).err()) {
-        outln!(err, "memres: error: {e}");
+        error!(err, "{e}");
         return ExitCode::from(USAGE);
     }
     let methods: Vec<&str> = Method::ALL.iter().map(|m| m.name()).collect();
@@ -355,7 +361,7 @@ fn offline(csv: bool, specs: &[String], console: &mut Console) -> ExitCode {
         let blocks = match lifetimes(w) {
             Ok(blocks) => blocks,
             Err(e) => {
-                outln!(err, "memres: error: {e}");
+                error!(err, "{e}");
                 ok = false;
                 continue;
             }
@@ -365,7 +371,7 @@ fn offline(csv: bool, specs: &[String], console: &mut Console) -> ExitCode {
         let placements = match place_each(&blocks) {
             Ok(placements) => placements,
             Err(e) => {
-                outln!(err, "memres: error: {}: {e}", w.name);
+                error!(err, "{}: {e}", w.name);
                 ok = false;
                 continue;
             }
@@ -418,7 +424,7 @@ fn steps(stack: &str, every: u64, phase: u64, specs: &[String], console: &mut Co
     let logs = match check_stack(stack, UpstreamKind::Sim) {
         Ok(checked) => checked.logs,
         Err(e) => {
-            outln!(err, "memres: error: {e}");
+            error!(err, "{e}");
             return ExitCode::from(USAGE);
         }
     };
@@ -430,19 +436,19 @@ fn steps(stack: &str, every: u64, phase: u64, specs: &[String], console: &mut Co
         .map(|p| Named::new(p, format!("the workload {}", p.display())))
         .collect();
     if let Err(e) = check_distinct(&inputs, &[], &logs) {
-        outln!(err, "memres: error: {e}");
+        error!(err, "{e}");
         return ExitCode::from(USAGE);
     }
     let workloads: Vec<Workload> = match specs.iter().map(|s| Workload::load(s)).collect() {
         Ok(w) => w,
         Err(e) => {
-            outln!(err, "memres: error: {e}");
+            error!(err, "{e}");
             return ExitCode::from(USAGE);
         }
     };
     // Refused before anything is printed, as a workload that does not decode.
     if let Some(e) = workloads.iter().find_map(|w| memres_bench::stack::check_phase(w, phase).err()) {
-        outln!(err, "memres: error: {e}");
+        error!(err, "{e}");
         return ExitCode::from(USAGE);
     }
     for w in &workloads {
@@ -476,11 +482,11 @@ fn steps(stack: &str, every: u64, phase: u64, specs: &[String], console: &mut Co
                 outln!(out);
             }
             Err(RunError::Unsupported(e)) => {
-                outln!(err, "memres: error: {e}");
+                error!(err, "{e}");
                 return ExitCode::from(USAGE);
             }
             Err(e) => {
-                outln!(err, "memres: error: {}: {e}", w.name);
+                error!(err, "{}: {e}", w.name);
                 return ExitCode::FAILURE;
             }
         }
