@@ -4,9 +4,10 @@
 //! resource's allocate and free are direct, inlinable calls; it walks the
 //! ops with a table of handles indexed by id and does no parsing, hashing
 //! or I/O. One untimed warm-up pass runs first (a pool grows to its working
-//! size there, as in RMM's harness), then the timed passes: one by default,
-//! as in RMM's harness; more give the median pass, which a busy machine
-//! disturbs less on short workloads.
+//! size there, as in RMM's harness), then the timed passes: one in
+//! `RunOptions::default`, as in RMM's harness; more give the median pass,
+//! which a busy machine disturbs less on short workloads (`memres replay`
+//! runs three unless told).
 
 use crate::resources::RunError;
 use crate::workload::{Op, Workload};
