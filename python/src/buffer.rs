@@ -81,7 +81,9 @@ const SIZE: usize = 1;
 const CAPACITY: usize = 2;
 
 fn figures_of(b: &Inner) -> [u64; 3] {
-    [if b.is_empty() { 0 } else { b.addr() }, b.len(), b.capacity()]
+    // As RMM's `data()`: the block's address (0 with no memory), kept by a
+    // resize to 0, which frees nothing.
+    [b.addr(), b.len(), b.capacity()]
 }
 
 /// The buffer, locked by this thread; its figures are stored and the

@@ -57,6 +57,19 @@ def test_new_buffer_is_zeroed_and_resizes_keeping_contents():
     assert buf.capacity() >= 100 and bytes(buf.copy_to_host()) == b"ab"
 
 
+def test_resize_to_zero_keeps_the_memory_and_its_ptr_as_rmms():
+    # RMM's resize within the capacity changes only the size: `ptr` (its
+    # `data()`) stays; a buffer made with no bytes has none.
+    assert memres.DeviceBuffer().ptr == 0 and memres.DeviceBuffer().capacity() == 0
+    buf = memres.DeviceBuffer.to_device(b"abcd")
+    ptr = buf.ptr
+    buf.resize(0)
+    assert buf.size == 0 and buf.capacity() == 4 and buf.ptr == ptr != 0
+    assert buf.tobytes() == b"" and f"ptr={ptr:#x}" in repr(buf)
+    buf.resize(3)
+    assert buf.ptr == ptr and buf.tobytes() == bytes(3)
+
+
 # As RMM's `size_t` arguments: no int is a TypeError, one out of range an OverflowError.
 BAD_SIZES = [(-1, OverflowError), (1 << 64, OverflowError), (1.5, TypeError), ("10", TypeError),
              (True, TypeError)]
