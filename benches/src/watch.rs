@@ -172,7 +172,7 @@ impl Shown {
 pub struct Unwritten {
     /// Why, naming the file.
     pub error: String,
-    /// The notes of the files written before it (as [`write`]'s).
+    /// The notes of the files written before it (as [`write()`]'s).
     pub notes: Vec<String>,
 }
 
@@ -202,7 +202,7 @@ pub fn write(
 /// A watched replay: [`observe`], or a stand-in in tests.
 type Observe = dyn Fn(&str, &Workload, Option<u64>) -> Result<Observation, RunError>;
 
-/// [`write`], each pair watched by `observe`.
+/// [`write()`], each pair watched by `observe`.
 fn write_with(
     targets: &[Target],
     workloads: &[Workload],
