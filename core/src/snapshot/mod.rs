@@ -548,10 +548,16 @@ impl MemoryMap {
             while let Some((&b, live)) = blocks.next_if(|(&b, _)| b < end) {
                 if b > at {
                     runs.push(Run { addr: at, size: b - at, requested: None });
+                } else if let Some(before) = runs.last_mut().filter(|_| b < at) {
+                    // It starts inside the block before (blocks fed from
+                    // outside may overlap): that one is cut short at its
+                    // address, and this one runs to the end of both, so
+                    // that the runs still tile the segment.
+                    before.size = b - before.addr;
                 }
-                let size = live.size.min(end - b);
-                runs.push(Run { addr: b, size, requested: Some(live.requested) });
-                at = b + size;
+                let stop = b.saturating_add(live.size).min(end).max(at);
+                runs.push(Run { addr: b, size: stop - b, requested: Some(live.requested) });
+                at = stop;
             }
             if at < end {
                 runs.push(Run { addr: at, size: end - at, requested: None });

@@ -1019,3 +1019,25 @@ fn a_link_planted_under_the_temporary_name_is_not_followed() {
     check_file(&path).unwrap();
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// Blocks fed to the map that overlap (a map fed from outside, whose
+/// blocks come from a resource it cannot check) still give runs that tile
+/// their segment in address order, each block at its own address, and the
+/// bytes either covers are not counted free. Before, the later block's run
+/// started inside the earlier's and the free run after it went back over
+/// the earlier block: runs of 140 bytes in a segment of 100.
+#[test]
+fn overlapping_blocks_still_tile_their_segment() {
+    let mut map = MemoryMap::new(10);
+    map.segment_alloc(0, 100, 0, None);
+    map.alloc(0, 50, 50, 0, None);
+    map.alloc(10, 10, 10, 0, None);
+    let runs = map.runs();
+    assert_eq!(runs.len(), 1);
+    let runs = &runs[0].runs;
+    assert_eq!(runs.iter().map(|r| r.size).sum::<u64>(), 100, "{runs:?}");
+    assert!(runs.windows(2).all(|w| w[0].addr + w[0].size == w[1].addr), "{runs:?}");
+    let used: Vec<u64> = runs.iter().filter(|r| r.requested.is_some()).map(|r| r.addr).collect();
+    assert_eq!(used, [0, 10]);
+    assert_eq!(map.largest_free(), 50);
+}
