@@ -177,7 +177,8 @@ pub struct Run {
     pub addr: u64,
     /// Its bytes.
     pub size: u64,
-    /// The bytes requested, for a live block; `None` for free bytes.
+    /// The bytes requested, for a live block (at most `size`: a block
+    /// cut short keeps what is left of its request); `None` for free bytes.
     pub requested: Option<u64>,
 }
 
@@ -534,39 +535,47 @@ impl MemoryMap {
     /// Calls `each` with every segment, its runs (one buffer reused) and
     /// whether it is a block alone.
     fn each_segment(&self, mut each: impl FnMut(u64, Segment, &[Run], bool)) {
+        // A run holds no more of its request than its bytes: a block cut
+        // short (at its segment's end, or by a later block that starts
+        // inside it) keeps only what is left of it.
+        let used = |addr, size, live: &Live| Run { addr, size, requested: Some(live.requested.min(size)) };
+        // Exact: every address narrowed lies below a segment's end, at
+        // most 2^64, and every size is at most a segment's or a block's.
+        let low = |n: u128| n as u64;
         let mut runs = Vec::new();
         let mut blocks = self.blocks.iter().peekable();
         for (&addr, &seg) in &self.segments {
-            let end = addr.saturating_add(seg.size);
+            // In u128: a segment may end at 2^64, past the last address.
+            let end = u128::from(addr) + u128::from(seg.size);
             // Blocks before this segment lie in none.
             while let Some((&b, live)) = blocks.next_if(|(&b, _)| b < addr) {
-                let one = [Run { addr: b, size: live.size, requested: Some(live.requested) }];
-                each(b, Segment { size: live.size, stream: live.stream }, &one, true);
+                each(b, Segment { size: live.size, stream: live.stream }, &[used(b, live.size, live)], true);
             }
             runs.clear();
-            let mut at = addr;
-            while let Some((&b, live)) = blocks.next_if(|(&b, _)| b < end) {
-                if b > at {
-                    runs.push(Run { addr: at, size: b - at, requested: None });
-                } else if let Some(before) = runs.last_mut().filter(|_| b < at) {
+            let mut at = u128::from(addr);
+            while let Some((&b, live)) = blocks.next_if(|(&b, _)| u128::from(b) < end) {
+                let start = u128::from(b);
+                if start > at {
+                    runs.push(Run { addr: low(at), size: low(start - at), requested: None });
+                } else if let Some(before) = runs.last_mut().filter(|_| start < at) {
                     // It starts inside the block before (blocks fed from
                     // outside may overlap): that one is cut short at its
                     // address, and this one runs to the end of both, so
                     // that the runs still tile the segment.
                     before.size = b - before.addr;
+                    before.requested = before.requested.map(|r| r.min(before.size));
                 }
-                let stop = b.saturating_add(live.size).min(end).max(at);
-                runs.push(Run { addr: b, size: stop - b, requested: Some(live.requested) });
+                let stop = (start + u128::from(live.size)).min(end).max(at);
+                runs.push(used(b, low(stop - start), live));
                 at = stop;
             }
             if at < end {
-                runs.push(Run { addr: at, size: end - at, requested: None });
+                runs.push(Run { addr: low(at), size: low(end - at), requested: None });
             }
             each(addr, seg, &runs, false);
         }
         for (&b, live) in blocks {
-            let one = [Run { addr: b, size: live.size, requested: Some(live.requested) }];
-            each(b, Segment { size: live.size, stream: live.stream }, &one, true);
+            each(b, Segment { size: live.size, stream: live.stream }, &[used(b, live.size, live)], true);
         }
     }
 

@@ -1041,3 +1041,32 @@ fn overlapping_blocks_still_tile_their_segment() {
     assert_eq!(used, [0, 10]);
     assert_eq!(map.largest_free(), 50);
 }
+
+#[test]
+fn a_block_cut_short_keeps_no_more_requested_than_its_bytes() {
+    let mut map = MemoryMap::new(10);
+    map.segment_alloc(0, 100, 0, None);
+    // Past the segment's end (a block fed from outside): cut at 100.
+    map.alloc(80, 40, 40, 0, None);
+    // Overlapped by a later block: cut at 10.
+    map.alloc(0, 50, 50, 0, None);
+    map.alloc(10, 10, 10, 0, None);
+    let runs = &map.runs()[0].runs;
+    let used: Vec<_> = runs.iter().filter_map(|r| r.requested.map(|q| (r.addr, r.size, q))).collect();
+    assert_eq!(used, [(0, 10, 10), (10, 40, 10), (80, 20, 20)], "{runs:?}");
+    assert!(runs.iter().all(|r| r.requested.is_none_or(|q| q <= r.size)), "{runs:?}");
+}
+
+#[test]
+fn a_segment_ending_at_the_top_of_the_address_space_keeps_its_last_byte() {
+    let mut map = MemoryMap::new(10);
+    let addr = u64::MAX - 99;
+    map.segment_alloc(addr, 100, 0, None);
+    map.alloc(u64::MAX - 9, 10, 10, 0, None);
+    let runs = &map.runs()[0].runs;
+    let expected =
+        [Run { addr, size: 90, requested: None }, Run { addr: u64::MAX - 9, size: 10, requested: Some(10) }];
+    assert_eq!(runs, &expected);
+    map.free(u64::MAX - 9, 0, None);
+    assert_eq!(map.largest_free(), 100);
+}

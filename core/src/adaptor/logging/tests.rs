@@ -558,7 +558,7 @@ fn a_log_dropped_while_unwinding_over_a_writer_that_panics_does_not_abort() {
 fn logs_of_one_file_by_a_link_or_by_appending_keep_every_row() {
     let dir = std::env::temp_dir();
     let path = dir.join(format!("memres-log-share-{}.csv", std::process::id()));
-    // Miri before its `link` shim makes no hard link: there the file's own
+    // A Miri without a `linkat` shim makes no hard link: there the file's own
     // name stands in for the link's.
     let link = match cfg!(miri) {
         true => path.clone(),
