@@ -524,9 +524,39 @@ where
     }
 
     /// A deep copy on `stream`, from the same resource, of the same
-    /// alignment. The copy is ordered after the work submitted so far on
-    /// this buffer's stream, and this buffer's later work (its free on drop
-    /// included) after the copy.
+    /// alignment: [`try_clone_in`](Self::try_clone_in) with a clone of this
+    /// buffer's resource.
+    ///
+    /// # Errors
+    ///
+    /// As [`try_clone_in`](Self::try_clone_in).
+    pub fn try_clone_on(&self, stream: S) -> Result<Self>
+    where
+        R: Clone,
+        E: Clone,
+    {
+        self.try_clone_in(stream, self.resource.clone())
+    }
+
+    /// A deep copy on `stream` into `resource`, of the same alignment:
+    /// RMM's copy construction with its memory resource argument. The
+    /// resource may be of another type, such as a pool kept for long-lived
+    /// data; it must be memory of the same engine, which makes the copy.
+    /// The copy is ordered after the work submitted so far on this buffer's
+    /// stream, and this buffer's later work (its free on drop included)
+    /// after the copy.
+    ///
+    /// ```
+    /// use memres_containers::DeviceBuffer;
+    /// use memres_sim::{HostCopy, HostMemory};
+    /// let (scratch, kept) = (HostMemory::new(), HostMemory::new());
+    /// let a = DeviceBuffer::from_slice_in(b"bytes", (), &scratch, HostCopy)?;
+    /// let b = a.try_clone_in((), &kept)?;
+    /// drop(a);
+    /// assert_eq!((scratch.live_count(), kept.live_count()), (0, 1));
+    /// assert_eq!(b.to_vec()?, b"bytes");
+    /// # Ok::<(), memres_containers::ContainerError>(())
+    /// ```
     ///
     /// # Errors
     ///
@@ -537,29 +567,30 @@ where
     /// out (an error, or a panic of the engine or of a stream) first has the
     /// host wait for the copy's stream, so that this buffer's free never
     /// overtakes the copy.
-    pub fn try_clone_on(&self, stream: S) -> Result<Self>
+    pub fn try_clone_in<R2>(&self, stream: S, resource: R2) -> Result<DeviceBuffer<R2, E, S>>
     where
-        R: Clone,
+        R2: MemoryResource<S> + MemoryOf<E::Kind>,
         E: Clone,
     {
         let done = self.stream.record()?;
         stream.wait(&done)?;
-        let (resource, engine) = (self.resource.clone(), self.engine.clone());
-        let copy = Self::unwritten(self.len, self.align, stream, resource, engine)?;
+        let copy = DeviceBuffer::unwritten(self.len, self.align, stream, resource, self.engine.clone())?;
         if self.len == 0 {
             return Ok(copy);
         }
         // Declared after `copy`, so dropped (the host waiting for the copy)
         // before `copy` frees its block, on every way out but the last.
         let in_flight = CopyInFlight(&copy.stream);
-        // SAFETY: the destination is the block just handed to `copy` by the
-        // resource (`MemoryOf<E::Kind>`), of at least `len` bytes, used by
+        // SAFETY: the destination is the block just handed to `copy` by
+        // `resource` (`MemoryOf<E::Kind>`), of at least `len` bytes, used by
         // nothing else; the source is this buffer's bytes in use: memory of
-        // the engine in the block it holds, all written (the invariant of
-        // `len`), and the copy's stream waits for the work submitted on this
+        // the engine in the block it holds (this buffer's resource is
+        // `MemoryOf<E::Kind>` too), all written (the invariant of `len`),
+        // and the copy's stream waits for the work submitted on this
         // buffer's stream (above). They overlap where other code freed this
-        // buffer's block and the resource handed it out again to `copy`:
-        // the engine copies as `memmove` does or refuses (its duty).
+        // buffer's block and a resource over the same memory handed it out
+        // again to `copy`: the engine copies as `memmove` does or refuses
+        // (its duty).
         unsafe { copy.engine.copy(copy.block.addr(), self.block.addr(), self.len, &copy.stream)? };
         // The source's later work, its free included, after the copy.
         let copied = copy.stream.record()?;

@@ -7,7 +7,7 @@
 //!
 //! | type | what it is |
 //! | --- | --- |
-//! | [`DeviceBuffer`] | untyped bytes: size, capacity, resize, alignment, deep copy (`Clone`, `try_clone`), change of stream |
+//! | [`DeviceBuffer`] | untyped bytes: size, capacity, resize, alignment, deep copy (`Clone`, `try_clone`, into another resource with `try_clone_in`), change of stream |
 //! | [`DeviceUVector`] | a vector of plain-old-data `T`, zeroed on creation (RMM's uninitialized creation is `unsafe`), aligned to `T` |
 //! | [`DeviceScalar`] | one `T` in device memory |
 //!
@@ -58,7 +58,10 @@
 //! (with the typed error in its message). A device copy can fail where a
 //! host copy cannot, so `try_clone` (on the container's stream) and
 //! `try_clone_on` (on another) return the error instead; see
-//! [`DeviceBuffer::try_clone`].
+//! [`DeviceBuffer::try_clone`]. RMM's copy construction into another
+//! memory resource is `try_clone_in(stream, resource)`: the copy is a
+//! container of that resource's type, made by the same engine
+//! ([`DeviceBuffer::try_clone_in`]).
 //!
 //! # The host view
 //!

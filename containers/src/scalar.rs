@@ -138,6 +138,20 @@ where
     {
         Ok(DeviceScalar { inner: self.inner.try_clone_on(stream)? })
     }
+
+    /// A deep copy on `stream` into `resource` (see
+    /// [`DeviceBuffer::try_clone_in`](crate::DeviceBuffer::try_clone_in)).
+    ///
+    /// # Errors
+    ///
+    /// As [`DeviceBuffer::try_clone_in`](crate::DeviceBuffer::try_clone_in).
+    pub fn try_clone_in<R2>(&self, stream: S, resource: R2) -> Result<DeviceScalar<T, R2, E, S>>
+    where
+        R2: MemoryResource<S> + MemoryOf<E::Kind>,
+        E: Clone,
+    {
+        Ok(DeviceScalar { inner: self.inner.try_clone_in(stream, resource)? })
+    }
 }
 
 /// As its vector.

@@ -271,6 +271,20 @@ where
         Ok(DeviceUVector { buf: self.buf.try_clone_on(stream)?, _t: PhantomData })
     }
 
+    /// A deep copy on `stream` into `resource` (see
+    /// [`DeviceBuffer::try_clone_in`]).
+    ///
+    /// # Errors
+    ///
+    /// As [`DeviceBuffer::try_clone_in`].
+    pub fn try_clone_in<R2>(&self, stream: S, resource: R2) -> Result<DeviceUVector<T, R2, E, S>>
+    where
+        R2: MemoryResource<S> + MemoryOf<E::Kind>,
+        E: Clone,
+    {
+        Ok(DeviceUVector { buf: self.buf.try_clone_in(stream, resource)?, _t: PhantomData })
+    }
+
     /// The byte offset of element `start`, once elements `start..start + n`
     /// are checked to lie inside the length.
     fn element_offset(&self, start: usize, n: usize) -> Result<u64> {

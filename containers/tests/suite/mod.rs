@@ -405,6 +405,42 @@ pub fn clones_are_deep_copies_on_the_containers_own_stream<T: Setup>(t: &T) {
     assert_eq!(t.used(), 0);
 }
 
+pub fn clones_into_another_resource_over_the_same_memory<T: Setup>(t: &T) {
+    use memres_core::adaptor::Limiting;
+    let data = payload();
+    let n = data.len() as u64;
+    // Another resource type over the same memory, with room for the three copies.
+    let kept = Limiting::new(t.resource(), n + 2 * 4096);
+    let mut a = DeviceBuffer::from_slice_in(&data, t.stream(), t.resource(), t.engine()).unwrap();
+    // Queued on the source's stream: the copy on the other stream sees it.
+    a.fill(0x11).unwrap();
+    let b = a.try_clone_in(t.other_stream(), &kept).unwrap();
+    assert_eq!((b.len(), b.alignment(), b.stream().id()), (n, a.alignment(), t.other_stream().id()));
+    assert!(kept.get_allocated_bytes() >= n, "the copy's block is the other resource's");
+    // And the source's later work comes after the copy: it stays deep.
+    a.fill(0x22).unwrap();
+    assert_eq!(b.to_vec().unwrap(), vec![0x11; data.len()]);
+    assert_eq!(a.to_vec().unwrap(), vec![0x22; data.len()]);
+
+    let v = DeviceUVector::from_slice_in(&[3u64, 1, 4], t.stream(), t.resource(), t.engine()).unwrap();
+    let s = DeviceScalar::from_value_in(&-5i32, t.stream(), t.resource(), t.engine()).unwrap();
+    let (v2, s2) =
+        (v.try_clone_in(t.stream(), &kept).unwrap(), s.try_clone_in(t.other_stream(), &kept).unwrap());
+    drop((v, s));
+    assert_eq!((v2.to_vec().unwrap(), s2.value().unwrap()), (vec![3, 1, 4], -5));
+
+    // A resource that refuses: a typed error, the source unchanged, nothing kept.
+    let used = kept.get_allocated_bytes();
+    let e = a.try_clone_in(t.other_stream(), &kept).map(|_| ()).unwrap_err();
+    assert!(matches!(e, ContainerError::Memory(Error::LimitExceeded { .. })), "{e:?}");
+    assert_eq!(kept.get_allocated_bytes(), used);
+    assert_eq!(a.to_vec().unwrap(), vec![0x22; data.len()]);
+    drop((b, v2, s2));
+    assert_eq!(kept.get_allocated_bytes(), 0);
+    drop(a);
+    assert_eq!(t.used(), 0);
+}
+
 pub fn clone_is_the_deep_copy_of_try_clone<T: Setup>(t: &T) {
     let b = DeviceBuffer::from_slice_in(b"cloned bytes", t.other_stream(), t.resource(), t.engine()).unwrap();
     let mut v = DeviceUVector::from_slice_in(&[4u32, 5, 6], t.stream(), t.resource(), t.engine()).unwrap();
@@ -500,6 +536,7 @@ macro_rules! container_suite {
             copies_from_raw_device_pointers,
             clones_are_deep_copies_on_the_containers_own_stream,
             clone_is_the_deep_copy_of_try_clone,
+            clones_into_another_resource_over_the_same_memory,
             host_view_elements_ranges_and_iteration
         );
     };
