@@ -409,8 +409,10 @@ pub fn clones_into_another_resource_over_the_same_memory<T: Setup>(t: &T) {
     use memres_core::adaptor::Limiting;
     let data = payload();
     let n = data.len() as u64;
-    // Another resource type over the same memory, with room for the three copies.
-    let kept = Limiting::new(t.resource(), n + 2 * 4096);
+    // Another resource type over the same memory, with room for the three
+    // copies below and no more: the buffer's bytes, and a granule each for
+    // the vector's and the scalar's.
+    let kept = Limiting::new(t.resource(), n + 2 * memres_core::DEFAULT_ALIGNMENT);
     let mut a = DeviceBuffer::from_slice_in(&data, t.stream(), t.resource(), t.engine()).unwrap();
     // Queued on the source's stream: the copy on the other stream sees it.
     a.fill(0x11).unwrap();
