@@ -545,8 +545,9 @@ impl MemoryMap {
         let mut runs = Vec::new();
         let mut blocks = self.blocks.iter().peekable();
         for (&addr, &seg) in &self.segments {
-            // In u128: a segment may end at 2^64, past the last address.
-            let end = u128::from(addr) + u128::from(seg.size);
+            // In u128: a segment may end at 2^64, past the last address;
+            // one said to pass it (from a faulty upstream) stops there.
+            let end = (u128::from(addr) + u128::from(seg.size)).min(1 << 64);
             // Blocks before this segment lie in none.
             while let Some((&b, live)) = blocks.next_if(|(&b, _)| b < addr) {
                 each(b, Segment { size: live.size, stream: live.stream }, &[used(b, live.size, live)], true);

@@ -1070,3 +1070,15 @@ fn a_segment_ending_at_the_top_of_the_address_space_keeps_its_last_byte() {
     map.free(u64::MAX - 9, 0, None);
     assert_eq!(map.largest_free(), 100);
 }
+
+#[test]
+fn a_segment_said_to_pass_the_top_of_the_address_space_is_laid_out_up_to_it() {
+    let mut map = MemoryMap::new(10);
+    let addr = u64::MAX - 99;
+    map.segment_alloc(addr, 200, 0, None);
+    map.alloc(u64::MAX - 9, 64, 10, 0, None);
+    let runs = &map.runs()[0].runs;
+    let expected =
+        [Run { addr, size: 90, requested: None }, Run { addr: u64::MAX - 9, size: 10, requested: Some(10) }];
+    assert_eq!(runs, &expected);
+}
