@@ -124,20 +124,27 @@ pub struct SegmentFreed {
     stream: u64,
 }
 
-/// What a [`Freeing`] told the map.
+/// What a [`Freeing`] told the map, and the number of its first event
+/// (its events are numbered on from it, one each).
 #[derive(Clone, Copy, Debug)]
 enum Told {
-    Block(Freed),
-    Segment(SegmentFreed),
+    Block(Freed, u64),
+    Segment(SegmentFreed, u64),
 }
 
 impl Told {
     /// The events its free told.
     fn events(&self) -> usize {
         match self {
-            Told::Block(Freed(b)) => 2 + usize::from(b.own_segment),
-            Told::Segment(_) => 1,
+            Told::Block(Freed(b), _) => 2 + usize::from(b.own_segment),
+            Told::Segment(..) => 1,
         }
+    }
+
+    /// The numbers of its events.
+    fn numbers(&self) -> core::ops::Range<u64> {
+        let (Told::Block(_, first) | Told::Segment(_, first)) = *self;
+        first..first + self.events() as u64
     }
 }
 
@@ -214,8 +221,12 @@ pub struct MemoryMap {
     held: u64,
     live: u64,
     /// The trace, after the `pushed_out` events at its front: those
-    /// pushed out of it, oldest first, kept for frees told ahead.
-    trace: VecDeque<TraceEntry>,
+    /// pushed out of it, oldest first, kept for frees told ahead. Each
+    /// event with its number, strictly increasing from front to back, by
+    /// which an undo finds a free's own events.
+    trace: VecDeque<(u64, TraceEntry)>,
+    /// The number of the next event told.
+    next_event: u64,
     /// At most `told_ahead`.
     pushed_out: usize,
     /// The events told by frees told ahead and not yet settled.
@@ -238,6 +249,7 @@ impl MemoryMap {
             held: 0,
             live: 0,
             trace: VecDeque::new(),
+            next_event: 0,
             pushed_out: 0,
             told_ahead: 0,
             max_entries,
@@ -265,7 +277,8 @@ impl MemoryMap {
             self.let_go();
         }
         let time_us = time_us.or(self.now);
-        self.trace.push_back(TraceEntry { action, addr, size, stream, time_us });
+        self.trace.push_back((self.next_event, TraceEntry { action, addr, size, stream, time_us }));
+        self.next_event += 1;
     }
 
     /// Lets go of the events pushed out that no free told ahead may need.
@@ -290,12 +303,19 @@ impl MemoryMap {
         self.pushed_out -= room.min(self.pushed_out);
     }
 
-    /// Takes out the event at `i` of the trace or of the events pushed out.
-    fn take_out(&mut self, i: usize) {
-        self.trace.remove(i);
-        if i < self.pushed_out {
-            self.pushed_out -= 1;
+    /// Takes out the events of a free told ahead (`told`) that are still
+    /// in the trace or among the events pushed out, then puts back as many
+    /// as it took out of the trace, those pushed out last.
+    fn take_out(&mut self, told: Told) {
+        for number in told.numbers() {
+            if let Ok(i) = self.trace.binary_search_by_key(&number, |&(n, _)| n) {
+                self.trace.remove(i);
+                if i < self.pushed_out {
+                    self.pushed_out -= 1;
+                }
+            }
         }
+        self.put_back();
     }
 
     /// `size` bytes at `addr` taken from the upstream on `stream`.
@@ -321,22 +341,18 @@ impl MemoryMap {
         Some(SegmentFreed { size: s.size, stream: s.stream })
     }
 
-    /// Takes back a [`segment_free`](Self::segment_free) that the upstream
-    /// refused: the segment is held again, and the free's event, the
-    /// latest of that address, leaves the trace, which gets back the event
-    /// pushed out last. A segment held at `addr` since shows that the
-    /// upstream did free it: nothing changes.
-    fn segment_unfree(&mut self, addr: u64, freed: SegmentFreed) {
+    /// Takes back a [`segment_free`](Self::segment_free) told ahead
+    /// (`told`) that the upstream refused: the segment is held again, and
+    /// the free's event leaves the trace, which gets back the event pushed
+    /// out last. A segment held at `addr` since shows that the upstream did
+    /// free it: nothing changes.
+    fn segment_unfree(&mut self, addr: u64, freed: SegmentFreed, told: Told) {
         if self.segments.contains_key(&addr) {
             return;
         }
         self.segments.insert(addr, Segment { size: freed.size, stream: freed.stream });
         self.held = self.held.wrapping_add(freed.size);
-        let told = |e: &TraceEntry| e.action == Action::SegmentFree && e.addr == addr;
-        if let Some(i) = self.trace.iter().rposition(told) {
-            self.take_out(i);
-        }
-        self.put_back();
+        self.take_out(told);
     }
 
     /// A block of `size` bytes at `addr` handed out for a request of
@@ -368,42 +384,20 @@ impl MemoryMap {
         self.segments.range(..=addr).next_back().is_some_and(|(&start, s)| addr - start < s.size)
     }
 
-    /// Takes back a [`free`](Self::free) of the block at `addr` that the
-    /// resource refused: the block is live again, as `free` took it out,
-    /// and the free's events, the latest of that address, leave the trace
-    /// (no allocation is told: none happened); the trace gets back as
-    /// many events as it lost, those pushed out last. A block handed out
-    /// at `addr` since shows that the resource did free it: nothing
-    /// changes.
-    fn unfree(&mut self, addr: u64, freed: Freed) {
+    /// Takes back a [`free`](Self::free) of the block at `addr` told ahead
+    /// (`told`) that the resource refused: the block is live again, as
+    /// `free` took it out, and the free's events leave the trace (no
+    /// allocation is told: none happened); the trace gets back as many
+    /// events as it lost, those pushed out last. A block handed out at
+    /// `addr` since shows that the resource did free it: nothing changes.
+    fn unfree(&mut self, addr: u64, freed: Freed, told: Told) {
         let Freed(b) = freed;
         if self.blocks.contains_key(&addr) {
             return;
         }
         self.blocks.insert(addr, b);
         self.live = self.live.wrapping_add(b.requested);
-        // Its events, adjacent, the latest of the address (a later free of
-        // it would have followed an allocation there), unless the oldest
-        // were let go from the front.
-        let freed = |e: &TraceEntry| e.action == Action::FreeCompleted && e.addr == addr;
-        let own_end = |e: &TraceEntry| e.action == Action::SegmentFree && e.addr == addr;
-        match self.trace.iter().rposition(freed) {
-            Some(i) => {
-                // The end of its own segment, right after it.
-                if b.own_segment && self.trace.get(i + 1).is_some_and(own_end) {
-                    self.take_out(i + 1);
-                }
-                self.take_out(i);
-                let requested = |e: &TraceEntry| e.action == Action::FreeRequested && e.addr == addr;
-                if i > 0 && self.trace.get(i - 1).is_some_and(requested) {
-                    self.take_out(i - 1);
-                }
-            }
-            // Only the end of its own segment is left, at the front.
-            None if b.own_segment && self.trace.front().is_some_and(own_end) => self.take_out(0),
-            None => {}
-        }
-        self.put_back();
+        self.take_out(told);
     }
 
     /// The block at `addr` given back (an unknown one is ignored), told as
@@ -457,9 +451,10 @@ impl MemoryMap {
             Side::Segments => self.segments.get(&addr).map(|_| 1)?,
         };
         self.told_ahead += events;
+        let first = self.next_event;
         let told = match side {
-            Side::Blocks => self.free(addr, stream, time_us).map(Told::Block),
-            Side::Segments => self.segment_free(addr, stream, time_us).map(Told::Segment),
+            Side::Blocks => self.free(addr, stream, time_us).map(|f| Told::Block(f, first)),
+            Side::Segments => self.segment_free(addr, stream, time_us).map(|f| Told::Segment(f, first)),
         };
         debug_assert_eq!(told.map(|t| t.events()), Some(events));
         Some((told?, self.in_flight(side).tell(addr)))
@@ -481,9 +476,9 @@ impl MemoryMap {
     /// it, nor if the address was handed out again).
     fn take_back(&mut self, addr: u64, told: Told, number: u64) {
         match told {
-            Told::Block(freed) if self.blocks_freeing.take(addr, number) => self.unfree(addr, freed),
-            Told::Segment(freed) if self.segments_freeing.take(addr, number) => {
-                self.segment_unfree(addr, freed)
+            Told::Block(freed, _) if self.blocks_freeing.take(addr, number) => self.unfree(addr, freed, told),
+            Told::Segment(freed, _) if self.segments_freeing.take(addr, number) => {
+                self.segment_unfree(addr, freed, told)
             }
             _ => {}
         }
@@ -507,7 +502,7 @@ impl MemoryMap {
 
     /// The events kept, oldest first.
     pub fn trace(&self) -> impl Iterator<Item = &TraceEntry> {
-        self.trace.range(self.pushed_out..)
+        self.trace.range(self.pushed_out..).map(|(_, e)| e)
     }
 
     /// The largest run of free bytes inside one segment.

@@ -1082,3 +1082,45 @@ fn a_segment_said_to_pass_the_top_of_the_address_space_is_laid_out_up_to_it() {
         [Run { addr, size: 90, requested: None }, Run { addr: u64::MAX - 9, size: 10, requested: Some(10) }];
     assert_eq!(runs, &expected);
 }
+
+#[test]
+fn a_refused_free_takes_out_its_own_events_not_another_of_its_address() {
+    // A block that is a segment of its own at 0x1000, then a segment at the
+    // same address (from a leaf tapped later): both end in a `segment_free`
+    // of 0x1000.
+    let mut map = MemoryMap::new(100);
+    map.alloc(0x1000, 320, 192, 0, None);
+    map.segment_alloc(0x1000, 4096, 1, None);
+    let actions = |map: &MemoryMap| map.trace().map(|e| (e.action.as_str(), e.size)).collect::<Vec<_>>();
+    refused(&mut map, Side::Segments, 0x1000, 1, |map| {
+        // The block is freed while the segment's free is in flight.
+        map.free(0x1000, 0, None).unwrap();
+    });
+    assert_eq!(
+        actions(&map),
+        [
+            ("segment_alloc", 320),
+            ("alloc", 192),
+            ("segment_alloc", 4096),
+            ("free_requested", 192),
+            ("free_completed", 192),
+            ("segment_free", 320),
+        ],
+        "the refused free of the segment took out its own `segment_free` (of 4096 bytes)"
+    );
+    assert_eq!((map.held(), map.live()), (4096, 0));
+
+    // The same, the block's free told ahead and refused after the segment's end.
+    let mut map = MemoryMap::new(100);
+    map.alloc(0x1000, 320, 192, 0, None);
+    map.segment_alloc(0x1000, 4096, 1, None);
+    refused(&mut map, Side::Blocks, 0x1000, 0, |map| {
+        map.segment_free(0x1000, 1, None).unwrap();
+    });
+    assert_eq!(
+        actions(&map),
+        [("segment_alloc", 320), ("alloc", 192), ("segment_alloc", 4096), ("segment_free", 4096)],
+        "the refused free of the block took out its own three events"
+    );
+    assert_eq!((map.held(), map.live()), (0, 192));
+}
