@@ -26,9 +26,9 @@ pub use step::drive;
 pub use targets::{
     callback_outcomes, run_arena, run_binning, run_binning_counted, run_callback, run_device_stack,
     run_fixed, run_index, run_per_stream, run_planned, run_pool, run_pool_fixed, run_pool_stack,
-    run_snapshot, run_stack, run_stack_adaptors, run_stack_string, run_stream, run_vpool, run_vpool_streams,
-    stack_string_of, stack_string_order, CallbackOutcomes, LayerCheck, LayerJudge, Layers, SharedPool,
-    StackOrder,
+    run_snapshot, run_stack, run_stack_adaptors, run_stack_string, run_stream, run_trace, run_vpool,
+    run_vpool_streams, stack_string_of, stack_string_order, CallbackOutcomes, LayerCheck, LayerJudge, Layers,
+    SharedPool, StackOrder,
 };
 
 use memres_core::check::LiveBlocks;
@@ -59,6 +59,7 @@ pub const TARGETS: &[(&str, Target)] = &[
     ("per_stream", run_per_stream),
     ("callback", run_callback),
     ("snapshot", run_snapshot),
+    ("trace", run_trace),
 ];
 
 /// Whether the resources' own invariant checkers run (the default). With

@@ -23,6 +23,7 @@ mod stack;
 mod stack_string;
 mod stream;
 mod streams;
+mod trace;
 mod vpool;
 mod vpool_streams;
 pub use adaptors::*;
@@ -38,6 +39,7 @@ pub use snapshot::*;
 pub use stack::*;
 pub use stack_string::*;
 pub use stream::*;
+pub use trace::*;
 pub use vpool::*;
 pub use vpool_streams::*;
 
