@@ -539,17 +539,23 @@ impl MemoryMap {
         let low = |n: u128| n as u64;
         let mut runs = Vec::new();
         let mut blocks = self.blocks.iter().peekable();
-        for (&addr, &seg) in &self.segments {
+        let mut segments = self.segments.iter().peekable();
+        while let Some((&addr, &seg)) = segments.next() {
             // In u128: a segment may end at 2^64, past the last address;
             // one said to pass it (from a faulty upstream) stops there.
             let end = (u128::from(addr) + u128::from(seg.size)).min(1 << 64);
+            // Its blocks start in it and before the next segment: as
+            // `alloc` judges a block's segment, the nearest below it (so
+            // where segments overlap, a block past the next one's start
+            // is in that one, or one of its own, as its trace told).
+            let next = segments.peek().map_or(1 << 64, |(&n, _)| u128::from(n));
             // Blocks before this segment lie in none.
             while let Some((&b, live)) = blocks.next_if(|(&b, _)| b < addr) {
                 each(b, Segment { size: live.size, stream: live.stream }, &[used(b, live.size, live)], true);
             }
             runs.clear();
             let mut at = u128::from(addr);
-            while let Some((&b, live)) = blocks.next_if(|(&b, _)| u128::from(b) < end) {
+            while let Some((&b, live)) = blocks.next_if(|(&b, _)| u128::from(b) < end.min(next)) {
                 let start = u128::from(b);
                 if start > at {
                     runs.push(Run { addr: low(at), size: low(start - at), requested: None });

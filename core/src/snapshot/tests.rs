@@ -1042,6 +1042,30 @@ fn overlapping_blocks_still_tile_their_segment() {
     assert_eq!(map.largest_free(), 50);
 }
 
+/// Where segments overlap (fed from outside), a block past the start of
+/// a later segment and past its end lies in no segment, as `alloc` judged
+/// it from the segment nearest below it, whose trace told a segment of
+/// its own: the snapshot lays it out as one too. Before, it was laid out
+/// in the earlier segment that covers it, while the trace told its own
+/// `segment_alloc` (two segments over one block to a viewer).
+#[test]
+fn a_block_past_an_overlapping_segment_is_the_segment_of_its_own_its_trace_told() {
+    let mut map = MemoryMap::new(10);
+    map.segment_alloc(0, 100, 0, None);
+    map.segment_alloc(20, 10, 0, None);
+    map.alloc(25, 5, 5, 0, None);
+    map.alloc(50, 10, 10, 0, None);
+    let told: Vec<_> = map.trace().map(|e| (e.action, e.addr)).collect();
+    assert_eq!(told[2..], [(Action::Alloc, 25), (Action::SegmentAlloc, 50), (Action::Alloc, 50)]);
+    let laid: Vec<_> = map
+        .runs()
+        .iter()
+        .map(|s| (s.addr, s.alone, s.runs.iter().filter(|r| r.requested.is_some()).map(|r| r.addr).collect()))
+        .collect();
+    assert_eq!(laid, [(0, false, alloc::vec![]), (20, false, alloc::vec![25]), (50, true, alloc::vec![50])]);
+    assert_eq!(map.largest_free(), 100);
+}
+
 #[test]
 fn a_block_cut_short_keeps_no_more_requested_than_its_bytes() {
     let mut map = MemoryMap::new(10);

@@ -246,6 +246,16 @@ fn check(map: &Shared<MemoryMap>, model: &Model, step: usize) {
                 );
                 at += u128::from(r.size);
                 match r.requested {
+                    // In the segment nearest below it, as its trace told.
+                    Some(_) if !seg.alone => {
+                        let holder = model.segments.range(..=r.addr).next_back().map(|(&s, _)| s);
+                        assert_eq!(
+                            holder,
+                            Some(seg.addr),
+                            "step {step}: a block in another segment: {seg:?}"
+                        );
+                        starts.push(r.addr);
+                    }
                     Some(_) => starts.push(r.addr),
                     None if !seg.alone => largest = largest.max(r.size),
                     None => {}
