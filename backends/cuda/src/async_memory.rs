@@ -126,9 +126,10 @@ impl AsyncConfig {
 /// ```
 ///
 /// The pool is the driver's: this type only names it, and destroys it on
-/// drop if it made it. Blocks are aligned to 256 bytes (or more when asked).
-/// It serves every stream that names a raw `CUstream` ([`AsRawStream`]):
-/// [`CudaStream`], and `()` for the legacy default stream.
+/// drop if it made it, once the work queued in its context has finished.
+/// Blocks are aligned to 256 bytes (or more when asked). It serves every
+/// stream that names a raw `CUstream` ([`AsRawStream`]): [`CudaStream`],
+/// and `()` for the legacy default stream.
 ///
 /// # Errors
 ///
@@ -303,6 +304,13 @@ impl CudaAsyncMemory {
     pub(crate) fn fake(pool: sys::CUmemoryPool) -> CudaAsyncMemory {
         let context = Context::fake(Device::fake(0));
         CudaAsyncMemory { pool, owned: false, context, live: Box::default() }
+    }
+
+    /// As [`fake`](Self::fake), for a pool made here: destroyed on drop.
+    #[cfg(test)]
+    pub(crate) fn fake_owned(pool: sys::CUmemoryPool) -> CudaAsyncMemory {
+        let context = Context::fake(Device::fake(0));
+        CudaAsyncMemory { pool, owned: true, context, live: Box::default() }
     }
 
     /// The allocations handed out and not yet freed.
@@ -498,11 +506,21 @@ impl memres_core::stack::Release<CudaStream> for CudaAsyncMemory {
 impl Drop for CudaAsyncMemory {
     fn drop(&mut self) {
         if self.owned {
-            // SAFETY: the pool was made by `cuMemPoolCreate` and is destroyed
-            // only here. Blocks still out, or frees still queued, keep its
-            // memory alive in the driver until they are done. An error
-            // (driver shut down) leaves nothing to undo.
-            let _ = self.context.scope(|| Ok(unsafe { sys::cuMemPoolDestroy(self.pool) }));
+            let _ = self.context.scope(|| {
+                // The context's work finishes first, so no free into the
+                // pool is still queued when it goes: the driver allows
+                // that, but threads that destroy pools with frees queued
+                // while others use pools hang in it now and then
+                // (docs/verification.md). A failed wait (a fault, the
+                // driver shut down) still leaves the destroy to try.
+                // SAFETY: takes no argument; the pool's context is current.
+                let _ = unsafe { sys::cuCtxSynchronize() };
+                // SAFETY: the pool was made by `cuMemPoolCreate` and is
+                // destroyed only here. Blocks still out keep its memory
+                // alive in the driver until they are freed. An error
+                // (driver shut down) leaves nothing to undo.
+                Ok(unsafe { sys::cuMemPoolDestroy(self.pool) })
+            });
         }
     }
 }

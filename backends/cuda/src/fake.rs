@@ -1,8 +1,8 @@
 #![allow(non_snake_case)]
 //! A model of the driver's stream-ordered calls for unit tests without a
 //! GPU: `cuMemAllocFromPoolAsync`, `cuMemFreeAsync`, `cuStreamSynchronize`,
-//! `cuCtxSynchronize`, `cuPointerGetAttribute` and `cuMemGetInfo_v2` (which [`sys`](crate::sys)
-//! names in test builds)
+//! `cuCtxSynchronize`, `cuMemPoolDestroy`, `cuPointerGetAttribute` and
+//! `cuMemGetInfo_v2` (which [`sys`](crate::sys) names in test builds)
 //! answer from the model on a thread where a test installed one, and are
 //! the driver's elsewhere. A test sets when a synchronization fails, and
 //! whether its error is sticky (every later call answers it, as after a
@@ -59,6 +59,9 @@ pub(crate) enum Call {
         stream: usize,
     },
     ContextSync,
+    PoolDestroy {
+        pool: usize,
+    },
 }
 
 thread_local! {
@@ -164,6 +167,18 @@ pub(crate) unsafe fn cuCtxSynchronize() -> CuResult {
 
 /// # Safety
 ///
+/// As the driver's `cuMemPoolDestroy`.
+pub(crate) unsafe fn cuMemPoolDestroy(pool: CUmemoryPool) -> CuResult {
+    let faked = answer(|d| {
+        d.calls.push(Call::PoolDestroy { pool: pool as usize });
+        d.error.unwrap_or(sys::CUDA_SUCCESS)
+    });
+    // SAFETY: as the caller promises.
+    faked.unwrap_or_else(|| unsafe { linked::cuMemPoolDestroy(pool) })
+}
+
+/// # Safety
+///
 /// As the driver's `cuPointerGetAttribute`. The model answers
 /// `CU_POINTER_ATTRIBUTE_IS_MANAGED` only: its allocations are its pool's
 /// device memory, not managed; an address outside them is unknown.
@@ -227,6 +242,7 @@ mod linked {
         pub(super) fn cuMemFreeAsync(dptr: CUdeviceptr, stream: CUstream) -> CuResult;
         pub(super) fn cuStreamSynchronize(stream: CUstream) -> CuResult;
         pub(super) fn cuCtxSynchronize() -> CuResult;
+        pub(super) fn cuMemPoolDestroy(pool: CUmemoryPool) -> CuResult;
         pub(super) fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) -> CuResult;
         pub(super) fn cuPointerGetAttribute(
             data: *mut c_void,

@@ -132,8 +132,8 @@ const _: () = assert!(core::mem::size_of::<CuMemAccessDesc>() == 12);
 // Unit tests give these to a model of the driver where they install one.
 #[cfg(test)]
 pub(crate) use crate::fake::{
-    cuCtxSynchronize, cuMemAllocFromPoolAsync, cuMemFreeAsync, cuMemGetInfo_v2, cuPointerGetAttribute,
-    cuStreamSynchronize,
+    cuCtxSynchronize, cuMemAllocFromPoolAsync, cuMemFreeAsync, cuMemGetInfo_v2, cuMemPoolDestroy,
+    cuPointerGetAttribute, cuStreamSynchronize,
 };
 
 #[link(name = "cuda")]
@@ -226,6 +226,7 @@ extern "C" {
     ) -> CuResult;
 
     pub fn cuMemPoolCreate(pool: *mut CUmemoryPool, props: *const CuMemPoolProps) -> CuResult;
+    #[cfg(not(test))]
     pub fn cuMemPoolDestroy(pool: CUmemoryPool) -> CuResult;
     pub fn cuMemPoolSetAttribute(pool: CUmemoryPool, attr: c_int, value: *mut c_void) -> CuResult;
     pub fn cuMemPoolGetAttribute(pool: CUmemoryPool, attr: c_int, value: *mut c_void) -> CuResult;

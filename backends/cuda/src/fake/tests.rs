@@ -149,3 +149,20 @@ fn a_priming_free_refused_twice_is_the_error() {
     assert_eq!(driver.allocated.len(), 1);
     assert_eq!(driver.calls.iter().filter(|c| matches!(c, Call::Free { .. })).count(), 2);
 }
+
+/// A pool made here is destroyed once its context's work has finished,
+/// so no free into it is still queued (a view's pool is left alone): the
+/// driver hangs now and then when threads destroy pools with frees queued
+/// while others use pools (docs/verification.md).
+#[test]
+fn an_owned_pool_is_destroyed_after_its_context_is_idle() {
+    install(Driver { addresses: 7, ..Driver::default() });
+    let mr = CudaAsyncMemory::fake_owned(POOL);
+    let b = mr.allocate(Request::new(4096).unwrap(), &()).unwrap();
+    mr.deallocate(b, &()).unwrap();
+    drop(mr);
+    drop(CudaAsyncMemory::fake(POOL));
+    let driver = take();
+    let pool = POOL as usize;
+    assert_eq!(driver.calls[2..], [Call::ContextSync, Call::PoolDestroy { pool }], "{:?}", driver.calls);
+}
