@@ -20,8 +20,8 @@ use std::sync::Arc;
 ///  CudaAsyncManagedMemory { pool (the device's default managed pool), live }
 ///    allocate(req, stream)  ──► cuMemAllocFromPoolAsync(pool, stream), then
 ///                               recorded as host-visible memory
-///    deallocate(b, stream)  ──► under the host-visible table's lock: out of
-///                               the table, cuMemFreeAsync(stream)
+///    deallocate(b, stream)  ──► out of the host-visible table (under its
+///                               lock), then cuMemFreeAsync(stream)
 /// ```
 ///
 /// Its blocks are managed memory, valid on the host and on every device,
@@ -165,7 +165,7 @@ impl<S: AsRawStream + ?Sized> MemoryResource<S> for CudaAsyncManagedMemory {
                 // SAFETY: the release frees, on the allocating stream, an
                 // allocation that `alloc` made and no one else frees;
                 // `host_visible::allocate` calls it as its contract says
-                // (out of the table, under its lock, the stream's context
+                // (out of the table under its lock, the stream's context
                 // current).
                 unsafe {
                     host_visible::allocate(&self.live, context, request, alloc, |base| {
@@ -179,8 +179,8 @@ impl<S: AsRawStream + ?Sized> MemoryResource<S> for CudaAsyncManagedMemory {
                 // handed out to no one; `host_visible::discard` takes it
                 // out of that table first, and the release queues its free
                 // on `raw` (valid while the stream is borrowed, `AsRawStream`'s
-                // contract) once, under the host-visible table's lock, once
-                // out of it: no one else frees it.
+                // contract) once, out of the host-visible table: no one else
+                // frees it.
                 unsafe { host_visible::discard(&self.live, block, |base| sys::cuMemFreeAsync(base, raw)) }
             })
         })
@@ -218,12 +218,12 @@ impl<S: AsRawStream + ?Sized> MemoryResource<S> for CudaAsyncManagedMemory {
 // driver's pool (`cuMemAllocFromPoolAsync`), which `CudaCopy`'s driver
 // copies reach by its unified address. Checked access, as for
 // `ManagedMemory`: the allocation is in the table of host-visible
-// allocations from before its block is handed out until its free is queued
-// under that table's lock, or until the resource ends (`HostAllocations`'
-// drop takes it out under that lock), and `CudaCopy` touches host-visible
-// memory only inside one entry, under the lock, until its work has
-// finished: no copy of `CudaCopy`'s is in flight in a block whose free is
-// queued, and none starts after.
+// allocations from before its block is handed out until it leaves that
+// table under its lock, before its free is queued, or until the resource
+// ends (`HostAllocations`' drop takes it out under that lock), and
+// `CudaCopy` touches host-visible memory only inside one entry, under the
+// lock, until its work has finished: no copy of `CudaCopy`'s is in flight
+// in a block whose free is queued, and none starts after.
 unsafe impl memres_core::copy::MemoryOf<crate::CudaCopy> for CudaAsyncManagedMemory {}
 
 /// `release` trims the device's default managed pool to what is in use

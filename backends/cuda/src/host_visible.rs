@@ -4,15 +4,19 @@
 //!
 //! ```text
 //!  cuMemHostAlloc / cuMemAllocManaged ──► insert(base, bytes)   (before the block is handed out)
-//!  free(base, cuMemFreeHost / cuMemFree)  ──► under the lock: remove, free (put back if refused)
+//!  free(base, cuMemFreeHost / cuMemFree)  ──► under the lock: remove; then free (put back if refused)
 //!  CudaCopy on a range in the table       ──► under the lock: queue the work, wait for the stream
 //! ```
 //!
 //! The driver reads and writes this memory on the host's side: a stale
 //! address of it, once freed, may be host memory the process uses for other
-//! things. So an allocation leaves the table and is freed under the lock,
-//! and `CudaCopy` touches a range in the table only under the lock and until
-//! its work has completed.
+//! things. So an allocation leaves the table under the lock before it is
+//! freed, and `CudaCopy` touches a range in the table only under the lock
+//! and until its work has completed: a free waits for the accesses under
+//! way, and none starts after. The free itself runs once the lock is let
+//! go, as the driver's frees of this memory wait for the device to be
+//! idle: under the lock, one would hold up every allocation, free and
+//! `CudaCopy` access of pinned or managed memory in the process.
 //!
 //! A resource's drop frees nothing, and the primary context, whose end
 //! would free every allocation in it, is kept for the process. The
@@ -32,7 +36,8 @@ use std::sync::{Mutex, MutexGuard};
 static LIVE: Mutex<LiveRanges> = Mutex::new(LiveRanges::new());
 
 /// The table, locked. No other lock of this crate is taken while it is
-/// held; driver calls are made under it.
+/// held; `CudaCopy`'s driver calls are made under it, no allocation's or
+/// free's.
 pub(crate) fn lock() -> MutexGuard<'static, LiveRanges> {
     // The table stays consistent across a panic: each update is one call.
     LIVE.lock().unwrap_or_else(|p| p.into_inner())
@@ -88,17 +93,20 @@ pub(crate) fn insert(base: u64, bytes: usize) {
     lock().insert(base, bytes as u64);
 }
 
-/// Frees the allocation at `base` with `release`, under the lock: it leaves the
-/// table first and comes back if the driver refuses. An allocation that is
-/// not in the table is not freed: `CUDA_ERROR_INVALID_VALUE`.
+/// Frees the allocation at `base` with `release`, once it has left the
+/// table (under the lock, let go before `release`); it comes back if the
+/// driver refuses, and until then a `CudaCopy` access of it is refused as
+/// one of freed memory. An allocation that is not in the table is not
+/// freed: `CUDA_ERROR_INVALID_VALUE`.
 pub(crate) fn free(base: u64, release: impl FnOnce(u64) -> sys::CuResult) -> sys::CuResult {
-    let mut live = lock();
-    let Some(bytes) = live.remove(base) else {
+    let Some(bytes) = lock().remove(base) else {
         return sys::CUDA_ERROR_INVALID_VALUE;
     };
     let code = release(base);
     if code != sys::CUDA_SUCCESS {
-        live.insert(base, bytes);
+        // Still allocated, so no allocation since can have been handed
+        // its addresses.
+        lock().insert(base, bytes);
     }
     code
 }
@@ -107,8 +115,7 @@ pub(crate) fn free(base: u64, release: impl FnOnce(u64) -> sys::CuResult) -> sys
 /// table whatever the driver answers, as no one holds it to free it again
 /// (the memory, if the driver kept it, is touched by no one).
 fn free_for_good(base: u64, release: impl FnOnce(u64) -> sys::CuResult) -> sys::CuResult {
-    let mut live = lock();
-    if live.remove(base).is_none() {
+    if lock().remove(base).is_none() {
         return sys::CUDA_ERROR_INVALID_VALUE;
     }
     release(base)
@@ -126,7 +133,7 @@ fn free_for_good(base: u64, release: impl FnOnce(u64) -> sys::CuResult) -> sys::
 ///
 /// `release` must free (or queue the free of) an allocation that `alloc`
 /// made, called with `context` current by [`free`] or [`free_for_good`]
-/// (which have taken it out of the table and hold the lock, so no
+/// (which have taken it out of the table under its lock, so no
 /// `CudaCopy` access is under way in it or can start), on a base no one
 /// else frees.
 pub(crate) unsafe fn allocate(
@@ -154,8 +161,8 @@ pub(crate) unsafe fn allocate(
             },
             // `base` was just allocated by `alloc` (and put in the table)
             // and is handed out to no one; `free_for_good` releases it
-            // under the table's lock, once it has left the table (for good:
-            // no one could free it later), within our `context.scope`: what
+            // once it has left the table under its lock (for good: no one
+            // could free it later), within our `context.scope`: what
             // `release` needs, as our caller promised.
             |base| free_for_good(base, release),
             || None,
@@ -178,9 +185,9 @@ pub(crate) unsafe fn deallocate(
 ) -> Result<()> {
     // `deallocate_with` passes, with `context` current, the base of an
     // allocation of `allocations` that it has just taken out of that table,
-    // so no one else frees it; `free` releases it under the host-visible
-    // table's lock, once it has left that table: what `release` needs, as
-    // our caller promised.
+    // so no one else frees it; `free` releases it once it has left the
+    // host-visible table under its lock: what `release` needs, as our
+    // caller promised.
     deallocate_with(context, allocations.live(), block, |base| free(base, release))
 }
 
@@ -200,9 +207,8 @@ pub(crate) unsafe fn discard(
 ) {
     // `discard_with` passes the base of an allocation of `allocations`
     // that it has just taken out of that table, so no one else frees it;
-    // `free_for_good` releases it under the host-visible table's lock,
-    // once it has left that table: what `release` needs, as our caller
-    // promised.
+    // `free_for_good` releases it once it has left the host-visible table
+    // under its lock: what `release` needs, as our caller promised.
     discard_with(allocations.live(), block, |base| free_for_good(base, release))
 }
 
@@ -265,6 +271,37 @@ mod tests {
         assert_eq!(allocations.live().len(), 0);
         drop(allocations);
         assert_eq!(lock().check(base, 1), Err(Error::NotLive { addr: base, len: 1 }));
+    }
+
+    /// The driver's frees of this memory wait for the device to be idle:
+    /// one under way holds up no other thread's allocation, check or free.
+    #[test]
+    fn a_free_in_the_driver_holds_up_no_other_use_of_the_table() {
+        use std::time::{Duration, Instant};
+        // Addresses no driver hands out (the test needs no GPU).
+        let (base, other) = (0xdead_0001_0000, 0xdead_0002_0000);
+        insert(base, 4096);
+        let mut during = None;
+        let code = free(base, |_| {
+            let t = std::thread::spawn(move || {
+                insert(other, 64);
+                let check = lock().check(base, 1);
+                (check, free(other, |_| sys::CUDA_SUCCESS))
+            });
+            // Held up, it ends only once this free returns.
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while !t.is_finished() && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            during = Some((t.is_finished(), t));
+            sys::CUDA_SUCCESS
+        });
+        assert_eq!(code, sys::CUDA_SUCCESS);
+        let (ended, t) = during.expect("freed");
+        assert!(ended, "another thread's use of the table waited for this free's driver call");
+        let (check, freed) = t.join().unwrap();
+        assert_eq!(check, Err(Error::NotLive { addr: base, len: 1 }), "out of the table before it is freed");
+        assert_eq!(freed, sys::CUDA_SUCCESS);
     }
 
     #[test]

@@ -97,7 +97,7 @@ impl<S: Stream + ?Sized> MemoryResource<S> for ManagedMemory {
 ///
 /// `base` must be a managed allocation of ours that no one else frees, with
 /// its context current, and `host_visible::free` the caller (it has just
-/// taken `base` out of the table of host-visible allocations and holds its
+/// taken `base` out of the table of host-visible allocations under its
 /// lock, so no `CudaCopy` access is under way in it or can start).
 unsafe fn free_managed(base: u64) -> sys::CuResult {
     // SAFETY: as the caller promises.
@@ -112,10 +112,11 @@ unsafe fn free_managed(base: u64) -> sys::CuResult {
 // (`cuMemAllocManaged`), which `CudaCopy`'s driver copies reach by its
 // unified address. Checked access, as for `PinnedMemory`: the allocation is
 // in the table of host-visible allocations from before its block is handed
-// out until it is freed under that table's lock, or until the resource ends
-// (`HostAllocations`' drop takes it out under that lock while the context
-// is still retained), and `CudaCopy` touches host-visible memory only
-// inside one entry, under the lock, until its work has finished.
+// out until it leaves that table under its lock, before it is freed, or
+// until the resource ends (`HostAllocations`' drop takes it out under that
+// lock while the context is still retained), and `CudaCopy` touches
+// host-visible memory only inside one entry, under the lock, until its
+// work has finished.
 unsafe impl memres_core::copy::MemoryOf<crate::CudaCopy> for ManagedMemory {}
 
 /// Prefetches every block it hands out to its device, on the allocation's

@@ -107,7 +107,7 @@ impl<S: Stream + ?Sized> MemoryResource<S> for PinnedMemory {
 ///
 /// `base` must be a pinned allocation of ours that no one else frees, and
 /// `host_visible::free` the caller (it has just taken `base` out of the
-/// table of host-visible allocations and holds its lock, so no `CudaCopy`
+/// table of host-visible allocations under its lock, so no `CudaCopy`
 /// access is under way in it or can start).
 unsafe fn free_host(base: u64) -> sys::CuResult {
     // SAFETY: as the caller promises.
@@ -121,9 +121,10 @@ unsafe fn free_host(base: u64) -> sys::CuResult {
 // memory, is kept for the rest of the process); it is page-locked host memory
 // (`cuMemHostAlloc`), which `CudaCopy`'s driver copies reach by its unified
 // address. Checked access: the allocation is in the table of host-visible
-// allocations from before its block is handed out until it is freed under
-// that table's lock, or until the resource ends (`HostAllocations`' drop
-// takes it out under that lock while the context is still retained), and
-// `CudaCopy` touches host-visible memory only inside one entry, under the
-// lock, waiting for the work to finish before it lets go.
+// allocations from before its block is handed out until it leaves that
+// table under its lock, before it is freed, or until the resource ends
+// (`HostAllocations`' drop takes it out under that lock while the context
+// is still retained), and `CudaCopy` touches host-visible memory only
+// inside one entry, under the lock, waiting for the work to finish before
+// it lets go.
 unsafe impl memres_core::copy::MemoryOf<crate::CudaCopy> for PinnedMemory {}
