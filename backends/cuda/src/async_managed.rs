@@ -221,9 +221,10 @@ impl<S: AsRawStream + ?Sized> MemoryResource<S> for CudaAsyncManagedMemory {
 // allocations from before its block is handed out until it leaves that
 // table under its lock, before its free is queued, or until the resource
 // ends (`HostAllocations`' drop takes it out under that lock), and
-// `CudaCopy` touches host-visible memory only inside one entry, under the
-// lock, until its work has finished: no copy of `CudaCopy`'s is in flight
-// in a block whose free is queued, and none starts after.
+// `CudaCopy` touches host-visible memory only inside one entry, checked
+// under the lock and marked in use until its work has finished, and its
+// free waits for such marks: no copy of `CudaCopy`'s is in flight in a
+// block whose free is queued, and none starts after.
 unsafe impl memres_core::copy::MemoryOf<crate::CudaCopy> for CudaAsyncManagedMemory {}
 
 /// `release` trims the device's default managed pool to what is in use

@@ -64,8 +64,9 @@ use memres_core::{Error, Result};
 /// the check and before the device runs the queued work is written on the
 /// device anyway (another holder's device bytes, or a driver error), as the
 /// stream-ordered model has it in RMM. The cost: one driver query per
-/// device range, and for pinned and managed memory one process-wide lock
-/// held while the stream drains.
+/// device range, and for pinned and managed memory a wait for the stream
+/// to drain, the ranges marked in use meanwhile (a free of their
+/// allocation waits for it).
 ///
 /// # Errors
 ///
@@ -112,9 +113,10 @@ impl CudaCopy {
     }
 
     /// Runs `work` on the raw stream with the right context current, once
-    /// every range of `ranges` (address, length; none empty) is checked:
-    /// with the table of host-visible allocations locked, and the stream
-    /// drained before it is unlocked, if any range is host-visible memory.
+    /// every range of `ranges` (address, length; none empty) is checked
+    /// with the table of host-visible allocations locked; if any range is
+    /// host-visible memory, the ranges are marked in use there before the
+    /// lock is let go, and unmarked once the stream has drained.
     fn checked<S: AsRawStream + ?Sized>(
         &self,
         stream: &S,
@@ -126,10 +128,10 @@ impl CudaCopy {
             // Before the lock: every allocation of pinned or managed memory
             // takes it, and the context's work may wait for one.
             join_its_thread(stream)?;
-            let live = host_visible::lock();
+            let mut table = host_visible::lock();
             let mut host = false;
             for &(addr, len) in ranges {
-                host |= host_visible_or_device(&live, addr, len)?;
+                host |= host_visible_or_device(&table.live, addr, len)?;
             }
             if let [(a, n), (b, _)] = *ranges {
                 if a < b.saturating_add(n) && b < a.saturating_add(n) {
@@ -138,21 +140,24 @@ impl CudaCopy {
             }
             if !host {
                 // Device memory only: nothing a free of host memory can race.
-                drop(live);
+                drop(table);
                 return in_order_joined(stream, work);
             }
+            // A free of the memory waits until the access drops; other
+            // threads' accesses and frees go on meanwhile.
+            let access = host_visible::Access::begin(&mut table, ranges);
+            drop(table);
             let queued = in_order_joined(stream, work);
             // SAFETY: `raw` is valid while `stream` is borrowed (`AsRawStream`'s
-            // contract), in the
-            // context made current above. The work must be done before the
-            // lock lets a free of its host-visible memory through. If the
-            // synchronize fails, either the context has failed (errors of
-            // work on a stream are sticky) and runs no more work, or the
-            // stream is capturing a graph and the work was captured, not run:
-            // a synchronize during capture invalidates the capture, so the
-            // graph is never made and the work never runs.
+            // contract), in the context made current above. The work must be
+            // done before the access lets a free of its host-visible memory
+            // through. If the synchronize fails, either the context has
+            // failed (errors of work on a stream are sticky) and runs no more
+            // work, or the stream is capturing a graph and the work was
+            // captured, not run: a synchronize during capture invalidates the
+            // capture, so the graph is never made and the work never runs.
             let done = check(unsafe { sys::cuStreamSynchronize(raw) });
-            drop(live);
+            drop(access);
             queued.and(done)
         })
     }

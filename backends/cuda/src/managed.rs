@@ -115,8 +115,8 @@ unsafe fn free_managed(base: u64) -> sys::CuResult {
 // out until it leaves that table under its lock, before it is freed, or
 // until the resource ends (`HostAllocations`' drop takes it out under that
 // lock while the context is still retained), and `CudaCopy` touches
-// host-visible memory only inside one entry, under the lock, until its
-// work has finished.
+// host-visible memory only inside one entry, checked under the lock and
+// marked in use until its work has finished, which a free waits for.
 unsafe impl memres_core::copy::MemoryOf<crate::CudaCopy> for ManagedMemory {}
 
 /// Prefetches every block it hands out to its device, on the allocation's

@@ -125,6 +125,6 @@ unsafe fn free_host(base: u64) -> sys::CuResult {
 // table under its lock, before it is freed, or until the resource ends
 // (`HostAllocations`' drop takes it out under that lock while the context
 // is still retained), and `CudaCopy` touches host-visible memory only
-// inside one entry, under the lock, waiting for the work to finish before
-// it lets go.
+// inside one entry, checked under the lock and marked in use until its
+// work has finished, which a free waits for.
 unsafe impl memres_core::copy::MemoryOf<crate::CudaCopy> for PinnedMemory {}

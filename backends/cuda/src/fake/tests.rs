@@ -95,7 +95,7 @@ fn a_managed_block_whose_wait_fails_for_good_is_not_kept_live() {
     assert_eq!(got, Err(crate::error_from_code(ILLEGAL_ADDRESS)));
     assert_eq!(live, 0, "the block stays counted live: {:?}", driver.calls);
     let base = *driver.allocated.keys().next().expect("the driver could not free it");
-    assert_eq!(host_visible::lock().check(base, 1), Err(Error::NotLive { addr: base, len: 1 }));
+    assert_eq!(host_visible::lock().live.check(base, 1), Err(Error::NotLive { addr: base, len: 1 }));
     assert_eq!(after_the_wait(&driver), [Call::Free { base, stream: PER_THREAD }]);
 }
 
@@ -115,7 +115,7 @@ fn a_managed_block_whose_wait_fails_is_freed_where_it_was_allocated() {
     };
     assert_eq!(driver.calls[1], Call::Alloc { base, stream: PER_THREAD });
     assert_eq!(stream, PER_THREAD);
-    assert_eq!(host_visible::lock().check(base, 1), Err(Error::NotLive { addr: base, len: 1 }));
+    assert_eq!(host_visible::lock().live.check(base, 1), Err(Error::NotLive { addr: base, len: 1 }));
 }
 
 /// The free that follows the allocation reserving a pool's initial size
