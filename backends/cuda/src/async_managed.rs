@@ -165,8 +165,8 @@ impl<S: AsRawStream + ?Sized> MemoryResource<S> for CudaAsyncManagedMemory {
                 // SAFETY: the release frees, on the allocating stream, an
                 // allocation that `alloc` made and no one else frees;
                 // `host_visible::allocate` calls it as its contract says
-                // (out of the table under its lock, the stream's context
-                // current).
+                // (out of the table, no `CudaCopy` access under way in it,
+                // the stream's context current).
                 unsafe {
                     host_visible::allocate(&self.live, context, request, alloc, |base| {
                         sys::cuMemFreeAsync(base, raw)

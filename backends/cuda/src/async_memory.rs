@@ -309,8 +309,9 @@ impl CudaAsyncMemory {
     /// As [`fake`](Self::fake), for a pool made here: destroyed on drop.
     #[cfg(test)]
     pub(crate) fn fake_owned(pool: sys::CUmemoryPool) -> CudaAsyncMemory {
-        let context = Context::fake(Device::fake(0));
-        CudaAsyncMemory { pool, owned: true, context, live: Box::default() }
+        let mut mr = Self::fake(pool);
+        mr.owned = true;
+        mr
     }
 
     /// The allocations handed out and not yet freed.

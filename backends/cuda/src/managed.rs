@@ -97,8 +97,8 @@ impl<S: Stream + ?Sized> MemoryResource<S> for ManagedMemory {
 ///
 /// `base` must be a managed allocation of ours that no one else frees, with
 /// its context current, and `host_visible::free` the caller (it has just
-/// taken `base` out of the table of host-visible allocations under its
-/// lock, so no `CudaCopy` access is under way in it or can start).
+/// taken `base` out of the table of host-visible allocations and waited
+/// for the `CudaCopy` accesses in it, so none is under way or can start).
 unsafe fn free_managed(base: u64) -> sys::CuResult {
     // SAFETY: as the caller promises.
     unsafe { sys::cuMemFree_v2(base) }

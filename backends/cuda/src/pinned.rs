@@ -107,8 +107,8 @@ impl<S: Stream + ?Sized> MemoryResource<S> for PinnedMemory {
 ///
 /// `base` must be a pinned allocation of ours that no one else frees, and
 /// `host_visible::free` the caller (it has just taken `base` out of the
-/// table of host-visible allocations under its lock, so no `CudaCopy`
-/// access is under way in it or can start).
+/// table of host-visible allocations and waited for the `CudaCopy`
+/// accesses in it, so none is under way or can start).
 unsafe fn free_host(base: u64) -> sys::CuResult {
     // SAFETY: as the caller promises.
     unsafe { sys::cuMemFreeHost(base as *mut core::ffi::c_void) }
