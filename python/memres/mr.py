@@ -158,21 +158,29 @@ class DeviceMemoryResource:
                   positional_upstreams=None, **keys):
         """The native stack ``name(args, keys)`` over ``upstreams``, and its
         backend."""
-        for u in upstreams:
-            if not isinstance(u, DeviceMemoryResource):
-                raise TypeError(f"memres: upstream_mr must be a memres.mr resource, not {type(u).__name__}")
-        if upstreams:
-            backend = upstreams[0]._backend
-            device = upstreams[0].device_id if device is None else device
-            if any(u._backend != backend for u in upstreams):
-                raise ValueError("memres: upstreams of different backends (CUDA and simulated)")
-        module = _native.backend(backend)
         # The first `positional_upstreams` are the stack's upstreams; `args`
         # may name the others.
         refs = [f"up{i}" for i in range(len(upstreams))][:positional_upstreams]
         text = f"{name}({_args(refs + list(args), **keys)})" if refs or args or any(
             v is not None for v in keys.values()) else name
-        native = module.NativeResource.build(
+        return DeviceMemoryResource._native_of(text, upstreams, backend, device, callbacks)
+
+    @staticmethod
+    def _native_of(text, upstreams, backend, device, callbacks=None, what="upstream_mr"):
+        """The native stack of ``text`` over ``upstreams`` (its ``up0``,
+        ``up1``, ...), and its backend: theirs, where there are any (a
+        ``backend`` named too must be it), else ``backend``."""
+        for u in upstreams:
+            if not isinstance(u, DeviceMemoryResource):
+                raise TypeError(f"memres: {what} must be a memres.mr resource, not {type(u).__name__}")
+        if upstreams:
+            if backend not in (None, upstreams[0]._backend):
+                raise ValueError(f"memres: backend={backend!r} over upstreams of the {upstreams[0]._backend!r} backend")
+            backend = upstreams[0]._backend
+            device = upstreams[0].device_id if device is None else device
+            if any(u._backend != backend for u in upstreams):
+                raise ValueError("memres: upstreams of different backends (CUDA and simulated)")
+        native = _native.backend(backend).NativeResource.build(
             text, [u._native for u in upstreams],
             current_device() if device is None else _device_id(device), callbacks)
         return native, backend
@@ -315,15 +323,21 @@ def _nbytes(n, what):
 
 class StackMemoryResource(DeviceMemoryResource):
     """Any stack string, such as ``"stats(pool(cuda, per_stream=true))"``
-    (``backend``: "cuda" or "sim")."""
+    (``backend``: "cuda", the default, or "sim"), over the resource
+    objects ``upstreams``, which the string names ``up0``, ``up1``, ...
+    (``"planned(up0)"``): the stack's backend and device are then theirs,
+    and each must be named."""
 
-    def __init__(self, stack, backend="cuda", device=None):
-        self._build_text(stack, backend, device)
-
-    def _build_text(self, stack, backend, device):
-        module = _native.backend(backend)
-        self._adopt(module.NativeResource.build(
-            _stack(stack), [], current_device() if device is None else _device_id(device)), backend)
+    def __init__(self, stack, backend=None, device=None, upstreams=()):
+        if isinstance(upstreams, (DeviceMemoryResource, str)) or not hasattr(upstreams, "__iter__"):
+            raise TypeError("memres: upstreams must be a list of memres.mr resources (the stack's up0, up1, ...), "
+                            f"not {type(upstreams).__name__}")
+        upstreams = tuple(upstreams)
+        if not upstreams and backend is None:
+            backend = "cuda"
+        native, backend = self._native_of(_stack(stack), upstreams, backend, device, what="an upstream")
+        self._adopt(native, backend)
+        self._upstreams = upstreams
 
     def _adopt(self, native, backend):
         self._backend, self._upstreams, self._native = backend, (), native

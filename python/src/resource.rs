@@ -207,6 +207,16 @@ fn sees_the_program(call: &memres_core::stack::Call, name: &str) -> bool {
     }
 }
 
+/// Whether `name` is the name of `call` or of a call among its arguments,
+/// at any depth.
+fn names(call: &Call, name: &str) -> bool {
+    call.name == name
+        || call.args.iter().any(|a| match &a.value {
+            Value::Call(c) => names(c, name),
+            Value::Word { .. } => false,
+        })
+}
+
 /// Whether every layer of `call` passes each call on to its upstream
 /// holding no lock meanwhile ([`PASS_THROUGH`], and `on_failure`, whose
 /// retries are calls of the same kind), down to the upstream objects `upN`.
@@ -598,6 +608,13 @@ impl Resource {
         callbacks: Option<Callbacks>,
     ) -> PyResult<Resource> {
         let call = parse(text).map_err(|e| stack_to_py(e, text))?;
+        // An upstream given and never named is a mistake in the text: its
+        // memory would go unused, and a release would not reach it.
+        if let Some(i) = (0..upstreams.len()).find(|&i| !names(&call, &format!("up{i}"))) {
+            return Err(PyValueError::new_err(format!(
+                "memres: stack `{text}`: upstream `up{i}` is given and not named"
+            )));
+        }
         if let Some(u) = upstreams.iter().find(|u| u.device != device) {
             return Err(PyValueError::new_err(format!(
                 "memres: an upstream on device {} under a resource of device {device}",

@@ -15,6 +15,7 @@ from memres import _native, mr
 from conftest import OddError, need, registry_free_to_another_thread
 from test_buffer import BAD_SIZES
 from test_reentry import FREE_PANICS_ONCE, run_child
+from test_streams import kept_after
 
 GiB = 1 << 30
 MiB = 1 << 20
@@ -1061,6 +1062,80 @@ def test_a_planned_stack_under_an_adaptor_object_is_stepped_through_it():
     both = mr.BinningMemoryResource(planned)
     both.add_bin(4096, planned)
     assert both.step() == 1
+
+
+def test_a_stack_string_over_resource_objects_names_them_up0_up1():
+    host, small = mr.HostMemoryResource(), mr.StatisticsResourceAdaptor(mr.HostMemoryResource())
+    res = mr.StackMemoryResource("stats(binning(pool(up0), bin(4KiB, up1), powers=false))",
+                                 upstreams=[host, small])
+    assert res._backend == "sim", "the upstreams' backend, not the default CUDA"
+    a, b = res.allocate(3000), res.allocate(MiB)
+    assert small.allocation_counts.current_count == 1, "4 KiB and below from up1"
+    del host, small
+    gc.collect()
+    res.deallocate(a, 3000)
+    res.deallocate(b, MiB)
+    assert res.release() > 0, "the pool over up0 gave back its chunk"
+
+
+def test_a_stack_string_over_resource_objects_refuses_what_does_not_fit():
+    host = mr.HostMemoryResource()
+    with pytest.raises(ValueError, match=r"^memres: stack `pool\(up0\)`: upstream `up1` is given and not named"):
+        mr.StackMemoryResource("pool(up0)", upstreams=[host, host])
+    with pytest.raises(ValueError, match=r"^memres: stack `pool\(up1\)`: upstream `up0` is given and not named"):
+        mr.StackMemoryResource("pool(up1)", upstreams=[host])
+    with pytest.raises(ValueError, match=r"at byte 23: unknown resource `up1`"):
+        mr.StackMemoryResource("binning(up0, bin(4KiB, up1))", upstreams=[host])
+    with pytest.raises(ValueError, match=r"^memres: backend='cuda' over upstreams of the 'sim' backend"):
+        mr.StackMemoryResource("pool(up0)", backend="cuda", upstreams=[host])
+    with pytest.raises(TypeError, match=r"^memres: an upstream must be a memres.mr resource, not int"):
+        mr.StackMemoryResource("pool(up0)", upstreams=[5])
+    for bad in [host, "up0", 5]:
+        with pytest.raises(TypeError, match=r"^memres: upstreams must be a list of memres.mr resources"):
+            mr.StackMemoryResource("pool(up0)", upstreams=bad)
+    # Nothing was taken from it meanwhile: it serves as before.
+    host.deallocate(host.allocate(100), 100)
+
+
+def test_a_planned_layer_whose_step_fails_raises_and_keeps_its_region():
+    # A step gives back the region of a plan the steps no longer follow;
+    # a refusal is the step's error, and the region stays held, counted
+    # and given back by a later release: nothing is lost.
+    refuse, freed = [False], []
+
+    def free(ptr, nbytes):
+        if refuse[0]:
+            raise OddError("refused")
+        freed.append((ptr, nbytes))
+
+    host = mr.HostMemoryResource()
+    below = mr.CallbackMemoryResource(host.allocate, free, backend="sim")
+    res = mr.StackMemoryResource("planned(up0)", upstreams=[below])
+    for _ in range(4):
+        assert res.step() == 1
+        a, b = res.allocate(1000), res.allocate(5000)
+        res.deallocate(a, 1000)
+        res.deallocate(b, 5000)
+    s = res.steps()
+    assert (s["plans"], s["followed"]) == (1, 1) and s["region"] > 0, s
+    region = s["region"]
+    res.deallocate(res.allocate(7000), 7000)  # no longer the plan's steps
+    refuse[0] = True
+
+    def failing_step(stream):
+        with pytest.raises(memres.MemresError, match=r"^memres: step: .*deallocate_func raised \(OddError: refused\)") as e:
+            res.step(stream)
+        assert isinstance(e.value.__cause__, OddError)
+
+    # The layer stepped on the stream, failing: the stack keeps it.
+    assert kept_after(failing_step)
+    assert res.steps()["steps"] == 5 and res.steps()["region"] == region, "counted; the region kept"
+    refuse[0] = False
+    c = res.allocate(2000)
+    res.deallocate(c, 2000)
+    assert res.release() == region
+    assert res.steps()["region"] == 0
+    assert sorted(n for _, n in freed).count(region) == 1, "the region given back once"
 
 
 def test_binning_takes_rmm_exponents_and_refuses_bad_ones():
