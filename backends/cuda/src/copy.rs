@@ -117,10 +117,10 @@ impl CudaCopy {
     /// with the table of host-visible allocations locked; if any range is
     /// host-visible memory, the ranges are marked in use there before the
     /// lock is let go, and unmarked once the stream has drained.
-    fn checked<S: AsRawStream + ?Sized>(
+    fn checked<S: AsRawStream + ?Sized, const N: usize>(
         &self,
         stream: &S,
-        ranges: &[(u64, u64)],
+        ranges: [(u64, u64); N],
         work: impl FnOnce(sys::CUstream) -> Result<()>,
     ) -> Result<()> {
         let raw = stream.as_raw_stream();
@@ -130,10 +130,10 @@ impl CudaCopy {
             join_its_thread(stream)?;
             let mut table = host_visible::lock();
             let mut host = false;
-            for &(addr, len) in ranges {
+            for (addr, len) in ranges {
                 host |= host_visible_or_device(&table.live, addr, len)?;
             }
-            if let [(a, n), (b, _)] = *ranges {
+            if let [(a, n), (b, _)] = ranges[..] {
                 if a < b.saturating_add(n) && b < a.saturating_add(n) {
                     return Err(Error::NotLive { addr: b, len: n });
                 }
@@ -239,7 +239,7 @@ impl<S: AsRawStream + ?Sized> CopyEngine<S> for CudaCopy {
         // `CudaCopy`'s checked access) and `src` a Rust slice, so not in it
         // (nothing makes references to such memory); the stream is valid
         // while borrowed and `checked` makes its context current.
-        self.checked(stream, &[(dst, src.len() as u64)], |raw| unsafe { ops::host_to_device(raw, dst, src) })
+        self.checked(stream, [(dst, src.len() as u64)], |raw| unsafe { ops::host_to_device(raw, dst, src) })
     }
 
     unsafe fn copy_to_host(&self, dst: &mut [u8], src: u64, stream: &S) -> Result<()> {
@@ -248,7 +248,7 @@ impl<S: AsRawStream + ?Sized> CopyEngine<S> for CudaCopy {
         }
         let len = dst.len() as u64;
         // SAFETY: as in `copy_from_host`, with the roles swapped.
-        self.checked(stream, &[(src, len)], |raw| unsafe { ops::device_to_host(raw, dst, src) })
+        self.checked(stream, [(src, len)], |raw| unsafe { ops::device_to_host(raw, dst, src) })
     }
 
     unsafe fn copy(&self, dst: u64, src: u64, len: u64, stream: &S) -> Result<()> {
@@ -256,7 +256,7 @@ impl<S: AsRawStream + ?Sized> CopyEngine<S> for CudaCopy {
         if n == 0 {
             return Ok(());
         }
-        self.checked(stream, &[(dst, len), (src, len)], |raw| {
+        self.checked(stream, [(dst, len), (src, len)], |raw| {
             // SAFETY: both ranges are checked live memory, apart from each
             // other (see `CudaCopy`'s checked access); the stream is valid
             // while borrowed and `checked` makes its context current.
@@ -272,6 +272,6 @@ impl<S: AsRawStream + ?Sized> CopyEngine<S> for CudaCopy {
         // SAFETY: the range is checked live memory (see `CudaCopy`'s checked
         // access); the stream is valid while borrowed and `checked` makes
         // its context current.
-        self.checked(stream, &[(dst, len)], |raw| check(unsafe { sys::cuMemsetD8Async(dst, value, n, raw) }))
+        self.checked(stream, [(dst, len)], |raw| check(unsafe { sys::cuMemsetD8Async(dst, value, n, raw) }))
     }
 }

@@ -61,20 +61,20 @@ pub(crate) fn lock() -> MutexGuard<'static, Table> {
 /// lay in the table when it began, stay in use, and a free of an
 /// allocation they touch waits, until it drops.
 #[derive(Debug)]
-pub(crate) struct Access {
-    ranges: Vec<(u64, u64)>,
+pub(crate) struct Access<const N: usize> {
+    ranges: [(u64, u64); N],
 }
 
-impl Access {
+impl<const N: usize> Access<N> {
     /// Marks `ranges` in use, with `table` (locked) where the caller
     /// checked them.
-    pub(crate) fn begin(table: &mut Table, ranges: &[(u64, u64)]) -> Access {
-        table.in_use.extend_from_slice(ranges);
-        Access { ranges: ranges.to_vec() }
+    pub(crate) fn begin(table: &mut Table, ranges: [(u64, u64); N]) -> Access<N> {
+        table.in_use.extend_from_slice(&ranges);
+        Access { ranges }
     }
 }
 
-impl Drop for Access {
+impl<const N: usize> Drop for Access<N> {
     fn drop(&mut self) {
         let mut table = lock();
         for range in &self.ranges {
@@ -372,8 +372,8 @@ mod tests {
         let (base, other) = (0xdead_0003_0000, 0xdead_0004_0000);
         insert(base, 4096);
         insert(other, 4096);
-        let access = Access::begin(&mut lock(), &[(base + 100, 8), (other, 8)]);
-        let elsewhere = Access::begin(&mut lock(), &[(other + 8, 8)]);
+        let access = Access::begin(&mut lock(), [(base + 100, 8), (other, 8)]);
+        let elsewhere = Access::begin(&mut lock(), [(other + 8, 8)]);
         let ended = AtomicBool::new(false);
         std::thread::scope(|s| {
             let f = s.spawn(|| {
@@ -391,7 +391,7 @@ mod tests {
             drop(access);
             assert_eq!(f.join().unwrap(), sys::CUDA_SUCCESS);
         });
-        let held = Access::begin(&mut lock(), &[(base + 4096, 8)]); // past its end
+        let held = Access::begin(&mut lock(), [(base + 4096, 8)]); // past its end
         let t = std::thread::spawn(move || free(other, |_| sys::CUDA_SUCCESS));
         let deadline = Instant::now() + Duration::from_secs(10);
         while !t.is_finished() && Instant::now() < deadline {
