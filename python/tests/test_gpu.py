@@ -283,6 +283,25 @@ def test_a_loop_stepped_after_its_optimizer_is_laid_out_too(gpu):
     assert steps["planned_allocations"] >= steps["followed"], steps
 
 
+def test_a_stack_string_over_a_cuda_resource_object_serves_buffers(gpu):
+    # The upstream object's backend (CUDA) and device are the stack's; a
+    # planned layer over a driver pool lays out the repeating steps.
+    res = mr.StackMemoryResource("stats(planned(up0))", upstreams=[mr.CudaAsyncMemoryResource()])
+    assert res._backend == "cuda"
+    s = memres.Stream()
+    for i in range(4):
+        assert res.step(s) == 1
+        a = memres.DeviceBuffer.to_device(bytes([i]) * 4096, stream=s, mr=res)
+        b = memres.DeviceBuffer(size=MiB, stream=s, mr=res)
+        b.copy_from_device(a, stream=s)
+        assert bytes(b.copy_to_host())[:4096] == bytes([i]) * 4096
+        del a, b
+    steps = res.steps()
+    assert (steps["steps"], steps["plans"], steps["followed"]) == (4, 1, 1), steps
+    s.synchronize()
+    assert res.release() > 0 and res.steps()["region"] == 0
+
+
 def test_release_gives_free_chunks_back(gpu):
     pool = mr.PoolMemoryResource(mr.CudaMemoryResource())
     p = pool.allocate(100 * MiB)
