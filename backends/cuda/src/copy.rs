@@ -4,7 +4,7 @@ use crate::context::{Context, Device};
 use crate::error::check;
 use crate::host_visible;
 use crate::ops;
-use crate::stream::{in_order_joined, join_its_thread, AsRawStream};
+use crate::stream::{in_order_joined, join_its_thread, wait_for_work, AsRawStream};
 use crate::sys;
 use memres_core::copy::{CopyEngine, LiveRanges};
 use memres_core::{Error, Result};
@@ -20,8 +20,8 @@ use memres_core::{Error, Result};
 ///    copy_to_host(dst, src, s)   ──► cuMemcpyDtoHAsync_v2(s) + cuStreamSynchronize(s)
 ///    copy(dst, src, n, s)        ──► cuMemcpyAsync(s)
 ///    fill(dst, v, n, s)          ──► cuMemsetD8Async(s)
-///  each range first: in a live pinned or managed allocation ─► the work under that
-///                      table's lock, and cuStreamSynchronize(s) before letting go
+///  each range first: in a live pinned or managed allocation ─► marked in use in that
+///                      table, the work queued, cuStreamSynchronize(s), unmarked
 ///                    else device memory (cuPointerGetAttributes) ─► queued as above
 ///                    else ─► Error::NotLive, nothing queued
 /// ```
@@ -147,18 +147,17 @@ impl CudaCopy {
             // threads' accesses and frees go on meanwhile.
             let access = host_visible::Access::begin(&mut table, ranges);
             drop(table);
-            let queued = in_order_joined(stream, work);
+            // The work must be done before the access lets a free of its
+            // host-visible memory through. An error of `work` means nothing
+            // it queued will run: the driver refused to queue it, or (for a
+            // host slice) its own wait found that it never will. Once it is
+            // queued, `wait_for_work` returns when it has finished or never
+            // will run.
             // SAFETY: `raw` is valid while `stream` is borrowed (`AsRawStream`'s
-            // contract), in the context made current above. The work must be
-            // done before the access lets a free of its host-visible memory
-            // through. If the synchronize fails, either the context has
-            // failed (errors of work on a stream are sticky) and runs no more
-            // work, or the stream is capturing a graph and the work was
-            // captured, not run: a synchronize during capture invalidates the
-            // capture, so the graph is never made and the work never runs.
-            let done = check(unsafe { sys::cuStreamSynchronize(raw) });
+            // contract), in the context made current above.
+            let done = work(raw).and_then(|()| unsafe { wait_for_work(raw) });
             drop(access);
-            queued.and(done)
+            done
         })
     }
 }

@@ -1,8 +1,9 @@
 #![allow(non_snake_case)]
 //! A model of the driver's stream-ordered calls for unit tests without a
 //! GPU: `cuMemAllocFromPoolAsync`, `cuMemFreeAsync`, `cuStreamSynchronize`,
-//! `cuCtxSynchronize`, `cuMemPoolDestroy`, `cuPointerGetAttribute` and
-//! `cuMemGetInfo_v2` (which [`sys`](crate::sys) names in test builds)
+//! `cuCtxSynchronize`, `cuMemPoolDestroy`, `cuPointerGetAttribute`,
+//! `cuMemGetInfo_v2`, `cuStreamIsCapturing` and
+//! `cuThreadExchangeStreamCaptureMode` (which [`sys`](crate::sys) names in test builds)
 //! answer from the model on a thread where a test installed one, and are
 //! the driver's elsewhere. A test sets when a synchronization fails, and
 //! whether its error is sticky (every later call answers it, as after a
@@ -35,6 +36,11 @@ pub(crate) struct Driver {
     /// allocations is the process's): the `n`th hands out bases from
     /// `FIRST_BASE + (n << 32)`.
     pub(crate) addresses: u64,
+    /// What `cuStreamIsCapturing` answers: a stream's capture status, or
+    /// the error (as the legacy stream's while a blocking stream captures).
+    pub(crate) capture_status: Option<c_int>,
+    /// The thread's capture mode (`cuThreadExchangeStreamCaptureMode`).
+    pub(crate) capture_mode: c_int,
     /// The sticky error in effect.
     error: Option<CuResult>,
     /// Allocations made and not freed: base to bytes.
@@ -59,6 +65,13 @@ pub(crate) enum Call {
         stream: usize,
     },
     ContextSync,
+    /// The mode set.
+    CaptureMode {
+        mode: c_int,
+    },
+    IsCapturing {
+        stream: usize,
+    },
     PoolDestroy {
         pool: usize,
     },
@@ -167,6 +180,41 @@ pub(crate) unsafe fn cuCtxSynchronize() -> CuResult {
 
 /// # Safety
 ///
+/// As the driver's `cuStreamIsCapturing`. The model answers
+/// `capture_status` (`None`: `CUDA_ERROR_STREAM_CAPTURE_IMPLICIT`).
+pub(crate) unsafe fn cuStreamIsCapturing(stream: CUstream, status: *mut c_int) -> CuResult {
+    let faked = answer(|d| {
+        d.calls.push(Call::IsCapturing { stream: stream as usize });
+        if let Some(e) = d.error {
+            return e;
+        }
+        let Some(s) = d.capture_status else { return sys::CUDA_ERROR_STREAM_CAPTURE_IMPLICIT };
+        // SAFETY: the driver's contract: `status` is valid for a write.
+        unsafe { status.write(s) };
+        sys::CUDA_SUCCESS
+    });
+    // SAFETY: as the caller promises.
+    faked.unwrap_or_else(|| unsafe { linked::cuStreamIsCapturing(stream, status) })
+}
+
+/// # Safety
+///
+/// As the driver's `cuThreadExchangeStreamCaptureMode`.
+pub(crate) unsafe fn cuThreadExchangeStreamCaptureMode(mode: *mut c_int) -> CuResult {
+    let faked = answer(|d| {
+        // SAFETY: the driver's contract: `mode` is valid for a read and a write.
+        let set = unsafe { mode.read() };
+        d.calls.push(Call::CaptureMode { mode: set });
+        // SAFETY: as above.
+        unsafe { mode.write(std::mem::replace(&mut d.capture_mode, set)) };
+        sys::CUDA_SUCCESS
+    });
+    // SAFETY: as the caller promises.
+    faked.unwrap_or_else(|| unsafe { linked::cuThreadExchangeStreamCaptureMode(mode) })
+}
+
+/// # Safety
+///
 /// As the driver's `cuMemPoolDestroy`.
 pub(crate) unsafe fn cuMemPoolDestroy(pool: CUmemoryPool) -> CuResult {
     let faked = answer(|d| {
@@ -242,6 +290,8 @@ mod linked {
         pub(super) fn cuMemFreeAsync(dptr: CUdeviceptr, stream: CUstream) -> CuResult;
         pub(super) fn cuStreamSynchronize(stream: CUstream) -> CuResult;
         pub(super) fn cuCtxSynchronize() -> CuResult;
+        pub(super) fn cuStreamIsCapturing(stream: CUstream, status: *mut c_int) -> CuResult;
+        pub(super) fn cuThreadExchangeStreamCaptureMode(mode: *mut c_int) -> CuResult;
         pub(super) fn cuMemPoolDestroy(pool: CUmemoryPool) -> CuResult;
         pub(super) fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) -> CuResult;
         pub(super) fn cuPointerGetAttribute(

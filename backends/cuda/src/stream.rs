@@ -383,6 +383,72 @@ pub(crate) fn join_its_thread<S: AsRawStream + ?Sized>(stream: &S) -> Result<()>
     Ok(())
 }
 
+/// Waits until the work this thread has just queued on `raw` has
+/// finished, or will never run: `Ok` only once it has finished, an error
+/// only where it never will. Either the context has failed (errors of work
+/// are sticky: it runs no more work), or `raw` is capturing a graph: the
+/// work was captured, not run, and a wait during the capture invalidates
+/// it, so the graph is never made.
+///
+/// A capture elsewhere (another thread's, or this thread's on another
+/// stream, in the driver's default global mode) makes the driver refuse a
+/// wait while the work runs on (`CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED`):
+/// the wait is made in relaxed mode, where the driver allows it. Where it
+/// refuses still (the legacy stream while a blocking stream of another
+/// thread captures, `CUDA_ERROR_STREAM_CAPTURE_IMPLICIT`), it is asked
+/// again until that capture ends. (This thread's own capture of a
+/// blocking stream cannot be the cause: it would have refused the queueing
+/// on the legacy stream.)
+///
+/// # Safety
+///
+/// `raw` is a valid stream of the current context (or a default stream
+/// handle).
+pub(crate) unsafe fn wait_for_work(raw: sys::CUstream) -> Result<()> {
+    let _relaxed = RelaxedCapture::enter();
+    loop {
+        // SAFETY: the caller vouches for the stream.
+        let waited = unsafe { sys::cuStreamSynchronize(raw) };
+        let capture =
+            sys::CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED..=sys::CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD;
+        if !capture.contains(&waited) {
+            return check(waited);
+        }
+        let mut status = sys::CU_STREAM_CAPTURE_STATUS_NONE;
+        // SAFETY: as above; `status` is a valid place for the answer.
+        let asked = unsafe { sys::cuStreamIsCapturing(raw, &mut status) };
+        if asked == sys::CUDA_SUCCESS && status != sys::CU_STREAM_CAPTURE_STATUS_NONE {
+            return check(waited);
+        }
+        std::thread::sleep(std::time::Duration::from_micros(100));
+    }
+}
+
+/// This thread's stream-capture mode, relaxed until the value drops, then
+/// what it was.
+struct RelaxedCapture {
+    /// The mode before; `None` if the driver refused the exchange.
+    before: Option<std::ffi::c_int>,
+}
+
+impl RelaxedCapture {
+    fn enter() -> RelaxedCapture {
+        let mut mode = sys::CU_STREAM_CAPTURE_MODE_RELAXED;
+        // SAFETY: `mode` is a valid place to read the mode from and write the old one to.
+        let swapped = unsafe { sys::cuThreadExchangeStreamCaptureMode(&mut mode) };
+        RelaxedCapture { before: (swapped == sys::CUDA_SUCCESS).then_some(mode) }
+    }
+}
+
+impl Drop for RelaxedCapture {
+    fn drop(&mut self) {
+        if let Some(mut mode) = self.before {
+            // SAFETY: as in `enter`.
+            unsafe { sys::cuThreadExchangeStreamCaptureMode(&mut mode) };
+        }
+    }
+}
+
 /// A free in the stream's order: as [`in_order`], without the wait after
 /// the work. Once freed, a block is used by no later work of the stream's
 /// thread, and the driver hands its memory to another stream only after

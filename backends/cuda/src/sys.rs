@@ -28,11 +28,26 @@ pub const CUDA_ERROR_INVALID_CONTEXT: CuResult = 201;
 pub const CUDA_ERROR_NOT_FOUND: CuResult = 500;
 pub const CUDA_ERROR_NOT_READY: CuResult = 600;
 pub const CUDA_ERROR_NOT_SUPPORTED: CuResult = 801;
+/// The first and last of the stream-capture errors
+/// (`CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED` to `_WRONG_THREAD`).
+pub const CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED: CuResult = 900;
+/// An implicit dependency on a capturing stream (the legacy stream's wait
+/// while a blocking stream captures).
+pub const CUDA_ERROR_STREAM_CAPTURE_IMPLICIT: CuResult = 906;
+pub const CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD: CuResult = 908;
 
 /// `CU_STREAM_LEGACY`: the legacy default stream, whatever the build's default.
 pub const CU_STREAM_LEGACY: usize = 0x1;
 /// `CU_STREAM_PER_THREAD`: the calling thread's default stream.
 pub const CU_STREAM_PER_THREAD: usize = 0x2;
+
+/// `CUstreamCaptureMode`: `CU_STREAM_CAPTURE_MODE_GLOBAL`, the driver's
+/// default, and `_RELAXED`, which lets a thread make calls a capture
+/// elsewhere would refuse.
+pub const CU_STREAM_CAPTURE_MODE_GLOBAL: c_int = 0;
+pub const CU_STREAM_CAPTURE_MODE_RELAXED: c_int = 2;
+/// `CU_STREAM_CAPTURE_STATUS_NONE`: a stream not capturing a graph.
+pub const CU_STREAM_CAPTURE_STATUS_NONE: c_int = 0;
 
 pub const CU_STREAM_DEFAULT: c_uint = 0x0;
 pub const CU_STREAM_NON_BLOCKING: c_uint = 0x1;
@@ -133,7 +148,7 @@ const _: () = assert!(core::mem::size_of::<CuMemAccessDesc>() == 12);
 #[cfg(test)]
 pub(crate) use crate::fake::{
     cuCtxSynchronize, cuMemAllocFromPoolAsync, cuMemFreeAsync, cuMemGetInfo_v2, cuMemPoolDestroy,
-    cuPointerGetAttribute, cuStreamSynchronize,
+    cuPointerGetAttribute, cuStreamIsCapturing, cuStreamSynchronize, cuThreadExchangeStreamCaptureMode,
 };
 
 #[link(name = "cuda")]
@@ -269,6 +284,10 @@ extern "C" {
     pub fn cuStreamSynchronize(stream: CUstream) -> CuResult;
     #[cfg(not(test))]
     pub fn cuCtxSynchronize() -> CuResult;
+    #[cfg(not(test))]
+    pub fn cuStreamIsCapturing(stream: CUstream, status: *mut c_int) -> CuResult;
+    #[cfg(not(test))]
+    pub fn cuThreadExchangeStreamCaptureMode(mode: *mut c_int) -> CuResult;
     pub fn cuStreamWaitEvent(stream: CUstream, event: CUevent, flags: c_uint) -> CuResult;
     pub fn cuStreamGetCtx(stream: CUstream, ctx: *mut CUcontext) -> CuResult;
 

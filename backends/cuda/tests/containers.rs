@@ -357,3 +357,67 @@ fn containers_without_a_resource_use_the_devices_current_resource() {
     streams.synchronize();
     assert_eq!(mr.used_bytes().unwrap(), 0);
 }
+
+extern "C" {
+    fn cuStreamBeginCapture_v2(stream: memres_cuda::sys::CUstream, mode: std::ffi::c_int) -> std::ffi::c_int;
+    fn cuStreamEndCapture(
+        stream: memres_cuda::sys::CUstream,
+        graph: *mut *mut std::ffi::c_void,
+    ) -> std::ffi::c_int;
+    fn cuGraphDestroy(graph: *mut std::ffi::c_void) -> std::ffi::c_int;
+}
+
+/// A container of pinned memory made (zero-filled on its stream) while
+/// another thread captures a CUDA graph in the driver's default global
+/// mode, with work queued before the capture began: the driver refuses
+/// the stream's synchronization then, while the fill runs on. The
+/// container waited for the fill anyway, and the capture was left whole.
+/// (Before: `CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED` at once, the block
+/// given back to the pinned resource, `cuMemFreeHost`, under the fill.)
+#[test]
+fn a_container_of_pinned_memory_waits_for_its_fill_while_another_thread_captures() {
+    use memres_containers::DeviceBuffer;
+    use memres_core::{MemoryResource, Request};
+    use memres_cuda::{AsRawStream, CudaMemory, PinnedMemory};
+    use std::sync::Barrier;
+    let Some(device) = gpu("a_container_of_pinned_memory_waits_for_its_fill_while_another_thread_captures")
+    else {
+        return;
+    };
+    let streams = Streams::new(device);
+    let (a, b) = (&streams.a, &streams.b);
+    let pinned = PinnedMemory::new(device).unwrap();
+    let busy = CudaMemory::new(device).unwrap();
+    let big = busy.allocate(Request::new(1 << 30).unwrap(), &a).unwrap();
+    // A few hundred milliseconds of work on `a` before the capture begins.
+    for i in 0..400 {
+        common::fill(a, &big, i);
+    }
+    let (begun, ended) = (Barrier::new(2), Barrier::new(2));
+    std::thread::scope(|s| {
+        let capture = s.spawn(|| {
+            device.primary_context().unwrap().bind().unwrap();
+            let raw = b.as_raw_stream();
+            // SAFETY: `b` is a live stream of the bound context.
+            assert_eq!(unsafe { cuStreamBeginCapture_v2(raw, 0) }, 0, "capture begun");
+            begun.wait();
+            ended.wait();
+            let mut graph = std::ptr::null_mut();
+            // SAFETY: as above; `graph` is a valid place for the graph.
+            let end = unsafe { cuStreamEndCapture(raw, &mut graph) };
+            if !graph.is_null() {
+                // SAFETY: the graph the capture made, destroyed once.
+                unsafe { cuGraphDestroy(graph) };
+            }
+            end
+        });
+        begun.wait();
+        let made = DeviceBuffer::new_in(64 << 20, a, &pinned, streams.engine.clone());
+        ended.wait();
+        assert_eq!(capture.join().unwrap(), 0, "the capture was left whole");
+        let buf = made.expect("the fill was waited for");
+        assert!(buf.to_vec().unwrap().iter().all(|&x| x == 0));
+    });
+    streams.synchronize();
+    busy.deallocate(big, &a).unwrap();
+}

@@ -166,3 +166,49 @@ fn an_owned_pool_is_destroyed_after_its_context_is_idle() {
     let pool = POOL as usize;
     assert_eq!(driver.calls[2..], [Call::ContextSync, Call::PoolDestroy { pool }], "{:?}", driver.calls);
 }
+
+/// `wait_for_work` on the legacy stream with `driver`: its answer, and
+/// the model after it.
+fn wait_for_work_with(driver: Driver) -> (memres_core::Result<()>, Driver) {
+    install(driver);
+    // SAFETY: the model answers every call the wait makes.
+    let waited = unsafe { crate::stream::wait_for_work(sys::CU_STREAM_LEGACY as sys::CUstream) };
+    (waited, take())
+}
+
+const LEGACY: usize = sys::CU_STREAM_LEGACY;
+const RELAXED: Call = Call::CaptureMode { mode: sys::CU_STREAM_CAPTURE_MODE_RELAXED };
+const GLOBAL: Call = Call::CaptureMode { mode: sys::CU_STREAM_CAPTURE_MODE_GLOBAL };
+
+/// A wait the driver refuses for a capture elsewhere (the legacy stream
+/// while another thread's blocking stream captures) while the work runs
+/// on: asked again, in relaxed mode, until it is answered; the thread's
+/// mode is given back. (It returned the refusal at once, and `CudaCopy`
+/// let a free of pinned memory through under a copy still running.)
+#[test]
+fn a_wait_refused_for_a_capture_elsewhere_is_asked_again_in_relaxed_mode() {
+    let driver = Driver { fail_wait: Some(sys::CUDA_ERROR_STREAM_CAPTURE_IMPLICIT), ..Driver::default() };
+    let (waited, driver) = wait_for_work_with(driver);
+    assert_eq!(waited, Ok(()));
+    let sync = Call::StreamSync { stream: LEGACY };
+    assert_eq!(driver.calls, [RELAXED, sync, Call::IsCapturing { stream: LEGACY }, sync, GLOBAL]);
+    assert_eq!(driver.capture_mode, sys::CU_STREAM_CAPTURE_MODE_GLOBAL);
+}
+
+/// On a stream that is capturing, the work was captured, not run, and the
+/// wait invalidated the capture: the refusal is the answer. So is a
+/// sticky error, without asking about captures.
+#[test]
+fn a_wait_on_a_capturing_stream_or_a_failed_context_is_its_error() {
+    const ACTIVE: std::ffi::c_int = 1;
+    let unsupported = sys::CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+    let driver = Driver { fail_wait: Some(unsupported), capture_status: Some(ACTIVE), ..Driver::default() };
+    let (waited, driver) = wait_for_work_with(driver);
+    assert_eq!(waited, Err(crate::error_from_code(unsupported)));
+    let sync = Call::StreamSync { stream: LEGACY };
+    assert_eq!(driver.calls, [RELAXED, sync, Call::IsCapturing { stream: LEGACY }, GLOBAL]);
+    let driver = Driver { fail_wait: Some(ILLEGAL_ADDRESS), sticky: true, ..Driver::default() };
+    let (waited, driver) = wait_for_work_with(driver);
+    assert_eq!(waited, Err(crate::error_from_code(ILLEGAL_ADDRESS)));
+    assert_eq!(driver.calls, [RELAXED, sync, GLOBAL]);
+}
