@@ -211,13 +211,15 @@ impl<S: Stream + ?Sized, E: CopyEngine<S> + ?Sized> CopyEngine<S> for &E {
 ///   writes host pages): *checked access*. `E` touches a range only while
 ///   it lies in one allocation that a resource of this kind holds at that
 ///   moment, checked in a [`LiveRanges`] table under the lock under which
-///   those resources free, and completes the access before it lets go of
-///   the lock; any other range is [`Error::NotLive`](crate::Error::NotLive)
-///   and nothing is touched. The resources never give out references to
-///   their memory, and the bytes `E` reads from Rust are initialized (fresh
-///   allocations are zeroed), so the worst a stale holder does is read or
-///   write bytes another holder now has: wrong data, not undefined
-///   behaviour. Host memory (`memres_sim::HostMemory` with `HostCopy`) and
+///   those resources free, and completes the access before a free of
+///   that allocation can go on (holding the lock meanwhile, or marking the
+///   range in use, a mark the free waits for); any other range is
+///   [`Error::NotLive`](crate::Error::NotLive) and nothing is touched. The
+///   resources never give out references to their memory, and `E` writes
+///   every byte it hands to Rust (`HostMemory` zeroes fresh allocations;
+///   CUDA's are not zeroed, and its copies write the whole destination), so
+///   the worst a stale holder does is read or write bytes another holder
+///   has or had: wrong data, not undefined behaviour. Host memory (`memres_sim::HostMemory` with `HostCopy`) and
 ///   CUDA's pinned and managed memory (with `CudaCopy`) work so.
 /// - **Memory only the engine's device copies reach** (plain device memory):
 ///   a stale address must name device memory or nothing, never host memory,

@@ -139,8 +139,10 @@ impl CudaAsyncManagedMemory {
 
     /// A view of the driver's pool, for its figures
     /// ([`reserved_by`](crate::reserved_by)); blocks are not
-    /// allocated through it.
-    pub fn pool(&self) -> &CudaAsyncMemory {
+    /// allocated through it. Not public: as a resource it would hand out
+    /// managed memory that the table of host-visible allocations does not
+    /// hold (`CudaCopy` refuses it).
+    pub(crate) fn pool(&self) -> &CudaAsyncMemory {
         &self.pool
     }
 }

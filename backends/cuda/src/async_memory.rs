@@ -480,12 +480,17 @@ impl<S: AsRawStream + ?Sized> MemoryResource<S> for CudaAsyncMemory {
 // padding and size fit) that no other block shares: device memory from the
 // driver's pool (`cuMemAllocFromPoolAsync`), usable in the order of the
 // allocating stream, which `CudaCopy`'s driver copies reach by its unified
-// address. It stays until `deallocate` takes it out of the table and frees
-// it; dropping the resource destroys the pool, which the driver defers until
-// its outstanding blocks are freed. Freed by other code, it is memory only
-// those copies reach: `CudaCopy` has the driver confirm each range is device
-// memory first (a pool of host memory made elsewhere is refused), and a
-// stale device address names device memory or nothing, never host memory.
+// address. (Its own pool and the device's default pool hold device memory; a
+// pool made elsewhere, which `from_pool` takes, may hold host memory, and
+// the view of the device's managed pool, which never leaves this crate,
+// holds managed memory: for those the last sentence holds.) It stays until
+// `deallocate` takes it out of the table and frees it; dropping the
+// resource destroys the pool, which the driver defers until its
+// outstanding blocks are freed. Freed by other code, or of another kind,
+// it is memory only those copies reach: `CudaCopy` has the driver confirm
+// each range is device memory, not managed, first (anything else is
+// refused), and a stale device address names device memory or nothing,
+// never host memory.
 unsafe impl memres_core::copy::MemoryOf<crate::CudaCopy> for CudaAsyncMemory {}
 
 /// The driver's pool keeps freed memory reserved up to its release

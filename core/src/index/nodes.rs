@@ -96,7 +96,13 @@ impl<N: Storage<Node>> CoalescingIndex<N> {
         // region walks).
         // The index stores in those words only `NONE` or the index of a slot
         // that exists (`reserve_nodes` pushes before it links, and stops
-        // below `NONE`), and slots are never removed: the index only calls
+        // below `NONE`), but for a used node's `prev_free` and `next_free`,
+        // which hold its rounding (`set_rounding`): links are read only from
+        // nodes on a bin list or the vacant list, which are free or vacant
+        // (`insert_free` and `make_vacant` set the state with the links, and
+        // every caller of `remove_free` found the node free: a bin list's,
+        // or checked `State::Free`), and a used node's rounding is never
+        // read as a link. Slots are never removed: the index only calls
         // `try_push`, and the `unsafe trait Storage` promises that the length
         // changes only there (by one, on `Ok`) and that the elements keep
         // what was written. So a stored index other than `NONE` is in range
