@@ -1,0 +1,76 @@
+//! `CudaCopy` while another thread captures a CUDA graph in the driver's
+//! default global mode, which refuses "unsafe" calls in every thread of
+//! the process: a binary of its own, so that no other test runs then.
+
+mod common;
+
+use common::gpu;
+use memres_containers::DeviceBuffer;
+use memres_core::{MemoryResource, Request, Stream};
+use memres_cuda::{sys, AsRawStream, CudaCopy, CudaMemory, CudaStream, PinnedMemory, StreamOptions};
+use std::ffi::{c_int, c_void};
+use std::sync::Barrier;
+
+extern "C" {
+    fn cuStreamBeginCapture_v2(stream: sys::CUstream, mode: c_int) -> c_int;
+    fn cuStreamEndCapture(stream: sys::CUstream, graph: *mut *mut c_void) -> c_int;
+    fn cuGraphDestroy(graph: *mut c_void) -> c_int;
+}
+
+/// `CU_STREAM_CAPTURE_MODE_GLOBAL`.
+const GLOBAL: c_int = 0;
+
+/// A fill of a container of pinned memory, queued behind work that began
+/// before another thread's capture: the driver refuses the stream's
+/// synchronization then, while the fill runs on. The fill was waited for
+/// anyway, and the capture was left whole. (Before: the refusal,
+/// `CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED`, at once, the fill's access
+/// ended with the fill still queued, so a free of the memory could run
+/// under it; and the capture invalidated.)
+#[test]
+fn a_fill_of_pinned_memory_is_waited_for_while_another_thread_captures() {
+    let Some(device) = gpu("a_fill_of_pinned_memory_is_waited_for_while_another_thread_captures") else {
+        return;
+    };
+    let options = StreamOptions { non_blocking: true, priority: 0 };
+    let (a, b) = (
+        CudaStream::with_options(device, options).unwrap(),
+        CudaStream::with_options(device, options).unwrap(),
+    );
+    let pinned = PinnedMemory::new(device).unwrap();
+    let mut buf = DeviceBuffer::new_in(64 << 20, &a, &pinned, CudaCopy::new(device).unwrap()).unwrap();
+    let busy = CudaMemory::new(device).unwrap();
+    let big = busy.allocate(Request::new(1 << 30).unwrap(), &a).unwrap();
+    // A few hundred milliseconds of work on `a` before the capture begins.
+    for i in 0..400 {
+        common::fill(&a, &big, i);
+    }
+    let (begun, ended) = (Barrier::new(2), Barrier::new(2));
+    let (filled, captured) = std::thread::scope(|s| {
+        let capture = s.spawn(|| {
+            device.primary_context().unwrap().bind().unwrap();
+            let raw = b.as_raw_stream();
+            // SAFETY: `b` is a live stream of the bound context.
+            assert_eq!(unsafe { cuStreamBeginCapture_v2(raw, GLOBAL) }, 0, "capture begun");
+            begun.wait();
+            ended.wait();
+            let mut graph = std::ptr::null_mut();
+            // SAFETY: as above; `graph` is a valid place for the graph.
+            let end = unsafe { cuStreamEndCapture(raw, &mut graph) };
+            if !graph.is_null() {
+                // SAFETY: the graph the capture made, destroyed once.
+                unsafe { cuGraphDestroy(graph) };
+            }
+            end
+        });
+        begun.wait();
+        let filled = buf.fill(7);
+        ended.wait();
+        (filled, capture.join().unwrap())
+    });
+    assert_eq!(filled, Ok(()), "the fill was waited for");
+    assert_eq!(captured, 0, "the capture was left whole");
+    assert!(buf.to_vec().unwrap().iter().all(|&x| x == 7));
+    a.synchronize().unwrap();
+    busy.deallocate(big, &a).unwrap();
+}
