@@ -1106,6 +1106,7 @@ def test_a_planned_layer_whose_step_fails_raises_and_keeps_its_region():
     def free(ptr, nbytes):
         if refuse[0]:
             raise OddError("refused")
+        host.deallocate(ptr, nbytes)
         freed.append((ptr, nbytes))
 
     host = mr.HostMemoryResource()
@@ -1136,6 +1137,7 @@ def test_a_planned_layer_whose_step_fails_raises_and_keeps_its_region():
     assert res.release() == region
     assert res.steps()["region"] == 0
     assert sorted(n for _, n in freed).count(region) == 1, "the region given back once"
+    assert host._native.live_count() == 0, "everything taken from the host given back"
 
 
 def test_binning_takes_rmm_exponents_and_refuses_bad_ones():
