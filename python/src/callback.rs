@@ -127,7 +127,9 @@ thread_local! {
 /// once the thread's locals are gone: a free from a destructor that runs
 /// at the thread's exit, after them, kept none).
 pub(crate) fn take_raised() -> Option<PyErr> {
-    LAST_RAISED.try_with(|r| r.borrow_mut().take()).ok().flatten()
+    // No borrow of it outlives a statement, and none runs Python code
+    // (`keep_raised`): a free from a destructor may come here at any time.
+    LAST_RAISED.try_with(|r| r.take()).ok().flatten()
 }
 
 /// Puts back an exception [`take_raised`] took, for the error it is behind.
@@ -138,7 +140,11 @@ pub(crate) fn restore_raised(e: Option<PyErr>) {
 /// Keeps `e` as this thread's last raised exception; dropped once the
 /// thread's locals are gone (nothing could take it then).
 fn keep_raised(e: Option<PyErr>) {
-    let _ = LAST_RAISED.try_with(|r| *r.borrow_mut() = e);
+    // The exception it replaces is dropped after the borrow: dropping it
+    // may free a frame and run a destructor that frees a block of the C
+    // functions, which takes this one (the process aborted there).
+    let replaced = LAST_RAISED.try_with(|r| r.replace(e)).ok().flatten();
+    drop(replaced);
 }
 
 /// Drops `value` (a stack, a buffer), and says on `sys.unraisablehook`, as

@@ -928,3 +928,39 @@ def test_the_torch_helpers_make_no_resource_for_a_device_pytorch_has_not_used(mo
     p = so.memres_py_alloc(1000, 5, None)
     assert mr.get_per_device_resource(5).stack == _native.sim.C_DEFAULT_STACK
     so.memres_py_free(p, 1000, 5, None)
+
+
+def test_a_c_free_from_an_exception_a_retry_replaced_does_not_abort():
+    # A failure callback's retry raised again: keeping the second exception
+    # dropped the first, whose frame held the last reference to a block of
+    # the C functions (a tensor, as PyTorch's). Its free, run by that drop,
+    # found the record of raised exceptions borrowed: a panic inside
+    # memres_py_free, and the process aborted.
+    run_child(CHILD_LIB + textwrap.dedent("""
+        import memres
+        so = lib()
+        mr.set_current_device_resource(mr.HostMemoryResource())
+
+        class Tensor:
+            def __init__(self):
+                self.p = so.memres_py_alloc(256, 0, None)
+
+            def __del__(self):
+                so.memres_py_free(self.p, 256, 0, None)
+
+        def alloc(n):
+            scratch = Tensor()  # held by this frame only, which the exception holds
+            raise MemoryError
+
+        asked = []
+        top = mr.FailureCallbackResourceAdaptor(
+            mr.CallbackMemoryResource(alloc, lambda p, n: None, backend="sim"),
+            lambda n: asked.append(n) or len(asked) == 1)
+        try:
+            top.allocate(256)
+        except memres.OutOfMemory:
+            pass
+        assert len(asked) == 2, asked
+        assert _native.sim.c_live_count(0) == 0, "every tensor freed"
+        print("done")
+    """))
