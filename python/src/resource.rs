@@ -331,20 +331,20 @@ impl Resource {
     /// a free of another size leaves it there, never out for a moment in
     /// which the right free of it finds it gone.
     fn take_live(&self, ptr: u64, nbytes: u64) -> PyResult<PutBack<Block, impl FnOnce(Block) + '_>> {
-        let block = match self.table.live.lock().unwrap_or_else(|p| p.into_inner()).entry(ptr) {
-            Entry::Occupied(e) if e.get().size() == nbytes => e.remove(),
-            Entry::Occupied(e) => {
-                return Err(invalid_argument(format!(
-                    "memres: deallocate({ptr:#x}, {nbytes}): allocated with {} bytes",
-                    e.get().size()
-                )))
-            }
+        let taken = match self.table.live.lock().unwrap_or_else(|p| p.into_inner()).entry(ptr) {
+            Entry::Occupied(e) if e.get().size() == nbytes => Ok(e.remove()),
+            Entry::Occupied(e) => Err(format!(
+                "memres: deallocate({ptr:#x}, {nbytes}): allocated with {} bytes",
+                e.get().size()
+            )),
             Entry::Vacant(_) => {
-                return Err(invalid_argument(format!(
-                    "memres: deallocate({ptr:#x}): not allocated by this resource, or freed already"
-                )))
+                Err(format!("memres: deallocate({ptr:#x}): not allocated by this resource, or freed already"))
             }
         };
+        // The exception is made once the lock is let go: making it runs
+        // Python code (an import, a collection) that may free into this
+        // resource, which takes the lock (the interpreter hung there).
+        let block = taken.map_err(invalid_argument)?;
         Ok(PutBack::new(block, |b: Block| {
             // Not over a newer block: a free that freed and then failed or
             // panicked may have let another thread get the address since.

@@ -507,3 +507,34 @@ def test_an_exception_whose_str_raises_a_panic_exception_is_still_said():
             cb.deallocate(cb.allocate(0), 0)
         print("done")
     """))
+
+
+def test_a_refused_free_whose_exception_runs_a_finalizer_freeing_into_the_resource():
+    # The refusal's exception was made under the lock of the resource's
+    # table of live blocks: making it ran Python code (here the collector,
+    # on a threshold of 1), whose finalizer freed a block of the same
+    # resource and waited for that lock for ever, the GIL held.
+    run_child("""
+        import gc
+        import memres
+        from memres import mr
+        r = mr.HostMemoryResource()
+        p = r.allocate(256)
+
+        class Holder:
+            def __del__(self):
+                r.deallocate(p, 256)
+
+        h = Holder()
+        h.cycle = h
+        del h
+        gc.set_threshold(1)
+        try:
+            r.deallocate(0x1000, 8)  # no block there
+        except memres.InvalidArgument:
+            pass
+        gc.set_threshold(700)
+        gc.collect()
+        assert r._native.live_count() == 0, "the finalizer's free went through"
+        print("done")
+    """)
