@@ -340,7 +340,8 @@ where
 
     /// Moves the bytes in use to a new block of `capacity` bytes aligned to
     /// `align`, which becomes the buffer's alignment. On an error the buffer
-    /// is unchanged and holds the old block; the new one goes back.
+    /// is unchanged and holds the old block; the new one goes back. If the
+    /// old block's free panics, the buffer holds the new one.
     fn reallocate(&mut self, capacity: u64, align: u64) -> Result<()> {
         let new = Self::allocate(&self.resource, capacity, align, &self.stream)?;
         // Until the buffer takes it, the new block goes back on any way out,
@@ -357,12 +358,18 @@ where
             // copies as `memmove` does or refuses (its duty, not ours).
             unsafe { self.engine.copy(new.addr(), self.block.addr(), keep, &self.stream)? };
         }
-        // Freed after the copy on the same stream: a refused free leaves the
-        // old block the buffer's, and the new one goes back.
-        self.resource.deallocate(self.block, &self.stream)?;
-        self.block = fresh.hand_over();
-        self.len = keep;
-        self.align = align;
+        // The buffer takes the new block before the old one's free (after
+        // the copy, on the same stream). A free that panics may have freed
+        // the old block (`Logging` frees it when its writer panics) or not:
+        // the buffer never uses it again either way. A refused free left
+        // it unfreed: the buffer takes it back, and the new one goes back.
+        let old = (self.block, self.len, self.align);
+        (self.block, self.len, self.align) = (fresh.hand_over(), keep, align);
+        if let Err(e) = self.resource.deallocate(old.0, &self.stream) {
+            (self.block, self.len, self.align) = old;
+            let _ = self.resource.deallocate(new, &self.stream);
+            return Err(e.into());
+        }
         Ok(())
     }
 
