@@ -41,6 +41,10 @@ pub(crate) struct Driver {
     pub(crate) capture_status: Option<c_int>,
     /// The thread's capture mode (`cuThreadExchangeStreamCaptureMode`).
     pub(crate) capture_mode: c_int,
+    /// Whether another thread captures a graph in the global mode: as the
+    /// driver does then, a synchronization made in the global mode is
+    /// refused (`CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED`).
+    pub(crate) capture_elsewhere: bool,
     /// The sticky error in effect.
     error: Option<CuResult>,
     /// Allocations made and not freed: base to bytes.
@@ -75,6 +79,13 @@ pub(crate) enum Call {
     PoolDestroy {
         pool: usize,
     },
+}
+
+impl Driver {
+    /// Whether a synchronization now is refused for another thread's capture.
+    fn refused_for_a_capture(&self) -> bool {
+        self.capture_elsewhere && self.capture_mode == sys::CU_STREAM_CAPTURE_MODE_GLOBAL
+    }
 }
 
 thread_local! {
@@ -152,6 +163,9 @@ pub(crate) unsafe fn cuStreamSynchronize(stream: CUstream) -> CuResult {
         if let Some(e) = d.error {
             return e;
         }
+        if d.refused_for_a_capture() {
+            return sys::CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+        }
         match d.fail_wait.take() {
             Some(e) => {
                 if d.sticky {
@@ -172,7 +186,11 @@ pub(crate) unsafe fn cuStreamSynchronize(stream: CUstream) -> CuResult {
 pub(crate) unsafe fn cuCtxSynchronize() -> CuResult {
     let faked = answer(|d| {
         d.calls.push(Call::ContextSync);
-        d.error.unwrap_or(sys::CUDA_SUCCESS)
+        match d.error {
+            Some(e) => e,
+            None if d.refused_for_a_capture() => sys::CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED,
+            None => sys::CUDA_SUCCESS,
+        }
     });
     // SAFETY: as the caller promises.
     faked.unwrap_or_else(|| unsafe { linked::cuCtxSynchronize() })

@@ -378,7 +378,7 @@ pub(crate) fn join_its_thread<S: AsRawStream + ?Sized>(stream: &S) -> Result<()>
     if stream.off_its_thread() {
         // SAFETY: takes no argument; a context is current (the caller's
         // scope), and none is reported as an error.
-        check(unsafe { sys::cuCtxSynchronize() })?;
+        check(relaxed(|| unsafe { sys::cuCtxSynchronize() }))?;
     }
     Ok(())
 }
@@ -422,6 +422,17 @@ pub(crate) unsafe fn wait_for_work(raw: sys::CUstream) -> Result<()> {
         }
         std::thread::sleep(std::time::Duration::from_micros(100));
     }
+}
+
+/// `f`, which waits for or asks about work, in relaxed capture mode: in
+/// the driver's default global mode, while any thread captures a graph,
+/// such a call is refused and invalidates that capture (a capture is
+/// another thread's business; a wait of memres's must not end it).
+/// Nothing is asked again: where the driver still refuses, the caller has
+/// its error, with nothing queued that would need the wait.
+pub(crate) fn relaxed<T>(f: impl FnOnce() -> T) -> T {
+    let _relaxed = RelaxedCapture::enter();
+    f()
 }
 
 /// This thread's stream-capture mode, relaxed until the value drops, then
@@ -502,9 +513,10 @@ pub(crate) fn in_order_joined<S: AsRawStream + ?Sized, T>(
     let raw = stream.as_raw_stream();
     let queued = queue(raw)?;
     if stream.off_its_thread() {
+        // The work is queued: an error of the wait must mean it never runs.
         // SAFETY: `raw` is valid while `stream` is borrowed (`AsRawStream`'s
         // contract).
-        check(unsafe { sys::cuStreamSynchronize(raw) })?;
+        unsafe { wait_for_work(raw) }?;
     }
     Ok(queued)
 }
@@ -567,14 +579,14 @@ impl Stream for CudaStream {
 
     fn synchronize(&self) -> Result<()> {
         // SAFETY: the handle is valid while `self` lives.
-        self.scope(|| in_order(self, |raw| check(unsafe { sys::cuStreamSynchronize(raw) })))
+        self.scope(|| in_order(self, |raw| check(relaxed(|| unsafe { sys::cuStreamSynchronize(raw) }))))
     }
 
     /// `cuCtxSynchronize` in the stream's context.
     fn synchronize_device(&self) -> Result<bool> {
         // SAFETY: takes no argument; the stream's context (or the current
         // one) is current in the scope, and the driver reports none as an error.
-        self.scope(|| check(unsafe { sys::cuCtxSynchronize() }))?;
+        self.scope(|| check(relaxed(|| unsafe { sys::cuCtxSynchronize() })))?;
         Ok(true)
     }
 }
@@ -671,7 +683,7 @@ impl CudaEvent {
     /// [`Error::Backend`].
     pub fn query(&self) -> Result<bool> {
         // SAFETY: the handle is valid while `self` lives.
-        match unsafe { sys::cuEventQuery(self.raw) } {
+        match relaxed(|| unsafe { sys::cuEventQuery(self.raw) }) {
             sys::CUDA_SUCCESS => Ok(true),
             sys::CUDA_ERROR_NOT_READY => Ok(false),
             code => Err(error_from_code(code)),
@@ -685,7 +697,7 @@ impl CudaEvent {
     /// The driver's error as [`Error::Backend`].
     pub fn synchronize(&self) -> Result<()> {
         // SAFETY: the handle is valid while `self` lives.
-        check(unsafe { sys::cuEventSynchronize(self.raw) })
+        check(relaxed(|| unsafe { sys::cuEventSynchronize(self.raw) }))
     }
 }
 

@@ -1,13 +1,14 @@
-//! `CudaCopy` while another thread captures a CUDA graph in the driver's
-//! default global mode, which refuses "unsafe" calls in every thread of
-//! the process: a binary of its own, so that no other test runs then.
+//! `CudaCopy` and memres's waits while another thread captures a CUDA
+//! graph in the driver's default global mode, which refuses "unsafe" calls
+//! in every thread of the process: a binary of its own, so that no other
+//! test runs then.
 
 mod common;
 
 use common::gpu;
 use memres_containers::DeviceBuffer;
 use memres_core::{MemoryResource, Request, Stream};
-use memres_cuda::{sys, AsRawStream, CudaCopy, CudaMemory, CudaStream, PinnedMemory, StreamOptions};
+use memres_cuda::{sys, AsRawStream, CudaCopy, CudaMemory, CudaStream, Device, PinnedMemory, StreamOptions};
 use std::ffi::{c_int, c_void};
 use std::sync::Barrier;
 
@@ -47,22 +48,7 @@ fn a_fill_of_pinned_memory_is_waited_for_while_another_thread_captures() {
     }
     let (begun, ended) = (Barrier::new(2), Barrier::new(2));
     let (filled, captured) = std::thread::scope(|s| {
-        let capture = s.spawn(|| {
-            device.primary_context().unwrap().bind().unwrap();
-            let raw = b.as_raw_stream();
-            // SAFETY: `b` is a live stream of the bound context.
-            assert_eq!(unsafe { cuStreamBeginCapture_v2(raw, GLOBAL) }, 0, "capture begun");
-            begun.wait();
-            ended.wait();
-            let mut graph = std::ptr::null_mut();
-            // SAFETY: as above; `graph` is a valid place for the graph.
-            let end = unsafe { cuStreamEndCapture(raw, &mut graph) };
-            if !graph.is_null() {
-                // SAFETY: the graph the capture made, destroyed once.
-                unsafe { cuGraphDestroy(graph) };
-            }
-            end
-        });
+        let capture = s.spawn(|| capture_between(device, &b, &begun, &ended));
         begun.wait();
         let filled = buf.fill(7);
         ended.wait();
@@ -73,4 +59,59 @@ fn a_fill_of_pinned_memory_is_waited_for_while_another_thread_captures() {
     assert!(buf.to_vec().unwrap().iter().all(|&x| x == 7));
     a.synchronize().unwrap();
     busy.deallocate(big, &a).unwrap();
+}
+
+/// A stream's and the context's synchronization, and an event's query and
+/// wait, on one thread while another captures a graph in the global mode:
+/// each is answered and the capture is left whole. (Before: each was
+/// refused, `CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED`, and invalidated the
+/// capture: a pool's steal between streams or a virtual pool's unmap
+/// failed, and the other thread's graph was lost.)
+#[test]
+fn waits_leave_another_threads_capture_whole() {
+    let Some(device) = gpu("waits_leave_another_threads_capture_whole") else {
+        return;
+    };
+    let options = StreamOptions { non_blocking: true, priority: 0 };
+    let (a, b) = (
+        CudaStream::with_options(device, options).unwrap(),
+        CudaStream::with_options(device, options).unwrap(),
+    );
+    let event = a.record().unwrap();
+    let waits: [(&str, &dyn Fn() -> memres_core::Result<()>); 4] = [
+        ("the stream's synchronization", &|| a.synchronize()),
+        ("the context's synchronization", &|| a.synchronize_device().map(drop)),
+        ("the event's query", &|| a.query(&event).map(drop)),
+        ("the event's wait", &|| event.synchronize()),
+    ];
+    for (what, wait) in waits {
+        let (begun, ended) = (Barrier::new(2), Barrier::new(2));
+        let (waited, captured) = std::thread::scope(|s| {
+            let capture = s.spawn(|| capture_between(device, &b, &begun, &ended));
+            begun.wait();
+            let waited = wait();
+            ended.wait();
+            (waited, capture.join().unwrap())
+        });
+        assert_eq!((waited, captured), (Ok(()), 0), "{what}: answered, the capture whole");
+    }
+}
+
+/// Captures on `b` in the global mode from a thread of its own between the
+/// two barriers; the answer of `cuStreamEndCapture`.
+fn capture_between(device: Device, b: &CudaStream, begun: &Barrier, ended: &Barrier) -> c_int {
+    device.primary_context().unwrap().bind().unwrap();
+    let raw = b.as_raw_stream();
+    // SAFETY: `b` is a live stream of the bound context.
+    assert_eq!(unsafe { cuStreamBeginCapture_v2(raw, GLOBAL) }, 0, "capture begun");
+    begun.wait();
+    ended.wait();
+    let mut graph = std::ptr::null_mut();
+    // SAFETY: as above; `graph` is a valid place for the graph.
+    let end = unsafe { cuStreamEndCapture(raw, &mut graph) };
+    if !graph.is_null() {
+        // SAFETY: the graph the capture made, destroyed once.
+        unsafe { cuGraphDestroy(graph) };
+    }
+    end
 }

@@ -63,7 +63,11 @@
 //! and then frees with the real tag: O(1) in the pool, where an address-only
 //! free walks the chunk, and accepted by the stream-ordered layer, which
 //! refuses address-only frees. A pointer not in the table (never allocated
-//! here, or freed already) is refused before it reaches a resource.
+//! here, or freed already) is refused before it reaches a resource. A
+//! pointer freed twice is refused only while its address is not handed
+//! out again: the pools hand a freed address out at once, and a pointer
+//! names no owner, so a late second free of the same size frees the newer
+//! block (as it would through `cudaFree` or PyTorch's allocator).
 //!
 //! A free by address alone costs more the more blocks are live in the
 //! chunk; a table lookup does not (the `free_by_address` example measures

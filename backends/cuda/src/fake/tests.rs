@@ -33,10 +33,17 @@ fn elsewhere<T: Send + 'static>(
     .unwrap()
 }
 
-/// The calls after the wait that failed.
-fn after_the_wait(driver: &Driver) -> &[Call] {
-    let wait = driver.calls.iter().position(|c| matches!(c, Call::StreamSync { .. })).expect("a wait");
-    &driver.calls[wait + 1..]
+/// The calls but the exchanges of the thread's capture mode, which every
+/// wait makes ([`relaxed`](crate::stream::relaxed)).
+fn work_calls(driver: &Driver) -> Vec<Call> {
+    driver.calls.iter().copied().filter(|c| !matches!(c, Call::CaptureMode { .. })).collect()
+}
+
+/// The calls after the wait that failed, but the mode exchanges.
+fn after_the_wait(driver: &Driver) -> Vec<Call> {
+    let calls = work_calls(driver);
+    let wait = calls.iter().position(|c| matches!(c, Call::StreamSync { .. })).expect("a wait");
+    calls[wait + 1..].to_vec()
 }
 
 const PER_THREAD: usize = sys::CU_STREAM_PER_THREAD;
@@ -71,11 +78,11 @@ fn a_block_whose_wait_fails_is_freed_where_it_was_allocated() {
     assert_eq!(got, Err(crate::error_from_code(UNKNOWN)));
     assert_eq!(live, 0);
     assert!(driver.allocated.is_empty(), "not freed: {:?}", driver.calls);
-    let &[Call::Free { base, stream }] = after_the_wait(&driver) else {
+    let &[Call::Free { base, stream }] = &after_the_wait(&driver)[..] else {
         panic!("the free waited, or there was none: {:?}", driver.calls)
     };
     assert_eq!(
-        driver.calls[..2],
+        work_calls(&driver)[..2],
         [Call::ContextSync, Call::Alloc { base, stream: PER_THREAD }],
         "the allocation joins the stream's thread"
     );
@@ -110,10 +117,10 @@ fn a_managed_block_whose_wait_fails_is_freed_where_it_was_allocated() {
     assert_eq!(got, Err(crate::error_from_code(UNKNOWN)));
     assert_eq!(live, 0);
     assert!(driver.allocated.is_empty(), "not freed: {:?}", driver.calls);
-    let &[Call::Free { base, stream }] = after_the_wait(&driver) else {
+    let &[Call::Free { base, stream }] = &after_the_wait(&driver)[..] else {
         panic!("the free waited, or there was none: {:?}", driver.calls)
     };
-    assert_eq!(driver.calls[1], Call::Alloc { base, stream: PER_THREAD });
+    assert_eq!(work_calls(&driver)[1], Call::Alloc { base, stream: PER_THREAD });
     assert_eq!(stream, PER_THREAD);
     assert_eq!(host_visible::lock().live.check(base, 1), Err(Error::NotLive { addr: base, len: 1 }));
 }
@@ -132,8 +139,9 @@ fn a_refused_priming_free_is_tried_again_once_the_context_is_idle() {
     assert!(driver.allocated.is_empty(), "not freed: {:?}", driver.calls);
     let frees: Vec<_> = driver.calls.iter().filter(|c| matches!(c, Call::Free { .. })).collect();
     assert_eq!(frees.len(), 2, "{:?}", driver.calls);
-    let retry = driver.calls.iter().rposition(|c| matches!(c, Call::Free { .. })).unwrap();
-    assert_eq!(driver.calls[retry - 1], Call::ContextSync, "the retry waits for the context first");
+    let calls = work_calls(&driver);
+    let retry = calls.iter().rposition(|c| matches!(c, Call::Free { .. })).unwrap();
+    assert_eq!(calls[retry - 1], Call::ContextSync, "the retry waits for the context first");
 }
 
 /// Refused twice, the free's error is returned and the block is still
@@ -164,7 +172,12 @@ fn an_owned_pool_is_destroyed_after_its_context_is_idle() {
     drop(CudaAsyncMemory::fake(POOL));
     let driver = take();
     let pool = POOL as usize;
-    assert_eq!(driver.calls[2..], [Call::ContextSync, Call::PoolDestroy { pool }], "{:?}", driver.calls);
+    assert_eq!(
+        work_calls(&driver)[2..],
+        [Call::ContextSync, Call::PoolDestroy { pool }],
+        "{:?}",
+        driver.calls
+    );
 }
 
 /// `wait_for_work` on the legacy stream with `driver`: its answer, and
@@ -211,4 +224,30 @@ fn a_wait_on_a_capturing_stream_or_a_failed_context_is_its_error() {
     let (waited, driver) = wait_for_work_with(driver);
     assert_eq!(waited, Err(crate::error_from_code(ILLEGAL_ADDRESS)));
     assert_eq!(driver.calls, [RELAXED, sync, GLOBAL]);
+}
+
+/// While another thread captures a graph in the global mode, the driver
+/// refuses a synchronization made in that mode, and the refusal
+/// invalidates that capture. A stream's and a context's synchronization,
+/// the joins before work on another thread's per-thread stream and the
+/// wait after it, are made in relaxed mode: answered, and the thread's mode
+/// given back. (They were refused, `CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED`:
+/// a pool's steal or unmap failed, and the capture was lost.)
+#[test]
+fn waits_are_made_in_relaxed_mode_and_leave_a_capture_elsewhere_alone() {
+    let elsewhere_captures = || Driver { capture_elsewhere: true, ..Driver::default() };
+    install(elsewhere_captures());
+    let legacy = CudaStream::legacy();
+    let answers =
+        (memres_core::Stream::synchronize(&legacy), memres_core::Stream::synchronize_device(&legacy));
+    let driver = take();
+    assert_eq!(answers, (Ok(()), Ok(true)), "{:?}", driver.calls);
+    let (sync, ctx) = (Call::StreamSync { stream: 0 }, Call::ContextSync);
+    assert_eq!(driver.calls, [RELAXED, sync, GLOBAL, RELAXED, ctx, GLOBAL]);
+    let (filled, driver) =
+        elsewhere(elsewhere_captures(), |stream| crate::stream::in_order(stream, |_| Ok(())));
+    assert_eq!(filled, Ok(()), "{:?}", driver.calls);
+    let sync = Call::StreamSync { stream: PER_THREAD };
+    assert_eq!(driver.calls, [RELAXED, ctx, GLOBAL, RELAXED, sync, GLOBAL]);
+    assert_eq!(driver.capture_mode, sys::CU_STREAM_CAPTURE_MODE_GLOBAL);
 }

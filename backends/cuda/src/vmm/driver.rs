@@ -3,6 +3,7 @@
 //! against a model of the driver (`tests.rs`).
 
 use crate::context::{Context, Current, MemoryInfo};
+use crate::stream::relaxed;
 use crate::sys;
 use memres_core::Result;
 use std::fmt;
@@ -177,13 +178,13 @@ impl Driver for CudaDriver {
     fn sync_legacy(&self) -> Code {
         // SAFETY: the null handle names the legacy default stream of the
         // current context (the caller entered ours).
-        unsafe { sys::cuStreamSynchronize(core::ptr::null_mut()) }
+        relaxed(|| unsafe { sys::cuStreamSynchronize(core::ptr::null_mut()) })
     }
 
     fn sync_context(&self) -> Code {
         // SAFETY: takes no argument and acts on the current context (the
         // caller entered ours; with none, the driver reports an error).
-        unsafe { sys::cuCtxSynchronize() }
+        relaxed(|| unsafe { sys::cuCtxSynchronize() })
     }
 
     fn memory_info(&self) -> Option<MemoryInfo> {
