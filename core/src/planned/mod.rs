@@ -996,7 +996,8 @@ impl<R> Planned<R> {
     /// live between steps keep only the carry region, where they stay
     /// until freed (and its layout, for the next plan). A region taken on
     /// another stream goes back only where `stream` can wait for the
-    /// whole device ([`Stream::synchronize_device`]). A region that serves
+    /// whole device ([`Stream::synchronize_device`]); else it stays, with
+    /// no plan, for the next step or release. A region that serves
     /// nothing and that the upstream would not take back before (a spare
     /// carry region, or one shorter than asked) is given back too, whatever
     /// lives in the others. Returns the bytes given back, as
@@ -1013,19 +1014,12 @@ impl<R> Planned<R> {
         R: MemoryResource<S>,
     {
         let id = stream.id();
-        // The device is waited for only where a region is another stream's.
-        let elsewhere = self.state.with(|s| {
-            [(s.region, s.region_stream), (s.carry.region, s.carry.region_stream)]
-                .iter()
-                .chain(&s.spares)
-                .any(|&(region, on)| !region.is_empty() && on != id)
-        });
-        let idle = elsewhere && stream.synchronize_device()?;
-        let (spared, refused) = self.give_back_spares(stream, idle);
+        // The regions stop serving before the device is waited for: a block
+        // another stream's thread took from one meanwhile would have work
+        // queued after the wait, the region going back under it.
         let taken = self.state.with(|s| {
-            let here = |region: Region, on: u64| !region.is_empty() && (on == id || idle);
-            let step = here(s.region, s.region_stream);
-            let carry = here(s.carry.region, s.carry.region_stream) && s.carry.live.is_empty();
+            let step = !s.region.is_empty();
+            let carry = !s.carry.region.is_empty() && s.carry.live.is_empty();
             // A live block of the step's region is found by the plan's slots.
             if s.laying_out || s.live_count > 0 || !(step || carry) {
                 return None;
@@ -1040,13 +1034,23 @@ impl<R> Planned<R> {
             if carry {
                 s.carry.lay_out(&[]);
             }
-            Some([(s.region, Home::Step, step), (s.carry.region, Home::Carry, carry)])
+            Some([
+                (s.region, s.region_stream, Home::Step, step),
+                (s.carry.region, s.carry.region_stream, Home::Carry, carry),
+            ])
         });
+        let _laying_out = taken.is_some().then(|| LayingOut(&self.state));
+        // The device is waited for only where a region is another stream's.
+        let elsewhere = taken.iter().flatten().any(|&(_, on, _, goes)| goes && on != id)
+            || self.state.with(|s| s.spares.iter().any(|&(spare, on)| !spare.is_empty() && on != id));
+        let idle = elsewhere && stream.synchronize_device()?;
+        let (spared, refused) = self.give_back_spares(stream, idle);
         let Some(regions) = taken else { return refused.map_or(Ok(spared), Err) };
-        let _laying_out = LayingOut(&self.state);
         let (mut given, mut first) = (spared, refused);
-        for (region, home, goes) in regions {
-            if !goes {
+        for (region, on, home, goes) in regions {
+            // Another stream's, with the device not waited for: kept, with
+            // no plan, for the next step or release.
+            if !goes || (on != id && !idle) {
                 continue;
             }
             // Kept, serving nothing, if its free fails or panics, for the

@@ -498,15 +498,22 @@ fn a_stale_block_of_the_carry_region_is_a_double_free() {
 }
 
 /// A stream that runs what another thread does meanwhile, one call after
-/// the other: at each `synchronize`, and where [`Reuses`] lets it run.
+/// the other: at each `synchronize` (and `synchronize_device`, where it
+/// can wait for the device), and where [`Reuses`] lets it run.
 struct Meanwhile<'a> {
     id: u64,
     calls: core::cell::RefCell<alloc::collections::VecDeque<alloc::boxed::Box<dyn FnOnce() + 'a>>>,
+    device: bool,
 }
 
 impl<'a> Meanwhile<'a> {
     fn new(id: u64) -> Self {
-        Meanwhile { id, calls: Default::default() }
+        Meanwhile { id, calls: Default::default(), device: false }
+    }
+
+    /// One that can wait for the whole device.
+    fn waits_for_the_device(self) -> Self {
+        Meanwhile { device: true, ..self }
     }
 
     /// With `f` to run after the calls given before.
@@ -541,6 +548,12 @@ impl Stream for Meanwhile<'_> {
     fn synchronize(&self) -> Result<()> {
         self.now();
         Ok(())
+    }
+    fn synchronize_device(&self) -> Result<bool> {
+        if self.device {
+            self.now();
+        }
+        Ok(self.device)
     }
 }
 
@@ -1989,6 +2002,38 @@ fn release_on_another_stream_gives_a_region_back_only_when_the_device_can_be_wai
         assert_eq!(p.release(&on).unwrap(), if device { 0 } else { held });
         assert_eq!(up.usage().held, 0);
     }
+}
+
+/// A release on one stream while another stream's thread follows the plan
+/// in its region: the region stops serving before the device is waited
+/// for, so a block that thread takes meanwhile (its work queued after the
+/// wait) comes from the upstream, and the region goes back with no block
+/// served from it since. (Before, the wait came first: the block was
+/// served from the region, freed on its stream at once, and the region
+/// went back upstream with that block's work still to run.)
+#[test]
+fn a_release_stops_the_regions_serving_before_it_waits_for_the_device() {
+    let up = Statistics::new(BumpUpstream::new(1 << 30));
+    let p = Planned::new(&up);
+    let theirs = TestStream::new(1);
+    for _ in 0..4 {
+        p.step(&theirs).unwrap();
+        let (x, y) = (p.allocate(req(4 * MIB), &theirs).unwrap(), p.allocate(req(2 * MIB), &theirs).unwrap());
+        p.deallocate(x, &theirs).unwrap();
+        p.deallocate(y, &theirs).unwrap();
+    }
+    p.step(&theirs).unwrap();
+    let before = p.steps();
+    assert!(before.plans > 0 && before.region > 0, "{before:?}");
+    let mine = Meanwhile::new(2).waits_for_the_device().then(|| {
+        let x = p.allocate(req(4 * MIB), &theirs).unwrap();
+        p.deallocate(x, &theirs).unwrap();
+    });
+    assert_eq!(p.release(&mine).unwrap(), before.region);
+    let after = p.steps();
+    assert_eq!(after.planned_allocations, before.planned_allocations, "served from the region meanwhile");
+    assert_eq!((after.region, up.usage().held), (0, 0));
+    p.check().unwrap();
 }
 
 /// An upstream (a safe trait of the user's) that hands out a step's or the
