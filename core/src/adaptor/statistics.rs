@@ -98,7 +98,12 @@ struct Level {
 ///
 /// Sizes are the requested sizes ([`Block::size`]); zero-byte requests
 /// (answered with [`Block::EMPTY`]) are not allocations and are not
-/// counted. Failed calls count nothing.
+/// counted. Failed calls count nothing. A free counts off the size it
+/// states, as RMM's: it keeps no record of each block, so a double free or
+/// a free of another size that the upstream takes (one that frees by
+/// address alone, as `testing::BumpUpstream`) counts off what it says. The
+/// pools, the fixed-size resource and the arena refuse both; over others,
+/// `Tracking` checks every free against its block.
 ///
 /// The hot path is a few relaxed atomics: figures read while other threads
 /// allocate are each exact but need not be a consistent snapshot of one
