@@ -649,19 +649,6 @@ fn a_growth_over_a_log_that_frees_while_its_writer_panics_shares_no_bytes() {
     assert_eq!(log.refused_frees(), 0);
 }
 
-/// A log writer that panics on the row of a free.
-struct PanicsOnFreeRow;
-
-impl std::io::Write for PanicsOnFreeRow {
-    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
-        assert!(!bytes.windows(4).any(|w| w == b"free"), "the writer panics on a free");
-        Ok(bytes.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
 /// A buffer dropped over a log whose writer panics on the free's row: the
 /// panic goes on to the drop's caller, and the block is freed all the
 /// same. Before, the log's free left at the panic, before its upstream's,
@@ -670,7 +657,7 @@ impl std::io::Write for PanicsOnFreeRow {
 #[test]
 fn a_buffer_dropped_over_a_log_whose_writer_panics_frees_its_block() {
     let host = HostMemory::new();
-    let log = Logging::new(&host, PanicsOnFreeRow).unwrap();
+    let log = Logging::new(&host, PanicsOnTheNextFreeRow(Arc::new(AtomicBool::new(true)))).unwrap();
     let buf = DeviceBuffer::from_slice_in(b"hello", (), &log, HostCopy).unwrap();
     assert_eq!(host.live_count(), 1);
     let dropped = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| drop(buf)));
@@ -685,7 +672,7 @@ fn a_buffer_dropped_over_a_log_whose_writer_panics_frees_its_block() {
 #[derive(Default)]
 struct RefusesAFree {
     host: HostMemory,
-    refuse: std::sync::atomic::AtomicBool,
+    refuse: AtomicBool,
 }
 
 impl<S: Stream + ?Sized> MemoryResource<S> for RefusesAFree {
