@@ -5,7 +5,7 @@ use crate::context::{Context, Device};
 use crate::error::{check, check_free};
 use crate::live::LiveAllocations;
 use crate::place::{allocate_with, base_of, discard_with, out_of_memory, padded_size};
-use crate::stream::{allocate_in_order, free_in_order, relaxed, AsRawStream, CudaStream};
+use crate::stream::{allocate_in_order, free_in_order, AsRawStream, CudaStream};
 use crate::sys;
 use memres_core::{Block, Error, MemoryResource, Request, Result};
 use std::ffi::c_void;
@@ -259,7 +259,7 @@ impl CudaAsyncMemory {
         }
         // SAFETY: the scope makes the pool's context current; synchronizing
         // it takes no arguments.
-        self.context.scope(|| check(relaxed(|| unsafe { sys::cuCtxSynchronize() })))?;
+        self.context.scope(|| check(unsafe { sys::cuCtxSynchronize() }))?;
         self.deallocate(block, &())
     }
 
@@ -520,7 +520,7 @@ impl Drop for CudaAsyncMemory {
                 // (docs/verification.md). A failed wait (a fault, the
                 // driver shut down) still leaves the destroy to try.
                 // SAFETY: takes no argument; the pool's context is current.
-                let _ = relaxed(|| unsafe { sys::cuCtxSynchronize() });
+                let _ = unsafe { sys::cuCtxSynchronize() };
                 // SAFETY: the pool was made by `cuMemPoolCreate` and is
                 // destroyed only here. Blocks still out keep its memory
                 // alive in the driver until they are freed. An error

@@ -42,8 +42,9 @@ pub(crate) struct Driver {
     /// The thread's capture mode (`cuThreadExchangeStreamCaptureMode`).
     pub(crate) capture_mode: c_int,
     /// Whether another thread captures a graph in the global mode: as the
-    /// driver does then, a synchronization made in the global mode is
-    /// refused (`CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED`).
+    /// driver does then, a stream's synchronization made in the global mode
+    /// is refused (`CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED`), and a
+    /// context's in either mode.
     pub(crate) capture_elsewhere: bool,
     /// The sticky error in effect.
     error: Option<CuResult>,
@@ -82,7 +83,8 @@ pub(crate) enum Call {
 }
 
 impl Driver {
-    /// Whether a synchronization now is refused for another thread's capture.
+    /// Whether a stream's synchronization now is refused for another
+    /// thread's capture.
     fn refused_for_a_capture(&self) -> bool {
         self.capture_elsewhere && self.capture_mode == sys::CU_STREAM_CAPTURE_MODE_GLOBAL
     }
@@ -188,7 +190,7 @@ pub(crate) unsafe fn cuCtxSynchronize() -> CuResult {
         d.calls.push(Call::ContextSync);
         match d.error {
             Some(e) => e,
-            None if d.refused_for_a_capture() => sys::CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED,
+            None if d.capture_elsewhere => sys::CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED,
             None => sys::CUDA_SUCCESS,
         }
     });

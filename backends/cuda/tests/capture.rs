@@ -8,7 +8,9 @@ mod common;
 use common::gpu;
 use memres_containers::DeviceBuffer;
 use memres_core::{MemoryResource, Request, Stream};
-use memres_cuda::{sys, AsRawStream, CudaCopy, CudaMemory, CudaStream, Device, PinnedMemory, StreamOptions};
+use memres_cuda::{
+    sys, AsRawStream, CudaCopy, CudaMemory, CudaStream, Device, ManagedMemory, PinnedMemory, StreamOptions,
+};
 use std::ffi::{c_int, c_void};
 use std::sync::Barrier;
 
@@ -61,15 +63,16 @@ fn a_fill_of_pinned_memory_is_waited_for_while_another_thread_captures() {
     busy.deallocate(big, &a).unwrap();
 }
 
-/// A stream's and the context's synchronization, and an event's query and
-/// wait, on one thread while another captures a graph in the global mode:
-/// each is answered and the capture is left whole. (Before: each was
-/// refused, `CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED`, and invalidated the
-/// capture: a pool's steal between streams or a virtual pool's unmap
+/// A stream's synchronization, an event's query and wait, and an
+/// allocation and free of device, pinned and managed memory, on one thread
+/// while another captures a graph in the global mode: each is answered
+/// and the capture is left whole. (Before: each was refused,
+/// `CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED`, and invalidated the capture: a
+/// pool's steal between streams, a virtual pool's unmap or a pool's growth
 /// failed, and the other thread's graph was lost.)
 #[test]
-fn waits_leave_another_threads_capture_whole() {
-    let Some(device) = gpu("waits_leave_another_threads_capture_whole") else {
+fn waits_and_allocations_leave_another_threads_capture_whole() {
+    let Some(device) = gpu("waits_and_allocations_leave_another_threads_capture_whole") else {
         return;
     };
     let options = StreamOptions { non_blocking: true, priority: 0 };
@@ -78,22 +81,33 @@ fn waits_leave_another_threads_capture_whole() {
         CudaStream::with_options(device, options).unwrap(),
     );
     let event = a.record().unwrap();
-    let waits: [(&str, &dyn Fn() -> memres_core::Result<()>); 4] = [
+    let (plain, pinned, managed) = (
+        CudaMemory::new(device).unwrap(),
+        PinnedMemory::new(device).unwrap(),
+        ManagedMemory::new(device).unwrap(),
+    );
+    let round_trip = |mr: &dyn MemoryResource<CudaStream>| {
+        let block = mr.allocate(Request::new(2 << 20)?, &a)?;
+        mr.deallocate(block, &a)
+    };
+    let calls: [(&str, &dyn Fn() -> memres_core::Result<()>); 6] = [
         ("the stream's synchronization", &|| a.synchronize()),
-        ("the context's synchronization", &|| a.synchronize_device().map(drop)),
         ("the event's query", &|| a.query(&event).map(drop)),
         ("the event's wait", &|| event.synchronize()),
+        ("cuMemAlloc and cuMemFree", &|| round_trip(&plain)),
+        ("cuMemHostAlloc and cuMemFreeHost", &|| round_trip(&pinned)),
+        ("cuMemAllocManaged and cuMemFree", &|| round_trip(&managed)),
     ];
-    for (what, wait) in waits {
+    for (what, call) in calls {
         let (begun, ended) = (Barrier::new(2), Barrier::new(2));
-        let (waited, captured) = std::thread::scope(|s| {
+        let (answered, captured) = std::thread::scope(|s| {
             let capture = s.spawn(|| capture_between(device, &b, &begun, &ended));
             begun.wait();
-            let waited = wait();
+            let answered = call();
             ended.wait();
-            (waited, capture.join().unwrap())
+            (answered, capture.join().unwrap())
         });
-        assert_eq!((waited, captured), (Ok(()), 0), "{what}: answered, the capture whole");
+        assert_eq!((answered, captured), (Ok(()), 0), "{what}: answered, the capture whole");
     }
 }
 

@@ -184,7 +184,7 @@ impl Driver for CudaDriver {
     fn sync_context(&self) -> Code {
         // SAFETY: takes no argument and acts on the current context (the
         // caller entered ours; with none, the driver reports an error).
-        relaxed(|| unsafe { sys::cuCtxSynchronize() })
+        unsafe { sys::cuCtxSynchronize() }
     }
 
     fn memory_info(&self) -> Option<MemoryInfo> {
