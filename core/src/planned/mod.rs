@@ -1764,8 +1764,8 @@ impl<R: fmt::Debug> fmt::Debug for Planned<R> {
 // the upstream refuses, in the state's spares, never serves), and each is
 // out of the state while it goes back, so that a block of `R` the upstream
 // hands out there at once is freed as `R`'s; a release, only with no block
-// live in the step's region, drops the plan, and the carry layout where it
-// gives the carry region back, only with none live in it). A block is
+// live in the step's region, drops the plan, and the carry layout only with
+// none live in it, before it may give their regions back). A block is
 // placed in a region only where no live block lies (in the step's region a
 // step departs before a block freed later than recorded could be covered; in
 // the carry region each block is checked against the live ones), so live
