@@ -3,6 +3,7 @@
 use crate::context::{Context, Device};
 use crate::live::LiveAllocations;
 use crate::place::{allocate_with, deallocate_with, out_of_memory, padded_size};
+use crate::stream::relaxed;
 use crate::sys;
 use memres_core::{Block, MemoryResource, Request, Result, Stream};
 use std::sync::Arc;
@@ -88,18 +89,20 @@ impl<S: Stream + ?Sized> MemoryResource<S> for CudaMemory {
                 &self.live,
                 request,
                 // SAFETY: our context is current; the out parameter is a live local.
-                |bytes, base| unsafe { sys::cuMemAlloc_v2(base, bytes) },
+                |bytes, base| relaxed(|| unsafe { sys::cuMemAlloc_v2(base, bytes) }),
                 // SAFETY: `base` was just allocated and is handed out to no one.
-                |base| unsafe { sys::cuMemFree_v2(base) },
+                |base| relaxed(|| unsafe { sys::cuMemFree_v2(base) }),
                 || None,
             )
         })
     }
 
     fn deallocate(&self, block: Block, _stream: &S) -> Result<()> {
-        // SAFETY: `base` is a live allocation of ours, just taken out of the
-        // table (so no one frees it twice); our context is current.
-        deallocate_with(&self.context, &self.live, block, |base| unsafe { sys::cuMemFree_v2(base) })
+        deallocate_with(&self.context, &self.live, block, |base| {
+            // SAFETY: `base` is a live allocation of ours, just taken out of
+            // the table (so no one frees it twice); our context is current.
+            relaxed(|| unsafe { sys::cuMemFree_v2(base) })
+        })
     }
 
     /// Equal to its clones, which share its table of live allocations (one

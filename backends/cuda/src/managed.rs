@@ -3,7 +3,7 @@
 use crate::context::{Context, Device};
 use crate::error::error_from_code;
 use crate::host_visible::{self, HostAllocations};
-use crate::stream::{in_order, AsRawStream};
+use crate::stream::{in_order, relaxed, AsRawStream};
 use crate::sys;
 use memres_core::{Block, Error, MemoryResource, Request, Result, Stream};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -66,9 +66,10 @@ impl ManagedMemory {
 
 impl<S: Stream + ?Sized> MemoryResource<S> for ManagedMemory {
     fn allocate(&self, request: Request, _stream: &S) -> Result<Block> {
-        // SAFETY: our context is current; the out parameter is a live local.
-        let alloc =
-            |bytes, base: &mut u64| unsafe { sys::cuMemAllocManaged(base, bytes, sys::CU_MEM_ATTACH_GLOBAL) };
+        let alloc = |bytes, base: &mut u64| {
+            // SAFETY: our context is current; the out parameter is a live local.
+            relaxed(|| unsafe { sys::cuMemAllocManaged(base, bytes, sys::CU_MEM_ATTACH_GLOBAL) })
+        };
         // SAFETY: `free_managed` frees a managed allocation, which `alloc`
         // makes; `host_visible::allocate` calls it as `free_managed` asks,
         // with our context current.
@@ -101,7 +102,7 @@ impl<S: Stream + ?Sized> MemoryResource<S> for ManagedMemory {
 /// for the `CudaCopy` accesses in it, so none is under way or can start).
 unsafe fn free_managed(base: u64) -> sys::CuResult {
     // SAFETY: as the caller promises.
-    unsafe { sys::cuMemFree_v2(base) }
+    relaxed(|| unsafe { sys::cuMemFree_v2(base) })
 }
 
 // SAFETY: the block lies inside one driver allocation (`place` checks

@@ -2,6 +2,7 @@
 
 use crate::context::Device;
 use crate::host_visible::{self, HostAllocations};
+use crate::stream::relaxed;
 use crate::sys;
 use memres_core::{Block, MemoryResource, Request, Result, Stream};
 use std::sync::Arc;
@@ -78,7 +79,7 @@ impl<S: Stream + ?Sized> MemoryResource<S> for PinnedMemory {
         let alloc = |bytes, base: &mut u64| {
             let mut p = core::ptr::null_mut();
             // SAFETY: a context is current; the out parameter is a live local.
-            let code = unsafe { sys::cuMemHostAlloc(&mut p, bytes, self.flags) };
+            let code = relaxed(|| unsafe { sys::cuMemHostAlloc(&mut p, bytes, self.flags) });
             *base = p as u64;
             code
         };
@@ -111,7 +112,7 @@ impl<S: Stream + ?Sized> MemoryResource<S> for PinnedMemory {
 /// accesses in it, so none is under way or can start).
 unsafe fn free_host(base: u64) -> sys::CuResult {
     // SAFETY: as the caller promises.
-    unsafe { sys::cuMemFreeHost(base as *mut core::ffi::c_void) }
+    relaxed(|| unsafe { sys::cuMemFreeHost(base as *mut core::ffi::c_void) })
 }
 
 // SAFETY: the block lies inside one driver allocation (`place` checks

@@ -4,7 +4,6 @@
 use crate::context::Context;
 use crate::error::{check_free, error_from_code};
 use crate::live::LiveAllocations;
-use crate::stream::relaxed;
 use crate::sys;
 use memres_core::{Block, Error, Request, Result};
 
@@ -73,7 +72,7 @@ pub(crate) fn allocate_with(
     }
     let bytes = padded_size(request)?;
     let mut base = 0;
-    match relaxed(|| alloc(bytes, &mut base)) {
+    match alloc(bytes, &mut base) {
         sys::CUDA_SUCCESS => {}
         sys::CUDA_ERROR_OUT_OF_MEMORY => return Err(out_of_memory(context, request.size(), pool_size())),
         code => return Err(error_from_code(code)),
@@ -85,7 +84,7 @@ pub(crate) fn allocate_with(
         }
         None => {
             // Nothing to do if giving it back fails too: report the first error.
-            let _ = relaxed(|| free(base));
+            let _ = free(base);
             Err(misaligned(base, bytes))
         }
     }
@@ -111,7 +110,7 @@ pub(crate) fn deallocate_with(
     }
     let base = base_of(block)?;
     live.remove(base, block.addr(), block.size())?;
-    let freed = context.scope(|| check_free(relaxed(|| free(base)), block.addr()));
+    let freed = context.scope(|| check_free(free(base), block.addr()));
     if freed.is_err() {
         live.restore(base, block.addr(), block.size());
     }
@@ -128,7 +127,7 @@ pub(crate) fn discard_with(live: &LiveAllocations, block: Block, free: impl FnOn
     let Ok(base) = base_of(block) else { return };
     if live.remove(base, block.addr(), block.size()).is_ok() {
         // Nothing else to do if the driver refuses: no one can free it.
-        let _ = relaxed(|| free(base));
+        let _ = free(base);
     }
 }
 
