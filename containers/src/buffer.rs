@@ -190,7 +190,10 @@ where
     /// handed out and that is not given back, such as another container's,
     /// or other live memory of the backend), every byte written, and not
     /// written by work that is not ordered with `stream` (as
-    /// [`CopyEngine::copy`] asks).
+    /// [`CopyEngine::copy`] asks). This holds until the copy is done on
+    /// `stream`, not only until the call returns: the copy is queued, so
+    /// the source is freed, or written by other streams, only after work
+    /// ordered after it on `stream` (the new buffer's stream).
     ///
     /// It cannot be a safe call even over an engine that checks that each
     /// range is live memory of its kind (`HostCopy`, `CudaCopy`): the check
