@@ -754,7 +754,7 @@ impl<U, S: Stream + ?Sized> BinningResource<'_, U, S> {
         let addr = block.addr();
         for (size, bin) in self.sizes.iter().zip(&self.bins) {
             if let Bin::Fixed(f) = bin {
-                if f.with(|f| f.has_chunk_at(addr)) {
+                if f.with(|f| f.has_slot_at(addr)) {
                     return Error::SizeMismatch { addr, expected: *size, given: block.size() };
                 }
             }

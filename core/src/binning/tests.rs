@@ -492,6 +492,14 @@ fn a_wrong_size_free_never_hands_a_bin_chunk_upstream() {
     );
     assert_eq!(up.usage().held, held, "the chunk stays with the bin");
     bins.check().unwrap();
+    // The chunk's second block, past its start, is the bin's too.
+    let second = bins.allocate(Request::new(300).unwrap(), &()).unwrap();
+    assert_eq!(second.addr(), b.addr() + 512);
+    assert_eq!(
+        bins.deallocate(Block::from_addr(second.addr(), chunk - 1), &()),
+        Err(Error::SizeMismatch { addr: second.addr(), expected: 512, given: chunk - 1 })
+    );
+    bins.deallocate(second, &()).unwrap();
     bins.deallocate(b, &()).unwrap();
     bins.check().unwrap();
 }

@@ -306,6 +306,13 @@ impl<U, C: Storage<Chunk>, L: Storage<Slot>> FixedSizeResource<U, C, L> {
         self.chunks.starts_at(addr)
     }
 
+    /// Whether one of its slots starts at `addr`, live or free: a block of
+    /// it freed through a binning resource with a size that routes
+    /// elsewhere is then one of its own (O(log chunks)).
+    pub(crate) fn has_slot_at(&self, addr: u64) -> bool {
+        self.slot_at(addr).is_some()
+    }
+
     /// Whether a block of at most `size` bytes (the size it was asked
     /// with) is live: a binning resource does not put a bin of `size`
     /// below this one while one is, as its free would go there.
