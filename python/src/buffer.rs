@@ -163,6 +163,7 @@ fn memory_of(mr: &Resource) -> PyResult<AssumeMemoryOf<DynResource<Stream>, Kind
             mr.stack
         )));
     }
+    let blocks = mr.hold("DeviceBuffer", |m| m.blocks.clone())?;
     // SAFETY: `has_bytes` holds only when every leaf of the stack is a
     // name the stack's builder reports as a leaf of `Engine`'s memory
     // (`StackBuilder::is_leaf_of`), or an upstream object for which the
@@ -179,7 +180,7 @@ fn memory_of(mr: &Resource) -> PyResult<AssumeMemoryOf<DynResource<Stream>, Kind
     // the same leaves), and the two layers this crate puts around a stack
     // (`KeepStreams`, and a snapshot's `Tap`) hand out its blocks unchanged
     // and free them only through it.
-    Ok(unsafe { AssumeMemoryOf::new(mr.blocks.clone() as DynResource<Stream>) })
+    Ok(unsafe { AssumeMemoryOf::new(blocks as DynResource<Stream>) })
 }
 
 #[pymethods]

@@ -41,8 +41,10 @@ fn live(device: usize) -> Option<&'static Live> {
 /// Makes `mr` the current resource of `device` for the C functions (and
 /// Rust code).
 #[pyfunction]
-pub(crate) fn set_per_device_resource(py: Python<'_>, device: u32, mr: PyRef<'_, Resource>) {
-    set(py, device, Arc::new(CFrees(mr.blocks.clone())));
+pub(crate) fn set_per_device_resource(py: Python<'_>, device: u32, mr: PyRef<'_, Resource>) -> PyResult<()> {
+    let blocks = mr.hold("set_per_device_resource", |m| m.blocks.clone())?;
+    set(py, device, Arc::new(CFrees(blocks)));
+    Ok(())
 }
 
 /// What the registry of this module holds for a device whose resource is

@@ -352,6 +352,26 @@ impl Resource {
         }))
     }
 
+    /// `take` of the stack's parts (a clone that holds it: a buffer's, a
+    /// device's registry entry, a stack built over it), unless the stack
+    /// is retired ([`retire`](Self::retire)). Both run under the table's
+    /// lock, so a later `retire` sees what `take` holds and refuses; one
+    /// that came first leaves the caller `InvalidArgument` (use the
+    /// object again), never a stack that is no longer the object's.
+    pub(crate) fn hold<T>(&self, what: &str, take: impl FnOnce(&Parts) -> T) -> PyResult<T> {
+        let held = {
+            let _live = self.table.live.lock().unwrap_or_else(|p| p.into_inner());
+            (!self.table.retired.load(Ordering::Relaxed)).then(|| take(self))
+        };
+        // The exception is made once the lock is let go, as in `take_live`.
+        held.ok_or_else(|| {
+            invalid_argument(format!(
+                "memres: {what}: add_bin rebuilt the resource during the call, and the old stack \
+                 takes no new use; {what} again"
+            ))
+        })
+    }
+
     /// Whether anything but this object uses the stack, `live` being its
     /// table of live blocks. A kept block counts: a rebuild (`add_bin`)
     /// would leave it with the old stack, which no `release` reaches.
@@ -626,7 +646,7 @@ impl Resource {
         let map = crate::snapshot::map(device);
         let mut builder = backend::builder(device, map.as_ref())?;
         for (i, u) in upstreams.iter().enumerate() {
-            let (r, below) = (u.inner.clone(), u.releasing.clone());
+            let (r, below) = u.hold("a stack over it", |u| (u.inner.clone(), u.releasing.clone()))?;
             builder.register(&format!("up{i}"), move |call, cx| {
                 call.expect_args(0, &[])?;
                 // A release of this stack goes on into the upstream's.

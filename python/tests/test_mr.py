@@ -1242,6 +1242,31 @@ def test_add_bin_while_another_thread_allocates_loses_no_block():
     assert freed == handed
 
 
+def test_a_stack_add_bin_replaced_takes_no_buffer_upstream_or_device():
+    # Another thread that read the resource's stack before add_bin retired
+    # it (`_native` read, then the GIL let go): a buffer made on it, a
+    # stack built over it, or a device given it, used memory the object no
+    # longer saw (in_use, release, statistics) and kept the old stack
+    # alive; add_bin had checked the stack unused and succeeded all the same.
+    sim = _native.backend("sim")
+    b = mr.BinningMemoryResource(mr.HostMemoryResource())
+    old = b._native
+    b.add_bin(512)
+    with pytest.raises(memres.InvalidArgument, match="add_bin rebuilt"):
+        sim.NativeBuffer(old, 100)
+    with pytest.raises(memres.InvalidArgument, match="add_bin rebuilt"):
+        sim.NativeResource.build("pool(up0)", [old], 0)
+    with pytest.raises(memres.InvalidArgument, match="add_bin rebuilt"):
+        sim.set_per_device_resource(0, old)
+    assert not old.in_use() and not b._native.in_use()
+    # The object itself is whole: its new stack serves all three.
+    buf = memres.DeviceBuffer(size=100, mr=b)
+    assert b._native.in_use()
+    del buf
+    over = mr.PoolMemoryResource(b, initial_pool_size=1 << 20)
+    over.deallocate(over.allocate(100), 100)
+
+
 def test_of_two_add_bin_at_once_neither_loses_the_others_bin():
     # The GIL is released while add_bin builds: another thread's add_bin
     # that ended meanwhile was replaced by a stack without its bin, though
