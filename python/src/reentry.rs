@@ -210,16 +210,21 @@ fn enter_for(covers: &Covers, call: Call) -> Result<Entered, Error> {
     if meets_a_call(covers, call) {
         return Err(Error::Reentrant);
     }
-    let noted = with_state(|s| {
-        if s.active.is_empty() {
-            // A new outermost call: an exception of a callback left by a
-            // call that recovered from it is no part of this one.
-            drop(crate::callback::take_failure_raised());
-            drop(crate::callback::take_raised());
-        }
+    let stale = with_state(|s| {
+        // A new outermost call: an exception of a callback left by a call
+        // that recovered from it is no part of this one.
+        let stale = s
+            .active
+            .is_empty()
+            .then(|| (crate::callback::take_failure_raised(), crate::callback::take_raised()));
         s.active.push(Frame::new(covers.clone()));
-    })
-    .is_some();
+        stale
+    });
+    let noted = stale.is_some();
+    // Dropped once the state is let go: with the GIL held (an exit under
+    // way) an exception's drop may run a `__del__` that calls memres
+    // again, which takes the state.
+    drop(stale);
     Ok(Entered { noted, on_this_thread: PhantomData })
 }
 
