@@ -279,9 +279,19 @@ impl<V> Records<V> {
 /// the free back if refused, but only while it is still in flight: a free
 /// of the address that went through meanwhile (a double free racing it)
 /// answers it, so that the refused one brings nothing back to life.
+///
+/// The two may settle in either order. The free that went through found
+/// nothing to tell (the first had taken the address out), so if the
+/// refusal settles first it is taken back, and the address is marked:
+/// when the other is then answered, the record frees the address after
+/// all ([`answered`](Self::answered)).
 #[derive(Clone, Debug, Default)]
 pub(crate) struct InFlight {
     latest: AddrMap<u64>,
+    /// Addresses whose refused free was taken back
+    /// ([`taken_back`](Self::taken_back)) and not told, answered or handed
+    /// out again since.
+    taken_back: AddrMap<()>,
     /// Frees told so far: the number of the last (wrapping; a free would
     /// have to last 2^64 others to be mistaken for one).
     told: u64,
@@ -292,6 +302,7 @@ impl InFlight {
     pub(crate) fn tell(&mut self, addr: u64) -> u64 {
         self.told = self.told.wrapping_add(1);
         self.latest.insert(addr, self.told);
+        self.unmark(addr);
         self.told
     }
 
@@ -305,18 +316,35 @@ impl InFlight {
         current
     }
 
+    /// The record took back a refused free of `addr` ([`take`](Self::take)
+    /// answered yes, and it brought the block back): a free of `addr` that
+    /// found nothing to tell may still be in flight.
+    pub(crate) fn taken_back(&mut self, addr: u64) {
+        self.taken_back.insert(addr, ());
+    }
+
     /// The memory below freed `addr`, whose free `told` it (`None`: the
     /// record held nothing to tell, as another free in flight had taken
-    /// it out): neither can be taken back.
-    pub(crate) fn answered(&mut self, addr: u64, told: Option<u64>) {
+    /// it out): neither can be taken back. Whether the record must free
+    /// `addr` now: a free that told nothing, where the other's refusal
+    /// settled first and brought the block back.
+    #[must_use = "true: the record frees `addr` now"]
+    pub(crate) fn answered(&mut self, addr: u64, told: Option<u64>) -> bool {
         if told.is_none_or(|n| self.latest.get(addr) == Some(&n)) {
             self.latest.remove(addr);
         }
+        told.is_none() && self.unmark(addr)
     }
 
     /// `addr` handed out again: a free of it in flight was done.
     pub(crate) fn forget(&mut self, addr: u64) {
         self.latest.remove(addr);
+        self.unmark(addr);
+    }
+
+    /// Drops the mark of a free taken back at `addr`: whether there was one.
+    pub(crate) fn unmark(&mut self, addr: u64) -> bool {
+        !self.taken_back.is_empty() && self.taken_back.remove(addr).is_some()
     }
 
     /// The addresses with a free in flight.

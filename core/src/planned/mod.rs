@@ -446,6 +446,8 @@ impl<R> Recorded<'_, R> {
         self.state.with(|s| {
             if s.epoch == self.epoch {
                 s.born.insert(addr, self.k);
+                // A free taken back at `addr` was made after all.
+                s.frees_in_flight.unmark(addr);
             }
         });
         core::mem::forget(self);
@@ -502,8 +504,11 @@ impl<R> Drop for Freeing<'_, R> {
             // (its counterpart, placed, departs if freed later) and does
             // not carry it. Nor is a free that a double free racing it
             // answered: the upstream freed the block.
-            if s.epoch == self.epoch && s.frees_in_flight.take(self.addr, self.number) {
-                s.unfree(self.addr, self.freed);
+            if s.epoch == self.epoch
+                && s.frees_in_flight.take(self.addr, self.number)
+                && s.unfree(self.addr, self.freed)
+            {
+                s.frees_in_flight.taken_back(self.addr);
             }
         });
     }
@@ -821,9 +826,10 @@ impl<R> State<R> {
     /// block was recorded at `addr` meanwhile: the upstream did free this
     /// one (a double free racing this free freed it first, and the
     /// address was handed out again), and the newer block keeps its entry.
-    fn unfree(&mut self, addr: u64, freed: Freed) {
+    /// Whether it took the free back.
+    fn unfree(&mut self, addr: u64, freed: Freed) -> bool {
         if self.born.contains_key(&addr) || self.carried.contains_key(&addr) {
-            return;
+            return false;
         }
         match freed {
             Freed::Born(k) => {
@@ -835,6 +841,7 @@ impl<R> State<R> {
                 self.carried.insert(addr, k);
             }
         }
+        true
     }
 
     /// If `addr` lies in a region: the live block there, or the error for
@@ -1468,7 +1475,13 @@ impl<S: Stream + ?Sized, R: MemoryResource<S>> MemoryResource<S> for Planned<R> 
                     // Nothing recorded to free, and the upstream freed the
                     // block: the double of a free in flight, which may yet
                     // be refused and must not bring the block back.
-                    None if recording => self.state.with(|s| s.frees_in_flight.answered(addr, None)),
+                    // If its refusal settled first and took the free back,
+                    // the block is freed now.
+                    None if recording => self.state.with(|s| {
+                        if s.frees_in_flight.answered(addr, None) {
+                            s.freed(addr);
+                        }
+                    }),
                     None => {}
                 }
                 // Saturating: a block of the upstream that did not come

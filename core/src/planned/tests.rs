@@ -2437,6 +2437,57 @@ fn a_free_refused_as_the_double_of_a_racing_free_stands_in_the_record() {
     p.check_layer().unwrap();
 }
 
+/// The same race settled in the other order, on two threads: the first
+/// free's refusal settles before the second (which found nothing recorded
+/// to free) returns. The refusal took the free back, and the block was
+/// recorded live for good though the upstream had freed it.
+#[test]
+fn a_racing_free_that_returns_after_the_others_refusal_settled_stands_in_the_record() {
+    use std::collections::BTreeSet;
+    use std::sync::{Barrier, Mutex};
+    /// Its first free waits until a second free of the block has freed it,
+    /// then refuses (a double free); the second answers only once the
+    /// first's refusal has settled.
+    struct Racing {
+        live: Mutex<BTreeSet<u64>>,
+        frees: core::sync::atomic::AtomicUsize,
+        gate: Barrier,
+    }
+    impl MemoryResource for Racing {
+        fn allocate(&self, request: Request, _: &()) -> Result<Block> {
+            self.live.lock().unwrap().insert(1 << 30);
+            Ok(Block::from_addr(1 << 30, request.size()))
+        }
+        fn deallocate(&self, block: Block, _: &()) -> Result<()> {
+            if self.frees.fetch_add(1, core::sync::atomic::Ordering::SeqCst) == 0 {
+                self.gate.wait(); // the second free may begin
+                self.gate.wait(); // it has freed the block
+                return Err(Error::DoubleFree { addr: block.addr() });
+            }
+            assert!(self.live.lock().unwrap().remove(&block.addr()));
+            self.gate.wait();
+            self.gate.wait(); // the first's refusal has settled
+            Ok(())
+        }
+    }
+    let p = Planned::new(Racing { live: Default::default(), frees: 0.into(), gate: Barrier::new(2) });
+    p.step(&()).unwrap();
+    let x = p.allocate(req(MIB), &()).unwrap();
+    std::thread::scope(|scope| {
+        let second = scope.spawn(|| {
+            p.upstream().gate.wait();
+            p.deallocate(x, &())
+        });
+        assert_eq!(p.deallocate(x, &()), Err(Error::DoubleFree { addr: x.addr() }));
+        p.upstream().gate.wait();
+        assert_eq!(second.join().unwrap(), Ok(()));
+    });
+    assert!(p.upstream().live.lock().unwrap().is_empty(), "the upstream freed x");
+    let [(start, end)] = lifetimes(&p)[..] else { panic!("{:?}", lifetimes(&p)) };
+    assert!(start < end && end != OPEN, "x freed in the record: {:?}", lifetimes(&p));
+    p.check_layer().unwrap();
+}
+
 /// An upstream of addresses alone (a safe one) that refuses the free of a
 /// block it does not hold; before it judges a free it lets the stream's
 /// next call run (another thread's free of the same block arriving first).

@@ -345,7 +345,8 @@ impl MemoryMap {
     /// (`told`) that the upstream refused: the segment is held again, and
     /// the free's event leaves the trace, which gets back the event pushed
     /// out last. A segment held at `addr` since shows that the upstream did
-    /// free it: nothing changes.
+    /// free it: nothing changes. Marked as taken back: a free of it that
+    /// told nothing may yet be answered ([`answered`](Self::answered)).
     fn segment_unfree(&mut self, addr: u64, freed: SegmentFreed, told: Told) {
         if self.segments.contains_key(&addr) {
             return;
@@ -353,6 +354,7 @@ impl MemoryMap {
         self.segments.insert(addr, Segment { size: freed.size, stream: freed.stream });
         self.held = self.held.wrapping_add(freed.size);
         self.take_out(told);
+        self.segments_freeing.taken_back(addr);
     }
 
     /// A block of `size` bytes at `addr` handed out for a request of
@@ -390,6 +392,7 @@ impl MemoryMap {
     /// allocation is told: none happened); the trace gets back as many
     /// events as it lost, those pushed out last. A block handed out at
     /// `addr` since shows that the resource did free it: nothing changes.
+    /// Marked as taken back, as [`segment_unfree`](Self::segment_unfree).
     fn unfree(&mut self, addr: u64, freed: Freed, told: Told) {
         let Freed(b) = freed;
         if self.blocks.contains_key(&addr) {
@@ -398,6 +401,7 @@ impl MemoryMap {
         self.blocks.insert(addr, b);
         self.live = self.live.wrapping_add(b.requested);
         self.take_out(told);
+        self.blocks_freeing.taken_back(addr);
     }
 
     /// The block at `addr` given back (an unknown one is ignored), told as
@@ -462,9 +466,25 @@ impl MemoryMap {
 
     /// The memory below freed `addr`, whose free told ahead is `told`
     /// (`None`: it told nothing, as another free in flight had taken the
-    /// address out): neither can be taken back.
-    fn answered(&mut self, side: Side, addr: u64, told: Option<(Told, u64)>) {
-        self.in_flight(side).answered(addr, told.map(|(_, number)| number));
+    /// address out, told on `stream` at `time_us`): neither can be taken
+    /// back. Where the other's refusal settled first and brought the
+    /// block or segment back, it is freed now (on `stream`, or without
+    /// one on the stream it was taken on).
+    fn answered(
+        &mut self,
+        side: Side,
+        addr: u64,
+        told: Option<(Told, u64)>,
+        stream: Option<u64>,
+        time_us: Option<u64>,
+    ) {
+        if self.in_flight(side).answered(addr, told.map(|(_, number)| number)) {
+            let stream = stream.or_else(|| self.stream_of(side, addr)).unwrap_or(0);
+            match side {
+                Side::Blocks => drop(self.free(addr, stream, time_us)),
+                Side::Segments => drop(self.segment_free(addr, stream, time_us)),
+            }
+        }
         if let Some((told, _)) = told {
             self.settled(told);
         }

@@ -245,6 +245,11 @@ pub struct Freeing<'a> {
     /// What the free told and its number in flight; `None`: the map held
     /// nothing at the address.
     told: Option<(Told, u64)>,
+    /// The stream and time it was told on (`None`: the stream the block or
+    /// segment was taken on): a free that told nothing is told when done,
+    /// if another's refusal brought the address back meanwhile.
+    stream: Option<u64>,
+    time_us: Option<u64>,
 }
 
 impl<'a> Freeing<'a> {
@@ -253,14 +258,14 @@ impl<'a> Freeing<'a> {
     /// [`MemoryMap::segment_free`]), before the memory below frees it.
     pub fn new(map: &'a Shared<MemoryMap>, side: Side, addr: u64, stream: u64, time_us: Option<u64>) -> Self {
         let told = map.with(|m| m.tell_ahead(side, addr, stream, time_us));
-        Freeing { map, side, addr, told }
+        Freeing { map, side, addr, told, stream: Some(stream), time_us }
     }
 
     /// As [`new`](Self::new), told on the stream the block or segment was
     /// taken on.
     fn on_its_stream(map: &'a Shared<MemoryMap>, side: Side, addr: u64) -> Self {
         let told = map.with(|m| m.tell_ahead(side, addr, m.stream_of(side, addr)?, None));
-        Freeing { map, side, addr, told }
+        Freeing { map, side, addr, told, stream: None, time_us: None }
     }
 
     /// The memory below freed it: the free stands. A free of the address
@@ -268,7 +273,7 @@ impl<'a> Freeing<'a> {
     /// can no longer be taken back.
     pub fn done(self) {
         let this = core::mem::ManuallyDrop::new(self);
-        this.map.with(|m| m.answered(this.side, this.addr, this.told));
+        this.map.with(|m| m.answered(this.side, this.addr, this.told, this.stream, this.time_us));
     }
 }
 

@@ -696,6 +696,54 @@ fn a_segment_free_refused_as_the_double_of_a_racing_free_leaves_the_segment_give
     assert_eq!(map.held(), 8192);
 }
 
+/// The same race settled in the other order: the first free's refusal
+/// settles before the second (which found nothing to tell) is done. The
+/// refusal brought the block or segment back, and the second's `done`
+/// left it there: the map showed it held for good though the memory below
+/// had freed it. Both refused, it stays.
+#[test]
+fn a_racing_free_done_after_the_others_refusal_settled_still_frees() {
+    use crate::Shared;
+    use Action::{Alloc, FreeCompleted, FreeRequested, SegmentAlloc, SegmentFree};
+    for side in [Side::Blocks, Side::Segments] {
+        let taken = |map: &Shared<MemoryMap>| match side {
+            Side::Blocks => map.with(|m| m.alloc(0x1000, 256, 256, 7, None)),
+            Side::Segments => map.with(|m| m.segment_alloc(0x1000, 4096, 7, None)),
+        };
+        let map = Shared::new(MemoryMap::new(100));
+        taken(&map);
+        let stale = Freeing::new(&map, side, 0x1000, 0, None); // tells the map
+        let real = Freeing::new(&map, side, 0x1000, 3, Some(5)); // finds nothing
+        drop(stale); // the memory below freed `real`'s, then refused this one
+        real.done();
+        let state = map.with(|m| (m.live(), m.held(), m.runs().len()));
+        assert_eq!(state, (0, 0, 0), "{side:?}: freed in the map");
+        let events: Vec<(Action, u64)> = map.with(|m| m.trace().map(|e| (e.action, e.stream)).collect());
+        let told = match side {
+            Side::Blocks => alloc::vec![
+                (SegmentAlloc, 7),
+                (Alloc, 7),
+                (FreeRequested, 3),
+                (FreeCompleted, 3),
+                (SegmentFree, 7)
+            ],
+            Side::Segments => alloc::vec![(SegmentAlloc, 7), (SegmentFree, 3)],
+        };
+        assert_eq!(events, told, "{side:?}: freed once, by the free that went through");
+
+        // Both refused: it is held still, and its next free frees it.
+        let map = Shared::new(MemoryMap::new(100));
+        taken(&map);
+        let stale = Freeing::new(&map, side, 0x1000, 0, None);
+        let other = Freeing::new(&map, side, 0x1000, 3, None);
+        drop(stale);
+        drop(other);
+        assert_eq!(map.with(|m| m.runs().len()), 1, "{side:?}: held");
+        Freeing::new(&map, side, 0x1000, 0, None).done();
+        assert_eq!(map.with(|m| (m.live(), m.held(), m.runs().len())), (0, 0, 0));
+    }
+}
+
 /// A refused free goes back into the map as the block it was: allocated on
 /// its own stream, not the stream of the free that failed (which a block
 /// outside every segment shows as its segment's stream).

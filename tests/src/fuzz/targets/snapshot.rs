@@ -1,7 +1,9 @@
 //! The fuzz target of the snapshot's [`MemoryMap`]: segments and blocks fed
 //! from outside (overlapping, at the top of the address space, twice at one
 //! address), frees told ahead ([`Freeing`]) that the memory below does or
-//! refuses in any order, and a short trace that pushes events out.
+//! refuses in any order (a free that found nothing to tell, done after
+//! the refusal of the one that took the address out, frees it), and a
+//! short trace that pushes events out.
 //!
 //! Two oracles after every step. A model that keeps every event ever told,
 //! taking a refused free's own events out: the map's trace is the model's
@@ -14,7 +16,7 @@
 use arbitrary::Unstructured;
 use memres_core::snapshot::{Action, Freeing, MemoryMap, Side, TraceEntry};
 use memres_core::Shared;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 
 /// A block as the model holds it.
 #[derive(Clone, Copy, Debug)]
@@ -41,6 +43,10 @@ struct Told {
     /// What it took out, its number in flight and its events; `None`: the
     /// map held nothing at the address.
     took: Option<(Took, u64, Vec<u64>)>,
+    /// What it was told with: one that took nothing frees with them when
+    /// done, where a refusal brought the address back meanwhile.
+    stream: u64,
+    time_us: Option<u64>,
 }
 
 /// Every event ever told, less those of refused frees.
@@ -58,6 +64,9 @@ struct Model {
     /// Per side (blocks, segments): the number of the latest free told
     /// ahead of each address that may still be taken back.
     latest: [HashMap<u64, u64>; 2],
+    /// Per side: the addresses a refusal brought back, not told, handed
+    /// out or freed by a free that took nothing since.
+    taken_back: [HashSet<u64>; 2],
     told: u64,
 }
 
@@ -92,6 +101,7 @@ impl Model {
 
     fn segment_alloc(&mut self, addr: u64, size: u64, stream: u64, time_us: Option<u64>) {
         self.latest[1].remove(&addr);
+        self.taken_back[1].remove(&addr);
         if let Some((old, _)) = self.segments.insert(addr, (size, stream)) {
             self.held = self.held.wrapping_sub(old);
         }
@@ -111,6 +121,7 @@ impl Model {
         let told = self.blocks.get(&addr).is_some_and(|b| b.own_segment);
         let own_segment = told || alone;
         self.latest[0].remove(&addr);
+        self.taken_back[0].remove(&addr);
         if let Some(old) = self.blocks.insert(addr, Block { size, requested, stream, own_segment }) {
             self.live = self.live.wrapping_sub(old.requested);
         }
@@ -141,17 +152,25 @@ impl Model {
         let took = took.map(|(took, ids)| {
             self.told += 1;
             self.latest[side_index(side)].insert(addr, self.told);
+            self.taken_back[side_index(side)].remove(&addr);
             (took, self.told, ids)
         });
-        Told { side, addr, took }
+        Told { side, addr, took, stream, time_us }
     }
 
     /// The memory below freed it: neither it nor a free of the address
-    /// told before it can be taken back.
+    /// told before it can be taken back. One that took nothing, where the
+    /// refusal of the free that took it settled first, frees it now.
     fn done(&mut self, t: Told) {
         let latest = &mut self.latest[side_index(t.side)];
         if t.took.as_ref().is_none_or(|(_, n, _)| latest.get(&t.addr) == Some(n)) {
             latest.remove(&t.addr);
+        }
+        if t.took.is_none() && self.taken_back[side_index(t.side)].remove(&t.addr) {
+            match t.side {
+                Side::Blocks => drop(self.free(t.addr, t.stream, t.time_us)),
+                Side::Segments => drop(self.segment_free(t.addr, t.stream, t.time_us)),
+            }
         }
     }
 
@@ -171,6 +190,7 @@ impl Model {
                 }
                 self.blocks.insert(t.addr, b);
                 self.live = self.live.wrapping_add(b.requested);
+                self.taken_back[0].insert(t.addr);
             }
             Took::Segment { size, stream } => {
                 if self.segments.contains_key(&t.addr) {
@@ -178,6 +198,7 @@ impl Model {
                 }
                 self.segments.insert(t.addr, (size, stream));
                 self.held = self.held.wrapping_add(size);
+                self.taken_back[1].insert(t.addr);
             }
         }
         self.events.retain(|(id, _)| !ids.contains(id));
