@@ -402,13 +402,59 @@ impl<R: MemoryResource<S> + ?Sized, S: Stream + ?Sized> Drop for Pending<'_, R, 
 /// Runs `f`, user code (an upstream's free, a stream's `at_drop`, a
 /// space's decommit, a leak handler) that a destructor calls. While the
 /// thread unwinds, a panic of `f` is caught and what `f` was doing is left
-/// undone: a second panic in a destructor would abort the process. Without
-/// `std` nothing can be caught, and such a panic still aborts.
+/// undone: a second panic in a destructor would abort the process. The
+/// caught panic's payload is leaked, not dropped: its `Drop`, the user's
+/// too, could panic. Without `std` nothing can be caught, and such a panic
+/// still aborts.
 pub(crate) fn in_destructor(f: impl FnOnce()) {
     #[cfg(feature = "std")]
     if std::thread::panicking() {
-        let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));
+        if let Err(payload) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
+            core::mem::forget(payload);
+        }
         return;
     }
     f();
+}
+
+#[cfg(all(test, feature = "std"))]
+mod tests {
+    extern crate std;
+    use super::*;
+
+    /// A panic whose payload panics when dropped.
+    struct Bomb;
+
+    impl Drop for Bomb {
+        fn drop(&mut self) {
+            panic!("the payload, dropped");
+        }
+    }
+
+    struct FreesPanic;
+
+    impl MemoryResource for FreesPanic {
+        fn allocate(&self, request: Request, _: &()) -> Result<Block> {
+            Ok(Block::from_addr(1 << 20, request.size()))
+        }
+        fn deallocate(&self, _: Block, _: &()) -> Result<()> {
+            std::panic::panic_any(Bomb)
+        }
+    }
+
+    /// A free a destructor makes while the thread unwinds, whose panic's
+    /// payload panics when dropped (a user's resource may panic with any
+    /// value): the payload is leaked. Before, it was dropped where the
+    /// panic was caught, a second panic while unwinding: the process
+    /// aborted.
+    #[test]
+    fn a_panic_whose_payload_panics_when_dropped_does_not_abort_an_unwinding_thread() {
+        let up = FreesPanic;
+        let b = up.allocate(Request::new(256).unwrap(), &()).unwrap();
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            let _freed_on_unwind = Pending::new(&up, b, &());
+            panic!("the caller's code");
+        }));
+        assert_eq!(r.unwrap_err().downcast_ref::<&str>(), Some(&"the caller's code"));
+    }
 }
