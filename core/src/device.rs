@@ -166,8 +166,9 @@ impl Registry {
     /// # Errors
     ///
     /// [`Error::InvalidConfig`] when none was set and no default factory is
-    /// registered for `S`; the factory's error if it fails (nothing is
-    /// stored then).
+    /// registered for `S`, or when the factory, making the device's
+    /// resource, asks for it (a factory may wrap another device's); the
+    /// factory's error if it fails (nothing is stored then).
     ///
     /// ```
     /// # use memres_core::device::Registry;
@@ -192,7 +193,14 @@ impl Registry {
             })?;
         // Made outside the lock (a factory may be slow, or use the registry);
         // if two threads race, the first one stored wins and both return it.
-        let made = factory(device)?;
+        let made = {
+            let _making =
+                Making::begin(self, TypeId::of::<S>(), Some(device)).ok_or(Error::InvalidConfig {
+                    what: "the default factory asked for the resource it is making (its device's, before \
+                       it was stored)",
+                })?;
+            factory(device)?
+        };
         let (stored, lost) = {
             let mut map = self.resources.write().unwrap_or_else(|p| p.into_inner());
             match map.entry((TypeId::of::<S>(), device)) {
@@ -322,7 +330,8 @@ impl Registry {
     ///
     /// # Errors
     ///
-    /// The query's.
+    /// The query's; [`Error::InvalidConfig`] when the query asks for the
+    /// current device itself.
     ///
     /// ```
     /// # use memres_core::device::Registry;
@@ -330,7 +339,10 @@ impl Registry {
     /// ```
     pub fn current_device<S: Stream + ?Sized + 'static>(&self) -> Result<DeviceId> {
         let query = self.queries.read().unwrap_or_else(|p| p.into_inner()).get(&TypeId::of::<S>()).copied();
-        query.map_or(Ok(0), |q| q())
+        let Some(query) = query else { return Ok(0) };
+        let _asking = Making::begin(self, TypeId::of::<S>(), None)
+            .ok_or(Error::InvalidConfig { what: "the current-device query asked for the current device" })?;
+        query()
     }
 
     /// Registers the factory that makes a device's resource for streams of
@@ -569,6 +581,50 @@ pub use memory_of::{
     get_per_device_resource_of, promise_memory_of, promise_memory_of_unchecked, set_per_device_resource_of,
     CurrentResource, DeviceStream,
 };
+
+std::thread_local! {
+    /// What this thread's default factories are making (a registry, a
+    /// stream type, a device) and its current-device queries are asking
+    /// (no device), innermost last.
+    static MAKING: core::cell::RefCell<alloc::vec::Vec<(usize, TypeId, Option<DeviceId>)>> =
+        const { core::cell::RefCell::new(alloc::vec::Vec::new()) };
+}
+
+/// A factory making a device's default, or a query asking for the current
+/// device, on this thread until dropped. One that asks for what it is
+/// making would run itself again, without end: it recursed until the
+/// stack overflowed, which aborts the process.
+struct Making((usize, TypeId, Option<DeviceId>));
+
+impl Making {
+    /// `None` if this thread is making it already.
+    fn begin(registry: &Registry, stream: TypeId, device: Option<DeviceId>) -> Option<Making> {
+        let key = (registry as *const Registry as usize, stream, device);
+        // At the thread's exit, with its list gone, nothing is refused.
+        let fresh = MAKING
+            .try_with(|m| {
+                let mut m = m.borrow_mut();
+                let fresh = !m.contains(&key);
+                if fresh {
+                    m.push(key);
+                }
+                fresh
+            })
+            .unwrap_or(true);
+        fresh.then_some(Making(key))
+    }
+}
+
+impl Drop for Making {
+    fn drop(&mut self) {
+        let _ = MAKING.try_with(|m| {
+            let mut m = m.borrow_mut();
+            if let Some(i) = m.iter().rposition(|k| *k == self.0) {
+                m.remove(i);
+            }
+        });
+    }
+}
 
 #[cfg(all(test, not(loom)))]
 mod tests;

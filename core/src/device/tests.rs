@@ -104,3 +104,36 @@ fn current_device_resource_follows_the_query() {
     );
     assert!(Arc::ptr_eq(&reg.get_per_device_resource::<()>(5).unwrap(), &a), "nothing set on failure");
 }
+
+/// A default factory that wraps its own device's resource (asking for it
+/// before it is stored), and a current-device query that asks for the
+/// current device: each ran itself again without end, until the stack
+/// overflowed and the process aborted. Now the inner call is refused, the
+/// factory's error is the outer call's, and nothing is stored; a factory
+/// that wraps another device's resource still works.
+#[test]
+fn a_factory_or_query_that_asks_for_what_it_makes_is_refused() {
+    // A stream type of its own: no other test may register it globally.
+    type Wrapping = TestStream<12>;
+    fn wraps(device: DeviceId) -> Result<DynResource<Wrapping>> {
+        let inner = match device {
+            0 => Arc::new(BumpUpstream::new(1 << 20)) as DynResource<Wrapping>,
+            _ => get_per_device_resource::<Wrapping>(device - 1)?,
+        };
+        let wrapped = get_per_device_resource::<Wrapping>(device).map(|_| ()).err();
+        assert!(matches!(wrapped, Some(Error::InvalidConfig { .. })), "{wrapped:?}");
+        Ok(Arc::new(Statistics::new(inner)))
+    }
+    set_default_factory::<Wrapping>(wraps);
+    let one = get_per_device_resource::<Wrapping>(1).unwrap();
+    let b = one.allocate(Request::new(256).unwrap(), &Wrapping::default()).unwrap();
+    one.deallocate(b, &Wrapping::default()).unwrap();
+    assert!(Arc::ptr_eq(&get_per_device_resource::<Wrapping>(1).unwrap(), &one), "stored once");
+
+    let reg = Registry::new();
+    reg.set_current_device_query::<Wrapping>(|| Ok(global().current_device::<Wrapping>()? + 1));
+    assert_eq!(reg.current_device::<Wrapping>(), Ok(1), "the global registry has no query");
+    set_current_device_query::<Wrapping>(|| global().current_device::<Wrapping>());
+    assert!(matches!(global().current_device::<Wrapping>(), Err(Error::InvalidConfig { .. })));
+    assert!(matches!(get_current_device_resource::<Wrapping>(), Err(Error::InvalidConfig { .. })));
+}
