@@ -11,7 +11,7 @@
 //!
 //! | features | `()` | [`SimStream`](memres_sim::SimStream) | `CudaStream` |
 //! | --- | --- | --- | --- |
-//! | `sim` (the default) | a simulated device ([`SimDevice`](memres_sim::SimDevice) of [`DEFAULT_SIM_CAPACITY`](memres_sim::DEFAULT_SIM_CAPACITY), numbers with no bytes behind them; device `d` is [`nth_sim_device`](memres_sim::nth_sim_device)`(.., d)`, with addresses no other device has, for `d` below [`SIM_DEVICES`](memres_sim::SIM_DEVICES)) | the same | |
+//! | `sim` (the default) | a simulated device ([`SimDevice`](memres_sim::SimDevice) of [`DEFAULT_SIM_CAPACITY`](memres_sim::DEFAULT_SIM_CAPACITY), numbers with no bytes behind them; device `d` is [`nth_sim_device`](memres_sim::nth_sim_device)`(.., d)`, with addresses no other device's default has (a [`SimDevice::new`](memres_sim::SimDevice::new) starts where device 0's does), for `d` below [`SIM_DEVICES`](memres_sim::SIM_DEVICES)) | the same | |
 //! | `cuda` | the device's `cuMemAlloc` resource (`CudaMemory`, RMM's `cuda_memory_resource`), promised as memory of `CudaCopy` so that containers made without a resource use it | | the same |
 //!
 //! "The same" is the same object: a device's default is made once and
