@@ -104,11 +104,11 @@ fn take_out(base: u64) -> Option<u64> {
 ///
 /// When the last clone goes, its drop takes the allocations still out
 /// (never freed through the resource) out of the table of host-visible
-/// allocations, under the table's lock: no `CudaCopy` access is under way
-/// in them, and none can start after. The memory is still allocated (the
-/// context is kept for the process), so no other allocation can have been
-/// handed its addresses. It is not freed: dropping a resource frees
-/// nothing.
+/// allocations, under the table's lock: no `CudaCopy` access can start in
+/// them after (one under way may finish: the drop does not wait for it,
+/// as it frees nothing). The memory is still allocated (the context is
+/// kept for the process), so no other allocation can have been handed its
+/// addresses. It is not freed: dropping a resource frees nothing.
 #[derive(Debug)]
 pub(crate) struct HostAllocations<C = Context> {
     /// The allocations handed out and not yet freed.

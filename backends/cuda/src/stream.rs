@@ -118,7 +118,8 @@ pub struct StreamOptions {
 ///    synchronize_device() ── cuCtxSynchronize
 /// ```
 ///
-/// A stream made by [`new`](CudaStream::new) is owned and destroyed on drop;
+/// A stream made by [`new`](CudaStream::new) is owned, and destroyed on drop
+/// once its work has run (its handle may name the next stream made);
 /// [`legacy`](CudaStream::legacy), [`per_thread`](CudaStream::per_thread)
 /// and [`from_raw`](CudaStream::from_raw) only name a stream.
 ///
@@ -333,11 +334,18 @@ impl CudaStream {
 }
 
 impl Drop for CudaStream {
+    /// An owned stream waits for its work, then is destroyed. The driver
+    /// may hand its handle, its [`id`](Stream::id), to the next stream
+    /// made, and a pool that kept blocks freed on this one would serve
+    /// them there with no wait: that is safe only once this one's work
+    /// has run (`cuStreamDestroy` alone returns at once).
     fn drop(&mut self) {
         if self.owned {
+            // A stream that cannot synchronize has failed and runs no more work.
+            let _ = Stream::synchronize(self);
             // SAFETY: an owned handle was created by `cuStreamCreateWithPriority`
-            // and is destroyed only here. The driver lets queued work finish
-            // first. An error (driver shut down) leaves nothing to undo.
+            // and is destroyed only here. An error (driver shut down) leaves
+            // nothing to undo.
             let _ = unsafe { sys::cuStreamDestroy_v2(self.raw) };
         }
     }
