@@ -367,7 +367,7 @@ impl Resource {
         held.ok_or_else(|| {
             invalid_argument(format!(
                 "memres: {what}: add_bin rebuilt the resource during the call, and the old stack \
-                 takes no new use; {what} again"
+                 takes no new use; try again"
             ))
         })
     }
