@@ -646,14 +646,9 @@ impl<S: Stream> Drop for CopyInFlight<'_, S> {
     fn drop(&mut self) {
         // A stream that cannot synchronize has failed and runs no more
         // work. While the thread unwinds, a panic of the stream is caught:
-        // a second panic in a destructor would abort the process. So would
-        // its payload's `Drop` if it panicked: the payload is leaked.
+        // a second panic in a destructor would abort the process.
         if std::thread::panicking() {
-            if let Err(payload) =
-                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.0.synchronize()))
-            {
-                std::mem::forget(payload);
-            }
+            let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.0.synchronize()));
         } else {
             let _ = self.0.synchronize();
         }
