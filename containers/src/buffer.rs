@@ -645,13 +645,12 @@ impl<S: Stream> CopyInFlight<'_, S> {
 impl<S: Stream> Drop for CopyInFlight<'_, S> {
     fn drop(&mut self) {
         // A stream that cannot synchronize has failed and runs no more
-        // work. While the thread unwinds, a panic of the stream is caught:
-        // a second panic in a destructor would abort the process.
-        if std::thread::panicking() {
-            let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.0.synchronize()));
-        } else {
+        // work. While the thread unwinds, a panic of the stream is caught
+        // (and its payload's drop): a second panic in a destructor would
+        // abort the process.
+        memres_core::in_destructor(|| {
             let _ = self.0.synchronize();
-        }
+        });
     }
 }
 

@@ -303,6 +303,76 @@ fn a_deep_copy_that_panics_once_the_copy_is_queued_waits_for_it() {
     }
 }
 
+/// A panic whose payload panics when dropped.
+struct Bomb;
+
+impl Drop for Bomb {
+    fn drop(&mut self) {
+        panic!("the payload, dropped");
+    }
+}
+
+/// A simulated stream whose `synchronize` panics with a [`Bomb`] once
+/// `armed` (shared by its clones): a user's stream, safe to write.
+#[derive(Clone)]
+struct BombsOnSync {
+    sim: SimStream,
+    armed: Arc<AtomicBool>,
+}
+
+impl OnSim for BombsOnSync {
+    fn sim(&self) -> &SimStream {
+        &self.sim
+    }
+}
+
+impl Stream for BombsOnSync {
+    type Event = SimEvent;
+
+    fn id(&self) -> u64 {
+        self.sim.id()
+    }
+    fn record(&self) -> CoreResult<SimEvent> {
+        self.sim.record()
+    }
+    fn wait(&self, event: &SimEvent) -> CoreResult<()> {
+        self.sim.wait(event)
+    }
+    fn query(&self, event: &SimEvent) -> CoreResult<bool> {
+        self.sim.query(event)
+    }
+    fn synchronize(&self) -> CoreResult<()> {
+        if self.armed.load(Relaxed) {
+            std::panic::panic_any(Bomb);
+        }
+        self.sim.synchronize()
+    }
+}
+
+/// A deep copy whose engine panics once the copy is queued has the host
+/// wait for the copy's stream while the thread unwinds; a stream whose
+/// wait then panics with a payload that panics when dropped (any value can
+/// be a panic's) has both caught. Before, the payload was dropped where the
+/// first was caught, a second panic while unwinding: the process aborted.
+#[test]
+fn a_deep_copy_whose_wait_panics_while_unwinding_with_a_payload_that_panics_does_not_abort() {
+    let world = SimWorld::new();
+    let armed = Arc::new(AtomicBool::new(false));
+    let stream = || BombsOnSync { sim: world.non_blocking_stream(), armed: armed.clone() };
+    let (sa, sb) = (stream(), stream());
+    let host = HostMemory::new();
+    let engine = Queued { copy_panics: true, ..Queued::default() };
+    let a = DeviceBuffer::from_slice_in(b"hello", sa.clone(), &host, engine).unwrap();
+    armed.store(true, Relaxed);
+    let cloned = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| a.try_clone_on(sb.clone())));
+    armed.store(false, Relaxed);
+    let payload = cloned.err().expect("the engine's panic goes on");
+    assert_eq!(payload.downcast_ref::<&str>(), Some(&"the engine breaks once the copy is queued"));
+    assert_eq!(host.live_count(), 1, "the clone's block went back");
+    drop(a);
+    assert_eq!(host.live_count(), 0);
+}
+
 /// A deep copy whose stream fails or panics before the copy (recording on
 /// the source's stream, the 1st call, or waiting on the copy's, the 2nd)
 /// takes no memory and queues nothing; the source is as it was.

@@ -14,6 +14,7 @@
 //! | [`Range`], [`Request`], [`Block`] | an address range; a validated allocation request (size, power-of-two alignment, 256 bytes by default); what an allocation hands back |
 //! | [`MemoryResource`], [`MemoryResourceMut`] | the stream-ordered resource trait (`&self`, shareable) and its `&mut self` form for plain algorithms |
 //! | `Pending` (feature `std`) | a block taken from a resource and not yet handed over: freed back if the code in between panics or returns early (the logging adaptor, the containers) |
+//! | [`in_destructor`] | runs user code a destructor calls; while the thread unwinds, catches its panic (and its payload's) so that the process does not abort |
 //! | [`Allocate`], [`AllocateOn`] | the short path ([`shortcut`]): `allocate(size)` / `deallocate(block)` where the stream is `()`, `allocate_on(size, &stream)` where it is not |
 //! | [`Stream`] | record an event, wait on an event, query an event, synchronize (the stream, or the whole device); `()` is the stream of resources for which streams mean nothing |
 //! | `thread_number` (feature `std`) | a number for the calling thread, never reused and never 0: what names a per-thread stream or a lock's holder |
@@ -131,7 +132,7 @@ pub use range::Range;
 pub use request::Request;
 #[cfg(feature = "std")]
 pub use resource::Pending;
-pub use resource::{MemoryResource, MemoryResourceMut, ResourceId};
+pub use resource::{in_destructor, MemoryResource, MemoryResourceMut, ResourceId};
 pub use shortcut::{Allocate, AllocateOn};
 #[cfg(feature = "std")]
 pub use stream::thread_number;

@@ -407,11 +407,18 @@ impl<R: MemoryResource<S> + ?Sized, S: Stream + ?Sized> Drop for Pending<'_, R, 
 /// `Drop`, the user's, may panic (that panic's payload is dropped the same
 /// way, a few times, then leaked). Without `std` nothing can be caught, and
 /// such a panic still aborts.
-pub(crate) fn in_destructor(f: impl FnOnce()) {
+///
+/// Public for the layers above the core (the containers) whose destructors
+/// call user code too.
+pub fn in_destructor(f: impl FnOnce()) {
     #[cfg(feature = "std")]
     if std::thread::panicking() {
         let mut caught = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).err();
-        for _ in 0..4 {
+        // Each payload's drop may panic with a payload of its own: a chain
+        // as long as the user's code makes it. Past a few, one is leaked
+        // rather than follow the chain for ever.
+        const DROPS: usize = 4;
+        for _ in 0..DROPS {
             let Some(payload) = caught else { return };
             caught = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || drop(payload))).err();
         }
