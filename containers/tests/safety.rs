@@ -366,7 +366,7 @@ fn a_deep_copy_whose_wait_panics_while_unwinding_with_a_payload_that_panics_does
     armed.store(true, Relaxed);
     let cloned = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| a.try_clone_on(sb.clone())));
     armed.store(false, Relaxed);
-    let payload = cloned.err().expect("the engine's panic goes on");
+    let Err(payload) = cloned else { panic!("the engine's panic goes on") };
     assert_eq!(payload.downcast_ref::<&str>(), Some(&"the engine breaks once the copy is queued"));
     assert_eq!(host.live_count(), 1, "the clone's block went back");
     drop(a);
