@@ -412,8 +412,11 @@ impl SimStream {
     /// Whether this stream's next operation is ordered after position `pos`
     /// of stream `other`: through waits (direct or transitive), the default
     /// stream's implicit ordering, or because the host has observed that
-    /// work complete. Always true for `other == self.id()`; false for a
-    /// stream of another world (but for `pos` 0).
+    /// work complete. Always true for `other == self.id()`. `other` is
+    /// taken as a stream of this world: id 0 names this world's default
+    /// stream, as every world's default has id 0 (the crate's checkers
+    /// tell the worlds apart); any other id of another world is false (but
+    /// for `pos` 0).
     pub fn is_ordered_after(&self, other: u64, pos: u64) -> bool {
         if other == self.id {
             return true;
@@ -424,7 +427,7 @@ impl SimStream {
     }
 
     /// Whether the host has observed position `pos` of stream `other` of
-    /// this stream's world complete.
+    /// this stream's world complete (id 0: this world's default stream).
     pub fn is_observed(&self, other: u64, pos: u64) -> bool {
         let w = self.world.lock();
         w.number_of(other).map_or(0, |j| w.streams[j].observed) >= pos
