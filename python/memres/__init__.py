@@ -80,7 +80,9 @@ def reinitialize(pool_allocator=False, managed_memory=False, initial_pool_size=N
     ignored without ``pool_allocator``, ``devices=None`` is device 0, and
     every other device's resource is forgotten (its default is made on
     next use).
-    The hooks of ``register_reinitialize_hook`` run first."""
+    The hooks of ``register_reinitialize_hook`` run first, once the
+    arguments are checked: a call refused for them runs none."""
+    devices = _checked(pool_allocator, managed_memory, initial_pool_size, maximum_pool_size, devices, stack)
     for func, args, kwargs in reversed(_reinitialize_hooks):
         func(*args, **kwargs)
     made = _resources(pool_allocator, managed_memory, initial_pool_size, maximum_pool_size,
@@ -97,24 +99,32 @@ def reinitialize(pool_allocator=False, managed_memory=False, initial_pool_size=N
 
 def _device_list(devices):
     """``devices`` (one device, or several; None is device 0, as RMM's
-    ``reinitialize`` takes it) as a list of device ids."""
+    ``reinitialize`` takes it) as a list of device ids, each once."""
     if devices is None:
         return [0]
     if isinstance(devices, str) or not hasattr(devices, "__iter__"):
         devices = [devices]
-    return [_device_id(d) for d in devices]
+    return list(dict.fromkeys(_device_id(d) for d in devices))
+
+
+def _checked(pool_allocator, managed_memory, initial_pool_size, maximum_pool_size, devices, stack):
+    """The device list of ``reinitialize``'s arguments, once they are
+    checked: the devices, stack= against RMM's keywords, the stack's text
+    (that it parses)."""
+    devices = _device_list(devices)
+    if stack is not None and (pool_allocator or managed_memory or initial_pool_size is not None
+                              or maximum_pool_size is not None):
+        raise ValueError("memres: reinitialize takes stack= or RMM's keywords, not both")
+    if stack is not None:
+        _native.sim.stack_names(mr._stack(stack))
+    return devices
 
 
 def _resources(pool_allocator=False, managed_memory=False, initial_pool_size=None,
                maximum_pool_size=None, devices=0, logging=False, log_file_name=None, stack=None):
     """``(device, resource)`` for each device, as ``reinitialize`` makes
     them, setting nothing."""
-    devices = _device_list(devices)
-    if stack is not None and (pool_allocator or managed_memory or initial_pool_size is not None
-                              or maximum_pool_size is not None):
-        raise ValueError("memres: reinitialize takes stack= or RMM's keywords, not both")
-    if stack is not None:
-        mr._stack(stack)
+    devices = _checked(pool_allocator, managed_memory, initial_pool_size, maximum_pool_size, devices, stack)
     made = []
     for device in devices:
         if stack is not None:

@@ -22,15 +22,18 @@ class DeviceBuffer:
 
     def _init(self, size, stream, mr, data):
         handle = as_handle(stream)
+        # Checked before the default resource is asked for: a refused
+        # buffer makes none.
+        size = _mr._nbytes(size, "size")
         mr = _mr.get_current_device_resource() if mr is None else mr
         if not isinstance(mr, _mr.DeviceMemoryResource):
             raise TypeError(f"memres: mr must be a memres.mr resource, not {type(mr).__name__}")
-        size = _mr._nbytes(size, "size")
         self.mr = mr
         self.stream = stream
         self._native_cls = type(mr._native)
-        # Not for a buffer refused before the stack sees its stream.
-        if mr._native.has_bytes and size <= _native.sim.MAX_REQUEST:
+        # Not for a buffer the stack never sees: empty, or refused before.
+        nbytes = size if data is None else len(data)
+        if mr._native.has_bytes and 0 < nbytes <= _native.sim.MAX_REQUEST:
             mr._keep(handle, stream)
         # The native buffer holds what keeps the handle valid until its
         # block is freed on it (after this object, if freed from a

@@ -1,11 +1,13 @@
 """The current device: PyTorch's or CuPy's where one of them is in use,
-else the one set with ``memres.set_device`` (0 at first)."""
+else the one this thread set with ``memres.set_device`` (0 at first), per
+thread as CUDA's current device."""
 
 import sys
+import threading
 
 from . import _native
 
-_device = 0
+_local = threading.local()
 
 
 def current_device():
@@ -18,7 +20,7 @@ def current_device():
             return cupy.cuda.runtime.getDevice()
         except Exception:
             pass
-    return _device
+    return getattr(_local, "device", 0)
 
 
 def device_id(device):
@@ -34,5 +36,6 @@ def device_id(device):
 
 
 def set_device(device):
-    global _device
-    _device = device_id(device)
+    """Makes ``device`` the calling thread's current device (where neither
+    PyTorch nor CuPy is in use); other threads keep theirs."""
+    _local.device = device_id(device)

@@ -967,7 +967,9 @@ def available_device_memory(device=None):
 
 def enable_logging(log_file_name=None):
     """Puts a LoggingResourceAdaptor over the resource of every device that
-    has one (device 0 if none has), as RMM's ``rmm.enable_logging``: to
+    has one (device 0 if none has) and does not log outermost already (a
+    LoggingResourceAdaptor, or a stack string with ``log`` outermost), as
+    RMM's ``rmm.enable_logging``: to
     ``log_file_name``, else ``$MEMRES_LOG_FILE``, each device to its own
     file (``x.dev1.csv`` for device 1 of ``x.csv``). A device whose
     resource the C functions made (PyTorch's allocations reached it first)
@@ -979,7 +981,7 @@ def enable_logging(log_file_name=None):
         made = []
         for device in sorted(_existing_all()) or [0]:
             res = get_per_device_resource(device)
-            if not isinstance(res, LoggingResourceAdaptor):
+            if res._native.log_file is None:
                 made.append((device, LoggingResourceAdaptor(res, log_file_name=log_file_name)))
         for device, res in made:
             set_per_device_resource(device, res)
@@ -989,7 +991,8 @@ def disable_logging():
     """Takes the LoggingResourceAdaptor off each device's resource where it
     is outermost, once every such log is written out: one that cannot be
     (its flush raises) raises, and no device's resource changes, as
-    ``enable_logging``, and as it one step for other threads."""
+    ``enable_logging``, and as it one step for other threads. A stack
+    string's own ``log`` is part of the stack it names, and stays."""
     with _REGISTRY:
         logged = [(device, res) for device, res in _current.items()
                   if isinstance(res, LoggingResourceAdaptor)]
@@ -1001,10 +1004,10 @@ def disable_logging():
 
 def get_log_filenames():
     """``{device: the log file of its resource}`` for every device that has
-    one (as ``enable_logging`` finds them), None where its resource is no
-    LoggingResourceAdaptor."""
-    return {device: res.get_file_name() if isinstance(res, LoggingResourceAdaptor) else None
-            for device, res in _existing_all().items()}
+    one (as ``enable_logging`` finds them), None where its resource does
+    not log outermost (a LoggingResourceAdaptor, or a stack string with
+    ``log`` outermost)."""
+    return {device: res._native.log_file for device, res in _existing_all().items()}
 
 
 def is_initialized():

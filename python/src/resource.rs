@@ -49,6 +49,11 @@ pub(crate) struct Resource {
     /// if not, the Python layer need not offer them (`_keep`).
     #[pyo3(get)]
     pub(crate) keeps_streams: bool,
+    /// The file of the stack's `log` where it is outermost (whether the
+    /// Python layer's `LoggingResourceAdaptor` or a stack string's), made
+    /// absolute when the stack was built, as the log opened it.
+    #[pyo3(get)]
+    pub(crate) log_file: Option<String>,
 }
 
 /// What a [`Resource`] holds of its stack.
@@ -603,10 +608,15 @@ impl Resource {
             parts.over_python = Some(entry);
         }
         let keeps_streams = parts.remembers_streams || upstreams.iter().any(|u| u.keeps_streams);
+        let log_file = (call.name == "log")
+            .then(|| memres_core::stack::log_file(&call).ok()?.text().ok().map(std::path::absolute)?.ok())
+            .flatten()
+            .and_then(|p| p.into_os_string().into_string().ok());
         Resource {
             parts: DropDetached::of_stack(parts, covers),
             has_bytes: bytes_of(&call, upstreams, &builder),
             keeps_streams,
+            log_file,
             device,
             stack: text.to_string(),
         }

@@ -283,3 +283,13 @@ def test_host_bytes_are_one_dimensional_contiguous_and_of_an_8_bit_type_as_rmms(
     # An 8-bit type of either sign, as RMM's guide passes int8.
     assert memres.DeviceBuffer.to_device(array.array("b", [-1, 2])).tobytes() == b"\xff\x02"
     assert buf.tobytes() == bytes(16)
+
+
+@pytest.mark.parametrize("size, error", BAD_SIZES)
+def test_a_refused_buffer_makes_no_default_resource(size, error):
+    # The current device's default was made before the size was checked.
+    assert not memres.is_initialized()
+    with pytest.raises(error):
+        memres.DeviceBuffer(size=size)
+    assert not memres.is_initialized()
+

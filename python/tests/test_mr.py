@@ -1558,6 +1558,32 @@ def test_enable_and_disable_logging_over_each_devices_resource_as_rmm(tmp_path):
     assert [line.split(",")[2] for line in lines[1:]] == ["allocate", "free"]
 
 
+def test_a_stack_string_that_logs_outermost_is_a_log_to_the_logging_functions(tmp_path, monkeypatch):
+    # Only a LoggingResourceAdaptor was seen: such a stack's file was None
+    # to get_log_filenames, and enable_logging put a second log over it.
+    monkeypatch.chdir(tmp_path)  # a relative file= is taken from the working directory
+    memres.reinitialize(stack="log(pool(host), file=own.csv)")
+    stack = mr.get_current_device_resource()
+    assert memres.get_log_filenames() == {0: str(tmp_path / "own.csv")}
+    memres.enable_logging(log_file_name=tmp_path / "other.csv")
+    memres.disable_logging()
+    assert mr.get_current_device_resource() is stack, "no second log, and the stack's own stays"
+    stack.deallocate(stack.allocate(1000), 1000)
+    stack._native.flush()
+    lines = (tmp_path / "own.csv").read_text().splitlines()
+    assert [line.split(",")[2] for line in lines[1:]] == ["allocate", "free"]
+    assert not (tmp_path / "other.dev0.csv").exists()
+    mr.set_current_device_resource(mr.StackMemoryResource("stats(log(host, file=inner.csv))", backend="sim"))
+    assert memres.get_log_filenames() == {0: None}, "a log under another layer is not outermost"
+
+
+def test_reinitialize_with_a_device_named_twice_makes_it_once(tmp_path):
+    # Each device named made its own log of one file: the second was
+    # refused, as a file another log writes.
+    memres.reinitialize(logging=True, devices=[0, 0], log_file_name=str(tmp_path / "x.csv"), stack="host")
+    assert memres.get_log_filenames() == {0: str(tmp_path / "x.dev0.csv")}
+
+
 @pytest.mark.parametrize("bad", [5, b"pool(host)", ["pool(host)"]])
 def test_a_stack_that_is_no_str_is_a_type_error_naming_it(bad):
     # It reached the native side, whose TypeError named its own argument.
@@ -1665,6 +1691,41 @@ def test_reinitialize_runs_the_hooks_last_registered_first():
         assert ran == ["second", "first", "second"]
     finally:
         memres._reinitialize_hooks.clear()
+
+
+@pytest.mark.parametrize("refused", [dict(stack="pool(host)", pool_allocator=True), dict(devices=-1),
+                                     dict(stack="pool(host"), dict(stack=5)])
+def test_reinitialize_refused_for_its_arguments_runs_no_hook(refused):
+    # The hooks (which free what holds memory) ran before the arguments
+    # were checked.
+    ran = []
+    memres.register_reinitialize_hook(ran.append, "ran")
+    try:
+        with pytest.raises((ValueError, TypeError)):
+            memres.reinitialize(**refused)
+        assert ran == []
+        memres.reinitialize()
+        assert ran == ["ran"]
+    finally:
+        memres._reinitialize_hooks.clear()
+
+
+def test_the_device_set_is_the_calling_threads(monkeypatch):
+    # One module-wide number: a thread's set_device moved every thread.
+    monkeypatch.delitem(sys.modules, "torch", raising=False)
+    monkeypatch.delitem(sys.modules, "cupy", raising=False)
+    seen = []
+
+    def other():
+        seen.append(memres.current_device())
+        memres.set_device(1)
+        seen.append(memres.current_device())
+
+    memres.set_device(0)
+    t = threading.Thread(target=other)
+    t.start()
+    t.join()
+    assert seen == [0, 1] and memres.current_device() == 0
 
 
 @pytest.mark.parametrize("bad", [-1, True, "0", 1.0])

@@ -293,6 +293,22 @@ def test_a_call_refused_before_the_stack_keeps_no_stream(call):
     assert res._native.live_count() == 0
 
 
+@pytest.mark.parametrize("make", ["size 0", "no bytes"])
+def test_an_empty_buffer_keeps_no_stream(make):
+    # An empty buffer reaches no resource, as allocate(0); it kept its
+    # stream object for the stack's life.
+    res = mr.PoolMemoryResource(mr.HostMemoryResource(), per_stream=True)  # a stack that keeps streams
+
+    def empty(s):
+        if make == "size 0":
+            memres.DeviceBuffer(size=0, stream=s, mr=res)
+        else:
+            memres.DeviceBuffer.to_device(b"", stream=s, mr=res)
+
+    assert not kept_after(empty)
+    assert kept_after(lambda s: memres.DeviceBuffer(size=10, stream=s, mr=res)), "a buffer with bytes keeps it"
+
+
 def test_a_step_that_steps_nothing_keeps_no_stream():
     # step() kept its stream for the stack's life even where no planned
     # layer is in the chain (a pool per stream alone): one stream held per
