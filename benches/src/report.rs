@@ -19,8 +19,9 @@ pub struct Row {
     /// the workload gives them: a row's own are K times as many with
     /// `--streams K`, and a failed row has none).
     pub workload_ops: u64,
-    /// The upstream the memres resources used.
-    pub upstream: UpstreamKind,
+    /// The upstream the row's resource used: `None` for a peer (its own
+    /// bookkeeping, no upstream) and for a `--stack` (its leaf names it).
+    pub upstream: Option<UpstreamKind>,
     /// Frees the workload skipped (pointers its trace never allocated).
     pub skipped_frees: u64,
     /// Failed allocations the trace logged, skipped.
@@ -193,7 +194,7 @@ pub fn csv_line(row: &Row) -> String {
         ]),
         Err(_) => f.extend(std::iter::repeat_n(String::new(), 8)),
     }
-    f.push(row.upstream.to_string());
+    f.push(row.upstream.map_or(String::new(), |u| u.to_string()));
     f.push(row.skipped_frees.to_string());
     f.push(row.failed_allocations.to_string());
     f.push(row.outcome.as_ref().err().map_or(String::new(), |e| csv_field(e)));
@@ -246,8 +247,9 @@ fn json_f64(x: f64) -> String {
 /// `upstream_allocs_per_pass` (allocations from the upstream per timed
 /// pass, the mean, a vpool's commits of granules; `null` where not
 /// counted) for a replay that ran,
-/// `upstream`, `skipped_frees`, `failed_allocations`, `reused_pointers`
-/// and `size_mismatches` (the trace's figures: see
+/// `upstream` (`null` for a peer and a `--stack`), `skipped_frees`,
+/// `failed_allocations`, `reused_pointers` and `size_mismatches` (the
+/// trace's figures: see
 /// [`Workload`](crate::workload::Workload)), `held_out` (a trace held out
 /// from tuning), and `error` (why the replay failed, `null` where it ran):
 /// every row has every key, as every CSV line has every column.
@@ -277,8 +279,8 @@ pub fn json_line(row: &Row) -> String {
     }
     let _ = write!(
         out,
-        "\"upstream\":\"{}\",\"skipped_frees\":{},\"failed_allocations\":{},\"reused_pointers\":{},\"size_mismatches\":{},\"held_out\":{}",
-        row.upstream,
+        "\"upstream\":{},\"skipped_frees\":{},\"failed_allocations\":{},\"reused_pointers\":{},\"size_mismatches\":{},\"held_out\":{}",
+        row.upstream.map_or("null".into(), |u| json_string(&u.to_string())),
         row.skipped_frees,
         row.failed_allocations,
         row.reused_pointers,

@@ -312,6 +312,16 @@ impl Resource {
         Ok(())
     }
 
+    /// The upstream it replays over when `--upstream` is `upstream`: `None`
+    /// for a peer, which keeps its own books.
+    pub fn upstream(&self, upstream: UpstreamKind) -> Option<UpstreamKind> {
+        match self.kind {
+            Kind::Stack(..) => Some(upstream),
+            Kind::OffsetAllocator | Kind::RangeAlloc => None,
+            Kind::Cuda(kind) => Some(kind),
+        }
+    }
+
     /// Replays `workload` as `options` say: on threads when
     /// [`RunOptions::threads`] is set.
     ///

@@ -72,6 +72,9 @@ fn json_rows_for_every_workload_and_resource() {
     let names = ["pool", "offset-allocator", "range-alloc"];
     for (i, row) in rows.iter().enumerate() {
         assert_eq!(row["resource"], names[i % 3]);
+        // The peers keep their own books: no upstream.
+        let upstream = if i % 3 == 0 { Value::from("sim") } else { Value::Null };
+        assert_eq!(row["upstream"], upstream, "{}", names[i % 3]);
         let (workload, ops, peak_live, skipped) = if i < 3 {
             (RESNET, resnet.ops.len() as u64, resnet.peak_live, resnet.skipped_frees)
         } else {
@@ -411,6 +414,10 @@ fn stacks_replay_and_name_their_rows() {
     let rows = json_rows(&o);
     let names: Vec<_> = rows.iter().map(|r| r["resource"].as_str().unwrap().to_string()).collect();
     assert_eq!(names, ["pool", "stats(binning(pool(sim)))", "pool(sim)"]);
+    // A stack's leaf names its upstream, not `--upstream`: no column said
+    // `sim` for a stack over host memory.
+    let upstreams: Vec<_> = rows.iter().map(|r| r["upstream"].clone()).collect();
+    assert_eq!(upstreams, [Value::from("sim"), Value::Null, Value::Null]);
     // The same algorithm from the stack and the registry: the same footprint.
     assert_eq!(rows[0]["peak_upstream"], rows[2]["peak_upstream"]);
     assert!(rows[1]["peak_upstream"].as_u64().unwrap() >= rows[1]["peak_live"].as_u64().unwrap());

@@ -710,7 +710,10 @@ fn run_all(
                 },
                 workload: w.name.clone(),
                 workload_ops: w.ops.len() as u64,
-                upstream: options.upstream,
+                upstream: match source {
+                    Source::Resource(r, _) => r.upstream(options.upstream),
+                    Source::Stack(_) => None,
+                },
                 skipped_frees: w.skipped_frees,
                 failed_allocations: w.failed_allocations,
                 reused_pointers: w.reused_pointers,

@@ -7,7 +7,7 @@ fn row(outcome: Result<Measurement, String>) -> Row {
         resource: "pool".into(),
         workload: "a \"quoted\"\\path\n".into(),
         workload_ops: 10,
-        upstream: UpstreamKind::Sim,
+        upstream: Some(UpstreamKind::Sim),
         skipped_frees: 7,
         failed_allocations: 0,
         reused_pointers: 0,
