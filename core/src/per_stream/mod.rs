@@ -546,6 +546,11 @@ impl<M: MakePool<S>, S: Stream + ?Sized> PerStreamPool<M, S> {
             };
         }
         self.stats.chunks_moved += 1;
+        // Wholly free in lane `i`, and its fence was recorded before the
+        // wait above: no taker may rely on it until the lane settles. Set
+        // now, not by `chunks_freed` after a growth: a panic in between
+        // (of the upstream, of a stream) would skip that.
+        self.lanes[i].covered = false;
         self.lanes[i].pool.try_allocate(request, stream)
     }
 

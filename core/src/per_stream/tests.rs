@@ -788,3 +788,50 @@ fn lanes_whose_held_bytes_sum_past_u64_max_saturate() {
         other => panic!("not out of memory: {other:?}"),
     }
 }
+
+/// A chunk moved in from another stream's lane that the lane cannot use
+/// (a shared-class chunk for a large request) is wholly free and not
+/// covered by the lane's fence, recorded before the lane's stream waited
+/// on the donor's. If the growth that follows panics (the upstream's free
+/// of that chunk, here), a third stream took the chunk after waiting on
+/// that old fence only: not ordered after the donor's free of the memory.
+#[test]
+fn a_chunk_moved_in_before_a_growth_that_panics_is_not_covered_by_the_lanes_old_fence() {
+    let up = Arc::new(BumpUpstream::new(1 << 30));
+    let config = PoolConfig::new()
+        .growth(Growth::Fraction { divisor: 8, granule: 256 << 10 })
+        .large_threshold(128 << 10);
+    let mut pools: Pools = PerStreamPool::new(PoolMaker::with_config(up.clone(), config).unwrap());
+    let log = Rc::new(RefCell::new(StreamLog::default()));
+    let s = |id| LoggedStream { id, log: log.clone() };
+    let (a, b, c) = (s(1), s(2), s(3));
+    // b empties a chunk (its fence recorded, covered), then uses it again.
+    let b1 = pools.allocate(req(1000), &b).unwrap();
+    let x = pools.allocate(req(1000), &a).unwrap();
+    pools.deallocate(b1, &b).unwrap();
+    let _b2 = pools.allocate(req(1000), &b).unwrap();
+    // a empties its chunk: a's fence covers it.
+    pools.deallocate(x, &a).unwrap();
+    pools.check().unwrap();
+    log.borrow_mut().waits.clear();
+    // b asks for a large block: it takes a's shared-class chunk (after a
+    // wait on a's fence), cannot use it, grows; the chunk's free panics.
+    up.panic_in("deallocate", 0);
+    let large = Request::new(139_186).unwrap();
+    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| pools.allocate(large, &b)));
+    assert!(r.is_err());
+    assert_eq!(log.borrow().waits, [(b.id, a.id)], "b waited on a's fence and took a's chunk");
+    pools.check().unwrap();
+    log.borrow_mut().waits.clear();
+    // c's block in that chunk is ordered after a's free of `x`.
+    let y = pools.allocate(req(100 << 10), &c).unwrap();
+    let waits = log.borrow().waits.clone();
+    let in_xs_chunk = (x.addr()..x.addr() + (256 << 10)).contains(&y.addr());
+    assert!(
+        !in_xs_chunk || waits.contains(&(c.id, a.id)),
+        "c got a's chunk (x at {:#x}, y at {:#x}) after waiting only on {waits:?}",
+        x.addr(),
+        y.addr()
+    );
+    pools.check().unwrap();
+}
