@@ -263,7 +263,11 @@ fn registry_runs_every_resource_and_failures_are_errors() {
                     }
                     Ok(_) => panic!("{} ran without the feature `cuda`", r.name),
                     Err(RunError::Unsupported(e)) => {
-                        assert!(!cfg!(feature = "cuda") || e.contains("no CUDA device"), "{}: {e}", r.name)
+                        let why = match cfg!(feature = "cuda") {
+                            true => "no CUDA device",
+                            false => "needs the tool built with `--features cuda`",
+                        };
+                        assert!(e.contains(why), "{}: {e}", r.name)
                     }
                     Err(e) => panic!("{}: {e}", r.name),
                 }
