@@ -21,6 +21,10 @@ struct BinningTarget {
     /// Whether a release gave a bin's chunk back (a stale block of a bin may
     /// then be unknown to it).
     released_any: bool,
+    /// The bins' sizes, ascending, from the configuration the target
+    /// decoded: the model routes with these, never with the resource's own
+    /// routing, which it checks.
+    sizes: Vec<u64>,
 }
 
 /// The counted bin: its size, and the device behind it.
@@ -39,6 +43,27 @@ impl std::fmt::Debug for BinningTarget {
 }
 
 impl BinningTarget {
+    fn new(bins: BinningResource<'static, Spy>, spy: Spy, counted: Option<Counted>, sizes: Vec<u64>) -> Self {
+        BinningTarget { bins, spy, counted, released_any: false, sizes }
+    }
+
+    /// The bin a request of `size` bytes routes to, in the model: the
+    /// smallest that holds it; `None` above the largest (the upstream).
+    fn route(&self, size: u64) -> Option<u64> {
+        self.sizes.iter().copied().find(|&bin| bin >= size)
+    }
+
+    /// The resource's route of `size` bytes, checked against the model's.
+    fn checked_route(&self, size: u64) -> std::result::Result<Option<u64>, String> {
+        let (got, want) = (self.bins.bin_for(size), self.route(size));
+        match got == want {
+            true => Ok(want),
+            false => {
+                Err(format!("{size} bytes route to bin {got:?}, the smallest that holds them is {want:?}"))
+            }
+        }
+    }
+
     fn fixed_figures(&self) -> (u64, u64, u64) {
         let (mut used, mut free, mut held) = (0, 0, 0);
         for &size in self.bins.bin_sizes() {
@@ -55,7 +80,7 @@ impl BinningTarget {
 
     /// The counted bin, if a block of `size` bytes routes to it.
     fn counted_for(&self, size: u64) -> Option<&Counted> {
-        self.counted.as_ref().filter(|c| self.bins.bin_for(size) == Some(c.size))
+        self.counted.as_ref().filter(|c| self.route(size) == Some(c.size))
     }
 
     /// Bytes the counted bin's device holds: its live blocks' footprints.
@@ -96,6 +121,9 @@ impl FuzzResource for BinningTarget {
         }
         // The figures the binning resource reports: every bin's and the
         // large blocks', counted by it (the tallies) or by the bins.
+        if self.bins.bin_sizes() != self.sizes {
+            return Err(format!("bins {:?}, configured {:?}", self.bins.bin_sizes(), self.sizes));
+        }
         let used = self.bins.usage().used;
         if used != model.used() {
             return Err(format!("the resource reports {used} bytes used, the model {}", model.used()));
@@ -104,7 +132,7 @@ impl FuzzResource for BinningTarget {
         // and on the device that serves that route.
         let mut counted_live = 0;
         for l in model.live() {
-            let route = self.bins.bin_for(l.block.size());
+            let route = self.checked_route(l.block.size())?;
             let owner = self.bins.bin_sizes().iter().copied().find(|&s| {
                 // A free with a larger size is refused as a size mismatch,
                 // without freeing, only by the bin that holds the address.
@@ -142,7 +170,7 @@ impl FuzzResource for BinningTarget {
     fn footprint(&self, size: u64) -> u64 {
         match self.counted_for(size) {
             Some(_) => round256(size),
-            None => self.bins.bin_for(size).unwrap_or(round256(size)),
+            None => self.route(size).unwrap_or(round256(size)),
         }
     }
     fn size_class(&self, size: u64) -> u64 {
@@ -169,7 +197,7 @@ impl FuzzResource for BinningTarget {
     fn forgets(&self, block: &Block) -> bool {
         // The large blocks and the counted bin's leave the tally at their
         // free.
-        let route = self.bins.bin_for(block.size());
+        let route = self.route(block.size());
         route.is_none() || self.counted_for(block.size()).is_some() || self.released_any
     }
     fn stale_errors(&self, block: &Block) -> Vec<Error> {
@@ -190,8 +218,8 @@ impl FuzzResource for BinningTarget {
             .collect()
     }
     fn mismatch_errors(&self, addr: u64, expected: u64, given: u64) -> Vec<Error> {
-        let expected_route = self.bins.bin_for(expected);
-        if self.bins.bin_for(given) == expected_route {
+        let expected_route = self.route(expected);
+        if self.route(given) == expected_route {
             return vec![Error::SizeMismatch { addr, expected, given }];
         }
         if self.counted_for(expected).is_some() {
@@ -225,7 +253,7 @@ impl FuzzResource for BinningTarget {
             // Any alignment: the device gives it.
             return upstream_explains(&c.spy, err);
         }
-        match self.bins.bin_for(request.size()) {
+        match self.checked_route(request.size())? {
             Some(_) if request.align() > 256 => match err {
                 Error::InvalidAlignment { align } if *align == request.align() => Ok(()),
                 _ => Err("a bin refuses alignments above 256 with InvalidAlignment".into()),
@@ -255,7 +283,8 @@ pub fn run_binning(data: &[u8]) {
     let Ok((max_exponent, capacity)) = decode_bins(&mut u) else { return };
     let spy = Spy::new(capacity);
     let bins = BinningResource::with_exponents(spy.clone(), 8, max_exponent).expect("valid exponents");
-    drive(&mut BinningTarget { bins, spy, counted: None, released_any: false }, &mut u);
+    let sizes = (8..=max_exponent).map(|e| 1 << e).collect();
+    drive(&mut BinningTarget::new(bins, spy, None, sizes), &mut u);
 }
 
 /// Fuzz target `binning_counted`: as `binning`, and a bin added with
@@ -280,5 +309,8 @@ pub fn run_binning_counted(data: &[u8]) {
     let device = SimDevice::with_base(capacity, 1 << 60).expect("a base far above the first device's");
     let counted = Counted { size, spy: Spy::over(device) };
     bins.add_counted_bin(size, counted.spy.clone()).expect("a bin of a size not taken");
-    drive(&mut BinningTarget { bins, spy, counted: Some(counted), released_any: false }, &mut u);
+    let mut sizes: Vec<u64> = (8..=max_exponent).map(|e| 1 << e).filter(|&s| s != size).collect();
+    sizes.push(size);
+    sizes.sort_unstable();
+    drive(&mut BinningTarget::new(bins, spy, Some(counted), sizes), &mut u);
 }
