@@ -364,10 +364,7 @@ impl Resource {
     /// that came first leaves the caller `InvalidArgument` (use the
     /// object again), never a stack that is no longer the object's.
     pub(crate) fn hold<T>(&self, what: &str, take: impl FnOnce(&Parts) -> T) -> PyResult<T> {
-        let held = {
-            let _live = self.table.live.lock().unwrap_or_else(|p| p.into_inner());
-            (!self.table.retired.load(Ordering::Relaxed)).then(|| take(self))
-        };
+        let held = self.table.unless_retired().map(|_live| take(self));
         // The exception is made once the lock is let go, as in `take_live`.
         held.ok_or_else(|| {
             invalid_argument(format!(
@@ -413,14 +410,19 @@ struct Table {
 }
 
 impl Table {
+    /// The live blocks, locked, unless the stack is retired: what takes a
+    /// new use of the stack (a block, a holder) holds this while it does,
+    /// so that `retire`, under the same lock, sees it.
+    fn unless_retired(&self) -> Option<std::sync::MutexGuard<'_, HashMap<u64, Block>>> {
+        let live = self.live.lock().unwrap_or_else(|p| p.into_inner());
+        (!self.retired.load(Ordering::Relaxed)).then_some(live)
+    }
+
     /// Notes a block just allocated as live; if its address is live
     /// already (the resource handed it out twice), keeps the older entry
     /// and says so; if the stack is retired, notes nothing and says so.
     fn note_allocated(&self, block: Block) -> Result<(), NotNoted> {
-        let mut live = self.live.lock().unwrap_or_else(|p| p.into_inner());
-        if self.retired.load(Ordering::Relaxed) {
-            return Err(NotNoted::Retired);
-        }
+        let Some(mut live) = self.unless_retired() else { return Err(NotNoted::Retired) };
         match live.entry(block.addr()) {
             Entry::Occupied(older) => Err(NotNoted::LiveAlready(*older.get())),
             Entry::Vacant(v) => {
