@@ -24,7 +24,8 @@
 //! `async`), kept typed. What to do with the resource once built is a
 //! [`Runner`]'s: the tool replays it, the criterion benches time it. One
 //! thread calls the resources on `()` ([`DefaultStream`]; the stream-ordered
-//! layer aside), threads each on a simulated stream of its own.
+//! layer and the arena, which keep memory per stream, aside: on the
+//! workload's streams), threads each on a simulated stream of its own.
 
 use crate::replay::{DefaultStream, Owned, Replayer, StreamReplayer};
 use crate::workload::Workload;
@@ -49,7 +50,7 @@ pub trait Runner {
     /// Whether the resource will be shared between threads, each on a
     /// stream of its own; if not, one thread calls it, on `()`
     /// ([`run_default`](Self::run_default)) but for the stream-ordered
-    /// layer, which needs its streams.
+    /// layer and the arena, which need their streams.
     fn shared(&self) -> bool;
 
     /// Runs a resource of `&mut self` calls on the workload's streams, or
@@ -320,13 +321,13 @@ impl Shape<'_> {
                     .map_err(|e| made(call, e))?;
                 runner.run_default(Owned(bins), move |_| peak(), move |_| counted())
             }
+            // On the workload's streams even on one thread: the arena keeps
+            // an arena per stream, and on `()` it saw one stream where the
+            // trace has several (and held less than the same arena built
+            // by the builder, which the timeline and the map watch).
             Shape::Arena(config, _) => {
                 let arena = ArenaResource::with_config(leaf, config, stream).map_err(|e| made(call, e))?;
-                if runner.shared() {
-                    runner.run_ref(arena, move |_| peak(), move |_| counted())
-                } else {
-                    runner.run_default(Owned(arena), move |_| peak(), move |_| counted())
-                }
+                runner.run_ref(arena, move |_| peak(), move |_| counted())
             }
         })
     }

@@ -430,6 +430,30 @@ fn stacks_replay_and_name_their_rows() {
     }
 }
 
+/// The registry's `arena` replays on the trace's streams, as the same arena
+/// built from a stack (which the timeline and the map watch) does: on one
+/// thread it ran on `()`, one stream, and held 3.99 GiB on a trace of two
+/// streams where the stack's held 4.30 GiB.
+#[test]
+fn the_arena_replays_a_trace_of_two_streams_on_both() {
+    let trace = concat!(env!("CARGO_MANIFEST_DIR"), "/data/train_two_streams.csv.gz");
+    let o = memres(&[
+        "replay",
+        "--json",
+        "--passes",
+        "1",
+        "-r",
+        "arena",
+        "--stack",
+        "stats(arena(sim(1TiB)))",
+        trace,
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let rows = json_rows(&o);
+    assert_eq!(rows.len(), 2);
+    assert_eq!(rows[0]["peak_upstream"], rows[1]["peak_upstream"], "{rows:?}");
+}
+
 /// `stats(` 8,000 times used to overflow the parser's stack and abort: now
 /// the depth limit's error, and an exit status of failure.
 #[test]
