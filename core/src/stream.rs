@@ -70,7 +70,8 @@ pub trait Stream {
     /// needing no handle (as RMM's pools free on the default stream when
     /// destroyed), and says whether it did. The default has none (`false`):
     /// a dropped resource over such a stream keeps its chunks (call
-    /// `release` on a stream before dropping it).
+    /// `release` on a stream before dropping it). The resources free each
+    /// chunk once, however many times `give_back` is called.
     fn at_drop(give_back: &mut dyn FnMut(&Self)) -> bool {
         let _ = give_back;
         false

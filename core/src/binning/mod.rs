@@ -100,8 +100,14 @@ impl Tally {
     {
         // The footprint stays while `to` frees the block: on its error or
         // panic the block is still live.
-        let freeing = self.live.with(|l| l.blocks.freeing(block.addr()).map(|(f, _)| f))?;
+        let (freeing, recorded) =
+            self.live.with(|l| l.blocks.freeing(block.addr()).map(|(f, &(_, s))| (f, s)))?;
         let size = block.size();
+        // Refused here, whatever `to` checks: an upstream that frees by
+        // address took it, and a layer under it counted the size given.
+        if size != recorded {
+            return Some(Err(Error::SizeMismatch { addr: block.addr(), expected: recorded, given: size }));
+        }
         Some(to.deallocate(block, stream).map(|()| {
             // Not there if an allocation at the address took its place (and
             // counted it off) or a double free took it out first.
@@ -727,7 +733,9 @@ where
     ///
     /// The bin's or the upstream's error. A block freed with another size
     /// than it was asked for may reach the wrong bin: the error is then
-    /// the one that bin gives to a foreign block. One too large for every
+    /// the one that bin gives to a foreign block. One that reaches the
+    /// upstream's large blocks or its counted bin with another size is
+    /// [`Error::SizeMismatch`], nothing freed. One too large for every
     /// bin that did not come from the upstream through this resource, or
     /// one routed to a counted bin that did not come from it, is refused
     /// here ([`Error::UnknownBlock`], or [`Error::SizeMismatch`] for a

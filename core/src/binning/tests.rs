@@ -765,3 +765,28 @@ fn a_bin_that_would_take_over_live_blocks_is_refused_and_they_still_free() {
     bins.add_fixed_bin(FixedConfig::new(4096)).unwrap();
     bins.check().unwrap();
 }
+
+/// A large block, or a counted bin's, freed with another size that still
+/// routes there: the upstream below frees by address (as `cuMemFree`), so
+/// it took the free, and counted the size given. Now refused here, the
+/// block live, nothing freed.
+#[test]
+fn a_large_or_counted_block_freed_with_another_size_is_refused_here() {
+    let up = BumpUpstream::new(1 << 30);
+    let counted = BumpUpstream::new(1 << 30);
+    let mut bins = BinningResource::<_>::with_exponents(&up, 8, 10).unwrap();
+    bins.add_counted_bin(64 << 10, &counted).unwrap();
+    for (size, given) in [(1 << 20, 100 << 10), (40 << 10, 50 << 10)] {
+        let b = bins.allocate(Request::new(size).unwrap(), &()).unwrap();
+        let (used, held) = (bins.usage().used, up.usage().held + counted.usage().held);
+        let wrong = Block::new(b.addr(), given, b.tag());
+        assert_eq!(
+            bins.deallocate(wrong, &()),
+            Err(Error::SizeMismatch { addr: b.addr(), expected: size, given }),
+            "{size}"
+        );
+        assert_eq!((bins.usage().used, up.usage().held + counted.usage().held), (used, held), "{size}");
+        bins.deallocate(b, &()).unwrap();
+    }
+    assert_eq!((bins.usage().used, up.usage().held, counted.usage().held), (0, 0, 0));
+}

@@ -189,9 +189,14 @@ pub(crate) struct ChunkTable<U, C: Storage<Chunk> = DefaultStorage<Chunk>> {
 pub(crate) fn give_back_at_drop<S: Stream + ?Sized, U: MemoryResource<S>>(upstream: &U, block: Block) {
     // Dropping: an error of the upstream cannot be reported any more, and
     // a panic while unwinding leaves the chunk to the upstream.
+    // Once, whatever the stream type does with the closure: `at_drop` is
+    // a safe trait's, and a second call would free the chunk twice.
+    let mut once = Some(block);
     crate::resource::in_destructor(|| {
         S::at_drop(&mut |stream| {
-            let _ = upstream.deallocate(block, stream);
+            if let Some(block) = once.take() {
+                let _ = upstream.deallocate(block, stream);
+            }
         });
     });
 }

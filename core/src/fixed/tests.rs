@@ -565,3 +565,53 @@ fn a_grow_whose_upstream_panics_changes_nothing() {
     }
     assert_eq!(f.release(&()).unwrap(), 1024);
 }
+
+/// A stream type whose `at_drop` (a safe trait's) calls back twice: the
+/// chunk went back upstream twice, where a shared upstream may have handed
+/// it to someone else in between.
+#[test]
+fn a_stream_whose_at_drop_calls_back_twice_frees_each_chunk_once() {
+    use core::sync::atomic::{AtomicU64, Ordering};
+    struct Twice;
+    impl Stream for Twice {
+        type Event = ();
+        fn id(&self) -> u64 {
+            0
+        }
+        fn record(&self) -> crate::Result<()> {
+            Ok(())
+        }
+        fn wait(&self, _: &()) -> crate::Result<()> {
+            Ok(())
+        }
+        fn query(&self, _: &()) -> crate::Result<bool> {
+            Ok(true)
+        }
+        fn synchronize(&self) -> crate::Result<()> {
+            Ok(())
+        }
+        fn at_drop(give_back: &mut dyn FnMut(&Self)) -> bool {
+            give_back(&Twice);
+            give_back(&Twice);
+            true
+        }
+    }
+    struct CountFrees(BumpUpstream, AtomicU64);
+    impl<S: Stream + ?Sized> MemoryResource<S> for CountFrees {
+        fn allocate(&self, r: Request, s: &S) -> crate::Result<Block> {
+            self.0.allocate(r, s)
+        }
+        fn deallocate(&self, b: Block, s: &S) -> crate::Result<()> {
+            self.1.fetch_add(1, Ordering::Relaxed);
+            self.0.deallocate(b, s)
+        }
+    }
+    let up = CountFrees(BumpUpstream::new(1 << 30), AtomicU64::new(0));
+    {
+        let mut f = FixedSizeResource::try_new(&up, FixedConfig::new(256).blocks_per_chunk(4)).unwrap();
+        let b = MemoryResourceMut::<Twice>::allocate(&mut f, Request::new(10).unwrap(), &Twice).unwrap();
+        MemoryResourceMut::<Twice>::deallocate(&mut f, b, &Twice).unwrap();
+    }
+    assert_eq!(up.1.load(Ordering::Relaxed), 1, "the chunk went back upstream once");
+    assert_eq!(up.0.usage().held, 0);
+}

@@ -233,6 +233,8 @@ fn stale_or_foreign_free<R: FuzzResource>(
             let mut allowed = vec![Error::DoubleFree { addr }];
             if forgets {
                 allowed.push(Error::UnknownBlock { addr });
+                // A resource that keeps no tag there tells the sizes apart.
+                allowed.push(Error::SizeMismatch { addr, expected: live.block.size(), given: block.size() });
                 allowed.extend(r.stale_errors(&block));
             }
             expect_unchanged_err(r, m, got, &allowed, &before, "stale free of a reused address");
