@@ -61,11 +61,13 @@ stray frees: frees of pointers the trace never allocated (skipped, as are rows i
 /// `s` for a line of text: its control characters (a line break, a tab, an
 /// escape) as [`char::escape_debug`] writes them (`\n`, `\u{1b}`), the
 /// rest as it is, so that a name (a trace's file name may hold a line
-/// break) keeps its row to one line.
+/// break) keeps its row to one line. U+FFFE and U+FFFF are written so too:
+/// XML allows neither, and the timeline's SVG writes its names through
+/// this.
 pub fn text_name(s: &str) -> String {
     let mut out = String::with_capacity(s.len());
     for c in s.chars() {
-        if c.is_control() {
+        if c.is_control() || matches!(c, '\u{fffe}' | '\u{ffff}') {
             out.extend(c.escape_debug());
         } else {
             out.push(c);

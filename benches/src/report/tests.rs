@@ -202,4 +202,6 @@ fn table_escapes_control_characters_in_names() {
     assert!(lines[2].starts_with("  po\\tol    FAILED"), "{text}");
     assert_eq!(lines[3], "error: po\\tol on a \"quoted\"\\path\\n: boom", "{text}");
     assert_eq!(text_name("é\u{1b}[0m\r"), "é\\u{1b}[0m\\r");
+    // Characters XML allows nowhere, which made the timeline's SVG unreadable.
+    assert_eq!(text_name("y\u{fffe}\u{ffff}.csv"), "y\\u{fffe}\\u{ffff}.csv");
 }
