@@ -212,8 +212,9 @@ pub trait FuzzResource {
 
     /// Further errors allowed for a stale free of a block the resource
     /// [`forgets`](Self::forgets) (e.g. the upstream's answer for memory it
-    /// handed out again to the resource itself).
-    fn stale_errors(&self, _block: &Block) -> Vec<Error> {
+    /// handed out again to the resource itself); `live` is the live block
+    /// now at its address, if one is.
+    fn stale_errors(&self, _block: &Block, _live: Option<&Block>) -> Vec<Error> {
         Vec::new()
     }
 

@@ -233,9 +233,7 @@ fn stale_or_foreign_free<R: FuzzResource>(
             let mut allowed = vec![Error::DoubleFree { addr }];
             if forgets {
                 allowed.push(Error::UnknownBlock { addr });
-                // A resource that keeps no tag there tells the sizes apart.
-                allowed.push(Error::SizeMismatch { addr, expected: live.block.size(), given: block.size() });
-                allowed.extend(r.stale_errors(&block));
+                allowed.extend(r.stale_errors(&block, Some(&live.block)));
             }
             expect_unchanged_err(r, m, got, &allowed, &before, "stale free of a reused address");
         } else if !r.frees_by_address() {
@@ -276,7 +274,7 @@ fn stale_or_foreign_free<R: FuzzResource>(
     } else {
         let mut allowed = vec![Error::DoubleFree { addr }, Error::UnknownBlock { addr }];
         if forgets {
-            allowed.extend(r.stale_errors(&block));
+            allowed.extend(r.stale_errors(&block, None));
         }
         expect_unchanged_err(
             r,

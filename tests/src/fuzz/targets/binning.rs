@@ -200,12 +200,13 @@ impl FuzzResource for BinningTarget {
         let route = self.route(block.size());
         route.is_none() || self.counted_for(block.size()).is_some() || self.released_any
     }
-    fn stale_errors(&self, block: &Block) -> Vec<Error> {
+    fn stale_errors(&self, block: &Block, live: Option<&Block>) -> Vec<Error> {
         // The upstream may have given the address to a bin as a chunk: the
         // binning resource (naming the bin) or the upstream (naming the
         // chunk) refuses the size.
         let (addr, given) = (block.addr(), block.size());
-        self.bins
+        let mut errors: Vec<Error> = self
+            .bins
             .bin_sizes()
             .iter()
             .filter(|&&bin| self.bins.fixed_bin(bin).is_some())
@@ -215,7 +216,15 @@ impl FuzzResource for BinningTarget {
                     Error::SizeMismatch { addr, expected: bin, given },
                 ]
             })
-            .collect()
+            .collect();
+        // A large block or a counted bin's live there again, routed the
+        // same: the tally refuses another size than the live block's.
+        if let Some(live) = live.filter(|l| l.size() != given && self.route(l.size()) == self.route(given)) {
+            if self.route(given).is_none() || self.counted_for(given).is_some() {
+                errors.push(Error::SizeMismatch { addr, expected: live.size(), given });
+            }
+        }
+        errors
     }
     fn mismatch_errors(&self, addr: u64, expected: u64, given: u64) -> Vec<Error> {
         let expected_route = self.route(expected);

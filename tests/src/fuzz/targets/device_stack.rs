@@ -101,7 +101,7 @@ impl FuzzResource for DeviceStackTarget {
         // addresses.
         true
     }
-    fn stale_errors(&self, block: &Block) -> Vec<Error> {
+    fn stale_errors(&self, block: &Block, _: Option<&Block>) -> Vec<Error> {
         // A stale tag for an address handed out again, with another size:
         // Tracking judges the size before the tag reaches the device.
         match self.below.size_of(block.addr()) {
