@@ -772,11 +772,10 @@ class LoggingResourceAdaptor(UpstreamResourceAdaptor):
             raise ValueError("memres: LoggingResourceAdaptor needs log_file_name or MEMRES_LOG_FILE")
         if isinstance(upstream_mr, DeviceMemoryResource):
             name = _native.sim.log_file_of_device(name, upstream_mr.device_id) or name
-        self._file = os.path.abspath(name)
-        self._build("log", [], [upstream_mr], file=_word(self._file, "log_file_name"))
+        self._build("log", [], [upstream_mr], file=_word(os.path.abspath(name), "log_file_name"))
 
     def get_file_name(self):
-        return self._file
+        return self._native.log_file
 
     def flush(self):
         self._native.flush()

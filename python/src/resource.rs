@@ -212,6 +212,16 @@ fn sees_the_program(call: &memres_core::stack::Call, name: &str) -> bool {
     }
 }
 
+/// The file of `call`'s `log` if it is outermost, made absolute (as the
+/// log, just opened, took it from the working directory).
+fn outermost_log_file(call: &Call) -> Option<String> {
+    if call.name != "log" {
+        return None;
+    }
+    let file = memres_core::stack::log_file(call).ok()?.text().ok()?;
+    std::path::absolute(file).ok()?.into_os_string().into_string().ok()
+}
+
 /// Whether `name` is the name of `call` or of a call among its arguments,
 /// at any depth.
 fn names(call: &Call, name: &str) -> bool {
@@ -610,10 +620,7 @@ impl Resource {
             parts.over_python = Some(entry);
         }
         let keeps_streams = parts.remembers_streams || upstreams.iter().any(|u| u.keeps_streams);
-        let log_file = (call.name == "log")
-            .then(|| memres_core::stack::log_file(&call).ok()?.text().ok().map(std::path::absolute)?.ok())
-            .flatten()
-            .and_then(|p| p.into_os_string().into_string().ok());
+        let log_file = outermost_log_file(&call);
         Resource {
             parts: DropDetached::of_stack(parts, covers),
             has_bytes: bytes_of(&call, upstreams, &builder),
