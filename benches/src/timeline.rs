@@ -31,24 +31,49 @@ pub struct Chart<'a> {
 /// Width and height of one chart, in pixels.
 pub const CHART: (u32, u32) = (960, 320);
 
-/// Writes the timeline of `charts` to `path`, in the form its extension
-/// names.
+/// The form of a timeline file, named by its extension.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Form {
+    /// `.html` or `.htm`: [`html`].
+    Html,
+    /// `.svg`: [`svg`].
+    Svg,
+    /// `.csv`: [`csv`].
+    Csv,
+}
+
+impl Form {
+    /// The form `path`'s extension names, in either case (`T.HTML` too).
+    ///
+    /// # Errors
+    ///
+    /// The message to print for any other extension, or none.
+    pub fn of(path: &Path) -> Result<Form, String> {
+        let ext = path.extension().and_then(|e| e.to_str()).map(str::to_ascii_lowercase);
+        match ext.as_deref() {
+            Some("html" | "htm") => Ok(Form::Html),
+            Some("svg") => Ok(Form::Svg),
+            Some("csv") => Ok(Form::Csv),
+            _ => Err(format!(
+                "--timeline {}: the file must end in .html (or .htm), .svg or .csv",
+                path.display()
+            )),
+        }
+    }
+}
+
+/// Writes the timeline of `charts` to `path`, in the [`Form`] its
+/// extension names.
 ///
 /// # Errors
 ///
-/// An extension other than `.html` (or `.htm`), `.svg` or `.csv`, a chart that cannot
-/// be drawn, or the file's I/O error.
+/// An extension [`Form::of`] refuses, a chart that cannot be drawn, or the
+/// file's I/O error.
 pub fn write(path: &Path, charts: &[Chart<'_>]) -> Result<(), String> {
-    let text = match path.extension().and_then(|e| e.to_str()) {
-        Some("csv") => csv(charts),
-        Some("svg") => svg(charts)?,
-        Some("html") | Some("htm") => html(charts)?,
-        _ => {
-            return Err(format!(
-                "--timeline {}: the file must end in .html (or .htm), .svg or .csv",
-                path.display()
-            ))
-        }
+    let text = match Form::of(path)? {
+        Form::Csv => csv(charts),
+        Form::Svg => svg(charts)?,
+        Form::Html => html(charts)?,
     };
     // Whole, as a snapshot: a browser open on the file never reads part of
     // it, and a failure leaves the file as it was.
@@ -201,9 +226,10 @@ fn draw(area: &Area<'_>, c: &Chart<'_>) -> Result<(), Box<dyn std::error::Error>
     Ok(())
 }
 
-/// `s` with HTML's special characters escaped.
+/// `s` for a table cell: its control characters written as [`text_name`]
+/// writes them, then HTML's special characters escaped.
 fn escape(s: &str) -> String {
-    s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;").replace('"', "&quot;")
+    text_name(s).replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;").replace('"', "&quot;")
 }
 
 /// One self-contained page: a table of peaks and the SVG inline (nothing

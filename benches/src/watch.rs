@@ -61,15 +61,7 @@ impl Outputs {
             }
         }
         if let Some(path) = &self.timeline {
-            match path.extension().and_then(|e| e.to_str()) {
-                Some("html" | "htm" | "svg" | "csv") => {}
-                _ => {
-                    return Err(format!(
-                        "--timeline {}: the file must end in .html (or .htm), .svg or .csv",
-                        path.display()
-                    ))
-                }
-            }
+            timeline::Form::of(path)?;
         }
         Ok(())
     }

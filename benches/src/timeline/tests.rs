@@ -115,3 +115,30 @@ fn the_timeline_is_written_whole_never_in_place() {
     assert_eq!(old, "old");
     assert_eq!(listed, 2, "no temporary file left");
 }
+
+#[test]
+fn the_form_is_read_from_the_extension_in_either_case() {
+    use std::path::Path;
+    for (name, form) in [("t.html", Form::Html), ("T.HTML", Form::Html), ("t.Htm", Form::Html)] {
+        assert_eq!(Form::of(Path::new(name)), Ok(form), "{name}");
+    }
+    assert_eq!(
+        (Form::of(Path::new("t.SVG")), Form::of(Path::new("a.b.Csv"))),
+        (Ok(Form::Svg), Ok(Form::Csv))
+    );
+    for refused in ["t.txt", "t", "html", "t.html.gz"] {
+        let e = Form::of(Path::new(refused)).unwrap_err();
+        assert!(e.contains(refused) && e.contains("must end in .html"), "{refused}: {e}");
+    }
+}
+
+#[test]
+fn the_html_table_writes_control_characters_escaped() {
+    let (_, o) = watched();
+    let charts = [Chart { resource: "po\u{1b}<ol", workload: "a\nb.csv", observation: &o, times: None }];
+    let page = html(&charts).unwrap();
+    let table = &page[page.find("<table>").unwrap()..page.find("</table>").unwrap()];
+    assert!(table.contains("<td>a\\nb.csv</td><td>po\\u{1b}&lt;ol</td>"), "{table}");
+    let bad = page.chars().find(|&c| c.is_control() && !matches!(c, '\n' | '\t' | '\r'));
+    assert_eq!(bad, None);
+}
