@@ -126,8 +126,10 @@ fn a_region_at_the_top_of_the_address_space_fits_without_overflow() {
     assert_eq!(index.allocate_in(first, 256, huge), Ok(None));
     let a = index.allocate(256, 256).unwrap().unwrap();
     assert_eq!(a.addr, start);
-    // Nowhere else fits at `huge`: it stays.
-    let a = index.move_where(a, 256, huge, 8, |_, _| true).unwrap();
+    // Not at `huge`, it is refused; at 1 MiB (the region's start is)
+    // nowhere else fits: it stays.
+    assert_eq!(index.move_where(a, 256, huge, 8, |_, _| true), Err(Error::InvalidAlignment { align: huge }));
+    let a = index.move_where(a, 256, 1 << 20, 8, |_, _| true).unwrap();
     assert_eq!(a.addr, start);
     let b = index.allocate(4096, 1 << 12).unwrap().unwrap();
     assert_eq!(b.addr, start + 4096);

@@ -426,9 +426,10 @@ impl<N: Storage<Node>> CoalescingIndex<N> {
     ///
     /// # Errors
     ///
-    /// As [`allocate`](Self::allocate) for `size` and `align`, and the
-    /// errors of [`free`](Self::free) if `a` is not live with `size`: then
-    /// nothing changed.
+    /// As [`allocate`](Self::allocate) for `size` and `align`;
+    /// [`Error::InvalidAlignment`] if `a` is not at `align` (it was placed
+    /// at a smaller one); the errors of [`free`](Self::free) if `a` is not
+    /// live with `size`. Nothing changed then.
     ///
     /// # Panics
     ///
@@ -462,6 +463,11 @@ impl<N: Storage<Node>> CoalescingIndex<N> {
     ) -> Result<Allocation> {
         check_request(size, align)?;
         let align = align.max(self.granule());
+        if a.addr & (align - 1) != 0 {
+            // Its own place, where it stays if no other is accepted, would
+            // not be at `align`.
+            return Err(Error::InvalidAlignment { align });
+        }
         // A carve needs two nodes at most, wherever it goes.
         if self.vacant_len < 2 {
             self.reserve_nodes(2)?;

@@ -119,3 +119,21 @@ fn a_block_of_a_size_class_keeps_its_class_where_it_goes() {
     index.free(b.tag, b.addr, 300).unwrap();
     assert_eq!(free_ranges(&index, first), [(0, 4 * K)]);
 }
+
+#[test]
+fn a_block_not_at_the_alignment_asked_is_refused_unmoved() {
+    let (mut index, first) = three_ranges();
+    let a = index.allocate(256, 256).unwrap().unwrap();
+    let b = index.allocate(256, 256).unwrap().unwrap();
+    assert_eq!((a.addr, b.addr), (0, 256), "the test wants a block off 2 KiB");
+    let before = (index.free_bytes(), index.used_bytes(), free_ranges(&index, first));
+    // Refused everywhere, it would stay at its own place: not at 2 KiB.
+    let refused = index.move_where(b, 256, 2 * K, 8, |_, _| false);
+    assert!(matches!(refused, Err(Error::InvalidAlignment { align }) if align == 2 * K), "{refused:?}");
+    assert_eq!((index.free_bytes(), index.used_bytes(), free_ranges(&index, first)), before);
+    // Still live under its tag, and movable at its own alignment.
+    let b = index.move_where(b, 256, 256, 8, |_, _| false).unwrap();
+    index.free(b.tag, b.addr, 256).unwrap();
+    index.free(a.tag, a.addr, 256).unwrap();
+    index.check().unwrap();
+}
