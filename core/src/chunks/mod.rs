@@ -421,27 +421,39 @@ impl<U, C: Storage<Chunk>> ChunkTable<U, C> {
         chunk
     }
 
-    /// The table index of the shortest wholly free chunk of at least
-    /// `min_len` bytes.
-    fn free_chunk_index(&self, min_len: u64, carve: &impl Carve) -> Option<usize> {
+    /// The table index of the shortest wholly free chunk that `wanted`
+    /// (given its class, as [`Carve::class_of`] numbers it, and its length)
+    /// accepts.
+    fn free_chunk_index(&self, carve: &impl Carve, wanted: impl Fn(usize, u64) -> bool) -> Option<usize> {
         (0..self.chunks.len())
-            .filter(|&i| self.chunks[i].range.len() >= min_len && carve.is_free(&self.chunks[i]))
+            .filter(|&i| {
+                let c = &self.chunks[i];
+                wanted(carve.class_of(c), c.range.len()) && carve.is_free(c)
+            })
             .min_by_key(|&i| self.chunks[i].range.len())
     }
 
-    /// The length of the shortest wholly free chunk of at least `min_len`
-    /// bytes, if any. O(chunks).
-    pub(crate) fn shortest_free(&self, min_len: u64, carve: &impl Carve) -> Option<u64> {
-        self.free_chunk_index(min_len, carve).map(|i| self.chunks[i].range.len())
+    /// The length of the shortest wholly free chunk that `wanted` accepts,
+    /// if any. O(chunks).
+    pub(crate) fn shortest_free(
+        &self,
+        carve: &impl Carve,
+        wanted: impl Fn(usize, u64) -> bool,
+    ) -> Option<u64> {
+        self.free_chunk_index(carve, wanted).map(|i| self.chunks[i].range.len())
     }
 
-    /// Detaches the shortest wholly free chunk of at least `min_len` bytes
-    /// and takes it out of the table, still held from upstream (with the
+    /// Detaches the shortest wholly free chunk that `wanted` accepts and
+    /// takes it out of the table, still held from upstream (with the
     /// handle it had): for another table over the same upstream to
     /// [`insert`](Self::insert). O(chunks).
     #[cfg(feature = "alloc")]
-    pub(crate) fn take_free(&mut self, min_len: u64, carve: &mut impl Carve) -> Option<(Range, Block, u32)> {
-        let i = self.free_chunk_index(min_len, carve)?;
+    pub(crate) fn take_free(
+        &mut self,
+        carve: &mut impl Carve,
+        wanted: impl Fn(usize, u64) -> bool,
+    ) -> Option<(Range, Block, u32)> {
+        let i = self.free_chunk_index(carve, wanted)?;
         carve.detach(&self.chunks[i]);
         let chunk = self.remove(i);
         Some((chunk.range, chunk.block, chunk.first))

@@ -33,7 +33,7 @@ impl<M: MakePool<S>, S: Stream + ?Sized> Inspect for PerStreamPool<M, S> {
             if self.lanes[..j].iter().any(|l| l.id == lane.id) {
                 return Err(Violation::new("two pools for one stream"));
             }
-            if lane.covered && lane.fence.is_none() && lane.pool.shortest_free_chunk(0).is_some() {
+            if lane.covered && lane.fence.is_none() && lane.pool.shortest_free_chunk(None).is_some() {
                 return Err(Violation::new("a wholly free chunk said covered with no fence"));
             }
             if !lane.waits.is_empty() && (lane.covered || !lane.settle_next) {

@@ -18,8 +18,9 @@
 //!   recorded; a stream that finds another's free chunks not covered asks
 //!   it for a fence at its next allocation.
 //! - **Growth.** When C's pool has no room, C takes the shortest wholly free
-//!   chunk that fits from another stream's pool (C waits on that pool's
-//!   fence); failing that, the covered wholly free chunks of every other
+//!   chunk that could serve the request from another stream's pool (of the
+//!   request's class, a large chunk of about its size; C waits on that
+//!   pool's fence); failing that, the covered wholly free chunks of every other
 //!   stream go back upstream (freed on C after a wait on their fence), and
 //!   C's pool grows from upstream, giving back its own wholly free chunks
 //!   first (the default of [`PoolConfig`](crate::pool::PoolConfig)). Footprint with many streams thus
@@ -303,7 +304,7 @@ impl<M: MakePool<S>, S: Stream + ?Sized> PerStreamPool<M, S> {
                 true
             } else {
                 let lane = &mut self.lanes[j];
-                if lane.pool.shortest_free_chunk(0).is_none() {
+                if lane.pool.shortest_free_chunk(None).is_none() {
                     false
                 } else if let Some(fence) = lane.fence_for_takers() {
                     stream.wait(fence)?;
@@ -407,7 +408,7 @@ impl<M: MakePool<S>, S: Stream + ?Sized> PerStreamPool<M, S> {
     /// Lane `i`'s pool may have a wholly free chunk its fence does not
     /// cover; the call is on its stream.
     fn chunks_freed(&mut self, i: usize, stream: &S) {
-        if self.lanes[i].pool.shortest_free_chunk(0).is_some() {
+        if self.lanes[i].pool.shortest_free_chunk(None).is_some() {
             self.chunk_freed(i, stream);
         }
     }
@@ -444,7 +445,7 @@ impl<M: MakePool<S>, S: Stream + ?Sized> PerStreamPool<M, S> {
         // With no wholly free chunk there is nothing to cover: a chunk that
         // goes wholly free later unsets `covered` (`chunk_freed`, or a free
         // on another stream), and the fence is recorded then.
-        lane.fence = match lane.pool.shortest_free_chunk(0) {
+        lane.fence = match lane.pool.shortest_free_chunk(None) {
             Some(_) => {
                 let fence = stream.record()?;
                 self.stats.fences += 1;
@@ -488,8 +489,7 @@ impl<M: MakePool<S>, S: Stream + ?Sized> PerStreamPool<M, S> {
     #[cold]
     fn allocate_slow(&mut self, i: usize, request: Request, stream: &S) -> Result<Block> {
         // Bytes that surely hold the request at its alignment in a chunk.
-        let need = request.rounded_size(256).saturating_add(request.align() - 256);
-        let result = match self.take_chunk(i, request, need, stream) {
+        let result = match self.take_chunk(i, request, stream) {
             Ok(Some(block)) => Ok(block),
             Ok(None) => self.grow(i, request, stream),
             Err(e) => Err(e),
@@ -508,7 +508,7 @@ impl<M: MakePool<S>, S: Stream + ?Sized> PerStreamPool<M, S> {
     /// whose free chunks no fence covers is asked for one at its next call.
     fn fence_of(&mut self, i: usize, j: usize) -> Option<&S::Event> {
         let lane = &mut self.lanes[j];
-        if j == i || lane.pool.shortest_free_chunk(0).is_none() {
+        if j == i || lane.pool.shortest_free_chunk(None).is_none() {
             return None;
         }
         if !lane.covered {
@@ -517,15 +517,15 @@ impl<M: MakePool<S>, S: Stream + ?Sized> PerStreamPool<M, S> {
         lane.fence_for_takers()
     }
 
-    /// Moves the shortest wholly free chunk of at least `need` bytes from
+    /// Moves the shortest wholly free chunk that could serve `request` from
     /// another lane into lane `i` and allocates from it.
-    fn take_chunk(&mut self, i: usize, request: Request, need: u64, stream: &S) -> Result<Option<Block>> {
+    fn take_chunk(&mut self, i: usize, request: Request, stream: &S) -> Result<Option<Block>> {
         let mut best: Option<(u64, usize)> = None;
         for j in 0..self.lanes.len() {
             if self.fence_of(i, j).is_none() {
                 continue;
             }
-            if let Some(len) = self.lanes[j].pool.shortest_free_chunk(need) {
+            if let Some(len) = self.lanes[j].pool.shortest_free_chunk(Some(request)) {
                 if best.is_none_or(|(shortest, _)| len < shortest) {
                     best = Some((len, j));
                 }
@@ -537,7 +537,7 @@ impl<M: MakePool<S>, S: Stream + ?Sized> PerStreamPool<M, S> {
         }
         // Lanes' pools are all the maker's (see the `MemoryOf` impls below).
         let leave = crate::pool::ChunkMove::granted();
-        let Some(chunk) = self.lanes[j].pool.take_free_chunk(need, leave) else { return Ok(None) };
+        let Some(chunk) = self.lanes[j].pool.take_free_chunk(Some(request), leave) else { return Ok(None) };
         if let Err((e, chunk)) = self.lanes[i].pool.adopt_chunk(chunk, leave) {
             // Back where it came from, into the slots it just left.
             return match self.lanes[j].pool.adopt_chunk(chunk, leave) {

@@ -75,13 +75,14 @@ pub trait ChunkPool<S: Stream + ?Sized>: MemoryResourceMut<S> + Inspect {
     /// range).
     fn held(&self) -> u64;
 
-    /// The length of the shortest wholly free chunk of at least `min_len`
-    /// bytes.
-    fn shortest_free_chunk(&self, min_len: u64) -> Option<u64>;
+    /// The length of the shortest wholly free chunk that could serve
+    /// `serving` once adopted by a pool like this one (any, if `None`).
+    fn shortest_free_chunk(&self, serving: Option<Request>) -> Option<u64>;
 
-    /// Takes the shortest wholly free chunk of at least `min_len` bytes out
-    /// of the pool. Only the per-stream pool calls it ([`ChunkMove`]).
-    fn take_free_chunk(&mut self, min_len: u64, leave: ChunkMove) -> Option<FreeChunk>;
+    /// Takes the chunk [`shortest_free_chunk`](Self::shortest_free_chunk)
+    /// names out of the pool. Only the per-stream pool calls it
+    /// ([`ChunkMove`]).
+    fn take_free_chunk(&mut self, serving: Option<Request>, leave: ChunkMove) -> Option<FreeChunk>;
 
     /// Adopts a chunk taken from another pool over the same upstream. Only
     /// the per-stream pool calls it ([`ChunkMove`]).
@@ -131,11 +132,11 @@ where
     fn held(&self) -> u64 {
         self.held_bytes()
     }
-    fn shortest_free_chunk(&self, min_len: u64) -> Option<u64> {
-        CoalescingPool::shortest_free_chunk(self, min_len)
+    fn shortest_free_chunk(&self, serving: Option<Request>) -> Option<u64> {
+        CoalescingPool::shortest_free_chunk(self, serving)
     }
-    fn take_free_chunk(&mut self, min_len: u64, leave: ChunkMove) -> Option<FreeChunk> {
-        CoalescingPool::take_free_chunk(self, min_len, leave)
+    fn take_free_chunk(&mut self, serving: Option<Request>, leave: ChunkMove) -> Option<FreeChunk> {
+        CoalescingPool::take_free_chunk(self, serving, leave)
     }
     fn adopt_chunk(
         &mut self,
@@ -306,10 +307,10 @@ impl<S: Stream + ?Sized, V: ReservableSpace> ChunkPool<S> for VirtualPool<V> {
     fn held(&self) -> u64 {
         self.committed_bytes()
     }
-    fn shortest_free_chunk(&self, _: u64) -> Option<u64> {
+    fn shortest_free_chunk(&self, _: Option<Request>) -> Option<u64> {
         None
     }
-    fn take_free_chunk(&mut self, _: u64, _: ChunkMove) -> Option<FreeChunk> {
+    fn take_free_chunk(&mut self, _: Option<Request>, _: ChunkMove) -> Option<FreeChunk> {
         None
     }
     fn adopt_chunk(

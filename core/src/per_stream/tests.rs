@@ -835,3 +835,45 @@ fn a_chunk_moved_in_before_a_growth_that_panics_is_not_covered_by_the_lanes_old_
     );
     pools.check().unwrap();
 }
+
+/// Lanes whose pools keep blocks of 4 MiB and more in large chunks of
+/// their own, the first lane's with an 8 MiB chunk of the shared class.
+fn rig_with_classes() -> Rig {
+    let mut r = rig(1 << 30);
+    let config = PoolConfig::new()
+        .growth(Growth::Fraction { divisor: 8, granule: MIB })
+        .large_threshold(4 * MIB)
+        .initial_size(8 * MIB);
+    r.pools = PerStreamPool::new(PoolMaker::with_config(r.up.clone(), config).unwrap());
+    r
+}
+
+#[test]
+fn a_chunk_moves_only_to_a_request_that_its_class_serves() {
+    let mut r = rig_with_classes();
+    let (a, b) = (r.a.clone(), r.b.clone());
+    let x = r.alloc(1000, &a);
+    let small = r.alloc(256, &b);
+    r.free(x, &a);
+    // a's 8 MiB chunk is wholly free, but of the shared class: a large
+    // block cannot be carved from it, so it stays (and goes back upstream
+    // before b grows a large chunk).
+    let big = r.alloc(4 * MIB, &b);
+    assert_eq!(r.pools.stats().chunks_moved, 0, "a chunk that could not serve the request moved");
+    r.exact();
+    // A large chunk of about the size asked moves.
+    let y = r.alloc(5 * MIB, &a);
+    r.free(y, &a);
+    let z = r.alloc(5 * MIB, &b);
+    assert_eq!((z.addr(), r.pools.stats().chunks_moved), (y.addr(), 1));
+    // One far longer than the request does not: it would strand its tail.
+    let w = r.alloc(32 * MIB, &a);
+    r.free(w, &a);
+    let v = r.alloc(4 * MIB, &b);
+    assert_eq!(r.pools.stats().chunks_moved, 1, "a 32 MiB chunk moved for a 4 MiB block");
+    assert!(v.addr() < w.addr() || v.addr() >= w.addr() + 32 * MIB);
+    for blk in [small, big, z, v] {
+        r.free(blk, &b);
+    }
+    r.exact();
+}

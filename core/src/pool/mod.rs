@@ -293,27 +293,60 @@ impl<U, N: Storage<Node>, C: Storage<Chunk>> CoalescingPool<U, N, C> {
         self.chunks.chunk_of(addr).is_some()
     }
 
-    /// The length of the shortest wholly free chunk of at least `min_len`
-    /// bytes, if any.
+    /// The length of the shortest wholly free chunk that could serve
+    /// `serving` (of its class, and for a large request not longer than
+    /// [`try_allocate`](Self::try_allocate) takes for it), or of any if
+    /// `None`.
     ///
     /// # Time Complexity
     ///
     /// O(chunks).
-    pub fn shortest_free_chunk(&self, min_len: u64) -> Option<u64> {
-        self.chunks.shortest_free(min_len, &self.index)
+    pub fn shortest_free_chunk(&self, serving: Option<Request>) -> Option<u64> {
+        let wanted = self.chunk_serves(serving);
+        self.chunks.shortest_free(&self.index, wanted)
     }
 
-    /// Takes the shortest wholly free chunk of at least `min_len` bytes out
-    /// of the pool, still held from upstream, for another pool over the same
-    /// upstream to [`adopt`](Self::adopt_chunk). The pool no longer counts it.
+    /// Takes the shortest wholly free chunk that could serve `serving`, as
+    /// [`shortest_free_chunk`](Self::shortest_free_chunk) finds it, out of
+    /// the pool, still held from upstream, for another pool over the same
+    /// upstream to [`adopt`](Self::adopt_chunk). The pool no longer counts
+    /// it.
     ///
     /// # Time Complexity
     ///
     /// O(chunks).
     #[cfg(feature = "alloc")]
-    pub(crate) fn take_free_chunk(&mut self, min_len: u64, _: ChunkMove) -> Option<FreeChunk> {
-        let (range, block, handle) = self.chunks.take_free(min_len, &mut self.index)?;
+    pub(crate) fn take_free_chunk(&mut self, serving: Option<Request>, _: ChunkMove) -> Option<FreeChunk> {
+        let wanted = self.chunk_serves(serving);
+        let (range, block, handle) = self.chunks.take_free(&mut self.index, wanted)?;
         Some(FreeChunk { range, block, large: Classes::<N>::split_handle(handle).0 })
+    }
+
+    /// Whether a wholly free chunk of a class (as `Carve::class_of` numbers
+    /// it) and a length could serve `serving`: one of the request's class,
+    /// at least [`need`](Self::need) long, and for a large request at most
+    /// [`longest_large`](Self::longest_large). Any chunk for `None`.
+    fn chunk_serves(&self, serving: Option<Request>) -> impl Fn(usize, u64) -> bool {
+        let fit = serving.filter(|r| !r.is_zero()).map(|r| {
+            let large = self.index.is_large(r.size());
+            let longest = if large { self.longest_large(r) } else { u64::MAX };
+            (large as usize, Self::need(r), longest)
+        });
+        move |class, len| fit.is_none_or(|(c, need, longest)| class == c && (need..=longest).contains(&len))
+    }
+
+    /// The longest free range of the large class that serves `request`, a
+    /// large one: about its size, no longer (its tail would be stranded
+    /// until that block is freed), nor shorter than the chunk growth takes
+    /// for it (longer than that bound only by its alignment padding): else
+    /// a chunk grown for a request never serves it again.
+    #[inline]
+    fn longest_large(&self, request: Request) -> u64 {
+        let size = request.size();
+        let about = size.saturating_add(size / 4).saturating_add(self.config.large_granule());
+        let grown =
+            self.config.large_growth().chunk_size(Self::need(request).min(Request::MAX_SIZE), 0, None);
+        about.max(grown)
     }
 
     /// Makes `chunk`, taken from another pool over the same upstream, a free
@@ -383,15 +416,7 @@ impl<U, N: Storage<Node>, C: Storage<Chunk>> CoalescingPool<U, N, C> {
         let size = request.size();
         let large = self.index.is_large(size);
         let found = if large {
-            // A large chunk serves a request of about its size, no smaller:
-            // its tail would be stranded until that block is freed. Nor
-            // shorter than the chunk growth takes for this request (longer
-            // than that bound only by its alignment padding): else a chunk
-            // grown for a request never serves it again.
-            let about = size.saturating_add(size / 4).saturating_add(self.config.large_granule());
-            let grown =
-                self.config.large_growth().chunk_size(Self::need(request).min(Request::MAX_SIZE), 0, None);
-            let longest = about.max(grown);
+            let longest = self.longest_large(request);
             self.index.large.allocate_from_at_most(size, request.align(), longest)?
         } else {
             self.index.shared.allocate(size, request.align())?

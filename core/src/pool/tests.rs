@@ -582,11 +582,14 @@ fn wholly_free_chunks_move_between_pools_over_one_upstream() {
     let y = a.allocate(Request::new(1 << 20).unwrap(), &()).unwrap();
     assert!(a.holds(x.addr()) && !b.holds(x.addr()));
     assert_eq!(a.try_allocate(Request::new(256).unwrap()).unwrap(), None, "full, and it does not grow");
-    assert_eq!(a.shortest_free_chunk(0), None);
+    assert_eq!(a.shortest_free_chunk(None), None);
     assert!(a.deallocate_reporting(x).unwrap(), "x's chunk is now wholly free");
-    assert_eq!(a.shortest_free_chunk(0), Some(1 << 20));
-    assert!(a.take_free_chunk(2 << 20, ChunkMove::granted()).is_none(), "none that long");
-    let chunk = a.take_free_chunk(1 << 20, ChunkMove::granted()).unwrap();
+    assert_eq!(a.shortest_free_chunk(None), Some(1 << 20));
+    assert!(
+        a.take_free_chunk(Some(Request::new(2 << 20).unwrap()), ChunkMove::granted()).is_none(),
+        "none that long"
+    );
+    let chunk = a.take_free_chunk(Some(Request::new(1 << 20).unwrap()), ChunkMove::granted()).unwrap();
     assert_eq!(chunk.range().start(), x.addr());
     assert_eq!((a.usage().held, a.chunk_count()), (1 << 20, 1));
     a.check().unwrap();
@@ -605,7 +608,7 @@ fn wholly_free_chunks_move_between_pools_over_one_upstream() {
     // A pool at its maximum refuses a chunk and hands it back.
     let mut full = CoalescingPool::with_config(&up, config.maximum_size(1 << 20), &()).unwrap();
     let v = full.allocate(Request::new(1000).unwrap(), &()).unwrap();
-    let chunk = b.take_free_chunk(0, ChunkMove::granted()).unwrap();
+    let chunk = b.take_free_chunk(None, ChunkMove::granted()).unwrap();
     let (e, chunk) = full.adopt_chunk(chunk, ChunkMove::granted()).unwrap_err();
     assert!(matches!(e, Error::LimitExceeded { .. }), "{e}");
     b.adopt_chunk(chunk, ChunkMove::granted()).unwrap();
