@@ -10,12 +10,22 @@ from memres import mr
 @pytest.fixture(autouse=True)
 def fresh_current_resource():
     """Each test starts with no resource set (its default is made on first
-    use) and leaves none behind, in Python or in the native registries."""
+    use), no reinitialize hook and this thread's device 0, and leaves none
+    of its own behind, in Python or in the native registries."""
+    from memres import _device
+
     saved = dict(mr._current)
+    hooks = list(memres._reinitialize_hooks)
+    device = _device._local.__dict__.pop("device", None)
     mr._current.clear()
+    memres._reinitialize_hooks.clear()
     yield
     mr._forget_all()  # also the defaults that only the C functions made
     mr._current.update(saved)
+    memres._reinitialize_hooks[:] = hooks
+    _device._local.__dict__.pop("device", None)
+    if device is not None:
+        _device._local.device = device
 
 
 def require_gpu():

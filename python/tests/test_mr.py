@@ -1693,6 +1693,20 @@ def test_reinitialize_runs_the_hooks_last_registered_first():
         memres._reinitialize_hooks.clear()
 
 
+def test_a_test_that_leaves_a_hook_and_a_device_behind_1_of_2():
+    memres.register_reinitialize_hook(print)
+    memres.set_device(1)
+
+
+def test_a_test_that_leaves_a_hook_and_a_device_behind_2_of_2():
+    # The first left both; the tests' fixture took them away (a hook left
+    # over ran in every later test's reinitialize).
+    from memres import _device
+
+    assert memres._reinitialize_hooks == []
+    assert getattr(_device._local, "device", 0) == 0
+
+
 @pytest.mark.parametrize("refused", [dict(stack="pool(host)", pool_allocator=True), dict(devices=-1),
                                      dict(stack="pool(host"), dict(stack=5)])
 def test_reinitialize_refused_for_its_arguments_runs_no_hook(refused):
