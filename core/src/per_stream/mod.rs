@@ -488,7 +488,6 @@ impl<M: MakePool<S>, S: Stream + ?Sized> PerStreamPool<M, S> {
     /// streams, else growth. Returns the caller's block.
     #[cold]
     fn allocate_slow(&mut self, i: usize, request: Request, stream: &S) -> Result<Block> {
-        // Bytes that surely hold the request at its alignment in a chunk.
         let result = match self.take_chunk(i, request, stream) {
             Ok(Some(block)) => Ok(block),
             Ok(None) => self.grow(i, request, stream),
