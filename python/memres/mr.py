@@ -53,6 +53,31 @@ def _flush_logs_at_exit():
             print(f"memres: at exit: {e}", file=sys.stderr)
 
 
+# What `_lock_logs_before_fork` locked, dropped after the fork in both
+# processes.
+_LOCKED_AT_FORK = []
+
+
+def _lock_logs_before_fork():
+    """Writes out every built resource's log and keeps it locked across
+    ``os.fork``: the child's exit would otherwise write the rows buffered
+    at the fork a second time, and a log that another thread was writing
+    would stay locked in the child for ever."""
+    natives = [r._native for r in list(_BUILT)]
+    for module in (_native.sim, _native._cuda):
+        if module is not None:
+            _LOCKED_AT_FORK.append(module.lock_logs([n for n in natives if isinstance(n, module.NativeResource)]))
+
+
+def _unlock_logs_after_fork():
+    _LOCKED_AT_FORK.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(before=_lock_logs_before_fork, after_in_parent=_unlock_logs_after_fork,
+                        after_in_child=_unlock_logs_after_fork)
+
+
 def _word(value, what):
     text = str(value)
     if not _WORD.fullmatch(text):

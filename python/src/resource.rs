@@ -28,6 +28,27 @@ use std::sync::{Arc, Mutex, Weak};
 
 type Dyn = DynResource<Stream>;
 
+/// The `log` adaptors of stacks locked, their rows flushed, until this is
+/// dropped ([`Logging::lock_flushed`]): what the package takes before
+/// `os.fork` and drops after it, in the parent and in the child. The child
+/// then has no row of the parent's to write again at its exit, and no lock
+/// that another thread of the parent held. Unsendable: dropped on the
+/// thread that forked.
+#[pyclass(module = "memres", name = "LockedLogs", unsendable)]
+pub(crate) struct LockedLogs {
+    _locked: Vec<memres_core::adaptor::LockedLog<Dyn>>,
+}
+
+/// Locks the `log` adaptors of `resources`, each once (a stack built over
+/// another shares its logs), flushed.
+#[pyfunction]
+pub(crate) fn lock_logs(resources: Vec<PyRef<'_, Resource>>) -> LockedLogs {
+    let mut seen = std::collections::HashSet::new();
+    let logs = resources.iter().flat_map(|r| r.logs.iter()).filter(|l| seen.insert(Arc::as_ptr(l)));
+    // `None` only inside a log's own writer: a file's never forks.
+    LockedLogs { _locked: logs.filter_map(Logging::lock_flushed).collect() }
+}
+
 /// A built stack: the resource, its typed handles and its live blocks
 /// ([`Parts`], which it dereferences to), dropped with the GIL released.
 ///

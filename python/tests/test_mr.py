@@ -1822,6 +1822,50 @@ def test_logs_are_complete_when_the_interpreter_exits(tmp_path):
     assert [line.split(",")[2:5:2] for line in lines[-2:]] == [["allocate", "12345"], ["free", "12345"]]
 
 
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="no os.fork here")
+def test_a_forked_childs_exit_writes_no_row_of_the_parent_again(tmp_path):
+    # Rows buffered at the fork, and a thread logging all the while: the
+    # child inherits an empty buffer and an unlocked log, so its normal exit
+    # (which flushes every log) neither writes the parent's rows again nor
+    # waits for a lock the parent's thread held.
+    path = tmp_path / "fork.csv"
+    code = (
+        "import os, sys, threading\n"
+        "import memres\n"
+        f"memres.reinitialize(stack='log(stats(pool(sim(1GiB))), file={path})')\n"
+        "res = memres.mr.get_current_device_resource()\n"
+        "blocks = [(res.allocate(4096 * i), 4096 * i) for i in range(1, 4)]\n"
+        "stop, rounds = threading.Event(), [0]\n"
+        "def churn():\n"
+        "    while not stop.is_set():\n"
+        "        res.deallocate(res.allocate(256), 256)\n"
+        "        rounds[0] += 1\n"
+        "t = threading.Thread(target=churn)\n"
+        "t.start()\n"
+        "child = os.fork()\n"
+        "if child == 0:\n"
+        "    sys.exit(0)\n"
+        "_, status = os.waitpid(child, 0)\n"
+        "stop.set()\n"
+        "t.join()\n"
+        "for p, n in blocks:\n"
+        "    res.deallocate(p, n)\n"
+        "print(status, rounds[0])\n"
+    )
+    out = subprocess.run([sys.executable, "-W", "ignore::DeprecationWarning", "-c", code], check=True,
+                         capture_output=True, text=True, timeout=120)
+    status, rounds = map(int, out.stdout.split())
+    assert status == 0
+    lines = path.read_text().splitlines()
+    assert lines.count(lines[0]) == 1, "the header was written again"
+    assert len(lines) == 1 + 6 + 2 * rounds, "rows written twice (or lost)"
+    live = {}
+    for row in lines[1:]:
+        action, pointer = row.split(",")[2:4]
+        assert live.get(pointer) != action, f"{action} twice in a row at {pointer}"
+        live[pointer] = action
+
+
 def test_torch_use_without_pytorch_fails_and_changes_nothing():
     import importlib.util
     if importlib.util.find_spec("torch") is not None:

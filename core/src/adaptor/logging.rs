@@ -10,7 +10,7 @@ use std::fs::{File, OpenOptions};
 use std::io::{self, BufWriter, Write};
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Mutex, OnceLock};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 use std::vec::Vec;
 
@@ -757,6 +757,76 @@ crate::inspect::forward_inspect!(Logging<R, W: Write>, upstream);
 // SAFETY: `Logging` hands out `R`'s blocks unchanged and gives them back only
 // through `R::deallocate`.
 unsafe impl<E, R: crate::copy::MemoryOf<E>, W: Write> crate::copy::MemoryOf<E> for Logging<R, W> {}
+
+impl<R: 'static, W: Write + 'static> Logging<R, W> {
+    /// Flushes the log and keeps its writer locked until the [`LockedLog`]
+    /// is dropped:
+    /// what a fork handler takes before `fork` and lets go of after it, in
+    /// the parent and in the child. The child then inherits no buffered
+    /// row (which its exit handler would write a second time) and no lock
+    /// that another thread held (which no thread of the child could ever
+    /// let go). Rows logged meanwhile wait. A flush that fails is counted
+    /// as one row that may not have been written
+    /// ([`write_errors`](Self::write_errors)).
+    ///
+    /// `None` inside this log's own writer, which holds the lock already.
+    ///
+    /// ```
+    /// # use memres_core::adaptor::Logging;
+    /// # use memres_core::testing::BumpUpstream;
+    /// # use memres_core::{MemoryResource, Request};
+    /// # use std::io::BufWriter;
+    /// # use std::sync::Arc;
+    /// let log = Arc::new(Logging::new(BumpUpstream::new(1 << 20), BufWriter::new(Vec::new()))?);
+    /// log.allocate(Request::new(256)?, &())?;
+    /// let locked = Logging::lock_flushed(&log).expect("not inside the log's writer");
+    /// assert_eq!(locked.writer().buffer().len(), 0); // the row is written out
+    /// drop(locked); // rows may be logged again
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn lock_flushed(this: &Arc<Self>) -> Option<LockedLog<R, W>> {
+        on_thread::run(&this.writing, || {
+            let mut out = this.out.lock().unwrap_or_else(|p| p.into_inner());
+            if out.flush_out().is_err() {
+                this.write_errors.fetch_add(1, Ordering::Relaxed);
+            }
+            // SAFETY: only the lifetime changes. The guard borrows the
+            // mutex inside the `Arc`'s allocation, which does not move
+            // and lives while an `Arc` of it does: `Held` owns one
+            // (`_log`), and drops its guard first (fields drop in the
+            // order declared). The guard never leaves `LockedLog` with the
+            // longer lifetime: `writer` lends it for `LockedLog`'s own.
+            let out = unsafe {
+                core::mem::transmute::<MutexGuard<'_, Writer<W>>, MutexGuard<'static, Writer<W>>>(out)
+            };
+            LockedLog { out, _log: Arc::clone(this) }
+        })
+    }
+}
+
+/// A log's writer locked by [`Logging::lock_flushed`], its rows flushed:
+/// the log writes no row until this is dropped. Not `Send`: it is let go
+/// of on the thread that took it (the thread that forks, in the parent and
+/// in the child).
+pub struct LockedLog<R: 'static, W: Write + 'static = BufWriter<File>> {
+    /// The guard of `_log`'s writer: declared first, so dropped first.
+    out: MutexGuard<'static, Writer<W>>,
+    /// What keeps the mutex `out` borrows where it is.
+    _log: Arc<Logging<R, W>>,
+}
+
+impl<R, W: Write> LockedLog<R, W> {
+    /// The log's writer, flushed when it was locked.
+    pub fn writer(&self) -> &W {
+        &self.out
+    }
+}
+
+impl<R, W: Write> core::fmt::Debug for LockedLog<R, W> {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.write_str("LockedLog")
+    }
+}
 
 #[cfg(test)]
 mod tests;

@@ -58,7 +58,7 @@ pub use limiting::Limiting;
 #[cfg(feature = "std")]
 pub(crate) use logging::LogFile;
 #[cfg(feature = "std")]
-pub use logging::Logging;
+pub use logging::{LockedLog, Logging};
 pub use statistics::{Counter, Statistics};
 #[cfg(feature = "alloc")]
 pub use tracking::{LeakReport, Outstanding, Tracking};

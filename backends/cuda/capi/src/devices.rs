@@ -11,6 +11,8 @@ use memres_core::stack::{check_log_file, log_from_env, ReleaseLayers, StackBuild
 use memres_core::DynResource;
 use memres_cuda::stack::DriverPools;
 use memres_cuda::{CudaStream, Device};
+use std::any::Any;
+use std::cell::RefCell;
 use std::ffi::c_int;
 use std::sync::{Arc, Mutex, OnceLock};
 
@@ -177,10 +179,18 @@ fn each_log(f: impl Fn(&Logging<DynResource<CudaStream>>) -> std::io::Result<()>
 
 /// Makes the process flush the logs when it exits (once): a device's
 /// resource lives as long as the process and is never dropped, so its
-/// log's buffer would otherwise be lost.
+/// log's buffer would otherwise be lost. Makes `fork` lock them flushed
+/// first ([`Logging::lock_flushed`]) and let them go in both processes:
+/// a child's exit would write the rows buffered at the fork a second time,
+/// and wait for ever for a log another thread was writing.
 fn flush_at_exit() {
     extern "C" {
         fn atexit(callback: extern "C" fn()) -> c_int;
+        fn pthread_atfork(
+            prepare: Option<extern "C" fn()>,
+            parent: Option<extern "C" fn()>,
+            child: Option<extern "C" fn()>,
+        ) -> c_int;
     }
     extern "C" fn at_exit() {
         // Flushed, and the rows logged after this handler (static
@@ -195,6 +205,45 @@ fn flush_at_exit() {
         if unsafe { atexit(at_exit) } != 0 {
             set_error("memres: cannot flush the logs at exit; call memres_flush".into());
         }
+        // SAFETY: `pthread_atfork` is the C library's; the handlers are
+        // plain functions that live as long as the program, take no
+        // arguments and let no panic out (`guard`).
+        if unsafe { pthread_atfork(Some(before_fork), Some(after_fork), Some(after_fork)) } != 0 {
+            set_error("memres: cannot lock the logs at fork; a child's exit may write rows twice".into());
+        }
+    });
+}
+
+std::thread_local! {
+    /// What the thread that forks locked before `fork` (the configuration's
+    /// lock, so that no device is built meanwhile, then each log), let go
+    /// of after it.
+    static LOCKED_AT_FORK: RefCell<Vec<Box<dyn Any>>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Locks the configuration and every device's logs, flushed.
+extern "C" fn before_fork() {
+    guard((), || {
+        let config = CONFIG.lock().unwrap_or_else(|p| p.into_inner());
+        let mut locked: Vec<Box<dyn Any>> = vec![Box::new(config)];
+        for log in DEVICES.iter().filter_map(OnceLock::get).flat_map(|s| &s.logs) {
+            // `None` only inside a log's own writer: a file's never forks.
+            if let Some(l) = Logging::lock_flushed(log) {
+                locked.push(Box::new(l));
+            }
+        }
+        LOCKED_AT_FORK.with(|l| l.borrow_mut().extend(locked));
+        Ok(())
+    });
+}
+
+/// Lets go of what [`before_fork`] locked, in the parent and in the child.
+extern "C" fn after_fork() {
+    guard((), || {
+        // The logs first, the configuration last: the reverse order.
+        let locked = LOCKED_AT_FORK.with(|l| std::mem::take(&mut *l.borrow_mut()));
+        locked.into_iter().rev().for_each(drop);
+        Ok(())
     });
 }
 

@@ -39,7 +39,9 @@
 //! logging adaptor, writing RMM's CSV format to that name with `.dev<N>`
 //! before its extension (`trace.csv`: `trace.dev0.csv`, as RMM's Python
 //! names per-device logs), flushed as the `log` adaptors are
-//! ([`memres_core::stack::log_from_env`]). `memres_configure` checks the
+//! ([`memres_core::stack::log_from_env`]), and written out before a
+//! `fork` (a child's exit writes none of the parent's rows again).
+//! `memres_configure` checks the
 //! name (a missing directory, a directory or a name ending with `/`, white
 //! space around it, a read-only file: -1 with a message naming the
 //! variable); a file that cannot be made is the error

@@ -764,3 +764,80 @@ fn a_trial_write_out_of_room_over_old_rows_is_left_to_the_start() {
     assert_eq!(try_regular(&file, rows).unwrap_err().kind(), io::ErrorKind::PermissionDenied);
     assert_eq!(file.bytes.borrow().as_slice(), b"old rows\n");
 }
+
+/// `lock_flushed` writes the buffered rows out, and no row is written
+/// while the log stays locked: what a fork handler needs, so that a child
+/// inherits an empty buffer and a lock it can let go of.
+#[test]
+fn a_log_locked_flushed_writes_its_rows_out_and_no_row_until_let_go() {
+    use std::sync::mpsc;
+    let log = Arc::new(Logging::new(BumpUpstream::new(1 << 30), BufWriter::new(Vec::new())).unwrap());
+    log.allocate(Request::new(1000).unwrap(), &()).unwrap();
+    let locked = Logging::lock_flushed(&log).expect("not inside the writer");
+    assert_eq!(locked.writer().buffer().len(), 0, "the row was left in the buffer");
+    assert_eq!(rows(locked.writer().get_ref()).len(), 1);
+    let (tx, rx) = mpsc::channel();
+    let other = Arc::clone(&log);
+    let t = std::thread::spawn(move || {
+        other.allocate(Request::new(2000).unwrap(), &()).unwrap();
+        tx.send(()).unwrap();
+    });
+    assert!(
+        rx.recv_timeout(std::time::Duration::from_millis(200)).is_err(),
+        "a row was logged while the log was locked"
+    );
+    drop(locked);
+    rx.recv().unwrap();
+    t.join().unwrap();
+    let log = Arc::try_unwrap(log).unwrap();
+    let out = log.into_parts().1.into_inner().unwrap();
+    assert_eq!(rows(&out).iter().map(|r| r.size).collect::<Vec<_>>(), [1000, 2000]);
+}
+
+/// A flush that fails under `lock_flushed` is counted (the next flush says
+/// so), and the log is locked all the same.
+#[test]
+fn a_failed_flush_of_a_log_locked_flushed_is_counted() {
+    struct FailsFlush;
+    impl Write for FailsFlush {
+        fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> io::Result<()> {
+            Err(io::Error::other("device gone"))
+        }
+    }
+    let log = Arc::new(Logging::new(BumpUpstream::new(1 << 20), FailsFlush).unwrap());
+    let locked = Logging::lock_flushed(&log).expect("not inside the writer");
+    assert!(log.out.try_lock().is_err(), "the writer is not locked");
+    drop(locked);
+    assert_eq!(log.write_errors(), 1);
+    assert!(log.flush().is_err());
+}
+
+/// Inside the log's own writer (which holds the lock), `lock_flushed`
+/// answers `None` rather than wait for itself.
+#[test]
+fn a_log_cannot_be_locked_flushed_from_inside_its_own_writer() {
+    use std::sync::Weak;
+    #[derive(Default, Clone)]
+    struct LocksItsLog(Arc<OnceLock<Weak<Logging<BumpUpstream, LocksItsLog>>>>, Arc<Mutex<Vec<bool>>>);
+    impl Write for LocksItsLog {
+        fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+            if let Some(log) = self.0.get().and_then(Weak::upgrade) {
+                self.1.lock().unwrap().push(Logging::lock_flushed(&log).is_some());
+            }
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> io::Result<()> {
+            Ok(())
+        }
+    }
+    let writer = LocksItsLog::default();
+    let log = Arc::new(Logging::new(BumpUpstream::new(1 << 20), writer.clone()).unwrap());
+    writer.0.set(Arc::downgrade(&log)).unwrap();
+    log.allocate(Request::new(64).unwrap(), &()).unwrap();
+    assert_eq!(*writer.1.lock().unwrap(), [false]);
+    // Outside the writer, it locks.
+    assert!(Logging::lock_flushed(&log).is_some());
+}
