@@ -4,6 +4,7 @@
 //! memory), registered as the names `callback` and `on_failure`.
 
 use crate::backend::Stream;
+use crate::kept::Kept;
 use crate::reentry::{in_callback, Covers};
 use memres_core::adaptor::FailureCallback;
 use memres_core::stack::StackBuilder;
@@ -15,6 +16,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyInt};
 use pyo3::PyTraverseError;
 use std::cell::RefCell;
+use std::collections::BTreeMap;
 use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -264,19 +266,58 @@ fn type_name(obj: &Bound<'_, PyAny>) -> String {
 /// Memory from Python functions: `allocate(nbytes, stream) -> int` and
 /// `deallocate(ptr, nbytes, stream)`, the stream as its raw handle (the
 /// Python layer gives RMM's functions a `memres.Stream` of it).
+///
+/// It keeps the blocks `allocate` handed out that were not given to
+/// `deallocate` since, and refuses a block that overlaps one of them (a
+/// function that hands an address out twice): it goes back to
+/// `deallocate`, and the call fails. Refused here, no layer above (a
+/// `Tracking`, a `Limiting` one) takes it for a block of its own: one that
+/// had, and then saw it given back, forgot the older block of that address,
+/// which could not be freed any more.
 struct PyCallbacks {
     allocate: Arc<Function>,
+    free: Arc<PyFree>,
+    /// Blocks handed out and not freed: start to length (at least 1).
+    live: Mutex<BTreeMap<u64, u64>>,
+    /// The object's blocks refused back (its table's): a refused block
+    /// whose give-back `deallocate` refuses is kept there, for `release()`.
+    kept: Arc<Kept>,
+}
+
+/// What `allocate` refuses a null or misaligned address with.
+const NULL_OR_MISALIGNED: Error =
+    Error::Backend { code: -2, what: "allocate_func returned a null or misaligned address" };
+
+/// `deallocate(ptr, nbytes, stream)` alone: what gives a kept block back.
+struct PyFree {
     deallocate: Arc<Function>,
     /// The `CallbackMemoryResource` object's.
     covers: Covers,
 }
 
+impl PyCallbacks {
+    /// Notes `block` as live, or answers a live block it overlaps.
+    fn note(&self, block: Block) -> Result<(), (u64, u64)> {
+        let mut live = self.live.lock().unwrap_or_else(|p| p.into_inner());
+        let (start, len) = (block.addr(), block.size().max(1));
+        let end = start.saturating_add(len);
+        let before = live.range(..=start).next_back().filter(|&(&s, &l)| s.saturating_add(l) > start);
+        let after = live.range(start.saturating_add(1)..end).next();
+        if let Some((&s, &l)) = before.or(after) {
+            return Err((s, l));
+        }
+        live.insert(start, len);
+        Ok(())
+    }
+}
+
 impl MemoryResource<Stream> for PyCallbacks {
     fn allocate(&self, request: Request, stream: &Stream) -> memres_core::Result<Block> {
         let handle = crate::backend::handle_of(stream);
-        in_callback(&self.covers, || {
+        let given = in_callback(&self.free.covers, || {
             crate::gil::with_python(|py| {
-                let (Some(allocate), Some(deallocate)) = (self.allocate.get(py), self.deallocate.get(py))
+                let (Some(allocate), Some(deallocate)) =
+                    (self.allocate.get(py), self.free.deallocate.get(py))
                 else {
                     return Err(CLEARED);
                 };
@@ -284,32 +325,73 @@ impl MemoryResource<Stream> for PyCallbacks {
                     .map_err(|e| raised(py, e, request.size(), "allocate_func raised"))?;
                 let addr = catching(|| address(result.bind(py)))
                     .map_err(|e| raised(py, e, request.size(), "allocate_func returned no int address"))?;
-                if addr == 0 || addr % request.align() != 0 {
-                    if addr != 0 {
-                        // Refused, the memory goes back: nobody else would free it.
-                        if let Err(e) = catching(|| deallocate.call1(py, (addr, request.size(), handle))) {
-                            // The call raises: the function's exception is
-                            // its error's cause (a `SystemExit` what it
-                            // raises), never printed (`PyErr_Print` of a
-                            // `SystemExit` ended the process here).
-                            keep_raised(Some(e));
-                            return Err(Error::Backend {
-                                code: RAISED,
-                                what:
-                                    "allocate_func returned a misaligned address, and deallocate_func raised \
-                                       giving it back",
-                            });
-                        }
-                    }
-                    return Err(Error::Backend {
-                        code: -2,
-                        what: "allocate_func returned a null or misaligned address",
-                    });
+                let block = Block::new(addr, request.size(), 0);
+                let misaligned = addr == 0 || addr % request.align() != 0;
+                if !misaligned && self.note(block).is_ok() {
+                    return Ok(Ok(block));
                 }
-                Ok(Block::new(addr, request.size(), 0))
+                if addr == 0 {
+                    return Err(NULL_OR_MISALIGNED);
+                }
+                // Refused, the memory goes back: nobody else would free it.
+                let back = catching(|| deallocate.call1(py, (addr, request.size(), handle)));
+                Ok(Err((block, misaligned, back.map(drop))))
             })
             .unwrap_or(Err(FINALIZING))
-        })
+        })?;
+        let (block, misaligned, back) = match given {
+            Ok(block) => return Ok(block),
+            Err(refused) => refused,
+        };
+        match (misaligned, back) {
+            (true, Ok(())) => Err(NULL_OR_MISALIGNED),
+            (false, Ok(())) => Err(Error::Backend {
+                code: -2,
+                what: "allocate_func returned a live address (in a block it handed out, not freed since): \
+                       it was given back",
+            }),
+            (true, Err(e)) => {
+                // The call raises: the function's exception is its error's
+                // cause (a `SystemExit` what it raises), never printed
+                // (`PyErr_Print` of a `SystemExit` ended the process here).
+                keep_raised(Some(e));
+                Err(Error::Backend {
+                    code: RAISED,
+                    what: "allocate_func returned a misaligned address, and deallocate_func raised giving it back",
+                })
+            }
+            (false, Err(e)) => {
+                // Its memory is in use by the live block: kept, for
+                // `release()` to give back once `deallocate` takes it.
+                crate::kept::keep(&self.kept, block, self.free.clone(), stream);
+                keep_raised(Some(e));
+                Err(Error::Backend {
+                    code: RAISED,
+                    what:
+                        "allocate_func returned a live address, and deallocate_func raised giving it back: \
+                           kept to give back at the next release()",
+                })
+            }
+        }
+    }
+
+    fn deallocate(&self, block: Block, stream: &Stream) -> memres_core::Result<()> {
+        // Out of the live blocks before `deallocate` runs: once it has, the
+        // address may be handed out again (to a thread that `deallocate`
+        // let take the GIL). Back in if the block stays live.
+        let noted = self.live.lock().unwrap_or_else(|p| p.into_inner()).remove(&block.addr());
+        let freed = self.free.deallocate(block, stream);
+        if freed.is_err() && noted.is_some() {
+            // Unless another block took its place meanwhile.
+            let _ = self.note(block);
+        }
+        freed
+    }
+}
+
+impl MemoryResource<Stream> for PyFree {
+    fn allocate(&self, _: Request, _: &Stream) -> memres_core::Result<Block> {
+        Err(Error::Backend { code: -2, what: "a kept block's give-back allocates nothing" })
     }
 
     fn deallocate(&self, block: Block, stream: &Stream) -> memres_core::Result<()> {
@@ -337,13 +419,15 @@ impl MemoryResource<Stream> for PyCallbacks {
 }
 
 /// Registers `callback` (a leaf) and `on_failure(UP)` for this build's
-/// Python functions, of the resource object of `covers`; returns them, for
-/// the object's `__traverse__` and `__clear__`.
+/// Python functions, of the resource object of `covers` whose blocks
+/// refused back are `kept`; returns them, for the object's `__traverse__`
+/// and `__clear__`.
 pub(crate) fn register_callbacks(
     py: Python<'_>,
     builder: &mut StackBuilder<Stream>,
     (allocate, deallocate, on_failure): Callbacks,
     covers: &Covers,
+    kept: &Arc<Kept>,
 ) -> PyResult<Vec<Arc<Function>>> {
     if allocate.is_some() || on_failure.is_some() {
         PYTHON_UNDER_STACKS.store(true, Ordering::Relaxed);
@@ -360,7 +444,8 @@ pub(crate) fn register_callbacks(
         deallocate.bind(py).setattr(pyo3::intern!(py, "give_back"), give_back)?;
         let (allocate, deallocate) = (Function::new(allocate), Function::new(deallocate));
         functions.extend([allocate.clone(), deallocate.clone()]);
-        let leaf = Arc::new(PyCallbacks { allocate, deallocate, covers: covers.clone() });
+        let free = Arc::new(PyFree { deallocate, covers: covers.clone() });
+        let leaf = Arc::new(PyCallbacks { allocate, free, live: Mutex::default(), kept: kept.clone() });
         builder.register("callback", move |call, _| {
             call.expect_args(0, &[])?;
             Ok(leaf.clone())

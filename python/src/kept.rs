@@ -8,7 +8,9 @@
 //! there, it is kept here with the resource to give it back to, never
 //! lost, and given back again later: by `memres_py_empty_cache` for the C
 //! functions' blocks (`current`), by `release()` for a resource object's
-//! (`resource`).
+//! (`resource`). A `callback` leaf refuses an address live already itself
+//! (`callback`), and keeps what its `deallocate_func` refuses back in its
+//! object's list.
 
 use crate::backend::Stream;
 use memres_core::{Block, DynResource, MemoryResource};

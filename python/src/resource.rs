@@ -70,6 +70,10 @@ pub(crate) struct Resource {
     /// if not, the Python layer need not offer them (`_keep`).
     #[pyo3(get)]
     pub(crate) keeps_streams: bool,
+    /// How deep its calls nest with the stacks of the objects it is built
+    /// over in place of their `upN` ([`depth`]): at most
+    /// [`MAX_DEPTH`](memres_core::stack::MAX_DEPTH).
+    depth: usize,
     /// The file of the stack's `log` where it is outermost (whether the
     /// Python layer's `LoggingResourceAdaptor` or a stack string's), made
     /// absolute when the stack was built, as the log opened it.
@@ -241,6 +245,24 @@ fn outermost_log_file(call: &Call) -> Option<String> {
     }
     let file = memres_core::stack::log_file(call).ok()?.text().ok()?;
     std::path::absolute(file).ok()?.into_os_string().into_string().ok()
+}
+
+/// How deep `call`'s calls nest, each `upN` standing for the stack of
+/// object `N`, `upstreams[N]` deep: what a call of the stack recurses
+/// through. A stack string is refused past
+/// [`MAX_DEPTH`](memres_core::stack::MAX_DEPTH); so is a chain of objects,
+/// each over the one before (thousands of them overflowed the thread's
+/// stack in their first allocation: the process was killed).
+fn depth(call: &Call, upstreams: &[usize]) -> usize {
+    if let Some(i) = call.name.strip_prefix("up").and_then(|i| i.parse::<usize>().ok()) {
+        // `build` checked that every `upN` names an object given.
+        return upstreams.get(i).copied().unwrap_or(1);
+    }
+    let under = call.args.iter().map(|a| match &a.value {
+        Value::Call(c) => depth(c, upstreams),
+        Value::Word { .. } => 0,
+    });
+    1 + under.max().unwrap_or(0)
 }
 
 /// Whether `name` is the name of `call` or of a call among its arguments,
@@ -588,16 +610,19 @@ impl Resource {
         let covers = Covers::new([], passes_calls_on(&call));
         let stream = backend::default_stream(device).map_err(|e| e.to_string())?;
         let built = builder.build_call_with_handles(&call, &stream).map_err(|e| stack_text(&e, text))?;
-        Ok(Resource::of_built(Building { text, call, builder, built, map, device }, &[], covers, Vec::new()))
+        let b = Building { text, call, builder, built, map, device };
+        Ok(Resource::of_built(b, &[], covers, Vec::new(), Arc::default()))
     }
 
     /// The resource object's native side of the stack `b` built over
-    /// `upstreams` (the stack's `upN`), given `functions`.
+    /// `upstreams` (the stack's `upN`), given `functions`, its blocks
+    /// refused back `kept` (where its `callback` leaf keeps them too).
     fn of_built(
         b: Building<'_>,
         upstreams: &[&Resource],
         covers: Covers,
         functions: Vec<Arc<Function>>,
+        kept: Arc<Kept>,
     ) -> Resource {
         let Building { text, call, builder, built, map, device } = b;
         let calls_python = !functions.is_empty() || upstreams.iter().any(|u| u.calls_python);
@@ -620,7 +645,7 @@ impl Resource {
             covers: covers.clone(),
             inner,
             streams,
-            table: Table::default(),
+            table: Table { kept, ..Table::default() },
             functions,
             remembers_streams: !forgets_streams(&call),
             own_holders: 0,
@@ -643,6 +668,7 @@ impl Resource {
         let keeps_streams = parts.remembers_streams || upstreams.iter().any(|u| u.keeps_streams);
         let log_file = outermost_log_file(&call);
         Resource {
+            depth: depth(&call, &upstreams.iter().map(|u| u.depth).collect::<Vec<_>>()),
             parts: DropDetached::of_stack(parts, covers),
             has_bytes: bytes_of(&call, upstreams, &builder),
             keeps_streams,
@@ -681,6 +707,14 @@ impl Resource {
                 u.device
             )));
         }
+        let deep = depth(&call, &upstreams.iter().map(|u| u.depth).collect::<Vec<_>>());
+        if deep > memres_core::stack::MAX_DEPTH {
+            return Err(PyValueError::new_err(format!(
+                "memres: stack `{text}`: with the resources it is built over, calls nested {deep} deep, more \
+                 than {}",
+                memres_core::stack::MAX_DEPTH
+            )));
+        }
         // One map for the leaves and the program side, even if a record
         // starts or stops meanwhile.
         let map = crate::snapshot::map(device);
@@ -697,8 +731,9 @@ impl Resource {
             });
         }
         let covers = Covers::new(upstreams.iter().map(|u| &u.covers), passes_calls_on(&call));
+        let kept = Arc::<Kept>::default();
         let functions = match callbacks {
-            Some(cb) => register_callbacks(py, &mut builder, cb, &covers)?,
+            Some(cb) => register_callbacks(py, &mut builder, cb, &covers, &kept)?,
             None => Vec::new(),
         };
         let stream = backend::default_stream(device)?;
@@ -713,6 +748,7 @@ impl Resource {
             &upstreams,
             covers,
             functions,
+            kept,
         ))
     }
 

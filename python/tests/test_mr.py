@@ -851,6 +851,54 @@ def test_sys_exit_in_the_give_back_of_a_refused_address_is_what_the_call_raises(
     """)
 
 
+@pytest.mark.parametrize("adaptor", ["track", "limit", "stats"])
+def test_an_address_handed_out_while_live_under_an_adaptor_leaves_its_counts_exact(adaptor):
+    # Refused by the object's table above the adaptor, the block went back
+    # through it: the tracking and limiting adaptors had taken it for the
+    # older block of its address, and forgot that one (then refused its
+    # free: lost), the limit's charge went to 0 while it was live, and the
+    # statistics counted the refused block in their peak and total. The
+    # callback's leaf now refuses it, so no adaptor sees it.
+    freed = []
+    cb = mr.CallbackMemoryResource(lambda n: 1 << 40, lambda p, n: freed.append((p, n)), backend="sim")
+    top = {"track": lambda: mr.TrackingResourceAdaptor(cb),
+           "limit": lambda: mr.LimitingResourceAdaptor(cb, 1 << 20),
+           "stats": lambda: mr.StatisticsResourceAdaptor(cb)}[adaptor]()
+
+    def counts():
+        return {"track": lambda: (top.get_outstanding_count(), top.get_allocated_bytes()),
+                "limit": lambda: top.get_allocated_bytes(),
+                "stats": lambda: (top.allocation_counts.current_bytes, top.allocation_counts.peak_bytes,
+                                  top.allocation_counts.total_bytes)}[adaptor]()
+
+    p = top.allocate(100)
+    before = counts()
+    with pytest.raises(memres.MemresError, match="a live address"):
+        top.allocate(200)  # the same address again
+    assert freed == [(1 << 40, 200)]  # the new block went back
+    assert counts() == before
+    top.deallocate(p, 100)  # the older block is still freeable, and freed once
+    assert freed == [(1 << 40, 200), (1 << 40, 100)]
+    assert top._native.live_count() == 0
+
+
+def test_an_address_inside_a_live_block_is_refused_and_given_back():
+    # Not only the same address: a block that overlaps a live one (a pool
+    # over the callback would hand the same memory out twice).
+    addresses, freed = iter([1 << 40, (1 << 40) + 256, (1 << 40) - 256, 1 << 41]), []
+    cb = mr.CallbackMemoryResource(lambda n: next(addresses), lambda p, n: freed.append((p, n)), backend="sim")
+    p = cb.allocate(1000)
+    with pytest.raises(memres.MemresError, match="a live address"):
+        cb.allocate(100)  # inside p
+    with pytest.raises(memres.MemresError, match="a live address"):
+        cb.allocate(512)  # ends inside p
+    q = cb.allocate(100)
+    assert q == 1 << 41 and freed == [((1 << 40) + 256, 100), ((1 << 40) - 256, 512)]
+    cb.deallocate(p, 1000)
+    cb.deallocate(q, 100)
+    assert cb._native.live_count() == 0
+
+
 def test_a_live_address_whose_give_back_raises_has_the_functions_exception_as_cause():
     # The error said "deallocate_func raised", without the function's
     # exception, which was lost.
@@ -1864,6 +1912,38 @@ def test_a_forked_childs_exit_writes_no_row_of_the_parent_again(tmp_path):
         action, pointer = row.split(",")[2:4]
         assert live.get(pointer) != action, f"{action} twice in a row at {pointer}"
         live[pointer] = action
+
+
+def test_a_chain_of_resources_deeper_than_the_stack_limit_is_refused():
+    # Each object over the one before: thousands of them overflowed the
+    # thread's stack in the first allocation (the process was killed). A
+    # chain is refused past 64 nested calls, as a stack string is, and one
+    # of 64 allocates, on a thread with a small stack too.
+    r = mr.SimulatedMemoryResource(GiB)
+    made = 1
+    while True:
+        try:
+            r2 = mr.PoolMemoryResource(r, initial_pool_size=MiB)
+        except ValueError as e:
+            assert "nested 65 deep, more than 64" in str(e), e
+            break
+        r, made = r2, made + 1
+    assert made == 64
+    result = []
+
+    def use():
+        p = r.allocate(1000)
+        r.deallocate(p, 1000)
+        result.append(p != 0)
+
+    old = threading.stack_size(1 << 20)
+    try:
+        t = threading.Thread(target=use)
+        t.start()
+        t.join()
+    finally:
+        threading.stack_size(old)
+    assert result == [True]
 
 
 def test_torch_use_without_pytorch_fails_and_changes_nothing():
