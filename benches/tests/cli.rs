@@ -1625,3 +1625,27 @@ fn an_error_is_one_line_whatever_the_input_holds() {
         assert!(!err.trim_end().chars().any(char::is_control), "{err:?}");
     }
 }
+
+/// A virtual pool whose bitmaps of granules the host cannot hold (256-byte
+/// granules over 256 GiB: 2^30 of them, 128 MiB a bitmap) is out of memory,
+/// exit 2, under a limit of the process's memory. Before, its bitmaps were
+/// taken infallibly, and the process aborted (134).
+#[cfg(target_os = "linux")]
+#[test]
+fn a_virtual_pool_whose_bitmaps_the_host_cannot_hold_is_out_of_memory_not_an_abort() {
+    let trace = Fixture::new("t.csv", "Thread,Time,Action,Pointer,Size,Stream\n0,1,allocate,0x100,256,0\n");
+    let limited = |reserve: &str| {
+        let stack = format!("vpool(sim(64TiB), granule=256, reserve={reserve})");
+        Command::new("sh")
+            .args(["-c", "ulimit -v 300000 && exec \"$0\" replay --stack \"$1\" \"$2\""])
+            .args([env!("CARGO_BIN_EXE_memres"), &stack, trace.path()])
+            .output()
+            .expect("sh runs")
+    };
+    // The limit leaves room for a replay: one of 1 GiB of addresses runs.
+    let small = limited("1GiB");
+    assert_eq!(small.status.code(), Some(0), "{}", stderr(&small));
+    let large = limited("256GiB");
+    assert_eq!(large.status.code(), Some(2), "{}", stderr(&large));
+    assert!(stderr(&large).contains("out of memory"), "{}", stderr(&large));
+}

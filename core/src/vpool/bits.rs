@@ -15,9 +15,18 @@ fn mask(w: usize, lo: usize, hi: usize) -> u64 {
 }
 
 impl Bits {
-    /// Room for `n` bits; those added are clear.
-    pub(super) fn grow(&mut self, n: usize) {
-        self.0.resize(n.div_ceil(64), 0);
+    /// Room for at least `n` bits; those added are clear.
+    ///
+    /// # Errors
+    ///
+    /// The host has not the memory: nothing changes.
+    pub(super) fn grow(&mut self, n: usize) -> Result<(), alloc::collections::TryReserveError> {
+        let words = n.div_ceil(64);
+        if let Some(more) = words.checked_sub(self.0.len()) {
+            self.0.try_reserve_exact(more)?;
+            self.0.resize(words, 0);
+        }
+        Ok(())
     }
 
     /// Bit `i`.
@@ -104,10 +113,34 @@ impl Bits {
 mod tests {
     use super::Bits;
 
+    /// Memory the host cannot give (2^61 bytes) is an error that changes
+    /// nothing.
+    // Not under Miri: it ends the interpreter at an allocation it cannot
+    // make, and the path is safe code.
+    #[cfg(not(miri))]
+    #[test]
+    fn growth_the_host_cannot_hold_is_an_error_and_changes_nothing() {
+        let mut b = Bits::default();
+        b.grow(300).unwrap();
+        b.set(250, 260, true);
+        assert!(b.grow(usize::MAX).is_err());
+        assert_eq!((b.0.len(), b.count(0, 300)), (5, 10));
+    }
+
+    /// Room for fewer bits than it has takes none away.
+    #[test]
+    fn growth_to_less_keeps_every_bit() {
+        let mut b = Bits::default();
+        b.grow(300).unwrap();
+        b.set(250, 260, true);
+        b.grow(10).unwrap();
+        assert_eq!((b.0.len(), b.count(0, 300)), (5, 10));
+    }
+
     #[test]
     fn ranges_across_words() {
         let mut b = Bits::default();
-        b.grow(300);
+        b.grow(300).unwrap();
         b.set(3, 200, true);
         b.set(64, 128, false);
         let naive = |i: u32| (3..64).contains(&i) || (128..200).contains(&i);
@@ -131,7 +164,7 @@ mod tests {
     #[test]
     fn single_bits_and_backward_search_against_a_naive_one() {
         let mut b = Bits::default();
-        b.grow(300);
+        b.grow(300).unwrap();
         let set = [0, 1, 63, 64, 127, 130, 191, 192, 255, 299];
         for i in set {
             b.set(i, i + 1, true);

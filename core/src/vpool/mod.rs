@@ -444,6 +444,13 @@ impl<V: ReservableSpace> VirtualPool<V> {
             _ => return Err(self.out_of_memory(bytes)),
         };
         let granules = len >> self.shift;
+        let (base, slots) = (base as u32, (base + granules) as usize);
+        // The bitmaps first: host memory they cannot have is out of memory
+        // (a bitmap of 2^32 granules takes 512 MiB), not an abort, and
+        // leaves nothing to undo (bits grown and not used are clear).
+        if self.committed_bits.grow(slots).is_err() || self.touched.grow(slots).is_err() {
+            return Err(self.out_of_memory(bytes));
+        }
         let range = self.space.reserve(len)?;
         // The space's fault, not the request's.
         let misbehaved = |what| Error::UpstreamMisbehaved { addr: range.start(), size: range.len(), what };
@@ -466,9 +473,6 @@ impl<V: ReservableSpace> VirtualPool<V> {
                 return Err(e);
             }
         };
-        let (base, slots) = (base as u32, (base + granules) as usize);
-        self.committed_bits.grow(slots);
-        self.touched.grow(slots);
         let at = self.reservations.partition_point(|r| r.range.start() < range.start());
         self.reservations.insert(at, Reservation { range, first, base });
         Ok(first)
