@@ -553,6 +553,11 @@ pub fn table<H: Clone>(of: TableOf, vacant: H, ids: usize) -> Result<Vec<H>, Tab
     Ok(handles)
 }
 
+/// The most timed passes a replay takes: each pass's time is kept, for
+/// the median (some 40 bytes a pass). `--passes 4294967295` grew them
+/// without bound until the host ran out of memory and the process aborted.
+pub const MAX_PASSES: u32 = 1_000_000;
+
 /// Ops between two calls of the progress callback (and two clock reads).
 pub const CHUNK: usize = 1 << 16;
 
@@ -578,8 +583,8 @@ pub fn replay<R: Replayer>(
     resource.begin_pass(0);
     run_pass(resource, workload, &mut handles, progress)?;
     let warm = resource.upstream_allocations();
-    // Reserved for the usual counts only: `--passes 4294967295` asked
-    // for 64 GiB at once.
+    // Reserved for the usual counts only (`memres replay` takes up to
+    // `MAX_PASSES`, some 40 MB of times).
     let mut times = Vec::with_capacity((passes as usize).min(1024));
     let mut cpu_times = Vec::with_capacity((passes as usize).min(1024));
     for p in 0..passes {
@@ -829,8 +834,8 @@ where
     // threads overlapped more.
     let peak_live = counted_round(resource, &streams, workload, setup)?;
     let peak_upstream = peak(resource);
-    // Reserved for the usual counts only: `--passes 4294967295` asked
-    // for 64 GiB at once.
+    // Reserved for the usual counts only (`memres replay` takes up to
+    // `MAX_PASSES`, some 40 MB of times).
     let mut times = Vec::with_capacity((passes as usize).min(1024));
     let mut cpu_times = Vec::with_capacity((passes as usize).min(1024));
     for _ in 0..passes {

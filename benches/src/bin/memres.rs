@@ -4,6 +4,7 @@
 use clap::{Parser, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
 use memres_bench::paths::{check_distinct, check_outputs, Named};
+use memres_bench::replay::MAX_PASSES;
 use memres_bench::report::{csv_line, json_line, table, text_name, Row, CSV_HEADER};
 use memres_bench::resources::{select, spelled, Param, Resource, RunOptions, UpstreamKind, RESOURCES};
 use memres_bench::stack::{check_stack, run_stack};
@@ -65,8 +66,9 @@ enum Command {
         /// ns/op is wall time over ops x K.
         #[arg(long, value_parser = clap::value_parser!(u32).range(1..=1024))]
         streams: Option<u32>,
-        /// Timed passes after the warm-up pass; ns/op is the median pass's.
-        #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..))]
+        /// Timed passes after the warm-up pass (at most 1,000,000: each
+        /// pass's time is kept for the median); ns/op is the median pass's.
+        #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=MAX_PASSES as i64))]
         passes: u32,
         /// Print JSON lines instead of a table.
         #[arg(long, conflicts_with = "csv")]
