@@ -108,20 +108,23 @@ pub fn check_distinct(inputs: &[Named], outputs: &[Named], logs: &[Named]) -> Re
 /// is opened to append (and closed with nothing written), a new one is
 /// made and removed again (so a folder that does not exist or cannot be
 /// written to is told now, not after the run), where its links lead. A
-/// named pipe is taken as it is, as [`check_file`](memres_core::snapshot::check_file)
-/// takes it: opening it would wait for a reader, and closing it would end
-/// the stream that reader sees before the log is written.
+/// pipe or a device is taken as it is, as [`check_file`](memres_core::snapshot::check_file)
+/// takes it: opening a named pipe would wait for a reader, and closing it
+/// would end the stream that reader sees before the log is written.
 ///
 /// # Errors
 ///
 /// Why it cannot be written.
 pub fn check_writable(path: &Path) -> io::Result<()> {
-    // A link to a file not made yet is written through: its file is made.
-    let path = &follow_links(path)?;
-    #[cfg(unix)]
-    if fs::metadata(path).is_ok_and(|m| std::os::unix::fs::FileTypeExt::is_fifo(&m.file_type())) {
+    // Asked of the kernel's own lookup, before the links are followed by
+    // hand: `/dev/stdout` leads through `/proc/self/fd/1` to a pipe that
+    // no path names (its link reads `pipe:[N]`), and was refused as a
+    // folder that does not exist.
+    if fs::metadata(path).is_ok_and(|m| !m.is_file() && !m.is_dir()) {
         return Ok(());
     }
+    // A link to a file not made yet is written through: its file is made.
+    let path = &follow_links(path)?;
     if path.is_dir() {
         return Err(io::Error::new(io::ErrorKind::IsADirectory, "it is a directory"));
     }

@@ -1654,3 +1654,22 @@ fn a_virtual_pool_whose_bitmaps_the_host_cannot_hold_is_out_of_memory_not_an_abo
     assert_eq!(large.status.code(), Some(2), "{}", stderr(&large));
     assert!(stderr(&large).contains("out of memory"), "{}", stderr(&large));
 }
+
+/// A log to `/dev/stdout` that is a pipe writes into it. It was refused
+/// ("cannot log to '/dev/stdout': No such file or directory"): its link
+/// through `/proc/self/fd/1`, followed by hand, read `pipe:[N]`, a name
+/// under `/proc/self/fd` that does not exist.
+#[cfg(target_os = "linux")]
+#[test]
+fn a_log_to_standard_output_that_is_a_pipe_writes_into_it() {
+    let trace = Fixture::new("t.csv", "Thread,Time,Action,Pointer,Size,Stream\n0,1,allocate,0x100,256,0\n");
+    let o = Command::new("sh")
+        .args(["-c", "\"$0\" replay --csv --stack 'log(pool(sim), file=/dev/stdout)' \"$1\" | cat"])
+        .args([env!("CARGO_BIN_EXE_memres"), trace.path()])
+        .output()
+        .expect("sh runs");
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = stdout(&o);
+    assert!(out.contains("Thread,Time,Action,Pointer,Size,Stream"), "no log in the pipe: {out}");
+    assert!(out.contains(",allocate,0x"), "no row in the pipe: {out}");
+}
