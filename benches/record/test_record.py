@@ -132,8 +132,8 @@ class CheckTrace(unittest.TestCase):
             "line 6: pointer `+400` is not a hex number",
             "line 7: pointer `0x4_00` is not a hex number",
             "line 8: pointer `\u0661` is not a hex number",
-            "line 9: size `18446744073709551616` is not a number",
-            "line 10: pointer `0x10000000000000000` is not a hex number",
+            "line 9: size `18446744073709551616` is past 64 bits (above 18446744073709551615)",
+            "line 10: pointer `0x10000000000000000` is past 64 bits (above 0xffffffffffffffff)",
             "line 11: pointer `0x` is not a hex number",
             "line 13: allocation failure of 8 bytes",  # read, and a problem of the recording
         ])

@@ -164,10 +164,11 @@ impl<'a> Record<&'a str> {
                 let digits = p.strip_prefix("0x").or_else(|| p.strip_prefix("0X")).unwrap_or(p);
                 // `from_str_radix` takes a leading `+`, which no writer of
                 // the format writes.
-                Some(digits)
-                    .filter(|d| d.bytes().all(|b| b.is_ascii_hexdigit()))
-                    .and_then(|d| u64::from_str_radix(d, 16).ok())
-                    .ok_or_else(|| alloc::format!("pointer `{p}` is not a hex number"))?
+                if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_hexdigit()) {
+                    return Err(alloc::format!("pointer `{p}` is not a hex number"));
+                }
+                u64::from_str_radix(digits, 16)
+                    .map_err(|_| alloc::format!("pointer `{p}` is past 64 bits (above 0xffffffffffffffff)"))?
             }
         };
         // A failure allocated nothing: every writer logs it with the null
@@ -177,10 +178,12 @@ impl<'a> Record<&'a str> {
                 "an allocate failure with pointer `{pointer_text}` (a failure's is null)"
             ));
         }
-        let size = Some(size)
-            .filter(|s| s.bytes().all(|b| b.is_ascii_digit()))
-            .and_then(|s| s.parse::<u64>().ok())
-            .ok_or_else(|| alloc::format!("size `{size}` is not a number"))?;
+        if size.is_empty() || !size.bytes().all(|b| b.is_ascii_digit()) {
+            return Err(alloc::format!("size `{size}` is not a number"));
+        }
+        let size = size
+            .parse::<u64>()
+            .map_err(|_| alloc::format!("size `{size}` is past 64 bits (above {})", u64::MAX))?;
         Ok(Record { thread, time, action, pointer, size, stream })
     }
 

@@ -50,12 +50,16 @@ MAX_STREAMS = 65535  # numbered by a u16 below u16::MAX
 MAX_ALLOCATIONS = (1 << 32) - 1  # ids: a u32 below u32::MAX
 
 
-def _number(text, digits, base):
-    """`text` as a number of 64 bits made of `digits` only, or None."""
+def _number(text, digits, base, what):
+    """`text` as a number of 64 bits made of `digits` only; ValueError in
+    memres's words (`what`: the field and what a number of it is)."""
     if not text or not set(text) <= digits:
-        return None
+        raise ValueError(f"{what[0]} `{what[1]}` is not a {what[2]}")
     value = int(text, base)
-    return value if value < 1 << 64 else None
+    if value >= 1 << 64:
+        above = "0xffffffffffffffff" if base == 16 else str((1 << 64) - 1)
+        raise ValueError(f"{what[0]} `{what[1]}` is past 64 bits (above {above})")
+    return value
 
 
 def parse_record(line):
@@ -75,15 +79,11 @@ def parse_record(line):
         ptr = 0
     else:
         digits = pointer[2:] if pointer[:2] in ("0x", "0X") else pointer
-        ptr = _number(digits, HEX_DIGITS, 16)
-        if ptr is None:
-            raise ValueError(f"pointer `{pointer}` is not a hex number")
+        ptr = _number(digits, HEX_DIGITS, 16, ("pointer", pointer, "hex number"))
     # A failure allocated nothing: every writer logs it with the null pointer.
     if action == "allocate failure" and ptr != 0:
         raise ValueError(f"an allocate failure with pointer `{pointer}` (a failure's is null)")
-    value = _number(size, DIGITS, 10)
-    if value is None:
-        raise ValueError(f"size `{size}` is not a number")
+    value = _number(size, DIGITS, 10, ("size", size, "number"))
     return action, ptr, value, stream
 
 

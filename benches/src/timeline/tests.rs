@@ -130,6 +130,12 @@ fn the_form_is_read_from_the_extension_in_either_case() {
         let e = Form::of(Path::new(refused)).unwrap_err();
         assert!(e.contains(refused) && e.contains("must end in .html"), "{refused}: {e}");
     }
+    // `.html` is a hidden file's name, with no extension: said so, not
+    // that it must end in what it ends in.
+    for hidden in [".html", "out/.svg"] {
+        let e = Form::of(Path::new(hidden)).unwrap_err();
+        assert!(e.contains("needs a name before its extension"), "{hidden}: {e}");
+    }
 }
 
 #[test]

@@ -111,6 +111,17 @@ fn malformed_rows_name_their_line() {
         (format!("{header}0,1,free,0x10,+5,0\n"), 2, "size `+5` is not a number"),
         (format!("{header}0,1,free,+10,1,0\n"), 2, "pointer `+10` is not a hex number"),
         (format!("{header}0,1,free,0x+10,1,0\n"), 2, "pointer `0x+10` is not a hex number"),
+        // Digits past 64 bits are said so, not taken for no number.
+        (
+            format!("{header}0,1,free,0x10,18446744073709551616,0\n"),
+            2,
+            "size `18446744073709551616` is past 64 bits (above 18446744073709551615)",
+        ),
+        (
+            format!("{header}0,1,free,0x10000000000000000,1,0\n"),
+            2,
+            "pointer `0x10000000000000000` is past 64 bits (above 0xffffffffffffffff)",
+        ),
     ] {
         match read_all(text.as_bytes()).unwrap_err() {
             ReadError::Malformed { line: l, what: w } => assert_eq!((l, w.as_str()), (line, what), "{text}"),
