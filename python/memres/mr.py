@@ -121,10 +121,18 @@ def _parse_bytes(text, what):
     if unit is None:
         raise ValueError(f"memres: {what}: Could not parse {text!r} as a byte specification "
                          "(such as 1000000, '500MB' or '2 GiB')")
-    # More than 20 digits is past 2**64 whatever the unit (and long
-    # enough digits are past what `int` converts).
-    whole = m.group(1).partition(".")[0].lstrip("0")
-    n = int(fractions.Fraction(m.group(1)) * unit) if len(whole) <= 20 else 1 << 64
+    # More than 20 digits is past 2**64 whatever the unit, and more than
+    # 4300 are past what `int` converts (its ValueError named no argument):
+    # the leading zeros go, and the fraction's digits past the 100th, which
+    # change no whole byte (a unit's fractions, k / 2**n or k / 10**n with
+    # n <= 50, end before them, so a fraction cut there stays on the same
+    # side of each).
+    whole, _, fraction = m.group(1).partition(".")
+    whole, fraction = whole.lstrip("0"), fraction[:100]
+    n = 1 << 64
+    if len(whole) <= 20:
+        exact = int(whole or "0") + fractions.Fraction(int(fraction or "0"), 10 ** len(fraction))
+        n = int(exact * unit)
     if n >> 64:
         raise OverflowError(f"memres: {what}: {text!r} is more than 2**64 - 1 bytes")
     return n

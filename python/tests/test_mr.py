@@ -275,6 +275,19 @@ def test_a_size_string_parses_exactly_and_one_past_2_64_names_itself():
             mr.PoolMemoryResource(mr.SimulatedMemoryResource(GiB), initial_pool_size=text)
 
 
+def test_a_size_string_of_thousands_of_digits_parses_exactly():
+    # Past 4300 digits, `int` refused it with a ValueError that named no
+    # argument ("Exceeds the limit (4300 digits)"): leading zeros and a long
+    # fraction included.
+    assert mr._parse_bytes("0" * 5000 + "1", "size") == 1
+    assert mr._parse_bytes("1." + "0" * 5000 + " KiB", "size") == 1024
+    assert mr._parse_bytes("0." + "9" * 5000 + " KiB", "size") == 1023
+    assert mr._parse_bytes("0." + "0" * 5000 + "1 PiB", "size") == 0
+    # A fraction that ends past the 100th digit, at a unit's exact byte:
+    assert mr._parse_bytes("0.5" + "0" * 5000 + " kb", "size") == 500
+    assert mr._parse_bytes("1." + "0" * 5000 + "1 b", "size") == 1
+
+
 def test_out_of_memory_is_a_memory_error_with_the_figures():
     pool = mr.PoolMemoryResource(mr.SimulatedMemoryResource(64 * MiB), maximum_pool_size=32 * MiB)
     p = pool.allocate(16 * MiB)
