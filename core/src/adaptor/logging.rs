@@ -760,9 +760,8 @@ unsafe impl<E, R: crate::copy::MemoryOf<E>, W: Write> crate::copy::MemoryOf<E> f
 
 impl<R: 'static, W: Write + 'static> Logging<R, W> {
     /// Flushes the log and keeps its writer locked until the [`LockedLog`]
-    /// is dropped:
-    /// what a fork handler takes before `fork` and lets go of after it, in
-    /// the parent and in the child. The child then inherits no buffered
+    /// is dropped: what a fork handler takes before `fork` and lets go of
+    /// after it, in the parent and in the child. The child then inherits no buffered
     /// row (which its exit handler would write a second time) and no lock
     /// that another thread held (which no thread of the child could ever
     /// let go). Rows logged meanwhile wait. A flush that fails is counted
@@ -780,7 +779,7 @@ impl<R: 'static, W: Write + 'static> Logging<R, W> {
     /// let log = Arc::new(Logging::new(BumpUpstream::new(1 << 20), BufWriter::new(Vec::new()))?);
     /// log.allocate(Request::new(256)?, &())?;
     /// let locked = Logging::lock_flushed(&log).expect("not inside the log's writer");
-    /// assert_eq!(locked.writer().buffer().len(), 0); // the row is written out
+    /// assert_eq!(locked.writer().unwrap().buffer().len(), 0); // the row is written out
     /// drop(locked); // rows may be logged again
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
@@ -792,7 +791,7 @@ impl<R: 'static, W: Write + 'static> Logging<R, W> {
             }
             // SAFETY: only the lifetime changes. The guard borrows the
             // mutex inside the `Arc`'s allocation, which does not move
-            // and lives while an `Arc` of it does: `Held` owns one
+            // and lives while an `Arc` of it does: `LockedLog` owns one
             // (`_log`), and drops its guard first (fields drop in the
             // order declared). The guard never leaves `LockedLog` with the
             // longer lifetime: `writer` lends it for `LockedLog`'s own.
@@ -816,9 +815,11 @@ pub struct LockedLog<R: 'static, W: Write + 'static = BufWriter<File>> {
 }
 
 impl<R, W: Write> LockedLog<R, W> {
-    /// The log's writer, flushed when it was locked.
-    pub fn writer(&self) -> &W {
-        &self.out
+    /// The log's writer, flushed when it was locked; `None` while the log
+    /// holds its rows for a file not made yet (a stack's `log` layer until
+    /// the whole stack is built).
+    pub fn writer(&self) -> Option<&W> {
+        self.out.inner.as_ref()
     }
 }
 

@@ -774,8 +774,8 @@ fn a_log_locked_flushed_writes_its_rows_out_and_no_row_until_let_go() {
     let log = Arc::new(Logging::new(BumpUpstream::new(1 << 30), BufWriter::new(Vec::new())).unwrap());
     log.allocate(Request::new(1000).unwrap(), &()).unwrap();
     let locked = Logging::lock_flushed(&log).expect("not inside the writer");
-    assert_eq!(locked.writer().buffer().len(), 0, "the row was left in the buffer");
-    assert_eq!(rows(locked.writer().get_ref()).len(), 1);
+    assert_eq!(locked.writer().unwrap().buffer().len(), 0, "the row was left in the buffer");
+    assert_eq!(rows(locked.writer().unwrap().get_ref()).len(), 1);
     let (tx, rx) = mpsc::channel();
     let other = Arc::clone(&log);
     let t = std::thread::spawn(move || {
