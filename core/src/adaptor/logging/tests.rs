@@ -794,6 +794,20 @@ fn a_log_locked_flushed_writes_its_rows_out_and_no_row_until_let_go() {
     assert_eq!(rows(&out).iter().map(|r| r.size).collect::<Vec<_>>(), [1000, 2000]);
 }
 
+/// A log that holds its rows for a file not made yet (a stack's, during
+/// its build) locks with no writer to show: `writer` answers `None` (it
+/// panicked), and its rows stay held.
+#[test]
+fn a_log_holding_its_rows_locks_with_no_writer() {
+    let log = Arc::new(Logging::held(BumpUpstream::new(1 << 20)));
+    log.allocate(Request::new(64).unwrap(), &()).unwrap();
+    let locked = Logging::lock_flushed(&log).expect("not inside the writer");
+    assert!(locked.writer().is_none());
+    drop(locked);
+    assert_eq!(log.write_errors(), 0);
+    assert!(log.out.lock().unwrap().held.as_ref().is_some_and(|h| !h.is_empty()), "the row is held still");
+}
+
 /// A flush that fails under `lock_flushed` is counted (the next flush says
 /// so), and the log is locked all the same.
 #[test]
