@@ -296,18 +296,18 @@ struct PyFree {
 }
 
 impl PyCallbacks {
-    /// Notes `block` as live, or answers a live block it overlaps.
-    fn note(&self, block: Block) -> Result<(), (u64, u64)> {
+    /// Notes `block` as live, unless it overlaps a live block: whether it
+    /// did.
+    fn note(&self, block: Block) -> bool {
         let mut live = self.live.lock().unwrap_or_else(|p| p.into_inner());
         let (start, len) = (block.addr(), block.size().max(1));
         let end = start.saturating_add(len);
-        let before = live.range(..=start).next_back().filter(|&(&s, &l)| s.saturating_add(l) > start);
-        let after = live.range(start.saturating_add(1)..end).next();
-        if let Some((&s, &l)) = before.or(after) {
-            return Err((s, l));
+        let before = live.range(..=start).next_back().is_some_and(|(&s, &l)| s.saturating_add(l) > start);
+        if before || live.range(start.saturating_add(1)..end).next().is_some() {
+            return false;
         }
         live.insert(start, len);
-        Ok(())
+        true
     }
 }
 
@@ -327,7 +327,7 @@ impl MemoryResource<Stream> for PyCallbacks {
                     .map_err(|e| raised(py, e, request.size(), "allocate_func returned no int address"))?;
                 let block = Block::new(addr, request.size(), 0);
                 let misaligned = addr == 0 || addr % request.align() != 0;
-                if !misaligned && self.note(block).is_ok() {
+                if !misaligned && self.note(block) {
                     return Ok(Ok(block));
                 }
                 if addr == 0 {
@@ -383,7 +383,7 @@ impl MemoryResource<Stream> for PyCallbacks {
         let freed = self.free.deallocate(block, stream);
         if freed.is_err() && noted.is_some() {
             // Unless another block took its place meanwhile.
-            let _ = self.note(block);
+            self.note(block);
         }
         freed
     }

@@ -594,6 +594,8 @@ struct Building<'a> {
     /// The snapshot's map its leaves were tapped into, if any.
     map: Option<crate::snapshot::Map>,
     device: u32,
+    /// How deep its calls nest with its upstreams' ([`depth`]).
+    depth: usize,
 }
 
 impl Resource {
@@ -610,7 +612,8 @@ impl Resource {
         let covers = Covers::new([], passes_calls_on(&call));
         let stream = backend::default_stream(device).map_err(|e| e.to_string())?;
         let built = builder.build_call_with_handles(&call, &stream).map_err(|e| stack_text(&e, text))?;
-        let b = Building { text, call, builder, built, map, device };
+        let depth = depth(&call, &[]);
+        let b = Building { text, call, builder, built, map, device, depth };
         Ok(Resource::of_built(b, &[], covers, Vec::new(), Arc::default()))
     }
 
@@ -624,7 +627,7 @@ impl Resource {
         functions: Vec<Arc<Function>>,
         kept: Arc<Kept>,
     ) -> Resource {
-        let Building { text, call, builder, built, map, device } = b;
+        let Building { text, call, builder, built, map, device, depth } = b;
         let calls_python = !functions.is_empty() || upstreams.iter().any(|u| u.calls_python);
         backend::note_driver_pools(device, &built);
         let streams =
@@ -668,7 +671,7 @@ impl Resource {
         let keeps_streams = parts.remembers_streams || upstreams.iter().any(|u| u.keeps_streams);
         let log_file = outermost_log_file(&call);
         Resource {
-            depth: depth(&call, &upstreams.iter().map(|u| u.depth).collect::<Vec<_>>()),
+            depth,
             parts: DropDetached::of_stack(parts, covers),
             has_bytes: bytes_of(&call, upstreams, &builder),
             keeps_streams,
@@ -707,10 +710,10 @@ impl Resource {
                 u.device
             )));
         }
-        let deep = depth(&call, &upstreams.iter().map(|u| u.depth).collect::<Vec<_>>());
-        if deep > memres_core::stack::MAX_DEPTH {
+        let depth = depth(&call, &upstreams.iter().map(|u| u.depth).collect::<Vec<_>>());
+        if depth > memres_core::stack::MAX_DEPTH {
             return Err(PyValueError::new_err(format!(
-                "memres: stack `{text}`: with the resources it is built over, calls nested {deep} deep, more \
+                "memres: stack `{text}`: with the resources it is built over, calls nested {depth} deep, more \
                  than {}",
                 memres_core::stack::MAX_DEPTH
             )));
@@ -744,7 +747,7 @@ impl Resource {
         })?;
         let upstreams: Vec<&Resource> = upstreams.iter().map(|u| &**u).collect();
         Ok(Resource::of_built(
-            Building { text, call, builder, built, map, device },
+            Building { text, call, builder, built, map, device, depth },
             &upstreams,
             covers,
             functions,
