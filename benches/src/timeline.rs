@@ -54,11 +54,16 @@ impl Form {
             Some("html" | "htm") => Ok(Form::Html),
             Some("svg") => Ok(Form::Svg),
             Some("csv") => Ok(Form::Csv),
-            // `.html` alone is a name with no extension (a hidden file).
-            _ if path.file_stem().is_some_and(|s| s.to_string_lossy().starts_with('.')) => Err(format!(
-                "--timeline {}: the file needs a name before its extension (.html, .htm, .svg or .csv)",
-                path.display()
-            )),
+            // `.html` alone is a hidden file's name, with no extension.
+            None if path.file_name().and_then(|n| n.to_str()).is_some_and(|n| {
+                matches!(n.to_ascii_lowercase().as_str(), ".html" | ".htm" | ".svg" | ".csv")
+            }) =>
+            {
+                Err(format!(
+                    "--timeline {}: the file needs a name before its extension (.html, .htm, .svg or .csv)",
+                    path.display()
+                ))
+            }
             _ => Err(format!(
                 "--timeline {}: the file must end in .html (or .htm), .svg or .csv",
                 path.display()

@@ -126,13 +126,13 @@ fn the_form_is_read_from_the_extension_in_either_case() {
         (Form::of(Path::new("t.SVG")), Form::of(Path::new("a.b.Csv"))),
         (Ok(Form::Svg), Ok(Form::Csv))
     );
-    for refused in ["t.txt", "t", "html", "t.html.gz"] {
+    for refused in ["t.txt", "t", "html", "t.html.gz", ".hidden.txt", ".txt"] {
         let e = Form::of(Path::new(refused)).unwrap_err();
         assert!(e.contains(refused) && e.contains("must end in .html"), "{refused}: {e}");
     }
     // `.html` is a hidden file's name, with no extension: said so, not
     // that it must end in what it ends in.
-    for hidden in [".html", "out/.svg"] {
+    for hidden in [".html", "out/.SVG"] {
         let e = Form::of(Path::new(hidden)).unwrap_err();
         assert!(e.contains("needs a name before its extension"), "{hidden}: {e}");
     }
