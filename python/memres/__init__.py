@@ -90,11 +90,14 @@ def reinitialize(pool_allocator=False, managed_memory=False, initial_pool_size=N
     # Only once every device's resource could be made: a failure changes
     # nothing. One step for other threads.
     with mr._REGISTRY:
-        for device, res in made:
-            set_per_device_resource(device, res)
+        replaced = [set_per_device_resource(device, res) for device, res in made]
         # As RMM's, which clears every device's resource first: the others
         # get their default on next use.
-        mr._forget_all(but=[device for device, _ in made])
+        replaced += mr._forget_all(but=[device for device, _ in made])
+    # Dropped once the registry is let go: the drop of a pool over a
+    # CallbackMemoryResource waits for that resource's lock, whose holder
+    # may be in a callback that waits for the registry (the two hung).
+    del replaced
 
 
 def _device_list(devices):

@@ -53,29 +53,36 @@ def _flush_logs_at_exit():
             print(f"memres: at exit: {e}", file=sys.stderr)
 
 
-# What `_lock_logs_before_fork` locked, dropped after the fork in both
+# What `_lock_before_fork` locked, let go of after the fork in both
 # processes.
 _LOCKED_AT_FORK = []
 
 
-def _lock_logs_before_fork():
-    """Writes out every built resource's log and keeps it locked across
-    ``os.fork``: the child's exit would otherwise write the rows buffered
-    at the fork a second time, and a log that another thread was writing
-    would stay locked in the child for ever."""
+def _lock_before_fork():
+    """Keeps what the package locks process-wide locked across ``os.fork``:
+    the registry of devices' resources, every built resource's log (written
+    out first), and the table of live host allocations. A child that
+    inherited one held by another thread of the parent would wait for it
+    for ever (its first ``get_current_device_resource()``, its first
+    ``HostMemoryResource`` allocation), and its exit would write the rows
+    buffered at the fork a second time. The registry first: a thread that
+    holds it may drop a resource, which flushes its log."""
+    _REGISTRY.acquire()
     natives = [r._native for r in list(_BUILT)]
     for module in (_native.sim, _native._cuda):
         if module is not None:
-            _LOCKED_AT_FORK.append(module.lock_logs([n for n in natives if isinstance(n, module.NativeResource)]))
+            natives_of = [n for n in natives if isinstance(n, module.NativeResource)]
+            _LOCKED_AT_FORK.append(module.lock_for_fork(natives_of))
 
 
-def _unlock_logs_after_fork():
+def _unlock_after_fork():
     _LOCKED_AT_FORK.clear()
+    _REGISTRY.release()
 
 
 if hasattr(os, "register_at_fork"):
-    os.register_at_fork(before=_lock_logs_before_fork, after_in_parent=_unlock_logs_after_fork,
-                        after_in_child=_unlock_logs_after_fork)
+    os.register_at_fork(before=_lock_before_fork, after_in_parent=_unlock_after_fork,
+                        after_in_child=_unlock_after_fork)
 
 
 def _word(value, what):
@@ -953,22 +960,25 @@ def set_per_device_resource(device, mr):
 def _forget(device):
     """Forgets the resource of ``device`` everywhere, as though none had
     been set: the next use gets the device's default (Python's
-    ``get_per_device_resource``, or the C functions' ``DEFAULT_STACK``)."""
+    ``get_per_device_resource``, or the C functions' ``DEFAULT_STACK``).
+    Returns the resource forgotten (or None), for the caller to drop once
+    it has let the registry go: the drop of a pool over a
+    ``CallbackMemoryResource`` waits for that resource's lock, whose holder
+    may be in a callback that waits for the registry."""
     with _REGISTRY:
         for module in (_native.sim, _native._cuda):
             if module is not None:
                 module.forget_per_device_resource(device)
-        _current.pop(device, None)
+        return _current.pop(device, None)
 
 
 def _forget_all(but=()):
     """Forgets the resource of every device but those in ``but``, as
     ``_forget``: also of a device whose default only the C functions made
-    (PyTorch's allocations), which is not in ``_current``."""
+    (PyTorch's allocations), which is not in ``_current``. Returns those
+    forgotten, as ``_forget``."""
     with _REGISTRY:
-        for device in range(_native.sim.MAX_DEVICES):
-            if device not in but:
-                _forget(device)
+        return [_forget(device) for device in range(_native.sim.MAX_DEVICES) if device not in but]
 
 
 def get_current_device_resource():

@@ -89,8 +89,8 @@ fn native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("C_DEFAULT_STACK", backend::c_default_stack())?;
     m.add("GIT_COMMIT", env!("MEMRES_GIT_COMMIT"))?;
     m.add_class::<resource::Resource>()?;
-    m.add_class::<resource::LockedLogs>()?;
-    m.add_function(wrap_pyfunction!(resource::lock_logs, m)?)?;
+    m.add_class::<resource::LockedForFork>()?;
+    m.add_function(wrap_pyfunction!(resource::lock_for_fork, m)?)?;
     m.add_class::<buffer::Buffer>()?;
     m.add_class::<stream::MadeStream>()?;
     m.add_function(wrap_pyfunction!(current::set_per_device_resource, m)?)?;

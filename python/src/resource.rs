@@ -28,25 +28,29 @@ use std::sync::{Arc, Mutex, Weak};
 
 type Dyn = DynResource<Stream>;
 
-/// The `log` adaptors of stacks locked, their rows flushed, until this is
-/// dropped ([`Logging::lock_flushed`]): what the package takes before
-/// `os.fork` and drops after it, in the parent and in the child. The child
-/// then has no row of the parent's to write again at its exit, and no lock
-/// that another thread of the parent held. Unsendable: dropped on the
-/// thread that forked.
-#[pyclass(module = "memres", name = "LockedLogs", unsendable)]
-pub(crate) struct LockedLogs {
-    _locked: Vec<memres_core::adaptor::LockedLog<Dyn>>,
+/// What the package locks before `os.fork` and drops after it, in the
+/// parent and in the child: the `log` adaptors of stacks, their rows
+/// flushed ([`Logging::lock_flushed`]), and the table of live host
+/// allocations ([`HostMemory::lock_table`](memres_sim::HostMemory::lock_table)).
+/// The child then has no row of the parent's to write again at its exit,
+/// and neither lock held by a thread it does not have. Unsendable: dropped
+/// on the thread that forked.
+#[pyclass(module = "memres", name = "LockedForFork", unsendable)]
+pub(crate) struct LockedForFork {
+    _logs: Vec<memres_core::adaptor::LockedLog<Dyn>>,
+    _host_table: Box<dyn std::any::Any>,
 }
 
 /// Locks the `log` adaptors of `resources`, each once (a stack built over
-/// another shares its logs), flushed.
+/// another shares its logs), flushed, then the table of live host
+/// allocations.
 #[pyfunction]
-pub(crate) fn lock_logs(resources: Vec<PyRef<'_, Resource>>) -> LockedLogs {
+pub(crate) fn lock_for_fork(resources: Vec<PyRef<'_, Resource>>) -> LockedForFork {
     let mut seen = std::collections::HashSet::new();
     let logs = resources.iter().flat_map(|r| r.logs.iter()).filter(|l| seen.insert(Arc::as_ptr(l)));
     // `None` only inside a log's own writer: a file's never forks.
-    LockedLogs { _locked: logs.filter_map(Logging::lock_flushed).collect() }
+    let logs = logs.filter_map(Logging::lock_flushed).collect();
+    LockedForFork { _logs: logs, _host_table: Box::new(memres_sim::HostMemory::lock_table()) }
 }
 
 /// A built stack: the resource, its typed handles and its live blocks

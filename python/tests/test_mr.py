@@ -1959,6 +1959,110 @@ def test_a_chain_of_resources_deeper_than_the_stack_limit_is_refused():
     assert result == [True]
 
 
+def test_reinitialize_beside_a_callback_that_asks_for_the_current_resource_does_not_hang():
+    # reinitialize dropped the old current resource (a pool over a
+    # callback's pool) holding the registry; the drop waited for the
+    # callback's pool, whose lock a thread held in a callback that waited
+    # for the registry: the two hung for ever.
+    code = textwrap.dedent("""
+        import threading, memres
+        from memres import mr
+        inside, go = threading.Event(), threading.Event()
+        addresses = iter(range(1 << 40, 1 << 50, 1 << 36))
+        def alloc(n):
+            if n > 1 << 30:
+                inside.set()
+                go.wait()
+                memres.get_current_device_resource()
+            return next(addresses)
+        q = mr.PoolMemoryResource(mr.CallbackMemoryResource(alloc, lambda p, n: None, backend="sim"),
+                                  initial_pool_size=1 << 20)
+        mr.set_current_device_resource(mr.PoolMemoryResource(q, initial_pool_size=4096))
+        t = threading.Thread(target=lambda: q.allocate(1 << 31))
+        t.start()
+        inside.wait()
+        threading.Timer(0.5, go.set).start()
+        memres.reinitialize(stack="host")
+        t.join()
+        print("done")
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and out.stdout == "done\n", out
+
+
+FORKS = textwrap.dedent("""
+    import os, sys, threading, time
+    import memres
+    from memres import mr
+    def forks(child, n=10):
+        # Each child must end within 10 s; say how many hung.
+        hung = 0
+        for _ in range(n):
+            pid = os.fork()
+            if pid == 0:
+                try:
+                    child()
+                    os._exit(0)
+                except BaseException:
+                    os._exit(1)
+            for _ in range(1000):
+                done, status = os.waitpid(pid, os.WNOHANG)
+                if done:
+                    assert status == 0, status
+                    break
+                time.sleep(0.01)
+            else:
+                hung += 1
+                os.kill(pid, 9)
+                os.waitpid(pid, 0)
+        print(hung)
+""")
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="no os.fork here")
+def test_a_forked_child_gets_the_registry_another_thread_was_setting():
+    # The registry's lock, held by a thread setting the current resource at
+    # the fork, stayed held in the child: its first
+    # get_current_device_resource() waited for ever (20 of 20 forks).
+    code = FORKS + textwrap.dedent("""
+        h = mr.HostMemoryResource()
+        def spin():
+            while True:
+                memres.set_current_device_resource(h)
+        threading.Thread(target=spin, daemon=True).start()
+        time.sleep(0.1)
+        forks(lambda: memres.get_current_device_resource())
+    """)
+    out = subprocess.run([sys.executable, "-W", "ignore::DeprecationWarning", "-c", code],
+                         capture_output=True, text=True, timeout=240)
+    assert out.returncode == 0 and out.stdout == "0\n", out
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="no os.fork here")
+def test_a_forked_child_uses_host_memory_while_another_thread_was_copying():
+    # The table of live host allocations (of every HostMemoryResource),
+    # held by a thread copying at the fork, stayed held in the child: its
+    # first host allocation, even from a resource of its own, waited for
+    # ever (some forks in 20). A resource that the thread was in a call of
+    # may stay locked in the child: the child makes its own.
+    code = FORKS + textwrap.dedent("""
+        h = mr.HostMemoryResource()
+        data = bytes(8 << 20)
+        def spin():
+            while True:
+                memres.DeviceBuffer.to_device(data, mr=h)
+        threading.Thread(target=spin, daemon=True).start()
+        time.sleep(0.1)
+        def child():
+            b = memres.DeviceBuffer.to_device(b"bytes", mr=mr.HostMemoryResource())
+            assert b.tobytes() == b"bytes"
+        forks(child, 20)
+    """)
+    out = subprocess.run([sys.executable, "-W", "ignore::DeprecationWarning", "-c", code],
+                         capture_output=True, text=True, timeout=240)
+    assert out.returncode == 0 and out.stdout == "0\n", out
+
+
 def test_torch_use_without_pytorch_fails_and_changes_nothing():
     import importlib.util
     if importlib.util.find_spec("torch") is not None:

@@ -147,6 +147,18 @@ impl HostMemory {
     pub fn live_count(&self) -> usize {
         self.lock().outstanding.len()
     }
+
+    /// Locks the process-wide table of live host allocations (of every
+    /// `HostMemory`) until the guard is dropped: what a fork handler holds
+    /// across `fork`, dropping it in the parent and in the child. A child
+    /// that inherited the table locked by another thread of the parent
+    /// (in an allocation, a free or a [`HostCopy`](crate::HostCopy) copy)
+    /// would wait for ever in each of its own. It waits for the table's
+    /// holder, if any; it takes no resource's lock (each is taken before
+    /// the table, never after).
+    pub fn lock_table() -> impl Sized + 'static {
+        live()
+    }
 }
 
 /// A leaf: it holds what it handed out. The checker checks that the bytes
