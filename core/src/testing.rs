@@ -6,8 +6,9 @@
 //! failures and panics), streams known by
 //! an id ([`IdStream`], [`TestStream`] with injected `synchronize`
 //! failures, [`PanickingStream`] with injected panics, by a [`PanicTrap`]
-//! that other doubles use too) and the deterministic generator of
-//! workloads and randomized tests ([`SplitMix64`]); under `--cfg loom`,
+//! that other doubles use too), the deterministic generator of
+//! workloads and randomized tests ([`SplitMix64`]) and a check that work
+//! waits for a lock held (`waits_for`, feature `std`); under `--cfg loom`,
 //! module `loom` runs the loom models of the core and the workspace. The
 //! simulated device, streams with a happens-before checker and address
 //! space live in `memres-sim`; fault injection of those is
@@ -387,6 +388,32 @@ pub const fn steps(n: usize) -> usize {
 #[cfg(feature = "alloc")]
 pub const SYNC_FAILURE: Error =
     Error::Backend { code: 5, what: "injected failure of a test stream's synchronize" };
+
+/// Whether `work`, run on a thread of its own, waits for `held` (a lock
+/// the caller took): not done 200 ms in, and done once `held` is dropped,
+/// which this waits for (feature `std`).
+///
+/// ```
+/// use memres_core::testing::waits_for;
+/// use std::sync::{Arc, Mutex};
+/// let lock = Arc::new(Mutex::new(()));
+/// let other = lock.clone();
+/// assert!(waits_for(lock.lock().unwrap(), move || drop(other.lock().unwrap())));
+/// assert!(!waits_for((), || ()));
+/// ```
+#[cfg(all(feature = "std", not(loom)))]
+pub fn waits_for<H>(held: H, work: impl FnOnce() + Send + 'static) -> bool {
+    let (done, finished) = std::sync::mpsc::channel();
+    let thread = std::thread::spawn(move || {
+        work();
+        let _ = done.send(());
+    });
+    let waited = finished.recv_timeout(std::time::Duration::from_millis(200)).is_err();
+    drop(held);
+    let _ = finished.recv();
+    thread.join().expect("the work panicked");
+    waited
+}
 
 /// What [`TestStream`]s count and inject: their `synchronize` calls, and
 /// the failures of those calls. Streams that share one (through an `Arc`)

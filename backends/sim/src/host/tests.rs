@@ -181,19 +181,10 @@ fn fresh_blocks_are_zeroed_even_in_reused_memory() {
 #[test]
 fn the_locked_table_holds_every_allocation_until_let_go() {
     let _together = host_tests_together();
-    let table = HostMemory::lock_table();
-    let (tx, rx) = std::sync::mpsc::channel();
-    let t = std::thread::spawn(move || {
+    let allocation = || {
         let h = HostMemory::new();
         let b = h.allocate(Request::new(64).unwrap(), &()).unwrap();
-        tx.send(()).unwrap();
         h.deallocate(b, &()).unwrap();
-    });
-    assert!(
-        rx.recv_timeout(std::time::Duration::from_millis(200)).is_err(),
-        "an allocation went through while the table was locked"
-    );
-    drop(table);
-    rx.recv().unwrap();
-    t.join().unwrap();
+    };
+    assert!(memres_core::testing::waits_for(HostMemory::lock_table(), allocation));
 }

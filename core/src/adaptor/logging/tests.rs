@@ -770,25 +770,14 @@ fn a_trial_write_out_of_room_over_old_rows_is_left_to_the_start() {
 /// inherits an empty buffer and a lock it can let go of.
 #[test]
 fn a_log_locked_flushed_writes_its_rows_out_and_no_row_until_let_go() {
-    use std::sync::mpsc;
     let log = Arc::new(Logging::new(BumpUpstream::new(1 << 30), BufWriter::new(Vec::new())).unwrap());
     log.allocate(Request::new(1000).unwrap(), &()).unwrap();
     let locked = Logging::lock_flushed(&log).expect("not inside the writer");
     assert_eq!(locked.writer().unwrap().buffer().len(), 0, "the row was left in the buffer");
     assert_eq!(rows(locked.writer().unwrap().get_ref()).len(), 1);
-    let (tx, rx) = mpsc::channel();
     let other = Arc::clone(&log);
-    let t = std::thread::spawn(move || {
-        other.allocate(Request::new(2000).unwrap(), &()).unwrap();
-        tx.send(()).unwrap();
-    });
-    assert!(
-        rx.recv_timeout(std::time::Duration::from_millis(200)).is_err(),
-        "a row was logged while the log was locked"
-    );
-    drop(locked);
-    rx.recv().unwrap();
-    t.join().unwrap();
+    let row = move || assert!(other.allocate(Request::new(2000).unwrap(), &()).is_ok());
+    assert!(crate::testing::waits_for(locked, row), "a row was logged while the log was locked");
     let log = Arc::try_unwrap(log).unwrap();
     let out = log.into_parts().1.into_inner().unwrap();
     assert_eq!(rows(&out).iter().map(|r| r.size).collect::<Vec<_>>(), [1000, 2000]);
