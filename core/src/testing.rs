@@ -401,7 +401,7 @@ pub const SYNC_FAILURE: Error =
 /// assert!(waits_for(lock.lock().unwrap(), move || drop(other.lock().unwrap())));
 /// assert!(!waits_for((), || ()));
 /// ```
-#[cfg(all(feature = "std", not(loom)))]
+#[cfg(feature = "std")]
 pub fn waits_for<H>(held: H, work: impl FnOnce() + Send + 'static) -> bool {
     let (done, finished) = std::sync::mpsc::channel();
     let thread = std::thread::spawn(move || {
