@@ -29,6 +29,12 @@ impl Bits {
         Ok(())
     }
 
+    /// The words it holds (what a test reads of its host memory).
+    #[cfg(test)]
+    pub(super) fn words(&self) -> usize {
+        self.0.len()
+    }
+
     /// Bit `i`.
     #[inline]
     pub(super) fn get(&self, i: u32) -> bool {

@@ -445,12 +445,6 @@ impl<V: ReservableSpace> VirtualPool<V> {
         };
         let granules = len >> self.shift;
         let (base, slots) = (base as u32, (base + granules) as usize);
-        // The bitmaps first: host memory they cannot have is out of memory
-        // (a bitmap of 2^32 granules takes 512 MiB), not an abort, and
-        // leaves nothing to undo (bits grown and not used are clear).
-        if self.committed_bits.grow(slots).is_err() || self.touched.grow(slots).is_err() {
-            return Err(self.out_of_memory(bytes));
-        }
         let range = self.space.reserve(len)?;
         // The space's fault, not the request's.
         let misbehaved = |what| Error::UpstreamMisbehaved { addr: range.start(), size: range.len(), what };
@@ -465,6 +459,14 @@ impl<V: ReservableSpace> VirtualPool<V> {
         if range.len() != len || range.start() % g != 0 {
             let _ = self.space.release(range);
             return Err(misbehaved("a reservation not sized or aligned as asked"));
+        }
+        // The bitmaps after the space's yes, so that a request the space
+        // refuses takes no host memory (a bitmap of 2^30 granules is 128
+        // MiB); host memory they cannot have is out of memory, not an
+        // abort. Bits grown and left unused are clear: nothing to undo.
+        if self.committed_bits.grow(slots).is_err() || self.touched.grow(slots).is_err() {
+            let _ = self.space.release(range);
+            return Err(self.out_of_memory(bytes));
         }
         let first = match self.index.add_range(range) {
             Ok(first) => first,

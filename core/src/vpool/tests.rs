@@ -383,6 +383,24 @@ pub(super) fn commit_failing_half_way_hands_out_nothing() {
     assert_eq!(p.usage().held, MIB);
 }
 
+/// A reservation the space refuses takes no host memory for bitmaps: a
+/// request of 2^50 bytes over 1 MiB granules would have grown two bitmaps
+/// of 128 MiB each, kept for good (and under Miri, zeroed for hours).
+#[test]
+fn a_reservation_the_space_refuses_grows_no_bitmap() {
+    let space = CountingSpace::new(1 << 30, MIB);
+    let config = VirtualConfig::new(64 * MIB).max_reservations(2);
+    let mut p = VirtualPool::with_config(&space, config).unwrap();
+    let a = p.allocate(req(MIB), &()).unwrap();
+    let words = (p.committed_bits.words(), p.touched.words());
+    assert_eq!(words, (1, 1));
+    assert!(p.allocate(req(1 << 50), &()).unwrap_err().is_out_of_memory());
+    assert_eq!((p.committed_bits.words(), p.touched.words()), words);
+    assert_eq!(p.reservation_count(), 1);
+    p.deallocate(a, &()).unwrap();
+    p.check().unwrap();
+}
+
 #[test]
 pub(super) fn out_of_physical_memory_trims_idle_granules_and_retries() {
     let space = CountingSpace::new(5 * MIB, MIB);
