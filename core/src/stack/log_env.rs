@@ -45,13 +45,19 @@ pub fn log_file_of_device(value: Option<&OsStr>, device: u32) -> Option<PathBuf>
 }
 
 /// Checks `value`, the setting of [`LOG_FILE_VAR`], before any device is
-/// used, creating nothing: a name whose directory does not exist or is not
-/// a directory, that names a directory (an existing one, or any name that
-/// ends with a separator, `.` or `..`), that starts or ends with white
-/// space (a stray space or newline, never meant as part of a file's name),
-/// or a file or directory that is read only, is an error that names the
-/// variable. A file that cannot be created for another reason is found
-/// when a device first logs.
+/// used, leaving everything as it was: a name whose directory does not
+/// exist or is not a directory, that names a directory (an existing one,
+/// or any name that ends with a separator, `.` or `..`), that starts or
+/// ends with white space (a stray space or newline, never meant as part of
+/// a file's name), or device 0's file that this process cannot write (an
+/// existing one opened for writing, uncut; a missing one's directory by a
+/// temporary file made and removed beside it, as
+/// [`snapshot::check_file`](crate::snapshot::check_file) does), is an error
+/// that names the variable. The kernel decides, not the permission bits:
+/// a directory of another user's, writable by none but its owner, is
+/// refused, and a file of mode 0444 is accepted for root, who can write it.
+/// A file that cannot be created for another reason is found when a device
+/// first logs.
 ///
 /// # Errors
 ///
@@ -77,8 +83,11 @@ pub fn check_log_file(value: Option<&OsStr>) -> io::Result<()> {
     if text.trim() != text {
         return fail(io::ErrorKind::InvalidInput, "the name starts or ends with white space");
     }
-    // `Path` drops a final separator: `logs/` would log to the file `logs.dev0`.
-    if text.ends_with(std::path::is_separator) || Path::new(value.unwrap_or_default()).file_name().is_none() {
+    // `Path` drops a final separator and a final `.`: `logs/` would log to
+    // the file `logs.dev0`, and `missing/.` to `missing.dev0`, beside the
+    // directory it names.
+    let last = text.rsplit(std::path::is_separator).next().unwrap_or_default();
+    if matches!(last, "" | "." | "..") {
         return fail(io::ErrorKind::IsADirectory, "it names a directory; name a file in it");
     }
     let dir = match file.parent() {
@@ -89,22 +98,30 @@ pub fn check_log_file(value: Option<&OsStr>) -> io::Result<()> {
         Ok(m) if !m.is_dir() => {
             return fail(io::ErrorKind::NotADirectory, "its directory is not a directory")
         }
-        Ok(m) if m.permissions().readonly() => {
-            return fail(io::ErrorKind::PermissionDenied, "its directory is read only")
-        }
         Ok(_) => {}
         Err(e) => return Err(named(value, e)),
     }
-    for path in [Path::new(value.unwrap_or_default()), &file] {
-        match std::fs::metadata(path) {
-            Ok(m) if m.is_dir() => return fail(io::ErrorKind::IsADirectory, "it names a directory"),
-            Ok(m) if m.permissions().readonly() => {
-                return fail(io::ErrorKind::PermissionDenied, "the file is read only")
-            }
-            _ => {}
-        }
+    if std::fs::metadata(value.unwrap_or_default()).is_ok_and(|m| m.is_dir()) {
+        return fail(io::ErrorKind::IsADirectory, "it names a directory");
     }
-    Ok(())
+    let why = |what: &str, e: io::Error| named(value, io::Error::new(e.kind(), format!("{what}: {e}")));
+    match std::fs::metadata(&file) {
+        Ok(m) if m.is_dir() => fail(io::ErrorKind::IsADirectory, "it names a directory"),
+        // Opened as the log opens it, but not cut: only the kernel knows
+        // whether this process may write it.
+        Ok(m) if m.is_file() => std::fs::OpenOptions::new()
+            .write(true)
+            .open(&file)
+            .map(drop)
+            .map_err(|e| why("the file cannot be written", e)),
+        // A device or a pipe, as a snapshot's file is checked.
+        Ok(_) => crate::snapshot::check_file(&file).map_err(|e| why("the file cannot be written", e)),
+        // A temporary file beside it, made and removed.
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            crate::snapshot::check_file(&file).map_err(|e| why("its directory cannot be written", e))
+        }
+        Err(e) => Err(named(value, e)),
+    }
 }
 
 /// `resource` logged to device `device`'s file when [`LOG_FILE_VAR`] is
@@ -159,4 +176,94 @@ pub fn log_from_env<R: Clone>(
 fn named(value: Option<&OsStr>, e: io::Error) -> io::Error {
     let path = Path::new(value.unwrap_or_default()).display();
     io::Error::new(e.kind(), format!("{LOG_FILE_VAR}=`{path}`: {e}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::check_log_file;
+    use alloc::format;
+    use alloc::string::{String, ToString};
+    use alloc::vec::Vec;
+    use std::io::ErrorKind;
+    use std::path::PathBuf;
+
+    /// A directory of its own for `test`, made anew.
+    fn dir(test: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("memres-log-env-{test}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
+    }
+
+    /// The names in `dir`, sorted.
+    fn names(dir: &std::path::Path) -> Vec<String> {
+        let mut names: Vec<String> = std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into())
+            .collect();
+        names.sort();
+        names
+    }
+
+    /// `Path` drops a final `.`: `missing/.` would have logged to
+    /// `missing.dev0` beside the directory it names, and `file.txt/.` to
+    /// `file.dev0.txt`.
+    #[test]
+    fn a_name_ending_in_a_dot_names_a_directory_there_or_not() {
+        let dir = dir("dot");
+        std::fs::write(dir.join("file.txt"), "").unwrap();
+        for name in ["missing/.", "missing/..", "file.txt/.", "file.txt/..", "."] {
+            let value = dir.join(name);
+            let e = check_log_file(Some(value.as_os_str())).unwrap_err();
+            assert_eq!(e.kind(), ErrorKind::IsADirectory, "{name}: {e}");
+            assert!(e.to_string().contains("MEMRES_LOG_FILE"), "{e}");
+        }
+        assert_eq!(names(&dir), ["file.txt"], "made nothing");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// A missing file's directory is tried with a temporary file, made and
+    /// removed; an existing file is opened for writing and left as it was.
+    #[test]
+    fn a_file_that_can_be_written_is_accepted_and_left_as_it_was() {
+        let dir = dir("writable");
+        check_log_file(Some(dir.join("new.csv").as_os_str())).unwrap();
+        assert!(names(&dir).is_empty(), "made nothing: {:?}", names(&dir));
+        std::fs::write(dir.join("old.dev0.csv"), "rows\n").unwrap();
+        check_log_file(Some(dir.join("old.csv").as_os_str())).unwrap();
+        assert_eq!(std::fs::read_to_string(dir.join("old.dev0.csv")).unwrap(), "rows\n");
+        assert_eq!(names(&dir), ["old.dev0.csv"]);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// Whether this process runs as root (its effective user id is 0).
+    #[cfg(target_os = "linux")]
+    fn root() -> bool {
+        let status = std::fs::read_to_string("/proc/self/status").unwrap();
+        let uid = status.lines().find_map(|l| l.strip_prefix("Uid:")).unwrap();
+        uid.split_whitespace().nth(1) == Some("0")
+    }
+
+    /// The kernel decides, not the permission bits: a file of mode 0444 is
+    /// written by root (it was refused as read only) and refused for any
+    /// other user; a directory no one can make a file in (`/proc/self`) is
+    /// refused.
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn whether_a_file_can_be_written_is_the_kernels_to_say() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = dir("kernel");
+        let file = dir.join("ro.dev0.csv");
+        std::fs::write(&file, "rows\n").unwrap();
+        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o444)).unwrap();
+        let checked = check_log_file(Some(dir.join("ro.csv").as_os_str()));
+        match root() {
+            true => checked.unwrap(),
+            false => assert_eq!(checked.unwrap_err().kind(), ErrorKind::PermissionDenied),
+        }
+        assert_eq!(std::fs::read_to_string(&file).unwrap(), "rows\n");
+        std::fs::remove_dir_all(&dir).unwrap();
+        let e = check_log_file(Some(std::ffi::OsStr::new("/proc/self/memres.csv"))).unwrap_err();
+        assert!(e.to_string().contains("its directory cannot be written"), "{e}");
+    }
 }
