@@ -48,8 +48,10 @@
  * a file, each device's stack logs every call in RMM's CSV format to that
  * name with ".dev<N>" before its extension (trace.csv: trace.dev0.csv).
  * memres_configure checks the name (-1 when its directory is missing, it
- * is a directory or ends with "/", has white space around it, or is read
- * only); a file that cannot be made is the error of the device's first
+ * is a directory or ends with "/", "." or "..", has white space around it,
+ * or this process cannot write it or its directory); without
+ * memres_configure, a device's first call checks it before its stack is
+ * built. A file that cannot be made is the error of the device's first
  * call.
  *
  * Streams. With per_stream=true (the default stack) the pool is

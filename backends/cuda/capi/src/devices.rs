@@ -144,6 +144,11 @@ pub(crate) fn state(d: usize) -> Result<&'static DeviceState, String> {
         // a typo is named as one, with a GPU or without.
         check_stack(&stack).map_err(|e| format!("memres: {STACK_VAR} `{stack}`: {e}"))?;
     }
+    // Before the build too (again, after `configure`, which checked it
+    // then): the build makes the context for good and cuts the files of
+    // the stack's own `log` layers, and a log file refused after it would
+    // have cut them for nothing, at every try.
+    check_log_file(std::env::var_os(LOG_FILE_VAR).as_deref()).map_err(|e| format!("memres: {e}"))?;
     let made = build(d, &stack)?;
     if !made.logs.is_empty() {
         flush_at_exit();
