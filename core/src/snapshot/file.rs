@@ -6,6 +6,38 @@ use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
+/// Refuses a path that ends with a separator, `.` or `..`: it names a
+/// directory, there or not. `Path` drops such an end (the file name of
+/// `out/.` is `out`), so a file named from it would be made beside the
+/// directory named (`out-0`, `out.dev0`), or a check of it pass for a
+/// path no write can take.
+///
+/// ```
+/// use memres_core::snapshot::check_names_a_file;
+/// use std::path::Path;
+/// assert!(check_names_a_file(Path::new("out/s.pickle")).is_ok());
+/// for dir in ["out/", "out/.", "out/..", ".", "/"] {
+///     assert!(check_names_a_file(Path::new(dir)).is_err(), "{dir}");
+/// }
+/// ```
+///
+/// # Errors
+///
+/// `IsADirectory`, saying so.
+pub fn check_names_a_file(path: &Path) -> io::Result<()> {
+    let text = path.as_os_str().as_encoded_bytes();
+    // Bytes past ASCII are never a separator, whatever they encode.
+    let last =
+        text.rsplit(|&b| b.is_ascii() && std::path::is_separator(b as char)).next().unwrap_or_default();
+    match !text.is_empty() && matches!(last, b"" | b"." | b"..") {
+        true => Err(io::Error::new(
+            io::ErrorKind::IsADirectory,
+            "it names a directory (it ends with a separator, `.` or `..`); name a file in it",
+        )),
+        false => Ok(()),
+    }
+}
+
 /// Writes `bytes` to the file `path` whole: into a temporary file beside
 /// it (`.NAME.PID.N.tmp`, in the same directory so that the rename stays
 /// on one file system), synced, then renamed over `path`. A reader, or a
@@ -39,12 +71,14 @@ use std::sync::atomic::{AtomicU64, Ordering};
 ///
 /// # Errors
 ///
-/// `InvalidInput` for a path that names no file (`/`, `..`, empty), or a
-/// chain of more than 40 symbolic links (a loop); else the error of
+/// `IsADirectory` for a path that ends with a separator, `.` or `..`
+/// ([`check_names_a_file`]); `InvalidInput` for an empty path or a chain
+/// of more than 40 symbolic links (a loop); else the error of
 /// reading the links or the old file's permissions, or of making,
 /// writing, syncing or renaming the temporary file (`path` a directory, a
 /// directory that does not exist or cannot be written).
 pub fn write_file(path: &Path, bytes: &[u8]) -> io::Result<()> {
+    check_names_a_file(path)?;
     // Before its links are followed by hand: a process's `/dev/stdout` or
     // `/dev/fd/N` leads to a pipe by a name (`pipe:[N]`) no path reaches.
     if written_in_place(path) {
@@ -101,10 +135,11 @@ pub fn write_file(path: &Path, bytes: &[u8]) -> io::Result<()> {
 ///
 /// # Errors
 ///
-/// What [`write_file`] would meet before its bytes: `path` a directory
-/// (`IsADirectory`), a name too long for the temporary file, a directory
+/// What [`write_file`] would meet before its bytes: `path` a directory,
+/// or ending with a separator, `.` or `..` (`IsADirectory`), a name too long for the temporary file, a directory
 /// that does not exist or cannot be written, links that loop.
 pub fn check_file(path: &Path) -> io::Result<()> {
+    check_names_a_file(path)?;
     if written_in_place(path) {
         #[cfg(unix)]
         if std::os::unix::fs::FileTypeExt::is_fifo(&fs::metadata(path)?.file_type()) {

@@ -38,7 +38,7 @@ mod tap;
 mod tests;
 
 #[cfg(feature = "std")]
-pub use file::{check_file, follow_links, write_file};
+pub use file::{check_file, check_names_a_file, follow_links, write_file};
 pub use tap::{Freeing, Recording, Side, Tap};
 
 use alloc::collections::{BTreeMap, VecDeque};

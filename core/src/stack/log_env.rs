@@ -83,13 +83,9 @@ pub fn check_log_file(value: Option<&OsStr>) -> io::Result<()> {
     if text.trim() != text {
         return fail(io::ErrorKind::InvalidInput, "the name starts or ends with white space");
     }
-    // `Path` drops a final separator and a final `.`: `logs/` would log to
-    // the file `logs.dev0`, and `missing/.` to `missing.dev0`, beside the
-    // directory it names.
-    let last = text.rsplit(std::path::is_separator).next().unwrap_or_default();
-    if matches!(last, "" | "." | "..") {
-        return fail(io::ErrorKind::IsADirectory, "it names a directory; name a file in it");
-    }
+    // `logs/` would log to the file `logs.dev0`, and `missing/.` to
+    // `missing.dev0`, beside the directory it names.
+    crate::snapshot::check_names_a_file(Path::new(value.unwrap_or_default())).map_err(|e| named(value, e))?;
     let dir = match file.parent() {
         Some(d) if !d.as_os_str().is_empty() => d,
         _ => Path::new("."),
