@@ -54,9 +54,10 @@ impl Outputs {
     pub fn check(&self) -> Result<(), String> {
         for (option, path) in [("--timeline", &self.timeline), ("--snapshot", &self.snapshot)] {
             let Some(path) = path else { continue };
-            // Numbered snapshots of `out/` were written beside it, `out-0`.
-            let slash = path.to_string_lossy().ends_with(std::path::is_separator);
-            if slash || path.is_dir() {
+            // Numbered snapshots of `out/` (and `out/.`) were written
+            // beside it, `out-0`.
+            let named = memres_core::snapshot::check_names_a_file(path);
+            if named.is_err() || path.is_dir() {
                 return Err(format!("cannot write {option} {}: it names a directory", path.display()));
             }
         }
@@ -68,9 +69,22 @@ impl Outputs {
 
     /// The files written for `pairs` watched (workload, stack) pairs, each
     /// named as the command line named it.
-    pub fn files(&self, pairs: usize) -> Vec<Named> {
+    ///
+    /// # Errors
+    ///
+    /// Snapshots of more than one pair into a device or a pipe: each is a
+    /// numbered file (`/dev/null-0`, made beside the device), so a file
+    /// must be named.
+    pub fn files(&self, pairs: usize) -> Result<Vec<Named>, String> {
         let mut files = Vec::new();
         if let Some(path) = &self.snapshot {
+            if pairs > 1 && std::fs::metadata(path).is_ok_and(|m| !m.is_file() && !m.is_dir()) {
+                return Err(format!(
+                    "cannot write --snapshot {}: {pairs} snapshots are numbered files beside it \
+                     (NAME-0.EXT, ...), and it is a device or a pipe; name a file",
+                    path.display()
+                ));
+            }
             for i in 0..pairs {
                 let file = numbered(path, i, pairs);
                 let what = match pairs {
@@ -83,7 +97,7 @@ impl Outputs {
         if let Some(path) = &self.timeline {
             files.push(Named::new(path, format!("--timeline {}", path.display())));
         }
-        files
+        Ok(files)
     }
 }
 
@@ -112,11 +126,13 @@ pub fn numbered(path: &Path, i: usize, n: usize) -> PathBuf {
     if n <= 1 {
         return path.to_path_buf();
     }
-    let stem = path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
-    let name = match path.extension() {
-        Some(ext) => format!("{stem}-{i}.{}", ext.to_string_lossy()),
-        None => format!("{stem}-{i}"),
-    };
+    // Built of the name's own bytes: one not UTF-8 is kept as it is.
+    let mut name = std::ffi::OsString::from(path.file_stem().unwrap_or_default());
+    name.push(format!("-{i}"));
+    if let Some(ext) = path.extension() {
+        name.push(".");
+        name.push(ext);
+    }
     path.with_file_name(name)
 }
 

@@ -1298,13 +1298,22 @@ fn an_output_that_cannot_be_written_is_refused_before_anything_runs() {
     let folder_slash = format!("{}/", folder.display());
     let html_folder = dir.0.with_file_name("t.html");
     std::fs::create_dir(&html_folder).unwrap();
-    let cases: [(&str, &str, &str); 5] = [
+    // A final `.` is dropped by `Path`: the check passed, and the run
+    // failed after it, or wrote `missing-0` and `missing-1` beside it.
+    let missing_dot = format!("{}/.", dir.0.with_file_name("missing").display());
+    let missing_html_dot = format!("{}/.", dir.0.with_file_name("missing.html").display());
+    let cases: [(&str, &str, &str); 9] = [
         ("--timeline", "/nonexistent-dir/t.html", "pool"),
         ("--snapshot", "/nonexistent-dir/s.pickle", "pool"),
         ("--snapshot", folder.to_str().unwrap(), "pool"),
         // Two pairs: `out-0` was written beside the directory.
         ("--snapshot", &folder_slash, "pool,binning"),
         ("--timeline", html_folder.to_str().unwrap(), "pool"),
+        ("--timeline", &missing_html_dot, "pool"),
+        ("--snapshot", &missing_dot, "pool"),
+        ("--snapshot", &missing_dot, "pool,binning"),
+        // Two pairs into a device: `/dev/null-0` was made beside it.
+        ("--snapshot", "/dev/null", "pool,binning"),
     ];
     for (option, path, resources) in cases {
         let o = memres(&["replay", "-r", resources, option, path, "random:100:1000:1"]);

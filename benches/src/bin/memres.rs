@@ -83,8 +83,8 @@ enum Command {
         timeline: Option<PathBuf>,
         /// Write a snapshot in the format of PyTorch's
         /// `torch.cuda.memory._snapshot()` (a pickle) per (workload, stack)
-        /// that can be watched: FILE for one, FILE-0, FILE-1, ... for more;
-        /// at an op that fails, there.
+        /// that can be watched: FILE for one, FILE-0, FILE-1, ... for more
+        /// (a device or a pipe takes one only); at an op that fails, there.
         #[arg(long, value_name = "FILE")]
         snapshot: Option<PathBuf>,
         /// When the snapshot is taken.
@@ -622,7 +622,7 @@ fn replay(
         .filter_map(|s| trace_path(s))
         .map(|p| Named::new(p, format!("the workload {}", p.display())))
         .collect();
-    let files = outputs.files(watch::pairs(&targets, specs.len()));
+    let files = outputs.files(watch::pairs(&targets, specs.len())).map_err(Failure::Usage)?;
     check_distinct(&inputs, &files, &logs).map_err(Failure::Usage)?;
     // Each output can be written: told now, not after the run.
     check_outputs(&files).map_err(Failure::Usage)?;

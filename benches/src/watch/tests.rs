@@ -76,3 +76,17 @@ fn a_file_that_cannot_be_written_keeps_the_notes_of_those_written() {
     assert_eq!(e.notes.len(), 1, "{:?}", e.notes);
     assert!(e.notes[0].starts_with("wrote snapshot ") && e.notes[0].contains("s-0.pickle"), "{:?}", e.notes);
 }
+
+/// A snapshot's numbered name keeps the bytes of the name asked for: one
+/// not UTF-8 had them replaced (`\xff` by U+FFFD), and wrote, and checked,
+/// another file than the one named.
+#[cfg(unix)]
+#[test]
+fn a_numbered_name_keeps_bytes_that_are_not_utf8() {
+    use std::os::unix::ffi::OsStrExt;
+    let path = Path::new(std::ffi::OsStr::from_bytes(b"dir/\xffs.pic\xfekle"));
+    assert_eq!(numbered(path, 1, 2).as_os_str().as_bytes(), b"dir/\xffs-1.pic\xfekle");
+    let bare = Path::new(std::ffi::OsStr::from_bytes(b"\xff"));
+    assert_eq!(numbered(bare, 0, 2).as_os_str().as_bytes(), b"\xff-0");
+    assert_eq!(numbered(bare, 0, 1), bare);
+}
