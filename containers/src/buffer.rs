@@ -584,6 +584,10 @@ where
     {
         let done = self.stream.record()?;
         stream.wait(&done)?;
+        // Each event dropped before the copy is returned: a value being
+        // returned is not dropped when a local's drop panics (a user's
+        // event may), and the copy's block would stay out for good.
+        drop(done);
         let copy = DeviceBuffer::unwritten(self.len, self.align, stream, resource, self.engine.clone())?;
         if self.len == 0 {
             return Ok(copy);
@@ -605,6 +609,7 @@ where
         // The source's later work, its free included, after the copy.
         let copied = copy.stream.record()?;
         self.stream.wait(&copied)?;
+        drop(copied);
         in_flight.ordered();
         Ok(copy)
     }

@@ -303,6 +303,86 @@ fn a_deep_copy_that_panics_once_the_copy_is_queued_waits_for_it() {
     }
 }
 
+/// An event whose drop panics when its number comes up (shared by the
+/// events of one stream and its clones; 0: none): a user's event, safe to
+/// write, that breaks.
+struct DropPanics {
+    sim: SimEvent,
+    panic_in: Arc<AtomicU32>,
+}
+
+impl Drop for DropPanics {
+    fn drop(&mut self) {
+        match self.panic_in.load(Relaxed) {
+            0 => {}
+            1 => {
+                self.panic_in.store(0, Relaxed);
+                panic!("the event breaks as it goes");
+            }
+            n => self.panic_in.store(n - 1, Relaxed),
+        }
+    }
+}
+
+/// A simulated stream whose events are [`DropPanics`].
+#[derive(Clone)]
+struct EventsPanic {
+    sim: SimStream,
+    panic_in: Arc<AtomicU32>,
+}
+
+impl OnSim for EventsPanic {
+    fn sim(&self) -> &SimStream {
+        &self.sim
+    }
+}
+
+impl Stream for EventsPanic {
+    type Event = DropPanics;
+
+    fn id(&self) -> u64 {
+        self.sim.id()
+    }
+    fn record(&self) -> CoreResult<DropPanics> {
+        Ok(DropPanics { sim: self.sim.record()?, panic_in: self.panic_in.clone() })
+    }
+    fn wait(&self, event: &DropPanics) -> CoreResult<()> {
+        self.sim.wait(&event.sim)
+    }
+    fn query(&self, event: &DropPanics) -> CoreResult<bool> {
+        self.sim.query(&event.sim)
+    }
+    fn synchronize(&self) -> CoreResult<()> {
+        self.sim.synchronize()
+    }
+}
+
+/// A deep copy one of whose events panics as it is dropped (the one before
+/// the copy, or the one after it; of an empty buffer, the only one) gives
+/// the copy's block back as the panic goes on. Before, the copy was built
+/// as the return value already, which a panic in a local's drop does not
+/// drop: its block stayed out until the resource ended.
+#[test]
+fn a_deep_copy_whose_event_panics_as_it_is_dropped_gives_its_block_back() {
+    for (bytes, panic_in) in [(&b"hello"[..], 1), (b"hello", 2), (b"", 1)] {
+        let world = SimWorld::new();
+        let panic_at = Arc::new(AtomicU32::new(0));
+        let stream = || EventsPanic { sim: world.non_blocking_stream(), panic_in: panic_at.clone() };
+        let (sa, sb) = (stream(), stream());
+        let host = HostMemory::new();
+        let a = DeviceBuffer::from_slice_in(bytes, sa.clone(), &host, Queued::default()).unwrap();
+        let live = host.live_count();
+        panic_at.store(panic_in, Relaxed);
+        let cloned = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| a.try_clone_on(sb.clone())));
+        let case = format!("{} bytes, event {panic_in}", bytes.len());
+        assert!(cloned.is_err(), "{case}: the panic goes on");
+        assert_eq!(host.live_count(), live, "{case}: the clone's block went back");
+        assert_eq!(a.to_vec().unwrap(), bytes, "{case}");
+        drop(a);
+        assert_eq!(host.live_count(), 0, "{case}");
+    }
+}
+
 /// A panic whose payload panics when dropped.
 struct Bomb;
 
