@@ -293,7 +293,10 @@ impl<R, E> AssumeMemoryOf<R, E> {
     /// live block of the resource overlaps them; and `E` stays sound on a
     /// block that other code has freed (it checks its accesses, as
     /// `memres_sim::HostCopy` and `memres_cuda::CudaCopy` do, or the memory
-    /// is device memory only its device copies reach).
+    /// is device memory only its device copies reach). So must every block
+    /// of every clone of `resource`: the wrapper's [`Clone`] wraps
+    /// `R::clone`'s result under the same promise (a handle whose clones
+    /// share one resource, such as an `Arc` or a reference, keeps it).
     pub unsafe fn new(resource: R) -> Self {
         AssumeMemoryOf { resource, _engine: PhantomData }
     }
@@ -337,8 +340,9 @@ impl<S: Stream + ?Sized, R: MemoryResource<S>, E> MemoryResource<S> for AssumeMe
     }
 }
 
-// SAFETY: the caller of `new` promised the contract for `resource`'s blocks,
-// which are handed out unchanged.
+// SAFETY: the caller of `new` promised the contract for the blocks of
+// `resource` and of its clones (the only other way to make one, `Clone`,
+// wraps a clone), which are handed out unchanged.
 unsafe impl<R, E> MemoryOf<E> for AssumeMemoryOf<R, E> {}
 
 /// The allocations of one kind of host-addressable memory that are live now:
