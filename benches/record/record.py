@@ -40,7 +40,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 EXAMPLES = os.path.join(HERE, "..", "..", "backends", "cuda", "examples")
 sys.path.insert(0, HERE)
 sys.path.insert(0, EXAMPLES)
-from rmm_log import check_trace  # noqa: E402
+from rmm_log import WHITE_SPACE, check_trace  # noqa: E402
 from workloads import BY_NAME, WORKLOADS  # noqa: E402
 from workloads.context import Context  # noqa: E402
 
@@ -178,9 +178,10 @@ def line(r):
     return f"{r['name']:22s} {figures}  {r['seconds']:6.1f} s  {status}{held}"
 
 
-# What ends a word of a stack string (memres_core::stack::parse): the file
-# of `log(async, file=OUT/NAME.csv)` may hold none of it.
-NOT_IN_A_WORD = ",()= \t\n\r\x0c"
+# What ends a word of a stack string (memres_core::stack::parse: white space
+# is Rust's `char::is_whitespace`, Unicode's, a no-break space included): the
+# file of `log(async, file=OUT/NAME.csv)` may hold none of it.
+NOT_IN_A_WORD = ",()=" + WHITE_SPACE
 
 
 def printable(text):
