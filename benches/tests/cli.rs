@@ -486,6 +486,29 @@ fn extreme_sizes_and_names_are_errors_or_output_not_panics() {
     assert!(stdout(&o).contains(&long));
 }
 
+/// The offline table's columns are as wide as their headers at least: a
+/// workload named shorter than `workload` (`t.csv`) put every cell of its
+/// row two places left of its header, and the header
+/// `skyline-size-then-lifetime`, wider than its cells, every header after it
+/// eight places right of its column.
+#[test]
+fn the_offline_table_lines_up_under_its_header_whatever_the_names() {
+    let trace = Fixture::new("t.csv", "Thread,Time,Action,Pointer,Size,Stream\n0,1,allocate,0x100,256,0\n");
+    let o = Command::new(env!("CARGO_BIN_EXE_memres"))
+        .current_dir(std::path::Path::new(trace.path()).parent().unwrap())
+        .args(["offline", "t.csv"])
+        .output()
+        .expect("memres runs");
+    assert!(o.status.success(), "{}", stderr(&o));
+    let text = stdout(&o);
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), 2, "{text}");
+    assert!(lines[1].starts_with("t.csv "), "{text}");
+    // Every column but the last, of names, is of fixed width.
+    let before_last = |line: &str| line.trim_end().rsplit_once(' ').unwrap().0.chars().count();
+    assert_eq!(before_last(lines[0]) - "best".len() - 1, before_last(lines[1]), "{text}");
+}
+
 /// `offline --help` names the method of every column `offline` prints (it
 /// left out the seventh, `best-fit`).
 #[test]

@@ -346,12 +346,17 @@ fn offline(csv: bool, specs: &[String], console: &mut Console) -> ExitCode {
         return ExitCode::from(USAGE);
     }
     let methods: Vec<&str> = Method::ALL.iter().map(|m| m.name()).collect();
+    // The column of names is as wide as its header at least: names shorter
+    // than `workload` put every cell of their rows left of its header.
+    let width = workloads.iter().map(|w| text_name(&w.name).chars().count()).chain(["workload".len()]).max();
+    let width = width.unwrap_or_default();
+    // A method's column as wide as its name (`skyline-size-then-lifetime`).
+    let widths: Vec<usize> = methods.iter().map(|m| m.len().max(18)).collect();
     if csv {
         outln!(out, "workload,peak_live,{},best,best_method", methods.join(","));
     } else {
-        let width = workloads.iter().map(|w| text_name(&w.name).chars().count()).max().unwrap_or(0);
         out!(out, "{}  {:>11}", padded("workload", width), "peak live");
-        methods.iter().for_each(|m| out!(out, "  {m:>18}"));
+        methods.iter().zip(&widths).for_each(|(m, w)| out!(out, "  {m:>w$}"));
         outln!(out, "  {:>11}  {:>9}  best method", "offline", "footprint");
     }
     let mut ok = true;
@@ -396,10 +401,9 @@ fn offline(csv: bool, specs: &[String], console: &mut Console) -> ExitCode {
                 method.name()
             );
         } else {
-            let width = workloads.iter().map(|w| text_name(&w.name).chars().count()).max().unwrap_or(0);
             let cell = |top: u64| footprint(top).map_or("-".into(), |f| format!("{f:.3}"));
             out!(out, "{}  {:>11}", padded(&text_name(&w.name), width), human_bytes(w.peak_live));
-            each.iter().for_each(|&t| out!(out, "  {:>18}", cell(t)));
+            each.iter().zip(&widths).for_each(|(&t, w)| out!(out, "  {:>w$}", cell(t)));
             outln!(
                 out,
                 "  {:>11}  {:>9}  {}",
