@@ -256,19 +256,16 @@ fn lowest(
 /// neighbour and joins it. Each step places a block or removes a stretch.
 fn skyline(blocks: &[Lifetime], order: Order, low: u64, offsets: &mut [Option<u64>]) {
     use alloc::collections::BTreeSet;
-    // Unplaced blocks by start: the candidates of a stretch are those that
-    // start in it.
-    let mut unplaced: BTreeSet<(u32, usize)> = BTreeSet::new();
+    let mut unplaced: Vec<usize> = Vec::new();
     for (i, b) in blocks.iter().enumerate() {
         match offsets[i] {
-            None if takes_room(b) => {
-                unplaced.insert((b.start, i));
-            }
+            None if takes_room(b) => unplaced.push(i),
             None => offsets[i] = Some(0),
             Some(_) => {}
         }
     }
-    let Some(horizon) = unplaced.iter().map(|&(_, i)| blocks[i].end).max() else { return };
+    let Some(horizon) = unplaced.iter().map(|&i| blocks[i].end).max() else { return };
+    let mut unplaced = Candidates::new(blocks, order, unplaced);
     // Stretches by start: (end, height), covering `0..horizon`; and the
     // same by (height, start), to find the lowest.
     let mut stretches: BTreeMap<u32, (u32, u64)> = BTreeMap::new();
@@ -278,12 +275,7 @@ fn skyline(blocks: &[Lifetime], order: Order, low: u64, offsets: &mut [Option<u6
     while !unplaced.is_empty() {
         let Some(&(height, from)) = by_height.first() else { break };
         let to = stretches[&from].0;
-        let pick = unplaced
-            .range((from, 0)..(to, 0))
-            .filter(|&&(_, i)| blocks[i].end <= to)
-            .min_by_key(|&&(_, i)| (order.key(&blocks[i]), i))
-            .copied();
-        let Some((start, i)) = pick else {
+        let Some(i) = unplaced.first_within(from, to) else {
             // Nothing fits: rise to the lower neighbour and join it. The
             // whole `0..horizon` holds every block, so a stretch with no
             // neighbour always has a block to take.
@@ -301,7 +293,7 @@ fn skyline(blocks: &[Lifetime], order: Order, low: u64, offsets: &mut [Option<u6
             continue;
         };
         let b = blocks[i];
-        unplaced.remove(&(start, i));
+        unplaced.remove(i);
         offsets[i] = Some(height);
         let raised = height.saturating_add(b.size);
         by_height.remove(&(height, from));
@@ -392,6 +384,114 @@ fn best_fit(blocks: &[Lifetime], low: u64, offsets: &mut [Option<u64>]) {
     }
 }
 
+/// The blocks [`skyline`] has still to place, for its one question: the
+/// first in order (of equal keys, the lowest index) whose whole life lies
+/// within a stretch `from..to`.
+///
+/// ```text
+///   by_start   the blocks by (start, index): leaf p of the tree is the p-th
+///   tree[1]    root: the least rank and the least end of all unplaced
+///   tree[n]    node n covers the leaves its children 2n and 2n+1 cover
+/// ```
+///
+/// A block's rank is its place in order. A search of the leaves that start
+/// in `from..to` skips a node whose least end is past `to` (nothing in it
+/// fits) or whose least rank is no better than a fit found already, and
+/// takes a node's least rank whole where that block fits: the first fit,
+/// in about O(log n) where a scan of every block that starts in the
+/// stretch took O(n) (a sequence of many short-lived blocks made the
+/// skyline quadratic: 80,000 of them, half a minute).
+struct Candidates<'a> {
+    blocks: &'a [Lifetime],
+    /// The unplaced blocks' (start, index), ascending: the leaves in order.
+    by_start: Vec<(u32, usize)>,
+    /// Block index to its leaf (`u32::MAX`: not a candidate).
+    leaf_of: Vec<u32>,
+    /// Rank to block index.
+    by_rank: Vec<u32>,
+    /// The leaves' count, a power of two; leaf `p` is node `leaves + p`.
+    leaves: usize,
+    /// Per node (1-based; 0 unused): the least rank of its unplaced
+    /// blocks and their least end; `(u32::MAX, u32::MAX)` where none is.
+    tree: Vec<(u32, u32)>,
+    /// Blocks not yet removed.
+    left: usize,
+}
+
+impl<'a> Candidates<'a> {
+    const NONE: (u32, u32) = (u32::MAX, u32::MAX);
+
+    fn new(blocks: &'a [Lifetime], order: Order, unplaced: Vec<usize>) -> Self {
+        let mut by_start: Vec<(u32, usize)> = unplaced.iter().map(|&i| (blocks[i].start, i)).collect();
+        by_start.sort_unstable();
+        let mut by_rank: Vec<u32> = unplaced.iter().map(|&i| i as u32).collect();
+        by_rank.sort_unstable_by_key(|&i| (order.key(&blocks[i as usize]), i));
+        let leaves = by_start.len().next_power_of_two();
+        let mut tree = alloc::vec![Self::NONE; 2 * leaves];
+        let mut leaf_of = alloc::vec![u32::MAX; blocks.len()];
+        for (p, &(_, i)) in by_start.iter().enumerate() {
+            leaf_of[i] = p as u32;
+        }
+        for (rank, &i) in by_rank.iter().enumerate() {
+            let i = i as usize;
+            tree[leaves + leaf_of[i] as usize] = (rank as u32, blocks[i].end);
+        }
+        for n in (1..leaves).rev() {
+            tree[n] = Self::join(tree[2 * n], tree[2 * n + 1]);
+        }
+        Candidates { blocks, left: by_start.len(), by_start, leaf_of, by_rank, leaves, tree }
+    }
+
+    fn join(a: (u32, u32), b: (u32, u32)) -> (u32, u32) {
+        (a.0.min(b.0), a.1.min(b.1))
+    }
+
+    fn is_empty(&self) -> bool {
+        self.left == 0
+    }
+
+    /// Block `i` placed: no longer a candidate.
+    fn remove(&mut self, i: usize) {
+        let mut n = self.leaves + self.leaf_of[i] as usize;
+        self.tree[n] = Self::NONE;
+        self.left -= 1;
+        while n > 1 {
+            n /= 2;
+            self.tree[n] = Self::join(self.tree[2 * n], self.tree[2 * n + 1]);
+        }
+    }
+
+    /// The first block in order that starts in `from..to` and ends by `to`.
+    fn first_within(&self, from: u32, to: u32) -> Option<usize> {
+        let lo = self.by_start.partition_point(|&(s, _)| s < from);
+        let hi = self.by_start.partition_point(|&(s, _)| s < to);
+        let mut best = u32::MAX;
+        self.search(1, 0, self.leaves, lo, hi, to, &mut best);
+        (best != u32::MAX).then(|| self.by_rank[best as usize] as usize)
+    }
+
+    /// [`first_within`](Self::first_within) in node `n`, which covers
+    /// the leaves `n_lo..n_hi`: lowers `best` to the least rank that fits.
+    #[allow(clippy::too_many_arguments)]
+    fn search(&self, n: usize, n_lo: usize, n_hi: usize, lo: usize, hi: usize, to: u32, best: &mut u32) {
+        let (rank, end) = self.tree[n];
+        if n_hi <= lo || hi <= n_lo || end > to || rank >= *best {
+            return;
+        }
+        let whole = lo <= n_lo && n_hi <= hi;
+        if whole && self.blocks[self.by_rank[rank as usize] as usize].end <= to {
+            *best = rank;
+            return;
+        }
+        if n_hi - n_lo == 1 {
+            return;
+        }
+        let mid = (n_lo + n_hi) / 2;
+        self.search(2 * n, n_lo, mid, lo, hi, to, best);
+        self.search(2 * n + 1, mid, n_hi, lo, hi, to, best);
+    }
+}
+
 /// Joins the stretch that starts at `at` with its neighbours of equal
 /// height.
 fn join_equal(
@@ -476,4 +576,46 @@ pub fn first_conflict(blocks: &[Lifetime], placement: &Placement) -> Option<(usi
         live.insert(from, i);
     }
     None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Candidates, Lifetime, Order};
+    use crate::testing::{steps, SplitMix64};
+    use alloc::vec::Vec;
+
+    /// The tree's first fit is the scan's, the first in order of the blocks
+    /// that start in the stretch and end by its end, as blocks go.
+    #[test]
+    fn the_first_block_within_a_stretch_is_the_one_a_scan_finds() {
+        let mut rng = SplitMix64::new(7);
+        for round in 0..steps(200) as u64 {
+            let n = 1 + rng.below(60) as usize;
+            let blocks: Vec<Lifetime> = (0..n)
+                .map(|_| {
+                    let start = rng.below(40) as u32;
+                    let end = start + 1 + rng.below(12) as u32;
+                    // Few sizes, so that keys tie and the index decides.
+                    Lifetime { start, end, size: 256 << rng.below(3) }
+                })
+                .collect();
+            let order = Order::ALL[round as usize % 3];
+            // Some blocks are no candidates (placed below `low`).
+            let mut unplaced: Vec<usize> = (0..n).filter(|_| rng.below(5) != 0).collect();
+            let mut tree = Candidates::new(&blocks, order, unplaced.clone());
+            while !unplaced.is_empty() {
+                let from = rng.below(45) as u32;
+                let to = from + 1 + rng.below(30) as u32;
+                let scan = unplaced
+                    .iter()
+                    .copied()
+                    .filter(|&i| (from..to).contains(&blocks[i].start) && blocks[i].end <= to)
+                    .min_by_key(|&i| (order.key(&blocks[i]), i));
+                assert_eq!(tree.first_within(from, to), scan, "round {round}: {from}..{to}");
+                let gone = unplaced.swap_remove(rng.below(unplaced.len() as u64) as usize);
+                tree.remove(gone);
+                assert_eq!(tree.is_empty(), unplaced.is_empty());
+            }
+        }
+    }
 }
