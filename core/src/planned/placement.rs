@@ -399,8 +399,8 @@ fn best_fit(blocks: &[Lifetime], low: u64, offsets: &mut [Option<u64>]) {
 /// fits) or whose least rank is no better than a fit found already, and
 /// takes a node's least rank whole where that block fits: the first fit,
 /// in about O(log n) where a scan of every block that starts in the
-/// stretch took O(n) (a sequence of many short-lived blocks made the
-/// skyline quadratic: 80,000 of them, half a minute).
+/// stretch took O(n), which made the skyline quadratic on many
+/// short-lived blocks in sequence (`docs/measurements.md` has figures).
 struct Candidates<'a> {
     blocks: &'a [Lifetime],
     /// The unplaced blocks' (start, index), ascending: the leaves in order.
