@@ -414,8 +414,6 @@ struct Candidates<'a> {
     /// Per node (1-based; 0 unused): the least rank of its unplaced
     /// blocks and their least end; `(u32::MAX, u32::MAX)` where none is.
     tree: Vec<(u32, u32)>,
-    /// Blocks not yet removed.
-    left: usize,
 }
 
 impl<'a> Candidates<'a> {
@@ -439,22 +437,22 @@ impl<'a> Candidates<'a> {
         for n in (1..leaves).rev() {
             tree[n] = Self::join(tree[2 * n], tree[2 * n + 1]);
         }
-        Candidates { blocks, left: by_start.len(), by_start, leaf_of, by_rank, leaves, tree }
+        Candidates { blocks, by_start, leaf_of, by_rank, leaves, tree }
     }
 
     fn join(a: (u32, u32), b: (u32, u32)) -> (u32, u32) {
         (a.0.min(b.0), a.1.min(b.1))
     }
 
+    /// Whether every block is placed: the root holds none.
     fn is_empty(&self) -> bool {
-        self.left == 0
+        self.tree[1] == Self::NONE
     }
 
     /// Block `i` placed: no longer a candidate.
     fn remove(&mut self, i: usize) {
         let mut n = self.leaves + self.leaf_of[i] as usize;
         self.tree[n] = Self::NONE;
-        self.left -= 1;
         while n > 1 {
             n /= 2;
             self.tree[n] = Self::join(self.tree[2 * n], self.tree[2 * n + 1]);
