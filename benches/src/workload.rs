@@ -16,6 +16,7 @@ use memres_core::testing::SplitMix64;
 use memres_core::trace::{self, Action, ReadError};
 use memres_core::Request;
 use std::collections::HashMap;
+use std::ffi::OsStr;
 use std::fmt;
 use std::io::{BufRead, BufReader, Read};
 use std::path::Path;
@@ -141,8 +142,13 @@ impl Workload {
     ///
     /// [`WorkloadError`] for a bad spec, a missing or unreadable file, a
     /// malformed line (with its number), or no operation to replay.
-    pub fn load(spec: &str) -> Result<Workload, WorkloadError> {
-        let w = Self::decode(spec)?;
+    pub fn load(spec: impl AsRef<OsStr>) -> Result<Workload, WorkloadError> {
+        let spec = spec.as_ref();
+        let w = match spec.to_str().and_then(Self::generated) {
+            Some(w) => w?,
+            // A path need not be UTF-8: the operating system's bytes, as given.
+            None => load_trace(Path::new(spec))?,
+        };
         if w.ops.is_empty() {
             let skipped = match (w.skipped_frees, w.failed_allocations) {
                 (0, 0) => String::new(),
@@ -153,22 +159,22 @@ impl Workload {
         Ok(w)
     }
 
-    fn decode(spec: &str) -> Result<Workload, WorkloadError> {
-        if let Some(rest) = spec.strip_prefix("random:") {
-            let [n, max, seed] = fields(spec, rest)?;
-            if max == 0 {
-                return Err(spec_error(spec, "MAXBYTES must be at least 1"));
-            }
-            generate(spec, n, 1, max, seed, SizeLaw::Uniform, LIVE_CAP)
+    /// The workload a generator's spec makes; `None` where `spec` names none.
+    fn generated(spec: &str) -> Option<Result<Workload, WorkloadError>> {
+        let made = if let Some(rest) = spec.strip_prefix("random:") {
+            fields(spec, rest).and_then(|[n, max, seed]| match max {
+                0 => Err(spec_error(spec, "MAXBYTES must be at least 1")),
+                _ => generate(spec, n, 1, max, seed, SizeLaw::Uniform, LIVE_CAP),
+            })
         } else if let Some(rest) = spec.strip_prefix("lograndom:") {
-            let [n, min, max, seed] = fields(spec, rest)?;
-            if min == 0 || min > max {
-                return Err(spec_error(spec, "need 1 <= MINB <= MAXB"));
-            }
-            generate(spec, n, min, max, seed, SizeLaw::LogUniform, LIVE_CAP)
+            fields(spec, rest).and_then(|[n, min, max, seed]| match min == 0 || min > max {
+                true => Err(spec_error(spec, "need 1 <= MINB <= MAXB")),
+                false => generate(spec, n, min, max, seed, SizeLaw::LogUniform, LIVE_CAP),
+            })
         } else {
-            load_trace(Path::new(spec))
-        }
+            return None;
+        };
+        Some(made)
     }
 
     /// Builds a workload from ops, computing its figures.
@@ -221,8 +227,8 @@ impl Workload {
 
 /// The trace file `spec` names: `None` for a generator (`random:...`,
 /// `lograndom:...`).
-pub fn trace_path(spec: &str) -> Option<&Path> {
-    let generated = spec.starts_with("random:") || spec.starts_with("lograndom:");
+pub fn trace_path(spec: &OsStr) -> Option<&Path> {
+    let generated = spec.to_str().is_some_and(|s| s.starts_with("random:") || s.starts_with("lograndom:"));
     (!generated).then(|| Path::new(spec))
 }
 

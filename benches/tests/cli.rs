@@ -509,6 +509,33 @@ fn the_offline_table_lines_up_under_its_header_whatever_the_names() {
     assert_eq!(before_last(lines[0]) - "best".len() - 1, before_last(lines[1]), "{text}");
 }
 
+/// A trace whose path is not UTF-8 (bytes a file system allows) is
+/// replayed, placed and stepped, its rows named with the bytes it cannot
+/// show replaced. The argument parser refused it before, in several lines.
+#[cfg(unix)]
+#[test]
+fn a_trace_path_that_is_not_utf8_is_read() {
+    use std::os::unix::ffi::OsStrExt;
+    let trace = Fixture::new("t.csv", "Thread,Time,Action,Pointer,Size,Stream\n0,1,allocate,0x100,256,0\n");
+    let dir = std::path::Path::new(trace.path()).parent().unwrap();
+    let name = std::ffi::OsStr::from_bytes(b"t\xff.csv");
+    std::fs::rename(trace.path(), dir.join(name)).unwrap();
+    for args in [
+        &["replay", "-r", "pool", "--csv"][..],
+        &["offline", "--csv"],
+        &["steps", "--stack", "planned(vpool(sim))", "--every", "1"],
+    ] {
+        let o = Command::new(env!("CARGO_BIN_EXE_memres"))
+            .current_dir(dir)
+            .args(args)
+            .arg(name)
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{args:?}: {}", stderr(&o));
+        assert!(stdout(&o).contains("t\u{fffd}.csv"), "{args:?}: {}", stdout(&o));
+    }
+}
+
 /// `offline --help` names the method of every column `offline` prints (it
 /// left out the seventh, `best-fit`).
 #[test]

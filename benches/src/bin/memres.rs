@@ -10,6 +10,7 @@ use memres_bench::resources::{select, spelled, Param, Resource, RunOptions, Upst
 use memres_bench::stack::{check_stack, run_stack};
 use memres_bench::watch::{self, Outputs, SnapshotAt, Target};
 use memres_bench::workload::{trace_path, Workload};
+use std::ffi::OsString;
 use std::fmt;
 use std::io::{self, IsTerminal, Write};
 use std::path::PathBuf;
@@ -96,7 +97,7 @@ enum Command {
         map: bool,
         /// Workload specs or trace paths (default: the trace family).
         #[arg(value_name = "WORKLOAD_OR_TRACE")]
-        workloads: Vec<String>,
+        workloads: Vec<OsString>,
     },
     /// Place each workload's blocks knowing every lifetime in advance:
     /// the footprint a placement that never moves a block can reach once
@@ -120,7 +121,7 @@ enum Command {
         csv: bool,
         /// Workload specs or trace paths, as for `replay`.
         #[arg(required = true, value_name = "WORKLOAD_OR_TRACE")]
-        workloads: Vec<String>,
+        workloads: Vec<OsString>,
     },
     /// Replay each workload once through a stack with a `planned` layer,
     /// with no warm-up pass, calling `step()` every N allocations: the
@@ -143,7 +144,7 @@ enum Command {
         phase: u64,
         /// Workload specs or trace paths, as for `replay`.
         #[arg(required = true, value_name = "WORKLOAD_OR_TRACE")]
-        workloads: Vec<String>,
+        workloads: Vec<OsString>,
     },
     /// List the resources `replay` knows, with the stack strings they stand for.
     Resources,
@@ -328,7 +329,7 @@ fn run(command: Command, console: &mut Console) -> ExitCode {
 
 /// `memres offline`: one line per workload, every method's footprint and
 /// the best.
-fn offline(csv: bool, specs: &[String], console: &mut Console) -> ExitCode {
+fn offline(csv: bool, specs: &[OsString], console: &mut Console) -> ExitCode {
     use memres_bench::offline::{lifetimes, op_count, place_each};
     use memres_bench::report::{human_bytes, text_name};
     use memres_core::planned::placement::Method;
@@ -421,7 +422,7 @@ fn offline(csv: bool, specs: &[String], console: &mut Console) -> ExitCode {
 }
 
 /// `memres steps`: one line per workload.
-fn steps(stack: &str, every: u64, phase: u64, specs: &[String], console: &mut Console) -> ExitCode {
+fn steps(stack: &str, every: u64, phase: u64, specs: &[OsString], console: &mut Console) -> ExitCode {
     use memres_bench::report::{human_bytes, text_name};
     use memres_bench::resources::RunError;
     let Console { out, err } = console;
@@ -529,7 +530,7 @@ fn replay(
     options: RunOptions,
     format: Format,
     outputs: &Outputs,
-    specs: &[String],
+    specs: &[OsString],
     console: &mut Console,
 ) -> Result<bool, Failure> {
     let Console { out, err } = console;
@@ -616,7 +617,7 @@ fn replay(
         // Named from the working directory where they lie under it, as a
         // user would name them.
         let here = std::env::current_dir().unwrap_or_default();
-        family.iter().map(|p| p.strip_prefix(&here).unwrap_or(p).display().to_string()).collect()
+        family.iter().map(|p| p.strip_prefix(&here).unwrap_or(p).as_os_str().to_owned()).collect()
     } else {
         specs.to_vec()
     };
@@ -637,10 +638,11 @@ fn replay(
         .map(|s| Workload::load(s))
         .collect::<Result<_, _>>()
         .map_err(|e| Failure::Usage(e.to_string()))?;
-    let held_out: Vec<bool> = workloads
+    let held_out: Vec<bool> = specs
         .iter()
-        .map(|w| {
-            memres_bench::family::is_held_out(std::path::Path::new(&w.name)).map_err(|e| {
+        .zip(&workloads)
+        .map(|(spec, w)| {
+            trace_path(spec).map_or(Ok(false), memres_bench::family::is_held_out).map_err(|e| {
                 Failure::Usage(format!("{}: the list of held-out traces beside it: {e}", w.name))
             })
         })
