@@ -334,7 +334,7 @@ fn offline(csv: bool, specs: &[OsString], console: &mut Console) -> ExitCode {
     use memres_bench::report::{human_bytes, text_name};
     use memres_core::planned::placement::Method;
     let Console { out, err } = console;
-    let workloads: Vec<Workload> = match specs.iter().map(|s| Workload::load(s)).collect() {
+    let workloads: Vec<Workload> = match specs.iter().map(Workload::load).collect() {
         Ok(w) => w,
         Err(e) => {
             error!(err, "{e}");
@@ -446,7 +446,7 @@ fn steps(stack: &str, every: u64, phase: u64, specs: &[OsString], console: &mut 
         error!(err, "{e}");
         return ExitCode::from(USAGE);
     }
-    let workloads: Vec<Workload> = match specs.iter().map(|s| Workload::load(s)).collect() {
+    let workloads: Vec<Workload> = match specs.iter().map(Workload::load).collect() {
         Ok(w) => w,
         Err(e) => {
             error!(err, "{e}");
@@ -635,7 +635,7 @@ fn replay(
     // before it prints anything.
     let workloads: Vec<Workload> = specs
         .iter()
-        .map(|s| Workload::load(s))
+        .map(Workload::load)
         .collect::<Result<_, _>>()
         .map_err(|e| Failure::Usage(e.to_string()))?;
     let held_out: Vec<bool> = specs

@@ -77,11 +77,11 @@ fn live_cap_turns_allocations_into_frees() {
 #[test]
 fn generated_sizes_stay_in_bounds_and_seeds_decide() {
     for seed in 0..20 {
-        let u = Workload::load(&format!("random:300:5000:{seed}")).unwrap();
+        let u = Workload::load(format!("random:300:5000:{seed}")).unwrap();
         assert_eq!(u.ops.len(), 600);
         assert!(u.ops.iter().all(|o| (1..=5000).contains(&o.size)));
         check_well_formed(&u, LIVE_CAP);
-        let l = Workload::load(&format!("lograndom:300:300:70000:{seed}")).unwrap();
+        let l = Workload::load(format!("lograndom:300:300:70000:{seed}")).unwrap();
         assert!(l.ops.iter().all(|o| (300..=70000).contains(&o.size)));
         check_well_formed(&l, LIVE_CAP);
         // Log-uniform: about as many sizes below the geometric mean as above.
@@ -245,7 +245,7 @@ fn concatenated_traces_read_as_one() {
 fn shipped_traces_decode() {
     let data = concat!(env!("CARGO_MANIFEST_DIR"), "/data/");
     for name in ["resnet_train.csv.gz", "gpt_train.csv.gz", "transformer_train.csv.gz"] {
-        let w = Workload::load(&format!("{data}{name}")).unwrap();
+        let w = Workload::load(format!("{data}{name}")).unwrap();
         check_well_formed(&w, u64::MAX);
         assert_eq!(w.ops.len() as u64 % 2, 0);
         assert!(w.ids > 1000 && w.peak_live > 0);
