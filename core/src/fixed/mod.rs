@@ -308,7 +308,9 @@ impl<U, C: Storage<Chunk>, L: Storage<Slot>> FixedSizeResource<U, C, L> {
 
     /// Whether one of its slots starts at `addr`, live or free: a block of
     /// it freed through a binning resource with a size that routes
-    /// elsewhere is then one of its own (O(log chunks)).
+    /// elsewhere is then one of its own (O(log chunks)). Only binning asks,
+    /// which needs `alloc`.
+    #[cfg(feature = "alloc")]
     pub(crate) fn has_slot_at(&self, addr: u64) -> bool {
         self.slot_at(addr).is_some()
     }
