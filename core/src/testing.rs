@@ -748,6 +748,8 @@ pub(crate) struct StreamLog {
     pub(crate) fail_record: bool,
     /// A wait on an event of this stream fails.
     pub(crate) fail_wait_on: Option<u64>,
+    /// This stream's `synchronize` fails.
+    pub(crate) fail_sync_of: Option<u64>,
     /// Whether `synchronize_device` can.
     pub(crate) device: bool,
     /// A block of an upstream that `synchronize_device` frees: memory that
@@ -791,6 +793,9 @@ impl Stream for LoggedStream {
         Ok(self.log.borrow().complete)
     }
     fn synchronize(&self) -> Result<()> {
+        if self.log.borrow().fail_sync_of == Some(self.id) {
+            return Err(SYNC_FAILURE);
+        }
         self.log.borrow_mut().syncs.push(self.id);
         Ok(())
     }

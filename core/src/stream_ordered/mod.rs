@@ -316,27 +316,34 @@ impl<A: MemoryResourceMut<()>, S: Stream + Clone> StreamOrdered<A, S> {
     ///
     /// # Errors
     ///
-    /// A stream's error from query or record; what was done before stays
-    /// done and consistent. The inner algorithm's first refusal, once every
-    /// other block was given back.
+    /// The first error met, once every other list was handled: a stream's
+    /// error from query (its list stays as it was) or record (its list
+    /// stays unfenced, to be fenced by the next call), or the inner
+    /// algorithm's refusal. What was given back stays given back.
     ///
     /// # Time Complexity
     ///
     /// One query (and at most one record) per stream, plus O(log n) per
     /// block given back.
     pub fn reclaim(&mut self) -> Result<usize> {
-        let (given, refused) = self.reclaim_past_refusals()?;
-        refused.map_or(Ok(given), Err)
+        let (given, failed) = self.reclaim_past_failures();
+        failed.map_or(Ok(given), Err)
     }
 
-    /// [`reclaim`](Self::reclaim), with the inner's first refusal beside
-    /// the count.
-    fn reclaim_past_refusals(&mut self) -> Result<(usize, Option<Error>)> {
-        let (mut given, mut refused) = (0, None);
+    /// [`reclaim`](Self::reclaim), with its first error beside the count:
+    /// one stream's failure does not keep the others' blocks listed, as
+    /// an allocation may need them.
+    fn reclaim_past_failures(&mut self) -> (usize, Option<Error>) {
+        let (mut given, mut failed) = (0, None);
         for list in self.lists.values_mut() {
             if let Some((event, upto)) = &list.fence {
-                if !list.stream.query(event)? {
-                    continue;
+                match list.stream.query(event) {
+                    Ok(true) => {}
+                    Ok(false) => continue,
+                    Err(e) => {
+                        failed.get_or_insert(e);
+                        continue;
+                    }
                 }
                 let upto = *upto;
                 // A bucket goes as soon as it empties: the inner free is
@@ -354,7 +361,7 @@ impl<A: MemoryResourceMut<()>, S: Stream + Clone> StreamOrdered<A, S> {
                         let freed = self.inner.deallocate(block, &());
                         q.pop_front();
                         if let Err(e) = freed {
-                            refused.get_or_insert(e);
+                            failed.get_or_insert(e);
                             self.stats.refused += 1;
                             q.push_back((block, list.next_seq));
                             list.next_seq += 1;
@@ -372,10 +379,15 @@ impl<A: MemoryResourceMut<()>, S: Stream + Clone> StreamOrdered<A, S> {
                 list.fence = None;
             }
             if list.len > 0 {
-                list.fence = Some((list.stream.record()?, list.next_seq));
+                match list.stream.record() {
+                    Ok(event) => list.fence = Some((event, list.next_seq)),
+                    Err(e) => {
+                        failed.get_or_insert(e);
+                    }
+                }
             }
         }
-        Ok((given, refused))
+        (given, failed)
     }
 
     /// RMM's last resort: synchronizes every stream with a free list and
@@ -384,26 +396,29 @@ impl<A: MemoryResourceMut<()>, S: Stream + Clone> StreamOrdered<A, S> {
     ///
     /// # Errors
     ///
-    /// A stream's error from synchronize; the lists handled before stay
-    /// merged. The inner algorithm's first refusal, once every other block
-    /// was given back.
+    /// The first error met, once every other list was merged: a stream's
+    /// error from synchronize (its list stays as it was), or the inner
+    /// algorithm's refusal.
     ///
     /// # Time Complexity
     ///
     /// One synchronize per stream, O(log n) per listed block.
     pub fn synchronize_and_merge(&mut self) -> Result<()> {
-        self.merge_past_refusals()?.map_or(Ok(()), Err)
+        self.merge_past_failures().map_or(Ok(()), Err)
     }
 
-    /// [`synchronize_and_merge`](Self::synchronize_and_merge), with the
-    /// inner's first refusal apart.
-    fn merge_past_refusals(&mut self) -> Result<Option<Error>> {
-        let mut refused = None;
+    /// [`synchronize_and_merge`](Self::synchronize_and_merge), with its
+    /// first error apart.
+    fn merge_past_failures(&mut self) -> Option<Error> {
+        let mut failed = None;
         for list in self.lists.values_mut() {
             if list.len == 0 {
                 continue;
             }
-            list.stream.synchronize()?;
+            if let Err(e) = list.stream.synchronize() {
+                failed.get_or_insert(e);
+                continue;
+            }
             let mut next = list.buckets.keys().next().copied();
             while let Some(size) = next {
                 next = list.buckets.range((Excluded(size), Unbounded)).next().map(|(&k, _)| k);
@@ -414,7 +429,7 @@ impl<A: MemoryResourceMut<()>, S: Stream + Clone> StreamOrdered<A, S> {
                     let freed = self.inner.deallocate(block, &());
                     q.pop_front();
                     if let Err(e) = freed {
-                        refused.get_or_insert(e);
+                        failed.get_or_insert(e);
                         self.stats.refused += 1;
                         q.push_back((block, list.next_seq));
                         list.next_seq += 1;
@@ -429,7 +444,7 @@ impl<A: MemoryResourceMut<()>, S: Stream + Clone> StreamOrdered<A, S> {
             }
             list.fence = None;
         }
-        Ok(refused)
+        failed
     }
 
     /// A fitting block from the list of another stream than `stream`
@@ -484,10 +499,10 @@ impl<A: MemoryResourceMut<()>, S: Stream + Clone> StreamOrdered<A, S> {
         if self.listed_bytes == 0 {
             return Err(err);
         }
-        // Past a block the inner refuses back, as a pool's growth goes on
-        // past a chunk refused: the refusal is the error only where no
-        // room was made.
-        let (given, mut refused) = self.reclaim_past_refusals()?;
+        // Past a block the inner refuses back or a stream that fails, as a
+        // pool's growth goes on past a chunk refused: the failure is the
+        // error only where no room was made.
+        let (given, mut failed) = self.reclaim_past_failures();
         let err = match given {
             0 => err,
             _ => match self.inner_allocate(request) {
@@ -496,14 +511,14 @@ impl<A: MemoryResourceMut<()>, S: Stream + Clone> StreamOrdered<A, S> {
             },
         };
         if self.listed_bytes == 0 {
-            return Err(refused.unwrap_or(err));
+            return Err(failed.unwrap_or(err));
         }
         self.stats.last_resorts += 1;
-        if let Some(e) = self.merge_past_refusals()? {
-            refused.get_or_insert(e);
+        if let Some(e) = self.merge_past_failures() {
+            failed.get_or_insert(e);
         }
         match self.inner_allocate(request) {
-            Err(e) if e.is_out_of_memory() => Err(refused.unwrap_or(e)),
+            Err(e) if e.is_out_of_memory() => Err(failed.unwrap_or(e)),
             other => other,
         }
     }

@@ -247,6 +247,72 @@ fn failed_record_leaves_the_block_listed() {
     assert_eq!(y.addr(), x.addr());
 }
 
+/// Blocks on two streams, fenced by one reclaim; then a third freed after
+/// the fence. Full, the pool needs two of them back for 8 KiB.
+fn three_listed_after_a_fence() -> (Layer, LoggedStream, LoggedStream, Rc<RefCell<StreamLog>>) {
+    let (mut so, a, b, log) = setup(Some(3 * 4096));
+    let [x, y, z] = [0; 3].map(|_| so.allocate(req(4096), &a).unwrap());
+    so.deallocate(x, &a).unwrap();
+    so.deallocate(y, &b).unwrap();
+    assert_eq!(so.reclaim(), Ok(0), "nothing complete: each list fenced");
+    so.deallocate(z, &b).unwrap();
+    log.borrow_mut().complete = true;
+    (so, a, b, log)
+}
+
+/// A stream that cannot record its fence does not keep the blocks its
+/// own and the other lists gave back from the allocation that needs them.
+/// Before, the failed record ended the reclaim: the allocation failed
+/// with 8 KiB free in the pool.
+#[test]
+fn a_failed_fence_does_not_fail_an_allocation_the_reclaim_made_room_for() {
+    let (mut so, a, _, log) = three_listed_after_a_fence();
+    log.borrow_mut().fail_record = true;
+    let got = so.allocate(req(8192), &a).unwrap();
+    assert_eq!((so.listed_bytes(), so.live_count()), (4096, 1), "the block after the fence stays listed");
+    so.check().unwrap();
+    // The reclaim itself says it failed, having given back what it could.
+    so.deallocate(got, &a).unwrap();
+    let (mut so, _, _, log) = three_listed_after_a_fence();
+    log.borrow_mut().fail_record = true;
+    assert!(matches!(so.reclaim(), Err(Error::Backend { code: 1, .. })));
+    assert_eq!(so.listed_bytes(), 4096);
+    so.check().unwrap();
+    log.borrow_mut().fail_record = false;
+    assert_eq!(so.reclaim(), Ok(0), "fenced now");
+    assert_eq!(so.reclaim(), Ok(1));
+    assert_eq!(so.listed_bytes(), 0);
+}
+
+/// The last resort merges every list it can synchronize: one stream that
+/// fails keeps its own list, not the others'. Before, the first failure
+/// ended the merge.
+#[test]
+fn a_stream_that_fails_to_synchronize_keeps_only_its_own_list() {
+    let (mut so, a, b, log) = setup(Some(3 * 4096));
+    let [x, y, z] = [0; 3].map(|_| so.allocate(req(4096), &a).unwrap());
+    so.deallocate(x, &a).unwrap();
+    so.deallocate(y, &a).unwrap();
+    so.deallocate(z, &b).unwrap();
+    // Stream 1 (`a`) comes first in the lists.
+    log.borrow_mut().fail_sync_of = Some(b.id);
+    assert!(matches!(so.synchronize_and_merge(), Err(Error::Backend { code: 5, .. })));
+    assert_eq!(so.listed_bytes(), 4096, "`a`'s list merged, `b`'s kept");
+    so.check().unwrap();
+    let (mut so, a, b, log) = setup(Some(3 * 4096));
+    let [x, y, z] = [0; 3].map(|_| so.allocate(req(4096), &a).unwrap());
+    so.deallocate(x, &b).unwrap();
+    so.deallocate(y, &a).unwrap();
+    so.deallocate(z, &a).unwrap();
+    log.borrow_mut().fail_sync_of = Some(a.id);
+    // On a third stream: `b`'s 4 KiB is merged, which is all it needs.
+    let c = LoggedStream { id: 3, log: log.clone() };
+    let got = so.allocate(req(4096), &c);
+    assert!(got.is_ok(), "{got:?}");
+    assert_eq!(so.listed_bytes(), 8192);
+    so.check().unwrap();
+}
+
 /// A stream whose `id` is fixed, or, once `flips` is set, alternates
 /// between 1 and 2 from call to call: a safe `Stream` that says different
 /// things within one call of the layer.
