@@ -46,7 +46,10 @@
 //!   logging adaptor and RMM's log format (`trace`), snapshot files written
 //!   whole (`snapshot::write_file`).
 //! - `heapless`: fixed-capacity metadata storage: no allocator at all.
-//! - `critical-section`: a lock for bare-metal targets.
+//! - `critical-section`: a lock for bare-metal targets, and the atomics a
+//!   target lacks built from critical sections (needed, and enough, where
+//!   there is no compare-and-swap, as on `thumbv6m`, or no 64-bit atomics,
+//!   as on `thumbv7m`; `alloc` needs compare-and-swap for `Arc`).
 //! - `testing`: the test doubles of the `testing` module and the deliberately
 //!   wrong `CrossStream::Unordered`, for tests, examples and fuzzing.
 //!

@@ -6,7 +6,7 @@
 //!
 //! | lock | feature | for |
 //! | --- | --- | --- |
-//! | [`SpinLock`] | always | `no_std` targets with atomics; short critical sections |
+//! | [`SpinLock`] | always (over atomics built from critical sections where the target has no compare-and-swap: `critical-section`) | `no_std` targets with atomics; short critical sections |
 //! | `StdLock` | `std` | threads that should sleep, not spin, under contention |
 //! | `CriticalSectionLock` | `critical-section` | bare-metal targets without atomics |
 //!

@@ -1,10 +1,36 @@
 //! Atomics and cells from loom under `cfg(loom)`, from `core` otherwise, so
 //! that one code path serves both.
 
+#[cfg(all(not(loom), target_has_atomic = "8"))]
+pub(crate) use core::sync::atomic::AtomicBool;
+#[cfg(all(not(loom), target_has_atomic = "64"))]
+pub(crate) use core::sync::atomic::AtomicU64;
 #[cfg(not(loom))]
-pub(crate) use core::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+pub(crate) use core::sync::atomic::Ordering;
 #[cfg(loom)]
 pub(crate) use loom::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+// A target without compare-and-swap or 64-bit atomics gets them from
+// critical sections (tested on every target).
+#[cfg(all(not(loom), not(target_has_atomic = "8"), feature = "critical-section"))]
+pub(crate) use emulated::AtomicBool;
+#[cfg(all(not(loom), not(target_has_atomic = "64"), feature = "critical-section"))]
+pub(crate) use emulated::AtomicU64;
+#[cfg(all(
+    not(loom),
+    feature = "critical-section",
+    any(test, not(target_has_atomic = "8"), not(target_has_atomic = "64"))
+))]
+mod emulated;
+#[cfg(all(
+    not(loom),
+    not(feature = "critical-section"),
+    not(all(target_has_atomic = "8", target_has_atomic = "64"))
+))]
+compile_error!(
+    "memres-core needs its `critical-section` feature on a target without compare-and-swap or 64-bit atomics: \
+     it builds them from critical sections"
+);
 
 /// `UnsafeCell` with loom's closure API on both sides.
 #[derive(Debug)]

@@ -11,10 +11,10 @@ use crate::fixed::{FixedConfig, FixedSizeResource};
 use crate::per_stream::{PerStreamPool, PoolMaker};
 use crate::planned::Planned;
 use crate::pool::{CoalescingPool, Growth, PoolConfig};
+use crate::primitive::{AtomicU64, Ordering::Relaxed};
 use crate::{Block, DynResource, MemoryResource, Request, Result, Shared, Stream};
 use alloc::format;
 use alloc::sync::Arc;
-use core::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
 /// Registers the core's names in `b`.
 pub(super) fn register<S: Stream + ?Sized + 'static>(b: &mut StackBuilder<S>)
