@@ -32,7 +32,7 @@ fn each_call_answers_as_cores_atomics() {
 #[test]
 fn threads_lose_no_update_and_the_flag_excludes() {
     let (n, flag, inside) = (AtomicU64::new(0), AtomicBool::new(false), AtomicU64::new(0));
-    let rounds = 2_000;
+    let rounds = crate::testing::steps(2_000) as u64;
     std::thread::scope(|s| {
         for _ in 0..4 {
             s.spawn(|| {
