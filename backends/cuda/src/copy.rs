@@ -4,7 +4,7 @@ use crate::context::{Context, Device};
 use crate::error::check;
 use crate::host_visible;
 use crate::ops;
-use crate::stream::{in_order_joined, join_its_thread, wait_for_work, AsRawStream};
+use crate::stream::{capture_of, in_order_joined, join_its_thread, wait_for_work, AsRawStream};
 use crate::sys;
 use memres_core::copy::{CopyEngine, LiveRanges};
 use memres_core::{Error, Result};
@@ -155,7 +155,9 @@ impl CudaCopy {
             // will run.
             // SAFETY: `raw` is valid while `stream` is borrowed (`AsRawStream`'s
             // contract), in the context made current above.
-            let done = work(raw).and_then(|()| unsafe { wait_for_work(raw) });
+            let before = unsafe { capture_of(raw) };
+            // SAFETY: as above.
+            let done = work(raw).and_then(|()| unsafe { wait_for_work(raw, before) });
             drop(access);
             done
         })

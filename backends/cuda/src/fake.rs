@@ -2,7 +2,7 @@
 //! A model of the driver's stream-ordered calls for unit tests without a
 //! GPU: `cuMemAllocFromPoolAsync`, `cuMemFreeAsync`, `cuStreamSynchronize`,
 //! `cuCtxSynchronize`, `cuMemPoolDestroy`, `cuPointerGetAttribute`,
-//! `cuMemGetInfo_v2`, `cuStreamIsCapturing` and
+//! `cuMemGetInfo_v2`, `cuStreamGetCaptureInfo_v2` and
 //! `cuThreadExchangeStreamCaptureMode` (which [`sys`](crate::sys) names in test builds)
 //! answer from the model on a thread where a test installed one, and are
 //! the driver's elsewhere. A test sets when a synchronization fails, and
@@ -36,9 +36,10 @@ pub(crate) struct Driver {
     /// allocations is the process's): the `n`th hands out bases from
     /// `FIRST_BASE + (n << 32)`.
     pub(crate) addresses: u64,
-    /// What `cuStreamIsCapturing` answers: a stream's capture status, or
-    /// the error (as the legacy stream's while a blocking stream captures).
-    pub(crate) capture_status: Option<c_int>,
+    /// What `cuStreamGetCaptureInfo_v2` answers: a stream's capture status
+    /// and the capture's id, or the error (as the legacy stream's while a
+    /// blocking stream captures).
+    pub(crate) capture_status: Option<(c_int, u64)>,
     /// The thread's capture mode (`cuThreadExchangeStreamCaptureMode`).
     pub(crate) capture_mode: c_int,
     /// Whether another thread captures a graph in the global mode: as the
@@ -74,7 +75,7 @@ pub(crate) enum Call {
     CaptureMode {
         mode: c_int,
     },
-    IsCapturing {
+    CaptureInfo {
         stream: usize,
     },
     PoolDestroy {
@@ -200,21 +201,38 @@ pub(crate) unsafe fn cuCtxSynchronize() -> CuResult {
 
 /// # Safety
 ///
-/// As the driver's `cuStreamIsCapturing`. The model answers
-/// `capture_status` (`None`: `CUDA_ERROR_STREAM_CAPTURE_IMPLICIT`).
-pub(crate) unsafe fn cuStreamIsCapturing(stream: CUstream, status: *mut c_int) -> CuResult {
+/// As the driver's `cuStreamGetCaptureInfo_v2`. The model answers
+/// `capture_status` (`None`: `CUDA_ERROR_STREAM_CAPTURE_IMPLICIT`), the id
+/// only for an active capture, and nothing of the graph.
+pub(crate) unsafe fn cuStreamGetCaptureInfo_v2(
+    stream: CUstream,
+    status: *mut c_int,
+    id: *mut u64,
+    graph: *mut *mut c_void,
+    dependencies: *mut *const *mut c_void,
+    count: *mut usize,
+) -> CuResult {
     let faked = answer(|d| {
-        d.calls.push(Call::IsCapturing { stream: stream as usize });
+        d.calls.push(Call::CaptureInfo { stream: stream as usize });
         if let Some(e) = d.error {
             return e;
         }
-        let Some(s) = d.capture_status else { return sys::CUDA_ERROR_STREAM_CAPTURE_IMPLICIT };
-        // SAFETY: the driver's contract: `status` is valid for a write.
-        unsafe { status.write(s) };
+        let Some((s, capture)) = d.capture_status else { return sys::CUDA_ERROR_STREAM_CAPTURE_IMPLICIT };
+        assert!(graph.is_null() && dependencies.is_null() && count.is_null(), "the model answers no graph");
+        // SAFETY: the driver's contract: `status` is valid for a write, and
+        // `id` where it is not null.
+        unsafe {
+            status.write(s);
+            if s == sys::CU_STREAM_CAPTURE_STATUS_ACTIVE && !id.is_null() {
+                id.write(capture);
+            }
+        }
         sys::CUDA_SUCCESS
     });
     // SAFETY: as the caller promises.
-    faked.unwrap_or_else(|| unsafe { linked::cuStreamIsCapturing(stream, status) })
+    faked.unwrap_or_else(|| unsafe {
+        linked::cuStreamGetCaptureInfo_v2(stream, status, id, graph, dependencies, count)
+    })
 }
 
 /// # Safety
@@ -310,7 +328,14 @@ mod linked {
         pub(super) fn cuMemFreeAsync(dptr: CUdeviceptr, stream: CUstream) -> CuResult;
         pub(super) fn cuStreamSynchronize(stream: CUstream) -> CuResult;
         pub(super) fn cuCtxSynchronize() -> CuResult;
-        pub(super) fn cuStreamIsCapturing(stream: CUstream, status: *mut c_int) -> CuResult;
+        pub(super) fn cuStreamGetCaptureInfo_v2(
+            stream: CUstream,
+            status: *mut c_int,
+            id: *mut u64,
+            graph: *mut *mut c_void,
+            dependencies: *mut *const *mut c_void,
+            count: *mut usize,
+        ) -> CuResult;
         pub(super) fn cuThreadExchangeStreamCaptureMode(mode: *mut c_int) -> CuResult;
         pub(super) fn cuMemPoolDestroy(pool: CUmemoryPool) -> CuResult;
         pub(super) fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) -> CuResult;

@@ -5,7 +5,7 @@
 //! stream's device (or pinned or managed memory) for as long as the work runs.
 
 use crate::error::check;
-use crate::stream::{in_order, wait_for_work, CudaStream};
+use crate::stream::{capture_of, in_order, wait_for_work, CudaStream};
 use crate::sys;
 use memres_core::Result;
 use std::ffi::c_void;
@@ -81,12 +81,14 @@ pub unsafe fn copy_from_host(stream: &CudaStream, dst: u64, src: &[u8]) -> Resul
 /// As [`copy_to_host`]; `raw` must be a valid stream of the current context
 /// (or a default stream handle).
 pub(crate) unsafe fn device_to_host(raw: sys::CUstream, dst: &mut [u8], src: u64) -> Result<()> {
+    // SAFETY: the caller vouches for the stream.
+    let before = unsafe { capture_of(raw) };
     // SAFETY: `dst` is borrowed mutably until this call returns, which is
     // after the copy has finished or once it never will (`wait_for_work`);
     // the caller vouches for `src`.
     check(unsafe { sys::cuMemcpyDtoHAsync_v2(dst.as_mut_ptr().cast::<c_void>(), src, dst.len(), raw) })?;
     // SAFETY: the caller vouches for the stream.
-    unsafe { wait_for_work(raw) }
+    unsafe { wait_for_work(raw, before) }
 }
 
 /// [`copy_from_host`] on a raw stream, in the current context.
@@ -96,9 +98,11 @@ pub(crate) unsafe fn device_to_host(raw: sys::CUstream, dst: &mut [u8], src: u64
 /// As [`copy_from_host`]; `raw` must be a valid stream of the current
 /// context (or a default stream handle).
 pub(crate) unsafe fn host_to_device(raw: sys::CUstream, dst: u64, src: &[u8]) -> Result<()> {
+    // SAFETY: the caller vouches for the stream.
+    let before = unsafe { capture_of(raw) };
     // SAFETY: `src` is borrowed until this call returns, after the copy
     // (or once it never runs: `wait_for_work`); the caller vouches for `dst`.
     check(unsafe { sys::cuMemcpyHtoDAsync_v2(dst, src.as_ptr().cast::<c_void>(), src.len(), raw) })?;
     // SAFETY: the caller vouches for the stream.
-    unsafe { wait_for_work(raw) }
+    unsafe { wait_for_work(raw, before) }
 }

@@ -391,41 +391,73 @@ pub(crate) fn join_its_thread<S: AsRawStream + ?Sized>(stream: &S) -> Result<()>
     Ok(())
 }
 
-/// Waits until the work this thread has just queued on `raw` has
-/// finished, or will never run: `Ok` only once it has finished, an error
-/// only where it never will. Either the context has failed (errors of work
-/// are sticky: it runs no more work), or `raw` is capturing a graph: the
-/// work was captured, not run, and a wait during the capture invalidates
-/// it, so the graph is never made.
-///
-/// A capture elsewhere (another thread's, or this thread's on another
-/// stream, in the driver's default global mode) makes the driver refuse a
-/// wait while the work runs on (`CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED`):
-/// the wait is made in relaxed mode, where the driver allows it. Where it
-/// refuses still (the legacy stream while a blocking stream of another
-/// thread captures, `CUDA_ERROR_STREAM_CAPTURE_IMPLICIT`), it is asked
-/// again until that capture ends. (This thread's own capture of a
-/// blocking stream cannot be the cause: it would have refused the queueing
-/// on the legacy stream.)
+/// The capture `raw` is in now, by its id: `None` where it captures
+/// nothing, its capture is spoiled, or the driver cannot say (the legacy
+/// stream while a blocking stream captures).
 ///
 /// # Safety
 ///
 /// `raw` is a valid stream of the current context (or a default stream
 /// handle).
-pub(crate) unsafe fn wait_for_work(raw: sys::CUstream) -> Result<()> {
+pub(crate) unsafe fn capture_of(raw: sys::CUstream) -> Option<u64> {
+    let (mut status, mut id) = (sys::CU_STREAM_CAPTURE_STATUS_NONE, 0);
+    let (graph, dependencies, count) = (std::ptr::null_mut(), std::ptr::null_mut(), std::ptr::null_mut());
+    // SAFETY: the caller vouches for the stream; `status` and `id` are
+    // valid places for the answers, and the outputs not asked for are null,
+    // as the driver allows.
+    let asked =
+        unsafe { sys::cuStreamGetCaptureInfo_v2(raw, &mut status, &mut id, graph, dependencies, count) };
+    (asked == sys::CUDA_SUCCESS && status == sys::CU_STREAM_CAPTURE_STATUS_ACTIVE).then_some(id)
+}
+
+/// Waits until the work this thread has just queued on `raw` has
+/// finished, or will never run: `Ok` only once it has finished, an error
+/// only where it never will. `before` is [`capture_of`] `raw` before the
+/// work was queued.
+///
+/// It never will where the context has failed (errors of work are sticky:
+/// it runs no more work), or where the work was captured into a graph, not
+/// run: where `raw` is in the same capture now as before the work was
+/// queued (ids are unique, so that capture spanned the queueing). The
+/// wait then spoils the capture (the driver refuses a wait on a capturing
+/// stream, and the refusal invalidates the capture), so no graph is made
+/// of the work.
+///
+/// Any other refusal for a capture is waited out, asked again every 100
+/// µs: a capture begun on `raw` after the work was queued (the work runs,
+/// and a wait is refused until that capture ends; until then each asks
+/// spoils it); a capture elsewhere (another thread's, or this thread's on
+/// another stream, in the driver's default global mode) makes the driver
+/// refuse a wait while the work runs on (`CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED`):
+/// the wait is made in relaxed mode, where the driver allows it, and where
+/// it refuses still (the legacy stream while a blocking stream of another
+/// thread captures, `CUDA_ERROR_STREAM_CAPTURE_IMPLICIT`), it is asked
+/// again until that capture ends. (This thread's own capture of a blocking
+/// stream cannot be the cause: it would have refused the queueing on the
+/// legacy stream.) Asked whether the stream still captures, as it was
+/// before, it let a copy into host memory end its access while it ran: a
+/// capture begun after the copy was queued answered yes.
+///
+/// # Safety
+///
+/// `raw` is a valid stream of the current context (or a default stream
+/// handle).
+pub(crate) unsafe fn wait_for_work(raw: sys::CUstream, before: Option<u64>) -> Result<()> {
+    // SAFETY: the caller vouches for the stream.
+    let captured = before.is_some() && unsafe { capture_of(raw) } == before;
     let _relaxed = RelaxedCapture::enter();
     loop {
-        // SAFETY: the caller vouches for the stream.
+        // SAFETY: as above.
         let waited = unsafe { sys::cuStreamSynchronize(raw) };
         let capture =
             sys::CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED..=sys::CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD;
-        if !capture.contains(&waited) {
-            return check(waited);
+        if captured {
+            // In a graph, not run: an error even where the capture ended
+            // before the wait could spoil it.
+            let refused = crate::error_from_code(sys::CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+            return Err(check(waited).err().unwrap_or(refused));
         }
-        let mut status = sys::CU_STREAM_CAPTURE_STATUS_NONE;
-        // SAFETY: as above; `status` is a valid place for the answer.
-        let asked = unsafe { sys::cuStreamIsCapturing(raw, &mut status) };
-        if asked == sys::CUDA_SUCCESS && status != sys::CU_STREAM_CAPTURE_STATUS_NONE {
+        if !capture.contains(&waited) {
             return check(waited);
         }
         std::thread::sleep(std::time::Duration::from_micros(100));
@@ -523,12 +555,15 @@ pub(crate) fn in_order_joined<S: AsRawStream + ?Sized, T>(
     queue: impl FnOnce(sys::CUstream) -> Result<T>,
 ) -> Result<T> {
     let raw = stream.as_raw_stream();
+    let off = stream.off_its_thread();
+    // SAFETY: `raw` is valid while `stream` is borrowed (`AsRawStream`'s
+    // contract).
+    let before = if off { unsafe { capture_of(raw) } } else { None };
     let queued = queue(raw)?;
-    if stream.off_its_thread() {
+    if off {
         // The work is queued: an error of the wait must mean it never runs.
-        // SAFETY: `raw` is valid while `stream` is borrowed (`AsRawStream`'s
-        // contract).
-        unsafe { wait_for_work(raw) }?;
+        // SAFETY: as above.
+        unsafe { wait_for_work(raw, before) }?;
     }
     Ok(queued)
 }

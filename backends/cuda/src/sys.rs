@@ -46,8 +46,11 @@ pub const CU_STREAM_PER_THREAD: usize = 0x2;
 /// elsewhere would refuse.
 pub const CU_STREAM_CAPTURE_MODE_GLOBAL: c_int = 0;
 pub const CU_STREAM_CAPTURE_MODE_RELAXED: c_int = 2;
-/// `CU_STREAM_CAPTURE_STATUS_NONE`: a stream not capturing a graph.
+/// `CUstreamCaptureStatus`: a stream not capturing a graph (`_NONE`), or
+/// capturing one (`_ACTIVE`; `_INVALIDATED` once a call it refused has
+/// spoiled the capture, until it ends).
 pub const CU_STREAM_CAPTURE_STATUS_NONE: c_int = 0;
+pub const CU_STREAM_CAPTURE_STATUS_ACTIVE: c_int = 1;
 
 pub const CU_STREAM_DEFAULT: c_uint = 0x0;
 pub const CU_STREAM_NON_BLOCKING: c_uint = 0x1;
@@ -148,7 +151,7 @@ const _: () = assert!(core::mem::size_of::<CuMemAccessDesc>() == 12);
 #[cfg(test)]
 pub(crate) use crate::fake::{
     cuCtxSynchronize, cuMemAllocFromPoolAsync, cuMemFreeAsync, cuMemGetInfo_v2, cuMemPoolDestroy,
-    cuPointerGetAttribute, cuStreamIsCapturing, cuStreamSynchronize, cuThreadExchangeStreamCaptureMode,
+    cuPointerGetAttribute, cuStreamGetCaptureInfo_v2, cuStreamSynchronize, cuThreadExchangeStreamCaptureMode,
 };
 
 #[link(name = "cuda")]
@@ -284,8 +287,18 @@ extern "C" {
     pub fn cuStreamSynchronize(stream: CUstream) -> CuResult;
     #[cfg(not(test))]
     pub fn cuCtxSynchronize() -> CuResult;
+    /// `id`, `graph`, `dependencies` and `count` may be null; `id` is
+    /// written only where the status is `_ACTIVE`: an id no other capture
+    /// of the process has.
     #[cfg(not(test))]
-    pub fn cuStreamIsCapturing(stream: CUstream, status: *mut c_int) -> CuResult;
+    pub fn cuStreamGetCaptureInfo_v2(
+        stream: CUstream,
+        status: *mut c_int,
+        id: *mut u64,
+        graph: *mut *mut c_void,
+        dependencies: *mut *const *mut c_void,
+        count: *mut usize,
+    ) -> CuResult;
     #[cfg(not(test))]
     pub fn cuThreadExchangeStreamCaptureMode(mode: *mut c_int) -> CuResult;
     pub fn cuStreamWaitEvent(stream: CUstream, event: CUevent, flags: c_uint) -> CuResult;

@@ -111,6 +111,43 @@ fn waits_and_allocations_leave_another_threads_capture_whole() {
     }
 }
 
+/// A fill of pinned memory queued while this thread captures its stream
+/// is in the graph, not run: the fill's wait says so at once (the stream
+/// is in the capture it was in before the fill was queued) and spoils the
+/// capture, so that no graph of it writes the memory after it is freed.
+/// Once the capture has ended, the same fill runs. (A wait that waited out
+/// every capture begun after its work would wait here for this thread's
+/// own capture to end: forever.)
+#[test]
+fn a_fill_this_thread_captures_is_refused_at_once_and_spoils_the_capture() {
+    let Some(device) = gpu("a_fill_this_thread_captures_is_refused_at_once_and_spoils_the_capture") else {
+        return;
+    };
+    let a = CudaStream::with_options(device, StreamOptions { non_blocking: true, priority: 0 }).unwrap();
+    let pinned = PinnedMemory::new(device).unwrap();
+    let mut buf = DeviceBuffer::new_in(1 << 20, &a, &pinned, CudaCopy::new(device).unwrap()).unwrap();
+    device.primary_context().unwrap().bind().unwrap();
+    let raw = a.as_raw_stream();
+    // SAFETY: `a` is a live stream of the bound context.
+    assert_eq!(unsafe { cuStreamBeginCapture_v2(raw, GLOBAL) }, 0, "capture begun");
+    let filled = buf.fill(7);
+    let mut graph = std::ptr::null_mut();
+    // SAFETY: as above; `graph` is a valid place for the graph.
+    let end = unsafe { cuStreamEndCapture(raw, &mut graph) };
+    if !graph.is_null() {
+        // SAFETY: the graph the capture made, destroyed once.
+        unsafe { cuGraphDestroy(graph) };
+    }
+    assert!(filled.is_err(), "the captured fill did not run: {filled:?}");
+    assert_eq!(end, CUDA_ERROR_STREAM_CAPTURE_INVALIDATED, "the capture was spoiled");
+    assert_eq!(buf.fill(9), Ok(()));
+    assert!(buf.to_vec().unwrap().iter().all(|&x| x == 9));
+}
+
+/// `CUDA_ERROR_STREAM_CAPTURE_INVALIDATED`: a capture that a call it
+/// refused has spoiled.
+const CUDA_ERROR_STREAM_CAPTURE_INVALIDATED: c_int = 901;
+
 /// Captures on `b` in the global mode from a thread of its own between the
 /// two barriers; the answer of `cuStreamEndCapture`.
 fn capture_between(device: Device, b: &CudaStream, begun: &Barrier, ended: &Barrier) -> c_int {

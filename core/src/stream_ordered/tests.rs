@@ -289,25 +289,24 @@ fn a_failed_fence_does_not_fail_an_allocation_the_reclaim_made_room_for() {
 /// ended the merge.
 #[test]
 fn a_stream_that_fails_to_synchronize_keeps_only_its_own_list() {
-    let (mut so, a, b, log) = setup(Some(3 * 4096));
-    let [x, y, z] = [0; 3].map(|_| so.allocate(req(4096), &a).unwrap());
-    so.deallocate(x, &a).unwrap();
-    so.deallocate(y, &a).unwrap();
-    so.deallocate(z, &b).unwrap();
-    // Stream 1 (`a`) comes first in the lists.
-    log.borrow_mut().fail_sync_of = Some(b.id);
+    // A full pool whose three blocks are listed on the streams `on` names.
+    let freed_on = |on: [u64; 3]| {
+        let (mut so, a, _, log) = setup(Some(3 * 4096));
+        for (block, id) in [0; 3].map(|_| so.allocate(req(4096), &a).unwrap()).into_iter().zip(on) {
+            so.deallocate(block, &LoggedStream { id, log: log.clone() }).unwrap();
+        }
+        (so, log)
+    };
+    // Stream 1 comes first in the lists.
+    let (mut so, log) = freed_on([1, 1, 2]);
+    log.borrow_mut().fail_sync_of = Some(2);
     assert!(matches!(so.synchronize_and_merge(), Err(Error::Backend { code: 5, .. })));
-    assert_eq!(so.listed_bytes(), 4096, "`a`'s list merged, `b`'s kept");
+    assert_eq!(so.listed_bytes(), 4096, "stream 1's list merged, stream 2's kept");
     so.check().unwrap();
-    let (mut so, a, b, log) = setup(Some(3 * 4096));
-    let [x, y, z] = [0; 3].map(|_| so.allocate(req(4096), &a).unwrap());
-    so.deallocate(x, &b).unwrap();
-    so.deallocate(y, &a).unwrap();
-    so.deallocate(z, &a).unwrap();
-    log.borrow_mut().fail_sync_of = Some(a.id);
-    // On a third stream: `b`'s 4 KiB is merged, which is all it needs.
-    let c = LoggedStream { id: 3, log: log.clone() };
-    let got = so.allocate(req(4096), &c);
+    let (mut so, log) = freed_on([2, 1, 1]);
+    log.borrow_mut().fail_sync_of = Some(1);
+    // On a third stream: stream 2's 4 KiB is merged, which is all it needs.
+    let got = so.allocate(req(4096), &LoggedStream { id: 3, log: log.clone() });
     assert!(got.is_ok(), "{got:?}");
     assert_eq!(so.listed_bytes(), 8192);
     so.check().unwrap();

@@ -34,12 +34,16 @@ fn elsewhere<T: Send + 'static>(
 }
 
 /// The calls but the exchanges of the thread's capture mode, which every
-/// wait makes ([`relaxed`](crate::stream::relaxed)).
+/// wait makes ([`relaxed`](crate::stream::relaxed)), and the questions of
+/// which capture a stream is in, asked before work that is waited for
+/// ([`capture_of`](crate::stream::capture_of)).
 fn work_calls(driver: &Driver) -> Vec<Call> {
-    driver.calls.iter().copied().filter(|c| !matches!(c, Call::CaptureMode { .. })).collect()
+    let asked = |c: &&Call| matches!(c, Call::CaptureMode { .. } | Call::CaptureInfo { .. });
+    driver.calls.iter().filter(|c| !asked(c)).copied().collect()
 }
 
-/// The calls after the wait that failed, but the mode exchanges.
+/// The calls after the wait that failed, but the mode exchanges and the
+/// capture questions.
 fn after_the_wait(driver: &Driver) -> Vec<Call> {
     let calls = work_calls(driver);
     let wait = calls.iter().position(|c| matches!(c, Call::StreamSync { .. })).expect("a wait");
@@ -180,18 +184,22 @@ fn an_owned_pool_is_destroyed_after_its_context_is_idle() {
     );
 }
 
-/// `wait_for_work` on the legacy stream with `driver`: its answer, and
-/// the model after it.
-fn wait_for_work_with(driver: Driver) -> (memres_core::Result<()>, Driver) {
+/// `wait_for_work` on the legacy stream with `driver`, for work queued
+/// when the stream was in the capture `before`: its answer, and the model
+/// after it.
+fn wait_for_work_with(driver: Driver, before: Option<u64>) -> (memres_core::Result<()>, Driver) {
     install(driver);
     // SAFETY: the model answers every call the wait makes.
-    let waited = unsafe { crate::stream::wait_for_work(sys::CU_STREAM_LEGACY as sys::CUstream) };
+    let waited = unsafe { crate::stream::wait_for_work(sys::CU_STREAM_LEGACY as sys::CUstream, before) };
     (waited, take())
 }
 
 const LEGACY: usize = sys::CU_STREAM_LEGACY;
 const RELAXED: Call = Call::CaptureMode { mode: sys::CU_STREAM_CAPTURE_MODE_RELAXED };
 const GLOBAL: Call = Call::CaptureMode { mode: sys::CU_STREAM_CAPTURE_MODE_GLOBAL };
+const ACTIVE: std::ffi::c_int = sys::CU_STREAM_CAPTURE_STATUS_ACTIVE;
+const INVALIDATED: std::ffi::c_int = 2;
+const UNSUPPORTED: sys::CuResult = sys::CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
 
 /// A wait the driver refuses for a capture elsewhere (the legacy stream
 /// while another thread's blocking stream captures) while the work runs
@@ -201,29 +209,68 @@ const GLOBAL: Call = Call::CaptureMode { mode: sys::CU_STREAM_CAPTURE_MODE_GLOBA
 #[test]
 fn a_wait_refused_for_a_capture_elsewhere_is_asked_again_in_relaxed_mode() {
     let driver = Driver { fail_wait: Some(sys::CUDA_ERROR_STREAM_CAPTURE_IMPLICIT), ..Driver::default() };
-    let (waited, driver) = wait_for_work_with(driver);
+    let (waited, driver) = wait_for_work_with(driver, None);
     assert_eq!(waited, Ok(()));
     let sync = Call::StreamSync { stream: LEGACY };
-    assert_eq!(driver.calls, [RELAXED, sync, Call::IsCapturing { stream: LEGACY }, sync, GLOBAL]);
+    assert_eq!(driver.calls, [RELAXED, sync, sync, GLOBAL]);
     assert_eq!(driver.capture_mode, sys::CU_STREAM_CAPTURE_MODE_GLOBAL);
 }
 
-/// On a stream that is capturing, the work was captured, not run, and the
-/// wait invalidated the capture: the refusal is the answer. So is a
-/// sticky error, without asking about captures.
+/// Work queued in the capture the stream is still in was captured, not
+/// run, and the wait spoiled the capture: the refusal is the answer, and
+/// an error even where the capture ended before the wait (no graph of the
+/// work is spoiled then, but none of it ran). So is a sticky error,
+/// without asking about captures.
 #[test]
-fn a_wait_on_a_capturing_stream_or_a_failed_context_is_its_error() {
-    const ACTIVE: std::ffi::c_int = 1;
-    let unsupported = sys::CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
-    let driver = Driver { fail_wait: Some(unsupported), capture_status: Some(ACTIVE), ..Driver::default() };
-    let (waited, driver) = wait_for_work_with(driver);
-    assert_eq!(waited, Err(crate::error_from_code(unsupported)));
+fn a_wait_for_work_still_in_its_capture_or_on_a_failed_context_is_an_error() {
+    let driver =
+        Driver { fail_wait: Some(UNSUPPORTED), capture_status: Some((ACTIVE, 7)), ..Driver::default() };
+    let (waited, driver) = wait_for_work_with(driver, Some(7));
+    assert_eq!(waited, Err(crate::error_from_code(UNSUPPORTED)));
     let sync = Call::StreamSync { stream: LEGACY };
-    assert_eq!(driver.calls, [RELAXED, sync, Call::IsCapturing { stream: LEGACY }, GLOBAL]);
+    let info = Call::CaptureInfo { stream: LEGACY };
+    assert_eq!(driver.calls, [info, RELAXED, sync, GLOBAL]);
+    let ended_at_the_wait = Driver { capture_status: Some((ACTIVE, 7)), ..Driver::default() };
+    assert_eq!(wait_for_work_with(ended_at_the_wait, Some(7)).0, Err(crate::error_from_code(UNSUPPORTED)));
     let driver = Driver { fail_wait: Some(ILLEGAL_ADDRESS), sticky: true, ..Driver::default() };
-    let (waited, driver) = wait_for_work_with(driver);
+    let (waited, driver) = wait_for_work_with(driver, None);
     assert_eq!(waited, Err(crate::error_from_code(ILLEGAL_ADDRESS)));
     assert_eq!(driver.calls, [RELAXED, sync, GLOBAL]);
+}
+
+/// Work queued outside the capture the stream is in now runs: a capture
+/// begun after it was queued, or another than the one it was queued in,
+/// refuses the wait, which is asked again until it is answered. (Asked
+/// only whether the stream captured, the wait gave up at the first
+/// refusal: a copy into pinned memory ended its access while it ran, and a
+/// free could go through under it.)
+#[test]
+fn a_wait_for_work_queued_outside_the_capture_now_waits_it_out() {
+    let sync = Call::StreamSync { stream: LEGACY };
+    let info = Call::CaptureInfo { stream: LEGACY };
+    for (before, asked) in [(None, &[][..]), (Some(6), &[info][..])] {
+        let driver =
+            Driver { fail_wait: Some(UNSUPPORTED), capture_status: Some((ACTIVE, 7)), ..Driver::default() };
+        let (waited, driver) = wait_for_work_with(driver, before);
+        assert_eq!(waited, Ok(()), "{before:?}");
+        assert_eq!(driver.calls, [asked, &[RELAXED, sync, sync, GLOBAL]].concat(), "{before:?}");
+    }
+}
+
+/// `capture_of` names an active capture only: a spoiled one has no id, and
+/// the legacy stream's answer while a blocking stream captures is an error.
+#[test]
+fn capture_of_names_only_an_active_capture() {
+    let legacy = sys::CU_STREAM_LEGACY as sys::CUstream;
+    let none = sys::CU_STREAM_CAPTURE_STATUS_NONE;
+    for (status, expected) in
+        [(Some((ACTIVE, 7)), Some(7)), (Some((INVALIDATED, 7)), None), (Some((none, 7)), None), (None, None)]
+    {
+        install(Driver { capture_status: status, ..Driver::default() });
+        // SAFETY: the model answers the call.
+        assert_eq!(unsafe { crate::stream::capture_of(legacy) }, expected, "{status:?}");
+        take();
+    }
 }
 
 /// While another thread captures a graph in the global mode, the driver
