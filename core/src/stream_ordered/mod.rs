@@ -528,8 +528,11 @@ impl<A: MemoryResourceMut<()>, S: Stream + Clone> MemoryResourceMut<S> for Strea
     /// # Errors
     ///
     /// The inner algorithm's out of memory after the last resort; a
-    /// stream's error from record, wait or synchronize; the inner's other
-    /// errors.
+    /// stream's error from record or wait taking another stream's block;
+    /// the first error of a stream's query, record or synchronize in the
+    /// reclaim and the last resort, where they made no room (a stream that
+    /// fails keeps its list; the others' blocks go back all the same); the
+    /// inner's other errors.
     ///
     /// # Time Complexity
     ///
