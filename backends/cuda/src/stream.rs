@@ -425,8 +425,8 @@ pub(crate) unsafe fn capture_of(raw: sys::CUstream) -> Option<u64> {
 ///
 /// Any other refusal for a capture is waited out, asked again every 100
 /// µs: a capture begun on `raw` after the work was queued (the work runs,
-/// and a wait is refused until that capture ends; until then each asks
-/// spoils it); a capture elsewhere (another thread's, or this thread's on
+/// and a wait is refused until that capture ends; each refusal spoils
+/// it); a capture elsewhere (another thread's, or this thread's on
 /// another stream, in the driver's default global mode) makes the driver
 /// refuse a wait while the work runs on (`CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED`):
 /// the wait is made in relaxed mode, where the driver allows it, and where
@@ -434,9 +434,9 @@ pub(crate) unsafe fn capture_of(raw: sys::CUstream) -> Option<u64> {
 /// thread captures, `CUDA_ERROR_STREAM_CAPTURE_IMPLICIT`), it is asked
 /// again until that capture ends. (This thread's own capture of a blocking
 /// stream cannot be the cause: it would have refused the queueing on the
-/// legacy stream.) Asked whether the stream still captures, as it was
-/// before, it let a copy into host memory end its access while it ran: a
-/// capture begun after the copy was queued answered yes.
+/// legacy stream.) (The wait asked only whether `raw` captured, before:
+/// a capture begun after a copy into host memory was queued ended the
+/// copy's access while it ran.)
 ///
 /// # Safety
 ///
