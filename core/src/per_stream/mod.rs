@@ -248,8 +248,7 @@ impl<M: MakePool<S>, S: Stream + ?Sized> PerStreamPool<M, S> {
         }
         let pool = self.make.make(stream)?;
         self.stats.pools_made += 1;
-        self.push_lane(id, stream, pool);
-        Ok(())
+        self.push_lane_apart(id, stream, pool).map(drop)
     }
 
     /// Gives the wholly free chunks of the pools back upstream, freed on
@@ -346,7 +345,7 @@ impl<M: MakePool<S>, S: Stream + ?Sized> PerStreamPool<M, S> {
             None => {
                 let pool = self.make.make(stream)?;
                 self.stats.pools_made += 1;
-                self.push_lane(id, stream, pool)
+                self.push_lane_apart(id, stream, pool)?
             }
         };
         self.last = i;
@@ -382,6 +381,57 @@ impl<M: MakePool<S>, S: Stream + ?Sized> PerStreamPool<M, S> {
             Err(Error::UnknownBlock { .. }) => self.deallocate_cross(block, stream, id),
             Err(e) => Err(e),
         }
+    }
+
+    /// [`push_lane`](Self::push_lane), where no chunk of `pool` overlaps
+    /// one of another lane's.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::UpstreamMisbehaved`] where one does: the new pool's memory
+    /// goes back upstream and it is dropped.
+    fn push_lane_apart(&mut self, id: u64, stream: &S, mut pool: M::Pool) -> Result<usize> {
+        if let Some(clash) = self.overlap(&pool, None) {
+            // Wholly free: a new pool has handed nothing out.
+            let _ = pool.release(stream);
+            return Err(clash);
+        }
+        Ok(self.push_lane(id, stream, pool))
+    }
+
+    /// [`Error::UpstreamMisbehaved`] naming memory where a chunk of `pool`
+    /// overlaps one of a lane other than `skip`'s, if one does:
+    /// an upstream outside its contract handed the same memory to two
+    /// pools, each of which checks only its own chunks. Asked after a pool
+    /// took memory (made, or grown in [`grow`](Self::grow)); a chunk moved
+    /// between lanes was one lane's, and a virtual pool's reservation is
+    /// refused when it commits memory another pool committed.
+    ///
+    /// # Time Complexity
+    ///
+    /// O(chunks · log chunks).
+    #[cold]
+    fn overlap(&self, pool: &M::Pool, skip: Option<usize>) -> Option<Error> {
+        if self.lanes.len() == usize::from(skip.is_some()) {
+            return None;
+        }
+        // Each chunk, and whether it is `pool`'s; by start, then a sweep
+        // that keeps the furthest end of each side's chunks so far.
+        let mut chunks = Vec::new();
+        pool.for_each_chunk(&mut |r| chunks.push((r, true)));
+        for (_, lane) in self.lanes.iter().enumerate().filter(|&(j, _)| Some(j) != skip) {
+            lane.pool.for_each_chunk(&mut |r| chunks.push((r, false)));
+        }
+        chunks.sort_unstable_by_key(|&(r, mine)| (r.start(), mine));
+        let (mut mine_end, mut others_end) = (0, 0);
+        for (r, mine) in chunks {
+            let (own, other) = if mine { (&mut mine_end, others_end) } else { (&mut others_end, mine_end) };
+            if r.start() < other {
+                return Some(Error::UpstreamMisbehaved { addr: r.start(), size: r.len(), what: OVERLAP });
+            }
+            *own = (*own).max(r.end());
+        }
+        None
     }
 
     /// Adds a lane for `stream`, whose id its caller read once (`id`), with
@@ -590,7 +640,7 @@ impl<M: MakePool<S>, S: Stream + ?Sized> PerStreamPool<M, S> {
         // A pool that grows in `try_allocate` tried just that on the fast
         // path: again only once other streams gave memory back.
         if !M::Pool::GROWS_IN_TRY_ALLOCATE || given_back > 0 {
-            match self.lanes[i].pool.allocate(request, stream) {
+            match self.allocate_apart(i, request, stream) {
                 Err(e) if e.is_out_of_memory() => {}
                 other => return other,
             }
@@ -611,10 +661,27 @@ impl<M: MakePool<S>, S: Stream + ?Sized> PerStreamPool<M, S> {
         // upstream may hold memory that came free at the synchronization
         // (another user's frees done), a pool's own growth gives back again
         // what was refused, a virtual pool retries the trim that failed.
-        match self.lanes[i].pool.allocate(request, stream) {
+        match self.allocate_apart(i, request, stream) {
             Err(e) if e.is_out_of_memory() => Err(self.whole(refused.unwrap_or(e))),
             last => last,
         }
+    }
+
+    /// Lane `i`'s pool's `allocate`, which may take memory upstream:
+    /// refused where that memory overlaps another lane's
+    /// ([`overlap`](Self::overlap)), with the block given back to the pool
+    /// and the pool's wholly free chunks upstream.
+    fn allocate_apart(&mut self, i: usize, request: Request, stream: &S) -> Result<Block> {
+        let held = self.lanes[i].pool.held();
+        let block = self.lanes[i].pool.allocate(request, stream)?;
+        if self.lanes[i].pool.held() <= held {
+            return Ok(block);
+        }
+        let Some(clash) = self.overlap(&self.lanes[i].pool, Some(i)) else { return Ok(block) };
+        let pool = &mut self.lanes[i].pool;
+        let _ = pool.deallocate(block, stream);
+        let _ = pool.release(stream);
+        Err(clash)
     }
 
     /// An out-of-memory error of one lane's pool as the whole resource's:
@@ -647,8 +714,9 @@ impl<M: MakePool<S>, S: Stream + ?Sized> PerStreamPool<M, S> {
     }
 
     /// What the pools hold together. The sum saturates, as `Usage::plus`'s
-    /// does: an upstream outside the contract may hand every lane the same
-    /// bytes.
+    /// does: a space outside the contract may hand two lanes the same
+    /// reservation (the second keeps it where its commit is refused;
+    /// chunks that overlap are refused: [`overlap`](Self::overlap)).
     pub(super) fn held(&self) -> u64 {
         self.lanes.iter().fold(0, |sum, l| sum.saturating_add(l.pool.held()))
     }
@@ -705,12 +773,17 @@ where
 {
 }
 
+/// What [`PerStreamPool::overlap`] says of the upstream.
+const OVERLAP: &str = "memory another stream's pool holds";
+
 impl<M: MakePool<S>, S: Stream + ?Sized> MemoryResourceMut<S> for PerStreamPool<M, S> {
     /// # Errors
     ///
     /// The pool maker's error for a stream's first allocation; a stream's
     /// from wait or record; the pool's out of memory after the last resort;
-    /// the pool's other errors. No block is handed out or changed then
+    /// [`Error::UpstreamMisbehaved`] for memory the upstream handed a pool
+    /// that another stream's pool holds (given back); the pool's other
+    /// errors. No block is handed out or changed then
     /// (waits and records made add only order; what other streams' pools
     /// gave back stays given back). A stream's first allocation that fails
     /// after its pool was made keeps that pool for the stream's next calls,

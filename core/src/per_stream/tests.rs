@@ -771,22 +771,27 @@ impl<S: Stream + ?Sized> crate::MemoryResource<S> for OneAddress {
     }
 }
 
-/// The pools' held bytes are added up saturating: four lanes of `2^62`
-/// bytes each (the same bytes, from an upstream outside the contract)
-/// neither panic nor wrap the peak or an out-of-memory's pool size to 0.
+/// Four lanes of `2^62` bytes each, the same bytes from an upstream
+/// outside the contract: the second to fourth are refused, so the held
+/// bytes, the peak and an out-of-memory's pool size stay those of the one
+/// lane that holds them. (Before, the four were taken, and the sums
+/// saturated at `u64::MAX` rather than wrap.)
 #[test]
-fn lanes_whose_held_bytes_sum_past_u64_max_saturate() {
+fn lanes_the_upstream_hands_the_same_bytes_are_refused_and_the_sums_stay_exact() {
     let up = OneAddress(core::cell::Cell::new(0));
     let maker = PoolMaker::with_config(&up, PoolConfig::new().initial_size(1 << 62)).unwrap();
     let mut pools = PerStreamPool::new(maker);
-    for id in 1..=4 {
-        pools.allocate(req(256), &IdStream(id)).unwrap();
+    pools.allocate(req(256), &IdStream(1)).unwrap();
+    for id in 2..=4 {
+        let got = pools.allocate(req(256), &IdStream(id));
+        assert!(matches!(got, Err(Error::UpstreamMisbehaved { .. })), "{id}: {got:?}");
     }
-    assert_eq!(pools.usage().peak_held, u64::MAX);
+    assert_eq!(pools.usage().peak_held, 1 << 62);
     match pools.allocate(req(1 << 62), &IdStream(1)) {
-        Err(Error::OutOfMemory { pool_size, .. }) => assert_eq!(pool_size, u64::MAX),
+        Err(Error::OutOfMemory { pool_size, .. }) => assert_eq!(pool_size, 1 << 62),
         other => panic!("not out of memory: {other:?}"),
     }
+    pools.check().unwrap();
 }
 
 /// A chunk moved in from another stream's lane that the lane cannot use
@@ -876,4 +881,46 @@ fn a_chunk_moves_only_to_a_request_that_its_class_serves() {
         r.free(blk, &b);
     }
     r.exact();
+}
+
+/// An upstream outside its contract: every chunk at one address.
+struct SameAddress {
+    held: core::cell::Cell<u64>,
+}
+
+impl<S: Stream + ?Sized> crate::MemoryResource<S> for SameAddress {
+    fn allocate(&self, request: Request, _: &S) -> Result<Block> {
+        self.held.set(self.held.get() + request.size());
+        Ok(Block::new(1 << 30, request.size(), 0))
+    }
+    fn deallocate(&self, block: Block, _: &S) -> Result<()> {
+        self.held.set(self.held.get() - block.size());
+        Ok(())
+    }
+}
+
+/// Memory the upstream hands to a second stream's pool that the first's
+/// holds is refused, whether the pool takes it when made (an initial size)
+/// or when it grows: no block is handed out twice, the memory goes back
+/// upstream, and the pools stay whole and usable. (Each pool checks only
+/// its own chunks: two live blocks at one address, and a checker that
+/// found chunks of two pools overlapping.)
+#[test]
+fn memory_the_upstream_hands_to_two_streams_pools_is_refused() {
+    let (a, b) = (IdStream(1), IdStream(2));
+    for initial in [0, 1 << 20] {
+        let up = SameAddress { held: core::cell::Cell::new(0) };
+        let config = PoolConfig::new().initial_size(initial);
+        let mut pools = PerStreamPool::new(PoolMaker::with_config(&up, config).unwrap());
+        let x = pools.allocate(Request::new(1000).unwrap(), &a).unwrap();
+        let (held, used) = (up.held.get(), pools.usage().used);
+        let y = pools.allocate(Request::new(1000).unwrap(), &b);
+        assert!(matches!(y, Err(Error::UpstreamMisbehaved { addr: 0x4000_0000, .. })), "{initial}: {y:?}");
+        assert_eq!(up.held.get(), held, "{initial}: the second chunk went back");
+        pools.check().unwrap();
+        assert_eq!(pools.usage().used, used);
+        pools.deallocate(x, &a).unwrap();
+        assert_eq!(pools.allocate(Request::new(1000).unwrap(), &a).map(|b| b.addr()), Ok(x.addr()));
+        pools.check().unwrap();
+    }
 }
