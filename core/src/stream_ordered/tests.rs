@@ -297,18 +297,19 @@ fn a_stream_that_fails_to_synchronize_keeps_only_its_own_list() {
         }
         (so, log)
     };
-    // Stream 1 comes first in the lists.
-    let (mut so, log) = freed_on([1, 1, 2]);
-    log.borrow_mut().fail_sync_of = Some(2);
-    assert!(matches!(so.synchronize_and_merge(), Err(Error::Backend { code: 5, .. })));
-    assert_eq!(so.listed_bytes(), 4096, "stream 1's list merged, stream 2's kept");
-    so.check().unwrap();
-    let (mut so, log) = freed_on([2, 1, 1]);
+    // Stream 1 comes first in the lists; it fails, stream 2 merges.
+    let (mut so, log) = freed_on([1, 2, 2]);
     log.borrow_mut().fail_sync_of = Some(1);
-    // On a third stream: stream 2's 4 KiB is merged, which is all it needs.
-    let got = so.allocate(req(4096), &LoggedStream { id: 3, log: log.clone() });
+    assert!(matches!(so.synchronize_and_merge(), Err(Error::Backend { code: 5, .. })));
+    assert_eq!(so.listed_bytes(), 4096, "stream 2's list merged, stream 1's kept");
+    so.check().unwrap();
+    // No listed block serves 8 KiB: the last resort merges stream 2's two,
+    // which lie side by side, and the allocation takes them.
+    let (mut so, log) = freed_on([1, 2, 2]);
+    log.borrow_mut().fail_sync_of = Some(1);
+    let got = so.allocate(req(8192), &LoggedStream { id: 3, log: log.clone() });
     assert!(got.is_ok(), "{got:?}");
-    assert_eq!(so.listed_bytes(), 8192);
+    assert_eq!(so.listed_bytes(), 4096);
     so.check().unwrap();
 }
 
