@@ -42,7 +42,10 @@
 //! The crate links `libcuda` through `cust` (whose build script reads
 //! `CUDA_LIBRARY_PATH`, or finds a CUDA toolkit in the usual places). A
 //! machine without a GPU can build and run it: [`init`] then fails with
-//! `CUDA_ERROR_NO_DEVICE` and [`Device::count`] is 0.
+//! `CUDA_ERROR_NO_DEVICE` and [`Device::count`] is 0. It builds for 64-bit
+//! hosts only, as CUDA runs on no other: sizes and addresses are `u64` in
+//! the core and `size_t` or pointers in the driver, and the casts between
+//! them are lossless there.
 //!
 //! The newest driver function it links is `cuGetProcAddress` (CUDA 11.3).
 //! [`Prefetch`]'s `cuMemPrefetchAsync`, whose form changed in CUDA 12.2, is
@@ -67,6 +70,9 @@
 //! # Ok::<(), memres_core::Error>(())
 //! ```
 #![warn(missing_docs)]
+
+#[cfg(not(target_pointer_width = "64"))]
+compile_error!("memres-cuda needs a 64-bit host, as CUDA does: its `u64` to `usize` casts are lossless only there");
 
 mod async_managed;
 mod async_memory;
