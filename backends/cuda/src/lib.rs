@@ -72,7 +72,9 @@
 #![warn(missing_docs)]
 
 #[cfg(not(target_pointer_width = "64"))]
-compile_error!("memres-cuda needs a 64-bit host, as CUDA does: its `u64` to `usize` casts are lossless only there");
+compile_error!(
+    "memres-cuda needs a 64-bit host, as CUDA does: its `u64` to `usize` casts are lossless only there"
+);
 
 mod async_managed;
 mod async_memory;
