@@ -6,10 +6,12 @@ use crate::{Inspect, Stream, Usage};
 use alloc::vec::Vec;
 
 impl<M: MakePool<S>, S: Stream + ?Sized> Inspect for PerStreamPool<M, S> {
-    /// The pools' figures added up; the peak is of what they held
-    /// together.
+    /// The pools' figures added up, with chunks stranded out of them as
+    /// held and free; the peak is of what they held together.
     fn usage(&self) -> Usage {
-        let total = self.lanes.iter().map(|l| l.pool.usage()).fold(Usage::default(), Usage::plus);
+        let stranded = self.stranded_bytes();
+        let stranded = Usage { held: stranded, peak_held: stranded, free: stranded, ..Usage::default() };
+        let total = self.lanes.iter().map(|l| l.pool.usage()).fold(stranded, Usage::plus);
         Usage { peak_held: self.peak_held.max(total.held), ..total }
     }
 

@@ -61,6 +61,7 @@ mod tests;
 
 pub use pools::{ChunkPool, MakePool, PoolMaker, VirtualMaker};
 
+use crate::pool::FreeChunk;
 use crate::splitmix::SplitMix64;
 use crate::{Block, Error, Inspect, MemoryResourceMut, Request, Result, Stream};
 use alloc::vec::Vec;
@@ -185,6 +186,11 @@ pub struct PerStreamPool<M: MakePool<S>, S: Stream + ?Sized> {
     /// The most bytes the pools held from upstream together, counted
     /// where they may have grown (a new pool, growth).
     peak_held: u64,
+    /// Chunks the upstream handed one lane over memory another lane holds,
+    /// then refused back (outside its contract twice): out of every pool,
+    /// so that no stream is served from them, and counted as held. Nothing
+    /// gives them back; they are the upstream's to lose.
+    stranded: Vec<FreeChunk>,
     stats: Stats,
     _stream: PhantomData<fn(&S)>,
 }
@@ -207,6 +213,7 @@ impl<M: MakePool<S>, S: Stream + ?Sized> PerStreamPool<M, S> {
             last: 0,
             serial: 0,
             peak_held: 0,
+            stranded: Vec::new(),
             stats: Stats::default(),
             _stream: PhantomData,
         }
@@ -680,8 +687,37 @@ impl<M: MakePool<S>, S: Stream + ?Sized> PerStreamPool<M, S> {
         let Some(clash) = self.overlap(&self.lanes[i].pool, Some(i)) else { return Ok(block) };
         let pool = &mut self.lanes[i].pool;
         let _ = pool.deallocate(block, stream);
-        let _ = pool.release(stream);
+        if pool.release(stream).is_err() && self.overlap(&self.lanes[i].pool, Some(i)).is_some() {
+            self.strand_clashing(i);
+        }
         Err(clash)
+    }
+
+    /// Takes the wholly free chunks of lane `i` that overlap another lane's
+    /// out of its pool, into `stranded`, where no stream is served from
+    /// them: the upstream handed them over memory another pool holds, then
+    /// refused them back. The lane's other free chunks go back in.
+    #[cold]
+    fn strand_clashing(&mut self, i: usize) {
+        let leave = crate::pool::ChunkMove::granted();
+        let mut taken = Vec::new();
+        while let Some(chunk) = self.lanes[i].pool.take_free_chunk(None, leave) {
+            taken.push(chunk);
+        }
+        for chunk in taken {
+            let r = chunk.range();
+            let mut clashes = false;
+            for lane in self.lanes.iter().enumerate().filter(|&(j, _)| j != i).map(|(_, l)| l) {
+                lane.pool.for_each_chunk(&mut |c| clashes |= c.start() < r.end() && r.start() < c.end());
+            }
+            if clashes {
+                self.stranded.push(chunk);
+            } else if let Err((_, chunk)) = self.lanes[i].pool.adopt_chunk(chunk, leave) {
+                // Into the slots it just left: not expected to fail, and
+                // never served if it does.
+                self.stranded.push(chunk);
+            }
+        }
     }
 
     /// An out-of-memory error of one lane's pool as the whole resource's:
@@ -718,7 +754,12 @@ impl<M: MakePool<S>, S: Stream + ?Sized> PerStreamPool<M, S> {
     /// reservation (the second keeps it where its commit is refused;
     /// chunks that overlap are refused: [`overlap`](Self::overlap)).
     pub(super) fn held(&self) -> u64 {
-        self.lanes.iter().fold(0, |sum, l| sum.saturating_add(l.pool.held()))
+        self.lanes.iter().fold(self.stranded_bytes(), |sum, l| sum.saturating_add(l.pool.held()))
+    }
+
+    /// Bytes of the [`stranded`](Self::stranded) chunks.
+    pub(super) fn stranded_bytes(&self) -> u64 {
+        self.stranded.iter().fold(0, |sum, c| sum.saturating_add(c.range().len()))
     }
 
     /// Drops the lanes other than `keep` that hold no chunk (streams whose

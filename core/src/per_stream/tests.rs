@@ -924,3 +924,45 @@ fn memory_the_upstream_hands_to_two_streams_pools_is_refused() {
         pools.check().unwrap();
     }
 }
+
+/// As [`SameAddress`], and refusing every block back.
+struct SameAddressKept;
+
+impl<S: Stream + ?Sized> crate::MemoryResource<S> for SameAddressKept {
+    fn allocate(&self, request: Request, _: &S) -> Result<Block> {
+        Ok(Block::new(1 << 30, request.size(), 0))
+    }
+    fn deallocate(&self, block: Block, _: &S) -> Result<()> {
+        Err(Error::UnknownBlock { addr: block.addr() })
+    }
+}
+
+/// Memory the upstream hands a second stream's pool over the first's, and
+/// then refuses back, is never served: the second stream's next blocks
+/// come from elsewhere, none overlapping the first's live block, and the
+/// chunk counts as held. (Before, it stayed a free chunk of the second
+/// pool, whose next allocation handed out the first's live block again.)
+#[test]
+fn memory_the_upstream_hands_two_streams_and_refuses_back_is_never_served() {
+    let (a, b) = (IdStream(1), IdStream(2));
+    let up = SameAddressKept;
+    let mut pools = PerStreamPool::new(PoolMaker::with_config(&up, PoolConfig::new()).unwrap());
+    let x = pools.allocate(Request::new(1000).unwrap(), &a).unwrap();
+    let held = pools.usage().held;
+    let y = pools.allocate(Request::new(1000).unwrap(), &b);
+    assert!(matches!(y, Err(Error::UpstreamMisbehaved { addr: 0x4000_0000, .. })), "{y:?}");
+    let usage = pools.usage();
+    assert!(usage.held > held, "the refused chunk is held: {usage:?}");
+    assert_eq!((usage.peak_held, usage.free), (usage.held, usage.held - usage.used));
+    pools.check().unwrap();
+    for _ in 0..2 {
+        match pools.allocate(Request::new(1000).unwrap(), &b) {
+            Ok(z) => assert!(z.addr() >= x.addr() + 1024 || z.addr() + 1024 <= x.addr(), "{z:?} over {x:?}"),
+            Err(e) => assert!(matches!(e, Error::UpstreamMisbehaved { .. }), "{e:?}"),
+        }
+        pools.check().unwrap();
+    }
+    pools.deallocate(x, &a).unwrap();
+    assert_eq!(pools.allocate(Request::new(1000).unwrap(), &a).map(|b| b.addr()), Ok(x.addr()));
+    pools.check().unwrap();
+}
