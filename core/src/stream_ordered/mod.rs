@@ -13,7 +13,7 @@ mod free_list;
 mod tests;
 
 use crate::{Block, Error, MemoryResourceMut, Request, Result, Stream};
-use alloc::collections::BTreeMap;
+use alloc::collections::{BTreeMap, VecDeque};
 use alloc::vec::Vec;
 use core::fmt;
 use core::ops::Bound::{Excluded, Unbounded};
@@ -303,6 +303,26 @@ impl<A, S: Stream> StreamOrdered<A, S> {
     }
 }
 
+/// Takes the oldest block of `list`'s bucket `size` (which has one) off the
+/// list, then gives it back to `inner`; a block `inner` refuses goes back on
+/// the list, last, and its error is returned. Off the list first: the inner
+/// free is the user's code, which may take the block and then panic, and a
+/// block still listed would then be served beside the inner's own (it is
+/// lost at worst, never handed out twice).
+fn unlist_and_free<S: Stream>(
+    list: &mut FreeList<S>,
+    size: u64,
+    inner: &mut impl MemoryResourceMut<()>,
+    listed_bytes: &mut u64,
+) -> Option<Error> {
+    let block = list.remove(size, 0);
+    *listed_bytes -= size;
+    let e = inner.deallocate(block, &()).err()?;
+    list.push(block);
+    *listed_bytes += size;
+    Some(e)
+}
+
 impl<A: MemoryResourceMut<()>, S: Stream + Clone> StreamOrdered<A, S> {
     /// Gives back to the inner algorithm every listed block whose free is
     /// known to have completed, then records a fence on each stream with
@@ -346,34 +366,20 @@ impl<A: MemoryResourceMut<()>, S: Stream + Clone> StreamOrdered<A, S> {
                     }
                 }
                 let upto = *upto;
-                // A bucket goes as soon as it empties: the inner free is
-                // the user's code and may panic at the next one.
                 let mut next = list.buckets.keys().next().copied();
                 while let Some(size) = next {
                     next = list.buckets.range((Excluded(size), Unbounded)).next().map(|(&k, _)| k);
-                    let Some(q) = list.buckets.get_mut(&size) else { break };
-                    while let Some(&(block, seq)) = q.front() {
-                        if seq >= upto {
-                            break;
-                        }
-                        // Popped after the free: one that panics leaves
-                        // the block listed.
-                        let freed = self.inner.deallocate(block, &());
-                        q.pop_front();
-                        if let Err(e) = freed {
+                    while list.buckets.get(&size).and_then(|q| q.front()).is_some_and(|&(_, seq)| seq < upto)
+                    {
+                        // A refused block goes to the back, past `upto`.
+                        let refused = unlist_and_free(list, size, &mut self.inner, &mut self.listed_bytes);
+                        if let Some(e) = refused {
                             failed.get_or_insert(e);
                             self.stats.refused += 1;
-                            q.push_back((block, list.next_seq));
-                            list.next_seq += 1;
                             continue;
                         }
-                        list.len -= 1;
-                        self.listed_bytes -= size;
                         self.stats.reclaimed += 1;
                         given += 1;
-                    }
-                    if q.is_empty() {
-                        list.buckets.remove(&size);
                     }
                 }
                 list.fence = None;
@@ -422,24 +428,12 @@ impl<A: MemoryResourceMut<()>, S: Stream + Clone> StreamOrdered<A, S> {
             let mut next = list.buckets.keys().next().copied();
             while let Some(size) = next {
                 next = list.buckets.range((Excluded(size), Unbounded)).next().map(|(&k, _)| k);
-                let Some(q) = list.buckets.get_mut(&size) else { break };
                 // Each block once: a refused one goes to the back.
-                for _ in 0..q.len() {
-                    let Some(&(block, _)) = q.front() else { break };
-                    let freed = self.inner.deallocate(block, &());
-                    q.pop_front();
-                    if let Err(e) = freed {
+                for _ in 0..list.buckets.get(&size).map_or(0, VecDeque::len) {
+                    if let Some(e) = unlist_and_free(list, size, &mut self.inner, &mut self.listed_bytes) {
                         failed.get_or_insert(e);
                         self.stats.refused += 1;
-                        q.push_back((block, list.next_seq));
-                        list.next_seq += 1;
-                        continue;
                     }
-                    list.len -= 1;
-                    self.listed_bytes -= size;
-                }
-                if q.is_empty() {
-                    list.buckets.remove(&size);
                 }
             }
             list.fence = None;
@@ -637,7 +631,9 @@ impl<A, S: Stream> Drop for StreamOrdered<A, S> {
 // than the request (fresh from `A`, checked by `inner_allocate`, or from a
 // free list, checked by `find`) and is `request.size()` long; an inner block is
 // handed out only while no block of it is live (off the lists, or taken off
-// them), and goes back to `A` only through `A::deallocate` once freed.
+// them), and goes back to `A` only through `A::deallocate` once freed, taken
+// off its list first (`unlist_and_free`; the drop takes the lists whole), so
+// that a free of `A`'s that unwinds leaves it listed nowhere.
 unsafe impl<E, A: crate::copy::MemoryOf<E>, S: Stream> crate::copy::MemoryOf<E> for StreamOrdered<A, S> {}
 
 impl<A: fmt::Debug, S: Stream> fmt::Debug for StreamOrdered<A, S> {
