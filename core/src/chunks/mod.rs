@@ -93,11 +93,6 @@ struct GaveBack {
 }
 
 impl GaveBack {
-    /// Counts `chunk` given back.
-    fn add(&mut self, chunk: &Chunk, carve: &impl Carve) {
-        self.bytes[carve.class_of(chunk)] += chunk.range.len();
-    }
-
     /// The bytes given back, of every class.
     fn total(&self) -> u64 {
         self.bytes.iter().sum()
@@ -482,21 +477,54 @@ impl<U, C: Storage<Chunk>> ChunkTable<U, C> {
         let mut gave = GaveBack::default();
         let mut i = 0;
         while i < self.chunks.len() {
-            let chunk = self.chunks[i];
-            if !carve.is_free(&chunk) {
+            if !carve.is_free(&self.chunks[i]) {
                 i += 1;
                 continue;
             }
-            if let Err(e) = self.upstream.deallocate(chunk.block, stream) {
+            if let Err(e) = self.give_back_chunk(i, stream, carve, &mut gave) {
                 gave.refused.get_or_insert(e);
                 i += 1;
-                continue;
             }
-            gave.add(&chunk, carve);
-            carve.detach(&chunk);
-            self.remove(i);
         }
         gave
+    }
+
+    /// Gives the wholly free chunk at table index `i` back upstream,
+    /// counted in `gave`. It leaves the table and `carve` first: the
+    /// upstream's free is the user's code (or `Logging`'s, which frees
+    /// before its writer's panic goes on), which may take the chunk and then
+    /// panic, and a chunk still here would then be carved again while the
+    /// upstream hands it out (lost at worst, never handed out twice). A
+    /// chunk the upstream refuses comes back in, at index `i` again.
+    ///
+    /// # Errors
+    ///
+    /// The upstream's refusal.
+    fn give_back_chunk<S: Stream + ?Sized>(
+        &mut self,
+        i: usize,
+        stream: &S,
+        carve: &mut impl Carve,
+        gave: &mut GaveBack,
+    ) -> Result<()>
+    where
+        U: MemoryResource<S>,
+    {
+        let chunk = self.chunks[i];
+        let class = carve.class_of(&chunk);
+        carve.detach(&chunk);
+        self.remove(i);
+        let Err(e) = self.upstream.deallocate(chunk.block, stream) else {
+            gave.bytes[class] += chunk.range.len();
+            return Ok(());
+        };
+        // Into the slots it just left, of its own class.
+        let growing = carve.attach_class();
+        carve.set_attach_class(class);
+        let back = self.insert(chunk.range, chunk.block, carve);
+        carve.set_attach_class(growing);
+        debug_assert!(back.is_ok(), "a chunk refused back did not fit where it was: {back:?}");
+        Err(e)
     }
 
     /// Gives wholly free chunks back upstream, largest first, until at most
@@ -526,15 +554,11 @@ impl<U, C: Storage<Chunk>> ChunkTable<U, C> {
                 .filter(|&i| key(&self.chunks[i]) < below && carve.is_free(&self.chunks[i]))
                 .max_by_key(|&i| key(&self.chunks[i]));
             let Some(i) = largest else { break };
-            let chunk = self.chunks[i];
-            if let Err(e) = self.upstream.deallocate(chunk.block, stream) {
+            let refused = key(&self.chunks[i]);
+            if let Err(e) = self.give_back_chunk(i, stream, carve, &mut gave) {
                 gave.refused.get_or_insert(e);
-                below = key(&chunk);
-                continue;
+                below = refused;
             }
-            gave.add(&chunk, carve);
-            carve.detach(&chunk);
-            self.remove(i);
         }
         gave
     }

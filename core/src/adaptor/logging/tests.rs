@@ -334,6 +334,29 @@ fn a_writer_that_panics_on_a_free_still_frees_the_block() {
     assert_eq!((log.write_errors(), log.refused_frees()), (1, 0));
 }
 
+/// A pool over a log whose writer panics on a chunk's free: the chunk went
+/// back upstream all the same, so the pool must not carve it again. (Before,
+/// the pool took a chunk out of its table only once its upstream's free
+/// returned: the chunk stayed, wholly free, and the next block came from
+/// memory the upstream held no more.)
+#[test]
+fn a_pool_over_a_log_whose_writer_panics_on_a_chunks_free_carves_it_no_more() {
+    use crate::pool::CoalescingPool;
+    use crate::{Inspect, MemoryResourceMut};
+    let up = BumpUpstream::new(1 << 30);
+    let mut pool = CoalescingPool::new(Logging::new(&up, PANICS_ON_FREE).unwrap());
+    let a = pool.allocate(Request::new(1 << 20).unwrap(), &()).unwrap();
+    let chunk = pool.chunk_ranges().next().unwrap();
+    pool.deallocate(a, &()).unwrap();
+    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| pool.release(&())));
+    assert!(r.is_err());
+    assert_eq!((up.usage().held, pool.usage().held), (0, 0));
+    pool.check().unwrap();
+    let b = pool.allocate(Request::new(1 << 20).unwrap(), &()).unwrap();
+    assert!(!chunk.contains(b.addr()), "{b:?} carved from {chunk:?}, given back");
+    assert_eq!(up.usage().held, pool.usage().held);
+}
+
 /// A free whose stream's `id` panics (no row can be made) still frees the
 /// block, and its row is counted lost; the log goes on.
 #[test]
