@@ -392,14 +392,20 @@ impl Home {
 
 /// A region out of the state while it goes back upstream (which may hand
 /// its addresses out again at once, and a block there is then the
-/// upstream's): put back when dropped, as the free failed or panicked,
-/// unless [`gone`](Self::gone). A region that serves nothing (a spare, or
-/// one shorter than asked) is put back among the spares, to go back at
-/// the next chance.
+/// upstream's): [`free`](Self::free) puts it back where the upstream
+/// refuses it, and so does a drop before its free (a free before it
+/// panicked). A region whose free panics is not put back: the upstream may
+/// have taken it first (`Logging` frees before its writer's panic goes
+/// on), and a region put back would be served again while the upstream
+/// hands it out (it is lost at worst, never handed out twice). A region
+/// that serves nothing (a spare, or one shorter than asked) is put back
+/// among the spares, to go back at the next chance.
 struct GoingBack<'a, R> {
     state: &'a Shared<State<R>>,
     region: Region,
     home: Home,
+    /// Whether its free was called (and has not returned).
+    freeing: bool,
 }
 
 impl<'a, R> GoingBack<'a, R> {
@@ -409,17 +415,40 @@ impl<'a, R> GoingBack<'a, R> {
                 *r = Region::EMPTY;
             }
         });
-        GoingBack { state, region, home }
+        GoingBack { state, region, home, freeing: false }
     }
 
-    /// The upstream took the region back.
-    fn gone(self) {
-        core::mem::forget(self);
+    /// A region of no home of its own, among the spares: taken out of them
+    /// already, or never put there.
+    fn spare(state: &'a Shared<State<R>>, region: Region, on: u64) -> Self {
+        GoingBack { state, region, home: Home::Spare(on), freeing: false }
+    }
+
+    /// Gives the region back upstream; put back where the upstream refuses.
+    ///
+    /// # Errors
+    ///
+    /// The upstream's.
+    fn free<S: Stream + ?Sized>(mut self, upstream: &R, stream: &S) -> Result<()>
+    where
+        R: MemoryResource<S>,
+    {
+        self.freeing = true;
+        let freed = upstream.deallocate(self.region.block, stream);
+        if freed.is_ok() {
+            core::mem::forget(self);
+        } else {
+            self.freeing = false;
+        }
+        freed
     }
 }
 
 impl<R> Drop for GoingBack<'_, R> {
     fn drop(&mut self) {
+        if self.freeing {
+            return;
+        }
         self.state.with(|s| match (self.home, self.region) {
             (Home::Spare(on), region) => s.spares.push((region, on)),
             (home, region) => {
@@ -1014,8 +1043,9 @@ impl<R> Planned<R> {
     ///
     /// # Errors
     ///
-    /// The stream's, or the upstream's: a region it refused (or whose
-    /// free panicked) is kept, with no plan, for the next release or step.
+    /// The stream's, or the upstream's: a region it refused is kept, with
+    /// no plan, for the next release or step (one whose free panicked is
+    /// left to the upstream).
     pub fn release<S: Stream + ?Sized>(&self, stream: &S) -> Result<u64>
     where
         R: MemoryResource<S>,
@@ -1060,12 +1090,10 @@ impl<R> Planned<R> {
             if !goes || (on != id && !idle) {
                 continue;
             }
-            // Kept, serving nothing, if its free fails or panics, for the
-            // next release or step to give back.
-            let going = GoingBack::take(&self.state, region, home);
-            match self.upstream.deallocate(region.block, stream) {
+            // Kept, serving nothing, if its free fails, for the next
+            // release or step to give back.
+            match GoingBack::take(&self.state, region, home).free(&self.upstream, stream) {
                 Ok(()) => {
-                    going.gone();
                     // Saturating: the spares' bytes are as long as the
                     // upstream said they were.
                     given = given.saturating_add(region.size());
@@ -1139,22 +1167,20 @@ impl<R> Planned<R> {
     }
 
     /// Gives back `spare`, a region taken on `stream` that serves nothing:
-    /// kept among the spares, held, if the upstream refuses it (or
-    /// panics), for the next step or release to give back.
+    /// kept among the spares, held, if the upstream refuses it, for the
+    /// next step or release to give back.
     fn give_back_spare<S: Stream + ?Sized>(&self, spare: Region, stream: &S)
     where
         R: MemoryResource<S>,
     {
-        let going = GoingBack { state: &self.state, region: spare, home: Home::Spare(stream.id()) };
-        if self.upstream.deallocate(spare.block, stream).is_ok() {
-            going.gone();
-        }
+        let _ = GoingBack::spare(&self.state, spare, stream.id()).free(&self.upstream, stream);
     }
 
     /// Gives back the spares taken on `stream` (every stream's where
     /// `idle`: the device was waited for): the bytes given back, as
     /// [`held`](Self::held) counted them, and the upstream's first error.
-    /// A spare it refuses (or panics in) stays one.
+    /// A spare it refuses stays one, and so do those after a free that
+    /// panics.
     fn give_back_spares<S: Stream + ?Sized>(&self, stream: &S, idle: bool) -> (u64, Option<Error>)
     where
         R: MemoryResource<S>,
@@ -1167,17 +1193,13 @@ impl<R> Planned<R> {
             going
         });
         // Each put back if its free fails, or if a free before it panics.
-        let going: Vec<GoingBack<'_, R>> = spares
-            .into_iter()
-            .map(|(region, on)| GoingBack { state: &self.state, region, home: Home::Spare(on) })
-            .collect();
+        let going: Vec<GoingBack<'_, R>> =
+            spares.into_iter().map(|(region, on)| GoingBack::spare(&self.state, region, on)).collect();
         let (mut given, mut first) = (0u64, None);
         for going in going {
-            match self.upstream.deallocate(going.region.block, stream) {
-                Ok(()) => {
-                    given = given.saturating_add(going.region.size());
-                    going.gone();
-                }
+            let size = going.region.size();
+            match going.free(&self.upstream, stream) {
+                Ok(()) => given = given.saturating_add(size),
                 Err(e) => {
                     first.get_or_insert(e);
                 }
@@ -1287,10 +1309,8 @@ impl<R> Planned<R> {
                     true
                 };
                 if give_back {
-                    // Kept, with no layout, if its free fails or panics.
-                    let going = GoingBack::take(&self.state, old, Home::Carry);
-                    self.upstream.deallocate(old.block, stream)?;
-                    going.gone();
+                    // Kept, with no layout, if its free fails.
+                    GoingBack::take(&self.state, old, Home::Carry).free(&self.upstream, stream)?;
                 }
                 Some(carried)
             }
@@ -1333,11 +1353,9 @@ impl<R> Planned<R> {
         let mut new_region = region;
         if !keep {
             if !region.is_empty() {
-                let going = GoingBack::take(&self.state, region, Home::Step);
-                self.upstream
-                    .deallocate(region.block, stream)
+                GoingBack::take(&self.state, region, Home::Step)
+                    .free(&self.upstream, stream)
                     .inspect_err(|_| self.lay_out(carry.as_deref()))?;
-                going.gone();
                 new_region = Region::EMPTY;
             }
             if top > 0 {
