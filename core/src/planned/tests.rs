@@ -972,6 +972,18 @@ fn train_step<U: MemoryResource<()>>(p: &Planned<U>, grads: &mut Vec<Block>) {
     grads_step(p, &(), grads, &[MIB, MIB + 1000]);
 }
 
+/// Four training steps through `p`, their gradients then freed: both
+/// regions held, laid out, no block live.
+fn four_steps_freed<U: MemoryResource<()>>(p: &Planned<U>) {
+    let mut grads = Vec::new();
+    for _ in 0..4 {
+        train_step(p, &mut grads);
+    }
+    for g in grads.drain(..) {
+        p.deallocate(g, &()).unwrap();
+    }
+}
+
 #[test]
 fn blocks_carried_into_the_next_step_get_a_region_taken_after_the_last_ones_are_freed() {
     let p = Planned::new(Statistics::new(BumpUpstream::new(1 << 30)));
@@ -1674,15 +1686,6 @@ impl MemoryResource for FreesThenPanics {
     }
 }
 
-impl Inspect for FreesThenPanics {
-    fn usage(&self) -> Usage {
-        self.up.usage()
-    }
-    fn check(&self) -> core::result::Result<(), Violation> {
-        self.up.check()
-    }
-}
-
 /// A region the upstream takes back before its free panics is no longer
 /// the layer's: not held, and the steps after take another. (Before, it was
 /// put back as if the free had failed, and the next steps were served from
@@ -1691,24 +1694,19 @@ impl Inspect for FreesThenPanics {
 fn a_region_the_upstream_takes_back_before_its_free_panics_is_served_no_more() {
     let up = FreesThenPanics { up: BumpUpstream::new(1 << 30), panic_next_free: false.into() };
     let p = Planned::new(&up);
+    four_steps_freed(&p);
     let mut grads = Vec::new();
-    for _ in 0..4 {
-        train_step(&p, &mut grads);
-    }
-    for g in grads.drain(..) {
-        p.deallocate(g, &()).unwrap();
-    }
     let region = p.state.with(|s| s.region);
     up.panic_next_free.store(true, core::sync::atomic::Ordering::Relaxed);
     let released = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| p.release(&())));
     assert!(released.is_err());
     assert_eq!(p.held(), up.up.usage().held, "the step's region went back");
-    p.check().unwrap();
+    p.check_layer().unwrap();
     for _ in 0..4 {
         train_step(&p, &mut grads);
         assert_ne!(p.state.with(|s| s.region.block.addr()), region.block.addr());
     }
-    p.check().unwrap();
+    p.check_layer().unwrap();
 }
 
 /// A step that gives the old carry region back (the steps changed shape)
@@ -2018,13 +2016,7 @@ fn release_gives_back_each_region_no_block_lives_in_and_the_steps_are_planned_ag
 fn release_keeps_a_region_a_block_lives_in_and_counts_what_passed_through() {
     let up = Statistics::new(BumpUpstream::new(1 << 30));
     let p = Planned::new(&up);
-    let mut grads = Vec::new();
-    for _ in 0..4 {
-        train_step(&p, &mut grads);
-    }
-    for g in grads.drain(..) {
-        p.deallocate(g, &()).unwrap();
-    }
+    four_steps_freed(&p);
     // In a laid-out step: its first block lives in the step's region.
     p.step(&()).unwrap();
     let planned = p.steps().planned_allocations;
