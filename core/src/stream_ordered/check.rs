@@ -39,7 +39,7 @@ impl<A, S: Stream> StreamOrdered<A, S> {
     /// Checks the layer's own invariants, not the inner algorithm's (for an
     /// inner algorithm without a checker, as a built stack's `stream` over
     /// the resources under it, checked each on its own): slots and counters
-    /// agree, listed blocks are keyed by their size and address and have a
+    /// agree, a live block is no longer than its inner block, listed blocks are keyed by their size and address and have a
     /// sequence number below their list's next one, live and listed blocks
     /// are pairwise disjoint.
     ///
@@ -71,7 +71,7 @@ impl<A, S: Stream> StreamOrdered<A, S> {
         for s in self.slots.iter().filter(|s| s.live) {
             live += 1;
             live_bytes += footprint(&s.inner);
-            if s.size > footprint(&s.inner) || s.inner.is_empty() {
+            if s.size > s.inner.size() || s.inner.is_empty() {
                 return Err(Violation::new("live block larger than its inner block, or empty"));
             }
             ranges.push((s.inner.addr(), footprint(&s.inner)));

@@ -679,3 +679,20 @@ fn the_last_resort_goes_on_past_a_block_the_inner_refuses_back() {
     so.deallocate(z, &a).unwrap();
     so.check().unwrap();
 }
+
+/// A live block longer than its inner block is found, also within the
+/// inner block's footprint (only its own size is promised to be memory:
+/// `find` and `inner_allocate` hold to that).
+#[test]
+fn the_checker_finds_a_live_block_longer_than_its_inner_block() {
+    let (mut so, a, _, _) = setup(None);
+    let b = so.allocate(req(1000), &a).unwrap();
+    so.check_layer().unwrap();
+    let i = so.slots.iter().position(|s| s.live).unwrap();
+    assert_eq!(so.slots[i].inner.size(), 1000);
+    so.slots[i].size = 1020;
+    assert_eq!(so.check_layer().unwrap_err().what(), "live block larger than its inner block, or empty");
+    so.slots[i].size = 1000;
+    so.deallocate(b, &a).unwrap();
+    so.check_layer().unwrap();
+}
