@@ -155,7 +155,9 @@ impl HostMemory {
     /// (in an allocation, a free or a [`HostCopy`](crate::HostCopy) copy)
     /// would wait for ever in each of its own. It waits for the table's
     /// holder, if any; it takes no resource's lock (each is taken before
-    /// the table, never after).
+    /// the table, never after). The thread that holds the guard must not
+    /// allocate, free or copy host memory until it drops it: each of those
+    /// takes the table, and would wait for ever.
     pub fn lock_table() -> impl Sized + 'static {
         live()
     }
