@@ -707,8 +707,8 @@ impl<M: MakePool<S>, S: Stream + ?Sized> PerStreamPool<M, S> {
         for chunk in taken {
             let r = chunk.range();
             let mut clashes = false;
-            for lane in self.lanes.iter().enumerate().filter(|&(j, _)| j != i).map(|(_, l)| l) {
-                lane.pool.for_each_chunk(&mut |c| clashes |= c.start() < r.end() && r.start() < c.end());
+            for (_, lane) in self.lanes.iter().enumerate().filter(|&(j, _)| j != i) {
+                lane.pool.for_each_chunk(&mut |c| clashes |= c.overlaps(&r));
             }
             if clashes {
                 self.stranded.push(chunk);
