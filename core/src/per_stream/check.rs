@@ -9,8 +9,7 @@ impl<M: MakePool<S>, S: Stream + ?Sized> Inspect for PerStreamPool<M, S> {
     /// The pools' figures added up, with chunks stranded out of them as
     /// held and free; the peak is of what they held together.
     fn usage(&self) -> Usage {
-        let stranded = self.stranded_bytes();
-        let stranded = Usage { held: stranded, peak_held: stranded, free: stranded, ..Usage::default() };
+        let stranded = Usage::new(0, self.stranded_bytes(), self.stranded_bytes(), 0);
         let total = self.lanes.iter().map(|l| l.pool.usage()).fold(stranded, Usage::plus);
         Usage { peak_held: self.peak_held.max(total.held), ..total }
     }

@@ -39,9 +39,9 @@ impl<A, S: Stream> StreamOrdered<A, S> {
     /// Checks the layer's own invariants, not the inner algorithm's (for an
     /// inner algorithm without a checker, as a built stack's `stream` over
     /// the resources under it, checked each on its own): slots and counters
-    /// agree, a live block is no longer than its inner block, listed blocks are keyed by their size and address and have a
-    /// sequence number below their list's next one, live and listed blocks
-    /// are pairwise disjoint.
+    /// agree, a live block is no longer than its inner block, listed blocks
+    /// are keyed by their size and address and have a sequence number below
+    /// their list's next one, live and listed blocks are pairwise disjoint.
     ///
     /// # Errors
     ///
