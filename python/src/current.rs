@@ -344,14 +344,7 @@ fn record(
         entries.insert(block.addr(), older);
         format!("{:#x}, a live address (of a block of {older_size} bytes)", block.addr())
     };
-    // A give-back that panics is refused too: the block is kept, not lost.
-    let back = match kept::freed(&**resource, block, s) {
-        Ok(()) => "it was given back".to_string(),
-        Err(e) => {
-            let waited = kept::keep(kept, block, resource.clone(), s);
-            format!("giving it back failed: {e}; kept to give back at the next memres_py_empty_cache{waited}")
-        }
-    };
+    let (back, _) = kept::refuse(kept, &**resource, resource, block, s, "memres_py_empty_cache");
     Err(format!("the resource handed out {what}: {back}"))
 }
 
@@ -367,7 +360,7 @@ unsafe fn free(ptr: *mut c_void, size: isize, device: i32, stream: *mut c_void) 
     // SAFETY: null or a stream of `device` valid for the call, and for a
     // deferred free until it is applied (the contract).
     let s = unsafe { backend::stream(stream as usize as u64, d) }.map_err(|e| format!("the stream: {e}"))?;
-    // Back in the table unless the free succeeds.
+    // Back in the table if the free fails (not if it panics: `PutBack`).
     let entry = {
         let mut entries = table.lock().unwrap_or_else(|p| p.into_inner());
         let addr = ptr as usize as u64;
@@ -379,8 +372,8 @@ unsafe fn free(ptr: *mut c_void, size: isize, device: i32, stream: *mut c_void) 
         entries.remove(addr).ok_or_else(unknown)?
     };
     let taken = PutBack::new(entry, |(block, resource): (Block, DynResource<Stream>)| {
-        // Not over a newer block: a free that freed and then failed or
-        // panicked may have let another thread get the address since.
+        // Not over a newer block: a free that freed and then failed may
+        // have let another thread get the address since.
         let mut entries = table.lock().unwrap_or_else(|p| p.into_inner());
         if entries.get(block.addr()).is_none() {
             entries.insert(block.addr(), (block, resource));
@@ -661,11 +654,13 @@ mod tests {
         assert_eq!(table.lock().unwrap().len(), 0, "nothing live");
     }
 
-    /// A block the stack refuses back, or whose give-back panics, is kept
-    /// with its resource, not lost, and the error says so; a later
-    /// give-back (what each `memres_py_empty_cache` does first) frees it.
+    /// A block the stack refuses back is kept with its resource, not lost,
+    /// and the error says so; a later give-back (what each
+    /// `memres_py_empty_cache` does first) frees it. One whose give-back
+    /// panics is left to the stack, which may have taken it first: kept,
+    /// a later give-back would free it twice.
     #[test]
-    fn a_block_whose_give_back_is_refused_or_panics_is_kept() {
+    fn a_block_whose_give_back_is_refused_is_kept_and_one_whose_give_back_panics_is_not() {
         let (table, kept) = (Live::default(), Kept::default());
         let resource = Arc::new(OneAddress { addr: 0x1000, ..Default::default() });
         let handing: DynResource<Stream> = resource.clone();
@@ -680,20 +675,23 @@ mod tests {
         let panicked = Block::new(0, 128, 7);
         let err = record(&table, &kept, &handing, panicked, panicked.size(), &()).unwrap_err();
         assert!(
-            err.contains("address 0") && err.contains("a free that panics") && err.contains("kept"),
+            err.contains("address 0") && err.contains("a panic (a free that panics); left to the resource"),
             "{err}"
         );
+        assert!(!err.contains("kept"), "{err}");
         let blocks = || kept.lock().unwrap().iter().map(|(b, _)| *b).collect::<Vec<_>>();
-        assert_eq!(blocks(), [refused, panicked], "kept, not lost");
+        assert_eq!(blocks(), [refused], "the refused one kept, not lost");
         // Still refused: kept again, and the refusal said.
         resource.panicking.store(false, Ordering::Relaxed);
         resource.refusing.store(true, Ordering::Relaxed);
         assert!(give_back(&kept, &(), drop).unwrap_err().contains("refused"));
-        assert_eq!(blocks(), [refused, panicked]);
+        assert_eq!(blocks(), [refused]);
+        // A give-back that panics leaves it to the resource.
         resource.refusing.store(false, Ordering::Relaxed);
-        assert_eq!(give_back(&kept, &(), drop), Ok(()));
-        assert_eq!(*resource.back.lock().unwrap(), [refused, panicked]);
+        resource.panicking.store(true, Ordering::Relaxed);
+        assert!(give_back(&kept, &(), drop).unwrap_err().contains("left to the resource"));
         assert!(blocks().is_empty());
+        assert!(resource.back.lock().unwrap().is_empty(), "never given back twice");
         assert_eq!(table.lock().unwrap().get(0x1000).map(|e| e.0), Some(older), "the older block stays");
     }
 }

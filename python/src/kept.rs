@@ -4,11 +4,14 @@
 //! A block the caller cannot be given (at an address that is live already,
 //! at 0, of another size than asked, or from a stack retired meanwhile)
 //! goes back through the stack it came from at once. If the stack refuses
-//! it (a `CallbackMemoryResource` whose `deallocate_func` raises) or panics
-//! there, it is kept here with the resource to give it back to, never
-//! lost, and given back again later: by `memres_py_empty_cache` for the C
-//! functions' blocks (`current`), by `release()` for a resource object's
-//! (`resource`). A `callback` leaf refuses an address live already itself
+//! it (a `CallbackMemoryResource` whose `deallocate_func` raises), it is
+//! kept here with the resource to give it back to, never lost, and given
+//! back again later: by `memres_py_empty_cache` for the C functions'
+//! blocks (`current`), by `release()` for a resource object's
+//! (`resource`). If the stack panics there, the block is left to it, as
+//! the core's layers leave a block whose free panicked to the layer below:
+//! it may have taken the block first, and a second give-back would free
+//! it twice. A `callback` leaf refuses an address live already itself
 //! (`callback`), and keeps what its `deallocate_func` refuses back in its
 //! object's list.
 
@@ -41,15 +44,33 @@ pub(crate) fn misfit(block: Block, asked: u64, zero: &str) -> Option<String> {
     Some(format!("a block of {} bytes at {:#x} for a request of {asked}: {how}", block.size(), block.addr()))
 }
 
-/// Frees `block` to `resource` on `s`; a panic there is an error that
-/// says it.
+/// Why a give-back did not free its block ([`freed`]).
+#[derive(Debug, PartialEq)]
+pub(crate) enum Unfreed {
+    /// The resource refused it: it still holds the block, to be kept.
+    Refused(String),
+    /// The resource panicked: the block is left to it.
+    Panicked(String),
+}
+
+impl std::fmt::Display for Unfreed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Unfreed::Refused(e) => f.write_str(e),
+            Unfreed::Panicked(what) => write!(f, "a panic ({what}); left to the resource"),
+        }
+    }
+}
+
+/// Frees `block` to `resource` on `s`, a panic there caught.
 pub(crate) fn freed<R: MemoryResource<Stream> + ?Sized>(
     resource: &R,
     block: Block,
     s: &Stream,
-) -> Result<(), String> {
-    catch_unwind(AssertUnwindSafe(|| resource.deallocate(block, s).map_err(|e| e.to_string())))
-        .unwrap_or_else(|payload| {
+) -> Result<(), Unfreed> {
+    match catch_unwind(AssertUnwindSafe(|| resource.deallocate(block, s))) {
+        Ok(done) => done.map_err(|e| Unfreed::Refused(e.to_string())),
+        Err(payload) => {
             let what = match (payload.downcast_ref::<&str>(), payload.downcast_ref::<String>()) {
                 (Some(s), _) => s.to_string(),
                 (None, Some(s)) => s.clone(),
@@ -57,8 +78,32 @@ pub(crate) fn freed<R: MemoryResource<Stream> + ?Sized>(
             };
             // A payload whose `Drop` panicked would abort here: forget it.
             std::mem::forget(payload);
-            Err(format!("a panic ({what})"))
-        })
+            Err(Unfreed::Panicked(what))
+        }
+    }
+}
+
+/// Gives `block`, which no caller can take, back to `stack` on `s` at
+/// once: kept in `kept` with `below` (the resource to give it back to
+/// later) if refused, left to `stack` if it panics. Answers what the error
+/// adds, `later` naming the call that gives kept blocks back, and whether
+/// the give-back failed.
+pub(crate) fn refuse<R: MemoryResource<Stream> + ?Sized>(
+    kept: &Kept,
+    stack: &R,
+    below: &DynResource<Stream>,
+    block: Block,
+    s: &Stream,
+    later: &str,
+) -> (String, bool) {
+    match freed(stack, block, s) {
+        Ok(()) => ("it was given back".to_string(), false),
+        Err(e @ Unfreed::Panicked(_)) => (format!("giving it back failed: {e}"), true),
+        Err(e @ Unfreed::Refused(_)) => {
+            let waited = keep(kept, block, below.clone(), s);
+            (format!("giving it back failed: {e}; kept to give back at the next {later}{waited}"), true)
+        }
+    }
 }
 
 /// Keeps `block`, handed out on `s` and refused back by `resource`, in
@@ -76,8 +121,8 @@ pub(crate) fn keep(kept: &Kept, block: Block, resource: DynResource<Stream>, s: 
 
 /// Gives each block of `kept` back to its resource on `s`, handing the
 /// resource to `dropped` then (the last block of a stack no longer current
-/// takes the stack with it); keeps those refused (or whose free panics),
-/// and answers the first refusal.
+/// takes the stack with it); keeps those refused, leaves to its resource
+/// one whose free panics, and answers the first failure.
 pub(crate) fn give_back(
     kept: &Kept,
     s: &Stream,
@@ -88,8 +133,12 @@ pub(crate) fn give_back(
     for (block, resource) in taken {
         match freed(&*resource, block, s) {
             Ok(()) => dropped(resource),
-            Err(e) => {
-                first = first.and(Err(e));
+            Err(e @ Unfreed::Panicked(_)) => {
+                first = first.and(Err(e.to_string()));
+                dropped(resource);
+            }
+            Err(e @ Unfreed::Refused(_)) => {
+                first = first.and(Err(e.to_string()));
                 kept.lock().unwrap_or_else(|p| p.into_inner()).push((block, resource));
             }
         }

@@ -408,8 +408,8 @@ impl Resource {
         // resource, which takes the lock (the interpreter hung there).
         let block = taken.map_err(invalid_argument)?;
         Ok(PutBack::new(block, |b: Block| {
-            // Not over a newer block: a free that freed and then failed or
-            // panicked may have let another thread get the address since.
+            // Not over a newer block: a free that freed and then failed may
+            // have let another thread get the address since.
             self.table.live.lock().unwrap_or_else(|p| p.into_inner()).entry(b.addr()).or_insert(b);
         }))
     }
@@ -534,14 +534,7 @@ impl Table {
         refused: NotNoted,
         s: &Stream,
     ) -> Refused {
-        // A give-back that panics is refused too: the block is kept, not lost.
-        let (back, failed) = match kept::freed(stack, block, s) {
-            Ok(()) => ("it was given back".to_string(), false),
-            Err(e) => {
-                let waited = kept::keep(&self.kept, block, below.clone(), s);
-                (format!("giving it back failed: {e}; kept to give back at the next release(){waited}"), true)
-            }
-        };
+        let (back, failed) = kept::refuse(&self.kept, stack, below, block, s, "release()");
         let (message, retired) = match refused {
             NotNoted::Misfit(what) => (format!("allocate({nbytes}): the resource handed out {what}: {back}"), false),
             NotNoted::LiveAlready(older) => (
@@ -1050,11 +1043,12 @@ mod tests {
     }
 
     /// A block refused at a live address whose give-back the stack
-    /// refuses, or panics in, is kept with the resource under the stack,
-    /// not lost, and the error says so; a later give-back (what each
-    /// `release` does first) frees it, and keeps it while it is refused.
+    /// refuses is kept with the resource under the stack, not lost, and the
+    /// error says so; a later give-back (what each `release` does first)
+    /// frees it, and keeps it while it is refused. One whose give-back
+    /// panics is left to the stack, which may have taken it first.
     #[test]
-    fn a_block_whose_give_back_is_refused_or_panics_is_kept() {
+    fn a_block_whose_give_back_is_refused_is_kept_and_one_whose_give_back_panics_is_not() {
         let leaf = Arc::new(OneAddress { addr: 0x1000, ..Default::default() });
         let r = over(&leaf);
         let older = allocate(&r, 512).unwrap();
@@ -1065,18 +1059,19 @@ mod tests {
         leaf.refusing.store(false, Ordering::Relaxed);
         leaf.panicking.store(true, Ordering::Relaxed);
         let err = allocate(&r, 128).unwrap_err();
-        assert!(err.contains("a panic (a free that panics)") && err.contains("kept"), "{err}");
+        assert!(err.contains("a panic (a free that panics); left to the resource"), "{err}");
+        assert!(!err.contains("kept"), "{err}");
         leaf.panicking.store(false, Ordering::Relaxed);
         let kept = || r.0.kept.lock().unwrap().iter().map(|(b, _)| *b).collect::<Vec<_>>();
-        let (refused, panicked) = (Block::new(0x1000, 256, 7), Block::new(0x1000, 128, 7));
-        assert_eq!(kept(), [refused, panicked], "kept, not lost");
+        let refused = Block::new(0x1000, 256, 7);
+        assert_eq!(kept(), [refused], "the refused one kept, not lost");
         assert_eq!(r.0.live.lock().unwrap().get(&0x1000), Some(&older), "the older block stays");
         leaf.refusing.store(true, Ordering::Relaxed);
         assert!(kept::give_back(&r.0.kept, &(), drop).unwrap_err().contains("refused"));
-        assert_eq!(kept(), [refused, panicked]);
+        assert_eq!(kept(), [refused]);
         leaf.refusing.store(false, Ordering::Relaxed);
         assert_eq!(kept::give_back(&r.0.kept, &(), drop), Ok(()));
-        assert_eq!(*leaf.back.lock().unwrap(), [refused, panicked]);
+        assert_eq!(*leaf.back.lock().unwrap(), [refused]);
         assert!(kept().is_empty());
     }
 

@@ -277,16 +277,20 @@ pub(crate) fn guard<T>(fallback: T, f: impl FnOnce() -> Result<T, String>) -> T 
 
 /// `f`'s answer, a panic of it turned into an error message.
 fn caught<T>(f: impl FnOnce() -> Result<T, String>) -> Result<T, String> {
-    catch_unwind(AssertUnwindSafe(f)).unwrap_or_else(|payload| {
-        let what = payload
-            .downcast_ref::<&str>()
-            .map(|s| s.to_string())
-            .or_else(|| payload.downcast_ref::<String>().cloned())
-            .unwrap_or_else(|| "unknown".into());
-        // Dropping a payload could itself panic: leak it instead.
-        std::mem::forget(payload);
-        Err(format!("memres: internal error (panic: {what})"))
-    })
+    catch_unwind(AssertUnwindSafe(f))
+        .unwrap_or_else(|payload| Err(format!("memres: internal error (panic: {})", panic_said(payload))))
+}
+
+/// What a panic's payload says; the payload is leaked, as dropping it
+/// could itself panic.
+fn panic_said(payload: Box<dyn std::any::Any + Send>) -> String {
+    let what = payload
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "unknown".into());
+    std::mem::forget(payload);
+    what
 }
 
 fn device_index(device: c_int) -> Result<usize, String> {
@@ -368,10 +372,10 @@ fn allocate(size: isize, device: c_int, stream: *mut c_void) -> Result<*mut c_vo
 /// it; and one of another size than the `asked` bytes: one shorter would
 /// be written past its end, one longer is recorded at its own size, so
 /// the caller's free of the size it asked for would be refused and the
-/// block stay live for good. If `resource` refuses it (or panics), it is
-/// kept in `stranded` for the device's next release to give back, once
-/// `stream` is done with what it ordered before (the release may free on
-/// another stream).
+/// block stay live for good. If `resource` refuses it, it is kept in
+/// `stranded` for the device's next release to give back, once `stream` is
+/// done with what it ordered before (the release may free on another
+/// stream); if it panics, the block is left to it.
 fn record<R, S>(
     d: usize,
     table: &Table,
@@ -397,10 +401,13 @@ where
         let Some(older) = table.insert(block) else { return Ok(()) };
         format!("{:#x}, a live address (of a block of {} bytes)", block.addr(), older.size())
     };
-    // A give-back that panics is refused too: the block is kept, not lost.
-    let back = match caught(|| resource.deallocate(block, stream).map_err(|e| e.to_string())) {
-        Ok(()) => "it was given back".to_string(),
-        Err(e) => {
+    // A give-back that panics is left to the stack, as the core leaves a
+    // block whose free panicked to the layer below: the stack may have
+    // taken it before the panic, and a second give-back would free it twice.
+    let back = match catch_unwind(AssertUnwindSafe(|| resource.deallocate(block, stream))) {
+        Ok(Ok(())) => "it was given back".to_string(),
+        Err(payload) => format!("giving it back panicked ({}); left to the stack", panic_said(payload)),
+        Ok(Err(e)) => {
             let waited = match stream.synchronize() {
                 Ok(()) => String::new(),
                 Err(w) => format!(" (waiting for its stream failed: {w})"),
@@ -427,22 +434,15 @@ fn deallocate(ptr: *mut c_void, size: isize, device: c_int, stream: *mut c_void)
         }
         None => not_held(d, addr, true, tables()),
     })?;
-    // Back in the table unless the free succeeds: a resource whose free
-    // fails or panics still holds the block, and the caller may free again.
-    // Not over a newer block: one that freed and then panicked may have
-    // handed the address out again meanwhile.
+    // Back in the table if the free fails: the stack still holds the
+    // block, and the caller may free again. Not if it panics: the stack may
+    // have freed it before the panic (the core leaves such a block to the
+    // layer below), and a second free would free it twice.
     let stream = stream_of(stream, st);
-    match catch_unwind(AssertUnwindSafe(|| st.resource.deallocate(block, &stream))) {
-        Ok(Ok(())) => Ok(()),
-        Ok(Err(e)) => {
-            st.table.insert(block);
-            Err(format!("memres: device {d}: free of {addr:#x}: {e}"))
-        }
-        Err(payload) => {
-            st.table.insert(block);
-            std::panic::resume_unwind(payload)
-        }
-    }
+    st.resource.deallocate(block, &stream).map_err(|e| {
+        st.table.insert(block);
+        format!("memres: device {d}: free of {addr:#x}: {e}")
+    })
 }
 
 /// The message of a free of `addr` on device `d`, whose table does not
@@ -1114,24 +1114,41 @@ mod tests {
         assert_eq!(table.remove_sized(0x1000, Some(512)), Ok(older));
     }
 
-    /// A give-back that panics keeps the block too, as one refused, and
-    /// the error says what happened at the live address.
+    /// A give-back that panics leaves the block to the stack, which may
+    /// have taken it before the panic, as the core's layers leave a block
+    /// whose free panicked to the layer below: kept and given back again,
+    /// it would be freed twice. The error says what happened.
     #[test]
-    fn a_block_whose_give_back_panics_is_kept() {
+    fn a_block_whose_give_back_panics_is_left_to_the_stack() {
         let (table, stranded, resource) = (Table::new(), Stranded::default(), OneAddress::default());
         let older = resource.allocate(Request::new(512).unwrap(), &()).unwrap();
         assert_eq!(record(5, &table, &stranded, &resource, older, older.size(), &()), Ok(()));
         let newer = resource.allocate(Request::new(256).unwrap(), &()).unwrap();
         resource.panicking.store(true, std::sync::atomic::Ordering::Relaxed);
-        let err = guard(String::new(), || {
-            record(5, &table, &stranded, &resource, newer, newer.size(), &()).map(|()| "recorded".into())
-        });
-        assert_eq!(err, "");
-        let err = last_error();
+        let err = record(5, &table, &stranded, &resource, newer, newer.size(), &()).unwrap_err();
         assert!(err.contains("a live address"), "{err}");
-        assert!(err.contains("panic: a free that panics"), "{err}");
-        assert_eq!(stranded.blocks(), [newer], "kept, not lost");
+        assert!(err.contains("giving it back panicked (a free that panics); left to the stack"), "{err}");
+        assert!(stranded.blocks().is_empty(), "not kept");
         assert_eq!(table.remove_sized(0x1000, Some(512)), Ok(older));
+    }
+
+    /// A release's give-back of the kept blocks whose free panics on one
+    /// of them: the blocks before it are given back, it is left to the
+    /// stack, and those after it stay kept for the next release.
+    #[test]
+    fn a_kept_block_whose_give_back_panics_is_left_to_the_stack_and_the_rest_stay_kept() {
+        let (stranded, resource) = (Stranded::default(), OneAddress::default());
+        let blocks = [1u64, 2, 3].map(|i| Block::new(i << 12, 256, i));
+        blocks.iter().for_each(|&b| stranded.keep(b));
+        let panicked = catch_unwind(AssertUnwindSafe(|| {
+            stranded.give_back(|b| {
+                resource.panicking.store(b == blocks[1], std::sync::atomic::Ordering::Relaxed);
+                resource.deallocate(b, &())
+            })
+        }));
+        assert!(panicked.is_err());
+        assert_eq!(*resource.back.lock().unwrap(), [blocks[0]], "given back");
+        assert_eq!(stranded.blocks(), [blocks[2]], "the panicking one left to the stack, the next kept");
     }
 
     #[test]

@@ -77,11 +77,11 @@ impl Table {
     /// the recorded block stays, and is returned. A correct resource never
     /// hands out a live address; one that does (or two whose ranges
     /// overlap) must not make the older block unfreeable, nor its free
-    /// free the newer. A block put back after a free that did not succeed
-    /// must not go over a newer one either: a resource that freed it and
-    /// then panicked may have handed the address to another thread, whose
-    /// block stays (put over it, the stale entry made the newer block's
-    /// free a size mismatch, and a retried free freed it).
+    /// free the newer. A block put back after a free that failed must not
+    /// go over a newer one either: a resource outside its contract that
+    /// freed it and then failed may have handed the address to another
+    /// thread, whose block stays (put over it, the stale entry made the
+    /// newer block's free a size mismatch, and a retried free freed it).
     pub fn insert(&self, block: Block) -> Option<Block> {
         let mut map = self.shard(block.addr()).lock().unwrap_or_else(|p| p.into_inner());
         if let Some(&(size, tag)) = map.get(block.addr()) {
@@ -225,8 +225,10 @@ impl Stranded {
     }
 
     /// Gives each block kept back with `free`; keeps those it refuses,
-    /// and answers the first refusal. A free that panics keeps its block
-    /// and those not reached yet.
+    /// and answers the first refusal. A free that panics keeps those not
+    /// reached yet, and leaves its own block to `free`, which may have
+    /// taken it before the panic (as the core's layers leave such a block
+    /// to the layer below): given back again, it could be freed twice.
     pub(crate) fn give_back<E>(&self, mut free: impl FnMut(Block) -> Result<(), E>) -> Result<(), E> {
         let taken = std::mem::take(&mut *self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner));
         let mut first = Ok(());
@@ -238,7 +240,7 @@ impl Stranded {
                     first = first.and(Err(e));
                 }
                 Err(payload) => {
-                    taken[i..].iter().for_each(|&b| self.keep(b));
+                    taken[i + 1..].iter().for_each(|&b| self.keep(b));
                     std::panic::resume_unwind(payload)
                 }
             }
