@@ -271,8 +271,9 @@ where
         // SAFETY: `offset..offset + data.len()` lies in `..len`, inside the
         // capacity: the block the resource (`MemoryOf<E::Kind>`) handed to
         // this buffer and that it holds, as the engine asks (if other code
-        // freed it, the promise keeps the call sound); all the buffer's work
-        // is on `self.stream`.
+        // freed it, the promise keeps the call sound). All the buffer's work
+        // is on `self.stream`, which keeps the bytes right (not the call's
+        // soundness: see `CopyEngine`'s implementing).
         unsafe { self.engine.copy_from_host(self.block.addr() + offset, data, &self.stream)? };
         Ok(())
     }
@@ -334,8 +335,7 @@ where
         assert!(offset.checked_add(n).is_some_and(|end| end <= self.capacity()), "fill past the capacity");
         if n > 0 {
             // SAFETY: the range lies inside the capacity (asserted): memory
-            // the buffer holds, as in `write`; all its work is on
-            // `self.stream`.
+            // the buffer holds, as in `write`.
             unsafe { self.engine.fill(self.block.addr() + offset, value, n, &self.stream)? };
         }
         Ok(())
@@ -355,10 +355,11 @@ where
             // SAFETY: both ranges lie in blocks the resource
             // (`MemoryOf<E::Kind>`) handed to this buffer and that it holds:
             // `keep` is at most the old length and at most `capacity`, which
-            // `allocate` checked `new` holds; both are used on `self.stream`
-            // only. They overlap where other code freed the old block and the
-            // resource handed its address out again as `new`: the engine
-            // copies as `memmove` does or refuses (its duty, not ours).
+            // `allocate` checked `new` holds (both used on `self.stream`
+            // only, for the bytes). They overlap where other code freed the
+            // old block and the resource handed its address out again as
+            // `new`: the engine copies as `memmove` does or refuses (its
+            // duty, not ours).
             unsafe { self.engine.copy(new.addr(), self.block.addr(), keep, &self.stream)? };
         }
         // The buffer takes the new block before the old one's free (after
@@ -599,12 +600,12 @@ where
         // `resource` (`MemoryOf<E::Kind>`), of at least `len` bytes, used by
         // nothing else; the source is this buffer's bytes in use: memory of
         // the engine in the block it holds (this buffer's resource is
-        // `MemoryOf<E::Kind>` too), all written (the invariant of `len`),
-        // and the copy's stream waits for the work submitted on this
-        // buffer's stream (above). They overlap where other code freed this
-        // buffer's block and a resource over the same memory handed it out
-        // again to `copy`: the engine copies as `memmove` does or refuses
-        // (its duty).
+        // `MemoryOf<E::Kind>` too), all written (the invariant of `len`;
+        // the copy's stream waits for the work submitted on this buffer's
+        // stream, above, for the bytes to be right). They overlap where
+        // other code freed this buffer's block and a resource over the same
+        // memory handed it out again to `copy`: the engine copies as
+        // `memmove` does or refuses (its duty).
         unsafe { copy.engine.copy(copy.block.addr(), self.block.addr(), self.len, &copy.stream)? };
         // The source's later work, its free included, after the copy.
         let copied = copy.stream.record()?;

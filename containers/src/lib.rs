@@ -143,7 +143,11 @@
 //!   whose `key` is another stream than itself (a safe trait; the workspace's
 //!   streams are their own keys) breaks this for the containers made without
 //!   a resource: their blocks are then freed on the key's stream, unordered
-//!   with the work on theirs (wrong data on the device, not on the host).
+//!   with the work on theirs (wrong data on the device, not on the host). So
+//!   does a stream whose `wait` does nothing (a safe trait too), for
+//!   [`set_stream`](DeviceBuffer::set_stream) and a deep copy on another
+//!   stream: the copy engines stay sound on work left unordered
+//!   ([`CopyEngine`](memres_core::copy::CopyEngine)'s implementing).
 //! - **Blocks freed by other code.** The types cannot stop other code from
 //!   freeing a container's block through the resource itself (a copy of
 //!   [`block`](DeviceBuffer::block), a forged

@@ -46,6 +46,11 @@ use core::marker::PhantomData;
 /// [`MemoryOf`] makes the calls sound then too (an engine of host-addressable
 /// memory checks every access, see [checked access](self#checked-access)).
 ///
+/// The bytes are right when no other work on the ranges runs unordered with
+/// `stream`. That order is the caller's to keep, but not a condition of
+/// soundness: [`Stream`] is a safe trait, and a stream whose `wait` does
+/// nothing leaves work unordered ([implementing](#implementing)).
+///
 /// # Implementing
 ///
 /// The trait is safe to implement, and its callers (the containers, in
@@ -69,6 +74,14 @@ use core::marker::PhantomData;
 ///   `copy_nonoverlapping`), or refuses them with an error and touches
 ///   nothing (`memres_cuda::CudaCopy` answers
 ///   [`Error::NotLive`](crate::Error::NotLive)).
+/// - **Work not ordered with `stream`.** The caller orders its work on the
+///   ranges with the stream it passes, but it cannot make a stream keep
+///   that order: a user's `Stream` (a wrapper of a CUDA stream whose
+///   `wait` does nothing) may leave other work on the ranges running
+///   meanwhile. Such work makes the bytes wrong, nothing worse: the engine
+///   is done with a host slice when its call returns, and touches the
+///   backend's memory only through the backend (`memres_cuda::CudaCopy`
+///   waits for a copy into or out of host-visible memory before it returns).
 ///
 /// # Examples
 ///
@@ -101,8 +114,8 @@ pub trait CopyEngine<S: Stream + ?Sized> {
     /// # Safety
     ///
     /// The destination range must be memory of this backend that the caller
-    /// holds (see the trait's documentation), not used by other work of the
-    /// caller's that is not ordered with `stream`.
+    /// holds (see the trait's documentation). For the bytes to be right, no
+    /// other work uses it unordered with `stream`.
     unsafe fn copy_from_host(&self, dst: u64, src: &[u8], stream: &S) -> Result<()>;
 
     /// Copies `src..src + dst.len()` into `dst`.
@@ -110,7 +123,7 @@ pub trait CopyEngine<S: Stream + ?Sized> {
     /// # Safety
     ///
     /// The source range must be memory of this backend that the caller
-    /// holds, not written by other work of the caller's that is not ordered
+    /// holds. For the bytes to be right, no other work writes it unordered
     /// with `stream`.
     unsafe fn copy_to_host(&self, dst: &mut [u8], src: u64, stream: &S) -> Result<()>;
 
@@ -120,16 +133,16 @@ pub trait CopyEngine<S: Stream + ?Sized> {
     ///
     /// # Safety
     ///
-    /// Both ranges must be memory of this backend that the caller holds,
-    /// used only by work ordered with `stream`.
+    /// Both ranges must be memory of this backend that the caller holds. For
+    /// the bytes to be right, only work ordered with `stream` uses them.
     unsafe fn copy(&self, dst: u64, src: u64, len: u64, stream: &S) -> Result<()>;
 
     /// Sets `len` bytes at `dst` to `value`.
     ///
     /// # Safety
     ///
-    /// The range must be memory of this backend that the caller holds, used
-    /// only by work ordered with `stream`.
+    /// The range must be memory of this backend that the caller holds. For
+    /// the bytes to be right, only work ordered with `stream` uses it.
     unsafe fn fill(&self, dst: u64, value: u8, len: u64, stream: &S) -> Result<()>;
 }
 
