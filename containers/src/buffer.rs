@@ -316,7 +316,7 @@ where
     pub fn to_vec(&self) -> Result<Vec<u8>> {
         // More bytes than the host's address space can be copied into none.
         let n = usize::try_from(self.len).map_err(|_| ContainerError::HostOutOfMemory { bytes: self.len })?;
-        let mut v = crate::error::host_vec(n, 0u8)?;
+        let mut v = crate::error::host_vec::<u8>(n)?;
         self.read(0, &mut v)?;
         Ok(v)
     }

@@ -59,14 +59,13 @@ pub enum ContainerError {
     },
 }
 
-/// `n` copies of `value` in a vector the host may refuse: a copy of device
-/// memory can be larger than the host can hold, which `vec!` would abort on.
-pub(crate) fn host_vec<T: Clone>(n: usize, value: T) -> Result<Vec<T>> {
-    let mut v = Vec::new();
+/// `n` zeroed elements in a vector the host may refuse: a copy of device
+/// memory can be larger than the host can hold, which `vec!` would abort
+/// on. Zeroed where they lie: no element passes through the stack, which a
+/// large one (a `Pod` of megabytes) would overflow.
+pub(crate) fn host_vec<T: bytemuck::Zeroable>(n: usize) -> Result<Vec<T>> {
     let bytes = (n as u64).saturating_mul(std::mem::size_of::<T>() as u64);
-    v.try_reserve_exact(n).map_err(|_| ContainerError::HostOutOfMemory { bytes })?;
-    v.resize(n, value);
-    Ok(v)
+    bytemuck::allocation::try_zeroed_vec(n).map_err(|()| ContainerError::HostOutOfMemory { bytes })
 }
 
 impl From<memres_core::Error> for ContainerError {
@@ -114,7 +113,7 @@ mod tests {
 
     #[test]
     fn a_copy_larger_than_the_host_can_hold_is_an_error_not_an_abort() {
-        assert_eq!(host_vec(usize::MAX, 0u16), Err(ContainerError::HostOutOfMemory { bytes: u64::MAX }));
-        assert_eq!(host_vec(3, 7u16), Ok(vec![7, 7, 7]));
+        assert_eq!(host_vec::<u16>(usize::MAX), Err(ContainerError::HostOutOfMemory { bytes: u64::MAX }));
+        assert_eq!(host_vec::<u16>(3), Ok(vec![0, 0, 0]));
     }
 }

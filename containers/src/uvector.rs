@@ -327,7 +327,10 @@ where
         self.buf.fill(0)
     }
 
-    /// Reads element `index` (waits for the stream's work before it).
+    /// Reads element `index` (waits for the stream's work before it). The
+    /// element comes back by value, on the stack: read one larger than the
+    /// stack with [`copy_to_slice_at`](Self::copy_to_slice_at) into a slice
+    /// on the heap, or [`to_vec`](Self::to_vec).
     ///
     /// # Errors
     ///
@@ -391,7 +394,7 @@ where
             .ok_or(ContainerError::IndexOutOfRange { index: start, len: self.len() })?;
         // Checked before the host allocates the copy.
         self.element_offset(start, n)?;
-        let mut v = crate::error::host_vec(n, T::zeroed())?;
+        let mut v = crate::error::host_vec(n)?;
         self.copy_to_slice_at(start, &mut v)?;
         Ok(v)
     }

@@ -1023,3 +1023,24 @@ mod on_a_host_of_32_bits {
         assert_eq!((v.len(), v.capacity()), (8, usize::MAX));
     }
 }
+
+/// A vector of elements larger than a thread's stack (a `Pod` array of
+/// 256 KiB on a stack of 64 KiB) copies to the host: the copy is zeroed
+/// where it lies, on the heap, never built on the stack. Before, `to_vec`
+/// built a zeroed element on the stack first and overflowed it, which
+/// aborts the process.
+#[test]
+fn a_vector_of_elements_larger_than_the_stack_copies_to_the_host() {
+    type Big = [[u8; 4096]; 64];
+    let copied = std::thread::Builder::new().stack_size(64 << 10).spawn(|| {
+        let mem = HostMemory::new();
+        let mut v = DeviceUVector::<Big, _, _>::new_in(2, (), &mem, HostCopy).unwrap();
+        let (zero, mut written) = (bytemuck::zeroed_vec::<Big>(1), bytemuck::zeroed_vec::<Big>(1));
+        written[0][63][4095] = 7;
+        v.copy_from_slice_at(1, &written).unwrap();
+        let host = v.to_vec().unwrap();
+        assert_eq!(host.len(), 2);
+        assert!(host[0] == zero[0] && host[1] == written[0]);
+    });
+    copied.unwrap().join().unwrap();
+}
