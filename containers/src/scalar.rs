@@ -110,7 +110,8 @@ where
         self.inner.fill_zero()
     }
 
-    /// Reads the value (waits for the stream's work before it).
+    /// Reads the value (waits for the stream's work before it), by value, on
+    /// the stack (see [`DeviceUVector::element`]).
     ///
     /// # Errors
     ///

@@ -400,7 +400,8 @@ where
     }
 
     /// The elements in order, copied to the host a batch at a time (64 KiB
-    /// of elements) as the iteration reaches them; an error ends it.
+    /// of elements) as the iteration reaches them; an error ends it. Each
+    /// comes back by value, on the stack, as from [`element`](Self::element).
     pub fn iter(&self) -> Iter<'_, T, R, E, S> {
         Iter { vector: self, next: 0, batch: Vec::new(), taken: 0, failed: false }
     }
