@@ -292,7 +292,10 @@ unsafe impl<E, R: MemoryOf<E> + ?Sized> MemoryOf<E> for alloc::sync::Arc<R> {}
 /// documentation shows it over a boxed host-memory resource.
 pub struct AssumeMemoryOf<R, E> {
     resource: R,
-    _engine: PhantomData<fn(&E)>,
+    /// Invariant in `E`: the promise is for `E` alone, not for a type
+    /// that differs from it by a lifetime. Holds no `E`: `Send` and `Sync`
+    /// whatever `E` is.
+    _engine: PhantomData<fn(&E) -> E>,
 }
 
 impl<R, E> AssumeMemoryOf<R, E> {

@@ -86,7 +86,10 @@ impl<S: DeviceStream + ?Sized + 'static> DeviceStream for &S {
 pub struct CurrentResource<K: ?Sized + 'static, E> {
     /// An object promised for `E` (see the module's documentation).
     resource: DynResource<K>,
-    _engine: PhantomData<fn(&E)>,
+    /// Invariant in `E`: the promise is for `E` alone, not for a type
+    /// that differs from it by a lifetime. Holds no `E`: `Send` and `Sync`
+    /// whatever `E` is.
+    _engine: PhantomData<fn(&E) -> E>,
 }
 
 impl<K: ?Sized + 'static, E> CurrentResource<K, E> {

@@ -337,7 +337,8 @@ where
     let resource: DynResource<S> = resource;
     // SAFETY: `resource` is the `Arc` of a `T`, and `T: MemoryOf<E>`:
     // every block it hands out meets the contract that
-    // `AssumeMemoryOf::new` asks for.
+    // `AssumeMemoryOf::new` asks for, and so does every block of a clone,
+    // which shares that one `T`.
     unsafe { AssumeMemoryOf::new(resource) }
 }
 
