@@ -65,7 +65,9 @@ use crate::{Range, Result, Stream};
 ///   already.
 ///
 ///   A method that panics is taken as one that failed: a commit or
-///   decommit that panics leaves its range as it was.
+///   decommit that panics leaves its range as it was. (A pool cannot
+///   count on that from a safe trait: `VirtualPool` asks each granule of
+///   such a range afterwards, as after [`DECOMMITTED_IN_PART`].)
 /// - [`decommit_for_commit`](Self::decommit_for_commit) is a decommit by a
 ///   caller that commits next (a pool making room for a block): the space
 ///   may keep the physical memory for those commits (CUDA: the handles it

@@ -40,6 +40,36 @@ impl<V: ReservableSpace> Drop for Carved<'_, V> {
     }
 }
 
+/// Slots `lo..hi` of reservation `r`, no live block's, whose commit or
+/// decommit is in progress. If the space's code panics there, the range
+/// may be as it was or not (a space outside its contract maps or unmaps,
+/// then panics): dropped, it asks the space granule by granule, as after a
+/// decommit that took part of its range
+/// ([`recount_in_part`](VirtualPool::recount_in_part)). So the pool never
+/// counts a granule the space took, nor hands out a block over one; one
+/// the space holds that the pool cannot count is lost to it, never served.
+/// Forgotten once the call returns ([`settled`](Self::settled)).
+struct Unsure<'a, V: ReservableSpace> {
+    pool: &'a mut VirtualPool<V>,
+    r: Reservation,
+    lo: u32,
+    hi: u32,
+}
+
+impl<V: ReservableSpace> Unsure<'_, V> {
+    /// The call returned: its answer says what it did.
+    fn settled(self) {
+        core::mem::forget(self);
+    }
+}
+
+impl<V: ReservableSpace> Drop for Unsure<'_, V> {
+    fn drop(&mut self) {
+        let (p, r, lo, hi) = (&mut *self.pool, self.r, self.lo, self.hi);
+        crate::resource::in_destructor(|| p.recount_in_part(&r, lo, hi));
+    }
+}
+
 /// A commit of a block's granules that failed: the block went back to the
 /// index.
 pub(super) struct CommitFailed {
@@ -72,20 +102,23 @@ impl<V: ReservableSpace> Uncounted<'_, V> {
             let (p, r) = (&mut *self.pool, &self.r);
             let run = p.committed_bits.find(self.lo, self.hi, false);
             let end = p.committed_bits.find(run, self.hi, true);
+            // No longer the drop's to count: `run..end` is this decommit's
+            // (a panic leaves it to `Unsure`), `end..` stays the drop's.
+            self.lo = end;
             if run < end {
-                // A panic here leaves `run..` to the drop: committed.
-                if let Err(e) = p.space.decommit(p.slot_range(r, run, end), &()) {
+                let (r, range) = (*r, p.slot_range(r, run, end));
+                let unsure = Unsure { pool: p, r, lo: run, hi: end };
+                let undone = unsure.pool.space.decommit(range, &());
+                unsure.settled();
+                if let Err(e) = undone {
+                    let p = &mut *self.pool;
                     p.count_committed(run, end);
                     p.trim_pending = true;
-                    // Counted: no longer the drop's to count, whatever
-                    // the recount leaves.
-                    self.lo = end;
                     if in_part(&e) {
-                        p.recount_in_part(r, run, end);
+                        p.recount_in_part(&r, run, end);
                     }
                 }
             }
-            self.lo = end;
         }
     }
 }
@@ -232,7 +265,10 @@ impl<V: ReservableSpace> VirtualPool<V> {
             if run == s {
                 continue;
             }
-            if let Err(e) = p.space.commit(p.slot_range(r, run, s)) {
+            let unsure = Unsure { pool: p, r: *r, lo: run, hi: s };
+            let committed = unsure.pool.space.commit(unsure.pool.slot_range(r, run, s));
+            unsure.settled();
+            if let Err(e) = committed {
                 if trims {
                     done.pool.space.release_kept();
                 }
@@ -276,10 +312,10 @@ impl<V: ReservableSpace> VirtualPool<V> {
         }
     }
 
-    /// After a decommit of slots `lo..hi` of `r` (counted committed, no
-    /// live block's)
-    /// that failed having decommitted part of them ([`DECOMMITTED_IN_PART`]):
-    /// the space does not say which part, and a commit of each granule
+    /// After a decommit of slots `lo..hi` of `r` (no live block's) that
+    /// failed having decommitted part of them ([`DECOMMITTED_IN_PART`]), or
+    /// a commit or decommit of them that panicked ([`Unsure`]): the space
+    /// does not say which part it holds, and a commit of each granule
     /// tells. Refused as misuse ([`Error::InvalidConfig`]: committed
     /// already), the granule was kept; committed, it had gone and is back;
     /// failing otherwise, it had gone and stays so, and the pool no longer
@@ -337,12 +373,14 @@ impl<V: ReservableSpace> VirtualPool<V> {
         let r = *self.reservation_of_slot(lo);
         let range = self.slot_range(&r, lo, hi);
         // Pending until they are given back: if the space's code panics,
-        // the granules stay committed and Idle, as after a failed decommit.
+        // those it kept stay committed and Idle, as after a failed decommit.
         let pending = core::mem::replace(&mut self.trim_pending, true);
+        let unsure = Unsure { pool: self, r, lo, hi };
         let decommitted = match for_commit {
-            true => self.space.decommit_for_commit(range, stream),
-            false => self.space.decommit(range, stream),
+            true => unsure.pool.space.decommit_for_commit(range, stream),
+            false => unsure.pool.space.decommit(range, stream),
         };
+        unsure.settled();
         if let Err(e) = decommitted {
             if in_part(&e) {
                 self.recount_in_part(&r, lo, hi);

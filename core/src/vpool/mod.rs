@@ -115,14 +115,15 @@ fn slots_touched(r: &Reservation, shift: u32, start: u64, end: u64) -> (u32, u32
 ///   decommitted Idle memory (to stay under the peak, or to retry after the
 ///   space ran out of physical memory), and granules that it committed and
 ///   then failed to decommit stay committed and Idle.
-/// - A method of the space that panics is taken as one that failed (its
-///   commit or decommit changed nothing): the panic propagates, and an
-///   allocate gives its block back to the index, counting the granules it
-///   committed before as committed and Idle; a trim it interrupted is
-///   pending. A decommit that failed having taken part of its range
-///   ([`DECOMMITTED_IN_PART`](crate::vmem::DECOMMITTED_IN_PART)) is
-///   followed by a commit of each of its granules, so that the pool counts
-///   what the space holds.
+/// - A method of the space that panics is taken as one that failed: the
+///   panic propagates, and an allocate gives its block back to the index,
+///   counting the granules it committed before as committed and Idle; a
+///   trim it interrupted is pending. A decommit that failed having taken
+///   part of its range
+///   ([`DECOMMITTED_IN_PART`](crate::vmem::DECOMMITTED_IN_PART)), and a
+///   commit or decommit that panicked (which may have changed its range,
+///   outside the space's contract), are followed by a commit of each of
+///   their granules, so that the pool counts what the space holds.
 /// - A space that frees memory only in pieces longer than a granule (CUDA's
 ///   physical handles; [`ReservableSpace::releasable`]) is asked only to
 ///   decommit whole pieces. An Idle granule whose piece a live block holds

@@ -19,11 +19,14 @@ struct Panicky<'a> {
     trap: PanicTrap,
     /// Granules the next decommit takes before it fails, if set.
     in_part: Cell<Option<u64>>,
+    /// Whether the method that panics does its work first (outside the
+    /// trait's contract: it leaves its range changed).
+    takes_first: Cell<bool>,
 }
 
 impl<'a> Panicky<'a> {
     fn new(inner: &'a CountingSpace) -> Self {
-        Panicky { inner, trap: PanicTrap::new(), in_part: Cell::new(None) }
+        Panicky { inner, trap: PanicTrap::new(), in_part: Cell::new(None), takes_first: Cell::new(false) }
     }
 
     /// `method` (`"commit"`, `"decommit"` (either kind), `"releasable"`,
@@ -36,14 +39,27 @@ impl<'a> Panicky<'a> {
         self.trap.spring("Panicky", method);
     }
 
-    fn decommit_inner(&self, range: Range) -> Result<()> {
-        self.call("decommit");
-        if let Some(n) = self.in_part.take() {
-            let part = Range::new(range.start(), n * self.inner.granule()).unwrap();
-            self.inner.decommit(part, &()).unwrap();
-            return Err(Error::Backend { code: 1, what: crate::vmem::DECOMMITTED_IN_PART });
+    /// `work`, `method`'s, with the trap before it, or after it where the
+    /// method takes first.
+    fn around(&self, method: &'static str, work: impl FnOnce() -> Result<()>) -> Result<()> {
+        if !self.takes_first.get() {
+            self.call(method);
+            return work();
         }
-        self.inner.decommit(range, &())
+        let done = work();
+        self.call(method);
+        done
+    }
+
+    fn decommit_inner(&self, range: Range) -> Result<()> {
+        self.around("decommit", || {
+            if let Some(n) = self.in_part.take() {
+                let part = Range::new(range.start(), n * self.inner.granule()).unwrap();
+                self.inner.decommit(part, &()).unwrap();
+                return Err(Error::Backend { code: 1, what: crate::vmem::DECOMMITTED_IN_PART });
+            }
+            self.inner.decommit(range, &())
+        })
     }
 }
 
@@ -58,8 +74,7 @@ impl ReservableSpace for Panicky<'_> {
         self.inner.release(range)
     }
     fn commit(&self, range: Range) -> Result<()> {
-        self.call("commit");
-        self.inner.commit(range)
+        self.around("commit", || self.inner.commit(range))
     }
     fn decommit<S: Stream + ?Sized>(&self, range: Range, _: &S) -> Result<()> {
         self.decommit_inner(range)
@@ -133,9 +148,11 @@ fn a_commit_that_panics_half_way_gives_the_block_back_and_counts_what_it_committ
     let r = catch_unwind(AssertUnwindSafe(|| p.allocate(req(3 * MIB), &())));
     assert!(r.is_err());
     exact(&p, &space);
-    // No block live but the anchor; granule 0 counted, Idle.
-    assert_eq!((p.usage().used, p.usage().held, p.idle_bytes()), (used, 3 * MIB, 2 * MIB));
-    assert!(space.is_committed(range(base, 2 * MIB)));
+    // No block live but the anchor; granule 0 counted, Idle. Granule 2, of
+    // the commit that panicked, is asked of the space (committed now, as
+    // the space may have mapped it before the panic): counted, Idle.
+    assert_eq!((p.usage().used, p.usage().held, p.idle_bytes()), (used, 4 * MIB, 3 * MIB));
+    assert!(space.is_committed(range(base, 3 * MIB)));
     let b = mapped(&mut p, &space, 3 * MIB);
     assert_eq!(b.addr(), base);
     give_all_back(p, &space, &[b, anchor]);
@@ -277,4 +294,73 @@ fn a_partial_decommit_at_full_physical_memory_is_counted_as_the_space_holds_it()
     exact(&p, &space);
     let b = mapped(&mut p, &space, 4 * MIB);
     give_all_back(p, &space, &[b, anchor]);
+}
+
+/// A space outside its contract, whose commit or decommit does its work
+/// and then panics, in each place the pool calls it: the free's trim, a
+/// `trim`, the trim that makes room for a commit, the undo of a failed
+/// commit, a commit. The pool asks the space granule by granule what it
+/// holds, so its figures stay the space's and the next block lies over
+/// mapped memory. Before, it took the range as it was: it counted the
+/// granules the space had unmapped and handed a block out over them (the
+/// four decommits), or never counted those the space had mapped, and every
+/// allocation over them failed as a commit of committed memory (a commit).
+#[test]
+fn a_space_that_takes_a_range_and_then_panics_leaves_the_pool_counting_what_it_holds() {
+    for site in ["the free's trim", "a trim", "the trim on commit", "the undo of a failed commit", "a commit"]
+    {
+        let space = CountingSpace::new(1 << 30, MIB);
+        let panicky = Panicky::new(&space);
+        panicky.takes_first.set(true);
+        let (mut p, anchor, size) = panic_after_taking(site, &panicky);
+        let checked = catch_unwind(AssertUnwindSafe(|| {
+            exact(&p, &space);
+            let b = mapped(&mut p, &space, size);
+            give_all_back(p, &space, &[b, anchor]);
+        }));
+        assert!(checked.is_ok(), "after a panic in {site}");
+    }
+}
+
+/// A pool over `s` whose call of the space at `site` panicked, with its
+/// anchor block and the size of a block over the granules it touched.
+fn panic_after_taking<'a>(site: &str, s: &'a Panicky<'a>) -> (VirtualPool<&'a Panicky<'a>>, Block, u64) {
+    let fresh =
+        |keep| VirtualPool::with_config(s, VirtualConfig::new(64 * MIB).release_threshold(keep)).unwrap();
+    let (mut p, anchor, size) = match site {
+        "the free's trim" | "a trim" => {
+            let mut p = fresh(if site == "a trim" { 64 * MIB } else { 0 });
+            let a = p.allocate(req(4 * MIB), &()).unwrap();
+            let anchor = p.allocate(req(256), &()).unwrap();
+            if site == "a trim" {
+                p.deallocate(a, &()).unwrap();
+            }
+            s.panic_in("decommit", 0);
+            let r = catch_unwind(AssertUnwindSafe(|| match site {
+                "a trim" => p.trim(&()).map(drop),
+                _ => p.deallocate(a, &()),
+            }));
+            assert!(r.is_err(), "{site}");
+            return (p, anchor, 4 * MIB);
+        }
+        "the trim on commit" => {
+            let (p, anchor) = trims_on_commit(s);
+            s.panic_in("decommit", 0);
+            (p, anchor, 3 * MIB)
+        }
+        "the undo of a failed commit" => {
+            let (p, anchor) = idle_between(s);
+            s.inner.fail_nth(2);
+            s.panic_in("decommit", 0);
+            (p, anchor, 3 * MIB)
+        }
+        _ => {
+            let mut p = fresh(u64::MAX);
+            let anchor = p.allocate(req(256), &()).unwrap();
+            s.panic_in("commit", 0);
+            (p, anchor, 3 * MIB)
+        }
+    };
+    assert!(catch_unwind(AssertUnwindSafe(|| p.allocate(req(size), &()))).is_err(), "{site}");
+    (p, anchor, size)
 }
