@@ -35,6 +35,10 @@ use core::fmt;
 ///   `critical_section::with` does, is not a `RawLock`.
 /// - **Order.** Each closure's effects happen-before the start of the next
 ///   closure of the same lock.
+/// - **The caller's thread, once.** A closure runs on the thread that
+///   called, at most once, before the call returns (`Some` or the value:
+///   it ran; `None`: it did not). It may hold what is neither `Send` nor
+///   `Sync`.
 ///
 /// [`Shared`] relies on both to hand out `&mut` access to what it guards.
 ///
@@ -249,6 +253,12 @@ unsafe impl RawLock for CriticalSectionLock {
 /// deadlocks under [`SpinLock`] (`StdLock`: deadlock or panic), and under a
 /// lock that refuses re-entry (`CriticalSectionLock`) it fails with
 /// [`Error::Reentrant`] (a panic from [`with`](Self::with)).
+///
+/// No lock poisons: after a panic inside a closure, the next one gets the
+/// algorithm as the panic left it. memres's algorithms keep their
+/// invariants at every step that can panic (docs/bad-input.md); a user's
+/// `R` that does not may give wrong answers then, never unsoundness (the
+/// access stays exclusive).
 ///
 /// # Examples
 ///

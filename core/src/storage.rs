@@ -24,6 +24,10 @@ use core::ops::{Deref, DerefMut};
 ///   when it returns `Err`; `pop` removes the last element (none when
 ///   empty); `swap_remove` does what `Vec::swap_remove` does. No other call
 ///   (`deref`, `deref_mut`, `max_len`, `Clone`...) changes the length.
+/// - `deref`, `deref_mut` and `try_push` do not panic (`try_push` refuses
+///   only with `Err`): the index calls them between the writes of one
+///   update, and an update cut short there could leave a link it then
+///   follows without a bounds check.
 ///
 /// `max_len` is only a promise about `try_push`: getting it wrong gives
 /// wrong errors, never unsoundness.

@@ -37,7 +37,11 @@ pub(crate) fn run<T>(key: &Key, f: impl FnOnce() -> T) -> Option<T> {
         // SAFETY: the list holds only nodes of calls of `run` in progress
         // on this thread: each is linked in below, a local of its call, and
         // `Unlink` takes it out before that call returns or unwinds; the
-        // list is this thread's own. So `at` points to a live `Node`.
+        // list is this thread's own, and its calls nest (each returns
+        // before the one it was made from: a thread runs one stack; a
+        // coroutine library that switched stacks inside `f` would break
+        // `scoped-tls`-like code everywhere, and cannot be safe to use).
+        // So `at` points to a live `Node`.
         let node = unsafe { &*at };
         if ptr::eq(node.key, key) {
             return None;
