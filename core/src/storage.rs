@@ -85,6 +85,11 @@ pub unsafe trait Storage<T>: Deref<Target = [T]> + DerefMut + Default {
 unsafe impl<T> Storage<T> for alloc::vec::Vec<T> {
     #[inline]
     fn try_push(&mut self, value: T) -> Result<(), T> {
+        // Refused rather than a panic or an abort when the host is out of
+        // memory: `push` then has the room, and neither allocates nor panics.
+        if self.try_reserve(1).is_err() {
+            return Err(value);
+        }
         self.push(value);
         Ok(())
     }
