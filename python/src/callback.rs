@@ -197,7 +197,10 @@ pub(crate) fn python_under_stacks() -> bool {
 /// back into a panic wherever it fetches it: from the function, from the
 /// repr or truth of what it returned. Unwinding from a callback into the
 /// stack that called it would run the frees deferred meanwhile during the
-/// unwind, and a panic there aborted the process.
+/// unwind, and a panic there aborted the process. A `deallocate_func` that
+/// raises it refuses its block, as with any exception: the block is kept
+/// for the function again. A free the function made through memres and
+/// that panicked was left to that stack, which refuses it a second time.
 fn catching<T>(f: impl FnOnce() -> PyResult<T>) -> PyResult<T> {
     std::panic::catch_unwind(AssertUnwindSafe(f)).unwrap_or_else(|payload| {
         let message = if let Some(s) = payload.downcast_ref::<String>() {

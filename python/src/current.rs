@@ -11,7 +11,6 @@
 
 use crate::backend::{self, Stream, MAX_DEVICES};
 use crate::kept::{self, give_back, Kept};
-use crate::put_back::PutBack;
 use crate::reentry::CFrees;
 use crate::resource::Resource;
 use memres_core::addr_map::AddrMap;
@@ -24,8 +23,8 @@ use std::sync::{Arc, Mutex, OnceLock};
 type Live = Mutex<AddrMap<(Block, DynResource<Stream>)>>;
 
 /// The blocks of `device` that a resource handed out at a live address,
-/// at 0 or of another size than asked and refused back (or panicked in
-/// giving back), with that resource: kept here, never lost, and given back
+/// at 0 or of another size than asked and refused back (not one it
+/// panicked in giving back: see [`kept`]), with that resource: kept here, never lost, and given back
 /// again by each [`memres_py_empty_cache`], as the C library's
 /// `memres_empty_cache` gives back its own.
 fn kept(device: usize) -> Option<&'static Kept> {
@@ -323,7 +322,7 @@ unsafe fn alloc(size: isize, device: i32, stream: *mut c_void) -> Result<*mut c_
 /// the `asked` bytes: one shorter would be written past its end, one longer
 /// is recorded at its own size, so the caller's free of the size it asked
 /// for would be refused and the block stay live for good. If `resource` refuses it
-/// (or panics), it is kept in `kept` for the device's next
+/// (not if it panics: [`kept::refuse`]), it is kept in `kept` for the device's next
 /// [`memres_py_empty_cache`] to give back, once `s` is done with what it
 /// ordered before (that gives back on the device's default stream). As
 /// the C library's.
@@ -360,8 +359,7 @@ unsafe fn free(ptr: *mut c_void, size: isize, device: i32, stream: *mut c_void) 
     // SAFETY: null or a stream of `device` valid for the call, and for a
     // deferred free until it is applied (the contract).
     let s = unsafe { backend::stream(stream as usize as u64, d) }.map_err(|e| format!("the stream: {e}"))?;
-    // Back in the table if the free fails (not if it panics: `PutBack`).
-    let entry = {
+    let (block, resource) = {
         let mut entries = table.lock().unwrap_or_else(|p| p.into_inner());
         let addr = ptr as usize as u64;
         let allocated = entries.get(addr).ok_or_else(unknown)?.0.size();
@@ -371,21 +369,34 @@ unsafe fn free(ptr: *mut c_void, size: isize, device: i32, stream: *mut c_void) 
         }
         entries.remove(addr).ok_or_else(unknown)?
     };
-    let taken = PutBack::new(entry, |(block, resource): (Block, DynResource<Stream>)| {
-        // Not over a newer block: a free that freed and then failed may
-        // have let another thread get the address since.
-        let mut entries = table.lock().unwrap_or_else(|p| p.into_inner());
-        if entries.get(block.addr()).is_none() {
-            entries.insert(block.addr(), (block, resource));
-        }
-    });
-    let (block, resource) = taken.value();
-    resource.deallocate(*block, &s).map_err(|e| e.to_string())?;
+    let resource = free_taken(table, block, resource, &s)?;
     // The last block of a stack no longer current: the stack goes with it.
-    let resource = resource.clone();
-    taken.kept_out();
     crate::callback::drop_saying_what_raised(resource);
     Ok(())
+}
+
+/// Frees `block`, just taken out of `table`, to `resource` on `s`, and
+/// hands the resource back. If the free fails, the block goes back in the
+/// table: the stack still holds it, and the caller may free again (not over
+/// a newer block: a free that freed and then failed may have let another
+/// thread get the address since). A free that panics is left to the stack,
+/// which may have freed the block first: nothing puts it back.
+fn free_taken(
+    table: &Live,
+    block: Block,
+    resource: DynResource<Stream>,
+    s: &Stream,
+) -> Result<DynResource<Stream>, String> {
+    match resource.deallocate(block, s) {
+        Ok(()) => Ok(resource),
+        Err(e) => {
+            let mut entries = table.lock().unwrap_or_else(|p| p.into_inner());
+            if entries.get(block.addr()).is_none() {
+                entries.insert(block.addr(), (block, resource));
+            }
+            Err(e.to_string())
+        }
+    }
 }
 
 /// Runs `f`, with the GIL released if this thread holds it: a stack's lock
@@ -652,6 +663,30 @@ mod tests {
             assert_eq!(resource.back.lock().unwrap().pop(), Some(handed));
         }
         assert_eq!(table.lock().unwrap().len(), 0, "nothing live");
+    }
+
+    /// A free the stack refuses puts the block back in the table, for the
+    /// caller to free again; one that panics leaves it to the stack, which
+    /// may have freed it before the panic (before, it was put back, and a
+    /// second free of a block the stack had freed reached the stack).
+    #[test]
+    fn a_free_the_stack_refuses_puts_the_block_back_and_one_that_panics_does_not() {
+        let table = Live::default();
+        let resource = Arc::new(OneAddress { addr: 0x1000, ..Default::default() });
+        let handing: DynResource<Stream> = resource.clone();
+        let block = Block::new(0x1000, 512, 7);
+        let live = |table: &Live| table.lock().unwrap().get(0x1000).map(|e| e.0);
+        resource.refusing.store(true, Ordering::Relaxed);
+        assert!(free_taken(&table, block, handing.clone(), &()).map(drop).unwrap_err().contains("refused"));
+        assert_eq!(live(&table), Some(block), "put back");
+        let (taken, _) = table.lock().unwrap().remove(0x1000).unwrap();
+        resource.refusing.store(false, Ordering::Relaxed);
+        resource.panicking.store(true, Ordering::Relaxed);
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            free_taken(&table, taken, handing.clone(), &()).map(drop)
+        }));
+        assert!(r.is_err());
+        assert_eq!(live(&table), None, "left to the stack");
     }
 
     /// A block the stack refuses back is kept with its resource, not lost,

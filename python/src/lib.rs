@@ -43,7 +43,6 @@ mod detached;
 mod errors;
 mod gil;
 mod kept;
-mod put_back;
 mod reentry;
 mod resource;
 mod snapshot;

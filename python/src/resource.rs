@@ -11,7 +11,6 @@ use crate::callback::{register_callbacks, Callbacks, Function};
 use crate::detached::DropDetached;
 use crate::errors::{backend_error, caused, invalid_argument, stack_text, stack_to_py, to_py};
 use crate::kept::{self, Kept};
-use crate::put_back::PutBack;
 use crate::reentry::{self, Covers, Guarded};
 use memres_core::adaptor::{Limiting, Logging, Statistics, Tracking};
 use memres_core::planned::{Planned, Steps};
@@ -389,10 +388,11 @@ impl memres_core::MemoryResource<Stream> for KeepStreams {
 
 impl Resource {
     /// The live block at `ptr`, allocated with `nbytes`, taken out of the
-    /// table until it is freed. Its size is checked under the table's lock:
-    /// a free of another size leaves it there, never out for a moment in
-    /// which the right free of it finds it gone.
-    fn take_live(&self, ptr: u64, nbytes: u64) -> PyResult<PutBack<Block, impl FnOnce(Block) + '_>> {
+    /// table for its free ([`put_back_live`](Self::put_back_live) if that
+    /// fails). Its size is checked under the table's lock: a free of
+    /// another size leaves it there, never out for a moment in which the
+    /// right free of it finds it gone.
+    fn take_live(&self, ptr: u64, nbytes: u64) -> PyResult<Block> {
         let taken = match self.table.live.lock().unwrap_or_else(|p| p.into_inner()).entry(ptr) {
             Entry::Occupied(e) if e.get().size() == nbytes => Ok(e.remove()),
             Entry::Occupied(e) => Err(format!(
@@ -406,12 +406,16 @@ impl Resource {
         // The exception is made once the lock is let go: making it runs
         // Python code (an import, a collection) that may free into this
         // resource, which takes the lock (the interpreter hung there).
-        let block = taken.map_err(invalid_argument)?;
-        Ok(PutBack::new(block, |b: Block| {
-            // Not over a newer block: a free that freed and then failed may
-            // have let another thread get the address since.
-            self.table.live.lock().unwrap_or_else(|p| p.into_inner()).entry(b.addr()).or_insert(b);
-        }))
+        taken.map_err(invalid_argument)
+    }
+
+    /// Puts `block` back in the table after its free failed: the stack
+    /// still holds it, and the caller may free again. Not over a newer
+    /// block: a free that freed and then failed may have let another thread
+    /// get the address since. (A free that panics is left to the stack,
+    /// which may have freed the block first: nothing puts it back.)
+    fn put_back_live(&self, block: Block) {
+        self.table.live.lock().unwrap_or_else(|p| p.into_inner()).entry(block.addr()).or_insert(block);
     }
 
     /// `take` of the stack's parts (a clone that holds it: a buffer's, a
@@ -459,7 +463,7 @@ struct Table {
     /// under `live`'s lock.
     retired: AtomicBool,
     /// Blocks the stack handed out that `allocate` refused and the stack
-    /// refused back (or panicked in giving back): given back again first
+    /// refused back (not those it panicked in giving back): given back again first
     /// by each `release`, and once more when the stack is dropped. They
     /// count as use ([`Resource::in_use`]). Shared with
     /// [`give_back_to`] where the stack calls Python functions.
@@ -520,8 +524,8 @@ impl Table {
 
     /// Gives `block`, which [`note`](Self::note) refused, back through
     /// `stack`, the stack it came from on `s` (the older block of its
-    /// address stays freeable); if `stack` refuses it back (or panics),
-    /// keeps it ([`kept`](Table::kept)) with `below`, the resource under
+    /// address stays freeable); if `stack` refuses it back (not if it
+    /// panics: [`kept::refuse`]), keeps it ([`kept`](Table::kept)) with `below`, the resource under
     /// `stack` that `release` gives it back to. Answers the error to
     /// raise. It calls the stack, so `allocate` runs it with the GIL
     /// released.
@@ -847,13 +851,11 @@ impl Resource {
         // SAFETY: a handle of the package's Python layer (the module's contract:
         // "Streams at the boundary" in lib.rs).
         let s = unsafe { backend::stream(stream, self.device)? };
-        // Back in the table unless the free succeeds.
-        let taken = self.take_live(ptr, nbytes)?;
-        let block = *taken.value();
-        crate::gil::detach(py, || self.blocks.free(block, s, stream_object))
-            .map_err(|e| to_py(e, &format!("deallocate({ptr:#x}, {nbytes})")))?;
-        taken.kept_out();
-        Ok(())
+        let block = self.take_live(ptr, nbytes)?;
+        crate::gil::detach(py, || self.blocks.free(block, s, stream_object)).map_err(|e| {
+            self.put_back_live(block);
+            to_py(e, &format!("deallocate({ptr:#x}, {nbytes})"))
+        })
     }
 
     /// `((bytes now, peak, total), (count now, peak, total))` of the
