@@ -591,6 +591,18 @@ fn not_live(addr: u64, len: u64) -> ContainerError {
     ContainerError::Memory(Error::NotLive { addr, len })
 }
 
+/// What a copy out of the freed `len` bytes at `addr` into a new block
+/// gives (the new block's address, if it is made): refused as not live,
+/// unless the system allocator handed the freed address out again as that
+/// very block (glibc's `calloc` does where its per-thread cache holds it),
+/// which the copy then reads: defined, and it touches nothing else.
+fn refused_unless_reused(got: Result<u64, ContainerError>, addr: u64, len: u64) {
+    match got {
+        Ok(new) => assert_eq!(new, addr, "a copy from freed memory made other than into its own address"),
+        Err(e) => assert_eq!(e, not_live(addr, len)),
+    }
+}
+
 #[test]
 fn a_block_freed_by_other_code_is_never_touched_again() {
     // The case: a copy of `block()` freed through the resource.
@@ -605,7 +617,7 @@ fn a_block_freed_by_other_code_is_never_touched_again() {
     // gives the new block back: the buffer is unchanged.
     assert_eq!(buf.resize(1000), Err(not_live(addr, 5)));
     assert_eq!((buf.addr(), buf.len(), mem.live_count()), (addr, 5, 0));
-    assert_eq!(buf.try_clone_on(()).map(|_| ()), Err(not_live(addr, 5)));
+    refused_unless_reused(buf.try_clone_on(()).map(|c| c.addr()), addr, 5);
     assert_eq!(mem.live_count(), 0, "the failed clone gave its block back");
     drop(buf); // its free is refused (`UnknownBlock`), and ignored
     assert_eq!(mem.call_counts(), (3, 3));
@@ -936,8 +948,8 @@ fn a_raw_pointer_copy_of_memory_that_is_not_live_is_refused_and_takes_nothing() 
     unsafe {
         let e = DeviceBuffer::from_device_ptr_in(on_stack, 64, (), &mem, HostCopy).map(|_| ());
         assert_eq!(e, Err(not_live(on_stack, 64)), "a stack buffer");
-        let e = DeviceUVector::<u64, _, _>::from_device_ptr_in(gone, 4, (), &mem, HostCopy).map(|_| ());
-        assert_eq!(e, Err(not_live(gone, 32)), "a freed block");
+        let e = DeviceUVector::<u64, _, _>::from_device_ptr_in(gone, 4, (), &mem, HostCopy);
+        refused_unless_reused(e.map(|c| c.addr()), gone, 32);
         let e = DeviceScalar::<[u64; 64], _, _>::from_device_ptr_in(v.addr(), (), &mem, HostCopy).map(|_| ());
         assert_eq!(e, Err(not_live(v.addr(), 512)), "past the end of an allocation");
         let e = DeviceUVector::<u64, _, _>::from_device_ptr_in(v.addr(), usize::MAX, (), &mem, HostCopy);
@@ -963,9 +975,9 @@ fn the_host_view_of_a_block_freed_by_other_code_fails_cleanly() {
     assert_eq!(v.element_addr(5), Ok(addr + 20), "an address is only a number");
     assert_eq!(v.fill_zero(), Err(not_live(addr, 400)));
     assert_eq!(v.set_element_to_zero_async(3), Err(not_live(addr + 12, 4)));
-    assert_eq!(v.try_clone().map(|_| ()), Err(not_live(addr, 400)));
+    refused_unless_reused(v.try_clone().map(|c| c.addr()), addr, 400);
     assert_eq!(s.set_value_to_zero_async(), Err(not_live(s.addr(), 2)));
-    assert_eq!(s.try_clone().map(|_| ()), Err(not_live(s.addr(), 2)));
+    refused_unless_reused(s.try_clone().map(|c| c.addr()), s.addr(), 2);
     assert_eq!(mem.live_count(), 0, "the failed clones gave their blocks back");
 }
 
