@@ -24,9 +24,9 @@ type Live = Mutex<AddrMap<(Block, DynResource<Stream>)>>;
 
 /// The blocks of `device` that a resource handed out at a live address,
 /// at 0 or of another size than asked and refused back (not one it
-/// panicked in giving back: see [`kept`]), with that resource: kept here, never lost, and given back
-/// again by each [`memres_py_empty_cache`], as the C library's
-/// `memres_empty_cache` gives back its own.
+/// panicked in giving back: see [`kept`]), with that resource: kept here,
+/// never lost, and given back again by each [`memres_py_empty_cache`], as
+/// the C library's `memres_empty_cache` gives back its own.
 fn kept(device: usize) -> Option<&'static Kept> {
     static KEPT: [OnceLock<Kept>; MAX_DEVICES] = [const { OnceLock::new() }; MAX_DEVICES];
     KEPT.get(device).map(|slot| slot.get_or_init(Default::default))
@@ -321,11 +321,11 @@ unsafe fn alloc(size: isize, device: i32, stream: *mut c_void) -> Result<*mut c_
 /// it for NULL, a failure, and never free it; and one of another size than
 /// the `asked` bytes: one shorter would be written past its end, one longer
 /// is recorded at its own size, so the caller's free of the size it asked
-/// for would be refused and the block stay live for good. If `resource` refuses it
-/// (not if it panics: [`kept::refuse`]), it is kept in `kept` for the device's next
-/// [`memres_py_empty_cache`] to give back, once `s` is done with what it
-/// ordered before (that gives back on the device's default stream). As
-/// the C library's.
+/// for would be refused and the block stay live for good. If `resource`
+/// refuses it (not if it panics: [`kept::refuse`]), it is kept in `kept`
+/// for the device's next [`memres_py_empty_cache`] to give back, once `s`
+/// is done with what it ordered before (that gives back on the device's
+/// default stream). As the C library's.
 fn record(
     table: &Live,
     kept: &Kept,

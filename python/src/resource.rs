@@ -463,9 +463,9 @@ struct Table {
     /// under `live`'s lock.
     retired: AtomicBool,
     /// Blocks the stack handed out that `allocate` refused and the stack
-    /// refused back (not those it panicked in giving back): given back again first
-    /// by each `release`, and once more when the stack is dropped. They
-    /// count as use ([`Resource::in_use`]). Shared with
+    /// refused back (not those it panicked in giving back): given back
+    /// again first by each `release`, and once more when the stack is
+    /// dropped. They count as use ([`Resource::in_use`]). Shared with
     /// [`give_back_to`] where the stack calls Python functions.
     kept: Arc<Kept>,
 }
