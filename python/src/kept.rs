@@ -45,7 +45,7 @@ pub(crate) fn misfit(block: Block, asked: u64, zero: &str) -> Option<String> {
 }
 
 /// Why a give-back did not free its block ([`freed`]).
-#[derive(Debug, PartialEq)]
+#[derive(Debug)]
 pub(crate) enum Unfreed {
     /// The resource refused it: it still holds the block, to be kept.
     Refused(String),
