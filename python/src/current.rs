@@ -24,7 +24,7 @@ type Live = Mutex<AddrMap<(Block, DynResource<Stream>)>>;
 
 /// The blocks of `device` that a resource handed out at a live address,
 /// at 0 or of another size than asked and refused back (not one it
-/// panicked in giving back: see [`kept`]), with that resource: kept here,
+/// panicked in giving back: see [`mod@kept`]), with that resource: kept here,
 /// never lost, and given back again by each [`memres_py_empty_cache`], as
 /// the C library's `memres_empty_cache` gives back its own.
 fn kept(device: usize) -> Option<&'static Kept> {
