@@ -4,6 +4,7 @@
 //! memory), registered as the names `callback` and `on_failure`.
 
 use crate::backend::Stream;
+use crate::errors::panic_message;
 use crate::kept::Kept;
 use crate::reentry::{in_callback, Covers};
 use memres_core::adaptor::FailureCallback;
@@ -203,15 +204,7 @@ pub(crate) fn python_under_stacks() -> bool {
 /// that panicked was left to that stack, which refuses it a second time.
 fn catching<T>(f: impl FnOnce() -> PyResult<T>) -> PyResult<T> {
     std::panic::catch_unwind(AssertUnwindSafe(f)).unwrap_or_else(|payload| {
-        let message = if let Some(s) = payload.downcast_ref::<String>() {
-            s.clone()
-        } else if let Some(s) = payload.downcast_ref::<&str>() {
-            s.to_string()
-        } else {
-            // A payload of another type might panic in its `Drop`: forget it.
-            std::mem::forget(payload);
-            "a panic in a memres callback".to_string()
-        };
+        let message = panic_message(payload).unwrap_or_else(|| "a panic in a memres callback".to_string());
         Err(PanicException::new_err(message))
     })
 }

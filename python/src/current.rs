@@ -10,6 +10,7 @@
 //! resource even after the current one changed.
 
 use crate::backend::{self, Stream, MAX_DEVICES};
+use crate::errors::panic_message;
 use crate::kept::{self, give_back, Kept};
 use crate::reentry::CFrees;
 use crate::resource::Resource;
@@ -460,12 +461,10 @@ pub unsafe extern "C" fn memres_py_alloc(size: isize, device: i32, stream: *mut 
 }
 
 /// Runs `f` without the GIL ([`without_gil`]); a panic there is the error
-/// "a panic". Never unwinds.
+/// "a panic", with its message if it has one. Never unwinds.
 fn guarded<T: Send>(f: impl FnOnce() -> Result<T, String> + Send) -> Result<T, String> {
     catch_unwind(AssertUnwindSafe(|| without_gil(f))).unwrap_or_else(|payload| {
-        // A payload whose `Drop` panicked would abort here: forget it.
-        std::mem::forget(payload);
-        Err("a panic".to_string())
+        Err(panic_message(payload).map_or_else(|| "a panic".to_string(), |m| format!("a panic ({m})")))
     })
 }
 
@@ -548,7 +547,7 @@ fn naming_what_raised(why: String) -> String {
         })
     }));
     named.unwrap_or_else(|payload| {
-        std::mem::forget(payload);
+        panic_message(payload);
         why
     })
 }
@@ -620,8 +619,7 @@ pub extern "C" fn memres_py_empty_cache() {
         })
     });
     if let Err(payload) = emptied {
-        // A payload whose `Drop` panicked would abort here: forget it.
-        std::mem::forget(payload);
+        panic_message(payload);
     }
 }
 

@@ -148,13 +148,27 @@ pub(crate) fn said(py: Python<'_>, e: &PyErr) -> String {
 
 /// `f`'s value, `None` where it fails or panics.
 fn caught<T>(f: impl FnOnce() -> PyResult<T>) -> Option<T> {
-    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
-        Ok(result) => result.ok(),
-        Err(payload) => {
-            // A payload whose `Drop` panicked would unwind from here: forget it.
-            std::mem::forget(payload);
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).map_or_else(
+        |payload| {
+            panic_message(payload);
             None
-        }
+        },
+        Result::ok,
+    )
+}
+
+/// The message of a caught panic whose payload is text (`&str` or
+/// `String`, what `panic!` makes), dropped with it; `None` for a payload
+/// of another type, which is forgotten, not dropped: its `Drop` may be the
+/// user's and panic, unwinding from where the first panic was caught.
+pub(crate) fn panic_message(payload: Box<dyn std::any::Any + Send>) -> Option<String> {
+    if let Some(s) = payload.downcast_ref::<&str>() {
+        Some(s.to_string())
+    } else if let Some(s) = payload.downcast_ref::<String>() {
+        Some(s.clone())
+    } else {
+        std::mem::forget(payload);
+        None
     }
 }
 
@@ -199,5 +213,32 @@ pub(crate) fn stack_to_py(e: StackError, text: &str) -> PyErr {
             to_py(inner, &format!("stack `{text}`: at byte {}", e.pos))
         }
         _ => PyValueError::new_err(format!("memres: stack `{text}`: {e}")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::panic_message;
+    use std::panic::catch_unwind;
+
+    /// A payload whose `Drop` panics, as a user's panic value may.
+    struct Bomb;
+
+    impl Drop for Bomb {
+        fn drop(&mut self) {
+            panic!("the payload, dropped");
+        }
+    }
+
+    #[test]
+    fn a_panics_text_is_its_message_and_any_other_payload_is_forgotten() {
+        let payload = catch_unwind(|| panic!("literal")).unwrap_err();
+        assert_eq!(panic_message(payload).as_deref(), Some("literal"));
+        let n = 7;
+        let payload = catch_unwind(|| panic!("formatted {n}")).unwrap_err();
+        assert_eq!(panic_message(payload).as_deref(), Some("formatted 7"));
+        // Dropped, this payload would panic out of the caller that caught it.
+        let payload = catch_unwind(|| std::panic::panic_any(Bomb)).unwrap_err();
+        assert_eq!(panic_message(payload), None);
     }
 }

@@ -16,6 +16,7 @@
 //! object's list.
 
 use crate::backend::Stream;
+use crate::errors::panic_message;
 use memres_core::{Block, DynResource, MemoryResource};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Mutex;
@@ -71,14 +72,7 @@ pub(crate) fn freed<R: MemoryResource<Stream> + ?Sized>(
     match catch_unwind(AssertUnwindSafe(|| resource.deallocate(block, s))) {
         Ok(done) => done.map_err(|e| Unfreed::Refused(e.to_string())),
         Err(payload) => {
-            let what = match (payload.downcast_ref::<&str>(), payload.downcast_ref::<String>()) {
-                (Some(s), _) => s.to_string(),
-                (None, Some(s)) => s.clone(),
-                (None, None) => "unknown".to_string(),
-            };
-            // A payload whose `Drop` panicked would abort here: forget it.
-            std::mem::forget(payload);
-            Err(Unfreed::Panicked(what))
+            Err(Unfreed::Panicked(panic_message(payload).unwrap_or_else(|| "unknown".to_string())))
         }
     }
 }
