@@ -94,6 +94,26 @@ impl fmt::Debug for ResourceId {
 ///   [`Error::DoubleFree`](crate::Error::DoubleFree)), never corruption.
 /// - A failed call changes nothing.
 ///
+/// # A free that panics
+///
+/// Code of the user's below a layer (an upstream, a stream, a log writer)
+/// may panic in the middle of a free, before or after it gave the memory
+/// back. The layer cannot tell which, so it takes the side that is safe
+/// for what it keeps:
+///
+/// - A layer that serves memory (the pools, the fixed-size resource, the
+///   arena, `StreamOrdered`, `Planned`, the per-stream pools, the virtual
+///   pool) takes a chunk or region whose free panicked as gone: it never
+///   serves from it again, so it never hands out memory the layer below
+///   may have taken back. So do the C library's and the Python package's
+///   tables of the pointers they handed out.
+/// - A layer that counts or records (`Statistics`, `Counted`, `Tracking`,
+///   `Limiting`, a snapshot's tap) keeps the block counted and recorded as
+///   live: no figure falls below what may still be held, and a later free
+///   of the block goes through (refused by the layer below if it did free).
+///
+/// The panic goes on to the caller either way.
+///
 /// # Equality
 ///
 /// Two resources are equal ([`is_equal`](Self::is_equal), RMM's
