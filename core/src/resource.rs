@@ -102,11 +102,12 @@ impl fmt::Debug for ResourceId {
 /// for what it keeps:
 ///
 /// - A layer that serves memory (the pools, the fixed-size resource, the
-///   arena, `StreamOrdered`, `Planned`, the per-stream pools, the virtual
-///   pool) takes a chunk or region whose free panicked as gone: it never
-///   serves from it again, so it never hands out memory the layer below
-///   may have taken back. So do the C library's and the Python package's
-///   tables of the pointers they handed out.
+///   arena, `StreamOrdered`, `Planned`, the per-stream pools) takes a
+///   chunk, region or block whose free panicked as gone: it never serves
+///   from it again, so it never hands out memory the layer below may have
+///   taken back. (The virtual pool asks its space which granules it still
+///   holds.) So do the C library's and the Python package's tables of the
+///   pointers they handed out.
 /// - A layer that counts or records (`Statistics`, `Counted`, `Tracking`,
 ///   `Limiting`, a snapshot's tap) keeps the block counted and recorded as
 ///   live: no figure falls below what may still be held, and a later free
