@@ -150,5 +150,52 @@ mod tests {
         drop(host);
         // SAFETY: refused: the resource's drop freed `c`.
         assert_eq!(unsafe { HostCopy.fill(c.addr(), 0, 1, &()) }, not_live(c.addr(), 1));
+        // A range past the last address is refused, not wrapped around.
+        // SAFETY: refused, as above.
+        assert_eq!(unsafe { HostCopy.fill(u64::MAX - 2, 0, 8, &()) }, not_live(u64::MAX - 2, 8));
+    }
+
+    /// Copies to and from a block that another thread frees and allocates
+    /// again meanwhile each touch live memory or are refused: the check and
+    /// the access hold the lock under which memory is freed (under Miri, an
+    /// access after the free is undefined behaviour it reports).
+    #[test]
+    fn copies_racing_frees_touch_only_live_memory() {
+        use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+        // Alone: the racing side hands the engine freed addresses.
+        let _alone = host_test_alone();
+        let host = HostMemory::new();
+        let (addr, done) = (AtomicU64::new(0), AtomicBool::new(false));
+        let rounds = if cfg!(miri) { 40 } else { 2000 };
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                for _ in 0..rounds {
+                    let b = host.allocate(Request::new(64).unwrap(), &()).unwrap();
+                    addr.store(b.addr(), Relaxed);
+                    std::thread::yield_now();
+                    host.deallocate(b, &()).unwrap();
+                }
+                done.store(true, Relaxed);
+            });
+            let mut out = [0u8; 64];
+            while !done.load(Relaxed) {
+                let a = addr.load(Relaxed);
+                // SAFETY: nothing of the caller's is at `a`: the engine
+                // touches it only while live, and no reference covers it.
+                let results = unsafe {
+                    [
+                        HostCopy.fill(a, 1, 64, &()),
+                        HostCopy.copy_to_host(&mut out, a, &()),
+                        HostCopy.copy_from_host(a, &out, &()),
+                        HostCopy.copy(a, a, 64, &()),
+                    ]
+                };
+                for r in results {
+                    assert!(matches!(r, Ok(()) | Err(Error::NotLive { .. })), "{r:?}");
+                }
+                std::thread::yield_now();
+            }
+        });
+        assert_eq!(host.live_count(), 0);
     }
 }
