@@ -125,7 +125,8 @@ impl<R> HbChecked<R> {
         HbChecked { inner, panic: false, state: Mutex::new(CheckState::default()) }
     }
 
-    /// Panics at the first violation instead of counting it.
+    /// Panics at the first violation as well as counting it; the block of
+    /// that allocation goes back to `inner` before the panic.
     pub fn panicking(mut self) -> Self {
         self.panic = true;
         self
@@ -234,13 +235,15 @@ impl<R: MemoryResource<SimStream>> MemoryResource<SimStream> for HbChecked<R> {
             }
         }
         st.cut(start, end);
-        if let Some(v) = found.first() {
-            if self.panic {
-                drop(st);
-                panic!("happens-before violation: {v}");
-            }
-        }
+        let first = found.first().copied();
         st.violations.extend(found);
+        if let (Some(v), true) = (first, self.panic) {
+            // The caller never gets the block: it goes back first (at once,
+            // as nothing used it), counted as the violation it is.
+            drop(st);
+            let _ = self.inner.deallocate(block, stream);
+            panic!("happens-before violation: {v}");
+        }
         Ok(block)
     }
 

@@ -206,3 +206,22 @@ fn a_refused_free_submits_nothing() {
     let y = dev.allocate(Request::new(256).unwrap(), &other).unwrap();
     assert_eq!((y.addr(), dev.violation_count()), (x.addr(), 1));
 }
+
+/// In panicking mode the allocation that reuses memory out of order panics
+/// and its block goes back to the inner resource (before, it stayed held
+/// there for good), and the violation is counted as in counting mode.
+#[test]
+fn a_panicking_check_gives_the_block_of_its_violation_back() {
+    let world = SimWorld::new();
+    let (a, b) = (world.stream(), world.stream());
+    let dev = HbChecked::new(SimDevice::new(1 << 20)).panicking();
+    let x = dev.allocate(Request::new(256).unwrap(), &a).unwrap();
+    dev.deallocate(x, &a).unwrap();
+    let reuse = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        dev.allocate(Request::new(256).unwrap(), &b)
+    }));
+    assert!(reuse.is_err(), "the reuse on b, not ordered after a's free, panics");
+    assert_eq!(dev.violation_count(), 1);
+    assert_eq!(dev.inner().usage().used, 0, "the block went back");
+    dev.inner().check().unwrap();
+}
