@@ -185,10 +185,19 @@ class ProfilerRecords:
 
 def _get_descriptive_name_of_object(obj):
     """``file:line(qualified name)`` of a function (RMM's name of a
-    profiled function)."""
+    profiled function). Where its source cannot be read (a function made
+    by ``exec``, a builtin), the file and line its code names, else
+    ``<unknown>:0``: RMM's raised ``OSError`` or ``TypeError`` there, and
+    such a function could be profiled only with ``name=``."""
     obj = inspect.unwrap(obj)
-    _, line = inspect.getsourcelines(obj)
-    return f"{inspect.getfile(obj)}:{line}({obj.__qualname__})"
+    qualname = getattr(obj, "__qualname__", None) or getattr(obj, "__name__", None) or repr(obj)
+    try:
+        _, line = inspect.getsourcelines(obj)
+        return f"{inspect.getfile(obj)}:{line}({qualname})"
+    except (OSError, TypeError):
+        code = getattr(obj, "__code__", None)
+        where = f"{code.co_filename}:{code.co_firstlineno}" if code is not None else "<unknown>:0"
+        return f"{where}({qualname})"
 
 
 default_profiler_records = ProfilerRecords()

@@ -138,12 +138,17 @@ def test_the_profiler_records_only_while_statistics_are_on_as_rmms(pool):
         f()
     assert list(records.records) == ["named"]  # the name given, not the function's
     assert records.records["named"] == statistics.ProfilerRecords.MemoryRecord(1, 64, 64)
-    # A function whose source cannot be read is named by name= alone.
+    # A function whose source cannot be read, named or not (unnamed, it
+    # raised OSError, as RMM's does), and a builtin.
     namespace = {"memres": memres}
     exec("def g():\n    return memres.DeviceBuffer(size=8)", namespace)
     with statistics.statistics():
         statistics.profiler(records=records, name="g")(namespace["g"])()
+        statistics.profiler(records=records)(namespace["g"])()
+        statistics.profiler(records=records)(len)([])
     assert records.records["g"].memory_total == 8
+    assert records.records["<string>:1(g)"].memory_total == 8
+    assert records.records["<unknown>:0(len)"] == statistics.ProfilerRecords.MemoryRecord(1, 0, 0)
 
 
 def test_profiler_report(pool):
