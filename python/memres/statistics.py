@@ -187,8 +187,8 @@ def _get_descriptive_name_of_object(obj):
     """``file:line(qualified name)`` of a function (RMM's name of a
     profiled function). Where its source cannot be read (a function made
     by ``exec``, a builtin), the file and line its code names, else
-    ``<unknown>:0``: RMM's raised ``OSError`` or ``TypeError`` there, and
-    such a function could be profiled only with ``name=``."""
+    ``<unknown>:0`` (RMM's raises ``OSError`` or ``TypeError`` there: such a
+    function can be profiled only with ``name=``)."""
     obj = inspect.unwrap(obj)
     qualname = getattr(obj, "__qualname__", None) or getattr(obj, "__name__", None) or repr(obj)
     try:
