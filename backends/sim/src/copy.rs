@@ -180,8 +180,10 @@ mod tests {
             let mut out = [0u8; 64];
             while !done.load(Relaxed) {
                 let a = addr.load(Relaxed);
-                // SAFETY: nothing of the caller's is at `a`: the engine
-                // touches it only while live, and no reference covers it.
+                // SAFETY: `a` is not held here, which the methods ask for;
+                // `HostCopy` promises more (its checked access): it touches
+                // a range only while it is live, under the lock that its
+                // free takes, and no reference covers that memory.
                 let results = unsafe {
                     [
                         HostCopy.fill(a, 1, 64, &()),
