@@ -10,7 +10,7 @@
 //! fault in a kernel), and which frees are refused; the model keeps the allocations live in its pool
 //! and every call it answered.
 
-use crate::sys::{self, CUdeviceptr, CUmemoryPool, CUstream, CuResult};
+use crate::sys::{self, linked, CUdeviceptr, CUmemoryPool, CUstream, CuResult};
 use std::cell::RefCell;
 use std::collections::BTreeMap;
 use std::ffi::{c_int, c_uint, c_void};
@@ -311,40 +311,6 @@ pub(crate) unsafe fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) -> CuR
     });
     // SAFETY: as the caller promises.
     faked.unwrap_or_else(|| unsafe { linked::cuMemGetInfo_v2(free, total) })
-}
-
-/// The driver's functions of the same names.
-mod linked {
-    use super::*;
-
-    #[link(name = "cuda")]
-    extern "C" {
-        pub(super) fn cuMemAllocFromPoolAsync(
-            dptr: *mut CUdeviceptr,
-            bytes: usize,
-            pool: CUmemoryPool,
-            stream: CUstream,
-        ) -> CuResult;
-        pub(super) fn cuMemFreeAsync(dptr: CUdeviceptr, stream: CUstream) -> CuResult;
-        pub(super) fn cuStreamSynchronize(stream: CUstream) -> CuResult;
-        pub(super) fn cuCtxSynchronize() -> CuResult;
-        pub(super) fn cuStreamGetCaptureInfo_v2(
-            stream: CUstream,
-            status: *mut c_int,
-            id: *mut u64,
-            graph: *mut *mut c_void,
-            dependencies: *mut *const *mut c_void,
-            count: *mut usize,
-        ) -> CuResult;
-        pub(super) fn cuThreadExchangeStreamCaptureMode(mode: *mut c_int) -> CuResult;
-        pub(super) fn cuMemPoolDestroy(pool: CUmemoryPool) -> CuResult;
-        pub(super) fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) -> CuResult;
-        pub(super) fn cuPointerGetAttribute(
-            data: *mut c_void,
-            attribute: c_int,
-            ptr: CUdeviceptr,
-        ) -> CuResult;
-    }
 }
 
 mod tests;

@@ -147,12 +147,50 @@ pub struct CuMemAccessDesc {
 
 const _: () = assert!(core::mem::size_of::<CuMemAccessDesc>() == 12);
 
-// Unit tests give these to a model of the driver where they install one.
+// The calls unit tests answer from a model of the driver where they
+// install one (`crate::fake`, which calls these where none is installed);
+// every other build calls the driver's own.
 #[cfg(test)]
 pub(crate) use crate::fake::{
     cuCtxSynchronize, cuMemAllocFromPoolAsync, cuMemFreeAsync, cuMemGetInfo_v2, cuMemPoolDestroy,
     cuPointerGetAttribute, cuStreamGetCaptureInfo_v2, cuStreamSynchronize, cuThreadExchangeStreamCaptureMode,
 };
+#[cfg(not(test))]
+pub use linked::*;
+
+/// The driver's own functions of the calls the model answers in tests.
+#[cfg_attr(test, allow(unreachable_pub))] // re-exported in other builds
+pub(crate) mod linked {
+    use super::*;
+
+    #[link(name = "cuda")]
+    extern "C" {
+        pub fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) -> CuResult;
+        pub fn cuPointerGetAttribute(data: *mut c_void, attribute: c_int, ptr: CUdeviceptr) -> CuResult;
+        pub fn cuMemPoolDestroy(pool: CUmemoryPool) -> CuResult;
+        pub fn cuMemAllocFromPoolAsync(
+            dptr: *mut CUdeviceptr,
+            bytes: usize,
+            pool: CUmemoryPool,
+            stream: CUstream,
+        ) -> CuResult;
+        pub fn cuMemFreeAsync(dptr: CUdeviceptr, stream: CUstream) -> CuResult;
+        pub fn cuStreamSynchronize(stream: CUstream) -> CuResult;
+        pub fn cuCtxSynchronize() -> CuResult;
+        /// `id`, `graph`, `dependencies` and `count` may be null; `id` is
+        /// written only where the status is `_ACTIVE`: an id no other
+        /// capture of the process has.
+        pub fn cuStreamGetCaptureInfo_v2(
+            stream: CUstream,
+            status: *mut c_int,
+            id: *mut u64,
+            graph: *mut *mut c_void,
+            dependencies: *mut *const *mut c_void,
+            count: *mut usize,
+        ) -> CuResult;
+        pub fn cuThreadExchangeStreamCaptureMode(mode: *mut c_int) -> CuResult;
+    }
+}
 
 #[link(name = "cuda")]
 extern "C" {
@@ -174,8 +212,6 @@ extern "C" {
     pub fn cuCtxSetCurrent(ctx: CUcontext) -> CuResult;
     pub fn cuCtxGetDevice(device: *mut CUdevice) -> CuResult;
 
-    #[cfg(not(test))]
-    pub fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) -> CuResult;
     pub fn cuMemAlloc_v2(dptr: *mut CUdeviceptr, bytes: usize) -> CuResult;
     pub fn cuMemFree_v2(dptr: CUdeviceptr) -> CuResult;
     pub fn cuMemAllocManaged(dptr: *mut CUdeviceptr, bytes: usize, flags: c_uint) -> CuResult;
@@ -197,8 +233,6 @@ extern "C" {
         ptr: CUdeviceptr,
         count: usize,
     ) -> CuResult;
-    #[cfg(not(test))]
-    pub fn cuPointerGetAttribute(data: *mut c_void, attribute: c_int, ptr: CUdeviceptr) -> CuResult;
     pub fn cuMemGetAddressRange_v2(pbase: *mut CUdeviceptr, psize: *mut usize, dptr: CUdeviceptr)
         -> CuResult;
     pub fn cuPointerGetAttributes(
@@ -244,8 +278,6 @@ extern "C" {
     ) -> CuResult;
 
     pub fn cuMemPoolCreate(pool: *mut CUmemoryPool, props: *const CuMemPoolProps) -> CuResult;
-    #[cfg(not(test))]
-    pub fn cuMemPoolDestroy(pool: CUmemoryPool) -> CuResult;
     pub fn cuMemPoolSetAttribute(pool: CUmemoryPool, attr: c_int, value: *mut c_void) -> CuResult;
     pub fn cuMemPoolGetAttribute(pool: CUmemoryPool, attr: c_int, value: *mut c_void) -> CuResult;
     pub fn cuMemPoolExportToShareableHandle(
@@ -255,15 +287,6 @@ extern "C" {
         flags: u64,
     ) -> CuResult;
     pub fn cuMemPoolTrimTo(pool: CUmemoryPool, keep: usize) -> CuResult;
-    #[cfg(not(test))]
-    pub fn cuMemAllocFromPoolAsync(
-        dptr: *mut CUdeviceptr,
-        bytes: usize,
-        pool: CUmemoryPool,
-        stream: CUstream,
-    ) -> CuResult;
-    #[cfg(not(test))]
-    pub fn cuMemFreeAsync(dptr: CUdeviceptr, stream: CUstream) -> CuResult;
 
     pub fn cuMemsetD32Async(dst: CUdeviceptr, value: c_uint, count: usize, stream: CUstream) -> CuResult;
     pub fn cuMemsetD8Async(dst: CUdeviceptr, value: u8, count: usize, stream: CUstream) -> CuResult;
@@ -283,24 +306,6 @@ extern "C" {
 
     pub fn cuStreamCreateWithPriority(stream: *mut CUstream, flags: c_uint, priority: c_int) -> CuResult;
     pub fn cuStreamDestroy_v2(stream: CUstream) -> CuResult;
-    #[cfg(not(test))]
-    pub fn cuStreamSynchronize(stream: CUstream) -> CuResult;
-    #[cfg(not(test))]
-    pub fn cuCtxSynchronize() -> CuResult;
-    /// `id`, `graph`, `dependencies` and `count` may be null; `id` is
-    /// written only where the status is `_ACTIVE`: an id no other capture
-    /// of the process has.
-    #[cfg(not(test))]
-    pub fn cuStreamGetCaptureInfo_v2(
-        stream: CUstream,
-        status: *mut c_int,
-        id: *mut u64,
-        graph: *mut *mut c_void,
-        dependencies: *mut *const *mut c_void,
-        count: *mut usize,
-    ) -> CuResult;
-    #[cfg(not(test))]
-    pub fn cuThreadExchangeStreamCaptureMode(mode: *mut c_int) -> CuResult;
     pub fn cuStreamWaitEvent(stream: CUstream, event: CUevent, flags: c_uint) -> CuResult;
     pub fn cuStreamGetCtx(stream: CUstream, ctx: *mut CUcontext) -> CuResult;
 
