@@ -300,11 +300,6 @@ impl<U, C: Storage<Chunk>> ChunkTable<U, C> {
         c.range.contains(addr).then_some(c)
     }
 
-    /// Whether a chunk starts at `addr`.
-    pub(crate) fn starts_at(&self, addr: u64) -> bool {
-        self.chunks.binary_search_by_key(&addr, |c| c.range.start()).is_ok()
-    }
-
     /// [`Error::CapacityExhausted`] if the table is full.
     pub(crate) fn has_room(&self) -> Result<()> {
         if self.chunks.len() as u64 >= self.chunks.max_len() as u64 {

@@ -285,27 +285,6 @@ impl<U, C: Storage<Chunk>, L: Storage<Slot>> FixedSizeResource<U, C, L> {
         self.chunks.len() as u64 * self.config.blocks() as u64 - self.slots.used - self.slots.retired
     }
 
-    /// Whether a chunk held from upstream starts at `addr` (the upstream
-    /// knows that address as one of its blocks).
-    ///
-    /// # Time Complexity
-    ///
-    /// O(log chunks).
-    ///
-    /// ```
-    /// # use memres_core::fixed::{FixedConfig, FixedSizeResource};
-    /// # use memres_core::{MemoryResourceMut, Request};
-    /// # use memres_core::testing::BumpUpstream;
-    /// let mut f = FixedSizeResource::with_config(BumpUpstream::new(1 << 20), FixedConfig::new(256), &())?;
-    /// let a = f.allocate(Request::new(10)?, &())?;
-    /// let b = f.allocate(Request::new(10)?, &())?;
-    /// assert!(f.has_chunk_at(a.addr()) && !f.has_chunk_at(b.addr()));
-    /// # Ok::<(), memres_core::Error>(())
-    /// ```
-    pub fn has_chunk_at(&self, addr: u64) -> bool {
-        self.chunks.starts_at(addr)
-    }
-
     /// Whether one of its slots starts at `addr`, live or free: a block of
     /// it freed through a binning resource with a size that routes
     /// elsewhere is then one of its own (O(log chunks)). Only binning asks,
