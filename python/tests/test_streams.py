@@ -309,6 +309,21 @@ def test_an_empty_buffer_keeps_no_stream(make):
     assert kept_after(lambda s: memres.DeviceBuffer(size=10, stream=s, mr=res)), "a buffer with bytes keeps it"
 
 
+@pytest.mark.parametrize("grow", ["resize", "reserve"])
+def test_an_empty_buffer_that_grows_keeps_its_stream(grow):
+    # Made empty, the buffer kept no stream; its growth is the stack's
+    # first sight of it, and a pool per stream remembers it from then on.
+    res = mr.PoolMemoryResource(mr.HostMemoryResource(), per_stream=True)  # a stack that keeps streams
+
+    def grown(s):
+        b = memres.DeviceBuffer(size=0, stream=s, mr=res)
+        getattr(b, grow)(10)
+        assert b.capacity() >= 10
+
+    assert kept_after(grown)
+    assert res._native.live_count() == 0, "the buffer freed its block"
+
+
 def test_a_step_that_steps_nothing_keeps_no_stream():
     # step() kept its stream for the stack's life even where no planned
     # layer is in the chain (a pool per stream alone): one stream held per
