@@ -31,7 +31,7 @@ class DeviceBuffer:
         self.mr = mr
         self.stream = stream
         self._native_cls = type(mr._native)
-        self._keep_stream(size if data is None else len(data))
+        self._keep_stream(handle, size if data is None else len(data))
         # The native buffer holds what keeps the handle valid until its
         # block is freed on it (after this object, if freed from a
         # callback): the stream a memres `Stream` made (which the collector
@@ -39,13 +39,13 @@ class DeviceBuffer:
         keeper = stream._owner if isinstance(stream, Stream) else stream
         self._buf = _native_buffer(mr)(mr._native, size, handle, data, keeper)
 
-    def _keep_stream(self, nbytes):
-        """Has the resource keep the buffer's stream object (``mr._keep``)
-        before a call that asks its stack for ``nbytes``: a buffer made
-        empty shows the stack its stream first when it grows."""
+    def _keep_stream(self, handle, nbytes):
+        """Has the resource keep the buffer's stream object (``mr._keep``),
+        of ``handle``, before a call that asks its stack for ``nbytes``: a
+        buffer made empty shows the stack its stream first when it grows."""
         # Not for a call the stack never sees: no bytes, or refused before.
         if self.mr._native.has_bytes and 0 < nbytes <= _native.sim.MAX_REQUEST:
-            self.mr._keep(as_handle(self.stream), self.stream)
+            self.mr._keep(handle, self.stream)
 
     @classmethod
     def to_device(cls, b, stream=None, mr=None):
@@ -109,13 +109,13 @@ class DeviceBuffer:
     def resize(self, new_size, stream=None):
         as_handle(stream)
         new_size = _mr._nbytes(new_size, "new_size")
-        self._keep_stream(new_size)
+        self._keep_stream(as_handle(self.stream), new_size)
         self._buf.resize(new_size)
 
     def reserve(self, new_capacity, stream=None):
         as_handle(stream)
         new_capacity = _mr._nbytes(new_capacity, "new_capacity")
-        self._keep_stream(new_capacity)
+        self._keep_stream(as_handle(self.stream), new_capacity)
         self._buf.reserve(new_capacity)
 
     def copy_to_host(self, ary=None, stream=None):
