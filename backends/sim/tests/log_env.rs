@@ -32,7 +32,7 @@ fn the_setting_logs_each_devices_stack_to_its_own_file_in_rmms_format() {
     let dir = temp("dir");
     std::fs::create_dir_all(&dir).unwrap();
     let value = dir.join("trace.csv");
-    check_log_file(Some(value.as_os_str())).unwrap();
+    check_log_file(Some(value.as_os_str()), 0).unwrap();
     for device in [0, 1] {
         let built = builder::<()>().build_with_handles("stats(pool(sim))", &()).unwrap();
         let log = log_from_env(&built.resource, Some(value.as_os_str()), device).unwrap().unwrap();
@@ -61,7 +61,7 @@ fn a_name_that_cannot_be_logged_to_is_an_error_and_the_stack_serves_on() {
     for value in [dir.clone(), dir.join("x.csv"), missing, not_a_dir.join("x.csv")] {
         let v = Some(value.as_os_str());
         // Found before any device is used, and when one would log.
-        let checked = check_log_file(v).unwrap_err();
+        let checked = check_log_file(v, 0).unwrap_err();
         let made =
             log_from_env(&stack, v, 0).err().unwrap_or_else(|| panic!("{} was logged to", value.display()));
         for e in [checked, made] {
@@ -74,11 +74,38 @@ fn a_name_that_cannot_be_logged_to_is_an_error_and_the_stack_serves_on() {
     std::fs::remove_file(&not_a_dir).unwrap();
 }
 
+/// Each device's own file is checked: device 1's, a directory, is refused
+/// while device 0's is fine, and device 0's, a directory, does not keep
+/// device 1 from logging (device 0's was checked for every device).
+#[test]
+fn each_device_is_checked_for_its_own_file() {
+    let stack = builder::<()>().build("pool(sim)", &()).unwrap();
+    let dir = temp("per-device");
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(dir.join("x.dev1.csv")).unwrap();
+    let value = dir.join("x.csv");
+    let v = Some(value.as_os_str());
+    check_log_file(v, 0).unwrap();
+    let refused = check_log_file(v, 1).unwrap_err();
+    assert_eq!(refused.kind(), std::io::ErrorKind::IsADirectory, "{refused}");
+    assert!(log_from_env(&stack, v, 1).is_err());
+    std::fs::remove_dir(dir.join("x.dev1.csv")).unwrap();
+    std::fs::create_dir_all(dir.join("x.dev0.csv")).unwrap();
+    check_log_file(v, 1).unwrap();
+    let log = log_from_env(&stack, v, 1).unwrap().unwrap();
+    let logged: DynResource = log.clone();
+    exercise(&logged);
+    log.flush().unwrap();
+    assert!(dir.join("x.dev1.csv").is_file());
+    drop((log, logged));
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 #[test]
 fn unset_or_blank_logs_nothing() {
     let stack = builder::<()>().build("pool(sim)", &()).unwrap();
     for value in [None, Some(OsStr::new("")), Some(OsStr::new(" \t"))] {
-        assert!(check_log_file(value).is_ok());
+        assert!(check_log_file(value, 0).is_ok());
         assert!(log_from_env(&stack, value, 0).unwrap().is_none());
     }
 }
@@ -99,7 +126,7 @@ fn a_directory_name_or_white_space_around_the_name_is_an_error() {
     ];
     for (value, kind) in cases {
         let v = Some(OsStr::new(&value));
-        let checked = check_log_file(v).unwrap_err();
+        let checked = check_log_file(v, 0).unwrap_err();
         let made = log_from_env(&stack, v, 0).err().unwrap_or_else(|| panic!("{value:?} was logged to"));
         for e in [checked, made] {
             assert_eq!(e.kind(), kind, "{value:?}: {e}");

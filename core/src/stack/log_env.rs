@@ -44,20 +44,20 @@ pub fn log_file_of_device(value: Option<&OsStr>, device: u32) -> Option<PathBuf>
     Some(path.with_file_name(name))
 }
 
-/// Checks `value`, the setting of [`LOG_FILE_VAR`], before any device is
-/// used, leaving everything as it was: a name whose directory does not
-/// exist or is not a directory, that names a directory (an existing one,
-/// or any name that ends with a separator, `.` or `..`), that starts or
-/// ends with white space (a stray space or newline, never meant as part of
-/// a file's name), or device 0's file that this process cannot write (an
-/// existing one opened for writing, uncut; a missing one's directory by a
-/// temporary file made and removed beside it, as
+/// Checks `value`, the setting of [`LOG_FILE_VAR`], for device `device`
+/// before that device is used, leaving everything as it was: a name whose
+/// directory does not exist or is not a directory, that names a directory
+/// (an existing one, or any name that ends with a separator, `.` or `..`),
+/// that starts or ends with white space (a stray space or newline, never
+/// meant as part of a file's name), or the device's file that this process
+/// cannot write (an existing one opened for writing, uncut; a missing one's
+/// directory by a temporary file made and removed beside it, as
 /// [`snapshot::check_file`](crate::snapshot::check_file) does), is an error
-/// that names the variable. The kernel decides, not the permission bits:
-/// a directory of another user's, writable by none but its owner, is
-/// refused, and a file of mode 0444 is accepted for root, who can write it.
-/// A file that cannot be created for another reason is found when a device
-/// first logs.
+/// that names the variable. The kernel decides, not the permission bits: a
+/// directory of another user's, writable by none but its owner, is refused,
+/// and a file of mode 0444 is accepted for root, who can write it. A file
+/// that cannot be created for another reason is found when a device first
+/// logs.
 ///
 /// # Errors
 ///
@@ -66,16 +66,16 @@ pub fn log_file_of_device(value: Option<&OsStr>, device: u32) -> Option<PathBuf>
 /// ```
 /// use memres_core::stack::check_log_file;
 /// use std::ffi::OsStr;
-/// assert!(check_log_file(None).is_ok());
+/// assert!(check_log_file(None, 0).is_ok());
 /// let dir = std::env::temp_dir();
-/// assert!(check_log_file(Some(dir.join("memres.csv").as_os_str())).is_ok());
-/// assert!(check_log_file(Some(dir.as_os_str())).is_err(), "a directory");
-/// assert!(check_log_file(Some(OsStr::new("logs/"))).is_err(), "a directory, there or not");
-/// assert!(check_log_file(Some(OsStr::new("memres.csv\n"))).is_err(), "white space around it");
-/// assert!(check_log_file(Some(OsStr::new("/no/such/dir/memres.csv"))).is_err());
+/// assert!(check_log_file(Some(dir.join("memres.csv").as_os_str()), 0).is_ok());
+/// assert!(check_log_file(Some(dir.as_os_str()), 0).is_err(), "a directory");
+/// assert!(check_log_file(Some(OsStr::new("logs/")), 0).is_err(), "a directory, there or not");
+/// assert!(check_log_file(Some(OsStr::new("memres.csv\n")), 0).is_err(), "white space around it");
+/// assert!(check_log_file(Some(OsStr::new("/no/such/dir/memres.csv")), 1).is_err());
 /// ```
-pub fn check_log_file(value: Option<&OsStr>) -> io::Result<()> {
-    let Some(file) = log_file_of_device(value, 0) else {
+pub fn check_log_file(value: Option<&OsStr>, device: u32) -> io::Result<()> {
+    let Some(file) = log_file_of_device(value, device) else {
         return Ok(());
     };
     let fail = |kind: io::ErrorKind, why: &str| Err(named(value, io::Error::new(kind, why.to_string())));
@@ -159,7 +159,7 @@ pub fn log_from_env<R: Clone>(
     let Some(file) = log_file_of_device(value, device) else {
         return Ok(None);
     };
-    check_log_file(value)?;
+    check_log_file(value, device)?;
     let log = Logging::to_file(resource.clone(), &file).map_err(|e| {
         io::Error::new(
             e.kind(),
@@ -210,7 +210,7 @@ mod tests {
         std::fs::write(dir.join("file.txt"), "").unwrap();
         for name in ["missing/.", "missing/..", "file.txt/.", "file.txt/..", "."] {
             let value = dir.join(name);
-            let e = check_log_file(Some(value.as_os_str())).unwrap_err();
+            let e = check_log_file(Some(value.as_os_str()), 0).unwrap_err();
             assert_eq!(e.kind(), ErrorKind::IsADirectory, "{name}: {e}");
             assert!(e.to_string().contains("MEMRES_LOG_FILE"), "{e}");
         }
@@ -223,10 +223,10 @@ mod tests {
     #[test]
     fn a_file_that_can_be_written_is_accepted_and_left_as_it_was() {
         let dir = dir("writable");
-        check_log_file(Some(dir.join("new.csv").as_os_str())).unwrap();
+        check_log_file(Some(dir.join("new.csv").as_os_str()), 0).unwrap();
         assert!(names(&dir).is_empty(), "made nothing: {:?}", names(&dir));
         std::fs::write(dir.join("old.dev0.csv"), "rows\n").unwrap();
-        check_log_file(Some(dir.join("old.csv").as_os_str())).unwrap();
+        check_log_file(Some(dir.join("old.csv").as_os_str()), 0).unwrap();
         assert_eq!(std::fs::read_to_string(dir.join("old.dev0.csv")).unwrap(), "rows\n");
         assert_eq!(names(&dir), ["old.dev0.csv"]);
         std::fs::remove_dir_all(&dir).unwrap();
@@ -252,14 +252,14 @@ mod tests {
         let file = dir.join("ro.dev0.csv");
         std::fs::write(&file, "rows\n").unwrap();
         std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o444)).unwrap();
-        let checked = check_log_file(Some(dir.join("ro.csv").as_os_str()));
+        let checked = check_log_file(Some(dir.join("ro.csv").as_os_str()), 0);
         match root() {
             true => checked.unwrap(),
             false => assert_eq!(checked.unwrap_err().kind(), ErrorKind::PermissionDenied),
         }
         assert_eq!(std::fs::read_to_string(&file).unwrap(), "rows\n");
         std::fs::remove_dir_all(&dir).unwrap();
-        let e = check_log_file(Some(std::ffi::OsStr::new("/proc/self/memres.csv"))).unwrap_err();
+        let e = check_log_file(Some(std::ffi::OsStr::new("/proc/self/memres.csv")), 0).unwrap_err();
         assert!(e.to_string().contains("its directory cannot be written"), "{e}");
     }
 }

@@ -148,7 +148,8 @@ pub(crate) fn state(d: usize) -> Result<&'static DeviceState, String> {
     // then): the build makes the context for good and cuts the files of
     // the stack's own `log` layers, and a log file refused after it would
     // have cut them for nothing, at every try.
-    check_log_file(std::env::var_os(LOG_FILE_VAR).as_deref()).map_err(|e| format!("memres: {e}"))?;
+    check_log_file(std::env::var_os(LOG_FILE_VAR).as_deref(), d as u32)
+        .map_err(|e| format!("memres: {e}"))?;
     let made = build(d, &stack)?;
     if !made.logs.is_empty() {
         flush_at_exit();
@@ -270,7 +271,8 @@ fn check_stack(stack: &str) -> Result<(), memres_core::stack::StackError> {
 pub fn configure(stack: &str) -> Result<(), String> {
     let mut config = CONFIG.lock().unwrap_or_else(|p| p.into_inner());
     check_stack(stack).map_err(|e| format!("memres: stack `{stack}`: {e}"))?;
-    check_log_file(std::env::var_os(LOG_FILE_VAR).as_deref()).map_err(|e| format!("memres: {e}"))?;
+    // No device is chosen yet: the first one's file stands for them all.
+    check_log_file(std::env::var_os(LOG_FILE_VAR).as_deref(), 0).map_err(|e| format!("memres: {e}"))?;
     if let Some(d) = DEVICES.iter().position(|s| s.get().is_some()) {
         return Err(format!(
             "memres: device {d} is in use already; configure before the first allocation or step"
