@@ -1,6 +1,7 @@
 //! `Clone` for the containers: RMM's copy construction, a deep copy on the
 //! container's own stream from the same resource, that panics where the
-//! copy fails (as `Vec::clone` does when the allocator fails).
+//! copy fails, with `try_clone`'s typed error in its message (where
+//! `Vec::clone` aborts the process when the allocator fails).
 //!
 //! A device copy fails where a host copy cannot (the resource out of
 //! memory, a stream's error, a block that other code freed): code that

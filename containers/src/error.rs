@@ -7,7 +7,10 @@ pub type Result<T, E = ContainerError> = std::result::Result<T, E>;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum ContainerError {
-    /// The resource or the copy engine failed; the container is unchanged.
+    /// The resource, the copy engine or a stream failed; the container is
+    /// as it was (but where the method says otherwise: a `resize` whose
+    /// zeros were not written keeps the capacity it grew to, its length
+    /// and bytes as they were).
     Memory(memres_core::Error),
     /// An element index at or past the length (a byte offset, for a
     /// buffer).

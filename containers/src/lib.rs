@@ -220,7 +220,7 @@ macro_rules! over_buffer {
             self.$field.set_stream(stream)
         }
 
-        #[doc = concat!("A deep copy on the ", $what, "'s stream (see [`DeviceBuffer::try_clone`](crate::DeviceBuffer::try_clone): why there is no `Clone`).")]
+        #[doc = concat!("A deep copy on the ", $what, "'s stream (see [`DeviceBuffer::try_clone`](crate::DeviceBuffer::try_clone): the error that `Clone` panics with).")]
         ///
         /// # Errors
         ///

@@ -497,7 +497,8 @@ where
     vector: &'a DeviceUVector<T, R, E, S>,
     /// The index of the first element not copied yet.
     next: usize,
-    /// The elements copied last, of which the first `taken` were yielded.
+    /// The elements copied last, of which the first `taken` were yielded
+    /// (none while a copy is under way: one that panicked left none).
     batch: Vec<T>,
     taken: usize,
     /// Whether a copy failed (its error was yielded: the iteration is over).
@@ -523,14 +524,17 @@ where
                 return None;
             }
             let n = left.min((BATCH_BYTES / Element::<T>::SIZE).max(1));
-            self.batch.clear();
-            self.batch.resize(n, T::zeroed());
+            // Filled apart and kept only once read: a copy that panics
+            // leaves no batch of zeros to be yielded as elements.
+            let mut batch = core::mem::take(&mut self.batch);
             self.taken = 0;
-            if let Err(e) = self.vector.copy_to_slice_at(self.next, &mut self.batch) {
-                self.batch.clear();
+            batch.clear();
+            batch.resize(n, T::zeroed());
+            if let Err(e) = self.vector.copy_to_slice_at(self.next, &mut batch) {
                 self.failed = true;
                 return Some(Err(e));
             }
+            self.batch = batch;
             self.next += n;
         }
         self.taken += 1;

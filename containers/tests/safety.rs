@@ -717,6 +717,46 @@ fn a_copy_engine_that_panics_mid_growth_leaves_nothing_behind() {
     assert_eq!(mem.live_count(), 0);
 }
 
+/// Host copies whose next copy to the host panics once armed.
+struct PanicOnRead(Arc<AtomicBool>);
+
+impl CopyEngine<()> for PanicOnRead {
+    type Kind = HostCopy;
+
+    unsafe fn copy_from_host(&self, dst: u64, src: &[u8], stream: &()) -> CoreResult<()> {
+        // SAFETY: forwarded with the caller's guarantees (memory of `HostCopy`).
+        unsafe { HostCopy.copy_from_host(dst, src, stream) }
+    }
+    unsafe fn copy_to_host(&self, dst: &mut [u8], src: u64, stream: &()) -> CoreResult<()> {
+        assert!(!self.0.swap(false, Relaxed), "the engine breaks");
+        // SAFETY: forwarded with the caller's guarantees.
+        unsafe { HostCopy.copy_to_host(dst, src, stream) }
+    }
+    unsafe fn copy(&self, dst: u64, src: u64, len: u64, stream: &()) -> CoreResult<()> {
+        // SAFETY: forwarded with the caller's guarantees.
+        unsafe { HostCopy.copy(dst, src, len, stream) }
+    }
+    unsafe fn fill(&self, dst: u64, value: u8, len: u64, stream: &()) -> CoreResult<()> {
+        // SAFETY: forwarded with the caller's guarantees.
+        unsafe { HostCopy.fill(dst, value, len, stream) }
+    }
+}
+
+/// An iteration whose batch copy panicked yields, once resumed, the
+/// elements themselves: it yielded the zeros its batch was filled with
+/// before the copy, as elements, and then the batch again.
+#[test]
+fn an_iteration_whose_copy_panicked_resumes_with_the_elements() {
+    let mem = HostMemory::new();
+    let armed = Arc::new(AtomicBool::new(false));
+    let v = DeviceUVector::from_slice_in(&[7u32, 8, 9], (), &mem, PanicOnRead(armed.clone())).unwrap();
+    let mut it = v.iter();
+    armed.store(true, Relaxed);
+    assert!(std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| it.next())).is_err());
+    assert_eq!(it.size_hint(), (1, Some(3)));
+    assert_eq!(it.map(Result::unwrap).collect::<Vec<_>>(), [7, 8, 9]);
+}
+
 /// Host memory whose frees panic while `panics` is set: a user's resource,
 /// safe to write, that breaks. The blocks it did not free are kept for the
 /// test to free.
