@@ -22,10 +22,7 @@
 # The training check runs PyTorch on each memres stack of $TRAIN_STACKS
 # (separated by `;`), each against the same two native runs, and prints one
 # SUMMARY line per stack. By default: the C library's default stack, and
-# the virtual-memory pool keeping all the memory it has mapped
-# (release_threshold= above the device's memory and no trimming before a
-# commit, so that steps after the first map and unmap nothing: see the
-# `vmm` leaf's options).
+# a pool per stream over the driver's stream-ordered pool (`async`).
 set -u
 if [ $# -lt 1 ] || [ ! -f "$1" ]; then
   echo "usage: $0 path/to/libmemres.so [out-dir]" >&2
@@ -69,7 +66,7 @@ for s in "${stacks[@]}"; do stack_args+=(--stack "$s"); done
 check train_check "$py" "$here/train_check.py" --so "$so" "${stack_args[@]}" --log "$out/torch.csv" --json "$out/train_check.json"
 check cupy_check "$py" "$here/cupy_check.py" --so "$so" --json "$out/cupy_check.json"
 check two_stream_check "$py" "$here/two_stream_check.py" --so "$so" --json "$out/two_stream_check.json" \
-  --ordered 'stats(planned(vmm(handle_granules=1, per_stream=true, slack=10)))'
+  --ordered 'stats(planned(vmm(handle_granules=1, per_stream=true, slack=10, large_handles=true)))'
 if command -v compute-sanitizer >/dev/null; then
   check two_stream_memcheck compute-sanitizer --tool memcheck --track-stream-ordered-races all --error-exitcode 1 \
     "$py" "$here/two_stream_check.py" --worker memres --so "$so" --rounds 1 --sleep-ms 2

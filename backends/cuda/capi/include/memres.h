@@ -214,10 +214,12 @@ int memres_flush(void);
 /* Writes a snapshot of every device used so far to the file path, in the
  * format of PyTorch's torch.cuda.memory._snapshot() (a pickle that
  * PyTorch's memory viewer opens). Needs MEMRES_SNAPSHOT=1 in the
- * environment before a device is first used. The file is written whole:
+ * environment before a device is first used. A file is written whole:
  * into a temporary file beside it, then renamed over it, so that a reader
- * never sees part of one. Returns 0, or -1 with a message (path is then
- * as it was). */
+ * never sees part of one; a device or a pipe (/dev/null, a named pipe) is
+ * written into as it comes (a reader gone midway gets part of it, and a
+ * named pipe waits for its reader). Returns 0, or -1 with a message (a
+ * file at path is then as it was). */
 int memres_snapshot(const char *path);
 
 #ifdef __cplusplus

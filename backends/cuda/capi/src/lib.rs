@@ -314,12 +314,17 @@ fn device_index(device: c_int) -> Result<usize, String> {
 /// stream is the device's own, made once: no stream is made for most
 /// calls; the others share its idle events, so a fence on a caller's
 /// stream makes no event once the first ones are back.
-fn stream_of(stream: *mut c_void, st: &devices::DeviceState) -> CallStream<'_> {
+///
+/// # Safety
+///
+/// `stream` is null, a default handle, or a stream of `st`'s device that
+/// stays valid while the returned one lives (the crate doc's *Streams*).
+unsafe fn stream_of(stream: *mut c_void, st: &devices::DeviceState) -> CallStream<'_> {
     if matches!(stream as usize, 0 | sys::CU_STREAM_LEGACY) {
         return CallStream::Device(&st.legacy);
     }
-    // SAFETY: the stream is a default handle or valid for the call (the
-    // entry points' contract), and it is a stream of `st`'s device's
+    // SAFETY: the stream is a default handle or valid for the call (this
+    // function's contract), and it is a stream of `st`'s device's
     // primary context (the contract too; for the per-thread handle, the
     // context memres makes current for the call), which is `st.legacy`'s;
     // the borrowed handle is dropped before the call returns and never
@@ -344,7 +349,12 @@ impl std::ops::Deref for CallStream<'_> {
     }
 }
 
-fn allocate(size: isize, device: c_int, stream: *mut c_void) -> Result<*mut c_void, String> {
+/// `memres_alloc`'s work, its errors as messages.
+///
+/// # Safety
+///
+/// As `memres_alloc`'s.
+unsafe fn allocate(size: isize, device: c_int, stream: *mut c_void) -> Result<*mut c_void, String> {
     let size = u64::try_from(size).map_err(|_| format!("memres: negative size {size}"))?;
     let d = device_index(device)?;
     if size == 0 {
@@ -354,7 +364,8 @@ fn allocate(size: isize, device: c_int, stream: *mut c_void) -> Result<*mut c_vo
     // Checked first: a size no request can have leaves the device as it is.
     let request = Request::new(size).map_err(|e| format!("memres: {size} bytes: {e}"))?;
     let st = devices::state(d)?;
-    let stream = stream_of(stream, st);
+    // SAFETY: `stream` is a stream of device `d` (this function's contract).
+    let stream = unsafe { stream_of(stream, st) };
     let block = st
         .resource
         .allocate(request, &stream)
@@ -419,7 +430,17 @@ where
     Err(format!("memres: device {d}: the stack handed out {what}: {back}"))
 }
 
-fn deallocate(ptr: *mut c_void, size: isize, device: c_int, stream: *mut c_void) -> Result<(), String> {
+/// `memres_free`'s work, its errors as messages.
+///
+/// # Safety
+///
+/// As `memres_free`'s.
+unsafe fn deallocate(
+    ptr: *mut c_void,
+    size: isize,
+    device: c_int,
+    stream: *mut c_void,
+) -> Result<(), String> {
     if ptr.is_null() {
         return Ok(());
     }
@@ -438,7 +459,8 @@ fn deallocate(ptr: *mut c_void, size: isize, device: c_int, stream: *mut c_void)
     // block, and the caller may free again. Not if it panics: the stack may
     // have freed it before the panic (the core leaves such a block to the
     // layer below), and a second free would free it twice.
-    let stream = stream_of(stream, st);
+    // SAFETY: `stream` is a stream of device `d` (this function's contract).
+    let stream = unsafe { stream_of(stream, st) };
     st.resource.deallocate(block, &stream).map_err(|e| {
         st.table.insert(block);
         format!("memres: device {d}: free of {addr:#x}: {e}")
@@ -535,7 +557,8 @@ unsafe fn copy_out(text: &str, buf: *mut c_char, len: usize) -> usize {
 /// `stream` is a stream of `device` (the crate doc's *Streams*).
 #[no_mangle]
 pub unsafe extern "C" fn memres_alloc(size: isize, device: c_int, stream: *mut c_void) -> *mut c_void {
-    guard(std::ptr::null_mut(), || allocate(size, device, stream))
+    // SAFETY: this function's contract is `allocate`'s.
+    guard(std::ptr::null_mut(), || unsafe { allocate(size, device, stream) })
 }
 
 /// Frees `ptr`, allocated by `memres_alloc` with `size` bytes on `device`,
@@ -552,7 +575,8 @@ pub unsafe extern "C" fn memres_alloc(size: isize, device: c_int, stream: *mut c
 #[no_mangle]
 pub unsafe extern "C" fn memres_free(ptr: *mut c_void, size: isize, device: c_int, stream: *mut c_void) {
     set_error(String::new());
-    guard((), || deallocate(ptr, size, device, stream));
+    // SAFETY: this function's contract is `deallocate`'s.
+    guard((), || unsafe { deallocate(ptr, size, device, stream) });
 }
 
 /// Sets the stack of every device used from now on. Returns 0, or -1 with
@@ -625,7 +649,8 @@ pub unsafe extern "C" fn memres_step(device: c_int, stream: *mut c_void) -> c_in
     guard(-1, || {
         let d = device_index(device)?;
         let st = devices::state(d)?;
-        let stream = stream_of(stream, st);
+        // SAFETY: `stream` is a stream of device `d` (this function's contract).
+        let stream = unsafe { stream_of(stream, st) };
         step_each(d, &st.planned, &*stream)?;
         Ok(st.planned.len() as c_int)
     })
@@ -711,7 +736,8 @@ pub unsafe extern "C" fn memres_steps(device: c_int, out: *mut MemresSteps) -> c
 pub unsafe fn release(device: c_int, stream: *mut c_void) -> Result<u64, String> {
     let d = device_index(device)?;
     let Some(st) = devices::used(d) else { return Ok(0) };
-    let stream = stream_of(stream, st);
+    // SAFETY: `stream` is a stream of device `d` (this function's contract).
+    let stream = unsafe { stream_of(stream, st) };
     let stranded = st.stranded.give_back(|b| st.resource.deallocate(b, &*stream));
     let released = st.releasing.release(&*stream).map_err(|e| format!("memres: device {d}: release: {e}"));
     stranded.map_err(|e| format!("memres: device {d}: release: giving back a block kept since the stack handed it out at a live address, at 0 or of another size than asked: {e}"))?;

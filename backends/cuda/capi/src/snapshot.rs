@@ -92,10 +92,11 @@ fn write(path: &str) -> Result<(), String> {
 
 /// Writes a snapshot of every device used so far to the file `path`,
 /// whole: into a temporary file beside it, then renamed over it, so that
-/// a reader never sees part of one. Returns 0, or -1 with a message
+/// a reader never sees part of one (a device or a pipe is written into as
+/// it comes: `snapshot::write_file`). Returns 0, or -1 with a message
 /// (`path` is NULL or not UTF-8, the file cannot be written, or
 /// [`SNAPSHOT_VAR`] was not set when a device was first used); after a
-/// failure `path` is as it was and no temporary file is left.
+/// failure a file at `path` is as it was and no temporary file is left.
 ///
 /// # Safety
 ///
