@@ -83,7 +83,9 @@ def reinitialize(pool_allocator=False, managed_memory=False, initial_pool_size=N
     The hooks of ``register_reinitialize_hook`` run first, once the
     arguments are checked: a call refused for them runs none."""
     devices = _checked(pool_allocator, managed_memory, initial_pool_size, maximum_pool_size, devices, stack)
-    for func, args, kwargs in reversed(_reinitialize_hooks):
+    # Over the hooks registered when it began, as RMM's: a hook that
+    # unregisters another neither skips one nor runs one twice.
+    for func, args, kwargs in reversed(list(_reinitialize_hooks)):
         func(*args, **kwargs)
     made = _resources(pool_allocator, managed_memory, initial_pool_size, maximum_pool_size,
                       devices, logging, log_file_name, stack)

@@ -179,14 +179,15 @@ class DeviceBuffer:
         was prefetched, False (nothing done) otherwise."""
         from ._device import current_device, device_id
         device = current_device() if device is None else device
-        if isinstance(device, bool) or not (isinstance(device, int) and device == -1):
+        host = not isinstance(device, bool) and hasattr(type(device), "__index__") and operator.index(device) == -1
+        if not host:
             try:
-                device_id(device)
+                device = device_id(device)
             except ValueError:
                 raise ValueError(f"memres: prefetch: device must be a device number or -1 (the host), "
                                  f"not {device!r}") from None
         handle = None if stream is None else as_handle(stream)
-        return self._buf.prefetch(self.mr.device_id, None if device == -1 else device, handle)
+        return self._buf.prefetch(self.mr.device_id, None if host else device, handle)
 
     def tobytes(self, stream=None):
         """The bytes, as ``bytes`` (``stream`` checked, as RMM's takes

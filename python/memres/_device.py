@@ -2,6 +2,7 @@
 else the one this thread set with ``memres.set_device`` (0 at first), per
 thread as CUDA's current device."""
 
+import operator
 import sys
 import threading
 
@@ -25,14 +26,17 @@ def current_device():
 
 def device_id(device):
     """``device``, checked: a device number (an int from 0 to
-    ``MAX_DEVICES - 1``, the devices memres serves), else ValueError. Every
-    ``device=`` goes through it: the native side takes a 32-bit number, and
-    one past that was an OverflowError (``set_device``'s, at every later
-    call)."""
+    ``MAX_DEVICES - 1``, the devices memres serves, or an integer of another
+    type that says its value, NumPy's, as RMM takes), as an int, else
+    ValueError. Every ``device=`` goes through it: the native side takes a
+    32-bit number, and one past that was an OverflowError
+    (``set_device``'s, at every later call)."""
     limit = _native.sim.MAX_DEVICES
-    if isinstance(device, bool) or not isinstance(device, int) or not 0 <= device < limit:
-        raise ValueError(f"memres: {device!r} is not a device id (an int from 0 to {limit - 1})")
-    return device
+    if not isinstance(device, bool) and hasattr(type(device), "__index__"):
+        number = operator.index(device)
+        if 0 <= number < limit:
+            return number
+    raise ValueError(f"memres: {device!r} is not a device id (an int from 0 to {limit - 1})")
 
 
 def set_device(device):

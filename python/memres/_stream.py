@@ -4,6 +4,7 @@ wrapped only on purpose, with ``Stream.from_handle``."""
 
 import enum
 import itertools
+import operator
 
 _WHAT_TO_PASS = ("pass a memres.Stream, a torch/CuPy/Numba stream, an object with "
                  "__cuda_stream__, or None for the default stream; wrap a raw cudaStream_t "
@@ -76,9 +77,10 @@ class Stream:
         return (0, self.handle)
 
     def is_default(self):
-        """Whether this is a default stream: the legacy one (handle 0 or
-        1) or the per-thread one (2), as RMM's."""
-        return self.handle in (0, _LEGACY, _PER_THREAD)
+        """Whether this is the default stream, the legacy one (handle 0 or
+        1), as RMM's (built without per-thread default streams, as
+        RMM's wheels are): the per-thread one (2) is not."""
+        return self.handle in (0, _LEGACY)
 
     def synchronize(self):
         """Waits until the work queued on the stream so far has finished,
@@ -103,7 +105,7 @@ class Stream:
         # would hand the driver a stream it does not have. The default
         # streams (0 and 1, the legacy one; 2, the per-thread one) are
         # every process's. RMM's Stream is not picklable at all.
-        if self.is_default():
+        if self.handle in (0, _LEGACY, _PER_THREAD):
             return _default_stream, (self.handle,)
         raise TypeError("memres: a Stream cannot be pickled: its handle is valid only in this process")
 
@@ -150,16 +152,18 @@ class CudaStreamPool:
         self._next = itertools.count()
 
     def get_stream(self, stream_id=None):
-        """The stream ``stream_id`` (0 to ``get_pool_size() - 1``), or, with
+        """The stream ``stream_id`` (any integer from 0, NumPy's too, taken
+        modulo ``get_pool_size()`` as RMM's: ``get_stream(task)``), or, with
         none, the next one in turn (safe from several threads: taking a
         number from ``itertools.count`` is one step under the GIL)."""
         if stream_id is None:
             return self._streams[next(self._next) % len(self._streams)]
-        if isinstance(stream_id, bool) or not isinstance(stream_id, int):
+        if isinstance(stream_id, bool) or not hasattr(type(stream_id), "__index__"):
             raise TypeError(f"memres: stream_id must be an int, not {stream_id!r}")
-        if not 0 <= stream_id < len(self._streams):
-            raise ValueError(f"memres: Stream id {stream_id} is out of range")
-        return self._streams[stream_id]
+        number = operator.index(stream_id)
+        if number < 0:
+            raise ValueError(f"memres: Stream id {number} is negative")
+        return self._streams[number % len(self._streams)]
 
     def get_pool_size(self):
         return len(self._streams)

@@ -3,7 +3,8 @@ functions of RMM's ``rmm.pylibrmm.logger`` over it (RMM's levels are those
 of librmm's own log, which memres does not have: here they set the
 ``memres`` logger's level, so that ``set_logging_level(level_enum.debug)``
 lets ``TrackingResourceAdaptor.log_outstanding_allocations()`` through, as
-in RMM)."""
+in RMM; a handler shows them, as ``logging`` has it: with none, Python's
+last resort shows warnings and above only)."""
 
 import enum
 import logging

@@ -787,9 +787,11 @@ class TrackingResourceAdaptor(UpstreamResourceAdaptor):
 
     def log_outstanding_allocations(self):
         """Logs ``get_outstanding_allocations_str()`` at debug level to the
-        ``memres`` logger (RMM's goes to its debug log): shown once
+        ``memres`` logger (RMM's goes to its debug log): passed on once
         ``memres.set_logging_level(memres.level_enum.debug)``, or a
-        ``logging`` setting, lets debug records through."""
+        ``logging`` setting, lets debug records through, and shown by a
+        handler that takes them (``logging.basicConfig(level=logging.DEBUG)``;
+        with none, Python's last resort shows warnings and above only)."""
         from .logger import level_enum, log
         log(level_enum.debug, "Outstanding allocations: %s", self.get_outstanding_allocations_str())
 

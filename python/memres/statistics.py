@@ -165,16 +165,27 @@ class ProfilerRecords:
     def report(self, ordered_by="memory_peak"):
         """A table of the records, largest first by ``ordered_by``
         (``num_calls``, ``memory_peak`` or ``memory_total``; another is a
-        ``ValueError``)."""
+        ``ValueError``), in RMM's words and layout: the legend, the order,
+        then a row per name with thousands separated by commas; no final
+        newline."""
         if ordered_by not in _FIGURES:
             raise ValueError(f"memres: ordered_by must be one of {', '.join(_FIGURES)}, not {ordered_by!r}")
         rows = sorted(self.records.items(), key=lambda kv: getattr(kv[1], ordered_by), reverse=True)
-        lines = ["Memory Profiling", "=" * 16, ""]
+        head = "Memory Profiling\n================\n\n"
         if not rows:
-            return "\n".join(lines + ["No data: were statistics on? (enable_statistics, statistics())"]) + "\n"
-        lines.append(f"{'ncalls':>8} {'memory_peak':>14} {'memory_total':>14}  filename:lineno(function)")
-        lines += [f"{r.num_calls:>8} {r.memory_peak:>14} {r.memory_total:>14}  {name}" for name, r in rows]
-        return "\n".join(lines) + "\n"
+            return head + "No data, maybe profiling wasn't enabled?"
+        lines = [
+            "Legends:",
+            "  ncalls       - number of times the function or code block was called",
+            "  memory_peak  - peak memory allocated in function or code block (in bytes)",
+            "  memory_total - total memory allocated in function or code block (in bytes)",
+            "",
+            f"Ordered by: {ordered_by}",
+            "",
+            "ncalls     memory_peak    memory_total  filename:lineno(function)",
+        ]
+        lines += [f"{r.num_calls:6,d} {r.memory_peak:15,d} {r.memory_total:15,d}  {name}" for name, r in rows]
+        return head + "\n".join(lines)
 
     def __str__(self):
         return self.report()

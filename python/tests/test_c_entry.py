@@ -930,6 +930,22 @@ def test_the_torch_helpers_make_no_resource_for_a_device_pytorch_has_not_used(mo
     so.memres_py_free(p, 1000, 5, None)
 
 
+def test_a_pytorch_without_cuda_leaves_the_allocator_none(monkeypatch):
+    # Its CUDAPluggableAllocator has no `_cuda_customAllocator` to call:
+    # the AttributeError failed the import of memres.allocators.torch,
+    # where RMM's module sets its allocator to None.
+    import types
+    import memres.allocators.torch as mt
+
+    class CpuOnly:
+        def __init__(self, *args):
+            raise AttributeError("module 'torch._C' has no attribute '_cuda_customAllocator'")
+
+    monkeypatch.setattr(mt, "CUDAPluggableAllocator", CpuOnly)
+    monkeypatch.setattr(mt, "_native", types.SimpleNamespace(cuda=lambda: types.SimpleNamespace(__file__="x.so")))
+    assert mt._make() is None
+
+
 def test_a_c_free_from_an_exception_a_retry_replaced_does_not_abort():
     # A failure callback's retry raised again: keeping the second exception
     # dropped the first, whose frame held the last reference to a block of

@@ -1754,6 +1754,22 @@ def test_reinitialize_runs_the_hooks_last_registered_first():
         memres._reinitialize_hooks.clear()
 
 
+def test_a_hook_that_unregisters_another_leaves_the_call_running_each_once():
+    # As RMM's: the call runs the hooks registered when it began. The list
+    # was changed in place under the loop: C, C, B (A skipped, C twice).
+    ran = []
+    memres.register_reinitialize_hook(ran.append, "A")
+    memres.register_reinitialize_hook(lambda: ran.append("B"))
+    memres.register_reinitialize_hook(lambda: (ran.append("C"), memres.unregister_reinitialize_hook(ran.append)))
+    try:
+        memres.reinitialize()
+        assert ran == ["C", "B", "A"]
+        memres.reinitialize()
+        assert ran == ["C", "B", "A", "C", "B"]
+    finally:
+        memres._reinitialize_hooks.clear()
+
+
 def test_a_test_that_leaves_a_hook_and_a_device_behind_1_of_2():
     memres.register_reinitialize_hook(print)
     memres.set_device(1)
@@ -1810,6 +1826,33 @@ def test_a_device_that_is_no_device_number_is_a_value_error_naming_it(bad):
         with pytest.raises(ValueError, match="is not a device id"):
             call()
     assert mr.get_per_device_resource_type(0) in (mr.CudaMemoryResource, mr.HostMemoryResource)
+
+
+class _Index:
+    """An integer of another type that says its value, as NumPy's do."""
+
+    def __init__(self, n):
+        self.n = n
+
+    def __index__(self):
+        return self.n
+
+
+def test_a_device_number_of_another_integer_type_is_taken_as_rmm_takes_it():
+    # As NumPy's `np.int64(0)` or `np.arange(1)`'s items: refused as no
+    # device id, where RMM's `int device` arguments take them.
+    memres.set_device(_Index(0))
+    assert memres.current_device() == 0 and type(memres.current_device()) is int
+    res = sim_pool()
+    mr.set_per_device_resource(_Index(0), res)
+    assert mr.get_per_device_resource(_Index(0)) is res
+    memres.reinitialize(devices=[_Index(0)])
+    assert mr.get_per_device_resource_type(_Index(0)) in (mr.CudaMemoryResource, mr.HostMemoryResource)
+    buf = memres.DeviceBuffer(size=4, mr=mr.HostMemoryResource())
+    assert buf.prefetch(device=_Index(-1)) is False and buf.prefetch(device=_Index(0)) is False
+    for bad in (_Index(-2), _Index(64)):
+        with pytest.raises(ValueError, match="is not a device id"):
+            mr.get_per_device_resource(bad)
 
 
 @pytest.mark.parametrize("bad", [-1, 64, 2**32, 2**40, 2**70])

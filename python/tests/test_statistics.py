@@ -2,6 +2,7 @@
 
 import gc
 import sys
+import types
 
 import pytest
 
@@ -133,7 +134,7 @@ def test_the_profiler_records_only_while_statistics_are_on_as_rmms(pool):
     with statistics.profiler(records=records, name="block"):
         memres.DeviceBuffer(size=10)
     assert records.records == {}
-    assert "No data: were statistics on?" in records.report()
+    assert records.report() == "Memory Profiling\n================\n\nNo data, maybe profiling wasn't enabled?"
     with statistics.statistics():
         f()
     assert list(records.records) == ["named"]  # the name given, not the function's
@@ -170,6 +171,31 @@ def test_profiler_report(pool):
     assert recs[name].memory_peak == 4096
     assert recs["block"].memory_total == 10
     assert "block" in records.report() and "ncalls" in records.report()
+
+
+def test_the_report_is_laid_out_as_rmms():
+    # RMM's own: its legend and order named, thousands separated by commas,
+    # no final newline (memres printed none of the first three, and ended
+    # with a newline).
+    records = statistics.ProfilerRecords()
+    records.add("a.py:1(f)", types.SimpleNamespace(total_bytes=2_500_000, peak_bytes=1_234_567))
+    records.add("a.py:1(f)", types.SimpleNamespace(total_bytes=10, peak_bytes=10))
+    records.add("block", types.SimpleNamespace(total_bytes=20, peak_bytes=20))
+    assert records.report(ordered_by="num_calls") == (
+        "Memory Profiling\n"
+        "================\n"
+        "\n"
+        "Legends:\n"
+        "  ncalls       - number of times the function or code block was called\n"
+        "  memory_peak  - peak memory allocated in function or code block (in bytes)\n"
+        "  memory_total - total memory allocated in function or code block (in bytes)\n"
+        "\n"
+        "Ordered by: num_calls\n"
+        "\n"
+        "ncalls     memory_peak    memory_total  filename:lineno(function)\n"
+        "     2       1,234,567       2,500,010  a.py:1(f)\n"
+        "     1              20              20  block"
+    )
 
 
 def test_a_report_ordered_by_no_figure_is_a_value_error():

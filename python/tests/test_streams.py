@@ -598,7 +598,10 @@ def test_a_stream_pool_hands_out_its_streams_in_turn_as_rmms():
     assert not any(s.is_default() for s in taken)
     assert [pool.get_stream(i).handle for i in range(3)] == handles[:3]
     assert memres.CudaStreamPool().get_pool_size() == 16  # RMM's default
-    for bad, error in ((3, ValueError), (-1, ValueError), (1.0, TypeError), (True, TypeError)):
+    # Any id, taken modulo the pool's size, as RMM's (which refused none:
+    # an id of a task, `get_stream(task)`, was refused from 3 on).
+    assert [pool.get_stream(i).handle for i in (3, 4, 2**64 + 2)] == [handles[0], handles[1], handles[(2**64 + 2) % 3]]
+    for bad, error in ((-1, ValueError), (1.0, TypeError), (True, TypeError), ("1", TypeError)):
         with pytest.raises(error):
             pool.get_stream(bad)
     for size, error in ((0, ValueError), (-2, ValueError), (2.5, TypeError)):
@@ -619,7 +622,10 @@ def test_a_stream_pool_hands_out_its_streams_in_turn_as_rmms():
 
 def test_a_stream_speaks_rmms_methods_and_the_stream_protocol():
     assert memres.DEFAULT_STREAM.is_default() and memres.LEGACY_DEFAULT_STREAM.is_default()
-    assert memres.PER_THREAD_DEFAULT_STREAM.is_default()
+    # As RMM's built without per-thread default streams, as its wheels are
+    # (`cuda_stream_view::is_default`): the per-thread stream is not the
+    # default (it said it was).
+    assert not memres.PER_THREAD_DEFAULT_STREAM.is_default()
     assert (memres.LEGACY_DEFAULT_STREAM.handle, memres.PER_THREAD_DEFAULT_STREAM.handle) == (1, 2)
     other = memres.Stream.from_handle(0x1234)
     assert not other.is_default()

@@ -33,7 +33,12 @@ def _make():
         path = _native.cuda().__file__
     except Exception:
         return None
-    allocator = CUDAPluggableAllocator(path, "memres_py_alloc", "memres_py_free")
+    try:
+        allocator = CUDAPluggableAllocator(path, "memres_py_alloc", "memres_py_free")
+    except (AttributeError, RuntimeError):
+        # A PyTorch built without CUDA (no `_cuda_customAllocator`) where
+        # the driver is installed: None, as RMM's, not a failed import.
+        return None
     _reach_empty_cache(allocator, path)
     return allocator
 
