@@ -18,6 +18,7 @@ StackMemoryResource builds any stack string.
 
 import atexit
 import fractions
+import gc
 import operator
 import os
 import re
@@ -54,8 +55,9 @@ def _flush_logs_at_exit():
 
 
 # What `_lock_before_fork` locked, let go of after the fork in both
-# processes.
+# processes, and whether the collector ran before it.
 _LOCKED_AT_FORK = []
+_COLLECTING_AT_FORK = []
 
 
 def _lock_before_fork():
@@ -66,7 +68,12 @@ def _lock_before_fork():
     for ever (its first ``get_current_device_resource()``, its first
     ``HostMemoryResource`` allocation), and its exit would write the rows
     buffered at the fork a second time. The registry first: a thread that
-    holds it may drop a resource, which flushes its log."""
+    holds it may drop a resource, which flushes its log. The collector
+    waits until after the fork: a buffer it freed in between (an
+    allocation of this code, or of a hook that runs after it, sets it off)
+    would wait for ever for the host table this thread holds."""
+    _COLLECTING_AT_FORK.append(gc.isenabled())
+    gc.disable()
     _REGISTRY.acquire()
     natives = [r._native for r in list(_BUILT)]
     for module in (_native.sim, _native._cuda):
@@ -78,6 +85,8 @@ def _lock_before_fork():
 def _unlock_after_fork():
     _LOCKED_AT_FORK.clear()
     _REGISTRY.release()
+    if _COLLECTING_AT_FORK.pop():
+        gc.enable()
 
 
 if hasattr(os, "register_at_fork"):

@@ -2106,6 +2106,35 @@ def test_a_forked_child_uses_host_memory_while_another_thread_was_copying():
     assert out.returncode == 0 and out.stdout == "0\n", out
 
 
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="no os.fork here")
+def test_a_collection_set_off_while_the_fork_holds_the_host_table_waits_until_after_it():
+    # A fork hook registered before memres runs after memres's, which holds
+    # the table of live host allocations: its allocations set off the
+    # collector, which freed a buffer of a cycle, whose free waited for
+    # that table, held by its own thread: the fork never came.
+    code = textwrap.dedent("""
+        import gc, os
+        os.register_at_fork(before=lambda: [[] for _ in range(400)])
+        import memres
+        from memres import mr
+        h = mr.StatisticsResourceAdaptor(mr.HostMemoryResource())
+        gc.collect()
+        gc.set_threshold(200)  # not before the hooks, in the last one
+        cycle = [memres.DeviceBuffer(size=4096, mr=h)]
+        cycle.append(cycle)
+        del cycle
+        child = os.fork()
+        if child == 0:
+            os._exit(0)
+        _, status = os.waitpid(child, 0)
+        gc.collect()
+        print(status, h.allocation_counts.current_bytes, gc.isenabled())
+    """)
+    out = subprocess.run([sys.executable, "-W", "ignore::DeprecationWarning", "-c", code],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and out.stdout.split() == ["0", "0", "True"], out
+
+
 def test_torch_use_without_pytorch_fails_and_changes_nothing():
     import importlib.util
     if importlib.util.find_spec("torch") is not None:

@@ -109,6 +109,10 @@ pub struct Logging<R, W: Write = BufWriter<File>> {
     write_through: AtomicBool,
     /// What tells this log's own code (a row, a flush) running on a thread.
     writing: Key,
+    /// The [`thread_number`](crate::thread_number) of the thread holding a
+    /// [`LockedLog`] of this log, 0 when none: that thread holds the lock
+    /// its rows and flushes would wait for.
+    locked_by: AtomicU64,
 }
 
 /// The log's writer, flushed when the log is dropped: while the thread
@@ -591,6 +595,7 @@ impl<R, W: Write> Logging<R, W> {
             refused_frees: AtomicU64::new(0),
             write_through: AtomicBool::new(false),
             writing: Key::default(),
+            locked_by: AtomicU64::new(0),
         }
     }
 
@@ -603,7 +608,7 @@ impl<R, W: Write> Logging<R, W> {
     /// error that says how many, so that a flush that succeeds means the
     /// log lost nothing.
     pub fn flush(&self) -> io::Result<()> {
-        on_thread::run(&self.writing, || {
+        self.own(|| {
             let mut out = self.out.lock().unwrap_or_else(|p| p.into_inner());
             out.flush_out()?;
             // Under the writer's lock, as every row's count.
@@ -614,7 +619,11 @@ impl<R, W: Write> Logging<R, W> {
                 n => Err(io::Error::other(format!("{n} rows of the log may not have been written"))),
             }
         })
-        .unwrap_or_else(|| Err(io::Error::other("a flush of the log from inside its own writer")))
+        .unwrap_or_else(|| {
+            Err(io::Error::other(
+                "a flush of the log from inside its own writer, or while this thread locks it",
+            ))
+        })
     }
 
     /// From now on, flushes each row as it is written, after flushing
@@ -672,10 +681,21 @@ impl<R, W: Write> Logging<R, W> {
         (self.upstream, out.inner.take().expect("the writer is taken only here"))
     }
 
+    /// Runs `f`, this log's own code that takes its writer's lock, on this
+    /// thread; `None` where the thread holds that lock already and would
+    /// wait for itself for ever: inside the writer's own call (a writer,
+    /// the user's, that allocates through this log or flushes it), or
+    /// while it holds a [`LockedLog`] of it (a fork handler that frees a
+    /// block logged here meanwhile, by a collector it runs).
+    fn own<T>(&self, f: impl FnOnce() -> T) -> Option<T> {
+        if self.locked_by.load(Ordering::Relaxed) == crate::thread_number() {
+            return None;
+        }
+        on_thread::run(&self.writing, f)
+    }
+
     fn log(&self, action: Action, addr: u64, size: u64, stream: u64) {
-        // The writer is the user's: one that allocates through this log
-        // (or flushes it) would wait for the lock its own row holds.
-        let ran = on_thread::run(&self.writing, || {
+        let ran = self.own(|| {
             let thread = thread_number();
             let mut out = self.out.lock().unwrap_or_else(|p| p.into_inner());
             let row = Record { thread, time: now_micros(), action, pointer: addr, size, stream };
@@ -696,8 +716,8 @@ impl<R, W: Write> Logging<R, W> {
             }
         });
         if ran.is_none() {
-            // Refused inside this thread's own writer call, which holds the
-            // lock (a row's or a flush's): counted under it still.
+            // Refused where this thread holds the lock (in a row's or a
+            // flush's writer call, or a `LockedLog`): counted under it still.
             self.write_errors.fetch_add(1, Ordering::Relaxed);
         }
     }
@@ -764,11 +784,14 @@ impl<R: 'static, W: Write + 'static> Logging<R, W> {
     /// after it, in the parent and in the child. The child then inherits no buffered
     /// row (which its exit handler would write a second time) and no lock
     /// that another thread held (which no thread of the child could ever
-    /// let go). Rows logged meanwhile wait. A flush that fails is counted
-    /// as one row that may not have been written
-    /// ([`write_errors`](Self::write_errors)).
+    /// let go). Rows other threads log meanwhile wait; those of this
+    /// thread are counted lost ([`write_errors`](Self::write_errors)), and
+    /// its flushes refused, as they would wait for the lock it holds. A
+    /// flush that fails is counted as one row that may not have been
+    /// written.
     ///
-    /// `None` inside this log's own writer, which holds the lock already.
+    /// `None` inside this log's own writer, which holds the lock already,
+    /// and while this thread holds a `LockedLog` of it.
     ///
     /// ```
     /// # use memres_core::adaptor::Logging;
@@ -784,21 +807,22 @@ impl<R: 'static, W: Write + 'static> Logging<R, W> {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn lock_flushed(this: &Arc<Self>) -> Option<LockedLog<R, W>> {
-        on_thread::run(&this.writing, || {
+        this.own(|| {
             let mut out = this.out.lock().unwrap_or_else(|p| p.into_inner());
+            this.locked_by.store(crate::thread_number(), Ordering::Relaxed);
             if out.flush_out().is_err() {
                 this.write_errors.fetch_add(1, Ordering::Relaxed);
             }
             // SAFETY: only the lifetime changes. The guard borrows the
             // mutex inside the `Arc`'s allocation, which does not move
             // and lives while an `Arc` of it does: `LockedLog` owns one
-            // (`_log`), and drops its guard first (fields drop in the
+            // (`log`), and drops its guard first (fields drop in the
             // order declared). The guard never leaves `LockedLog` with the
             // longer lifetime: `writer` lends it for `LockedLog`'s own.
             let out = unsafe {
                 core::mem::transmute::<MutexGuard<'_, Writer<W>>, MutexGuard<'static, Writer<W>>>(out)
             };
-            LockedLog { out, _log: Arc::clone(this) }
+            LockedLog { out, log: Arc::clone(this) }
         })
     }
 }
@@ -808,10 +832,18 @@ impl<R: 'static, W: Write + 'static> Logging<R, W> {
 /// of on the thread that took it (the thread that forks, in the parent and
 /// in the child).
 pub struct LockedLog<R: 'static, W: Write + 'static = BufWriter<File>> {
-    /// The guard of `_log`'s writer: declared first, so dropped first.
+    /// The guard of `log`'s writer: declared first, so dropped first.
     out: MutexGuard<'static, Writer<W>>,
     /// What keeps the mutex `out` borrows where it is.
-    _log: Arc<Logging<R, W>>,
+    log: Arc<Logging<R, W>>,
+}
+
+impl<R: 'static, W: Write + 'static> Drop for LockedLog<R, W> {
+    fn drop(&mut self) {
+        // Before the guard (dropped after this): the lock is this thread's
+        // until then.
+        self.log.locked_by.store(0, Ordering::Relaxed);
+    }
 }
 
 impl<R, W: Write> LockedLog<R, W> {

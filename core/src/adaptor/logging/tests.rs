@@ -806,6 +806,38 @@ fn a_log_locked_flushed_writes_its_rows_out_and_no_row_until_let_go() {
     assert_eq!(rows(&out).iter().map(|r| r.size).collect::<Vec<_>>(), [1000, 2000]);
 }
 
+/// The thread that holds a `LockedLog` (a fork handler, whose collector
+/// may free a block logged here meanwhile) is served without its rows,
+/// counted lost, and its flushes and locks refused: each waited for the
+/// lock the thread held itself, for ever. Other threads' rows wait.
+#[test]
+fn the_thread_that_locks_a_log_is_served_and_its_rows_counted_lost() {
+    let log = Arc::new(Logging::new(BumpUpstream::new(1 << 20), BufWriter::new(Vec::new())).unwrap());
+    let (done, finished) = std::sync::mpsc::channel();
+    let on_thread = Arc::clone(&log);
+    let thread = std::thread::spawn(move || {
+        let locked = Logging::lock_flushed(&on_thread).expect("not inside the writer");
+        let b = on_thread.allocate(Request::new(256).unwrap(), &()).unwrap();
+        on_thread.deallocate(b, &()).unwrap();
+        let refused = (on_thread.flush().is_err(), Logging::lock_flushed(&on_thread).is_none());
+        let other = Arc::clone(&on_thread);
+        let waited = crate::testing::waits_for(locked, move || {
+            other.allocate(Request::new(512).unwrap(), &()).unwrap();
+        });
+        let _ = done.send((refused, waited));
+    });
+    let (refused, waited) =
+        finished.recv_timeout(std::time::Duration::from_secs(120)).expect("the thread hangs");
+    thread.join().unwrap();
+    assert_eq!(refused, (true, true), "a flush and a lock from the locking thread");
+    assert!(waited, "another thread's row was logged while the log was locked");
+    assert_eq!(log.write_errors(), 2, "the allocation's row and the free's");
+    assert!(log.flush().is_err(), "the next flush says rows were lost");
+    let log = Arc::try_unwrap(log).unwrap();
+    let out = log.into_parts().1.into_inner().unwrap();
+    assert_eq!(rows(&out).iter().map(|r| r.size).collect::<Vec<_>>(), [512], "logged once let go");
+}
+
 /// A log that holds its rows for a file not made yet (a stack's, during
 /// its build) locks with no writer to show: `writer` answers `None` (it
 /// panicked), and its rows stay held.
