@@ -7,6 +7,10 @@ from ._stream import Stream, as_handle
 from . import _native, mr as _mr
 
 
+# Bytes a copy to a host array holds besides it (`DeviceBuffer._into`).
+_CHUNK = 64 << 20
+
+
 class DeviceBuffer:
     """``size`` zeroed bytes from ``mr`` (the current device resource by
     default), ordered on ``stream`` (None: the default stream; a stream
@@ -73,10 +77,9 @@ class DeviceBuffer:
         # As RMM: the bytes, rebuilt into a buffer of the current resource
         # where it is unpickled; from protocol 5 they may travel out of
         # band (a `buffer_callback`), as RMM's NumPy array does.
-        data = self._buf.copy_to_host()
         if protocol >= 5:
-            return DeviceBuffer.to_device, (pickle.PickleBuffer(bytearray(data)),)
-        return DeviceBuffer.to_device, (bytes(data),)
+            return DeviceBuffer.to_device, (pickle.PickleBuffer(self._into(bytearray(self.size))),)
+        return DeviceBuffer.to_device, (self.tobytes(),)
 
     def __bytes__(self):
         return self.tobytes()
@@ -124,24 +127,40 @@ class DeviceBuffer:
         into ``ary`` (a writable 1-D contiguous buffer of an 8-bit type, of
         at least ``size`` bytes), which is returned."""
         as_handle(stream)
-        data = self._buf.copy_to_host()
         if ary is None:
             try:
                 import numpy
             except ImportError:
-                return bytearray(data)
-            return numpy.frombuffer(bytearray(data), dtype=numpy.uint8)
+                return self._into(bytearray(self.size))
+            return self._into(numpy.empty(self.size, dtype=numpy.uint8))
         view = _host_bytes(ary, "copy_to_host")
-        if view.readonly or len(view) < len(data):
-            raise ValueError(f"memres: copy_to_host needs a writable buffer of {len(data)} bytes")
-        view[:len(data)] = data
+        if view.readonly or len(view) < self.size:
+            raise ValueError(f"memres: copy_to_host needs a writable buffer of {self.size} bytes")
+        self._into(ary)
+        return ary
+
+    def _into(self, ary):
+        """Copies the bytes to the start of ``ary`` (as ``copy_to_host``
+        takes it, of at least ``size`` bytes) a chunk at a time: a copy
+        holds no more than a chunk on the host besides ``ary`` (it held
+        the bytes twice more); returns ``ary``."""
+        view = _host_bytes(ary, "copy_to_host")
+        n = min(self.size, len(view))
+        for at in range(0, n, _CHUNK):
+            view[at:min(at + _CHUNK, n)] = self._buf.copy_to_host(at, min(_CHUNK, n - at))
         return ary
 
     def copy_from_host(self, ary, stream=None):
         """Writes the bytes of ``ary`` (as ``to_device`` takes them) at the
         start of the buffer."""
         as_handle(stream)
-        self._buf.copy_from_host(bytes(_host_bytes(ary, "copy_from_host")))
+        view = _host_bytes(ary, "copy_from_host")
+        if len(view) > self.size:
+            # Refused whole, before any chunk is written (as each is).
+            raise ValueError(f"memres: copy_from_host: {len(view)} bytes into a buffer of {self.size}")
+        # A chunk at a time, so that no copy of all of `ary` is made.
+        for at in range(0, len(view), _CHUNK):
+            self._buf.copy_from_host(bytes(view[at:at + _CHUNK]), at)
 
     def copy_from_device(self, cuda_ary, stream=None):
         """Copies the bytes of ``cuda_ary`` to the start of this buffer: a
@@ -193,7 +212,7 @@ class DeviceBuffer:
         """The bytes, as ``bytes`` (``stream`` checked, as RMM's takes
         one, then not used: the copy runs on the buffer's own)."""
         as_handle(stream)
-        return bytes(self._buf.copy_to_host())
+        return self._buf.copy_to_host()
 
     @property
     def __cuda_array_interface__(self):

@@ -225,12 +225,30 @@ impl Buffer {
         self.inner.figure(CAPACITY)
     }
 
-    /// The bytes, copied to the host (waits for the stream).
-    fn copy_to_host<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyBytes>> {
-        let v = crate::gil::detach(py, || {
-            self.lock("copy_to_host")?.to_vec().map_err(|e| container_error(e, "copy_to_host"))
-        })?;
-        Ok(PyBytes::new(py, &v))
+    /// `size` bytes from `offset` (all from `offset` with no `size`),
+    /// copied to the host straight into a new `bytes` (waits for the
+    /// stream); past the end, a `ValueError`, as RMM's.
+    #[pyo3(signature = (offset=0, size=None))]
+    fn copy_to_host<'py>(
+        &self,
+        py: Python<'py>,
+        offset: u64,
+        size: Option<u64>,
+    ) -> PyResult<Bound<'py, PyBytes>> {
+        // The length read now; checked again under the lock, by `read`.
+        let n = size.unwrap_or_else(|| self.inner.figure(SIZE).saturating_sub(offset));
+        // More than a `bytes` can hold (`Py_ssize_t`) fits in no host.
+        let n = usize::try_from(n)
+            .ok()
+            .filter(|&n| isize::try_from(n).is_ok())
+            .ok_or_else(|| container_error(ContainerError::HostOutOfMemory { bytes: n }, "copy_to_host"))?;
+        // Nobody else sees the new `bytes` until it is returned, so its
+        // memory is this call's to write with the GIL given up.
+        PyBytes::new_with(py, n, |out| {
+            crate::gil::detach(py, || {
+                self.lock("copy_to_host")?.read(offset, out).map_err(|e| container_error(e, "copy_to_host"))
+            })
+        })
     }
 
     /// Writes `data` at `offset`; past the end, a `ValueError` naming both

@@ -44,6 +44,39 @@ def test_copy_to_host_is_a_numpy_array_as_rmms_and_a_bytearray_without_numpy(mon
     assert type(got) is bytearray and got == b"abc"
 
 
+def test_a_copy_to_the_host_holds_a_chunk_at_most_besides_its_array(monkeypatch):
+    # It held the bytes twice more (a `bytes`, then a `bytearray`), even
+    # to fill an array the caller had made: 2 GiB more for 1 GiB.
+    import tracemalloc
+    from memres import _buffer
+    monkeypatch.setattr(_buffer, "_CHUNK", 1 << 20)
+    data = bytes(range(256)) * (8 << 12) + b"tail"  # 8 MiB and a part chunk
+    buf = memres.DeviceBuffer.to_device(data, mr=mr.HostMemoryResource())
+    out = bytearray(len(data) + 3)
+    tracemalloc.start()
+    try:
+        assert buf.copy_to_host(out) is out
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert out[:len(data)] == data and out[len(data):] == bytes(3)
+    assert peak < 3 << 20, f"{peak} bytes held besides the array"
+    assert bytes(buf.copy_to_host()) == data and buf.tobytes() == data
+    assert pickle.loads(pickle.dumps(buf, protocol=5)).tobytes() == data
+    assert pickle.loads(pickle.dumps(buf, protocol=2)).tobytes() == data
+    assert buf._buf.copy_to_host(len(data) - 4) == b"tail" and buf._buf.copy_to_host(3, 2) == data[3:5]
+    back = bytes(reversed(data))
+    tracemalloc.start()
+    try:
+        buf.copy_from_host(bytearray(back))
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert buf.tobytes() == back and peak < len(data) + (3 << 20), f"{peak} bytes held besides the array"
+    with pytest.raises(ValueError, match="copy_to_host"):
+        buf._buf.copy_to_host(len(data) - 4, 5)
+
+
 def test_new_buffer_is_zeroed_and_resizes_keeping_contents():
     buf = memres.DeviceBuffer(size=8)
     assert bytes(buf.copy_to_host()) == bytes(8)
